@@ -1,0 +1,221 @@
+//! The block device layer.
+//!
+//! A block device ("bdev", after SPDK) is two objects:
+//!
+//! * a [`BlockDevice`]: `Send + Sync`, created and deleted on the control plane, describing the
+//!   device (name, geometry, which operations it supports) and able to open channels;
+//! * an [`IoChannel`]: core-local (not `Send`), opened by the reactor that will submit I/O through
+//!   it. All hot-path state (rings, completion lists, counters) lives here, so a channel never
+//!   takes a lock.
+//!
+//! Callers submit [`IoRequest`]s tagged with a `u32` of their choice and later call
+//! [`IoChannel::poll`] to reap completions, which come back by tag. Buffers are described by
+//! `iovec`s that point into memory the caller keeps valid until the completion is reaped
+//! (for the vhost-user frontend, guest memory): backends read and write them in place.
+//!
+//! Stacking: a volume, QoS or partition layer is itself a `BlockDevice` whose channel holds a
+//! channel of the device below. A backend that completes on its own threads (Ceph RBD, say)
+//! pushes completions into a lock-free queue owned by the channel and signals the fd returned by
+//! [`IoChannel::completion_fd`], so a sleeping reactor wakes up.
+
+use std::os::unix::io::RawFd;
+use std::sync::Arc;
+
+pub mod null;
+pub mod ram;
+pub mod uring;
+
+pub use null::NullDevice;
+pub use ram::RamDevice;
+pub use uring::UringDevice;
+
+/// What a request asks the device to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoOp {
+    /// Read `len` bytes at `offset` into the iovecs.
+    Read,
+    /// Write `len` bytes at `offset` from the iovecs.
+    Write,
+    /// Make all completed writes durable.
+    Flush,
+    /// Deallocate `len` bytes at `offset`; later reads return unspecified data.
+    Discard,
+    /// Make `len` bytes at `offset` read back as zeroes.
+    WriteZeroes,
+}
+
+/// One I/O request as handed to a channel.
+///
+/// `iov`/`iovcnt` describe the data buffers for `Read` and `Write` (their total length equals
+/// `len`); they are ignored for the other operations.
+#[derive(Debug, Clone, Copy)]
+pub struct IoRequest {
+    pub tag: u32,
+    pub op: IoOp,
+    /// Byte offset on the device; a multiple of the block size.
+    pub offset: u64,
+    /// Length in bytes; a multiple of the block size.
+    pub len: u64,
+    pub iov: *const libc::iovec,
+    pub iovcnt: u32,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoStatus {
+    Success,
+    /// The device failed the request; the value is a positive errno for diagnostics.
+    Error(i32),
+    /// The device does not support this operation.
+    Unsupported,
+}
+
+/// Why a request was not accepted. The caller keeps ownership of it and may retry later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The channel's queue is full right now; poll and retry.
+    #[error("channel queue is full")]
+    Busy,
+    /// Offset or length is not block-aligned or runs past the end of the device.
+    #[error("request is outside the device or not block aligned")]
+    OutOfRange,
+    /// The device does not support this operation.
+    #[error("operation not supported by this device")]
+    Unsupported,
+}
+
+/// Which operations a device supports, reported in `bdev_get_bdevs` (SPDK's
+/// `supported_io_types`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct IoTypes {
+    pub read: bool,
+    pub write: bool,
+    pub flush: bool,
+    pub unmap: bool,
+    pub write_zeroes: bool,
+}
+
+/// The static description of a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BdevInfo {
+    pub name: String,
+    /// SPDK's `product_name`, e.g. "Null disk".
+    pub product_name: String,
+    /// Logical block size in bytes (512 or 4096 typically).
+    pub block_size: u32,
+    pub num_blocks: u64,
+    pub io_types: IoTypes,
+    /// The backend's kind: "null", "malloc" or "uring".
+    pub driver: &'static str,
+    /// Backend-specific details for `bdev_get_bdevs`' `driver_specific` (e.g. the file name).
+    pub driver_specific: Option<(String, String)>,
+}
+
+impl BdevInfo {
+    pub fn size_bytes(&self) -> u64 {
+        self.num_blocks * u64::from(self.block_size)
+    }
+
+    /// Checks that `[offset, offset + len)` is block aligned and inside the device.
+    pub fn check_range(&self, offset: u64, len: u64) -> Result<(), SubmitError> {
+        let bs = u64::from(self.block_size);
+        if offset % bs != 0 || len % bs != 0 {
+            return Err(SubmitError::OutOfRange);
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size_bytes() => Ok(()),
+            _ => Err(SubmitError::OutOfRange),
+        }
+    }
+}
+
+/// Errors from creating devices or opening channels (control plane).
+#[derive(Debug, thiserror::Error)]
+pub enum BdevError {
+    #[error("invalid parameter {field}: {reason}")]
+    InvalidParam { field: &'static str, reason: String },
+    #[error("cannot open {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set up io_uring: {0}")]
+    Uring(#[source] std::io::Error),
+    #[error("out of memory allocating {0} bytes")]
+    NoMemory(u64),
+}
+
+/// A block device: shared, created on the control plane.
+pub trait BlockDevice: Send + Sync {
+    fn info(&self) -> &BdevInfo;
+
+    /// Opens a channel for the calling thread. Called on the reactor that will use it.
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError>;
+}
+
+/// A per-core I/O channel. Never shared between threads.
+pub trait IoChannel {
+    /// Queues a request.
+    ///
+    /// Backends may batch: a submitted request is only guaranteed to reach the device when
+    /// [`IoChannel::poll`] runs next.
+    ///
+    /// # Safety
+    /// For `Read` and `Write`, `req.iov` must point to `req.iovcnt` valid iovecs whose buffers
+    /// stay valid (and, for reads, writable and not otherwise accessed) until this request's
+    /// completion is returned by `poll`. The iovec array itself must stay valid until then too.
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError>;
+
+    /// Pushes queued requests to the device (at most one system call) and reaps completions,
+    /// calling `done(tag, status)` for each. Returns how many completed.
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize;
+
+    /// Requests submitted and not yet returned by `poll`.
+    fn in_flight(&self) -> usize;
+
+    /// An fd that becomes readable when a completion is ready, for a reactor that wants to sleep
+    /// with requests in flight. `None` when completions only come from `poll` itself.
+    fn completion_fd(&self) -> Option<RawFd> {
+        None
+    }
+}
+
+/// A shared handle to a device.
+pub type Bdev = Arc<dyn BlockDevice>;
+
+/// Total bytes described by an iovec array.
+///
+/// # Safety
+/// `iov` must point to `iovcnt` readable iovecs.
+pub unsafe fn iov_total_len(iov: *const libc::iovec, iovcnt: u32) -> u64 {
+    let mut total = 0u64;
+    for i in 0..iovcnt as usize {
+        // SAFETY: the caller guarantees `iovcnt` readable elements.
+        total += unsafe { (*iov.add(i)).iov_len } as u64;
+    }
+    total
+}
+
+/// Checks the parameters every device constructor shares.
+pub fn validate_geometry(name: &str, block_size: u32, num_blocks: u64) -> Result<(), BdevError> {
+    if name.is_empty() || name.len() > 255 || name.contains(|c: char| c.is_control() || c == '/') {
+        return Err(BdevError::InvalidParam {
+            field: "name",
+            reason: "must be 1-255 characters, no '/' or control characters".into(),
+        });
+    }
+    if !(512..=65536).contains(&block_size) || !block_size.is_power_of_two() {
+        return Err(BdevError::InvalidParam {
+            field: "block_size",
+            reason: format!("{block_size} is not a power of two between 512 and 65536"),
+        });
+    }
+    if num_blocks == 0 || num_blocks.checked_mul(u64::from(block_size)).is_none() {
+        return Err(BdevError::InvalidParam {
+            field: "num_blocks",
+            reason: format!("{num_blocks} must be non-zero and the size must fit 64 bits"),
+        });
+    }
+    Ok(())
+}

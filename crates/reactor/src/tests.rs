@@ -1,0 +1,154 @@
+//! Several reactors stepped deterministically on one thread.
+
+use super::*;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// Counts down `work` units, one per poll, then idles; optionally finishes.
+struct Countdown {
+    work: Rc<RefCell<u32>>,
+    finish_when_done: bool,
+}
+
+impl Poller for Countdown {
+    fn poll(&mut self) -> PollStatus {
+        let mut w = self.work.borrow_mut();
+        if *w > 0 {
+            *w -= 1;
+            PollStatus::Busy
+        } else if self.finish_when_done {
+            PollStatus::Finished
+        } else {
+            PollStatus::Idle
+        }
+    }
+}
+
+fn reactor(id: usize) -> Reactor {
+    Reactor::new(id, None, ReactorConfig { idle_window: Duration::from_millis(1) }).unwrap()
+}
+
+#[test]
+fn messages_hop_between_reactors_in_order() {
+    let mut a = reactor(0);
+    let mut b = reactor(1);
+    let hb = b.handle();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // Reactor A forwards a message to B, which replies to A; step them alternately.
+    let ha = a.handle();
+    let l = log.clone();
+    ha.send(move |ra| {
+        l.lock().unwrap().push(format!("a{}", ra.id()));
+        let l2 = l.clone();
+        let back = ra.handle();
+        hb.send(move |rb| {
+            l2.lock().unwrap().push(format!("b{}", rb.id()));
+            let l3 = l2.clone();
+            back.send(move |ra| l3.lock().unwrap().push(format!("a{}-again", ra.id())));
+        });
+    });
+    assert!(!b.poll_once(), "b has nothing yet");
+    assert!(a.poll_once());
+    assert!(b.poll_once());
+    assert!(a.poll_once());
+    assert!(!a.poll_once());
+    assert_eq!(*log.lock().unwrap(), vec!["a0", "b1", "a0-again"]);
+    assert_eq!(a.stats().snapshot().messages, 2);
+    assert_eq!(b.stats().snapshot().messages, 1);
+}
+
+#[test]
+fn busy_and_idle_rounds_are_counted_and_finished_pollers_dropped() {
+    let mut r = reactor(0);
+    let work = Rc::new(RefCell::new(3));
+    r.add_poller(Box::new(Countdown { work: work.clone(), finish_when_done: true }));
+    assert_eq!(r.poller_count(), 1);
+    for _ in 0..3 {
+        assert!(r.poll_once());
+    }
+    assert!(r.poll_once(), "finishing counts as work");
+    assert_eq!(r.poller_count(), 0);
+    assert!(!r.poll_once());
+    let s = r.stats().snapshot();
+    assert_eq!(s.rounds, 5);
+    assert!(s.idle_ns > 0 || s.busy_ns > 0);
+}
+
+#[test]
+fn poller_mut_downcasts_and_remove_returns_it() {
+    let mut r = reactor(0);
+    let work = Rc::new(RefCell::new(0));
+    let id = r.add_poller(Box::new(Countdown { work: work.clone(), finish_when_done: false }));
+    r.poller_mut::<Countdown>(id).unwrap().finish_when_done = true;
+    let p = r.remove_poller(id).unwrap();
+    let any: Box<dyn Any> = p;
+    assert!(any.downcast::<Countdown>().unwrap().finish_when_done);
+    assert!(r.remove_poller(id).is_none());
+}
+
+/// A poller with a wake-up fd, like a virtqueue's kick eventfd.
+struct Kicked {
+    fd: EventFd,
+    armed: Rc<RefCell<u32>>,
+}
+
+impl Poller for Kicked {
+    fn poll(&mut self) -> PollStatus {
+        PollStatus::Idle
+    }
+    fn prepare_sleep(&mut self) -> bool {
+        *self.armed.borrow_mut() += 1;
+        true
+    }
+    fn after_wake(&mut self) {
+        let _ = self.fd.read();
+    }
+    fn wake_fds(&self) -> Vec<RawFd> {
+        vec![std::os::unix::io::AsRawFd::as_raw_fd(&self.fd)]
+    }
+}
+
+#[test]
+fn sleeps_only_after_the_idle_window_and_wakes_on_a_kick() {
+    let mut r = reactor(0);
+    let armed = Rc::new(RefCell::new(0));
+    let fd = EventFd::new(EFD_NONBLOCK).unwrap();
+    let kick = fd.try_clone().unwrap();
+    r.add_poller(Box::new(Kicked { fd, armed: armed.clone() }));
+    r.poll_once();
+    r.last_work = Instant::now();
+    r.poll_once();
+    assert!(!r.may_sleep(), "inside the idle window");
+    std::thread::sleep(Duration::from_millis(2));
+    r.poll_once();
+    assert!(r.may_sleep());
+    kick.write(1).unwrap();
+    // The kick is already pending, so epoll returns at once.
+    assert!(r.sleep(Some(Duration::from_secs(5))));
+    assert_eq!(*armed.borrow(), 1);
+    assert_eq!(r.stats().snapshot().sleeps, 1);
+    // after_wake drained the eventfd.
+    assert!(kick.read().is_err());
+}
+
+#[test]
+fn a_message_wakes_a_sleeping_reactor_thread() {
+    let set = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
+    let h = set.handles()[0].clone();
+    // Let it go to sleep.
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(h.stats().snapshot().sleeps >= 1);
+    let got = h.call(|r| r.id() + 41).unwrap();
+    assert_eq!(got, 41);
+    set.shutdown();
+}
+
+#[test]
+fn cpu_lists_parse() {
+    assert_eq!(parse_cpu_list("0").unwrap(), vec![0]);
+    assert_eq!(parse_cpu_list("0-2,5").unwrap(), vec![0, 1, 2, 5]);
+    assert_eq!(parse_cpu_list("0x5").unwrap(), vec![0, 2]);
+    assert!(parse_cpu_list("x").unwrap_err().contains("'x'"));
+    assert!(parse_cpu_list("3-1").is_err());
+    assert!(parse_cpu_list("0x0").is_err());
+}

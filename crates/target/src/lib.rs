@@ -1,0 +1,323 @@
+//! The target: the control plane's registry of block devices and vhost-user-blk controllers.
+//!
+//! Everything here runs on control-plane threads (RPC, config loading) and is serialised by one
+//! mutex; the data path never touches it. Operations are named after SPDK's JSON-RPC methods that
+//! call them (`bdev_malloc_create`, `vhost_create_blk_controller`, ...).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use fp_bdev::{Bdev, BdevError, BdevInfo, NullDevice, RamDevice, UringDevice};
+use fp_reactor::ReactorHandle;
+use fp_vhost_blk::{BlkController, ControllerConfig, ControllerInfo};
+
+/// A stable error kind, for mapping to JSON-RPC codes and CLI exit messages.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("{kind} '{name}' does not exist")]
+    NotFound { kind: &'static str, name: String },
+    #[error("{kind} '{name}' already exists")]
+    AlreadyExists { kind: &'static str, name: String },
+    #[error("bdev '{name}' is in use by controller '{by}'")]
+    InUse { name: String, by: String },
+    #[error("invalid parameter {field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    #[error(transparent)]
+    Bdev(#[from] BdevError),
+    #[error("{0}")]
+    Vhost(#[from] fp_vhost_blk::Error),
+}
+
+impl TargetError {
+    /// The negative errno SPDK would return for the same failure, used as the JSON-RPC error
+    /// code (SPDK reports e.g. -17 for an existing name, -19 for a missing device).
+    pub fn errno(&self) -> i32 {
+        match self {
+            TargetError::NotFound { .. } => -libc_enodev(),
+            TargetError::AlreadyExists { .. } => -17,
+            TargetError::InUse { .. } => -16,
+            TargetError::Invalid { .. } => -22,
+            TargetError::Bdev(BdevError::InvalidParam { .. }) => -22,
+            TargetError::Bdev(BdevError::Open { source, .. }) => -source.raw_os_error().unwrap_or(5),
+            TargetError::Bdev(BdevError::NoMemory(_)) => -12,
+            TargetError::Bdev(BdevError::Uring(_)) => -5,
+            TargetError::Vhost(e) => -e.errno(),
+        }
+    }
+
+    /// True when the caller's parameters were wrong (JSON-RPC "invalid params").
+    pub fn is_invalid_params(&self) -> bool {
+        matches!(self, TargetError::Invalid { .. } | TargetError::Bdev(BdevError::InvalidParam { .. }))
+    }
+}
+
+const fn libc_enodev() -> i32 {
+    19
+}
+
+/// What to build for `bdev_*_create`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BdevSpec {
+    /// `bdev_null_create`.
+    Null { name: String, num_blocks: u64, block_size: u32 },
+    /// `bdev_malloc_create` (a RAM disk).
+    Malloc { name: String, num_blocks: u64, block_size: u32 },
+    /// `bdev_uring_create`: a file or block device. `block_size` defaults to the device's logical
+    /// block size (512 for a regular file). `direct` (O_DIRECT) defaults to true.
+    Uring { name: String, filename: PathBuf, block_size: Option<u32>, direct: bool },
+}
+
+impl BdevSpec {
+    pub fn name(&self) -> &str {
+        match self {
+            BdevSpec::Null { name, .. } | BdevSpec::Malloc { name, .. } | BdevSpec::Uring { name, .. } => name,
+        }
+    }
+
+    pub fn driver(&self) -> &'static str {
+        match self {
+            BdevSpec::Null { .. } => "null",
+            BdevSpec::Malloc { .. } => "malloc",
+            BdevSpec::Uring { .. } => "uring",
+        }
+    }
+}
+
+/// A bdev as `bdev_get_bdevs` reports it.
+#[derive(Debug, Clone)]
+pub struct BdevSummary {
+    pub info: BdevInfo,
+    /// The controller exporting it, if any (SPDK's `claimed`).
+    pub claimed_by: Option<String>,
+}
+
+/// What to build for `vhost_create_blk_controller`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VhostBlkSpec {
+    /// Controller name; the socket is `<vhost_dir>/<ctrlr>`.
+    pub ctrlr: String,
+    /// The bdev to export.
+    pub dev_name: String,
+    /// Reactor cores its queues may run on (SPDK's cpumask); `None` means all reactors.
+    pub cpus: Option<Vec<usize>>,
+    pub readonly: bool,
+    /// Queues offered to the driver; `None` means one per reactor in the mask.
+    pub num_queues: Option<u16>,
+}
+
+/// A reactor as `framework_get_reactors` reports it.
+#[derive(Debug, Clone)]
+pub struct ReactorSummary {
+    pub id: usize,
+    pub core: Option<usize>,
+    pub stats: fp_reactor::ReactorStatsSnapshot,
+}
+
+struct BdevEntry {
+    bdev: Bdev,
+    claimed_by: Option<String>,
+}
+
+struct State {
+    bdevs: BTreeMap<String, BdevEntry>,
+    controllers: BTreeMap<String, BlkController>,
+}
+
+/// The registry. Cheap to share: wrap it in an `Arc`.
+pub struct Target {
+    reactors: Vec<ReactorHandle>,
+    vhost_dir: PathBuf,
+    state: Mutex<State>,
+}
+
+impl Target {
+    pub fn new(reactors: Vec<ReactorHandle>, vhost_dir: &Path) -> Arc<Target> {
+        Arc::new(Target {
+            reactors,
+            vhost_dir: vhost_dir.to_path_buf(),
+            state: Mutex::new(State { bdevs: BTreeMap::new(), controllers: BTreeMap::new() }),
+        })
+    }
+
+    pub fn vhost_dir(&self) -> &Path {
+        &self.vhost_dir
+    }
+
+    pub fn reactor_handles(&self) -> &[ReactorHandle] {
+        &self.reactors
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain maps behind; keep serving.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates a bdev; returns its name.
+    pub fn create_bdev(&self, spec: BdevSpec) -> Result<String, TargetError> {
+        let name = spec.name().to_string();
+        if self.lock().bdevs.contains_key(&name) {
+            return Err(TargetError::AlreadyExists { kind: "bdev", name });
+        }
+        // Build outside the lock: a RAM disk allocation or a file open may take a while.
+        let bdev: Bdev = match &spec {
+            BdevSpec::Null { name, num_blocks, block_size } => {
+                Arc::new(NullDevice::new(name, *block_size, *num_blocks)?)
+            }
+            BdevSpec::Malloc { name, num_blocks, block_size } => {
+                Arc::new(RamDevice::new(name, *block_size, *num_blocks)?)
+            }
+            BdevSpec::Uring { name, filename, block_size, direct } => {
+                Arc::new(UringDevice::new(name, filename, *block_size, *direct)?)
+            }
+        };
+        let mut st = self.lock();
+        if st.bdevs.contains_key(&name) {
+            return Err(TargetError::AlreadyExists { kind: "bdev", name });
+        }
+        log::info!("bdev '{name}' created ({}, {} bytes)", spec.driver(), bdev.info().size_bytes());
+        st.bdevs.insert(name.clone(), BdevEntry { bdev, claimed_by: None });
+        Ok(name)
+    }
+
+    /// Deletes a bdev. `driver`, when given, must match (SPDK's `bdev_null_delete` does not delete
+    /// a malloc bdev).
+    pub fn delete_bdev(&self, name: &str, driver: Option<&str>) -> Result<(), TargetError> {
+        let mut st = self.lock();
+        let entry = st
+            .bdevs
+            .get(name)
+            .ok_or_else(|| TargetError::NotFound { kind: "bdev", name: name.into() })?;
+        if let Some(d) = driver {
+            if entry.bdev.info().driver != d {
+                return Err(TargetError::NotFound { kind: "bdev", name: format!("{name}' of type '{d}") });
+            }
+        }
+        if let Some(by) = &entry.claimed_by {
+            return Err(TargetError::InUse { name: name.into(), by: by.clone() });
+        }
+        st.bdevs.remove(name);
+        log::info!("bdev '{name}' deleted");
+        Ok(())
+    }
+
+    /// All bdevs, or the one named.
+    pub fn bdevs(&self, name: Option<&str>) -> Result<Vec<BdevSummary>, TargetError> {
+        let st = self.lock();
+        let summary =
+            |e: &BdevEntry| BdevSummary { info: e.bdev.info().clone(), claimed_by: e.claimed_by.clone() };
+        match name {
+            Some(n) => st
+                .bdevs
+                .get(n)
+                .map(|e| vec![summary(e)])
+                .ok_or_else(|| TargetError::NotFound { kind: "bdev", name: n.into() }),
+            None => Ok(st.bdevs.values().map(summary).collect()),
+        }
+    }
+
+    /// Creates a vhost-user-blk controller: a listening socket in the vhost directory.
+    pub fn create_vhost_blk(&self, spec: VhostBlkSpec) -> Result<(), TargetError> {
+        fp_vhost_blk::validate_name(&spec.ctrlr)
+            .map_err(|reason| TargetError::Invalid { field: "ctrlr", reason })?;
+        let reactors: Vec<ReactorHandle> = match &spec.cpus {
+            None => self.reactors.clone(),
+            Some(cpus) => {
+                let picked: Vec<ReactorHandle> = self
+                    .reactors
+                    .iter()
+                    .filter(|h| h.core().is_some_and(|c| cpus.contains(&c)))
+                    .cloned()
+                    .collect();
+                if picked.is_empty() {
+                    let have: Vec<String> =
+                        self.reactors.iter().filter_map(|h| h.core()).map(|c| c.to_string()).collect();
+                    return Err(TargetError::Invalid {
+                        field: "cpumask",
+                        reason: format!("selects no reactor core; reactors run on cores {}", have.join(",")),
+                    });
+                }
+                picked
+            }
+        };
+        let num_queues = spec.num_queues.unwrap_or(reactors.len() as u16);
+        if num_queues == 0 || num_queues > fp_vhost_blk::MAX_QUEUES {
+            return Err(TargetError::Invalid {
+                field: "num_queues",
+                reason: format!("{num_queues} is not between 1 and {}", fp_vhost_blk::MAX_QUEUES),
+            });
+        }
+        let mut st = self.lock();
+        if st.controllers.contains_key(&spec.ctrlr) {
+            return Err(TargetError::AlreadyExists { kind: "controller", name: spec.ctrlr });
+        }
+        let entry = st
+            .bdevs
+            .get_mut(&spec.dev_name)
+            .ok_or_else(|| TargetError::NotFound { kind: "bdev", name: spec.dev_name.clone() })?;
+        if let Some(by) = &entry.claimed_by {
+            return Err(TargetError::InUse { name: spec.dev_name.clone(), by: by.clone() });
+        }
+        let config = ControllerConfig {
+            name: spec.ctrlr.clone(),
+            socket_path: self.vhost_dir.join(&spec.ctrlr),
+            bdev: entry.bdev.clone(),
+            reactors,
+            read_only: spec.readonly,
+            num_queues,
+        };
+        let ctrl = BlkController::start(config)?;
+        entry.claimed_by = Some(spec.ctrlr.clone());
+        log::info!("vhost-blk controller '{}' serving bdev '{}'", spec.ctrlr, spec.dev_name);
+        st.controllers.insert(spec.ctrlr, ctrl);
+        Ok(())
+    }
+
+    /// Stops a controller: disconnects its client, removes its socket, releases its bdev.
+    pub fn delete_vhost(&self, ctrlr: &str) -> Result<(), TargetError> {
+        let ctrl = {
+            let mut st = self.lock();
+            let ctrl = st
+                .controllers
+                .remove(ctrlr)
+                .ok_or_else(|| TargetError::NotFound { kind: "controller", name: ctrlr.into() })?;
+            let bdev_name = ctrl.info().bdev_name.clone();
+            if let Some(e) = st.bdevs.get_mut(&bdev_name) {
+                e.claimed_by = None;
+            }
+            ctrl
+        };
+        // Stopping waits for the queues to drain: do it without holding the registry lock.
+        ctrl.stop();
+        log::info!("vhost-blk controller '{ctrlr}' deleted");
+        Ok(())
+    }
+
+    /// All controllers, or the one named.
+    pub fn controllers(&self, name: Option<&str>) -> Result<Vec<ControllerInfo>, TargetError> {
+        let st = self.lock();
+        match name {
+            Some(n) => st
+                .controllers
+                .get(n)
+                .map(|c| vec![c.info()])
+                .ok_or_else(|| TargetError::NotFound { kind: "controller", name: n.into() }),
+            None => Ok(st.controllers.values().map(|c| c.info()).collect()),
+        }
+    }
+
+    pub fn reactors(&self) -> Vec<ReactorSummary> {
+        self.reactors
+            .iter()
+            .map(|h| ReactorSummary { id: h.id(), core: h.core(), stats: h.stats().snapshot() })
+            .collect()
+    }
+
+    /// Stops every controller (on shutdown). Bdevs are dropped with the target.
+    pub fn shutdown(&self) {
+        let names: Vec<String> = self.lock().controllers.keys().cloned().collect();
+        for n in names {
+            let _ = self.delete_vhost(&n);
+        }
+    }
+}
