@@ -1,0 +1,549 @@
+//! The client loop: connect, fill every queue to depth, replace each completion with a new
+//! request until the duration elapses, then drain.
+
+use std::mem::MaybeUninit;
+use std::os::unix::io::RawFd;
+use std::time::{Duration, Instant};
+
+use blkio::{Blkio, Blkioq, Completion, MemoryRegion, ReqFlags};
+
+use crate::rng::SplitMix64;
+use crate::{Histogram, LoadError, LoadResult, LoadSpec, Pattern};
+
+/// Deepest queue accepted. A libblkio virtio-blk request takes three descriptors and the
+/// largest virtqueue is 32768 entries.
+pub(crate) const MAX_QUEUE_DEPTH: usize = 4096;
+
+/// How long requests in flight at the end may take to complete before the run is declared
+/// stuck.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Busy-poll rounds with nothing completed between two clock reads.
+const IDLE_SPINS_PER_CLOCK_READ: u32 = 256;
+
+/// Slot buffers are spaced at least this far apart (and aligned to it), so that an O_DIRECT
+/// backend sees page-aligned buffers whatever the block size.
+const BUF_ALIGN: usize = 4096;
+
+/// One request slot of a queue: what was submitted and when.
+#[derive(Clone, Copy)]
+struct Slot {
+    submitted: Instant,
+    write: bool,
+}
+
+struct QueueState {
+    q: Blkioq,
+    slots: Box<[Slot]>,
+    /// Buffer of slot 0; slot `i` uses `buf + i * stride`.
+    buf: *mut u8,
+    in_flight: usize,
+}
+
+/// Picks the next request's direction and offset.
+struct OpGen {
+    pattern: Pattern,
+    read_percent: u64,
+    rng: SplitMix64,
+    region_offset: u64,
+    blocks: u64,
+    block_size: u64,
+    /// Next block for sequential patterns, shared by all queues.
+    cursor: u64,
+}
+
+impl OpGen {
+    #[inline]
+    fn next(&mut self) -> (bool, u64) {
+        let write = match self.pattern {
+            Pattern::RandRead | Pattern::Read => false,
+            Pattern::RandWrite | Pattern::Write => true,
+            Pattern::RandRw => self.rng.below(100) >= self.read_percent,
+        };
+        let block = if self.pattern.is_random() {
+            self.rng.below(self.blocks)
+        } else {
+            let b = self.cursor;
+            self.cursor += 1;
+            if self.cursor == self.blocks {
+                self.cursor = 0;
+            }
+            b
+        };
+        (write, self.region_offset + block * self.block_size)
+    }
+}
+
+/// Running totals of the measured interval.
+struct Stats {
+    ios: u64,
+    bytes: u64,
+    reads: u64,
+    writes: u64,
+    errors: u64,
+    first_error: Option<i32>,
+    hist: Histogram,
+}
+
+/// The connected device: libblkio instance, its queues and the mapped buffer region.
+///
+/// Field order matters for drop: queues go before the instance, as libblkio expects.
+struct Device {
+    queues: Vec<QueueState>,
+    blkio: Blkio,
+    region: MemoryRegion,
+    capacity: u64,
+    request_alignment: u32,
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.queues.clear();
+        self.blkio.unmap_mem_region(&self.region);
+    }
+}
+
+fn bk(op: &'static str) -> impl FnOnce(blkio::Error) -> LoadError {
+    move |e| LoadError::blkio(op, e)
+}
+
+fn round_up(v: usize, to: usize) -> usize {
+    v.div_ceil(to) * to
+}
+
+impl Device {
+    fn connect(spec: &LoadSpec, stride: usize) -> Result<Device, LoadError> {
+        let mut blkio = Blkio::new("virtio-blk-vhost-user").map_err(bk("new"))?;
+        let path = spec.socket.to_str().ok_or_else(|| {
+            LoadError::InvalidSpec(format!("socket path {:?} is not UTF-8", spec.socket))
+        })?;
+        blkio.set_str("path", path).map_err(bk("set path"))?;
+        blkio.connect().map_err(bk("connect"))?;
+
+        let capacity = blkio.get_u64("capacity").map_err(bk("get capacity"))?;
+        let request_alignment = blkio
+            .get_i32("request-alignment")
+            .map_err(bk("get request-alignment"))?;
+        let max_queues = blkio.get_i32("max-queues").map_err(bk("get max-queues"))?;
+        let request_alignment = u32::try_from(request_alignment.max(1)).unwrap_or(512);
+        if !spec.block_size.is_multiple_of(request_alignment as usize) {
+            return Err(LoadError::InvalidSpec(format!(
+                "block size {} is not a multiple of the device's request alignment {request_alignment}",
+                spec.block_size
+            )));
+        }
+        if spec.num_queues > max_queues.max(0) as usize {
+            return Err(LoadError::InvalidSpec(format!(
+                "{} queues requested but the device offers {max_queues}",
+                spec.num_queues
+            )));
+        }
+
+        let n = spec.num_queues as i32;
+        let (fd_queues, poll_queues) = if spec.poll_queues { (0, n) } else { (n, 0) };
+        blkio
+            .set_i32("num-queues", fd_queues)
+            .map_err(bk("set num-queues"))?;
+        blkio
+            .set_i32("num-poll-queues", poll_queues)
+            .map_err(bk("set num-poll-queues"))?;
+        // Each request takes three descriptors (header, data, status); keep the default 256
+        // unless the depth needs more.
+        let queue_size = (spec.queue_depth * 3).next_power_of_two().max(256);
+        blkio
+            .set_i32("queue-size", queue_size as i32)
+            .map_err(bk("set queue-size"))?;
+        let started = blkio.start().map_err(bk("start"))?;
+        let queues = if spec.poll_queues {
+            started.poll_queues
+        } else {
+            started.queues
+        };
+
+        let per_queue = stride * spec.queue_depth;
+        let align = blkio
+            .get_u64("mem-region-alignment")
+            .map_err(bk("get mem-region-alignment"))? as usize;
+        let len = round_up(per_queue * spec.num_queues, align.max(BUF_ALIGN));
+        let region = blkio
+            .alloc_mem_region(len)
+            .map_err(bk("alloc_mem_region"))?;
+        blkio
+            .map_mem_region(&region)
+            .map_err(bk("map_mem_region"))?;
+
+        // Fill the buffers with a seeded non-zero pattern so written data is not all zeroes.
+        let mut rng = SplitMix64::new(spec.seed ^ 0xb0f_fe75);
+        // SAFETY: `region` was just allocated by libblkio: `len` bytes at `addr`, mapped
+        // read-write in this process and not yet handed to the device.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(region.addr as *mut u8, region.len) };
+        for chunk in bytes.chunks_mut(8) {
+            let v = rng.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+
+        let now = Instant::now();
+        let queues = queues
+            .into_iter()
+            .enumerate()
+            .map(|(i, q)| QueueState {
+                q,
+                slots: vec![
+                    Slot {
+                        submitted: now,
+                        write: false
+                    };
+                    spec.queue_depth
+                ]
+                .into_boxed_slice(),
+                buf: (region.addr + i * per_queue) as *mut u8,
+                in_flight: 0,
+            })
+            .collect();
+        Ok(Device {
+            queues,
+            blkio,
+            region,
+            capacity,
+            request_alignment,
+        })
+    }
+}
+
+/// An epoll instance watching the queues' completion fds.
+struct Waiter {
+    epfd: RawFd,
+    fds: Vec<RawFd>,
+    events: Vec<libc::epoll_event>,
+}
+
+impl Waiter {
+    fn new(queues: &mut [QueueState]) -> Result<Waiter, LoadError> {
+        let os = |op| move |source| LoadError::Os { op, source };
+        // SAFETY: plain system call, no pointers.
+        let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epfd < 0 {
+            return Err(os("epoll_create1")(std::io::Error::last_os_error()));
+        }
+        let mut w = Waiter {
+            epfd,
+            fds: Vec::new(),
+            events: Vec::new(),
+        };
+        for (i, qs) in queues.iter_mut().enumerate() {
+            let fd = qs.q.get_completion_fd().ok_or_else(|| {
+                LoadError::InvalidSpec("a completion-fd queue has no completion fd".into())
+            })?;
+            qs.q.set_completion_fd_enabled(true);
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: i as u64,
+            };
+            // SAFETY: `epfd` and `fd` are open descriptors; `ev` is a valid epoll_event.
+            let rc = unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+            if rc != 0 {
+                return Err(os("epoll_ctl")(std::io::Error::last_os_error()));
+            }
+            w.fds.push(fd);
+        }
+        w.events = vec![libc::epoll_event { events: 0, u64: 0 }; w.fds.len()];
+        Ok(w)
+    }
+
+    /// Sleeps until a completion fd fires or `timeout` passes, then clears the fds that fired.
+    ///
+    /// The caller must have drained every queue (with notifications enabled) since the last
+    /// submission: a completion after that drain writes the eventfd, so it is not missed.
+    fn wait(&mut self, timeout: Duration) -> Result<(), LoadError> {
+        let ms = timeout.as_micros().div_ceil(1000).min(1000) as i32;
+        // SAFETY: `events` has room for `events.len()` entries, the count passed.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epfd,
+                self.events.as_mut_ptr(),
+                self.events.len() as i32,
+                ms,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                return Ok(());
+            }
+            return Err(LoadError::Os {
+                op: "epoll_wait",
+                source: e,
+            });
+        }
+        for ev in &self.events[..n as usize] {
+            let fd = self.fds[ev.u64 as usize];
+            let mut val = 0u64;
+            // SAFETY: `fd` is a non-blocking eventfd owned by libblkio and open for the queue's
+            // lifetime; `val` is 8 writable bytes. EAGAIN (already cleared) is harmless.
+            unsafe { libc::read(fd, (&mut val as *mut u64).cast(), 8) };
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        // SAFETY: `epfd` is ours and closed exactly once.
+        unsafe { libc::close(self.epfd) };
+    }
+}
+
+impl QueueState {
+    #[inline]
+    fn submit(&mut self, slot: usize, gen: &mut OpGen, stride: usize, bs: usize, now: Instant) {
+        let (write, offset) = gen.next();
+        // The slot's buffer lies inside the mapped region: slot < queue depth.
+        let buf = self.buf.wrapping_add(slot * stride);
+        self.slots[slot] = Slot {
+            submitted: now,
+            write,
+        };
+        if write {
+            self.q.write(offset, buf, bs, slot, ReqFlags::empty());
+        } else {
+            self.q.read(offset, buf, bs, slot, ReqFlags::empty());
+        }
+        self.in_flight += 1;
+    }
+}
+
+pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
+    let bs = spec.block_size;
+    let stride = round_up(bs, BUF_ALIGN);
+    let mut dev = Device::connect(spec, stride)?;
+
+    let (region_offset, region_len) = match spec.region {
+        Some(r) => (r.offset, r.len),
+        None => (0, dev.capacity),
+    };
+    let align = u64::from(dev.request_alignment);
+    if !region_offset.is_multiple_of(align) {
+        return Err(LoadError::InvalidSpec(format!(
+            "region offset {region_offset} is not a multiple of the request alignment {align}"
+        )));
+    }
+    let end = region_offset.checked_add(region_len);
+    if end.is_none_or(|e| e > dev.capacity) {
+        return Err(LoadError::InvalidSpec(format!(
+            "region {region_offset}+{region_len} runs past the device's {} bytes",
+            dev.capacity
+        )));
+    }
+    let blocks = region_len / bs as u64;
+    if blocks == 0 {
+        return Err(LoadError::InvalidSpec(format!(
+            "the region ({region_len} bytes) holds no {bs}-byte block"
+        )));
+    }
+    let mut gen = OpGen {
+        pattern: spec.pattern,
+        read_percent: u64::from(spec.read_percent),
+        rng: SplitMix64::new(spec.seed),
+        region_offset,
+        blocks,
+        block_size: bs as u64,
+        cursor: 0,
+    };
+
+    let mut waiter = if spec.poll_queues {
+        None
+    } else {
+        Some(Waiter::new(&mut dev.queues)?)
+    };
+    let mut completions: Vec<MaybeUninit<Completion>> = (0..spec.queue_depth)
+        .map(|_| MaybeUninit::uninit())
+        .collect();
+    let mut stats = Stats {
+        ios: 0,
+        bytes: 0,
+        reads: 0,
+        writes: 0,
+        errors: 0,
+        first_error: None,
+        hist: Histogram::new(),
+    };
+
+    let start = Instant::now();
+    let deadline = start + spec.duration;
+    for qs in dev.queues.iter_mut() {
+        for slot in 0..spec.queue_depth {
+            qs.submit(slot, &mut gen, stride, bs, start);
+        }
+    }
+
+    // Set when the duration has elapsed: from then on nothing is submitted or counted.
+    let mut stopped_at: Option<Instant> = None;
+    let mut idle_spins = 0u32;
+    loop {
+        let mut reaped = 0usize;
+        for qs in dev.queues.iter_mut() {
+            let n =
+                qs.q.do_io(&mut completions, 0, None, None)
+                    .map_err(bk("do_io"))?;
+            if n == 0 {
+                continue;
+            }
+            reaped += n;
+            let now = Instant::now();
+            let counting = stopped_at.is_none();
+            if counting && now >= deadline {
+                stopped_at = Some(now);
+            }
+            for c in &completions[..n] {
+                // SAFETY: do_io() initialised the first `n` elements.
+                let c = unsafe { c.assume_init_ref() };
+                let slot = c.user_data;
+                qs.in_flight -= 1;
+                if !counting {
+                    continue;
+                }
+                let s = qs.slots[slot];
+                if c.ret < 0 {
+                    stats.errors += 1;
+                    stats.first_error.get_or_insert(c.ret);
+                } else {
+                    stats.ios += 1;
+                    stats.bytes += bs as u64;
+                    if s.write {
+                        stats.writes += 1;
+                    } else {
+                        stats.reads += 1;
+                    }
+                    stats
+                        .hist
+                        .record(now.saturating_duration_since(s.submitted).as_nanos() as u64);
+                }
+                if stopped_at.is_none() {
+                    qs.submit(slot, &mut gen, stride, bs, now);
+                }
+            }
+        }
+
+        if reaped > 0 {
+            idle_spins = 0;
+        } else {
+            idle_spins += 1;
+        }
+        let in_flight: usize = dev.queues.iter().map(|q| q.in_flight).sum();
+        if let Some(t) = stopped_at {
+            if in_flight == 0 {
+                break;
+            }
+            if reaped == 0 && (waiter.is_some() || idle_spins >= IDLE_SPINS_PER_CLOCK_READ) {
+                idle_spins = 0;
+                let waited = t.elapsed();
+                if waited > DRAIN_TIMEOUT {
+                    return Err(LoadError::DrainTimeout(in_flight, waited));
+                }
+                if let Some(w) = waiter.as_mut() {
+                    w.wait(DRAIN_TIMEOUT - waited)?;
+                }
+            }
+            continue;
+        }
+        if reaped == 0 {
+            // Nothing completed in a full pass over the queues (each do_io also pushed out
+            // what was submitted before it): check the clock, then sleep or spin on.
+            if waiter.is_some() || idle_spins >= IDLE_SPINS_PER_CLOCK_READ {
+                idle_spins = 0;
+                let now = Instant::now();
+                if now >= deadline {
+                    stopped_at = Some(now);
+                    continue;
+                }
+                if let Some(w) = waiter.as_mut() {
+                    w.wait(deadline - now)?;
+                }
+            }
+        }
+    }
+
+    let elapsed = stopped_at.map_or(spec.duration, |t| t.duration_since(start));
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let h = &stats.hist;
+    Ok(LoadResult {
+        ios: stats.ios,
+        bytes: stats.bytes,
+        reads: stats.reads,
+        writes: stats.writes,
+        elapsed,
+        iops: stats.ios as f64 / secs,
+        mbps: stats.bytes as f64 / secs / 1e6,
+        lat_mean_ns: h.mean(),
+        lat_min_ns: h.min(),
+        lat_max_ns: h.max(),
+        p50_ns: h.percentile(50.0),
+        p99_ns: h.percentile(99.0),
+        p999_ns: h.percentile(99.9),
+        errors: stats.errors,
+        first_error: stats.first_error,
+        capacity: dev.capacity,
+        request_alignment: dev.request_alignment,
+        histogram: stats.hist.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gen(pattern: Pattern, blocks: u64) -> OpGen {
+        OpGen {
+            pattern,
+            read_percent: 70,
+            rng: SplitMix64::new(5),
+            region_offset: 1 << 20,
+            blocks,
+            block_size: 4096,
+            cursor: 0,
+        }
+    }
+
+    #[test]
+    fn sequential_offsets_wrap_inside_the_region() {
+        let mut g = gen(Pattern::Write, 3);
+        let got: Vec<(bool, u64)> = (0..7).map(|_| g.next()).collect();
+        let base = 1u64 << 20;
+        let want: Vec<(bool, u64)> = [0, 1, 2, 0, 1, 2, 0]
+            .iter()
+            .map(|b| (true, base + b * 4096))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn random_offsets_are_aligned_and_in_range() {
+        let mut g = gen(Pattern::RandRead, 1000);
+        for _ in 0..10_000 {
+            let (w, off) = g.next();
+            assert!(!w);
+            assert!(off >= 1 << 20);
+            assert!(off < (1 << 20) + 1000 * 4096);
+            assert_eq!(off % 4096, 0);
+        }
+    }
+
+    #[test]
+    fn randrw_mix_follows_read_percent() {
+        let mut g = gen(Pattern::RandRw, 1000);
+        let writes = (0..100_000).filter(|_| g.next().0).count();
+        // 30 % writes, within 1 percentage point.
+        assert!(
+            (29_000..31_000).contains(&writes),
+            "{writes} writes of 100000"
+        );
+    }
+
+    #[test]
+    fn round_up_works() {
+        assert_eq!(round_up(1, 4096), 4096);
+        assert_eq!(round_up(4096, 4096), 4096);
+        assert_eq!(round_up(4097, 4096), 8192);
+        assert_eq!(round_up(512, 512), 512);
+    }
+}
