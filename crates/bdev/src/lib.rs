@@ -95,6 +95,10 @@ pub struct IoTypes {
     pub write_zeroes: bool,
 }
 
+/// Every operation supported: what the RAM, null and file backends report.
+pub(crate) const ALL_IO_TYPES: IoTypes =
+    IoTypes { read: true, write: true, flush: true, unmap: true, write_zeroes: true };
+
 /// The static description of a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BdevInfo {
@@ -119,7 +123,7 @@ impl BdevInfo {
     /// Checks that `[offset, offset + len)` is block aligned and inside the device.
     pub fn check_range(&self, offset: u64, len: u64) -> Result<(), SubmitError> {
         let bs = u64::from(self.block_size);
-        if offset % bs != 0 || len % bs != 0 {
+        if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
             return Err(SubmitError::OutOfRange);
         }
         match offset.checked_add(len) {
@@ -195,6 +199,49 @@ pub unsafe fn iov_total_len(iov: *const libc::iovec, iovcnt: u32) -> u64 {
         total += unsafe { (*iov.add(i)).iov_len } as u64;
     }
     total
+}
+
+/// The iovecs of a `Read` or `Write` request as a slice (empty when `iovcnt` is 0, whatever
+/// `iov` holds, so a null pointer is fine then).
+///
+/// # Safety
+/// As for [`IoChannel::submit`]: when `req.iovcnt` is non-zero, `req.iov` points to that many
+/// readable iovecs that stay valid and unmodified for `'a`.
+pub(crate) unsafe fn request_iovecs<'a>(req: &IoRequest) -> &'a [libc::iovec] {
+    if req.iovcnt == 0 || req.iov.is_null() {
+        return &[];
+    }
+    // SAFETY: non-null and, by the caller's contract, `iovcnt` initialised iovecs valid for 'a;
+    // iovec's alignment is guaranteed by the pointer's type.
+    unsafe { std::slice::from_raw_parts(req.iov, req.iovcnt as usize) }
+}
+
+/// Completions of requests a backend carried out inside `submit`, held for the next `poll`
+/// (callers never get a completion from `submit` itself). Grows only to the peak queue depth,
+/// then is reused.
+pub(crate) struct DoneList(Vec<(u32, IoStatus)>);
+
+impl DoneList {
+    pub(crate) fn new() -> Self {
+        DoneList(Vec::with_capacity(1024))
+    }
+
+    pub(crate) fn push(&mut self, tag: u32, status: IoStatus) {
+        self.0.push((tag, status));
+    }
+
+    /// Hands every held completion to `done`; returns how many.
+    pub(crate) fn deliver(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        let n = self.0.len();
+        for (tag, status) in self.0.drain(..) {
+            done(tag, status);
+        }
+        n
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
 }
 
 /// Checks the parameters every device constructor shares.

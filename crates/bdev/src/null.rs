@@ -6,8 +6,8 @@
 //! real device.
 
 use crate::{
-    validate_geometry, BdevError, BdevInfo, BlockDevice, IoChannel, IoRequest, IoStatus, IoTypes,
-    SubmitError,
+    validate_geometry, BdevError, BdevInfo, BlockDevice, DoneList, IoChannel, IoRequest, IoStatus,
+    SubmitError, ALL_IO_TYPES,
 };
 
 pub struct NullDevice {
@@ -23,7 +23,7 @@ impl NullDevice {
                 product_name: "Null disk".into(),
                 block_size,
                 num_blocks,
-                io_types: IoTypes { read: true, write: true, flush: true, unmap: true, write_zeroes: true },
+                io_types: ALL_IO_TYPES,
                 driver: "null",
                 driver_specific: None,
             },
@@ -37,30 +37,25 @@ impl BlockDevice for NullDevice {
     }
 
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
-        Ok(Box::new(NullChannel { info: self.info.clone(), done: Vec::with_capacity(1024) }))
+        Ok(Box::new(NullChannel { info: self.info.clone(), done: DoneList::new() }))
     }
 }
 
 struct NullChannel {
     info: BdevInfo,
-    /// Tags completed by `submit`, handed back by the next `poll`. Grows only to the peak queue
-    /// depth, then is reused.
-    done: Vec<(u32, IoStatus)>,
+    /// Tags completed by `submit`, handed back by the next `poll`.
+    done: DoneList,
 }
 
 impl IoChannel for NullChannel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
-        self.done.push((req.tag, IoStatus::Success));
+        self.done.push(req.tag, IoStatus::Success);
         Ok(())
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
-        let n = self.done.len();
-        for (tag, status) in self.done.drain(..) {
-            done(tag, status);
-        }
-        n
+        self.done.deliver(done)
     }
 
     fn in_flight(&self) -> usize {
