@@ -1,12 +1,37 @@
-//! The vhost-user-blk frontend.
+//! The vhost-user-blk frontend: exports one bdev per Unix socket to a VMM (QEMU,
+//! cloud-hypervisor) or a libblkio client.
 //!
-//! Being written. Public API (stable): [`BlkController`], [`ControllerConfig`],
-//! [`ControllerInfo`], [`Error`], [`MAX_QUEUES`], [`validate_name`].
+//! Layers, top to bottom:
+//! * [`BlkController`] (this file): the listening socket and its control-plane thread, which
+//!   accepts one frontend at a time and feeds its messages to `vhost`'s request parser;
+//! * [`backend::Connection`]: protocol state of one connection (control plane);
+//! * [`memory`]: the guest memory map, snapshotted for the data path;
+//! * [`queue::QueuePoller`]: one virtqueue on one reactor (data plane), with [`ring`] for the
+//!   used ring.
+//!
+//! A controller outlives its connections: a VMM may disconnect and reconnect (guest reboot,
+//! VMM restart) and the disk keeps serving.
 
+pub mod backend;
+pub mod memory;
+pub mod queue;
+pub mod ring;
+
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use fp_bdev::Bdev;
 use fp_reactor::ReactorHandle;
+use fp_virtio_blk::{DiskParams, VIRTIO_BLK_ID_BYTES};
+use vhost::vhost_user::BackendReqHandler;
+
+use crate::backend::Connection;
+use crate::queue::QueueStats;
 
 /// Most queues one controller offers.
 pub const MAX_QUEUES: u16 = 64;
@@ -89,19 +114,220 @@ pub struct ControllerInfo {
     pub stats: ControllerStats,
 }
 
-pub struct BlkController {
-    info: ControllerInfo,
+/// Controller state shared by the listener thread, its connections and `info()`.
+pub struct Shared {
+    pub name: Arc<str>,
+    pub bdev: Bdev,
+    pub disk: DiskParams,
+    pub serial: [u8; VIRTIO_BLK_ID_BYTES],
+    pub num_queues: u16,
+    pub reactors: Vec<ReactorHandle>,
+    pub queue_stats: Vec<Arc<QueueStats>>,
+    connected: AtomicBool,
+    stop: AtomicBool,
 }
 
+/// A running vhost-user-blk export.
+pub struct BlkController {
+    shared: Arc<Shared>,
+    socket_path: PathBuf,
+    read_only: bool,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The largest discard / write-zeroes request we accept, in sectors (2 GiB): large enough that
+/// guests rarely split, small enough that one request cannot monopolise a backend.
+const MAX_DISCARD_SECTORS: u32 = 1 << 22;
+
+/// How often the listener thread checks for a stop request while waiting.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// A frontend that sends part of a message and stalls is disconnected after this long.
+const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl BlkController {
+    /// Binds the socket and starts serving.
     pub fn start(config: ControllerConfig) -> Result<BlkController, Error> {
-        let _ = config;
-        Err(Error::Other("vhost-blk not built yet".into()))
+        let info = config.bdev.info().clone();
+        let disk = DiskParams {
+            capacity_sectors: info.size_bytes() / fp_virtio_blk::SECTOR_SIZE,
+            block_size: info.block_size,
+            read_only: config.read_only,
+            flush: info.io_types.flush,
+            discard: info.io_types.unmap,
+            write_zeroes: info.io_types.write_zeroes,
+            max_discard_sectors: MAX_DISCARD_SECTORS,
+            max_write_zeroes_sectors: MAX_DISCARD_SECTORS,
+        };
+        let mut serial = [0u8; VIRTIO_BLK_ID_BYTES];
+        let n = config.name.len().min(VIRTIO_BLK_ID_BYTES);
+        serial[..n].copy_from_slice(&config.name.as_bytes()[..n]);
+        if config.reactors.is_empty() {
+            return Err(Error::Other("no reactor to run the queues on".into()));
+        }
+        let listener = bind(&config.socket_path)?;
+        let shared = Arc::new(Shared {
+            name: config.name.as_str().into(),
+            bdev: config.bdev,
+            disk,
+            serial,
+            num_queues: config.num_queues,
+            reactors: config.reactors,
+            queue_stats: (0..config.num_queues).map(|_| Arc::new(QueueStats::default())).collect(),
+            connected: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        });
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("vhost-{}", config.name))
+            .spawn(move || serve(listener, thread_shared))
+            .map_err(|e| Error::Other(format!("cannot start controller thread: {e}")))?;
+        Ok(BlkController { shared, socket_path: config.socket_path, read_only: config.read_only, thread: Some(thread) })
     }
 
     pub fn info(&self) -> ControllerInfo {
-        self.info.clone()
+        let s = &self.shared;
+        let mut stats = ControllerStats::default();
+        for q in &s.queue_stats {
+            let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+            stats.read_ops += l(&q.read_ops);
+            stats.write_ops += l(&q.write_ops);
+            stats.flush_ops += l(&q.flush_ops);
+            stats.discard_ops += l(&q.discard_ops);
+            stats.write_zeroes_ops += l(&q.write_zeroes_ops);
+            stats.get_id_ops += l(&q.get_id_ops);
+            stats.bytes_read += l(&q.bytes_read);
+            stats.bytes_written += l(&q.bytes_written);
+            stats.io_errors += l(&q.io_errors);
+            stats.unsupported += l(&q.unsupported);
+            stats.failed_queues += l(&q.failed);
+            stats.notifications += l(&q.notifications);
+        }
+        let mut cores: Vec<usize> = s.reactors.iter().filter_map(|r| r.core()).collect();
+        cores.sort_unstable();
+        cores.dedup();
+        ControllerInfo {
+            name: s.name.to_string(),
+            socket_path: self.socket_path.clone(),
+            bdev_name: s.bdev.info().name.clone(),
+            read_only: self.read_only,
+            num_queues: s.num_queues,
+            cores,
+            connected: s.connected.load(Ordering::Relaxed),
+            stats,
+        }
     }
 
-    pub fn stop(self) {}
+    /// Disconnects the frontend (stopping its queues), removes the socket, joins the thread.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.socket_path);
+    }
+}
+
+impl Drop for BlkController {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn bind(path: &std::path::Path) -> Result<UnixListener, Error> {
+    let err = |source| Error::Listen { path: path.to_path_buf(), source };
+    // A socket file left by a previous run (crash, kill -9) would make bind fail; replace it,
+    // but never delete anything that is not a socket.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if meta.file_type().is_socket() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "another process is serving this socket",
+                )));
+            }
+            std::fs::remove_file(path).map_err(err)?;
+        } else {
+            return Err(err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "a non-socket file is in the way")));
+        }
+    }
+    let listener = UnixListener::bind(path).map_err(err)?;
+    listener.set_nonblocking(true).map_err(err)?;
+    Ok(listener)
+}
+
+/// Waits until `fd` is readable or the stop flag is set. Returns false on stop.
+fn wait_readable(fd: i32, stop: &AtomicBool) -> bool {
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, STOP_POLL.as_millis() as i32) };
+        if n > 0 {
+            return true;
+        }
+    }
+}
+
+/// The controller's control-plane thread: one connection at a time.
+fn serve(listener: UnixListener, shared: Arc<Shared>) {
+    while wait_readable(listener.as_raw_fd(), &shared.stop) {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                log::warn!("{}: accept failed: {e}", shared.name);
+                std::thread::sleep(STOP_POLL);
+                continue;
+            }
+        };
+        log::info!("{}: frontend connected", shared.name);
+        shared.connected.store(true, Ordering::Relaxed);
+        let reason = run_connection(stream, &shared);
+        shared.connected.store(false, Ordering::Relaxed);
+        log::info!("{}: frontend disconnected: {reason}", shared.name);
+    }
+}
+
+fn run_connection(stream: UnixStream, shared: &Arc<Shared>) -> String {
+    if let Err(e) = stream.set_nonblocking(false).and_then(|_| stream.set_read_timeout(Some(MESSAGE_TIMEOUT))) {
+        return format!("cannot configure socket: {e}");
+    }
+    let fd = stream.as_raw_fd();
+    let conn = Arc::new(Mutex::new(Connection::new(shared.clone())));
+    let mut handler = BackendReqHandler::from_stream(stream, conn.clone());
+    let reason = loop {
+        if !wait_readable(fd, &shared.stop) {
+            break "controller is being deleted".to_string();
+        }
+        match handler.handle_request() {
+            Ok(()) => {}
+            Err(vhost::vhost_user::Error::Disconnected) => break "frontend closed the connection".into(),
+            Err(vhost::vhost_user::Error::PartialMessage) => break "frontend closed the connection".into(),
+            Err(e) => break format!("protocol error: {e}"),
+        }
+    };
+    conn.lock().unwrap_or_else(|p| p.into_inner()).stop_all();
+    reason
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controller_names_are_safe_file_names() {
+        assert!(validate_name("vhost.0").is_ok());
+        assert!(validate_name("disk-1_a").is_ok());
+        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(101)] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -1,0 +1,454 @@
+//! The vhost-user protocol for one connection, on the control plane.
+//!
+//! [`Connection`] implements `vhost`'s `VhostUserBackendReqHandlerMut`: it records what the
+//! frontend configures (features, memory table, ring sizes/addresses/fds) and starts a queue on
+//! its reactor once the ring is fully described, enabled and kicked (vhost-user.rst, "Starting
+//! and stopping rings"). Anything that changes what a running queue depends on (GET_VRING_BASE,
+//! SET_VRING_ENABLE 0, a memory-table change, disconnect) first stops the queue by message and
+//! waits for its in-flight requests, so the reactor never touches memory that is being unmapped.
+//!
+//! Any error returned here makes the listener close the connection (logged with the reason);
+//! the disk and other connections are unaffected.
+
+use std::fs::File;
+use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fp_reactor::{PollerId, ReactorHandle};
+use fp_virtio_blk::config::{config_space, device_features};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserSharedMsg,
+    VhostUserShMemConfig, VhostUserSingleMemoryRegion, VhostUserVirtioFeatures,
+    VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::{Backend, Error as VuError, GpuBackend, Result as VuResult, VhostUserBackendReqHandlerMut};
+use vhost::VhostUserMemoryRegionBase;
+use vm_memory::ByteValued;
+
+use crate::memory::{MemoryMap, MAX_MEM_REGIONS};
+use crate::queue::{QueuePoller, QueueSetup, Stopped};
+use crate::Shared;
+
+/// Largest ring the device accepts (libblkio asks for 256, QEMU for 128 or 256).
+pub const MAX_QUEUE_SIZE: u32 = 1024;
+
+/// How long the control plane waits for a queue to drain before giving up on the connection.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+
+#[derive(Default)]
+struct Vring {
+    size: Option<u16>,
+    /// desc, used, avail as VMM virtual addresses.
+    addrs: Option<(u64, u64, u64)>,
+    base: u16,
+    kick: Option<File>,
+    call: Option<File>,
+    enabled: bool,
+    running: Option<(usize, PollerId)>,
+}
+
+/// Protocol state of one frontend connection.
+pub struct Connection {
+    shared: Arc<Shared>,
+    acked_features: u64,
+    protocol_features: u64,
+    memory: MemoryMap,
+    vrings: Vec<Vring>,
+}
+
+fn invalid(what: &'static str) -> VuError {
+    VuError::InvalidOperation(what)
+}
+
+impl Connection {
+    pub fn new(shared: Arc<Shared>) -> Connection {
+        let vrings = (0..shared.num_queues).map(|_| Vring::default()).collect();
+        Connection { shared, acked_features: 0, protocol_features: 0, memory: MemoryMap::default(), vrings }
+    }
+
+    fn offered_features(&self) -> u64 {
+        device_features(&self.shared.disk) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn protocol_features_negotiated(&self) -> bool {
+        self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
+    }
+
+    fn vring(&mut self, index: u32) -> VuResult<&mut Vring> {
+        self.vrings.get_mut(index as usize).ok_or(VuError::InvalidParam)
+    }
+
+    fn reactor_for(&self, index: usize) -> &ReactorHandle {
+        &self.shared.reactors[index % self.shared.reactors.len()]
+    }
+
+    /// Starts the queue if it is fully described, enabled and not running.
+    fn try_start(&mut self, index: usize) -> VuResult<()> {
+        let enabled_by_default = !self.protocol_features_negotiated();
+        let v = &self.vrings[index];
+        if v.running.is_some() || !(v.enabled || enabled_by_default) {
+            return Ok(());
+        }
+        let (Some(size), Some((desc, used, avail)), Some(kick)) = (v.size, v.addrs, v.kick.as_ref()) else {
+            return Ok(());
+        };
+        let mem = self.memory.snapshot().ok_or(invalid("ring kicked before any memory table"))?;
+        let n = u64::from(size);
+        let desc_gpa = self.memory.user_to_guest(desc, 16 * n).ok_or(invalid("descriptor table address outside memory"))?;
+        let avail_gpa = self.memory.user_to_guest(avail, 6 + 2 * n).ok_or(invalid("available ring address outside memory"))?;
+        let used_gpa = self.memory.user_to_guest(used, 6 + 8 * n).ok_or(invalid("used ring address outside memory"))?;
+        let kick = kick.try_clone().map_err(VuError::ReqHandlerError)?;
+        // Without a call fd the guest is never interrupted; use a private eventfd so the queue
+        // still works for a polling driver.
+        let call = match v.call.as_ref() {
+            Some(c) => c.try_clone().map_err(VuError::ReqHandlerError)?,
+            None => private_eventfd()?,
+        };
+        let setup = QueueSetup {
+            controller: self.shared.name.clone(),
+            index: index as u16,
+            size,
+            desc: desc_gpa,
+            avail: avail_gpa,
+            used: used_gpa,
+            base: v.base,
+            event_idx: self.acked_features & VIRTIO_RING_F_EVENT_IDX != 0,
+            mem,
+            kick,
+            call,
+            bdev: self.shared.bdev.clone(),
+            disk: self.shared.disk,
+            serial: self.shared.serial,
+            stats: self.shared.queue_stats[index].clone(),
+        };
+        let reactor = self.reactor_for(index).clone();
+        let started = reactor
+            .call(move |r| QueuePoller::new(setup).map(|p| r.add_poller(Box::new(p))))
+            .ok_or(invalid("reactor is gone"))?;
+        match started {
+            Ok(id) => {
+                log::info!("{} queue {index}: started on reactor {} (size {size})", self.shared.name, reactor.id());
+                self.vrings[index].running = Some((reactor.id(), id));
+                Ok(())
+            }
+            Err(e) => {
+                log::warn!("{}: {e}", self.shared.name);
+                Err(invalid("queue could not start"))
+            }
+        }
+    }
+
+    /// Stops the queue if running; its ring position becomes the vring base.
+    fn stop(&mut self, index: usize) -> VuResult<()> {
+        let Some((_, id)) = self.vrings[index].running.take() else { return Ok(()) };
+        let reactor = self.reactor_for(index).clone();
+        let (tx, rx) = sync_channel::<Stopped>(1);
+        reactor.send(move |r| match r.poller_mut::<QueuePoller>(id) {
+            Some(p) => p.request_stop(tx),
+            // Already gone: nothing in flight. Dropping tx tells the waiter.
+            None => drop(tx),
+        });
+        match rx.recv_timeout(STOP_TIMEOUT) {
+            Ok(stopped) => {
+                self.vrings[index].base = stopped.next_avail;
+                log::info!("{} queue {index}: stopped at {}", self.shared.name, stopped.next_avail);
+                Ok(())
+            }
+            Err(_) => {
+                log::error!("{} queue {index}: did not stop within {STOP_TIMEOUT:?}", self.shared.name);
+                Err(invalid("queue did not stop"))
+            }
+        }
+    }
+
+    fn running_queues(&self) -> Vec<usize> {
+        (0..self.vrings.len()).filter(|&i| self.vrings[i].running.is_some()).collect()
+    }
+
+    /// Stops running queues around a memory change and restarts them on the new snapshot.
+    fn with_queues_stopped(&mut self, change: impl FnOnce(&mut MemoryMap) -> VuResult<()>) -> VuResult<()> {
+        let running = self.running_queues();
+        for &i in &running {
+            self.stop(i)?;
+        }
+        change(&mut self.memory)?;
+        for i in running {
+            self.try_start(i)?;
+        }
+        Ok(())
+    }
+
+    /// Stops every queue (disconnect, reset).
+    pub fn stop_all(&mut self) {
+        for i in self.running_queues() {
+            let _ = self.stop(i);
+        }
+    }
+
+    fn reset(&mut self) {
+        self.stop_all();
+        let n = self.vrings.len();
+        self.vrings = (0..n).map(|_| Vring::default()).collect();
+        self.acked_features = 0;
+    }
+}
+
+fn private_eventfd() -> VuResult<File> {
+    // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(VuError::ReqHandlerError(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` is a fresh eventfd owned by nobody else.
+    Ok(unsafe { <File as std::os::unix::io::FromRawFd>::from_raw_fd(fd) })
+}
+
+fn mem_error(e: crate::memory::MemoryError) -> VuError {
+    log::warn!("memory table rejected: {e}");
+    VuError::InvalidParam
+}
+
+impl VhostUserBackendReqHandlerMut for Connection {
+    fn set_owner(&mut self) -> VuResult<()> {
+        Ok(())
+    }
+
+    fn reset_owner(&mut self) -> VuResult<()> {
+        self.reset();
+        Ok(())
+    }
+
+    fn reset_device(&mut self) -> VuResult<()> {
+        self.reset();
+        Ok(())
+    }
+
+    fn get_features(&mut self) -> VuResult<u64> {
+        Ok(self.offered_features())
+    }
+
+    fn set_features(&mut self, features: u64) -> VuResult<()> {
+        if features & !self.offered_features() != 0 {
+            log::warn!("{}: driver acked features {features:#x} we did not offer", self.shared.name);
+            return Err(VuError::InvalidParam);
+        }
+        if self.running_queues().is_empty() {
+            self.acked_features = features;
+            Ok(())
+        } else {
+            Err(invalid("SET_FEATURES while queues run"))
+        }
+    }
+
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        _postcopy_listening: Option<bool>,
+    ) -> VuResult<Option<Vec<VhostUserMemoryRegionBase>>> {
+        if ctx.len() != files.len() {
+            return Err(VuError::InvalidParam);
+        }
+        self.with_queues_stopped(|m| m.set_table(ctx, files).map_err(mem_error))?;
+        Ok(None)
+    }
+
+    fn set_vring_num(&mut self, index: u32, num: u32) -> VuResult<()> {
+        if num == 0 || num > MAX_QUEUE_SIZE || !num.is_power_of_two() {
+            log::warn!("queue size {num} is not a power of two up to {MAX_QUEUE_SIZE}");
+            return Err(VuError::InvalidParam);
+        }
+        let v = self.vring(index)?;
+        if v.running.is_some() {
+            return Err(invalid("SET_VRING_NUM on a running queue"));
+        }
+        v.size = Some(num as u16);
+        Ok(())
+    }
+
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> VuResult<()> {
+        if flags.contains(VhostUserVringAddrFlags::VHOST_VRING_F_LOG) {
+            return Err(invalid("dirty logging is not supported"));
+        }
+        let v = self.vring(index)?;
+        if v.running.is_some() {
+            return Err(invalid("SET_VRING_ADDR on a running queue"));
+        }
+        v.addrs = Some((descriptor, used, available));
+        Ok(())
+    }
+
+    fn set_vring_base(&mut self, index: u32, base: u32) -> VuResult<()> {
+        let v = self.vring(index)?;
+        if v.running.is_some() {
+            return Err(invalid("SET_VRING_BASE on a running queue"));
+        }
+        v.base = u16::try_from(base).map_err(|_| VuError::InvalidParam)?;
+        Ok(())
+    }
+
+    fn get_vring_base(&mut self, index: u32) -> VuResult<VhostUserVringState> {
+        self.vring(index)?;
+        self.stop(index as usize)?;
+        let v = &mut self.vrings[index as usize];
+        // The ring is stopped now; a new kick starts it again (vhost-user.rst).
+        v.kick = None;
+        Ok(VhostUserVringState::new(index, u32::from(v.base)))
+    }
+
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        let index = u32::from(index);
+        self.vring(index)?;
+        let Some(fd) = fd else {
+            return Err(invalid("polling rings without a kick fd are not supported"));
+        };
+        self.stop(index as usize)?;
+        self.vrings[index as usize].kick = Some(fd);
+        self.try_start(index as usize)
+    }
+
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        let i = usize::from(index);
+        self.vring(u32::from(index))?;
+        self.vrings[i].call = fd;
+        if let (Some((_, id)), Some(call)) = (self.vrings[i].running, self.vrings[i].call.as_ref()) {
+            let call = call.try_clone().map_err(VuError::ReqHandlerError)?;
+            self.reactor_for(i).send(move |r| {
+                if let Some(p) = r.poller_mut::<QueuePoller>(id) {
+                    p.set_call(call);
+                }
+            });
+        }
+        Ok(())
+    }
+
+    fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> VuResult<()> {
+        // We never report ring errors through the err fd; failures are logged and counted.
+        self.vring(u32::from(index)).map(|_| ())
+    }
+
+    fn get_protocol_features(&mut self) -> VuResult<VhostUserProtocolFeatures> {
+        Ok(VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+    }
+
+    fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
+        let offered = self.get_protocol_features()?.bits();
+        if features & !offered != 0 {
+            return Err(VuError::InvalidParam);
+        }
+        self.protocol_features = features;
+        Ok(())
+    }
+
+    fn get_queue_num(&mut self) -> VuResult<u64> {
+        Ok(u64::from(self.shared.num_queues))
+    }
+
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> VuResult<()> {
+        self.vring(index)?.enabled = enable;
+        if enable {
+            self.try_start(index as usize)
+        } else {
+            self.stop(index as usize)
+        }
+    }
+
+    fn get_config(&mut self, offset: u32, size: u32, _flags: VhostUserConfigFlags) -> VuResult<Vec<u8>> {
+        let cfg = config_space(&self.shared.disk, self.shared.num_queues);
+        let bytes = cfg.as_slice();
+        let start = offset as usize;
+        let end = start.checked_add(size as usize).ok_or(VuError::InvalidParam)?;
+        if end > bytes.len() {
+            // Frontends may read a larger struct than this device version defines: pad with
+            // zeroes up to the vhost-user config limit (256 bytes), refuse beyond.
+            if end > 256 {
+                return Err(VuError::InvalidParam);
+            }
+            let mut out = vec![0u8; size as usize];
+            if start < bytes.len() {
+                out[..bytes.len() - start].copy_from_slice(&bytes[start..]);
+            }
+            return Ok(out);
+        }
+        Ok(bytes[start..end].to_vec())
+    }
+
+    fn set_config(&mut self, _offset: u32, _buf: &[u8], _flags: VhostUserConfigFlags) -> VuResult<()> {
+        // No writable config fields are offered (no VIRTIO_BLK_F_CONFIG_WCE).
+        Err(invalid("config space is read-only"))
+    }
+
+    fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> VuResult<()> {
+        Err(invalid("not a GPU device"))
+    }
+
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> VuResult<File> {
+        Err(invalid("shared objects are not supported"))
+    }
+
+    fn get_inflight_fd(&mut self, _inflight: &VhostUserInflight) -> VuResult<(VhostUserInflight, File)> {
+        Err(invalid("inflight tracking is not offered"))
+    }
+
+    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> VuResult<()> {
+        Err(invalid("inflight tracking is not offered"))
+    }
+
+    fn get_max_mem_slots(&mut self) -> VuResult<u64> {
+        Ok(MAX_MEM_REGIONS as u64)
+    }
+
+    fn add_mem_region(
+        &mut self,
+        region: &VhostUserSingleMemoryRegion,
+        fd: File,
+        _postcopy_listening: Option<bool>,
+    ) -> VuResult<Option<VhostUserMemoryRegionBase>> {
+        let r: VhostUserMemoryRegion = **region;
+        self.with_queues_stopped(|m| m.add(&r, fd).map_err(mem_error))?;
+        Ok(None)
+    }
+
+    fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VuResult<()> {
+        let r: VhostUserMemoryRegion = **region;
+        self.with_queues_stopped(|m| m.remove(&r).map_err(mem_error))
+    }
+
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> VuResult<Option<File>> {
+        Err(invalid("device state transfer is not supported"))
+    }
+
+    fn check_device_state(&mut self) -> VuResult<()> {
+        Err(invalid("device state transfer is not supported"))
+    }
+
+    fn get_shmem_config(&mut self) -> VuResult<VhostUserShMemConfig> {
+        Err(invalid("shared memory regions are not supported"))
+    }
+
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VuResult<()> {
+        Err(invalid("dirty logging is not supported"))
+    }
+
+    fn set_backend_req_fd(&mut self, _backend: Backend) {}
+}
