@@ -68,23 +68,29 @@ impl MemoryMap {
             return Err(MemoryError::TooManyRegions);
         }
         let mapped = map_region(region, file)?;
-        let mut new: Vec<Region> = self.regions.iter().map(Region::clone_ref).collect();
-        new.push(mapped);
-        let snapshot = build(&mut new)?;
-        self.regions = new;
-        self.snapshot = snapshot;
-        Ok(())
+        self.rebuild(|regions| {
+            regions.push(mapped);
+            Ok(())
+        })
     }
 
     /// Removes one region (`REM_MEM_REG`), matched by guest address and size.
     pub fn remove(&mut self, region: &VhostUserMemoryRegion) -> Result<(), MemoryError> {
-        let pos = self
-            .regions
-            .iter()
-            .position(|r| r.gpa == region.guest_phys_addr && r.size == region.memory_size)
-            .ok_or(MemoryError::NoSuchRegion { gpa: region.guest_phys_addr, size: region.memory_size })?;
+        self.rebuild(|regions| {
+            let pos = regions
+                .iter()
+                .position(|r| r.gpa == region.guest_phys_addr && r.size == region.memory_size)
+                .ok_or(MemoryError::NoSuchRegion { gpa: region.guest_phys_addr, size: region.memory_size })?;
+            regions.remove(pos);
+            Ok(())
+        })
+    }
+
+    /// Applies `change` to a copy of the region list and, if the result is a valid layout,
+    /// makes it current with a fresh snapshot. On error nothing changes.
+    fn rebuild(&mut self, change: impl FnOnce(&mut Vec<Region>) -> Result<(), MemoryError>) -> Result<(), MemoryError> {
         let mut new: Vec<Region> = self.regions.iter().map(Region::clone_ref).collect();
-        new.remove(pos);
+        change(&mut new)?;
         let snapshot = build(&mut new)?;
         self.regions = new;
         self.snapshot = snapshot;
