@@ -37,11 +37,8 @@ fn expect_fatal(e: &ParseError, kind: ParseErrorKind) {
 
 #[test]
 fn data_descriptor_outside_memory() {
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-    let c = chain(
-        &q,
+    let (m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_IN),
         &[
             (0x1000, 16, false),
             (0x10_0000, 512, true),
@@ -50,7 +47,7 @@ fn data_descriptor_outside_memory() {
     );
     expect_status(
         &m,
-        &parse_err(c),
+        &r.unwrap_err(),
         ParseErrorKind::DescriptorOutOfMemory,
         0x3000,
     );
@@ -58,12 +55,10 @@ fn data_descriptor_outside_memory() {
 
 #[test]
 fn header_descriptor_outside_memory() {
-    let m = mem();
-    let q = queue(&m);
-    let c = chain(&q, &[(MEM_END + 0x1000, 16, false), (0x3000, 1, true)]);
+    let (m, r) = parse_linear(None, &[(MEM_END + 0x1000, 16, false), (0x3000, 1, true)]);
     expect_status(
         &m,
-        &parse_err(c),
+        &r.unwrap_err(),
         ParseErrorKind::DescriptorOutOfMemory,
         0x3000,
     );
@@ -71,29 +66,23 @@ fn header_descriptor_outside_memory() {
 
 #[test]
 fn status_outside_memory() {
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-    let c = chain(
-        &q,
+    let (_m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_IN),
         &[(0x1000, 16, false), (0x2000, 512, true), (MEM_END, 1, true)],
     );
-    expect_fatal(&parse_err(c), ParseErrorKind::DescriptorOutOfMemory);
+    expect_fatal(&r.unwrap_err(), ParseErrorKind::DescriptorOutOfMemory);
     // Status at the very top of the address space (addr + len overflows).
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_FLUSH, 0);
-    let c = chain(&q, &[(0x1000, 16, false), (u64::MAX - 1, 8, true)]);
-    expect_fatal(&parse_err(c), ParseErrorKind::DescriptorOutOfMemory);
+    let (_m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_FLUSH),
+        &[(0x1000, 16, false), (u64::MAX - 1, 8, true)],
+    );
+    expect_fatal(&r.unwrap_err(), ParseErrorKind::DescriptorOutOfMemory);
 }
 
 #[test]
 fn length_crossing_end_of_memory() {
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_OUT, 0);
-    let c = chain(
-        &q,
+    let (m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_OUT),
         &[
             (0x1000, 16, false),
             (MEM_END - 0x100, 0x200, false),
@@ -102,26 +91,23 @@ fn length_crossing_end_of_memory() {
     );
     expect_status(
         &m,
-        &parse_err(c),
+        &r.unwrap_err(),
         ParseErrorKind::DescriptorOutOfMemory,
         0x3000,
     );
     // Writable data crossing the end, with the status inside the same buffer
     // (its last byte) out of memory too.
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-    let c = chain(&q, &[(0x1000, 16, false), (MEM_END - 0x100, 0x201, true)]);
-    expect_fatal(&parse_err(c), ParseErrorKind::DescriptorOutOfMemory);
+    let (_m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_IN),
+        &[(0x1000, 16, false), (MEM_END - 0x100, 0x201, true)],
+    );
+    expect_fatal(&r.unwrap_err(), ParseErrorKind::DescriptorOutOfMemory);
 }
 
 #[test]
 fn address_wrapping_around_u64() {
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_OUT, 0);
-    let c = chain(
-        &q,
+    let (m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_OUT),
         &[
             (0x1000, 16, false),
             (u64::MAX - 10, 512, false),
@@ -130,7 +116,7 @@ fn address_wrapping_around_u64() {
     );
     expect_status(
         &m,
-        &parse_err(c),
+        &r.unwrap_err(),
         ParseErrorKind::DescriptorOutOfMemory,
         0x3000,
     );
@@ -140,24 +126,18 @@ fn address_wrapping_around_u64() {
 fn four_gib_lengths() {
     // A single 4 GiB - 1 descriptor plus the header exceeds the 2^32-byte
     // chain limit: the iterator stops early -> broken chain.
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-    let c = chain(
-        &q,
+    let (_m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_IN),
         &[
             (0x1000, 16, false),
             (0x2000, u32::MAX, true),
             (0x3000, 1, true),
         ],
     );
-    expect_fatal(&parse_err(c), ParseErrorKind::BrokenChain);
+    expect_fatal(&r.unwrap_err(), ParseErrorKind::BrokenChain);
     // Just under the limit but far beyond guest memory.
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-    let c = chain(
-        &q,
+    let (m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_IN),
         &[
             (0x1000, 16, false),
             (0x2000, 0xFFFF_0000, true),
@@ -166,16 +146,13 @@ fn four_gib_lengths() {
     );
     expect_status(
         &m,
-        &parse_err(c),
+        &r.unwrap_err(),
         ParseErrorKind::DescriptorOutOfMemory,
         0x3000,
     );
     // Two descriptors whose sum exceeds 2^32.
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_OUT, 0);
-    let c = chain(
-        &q,
+    let (_m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_OUT),
         &[
             (0x1000, 16, false),
             (0x2000, 0x8000_0000, false),
@@ -183,7 +160,7 @@ fn four_gib_lengths() {
             (0x3000, 1, true),
         ],
     );
-    expect_fatal(&parse_err(c), ParseErrorKind::BrokenChain);
+    expect_fatal(&r.unwrap_err(), ParseErrorKind::BrokenChain);
 }
 
 #[test]
@@ -376,10 +353,8 @@ fn chain_beyond_hard_descriptor_limit() {
 #[test]
 fn zero_length_descriptors() {
     // Only zero-length descriptors.
-    let m = mem();
-    let q = queue(&m);
-    let c = chain(&q, &[(0x1000, 0, false), (0x3000, 0, true)]);
-    expect_fatal(&parse_err(c), ParseErrorKind::NoStatus);
+    let (_m, r) = parse_linear(None, &[(0x1000, 0, false), (0x3000, 0, true)]);
+    expect_fatal(&r.unwrap_err(), ParseErrorKind::NoStatus);
     // Zero-length descriptors anywhere (even readable ones after writable
     // ones, or outside memory) are ignored.
     let m = mem();
@@ -404,44 +379,35 @@ fn zero_length_descriptors() {
 
 #[test]
 fn status_in_read_only_descriptor() {
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-    let c = chain(
-        &q,
+    let (_m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_IN),
         &[(0x1000, 16, false), (0x2000, 512, true), (0x3000, 1, false)],
     );
-    expect_fatal(&parse_err(c), ParseErrorKind::StatusNotWritable);
+    expect_fatal(&r.unwrap_err(), ParseErrorKind::StatusNotWritable);
 }
 
 #[test]
 fn no_writable_descriptor() {
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_OUT, 0);
-    let c = chain(
-        &q,
+    let (_m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_OUT),
         &[
             (0x1000, 16, false),
             (0x2000, 512, false),
             (0x3000, 1, false),
         ],
     );
-    expect_fatal(&parse_err(c), ParseErrorKind::NoStatus);
+    expect_fatal(&r.unwrap_err(), ParseErrorKind::NoStatus);
 }
 
 #[test]
 fn writable_before_readable() {
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-    let c = chain(
-        &q,
+    let (m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_IN),
         &[(0x2000, 512, true), (0x1000, 16, false), (0x3000, 1, true)],
     );
     expect_status(
         &m,
-        &parse_err(c),
+        &r.unwrap_err(),
         ParseErrorKind::ReadableAfterWritable,
         0x3000,
     );
@@ -449,23 +415,17 @@ fn writable_before_readable() {
 
 #[test]
 fn header_shorter_than_16_bytes() {
-    let m = mem();
-    let q = queue(&m);
-    let c = chain(&q, &[(0x1000, 8, false), (0x3000, 1, true)]);
-    expect_status(&m, &parse_err(c), ParseErrorKind::HeaderTooShort, 0x3000);
+    let (m, r) = parse_linear(None, &[(0x1000, 8, false), (0x3000, 1, true)]);
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::HeaderTooShort, 0x3000);
     // 15 bytes over two descriptors.
-    let m = mem();
-    let q = queue(&m);
-    let c = chain(
-        &q,
+    let (m, r) = parse_linear(
+        None,
         &[(0x1000, 8, false), (0x1100, 7, false), (0x3000, 1, true)],
     );
-    expect_status(&m, &parse_err(c), ParseErrorKind::HeaderTooShort, 0x3000);
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::HeaderTooShort, 0x3000);
     // No readable descriptor at all.
-    let m = mem();
-    let q = queue(&m);
-    let c = chain(&q, &[(0x2000, 512, true), (0x3000, 1, true)]);
-    expect_status(&m, &parse_err(c), ParseErrorKind::HeaderTooShort, 0x3000);
+    let (m, r) = parse_linear(None, &[(0x2000, 512, true), (0x3000, 1, true)]);
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::HeaderTooShort, 0x3000);
 }
 
 #[test]
@@ -583,59 +543,56 @@ fn bad_discard_payloads() {
 #[test]
 fn unexpected_bytes_for_type() {
     // IN with readable bytes after the header.
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-    let c = chain(&q, &[(0x1000, 32, false), (0x2000, 513, true)]);
+    let (m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_IN),
+        &[(0x1000, 32, false), (0x2000, 513, true)],
+    );
     expect_status(
         &m,
-        &parse_err(c),
+        &r.unwrap_err(),
         ParseErrorKind::UnexpectedReadable,
         0x2200,
     );
     // OUT with a writable data buffer.
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_OUT, 0);
-    let c = chain(
-        &q,
+    let (m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_OUT),
         &[(0x1000, 16, false), (0x2000, 512, true), (0x3000, 1, true)],
     );
     expect_status(
         &m,
-        &parse_err(c),
+        &r.unwrap_err(),
         ParseErrorKind::UnexpectedWritable,
         0x3000,
     );
     // FLUSH with data either way.
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_FLUSH, 0);
-    let c = chain(&q, &[(0x1000, 16 + 512, false), (0x3000, 1, true)]);
+    let (m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_FLUSH),
+        &[(0x1000, 16 + 512, false), (0x3000, 1, true)],
+    );
     expect_status(
         &m,
-        &parse_err(c),
+        &r.unwrap_err(),
         ParseErrorKind::UnexpectedReadable,
         0x3000,
     );
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_FLUSH, 0);
-    let c = chain(&q, &[(0x1000, 16, false), (0x3000, 9, true)]);
+    let (m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_FLUSH),
+        &[(0x1000, 16, false), (0x3000, 9, true)],
+    );
     expect_status(
         &m,
-        &parse_err(c),
+        &r.unwrap_err(),
         ParseErrorKind::UnexpectedWritable,
         0x3008,
     );
     // GET_ID with readable bytes after the header.
-    let m = mem();
-    let q = queue(&m);
-    header(&m, 0x1000, VIRTIO_BLK_T_GET_ID, 0);
-    let c = chain(&q, &[(0x1000, 17, false), (0x2000, 21, true)]);
+    let (m, r) = parse_linear(
+        Some(VIRTIO_BLK_T_GET_ID),
+        &[(0x1000, 17, false), (0x2000, 21, true)],
+    );
     expect_status(
         &m,
-        &parse_err(c),
+        &r.unwrap_err(),
         ParseErrorKind::UnexpectedReadable,
         0x2014,
     );

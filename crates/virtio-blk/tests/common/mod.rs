@@ -119,3 +119,24 @@ pub fn iovs() -> Vec<libc::iovec> {
         fp_virtio_blk::MAX_IOVECS
     ]
 }
+
+/// Fresh two-region memory and queue; when `ty` is given, a request header
+/// of that type (sector 0) at 0x1000; then parse the linear chain `descs`.
+/// The memory is returned so the request's pointers stay valid.
+pub fn parse_linear(
+    ty: Option<u32>,
+    descs: &[(u64, u32, bool)],
+) -> (
+    GuestMemory,
+    Result<fp_virtio_blk::BlkRequest, fp_virtio_blk::ParseError>,
+) {
+    let m = mem();
+    let res = {
+        let q = queue(&m);
+        if let Some(ty) = ty {
+            header(&m, 0x1000, ty, 0);
+        }
+        fp_virtio_blk::parse_chain(chain(&q, descs), &mut iovs())
+    };
+    (m, res)
+}
