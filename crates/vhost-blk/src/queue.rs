@@ -298,7 +298,7 @@ impl QueuePoller {
                 Err(e) => match e.status {
                     Some(st) => {
                         log::debug!("queue request {head}: {}", e.kind);
-                        Self::complete_now(used, counters, head, st, VIRTIO_BLK_S_IOERR);
+                        Self::complete_now(used, counters, head, st, e.status_code());
                         continue;
                     }
                     None => {
