@@ -470,12 +470,13 @@ impl Poller for QueuePoller {
         let reaped = self.reap();
         busy |= reaped > 0;
         if busy {
-            self.notify();
+            // Counters first: whoever sees a completion also sees it counted.
             self.counters.publish(&self.stats);
+            self.notify();
         }
         if self.stop.is_some() && self.in_flight() == 0 {
-            self.notify();
             self.counters.publish(&self.stats);
+            self.notify();
             let next_avail = self.queue.next_avail();
             if let Some(reply) = self.stop.take() {
                 let _ = reply.send(Stopped { next_avail });
