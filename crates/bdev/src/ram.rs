@@ -110,6 +110,10 @@ impl RamMemory {
             );
             return Err(BdevError::NoMemory(size));
         }
+        // A fork (a helper process, say) would otherwise make every later write to the disk
+        // copy its page while the child lives. Purely an optimisation, so failure is ignored.
+        // SAFETY: the range is exactly the mapping just created.
+        unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
         // SAFETY: sysconf has no preconditions.
         let page_size = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
             n if n > 0 => n as usize,
@@ -295,12 +299,14 @@ mod tests {
             iovcnt: 1,
         };
         assert_eq!(run(&mut *ch, write), IoStatus::Success);
+        // 256 pages of 4 KiB, or up to one 2 MiB huge page with transparent huge pages "always".
         let after_write = resident_pages(&dev.mem);
-        assert!((256..300).contains(&after_write), "{after_write} pages after a 1 MiB write");
+        assert!((256..=528).contains(&after_write), "{after_write} pages after a 1 MiB write");
 
         let discard = IoRequest { op: IoOp::Discard, ..write };
         assert_eq!(run(&mut *ch, discard), IoStatus::Success);
-        assert!(resident_pages(&dev.mem) < 16, "discard kept the pages");
+        let after_discard = resident_pages(&dev.mem);
+        assert!(after_discard + 256 <= after_write, "discard kept the pages: {after_discard}");
 
         buf.fill(0xff);
         let read = IoRequest { op: IoOp::Read, ..write };

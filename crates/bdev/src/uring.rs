@@ -49,7 +49,8 @@
 //! fixed at open time it only happens if the file shrank underneath us or the device failed
 //! part-way, and a partial transfer is then an error for the guest anyway. The same applies to
 //! a single transfer beyond Linux's per-call limit (just under 2 GiB). A `Read`/`Write` whose
-//! iovecs do not add up to `len` completes with `Error(EINVAL)` without reaching the kernel.
+//! iovecs do not add up to `len` completes with `Error(EINVAL)` without reaching the kernel;
+//! one with more than `IOV_MAX` (1024) iovecs gets `Error(EINVAL)` from the kernel.
 //!
 //! On a block device, `Discard` becomes `PUNCH_HOLE`, which the kernel turns into an unmapping
 //! write-zeroes and fails with `EOPNOTSUPP` (so `Unsupported`) on devices that cannot do that;
@@ -59,7 +60,9 @@
 //! Each channel registers a non-blocking eventfd with its ring and returns it from
 //! [`IoChannel::completion_fd`]; the kernel signals it whenever it posts a completion. `poll`
 //! never reads it (that would be a second system call): a reactor that sleeps on it drains it
-//! after waking.
+//! after waking. A completion that the kernel finishes as deferred work of the reactor thread
+//! (most direct I/O) first interrupts the sleep: `epoll_wait` returns `EINTR`, the kernel posts
+//! the completion on the way out and signals the eventfd. Treat `EINTR` as a wake-up.
 //!
 //! Dropping a channel with requests in flight blocks until the kernel has finished them, since
 //! it may still be reading or writing the callers' buffers.

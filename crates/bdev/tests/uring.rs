@@ -258,26 +258,50 @@ fn full_queue_is_busy_until_polled() {
 
 #[test]
 fn completion_fd_signals_completions() {
-    let (_f, dev) = uring(1 << 20, None);
+    let (_f, dev) = uring(4 << 20, None);
     let mut ch = dev.open_channel().unwrap();
     let fd = ch.completion_fd().expect("uring channels have an eventfd");
-    let mut buf = IoBuf::new(4096, true);
-    let iov = [buf.iovec()];
-    // SAFETY: `buf` outlives the request, which is polled to completion below.
-    unsafe { ch.submit(&rw(1, IoOp::Read, 0, &iov)) }.unwrap();
-    // The first poll hands the request to the kernel; wait for the fd rather than spinning.
-    let mut got = Vec::new();
-    ch.poll(&mut |tag, s| got.push((tag, s)));
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: `pfd` is one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, 10_000) };
-    assert_eq!(n, 1, "eventfd not readable after a completion");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while got.is_empty() {
+    write_range(&mut *ch, 0, &vec![0x21; 1 << 20]);
+    let mut counter = 0u64;
+    // SAFETY: `fd` is the channel's open eventfd and `counter` a live u64. Drains earlier
+    // signals (it is non-blocking, so an empty counter just fails with EAGAIN).
+    unsafe { libc::eventfd_read(fd, &mut counter) };
+
+    for op in [IoOp::Read, IoOp::Write, IoOp::Flush] {
+        let mut buf = IoBuf::new(1 << 20, true);
+        buf.bytes_mut().fill(0x21);
+        let iov = [buf.iovec()];
+        let req = if op == IoOp::Flush { cmd(1, op, 0, 0) } else { rw(1, op, 0, &iov) };
+        // SAFETY: `buf` outlives the request, which is polled to completion below.
+        unsafe { ch.submit(&req) }.unwrap();
+        // The first poll hands the request to the kernel; then sleep on the fd. The completion
+        // may first interrupt the sleep (EINTR: the kernel runs io_uring's deferred completion
+        // work on the way out), after which the fd is readable.
+        let mut got = Vec::new();
         ch.poll(&mut |tag, s| got.push((tag, s)));
-        assert!(Instant::now() < deadline);
+        if got.is_empty() {
+            let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            let n = loop {
+                // SAFETY: `pfd` is one valid pollfd.
+                let n = unsafe { libc::poll(&mut pfd, 1, 10_000) };
+                if n >= 0
+                    || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+                {
+                    break n;
+                }
+            };
+            assert_eq!(n, 1, "{op:?}: eventfd not readable after a completion");
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::eventfd_read(fd, &mut counter) }, 0);
+            assert!(counter >= 1);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.is_empty() {
+            ch.poll(&mut |tag, s| got.push((tag, s)));
+            assert!(Instant::now() < deadline);
+        }
+        assert_eq!(got, vec![(1, IoStatus::Success)], "{op:?}");
     }
-    assert_eq!(got, vec![(1, IoStatus::Success)]);
 }
 
 #[test]
