@@ -1,1 +1,311 @@
-fn main() {}
+//! `flashpath`: the daemon (`flashpath serve`) and its command-line client.
+//!
+//! ```text
+//! flashpath serve [--cpus LIST] [--vhost-dir DIR] [--config FILE] [--idle-window-us N]
+//! flashpath disk create --type null|ram|file --name N (--size SIZE | --num-blocks N)
+//!                       [--block-size 512] [--path FILE] [--no-direct]
+//! flashpath disk list [NAME] | disk delete NAME
+//! flashpath vhost create --name CTRL --disk NAME [--cpus LIST] [--readonly] [--queues N]
+//! flashpath vhost list [NAME] | vhost delete NAME
+//! flashpath reactor list | version | stats
+//! flashpath rpc METHOD [JSON]
+//! ```
+//!
+//! Global options: `--rpc PATH` (or `FLASHPATH_RPC`; default [`DEFAULT_RPC_SOCKET`]) is the
+//! socket `serve` listens on and the client commands talk to; `--json` prints raw RPC results
+//! instead of tables; `--log-level` (or `RUST_LOG`).
+//!
+//! Errors are one line on stderr naming the offending option and what it accepts. Exit status:
+//! 0 on success, 1 when the operation failed, 2 for a malformed command line.
+
+mod commands;
+mod config;
+mod logger;
+mod methods;
+mod serve;
+mod size;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use log::LevelFilter;
+
+/// Where `serve` listens and the client connects unless told otherwise. `/var/tmp` is writable
+/// by every user and survives reboots' tmp cleaning less aggressively than `/tmp`; SPDK uses it
+/// for the same purpose.
+pub const DEFAULT_RPC_SOCKET: &str = "/var/tmp/flashpath.sock";
+
+/// Where `serve` puts the vhost-user sockets (one per controller, named after it).
+pub const DEFAULT_VHOST_DIR: &str = "/var/tmp/flashpath";
+
+#[derive(Debug, Parser)]
+#[command(name = "flashpath", version, about = "A polled user-space vhost-user-blk storage target")]
+struct Cli {
+    /// The daemon's JSON-RPC socket [default: /var/tmp/flashpath.sock]
+    #[arg(long, global = true, env = "FLASHPATH_RPC", value_name = "PATH")]
+    rpc: Option<PathBuf>,
+
+    /// Print raw JSON-RPC results instead of tables
+    #[arg(long, global = true)]
+    json: bool,
+
+    /// Log level: off, error, warn, info, debug, trace [default: info for serve, warn otherwise;
+    /// RUST_LOG also works]
+    #[arg(long, global = true, value_name = "LEVEL", value_parser = logger::parse_level)]
+    log_level: Option<LevelFilter>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon
+    Serve(ServeArgs),
+    /// Block devices: create, list, delete
+    #[command(subcommand)]
+    Disk(DiskCommand),
+    /// vhost-user-blk controllers: create, list, delete
+    #[command(subcommand)]
+    Vhost(VhostCommand),
+    /// Reactors (polling cores)
+    #[command(subcommand)]
+    Reactor(ReactorCommand),
+    /// The daemon's version
+    Version,
+    /// I/O counters and uptime
+    Stats,
+    /// Call any JSON-RPC method, e.g. `flashpath rpc bdev_get_bdevs '{"name":"d0"}'`
+    Rpc {
+        /// Method name (`flashpath rpc rpc_get_methods` lists them)
+        method: String,
+        /// Parameters, a JSON object
+        params: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Cores to run reactors on: "0", "0-3", "0,2" or a hex mask "0x3" [default: the first CPU
+    /// this process may use]
+    #[arg(long, value_name = "LIST")]
+    cpus: Option<String>,
+    /// Directory for the vhost-user sockets, created if missing [default: /var/tmp/flashpath]
+    #[arg(long, value_name = "DIR")]
+    vhost_dir: Option<PathBuf>,
+    /// TOML file declaring bdevs and controllers to create at start-up
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// How long a reactor keeps polling after its last work before it sleeps [default: 500]
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    idle_window_us: Option<u64>,
+}
+
+/// The kinds of disk the CLI offers, named for people; each maps to one SPDK bdev type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DiskType {
+    /// Discards writes, reads leave buffers as they are (bdev type "null")
+    Null,
+    /// A RAM disk (bdev type "malloc")
+    Ram,
+    /// A file or block device through io_uring (bdev type "uring")
+    File,
+}
+
+#[derive(Debug, Subcommand)]
+enum DiskCommand {
+    /// Create a disk
+    Create(DiskCreateArgs),
+    /// List disks (or show one)
+    List { name: Option<String> },
+    /// Delete a disk
+    Delete { name: String },
+}
+
+#[derive(Debug, Args)]
+struct DiskCreateArgs {
+    #[arg(long = "type", value_enum, value_name = "TYPE")]
+    kind: DiskType,
+    /// Disk name [ram: default Malloc<N>]
+    #[arg(long)]
+    name: Option<String>,
+    /// Size, e.g. 512MiB, 1G, 4096 (K/M/G/T are powers of 1024)
+    #[arg(long, value_parser = size::parse_size, conflicts_with = "num_blocks")]
+    size: Option<u64>,
+    /// Size in blocks
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    num_blocks: Option<u64>,
+    /// Block size in bytes [default: 512; file: the device's logical block size]
+    #[arg(long, value_name = "BYTES", value_parser = u32_arg)]
+    block_size: Option<u32>,
+    /// The backing file or block device (--type file)
+    #[arg(long, value_name = "FILE")]
+    path: Option<PathBuf>,
+    /// Use the page cache instead of O_DIRECT (--type file)
+    #[arg(long)]
+    no_direct: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum VhostCommand {
+    /// Export a disk as a vhost-user-blk socket
+    Create(VhostCreateArgs),
+    /// List controllers (or show one)
+    List { name: Option<String> },
+    /// Delete a controller (disconnects its VM)
+    Delete { name: String },
+}
+
+#[derive(Debug, Args)]
+struct VhostCreateArgs {
+    /// Controller name; also the socket's file name in the vhost directory
+    #[arg(long)]
+    name: String,
+    /// The disk to export
+    #[arg(long)]
+    disk: String,
+    /// Reactor cores to run its queues on: "0-1", "0,2" or "0x3" [default: all]
+    #[arg(long, value_name = "LIST")]
+    cpus: Option<String>,
+    /// Refuse writes
+    #[arg(long)]
+    readonly: bool,
+    /// Queues offered to the guest [default: one per core]
+    #[arg(long, value_name = "N", value_parser = u16_arg)]
+    queues: Option<u16>,
+}
+
+#[derive(Debug, Subcommand)]
+enum ReactorCommand {
+    /// Per-reactor time split and sleep counts
+    List,
+}
+
+/// Parses a whole number up to `max`, with a message that says what is accepted (clap's own
+/// number errors do not).
+fn bounded_number(s: &str, max: u64) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(format!("'{s}' is not a whole number between 0 and {max}")),
+    }
+}
+
+fn u16_arg(s: &str) -> Result<u16, String> {
+    bounded_number(s, u16::MAX.into()).map(|n| n as u16)
+}
+
+fn u32_arg(s: &str) -> Result<u32, String> {
+    bounded_number(s, u32::MAX.into()).map(|n| n as u32)
+}
+
+fn u64_arg(s: &str) -> Result<u64, String> {
+    bounded_number(s, u64::MAX)
+}
+
+/// Renders a clap error as one line: the option, the bad value and what is accepted.
+fn one_line_usage_error(err: &clap::Error) -> String {
+    let ctx = |kind| match err.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        Some(ContextValue::Strings(v)) => Some(v.join(", ")),
+        Some(ContextValue::StyledStr(s)) => Some(s.to_string()),
+        Some(ContextValue::StyledStrs(v)) => Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => None,
+    };
+    // "--size <SIZE>" names the option; the value placeholder is noise here.
+    let option = |kind| {
+        ctx(kind)
+            .map(|a| if a.starts_with('-') { a.split(' ').next().unwrap_or(&a).to_string() } else { a })
+            .unwrap_or_default()
+    };
+    let arg = option(ContextKind::InvalidArg);
+    let value = ctx(ContextKind::InvalidValue).unwrap_or_default();
+    let detail = match err.kind() {
+        ErrorKind::InvalidValue if value.is_empty() => Some(format!("{arg}: a value is required")),
+        ErrorKind::InvalidValue => {
+            let valid = ctx(ContextKind::ValidValue).unwrap_or_default();
+            Some(format!("{arg}: '{value}' is not one of {valid}"))
+        }
+        ErrorKind::ValueValidation => {
+            let why = std::error::Error::source(err).map(|s| s.to_string()).unwrap_or_default();
+            // Our parsers quote the value themselves; clap's own (numbers) do not.
+            if why.contains(&format!("'{value}'")) {
+                Some(format!("{arg}: {why}"))
+            } else {
+                Some(format!("{arg}: '{value}': {why}"))
+            }
+        }
+        ErrorKind::MissingRequiredArgument => Some(format!("missing required option {arg}")),
+        ErrorKind::ArgumentConflict => {
+            Some(format!("{arg} cannot be used with {}", option(ContextKind::PriorArg)))
+        }
+        ErrorKind::UnknownArgument => Some(match ctx(ContextKind::SuggestedArg) {
+            Some(s) => format!("unknown option '{arg}' (did you mean '{s}'?)"),
+            None => format!("unknown option '{arg}' (see --help)"),
+        }),
+        ErrorKind::InvalidSubcommand => {
+            let cmd = ctx(ContextKind::InvalidSubcommand).unwrap_or_default();
+            Some(match ctx(ContextKind::SuggestedSubcommand) {
+                Some(s) => format!("unknown command '{cmd}' (did you mean '{s}'?)"),
+                None => format!("unknown command '{cmd}' (see --help)"),
+            })
+        }
+        _ => None,
+    };
+    detail.unwrap_or_else(|| {
+        // Anything else: clap's first line, which carries the gist.
+        let text = err.render().to_string();
+        text.lines().next().unwrap_or("invalid command line").trim_start_matches("error: ").to_string()
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => match e.kind() {
+            ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                e.exit()
+            }
+            _ => {
+                eprintln!("error: {}", one_line_usage_error(&e));
+                return ExitCode::from(2);
+            }
+        },
+    };
+    match cli.command {
+        Command::Serve(args) => {
+            logger::init(cli.log_level, LevelFilter::Info);
+            let opts = serve::ServeOptions {
+                cpus: args.cpus,
+                rpc: cli.rpc,
+                vhost_dir: args.vhost_dir,
+                config: args.config,
+                idle_window_us: args.idle_window_us,
+            };
+            match serve::run(&opts) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e @ serve::ServeError::Config(_)) => {
+                    // Already reads "config error: ...".
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        command => {
+            logger::init(cli.log_level, LevelFilter::Warn);
+            let rpc = cli.rpc.unwrap_or_else(|| DEFAULT_RPC_SOCKET.into());
+            match commands::run(command, &rpc, cli.json) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(e.exit_code())
+                }
+            }
+        }
+    }
+}

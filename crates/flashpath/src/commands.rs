@@ -1,0 +1,467 @@
+//! The client commands: each turns its options into one or two JSON-RPC calls and prints the
+//! result as a table (or, with `--json`, as the raw result).
+//!
+//! Validation is the daemon's: the CLI only checks what it must to build the request (which
+//! options go with which disk type, size arithmetic). When the daemon rejects a parameter, the
+//! message is reworded to name the option the user typed (`--block-size`, not `block_size`).
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use fp_rpc::{codes, RpcClient, RpcClientError};
+use serde_json::{json, Map, Value};
+
+use crate::size::format_size;
+use crate::{Command, DiskCommand, DiskCreateArgs, DiskType, ReactorCommand, VhostCommand, VhostCreateArgs};
+
+/// How long a command waits for the daemon. Generous: deleting a controller waits for its
+/// queues to drain.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The options do not make a valid request.
+    #[error("{flag}: {reason}")]
+    Usage { flag: &'static str, reason: String },
+    #[error("{0}; is `flashpath serve` running? (--rpc PATH or FLASHPATH_RPC selects the socket)")]
+    Connect(RpcClientError),
+    #[error("{0}")]
+    Rpc(RpcClientError),
+    /// The daemon refused the call (`rpc` passthrough shows the code too).
+    #[error("{message}")]
+    Refused { message: String },
+    #[error("unexpected result from {method}: {result}")]
+    Unexpected { method: &'static str, result: Value },
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
+fn usage(flag: &'static str, reason: impl Into<String>) -> CliError {
+    CliError::Usage { flag, reason: reason.into() }
+}
+
+/// One connection to the daemon, and how to word its parameter errors for this command.
+struct Session {
+    client: RpcClient,
+    /// RPC parameter name → the option that sets it.
+    flags: &'static [(&'static str, &'static str)],
+}
+
+impl Session {
+    fn connect(rpc: &Path, flags: &'static [(&'static str, &'static str)]) -> Result<Session, CliError> {
+        let mut client = RpcClient::connect(rpc).map_err(CliError::Connect)?;
+        client.set_timeout(Some(CALL_TIMEOUT)).map_err(CliError::Rpc)?;
+        Ok(Session { client, flags })
+    }
+
+    fn call(&mut self, method: &str, params: Option<Value>) -> Result<Value, CliError> {
+        self.client.call(method, params).map_err(|e| match e {
+            RpcClientError::Rpc(err) => {
+                let mut message = err.message;
+                if err.code == codes::INVALID_PARAMS {
+                    if let Some((field, flag)) =
+                        self.flags.iter().find(|(field, _)| message.starts_with(&format!("{field}: ")))
+                    {
+                        message = format!("{flag}{}", &message[field.len()..]);
+                    }
+                }
+                CliError::Refused { message }
+            }
+            other => CliError::Rpc(other),
+        })
+    }
+}
+
+/// Writes to stdout, ignoring a closed pipe (`flashpath disk list | head -1`).
+fn out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes()).and_then(|_| stdout.write_all(b"\n"));
+}
+
+fn print_json(v: &Value) {
+    out(&serde_json::to_string_pretty(v).expect("a JSON value always serialises"));
+}
+
+/// Left-aligned columns two spaces apart; the last column is not padded.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len().saturating_sub(1);
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i == last {
+                s.push_str(cell);
+            } else {
+                s.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut lines = vec![line(headers.to_vec())];
+    lines.extend(rows.iter().map(|r| line(r.iter().map(String::as_str).collect())));
+    lines.join("\n")
+}
+
+/// A JSON field as table text: strings bare, numbers and booleans as written, absent as "-".
+fn cell(v: &Value, key: &str) -> String {
+    match v.get(key) {
+        None | Some(Value::Null) => "-".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn u64_field(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// The bdev's driver: the one key of its `driver_specific` object.
+fn driver_of(bdev: &Value) -> Option<&str> {
+    bdev.get("driver_specific")?.as_object()?.keys().next().map(String::as_str)
+}
+
+/// The CLI's name for a driver.
+fn disk_type_name(driver: &str) -> &str {
+    match driver {
+        "malloc" => "ram",
+        "uring" => "file",
+        other => other,
+    }
+}
+
+fn seconds(ns: u64) -> String {
+    format!("{:.3}s", ns as f64 / 1e9)
+}
+
+pub fn run(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
+    match command {
+        Command::Serve(_) => unreachable!("serve is run by main, not as a client command"),
+        Command::Disk(DiskCommand::Create(args)) => disk_create(rpc, json, args),
+        Command::Disk(DiskCommand::List { name }) => disk_list(rpc, json, name),
+        Command::Disk(DiskCommand::Delete { name }) => disk_delete(rpc, json, &name),
+        Command::Vhost(VhostCommand::Create(args)) => vhost_create(rpc, json, args),
+        Command::Vhost(VhostCommand::List { name }) => vhost_list(rpc, json, name),
+        Command::Vhost(VhostCommand::Delete { name }) => {
+            let mut s = Session::connect(rpc, &[("ctrlr", "NAME")])?;
+            let r = s.call("vhost_delete_controller", Some(json!({ "ctrlr": name })))?;
+            if json {
+                print_json(&r);
+            }
+            Ok(())
+        }
+        Command::Reactor(ReactorCommand::List) => reactor_list(rpc, json),
+        Command::Version => {
+            let v = Session::connect(rpc, &[])?.call("spdk_get_version", None)?;
+            match v.get("version").and_then(Value::as_str) {
+                _ if json => print_json(&v),
+                Some(version) => out(version),
+                None => return Err(CliError::Unexpected { method: "spdk_get_version", result: v }),
+            }
+            Ok(())
+        }
+        Command::Stats => stats(rpc, json),
+        Command::Rpc { method, params } => {
+            let params = params
+                .map(|text| serde_json::from_str::<Value>(&text))
+                .transpose()
+                .map_err(|e| usage("PARAMS", format!("not valid JSON: {e}")))?;
+            let mut client = RpcClient::connect(rpc).map_err(CliError::Connect)?;
+            client.set_timeout(Some(CALL_TIMEOUT)).map_err(CliError::Rpc)?;
+            match client.call(&method, params) {
+                Ok(v) => {
+                    print_json(&v);
+                    Ok(())
+                }
+                Err(RpcClientError::Rpc(e)) => Err(CliError::Refused { message: e.to_string() }),
+                Err(e) => Err(CliError::Rpc(e)),
+            }
+        }
+    }
+}
+
+fn disk_create(rpc: &Path, json: bool, a: DiskCreateArgs) -> Result<(), CliError> {
+    let mut params = Map::new();
+    let method = match a.kind {
+        DiskType::Null | DiskType::Ram => {
+            let kind = if a.kind == DiskType::Null { "null" } else { "ram" };
+            if a.path.is_some() {
+                return Err(usage("--path", "only used with --type file"));
+            }
+            if a.no_direct {
+                return Err(usage("--no-direct", "only used with --type file"));
+            }
+            let block_size = a.block_size.unwrap_or(512);
+            let num_blocks = match (a.size, a.num_blocks) {
+                (_, Some(n)) => n,
+                (Some(size), None) if block_size != 0 && size.is_multiple_of(u64::from(block_size)) => {
+                    size / u64::from(block_size)
+                }
+                (Some(size), None) => {
+                    return Err(usage(
+                        "--size",
+                        format!("{size} bytes is not a whole number of {block_size}-byte blocks"),
+                    ))
+                }
+                (None, None) => return Err(usage("--size", format!("required for --type {kind} (or --num-blocks)"))),
+            };
+            match (&a.name, a.kind) {
+                (Some(name), _) => {
+                    params.insert("name".into(), json!(name));
+                }
+                (None, DiskType::Null) => return Err(usage("--name", "required for --type null")),
+                // RAM disks without a name get SPDK's Malloc<N>.
+                (None, _) => {}
+            }
+            params.insert("num_blocks".into(), json!(num_blocks));
+            params.insert("block_size".into(), json!(block_size));
+            if a.kind == DiskType::Null {
+                "bdev_null_create"
+            } else {
+                "bdev_malloc_create"
+            }
+        }
+        DiskType::File => {
+            if a.size.is_some() {
+                return Err(usage("--size", "not used with --type file: the disk has the file's size"));
+            }
+            if a.num_blocks.is_some() {
+                return Err(usage("--num-blocks", "not used with --type file: the disk has the file's size"));
+            }
+            let name = a.name.ok_or_else(|| usage("--name", "required for --type file"))?;
+            let path = a.path.ok_or_else(|| usage("--path", "required for --type file"))?;
+            // The daemon resolves relative paths against its own working directory, not ours.
+            let path = std::path::absolute(&path).unwrap_or(path);
+            params.insert("name".into(), json!(name));
+            params.insert("filename".into(), json!(path));
+            if let Some(bs) = a.block_size {
+                params.insert("block_size".into(), json!(bs));
+            }
+            params.insert("direct".into(), json!(!a.no_direct));
+            "bdev_uring_create"
+        }
+    };
+    // num_blocks is what the user wrote as --size or as --num-blocks.
+    let flags: &'static [(&str, &str)] = if a.size.is_some() {
+        &[("name", "--name"), ("num_blocks", "--size"), ("block_size", "--block-size"), ("filename", "--path")]
+    } else {
+        &[("name", "--name"), ("num_blocks", "--num-blocks"), ("block_size", "--block-size"), ("filename", "--path")]
+    };
+    let name = Session::connect(rpc, flags)?.call(method, Some(Value::Object(params)))?;
+    if json {
+        print_json(&name);
+    } else {
+        out(name.as_str().unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// Calls a listing method (`bdev_get_bdevs`, `vhost_get_controllers`), optionally for one name.
+/// With `--json` it prints the result and returns `None`; otherwise it returns the entries for
+/// a table.
+fn fetch_list(
+    rpc: &Path,
+    json: bool,
+    method: &'static str,
+    name: Option<String>,
+) -> Result<Option<Vec<Value>>, CliError> {
+    let params = name.map(|n| json!({ "name": n }));
+    let result = Session::connect(rpc, &[("name", "NAME")])?.call(method, params)?;
+    if json {
+        print_json(&result);
+        return Ok(None);
+    }
+    match result {
+        Value::Array(list) => Ok(Some(list)),
+        other => Err(CliError::Unexpected { method, result: other }),
+    }
+}
+
+fn disk_list(rpc: &Path, json: bool, name: Option<String>) -> Result<(), CliError> {
+    let Some(list) = fetch_list(rpc, json, "bdev_get_bdevs", name)? else { return Ok(()) };
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|b| {
+            let driver = driver_of(b).unwrap_or("-");
+            let detail = b["driver_specific"][driver]
+                .as_object()
+                .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(&v.to_string()))).collect())
+                .unwrap_or_else(Vec::new)
+                .join(" ");
+            let size = u64_field(b, "block_size").saturating_mul(u64_field(b, "num_blocks"));
+            vec![
+                cell(b, "name"),
+                disk_type_name(driver).to_string(),
+                format_size(size),
+                cell(b, "block_size"),
+                cell(b, "num_blocks"),
+                cell(b, "claimed_by"),
+                detail,
+            ]
+        })
+        .collect();
+    out(&table(&["NAME", "TYPE", "SIZE", "BLOCK", "BLOCKS", "USED BY", "DETAIL"], &rows));
+    Ok(())
+}
+
+fn disk_delete(rpc: &Path, json: bool, name: &str) -> Result<(), CliError> {
+    let mut s = Session::connect(rpc, &[("name", "NAME")])?;
+    let found = s.call("bdev_get_bdevs", Some(json!({ "name": name })))?;
+    let driver = found
+        .get(0)
+        .and_then(driver_of)
+        .ok_or_else(|| CliError::Unexpected { method: "bdev_get_bdevs", result: found.clone() })?;
+    let r = s.call(&format!("bdev_{driver}_delete"), Some(json!({ "name": name })))?;
+    if json {
+        print_json(&r);
+    }
+    Ok(())
+}
+
+fn vhost_create(rpc: &Path, json: bool, a: VhostCreateArgs) -> Result<(), CliError> {
+    let mut params = json!({ "ctrlr": a.name, "dev_name": a.disk, "readonly": a.readonly });
+    if let Some(cpus) = &a.cpus {
+        params["cpumask"] = json!(cpus);
+    }
+    if let Some(q) = a.queues {
+        params["num_queues"] = json!(q);
+    }
+    let mut s = Session::connect(
+        rpc,
+        &[("ctrlr", "--name"), ("dev_name", "--disk"), ("cpumask", "--cpus"), ("num_queues", "--queues")],
+    )?;
+    let r = s.call("vhost_create_blk_controller", Some(params))?;
+    if json {
+        print_json(&r);
+        return Ok(());
+    }
+    // People want the socket path to hand to the VM.
+    let info = s.call("vhost_get_controllers", Some(json!({ "name": a.name })))?;
+    match info.get(0).and_then(|c| c.get("socket")).and_then(Value::as_str) {
+        Some(socket) => out(socket),
+        None => out(&a.name),
+    }
+    Ok(())
+}
+
+fn vhost_list(rpc: &Path, json: bool, name: Option<String>) -> Result<(), CliError> {
+    let Some(list) = fetch_list(rpc, json, "vhost_get_controllers", name)? else { return Ok(()) };
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|c| {
+            let block = &c["backend_specific"]["block"];
+            let yes_no = |v: &Value| if v.as_bool() == Some(true) { "yes" } else { "no" }.to_string();
+            vec![
+                cell(c, "ctrlr"),
+                cell(block, "bdev"),
+                cell(c, "cpumask"),
+                cell(c, "num_queues"),
+                yes_no(&block["readonly"]),
+                yes_no(&c["connected"]),
+                cell(c, "socket"),
+            ]
+        })
+        .collect();
+    out(&table(&["NAME", "DISK", "CPUMASK", "QUEUES", "READONLY", "CONNECTED", "SOCKET"], &rows));
+    Ok(())
+}
+
+fn reactor_list(rpc: &Path, json: bool) -> Result<(), CliError> {
+    let r = Session::connect(rpc, &[])?.call("framework_get_reactors", None)?;
+    if json {
+        print_json(&r);
+        return Ok(());
+    }
+    let Some(list) = r.get("reactors").and_then(Value::as_array) else {
+        return Err(CliError::Unexpected { method: "framework_get_reactors", result: r });
+    };
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|x| {
+            let busy = u64_field(x, "busy");
+            let idle = u64_field(x, "idle");
+            let pct = if busy + idle == 0 { 0.0 } else { 100.0 * busy as f64 / (busy + idle) as f64 };
+            let state = if x["in_interrupt"].as_bool() == Some(true) { "sleeping" } else { "polling" };
+            vec![
+                cell(x, "lcore"),
+                state.to_string(),
+                format!("{pct:.1}"),
+                seconds(busy),
+                seconds(u64_field(x, "poll_idle_ns")),
+                seconds(u64_field(x, "sleep_ns")),
+                cell(x, "sleeps"),
+                cell(x, "rounds"),
+            ]
+        })
+        .collect();
+    out(&table(&["CORE", "STATE", "BUSY%", "BUSY", "IDLE", "ASLEEP", "SLEEPS", "ROUNDS"], &rows));
+    Ok(())
+}
+
+fn stats(rpc: &Path, json: bool) -> Result<(), CliError> {
+    let s = Session::connect(rpc, &[])?.call("flashpath_get_stats", None)?;
+    if json {
+        print_json(&s);
+        return Ok(());
+    }
+    out(&format!(
+        "uptime {}  disks {}  controllers {}",
+        seconds(u64_field(&s, "uptime_ns")),
+        cell(&s, "num_bdevs"),
+        cell(&s, "num_controllers")
+    ));
+    let rows: Vec<Vec<String>> = s["controllers"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            let st = &c["stats"];
+            vec![
+                cell(c, "ctrlr"),
+                cell(c, "bdev"),
+                cell(st, "read_ops"),
+                cell(st, "write_ops"),
+                format_size(u64_field(st, "bytes_read")),
+                format_size(u64_field(st, "bytes_written")),
+                cell(st, "io_errors"),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        out(&table(&["NAME", "DISK", "READS", "WRITES", "READ", "WRITTEN", "ERRORS"], &rows));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(&["A", "LONGER"], &[vec!["xyz".into(), "1".into()], vec!["q".into(), "22".into()]]);
+        assert_eq!(t, "A    LONGER\nxyz  1\nq    22");
+    }
+
+    #[test]
+    fn driver_names() {
+        let b = json!({"driver_specific": {"uring": {"filename": "/x"}}});
+        assert_eq!(driver_of(&b), Some("uring"));
+        assert_eq!(disk_type_name("uring"), "file");
+        assert_eq!(disk_type_name("malloc"), "ram");
+        assert_eq!(disk_type_name("null"), "null");
+    }
+}

@@ -1,0 +1,271 @@
+//! The `serve --config` file: TOML that declares bdevs and controllers to create at start-up.
+//!
+//! ```toml
+//! rpc = "/var/tmp/flashpath.sock"      # optional; --rpc wins
+//! vhost_dir = "/var/tmp/flashpath"     # optional; --vhost-dir wins
+//!
+//! [reactor]                            # optional
+//! cpus = "0-1"                         # --cpus wins
+//! idle_window_us = 500                 # --idle-window-us wins
+//!
+//! [[bdev]]
+//! type = "malloc"                      # null | malloc | uring
+//! name = "ram0"
+//! num_blocks = 262144
+//! block_size = 4096
+//!
+//! [[vhost_blk]]
+//! ctrlr = "vhost.0"
+//! dev_name = "ram0"
+//! cpumask = "[0,1]"
+//! num_queues = 2
+//! ```
+//!
+//! Each `[[bdev]]` table (less `type`) is the params of `bdev_<type>_create`, each
+//! `[[vhost_blk]]` table those of `vhost_create_blk_controller`, applied in order through
+//! [`Methods::call`] — the same code the RPC runs, so the file accepts exactly what the RPC does
+//! and errors read the same, prefixed with the table and index (`bdev[1].block_size: ...`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::methods::{MethodError, Methods};
+
+/// A configuration error; the message is one line and names the place.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}:{line}:{column}: {message}", path.display())]
+    Syntax { path: PathBuf, line: usize, column: usize, message: String },
+    /// A `[[bdev]]` or `[[vhost_blk]]` entry was refused; `field` is empty when the failure is
+    /// not about one parameter (a duplicate name, say).
+    #[error("{table}[{index}]{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
+    Entry { table: &'static str, index: usize, field: String, reason: String },
+    #[error("reactor.cpus: {0}")]
+    Cpus(String),
+}
+
+/// The file as written. See the module docs.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    pub rpc: Option<PathBuf>,
+    pub vhost_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub reactor: ReactorSection,
+    /// Kept as raw tables: their keys are checked by the RPC methods themselves.
+    #[serde(default)]
+    pub bdev: Vec<toml::Table>,
+    #[serde(default)]
+    pub vhost_blk: Vec<toml::Table>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReactorSection {
+    /// Same syntax as `--cpus`.
+    pub cpus: Option<String>,
+    pub idle_window_us: Option<u64>,
+}
+
+/// `[[bdev]]` types and the methods they map to.
+const BDEV_TYPES: [&str; 3] = ["null", "malloc", "uring"];
+
+impl ConfigFile {
+    pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        ConfigFile::parse(&text, path)
+    }
+
+    /// Parses `text`; `path` is only for messages.
+    pub fn parse(text: &str, path: &Path) -> Result<ConfigFile, ConfigError> {
+        let config: ConfigFile = toml::from_str(text).map_err(|e| {
+            let offset = e.span().map_or(0, |s| s.start).min(text.len());
+            let before = &text[..offset];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            // toml's messages can run over several lines; the location is enough context.
+            let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+            ConfigError::Syntax { path: path.to_path_buf(), line, column, message }
+        })?;
+        if let Some(cpus) = &config.reactor.cpus {
+            fp_reactor::parse_cpu_list(cpus).map_err(ConfigError::Cpus)?;
+        }
+        Ok(config)
+    }
+
+    /// Creates the declared bdevs, then the controllers, stopping at the first failure.
+    pub fn apply(&self, methods: &Methods) -> Result<(), ConfigError> {
+        for (index, table) in self.bdev.iter().enumerate() {
+            let entry = |field: &str, reason: String| ConfigError::Entry {
+                table: "bdev",
+                index,
+                field: field.to_string(),
+                reason,
+            };
+            let mut params = table_to_json(table);
+            let kind = match params.remove("type") {
+                Some(Value::String(t)) if BDEV_TYPES.contains(&t.as_str()) => t,
+                Some(Value::String(t)) => {
+                    return Err(entry("type", format!("'{t}' is not one of {}", BDEV_TYPES.join(", "))))
+                }
+                Some(_) => return Err(entry("type", format!("expected a string: one of {}", BDEV_TYPES.join(", ")))),
+                None => return Err(entry("type", format!("required (one of {})", BDEV_TYPES.join(", ")))),
+            };
+            methods
+                .call(&format!("bdev_{kind}_create"), Some(Value::Object(params)))
+                .map_err(|e| entry_error("bdev", index, &e))?;
+        }
+        for (index, table) in self.vhost_blk.iter().enumerate() {
+            methods
+                .call("vhost_create_blk_controller", Some(Value::Object(table_to_json(table))))
+                .map_err(|e| entry_error("vhost_blk", index, &e))?;
+        }
+        Ok(())
+    }
+}
+
+fn entry_error(table: &'static str, index: usize, e: &MethodError) -> ConfigError {
+    let (field, reason) = match e.bad_param() {
+        Some((field, reason)) => (field.to_string(), reason.to_string()),
+        None => (String::new(), e.to_string()),
+    };
+    ConfigError::Entry { table, index, field, reason }
+}
+
+fn table_to_json(table: &toml::Table) -> Map<String, Value> {
+    table.iter().map(|(k, v)| (k.clone(), toml_to_json(v))).collect()
+}
+
+/// TOML values as the JSON an RPC client would send. Dates have no JSON form; they become
+/// strings, which every method then refuses with a message naming the field.
+fn toml_to_json(v: &toml::Value) -> Value {
+    match v {
+        toml::Value::String(s) => Value::String(s.clone()),
+        toml::Value::Integer(i) => Value::from(*i),
+        toml::Value::Float(f) => Value::from(*f),
+        toml::Value::Boolean(b) => Value::Bool(*b),
+        toml::Value::Datetime(d) => Value::String(d.to_string()),
+        toml::Value::Array(a) => Value::Array(a.iter().map(toml_to_json).collect()),
+        toml::Value::Table(t) => Value::Object(table_to_json(t)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fp_target::Target;
+
+    fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
+        ConfigFile::parse(text, Path::new("test.toml"))
+    }
+
+    fn apply(text: &str) -> Result<Methods, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let methods = Methods::new(Target::new(vec![], dir.path()));
+        let config = parse(text).map_err(|e| e.to_string())?;
+        config.apply(&methods).map_err(|e| e.to_string())?;
+        Ok(methods)
+    }
+
+    #[test]
+    fn full_file_parses_and_applies() {
+        let text = r#"
+            rpc = "/tmp/x.sock"
+            vhost_dir = "/tmp/vhost"
+            [reactor]
+            cpus = "0-1"
+            idle_window_us = 250
+            [[bdev]]
+            type = "null"
+            name = "n0"
+            num_blocks = 1024
+            block_size = 512
+            [[bdev]]
+            type = "malloc"
+            num_blocks = 64
+            block_size = 4096
+        "#;
+        let c = parse(text).unwrap();
+        assert_eq!(c.rpc.as_deref(), Some(Path::new("/tmp/x.sock")));
+        assert_eq!(c.vhost_dir.as_deref(), Some(Path::new("/tmp/vhost")));
+        assert_eq!(c.reactor.cpus.as_deref(), Some("0-1"));
+        assert_eq!(c.reactor.idle_window_us, Some(250));
+        let methods = apply(text).unwrap();
+        let bdevs = methods.call("bdev_get_bdevs", None).unwrap();
+        let names: Vec<&str> = bdevs.as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["Malloc0", "n0"]);
+    }
+
+    #[test]
+    fn empty_file_is_fine() {
+        let c = parse("").unwrap();
+        assert!(c.bdev.is_empty() && c.vhost_blk.is_empty() && c.rpc.is_none());
+    }
+
+    #[test]
+    fn entry_errors_name_table_index_and_field() {
+        let ok = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
+        let cases = [
+            (
+                "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 1000\n",
+                "bdev[1].block_size: 1000 is not a power of two between 512 and 65536",
+            ),
+            ("[[bdev]]\nname = \"b\"\n", "bdev[1].type: required (one of null, malloc, uring)"),
+            ("[[bdev]]\ntype = \"ram\"\n", "bdev[1].type: 'ram' is not one of null, malloc, uring"),
+            ("[[bdev]]\ntype = 3\n", "bdev[1].type: expected a string: one of null, malloc, uring"),
+            (
+                "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 512\nsize = 1\n",
+                "bdev[1].size: unknown parameter; accepted: name, num_blocks, block_size",
+            ),
+            (
+                "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = -8\nblock_size = 512\n",
+                "bdev[1].num_blocks: expected an integer between 0 and 18446744073709551615, got number -8",
+            ),
+            (
+                "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n",
+                "bdev[1]: bdev 'a' already exists",
+            ),
+            ("[[bdev]]\ntype = \"uring\"\nname = \"u\"\n", "bdev[1].filename: required parameter missing (a string)"),
+            ("[[vhost_blk]]\nctrlr = \"v0\"\n", "vhost_blk[0].dev_name: required parameter missing (a string)"),
+            (
+                "[[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"a\"\ncpumask = \"x\"\n",
+                "vhost_blk[0].cpumask: 'x' is not a cpu number or range",
+            ),
+            ("[[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"zz\"\nnum_queues = 1\n", "vhost_blk[0]: bdev 'zz' does not exist"),
+            ("[[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"a\"\nbogus = true\n", "vhost_blk[0].bogus: unknown parameter"),
+        ];
+        for (extra, want) in cases {
+            let err = apply(&format!("{ok}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
+            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn file_level_errors_are_one_line_with_location() {
+        let e = parse("rpc = \"/x\"\nbogus = 1\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.toml:2:1: unknown field `bogus`"), "{e}");
+        assert!(e.contains("`vhost_dir`"), "lists accepted keys: {e}");
+        let e = parse("[reactor]\nidle_window_us = \"fast\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.toml:2:18: invalid type: string"), "{e}");
+        let e = parse("[reactor]\ncpus = \"0-x\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("reactor.cpus: "), "{e}");
+        let e = parse("[reactor]\nthreads = 2\n").unwrap_err().to_string();
+        assert!(e.contains("unknown field `threads`"), "{e}");
+        let e = parse("[[bdev]\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.toml:1:"), "{e}");
+        let e = parse("a = [\n1,\n").unwrap_err().to_string();
+        assert!(!e.contains('\n'), "{e}");
+        let e = ConfigFile::load(Path::new("/nonexistent/flashpath.toml")).unwrap_err().to_string();
+        assert!(e.starts_with("cannot read /nonexistent/flashpath.toml: "), "{e}");
+    }
+}

@@ -1,0 +1,377 @@
+//! The management methods: JSON parameters in, [`Target`] calls, JSON results out.
+//!
+//! Names, parameters and result shapes follow SPDK's JSON-RPC, so SPDK's `rpc.py` and scripts
+//! written for it work; flashpath's additions are extra result fields and a few extra
+//! parameters (`direct`, `num_queues`). Unknown parameters are rejected, naming the field and
+//! listing the accepted ones.
+//!
+//! The RPC server and the `--config` loader both come through [`Methods::call`], so a
+//! configuration file is exactly a list of RPC calls and cannot drift from them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fp_rpc::{ParamError, Params, RpcError};
+use fp_target::{BdevSpec, BdevSummary, Target, TargetError, VhostBlkSpec};
+use fp_vhost_blk::ControllerInfo;
+use serde_json::{json, Value};
+
+/// Why a method failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MethodError {
+    #[error("Method not found: '{0}'")]
+    UnknownMethod(String),
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    #[error(transparent)]
+    Target(#[from] TargetError),
+}
+
+impl MethodError {
+    /// The offending parameter and what is wrong with it, when the caller's parameters were
+    /// wrong (whether the decoder or the target noticed).
+    pub fn bad_param(&self) -> Option<(&str, &str)> {
+        match self {
+            MethodError::Param(p) => Some((&p.field, &p.reason)),
+            MethodError::Target(TargetError::Invalid { field, reason })
+            | MethodError::Target(TargetError::Bdev(fp_bdev::BdevError::InvalidParam { field, reason })) => {
+                Some((field, reason))
+            }
+            _ => None,
+        }
+    }
+
+    /// The JSON-RPC error: -32601 / -32602 for the request's own faults, otherwise the negative
+    /// errno SPDK would return, with the error's message.
+    pub fn to_rpc(&self) -> RpcError {
+        match self {
+            MethodError::UnknownMethod(m) => RpcError::method_not_found(m),
+            MethodError::Param(p) => p.clone().into(),
+            MethodError::Target(t) => match self.bad_param() {
+                Some((field, reason)) if t.is_invalid_params() => {
+                    RpcError::invalid_params(format!("{field}: {reason}"))
+                }
+                _ => RpcError::new(t.errno(), t.to_string()),
+            },
+        }
+    }
+}
+
+type MethodFn = fn(&Methods, Params) -> Result<Value, MethodError>;
+
+/// Every method, by name. `rpc_get_methods` lists this table.
+const METHODS: &[(&str, MethodFn)] = &[
+    ("bdev_null_create", Methods::bdev_null_create),
+    ("bdev_null_delete", |m, p| m.bdev_delete(p, "null")),
+    ("bdev_malloc_create", Methods::bdev_malloc_create),
+    ("bdev_malloc_delete", |m, p| m.bdev_delete(p, "malloc")),
+    ("bdev_uring_create", Methods::bdev_uring_create),
+    ("bdev_uring_delete", |m, p| m.bdev_delete(p, "uring")),
+    ("bdev_get_bdevs", Methods::bdev_get_bdevs),
+    ("vhost_create_blk_controller", Methods::vhost_create_blk_controller),
+    ("vhost_get_controllers", Methods::vhost_get_controllers),
+    ("vhost_delete_controller", Methods::vhost_delete_controller),
+    ("framework_get_reactors", Methods::framework_get_reactors),
+    ("rpc_get_methods", Methods::rpc_get_methods),
+    ("spdk_get_version", Methods::spdk_get_version),
+    ("flashpath_get_stats", Methods::flashpath_get_stats),
+];
+
+/// The method implementations over one target.
+pub struct Methods {
+    target: Arc<Target>,
+    started: Instant,
+}
+
+/// Block sizes and counts are `u32`/`u64` in the target; the decoder bounds them to that.
+const U32_MAX: u64 = u32::MAX as u64;
+
+/// How long `bdev_get_bdevs` sleeps between looks while waiting for a bdev to appear.
+const WAIT_STEP: Duration = Duration::from_millis(10);
+
+impl Methods {
+    pub fn new(target: Arc<Target>) -> Methods {
+        Methods { target, started: Instant::now() }
+    }
+
+    /// Runs `method` with `params`.
+    pub fn call(&self, method: &str, params: Option<Value>) -> Result<Value, MethodError> {
+        let (_, f) = METHODS
+            .iter()
+            .find(|(name, _)| *name == method)
+            .ok_or_else(|| MethodError::UnknownMethod(method.to_string()))?;
+        f(self, Params::new(params)?)
+    }
+
+    fn bdev_null_create(&self, mut p: Params) -> Result<Value, MethodError> {
+        let spec = BdevSpec::Null {
+            name: p.required_str("name")?,
+            num_blocks: p.required_uint("num_blocks", u64::MAX)?,
+            block_size: p.required_uint("block_size", U32_MAX)? as u32,
+        };
+        p.finish()?;
+        Ok(json!(self.target.create_bdev(spec)?))
+    }
+
+    fn bdev_malloc_create(&self, mut p: Params) -> Result<Value, MethodError> {
+        let name = p.optional_str("name")?;
+        let num_blocks = p.required_uint("num_blocks", u64::MAX)?;
+        let block_size = p.required_uint("block_size", U32_MAX)? as u32;
+        p.finish()?;
+        if let Some(name) = name {
+            return Ok(json!(self.target.create_bdev(BdevSpec::Malloc { name, num_blocks, block_size })?));
+        }
+        // SPDK names unnamed RAM disks Malloc0, Malloc1, ...: take the first free one, and the
+        // next if a concurrent call took it between our look and our create.
+        loop {
+            let taken: Vec<String> = self.target.bdevs(None)?.into_iter().map(|b| b.info.name).collect();
+            let name = (0..).map(|i| format!("Malloc{i}")).find(|n| !taken.contains(n)).expect("unbounded");
+            match self.target.create_bdev(BdevSpec::Malloc { name, num_blocks, block_size }) {
+                Err(TargetError::AlreadyExists { .. }) => continue,
+                other => return Ok(json!(other?)),
+            }
+        }
+    }
+
+    fn bdev_uring_create(&self, mut p: Params) -> Result<Value, MethodError> {
+        let spec = BdevSpec::Uring {
+            name: p.required_str("name")?,
+            filename: p.required_str("filename")?.into(),
+            block_size: p.optional_uint("block_size", U32_MAX)?.map(|b| b as u32),
+            direct: p.optional_bool("direct")?.unwrap_or(true),
+        };
+        p.finish()?;
+        Ok(json!(self.target.create_bdev(spec)?))
+    }
+
+    fn bdev_delete(&self, mut p: Params, driver: &str) -> Result<Value, MethodError> {
+        let name = p.required_str("name")?;
+        p.finish()?;
+        self.target.delete_bdev(&name, Some(driver))?;
+        Ok(json!(true))
+    }
+
+    fn bdev_get_bdevs(&self, mut p: Params) -> Result<Value, MethodError> {
+        let name = p.optional_str("name")?;
+        // SPDK's `timeout` (ms): wait that long for the named bdev to appear.
+        let timeout = Duration::from_millis(p.optional_uint("timeout", U32_MAX)?.unwrap_or(0));
+        p.finish()?;
+        let deadline = Instant::now() + timeout;
+        let bdevs = loop {
+            match self.target.bdevs(name.as_deref()) {
+                Err(TargetError::NotFound { .. }) if Instant::now() < deadline => std::thread::sleep(WAIT_STEP),
+                other => break other?,
+            }
+        };
+        Ok(Value::Array(bdevs.iter().map(bdev_json).collect()))
+    }
+
+    fn vhost_create_blk_controller(&self, mut p: Params) -> Result<Value, MethodError> {
+        let spec = VhostBlkSpec {
+            ctrlr: p.required_str("ctrlr")?,
+            dev_name: p.required_str("dev_name")?,
+            cpus: p.optional_str("cpumask")?.map(|m| parse_cpumask(&m)).transpose()?,
+            readonly: p.optional_bool("readonly")?.unwrap_or(false),
+            num_queues: p.optional_uint("num_queues", u16::MAX as u64)?.map(|q| q as u16),
+        };
+        p.finish()?;
+        self.target.create_vhost_blk(spec)?;
+        Ok(json!(true))
+    }
+
+    fn vhost_get_controllers(&self, mut p: Params) -> Result<Value, MethodError> {
+        let name = p.optional_str("name")?;
+        p.finish()?;
+        let ctrls = self.target.controllers(name.as_deref())?;
+        Ok(Value::Array(ctrls.iter().map(controller_json).collect()))
+    }
+
+    fn vhost_delete_controller(&self, mut p: Params) -> Result<Value, MethodError> {
+        let ctrlr = p.required_str("ctrlr")?;
+        p.finish()?;
+        self.target.delete_vhost(&ctrlr)?;
+        Ok(json!(true))
+    }
+
+    fn framework_get_reactors(&self, p: Params) -> Result<Value, MethodError> {
+        p.finish()?;
+        let reactors: Vec<Value> = self
+            .target
+            .reactors()
+            .iter()
+            .map(|r| {
+                let s = &r.stats;
+                json!({
+                    "lcore": r.core.unwrap_or(r.id),
+                    "busy": s.busy_ns,
+                    // Everything that was not busy, asleep included, so busy / (busy + idle) is
+                    // the reactor's utilisation as SPDK tools compute it.
+                    "idle": s.idle_ns + s.sleep_ns,
+                    "irq": 0,
+                    "sys": 0,
+                    "usr": 0,
+                    "in_interrupt": s.sleeping,
+                    "lw_threads": [],
+                    "id": r.id,
+                    "poll_idle_ns": s.idle_ns,
+                    "sleep_ns": s.sleep_ns,
+                    "sleeps": s.sleeps,
+                    "rounds": s.rounds,
+                    "messages": s.messages,
+                    "pollers": s.pollers,
+                })
+            })
+            .collect();
+        // Our ticks are nanoseconds.
+        Ok(json!({ "tick_rate": 1_000_000_000u64, "pid": std::process::id(), "reactors": reactors }))
+    }
+
+    fn rpc_get_methods(&self, mut p: Params) -> Result<Value, MethodError> {
+        // SPDK's flags: every method is callable at any time here and none has aliases, so
+        // both only need to be well-formed.
+        p.optional_bool("current")?;
+        p.optional_bool("include_aliases")?;
+        p.finish()?;
+        let mut names: Vec<&str> = METHODS.iter().map(|(n, _)| *n).collect();
+        names.sort_unstable();
+        Ok(json!(names))
+    }
+
+    fn spdk_get_version(&self, p: Params) -> Result<Value, MethodError> {
+        p.finish()?;
+        let num = |s: &str| s.parse::<u64>().unwrap_or(0);
+        let pre = env!("CARGO_PKG_VERSION_PRE");
+        Ok(json!({
+            "version": concat!("flashpath v", env!("CARGO_PKG_VERSION")),
+            "fields": {
+                "major": num(env!("CARGO_PKG_VERSION_MAJOR")),
+                "minor": num(env!("CARGO_PKG_VERSION_MINOR")),
+                "patch": num(env!("CARGO_PKG_VERSION_PATCH")),
+                "suffix": if pre.is_empty() { String::new() } else { format!("-{pre}") },
+            },
+        }))
+    }
+
+    /// flashpath's own summary: uptime, counts, per-controller I/O counters and reactor totals.
+    fn flashpath_get_stats(&self, p: Params) -> Result<Value, MethodError> {
+        p.finish()?;
+        let ctrls = self.target.controllers(None)?;
+        let reactors = self.target.reactors();
+        let sum = |f: fn(&fp_reactor::ReactorStatsSnapshot) -> u64| -> u64 {
+            reactors.iter().map(|r| f(&r.stats)).sum()
+        };
+        Ok(json!({
+            "uptime_ns": self.started.elapsed().as_nanos() as u64,
+            "num_bdevs": self.target.bdevs(None)?.len(),
+            "num_controllers": ctrls.len(),
+            "controllers": ctrls.iter().map(|c| json!({
+                "ctrlr": c.name,
+                "bdev": c.bdev_name,
+                "connected": c.connected,
+                "stats": c.stats,
+            })).collect::<Vec<_>>(),
+            "reactors": {
+                "count": reactors.len(),
+                "busy_ns": sum(|s| s.busy_ns),
+                "poll_idle_ns": sum(|s| s.idle_ns),
+                "sleep_ns": sum(|s| s.sleep_ns),
+                "sleeps": sum(|s| s.sleeps),
+                "rounds": sum(|s| s.rounds),
+            },
+        }))
+    }
+}
+
+/// Parses SPDK's `cpumask`: a hex mask ("0x3"), or a CPU list, bracketed as SPDK writes it
+/// ("[0,1]") or bare ("0-3", "0,2").
+pub fn parse_cpumask(mask: &str) -> Result<Vec<usize>, ParamError> {
+    let s = mask.trim();
+    let inner = s.strip_prefix('[').and_then(|x| x.strip_suffix(']')).unwrap_or(s);
+    fp_reactor::parse_cpu_list(inner).map_err(|e| {
+        ParamError::new("cpumask", format!("{e}; accepted: a hex mask like \"0x3\" or a list like \"[0,1]\" or \"0-3\""))
+    })
+}
+
+/// Formats cores as SPDK's hex cpumask ("0x5" for cores 0 and 2).
+pub fn cpumask_hex(cores: &[usize]) -> String {
+    let Some(&max) = cores.iter().max() else { return "0x0".into() };
+    let digits: String = (0..=max / 4)
+        .rev()
+        .map(|d| {
+            let nibble = (0..4).filter(|b| cores.contains(&(d * 4 + b))).fold(0u32, |n, b| n | (1 << b));
+            char::from_digit(nibble, 16).expect("a nibble is one hex digit")
+        })
+        .collect();
+    format!("0x{digits}")
+}
+
+/// A stable identifier for a bdev, derived from its name so it survives a restart with the same
+/// configuration. Two FNV-1a passes make 128 bits, stamped as an RFC 9562 version 8 (custom)
+/// UUID since it is neither random nor one of the standard name-based kinds.
+pub fn bdev_uuid(name: &str) -> String {
+    let fnv = |basis: u64| {
+        name.bytes().fold(basis, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+    };
+    let hi = fnv(0xcbf2_9ce4_8422_2325);
+    let lo = fnv(0x6c62_272e_07bb_0142);
+    let hi = (hi & !0xf000) | 0x8000; // version 8 in bits 48..52 of the first half
+    let lo = (lo & !(0b11 << 62)) | (0b10 << 62); // RFC variant
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        hi >> 32,
+        (hi >> 16) & 0xffff,
+        hi & 0xffff,
+        lo >> 48,
+        lo & 0xffff_ffff_ffff
+    )
+}
+
+fn bdev_json(b: &BdevSummary) -> Value {
+    let info = &b.info;
+    let io = info.io_types;
+    let specific: serde_json::Map<String, Value> =
+        info.driver_specific.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    let mut v = json!({
+        "name": info.name,
+        "aliases": [],
+        "product_name": info.product_name,
+        "block_size": info.block_size,
+        "num_blocks": info.num_blocks,
+        "uuid": bdev_uuid(&info.name),
+        "claimed": b.claimed_by.is_some(),
+        "zoned": false,
+        "supported_io_types": {
+            "read": io.read,
+            "write": io.write,
+            "flush": io.flush,
+            "unmap": io.unmap,
+            "write_zeroes": io.write_zeroes,
+            "reset": false,
+            "nvme_admin": false,
+            "nvme_io": false,
+        },
+        "driver_specific": { info.driver: specific },
+    });
+    if let Some(by) = &b.claimed_by {
+        v["claimed_by"] = json!(by);
+    }
+    v
+}
+
+fn controller_json(c: &ControllerInfo) -> Value {
+    json!({
+        "ctrlr": c.name,
+        "cpumask": cpumask_hex(&c.cores),
+        "socket": c.socket_path,
+        "delay_base_us": 0,
+        "iops_threshold": 0,
+        "backend_specific": { "block": { "readonly": c.read_only, "bdev": c.bdev_name } },
+        "num_queues": c.num_queues,
+        "cores": c.cores,
+        "connected": c.connected,
+        "stats": c.stats,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,264 @@
+//! Parameter decoding, result shapes and error paths of every method, on a target without
+//! reactors (the bdev methods need none).
+
+use super::*;
+use fp_rpc::codes;
+
+struct Fixture {
+    methods: Methods,
+    dir: tempfile::TempDir,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let methods = Methods::new(Target::new(vec![], &dir.path().join("vhost")));
+    Fixture { methods, dir }
+}
+
+impl Fixture {
+    fn ok(&self, method: &str, params: Value) -> Value {
+        let params = (!params.is_null()).then_some(params);
+        self.methods.call(method, params).unwrap_or_else(|e| panic!("{method}: {e}"))
+    }
+
+    /// Calls a method that must fail; returns its JSON-RPC error.
+    fn err(&self, method: &str, params: Value) -> RpcError {
+        let params = (!params.is_null()).then_some(params);
+        match self.methods.call(method, params) {
+            Ok(v) => panic!("{method} unexpectedly returned {v}"),
+            Err(e) => e.to_rpc(),
+        }
+    }
+
+    fn null(&self, name: &str) {
+        self.ok("bdev_null_create", json!({"name": name, "num_blocks": 1024, "block_size": 512}));
+    }
+}
+
+/// Asserts an invalid-params error whose message starts with `field: `.
+fn assert_param(e: &RpcError, field: &str) {
+    assert_eq!(e.code, codes::INVALID_PARAMS, "{e:?}");
+    assert!(e.message.starts_with(&format!("{field}: ")), "{e:?} does not name {field}");
+}
+
+#[test]
+fn unknown_method() {
+    let f = fixture();
+    let e = f.err("bdev_frob", Value::Null);
+    assert_eq!(e.code, codes::METHOD_NOT_FOUND);
+    assert!(e.message.contains("bdev_frob"));
+}
+
+#[test]
+fn null_create_delete() {
+    let f = fixture();
+    assert_eq!(f.ok("bdev_null_create", json!({"name": "n0", "num_blocks": 8, "block_size": 4096})), "n0");
+    let e = f.err("bdev_null_create", json!({"name": "n0", "num_blocks": 8, "block_size": 4096}));
+    assert_eq!(e.code, -17);
+    assert!(e.message.contains("already exists"));
+    assert_eq!(f.ok("bdev_null_delete", json!({"name": "n0"})), true);
+    let e = f.err("bdev_null_delete", json!({"name": "n0"}));
+    assert_eq!(e.code, -19);
+}
+
+#[test]
+fn create_param_errors_name_the_field() {
+    let f = fixture();
+    assert_param(&f.err("bdev_null_create", json!({"name": "n", "block_size": 512})), "num_blocks");
+    assert_param(&f.err("bdev_null_create", Value::Null), "name");
+    assert_param(&f.err("bdev_null_create", json!({"name": 5, "num_blocks": 1, "block_size": 512})), "name");
+    assert_param(&f.err("bdev_null_create", json!({"name": "n", "num_blocks": -1, "block_size": 512})), "num_blocks");
+    assert_param(&f.err("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 1u64 << 40})), "block_size");
+    let e = f.err("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 1000}));
+    assert_eq!(e.message, "block_size: 1000 is not a power of two between 512 and 65536");
+    assert_param(&f.err("bdev_null_create", json!({"name": "n", "num_blocks": 0, "block_size": 512})), "num_blocks");
+    assert_param(&f.err("bdev_null_create", json!({"name": "a/b", "num_blocks": 1, "block_size": 512})), "name");
+    let e = f.err("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 512, "uuid": "x"}));
+    assert_eq!(e.message, "uuid: unknown parameter; accepted: name, num_blocks, block_size");
+    let e = f.err("bdev_null_create", json!(["n", 8, 512]));
+    assert_eq!(e.code, codes::INVALID_PARAMS);
+    assert!(e.message.contains("object"), "{e:?}");
+    assert!(f.ok("bdev_get_bdevs", Value::Null).as_array().unwrap().is_empty());
+}
+
+#[test]
+fn malloc_auto_names_and_type_checked_delete() {
+    let f = fixture();
+    let params = json!({"num_blocks": 16, "block_size": 512});
+    assert_eq!(f.ok("bdev_malloc_create", params.clone()), "Malloc0");
+    assert_eq!(f.ok("bdev_malloc_create", params.clone()), "Malloc1");
+    f.ok("bdev_malloc_delete", json!({"name": "Malloc0"}));
+    assert_eq!(f.ok("bdev_malloc_create", params), "Malloc0");
+    assert_eq!(f.ok("bdev_malloc_create", json!({"name": "ram", "num_blocks": 16, "block_size": 4096})), "ram");
+    // A delete of the wrong kind does not remove it (SPDK's rule).
+    assert_eq!(f.err("bdev_null_delete", json!({"name": "ram"})).code, -19);
+    assert_param(&f.err("bdev_malloc_delete", Value::Null), "name");
+    assert_param(&f.err("bdev_malloc_delete", json!({"name": "ram", "force": true})), "force");
+    assert_param(&f.err("bdev_malloc_create", json!({"num_blocks": 16})), "block_size");
+}
+
+#[test]
+fn uring_create_and_errors() {
+    let f = fixture();
+    let file = f.dir.path().join("disk.img");
+    std::fs::write(&file, vec![0u8; 1 << 20]).unwrap();
+    let name = f.ok("bdev_uring_create", json!({"name": "u0", "filename": file, "direct": false}));
+    assert_eq!(name, "u0");
+    let b = &f.ok("bdev_get_bdevs", json!({"name": "u0"}))[0];
+    assert_eq!(b["driver_specific"]["uring"]["filename"], file.display().to_string());
+    assert_eq!(b["num_blocks"].as_u64().unwrap() * b["block_size"].as_u64().unwrap(), 1 << 20);
+    f.ok("bdev_uring_delete", json!({"name": "u0"}));
+
+    assert_param(&f.err("bdev_uring_create", json!({"name": "u1"})), "filename");
+    assert_param(&f.err("bdev_uring_create", json!({"name": "u1", "filename": file, "direct": "no"})), "direct");
+    let missing = f.dir.path().join("missing.img");
+    let e = f.err("bdev_uring_create", json!({"name": "u1", "filename": missing}));
+    assert_eq!(e.code, -2, "{e:?}");
+    assert!(e.message.contains("missing.img"), "{e:?}");
+}
+
+#[test]
+fn get_bdevs_shape_and_errors() {
+    let f = fixture();
+    f.null("b");
+    f.null("a");
+    let all = f.ok("bdev_get_bdevs", Value::Null);
+    let names: Vec<&str> = all.as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["a", "b"]);
+    let b = &f.ok("bdev_get_bdevs", json!({"name": "a"}))[0];
+    assert_eq!(b["product_name"], "Null disk");
+    assert_eq!(b["block_size"], 512);
+    assert_eq!(b["num_blocks"], 1024);
+    assert_eq!(b["claimed"], false);
+    assert!(b.get("claimed_by").is_none());
+    assert_eq!(b["supported_io_types"]["read"], true);
+    assert_eq!(b["supported_io_types"]["reset"], false);
+    assert_eq!(b["driver_specific"], json!({"null": {}}));
+    assert_eq!(b["uuid"], bdev_uuid("a"));
+
+    let e = f.err("bdev_get_bdevs", json!({"name": "zz"}));
+    assert_eq!(e.code, -19);
+    assert!(e.message.contains("'zz'"));
+    assert_param(&f.err("bdev_get_bdevs", json!({"nmae": "a"})), "nmae");
+    assert_param(&f.err("bdev_get_bdevs", json!({"timeout": "x"})), "timeout");
+}
+
+#[test]
+fn get_bdevs_waits_for_a_bdev() {
+    let f = Arc::new(fixture());
+    let creator = {
+        let f = f.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            f.null("late");
+        })
+    };
+    let t0 = Instant::now();
+    let v = f.ok("bdev_get_bdevs", json!({"name": "late", "timeout": 5000}));
+    assert_eq!(v[0]["name"], "late");
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    creator.join().unwrap();
+    let t0 = Instant::now();
+    assert_eq!(f.err("bdev_get_bdevs", json!({"name": "never", "timeout": 30})).code, -19);
+    assert!(t0.elapsed() >= Duration::from_millis(30));
+}
+
+#[test]
+fn vhost_create_errors() {
+    let f = fixture();
+    f.null("d0");
+    assert_param(&f.err("vhost_create_blk_controller", json!({"ctrlr": "v0"})), "dev_name");
+    assert_param(&f.err("vhost_create_blk_controller", json!({"dev_name": "d0"})), "ctrlr");
+    let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "cpumask": "zz"}));
+    assert_param(&e, "cpumask");
+    assert!(e.message.contains("0x3"), "{e:?}");
+    // This target has no reactors, so no mask can select one.
+    let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "cpumask": "[0]"}));
+    assert_param(&e, "cpumask");
+    assert_param(
+        &f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "num_queues": 70000})),
+        "num_queues",
+    );
+    assert_param(
+        &f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "num_queues": 0})),
+        "num_queues",
+    );
+    assert_param(&f.err("vhost_create_blk_controller", json!({"ctrlr": "a/b", "dev_name": "d0"})), "ctrlr");
+    assert_param(
+        &f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "readonly": "yes"})),
+        "readonly",
+    );
+    let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "transport": "x"}));
+    assert_eq!(e.message, "transport: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues");
+    let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "nope", "num_queues": 1}));
+    assert_eq!(e.code, -19);
+    assert!(e.message.contains("'nope'"));
+}
+
+#[test]
+fn vhost_get_and_delete_errors() {
+    let f = fixture();
+    assert_eq!(f.ok("vhost_get_controllers", Value::Null), json!([]));
+    assert_eq!(f.err("vhost_get_controllers", json!({"name": "v9"})).code, -19);
+    assert_eq!(f.err("vhost_delete_controller", json!({"ctrlr": "v9"})).code, -19);
+    assert_param(&f.err("vhost_delete_controller", json!({"ctrlr": "v9", "name": "v9"})), "name");
+    assert_param(&f.err("vhost_delete_controller", Value::Null), "ctrlr");
+}
+
+#[test]
+fn reactors_version_methods_stats() {
+    let f = fixture();
+    let r = f.ok("framework_get_reactors", Value::Null);
+    assert_eq!(r["tick_rate"], 1_000_000_000u64);
+    assert_eq!(r["reactors"], json!([]));
+    assert_param(&f.err("framework_get_reactors", json!({"x": 1})), "x");
+
+    let v = f.ok("spdk_get_version", Value::Null);
+    assert_eq!(v["version"], format!("flashpath v{}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(v["fields"]["major"], env!("CARGO_PKG_VERSION_MAJOR").parse::<u64>().unwrap());
+    assert!(v["fields"]["suffix"].is_string());
+
+    let m = f.ok("rpc_get_methods", json!({"current": true}));
+    let names: Vec<&str> = m.as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    assert!(names.windows(2).all(|w| w[0] < w[1]), "sorted: {names:?}");
+    assert_eq!(names.len(), METHODS.len());
+    for expected in ["bdev_get_bdevs", "vhost_create_blk_controller", "framework_get_reactors", "spdk_get_version"] {
+        assert!(names.contains(&expected));
+    }
+    assert_param(&f.err("rpc_get_methods", json!({"current": 1})), "current");
+
+    f.null("n");
+    let s = f.ok("flashpath_get_stats", Value::Null);
+    assert_eq!(s["num_bdevs"], 1);
+    assert_eq!(s["controllers"], json!([]));
+    assert_eq!(s["reactors"]["count"], 0);
+}
+
+#[test]
+fn cpumask_parse_and_format() {
+    assert_eq!(parse_cpumask("0x5").unwrap(), [0, 2]);
+    assert_eq!(parse_cpumask("[0,1]").unwrap(), [0, 1]);
+    assert_eq!(parse_cpumask(" [ 2-3 ] ").unwrap(), [2, 3]);
+    assert_eq!(parse_cpumask("1").unwrap(), [1]);
+    assert_eq!(parse_cpumask("0x0").unwrap_err().field, "cpumask");
+    assert!(parse_cpumask("[a]").is_err());
+    assert_eq!(cpumask_hex(&[0]), "0x1");
+    assert_eq!(cpumask_hex(&[0, 2]), "0x5");
+    assert_eq!(cpumask_hex(&[4]), "0x10");
+    assert_eq!(cpumask_hex(&[0, 1, 2, 3, 8]), "0x10f");
+    assert_eq!(cpumask_hex(&[]), "0x0");
+    for cores in [vec![1usize, 5], vec![0, 63, 64]] {
+        assert_eq!(parse_cpumask(&cpumask_hex(&cores)).unwrap(), cores);
+    }
+}
+
+#[test]
+fn uuid_is_stable_and_well_formed() {
+    let u = bdev_uuid("Malloc0");
+    assert_eq!(u, bdev_uuid("Malloc0"));
+    assert_ne!(u, bdev_uuid("Malloc1"));
+    let parts: Vec<&str> = u.split('-').collect();
+    assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), [8, 4, 4, 4, 12]);
+    assert!(parts[2].starts_with('8'), "{u}");
+    assert!(matches!(parts[3].chars().next().unwrap(), '8' | '9' | 'a' | 'b'), "{u}");
+}

@@ -1,0 +1,246 @@
+//! `flashpath serve`: reactors, the target, the start-up configuration, the RPC server, and an
+//! orderly stop on SIGTERM or SIGINT.
+//!
+//! Signals are blocked before any thread starts, so every thread inherits the mask and the
+//! signals stay pending until the main thread collects them with `sigwait`: no handler runs on a
+//! reactor, and no extra thread is needed.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fp_reactor::{ReactorConfig, ReactorSet};
+use fp_rpc::{Handler, RpcServer};
+use fp_target::Target;
+
+use crate::config::{ConfigError, ConfigFile};
+use crate::methods::Methods;
+use crate::{DEFAULT_RPC_SOCKET, DEFAULT_VHOST_DIR};
+
+/// `serve`'s settings as given on the command line; `None` falls back to the config file, then
+/// to the built-in default.
+#[derive(Debug, Default)]
+pub struct ServeOptions {
+    pub cpus: Option<String>,
+    pub rpc: Option<PathBuf>,
+    pub vhost_dir: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+    pub idle_window_us: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("config error: {0}")]
+    Config(#[from] ConfigError),
+    #[error("--cpus: {0}")]
+    Cpus(String),
+    #[error("cannot find a CPU this process may run on: {0}")]
+    Affinity(#[source] io::Error),
+    #[error("cannot create the vhost directory {}: {source}", path.display())]
+    VhostDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start reactors on cpus {cpus}: {source}")]
+    Reactors {
+        cpus: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start the RPC server: {0}")]
+    Rpc(#[source] io::Error),
+    #[error("cannot set up signal handling: {0}")]
+    Signals(#[source] io::Error),
+}
+
+/// What `serve` ends up running with.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub cpus: Vec<usize>,
+    pub rpc: PathBuf,
+    pub vhost_dir: PathBuf,
+    pub idle_window: Duration,
+}
+
+/// Merges flags over the config file over defaults.
+pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, ServeError> {
+    let cpus = match (&opts.cpus, &config.reactor.cpus) {
+        (Some(flag), _) => fp_reactor::parse_cpu_list(flag).map_err(ServeError::Cpus)?,
+        (None, Some(cfg)) => fp_reactor::parse_cpu_list(cfg).map_err(ConfigError::Cpus)?,
+        (None, None) => vec![first_allowed_cpu().map_err(ServeError::Affinity)?],
+    };
+    let idle_window = opts
+        .idle_window_us
+        .or(config.reactor.idle_window_us)
+        .map_or(fp_reactor::DEFAULT_IDLE_WINDOW, Duration::from_micros);
+    Ok(Settings {
+        cpus,
+        rpc: opts.rpc.clone().or_else(|| config.rpc.clone()).unwrap_or_else(|| DEFAULT_RPC_SOCKET.into()),
+        vhost_dir: opts
+            .vhost_dir
+            .clone()
+            .or_else(|| config.vhost_dir.clone())
+            .unwrap_or_else(|| DEFAULT_VHOST_DIR.into()),
+        idle_window,
+    })
+}
+
+/// The lowest-numbered CPU in this process's affinity mask (what `taskset` allows).
+fn first_allowed_cpu() -> io::Result<usize> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is a valid, empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `set` is writable and its size is the size passed.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` < CPU_SETSIZE, so CPU_ISSET reads inside `set`.
+        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .ok_or_else(|| io::Error::other("the affinity mask is empty"))
+}
+
+/// The signals that stop the daemon.
+const STOP_SIGNALS: [libc::c_int; 2] = [libc::SIGTERM, libc::SIGINT];
+
+/// Blocks the stop signals in the calling thread (and so in every thread it starts later).
+fn block_stop_signals() -> io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data; sigemptyset below initialises it properly.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable sigset_t.
+    unsafe { libc::sigemptyset(&mut set) };
+    for sig in STOP_SIGNALS {
+        // SAFETY: `set` is an initialised sigset_t and `sig` a valid signal number.
+        unsafe { libc::sigaddset(&mut set, sig) };
+    }
+    // SAFETY: `set` is initialised; a null old-set pointer is allowed.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(set)
+}
+
+/// Waits for one of the blocked stop signals; returns its name.
+fn wait_stop_signal(set: &libc::sigset_t) -> io::Result<&'static str> {
+    let mut sig: libc::c_int = 0;
+    loop {
+        // SAFETY: `set` is an initialised sigset_t whose signals are blocked; `sig` is writable.
+        let rc = unsafe { libc::sigwait(set, &mut sig) };
+        match rc {
+            0 if sig == libc::SIGTERM => return Ok("SIGTERM"),
+            0 if sig == libc::SIGINT => return Ok("SIGINT"),
+            0 => continue,
+            libc::EINTR => continue,
+            e => return Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+}
+
+fn format_cpus(cpus: &[usize]) -> String {
+    cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
+    let config = match &opts.config {
+        Some(path) => ConfigFile::load(path)?,
+        None => ConfigFile::default(),
+    };
+    let settings = resolve(opts, &config)?;
+    let signals = block_stop_signals().map_err(ServeError::Signals)?;
+    create_vhost_dir(&settings.vhost_dir)?;
+
+    let reactors = ReactorSet::start(&settings.cpus, ReactorConfig { idle_window: settings.idle_window })
+        .map_err(|source| ServeError::Reactors { cpus: format_cpus(&settings.cpus), source })?;
+    let target = Target::new(reactors.handles().to_vec(), &settings.vhost_dir);
+    let methods = Arc::new(Methods::new(target.clone()));
+    let started = config.apply(&methods).map_err(ServeError::from).and_then(|_| {
+        let m = methods.clone();
+        let handler: Handler = Arc::new(move |method, params| m.call(method, params).map_err(|e| e.to_rpc()));
+        RpcServer::start(&settings.rpc, handler).map_err(ServeError::Rpc)
+    });
+    let server = match started {
+        Ok(s) => s,
+        Err(e) => {
+            // Undo what the configuration created (controller sockets) before reporting.
+            target.shutdown();
+            reactors.shutdown();
+            return Err(e);
+        }
+    };
+    eprintln!(
+        "flashpath v{} ready: rpc {} vhost-dir {} reactors on cpus {}",
+        env!("CARGO_PKG_VERSION"),
+        settings.rpc.display(),
+        settings.vhost_dir.display(),
+        format_cpus(&settings.cpus)
+    );
+
+    let outcome = wait_stop_signal(&signals);
+    match &outcome {
+        Ok(name) => log::info!("{name} received, shutting down"),
+        Err(e) => log::error!("waiting for signals failed ({e}), shutting down"),
+    }
+    // Stop taking requests first, so nothing creates a controller while they are torn down.
+    server.stop();
+    target.shutdown();
+    reactors.shutdown();
+    log::info!("stopped");
+    outcome.map(|_| ()).map_err(ServeError::Signals)
+}
+
+fn create_vhost_dir(path: &Path) -> Result<(), ServeError> {
+    std::fs::create_dir_all(path).map_err(|source| ServeError::VhostDir { path: path.to_path_buf(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_config_over_defaults() {
+        let config = ConfigFile::parse(
+            "rpc = \"/c.sock\"\nvhost_dir = \"/c\"\n[reactor]\ncpus = \"2-3\"\nidle_window_us = 7\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        let from_config = resolve(&ServeOptions::default(), &config).unwrap();
+        assert_eq!(
+            from_config,
+            Settings {
+                cpus: vec![2, 3],
+                rpc: "/c.sock".into(),
+                vhost_dir: "/c".into(),
+                idle_window: Duration::from_micros(7)
+            }
+        );
+        let opts = ServeOptions {
+            cpus: Some("0x1".into()),
+            rpc: Some("/f.sock".into()),
+            vhost_dir: Some("/f".into()),
+            config: None,
+            idle_window_us: Some(9),
+        };
+        let from_flags = resolve(&opts, &config).unwrap();
+        assert_eq!(from_flags.cpus, [0]);
+        assert_eq!(from_flags.rpc, Path::new("/f.sock"));
+        assert_eq!(from_flags.vhost_dir, Path::new("/f"));
+        assert_eq!(from_flags.idle_window, Duration::from_micros(9));
+
+        let defaults = resolve(&ServeOptions::default(), &ConfigFile::default()).unwrap();
+        assert_eq!(defaults.cpus, [first_allowed_cpu().unwrap()]);
+        assert_eq!(defaults.rpc, Path::new(DEFAULT_RPC_SOCKET));
+        assert_eq!(defaults.vhost_dir, Path::new(DEFAULT_VHOST_DIR));
+        assert_eq!(defaults.idle_window, fp_reactor::DEFAULT_IDLE_WINDOW);
+    }
+
+    #[test]
+    fn bad_cpus_name_their_source() {
+        let opts = ServeOptions { cpus: Some("x".into()), ..ServeOptions::default() };
+        let e = resolve(&opts, &ConfigFile::default()).unwrap_err().to_string();
+        assert!(e.starts_with("--cpus: 'x' is not a cpu number"), "{e}");
+    }
+}

@@ -1,0 +1,169 @@
+//! Command-line errors: each is one line on stderr that names the option and what it accepts,
+//! with exit status 2 for a malformed command line and 1 for a failed operation.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn flashpath(args: &[&str], rpc: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flashpath"))
+        .args(args)
+        .env("FLASHPATH_RPC", rpc)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("running flashpath")
+}
+
+/// Runs a command that must fail; returns (exit code, the single stderr line).
+fn fails(args: &[&str]) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = flashpath(args, &dir.path().join("no.sock"));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(out.stdout.is_empty(), "{args:?} printed to stdout: {:?}", String::from_utf8_lossy(&out.stdout));
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{args:?}: expected one line on stderr, got {stderr:?}");
+    (out.status.code().unwrap(), lines[0].to_string())
+}
+
+fn assert_usage(args: &[&str], expected: &str) {
+    let (code, line) = fails(args);
+    assert_eq!(line, expected, "{args:?}");
+    assert_eq!(code, 2, "{args:?}: {line}");
+}
+
+#[test]
+fn size_errors() {
+    assert_usage(
+        &["disk", "create", "--type", "null", "--name", "a", "--size", "12XB"],
+        "error: --size: '12XB' is not a size (examples: 512MiB, 1G, 4096)",
+    );
+    assert_usage(
+        &["disk", "create", "--type", "ram", "--size", "1000"],
+        "error: --size: 1000 bytes is not a whole number of 512-byte blocks",
+    );
+    assert_usage(
+        &["disk", "create", "--type", "ram", "--size", "1G", "--num-blocks", "5"],
+        "error: --size cannot be used with --num-blocks",
+    );
+    assert_usage(
+        &["disk", "create", "--type", "null", "--name", "a"],
+        "error: --size: required for --type null (or --num-blocks)",
+    );
+}
+
+#[test]
+fn enum_and_number_errors_list_accepted_values() {
+    assert_usage(&["disk", "create", "--type", "tape"], "error: --type: 'tape' is not one of null, ram, file");
+    assert_usage(
+        &["disk", "create", "--type", "ram", "--size", "1G", "--block-size", "big"],
+        "error: --block-size: 'big' is not a whole number between 0 and 4294967295",
+    );
+    assert_usage(
+        &["vhost", "create", "--name", "v", "--disk", "d", "--queues", "70000"],
+        "error: --queues: '70000' is not a whole number between 0 and 65535",
+    );
+    assert_usage(
+        &["--log-level", "loud", "version"],
+        "error: --log-level: 'loud' is not a log level (accepted: off, error, warn, info, debug, trace)",
+    );
+}
+
+#[test]
+fn options_that_do_not_go_together() {
+    assert_usage(&["disk", "create", "--type", "file", "--name", "f"], "error: --path: required for --type file");
+    assert_usage(
+        &["disk", "create", "--type", "file", "--name", "f", "--path", "/x", "--size", "1G"],
+        "error: --size: not used with --type file: the disk has the file's size",
+    );
+    assert_usage(
+        &["disk", "create", "--type", "null", "--name", "a", "--size", "1G", "--path", "/x"],
+        "error: --path: only used with --type file",
+    );
+    assert_usage(&["disk", "create", "--type", "null", "--size", "1G"], "error: --name: required for --type null");
+    assert_usage(&["vhost", "create", "--name", "v"], "error: missing required option --disk");
+}
+
+#[test]
+fn unknown_commands_and_options() {
+    assert_usage(&["diks", "list"], "error: unknown command 'diks' (did you mean 'disk'?)");
+    assert_usage(&["disk", "list", "--colour"], "error: unknown option '--colour' (see --help)");
+    assert_usage(&["rpc", "bdev_get_bdevs", "{"], "error: PARAMS: not valid JSON: EOF while parsing an object at line 1 column 1");
+}
+
+#[test]
+fn no_daemon_is_a_one_line_failure_naming_the_socket() {
+    let (code, line) = fails(&["disk", "list"]);
+    assert_eq!(code, 1);
+    assert!(line.starts_with("error: cannot connect to "), "{line}");
+    assert!(line.contains("no.sock"), "{line}");
+    assert!(line.contains("flashpath serve"), "{line}");
+}
+
+#[test]
+fn help_and_version_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = flashpath(&["--help"], &dir.path().join("x"));
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for cmd in ["serve", "disk", "vhost", "reactor", "version", "rpc"] {
+        assert!(help.contains(cmd), "help lacks {cmd}: {help}");
+    }
+    let out = flashpath(&["--version"], &dir.path().join("x"));
+    assert!(out.status.success());
+    assert!(String::from_utf8(out.stdout).unwrap().contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn serve_config_errors_stop_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let rpc = dir.path().join("rpc.sock");
+    let config = dir.path().join("bad.toml");
+    let serve = |config: &Path| {
+        flashpath(
+            &[
+                "serve",
+                "--config",
+                config.to_str().unwrap(),
+                "--vhost-dir",
+                dir.path().join("vhost").to_str().unwrap(),
+                "--log-level",
+                "off",
+            ],
+            &rpc,
+        )
+    };
+    let one_line = |out: &Output| {
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
+        stderr.trim_end().to_string()
+    };
+
+    std::fs::write(
+        &config,
+        "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n\n\
+         [[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 1000\n",
+    )
+    .unwrap();
+    assert_eq!(
+        one_line(&serve(&config)),
+        "config error: bdev[1].block_size: 1000 is not a power of two between 512 and 65536"
+    );
+    assert!(!rpc.exists(), "the RPC socket must not be left behind");
+
+    std::fs::write(&config, "[[vhost_blk]]\nctrlr = \"v\"\ndev_name = \"a\"\nqueues = 2\n").unwrap();
+    assert_eq!(
+        one_line(&serve(&config)),
+        "config error: vhost_blk[0].queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues"
+    );
+
+    std::fs::write(&config, "[reactor]\nidle_window = 5\n").unwrap();
+    let line = one_line(&serve(&config));
+    assert!(line.starts_with(&format!("config error: {}:2:1: unknown field `idle_window`", config.display())), "{line}");
+
+    let line = one_line(&serve(&dir.path().join("missing.toml")));
+    assert!(line.starts_with("config error: cannot read "), "{line}");
+
+    let out = flashpath(&["serve", "--cpus", "0-x", "--log-level", "off"], &rpc);
+    assert_eq!(one_line(&out), "error: --cpus: '0-x' is not a cpu number or range (e.g. 0, 0-3, 0,2, 0x3)");
+}

@@ -1,0 +1,252 @@
+//! End to end: `flashpath serve` with a configuration file, driven through the CLI (and once
+//! through a raw socket, as SPDK's rpc.py writes), then stopped with SIGTERM.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Daemon {
+    child: Child,
+    dir: tempfile::TempDir,
+    rpc: PathBuf,
+    vhost_dir: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Daemon {
+    fn start(config: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let rpc = dir.path().join("rpc.sock");
+        let vhost_dir = dir.path().join("vhost");
+        let config_path = dir.path().join("flashpath.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let stderr = dir.path().join("serve.stderr");
+        let child = Command::new(env!("CARGO_BIN_EXE_flashpath"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--rpc")
+            .arg(&rpc)
+            .arg("--vhost-dir")
+            .arg(&vhost_dir)
+            .arg("--idle-window-us")
+            .arg("200")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        let mut d = Daemon { child, dir, rpc, vhost_dir, stderr };
+        let t0 = Instant::now();
+        // Ready once the socket answers a call.
+        while fp_rpc::RpcClient::connect(&d.rpc).and_then(|mut c| c.call("spdk_get_version", None)).is_err() {
+            if let Some(status) = d.child.try_wait().unwrap() {
+                panic!("serve exited during start-up with {status}: {}", d.log());
+            }
+            assert!(t0.elapsed() < START_TIMEOUT, "serve not ready: {}", d.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_flashpath"))
+            .arg("--rpc")
+            .arg(&self.rpc)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// Runs a CLI command that must succeed; returns its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "{args:?} failed: {}\ndaemon log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut with_json = args.to_vec();
+        with_json.push("--json");
+        serde_json::from_str(&self.ok(&with_json)).unwrap()
+    }
+
+    /// Runs a CLI command that must fail with status 1; returns its one stderr line.
+    fn refused(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stderr).unwrap().trim_end().to_string()
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    fn terminate(mut self) -> (std::process::ExitStatus, tempfile::TempDir, String) {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
+        // SAFETY: kill(2) with a valid signal on our own child, which has not been reaped yet.
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(rc, 0);
+        let t0 = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let log = self.log();
+                return (status, self.dir, log);
+            }
+            if t0.elapsed() > Duration::from_secs(20) {
+                let _ = self.child.kill();
+                panic!("serve did not exit after SIGTERM: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list.as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap().to_string()).collect()
+}
+
+const CONFIG: &str = r#"
+[[bdev]]
+type = "null"
+name = "null0"
+num_blocks = 2048
+block_size = 512
+
+[[bdev]]
+type = "malloc"
+name = "ram0"
+num_blocks = 256
+block_size = 4096
+"#;
+
+#[test]
+fn serve_with_config_drive_cli_and_stop() {
+    let d = Daemon::start(CONFIG);
+    assert!(d.log().contains("ready"), "{}", d.log());
+
+    // The configured disks.
+    let disks = d.json(&["disk", "list"]);
+    assert_eq!(names(&disks), ["null0", "ram0"]);
+    assert_eq!(disks[1]["product_name"], "Malloc disk");
+    assert_eq!(disks[1]["block_size"], 4096);
+    let table = d.ok(&["disk", "list"]);
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.contains("ram0") && table.contains("1 MiB"), "{table}");
+
+    // Create and delete through the CLI.
+    assert_eq!(d.ok(&["disk", "create", "--type", "ram", "--size", "1MiB"]).trim(), "Malloc0");
+    assert_eq!(d.ok(&["disk", "create", "--type", "null", "--name", "n1", "--num-blocks", "64"]).trim(), "n1");
+    let file = d.dir.path().join("disk.img");
+    std::fs::File::create(&file).unwrap().set_len(1 << 20).unwrap();
+    let created = d.ok(&["disk", "create", "--type", "file", "--name", "f0", "--path", file.to_str().unwrap()]);
+    assert_eq!(created.trim(), "f0");
+    let f0 = &d.json(&["disk", "list", "f0"])[0];
+    assert_eq!(f0["driver_specific"]["uring"]["filename"], file.to_str().unwrap());
+    assert_eq!(names(&d.json(&["disk", "list"])), ["Malloc0", "f0", "n1", "null0", "ram0"]);
+    for name in ["Malloc0", "n1", "f0"] {
+        d.ok(&["disk", "delete", name]);
+    }
+    assert_eq!(names(&d.json(&["disk", "list"])), ["null0", "ram0"]);
+
+    // Daemon-side validation comes back naming the CLI's option.
+    assert_eq!(
+        d.refused(&["disk", "create", "--type", "null", "--name", "bad", "--num-blocks", "8", "--block-size", "1000"]),
+        "error: --block-size: 1000 is not a power of two between 512 and 65536"
+    );
+    assert_eq!(d.refused(&["disk", "delete", "nope"]), "error: bdev 'nope' does not exist");
+    assert_eq!(
+        d.refused(&["disk", "create", "--type", "null", "--name", "null0", "--num-blocks", "8"]),
+        "error: bdev 'null0' already exists"
+    );
+
+    // Reactors, version, methods.
+    let reactors = d.json(&["reactor", "list"]);
+    assert_eq!(reactors["tick_rate"], 1_000_000_000u64);
+    assert_eq!(reactors["reactors"].as_array().unwrap().len(), 1);
+    assert!(d.ok(&["reactor", "list"]).starts_with("CORE"));
+    assert_eq!(d.ok(&["version"]).trim(), format!("flashpath v{}", env!("CARGO_PKG_VERSION")));
+    let methods = d.json(&["rpc", "rpc_get_methods"]);
+    let methods: Vec<&str> = methods.as_array().unwrap().iter().map(|m| m.as_str().unwrap()).collect();
+    for m in ["bdev_malloc_create", "bdev_get_bdevs", "vhost_create_blk_controller", "framework_get_reactors"] {
+        assert!(methods.contains(&m), "{m} missing from {methods:?}");
+    }
+    let refused = d.refused(&["rpc", "no_such_method"]);
+    assert!(refused.contains("-32601"), "{refused}");
+
+    let (status, dir, log) = d.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("SIGTERM"), "{log}");
+    assert!(!dir.path().join("rpc.sock").exists(), "RPC socket left behind");
+}
+
+#[test]
+fn vhost_controller_lifecycle_through_cli() {
+    let d = Daemon::start(&format!("{CONFIG}\n[[vhost_blk]]\nctrlr = \"vhost.0\"\ndev_name = \"ram0\"\nnum_queues = 2\n"));
+    let ctrls = d.json(&["vhost", "list"]);
+    assert_eq!(ctrls[0]["ctrlr"], "vhost.0");
+    assert_eq!(ctrls[0]["backend_specific"]["block"]["bdev"], "ram0");
+    assert_eq!(ctrls[0]["num_queues"], 2);
+    let socket0 = d.vhost_dir.join("vhost.0");
+    assert!(socket0.exists());
+    assert_eq!(d.json(&["disk", "list", "ram0"])[0]["claimed"], true);
+    assert!(d.refused(&["disk", "delete", "ram0"]).contains("in use"));
+
+    let printed = d.ok(&["vhost", "create", "--name", "vhost.1", "--disk", "null0", "--readonly", "--queues", "1"]);
+    assert_eq!(Path::new(printed.trim()), d.vhost_dir.join("vhost.1"));
+    assert!(d.ok(&["vhost", "list"]).contains("vhost.1"));
+    let listed = d.json(&["vhost", "list", "vhost.1"]);
+    assert_eq!(listed[0]["backend_specific"]["block"]["readonly"], true);
+    d.ok(&["vhost", "delete", "vhost.1"]);
+    assert!(!d.vhost_dir.join("vhost.1").exists());
+    // A mask naming only a core without a reactor.
+    let lcore = d.json(&["reactor", "list"])["reactors"][0]["lcore"].as_u64().unwrap();
+    let mask = format!("0x{:x}", 1u128 << (lcore + 1));
+    assert_eq!(
+        d.refused(&["vhost", "create", "--name", "v2", "--disk", "null0", "--cpus", &mask]),
+        format!("error: --cpus: selects no reactor core; reactors run on cores {lcore}")
+    );
+
+    let (status, _dir, log) = d.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(!socket0.exists(), "vhost socket left behind");
+}
+
+#[test]
+fn spdk_style_concatenated_requests() {
+    let d = Daemon::start("");
+    let mut s = UnixStream::connect(&d.rpc).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // rpc.py writes request objects back to back, without separators.
+    s.write_all(
+        concat!(
+            r#"{"jsonrpc":"2.0","id":1,"method":"bdev_null_create","params":{"name":"n","num_blocks":8,"block_size":512}}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"bdev_get_bdevs","params":{"name":"n"}}"#,
+            r#"{"jsonrpc":"2.0","id":3,"method":"bdev_null_create","params":{"name":"n","num_blocks":8}}"#
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut lines = BufReader::new(s).lines();
+    let mut next = || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    assert_eq!(next()["result"], "n");
+    assert_eq!(next()["result"][0]["num_blocks"], 8);
+    let e = next();
+    assert_eq!(e["id"], 3);
+    assert_eq!(e["error"]["code"], -32602);
+    assert!(e["error"]["message"].as_str().unwrap().starts_with("block_size: "), "{e}");
+    let (status, _, log) = d.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+}
