@@ -126,7 +126,7 @@ impl Device {
             .map_err(bk("get request-alignment"))?;
         let max_queues = blkio.get_i32("max-queues").map_err(bk("get max-queues"))?;
         let request_alignment = u32::try_from(request_alignment.max(1)).unwrap_or(512);
-        if !spec.block_size.is_multiple_of(request_alignment as usize) {
+        if spec.block_size % request_alignment as usize != 0 {
             return Err(LoadError::InvalidSpec(format!(
                 "block size {} is not a multiple of the device's request alignment {request_alignment}",
                 spec.block_size
@@ -322,7 +322,7 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
         None => (0, dev.capacity),
     };
     let align = u64::from(dev.request_alignment);
-    if !region_offset.is_multiple_of(align) {
+    if region_offset % align != 0 {
         return Err(LoadError::InvalidSpec(format!(
             "region offset {region_offset} is not a multiple of the request alignment {align}"
         )));

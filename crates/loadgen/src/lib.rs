@@ -141,7 +141,7 @@ impl LoadSpec {
     /// Checks what can be checked without the device.
     pub fn validate(&self) -> Result<(), LoadError> {
         let bad = |m: String| Err(LoadError::InvalidSpec(m));
-        if self.block_size == 0 || !self.block_size.is_multiple_of(512) {
+        if self.block_size == 0 || self.block_size % 512 != 0 {
             return bad(format!(
                 "block size {} is not a positive multiple of 512",
                 self.block_size

@@ -56,11 +56,42 @@ struct Args {
     #[arg(long)]
     label: Option<String>,
     /// Print one JSON object instead of the human summary.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "brief")]
     json: bool,
+    /// Print one table row (see --brief-header) instead of the human summary.
+    #[arg(long)]
+    brief: bool,
+    /// Print the header line for --brief rows and exit.
+    #[arg(long, exclusive = true)]
+    brief_header: bool,
+}
+
+/// Column layout shared by `--brief-header` and `--brief`.
+const BRIEF_HEADER: &str = "label          pattern    bs     qd  queues      IOPS     MB/s   mean_us    p50_us    p99_us  p99.9_us  errors";
+
+fn print_brief(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
+    println!(
+        "{:<14} {:<10} {:<6} {:>3} {:>7} {:>9.0} {:>8.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7}",
+        label.unwrap_or("-"),
+        spec.pattern.as_str(),
+        spec.block_size,
+        spec.queue_depth,
+        spec.num_queues,
+        r.iops,
+        r.mbps,
+        r.lat_mean_ns / 1000.0,
+        us(r.p50_ns),
+        us(r.p99_ns),
+        us(r.p999_ns),
+        r.errors
+    );
 }
 
 fn main() -> ExitCode {
+    if std::env::args().any(|a| a == "--brief-header") {
+        println!("{BRIEF_HEADER}");
+        return ExitCode::SUCCESS;
+    }
     let args = Args::parse();
     let mut spec = LoadSpec::new(&args.socket);
     spec.pattern = args.pattern;
@@ -111,6 +142,8 @@ fn main() -> ExitCode {
         obj.insert("poll_queues".into(), spec.poll_queues.into());
         obj.insert("cpu".into(), spec.cpu.into());
         println!("{v}");
+    } else if args.brief {
+        print_brief(&spec, args.label.as_deref(), &result);
     } else {
         print_human(&spec, args.label.as_deref(), &result);
     }
