@@ -86,6 +86,68 @@ pub struct Methods {
 /// Block sizes and counts are `u32`/`u64` in the target; the decoder bounds them to that.
 const U32_MAX: u64 = u32::MAX as u64;
 
+/// The value under which an SPDK-only parameter is accepted (see [`Params::unsupported`]).
+#[derive(Clone, Copy)]
+enum Neutral {
+    /// Only when left out.
+    Absent,
+    Int(i64),
+    Bool(bool),
+    Str(&'static str),
+}
+
+/// SPDK parameters of `bdev_null_create` that flashpath does not implement; rpc.py sends the
+/// metadata/protection ones on every call with these values.
+const NULL_SPDK_ONLY: [(&str, Neutral); 11] = [
+    ("uuid", Neutral::Absent),
+    ("physical_block_size", Neutral::Absent),
+    ("md_size", Neutral::Int(0)),
+    ("dif_type", Neutral::Int(0)),
+    ("dif_is_head_of_md", Neutral::Bool(false)),
+    ("dif_pi_format", Neutral::Int(0)),
+    ("preferred_write_alignment", Neutral::Absent),
+    ("preferred_write_granularity", Neutral::Absent),
+    ("optimal_write_size", Neutral::Absent),
+    ("preferred_unmap_alignment", Neutral::Absent),
+    ("preferred_unmap_granularity", Neutral::Absent),
+];
+
+/// The same for `bdev_malloc_create`.
+const MALLOC_SPDK_ONLY: [(&str, Neutral); 9] = [
+    ("uuid", Neutral::Absent),
+    ("physical_block_size", Neutral::Absent),
+    ("optimal_io_boundary", Neutral::Int(0)),
+    ("md_size", Neutral::Int(0)),
+    ("md_interleave", Neutral::Bool(false)),
+    ("dif_type", Neutral::Int(0)),
+    ("dif_is_head_of_md", Neutral::Bool(false)),
+    ("dif_pi_format", Neutral::Int(0)),
+    ("numa_id", Neutral::Int(-1)),
+];
+
+/// The same for `vhost_create_blk_controller`.
+const VHOST_BLK_SPDK_ONLY: [(&str, Neutral); 3] = [
+    ("transport", Neutral::Str("vhost_user_blk")),
+    ("packed_ring", Neutral::Bool(false)),
+    ("packed_ring_recovery", Neutral::Bool(false)),
+];
+
+fn spdk_only(p: &mut Params, fields: &[(&'static str, Neutral)]) -> Result<(), ParamError> {
+    for &(field, neutral) in fields {
+        let neutral = match neutral {
+            Neutral::Absent => None,
+            Neutral::Int(i) => Some(json!(i)),
+            Neutral::Bool(b) => Some(json!(b)),
+            Neutral::Str(s) => Some(json!(s)),
+        };
+        p.unsupported(field, neutral)?;
+    }
+    Ok(())
+}
+
+/// The longest `bdev_get_bdevs` may be asked to wait for a bdev, in milliseconds.
+const MAX_WAIT_MS: u64 = 60_000;
+
 /// How long `bdev_get_bdevs` sleeps between looks while waiting for a bdev to appear.
 const WAIT_STEP: Duration = Duration::from_millis(10);
 
@@ -109,6 +171,7 @@ impl Methods {
             num_blocks: p.required_uint("num_blocks", u64::MAX)?,
             block_size: p.required_uint("block_size", U32_MAX)? as u32,
         };
+        spdk_only(&mut p, &NULL_SPDK_ONLY)?;
         p.finish()?;
         Ok(json!(self.target.create_bdev(spec)?))
     }
@@ -117,6 +180,7 @@ impl Methods {
         let name = p.optional_str("name")?;
         let num_blocks = p.required_uint("num_blocks", u64::MAX)?;
         let block_size = p.required_uint("block_size", U32_MAX)? as u32;
+        spdk_only(&mut p, &MALLOC_SPDK_ONLY)?;
         p.finish()?;
         if let Some(name) = name {
             return Ok(json!(self.target.create_bdev(BdevSpec::Malloc { name, num_blocks, block_size })?));
@@ -140,6 +204,7 @@ impl Methods {
             block_size: p.optional_uint("block_size", U32_MAX)?.map(|b| b as u32),
             direct: p.optional_bool("direct")?.unwrap_or(true),
         };
+        spdk_only(&mut p, &[("uuid", Neutral::Absent)])?;
         p.finish()?;
         Ok(json!(self.target.create_bdev(spec)?))
     }
@@ -153,8 +218,9 @@ impl Methods {
 
     fn bdev_get_bdevs(&self, mut p: Params) -> Result<Value, MethodError> {
         let name = p.optional_str("name")?;
-        // SPDK's `timeout` (ms): wait that long for the named bdev to appear.
-        let timeout = Duration::from_millis(p.optional_uint("timeout", U32_MAX)?.unwrap_or(0));
+        // SPDK's `timeout` (ms): wait that long for the named bdev to appear. Bounded, because
+        // a waiting call holds a connection thread and delays the server's stop.
+        let timeout = Duration::from_millis(p.optional_uint("timeout", MAX_WAIT_MS)?.unwrap_or(0));
         p.finish()?;
         let deadline = Instant::now() + timeout;
         let bdevs = loop {
@@ -174,6 +240,7 @@ impl Methods {
             readonly: p.optional_bool("readonly")?.unwrap_or(false),
             num_queues: p.optional_uint("num_queues", u16::MAX as u64)?.map(|q| q as u16),
         };
+        spdk_only(&mut p, &VHOST_BLK_SPDK_ONLY)?;
         p.finish()?;
         self.target.create_vhost_blk(spec)?;
         Ok(json!(true))
@@ -282,8 +349,8 @@ impl Methods {
     }
 }
 
-/// Parses SPDK's `cpumask`: a hex mask ("0x3"), or a CPU list, bracketed as SPDK writes it
-/// ("[0,1]") or bare ("0-3", "0,2").
+/// Parses SPDK's `cpumask`: a hex mask (`"0x3"`), or a CPU list, bracketed as SPDK writes it
+/// (`"[0,1]"`) or bare (`"0-3"`, `"0,2"`).
 pub fn parse_cpumask(mask: &str) -> Result<Vec<usize>, ParamError> {
     let s = mask.trim();
     let inner = s.strip_prefix('[').and_then(|x| x.strip_suffix(']')).unwrap_or(s);

@@ -127,6 +127,19 @@ impl Params {
             .ok_or_else(|| Self::missing(field, &format!("an integer between 0 and {max}")))
     }
 
+    /// A parameter SPDK defines for this method but flashpath does not implement. SPDK's
+    /// `rpc.py` sends some of them with their default value on every call (`"md_size": 0`,
+    /// `"packed_ring": false`), so they are accepted when absent, null or equal to `neutral`,
+    /// and refused by name otherwise. They are not listed as accepted parameters.
+    pub fn unsupported(&mut self, field: &'static str, neutral: Option<Value>) -> Result<(), ParamError> {
+        match (self.map.remove(field), neutral) {
+            (None | Some(Value::Null), _) => Ok(()),
+            (Some(v), Some(n)) if v == n => Ok(()),
+            (Some(_), Some(n)) => Err(ParamError::new(field, format!("not supported by flashpath (only {n})"))),
+            (Some(_), None) => Err(ParamError::new(field, "not supported by flashpath")),
+        }
+    }
+
     /// Fails on the first field no `take` asked for.
     pub fn finish(self) -> Result<(), ParamError> {
         match self.map.keys().next() {
@@ -192,6 +205,24 @@ mod tests {
 
         let p = Params::new(Some(json!({"a": 1}))).unwrap();
         assert!(p.finish().unwrap_err().reason.contains("takes no parameters"));
+    }
+
+    #[test]
+    fn unsupported_fields_pass_only_when_neutral() {
+        let mut p = Params::new(Some(json!({"md_size": 0, "packed_ring": false, "uuid": null, "n": 1}))).unwrap();
+        p.unsupported("md_size", Some(json!(0))).unwrap();
+        p.unsupported("packed_ring", Some(json!(false))).unwrap();
+        p.unsupported("uuid", None).unwrap();
+        p.unsupported("absent", Some(json!(0))).unwrap();
+        assert_eq!(p.optional_uint("n", 9).unwrap(), Some(1));
+        p.finish().unwrap();
+
+        let mut p = Params::new(Some(json!({"md_size": 8, "uuid": "x"}))).unwrap();
+        assert_eq!(
+            p.unsupported("md_size", Some(json!(0))).unwrap_err().to_string(),
+            "md_size: not supported by flashpath (only 0)"
+        );
+        assert_eq!(p.unsupported("uuid", None).unwrap_err().to_string(), "uuid: not supported by flashpath");
     }
 
     #[test]

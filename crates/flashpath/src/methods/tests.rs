@@ -73,12 +73,43 @@ fn create_param_errors_name_the_field() {
     assert_eq!(e.message, "block_size: 1000 is not a power of two between 512 and 65536");
     assert_param(&f.err("bdev_null_create", json!({"name": "n", "num_blocks": 0, "block_size": 512})), "num_blocks");
     assert_param(&f.err("bdev_null_create", json!({"name": "a/b", "num_blocks": 1, "block_size": 512})), "name");
+    let e = f.err("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 512, "size": 1}));
+    assert_eq!(e.message, "size: unknown parameter; accepted: name, num_blocks, block_size");
     let e = f.err("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 512, "uuid": "x"}));
-    assert_eq!(e.message, "uuid: unknown parameter; accepted: name, num_blocks, block_size");
+    assert_eq!(e.message, "uuid: not supported by flashpath");
+    let e = f.err("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 512, "md_size": 8}));
+    assert_eq!(e.message, "md_size: not supported by flashpath (only 0)");
     let e = f.err("bdev_null_create", json!(["n", 8, 512]));
     assert_eq!(e.code, codes::INVALID_PARAMS);
     assert!(e.message.contains("object"), "{e:?}");
     assert!(f.ok("bdev_get_bdevs", Value::Null).as_array().unwrap().is_empty());
+}
+
+/// What SPDK's rpc.py sends for `bdev_null_create n0 64 512`, `bdev_malloc_create 16 4096` and
+/// `vhost_create_blk_controller vhost.0 n0`: every SPDK-only field at its default.
+#[test]
+fn accepts_rpc_py_defaults() {
+    let f = fixture();
+    let r = f.ok(
+        "bdev_null_create",
+        json!({"name": "n0", "num_blocks": 131072, "block_size": 512, "md_size": 0, "dif_type": 0,
+               "dif_is_head_of_md": false, "dif_pi_format": 0}),
+    );
+    assert_eq!(r, "n0");
+    let r = f.ok(
+        "bdev_malloc_create",
+        json!({"num_blocks": 4096, "block_size": 4096, "md_interleave": false, "dif_is_head_of_md": false,
+               "numa_id": -1, "optimal_io_boundary": 0}),
+    );
+    assert_eq!(r, "Malloc0");
+    let e = f.err(
+        "vhost_create_blk_controller",
+        json!({"ctrlr": "v", "dev_name": "zz", "readonly": false, "packed_ring": false,
+               "transport": "vhost_user_blk", "num_queues": 1}),
+    );
+    assert_eq!(e.code, -19, "passes decoding, fails on the missing bdev: {e:?}");
+    let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v", "dev_name": "n0", "packed_ring": true}));
+    assert_eq!(e.message, "packed_ring: not supported by flashpath (only false)");
 }
 
 #[test]
@@ -141,6 +172,7 @@ fn get_bdevs_shape_and_errors() {
     assert!(e.message.contains("'zz'"));
     assert_param(&f.err("bdev_get_bdevs", json!({"nmae": "a"})), "nmae");
     assert_param(&f.err("bdev_get_bdevs", json!({"timeout": "x"})), "timeout");
+    assert_param(&f.err("bdev_get_bdevs", json!({"timeout": 3_600_000})), "timeout");
 }
 
 #[test]
@@ -188,8 +220,10 @@ fn vhost_create_errors() {
         &f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "readonly": "yes"})),
         "readonly",
     );
+    let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "queues": 2}));
+    assert_eq!(e.message, "queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues");
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "transport": "x"}));
-    assert_eq!(e.message, "transport: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues");
+    assert_eq!(e.message, "transport: not supported by flashpath (only \"vhost_user_blk\")");
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "nope", "num_queues": 1}));
     assert_eq!(e.code, -19);
     assert!(e.message.contains("'nope'"));
