@@ -206,7 +206,7 @@ fn disk_create(rpc: &Path, json: bool, a: DiskCreateArgs) -> Result<(), CliError
             let block_size = a.block_size.unwrap_or(512);
             let num_blocks = match (a.size, a.num_blocks) {
                 (_, Some(n)) => n,
-                (Some(size), None) if block_size != 0 && size.is_multiple_of(u64::from(block_size)) => {
+                (Some(size), None) if block_size != 0 && size % u64::from(block_size) == 0 => {
                     size / u64::from(block_size)
                 }
                 (Some(size), None) => {

@@ -40,7 +40,7 @@ pub fn format_size(bytes: u64) -> String {
         return format!("{bytes} B");
     }
     let value = bytes as f64 / (1u64 << (10 * unit)) as f64;
-    if bytes.is_multiple_of(1u64 << (10 * unit)) {
+    if bytes % (1u64 << (10 * unit)) == 0 {
         format!("{value:.0} {}", UNITS[unit])
     } else {
         format!("{value:.1} {}", UNITS[unit])
