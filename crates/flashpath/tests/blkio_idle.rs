@@ -61,10 +61,14 @@ fn idle_daemon_with_attached_clients_uses_under_2_percent_cpu() {
 fn daemon_goes_back_to_idle_after_an_io_burst() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (mut daemon, a, b) = setup();
+    let before = cpu_ticks(daemon.pid());
     let (a, b) = bounded(Duration::from_secs(60), "burst", move || {
         let mut clients = [a, b];
-        for c in clients.iter_mut() {
-            for round in 0..50u64 {
+        let start = Instant::now();
+        let mut round = 0u64;
+        // About a second of back-to-back batches on both clients.
+        while start.elapsed() < Duration::from_secs(1) {
+            for c in clients.iter_mut() {
                 let ops: Vec<Op> = (0..16)
                     .map(|i| Op {
                         queue: i % 2,
@@ -78,10 +82,18 @@ fn daemon_goes_back_to_idle_after_an_io_burst() {
                 c.arena()[..data.len()].copy_from_slice(&data);
                 assert!(c.run(&ops).iter().all(|&r| r == 0), "burst write failed");
             }
+            round += 1;
         }
         let [a, b] = clients;
         (a, b)
     });
+    // The measurement must see the daemon working, or "idle" below would prove nothing.
+    let busy = cpu_ticks(daemon.pid()) - before;
+    eprintln!("daemon CPU during the burst: {busy} ticks");
+    assert!(
+        busy > 0,
+        "no CPU time was measured for the daemon while it served I/O"
+    );
     std::thread::sleep(Duration::from_millis(500));
     let share = cpu_share(&daemon);
     eprintln!(
