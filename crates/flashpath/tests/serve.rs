@@ -12,7 +12,8 @@ use serde_json::Value;
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Daemon {
-    child: Child,
+    /// `None` once [`Daemon::terminate`] has reaped it.
+    child: Option<Child>,
     dir: tempfile::TempDir,
     rpc: PathBuf,
     vhost_dir: PathBuf,
@@ -42,17 +43,21 @@ impl Daemon {
             .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
             .unwrap();
-        let mut d = Daemon { child, dir, rpc, vhost_dir, stderr };
+        let mut d = Daemon { child: Some(child), dir, rpc, vhost_dir, stderr };
         let t0 = Instant::now();
         // Ready once the socket answers a call.
         while fp_rpc::RpcClient::connect(&d.rpc).and_then(|mut c| c.call("spdk_get_version", None)).is_err() {
-            if let Some(status) = d.child.try_wait().unwrap() {
+            if let Some(status) = d.child_mut().try_wait().unwrap() {
                 panic!("serve exited during start-up with {status}: {}", d.log());
             }
             assert!(t0.elapsed() < START_TIMEOUT, "serve not ready: {}", d.log());
             std::thread::sleep(Duration::from_millis(20));
         }
         d
+    }
+
+    fn child_mut(&mut self) -> &mut Child {
+        self.child.as_mut().expect("the daemon was already reaped")
     }
 
     fn log(&self) -> String {
@@ -93,23 +98,35 @@ impl Daemon {
         String::from_utf8(out.stderr).unwrap().trim_end().to_string()
     }
 
-    /// Sends SIGTERM and waits for the exit status.
+    /// Sends SIGTERM and waits for the exit status. Returns it with the test directory (kept
+    /// alive for checks) and the daemon's log.
     fn terminate(mut self) -> (std::process::ExitStatus, tempfile::TempDir, String) {
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
+        let pid = libc::pid_t::try_from(self.child_mut().id()).unwrap();
         // SAFETY: kill(2) with a valid signal on our own child, which has not been reaped yet.
         let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
         assert_eq!(rc, 0);
         let t0 = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                let log = self.log();
-                return (status, self.dir, log);
+        let status = loop {
+            if let Some(status) = self.child_mut().try_wait().unwrap() {
+                break status;
             }
-            if t0.elapsed() > Duration::from_secs(20) {
-                let _ = self.child.kill();
-                panic!("serve did not exit after SIGTERM: {}", self.log());
-            }
+            // Drop kills it.
+            assert!(t0.elapsed() < Duration::from_secs(20), "serve did not exit after SIGTERM: {}", self.log());
             std::thread::sleep(Duration::from_millis(20));
+        };
+        self.child = None;
+        let log = self.log();
+        let dir = tempfile::tempdir().unwrap();
+        (status, std::mem::replace(&mut self.dir, dir), log)
+    }
+}
+
+impl Drop for Daemon {
+    /// A failing test must not leave a daemon running.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }
