@@ -296,21 +296,89 @@ fn serve(listener: UnixListener, shared: Arc<Shared>) {
     }
 }
 
+/// What is queued on a vhost-user socket.
+#[derive(Debug, PartialEq, Eq)]
+enum Queued {
+    /// At least one whole message (header and the body its size field declares).
+    Message,
+    /// Part of a message.
+    Partial,
+    /// The peer closed the connection.
+    Closed,
+}
+
+/// vhost-user message header: request u32, flags u32, size u32 (vhost-user.rst, "Message
+/// format").
+const HEADER_SIZE: usize = 12;
+/// Bodies larger than this are refused by the parser anyway; peeking further is pointless.
+const MAX_PEEK: usize = HEADER_SIZE + 4096;
+
+/// Peeks at the socket without consuming anything (file descriptors attached to the message
+/// stay queued for the real read).
+fn peek_queued(fd: i32) -> std::io::Result<Queued> {
+    let mut buf = [0u8; MAX_PEEK];
+    // SAFETY: `buf` is a valid writable buffer of the length passed.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(Queued::Partial) } else { Err(e) };
+    }
+    let n = n as usize;
+    if n == 0 {
+        return Ok(Queued::Closed);
+    }
+    if n < HEADER_SIZE {
+        return Ok(Queued::Partial);
+    }
+    let size = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
+    // An oversized body is complete as far as we care: the parser rejects it.
+    if n >= HEADER_SIZE + size.min(MAX_PEEK - HEADER_SIZE) {
+        Ok(Queued::Message)
+    } else {
+        Ok(Queued::Partial)
+    }
+}
+
+/// `vhost`'s request reader blocks until a whole message has arrived (and retries through
+/// receive time-outs), so it is only called once a whole message is queued; a peer that leaves
+/// a message unfinished for [`MESSAGE_TIMEOUT`] is dropped.
+fn wait_for_message(fd: i32, stop: &AtomicBool) -> Result<(), String> {
+    let mut partial_since: Option<std::time::Instant> = None;
+    loop {
+        if !wait_readable(fd, stop) {
+            return Err("controller is being deleted".into());
+        }
+        match peek_queued(fd) {
+            Ok(Queued::Message) => return Ok(()),
+            Ok(Queued::Closed) => return Err("frontend closed the connection".into()),
+            Ok(Queued::Partial) => {
+                let since = *partial_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > MESSAGE_TIMEOUT {
+                    return Err(format!("frontend left a message unfinished for {MESSAGE_TIMEOUT:?}"));
+                }
+                // The socket stays readable while a partial message sits in it; wait a little
+                // for the rest instead of spinning.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(format!("socket error: {e}")),
+        }
+    }
+}
+
 fn run_connection(stream: UnixStream, shared: &Arc<Shared>) -> String {
-    if let Err(e) = stream.set_nonblocking(false).and_then(|_| stream.set_read_timeout(Some(MESSAGE_TIMEOUT))) {
+    if let Err(e) = stream.set_nonblocking(false) {
         return format!("cannot configure socket: {e}");
     }
     let fd = stream.as_raw_fd();
     let conn = Arc::new(Mutex::new(Connection::new(shared.clone())));
     let mut handler = BackendReqHandler::from_stream(stream, conn.clone());
     let reason = loop {
-        if !wait_readable(fd, &shared.stop) {
-            break "controller is being deleted".to_string();
+        if let Err(reason) = wait_for_message(fd, &shared.stop) {
+            break reason;
         }
         match handler.handle_request() {
             Ok(()) => {}
             Err(vhost::vhost_user::Error::Disconnected) => break "frontend closed the connection".into(),
-            Err(vhost::vhost_user::Error::PartialMessage) => break "frontend closed the connection".into(),
             Err(e) => break format!("protocol error: {e}"),
         }
     };

@@ -1,0 +1,157 @@
+//! Bad vhost-user input closes that connection, with a logged reason, and nothing else: the
+//! controller accepts the next frontend and serves it normally.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blkio::{Blkio, ReqFlags};
+use fp_bdev::{Bdev, RamDevice};
+use fp_reactor::{ReactorConfig, ReactorSet};
+use fp_vhost_blk::{BlkController, ControllerConfig};
+use vhost::vhost_user::Frontend;
+use vhost::{VhostBackend, VringConfigData};
+use vmm_sys_util::eventfd::EventFd;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    sock: PathBuf,
+    ctrl: Option<BlkController>,
+    reactors: Option<ReactorSet>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctrl.sock");
+        let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
+        let bdev: Bdev = Arc::new(RamDevice::new("ram0", 512, 2048).unwrap());
+        let ctrl = BlkController::start(ControllerConfig {
+            name: "ctrl".into(),
+            socket_path: sock.clone(),
+            bdev,
+            reactors: reactors.handles().to_vec(),
+            read_only: false,
+            num_queues: 1,
+        })
+        .unwrap();
+        Fixture { _dir: dir, sock, ctrl: Some(ctrl), reactors: Some(reactors) }
+    }
+
+    /// A well-behaved client still gets a working disk.
+    fn assert_disk_works(&self) {
+        let mut b = Blkio::new("virtio-blk-vhost-user").unwrap();
+        b.set_str("path", self.sock.to_str().unwrap()).unwrap();
+        b.connect().unwrap();
+        let mut out = b.start().unwrap();
+        let q = &mut out.queues[0];
+        let region = b.alloc_mem_region(4096).unwrap();
+        b.map_mem_region(&region).unwrap();
+        // SAFETY: 4096 bytes of mapped memory owned by `region`.
+        let buf = unsafe { std::slice::from_raw_parts_mut(region.addr as *mut u8, 4096) };
+        buf.fill(0x5a);
+        q.write(0, buf.as_ptr(), 4096, 1, ReqFlags::empty());
+        let mut c = [std::mem::MaybeUninit::<blkio::Completion>::uninit()];
+        assert_eq!(q.do_io(&mut c, 1, None, None).unwrap(), 1);
+        // SAFETY: do_io initialised one completion.
+        assert_eq!(unsafe { c[0].assume_init_ref() }.ret, 0);
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Some(c) = self.ctrl.take() {
+            c.stop();
+        }
+        if let Some(r) = self.reactors.take() {
+            r.shutdown();
+        }
+    }
+}
+
+/// Waits until the server closes `s` (read returns EOF or reset). Fails after `limit`.
+fn assert_closed_by_server(s: &mut UnixStream, limit: Duration) {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+            Err(e) => panic!("connection not closed after {:?}: {e}", start.elapsed()),
+        }
+        assert!(start.elapsed() < limit, "connection still open");
+    }
+}
+
+fn connect(path: &Path) -> UnixStream {
+    UnixStream::connect(path).unwrap()
+}
+
+#[test]
+fn garbage_closes_the_connection_only() {
+    let f = Fixture::new();
+    let mut s = connect(&f.sock);
+    // A header with an unknown request code and an absurd size.
+    s.write_all(&[0xff, 0xff, 0, 0, 1, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f]).unwrap();
+    assert_closed_by_server(&mut s, Duration::from_secs(10));
+    f.assert_disk_works();
+}
+
+#[test]
+fn a_stalled_partial_message_is_dropped() {
+    let f = Fixture::new();
+    let mut s = connect(&f.sock);
+    // Half a header, then silence: the server must not wait forever.
+    s.write_all(&[1, 0, 0, 0, 1, 0]).unwrap();
+    assert_closed_by_server(&mut s, Duration::from_secs(15));
+    f.assert_disk_works();
+}
+
+#[test]
+fn a_ring_kicked_before_any_memory_table_is_refused() {
+    let f = Fixture::new();
+    let frontend = Frontend::connect(&f.sock, 1).unwrap();
+    frontend.set_owner().unwrap();
+    let features = frontend.get_features().unwrap();
+    frontend.set_features(features & !(1 << 30)).unwrap();
+    frontend.set_vring_num(0, 16).unwrap();
+    let ring = VringConfigData {
+        queue_max_size: 16,
+        queue_size: 16,
+        flags: 0,
+        desc_table_addr: 0x10000,
+        used_ring_addr: 0x12000,
+        avail_ring_addr: 0x11000,
+        log_addr: None,
+    };
+    frontend.set_vring_addr(0, &ring).unwrap();
+    let kick = EventFd::new(0).unwrap();
+    // Out of order: no SET_MEM_TABLE yet. The backend drops the connection.
+    let _ = frontend.set_vring_kick(0, &kick);
+    let start = Instant::now();
+    while frontend.get_features().is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(10), "connection still usable");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f.assert_disk_works();
+}
+
+#[test]
+fn out_of_range_ring_parameters_are_refused() {
+    let f = Fixture::new();
+    for num in [0u16, 3, 2048] {
+        let frontend = Frontend::connect(&f.sock, 1).unwrap();
+        frontend.set_owner().unwrap();
+        let _ = frontend.set_vring_num(0, num);
+        let start = Instant::now();
+        while frontend.get_features().is_ok() {
+            assert!(start.elapsed() < Duration::from_secs(10), "queue size {num} accepted");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    f.assert_disk_works();
+}
