@@ -153,7 +153,19 @@ impl Device {
         blkio
             .set_i32("queue-size", queue_size as i32)
             .map_err(bk("set queue-size"))?;
-        let started = blkio.start().map_err(bk("start"))?;
+        let started = blkio.start().map_err(|e| {
+            let mut err = LoadError::blkio("start", e);
+            if let LoadError::Blkio { message, .. } = &mut err {
+                if queue_size > 256 {
+                    message.push_str(&format!(
+                        "; queue depth {} needs virtqueues of {queue_size} entries (3 descriptors \
+                         per request), which the device may refuse: try a lower queue depth",
+                        spec.queue_depth
+                    ));
+                }
+            }
+            err
+        })?;
         let queues = if spec.poll_queues {
             started.poll_queues
         } else {
