@@ -1,6 +1,7 @@
 //! Clients come and go while the daemon stays up: a clean disconnect and reconnect (with a
 //! different queue count), many short sessions in a row, a client process killed with SIGKILL in
-//! the middle of I/O, and SIGTERM with a client still attached.
+//! the middle of I/O, SIGTERM with a client still attached, and a client that swaps its shared
+//! memory regions while connected.
 
 mod common;
 
@@ -220,4 +221,39 @@ fn sigterm_with_a_client_attached_stops_the_daemon() {
         "client teardown after the daemon stopped",
         move || drop(c),
     );
+}
+
+#[test]
+fn memory_regions_change_while_connected() {
+    let mut daemon = Daemon::start("0,1");
+    daemon.malloc("m", 8192, 512); // 4 MiB
+    let sock = daemon.controller("vhost.0", "m", Some(2), false);
+    bounded(Duration::from_secs(60), "memory regions", move || {
+        let mut c = BlkClient::open(&sock, 2);
+        for round in 0..6u64 {
+            let off = round * (256 << 10);
+            let data = pattern(round + 10, off, 256 << 10);
+            assert_eq!(
+                c.write((round % 2) as usize, off, &data),
+                0,
+                "write before region change {round}"
+            );
+            // A new buffer region is added and the old one removed while the queues run; the
+            // sizes vary so the daemon's memory map really changes.
+            c.replace_arena((4 << 20) + (round as usize) * 4096);
+            for prev in 0..=round {
+                let poff = prev * (256 << 10);
+                let got = c
+                    .read(((prev + 1) % 2) as usize, poff, 256 << 10)
+                    .expect("read after region change");
+                assert_same(
+                    &format!("round {round}, data of round {prev}"),
+                    poff,
+                    &got,
+                    &pattern(prev + 10, poff, 256 << 10),
+                );
+            }
+        }
+    });
+    daemon.assert_alive();
 }

@@ -456,6 +456,18 @@ impl BlkClient {
         unsafe { std::slice::from_raw_parts_mut(self.arena.addr as *mut u8, self.arena.len) }
     }
 
+    /// Replaces the buffer arena by a new region of `len` bytes: the new one is mapped (a
+    /// vhost-user ADD_MEM_REG) before the old one is unmapped (REM_MEM_REG) and freed.
+    pub fn replace_arena(&mut self, len: usize) {
+        let new = self.blkio.alloc_mem_region(len).expect("alloc_mem_region");
+        self.blkio
+            .map_mem_region(&new)
+            .expect("map_mem_region (ADD_MEM_REG)");
+        let old = std::mem::replace(&mut self.arena, new);
+        self.blkio.unmap_mem_region(&old);
+        self.blkio.free_mem_region(&old);
+    }
+
     /// Submits every op (spread over their queues, all in flight together), waits for all of
     /// them and returns their `ret` values in order (0 or a negative errno).
     pub fn run(&mut self, ops: &[Op]) -> Vec<i32> {
