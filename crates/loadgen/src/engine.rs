@@ -118,6 +118,11 @@ impl Device {
             LoadError::InvalidSpec(format!("socket path {:?} is not UTF-8", spec.socket))
         })?;
         blkio.set_str("path", path).map_err(bk("set path"))?;
+        if spec.read_only || spec.pattern.is_read_only() {
+            blkio
+                .set_bool("read-only", true)
+                .map_err(bk("set read-only"))?;
+        }
         blkio.connect().map_err(bk("connect"))?;
 
         let capacity = blkio.get_u64("capacity").map_err(bk("get capacity"))?;

@@ -53,6 +53,11 @@ impl Pattern {
         }
     }
 
+    /// Whether the pattern only reads.
+    pub fn is_read_only(self) -> bool {
+        matches!(self, Pattern::RandRead | Pattern::Read)
+    }
+
     /// Whether offsets are random (as opposed to sequential).
     pub fn is_random(self) -> bool {
         matches!(
@@ -118,6 +123,10 @@ pub struct LoadSpec {
     pub read_percent: u8,
     /// Seed for the offset generator (and the write payload), for repeatable runs.
     pub seed: u64,
+    /// Open the device read-only (libblkio's `read-only`), as a read-only device requires.
+    /// Implied by the read patterns; with a write pattern every write then fails (and is
+    /// counted in [`LoadResult::errors`]).
+    pub read_only: bool,
 }
 
 impl LoadSpec {
@@ -135,6 +144,7 @@ impl LoadSpec {
             cpu: None,
             read_percent: 50,
             seed: 0x5eed_f1a5_4a70_0001,
+            read_only: false,
         }
     }
 

@@ -52,6 +52,9 @@ struct Args {
     /// Seed for offsets and write data.
     #[arg(long)]
     seed: Option<u64>,
+    /// Open the device read-only (implied by read and randread; needed for a read-only device).
+    #[arg(long)]
+    read_only: bool,
     /// A name printed with the results.
     #[arg(long)]
     label: Option<String>,
@@ -102,6 +105,7 @@ fn main() -> ExitCode {
     spec.poll_queues = args.poll;
     spec.cpu = args.cpu;
     spec.read_percent = args.read_percent;
+    spec.read_only = args.read_only;
     if let Some(s) = args.seed {
         spec.seed = s;
     }

@@ -1,0 +1,173 @@
+//! The load generator (`fp-loadgen`) against the real daemon: its counts add up, its latency
+//! percentiles are ordered, both completion modes work over several queues, it keeps to its
+//! region, and failed requests are counted as errors rather than as I/O.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{assert_same, bounded, pattern, BlkClient, Daemon};
+use fp_loadgen::{LoadResult, LoadSpec, Pattern, Region};
+
+const DISK: u64 = 16 << 20;
+
+fn spec(
+    sock: &std::path::Path,
+    pattern: Pattern,
+    qd: usize,
+    queues: usize,
+    poll: bool,
+) -> LoadSpec {
+    let mut s = LoadSpec::new(sock);
+    s.pattern = pattern;
+    s.queue_depth = qd;
+    s.num_queues = queues;
+    s.poll_queues = poll;
+    s.duration = Duration::from_millis(700);
+    s
+}
+
+/// Checks what must hold for any successful run.
+fn check_consistent(what: &str, s: &LoadSpec, r: &LoadResult) {
+    assert_eq!(r.errors, 0, "{what}: errors (first {:?})", r.first_error);
+    assert!(r.ios > 0, "{what}: no I/O completed");
+    assert_eq!(r.reads + r.writes, r.ios, "{what}: reads + writes != ios");
+    assert_eq!(r.bytes, r.ios * s.block_size as u64, "{what}: bytes");
+    assert_eq!(r.histogram.count(), r.ios, "{what}: histogram count");
+    assert_eq!(r.capacity, DISK, "{what}: capacity");
+    let secs = r.elapsed.as_secs_f64();
+    assert!(
+        secs >= s.duration.as_secs_f64() * 0.99 && secs < s.duration.as_secs_f64() + 5.0,
+        "{what}: elapsed {secs}"
+    );
+    assert!(
+        (r.iops - r.ios as f64 / secs).abs() < 1e-6 * r.iops.max(1.0),
+        "{what}: iops"
+    );
+    assert!(r.lat_min_ns > 0, "{what}: zero latency");
+    assert!(
+        r.lat_min_ns <= r.p50_ns
+            && r.p50_ns <= r.p99_ns
+            && r.p99_ns <= r.p999_ns
+            && r.p999_ns <= r.lat_max_ns,
+        "{what}: percentiles out of order: {r:?}"
+    );
+    assert!(
+        r.lat_mean_ns >= r.lat_min_ns as f64 && r.lat_mean_ns <= r.lat_max_ns as f64,
+        "{what}: mean"
+    );
+    match s.pattern {
+        Pattern::RandRead | Pattern::Read => {
+            assert_eq!(r.writes, 0, "{what}: writes in a read run")
+        }
+        Pattern::RandWrite | Pattern::Write => {
+            assert_eq!(r.reads, 0, "{what}: reads in a write run")
+        }
+        Pattern::RandRw => assert!(
+            r.reads > 0 && r.writes > 0,
+            "{what}: randrw did not mix: {r:?}"
+        ),
+    }
+}
+
+#[test]
+fn every_pattern_in_both_completion_modes() {
+    let mut daemon = Daemon::start("0,1");
+    daemon.malloc("m", DISK / 512, 512);
+    let sock = daemon.controller("vhost.0", "m", Some(2), false);
+    bounded(Duration::from_secs(120), "load runs", move || {
+        for poll in [false, true] {
+            for (pattern, qd, queues) in [
+                (Pattern::RandRead, 1, 1),
+                (Pattern::RandWrite, 8, 2),
+                (Pattern::Read, 4, 1),
+                (Pattern::Write, 16, 2),
+                (Pattern::RandRw, 32, 2),
+            ] {
+                let s = spec(&sock, pattern, qd, queues, poll);
+                let what = format!("{pattern} qd{qd} x{queues} poll={poll}");
+                let r = fp_loadgen::run(&s).unwrap_or_else(|e| panic!("{what}: {e}"));
+                check_consistent(&what, &s, &r);
+            }
+        }
+    });
+    daemon.assert_alive();
+}
+
+#[test]
+fn writes_stay_inside_the_region() {
+    let mut daemon = Daemon::start("0");
+    daemon.malloc("m", DISK / 512, 512);
+    let sock = daemon.controller("vhost.0", "m", Some(1), false);
+    bounded(Duration::from_secs(60), "region", move || {
+        // Mark the whole disk, let random and sequential writes loose on 1 MiB in the middle,
+        // then check everything outside it is untouched and something inside changed.
+        let marked = pattern(9, 0, DISK as usize);
+        {
+            let mut c = BlkClient::open(&sock, 1);
+            c.write_all(0, &marked);
+        }
+        let region = Region {
+            offset: 4 << 20,
+            len: 1 << 20,
+        };
+        for p in [Pattern::RandWrite, Pattern::Write] {
+            let mut s = spec(&sock, p, 8, 1, false);
+            s.region = Some(region);
+            let r = fp_loadgen::run(&s).unwrap_or_else(|e| panic!("{p}: {e}"));
+            check_consistent(&format!("{p} in region"), &s, &r);
+        }
+        let mut c = BlkClient::open(&sock, 1);
+        let all = c.read_all(0, DISK as usize);
+        let (a, b) = (
+            region.offset as usize,
+            (region.offset + region.len) as usize,
+        );
+        assert_same("before the region", 0, &all[..a], &marked[..a]);
+        assert_same("after the region", b as u64, &all[b..], &marked[b..]);
+        assert_ne!(
+            &all[a..b],
+            &marked[a..b],
+            "nothing was written inside the region"
+        );
+    });
+    daemon.assert_alive();
+}
+
+#[test]
+fn failed_requests_are_errors_not_io() {
+    let mut daemon = Daemon::start("0");
+    daemon.malloc("m", DISK / 512, 512);
+    let sock = daemon.controller("ro", "m", Some(1), true);
+    bounded(Duration::from_secs(60), "read-only load", move || {
+        // A writer cannot even start on a read-only device.
+        let s = spec(&sock, Pattern::RandWrite, 4, 1, false);
+        match fp_loadgen::run(&s) {
+            Err(fp_loadgen::LoadError::Blkio {
+                op: "start", errno, ..
+            }) => assert_eq!(errno, libc::EROFS),
+            other => panic!("a load run on a read-only device gave {other:?}"),
+        }
+        // Reads work (the read patterns open the device read-only).
+        let s = spec(&sock, Pattern::RandRead, 4, 1, false);
+        let r = fp_loadgen::run(&s).expect("reads on a read-only device");
+        check_consistent("randread on read-only", &s, &r);
+        // A mix opened read-only: every write fails (libblkio: EBADF) and is an error, not I/O.
+        let mut s = spec(&sock, Pattern::RandRw, 8, 1, false);
+        s.read_only = true;
+        let r = fp_loadgen::run(&s).expect("randrw on a read-only device");
+        assert!(r.errors > 0, "no write failed: {r:?}");
+        assert_eq!(r.first_error, Some(-libc::EBADF), "{r:?}");
+        assert_eq!(r.writes, 0, "a write was counted as I/O: {r:?}");
+        assert!(r.reads > 0 && r.ios == r.reads, "{r:?}");
+        assert_eq!(
+            r.histogram.count(),
+            r.ios,
+            "failed requests went into the latency histogram"
+        );
+        // About half the requests are writes (read_percent 50).
+        let share = r.errors as f64 / (r.errors + r.ios) as f64;
+        assert!((0.4..0.6).contains(&share), "error share {share}: {r:?}");
+    });
+    daemon.assert_alive();
+}
