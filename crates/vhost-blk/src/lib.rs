@@ -124,7 +124,25 @@ pub struct Shared {
     pub reactors: Vec<ReactorHandle>,
     pub queue_stats: Vec<Arc<QueueStats>>,
     connected: AtomicBool,
-    stop: AtomicBool,
+    /// Signalled once to stop the controller thread; it waits on this fd beside its sockets, so
+    /// an idle controller never wakes up.
+    stop: StopSignal,
+}
+
+/// A one-shot stop request that a thread can wait on with poll(2).
+struct StopSignal {
+    fd: vmm_sys_util::eventfd::EventFd,
+}
+
+impl StopSignal {
+    fn new() -> std::io::Result<StopSignal> {
+        Ok(StopSignal { fd: vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)? })
+    }
+
+    fn raise(&self) {
+        // Never read: the fd stays readable, so every later wait sees it too.
+        let _ = self.fd.write(1);
+    }
 }
 
 /// A running vhost-user-blk export.
@@ -139,8 +157,8 @@ pub struct BlkController {
 /// guests rarely split, small enough that one request cannot monopolise a backend.
 const MAX_DISCARD_SECTORS: u32 = 1 << 22;
 
-/// How often the listener thread checks for a stop request while waiting.
-const STOP_POLL: Duration = Duration::from_millis(100);
+/// Back-off after a failed accept (e.g. out of fds) so the thread does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// A frontend that sends part of a message and stalls is disconnected after this long.
 const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -175,7 +193,7 @@ impl BlkController {
             reactors: config.reactors,
             queue_stats: (0..config.num_queues).map(|_| Arc::new(QueueStats::default())).collect(),
             connected: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
+            stop: StopSignal::new().map_err(|e| Error::Other(format!("cannot create eventfd: {e}")))?,
         });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
@@ -224,7 +242,7 @@ impl BlkController {
     }
 
     fn shutdown(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.stop.raise();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -261,16 +279,26 @@ fn bind(path: &std::path::Path) -> Result<UnixListener, Error> {
     Ok(listener)
 }
 
-/// Waits until `fd` is readable or the stop flag is set. Returns false on stop.
-fn wait_readable(fd: i32, stop: &AtomicBool) -> bool {
+/// Waits until `fd` is readable or the controller is stopped. Returns false on stop.
+fn wait_readable(fd: i32, stop: &StopSignal) -> bool {
+    let mut pfds = [
+        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: stop.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+    ];
     loop {
-        if stop.load(Ordering::Relaxed) {
+        // SAFETY: two valid pollfds for the duration of the call; no timeout.
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            // poll only fails on bad arguments or no memory: treat as a stop.
             return false;
         }
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let n = unsafe { libc::poll(&mut pfd, 1, STOP_POLL.as_millis() as i32) };
-        if n > 0 {
+        if pfds[1].revents != 0 {
+            return false;
+        }
+        if pfds[0].revents != 0 {
             return true;
         }
     }
@@ -284,7 +312,7 @@ fn serve(listener: UnixListener, shared: Arc<Shared>) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => {
                 log::warn!("{}: accept failed: {e}", shared.name);
-                std::thread::sleep(STOP_POLL);
+                std::thread::sleep(ACCEPT_BACKOFF);
                 continue;
             }
         };
@@ -342,7 +370,7 @@ fn peek_queued(fd: i32) -> std::io::Result<Queued> {
 /// `vhost`'s request reader blocks until a whole message has arrived (and retries through
 /// receive time-outs), so it is only called once a whole message is queued; a peer that leaves
 /// a message unfinished for [`MESSAGE_TIMEOUT`] is dropped.
-fn wait_for_message(fd: i32, stop: &AtomicBool) -> Result<(), String> {
+fn wait_for_message(fd: i32, stop: &StopSignal) -> Result<(), String> {
     let mut partial_since: Option<std::time::Instant> = None;
     loop {
         if !wait_readable(fd, stop) {
