@@ -104,10 +104,7 @@ impl RamMemory {
             )
         };
         if p == libc::MAP_FAILED {
-            log::warn!(
-                "malloc bdev: mmap of {size} bytes failed: {}",
-                std::io::Error::last_os_error()
-            );
+            log::warn!("malloc bdev: mmap of {size} bytes failed: {}", std::io::Error::last_os_error());
             return Err(BdevError::NoMemory(size));
         }
         // A fork (a helper process, say) would otherwise make every later write to the disk
@@ -320,14 +317,8 @@ mod tests {
         let mut ch = dev.open_channel().unwrap();
         let mut buf = vec![0x5au8; 64 * 512];
         let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        let all = IoRequest {
-            tag: 7,
-            op: IoOp::Write,
-            offset: 0,
-            len: buf.len() as u64,
-            iov: &iov,
-            iovcnt: 1,
-        };
+        let all =
+            IoRequest { tag: 7, op: IoOp::Write, offset: 0, len: buf.len() as u64, iov: &iov, iovcnt: 1 };
         assert_eq!(run(&mut *ch, all), IoStatus::Success);
         // Blocks 3..=20: a partial page at each end and a whole page in the middle.
         let zeroes = IoRequest { op: IoOp::WriteZeroes, offset: 3 * 512, len: 18 * 512, ..all };

@@ -78,8 +78,8 @@ use std::sync::Arc;
 use io_uring::{opcode, squeue, types, IoUring};
 
 use crate::{
-    request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, IoChannel, IoOp,
-    IoRequest, IoStatus, SubmitError, ALL_IO_TYPES,
+    request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, IoChannel, IoOp, IoRequest,
+    IoStatus, SubmitError, ALL_IO_TYPES,
 };
 
 /// Submission queue size used unless [`UringDevice::with_ring_entries`] says otherwise.
@@ -125,12 +125,7 @@ struct Shared {
 
 impl UringDevice {
     /// Opens `path` (a regular file or a block device) read-write, with `O_DIRECT` when `direct`.
-    pub fn new(
-        name: &str,
-        path: &Path,
-        block_size: Option<u32>,
-        direct: bool,
-    ) -> Result<Self, BdevError> {
+    pub fn new(name: &str, path: &Path, block_size: Option<u32>, direct: bool) -> Result<Self, BdevError> {
         let open_err = |source| BdevError::Open { path: path.display().to_string(), source };
         let buffered = open_file(path, false).map_err(open_err)?;
         let probe = probe_file(&buffered, path)?;
@@ -266,12 +261,12 @@ fn probe_file(file: &File, path: &Path) -> Result<Probe, BdevError> {
     if unsafe { libc::ioctl(fd, libc::BLKSSZGET, &mut logical as *mut libc::c_int) } < 0 {
         return Err(open_err(io::Error::last_os_error()));
     }
-    let logical_block_size = u32::try_from(logical)
-        .ok()
-        .filter(|n| n.is_power_of_two())
-        .ok_or_else(|| BdevError::InvalidParam {
-            field: "filename",
-            reason: format!("{} reports logical block size {logical}", path.display()),
+    let logical_block_size =
+        u32::try_from(logical).ok().filter(|n| n.is_power_of_two()).ok_or_else(|| {
+            BdevError::InvalidParam {
+                field: "filename",
+                reason: format!("{} reports logical block size {logical}", path.display()),
+            }
         })?;
     Ok(Probe { size, logical_block_size })
 }
@@ -286,30 +281,20 @@ struct DioAlign {
 
 impl DioAlign {
     fn probe(file: &File, logical_block_size: u32) -> DioAlign {
-        let fallback =
-            DioAlign { mem: u64::from(logical_block_size), len: u64::from(logical_block_size) };
+        let fallback = DioAlign { mem: u64::from(logical_block_size), len: u64::from(logical_block_size) };
         // SAFETY: statx is a plain C struct for which all-zero bytes are a valid value.
         let mut stx: libc::statx = unsafe { std::mem::zeroed() };
         // SAFETY: the fd is open, the path is an empty C string as AT_EMPTY_PATH requires, and
         // `stx` is a live, writable statx buffer.
         let rc = unsafe {
-            libc::statx(
-                file.as_raw_fd(),
-                c"".as_ptr(),
-                libc::AT_EMPTY_PATH,
-                libc::STATX_DIOALIGN,
-                &mut stx,
-            )
+            libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx)
         };
         let reported = rc == 0
             && stx.stx_mask & libc::STATX_DIOALIGN != 0
             && stx.stx_dio_mem_align.is_power_of_two()
             && stx.stx_dio_offset_align.is_power_of_two();
         if reported {
-            DioAlign {
-                mem: u64::from(stx.stx_dio_mem_align),
-                len: u64::from(stx.stx_dio_offset_align),
-            }
+            DioAlign { mem: u64::from(stx.stx_dio_mem_align), len: u64::from(stx.stx_dio_offset_align) }
         } else {
             fallback
         }
@@ -436,8 +421,7 @@ impl UringChannel {
                 if req.len == 0 {
                     return Err(IoStatus::Success);
                 }
-                let file =
-                    if aligned && shared.direct.is_some() { FILE_DIRECT } else { FILE_BUFFERED };
+                let file = if aligned && shared.direct.is_some() { FILE_DIRECT } else { FILE_BUFFERED };
                 // The iovec pointer goes to the kernel as is: the caller keeps the array and its
                 // buffers valid until completion.
                 Ok(if req.op == IoOp::Read {
@@ -446,9 +430,7 @@ impl UringChannel {
                     opcode::Writev::new(file, req.iov, req.iovcnt).offset(req.offset).build()
                 })
             }
-            IoOp::Flush => {
-                Ok(opcode::Fsync::new(FILE_BUFFERED).flags(types::FsyncFlags::DATASYNC).build())
-            }
+            IoOp::Flush => Ok(opcode::Fsync::new(FILE_BUFFERED).flags(types::FsyncFlags::DATASYNC).build()),
             IoOp::Discard | IoOp::WriteZeroes if req.len == 0 => Err(IoStatus::Success),
             IoOp::Discard => Ok(opcode::Fallocate::new(FILE_BUFFERED, req.len)
                 .offset(req.offset)
@@ -517,8 +499,7 @@ impl UringChannel {
             Ok(_) => self.enter_failing = false,
             // Transient (a signal, or the kernel short of memory): the entries stay queued and
             // the next poll tries again.
-            Err(e)
-                if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
             Err(e) => {
                 if !self.enter_failing {
                     log::warn!("uring bdev {}: io_uring_enter failed: {e}", self.shared.info.name);
@@ -616,11 +597,7 @@ impl Drop for UringChannel {
         while self.in_ring > 0 {
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
                 Err(e) => {
                     log::error!(
                         "uring bdev {}: cannot wait for {} requests in flight: {e}",

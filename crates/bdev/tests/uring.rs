@@ -16,10 +16,8 @@ use tempfile::NamedTempFile;
 
 /// A zero-filled temporary file of `size` bytes.
 fn temp_file(size: u64) -> NamedTempFile {
-    let file = tempfile::Builder::new()
-        .prefix("fp-bdev-uring-")
-        .tempfile_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
+    let file =
+        tempfile::Builder::new().prefix("fp-bdev-uring-").tempfile_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     file.as_file().set_len(size).unwrap();
     file
 }
@@ -114,14 +112,7 @@ fn cached_pages(file: &std::fs::File, len: usize) -> Vec<bool> {
     // SAFETY: a fresh shared read-only mapping of an open file aliases no Rust memory; it is
     // never read, only inspected with mincore, and unmapped below.
     let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0)
     };
     assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
     // SAFETY: sysconf has no preconditions.
@@ -158,10 +149,7 @@ fn aligned_requests_bypass_the_page_cache() {
         cached[from / page..to / page].to_vec()
     };
     assert!(pages(0, 64 << 10).iter().all(|c| !c), "an aligned write went through the page cache");
-    assert!(
-        pages(1 << 20, (1 << 20) + (64 << 10)).iter().all(|c| *c),
-        "unaligned write not cached"
-    );
+    assert!(pages(1 << 20, (1 << 20) + (64 << 10)).iter().all(|c| *c), "unaligned write not cached");
     assert_eq!(read_range(&mut *ch, 0, 4096), vec![0x33; 4096]);
     assert_eq!(read_range(&mut *ch, 1 << 20, 4096), vec![0x44; 4096]);
 }
@@ -229,11 +217,8 @@ fn full_queue_is_busy_until_polled() {
     let mut ch = dev.open_channel().unwrap();
     let mut bufs: Vec<IoBuf> = (0..32).map(|_| IoBuf::new(4096, true)).collect();
     let iovs: Vec<[libc::iovec; 1]> = bufs.iter_mut().map(|b| [b.iovec()]).collect();
-    let reqs: Vec<_> = iovs
-        .iter()
-        .enumerate()
-        .map(|(i, iov)| rw(i as u32, IoOp::Write, i as u64 * 4096, iov))
-        .collect();
+    let reqs: Vec<_> =
+        iovs.iter().enumerate().map(|(i, iov)| rw(i as u32, IoOp::Write, i as u64 * 4096, iov)).collect();
 
     let mut accepted = 0;
     for req in &reqs {
@@ -284,9 +269,7 @@ fn completion_fd_signals_completions() {
             let n = loop {
                 // SAFETY: `pfd` is one valid pollfd.
                 let n = unsafe { libc::poll(&mut pfd, 1, 10_000) };
-                if n >= 0
-                    || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
-                {
+                if n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
                     break n;
                 }
             };
@@ -326,7 +309,8 @@ fn dropping_a_channel_waits_for_requests_in_flight() {
 #[test]
 fn block_device_through_a_loop_device() {
     let backing = temp_file(16 << 20);
-    let out = match std::process::Command::new("losetup").args(["-f", "--show"]).arg(backing.path()).output() {
+    let out = match std::process::Command::new("losetup").args(["-f", "--show"]).arg(backing.path()).output()
+    {
         Ok(out) if out.status.success() => out,
         other => {
             let why = match other {

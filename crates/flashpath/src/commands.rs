@@ -215,7 +215,9 @@ fn disk_create(rpc: &Path, json: bool, a: DiskCreateArgs) -> Result<(), CliError
                         format!("{size} bytes is not a whole number of {block_size}-byte blocks"),
                     ))
                 }
-                (None, None) => return Err(usage("--size", format!("required for --type {kind} (or --num-blocks)"))),
+                (None, None) => {
+                    return Err(usage("--size", format!("required for --type {kind} (or --num-blocks)")))
+                }
             };
             match (&a.name, a.kind) {
                 (Some(name), _) => {
@@ -255,9 +257,19 @@ fn disk_create(rpc: &Path, json: bool, a: DiskCreateArgs) -> Result<(), CliError
     };
     // num_blocks is what the user wrote as --size or as --num-blocks.
     let flags: &'static [(&str, &str)] = if a.size.is_some() {
-        &[("name", "--name"), ("num_blocks", "--size"), ("block_size", "--block-size"), ("filename", "--path")]
+        &[
+            ("name", "--name"),
+            ("num_blocks", "--size"),
+            ("block_size", "--block-size"),
+            ("filename", "--path"),
+        ]
     } else {
-        &[("name", "--name"), ("num_blocks", "--num-blocks"), ("block_size", "--block-size"), ("filename", "--path")]
+        &[
+            ("name", "--name"),
+            ("num_blocks", "--num-blocks"),
+            ("block_size", "--block-size"),
+            ("filename", "--path"),
+        ]
     };
     let name = Session::connect(rpc, flags)?.call(method, Some(Value::Object(params)))?;
     if json {
@@ -297,7 +309,9 @@ fn disk_list(rpc: &Path, json: bool, name: Option<String>) -> Result<(), CliErro
             let driver = driver_of(b).unwrap_or("-");
             let detail = b["driver_specific"][driver]
                 .as_object()
-                .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(&v.to_string()))).collect())
+                .map(|m| {
+                    m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(&v.to_string()))).collect()
+                })
                 .unwrap_or_else(Vec::new)
                 .join(" ");
             let size = u64_field(b, "block_size").saturating_mul(u64_field(b, "num_blocks"));

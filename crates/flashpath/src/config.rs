@@ -117,7 +117,9 @@ impl ConfigFile {
                 Some(Value::String(t)) => {
                     return Err(entry("type", format!("'{t}' is not one of {}", BDEV_TYPES.join(", "))))
                 }
-                Some(_) => return Err(entry("type", format!("expected a string: one of {}", BDEV_TYPES.join(", ")))),
+                Some(_) => {
+                    return Err(entry("type", format!("expected a string: one of {}", BDEV_TYPES.join(", "))))
+                }
                 None => return Err(entry("type", format!("required (one of {})", BDEV_TYPES.join(", ")))),
             };
             methods
@@ -201,7 +203,8 @@ mod tests {
         assert_eq!(c.reactor.idle_window_us, Some(250));
         let methods = apply(text).unwrap();
         let bdevs = methods.call("bdev_get_bdevs", None).unwrap();
-        let names: Vec<&str> = bdevs.as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
+        let names: Vec<&str> =
+            bdevs.as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["Malloc0", "n0"]);
     }
 
@@ -234,14 +237,26 @@ mod tests {
                 "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n",
                 "bdev[1]: bdev 'a' already exists",
             ),
-            ("[[bdev]]\ntype = \"uring\"\nname = \"u\"\n", "bdev[1].filename: required parameter missing (a string)"),
-            ("[[vhost_blk]]\nctrlr = \"v0\"\n", "vhost_blk[0].dev_name: required parameter missing (a string)"),
+            (
+                "[[bdev]]\ntype = \"uring\"\nname = \"u\"\n",
+                "bdev[1].filename: required parameter missing (a string)",
+            ),
+            (
+                "[[vhost_blk]]\nctrlr = \"v0\"\n",
+                "vhost_blk[0].dev_name: required parameter missing (a string)",
+            ),
             (
                 "[[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"a\"\ncpumask = \"x\"\n",
                 "vhost_blk[0].cpumask: 'x' is not a cpu number or range",
             ),
-            ("[[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"zz\"\nnum_queues = 1\n", "vhost_blk[0]: bdev 'zz' does not exist"),
-            ("[[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"a\"\nbogus = true\n", "vhost_blk[0].bogus: unknown parameter"),
+            (
+                "[[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"zz\"\nnum_queues = 1\n",
+                "vhost_blk[0]: bdev 'zz' does not exist",
+            ),
+            (
+                "[[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"a\"\nbogus = true\n",
+                "vhost_blk[0].bogus: unknown parameter",
+            ),
         ];
         for (extra, want) in cases {
             let err = apply(&format!("{ok}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));

@@ -210,7 +210,9 @@ fn one_line_usage_error(err: &clap::Error) -> String {
         Some(ContextValue::String(s)) => Some(s.clone()),
         Some(ContextValue::Strings(v)) => Some(v.join(", ")),
         Some(ContextValue::StyledStr(s)) => Some(s.to_string()),
-        Some(ContextValue::StyledStrs(v)) => Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")),
+        Some(ContextValue::StyledStrs(v)) => {
+            Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "))
+        }
         _ => None,
     };
     // "--size <SIZE>" names the option; the value placeholder is noise here.
@@ -264,9 +266,9 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => match e.kind() {
-            ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-                e.exit()
-            }
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
             _ => {
                 eprintln!("error: {}", one_line_usage_error(&e));
                 return ExitCode::from(2);

@@ -225,7 +225,9 @@ impl Methods {
         let deadline = Instant::now() + timeout;
         let bdevs = loop {
             match self.target.bdevs(name.as_deref()) {
-                Err(TargetError::NotFound { .. }) if Instant::now() < deadline => std::thread::sleep(WAIT_STEP),
+                Err(TargetError::NotFound { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(WAIT_STEP)
+                }
                 other => break other?,
             }
         };
@@ -355,7 +357,10 @@ pub fn parse_cpumask(mask: &str) -> Result<Vec<usize>, ParamError> {
     let s = mask.trim();
     let inner = s.strip_prefix('[').and_then(|x| x.strip_suffix(']')).unwrap_or(s);
     fp_reactor::parse_cpu_list(inner).map_err(|e| {
-        ParamError::new("cpumask", format!("{e}; accepted: a hex mask like \"0x3\" or a list like \"[0,1]\" or \"0-3\""))
+        ParamError::new(
+            "cpumask",
+            format!("{e}; accepted: a hex mask like \"0x3\" or a list like \"[0,1]\" or \"0-3\""),
+        )
     })
 }
 
@@ -376,9 +381,8 @@ pub fn cpumask_hex(cores: &[usize]) -> String {
 /// configuration. Two FNV-1a passes make 128 bits, stamped as an RFC 9562 version 8 (custom)
 /// UUID since it is neither random nor one of the standard name-based kinds.
 pub fn bdev_uuid(name: &str) -> String {
-    let fnv = |basis: u64| {
-        name.bytes().fold(basis, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
-    };
+    let fnv =
+        |basis: u64| name.bytes().fold(basis, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
     let hi = fnv(0xcbf2_9ce4_8422_2325);
     let lo = fnv(0x6c62_272e_07bb_0142);
     let hi = (hi & !0xf000) | 0x8000; // version 8 in bits 48..52 of the first half

@@ -33,10 +33,7 @@ fn random_io(kind: Disk, block_size: u32, queues: u16, cpus: &str, seed: u64) {
     let compared = bounded(Duration::from_secs(180), "random io", move || {
         let mut c = BlkClient::open(&sock, queues as usize);
         assert_eq!(c.capacity, DISK, "capacity seen by libblkio");
-        assert_eq!(
-            c.block_size, block_size as usize,
-            "request-alignment seen by libblkio"
-        );
+        assert_eq!(c.block_size, block_size as usize, "request-alignment seen by libblkio");
         assert_eq!(c.max_queues, queues as usize, "max-queues seen by libblkio");
         assert_eq!(c.num_queues(), queues as usize);
         // Both backends start out reading zeroes (fresh anonymous memory, a sparse file).
@@ -84,21 +81,12 @@ fn flush_succeeds_and_file_writes_reach_the_backing_file() {
     daemon.malloc("ram0", 2048, 512);
     let fsock = daemon.controller("vf", "file0", Some(2), false);
     let rsock = daemon.controller("vr", "ram0", Some(1), false);
-    let extents: Vec<(u64, usize)> = vec![
-        (0, 4096),
-        (1 << 20, 65536),
-        (DISK - 8192, 8192),
-        (3 * 512, 512),
-    ];
+    let extents: Vec<(u64, usize)> = vec![(0, 4096), (1 << 20, 65536), (DISK - 8192, 8192), (3 * 512, 512)];
     let written = extents.clone();
     bounded(Duration::from_secs(60), "flush", move || {
         let mut c = BlkClient::open(&fsock, 2);
         for (i, &(off, len)) in written.iter().enumerate() {
-            assert_eq!(
-                c.write(i % 2, off, &pattern(7, off, len)),
-                0,
-                "write at {off}"
-            );
+            assert_eq!(c.write(i % 2, off, &pattern(7, off, len)), 0, "write at {off}");
         }
         assert_eq!(c.flush(0), 0, "flush on queue 0");
         assert_eq!(c.flush(1), 0, "flush on queue 1");
@@ -113,10 +101,7 @@ fn flush_succeeds_and_file_writes_reach_the_backing_file() {
         let got = &contents[off as usize..off as usize + len];
         assert_same("backing file after flush", off, got, &pattern(7, off, len));
     }
-    assert!(
-        contents[4096..8192].iter().all(|&b| b == 0),
-        "bytes never written are not zero"
-    );
+    assert!(contents[4096..8192].iter().all(|&b| b == 0), "bytes never written are not zero");
     daemon.assert_alive();
 }
 
@@ -129,18 +114,10 @@ fn zeroing(kind: Disk) {
     bounded(Duration::from_secs(60), "zeroing", move || {
         let mut c = BlkClient::open(&sock, 1);
         let b = c.blkio();
-        let max_wz = b
-            .get_u64("max-write-zeroes-len")
-            .expect("max-write-zeroes-len");
+        let max_wz = b.get_u64("max-write-zeroes-len").expect("max-write-zeroes-len");
         let max_discard = b.get_u64("max-discard-len").expect("max-discard-len");
-        assert!(
-            max_wz >= 64 << 10,
-            "write-zeroes not offered or tiny: max {max_wz}"
-        );
-        assert!(
-            max_discard >= 64 << 10,
-            "discard not offered or tiny: max {max_discard}"
-        );
+        assert!(max_wz >= 64 << 10, "write-zeroes not offered or tiny: max {max_wz}");
+        assert!(max_discard >= 64 << 10, "discard not offered or tiny: max {max_discard}");
 
         let base = 1 << 20;
         let len = 512 << 10;
@@ -151,22 +128,10 @@ fn zeroing(kind: Disk) {
         let wz_unmap = (200 << 10, 8 << 10);
         let discard = (300 << 10, 64 << 10);
         let odd = (400 << 10, 512); // a single block
-        assert_eq!(
-            c.write_zeroes(0, base + wz_keep.0, wz_keep.1, false),
-            0,
-            "write-zeroes (no unmap)"
-        );
-        assert_eq!(
-            c.write_zeroes(0, base + wz_unmap.0, wz_unmap.1, true),
-            0,
-            "write-zeroes (unmap)"
-        );
+        assert_eq!(c.write_zeroes(0, base + wz_keep.0, wz_keep.1, false), 0, "write-zeroes (no unmap)");
+        assert_eq!(c.write_zeroes(0, base + wz_unmap.0, wz_unmap.1, true), 0, "write-zeroes (unmap)");
         assert_eq!(c.discard(0, base + discard.0, discard.1), 0, "discard");
-        assert_eq!(
-            c.write_zeroes(0, base + odd.0, odd.1, false),
-            0,
-            "one-block write-zeroes"
-        );
+        assert_eq!(c.write_zeroes(0, base + odd.0, odd.1, false), 0, "one-block write-zeroes");
 
         let mut want = data.clone();
         for (o, l) in [wz_keep, wz_unmap, discard, odd] {

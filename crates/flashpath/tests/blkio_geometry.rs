@@ -14,10 +14,8 @@ fn capacity_block_size_and_queues_match_what_was_created() {
     let mut daemon = Daemon::start("0,1");
     daemon.malloc("m4k", 2048, 4096); // 8 MiB, 4 KiB blocks
     daemon.malloc("m512", 5000, 512); // 2.56 MB, not a power of two
-    let r = daemon.call(
-        "bdev_null_create",
-        json!({"name": "n0", "num_blocks": 1_000_000u64, "block_size": 4096}),
-    );
+    let r = daemon
+        .call("bdev_null_create", json!({"name": "n0", "num_blocks": 1_000_000u64, "block_size": 4096}));
     assert_eq!(r, json!("n0"));
     let file = daemon.backing_file("u.img", 3 << 20);
     daemon.uring("u4k", &file, Some(4096));
@@ -38,52 +36,30 @@ fn capacity_block_size_and_queues_match_what_was_created() {
     let bdevs = daemon.call("bdev_get_bdevs", Value::Null);
     let bdevs = bdevs.as_array().expect("bdev_get_bdevs returns an array");
     assert_eq!(bdevs.len(), 4, "{bdevs:?}");
-    for (name, blocks, bs) in [
-        ("m4k", 2048u64, 4096u64),
-        ("m512", 5000, 512),
-        ("n0", 1_000_000, 4096),
-        ("u4k", 768, 4096),
-    ] {
-        let b = bdevs
-            .iter()
-            .find(|b| b["name"] == name)
-            .unwrap_or_else(|| panic!("{name} missing: {bdevs:?}"));
+    for (name, blocks, bs) in
+        [("m4k", 2048u64, 4096u64), ("m512", 5000, 512), ("n0", 1_000_000, 4096), ("u4k", 768, 4096)]
+    {
+        let b =
+            bdevs.iter().find(|b| b["name"] == name).unwrap_or_else(|| panic!("{name} missing: {bdevs:?}"));
         assert_eq!(b["block_size"], json!(bs), "{name}: {b}");
         assert_eq!(b["num_blocks"], json!(blocks), "{name}: {b}");
     }
     let ctrls = daemon.call("vhost_get_controllers", Value::Null);
-    let listed = ctrls
-        .as_array()
-        .expect("vhost_get_controllers returns an array");
+    let listed = ctrls.as_array().expect("vhost_get_controllers returns an array");
     assert_eq!(listed.len(), 4, "{ctrls}");
     for &(ctrlr, ..) in &cases {
-        assert!(
-            listed.iter().any(|c| c["ctrlr"] == ctrlr),
-            "{ctrlr} not in {ctrls}"
-        );
+        assert!(listed.iter().any(|c| c["ctrlr"] == ctrlr), "{ctrlr} not in {ctrls}");
     }
 
-    let cases: Vec<_> = cases
-        .into_iter()
-        .map(|(_, _, q, cap, bs)| (q, cap, bs))
-        .collect();
+    let cases: Vec<_> = cases.into_iter().map(|(_, _, q, cap, bs)| (q, cap, bs)).collect();
     bounded(Duration::from_secs(60), "geometry", move || {
         for ((q, cap, bs), sock) in cases.into_iter().zip(socks) {
             let mut c = BlkClient::open(&sock, q as usize);
             assert_eq!(c.capacity, cap, "{}: capacity", sock.display());
-            assert_eq!(
-                c.block_size,
-                bs,
-                "{}: request-alignment (block size)",
-                sock.display()
-            );
+            assert_eq!(c.block_size, bs, "{}: request-alignment (block size)", sock.display());
             assert_eq!(c.max_queues, q as usize, "{}: max-queues", sock.display());
             let ro = c.blkio().get_bool("read-only").expect("read-only property");
-            assert!(
-                !ro,
-                "{}: a writable controller reported read-only",
-                sock.display()
-            );
+            assert!(!ro, "{}: a writable controller reported read-only", sock.display());
             // Every queue works: one write and one read of the last block on each.
             for qi in 0..c.num_queues() {
                 let off = cap - bs as u64;
@@ -113,39 +89,19 @@ fn out_of_range_and_misaligned_requests_fail_and_leave_data_alone() {
         assert_eq!(c.write(0, cap - 4096, &pattern(3, cap - 4096, 4096)), 0);
 
         // Entirely past the end, and straddling the end.
-        assert!(
-            c.read(0, cap, 4096).is_err(),
-            "read at the capacity succeeded"
-        );
-        assert!(
-            c.read(0, cap - 4096, 8192).is_err(),
-            "read across the end succeeded"
-        );
-        assert!(
-            c.write(0, cap - 4096, &[0x11; 8192]) < 0,
-            "write across the end succeeded"
-        );
+        assert!(c.read(0, cap, 4096).is_err(), "read at the capacity succeeded");
+        assert!(c.read(0, cap - 4096, 8192).is_err(), "read across the end succeeded");
+        assert!(c.write(0, cap - 4096, &[0x11; 8192]) < 0, "write across the end succeeded");
         // Not a multiple of the 4 KiB block: offset and length.
-        assert!(
-            c.write(0, 512, &[0x22; 512]) < 0,
-            "512-byte write at 512 on a 4K disk succeeded"
-        );
-        assert!(
-            c.write(0, 4096, &[0x33; 1024]) < 0,
-            "1 KiB write on a 4K disk succeeded"
-        );
+        assert!(c.write(0, 512, &[0x22; 512]) < 0, "512-byte write at 512 on a 4K disk succeeded");
+        assert!(c.write(0, 4096, &[0x33; 1024]) < 0, "1 KiB write on a 4K disk succeeded");
         assert!(c.read(0, 2048, 4096).is_err(), "misaligned read succeeded");
 
         // Nothing was changed, and the queue still works.
         let got = c.read(0, 0, 16384).expect("read after the failures");
         assert_same("data after rejected requests", 0, &got, &data);
         let got = c.read(0, cap - 4096, 4096).expect("read of the last block");
-        assert_same(
-            "last block after rejected requests",
-            cap - 4096,
-            &got,
-            &pattern(3, cap - 4096, 4096),
-        );
+        assert_same("last block after rejected requests", cap - 4096, &got, &pattern(3, cap - 4096, 4096));
     });
     daemon.assert_alive();
 }

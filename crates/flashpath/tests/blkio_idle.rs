@@ -90,16 +90,10 @@ fn daemon_goes_back_to_idle_after_an_io_burst() {
     // The measurement must see the daemon working, or "idle" below would prove nothing.
     let busy = cpu_ticks(daemon.pid()) - before;
     eprintln!("daemon CPU during the burst: {busy} ticks");
-    assert!(
-        busy > 0,
-        "no CPU time was measured for the daemon while it served I/O"
-    );
+    assert!(busy > 0, "no CPU time was measured for the daemon while it served I/O");
     std::thread::sleep(Duration::from_millis(500));
     let share = cpu_share(&daemon);
-    eprintln!(
-        "daemon CPU after the burst: {:.2} % of one core",
-        share * 100.0
-    );
+    eprintln!("daemon CPU after the burst: {:.2} % of one core", share * 100.0);
     assert!(
         share < MAX_SHARE,
         "after an I/O burst the daemon kept using {:.1} % of a core over {WINDOW:?} (limit {:.0} %)",

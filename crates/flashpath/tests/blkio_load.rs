@@ -11,13 +11,7 @@ use fp_loadgen::{LoadResult, LoadSpec, Pattern, Region};
 
 const DISK: u64 = 16 << 20;
 
-fn spec(
-    sock: &std::path::Path,
-    pattern: Pattern,
-    qd: usize,
-    queues: usize,
-    poll: bool,
-) -> LoadSpec {
+fn spec(sock: &std::path::Path, pattern: Pattern, qd: usize, queues: usize, poll: bool) -> LoadSpec {
     let mut s = LoadSpec::new(sock);
     s.pattern = pattern;
     s.queue_depth = qd;
@@ -40,10 +34,7 @@ fn check_consistent(what: &str, s: &LoadSpec, r: &LoadResult) {
         secs >= s.duration.as_secs_f64() * 0.99 && secs < s.duration.as_secs_f64() + 5.0,
         "{what}: elapsed {secs}"
     );
-    assert!(
-        (r.iops - r.ios as f64 / secs).abs() < 1e-6 * r.iops.max(1.0),
-        "{what}: iops"
-    );
+    assert!((r.iops - r.ios as f64 / secs).abs() < 1e-6 * r.iops.max(1.0), "{what}: iops");
     assert!(r.lat_min_ns > 0, "{what}: zero latency");
     assert!(
         r.lat_min_ns <= r.p50_ns
@@ -52,10 +43,7 @@ fn check_consistent(what: &str, s: &LoadSpec, r: &LoadResult) {
             && r.p999_ns <= r.lat_max_ns,
         "{what}: percentiles out of order: {r:?}"
     );
-    assert!(
-        r.lat_mean_ns >= r.lat_min_ns as f64 && r.lat_mean_ns <= r.lat_max_ns as f64,
-        "{what}: mean"
-    );
+    assert!(r.lat_mean_ns >= r.lat_min_ns as f64 && r.lat_mean_ns <= r.lat_max_ns as f64, "{what}: mean");
     match s.pattern {
         Pattern::RandRead | Pattern::Read => {
             assert_eq!(r.writes, 0, "{what}: writes in a read run")
@@ -63,10 +51,7 @@ fn check_consistent(what: &str, s: &LoadSpec, r: &LoadResult) {
         Pattern::RandWrite | Pattern::Write => {
             assert_eq!(r.reads, 0, "{what}: reads in a write run")
         }
-        Pattern::RandRw => assert!(
-            r.reads > 0 && r.writes > 0,
-            "{what}: randrw did not mix: {r:?}"
-        ),
+        Pattern::RandRw => assert!(r.reads > 0 && r.writes > 0, "{what}: randrw did not mix: {r:?}"),
     }
 }
 
@@ -107,10 +92,7 @@ fn writes_stay_inside_the_region() {
             let mut c = BlkClient::open(&sock, 1);
             c.write_all(0, &marked);
         }
-        let region = Region {
-            offset: 4 << 20,
-            len: 1 << 20,
-        };
+        let region = Region { offset: 4 << 20, len: 1 << 20 };
         for p in [Pattern::RandWrite, Pattern::Write] {
             let mut s = spec(&sock, p, 8, 1, false);
             s.region = Some(region);
@@ -119,17 +101,10 @@ fn writes_stay_inside_the_region() {
         }
         let mut c = BlkClient::open(&sock, 1);
         let all = c.read_all(0, DISK as usize);
-        let (a, b) = (
-            region.offset as usize,
-            (region.offset + region.len) as usize,
-        );
+        let (a, b) = (region.offset as usize, (region.offset + region.len) as usize);
         assert_same("before the region", 0, &all[..a], &marked[..a]);
         assert_same("after the region", b as u64, &all[b..], &marked[b..]);
-        assert_ne!(
-            &all[a..b],
-            &marked[a..b],
-            "nothing was written inside the region"
-        );
+        assert_ne!(&all[a..b], &marked[a..b], "nothing was written inside the region");
     });
     daemon.assert_alive();
 }
@@ -143,9 +118,7 @@ fn failed_requests_are_errors_not_io() {
         // A writer cannot even start on a read-only device.
         let s = spec(&sock, Pattern::RandWrite, 4, 1, false);
         match fp_loadgen::run(&s) {
-            Err(fp_loadgen::LoadError::Blkio {
-                op: "start", errno, ..
-            }) => assert_eq!(errno, libc::EROFS),
+            Err(fp_loadgen::LoadError::Blkio { op: "start", errno, .. }) => assert_eq!(errno, libc::EROFS),
             other => panic!("a load run on a read-only device gave {other:?}"),
         }
         // Reads work (the read patterns open the device read-only).
@@ -160,11 +133,7 @@ fn failed_requests_are_errors_not_io() {
         assert_eq!(r.first_error, Some(-libc::EBADF), "{r:?}");
         assert_eq!(r.writes, 0, "a write was counted as I/O: {r:?}");
         assert!(r.reads > 0 && r.ios == r.reads, "{r:?}");
-        assert_eq!(
-            r.histogram.count(),
-            r.ios,
-            "failed requests went into the latency histogram"
-        );
+        assert_eq!(r.histogram.count(), r.ios, "failed requests went into the latency histogram");
         // About half the requests are writes (read_percent 50).
         let share = r.errors as f64 / (r.errors + r.ios) as f64;
         assert!((0.4..0.6).contains(&share), "error share {share}: {r:?}");

@@ -37,24 +37,12 @@ fn reconnect_after_clean_disconnect_keeps_data() {
             assert_same("B reading A's data", 0, &got, &a_data);
             // B uses its second queue too: the device was reset to two queues.
             assert_eq!(b.write(1, 1 << 20, &b_data), 0);
-            let got = b
-                .read(1, 1 << 20, b_data.len())
-                .expect("B reads back on queue 1");
+            let got = b.read(1, 1 << 20, b_data.len()).expect("B reads back on queue 1");
             assert_same("B's own data", 1 << 20, &got, &b_data);
         }
         let mut c = BlkClient::open(&sock, 1);
-        assert_same(
-            "C reading A's data",
-            0,
-            &c.read_all(0, a_data.len()),
-            &a_data,
-        );
-        assert_same(
-            "C reading B's data",
-            1 << 20,
-            &c.read_all(1 << 20, b_data.len()),
-            &b_data,
-        );
+        assert_same("C reading A's data", 0, &c.read_all(0, a_data.len()), &a_data);
+        assert_same("C reading B's data", 1 << 20, &c.read_all(1 << 20, b_data.len()), &b_data);
     });
     daemon.assert_alive();
 }
@@ -80,11 +68,7 @@ fn many_short_sessions_in_a_row() {
                     &pattern(i as u64 - 1, prev, 4096),
                 );
             }
-            assert_eq!(
-                c.write(c.num_queues() - 1, off, &pattern(i as u64, off, 4096)),
-                0,
-                "session {i}"
-            );
+            assert_eq!(c.write(c.num_queues() - 1, off, &pattern(i as u64, off, 4096)), 0, "session {i}");
         }
     });
     daemon.assert_alive();
@@ -96,9 +80,8 @@ fn many_short_sessions_in_a_row() {
 #[test]
 #[ignore = "helper process for reconnect_after_client_killed_mid_io; not a test on its own"]
 fn child_writer_process() {
-    let sock = std::env::var(CHILD_SOCKET_ENV).expect(
-        "child_writer_process runs only as a child of reconnect_after_client_killed_mid_io",
-    );
+    let sock = std::env::var(CHILD_SOCKET_ENV)
+        .expect("child_writer_process runs only as a child of reconnect_after_client_killed_mid_io");
     let mut c = BlkClient::open(std::path::Path::new(&sock), 2);
     c.write_all(0, &pattern(CHILD_SEED, 0, CHILD_DATA_LEN));
     assert_eq!(c.flush(0), 0);
@@ -142,13 +125,7 @@ fn reconnect_after_client_killed_mid_io() {
 
     let mut child = KillOnDrop(
         Command::new(std::env::current_exe().expect("test binary path"))
-            .args([
-                "child_writer_process",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args(["child_writer_process", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
             .env(CHILD_SOCKET_ENV, &sock)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -165,21 +142,13 @@ fn reconnect_after_client_killed_mid_io() {
     // The child has completed at least one batch and is in the middle of the next ones.
     child.0.kill().expect("SIGKILL to the child");
     let status = child.0.wait().expect("reaping the child");
-    assert!(
-        status.code().is_none(),
-        "the child exited on its own ({status}) instead of being killed"
-    );
+    assert!(status.code().is_none(), "the child exited on its own ({status}) instead of being killed");
     drop(reached);
 
     bounded(Duration::from_secs(60), "reconnect after kill", move || {
         let mut c = BlkClient::open(&sock, 2);
         let got = c.read_all(0, CHILD_DATA_LEN);
-        assert_same(
-            "data written by the killed client",
-            0,
-            &got,
-            &pattern(CHILD_SEED, 0, CHILD_DATA_LEN),
-        );
+        assert_same("data written by the killed client", 0, &got, &pattern(CHILD_SEED, 0, CHILD_DATA_LEN));
         let fresh = pattern(78, 2 << 20, 64 << 10);
         assert_eq!(c.write(1, 2 << 20, &fresh), 0);
         assert_same(
@@ -205,22 +174,14 @@ fn sigterm_with_a_client_attached_stops_the_daemon() {
     });
     let started = Instant::now();
     let status = daemon.stop().expect("daemon status");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "SIGTERM took {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(10), "SIGTERM took {:?}", started.elapsed());
     assert!(
         status.success() || status.signal() == Some(libc::SIGTERM),
         "the daemon did not exit cleanly on SIGTERM: {status}\n{}",
         daemon.stderr()
     );
     // The client's session is gone; tearing it down must not hang.
-    bounded(
-        Duration::from_secs(30),
-        "client teardown after the daemon stopped",
-        move || drop(c),
-    );
+    bounded(Duration::from_secs(30), "client teardown after the daemon stopped", move || drop(c));
 }
 
 #[test]
@@ -233,19 +194,14 @@ fn memory_regions_change_while_connected() {
         for round in 0..6u64 {
             let off = round * (256 << 10);
             let data = pattern(round + 10, off, 256 << 10);
-            assert_eq!(
-                c.write((round % 2) as usize, off, &data),
-                0,
-                "write before region change {round}"
-            );
+            assert_eq!(c.write((round % 2) as usize, off, &data), 0, "write before region change {round}");
             // A new buffer region is added and the old one removed while the queues run; the
             // sizes vary so the daemon's memory map really changes.
             c.replace_arena((4 << 20) + (round as usize) * 4096);
             for prev in 0..=round {
                 let poff = prev * (256 << 10);
-                let got = c
-                    .read(((prev + 1) % 2) as usize, poff, 256 << 10)
-                    .expect("read after region change");
+                let got =
+                    c.read(((prev + 1) % 2) as usize, poff, 256 << 10).expect("read after region change");
                 assert_same(
                     &format!("round {round}, data of round {prev}"),
                     poff,

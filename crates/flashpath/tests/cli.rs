@@ -53,7 +53,10 @@ fn size_errors() {
 
 #[test]
 fn enum_and_number_errors_list_accepted_values() {
-    assert_usage(&["disk", "create", "--type", "tape"], "error: --type: 'tape' is not one of null, ram, file");
+    assert_usage(
+        &["disk", "create", "--type", "tape"],
+        "error: --type: 'tape' is not one of null, ram, file",
+    );
     assert_usage(
         &["disk", "create", "--type", "ram", "--size", "1G", "--block-size", "big"],
         "error: --block-size: 'big' is not a whole number between 0 and 4294967295",
@@ -70,7 +73,10 @@ fn enum_and_number_errors_list_accepted_values() {
 
 #[test]
 fn options_that_do_not_go_together() {
-    assert_usage(&["disk", "create", "--type", "file", "--name", "f"], "error: --path: required for --type file");
+    assert_usage(
+        &["disk", "create", "--type", "file", "--name", "f"],
+        "error: --path: required for --type file",
+    );
     assert_usage(
         &["disk", "create", "--type", "file", "--name", "f", "--path", "/x", "--size", "1G"],
         "error: --size: not used with --type file: the disk has the file's size",
@@ -79,7 +85,10 @@ fn options_that_do_not_go_together() {
         &["disk", "create", "--type", "null", "--name", "a", "--size", "1G", "--path", "/x"],
         "error: --path: only used with --type file",
     );
-    assert_usage(&["disk", "create", "--type", "null", "--size", "1G"], "error: --name: required for --type null");
+    assert_usage(
+        &["disk", "create", "--type", "null", "--size", "1G"],
+        "error: --name: required for --type null",
+    );
     assert_usage(&["vhost", "create", "--name", "v"], "error: missing required option --disk");
 }
 
@@ -87,7 +96,10 @@ fn options_that_do_not_go_together() {
 fn unknown_commands_and_options() {
     assert_usage(&["diks", "list"], "error: unknown command 'diks' (did you mean 'disk'?)");
     assert_usage(&["disk", "list", "--colour"], "error: unknown option '--colour' (see --help)");
-    assert_usage(&["rpc", "bdev_get_bdevs", "{"], "error: PARAMS: not valid JSON: EOF while parsing an object at line 1 column 1");
+    assert_usage(
+        &["rpc", "bdev_get_bdevs", "{"],
+        "error: PARAMS: not valid JSON: EOF while parsing an object at line 1 column 1",
+    );
 }
 
 #[test]
@@ -159,7 +171,10 @@ fn serve_config_errors_stop_start_up() {
 
     std::fs::write(&config, "[reactor]\nidle_window = 5\n").unwrap();
     let line = one_line(&serve(&config));
-    assert!(line.starts_with(&format!("config error: {}:2:1: unknown field `idle_window`", config.display())), "{line}");
+    assert!(
+        line.starts_with(&format!("config error: {}:2:1: unknown field `idle_window`", config.display())),
+        "{line}"
+    );
 
     let line = one_line(&serve(&dir.path().join("missing.toml")));
     assert!(line.starts_with("config error: cannot read "), "{line}");

@@ -65,12 +65,7 @@ impl Daemon {
     }
 
     fn cli(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_flashpath"))
-            .arg("--rpc")
-            .arg(&self.rpc)
-            .args(args)
-            .output()
-            .unwrap()
+        Command::new(env!("CARGO_BIN_EXE_flashpath")).arg("--rpc").arg(&self.rpc).args(args).output().unwrap()
     }
 
     /// Runs a CLI command that must succeed; returns its stdout.
@@ -111,7 +106,11 @@ impl Daemon {
                 break status;
             }
             // Drop kills it.
-            assert!(t0.elapsed() < Duration::from_secs(20), "serve did not exit after SIGTERM: {}", self.log());
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "serve did not exit after SIGTERM: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         };
         self.child = None;
@@ -165,10 +164,14 @@ fn serve_with_config_drive_cli_and_stop() {
 
     // Create and delete through the CLI.
     assert_eq!(d.ok(&["disk", "create", "--type", "ram", "--size", "1MiB"]).trim(), "Malloc0");
-    assert_eq!(d.ok(&["disk", "create", "--type", "null", "--name", "n1", "--num-blocks", "64"]).trim(), "n1");
+    assert_eq!(
+        d.ok(&["disk", "create", "--type", "null", "--name", "n1", "--num-blocks", "64"]).trim(),
+        "n1"
+    );
     let file = d.dir.path().join("disk.img");
     std::fs::File::create(&file).unwrap().set_len(1 << 20).unwrap();
-    let created = d.ok(&["disk", "create", "--type", "file", "--name", "f0", "--path", file.to_str().unwrap()]);
+    let created =
+        d.ok(&["disk", "create", "--type", "file", "--name", "f0", "--path", file.to_str().unwrap()]);
     assert_eq!(created.trim(), "f0");
     let f0 = &d.json(&["disk", "list", "f0"])[0];
     assert_eq!(f0["driver_specific"]["uring"]["filename"], file.to_str().unwrap());
@@ -180,7 +183,18 @@ fn serve_with_config_drive_cli_and_stop() {
 
     // Daemon-side validation comes back naming the CLI's option.
     assert_eq!(
-        d.refused(&["disk", "create", "--type", "null", "--name", "bad", "--num-blocks", "8", "--block-size", "1000"]),
+        d.refused(&[
+            "disk",
+            "create",
+            "--type",
+            "null",
+            "--name",
+            "bad",
+            "--num-blocks",
+            "8",
+            "--block-size",
+            "1000"
+        ]),
         "error: --block-size: 1000 is not a power of two between 512 and 65536"
     );
     assert_eq!(d.refused(&["disk", "delete", "nope"]), "error: bdev 'nope' does not exist");
@@ -197,7 +211,8 @@ fn serve_with_config_drive_cli_and_stop() {
     assert_eq!(d.ok(&["version"]).trim(), format!("flashpath v{}", env!("CARGO_PKG_VERSION")));
     let methods = d.json(&["rpc", "rpc_get_methods"]);
     let methods: Vec<&str> = methods.as_array().unwrap().iter().map(|m| m.as_str().unwrap()).collect();
-    for m in ["bdev_malloc_create", "bdev_get_bdevs", "vhost_create_blk_controller", "framework_get_reactors"] {
+    for m in ["bdev_malloc_create", "bdev_get_bdevs", "vhost_create_blk_controller", "framework_get_reactors"]
+    {
         assert!(methods.contains(&m), "{m} missing from {methods:?}");
     }
     let refused = d.refused(&["rpc", "no_such_method"]);
@@ -211,7 +226,9 @@ fn serve_with_config_drive_cli_and_stop() {
 
 #[test]
 fn vhost_controller_lifecycle_through_cli() {
-    let d = Daemon::start(&format!("{CONFIG}\n[[vhost_blk]]\nctrlr = \"vhost.0\"\ndev_name = \"ram0\"\nnum_queues = 2\n"));
+    let d = Daemon::start(&format!(
+        "{CONFIG}\n[[vhost_blk]]\nctrlr = \"vhost.0\"\ndev_name = \"ram0\"\nnum_queues = 2\n"
+    ));
     let ctrls = d.json(&["vhost", "list"]);
     assert_eq!(ctrls[0]["ctrlr"], "vhost.0");
     assert_eq!(ctrls[0]["backend_specific"]["block"]["bdev"], "ram0");
@@ -221,7 +238,8 @@ fn vhost_controller_lifecycle_through_cli() {
     assert_eq!(d.json(&["disk", "list", "ram0"])[0]["claimed"], true);
     assert!(d.refused(&["disk", "delete", "ram0"]).contains("in use"));
 
-    let printed = d.ok(&["vhost", "create", "--name", "vhost.1", "--disk", "null0", "--readonly", "--queues", "1"]);
+    let printed =
+        d.ok(&["vhost", "create", "--name", "vhost.1", "--disk", "null0", "--readonly", "--queues", "1"]);
     assert_eq!(Path::new(printed.trim()), d.vhost_dir.join("vhost.1"));
     assert!(d.ok(&["vhost", "list"]).contains("vhost.1"));
     let listed = d.json(&["vhost", "list", "vhost.1"]);

@@ -114,21 +114,18 @@ fn round_up(v: usize, to: usize) -> usize {
 impl Device {
     fn connect(spec: &LoadSpec, stride: usize) -> Result<Device, LoadError> {
         let mut blkio = Blkio::new("virtio-blk-vhost-user").map_err(bk("new"))?;
-        let path = spec.socket.to_str().ok_or_else(|| {
-            LoadError::InvalidSpec(format!("socket path {:?} is not UTF-8", spec.socket))
-        })?;
+        let path = spec
+            .socket
+            .to_str()
+            .ok_or_else(|| LoadError::InvalidSpec(format!("socket path {:?} is not UTF-8", spec.socket)))?;
         blkio.set_str("path", path).map_err(bk("set path"))?;
         if spec.read_only || spec.pattern.is_read_only() {
-            blkio
-                .set_bool("read-only", true)
-                .map_err(bk("set read-only"))?;
+            blkio.set_bool("read-only", true).map_err(bk("set read-only"))?;
         }
         blkio.connect().map_err(bk("connect"))?;
 
         let capacity = blkio.get_u64("capacity").map_err(bk("get capacity"))?;
-        let request_alignment = blkio
-            .get_i32("request-alignment")
-            .map_err(bk("get request-alignment"))?;
+        let request_alignment = blkio.get_i32("request-alignment").map_err(bk("get request-alignment"))?;
         let max_queues = blkio.get_i32("max-queues").map_err(bk("get max-queues"))?;
         let request_alignment = u32::try_from(request_alignment.max(1)).unwrap_or(512);
         if spec.block_size % request_alignment as usize != 0 {
@@ -146,18 +143,12 @@ impl Device {
 
         let n = spec.num_queues as i32;
         let (fd_queues, poll_queues) = if spec.poll_queues { (0, n) } else { (n, 0) };
-        blkio
-            .set_i32("num-queues", fd_queues)
-            .map_err(bk("set num-queues"))?;
-        blkio
-            .set_i32("num-poll-queues", poll_queues)
-            .map_err(bk("set num-poll-queues"))?;
+        blkio.set_i32("num-queues", fd_queues).map_err(bk("set num-queues"))?;
+        blkio.set_i32("num-poll-queues", poll_queues).map_err(bk("set num-poll-queues"))?;
         // Each request takes three descriptors (header, data, status); keep the default 256
         // unless the depth needs more.
         let queue_size = (spec.queue_depth * 3).next_power_of_two().max(256);
-        blkio
-            .set_i32("queue-size", queue_size as i32)
-            .map_err(bk("set queue-size"))?;
+        blkio.set_i32("queue-size", queue_size as i32).map_err(bk("set queue-size"))?;
         let started = blkio.start().map_err(|e| {
             let mut err = LoadError::blkio("start", e);
             if let LoadError::Blkio { message, .. } = &mut err {
@@ -171,23 +162,13 @@ impl Device {
             }
             err
         })?;
-        let queues = if spec.poll_queues {
-            started.poll_queues
-        } else {
-            started.queues
-        };
+        let queues = if spec.poll_queues { started.poll_queues } else { started.queues };
 
         let per_queue = stride * spec.queue_depth;
-        let align = blkio
-            .get_u64("mem-region-alignment")
-            .map_err(bk("get mem-region-alignment"))? as usize;
+        let align = blkio.get_u64("mem-region-alignment").map_err(bk("get mem-region-alignment"))? as usize;
         let len = round_up(per_queue * spec.num_queues, align.max(BUF_ALIGN));
-        let region = blkio
-            .alloc_mem_region(len)
-            .map_err(bk("alloc_mem_region"))?;
-        blkio
-            .map_mem_region(&region)
-            .map_err(bk("map_mem_region"))?;
+        let region = blkio.alloc_mem_region(len).map_err(bk("alloc_mem_region"))?;
+        blkio.map_mem_region(&region).map_err(bk("map_mem_region"))?;
 
         // Fill the buffers with a seeded non-zero pattern so written data is not all zeroes.
         let mut rng = SplitMix64::new(spec.seed ^ 0xb0f_fe75);
@@ -205,25 +186,12 @@ impl Device {
             .enumerate()
             .map(|(i, q)| QueueState {
                 q,
-                slots: vec![
-                    Slot {
-                        submitted: now,
-                        write: false
-                    };
-                    spec.queue_depth
-                ]
-                .into_boxed_slice(),
+                slots: vec![Slot { submitted: now, write: false }; spec.queue_depth].into_boxed_slice(),
                 buf: (region.addr + i * per_queue) as *mut u8,
                 in_flight: 0,
             })
             .collect();
-        Ok(Device {
-            queues,
-            blkio,
-            region,
-            capacity,
-            request_alignment,
-        })
+        Ok(Device { queues, blkio, region, capacity, request_alignment })
     }
 }
 
@@ -242,20 +210,14 @@ impl Waiter {
         if epfd < 0 {
             return Err(os("epoll_create1")(std::io::Error::last_os_error()));
         }
-        let mut w = Waiter {
-            epfd,
-            fds: Vec::new(),
-            events: Vec::new(),
-        };
+        let mut w = Waiter { epfd, fds: Vec::new(), events: Vec::new() };
         for (i, qs) in queues.iter_mut().enumerate() {
-            let fd = qs.q.get_completion_fd().ok_or_else(|| {
-                LoadError::InvalidSpec("a completion-fd queue has no completion fd".into())
-            })?;
+            let fd = qs
+                .q
+                .get_completion_fd()
+                .ok_or_else(|| LoadError::InvalidSpec("a completion-fd queue has no completion fd".into()))?;
             qs.q.set_completion_fd_enabled(true);
-            let mut ev = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: i as u64,
-            };
+            let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: i as u64 };
             // SAFETY: `epfd` and `fd` are open descriptors; `ev` is a valid epoll_event.
             let rc = unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
             if rc != 0 {
@@ -274,23 +236,14 @@ impl Waiter {
     fn wait(&mut self, timeout: Duration) -> Result<(), LoadError> {
         let ms = timeout.as_micros().div_ceil(1000).min(1000) as i32;
         // SAFETY: `events` has room for `events.len()` entries, the count passed.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.epfd,
-                self.events.as_mut_ptr(),
-                self.events.len() as i32,
-                ms,
-            )
-        };
+        let n =
+            unsafe { libc::epoll_wait(self.epfd, self.events.as_mut_ptr(), self.events.len() as i32, ms) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {
                 return Ok(());
             }
-            return Err(LoadError::Os {
-                op: "epoll_wait",
-                source: e,
-            });
+            return Err(LoadError::Os { op: "epoll_wait", source: e });
         }
         for ev in &self.events[..n as usize] {
             let fd = self.fds[ev.u64 as usize];
@@ -316,10 +269,7 @@ impl QueueState {
         let (write, offset) = gen.next();
         // The slot's buffer lies inside the mapped region: slot < queue depth.
         let buf = self.buf.wrapping_add(slot * stride);
-        self.slots[slot] = Slot {
-            submitted: now,
-            write,
-        };
+        self.slots[slot] = Slot { submitted: now, write };
         if write {
             self.q.write(offset, buf, bs, slot, ReqFlags::empty());
         } else {
@@ -367,23 +317,11 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
         cursor: 0,
     };
 
-    let mut waiter = if spec.poll_queues {
-        None
-    } else {
-        Some(Waiter::new(&mut dev.queues)?)
-    };
-    let mut completions: Vec<MaybeUninit<Completion>> = (0..spec.queue_depth)
-        .map(|_| MaybeUninit::uninit())
-        .collect();
-    let mut stats = Stats {
-        ios: 0,
-        bytes: 0,
-        reads: 0,
-        writes: 0,
-        errors: 0,
-        first_error: None,
-        hist: Histogram::new(),
-    };
+    let mut waiter = if spec.poll_queues { None } else { Some(Waiter::new(&mut dev.queues)?) };
+    let mut completions: Vec<MaybeUninit<Completion>> =
+        (0..spec.queue_depth).map(|_| MaybeUninit::uninit()).collect();
+    let mut stats =
+        Stats { ios: 0, bytes: 0, reads: 0, writes: 0, errors: 0, first_error: None, hist: Histogram::new() };
 
     let start = Instant::now();
     let deadline = start + spec.duration;
@@ -399,9 +337,7 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
     loop {
         let mut reaped = 0usize;
         for qs in dev.queues.iter_mut() {
-            let n =
-                qs.q.do_io(&mut completions, 0, None, None)
-                    .map_err(bk("do_io"))?;
+            let n = qs.q.do_io(&mut completions, 0, None, None).map_err(bk("do_io"))?;
             if n == 0 {
                 continue;
             }
@@ -431,9 +367,7 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
                     } else {
                         stats.reads += 1;
                     }
-                    stats
-                        .hist
-                        .record(now.saturating_duration_since(s.submitted).as_nanos() as u64);
+                    stats.hist.record(now.saturating_duration_since(s.submitted).as_nanos() as u64);
                 }
                 if stopped_at.is_none() {
                     qs.submit(slot, &mut gen, stride, bs, now);
@@ -526,10 +460,7 @@ mod tests {
         let mut g = gen(Pattern::Write, 3);
         let got: Vec<(bool, u64)> = (0..7).map(|_| g.next()).collect();
         let base = 1u64 << 20;
-        let want: Vec<(bool, u64)> = [0, 1, 2, 0, 1, 2, 0]
-            .iter()
-            .map(|b| (true, base + b * 4096))
-            .collect();
+        let want: Vec<(bool, u64)> = [0, 1, 2, 0, 1, 2, 0].iter().map(|b| (true, base + b * 4096)).collect();
         assert_eq!(got, want);
     }
 
@@ -550,10 +481,7 @@ mod tests {
         let mut g = gen(Pattern::RandRw, 1000);
         let writes = (0..100_000).filter(|_| g.next().0).count();
         // 30 % writes, within 1 percentage point.
-        assert!(
-            (29_000..31_000).contains(&writes),
-            "{writes} writes of 100000"
-        );
+        assert!((29_000..31_000).contains(&writes), "{writes} writes of 100000");
     }
 
     #[test]

@@ -78,13 +78,7 @@ impl std::fmt::Debug for Histogram {
 impl Histogram {
     /// An empty histogram; the only allocation it ever makes.
     pub fn new() -> Self {
-        Histogram {
-            counts: vec![0u64; BUCKETS].into_boxed_slice(),
-            total: 0,
-            sum: 0,
-            min: u64::MAX,
-            max: 0,
-        }
+        Histogram { counts: vec![0u64; BUCKETS].into_boxed_slice(), total: 0, sum: 0, min: u64::MAX, max: 0 }
     }
 
     /// Counts one value.
@@ -155,11 +149,7 @@ impl Histogram {
         if self.total == 0 {
             return 0;
         }
-        let p = if p.is_nan() {
-            100.0
-        } else {
-            p.clamp(0.0, 100.0)
-        };
+        let p = if p.is_nan() { 100.0 } else { p.clamp(0.0, 100.0) };
         let rank = ((p / 100.0) * self.total as f64).ceil() as u64;
         let rank = rank.clamp(1, self.total);
         let mut seen = 0u64;
@@ -219,10 +209,7 @@ mod tests {
             let (low, high) = bucket_bounds(bucket_index(v));
             assert!(low <= v && v <= high, "{v} not in [{low}, {high}]");
             // Relative width bound: high - low < low / SUB_BUCKETS (+1 for the exact range).
-            assert!(
-                (high - low) <= low / SUB_BUCKETS,
-                "{v}: [{low}, {high}] too wide"
-            );
+            assert!((high - low) <= low / SUB_BUCKETS, "{v}: [{low}, {high}] too wide");
         }
         assert_eq!(bucket_index(u64::MAX), BUCKETS - 1);
     }
@@ -266,10 +253,7 @@ mod tests {
             let got = h.percentile(p);
             assert!(got >= exact, "p{p}: {got} < {exact}");
             let err = (got - exact) as f64 / exact as f64;
-            assert!(
-                err <= 1.0 / SUB_BUCKETS as f64,
-                "p{p}: {got} vs {exact}, error {err}"
-            );
+            assert!(err <= 1.0 / SUB_BUCKETS as f64, "p{p}: {got} vs {exact}, error {err}");
         }
         assert_eq!(h.percentile(100.0), 10 * n);
         assert_eq!(h.min(), 10);
@@ -294,10 +278,7 @@ mod tests {
             let exact = values[rank - 1];
             let got = h.percentile(p);
             let (low, high) = bucket_bounds(bucket_index(exact));
-            assert!(
-                got >= low && got <= high,
-                "p{p}: {got} not in bucket [{low}, {high}] of {exact}"
-            );
+            assert!(got >= low && got <= high, "p{p}: {got} not in bucket [{low}, {high}] of {exact}");
         }
     }
 

@@ -60,10 +60,7 @@ impl Pattern {
 
     /// Whether offsets are random (as opposed to sequential).
     pub fn is_random(self) -> bool {
-        matches!(
-            self,
-            Pattern::RandRead | Pattern::RandWrite | Pattern::RandRw
-        )
+        matches!(self, Pattern::RandRead | Pattern::RandWrite | Pattern::RandRw)
     }
 }
 
@@ -83,9 +80,7 @@ impl FromStr for Pattern {
             "read" => Ok(Pattern::Read),
             "write" => Ok(Pattern::Write),
             "randrw" => Ok(Pattern::RandRw),
-            _ => Err(format!(
-                "unknown pattern '{s}' (expected randread, randwrite, read, write or randrw)"
-            )),
+            _ => Err(format!("unknown pattern '{s}' (expected randread, randwrite, read, write or randrw)")),
         }
     }
 }
@@ -152,10 +147,7 @@ impl LoadSpec {
     pub fn validate(&self) -> Result<(), LoadError> {
         let bad = |m: String| Err(LoadError::InvalidSpec(m));
         if self.block_size == 0 || self.block_size % 512 != 0 {
-            return bad(format!(
-                "block size {} is not a positive multiple of 512",
-                self.block_size
-            ));
+            return bad(format!("block size {} is not a positive multiple of 512", self.block_size));
         }
         if self.block_size > (64 << 20) {
             return bad(format!("block size {} exceeds 64 MiB", self.block_size));
@@ -168,10 +160,7 @@ impl LoadSpec {
             ));
         }
         if !(1..=256).contains(&self.num_queues) {
-            return bad(format!(
-                "{} queues is not between 1 and 256",
-                self.num_queues
-            ));
+            return bad(format!("{} queues is not between 1 and 256", self.num_queues));
         }
         if self.duration.is_zero() {
             return bad("duration must be positive".into());
@@ -254,20 +243,14 @@ pub enum LoadError {
     #[error("invalid load spec: {0}")]
     InvalidSpec(String),
     #[error("libblkio {op}: {message} (errno {errno})")]
-    Blkio {
-        op: &'static str,
-        errno: i32,
-        message: String,
-    },
+    Blkio { op: &'static str, errno: i32, message: String },
     #[error("{op}: {source}")]
     Os {
         op: &'static str,
         #[source]
         source: std::io::Error,
     },
-    #[error(
-        "{0} requests still in flight {1:?} after the run ended; the device stopped completing"
-    )]
+    #[error("{0} requests still in flight {1:?} after the run ended; the device stopped completing")]
     DrainTimeout(usize, Duration),
     #[error("the client thread panicked")]
     Panicked,
@@ -275,11 +258,7 @@ pub enum LoadError {
 
 impl LoadError {
     pub(crate) fn blkio(op: &'static str, e: blkio::Error) -> Self {
-        LoadError::Blkio {
-            op,
-            errno: e.errno().raw_os_error(),
-            message: e.message().to_string(),
-        }
+        LoadError::Blkio { op, errno: e.errno().raw_os_error(), message: e.message().to_string() }
     }
 }
 
@@ -296,10 +275,7 @@ pub fn run(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
             }
             engine::run_on_this_thread(&spec)
         })
-        .map_err(|source| LoadError::Os {
-            op: "spawning the client thread",
-            source,
-        })?;
+        .map_err(|source| LoadError::Os { op: "spawning the client thread", source })?;
     handle.join().map_err(|_| LoadError::Panicked)?
 }
 
@@ -307,9 +283,7 @@ pub fn run(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
 pub fn pin_current_thread(cpu: usize) -> Result<(), LoadError> {
     let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
     if cpu >= max {
-        return Err(LoadError::InvalidSpec(format!(
-            "cpu {cpu} is beyond the {max} a cpu set holds"
-        )));
+        return Err(LoadError::InvalidSpec(format!("cpu {cpu} is beyond the {max} a cpu set holds")));
     }
     // SAFETY: cpu_set_t is a plain bit array; all-zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -331,10 +305,7 @@ pub fn pin_current_thread(cpu: usize) -> Result<(), LoadError> {
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let lower = t.to_ascii_lowercase();
-    let body = lower
-        .strip_suffix("ib")
-        .or_else(|| lower.strip_suffix('b'))
-        .unwrap_or(&lower);
+    let body = lower.strip_suffix("ib").or_else(|| lower.strip_suffix('b')).unwrap_or(&lower);
     let (num, mult) = match body.chars().last() {
         Some('k') => (&body[..body.len() - 1], 1u64 << 10),
         Some('m') => (&body[..body.len() - 1], 1 << 20),
@@ -342,12 +313,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         Some('t') => (&body[..body.len() - 1], 1 << 40),
         _ => (body, 1),
     };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size like 4096, 4k or 1M"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("'{s}' is too large"))
+    let n: u64 = num.trim().parse().map_err(|_| format!("'{s}' is not a size like 4096, 4k or 1M"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
 }
 
 /// Parses a duration such as `5`, `5s`, `500ms`, `2m`.
@@ -400,13 +367,7 @@ mod tests {
 
     #[test]
     fn patterns_round_trip() {
-        for p in [
-            Pattern::RandRead,
-            Pattern::RandWrite,
-            Pattern::Read,
-            Pattern::Write,
-            Pattern::RandRw,
-        ] {
+        for p in [Pattern::RandRead, Pattern::RandWrite, Pattern::Read, Pattern::Write, Pattern::RandRw] {
             assert_eq!(p.as_str().parse::<Pattern>(), Ok(p));
         }
         assert!("randomread".parse::<Pattern>().is_err());
@@ -434,10 +395,7 @@ mod tests {
         s.read_percent = 101;
         assert!(s.validate().is_err());
         let mut s = ok;
-        s.region = Some(Region {
-            offset: 0,
-            len: 512,
-        });
+        s.region = Some(Region { offset: 0, len: 512 });
         assert!(s.validate().is_err());
     }
 
@@ -456,9 +414,6 @@ mod tests {
 
     #[test]
     fn pinning_to_an_absurd_cpu_is_an_error() {
-        assert!(matches!(
-            pin_current_thread(1 << 20),
-            Err(LoadError::InvalidSpec(_))
-        ));
+        assert!(matches!(pin_current_thread(1 << 20), Err(LoadError::InvalidSpec(_))));
     }
 }

@@ -180,10 +180,7 @@ impl ReactorHandle {
 
     /// Runs `f` on the reactor and waits for its result. Control plane only: it blocks.
     /// Returns `None` if the reactor is gone.
-    pub fn call<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Reactor) -> R + Send + 'static,
-    ) -> Option<R> {
+    pub fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut Reactor) -> R + Send + 'static) -> Option<R> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.send(move |r| {
             let _ = tx.send(f(r));
@@ -251,12 +248,7 @@ impl Reactor {
     }
 
     pub fn handle(&self) -> ReactorHandle {
-        ReactorHandle {
-            id: self.id,
-            core: self.core,
-            inbox: self.inbox.clone(),
-            stats: self.stats.clone(),
-        }
+        ReactorHandle { id: self.id, core: self.core, inbox: self.inbox.clone(), stats: self.stats.clone() }
     }
 
     pub fn stats(&self) -> &Arc<ReactorStats> {
@@ -269,9 +261,7 @@ impl Reactor {
         self.next_poller += 1;
         let fds = poller.wake_fds();
         for &fd in &fds {
-            if let Err(e) =
-                self.epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, id.0))
-            {
+            if let Err(e) = self.epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, id.0)) {
                 log::warn!("reactor {}: cannot watch fd {fd}: {e}", self.id);
             }
         }
@@ -496,24 +486,22 @@ impl ReactorSet {
         let mut threads = Vec::new();
         for (id, &core) in cores.iter().enumerate() {
             let (tx, rx) = std::sync::mpsc::channel();
-            let thread = std::thread::Builder::new()
-                .name(format!("reactor_{core}"))
-                .spawn(move || {
-                    let setup = pin_to_core(core).and_then(|_| Reactor::new(id, Some(core), config));
-                    match setup {
-                        Ok(mut reactor) => {
-                            let _ = tx.send(Ok(reactor.handle()));
-                            reactor.run();
-                            // Drop pollers (and their queues) on this thread, where they live.
-                            while let Some(slot) = reactor.pollers.pop() {
-                                reactor.unwatch(&slot.fds);
-                            }
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(e));
+            let thread = std::thread::Builder::new().name(format!("reactor_{core}")).spawn(move || {
+                let setup = pin_to_core(core).and_then(|_| Reactor::new(id, Some(core), config));
+                match setup {
+                    Ok(mut reactor) => {
+                        let _ = tx.send(Ok(reactor.handle()));
+                        reactor.run();
+                        // Drop pollers (and their queues) on this thread, where they live.
+                        while let Some(slot) = reactor.pollers.pop() {
+                            reactor.unwatch(&slot.fds);
                         }
                     }
-                })?;
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            })?;
             let handle = rx
                 .recv()
                 .map_err(|_| io::Error::other("reactor thread died during start-up"))?

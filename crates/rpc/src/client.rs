@@ -81,7 +81,8 @@ impl RpcClient {
         let id = self.next_id;
         self.next_id += 1;
         self.send(json!({ "jsonrpc": "2.0", "id": id, "method": method }), params)?;
-        let bad = |path: &Path, detail: String| RpcClientError::BadResponse { path: path.to_path_buf(), detail };
+        let bad =
+            |path: &Path, detail: String| RpcClientError::BadResponse { path: path.to_path_buf(), detail };
         let mut response = match self.responses.next() {
             None => return Err(RpcClientError::Closed { path: self.path.clone() }),
             Some(Err(e)) if e.is_io() => return Err(self.io_err(e.into())),
@@ -91,7 +92,8 @@ impl RpcClient {
         };
         let error = response.get_mut("error").map(Value::take);
         // A transport-level error (parse error, server busy) carries a null id.
-        let id_ok = response.get("id").is_some_and(|v| v.as_u64() == Some(id) || (v.is_null() && error.is_some()));
+        let id_ok =
+            response.get("id").is_some_and(|v| v.as_u64() == Some(id) || (v.is_null() && error.is_some()));
         if !id_ok {
             return Err(bad(&self.path, format!("expected a response to id {id}, got {response}")));
         }

@@ -135,7 +135,9 @@ impl Params {
         match (self.map.remove(field), neutral) {
             (None | Some(Value::Null), _) => Ok(()),
             (Some(v), Some(n)) if v == n => Ok(()),
-            (Some(_), Some(n)) => Err(ParamError::new(field, format!("not supported by flashpath (only {n})"))),
+            (Some(_), Some(n)) => {
+                Err(ParamError::new(field, format!("not supported by flashpath (only {n})")))
+            }
             (Some(_), None) => Err(ParamError::new(field, "not supported by flashpath")),
         }
     }
@@ -177,7 +179,10 @@ mod tests {
     fn names_the_field_on_type_and_range_errors() {
         let mut p = Params::new(Some(json!({"block_size": "512"}))).unwrap();
         let e = p.required_uint("block_size", u32::MAX as u64).unwrap_err();
-        assert_eq!(e.to_string(), "block_size: expected an integer between 0 and 4294967295, got string \"512\"");
+        assert_eq!(
+            e.to_string(),
+            "block_size: expected an integer between 0 and 4294967295, got string \"512\""
+        );
 
         let mut p = Params::new(Some(json!({"q": 70000}))).unwrap();
         assert_eq!(p.optional_uint("q", 65535).unwrap_err().field, "q");
@@ -186,7 +191,10 @@ mod tests {
         assert!(p.optional_uint("q", 65535).unwrap_err().reason.contains("number -1"));
 
         let mut p = Params::new(Some(json!({"ro": 1}))).unwrap();
-        assert_eq!(p.optional_bool("ro").unwrap_err().to_string(), "ro: expected true or false, got number 1");
+        assert_eq!(
+            p.optional_bool("ro").unwrap_err().to_string(),
+            "ro: expected true or false, got number 1"
+        );
     }
 
     #[test]
@@ -209,7 +217,8 @@ mod tests {
 
     #[test]
     fn unsupported_fields_pass_only_when_neutral() {
-        let mut p = Params::new(Some(json!({"md_size": 0, "packed_ring": false, "uuid": null, "n": 1}))).unwrap();
+        let mut p =
+            Params::new(Some(json!({"md_size": 0, "packed_ring": false, "uuid": null, "n": 1}))).unwrap();
         p.unsupported("md_size", Some(json!(0))).unwrap();
         p.unsupported("packed_ring", Some(json!(false))).unwrap();
         p.unsupported("uuid", None).unwrap();

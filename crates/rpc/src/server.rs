@@ -367,7 +367,8 @@ fn serve_connection(stream: UnixStream, handler: &Handler, config: &ServerConfig
         request_timeout: config.request_timeout,
         idle_timeout: config.idle_timeout,
     };
-    let reader = Counted { inner: BufReader::new(socket), state: state.clone(), max: config.max_request_bytes };
+    let reader =
+        Counted { inner: BufReader::new(socket), state: state.clone(), max: config.max_request_bytes };
     let mut requests = serde_json::Deserializer::from_reader(reader).into_iter::<Value>();
     loop {
         let err = match requests.next() {
@@ -484,11 +485,10 @@ fn handle_one(v: Value, handler: &Handler) -> Option<Value> {
         Err((id, err)) => return Some(error_response(id, &err)),
     };
     let started = Instant::now();
-    let outcome = catch_unwind(AssertUnwindSafe(|| handler(&req.method, req.params)))
-        .unwrap_or_else(|_| {
-            log::error!("RPC method '{}' panicked", req.method);
-            Err(RpcError::internal(format!("method '{}' failed unexpectedly", req.method)))
-        });
+    let outcome = catch_unwind(AssertUnwindSafe(|| handler(&req.method, req.params))).unwrap_or_else(|_| {
+        log::error!("RPC method '{}' panicked", req.method);
+        Err(RpcError::internal(format!("method '{}' failed unexpectedly", req.method)))
+    });
     match &outcome {
         Ok(_) => log::debug!("RPC {} ok in {:?}", req.method, started.elapsed()),
         Err(e) => log::debug!("RPC {} failed in {:?}: {e}", req.method, started.elapsed()),

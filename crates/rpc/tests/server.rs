@@ -216,12 +216,14 @@ fn oversized_request_is_rejected() {
     let (server, _) = start(dir.path(), config);
     let mut c = Raw::connect(&server);
     // Requests up to the bound work, repeatedly on one connection (the count is per request).
-    let fits = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"echo","params":{{"s":"{}"}}}}"#, "x".repeat(3000));
+    let fits =
+        format!(r#"{{"jsonrpc":"2.0","id":1,"method":"echo","params":{{"s":"{}"}}}}"#, "x".repeat(3000));
     for _ in 0..3 {
         c.send(&fits);
         assert_eq!(c.response()["id"], 1);
     }
-    let big = format!(r#"{{"jsonrpc":"2.0","id":2,"method":"echo","params":{{"s":"{}"}}}}"#, "x".repeat(8000));
+    let big =
+        format!(r#"{{"jsonrpc":"2.0","id":2,"method":"echo","params":{{"s":"{}"}}}}"#, "x".repeat(8000));
     // The server may close before it has read everything: ignore a failed write.
     let _ = c.stream.write_all(big.as_bytes());
     let r = c.response();

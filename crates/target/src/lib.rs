@@ -71,7 +71,9 @@ pub enum BdevSpec {
 impl BdevSpec {
     pub fn name(&self) -> &str {
         match self {
-            BdevSpec::Null { name, .. } | BdevSpec::Malloc { name, .. } | BdevSpec::Uring { name, .. } => name,
+            BdevSpec::Null { name, .. } | BdevSpec::Malloc { name, .. } | BdevSpec::Uring { name, .. } => {
+                name
+            }
         }
     }
 
@@ -184,10 +186,8 @@ impl Target {
     /// a malloc bdev).
     pub fn delete_bdev(&self, name: &str, driver: Option<&str>) -> Result<(), TargetError> {
         let mut st = self.lock();
-        let entry = st
-            .bdevs
-            .get(name)
-            .ok_or_else(|| TargetError::NotFound { kind: "bdev", name: name.into() })?;
+        let entry =
+            st.bdevs.get(name).ok_or_else(|| TargetError::NotFound { kind: "bdev", name: name.into() })?;
         if let Some(d) = driver {
             if entry.bdev.info().driver != d {
                 return Err(TargetError::NotFound { kind: "bdev", name: format!("{name}' of type '{d}") });

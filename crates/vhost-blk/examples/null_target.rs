@@ -35,7 +35,10 @@ fn main() {
     .unwrap();
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
     let snap = reactors.handles()[0].stats().snapshot();
-    eprintln!("reactor: busy {} ns, idle {} ns, sleep {} ns, sleeps {}", snap.busy_ns, snap.idle_ns, snap.sleep_ns, snap.sleeps);
+    eprintln!(
+        "reactor: busy {} ns, idle {} ns, sleep {} ns, sleeps {}",
+        snap.busy_ns, snap.idle_ns, snap.sleep_ns, snap.sleeps
+    );
     eprintln!("{:?}", ctrl.info().stats);
     ctrl.stop();
     reactors.shutdown();

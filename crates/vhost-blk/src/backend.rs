@@ -19,11 +19,12 @@ use fp_reactor::{PollerId, ReactorHandle};
 use fp_virtio_blk::config::{config_space, device_features};
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
-    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserSharedMsg,
-    VhostUserShMemConfig, VhostUserSingleMemoryRegion, VhostUserVirtioFeatures,
-    VhostUserVringAddrFlags, VhostUserVringState,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserSharedMsg,
+    VhostUserSingleMemoryRegion, VhostUserVirtioFeatures, VhostUserVringAddrFlags, VhostUserVringState,
 };
-use vhost::vhost_user::{Backend, Error as VuError, GpuBackend, Result as VuResult, VhostUserBackendReqHandlerMut};
+use vhost::vhost_user::{
+    Backend, Error as VuError, GpuBackend, Result as VuResult, VhostUserBackendReqHandlerMut,
+};
 use vhost::VhostUserMemoryRegionBase;
 use vm_memory::ByteValued;
 
@@ -98,9 +99,16 @@ impl Connection {
         };
         let mem = self.memory.snapshot().ok_or(invalid("ring kicked before any memory table"))?;
         let n = u64::from(size);
-        let desc_gpa = self.memory.user_to_guest(desc, 16 * n).ok_or(invalid("descriptor table address outside memory"))?;
-        let avail_gpa = self.memory.user_to_guest(avail, 6 + 2 * n).ok_or(invalid("available ring address outside memory"))?;
-        let used_gpa = self.memory.user_to_guest(used, 6 + 8 * n).ok_or(invalid("used ring address outside memory"))?;
+        let desc_gpa = self
+            .memory
+            .user_to_guest(desc, 16 * n)
+            .ok_or(invalid("descriptor table address outside memory"))?;
+        let avail_gpa = self
+            .memory
+            .user_to_guest(avail, 6 + 2 * n)
+            .ok_or(invalid("available ring address outside memory"))?;
+        let used_gpa =
+            self.memory.user_to_guest(used, 6 + 8 * n).ok_or(invalid("used ring address outside memory"))?;
         let kick = kick.try_clone().map_err(VuError::ReqHandlerError)?;
         // Without a call fd the guest is never interrupted; use a private eventfd so the queue
         // still works for a polling driver.
@@ -131,7 +139,11 @@ impl Connection {
             .ok_or(invalid("reactor is gone"))?;
         match started {
             Ok(id) => {
-                log::info!("{} queue {index}: started on reactor {} (size {size})", self.shared.name, reactor.id());
+                log::info!(
+                    "{} queue {index}: started on reactor {} (size {size})",
+                    self.shared.name,
+                    reactor.id()
+                );
                 self.vrings[index].running = Some((reactor.id(), id));
                 Ok(())
             }

@@ -200,7 +200,12 @@ impl BlkController {
             .name(format!("vhost-{}", config.name))
             .spawn(move || serve(listener, thread_shared))
             .map_err(|e| Error::Other(format!("cannot start controller thread: {e}")))?;
-        Ok(BlkController { shared, socket_path: config.socket_path, read_only: config.read_only, thread: Some(thread) })
+        Ok(BlkController {
+            shared,
+            socket_path: config.socket_path,
+            read_only: config.read_only,
+            thread: Some(thread),
+        })
     }
 
     pub fn info(&self) -> ControllerInfo {
@@ -271,7 +276,10 @@ fn bind(path: &std::path::Path) -> Result<UnixListener, Error> {
             }
             std::fs::remove_file(path).map_err(err)?;
         } else {
-            return Err(err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "a non-socket file is in the way")));
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "a non-socket file is in the way",
+            )));
         }
     }
     let listener = UnixListener::bind(path).map_err(err)?;
@@ -346,7 +354,8 @@ const MAX_PEEK: usize = HEADER_SIZE + 4096;
 fn peek_queued(fd: i32) -> std::io::Result<Queued> {
     let mut buf = [0u8; MAX_PEEK];
     // SAFETY: `buf` is a valid writable buffer of the length passed.
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    let n =
+        unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     if n < 0 {
         let e = std::io::Error::last_os_error();
         return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(Queued::Partial) } else { Err(e) };

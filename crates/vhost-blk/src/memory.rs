@@ -48,7 +48,11 @@ pub struct MemoryMap {
 
 impl MemoryMap {
     /// Replaces the whole table (`SET_MEM_TABLE`).
-    pub fn set_table(&mut self, regions: &[VhostUserMemoryRegion], files: Vec<File>) -> Result<(), MemoryError> {
+    pub fn set_table(
+        &mut self,
+        regions: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+    ) -> Result<(), MemoryError> {
         if regions.len() > MAX_MEM_REGIONS {
             return Err(MemoryError::TooManyRegions);
         }
@@ -88,7 +92,10 @@ impl MemoryMap {
 
     /// Applies `change` to a copy of the region list and, if the result is a valid layout,
     /// makes it current with a fresh snapshot. On error nothing changes.
-    fn rebuild(&mut self, change: impl FnOnce(&mut Vec<Region>) -> Result<(), MemoryError>) -> Result<(), MemoryError> {
+    fn rebuild(
+        &mut self,
+        change: impl FnOnce(&mut Vec<Region>) -> Result<(), MemoryError>,
+    ) -> Result<(), MemoryError> {
         let mut new: Vec<Region> = self.regions.iter().map(Region::clone_ref).collect();
         change(&mut new)?;
         let snapshot = build(&mut new)?;
@@ -140,9 +147,13 @@ fn map_region(r: &VhostUserMemoryRegion, file: File) -> Result<Region, MemoryErr
         libc::MAP_SHARED | libc::MAP_NORESERVE,
     )
     .map_err(|e| MemoryError::Map { gpa: r.guest_phys_addr, reason: e.to_string() })?;
-    let mapped = GuestRegionMmap::new(mmap, GuestAddress(r.guest_phys_addr))
-        .ok_or_else(bad)?;
-    Ok(Region { gpa: r.guest_phys_addr, size: r.memory_size, user_addr: r.user_addr, mapped: Arc::new(mapped) })
+    let mapped = GuestRegionMmap::new(mmap, GuestAddress(r.guest_phys_addr)).ok_or_else(bad)?;
+    Ok(Region {
+        gpa: r.guest_phys_addr,
+        size: r.memory_size,
+        user_addr: r.user_addr,
+        mapped: Arc::new(mapped),
+    })
 }
 
 fn build(regions: &mut [Region]) -> Result<Option<Arc<GuestMemory>>, MemoryError> {

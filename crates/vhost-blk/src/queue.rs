@@ -25,9 +25,8 @@ use std::sync::Arc;
 use fp_bdev::{Bdev, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
-    parse_chain, validate, write_id, BlkRequest, DiskParams, GuestMemory, RequestType, StatusPtr,
-    MAX_IOVECS, SECTOR_SIZE, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
-    VIRTIO_BLK_S_UNSUPP,
+    parse_chain, validate, write_id, BlkRequest, DiskParams, GuestMemory, RequestType, StatusPtr, MAX_IOVECS,
+    SECTOR_SIZE, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestAddress;
@@ -203,7 +202,8 @@ impl QueuePoller {
         }
         let used = UsedRing::new(&s.mem, s.avail, s.used, s.size, s.event_idx, s.base)
             .map_err(|source| StartError::Ring { index: s.index, source })?;
-        let channel = s.bdev.open_channel().map_err(|source| StartError::Channel { index: s.index, source })?;
+        let channel =
+            s.bdev.open_channel().map_err(|source| StartError::Channel { index: s.index, source })?;
         let slots: Box<[Slot]> = (0..s.size)
             .map(|_| Slot {
                 head: 0,
@@ -211,7 +211,14 @@ impl QueuePoller {
                 used_len: 0,
                 op: IoOp::Read,
                 bytes: 0,
-                req: IoRequest { tag: 0, op: IoOp::Read, offset: 0, len: 0, iov: std::ptr::null(), iovcnt: 0 },
+                req: IoRequest {
+                    tag: 0,
+                    op: IoOp::Read,
+                    offset: 0,
+                    len: 0,
+                    iov: std::ptr::null(),
+                    iovcnt: 0,
+                },
                 iov: vec![empty_iov(); MAX_IOVECS].into_boxed_slice(),
             })
             .collect();
@@ -389,7 +396,8 @@ impl QueuePoller {
                 let (head, status) = (slot.head, slot.status);
                 self.retry = None;
                 self.free.push(slot_idx);
-                let code = if e == SubmitError::Unsupported { VIRTIO_BLK_S_UNSUPP } else { VIRTIO_BLK_S_IOERR };
+                let code =
+                    if e == SubmitError::Unsupported { VIRTIO_BLK_S_UNSUPP } else { VIRTIO_BLK_S_IOERR };
                 if let Some(st) = status {
                     Self::complete_now(&mut self.used, &mut self.counters, head, st, code);
                 }

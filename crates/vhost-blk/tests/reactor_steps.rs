@@ -29,7 +29,14 @@ struct Driver {
 
 impl Driver {
     fn new(mem: &Arc<GuestMemory>, base: u64) -> Driver {
-        Driver { mem: mem.clone(), desc: base, avail: base + 0x1000, used: base + 0x2000, next_desc: 0, avail_idx: 0 }
+        Driver {
+            mem: mem.clone(),
+            desc: base,
+            avail: base + 0x1000,
+            used: base + 0x2000,
+            next_desc: 0,
+            avail_idx: 0,
+        }
     }
 
     /// Posts a chain of (addr, len, device-writable) buffers; returns its head.

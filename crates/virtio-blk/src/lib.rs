@@ -351,10 +351,7 @@ impl Desc {
 /// data buffers. See the crate documentation for the exact rules.
 ///
 /// `iov` should hold [`MAX_IOVECS`] entries; its contents on error are unspecified.
-pub fn parse_chain<M>(
-    chain: DescriptorChain<M>,
-    iov: &mut [libc::iovec],
-) -> Result<BlkRequest, ParseError>
+pub fn parse_chain<M>(chain: DescriptorChain<M>, iov: &mut [libc::iovec]) -> Result<BlkRequest, ParseError>
 where
     M: Deref,
     M::Target: VmGuestMemory,
@@ -392,10 +389,7 @@ where
             n_readable += 1;
         }
         // `n < seen <= MAX_CHAIN_DESCRIPTORS`, so the index is in bounds.
-        descs[n].write(Desc {
-            addr: d.addr().raw_value(),
-            len: d.len(),
-        });
+        descs[n].write(Desc { addr: d.addr().raw_value(), len: d.len() });
         n += 1;
     }
     if seen == 0 || last_has_next {
@@ -477,11 +471,8 @@ where
                 .map_err(|k| err(k, status))?;
             req.iovcnt = cnt;
             req.data_len = data_len;
-            let written = if kind == RequestType::In {
-                data_len
-            } else {
-                data_len.min(VIRTIO_BLK_ID_BYTES as u64)
-            };
+            let written =
+                if kind == RequestType::In { data_len } else { data_len.min(VIRTIO_BLK_ID_BYTES as u64) };
             req.writable_len = u32::try_from(written + 1).unwrap_or(u32::MAX);
         }
         RequestType::Out => {
@@ -489,15 +480,8 @@ where
                 return Err(err(ParseErrorKind::UnexpectedWritable, status));
             }
             let data_len = r_len - REQ_HEADER_SIZE;
-            let cnt = emit_iovecs(
-                mem,
-                readable,
-                REQ_HEADER_SIZE,
-                data_len,
-                Permissions::Read,
-                iov,
-            )
-            .map_err(|k| err(k, status))?;
+            let cnt = emit_iovecs(mem, readable, REQ_HEADER_SIZE, data_len, Permissions::Read, iov)
+                .map_err(|k| err(k, status))?;
             req.iovcnt = cnt;
             req.data_len = data_len;
         }
@@ -522,8 +506,7 @@ where
             let seg = decode_segment(&raw);
             let flags = u32::from_le_bytes([raw[12], raw[13], raw[14], raw[15]]);
             // §5.2.6.2: unknown flags -> UNSUPP; unmap on a discard -> UNSUPP.
-            if flags & !VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0
-                || (kind == RequestType::Discard && seg.unmap)
+            if flags & !VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0 || (kind == RequestType::Discard && seg.unmap)
             {
                 return Err(err(ParseErrorKind::UnsupportedFlags, status));
             }
@@ -547,11 +530,7 @@ fn decode_segment(raw: &[u8; DISCARD_SEGMENT_SIZE as usize]) -> Segment {
 }
 
 /// Host pointer of one guest byte, if it is mapped with `access`.
-fn map_one<T: VmGuestMemory + ?Sized>(
-    mem: &T,
-    addr: GuestAddress,
-    access: Permissions,
-) -> Option<*mut u8> {
+fn map_one<T: VmGuestMemory + ?Sized>(mem: &T, addr: GuestAddress, access: Permissions) -> Option<*mut u8> {
     let mut slices = mem.get_slices(addr, 1, access).ok()?;
     let slice = slices.next()?.ok()?;
     if slice.len() != 1 {
@@ -588,10 +567,7 @@ fn read_stream<T: VmGuestMemory + ?Sized>(
     if done == buf.len() {
         Ok(())
     } else {
-        Err(vm_memory::GuestMemoryError::PartialBuffer {
-            expected: buf.len(),
-            completed: done,
-        })
+        Err(vm_memory::GuestMemoryError::PartialBuffer { expected: buf.len(), completed: done })
     }
 }
 
@@ -619,17 +595,13 @@ fn emit_iovecs<T: VmGuestMemory + ?Sized>(
         }
         let take = (dlen - offset).min(remaining);
         let addr = d.addr().unchecked_add(offset);
-        let slices = mem
-            .get_slices(addr, take as usize, access)
-            .map_err(|_| ParseErrorKind::DescriptorOutOfMemory)?;
+        let slices =
+            mem.get_slices(addr, take as usize, access).map_err(|_| ParseErrorKind::DescriptorOutOfMemory)?;
         let mut got = 0u64;
         for s in slices {
             let s = s.map_err(|_| ParseErrorKind::DescriptorOutOfMemory)?;
             let slot = iov.get_mut(cnt).ok_or(ParseErrorKind::TooManySegments)?;
-            *slot = libc::iovec {
-                iov_base: s.ptr_guard_mut().as_ptr().cast(),
-                iov_len: s.len(),
-            };
+            *slot = libc::iovec { iov_base: s.ptr_guard_mut().as_ptr().cast(), iov_len: s.len() };
             cnt += 1;
             got += s.len() as u64;
         }

@@ -11,10 +11,7 @@ fn parse_err(c: virtio_queue::DescriptorChain<&GuestMemory>) -> ParseError {
     parse_err_with(c, &mut iovs())
 }
 
-fn parse_err_with(
-    c: virtio_queue::DescriptorChain<&GuestMemory>,
-    iov: &mut [libc::iovec],
-) -> ParseError {
+fn parse_err_with(c: virtio_queue::DescriptorChain<&GuestMemory>, iov: &mut [libc::iovec]) -> ParseError {
     match parse_chain(c, iov) {
         Ok(r) => panic!("unexpectedly parsed: {r:?}"),
         Err(e) => e,
@@ -39,43 +36,24 @@ fn expect_fatal(e: &ParseError, kind: ParseErrorKind) {
 fn data_descriptor_outside_memory() {
     let (m, r) = parse_linear(
         Some(VIRTIO_BLK_T_IN),
-        &[
-            (0x1000, 16, false),
-            (0x10_0000, 512, true),
-            (0x3000, 1, true),
-        ],
+        &[(0x1000, 16, false), (0x10_0000, 512, true), (0x3000, 1, true)],
     );
-    expect_status(
-        &m,
-        &r.unwrap_err(),
-        ParseErrorKind::DescriptorOutOfMemory,
-        0x3000,
-    );
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::DescriptorOutOfMemory, 0x3000);
 }
 
 #[test]
 fn header_descriptor_outside_memory() {
     let (m, r) = parse_linear(None, &[(MEM_END + 0x1000, 16, false), (0x3000, 1, true)]);
-    expect_status(
-        &m,
-        &r.unwrap_err(),
-        ParseErrorKind::DescriptorOutOfMemory,
-        0x3000,
-    );
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::DescriptorOutOfMemory, 0x3000);
 }
 
 #[test]
 fn status_outside_memory() {
-    let (_m, r) = parse_linear(
-        Some(VIRTIO_BLK_T_IN),
-        &[(0x1000, 16, false), (0x2000, 512, true), (MEM_END, 1, true)],
-    );
+    let (_m, r) =
+        parse_linear(Some(VIRTIO_BLK_T_IN), &[(0x1000, 16, false), (0x2000, 512, true), (MEM_END, 1, true)]);
     expect_fatal(&r.unwrap_err(), ParseErrorKind::DescriptorOutOfMemory);
     // Status at the very top of the address space (addr + len overflows).
-    let (_m, r) = parse_linear(
-        Some(VIRTIO_BLK_T_FLUSH),
-        &[(0x1000, 16, false), (u64::MAX - 1, 8, true)],
-    );
+    let (_m, r) = parse_linear(Some(VIRTIO_BLK_T_FLUSH), &[(0x1000, 16, false), (u64::MAX - 1, 8, true)]);
     expect_fatal(&r.unwrap_err(), ParseErrorKind::DescriptorOutOfMemory);
 }
 
@@ -83,24 +61,12 @@ fn status_outside_memory() {
 fn length_crossing_end_of_memory() {
     let (m, r) = parse_linear(
         Some(VIRTIO_BLK_T_OUT),
-        &[
-            (0x1000, 16, false),
-            (MEM_END - 0x100, 0x200, false),
-            (0x3000, 1, true),
-        ],
+        &[(0x1000, 16, false), (MEM_END - 0x100, 0x200, false), (0x3000, 1, true)],
     );
-    expect_status(
-        &m,
-        &r.unwrap_err(),
-        ParseErrorKind::DescriptorOutOfMemory,
-        0x3000,
-    );
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::DescriptorOutOfMemory, 0x3000);
     // Writable data crossing the end, with the status inside the same buffer
     // (its last byte) out of memory too.
-    let (_m, r) = parse_linear(
-        Some(VIRTIO_BLK_T_IN),
-        &[(0x1000, 16, false), (MEM_END - 0x100, 0x201, true)],
-    );
+    let (_m, r) = parse_linear(Some(VIRTIO_BLK_T_IN), &[(0x1000, 16, false), (MEM_END - 0x100, 0x201, true)]);
     expect_fatal(&r.unwrap_err(), ParseErrorKind::DescriptorOutOfMemory);
 }
 
@@ -108,18 +74,9 @@ fn length_crossing_end_of_memory() {
 fn address_wrapping_around_u64() {
     let (m, r) = parse_linear(
         Some(VIRTIO_BLK_T_OUT),
-        &[
-            (0x1000, 16, false),
-            (u64::MAX - 10, 512, false),
-            (0x3000, 1, true),
-        ],
+        &[(0x1000, 16, false), (u64::MAX - 10, 512, false), (0x3000, 1, true)],
     );
-    expect_status(
-        &m,
-        &r.unwrap_err(),
-        ParseErrorKind::DescriptorOutOfMemory,
-        0x3000,
-    );
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::DescriptorOutOfMemory, 0x3000);
 }
 
 #[test]
@@ -128,37 +85,19 @@ fn four_gib_lengths() {
     // chain limit: the iterator stops early -> broken chain.
     let (_m, r) = parse_linear(
         Some(VIRTIO_BLK_T_IN),
-        &[
-            (0x1000, 16, false),
-            (0x2000, u32::MAX, true),
-            (0x3000, 1, true),
-        ],
+        &[(0x1000, 16, false), (0x2000, u32::MAX, true), (0x3000, 1, true)],
     );
     expect_fatal(&r.unwrap_err(), ParseErrorKind::BrokenChain);
     // Just under the limit but far beyond guest memory.
     let (m, r) = parse_linear(
         Some(VIRTIO_BLK_T_IN),
-        &[
-            (0x1000, 16, false),
-            (0x2000, 0xFFFF_0000, true),
-            (0x3000, 1, true),
-        ],
+        &[(0x1000, 16, false), (0x2000, 0xFFFF_0000, true), (0x3000, 1, true)],
     );
-    expect_status(
-        &m,
-        &r.unwrap_err(),
-        ParseErrorKind::DescriptorOutOfMemory,
-        0x3000,
-    );
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::DescriptorOutOfMemory, 0x3000);
     // Two descriptors whose sum exceeds 2^32.
     let (_m, r) = parse_linear(
         Some(VIRTIO_BLK_T_OUT),
-        &[
-            (0x1000, 16, false),
-            (0x2000, 0x8000_0000, false),
-            (0x2000, 0x8000_0000, false),
-            (0x3000, 1, true),
-        ],
+        &[(0x1000, 16, false), (0x2000, 0x8000_0000, false), (0x2000, 0x8000_0000, false), (0x3000, 1, true)],
     );
     expect_fatal(&r.unwrap_err(), ParseErrorKind::BrokenChain);
 }
@@ -168,25 +107,13 @@ fn loop_in_descriptor_table() {
     let m = mem();
     let q = queue(&m);
     header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-    let c = chain_raw(
-        &q,
-        &[
-            raw(0x1000, 16, F_NEXT, 1),
-            raw(0x2000, 512, F_NEXT | F_WRITE, 0),
-        ],
-    );
+    let c = chain_raw(&q, &[raw(0x1000, 16, F_NEXT, 1), raw(0x2000, 512, F_NEXT | F_WRITE, 0)]);
     expect_fatal(&parse_err(c), ParseErrorKind::BrokenChain);
     // Self loop on the last (writable) descriptor.
     let m = mem();
     let q = queue(&m);
     header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-    let c = chain_raw(
-        &q,
-        &[
-            raw(0x1000, 16, F_NEXT, 1),
-            raw(0x2000, 1, F_NEXT | F_WRITE, 1),
-        ],
-    );
+    let c = chain_raw(&q, &[raw(0x1000, 16, F_NEXT, 1), raw(0x2000, 1, F_NEXT | F_WRITE, 1)]);
     expect_fatal(&parse_err(c), ParseErrorKind::BrokenChain);
 }
 
@@ -199,12 +126,7 @@ fn chain_longer_than_queue() {
     // entries and wants one more.
     let mut d = vec![raw(0x1000, 16, F_NEXT, 1)];
     for i in 1..QSIZE {
-        d.push(raw(
-            0x2000 + 512 * u64::from(i),
-            512,
-            F_NEXT,
-            (i + 1) % QSIZE,
-        ));
+        d.push(raw(0x2000 + 512 * u64::from(i), 512, F_NEXT, (i + 1) % QSIZE));
     }
     let c = chain_raw(&q, &d);
     expect_fatal(&parse_err(c), ParseErrorKind::BrokenChain);
@@ -232,8 +154,7 @@ fn indirect_table_outside_memory() {
     let t = MEM_END - 16;
     write_indirect(&m, t, &[(0x1000, 16, false)]);
     // Entry 0 is valid and has no NEXT; make it point to a second entry.
-    vm_memory::Bytes::write_obj(&m, raw(0x1000, 16, F_NEXT, 1), vm_memory::GuestAddress(t))
-        .unwrap();
+    vm_memory::Bytes::write_obj(&m, raw(0x1000, 16, F_NEXT, 1), vm_memory::GuestAddress(t)).unwrap();
     let c = chain_raw(&q, &[raw(t, 32, F_INDIRECT, 0)]);
     expect_fatal(&parse_err(c), ParseErrorKind::BrokenChain);
 }
@@ -246,12 +167,8 @@ fn nested_indirect() {
     // Inner table (valid on its own).
     let inner = write_indirect(&m, 0x9000, &[(0x1000, 16, false), (0x3000, 1, true)]);
     // Outer table whose first entry is itself indirect.
-    vm_memory::Bytes::write_obj(
-        &m,
-        raw(0x9000, inner, F_INDIRECT, 0),
-        vm_memory::GuestAddress(0x8000),
-    )
-    .unwrap();
+    vm_memory::Bytes::write_obj(&m, raw(0x9000, inner, F_INDIRECT, 0), vm_memory::GuestAddress(0x8000))
+        .unwrap();
     let c = chain_raw(&q, &[raw(0x8000, 16, F_INDIRECT, 0)]);
     expect_fatal(&parse_err(c), ParseErrorKind::BrokenChain);
     // Nested indirect after a valid entry.
@@ -259,18 +176,9 @@ fn nested_indirect() {
     let q = queue(&m);
     header(&m, 0x1000, VIRTIO_BLK_T_FLUSH, 0);
     let inner = write_indirect(&m, 0x9000, &[(0x3000, 1, true)]);
-    vm_memory::Bytes::write_obj(
-        &m,
-        raw(0x1000, 16, F_NEXT, 1),
-        vm_memory::GuestAddress(0x8000),
-    )
-    .unwrap();
-    vm_memory::Bytes::write_obj(
-        &m,
-        raw(0x9000, inner, F_INDIRECT, 0),
-        vm_memory::GuestAddress(0x8010),
-    )
-    .unwrap();
+    vm_memory::Bytes::write_obj(&m, raw(0x1000, 16, F_NEXT, 1), vm_memory::GuestAddress(0x8000)).unwrap();
+    vm_memory::Bytes::write_obj(&m, raw(0x9000, inner, F_INDIRECT, 0), vm_memory::GuestAddress(0x8010))
+        .unwrap();
     let c = chain_raw(&q, &[raw(0x8000, 32, F_INDIRECT, 0)]);
     expect_fatal(&parse_err(c), ParseErrorKind::BrokenChain);
 }
@@ -294,12 +202,7 @@ fn bad_indirect_tables() {
     let q = queue(&m);
     header(&m, 0x1000, VIRTIO_BLK_T_FLUSH, 0);
     write_indirect(&m, 0x8000, &[(0x1000, 16, false), (0x3000, 1, true)]);
-    vm_memory::Bytes::write_obj(
-        &m,
-        raw(0x1000, 16, F_NEXT, 5),
-        vm_memory::GuestAddress(0x8000),
-    )
-    .unwrap();
+    vm_memory::Bytes::write_obj(&m, raw(0x1000, 16, F_NEXT, 5), vm_memory::GuestAddress(0x8000)).unwrap();
     let c = chain_raw(&q, &[raw(0x8000, 32, F_INDIRECT, 0)]);
     expect_fatal(&parse_err(c), ParseErrorKind::BrokenChain);
     // Loop inside the table.
@@ -307,12 +210,8 @@ fn bad_indirect_tables() {
     let q = queue(&m);
     header(&m, 0x1000, VIRTIO_BLK_T_FLUSH, 0);
     write_indirect(&m, 0x8000, &[(0x1000, 16, false), (0x3000, 1, true)]);
-    vm_memory::Bytes::write_obj(
-        &m,
-        raw(0x3000, 1, F_WRITE | F_NEXT, 0),
-        vm_memory::GuestAddress(0x8010),
-    )
-    .unwrap();
+    vm_memory::Bytes::write_obj(&m, raw(0x3000, 1, F_WRITE | F_NEXT, 0), vm_memory::GuestAddress(0x8010))
+        .unwrap();
     let c = chain_raw(&q, &[raw(0x8000, 32, F_INDIRECT, 0)]);
     expect_fatal(&parse_err(c), ParseErrorKind::BrokenChain);
 }
@@ -324,10 +223,7 @@ fn chain_beyond_hard_descriptor_limit() {
     let q = queue(&m);
     header(&m, 0x1000, VIRTIO_BLK_T_FLUSH, 0);
     let mut d = vec![(0x1000, 16, false)];
-    d.extend(std::iter::repeat_n(
-        (0x2000, 0, false),
-        MAX_CHAIN_DESCRIPTORS,
-    ));
+    d.extend(std::iter::repeat_n((0x2000, 0, false), MAX_CHAIN_DESCRIPTORS));
     d.push((0x3000, 1, true));
     let len = write_indirect(&m, 0x8000, &d);
     let c = chain_raw(&q, &[raw(0x8000, len, F_INDIRECT, 0)]);
@@ -337,17 +233,11 @@ fn chain_beyond_hard_descriptor_limit() {
     let q = queue(&m);
     header(&m, 0x1000, VIRTIO_BLK_T_FLUSH, 0);
     let mut d = vec![(0x1000, 16, false)];
-    d.extend(std::iter::repeat_n(
-        (0x2000, 0, false),
-        MAX_CHAIN_DESCRIPTORS - 2,
-    ));
+    d.extend(std::iter::repeat_n((0x2000, 0, false), MAX_CHAIN_DESCRIPTORS - 2));
     d.push((0x3000, 1, true));
     let len = write_indirect(&m, 0x8000, &d);
     let c = chain_raw(&q, &[raw(0x8000, len, F_INDIRECT, 0)]);
-    assert_eq!(
-        parse_chain(c, &mut iovs()).unwrap().kind,
-        RequestType::Flush
-    );
+    assert_eq!(parse_chain(c, &mut iovs()).unwrap().kind, RequestType::Flush);
 }
 
 #[test]
@@ -379,10 +269,8 @@ fn zero_length_descriptors() {
 
 #[test]
 fn status_in_read_only_descriptor() {
-    let (_m, r) = parse_linear(
-        Some(VIRTIO_BLK_T_IN),
-        &[(0x1000, 16, false), (0x2000, 512, true), (0x3000, 1, false)],
-    );
+    let (_m, r) =
+        parse_linear(Some(VIRTIO_BLK_T_IN), &[(0x1000, 16, false), (0x2000, 512, true), (0x3000, 1, false)]);
     expect_fatal(&r.unwrap_err(), ParseErrorKind::StatusNotWritable);
 }
 
@@ -390,27 +278,16 @@ fn status_in_read_only_descriptor() {
 fn no_writable_descriptor() {
     let (_m, r) = parse_linear(
         Some(VIRTIO_BLK_T_OUT),
-        &[
-            (0x1000, 16, false),
-            (0x2000, 512, false),
-            (0x3000, 1, false),
-        ],
+        &[(0x1000, 16, false), (0x2000, 512, false), (0x3000, 1, false)],
     );
     expect_fatal(&r.unwrap_err(), ParseErrorKind::NoStatus);
 }
 
 #[test]
 fn writable_before_readable() {
-    let (m, r) = parse_linear(
-        Some(VIRTIO_BLK_T_IN),
-        &[(0x2000, 512, true), (0x1000, 16, false), (0x3000, 1, true)],
-    );
-    expect_status(
-        &m,
-        &r.unwrap_err(),
-        ParseErrorKind::ReadableAfterWritable,
-        0x3000,
-    );
+    let (m, r) =
+        parse_linear(Some(VIRTIO_BLK_T_IN), &[(0x2000, 512, true), (0x1000, 16, false), (0x3000, 1, true)]);
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::ReadableAfterWritable, 0x3000);
 }
 
 #[test]
@@ -418,10 +295,7 @@ fn header_shorter_than_16_bytes() {
     let (m, r) = parse_linear(None, &[(0x1000, 8, false), (0x3000, 1, true)]);
     expect_status(&m, &r.unwrap_err(), ParseErrorKind::HeaderTooShort, 0x3000);
     // 15 bytes over two descriptors.
-    let (m, r) = parse_linear(
-        None,
-        &[(0x1000, 8, false), (0x1100, 7, false), (0x3000, 1, true)],
-    );
+    let (m, r) = parse_linear(None, &[(0x1000, 8, false), (0x1100, 7, false), (0x3000, 1, true)]);
     expect_status(&m, &r.unwrap_err(), ParseErrorKind::HeaderTooShort, 0x3000);
     // No readable descriptor at all.
     let (m, r) = parse_linear(None, &[(0x2000, 512, true), (0x3000, 1, true)]);
@@ -444,31 +318,14 @@ fn too_many_segments() {
         ],
     );
     let mut small = iovs();
-    expect_status(
-        &m,
-        &parse_err_with(c, &mut small[..2]),
-        ParseErrorKind::TooManySegments,
-        0x3000,
-    );
+    expect_status(&m, &parse_err_with(c, &mut small[..2]), ParseErrorKind::TooManySegments, 0x3000);
     // One descriptor split by a region boundary needs two iovecs.
     let m = mem();
     let q = queue(&m);
     header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-    let c = chain(
-        &q,
-        &[
-            (0x1000, 16, false),
-            (REGION_SPLIT - 512, 1024, true),
-            (0x3000, 1, true),
-        ],
-    );
+    let c = chain(&q, &[(0x1000, 16, false), (REGION_SPLIT - 512, 1024, true), (0x3000, 1, true)]);
     let mut small = iovs();
-    expect_status(
-        &m,
-        &parse_err_with(c, &mut small[..1]),
-        ParseErrorKind::TooManySegments,
-        0x3000,
-    );
+    expect_status(&m, &parse_err_with(c, &mut small[..1]), ParseErrorKind::TooManySegments, 0x3000);
 }
 
 #[test]
@@ -524,12 +381,7 @@ fn bad_discard_payloads() {
         header(&m, 0x1000, ty, 0);
         segment(&m, 0x1010, 0, 8, 0);
         let c = chain(&q, &[(0x1000, 32, false), (0x3000, 2, true)]);
-        expect_status(
-            &m,
-            &parse_err(c),
-            ParseErrorKind::UnexpectedWritable,
-            0x3001,
-        );
+        expect_status(&m, &parse_err(c), ParseErrorKind::UnexpectedWritable, 0x3001);
     }
     // The unmap flag on a discard -> UNSUPP.
     let m = mem();
@@ -543,59 +395,20 @@ fn bad_discard_payloads() {
 #[test]
 fn unexpected_bytes_for_type() {
     // IN with readable bytes after the header.
-    let (m, r) = parse_linear(
-        Some(VIRTIO_BLK_T_IN),
-        &[(0x1000, 32, false), (0x2000, 513, true)],
-    );
-    expect_status(
-        &m,
-        &r.unwrap_err(),
-        ParseErrorKind::UnexpectedReadable,
-        0x2200,
-    );
+    let (m, r) = parse_linear(Some(VIRTIO_BLK_T_IN), &[(0x1000, 32, false), (0x2000, 513, true)]);
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::UnexpectedReadable, 0x2200);
     // OUT with a writable data buffer.
-    let (m, r) = parse_linear(
-        Some(VIRTIO_BLK_T_OUT),
-        &[(0x1000, 16, false), (0x2000, 512, true), (0x3000, 1, true)],
-    );
-    expect_status(
-        &m,
-        &r.unwrap_err(),
-        ParseErrorKind::UnexpectedWritable,
-        0x3000,
-    );
+    let (m, r) =
+        parse_linear(Some(VIRTIO_BLK_T_OUT), &[(0x1000, 16, false), (0x2000, 512, true), (0x3000, 1, true)]);
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::UnexpectedWritable, 0x3000);
     // FLUSH with data either way.
-    let (m, r) = parse_linear(
-        Some(VIRTIO_BLK_T_FLUSH),
-        &[(0x1000, 16 + 512, false), (0x3000, 1, true)],
-    );
-    expect_status(
-        &m,
-        &r.unwrap_err(),
-        ParseErrorKind::UnexpectedReadable,
-        0x3000,
-    );
-    let (m, r) = parse_linear(
-        Some(VIRTIO_BLK_T_FLUSH),
-        &[(0x1000, 16, false), (0x3000, 9, true)],
-    );
-    expect_status(
-        &m,
-        &r.unwrap_err(),
-        ParseErrorKind::UnexpectedWritable,
-        0x3008,
-    );
+    let (m, r) = parse_linear(Some(VIRTIO_BLK_T_FLUSH), &[(0x1000, 16 + 512, false), (0x3000, 1, true)]);
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::UnexpectedReadable, 0x3000);
+    let (m, r) = parse_linear(Some(VIRTIO_BLK_T_FLUSH), &[(0x1000, 16, false), (0x3000, 9, true)]);
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::UnexpectedWritable, 0x3008);
     // GET_ID with readable bytes after the header.
-    let (m, r) = parse_linear(
-        Some(VIRTIO_BLK_T_GET_ID),
-        &[(0x1000, 17, false), (0x2000, 21, true)],
-    );
-    expect_status(
-        &m,
-        &r.unwrap_err(),
-        ParseErrorKind::UnexpectedReadable,
-        0x2014,
-    );
+    let (m, r) = parse_linear(Some(VIRTIO_BLK_T_GET_ID), &[(0x1000, 17, false), (0x2000, 21, true)]);
+    expect_status(&m, &r.unwrap_err(), ParseErrorKind::UnexpectedReadable, 0x2014);
 }
 
 /// Small deterministic generator (xorshift64*), no external crate needed.
@@ -679,12 +492,10 @@ impl AddrRaw for virtio_queue::desc::RawDescriptor {
 
 fn iov_in_memory(m: &GuestMemory, v: &libc::iovec) -> bool {
     let p = v.iov_base as usize;
-    [(0u64, REGION_SPLIT), (REGION_SPLIT, MEM_END)]
-        .iter()
-        .any(|&(start, end)| {
-            let base = host(m, start) as usize;
-            p >= base && p + v.iov_len <= base + (end - start) as usize
-        })
+    [(0u64, REGION_SPLIT), (REGION_SPLIT, MEM_END)].iter().any(|&(start, end)| {
+        let base = host(m, start) as usize;
+        p >= base && p + v.iov_len <= base + (end - start) as usize
+    })
 }
 
 #[test]
@@ -717,24 +528,15 @@ fn random_chains_never_escape_memory() {
                 ok += 1;
                 assert!(r.iovcnt as usize <= cap);
                 let iov = &iov[..r.iovcnt as usize];
-                assert_eq!(
-                    iov.iter().map(|v| v.iov_len as u64).sum::<u64>(),
-                    r.data_len
-                );
+                assert_eq!(iov.iter().map(|v| v.iov_len as u64).sum::<u64>(), r.data_len);
                 assert!(iov.iter().all(|v| v.iov_len > 0 && iov_in_memory(&m, v)));
-                let s = libc::iovec {
-                    iov_base: r.status.as_ptr().cast(),
-                    iov_len: 1,
-                };
+                let s = libc::iovec { iov_base: r.status.as_ptr().cast(), iov_len: 1 };
                 assert!(iov_in_memory(&m, &s));
             }
             Err(e) => {
                 err += 1;
                 if let Some(s) = e.status {
-                    let s = libc::iovec {
-                        iov_base: s.as_ptr().cast(),
-                        iov_len: 1,
-                    };
+                    let s = libc::iovec { iov_base: s.as_ptr().cast(), iov_len: 1 };
                     assert!(iov_in_memory(&m, &s));
                 }
             }

@@ -18,10 +18,7 @@ fn in_one_descriptor_per_part() {
     let m = mem();
     let q = queue(&m);
     header(&m, 0x1000, VIRTIO_BLK_T_IN, 8);
-    let c = chain(
-        &q,
-        &[(0x1000, 16, false), (0x2000, 4096, true), (0x3000, 1, true)],
-    );
+    let c = chain(&q, &[(0x1000, 16, false), (0x2000, 4096, true), (0x3000, 1, true)]);
     let mut iov = iovs();
     let r = parse_chain(c, &mut iov).unwrap();
     assert_eq!(r.head, 0);
@@ -105,14 +102,7 @@ fn in_data_split_across_memory_regions() {
     let q = queue(&m);
     header(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
     let start = REGION_SPLIT - 0x800;
-    let c = chain(
-        &q,
-        &[
-            (0x1000, 16, false),
-            (start, 0x1000, true),
-            (0x3000, 1, true),
-        ],
-    );
+    let c = chain(&q, &[(0x1000, 16, false), (start, 0x1000, true), (0x3000, 1, true)]);
     let mut iov = iovs();
     let r = parse_chain(c, &mut iov).unwrap();
     assert_eq!((r.iovcnt, r.data_len), (2, 0x1000));
@@ -157,14 +147,7 @@ fn get_id_full_and_short_buffers() {
         let m = mem();
         let q = queue(&m);
         header(&m, 0x1000, VIRTIO_BLK_T_GET_ID, 0);
-        let c = chain(
-            &q,
-            &[
-                (0x1000, 16, false),
-                (0x2000, buf_len, true),
-                (0x3000, 1, true),
-            ],
-        );
+        let c = chain(&q, &[(0x1000, 16, false), (0x2000, buf_len, true), (0x3000, 1, true)]);
         let mut iov = iovs();
         let r = parse_chain(c, &mut iov).unwrap();
         assert_eq!(r.kind, RequestType::GetId);
@@ -203,11 +186,7 @@ fn discard_and_write_zeroes() {
     for (ty, flags, kind) in [
         (VIRTIO_BLK_T_DISCARD, 0, RequestType::Discard),
         (VIRTIO_BLK_T_WRITE_ZEROES, 0, RequestType::WriteZeroes),
-        (
-            VIRTIO_BLK_T_WRITE_ZEROES,
-            VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
-            RequestType::WriteZeroes,
-        ),
+        (VIRTIO_BLK_T_WRITE_ZEROES, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP, RequestType::WriteZeroes),
     ] {
         let m = mem();
         let q = queue(&m);
@@ -217,14 +196,7 @@ fn discard_and_write_zeroes() {
         let c = chain(&q, &[(0x1000, 32, false), (0x3000, 1, true)]);
         let r = parse_chain(c, &mut iovs()).unwrap();
         assert_eq!(r.kind, kind);
-        assert_eq!(
-            r.segment,
-            Some(Segment {
-                sector: 4096,
-                num_sectors: 128,
-                unmap: flags != 0
-            })
-        );
+        assert_eq!(r.segment, Some(Segment { sector: 4096, num_sectors: 128, unmap: flags != 0 }));
         assert_eq!((r.iovcnt, r.writable_len), (0, 1));
 
         // Header and payload in separate descriptors.
@@ -232,10 +204,7 @@ fn discard_and_write_zeroes() {
         let q = queue(&m);
         header(&m, 0x1000, ty, 0);
         segment(&m, 0x2000, 8, 16, flags);
-        let c = chain(
-            &q,
-            &[(0x1000, 16, false), (0x2000, 16, false), (0x3000, 1, true)],
-        );
+        let c = chain(&q, &[(0x1000, 16, false), (0x2000, 16, false), (0x3000, 1, true)]);
         let r = parse_chain(c, &mut iovs()).unwrap();
         assert_eq!(r.segment.unwrap().sector, 8);
         assert_eq!(r.segment.unwrap().num_sectors, 16);
@@ -262,12 +231,7 @@ fn indirect_chain() {
     let len = write_indirect(
         &m,
         0x8000,
-        &[
-            (0x1000, 16, false),
-            (0x2000, 512, true),
-            (0x2400, 512, true),
-            (0x3000, 1, true),
-        ],
+        &[(0x1000, 16, false), (0x2000, 512, true), (0x2400, 512, true), (0x3000, 1, true)],
     );
     let c = chain_raw(&q, &[raw(0x8000, len, F_INDIRECT, 0)]);
     let mut iov = iovs();
@@ -284,10 +248,7 @@ fn direct_descriptor_followed_by_indirect_table() {
     let q = queue(&m);
     header(&m, 0x1000, VIRTIO_BLK_T_OUT, 9);
     let len = write_indirect(&m, 0x8000, &[(0x2000, 4096, false), (0x3000, 1, true)]);
-    let c = chain_raw(
-        &q,
-        &[raw(0x1000, 16, F_NEXT, 1), raw(0x8000, len, F_INDIRECT, 0)],
-    );
+    let c = chain_raw(&q, &[raw(0x1000, 16, F_NEXT, 1), raw(0x8000, len, F_INDIRECT, 0)]);
     let r = parse_chain(c, &mut iovs()).unwrap();
     assert_eq!((r.kind, r.sector, r.data_len), (RequestType::Out, 9, 4096));
 }

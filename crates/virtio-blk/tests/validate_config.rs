@@ -31,11 +31,7 @@ fn req(kind: RequestType, sector: u64, data_len: u64) -> BlkRequest {
 
 fn seg_req(kind: RequestType, sector: u64, num_sectors: u32) -> BlkRequest {
     let mut r = req(kind, 0, 0);
-    r.segment = Some(Segment {
-        sector,
-        num_sectors,
-        unmap: false,
-    });
+    r.segment = Some(Segment { sector, num_sectors, unmap: false });
     r
 }
 
@@ -56,57 +52,31 @@ fn read_write_ok_and_ranges() {
         assert_eq!(validate(&req(k, (u64::MAX / 512) & !7, 4096), &d), IOERR);
         assert_eq!(validate(&req(k, 0, 0), &d), IOERR, "empty");
         assert_eq!(validate(&req(k, 0, 512), &d), IOERR, "below block size");
-        assert_eq!(
-            validate(&req(k, 0, 4097), &d),
-            IOERR,
-            "not a sector multiple"
-        );
+        assert_eq!(validate(&req(k, 0, 4097), &d), IOERR, "not a sector multiple");
         assert_eq!(validate(&req(k, 1, 4096), &d), IOERR, "misaligned sector");
         assert_eq!(validate(&req(k, 4, 4096), &d), IOERR, "misaligned sector");
     }
     // 512-byte disk: sector granularity.
-    let d512 = DiskParams {
-        block_size: 512,
-        ..d
-    };
+    let d512 = DiskParams { block_size: 512, ..d };
     assert_eq!(validate(&req(RequestType::In, 3, 1536), &d512), Ok(()));
     assert_eq!(validate(&req(RequestType::In, 3, 100), &d512), IOERR);
     // A bogus block size falls back to 512.
-    let dbad = DiskParams {
-        block_size: 1000,
-        ..d
-    };
+    let dbad = DiskParams { block_size: 1000, ..d };
     assert_eq!(validate(&req(RequestType::In, 1, 512), &dbad), Ok(()));
     // u64::MAX capacity: overflow-safe.
-    let dmax = DiskParams {
-        capacity_sectors: u64::MAX,
-        block_size: 512,
-        ..d
-    };
-    assert_eq!(
-        validate(&req(RequestType::In, u64::MAX - 1, 512), &dmax),
-        Ok(())
-    );
-    assert_eq!(
-        validate(&req(RequestType::In, u64::MAX - 1, 1024), &dmax),
-        IOERR
-    );
+    let dmax = DiskParams { capacity_sectors: u64::MAX, block_size: 512, ..d };
+    assert_eq!(validate(&req(RequestType::In, u64::MAX - 1, 512), &dmax), Ok(()));
+    assert_eq!(validate(&req(RequestType::In, u64::MAX - 1, 1024), &dmax), IOERR);
     assert_eq!(validate(&req(RequestType::In, u64::MAX, 512), &dmax), IOERR);
 }
 
 #[test]
 fn read_only_disk() {
-    let d = DiskParams {
-        read_only: true,
-        ..disk()
-    };
+    let d = DiskParams { read_only: true, ..disk() };
     assert_eq!(validate(&req(RequestType::In, 0, 4096), &d), Ok(()));
     assert_eq!(validate(&req(RequestType::Out, 0, 4096), &d), IOERR);
     assert_eq!(validate(&seg_req(RequestType::Discard, 0, 8), &d), IOERR);
-    assert_eq!(
-        validate(&seg_req(RequestType::WriteZeroes, 0, 8), &d),
-        IOERR
-    );
+    assert_eq!(validate(&seg_req(RequestType::WriteZeroes, 0, 8), &d), IOERR);
     assert_eq!(validate(&req(RequestType::Flush, 0, 0), &d), Ok(()));
     assert_eq!(validate(&req(RequestType::GetId, 0, 20), &d), Ok(()));
 }
@@ -114,35 +84,15 @@ fn read_only_disk() {
 #[test]
 fn unsupported_and_disabled_features() {
     let d = disk();
-    assert_eq!(
-        validate(&req(RequestType::Unsupported(2), 0, 0), &d),
-        UNSUPP
-    );
-    assert_eq!(
-        validate(&req(RequestType::Unsupported(u32::MAX), 0, 0), &d),
-        UNSUPP
-    );
-    let off = DiskParams {
-        flush: false,
-        discard: false,
-        write_zeroes: false,
-        ..d
-    };
+    assert_eq!(validate(&req(RequestType::Unsupported(2), 0, 0), &d), UNSUPP);
+    assert_eq!(validate(&req(RequestType::Unsupported(u32::MAX), 0, 0), &d), UNSUPP);
+    let off = DiskParams { flush: false, discard: false, write_zeroes: false, ..d };
     assert_eq!(validate(&req(RequestType::Flush, 0, 0), &off), UNSUPP);
     assert_eq!(validate(&seg_req(RequestType::Discard, 0, 8), &off), UNSUPP);
-    assert_eq!(
-        validate(&seg_req(RequestType::WriteZeroes, 0, 8), &off),
-        UNSUPP
-    );
+    assert_eq!(validate(&seg_req(RequestType::WriteZeroes, 0, 8), &off), UNSUPP);
     // Disabled takes precedence over read-only.
-    let off_ro = DiskParams {
-        read_only: true,
-        ..off
-    };
-    assert_eq!(
-        validate(&seg_req(RequestType::Discard, 0, 8), &off_ro),
-        UNSUPP
-    );
+    let off_ro = DiskParams { read_only: true, ..off };
+    assert_eq!(validate(&seg_req(RequestType::Discard, 0, 8), &off_ro), UNSUPP);
     // GET_ID with a short buffer is fine.
     assert_eq!(validate(&req(RequestType::GetId, 0, 4), &d), Ok(()));
 }
@@ -161,28 +111,13 @@ fn discard_write_zeroes_bounds() {
         assert_eq!(validate(&seg_req(k, 0, 0), &d), IOERR, "empty");
         assert_eq!(validate(&seg_req(k, 1, 8), &d), IOERR, "misaligned start");
         assert_eq!(validate(&seg_req(k, 0, 9), &d), IOERR, "misaligned length");
-        assert_eq!(
-            validate(&seg_req(k, cap - 8, 16), &d),
-            IOERR,
-            "past the end"
-        );
-        assert_eq!(
-            validate(&seg_req(k, u64::MAX - 7, 8), &d),
-            IOERR,
-            "overflow"
-        );
+        assert_eq!(validate(&seg_req(k, cap - 8, 16), &d), IOERR, "past the end");
+        assert_eq!(validate(&seg_req(k, u64::MAX - 7, 8), &d), IOERR, "overflow");
         assert_eq!(validate(&req(k, 0, 0), &d), IOERR, "no segment");
     }
     // 0 = unlimited.
-    let unl = DiskParams {
-        max_discard_sectors: 0,
-        capacity_sectors: u64::MAX,
-        ..d
-    };
-    assert_eq!(
-        validate(&seg_req(RequestType::Discard, 0, 0xFFFF_FFF8), &unl),
-        Ok(())
-    );
+    let unl = DiskParams { max_discard_sectors: 0, capacity_sectors: u64::MAX, ..d };
+    assert_eq!(validate(&seg_req(RequestType::Discard, 0, 0xFFFF_FFF8), &unl), Ok(()));
 }
 
 #[test]
@@ -229,11 +164,7 @@ fn config_without_optional_features() {
     assert_eq!(u32::from_le_bytes(b[20..24].try_into().unwrap()), 512);
     assert!(b[36..60].iter().all(|&x| x == 0));
     // Unlimited maxima are advertised as u32::MAX.
-    let d2 = DiskParams {
-        discard: true,
-        write_zeroes: true,
-        ..d
-    };
+    let d2 = DiskParams { discard: true, write_zeroes: true, ..d };
     let c2 = config_space(&d2, 1);
     let b2 = c2.as_bytes();
     assert_eq!(&b2[36..40], &[0xff; 4]);
@@ -245,32 +176,14 @@ fn feature_bits() {
     let base: u64 = [32, 29, 28, 2, 6, 12].iter().map(|b| 1u64 << b).sum();
     let d = disk();
     assert_eq!(device_features(&d), base | (1 << 9) | (1 << 13) | (1 << 14));
-    let ro = DiskParams {
-        read_only: true,
-        flush: false,
-        discard: false,
-        write_zeroes: false,
-        ..d
-    };
+    let ro = DiskParams { read_only: true, flush: false, discard: false, write_zeroes: false, ..d };
     assert_eq!(device_features(&ro), base | (1 << 5));
     assert_eq!(VIRTIO_F_VERSION_1, 32);
     assert_eq!(VIRTIO_RING_F_EVENT_IDX, 29);
     assert_eq!(VIRTIO_RING_F_INDIRECT_DESC, 28);
     assert_eq!(
-        [
-            VIRTIO_BLK_F_SEG_MAX,
-            VIRTIO_BLK_F_RO,
-            VIRTIO_BLK_F_BLK_SIZE,
-            VIRTIO_BLK_F_FLUSH
-        ],
+        [VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH],
         [2, 5, 6, 9]
     );
-    assert_eq!(
-        [
-            VIRTIO_BLK_F_MQ,
-            VIRTIO_BLK_F_DISCARD,
-            VIRTIO_BLK_F_WRITE_ZEROES
-        ],
-        [12, 13, 14]
-    );
+    assert_eq!([VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_WRITE_ZEROES], [12, 13, 14]);
 }

@@ -46,12 +46,7 @@ impl IoBuf {
     }
 
     /// The buffer cut into at most `max_parts` iovecs, at multiples of `grain` bytes.
-    pub fn iovecs(
-        &mut self,
-        rng: &mut SmallRng,
-        max_parts: usize,
-        grain: usize,
-    ) -> Vec<libc::iovec> {
+    pub fn iovecs(&mut self, rng: &mut SmallRng, max_parts: usize, grain: usize) -> Vec<libc::iovec> {
         let len = self.len;
         let mut cuts: Vec<usize> = (1..rng.gen_range(1..=max_parts))
             .map(|_| rng.gen_range(0..=len / grain) * grain)

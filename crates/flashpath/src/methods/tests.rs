@@ -67,12 +67,24 @@ fn create_param_errors_name_the_field() {
     assert_param(&f.err("bdev_null_create", json!({"name": "n", "block_size": 512})), "num_blocks");
     assert_param(&f.err("bdev_null_create", Value::Null), "name");
     assert_param(&f.err("bdev_null_create", json!({"name": 5, "num_blocks": 1, "block_size": 512})), "name");
-    assert_param(&f.err("bdev_null_create", json!({"name": "n", "num_blocks": -1, "block_size": 512})), "num_blocks");
-    assert_param(&f.err("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 1u64 << 40})), "block_size");
+    assert_param(
+        &f.err("bdev_null_create", json!({"name": "n", "num_blocks": -1, "block_size": 512})),
+        "num_blocks",
+    );
+    assert_param(
+        &f.err("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 1u64 << 40})),
+        "block_size",
+    );
     let e = f.err("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 1000}));
     assert_eq!(e.message, "block_size: 1000 is not a power of two between 512 and 65536");
-    assert_param(&f.err("bdev_null_create", json!({"name": "n", "num_blocks": 0, "block_size": 512})), "num_blocks");
-    assert_param(&f.err("bdev_null_create", json!({"name": "a/b", "num_blocks": 1, "block_size": 512})), "name");
+    assert_param(
+        &f.err("bdev_null_create", json!({"name": "n", "num_blocks": 0, "block_size": 512})),
+        "num_blocks",
+    );
+    assert_param(
+        &f.err("bdev_null_create", json!({"name": "a/b", "num_blocks": 1, "block_size": 512})),
+        "name",
+    );
     let e = f.err("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 512, "size": 1}));
     assert_eq!(e.message, "size: unknown parameter; accepted: name, num_blocks, block_size");
     let e = f.err("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 512, "uuid": "x"}));
@@ -108,7 +120,8 @@ fn accepts_rpc_py_defaults() {
                "transport": "vhost_user_blk", "num_queues": 1}),
     );
     assert_eq!(e.code, -19, "passes decoding, fails on the missing bdev: {e:?}");
-    let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v", "dev_name": "n0", "packed_ring": true}));
+    let e =
+        f.err("vhost_create_blk_controller", json!({"ctrlr": "v", "dev_name": "n0", "packed_ring": true}));
     assert_eq!(e.message, "packed_ring: not supported by flashpath (only false)");
 }
 
@@ -120,7 +133,10 @@ fn malloc_auto_names_and_type_checked_delete() {
     assert_eq!(f.ok("bdev_malloc_create", params.clone()), "Malloc1");
     f.ok("bdev_malloc_delete", json!({"name": "Malloc0"}));
     assert_eq!(f.ok("bdev_malloc_create", params), "Malloc0");
-    assert_eq!(f.ok("bdev_malloc_create", json!({"name": "ram", "num_blocks": 16, "block_size": 4096})), "ram");
+    assert_eq!(
+        f.ok("bdev_malloc_create", json!({"name": "ram", "num_blocks": 16, "block_size": 4096})),
+        "ram"
+    );
     // A delete of the wrong kind does not remove it (SPDK's rule).
     assert_eq!(f.err("bdev_null_delete", json!({"name": "ram"})).code, -19);
     assert_param(&f.err("bdev_malloc_delete", Value::Null), "name");
@@ -141,7 +157,10 @@ fn uring_create_and_errors() {
     f.ok("bdev_uring_delete", json!({"name": "u0"}));
 
     assert_param(&f.err("bdev_uring_create", json!({"name": "u1"})), "filename");
-    assert_param(&f.err("bdev_uring_create", json!({"name": "u1", "filename": file, "direct": "no"})), "direct");
+    assert_param(
+        &f.err("bdev_uring_create", json!({"name": "u1", "filename": file, "direct": "no"})),
+        "direct",
+    );
     let missing = f.dir.path().join("missing.img");
     let e = f.err("bdev_uring_create", json!({"name": "u1", "filename": missing}));
     assert_eq!(e.code, -2, "{e:?}");
@@ -221,7 +240,10 @@ fn vhost_create_errors() {
         "readonly",
     );
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "queues": 2}));
-    assert_eq!(e.message, "queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues");
+    assert_eq!(
+        e.message,
+        "queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues"
+    );
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "transport": "x"}));
     assert_eq!(e.message, "transport: not supported by flashpath (only \"vhost_user_blk\")");
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "nope", "num_queues": 1}));
@@ -256,7 +278,9 @@ fn reactors_version_methods_stats() {
     let names: Vec<&str> = m.as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
     assert!(names.windows(2).all(|w| w[0] < w[1]), "sorted: {names:?}");
     assert_eq!(names.len(), METHODS.len());
-    for expected in ["bdev_get_bdevs", "vhost_create_blk_controller", "framework_get_reactors", "spdk_get_version"] {
+    for expected in
+        ["bdev_get_bdevs", "vhost_create_blk_controller", "framework_get_reactors", "spdk_get_version"]
+    {
         assert!(names.contains(&expected));
     }
     assert_param(&f.err("rpc_get_methods", json!({"current": 1})), "current");

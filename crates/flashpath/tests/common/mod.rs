@@ -84,15 +84,8 @@ pub fn rpc_call(
             ))
         }
     };
-    assert_eq!(
-        resp["jsonrpc"], "2.0",
-        "response without jsonrpc 2.0: {resp}"
-    );
-    assert_eq!(
-        resp["id"],
-        json!(id),
-        "response id does not match request: {resp}"
-    );
+    assert_eq!(resp["jsonrpc"], "2.0", "response without jsonrpc 2.0: {resp}");
+    assert_eq!(resp["id"], json!(id), "response id does not match request: {resp}");
     if let Some(err) = resp.get("error") {
         return Ok(Err(RpcError {
             code: err["code"].as_i64().unwrap_or(0),
@@ -129,22 +122,14 @@ impl Daemon {
             .arg(&rpc)
             .arg("--vhost-dir")
             .arg(dir.path())
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
             .expect("spawning flashpath serve");
-        let mut d = Daemon {
-            child: Some(child),
-            dir,
-            rpc,
-            stderr_path,
-        };
+        let mut d = Daemon { child: Some(child), dir, rpc, stderr_path };
         d.wait_ready();
         d
     }
@@ -152,15 +137,8 @@ impl Daemon {
     fn wait_ready(&mut self) {
         let start = Instant::now();
         loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!(
-                    "flashpath serve exited during start-up with {status}:\n{}",
-                    self.stderr()
-                );
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("flashpath serve exited during start-up with {status}:\n{}", self.stderr());
             }
             if self.rpc.exists() {
                 if let Ok(Ok(_)) = rpc_call(&self.rpc, "bdev_get_bdevs", None) {
@@ -168,10 +146,7 @@ impl Daemon {
                 }
             }
             if start.elapsed() > START_TIMEOUT {
-                panic!(
-                    "flashpath serve did not answer RPCs within {START_TIMEOUT:?}:\n{}",
-                    self.stderr()
-                );
+                panic!("flashpath serve did not answer RPCs within {START_TIMEOUT:?}:\n{}", self.stderr());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -191,10 +166,7 @@ impl Daemon {
         let params = if params.is_null() { None } else { Some(params) };
         match rpc_call(&self.rpc, method, params) {
             Ok(r) => r,
-            Err(e) => panic!(
-                "RPC {method} failed at the transport level: {e}\n{}",
-                self.stderr()
-            ),
+            Err(e) => panic!("RPC {method} failed at the transport level: {e}\n{}", self.stderr()),
         }
     }
 
@@ -208,11 +180,7 @@ impl Daemon {
 
     /// Asserts the process is running and its RPC socket still answers.
     pub fn assert_alive(&mut self) {
-        if let Some(status) = self
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-        {
+        if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
             panic!("flashpath serve exited with {status}:\n{}", self.stderr());
         }
         let bdevs = self.call("bdev_get_bdevs", Value::Null);
@@ -247,24 +215,14 @@ impl Daemon {
     }
 
     /// A vhost-user-blk controller; returns its socket path.
-    pub fn controller(
-        &self,
-        ctrlr: &str,
-        dev: &str,
-        num_queues: Option<u16>,
-        readonly: bool,
-    ) -> PathBuf {
+    pub fn controller(&self, ctrlr: &str, dev: &str, num_queues: Option<u16>, readonly: bool) -> PathBuf {
         let mut params = json!({"ctrlr": ctrlr, "dev_name": dev, "readonly": readonly});
         if let Some(n) = num_queues {
             params["num_queues"] = json!(n);
         }
         self.call("vhost_create_blk_controller", params);
         let sock = self.dir.path().join(ctrlr);
-        assert!(
-            sock.exists(),
-            "vhost_create_blk_controller did not create {}",
-            sock.display()
-        );
+        assert!(sock.exists(), "vhost_create_blk_controller did not create {}", sock.display());
         sock
     }
 
@@ -277,9 +235,7 @@ impl Daemon {
         loop {
             match child.try_wait() {
                 Ok(Some(status)) => return Some(status),
-                Ok(None) if start.elapsed() < STOP_TIMEOUT => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
+                Ok(None) if start.elapsed() < STOP_TIMEOUT => std::thread::sleep(Duration::from_millis(10)),
                 _ => {
                     eprintln!("flashpath serve ignored SIGTERM for {STOP_TIMEOUT:?}; killing it");
                     let _ = child.kill();
@@ -305,11 +261,7 @@ impl Drop for Daemon {
 
 /// Runs `f` on its own thread; fails the test if it takes longer than `limit`, and re-raises its
 /// panic if it panics.
-pub fn bounded<T: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
+pub fn bounded<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = std::sync::mpsc::channel();
     let handle = std::thread::Builder::new()
         .name(what.chars().take(15).collect())
@@ -366,11 +318,7 @@ pub struct ClientOpts {
 
 impl Default for ClientOpts {
     fn default() -> Self {
-        ClientOpts {
-            num_queues: 1,
-            read_only: false,
-            arena: 4 << 20,
-        }
+        ClientOpts { num_queues: 1, read_only: false, arena: 4 << 20 }
     }
 }
 
@@ -406,37 +354,14 @@ impl BlkClient {
         let started = b.start()?;
         let arena = b.alloc_mem_region(opts.arena)?;
         b.map_mem_region(&arena)?;
-        let max_io = if max_transfer > 0 {
-            (max_transfer as usize).min(1 << 20)
-        } else {
-            1 << 20
-        };
-        Ok(BlkClient {
-            queues: started.queues,
-            blkio: b,
-            arena,
-            capacity,
-            block_size,
-            max_io,
-            max_queues,
-        })
+        let max_io = if max_transfer > 0 { (max_transfer as usize).min(1 << 20) } else { 1 << 20 };
+        Ok(BlkClient { queues: started.queues, blkio: b, arena, capacity, block_size, max_io, max_queues })
     }
 
     /// Connects with `num_queues` queues, panicking on failure.
     pub fn open(socket: &Path, num_queues: usize) -> BlkClient {
-        BlkClient::connect(
-            socket,
-            ClientOpts {
-                num_queues,
-                ..ClientOpts::default()
-            },
-        )
-        .unwrap_or_else(|e| {
-            panic!(
-                "libblkio connect/start on {}: {e} ({:?})",
-                socket.display(),
-                e.errno()
-            )
+        BlkClient::connect(socket, ClientOpts { num_queues, ..ClientOpts::default() }).unwrap_or_else(|e| {
+            panic!("libblkio connect/start on {}: {e} ({:?})", socket.display(), e.errno())
         })
     }
 
@@ -460,9 +385,7 @@ impl BlkClient {
     /// vhost-user ADD_MEM_REG) before the old one is unmapped (REM_MEM_REG) and freed.
     pub fn replace_arena(&mut self, len: usize) {
         let new = self.blkio.alloc_mem_region(len).expect("alloc_mem_region");
-        self.blkio
-            .map_mem_region(&new)
-            .expect("map_mem_region (ADD_MEM_REG)");
+        self.blkio.map_mem_region(&new).expect("map_mem_region (ADD_MEM_REG)");
         let old = std::mem::replace(&mut self.arena, new);
         self.blkio.unmap_mem_region(&old);
         self.blkio.free_mem_region(&old);
@@ -474,17 +397,9 @@ impl BlkClient {
         let mut per_queue = vec![0usize; self.queues.len()];
         let arena_base = self.arena.addr as *mut u8;
         for (i, op) in ops.iter().enumerate() {
-            assert!(
-                op.queue < self.queues.len(),
-                "op on queue {} of {}",
-                op.queue,
-                self.queues.len()
-            );
+            assert!(op.queue < self.queues.len(), "op on queue {} of {}", op.queue, self.queues.len());
             if matches!(op.kind, OpKind::Read | OpKind::Write) {
-                assert!(
-                    op.buf + op.len <= self.arena.len,
-                    "op buffer outside the arena"
-                );
+                assert!(op.buf + op.len <= self.arena.len, "op buffer outside the arena");
             }
             // In bounds of the arena, checked above.
             let buf = arena_base.wrapping_add(op.buf);
@@ -495,20 +410,15 @@ impl BlkClient {
                 OpKind::Flush => q.flush(i, ReqFlags::empty()),
                 OpKind::Discard => q.discard(op.offset, op.len as u64, i, ReqFlags::empty()),
                 OpKind::WriteZeroes { unmap } => {
-                    let flags = if unmap {
-                        ReqFlags::empty()
-                    } else {
-                        ReqFlags::NO_UNMAP
-                    };
+                    let flags = if unmap { ReqFlags::empty() } else { ReqFlags::NO_UNMAP };
                     q.write_zeroes(op.offset, op.len as u64, i, flags)
                 }
             }
             per_queue[op.queue] += 1;
         }
         let mut rets = vec![i32::MIN; ops.len()];
-        let mut completions: Vec<MaybeUninit<Completion>> = (0..ops.len().max(1))
-            .map(|_| MaybeUninit::uninit())
-            .collect();
+        let mut completions: Vec<MaybeUninit<Completion>> =
+            (0..ops.len().max(1)).map(|_| MaybeUninit::uninit()).collect();
         // Kick every queue first so all of them run concurrently, then wait queue by queue.
         for (qi, q) in self.queues.iter_mut().enumerate() {
             let n = q.do_io(&mut completions, 0, None, None).expect("do_io");
@@ -527,34 +437,19 @@ impl BlkClient {
                 }
             }
         }
-        assert!(
-            rets.iter().all(|&r| r != i32::MIN),
-            "a request completed twice or never"
-        );
+        assert!(rets.iter().all(|&r| r != i32::MIN), "a request completed twice or never");
         rets
     }
 
     /// Writes `data` at `offset` through `queue`; returns libblkio's `ret`.
     pub fn write(&mut self, queue: usize, offset: u64, data: &[u8]) -> i32 {
         self.arena()[..data.len()].copy_from_slice(data);
-        self.run(&[Op {
-            queue,
-            kind: OpKind::Write,
-            offset,
-            len: data.len(),
-            buf: 0,
-        }])[0]
+        self.run(&[Op { queue, kind: OpKind::Write, offset, len: data.len(), buf: 0 }])[0]
     }
 
     /// Reads `len` bytes at `offset` through `queue`.
     pub fn read(&mut self, queue: usize, offset: u64, len: usize) -> Result<Vec<u8>, i32> {
-        let ret = self.run(&[Op {
-            queue,
-            kind: OpKind::Read,
-            offset,
-            len,
-            buf: 0,
-        }])[0];
+        let ret = self.run(&[Op { queue, kind: OpKind::Read, offset, len, buf: 0 }])[0];
         if ret < 0 {
             return Err(ret);
         }
@@ -562,33 +457,15 @@ impl BlkClient {
     }
 
     pub fn flush(&mut self, queue: usize) -> i32 {
-        self.run(&[Op {
-            queue,
-            kind: OpKind::Flush,
-            offset: 0,
-            len: 0,
-            buf: 0,
-        }])[0]
+        self.run(&[Op { queue, kind: OpKind::Flush, offset: 0, len: 0, buf: 0 }])[0]
     }
 
     pub fn discard(&mut self, queue: usize, offset: u64, len: usize) -> i32 {
-        self.run(&[Op {
-            queue,
-            kind: OpKind::Discard,
-            offset,
-            len,
-            buf: 0,
-        }])[0]
+        self.run(&[Op { queue, kind: OpKind::Discard, offset, len, buf: 0 }])[0]
     }
 
     pub fn write_zeroes(&mut self, queue: usize, offset: u64, len: usize, unmap: bool) -> i32 {
-        self.run(&[Op {
-            queue,
-            kind: OpKind::WriteZeroes { unmap },
-            offset,
-            len,
-            buf: 0,
-        }])[0]
+        self.run(&[Op { queue, kind: OpKind::WriteZeroes { unmap }, offset, len, buf: 0 }])[0]
     }
 
     /// Writes `data` at `offset` in `max_io` pieces over queue 0, asserting success.
@@ -608,30 +485,19 @@ impl BlkClient {
         while out.len() < len {
             let n = step.min(len - out.len());
             let off = offset + out.len() as u64;
-            let chunk = self
-                .read(0, off, n)
-                .unwrap_or_else(|r| panic!("read of {n} bytes at {off}: ret {r}"));
+            let chunk =
+                self.read(0, off, n).unwrap_or_else(|r| panic!("read of {n} bytes at {off}: ret {r}"));
             out.extend_from_slice(&chunk);
         }
         out
     }
 }
 
-fn record(
-    completions: &[MaybeUninit<Completion>],
-    n: usize,
-    rets: &mut [i32],
-    outstanding: &mut usize,
-) {
+fn record(completions: &[MaybeUninit<Completion>], n: usize, rets: &mut [i32], outstanding: &mut usize) {
     for c in &completions[..n] {
         // SAFETY: do_io() initialised the first `n` completions.
         let c = unsafe { c.assume_init_ref() };
-        assert_eq!(
-            rets[c.user_data],
-            i32::MIN,
-            "request {} completed twice",
-            c.user_data
-        );
+        assert_eq!(rets[c.user_data], i32::MIN, "request {} completed twice", c.user_data);
         rets[c.user_data] = c.ret;
         *outstanding -= 1;
     }
@@ -651,9 +517,8 @@ pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len + 8);
     let mut pos = offset;
     while out.len() < len {
-        let word = (pos / 8).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            ^ seed.rotate_left(17)
-            ^ 0xa5a5_0000_0000_5a5a;
+        let word =
+            (pos / 8).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed.rotate_left(17) ^ 0xa5a5_0000_0000_5a5a;
         out.extend_from_slice(&word.to_le_bytes());
         pos += 8;
     }
@@ -677,8 +542,7 @@ pub fn assert_same(what: &str, base: u64, got: &[u8], want: &[u8]) {
 
 /// utime + stime of process `pid`, in clock ticks (all its threads).
 pub fn cpu_ticks(pid: u32) -> u64 {
-    let stat =
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("reading /proc/<pid>/stat");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("reading /proc/<pid>/stat");
     // The command name (field 2) is in parentheses and may contain spaces: parse after it.
     let rest = &stat[stat.rfind(')').expect("malformed stat") + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -766,24 +630,12 @@ pub fn random_write_verify(
             let data = pattern(seed ^ ((round as u64) << 32) ^ i as u64, off as u64, n);
             c.arena()[buf..buf + n].copy_from_slice(&data);
             shadow[off..off + n].copy_from_slice(&data);
-            known[first..first + blocks]
-                .iter_mut()
-                .for_each(|b| *b = true);
-            ops.push(Op {
-                queue: i % nq,
-                kind: OpKind::Write,
-                offset: base + off as u64,
-                len: n,
-                buf,
-            });
+            known[first..first + blocks].iter_mut().for_each(|b| *b = true);
+            ops.push(Op { queue: i % nq, kind: OpKind::Write, offset: base + off as u64, len: n, buf });
         }
         let rets = c.run(&ops);
         for (op, r) in ops.iter().zip(&rets) {
-            assert_eq!(
-                *r, 0,
-                "round {round}: write of {} bytes at {} failed",
-                op.len, op.offset
-            );
+            assert_eq!(*r, 0, "round {round}: write of {} bytes at {} failed", op.len, op.offset);
         }
 
         // Reads: random extents anywhere in the region.
@@ -804,11 +656,7 @@ pub fn random_write_verify(
         }
         let rets = c.run(&ops);
         for (op, r) in ops.iter().zip(&rets) {
-            assert_eq!(
-                *r, 0,
-                "round {round}: read of {} bytes at {} failed",
-                op.len, op.offset
-            );
+            assert_eq!(*r, 0, "round {round}: read of {} bytes at {} failed", op.len, op.offset);
             let got = c.arena()[op.buf..op.buf + op.len].to_vec();
             let what = format!("round {round} read on queue {}", op.queue);
             compared += check(&what, &shadow, &known, (op.offset - base) as usize, &got);

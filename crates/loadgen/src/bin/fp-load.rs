@@ -111,12 +111,7 @@ fn main() -> ExitCode {
     }
     if args.offset != 0 || args.size.is_some() {
         match args.size {
-            Some(len) => {
-                spec.region = Some(Region {
-                    offset: args.offset,
-                    len,
-                })
-            }
+            Some(len) => spec.region = Some(Region { offset: args.offset, len }),
             None => match region_to_end(&spec, args.offset) {
                 Ok(r) => spec.region = Some(r),
                 Err(e) => {
@@ -167,14 +162,9 @@ fn region_to_end(spec: &LoadSpec, offset: u64) -> Result<Region, String> {
     b.connect().map_err(|e| format!("connect: {e}"))?;
     let cap = b.get_u64("capacity").map_err(|e| e.to_string())?;
     if offset >= cap {
-        return Err(format!(
-            "--offset {offset} is beyond the device's {cap} bytes"
-        ));
+        return Err(format!("--offset {offset} is beyond the device's {cap} bytes"));
     }
-    Ok(Region {
-        offset,
-        len: cap - offset,
-    })
+    Ok(Region { offset, len: cap - offset })
 }
 
 fn us(ns: u64) -> f64 {
@@ -182,15 +172,8 @@ fn us(ns: u64) -> f64 {
 }
 
 fn print_human(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
-    let mode = if spec.poll_queues {
-        "poll queues"
-    } else {
-        "completion fds"
-    };
-    let cpu = spec
-        .cpu
-        .map(|c| format!(", client cpu {c}"))
-        .unwrap_or_default();
+    let mode = if spec.poll_queues { "poll queues" } else { "completion fds" };
+    let cpu = spec.cpu.map(|c| format!(", client cpu {c}")).unwrap_or_default();
     let label = label.map(|l| format!("{l}: ")).unwrap_or_default();
     println!(
         "{label}{} bs={} qd={} queues={} ({mode}{cpu}) on {}",
@@ -219,10 +202,6 @@ fn print_human(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
         us(r.lat_max_ns)
     );
     if r.errors > 0 {
-        println!(
-            "  ERRORS: {} requests failed (first: errno {})",
-            r.errors,
-            -r.first_error.unwrap_or(0)
-        );
+        println!("  ERRORS: {} requests failed (first: errno {})", r.errors, -r.first_error.unwrap_or(0));
     }
 }

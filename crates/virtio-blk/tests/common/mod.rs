@@ -24,10 +24,7 @@ pub const QSIZE: u16 = 16;
 pub fn mem() -> GuestMemory {
     GuestMemory::from_ranges(&[
         (GuestAddress(0), REGION_SPLIT as usize),
-        (
-            GuestAddress(REGION_SPLIT),
-            (MEM_END - REGION_SPLIT) as usize,
-        ),
+        (GuestAddress(REGION_SPLIT), (MEM_END - REGION_SPLIT) as usize),
     ])
     .unwrap()
 }
@@ -75,11 +72,7 @@ pub fn write_indirect(mem: &GuestMemory, table: u64, descs: &[(u64, u32, bool)])
         if i + 1 < descs.len() {
             flags |= F_NEXT;
         }
-        mem.write_obj(
-            raw(addr, len, flags, (i + 1) as u16),
-            GuestAddress(table + 16 * i as u64),
-        )
-        .unwrap();
+        mem.write_obj(raw(addr, len, flags, (i + 1) as u16), GuestAddress(table + 16 * i as u64)).unwrap();
     }
     (descs.len() * 16) as u32
 }
@@ -111,13 +104,7 @@ pub fn byte(mem: &GuestMemory, addr: u64) -> u8 {
 }
 
 pub fn iovs() -> Vec<libc::iovec> {
-    vec![
-        libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        };
-        fp_virtio_blk::MAX_IOVECS
-    ]
+    vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; fp_virtio_blk::MAX_IOVECS]
 }
 
 /// Fresh two-region memory and queue; when `ty` is given, a request header
@@ -126,10 +113,7 @@ pub fn iovs() -> Vec<libc::iovec> {
 pub fn parse_linear(
     ty: Option<u32>,
     descs: &[(u64, u32, bool)],
-) -> (
-    GuestMemory,
-    Result<fp_virtio_blk::BlkRequest, fp_virtio_blk::ParseError>,
-) {
+) -> (GuestMemory, Result<fp_virtio_blk::BlkRequest, fp_virtio_blk::ParseError>) {
     let m = mem();
     let res = {
         let q = queue(&m);
