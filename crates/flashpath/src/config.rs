@@ -6,7 +6,7 @@
 //!
 //! [reactor]                            # optional
 //! cpus = "0-1"                         # --cpus wins
-//! idle_window_us = 500                 # --idle-window-us wins
+//! idle_window_us = 200                 # --idle-window-us wins
 //!
 //! [[bdev]]
 //! type = "malloc"                      # null | malloc | uring

@@ -85,7 +85,7 @@ pub struct ReactorConfig {
 /// The default idle window. See docs/architecture.md ("Adaptive polling") for the measurement
 /// behind it: long enough that a guest's next request at queue depth 1 almost always arrives
 /// while the reactor still polls, short enough that an idle disk costs nothing measurable.
-pub const DEFAULT_IDLE_WINDOW: Duration = Duration::from_micros(500);
+pub const DEFAULT_IDLE_WINDOW: Duration = Duration::from_micros(200);
 
 impl Default for ReactorConfig {
     fn default() -> Self {
