@@ -28,6 +28,7 @@ use vhost::vhost_user::{
 use vhost::VhostUserMemoryRegionBase;
 use vm_memory::ByteValued;
 
+use crate::inflight::InflightArea;
 use crate::memory::{MemoryMap, MAX_MEM_REGIONS};
 use crate::queue::{QueuePoller, QueueSetup, Stopped};
 use crate::Shared;
@@ -59,6 +60,8 @@ pub struct Connection {
     protocol_features: u64,
     memory: MemoryMap,
     vrings: Vec<Vring>,
+    /// The in-flight area (GET/SET_INFLIGHT_FD), shared with the front-end.
+    inflight: Option<Arc<InflightArea>>,
 }
 
 fn invalid(what: &'static str) -> VuError {
@@ -68,7 +71,14 @@ fn invalid(what: &'static str) -> VuError {
 impl Connection {
     pub fn new(shared: Arc<Shared>) -> Connection {
         let vrings = (0..shared.num_queues).map(|_| Vring::default()).collect();
-        Connection { shared, acked_features: 0, protocol_features: 0, memory: MemoryMap::default(), vrings }
+        Connection {
+            shared,
+            acked_features: 0,
+            protocol_features: 0,
+            memory: MemoryMap::default(),
+            vrings,
+            inflight: None,
+        }
     }
 
     fn offered_features(&self) -> u64 {
@@ -132,6 +142,7 @@ impl Connection {
             disk: self.shared.disk,
             serial: self.shared.serial,
             stats: self.shared.queue_stats[index].clone(),
+            inflight: self.inflight.clone(),
         };
         let reactor = self.reactor_for(index).clone();
         let started = reactor
@@ -355,7 +366,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
         Ok(VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
@@ -413,12 +425,36 @@ impl VhostUserBackendReqHandlerMut for Connection {
         Err(invalid("shared objects are not supported"))
     }
 
-    fn get_inflight_fd(&mut self, _inflight: &VhostUserInflight) -> VuResult<(VhostUserInflight, File)> {
-        Err(invalid("inflight tracking is not offered"))
+    fn get_inflight_fd(&mut self, inflight: &VhostUserInflight) -> VuResult<(VhostUserInflight, File)> {
+        if inflight.num_queues == 0 || inflight.num_queues > self.shared.num_queues {
+            return Err(VuError::InvalidParam);
+        }
+        let (area, file, size) =
+            InflightArea::create(inflight.num_queues, inflight.queue_size).map_err(|e| {
+                log::warn!("{}: {e}", self.shared.name);
+                VuError::InvalidParam
+            })?;
+        self.inflight = Some(area);
+        Ok((VhostUserInflight::new(size, 0, inflight.num_queues, inflight.queue_size), file))
     }
 
-    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> VuResult<()> {
-        Err(invalid("inflight tracking is not offered"))
+    fn set_inflight_fd(&mut self, inflight: &VhostUserInflight, file: File) -> VuResult<()> {
+        if !self.running_queues().is_empty() {
+            return Err(invalid("SET_INFLIGHT_FD while queues run"));
+        }
+        let area = InflightArea::map(
+            &file,
+            inflight.mmap_size,
+            inflight.mmap_offset,
+            inflight.num_queues,
+            inflight.queue_size,
+        )
+        .map_err(|e| {
+            log::warn!("{}: {e}", self.shared.name);
+            VuError::InvalidParam
+        })?;
+        self.inflight = Some(area);
+        Ok(())
     }
 
     fn get_max_mem_slots(&mut self) -> VuResult<u64> {

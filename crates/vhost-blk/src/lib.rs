@@ -13,6 +13,7 @@
 //! VMM restart) and the disk keeps serving.
 
 pub mod backend;
+pub mod inflight;
 pub mod memory;
 pub mod queue;
 pub mod ring;

@@ -28,9 +28,12 @@ use fp_virtio_blk::{
     parse_chain, validate, write_id, BlkRequest, DiskParams, GuestMemory, RequestType, StatusPtr, MAX_IOVECS,
     SECTOR_SIZE, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestAddress;
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap, MmapRegion,
+};
 
+use crate::inflight::InflightArea;
 use crate::ring::UsedRing;
 
 /// Per-queue counters, written by the queue's reactor only (relaxed stores), read by the control
@@ -120,6 +123,8 @@ pub struct QueueSetup {
     pub disk: DiskParams,
     pub serial: [u8; VIRTIO_BLK_ID_BYTES],
     pub stats: Arc<QueueStats>,
+    /// The connection's in-flight area, when the front-end negotiated INFLIGHT_SHMFD.
+    pub inflight: Option<Arc<InflightArea>>,
 }
 
 /// Why a queue could not start.
@@ -133,6 +138,14 @@ pub enum StartError {
     },
     #[error("queue {index}: descriptor table is not inside guest memory")]
     DescTable { index: u16 },
+    #[error("queue {index}: {source}")]
+    Inflight {
+        index: u16,
+        #[source]
+        source: crate::inflight::InflightError,
+    },
+    #[error("queue {index}: cannot resubmit in-flight requests: {reason}")]
+    Resubmit { index: u16, reason: String },
     #[error("queue {index}: cannot open a channel to the bdev: {source}")]
     Channel {
         index: u16,
@@ -179,10 +192,125 @@ pub struct QueuePoller {
     failed: bool,
     counters: Counters,
     stats: Arc<QueueStats>,
+    /// Guest memory plus the private page used to resubmit in-flight requests (kept while the
+    /// queue lives; see `resubmit`).
+    replay_mem: Option<Arc<GuestMemory>>,
 }
 
 fn empty_iov() -> libc::iovec {
     libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }
+}
+
+/// What to do after starting one chain.
+enum Flow {
+    Next,
+    /// The backend is full: stop taking requests this round (the request waits in `retry`).
+    Busy,
+    /// The chain cannot be completed at all: fail the queue.
+    Fail(String),
+}
+
+/// The parts of a poller that starting a request touches (split off so the available-ring
+/// iterator can borrow the queue at the same time).
+struct Starter<'a> {
+    used: &'a mut UsedRing,
+    channel: &'a mut Box<dyn IoChannel>,
+    disk: &'a DiskParams,
+    serial: &'a [u8; VIRTIO_BLK_ID_BYTES],
+    slots: &'a mut [Slot],
+    free: &'a mut Vec<u16>,
+    retry: &'a mut Option<u16>,
+    counters: &'a mut Counters,
+}
+
+impl Starter<'_> {
+    /// Parses, validates and submits one chain, or completes it at once. The caller ensures a
+    /// slot is free.
+    fn start<M>(&mut self, chain: DescriptorChain<M>) -> Flow
+    where
+        M: std::ops::Deref,
+        M::Target: vm_memory::GuestMemory,
+    {
+        let Some(&slot_idx) = self.free.last() else { return Flow::Busy };
+        let head = chain.head_index();
+        self.used.taken(head);
+        let slot = &mut self.slots[usize::from(slot_idx)];
+        let req: BlkRequest = match parse_chain(chain, &mut slot.iov) {
+            Ok(r) => r,
+            Err(e) => {
+                return match e.status {
+                    Some(st) => {
+                        log::debug!("queue request {head}: {}", e.kind);
+                        QueuePoller::complete_now(self.used, self.counters, head, st, e.status_code());
+                        Flow::Next
+                    }
+                    None => Flow::Fail(format!("request {head} cannot be completed: {}", e.kind)),
+                };
+            }
+        };
+        if let Err(code) = validate(&req, self.disk) {
+            QueuePoller::complete_now(self.used, self.counters, head, req.status, code);
+            return Flow::Next;
+        }
+        let op = match req.kind {
+            RequestType::In => IoOp::Read,
+            RequestType::Out => IoOp::Write,
+            RequestType::Flush => IoOp::Flush,
+            RequestType::Discard => IoOp::Discard,
+            RequestType::WriteZeroes => IoOp::WriteZeroes,
+            RequestType::GetId => {
+                let iov = &slot.iov[..req.iovcnt as usize];
+                // SAFETY: the iovecs were built by the parser from device-writable
+                // descriptors inside our live memory snapshot.
+                let n = unsafe { write_id(iov, self.serial) };
+                // SAFETY: as above, for the status byte.
+                unsafe { req.status.write(VIRTIO_BLK_S_OK) };
+                self.counters.get_id_ops += 1;
+                self.used.push(head, n + 1);
+                return Flow::Next;
+            }
+            RequestType::Unsupported(_) => {
+                QueuePoller::complete_now(self.used, self.counters, head, req.status, VIRTIO_BLK_S_UNSUPP);
+                return Flow::Next;
+            }
+        };
+        let (offset, len) = match req.segment {
+            Some(seg) => (seg.sector * SECTOR_SIZE, u64::from(seg.num_sectors) * SECTOR_SIZE),
+            None if op == IoOp::Flush => (0, 0),
+            None => (req.sector * SECTOR_SIZE, req.data_len),
+        };
+        slot.head = head;
+        slot.status = Some(req.status);
+        slot.used_len = if op == IoOp::Read { req.writable_len } else { 1 };
+        slot.op = op;
+        slot.bytes = len;
+        slot.req = IoRequest {
+            tag: u32::from(slot_idx),
+            op,
+            offset,
+            len,
+            iov: slot.iov.as_ptr(),
+            iovcnt: req.iovcnt,
+        };
+        self.free.pop();
+        // SAFETY: the iovecs point into guest memory kept mapped by the poller's snapshot,
+        // which it holds until every in-flight request has completed (stop waits for them), and
+        // the iovec array lives in the slot, which is not reused before completion.
+        match unsafe { self.channel.submit(&slot.req) } {
+            Ok(()) => Flow::Next,
+            Err(SubmitError::Busy) => {
+                *self.retry = Some(slot_idx);
+                Flow::Busy
+            }
+            Err(e) => {
+                self.free.push(slot_idx);
+                let code =
+                    if e == SubmitError::Unsupported { VIRTIO_BLK_S_UNSUPP } else { VIRTIO_BLK_S_IOERR };
+                QueuePoller::complete_now(self.used, self.counters, head, req.status, code);
+                Flow::Next
+            }
+        }
+    }
 }
 
 impl QueuePoller {
@@ -194,14 +322,45 @@ impl QueuePoller {
         queue.set_avail_ring_address(Some(s.avail.0 as u32), Some((s.avail.0 >> 32) as u32));
         queue.set_used_ring_address(Some(s.used.0 as u32), Some((s.used.0 >> 32) as u32));
         queue.set_event_idx(s.event_idx);
-        queue.set_next_avail(s.base);
-        queue.set_next_used(s.base);
         queue.set_ready(true);
         if !queue.is_valid(&*s.mem) {
             return Err(StartError::DescTable { index: s.index });
         }
-        let used = UsedRing::new(&s.mem, s.avail, s.used, s.size, s.event_idx, s.base)
+        // With in-flight tracking the ring position comes from the region, not the base: after
+        // a back-end crash the front-end resets the base to the used index, and everything it
+        // had taken beyond that is either completed (in the used ring) or recorded in flight.
+        let (mut next_avail, mut next_used, mut tracker, mut resubmit) = (s.base, s.base, None, Vec::new());
+        if let Some(area) = &s.inflight {
+            let mut t = area
+                .queue(s.index, s.size)
+                .map_err(|source| StartError::Inflight { index: s.index, source })?;
+            let ring_used: u16 = s
+                .mem
+                .read_obj(s.used.unchecked_add(2))
+                .map_err(|_| StartError::DescTable { index: s.index })?;
+            let recovered = t.recover(ring_used);
+            if recovered.reused {
+                next_used = ring_used;
+                next_avail = ring_used.wrapping_add(recovered.resubmit.len() as u16);
+                if !recovered.resubmit.is_empty() {
+                    log::info!(
+                        "{} queue {}: resubmitting {} in-flight requests from before the restart",
+                        s.controller,
+                        s.index,
+                        recovered.resubmit.len()
+                    );
+                }
+                resubmit = recovered.resubmit;
+            }
+            tracker = Some(t);
+        }
+        queue.set_next_avail(next_avail);
+        queue.set_next_used(next_used);
+        let mut used = UsedRing::new(&s.mem, s.avail, s.used, s.size, s.event_idx, next_used)
             .map_err(|source| StartError::Ring { index: s.index, source })?;
+        if let Some(t) = tracker.take() {
+            used.track(t);
+        }
         let channel =
             s.bdev.open_channel().map_err(|source| StartError::Channel { index: s.index, source })?;
         let slots: Box<[Slot]> = (0..s.size)
@@ -242,7 +401,13 @@ impl QueuePoller {
             failed: false,
             counters,
             stats: s.stats,
+            replay_mem: None,
         };
+        if !resubmit.is_empty() {
+            poller
+                .resubmit(&resubmit, s.desc)
+                .map_err(|reason| StartError::Resubmit { index: poller.index, reason })?;
+        }
         // Start in polling mode: the driver need not kick while we poll.
         let _ = poller.queue.disable_notification(&*poller.mem);
         Ok(poller)
@@ -294,92 +459,68 @@ impl QueuePoller {
             }
         };
         let mut popped = false;
-        let mut no_status = None;
-        while let Some(&slot_idx) = free.last() {
+        let mut failure = None;
+        let mut starter = Starter { used, channel, disk, serial, slots, free, retry, counters };
+        while !starter.free.is_empty() {
             let Some(chain) = iter.next() else { break };
             popped = true;
-            let head = chain.head_index();
-            let slot = &mut slots[usize::from(slot_idx)];
-            let req: BlkRequest = match parse_chain(chain, &mut slot.iov) {
-                Ok(r) => r,
-                Err(e) => match e.status {
-                    Some(st) => {
-                        log::debug!("queue request {head}: {}", e.kind);
-                        Self::complete_now(used, counters, head, st, e.status_code());
-                        continue;
-                    }
-                    None => {
-                        no_status = Some(format!("request {head} cannot be completed: {}", e.kind));
-                        break;
-                    }
-                },
-            };
-            if let Err(code) = validate(&req, disk) {
-                Self::complete_now(used, counters, head, req.status, code);
-                continue;
-            }
-            let op = match req.kind {
-                RequestType::In => IoOp::Read,
-                RequestType::Out => IoOp::Write,
-                RequestType::Flush => IoOp::Flush,
-                RequestType::Discard => IoOp::Discard,
-                RequestType::WriteZeroes => IoOp::WriteZeroes,
-                RequestType::GetId => {
-                    let iov = &slot.iov[..req.iovcnt as usize];
-                    // SAFETY: the iovecs were built by the parser from device-writable
-                    // descriptors inside our live memory snapshot.
-                    let n = unsafe { write_id(iov, serial) };
-                    // SAFETY: as above, for the status byte.
-                    unsafe { req.status.write(VIRTIO_BLK_S_OK) };
-                    counters.get_id_ops += 1;
-                    used.push(head, n + 1);
-                    continue;
-                }
-                RequestType::Unsupported(_) => {
-                    Self::complete_now(used, counters, head, req.status, VIRTIO_BLK_S_UNSUPP);
-                    continue;
-                }
-            };
-            let (offset, len) = match req.segment {
-                Some(seg) => (seg.sector * SECTOR_SIZE, u64::from(seg.num_sectors) * SECTOR_SIZE),
-                None if op == IoOp::Flush => (0, 0),
-                None => (req.sector * SECTOR_SIZE, req.data_len),
-            };
-            slot.head = head;
-            slot.status = Some(req.status);
-            slot.used_len = if op == IoOp::Read { req.writable_len } else { 1 };
-            slot.op = op;
-            slot.bytes = len;
-            slot.req = IoRequest {
-                tag: u32::from(slot_idx),
-                op,
-                offset,
-                len,
-                iov: slot.iov.as_ptr(),
-                iovcnt: req.iovcnt,
-            };
-            free.pop();
-            // SAFETY: the iovecs point into guest memory kept mapped by `mem`, which this poller
-            // holds until every in-flight request has completed (stop waits for them), and the
-            // iovec array lives in the slot, which is not reused before completion.
-            match unsafe { channel.submit(&slot.req) } {
-                Ok(()) => {}
-                Err(SubmitError::Busy) => {
-                    *retry = Some(slot_idx);
+            match starter.start(chain) {
+                Flow::Next => {}
+                Flow::Busy => break,
+                Flow::Fail(why) => {
+                    failure = Some(why);
                     break;
-                }
-                Err(e) => {
-                    free.push(slot_idx);
-                    let code =
-                        if e == SubmitError::Unsupported { VIRTIO_BLK_S_UNSUPP } else { VIRTIO_BLK_S_IOERR };
-                    Self::complete_now(used, counters, head, req.status, code);
                 }
             }
         }
-        if let Some(why) = no_status {
+        if let Some(why) = failure {
             self.fail(&why);
         }
         popped
+    }
+
+    /// Resubmits requests a previous back-end left in flight (see [`crate::inflight`]), oldest
+    /// first, before anything new is taken from the available ring.
+    ///
+    /// `virtio-queue` only builds descriptor chains from an available ring, so the heads are
+    /// listed in a one-off available ring in a private page mapped above guest memory; walking
+    /// it with a temporary queue over the guest's descriptor table yields ordinary chains for
+    /// the one request parser. The combined map is kept for the poller's lifetime, so even a
+    /// descriptor that (hostilely) points into the private page stays valid while in flight.
+    fn resubmit(&mut self, heads: &[u16], desc_table: GuestAddress) -> Result<(), String> {
+        let size = self.queue.size();
+        let top = self.mem.iter().map(|r| r.last_addr().raw_value()).max().unwrap_or(0);
+        let private =
+            top.checked_add(1).map(|a| a.next_multiple_of(4096)).ok_or("no room above guest memory")?;
+        let ring_bytes = (6 + 2 * usize::from(size)).next_multiple_of(4096);
+        let region = MmapRegion::<()>::new(ring_bytes).map_err(|e| format!("private ring: {e}"))?;
+        let region = GuestRegionMmap::new(region, GuestAddress(private)).ok_or("private ring address")?;
+        let combined =
+            Arc::new(self.mem.insert_region(Arc::new(region)).map_err(|e| format!("private ring: {e}"))?);
+        for (i, &h) in heads.iter().enumerate() {
+            combined.write_obj(h, GuestAddress(private + 4 + 2 * i as u64)).map_err(|e| e.to_string())?;
+        }
+        combined.write_obj(heads.len() as u16, GuestAddress(private + 2)).map_err(|e| e.to_string())?;
+        let mut replay = Queue::new(size).map_err(|e| e.to_string())?;
+        replay.set_size(size);
+        replay.set_desc_table_address(Some(desc_table.0 as u32), Some((desc_table.0 >> 32) as u32));
+        replay.set_avail_ring_address(Some(private as u32), Some((private >> 32) as u32));
+        replay.set_used_ring_address(Some(private as u32), Some((private >> 32) as u32));
+        replay.set_ready(true);
+        let Self { used, channel, disk, serial, slots, free, retry, counters, .. } = self;
+        let mut starter = Starter { used, channel, disk, serial, slots, free, retry, counters };
+        let mut iter = replay.iter(&*combined).map_err(|e| e.to_string())?;
+        for chain in iter.by_ref() {
+            match starter.start(chain) {
+                Flow::Next => {}
+                // At queue start every slot is free and nothing is queued: a busy channel here
+                // would have to hold more than a ring's worth of requests.
+                Flow::Busy => return Err("backend refused a resubmitted request".into()),
+                Flow::Fail(why) => return Err(why),
+            }
+        }
+        self.replay_mem = Some(combined);
+        Ok(())
     }
 
     fn retry_busy(&mut self) -> bool {

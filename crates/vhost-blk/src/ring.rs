@@ -12,6 +12,8 @@ use std::num::Wrapping;
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
 use fp_virtio_blk::GuestMemory;
+
+use crate::inflight::InflightQueue;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 /// VRING_AVAIL_F_NO_INTERRUPT (§2.7.7).
@@ -38,6 +40,8 @@ pub struct UsedRing {
     signalled: Wrapping<u16>,
     /// Elements written but not yet published.
     unpublished: u16,
+    /// Crash-safe in-flight record, when the front-end provided one.
+    tracker: Option<InflightQueue>,
 }
 
 fn host_range(
@@ -82,6 +86,7 @@ impl UsedRing {
             next_used: Wrapping(next_used),
             signalled: Wrapping(next_used),
             unpublished: 0,
+            tracker: None,
         })
     }
 
@@ -89,8 +94,23 @@ impl UsedRing {
         self.next_used.0
     }
 
+    /// Records completions in `tracker` from now on (see [`crate::inflight`]).
+    pub fn track(&mut self, tracker: InflightQueue) {
+        self.tracker = Some(tracker);
+    }
+
+    /// Notes that `head` was taken from the available ring (before its request starts).
+    pub fn taken(&mut self, head: u16) {
+        if let Some(t) = &mut self.tracker {
+            t.taken(head);
+        }
+    }
+
     /// Writes one used element (not yet visible to the driver).
     pub fn push(&mut self, head: u16, len: u32) {
+        if let Some(t) = &mut self.tracker {
+            t.completing(head);
+        }
         let slot = u64::from(self.next_used.0 % self.size);
         // SAFETY: `used` points to a mapped, 4-aligned used ring of `size` elements (checked in
         // `new`), and the mapping lives as long as the memory snapshot our owner holds. The
@@ -116,6 +136,9 @@ impl UsedRing {
             // Release: the elements written above are visible before the new index.
             idx.store(self.next_used.0.to_le(), Ordering::Release);
             self.unpublished = 0;
+            if let Some(t) = &mut self.tracker {
+                t.published(self.next_used.0);
+            }
         }
         n
     }

@@ -7,8 +7,12 @@ use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::Mutex;
+
 use fp_bdev::{Bdev, RamDevice};
+use fp_bdev::{BdevError, BdevInfo, BlockDevice, IoChannel, IoRequest, IoStatus, SubmitError};
 use fp_reactor::{Reactor, ReactorConfig};
+use fp_vhost_blk::inflight::InflightArea;
 use fp_vhost_blk::queue::{QueuePoller, QueueSetup, QueueStats, Stopped};
 use fp_virtio_blk::{DiskParams, GuestMemory, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
 use vm_memory::{Address, Bytes, GuestAddress};
@@ -70,6 +74,17 @@ impl Driver {
     }
 
     fn setup(&self, index: u16, bdev: &Bdev, stats: &Arc<QueueStats>) -> (QueueSetup, File) {
+        self.setup_with(index, bdev, stats, 0, None)
+    }
+
+    fn setup_with(
+        &self,
+        index: u16,
+        bdev: &Bdev,
+        stats: &Arc<QueueStats>,
+        base: u16,
+        inflight: Option<Arc<InflightArea>>,
+    ) -> (QueueSetup, File) {
         let (kick, _) = eventfd();
         let (call, call_reader) = eventfd();
         let info = bdev.info();
@@ -80,7 +95,7 @@ impl Driver {
             desc: GuestAddress(self.desc),
             avail: GuestAddress(self.avail),
             used: GuestAddress(self.used),
-            base: 0,
+            base,
             event_idx: false,
             mem: self.mem.clone(),
             kick,
@@ -98,6 +113,7 @@ impl Driver {
             },
             serial: *b"steps\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0",
             stats: stats.clone(),
+            inflight,
         };
         (setup, call_reader)
     }
@@ -219,4 +235,120 @@ fn a_batch_of_requests_completes_once_each() {
     got.sort_unstable();
     assert_eq!(got, heads);
     assert_eq!(stats.read_ops.load(std::sync::atomic::Ordering::Relaxed), 5);
+}
+
+/// A RAM disk whose requests complete only once the test releases their offset: lets a test
+/// complete requests out of order and "crash" with others in flight.
+struct HoldDevice {
+    inner: RamDevice,
+    ctl: Arc<Mutex<HoldCtl>>,
+}
+
+#[derive(Default)]
+struct HoldCtl {
+    /// Every request that reached the device, as (offset, op), in order.
+    submitted: Vec<(u64, fp_bdev::IoOp)>,
+    released: Vec<u64>,
+    release_all: bool,
+}
+
+struct HoldChannel {
+    inner: Box<dyn IoChannel>,
+    ctl: Arc<Mutex<HoldCtl>>,
+    held: Vec<IoRequest>,
+}
+
+impl BlockDevice for HoldDevice {
+    fn info(&self) -> &BdevInfo {
+        self.inner.info()
+    }
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        Ok(Box::new(HoldChannel {
+            inner: self.inner.open_channel()?,
+            ctl: self.ctl.clone(),
+            held: Vec::new(),
+        }))
+    }
+}
+
+impl IoChannel for HoldChannel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.ctl.lock().unwrap().submitted.push((req.offset, req.op));
+        self.held.push(*req);
+        Ok(())
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        let ctl = self.ctl.lock().unwrap();
+        let (go, keep): (Vec<IoRequest>, Vec<IoRequest>) =
+            self.held.drain(..).partition(|r| ctl.release_all || ctl.released.contains(&r.offset));
+        drop(ctl);
+        self.held = keep;
+        for r in go {
+            // SAFETY: the caller of our `submit` guaranteed the iovecs stay valid until completion.
+            unsafe { self.inner.submit(&r) }.unwrap();
+        }
+        self.inner.poll(done)
+    }
+    fn in_flight(&self) -> usize {
+        self.held.len() + self.inner.in_flight()
+    }
+}
+
+#[test]
+fn after_a_crash_only_requests_still_in_flight_are_resubmitted() {
+    let mem = Arc::new(GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
+    let ctl = Arc::new(Mutex::new(HoldCtl::default()));
+    let bdev: Bdev =
+        Arc::new(HoldDevice { inner: RamDevice::new("ram", 512, 2048).unwrap(), ctl: ctl.clone() });
+    let (area, _file, _) = InflightArea::create(1, SIZE).unwrap();
+    let stats = Arc::new(QueueStats::default());
+    let mut q = Driver::new(&mem, 0x10000);
+
+    // Two writes: A to sector 0, B to sector 8. Only B completes (out of order).
+    mem.write_slice(&[0xaa; 512], GuestAddress(0x40000)).unwrap();
+    mem.write_slice(&[0xbb; 512], GuestAddress(0x41000)).unwrap();
+    header(&mem, 0x30000, 1, 0);
+    header(&mem, 0x30100, 1, 8);
+    let head_a = q.post(&[(0x30000, 16, false), (0x40000, 512, false), (0x30080, 1, true)]);
+    let head_b = q.post(&[(0x30100, 16, false), (0x41000, 512, false), (0x30180, 1, true)]);
+    ctl.lock().unwrap().released.push(8 * 512);
+    {
+        let mut r = Reactor::new(0, None, ReactorConfig::default()).unwrap();
+        let (setup, _call) = q.setup_with(0, &bdev, &stats, 0, Some(area.clone()));
+        r.add_poller(Box::new(QueuePoller::new(setup).unwrap()));
+        r.poll_once();
+        r.poll_once();
+        assert_eq!(q.used_idx(), 1);
+        assert_eq!(q.used_elem(0).0, u32::from(head_b), "B completed first");
+        // The back-end dies here with A in flight: the reactor and its queue vanish without a
+        // stop (nothing is drained or reported).
+    }
+    assert_eq!(ctl.lock().unwrap().submitted.len(), 2);
+
+    // A new back-end starts the queue from the same in-flight area. The front-end, having lost
+    // the back-end, resets the ring base to the used index (1).
+    ctl.lock().unwrap().release_all = true;
+    let mut r = Reactor::new(0, None, ReactorConfig::default()).unwrap();
+    let (setup, _call) = q.setup_with(0, &bdev, &stats, 1, Some(area.clone()));
+    r.add_poller(Box::new(QueuePoller::new(setup).unwrap()));
+    r.poll_once();
+    {
+        let c = ctl.lock().unwrap();
+        assert_eq!(c.submitted.len(), 3, "exactly one request resubmitted: {:?}", c.submitted);
+        assert_eq!(c.submitted[2], (0, fp_bdev::IoOp::Write), "it is A, not the completed B");
+    }
+    assert_eq!(q.used_idx(), 2);
+    assert_eq!(q.used_elem(1).0, u32::from(head_a));
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(0x30080)).unwrap(), VIRTIO_BLK_S_OK);
+
+    // The ring continues after both: a new request is the third taken, not B again.
+    header(&mem, 0x30200, 0, 0);
+    let head_c = q.post(&[(0x30200, 16, false), (0x42000, 512, true), (0x30280, 1, true)]);
+    r.poll_once();
+    assert_eq!(q.used_idx(), 3);
+    assert_eq!(q.used_elem(2).0, u32::from(head_c));
+    let mut back = [0u8; 512];
+    mem.read_slice(&mut back, GuestAddress(0x42000)).unwrap();
+    assert_eq!(back, [0xaa; 512], "A's data reached the disk");
+    assert_eq!(ctl.lock().unwrap().submitted.len(), 4);
 }
