@@ -334,8 +334,11 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
     // Set when the duration has elapsed: from then on nothing is submitted or counted.
     let mut stopped_at: Option<Instant> = None;
     let mut idle_spins = 0u32;
+    // With `measure_busy`: time spent in passes that completed something, while counting.
+    let mut busy_ns = 0u64;
     loop {
         let mut reaped = 0usize;
+        let pass_start = if spec.measure_busy && stopped_at.is_none() { Some(Instant::now()) } else { None };
         for qs in dev.queues.iter_mut() {
             let n = qs.q.do_io(&mut completions, 0, None, None).map_err(bk("do_io"))?;
             if n == 0 {
@@ -377,6 +380,9 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
 
         if reaped > 0 {
             idle_spins = 0;
+            if let Some(t0) = pass_start {
+                busy_ns += t0.elapsed().as_nanos() as u64;
+            }
         } else {
             idle_spins += 1;
         }
@@ -436,7 +442,20 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
         capacity: dev.capacity,
         request_alignment: dev.request_alignment,
         histogram: stats.hist.clone(),
+        client_busy_ns: spec.measure_busy.then_some(busy_ns),
     })
+}
+
+/// Connects, starts the queues as [`run_on_this_thread`] would, then holds the connection for
+/// `spec.duration` without submitting anything, and disconnects.
+pub(crate) fn hold_on_this_thread(spec: &LoadSpec) -> Result<Duration, LoadError> {
+    let stride = round_up(spec.block_size, BUF_ALIGN);
+    let mut dev = Device::connect(spec, stride)?;
+    // Completion-fd queues are armed as for a run, so the device sees the same state.
+    let _waiter = if spec.poll_queues { None } else { Some(Waiter::new(&mut dev.queues)?) };
+    let start = Instant::now();
+    std::thread::sleep(spec.duration);
+    Ok(start.elapsed())
 }
 
 #[cfg(test)]

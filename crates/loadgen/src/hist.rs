@@ -112,6 +112,14 @@ impl Histogram {
         self.max = 0;
     }
 
+    /// The non-empty buckets, ascending: `(low, high, count)` with inclusive bounds.
+    pub fn nonzero_buckets(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(i, &c)| {
+            let (low, high) = bucket_bounds(i);
+            (low, high, c)
+        })
+    }
+
     /// Number of values recorded.
     pub fn count(&self) -> u64 {
         self.total
@@ -333,8 +341,13 @@ mod tests {
         for p in [50.0, 99.0, 99.9] {
             assert_eq!(a.percentile(p), all.percentile(p));
         }
+        let listed: Vec<(u64, u64, u64)> = a.nonzero_buckets().collect();
+        assert_eq!(listed.iter().map(|b| b.2).sum::<u64>(), a.count());
+        assert!(listed.windows(2).all(|w| w[0].1 < w[1].0), "ascending, disjoint");
+        assert!(listed.iter().all(|&(l, h, c)| l <= h && c > 0));
         a.clear();
         assert_eq!(a.count(), 0);
+        assert_eq!(a.nonzero_buckets().count(), 0);
         assert_eq!(a.percentile(99.0), 0);
     }
 }

@@ -122,6 +122,9 @@ pub struct LoadSpec {
     /// Implied by the read patterns; with a write pattern every write then fails (and is
     /// counted in [`LoadResult::errors`]).
     pub read_only: bool,
+    /// Also measure the client's own busy time ([`LoadResult::client_busy_ns`]): one more
+    /// clock read per pass over the queues, so leave it off where latency is measured.
+    pub measure_busy: bool,
 }
 
 impl LoadSpec {
@@ -140,6 +143,7 @@ impl LoadSpec {
             read_percent: 50,
             seed: 0x5eed_f1a5_4a70_0001,
             read_only: false,
+            measure_busy: false,
         }
     }
 
@@ -210,6 +214,11 @@ pub struct LoadResult {
     pub request_alignment: u32,
     /// The full latency histogram.
     pub histogram: Histogram,
+    /// With [`LoadSpec::measure_busy`]: time the client thread spent in passes over its queues
+    /// that completed at least one request (reaping, accounting and resubmitting), in ns; the
+    /// rest of the interval it spun or slept with nothing to do. `elapsed / client_busy_ns`
+    /// bounds how much faster a device could make this client go.
+    pub client_busy_ns: Option<u64>,
 }
 
 impl LoadResult {
@@ -233,6 +242,23 @@ impl LoadResult {
             "first_error": self.first_error,
             "capacity": self.capacity,
             "request_alignment": self.request_alignment,
+            "client_busy_ns": self.client_busy_ns,
+        })
+    }
+
+    /// The latency histogram as JSON: the non-empty buckets as `[low_ns, high_ns, count]`
+    /// (inclusive bounds), ascending, with the exact count, minimum, maximum and mean.
+    pub fn histogram_json(&self) -> serde_json::Value {
+        let h = &self.histogram;
+        let buckets: Vec<serde_json::Value> =
+            h.nonzero_buckets().map(|(low, high, c)| serde_json::json!([low, high, c])).collect();
+        serde_json::json!({
+            "unit": "ns",
+            "count": h.count(),
+            "min": h.min(),
+            "max": h.max(),
+            "mean": h.mean(),
+            "buckets": buckets,
         })
     }
 }
@@ -265,6 +291,14 @@ impl LoadError {
 /// Runs `spec` on a new client thread (pinned when `spec.cpu` is set) and returns what it
 /// measured.
 pub fn run(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
+    on_client_thread(spec, engine::run_on_this_thread)
+}
+
+/// Validates `spec`, then runs `f` on a new client thread (pinned when `spec.cpu` is set).
+fn on_client_thread<T: Send + 'static>(
+    spec: &LoadSpec,
+    f: fn(&LoadSpec) -> Result<T, LoadError>,
+) -> Result<T, LoadError> {
     spec.validate()?;
     let spec = spec.clone();
     let handle = std::thread::Builder::new()
@@ -273,10 +307,17 @@ pub fn run(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
             if let Some(cpu) = spec.cpu {
                 pin_current_thread(cpu)?;
             }
-            engine::run_on_this_thread(&spec)
+            f(&spec)
         })
         .map_err(|source| LoadError::Os { op: "spawning the client thread", source })?;
     handle.join().map_err(|_| LoadError::Panicked)?
+}
+
+/// Connects to `spec.socket` and starts `spec.num_queues` queues (poll or completion-fd, as
+/// `spec.poll_queues` says) like [`run`], then holds them for `spec.duration` without any I/O:
+/// an attached but idle disk, for measuring a server's idle CPU use. Returns how long it held.
+pub fn hold(spec: &LoadSpec) -> Result<Duration, LoadError> {
+    on_client_thread(spec, engine::hold_on_this_thread)
 }
 
 /// Restricts the calling thread to `cpu`.

@@ -55,6 +55,18 @@ struct Args {
     /// Open the device read-only (implied by read and randread; needed for a read-only device).
     #[arg(long)]
     read_only: bool,
+    /// Write the latency histogram to this file as JSON (non-empty buckets as
+    /// [low_ns, high_ns, count]), e.g. to plot a latency CDF.
+    #[arg(long, value_name = "FILE")]
+    hist_out: Option<PathBuf>,
+    /// Also measure the client's own busy time (passes over the queues that completed
+    /// something); adds a clock read per pass, so leave it off for latency figures.
+    #[arg(long)]
+    client_busy: bool,
+    /// Connect and start the queues, then hold them idle for --time without any I/O (an
+    /// attached, idle disk), and exit.
+    #[arg(long, conflicts_with_all = ["brief", "hist_out", "client_busy"])]
+    idle: bool,
     /// A name printed with the results.
     #[arg(long)]
     label: Option<String>,
@@ -106,6 +118,7 @@ fn main() -> ExitCode {
     spec.cpu = args.cpu;
     spec.read_percent = args.read_percent;
     spec.read_only = args.read_only;
+    spec.measure_busy = args.client_busy;
     if let Some(s) = args.seed {
         spec.seed = s;
     }
@@ -122,6 +135,36 @@ fn main() -> ExitCode {
         }
     }
 
+    if args.idle {
+        return match fp_loadgen::hold(&spec) {
+            Ok(held) => {
+                if args.json {
+                    let v = serde_json::json!({
+                        "label": args.label,
+                        "socket": args.socket.display().to_string(),
+                        "idle": true,
+                        "num_queues": spec.num_queues,
+                        "poll_queues": spec.poll_queues,
+                        "elapsed_s": held.as_secs_f64(),
+                    });
+                    println!("{v}");
+                } else {
+                    println!(
+                        "held {} queue(s) on {} idle for {:.2} s",
+                        spec.num_queues,
+                        args.socket.display(),
+                        held.as_secs_f64()
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("fp-load: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+
     let result = match fp_loadgen::run(&spec) {
         Ok(r) => r,
         Err(e) => {
@@ -129,6 +172,13 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Some(path) = &args.hist_out {
+        let text = result.histogram_json().to_string();
+        if let Err(e) = std::fs::write(path, text + "\n") {
+            eprintln!("fp-load: writing {}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    }
     if args.json {
         let mut v = result.to_json();
         let obj = v.as_object_mut().expect("to_json returns an object");

@@ -1,0 +1,1123 @@
+#!/usr/bin/python3
+"""flashpath vs qemu-storage-daemon, side by side, in one run.
+
+Starts flashpath and qemu-storage-daemon (qsd) pinned to the same core, serves the same backend
+kind from both (null, RAM, a file through io_uring with O_DIRECT), drives each with the same
+libblkio load generator (fp-load) pinned to another core, and writes results.json,
+results.md and PNG plots. Every point runs --reps times with the servers interleaved
+(A B A B ...); medians and flashpath/qsd ratios are reported. fio (io_uring, direct=1) on the
+same file is the host baseline for the file backend.
+
+Run it through `./run bench [--quick|--smoke]`, which installs what it needs and builds the
+binaries; docs/benchmarks.md describes every choice. Needs matplotlib (Debian
+python3-matplotlib), so run it with /usr/bin/python3.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+# ---------------------------------------------------------------------------------------------
+# Modes
+
+
+def mode_config(mode):
+    """What a mode measures. `points` lists (pattern, bs, qd, queues, poll) per backend."""
+    full_points = []
+    for pattern in ("randread", "randwrite"):
+        for queues in (1, 2):
+            for qd in (1, 8, 32, 128):
+                for poll in (True, False):
+                    full_points.append((pattern, 4096, qd, queues, poll))
+    for qd in (1, 32):
+        for poll in (True, False):
+            full_points.append(("read", 65536, qd, 1, poll))
+    full = {
+        "time": 2.0,
+        "reps": 3,
+        "idle_time": 5.0,
+        "backends": ["null", "ram", "file"],
+        "points": full_points,
+        "scaling_points": [(qd, poll) for qd in (32, 128) for poll in (True, False)],
+        "ceiling_reps": 3,
+        "sizes": {"null": GIB, "ram": 512 * MIB, "file": GIB},
+    }
+    if mode == "full":
+        return full
+    if mode == "quick":
+        pts = [p for p in full_points if p[0] != "read" and p[2] in (1, 32) and p[3] == 1]
+        pts.append(("randread", 4096, 32, 2, True))
+        pts.append(("read", 65536, 32, 1, True))
+        return dict(full, time=1.0, points=pts, scaling_points=[(32, True)], ceiling_reps=1,
+                    sizes={"null": GIB, "ram": 256 * MIB, "file": 256 * MIB})
+    if mode == "smoke":
+        # Null backend, A/B, one repetition; one small file point exercises the fio baseline.
+        pts = [
+            ("randread", 4096, 1, 1, True),
+            ("randread", 4096, 1, 1, False),
+            ("randread", 4096, 32, 1, True),
+            ("randread", 4096, 32, 1, False),
+            ("randread", 4096, 32, 2, True),
+        ]
+        return {
+            "time": 1.0,
+            "reps": 1,
+            "idle_time": 1.0,
+            "backends": ["null", "file"],
+            "points": pts,
+            "file_points": [("randread", 4096, 1, 1, False)],
+            "scaling_points": [(32, True)],
+            "ceiling_reps": 1,
+            "sizes": {"null": GIB, "file": 64 * MIB},
+        }
+    raise ValueError(mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(cmd, timeout, **kw):
+    return subprocess.run(cmd, timeout=timeout, check=True, text=True, capture_output=True, **kw)
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid):
+    """CPU time of every thread of `pid`, in ns, two ways.
+
+    `sched_ns`: the sum over /proc/PID/task/*/schedstat (nanosecond resolution; threads that
+    exited between two samples are lost, which neither server does during a run).
+    `stat_ns`: utime + stime of /proc/PID/stat (all threads, exited ones included, in clock
+    ticks of 1/CLK_TCK s)."""
+    sched = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                sched += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return {"sched_ns": sched, "stat_ns": ticks * 1_000_000_000 // CLK_TCK}
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def wait_for(pred, timeout, what, proc=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited with status {proc.returncode}")
+        time.sleep(0.05)
+    raise RuntimeError(f"{what}: not ready after {timeout} s")
+
+
+def write_random_file(path, size):
+    """A fully written (not sparse) file of random data, flushed to the device."""
+    chunk = os.urandom(4 * MIB)
+    with open(path, "wb") as f:
+        left = size
+        while left > 0:
+            n = min(left, len(chunk))
+            f.write(chunk[:n])
+            # Vary the data a little so the blocks are not all one pattern.
+            chunk = chunk[1:] + chunk[:1]
+            left -= n
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ---------------------------------------------------------------------------------------------
+# Servers
+
+CHILDREN = []  # every Popen we start, killed on exit
+
+
+def spawn(cmd, log_path):
+    logf = open(log_path, "wb")
+    p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         start_new_session=True)
+    p.log_path = log_path
+    CHILDREN.append(p)
+    return p
+
+
+def stop(p, timeout=10):
+    if p is None or p.poll() is not None:
+        return
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(5)
+
+
+def kill_all_children():
+    for p in CHILDREN:
+        try:
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+        except Exception:
+            pass
+
+
+class Flashpath:
+    kind = "flashpath"
+
+    def __init__(self, bin_dir, work, cpus, name="flashpath"):
+        self.bin = os.path.join(bin_dir, "flashpath")
+        self.name = name
+        self.dir = os.path.join(work, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.rpc_sock = os.path.join(self.dir, "rpc.sock")
+        self.vhost_dir = os.path.join(self.dir, "vhost")
+        self.cpus = cpus
+        # taskset keeps the control-plane threads on the server cores too; the reactors pin
+        # themselves to the --cpus list.
+        self.proc = spawn(["taskset", "-c", cpus, self.bin, "serve", "--cpus", cpus,
+                           "--rpc", self.rpc_sock, "--vhost-dir", self.vhost_dir],
+                          os.path.join(self.dir, "serve.log"))
+        self.pid = self.proc.pid
+        wait_for(lambda: self._answers(), 20, "flashpath serve", self.proc)
+
+    def _answers(self):
+        try:
+            self.rpc("spdk_get_version")
+            return True
+        except Exception:
+            return False
+
+    def rpc(self, method, params=None):
+        cmd = [self.bin, "--rpc", self.rpc_sock, "rpc", method]
+        if params is not None:
+            cmd.append(json.dumps(params))
+        out = run(cmd, 30).stdout
+        return json.loads(out) if out.strip() else None
+
+    def add_disk(self, backend, size, path=None, queues=2):
+        blocks = size // 512
+        if backend == "null":
+            self.rpc("bdev_null_create", {"name": "Null0", "num_blocks": blocks, "block_size": 512})
+            bdev = "Null0"
+        elif backend == "ram":
+            self.rpc("bdev_malloc_create", {"name": "Malloc0", "num_blocks": blocks, "block_size": 512})
+            bdev = "Malloc0"
+        elif backend == "file":
+            self.rpc("bdev_uring_create", {"name": "Uring0", "filename": path, "block_size": 512,
+                                           "direct": True})
+            bdev = "Uring0"
+        else:
+            raise ValueError(backend)
+        self.rpc("vhost_create_blk_controller", {"ctrlr": f"vhost.{backend}", "dev_name": bdev,
+                                                 "num_queues": queues})
+        sock = os.path.join(self.vhost_dir, f"vhost.{backend}")
+        wait_for(lambda: os.path.exists(sock), 10, f"flashpath socket {sock}", self.proc)
+        return sock
+
+    def reactors(self):
+        r = self.rpc("framework_get_reactors")
+        return {x["id"]: {"busy": x["busy"], "idle": x["idle"], "sleeps": x.get("sleeps", 0)}
+                for x in r["reactors"]}
+
+    def stop(self):
+        stop(self.proc)
+
+
+class Qsd:
+    kind = "qsd"
+
+    def __init__(self, work, cpu, backend, size, path, queues=2, name="qsd"):
+        self.name = name
+        self.dir = os.path.join(work, name + "-" + backend)
+        os.makedirs(self.dir, exist_ok=True)
+        self.sock = os.path.join(self.dir, f"vhost.{backend}")
+        if backend == "null":
+            blockdev = f"driver=null-co,node-name=disk0,size={size},read-zeroes=off"
+        elif backend == "ram":
+            # qsd has no RAM driver: a fully written file on tmpfs through the page cache
+            # (tmpfs has no O_DIRECT) with io_uring, its fastest path to data held in RAM.
+            blockdev = f"driver=file,node-name=disk0,filename={path},aio=io_uring,cache.direct=off"
+        elif backend == "file":
+            blockdev = f"driver=file,node-name=disk0,filename={path},aio=io_uring,cache.direct=on"
+        else:
+            raise ValueError(backend)
+        self.cmd = ["taskset", "-c", str(cpu), "qemu-storage-daemon",
+                    "--object", "iothread,id=iot0",
+                    "--blockdev", blockdev,
+                    "--export", "type=vhost-user-blk,id=e0,node-name=disk0,addr.type=unix,"
+                                f"addr.path={self.sock},writable=on,iothread=iot0,num-queues={queues}"]
+        self.proc = spawn(self.cmd, os.path.join(self.dir, "qsd.log"))
+        self.pid = self.proc.pid
+        wait_for(lambda: os.path.exists(self.sock), 20, "qemu-storage-daemon socket", self.proc)
+
+    def stop(self):
+        stop(self.proc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Load
+
+
+class Loader:
+    def __init__(self, bin_dir, client_cpu, work):
+        self.bin = os.path.join(bin_dir, "fp-load")
+        self.cpu = client_cpu
+        self.work = work
+        self.n = 0
+
+    def run(self, sock, pattern, bs, qd, queues, poll, secs, hist=False, client_busy=False):
+        cmd = [self.bin, "--socket", sock, "--pattern", pattern, "--bs", str(bs), "--qd", str(qd),
+               "--queues", str(queues), "--time", f"{secs}s", "--cpu", str(self.cpu), "--json"]
+        if poll:
+            cmd.append("--poll")
+        if client_busy:
+            cmd.append("--client-busy")
+        hist_path = None
+        if hist:
+            self.n += 1
+            hist_path = os.path.join(self.work, f"hist-{self.n}.json")
+            cmd += ["--hist-out", hist_path]
+        out = run(cmd, secs + 90).stdout
+        res = json.loads(out)
+        if hist_path:
+            with open(hist_path) as f:
+                res["histogram"] = json.load(f)
+            os.unlink(hist_path)
+        return res
+
+    def hold(self, sock, queues, secs):
+        cmd = [self.bin, "--socket", sock, "--idle", "--queues", str(queues), "--time", f"{secs}s",
+               "--cpu", str(self.cpu), "--json"]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        CHILDREN.append(p)
+        return p
+
+
+def measure(server, loader, sock, point, secs, want_hist, client_busy=False):
+    """One fp-load run against `server`, with the server's CPU and reactor deltas."""
+    pattern, bs, qd, queues, poll = point
+    react0 = server.reactors() if server.kind == "flashpath" else None
+    cpu0 = proc_cpu(server.pid)
+    res = loader.run(sock, pattern, bs, qd, queues, poll, secs, hist=want_hist, client_busy=client_busy)
+    cpu1 = proc_cpu(server.pid)
+    react1 = server.reactors() if server.kind == "flashpath" else None
+    if res["errors"]:
+        raise RuntimeError(f"{server.name} {point}: {res['errors']} requests failed "
+                           f"(first {res['first_error']})")
+    ios = res["ios"]
+    el = res["elapsed_s"]
+    r = {
+        "iops": res["iops"],
+        "mbps": res["mbps"],
+        "ios": ios,
+        "elapsed_s": el,
+        "lat_mean_ns": res["lat_mean_ns"],
+        "p50_ns": res["p50_ns"],
+        "p99_ns": res["p99_ns"],
+        "p999_ns": res["p999_ns"],
+        "lat_max_ns": res["lat_max_ns"],
+        "server_cpu_ns": cpu1["sched_ns"] - cpu0["sched_ns"],
+        "server_cpu_stat_ns": cpu1["stat_ns"] - cpu0["stat_ns"],
+    }
+    r["server_cpu_ns_per_io"] = r["server_cpu_ns"] / ios if ios else None
+    r["server_cpu_stat_ns_per_io"] = r["server_cpu_stat_ns"] / ios if ios else None
+    # Share of one core, over the fp-load process's life (a little longer than `elapsed`).
+    r["server_cores"] = r["server_cpu_ns"] / 1e9 / el if el else None
+    if react0 is not None:
+        busy = {k: react1[k]["busy"] - react0[k]["busy"] for k in react1}
+        tot_busy = sum(busy.values())
+        r["reactor_busy_ns"] = tot_busy
+        r["reactor_busy_ns_per_io"] = tot_busy / ios if ios else None
+        # Busy share of the measured interval. (busy + idle) is no use as the denominator
+        # here: a reactor credits a whole sleep when it wakes, so the first wake-up of a run
+        # brings in the time it slept through the previous server's run.
+        r["reactor_busy_frac"] = {str(k): busy[k] / 1e9 / el if el else None for k in busy}
+    if client_busy:
+        r["client_busy_ns"] = res["client_busy_ns"]
+        r["client_busy_ns_per_io"] = res["client_busy_ns"] / ios if ios else None
+        r["client_busy_frac"] = res["client_busy_ns"] / 1e9 / el if el else None
+    if want_hist:
+        r["histogram"] = res["histogram"]
+    return r
+
+
+def fio_run(path, size, point, secs, cpu):
+    pattern, bs, qd, _queues, _poll = point
+    cmd = ["taskset", "-c", str(cpu), "fio", "--name=baseline", f"--filename={path}",
+           "--ioengine=io_uring", "--direct=1", f"--rw={pattern}", f"--bs={bs}",
+           f"--iodepth={qd}", "--numjobs=1", f"--size={size}", "--time_based",
+           f"--runtime={secs}s", f"--cpus_allowed={cpu}", "--norandommap", "--randrepeat=0",
+           "--percentile_list=50:99:99.9", "--output-format=json"]
+    out = run(cmd, secs + 90).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job["write"] if "write" in pattern else job["read"]
+    pct = side["clat_ns"].get("percentile", {})
+
+    def p(key):
+        for k, v in pct.items():
+            if abs(float(k) - key) < 1e-6:
+                return v
+        return None
+
+    return {
+        "iops": side["iops"],
+        "mbps": side["bw_bytes"] / 1e6,
+        "lat_mean_ns": side["lat_ns"]["mean"],
+        "p50_ns": p(50.0),
+        "p99_ns": p(99.0),
+        "p999_ns": p(99.9),
+        "elapsed_s": job["job_runtime"] / 1000.0,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries
+
+METRICS = ["iops", "mbps", "lat_mean_ns", "p50_ns", "p99_ns", "p999_ns", "server_cpu_ns_per_io",
+           "server_cpu_stat_ns_per_io", "server_cores", "reactor_busy_ns_per_io",
+           "client_busy_ns_per_io", "client_busy_frac"]
+
+
+def summarize(runs):
+    med = {}
+    for m in METRICS:
+        vals = [r.get(m) for r in runs]
+        if any(v is not None for v in vals):
+            med[m] = median(vals)
+    fr = [r["reactor_busy_frac"] for r in runs if "reactor_busy_frac" in r]
+    if fr:
+        med["reactor_busy_frac"] = {k: median([f[k] for f in fr]) for k in fr[0]}
+    return med
+
+
+def merge_hists(runs):
+    buckets = {}
+    count = 0
+    for r in runs:
+        h = r.get("histogram")
+        if not h:
+            continue
+        count += h["count"]
+        for low, high, c in h["buckets"]:
+            buckets[(low, high)] = buckets.get((low, high), 0) + c
+    return {"unit": "ns", "count": count,
+            "buckets": [[lo, hi, c] for (lo, hi), c in sorted(buckets.items())]}
+
+
+def point_key(backend, point):
+    pattern, bs, qd, queues, poll = point
+    return {"backend": backend, "pattern": pattern, "bs": bs, "qd": qd, "queues": queues,
+            "client": "poll" if poll else "fd"}
+
+
+def point_label(p):
+    return f"{p['backend']} {p['pattern']} {p['bs'] // 1024}K qd{p['qd']} q{p['queues']} {p['client']}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.cfg = mode_config(args.mode)
+        if args.time:
+            self.cfg["time"] = args.time
+        if args.reps:
+            self.cfg["reps"] = args.reps
+        self.secs = self.cfg["time"]
+        self.reps = self.cfg["reps"]
+        self.server_cpu = args.server_cpu
+        self.client_cpu = args.client_cpu
+        self.work = tempfile.mkdtemp(prefix="fp-bench.", dir=args.work_dir)
+        self.loader = Loader(args.bin_dir, self.client_cpu, self.work)
+        self.results = {"points": [], "fio": [], "idle": [], "scaling": [], "client_ceiling": None,
+                        "fills": []}
+        self.started = time.monotonic()
+
+    def cleanup(self):
+        kill_all_children()
+        shutil.rmtree(self.work, ignore_errors=True)
+        if getattr(self, "shm_dir", None):
+            shutil.rmtree(self.shm_dir, ignore_errors=True)
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def backing_path(self, backend, size):
+        if backend == "file":
+            path = os.path.join(self.work, "disk.img")
+            if not os.path.exists(path):
+                log(f"writing a {size // MIB} MiB file of random data: {path}")
+                write_random_file(path, size)
+            return path
+        if backend == "ram":
+            self.shm_dir = tempfile.mkdtemp(prefix="fp-bench.", dir="/dev/shm")
+            path = os.path.join(self.shm_dir, "ram.img")
+            log(f"writing a {size // MIB} MiB file of random data on tmpfs for qsd: {path}")
+            write_random_file(path, size)
+            return path
+        return None
+
+    def fill_ram(self, sock, size):
+        """Writes the whole flashpath RAM disk once so reads do not hit the zero page."""
+        done = 0
+        for _ in range(10):
+            r = self.loader.run(sock, "write", 128 * 1024, 8, 1, True, 1.0)
+            done += r["bytes"]
+            if done >= size:
+                break
+        self.results["fills"].append({"bytes_written": done, "size": size})
+        if done < size:
+            raise RuntimeError(f"filling the RAM disk wrote only {done} of {size} bytes")
+
+    def idle(self, backend, servers):
+        """Each server's CPU use over idle_time seconds with a client attached and no I/O."""
+        t = self.cfg["idle_time"]
+        holds = []
+        for s, sock in servers:
+            holds.append((s, self.loader.hold(sock, 2, t + 1.5)))
+        time.sleep(0.75)  # connected and queues started
+        before = [(s, proc_cpu(s.pid), s.reactors() if s.kind == "flashpath" else None)
+                  for s, _ in servers]
+        time.sleep(t)
+        for s, c0, r0 in before:
+            c1 = proc_cpu(s.pid)
+            e = {"backend": backend, "server": s.kind, "seconds": t,
+                 "cpu_ns": c1["sched_ns"] - c0["sched_ns"],
+                 "cpu_stat_ns": c1["stat_ns"] - c0["stat_ns"]}
+            e["core_percent"] = 100.0 * e["cpu_ns"] / (t * 1e9)
+            if r0 is not None:
+                r1 = s.reactors()
+                e["reactor_sleeps"] = sum(r1[k]["sleeps"] - r0[k]["sleeps"] for k in r1)
+            self.results["idle"].append(e)
+            log(f"idle {backend} {s.kind}: {e['core_percent']:.3f} % of a core")
+        for s, p in holds:
+            out, err = p.communicate(timeout=t + 60)
+            if p.returncode != 0:
+                raise RuntimeError(f"idle client on {s.name} failed: {err.strip()}")
+
+    # -- matrix -----------------------------------------------------------------------------
+
+    def run_backend(self, backend):
+        size = self.cfg["sizes"][backend]
+        path = self.backing_path(backend, size)
+        fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu))
+        qsd = Qsd(self.work, self.server_cpu, backend, size, path)
+        try:
+            fp_sock = fp.add_disk(backend, size, path)
+            if backend == "ram":
+                log("filling the flashpath RAM disk")
+                self.fill_ram(fp_sock, size)
+            self.idle(backend, [(fp, fp_sock), (qsd, qsd.sock)])
+            points = self.cfg.get(f"{backend}_points", self.cfg["points"])
+            for point in points:
+                pk = point_key(backend, point)
+                want_hist = point[2] == 1
+                with_fio = backend == "file" and point[3] == 1 and point[4] is False
+                runs = {"flashpath": [], "qsd": [], "fio": []}
+                for rep in range(self.reps):
+                    runs["flashpath"].append(measure(fp, self.loader, fp_sock, point, self.secs, want_hist))
+                    runs["qsd"].append(measure(qsd, self.loader, qsd.sock, point, self.secs, want_hist))
+                    if with_fio:
+                        runs["fio"].append(fio_run(path, size, point, self.secs, self.client_cpu))
+                for server in ("flashpath", "qsd"):
+                    e = dict(pk, server=server, runs=runs[server], median=summarize(runs[server]))
+                    if want_hist:
+                        e["histogram"] = merge_hists(runs[server])
+                        for r in runs[server]:
+                            r.pop("histogram", None)
+                    self.results["points"].append(e)
+                if with_fio:
+                    fk = dict(pk)
+                    fk.pop("client")
+                    self.results["fio"].append(dict(fk, runs=runs["fio"], median=summarize(runs["fio"])))
+                mf = median([r["iops"] for r in runs["flashpath"]])
+                mq = median([r["iops"] for r in runs["qsd"]])
+                extra = ""
+                if with_fio:
+                    extra = f"  fio {median([r['iops'] for r in runs['fio']]):>10.0f}"
+                log(f"{point_label(pk):<36} flashpath {mf:>10.0f}  qsd {mq:>10.0f}  "
+                    f"ratio {mf / mq:5.2f}{extra}")
+        finally:
+            fp.stop()
+            qsd.stop()
+
+    def run_ceiling(self):
+        """The client's own ceiling: fp-load with --client-busy on the null QD32 polled point."""
+        n = self.cfg["ceiling_reps"]
+        if not n:
+            return
+        fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name="flashpath-ceiling")
+        try:
+            sock = fp.add_disk("null", GIB)
+            point = ("randread", 4096, 32, 1, True)
+            runs = [measure(fp, self.loader, sock, point, self.secs, False, client_busy=True)
+                    for _ in range(n)]
+            med = summarize(runs)
+            self.results["client_ceiling"] = dict(point_key("null", point), runs=runs, median=med)
+            log(f"client ceiling: client busy {med['client_busy_ns_per_io']:.1f} ns/IO "
+                f"({100 * med['client_busy_frac']:.0f} % of its core), reactor busy "
+                f"{med['reactor_busy_ns_per_io']:.1f} ns/IO, {med['iops']:.0f} IOPS")
+        finally:
+            fp.stop()
+
+    def run_scaling(self):
+        """flashpath with reactors on both cores: 1 queue (one reactor) vs 2 queues (two)."""
+        if not self.cfg["scaling_points"]:
+            return
+        cpus = f"{self.server_cpu},{self.client_cpu}"
+        fp = Flashpath(self.args.bin_dir, self.work, cpus, name="flashpath-2reactors")
+        try:
+            sock = fp.add_disk("null", GIB)
+            for qd, poll in self.cfg["scaling_points"]:
+                for queues in (1, 2):
+                    point = ("randread", 4096, qd, queues, poll)
+                    runs = [measure(fp, self.loader, sock, point, self.secs, False)
+                            for _ in range(self.reps)]
+                    e = dict(point_key("null", point), server="flashpath", reactors=2, cpus=cpus,
+                             runs=runs, median=summarize(runs))
+                    self.results["scaling"].append(e)
+                    log(f"2 reactors: {point_label(e):<30} {e['median']['iops']:>10.0f} IOPS")
+        finally:
+            fp.stop()
+
+    def go(self):
+        log(f"mode {self.args.mode}: {self.secs} s per run, {self.reps} repetitions, server CPU "
+            f"{self.server_cpu}, client CPU {self.client_cpu}, scratch {self.work}")
+        for backend in self.cfg["backends"]:
+            log(f"=== backend {backend}")
+            self.run_backend(backend)
+        log("=== flashpath with two reactors (scaling)")
+        self.run_scaling()
+        log("=== the client's own ceiling")
+        self.run_ceiling()
+        self.results["wall_s"] = time.monotonic() - self.started
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine description
+
+
+def machine_info(args):
+    def sh(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception:
+            return None
+
+    model = None
+    flags = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model is None:
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                flags = line
+    mem_kb = None
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal"):
+                mem_kb = int(line.split()[1])
+    os_name = None
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    os_name = line.split("=", 1)[1].strip().strip('"')
+    except FileNotFoundError:
+        pass
+    return {
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "hypervisor_guest": " hypervisor" in flags,
+        "kvm": os.path.exists("/dev/kvm"),
+        "mem_gib": round(mem_kb / (1 << 20), 1) if mem_kb else None,
+        "kernel": platform.release(),
+        "os": os_name,
+        "clocksource": sh(["cat", "/sys/devices/system/clocksource/clocksource0/current_clocksource"]),
+        "qsd_version": (sh(["qemu-storage-daemon", "--version"]) or "").splitlines()[0:1],
+        "fio_version": sh(["fio", "--version"]),
+        "flashpath_commit": sh(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse",
+                                "--short", "HEAD"]),
+        "rustc": sh(["rustc", "--version"]),
+        "disk_fs": sh(["findmnt", "-n", "-o", "SOURCE,FSTYPE", "-T", args.work_dir]),
+        "hostname": socket.gethostname(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets, Markdown, plots
+
+
+def find(points, server, **kw):
+    for p in points:
+        if p["server"] == server and all(p[k] == v for k, v in kw.items()):
+            return p["median"]
+    return None
+
+
+def targets(res):
+    """The issue's targets, evaluated on the medians of this run."""
+    pts = res["points"]
+    out = []
+
+    def add(name, goal, measured, met, note=""):
+        out.append({"target": name, "goal": goal, "measured": measured,
+                    "status": None if met is None else ("MET" if met else "MISSED"), "note": note})
+
+    q32 = dict(backend="null", pattern="randread", bs=4096, qd=32, queues=1, client="poll")
+    f, q = find(pts, "flashpath", **q32), find(pts, "qsd", **q32)
+    if f and q:
+        r = f["iops"] / q["iops"]
+        add("QD32, 1 queue, polled client: IOPS >= 10x qsd's", ">= 10.0x",
+            f"{f['iops'] / 1e6:.2f} M vs {q['iops'] / 1e6:.2f} M IOPS = {r:.2f}x", r >= 10)
+        b = f.get("reactor_busy_ns_per_io")
+        if b is not None:
+            add("QD32 polled: reactor busy time per I/O", "<= 300 ns", f"{b:.0f} ns "
+                f"(reactor {100 * f['reactor_busy_frac'].get('0', 0):.0f} % busy)", b <= 300)
+    q1 = dict(backend="null", pattern="randread", bs=4096, qd=1, queues=1)
+    f = find(pts, "flashpath", client="poll", **q1)
+    if f:
+        add("QD1 polled: p50", "<= 0.75 us", f"{f['p50_ns'] / 1000:.2f} us", f["p50_ns"] <= 750)
+        add("QD1 polled: p99.9", "<= 3 us", f"{f['p999_ns'] / 1000:.2f} us", f["p999_ns"] <= 3000)
+    f, q = find(pts, "flashpath", client="fd", **q1), find(pts, "qsd", client="fd", **q1)
+    if f and q:
+        r = f["p50_ns"] / q["p50_ns"]
+        add("QD1 completion-fd client: p50 <= 0.5x qsd's", "<= 0.50x",
+            f"{f['p50_ns'] / 1000:.2f} us vs {q['p50_ns'] / 1000:.2f} us = {r:.2f}x", r <= 0.5)
+    sc = {(e["queues"], e["client"], e["qd"]): e["median"] for e in res["scaling"]}
+    for client in ("poll", "fd"):
+        one, two = sc.get((1, client, 32)), sc.get((2, client, 32))
+        if one and two:
+            r = two["iops"] / one["iops"]
+            add(f"2 queues on 2 reactors vs 1 ({client} client, QD32 per queue)", ">= 1.8x",
+                f"{two['iops'] / 1e6:.2f} M vs {one['iops'] / 1e6:.2f} M = {r:.2f}x", r >= 1.8,
+                "the client shares core 1 with the second reactor; see docs/benchmarks.md")
+    for e in res["fio"]:
+        if e["pattern"] != "randread" or e["qd"] not in (1, 32) or e["bs"] != 4096:
+            continue
+        for client in ("fd", "poll"):
+            f = find(pts, "flashpath", backend="file", pattern="randread", bs=4096, qd=e["qd"],
+                     queues=1, client=client)
+            if f:
+                r = f["iops"] / e["median"]["iops"]
+                add(f"uring file QD{e['qd']} randread ({client} client) vs fio io_uring", ">= 0.97x",
+                    f"{f['iops'] / 1e3:.1f} K vs fio {e['median']['iops'] / 1e3:.1f} K = {r:.2f}x",
+                    r >= 0.97)
+    for e in res["idle"]:
+        if e["server"] == "flashpath":
+            add(f"idle CPU, {e['backend']} disk attached", "<= 1 % of a core",
+                f"{e['core_percent']:.3f} %", e["core_percent"] <= 1.0)
+    return out
+
+
+def fmt_iops(v):
+    if v is None:
+        return "-"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} M"
+    return f"{v / 1e3:.1f} K"
+
+
+def fmt_us(ns):
+    return "-" if ns is None else f"{ns / 1000:.2f}"
+
+
+def fmt_ns(ns):
+    return "-" if ns is None else f"{ns:.0f}"
+
+
+def fmt_ratio(r):
+    return "-" if r is None else f"{r:.2f}"
+
+
+def markdown(res):
+    m = res["meta"]
+    mi = m["machine"]
+    lines = [f"# flashpath vs qemu-storage-daemon ({m['mode']} run, {m['date']})", ""]
+    lines += [
+        f"Machine: {mi['cpu_model']}, {mi['cpus']} CPUs"
+        f"{' (virtual machine' if mi['hypervisor_guest'] else ' ('}"
+        f"{', no KVM' if not mi['kvm'] else ''}), {mi['mem_gib']} GiB, {mi['os']}, Linux "
+        f"{mi['kernel']}, clocksource {mi['clocksource']}. "
+        f"{' '.join(mi['qsd_version'])}; {mi['fio_version']}; flashpath {mi['flashpath_commit']} "
+        f"({m.get('build', 'release')} build).",
+        "",
+        f"Servers on CPU {m['server_cpu']}, fp-load (libblkio) on CPU {m['client_cpu']}; "
+        f"{m['time_s']} s per run, {m['reps']} runs per point and server, interleaved "
+        f"(flashpath, qsd, flashpath, qsd, ...); figures are medians. QD is per queue. "
+        f"CPU/IO: the server's CPU time (all threads, /proc/PID/task/*/schedstat) per I/O; "
+        f"busy/IO: flashpath's reactor busy time (polls that did work) per I/O. "
+        f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min.",
+        "",
+        "## Side by side",
+        "",
+        "| backend | workload | QD | queues | client | flashpath IOPS | qsd IOPS | fp/qsd | "
+        "fp MB/s | qsd MB/s | fp mean µs | qsd mean µs | fp p50 µs | qsd p50 µs | fp p99 µs | "
+        "qsd p99 µs | fp p99.9 µs | qsd p99.9 µs | fp CPU/IO ns | qsd CPU/IO ns | "
+        "fp busy/IO ns |",
+        "|" + "---|" * 21,
+    ]
+    for r in res["ratios"]:
+        f, q = r["flashpath"], r["qsd"]
+        lines.append(
+            f"| {r['backend']} | {r['pattern']} {r['bs'] // 1024}K | {r['qd']} | {r['queues']} | "
+            f"{r['client']} | {fmt_iops(f['iops'])} | {fmt_iops(q['iops'])} | "
+            f"**{fmt_ratio(r['iops_ratio'])}** | {f['mbps']:.0f} | {q['mbps']:.0f} | "
+            f"{fmt_us(f['lat_mean_ns'])} | {fmt_us(q['lat_mean_ns'])} | {fmt_us(f['p50_ns'])} | "
+            f"{fmt_us(q['p50_ns'])} | {fmt_us(f['p99_ns'])} | {fmt_us(q['p99_ns'])} | "
+            f"{fmt_us(f['p999_ns'])} | {fmt_us(q['p999_ns'])} | "
+            f"{fmt_ns(f.get('server_cpu_ns_per_io'))} | {fmt_ns(q.get('server_cpu_ns_per_io'))} | "
+            f"{fmt_ns(f.get('reactor_busy_ns_per_io'))} |")
+    if res["fio"]:
+        lines += ["", "## File backend vs the host baseline (fio, io_uring, direct=1, same file)", "",
+                  "fio runs on the client's CPU, interleaved with the two servers' runs.", "",
+                  "| workload | QD | fio IOPS | fio p50 µs | flashpath fd / fio | flashpath poll / fio | "
+                  "qsd fd / fio | qsd poll / fio |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for e in res["fio"]:
+            cells = []
+            for server in ("flashpath", "qsd"):
+                for client in ("fd", "poll"):
+                    s = find(res["points"], server, backend="file", pattern=e["pattern"], bs=e["bs"],
+                             qd=e["qd"], queues=1, client=client)
+                    cells.append(fmt_ratio(ratio(s and s["iops"], e["median"]["iops"])))
+            lines.append(f"| {e['pattern']} {e['bs'] // 1024}K | {e['qd']} | "
+                         f"{fmt_iops(e['median']['iops'])} | {fmt_us(e['median']['p50_ns'])} | "
+                         + " | ".join(cells) + " |")
+    lines += ["", "## Idle CPU (disk attached, a connected client, no I/O)", "",
+              "| backend | server | seconds | % of a core |", "|---|---|---|---|"]
+    for e in res["idle"]:
+        lines.append(f"| {e['backend']} | {e['server']} | {e['seconds']:.0f} | {e['core_percent']:.3f} |")
+    if res["scaling"]:
+        lines += ["", "## flashpath on two reactors (null, 4K randread; the client shares CPU "
+                  f"{m['client_cpu']} with the second reactor)", "",
+                  "| QD | client | queues | IOPS | busy/IO ns (all reactors) | reactor busy % |",
+                  "|---|---|---|---|---|---|"]
+        for e in res["scaling"]:
+            md = e["median"]
+            fr = ", ".join(f"r{k} {100 * v:.0f}" for k, v in sorted(md.get("reactor_busy_frac", {}).items()))
+            lines.append(f"| {e['qd']} | {e['client']} | {e['queues']} | {fmt_iops(md['iops'])} | "
+                         f"{fmt_ns(md.get('reactor_busy_ns_per_io'))} | {fr} |")
+    c = res.get("client_ceiling")
+    if c:
+        md = c["median"]
+        lines += ["", "## The client's own ceiling", "",
+                  f"fp-load `--client-busy` on null, 4K randread, QD32, 1 polled queue, flashpath: "
+                  f"{fmt_iops(md['iops'])} IOPS; client busy {md['client_busy_ns_per_io']:.0f} ns per I/O "
+                  f"({100 * md['client_busy_frac']:.0f} % of its core in passes that completed "
+                  f"something), ceiling ≈ {fmt_iops(1e9 / md['client_busy_ns_per_io'])} IOPS; reactor "
+                  f"busy {md['reactor_busy_ns_per_io']:.0f} ns per I/O."]
+    lines += ["", "## Targets (from the issue; results, not assertions)", "",
+              "| target | goal | measured | status |", "|---|---|---|---|"]
+    for t in res["targets"]:
+        note = f" ({t['note']})" if t["note"] else ""
+        lines.append(f"| {t['target']} | {t['goal']} | {t['measured']}{note} | {t['status']} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+SERVER_STYLE = {"flashpath": "tab:blue", "qsd": "tab:red"}
+
+
+def plots(res, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    backends = sorted({p["backend"] for p in res["points"]},
+                      key=lambda b: ["null", "ram", "file"].index(b))
+    for backend in backends:
+        pats = [pat for pat in ("randread", "randwrite")
+                if any(p["backend"] == backend and p["pattern"] == pat and p["bs"] == 4096
+                       for p in res["points"])]
+        if not pats:
+            continue
+        fig, axes = plt.subplots(1, len(pats), figsize=(6.5 * len(pats), 4.8), squeeze=False)
+        for ax, pat in zip(axes[0], pats):
+            for server in ("flashpath", "qsd"):
+                for client, marker in (("poll", "o"), ("fd", "s")):
+                    for queues, ls in ((1, "-"), (2, "--")):
+                        pts = sorted((p["qd"], p["median"]["iops"]) for p in res["points"]
+                                     if p["backend"] == backend and p["pattern"] == pat
+                                     and p["bs"] == 4096 and p["server"] == server
+                                     and p["client"] == client and p["queues"] == queues)
+                        if not pts:
+                            continue
+                        ax.plot([x for x, _ in pts], [y / 1e6 for _, y in pts], ls, marker=marker,
+                                color=SERVER_STYLE[server], alpha=1.0 if client == "poll" else 0.55,
+                                label=f"{server}, {client} client, {queues} queue{'s' * (queues > 1)}")
+            if backend == "file":
+                pts = sorted((e["qd"], e["median"]["iops"]) for e in res["fio"]
+                             if e["pattern"] == pat and e["bs"] == 4096)
+                if pts:
+                    ax.plot([x for x, _ in pts], [y / 1e6 for _, y in pts], ":", marker="^",
+                            color="black", label="fio io_uring (host, no server)")
+            ax.set_xscale("log", base=2)
+            qds = sorted({p["qd"] for p in res["points"] if p["backend"] == backend})
+            ax.set_xticks(qds)
+            ax.set_xticklabels([str(q) for q in qds])
+            ax.set_xlabel("queue depth (per queue)")
+            ax.set_ylabel("M IOPS")
+            ax.set_title(f"{backend}: 4 KiB {pat}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_ylim(bottom=0)
+            ax.legend(fontsize=7)
+        fig.suptitle(f"IOPS vs queue depth, {backend} backend, server on 1 core "
+                     f"(CPU {res['meta']['server_cpu']}), libblkio client on CPU {res['meta']['client_cpu']}",
+                     fontsize=10)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"iops_vs_qd_{backend}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        files.append(path)
+
+    cdf_backends = [b for b in backends if any(p["backend"] == b and p["qd"] == 1 and "histogram" in p
+                                               and p["pattern"] == "randread" for p in res["points"])]
+    fig, axes = plt.subplots(1, len(cdf_backends), figsize=(5.5 * len(cdf_backends), 4.5), squeeze=False)
+    for ax, backend in zip(axes[0], cdf_backends):
+        for p in res["points"]:
+            if not (p["backend"] == backend and p["qd"] == 1 and p["pattern"] == "randread"
+                    and p["queues"] == 1 and p["bs"] == 4096 and "histogram" in p):
+                continue
+            h = p["histogram"]
+            total = h["count"]
+            if not total:
+                continue
+            xs, ys, acc = [], [], 0
+            for lo, hi, c in h["buckets"]:
+                acc += c
+                xs.append(hi / 1000.0)
+                ys.append(acc / total)
+            ax.step(xs, ys, where="post", color=SERVER_STYLE[p["server"]],
+                    ls="-" if p["client"] == "poll" else "--",
+                    label=f"{p['server']}, {p['client']} client (p50 {p['median']['p50_ns'] / 1000:.2f} µs)")
+        ax.set_xscale("log")
+        ax.set_xlabel("completion latency (µs, log)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"{backend}: 4 KiB randread, QD1")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("QD1 latency CDF (all repetitions merged)", fontsize=10)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "qd1_latency_cdf.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    files.append(path)
+    return files
+
+
+def build_ratios(res):
+    out = []
+    seen = set()
+    for p in res["points"]:
+        key = (p["backend"], p["pattern"], p["bs"], p["qd"], p["queues"], p["client"])
+        if key in seen:
+            continue
+        seen.add(key)
+        kw = dict(zip(("backend", "pattern", "bs", "qd", "queues", "client"), key))
+        f, q = find(res["points"], "flashpath", **kw), find(res["points"], "qsd", **kw)
+        if not (f and q):
+            continue
+        out.append(dict(kw, flashpath=f, qsd=q, iops_ratio=ratio(f["iops"], q["iops"]),
+                        p50_ratio=ratio(f["p50_ns"], q["p50_ns"]),
+                        p999_ratio=ratio(f["p999_ns"], q["p999_ns"]),
+                        cpu_per_io_ratio=ratio(f.get("server_cpu_ns_per_io"),
+                                               q.get("server_cpu_ns_per_io"))))
+    return out
+
+
+def write_outputs(res, out_dir):
+    res["ratios"] = build_ratios(res)
+    res["targets"] = targets(res)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(markdown(res))
+    return plots(res, out_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation (CI smoke)
+
+
+def validate(out_dir, mode):
+    """Checks the outputs are well formed; asserts no absolute number."""
+    problems = []
+    with open(os.path.join(out_dir, "results.json")) as f:
+        res = json.load(f)
+    for k in ("meta", "points", "ratios", "idle", "fio", "scaling", "targets", "wall_s"):
+        if k not in res:
+            problems.append(f"results.json has no '{k}'")
+    cfg = mode_config(mode)
+    want = set()
+    for b in cfg["backends"]:
+        for pt in cfg.get(f"{b}_points", cfg["points"]):
+            pk = point_key(b, pt)
+            for s in ("flashpath", "qsd"):
+                want.add((s,) + tuple(pk.values()))
+    got = set()
+    for p in res.get("points", []):
+        got.add((p["server"], p["backend"], p["pattern"], p["bs"], p["qd"], p["queues"], p["client"]))
+        if len(p["runs"]) != res["meta"]["reps"]:
+            problems.append(f"{point_label(p)} {p['server']}: {len(p['runs'])} runs")
+        for m in ("iops", "mbps", "lat_mean_ns", "p50_ns", "p99_ns", "p999_ns", "server_cpu_ns_per_io"):
+            v = p["median"].get(m)
+            if not isinstance(v, (int, float)) or v <= 0:
+                problems.append(f"{point_label(p)} {p['server']}: {m} = {v!r}")
+        if p["server"] == "flashpath" and not isinstance(p["median"].get("reactor_busy_ns_per_io"), (int, float)):
+            problems.append(f"{point_label(p)}: no reactor busy time")
+        if p["qd"] == 1 and p["pattern"] == "randread" and not p.get("histogram", {}).get("buckets"):
+            problems.append(f"{point_label(p)} {p['server']}: no histogram")
+    if want - got:
+        problems.append(f"missing points: {sorted(want - got)}")
+    if len(res.get("ratios", [])) * 2 != len(got):
+        problems.append("ratios do not pair every point")
+    if len(res.get("idle", [])) != 2 * len(cfg["backends"]):
+        problems.append(f"{len(res.get('idle', []))} idle measurements")
+    if "file" in cfg["backends"] and not res.get("fio"):
+        problems.append("no fio baseline")
+    with open(os.path.join(out_dir, "results.md")) as f:
+        md = f.read()
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ") and not ln.startswith("| backend")]
+    if len(rows) < len(res.get("ratios", [])):
+        problems.append(f"results.md has {len(rows)} table rows")
+    for needed in ("## Side by side", "## Idle CPU", "## Targets"):
+        if needed not in md:
+            problems.append(f"results.md has no '{needed}'")
+    pngs = [f"iops_vs_qd_{b}.png" for b in cfg["backends"]] + ["qd1_latency_cdf.png"]
+    for name in pngs:
+        path = os.path.join(out_dir, name)
+        if not os.path.exists(path):
+            problems.append(f"{name} missing")
+            continue
+        with open(path, "rb") as f:
+            head = f.read(8)
+        if head != b"\x89PNG\r\n\x1a\n":
+            problems.append(f"{name} is not a PNG")
+        if os.path.getsize(path) <= 1024:
+            problems.append(f"{name} is only {os.path.getsize(path)} bytes")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=["full", "quick", "smoke"], default="full")
+    ap.add_argument("--bin-dir", required=True, help="directory with flashpath and fp-load (release)")
+    ap.add_argument("--out", help="output directory (default bench/results/<timestamp>)")
+    ap.add_argument("--work-dir", default="/var/tmp",
+                    help="parent of the scratch directory (sockets, the file backend): not a tmpfs")
+    ap.add_argument("--server-cpu", type=int, default=0)
+    ap.add_argument("--client-cpu", type=int, default=1)
+    ap.add_argument("--time", type=float, help="seconds per run (overrides the mode)")
+    ap.add_argument("--reps", type=int, help="runs per point and server (overrides the mode)")
+    ap.add_argument("--validate", metavar="DIR", help="only check the outputs in DIR and exit")
+    ap.add_argument("--replot", metavar="DIR", help="only rewrite results.md and the plots from DIR/results.json")
+    args = ap.parse_args()
+
+    if args.validate:
+        probs = validate(args.validate, args.mode)
+        for p in probs:
+            print(f"bench output problem: {p}", file=sys.stderr)
+        print(f"bench outputs in {args.validate}: {'OK' if not probs else f'{len(probs)} problems'}")
+        return 1 if probs else 0
+    if args.replot:
+        with open(os.path.join(args.replot, "results.json")) as f:
+            res = json.load(f)
+        for p in write_outputs(res, args.replot):
+            log(f"wrote {p}")
+        return 0
+
+    for tool in ("qemu-storage-daemon", "fio", "taskset"):
+        if shutil.which(tool) is None:
+            print(f"bench: {tool} is not installed (./run bench installs it)", file=sys.stderr)
+            return 1
+    ncpu = os.cpu_count() or 1
+    if max(args.server_cpu, args.client_cpu) >= ncpu or args.server_cpu == args.client_cpu:
+        print(f"bench: needs two distinct CPUs (server {args.server_cpu}, client {args.client_cpu}, "
+              f"{ncpu} present)", file=sys.stderr)
+        return 1
+
+    root = os.path.dirname(os.path.abspath(__file__))
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = args.out or os.path.join(root, "results", f"{stamp}-{args.mode}")
+    os.makedirs(out_dir, exist_ok=True)
+
+    bench = Bench(args)
+
+    def on_signal(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        bench.go()
+    finally:
+        bench.cleanup()
+    cmd = {"full": "./run bench", "quick": "./run bench --quick", "smoke": "./run bench --smoke"}[args.mode]
+    res = bench.results
+    res["meta"] = {
+        "mode": args.mode,
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "time_s": bench.secs,
+        "reps": bench.reps,
+        "server_cpu": args.server_cpu,
+        "client_cpu": args.client_cpu,
+        "idle_s": bench.cfg["idle_time"],
+        "command": cmd,
+        "build": os.path.basename(os.path.normpath(args.bin_dir)),
+        "machine": machine_info(args),
+        "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "
+                               "driver=null-co,node-name=disk0,size=1073741824,read-zeroes=off --export "
+                               "type=vhost-user-blk,id=e0,node-name=disk0,addr.type=unix,addr.path=SOCK,"
+                               "writable=on,iothread=iot0,num-queues=2",
+    }
+    files = write_outputs(res, out_dir)
+    log(f"wrote {out_dir}/results.json, results.md, " + ", ".join(os.path.basename(f) for f in files))
+    log(f"wall time {res['wall_s'] / 60:.1f} min")
+    for t in res["targets"]:
+        log(f"target: {t['target']}: {t['measured']} -> {t['status']}")
+    print(out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
