@@ -459,6 +459,8 @@ class Bench:
             self.cfg["time"] = args.time
         if args.reps:
             self.cfg["reps"] = args.reps
+        if args.backends:
+            self.cfg["backends"] = args.backends.split(",")
         self.secs = self.cfg["time"]
         self.reps = self.cfg["reps"]
         self.server_cpu = args.server_cpu
@@ -1049,6 +1051,7 @@ def main():
     ap.add_argument("--client-cpu", type=int, default=1)
     ap.add_argument("--time", type=float, help="seconds per run (overrides the mode)")
     ap.add_argument("--reps", type=int, help="runs per point and server (overrides the mode)")
+    ap.add_argument("--backends", help="comma-separated subset of null,ram,file (development only)")
     ap.add_argument("--validate", metavar="DIR", help="only check the outputs in DIR and exit")
     ap.add_argument("--replot", metavar="DIR", help="only rewrite results.md and the plots from DIR/results.json")
     args = ap.parse_args()
