@@ -121,6 +121,20 @@ def proc_cpu(pid):
     return {"sched_ns": sched, "stat_ns": ticks * 1_000_000_000 // CLK_TCK}
 
 
+def machine_busy_ns():
+    """CPU time all CPUs spent outside idle and iowait since boot (/proc/stat), in ns."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v
+    return (user + nice + system + irq + softirq + steal) * 1_000_000_000 // CLK_TCK
+
+
+def own_cpu_ns():
+    """CPU time of this process and its waited-for children (fp-load, fio, the RPC CLI)."""
+    t = os.times()
+    return int((t.user + t.system + t.children_user + t.children_system) * 1e9)
+
+
 def median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -331,7 +345,9 @@ def measure(server, loader, sock, point, secs, want_hist, client_busy=False):
     pattern, bs, qd, queues, poll = point
     react0 = server.reactors() if server.kind == "flashpath" else None
     cpu0 = proc_cpu(server.pid)
+    m0, o0 = machine_busy_ns(), own_cpu_ns()
     res = loader.run(sock, pattern, bs, qd, queues, poll, secs, hist=want_hist, client_busy=client_busy)
+    m1, o1 = machine_busy_ns(), own_cpu_ns()
     cpu1 = proc_cpu(server.pid)
     react1 = server.reactors() if server.kind == "flashpath" else None
     if res["errors"]:
@@ -352,6 +368,11 @@ def measure(server, loader, sock, point, secs, want_hist, client_busy=False):
         "server_cpu_ns": cpu1["sched_ns"] - cpu0["sched_ns"],
         "server_cpu_stat_ns": cpu1["stat_ns"] - cpu0["stat_ns"],
     }
+    # CPU time used by anything else on the machine during the run (other processes, the idle
+    # peer server, kernel threads), as a share of one core: a check that nothing disturbed it.
+    # Resolution: one clock tick per CPU.
+    other = (m1 - m0) - (o1 - o0) - r["server_cpu_ns"]
+    r["other_cpu_cores"] = max(0.0, other / 1e9 / el) if el else None
     r["server_cpu_ns_per_io"] = r["server_cpu_ns"] / ios if ios else None
     r["server_cpu_stat_ns_per_io"] = r["server_cpu_stat_ns"] / ios if ios else None
     # Share of one core, over the fp-load process's life (a little longer than `elapsed`).
@@ -767,6 +788,28 @@ def fmt_ratio(r):
     return "-" if r is None else f"{r:.2f}"
 
 
+def spread(res, r, server):
+    """(max - min) / median of a point's IOPS over its repetitions, in %."""
+    for p in res["points"]:
+        if p["server"] == server and all(p[k] == r[k] for k in ("backend", "pattern", "bs", "qd",
+                                                                  "queues", "client")):
+            xs = [x["iops"] for x in p["runs"]]
+            med = statistics.median(xs)
+            return f"{100 * (max(xs) - min(xs)) / med:.0f} %" if med else "-"
+    return "-"
+
+
+def other_cpu_note(res):
+    xs = [(r.get("other_cpu_cores"), p) for p in res["points"] for r in p["runs"]]
+    xs = [(x, p) for x, p in xs if x is not None]
+    if not xs:
+        return ""
+    worst, p = max(xs, key=lambda t: t[0])
+    return (f"Other CPU use during the runs (anything but the server under test and the client, "
+            f"from /proc/stat): median {100 * statistics.median(x for x, _ in xs):.1f} %, "
+            f"at most {100 * worst:.1f} % of a core ({point_label(p)}, {p['server']} run).")
+
+
 def markdown(res):
     m = res["meta"]
     mi = m["machine"]
@@ -784,22 +827,25 @@ def markdown(res):
         f"(flashpath, qsd, flashpath, qsd, ...); figures are medians. QD is per queue. "
         f"CPU/IO: the server's CPU time (all threads, /proc/PID/task/*/schedstat) per I/O; "
         f"busy/IO: flashpath's reactor busy time (polls that did work) per I/O. "
-        f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min.",
+        f"spread: (max - min) / median of the IOPS over the repetitions. "
+        f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min. "
+        f"{other_cpu_note(res)}",
         "",
         "## Side by side",
         "",
         "| backend | workload | QD | queues | client | flashpath IOPS | qsd IOPS | fp/qsd | "
-        "fp MB/s | qsd MB/s | fp mean µs | qsd mean µs | fp p50 µs | qsd p50 µs | fp p99 µs | "
-        "qsd p99 µs | fp p99.9 µs | qsd p99.9 µs | fp CPU/IO ns | qsd CPU/IO ns | "
-        "fp busy/IO ns |",
-        "|" + "---|" * 21,
+        "fp spread | qsd spread | fp MB/s | qsd MB/s | fp mean µs | qsd mean µs | fp p50 µs | "
+        "qsd p50 µs | fp p99 µs | qsd p99 µs | fp p99.9 µs | qsd p99.9 µs | fp CPU/IO ns | "
+        "qsd CPU/IO ns | fp busy/IO ns |",
+        "|" + "---|" * 23,
     ]
     for r in res["ratios"]:
         f, q = r["flashpath"], r["qsd"]
         lines.append(
             f"| {r['backend']} | {r['pattern']} {r['bs'] // 1024}K | {r['qd']} | {r['queues']} | "
             f"{r['client']} | {fmt_iops(f['iops'])} | {fmt_iops(q['iops'])} | "
-            f"**{fmt_ratio(r['iops_ratio'])}** | {f['mbps']:.0f} | {q['mbps']:.0f} | "
+            f"**{fmt_ratio(r['iops_ratio'])}** | {spread(res, r, 'flashpath')} | "
+            f"{spread(res, r, 'qsd')} | {f['mbps']:.0f} | {q['mbps']:.0f} | "
             f"{fmt_us(f['lat_mean_ns'])} | {fmt_us(q['lat_mean_ns'])} | {fmt_us(f['p50_ns'])} | "
             f"{fmt_us(q['p50_ns'])} | {fmt_us(f['p99_ns'])} | {fmt_us(q['p99_ns'])} | "
             f"{fmt_us(f['p999_ns'])} | {fmt_us(q['p999_ns'])} | "
@@ -1085,6 +1131,8 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
 
     bench = Bench(args)
+    # Before the run: the commit is the one the binaries were just built from.
+    machine = machine_info(args)
 
     def on_signal(signum, _frame):
         raise SystemExit(128 + signum)
@@ -1107,7 +1155,7 @@ def main():
         "idle_s": bench.cfg["idle_time"],
         "command": cmd,
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
-        "machine": machine_info(args),
+        "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "
                                "driver=null-co,node-name=disk0,size=1073741824,read-zeroes=off --export "
                                "type=vhost-user-blk,id=e0,node-name=disk0,addr.type=unix,addr.path=SOCK,"
