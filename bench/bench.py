@@ -799,6 +799,38 @@ def spread(res, r, server):
     return "-"
 
 
+MAIN_POINTS = [  # (pattern, bs, qd, queues, client)
+    ("randread", 4096, 1, 1, "poll"),
+    ("randread", 4096, 1, 1, "fd"),
+    ("randread", 4096, 32, 1, "poll"),
+    ("randread", 4096, 32, 1, "fd"),
+    ("randread", 4096, 128, 1, "poll"),
+    ("randread", 4096, 32, 2, "poll"),
+    ("randwrite", 4096, 32, 1, "poll"),
+    ("read", 65536, 32, 1, "poll"),
+]
+
+
+def main_table(res):
+    """The condensed side-by-side table (the README's)."""
+    lines = ["| backend | workload | QD × queues | client | flashpath IOPS | qsd IOPS | fp/qsd | "
+             "fp p50 µs | qsd p50 µs | fp p99.9 µs | qsd p99.9 µs | fp CPU/IO ns | qsd CPU/IO ns | "
+             "fp busy/IO ns |",
+             "|" + "---|" * 14]
+    for r in res["ratios"]:
+        if (r["pattern"], r["bs"], r["qd"], r["queues"], r["client"]) not in MAIN_POINTS:
+            continue
+        f, q = r["flashpath"], r["qsd"]
+        lines.append(
+            f"| {r['backend']} | {r['pattern']} {r['bs'] // 1024}K | {r['qd']} × {r['queues']} | "
+            f"{r['client']} | {fmt_iops(f['iops'])} | {fmt_iops(q['iops'])} | "
+            f"**{fmt_ratio(r['iops_ratio'])}** | {fmt_us(f['p50_ns'])} | {fmt_us(q['p50_ns'])} | "
+            f"{fmt_us(f['p999_ns'])} | {fmt_us(q['p999_ns'])} | "
+            f"{fmt_ns(f.get('server_cpu_ns_per_io'))} | {fmt_ns(q.get('server_cpu_ns_per_io'))} | "
+            f"{fmt_ns(f.get('reactor_busy_ns_per_io'))} |")
+    return lines
+
+
 def other_cpu_note(res):
     xs = [(r.get("other_cpu_cores"), p) for p in res["points"] for r in p["runs"]]
     xs = [(x, p) for x, p in xs if x is not None]
@@ -831,7 +863,13 @@ def markdown(res):
         f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min. "
         f"{other_cpu_note(res)}",
         "",
-        "## Side by side",
+        "## Main points",
+        "",
+    ]
+    lines += main_table(res)
+    lines += [
+        "",
+        "## Side by side (every point)",
         "",
         "| backend | workload | QD | queues | client | flashpath IOPS | qsd IOPS | fp/qsd | "
         "fp spread | qsd spread | fp MB/s | qsd MB/s | fp mean µs | qsd mean µs | fp p50 µs | "
@@ -1065,7 +1103,7 @@ def validate(out_dir, mode):
     rows = [ln for ln in md.splitlines() if ln.startswith("| ") and not ln.startswith("| backend")]
     if len(rows) < len(res.get("ratios", [])):
         problems.append(f"results.md has {len(rows)} table rows")
-    for needed in ("## Side by side", "## Idle CPU", "## Targets"):
+    for needed in ("## Main points", "## Side by side", "## Idle CPU", "## Targets"):
         if needed not in md:
             problems.append(f"results.md has no '{needed}'")
     pngs = [f"iops_vs_qd_{b}.png" for b in cfg["backends"]] + ["qd1_latency_cdf.png"]
