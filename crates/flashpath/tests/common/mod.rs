@@ -13,9 +13,16 @@
 //!   submits a batch of requests spread over queues and waits for all of them, bounded in time.
 //! * [`bounded`] runs a closure on a thread and fails the test if it does not return in time, so
 //!   a hung daemon fails a test instead of hanging the suite.
+//! * [`Daemon::start_with_config`] starts the daemon with a `--config` file instead;
+//!   [`Daemon::kill9`] and [`Daemon::restart`] kill it with SIGKILL and start it again with the
+//!   same command line, configuration and directory (crash-restart tests).
+//! * [`guest`]: a QEMU guest booted against the daemon's sockets (tests/guest.rs).
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod guest;
+
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::mem::MaybeUninit;
@@ -101,27 +108,57 @@ pub struct Daemon {
     pub dir: tempfile::TempDir,
     pub rpc: PathBuf,
     pub stderr_path: PathBuf,
+    /// `serve`'s arguments, for [`Daemon::restart`].
+    args: Vec<OsString>,
 }
 
 impl Daemon {
     /// Starts the daemon with reactors on `cpus` (e.g. "0" or "0,1") and waits until its RPC
     /// socket answers.
     pub fn start(cpus: &str) -> Daemon {
+        Daemon::launch(cpus, |_| None)
+    }
+
+    /// Starts the daemon with `serve --config <dir>/flashpath.toml`, where `config` receives
+    /// the test directory (for backing files and the like, created before the daemon starts)
+    /// and returns the file's TOML text. The vhost-user sockets are `<dir>/<ctrlr>`, as with
+    /// [`Daemon::start`].
+    pub fn start_with_config(cpus: &str, config: impl FnOnce(&Path) -> String) -> Daemon {
+        Daemon::launch(cpus, |dir| Some(config(dir)))
+    }
+
+    fn launch(cpus: &str, config: impl FnOnce(&Path) -> Option<String>) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("fp-e2e-")
             .tempdir_in(scratch_base())
             .expect("creating the test directory");
         let rpc = dir.path().join("rpc.sock");
         let stderr_path = dir.path().join("daemon.stderr");
-        let stderr = File::create(&stderr_path).expect("creating the stderr file");
+        let mut args: Vec<OsString> = vec!["serve".into(), "--cpus".into(), cpus.into(), "--rpc".into()];
+        args.push(rpc.clone().into());
+        args.push("--vhost-dir".into());
+        args.push(dir.path().into());
+        if let Some(text) = config(dir.path()) {
+            let path = dir.path().join("flashpath.toml");
+            std::fs::write(&path, text).expect("writing the configuration file");
+            args.push("--config".into());
+            args.push(path.into());
+        }
+        let mut d = Daemon { child: None, dir, rpc, stderr_path, args };
+        d.spawn();
+        d.wait_ready();
+        d
+    }
+
+    /// Runs `flashpath serve` with the stored arguments, appending to the stderr file.
+    fn spawn(&mut self) {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.stderr_path)
+            .expect("opening the stderr file");
         let child = Command::new(env!("CARGO_BIN_EXE_flashpath"))
-            .arg("serve")
-            .arg("--cpus")
-            .arg(cpus)
-            .arg("--rpc")
-            .arg(&rpc)
-            .arg("--vhost-dir")
-            .arg(dir.path())
+            .args(&self.args)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
@@ -129,9 +166,27 @@ impl Daemon {
             .stderr(stderr)
             .spawn()
             .expect("spawning flashpath serve");
-        let mut d = Daemon { child: Some(child), dir, rpc, stderr_path };
-        d.wait_ready();
-        d
+        self.child = Some(child);
+    }
+
+    /// Kills the daemon with SIGKILL (no clean-up of any kind) and reaps it. Its directory,
+    /// configuration and backing files stay for [`Daemon::restart`].
+    pub fn kill9(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        child.kill().expect("SIGKILL to flashpath serve");
+        child.wait().ok()
+    }
+
+    /// Starts the daemon again with the same command line (and configuration file) after
+    /// [`Daemon::kill9`] or [`Daemon::stop`], and waits until its RPC socket answers. Its stderr
+    /// goes on in the same file, after a line that marks the restart.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart() while the daemon is running");
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&self.stderr_path) {
+            let _ = writeln!(f, "---- test harness: restarting flashpath serve ----");
+        }
+        self.spawn();
+        self.wait_ready();
     }
 
     fn wait_ready(&mut self) {

@@ -1,0 +1,450 @@
+//! Guest VMs for the end-to-end tests: a Linux guest under QEMU (TCG) whose disks are the
+//! daemon's vhost-user-blk sockets.
+//!
+//! * [`image`] builds the boot image once per test process with `tests/guest/build-image.sh`
+//!   (cached on disk across runs; see docs/guest-tests.md) and returns its kernel and initramfs.
+//! * [`available`] says whether guests can run here: it fails the test under `CI=true` when
+//!   QEMU is missing, and elsewhere tells the caller to skip.
+//! * [`Vm::boot`] starts QEMU with one `vhost-user-blk-pci` device per socket and the scenario
+//!   on the kernel command line (`fp.scenario=NAME`), and streams the serial console: every line
+//!   is kept ([`Vm::console`]), written to a file and handed to [`Vm::next_line`] /
+//!   [`Vm::wait_for`] as it arrives, so a test can react to the guest while it runs (a crash
+//!   test kills the daemon after some marker, restarts it and reads on). Every boot has a hard
+//!   deadline ([`BOOT_TIMEOUT`] unless given); QEMU is killed on drop, and the console is printed
+//!   when the test is failing.
+//! * [`Vm::wait_result`] waits for the guest's `FLASHPATH-GUEST-RESULT:` line and collects its
+//!   `FLASHPATH-GUEST-INFO:` lines; [`run_scenario`] does the whole boot and asserts PASS.
+//! * [`expected_contents`] replays the `op` lines the guest reports for a disk, so the host can
+//!   compare a whole backing file (or a RAM disk read back through libblkio) with what the guest
+//!   wrote.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Hard limit for one boot, from QEMU's start to the result line.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long QEMU gets to exit after the guest printed its result (it powers itself off).
+pub const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const RESULT_MARKER: &str = "FLASHPATH-GUEST-RESULT:";
+pub const INFO_MARKER: &str = "FLASHPATH-GUEST-INFO:";
+
+/// Kernel arguments of every boot: serial console; a panic ends the VM (`-no-reboot`); skip the
+/// crypto self-tests and the jitter entropy source, which cost seconds under TCG.
+const KERNEL_ARGS: &str = "console=ttyS0 panic=-1 cryptomgr.notests initcall_blacklist=jent_mod_init";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The QEMU binary: `$FLASHPATH_QEMU`, or `qemu-system-x86_64` from the PATH.
+pub fn qemu_binary() -> String {
+    std::env::var("FLASHPATH_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into())
+}
+
+/// Whether guest tests can run: QEMU must start. Without it a test fails under `CI=true` (CI
+/// must run the guests) and is skipped elsewhere, with a message saying how to get QEMU.
+pub fn available() -> bool {
+    let qemu = qemu_binary();
+    let works = Command::new(&qemu)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if works {
+        return true;
+    }
+    let hint = "./run test installs it (qemu-system-x86 from bookworm-backports)";
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("CI=true and {qemu} does not run: the guest tests must not be skipped in CI; {hint}");
+    }
+    eprintln!("SKIPPED: {qemu} does not run, so no guest test runs; {hint}");
+    false
+}
+
+/// The boot image: an uncompressed kernel booted through PVH and the initramfs.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub dir: PathBuf,
+    pub vmlinux: PathBuf,
+    pub initramfs: PathBuf,
+}
+
+/// Builds the image on first use in this process (or finds it in the cache) and returns it.
+/// Panics with the build script's output if it fails.
+pub fn image() -> &'static Image {
+    static IMAGE: OnceLock<Image> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let script = repo_root().join("tests/guest/build-image.sh");
+        let t0 = Instant::now();
+        let out =
+            Command::new("bash").arg(&script).stdin(Stdio::null()).output().expect("running build-image.sh");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{} failed ({}):\n{stderr}{stdout}", script.display(), out.status);
+        let dir = stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("image: "))
+            .unwrap_or_else(|| panic!("build-image.sh printed no 'image: DIR' line:\n{stderr}{stdout}"));
+        let dir = PathBuf::from(dir.trim());
+        eprintln!("guest image {} ready in {:.1?}", dir.display(), t0.elapsed());
+        Image { vmlinux: dir.join("vmlinux"), initramfs: dir.join("initramfs.cpio.gz"), dir }
+    })
+}
+
+/// What to boot.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// `fp.scenario=` for the guest's init (tests/guest/init).
+    pub scenario: String,
+    /// vhost-user-blk sockets, one `vhost-user-blk-pci` device each, in this order.
+    pub disks: Vec<PathBuf>,
+    /// `num-queues` of each device.
+    pub num_queues: u16,
+    pub vcpus: u32,
+    pub mem_mib: u32,
+    /// More kernel arguments (e.g. `fp.something=value` for a scenario).
+    pub kernel_args: Vec<String>,
+    /// From QEMU's start to the result line; QEMU is killed when it passes.
+    pub timeout: Duration,
+}
+
+impl VmConfig {
+    /// Two vCPUs, 512 MiB, two queues per disk, [`BOOT_TIMEOUT`].
+    pub fn new(scenario: &str, disks: Vec<PathBuf>) -> VmConfig {
+        VmConfig {
+            scenario: scenario.into(),
+            disks,
+            num_queues: 2,
+            vcpus: 2,
+            mem_mib: 512,
+            kernel_args: Vec::new(),
+            timeout: BOOT_TIMEOUT,
+        }
+    }
+}
+
+/// A running QEMU and its console.
+pub struct Vm {
+    child: Option<Child>,
+    console: Arc<Mutex<String>>,
+    lines: mpsc::Receiver<String>,
+    /// The console as a file (`<dir>/console-<scenario>.log`), written as lines arrive.
+    pub console_path: PathBuf,
+    qemu_stderr: PathBuf,
+    started: Instant,
+    deadline: Instant,
+    scenario: String,
+}
+
+impl Vm {
+    /// Starts QEMU; its console and stderr files go in `dir`.
+    pub fn boot(cfg: &VmConfig, dir: &Path) -> Vm {
+        let img = image();
+        let mem = cfg.mem_mib;
+        let mut cmd = Command::new(qemu_binary());
+        cmd.args(["-accel", "tcg", "-cpu", "max", "-smp"])
+            .arg(cfg.vcpus.to_string())
+            .arg("-m")
+            .arg(format!("{mem}M"))
+            // vhost-user needs the guest's RAM in shared memory the daemon can map.
+            .arg("-object")
+            .arg(format!("memory-backend-memfd,id=mem,size={mem}M,share=on"))
+            .args(["-machine", "memory-backend=mem"]);
+        for (i, sock) in cfg.disks.iter().enumerate() {
+            cmd.arg("-chardev")
+                .arg(format!("socket,id=disk{i},path={},reconnect-ms=1000", sock.display()))
+                .arg("-device")
+                .arg(format!("vhost-user-blk-pci,chardev=disk{i},num-queues={}", cfg.num_queues));
+        }
+        let mut append = format!("{KERNEL_ARGS} fp.scenario={}", cfg.scenario);
+        for a in &cfg.kernel_args {
+            append.push(' ');
+            append.push_str(a);
+        }
+        cmd.args(["-display", "none", "-nodefaults", "-serial", "stdio", "-no-reboot", "-kernel"])
+            .arg(&img.vmlinux)
+            .arg("-initrd")
+            .arg(&img.initramfs)
+            .arg("-append")
+            .arg(append);
+        let console_path = dir.join(format!("console-{}.log", cfg.scenario));
+        let qemu_stderr = dir.join(format!("qemu-{}.stderr", cfg.scenario));
+        let started = Instant::now();
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(File::create(&qemu_stderr).expect("creating QEMU's stderr file"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", qemu_binary()));
+        let stdout = child.stdout.take().expect("QEMU's stdout");
+        let console = Arc::new(Mutex::new(String::new()));
+        let (tx, lines) = mpsc::channel();
+        let mut file = File::create(&console_path).expect("creating the console file");
+        let kept = Arc::clone(&console);
+        std::thread::Builder::new()
+            .name("guest-console".into())
+            .spawn(move || {
+                let mut r = BufReader::new(stdout);
+                let mut buf = Vec::new();
+                loop {
+                    buf.clear();
+                    match r.read_until(b'\n', &mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                    let line = String::from_utf8_lossy(&buf).trim_end_matches(['\r', '\n']).replace('\r', "");
+                    let _ = writeln!(file, "{line}");
+                    {
+                        let mut c = kept.lock().unwrap_or_else(|e| e.into_inner());
+                        c.push_str(&line);
+                        c.push('\n');
+                    }
+                    // Nobody may be listening any more; the file and the copy go on.
+                    let _ = tx.send(line);
+                }
+            })
+            .expect("spawning the console thread");
+        Vm {
+            child: Some(child),
+            console,
+            lines,
+            console_path,
+            qemu_stderr,
+            started,
+            deadline: started + cfg.timeout,
+            scenario: cfg.scenario.clone(),
+        }
+    }
+
+    /// Everything the console printed so far.
+    pub fn console(&self) -> String {
+        self.console.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// QEMU's stderr so far.
+    pub fn qemu_stderr(&self) -> String {
+        std::fs::read_to_string(&self.qemu_stderr).unwrap_or_default()
+    }
+
+    /// Time since QEMU started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The next console line, or `None` if none came before `until` (or the boot deadline,
+    /// whichever is first) or the console closed (QEMU exited).
+    pub fn next_line(&mut self, until: Instant) -> Option<String> {
+        let until = until.min(self.deadline);
+        let left = until.saturating_duration_since(Instant::now());
+        self.lines.recv_timeout(left).ok()
+    }
+
+    /// Reads lines until `pred` accepts one and returns it. Panics if the console closes or
+    /// `timeout` (bounded by the boot deadline) passes first; QEMU is then killed, and the
+    /// console is printed when the `Vm` is dropped.
+    pub fn wait_for(&mut self, what: &str, mut pred: impl FnMut(&str) -> bool, timeout: Duration) -> String {
+        let until = Instant::now().checked_add(timeout).unwrap_or(self.deadline);
+        loop {
+            match self.next_line(until) {
+                Some(line) if pred(&line) => return line,
+                Some(_) => {}
+                None => {
+                    let why = if self.exited() { "QEMU exited" } else { "timed out" };
+                    self.kill();
+                    // Drop prints the console and QEMU's stderr.
+                    panic!(
+                        "guest '{}': {why} after {:.1?} waiting for {what}",
+                        self.scenario,
+                        self.elapsed()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Waits for the result line (within the boot deadline) and returns it with the INFO lines
+    /// printed before it.
+    pub fn wait_result(&mut self) -> GuestResult {
+        let mut info = Vec::new();
+        let line = self.wait_for(
+            "the result line",
+            |l| {
+                if let Some(i) = l.find(INFO_MARKER) {
+                    info.push(l[i + INFO_MARKER.len()..].trim().to_string());
+                }
+                l.contains(RESULT_MARKER)
+            },
+            Duration::MAX,
+        );
+        let rest = line[line.find(RESULT_MARKER).expect("matched") + RESULT_MARKER.len()..].trim();
+        let (verdict, detail) = rest.split_once(' ').unwrap_or((rest, ""));
+        GuestResult { passed: verdict == "PASS", detail: detail.to_string(), info, time: self.elapsed() }
+    }
+
+    /// Waits for QEMU to exit (the guest powers off after its result); kills it after
+    /// `timeout` and panics.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let until = Instant::now() + timeout;
+        let child = self.child.as_mut().expect("QEMU already reaped");
+        loop {
+            if let Some(status) = child.try_wait().expect("waiting for QEMU") {
+                self.child = None;
+                return status;
+            }
+            if Instant::now() > until {
+                self.kill();
+                panic!("guest '{}': QEMU did not exit within {timeout:?}", self.scenario);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn exited(&mut self) -> bool {
+        self.child.as_mut().is_none_or(|c| c.try_wait().ok().flatten().is_some())
+    }
+
+    /// Kills QEMU (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The end of the console and QEMU's stderr, for failure messages.
+    pub fn report(&self) -> String {
+        let console = self.console();
+        let lines: Vec<&str> = console.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(120)..];
+        format!(
+            "---- guest console (last {} of {} lines; all in {}) ----\n{}\n---- QEMU stderr ----\n{}\n---- end ----",
+            tail.len(),
+            lines.len(),
+            self.console_path.display(),
+            tail.join("\n"),
+            self.qemu_stderr()
+        )
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("guest '{}' (dropped while the test fails):\n{}", self.scenario, self.report());
+        }
+    }
+}
+
+/// What the guest reported.
+#[derive(Debug, Clone)]
+pub struct GuestResult {
+    pub passed: bool,
+    /// The scenario name after PASS; "<scenario>: <reason>" after FAIL.
+    pub detail: String,
+    /// The text after each `FLASHPATH-GUEST-INFO:`, in order.
+    pub info: Vec<String>,
+    /// From QEMU's start to the result line.
+    pub time: Duration,
+}
+
+impl GuestResult {
+    /// The INFO lines that start with `word`, without it.
+    pub fn info_after(&self, word: &str) -> Vec<&str> {
+        self.info.iter().filter_map(|l| l.strip_prefix(word)).map(str::trim).collect()
+    }
+
+    /// The `disk` line of the disk with this serial, as key=value pairs (plus "dev").
+    pub fn disk(&self, serial: &str) -> HashMap<String, String> {
+        for l in self.info_after("disk") {
+            let mut words = l.split_whitespace();
+            let dev = words.next().unwrap_or_default();
+            let mut m: HashMap<String, String> =
+                words.filter_map(|w| w.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect();
+            if m.get("serial").map(String::as_str) == Some(serial) {
+                m.insert("dev".into(), dev.into());
+                return m;
+            }
+        }
+        panic!("the guest reported no disk with serial {serial}: {:?}", self.info)
+    }
+
+    /// The `irqs` line as (queue name, interrupts), e.g. ("virtio0-req.1", 57).
+    pub fn irqs(&self) -> Vec<(String, u64)> {
+        self.info_after("irqs")
+            .iter()
+            .flat_map(|l| l.split_whitespace())
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.parse().unwrap_or(0)))
+            .collect()
+    }
+
+    /// The content-changing operations the guest reported for the disk with this serial.
+    pub fn ops(&self, serial: &str) -> Vec<DiskOp> {
+        self.info_after("op")
+            .iter()
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                if w.first() != Some(&serial) {
+                    return None;
+                }
+                let n = |i: usize| -> u64 {
+                    w.get(i).and_then(|x| x.parse().ok()).unwrap_or_else(|| panic!("malformed op line: {l}"))
+                };
+                Some(match w.get(1) {
+                    Some(&"write") => DiskOp::Write { offset: n(2), len: n(3), seed: n(4) },
+                    Some(&"zero") => DiskOp::Zero { offset: n(2), len: n(3) },
+                    _ => panic!("unknown op line: {l}"),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A change the guest made to a disk (an `op` INFO line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskOp {
+    /// `fpio write`: [`super::pattern`]`(seed, offset, len)` at `offset`.
+    Write { offset: u64, len: u64, seed: u64 },
+    /// A discard or write-zeroes that the guest saw read back as zeroes.
+    Zero { offset: u64, len: u64 },
+}
+
+/// The contents a disk of `size` bytes that started as zeroes must have after `ops`.
+pub fn expected_contents(size: u64, ops: &[DiskOp]) -> Vec<u8> {
+    let mut img = vec![0u8; size as usize];
+    for op in ops {
+        match *op {
+            DiskOp::Write { offset, len, seed } => {
+                let (o, l) = (offset as usize, len as usize);
+                img[o..o + l].copy_from_slice(&super::pattern(seed, offset, l));
+            }
+            DiskOp::Zero { offset, len } => img[offset as usize..(offset + len) as usize].fill(0),
+        }
+    }
+    img
+}
+
+/// Boots `cfg`, waits for the result within its deadline, asserts PASS and waits for QEMU to
+/// exit. Panics with the console on any failure.
+pub fn run_scenario(cfg: &VmConfig, dir: &Path) -> GuestResult {
+    let mut vm = Vm::boot(cfg, dir);
+    let result = vm.wait_result();
+    // On failure, dropping `vm` prints the console and QEMU's stderr.
+    assert!(result.passed, "guest scenario failed: {}", result.detail);
+    vm.wait_exit(EXIT_TIMEOUT);
+    eprintln!(
+        "guest '{}': PASS after {:.1?} (QEMU exited after {:.1?})",
+        cfg.scenario,
+        result.time,
+        vm.elapsed()
+    );
+    result
+}

@@ -1,0 +1,277 @@
+//! A real Linux guest on flashpath disks: QEMU (TCG) boots Debian's cloud kernel with a
+//! busybox initramfs (tests/guest/, docs/guest-tests.md) whose disks are vhost-user-blk
+//! sockets of a `flashpath serve` started from a configuration file. Each test runs one guest
+//! scenario (`fp.scenario=` in tests/guest/init), asserts the guest's PASS line and then checks
+//! the disks from the host: the backing files byte for byte, the file system with e2fsck and
+//! debugfs, a RAM disk through libblkio, and the daemon's counters.
+//!
+//! The tests run one at a time (a lock; `./run test` also runs this binary alone, after the
+//! others, with one test thread): the guest's two vCPUs and the daemon fill a 2-core machine.
+//! Without QEMU they fail under `CI=true` and are skipped elsewhere.
+
+mod common;
+
+mod guest_vm {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+    use std::sync::{Mutex, MutexGuard};
+
+    use serde_json::{json, Value};
+
+    use super::common::guest::{self, expected_contents, run_scenario, DiskOp, GuestResult, VmConfig};
+    use super::common::{assert_same, bounded, pattern, BlkClient, Daemon};
+
+    const MIB: u64 = 1 << 20;
+
+    /// One guest at a time, whatever the test runner's thread count.
+    fn one_at_a_time() -> Option<MutexGuard<'static, ()>> {
+        static LOCK: Mutex<()> = Mutex::new(());
+        let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        guest::available().then_some(guard)
+    }
+
+    /// A sparse file of `size` bytes in `dir` (reads as zeroes).
+    fn sparse_file(dir: &Path, name: &str, size: u64) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::File::create(&path).and_then(|f| f.set_len(size)).expect("creating a backing file");
+        path
+    }
+
+    /// `[[bdev]]` of an io_uring file disk and a 2-queue `[[vhost_blk]]` on it.
+    fn file_disk_config(bdev: &str, file: &Path, ctrlr: &str, readonly: bool) -> String {
+        format!(
+            "[[bdev]]\ntype = \"uring\"\nname = \"{bdev}\"\nfilename = \"{}\"\n\n\
+             [[vhost_blk]]\nctrlr = \"{ctrlr}\"\ndev_name = \"{bdev}\"\nnum_queues = 2\nreadonly = {readonly}\n\n",
+            file.display()
+        )
+    }
+
+    /// Boots `scenario` on one io_uring file disk of `size` bytes, exported as the 2-queue
+    /// controller `ctrlr` by a daemon on `cpus` started from a configuration file, asserts PASS
+    /// and that the guest saw the disk as exported (size, 512-byte blocks, 2 queues, read-only
+    /// flag). The backing file holds `initial` and then zeroes (sparse). Returns the daemon,
+    /// the backing file and the guest's result.
+    fn guest_on_file_disk(
+        scenario: &str,
+        cpus: &str,
+        ctrlr: &str,
+        size: u64,
+        readonly: bool,
+        initial: &[u8],
+    ) -> (Daemon, PathBuf, GuestResult) {
+        let d = Daemon::start_with_config(cpus, |dir| {
+            let file = dir.join(format!("{ctrlr}.img"));
+            std::fs::write(&file, initial)
+                .and_then(|_| std::fs::File::options().write(true).open(&file))
+                .and_then(|f| f.set_len(size))
+                .expect("filling the backing file");
+            file_disk_config(ctrlr, &file, ctrlr, readonly)
+        });
+        let file = d.dir.path().join(format!("{ctrlr}.img"));
+        let r = run_scenario(&VmConfig::new(scenario, vec![d.dir.path().join(ctrlr)]), d.dir.path());
+        assert_disk(&r, ctrlr, size, 512, readonly);
+        (d, file, r)
+    }
+
+    /// The daemon's counters for one controller.
+    fn stats(d: &Daemon, ctrlr: &str) -> Value {
+        let all = d.call("flashpath_get_stats", Value::Null);
+        all["controllers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["ctrlr"] == json!(ctrlr)))
+            .map(|c| c["stats"].clone())
+            .unwrap_or_else(|| panic!("no stats for {ctrlr}: {all}"))
+    }
+
+    fn counter(stats: &Value, name: &str) -> u64 {
+        stats[name].as_u64().unwrap_or_else(|| panic!("no counter {name} in {stats}"))
+    }
+
+    /// No request failed and no queue broke.
+    fn assert_no_errors(stats: &Value) {
+        for name in ["io_errors", "unsupported", "failed_queues"] {
+            assert_eq!(counter(stats, name), 0, "{name} in {stats}");
+        }
+    }
+
+    /// The guest saw the disk as the daemon exports it.
+    fn assert_disk(r: &GuestResult, serial: &str, size: u64, lbs: u32, ro: bool) {
+        let d = r.disk(serial);
+        assert_eq!(d["size"], size.to_string(), "{serial}: size in the guest ({d:?})");
+        assert_eq!(d["lbs"], lbs.to_string(), "{serial}: logical block size in the guest ({d:?})");
+        assert_eq!(d["ro"], if ro { "1" } else { "0" }, "{serial}: read-only flag in the guest ({d:?})");
+        assert_eq!(d["hw_queues"], "2", "{serial}: blk-mq hardware queues in the guest ({d:?})");
+    }
+
+    /// Every request queue of the guest's disks raised interrupts, i.e. carried completions.
+    fn assert_all_queues_used(r: &GuestResult, devices: usize) {
+        let irqs = r.irqs();
+        assert_eq!(irqs.len(), 2 * devices, "one interrupt line per request queue: {irqs:?}");
+        for (q, n) in &irqs {
+            assert!(*n > 0, "request queue {q} had no interrupt (all I/O on one queue?): {irqs:?}");
+        }
+    }
+
+    /// A host tool from e2fsprogs (in /usr/sbin or /sbin, which may not be on the PATH).
+    fn e2fs_tool(name: &str) -> PathBuf {
+        ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(name))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{name} not found: install e2fsprogs (./run test does)"))
+    }
+
+    /// debugfs -R "cat PATH" on an ext4 image.
+    fn debugfs_cat(img: &Path, path: &str) -> Vec<u8> {
+        let out = Command::new(e2fs_tool("debugfs"))
+            .arg("-R")
+            .arg(format!("cat {path}"))
+            .arg(img)
+            .output()
+            .expect("running debugfs");
+        assert!(out.status.success(), "debugfs cat {path}: {}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    }
+
+    #[test]
+    fn data_written_in_the_guest_is_in_the_backing_file() {
+        let Some(_one) = one_at_a_time() else { return };
+        let size = 64 * MIB;
+        let (d, file, r) = guest_on_file_disk("data", "0", "fp-data", size, false, &[]);
+        let disk = r.disk("fp-data");
+        assert_eq!(disk["cache"], "write_back", "the device offers FLUSH, so the guest caches writes");
+        assert_ne!(disk["discard_max"], "0", "the device offers discard");
+        assert_ne!(disk["write_zeroes_max"], "0", "the device offers write-zeroes");
+        assert_all_queues_used(&r, 1);
+
+        // Replay what the guest reports having done and compare the whole file.
+        let ops = r.ops("fp-data");
+        let writes = ops.iter().filter(|o| matches!(o, DiskOp::Write { .. })).count();
+        let zeroes = ops.iter().filter(|o| matches!(o, DiskOp::Zero { .. })).count();
+        assert!(writes >= 10 && zeroes >= 2, "fewer ops than the scenario does: {ops:?}");
+        assert!(
+            ops.iter().any(|o| matches!(o, DiskOp::Write { offset, len, .. } if offset + len == size)),
+            "no write reached the last block: {ops:?}"
+        );
+        let got = std::fs::read(&file).expect("reading the backing file");
+        assert_same("the backing file after the guest", 0, &got, &expected_contents(size, &ops));
+
+        let s = stats(&d, "fp-data");
+        assert_no_errors(&s);
+        for name in ["flush_ops", "discard_ops", "write_zeroes_ops", "write_ops", "read_ops"] {
+            assert!(counter(&s, name) > 0, "{name} = 0: {s}");
+        }
+    }
+
+    #[test]
+    fn ext4_made_in_the_guest_checks_clean_on_the_host() {
+        let Some(_one) = one_at_a_time() else { return };
+        let (d, img, _) = guest_on_file_disk("filesystem", "0", "fp-fs", 64 * MIB, false, &[]);
+
+        // The guest has unmounted it and QEMU is gone: the file is a quiescent ext4 image.
+        let fsck = Command::new(e2fs_tool("e2fsck")).arg("-fn").arg(&img).output().expect("running e2fsck");
+        assert!(
+            fsck.status.success(),
+            "e2fsck -fn found problems ({}):\n{}{}",
+            fsck.status,
+            String::from_utf8_lossy(&fsck.stdout),
+            String::from_utf8_lossy(&fsck.stderr)
+        );
+        let p = debugfs_cat(&img, "/fp/pattern.bin");
+        assert_same("/fp/pattern.bin (page cache)", 0, &p, &pattern(42, 0, 3 << 20));
+        let p = debugfs_cat(&img, "/fp/direct.bin");
+        assert_same("/fp/direct.bin (O_DIRECT)", 0, &p, &pattern(43, 0, 1 << 20));
+        assert_eq!(debugfs_cat(&img, "/fp/hello.txt"), b"hello from the flashpath guest\n");
+        assert_eq!(debugfs_cat(&img, "/fp/small/f123"), b"small file 123\n");
+        let ls =
+            Command::new(e2fs_tool("debugfs")).args(["-R", "ls -p /fp/small"]).arg(&img).output().unwrap();
+        let files = String::from_utf8_lossy(&ls.stdout).lines().filter(|l| l.contains("/f")).count();
+        assert_eq!(files, 200, "files in /fp/small");
+
+        let s = stats(&d, "fp-fs");
+        assert_no_errors(&s);
+        // The journal commits with flushes; mke2fs discards the device first.
+        assert!(counter(&s, "flush_ops") > 0, "no flush: {s}");
+        assert!(counter(&s, "discard_ops") > 0, "mke2fs sent no discard: {s}");
+    }
+
+    #[test]
+    fn fio_randrw_with_verify_on_two_queues() {
+        let Some(_one) = one_at_a_time() else { return };
+        let (d, _, r) = guest_on_file_disk("load", "0,1", "fp-load", 64 * MIB, false, &[]);
+        let fio = r.info_after("fio").join(" ");
+        assert!(fio.contains("status=0") && fio.contains("errors=0"), "fio: {fio}");
+        assert_all_queues_used(&r, 1);
+        let s = stats(&d, "fp-load");
+        assert_no_errors(&s);
+        assert!(counter(&s, "write_ops") > 1000 && counter(&s, "read_ops") > 1000, "too little I/O: {s}");
+    }
+
+    #[test]
+    fn readonly_disk_reads_in_the_guest_and_refuses_writes() {
+        let Some(_one) = one_at_a_time() else { return };
+        let size = 16 * MIB;
+        let initial = pattern(77, 0, 4 << 20);
+        let (d, file, r) = guest_on_file_disk("readonly", "0", "fp-ro", size, true, &initial);
+        let mut before = initial;
+        before.resize(size as usize, 0);
+        // Linux refuses writes to a disk whose device offers VIRTIO_BLK_F_RO before they reach
+        // the device (EPERM), so the daemon must have seen reads only.
+        for what in ["direct write", "buffered write"] {
+            let refusal = r.info_after(what).join(" ");
+            assert!(refusal.starts_with("refused at"), "{what} in the guest: {refusal:?}");
+        }
+        let s = stats(&d, "fp-ro");
+        assert_no_errors(&s);
+        assert!(counter(&s, "read_ops") > 0, "no reads: {s}");
+        for name in ["write_ops", "discard_ops", "write_zeroes_ops", "bytes_written"] {
+            assert_eq!(counter(&s, name), 0, "{name} on a read-only disk: {s}");
+        }
+        assert!(std::fs::read(&file).unwrap() == before, "the read-only disk's backing file changed");
+    }
+
+    #[test]
+    fn two_disks_ram_and_file_from_one_daemon() {
+        let Some(_one) = one_at_a_time() else { return };
+        let (ram_size, file_size) = (32 * MIB, 48 * MIB);
+        let d = Daemon::start_with_config("0,1", |dir| {
+            let file = sparse_file(dir, "fp-file.img", file_size);
+            format!(
+                "[[bdev]]\ntype = \"malloc\"\nname = \"ram\"\nnum_blocks = {}\nblock_size = 4096\n\n\
+                 [[vhost_blk]]\nctrlr = \"fp-ram\"\ndev_name = \"ram\"\nnum_queues = 2\n\n{}",
+                ram_size / 4096,
+                file_disk_config("file", &file, "fp-file", false)
+            )
+        });
+        let ram_sock = d.dir.path().join("fp-ram");
+        let cfg = VmConfig::new("multi", vec![ram_sock.clone(), d.dir.path().join("fp-file")]);
+        let r = run_scenario(&cfg, d.dir.path());
+        assert_disk(&r, "fp-ram", ram_size, 4096, false);
+        assert_disk(&r, "fp-file", file_size, 512, false);
+        assert_all_queues_used(&r, 2);
+
+        let file_ops = r.ops("fp-file");
+        assert!(file_ops.len() >= 2, "file disk ops: {file_ops:?}");
+        let got = std::fs::read(d.dir.path().join("fp-file.img")).unwrap();
+        assert_same("the file disk's backing file", 0, &got, &expected_contents(file_size, &file_ops));
+
+        // QEMU has disconnected; read the RAM disk back through the same socket with libblkio.
+        let ram_ops = r.ops("fp-ram");
+        assert!(ram_ops.len() >= 2, "RAM disk ops: {ram_ops:?}");
+        let got = bounded(std::time::Duration::from_secs(60), "RAM read-back", move || {
+            BlkClient::open(&ram_sock, 1).read_all(0, ram_size as usize)
+        });
+        assert_same(
+            "the RAM disk read back through libblkio",
+            0,
+            &got,
+            &expected_contents(ram_size, &ram_ops),
+        );
+
+        for c in ["fp-ram", "fp-file"] {
+            let s = stats(&d, c);
+            assert_no_errors(&s);
+            assert!(counter(&s, "write_ops") > 0, "{c}: {s}");
+        }
+    }
+}

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Builds (or reuses) the boot image of the guest tests: an uncompressed kernel (vmlinux, booted
+# directly through PVH) and an initramfs holding static busybox, virtio_blk.ko, the fpio data
+# tool, mke2fs and fio (with their shared libraries) and the scenario script `init`.
+#
+#   tests/guest/build-image.sh        prints "image: DIR" as its last line; DIR holds
+#                                     vmlinux, initramfs.cpio.gz and manifest.txt
+#
+# Nothing is fetched at guest run time. The only download is the kernel package, once, with
+# `apt-get download` from Debian (bookworm-backports) into the cache. The image is cached in
+# $FLASHPATH_GUEST_CACHE (default /var/tmp/flashpath-guest) under a key made of the kernel
+# version and a hash of this script, init, fpio.c and the versions of the host packages copied
+# into the image, so a second run only checks the key. Builds of the same key are serialised
+# with flock. Host tools are not installed here: `./run test` installs them (see
+# ensure_guest_packages in ./run); a missing one fails the build with the packages to install.
+#
+# Environment: FLASHPATH_GUEST_CACHE (cache directory), FLASHPATH_GUEST_KERNEL (a different
+# linux-image-*-cloud-amd64 ABI name, for trying a new kernel before changing the pin below).
+set -euo pipefail
+
+# The one place the kernel is pinned: Debian's linux-image-<this>, from bookworm-backports.
+KERNEL_PIN=6.12.95+deb12-cloud-amd64
+KERNEL=${FLASHPATH_GUEST_KERNEL:-$KERNEL_PIN}
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+CACHE=${FLASHPATH_GUEST_CACHE:-/var/tmp/flashpath-guest}
+
+log() { printf 'build-image: %s\n' "$*" >&2; }
+die() { printf 'build-image: error: %s\n' "$*" >&2; exit 1; }
+
+# Host tools, with the Debian package each comes from.
+need=(
+    busybox:busybox-static cpio:cpio gzip:gzip zstd:zstd xz:xz-utils fio:fio mke2fs:e2fsprogs
+    dpkg-deb:dpkg apt-get:apt cc:build-essential flock:util-linux ldd:libc-bin od:coreutils
+)
+missing=()
+for pair in "${need[@]}"; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v "${pair%%:*}" >/dev/null 2>&1 ||
+        missing+=("${pair#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    die "missing host tools; install them with: apt-get install ${missing[*]} (./run test does this)"
+fi
+export PATH=$PATH:/usr/sbin:/sbin
+# busybox-static replaces the dynamic busybox; a dynamic one cannot run in the initramfs.
+BUSYBOX=$(command -v busybox)
+if ldd "$BUSYBOX" >/dev/null 2>&1; then
+    die "$BUSYBOX is dynamically linked; install busybox-static"
+fi
+
+pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
+key_input() {
+    cat "$0" "$HERE/init" "$HERE/fpio.c"
+    for p in busybox-static fio e2fsprogs libc6; do printf '%s=%s\n' "$p" "$(pkg_version "$p")"; done
+}
+HASH=$(key_input | sha256sum | cut -c1-16)
+OUT=$CACHE/$KERNEL-$HASH
+
+if [ -f "$OUT/ready" ]; then
+    log "cached image $OUT"
+    echo "image: $OUT"
+    exit 0
+fi
+
+mkdir -p "$CACHE/debs"
+exec 9>"$CACHE/.lock"
+flock 9
+if [ -f "$OUT/ready" ]; then # built by another process while we waited
+    echo "image: $OUT"
+    exit 0
+fi
+
+# ---- the kernel package -------------------------------------------------------------------
+PKG=linux-image-$KERNEL
+deb=$(ls "$CACHE"/debs/"${PKG}"_*.deb 2>/dev/null | head -n1 || true)
+if [ -z "$deb" ]; then
+    log "downloading $PKG (apt-get download)"
+    dl() { (cd "$CACHE/debs" && apt-get download -q -o APT::Sandbox::User=root "$PKG") >&2; }
+    if ! dl; then
+        log "not found in the package lists; running apt-get update and trying again"
+        apt-get update -qq >&2 || true
+        dl || die "the pinned guest kernel package $PKG is not in the archive any more.
+  Pick a current one: apt-cache search --names-only 'linux-image-.*-cloud-amd64\$' (needs
+  bookworm-backports in the apt sources), try it with FLASHPATH_GUEST_KERNEL=<abi-name>, then
+  change KERNEL_PIN in tests/guest/build-image.sh."
+    fi
+    deb=$(ls "$CACHE"/debs/"${PKG}"_*.deb | head -n1)
+fi
+
+WORK=$(mktemp -d "$CACHE/build.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+log "unpacking $(basename "$deb")"
+dpkg-deb -x "$deb" "$WORK/pkg"
+vmlinuz=$WORK/pkg/boot/vmlinuz-$KERNEL
+[ -f "$vmlinuz" ] || die "$deb has no boot/vmlinuz-$KERNEL"
+
+# vmlinuz is a bzImage whose payload is the zstd-compressed ELF vmlinux. The setup header gives
+# its place: setup_sects at 0x1f1, payload_offset at 0x248 and payload_length at 0x24c, the
+# offset counted from the protected-mode code at (setup_sects + 1) * 512. The payload's last 4
+# bytes are the decompressed size (for the kernel's own decompressor), not zstd data.
+u8() { od -An -tu1 -j "$1" -N1 "$vmlinuz" | tr -d ' '; }
+u32() { od -An -tu4 -j "$1" -N4 "$vmlinuz" | tr -d ' '; }
+setup_sects=$(u8 $((0x1f1)))
+payload_offset=$(u32 $((0x248)))
+payload_length=$(u32 $((0x24c)))
+start=$(((setup_sects + 1) * 512 + payload_offset))
+magic=$(od -An -tx1 -j "$start" -N4 "$vmlinuz" | tr -d ' ')
+[ "$magic" = 28b52ffd ] || die "the payload of $vmlinuz is not zstd (magic $magic)"
+dd if="$vmlinuz" iflag=skip_bytes,count_bytes skip="$start" count=$((payload_length - 4)) bs=1M status=none |
+    zstd -dq >"$WORK/vmlinux" || die "zstd could not decompress the kernel payload"
+want_size=$(u32 $((start + payload_length - 4)))
+got_size=$(stat -c %s "$WORK/vmlinux")
+[ "$got_size" = "$want_size" ] || die "vmlinux is $got_size bytes, the header says $want_size"
+[ "$(od -An -tx1 -N4 "$WORK/vmlinux" | tr -d ' ')" = 7f454c46 ] || die "vmlinux is not an ELF file"
+
+# ---- the initramfs ------------------------------------------------------------------------
+R=$WORK/root
+mkdir -p "$R"/{bin,sbin,dev,proc,sys,mnt,tmp,etc,lib/modules,usr/bin}
+ko=$(find "$WORK/pkg/lib/modules/$KERNEL" -name 'virtio_blk.ko*' | head -n1)
+[ -n "$ko" ] || die "$deb has no virtio_blk module"
+case $ko in
+    *.xz) xz -dc "$ko" >"$R/lib/modules/virtio_blk.ko" ;;
+    *.zst) zstd -dcq "$ko" >"$R/lib/modules/virtio_blk.ko" ;;
+    *) cp "$ko" "$R/lib/modules/virtio_blk.ko" ;;
+esac
+# The .modinfo strings are NUL-terminated; an empty "depends=" means no other module is needed.
+tr '\0' '\n' <"$R/lib/modules/virtio_blk.ko" | grep -qx 'depends=' ||
+    die "virtio_blk.ko depends on other modules; the initramfs loads only virtio_blk"
+
+cp "$BUSYBOX" "$R/bin/busybox"
+cp "$HERE/init" "$R/init"
+chmod 755 "$R/init"
+log "compiling fpio (static)"
+cc -O2 -Wall -Wextra -Werror -static -o "$R/bin/fpio" "$HERE/fpio.c" ||
+    die "cannot build fpio statically (needs libc6-dev for libc.a)"
+
+# A dynamic binary goes in at its host path, with every library ldd resolves, at the same paths
+# (the loader's default search and the libraries' RUNPATHs then find them without ld.so.cache).
+add_dynamic() {
+    local bin=$1 lib
+    mkdir -p "$R$(dirname "$bin")"
+    cp -L "$bin" "$R$bin"
+    for lib in $(ldd "$bin" | awk '/=> \// { print $3 } /^[ \t]*\/[^ ]*ld-linux/ { print $1 }'); do
+        [ -f "$R$lib" ] && continue
+        mkdir -p "$R$(dirname "$lib")"
+        cp -L "$lib" "$R$lib"
+    done
+}
+add_dynamic "$(command -v fio)"
+add_dynamic "$(command -v mke2fs)"
+[ -f /etc/mke2fs.conf ] && cp /etc/mke2fs.conf "$R/etc/"
+# The copied programs must start inside the image (checked with chroot, which needs root).
+if [ "$(id -u)" -eq 0 ]; then
+    for prog in "/usr/bin/fio --version" "/usr/sbin/mke2fs -V" "/bin/busybox true" "/bin/fpio -b verify /init 0 8 0"; do
+        # (fpio compares the first 8 bytes of /init with the pattern: status 1, "differs", means it ran.)
+        rc=0
+        chroot "$R" $prog >/dev/null 2>&1 || rc=$?
+        [ $rc -eq 0 ] || { [ "${prog#/bin/fpio}" != "$prog" ] && [ $rc -eq 1 ]; } ||
+            die "$prog does not run inside the image (status $rc)"
+    done
+fi
+
+{
+    echo "kernel: $PKG ($(basename "$deb"))"
+    echo "key: $HASH"
+    for p in busybox-static fio e2fsprogs libc6; do echo "$p: $(pkg_version "$p")"; done
+    echo "initramfs: $(du -sm "$R" | cut -f1) MiB uncompressed"
+} >"$WORK/manifest.txt"
+
+log "packing the initramfs ($(du -sm "$R" | cut -f1) MiB)"
+(cd "$R" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0) |
+    gzip -1 >"$WORK/initramfs.cpio.gz"
+
+mkdir -p "$OUT"
+mv "$WORK/vmlinux" "$WORK/initramfs.cpio.gz" "$WORK/manifest.txt" "$OUT/"
+touch "$OUT/ready"
+# Older images of the same kernel or of other kernels are left for other checkouts; remove
+# $CACHE to reclaim the space.
+log "built $OUT"
+echo "image: $OUT"
