@@ -21,10 +21,12 @@
 use std::os::unix::io::RawFd;
 use std::sync::Arc;
 
+pub mod delay;
 pub mod null;
 pub mod ram;
 pub mod uring;
 
+pub use delay::{DelayDevice, DelayLatency};
 pub use null::NullDevice;
 pub use ram::RamDevice;
 pub use uring::UringDevice;

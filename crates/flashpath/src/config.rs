@@ -76,7 +76,7 @@ pub struct ReactorSection {
 }
 
 /// `[[bdev]]` types and the methods they map to.
-const BDEV_TYPES: [&str; 3] = ["null", "malloc", "uring"];
+const BDEV_TYPES: [&str; 4] = ["null", "malloc", "uring", "delay"];
 
 impl ConfigFile {
     pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
@@ -222,9 +222,9 @@ mod tests {
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 1000\n",
                 "bdev[1].block_size: 1000 is not a power of two between 512 and 65536",
             ),
-            ("[[bdev]]\nname = \"b\"\n", "bdev[1].type: required (one of null, malloc, uring)"),
-            ("[[bdev]]\ntype = \"ram\"\n", "bdev[1].type: 'ram' is not one of null, malloc, uring"),
-            ("[[bdev]]\ntype = 3\n", "bdev[1].type: expected a string: one of null, malloc, uring"),
+            ("[[bdev]]\nname = \"b\"\n", "bdev[1].type: required (one of null, malloc, uring, delay)"),
+            ("[[bdev]]\ntype = \"ram\"\n", "bdev[1].type: 'ram' is not one of null, malloc, uring, delay"),
+            ("[[bdev]]\ntype = 3\n", "bdev[1].type: expected a string: one of null, malloc, uring, delay"),
             (
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 512\nsize = 1\n",
                 "bdev[1].size: unknown parameter; accepted: name, num_blocks, block_size",

@@ -67,6 +67,8 @@ const METHODS: &[(&str, MethodFn)] = &[
     ("bdev_malloc_delete", |m, p| m.bdev_delete(p, "malloc")),
     ("bdev_uring_create", Methods::bdev_uring_create),
     ("bdev_uring_delete", |m, p| m.bdev_delete(p, "uring")),
+    ("bdev_delay_create", Methods::bdev_delay_create),
+    ("bdev_delay_delete", |m, p| m.bdev_delete(p, "delay")),
     ("bdev_get_bdevs", Methods::bdev_get_bdevs),
     ("vhost_create_blk_controller", Methods::vhost_create_blk_controller),
     ("vhost_get_controllers", Methods::vhost_get_controllers),
@@ -207,6 +209,23 @@ impl Methods {
         spdk_only(&mut p, &[("uuid", Neutral::Absent)])?;
         p.finish()?;
         Ok(json!(self.target.create_bdev(spec)?))
+    }
+
+    /// SPDK's delay bdev; latencies in microseconds.
+    fn bdev_delay_create(&self, mut p: Params) -> Result<Value, MethodError> {
+        let max = fp_bdev::delay::MAX_DELAY.as_micros() as u64;
+        let base = p.required_str("base_bdev_name")?;
+        let name = p.required_str("name")?;
+        let mut us = |field| p.required_uint(field, max).map(Duration::from_micros);
+        let latency = fp_bdev::DelayLatency {
+            avg_read: us("avg_read_latency")?,
+            p99_read: us("p99_read_latency")?,
+            avg_write: us("avg_write_latency")?,
+            p99_write: us("p99_write_latency")?,
+        };
+        spdk_only(&mut p, &[("uuid", Neutral::Absent)])?;
+        p.finish()?;
+        Ok(json!(self.target.create_bdev(BdevSpec::Delay { name, base, latency })?))
     }
 
     fn bdev_delete(&self, mut p: Params, driver: &str) -> Result<Value, MethodError> {

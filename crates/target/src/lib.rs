@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use fp_bdev::{Bdev, BdevError, BdevInfo, NullDevice, RamDevice, UringDevice};
+use fp_bdev::{Bdev, BdevError, BdevInfo, DelayDevice, DelayLatency, NullDevice, RamDevice, UringDevice};
 use fp_reactor::ReactorHandle;
 use fp_vhost_blk::{BlkController, ControllerConfig, ControllerInfo};
 
@@ -19,7 +19,7 @@ pub enum TargetError {
     NotFound { kind: &'static str, name: String },
     #[error("{kind} '{name}' already exists")]
     AlreadyExists { kind: &'static str, name: String },
-    #[error("bdev '{name}' is in use by controller '{by}'")]
+    #[error("bdev '{name}' is in use by '{by}'")]
     InUse { name: String, by: String },
     #[error("invalid parameter {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
@@ -66,14 +66,17 @@ pub enum BdevSpec {
     /// `bdev_uring_create`: a file or block device. `block_size` defaults to the device's logical
     /// block size (512 for a regular file). `direct` (O_DIRECT) defaults to true.
     Uring { name: String, filename: PathBuf, block_size: Option<u32>, direct: bool },
+    /// `bdev_delay_create`: holds each request of `base` for a latency. Claims `base`.
+    Delay { name: String, base: String, latency: DelayLatency },
 }
 
 impl BdevSpec {
     pub fn name(&self) -> &str {
         match self {
-            BdevSpec::Null { name, .. } | BdevSpec::Malloc { name, .. } | BdevSpec::Uring { name, .. } => {
-                name
-            }
+            BdevSpec::Null { name, .. }
+            | BdevSpec::Malloc { name, .. }
+            | BdevSpec::Uring { name, .. }
+            | BdevSpec::Delay { name, .. } => name,
         }
     }
 
@@ -82,6 +85,7 @@ impl BdevSpec {
             BdevSpec::Null { .. } => "null",
             BdevSpec::Malloc { .. } => "malloc",
             BdevSpec::Uring { .. } => "uring",
+            BdevSpec::Delay { .. } => "delay",
         }
     }
 }
@@ -172,6 +176,24 @@ impl Target {
             BdevSpec::Uring { name, filename, block_size, direct } => {
                 Arc::new(UringDevice::new(name, filename, *block_size, *direct)?)
             }
+            BdevSpec::Delay { name: delay_name, base, latency } => {
+                let mut st = self.lock();
+                if st.bdevs.contains_key(&name) {
+                    return Err(TargetError::AlreadyExists { kind: "bdev", name });
+                }
+                let entry = st
+                    .bdevs
+                    .get_mut(base)
+                    .ok_or_else(|| TargetError::NotFound { kind: "bdev", name: base.clone() })?;
+                if let Some(by) = &entry.claimed_by {
+                    return Err(TargetError::InUse { name: base.clone(), by: by.clone() });
+                }
+                let dev: Bdev = Arc::new(DelayDevice::new(delay_name, entry.bdev.clone(), *latency)?);
+                entry.claimed_by = Some(delay_name.clone());
+                log::info!("bdev '{name}' created (delay over '{base}')");
+                st.bdevs.insert(name.clone(), BdevEntry { bdev: dev, claimed_by: None });
+                return Ok(name);
+            }
         };
         let mut st = self.lock();
         if st.bdevs.contains_key(&name) {
@@ -196,7 +218,16 @@ impl Target {
         if let Some(by) = &entry.claimed_by {
             return Err(TargetError::InUse { name: name.into(), by: by.clone() });
         }
-        st.bdevs.remove(name);
+        if let Some(removed) = st.bdevs.remove(name) {
+            // A stacked bdev releases the one below it.
+            if let Some((key, base)) = &removed.bdev.info().driver_specific {
+                if key == "base_bdev_name" {
+                    if let Some(b) = st.bdevs.get_mut(base) {
+                        b.claimed_by = None;
+                    }
+                }
+            }
+        }
         log::info!("bdev '{name}' deleted");
         Ok(())
     }

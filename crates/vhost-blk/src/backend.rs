@@ -434,6 +434,12 @@ impl VhostUserBackendReqHandlerMut for Connection {
                 log::warn!("{}: {e}", self.shared.name);
                 VuError::InvalidParam
             })?;
+        log::info!(
+            "{}: new in-flight area for {} queues of {} entries",
+            self.shared.name,
+            inflight.num_queues,
+            inflight.queue_size
+        );
         self.inflight = Some(area);
         Ok((VhostUserInflight::new(size, 0, inflight.num_queues, inflight.queue_size), file))
     }
@@ -453,6 +459,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
             log::warn!("{}: {e}", self.shared.name);
             VuError::InvalidParam
         })?;
+        log::info!("{}: in-flight area attached ({} bytes)", self.shared.name, inflight.mmap_size);
         self.inflight = Some(area);
         Ok(())
     }

@@ -101,6 +101,8 @@ pub struct ControllerStats {
     pub failed_queues: u64,
     /// Guest notifications sent (call eventfd writes).
     pub notifications: u64,
+    /// Requests taken from the rings and not yet completed, now.
+    pub in_flight: u64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -226,6 +228,7 @@ impl BlkController {
             stats.unsupported += l(&q.unsupported);
             stats.failed_queues += l(&q.failed);
             stats.notifications += l(&q.notifications);
+            stats.in_flight += l(&q.in_flight);
         }
         let mut cores: Vec<usize> = s.reactors.iter().filter_map(|r| r.core()).collect();
         cores.sort_unstable();

@@ -52,6 +52,8 @@ pub struct QueueStats {
     pub unsupported: AtomicU64,
     pub failed: AtomicU64,
     pub notifications: AtomicU64,
+    /// Requests taken from the ring and not yet completed (a gauge).
+    pub in_flight: AtomicU64,
 }
 
 /// Local copies of the counters; published to [`QueueStats`] once per busy round.
@@ -621,10 +623,12 @@ impl Poller for QueuePoller {
         if busy {
             // Counters first: whoever sees a completion also sees it counted.
             self.counters.publish(&self.stats);
+            self.stats.in_flight.store(self.in_flight() as u64, Ordering::Relaxed);
             self.notify();
         }
         if self.stop.is_some() && self.in_flight() == 0 {
             self.counters.publish(&self.stats);
+            self.stats.in_flight.store(0, Ordering::Relaxed);
             self.notify();
             let next_avail = self.queue.next_avail();
             if let Some(reply) = self.stop.take() {

@@ -320,3 +320,30 @@ fn uuid_is_stable_and_well_formed() {
     assert!(parts[2].starts_with('8'), "{u}");
     assert!(matches!(parts[3].chars().next().unwrap(), '8' | '9' | 'a' | 'b'), "{u}");
 }
+
+#[test]
+fn delay_create_claims_its_base_and_delete_releases_it() {
+    let f = fixture();
+    f.null("base");
+    let lat = |avg_w: u64, p99_w: u64| {
+        json!({"base_bdev_name": "base", "name": "slow", "avg_read_latency": 0, "p99_read_latency": 0,
+               "avg_write_latency": avg_w, "p99_write_latency": p99_w})
+    };
+    assert_param(&f.err("bdev_delay_create", lat(100, 10)), "p99_read_latency");
+    assert_param(&f.err("bdev_delay_create", lat(100, 20_000_000)), "p99_write_latency");
+    let mut missing = lat(1, 1);
+    missing["base_bdev_name"] = json!("nope");
+    assert_eq!(f.err("bdev_delay_create", missing).code, -19);
+    assert_eq!(f.ok("bdev_delay_create", lat(100, 200)), "slow");
+    let bdevs = f.ok("bdev_get_bdevs", json!({"name": "slow"}));
+    assert_eq!(bdevs[0]["num_blocks"], 1024);
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "base"}))[0]["claimed"], true);
+    // The base cannot go while the delay bdev stacks on it, nor be stacked on twice.
+    assert_eq!(f.err("bdev_null_delete", json!({"name": "base"})).code, -16);
+    let mut twice = lat(1, 1);
+    twice["name"] = json!("slow2");
+    assert_eq!(f.err("bdev_delay_create", twice).code, -16);
+    assert_eq!(f.ok("bdev_delay_delete", json!({"name": "slow"})), true);
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "base"}))[0]["claimed"], false);
+    assert_eq!(f.ok("bdev_null_delete", json!({"name": "base"})), true);
+}
