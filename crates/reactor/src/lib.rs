@@ -112,6 +112,16 @@ pub struct ReactorStats {
     pub pollers: AtomicU64,
     /// True while asleep.
     pub sleeping: AtomicBool,
+    /// When the current sleep began ([`mono_ns`]), or 0 while awake; lets a snapshot count a
+    /// sleep that is still going on.
+    pub sleep_since_ns: AtomicU64,
+}
+
+/// Nanoseconds on a process-wide monotonic clock (for timestamps shared between threads).
+pub fn mono_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    // Never 0, so 0 can mean "no timestamp".
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
 }
 
 impl ReactorStats {
@@ -119,7 +129,15 @@ impl ReactorStats {
         ReactorStatsSnapshot {
             busy_ns: self.busy_ns.load(Ordering::Relaxed),
             idle_ns: self.idle_ns.load(Ordering::Relaxed),
-            sleep_ns: self.sleep_ns.load(Ordering::Relaxed),
+            sleep_ns: self.sleep_ns.load(Ordering::Relaxed) + {
+                // A sleep in progress counts up to now; it is added for good when it ends.
+                let since = self.sleep_since_ns.load(Ordering::Relaxed);
+                if since == 0 {
+                    0
+                } else {
+                    mono_ns().saturating_sub(since)
+                }
+            },
             rounds: self.rounds.load(Ordering::Relaxed),
             sleeps: self.sleeps.load(Ordering::Relaxed),
             messages: self.messages.load(Ordering::Relaxed),
@@ -377,6 +395,7 @@ impl Reactor {
         let mut slept = false;
         if !abort && self.inbox.queue.is_empty() {
             self.stats.sleeping.store(true, Ordering::Relaxed);
+            self.stats.sleep_since_ns.store(mono_ns(), Ordering::Relaxed);
             self.stats.sleeps.fetch_add(1, Ordering::Relaxed);
             let start = Instant::now();
             let mut events = [EpollEvent::default(); 16];
@@ -387,6 +406,9 @@ impl Reactor {
                 }
             }
             let now = Instant::now();
+            // Clear the open-sleep mark before adding the whole sleep, so a concurrent snapshot
+            // may briefly undercount but never counts the sleep twice.
+            self.stats.sleep_since_ns.store(0, Ordering::Relaxed);
             self.stats.sleep_ns.fetch_add(now.duration_since(start).as_nanos() as u64, Ordering::Relaxed);
             self.stats.sleeping.store(false, Ordering::Relaxed);
             self.last_tick = now;

@@ -137,7 +137,10 @@ fn a_message_wakes_a_sleeping_reactor_thread() {
     let h = set.handles()[0].clone();
     // Let it go to sleep.
     std::thread::sleep(Duration::from_millis(50));
-    assert!(h.stats().snapshot().sleeps >= 1);
+    let asleep = h.stats().snapshot();
+    assert!(asleep.sleeps >= 1 && asleep.sleeping);
+    // The sleep still in progress already counts.
+    assert!(asleep.sleep_ns >= 20_000_000, "{asleep:?}");
     let got = h.call(|r| r.id() + 41).unwrap();
     assert_eq!(got, 41);
     set.shutdown();
