@@ -94,7 +94,7 @@ pub fn image() -> &'static Image {
             .unwrap_or_else(|| panic!("build-image.sh printed no 'image: DIR' line:\n{stderr}{stdout}"));
         let dir = PathBuf::from(dir.trim());
         eprintln!("guest image {} ready in {:.1?}", dir.display(), t0.elapsed());
-        Image { vmlinux: dir.join("vmlinux"), initramfs: dir.join("initramfs.cpio.gz"), dir }
+        Image { vmlinux: dir.join("vmlinux"), initramfs: dir.join("initramfs.cpio"), dir }
     })
 }
 
