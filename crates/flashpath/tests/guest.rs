@@ -223,6 +223,9 @@ mod guest_vm {
             let refusal = r.info_after(what).join(" ");
             assert!(refusal.starts_with("refused at"), "{what} in the guest: {refusal:?}");
         }
+        let disk = r.disk("fp-ro");
+        assert_eq!(disk["discard_max"], "0", "a read-only disk offers no discard");
+        assert_eq!(disk["write_zeroes_max"], "0", "a read-only disk offers no write-zeroes");
         let s = stats(&d, "fp-ro");
         assert_no_errors(&s);
         assert!(counter(&s, "read_ops") > 0, "no reads: {s}");

@@ -175,8 +175,9 @@ impl BlkController {
             block_size: info.block_size,
             read_only: config.read_only,
             flush: info.io_types.flush,
-            discard: info.io_types.unmap,
-            write_zeroes: info.io_types.write_zeroes,
+            // Both change data: a read-only export does not offer them at all.
+            discard: info.io_types.unmap && !config.read_only,
+            write_zeroes: info.io_types.write_zeroes && !config.read_only,
             max_discard_sectors: MAX_DISCARD_SECTORS,
             max_write_zeroes_sectors: MAX_DISCARD_SECTORS,
         };
