@@ -1,0 +1,161 @@
+//! Fuzz `fp_virtio_blk::parse_chain` + `validate` with guest memory, a split
+//! queue and descriptor chains that all come from the input.
+//!
+//! Input layout (little endian; missing bytes read as 0):
+//!
+//! | offset | size | meaning |
+//! |-------:|-----:|---------|
+//! | 0  | 1 | number of memory regions: `1 + b % 3` |
+//! | 1  | 2 | first region's guest page number (address = n * 4 KiB) |
+//! | 3  | 3 | region sizes: `(b % 16 + 1) * 4 KiB` each (4..64 KiB) |
+//! | 6  | 2 | gap in pages before regions 2 and 3 (0 = adjacent) |
+//! | 8  | 1 | queue size: `1 << (b % 9)` (1..256) |
+//! | 9  | 2 | descriptor table offset from the first region's start (16-aligned) |
+//! | 11 | 2 | avail ring offset (2-aligned) |
+//! | 13 | 2 | used ring offset (4-aligned) |
+//! | 15 | 2 | next_avail |
+//! | 17 | 1 | disk flags: read_only, flush, discard, write_zeroes |
+//! | 18 | 4 | capacity in sectors |
+//! | 22 | 1 | block size: `1 << b` (bounded by `% 16`) |
+//! | 23 | 1 | max discard / write-zeroes sectors (0 = unlimited) |
+//! | 24 | .. | guest memory contents, from the first region's start on |
+//!
+//! Invariant checked: every iovec `parse_chain` returns, and the status byte
+//! (on success and on error), lies entirely inside one region's host mapping,
+//! and the iovec lengths add up to `data_len`.
+#![no_main]
+
+use fp_virtio_blk::{parse_chain, validate, DiskParams, GuestMemory, MAX_IOVECS};
+use libfuzzer_sys::fuzz_target;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+const HEADER: usize = 24;
+const PAGE: u64 = 0x1000;
+
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn u8(&self, at: usize) -> u8 {
+        self.0.get(at).copied().unwrap_or(0)
+    }
+    fn u16(&self, at: usize) -> u16 {
+        u16::from_le_bytes([self.u8(at), self.u8(at + 1)])
+    }
+    fn u32(&self, at: usize) -> u32 {
+        u32::from_le_bytes([self.u8(at), self.u8(at + 1), self.u8(at + 2), self.u8(at + 3)])
+    }
+}
+
+/// Host ranges `[start, end)` of every region.
+fn host_ranges(mem: &GuestMemory) -> Vec<(usize, usize)> {
+    mem.iter()
+        .map(|r| {
+            let start = mem.get_host_address(r.start_addr()).expect("region start is mapped") as usize;
+            (start, start + r.len() as usize)
+        })
+        .collect()
+}
+
+fn inside_one_region(ranges: &[(usize, usize)], base: usize, len: usize) -> bool {
+    ranges.iter().any(|&(s, e)| base >= s && base.checked_add(len).is_some_and(|end| end <= e))
+}
+
+fuzz_target!(|data: &[u8]| {
+    let inp = Input(data);
+
+    // ---- Guest memory. ----
+    let nregions = 1 + usize::from(inp.u8(0) % 3);
+    let mut ranges = Vec::with_capacity(nregions);
+    let mut addr = u64::from(inp.u16(1)) * PAGE;
+    for i in 0..nregions {
+        if i > 0 {
+            addr += u64::from(inp.u8(5 + i)) * PAGE;
+        }
+        let size = (u64::from(inp.u8(3 + i) % 16) + 1) * PAGE;
+        ranges.push((GuestAddress(addr), size as usize));
+        addr += size;
+    }
+    let base = ranges[0].0;
+    let mem = match GuestMemory::from_ranges(&ranges) {
+        Ok(m) => m,
+        Err(_) => return,
+    };
+    // Contents: the rest of the input, from the first region's start on,
+    // spilling into the following regions (gaps are skipped).
+    let mut content = data.get(HEADER..).unwrap_or(&[]);
+    for &(start, size) in &ranges {
+        if content.is_empty() {
+            break;
+        }
+        let n = content.len().min(size);
+        mem.write_slice(&content[..n], start).expect("write inside a region");
+        content = &content[n..];
+    }
+
+    // ---- Queue. ----
+    let size = 1u16 << (inp.u8(8) % 9);
+    let Ok(mut q) = Queue::new(256) else { return };
+    if q.try_set_size(size).is_err()
+        || q.try_set_desc_table_address(GuestAddress(base.0 + u64::from(inp.u16(9) & !15))).is_err()
+        || q.try_set_avail_ring_address(GuestAddress(base.0 + u64::from(inp.u16(11) & !1))).is_err()
+        || q.try_set_used_ring_address(GuestAddress(base.0 + u64::from(inp.u16(13) & !3))).is_err()
+    {
+        return;
+    }
+    q.set_next_avail(inp.u16(15));
+    q.set_ready(true);
+
+    // ---- Disk. ----
+    let flags = inp.u8(17);
+    let max = u32::from(inp.u8(23));
+    let disk = DiskParams {
+        capacity_sectors: u64::from(inp.u32(18)),
+        block_size: 1u32 << (inp.u8(22) % 16),
+        read_only: flags & 1 != 0,
+        flush: flags & 2 != 0,
+        discard: flags & 4 != 0,
+        write_zeroes: flags & 8 != 0,
+        max_discard_sectors: max,
+        max_write_zeroes_sectors: max,
+    };
+
+    // ---- Pop and parse every available chain. ----
+    let host = host_ranges(&mem);
+    let mut iov = vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOVECS];
+    let Ok(iter) = q.iter(&mem) else { return };
+    for chain in iter.take(usize::from(size)) {
+        match parse_chain(chain, &mut iov) {
+            Ok(req) => {
+                let cnt = req.iovcnt as usize;
+                assert!(cnt <= iov.len(), "iovcnt {cnt} > capacity");
+                let mut total = 0u64;
+                for v in &iov[..cnt] {
+                    assert!(v.iov_len > 0, "empty iovec returned: {req:?}");
+                    assert!(
+                        inside_one_region(&host, v.iov_base as usize, v.iov_len),
+                        "iovec {:p}+{} outside guest memory: {req:?}",
+                        v.iov_base,
+                        v.iov_len
+                    );
+                    total += v.iov_len as u64;
+                }
+                assert_eq!(total, req.data_len, "iovec lengths do not add up: {req:?}");
+                assert!(
+                    inside_one_region(&host, req.status.as_ptr() as usize, 1),
+                    "status byte outside guest memory: {req:?}"
+                );
+                let _ = validate(&req, &disk);
+            }
+            Err(e) => {
+                if let Some(s) = e.status {
+                    assert!(
+                        inside_one_region(&host, s.as_ptr() as usize, 1),
+                        "error status byte outside guest memory: {e:?}"
+                    );
+                }
+                let _ = e.to_string();
+            }
+        }
+    }
+});
