@@ -241,7 +241,13 @@ fn accept_loop(listener: UnixListener, wake: UnixStream, handler: Handler, confi
             let config = config.clone();
             let finished = finished.clone();
             let thread = std::thread::Builder::new().name(format!("rpc-conn-{id}")).spawn(move || {
+                let closer = stream.try_clone();
                 serve_connection(stream, &handler, &config);
+                // This loop keeps a clone of the socket until it reaps the thread (at the next
+                // accept); shut the socket down now so the client sees the connection end.
+                if let Ok(c) = closer {
+                    let _ = c.shutdown(std::net::Shutdown::Both);
+                }
                 finished.lock().unwrap_or_else(|p| p.into_inner()).push(id);
             })?;
             Ok(Connection { stream: second, thread })

@@ -347,3 +347,18 @@ fn stop_with_open_and_busy_connections() {
     // have been written, but the client is not left hanging.
     let _ = busy.join().unwrap();
 }
+
+#[test]
+fn a_client_that_half_closes_sees_the_connection_end_at_once() {
+    // Found by the rpc_server fuzz target: the accept loop's copy of the socket kept the
+    // connection open until another client connected.
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _) = start(dir.path(), small_config());
+    let mut raw = Raw::connect(&server);
+    raw.send("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"echo\",\"params\":[1]}");
+    raw.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(raw.response()["result"], json!([1]));
+    let start = Instant::now();
+    assert!(raw.closed());
+    assert!(start.elapsed() < Duration::from_secs(2), "closed only after {:?}", start.elapsed());
+}
