@@ -12,8 +12,8 @@ use std::time::Duration;
 use fp_rpc::{codes, RpcClient, RpcClientError};
 use serde_json::{json, Map, Value};
 
-use crate::size::format_size;
 use crate::{Command, DiskCommand, DiskCreateArgs, DiskType, ReactorCommand, VhostCommand, VhostCreateArgs};
+use flashpath::size::format_size;
 
 /// How long a command waits for the daemon. Generous: deleting a controller waits for its
 /// queues to drain.

@@ -19,11 +19,9 @@
 //! 0 on success, 1 when the operation failed, 2 for a malformed command line.
 
 mod commands;
-mod config;
 mod logger;
-mod methods;
-mod serve;
-mod size;
+
+use flashpath::{serve, size, DEFAULT_RPC_SOCKET};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,14 +29,6 @@ use std::process::ExitCode;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use log::LevelFilter;
-
-/// Where `serve` listens and the client connects unless told otherwise. `/var/tmp` is writable
-/// by every user and survives reboots' tmp cleaning less aggressively than `/tmp`; SPDK uses it
-/// for the same purpose.
-pub const DEFAULT_RPC_SOCKET: &str = "/var/tmp/flashpath.sock";
-
-/// Where `serve` puts the vhost-user sockets (one per controller, named after it).
-pub const DEFAULT_VHOST_DIR: &str = "/var/tmp/flashpath";
 
 #[derive(Debug, Parser)]
 #[command(name = "flashpath", version, about = "A polled user-space vhost-user-blk storage target")]
