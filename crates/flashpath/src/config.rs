@@ -8,6 +8,11 @@
 //! cpus = "0-1"                         # --cpus wins
 //! idle_window_us = 200                 # --idle-window-us wins
 //!
+//! [limits]                             # optional; what RPC clients may create
+//! max_bdevs = 1024                     # bdevs of every type at once
+//! max_controllers = 256                # vhost-user-blk controllers at once
+//! max_malloc_bytes = 17179869184       # largest RAM bdev; default: the machine's RAM
+//!
 //! [[bdev]]
 //! type = "malloc"                      # null | malloc | uring
 //! name = "ram0"
@@ -25,9 +30,17 @@
 //! `[[vhost_blk]]` table those of `vhost_create_blk_controller`, applied in order through
 //! [`Methods::call`] — the same code the RPC runs, so the file accepts exactly what the RPC does
 //! and errors read the same, prefixed with the table and index (`bdev[1].block_size: ...`).
+//!
+//! `[limits]` bounds the registry for the daemon's whole life, RPC calls included: a create
+//! that would pass `max_bdevs` or `max_controllers` fails with error code -28 (ENOSPC) and a
+//! message naming the setting, and a RAM bdev larger than `max_malloc_bytes` is refused as an
+//! invalid `num_blocks`. RAM bdevs are mapped lazily, so the cap is on one disk's size, not on
+//! what several disks may add up to; see `fp_target::Limits` for why each default is what it
+//! is. Each value must be at least 1.
 
 use std::path::{Path, PathBuf};
 
+use fp_target::Limits;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -50,6 +63,8 @@ pub enum ConfigError {
     Entry { table: &'static str, index: usize, field: String, reason: String },
     #[error("reactor.cpus: {0}")]
     Cpus(String),
+    #[error("limits.{key}: {reason}")]
+    Limit { key: &'static str, reason: String },
 }
 
 /// The file as written. See the module docs.
@@ -60,6 +75,8 @@ pub struct ConfigFile {
     pub vhost_dir: Option<PathBuf>,
     #[serde(default)]
     pub reactor: ReactorSection,
+    #[serde(default)]
+    pub limits: LimitsSection,
     /// Kept as raw tables: their keys are checked by the RPC methods themselves.
     #[serde(default)]
     pub bdev: Vec<toml::Table>,
@@ -73,6 +90,38 @@ pub struct ReactorSection {
     /// Same syntax as `--cpus`.
     pub cpus: Option<String>,
     pub idle_window_us: Option<u64>,
+}
+
+/// `[limits]`; an absent key keeps the default of [`Limits`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    pub max_bdevs: Option<usize>,
+    pub max_controllers: Option<usize>,
+    pub max_malloc_bytes: Option<u64>,
+}
+
+impl LimitsSection {
+    pub fn limits(&self) -> Limits {
+        let d = Limits::default();
+        Limits {
+            max_bdevs: self.max_bdevs.unwrap_or(d.max_bdevs),
+            max_controllers: self.max_controllers.unwrap_or(d.max_controllers),
+            max_malloc_bytes: self.max_malloc_bytes.unwrap_or(d.max_malloc_bytes),
+        }
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let values = [
+            ("max_bdevs", self.max_bdevs.map(|v| v as u64)),
+            ("max_controllers", self.max_controllers.map(|v| v as u64)),
+            ("max_malloc_bytes", self.max_malloc_bytes),
+        ];
+        match values.iter().find(|(_, v)| *v == Some(0)) {
+            Some((key, _)) => Err(ConfigError::Limit { key, reason: "must be at least 1".into() }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// `[[bdev]]` types and the methods they map to.
@@ -99,6 +148,7 @@ impl ConfigFile {
         if let Some(cpus) = &config.reactor.cpus {
             fp_reactor::parse_cpu_list(cpus).map_err(ConfigError::Cpus)?;
         }
+        config.limits.check()?;
         Ok(config)
     }
 
@@ -206,6 +256,20 @@ mod tests {
         let names: Vec<&str> =
             bdevs.as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["Malloc0", "n0"]);
+    }
+
+    #[test]
+    fn limits_table_overrides_defaults_key_by_key() {
+        let c = parse("[limits]\nmax_bdevs = 10\nmax_malloc_bytes = 1048576\n").unwrap();
+        let l = c.limits.limits();
+        assert_eq!((l.max_bdevs, l.max_controllers, l.max_malloc_bytes), (10, 256, 1 << 20));
+        assert_eq!(parse("").unwrap().limits.limits(), Limits::default());
+        let e = parse("[limits]\nmax_controllers = 0\n").unwrap_err().to_string();
+        assert_eq!(e, "limits.max_controllers: must be at least 1");
+        let e = parse("[limits]\nmax_bdevs = -1\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.toml:2:13: invalid value: integer `-1`"), "{e}");
+        let e = parse("[limits]\nmax_disks = 1\n").unwrap_err().to_string();
+        assert!(e.contains("unknown field `max_disks`") && e.contains("`max_bdevs`"), "{e}");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fp_reactor::{ReactorConfig, ReactorSet};
 use fp_rpc::{Handler, RpcServer};
-use fp_target::Target;
+use fp_target::{Limits, Target, TargetOptions};
 
 use crate::config::{ConfigError, ConfigFile};
 use crate::methods::Methods;
@@ -62,6 +62,7 @@ pub struct Settings {
     pub rpc: PathBuf,
     pub vhost_dir: PathBuf,
     pub idle_window: Duration,
+    pub limits: Limits,
 }
 
 /// Merges flags over the config file over defaults.
@@ -84,6 +85,7 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
             .or_else(|| config.vhost_dir.clone())
             .unwrap_or_else(|| DEFAULT_VHOST_DIR.into()),
         idle_window,
+        limits: config.limits.limits(),
     })
 }
 
@@ -155,7 +157,8 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
 
     let reactors = ReactorSet::start(&settings.cpus, ReactorConfig { idle_window: settings.idle_window })
         .map_err(|source| ServeError::Reactors { cpus: format_cpus(&settings.cpus), source })?;
-    let target = Target::new(reactors.handles().to_vec(), &settings.vhost_dir);
+    let options = TargetOptions { limits: settings.limits.clone() };
+    let target = Target::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
     let methods = Arc::new(Methods::new(target.clone()));
     let started = config.apply(&methods).map_err(ServeError::from).and_then(|_| {
         let m = methods.clone();
@@ -214,7 +217,8 @@ mod tests {
                 cpus: vec![2, 3],
                 rpc: "/c.sock".into(),
                 vhost_dir: "/c".into(),
-                idle_window: Duration::from_micros(7)
+                idle_window: Duration::from_micros(7),
+                limits: Limits::default(),
             }
         );
         let opts = ServeOptions {

@@ -12,6 +12,10 @@ use fp_bdev::{Bdev, BdevError, BdevInfo, DelayDevice, DelayLatency, NullDevice, 
 use fp_reactor::ReactorHandle;
 use fp_vhost_blk::{BlkController, ControllerConfig, ControllerInfo};
 
+mod limits;
+
+pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_CONTROLLERS};
+
 /// A stable error kind, for mapping to JSON-RPC codes and CLI exit messages.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
@@ -23,6 +27,9 @@ pub enum TargetError {
     InUse { name: String, by: String },
     #[error("invalid parameter {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
+    /// A configured limit would be exceeded; `setting` is the configuration key that sets it.
+    #[error("cannot create {kind} '{name}': {limit} {kind}s already exist, the limit set by {setting}")]
+    LimitReached { kind: &'static str, name: String, limit: usize, setting: &'static str },
     #[error(transparent)]
     Bdev(#[from] BdevError),
     #[error("{0}")]
@@ -38,6 +45,9 @@ impl TargetError {
             TargetError::AlreadyExists { .. } => -17,
             TargetError::InUse { .. } => -16,
             TargetError::Invalid { .. } => -22,
+            // As the kernel does when a count limit is reached (inotify watches, epoll
+            // instances): "no room for another".
+            TargetError::LimitReached { .. } => -28,
             TargetError::Bdev(BdevError::InvalidParam { .. }) => -22,
             TargetError::Bdev(BdevError::Open { source, .. }) => -source.raw_os_error().unwrap_or(5),
             TargetError::Bdev(BdevError::NoMemory(_)) => -12,
@@ -54,6 +64,29 @@ impl TargetError {
 
 const fn libc_enodev() -> i32 {
     19
+}
+
+/// Refuses a RAM bdev larger than [`Limits::max_malloc_bytes`]. The geometry is validated first
+/// so that a size that does not even fit 64 bits gets the usual geometry error.
+fn check_malloc_size(
+    name: &str,
+    block_size: u32,
+    num_blocks: u64,
+    limits: &Limits,
+) -> Result<(), TargetError> {
+    fp_bdev::validate_geometry(name, block_size, num_blocks)?;
+    let size = num_blocks.saturating_mul(u64::from(block_size));
+    if size > limits.max_malloc_bytes {
+        return Err(TargetError::Invalid {
+            field: "num_blocks",
+            reason: format!(
+                "{num_blocks} blocks of {block_size} bytes are {size} bytes, more than the {} allowed \
+                 for a RAM bdev (limits.max_malloc_bytes, by default the machine's RAM)",
+                limits.max_malloc_bytes
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// What to build for `bdev_*_create`.
@@ -130,20 +163,56 @@ struct State {
     controllers: BTreeMap<String, BlkController>,
 }
 
+impl State {
+    /// Refuses a new bdev when the registry already holds the most it may.
+    fn room_for_bdev(&self, name: &str, limits: &Limits) -> Result<(), TargetError> {
+        if self.bdevs.len() >= limits.max_bdevs {
+            return Err(TargetError::LimitReached {
+                kind: "bdev",
+                name: name.into(),
+                limit: limits.max_bdevs,
+                setting: "limits.max_bdevs",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How a [`Target`] is bounded. The default is what `serve` uses without a `[limits]` table.
+#[derive(Debug, Clone, Default)]
+pub struct TargetOptions {
+    pub limits: Limits,
+}
+
 /// The registry. Cheap to share: wrap it in an `Arc`.
 pub struct Target {
     reactors: Vec<ReactorHandle>,
     vhost_dir: PathBuf,
+    options: TargetOptions,
     state: Mutex<State>,
 }
 
 impl Target {
+    /// A target with the default [`TargetOptions`].
     pub fn new(reactors: Vec<ReactorHandle>, vhost_dir: &Path) -> Arc<Target> {
+        Target::with_options(reactors, vhost_dir, TargetOptions::default())
+    }
+
+    pub fn with_options(
+        reactors: Vec<ReactorHandle>,
+        vhost_dir: &Path,
+        options: TargetOptions,
+    ) -> Arc<Target> {
         Arc::new(Target {
             reactors,
             vhost_dir: vhost_dir.to_path_buf(),
+            options,
             state: Mutex::new(State { bdevs: BTreeMap::new(), controllers: BTreeMap::new() }),
         })
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.options.limits
     }
 
     pub fn vhost_dir(&self) -> &Path {
@@ -162,8 +231,14 @@ impl Target {
     /// Creates a bdev; returns its name.
     pub fn create_bdev(&self, spec: BdevSpec) -> Result<String, TargetError> {
         let name = spec.name().to_string();
-        if self.lock().bdevs.contains_key(&name) {
-            return Err(TargetError::AlreadyExists { kind: "bdev", name });
+        let limits = &self.options.limits;
+        {
+            let st = self.lock();
+            if st.bdevs.contains_key(&name) {
+                return Err(TargetError::AlreadyExists { kind: "bdev", name });
+            }
+            // Checked again on insertion; refusing here spares building a bdev for nothing.
+            st.room_for_bdev(&name, limits)?;
         }
         // Build outside the lock: a RAM disk allocation or a file open may take a while.
         let bdev: Bdev = match &spec {
@@ -171,6 +246,7 @@ impl Target {
                 Arc::new(NullDevice::new(name, *block_size, *num_blocks)?)
             }
             BdevSpec::Malloc { name, num_blocks, block_size } => {
+                check_malloc_size(name, *block_size, *num_blocks, limits)?;
                 Arc::new(RamDevice::new(name, *block_size, *num_blocks)?)
             }
             BdevSpec::Uring { name, filename, block_size, direct } => {
@@ -181,6 +257,7 @@ impl Target {
                 if st.bdevs.contains_key(&name) {
                     return Err(TargetError::AlreadyExists { kind: "bdev", name });
                 }
+                st.room_for_bdev(&name, limits)?;
                 let entry = st
                     .bdevs
                     .get_mut(base)
@@ -199,6 +276,7 @@ impl Target {
         if st.bdevs.contains_key(&name) {
             return Err(TargetError::AlreadyExists { kind: "bdev", name });
         }
+        st.room_for_bdev(&name, limits)?;
         log::info!("bdev '{name}' created ({}, {} bytes)", spec.driver(), bdev.info().size_bytes());
         st.bdevs.insert(name.clone(), BdevEntry { bdev, claimed_by: None });
         Ok(name)
@@ -271,7 +349,10 @@ impl Target {
                 picked
             }
         };
-        let num_queues = spec.num_queues.unwrap_or(reactors.len() as u16);
+        // One queue per reactor by default, as many as a controller may offer at most.
+        let num_queues = spec.num_queues.unwrap_or_else(|| {
+            u16::try_from(reactors.len()).unwrap_or(u16::MAX).min(fp_vhost_blk::MAX_QUEUES)
+        });
         if num_queues == 0 || num_queues > fp_vhost_blk::MAX_QUEUES {
             return Err(TargetError::Invalid {
                 field: "num_queues",
@@ -281,6 +362,15 @@ impl Target {
         let mut st = self.lock();
         if st.controllers.contains_key(&spec.ctrlr) {
             return Err(TargetError::AlreadyExists { kind: "controller", name: spec.ctrlr });
+        }
+        let max = self.options.limits.max_controllers;
+        if st.controllers.len() >= max {
+            return Err(TargetError::LimitReached {
+                kind: "controller",
+                name: spec.ctrlr,
+                limit: max,
+                setting: "limits.max_controllers",
+            });
         }
         let entry = st
             .bdevs
@@ -352,3 +442,6 @@ impl Target {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -10,8 +10,13 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_with(fp_target::Limits::default())
+}
+
+fn fixture_with(limits: fp_target::Limits) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let methods = Methods::new(Target::new(vec![], &dir.path().join("vhost")));
+    let options = fp_target::TargetOptions { limits };
+    let methods = Methods::new(Target::with_options(vec![], &dir.path().join("vhost"), options));
     Fixture { methods, dir }
 }
 
@@ -249,6 +254,78 @@ fn vhost_create_errors() {
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "nope", "num_queues": 1}));
     assert_eq!(e.code, -19);
     assert!(e.message.contains("'nope'"));
+}
+
+#[test]
+fn limits_are_errno_errors_naming_their_setting() {
+    let f = fixture_with(fp_target::Limits { max_bdevs: 2, max_malloc_bytes: 1 << 20, ..Default::default() });
+    f.null("a");
+    f.ok("bdev_malloc_create", json!({"num_blocks": 256, "block_size": 4096}));
+    for (method, params) in [
+        ("bdev_null_create", json!({"name": "b", "num_blocks": 8, "block_size": 512})),
+        ("bdev_malloc_create", json!({"num_blocks": 8, "block_size": 512})),
+        (
+            "bdev_delay_create",
+            json!({"name": "d", "base_bdev_name": "a", "avg_read_latency": 0,
+            "p99_read_latency": 0, "avg_write_latency": 0, "p99_write_latency": 0}),
+        ),
+    ] {
+        let e = f.err(method, params);
+        assert_eq!(e.code, -28, "{method}: {e:?}");
+        assert!(e.message.ends_with("2 bdevs already exist, the limit set by limits.max_bdevs"), "{e:?}");
+    }
+    f.ok("bdev_null_delete", json!({"name": "a"}));
+    // Too large for the RAM cap: an invalid num_blocks, which says what the cap is.
+    let e = f.err("bdev_malloc_create", json!({"num_blocks": 257, "block_size": 4096}));
+    assert_param(&e, "num_blocks");
+    assert!(e.message.contains("limits.max_malloc_bytes"), "{e:?}");
+}
+
+#[test]
+fn sizes_that_overflow_are_refused_naming_the_field() {
+    let f = fixture();
+    for method in ["bdev_null_create", "bdev_malloc_create"] {
+        let e = f.err(method, json!({"name": "x", "num_blocks": u64::MAX, "block_size": 512}));
+        assert_param(&e, "num_blocks");
+        let e = f.err(method, json!({"name": "x", "num_blocks": 1u64 << 60, "block_size": 65536}));
+        assert_param(&e, "num_blocks");
+        assert_param(
+            &f.err(method, json!({"name": "x", "num_blocks": 8, "block_size": 1u64 << 32})),
+            "block_size",
+        );
+        assert_param(
+            &f.err(method, json!({"name": "x", "num_blocks": 8.5, "block_size": 512})),
+            "num_blocks",
+        );
+        assert_param(
+            &f.err(method, json!({"name": "x", "num_blocks": "18446744073709551616", "block_size": 512})),
+            "num_blocks",
+        );
+    }
+    // 2^64 does not even parse as a u64.
+    let e = f.methods.call(
+        "bdev_null_create",
+        Some(
+            serde_json::from_str(r#"{"name": "x", "num_blocks": 18446744073709551616, "block_size": 512}"#)
+                .unwrap(),
+        ),
+    );
+    assert_param(&e.unwrap_err().to_rpc(), "num_blocks");
+    // A petabyte RAM disk is more than any machine this runs on: refused, nothing mapped.
+    let e = f.err("bdev_malloc_create", json!({"num_blocks": (1u64 << 50) / 4096, "block_size": 4096}));
+    assert_param(&e, "num_blocks");
+    assert!(f.ok("bdev_get_bdevs", Value::Null).as_array().unwrap().is_empty());
+}
+
+#[test]
+fn an_oversized_cpumask_is_refused_before_it_is_expanded() {
+    let f = fixture();
+    f.null("d0");
+    // Each range expands to up to 1024 cores: a request full of them would ask for gigabytes.
+    let mask = "0-1023,".repeat(100_000);
+    let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "cpumask": mask}));
+    assert_param(&e, "cpumask");
+    assert!(e.message.contains("longer than"), "{e:?}");
 }
 
 #[test]

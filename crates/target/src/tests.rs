@@ -1,0 +1,135 @@
+//! The registry's limits, on targets whose reactors are never run (creating a controller only
+//! binds its socket; nothing reaches a reactor until a frontend connects).
+
+use super::*;
+use fp_reactor::{Reactor, ReactorConfig};
+
+struct Fixture {
+    target: Arc<Target>,
+    dir: tempfile::TempDir,
+    /// Kept alive so the handles stay valid.
+    _reactor: Reactor,
+}
+
+fn fixture(limits: Limits) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let reactor = Reactor::new(0, None, ReactorConfig::default()).unwrap();
+    let target = Target::with_options(vec![reactor.handle()], dir.path(), TargetOptions { limits });
+    Fixture { target, dir, _reactor: reactor }
+}
+
+fn null(name: &str) -> BdevSpec {
+    BdevSpec::Null { name: name.into(), num_blocks: 8, block_size: 512 }
+}
+
+fn malloc(num_blocks: u64, block_size: u32) -> BdevSpec {
+    BdevSpec::Malloc { name: "m".into(), num_blocks, block_size }
+}
+
+fn vhost(ctrlr: &str, dev: &str, num_queues: Option<u16>) -> VhostBlkSpec {
+    VhostBlkSpec { ctrlr: ctrlr.into(), dev_name: dev.into(), cpus: None, readonly: false, num_queues }
+}
+
+#[test]
+fn default_limits_are_finite() {
+    let l = Limits::default();
+    assert_eq!((l.max_bdevs, l.max_controllers), (DEFAULT_MAX_BDEVS, DEFAULT_MAX_CONTROLLERS));
+    assert_eq!(l.max_malloc_bytes, total_ram().unwrap());
+}
+
+#[test]
+fn bdev_limit_counts_every_type_and_frees_on_delete() {
+    let f = fixture(Limits { max_bdevs: 3, ..Limits::default() });
+    f.target.create_bdev(null("a")).unwrap();
+    f.target.create_bdev(malloc(8, 512)).unwrap();
+    let z = std::time::Duration::ZERO;
+    let latency = DelayLatency { avg_read: z, p99_read: z, avg_write: z, p99_write: z };
+    f.target.create_bdev(BdevSpec::Delay { name: "d".into(), base: "a".into(), latency }).unwrap();
+    let e = f.target.create_bdev(null("b")).unwrap_err();
+    assert!(matches!(e, TargetError::LimitReached { limit: 3, .. }), "{e:?}");
+    assert_eq!(e.errno(), -28);
+    assert!(!e.is_invalid_params());
+    assert_eq!(
+        e.to_string(),
+        "cannot create bdev 'b': 3 bdevs already exist, the limit set by limits.max_bdevs"
+    );
+    // A delay bdev over a new base is refused the same way, and leaves the base unclaimed.
+    let e = f.target.create_bdev(BdevSpec::Delay { name: "d2".into(), base: "m".into(), latency });
+    assert!(matches!(e, Err(TargetError::LimitReached { .. })), "{e:?}");
+    assert!(f.target.bdevs(Some("m")).unwrap()[0].claimed_by.is_none());
+    f.target.delete_bdev("m", None).unwrap();
+    f.target.create_bdev(null("b")).unwrap();
+    assert_eq!(f.target.bdevs(None).unwrap().len(), 3);
+}
+
+#[test]
+fn controller_limit_refuses_the_next_one_and_frees_on_delete() {
+    let f = fixture(Limits { max_controllers: 2, ..Limits::default() });
+    for d in ["a", "b", "c"] {
+        f.target.create_bdev(null(d)).unwrap();
+    }
+    f.target.create_vhost_blk(vhost("v0", "a", None)).unwrap();
+    f.target.create_vhost_blk(vhost("v1", "b", None)).unwrap();
+    let e = f.target.create_vhost_blk(vhost("v2", "c", None)).unwrap_err();
+    assert_eq!(e.errno(), -28);
+    assert_eq!(
+        e.to_string(),
+        "cannot create controller 'v2': 2 controllers already exist, the limit set by limits.max_controllers"
+    );
+    // The refused controller left nothing behind: no socket, its bdev unclaimed.
+    assert!(!f.dir.path().join("v2").exists());
+    assert!(f.target.bdevs(Some("c")).unwrap()[0].claimed_by.is_none());
+    f.target.delete_vhost("v0").unwrap();
+    f.target.create_vhost_blk(vhost("v2", "c", None)).unwrap();
+    assert_eq!(f.target.controllers(None).unwrap().len(), 2);
+    f.target.shutdown();
+}
+
+#[test]
+fn num_queues_outside_1_to_max_queues_is_refused() {
+    let f = fixture(Limits::default());
+    f.target.create_bdev(null("a")).unwrap();
+    let max = fp_vhost_blk::MAX_QUEUES;
+    for n in [0, max + 1, u16::MAX] {
+        let e = f.target.create_vhost_blk(vhost("v", "a", Some(n))).unwrap_err();
+        assert!(
+            matches!(&e, TargetError::Invalid { field: "num_queues", reason } if reason.contains(&max.to_string())),
+            "{n}: {e:?}"
+        );
+    }
+    f.target.create_vhost_blk(vhost("v", "a", None)).unwrap();
+    // The default is one queue per reactor.
+    assert_eq!(f.target.controllers(Some("v")).unwrap()[0].num_queues, 1);
+    f.target.shutdown();
+}
+
+#[test]
+fn malloc_larger_than_the_limit_is_refused_before_mapping() {
+    let f = fixture(Limits { max_malloc_bytes: 1 << 20, ..Limits::default() });
+    let e = f.target.create_bdev(malloc(257, 4096)).unwrap_err();
+    assert!(e.is_invalid_params(), "{e:?}");
+    let TargetError::Invalid { field, reason } = &e else { panic!("{e:?}") };
+    assert_eq!(*field, "num_blocks");
+    assert!(reason.contains("1052672 bytes, more than the 1048576 allowed"), "{reason}");
+    f.target.create_bdev(malloc(256, 4096)).unwrap();
+}
+
+#[test]
+fn a_petabyte_malloc_is_refused_on_any_machine_by_default() {
+    let f = fixture(Limits::default());
+    let e = f.target.create_bdev(malloc((1 << 50) / 4096, 4096)).unwrap_err();
+    assert!(matches!(e, TargetError::Invalid { field: "num_blocks", .. }), "{e:?}");
+    // A size that overflows 64 bits gets the geometry error, not a wrapped-around size.
+    let e = f.target.create_bdev(malloc(u64::MAX / 512, 4096)).unwrap_err();
+    let TargetError::Bdev(BdevError::InvalidParam { field: "num_blocks", reason }) = &e else {
+        panic!("{e:?}")
+    };
+    assert!(reason.contains("fit 64 bits"), "{reason}");
+    // So does a null bdev, which has no memory to cap.
+    let e = f.target.create_bdev(BdevSpec::Null { name: "n".into(), num_blocks: u64::MAX, block_size: 512 });
+    assert!(
+        matches!(e, Err(TargetError::Bdev(BdevError::InvalidParam { field: "num_blocks", .. }))),
+        "{e:?}"
+    );
+    assert!(f.target.bdevs(None).unwrap().is_empty());
+}
