@@ -13,6 +13,9 @@
 //! max_controllers = 256                # vhost-user-blk controllers at once
 //! max_malloc_bytes = 17179869184       # largest RAM bdev; default: the machine's RAM
 //!
+//! [security]                           # optional
+//! vhost_socket_mode = 0o600            # mode of each vhost-user socket (the default)
+//!
 //! [[bdev]]
 //! type = "malloc"                      # null | malloc | uring
 //! name = "ram0"
@@ -37,6 +40,15 @@
 //! invalid `num_blocks`. RAM bdevs are mapped lazily, so the cap is on one disk's size, not on
 //! what several disks may add up to; see `fp_target::Limits` for why each default is what it
 //! is. Each value must be at least 1.
+//!
+//! `[security]`: the daemon runs with umask 077, so everything it creates starts out reachable
+//! by its own user only. The JSON-RPC socket is always 0600 (it is bound in a private directory
+//! and renamed into place, so it is never wider). `vhost_socket_mode` is the mode each
+//! vhost-user socket gets right after it is bound: 0o600 by default, since whoever connects is
+//! the disk's guest; 0o660 lets a QEMU running as another user of the daemon's group attach.
+//! The vhost directory, when `serve` creates it, is 0700, plus search permission for the
+//! group or others if `vhost_socket_mode` grants them anything; an existing directory is left
+//! as it is (with a warning if others may replace sockets in it).
 
 use std::path::{Path, PathBuf};
 
@@ -65,6 +77,8 @@ pub enum ConfigError {
     Cpus(String),
     #[error("limits.{key}: {reason}")]
     Limit { key: &'static str, reason: String },
+    #[error("security.{key}: {reason}")]
+    Security { key: &'static str, reason: String },
 }
 
 /// The file as written. See the module docs.
@@ -77,6 +91,8 @@ pub struct ConfigFile {
     pub reactor: ReactorSection,
     #[serde(default)]
     pub limits: LimitsSection,
+    #[serde(default)]
+    pub security: SecuritySection,
     /// Kept as raw tables: their keys are checked by the RPC methods themselves.
     #[serde(default)]
     pub bdev: Vec<toml::Table>,
@@ -124,6 +140,25 @@ impl LimitsSection {
     }
 }
 
+/// `[security]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecuritySection {
+    pub vhost_socket_mode: Option<u32>,
+}
+
+impl SecuritySection {
+    fn check(&self) -> Result<(), ConfigError> {
+        match self.vhost_socket_mode {
+            Some(mode) if mode > 0o777 => Err(ConfigError::Security {
+                key: "vhost_socket_mode",
+                reason: format!("{mode:#o} is not a permission mode from 0o000 to 0o777"),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// `[[bdev]]` types and the methods they map to.
 const BDEV_TYPES: [&str; 4] = ["null", "malloc", "uring", "delay"];
 
@@ -149,6 +184,7 @@ impl ConfigFile {
             fp_reactor::parse_cpu_list(cpus).map_err(ConfigError::Cpus)?;
         }
         config.limits.check()?;
+        config.security.check()?;
         Ok(config)
     }
 
@@ -270,6 +306,19 @@ mod tests {
         assert!(e.starts_with("test.toml:2:13: invalid value: integer `-1`"), "{e}");
         let e = parse("[limits]\nmax_disks = 1\n").unwrap_err().to_string();
         assert!(e.contains("unknown field `max_disks`") && e.contains("`max_bdevs`"), "{e}");
+    }
+
+    #[test]
+    fn security_table_checks_the_socket_mode() {
+        assert_eq!(
+            parse("[security]\nvhost_socket_mode = 0o660\n").unwrap().security.vhost_socket_mode,
+            Some(0o660)
+        );
+        assert_eq!(parse("").unwrap().security.vhost_socket_mode, None);
+        let e = parse("[security]\nvhost_socket_mode = 0o4600\n").unwrap_err().to_string();
+        assert_eq!(e, "security.vhost_socket_mode: 0o4600 is not a permission mode from 0o000 to 0o777");
+        let e = parse("[security]\nvhost_socket_mode = \"600\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.toml:2:21: invalid type: string"), "{e}");
     }
 
     #[test]

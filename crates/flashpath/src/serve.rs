@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fp_reactor::{ReactorConfig, ReactorSet};
 use fp_rpc::{Handler, RpcServer};
-use fp_target::{Limits, Target, TargetOptions};
+use fp_target::{Limits, Target, TargetOptions, DEFAULT_VHOST_SOCKET_MODE};
 
 use crate::config::{ConfigError, ConfigFile};
 use crate::methods::Methods;
@@ -63,6 +63,7 @@ pub struct Settings {
     pub vhost_dir: PathBuf,
     pub idle_window: Duration,
     pub limits: Limits,
+    pub vhost_socket_mode: u32,
 }
 
 /// Merges flags over the config file over defaults.
@@ -86,6 +87,7 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
             .unwrap_or_else(|| DEFAULT_VHOST_DIR.into()),
         idle_window,
         limits: config.limits.limits(),
+        vhost_socket_mode: config.security.vhost_socket_mode.unwrap_or(DEFAULT_VHOST_SOCKET_MODE),
     })
 }
 
@@ -147,17 +149,23 @@ fn format_cpus(cpus: &[usize]) -> String {
 
 /// Runs the daemon until SIGTERM or SIGINT.
 pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
+    // Everything the daemon creates (sockets, the vhost directory) is its user's alone from the
+    // moment it exists; modes meant to be wider are set explicitly afterwards. The umask is
+    // per process, so it is set here, before any thread exists that could be creating a file.
+    // SAFETY: umask has no preconditions and cannot fail.
+    unsafe { libc::umask(0o077) };
     let config = match &opts.config {
         Some(path) => ConfigFile::load(path)?,
         None => ConfigFile::default(),
     };
     let settings = resolve(opts, &config)?;
     let signals = block_stop_signals().map_err(ServeError::Signals)?;
-    create_vhost_dir(&settings.vhost_dir)?;
+    create_vhost_dir(&settings.vhost_dir, settings.vhost_socket_mode)?;
 
     let reactors = ReactorSet::start(&settings.cpus, ReactorConfig { idle_window: settings.idle_window })
         .map_err(|source| ServeError::Reactors { cpus: format_cpus(&settings.cpus), source })?;
-    let options = TargetOptions { limits: settings.limits.clone() };
+    let options =
+        TargetOptions { limits: settings.limits.clone(), vhost_socket_mode: settings.vhost_socket_mode };
     let target = Target::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
     let methods = Arc::new(Methods::new(target.clone()));
     let started = config.apply(&methods).map_err(ServeError::from).and_then(|_| {
@@ -195,8 +203,45 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
     outcome.map(|_| ()).map_err(ServeError::Signals)
 }
 
-fn create_vhost_dir(path: &Path) -> Result<(), ServeError> {
-    std::fs::create_dir_all(path).map_err(|source| ServeError::VhostDir { path: path.to_path_buf(), source })
+/// Creates the vhost directory (and missing parents) with [`vhost_dir_mode`]; an existing one is
+/// the operator's and keeps its mode.
+fn create_vhost_dir(path: &Path, socket_mode: u32) -> Result<(), ServeError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let err = |source| ServeError::VhostDir { path: path.to_path_buf(), source };
+    match std::fs::metadata(path) {
+        Ok(meta) => {
+            let mode = meta.permissions().mode();
+            // Whoever may write the directory may replace a socket in it with their own, which
+            // the next guest then connects to. The sticky bit stops them deleting ours.
+            if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+                log::warn!(
+                    "vhost directory {} has mode {:o}: other users may replace its sockets",
+                    path.display(),
+                    mode & 0o7777
+                );
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(vhost_dir_mode(socket_mode))
+                .create(path)
+                .map_err(err)?;
+            // The umask (077) narrowed what mkdir applied; set the intended mode on the leaf.
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(vhost_dir_mode(socket_mode)))
+                .map_err(err)
+        }
+        Err(e) => Err(err(e)),
+    }
+}
+
+/// 0700, plus search permission for the group or for others when the sockets grant them access:
+/// they cannot reach a socket in a directory they cannot enter.
+fn vhost_dir_mode(socket_mode: u32) -> u32 {
+    let group = if socket_mode & 0o070 != 0 { 0o010 } else { 0 };
+    let other = if socket_mode & 0o007 != 0 { 0o001 } else { 0 };
+    0o700 | group | other
 }
 
 #[cfg(test)]
@@ -219,6 +264,7 @@ mod tests {
                 vhost_dir: "/c".into(),
                 idle_window: Duration::from_micros(7),
                 limits: Limits::default(),
+                vhost_socket_mode: 0o600,
             }
         );
         let opts = ServeOptions {
@@ -239,6 +285,23 @@ mod tests {
         assert_eq!(defaults.rpc, Path::new(DEFAULT_RPC_SOCKET));
         assert_eq!(defaults.vhost_dir, Path::new(DEFAULT_VHOST_DIR));
         assert_eq!(defaults.idle_window, fp_reactor::DEFAULT_IDLE_WINDOW);
+    }
+
+    #[test]
+    fn vhost_dir_is_created_private_and_an_existing_one_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let new = dir.path().join("a/vhost");
+        create_vhost_dir(&new, 0o600).unwrap();
+        assert_eq!(mode(&new), 0o700);
+        let shared = dir.path().join("shared");
+        create_vhost_dir(&shared, 0o660).unwrap();
+        assert_eq!(mode(&shared), 0o710);
+        std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o755)).unwrap();
+        create_vhost_dir(&new, 0o600).unwrap();
+        assert_eq!(mode(&new), 0o755);
+        assert_eq!(vhost_dir_mode(0o606), 0o701);
     }
 
     #[test]

@@ -285,3 +285,58 @@ fn spdk_style_concatenated_requests() {
     let (status, _, log) = d.terminate();
     assert_eq!(status.code(), Some(0), "{log}");
 }
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode()
+        & 0o7777
+}
+
+#[test]
+fn sockets_and_the_vhost_dir_are_owner_only_by_default() {
+    let d = Daemon::start(&format!("{CONFIG}\n[[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"null0\"\n"));
+    assert_eq!(mode(&d.rpc), 0o600, "RPC socket");
+    assert_eq!(mode(&d.vhost_dir), 0o700, "vhost directory created by serve");
+    assert_eq!(mode(&d.vhost_dir.join("v0")), 0o600, "vhost socket from the config file");
+    d.ok(&["vhost", "create", "--name", "v1", "--disk", "ram0"]);
+    assert_eq!(mode(&d.vhost_dir.join("v1")), 0o600, "vhost socket from an RPC call");
+    // Nothing else was left next to the RPC socket (its staging directory is gone).
+    let mut left: Vec<String> = std::fs::read_dir(d.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["flashpath.toml", "rpc.sock", "serve.stderr", "vhost"]);
+    let (status, _, log) = d.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+}
+
+#[test]
+fn limits_and_socket_mode_from_the_config_file() {
+    let d = Daemon::start(&format!(
+        "[limits]\nmax_bdevs = 3\nmax_controllers = 1\nmax_malloc_bytes = 1048576\n\
+         [security]\nvhost_socket_mode = 0o660\n{CONFIG}\n\
+         [[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"null0\"\n"
+    ));
+    assert_eq!(mode(&d.vhost_dir.join("v0")), 0o660);
+    // The group needs to enter the directory to reach a socket it may use.
+    assert_eq!(mode(&d.vhost_dir), 0o710);
+    assert_eq!(mode(&d.rpc), 0o600, "the RPC socket does not follow vhost_socket_mode");
+
+    assert_eq!(
+        d.refused(&["disk", "create", "--type", "ram", "--name", "big", "--size", "2MiB"]),
+        "error: --size: 4096 blocks of 512 bytes are 2097152 bytes, more than the 1048576 allowed for a \
+         RAM bdev (limits.max_malloc_bytes, by default the machine's RAM)"
+    );
+    d.ok(&["disk", "create", "--type", "null", "--name", "n2", "--num-blocks", "64"]);
+    assert_eq!(
+        d.refused(&["disk", "create", "--type", "null", "--name", "n3", "--num-blocks", "64"]),
+        "error: cannot create bdev 'n3': 3 bdevs already exist, the limit set by limits.max_bdevs"
+    );
+    let e = d.refused(&["rpc", "vhost_create_blk_controller", r#"{"ctrlr": "v1", "dev_name": "ram0"}"#]);
+    assert!(e.contains("(code -28)") && e.contains("the limit set by limits.max_controllers"), "{e}");
+    d.ok(&["vhost", "delete", "v0"]);
+    d.ok(&["vhost", "create", "--name", "v1", "--disk", "ram0"]);
+    let (status, _, log) = d.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+}

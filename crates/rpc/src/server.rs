@@ -126,18 +126,16 @@ impl Drop for RpcServer {
 
 /// Binds a listening socket at `path` that only its owner can connect to.
 ///
-/// The socket is bound under a temporary name, restricted to 0600 and then renamed into place,
-/// so there is no moment at which `path` accepts connections from other users (a chmod after
-/// binding at `path` would leave such a window).
+/// The socket is bound inside a fresh directory of mode 0700 next to `path`, set to 0600 there
+/// and then renamed into place. Until the rename no other user can reach it, whatever mode
+/// `bind` gave it; from the rename on it is already 0600. Binding at `path` and then calling
+/// chmod would leave a window in which the umask's mode applies, and a client that connects in
+/// that window stays connected. Setting the umask around `bind` instead would change it for
+/// every thread of the process while it is set.
 fn bind_private(path: &Path) -> io::Result<UnixListener> {
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => match UnixStream::connect(path) {
-            Ok(_) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{}: another server is already listening there", path.display()),
-                ))
-            }
+            Ok(_) => return Err(in_use(path)),
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 log::info!("removing stale socket {}", path.display());
                 std::fs::remove_file(path)?;
@@ -153,20 +151,97 @@ fn bind_private(path: &Path) -> io::Result<UnixListener> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
     }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".{}.tmp", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    // A leftover from a crashed start of a process with our pid: ours to remove.
-    let _ = std::fs::remove_file(&tmp);
-    let bound = UnixListener::bind(&tmp)
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display())))?;
-    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-        .and_then(|_| std::fs::rename(&tmp, path));
-    if let Err(e) = placed {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io::Error::new(e.kind(), format!("cannot set up {}: {e}", path.display())));
+    let context =
+        |e: io::Error| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display()));
+    let staging = PrivateDir::create_next_to(path).map_err(context)?;
+    let tmp = staging.path.join("sock");
+    let bound = UnixListener::bind(&tmp).map_err(context)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(context)?;
+    match rename_noreplace(&tmp, path) {
+        Ok(()) => Ok(bound),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(in_use(path)),
+        Err(e) => Err(context(e)),
     }
-    Ok(bound)
+}
+
+fn in_use(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!("{}: another server is already listening there", path.display()),
+    )
+}
+
+/// A directory only its owner can enter, removed (with what is left in it) when dropped.
+struct PrivateDir {
+    path: PathBuf,
+}
+
+impl PrivateDir {
+    /// Creates `.<name>.<pid>.<n>` in the directory of `path`: the same file system, so a rename
+    /// from it to `path` is atomic. Names another user created first are skipped, never reused.
+    fn create_next_to(path: &Path) -> io::Result<PrivateDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let name = path.file_name().ok_or_else(|| io::Error::other("the path has no file name"))?;
+        let mut last = None;
+        for n in 0..16 {
+            let mut dir_name = std::ffi::OsString::from(".");
+            dir_name.push(name);
+            dir_name.push(format!(".{}.{n}", std::process::id()));
+            let dir = parent.join(dir_name);
+            // mkdir applies the umask, which can only narrow 0700; the chmod restores the
+            // owner's own bits should the umask have removed them.
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => {
+                    let made = PrivateDir { path: dir };
+                    std::fs::set_permissions(&made.path, std::fs::Permissions::from_mode(0o700))?;
+                    return Ok(made);
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("no free staging directory name")))
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Renames `from` to `to` unless `to` exists, so a server that started at the same moment is
+/// never replaced. Falls back to a plain rename on file systems without `RENAME_NOREPLACE`.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    };
+    let (from_c, to_c) = (c(from)?, c(to)?);
+    // SAFETY: both paths are NUL-terminated strings that outlive the call; AT_FDCWD makes them
+    // relative to the working directory as rename(2) would.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from_c.as_ptr(),
+            libc::AT_FDCWD,
+            to_c.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => std::fs::rename(from, to),
+        _ => Err(err),
+    }
 }
 
 /// Waits until one of `fds` is readable (or hung up). Returns the readiness of each.

@@ -248,6 +248,61 @@ fn socket_is_private_and_removed_on_stop() {
     assert!(!path.exists());
 }
 
+/// Under umask 0, where a plain bind would make a socket anyone may connect to, a watcher that
+/// keeps listing the directory during many starts never sees the socket wider than 0600, nor a
+/// way to it (the staging directory) wider than 0700.
+#[test]
+fn socket_is_never_reachable_by_others_while_it_is_set_up() {
+    // SAFETY: umask has no preconditions; it changes a process-wide value, restored below (other
+    // tests in this binary only ever get wider temporary files from it, which none checks).
+    let old = unsafe { libc::umask(0) };
+    let dir = tempfile::tempdir().unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (dir, done) = (dir.path().to_path_buf(), done.clone());
+        std::thread::spawn(move || {
+            let mut seen = 0usize;
+            while !done.load(Ordering::Relaxed) {
+                for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                    let Ok(meta) = std::fs::symlink_metadata(entry.path()) else { continue };
+                    let mode = meta.permissions().mode() & 0o777;
+                    let want = if meta.is_dir() { 0o700 } else { 0o600 };
+                    assert_eq!(mode, want, "{} has mode {mode:o}", entry.path().display());
+                    seen += 1;
+                }
+            }
+            seen
+        })
+    };
+    let path = dir.path().join("rpc.sock");
+    for _ in 0..50 {
+        let server = RpcServer::start(&path, handler(Arc::default())).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+        server.stop();
+    }
+    done.store(true, Ordering::Relaxed);
+    let seen = watcher.join();
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    assert!(seen.unwrap() > 0, "the watcher saw no file at all");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "staging directories left behind");
+}
+
+/// Another user may create the staging directory's name first; the server picks another name and
+/// leaves that directory alone.
+#[test]
+fn a_taken_staging_name_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = dir.path().join(format!(".rpc.sock.{}.0", std::process::id()));
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("theirs"), b"x").unwrap();
+    let (server, _) = start(dir.path(), small_config());
+    RpcClient::connect(server.path()).unwrap().call("echo", None).unwrap();
+    server.stop();
+    assert_eq!(std::fs::read(taken.join("theirs")).unwrap(), b"x");
+}
+
 #[test]
 fn stale_socket_replaced_live_one_and_files_kept() {
     let dir = tempfile::tempdir().unwrap();

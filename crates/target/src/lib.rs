@@ -5,6 +5,7 @@
 //! call them (`bdev_malloc_create`, `vhost_create_blk_controller`, ...).
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -30,6 +31,12 @@ pub enum TargetError {
     /// A configured limit would be exceeded; `setting` is the configuration key that sets it.
     #[error("cannot create {kind} '{name}': {limit} {kind}s already exist, the limit set by {setting}")]
     LimitReached { kind: &'static str, name: String, limit: usize, setting: &'static str },
+    #[error("cannot set the mode of {}: {source}", path.display())]
+    SocketMode {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Bdev(#[from] BdevError),
     #[error("{0}")]
@@ -48,6 +55,7 @@ impl TargetError {
             // As the kernel does when a count limit is reached (inotify watches, epoll
             // instances): "no room for another".
             TargetError::LimitReached { .. } => -28,
+            TargetError::SocketMode { source, .. } => -source.raw_os_error().unwrap_or(5),
             TargetError::Bdev(BdevError::InvalidParam { .. }) => -22,
             TargetError::Bdev(BdevError::Open { source, .. }) => -source.raw_os_error().unwrap_or(5),
             TargetError::Bdev(BdevError::NoMemory(_)) => -12,
@@ -178,10 +186,26 @@ impl State {
     }
 }
 
-/// How a [`Target`] is bounded. The default is what `serve` uses without a `[limits]` table.
-#[derive(Debug, Clone, Default)]
+/// How a [`Target`] is bounded. The default is what `serve` uses without `[limits]` and
+/// `[security]` tables.
+#[derive(Debug, Clone)]
 pub struct TargetOptions {
     pub limits: Limits,
+    /// The permission bits of each vhost-user socket, set as soon as it is bound.
+    pub vhost_socket_mode: u32,
+}
+
+/// Default for [`TargetOptions::vhost_socket_mode`]: only the daemon's user may connect.
+///
+/// Whoever can connect to a vhost-user socket is the disk's guest: it reads and writes the disk
+/// and shares memory with the daemon. QEMU usually runs as the same user as the storage daemon;
+/// a deployment that runs it as another user of a shared group widens this to 0o660.
+pub const DEFAULT_VHOST_SOCKET_MODE: u32 = 0o600;
+
+impl Default for TargetOptions {
+    fn default() -> TargetOptions {
+        TargetOptions { limits: Limits::default(), vhost_socket_mode: DEFAULT_VHOST_SOCKET_MODE }
+    }
 }
 
 /// The registry. Cheap to share: wrap it in an `Arc`.
@@ -387,7 +411,15 @@ impl Target {
             read_only: spec.readonly,
             num_queues,
         };
+        let socket_path = config.socket_path.clone();
         let ctrl = BlkController::start(config)?;
+        // The socket is bound with the umask's mode (`serve` sets 077, so nobody else can reach
+        // it meanwhile); now it gets the configured one.
+        let mode = std::fs::Permissions::from_mode(self.options.vhost_socket_mode);
+        if let Err(source) = std::fs::set_permissions(&socket_path, mode) {
+            ctrl.stop();
+            return Err(TargetError::SocketMode { path: socket_path, source });
+        }
         entry.claimed_by = Some(spec.ctrlr.clone());
         log::info!("vhost-blk controller '{}' serving bdev '{}'", spec.ctrlr, spec.dev_name);
         st.controllers.insert(spec.ctrlr, ctrl);

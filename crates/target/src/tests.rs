@@ -2,6 +2,8 @@
 //! binds its socket; nothing reaches a reactor until a frontend connects).
 
 use super::*;
+use std::os::unix::fs::PermissionsExt;
+
 use fp_reactor::{Reactor, ReactorConfig};
 
 struct Fixture {
@@ -14,7 +16,8 @@ struct Fixture {
 fn fixture(limits: Limits) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let reactor = Reactor::new(0, None, ReactorConfig::default()).unwrap();
-    let target = Target::with_options(vec![reactor.handle()], dir.path(), TargetOptions { limits });
+    let options = TargetOptions { limits, ..TargetOptions::default() };
+    let target = Target::with_options(vec![reactor.handle()], dir.path(), options);
     Fixture { target, dir, _reactor: reactor }
 }
 
@@ -132,4 +135,23 @@ fn a_petabyte_malloc_is_refused_on_any_machine_by_default() {
         "{e:?}"
     );
     assert!(f.target.bdevs(None).unwrap().is_empty());
+}
+
+#[test]
+fn vhost_sockets_get_the_configured_mode() {
+    let f = fixture(Limits::default());
+    f.target.create_bdev(null("a")).unwrap();
+    f.target.create_vhost_blk(vhost("v0", "a", None)).unwrap();
+    let mode = std::fs::metadata(f.dir.path().join("v0")).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, DEFAULT_VHOST_SOCKET_MODE, "{mode:o}");
+    f.target.shutdown();
+
+    let reactor = Reactor::new(0, None, ReactorConfig::default()).unwrap();
+    let options = TargetOptions { vhost_socket_mode: 0o660, ..TargetOptions::default() };
+    let target = Target::with_options(vec![reactor.handle()], f.dir.path(), options);
+    target.create_bdev(null("b")).unwrap();
+    target.create_vhost_blk(vhost("v1", "b", None)).unwrap();
+    let mode = std::fs::metadata(f.dir.path().join("v1")).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o660, "{mode:o}");
+    target.shutdown();
 }

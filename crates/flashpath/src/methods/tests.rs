@@ -15,7 +15,7 @@ fn fixture() -> Fixture {
 
 fn fixture_with(limits: fp_target::Limits) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let options = fp_target::TargetOptions { limits };
+    let options = fp_target::TargetOptions { limits, ..Default::default() };
     let methods = Methods::new(Target::with_options(vec![], &dir.path().join("vhost"), options));
     Fixture { methods, dir }
 }
