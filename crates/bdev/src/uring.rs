@@ -126,8 +126,21 @@ struct Shared {
 impl UringDevice {
     /// Opens `path` (a regular file or a block device) read-write, with `O_DIRECT` when `direct`.
     pub fn new(name: &str, path: &Path, block_size: Option<u32>, direct: bool) -> Result<Self, BdevError> {
+        UringDevice::open_with(name, path, block_size, direct, |direct| open_file(path, direct))
+    }
+
+    /// [`UringDevice::new`], with the caller opening `path`: `open(false)` returns a read-write
+    /// descriptor and, when `direct`, `open(true)` a read-write `O_DIRECT` one. A caller that
+    /// restricts where a path may lead does so in `open`; `path` itself is only reported.
+    pub fn open_with(
+        name: &str,
+        path: &Path,
+        block_size: Option<u32>,
+        direct: bool,
+        open: impl Fn(bool) -> io::Result<File>,
+    ) -> Result<Self, BdevError> {
         let open_err = |source| BdevError::Open { path: path.display().to_string(), source };
-        let buffered = open_file(path, false).map_err(open_err)?;
+        let buffered = open(false).map_err(open_err)?;
         let probe = probe_file(&buffered, path)?;
 
         let block_size = match block_size {
@@ -159,7 +172,7 @@ impl UringDevice {
         validate_geometry(name, block_size, num_blocks)?;
 
         let direct = if direct {
-            let file = open_file(path, true).map_err(|e| {
+            let file = open(true).map_err(|e| {
                 if e.raw_os_error() == Some(libc::EINVAL) {
                     log::warn!(
                         "uring bdev {name}: {} does not support O_DIRECT; create it with direct \

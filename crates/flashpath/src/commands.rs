@@ -66,7 +66,9 @@ impl Session {
         self.client.call(method, params).map_err(|e| match e {
             RpcClientError::Rpc(err) => {
                 let mut message = err.message;
-                if err.code == codes::INVALID_PARAMS {
+                // Invalid parameters, and refusals about one (a path outside the export
+                // directories, -EACCES), start with the field: name the option instead.
+                if err.code == codes::INVALID_PARAMS || err.code == -13 {
                     if let Some((field, flag)) =
                         self.flags.iter().find(|(field, _)| message.starts_with(&format!("{field}: ")))
                     {

@@ -15,6 +15,7 @@
 //!
 //! [security]                           # optional
 //! vhost_socket_mode = 0o600            # mode of each vhost-user socket (the default)
+//! export_dirs = ["/srv/disks"]         # where uring bdevs may open files; --export-dir wins
 //!
 //! [[bdev]]
 //! type = "malloc"                      # null | malloc | uring
@@ -49,6 +50,15 @@
 //! The vhost directory, when `serve` creates it, is 0700, plus search permission for the
 //! group or others if `vhost_socket_mode` grants them anything; an existing directory is left
 //! as it is (with a warning if others may replace sockets in it).
+//!
+//! `export_dirs`, when present, confines `bdev_uring_create` (the only bdev type that opens a
+//! host path) to files inside those directories, which must exist when `serve` starts. A
+//! filename is resolved first (symlinks, `..`) and must lead inside one of them, or the call
+//! fails with error code -13 (EACCES): `filename: '/etc/passwd' is outside the allowed export
+//! directories`. The file is then opened one component at a time without following symlinks,
+//! so swapping a directory for a symlink after the check cannot lead outside either (see
+//! `fp_target::ExportDirs`). An empty list allows no file at all; without the key any path the
+//! daemon's user can open is allowed.
 
 use std::path::{Path, PathBuf};
 
@@ -145,6 +155,7 @@ impl LimitsSection {
 #[serde(deny_unknown_fields)]
 pub struct SecuritySection {
     pub vhost_socket_mode: Option<u32>,
+    pub export_dirs: Option<Vec<PathBuf>>,
 }
 
 impl SecuritySection {
@@ -319,6 +330,19 @@ mod tests {
         assert_eq!(e, "security.vhost_socket_mode: 0o4600 is not a permission mode from 0o000 to 0o777");
         let e = parse("[security]\nvhost_socket_mode = \"600\"\n").unwrap_err().to_string();
         assert!(e.starts_with("test.toml:2:21: invalid type: string"), "{e}");
+    }
+
+    #[test]
+    fn a_uring_bdev_outside_the_export_dirs_is_an_entry_error_naming_filename() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = fp_target::TargetOptions {
+            export_dirs: Some(fp_target::ExportDirs::new(&[dir.path().to_path_buf()]).unwrap()),
+            ..Default::default()
+        };
+        let methods = Methods::new(Target::with_options(vec![], dir.path(), options));
+        let config = parse("[[bdev]]\ntype = \"uring\"\nname = \"u\"\nfilename = \"/etc/passwd\"\n").unwrap();
+        let e = config.apply(&methods).unwrap_err().to_string();
+        assert_eq!(e, "bdev[0].filename: '/etc/passwd' is outside the allowed export directories");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! flashpath serve [--cpus LIST] [--vhost-dir DIR] [--config FILE] [--idle-window-us N]
+//!                 [--export-dir DIR]...
 //! flashpath disk create --type null|ram|file --name N (--size SIZE | --num-blocks N)
 //!                       [--block-size 512] [--path FILE] [--no-direct]
 //! flashpath disk list [NAME] | disk delete NAME
@@ -91,6 +92,10 @@ struct ServeArgs {
     /// How long a reactor keeps polling after its last work before it sleeps [default: 500]
     #[arg(long, value_name = "N", value_parser = u64_arg)]
     idle_window_us: Option<u64>,
+    /// Only open file disks inside DIR (repeatable; replaces the config file's
+    /// security.export_dirs) [default: any path]
+    #[arg(long = "export-dir", value_name = "DIR")]
+    export_dirs: Vec<PathBuf>,
 }
 
 /// The kinds of disk the CLI offers, named for people; each maps to one SPDK bdev type.
@@ -274,6 +279,7 @@ fn main() -> ExitCode {
                 vhost_dir: args.vhost_dir,
                 config: args.config,
                 idle_window_us: args.idle_window_us,
+                export_dirs: (!args.export_dirs.is_empty()).then_some(args.export_dirs),
             };
             match serve::run(&opts) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -34,6 +34,7 @@ impl MethodError {
         match self {
             MethodError::Param(p) => Some((&p.field, &p.reason)),
             MethodError::Target(TargetError::Invalid { field, reason })
+            | MethodError::Target(TargetError::NotAllowed { field, reason })
             | MethodError::Target(TargetError::Bdev(fp_bdev::BdevError::InvalidParam { field, reason })) => {
                 Some((field, reason))
             }

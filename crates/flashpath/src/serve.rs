@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fp_reactor::{ReactorConfig, ReactorSet};
 use fp_rpc::{Handler, RpcServer};
-use fp_target::{Limits, Target, TargetOptions, DEFAULT_VHOST_SOCKET_MODE};
+use fp_target::{ExportDirError, ExportDirs, Limits, Target, TargetOptions, DEFAULT_VHOST_SOCKET_MODE};
 
 use crate::config::{ConfigError, ConfigFile};
 use crate::methods::Methods;
@@ -27,6 +27,8 @@ pub struct ServeOptions {
     pub vhost_dir: Option<PathBuf>,
     pub config: Option<PathBuf>,
     pub idle_window_us: Option<u64>,
+    /// `--export-dir`, given at least once.
+    pub export_dirs: Option<Vec<PathBuf>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +51,13 @@ pub enum ServeError {
         #[source]
         source: io::Error,
     },
+    /// `setting` is where the directories came from: the flag or the config key.
+    #[error("{setting}: {source}")]
+    ExportDir {
+        setting: &'static str,
+        #[source]
+        source: ExportDirError,
+    },
     #[error("cannot start the RPC server: {0}")]
     Rpc(#[source] io::Error),
     #[error("cannot set up signal handling: {0}")]
@@ -64,6 +73,8 @@ pub struct Settings {
     pub idle_window: Duration,
     pub limits: Limits,
     pub vhost_socket_mode: u32,
+    /// The export directories as given, and the setting they came from.
+    pub export_dirs: Option<(Vec<PathBuf>, &'static str)>,
 }
 
 /// Merges flags over the config file over defaults.
@@ -88,6 +99,11 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
         idle_window,
         limits: config.limits.limits(),
         vhost_socket_mode: config.security.vhost_socket_mode.unwrap_or(DEFAULT_VHOST_SOCKET_MODE),
+        export_dirs: match (&opts.export_dirs, &config.security.export_dirs) {
+            (Some(flag), _) => Some((flag.clone(), "--export-dir")),
+            (None, Some(cfg)) => Some((cfg.clone(), "security.export_dirs")),
+            (None, None) => None,
+        },
     })
 }
 
@@ -159,13 +175,22 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         None => ConfigFile::default(),
     };
     let settings = resolve(opts, &config)?;
+    let export_dirs = match &settings.export_dirs {
+        Some((dirs, setting)) => {
+            Some(ExportDirs::new(dirs).map_err(|source| ServeError::ExportDir { setting, source })?)
+        }
+        None => None,
+    };
     let signals = block_stop_signals().map_err(ServeError::Signals)?;
     create_vhost_dir(&settings.vhost_dir, settings.vhost_socket_mode)?;
 
     let reactors = ReactorSet::start(&settings.cpus, ReactorConfig { idle_window: settings.idle_window })
         .map_err(|source| ServeError::Reactors { cpus: format_cpus(&settings.cpus), source })?;
-    let options =
-        TargetOptions { limits: settings.limits.clone(), vhost_socket_mode: settings.vhost_socket_mode };
+    let options = TargetOptions {
+        limits: settings.limits.clone(),
+        vhost_socket_mode: settings.vhost_socket_mode,
+        export_dirs,
+    };
     let target = Target::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
     let methods = Arc::new(Methods::new(target.clone()));
     let started = config.apply(&methods).map_err(ServeError::from).and_then(|_| {
@@ -265,6 +290,7 @@ mod tests {
                 idle_window: Duration::from_micros(7),
                 limits: Limits::default(),
                 vhost_socket_mode: 0o600,
+                export_dirs: None,
             }
         );
         let opts = ServeOptions {
@@ -273,6 +299,7 @@ mod tests {
             vhost_dir: Some("/f".into()),
             config: None,
             idle_window_us: Some(9),
+            export_dirs: None,
         };
         let from_flags = resolve(&opts, &config).unwrap();
         assert_eq!(from_flags.cpus, [0]);
@@ -285,6 +312,18 @@ mod tests {
         assert_eq!(defaults.rpc, Path::new(DEFAULT_RPC_SOCKET));
         assert_eq!(defaults.vhost_dir, Path::new(DEFAULT_VHOST_DIR));
         assert_eq!(defaults.idle_window, fp_reactor::DEFAULT_IDLE_WINDOW);
+    }
+
+    #[test]
+    fn export_dir_flags_replace_the_config_list() {
+        let config =
+            ConfigFile::parse("[security]\nexport_dirs = [\"/a\", \"/b\"]\n", Path::new("c.toml")).unwrap();
+        let from_config = resolve(&ServeOptions::default(), &config).unwrap();
+        assert_eq!(from_config.export_dirs, Some((vec!["/a".into(), "/b".into()], "security.export_dirs")));
+        let opts = ServeOptions { export_dirs: Some(vec!["/f".into()]), ..ServeOptions::default() };
+        assert_eq!(resolve(&opts, &config).unwrap().export_dirs, Some((vec!["/f".into()], "--export-dir")));
+        let none = resolve(&ServeOptions::default(), &ConfigFile::default()).unwrap();
+        assert_eq!(none.export_dirs, None);
     }
 
     #[test]

@@ -181,4 +181,17 @@ fn serve_config_errors_stop_start_up() {
 
     let out = flashpath(&["serve", "--cpus", "0-x", "--log-level", "off"], &rpc);
     assert_eq!(one_line(&out), "error: --cpus: '0-x' is not a cpu number or range (e.g. 0, 0-3, 0,2, 0x3)");
+
+    std::fs::write(&config, "[limits]\nmax_bdevs = 0\n").unwrap();
+    assert_eq!(one_line(&serve(&config)), "config error: limits.max_bdevs: must be at least 1");
+
+    // Export directories must exist, whichever way they are given.
+    std::fs::write(&config, "[security]\nexport_dirs = [\"/nonexistent/disks\"]\n").unwrap();
+    assert_eq!(
+        one_line(&serve(&config)),
+        "error: security.export_dirs: /nonexistent/disks: No such file or directory (os error 2)"
+    );
+    let out = flashpath(&["serve", "--export-dir", "/nonexistent/x", "--log-level", "off"], &rpc);
+    assert_eq!(one_line(&out), "error: --export-dir: /nonexistent/x: No such file or directory (os error 2)");
+    assert!(!rpc.exists(), "the RPC socket must not be left behind");
 }

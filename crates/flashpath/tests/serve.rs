@@ -22,11 +22,16 @@ struct Daemon {
 
 impl Daemon {
     fn start(config: &str) -> Daemon {
+        Daemon::start_with(|_| config.to_string())
+    }
+
+    /// Starts with the configuration `config` returns; it gets the test directory first.
+    fn start_with(config: impl FnOnce(&Path) -> String) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let rpc = dir.path().join("rpc.sock");
         let vhost_dir = dir.path().join("vhost");
         let config_path = dir.path().join("flashpath.toml");
-        std::fs::write(&config_path, config).unwrap();
+        std::fs::write(&config_path, config(dir.path())).unwrap();
         let stderr = dir.path().join("serve.stderr");
         let child = Command::new(env!("CARGO_BIN_EXE_flashpath"))
             .arg("serve")
@@ -337,6 +342,43 @@ fn limits_and_socket_mode_from_the_config_file() {
     assert!(e.contains("(code -28)") && e.contains("the limit set by limits.max_controllers"), "{e}");
     d.ok(&["vhost", "delete", "v0"]);
     d.ok(&["vhost", "create", "--name", "v1", "--disk", "ram0"]);
+    let (status, _, log) = d.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+}
+
+#[test]
+fn export_dirs_confine_file_disks() {
+    let d = Daemon::start_with(|dir| {
+        std::fs::create_dir(dir.join("exports")).unwrap();
+        for f in ["exports/in.img", "outside.img"] {
+            std::fs::File::create(dir.join(f)).unwrap().set_len(1 << 20).unwrap();
+        }
+        format!("[security]\nexport_dirs = [\"{}\"]\n", dir.join("exports").display())
+    });
+    let exports = d.dir.path().join("exports");
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let file_disk =
+        |name: &str, file: &str| d.cli(&["disk", "create", "--type", "file", "--name", name, "--path", file]);
+
+    let created = file_disk("in", &path(&exports.join("in.img")));
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    for outside in [
+        "/etc/passwd".to_string(),
+        path(&d.dir.path().join("outside.img")),
+        path(&exports.join("../outside.img")),
+    ] {
+        let out = file_disk("out", &outside);
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim_end(),
+            format!("error: --path: '{outside}' is outside the allowed export directories")
+        );
+    }
+    std::os::unix::fs::symlink(d.dir.path().join("outside.img"), exports.join("link.img")).unwrap();
+    let link = path(&exports.join("link.img"));
+    let e = d.refused(&["rpc", "bdev_uring_create", &format!(r#"{{"name": "out", "filename": "{link}"}}"#)]);
+    assert_eq!(e, format!("error: filename: '{link}' is outside the allowed export directories (code -13)"));
+    assert_eq!(names(&d.json(&["disk", "list"])), ["in"]);
     let (status, _, log) = d.terminate();
     assert_eq!(status.code(), Some(0), "{log}");
 }

@@ -13,8 +13,10 @@ use fp_bdev::{Bdev, BdevError, BdevInfo, DelayDevice, DelayLatency, NullDevice, 
 use fp_reactor::ReactorHandle;
 use fp_vhost_blk::{BlkController, ControllerConfig, ControllerInfo};
 
+mod export;
 mod limits;
 
+pub use export::{ExportDirError, ExportDirs};
 pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_CONTROLLERS};
 
 /// A stable error kind, for mapping to JSON-RPC codes and CLI exit messages.
@@ -31,6 +33,10 @@ pub enum TargetError {
     /// A configured limit would be exceeded; `setting` is the configuration key that sets it.
     #[error("cannot create {kind} '{name}': {limit} {kind}s already exist, the limit set by {setting}")]
     LimitReached { kind: &'static str, name: String, limit: usize, setting: &'static str },
+    /// The request is well-formed but the configuration forbids it (a path outside the export
+    /// directories).
+    #[error("{field}: {reason}")]
+    NotAllowed { field: &'static str, reason: String },
     #[error("cannot set the mode of {}: {source}", path.display())]
     SocketMode {
         path: PathBuf,
@@ -55,6 +61,7 @@ impl TargetError {
             // As the kernel does when a count limit is reached (inotify watches, epoll
             // instances): "no room for another".
             TargetError::LimitReached { .. } => -28,
+            TargetError::NotAllowed { .. } => -13,
             TargetError::SocketMode { source, .. } => -source.raw_os_error().unwrap_or(5),
             TargetError::Bdev(BdevError::InvalidParam { .. }) => -22,
             TargetError::Bdev(BdevError::Open { source, .. }) => -source.raw_os_error().unwrap_or(5),
@@ -72,6 +79,41 @@ impl TargetError {
 
 const fn libc_enodev() -> i32 {
     19
+}
+
+/// A uring bdev on `filename`, which must lead inside `exports` (see the `export` module).
+fn open_exported(
+    exports: &ExportDirs,
+    name: &str,
+    filename: &Path,
+    block_size: Option<u32>,
+    direct: bool,
+) -> Result<UringDevice, TargetError> {
+    let beneath = exports.locate(filename).map_err(|refusal| match refusal {
+        export::Refusal::Outside => TargetError::NotAllowed {
+            field: "filename",
+            reason: format!("'{}' is outside the allowed export directories", filename.display()),
+        },
+        export::Refusal::Unresolved(source) => {
+            TargetError::Bdev(BdevError::Open { path: filename.display().to_string(), source })
+        }
+    })?;
+    // The device opens the file twice (buffered and O_DIRECT); both opens must reach the same
+    // file, or a swap inside the export directory between them would split the disk in two.
+    let first = std::cell::Cell::new(None);
+    let open = |direct: bool| {
+        let file = beneath.open(direct)?;
+        let id = export::file_id(&file)?;
+        match first.get() {
+            None => first.set(Some(id)),
+            Some(seen) if seen != id => {
+                return Err(std::io::Error::other("it was replaced by another file while being opened"))
+            }
+            Some(_) => {}
+        }
+        Ok(file)
+    };
+    Ok(UringDevice::open_with(name, filename, block_size, direct, open)?)
 }
 
 /// Refuses a RAM bdev larger than [`Limits::max_malloc_bytes`]. The geometry is validated first
@@ -193,6 +235,8 @@ pub struct TargetOptions {
     pub limits: Limits,
     /// The permission bits of each vhost-user socket, set as soon as it is bound.
     pub vhost_socket_mode: u32,
+    /// When set, file-backed bdevs may only open files inside these directories.
+    pub export_dirs: Option<ExportDirs>,
 }
 
 /// Default for [`TargetOptions::vhost_socket_mode`]: only the daemon's user may connect.
@@ -204,7 +248,11 @@ pub const DEFAULT_VHOST_SOCKET_MODE: u32 = 0o600;
 
 impl Default for TargetOptions {
     fn default() -> TargetOptions {
-        TargetOptions { limits: Limits::default(), vhost_socket_mode: DEFAULT_VHOST_SOCKET_MODE }
+        TargetOptions {
+            limits: Limits::default(),
+            vhost_socket_mode: DEFAULT_VHOST_SOCKET_MODE,
+            export_dirs: None,
+        }
     }
 }
 
@@ -273,9 +321,10 @@ impl Target {
                 check_malloc_size(name, *block_size, *num_blocks, limits)?;
                 Arc::new(RamDevice::new(name, *block_size, *num_blocks)?)
             }
-            BdevSpec::Uring { name, filename, block_size, direct } => {
-                Arc::new(UringDevice::new(name, filename, *block_size, *direct)?)
-            }
+            BdevSpec::Uring { name, filename, block_size, direct } => match &self.options.export_dirs {
+                None => Arc::new(UringDevice::new(name, filename, *block_size, *direct)?),
+                Some(exports) => Arc::new(open_exported(exports, name, filename, *block_size, *direct)?),
+            },
             BdevSpec::Delay { name: delay_name, base, latency } => {
                 let mut st = self.lock();
                 if st.bdevs.contains_key(&name) {

@@ -3,6 +3,7 @@
 
 use super::*;
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 use fp_reactor::{Reactor, ReactorConfig};
 
@@ -154,4 +155,91 @@ fn vhost_sockets_get_the_configured_mode() {
     let mode = std::fs::metadata(f.dir.path().join("v1")).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode, 0o660, "{mode:o}");
     target.shutdown();
+}
+
+/// A target whose uring bdevs must live in `<dir>/exports`, with a disk image inside and one
+/// outside.
+fn exported() -> (Arc<Target>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let exports = dir.path().join("exports");
+    std::fs::create_dir_all(exports.join("sub")).unwrap();
+    for f in ["exports/in.img", "exports/sub/deep.img", "outside.img"] {
+        std::fs::write(dir.path().join(f), vec![0u8; 64 << 10]).unwrap();
+    }
+    let options = TargetOptions {
+        export_dirs: Some(ExportDirs::new(std::slice::from_ref(&exports)).unwrap()),
+        ..TargetOptions::default()
+    };
+    (Target::with_options(vec![], &dir.path().join("vhost"), options), dir)
+}
+
+fn uring(name: &str, filename: &Path) -> BdevSpec {
+    BdevSpec::Uring { name: name.into(), filename: filename.into(), block_size: None, direct: false }
+}
+
+fn refused_outside(target: &Target, filename: &Path) {
+    let e = target.create_bdev(uring("u", filename)).unwrap_err();
+    assert_eq!(e.errno(), -13, "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!("filename: '{}' is outside the allowed export directories", filename.display())
+    );
+    assert!(target.bdevs(None).unwrap().is_empty());
+}
+
+#[test]
+fn export_dirs_allow_files_inside() {
+    let (target, dir) = exported();
+    let ex = dir.path().join("exports");
+    target.create_bdev(uring("a", &ex.join("in.img"))).unwrap();
+    target.create_bdev(uring("b", &ex.join("sub/deep.img"))).unwrap();
+    // Symlinks and `..` are fine as long as where they lead is inside.
+    std::os::unix::fs::symlink(ex.join("sub/deep.img"), ex.join("alias.img")).unwrap();
+    target.create_bdev(uring("c", &ex.join("alias.img"))).unwrap();
+    let direct = BdevSpec::Uring {
+        name: "d".into(),
+        filename: ex.join("sub/../in.img"),
+        block_size: None,
+        direct: true,
+    };
+    match target.create_bdev(direct) {
+        // tmpfs has no O_DIRECT; the open itself got through the walk.
+        Ok(_) | Err(TargetError::Bdev(BdevError::Open { .. })) => {}
+        Err(e) => panic!("{e:?}"),
+    }
+    // The name reported is the one asked for.
+    let b = &target.bdevs(Some("c")).unwrap()[0];
+    assert_eq!(b.info.driver_specific.as_ref().unwrap().1, ex.join("alias.img").display().to_string());
+    // A missing file inside is an open error (ENOENT), not a refusal.
+    let e = target.create_bdev(uring("e", &ex.join("none.img"))).unwrap_err();
+    assert_eq!(e.errno(), -2, "{e:?}");
+}
+
+#[test]
+fn export_dirs_refuse_paths_leading_outside() {
+    let (target, dir) = exported();
+    let ex = dir.path().join("exports");
+    refused_outside(&target, Path::new("/etc/passwd"));
+    refused_outside(&target, &dir.path().join("outside.img"));
+    refused_outside(&target, &ex.join("../outside.img"));
+    refused_outside(&target, &ex.join("sub/../../outside.img"));
+    // A file next to the export directory whose name starts the same.
+    std::fs::create_dir(dir.path().join("exports2")).unwrap();
+    std::fs::write(dir.path().join("exports2/x.img"), vec![0u8; 4096]).unwrap();
+    refused_outside(&target, &dir.path().join("exports2/x.img"));
+    // Symlinks inside that lead out: to a file, and to a directory.
+    std::os::unix::fs::symlink(dir.path().join("outside.img"), ex.join("escape.img")).unwrap();
+    refused_outside(&target, &ex.join("escape.img"));
+    std::os::unix::fs::symlink("/etc", ex.join("etc")).unwrap();
+    refused_outside(&target, &ex.join("etc/passwd"));
+    // Outside and missing: still "outside", which does not tell whether it exists.
+    refused_outside(&target, Path::new("/nonexistent/disk.img"));
+}
+
+#[test]
+fn without_export_dirs_any_path_opens() {
+    let f = fixture(Limits::default());
+    let outside = f.dir.path().join("anywhere.img");
+    std::fs::write(&outside, vec![0u8; 4096]).unwrap();
+    f.target.create_bdev(uring("u", &outside)).unwrap();
 }
