@@ -89,7 +89,7 @@ struct ServeArgs {
     /// TOML file declaring bdevs and controllers to create at start-up
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// How long a reactor keeps polling after its last work before it sleeps [default: 500]
+    /// How long a reactor keeps polling after its last work before it sleeps [default: 200]
     #[arg(long, value_name = "N", value_parser = u64_arg)]
     idle_window_us: Option<u64>,
     /// Only open file disks inside DIR (repeatable; replaces the config file's
