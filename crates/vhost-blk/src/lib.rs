@@ -132,6 +132,48 @@ pub struct Shared {
     stop: StopSignal,
 }
 
+impl Shared {
+    /// The controller's state before any socket exists: geometry, serial and an unraised stop.
+    fn new(config: ControllerConfig) -> Result<Arc<Shared>, Error> {
+        let info = config.bdev.info().clone();
+        let disk = DiskParams {
+            capacity_sectors: info.size_bytes() / fp_virtio_blk::SECTOR_SIZE,
+            block_size: info.block_size,
+            read_only: config.read_only,
+            flush: info.io_types.flush,
+            // Both change data: a read-only export does not offer them at all.
+            discard: info.io_types.unmap && !config.read_only,
+            write_zeroes: info.io_types.write_zeroes && !config.read_only,
+            max_discard_sectors: MAX_DISCARD_SECTORS,
+            max_write_zeroes_sectors: MAX_DISCARD_SECTORS,
+        };
+        let mut serial = [0u8; VIRTIO_BLK_ID_BYTES];
+        let n = config.name.len().min(VIRTIO_BLK_ID_BYTES);
+        serial[..n].copy_from_slice(&config.name.as_bytes()[..n]);
+        if config.reactors.is_empty() {
+            return Err(Error::Other("no reactor to run the queues on".into()));
+        }
+        Ok(Arc::new(Shared {
+            name: config.name.as_str().into(),
+            bdev: config.bdev,
+            disk,
+            serial,
+            num_queues: config.num_queues,
+            reactors: config.reactors,
+            queue_stats: (0..config.num_queues).map(|_| Arc::new(QueueStats::default())).collect(),
+            connected: AtomicBool::new(false),
+            stop: StopSignal::new().map_err(|e| Error::Other(format!("cannot create eventfd: {e}")))?,
+        }))
+    }
+}
+
+/// The protocol handler of one connection without a listener or thread (`config.socket_path`
+/// is ignored): the `vhost_messages` fuzz target feeds it messages itself. Not API.
+#[doc(hidden)]
+pub fn connection_for_fuzzing(config: ControllerConfig) -> Result<Connection, Error> {
+    Ok(Connection::new(Shared::new(config)?))
+}
+
 /// A one-shot stop request that a thread can wait on with poll(2).
 struct StopSignal {
     fd: vmm_sys_util::eventfd::EventFd,
@@ -169,47 +211,16 @@ const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 impl BlkController {
     /// Binds the socket and starts serving.
     pub fn start(config: ControllerConfig) -> Result<BlkController, Error> {
-        let info = config.bdev.info().clone();
-        let disk = DiskParams {
-            capacity_sectors: info.size_bytes() / fp_virtio_blk::SECTOR_SIZE,
-            block_size: info.block_size,
-            read_only: config.read_only,
-            flush: info.io_types.flush,
-            // Both change data: a read-only export does not offer them at all.
-            discard: info.io_types.unmap && !config.read_only,
-            write_zeroes: info.io_types.write_zeroes && !config.read_only,
-            max_discard_sectors: MAX_DISCARD_SECTORS,
-            max_write_zeroes_sectors: MAX_DISCARD_SECTORS,
-        };
-        let mut serial = [0u8; VIRTIO_BLK_ID_BYTES];
-        let n = config.name.len().min(VIRTIO_BLK_ID_BYTES);
-        serial[..n].copy_from_slice(&config.name.as_bytes()[..n]);
-        if config.reactors.is_empty() {
-            return Err(Error::Other("no reactor to run the queues on".into()));
-        }
-        let listener = bind(&config.socket_path)?;
-        let shared = Arc::new(Shared {
-            name: config.name.as_str().into(),
-            bdev: config.bdev,
-            disk,
-            serial,
-            num_queues: config.num_queues,
-            reactors: config.reactors,
-            queue_stats: (0..config.num_queues).map(|_| Arc::new(QueueStats::default())).collect(),
-            connected: AtomicBool::new(false),
-            stop: StopSignal::new().map_err(|e| Error::Other(format!("cannot create eventfd: {e}")))?,
-        });
+        let socket_path = config.socket_path.clone();
+        let read_only = config.read_only;
+        let shared = Shared::new(config)?;
+        let listener = bind(&socket_path)?;
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
-            .name(format!("vhost-{}", config.name))
+            .name(format!("vhost-{}", shared.name))
             .spawn(move || serve(listener, thread_shared))
             .map_err(|e| Error::Other(format!("cannot start controller thread: {e}")))?;
-        Ok(BlkController {
-            shared,
-            socket_path: config.socket_path,
-            read_only: config.read_only,
-            thread: Some(thread),
-        })
+        Ok(BlkController { shared, socket_path, read_only, thread: Some(thread) })
     }
 
     pub fn info(&self) -> ControllerInfo {
