@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the committed seed corpus (corpus/<target>/seed-*). See fuzz_targets/chain_parser.rs for the layout."""
-import struct, json, os
+"""Writes the committed seeds, regressions/<target>/seed-*. Input layouts: the top of each fuzz_targets/<target>.rs."""
+import struct, json, os, pathlib
 
 BASE = 0x10000  # first region's guest address (page 0x10)
 R, W, NEXT, IND = 0, 2, 1, 4
@@ -30,6 +30,14 @@ def req(t, sector):
     return struct.pack("<IIQ", t, 0, sector)
 
 os.chdir(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write(target, seeds):
+    d = pathlib.Path("regressions") / target
+    d.mkdir(parents=True, exist_ok=True)
+    for name, data in seeds.items():
+        (d / name).write_bytes(data)
+
 seeds = {
     # IN 512 bytes, OUT 512 bytes, FLUSH
     "seed-in-out-flush": chain_seed(
@@ -51,16 +59,14 @@ seeds = {
                 + struct.pack("<QIHH", BASE + 0x301, 1, W, 0)),
                (0x220, req(13, 16) + struct.pack("<QII", 0, 8, 1))]),
 }
-for name, data in seeds.items():
-    open(f"corpus/chain_parser/{name}", "wb").write(data)
+write("chain_parser", seeds)
 
 rpc = {
     "seed-create": b'\x00{"name": "Malloc0", "block_size": 512, "num_blocks": 1024, "read_only": false, "md_size": 0}',
     "seed-null": b"\x80null",
     "seed-bad-types": b'\x13{"name": 5, "num_blocks": -1, "ctrlr": [1, 2], "bdev_name": {"a": null}}',
 }
-for name, data in rpc.items():
-    open(f"corpus/rpc_params/{name}", "wb").write(data)
+write("rpc_params", rpc)
 
 srv = {
     "seed-one": b'{"jsonrpc": "2.0", "id": 1, "method": "echo", "params": {"name": "x", "size": 4096, "md_size": 0}}\n',
@@ -68,5 +74,168 @@ srv = {
     "seed-batch": b'[{"jsonrpc":"2.0","id":1,"method":"echo","params":{"name":"y","read_only":true}},{"jsonrpc":"2.0","method":"none"},1,{"id":2}]',
     "seed-garbage": b'{"jsonrpc":"2.0","id":1,"method":"nope","params":[1]}\n{"jsonrpc": "2.0", "id": null, "method": "echo", ',
 }
-for name, data in srv.items():
-    open(f"corpus/rpc_server/{name}", "wb").write(data)
+write("rpc_server", srv)
+
+# config_file: the example of crates/flashpath/src/config.rs's module docs, every bdev type,
+# and entries that each method refuses (the uring filenames are rewritten by the target).
+cfg = {
+    "seed-doc-example": b"""rpc = "/var/tmp/flashpath.sock"
+vhost_dir = "/var/tmp/flashpath"
+
+[reactor]
+cpus = "0-1"
+idle_window_us = 200
+
+[[bdev]]
+type = "malloc"
+name = "ram0"
+num_blocks = 262144
+block_size = 4096
+
+[[vhost_blk]]
+ctrlr = "vhost.0"
+dev_name = "ram0"
+cpumask = "[0,1]"
+num_queues = 2
+""",
+    "seed-every-type": b"""[[bdev]]
+type = "null"
+name = "n0"
+num_blocks = 1024
+block_size = 512
+[[bdev]]
+type = "malloc"
+num_blocks = 64
+block_size = 4096
+md_size = 0
+[[bdev]]
+type = "uring"
+name = "u0"
+filename = "/a/disk0.img"
+direct = false
+[[bdev]]
+type = "delay"
+name = "d0"
+base_bdev_name = "n0"
+avg_read_latency = 10
+p99_read_latency = 20
+avg_write_latency = 10
+p99_write_latency = 20
+[[vhost_blk]]
+ctrlr = "v0"
+dev_name = "d0"
+readonly = true
+[[vhost_blk]]
+ctrlr = "v1"
+dev_name = "Malloc0"
+cpumask = "0x1"
+num_queues = 1
+transport = "vhost_user_blk"
+""",
+    "seed-refused": b"""[[bdev]]
+type = "null"
+name = "a"
+num_blocks = 8
+block_size = 512
+[[bdev]]
+type = "uring"
+name = "u"
+filename = "/dev/sda"
+block_size = 1000
+[[vhost_blk]]
+ctrlr = "../x"
+dev_name = "zz"
+cpumask = "[0,x]"
+""",
+    "seed-syntax": b"""[reactor]
+cpus = "0-x"
+idle_window_us = "fast"
+[[bdev]
+a = [
+1,
+""",
+}
+write("config_file", cfg)
+
+# vhost_messages: records of (request, flags, fd byte, memfd-size byte, body); see the table at
+# the top of fuzz_targets/vhost_messages.rs. Request 0 is a harness operation.
+GET_FEATURES, SET_FEATURES, SET_OWNER, RESET_OWNER, SET_MEM_TABLE = 1, 2, 3, 4, 5
+SET_VRING_NUM, SET_VRING_ADDR, SET_VRING_BASE, GET_VRING_BASE = 8, 9, 10, 11
+SET_VRING_KICK, SET_VRING_CALL, SET_VRING_ERR = 12, 13, 14
+GET_PROTOCOL_FEATURES, SET_PROTOCOL_FEATURES, GET_QUEUE_NUM, SET_VRING_ENABLE = 15, 16, 17, 18
+GET_CONFIG, GET_INFLIGHT_FD, SET_INFLIGHT_FD = 24, 31, 32
+GET_MAX_MEM_SLOTS, ADD_MEM_REG, REM_MEM_REG = 36, 37, 38
+NEED_REPLY = 8
+MEMFD, EVENTFD = 0, 1
+UA = 0x7F0000000000  # the VMM's virtual address of guest address 0
+F_VERSION_1, F_EVENT_IDX, F_INDIRECT, F_PROTOCOL = 1 << 32, 1 << 29, 1 << 28, 1 << 30
+PF = 0x1 | 0x8 | 0x200 | 0x1000 | 0x8000  # MQ, REPLY_ACK, CONFIG, INFLIGHT_SHMFD, CONFIGURE_MEM_SLOTS
+
+
+def rec(code, body=b"", flags=0, fds=0, fd_kind=MEMFD, mem_pages=15):
+    return bytes([code, flags, fds | fd_kind << 3, mem_pages - 1]) + struct.pack("<H", len(body)) + body
+
+
+def fill(offset, data):
+    assert offset % 16 == 0
+    return bytes([0, 0]) + struct.pack("<H", offset // 16) + struct.pack("<H", len(data)) + data
+
+
+def kick():
+    return bytes([0, 1, 0, 0, 0, 0])
+
+
+def vring_state(index, num):
+    return struct.pack("<II", index, num)
+
+
+def region(gpa, size, ua, off=0):
+    return struct.pack("<QQQQ", gpa, size, ua, off)
+
+
+def handshake(features=F_VERSION_1 | F_PROTOCOL | F_EVENT_IDX | F_INDIRECT, pages=16):
+    return (rec(GET_FEATURES) + rec(SET_FEATURES, struct.pack("<Q", features))
+            + rec(GET_PROTOCOL_FEATURES) + rec(SET_PROTOCOL_FEATURES, struct.pack("<Q", PF))
+            + rec(SET_OWNER) + rec(GET_QUEUE_NUM) + rec(GET_MAX_MEM_SLOTS)
+            + rec(SET_MEM_TABLE, struct.pack("<II", 1, 0) + region(0, pages * 0x1000, UA), fds=1,
+                  mem_pages=pages))
+
+
+def ring(index=0, size=256, desc=0, avail=0x1000, used=0x2000):
+    return (rec(SET_VRING_NUM, vring_state(index, size))
+            + rec(SET_VRING_ADDR, struct.pack("<IIQQQQ", index, 0, UA + desc, UA + used, UA + avail, 0))
+            + rec(SET_VRING_BASE, vring_state(index, 0))
+            + rec(SET_VRING_KICK, struct.pack("<Q", index), fds=1, fd_kind=EVENTFD)
+            + rec(SET_VRING_CALL, struct.pack("<Q", index), fds=1, fd_kind=EVENTFD)
+            + rec(SET_VRING_ERR, struct.pack("<Q", index | 0x100))
+            + rec(SET_VRING_ENABLE, vring_state(index, 1), flags=NEED_REPLY))
+
+
+def blk_request(rtype, sector, data_len, data_flags):
+    # descriptors at 0: header @0x3000, data @0x4000, status @0x5000; avail @0x1000 holds head 0
+    descs = (struct.pack("<QIHH", 0x3000, 16, 1, 1) + struct.pack("<QIHH", 0x4000, data_len, 1 | data_flags, 2)
+             + struct.pack("<QIHH", 0x5000, 1, 2, 0))
+    return (fill(0, descs) + fill(0x1000, struct.pack("<HHH", 0, 1, 0))
+            + fill(0x3000, struct.pack("<IIQ", rtype, 0, sector)) + fill(0x4000, b"\xa5" * data_len))
+
+
+vhost = {
+    # The handshake QEMU does, one queue started and stopped, the config space read.
+    "seed-handshake": bytes([1]) + handshake() + ring()
+    + rec(GET_CONFIG, struct.pack("<III", 0, 60, 0) + bytes(60))
+    + rec(GET_VRING_BASE, vring_state(0, 0)),
+    # A read and a write through a started queue, then a memory-table change under it.
+    "seed-io": bytes([0]) + handshake() + ring() + blk_request(0, 8, 512, 2) + kick()
+    + blk_request(1, 16, 512, 0) + fill(0x1000, struct.pack("<HHHH", 0, 2, 0, 0)) + kick()
+    + rec(SET_MEM_TABLE, struct.pack("<II", 1, 0) + region(0, 0x10000, UA), fds=1, mem_pages=16)
+    + rec(GET_VRING_BASE, vring_state(0, 0)),
+    # In-flight tracking, memory slots added and removed, enable/disable, reset.
+    "seed-inflight-slots": bytes([1]) + handshake()
+    + rec(GET_INFLIGHT_FD, struct.pack("<QQHHI", 0, 0, 2, 256, 0))
+    + rec(ADD_MEM_REG, struct.pack("<Q", 0) + region(0x100000, 0x4000, UA + 0x100000), fds=1, mem_pages=4)
+    + ring(1, 256, 0, 0x1000, 0x2000)
+    + rec(SET_VRING_ENABLE, vring_state(1, 0))
+    + rec(REM_MEM_REG, struct.pack("<Q", 0) + region(0x100000, 0x4000, UA + 0x100000))
+    + rec(RESET_OWNER) + rec(GET_FEATURES),
+}
+write("vhost_messages", vhost)
