@@ -11,6 +11,7 @@
 //! the disk and other connections are unaffected.
 
 use std::fs::File;
+use std::os::unix::io::AsRawFd;
 use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 use std::time::Duration;
@@ -230,6 +231,34 @@ fn private_eventfd() -> VuResult<File> {
     Ok(unsafe { <File as std::os::unix::io::FromRawFd>::from_raw_fd(fd) })
 }
 
+/// Checks that a kick, call or err fd is an eventfd and makes sure writing it never blocks.
+///
+/// The frontend chooses these fds. Anything else (a pipe, a socket) could fill up, and a
+/// blocking eventfd whose counter the frontend has pushed to its maximum blocks every further
+/// write: either would stall the reactor, and every other disk on it, in the middle of a
+/// notification. The fd's file description is shared with the frontend, so O_NONBLOCK becomes
+/// visible there too; QEMU, cloud-hypervisor and libblkio create theirs non-blocking anyway.
+fn checked_eventfd(fd: File, what: &'static str) -> VuResult<File> {
+    let link =
+        std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(VuError::ReqHandlerError)?;
+    if link.as_os_str() != "anon_inode:[eventfd]" {
+        log::warn!("{what} fd is not an eventfd ({})", link.display());
+        return Err(VuError::InvalidParam);
+    }
+    // SAFETY: fcntl on an fd we own; no memory is involved.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(VuError::ReqHandlerError(std::io::Error::last_os_error()));
+    }
+    if flags & libc::O_NONBLOCK == 0 {
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(VuError::ReqHandlerError(std::io::Error::last_os_error()));
+        }
+    }
+    Ok(fd)
+}
+
 fn mem_error(e: crate::memory::MemoryError) -> VuError {
     log::warn!("memory table rejected: {e}");
     VuError::InvalidParam
@@ -337,6 +366,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         let Some(fd) = fd else {
             return Err(invalid("polling rings without a kick fd are not supported"));
         };
+        let fd = checked_eventfd(fd, "kick")?;
         self.stop(index as usize)?;
         self.vrings[index as usize].kick = Some(fd);
         self.try_start(index as usize)
@@ -345,7 +375,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
         let i = usize::from(index);
         self.vring(u32::from(index))?;
-        self.vrings[i].call = fd;
+        self.vrings[i].call = fd.map(|f| checked_eventfd(f, "call")).transpose()?;
         if let (Some((_, id)), Some(call)) = (self.vrings[i].running, self.vrings[i].call.as_ref()) {
             let call = call.try_clone().map_err(VuError::ReqHandlerError)?;
             self.reactor_for(i).send(move |r| {
@@ -357,9 +387,11 @@ impl VhostUserBackendReqHandlerMut for Connection {
         Ok(())
     }
 
-    fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> VuResult<()> {
-        // We never report ring errors through the err fd; failures are logged and counted.
-        self.vring(u32::from(index)).map(|_| ())
+    fn set_vring_err(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        // We never report ring errors through the err fd (failures are logged and counted),
+        // but a frontend that sends something else than an eventfd is confused or hostile.
+        self.vring(u32::from(index))?;
+        fd.map(|f| checked_eventfd(f, "err")).transpose().map(|_| ())
     }
 
     fn get_protocol_features(&mut self) -> VuResult<VhostUserProtocolFeatures> {
@@ -426,7 +458,10 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn get_inflight_fd(&mut self, inflight: &VhostUserInflight) -> VuResult<(VhostUserInflight, File)> {
-        if inflight.num_queues == 0 || inflight.num_queues > self.shared.num_queues {
+        if inflight.num_queues == 0
+            || inflight.num_queues > self.shared.num_queues
+            || u32::from(inflight.queue_size) > MAX_QUEUE_SIZE
+        {
             return Err(VuError::InvalidParam);
         }
         let (area, file, size) =
@@ -447,6 +482,9 @@ impl VhostUserBackendReqHandlerMut for Connection {
     fn set_inflight_fd(&mut self, inflight: &VhostUserInflight, file: File) -> VuResult<()> {
         if !self.running_queues().is_empty() {
             return Err(invalid("SET_INFLIGHT_FD while queues run"));
+        }
+        if u32::from(inflight.queue_size) > MAX_QUEUE_SIZE || inflight.num_queues > self.shared.num_queues {
+            return Err(VuError::InvalidParam);
         }
         let area = InflightArea::map(
             &file,

@@ -215,7 +215,8 @@ impl InflightQueue {
         let mut pending: Vec<(u64, u16)> =
             (0..self.size).filter(|&h| self.inflight(h)).map(|h| (self.counter_of(h), h)).collect();
         pending.sort_unstable();
-        self.counter = (0..self.size).map(|h| self.counter_of(h)).max().unwrap_or(0) + 1;
+        // The counters are the frontend's memory: a hostile one may have left u64::MAX there.
+        self.counter = (0..self.size).map(|h| self.counter_of(h)).max().unwrap_or(0).wrapping_add(1);
         Recovered { resubmit: pending.into_iter().map(|(_, h)| h).collect(), reused: true }
     }
 
@@ -225,7 +226,7 @@ impl InflightQueue {
             return;
         }
         let c = self.counter;
-        self.counter += 1;
+        self.counter = self.counter.wrapping_add(1);
         self.set_counter(head, c);
         compiler_fence(Ordering::SeqCst);
         self.set_inflight(head, true);

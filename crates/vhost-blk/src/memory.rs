@@ -28,6 +28,8 @@ pub enum MemoryError {
     Overlap { gpa: u64 },
     #[error("cannot map memory region at gpa {gpa:#x}: {reason}")]
     Map { gpa: u64, reason: String },
+    #[error("memory region at gpa {gpa:#x} ends at file offset {end:#x}, beyond the end of its file ({file_size:#x} bytes)")]
+    BeyondFile { gpa: u64, end: u64, file_size: u64 },
     #[error("no memory region at gpa {gpa:#x} of size {size:#x} to remove")]
     NoSuchRegion { gpa: u64, size: u64 },
 }
@@ -140,6 +142,19 @@ fn map_region(r: &VhostUserMemoryRegion, file: File) -> Result<Region, MemoryErr
         return Err(bad());
     }
     let size = usize::try_from(r.memory_size).map_err(|_| bad())?;
+    // Touching a page of a shared mapping beyond the end of its file raises SIGBUS, which
+    // would take the whole daemon down: a region must lie inside its file. (Files that are not
+    // regular, such as DAX devices, have no meaningful size here; mmap itself refuses ranges
+    // they cannot back.)
+    let meta =
+        file.metadata().map_err(|e| MemoryError::Map { gpa: r.guest_phys_addr, reason: e.to_string() })?;
+    if meta.file_type().is_file() && r.mmap_offset + r.memory_size > meta.len() {
+        return Err(MemoryError::BeyondFile {
+            gpa: r.guest_phys_addr,
+            end: r.mmap_offset + r.memory_size,
+            file_size: meta.len(),
+        });
+    }
     let mmap = MmapRegion::<()>::build(
         Some(FileOffset::new(file, r.mmap_offset)),
         size,
