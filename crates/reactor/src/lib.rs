@@ -513,7 +513,15 @@ impl ReactorSet {
                 match setup {
                     Ok(mut reactor) => {
                         let _ = tx.send(Ok(reactor.handle()));
-                        reactor.run();
+                        // A reactor that died would leave every queue and channel on its core
+                        // silently unserved while the process looks healthy. Fail fast instead:
+                        // a supervisor restarts the daemon, and vhost-user frontends reconnect
+                        // and have their in-flight requests resubmitted.
+                        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reactor.run()));
+                        if run.is_err() {
+                            log::error!("reactor on cpu {core} panicked: aborting the process");
+                            std::process::abort();
+                        }
                         // Drop pollers (and their queues) on this thread, where they live.
                         while let Some(slot) = reactor.pollers.pop() {
                             reactor.unwatch(&slot.fds);

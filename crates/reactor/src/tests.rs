@@ -155,3 +155,34 @@ fn cpu_lists_parse() {
     assert!(parse_cpu_list("3-1").is_err());
     assert!(parse_cpu_list("0x0").is_err());
 }
+
+struct Panics;
+
+impl Poller for Panics {
+    fn poll(&mut self) -> PollStatus {
+        panic!("a poller bug");
+    }
+}
+
+/// A panic on a reactor thread takes the whole process down (SIGABRT) instead of leaving a
+/// dead core behind a live-looking daemon. Runs itself as a child process to observe that.
+#[test]
+fn a_panicking_poller_aborts_the_process() {
+    use std::os::unix::process::ExitStatusExt;
+    if std::env::var_os("FP_REACTOR_PANIC_CHILD").is_some() {
+        let set = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
+        set.handles()[0].send(|r| {
+            r.add_poller(Box::new(Panics));
+        });
+        std::thread::sleep(std::time::Duration::from_secs(20));
+        // Only reached if the panic did not abort.
+        std::process::exit(0);
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "tests::a_panicking_poller_aborts_the_process", "--nocapture", "--test-threads=1"])
+        .env("FP_REACTOR_PANIC_CHILD", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "child ended with {:?}", out.status);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a poller bug"));
+}
