@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use common::{pattern, BlkClient, Daemon};
 use serde_json::json;
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::message::{VhostUserInflight, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
@@ -68,22 +68,15 @@ const S_UNTOUCHED: u8 = 0xee;
 const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 const PROTOCOL_FEATURES: u64 = 1 << 30;
 
-/// A shared-memory file mapped into this process: the guest's RAM.
-struct GuestMem {
-    file: File,
+/// A shared mapping of (the start of) a file.
+struct MappedFile {
     ptr: *mut u8,
     len: usize,
 }
 
-impl GuestMem {
-    fn new(len: usize) -> GuestMem {
-        // SAFETY: a NUL-terminated name and valid flags; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"hostile-guest".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(len as u64).unwrap();
-        // SAFETY: a fresh shared mapping of the whole file; the result is checked.
+impl MappedFile {
+    fn new(file: &File, len: usize) -> MappedFile {
+        // SAFETY: a fresh shared mapping of `len` bytes of an open file; the result is checked.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -95,7 +88,35 @@ impl GuestMem {
             )
         };
         assert_ne!(ptr, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
-        GuestMem { file, ptr: ptr.cast(), len }
+        MappedFile { ptr: ptr.cast(), len }
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `new`, which nothing else uses now.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A shared-memory file mapped into this process: the guest's RAM.
+struct GuestMem {
+    file: File,
+    ptr: *mut u8,
+    len: usize,
+    _map: MappedFile,
+}
+
+impl GuestMem {
+    fn new(len: usize) -> GuestMem {
+        // SAFETY: a NUL-terminated name and valid flags; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"hostile-guest".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(len as u64).unwrap();
+        let map = MappedFile::new(&file, len);
+        GuestMem { ptr: map.ptr, len, file, _map: map }
     }
 
     /// The VMM virtual address of `off` (what SET_VRING_ADDR carries).
@@ -152,13 +173,6 @@ impl GuestMem {
     }
 }
 
-impl Drop for GuestMem {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping made in `new`, which nothing else uses now.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 fn gpa(off: usize) -> u64 {
     GPA + off as u64
 }
@@ -197,6 +211,9 @@ struct Setup {
     region_size: Option<u64>,
     /// The call fd (default: a fresh eventfd).
     call: Option<EventFd>,
+    /// Negotiate in-flight tracking, and let this write into the in-flight area (and guest
+    /// memory) before handing the area back with SET_INFLIGHT_FD.
+    inflight: Option<fn(&mut [u8], &GuestMem)>,
 }
 
 /// One vhost-user frontend with one queue of [`QUEUE_SIZE`] at [`DESC`]/[`AVAIL`]/[`USED`].
@@ -232,9 +249,24 @@ impl Guest {
         step(
             "SET_PROTOCOL_FEATURES",
             frontend.set_protocol_features(
-                offered & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG),
+                offered
+                    & (VhostUserProtocolFeatures::MQ
+                        | VhostUserProtocolFeatures::CONFIG
+                        | if setup.inflight.is_some() {
+                            VhostUserProtocolFeatures::INFLIGHT_SHMFD
+                        } else {
+                            VhostUserProtocolFeatures::empty()
+                        }),
             ),
         )?;
+        if let Some(scribble) = setup.inflight {
+            let ask = VhostUserInflight::new(0, 0, 1, QUEUE_SIZE);
+            let (info, file) = frontend.get_inflight_fd(&ask).map_err(|e| format!("GET_INFLIGHT_FD: {e}"))?;
+            let area = MappedFile::new(&file, info.mmap_size as usize);
+            // SAFETY: `area` maps `mmap_size` bytes of the file, alive until the end of scope.
+            scribble(unsafe { std::slice::from_raw_parts_mut(area.ptr, area.len) }, &mem);
+            step("SET_INFLIGHT_FD", frontend.set_inflight_fd(&info, file.as_raw_fd()))?;
+        }
         let region = VhostUserMemoryRegionInfo {
             guest_phys_addr: GPA,
             memory_size: setup.region_size.unwrap_or(MEM_SIZE as u64),
@@ -849,6 +881,60 @@ fn memory_table_drops_the_rings(env: &Env) {
     }
 }
 
+/// A frontend that negotiates in-flight tracking and hands back an area claiming every one of
+/// the 128 heads in flight, with absurd counters (u64::MAX among them: the next counter would
+/// overflow) and junk in the padding. The device resubmits them all (each head is a valid read
+/// through an indirect table) in counter order and carries on.
+fn hostile_inflight_area(env: &Env) {
+    fn scribble(region: &mut [u8], mem: &GuestMem) {
+        region[..16].copy_from_slice(&[0xa5; 16]);
+        region[8..10].copy_from_slice(&1u16.to_ne_bytes()); // version
+        region[10..12].copy_from_slice(&QUEUE_SIZE.to_ne_bytes()); // desc_num
+        region[12..14].copy_from_slice(&0xffffu16.to_ne_bytes()); // last_batch_head
+        region[14..16].copy_from_slice(&0u16.to_ne_bytes()); // used_idx: matches the ring
+        for h in 0..QUEUE_SIZE {
+            let e = 16 + 16 * usize::from(h);
+            let counter = if h % 3 == 0 { u64::MAX - u64::from(h) } else { u64::from(h) << 40 };
+            region[e..e + 8].copy_from_slice(&[1, 0xde, 0xad, 0xbe, 0xef, 0x99, 0xff, 0xff]);
+            region[e + 8..e + 16].copy_from_slice(&counter.to_ne_bytes());
+            // Head h: one indirect descriptor -> header, 512 bytes of data, status.
+            let table = INDIRECT + 48 * usize::from(h);
+            let a = area(h);
+            mem.write(a, &header(T_IN, 8 * u64::from(h)));
+            mem.write(a + 0x3000, &[S_UNTOUCHED]);
+            mem.desc(table, 0, gpa(a), 16, F_NEXT, 1);
+            mem.desc(table, 1, gpa(a + 0x1000), 512, F_WRITE | F_NEXT, 2);
+            mem.desc(table, 2, gpa(a + 0x3000), 1, F_WRITE, 0);
+            mem.desc(DESC, h, gpa(table), 48, F_INDIRECT, 0);
+            mem.write_u16(AVAIL + 4 + 2 * usize::from(h), h);
+        }
+        // The driver had made all 128 available before the "crash".
+        mem.write_u16(AVAIL + 2, QUEUE_SIZE);
+    }
+    let failed = env.failed();
+    let mut g =
+        Guest::try_connect(&env.sock, env.ctrlr, Setup { inflight: Some(scribble), ..Setup::default() })
+            .expect("handshake with a hostile in-flight area");
+    g.avail_idx = QUEUE_SIZE;
+    let mut seen = vec![false; usize::from(QUEUE_SIZE)];
+    let start = Instant::now();
+    let mut n = 0;
+    while n < QUEUE_SIZE {
+        if let Some((head, len)) = g.next_used() {
+            assert!(
+                head < QUEUE_SIZE && !seen[usize::from(head)],
+                "head {head} completed twice or out of range"
+            );
+            seen[usize::from(head)] = true;
+            assert_eq!((len, g.mem.read(area(head) + 0x3000, 1)[0]), (513, S_OK), "resubmitted head {head}");
+            n += 1;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{n} of 128 resubmitted requests completed");
+        assert_eq!(env.failed(), failed, "the queue failed");
+    }
+    g.write_read_verify(&env.daemon, 2000, 6);
+}
+
 #[test]
 fn hostile_guests_never_harm_the_daemon_or_another_disk() {
     // One reactor: the hostile controller, the slow one and the victim's share it, so a stall
@@ -888,6 +974,7 @@ fn hostile_guests_never_harm_the_daemon_or_another_disk() {
         ("call fd never read", call_fd_never_read),
         ("memory table change mid-I/O", memory_table_change_mid_io),
         ("memory table without the rings mid-I/O", memory_table_drops_the_rings),
+        ("hostile in-flight area", hostile_inflight_area),
     ];
     for (name, case) in cases {
         eprintln!("hostile case: {name}");
