@@ -69,18 +69,21 @@ fn confine(config: &mut ConfigFile, env: &Env) {
     }
 }
 
-/// `FP_FUZZ_STRICT=1` turns the open findings this target tolerates back into failures.
-fn strict() -> bool {
-    static STRICT: OnceLock<bool> = OnceLock::new();
-    *STRICT.get_or_init(|| std::env::var_os("FP_FUZZ_STRICT").is_some_and(|v| v == "1"))
-}
-
 fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
     let msg = e.to_string();
-    if std::env::var_os("FP_FUZZ_TRACE").is_some_and(|v| v == "1") {
+    if common::trace() {
         eprintln!("error: {msg}");
     }
-    assert!(!msg.contains('\n'), "error message spans lines: {msg:?}");
+    // Open finding 4 (fuzz/README.md): a value quoted into a message ('...') keeps its
+    // newlines. Tolerated when every newline is inside the quotes; remove once messages
+    // escape the values they quote.
+    let quoted = match (msg.find('\''), msg.rfind('\'')) {
+        (Some(open), Some(close)) => !msg[..open].contains('\n') && !msg[close..].contains('\n'),
+        _ => false,
+    };
+    if !(quoted && !common::strict()) {
+        assert!(!msg.contains('\n'), "error message spans lines: {msg:?}");
+    }
     let (place, reason) = match e {
         ConfigError::Syntax { line, column, message, .. } => {
             let lines = text.split('\n').count();
@@ -105,7 +108,7 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
         _ => (String::new(), &msg),
     };
     assert!(msg.starts_with(&place), "error does not start with its place {place:?}: {msg:?}");
-    if reason.trim().is_empty() && matches!(e, ConfigError::Syntax { .. }) && !strict() {
+    if reason.trim().is_empty() && matches!(e, ConfigError::Syntax { .. }) && !common::strict() {
         // Open finding 3 (fuzz/README.md): toml gives some syntax errors (a control character
         // in a comment) an empty message. Tolerated so fuzzing goes on past it; remove this
         // once config.rs supplies a reason.
