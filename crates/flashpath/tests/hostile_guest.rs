@@ -216,6 +216,25 @@ struct Setup {
     inflight: Option<fn(&mut [u8], &GuestMem)>,
 }
 
+/// Connects and negotiates features the way QEMU does: VERSION_1 and PROTOCOL_FEATURES, then
+/// the protocol features MQ, CONFIG and `extra` (as far as the daemon offers them).
+fn negotiate(sock: &Path, extra: VhostUserProtocolFeatures) -> Result<Frontend, String> {
+    let stream = UnixStream::connect(sock).map_err(|e| format!("connect: {e}"))?;
+    // A daemon that never answers fails the case instead of hanging the suite.
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut frontend = Frontend::from_stream(stream, 1);
+    frontend.set_owner().map_err(|e| format!("SET_OWNER: {e}"))?;
+    let features = frontend.get_features().map_err(|e| format!("GET_FEATURES: {e}"))?;
+    assert_ne!(features & PROTOCOL_FEATURES, 0, "the daemon offers PROTOCOL_FEATURES");
+    frontend
+        .set_features(VIRTIO_F_VERSION_1 | PROTOCOL_FEATURES)
+        .map_err(|e| format!("SET_FEATURES: {e}"))?;
+    let offered = frontend.get_protocol_features().map_err(|e| format!("GET_PROTOCOL_FEATURES: {e}"))?;
+    let wanted = VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG | extra;
+    frontend.set_protocol_features(offered & wanted).map_err(|e| format!("SET_PROTOCOL_FEATURES: {e}"))?;
+    Ok(frontend)
+}
+
 /// One vhost-user frontend with one queue of [`QUEUE_SIZE`] at [`DESC`]/[`AVAIL`]/[`USED`].
 struct Guest {
     frontend: Frontend,
@@ -236,29 +255,13 @@ impl Guest {
     /// The handshake QEMU does, with `setup`'s variations. Fails when the daemon refuses it.
     fn try_connect(sock: &Path, ctrlr: &str, setup: Setup) -> Result<Guest, String> {
         let mem = GuestMem::new(MEM_SIZE);
-        let stream = UnixStream::connect(sock).map_err(|e| format!("connect: {e}"))?;
-        // A daemon that never answers fails the case instead of hanging the suite.
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut frontend = Frontend::from_stream(stream, 1);
+        let extra = if setup.inflight.is_some() {
+            VhostUserProtocolFeatures::INFLIGHT_SHMFD
+        } else {
+            VhostUserProtocolFeatures::empty()
+        };
+        let mut frontend = negotiate(sock, extra)?;
         let step = |what: &str, r: Result<(), vhost::Error>| r.map_err(|e| format!("{what}: {e}"));
-        step("SET_OWNER", frontend.set_owner())?;
-        let features = frontend.get_features().map_err(|e| format!("GET_FEATURES: {e}"))?;
-        assert_ne!(features & PROTOCOL_FEATURES, 0, "the daemon offers PROTOCOL_FEATURES");
-        step("SET_FEATURES", frontend.set_features(VIRTIO_F_VERSION_1 | PROTOCOL_FEATURES))?;
-        let offered = frontend.get_protocol_features().map_err(|e| format!("GET_PROTOCOL_FEATURES: {e}"))?;
-        step(
-            "SET_PROTOCOL_FEATURES",
-            frontend.set_protocol_features(
-                offered
-                    & (VhostUserProtocolFeatures::MQ
-                        | VhostUserProtocolFeatures::CONFIG
-                        | if setup.inflight.is_some() {
-                            VhostUserProtocolFeatures::INFLIGHT_SHMFD
-                        } else {
-                            VhostUserProtocolFeatures::empty()
-                        }),
-            ),
-        )?;
         if let Some(scribble) = setup.inflight {
             let ask = VhostUserInflight::new(0, 0, 1, QUEUE_SIZE);
             let (info, file) = frontend.get_inflight_fd(&ask).map_err(|e| format!("GET_INFLIGHT_FD: {e}"))?;
@@ -935,6 +938,61 @@ fn hostile_inflight_area(env: &Env) {
     g.write_read_verify(&env.daemon, 2000, 6);
 }
 
+/// ADD_MEM_REG beyond the advertised slot count: the 64 slots fill, the 65th is refused and
+/// the connection closed.
+fn too_many_memory_regions(env: &Env) {
+    let mut f = negotiate(&env.sock, VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS).unwrap();
+    let slots = f.get_max_mem_slots().unwrap();
+    assert_eq!(slots, 64);
+    let regions: Vec<GuestMem> = (0..=slots).map(|_| GuestMem::new(4096)).collect();
+    for (i, m) in regions.iter().enumerate() {
+        let region = VhostUserMemoryRegionInfo {
+            guest_phys_addr: GPA + 0x10000 * i as u64,
+            memory_size: 4096,
+            userspace_addr: m.user_addr(0),
+            mmap_offset: 0,
+            mmap_handle: m.file.as_raw_fd(),
+        };
+        let sent = f.add_mem_region(&region);
+        if (i as u64) < slots {
+            sent.unwrap();
+            assert!(f.get_features().is_ok(), "region {i} of {slots} refused");
+        } else {
+            let start = Instant::now();
+            while f.get_features().is_ok() {
+                assert!(start.elapsed() < Duration::from_secs(10), "region {} accepted", i + 1);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+/// The daemon's resident memory while frontends come and go: 200 full connections (memory
+/// table, ring, I/O, in-flight area) must not leave their memory behind.
+fn connection_churn(env: &Env) {
+    let rss = || -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", env.daemon.pid())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    };
+    fn keep(_: &mut [u8], _: &GuestMem) {}
+    let mut before = 0;
+    for i in 0..200 {
+        if i == 20 {
+            // Allocator pools and the log's buffers have grown by now.
+            before = rss();
+        }
+        let mut g =
+            Guest::try_connect(&env.sock, env.ctrlr, Setup { inflight: Some(keep), ..Setup::default() })
+                .unwrap();
+        g.write_read_verify(&env.daemon, 3000 + 8 * (i % 16), 300 + i);
+    }
+    let after = rss();
+    let growth = after.saturating_sub(before);
+    eprintln!("daemon RSS {} KiB after 20 connections, {} KiB after 200", before / 1024, after / 1024);
+    assert!(growth < 4 << 20, "180 connections grew the daemon by {} KiB", growth / 1024);
+}
+
 #[test]
 fn hostile_guests_never_harm_the_daemon_or_another_disk() {
     // One reactor: the hostile controller, the slow one and the victim's share it, so a stall
@@ -951,7 +1009,8 @@ fn hostile_guests_never_harm_the_daemon_or_another_disk() {
     let victim_sock = daemon.controller("victim", "victim", None, false);
     let sock = daemon.controller("hostile", "target", None, false);
     daemon.controller("slow", "slow", None, false);
-    let victim = Victim::start(victim_sock, 16384);
+    // A small working set: the RAM disk behind it stops growing the daemon's RSS early.
+    let victim = Victim::start(victim_sock, 256);
     let mut env = Env { daemon, sock, ctrlr: "hostile" };
 
     let cases: &[(&str, Case)] = &[
@@ -975,6 +1034,8 @@ fn hostile_guests_never_harm_the_daemon_or_another_disk() {
         ("memory table change mid-I/O", memory_table_change_mid_io),
         ("memory table without the rings mid-I/O", memory_table_drops_the_rings),
         ("hostile in-flight area", hostile_inflight_area),
+        ("too many memory regions", too_many_memory_regions),
+        ("connection churn", connection_churn),
     ];
     for (name, case) in cases {
         eprintln!("hostile case: {name}");
