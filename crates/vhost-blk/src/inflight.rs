@@ -34,6 +34,8 @@ const VERSION: u16 = 1;
 pub enum InflightError {
     #[error("in-flight area of {size} bytes is too small for {queues} queues of {queue_size} entries")]
     TooSmall { size: u64, queues: u16, queue_size: u16 },
+    #[error("in-flight area of {size} bytes at offset {offset} does not fit its file ({file_len} bytes)")]
+    BeyondFile { offset: u64, size: u64, file_len: u64 },
     #[error("invalid in-flight description: {0}")]
     Invalid(&'static str),
     #[error("cannot create or map the in-flight area: {0}")]
@@ -87,6 +89,12 @@ impl InflightArea {
         let need = queue_region_size(queue_size) as u64 * u64::from(num_queues);
         if mmap_size < need || mmap_size > (1 << 30) {
             return Err(InflightError::TooSmall { size: mmap_size, queues: num_queues, queue_size });
+        }
+        // The file is the front-end's: a page mapped past its end would raise SIGBUS on the
+        // reactor at the first access.
+        let file_len = file.metadata().map_err(|e| InflightError::Map(e.to_string()))?.len();
+        if mmap_offset.checked_add(need).is_none_or(|end| end > file_len) {
+            return Err(InflightError::BeyondFile { offset: mmap_offset, size: need, file_len });
         }
         let dup = file.try_clone().map_err(|e| InflightError::Map(e.to_string()))?;
         let map = MmapRegion::<()>::build(
@@ -284,6 +292,14 @@ mod tests {
         let a = InflightArea::map(&file, size, 0, 2, 8).unwrap();
         assert!(matches!(a.queue(0, 16), Err(InflightError::SizeMismatch { .. })));
         assert!(a.queue(2, 8).is_err());
+        // An area that claims more of the file than the file holds (a front-end's lie that would
+        // end in SIGBUS), including through the offset.
+        assert!(matches!(InflightArea::map(&file, 8320, 0, 2, 256), Err(InflightError::BeyondFile { .. })));
+        assert!(matches!(InflightArea::map(&file, size, 64, 2, 8), Err(InflightError::BeyondFile { .. })));
+        assert!(matches!(
+            InflightArea::map(&file, size, u64::MAX, 2, 8),
+            Err(InflightError::BeyondFile { .. })
+        ));
     }
 
     #[test]
