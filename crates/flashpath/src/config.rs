@@ -188,11 +188,14 @@ impl ConfigFile {
             let line = before.matches('\n').count() + 1;
             let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
             // toml's messages can run over several lines; the location is enough context.
-            let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+            let mut message = one_line(&e.message().split_whitespace().collect::<Vec<_>>().join(" "));
+            if message.is_empty() {
+                message = "invalid TOML".into();
+            }
             ConfigError::Syntax { path: path.to_path_buf(), line, column, message }
         })?;
         if let Some(cpus) = &config.reactor.cpus {
-            fp_reactor::parse_cpu_list(cpus).map_err(ConfigError::Cpus)?;
+            fp_reactor::parse_cpu_list(cpus).map_err(|e| ConfigError::Cpus(one_line(&e)))?;
         }
         config.limits.check()?;
         config.security.check()?;
@@ -206,7 +209,7 @@ impl ConfigFile {
                 table: "bdev",
                 index,
                 field: field.to_string(),
-                reason,
+                reason: one_line(&reason),
             };
             let mut params = table_to_json(table);
             let kind = match params.remove("type") {
@@ -237,7 +240,18 @@ fn entry_error(table: &'static str, index: usize, e: &MethodError) -> ConfigErro
         Some((field, reason)) => (field.to_string(), reason.to_string()),
         None => (String::new(), e.to_string()),
     };
-    ConfigError::Entry { table, index, field, reason }
+    ConfigError::Entry { table, index, field: one_line(&field), reason: one_line(&reason) }
+}
+
+/// Errors quote the values they refuse, and a TOML string may hold a newline or a terminal
+/// escape: shown as escapes, they keep the message on one line and the terminal sane.
+fn one_line(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    text.chars()
+        .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
+        .collect()
 }
 
 fn table_to_json(table: &toml::Table) -> Map<String, Value> {
@@ -419,5 +433,21 @@ mod tests {
         assert!(!e.contains('\n'), "{e}");
         let e = ConfigFile::load(Path::new("/nonexistent/flashpath.toml")).unwrap_err().to_string();
         assert!(e.starts_with("cannot read /nonexistent/flashpath.toml: "), "{e}");
+    }
+
+    /// Found by the config_file fuzz target: values quoted into errors kept their newlines.
+    #[test]
+    fn quoted_values_with_control_characters_stay_on_one_line() {
+        let e = parse("[reactor]\ncpus = \"0\\n1\"\n").unwrap_err().to_string();
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(e.starts_with("reactor.cpus: ") && e.contains("\\n"), "{e}");
+        let e = apply("[[bdev]]\ntype = \"mal\\nloc\\u001b[2J\"\nname = \"x\"\n").err().unwrap();
+        assert_eq!(e, "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay");
+        // A controller over a bdev whose name holds a newline: the not-found error quotes it.
+        let e = apply("[[vhost_blk]]\nctrlr = \"v0\"\nnum_queues = 1\ndev_name = \"no\\nsuch\"\n")
+            .err()
+            .expect("a missing bdev is refused");
+        assert!(e.starts_with("vhost_blk[0]") && e.contains("no\\nsuch"), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
     }
 }
