@@ -882,6 +882,13 @@ fn memory_table_drops_the_rings(env: &Env) {
         assert!(start.elapsed() < Duration::from_secs(10), "a ring-less memory table was accepted");
         std::thread::sleep(Duration::from_millis(5));
     }
+    // The queue was stopped, which waits for in-flight requests, before the table was looked at.
+    let mut used: Vec<_> = std::iter::from_fn(|| g.next_used()).collect();
+    used.sort_unstable();
+    assert_eq!(used, [(0, 1), (3, 1), (6, 1), (9, 1)], "the in-flight writes were not all completed");
+    for i in 0..4u16 {
+        assert_eq!(g.mem.read(area(i) + 0x3000, 1)[0], S_OK, "in-flight write {i}");
+    }
 }
 
 /// A frontend that negotiates in-flight tracking and hands back an area claiming every one of
