@@ -402,7 +402,7 @@ fn wait_for_message(fd: i32, stop: &StopSignal) -> Result<(), String> {
             return Err("controller is being deleted".into());
         }
         match peek_queued(fd) {
-            Ok(Queued::Message) => return Ok(()),
+            Ok(Queued::Message) => return wait_reply_room(fd, stop),
             Ok(Queued::Closed) => return Err("frontend closed the connection".into()),
             Ok(Queued::Partial) => {
                 let since = *partial_since.get_or_insert_with(std::time::Instant::now);
@@ -414,6 +414,44 @@ fn wait_for_message(fd: i32, stop: &StopSignal) -> Result<(), String> {
                 std::thread::sleep(Duration::from_millis(1));
             }
             Err(e) => return Err(format!("socket error: {e}")),
+        }
+    }
+}
+
+/// Waits until a reply can be written without blocking. `vhost` writes replies on the blocking
+/// socket and retries a write that times out, so a frontend that sends requests without
+/// reading the replies would, once the socket is full, block this thread for good, and the
+/// controller could not even be deleted. A frontend that leaves no room for a reply for
+/// [`MESSAGE_TIMEOUT`] is dropped instead. A Unix stream socket reports writable only while at
+/// most a quarter of its send buffer is used, far more room than the largest reply (4 KiB).
+fn wait_reply_room(fd: i32, stop: &StopSignal) -> Result<(), String> {
+    let mut pfds = [
+        libc::pollfd { fd, events: libc::POLLOUT, revents: 0 },
+        libc::pollfd { fd: stop.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+    ];
+    let deadline = std::time::Instant::now() + MESSAGE_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(format!("frontend has not read its replies for {MESSAGE_TIMEOUT:?}"));
+        }
+        // SAFETY: two valid pollfds for the duration of the call.
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, left.as_millis().max(1) as i32) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(format!("socket error: {e}"));
+        }
+        if pfds[1].revents != 0 {
+            return Err("controller is being deleted".into());
+        }
+        if pfds[0].revents & libc::POLLOUT != 0 {
+            return Ok(());
+        }
+        if pfds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            return Err("frontend closed the connection".into());
         }
     }
 }

@@ -155,3 +155,38 @@ fn out_of_range_ring_parameters_are_refused() {
     }
     f.assert_disk_works();
 }
+
+/// A frontend that sends requests but never reads the replies: once the socket buffers are
+/// full, the controller's reply would block forever, wedging the controller (and any RPC that
+/// deletes it). It is dropped instead, and the next frontend is served.
+#[test]
+fn a_frontend_that_never_reads_replies_is_dropped() {
+    let f = Fixture::new();
+    let s = connect(&f.sock);
+    // GET_FEATURES (1) with the version-1 flag and no body: 12 bytes each, each with an 8-byte
+    // reply; 100 K of them are far more than the socket buffers hold.
+    let flood = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let mut flood = flood;
+        let msg = [1u8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0];
+        for _ in 0..100_000 {
+            if flood.write_all(&msg).is_err() {
+                break;
+            }
+        }
+    });
+    let start = Instant::now();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let sock = f.sock.clone();
+    std::thread::spawn(move || {
+        let fx = Fixture { _dir: tempfile::tempdir().unwrap(), sock, ctrl: None, reactors: None };
+        fx.assert_disk_works();
+        let _ = done_tx.send(());
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the controller is still stuck on a frontend that does not read");
+    eprintln!("next frontend served after {:?}", start.elapsed());
+    drop(s);
+    writer.join().unwrap();
+}
