@@ -503,7 +503,9 @@ fn random_chains_never_escape_memory() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let types = [0u32, 1, 4, 8, 11, 13, 2, 0xffff_ffff];
     let (mut ok, mut err) = (0, 0);
-    for _ in 0..3000 {
+    // Miri interprets every instruction: a hundredth of the chains still walks every path.
+    let rounds = if cfg!(miri) { 30 } else { 3000 };
+    for _ in 0..rounds {
         let m = mem();
         let q = queue(&m);
         for i in 0..4u64 {
