@@ -77,7 +77,8 @@ srv = {
 write("rpc_server", srv)
 
 # config_file: the example of crates/flashpath/src/config.rs's module docs, every bdev type,
-# and entries that each method refuses (the uring filenames are rewritten by the target).
+# entries that each method refuses, limits and paths that try to leave the export directory
+# ("@" stands for it: see fuzz_targets/config_file.rs).
 cfg = {
     "seed-doc-example": b"""rpc = "/var/tmp/flashpath.sock"
 vhost_dir = "/var/tmp/flashpath"
@@ -111,7 +112,7 @@ md_size = 0
 [[bdev]]
 type = "uring"
 name = "u0"
-filename = "/a/disk0.img"
+filename = "@/disk.img"
 direct = false
 [[bdev]]
 type = "delay"
@@ -146,6 +147,32 @@ block_size = 1000
 ctrlr = "../x"
 dev_name = "zz"
 cpumask = "[0,x]"
+""",
+    "seed-limits-escape": b"""[limits]
+max_bdevs = 4
+max_controllers = 1
+max_malloc_bytes = 1048576
+[security]
+vhost_socket_mode = 0o660
+export_dirs = ["/srv/disks"]
+[[bdev]]
+type = "uring"
+name = "e"
+filename = "@/escape"
+direct = false
+[[bdev]]
+type = "uring"
+name = "o"
+filename = "@/sub/../../outside.img"
+direct = false
+[[bdev]]
+type = "uring"
+name = "t"
+filename = "@/tiny.img"
+[[bdev]]
+type = "malloc"
+num_blocks = 4096
+block_size = 512
 """,
     "seed-syntax": b"""[reactor]
 cpus = "0-x"

@@ -35,19 +35,8 @@ pub fn scratch_dir(target: &str) -> &'static Path {
     })
 }
 
-fn env_flag(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| v == "1")
-}
-
-/// `FP_FUZZ_STRICT=1` turns the open findings a target tolerates or works around back into
-/// failures (fuzz/README.md, "Findings").
-pub fn strict() -> bool {
-    static STRICT: OnceLock<bool> = OnceLock::new();
-    *STRICT.get_or_init(|| env_flag("FP_FUZZ_STRICT"))
-}
-
 /// `FP_FUZZ_TRACE=1` makes a target print what each input reaches.
 pub fn trace() -> bool {
     static TRACE: OnceLock<bool> = OnceLock::new();
-    *TRACE.get_or_init(|| env_flag("FP_FUZZ_TRACE"))
+    *TRACE.get_or_init(|| std::env::var_os("FP_FUZZ_TRACE").is_some_and(|v| v == "1"))
 }

@@ -5,24 +5,24 @@
 //! (listening sockets and their threads) are really created. Afterwards every controller is
 //! stopped and the target dropped, so nothing carries over to the next input.
 //!
-//! Confinement: the input must not make the fuzzer open arbitrary files read-write (`uring`
-//! opens `filename` with O_RDWR, and could be handed `/dev/sda`). Before `apply`, every string
-//! `filename` of a `[[bdev]]` table is rewritten to one of four paths in this process's scratch
-//! directory, picked by the original's length modulo 4: a 1 MiB sparse file, a 100-byte file
-//! (smaller than a block), the directory itself (not a regular file) and a missing file. An
-//! empty string stays empty. Nothing else in a config touches the file system: controllers
-//! bind in the scratch `vhost` directory (their names are checked to be plain file names), and
-//! `rpc` / `vhost_dir` are only parsed here (`serve` uses them, `apply` does not). RAM disks are
-//! mapped lazily, so a huge `num_blocks` costs address space, not memory.
-//!
-//! Open findings that are not fixed yet are tolerated (each is marked in `check_error` and
-//! listed in fuzz/README.md, "Findings") unless `FP_FUZZ_STRICT=1`, so a long run goes on past
-//! them and CI stays green while their reproducers sit in `regressions/config_file/`.
+//! The target is built as `serve` builds it (`TargetOptions` with the file's `[limits]` and
+//! `[security] vhost_socket_mode`), except for the directories: controllers bind in a scratch
+//! `vhost` directory, and the export directories (where `uring` bdevs may open files) are
+//! always just the scratch `export` directory, whatever `[security] export_dirs` says, so the
+//! fuzzer cannot open arbitrary files read-write. A `filename` starting with `@` has the `@`
+//! replaced by that directory's path, so inputs reach the files inside it: `disk.img` (1 MiB),
+//! `tiny.img` (100 bytes, less than a block), `sub/` (a directory) and `escape`, a symlink to
+//! `../outside.img` (3 MiB + 1.5 KiB, outside the export directory). Other filenames (absolute,
+//! relative, `..`, `/proc/self/...`) go to the confinement code as written. Nothing else in a
+//! config touches the file system (`rpc` and `vhost_dir` are only parsed: `serve` uses them,
+//! `apply` does not). RAM disks are mapped lazily, so a huge `num_blocks` costs address
+//! space, not memory.
 //!
 //! Checked: no panic; every error's message is one line and starts with its place
 //! (`fuzz.toml:LINE:COLUMN: ` with a line inside the text, `bdev[i]` / `vhost_blk[i]` with `i`
-//! an existing entry, or `reactor.cpus: `) followed by a non-empty reason; every socket is gone
-//! once the target is shut down.
+//! an existing entry, `reactor.cpus: `, `limits.KEY: `, `security.KEY: `) followed by a
+//! non-empty reason; no `uring` bdev opened `outside.img` (its size gives it away: 3 MiB or
+//! more, whatever the block size); every socket is gone once the target is shut down.
 #![no_main]
 
 mod common;
@@ -32,7 +32,7 @@ use std::sync::OnceLock;
 
 use flashpath::config::{ConfigError, ConfigFile};
 use flashpath::methods::Methods;
-use fp_target::Target;
+use fp_target::{ExportDirs, Target, TargetOptions, DEFAULT_VHOST_SOCKET_MODE};
 use libfuzzer_sys::fuzz_target;
 
 /// The name errors must cite; any name works, `parse` only quotes it.
@@ -40,30 +40,41 @@ const FILE: &str = "fuzz.toml";
 
 struct Env {
     vhost_dir: PathBuf,
-    /// What a `filename` becomes, indexed by its length modulo 4.
-    files: [PathBuf; 4],
+    export: ExportDirs,
+    export_dir: String,
 }
+
+/// `outside.img`'s size. Whatever the block size, a bdev on it holds at least 3 MiB, more than
+/// any file inside the export directory, so its size gives it away.
+const OUTSIDE_BYTES: u64 = (3 << 20) + 1536;
 
 fn env() -> &'static Env {
     static ENV: OnceLock<Env> = OnceLock::new();
     ENV.get_or_init(|| {
         let dir = common::scratch_dir("config_file");
         let vhost_dir = dir.join("vhost");
-        std::fs::create_dir(&vhost_dir).expect("create vhost directory");
-        let disk = dir.join("disk.img");
-        std::fs::File::create(&disk).and_then(|f| f.set_len(1 << 20)).expect("create disk.img");
-        let tiny = dir.join("tiny.img");
-        std::fs::write(&tiny, [0u8; 100]).expect("create tiny.img");
-        Env { vhost_dir, files: [disk, tiny, dir.to_path_buf(), dir.join("missing.img")] }
+        let export_dir = dir.join("export");
+        for d in [&vhost_dir, &export_dir, &export_dir.join("sub")] {
+            std::fs::create_dir(d).expect("create scratch directory");
+        }
+        let sized = |path: PathBuf, len: u64| {
+            std::fs::File::create(&path).and_then(|f| f.set_len(len)).expect("create scratch file")
+        };
+        sized(export_dir.join("disk.img"), 1 << 20);
+        sized(export_dir.join("tiny.img"), 100);
+        sized(dir.join("outside.img"), OUTSIDE_BYTES);
+        std::os::unix::fs::symlink("../outside.img", export_dir.join("escape")).expect("create symlink");
+        let export = ExportDirs::new(std::slice::from_ref(&export_dir)).expect("export directory");
+        Env { vhost_dir, export, export_dir: export_dir.display().to_string() }
     })
 }
 
-/// Points every `filename` into the scratch directory (see the module docs).
-fn confine(config: &mut ConfigFile, env: &Env) {
+/// Expands a leading `@` of every string `filename` (see the module docs).
+fn expand_filenames(config: &mut ConfigFile, env: &Env) {
     for table in &mut config.bdev {
         if let Some(toml::Value::String(name)) = table.get_mut("filename") {
-            if !name.is_empty() {
-                *name = env.files[name.len() % 4].display().to_string();
+            if let Some(rest) = name.strip_prefix('@') {
+                *name = format!("{}{rest}", env.export_dir);
             }
         }
     }
@@ -74,16 +85,7 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
     if common::trace() {
         eprintln!("error: {msg}");
     }
-    // Open finding 4 (fuzz/README.md): a value quoted into a message ('...') keeps its
-    // newlines. Tolerated when every newline is inside the quotes; remove once messages
-    // escape the values they quote.
-    let quoted = match (msg.find('\''), msg.rfind('\'')) {
-        (Some(open), Some(close)) => !msg[..open].contains('\n') && !msg[close..].contains('\n'),
-        _ => false,
-    };
-    if !(quoted && !common::strict()) {
-        assert!(!msg.contains('\n'), "error message spans lines: {msg:?}");
-    }
+    assert!(!msg.contains('\n'), "error message spans lines: {msg:?}");
     let (place, reason) = match e {
         ConfigError::Syntax { line, column, message, .. } => {
             let lines = text.split('\n').count();
@@ -102,18 +104,11 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
             (format!("{table}[{index}]"), reason)
         }
         ConfigError::Cpus(reason) => ("reactor.cpus: ".to_string(), reason),
+        ConfigError::Limit { key, reason } => (format!("limits.{key}: "), reason),
+        ConfigError::Security { key, reason } => (format!("security.{key}: "), reason),
         ConfigError::Read { .. } => panic!("parse and apply never read a file: {msg:?}"),
-        // A variant newer than this target: one line and some text is all it can check.
-        #[allow(unreachable_patterns)]
-        _ => (String::new(), &msg),
     };
     assert!(msg.starts_with(&place), "error does not start with its place {place:?}: {msg:?}");
-    if reason.trim().is_empty() && matches!(e, ConfigError::Syntax { .. }) && !common::strict() {
-        // Open finding 3 (fuzz/README.md): toml gives some syntax errors (a control character
-        // in a comment) an empty message. Tolerated so fuzzing goes on past it; remove this
-        // once config.rs supplies a reason.
-        return;
-    }
     assert!(!reason.trim().is_empty(), "error without a reason: {msg:?}");
 }
 
@@ -130,11 +125,25 @@ fuzz_target!(|data: &[u8]| {
         Err(e) => return check_error(&e, text, None),
     };
     let env = env();
-    confine(&mut config, env);
-    let target = Target::new(common::reactors().to_vec(), &env.vhost_dir);
+    expand_filenames(&mut config, env);
+    let options = TargetOptions {
+        limits: config.limits.limits(),
+        vhost_socket_mode: config.security.vhost_socket_mode.unwrap_or(DEFAULT_VHOST_SOCKET_MODE),
+        export_dirs: Some(env.export.clone()),
+    };
+    let target = Target::with_options(common::reactors().to_vec(), &env.vhost_dir, options);
     let methods = Methods::new(target.clone());
     if let Err(e) = config.apply(&methods) {
         check_error(&e, text, Some(&config));
+    }
+    for bdev in target.bdevs(None).expect("list bdevs") {
+        let info = &bdev.info;
+        assert!(
+            info.driver != "uring" || info.size_bytes() < 3 << 20,
+            "uring bdev {:?} opened a file outside the export directory: {:?}",
+            info.name,
+            info.driver_specific
+        );
     }
     target.shutdown();
     drop(methods);

@@ -157,40 +157,6 @@ impl Frontend {
     }
 }
 
-/// Open finding 5 (fuzz/README.md): the backend maps as much of a memory or in-flight fd as
-/// the message declares, without checking the fd is that large, and the first access past its
-/// end raises SIGBUS on a reactor. Until that is fixed, the harness grows the memfds it attaches
-/// (sparsely) to what the message declares, so fuzzing goes on past it; `FP_FUZZ_STRICT=1`
-/// leaves them at their chosen size.
-fn cover_declared_sizes(code: u8, body: &[u8], memfds: &[File]) {
-    let u64_at = |at: usize| body.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-    // (index of the attached memfd, the end of the range the message maps from it)
-    let mut ends = Vec::new();
-    match code {
-        // SET_MEM_TABLE: u32 count, u32 padding, then (gpa, size, user address, offset) each.
-        5 => {
-            for i in 0..memfds.len() {
-                if let (Some(size), Some(offset)) = (u64_at(8 + 32 * i + 8), u64_at(8 + 32 * i + 24)) {
-                    ends.push((i, offset.checked_add(size)));
-                }
-            }
-        }
-        // ADD_MEM_REG: u64 padding, then one region.
-        37 => ends.push((0, u64_at(16).zip(u64_at(32)).and_then(|(size, off)| off.checked_add(size)))),
-        // SET_INFLIGHT_FD: u64 mmap size, u64 mmap offset, ...
-        32 => ends.push((0, u64_at(0).zip(u64_at(8)).and_then(|(size, off)| off.checked_add(size)))),
-        _ => {}
-    }
-    for (i, end) in ends {
-        if let (Some(file), Some(end)) = (memfds.get(i), end) {
-            if file.metadata().is_ok_and(|m| m.len() < end) {
-                // Beyond what a file may hold, set_len fails and the map fails anyway.
-                let _ = file.set_len(end);
-            }
-        }
-    }
-}
-
 /// Reads whatever the backend replied, without waiting. Attached fds (GET_INFLIGHT_FD's) are
 /// closed by the kernel, since a plain read takes no ancillary data.
 fn drain(sock: &mut UnixStream) {
@@ -244,11 +210,7 @@ fuzz_target!(|data: &[u8]| {
         msg.extend_from_slice(&flags.to_le_bytes());
         msg.extend_from_slice(&u32::from(size).to_le_bytes());
         msg.extend_from_slice(&body);
-        let memfds_before = frontend.memfds.len();
         let fds = frontend.make_fds(fd_spec, memfd_pages);
-        if !common::strict() {
-            cover_declared_sizes(code, &body, &frontend.memfds[memfds_before..]);
-        }
         let sent = frontend_sock.send_with_fds(&[&msg[..]], &fds).expect("send message");
         assert_eq!(sent, msg.len(), "short send of a {}-byte message", msg.len());
         let result = handler.handle_request();
