@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The fuzz step of ./run test (and CI): for every cargo-fuzz target, replay its regression corpus
+# (fuzz/regressions/<target>/: seeds, crash reproducers, small interesting inputs), then fuzz it
+# for a short smoke run starting from that corpus.
+#
+#   fuzz/ci.sh [TARGET...]      default: every target of `cargo fuzz list`
+#
+# Installs what is missing: the nightly toolchain (minimal profile; cargo-fuzz needs
+# -Zsanitizer) and cargo-fuzz. Builds every target once (release, AddressSanitizer: cargo-fuzz's
+# defaults). The smoke run fuzzes a throwaway copy of the corpus in a temp directory, so the
+# repository does not grow; a crash leaves its reproducer in fuzz/artifacts/<target>/ and the log
+# is printed. Prints one summary line per target and exits non-zero if any replay or smoke run
+# failed.
+#
+# Environment: FUZZ_SMOKE_SECONDS (smoke run length per target, default 30).
+set -euo pipefail
+
+cd "$(dirname "$0")"
+# The fuzz workspace builds into fuzz/target, where cargo-fuzz looks for the binaries; a
+# CARGO_TARGET_DIR meant for the root workspace would send the (ASan) build elsewhere.
+unset CARGO_TARGET_DIR
+SMOKE=${FUZZ_SMOKE_SECONDS:-30}
+
+if ! cargo +nightly --version >/dev/null 2>&1; then
+    echo "fuzz/ci.sh: installing the nightly toolchain"
+    rustup toolchain install nightly --profile minimal
+fi
+if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    echo "fuzz/ci.sh: installing cargo-fuzz"
+    cargo install cargo-fuzz --locked
+fi
+
+if [ $# -gt 0 ]; then
+    targets=("$@")
+else
+    mapfile -t targets < <(cargo +nightly fuzz list)
+fi
+
+# Per-target libFuzzer options. LeakSanitizer is off for rpc_server: its connection threads can
+# still be alive when libFuzzer checks for leaks at exit, and LeakSanitizer then reports glibc's
+# per-thread destructor list of such a thread (32 bytes from __cxa_thread_atexit_impl), which
+# is not a flashpath leak (fuzz/README.md, finding 2). -timeout turns a stuck input (a queue
+# that never stops, a read that never returns) into a failure well before the smoke run ends.
+options() {
+    case "$1" in
+        rpc_server) echo "-detect_leaks=0 -timeout=20" ;;
+        *) echo "-timeout=20" ;;
+    esac
+}
+
+start=$(date +%s)
+echo "fuzz/ci.sh: building ${#targets[@]} targets"
+cargo +nightly fuzz build
+echo "fuzz/ci.sh: build took $(($(date +%s) - start)) s"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+summary=()
+failed=0
+for t in "${targets[@]}"; do
+    dir=regressions/$t
+    if [ ! -d "$dir" ] || [ -z "$(ls -A "$dir")" ]; then
+        summary+=("$t: FAILED (no regression corpus in fuzz/$dir)")
+        failed=$((failed + 1))
+        continue
+    fi
+    read -r -a opts <<<"$(options "$t")"
+    n=$(find "$dir" -type f | wc -l)
+    t0=$(date +%s)
+    # -runs=0: execute every input of the corpus once, mutate nothing.
+    if ! cargo +nightly fuzz run "$t" "$dir" -- -runs=0 "${opts[@]}" >"$work/$t.replay.log" 2>&1; then
+        tail -n 60 "$work/$t.replay.log"
+        summary+=("$t: FAILED replaying $n inputs of fuzz/$dir (log above)")
+        failed=$((failed + 1))
+        continue
+    fi
+    t1=$(date +%s)
+    mkdir -p "$work/corpus"
+    cp -r "$dir" "$work/corpus/$t"
+    if ! cargo +nightly fuzz run "$t" "$work/corpus/$t" -- -max_total_time="$SMOKE" -print_final_stats=1 \
+        "${opts[@]}" >"$work/$t.smoke.log" 2>&1; then
+        tail -n 80 "$work/$t.smoke.log"
+        summary+=("$t: replay of $n inputs ok; FAILED in the ${SMOKE} s smoke run (log above, reproducer in fuzz/artifacts/$t/)")
+        failed=$((failed + 1))
+        continue
+    fi
+    t2=$(date +%s)
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$t.smoke.log")
+    cov=$(grep -o 'cov: [0-9]*' "$work/$t.smoke.log" | tail -n 1 | cut -d' ' -f2)
+    summary+=("$t: replay of $n inputs ok ($((t1 - t0)) s); smoke ok: ${execs:-?} execs in $((t2 - t1)) s, ${cov:-?} edges")
+done
+
+echo
+printf 'fuzz: %s\n' "${summary[@]}"
+echo "fuzz/ci.sh: $failed of ${#targets[@]} targets failed; $(($(date +%s) - start)) s in all"
+[ "$failed" -eq 0 ]
