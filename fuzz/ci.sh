@@ -55,6 +55,10 @@ echo "fuzz/ci.sh: build took $(($(date +%s) - start)) s"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# The targets make their scratch directories (sockets, files) under the temp dir: put those in
+# $work too, so the trap removes them.
+mkdir "$work/tmp"
+export TMPDIR=$work/tmp
 summary=()
 failed=0
 for t in "${targets[@]}"; do
