@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fp_bdev::Bdev;
 use fp_reactor::ReactorHandle;
@@ -303,29 +303,54 @@ fn bind(path: &std::path::Path) -> Result<UnixListener, Error> {
     Ok(listener)
 }
 
-/// Waits until `fd` is readable or the controller is stopped. Returns false on stop.
-fn wait_readable(fd: i32, stop: &StopSignal) -> bool {
+/// What [`wait_fd`] saw first.
+#[derive(Debug, PartialEq, Eq)]
+enum Waited {
+    /// `fd` has one of the events asked for (or an error or hang-up, which the next I/O call
+    /// on it reports).
+    Ready,
+    /// The controller is being stopped.
+    Stopped,
+    /// The deadline passed first.
+    TimedOut,
+}
+
+/// Waits until `fd` has one of `events`, the controller is stopped, or `deadline` (if any)
+/// passes. The control thread waits on nothing else, so an idle controller never wakes up.
+fn wait_fd(fd: i32, events: libc::c_short, stop: &StopSignal, deadline: Option<Instant>) -> Waited {
     let mut pfds = [
-        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd, events, revents: 0 },
         libc::pollfd { fd: stop.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
     ];
     loop {
-        // SAFETY: two valid pollfds for the duration of the call; no timeout.
-        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
+        let timeout_ms = match deadline {
+            None => -1,
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => left.as_millis().clamp(1, i32::MAX as u128) as i32,
+                _ => return Waited::TimedOut,
+            },
+        };
+        // SAFETY: two valid pollfds for the duration of the call.
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, timeout_ms) };
         if n < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             // poll only fails on bad arguments or no memory: treat as a stop.
-            return false;
+            return Waited::Stopped;
         }
         if pfds[1].revents != 0 {
-            return false;
+            return Waited::Stopped;
         }
         if pfds[0].revents != 0 {
-            return true;
+            return Waited::Ready;
         }
     }
+}
+
+/// Waits until `fd` is readable or the controller is stopped. Returns false on stop.
+fn wait_readable(fd: i32, stop: &StopSignal) -> bool {
+    wait_fd(fd, libc::POLLIN, stop, None) == Waited::Ready
 }
 
 /// The controller's control-plane thread: one connection at a time.
@@ -396,7 +421,7 @@ fn peek_queued(fd: i32) -> std::io::Result<Queued> {
 /// receive time-outs), so it is only called once a whole message is queued; a peer that leaves
 /// a message unfinished for [`MESSAGE_TIMEOUT`] is dropped.
 fn wait_for_message(fd: i32, stop: &StopSignal) -> Result<(), String> {
-    let mut partial_since: Option<std::time::Instant> = None;
+    let mut partial_since: Option<Instant> = None;
     loop {
         if !wait_readable(fd, stop) {
             return Err("controller is being deleted".into());
@@ -405,7 +430,7 @@ fn wait_for_message(fd: i32, stop: &StopSignal) -> Result<(), String> {
             Ok(Queued::Message) => return wait_reply_room(fd, stop),
             Ok(Queued::Closed) => return Err("frontend closed the connection".into()),
             Ok(Queued::Partial) => {
-                let since = *partial_since.get_or_insert_with(std::time::Instant::now);
+                let since = *partial_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > MESSAGE_TIMEOUT {
                     return Err(format!("frontend left a message unfinished for {MESSAGE_TIMEOUT:?}"));
                 }
@@ -425,34 +450,11 @@ fn wait_for_message(fd: i32, stop: &StopSignal) -> Result<(), String> {
 /// [`MESSAGE_TIMEOUT`] is dropped instead. A Unix stream socket reports writable only while at
 /// most a quarter of its send buffer is used, far more room than the largest reply (4 KiB).
 fn wait_reply_room(fd: i32, stop: &StopSignal) -> Result<(), String> {
-    let mut pfds = [
-        libc::pollfd { fd, events: libc::POLLOUT, revents: 0 },
-        libc::pollfd { fd: stop.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-    ];
-    let deadline = std::time::Instant::now() + MESSAGE_TIMEOUT;
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Err(format!("frontend has not read its replies for {MESSAGE_TIMEOUT:?}"));
-        }
-        // SAFETY: two valid pollfds for the duration of the call.
-        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, left.as_millis().max(1) as i32) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(format!("socket error: {e}"));
-        }
-        if pfds[1].revents != 0 {
-            return Err("controller is being deleted".into());
-        }
-        if pfds[0].revents & libc::POLLOUT != 0 {
-            return Ok(());
-        }
-        if pfds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
-            return Err("frontend closed the connection".into());
-        }
+    // An error or hang-up also counts as ready: the reply's write then reports it.
+    match wait_fd(fd, libc::POLLOUT, stop, Some(Instant::now() + MESSAGE_TIMEOUT)) {
+        Waited::Ready => Ok(()),
+        Waited::Stopped => Err("controller is being deleted".into()),
+        Waited::TimedOut => Err(format!("frontend has not read its replies for {MESSAGE_TIMEOUT:?}")),
     }
 }
 
