@@ -41,13 +41,16 @@ pub const MAX_QUEUE_SIZE: u32 = 1024;
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+const VIRTIO_F_RING_PACKED: u64 = 1 << 34;
 
 #[derive(Default)]
 struct Vring {
     size: Option<u16>,
     /// desc, used, avail as VMM virtual addresses.
     addrs: Option<(u64, u64, u64)>,
-    base: u16,
+    /// SET_VRING_BASE's value (split: the next available index; packed: both positions and
+    /// wrap counters, vhost-user.rst).
+    base: u32,
     kick: Option<File>,
     call: Option<File>,
     enabled: bool,
@@ -86,6 +89,10 @@ impl Connection {
         device_features(&self.shared.disk) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
     }
 
+    fn packed(&self) -> bool {
+        self.acked_features & VIRTIO_F_RING_PACKED != 0
+    }
+
     fn protocol_features_negotiated(&self) -> bool {
         self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
     }
@@ -110,16 +117,20 @@ impl Connection {
         };
         let mem = self.memory.snapshot().ok_or(invalid("ring kicked before any memory table"))?;
         let n = u64::from(size);
+        let packed = self.packed();
+        // Split: descriptor table, available ring, used ring (virtio 1.2 §2.7). Packed: the
+        // descriptor ring and the driver and device event suppression areas (§2.8).
+        let (avail_len, used_len) = if packed { (4, 4) } else { (6 + 2 * n, 6 + 8 * n) };
         let desc_gpa = self
             .memory
             .user_to_guest(desc, 16 * n)
             .ok_or(invalid("descriptor table address outside memory"))?;
         let avail_gpa = self
             .memory
-            .user_to_guest(avail, 6 + 2 * n)
+            .user_to_guest(avail, avail_len)
             .ok_or(invalid("available ring address outside memory"))?;
         let used_gpa =
-            self.memory.user_to_guest(used, 6 + 8 * n).ok_or(invalid("used ring address outside memory"))?;
+            self.memory.user_to_guest(used, used_len).ok_or(invalid("used ring address outside memory"))?;
         let kick = kick.try_clone().map_err(VuError::ReqHandlerError)?;
         // Without a call fd the guest is never interrupted; use a private eventfd so the queue
         // still works for a polling driver.
@@ -136,6 +147,7 @@ impl Connection {
             used: used_gpa,
             base: v.base,
             event_idx: self.acked_features & VIRTIO_RING_F_EVENT_IDX != 0,
+            packed,
             mem,
             kick,
             call,
@@ -178,8 +190,8 @@ impl Connection {
         });
         match rx.recv_timeout(STOP_TIMEOUT) {
             Ok(stopped) => {
-                self.vrings[index].base = stopped.next_avail;
-                log::info!("{} queue {index}: stopped at {}", self.shared.name, stopped.next_avail);
+                self.vrings[index].base = stopped.base;
+                log::info!("{} queue {index}: stopped at {:#x}", self.shared.name, stopped.base);
                 Ok(())
             }
             Err(_) => {
@@ -343,11 +355,17 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn set_vring_base(&mut self, index: u32, base: u32) -> VuResult<()> {
+        let packed = self.packed();
         let v = self.vring(index)?;
         if v.running.is_some() {
             return Err(invalid("SET_VRING_BASE on a running queue"));
         }
-        v.base = u16::try_from(base).map_err(|_| VuError::InvalidParam)?;
+        v.base = base;
+        // A split ring's base is a 16-bit index; a packed ring's packs two 15-bit positions and
+        // their wrap counters (checked against the ring size when the queue starts).
+        if !packed && base > u32::from(u16::MAX) {
+            return Err(VuError::InvalidParam);
+        }
         Ok(())
     }
 
@@ -357,7 +375,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         let v = &mut self.vrings[index as usize];
         // The ring is stopped now; a new kick starts it again (vhost-user.rst).
         v.kick = None;
-        Ok(VhostUserVringState::new(index, u32::from(v.base)))
+        Ok(VhostUserVringState::new(index, v.base))
     }
 
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {

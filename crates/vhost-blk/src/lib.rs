@@ -6,8 +6,8 @@
 //!   accepts one frontend at a time and feeds its messages to `vhost`'s request parser;
 //! * [`backend::Connection`]: protocol state of one connection (control plane);
 //! * [`memory`]: the guest memory map, snapshotted for the data path;
-//! * [`queue::QueuePoller`]: one virtqueue on one reactor (data plane), with [`ring`] for the
-//!   used ring.
+//! * [`queue::QueuePoller`]: one virtqueue on one reactor (data plane), with `fp_virtq` for the
+//!   rings; [`stats`] declares its counters.
 //!
 //! A controller outlives its connections: a VMM may disconnect and reconnect (guest reboot,
 //! VMM restart) and the disk keeps serving.
@@ -16,7 +16,7 @@ pub mod backend;
 pub mod inflight;
 pub mod memory;
 pub mod queue;
-pub mod ring;
+pub mod stats;
 
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -32,7 +32,7 @@ use fp_virtio_blk::{DiskParams, VIRTIO_BLK_ID_BYTES};
 use vhost::vhost_user::BackendReqHandler;
 
 use crate::backend::Connection;
-use crate::queue::QueueStats;
+pub use crate::stats::{ControllerStats, QueueStats};
 
 /// Most queues one controller offers.
 pub const MAX_QUEUES: u16 = 64;
@@ -80,29 +80,6 @@ pub struct ControllerConfig {
     pub reactors: Vec<ReactorHandle>,
     pub read_only: bool,
     pub num_queues: u16,
-}
-
-/// Counters for one controller, summed over its queues.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ControllerStats {
-    pub read_ops: u64,
-    pub write_ops: u64,
-    pub flush_ops: u64,
-    pub discard_ops: u64,
-    pub write_zeroes_ops: u64,
-    pub get_id_ops: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    /// Requests completed with VIRTIO_BLK_S_IOERR.
-    pub io_errors: u64,
-    /// Requests completed with VIRTIO_BLK_S_UNSUPP.
-    pub unsupported: u64,
-    /// Queues stopped because a chain could not be completed at all.
-    pub failed_queues: u64,
-    /// Guest notifications sent (call eventfd writes).
-    pub notifications: u64,
-    /// Requests taken from the rings and not yet completed, now.
-    pub in_flight: u64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -227,20 +204,7 @@ impl BlkController {
         let s = &self.shared;
         let mut stats = ControllerStats::default();
         for q in &s.queue_stats {
-            let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-            stats.read_ops += l(&q.read_ops);
-            stats.write_ops += l(&q.write_ops);
-            stats.flush_ops += l(&q.flush_ops);
-            stats.discard_ops += l(&q.discard_ops);
-            stats.write_zeroes_ops += l(&q.write_zeroes_ops);
-            stats.get_id_ops += l(&q.get_id_ops);
-            stats.bytes_read += l(&q.bytes_read);
-            stats.bytes_written += l(&q.bytes_written);
-            stats.io_errors += l(&q.io_errors);
-            stats.unsupported += l(&q.unsupported);
-            stats.failed_queues += l(&q.failed);
-            stats.notifications += l(&q.notifications);
-            stats.in_flight += l(&q.in_flight);
+            stats.add(q);
         }
         let mut cores: Vec<usize> = s.reactors.iter().filter_map(|r| r.core()).collect();
         cores.sort_unstable();

@@ -2,14 +2,15 @@
 //!
 //! A [`QueueSetup`] is built on the control plane from owned, `Send` parts (the configured
 //! queue addresses, a guest-memory snapshot, the kick and call fds, the bdev) and sent to the
-//! reactor that owns the queue, where [`QueuePoller::new`] opens the bdev channel and
-//! pre-allocates one request slot per ring entry. From then on everything about the queue is
-//! core-local: no locks, no allocation per request.
+//! reactor that owns the queue, where [`QueuePoller::new`] builds its memory table, opens the
+//! bdev channel and pre-allocates one request slot per ring entry. From then on everything
+//! about the queue is core-local: no locks, no allocation per request.
 //!
-//! One poll round: pop available chains while slots are free, parse and validate each
-//! (`fp-virtio-blk`), submit to the bdev channel (zero copy: the iovecs point into guest memory),
-//! poll the channel, write status bytes and used elements for everything that completed, publish
-//! the used index once and notify the guest at most once.
+//! One poll round: take available chains while slots are free (split or packed ring,
+//! `fp_virtq`), parse and validate each (`fp-virtio-blk`), submit to the bdev channel (zero
+//! copy: the iovecs point into guest memory), poll the channel, write status bytes and used
+//! elements for everything that completed, publish the used ring once and notify the guest at
+//! most once.
 //!
 //! Stopping (GET_VRING_BASE, a memory-table change, disconnect) is a message that sets
 //! `stop`; the poller stops taking requests, waits for in-flight ones, replies with the ring
@@ -18,106 +19,39 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::io::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 
 use fp_bdev::{Bdev, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
-    parse_chain, validate, write_id, BlkRequest, DiskParams, GuestMemory, RequestType, StatusPtr, MAX_IOVECS,
+    parse_chain, validate, write_id, DiskParams, GuestMemory, ParseError, RequestType, StatusPtr, MAX_IOVECS,
     SECTOR_SIZE, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap, MmapRegion,
-};
+use fp_virtq::{Chain, MemTable, PackedQueue, PackedState, RingError, SplitQueue};
+use vm_memory::{Address, Bytes, GuestAddress};
 
-use crate::inflight::InflightArea;
-use crate::ring::UsedRing;
-
-/// Per-queue counters, written by the queue's reactor only (relaxed stores), read by the control
-/// plane.
-#[derive(Debug, Default)]
-pub struct QueueStats {
-    pub read_ops: AtomicU64,
-    pub write_ops: AtomicU64,
-    pub flush_ops: AtomicU64,
-    pub discard_ops: AtomicU64,
-    pub write_zeroes_ops: AtomicU64,
-    pub get_id_ops: AtomicU64,
-    pub bytes_read: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub io_errors: AtomicU64,
-    pub unsupported: AtomicU64,
-    pub failed: AtomicU64,
-    pub notifications: AtomicU64,
-    /// Requests taken from the ring and not yet completed (a gauge).
-    pub in_flight: AtomicU64,
-}
-
-/// Local copies of the counters; published to [`QueueStats`] once per busy round.
-#[derive(Debug, Default, Clone, Copy)]
-struct Counters {
-    read_ops: u64,
-    write_ops: u64,
-    flush_ops: u64,
-    discard_ops: u64,
-    write_zeroes_ops: u64,
-    get_id_ops: u64,
-    bytes_read: u64,
-    bytes_written: u64,
-    io_errors: u64,
-    unsupported: u64,
-    failed: u64,
-    notifications: u64,
-}
-
-impl Counters {
-    fn publish(&self, s: &QueueStats) {
-        s.read_ops.store(self.read_ops, Ordering::Relaxed);
-        s.write_ops.store(self.write_ops, Ordering::Relaxed);
-        s.flush_ops.store(self.flush_ops, Ordering::Relaxed);
-        s.discard_ops.store(self.discard_ops, Ordering::Relaxed);
-        s.write_zeroes_ops.store(self.write_zeroes_ops, Ordering::Relaxed);
-        s.get_id_ops.store(self.get_id_ops, Ordering::Relaxed);
-        s.bytes_read.store(self.bytes_read, Ordering::Relaxed);
-        s.bytes_written.store(self.bytes_written, Ordering::Relaxed);
-        s.io_errors.store(self.io_errors, Ordering::Relaxed);
-        s.unsupported.store(self.unsupported, Ordering::Relaxed);
-        s.failed.store(self.failed, Ordering::Relaxed);
-        s.notifications.store(self.notifications, Ordering::Relaxed);
-    }
-
-    fn load(s: &QueueStats) -> Counters {
-        Counters {
-            read_ops: s.read_ops.load(Ordering::Relaxed),
-            write_ops: s.write_ops.load(Ordering::Relaxed),
-            flush_ops: s.flush_ops.load(Ordering::Relaxed),
-            discard_ops: s.discard_ops.load(Ordering::Relaxed),
-            write_zeroes_ops: s.write_zeroes_ops.load(Ordering::Relaxed),
-            get_id_ops: s.get_id_ops.load(Ordering::Relaxed),
-            bytes_read: s.bytes_read.load(Ordering::Relaxed),
-            bytes_written: s.bytes_written.load(Ordering::Relaxed),
-            io_errors: s.io_errors.load(Ordering::Relaxed),
-            unsupported: s.unsupported.load(Ordering::Relaxed),
-            failed: s.failed.load(Ordering::Relaxed),
-            notifications: s.notifications.load(Ordering::Relaxed),
-        }
-    }
-}
+use crate::inflight::{InflightArea, InflightQueue};
+use crate::stats::{Counters, QueueStats};
 
 /// Everything needed to start a queue on a reactor. `Send`; built on the control plane.
 pub struct QueueSetup {
     pub controller: Arc<str>,
     pub index: u16,
     pub size: u16,
+    /// Descriptor table (split) or descriptor ring (packed).
     pub desc: GuestAddress,
+    /// Available ring (split) or driver event suppression area (packed).
     pub avail: GuestAddress,
+    /// Used ring (split) or device event suppression area (packed).
     pub used: GuestAddress,
-    /// Ring position to continue from (the vring base).
-    pub base: u16,
+    /// Ring position to continue from, as SET_VRING_BASE carries it: the next available index
+    /// (split), or [`PackedState::to_vring_base`]'s encoding (packed).
+    pub base: u32,
     pub event_idx: bool,
+    /// VIRTIO_F_RING_PACKED was negotiated.
+    pub packed: bool,
     pub mem: Arc<GuestMemory>,
     pub kick: File,
     pub call: File,
@@ -136,10 +70,10 @@ pub enum StartError {
     Ring {
         index: u16,
         #[source]
-        source: crate::ring::RingError,
+        source: RingError,
     },
-    #[error("queue {index}: descriptor table is not inside guest memory")]
-    DescTable { index: u16 },
+    #[error("queue {index}: no guest memory mapped")]
+    NoMemory { index: u16 },
     #[error("queue {index}: {source}")]
     Inflight {
         index: u16,
@@ -159,12 +93,104 @@ pub enum StartError {
 /// What a stopped queue reports back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stopped {
-    /// The next available-ring index to process: the vring base to resume from.
-    pub next_avail: u16,
+    /// The vring base to resume from (GET_VRING_BASE's answer, in [`QueueSetup::base`]'s
+    /// encoding).
+    pub base: u32,
+}
+
+/// What the used ring needs to return a request: the head index (split) or buffer id (packed),
+/// and how many ring slots the request took (packed; 1 for split).
+#[derive(Clone, Copy, Debug, Default)]
+struct Head {
+    id: u16,
+    slots: u16,
+}
+
+/// Either ring format, dispatched by one predictable branch per call.
+enum Ring {
+    Split(SplitQueue),
+    Packed(PackedQueue),
+}
+
+impl Ring {
+    /// Takes the next available chain into `chain`. An error fails the queue.
+    #[inline]
+    fn pop(&mut self, table: &MemTable, chain: &mut Chain) -> Result<Option<Head>, String> {
+        match self {
+            Ring::Split(q) => {
+                let Some(head) = q.pop().map_err(|e| format!("bad available ring: {e}"))? else {
+                    return Ok(None);
+                };
+                q.walk(table, head, chain).map_err(|e| {
+                    format!("request {head} cannot be completed: {}", ParseError::from_walk(head, e))
+                })?;
+                Ok(Some(Head { id: head, slots: 1 }))
+            }
+            Ring::Packed(q) => match q.pop(table, chain) {
+                Ok(Some(h)) => Ok(Some(Head { id: h.id, slots: h.slots })),
+                Ok(None) => Ok(None),
+                Err(e) => Err(format!("packed ring: {e}")),
+            },
+        }
+    }
+
+    #[inline]
+    fn push_used(&mut self, head: Head, len: u32) {
+        match self {
+            Ring::Split(q) => q.push_used(head.id, len),
+            Ring::Packed(q) => q.push_used(head.id, len, head.slots),
+        }
+    }
+
+    #[inline]
+    fn publish(&mut self) -> u16 {
+        match self {
+            Ring::Split(q) => q.publish(),
+            Ring::Packed(q) => q.publish(),
+        }
+    }
+
+    /// The split ring's used index after the last publish (what in-flight tracking records).
+    fn next_used(&self) -> u16 {
+        match self {
+            Ring::Split(q) => q.next_used(),
+            Ring::Packed(q) => q.state().next_used,
+        }
+    }
+
+    #[inline]
+    fn needs_notification(&mut self) -> bool {
+        match self {
+            Ring::Split(q) => q.needs_notification(),
+            Ring::Packed(q) => q.needs_notification(),
+        }
+    }
+
+    fn enable_notification(&mut self) -> bool {
+        match self {
+            Ring::Split(q) => q.enable_notification(),
+            Ring::Packed(q) => q.enable_notification(),
+        }
+    }
+
+    fn disable_notification(&mut self) {
+        match self {
+            Ring::Split(q) => q.disable_notification(),
+            Ring::Packed(q) => q.disable_notification(),
+        }
+    }
+
+    /// The vring base to report once nothing is in flight.
+    fn base(&self) -> u32 {
+        match self {
+            Ring::Split(q) => u32::from(q.next_avail()),
+            Ring::Packed(q) => q.state().to_vring_base(),
+        }
+    }
 }
 
 struct Slot {
-    head: u16,
+    head: Head,
     status: Option<StatusPtr>,
     /// Bytes reported in the used element on success.
     used_len: u32,
@@ -178,9 +204,13 @@ struct Slot {
 pub struct QueuePoller {
     controller: Arc<str>,
     index: u16,
-    queue: Queue,
-    mem: Arc<GuestMemory>,
-    used: UsedRing,
+    /// Translates guest addresses; keeps the memory snapshot mapped.
+    table: MemTable,
+    ring: Ring,
+    /// The chain being started (allocated once).
+    chain: Chain,
+    /// Crash-safe in-flight record, when the front-end provided one.
+    tracker: Option<InflightQueue>,
     kick: File,
     call: File,
     channel: Box<dyn IoChannel>,
@@ -188,15 +218,12 @@ pub struct QueuePoller {
     serial: [u8; VIRTIO_BLK_ID_BYTES],
     slots: Box<[Slot]>,
     free: Vec<u16>,
-    /// A request the channel refused as busy, retried before anything new is popped.
+    /// A request the channel refused as busy, retried before anything new is taken.
     retry: Option<u16>,
     stop: Option<SyncSender<Stopped>>,
     failed: bool,
     counters: Counters,
     stats: Arc<QueueStats>,
-    /// Guest memory plus the private page used to resubmit in-flight requests (kept while the
-    /// queue lives; see `resubmit`).
-    replay_mem: Option<Arc<GuestMemory>>,
 }
 
 fn empty_iov() -> libc::iovec {
@@ -212,46 +239,181 @@ enum Flow {
     Fail(String),
 }
 
-/// The parts of a poller that starting a request touches (split off so the available-ring
-/// iterator can borrow the queue at the same time).
-struct Starter<'a> {
-    used: &'a mut UsedRing,
-    channel: &'a mut Box<dyn IoChannel>,
-    disk: &'a DiskParams,
-    serial: &'a [u8; VIRTIO_BLK_ID_BYTES],
-    slots: &'a mut [Slot],
-    free: &'a mut Vec<u16>,
-    retry: &'a mut Option<u16>,
-    counters: &'a mut Counters,
+/// Writes a used element, keeping the in-flight record in step.
+#[inline]
+fn push_used(ring: &mut Ring, tracker: &mut Option<InflightQueue>, head: Head, len: u32) {
+    if let Some(t) = tracker {
+        t.completing(head.id);
+    }
+    ring.push_used(head, len);
 }
 
-impl Starter<'_> {
-    /// Parses, validates and submits one chain, or completes it at once. The caller ensures a
-    /// slot is free.
-    fn start<M>(&mut self, chain: DescriptorChain<M>) -> Flow
-    where
-        M: std::ops::Deref,
-        M::Target: vm_memory::GuestMemory,
-    {
-        let Some(&slot_idx) = self.free.last() else { return Flow::Busy };
-        let head = chain.head_index();
-        self.used.taken(head);
+fn submit_error_status(e: SubmitError) -> u8 {
+    if e == SubmitError::Unsupported {
+        VIRTIO_BLK_S_UNSUPP
+    } else {
+        VIRTIO_BLK_S_IOERR
+    }
+}
+
+impl QueuePoller {
+    /// Builds the core-local queue. Runs on the owning reactor.
+    pub fn new(s: QueueSetup) -> Result<QueuePoller, StartError> {
+        let index = s.index;
+        let table = MemTable::new(s.mem.clone()).ok_or(StartError::NoMemory { index })?;
+        let ring_err = |source| StartError::Ring { index, source };
+        // With in-flight tracking the split ring's position comes from the region, not the
+        // base: after a back-end crash the front-end resets the base to the used index, and
+        // everything it had taken beyond that is either completed (in the used ring) or
+        // recorded in flight.
+        let mut tracker = None;
+        let mut resubmit = Vec::new();
+        let ring = if s.packed {
+            let state = PackedState::from_vring_base(s.base);
+            Ring::Packed(
+                PackedQueue::new(&table, s.desc.0, s.avail.0, s.used.0, s.size, s.event_idx, state)
+                    .map_err(ring_err)?,
+            )
+        } else {
+            let base = s.base as u16;
+            let (mut next_avail, mut next_used) = (base, base);
+            if let Some(area) = &s.inflight {
+                let mut t =
+                    area.queue(index, s.size).map_err(|source| StartError::Inflight { index, source })?;
+                let ring_used: u16 = s.mem.read_obj(s.used.unchecked_add(2)).map_err(|_| {
+                    ring_err(RingError::OutsideMemory { what: "used ring", addr: s.used.0, len: 4 })
+                })?;
+                let recovered = t.recover(ring_used);
+                if recovered.reused {
+                    next_used = ring_used;
+                    next_avail = ring_used.wrapping_add(recovered.resubmit.len() as u16);
+                    if !recovered.resubmit.is_empty() {
+                        log::info!(
+                            "{} queue {index}: resubmitting {} in-flight requests from before the restart",
+                            s.controller,
+                            recovered.resubmit.len()
+                        );
+                    }
+                    resubmit = recovered.resubmit;
+                }
+                tracker = Some(t);
+            }
+            Ring::Split(
+                SplitQueue::new(
+                    &table,
+                    s.desc.0,
+                    s.avail.0,
+                    s.used.0,
+                    s.size,
+                    s.event_idx,
+                    next_avail,
+                    next_used,
+                )
+                .map_err(ring_err)?,
+            )
+        };
+        let channel = s.bdev.open_channel().map_err(|source| StartError::Channel { index, source })?;
+        let slots: Box<[Slot]> = (0..s.size)
+            .map(|_| Slot {
+                head: Head::default(),
+                status: None,
+                used_len: 0,
+                op: IoOp::Read,
+                bytes: 0,
+                req: IoRequest {
+                    tag: 0,
+                    op: IoOp::Read,
+                    offset: 0,
+                    len: 0,
+                    iov: std::ptr::null(),
+                    iovcnt: 0,
+                },
+                iov: vec![empty_iov(); MAX_IOVECS].into_boxed_slice(),
+            })
+            .collect();
+        let free = (0..s.size).rev().collect();
+        let counters = Counters::load(&s.stats);
+        let mut poller = QueuePoller {
+            controller: s.controller,
+            index,
+            table,
+            ring,
+            chain: Chain::new(),
+            tracker,
+            kick: s.kick,
+            call: s.call,
+            channel,
+            disk: s.disk,
+            serial: s.serial,
+            slots,
+            free,
+            retry: None,
+            stop: None,
+            failed: false,
+            counters,
+            stats: s.stats,
+        };
+        poller.resubmit(&resubmit).map_err(|reason| StartError::Resubmit { index, reason })?;
+        // Start in polling mode: the driver need not kick while we poll.
+        poller.ring.disable_notification();
+        Ok(poller)
+    }
+
+    /// Asks the queue to stop; `reply` receives the ring position once in-flight I/O is done.
+    pub fn request_stop(&mut self, reply: SyncSender<Stopped>) {
+        self.stop = Some(reply);
+    }
+
+    /// Replaces the call (interrupt) fd, as SET_VRING_CALL on a running queue does.
+    pub fn set_call(&mut self, call: File) {
+        self.call = call;
+    }
+
+    fn in_flight(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Completes a request that never reached the bdev.
+    fn complete_now(&mut self, head: Head, status: StatusPtr, code: u8) {
+        // SAFETY: the status pointer came from the parser over our live memory table.
+        unsafe { status.write(code) };
+        match code {
+            VIRTIO_BLK_S_IOERR => self.counters.io_errors += 1,
+            VIRTIO_BLK_S_UNSUPP => self.counters.unsupported += 1,
+            _ => {}
+        }
+        push_used(&mut self.ring, &mut self.tracker, head, 1);
+    }
+
+    fn fail(&mut self, why: &str) {
+        if !self.failed {
+            log::error!("{} queue {}: failing the queue: {why}", self.controller, self.index);
+            self.failed = true;
+            self.counters.failed_queues += 1;
+        }
+    }
+
+    /// Parses, validates and submits the chain in `self.chain`, or completes it at once.
+    /// `slot_idx` is a free slot.
+    #[inline]
+    fn start(&mut self, head: Head, slot_idx: u16) -> Flow {
         let slot = &mut self.slots[usize::from(slot_idx)];
-        let req: BlkRequest = match parse_chain(chain, &mut slot.iov) {
+        let req = match parse_chain(&self.table, &self.chain, head.id, &mut slot.iov) {
             Ok(r) => r,
             Err(e) => {
                 return match e.status {
                     Some(st) => {
-                        log::debug!("queue request {head}: {}", e.kind);
-                        QueuePoller::complete_now(self.used, self.counters, head, st, e.status_code());
+                        log::debug!("queue request {}: {}", head.id, e.kind);
+                        let code = e.status_code();
+                        self.complete_now(head, st, code);
                         Flow::Next
                     }
-                    None => Flow::Fail(format!("request {head} cannot be completed: {}", e.kind)),
+                    None => Flow::Fail(format!("request {} cannot be completed: {}", head.id, e.kind)),
                 };
             }
         };
-        if let Err(code) = validate(&req, self.disk) {
-            QueuePoller::complete_now(self.used, self.counters, head, req.status, code);
+        if let Err(code) = validate(&req, &self.disk) {
+            self.complete_now(head, req.status, code);
             return Flow::Next;
         }
         let op = match req.kind {
@@ -263,16 +425,17 @@ impl Starter<'_> {
             RequestType::GetId => {
                 let iov = &slot.iov[..req.iovcnt as usize];
                 // SAFETY: the iovecs were built by the parser from device-writable
-                // descriptors inside our live memory snapshot.
-                let n = unsafe { write_id(iov, self.serial) };
+                // descriptors inside our live memory table.
+                let n = unsafe { write_id(iov, &self.serial) };
                 // SAFETY: as above, for the status byte.
                 unsafe { req.status.write(VIRTIO_BLK_S_OK) };
                 self.counters.get_id_ops += 1;
-                self.used.push(head, n + 1);
+                push_used(&mut self.ring, &mut self.tracker, head, n + 1);
                 return Flow::Next;
             }
             RequestType::Unsupported(_) => {
-                QueuePoller::complete_now(self.used, self.counters, head, req.status, VIRTIO_BLK_S_UNSUPP);
+                let st = req.status;
+                self.complete_now(head, st, VIRTIO_BLK_S_UNSUPP);
                 return Flow::Next;
             }
         };
@@ -295,225 +458,66 @@ impl Starter<'_> {
             iovcnt: req.iovcnt,
         };
         self.free.pop();
-        // SAFETY: the iovecs point into guest memory kept mapped by the poller's snapshot,
+        // SAFETY: the iovecs point into guest memory kept mapped by the poller's memory table,
         // which it holds until every in-flight request has completed (stop waits for them), and
         // the iovec array lives in the slot, which is not reused before completion.
         match unsafe { self.channel.submit(&slot.req) } {
             Ok(()) => Flow::Next,
             Err(SubmitError::Busy) => {
-                *self.retry = Some(slot_idx);
+                self.retry = Some(slot_idx);
                 Flow::Busy
             }
             Err(e) => {
                 self.free.push(slot_idx);
-                let code =
-                    if e == SubmitError::Unsupported { VIRTIO_BLK_S_UNSUPP } else { VIRTIO_BLK_S_IOERR };
-                QueuePoller::complete_now(self.used, self.counters, head, req.status, code);
+                let st = req.status;
+                self.complete_now(head, st, submit_error_status(e));
                 Flow::Next
             }
         }
     }
-}
 
-impl QueuePoller {
-    /// Builds the core-local queue. Runs on the owning reactor.
-    pub fn new(s: QueueSetup) -> Result<QueuePoller, StartError> {
-        let mut queue = Queue::new(s.size).map_err(|_| StartError::DescTable { index: s.index })?;
-        queue.set_size(s.size);
-        queue.set_desc_table_address(Some(s.desc.0 as u32), Some((s.desc.0 >> 32) as u32));
-        queue.set_avail_ring_address(Some(s.avail.0 as u32), Some((s.avail.0 >> 32) as u32));
-        queue.set_used_ring_address(Some(s.used.0 as u32), Some((s.used.0 >> 32) as u32));
-        queue.set_event_idx(s.event_idx);
-        queue.set_ready(true);
-        if !queue.is_valid(&*s.mem) {
-            return Err(StartError::DescTable { index: s.index });
-        }
-        // With in-flight tracking the ring position comes from the region, not the base: after
-        // a back-end crash the front-end resets the base to the used index, and everything it
-        // had taken beyond that is either completed (in the used ring) or recorded in flight.
-        let (mut next_avail, mut next_used, mut tracker, mut resubmit) = (s.base, s.base, None, Vec::new());
-        if let Some(area) = &s.inflight {
-            let mut t = area
-                .queue(s.index, s.size)
-                .map_err(|source| StartError::Inflight { index: s.index, source })?;
-            let ring_used: u16 = s
-                .mem
-                .read_obj(s.used.unchecked_add(2))
-                .map_err(|_| StartError::DescTable { index: s.index })?;
-            let recovered = t.recover(ring_used);
-            if recovered.reused {
-                next_used = ring_used;
-                next_avail = ring_used.wrapping_add(recovered.resubmit.len() as u16);
-                if !recovered.resubmit.is_empty() {
-                    log::info!(
-                        "{} queue {}: resubmitting {} in-flight requests from before the restart",
-                        s.controller,
-                        s.index,
-                        recovered.resubmit.len()
-                    );
-                }
-                resubmit = recovered.resubmit;
-            }
-            tracker = Some(t);
-        }
-        queue.set_next_avail(next_avail);
-        queue.set_next_used(next_used);
-        let mut used = UsedRing::new(&s.mem, s.avail, s.used, s.size, s.event_idx, next_used)
-            .map_err(|source| StartError::Ring { index: s.index, source })?;
-        if let Some(t) = tracker.take() {
-            used.track(t);
-        }
-        let channel =
-            s.bdev.open_channel().map_err(|source| StartError::Channel { index: s.index, source })?;
-        let slots: Box<[Slot]> = (0..s.size)
-            .map(|_| Slot {
-                head: 0,
-                status: None,
-                used_len: 0,
-                op: IoOp::Read,
-                bytes: 0,
-                req: IoRequest {
-                    tag: 0,
-                    op: IoOp::Read,
-                    offset: 0,
-                    len: 0,
-                    iov: std::ptr::null(),
-                    iovcnt: 0,
-                },
-                iov: vec![empty_iov(); MAX_IOVECS].into_boxed_slice(),
-            })
-            .collect();
-        let free = (0..s.size).rev().collect();
-        let counters = Counters::load(&s.stats);
-        let mut poller = QueuePoller {
-            controller: s.controller,
-            index: s.index,
-            queue,
-            mem: s.mem,
-            used,
-            kick: s.kick,
-            call: s.call,
-            channel,
-            disk: s.disk,
-            serial: s.serial,
-            slots,
-            free,
-            retry: None,
-            stop: None,
-            failed: false,
-            counters,
-            stats: s.stats,
-            replay_mem: None,
-        };
-        if !resubmit.is_empty() {
-            poller
-                .resubmit(&resubmit, s.desc)
-                .map_err(|reason| StartError::Resubmit { index: poller.index, reason })?;
-        }
-        // Start in polling mode: the driver need not kick while we poll.
-        let _ = poller.queue.disable_notification(&*poller.mem);
-        Ok(poller)
-    }
-
-    /// Asks the queue to stop; `reply` receives the ring position once in-flight I/O is done.
-    pub fn request_stop(&mut self, reply: SyncSender<Stopped>) {
-        self.stop = Some(reply);
-    }
-
-    /// Replaces the call (interrupt) fd, as SET_VRING_CALL on a running queue does.
-    pub fn set_call(&mut self, call: File) {
-        self.call = call;
-    }
-
-    fn in_flight(&self) -> usize {
-        self.slots.len() - self.free.len()
-    }
-
-    fn fail(&mut self, why: &str) {
-        if !self.failed {
-            log::error!("{} queue {}: failing the queue: {why}", self.controller, self.index);
-            self.failed = true;
-            self.counters.failed += 1;
-        }
-    }
-
-    /// Completes a request that never reached the bdev.
-    fn complete_now(used: &mut UsedRing, counters: &mut Counters, head: u16, status: StatusPtr, code: u8) {
-        // SAFETY: the status pointer came from the parser over our live memory snapshot.
-        unsafe { status.write(code) };
-        match code {
-            VIRTIO_BLK_S_IOERR => counters.io_errors += 1,
-            VIRTIO_BLK_S_UNSUPP => counters.unsupported += 1,
-            _ => {}
-        }
-        used.push(head, 1);
-    }
-
-    /// Pops and starts new requests. Returns whether it popped anything.
+    /// Takes and starts new requests. Returns whether it took anything.
     fn pop_and_submit(&mut self) -> bool {
-        let Self { queue, mem, used, channel, disk, serial, slots, free, retry, counters, .. } = self;
-        let mut iter = match queue.iter(&**mem) {
-            Ok(it) => it,
-            Err(e) => {
-                let why = format!("bad available ring: {e}");
-                self.fail(&why);
-                return true;
-            }
-        };
         let mut popped = false;
-        let mut failure = None;
-        let mut starter = Starter { used, channel, disk, serial, slots, free, retry, counters };
-        while !starter.free.is_empty() {
-            let Some(chain) = iter.next() else { break };
+        while let Some(&slot_idx) = self.free.last() {
+            let head = match self.ring.pop(&self.table, &mut self.chain) {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(why) => {
+                    self.fail(&why);
+                    return true;
+                }
+            };
             popped = true;
-            match starter.start(chain) {
+            if let Some(t) = &mut self.tracker {
+                t.taken(head.id);
+            }
+            match self.start(head, slot_idx) {
                 Flow::Next => {}
                 Flow::Busy => break,
                 Flow::Fail(why) => {
-                    failure = Some(why);
+                    self.fail(&why);
                     break;
                 }
             }
-        }
-        if let Some(why) = failure {
-            self.fail(&why);
         }
         popped
     }
 
     /// Resubmits requests a previous back-end left in flight (see [`crate::inflight`]), oldest
-    /// first, before anything new is taken from the available ring.
-    ///
-    /// `virtio-queue` only builds descriptor chains from an available ring, so the heads are
-    /// listed in a one-off available ring in a private page mapped above guest memory; walking
-    /// it with a temporary queue over the guest's descriptor table yields ordinary chains for
-    /// the one request parser. The combined map is kept for the poller's lifetime, so even a
-    /// descriptor that (hostilely) points into the private page stays valid while in flight.
-    fn resubmit(&mut self, heads: &[u16], desc_table: GuestAddress) -> Result<(), String> {
-        let size = self.queue.size();
-        let top = self.mem.iter().map(|r| r.last_addr().raw_value()).max().unwrap_or(0);
-        let private =
-            top.checked_add(1).map(|a| a.next_multiple_of(4096)).ok_or("no room above guest memory")?;
-        let ring_bytes = (6 + 2 * usize::from(size)).next_multiple_of(4096);
-        let region = MmapRegion::<()>::new(ring_bytes).map_err(|e| format!("private ring: {e}"))?;
-        let region = GuestRegionMmap::new(region, GuestAddress(private)).ok_or("private ring address")?;
-        let combined =
-            Arc::new(self.mem.insert_region(Arc::new(region)).map_err(|e| format!("private ring: {e}"))?);
-        for (i, &h) in heads.iter().enumerate() {
-            combined.write_obj(h, GuestAddress(private + 4 + 2 * i as u64)).map_err(|e| e.to_string())?;
-        }
-        combined.write_obj(heads.len() as u16, GuestAddress(private + 2)).map_err(|e| e.to_string())?;
-        let mut replay = Queue::new(size).map_err(|e| e.to_string())?;
-        replay.set_size(size);
-        replay.set_desc_table_address(Some(desc_table.0 as u32), Some((desc_table.0 >> 32) as u32));
-        replay.set_avail_ring_address(Some(private as u32), Some((private >> 32) as u32));
-        replay.set_used_ring_address(Some(private as u32), Some((private >> 32) as u32));
-        replay.set_ready(true);
-        let Self { used, channel, disk, serial, slots, free, retry, counters, .. } = self;
-        let mut starter = Starter { used, channel, disk, serial, slots, free, retry, counters };
-        let mut iter = replay.iter(&*combined).map_err(|e| e.to_string())?;
-        for chain in iter.by_ref() {
-            match starter.start(chain) {
+    /// first, before anything new is taken from the ring: each head is walked through the same
+    /// ring code as a fresh request.
+    fn resubmit(&mut self, heads: &[u16]) -> Result<(), String> {
+        for &head in heads {
+            let Some(&slot_idx) = self.free.last() else {
+                return Err("more requests in flight than ring entries".into());
+            };
+            let Ring::Split(q) = &self.ring else {
+                return Err("packed rings resubmit from their record".into());
+            };
+            q.walk(&self.table, head, &mut self.chain)
+                .map_err(|e| ParseError::from_walk(head, e).to_string())?;
+            match self.start(Head { id: head, slots: 1 }, slot_idx) {
                 Flow::Next => {}
                 // At queue start every slot is free and nothing is queued: a busy channel here
                 // would have to hold more than a ring's worth of requests.
@@ -521,14 +525,13 @@ impl QueuePoller {
                 Flow::Fail(why) => return Err(why),
             }
         }
-        self.replay_mem = Some(combined);
         Ok(())
     }
 
     fn retry_busy(&mut self) -> bool {
         let Some(slot_idx) = self.retry else { return true };
         let slot = &self.slots[usize::from(slot_idx)];
-        // SAFETY: see `pop_and_submit`; the slot still holds the request and its iovecs.
+        // SAFETY: see `start`; the slot still holds the request and its iovecs.
         match unsafe { self.channel.submit(&slot.req) } {
             Ok(()) => {
                 self.retry = None;
@@ -539,10 +542,9 @@ impl QueuePoller {
                 let (head, status) = (slot.head, slot.status);
                 self.retry = None;
                 self.free.push(slot_idx);
-                let code =
-                    if e == SubmitError::Unsupported { VIRTIO_BLK_S_UNSUPP } else { VIRTIO_BLK_S_IOERR };
                 if let Some(st) = status {
-                    Self::complete_now(&mut self.used, &mut self.counters, head, st, code);
+                    let code = submit_error_status(e);
+                    self.complete_now(head, st, code);
                 }
                 true
             }
@@ -550,7 +552,7 @@ impl QueuePoller {
     }
 
     fn reap(&mut self) -> usize {
-        let Self { channel, slots, free, used, counters, .. } = self;
+        let Self { channel, slots, free, ring, tracker, counters, .. } = self;
         channel.poll(&mut |tag, status| {
             let slot = &mut slots[tag as usize];
             let code = match status {
@@ -581,17 +583,23 @@ impl QueuePoller {
                 }
             };
             if let Some(st) = slot.status.take() {
-                // SAFETY: the status pointer is inside guest memory kept mapped by our snapshot.
+                // SAFETY: the status pointer is inside guest memory kept mapped by our table.
                 unsafe { st.write(code) };
             }
             let len = if code == VIRTIO_BLK_S_OK { slot.used_len } else { 1 };
-            used.push(slot.head, len);
+            push_used(ring, tracker, slot.head, len);
             free.push(tag as u16);
         })
     }
 
     fn notify(&mut self) {
-        if self.used.publish() > 0 && self.used.needs_notification() {
+        if self.ring.publish() == 0 {
+            return;
+        }
+        if let Some(t) = &mut self.tracker {
+            t.published(self.ring.next_used());
+        }
+        if self.ring.needs_notification() {
             // An eventfd write only fails if the counter would overflow, which means the guest
             // already has a pending notification.
             let _ = (&self.call).write(&1u64.to_ne_bytes());
@@ -630,9 +638,8 @@ impl Poller for QueuePoller {
             self.counters.publish(&self.stats);
             self.stats.in_flight.store(0, Ordering::Relaxed);
             self.notify();
-            let next_avail = self.queue.next_avail();
             if let Some(reply) = self.stop.take() {
-                let _ = reply.send(Stopped { next_avail });
+                let _ = reply.send(Stopped { base: self.ring.base() });
             }
             return PollStatus::Finished;
         }
@@ -652,17 +659,14 @@ impl Poller for QueuePoller {
             return true;
         }
         drain_eventfd(&self.kick);
-        // Re-arm (EVENT_IDX: avail_event = next_avail) and re-check for a race with the driver.
-        match self.queue.enable_notification(&*self.mem) {
-            Ok(more) => !more,
-            Err(_) => true,
-        }
+        // Re-arm and re-check for a race with the driver.
+        !self.ring.enable_notification()
     }
 
     fn after_wake(&mut self) {
         drain_eventfd(&self.kick);
         if !self.failed {
-            let _ = self.queue.disable_notification(&*self.mem);
+            self.ring.disable_notification();
         }
     }
 

@@ -13,7 +13,8 @@ use fp_bdev::{Bdev, RamDevice};
 use fp_bdev::{BdevError, BdevInfo, BlockDevice, IoChannel, IoRequest, IoStatus, SubmitError};
 use fp_reactor::{Reactor, ReactorConfig};
 use fp_vhost_blk::inflight::InflightArea;
-use fp_vhost_blk::queue::{QueuePoller, QueueSetup, QueueStats, Stopped};
+use fp_vhost_blk::queue::{QueuePoller, QueueSetup, Stopped};
+use fp_vhost_blk::QueueStats;
 use fp_virtio_blk::{DiskParams, GuestMemory, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
 use vm_memory::{Address, Bytes, GuestAddress};
 
@@ -95,8 +96,9 @@ impl Driver {
             desc: GuestAddress(self.desc),
             avail: GuestAddress(self.avail),
             used: GuestAddress(self.used),
-            base,
+            base: base.into(),
             event_idx: false,
+            packed: false,
             mem: self.mem.clone(),
             kick,
             call,
@@ -183,7 +185,7 @@ fn two_reactors_share_a_disk_and_a_broken_queue_stays_contained() {
     qb.post(&[(0x32000, 16, false)]);
     b.poll_once();
     assert_eq!(qb.used_idx(), 1, "the broken request is not completed");
-    assert_eq!(stats_b.failed.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(stats_b.failed_queues.load(std::sync::atomic::Ordering::Relaxed), 1);
     // ...and takes nothing more, while queue A keeps working.
     header(&mem, 0x32100, 0, 0);
     qb.post(&[(0x32100, 16, false), (0x50000, 512, true), (0x32200, 1, true)]);
@@ -200,14 +202,14 @@ fn two_reactors_share_a_disk_and_a_broken_queue_stays_contained() {
     let (tx, rx) = sync_channel::<Stopped>(1);
     a.poller_mut::<QueuePoller>(id_a).unwrap().request_stop(tx);
     assert!(a.poll_once());
-    assert_eq!(rx.try_recv().unwrap(), Stopped { next_avail: 2 });
+    assert_eq!(rx.try_recv().unwrap(), Stopped { base: 2 });
     assert_eq!(a.poller_count(), 0);
     let (tx, rx) = sync_channel::<Stopped>(1);
     b.poller_mut::<QueuePoller>(id_b).unwrap().request_stop(tx);
     b.poll_once();
     assert_eq!(
         rx.try_recv().unwrap(),
-        Stopped { next_avail: 2 },
+        Stopped { base: 2 },
         "a failed queue reports its position; the request posted after the failure was never taken"
     );
 }

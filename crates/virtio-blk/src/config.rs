@@ -19,7 +19,7 @@ pub use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO,
     VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
 };
-pub use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+pub use virtio_bindings::virtio_config::{VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
 pub use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
 /// Size of [`VirtioBlkConfig`] in bytes.
@@ -116,6 +116,7 @@ pub fn device_features(disk: &DiskParams) -> u64 {
     let mut f = bit(VIRTIO_F_VERSION_1)
         | bit(VIRTIO_RING_F_EVENT_IDX)
         | bit(VIRTIO_RING_F_INDIRECT_DESC)
+        | bit(VIRTIO_F_RING_PACKED)
         | bit(VIRTIO_BLK_F_SEG_MAX)
         | bit(VIRTIO_BLK_F_BLK_SIZE)
         | bit(VIRTIO_BLK_F_MQ);

@@ -22,22 +22,14 @@
 //!
 //! # Parsing rules implemented by [`parse_chain`]
 //!
-//! 1. **Chain walk.** The chain is iterated with virtio-queue's
-//!    [`DescriptorChain`] iterator, which follows `next` links, switches into an
-//!    indirect table (§2.7.5.3), rejects an indirect descriptor inside an
-//!    indirect table, bounds the walk by a TTL (queue size, or the indirect
-//!    table size) and stops once the chain totals more than 2^32 bytes
-//!    (§2.7.5.2). That iterator reports all of these failures by *silently
-//!    ending* the chain, so we detect them ourselves: if the last descriptor it
-//!    produced still had `VIRTQ_DESC_F_NEXT` set, or it produced nothing at all,
-//!    the chain is broken ([`ParseErrorKind::BrokenChain`]: loop, chain longer
-//!    than the queue, `next` out of range, unreadable descriptor / indirect
-//!    table, nested indirect, more than 4 GiB). On top of that TTL we apply our
-//!    own hard bound of [`MAX_CHAIN_DESCRIPTORS`] descriptors (zero-length ones
-//!    included), so the work per chain is bounded whatever the queue size
-//!    ([`ParseErrorKind::ChainTooLong`]).
-//! 2. **Zero-length descriptors** are skipped (they carry no bytes and may be
-//!    readable or writable anywhere in the chain).
+//! 1. **Chain walk** is the ring's job ([`fp_virtq`]): either ring format's walker follows
+//!    the chain with virtio's bounds (loops, `next` in range, indirect tables not nested and
+//!    inside one memory region, at most 2^32 bytes, at most [`MAX_CHAIN_DESCRIPTORS`]
+//!    descriptors) and hands over a [`Chain`] of the non-empty descriptors with their host
+//!    addresses resolved; a walk failure becomes [`ParseErrorKind::BrokenChain`] or
+//!    [`ParseErrorKind::ChainTooLong`] through [`ParseError::from_walk`].
+//! 2. **Zero-length descriptors** carry no bytes and may be readable or writable anywhere in
+//!    the chain: the walker does not keep them.
 //! 3. **Status byte.** The status is the last byte of the last descriptor
 //!    (§5.2.6). That descriptor must be device-writable: if the chain has no
 //!    writable byte at all we fail with [`ParseErrorKind::NoStatus`], if it has
@@ -52,8 +44,7 @@
 //! 5. **Memory.** Every non-empty descriptor `[addr, addr + len)` must lie in
 //!    guest memory ([`ParseErrorKind::DescriptorOutOfMemory`]). A buffer may
 //!    span several adjacent memory regions; it is then split into one iovec per
-//!    region piece (via `GuestMemory::get_slices`, the replacement of the
-//!    deprecated `try_access` in vm-memory 0.18).
+//!    region piece.
 //! 6. **No framing assumptions** (§5.2.6.2 / §2.7.4: "the device MUST NOT make
 //!    assumptions about the particular arrangement of descriptors"). The
 //!    readable bytes and the writable bytes are each treated as one byte stream:
@@ -79,24 +70,13 @@
 //!    region boundaries) gives [`ParseErrorKind::TooManySegments`].
 //!
 //! The pointers placed in the iovecs and in [`StatusPtr`] are host virtual
-//! addresses inside the `GuestMemoryMmap` mappings: they stay valid only while
-//! that memory object (i.e. the guest memory table the chain was popped with)
-//! is alive. No dirty-page logging is done here (`GuestMemoryMmap<()>` has no
-//! bitmap).
+//! addresses inside the guest memory mappings: they stay valid only while the
+//! [`MemTable`] the chain was walked with is alive. No dirty-page logging is
+//! done here.
 
 pub mod config;
 
-use std::mem::MaybeUninit;
-use std::ops::Deref;
-
-use virtio_queue::DescriptorChain;
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemory as VmGuestMemory, GuestMemoryBackend, GuestMemoryRegion,
-    MemoryRegionAddress, Permissions,
-};
-
-/// Guest memory type used by flashpath.
-pub type GuestMemory = vm_memory::GuestMemoryMmap<()>;
+pub use fp_virtq::{Chain, Desc, GuestMemory, MemTable, WalkError, MAX_CHAIN_DESCRIPTORS};
 
 /// Sector unit of the virtio-blk protocol (§5.2.6: `sector` is always in 512-byte units).
 pub const SECTOR_SIZE: u64 = 512;
@@ -107,10 +87,6 @@ pub const SEG_MAX: u32 = 126;
 /// Capacity callers should give [`parse_chain`]: data iovecs after splitting at
 /// memory-region boundaries.
 pub const MAX_IOVECS: usize = 256;
-/// Hard bound on the number of descriptors (zero-length ones included) that
-/// one chain may contain, independent of the queue size and of indirect table
-/// sizes. A conforming driver uses at most `seg_max + 2` descriptors.
-pub const MAX_CHAIN_DESCRIPTORS: usize = 512;
 
 /// Size of the request header `struct virtio_blk_req` up to `data` (§5.2.6).
 pub const REQ_HEADER_SIZE: u64 = 16;
@@ -263,6 +239,15 @@ pub struct ParseError {
 }
 
 impl ParseError {
+    /// A chain the ring's walker could not follow (no status byte: the queue must fail).
+    pub fn from_walk(head: u16, e: WalkError) -> ParseError {
+        let kind = match e {
+            WalkError::Broken => ParseErrorKind::BrokenChain,
+            WalkError::TooLong => ParseErrorKind::ChainTooLong,
+        };
+        ParseError { head, kind, status: None }
+    }
+
     /// Status byte to complete the request with (when `status` is `Some`).
     pub fn status_code(&self) -> u8 {
         self.kind.status_code()
@@ -284,10 +269,9 @@ impl std::error::Error for ParseError {
 /// Parse failure reasons.
 #[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
 pub enum ParseErrorKind {
-    /// The chain iterator stopped while a `next` was pending, or produced
-    /// nothing: loop, chain longer than the queue, `next` out of range,
-    /// unreadable descriptor or indirect table, nested indirect descriptor,
-    /// misaligned indirect table length, or more than 2^32 bytes.
+    /// The ring's walker could not follow the chain ([`WalkError::Broken`]): loop,
+    /// chain longer than the queue, `next` or head out of range, bad indirect
+    /// table, or more than 2^32 bytes.
     #[error("broken descriptor chain (loop, too long, bad next/indirect table or > 4 GiB)")]
     BrokenChain,
     /// More than [`MAX_CHAIN_DESCRIPTORS`] descriptors.
@@ -337,123 +321,67 @@ impl ParseErrorKind {
     }
 }
 
-/// One non-empty descriptor, copied out of the chain.
-#[derive(Clone, Copy)]
-struct Desc {
-    addr: u64,
-    len: u32,
-}
-
-impl Desc {
-    fn addr(&self) -> GuestAddress {
-        GuestAddress(self.addr)
-    }
-}
-
-/// Parse one descriptor chain into a [`BlkRequest`], filling `iov` with the
-/// data buffers. See the crate documentation for the exact rules.
+/// Parse one walked chain into a [`BlkRequest`], filling `iov` with the data buffers. `head`
+/// is what the used ring reports for the request (the split ring's head index, the packed
+/// ring's buffer id). See the crate documentation for the exact rules.
 ///
 /// `iov` should hold [`MAX_IOVECS`] entries; its contents on error are unspecified.
-pub fn parse_chain<M>(chain: DescriptorChain<M>, iov: &mut [libc::iovec]) -> Result<BlkRequest, ParseError>
-where
-    M: Deref,
-    M::Target: VmGuestMemory,
-{
-    let head = chain.head_index();
+#[inline]
+pub fn parse_chain(
+    mem: &MemTable,
+    chain: &Chain,
+    head: u16,
+    iov: &mut [libc::iovec],
+) -> Result<BlkRequest, ParseError> {
     let err = |kind, status| ParseError { head, kind, status };
+    let descs = chain.descs();
 
-    // ---- 1. Walk the chain, copying out the non-empty descriptors. ----
-    let mut chain = chain;
-    // Left uninitialised: zeroing 8 KiB per request would be a measurable
-    // cost on the hot path; only `descs[..n]` is ever read.
-    let mut descs = [const { MaybeUninit::<Desc>::uninit() }; MAX_CHAIN_DESCRIPTORS];
-    let mut n = 0usize; // stored (non-empty) descriptors
-    let mut n_readable = 0usize; // readable descriptors before the first writable one
-    let mut seen = 0usize; // all descriptors yielded
-    let mut seen_writable = false;
-    let mut order_violation = false;
-    let mut last_has_next = false;
-    let mut last_is_writable = false;
-    for d in chain.by_ref() {
-        seen += 1;
-        if seen > MAX_CHAIN_DESCRIPTORS {
-            return Err(err(ParseErrorKind::ChainTooLong, None));
-        }
-        last_has_next = d.has_next();
-        if d.len() == 0 {
-            continue;
-        }
-        last_is_writable = d.is_write_only();
-        if last_is_writable {
-            seen_writable = true;
-        } else if seen_writable {
-            order_violation = true;
-        } else {
-            n_readable += 1;
-        }
-        // `n < seen <= MAX_CHAIN_DESCRIPTORS`, so the index is in bounds.
-        descs[n].write(Desc { addr: d.addr().raw_value(), len: d.len() });
-        n += 1;
-    }
-    if seen == 0 || last_has_next {
-        return Err(err(ParseErrorKind::BrokenChain, None));
-    }
-    // SAFETY: `descs[..n]` were all initialised by `write` in the loop above
-    // (`n` only grows right after a write), and `MaybeUninit<Desc>` has the
-    // same layout as `Desc`.
-    let descs: &[Desc] = unsafe { std::slice::from_raw_parts(descs.as_ptr().cast::<Desc>(), n) };
-    let mem = chain.memory();
-
-    // ---- 2. Locate the status byte: last byte of the last descriptor. ----
-    if !seen_writable {
-        return Err(err(ParseErrorKind::NoStatus, None));
-    }
-    if !last_is_writable {
+    // ---- 1. Locate the status byte: last byte of the last descriptor. ----
+    let n_readable = descs.iter().position(|d| d.write).ok_or(err(ParseErrorKind::NoStatus, None))?;
+    // A writable descriptor exists, so the chain is not empty.
+    let last = descs[descs.len() - 1];
+    if !last.write {
         return Err(err(ParseErrorKind::StatusNotWritable, None));
     }
-    // `seen_writable` implies n >= 1, and descriptors stored have len >= 1.
-    let last = descs[n - 1];
-    let status_ptr = last
-        .addr()
-        .checked_add(u64::from(last.len) - 1)
-        .and_then(|a| map_one(mem, a, Permissions::Write))
-        .map(StatusPtr)
-        .ok_or(err(ParseErrorKind::DescriptorOutOfMemory, None))?;
+    let status_ptr = if last.host.is_null() {
+        last.addr
+            .checked_add(u64::from(last.len) - 1)
+            .and_then(|a| mem.translate(a, 1))
+            .ok_or(err(ParseErrorKind::DescriptorOutOfMemory, None))?
+    } else {
+        // SAFETY: `host` covers the descriptor's `len >= 1` bytes inside one mapping.
+        unsafe { last.host.add(last.len as usize - 1) }
+    };
+    let status_ptr = StatusPtr(status_ptr);
     let status = Some(status_ptr);
 
-    // ---- 3. Ordering and memory bounds of every descriptor. ----
-    if order_violation {
+    // ---- 2. Ordering and memory bounds of every descriptor. ----
+    let (readable, writable) = descs.split_at(n_readable);
+    if writable.iter().any(|d| !d.write) {
         return Err(err(ParseErrorKind::ReadableAfterWritable, status));
     }
-    let (readable, writable) = descs.split_at(n_readable);
+    let mut r_len = 0u64;
     for d in readable {
-        if direct_span(mem, d.addr(), u64::from(d.len)).is_none()
-            && !mem.check_range(d.addr(), d.len as usize, Permissions::Read)
-        {
+        if d.host.is_null() && !mem.contains(d.addr, u64::from(d.len)) {
             return Err(err(ParseErrorKind::DescriptorOutOfMemory, status));
         }
+        r_len += u64::from(d.len);
     }
+    let mut w_len = 0u64;
     for d in writable {
-        if direct_span(mem, d.addr(), u64::from(d.len)).is_none()
-            && !mem.check_range(d.addr(), d.len as usize, Permissions::Write)
-        {
+        if d.host.is_null() && !mem.contains(d.addr, u64::from(d.len)) {
             return Err(err(ParseErrorKind::DescriptorOutOfMemory, status));
         }
+        w_len += u64::from(d.len);
     }
-    let r_len: u64 = readable.iter().map(|d| u64::from(d.len)).sum();
-    let w_len: u64 = writable.iter().map(|d| u64::from(d.len)).sum();
 
-    // ---- 4. Header: the first 16 readable bytes. ----
+    // ---- 3. Header: the first 16 readable bytes. ----
     if r_len < REQ_HEADER_SIZE {
         return Err(err(ParseErrorKind::HeaderTooShort, status));
     }
-    let mut hdr = [0u8; REQ_HEADER_SIZE as usize];
-    read_stream(mem, readable, 0, &mut hdr)
-        .map_err(|_| err(ParseErrorKind::DescriptorOutOfMemory, status))?;
+    let hdr: [u8; REQ_HEADER_SIZE as usize] = read_stream(mem, readable, 0);
     let raw_type = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]);
-    let mut sector_bytes = [0u8; 8];
-    sector_bytes.copy_from_slice(&hdr[8..16]);
-    let sector = u64::from_le_bytes(sector_bytes);
+    let sector = u64::from_le_bytes([hdr[8], hdr[9], hdr[10], hdr[11], hdr[12], hdr[13], hdr[14], hdr[15]]);
     let kind = RequestType::from_raw(raw_type);
 
     let mut req = BlkRequest {
@@ -467,16 +395,14 @@ where
         writable_len: 1,
     };
 
-    // ---- 5. Per-type framing. ----
+    // ---- 4. Per-type framing. ----
     match kind {
         RequestType::In | RequestType::GetId => {
             if r_len != REQ_HEADER_SIZE {
                 return Err(err(ParseErrorKind::UnexpectedReadable, status));
             }
             let data_len = w_len - 1;
-            let cnt = emit_iovecs(mem, writable, 0, data_len, Permissions::Write, iov)
-                .map_err(|k| err(k, status))?;
-            req.iovcnt = cnt;
+            req.iovcnt = emit_iovecs(mem, writable, 0, data_len, iov).map_err(|k| err(k, status))?;
             req.data_len = data_len;
             let written =
                 if kind == RequestType::In { data_len } else { data_len.min(VIRTIO_BLK_ID_BYTES as u64) };
@@ -487,9 +413,8 @@ where
                 return Err(err(ParseErrorKind::UnexpectedWritable, status));
             }
             let data_len = r_len - REQ_HEADER_SIZE;
-            let cnt = emit_iovecs(mem, readable, REQ_HEADER_SIZE, data_len, Permissions::Read, iov)
-                .map_err(|k| err(k, status))?;
-            req.iovcnt = cnt;
+            req.iovcnt =
+                emit_iovecs(mem, readable, REQ_HEADER_SIZE, data_len, iov).map_err(|k| err(k, status))?;
             req.data_len = data_len;
         }
         RequestType::Flush => {
@@ -507,9 +432,7 @@ where
             if r_len - REQ_HEADER_SIZE != DISCARD_SEGMENT_SIZE {
                 return Err(err(ParseErrorKind::BadDiscardPayload, status));
             }
-            let mut raw = [0u8; DISCARD_SEGMENT_SIZE as usize];
-            read_stream(mem, readable, REQ_HEADER_SIZE, &mut raw)
-                .map_err(|_| err(ParseErrorKind::DescriptorOutOfMemory, status))?;
+            let raw: [u8; DISCARD_SEGMENT_SIZE as usize] = read_stream(mem, readable, REQ_HEADER_SIZE);
             let seg = decode_segment(&raw);
             let flags = u32::from_le_bytes([raw[12], raw[13], raw[14], raw[15]]);
             // §5.2.6.2: unknown flags -> UNSUPP; unmap on a discard -> UNSUPP.
@@ -536,89 +459,69 @@ fn decode_segment(raw: &[u8; DISCARD_SEGMENT_SIZE as usize]) -> Segment {
     }
 }
 
-/// The host address of `[addr, addr + len)` when the range lies inside one region of plain
-/// (non-IOMMU) guest memory: one region lookup, no slice iterators. `None` means "use the
-/// generic path", which handles ranges across regions and translated memory, and reports
-/// ranges outside memory.
-///
-/// This is the data path's common case (every buffer of a normal request), so it is kept
-/// separate from vm-memory's general `get_slices`/`check_range`, which cost several hundred
-/// instructions per request in profiles.
+/// Copies `N` bytes starting at byte `offset` of the stream formed by `descs`, which the caller
+/// checked to be guest memory and to hold at least `offset + N` bytes.
 #[inline]
-fn direct_span<T: VmGuestMemory + ?Sized>(mem: &T, addr: GuestAddress, len: u64) -> Option<*mut u8> {
-    let phys = mem.physical_memory()?;
-    let region = phys.find_region(addr)?;
-    let offset = addr.raw_value() - region.start_addr().raw_value();
-    if len == 0 || offset.checked_add(len)? > region.len() {
-        return None;
+fn read_stream<const N: usize>(mem: &MemTable, descs: &[Desc], offset: u64) -> [u8; N] {
+    let mut out = [0u8; N];
+    // Common case: the bytes lie in the first descriptor, host-contiguous and 8-aligned (a
+    // request header in a driver's structure).
+    if let Some(d) = descs.first() {
+        if !d.host.is_null() && offset + N as u64 <= u64::from(d.len) && N % 8 == 0 {
+            // SAFETY: `offset + N <= len` bytes from `host` are inside one mapping.
+            let src = unsafe { d.host.add(offset as usize) };
+            if (src as usize) % 8 == 0 {
+                for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+                    // SAFETY: 8-aligned, inside the mapping (above). Volatile: the guest may
+                    // write this memory concurrently.
+                    let w = unsafe { std::ptr::read_volatile(src.add(8 * i).cast::<u64>()) };
+                    chunk.copy_from_slice(&w.to_ne_bytes());
+                }
+                return out;
+            }
+        }
     }
-    region.get_host_address(MemoryRegionAddress(offset)).ok()
-}
-
-/// Host pointer of one guest byte, if it is mapped with `access`.
-fn map_one<T: VmGuestMemory + ?Sized>(mem: &T, addr: GuestAddress, access: Permissions) -> Option<*mut u8> {
-    if let Some(p) = direct_span(mem, addr, 1) {
-        return Some(p);
-    }
-    let mut slices = mem.get_slices(addr, 1, access).ok()?;
-    let slice = slices.next()?.ok()?;
-    if slice.len() != 1 {
-        return None;
-    }
-    Some(slice.ptr_guard_mut().as_ptr())
-}
-
-/// Copy `buf.len()` bytes starting at byte `offset` of the stream formed by
-/// `descs` (already checked to be inside guest memory).
-fn read_stream<T: VmGuestMemory + ?Sized>(
-    mem: &T,
-    descs: &[Desc],
-    mut offset: u64,
-    buf: &mut [u8],
-) -> Result<(), vm_memory::GuestMemoryError> {
     let mut done = 0usize;
+    let mut skip = offset;
     for d in descs {
-        if done == buf.len() {
+        if done == N {
             break;
         }
         let len = u64::from(d.len);
-        if offset >= len {
-            offset -= len;
+        if skip >= len {
+            skip -= len;
             continue;
         }
-        let avail = (len - offset) as usize;
-        let take = avail.min(buf.len() - done);
-        let addr = d.addr().unchecked_add(offset);
-        let dst = &mut buf[done..done + take];
-        match direct_span(mem, addr, take as u64) {
-            Some(src) => {
-                for (i, byte) in dst.iter_mut().enumerate() {
-                    // SAFETY: `direct_span` checked that `take` bytes from `src` lie inside one
-                    // mapped region. Volatile: the guest may write this memory concurrently.
-                    *byte = unsafe { std::ptr::read_volatile(src.add(i)) };
-                }
+        let take = ((len - skip) as usize).min(N - done);
+        let mut copy = |p: *mut u8, n: u64| {
+            for i in 0..n as usize {
+                // SAFETY: `p` covers `n` mapped bytes (a translated piece). Volatile: as above.
+                out[done + i] = unsafe { std::ptr::read_volatile(p.add(i)) };
             }
-            None => mem.read_slice(dst, addr)?,
+            done += n as usize;
+            true
+        };
+        if d.host.is_null() {
+            // Checked to be guest memory: every piece is mapped.
+            mem.for_each_piece(d.addr + skip, take as u64, copy);
+        } else {
+            // SAFETY: `skip + take <= len` bytes from `host` are inside one mapping.
+            copy(unsafe { d.host.add(skip as usize) }, take as u64);
         }
-        done += take;
-        offset = 0;
+        skip = 0;
     }
-    if done == buf.len() {
-        Ok(())
-    } else {
-        Err(vm_memory::GuestMemoryError::PartialBuffer { expected: buf.len(), completed: done })
-    }
+    out
 }
 
-/// Fill `iov` with the host buffers covering bytes `[offset, offset + len)` of
-/// the stream formed by `descs`, splitting at memory-region boundaries.
+/// Fills `iov` with the host buffers covering bytes `[offset, offset + len)` of the stream
+/// formed by `descs` (checked to be guest memory), splitting at memory-region boundaries.
 /// Returns the number of iovecs used.
-fn emit_iovecs<T: VmGuestMemory + ?Sized>(
-    mem: &T,
+#[inline]
+fn emit_iovecs(
+    mem: &MemTable,
     descs: &[Desc],
     mut offset: u64,
     len: u64,
-    access: Permissions,
     iov: &mut [libc::iovec],
 ) -> Result<u32, ParseErrorKind> {
     let mut cnt = 0usize;
@@ -633,34 +536,34 @@ fn emit_iovecs<T: VmGuestMemory + ?Sized>(
             continue;
         }
         let take = (dlen - offset).min(remaining);
-        let addr = d.addr().unchecked_add(offset);
-        if let Some(host) = direct_span(mem, addr, take) {
+        if d.host.is_null() {
+            let mut full = false;
+            let covered = mem.for_each_piece(d.addr + offset, take, |p, n| match iov.get_mut(cnt) {
+                Some(slot) => {
+                    *slot = libc::iovec { iov_base: p.cast(), iov_len: n as usize };
+                    cnt += 1;
+                    true
+                }
+                None => {
+                    full = true;
+                    false
+                }
+            });
+            if full {
+                return Err(ParseErrorKind::TooManySegments);
+            }
+            if !covered {
+                return Err(ParseErrorKind::DescriptorOutOfMemory);
+            }
+        } else {
             let slot = iov.get_mut(cnt).ok_or(ParseErrorKind::TooManySegments)?;
-            *slot = libc::iovec { iov_base: host.cast(), iov_len: take as usize };
+            // SAFETY: `offset < dlen`: inside the descriptor's mapped bytes.
+            let base = unsafe { d.host.add(offset as usize) };
+            *slot = libc::iovec { iov_base: base.cast(), iov_len: take as usize };
             cnt += 1;
-            remaining -= take;
-            offset = 0;
-            continue;
-        }
-        let slices =
-            mem.get_slices(addr, take as usize, access).map_err(|_| ParseErrorKind::DescriptorOutOfMemory)?;
-        let mut got = 0u64;
-        for s in slices {
-            let s = s.map_err(|_| ParseErrorKind::DescriptorOutOfMemory)?;
-            let slot = iov.get_mut(cnt).ok_or(ParseErrorKind::TooManySegments)?;
-            *slot = libc::iovec { iov_base: s.ptr_guard_mut().as_ptr().cast(), iov_len: s.len() };
-            cnt += 1;
-            got += s.len() as u64;
-        }
-        if got != take {
-            return Err(ParseErrorKind::DescriptorOutOfMemory);
         }
         remaining -= take;
         offset = 0;
-    }
-    if remaining != 0 {
-        // Cannot happen: callers pass `len` within the stream length.
-        return Err(ParseErrorKind::DescriptorOutOfMemory);
     }
     // `cnt <= iov.len()`; a caller array larger than u32::MAX entries is absurd.
     Ok(u32::try_from(cnt).unwrap_or(u32::MAX))

@@ -173,12 +173,12 @@ fn config_without_optional_features() {
 
 #[test]
 fn feature_bits() {
-    let base: u64 = [32, 29, 28, 2, 6, 12].iter().map(|b| 1u64 << b).sum();
+    let base: u64 = [34, 32, 29, 28, 2, 6, 12].iter().map(|b| 1u64 << b).sum();
     let d = disk();
     assert_eq!(device_features(&d), base | (1 << 9) | (1 << 13) | (1 << 14));
     let ro = DiskParams { read_only: true, flush: false, discard: false, write_zeroes: false, ..d };
     assert_eq!(device_features(&ro), base | (1 << 5));
-    assert_eq!(VIRTIO_F_VERSION_1, 32);
+    assert_eq!((VIRTIO_F_VERSION_1, VIRTIO_F_RING_PACKED), (32, 34));
     assert_eq!(VIRTIO_RING_F_EVENT_IDX, 29);
     assert_eq!(VIRTIO_RING_F_INDIRECT_DESC, 28);
     assert_eq!(

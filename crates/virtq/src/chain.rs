@@ -1,0 +1,134 @@
+//! One request's descriptors, as either ring format's walker collects them.
+
+use crate::mem::MemTable;
+
+/// Hard bound on the descriptors (zero-length ones included) one chain may contain, whatever
+/// the queue size and indirect table sizes: the work per chain is bounded. A conforming
+/// virtio-blk driver uses at most `seg_max + 2`.
+pub const MAX_CHAIN_DESCRIPTORS: usize = 512;
+
+/// One non-empty descriptor of a chain.
+#[derive(Clone, Copy, Debug)]
+pub struct Desc {
+    /// Guest-physical address.
+    pub addr: u64,
+    /// Length in bytes (never 0: empty descriptors are not stored).
+    pub len: u32,
+    /// Device-writable (`VIRTQ_DESC_F_WRITE`).
+    pub write: bool,
+    /// Host address of the whole buffer when it lies inside one memory region, else null (the
+    /// buffer spans regions or is not guest memory at all: the consumer decides).
+    pub host: *mut u8,
+}
+
+/// Why a chain could not be walked. Neither case locates a status byte: the request cannot be
+/// completed, and the queue must fail (virtio 1.2 §2.7.5.2 / §2.8: the device may treat this
+/// as a fatal driver error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WalkError {
+    /// A loop, a chain longer than its table, `next` or a head out of range, an indirect table
+    /// that is empty, misaligned in length, nested, not inside one memory region or in a
+    /// list where it may not be, or more than 2^32 bytes in all.
+    #[error("broken descriptor chain (loop, too long, bad next/indirect table or > 4 GiB)")]
+    Broken,
+    /// More than [`MAX_CHAIN_DESCRIPTORS`] descriptors.
+    #[error("descriptor chain longer than {MAX_CHAIN_DESCRIPTORS} descriptors")]
+    TooLong,
+}
+
+/// A reusable buffer for one chain: allocated once per queue, refilled per request.
+pub struct Chain {
+    descs: Box<[Desc]>,
+    len: usize,
+    /// Descriptors walked, empty ones included.
+    seen: usize,
+    /// Bytes of all descriptors walked.
+    total: u32,
+}
+
+impl Default for Chain {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Chain {
+    pub fn new() -> Chain {
+        let empty = Desc { addr: 0, len: 0, write: false, host: std::ptr::null_mut() };
+        Chain { descs: vec![empty; MAX_CHAIN_DESCRIPTORS].into_boxed_slice(), len: 0, seen: 0, total: 0 }
+    }
+
+    /// The non-empty descriptors, in chain order.
+    #[inline]
+    pub fn descs(&self) -> &[Desc] {
+        &self.descs[..self.len]
+    }
+
+    #[inline]
+    pub(crate) fn clear(&mut self) {
+        self.len = 0;
+        self.seen = 0;
+        self.total = 0;
+    }
+
+    /// Adds one walked descriptor: enforces the 2^32-byte and [`MAX_CHAIN_DESCRIPTORS`] limits,
+    /// drops empty descriptors and resolves the host address.
+    #[inline]
+    pub(crate) fn add(&mut self, mem: &MemTable, addr: u64, len: u32, write: bool) -> Result<(), WalkError> {
+        // §2.7.5.2 / §2.8: a chain is at most 2^32 bytes.
+        self.total = self.total.checked_add(len).ok_or(WalkError::Broken)?;
+        self.seen += 1;
+        if self.seen > MAX_CHAIN_DESCRIPTORS {
+            return Err(WalkError::TooLong);
+        }
+        if len != 0 {
+            let host = mem.translate(addr, u64::from(len)).unwrap_or(std::ptr::null_mut());
+            // `len < seen <= MAX_CHAIN_DESCRIPTORS == descs.len()`.
+            self.descs[self.len] = Desc { addr, len, write, host };
+            self.len += 1;
+        }
+        Ok(())
+    }
+
+    /// Builds a chain from `(addr, len, writable)` triples as if a ring had held them (tests and
+    /// tools that make requests without a ring).
+    pub fn from_buffers(mem: &MemTable, bufs: &[(u64, u32, bool)]) -> Result<Chain, WalkError> {
+        let mut c = Chain::new();
+        for &(addr, len, write) in bufs {
+            c.add(mem, addr, len, write)?;
+        }
+        Ok(c)
+    }
+}
+
+/// Reads the 16 bytes of descriptor `index` of a table at `table` as two little-endian u64
+/// (`addr`, then `len | flags << 32 | next_or_id << 48` for both formats' layouts).
+///
+/// # Safety
+/// `table + 16 * (index + 1)` must not pass the end of a live mapping.
+#[inline]
+pub(crate) unsafe fn read_desc(table: *const u8, index: u32) -> (u64, u64) {
+    // SAFETY: the caller guarantees the 16 bytes are mapped.
+    let p = unsafe { table.add(16 * index as usize) };
+    if (p as usize) & 7 == 0 {
+        // SAFETY: 8-aligned and mapped (above). Volatile: the guest writes this memory.
+        unsafe {
+            (
+                u64::from_le(std::ptr::read_volatile(p.cast::<u64>())),
+                u64::from_le(std::ptr::read_volatile(p.add(8).cast::<u64>())),
+            )
+        }
+    } else {
+        // Indirect tables need no alignment (§2.7.5.3): bytewise.
+        let mut b = [0u8; 16];
+        for (i, byte) in b.iter_mut().enumerate() {
+            // SAFETY: as above, one byte at a time.
+            *byte = unsafe { std::ptr::read_volatile(p.add(i)) };
+        }
+        let (lo, hi) = b.split_at(8);
+        (
+            u64::from_le_bytes(lo.try_into().unwrap_or_default()),
+            u64::from_le_bytes(hi.try_into().unwrap_or_default()),
+        )
+    }
+}

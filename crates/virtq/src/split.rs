@@ -1,0 +1,410 @@
+//! The split virtqueue, device side (virtio 1.2 §2.7).
+//!
+//! Ring addresses are resolved to host pointers once, when the queue starts; they stay valid as
+//! long as the [`MemTable`] they came from (the caller keeps both together).
+//!
+//! * Available ring: `avail.idx` is read (acquire) only when every entry up to the last value
+//!   read has been taken, so a burst of requests costs one shared-cache-line read.
+//! * Used ring: elements are written as requests complete and `used.idx` is stored once per
+//!   batch ([`SplitQueue::publish`]), one release store for many completions.
+//! * Notifications: EVENT_IDX (§2.7.10) or the NO_INTERRUPT / NO_NOTIFY flags (§2.7.7).
+
+use std::num::Wrapping;
+use std::sync::atomic::{fence, AtomicU16, Ordering};
+
+use crate::chain::{read_desc, Chain, WalkError};
+use crate::mem::MemTable;
+use crate::{DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE};
+
+/// VRING_AVAIL_F_NO_INTERRUPT (§2.7.7).
+const AVAIL_F_NO_INTERRUPT: u16 = 1;
+/// VRING_USED_F_NO_NOTIFY (§2.7.7).
+const USED_F_NO_NOTIFY: u16 = 1;
+/// Largest queue size of either format (§2.7: 32768).
+pub(crate) const MAX_QUEUE_SIZE: u16 = 32768;
+
+/// Why a ring cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RingError {
+    #[error("{what} at {addr:#x} (+{len} bytes) is not inside one guest memory region")]
+    OutsideMemory { what: &'static str, addr: u64, len: u64 },
+    #[error("{what} at {addr:#x} is not aligned to {align}")]
+    Misaligned { what: &'static str, addr: u64, align: u64 },
+    #[error("queue size {0} is not a power of two up to 32768")]
+    BadSize(u16),
+    #[error("available index {idx} is more than the queue size ahead of {next_avail}")]
+    AvailIndex { idx: u16, next_avail: u16 },
+}
+
+/// Host address of a ring part, checked for alignment and for lying inside one region.
+pub(crate) fn ring_part(
+    mem: &MemTable,
+    what: &'static str,
+    addr: u64,
+    len: u64,
+    align: u64,
+) -> Result<*mut u8, RingError> {
+    if addr % align != 0 {
+        return Err(RingError::Misaligned { what, addr, align });
+    }
+    mem.translate(addr, len).ok_or(RingError::OutsideMemory { what, addr, len })
+}
+
+/// Walks a split-format descriptor table (the ring's, or an indirect one) from `index`.
+///
+/// The bounds are virtio-queue's, so behaviour did not change when this replaced it: at most
+/// `size` descriptors per table (a longer chain has a loop), `next` below `size`, one indirect
+/// table at most (it ends the main chain; its own entries may not be indirect), plus the
+/// [`Chain`]'s own limits.
+#[inline]
+fn walk_table(
+    mem: &MemTable,
+    table: *const u8,
+    size: u32,
+    mut index: u32,
+    in_indirect: bool,
+    chain: &mut Chain,
+) -> Result<(), WalkError> {
+    let mut ttl = size;
+    loop {
+        if index >= size {
+            return Err(WalkError::Broken);
+        }
+        // SAFETY: `index < size` and the table's `16 * size` bytes were checked to lie inside
+        // one region of `mem` (ring start, or the indirect branch below).
+        let (addr, w1) = unsafe { read_desc(table, index) };
+        let (len, flags, next) = (w1 as u32, (w1 >> 32) as u16, (w1 >> 48) as u16);
+        if flags & DESC_F_INDIRECT != 0 {
+            // §2.7.5.3.1: no nested tables; the length is a whole number of descriptors.
+            if in_indirect || len == 0 || len % 16 != 0 {
+                return Err(WalkError::Broken);
+            }
+            let t = mem.translate(addr, u64::from(len)).ok_or(WalkError::Broken)?;
+            return walk_table(mem, t, len / 16, 0, true, chain);
+        }
+        chain.add(mem, addr, len, flags & DESC_F_WRITE != 0)?;
+        if flags & DESC_F_NEXT == 0 {
+            return Ok(());
+        }
+        ttl -= 1;
+        if ttl == 0 {
+            return Err(WalkError::Broken);
+        }
+        index = u32::from(next);
+    }
+}
+
+/// One split virtqueue, device side. See the module docs.
+pub struct SplitQueue {
+    desc: *const u8,
+    /// `struct virtq_avail` (flags, idx, ring[size], used_event).
+    avail: *const u8,
+    /// `struct virtq_used` (flags, idx, ring[size], avail_event).
+    used: *mut u8,
+    size: u16,
+    event_idx: bool,
+    next_avail: Wrapping<u16>,
+    /// `avail.idx` as last read.
+    avail_idx: Wrapping<u16>,
+    next_used: Wrapping<u16>,
+    /// `next_used` when the driver was last notified (or the ring started).
+    signalled: Wrapping<u16>,
+    /// Elements written but not yet published.
+    unpublished: u16,
+}
+
+impl SplitQueue {
+    /// Resolves the rings at guest addresses `desc`, `avail`, `used`. The device continues at
+    /// `next_avail` / `next_used` (the vring base, or in-flight recovery).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        mem: &MemTable,
+        desc: u64,
+        avail: u64,
+        used: u64,
+        size: u16,
+        event_idx: bool,
+        next_avail: u16,
+        next_used: u16,
+    ) -> Result<SplitQueue, RingError> {
+        if size == 0 || !size.is_power_of_two() || size > MAX_QUEUE_SIZE {
+            return Err(RingError::BadSize(size));
+        }
+        let n = u64::from(size);
+        // §2.7: alignments 16, 2, 4; both rings carry a trailing u16 event field whether or not
+        // EVENT_IDX was negotiated.
+        let desc = ring_part(mem, "descriptor table", desc, 16 * n, 16)?;
+        let avail = ring_part(mem, "available ring", avail, 6 + 2 * n, 2)?;
+        let used = ring_part(mem, "used ring", used, 6 + 8 * n, 4)?;
+        let next_avail = Wrapping(next_avail);
+        Ok(SplitQueue {
+            desc,
+            avail,
+            used,
+            size,
+            event_idx,
+            next_avail,
+            avail_idx: next_avail,
+            next_used: Wrapping(next_used),
+            signalled: Wrapping(next_used),
+            unpublished: 0,
+        })
+    }
+
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// The next available-ring position the device will take.
+    pub fn next_avail(&self) -> u16 {
+        self.next_avail.0
+    }
+
+    /// The next used-ring position the device will write.
+    pub fn next_used(&self) -> u16 {
+        self.next_used.0
+    }
+
+    fn avail_idx_field(&self) -> &AtomicU16 {
+        // SAFETY: `avail + 2` is the 2-aligned `idx` field inside the mapped ring (checked in
+        // `new`, kept alive by the caller's memory table); AtomicU16 has u16's layout.
+        unsafe { AtomicU16::from_ptr(self.avail.add(2) as *mut u16) }
+    }
+
+    /// The guest's current `used.idx` (crash recovery compares it with its own record).
+    pub fn used_idx_in_memory(&self) -> u16 {
+        // SAFETY: as `avail_idx_field`, for the used ring's `idx`.
+        u16::from_le(unsafe { AtomicU16::from_ptr(self.used.add(2) as *mut u16) }.load(Ordering::Acquire))
+    }
+
+    /// Takes the next available head, if any. An available index more than a ring ahead is a
+    /// driver error: the queue must fail.
+    #[inline]
+    pub fn pop(&mut self) -> Result<Option<u16>, RingError> {
+        if self.next_avail == self.avail_idx {
+            // Acquire: the ring entries and descriptors the driver wrote before the index.
+            let idx = Wrapping(u16::from_le(self.avail_idx_field().load(Ordering::Acquire)));
+            if (idx - self.next_avail).0 > self.size {
+                return Err(RingError::AvailIndex { idx: idx.0, next_avail: self.next_avail.0 });
+            }
+            if idx == self.next_avail {
+                return Ok(None);
+            }
+            self.avail_idx = idx;
+        }
+        let slot = usize::from(self.next_avail.0 & (self.size - 1));
+        // SAFETY: `slot < size`; ring[slot] is inside the mapped avail ring (checked in `new`).
+        let head =
+            u16::from_le(unsafe { std::ptr::read_volatile(self.avail.add(4 + 2 * slot).cast::<u16>()) });
+        self.next_avail += Wrapping(1);
+        Ok(Some(head))
+    }
+
+    /// Collects the chain headed by descriptor `head` into `chain`.
+    #[inline]
+    pub fn walk(&self, mem: &MemTable, head: u16, chain: &mut Chain) -> Result<(), WalkError> {
+        chain.clear();
+        walk_table(mem, self.desc, u32::from(self.size), u32::from(head), false, chain)
+    }
+
+    /// Writes one used element (not yet visible to the driver).
+    #[inline]
+    pub fn push_used(&mut self, head: u16, len: u32) {
+        let slot = usize::from(self.next_used.0 & (self.size - 1));
+        // SAFETY: `slot < size`, so the 8-byte element is inside the mapped, 4-aligned used ring
+        // (checked in `new`). The guest may read it concurrently; volatile writes.
+        unsafe {
+            let elem = self.used.add(4 + 8 * slot).cast::<u32>();
+            std::ptr::write_volatile(elem, u32::from(head).to_le());
+            std::ptr::write_volatile(elem.add(1), len.to_le());
+        }
+        self.next_used += Wrapping(1);
+        self.unpublished += 1;
+    }
+
+    /// Makes every pushed element visible with one store of `used.idx`. Returns how many.
+    #[inline]
+    pub fn publish(&mut self) -> u16 {
+        let n = self.unpublished;
+        if n > 0 {
+            // SAFETY: `used + 2` is the 2-aligned `idx` field of the mapped used ring.
+            let idx = unsafe { AtomicU16::from_ptr(self.used.add(2) as *mut u16) };
+            // Release: the elements written above are visible before the new index.
+            idx.store(self.next_used.0.to_le(), Ordering::Release);
+            self.unpublished = 0;
+        }
+        n
+    }
+
+    /// Whether the driver wants a notification for what was published since the last one.
+    #[inline]
+    pub fn needs_notification(&mut self) -> bool {
+        let (new, old) = (self.next_used, self.signalled);
+        if new == old {
+            return false;
+        }
+        // Order our used.idx store before reading the driver's suppression fields (§2.7.10).
+        fence(Ordering::SeqCst);
+        let notify = if self.event_idx {
+            // SAFETY: used_event follows ring[size] in the mapped avail ring; 2-aligned.
+            let used_event = unsafe {
+                AtomicU16::from_ptr(self.avail.add(4 + 2 * usize::from(self.size)) as *mut u16)
+                    .load(Ordering::Relaxed)
+            };
+            // vring_need_event (§2.7.10): notify if used_event lies in [old, new).
+            new - Wrapping(u16::from_le(used_event)) - Wrapping(1) < new - old
+        } else {
+            // SAFETY: `avail` points to the mapped, 2-aligned avail ring's flags field.
+            let flags = unsafe { AtomicU16::from_ptr(self.avail as *mut u16).load(Ordering::Relaxed) };
+            u16::from_le(flags) & AVAIL_F_NO_INTERRUPT == 0
+        };
+        if notify {
+            self.signalled = new;
+        }
+        notify
+    }
+
+    fn used_flags(&self) -> &AtomicU16 {
+        // SAFETY: `used` is the 4-aligned start (flags) of the mapped used ring.
+        unsafe { AtomicU16::from_ptr(self.used as *mut u16) }
+    }
+
+    /// Asks the driver not to kick while the device polls (without EVENT_IDX: NO_NOTIFY; with
+    /// it, the stale avail_event already limits kicks to one per lap).
+    pub fn disable_notification(&mut self) {
+        if !self.event_idx {
+            self.used_flags().store(USED_F_NO_NOTIFY.to_le(), Ordering::Relaxed);
+        }
+    }
+
+    /// Asks the driver to kick for the next request before the device sleeps. Returns whether
+    /// requests arrived meanwhile (then the device must not sleep).
+    pub fn enable_notification(&mut self) -> bool {
+        if self.event_idx {
+            // SAFETY: avail_event follows ring[size] in the mapped used ring; 2-aligned.
+            let ev =
+                unsafe { AtomicU16::from_ptr(self.used.add(4 + 8 * usize::from(self.size)) as *mut u16) };
+            ev.store(self.next_avail.0.to_le(), Ordering::Relaxed);
+        } else {
+            self.used_flags().store(0, Ordering::Relaxed);
+        }
+        // The driver writes avail.idx then reads our field; we write our field then read
+        // avail.idx: a full fence on both sides means one of us sees the other (§2.7.10).
+        fence(Ordering::SeqCst);
+        Wrapping(u16::from_le(self.avail_idx_field().load(Ordering::Acquire))) != self.next_avail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::GuestMemory;
+    use std::sync::Arc;
+    use vm_memory::{Bytes, GuestAddress};
+
+    const DESC: u64 = 0x0;
+    const AVAIL: u64 = 0x1000;
+    const USED: u64 = 0x2000;
+
+    fn setup() -> (GuestMemory, MemTable) {
+        let m = GuestMemory::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let t = MemTable::new(Arc::new(m.clone())).unwrap();
+        (m, t)
+    }
+
+    fn u16_at(m: &GuestMemory, a: u64) -> u16 {
+        m.read_obj(GuestAddress(a)).unwrap()
+    }
+
+    #[test]
+    fn publishes_once_per_batch_and_follows_used_event() {
+        let (m, t) = setup();
+        let mut ring = SplitQueue::new(&t, DESC, AVAIL, USED, 8, true, 0, 0).unwrap();
+        ring.push_used(3, 512);
+        ring.push_used(5, 1);
+        assert_eq!(u16_at(&m, USED + 2), 0, "not yet published");
+        assert_eq!(ring.publish(), 2);
+        assert_eq!(u16_at(&m, USED + 2), 2);
+        assert_eq!(m.read_obj::<u32>(GuestAddress(USED + 4)).unwrap(), 3);
+        assert_eq!(m.read_obj::<u32>(GuestAddress(USED + 8)).unwrap(), 512);
+        assert_eq!(m.read_obj::<u32>(GuestAddress(USED + 12)).unwrap(), 5);
+        // used_event = 0: the driver wants to hear once used idx passes 0.
+        m.write_obj::<u16>(0, GuestAddress(AVAIL + 4 + 16)).unwrap();
+        assert!(ring.needs_notification());
+        assert!(!ring.needs_notification(), "nothing new since");
+        // The driver asks to be told after entry 5 only.
+        m.write_obj::<u16>(5, GuestAddress(AVAIL + 4 + 16)).unwrap();
+        for h in 0..3 {
+            ring.push_used(h, 1);
+        }
+        ring.publish();
+        assert!(!ring.needs_notification(), "used idx 5 < used_event + 1");
+        ring.push_used(0, 1);
+        ring.publish();
+        assert!(ring.needs_notification(), "used idx 6 passes used_event 5");
+    }
+
+    #[test]
+    fn without_event_idx_the_no_interrupt_flag_rules() {
+        let (m, t) = setup();
+        let mut ring = SplitQueue::new(&t, DESC, AVAIL, USED, 4, false, 65535, 65535).unwrap();
+        ring.push_used(1, 1);
+        ring.publish();
+        assert_eq!(u16_at(&m, USED + 2), 0, "index wraps");
+        m.write_obj::<u16>(1, GuestAddress(AVAIL)).unwrap();
+        assert!(!ring.needs_notification());
+        m.write_obj::<u16>(0, GuestAddress(AVAIL)).unwrap();
+        ring.push_used(2, 1);
+        ring.publish();
+        assert!(ring.needs_notification());
+        // Polling sets NO_NOTIFY; re-arming clears it and sees what arrived meanwhile.
+        ring.disable_notification();
+        assert_eq!(u16_at(&m, USED), USED_F_NO_NOTIFY);
+        m.write_obj::<u16>(65535, GuestAddress(AVAIL + 2)).unwrap();
+        assert!(!ring.enable_notification());
+        assert_eq!(u16_at(&m, USED), 0);
+        m.write_obj::<u16>(0, GuestAddress(AVAIL + 2)).unwrap();
+        assert!(ring.enable_notification(), "avail idx 0 != next_avail 65535");
+    }
+
+    #[test]
+    fn pop_reads_the_index_once_per_burst_and_refuses_a_runaway_index() {
+        let (m, t) = setup();
+        let mut ring = SplitQueue::new(&t, DESC, AVAIL, USED, 4, true, 0, 0).unwrap();
+        assert_eq!(ring.pop(), Ok(None));
+        for (i, h) in [2u16, 0, 3].iter().enumerate() {
+            m.write_obj(*h, GuestAddress(AVAIL + 4 + 2 * i as u64)).unwrap();
+        }
+        m.write_obj::<u16>(3, GuestAddress(AVAIL + 2)).unwrap();
+        assert_eq!(ring.pop(), Ok(Some(2)));
+        // Index moved backwards by a hostile driver: the cached value still bounds the burst.
+        m.write_obj::<u16>(1, GuestAddress(AVAIL + 2)).unwrap();
+        assert_eq!(ring.pop(), Ok(Some(0)));
+        assert_eq!(ring.pop(), Ok(Some(3)));
+        assert_eq!(ring.next_avail(), 3);
+        m.write_obj::<u16>(3 + 5, GuestAddress(AVAIL + 2)).unwrap();
+        assert_eq!(ring.pop(), Err(RingError::AvailIndex { idx: 8, next_avail: 3 }));
+        // EVENT_IDX re-arm writes avail_event = next_avail.
+        m.write_obj::<u16>(3, GuestAddress(AVAIL + 2)).unwrap();
+        assert!(!ring.enable_notification());
+        assert_eq!(u16_at(&m, USED + 4 + 8 * 4), 3);
+    }
+
+    #[test]
+    fn rings_outside_memory_or_misaligned_are_refused() {
+        let (_m, t) = setup();
+        assert!(matches!(
+            SplitQueue::new(&t, DESC, AVAIL, 0xfff0, 8, true, 0, 0),
+            Err(RingError::OutsideMemory { what: "used ring", .. })
+        ));
+        assert!(matches!(
+            SplitQueue::new(&t, DESC, AVAIL + 1, USED, 8, true, 0, 0),
+            Err(RingError::Misaligned { what: "available ring", .. })
+        ));
+        assert!(matches!(
+            SplitQueue::new(&t, 0x8, AVAIL, USED, 8, true, 0, 0),
+            Err(RingError::Misaligned { what: "descriptor table", .. })
+        ));
+        assert_eq!(SplitQueue::new(&t, DESC, AVAIL, USED, 6, true, 0, 0).err(), Some(RingError::BadSize(6)));
+    }
+}
