@@ -463,24 +463,19 @@ fn decode_segment(raw: &[u8; DISCARD_SEGMENT_SIZE as usize]) -> Segment {
 /// checked to be guest memory and to hold at least `offset + N` bytes.
 #[inline]
 fn read_stream<const N: usize>(mem: &MemTable, descs: &[Desc], offset: u64) -> [u8; N] {
-    let mut out = [0u8; N];
-    // Common case: the bytes lie in the first descriptor, host-contiguous and 8-aligned (a
-    // request header in a driver's structure).
+    // Common case: the bytes lie in the first descriptor, host-contiguous.
     if let Some(d) = descs.first() {
         if !d.host.is_null() && offset + N as u64 <= u64::from(d.len) && N % 8 == 0 {
-            // SAFETY: `offset + N <= len` bytes from `host` are inside one mapping.
-            let src = unsafe { d.host.add(offset as usize) };
-            if (src as usize) % 8 == 0 {
-                for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
-                    // SAFETY: 8-aligned, inside the mapping (above). Volatile: the guest may
-                    // write this memory concurrently.
-                    let w = unsafe { std::ptr::read_volatile(src.add(8 * i).cast::<u64>()) };
-                    chunk.copy_from_slice(&w.to_ne_bytes());
-                }
-                return out;
+            let mut out = [0u8; N];
+            for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+                // SAFETY: `offset + N <= len` bytes from `host` are inside one mapping.
+                let w = unsafe { fp_virtq::access::load_u64_le(d.host.add(offset as usize + 8 * i)) };
+                chunk.copy_from_slice(&w.to_le_bytes());
             }
+            return out;
         }
     }
+    let mut out = [0u8; N];
     let mut done = 0usize;
     let mut skip = offset;
     for d in descs {
@@ -605,8 +600,9 @@ impl DiskParams {
 /// Check that `[sector, sector + num_sectors)` (512-byte units) is inside the
 /// disk and aligned to its block size; overflow-safe.
 fn check_range(sector: u64, num_sectors: u64, disk: &DiskParams) -> Result<(), u8> {
-    let sectors_per_block = u64::from(disk.effective_block_size()) / SECTOR_SIZE;
-    if num_sectors == 0 || sector % sectors_per_block != 0 || num_sectors % sectors_per_block != 0 {
+    // The block size is a power of two of at least 512 bytes: masks instead of divisions.
+    let block_mask = u64::from(disk.effective_block_size()) / SECTOR_SIZE - 1;
+    if num_sectors == 0 || (sector | num_sectors) & block_mask != 0 {
         return Err(VIRTIO_BLK_S_IOERR);
     }
     match sector.checked_add(num_sectors) {
@@ -633,7 +629,7 @@ pub fn validate(req: &BlkRequest, disk: &DiskParams) -> Result<(), u8> {
                 return Err(VIRTIO_BLK_S_IOERR);
             }
             let bs = u64::from(disk.effective_block_size());
-            if req.data_len == 0 || req.data_len % bs != 0 {
+            if req.data_len == 0 || req.data_len & (bs - 1) != 0 {
                 return Err(VIRTIO_BLK_S_IOERR);
             }
             check_range(req.sector, req.data_len / SECTOR_SIZE, disk)

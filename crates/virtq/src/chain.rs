@@ -1,5 +1,6 @@
 //! One request's descriptors, as either ring format's walker collects them.
 
+use crate::access::load_u64_le;
 use crate::mem::MemTable;
 
 /// Hard bound on the descriptors (zero-length ones included) one chain may contain, whatever
@@ -73,7 +74,7 @@ impl Chain {
 
     /// Adds one walked descriptor: enforces the 2^32-byte and [`MAX_CHAIN_DESCRIPTORS`] limits,
     /// drops empty descriptors and resolves the host address.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn add(&mut self, mem: &MemTable, addr: u64, len: u32, write: bool) -> Result<(), WalkError> {
         // §2.7.5.2 / §2.8: a chain is at most 2^32 bytes.
         self.total = self.total.checked_add(len).ok_or(WalkError::Broken)?;
@@ -102,33 +103,16 @@ impl Chain {
 }
 
 /// Reads the 16 bytes of descriptor `index` of a table at `table` as two little-endian u64
-/// (`addr`, then `len | flags << 32 | next_or_id << 48` for both formats' layouts).
+/// (`addr`, then `len | flags << 32 | next_or_id << 48` for both formats' layouts). Indirect
+/// tables need no alignment (§2.7.5.3).
 ///
 /// # Safety
 /// `table + 16 * (index + 1)` must not pass the end of a live mapping.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn read_desc(table: *const u8, index: u32) -> (u64, u64) {
     // SAFETY: the caller guarantees the 16 bytes are mapped.
-    let p = unsafe { table.add(16 * index as usize) };
-    if (p as usize) & 7 == 0 {
-        // SAFETY: 8-aligned and mapped (above). Volatile: the guest writes this memory.
-        unsafe {
-            (
-                u64::from_le(std::ptr::read_volatile(p.cast::<u64>())),
-                u64::from_le(std::ptr::read_volatile(p.add(8).cast::<u64>())),
-            )
-        }
-    } else {
-        // Indirect tables need no alignment (§2.7.5.3): bytewise.
-        let mut b = [0u8; 16];
-        for (i, byte) in b.iter_mut().enumerate() {
-            // SAFETY: as above, one byte at a time.
-            *byte = unsafe { std::ptr::read_volatile(p.add(i)) };
-        }
-        let (lo, hi) = b.split_at(8);
-        (
-            u64::from_le_bytes(lo.try_into().unwrap_or_default()),
-            u64::from_le_bytes(hi.try_into().unwrap_or_default()),
-        )
+    unsafe {
+        let p = table.add(16 * index as usize);
+        (load_u64_le(p), load_u64_le(p.add(8)))
     }
 }

@@ -14,6 +14,7 @@
 //! is read once, so a guest changing a descriptor under us can make us see a garbage chain but
 //! never an out-of-bounds access. Why this is not virtio-queue: docs/architecture.md.
 
+pub mod access;
 mod chain;
 mod mem;
 mod packed;

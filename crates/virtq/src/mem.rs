@@ -21,12 +21,31 @@ struct Region {
     host: *mut u8,
 }
 
+impl Region {
+    /// Host address of `[gpa, gpa + len)` if it lies inside this region.
+    #[inline(always)]
+    fn host_range(&self, gpa: u64, len: u64) -> Option<*mut u8> {
+        let off = gpa.wrapping_sub(self.gpa);
+        if off < self.len && len <= self.len - off {
+            // SAFETY: `off < self.len`, so the result stays inside the region's mapping.
+            Some(unsafe { self.host.add(off as usize) })
+        } else {
+            None
+        }
+    }
+}
+
 /// A translation table over one guest-memory snapshot. Holds the snapshot alive, so every
 /// pointer it returns stays valid for the table's lifetime. Not `Sync`: each queue has its own
-/// (the last-hit index is per queue).
+/// (the recently-hit regions are per queue).
+///
+/// Two regions are remembered, not one: a request's header and status often live in one region
+/// and its data in another (libblkio's request area and the application's buffers; a guest's
+/// low and high memory), and with one entry every request would miss twice.
 pub struct MemTable {
     regions: Box<[Region]>,
-    last: Cell<usize>,
+    /// The last region hit, then the one before it (indices into `regions`).
+    recent: Cell<[usize; 2]>,
     mem: Arc<GuestMemory>,
 }
 
@@ -45,7 +64,7 @@ impl MemTable {
             return None;
         }
         regions.sort_by_key(|r| r.gpa);
-        Some(MemTable { regions: regions.into_boxed_slice(), last: Cell::new(0), mem })
+        Some(MemTable { regions: regions.into_boxed_slice(), recent: Cell::new([0, 0]), mem })
     }
 
     /// The snapshot this table translates.
@@ -57,12 +76,14 @@ impl MemTable {
     /// 0: then `gpa` must be inside a region).
     #[inline]
     pub fn translate(&self, gpa: u64, len: u64) -> Option<*mut u8> {
-        // `last` is always a valid index (set only from `position` below).
-        let r = self.regions[self.last.get()];
-        let off = gpa.wrapping_sub(r.gpa);
-        if off < r.len && len <= r.len - off {
-            // SAFETY: `off < r.len`, so the result stays inside the region's mapping.
-            return Some(unsafe { r.host.add(off as usize) });
+        let [last, prev] = self.recent.get();
+        // Both indices are always valid (set only from `regions`' positions).
+        if let Some(p) = self.regions[last].host_range(gpa, len) {
+            return Some(p);
+        }
+        if let Some(p) = self.regions[prev].host_range(gpa, len) {
+            self.recent.set([prev, last]);
+            return Some(p);
         }
         self.translate_slow(gpa, len)
     }
@@ -70,14 +91,9 @@ impl MemTable {
     #[cold]
     fn translate_slow(&self, gpa: u64, len: u64) -> Option<*mut u8> {
         let i = self.position(gpa)?;
-        let r = self.regions[i];
-        let off = gpa - r.gpa;
-        if len > r.len - off {
-            return None;
-        }
-        self.last.set(i);
-        // SAFETY: `off < r.len` (`position` found the region containing `gpa`).
-        Some(unsafe { r.host.add(off as usize) })
+        let p = self.regions[i].host_range(gpa, len)?;
+        self.recent.set([i, self.recent.get()[0]]);
+        Some(p)
     }
 
     /// Index of the region containing `gpa`.

@@ -50,22 +50,22 @@ pub(crate) fn ring_part(
     mem.translate(addr, len).ok_or(RingError::OutsideMemory { what, addr, len })
 }
 
-/// Walks a split-format descriptor table (the ring's, or an indirect one) from `index`.
+/// Walks a split-format chain from `index` of the ring's table at `table` (`size` entries).
 ///
 /// The bounds are virtio-queue's, so behaviour did not change when this replaced it: at most
-/// `size` descriptors per table (a longer chain has a loop), `next` below `size`, one indirect
-/// table at most (it ends the main chain; its own entries may not be indirect), plus the
-/// [`Chain`]'s own limits.
+/// `size` descriptors per table (a longer chain has a loop), `next` below the table's size, one
+/// indirect table at most (it ends the main chain; its own entries may not be indirect), plus
+/// the [`Chain`]'s own limits.
 #[inline]
 fn walk_table(
     mem: &MemTable,
-    table: *const u8,
-    size: u32,
+    mut table: *const u8,
+    mut size: u32,
     mut index: u32,
-    in_indirect: bool,
     chain: &mut Chain,
 ) -> Result<(), WalkError> {
     let mut ttl = size;
+    let mut in_indirect = false;
     loop {
         if index >= size {
             return Err(WalkError::Broken);
@@ -79,8 +79,9 @@ fn walk_table(
             if in_indirect || len == 0 || len % 16 != 0 {
                 return Err(WalkError::Broken);
             }
-            let t = mem.translate(addr, u64::from(len)).ok_or(WalkError::Broken)?;
-            return walk_table(mem, t, len / 16, 0, true, chain);
+            table = mem.translate(addr, u64::from(len)).ok_or(WalkError::Broken)?;
+            (size, ttl, index, in_indirect) = (len / 16, len / 16, 0, true);
+            continue;
         }
         chain.add(mem, addr, len, flags & DESC_F_WRITE != 0)?;
         if flags & DESC_F_NEXT == 0 {
@@ -204,7 +205,7 @@ impl SplitQueue {
     #[inline]
     pub fn walk(&self, mem: &MemTable, head: u16, chain: &mut Chain) -> Result<(), WalkError> {
         chain.clear();
-        walk_table(mem, self.desc, u32::from(self.size), u32::from(head), false, chain)
+        walk_table(mem, self.desc, u32::from(self.size), u32::from(head), chain)
     }
 
     /// Writes one used element (not yet visible to the driver).
