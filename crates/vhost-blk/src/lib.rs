@@ -34,7 +34,13 @@ use vhost::vhost_user::BackendReqHandler;
 use crate::backend::Connection;
 use crate::queue::QueueStats;
 
-/// Most queues one controller offers.
+/// Most queues one controller offers, and what it offers unless the operator sets fewer.
+///
+/// A frontend starts only the queues it wants (QEMU: one per vCPU by default), and only a
+/// started queue has a poller, ring mappings or an in-flight region; an offered but unused
+/// queue costs its counters and its slot in the connection's table. 64 covers the vCPU count
+/// of any VM that one disk on one daemon serves in practice, while what a frontend can make the
+/// daemon allocate stays bounded (docs/architecture.md, "Queues").
 pub const MAX_QUEUES: u16 = 64;
 
 #[derive(Debug, thiserror::Error)]
