@@ -153,7 +153,7 @@ mod guest_vm {
         assert_eq!(disk["cache"], "write_back", "the device offers FLUSH, so the guest caches writes");
         assert_ne!(disk["discard_max"], "0", "the device offers discard");
         assert_ne!(disk["write_zeroes_max"], "0", "the device offers write-zeroes");
-        assert_all_queues_used(&r, 1);
+        assert_all_queues_used(r, 1);
 
         // Replay what the guest reports having done and compare the whole file.
         let ops = r.ops("fp-data");
