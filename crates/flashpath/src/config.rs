@@ -405,6 +405,10 @@ mod tests {
                 "vhost_blk[0]: bdev 'zz' does not exist",
             ),
             (
+                "[[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"a\"\nnum_queues = 65\n",
+                "vhost_blk[0].num_queues: 65 is not between 1 and 64",
+            ),
+            (
                 "[[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"a\"\nbogus = true\n",
                 "vhost_blk[0].bogus: unknown parameter",
             ),

@@ -167,7 +167,7 @@ struct VhostCreateArgs {
     /// Refuse writes
     #[arg(long)]
     readonly: bool,
-    /// Queues offered to the guest [default: one per core]
+    /// Most queues the guest may use, 1-64 [default: 64, spread over the cores]
     #[arg(long, value_name = "N", value_parser = u16_arg)]
     queues: Option<u16>,
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_same, bounded, pattern, BlkClient, Daemon};
+use common::{assert_same, bounded, pattern, BlkClient, ClientOpts, Daemon};
 use serde_json::{json, Value};
 
 #[test]
@@ -103,5 +103,52 @@ fn out_of_range_and_misaligned_requests_fail_and_leave_data_alone() {
         let got = c.read(0, cap - 4096, 4096).expect("read of the last block");
         assert_same("last block after rejected requests", cap - 4096, &got, &pattern(3, cap - 4096, 4096));
     });
+    daemon.assert_alive();
+}
+
+/// A controller created without `num_queues`, on a daemon with one reactor, offers
+/// `MAX_QUEUES` (64): libblkio sees them as max-queues, can start all of them (all on that
+/// reactor) and no more, and the daemon's counters are the sum over the queues.
+#[test]
+fn by_default_a_controller_offers_64_queues_whatever_the_reactors() {
+    const MAX: usize = 64;
+    let mut daemon = Daemon::start("0");
+    daemon.malloc("m", 2 * MAX as u64, 4096);
+    let sock = daemon.controller("vhost.0", "m", None, false);
+    let listed = daemon.call("vhost_get_controllers", json!({"name": "vhost.0"}));
+    assert_eq!(listed[0]["num_queues"], json!(MAX), "{listed}");
+
+    let too_many = sock.clone();
+    bounded(Duration::from_secs(60), "queues", move || {
+        let e = BlkClient::connect(&too_many, ClientOpts { num_queues: MAX + 1, ..ClientOpts::default() })
+            .err()
+            .expect("libblkio started more queues than the device offers");
+        assert!(e.message().contains(&MAX.to_string()), "{e}");
+
+        let mut c = BlkClient::open(&sock, MAX);
+        assert_eq!((c.max_queues, c.num_queues()), (MAX, MAX), "max-queues and queues started");
+        // Block `qi` written through queue `qi`, then all of them read back through queue 0 and
+        // each through its own queue.
+        for qi in 0..MAX {
+            let off = qi as u64 * 4096;
+            assert_eq!(c.write(qi, off, &pattern(qi as u64, off, 4096)), 0, "write on queue {qi}");
+        }
+        let all = c.read(0, 0, MAX * 4096).expect("read of every queue's block");
+        for qi in 0..MAX {
+            let off = qi as u64 * 4096;
+            let own = c.read(qi, off, 4096).expect("read on its own queue");
+            assert_same("a block through its own queue", off, &own, &pattern(qi as u64, off, 4096));
+            assert_same("a block through queue 0", off, &all[qi * 4096..][..4096], &own);
+        }
+    });
+
+    // The counters are per controller, summed over the 64 queues: 64 writes, 1 + 64 reads.
+    let stats = &daemon.call("vhost_get_controllers", json!({"name": "vhost.0"}))[0]["stats"];
+    assert_eq!(stats["write_ops"], json!(MAX), "{stats}");
+    assert_eq!(stats["read_ops"], json!(MAX + 1), "{stats}");
+    assert_eq!(stats["bytes_written"], json!(MAX * 4096), "{stats}");
+    assert_eq!(stats["bytes_read"], json!(2 * MAX * 4096), "{stats}");
+    let all = daemon.call("flashpath_get_stats", Value::Null);
+    assert_eq!(all["controllers"][0]["stats"], *stats, "{all}");
     daemon.assert_alive();
 }

@@ -39,19 +39,29 @@ mod guest_vm {
         path
     }
 
-    /// `[[bdev]]` of an io_uring file disk and a 2-queue `[[vhost_blk]]` on it.
-    fn file_disk_config(bdev: &str, file: &Path, ctrlr: &str, readonly: bool) -> String {
+    /// `[[bdev]]` of an io_uring file disk and a `[[vhost_blk]]` on it with `num_queues`, or
+    /// without it (the daemon's default) when `None`.
+    fn file_disk_config(
+        bdev: &str,
+        file: &Path,
+        ctrlr: &str,
+        readonly: bool,
+        num_queues: Option<u16>,
+    ) -> String {
+        let queues = num_queues.map(|n| format!("num_queues = {n}\n")).unwrap_or_default();
         format!(
             "[[bdev]]\ntype = \"uring\"\nname = \"{bdev}\"\nfilename = \"{}\"\n\n\
-             [[vhost_blk]]\nctrlr = \"{ctrlr}\"\ndev_name = \"{bdev}\"\nnum_queues = 2\nreadonly = {readonly}\n\n",
+             [[vhost_blk]]\nctrlr = \"{ctrlr}\"\ndev_name = \"{bdev}\"\n{queues}readonly = {readonly}\n\n",
             file.display()
         )
     }
 
-    /// Boots `scenario` on one io_uring file disk of `size` bytes, exported as the 2-queue
-    /// controller `ctrlr` by a daemon on `cpus` started from a configuration file, asserts PASS
-    /// and that the guest saw the disk as exported (size, 512-byte blocks, 2 queues, read-only
-    /// flag). The backing file holds `initial` and then zeroes (sparse). Returns the daemon,
+    /// Boots `scenario` on one io_uring file disk of `size` bytes, exported as the controller
+    /// `ctrlr` by a daemon on `cpus` started from a configuration file, asserts PASS and that
+    /// the guest saw the disk as exported (size, 512-byte blocks, 2 queues, read-only flag).
+    /// `queues` is both the controller's `num_queues` and the device's `num-queues`; `None`
+    /// leaves both out, so QEMU asks for one queue per vCPU (2) and the daemon offers its
+    /// default. The backing file holds `initial` and then zeroes (sparse). Returns the daemon,
     /// the backing file and the guest's result.
     fn guest_on_file_disk(
         scenario: &str,
@@ -60,6 +70,7 @@ mod guest_vm {
         size: u64,
         readonly: bool,
         initial: &[u8],
+        queues: Option<u16>,
     ) -> (Daemon, PathBuf, GuestResult) {
         let d = Daemon::start_with_config(cpus, |dir| {
             let file = dir.join(format!("{ctrlr}.img"));
@@ -67,10 +78,11 @@ mod guest_vm {
                 .and_then(|_| std::fs::File::options().write(true).open(&file))
                 .and_then(|f| f.set_len(size))
                 .expect("filling the backing file");
-            file_disk_config(ctrlr, &file, ctrlr, readonly)
+            file_disk_config(ctrlr, &file, ctrlr, readonly, queues)
         });
         let file = d.dir.path().join(format!("{ctrlr}.img"));
-        let r = run_scenario(&VmConfig::new(scenario, vec![d.dir.path().join(ctrlr)]), d.dir.path());
+        let vm = VmConfig { num_queues: queues, ..VmConfig::new(scenario, vec![d.dir.path().join(ctrlr)]) };
+        let r = run_scenario(&vm, d.dir.path());
         assert_disk(&r, ctrlr, size, 512, readonly);
         (d, file, r)
     }
@@ -135,16 +147,13 @@ mod guest_vm {
         out.stdout
     }
 
-    #[test]
-    fn data_written_in_the_guest_is_in_the_backing_file() {
-        let Some(_one) = one_at_a_time() else { return };
-        let size = 64 * MIB;
-        let (d, file, r) = guest_on_file_disk("data", "0", "fp-data", size, false, &[]);
+    /// The host-side checks of the `data` scenario on a disk of `size` bytes backed by `file`.
+    fn check_data_scenario(d: &Daemon, file: &Path, r: &GuestResult, size: u64) {
         let disk = r.disk("fp-data");
         assert_eq!(disk["cache"], "write_back", "the device offers FLUSH, so the guest caches writes");
         assert_ne!(disk["discard_max"], "0", "the device offers discard");
         assert_ne!(disk["write_zeroes_max"], "0", "the device offers write-zeroes");
-        assert_all_queues_used(&r, 1);
+        assert_all_queues_used(r, 1);
 
         // Replay what the guest reports having done and compare the whole file.
         let ops = r.ops("fp-data");
@@ -155,10 +164,10 @@ mod guest_vm {
             ops.iter().any(|o| matches!(o, DiskOp::Write { offset, len, .. } if offset + len == size)),
             "no write reached the last block: {ops:?}"
         );
-        let got = std::fs::read(&file).expect("reading the backing file");
+        let got = std::fs::read(file).expect("reading the backing file");
         assert_same("the backing file after the guest", 0, &got, &expected_contents(size, &ops));
 
-        let s = stats(&d, "fp-data");
+        let s = stats(d, "fp-data");
         assert_no_errors(&s);
         for name in ["flush_ops", "discard_ops", "write_zeroes_ops", "write_ops", "read_ops"] {
             assert!(counter(&s, name) > 0, "{name} = 0: {s}");
@@ -166,9 +175,37 @@ mod guest_vm {
     }
 
     #[test]
+    fn data_written_in_the_guest_is_in_the_backing_file() {
+        let Some(_one) = one_at_a_time() else { return };
+        let size = 64 * MIB;
+        let (d, file, r) = guest_on_file_disk("data", "0", "fp-data", size, false, &[], Some(2));
+        check_data_scenario(&d, &file, &r, size);
+    }
+
+    /// QEMU's default device line: no `num-queues`, so QEMU asks for one queue per vCPU (2),
+    /// from a controller created without `num_queues` on a daemon with one reactor. The daemon
+    /// must offer enough queues for QEMU to start, and both queues work on that one reactor.
+    #[test]
+    fn the_default_device_line_gets_a_queue_per_vcpu_from_one_reactor() {
+        let Some(_one) = one_at_a_time() else { return };
+        let size = 64 * MIB;
+        let (d, file, r) = guest_on_file_disk("data", "0", "fp-data", size, false, &[], None);
+        // assert_disk saw 2 blk-mq queues in the guest; the daemon offered all it may.
+        let ctrl = d.call("vhost_get_controllers", json!({"name": "fp-data"}));
+        assert_eq!(ctrl[0]["num_queues"], 64, "{ctrl}");
+        assert_eq!(ctrl[0]["cores"], json!([0]), "{ctrl}");
+        check_data_scenario(&d, &file, &r, size);
+        let log = d.stderr();
+        for q in 0..2 {
+            assert!(log.contains(&format!("fp-data queue {q}: started on reactor 0")), "queue {q}:\n{log}");
+        }
+        assert!(!log.contains("fp-data queue 2:"), "QEMU started a third queue:\n{log}");
+    }
+
+    #[test]
     fn ext4_made_in_the_guest_checks_clean_on_the_host() {
         let Some(_one) = one_at_a_time() else { return };
-        let (d, img, _) = guest_on_file_disk("filesystem", "0", "fp-fs", 64 * MIB, false, &[]);
+        let (d, img, _) = guest_on_file_disk("filesystem", "0", "fp-fs", 64 * MIB, false, &[], Some(2));
 
         // The guest has unmounted it and QEMU is gone: the file is a quiescent ext4 image.
         let fsck = Command::new(e2fs_tool("e2fsck")).arg("-fn").arg(&img).output().expect("running e2fsck");
@@ -200,7 +237,7 @@ mod guest_vm {
     #[test]
     fn fio_randrw_with_verify_on_two_queues() {
         let Some(_one) = one_at_a_time() else { return };
-        let (d, _, r) = guest_on_file_disk("load", "0,1", "fp-load", 64 * MIB, false, &[]);
+        let (d, _, r) = guest_on_file_disk("load", "0,1", "fp-load", 64 * MIB, false, &[], Some(2));
         let fio = r.info_after("fio").join(" ");
         assert!(fio.contains("status=0") && fio.contains("errors=0"), "fio: {fio}");
         assert_all_queues_used(&r, 1);
@@ -214,7 +251,7 @@ mod guest_vm {
         let Some(_one) = one_at_a_time() else { return };
         let size = 16 * MIB;
         let initial = pattern(77, 0, 4 << 20);
-        let (d, file, r) = guest_on_file_disk("readonly", "0", "fp-ro", size, true, &initial);
+        let (d, file, r) = guest_on_file_disk("readonly", "0", "fp-ro", size, true, &initial, Some(2));
         let mut before = initial;
         before.resize(size as usize, 0);
         // Linux refuses writes to a disk whose device offers VIRTIO_BLK_F_RO before they reach
@@ -245,7 +282,7 @@ mod guest_vm {
                 "[[bdev]]\ntype = \"malloc\"\nname = \"ram\"\nnum_blocks = {}\nblock_size = 4096\n\n\
                  [[vhost_blk]]\nctrlr = \"fp-ram\"\ndev_name = \"ram\"\nnum_queues = 2\n\n{}",
                 ram_size / 4096,
-                file_disk_config("file", &file, "fp-file", false)
+                file_disk_config("file", &file, "fp-file", false, Some(2))
             )
         });
         let ram_sock = d.dir.path().join("fp-ram");

@@ -191,7 +191,8 @@ pub struct VhostBlkSpec {
     /// Reactor cores its queues may run on (SPDK's cpumask); `None` means all reactors.
     pub cpus: Option<Vec<usize>>,
     pub readonly: bool,
-    /// Queues offered to the driver; `None` means one per reactor in the mask.
+    /// The most queues a frontend may start (GET_QUEUE_NUM, the config space's `num_queues`);
+    /// `None` means [`fp_vhost_blk::MAX_QUEUES`], whatever the number of reactors in the mask.
     pub num_queues: Option<u16>,
 }
 
@@ -422,10 +423,11 @@ impl Target {
                 picked
             }
         };
-        // One queue per reactor by default, as many as a controller may offer at most.
-        let num_queues = spec.num_queues.unwrap_or_else(|| {
-            u16::try_from(reactors.len()).unwrap_or(u16::MAX).min(fp_vhost_blk::MAX_QUEUES)
-        });
+        // By default the controller offers every queue a frontend may ask for: QEMU asks for one
+        // per vCPU unless its device line says otherwise, and refuses to start when offered
+        // fewer. Queue i runs on reactor i % n, so any count is spread over the mask; a queue
+        // the frontend never starts costs a few hundred bytes (docs/architecture.md, "Queues").
+        let num_queues = spec.num_queues.unwrap_or(fp_vhost_blk::MAX_QUEUES);
         if num_queues == 0 || num_queues > fp_vhost_blk::MAX_QUEUES {
             return Err(TargetError::Invalid {
                 field: "num_queues",

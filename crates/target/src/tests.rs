@@ -101,9 +101,35 @@ fn num_queues_outside_1_to_max_queues_is_refused() {
             "{n}: {e:?}"
         );
     }
+    // Nothing refused was created.
+    assert!(f.target.controllers(None).unwrap().is_empty());
+    assert!(f.target.bdevs(Some("a")).unwrap()[0].claimed_by.is_none());
+    f.target.shutdown();
+}
+
+#[test]
+fn without_num_queues_a_controller_offers_max_queues_on_one_reactor() {
+    let f = fixture(Limits::default());
+    f.target.create_bdev(null("a")).unwrap();
     f.target.create_vhost_blk(vhost("v", "a", None)).unwrap();
-    // The default is one queue per reactor.
-    assert_eq!(f.target.controllers(Some("v")).unwrap()[0].num_queues, 1);
+    // One reactor, yet every queue a frontend may ask for (QEMU: one per vCPU).
+    assert_eq!(f.target.reactors().len(), 1);
+    let c = &f.target.controllers(Some("v")).unwrap()[0];
+    assert_eq!(c.num_queues, fp_vhost_blk::MAX_QUEUES);
+    assert_eq!(c.stats, fp_vhost_blk::ControllerStats::default(), "no queue has run yet");
+    f.target.shutdown();
+}
+
+#[test]
+fn an_explicit_num_queues_is_the_bound_offered() {
+    let f = fixture(Limits::default());
+    let max = fp_vhost_blk::MAX_QUEUES;
+    for (i, n) in [1, 3, max].into_iter().enumerate() {
+        let (dev, ctrlr) = (format!("d{i}"), format!("v{i}"));
+        f.target.create_bdev(null(&dev)).unwrap();
+        f.target.create_vhost_blk(vhost(&ctrlr, &dev, Some(n))).unwrap();
+        assert_eq!(f.target.controllers(Some(&ctrlr)).unwrap()[0].num_queues, n, "{ctrlr}");
+    }
     f.target.shutdown();
 }
 

@@ -235,10 +235,13 @@ fn vhost_create_errors() {
         &f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "num_queues": 70000})),
         "num_queues",
     );
-    assert_param(
-        &f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "num_queues": 0})),
-        "num_queues",
-    );
+    // 0 and one past MAX_QUEUES pass the decoder (a u16) and are refused by the target.
+    for n in [0, fp_vhost_blk::MAX_QUEUES + 1] {
+        let e =
+            f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "num_queues": n}));
+        assert_param(&e, "num_queues");
+        assert_eq!(e.message, format!("num_queues: {n} is not between 1 and 64"));
+    }
     assert_param(&f.err("vhost_create_blk_controller", json!({"ctrlr": "a/b", "dev_name": "d0"})), "ctrlr");
     assert_param(
         &f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "readonly": "yes"})),

@@ -105,8 +105,8 @@ pub struct VmConfig {
     pub scenario: String,
     /// vhost-user-blk sockets, one `vhost-user-blk-pci` device each, in this order.
     pub disks: Vec<PathBuf>,
-    /// `num-queues` of each device.
-    pub num_queues: u16,
+    /// `num-queues` of each device; `None` leaves it out, so QEMU asks for one per vCPU.
+    pub num_queues: Option<u16>,
     pub vcpus: u32,
     pub mem_mib: u32,
     /// More kernel arguments (e.g. `fp.something=value` for a scenario).
@@ -121,7 +121,7 @@ impl VmConfig {
         VmConfig {
             scenario: scenario.into(),
             disks,
-            num_queues: 2,
+            num_queues: Some(2),
             vcpus: 2,
             mem_mib: 512,
             kernel_args: Vec::new(),
@@ -158,10 +158,14 @@ impl Vm {
             .arg(format!("memory-backend-memfd,id=mem,size={mem}M,share=on"))
             .args(["-machine", "memory-backend=mem"]);
         for (i, sock) in cfg.disks.iter().enumerate() {
+            let mut device = format!("vhost-user-blk-pci,chardev=disk{i}");
+            if let Some(n) = cfg.num_queues {
+                device.push_str(&format!(",num-queues={n}"));
+            }
             cmd.arg("-chardev")
                 .arg(format!("socket,id=disk{i},path={},reconnect-ms=1000", sock.display()))
                 .arg("-device")
-                .arg(format!("vhost-user-blk-pci,chardev=disk{i},num-queues={}", cfg.num_queues));
+                .arg(device);
         }
         let mut append = format!("{KERNEL_ARGS} fp.scenario={}", cfg.scenario);
         for a in &cfg.kernel_args {
