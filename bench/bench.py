@@ -208,10 +208,16 @@ def kill_all_children():
             pass
 
 
+def server_timeout(wrap):
+    """Seconds a server has to start, and to exit after SIGTERM: valgrind makes both slow (and
+    callgrind writes its profile on the way out)."""
+    return 120 if wrap else 20
+
+
 class Flashpath:
     kind = "flashpath"
 
-    def __init__(self, bin_dir, work, cpus, name="flashpath"):
+    def __init__(self, bin_dir, work, cpus, name="flashpath", wrap=()):
         self.bin = os.path.join(bin_dir, "flashpath")
         self.name = name
         self.dir = os.path.join(work, name)
@@ -219,13 +225,14 @@ class Flashpath:
         self.rpc_sock = os.path.join(self.dir, "rpc.sock")
         self.vhost_dir = os.path.join(self.dir, "vhost")
         self.cpus = cpus
+        self.wrap = wrap
         # taskset keeps the control-plane threads on the server cores too; the reactors pin
-        # themselves to the --cpus list.
-        self.proc = spawn(["taskset", "-c", cpus, self.bin, "serve", "--cpus", cpus,
+        # themselves to the --cpus list. `wrap` (valgrind) goes between taskset and the server.
+        self.proc = spawn(["taskset", "-c", cpus, *wrap, self.bin, "serve", "--cpus", cpus,
                            "--rpc", self.rpc_sock, "--vhost-dir", self.vhost_dir],
                           os.path.join(self.dir, "serve.log"))
         self.pid = self.proc.pid
-        wait_for(lambda: self._answers(), 20, "flashpath serve", self.proc)
+        wait_for(lambda: self._answers(), server_timeout(wrap), "flashpath serve", self.proc)
 
     def _answers(self):
         try:
@@ -267,17 +274,18 @@ class Flashpath:
                 for x in r["reactors"]}
 
     def stop(self):
-        stop(self.proc)
+        stop(self.proc, server_timeout(self.wrap))
 
 
 class Qsd:
     kind = "qsd"
 
-    def __init__(self, work, cpu, backend, size, path, queues=2, name="qsd"):
+    def __init__(self, work, cpu, backend, size, path, queues=2, name="qsd", wrap=()):
         self.name = name
         self.dir = os.path.join(work, name + "-" + backend)
         os.makedirs(self.dir, exist_ok=True)
         self.sock = os.path.join(self.dir, f"vhost.{backend}")
+        self.wrap = wrap
         if backend == "null":
             blockdev = f"driver=null-co,node-name=disk0,size={size},read-zeroes=off"
         elif backend == "ram":
@@ -288,17 +296,18 @@ class Qsd:
             blockdev = f"driver=file,node-name=disk0,filename={path},aio=io_uring,cache.direct=on"
         else:
             raise ValueError(backend)
-        self.cmd = ["taskset", "-c", str(cpu), "qemu-storage-daemon",
+        self.cmd = ["taskset", "-c", str(cpu), *wrap, "qemu-storage-daemon",
                     "--object", "iothread,id=iot0",
                     "--blockdev", blockdev,
                     "--export", "type=vhost-user-blk,id=e0,node-name=disk0,addr.type=unix,"
                                 f"addr.path={self.sock},writable=on,iothread=iot0,num-queues={queues}"]
         self.proc = spawn(self.cmd, os.path.join(self.dir, "qsd.log"))
         self.pid = self.proc.pid
-        wait_for(lambda: os.path.exists(self.sock), 20, "qemu-storage-daemon socket", self.proc)
+        wait_for(lambda: os.path.exists(self.sock), server_timeout(wrap), "qemu-storage-daemon socket",
+                 self.proc)
 
     def stop(self):
-        stop(self.proc)
+        stop(self.proc, server_timeout(self.wrap))
 
 
 # ---------------------------------------------------------------------------------------------
