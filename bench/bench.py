@@ -16,6 +16,7 @@ python3-matplotlib), so run it with /usr/bin/python3.
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -35,7 +36,9 @@ MIB = 1 << 20
 
 
 def mode_config(mode):
-    """What a mode measures. `points` lists (pattern, bs, qd, queues, poll) per backend."""
+    """What a mode measures. `points` lists (pattern, bs, qd, queues, poll) per backend;
+    `callgrind` gives the path-length runs (null backend): the short and long run's seconds,
+    the repetitions and the points."""
     full_points = []
     for pattern in ("randread", "randwrite"):
         for queues in (1, 2):
@@ -45,6 +48,7 @@ def mode_config(mode):
     for qd in (1, 32):
         for poll in (True, False):
             full_points.append(("read", 65536, qd, 1, poll))
+    cg_points = [("randread", 4096, 32, 1, poll) for poll in (True, False)]
     full = {
         "time": 2.0,
         "reps": 3,
@@ -54,6 +58,7 @@ def mode_config(mode):
         "scaling_points": [(qd, poll) for qd in (32, 128) for poll in (True, False)],
         "ceiling_reps": 3,
         "sizes": {"null": GIB, "ram": 512 * MIB, "file": GIB},
+        "callgrind": {"short_s": 2.0, "long_s": 8.0, "reps": 3, "points": cg_points},
     }
     if mode == "full":
         return full
@@ -62,7 +67,8 @@ def mode_config(mode):
         pts.append(("randread", 4096, 32, 2, True))
         pts.append(("read", 65536, 32, 1, True))
         return dict(full, time=1.0, points=pts, scaling_points=[(32, True)], ceiling_reps=1,
-                    sizes={"null": GIB, "ram": 256 * MIB, "file": 256 * MIB})
+                    sizes={"null": GIB, "ram": 256 * MIB, "file": 256 * MIB},
+                    callgrind=dict(full["callgrind"], short_s=1.0, long_s=4.0))
     if mode == "smoke":
         # Null backend, A/B, one repetition; one small file point exercises the fio baseline.
         pts = [
@@ -82,6 +88,7 @@ def mode_config(mode):
             "scaling_points": [(32, True)],
             "ceiling_reps": 1,
             "sizes": {"null": GIB, "file": 64 * MIB},
+            "callgrind": {"short_s": 0.5, "long_s": 1.5, "reps": 1, "points": cg_points[:1]},
         }
     raise ValueError(mode)
 
@@ -208,10 +215,16 @@ def kill_all_children():
             pass
 
 
+def server_timeout(wrap):
+    """Seconds a server has to start, and to exit after SIGTERM: valgrind makes both slow (and
+    callgrind writes its profile on the way out)."""
+    return 120 if wrap else 20
+
+
 class Flashpath:
     kind = "flashpath"
 
-    def __init__(self, bin_dir, work, cpus, name="flashpath"):
+    def __init__(self, bin_dir, work, cpus, name="flashpath", wrap=()):
         self.bin = os.path.join(bin_dir, "flashpath")
         self.name = name
         self.dir = os.path.join(work, name)
@@ -219,13 +232,14 @@ class Flashpath:
         self.rpc_sock = os.path.join(self.dir, "rpc.sock")
         self.vhost_dir = os.path.join(self.dir, "vhost")
         self.cpus = cpus
+        self.wrap = wrap
         # taskset keeps the control-plane threads on the server cores too; the reactors pin
-        # themselves to the --cpus list.
-        self.proc = spawn(["taskset", "-c", cpus, self.bin, "serve", "--cpus", cpus,
+        # themselves to the --cpus list. `wrap` (valgrind) goes between taskset and the server.
+        self.proc = spawn(["taskset", "-c", cpus, *wrap, self.bin, "serve", "--cpus", cpus,
                            "--rpc", self.rpc_sock, "--vhost-dir", self.vhost_dir],
                           os.path.join(self.dir, "serve.log"))
         self.pid = self.proc.pid
-        wait_for(lambda: self._answers(), 20, "flashpath serve", self.proc)
+        wait_for(lambda: self._answers(), server_timeout(wrap), "flashpath serve", self.proc)
 
     def _answers(self):
         try:
@@ -267,17 +281,18 @@ class Flashpath:
                 for x in r["reactors"]}
 
     def stop(self):
-        stop(self.proc)
+        stop(self.proc, server_timeout(self.wrap))
 
 
 class Qsd:
     kind = "qsd"
 
-    def __init__(self, work, cpu, backend, size, path, queues=2, name="qsd"):
+    def __init__(self, work, cpu, backend, size, path, queues=2, name="qsd", wrap=()):
         self.name = name
         self.dir = os.path.join(work, name + "-" + backend)
         os.makedirs(self.dir, exist_ok=True)
         self.sock = os.path.join(self.dir, f"vhost.{backend}")
+        self.wrap = wrap
         if backend == "null":
             blockdev = f"driver=null-co,node-name=disk0,size={size},read-zeroes=off"
         elif backend == "ram":
@@ -288,17 +303,18 @@ class Qsd:
             blockdev = f"driver=file,node-name=disk0,filename={path},aio=io_uring,cache.direct=on"
         else:
             raise ValueError(backend)
-        self.cmd = ["taskset", "-c", str(cpu), "qemu-storage-daemon",
+        self.cmd = ["taskset", "-c", str(cpu), *wrap, "qemu-storage-daemon",
                     "--object", "iothread,id=iot0",
                     "--blockdev", blockdev,
                     "--export", "type=vhost-user-blk,id=e0,node-name=disk0,addr.type=unix,"
                                 f"addr.path={self.sock},writable=on,iothread=iot0,num-queues={queues}"]
         self.proc = spawn(self.cmd, os.path.join(self.dir, "qsd.log"))
         self.pid = self.proc.pid
-        wait_for(lambda: os.path.exists(self.sock), 20, "qemu-storage-daemon socket", self.proc)
+        wait_for(lambda: os.path.exists(self.sock), server_timeout(wrap), "qemu-storage-daemon socket",
+                 self.proc)
 
     def stop(self):
-        stop(self.proc)
+        stop(self.proc, server_timeout(self.wrap))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,6 +440,26 @@ def fio_run(path, size, point, secs, cpu):
     }
 
 
+# Path length: each server under callgrind (all threads, no cache simulation; --dump-line=no
+# only shortens the profile it writes at exit). Callgrind counts every iteration of a
+# rep-prefixed string instruction as one instruction, and on CPUs with ERMS glibc's memset and
+# memcpy switch to `rep stosb` / `rep movsb` from 2 to 4 KiB up: qsd's three 16 KiB memsets per
+# request would read as ~46,000 instructions. The tunables keep glibc on its vector loops at every size, which
+# callgrind counts as a CPU executes them; both servers run with them.
+CALLGRIND = ["env", "GLIBC_TUNABLES=glibc.cpu.x86_rep_stosb_threshold=1000000000:"
+                    "glibc.cpu.x86_rep_movsb_threshold=1000000000",
+             "valgrind", "--tool=callgrind", "--cache-sim=no", "--dump-line=no"]
+
+
+def callgrind_total(path):
+    """The total instruction count (Ir) of a callgrind profile, all threads."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"{path}: no totals line")
+
+
 # ---------------------------------------------------------------------------------------------
 # Summaries
 
@@ -468,6 +504,11 @@ def point_label(p):
     return f"{p['backend']} {p['pattern']} {p['bs'] // 1024}K qd{p['qd']} q{p['queues']} {p['client']}"
 
 
+def point_id(p):
+    """A measured point's identity, server included, for set comparisons."""
+    return (p["server"], p["backend"], p["pattern"], p["bs"], p["qd"], p["queues"], p["client"])
+
+
 # ---------------------------------------------------------------------------------------------
 # The benchmark
 
@@ -489,7 +530,8 @@ class Bench:
         self.work = tempfile.mkdtemp(prefix="fp-bench.", dir=args.work_dir)
         self.loader = Loader(args.bin_dir, self.client_cpu, self.work)
         self.results = {"points": [], "fio": [], "idle": [], "scaling": [], "client_ceiling": None,
-                        "fills": []}
+                        "fills": [], "callgrind": []}
+        self.callgrind_n = 0  # servers started under callgrind, for their directory names
         self.started = time.monotonic()
 
     def cleanup(self):
@@ -638,6 +680,55 @@ class Bench:
         finally:
             fp.stop()
 
+    def callgrind_run(self, kind, point, secs):
+        """A fresh server of `kind` under callgrind with a null disk and one fp-load run against
+        it; the server's instructions from start to exit and the run's I/Os."""
+        self.callgrind_n += 1
+        name = f"callgrind-{self.callgrind_n}"
+        out = os.path.join(self.work, f"{name}.out")
+        wrap = CALLGRIND + [f"--callgrind-out-file={out}"]
+        if kind == "flashpath":
+            server = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=name, wrap=wrap)
+        else:
+            server = Qsd(self.work, self.server_cpu, "null", GIB, None, name=name, wrap=wrap)
+        try:
+            sock = server.add_disk("null", GIB) if kind == "flashpath" else server.sock
+            res = self.loader.run(sock, *point, secs)
+        finally:
+            server.stop()
+        if res["errors"]:
+            raise RuntimeError(f"{kind} under callgrind: {res['errors']} requests failed "
+                               f"(first {res['first_error']})")
+        return {"seconds": secs, "ios": res["ios"], "iops": res["iops"], "ir": callgrind_total(out)}
+
+    def run_callgrind(self):
+        """Instructions per I/O: (Ir of a long run - Ir of a short run) / (I/Os of the long run -
+        I/Os of the short run), each run a whole server life, so start-up, set-up, connection and
+        exit cancel. Servers and run lengths interleaved: flashpath short, long, qsd short, long."""
+        cg = self.cfg.get("callgrind")
+        if not cg:
+            return
+        for point in cg["points"]:
+            runs = {"flashpath": [], "qsd": []}
+            for _ in range(cg["reps"]):
+                for kind, rs in runs.items():
+                    short = self.callgrind_run(kind, point, cg["short_s"])
+                    long_ = self.callgrind_run(kind, point, cg["long_s"])
+                    if long_["ios"] <= short["ios"]:
+                        raise RuntimeError(f"{kind} under callgrind: the long run did {long_['ios']} "
+                                           f"I/Os, the short one {short['ios']}")
+                    rs.append({"short": short, "long": long_,
+                               "ir_per_io": (long_["ir"] - short["ir"]) / (long_["ios"] - short["ios"])})
+            for kind, rs in runs.items():
+                xs = [r["ir_per_io"] for r in rs]
+                med = median(xs)
+                e = dict(point_key("null", point), server=kind, short_s=cg["short_s"],
+                         long_s=cg["long_s"], runs=rs, ir_per_io=med,
+                         spread=(max(xs) - min(xs)) / med)
+                self.results["callgrind"].append(e)
+                log(f"callgrind: {point_label(e):<30} {kind:<9} {med:>9.0f} instructions/IO "
+                    f"(spread {100 * e['spread']:.1f} %, {len(xs)} repetitions)")
+
     def go(self):
         log(f"mode {self.args.mode}: {self.secs} s per run, {self.reps} repetitions, server CPU "
             f"{self.server_cpu}, client CPU {self.client_cpu}, scratch {self.work}")
@@ -648,6 +739,8 @@ class Bench:
         self.run_scaling()
         log("=== the client's own ceiling")
         self.run_ceiling()
+        log("=== path length: instructions per I/O under callgrind")
+        self.run_callgrind()
         self.results["wall_s"] = time.monotonic() - self.started
 
 
@@ -694,6 +787,7 @@ def machine_info(args):
         "clocksource": sh(["cat", "/sys/devices/system/clocksource/clocksource0/current_clocksource"]),
         "qsd_version": (sh(["qemu-storage-daemon", "--version"]) or "").splitlines()[0:1],
         "fio_version": sh(["fio", "--version"]),
+        "valgrind_version": sh(["valgrind", "--version"]),
         "flashpath_commit": sh(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse",
                                 "--short", "HEAD"]),
         "rustc": sh(["rustc", "--version"]),
@@ -928,6 +1022,20 @@ def markdown(res):
                   f"({100 * md['client_busy_frac']:.0f} % of its core in passes that completed "
                   f"something), ceiling ≈ {fmt_iops(1e9 / md['client_busy_ns_per_io'])} IOPS; reactor "
                   f"busy {md['reactor_busy_ns_per_io']:.0f} ns per I/O."]
+    if res.get("callgrind"):
+        lines += ["", "## Path length (instructions per I/O under callgrind)", "",
+                  f"Each figure: (instructions of a {res['callgrind'][0]['long_s']:g} s run − those of "
+                  f"a {res['callgrind'][0]['short_s']:g} s run) / (I/Os of the long run − I/Os of the "
+                  "short run), all the server's threads, each run a fresh server under "
+                  f"{mi.get('valgrind_version') or 'valgrind'} (callgrind) on CPU {m['server_cpu']} and "
+                  f"fp-load natively on CPU {m['client_cpu']}; the median over the repetitions. "
+                  "spread: (max − min) / median. See docs/benchmarks.md.", "",
+                  "| workload | client | server | instructions/IO | repetitions | spread |",
+                  "|---|---|---|---|---|---|"]
+        for e in res["callgrind"]:
+            lines.append(f"| {e['backend']} {e['pattern']} {e['bs'] // 1024}K, QD{e['qd']} × "
+                         f"{e['queues']} | {e['client']} | {e['server']} | {e['ir_per_io']:,.0f} | "
+                         f"{len(e['runs'])} | {100 * e['spread']:.1f} % |")
     lines += ["", "## Targets (from the issue; results, not assertions)", "",
               "| target | goal | measured | status |", "|---|---|---|---|"]
     for t in res["targets"]:
@@ -1076,10 +1184,10 @@ def validate(out_dir, mode):
         for pt in cfg.get(f"{b}_points", cfg["points"]):
             pk = point_key(b, pt)
             for s in ("flashpath", "qsd"):
-                want.add((s,) + tuple(pk.values()))
+                want.add(point_id(dict(pk, server=s)))
     got = set()
     for p in res.get("points", []):
-        got.add((p["server"], p["backend"], p["pattern"], p["bs"], p["qd"], p["queues"], p["client"]))
+        got.add(point_id(p))
         if len(p["runs"]) != res["meta"]["reps"]:
             problems.append(f"{point_label(p)} {p['server']}: {len(p['runs'])} runs")
         for m in ("iops", "mbps", "lat_mean_ns", "p50_ns", "p99_ns", "p999_ns", "server_cpu_ns_per_io"):
@@ -1098,12 +1206,29 @@ def validate(out_dir, mode):
         problems.append(f"{len(res.get('idle', []))} idle measurements")
     if "file" in cfg["backends"] and not res.get("fio"):
         problems.append("no fio baseline")
+    cg = cfg.get("callgrind")
+    if cg:
+        want_cg = {point_id(dict(point_key("null", pt), server=s)) for pt in cg["points"]
+                   for s in ("flashpath", "qsd")}
+        got_cg = set()
+        for e in res.get("callgrind", []):
+            got_cg.add(point_id(e))
+            v = e.get("ir_per_io")
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                problems.append(f"callgrind {point_label(e)} {e['server']}: instructions/IO = {v!r}")
+            if len(e["runs"]) != cg["reps"]:
+                problems.append(f"callgrind {point_label(e)} {e['server']}: {len(e['runs'])} runs")
+        if want_cg - got_cg:
+            problems.append(f"missing callgrind figures: {sorted(want_cg - got_cg)}")
     with open(os.path.join(out_dir, "results.md")) as f:
         md = f.read()
     rows = [ln for ln in md.splitlines() if ln.startswith("| ") and not ln.startswith("| backend")]
     if len(rows) < len(res.get("ratios", [])):
         problems.append(f"results.md has {len(rows)} table rows")
-    for needed in ("## Main points", "## Side by side", "## Idle CPU", "## Targets"):
+    sections = ["## Main points", "## Side by side", "## Idle CPU", "## Targets"]
+    if cg:
+        sections.append("## Path length")
+    for needed in sections:
         if needed not in md:
             problems.append(f"results.md has no '{needed}'")
     pngs = [f"iops_vs_qd_{b}.png" for b in cfg["backends"]] + ["qd1_latency_cdf.png"]
@@ -1153,7 +1278,7 @@ def main():
             log(f"wrote {p}")
         return 0
 
-    for tool in ("qemu-storage-daemon", "fio", "taskset"):
+    for tool in ("qemu-storage-daemon", "fio", "taskset", "valgrind"):
         if shutil.which(tool) is None:
             print(f"bench: {tool} is not installed (./run bench installs it)", file=sys.stderr)
             return 1
