@@ -1,5 +1,6 @@
-//! Fuzz `fp_virtio_blk::parse_chain` + `validate` with guest memory, a split
-//! queue and descriptor chains that all come from the input.
+//! Fuzz the data path's ring walkers (`fp_virtq`, split and packed) and
+//! `fp_virtio_blk::parse_chain` + `validate` with guest memory, rings and
+//! descriptor chains that all come from the input.
 //!
 //! Input layout (little endian; missing bytes read as 0):
 //!
@@ -10,24 +11,27 @@
 //! | 3  | 3 | region sizes: `(b % 16 + 1) * 4 KiB` each (4..64 KiB) |
 //! | 6  | 2 | gap in pages before regions 2 and 3 (0 = adjacent) |
 //! | 8  | 1 | queue size: `1 << (b % 9)` (1..256) |
-//! | 9  | 2 | descriptor table offset from the first region's start (16-aligned) |
-//! | 11 | 2 | avail ring offset (2-aligned) |
-//! | 13 | 2 | used ring offset (4-aligned) |
-//! | 15 | 2 | next_avail |
-//! | 17 | 1 | disk flags: read_only, flush, discard, write_zeroes |
+//! | 9  | 2 | descriptor table / ring offset from the first region's start (16-aligned) |
+//! | 11 | 2 | avail ring (split, 2-aligned) / driver area (packed, 4-aligned) offset |
+//! | 13 | 2 | used ring (split, 4-aligned) / device area (packed, 4-aligned) offset |
+//! | 15 | 2 | split: next_avail; packed: next avail slot (`% size`) and wrap bit 15 |
+//! | 17 | 1 | disk flags: read_only, flush, discard, write_zeroes; bit 4: packed ring; bit 5: EVENT_IDX |
 //! | 18 | 4 | capacity in sectors |
 //! | 22 | 1 | block size: `1 << b` (bounded by `% 16`) |
 //! | 23 | 1 | max discard / write-zeroes sectors (0 = unlimited) |
 //! | 24 | .. | guest memory contents, from the first region's start on |
 //!
-//! Invariant checked: every iovec `parse_chain` returns, and the status byte
+//! Invariants checked: every iovec `parse_chain` returns, and the status byte
 //! (on success and on error), lies entirely inside one region's host mapping,
-//! and the iovec lengths add up to `data_len`.
+//! and the iovec lengths add up to `data_len`; every request is completed into
+//! the used ring and published without a fault.
 #![no_main]
 
-use fp_virtio_blk::{parse_chain, validate, DiskParams, GuestMemory, MAX_IOVECS};
+use std::sync::Arc;
+
+use fp_virtio_blk::{parse_chain, validate, DiskParams, GuestMemory, MemTable, ParseError, MAX_IOVECS};
+use fp_virtq::{Chain, PackedQueue, PackedState, SplitQueue};
 use libfuzzer_sys::fuzz_target;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 const HEADER: usize = 24;
@@ -93,19 +97,6 @@ fuzz_target!(|data: &[u8]| {
         content = &content[n..];
     }
 
-    // ---- Queue. ----
-    let size = 1u16 << (inp.u8(8) % 9);
-    let Ok(mut q) = Queue::new(256) else { return };
-    if q.try_set_size(size).is_err()
-        || q.try_set_desc_table_address(GuestAddress(base.0 + u64::from(inp.u16(9) & !15))).is_err()
-        || q.try_set_avail_ring_address(GuestAddress(base.0 + u64::from(inp.u16(11) & !1))).is_err()
-        || q.try_set_used_ring_address(GuestAddress(base.0 + u64::from(inp.u16(13) & !3))).is_err()
-    {
-        return;
-    }
-    q.set_next_avail(inp.u16(15));
-    q.set_ready(true);
-
     // ---- Disk. ----
     let flags = inp.u8(17);
     let max = u32::from(inp.u8(23));
@@ -120,12 +111,57 @@ fuzz_target!(|data: &[u8]| {
         max_write_zeroes_sectors: max,
     };
 
-    // ---- Pop and parse every available chain. ----
+    // ---- Ring. ----
+    let size = 1u16 << (inp.u8(8) % 9);
+    let event_idx = flags & 0x20 != 0;
+    let Some(table) = MemTable::new(Arc::new(mem.clone())) else { return };
+    let desc = base.0 + u64::from(inp.u16(9) & !15);
+    let mut ring = if flags & 0x10 != 0 {
+        let pos = inp.u16(15);
+        let state = PackedState {
+            next_avail: (pos & 0x7fff) % size,
+            avail_wrap: pos & 0x8000 != 0,
+            next_used: (pos & 0x7fff) % size,
+            used_wrap: pos & 0x8000 != 0,
+        };
+        let driver = base.0 + u64::from(inp.u16(11) & !3);
+        let device = base.0 + u64::from(inp.u16(13) & !3);
+        match PackedQueue::new(&table, desc, driver, device, size, event_idx, state) {
+            Ok(q) => Ring::Packed(q),
+            Err(_) => return,
+        }
+    } else {
+        let avail = base.0 + u64::from(inp.u16(11) & !1);
+        let used = base.0 + u64::from(inp.u16(13) & !3);
+        let next = inp.u16(15);
+        match SplitQueue::new(&table, desc, avail, used, size, event_idx, next, next) {
+            Ok(q) => Ring::Split(q),
+            Err(_) => return,
+        }
+    };
+
+    // ---- Take, parse and complete every available chain. ----
     let host = host_ranges(&mem);
     let mut iov = vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOVECS];
-    let Ok(iter) = q.iter(&mem) else { return };
-    for chain in iter.take(usize::from(size)) {
-        match parse_chain(chain, &mut iov) {
+    let mut chain = Chain::new();
+    for _ in 0..size {
+        let (head, slots) = match &mut ring {
+            Ring::Split(q) => match q.pop() {
+                Ok(Some(h)) => match q.walk(&table, h, &mut chain) {
+                    Ok(()) => (h, 1),
+                    Err(e) => {
+                        let _ = ParseError::from_walk(h, e).to_string();
+                        break;
+                    }
+                },
+                _ => break,
+            },
+            Ring::Packed(q) => match q.pop(&table, &mut chain) {
+                Ok(Some(h)) => (h.id, h.slots),
+                _ => break,
+            },
+        };
+        match parse_chain(&table, &chain, head, &mut iov) {
             Ok(req) => {
                 let cnt = req.iovcnt as usize;
                 assert!(cnt <= iov.len(), "iovcnt {cnt} > capacity");
@@ -157,5 +193,26 @@ fuzz_target!(|data: &[u8]| {
                 let _ = e.to_string();
             }
         }
+        match &mut ring {
+            Ring::Split(q) => q.push_used(head, 1),
+            Ring::Packed(q) => q.push_used(head, 1, slots),
+        }
+    }
+    match &mut ring {
+        Ring::Split(q) => {
+            q.publish();
+            let _ = q.needs_notification();
+            let _ = q.enable_notification();
+        }
+        Ring::Packed(q) => {
+            q.publish();
+            let _ = q.needs_notification();
+            let _ = q.enable_notification();
+        }
     }
 });
+
+enum Ring {
+    Split(SplitQueue),
+    Packed(PackedQueue),
+}
