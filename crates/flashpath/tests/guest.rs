@@ -56,13 +56,26 @@ mod guest_vm {
         )
     }
 
+    /// How the guest's device is set up.
+    #[derive(Debug, Clone, Copy)]
+    struct Device {
+        /// Both the controller's `num_queues` and the device's `num-queues`; `None` leaves both
+        /// out, so QEMU asks for one queue per vCPU (2) and the daemon offers its default.
+        queues: Option<u16>,
+        /// `packed=on` on the device: QEMU negotiates VIRTIO_F_RING_PACKED.
+        packed: bool,
+    }
+
+    /// Two queues, split rings: what most tests use.
+    const TWO_SPLIT: Device = Device { queues: Some(2), packed: false };
+    /// Two queues, packed rings.
+    const TWO_PACKED: Device = Device { queues: Some(2), packed: true };
+
     /// Boots `scenario` on one io_uring file disk of `size` bytes, exported as the controller
     /// `ctrlr` by a daemon on `cpus` started from a configuration file, asserts PASS and that
-    /// the guest saw the disk as exported (size, 512-byte blocks, 2 queues, read-only flag).
-    /// `queues` is both the controller's `num_queues` and the device's `num-queues`; `None`
-    /// leaves both out, so QEMU asks for one queue per vCPU (2) and the daemon offers its
-    /// default. The backing file holds `initial` and then zeroes (sparse). Returns the daemon,
-    /// the backing file and the guest's result.
+    /// the guest saw the disk as exported (size, 512-byte blocks, 2 queues, read-only flag) on
+    /// the ring layout `dev` asks for. The backing file holds `initial` and then zeroes
+    /// (sparse). Returns the daemon, the backing file and the guest's result.
     fn guest_on_file_disk(
         scenario: &str,
         cpus: &str,
@@ -70,7 +83,7 @@ mod guest_vm {
         size: u64,
         readonly: bool,
         initial: &[u8],
-        queues: Option<u16>,
+        dev: Device,
     ) -> (Daemon, PathBuf, GuestResult) {
         let d = Daemon::start_with_config(cpus, |dir| {
             let file = dir.join(format!("{ctrlr}.img"));
@@ -78,13 +91,31 @@ mod guest_vm {
                 .and_then(|_| std::fs::File::options().write(true).open(&file))
                 .and_then(|f| f.set_len(size))
                 .expect("filling the backing file");
-            file_disk_config(ctrlr, &file, ctrlr, readonly, queues)
+            file_disk_config(ctrlr, &file, ctrlr, readonly, dev.queues)
         });
         let file = d.dir.path().join(format!("{ctrlr}.img"));
-        let vm = VmConfig { num_queues: queues, ..VmConfig::new(scenario, vec![d.dir.path().join(ctrlr)]) };
+        let vm = VmConfig {
+            num_queues: dev.queues,
+            packed: dev.packed,
+            ..VmConfig::new(scenario, vec![d.dir.path().join(ctrlr)])
+        };
         let r = run_scenario(&vm, d.dir.path());
         assert_disk(&r, ctrlr, size, 512, readonly);
+        assert_eq!(ring_packed(&r, ctrlr), dev.packed, "{ctrlr}: VIRTIO_F_RING_PACKED negotiated ({dev:?})");
         (d, file, r)
+    }
+
+    /// Whether the guest's driver negotiated VIRTIO_F_RING_PACKED (bit 34) for the disk, from
+    /// the `features` string of its `disk` line (sysfs: one 0/1 character per bit from bit 0).
+    fn ring_packed(r: &GuestResult, serial: &str) -> bool {
+        let f = r.disk(serial)["features"].clone();
+        // VIRTIO_F_VERSION_1 (bit 32) is always negotiated: a check that the bits are in order.
+        assert_eq!(f.as_bytes().get(32), Some(&b'1'), "{serial}: features={f}, without VERSION_1");
+        match f.as_bytes().get(34) {
+            Some(b'1') => true,
+            Some(b'0') => false,
+            _ => panic!("{serial}: features={f} has no bit 34"),
+        }
     }
 
     /// The daemon's counters for one controller.
@@ -174,12 +205,26 @@ mod guest_vm {
         }
     }
 
+    /// The `data` scenario on a 64 MiB disk served from reactor 0, and its host-side checks.
+    fn data_on_one_reactor(dev: Device) {
+        let size = 64 * MIB;
+        let (d, file, r) = guest_on_file_disk("data", "0", "fp-data", size, false, &[], dev);
+        check_data_scenario(&d, &file, &r, size);
+    }
+
     #[test]
     fn data_written_in_the_guest_is_in_the_backing_file() {
         let Some(_one) = one_at_a_time() else { return };
-        let size = 64 * MIB;
-        let (d, file, r) = guest_on_file_disk("data", "0", "fp-data", size, false, &[], Some(2));
-        check_data_scenario(&d, &file, &r, size);
+        data_on_one_reactor(TWO_SPLIT);
+    }
+
+    /// The `data` scenario with `packed=on` on the device: the guest drives both queues as
+    /// packed virtqueues (VIRTIO_F_RING_PACKED, checked in the guest's sysfs), with the same
+    /// host-side checks as on split rings.
+    #[test]
+    fn data_written_through_packed_virtqueues_is_in_the_backing_file() {
+        let Some(_one) = one_at_a_time() else { return };
+        data_on_one_reactor(TWO_PACKED);
     }
 
     /// QEMU's default device line: no `num-queues`, so QEMU asks for one queue per vCPU (2),
@@ -189,7 +234,15 @@ mod guest_vm {
     fn the_default_device_line_gets_a_queue_per_vcpu_from_one_reactor() {
         let Some(_one) = one_at_a_time() else { return };
         let size = 64 * MIB;
-        let (d, file, r) = guest_on_file_disk("data", "0", "fp-data", size, false, &[], None);
+        let (d, file, r) = guest_on_file_disk(
+            "data",
+            "0",
+            "fp-data",
+            size,
+            false,
+            &[],
+            Device { queues: None, packed: false },
+        );
         // assert_disk saw 2 blk-mq queues in the guest; the daemon offered all it may.
         let ctrl = d.call("vhost_get_controllers", json!({"name": "fp-data"}));
         assert_eq!(ctrl[0]["num_queues"], 64, "{ctrl}");
@@ -205,7 +258,7 @@ mod guest_vm {
     #[test]
     fn ext4_made_in_the_guest_checks_clean_on_the_host() {
         let Some(_one) = one_at_a_time() else { return };
-        let (d, img, _) = guest_on_file_disk("filesystem", "0", "fp-fs", 64 * MIB, false, &[], Some(2));
+        let (d, img, _) = guest_on_file_disk("filesystem", "0", "fp-fs", 64 * MIB, false, &[], TWO_SPLIT);
 
         // The guest has unmounted it and QEMU is gone: the file is a quiescent ext4 image.
         let fsck = Command::new(e2fs_tool("e2fsck")).arg("-fn").arg(&img).output().expect("running e2fsck");
@@ -234,10 +287,10 @@ mod guest_vm {
         assert!(counter(&s, "discard_ops") > 0, "mke2fs sent no discard: {s}");
     }
 
-    #[test]
-    fn fio_randrw_with_verify_on_two_queues() {
-        let Some(_one) = one_at_a_time() else { return };
-        let (d, _, r) = guest_on_file_disk("load", "0,1", "fp-load", 64 * MIB, false, &[], Some(2));
+    /// The `load` scenario (fio randrw with verify) on two queues, served from reactors 0 and
+    /// 1, and its host-side checks.
+    fn fio_on_two_queues(dev: Device) {
+        let (d, _, r) = guest_on_file_disk("load", "0,1", "fp-load", 64 * MIB, false, &[], dev);
         let fio = r.info_after("fio").join(" ");
         assert!(fio.contains("status=0") && fio.contains("errors=0"), "fio: {fio}");
         assert_all_queues_used(&r, 1);
@@ -247,11 +300,23 @@ mod guest_vm {
     }
 
     #[test]
+    fn fio_randrw_with_verify_on_two_queues() {
+        let Some(_one) = one_at_a_time() else { return };
+        fio_on_two_queues(TWO_SPLIT);
+    }
+
+    #[test]
+    fn fio_randrw_with_verify_on_two_packed_queues() {
+        let Some(_one) = one_at_a_time() else { return };
+        fio_on_two_queues(TWO_PACKED);
+    }
+
+    #[test]
     fn readonly_disk_reads_in_the_guest_and_refuses_writes() {
         let Some(_one) = one_at_a_time() else { return };
         let size = 16 * MIB;
         let initial = pattern(77, 0, 4 << 20);
-        let (d, file, r) = guest_on_file_disk("readonly", "0", "fp-ro", size, true, &initial, Some(2));
+        let (d, file, r) = guest_on_file_disk("readonly", "0", "fp-ro", size, true, &initial, TWO_SPLIT);
         let mut before = initial;
         before.resize(size as usize, 0);
         // Linux refuses writes to a disk whose device offers VIRTIO_BLK_F_RO before they reach

@@ -107,6 +107,8 @@ pub struct VmConfig {
     pub disks: Vec<PathBuf>,
     /// `num-queues` of each device; `None` leaves it out, so QEMU asks for one per vCPU.
     pub num_queues: Option<u16>,
+    /// `packed=on` on each device, so QEMU negotiates VIRTIO_F_RING_PACKED (off by default).
+    pub packed: bool,
     pub vcpus: u32,
     pub mem_mib: u32,
     /// More kernel arguments (e.g. `fp.something=value` for a scenario).
@@ -116,12 +118,13 @@ pub struct VmConfig {
 }
 
 impl VmConfig {
-    /// Two vCPUs, 512 MiB, two queues per disk, [`BOOT_TIMEOUT`].
+    /// Two vCPUs, 512 MiB, two queues per disk, split rings, [`BOOT_TIMEOUT`].
     pub fn new(scenario: &str, disks: Vec<PathBuf>) -> VmConfig {
         VmConfig {
             scenario: scenario.into(),
             disks,
             num_queues: Some(2),
+            packed: false,
             vcpus: 2,
             mem_mib: 512,
             kernel_args: Vec::new(),
@@ -161,6 +164,9 @@ impl Vm {
             let mut device = format!("vhost-user-blk-pci,chardev=disk{i}");
             if let Some(n) = cfg.num_queues {
                 device.push_str(&format!(",num-queues={n}"));
+            }
+            if cfg.packed {
+                device.push_str(",packed=on");
             }
             cmd.arg("-chardev")
                 .arg(format!("socket,id=disk{i},path={},reconnect-ms=1000", sock.display()))
