@@ -74,6 +74,7 @@ const METHODS: &[(&str, MethodFn)] = &[
     ("vhost_create_blk_controller", Methods::vhost_create_blk_controller),
     ("vhost_get_controllers", Methods::vhost_get_controllers),
     ("vhost_delete_controller", Methods::vhost_delete_controller),
+    ("vhost_controller_set_coalescing", Methods::vhost_controller_set_coalescing),
     ("framework_get_reactors", Methods::framework_get_reactors),
     ("rpc_get_methods", Methods::rpc_get_methods),
     ("spdk_get_version", Methods::spdk_get_version),
@@ -275,6 +276,16 @@ impl Methods {
         Ok(Value::Array(ctrls.iter().map(controller_json).collect()))
     }
 
+    /// SPDK's shape: `ctrlr`, `delay_base_us`, `iops_threshold` (all required).
+    fn vhost_controller_set_coalescing(&self, mut p: Params) -> Result<Value, MethodError> {
+        let ctrlr = p.required_str("ctrlr")?;
+        let delay = p.required_uint("delay_base_us", u64::from(u32::MAX))? as u32;
+        let threshold = p.required_uint("iops_threshold", u64::from(u32::MAX))? as u32;
+        p.finish()?;
+        self.target.set_coalescing(&ctrlr, delay, threshold)?;
+        Ok(json!(true))
+    }
+
     fn vhost_delete_controller(&self, mut p: Params) -> Result<Value, MethodError> {
         let ctrlr = p.required_str("ctrlr")?;
         p.finish()?;
@@ -465,8 +476,8 @@ fn controller_json(c: &ControllerInfo) -> Value {
         "ctrlr": c.name,
         "cpumask": cpumask_hex(&c.cores),
         "socket": c.socket_path,
-        "delay_base_us": 0,
-        "iops_threshold": 0,
+        "delay_base_us": c.coalescing.0,
+        "iops_threshold": c.coalescing.1,
         "backend_specific": { "block": { "readonly": c.read_only, "bdev": c.bdev_name } },
         "num_queues": c.num_queues,
         "cores": c.cores,

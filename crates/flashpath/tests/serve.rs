@@ -382,3 +382,29 @@ fn export_dirs_confine_file_disks() {
     let (status, _, log) = d.terminate();
     assert_eq!(status.code(), Some(0), "{log}");
 }
+
+#[test]
+fn notification_coalescing_is_set_per_controller() {
+    let d = Daemon::start(&format!("{CONFIG}\n[[vhost_blk]]\nctrlr = \"vhost.0\"\ndev_name = \"ram0\"\n"));
+    let listed = d.json(&["vhost", "list", "vhost.0"]);
+    assert_eq!(
+        (listed[0]["delay_base_us"].as_u64(), listed[0]["iops_threshold"].as_u64()),
+        (Some(0), Some(60000))
+    );
+    let set = r#"{"ctrlr": "vhost.0", "delay_base_us": 80, "iops_threshold": 50000}"#;
+    assert_eq!(d.ok(&["rpc", "vhost_controller_set_coalescing", set]).trim(), "true");
+    let listed = d.json(&["vhost", "list", "vhost.0"]);
+    assert_eq!(
+        (listed[0]["delay_base_us"].as_u64(), listed[0]["iops_threshold"].as_u64()),
+        (Some(80), Some(50000))
+    );
+    // Bad input: a message naming the field or the controller, nothing changed.
+    let too_long = r#"{"ctrlr": "vhost.0", "delay_base_us": 20000, "iops_threshold": 1}"#;
+    assert!(d.refused(&["rpc", "vhost_controller_set_coalescing", too_long]).contains("delay_base_us"));
+    let missing = r#"{"ctrlr": "nope", "delay_base_us": 10, "iops_threshold": 1}"#;
+    assert!(d.refused(&["rpc", "vhost_controller_set_coalescing", missing]).contains("nope"));
+    let no_threshold = r#"{"ctrlr": "vhost.0", "delay_base_us": 10}"#;
+    assert!(d.refused(&["rpc", "vhost_controller_set_coalescing", no_threshold]).contains("iops_threshold"));
+    let listed = d.json(&["vhost", "list", "vhost.0"]);
+    assert_eq!(listed[0]["delay_base_us"].as_u64(), Some(80));
+}

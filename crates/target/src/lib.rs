@@ -498,6 +498,33 @@ impl Target {
     }
 
     /// All controllers, or the one named.
+    /// `vhost_controller_set_coalescing`: guest notification coalescing for one controller's
+    /// queues, running ones included (fp_vhost_blk::coalesce). `delay_base_us` 0 turns it off.
+    pub fn set_coalescing(
+        &self,
+        ctrlr: &str,
+        delay_base_us: u32,
+        iops_threshold: u32,
+    ) -> Result<(), TargetError> {
+        let max = fp_vhost_blk::coalesce::MAX_DELAY_BASE_US;
+        if delay_base_us > max {
+            return Err(TargetError::Invalid {
+                field: "delay_base_us",
+                reason: format!("{delay_base_us} is above the limit of {max} us"),
+            });
+        }
+        let st = self.lock();
+        let c = st
+            .controllers
+            .get(ctrlr)
+            .ok_or_else(|| TargetError::NotFound { kind: "controller", name: ctrlr.into() })?;
+        c.set_coalescing(delay_base_us, iops_threshold);
+        log::info!(
+            "vhost-blk controller '{ctrlr}': coalescing delay {delay_base_us} us above {iops_threshold} IOPS"
+        );
+        Ok(())
+    }
+
     pub fn controllers(&self, name: Option<&str>) -> Result<Vec<ControllerInfo>, TargetError> {
         let st = self.lock();
         match name {

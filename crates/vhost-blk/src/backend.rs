@@ -156,6 +156,8 @@ impl Connection {
             serial: self.shared.serial,
             stats: self.shared.queue_stats[index].clone(),
             inflight: self.inflight.clone(),
+            coalescing: self.shared.coalescing.clone(),
+            clock: crate::coalesce::Clock::Monotonic,
         };
         let reactor = self.reactor_for(index).clone();
         let started = reactor

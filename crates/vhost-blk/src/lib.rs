@@ -13,6 +13,7 @@
 //! VMM restart) and the disk keeps serving.
 
 pub mod backend;
+pub mod coalesce;
 pub mod inflight;
 pub mod memory;
 pub mod queue;
@@ -32,6 +33,7 @@ use fp_virtio_blk::{DiskParams, VIRTIO_BLK_ID_BYTES};
 use vhost::vhost_user::BackendReqHandler;
 
 use crate::backend::Connection;
+pub use crate::coalesce::CoalescingSettings;
 pub use crate::stats::{ControllerStats, QueueStats};
 
 /// Most queues one controller offers, and what it offers unless the operator sets fewer.
@@ -97,6 +99,8 @@ pub struct ControllerInfo {
     pub num_queues: u16,
     pub cores: Vec<usize>,
     pub connected: bool,
+    /// Notification coalescing: `(delay_base_us, iops_threshold)`.
+    pub coalescing: (u32, u32),
     pub stats: ControllerStats,
 }
 
@@ -113,6 +117,8 @@ pub struct Shared {
     /// Signalled once to stop the controller thread; it waits on this fd beside its sockets, so
     /// an idle controller never wakes up.
     stop: StopSignal,
+    /// Guest notification coalescing, read by the queues per batch.
+    pub coalescing: Arc<CoalescingSettings>,
 }
 
 impl Shared {
@@ -146,6 +152,7 @@ impl Shared {
             queue_stats: QueueStatsTable::new(config.num_queues),
             connected: AtomicBool::new(false),
             stop: StopSignal::new().map_err(|e| Error::Other(format!("cannot create eventfd: {e}")))?,
+            coalescing: Arc::new(CoalescingSettings::default()),
         }))
     }
 }
@@ -254,8 +261,16 @@ impl BlkController {
             num_queues: s.num_queues,
             cores,
             connected: s.connected.load(Ordering::Relaxed),
+            coalescing: s.coalescing.get(),
             stats,
         }
+    }
+
+    /// Sets guest notification coalescing for every queue, running ones included
+    /// ([`coalesce`]). `delay_base_us` 0 turns it off; callers check it against
+    /// [`coalesce::MAX_DELAY_BASE_US`].
+    pub fn set_coalescing(&self, delay_base_us: u32, iops_threshold: u32) {
+        self.shared.coalescing.set(delay_base_us.min(coalesce::MAX_DELAY_BASE_US), iops_threshold);
     }
 
     /// Disconnects the frontend (stopping its queues), removes the socket, joins the thread.

@@ -32,6 +32,7 @@ use fp_virtio_blk::{
 use fp_virtq::{Chain, MemTable, PackedQueue, PackedState, RingError, SplitQueue};
 use vm_memory::{Address, Bytes, GuestAddress};
 
+use crate::coalesce::{Clock, Coalescer, CoalescingSettings};
 use crate::inflight::{InflightArea, InflightQueue};
 use crate::stats::{Counters, QueueStats};
 
@@ -61,6 +62,10 @@ pub struct QueueSetup {
     pub stats: Arc<QueueStats>,
     /// The connection's in-flight area, when the front-end negotiated INFLIGHT_SHMFD.
     pub inflight: Option<Arc<InflightArea>>,
+    /// The controller's notification coalescing settings ([`crate::coalesce`]).
+    pub coalescing: Arc<CoalescingSettings>,
+    /// The queue's time source (tests step it by hand).
+    pub clock: Clock,
 }
 
 /// Why a queue could not start.
@@ -224,6 +229,9 @@ pub struct QueuePoller {
     failed: bool,
     counters: Counters,
     stats: Arc<QueueStats>,
+    /// Completions were published that the driver has not been told about yet.
+    signal_pending: bool,
+    coalescer: Coalescer,
 }
 
 fn empty_iov() -> libc::iovec {
@@ -352,6 +360,8 @@ impl QueuePoller {
             failed: false,
             counters,
             stats: s.stats,
+            signal_pending: false,
+            coalescer: Coalescer::new(s.coalescing, s.clock),
         };
         poller.resubmit(&resubmit).map_err(|reason| StartError::Resubmit { index, reason })?;
         // Start in polling mode: the driver need not kick while we poll.
@@ -592,13 +602,20 @@ impl QueuePoller {
         })
     }
 
-    fn notify(&mut self) {
-        if self.ring.publish() == 0 {
+    /// Publishes what completed and signals the driver if it wants to hear and coalescing
+    /// allows it now; `force` signals whatever coalescing says (the queue is stopping).
+    fn notify(&mut self, force: bool) {
+        let published = self.ring.publish();
+        if published > 0 {
+            if let Some(t) = &mut self.tracker {
+                t.published(self.ring.next_used());
+            }
+            self.signal_pending = true;
+        }
+        if !self.signal_pending || !(self.coalescer.ready(u64::from(published)) || force) {
             return;
         }
-        if let Some(t) = &mut self.tracker {
-            t.published(self.ring.next_used());
-        }
+        self.signal_pending = false;
         if self.ring.needs_notification() {
             // An eventfd write only fails if the counter would overflow, which means the guest
             // already has a pending notification.
@@ -632,12 +649,15 @@ impl Poller for QueuePoller {
             // Counters first: whoever sees a completion also sees it counted.
             self.counters.publish(&self.stats);
             self.stats.in_flight.store(self.in_flight() as u64, Ordering::Relaxed);
-            self.notify();
+            self.notify(false);
+        } else if self.signal_pending {
+            // A coalesced signal waits for its time.
+            self.notify(false);
         }
         if self.stop.is_some() && self.in_flight() == 0 {
             self.counters.publish(&self.stats);
             self.stats.in_flight.store(0, Ordering::Relaxed);
-            self.notify();
+            self.notify(true);
             if let Some(reply) = self.stop.take() {
                 let _ = reply.send(Stopped { base: self.ring.base() });
             }
@@ -651,7 +671,8 @@ impl Poller for QueuePoller {
     }
 
     fn has_pending(&self) -> bool {
-        self.in_flight() > 0 || self.stop.is_some()
+        // A held (coalesced) signal keeps the reactor polling until it goes out.
+        self.in_flight() > 0 || self.stop.is_some() || self.signal_pending
     }
 
     fn prepare_sleep(&mut self) -> bool {
