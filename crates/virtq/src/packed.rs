@@ -106,7 +106,7 @@ impl PackedQueue {
             return Err(RingError::BadSize(size));
         }
         if state.next_avail >= size || state.next_used >= size {
-            return Err(RingError::AvailIndex { idx: state.next_avail, next_avail: state.next_used });
+            return Err(RingError::BadPosition { avail: state.next_avail, used: state.next_used, size });
         }
         // §2.8.10.1: alignments 16, 4, 4.
         let ring = ring_part(mem, "descriptor ring", desc, 16 * u64::from(size), 16)?;

@@ -34,6 +34,8 @@ pub enum RingError {
     BadSize(u16),
     #[error("available index {idx} is more than the queue size ahead of {next_avail}")]
     AvailIndex { idx: u16, next_avail: u16 },
+    #[error("ring position {avail}/{used} (available/used) is outside a ring of {size}")]
+    BadPosition { avail: u16, used: u16, size: u16 },
 }
 
 /// Host address of a ring part, checked for alignment and for lying inside one region.
