@@ -39,7 +39,7 @@ pub enum WalkError {
 
 /// A reusable buffer for one chain: allocated once per queue, refilled per request.
 pub struct Chain {
-    descs: Box<[Desc]>,
+    descs: Box<[Desc; MAX_CHAIN_DESCRIPTORS]>,
     len: usize,
     /// Descriptors walked, empty ones included.
     seen: usize,
@@ -56,7 +56,7 @@ impl Default for Chain {
 impl Chain {
     pub fn new() -> Chain {
         let empty = Desc { addr: 0, len: 0, write: false, host: std::ptr::null_mut() };
-        Chain { descs: vec![empty; MAX_CHAIN_DESCRIPTORS].into_boxed_slice(), len: 0, seen: 0, total: 0 }
+        Chain { descs: Box::new([empty; MAX_CHAIN_DESCRIPTORS]), len: 0, seen: 0, total: 0 }
     }
 
     /// The non-empty descriptors, in chain order.
@@ -84,8 +84,9 @@ impl Chain {
         }
         if len != 0 {
             let host = mem.translate(addr, u64::from(len)).unwrap_or(std::ptr::null_mut());
-            // `len < seen <= MAX_CHAIN_DESCRIPTORS == descs.len()`.
-            self.descs[self.len] = Desc { addr, len, write, host };
+            // `len < seen <= MAX_CHAIN_DESCRIPTORS`: always a slot.
+            let slot = self.descs.get_mut(self.len).ok_or(WalkError::TooLong)?;
+            *slot = Desc { addr, len, write, host };
             self.len += 1;
         }
         Ok(())
