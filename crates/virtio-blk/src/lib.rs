@@ -461,7 +461,7 @@ fn decode_segment(raw: &[u8; DISCARD_SEGMENT_SIZE as usize]) -> Segment {
 
 /// Copies `N` bytes starting at byte `offset` of the stream formed by `descs`, which the caller
 /// checked to be guest memory and to hold at least `offset + N` bytes.
-#[inline]
+#[inline(always)]
 fn read_stream<const N: usize>(mem: &MemTable, descs: &[Desc], offset: u64) -> [u8; N] {
     // Common case: the bytes lie in the first descriptor, host-contiguous.
     if let Some(d) = descs.first() {
@@ -475,6 +475,12 @@ fn read_stream<const N: usize>(mem: &MemTable, descs: &[Desc], offset: u64) -> [
             return out;
         }
     }
+    read_stream_slow(mem, descs, offset)
+}
+
+/// [`read_stream`] across descriptors and memory regions.
+#[cold]
+fn read_stream_slow<const N: usize>(mem: &MemTable, descs: &[Desc], offset: u64) -> [u8; N] {
     let mut out = [0u8; N];
     let mut done = 0usize;
     let mut skip = offset;
@@ -622,6 +628,7 @@ fn check_range(sector: u64, num_sectors: u64, disk: &DiskParams) -> Result<(), u
 ///   the advertised maximum, misaligned or out of range → `IOERR`.
 /// * `GetId` → always `Ok` (a buffer shorter than 20 bytes gets what fits).
 /// * `Unsupported(_)` → `UNSUPP`.
+#[inline]
 pub fn validate(req: &BlkRequest, disk: &DiskParams) -> Result<(), u8> {
     match req.kind {
         RequestType::In | RequestType::Out => {
