@@ -436,8 +436,16 @@ mod guest_vm {
 
         let r = vm.wait_result();
         assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
-        assert_eq!(ring_packed(&r, "fp-restart"), packed, "VIRTIO_F_RING_PACKED negotiated");
         vm.wait_exit(EXIT_TIMEOUT);
+        // The disk line came long before the result (waiting for the rounds consumed it), so
+        // read it from the whole console too.
+        let console = vm.console();
+        let info = console.lines().filter_map(|l| {
+            const INFO: &str = "FLASHPATH-GUEST-INFO:";
+            Some(l[l.find(INFO)? + INFO.len()..].trim().to_string())
+        });
+        let all = GuestResult { info: info.collect(), ..r.clone() };
+        assert_eq!(ring_packed(&all, "fp-restart"), packed, "VIRTIO_F_RING_PACKED negotiated");
         // The write reports came before the result line (some while the test waited for the
         // rounds), so read them from the whole console rather than from the result.
         let ops: Vec<DiskOp> = vm
