@@ -389,6 +389,17 @@ mod guest_vm {
     /// bad data, and every write it saw acknowledged must be in the backing file.
     #[test]
     fn daemon_killed_and_restarted_under_guest_io_loses_nothing() {
+        killed_and_restarted_under_guest_io(false);
+    }
+
+    /// The same with `packed=on`: the packed layout of the in-flight area, requests resubmitted
+    /// from their recorded descriptors (the guest may have reused the ring slots meanwhile).
+    #[test]
+    fn daemon_killed_and_restarted_under_guest_io_on_packed_rings_loses_nothing() {
+        killed_and_restarted_under_guest_io(true);
+    }
+
+    fn killed_and_restarted_under_guest_io(packed: bool) {
         let Some(_one) = one_at_a_time() else { return };
         let size = 64 * MIB;
         // A delay bdev (50 ms per write) over the file keeps each guest writer's request in
@@ -405,7 +416,7 @@ mod guest_vm {
             )
         });
         let file = d.dir.path().join("fp-restart.img");
-        let cfg = VmConfig::new("restart", vec![d.dir.path().join("fp-restart")]);
+        let cfg = VmConfig { packed, ..VmConfig::new("restart", vec![d.dir.path().join("fp-restart")]) };
         let mut vm = Vm::boot(&cfg, d.dir.path());
         let round = |n: u32| move |l: &str| l.contains(&format!("round {n} ok"));
 
@@ -426,6 +437,15 @@ mod guest_vm {
         let r = vm.wait_result();
         assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
         vm.wait_exit(EXIT_TIMEOUT);
+        // The disk line came long before the result (waiting for the rounds consumed it), so
+        // read it from the whole console too.
+        let console = vm.console();
+        let info = console.lines().filter_map(|l| {
+            const INFO: &str = "FLASHPATH-GUEST-INFO:";
+            Some(l[l.find(INFO)? + INFO.len()..].trim().to_string())
+        });
+        let all = GuestResult { info: info.collect(), ..r.clone() };
+        assert_eq!(ring_packed(&all, "fp-restart"), packed, "VIRTIO_F_RING_PACKED negotiated");
         // The write reports came before the result line (some while the test waited for the
         // rounds), so read them from the whole console rather than from the result.
         let ops: Vec<DiskOp> = vm

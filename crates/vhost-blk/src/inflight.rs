@@ -1,4 +1,5 @@
-//! Crash-safe in-flight tracking (vhost-user.rst, "Inflight I/O tracking", split virtqueues).
+//! Crash-safe in-flight tracking (vhost-user.rst, "Inflight I/O tracking"), split and packed
+//! virtqueues.
 //!
 //! The back-end keeps, in a shared memory file it hands to the front-end
 //! (`GET_INFLIGHT_FD`), a record of every request it has taken from the available ring and not
@@ -7,11 +8,14 @@
 //! Requests completed out of order before the crash are not in the record, so they are not
 //! replayed.
 //!
-//! Layout, per queue (all fields native-endian, as the spec's C structs):
+//! Split layout, per queue (all fields native-endian, as the spec's C structs):
 //! a 16-byte header `{ features: u64, version: u16, desc_num: u16, last_batch_head: u16,
 //! used_idx: u16 }` then `desc_num` entries of 16 bytes
-//! `{ inflight: u8, padding: [u8; 5], next: u16, counter: u64 }`. flashpath rounds each queue's
-//! region up to 64 bytes; the whole file is `num_queues` such regions.
+//! `{ inflight: u8, padding: [u8; 5], next: u16, counter: u64 }`. The packed layout
+//! ([`PackedInflight`]) has 32-byte headers and entries. The front-end asks for the area
+//! (GET_INFLIGHT_FD) before it sets the features, so the ring format is not known yet: every
+//! queue's region is sized for the packed layout, rounded up to 64 bytes, and read in the
+//! negotiated format when the queue starts. The whole file is `num_queues` such regions.
 //!
 //! Write ordering is what makes this crash-safe: a head is marked in flight before its request
 //! is submitted; on completion the batch is linked through `next`, the used index is published,
@@ -23,10 +27,13 @@ use std::fs::File;
 use std::sync::atomic::{compiler_fence, Ordering};
 use std::sync::Arc;
 
+use fp_virtq::{PackedState, RawDesc};
 use vm_memory::{FileOffset, MmapRegion};
 
 const HEADER: usize = 16;
 const ENTRY: usize = 16;
+const PACKED_HEADER: usize = 32;
+const PACKED_ENTRY: usize = 32;
 const ALIGN: usize = 64;
 const VERSION: u16 = 1;
 
@@ -42,11 +49,15 @@ pub enum InflightError {
     Map(String),
     #[error("queue {index} has {ring} entries but its in-flight region was made for {region}")]
     SizeMismatch { index: u16, ring: u16, region: u16 },
+    #[error("the packed in-flight record is inconsistent: {0}")]
+    Corrupt(&'static str),
 }
 
-/// Bytes one queue's region takes.
+/// Bytes one queue's region takes: room for either layout (the larger, packed one).
 pub fn queue_region_size(queue_size: u16) -> usize {
-    (HEADER + ENTRY * usize::from(queue_size)).div_ceil(ALIGN) * ALIGN
+    let split = HEADER + ENTRY * usize::from(queue_size);
+    let packed = PACKED_HEADER + PACKED_ENTRY * usize::from(queue_size);
+    split.max(packed).div_ceil(ALIGN) * ALIGN
 }
 
 /// The mapped in-flight file of one connection.
@@ -127,6 +138,35 @@ impl InflightArea {
         // SAFETY: `offset` + the region size is within the mapping (checked in `map`).
         let base = unsafe { self.map.as_ptr().add(offset) };
         Ok(InflightQueue { _area: self.clone(), base, size: ring_size, counter: 0, batch_len: 0 })
+    }
+
+    /// The packed-layout tracker for queue `index` with a ring of `ring_size` entries.
+    pub fn packed_queue(
+        self: &Arc<Self>,
+        index: u16,
+        ring_size: u16,
+    ) -> Result<PackedInflight, InflightError> {
+        // Same checks and region as the split layout's.
+        let split = self.queue(index, ring_size)?;
+        let n = usize::from(ring_size);
+        Ok(PackedInflight {
+            base: split.base,
+            _area: split._area,
+            size: ring_size,
+            counter: 0,
+            free_head: 0,
+            old_free_head: 0,
+            used: (0, true),
+            heads: vec![None; n].into_boxed_slice(),
+            by_id: vec![NONE; n].into_boxed_slice(),
+            batch: Vec::with_capacity(n),
+            batch_tail: NONE,
+            rec_head: NONE,
+            rec_cur: NONE,
+            rec_last: NONE,
+            rec_n: 0,
+            rec_ok: false,
+        })
     }
 }
 
@@ -274,6 +314,453 @@ impl InflightQueue {
     }
 }
 
+/// "No entry": ends the free list and marks empty lookups (never a valid index: queue sizes
+/// are at most 32768).
+const NONE: u16 = u16::MAX;
+
+// Packed header fields.
+const P_FREE_HEAD: usize = 12;
+const P_OLD_FREE_HEAD: usize = 14;
+const P_USED_IDX: usize = 16;
+const P_OLD_USED_IDX: usize = 18;
+const P_USED_WRAP: usize = 20;
+const P_OLD_USED_WRAP: usize = 21;
+// Packed entry fields.
+const E_INFLIGHT: usize = 0;
+const E_NEXT: usize = 2;
+const E_LAST: usize = 4;
+const E_NUM: usize = 6;
+const E_COUNTER: usize = 8;
+const E_ID: usize = 16;
+const E_FLAGS: usize = 18;
+const E_LEN: usize = 20;
+const E_ADDR: usize = 24;
+/// The packed ring's AVAIL and USED descriptor flags (virtio 1.2 §2.8.1).
+const DESC_F_AVAIL: u16 = 1 << 7;
+const DESC_F_USED: u16 = 1 << 15;
+
+/// A packed-ring request a previous back-end left in flight, as it was taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InflightRequest {
+    /// Buffer id (the list's last descriptor's).
+    pub id: u16,
+    /// Ring slots the list took (one per recorded descriptor).
+    pub slots: u16,
+    /// Copies of the list's ring descriptors: the driver may have reused the slots since.
+    pub descs: Vec<RawDesc>,
+}
+
+/// What recovery found in a packed queue's region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackedRecovered {
+    /// Requests to resubmit, oldest first.
+    pub resubmit: Vec<InflightRequest>,
+    /// Where the ring continues: the recorded used position, and the available position after
+    /// every list still in flight. The front-end's base when the region is fresh.
+    pub state: PackedState,
+    /// Whether the region held state from a previous back-end.
+    pub reused: bool,
+}
+
+/// One queue's region in the packed layout (vhost-user.rst `QueueRegionPacked`). Lives on the
+/// queue's reactor.
+///
+/// Entries hold copies of the ring descriptors of every list taken and not yet returned, one
+/// entry per ring slot, allocated from a free list threaded through `next`. Two copies of the
+/// position fields make updates transactional: `free_head` / `used_idx` / `used_wrap_counter`
+/// move as a completion batch is prepared, and the `old_` copies are the committed state, set
+/// once the batch is published and its marks cleared. Recovery commits an unfinished batch if
+/// the guest can already see it (the ring's descriptor at `old_used_idx` is no longer
+/// available) and rolls it back otherwise.
+///
+/// Lists are taken from the committed free list (`old_free_head`), never from entries of an
+/// unpublished batch, so taking may interleave with completing (a request failed at once is
+/// completed while the ring is still being read): the batch's tail is relinked to the new
+/// committed head. A list is in flight once its head is marked and `old_free_head` has moved
+/// past it; a crash before that returns its entries to the free list and, since the available
+/// position is recomputed from what is in flight, the list is taken from the ring again.
+pub struct PackedInflight {
+    _area: Arc<InflightArea>,
+    base: *mut u8,
+    size: u16,
+    counter: u64,
+    // Mirrors of the header's positions (the region is written through, never read back
+    // while running: the front-end's memory is not trusted for our own bookkeeping).
+    free_head: u16,
+    old_free_head: u16,
+    used: (u16, bool),
+    /// Per head entry of a list taken and not yet completing: its buffer id and last entry.
+    heads: Box<[Option<(u16, u16)>]>,
+    /// Buffer id → head entry, for ids below the queue size (what Linux uses).
+    by_id: Box<[u16]>,
+    /// Heads completing in the unpublished batch, and the entry linking the batch to the
+    /// committed free list.
+    batch: Vec<u16>,
+    batch_tail: u16,
+    // The list being recorded by `record`.
+    rec_head: u16,
+    rec_cur: u16,
+    rec_last: u16,
+    rec_n: u16,
+    rec_ok: bool,
+}
+
+impl PackedInflight {
+    // Field access. SAFETY for all: as `InflightQueue`'s accessors; `off` is a header field or
+    // `entry(e) + field` with `e < size`, inside the region, naturally aligned (32-byte header
+    // and entries in a page-aligned mapping).
+
+    fn entry(e: u16) -> usize {
+        PACKED_HEADER + PACKED_ENTRY * usize::from(e)
+    }
+
+    fn r8(&self, off: usize) -> u8 {
+        // SAFETY: see above.
+        unsafe { std::ptr::read_volatile(self.base.add(off)) }
+    }
+
+    fn w8(&mut self, off: usize, v: u8) {
+        // SAFETY: see above.
+        unsafe { std::ptr::write_volatile(self.base.add(off), v) }
+    }
+
+    fn r16(&self, off: usize) -> u16 {
+        // SAFETY: see above.
+        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u16>()) }
+    }
+
+    fn w16(&mut self, off: usize, v: u16) {
+        // SAFETY: see above.
+        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u16>(), v) }
+    }
+
+    fn r32(&self, off: usize) -> u32 {
+        // SAFETY: see above.
+        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u32>()) }
+    }
+
+    fn w32(&mut self, off: usize, v: u32) {
+        // SAFETY: see above.
+        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u32>(), v) }
+    }
+
+    fn r64(&self, off: usize) -> u64 {
+        // SAFETY: see above.
+        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u64>()) }
+    }
+
+    fn w64(&mut self, off: usize, v: u64) {
+        // SAFETY: see above.
+        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u64>(), v) }
+    }
+
+    /// `pos` moved `by` slots on, flipping the wrap counter past the end (as the ring does).
+    fn advance(&self, (pos, wrap): (u16, bool), by: u16) -> (u16, bool) {
+        let next = u32::from(pos) + u32::from(by.min(self.size));
+        if next >= u32::from(self.size) {
+            ((next - u32::from(self.size)) as u16, !wrap)
+        } else {
+            (next as u16, wrap)
+        }
+    }
+
+    fn write_free_heads(&mut self) {
+        self.w16(P_FREE_HEAD, self.free_head);
+        self.w16(P_OLD_FREE_HEAD, self.old_free_head);
+    }
+
+    fn write_used(&mut self, used: (u16, bool), old: (u16, bool)) {
+        self.w16(P_USED_IDX, used.0);
+        self.w8(P_USED_WRAP, u8::from(used.1));
+        self.w16(P_OLD_USED_IDX, old.0);
+        self.w8(P_OLD_USED_WRAP, u8::from(old.1));
+    }
+
+    /// Prepares the region when the queue starts. `ring` is the position the front-end gave
+    /// (SET_VRING_BASE), used when the region is fresh; `flags_at(slot)` reads the flags of the
+    /// ring's descriptor at `slot` (None: unreadable).
+    pub fn recover(
+        &mut self,
+        ring: PackedState,
+        flags_at: impl FnOnce(u16) -> Option<u16>,
+    ) -> Result<PackedRecovered, InflightError> {
+        let n = usize::from(self.size);
+        if self.r16(8) != VERSION || self.r16(10) != self.size {
+            // Fresh (or foreign) region: start clean, every entry free.
+            // SAFETY: the region is `queue_region_size(size)` bytes (see accessors).
+            unsafe { std::ptr::write_bytes(self.base, 0, queue_region_size(self.size)) };
+            self.w16(8, VERSION);
+            self.w16(10, self.size);
+            for e in 0..self.size {
+                let next = if e + 1 < self.size { e + 1 } else { NONE };
+                self.w16(Self::entry(e) + E_NEXT, next);
+            }
+            (self.free_head, self.old_free_head) = (0, 0);
+            self.write_free_heads();
+            self.used = (ring.next_used, ring.used_wrap);
+            self.write_used(self.used, self.used);
+            return Ok(PackedRecovered { resubmit: Vec::new(), state: ring, reused: false });
+        }
+        let mut free_head = self.r16(P_FREE_HEAD);
+        let mut old_free_head = self.r16(P_OLD_FREE_HEAD);
+        let mut used = (self.r16(P_USED_IDX), self.r8(P_USED_WRAP) != 0);
+        let mut old_used = (self.r16(P_OLD_USED_IDX), self.r8(P_OLD_USED_WRAP) != 0);
+        if used.0 >= self.size || old_used.0 >= self.size {
+            return Err(InflightError::Corrupt("used index beyond the ring"));
+        }
+        if used != old_used {
+            // A batch was being returned. If its first used descriptor reached the ring (the
+            // slot no longer holds an available descriptor of that lap), the guest may have
+            // seen it: commit the batch; otherwise it is rolled back below and resubmitted.
+            let avail = if old_used.1 { DESC_F_AVAIL } else { DESC_F_USED };
+            let flags = flags_at(old_used.0).ok_or(InflightError::Corrupt("descriptor ring unreadable"))?;
+            if flags & (DESC_F_AVAIL | DESC_F_USED) != avail {
+                old_free_head = free_head;
+                old_used = used;
+            }
+        }
+        // Roll back whatever was not committed.
+        free_head = old_free_head;
+        used = old_used;
+        // Entries on the free list are not in flight, whatever their marks say (a list whose
+        // taking was cut short, a batch whose clearing was).
+        let mut free = vec![false; n];
+        let mut e = free_head;
+        while e < self.size && !free[usize::from(e)] {
+            free[usize::from(e)] = true;
+            self.w8(Self::entry(e) + E_INFLIGHT, 0);
+            e = self.r16(Self::entry(e) + E_NEXT);
+        }
+        let mut owned = vec![false; n];
+        let mut found: Vec<(u64, u16, InflightRequest)> = Vec::new();
+        for head in 0..self.size {
+            if free[usize::from(head)] || self.r8(Self::entry(head) + E_INFLIGHT) == 0 {
+                continue;
+            }
+            let at = Self::entry(head);
+            let (num, last, counter) =
+                (self.r16(at + E_NUM), self.r16(at + E_LAST), self.r64(at + E_COUNTER));
+            if num == 0 || num > self.size {
+                return Err(InflightError::Corrupt("list length"));
+            }
+            let mut descs = Vec::with_capacity(usize::from(num));
+            let mut e = head;
+            for i in 0..num {
+                if e >= self.size || owned[usize::from(e)] || free[usize::from(e)] {
+                    return Err(InflightError::Corrupt("list links"));
+                }
+                owned[usize::from(e)] = true;
+                let at = Self::entry(e);
+                descs.push(RawDesc {
+                    addr: self.r64(at + E_ADDR),
+                    len: self.r32(at + E_LEN),
+                    id: self.r16(at + E_ID),
+                    flags: self.r16(at + E_FLAGS),
+                });
+                if i + 1 < num {
+                    e = self.r16(at + E_NEXT);
+                }
+            }
+            if e != last {
+                return Err(InflightError::Corrupt("list end"));
+            }
+            let id = descs[descs.len() - 1].id;
+            found.push((counter, head, InflightRequest { id, slots: num, descs }));
+        }
+        found.sort_unstable_by_key(|&(counter, head, _)| (counter, head));
+        let in_flight: u32 = found.iter().map(|(_, _, r)| u32::from(r.slots)).sum();
+        if in_flight > u32::from(self.size) {
+            return Err(InflightError::Corrupt("more slots in flight than the ring has"));
+        }
+        // A fresh free list of every entry no list holds: whatever the interrupted update left
+        // behind is clean from here on.
+        let mut first = NONE;
+        for e in (0..self.size).rev().filter(|&e| !owned[usize::from(e)]) {
+            self.w8(Self::entry(e) + E_INFLIGHT, 0);
+            self.w16(Self::entry(e) + E_NEXT, first);
+            first = e;
+        }
+        compiler_fence(Ordering::SeqCst);
+        (self.free_head, self.old_free_head) = (first, first);
+        self.write_free_heads();
+        self.used = used;
+        self.write_used(used, used);
+        // Counters are the front-end's memory: a hostile one may have left u64::MAX there.
+        self.counter = found.iter().map(|&(c, _, _)| c).max().map_or(0, |c| c.wrapping_add(1));
+        for (_, head, r) in &found {
+            let last = self.r16(Self::entry(*head) + E_LAST);
+            self.heads[usize::from(*head)] = Some((r.id, last));
+            if r.id < self.size {
+                self.by_id[usize::from(r.id)] = *head;
+            }
+        }
+        // Everything taken is either returned (up to the used position) or still in flight.
+        let mut avail = used;
+        for (_, _, r) in &found {
+            avail = self.advance(avail, r.slots);
+        }
+        let state =
+            PackedState { next_avail: avail.0, avail_wrap: avail.1, next_used: used.0, used_wrap: used.1 };
+        Ok(PackedRecovered { resubmit: found.into_iter().map(|(_, _, r)| r).collect(), state, reused: true })
+    }
+
+    /// Starts recording the next list taken from the ring (before `PackedQueue::pop_with`).
+    #[inline]
+    pub fn begin(&mut self) {
+        self.rec_head = self.old_free_head;
+        self.rec_cur = self.old_free_head;
+        self.rec_n = 0;
+        self.rec_ok = true;
+    }
+
+    /// Records one ring descriptor of the list being taken, into the next free entry. Nothing
+    /// is in flight until [`Self::taken`].
+    #[inline]
+    pub fn record(&mut self, d: RawDesc) {
+        let e = self.rec_cur;
+        if e >= self.size {
+            // Out of entries: only a driver making more slots available than the ring has can
+            // get here. That list goes untracked.
+            self.rec_ok = false;
+            return;
+        }
+        let at = Self::entry(e);
+        self.w64(at + E_ADDR, d.addr);
+        self.w32(at + E_LEN, d.len);
+        self.w16(at + E_ID, d.id);
+        self.w16(at + E_FLAGS, d.flags);
+        self.rec_last = e;
+        self.rec_n += 1;
+        self.rec_cur = self.r16(at + E_NEXT);
+    }
+
+    /// The recorded list, buffer `id`, was taken: marks it in flight.
+    #[inline]
+    pub fn taken(&mut self, id: u16) {
+        let n = std::mem::take(&mut self.rec_n);
+        if n == 0 || !self.rec_ok {
+            return;
+        }
+        let (head, last) = (self.rec_head, self.rec_last);
+        let at = Self::entry(head);
+        let c = self.counter;
+        self.counter = self.counter.wrapping_add(1);
+        self.w16(at + E_NUM, n);
+        self.w16(at + E_LAST, last);
+        self.w64(at + E_COUNTER, c);
+        compiler_fence(Ordering::SeqCst);
+        self.w8(at + E_INFLIGHT, 1);
+        compiler_fence(Ordering::SeqCst);
+        // Commit: the committed free list now starts after the list (and an unpublished
+        // batch, linked in front of it, keeps pointing at that start).
+        let next_free = self.rec_cur;
+        if !self.batch.is_empty() && self.batch_tail < self.size {
+            self.w16(Self::entry(self.batch_tail) + E_NEXT, next_free);
+        } else if self.batch.is_empty() {
+            self.free_head = next_free;
+        }
+        self.old_free_head = next_free;
+        self.write_free_heads();
+        self.heads[usize::from(head)] = Some((id, last));
+        if id < self.size {
+            self.by_id[usize::from(id)] = head;
+        }
+    }
+
+    /// The head entry of the taken list with buffer `id`.
+    #[inline]
+    fn find(&self, id: u16) -> Option<u16> {
+        let matches = |e: u16| self.heads[usize::from(e)].is_some_and(|(i, _)| i == id);
+        if id < self.size {
+            let e = self.by_id[usize::from(id)];
+            if e < self.size && matches(e) {
+                return Some(e);
+            }
+        }
+        // Ids at or beyond the queue size, or reused while in flight: a driver's choice, rare.
+        (0..self.size).find(|&e| matches(e))
+    }
+
+    /// Links the list with buffer `id`, which took `slots` ring slots, into the batch about to
+    /// be published, and moves the used position as the ring's does.
+    #[inline]
+    pub fn completing(&mut self, id: u16, slots: u16) {
+        if let Some(e) = self.find(id) {
+            let (_, last) = self.heads[usize::from(e)].take().unwrap_or((id, e));
+            if id < self.size && self.by_id[usize::from(id)] == e {
+                self.by_id[usize::from(id)] = NONE;
+            }
+            self.w16(Self::entry(last) + E_NEXT, self.free_head);
+            if self.batch.is_empty() {
+                self.batch_tail = last;
+            }
+            self.free_head = e;
+            self.w16(P_FREE_HEAD, e);
+            self.batch.push(e);
+        }
+        self.used = self.advance(self.used, slots);
+        self.w16(P_USED_IDX, self.used.0);
+        self.w8(P_USED_WRAP, u8::from(self.used.1));
+    }
+
+    /// After the batch was published: clears its marks, then commits the new state.
+    pub fn published(&mut self) {
+        compiler_fence(Ordering::SeqCst);
+        for i in 0..self.batch.len() {
+            let e = self.batch[i];
+            self.w8(Self::entry(e) + E_INFLIGHT, 0);
+        }
+        self.batch.clear();
+        compiler_fence(Ordering::SeqCst);
+        self.old_free_head = self.free_head;
+        self.w16(P_OLD_FREE_HEAD, self.free_head);
+        self.w16(P_OLD_USED_IDX, self.used.0);
+        self.w8(P_OLD_USED_WRAP, u8::from(self.used.1));
+    }
+
+    /// Head entries currently marked in flight (for tests and diagnostics).
+    pub fn marked(&self) -> Vec<u16> {
+        (0..self.size).filter(|&e| self.r8(Self::entry(e) + E_INFLIGHT) != 0).collect()
+    }
+}
+
+/// A queue's tracker in the negotiated ring format: what the data path calls.
+pub enum Tracker {
+    Split(InflightQueue),
+    Packed(PackedInflight),
+}
+
+impl Tracker {
+    /// Request `id` (split: head index; packed: buffer id, after its list was recorded) was
+    /// taken from the ring.
+    #[inline]
+    pub fn taken(&mut self, id: u16) {
+        match self {
+            Tracker::Split(t) => t.taken(id),
+            Tracker::Packed(t) => t.taken(id),
+        }
+    }
+
+    /// Request `id`, which took `slots` ring slots, is being returned.
+    #[inline]
+    pub fn completing(&mut self, id: u16, slots: u16) {
+        match self {
+            Tracker::Split(t) => t.completing(id),
+            Tracker::Packed(t) => t.completing(id, slots),
+        }
+    }
+
+    /// The batch was published; `used_idx` is the split ring's used index (the packed tracker
+    /// follows the used position itself).
+    #[inline]
+    pub fn published(&mut self, used_idx: u16) {
+        match self {
+            Tracker::Split(t) => t.published(used_idx),
+            Tracker::Packed(t) => t.published(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,17 +771,18 @@ mod tests {
 
     #[test]
     fn region_sizes_are_aligned_and_checked() {
-        assert_eq!(queue_region_size(8), 192);
-        assert_eq!(queue_region_size(256), 4160);
+        // Sized for the packed layout (32-byte header and entries), the larger of the two.
+        assert_eq!(queue_region_size(8), 320);
+        assert_eq!(queue_region_size(256), 8256);
         let (_, file, size) = InflightArea::create(2, 8).unwrap();
-        assert_eq!(size, 384);
+        assert_eq!(size, 640);
         assert!(matches!(InflightArea::map(&file, 100, 0, 2, 8), Err(InflightError::TooSmall { .. })));
         let a = InflightArea::map(&file, size, 0, 2, 8).unwrap();
         assert!(matches!(a.queue(0, 16), Err(InflightError::SizeMismatch { .. })));
         assert!(a.queue(2, 8).is_err());
         // An area that claims more of the file than the file holds (a front-end's lie that would
         // end in SIGBUS), including through the offset.
-        assert!(matches!(InflightArea::map(&file, 8320, 0, 2, 256), Err(InflightError::BeyondFile { .. })));
+        assert!(matches!(InflightArea::map(&file, 16512, 0, 2, 256), Err(InflightError::BeyondFile { .. })));
         assert!(matches!(InflightArea::map(&file, size, 64, 2, 8), Err(InflightError::BeyondFile { .. })));
         assert!(matches!(
             InflightArea::map(&file, size, u64::MAX, 2, 8),
@@ -354,5 +842,180 @@ mod tests {
         q.completing(1);
         let mut again = a.queue(0, 8).unwrap();
         assert_eq!(again.recover(0).resubmit, vec![0, 1], "the guest never saw 1 complete");
+    }
+
+    // Packed layout. A "ring" here is the descriptor flags the recovery reads: `avail_at(lap)`
+    // is what a slot holds while still available in that lap.
+
+    const F_NEXT: u16 = 1;
+
+    fn avail_at(wrap: bool) -> u16 {
+        if wrap {
+            DESC_F_AVAIL
+        } else {
+            DESC_F_USED
+        }
+    }
+
+    fn used_at(wrap: bool) -> u16 {
+        if wrap {
+            DESC_F_AVAIL | DESC_F_USED
+        } else {
+            0
+        }
+    }
+
+    /// Takes a list of `n` descriptors with buffer `id` (addresses `id * 0x1000 + i`).
+    fn take(t: &mut PackedInflight, id: u16, n: u16) {
+        t.begin();
+        for i in 0..n {
+            let flags = if i + 1 < n { F_NEXT } else { 0 };
+            t.record(RawDesc { addr: u64::from(id) * 0x1000 + u64::from(i), len: 16, id, flags });
+        }
+        t.taken(id);
+    }
+
+    fn ids(r: &PackedRecovered) -> Vec<(u16, u16)> {
+        r.resubmit.iter().map(|q| (q.id, q.slots)).collect()
+    }
+
+    const START: PackedState = PackedState::START;
+
+    #[test]
+    fn packed_a_clean_region_recovers_nothing_and_resubmits_in_taken_order() {
+        let a = area();
+        let mut q = a.packed_queue(1, 8).unwrap();
+        let fresh = q.recover(START, |_| None).unwrap();
+        assert_eq!(fresh, PackedRecovered { resubmit: vec![], state: START, reused: false });
+        take(&mut q, 5, 2);
+        take(&mut q, 2, 1);
+        take(&mut q, 7, 3);
+        // Buffer 2 completes out of order and is published (its used descriptor goes to slot 0).
+        q.completing(2, 1);
+        q.published();
+        let mut again = a.packed_queue(1, 8).unwrap();
+        let r = again.recover(START, |_| panic!("nothing was being returned")).unwrap();
+        assert!(r.reused);
+        assert_eq!(ids(&r), vec![(5, 2), (7, 3)], "in the order taken; 2 is not replayed");
+        // The copies are what was taken, NEXT links included.
+        let d = &r.resubmit[1].descs;
+        assert_eq!(
+            d.iter().map(|d| (d.addr, d.flags)).collect::<Vec<_>>(),
+            vec![(0x7000, F_NEXT), (0x7001, F_NEXT), (0x7002, 0)]
+        );
+        // Used position after the one returned slot; available after the 2 + 3 still out.
+        assert_eq!(r.state, PackedState { next_avail: 6, avail_wrap: true, next_used: 1, used_wrap: true });
+        // Queue 0 is untouched.
+        assert!(!a.packed_queue(0, 8).unwrap().recover(START, |_| None).unwrap().reused);
+        // The recovered lists complete by id, and the entries go back to the free list.
+        again.completing(7, 3);
+        again.completing(5, 2);
+        again.published();
+        assert!(again.marked().is_empty());
+        let r = a.packed_queue(1, 8).unwrap().recover(START, |_| None).unwrap();
+        assert_eq!(r.state, PackedState { next_avail: 6, avail_wrap: true, next_used: 6, used_wrap: true });
+        assert!(r.resubmit.is_empty());
+    }
+
+    #[test]
+    fn packed_a_crash_before_publish_resubmits_the_whole_batch() {
+        let a = area();
+        let mut q = a.packed_queue(0, 8).unwrap();
+        q.recover(START, |_| None).unwrap();
+        take(&mut q, 0, 1);
+        take(&mut q, 1, 2);
+        q.completing(1, 2);
+        // Slot 0 still holds the driver's available descriptor: the batch never reached the guest.
+        let mut again = a.packed_queue(0, 8).unwrap();
+        let r = again.recover(START, |slot| Some(if slot == 0 { avail_at(true) } else { 0xffff })).unwrap();
+        assert_eq!(ids(&r), vec![(0, 1), (1, 2)], "the guest never saw 1 complete");
+        assert_eq!(r.state, PackedState { next_avail: 3, avail_wrap: true, next_used: 0, used_wrap: true });
+    }
+
+    #[test]
+    fn packed_a_crash_between_publish_and_clearing_commits_the_batch() {
+        let a = area();
+        let mut q = a.packed_queue(0, 8).unwrap();
+        // Continue from a position near the end of the ring: the batch wraps it.
+        let base = PackedState { next_avail: 6, avail_wrap: true, next_used: 6, used_wrap: true };
+        q.recover(base, |_| None).unwrap();
+        take(&mut q, 3, 1);
+        take(&mut q, 4, 2);
+        take(&mut q, 1, 1);
+        q.completing(4, 2);
+        q.completing(3, 1);
+        // The used descriptor at slot 6 reached the ring, then the back-end died.
+        let mut again = a.packed_queue(0, 8).unwrap();
+        let r =
+            again.recover(base, |slot| Some(if slot == 6 { used_at(true) } else { avail_at(true) })).unwrap();
+        assert_eq!(ids(&r), vec![(1, 1)]);
+        assert_eq!(again.marked().len(), 1);
+        assert_eq!(r.state, PackedState { next_avail: 2, avail_wrap: false, next_used: 1, used_wrap: false });
+        // Counting continues after the largest counter seen.
+        take(&mut again, 6, 1);
+        let r = a.packed_queue(0, 8).unwrap().recover(base, |_| None).unwrap();
+        assert_eq!(ids(&r), vec![(1, 1), (6, 1)]);
+        // Also committed when the driver has already made the slot available for the next lap.
+        let mut q = a.packed_queue(1, 8).unwrap();
+        q.recover(START, |_| None).unwrap();
+        take(&mut q, 0, 1);
+        q.completing(0, 1);
+        let r = a.packed_queue(1, 8).unwrap().recover(START, |_| Some(avail_at(false))).unwrap();
+        assert!(r.resubmit.is_empty());
+        assert_eq!(r.state.next_used, 1);
+    }
+
+    #[test]
+    fn packed_taking_while_a_batch_is_pending_and_crashes_inside_a_take() {
+        let a = area();
+        let mut q = a.packed_queue(0, 8).unwrap();
+        q.recover(START, |_| None).unwrap();
+        // A request failed at once: completed while the ring is still being read.
+        take(&mut q, 0, 2);
+        q.completing(0, 2);
+        take(&mut q, 1, 3);
+        // Published: the batch is committed and only 1 is in flight.
+        let used = |slot: u16| Some(if slot == 0 { used_at(true) } else { avail_at(true) });
+        let r = a.packed_queue(0, 8).unwrap().recover(START, used).unwrap();
+        assert_eq!(ids(&r), vec![(1, 3)]);
+        assert_eq!(r.state, PackedState { next_avail: 5, avail_wrap: true, next_used: 2, used_wrap: true });
+        // Not published: both are.
+        let mut q = a.packed_queue(1, 8).unwrap();
+        q.recover(START, |_| None).unwrap();
+        take(&mut q, 0, 2);
+        q.completing(0, 2);
+        take(&mut q, 1, 3);
+        let r = a.packed_queue(1, 8).unwrap().recover(START, |_| Some(avail_at(true))).unwrap();
+        assert_eq!(ids(&r), vec![(0, 2), (1, 3)]);
+        assert_eq!(r.state.next_avail, 5);
+        // A take cut short (recorded, never marked taken) is not in flight: the ring position
+        // stays before it, so it is taken from the ring again.
+        let mut q = a.packed_queue(0, 8).unwrap();
+        q.recover(START, |_| None).unwrap();
+        q.begin();
+        q.record(RawDesc { addr: 1, len: 1, id: 9, flags: 0 });
+        let r = a.packed_queue(0, 8).unwrap().recover(START, |_| None).unwrap();
+        assert_eq!(ids(&r), vec![(1, 3)]);
+        assert_eq!(r.state.next_avail, 5);
+    }
+
+    #[test]
+    fn packed_a_corrupt_region_is_refused() {
+        let a = area();
+        let mut q = a.packed_queue(0, 8).unwrap();
+        q.recover(START, |_| None).unwrap();
+        take(&mut q, 0, 2);
+        // The front-end scribbles over the head's list length.
+        q.w16(PackedInflight::entry(0) + E_NUM, 200);
+        assert!(matches!(
+            a.packed_queue(0, 8).unwrap().recover(START, |_| None),
+            Err(InflightError::Corrupt(_))
+        ));
+        q.w16(PackedInflight::entry(0) + E_NUM, 2);
+        q.w16(P_OLD_USED_IDX, 8);
+        assert!(matches!(
+            a.packed_queue(0, 8).unwrap().recover(START, |_| None),
+            Err(InflightError::Corrupt(_))
+        ));
     }
 }

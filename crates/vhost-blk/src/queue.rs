@@ -33,7 +33,7 @@ use fp_virtq::{Chain, MemTable, PackedQueue, PackedState, RingError, SplitQueue}
 use vm_memory::{Address, Bytes, GuestAddress};
 
 use crate::coalesce::{Clock, Coalescer, CoalescingSettings};
-use crate::inflight::{InflightArea, InflightQueue};
+use crate::inflight::{InflightArea, InflightRequest, Tracker};
 use crate::stats::{Counters, QueueStats};
 
 /// Everything needed to start a queue on a reactor. `Send`; built on the control plane.
@@ -118,9 +118,15 @@ enum Ring {
 }
 
 impl Ring {
-    /// Takes the next available chain into `chain`. An error fails the queue.
+    /// Takes the next available chain into `chain`; a packed tracker records its ring
+    /// descriptors as they are read. An error fails the queue.
     #[inline]
-    fn pop(&mut self, table: &MemTable, chain: &mut Chain) -> Result<Option<Head>, String> {
+    fn pop(
+        &mut self,
+        table: &MemTable,
+        chain: &mut Chain,
+        tracker: &mut Option<Tracker>,
+    ) -> Result<Option<Head>, String> {
         match self {
             Ring::Split(q) => {
                 let Some(head) = q.pop().map_err(|e| format!("bad available ring: {e}"))? else {
@@ -131,11 +137,20 @@ impl Ring {
                 })?;
                 Ok(Some(Head { id: head, slots: 1 }))
             }
-            Ring::Packed(q) => match q.pop(table, chain) {
-                Ok(Some(h)) => Ok(Some(Head { id: h.id, slots: h.slots })),
-                Ok(None) => Ok(None),
-                Err(e) => Err(format!("packed ring: {e}")),
-            },
+            Ring::Packed(q) => {
+                let popped = match tracker {
+                    Some(Tracker::Packed(t)) => {
+                        t.begin();
+                        q.pop_with(table, chain, |d| t.record(d))
+                    }
+                    _ => q.pop(table, chain),
+                };
+                match popped {
+                    Ok(Some(h)) => Ok(Some(Head { id: h.id, slots: h.slots })),
+                    Ok(None) => Ok(None),
+                    Err(e) => Err(format!("packed ring: {e}")),
+                }
+            }
         }
     }
 
@@ -215,7 +230,7 @@ pub struct QueuePoller {
     /// The chain being started (allocated once).
     chain: Chain,
     /// Crash-safe in-flight record, when the front-end provided one.
-    tracker: Option<InflightQueue>,
+    tracker: Option<Tracker>,
     kick: File,
     call: File,
     channel: Box<dyn IoChannel>,
@@ -249,9 +264,9 @@ enum Flow {
 
 /// Writes a used element, keeping the in-flight record in step.
 #[inline]
-fn push_used(ring: &mut Ring, tracker: &mut Option<InflightQueue>, head: Head, len: u32) {
+fn push_used(ring: &mut Ring, tracker: &mut Option<Tracker>, head: Head, len: u32) {
     if let Some(t) = tracker {
-        t.completing(head.id);
+        t.completing(head.id, head.slots);
     }
     ring.push_used(head, len);
 }
@@ -276,8 +291,32 @@ impl QueuePoller {
         // recorded in flight.
         let mut tracker = None;
         let mut resubmit = Vec::new();
+        let mut resubmit_packed = Vec::new();
         let ring = if s.packed {
-            let state = PackedState::from_vring_base(s.base);
+            // The packed ring's positions likewise come from the region: the front-end cannot
+            // know how far a crashed back-end got.
+            let mut state = PackedState::from_vring_base(s.base);
+            if let Some(area) = &s.inflight {
+                let inflight_err = |source| StartError::Inflight { index, source };
+                let mut t = area.packed_queue(index, s.size).map_err(inflight_err)?;
+                let flags_at = |slot: u16| {
+                    let at = s.desc.checked_add(16 * u64::from(slot) + 14)?;
+                    s.mem.read_obj::<u16>(at).ok().map(u16::from_le)
+                };
+                let recovered = t.recover(state, flags_at).map_err(inflight_err)?;
+                if recovered.reused {
+                    state = recovered.state;
+                    if !recovered.resubmit.is_empty() {
+                        log::info!(
+                            "{} queue {index}: resubmitting {} in-flight requests from before the restart",
+                            s.controller,
+                            recovered.resubmit.len()
+                        );
+                    }
+                    resubmit_packed = recovered.resubmit;
+                }
+                tracker = Some(Tracker::Packed(t));
+            }
             Ring::Packed(
                 PackedQueue::new(&table, s.desc.0, s.avail.0, s.used.0, s.size, s.event_idx, state)
                     .map_err(ring_err)?,
@@ -304,7 +343,7 @@ impl QueuePoller {
                     }
                     resubmit = recovered.resubmit;
                 }
-                tracker = Some(t);
+                tracker = Some(Tracker::Split(t));
             }
             Ring::Split(
                 SplitQueue::new(
@@ -363,7 +402,9 @@ impl QueuePoller {
             signal_pending: false,
             coalescer: Coalescer::new(s.coalescing, s.clock),
         };
-        poller.resubmit(&resubmit).map_err(|reason| StartError::Resubmit { index, reason })?;
+        poller
+            .resubmit(&resubmit, &resubmit_packed)
+            .map_err(|reason| StartError::Resubmit { index, reason })?;
         // Start in polling mode: the driver need not kick while we poll.
         poller.ring.disable_notification();
         Ok(poller)
@@ -490,7 +531,7 @@ impl QueuePoller {
     fn pop_and_submit(&mut self) -> bool {
         let mut popped = false;
         while let Some(&slot_idx) = self.free.last() {
-            let head = match self.ring.pop(&self.table, &mut self.chain) {
+            let head = match self.ring.pop(&self.table, &mut self.chain, &mut self.tracker) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(why) => {
@@ -515,19 +556,28 @@ impl QueuePoller {
     }
 
     /// Resubmits requests a previous back-end left in flight (see [`crate::inflight`]), oldest
-    /// first, before anything new is taken from the ring: each head is walked through the same
-    /// ring code as a fresh request.
-    fn resubmit(&mut self, heads: &[u16]) -> Result<(), String> {
-        for &head in heads {
+    /// first, before anything new is taken from the ring: split heads are walked through the
+    /// same ring code as a fresh request; packed lists from their recorded descriptors, since
+    /// the driver may have reused their ring slots.
+    fn resubmit(&mut self, heads: &[u16], lists: &[InflightRequest]) -> Result<(), String> {
+        for i in 0..heads.len() + lists.len() {
             let Some(&slot_idx) = self.free.last() else {
                 return Err("more requests in flight than ring entries".into());
             };
-            let Ring::Split(q) = &self.ring else {
-                return Err("packed rings resubmit from their record".into());
+            let head = if let Some(&head) = heads.get(i) {
+                let Ring::Split(q) = &self.ring else {
+                    return Err("split heads recorded for a packed ring".into());
+                };
+                q.walk(&self.table, head, &mut self.chain)
+                    .map_err(|e| ParseError::from_walk(head, e).to_string())?;
+                Head { id: head, slots: 1 }
+            } else {
+                let r = &lists[i - heads.len()];
+                self.chain = Chain::from_packed(&self.table, &r.descs)
+                    .map_err(|e| ParseError::from_walk(r.id, e).to_string())?;
+                Head { id: r.id, slots: r.slots }
             };
-            q.walk(&self.table, head, &mut self.chain)
-                .map_err(|e| ParseError::from_walk(head, e).to_string())?;
-            match self.start(Head { id: head, slots: 1 }, slot_idx) {
+            match self.start(head, slot_idx) {
                 Flow::Next => {}
                 // At queue start every slot is free and nothing is queued: a busy channel here
                 // would have to hold more than a ring's worth of requests.

@@ -76,7 +76,7 @@ impl Driver {
     }
 
     fn setup(&self, index: u16, bdev: &Bdev, stats: &Arc<QueueStats>) -> (QueueSetup, File) {
-        self.setup_with(index, bdev, stats, 0, None)
+        self.setup_with(index, bdev, stats, 0, false, None)
     }
 
     fn setup_with(
@@ -84,7 +84,8 @@ impl Driver {
         index: u16,
         bdev: &Bdev,
         stats: &Arc<QueueStats>,
-        base: u16,
+        base: u32,
+        packed: bool,
         inflight: Option<Arc<InflightArea>>,
     ) -> (QueueSetup, File) {
         let (kick, _) = eventfd();
@@ -97,9 +98,9 @@ impl Driver {
             desc: GuestAddress(self.desc),
             avail: GuestAddress(self.avail),
             used: GuestAddress(self.used),
-            base: base.into(),
+            base,
             event_idx: false,
-            packed: false,
+            packed,
             mem: self.mem.clone(),
             kick,
             call,
@@ -319,7 +320,7 @@ fn after_a_crash_only_requests_still_in_flight_are_resubmitted() {
     ctl.lock().unwrap().released.push(8 * 512);
     {
         let mut r = Reactor::new(0, None, ReactorConfig::default()).unwrap();
-        let (setup, _call) = q.setup_with(0, &bdev, &stats, 0, Some(area.clone()));
+        let (setup, _call) = q.setup_with(0, &bdev, &stats, 0, false, Some(area.clone()));
         r.add_poller(Box::new(QueuePoller::new(setup).unwrap()));
         r.poll_once();
         r.poll_once();
@@ -334,7 +335,7 @@ fn after_a_crash_only_requests_still_in_flight_are_resubmitted() {
     // the back-end, resets the ring base to the used index (1).
     ctl.lock().unwrap().release_all = true;
     let mut r = Reactor::new(0, None, ReactorConfig::default()).unwrap();
-    let (setup, _call) = q.setup_with(0, &bdev, &stats, 1, Some(area.clone()));
+    let (setup, _call) = q.setup_with(0, &bdev, &stats, 1, false, Some(area.clone()));
     r.add_poller(Box::new(QueuePoller::new(setup).unwrap()));
     r.poll_once();
     {
@@ -442,4 +443,102 @@ fn coalescing_never_holds_a_completion_longer_than_its_bound() {
         tick(2_000);
     }
     assert_eq!(stats.io_errors.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+/// The driver side of one packed virtqueue: the descriptor ring at `Driver::desc`, the driver
+/// and device event areas at its `avail` and `used` addresses.
+struct PackedDriver {
+    ring: Driver,
+    pos: u16,
+    wrap: bool,
+}
+
+const F_AVAIL: u16 = 1 << 7;
+const F_USED: u16 = 1 << 15;
+
+impl PackedDriver {
+    /// Posts a list of (addr, len, device-writable) buffers as buffer `id`.
+    fn post(&mut self, id: u16, bufs: &[(u64, u32, bool)]) {
+        let mem = &self.ring.mem;
+        for (i, &(addr, len, writable)) in bufs.iter().enumerate() {
+            let lap = if self.wrap { F_AVAIL } else { F_USED };
+            let flags =
+                lap | if writable { F_WRITE } else { 0 } | if i + 1 < bufs.len() { F_NEXT } else { 0 };
+            let at = GuestAddress(self.ring.desc + 16 * u64::from(self.pos));
+            mem.write_obj(addr, at).unwrap();
+            mem.write_obj(len, at.unchecked_add(8)).unwrap();
+            mem.write_obj(id, at.unchecked_add(12)).unwrap();
+            mem.write_obj(flags, at.unchecked_add(14)).unwrap();
+            self.pos += 1;
+            if self.pos == SIZE {
+                (self.pos, self.wrap) = (0, !self.wrap);
+            }
+        }
+    }
+
+    /// The buffer id in ring slot `slot` if it holds a used descriptor of the first lap.
+    fn used_at(&self, slot: u16) -> Option<u16> {
+        let at = GuestAddress(self.ring.desc + 16 * u64::from(slot));
+        let flags: u16 = self.ring.mem.read_obj(at.unchecked_add(14)).unwrap();
+        (flags & (F_AVAIL | F_USED) == F_AVAIL | F_USED)
+            .then(|| self.ring.mem.read_obj(at.unchecked_add(12)).unwrap())
+    }
+}
+
+#[test]
+fn after_a_crash_packed_requests_still_in_flight_are_resubmitted_from_their_record() {
+    let mem = Arc::new(GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
+    let ctl = Arc::new(Mutex::new(HoldCtl::default()));
+    let bdev: Bdev =
+        Arc::new(HoldDevice { inner: RamDevice::new("ram", 512, 2048).unwrap(), ctl: ctl.clone() });
+    let (area, _file, _) = InflightArea::create(1, SIZE).unwrap();
+    let stats = Arc::new(QueueStats::default());
+    let mut q = PackedDriver { ring: Driver::new(&mem, 0x10000), pos: 0, wrap: true };
+    // What QEMU sends: both positions 0 in the first lap (and the same, stale, after a crash).
+    let start = 0x8000_8000;
+
+    // Two writes: A (id 7, slots 0-2) to sector 0, B (id 3, slots 3-5) to sector 8. Only B
+    // completes: its used descriptor goes to slot 0, over A's first descriptor.
+    mem.write_slice(&[0xaa; 512], GuestAddress(0x40000)).unwrap();
+    mem.write_slice(&[0xbb; 512], GuestAddress(0x41000)).unwrap();
+    header(&mem, 0x30000, 1, 0);
+    header(&mem, 0x30100, 1, 8);
+    q.post(7, &[(0x30000, 16, false), (0x40000, 512, false), (0x30080, 1, true)]);
+    q.post(3, &[(0x30100, 16, false), (0x41000, 512, false), (0x30180, 1, true)]);
+    ctl.lock().unwrap().released.push(8 * 512);
+    {
+        let mut r = Reactor::new(0, None, ReactorConfig::default()).unwrap();
+        let (setup, _call) = q.ring.setup_with(0, &bdev, &stats, start, true, Some(area.clone()));
+        r.add_poller(Box::new(QueuePoller::new(setup).unwrap()));
+        r.poll_once();
+        r.poll_once();
+        assert_eq!(q.used_at(0), Some(3), "B completed first, in slot 0");
+        // The back-end dies with A in flight.
+    }
+    assert_eq!(ctl.lock().unwrap().submitted.len(), 2);
+
+    // A new back-end: A cannot be walked from the ring any more (slot 0 holds B's used
+    // descriptor); it comes from the record, and the ring continues after B's three slots.
+    ctl.lock().unwrap().release_all = true;
+    let mut r = Reactor::new(0, None, ReactorConfig::default()).unwrap();
+    let (setup, _call) = q.ring.setup_with(0, &bdev, &stats, start, true, Some(area.clone()));
+    r.add_poller(Box::new(QueuePoller::new(setup).unwrap()));
+    r.poll_once();
+    {
+        let c = ctl.lock().unwrap();
+        assert_eq!(c.submitted.len(), 3, "exactly one request resubmitted: {:?}", c.submitted);
+        assert_eq!(c.submitted[2], (0, fp_bdev::IoOp::Write), "it is A, not the completed B");
+    }
+    assert_eq!(q.used_at(3), Some(7), "A's used descriptor, after B's three slots");
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(0x30080)).unwrap(), VIRTIO_BLK_S_OK);
+
+    // The ring continues after both: C (id 12, slots 6-8) is taken next, not B again.
+    header(&mem, 0x30200, 0, 0);
+    q.post(12, &[(0x30200, 16, false), (0x42000, 512, true), (0x30280, 1, true)]);
+    r.poll_once();
+    assert_eq!(q.used_at(6), Some(12));
+    let mut back = [0u8; 512];
+    mem.read_slice(&mut back, GuestAddress(0x42000)).unwrap();
+    assert_eq!(back, [0xaa; 512], "A's data reached the disk");
+    assert_eq!(ctl.lock().unwrap().submitted.len(), 4);
 }

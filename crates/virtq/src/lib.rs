@@ -22,7 +22,7 @@ mod split;
 
 pub use chain::{Chain, Desc, WalkError, MAX_CHAIN_DESCRIPTORS};
 pub use mem::{GuestMemory, MemTable};
-pub use packed::{PackedHead, PackedQueue, PackedState};
+pub use packed::{PackedHead, PackedQueue, PackedState, RawDesc};
 pub use split::{RingError, SplitQueue};
 
 /// Descriptor flag: the buffer continues in the next descriptor (§2.7.5, §2.8.6).

@@ -73,6 +73,58 @@ pub struct PackedHead {
     pub slots: u16,
 }
 
+/// One packed-ring descriptor as the driver wrote it (flags as in the ring, AVAIL/USED included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawDesc {
+    pub addr: u64,
+    pub len: u32,
+    pub id: u16,
+    pub flags: u16,
+}
+
+/// Adds list descriptor `d` to `chain`, walking it if it is an indirect table (§2.8.7); `first`:
+/// it is the list's first descriptor. Returns whether the list continues (NEXT).
+#[inline(always)]
+fn add_desc(mem: &MemTable, chain: &mut Chain, d: RawDesc, first: bool) -> Result<bool, WalkError> {
+    if d.flags & DESC_F_INDIRECT != 0 {
+        // An indirect descriptor is a list of its own (never linked by NEXT).
+        if !first || d.flags & DESC_F_NEXT != 0 || d.len == 0 || d.len % 16 != 0 {
+            return Err(WalkError::Broken);
+        }
+        let table = mem.translate(d.addr, u64::from(d.len)).ok_or(WalkError::Broken)?;
+        for i in 0..d.len / 16 {
+            // SAFETY: `i < len / 16` and the table's `len` bytes lie in one region.
+            let (a, w) = unsafe { read_desc(table, i) };
+            // Only WRITE is valid in an indirect table; other flags and ids are ignored.
+            chain.add(mem, a, w as u32, (w >> 48) as u16 & DESC_F_WRITE != 0)?;
+        }
+        return Ok(false);
+    }
+    chain.add(mem, d.addr, d.len, d.flags & DESC_F_WRITE != 0)?;
+    Ok(d.flags & DESC_F_NEXT != 0)
+}
+
+impl Chain {
+    /// Walks a packed-ring list from copies of its ring descriptors (as [`PackedQueue::pop_with`]
+    /// recorded them), with the ring walk's rules: NEXT on every descriptor but the last, an
+    /// indirect table only alone. An indirect table is read from guest memory again: the driver
+    /// keeps it until the list is used, unlike the ring slots.
+    pub fn from_packed(mem: &MemTable, descs: &[RawDesc]) -> Result<Chain, WalkError> {
+        let mut c = Chain::new();
+        let mut more = true;
+        for (i, &d) in descs.iter().enumerate() {
+            if !more {
+                return Err(WalkError::Broken);
+            }
+            more = add_desc(mem, &mut c, d, i == 0)?;
+        }
+        if more {
+            return Err(WalkError::Broken);
+        }
+        Ok(c)
+    }
+}
+
 /// One packed virtqueue, device side. See the module docs.
 pub struct PackedQueue {
     ring: *mut u8,
@@ -161,6 +213,19 @@ impl PackedQueue {
     /// means a list that cannot be walked (the queue must fail; the position is unchanged).
     #[inline]
     pub fn pop(&mut self, mem: &MemTable, chain: &mut Chain) -> Result<Option<PackedHead>, WalkError> {
+        self.pop_with(mem, chain, |_| {})
+    }
+
+    /// [`Self::pop`], handing every ring descriptor of the list to `record` as it is read (the
+    /// one read the walk uses), so that a crash-safe record can keep the list: the driver may
+    /// reuse these ring slots before the list is completed.
+    #[inline]
+    pub fn pop_with(
+        &mut self,
+        mem: &MemTable,
+        chain: &mut Chain,
+        mut record: impl FnMut(RawDesc),
+    ) -> Result<Option<PackedHead>, WalkError> {
         let (mut pos, mut wrap) = (self.state.next_avail, self.state.avail_wrap);
         if !Self::is_avail(self.flags_at(pos), wrap) {
             return Ok(None);
@@ -170,26 +235,12 @@ impl PackedQueue {
         let id = loop {
             // SAFETY: `pos < size`; the ring's `16 * size` bytes are mapped (checked in `new`).
             let (addr, w1) = unsafe { read_desc(self.ring, u32::from(pos)) };
-            let (len, id, flags) = (w1 as u32, (w1 >> 32) as u16, (w1 >> 48) as u16);
+            let d = RawDesc { addr, len: w1 as u32, id: (w1 >> 32) as u16, flags: (w1 >> 48) as u16 };
+            record(d);
             slots += 1;
             Self::advance(&mut pos, &mut wrap, 1, self.size);
-            if flags & DESC_F_INDIRECT != 0 {
-                // §2.8.7: an indirect descriptor is a list of its own (never linked by NEXT).
-                if slots != 1 || flags & DESC_F_NEXT != 0 || len == 0 || len % 16 != 0 {
-                    return Err(WalkError::Broken);
-                }
-                let table = mem.translate(addr, u64::from(len)).ok_or(WalkError::Broken)?;
-                for i in 0..len / 16 {
-                    // SAFETY: `i < len / 16` and the table's `len` bytes lie in one region.
-                    let (a, w) = unsafe { read_desc(table, i) };
-                    // Only WRITE is valid in an indirect table; other flags and ids are ignored.
-                    chain.add(mem, a, w as u32, (w >> 48) as u16 & DESC_F_WRITE != 0)?;
-                }
-                break id;
-            }
-            chain.add(mem, addr, len, flags & DESC_F_WRITE != 0)?;
-            if flags & DESC_F_NEXT == 0 {
-                break id;
+            if !add_desc(mem, chain, d, slots == 1)? {
+                break d.id;
             }
             // §2.8.11: a list is at most the queue size; a longer one has no end.
             if slots == self.size {
@@ -428,6 +479,50 @@ mod tests {
         assert_eq!(q.pop(&t, &mut chain), Err(WalkError::Broken), "table length not a multiple of 16");
         offer(&m, 0, 0xfff0, 32, 0, DESC_F_INDIRECT, true);
         assert_eq!(q.pop(&t, &mut chain), Err(WalkError::Broken), "table runs past memory");
+    }
+
+    #[test]
+    fn recorded_lists_walk_like_the_ring_indirect_tables_included() {
+        let (m, t) = setup();
+        let mut q = PackedQueue::new(&t, RING, DRIVER, DEVICE, SIZE, false, PackedState::START).unwrap();
+        let mut chain = Chain::new();
+        let key = |c: &Chain| c.descs().iter().map(|d| (d.addr, d.len, d.write)).collect::<Vec<_>>();
+        // A direct list of two, then an indirect table of two at 0x5000.
+        offer(&m, 0, 0x2000, 16, 0, DESC_F_NEXT, true);
+        offer(&m, 1, 0x3000, 512, 7, DESC_F_WRITE, true);
+        m.write_obj(0x6000u64, GuestAddress(0x5000)).unwrap();
+        m.write_obj(16u32, GuestAddress(0x5008)).unwrap();
+        m.write_obj(0x7000u64, GuestAddress(0x5010)).unwrap();
+        m.write_obj(1u32, GuestAddress(0x5018)).unwrap();
+        m.write_obj(DESC_F_WRITE, GuestAddress(0x501e)).unwrap();
+        offer(&m, 2, 0x5000, 32, 8, DESC_F_INDIRECT, true);
+        let mut taken = Vec::new();
+        for (want_id, want_len) in [(7, 2), (8, 1)] {
+            let mut rec = Vec::new();
+            let h = q.pop_with(&t, &mut chain, |d| rec.push(d)).unwrap().unwrap();
+            assert_eq!((h.id, usize::from(h.slots)), (want_id, want_len));
+            assert_eq!(rec.len(), want_len, "one record per ring slot");
+            assert_eq!(rec.last().unwrap().id, want_id);
+            taken.push((rec, key(&chain)));
+        }
+        assert_eq!(taken[1].1, vec![(0x6000, 16, false), (0x7000, 1, true)]);
+        // The driver reuses the ring slots: the copies still walk to the same chains.
+        for s in 0..3 {
+            offer(&m, s, 0xdead000, 1, 99, 0, false);
+        }
+        for (rec, want) in &taken {
+            assert_eq!(&key(&Chain::from_packed(&t, rec).unwrap()), want);
+        }
+        let d = |addr, len, flags| RawDesc { addr, len, id: 0, flags };
+        for bad in [
+            vec![],
+            vec![d(0x2000, 16, DESC_F_NEXT)],
+            vec![d(0x2000, 16, 0), d(0x3000, 16, 0)],
+            vec![d(0x2000, 16, DESC_F_NEXT), d(0x5000, 32, DESC_F_INDIRECT)],
+            vec![d(0x5000, 24, DESC_F_INDIRECT)],
+        ] {
+            assert_eq!(Chain::from_packed(&t, &bad).err(), Some(WalkError::Broken), "{bad:?}");
+        }
     }
 
     #[test]
