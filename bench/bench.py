@@ -56,6 +56,8 @@ def mode_config(mode):
         "backends": ["null", "ram", "file"],
         "points": full_points,
         "scaling_points": [(qd, poll) for qd in (32, 128) for poll in (True, False)],
+        # (qd, poll): fp-load --packed vs split rings on the null disk, interleaved.
+        "packed_points": [(1, True), (32, True)],
         "ceiling_reps": 3,
         "sizes": {"null": GIB, "ram": 512 * MIB, "file": GIB},
         "callgrind": {"short_s": 2.0, "long_s": 8.0, "reps": 3, "points": cg_points},
@@ -86,6 +88,7 @@ def mode_config(mode):
             "points": pts,
             "file_points": [("randread", 4096, 1, 1, False)],
             "scaling_points": [(32, True)],
+            "packed_points": [],
             "ceiling_reps": 1,
             "sizes": {"null": GIB, "file": 64 * MIB},
             "callgrind": {"short_s": 0.5, "long_s": 1.5, "reps": 1, "points": cg_points[:1]},
@@ -328,11 +331,14 @@ class Loader:
         self.work = work
         self.n = 0
 
-    def run(self, sock, pattern, bs, qd, queues, poll, secs, hist=False, client_busy=False):
+    def run(self, sock, pattern, bs, qd, queues, poll, secs, hist=False, client_busy=False,
+            packed=False):
         cmd = [self.bin, "--socket", sock, "--pattern", pattern, "--bs", str(bs), "--qd", str(qd),
                "--queues", str(queues), "--time", f"{secs}s", "--cpu", str(self.cpu), "--json"]
         if poll:
             cmd.append("--poll")
+        if packed:
+            cmd.append("--packed")
         if client_busy:
             cmd.append("--client-busy")
         hist_path = None
@@ -356,13 +362,14 @@ class Loader:
         return p
 
 
-def measure(server, loader, sock, point, secs, want_hist, client_busy=False):
+def measure(server, loader, sock, point, secs, want_hist, client_busy=False, packed=False):
     """One fp-load run against `server`, with the server's CPU and reactor deltas."""
     pattern, bs, qd, queues, poll = point
     react0 = server.reactors() if server.kind == "flashpath" else None
     cpu0 = proc_cpu(server.pid)
     m0, o0 = machine_busy_ns(), own_cpu_ns()
-    res = loader.run(sock, pattern, bs, qd, queues, poll, secs, hist=want_hist, client_busy=client_busy)
+    res = loader.run(sock, pattern, bs, qd, queues, poll, secs, hist=want_hist, client_busy=client_busy,
+                     packed=packed)
     m1, o1 = machine_busy_ns(), own_cpu_ns()
     cpu1 = proc_cpu(server.pid)
     react1 = server.reactors() if server.kind == "flashpath" else None
@@ -529,7 +536,7 @@ class Bench:
         self.client_cpu = args.client_cpu
         self.work = tempfile.mkdtemp(prefix="fp-bench.", dir=args.work_dir)
         self.loader = Loader(args.bin_dir, self.client_cpu, self.work)
-        self.results = {"points": [], "fio": [], "idle": [], "scaling": [], "client_ceiling": None,
+        self.results = {"points": [], "fio": [], "idle": [], "scaling": [], "packed": [], "client_ceiling": None,
                         "fills": [], "callgrind": []}
         self.callgrind_n = 0  # servers started under callgrind, for their directory names
         self.started = time.monotonic()
@@ -680,6 +687,31 @@ class Bench:
         finally:
             fp.stop()
 
+    def run_packed(self):
+        """fp-load over packed rings (--packed, virtio-driver) vs split rings (libblkio) on one
+        flashpath null disk, the two interleaved in each repetition."""
+        if not self.cfg["packed_points"]:
+            return
+        fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name="flashpath-packed")
+        try:
+            sock = fp.add_disk("null", GIB)
+            for qd, poll in self.cfg["packed_points"]:
+                point = ("randread", 4096, qd, 1, poll)
+                runs = {"split": [], "packed": []}
+                for _ in range(self.reps):
+                    for ring in ("split", "packed"):
+                        runs[ring].append(measure(fp, self.loader, sock, point, self.secs, False,
+                                                  packed=ring == "packed"))
+                e = dict(point_key("null", point), server="flashpath",
+                         split=dict(runs=runs["split"], median=summarize(runs["split"])),
+                         packed=dict(runs=runs["packed"], median=summarize(runs["packed"])))
+                e["ratio"] = ratio(e["packed"]["median"]["iops"], e["split"]["median"]["iops"])
+                self.results["packed"].append(e)
+                log(f"{point_label(e):<36} split {e['split']['median']['iops']:>10.0f}  packed "
+                    f"{e['packed']['median']['iops']:>10.0f}  ratio {fmt_ratio(e['ratio'])}")
+        finally:
+            fp.stop()
+
     def callgrind_run(self, kind, point, secs):
         """A fresh server of `kind` under callgrind with a null disk and one fp-load run against
         it; the server's instructions from start to exit and the run's I/Os."""
@@ -737,6 +769,9 @@ class Bench:
             self.run_backend(backend)
         log("=== flashpath with two reactors (scaling)")
         self.run_scaling()
+        if self.cfg["packed_points"]:
+            log("=== packed vs split rings")
+            self.run_packed()
         log("=== the client's own ceiling")
         self.run_ceiling()
         log("=== path length: instructions per I/O under callgrind")
@@ -1013,6 +1048,19 @@ def markdown(res):
             fr = ", ".join(f"r{k} {100 * v:.0f}" for k, v in sorted(md.get("reactor_busy_frac", {}).items()))
             lines.append(f"| {e['qd']} | {e['client']} | {e['queues']} | {fmt_iops(md['iops'])} | "
                          f"{fmt_ns(md.get('reactor_busy_ns_per_io'))} | {fr} |")
+    if res.get("packed"):
+        lines += ["", "## Packed vs split rings (flashpath, null, 4K randread, 1 queue)", "",
+                  "fp-load `--packed` (virtio-driver, `VIRTIO_F_RING_PACKED`) vs the default split "
+                  "rings (libblkio), interleaved run by run; medians.", "",
+                  "| QD | client | split IOPS | packed IOPS | packed vs split | split p50 µs | "
+                  "packed p50 µs | split busy/IO ns | packed busy/IO ns |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for e in res["packed"]:
+            sp, pk = e["split"]["median"], e["packed"]["median"]
+            lines.append(f"| {e['qd']} | {e['client']} | {fmt_iops(sp['iops'])} | {fmt_iops(pk['iops'])} | "
+                         f"{fmt_ratio(e['ratio'])} | {fmt_us(sp['p50_ns'])} | {fmt_us(pk['p50_ns'])} | "
+                         f"{fmt_ns(sp.get('reactor_busy_ns_per_io'))} | "
+                         f"{fmt_ns(pk.get('reactor_busy_ns_per_io'))} |")
     c = res.get("client_ceiling")
     if c:
         md = c["median"]

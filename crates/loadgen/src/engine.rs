@@ -1,11 +1,15 @@
 //! The client loop: connect, fill every queue to depth, replace each completion with a new
 //! request until the duration elapses, then drain.
+//!
+//! The loop, the offset generator and the accounting are shared by two back ends behind
+//! [`Backend`] and [`IoQueue`]: libblkio (split virtqueues, the default) and the
+//! `virtio-driver` crate used directly with packed virtqueues ([`LoadSpec::packed`]).
 
-use std::mem::MaybeUninit;
+mod libblkio;
+mod virtio;
+
 use std::os::unix::io::RawFd;
 use std::time::{Duration, Instant};
-
-use blkio::{Blkio, Blkioq, Completion, MemoryRegion, ReqFlags};
 
 use crate::rng::SplitMix64;
 use crate::{Histogram, LoadError, LoadResult, LoadSpec, Pattern};
@@ -32,8 +36,77 @@ struct Slot {
     write: bool,
 }
 
-struct QueueState {
-    q: Blkioq,
+/// A completed request: the slot it was submitted with and its result (0, or a negative errno).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Done {
+    slot: usize,
+    ret: i32,
+}
+
+/// One virtqueue of a back end.
+pub(crate) trait IoQueue {
+    /// Queues a request for `slot` (the device may not see it before the next [`reap`]).
+    ///
+    /// [`reap`]: IoQueue::reap
+    fn enqueue(
+        &mut self,
+        write: bool,
+        offset: u64,
+        buf: *mut u8,
+        len: usize,
+        slot: usize,
+    ) -> Result<(), LoadError>;
+    /// Notifies the device of queued requests if it asks for it, then takes up to `out.len()`
+    /// completions without waiting.
+    fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError>;
+    /// Turns on completion notifications and returns the fd they are signalled on.
+    fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError>;
+}
+
+/// A way to connect to the device.
+pub(crate) trait Backend: Sized {
+    type Queue: IoQueue;
+    /// Connects, starts `spec.num_queues` queues and maps a buffer region of at least
+    /// `buf_len` bytes.
+    fn connect(spec: &LoadSpec, buf_len: usize) -> Result<Connected<Self>, LoadError>;
+}
+
+/// What [`Backend::connect`] returns.
+pub(crate) struct Connected<B: Backend> {
+    queues: Vec<B::Queue>,
+    backend: B,
+    /// The buffer region: `buf_len` bytes at `buf`, mapped read-write and shared with the device.
+    buf: *mut u8,
+    buf_len: usize,
+    capacity: u64,
+    request_alignment: u32,
+}
+
+/// The device's checks common to both back ends.
+fn check_geometry(spec: &LoadSpec, request_alignment: u32, max_queues: usize) -> Result<(), LoadError> {
+    if spec.block_size % request_alignment as usize != 0 {
+        return Err(LoadError::InvalidSpec(format!(
+            "block size {} is not a multiple of the device's request alignment {request_alignment}",
+            spec.block_size
+        )));
+    }
+    if spec.num_queues > max_queues {
+        return Err(LoadError::InvalidSpec(format!(
+            "{} queues requested but the device offers {max_queues}",
+            spec.num_queues
+        )));
+    }
+    Ok(())
+}
+
+/// Virtqueue entries for `queue_depth` requests: each takes three descriptors (header, data,
+/// status); the default 256 unless the depth needs more.
+fn queue_size_for(queue_depth: usize) -> usize {
+    (queue_depth * 3).next_power_of_two().max(256)
+}
+
+struct QueueState<Q> {
+    q: Q,
     slots: Box<[Slot]>,
     /// Buffer of slot 0; slot `i` uses `buf + i * stride`.
     buf: *mut u8,
@@ -85,113 +158,54 @@ struct Stats {
     hist: Histogram,
 }
 
-/// The connected device: libblkio instance, its queues and the mapped buffer region.
+/// The connected device: its queues and the back end that owns them and the buffer region.
 ///
-/// Field order matters for drop: queues go before the instance, as libblkio expects.
-struct Device {
-    queues: Vec<QueueState>,
-    blkio: Blkio,
-    region: MemoryRegion,
+/// Field order matters for drop: queues go before the back end, as both libblkio and
+/// virtio-driver expect.
+struct Device<B: Backend> {
+    queues: Vec<QueueState<B::Queue>>,
+    _backend: B,
     capacity: u64,
     request_alignment: u32,
-}
-
-impl Drop for Device {
-    fn drop(&mut self) {
-        self.queues.clear();
-        self.blkio.unmap_mem_region(&self.region);
-    }
-}
-
-fn bk(op: &'static str) -> impl FnOnce(blkio::Error) -> LoadError {
-    move |e| LoadError::blkio(op, e)
 }
 
 fn round_up(v: usize, to: usize) -> usize {
     v.div_ceil(to) * to
 }
 
-impl Device {
-    fn connect(spec: &LoadSpec, stride: usize) -> Result<Device, LoadError> {
-        let mut blkio = Blkio::new("virtio-blk-vhost-user").map_err(bk("new"))?;
-        let path = spec
-            .socket
-            .to_str()
-            .ok_or_else(|| LoadError::InvalidSpec(format!("socket path {:?} is not UTF-8", spec.socket)))?;
-        blkio.set_str("path", path).map_err(bk("set path"))?;
-        if spec.read_only || spec.pattern.is_read_only() {
-            blkio.set_bool("read-only", true).map_err(bk("set read-only"))?;
-        }
-        blkio.connect().map_err(bk("connect"))?;
-
-        let capacity = blkio.get_u64("capacity").map_err(bk("get capacity"))?;
-        let request_alignment = blkio.get_i32("request-alignment").map_err(bk("get request-alignment"))?;
-        let max_queues = blkio.get_i32("max-queues").map_err(bk("get max-queues"))?;
-        let request_alignment = u32::try_from(request_alignment.max(1)).unwrap_or(512);
-        if spec.block_size % request_alignment as usize != 0 {
-            return Err(LoadError::InvalidSpec(format!(
-                "block size {} is not a multiple of the device's request alignment {request_alignment}",
-                spec.block_size
-            )));
-        }
-        if spec.num_queues > max_queues.max(0) as usize {
-            return Err(LoadError::InvalidSpec(format!(
-                "{} queues requested but the device offers {max_queues}",
-                spec.num_queues
-            )));
-        }
-
-        let n = spec.num_queues as i32;
-        let (fd_queues, poll_queues) = if spec.poll_queues { (0, n) } else { (n, 0) };
-        blkio.set_i32("num-queues", fd_queues).map_err(bk("set num-queues"))?;
-        blkio.set_i32("num-poll-queues", poll_queues).map_err(bk("set num-poll-queues"))?;
-        // Each request takes three descriptors (header, data, status); keep the default 256
-        // unless the depth needs more.
-        let queue_size = (spec.queue_depth * 3).next_power_of_two().max(256);
-        blkio.set_i32("queue-size", queue_size as i32).map_err(bk("set queue-size"))?;
-        let started = blkio.start().map_err(|e| {
-            let mut err = LoadError::blkio("start", e);
-            if let LoadError::Blkio { message, .. } = &mut err {
-                if queue_size > 256 {
-                    message.push_str(&format!(
-                        "; queue depth {} needs virtqueues of {queue_size} entries (3 descriptors \
-                         per request), which the device may refuse: try a lower queue depth",
-                        spec.queue_depth
-                    ));
-                }
-            }
-            err
-        })?;
-        let queues = if spec.poll_queues { started.poll_queues } else { started.queues };
-
+impl<B: Backend> Device<B> {
+    fn connect(spec: &LoadSpec, stride: usize) -> Result<Device<B>, LoadError> {
         let per_queue = stride * spec.queue_depth;
-        let align = blkio.get_u64("mem-region-alignment").map_err(bk("get mem-region-alignment"))? as usize;
-        let len = round_up(per_queue * spec.num_queues, align.max(BUF_ALIGN));
-        let region = blkio.alloc_mem_region(len).map_err(bk("alloc_mem_region"))?;
-        blkio.map_mem_region(&region).map_err(bk("map_mem_region"))?;
+        let c = B::connect(spec, per_queue * spec.num_queues)?;
 
         // Fill the buffers with a seeded non-zero pattern so written data is not all zeroes.
         let mut rng = SplitMix64::new(spec.seed ^ 0xb0f_fe75);
-        // SAFETY: `region` was just allocated by libblkio: `len` bytes at `addr`, mapped
-        // read-write in this process and not yet handed to the device.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(region.addr as *mut u8, region.len) };
+        // SAFETY: the back end just mapped `buf_len` bytes at `buf` read-write in this process
+        // and has not handed them to the device yet.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(c.buf, c.buf_len) };
         for chunk in bytes.chunks_mut(8) {
             let v = rng.next_u64().to_le_bytes();
             chunk.copy_from_slice(&v[..chunk.len()]);
         }
 
         let now = Instant::now();
-        let queues = queues
+        let queues = c
+            .queues
             .into_iter()
             .enumerate()
             .map(|(i, q)| QueueState {
                 q,
                 slots: vec![Slot { submitted: now, write: false }; spec.queue_depth].into_boxed_slice(),
-                buf: (region.addr + i * per_queue) as *mut u8,
+                buf: c.buf.wrapping_add(i * per_queue),
                 in_flight: 0,
             })
             .collect();
-        Ok(Device { queues, blkio, region, capacity, request_alignment })
+        Ok(Device {
+            queues,
+            _backend: c.backend,
+            capacity: c.capacity,
+            request_alignment: c.request_alignment,
+        })
     }
 }
 
@@ -203,7 +217,7 @@ struct Waiter {
 }
 
 impl Waiter {
-    fn new(queues: &mut [QueueState]) -> Result<Waiter, LoadError> {
+    fn new<Q: IoQueue>(queues: &mut [QueueState<Q>]) -> Result<Waiter, LoadError> {
         let os = |op| move |source| LoadError::Os { op, source };
         // SAFETY: plain system call, no pointers.
         let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -212,11 +226,7 @@ impl Waiter {
         }
         let mut w = Waiter { epfd, fds: Vec::new(), events: Vec::new() };
         for (i, qs) in queues.iter_mut().enumerate() {
-            let fd = qs
-                .q
-                .get_completion_fd()
-                .ok_or_else(|| LoadError::InvalidSpec("a completion-fd queue has no completion fd".into()))?;
-            qs.q.set_completion_fd_enabled(true);
+            let fd = qs.q.enable_completion_fd()?;
             let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: i as u64 };
             // SAFETY: `epfd` and `fd` are open descriptors; `ev` is a valid epoll_event.
             let rc = unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
@@ -248,7 +258,7 @@ impl Waiter {
         for ev in &self.events[..n as usize] {
             let fd = self.fds[ev.u64 as usize];
             let mut val = 0u64;
-            // SAFETY: `fd` is a non-blocking eventfd owned by libblkio and open for the queue's
+            // SAFETY: `fd` is a non-blocking eventfd owned by the back end and open for the queue's
             // lifetime; `val` is 8 writable bytes. EAGAIN (already cleared) is harmless.
             unsafe { libc::read(fd, (&mut val as *mut u64).cast(), 8) };
         }
@@ -263,26 +273,38 @@ impl Drop for Waiter {
     }
 }
 
-impl QueueState {
+impl<Q: IoQueue> QueueState<Q> {
     #[inline]
-    fn submit(&mut self, slot: usize, gen: &mut OpGen, stride: usize, bs: usize, now: Instant) {
+    fn submit(
+        &mut self,
+        slot: usize,
+        gen: &mut OpGen,
+        stride: usize,
+        bs: usize,
+        now: Instant,
+    ) -> Result<(), LoadError> {
         let (write, offset) = gen.next();
         // The slot's buffer lies inside the mapped region: slot < queue depth.
         let buf = self.buf.wrapping_add(slot * stride);
         self.slots[slot] = Slot { submitted: now, write };
-        if write {
-            self.q.write(offset, buf, bs, slot, ReqFlags::empty());
-        } else {
-            self.q.read(offset, buf, bs, slot, ReqFlags::empty());
-        }
+        self.q.enqueue(write, offset, buf, bs, slot)?;
         self.in_flight += 1;
+        Ok(())
     }
 }
 
 pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
+    if spec.packed {
+        run::<virtio::VirtioDriver>(spec)
+    } else {
+        run::<libblkio::Libblkio>(spec)
+    }
+}
+
+fn run<B: Backend>(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
     let bs = spec.block_size;
     let stride = round_up(bs, BUF_ALIGN);
-    let mut dev = Device::connect(spec, stride)?;
+    let mut dev = Device::<B>::connect(spec, stride)?;
 
     let (region_offset, region_len) = match spec.region {
         Some(r) => (r.offset, r.len),
@@ -318,8 +340,7 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
     };
 
     let mut waiter = if spec.poll_queues { None } else { Some(Waiter::new(&mut dev.queues)?) };
-    let mut completions: Vec<MaybeUninit<Completion>> =
-        (0..spec.queue_depth).map(|_| MaybeUninit::uninit()).collect();
+    let mut completions = vec![Done::default(); spec.queue_depth];
     let mut stats =
         Stats { ios: 0, bytes: 0, reads: 0, writes: 0, errors: 0, first_error: None, hist: Histogram::new() };
 
@@ -327,7 +348,7 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
     let deadline = start + spec.duration;
     for qs in dev.queues.iter_mut() {
         for slot in 0..spec.queue_depth {
-            qs.submit(slot, &mut gen, stride, bs, start);
+            qs.submit(slot, &mut gen, stride, bs, start)?;
         }
     }
 
@@ -340,7 +361,7 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
         let mut reaped = 0usize;
         let pass_start = if spec.measure_busy && stopped_at.is_none() { Some(Instant::now()) } else { None };
         for qs in dev.queues.iter_mut() {
-            let n = qs.q.do_io(&mut completions, 0, None, None).map_err(bk("do_io"))?;
+            let n = qs.q.reap(&mut completions)?;
             if n == 0 {
                 continue;
             }
@@ -351,9 +372,7 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
                 stopped_at = Some(now);
             }
             for c in &completions[..n] {
-                // SAFETY: do_io() initialised the first `n` elements.
-                let c = unsafe { c.assume_init_ref() };
-                let slot = c.user_data;
+                let slot = c.slot;
                 qs.in_flight -= 1;
                 if !counting {
                     continue;
@@ -373,7 +392,7 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
                     stats.hist.record(now.saturating_duration_since(s.submitted).as_nanos() as u64);
                 }
                 if stopped_at.is_none() {
-                    qs.submit(slot, &mut gen, stride, bs, now);
+                    qs.submit(slot, &mut gen, stride, bs, now)?;
                 }
             }
         }
@@ -449,8 +468,16 @@ pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadErro
 /// Connects, starts the queues as [`run_on_this_thread`] would, then holds the connection for
 /// `spec.duration` without submitting anything, and disconnects.
 pub(crate) fn hold_on_this_thread(spec: &LoadSpec) -> Result<Duration, LoadError> {
+    if spec.packed {
+        hold::<virtio::VirtioDriver>(spec)
+    } else {
+        hold::<libblkio::Libblkio>(spec)
+    }
+}
+
+fn hold<B: Backend>(spec: &LoadSpec) -> Result<Duration, LoadError> {
     let stride = round_up(spec.block_size, BUF_ALIGN);
-    let mut dev = Device::connect(spec, stride)?;
+    let mut dev = Device::<B>::connect(spec, stride)?;
     // Completion-fd queues are armed as for a run, so the device sees the same state.
     let _waiter = if spec.poll_queues { None } else { Some(Waiter::new(&mut dev.queues)?) };
     let start = Instant::now();
