@@ -132,9 +132,7 @@ impl Ring {
                 let Some(head) = q.pop().map_err(|e| format!("bad available ring: {e}"))? else {
                     return Ok(None);
                 };
-                q.walk(table, head, chain).map_err(|e| {
-                    format!("request {head} cannot be completed: {}", ParseError::from_walk(head, e))
-                })?;
+                q.walk(table, head, chain).map_err(|e| format!("request {head} cannot be completed: {e}"))?;
                 Ok(Some(Head { id: head, slots: 1 }))
             }
             Ring::Packed(q) => {
