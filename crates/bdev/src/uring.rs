@@ -360,26 +360,89 @@ struct UringChannel {
     enter_failing: bool,
 }
 
-fn build_ring(entries: u32) -> io::Result<IoUring> {
-    // A channel is used by the one thread that opened it (it is not `Send`), which is what
-    // SINGLE_ISSUER promises. COOP_TASKRUN + TASKRUN_FLAG let completions wait for our next poll
-    // instead of interrupting the reactor, and tell `poll` when an enter is needed to get them.
-    let tuned = IoUring::builder()
-        .setup_single_issuer()
-        .setup_coop_taskrun()
-        .setup_taskrun_flag()
-        .setup_submit_all()
-        .build(entries);
-    match tuned {
-        // Kernels before 6.0 do not know some of these flags; the plain ring works everywhere.
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => IoUring::new(entries),
-        other => other,
+/// The ring set-ups tried in order, best first: the first that `io_uring_setup` accepts is
+/// used. A channel is used by the one thread that opened it (it is not `Send`), which is what
+/// SINGLE_ISSUER promises and DEFER_TASKRUN needs. DEFER_TASKRUN (Linux 6.1) keeps completion
+/// work in a per-ring list that only our `io_uring_enter(GETEVENTS)` runs, instead of the
+/// generic task-work machinery (the IRQ side then costs one list push and a flag); COOP_TASKRUN
+/// (5.19) at least stops completions from interrupting the reactor. TASKRUN_FLAG tells `poll`
+/// when an enter is needed to get completions.
+const RING_MODES: [RingMode; 4] = [
+    RingMode {
+        name: "SINGLE_ISSUER|DEFER_TASKRUN|COOP_TASKRUN|TASKRUN_FLAG|SUBMIT_ALL",
+        defer: true,
+        single: true,
+        coop: true,
+    },
+    RingMode {
+        name: "SINGLE_ISSUER|COOP_TASKRUN|TASKRUN_FLAG|SUBMIT_ALL",
+        defer: false,
+        single: true,
+        coop: true,
+    },
+    RingMode { name: "COOP_TASKRUN|TASKRUN_FLAG|SUBMIT_ALL", defer: false, single: false, coop: true },
+    RingMode { name: "no set-up flags", defer: false, single: false, coop: false },
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RingMode {
+    name: &'static str,
+    defer: bool,
+    single: bool,
+    coop: bool,
+}
+
+/// Whether a fallback was logged already: once per process is enough (every channel of every
+/// device runs on the same kernel).
+static FALLBACK_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn build_ring(entries: u32) -> io::Result<(IoUring, RingMode)> {
+    build_first(entries, |mode| {
+        let mut b = IoUring::builder();
+        if mode.single {
+            b.setup_single_issuer();
+        }
+        if mode.defer {
+            b.setup_defer_taskrun();
+        }
+        if mode.coop {
+            b.setup_coop_taskrun().setup_taskrun_flag().setup_submit_all();
+        }
+        b.build(entries)
+    })
+}
+
+/// Tries [`RING_MODES`] in order with `setup`. A mode refused with `EINVAL` (a kernel that does
+/// not know one of its flags) falls back to the next, with a log line; any other error is final.
+fn build_first<T>(
+    entries: u32,
+    mut setup: impl FnMut(&RingMode) -> io::Result<T>,
+) -> io::Result<(T, RingMode)> {
+    let mut refused: Vec<&str> = Vec::new();
+    for mode in &RING_MODES {
+        match setup(mode) {
+            Ok(ring) => {
+                if !refused.is_empty() && !FALLBACK_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    log::warn!(
+                        "uring bdev: io_uring_setup refused {} (EINVAL: kernel too old?); rings use {} \
+                         ({entries} entries)",
+                        refused.join(", then "),
+                        mode.name
+                    );
+                }
+                return Ok((ring, *mode));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => refused.push(mode.name),
+            Err(e) => return Err(e),
+        }
     }
+    Err(io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 impl UringChannel {
     fn new(shared: Arc<Shared>, entries: u32) -> Result<Self, BdevError> {
-        let ring = build_ring(entries).map_err(BdevError::Uring)?;
+        let (ring, mode) = build_ring(entries).map_err(BdevError::Uring)?;
+        log::debug!("uring bdev {}: channel ring with {}", shared.info.name, mode.name);
         let mut files = [shared.buffered.as_raw_fd(), -1];
         let nfiles = match &shared.direct {
             Some(direct) => {
@@ -593,6 +656,27 @@ impl IoChannel for UringChannel {
     fn completion_fd(&self) -> Option<RawFd> {
         Some(self.eventfd.as_raw_fd())
     }
+
+    fn disarm_completion_fd(&mut self) {
+        // IORING_CQ_EVENTFD_DISABLED: the kernel checks it before each eventfd signal, which
+        // otherwise costs a wake-up of the eventfd's epoll watchers per completion batch.
+        self.ring.completion().disable_eventfd();
+    }
+
+    fn arm_completion_fd(&mut self) -> bool {
+        self.ring.completion().enable_eventfd();
+        // The flag store must be visible to the kernel before we look at the rings: a completion
+        // posted after the look then signals.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let mut counter = 0u64;
+        // SAFETY: the eventfd is open (we own it) and non-blocking; `counter` is a live u64.
+        // An empty counter fails with EAGAIN, which is what we want.
+        unsafe { libc::eventfd_read(self.eventfd.as_raw_fd(), &mut counter) };
+        let sq = self.ring.submission();
+        let idle = sq.is_empty() && !sq.taskrun() && !sq.cq_overflow();
+        drop(sq);
+        idle && self.overflow.is_empty() && self.local.is_empty() && self.ring.completion().is_empty()
+    }
 }
 
 impl Drop for UringChannel {
@@ -650,6 +734,23 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     fn blkgetsize64_matches_the_kernel_header() {
         assert_eq!(BLKGETSIZE64, 0x8008_1272);
+    }
+
+    #[test]
+    fn ring_setup_falls_back_flag_by_flag() {
+        let einval = || io::Error::from_raw_os_error(libc::EINVAL);
+        // A kernel without DEFER_TASKRUN (5.19/6.0): the next mode.
+        let (tried, mode) = build_first(8, |m| if m.defer { Err(einval()) } else { Ok(m.name) }).unwrap();
+        assert_eq!((tried, mode), (RING_MODES[1].name, RING_MODES[1]));
+        // A kernel without any of the flags: the plain ring.
+        let (_, mode) = build_first(8, |m| if m.coop { Err(einval()) } else { Ok(()) }).unwrap();
+        assert_eq!(mode, RING_MODES[3]);
+        // Other errors are not a missing flag.
+        let e = build_first(8, |_| -> io::Result<()> { Err(io::Error::from_raw_os_error(libc::ENOMEM)) });
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOMEM));
+        // This kernel takes the first mode that it knows, and a real ring works with it.
+        let (ring, mode) = build_ring(8).unwrap();
+        assert!(ring.params().sq_entries() >= 8, "{mode:?}");
     }
 
     #[test]
