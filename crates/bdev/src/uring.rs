@@ -34,13 +34,29 @@
 //!   many as the completion queue holds, so it cannot overflow), `submit` returns
 //!   [`SubmitError::Busy`] and the caller retries after a `poll`.
 //! * [`IoChannel::poll`] makes at most one `io_uring_enter`: only when SQEs are waiting, or when
-//!   the kernel flags deferred completion work (`IORING_SQ_TASKRUN`, the ring runs with
-//!   `COOP_TASKRUN`) for requests in flight. Otherwise completions are reaped straight from the
-//!   shared completion ring with no system call, and a channel with nothing in flight makes none
-//!   at all. Entries waiting in the overflow queue move to the SQ after the enter and go to the
+//!   the kernel flags deferred completion work (`IORING_SQ_TASKRUN`) for requests in flight.
+//!   Otherwise completions are reaped straight from the shared completion ring with no system
+//!   call, and a channel with nothing in flight makes none at all. One enter both submits
+//!   everything the round queued and runs the completion work: at QD32 a reactor makes about
+//!   0.2–0.6 enters per I/O (fio's io_uring engine, submitting each request as it comes, makes
+//!   one). Entries waiting in the overflow queue move to the SQ after the enter and go to the
 //!   kernel on the next poll.
-//! * Per-request state lives in slots allocated when the channel is opened; the SQE's
-//!   `user_data` is the slot index, the slot holds the caller's tag. No heap allocation per I/O.
+//!
+//! # Ring set-up
+//! Rings are created with `SINGLE_ISSUER | COOP_TASKRUN | TASKRUN_FLAG | SUBMIT_ALL`. Kernels
+//! that refuse a flag (`EINVAL` from `io_uring_setup`; `SINGLE_ISSUER` needs 6.0,
+//! `COOP_TASKRUN` 5.19) get `COOP_TASKRUN | TASKRUN_FLAG | SUBMIT_ALL`, then a plain ring, and
+//! the first fallback is logged (once per process).
+//!
+//! Measured and left out (docs/benchmarks.md, "The file backend against fio"):
+//! `DEFER_TASKRUN` (what fio's engine uses) made no difference to IOPS at QD1 or QD32 within
+//! the machine's noise but tripled the enters at QD32 (0.66–0.79 per I/O against 0.20–0.23):
+//! with it, completion work runs only in an `io_uring_enter(GETEVENTS)` of ours, while
+//! `COOP_TASKRUN` work also runs in the enters that submit. `SQPOLL` (a kernel thread per ring
+//! busy-polling the SQ) wants a core of its own, and the reactor already submits a whole round
+//! in one enter. `IOPOLL` needs a device with poll queues and refuses our buffered descriptor.
+//! Registered buffers would need guest memory registered per ring, which the `IoChannel` API
+//! does not describe.
 //!
 //! # Completion status
 //! A negative result is `IoStatus::Error(errno)`, except `EOPNOTSUPP` on `Discard`/`WriteZeroes`
@@ -59,10 +75,14 @@
 //! # Wake-ups
 //! Each channel registers a non-blocking eventfd with its ring and returns it from
 //! [`IoChannel::completion_fd`]; the kernel signals it whenever it posts a completion. `poll`
-//! never reads it (that would be a second system call): a reactor that sleeps on it drains it
-//! after waking. A completion that the kernel finishes as deferred work of the reactor thread
-//! (most direct I/O) first interrupts the sleep: `epoll_wait` returns `EINTR`, the kernel posts
-//! the completion on the way out and signals the eventfd. Treat `EINTR` as a wake-up.
+//! never reads it (that would be a second system call). While the caller busy-polls
+//! ([`IoChannel::disarm_completion_fd`]) the ring carries `IORING_CQ_EVENTFD_DISABLED` and the
+//! kernel skips the signal, and with it the wake-up of the eventfd's epoll watchers, per
+//! completion batch. [`IoChannel::arm_completion_fd`], before a sleep, clears that flag, drains
+//! the counter (a count left from earlier would keep a level-triggered epoll returning at once)
+//! and says whether anything is already waiting for `poll`. A completion that the kernel
+//! finishes as deferred work of the reactor thread (most direct I/O) first interrupts the sleep: `epoll_wait` returns `EINTR`, the kernel posts the
+//! completion on the way out and signals the eventfd. Treat `EINTR` as a wake-up.
 //!
 //! Dropping a channel with requests in flight blocks until the kernel has finished them, since
 //! it may still be reading or writing the callers' buffers.
@@ -362,32 +382,18 @@ struct UringChannel {
 
 /// The ring set-ups tried in order, best first: the first that `io_uring_setup` accepts is
 /// used. A channel is used by the one thread that opened it (it is not `Send`), which is what
-/// SINGLE_ISSUER promises and DEFER_TASKRUN needs. DEFER_TASKRUN (Linux 6.1) keeps completion
-/// work in a per-ring list that only our `io_uring_enter(GETEVENTS)` runs, instead of the
-/// generic task-work machinery (the IRQ side then costs one list push and a flag); COOP_TASKRUN
-/// (5.19) at least stops completions from interrupting the reactor. TASKRUN_FLAG tells `poll`
-/// when an enter is needed to get completions.
-const RING_MODES: [RingMode; 4] = [
-    RingMode {
-        name: "SINGLE_ISSUER|DEFER_TASKRUN|COOP_TASKRUN|TASKRUN_FLAG|SUBMIT_ALL",
-        defer: true,
-        single: true,
-        coop: true,
-    },
-    RingMode {
-        name: "SINGLE_ISSUER|COOP_TASKRUN|TASKRUN_FLAG|SUBMIT_ALL",
-        defer: false,
-        single: true,
-        coop: true,
-    },
-    RingMode { name: "COOP_TASKRUN|TASKRUN_FLAG|SUBMIT_ALL", defer: false, single: false, coop: true },
-    RingMode { name: "no set-up flags", defer: false, single: false, coop: false },
+/// SINGLE_ISSUER (Linux 6.0) promises. COOP_TASKRUN (5.19) stops completions from interrupting
+/// the reactor, and TASKRUN_FLAG tells `poll` when an enter is needed to get them. DEFER_TASKRUN
+/// is left out on purpose (module docs, "Ring set-up").
+const RING_MODES: [RingMode; 3] = [
+    RingMode { name: "SINGLE_ISSUER|COOP_TASKRUN|TASKRUN_FLAG|SUBMIT_ALL", single: true, coop: true },
+    RingMode { name: "COOP_TASKRUN|TASKRUN_FLAG|SUBMIT_ALL", single: false, coop: true },
+    RingMode { name: "no set-up flags", single: false, coop: false },
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RingMode {
     name: &'static str,
-    defer: bool,
     single: bool,
     coop: bool,
 }
@@ -401,9 +407,6 @@ fn build_ring(entries: u32) -> io::Result<(IoUring, RingMode)> {
         let mut b = IoUring::builder();
         if mode.single {
             b.setup_single_issuer();
-        }
-        if mode.defer {
-            b.setup_defer_taskrun();
         }
         if mode.coop {
             b.setup_coop_taskrun().setup_taskrun_flag().setup_submit_all();
@@ -739,12 +742,12 @@ mod tests {
     #[test]
     fn ring_setup_falls_back_flag_by_flag() {
         let einval = || io::Error::from_raw_os_error(libc::EINVAL);
-        // A kernel without DEFER_TASKRUN (5.19/6.0): the next mode.
-        let (tried, mode) = build_first(8, |m| if m.defer { Err(einval()) } else { Ok(m.name) }).unwrap();
+        // A kernel without SINGLE_ISSUER (5.19): the next mode.
+        let (tried, mode) = build_first(8, |m| if m.single { Err(einval()) } else { Ok(m.name) }).unwrap();
         assert_eq!((tried, mode), (RING_MODES[1].name, RING_MODES[1]));
         // A kernel without any of the flags: the plain ring.
         let (_, mode) = build_first(8, |m| if m.coop { Err(einval()) } else { Ok(()) }).unwrap();
-        assert_eq!(mode, RING_MODES[3]);
+        assert_eq!(mode, RING_MODES[2]);
         // Other errors are not a missing flag.
         let e = build_first(8, |_| -> io::Result<()> { Err(io::Error::from_raw_os_error(libc::ENOMEM)) });
         assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOMEM));
