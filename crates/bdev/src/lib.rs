@@ -185,6 +185,19 @@ pub trait IoChannel {
     fn completion_fd(&self) -> Option<RawFd> {
         None
     }
+
+    /// The caller busy-polls from now on: the channel may stop signalling
+    /// [`IoChannel::completion_fd`] (a signal nobody waits for still costs the backend, and the
+    /// kernel, work per completion) until [`IoChannel::arm_completion_fd`]. A channel starts
+    /// armed.
+    fn disarm_completion_fd(&mut self) {}
+
+    /// The caller is about to sleep on [`IoChannel::completion_fd`]: makes it signal again and
+    /// clears signals already consumed by `poll`, so it is readable only for news. Returns
+    /// `false` when completions are ready already; `poll` before sleeping then.
+    fn arm_completion_fd(&mut self) -> bool {
+        true
+    }
 }
 
 /// A shared handle to a device.

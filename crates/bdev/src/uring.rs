@@ -34,13 +34,29 @@
 //!   many as the completion queue holds, so it cannot overflow), `submit` returns
 //!   [`SubmitError::Busy`] and the caller retries after a `poll`.
 //! * [`IoChannel::poll`] makes at most one `io_uring_enter`: only when SQEs are waiting, or when
-//!   the kernel flags deferred completion work (`IORING_SQ_TASKRUN`, the ring runs with
-//!   `COOP_TASKRUN`) for requests in flight. Otherwise completions are reaped straight from the
-//!   shared completion ring with no system call, and a channel with nothing in flight makes none
-//!   at all. Entries waiting in the overflow queue move to the SQ after the enter and go to the
+//!   the kernel flags deferred completion work (`IORING_SQ_TASKRUN`) for requests in flight.
+//!   Otherwise completions are reaped straight from the shared completion ring with no system
+//!   call, and a channel with nothing in flight makes none at all. One enter both submits
+//!   everything the round queued and runs the completion work: at QD32 a reactor makes about
+//!   0.2–0.6 enters per I/O (fio's io_uring engine, submitting each request as it comes, makes
+//!   one). Entries waiting in the overflow queue move to the SQ after the enter and go to the
 //!   kernel on the next poll.
-//! * Per-request state lives in slots allocated when the channel is opened; the SQE's
-//!   `user_data` is the slot index, the slot holds the caller's tag. No heap allocation per I/O.
+//!
+//! # Ring set-up
+//! Rings are created with `SINGLE_ISSUER | COOP_TASKRUN | TASKRUN_FLAG | SUBMIT_ALL`. Kernels
+//! that refuse a flag (`EINVAL` from `io_uring_setup`; `SINGLE_ISSUER` needs 6.0,
+//! `COOP_TASKRUN` 5.19) get `COOP_TASKRUN | TASKRUN_FLAG | SUBMIT_ALL`, then a plain ring, and
+//! the first fallback is logged (once per process).
+//!
+//! Measured and left out (docs/benchmarks.md, "The file backend against fio"):
+//! `DEFER_TASKRUN` (what fio's engine uses) made no difference to IOPS at QD1 or QD32 within
+//! the machine's noise but tripled the enters at QD32 (0.66–0.79 per I/O against 0.20–0.23):
+//! with it, completion work runs only in an `io_uring_enter(GETEVENTS)` of ours, while
+//! `COOP_TASKRUN` work also runs in the enters that submit. `SQPOLL` (a kernel thread per ring
+//! busy-polling the SQ) wants a core of its own, and the reactor already submits a whole round
+//! in one enter. `IOPOLL` needs a device with poll queues and refuses our buffered descriptor.
+//! Registered buffers would need guest memory registered per ring, which the `IoChannel` API
+//! does not describe.
 //!
 //! # Completion status
 //! A negative result is `IoStatus::Error(errno)`, except `EOPNOTSUPP` on `Discard`/`WriteZeroes`
@@ -59,10 +75,14 @@
 //! # Wake-ups
 //! Each channel registers a non-blocking eventfd with its ring and returns it from
 //! [`IoChannel::completion_fd`]; the kernel signals it whenever it posts a completion. `poll`
-//! never reads it (that would be a second system call): a reactor that sleeps on it drains it
-//! after waking. A completion that the kernel finishes as deferred work of the reactor thread
-//! (most direct I/O) first interrupts the sleep: `epoll_wait` returns `EINTR`, the kernel posts
-//! the completion on the way out and signals the eventfd. Treat `EINTR` as a wake-up.
+//! never reads it (that would be a second system call). While the caller busy-polls
+//! ([`IoChannel::disarm_completion_fd`]) the ring carries `IORING_CQ_EVENTFD_DISABLED` and the
+//! kernel skips the signal, and with it the wake-up of the eventfd's epoll watchers, per
+//! completion batch. [`IoChannel::arm_completion_fd`], before a sleep, clears that flag, drains
+//! the counter (a count left from earlier would keep a level-triggered epoll returning at once)
+//! and says whether anything is already waiting for `poll`. A completion that the kernel
+//! finishes as deferred work of the reactor thread (most direct I/O) first interrupts the sleep: `epoll_wait` returns `EINTR`, the kernel posts the
+//! completion on the way out and signals the eventfd. Treat `EINTR` as a wake-up.
 //!
 //! Dropping a channel with requests in flight blocks until the kernel has finished them, since
 //! it may still be reading or writing the callers' buffers.
@@ -360,26 +380,72 @@ struct UringChannel {
     enter_failing: bool,
 }
 
-fn build_ring(entries: u32) -> io::Result<IoUring> {
-    // A channel is used by the one thread that opened it (it is not `Send`), which is what
-    // SINGLE_ISSUER promises. COOP_TASKRUN + TASKRUN_FLAG let completions wait for our next poll
-    // instead of interrupting the reactor, and tell `poll` when an enter is needed to get them.
-    let tuned = IoUring::builder()
-        .setup_single_issuer()
-        .setup_coop_taskrun()
-        .setup_taskrun_flag()
-        .setup_submit_all()
-        .build(entries);
-    match tuned {
-        // Kernels before 6.0 do not know some of these flags; the plain ring works everywhere.
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => IoUring::new(entries),
-        other => other,
+/// The ring set-ups tried in order, best first: the first that `io_uring_setup` accepts is
+/// used. A channel is used by the one thread that opened it (it is not `Send`), which is what
+/// SINGLE_ISSUER (Linux 6.0) promises. COOP_TASKRUN (5.19) stops completions from interrupting
+/// the reactor, and TASKRUN_FLAG tells `poll` when an enter is needed to get them. DEFER_TASKRUN
+/// is left out on purpose (module docs, "Ring set-up").
+const RING_MODES: [RingMode; 3] = [
+    RingMode { name: "SINGLE_ISSUER|COOP_TASKRUN|TASKRUN_FLAG|SUBMIT_ALL", single: true, coop: true },
+    RingMode { name: "COOP_TASKRUN|TASKRUN_FLAG|SUBMIT_ALL", single: false, coop: true },
+    RingMode { name: "no set-up flags", single: false, coop: false },
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RingMode {
+    name: &'static str,
+    single: bool,
+    coop: bool,
+}
+
+/// Whether a fallback was logged already: once per process is enough (every channel of every
+/// device runs on the same kernel).
+static FALLBACK_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn build_ring(entries: u32) -> io::Result<(IoUring, RingMode)> {
+    build_first(entries, |mode| {
+        let mut b = IoUring::builder();
+        if mode.single {
+            b.setup_single_issuer();
+        }
+        if mode.coop {
+            b.setup_coop_taskrun().setup_taskrun_flag().setup_submit_all();
+        }
+        b.build(entries)
+    })
+}
+
+/// Tries [`RING_MODES`] in order with `setup`. A mode refused with `EINVAL` (a kernel that does
+/// not know one of its flags) falls back to the next, with a log line; any other error is final.
+fn build_first<T>(
+    entries: u32,
+    mut setup: impl FnMut(&RingMode) -> io::Result<T>,
+) -> io::Result<(T, RingMode)> {
+    let mut refused: Vec<&str> = Vec::new();
+    for mode in &RING_MODES {
+        match setup(mode) {
+            Ok(ring) => {
+                if !refused.is_empty() && !FALLBACK_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    log::warn!(
+                        "uring bdev: io_uring_setup refused {} (EINVAL: kernel too old?); rings use {} \
+                         ({entries} entries)",
+                        refused.join(", then "),
+                        mode.name
+                    );
+                }
+                return Ok((ring, *mode));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => refused.push(mode.name),
+            Err(e) => return Err(e),
+        }
     }
+    Err(io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 impl UringChannel {
     fn new(shared: Arc<Shared>, entries: u32) -> Result<Self, BdevError> {
-        let ring = build_ring(entries).map_err(BdevError::Uring)?;
+        let (ring, mode) = build_ring(entries).map_err(BdevError::Uring)?;
+        log::debug!("uring bdev {}: channel ring with {}", shared.info.name, mode.name);
         let mut files = [shared.buffered.as_raw_fd(), -1];
         let nfiles = match &shared.direct {
             Some(direct) => {
@@ -593,6 +659,27 @@ impl IoChannel for UringChannel {
     fn completion_fd(&self) -> Option<RawFd> {
         Some(self.eventfd.as_raw_fd())
     }
+
+    fn disarm_completion_fd(&mut self) {
+        // IORING_CQ_EVENTFD_DISABLED: the kernel checks it before each eventfd signal, which
+        // otherwise costs a wake-up of the eventfd's epoll watchers per completion batch.
+        self.ring.completion().disable_eventfd();
+    }
+
+    fn arm_completion_fd(&mut self) -> bool {
+        self.ring.completion().enable_eventfd();
+        // The flag store must be visible to the kernel before we look at the rings: a completion
+        // posted after the look then signals.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let mut counter = 0u64;
+        // SAFETY: the eventfd is open (we own it) and non-blocking; `counter` is a live u64.
+        // An empty counter fails with EAGAIN, which is what we want.
+        unsafe { libc::eventfd_read(self.eventfd.as_raw_fd(), &mut counter) };
+        let sq = self.ring.submission();
+        let idle = sq.is_empty() && !sq.taskrun() && !sq.cq_overflow();
+        drop(sq);
+        idle && self.overflow.is_empty() && self.local.is_empty() && self.ring.completion().is_empty()
+    }
 }
 
 impl Drop for UringChannel {
@@ -650,6 +737,23 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     fn blkgetsize64_matches_the_kernel_header() {
         assert_eq!(BLKGETSIZE64, 0x8008_1272);
+    }
+
+    #[test]
+    fn ring_setup_falls_back_flag_by_flag() {
+        let einval = || io::Error::from_raw_os_error(libc::EINVAL);
+        // A kernel without SINGLE_ISSUER (5.19): the next mode.
+        let (tried, mode) = build_first(8, |m| if m.single { Err(einval()) } else { Ok(m.name) }).unwrap();
+        assert_eq!((tried, mode), (RING_MODES[1].name, RING_MODES[1]));
+        // A kernel without any of the flags: the plain ring.
+        let (_, mode) = build_first(8, |m| if m.coop { Err(einval()) } else { Ok(()) }).unwrap();
+        assert_eq!(mode, RING_MODES[2]);
+        // Other errors are not a missing flag.
+        let e = build_first(8, |_| -> io::Result<()> { Err(io::Error::from_raw_os_error(libc::ENOMEM)) });
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOMEM));
+        // This kernel takes the first mode that it knows, and a real ring works with it.
+        let (ring, mode) = build_ring(8).unwrap();
+        assert!(ring.params().sq_entries() >= 8, "{mode:?}");
     }
 
     #[test]

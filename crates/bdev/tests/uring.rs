@@ -287,6 +287,44 @@ fn completion_fd_signals_completions() {
     }
 }
 
+/// The eventfd's counter, drained; 0 when it was empty.
+fn take_eventfd(fd: std::os::fd::RawFd) -> u64 {
+    let mut counter = 0u64;
+    // SAFETY: `fd` is an open non-blocking eventfd and `counter` a live u64; an empty counter
+    // fails with EAGAIN and leaves `counter` at 0.
+    unsafe { libc::eventfd_read(fd, &mut counter) };
+    counter
+}
+
+#[test]
+fn disarmed_completion_fd_stays_quiet_until_armed() {
+    let (_f, dev) = uring(4 << 20, None);
+    let mut ch = dev.open_channel().unwrap();
+    let fd = ch.completion_fd().unwrap();
+    write_range(&mut *ch, 0, &vec![0x5a; 1 << 20]);
+    // Nothing in flight: arming says the channel is idle, and clears the signals of the write.
+    assert!(ch.arm_completion_fd());
+    assert_eq!(take_eventfd(fd), 0, "arming drains stale signals");
+
+    ch.disarm_completion_fd();
+    for _ in 0..4 {
+        assert_eq!(read_range(&mut *ch, 0, 1 << 20), vec![0x5a; 1 << 20]);
+    }
+    assert_eq!(take_eventfd(fd), 0, "no signal while disarmed");
+
+    // Armed again, a completion signals.
+    assert!(ch.arm_completion_fd());
+    let mut buf = IoBuf::new(1 << 20, true);
+    let iov = [buf.iovec()];
+    // SAFETY: `buf` outlives the request, which is polled to completion below.
+    unsafe { ch.submit(&rw(7, IoOp::Read, 0, &iov)) }.unwrap();
+    assert!(!ch.arm_completion_fd(), "a queued request is work for poll");
+    let got = poll_until(&mut *ch, 1);
+    assert_eq!(got, vec![(7, IoStatus::Success)]);
+    assert!(take_eventfd(fd) >= 1, "armed completion fd signals");
+    assert_eq!(buf.bytes(), &vec![0x5a; 1 << 20][..]);
+}
+
 #[test]
 fn dropping_a_channel_waits_for_requests_in_flight() {
     let (_f, dev) = uring(4 << 20, None);

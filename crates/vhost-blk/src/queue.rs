@@ -403,8 +403,10 @@ impl QueuePoller {
         poller
             .resubmit(&resubmit, &resubmit_packed)
             .map_err(|reason| StartError::Resubmit { index, reason })?;
-        // Start in polling mode: the driver need not kick while we poll.
+        // Start in polling mode: the driver need not kick while we poll, nor the back-end
+        // signal its completions.
         poller.ring.disable_notification();
+        poller.channel.disarm_completion_fd();
         Ok(poller)
     }
 
@@ -728,12 +730,18 @@ impl Poller for QueuePoller {
             return true;
         }
         drain_eventfd(&self.kick);
+        // The back-end's completion fd is silenced while we busy-poll; it must signal (and
+        // hold nothing stale, or a level-triggered epoll would wake us at once) during a sleep.
+        if !self.channel.arm_completion_fd() {
+            return false;
+        }
         // Re-arm and re-check for a race with the driver.
         !self.ring.enable_notification()
     }
 
     fn after_wake(&mut self) {
         drain_eventfd(&self.kick);
+        self.channel.disarm_completion_fd();
         if !self.failed {
             self.ring.disable_notification();
         }
