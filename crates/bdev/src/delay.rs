@@ -8,9 +8,12 @@
 //!
 //! Latency follows SPDK's parameters: every request waits the average latency, except one in a
 //! hundred, which waits the p99 latency. Reads use the read latencies; writes, flushes, discards
-//! and write-zeroes use the write latencies.
+//! and write-zeroes use the write latencies. Latencies may be changed while the bdev serves
+//! (`bdev_delay_update_latency`); a change applies to requests submitted after it.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::{Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
@@ -24,6 +27,58 @@ pub struct DelayLatency {
     pub p99_write: Duration,
 }
 
+/// One of the four latencies, as `bdev_delay_update_latency`'s `latency_type` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyKind {
+    AvgRead,
+    P99Read,
+    AvgWrite,
+    P99Write,
+}
+
+impl LatencyKind {
+    /// SPDK's names, in the order of [`LatencyKind::index`].
+    pub const NAMES: [&'static str; 4] = ["avg_read", "p99_read", "avg_write", "p99_write"];
+
+    pub fn from_name(name: &str) -> Option<LatencyKind> {
+        const ALL: [LatencyKind; 4] =
+            [LatencyKind::AvgRead, LatencyKind::P99Read, LatencyKind::AvgWrite, LatencyKind::P99Write];
+        Self::NAMES.iter().position(|n| *n == name).map(|i| ALL[i])
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self.index()]
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The latencies every channel of one device reads at submission, in microseconds; written by
+/// the control plane. One relaxed load per request: a change needs no ordering with anything.
+struct SharedLatency([AtomicU64; 4]);
+
+impl SharedLatency {
+    fn new(l: &DelayLatency) -> SharedLatency {
+        let us = |d: Duration| AtomicU64::new(d.as_micros() as u64);
+        SharedLatency([us(l.avg_read), us(l.p99_read), us(l.avg_write), us(l.p99_write)])
+    }
+
+    fn get(&self, kind: LatencyKind) -> Duration {
+        Duration::from_micros(self.0[kind.index()].load(Ordering::Relaxed))
+    }
+
+    fn snapshot(&self) -> DelayLatency {
+        DelayLatency {
+            avg_read: self.get(LatencyKind::AvgRead),
+            p99_read: self.get(LatencyKind::P99Read),
+            avg_write: self.get(LatencyKind::AvgWrite),
+            p99_write: self.get(LatencyKind::P99Write),
+        }
+    }
+}
+
 /// The longest latency accepted (SPDK takes microseconds in a u64; ten seconds is already far
 /// past any guest's patience).
 pub const MAX_DELAY: Duration = Duration::from_secs(10);
@@ -31,29 +86,42 @@ pub const MAX_DELAY: Duration = Duration::from_secs(10);
 pub struct DelayDevice {
     info: BdevInfo,
     base: Bdev,
-    latency: DelayLatency,
+    latency: Arc<SharedLatency>,
+}
+
+/// Checks a set of latencies; `field` names what the caller calls the one at fault.
+fn validate(latency: &DelayLatency, field: impl Fn(LatencyKind) -> &'static str) -> Result<(), BdevError> {
+    let all = [
+        (LatencyKind::AvgRead, latency.avg_read),
+        (LatencyKind::P99Read, latency.p99_read),
+        (LatencyKind::AvgWrite, latency.avg_write),
+        (LatencyKind::P99Write, latency.p99_write),
+    ];
+    for (kind, v) in all {
+        if v > MAX_DELAY {
+            return Err(BdevError::InvalidParam {
+                field: field(kind),
+                reason: format!("{v:?} is longer than {MAX_DELAY:?}"),
+            });
+        }
+    }
+    if latency.p99_read < latency.avg_read {
+        let reason = "the p99 read latency must not be below the average".into();
+        return Err(BdevError::InvalidParam { field: field(LatencyKind::P99Read), reason });
+    }
+    if latency.p99_write < latency.avg_write {
+        let reason = "the p99 write latency must not be below the average".into();
+        return Err(BdevError::InvalidParam { field: field(LatencyKind::P99Write), reason });
+    }
+    Ok(())
 }
 
 impl DelayDevice {
     pub fn new(name: &str, base: Bdev, latency: DelayLatency) -> Result<Self, BdevError> {
         crate::validate_geometry(name, base.info().block_size, base.info().num_blocks)?;
-        let check = |field: &'static str, v: Duration| {
-            if v > MAX_DELAY {
-                Err(BdevError::InvalidParam { field, reason: format!("{v:?} is longer than {MAX_DELAY:?}") })
-            } else {
-                Ok(())
-            }
-        };
-        check("avg_read_latency", latency.avg_read)?;
-        check("p99_read_latency", latency.p99_read)?;
-        check("avg_write_latency", latency.avg_write)?;
-        check("p99_write_latency", latency.p99_write)?;
-        if latency.p99_read < latency.avg_read || latency.p99_write < latency.avg_write {
-            return Err(BdevError::InvalidParam {
-                field: "p99_read_latency",
-                reason: "p99 latencies must not be below the averages".into(),
-            });
-        }
+        const CREATE_FIELDS: [&str; 4] =
+            ["avg_read_latency", "p99_read_latency", "avg_write_latency", "p99_write_latency"];
+        validate(&latency, |k| CREATE_FIELDS[k.index()])?;
         let b = base.info();
         let info = BdevInfo {
             name: name.to_string(),
@@ -64,7 +132,29 @@ impl DelayDevice {
             driver: "delay",
             driver_specific: Some(("base_bdev_name".into(), b.name.clone())),
         };
-        Ok(DelayDevice { info, base, latency })
+        Ok(DelayDevice { info, base, latency: Arc::new(SharedLatency::new(&latency)) })
+    }
+
+    /// The latencies now.
+    pub fn latency(&self) -> DelayLatency {
+        self.latency.snapshot()
+    }
+
+    /// Changes one latency for requests submitted from now on (`bdev_delay_update_latency`).
+    /// Refused, naming `latency_us`, when it would exceed [`MAX_DELAY`] or put a p99 latency
+    /// below its average.
+    pub fn set_latency(&self, kind: LatencyKind, value: Duration) -> Result<(), BdevError> {
+        let mut next = self.latency.snapshot();
+        match kind {
+            LatencyKind::AvgRead => next.avg_read = value,
+            LatencyKind::P99Read => next.p99_read = value,
+            LatencyKind::AvgWrite => next.avg_write = value,
+            LatencyKind::P99Write => next.p99_write = value,
+        }
+        validate(&next, |_| "latency_us")?;
+        // Control-plane calls are serialised by the registry, so no other write races this one.
+        self.latency.0[kind.index()].store(value.as_micros() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The device below.
@@ -81,7 +171,7 @@ impl BlockDevice for DelayDevice {
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
         Ok(Box::new(DelayChannel {
             base: self.base.open_channel()?,
-            latency: self.latency,
+            latency: self.latency.clone(),
             waiting: VecDeque::with_capacity(256),
             count: 0,
         }))
@@ -90,7 +180,7 @@ impl BlockDevice for DelayDevice {
 
 struct DelayChannel {
     base: Box<dyn IoChannel>,
-    latency: DelayLatency,
+    latency: Arc<SharedLatency>,
     /// Requests not yet passed down, with the time they may go. Mostly in deadline order; `poll`
     /// scans it all, so the rare p99 request does not hold back the ones behind it.
     waiting: VecDeque<(Instant, IoRequest)>,
@@ -101,13 +191,12 @@ impl IoChannel for DelayChannel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.count += 1;
         let slow = self.count.is_multiple_of(100);
-        let l = &self.latency;
-        let delay = match (req.op, slow) {
-            (IoOp::Read, false) => l.avg_read,
-            (IoOp::Read, true) => l.p99_read,
-            (_, false) => l.avg_write,
-            (_, true) => l.p99_write,
-        };
+        let delay = self.latency.get(match (req.op, slow) {
+            (IoOp::Read, false) => LatencyKind::AvgRead,
+            (IoOp::Read, true) => LatencyKind::P99Read,
+            (_, false) => LatencyKind::AvgWrite,
+            (_, true) => LatencyKind::P99Write,
+        });
         self.waiting.push_back((Instant::now() + delay, *req));
         Ok(())
     }
@@ -204,5 +293,42 @@ mod tests {
         assert!(e.to_string().contains("p99"), "{e}");
         let e = DelayDevice::new("d", base, lat(20_000, 1)).err().unwrap();
         assert!(e.to_string().contains("avg_read_latency"), "{e}");
+    }
+
+    #[test]
+    fn an_updated_latency_holds_requests_submitted_after_it() {
+        let base: Bdev = Arc::new(RamDevice::new("ram", 512, 64).unwrap());
+        let dev = DelayDevice::new("slow", base, lat(0, 0)).unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut buf = vec![1u8; 512];
+        let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 };
+        let write = |tag| IoRequest { tag, op: IoOp::Write, offset: 0, len: 512, iov: &iov, iovcnt: 1 };
+        // SAFETY: `buf` and `iov` outlive both requests, which complete in this test.
+        unsafe { ch.submit(&write(1)) }.unwrap();
+        // Raising the average above the p99 is refused, naming the field; nothing changes.
+        let e = dev.set_latency(LatencyKind::AvgWrite, Duration::from_millis(40)).unwrap_err();
+        assert!(e.to_string().contains("latency_us") && e.to_string().contains("p99"), "{e}");
+        assert_eq!(dev.latency(), lat(0, 0));
+        dev.set_latency(LatencyKind::P99Write, Duration::from_millis(40)).unwrap();
+        dev.set_latency(LatencyKind::AvgWrite, Duration::from_millis(40)).unwrap();
+        assert_eq!(dev.latency().avg_write, Duration::from_millis(40));
+        let start = Instant::now();
+        // SAFETY: as above.
+        unsafe { ch.submit(&write(2)) }.unwrap();
+        let mut done = Vec::new();
+        // The first request, submitted before the change, goes at once; the second waits.
+        ch.poll(&mut |t, _| done.push((t, start.elapsed())));
+        while done.len() < 2 {
+            assert!(start.elapsed() < Duration::from_secs(5));
+            ch.poll(&mut |t, _| done.push((t, start.elapsed())));
+        }
+        assert_eq!(done[0].0, 1);
+        assert!(done[0].1 < Duration::from_millis(40), "{done:?}");
+        assert_eq!(done[1].0, 2);
+        assert!(done[1].1 >= Duration::from_millis(40), "{done:?}");
+        let e = dev.set_latency(LatencyKind::P99Read, MAX_DELAY + Duration::from_micros(1)).unwrap_err();
+        assert!(e.to_string().contains("latency_us"), "{e}");
+        assert_eq!(LatencyKind::from_name("p99_write"), Some(LatencyKind::P99Write));
+        assert_eq!(LatencyKind::from_name("p99"), None);
     }
 }

@@ -26,7 +26,7 @@ pub mod null;
 pub mod ram;
 pub mod uring;
 
-pub use delay::{DelayDevice, DelayLatency};
+pub use delay::{DelayDevice, DelayLatency, LatencyKind};
 pub use null::NullDevice;
 pub use ram::RamDevice;
 pub use uring::UringDevice;

@@ -70,6 +70,7 @@ const METHODS: &[(&str, MethodFn)] = &[
     ("bdev_uring_delete", |m, p| m.bdev_delete(p, "uring")),
     ("bdev_delay_create", Methods::bdev_delay_create),
     ("bdev_delay_delete", |m, p| m.bdev_delete(p, "delay")),
+    ("bdev_delay_update_latency", Methods::bdev_delay_update_latency),
     ("bdev_get_bdevs", Methods::bdev_get_bdevs),
     ("vhost_create_blk_controller", Methods::vhost_create_blk_controller),
     ("vhost_get_controllers", Methods::vhost_get_controllers),
@@ -228,6 +229,23 @@ impl Methods {
         spdk_only(&mut p, &[("uuid", Neutral::Absent)])?;
         p.finish()?;
         Ok(json!(self.target.create_bdev(BdevSpec::Delay { name, base, latency })?))
+    }
+
+    /// SPDK's shape: `delay_bdev_name`, `latency_type` (avg_read, p99_read, avg_write,
+    /// p99_write), `latency_us`. Applies to requests submitted after it.
+    fn bdev_delay_update_latency(&self, mut p: Params) -> Result<Value, MethodError> {
+        let name = p.required_str("delay_bdev_name")?;
+        let kind = p.required_str("latency_type")?;
+        let kind = fp_bdev::LatencyKind::from_name(&kind).ok_or_else(|| {
+            ParamError::new(
+                "latency_type",
+                format!("'{}' is not one of {}", kind.escape_debug(), fp_bdev::LatencyKind::NAMES.join(", ")),
+            )
+        })?;
+        let us = p.required_uint("latency_us", u64::MAX)?;
+        p.finish()?;
+        self.target.update_delay_latency(&name, kind, Duration::from_micros(us))?;
+        Ok(json!(true))
     }
 
     fn bdev_delete(&self, mut p: Params, driver: &str) -> Result<Value, MethodError> {

@@ -421,11 +421,26 @@ mod guest_vm {
         let round = |n: u32| move |l: &str| l.contains(&format!("round {n} ok"));
 
         vm.wait_for("round 10 of the write loop", round(10), BOOT_TIMEOUT);
-        // Kill while the daemon holds guest writes (each waits 50 ms in the delay bdev).
+        // Kill while the daemon holds a guest write. Sampling `in_flight` alone races the
+        // request's completion, so writes submitted from now on wait the longest the delay bdev
+        // allows; once the 50 ms ones have drained, whatever is in flight stays so until the
+        // kill. (The restarted daemon is configured with 50 ms again.)
+        for kind in ["p99_write", "avg_write"] {
+            let max_us = fp_bdev::delay::MAX_DELAY.as_micros() as u64;
+            d.call(
+                "bdev_delay_update_latency",
+                json!({"delay_bdev_name": "restart", "latency_type": kind, "latency_us": max_us}),
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // Both writers stuck on a held write: two requests in flight on three looks 50 ms apart
+        // (a read, with no delay, is over in well under that).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while counter(&stats(&d, "fp-restart"), "in_flight") == 0 {
-            assert!(std::time::Instant::now() < deadline, "no guest request ever seen in flight");
-            std::thread::sleep(std::time::Duration::from_millis(2));
+        let mut held = 0;
+        while held < 3 {
+            assert!(std::time::Instant::now() < deadline, "the guest's writes never both got held");
+            held = if counter(&stats(&d, "fp-restart"), "in_flight") >= 2 { held + 1 } else { 0 };
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         d.kill9();
         d.restart();

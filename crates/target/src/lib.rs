@@ -207,6 +207,8 @@ pub struct ReactorSummary {
 struct BdevEntry {
     bdev: Bdev,
     claimed_by: Option<String>,
+    /// The same device, typed, when it is a delay bdev (its latencies can be changed).
+    delay: Option<Arc<DelayDevice>>,
 }
 
 struct State {
@@ -339,10 +341,13 @@ impl Target {
                 if let Some(by) = &entry.claimed_by {
                     return Err(TargetError::InUse { name: base.clone(), by: by.clone() });
                 }
-                let dev: Bdev = Arc::new(DelayDevice::new(delay_name, entry.bdev.clone(), *latency)?);
+                let dev = Arc::new(DelayDevice::new(delay_name, entry.bdev.clone(), *latency)?);
                 entry.claimed_by = Some(delay_name.clone());
                 log::info!("bdev '{name}' created (delay over '{base}')");
-                st.bdevs.insert(name.clone(), BdevEntry { bdev: dev, claimed_by: None });
+                st.bdevs.insert(
+                    name.clone(),
+                    BdevEntry { bdev: dev.clone(), claimed_by: None, delay: Some(dev) },
+                );
                 return Ok(name);
             }
         };
@@ -352,8 +357,26 @@ impl Target {
         }
         st.room_for_bdev(&name, limits)?;
         log::info!("bdev '{name}' created ({}, {} bytes)", spec.driver(), bdev.info().size_bytes());
-        st.bdevs.insert(name.clone(), BdevEntry { bdev, claimed_by: None });
+        st.bdevs.insert(name.clone(), BdevEntry { bdev, claimed_by: None, delay: None });
         Ok(name)
+    }
+
+    /// `bdev_delay_update_latency`: one latency of a delay bdev, for requests from now on.
+    pub fn update_delay_latency(
+        &self,
+        name: &str,
+        kind: fp_bdev::LatencyKind,
+        value: std::time::Duration,
+    ) -> Result<(), TargetError> {
+        let st = self.lock();
+        let dev = st
+            .bdevs
+            .get(name)
+            .and_then(|e| e.delay.as_ref())
+            .ok_or_else(|| TargetError::NotFound { kind: "delay bdev", name: name.into() })?;
+        dev.set_latency(kind, value)?;
+        log::info!("bdev '{name}': {} latency now {} us", kind.name(), value.as_micros());
+        Ok(())
     }
 
     /// Deletes a bdev. `driver`, when given, must match (SPDK's `bdev_null_delete` does not delete

@@ -409,7 +409,7 @@ fn delay_create_claims_its_base_and_delete_releases_it() {
         json!({"base_bdev_name": "base", "name": "slow", "avg_read_latency": 0, "p99_read_latency": 0,
                "avg_write_latency": avg_w, "p99_write_latency": p99_w})
     };
-    assert_param(&f.err("bdev_delay_create", lat(100, 10)), "p99_read_latency");
+    assert_param(&f.err("bdev_delay_create", lat(100, 10)), "p99_write_latency");
     assert_param(&f.err("bdev_delay_create", lat(100, 20_000_000)), "p99_write_latency");
     let mut missing = lat(1, 1);
     missing["base_bdev_name"] = json!("nope");
@@ -423,6 +423,15 @@ fn delay_create_claims_its_base_and_delete_releases_it() {
     let mut twice = lat(1, 1);
     twice["name"] = json!("slow2");
     assert_eq!(f.err("bdev_delay_create", twice).code, -16);
+    // bdev_delay_update_latency: SPDK's parameters; bad input names the field, changes nothing.
+    let update = |name: &str, kind: &str, us: u64| json!({"delay_bdev_name": name, "latency_type": kind, "latency_us": us});
+    assert_eq!(f.ok("bdev_delay_update_latency", update("slow", "p99_write", 5000)), true);
+    assert_eq!(f.ok("bdev_delay_update_latency", update("slow", "avg_write", 5000)), true);
+    assert_param(&f.err("bdev_delay_update_latency", update("slow", "avg_write", 6000)), "latency_us");
+    assert_param(&f.err("bdev_delay_update_latency", update("slow", "p50", 1)), "latency_type");
+    assert_param(&f.err("bdev_delay_update_latency", update("slow", "avg_read", 20_000_000)), "latency_us");
+    assert_eq!(f.err("bdev_delay_update_latency", update("nope", "avg_read", 1)).code, -19);
+    assert_eq!(f.err("bdev_delay_update_latency", update("base", "avg_read", 1)).code, -19);
     assert_eq!(f.ok("bdev_delay_delete", json!({"name": "slow"})), true);
     assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "base"}))[0]["claimed"], false);
     assert_eq!(f.ok("bdev_null_delete", json!({"name": "base"})), true);
