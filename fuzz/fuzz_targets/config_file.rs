@@ -1,11 +1,11 @@
 //! Fuzz the `serve --config` loader: the input (as UTF-8; other inputs are skipped, since
 //! `ConfigFile::load` refuses them before parsing) goes to `flashpath::config::ConfigFile::parse`
-//! and, when it parses, `apply` runs it against a real `Methods` over a fresh `fp_target::Target`
+//! and, when it parses, `apply` runs it against a real `Methods` over a fresh `fp_registry::Registry`
 //! with real reactors, so RAM, null, delay and io_uring bdevs and vhost-user-blk controllers
 //! (listening sockets and their threads) are really created. Afterwards every controller is
 //! stopped and the target dropped, so nothing carries over to the next input.
 //!
-//! The target is built as `serve` builds it (`TargetOptions` with the file's `[limits]` and
+//! The target is built as `serve` builds it (`RegistryOptions` with the file's `[limits]` and
 //! `[security] vhost_socket_mode`), except for the directories: controllers bind in a scratch
 //! `vhost` directory, and the export directories (where `uring` bdevs may open files) are
 //! always just the scratch `export` directory, whatever `[security] export_dirs` says, so the
@@ -32,7 +32,7 @@ use std::sync::OnceLock;
 
 use flashpath::config::{ConfigError, ConfigFile};
 use flashpath::methods::Methods;
-use fp_target::{ExportDirs, Target, TargetOptions, DEFAULT_VHOST_SOCKET_MODE};
+use fp_registry::{ExportDirs, Registry, RegistryOptions, DEFAULT_VHOST_SOCKET_MODE};
 use libfuzzer_sys::fuzz_target;
 
 /// The name errors must cite; any name works, `parse` only quotes it.
@@ -126,12 +126,12 @@ fuzz_target!(|data: &[u8]| {
     };
     let env = env();
     expand_filenames(&mut config, env);
-    let options = TargetOptions {
+    let options = RegistryOptions {
         limits: config.limits.limits(),
         vhost_socket_mode: config.security.vhost_socket_mode.unwrap_or(DEFAULT_VHOST_SOCKET_MODE),
         export_dirs: Some(env.export.clone()),
     };
-    let target = Target::with_options(common::reactors().to_vec(), &env.vhost_dir, options);
+    let target = Registry::with_options(common::reactors().to_vec(), &env.vhost_dir, options);
     let methods = Methods::new(target.clone());
     if let Err(e) = config.apply(&methods) {
         check_error(&e, text, Some(&config));

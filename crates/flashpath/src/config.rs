@@ -39,7 +39,7 @@
 //! that would pass `max_bdevs` or `max_controllers` fails with error code -28 (ENOSPC) and a
 //! message naming the setting, and a RAM bdev larger than `max_malloc_bytes` is refused as an
 //! invalid `num_blocks`. RAM bdevs are mapped lazily, so the cap is on one disk's size, not on
-//! what several disks may add up to; see `fp_target::Limits` for why each default is what it
+//! what several disks may add up to; see `fp_registry::Limits` for why each default is what it
 //! is. Each value must be at least 1.
 //!
 //! `[security]`: the daemon runs with umask 077, so everything it creates starts out reachable
@@ -57,12 +57,12 @@
 //! fails with error code -13 (EACCES): `filename: '/etc/passwd' is outside the allowed export
 //! directories`. The file is then opened one component at a time without following symlinks,
 //! so swapping a directory for a symlink after the check cannot lead outside either (see
-//! `fp_target::ExportDirs`). An empty list allows no file at all; without the key any path the
+//! `fp_registry::ExportDirs`). An empty list allows no file at all; without the key any path the
 //! daemon's user can open is allowed.
 
 use std::path::{Path, PathBuf};
 
-use fp_target::Limits;
+use fp_registry::Limits;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -275,7 +275,7 @@ fn toml_to_json(v: &toml::Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fp_target::Target;
+    use fp_registry::Registry;
 
     fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
         ConfigFile::parse(text, Path::new("test.toml"))
@@ -283,7 +283,7 @@ mod tests {
 
     fn apply(text: &str) -> Result<Methods, String> {
         let dir = tempfile::tempdir().unwrap();
-        let methods = Methods::new(Target::new(vec![], dir.path()));
+        let methods = Methods::new(Registry::new(vec![], dir.path()));
         let config = parse(text).map_err(|e| e.to_string())?;
         config.apply(&methods).map_err(|e| e.to_string())?;
         Ok(methods)
@@ -349,11 +349,11 @@ mod tests {
     #[test]
     fn a_uring_bdev_outside_the_export_dirs_is_an_entry_error_naming_filename() {
         let dir = tempfile::tempdir().unwrap();
-        let options = fp_target::TargetOptions {
-            export_dirs: Some(fp_target::ExportDirs::new(&[dir.path().to_path_buf()]).unwrap()),
+        let options = fp_registry::RegistryOptions {
+            export_dirs: Some(fp_registry::ExportDirs::new(&[dir.path().to_path_buf()]).unwrap()),
             ..Default::default()
         };
-        let methods = Methods::new(Target::with_options(vec![], dir.path(), options));
+        let methods = Methods::new(Registry::with_options(vec![], dir.path(), options));
         let config = parse("[[bdev]]\ntype = \"uring\"\nname = \"u\"\nfilename = \"/etc/passwd\"\n").unwrap();
         let e = config.apply(&methods).unwrap_err().to_string();
         assert_eq!(e, "bdev[0].filename: '/etc/passwd' is outside the allowed export directories");

@@ -1,4 +1,4 @@
-//! The management methods: JSON parameters in, [`Target`] calls, JSON results out.
+//! The management methods: JSON parameters in, [`Registry`] calls, JSON results out.
 //!
 //! Names, parameters and result shapes follow SPDK's JSON-RPC, so SPDK's `rpc.py` and scripts
 //! written for it work; flashpath's additions are extra result fields and a few extra
@@ -11,8 +11,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fp_registry::{BdevSpec, BdevSummary, Registry, RegistryError, VhostBlkSpec};
 use fp_rpc::{ParamError, Params, RpcError};
-use fp_target::{BdevSpec, BdevSummary, Target, TargetError, VhostBlkSpec};
 use fp_vhost_blk::ControllerInfo;
 use serde_json::{json, Value};
 
@@ -24,7 +24,7 @@ pub enum MethodError {
     #[error(transparent)]
     Param(#[from] ParamError),
     #[error(transparent)]
-    Target(#[from] TargetError),
+    Registry(#[from] RegistryError),
 }
 
 impl MethodError {
@@ -33,11 +33,12 @@ impl MethodError {
     pub fn bad_param(&self) -> Option<(&str, &str)> {
         match self {
             MethodError::Param(p) => Some((&p.field, &p.reason)),
-            MethodError::Target(TargetError::Invalid { field, reason })
-            | MethodError::Target(TargetError::NotAllowed { field, reason })
-            | MethodError::Target(TargetError::Bdev(fp_bdev::BdevError::InvalidParam { field, reason })) => {
-                Some((field, reason))
-            }
+            MethodError::Registry(RegistryError::Invalid { field, reason })
+            | MethodError::Registry(RegistryError::NotAllowed { field, reason })
+            | MethodError::Registry(RegistryError::Bdev(fp_bdev::BdevError::InvalidParam {
+                field,
+                reason,
+            })) => Some((field, reason)),
             _ => None,
         }
     }
@@ -48,7 +49,7 @@ impl MethodError {
         match self {
             MethodError::UnknownMethod(m) => RpcError::method_not_found(m),
             MethodError::Param(p) => p.clone().into(),
-            MethodError::Target(t) => match self.bad_param() {
+            MethodError::Registry(t) => match self.bad_param() {
                 Some((field, reason)) if t.is_invalid_params() => {
                     RpcError::invalid_params(format!("{field}: {reason}"))
                 }
@@ -84,7 +85,7 @@ const METHODS: &[(&str, MethodFn)] = &[
 
 /// The method implementations over one target.
 pub struct Methods {
-    target: Arc<Target>,
+    registry: Arc<Registry>,
     started: Instant,
 }
 
@@ -157,8 +158,8 @@ const MAX_WAIT_MS: u64 = 60_000;
 const WAIT_STEP: Duration = Duration::from_millis(10);
 
 impl Methods {
-    pub fn new(target: Arc<Target>) -> Methods {
-        Methods { target, started: Instant::now() }
+    pub fn new(registry: Arc<Registry>) -> Methods {
+        Methods { registry, started: Instant::now() }
     }
 
     /// Runs `method` with `params`.
@@ -178,7 +179,7 @@ impl Methods {
         };
         spdk_only(&mut p, &NULL_SPDK_ONLY)?;
         p.finish()?;
-        Ok(json!(self.target.create_bdev(spec)?))
+        Ok(json!(self.registry.create_bdev(spec)?))
     }
 
     fn bdev_malloc_create(&self, mut p: Params) -> Result<Value, MethodError> {
@@ -188,15 +189,19 @@ impl Methods {
         spdk_only(&mut p, &MALLOC_SPDK_ONLY)?;
         p.finish()?;
         if let Some(name) = name {
-            return Ok(json!(self.target.create_bdev(BdevSpec::Malloc { name, num_blocks, block_size })?));
+            return Ok(json!(self.registry.create_bdev(BdevSpec::Malloc {
+                name,
+                num_blocks,
+                block_size
+            })?));
         }
         // SPDK names unnamed RAM disks Malloc0, Malloc1, ...: take the first free one, and the
         // next if a concurrent call took it between our look and our create.
         loop {
-            let taken: Vec<String> = self.target.bdevs(None)?.into_iter().map(|b| b.info.name).collect();
+            let taken: Vec<String> = self.registry.bdevs(None)?.into_iter().map(|b| b.info.name).collect();
             let name = (0..).map(|i| format!("Malloc{i}")).find(|n| !taken.contains(n)).expect("unbounded");
-            match self.target.create_bdev(BdevSpec::Malloc { name, num_blocks, block_size }) {
-                Err(TargetError::AlreadyExists { .. }) => continue,
+            match self.registry.create_bdev(BdevSpec::Malloc { name, num_blocks, block_size }) {
+                Err(RegistryError::AlreadyExists { .. }) => continue,
                 other => return Ok(json!(other?)),
             }
         }
@@ -211,7 +216,7 @@ impl Methods {
         };
         spdk_only(&mut p, &[("uuid", Neutral::Absent)])?;
         p.finish()?;
-        Ok(json!(self.target.create_bdev(spec)?))
+        Ok(json!(self.registry.create_bdev(spec)?))
     }
 
     /// SPDK's delay bdev; latencies in microseconds.
@@ -228,7 +233,7 @@ impl Methods {
         };
         spdk_only(&mut p, &[("uuid", Neutral::Absent)])?;
         p.finish()?;
-        Ok(json!(self.target.create_bdev(BdevSpec::Delay { name, base, latency })?))
+        Ok(json!(self.registry.create_bdev(BdevSpec::Delay { name, base, latency })?))
     }
 
     /// SPDK's shape: `delay_bdev_name`, `latency_type` (avg_read, p99_read, avg_write,
@@ -244,14 +249,14 @@ impl Methods {
         })?;
         let us = p.required_uint("latency_us", u64::MAX)?;
         p.finish()?;
-        self.target.update_delay_latency(&name, kind, Duration::from_micros(us))?;
+        self.registry.update_delay_latency(&name, kind, Duration::from_micros(us))?;
         Ok(json!(true))
     }
 
     fn bdev_delete(&self, mut p: Params, driver: &str) -> Result<Value, MethodError> {
         let name = p.required_str("name")?;
         p.finish()?;
-        self.target.delete_bdev(&name, Some(driver))?;
+        self.registry.delete_bdev(&name, Some(driver))?;
         Ok(json!(true))
     }
 
@@ -263,8 +268,8 @@ impl Methods {
         p.finish()?;
         let deadline = Instant::now() + timeout;
         let bdevs = loop {
-            match self.target.bdevs(name.as_deref()) {
-                Err(TargetError::NotFound { .. }) if Instant::now() < deadline => {
+            match self.registry.bdevs(name.as_deref()) {
+                Err(RegistryError::NotFound { .. }) if Instant::now() < deadline => {
                     std::thread::sleep(WAIT_STEP)
                 }
                 other => break other?,
@@ -283,14 +288,14 @@ impl Methods {
         };
         spdk_only(&mut p, &VHOST_BLK_SPDK_ONLY)?;
         p.finish()?;
-        self.target.create_vhost_blk(spec)?;
+        self.registry.create_vhost_blk(spec)?;
         Ok(json!(true))
     }
 
     fn vhost_get_controllers(&self, mut p: Params) -> Result<Value, MethodError> {
         let name = p.optional_str("name")?;
         p.finish()?;
-        let ctrls = self.target.controllers(name.as_deref())?;
+        let ctrls = self.registry.controllers(name.as_deref())?;
         Ok(Value::Array(ctrls.iter().map(controller_json).collect()))
     }
 
@@ -300,21 +305,21 @@ impl Methods {
         let delay = p.required_uint("delay_base_us", u64::from(u32::MAX))? as u32;
         let threshold = p.required_uint("iops_threshold", u64::from(u32::MAX))? as u32;
         p.finish()?;
-        self.target.set_coalescing(&ctrlr, delay, threshold)?;
+        self.registry.set_coalescing(&ctrlr, delay, threshold)?;
         Ok(json!(true))
     }
 
     fn vhost_delete_controller(&self, mut p: Params) -> Result<Value, MethodError> {
         let ctrlr = p.required_str("ctrlr")?;
         p.finish()?;
-        self.target.delete_vhost(&ctrlr)?;
+        self.registry.delete_vhost(&ctrlr)?;
         Ok(json!(true))
     }
 
     fn framework_get_reactors(&self, p: Params) -> Result<Value, MethodError> {
         p.finish()?;
         let reactors: Vec<Value> = self
-            .target
+            .registry
             .reactors()
             .iter()
             .map(|r| {
@@ -373,14 +378,14 @@ impl Methods {
     /// flashpath's own summary: uptime, counts, per-controller I/O counters and reactor totals.
     fn flashpath_get_stats(&self, p: Params) -> Result<Value, MethodError> {
         p.finish()?;
-        let ctrls = self.target.controllers(None)?;
-        let reactors = self.target.reactors();
+        let ctrls = self.registry.controllers(None)?;
+        let reactors = self.registry.reactors();
         let sum = |f: fn(&fp_reactor::ReactorStatsSnapshot) -> u64| -> u64 {
             reactors.iter().map(|r| f(&r.stats)).sum()
         };
         Ok(json!({
             "uptime_ns": self.started.elapsed().as_nanos() as u64,
-            "num_bdevs": self.target.bdevs(None)?.len(),
+            "num_bdevs": self.registry.bdevs(None)?.len(),
             "num_controllers": ctrls.len(),
             "controllers": ctrls.iter().map(|c| json!({
                 "ctrlr": c.name,

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fp_reactor::{ReactorConfig, ReactorSet};
+use fp_registry::{ExportDirError, ExportDirs, Limits, Registry, RegistryOptions, DEFAULT_VHOST_SOCKET_MODE};
 use fp_rpc::{Handler, RpcServer};
-use fp_target::{ExportDirError, ExportDirs, Limits, Target, TargetOptions, DEFAULT_VHOST_SOCKET_MODE};
 
 use crate::config::{ConfigError, ConfigFile};
 use crate::methods::Methods;
@@ -186,13 +186,13 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
 
     let reactors = ReactorSet::start(&settings.cpus, ReactorConfig { idle_window: settings.idle_window })
         .map_err(|source| ServeError::Reactors { cpus: format_cpus(&settings.cpus), source })?;
-    let options = TargetOptions {
+    let options = RegistryOptions {
         limits: settings.limits.clone(),
         vhost_socket_mode: settings.vhost_socket_mode,
         export_dirs,
     };
-    let target = Target::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
-    let methods = Arc::new(Methods::new(target.clone()));
+    let registry = Registry::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
+    let methods = Arc::new(Methods::new(registry.clone()));
     let started = config.apply(&methods).map_err(ServeError::from).and_then(|_| {
         let m = methods.clone();
         let handler: Handler = Arc::new(move |method, params| m.call(method, params).map_err(|e| e.to_rpc()));
@@ -202,7 +202,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         Ok(s) => s,
         Err(e) => {
             // Undo what the configuration created (controller sockets) before reporting.
-            target.shutdown();
+            registry.shutdown();
             reactors.shutdown();
             return Err(e);
         }
@@ -222,7 +222,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
     }
     // Stop taking requests first, so nothing creates a controller while they are torn down.
     server.stop();
-    target.shutdown();
+    registry.shutdown();
     reactors.shutdown();
     log::info!("stopped");
     outcome.map(|_| ()).map_err(ServeError::Signals)

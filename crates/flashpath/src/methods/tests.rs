@@ -10,13 +10,13 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    fixture_with(fp_target::Limits::default())
+    fixture_with(fp_registry::Limits::default())
 }
 
-fn fixture_with(limits: fp_target::Limits) -> Fixture {
+fn fixture_with(limits: fp_registry::Limits) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let options = fp_target::TargetOptions { limits, ..Default::default() };
-    let methods = Methods::new(Target::with_options(vec![], &dir.path().join("vhost"), options));
+    let options = fp_registry::RegistryOptions { limits, ..Default::default() };
+    let methods = Methods::new(Registry::with_options(vec![], &dir.path().join("vhost"), options));
     Fixture { methods, dir }
 }
 
@@ -261,7 +261,8 @@ fn vhost_create_errors() {
 
 #[test]
 fn limits_are_errno_errors_naming_their_setting() {
-    let f = fixture_with(fp_target::Limits { max_bdevs: 2, max_malloc_bytes: 1 << 20, ..Default::default() });
+    let f =
+        fixture_with(fp_registry::Limits { max_bdevs: 2, max_malloc_bytes: 1 << 20, ..Default::default() });
     f.null("a");
     f.ok("bdev_malloc_create", json!({"num_blocks": 256, "block_size": 4096}));
     for (method, params) in [

@@ -8,7 +8,7 @@ use std::path::Path;
 use fp_reactor::{Reactor, ReactorConfig};
 
 struct Fixture {
-    target: Arc<Target>,
+    registry: Arc<Registry>,
     dir: tempfile::TempDir,
     /// Kept alive so the handles stay valid.
     _reactor: Reactor,
@@ -17,9 +17,9 @@ struct Fixture {
 fn fixture(limits: Limits) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let reactor = Reactor::new(0, None, ReactorConfig::default()).unwrap();
-    let options = TargetOptions { limits, ..TargetOptions::default() };
-    let target = Target::with_options(vec![reactor.handle()], dir.path(), options);
-    Fixture { target, dir, _reactor: reactor }
+    let options = RegistryOptions { limits, ..RegistryOptions::default() };
+    let registry = Registry::with_options(vec![reactor.handle()], dir.path(), options);
+    Fixture { registry, dir, _reactor: reactor }
 }
 
 fn null(name: &str) -> BdevSpec {
@@ -44,13 +44,13 @@ fn default_limits_are_finite() {
 #[test]
 fn bdev_limit_counts_every_type_and_frees_on_delete() {
     let f = fixture(Limits { max_bdevs: 3, ..Limits::default() });
-    f.target.create_bdev(null("a")).unwrap();
-    f.target.create_bdev(malloc(8, 512)).unwrap();
+    f.registry.create_bdev(null("a")).unwrap();
+    f.registry.create_bdev(malloc(8, 512)).unwrap();
     let z = std::time::Duration::ZERO;
     let latency = DelayLatency { avg_read: z, p99_read: z, avg_write: z, p99_write: z };
-    f.target.create_bdev(BdevSpec::Delay { name: "d".into(), base: "a".into(), latency }).unwrap();
-    let e = f.target.create_bdev(null("b")).unwrap_err();
-    assert!(matches!(e, TargetError::LimitReached { limit: 3, .. }), "{e:?}");
+    f.registry.create_bdev(BdevSpec::Delay { name: "d".into(), base: "a".into(), latency }).unwrap();
+    let e = f.registry.create_bdev(null("b")).unwrap_err();
+    assert!(matches!(e, RegistryError::LimitReached { limit: 3, .. }), "{e:?}");
     assert_eq!(e.errno(), -28);
     assert!(!e.is_invalid_params());
     assert_eq!(
@@ -58,23 +58,23 @@ fn bdev_limit_counts_every_type_and_frees_on_delete() {
         "cannot create bdev 'b': 3 bdevs already exist, the limit set by limits.max_bdevs"
     );
     // A delay bdev over a new base is refused the same way, and leaves the base unclaimed.
-    let e = f.target.create_bdev(BdevSpec::Delay { name: "d2".into(), base: "m".into(), latency });
-    assert!(matches!(e, Err(TargetError::LimitReached { .. })), "{e:?}");
-    assert!(f.target.bdevs(Some("m")).unwrap()[0].claimed_by.is_none());
-    f.target.delete_bdev("m", None).unwrap();
-    f.target.create_bdev(null("b")).unwrap();
-    assert_eq!(f.target.bdevs(None).unwrap().len(), 3);
+    let e = f.registry.create_bdev(BdevSpec::Delay { name: "d2".into(), base: "m".into(), latency });
+    assert!(matches!(e, Err(RegistryError::LimitReached { .. })), "{e:?}");
+    assert!(f.registry.bdevs(Some("m")).unwrap()[0].claimed_by.is_none());
+    f.registry.delete_bdev("m", None).unwrap();
+    f.registry.create_bdev(null("b")).unwrap();
+    assert_eq!(f.registry.bdevs(None).unwrap().len(), 3);
 }
 
 #[test]
 fn controller_limit_refuses_the_next_one_and_frees_on_delete() {
     let f = fixture(Limits { max_controllers: 2, ..Limits::default() });
     for d in ["a", "b", "c"] {
-        f.target.create_bdev(null(d)).unwrap();
+        f.registry.create_bdev(null(d)).unwrap();
     }
-    f.target.create_vhost_blk(vhost("v0", "a", None)).unwrap();
-    f.target.create_vhost_blk(vhost("v1", "b", None)).unwrap();
-    let e = f.target.create_vhost_blk(vhost("v2", "c", None)).unwrap_err();
+    f.registry.create_vhost_blk(vhost("v0", "a", None)).unwrap();
+    f.registry.create_vhost_blk(vhost("v1", "b", None)).unwrap();
+    let e = f.registry.create_vhost_blk(vhost("v2", "c", None)).unwrap_err();
     assert_eq!(e.errno(), -28);
     assert_eq!(
         e.to_string(),
@@ -82,42 +82,42 @@ fn controller_limit_refuses_the_next_one_and_frees_on_delete() {
     );
     // The refused controller left nothing behind: no socket, its bdev unclaimed.
     assert!(!f.dir.path().join("v2").exists());
-    assert!(f.target.bdevs(Some("c")).unwrap()[0].claimed_by.is_none());
-    f.target.delete_vhost("v0").unwrap();
-    f.target.create_vhost_blk(vhost("v2", "c", None)).unwrap();
-    assert_eq!(f.target.controllers(None).unwrap().len(), 2);
-    f.target.shutdown();
+    assert!(f.registry.bdevs(Some("c")).unwrap()[0].claimed_by.is_none());
+    f.registry.delete_vhost("v0").unwrap();
+    f.registry.create_vhost_blk(vhost("v2", "c", None)).unwrap();
+    assert_eq!(f.registry.controllers(None).unwrap().len(), 2);
+    f.registry.shutdown();
 }
 
 #[test]
 fn num_queues_outside_1_to_max_queues_is_refused() {
     let f = fixture(Limits::default());
-    f.target.create_bdev(null("a")).unwrap();
+    f.registry.create_bdev(null("a")).unwrap();
     let max = fp_vhost_blk::MAX_QUEUES;
     for n in [0, max + 1, u16::MAX] {
-        let e = f.target.create_vhost_blk(vhost("v", "a", Some(n))).unwrap_err();
+        let e = f.registry.create_vhost_blk(vhost("v", "a", Some(n))).unwrap_err();
         assert!(
-            matches!(&e, TargetError::Invalid { field: "num_queues", reason } if reason.contains(&max.to_string())),
+            matches!(&e, RegistryError::Invalid { field: "num_queues", reason } if reason.contains(&max.to_string())),
             "{n}: {e:?}"
         );
     }
     // Nothing refused was created.
-    assert!(f.target.controllers(None).unwrap().is_empty());
-    assert!(f.target.bdevs(Some("a")).unwrap()[0].claimed_by.is_none());
-    f.target.shutdown();
+    assert!(f.registry.controllers(None).unwrap().is_empty());
+    assert!(f.registry.bdevs(Some("a")).unwrap()[0].claimed_by.is_none());
+    f.registry.shutdown();
 }
 
 #[test]
 fn without_num_queues_a_controller_offers_max_queues_on_one_reactor() {
     let f = fixture(Limits::default());
-    f.target.create_bdev(null("a")).unwrap();
-    f.target.create_vhost_blk(vhost("v", "a", None)).unwrap();
+    f.registry.create_bdev(null("a")).unwrap();
+    f.registry.create_vhost_blk(vhost("v", "a", None)).unwrap();
     // One reactor, yet every queue a frontend may ask for (QEMU: one per vCPU).
-    assert_eq!(f.target.reactors().len(), 1);
-    let c = &f.target.controllers(Some("v")).unwrap()[0];
+    assert_eq!(f.registry.reactors().len(), 1);
+    let c = &f.registry.controllers(Some("v")).unwrap()[0];
     assert_eq!(c.num_queues, fp_vhost_blk::MAX_QUEUES);
     assert_eq!(c.stats, fp_vhost_blk::ControllerStats::default(), "no queue has run yet");
-    f.target.shutdown();
+    f.registry.shutdown();
 }
 
 #[test]
@@ -126,140 +126,141 @@ fn an_explicit_num_queues_is_the_bound_offered() {
     let max = fp_vhost_blk::MAX_QUEUES;
     for (i, n) in [1, 3, max].into_iter().enumerate() {
         let (dev, ctrlr) = (format!("d{i}"), format!("v{i}"));
-        f.target.create_bdev(null(&dev)).unwrap();
-        f.target.create_vhost_blk(vhost(&ctrlr, &dev, Some(n))).unwrap();
-        assert_eq!(f.target.controllers(Some(&ctrlr)).unwrap()[0].num_queues, n, "{ctrlr}");
+        f.registry.create_bdev(null(&dev)).unwrap();
+        f.registry.create_vhost_blk(vhost(&ctrlr, &dev, Some(n))).unwrap();
+        assert_eq!(f.registry.controllers(Some(&ctrlr)).unwrap()[0].num_queues, n, "{ctrlr}");
     }
-    f.target.shutdown();
+    f.registry.shutdown();
 }
 
 #[test]
 fn malloc_larger_than_the_limit_is_refused_before_mapping() {
     let f = fixture(Limits { max_malloc_bytes: 1 << 20, ..Limits::default() });
-    let e = f.target.create_bdev(malloc(257, 4096)).unwrap_err();
+    let e = f.registry.create_bdev(malloc(257, 4096)).unwrap_err();
     assert!(e.is_invalid_params(), "{e:?}");
-    let TargetError::Invalid { field, reason } = &e else { panic!("{e:?}") };
+    let RegistryError::Invalid { field, reason } = &e else { panic!("{e:?}") };
     assert_eq!(*field, "num_blocks");
     assert!(reason.contains("1052672 bytes, more than the 1048576 allowed"), "{reason}");
-    f.target.create_bdev(malloc(256, 4096)).unwrap();
+    f.registry.create_bdev(malloc(256, 4096)).unwrap();
 }
 
 #[test]
 fn a_petabyte_malloc_is_refused_on_any_machine_by_default() {
     let f = fixture(Limits::default());
-    let e = f.target.create_bdev(malloc((1 << 50) / 4096, 4096)).unwrap_err();
-    assert!(matches!(e, TargetError::Invalid { field: "num_blocks", .. }), "{e:?}");
+    let e = f.registry.create_bdev(malloc((1 << 50) / 4096, 4096)).unwrap_err();
+    assert!(matches!(e, RegistryError::Invalid { field: "num_blocks", .. }), "{e:?}");
     // A size that overflows 64 bits gets the geometry error, not a wrapped-around size.
-    let e = f.target.create_bdev(malloc(u64::MAX / 512, 4096)).unwrap_err();
-    let TargetError::Bdev(BdevError::InvalidParam { field: "num_blocks", reason }) = &e else {
+    let e = f.registry.create_bdev(malloc(u64::MAX / 512, 4096)).unwrap_err();
+    let RegistryError::Bdev(BdevError::InvalidParam { field: "num_blocks", reason }) = &e else {
         panic!("{e:?}")
     };
     assert!(reason.contains("fit 64 bits"), "{reason}");
     // So does a null bdev, which has no memory to cap.
-    let e = f.target.create_bdev(BdevSpec::Null { name: "n".into(), num_blocks: u64::MAX, block_size: 512 });
+    let e =
+        f.registry.create_bdev(BdevSpec::Null { name: "n".into(), num_blocks: u64::MAX, block_size: 512 });
     assert!(
-        matches!(e, Err(TargetError::Bdev(BdevError::InvalidParam { field: "num_blocks", .. }))),
+        matches!(e, Err(RegistryError::Bdev(BdevError::InvalidParam { field: "num_blocks", .. }))),
         "{e:?}"
     );
-    assert!(f.target.bdevs(None).unwrap().is_empty());
+    assert!(f.registry.bdevs(None).unwrap().is_empty());
 }
 
 #[test]
 fn vhost_sockets_get_the_configured_mode() {
     let f = fixture(Limits::default());
-    f.target.create_bdev(null("a")).unwrap();
-    f.target.create_vhost_blk(vhost("v0", "a", None)).unwrap();
+    f.registry.create_bdev(null("a")).unwrap();
+    f.registry.create_vhost_blk(vhost("v0", "a", None)).unwrap();
     let mode = std::fs::metadata(f.dir.path().join("v0")).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode, DEFAULT_VHOST_SOCKET_MODE, "{mode:o}");
-    f.target.shutdown();
+    f.registry.shutdown();
 
     let reactor = Reactor::new(0, None, ReactorConfig::default()).unwrap();
-    let options = TargetOptions { vhost_socket_mode: 0o660, ..TargetOptions::default() };
-    let target = Target::with_options(vec![reactor.handle()], f.dir.path(), options);
-    target.create_bdev(null("b")).unwrap();
-    target.create_vhost_blk(vhost("v1", "b", None)).unwrap();
+    let options = RegistryOptions { vhost_socket_mode: 0o660, ..RegistryOptions::default() };
+    let registry = Registry::with_options(vec![reactor.handle()], f.dir.path(), options);
+    registry.create_bdev(null("b")).unwrap();
+    registry.create_vhost_blk(vhost("v1", "b", None)).unwrap();
     let mode = std::fs::metadata(f.dir.path().join("v1")).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode, 0o660, "{mode:o}");
-    target.shutdown();
+    registry.shutdown();
 }
 
-/// A target whose uring bdevs must live in `<dir>/exports`, with a disk image inside and one
+/// A registry whose uring bdevs must live in `<dir>/exports`, with a disk image inside and one
 /// outside.
-fn exported() -> (Arc<Target>, tempfile::TempDir) {
+fn exported() -> (Arc<Registry>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let exports = dir.path().join("exports");
     std::fs::create_dir_all(exports.join("sub")).unwrap();
     for f in ["exports/in.img", "exports/sub/deep.img", "outside.img"] {
         std::fs::write(dir.path().join(f), vec![0u8; 64 << 10]).unwrap();
     }
-    let options = TargetOptions {
+    let options = RegistryOptions {
         export_dirs: Some(ExportDirs::new(std::slice::from_ref(&exports)).unwrap()),
-        ..TargetOptions::default()
+        ..RegistryOptions::default()
     };
-    (Target::with_options(vec![], &dir.path().join("vhost"), options), dir)
+    (Registry::with_options(vec![], &dir.path().join("vhost"), options), dir)
 }
 
 fn uring(name: &str, filename: &Path) -> BdevSpec {
     BdevSpec::Uring { name: name.into(), filename: filename.into(), block_size: None, direct: false }
 }
 
-fn refused_outside(target: &Target, filename: &Path) {
-    let e = target.create_bdev(uring("u", filename)).unwrap_err();
+fn refused_outside(registry: &Registry, filename: &Path) {
+    let e = registry.create_bdev(uring("u", filename)).unwrap_err();
     assert_eq!(e.errno(), -13, "{e:?}");
     assert_eq!(
         e.to_string(),
         format!("filename: '{}' is outside the allowed export directories", filename.display())
     );
-    assert!(target.bdevs(None).unwrap().is_empty());
+    assert!(registry.bdevs(None).unwrap().is_empty());
 }
 
 #[test]
 fn export_dirs_allow_files_inside() {
-    let (target, dir) = exported();
+    let (registry, dir) = exported();
     let ex = dir.path().join("exports");
-    target.create_bdev(uring("a", &ex.join("in.img"))).unwrap();
-    target.create_bdev(uring("b", &ex.join("sub/deep.img"))).unwrap();
+    registry.create_bdev(uring("a", &ex.join("in.img"))).unwrap();
+    registry.create_bdev(uring("b", &ex.join("sub/deep.img"))).unwrap();
     // Symlinks and `..` are fine as long as where they lead is inside.
     std::os::unix::fs::symlink(ex.join("sub/deep.img"), ex.join("alias.img")).unwrap();
-    target.create_bdev(uring("c", &ex.join("alias.img"))).unwrap();
+    registry.create_bdev(uring("c", &ex.join("alias.img"))).unwrap();
     let direct = BdevSpec::Uring {
         name: "d".into(),
         filename: ex.join("sub/../in.img"),
         block_size: None,
         direct: true,
     };
-    match target.create_bdev(direct) {
+    match registry.create_bdev(direct) {
         // tmpfs has no O_DIRECT; the open itself got through the walk.
-        Ok(_) | Err(TargetError::Bdev(BdevError::Open { .. })) => {}
+        Ok(_) | Err(RegistryError::Bdev(BdevError::Open { .. })) => {}
         Err(e) => panic!("{e:?}"),
     }
     // The name reported is the one asked for.
-    let b = &target.bdevs(Some("c")).unwrap()[0];
+    let b = &registry.bdevs(Some("c")).unwrap()[0];
     assert_eq!(b.info.driver_specific.as_ref().unwrap().1, ex.join("alias.img").display().to_string());
     // A missing file inside is an open error (ENOENT), not a refusal.
-    let e = target.create_bdev(uring("e", &ex.join("none.img"))).unwrap_err();
+    let e = registry.create_bdev(uring("e", &ex.join("none.img"))).unwrap_err();
     assert_eq!(e.errno(), -2, "{e:?}");
 }
 
 #[test]
 fn export_dirs_refuse_paths_leading_outside() {
-    let (target, dir) = exported();
+    let (registry, dir) = exported();
     let ex = dir.path().join("exports");
-    refused_outside(&target, Path::new("/etc/passwd"));
-    refused_outside(&target, &dir.path().join("outside.img"));
-    refused_outside(&target, &ex.join("../outside.img"));
-    refused_outside(&target, &ex.join("sub/../../outside.img"));
+    refused_outside(&registry, Path::new("/etc/passwd"));
+    refused_outside(&registry, &dir.path().join("outside.img"));
+    refused_outside(&registry, &ex.join("../outside.img"));
+    refused_outside(&registry, &ex.join("sub/../../outside.img"));
     // A file next to the export directory whose name starts the same.
     std::fs::create_dir(dir.path().join("exports2")).unwrap();
     std::fs::write(dir.path().join("exports2/x.img"), vec![0u8; 4096]).unwrap();
-    refused_outside(&target, &dir.path().join("exports2/x.img"));
+    refused_outside(&registry, &dir.path().join("exports2/x.img"));
     // Symlinks inside that lead out: to a file, and to a directory.
     std::os::unix::fs::symlink(dir.path().join("outside.img"), ex.join("escape.img")).unwrap();
-    refused_outside(&target, &ex.join("escape.img"));
+    refused_outside(&registry, &ex.join("escape.img"));
     std::os::unix::fs::symlink("/etc", ex.join("etc")).unwrap();
-    refused_outside(&target, &ex.join("etc/passwd"));
+    refused_outside(&registry, &ex.join("etc/passwd"));
     // Outside and missing: still "outside", which does not tell whether it exists.
-    refused_outside(&target, Path::new("/nonexistent/disk.img"));
+    refused_outside(&registry, Path::new("/nonexistent/disk.img"));
 }
 
 #[test]
@@ -267,5 +268,5 @@ fn without_export_dirs_any_path_opens() {
     let f = fixture(Limits::default());
     let outside = f.dir.path().join("anywhere.img");
     std::fs::write(&outside, vec![0u8; 4096]).unwrap();
-    f.target.create_bdev(uring("u", &outside)).unwrap();
+    f.registry.create_bdev(uring("u", &outside)).unwrap();
 }

@@ -1,4 +1,4 @@
-//! The target: the control plane's registry of block devices and vhost-user-blk controllers.
+//! The registry: the control plane's record of block devices and exports (vhost-user-blk controllers).
 //!
 //! Everything here runs on control-plane threads (RPC, config loading) and is serialised by one
 //! mutex; the data path never touches it. Operations are named after SPDK's JSON-RPC methods that
@@ -21,7 +21,7 @@ pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_CONTROLLERS};
 
 /// A stable error kind, for mapping to JSON-RPC codes and CLI exit messages.
 #[derive(Debug, thiserror::Error)]
-pub enum TargetError {
+pub enum RegistryError {
     #[error("{kind} '{name}' does not exist")]
     NotFound { kind: &'static str, name: String },
     #[error("{kind} '{name}' already exists")]
@@ -49,31 +49,31 @@ pub enum TargetError {
     Vhost(#[from] fp_vhost_blk::Error),
 }
 
-impl TargetError {
+impl RegistryError {
     /// The negative errno SPDK would return for the same failure, used as the JSON-RPC error
     /// code (SPDK reports e.g. -17 for an existing name, -19 for a missing device).
     pub fn errno(&self) -> i32 {
         match self {
-            TargetError::NotFound { .. } => -libc_enodev(),
-            TargetError::AlreadyExists { .. } => -17,
-            TargetError::InUse { .. } => -16,
-            TargetError::Invalid { .. } => -22,
+            RegistryError::NotFound { .. } => -libc_enodev(),
+            RegistryError::AlreadyExists { .. } => -17,
+            RegistryError::InUse { .. } => -16,
+            RegistryError::Invalid { .. } => -22,
             // As the kernel does when a count limit is reached (inotify watches, epoll
             // instances): "no room for another".
-            TargetError::LimitReached { .. } => -28,
-            TargetError::NotAllowed { .. } => -13,
-            TargetError::SocketMode { source, .. } => -source.raw_os_error().unwrap_or(5),
-            TargetError::Bdev(BdevError::InvalidParam { .. }) => -22,
-            TargetError::Bdev(BdevError::Open { source, .. }) => -source.raw_os_error().unwrap_or(5),
-            TargetError::Bdev(BdevError::NoMemory(_)) => -12,
-            TargetError::Bdev(BdevError::Uring(_)) => -5,
-            TargetError::Vhost(e) => -e.errno(),
+            RegistryError::LimitReached { .. } => -28,
+            RegistryError::NotAllowed { .. } => -13,
+            RegistryError::SocketMode { source, .. } => -source.raw_os_error().unwrap_or(5),
+            RegistryError::Bdev(BdevError::InvalidParam { .. }) => -22,
+            RegistryError::Bdev(BdevError::Open { source, .. }) => -source.raw_os_error().unwrap_or(5),
+            RegistryError::Bdev(BdevError::NoMemory(_)) => -12,
+            RegistryError::Bdev(BdevError::Uring(_)) => -5,
+            RegistryError::Vhost(e) => -e.errno(),
         }
     }
 
     /// True when the caller's parameters were wrong (JSON-RPC "invalid params").
     pub fn is_invalid_params(&self) -> bool {
-        matches!(self, TargetError::Invalid { .. } | TargetError::Bdev(BdevError::InvalidParam { .. }))
+        matches!(self, RegistryError::Invalid { .. } | RegistryError::Bdev(BdevError::InvalidParam { .. }))
     }
 }
 
@@ -88,14 +88,14 @@ fn open_exported(
     filename: &Path,
     block_size: Option<u32>,
     direct: bool,
-) -> Result<UringDevice, TargetError> {
+) -> Result<UringDevice, RegistryError> {
     let beneath = exports.locate(filename).map_err(|refusal| match refusal {
-        export::Refusal::Outside => TargetError::NotAllowed {
+        export::Refusal::Outside => RegistryError::NotAllowed {
             field: "filename",
             reason: format!("'{}' is outside the allowed export directories", filename.display()),
         },
         export::Refusal::Unresolved(source) => {
-            TargetError::Bdev(BdevError::Open { path: filename.display().to_string(), source })
+            RegistryError::Bdev(BdevError::Open { path: filename.display().to_string(), source })
         }
     })?;
     // The device opens the file twice (buffered and O_DIRECT); both opens must reach the same
@@ -123,11 +123,11 @@ fn check_malloc_size(
     block_size: u32,
     num_blocks: u64,
     limits: &Limits,
-) -> Result<(), TargetError> {
+) -> Result<(), RegistryError> {
     fp_bdev::validate_geometry(name, block_size, num_blocks)?;
     let size = num_blocks.saturating_mul(u64::from(block_size));
     if size > limits.max_malloc_bytes {
-        return Err(TargetError::Invalid {
+        return Err(RegistryError::Invalid {
             field: "num_blocks",
             reason: format!(
                 "{num_blocks} blocks of {block_size} bytes are {size} bytes, more than the {} allowed \
@@ -218,9 +218,9 @@ struct State {
 
 impl State {
     /// Refuses a new bdev when the registry already holds the most it may.
-    fn room_for_bdev(&self, name: &str, limits: &Limits) -> Result<(), TargetError> {
+    fn room_for_bdev(&self, name: &str, limits: &Limits) -> Result<(), RegistryError> {
         if self.bdevs.len() >= limits.max_bdevs {
-            return Err(TargetError::LimitReached {
+            return Err(RegistryError::LimitReached {
                 kind: "bdev",
                 name: name.into(),
                 limit: limits.max_bdevs,
@@ -231,10 +231,10 @@ impl State {
     }
 }
 
-/// How a [`Target`] is bounded. The default is what `serve` uses without `[limits]` and
+/// How a [`Registry`] is bounded. The default is what `serve` uses without `[limits]` and
 /// `[security]` tables.
 #[derive(Debug, Clone)]
-pub struct TargetOptions {
+pub struct RegistryOptions {
     pub limits: Limits,
     /// The permission bits of each vhost-user socket, set as soon as it is bound.
     pub vhost_socket_mode: u32,
@@ -242,16 +242,16 @@ pub struct TargetOptions {
     pub export_dirs: Option<ExportDirs>,
 }
 
-/// Default for [`TargetOptions::vhost_socket_mode`]: only the daemon's user may connect.
+/// Default for [`RegistryOptions::vhost_socket_mode`]: only the daemon's user may connect.
 ///
 /// Whoever can connect to a vhost-user socket is the disk's guest: it reads and writes the disk
 /// and shares memory with the daemon. QEMU usually runs as the same user as the storage daemon;
 /// a deployment that runs it as another user of a shared group widens this to 0o660.
 pub const DEFAULT_VHOST_SOCKET_MODE: u32 = 0o600;
 
-impl Default for TargetOptions {
-    fn default() -> TargetOptions {
-        TargetOptions {
+impl Default for RegistryOptions {
+    fn default() -> RegistryOptions {
+        RegistryOptions {
             limits: Limits::default(),
             vhost_socket_mode: DEFAULT_VHOST_SOCKET_MODE,
             export_dirs: None,
@@ -260,25 +260,25 @@ impl Default for TargetOptions {
 }
 
 /// The registry. Cheap to share: wrap it in an `Arc`.
-pub struct Target {
+pub struct Registry {
     reactors: Vec<ReactorHandle>,
     vhost_dir: PathBuf,
-    options: TargetOptions,
+    options: RegistryOptions,
     state: Mutex<State>,
 }
 
-impl Target {
-    /// A target with the default [`TargetOptions`].
-    pub fn new(reactors: Vec<ReactorHandle>, vhost_dir: &Path) -> Arc<Target> {
-        Target::with_options(reactors, vhost_dir, TargetOptions::default())
+impl Registry {
+    /// A registry with the default [`RegistryOptions`].
+    pub fn new(reactors: Vec<ReactorHandle>, vhost_dir: &Path) -> Arc<Registry> {
+        Registry::with_options(reactors, vhost_dir, RegistryOptions::default())
     }
 
     pub fn with_options(
         reactors: Vec<ReactorHandle>,
         vhost_dir: &Path,
-        options: TargetOptions,
-    ) -> Arc<Target> {
-        Arc::new(Target {
+        options: RegistryOptions,
+    ) -> Arc<Registry> {
+        Arc::new(Registry {
             reactors,
             vhost_dir: vhost_dir.to_path_buf(),
             options,
@@ -304,13 +304,13 @@ impl Target {
     }
 
     /// Creates a bdev; returns its name.
-    pub fn create_bdev(&self, spec: BdevSpec) -> Result<String, TargetError> {
+    pub fn create_bdev(&self, spec: BdevSpec) -> Result<String, RegistryError> {
         let name = spec.name().to_string();
         let limits = &self.options.limits;
         {
             let st = self.lock();
             if st.bdevs.contains_key(&name) {
-                return Err(TargetError::AlreadyExists { kind: "bdev", name });
+                return Err(RegistryError::AlreadyExists { kind: "bdev", name });
             }
             // Checked again on insertion; refusing here spares building a bdev for nothing.
             st.room_for_bdev(&name, limits)?;
@@ -331,15 +331,15 @@ impl Target {
             BdevSpec::Delay { name: delay_name, base, latency } => {
                 let mut st = self.lock();
                 if st.bdevs.contains_key(&name) {
-                    return Err(TargetError::AlreadyExists { kind: "bdev", name });
+                    return Err(RegistryError::AlreadyExists { kind: "bdev", name });
                 }
                 st.room_for_bdev(&name, limits)?;
                 let entry = st
                     .bdevs
                     .get_mut(base)
-                    .ok_or_else(|| TargetError::NotFound { kind: "bdev", name: base.clone() })?;
+                    .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: base.clone() })?;
                 if let Some(by) = &entry.claimed_by {
-                    return Err(TargetError::InUse { name: base.clone(), by: by.clone() });
+                    return Err(RegistryError::InUse { name: base.clone(), by: by.clone() });
                 }
                 let dev = Arc::new(DelayDevice::new(delay_name, entry.bdev.clone(), *latency)?);
                 entry.claimed_by = Some(delay_name.clone());
@@ -353,7 +353,7 @@ impl Target {
         };
         let mut st = self.lock();
         if st.bdevs.contains_key(&name) {
-            return Err(TargetError::AlreadyExists { kind: "bdev", name });
+            return Err(RegistryError::AlreadyExists { kind: "bdev", name });
         }
         st.room_for_bdev(&name, limits)?;
         log::info!("bdev '{name}' created ({}, {} bytes)", spec.driver(), bdev.info().size_bytes());
@@ -367,13 +367,13 @@ impl Target {
         name: &str,
         kind: fp_bdev::LatencyKind,
         value: std::time::Duration,
-    ) -> Result<(), TargetError> {
+    ) -> Result<(), RegistryError> {
         let st = self.lock();
         let dev = st
             .bdevs
             .get(name)
             .and_then(|e| e.delay.as_ref())
-            .ok_or_else(|| TargetError::NotFound { kind: "delay bdev", name: name.into() })?;
+            .ok_or_else(|| RegistryError::NotFound { kind: "delay bdev", name: name.into() })?;
         dev.set_latency(kind, value)?;
         log::info!("bdev '{name}': {} latency now {} us", kind.name(), value.as_micros());
         Ok(())
@@ -381,17 +381,17 @@ impl Target {
 
     /// Deletes a bdev. `driver`, when given, must match (SPDK's `bdev_null_delete` does not delete
     /// a malloc bdev).
-    pub fn delete_bdev(&self, name: &str, driver: Option<&str>) -> Result<(), TargetError> {
+    pub fn delete_bdev(&self, name: &str, driver: Option<&str>) -> Result<(), RegistryError> {
         let mut st = self.lock();
         let entry =
-            st.bdevs.get(name).ok_or_else(|| TargetError::NotFound { kind: "bdev", name: name.into() })?;
+            st.bdevs.get(name).ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: name.into() })?;
         if let Some(d) = driver {
             if entry.bdev.info().driver != d {
-                return Err(TargetError::NotFound { kind: "bdev", name: format!("{name}' of type '{d}") });
+                return Err(RegistryError::NotFound { kind: "bdev", name: format!("{name}' of type '{d}") });
             }
         }
         if let Some(by) = &entry.claimed_by {
-            return Err(TargetError::InUse { name: name.into(), by: by.clone() });
+            return Err(RegistryError::InUse { name: name.into(), by: by.clone() });
         }
         if let Some(removed) = st.bdevs.remove(name) {
             // A stacked bdev releases the one below it.
@@ -408,7 +408,7 @@ impl Target {
     }
 
     /// All bdevs, or the one named.
-    pub fn bdevs(&self, name: Option<&str>) -> Result<Vec<BdevSummary>, TargetError> {
+    pub fn bdevs(&self, name: Option<&str>) -> Result<Vec<BdevSummary>, RegistryError> {
         let st = self.lock();
         let summary =
             |e: &BdevEntry| BdevSummary { info: e.bdev.info().clone(), claimed_by: e.claimed_by.clone() };
@@ -417,15 +417,15 @@ impl Target {
                 .bdevs
                 .get(n)
                 .map(|e| vec![summary(e)])
-                .ok_or_else(|| TargetError::NotFound { kind: "bdev", name: n.into() }),
+                .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: n.into() }),
             None => Ok(st.bdevs.values().map(summary).collect()),
         }
     }
 
     /// Creates a vhost-user-blk controller: a listening socket in the vhost directory.
-    pub fn create_vhost_blk(&self, spec: VhostBlkSpec) -> Result<(), TargetError> {
+    pub fn create_vhost_blk(&self, spec: VhostBlkSpec) -> Result<(), RegistryError> {
         fp_vhost_blk::validate_name(&spec.ctrlr)
-            .map_err(|reason| TargetError::Invalid { field: "ctrlr", reason })?;
+            .map_err(|reason| RegistryError::Invalid { field: "ctrlr", reason })?;
         let reactors: Vec<ReactorHandle> = match &spec.cpus {
             None => self.reactors.clone(),
             Some(cpus) => {
@@ -438,7 +438,7 @@ impl Target {
                 if picked.is_empty() {
                     let have: Vec<String> =
                         self.reactors.iter().filter_map(|h| h.core()).map(|c| c.to_string()).collect();
-                    return Err(TargetError::Invalid {
+                    return Err(RegistryError::Invalid {
                         field: "cpumask",
                         reason: format!("selects no reactor core; reactors run on cores {}", have.join(",")),
                     });
@@ -452,18 +452,18 @@ impl Target {
         // the frontend never starts costs a few hundred bytes (docs/architecture.md, "Queues").
         let num_queues = spec.num_queues.unwrap_or(fp_vhost_blk::MAX_QUEUES);
         if num_queues == 0 || num_queues > fp_vhost_blk::MAX_QUEUES {
-            return Err(TargetError::Invalid {
+            return Err(RegistryError::Invalid {
                 field: "num_queues",
                 reason: format!("{num_queues} is not between 1 and {}", fp_vhost_blk::MAX_QUEUES),
             });
         }
         let mut st = self.lock();
         if st.controllers.contains_key(&spec.ctrlr) {
-            return Err(TargetError::AlreadyExists { kind: "controller", name: spec.ctrlr });
+            return Err(RegistryError::AlreadyExists { kind: "controller", name: spec.ctrlr });
         }
         let max = self.options.limits.max_controllers;
         if st.controllers.len() >= max {
-            return Err(TargetError::LimitReached {
+            return Err(RegistryError::LimitReached {
                 kind: "controller",
                 name: spec.ctrlr,
                 limit: max,
@@ -473,9 +473,9 @@ impl Target {
         let entry = st
             .bdevs
             .get_mut(&spec.dev_name)
-            .ok_or_else(|| TargetError::NotFound { kind: "bdev", name: spec.dev_name.clone() })?;
+            .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: spec.dev_name.clone() })?;
         if let Some(by) = &entry.claimed_by {
-            return Err(TargetError::InUse { name: spec.dev_name.clone(), by: by.clone() });
+            return Err(RegistryError::InUse { name: spec.dev_name.clone(), by: by.clone() });
         }
         let config = ControllerConfig {
             name: spec.ctrlr.clone(),
@@ -492,7 +492,7 @@ impl Target {
         let mode = std::fs::Permissions::from_mode(self.options.vhost_socket_mode);
         if let Err(source) = std::fs::set_permissions(&socket_path, mode) {
             ctrl.stop();
-            return Err(TargetError::SocketMode { path: socket_path, source });
+            return Err(RegistryError::SocketMode { path: socket_path, source });
         }
         entry.claimed_by = Some(spec.ctrlr.clone());
         log::info!("vhost-blk controller '{}' serving bdev '{}'", spec.ctrlr, spec.dev_name);
@@ -501,13 +501,13 @@ impl Target {
     }
 
     /// Stops a controller: disconnects its client, removes its socket, releases its bdev.
-    pub fn delete_vhost(&self, ctrlr: &str) -> Result<(), TargetError> {
+    pub fn delete_vhost(&self, ctrlr: &str) -> Result<(), RegistryError> {
         let ctrl = {
             let mut st = self.lock();
             let ctrl = st
                 .controllers
                 .remove(ctrlr)
-                .ok_or_else(|| TargetError::NotFound { kind: "controller", name: ctrlr.into() })?;
+                .ok_or_else(|| RegistryError::NotFound { kind: "controller", name: ctrlr.into() })?;
             let bdev_name = ctrl.info().bdev_name.clone();
             if let Some(e) = st.bdevs.get_mut(&bdev_name) {
                 e.claimed_by = None;
@@ -528,10 +528,10 @@ impl Target {
         ctrlr: &str,
         delay_base_us: u32,
         iops_threshold: u32,
-    ) -> Result<(), TargetError> {
+    ) -> Result<(), RegistryError> {
         let max = fp_vhost_blk::coalesce::MAX_DELAY_BASE_US;
         if delay_base_us > max {
-            return Err(TargetError::Invalid {
+            return Err(RegistryError::Invalid {
                 field: "delay_base_us",
                 reason: format!("{delay_base_us} is above the limit of {max} us"),
             });
@@ -540,7 +540,7 @@ impl Target {
         let c = st
             .controllers
             .get(ctrlr)
-            .ok_or_else(|| TargetError::NotFound { kind: "controller", name: ctrlr.into() })?;
+            .ok_or_else(|| RegistryError::NotFound { kind: "controller", name: ctrlr.into() })?;
         c.set_coalescing(delay_base_us, iops_threshold);
         log::info!(
             "vhost-blk controller '{ctrlr}': coalescing delay {delay_base_us} us above {iops_threshold} IOPS"
@@ -548,14 +548,14 @@ impl Target {
         Ok(())
     }
 
-    pub fn controllers(&self, name: Option<&str>) -> Result<Vec<ControllerInfo>, TargetError> {
+    pub fn controllers(&self, name: Option<&str>) -> Result<Vec<ControllerInfo>, RegistryError> {
         let st = self.lock();
         match name {
             Some(n) => st
                 .controllers
                 .get(n)
                 .map(|c| vec![c.info()])
-                .ok_or_else(|| TargetError::NotFound { kind: "controller", name: n.into() }),
+                .ok_or_else(|| RegistryError::NotFound { kind: "controller", name: n.into() }),
             None => Ok(st.controllers.values().map(|c| c.info()).collect()),
         }
     }
@@ -567,7 +567,7 @@ impl Target {
             .collect()
     }
 
-    /// Stops every controller (on shutdown). Bdevs are dropped with the target.
+    /// Stops every controller (on shutdown). Bdevs are dropped with the registry.
     pub fn shutdown(&self) {
         let names: Vec<String> = self.lock().controllers.keys().cloned().collect();
         for n in names {
