@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod methods;
+pub mod metrics;
 pub mod serve;
 pub mod size;
 

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! flashpath serve [--cpus LIST] [--vhost-dir DIR] [--config FILE] [--idle-window-us N]
-//!                 [--export-dir DIR]...
+//!                 [--export-dir DIR]... [--metrics HOST:PORT|unix:PATH]
 //! flashpath disk create --type null|ram|file --name N (--size SIZE | --num-blocks N)
 //!                       [--block-size 512] [--path FILE] [--no-direct]
 //! flashpath disk list [NAME] | disk delete NAME
@@ -96,6 +96,10 @@ struct ServeArgs {
     /// security.export_dirs) [default: any path]
     #[arg(long = "export-dir", value_name = "DIR")]
     export_dirs: Vec<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics: a loopback HOST:PORT such as
+    /// 127.0.0.1:9111, or unix:PATH [default: off]
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 /// The kinds of disk the CLI offers, named for people; each maps to one SPDK bdev type.
@@ -280,6 +284,7 @@ fn main() -> ExitCode {
                 config: args.config,
                 idle_window_us: args.idle_window_us,
                 export_dirs: (!args.export_dirs.is_empty()).then_some(args.export_dirs),
+                metrics: args.metrics,
             };
             match serve::run(&opts) {
                 Ok(()) => ExitCode::SUCCESS,

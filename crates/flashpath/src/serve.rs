@@ -16,6 +16,7 @@ use fp_rpc::{Handler, RpcServer};
 
 use crate::config::{ConfigError, ConfigFile};
 use crate::methods::Methods;
+use crate::metrics::{self, MetricsError, MetricsServer};
 use crate::{DEFAULT_RPC_SOCKET, DEFAULT_VHOST_DIR};
 
 /// `serve`'s settings as given on the command line; `None` falls back to the config file, then
@@ -29,6 +30,8 @@ pub struct ServeOptions {
     pub idle_window_us: Option<u64>,
     /// `--export-dir`, given at least once.
     pub export_dirs: Option<Vec<PathBuf>>,
+    /// `--metrics`: where to serve Prometheus metrics (off when `None`).
+    pub metrics: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +61,8 @@ pub enum ServeError {
         #[source]
         source: ExportDirError,
     },
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
     #[error("cannot start the RPC server: {0}")]
     Rpc(#[source] io::Error),
     #[error("cannot set up signal handling: {0}")]
@@ -181,6 +186,8 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         }
         None => None,
     };
+    // A bad address is refused before anything starts.
+    let metrics_addr = opts.metrics.as_deref().map(metrics::parse_addr).transpose()?;
     let signals = block_stop_signals().map_err(ServeError::Signals)?;
     create_vhost_dir(&settings.vhost_dir, settings.vhost_socket_mode)?;
 
@@ -196,9 +203,19 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
     let started = config.apply(&methods).map_err(ServeError::from).and_then(|_| {
         let m = methods.clone();
         let handler: Handler = Arc::new(move |method, params| m.call(method, params).map_err(|e| e.to_rpc()));
-        RpcServer::start(&settings.rpc, handler).map_err(ServeError::Rpc)
+        let server = RpcServer::start(&settings.rpc, handler).map_err(ServeError::Rpc)?;
+        // The endpoint reads through the same methods the RPC server runs.
+        let m = methods.clone();
+        let source: metrics::Source = Arc::new(move |method| m.call(method, None).ok());
+        match metrics_addr.as_ref().map(|a| MetricsServer::start(a, source)).transpose() {
+            Ok(exporter) => Ok((server, exporter)),
+            Err(e) => {
+                server.stop();
+                Err(e.into())
+            }
+        }
     });
-    let server = match started {
+    let (server, exporter) = match started {
         Ok(s) => s,
         Err(e) => {
             // Undo what the configuration created (controller sockets) before reporting.
@@ -214,6 +231,9 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         settings.vhost_dir.display(),
         format_cpus(&settings.cpus)
     );
+    if let Some(e) = &exporter {
+        eprintln!("flashpath metrics at {}", e.addr());
+    }
 
     let outcome = wait_stop_signal(&signals);
     match &outcome {
@@ -222,6 +242,9 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
     }
     // Stop taking requests first, so nothing creates a controller while they are torn down.
     server.stop();
+    if let Some(e) = exporter {
+        e.stop();
+    }
     registry.shutdown();
     reactors.shutdown();
     log::info!("stopped");
@@ -300,6 +323,7 @@ mod tests {
             config: None,
             idle_window_us: Some(9),
             export_dirs: None,
+            metrics: None,
         };
         let from_flags = resolve(&opts, &config).unwrap();
         assert_eq!(from_flags.cpus, [0]);

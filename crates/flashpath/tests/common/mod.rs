@@ -116,7 +116,12 @@ impl Daemon {
     /// Starts the daemon with reactors on `cpus` (e.g. "0" or "0,1") and waits until its RPC
     /// socket answers.
     pub fn start(cpus: &str) -> Daemon {
-        Daemon::launch(cpus, |_| None)
+        Daemon::launch(cpus, &[], |_| None)
+    }
+
+    /// Starts the daemon with more `serve` options after the usual ones.
+    pub fn start_with_args(cpus: &str, extra: &[&str]) -> Daemon {
+        Daemon::launch(cpus, extra, |_| None)
     }
 
     /// Starts the daemon with `serve --config <dir>/flashpath.toml`, where `config` receives
@@ -124,10 +129,10 @@ impl Daemon {
     /// and returns the file's TOML text. The vhost-user sockets are `<dir>/<ctrlr>`, as with
     /// [`Daemon::start`].
     pub fn start_with_config(cpus: &str, config: impl FnOnce(&Path) -> String) -> Daemon {
-        Daemon::launch(cpus, |dir| Some(config(dir)))
+        Daemon::launch(cpus, &[], |dir| Some(config(dir)))
     }
 
-    fn launch(cpus: &str, config: impl FnOnce(&Path) -> Option<String>) -> Daemon {
+    fn launch(cpus: &str, extra: &[&str], config: impl FnOnce(&Path) -> Option<String>) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("fp-e2e-")
             .tempdir_in(scratch_base())
@@ -144,6 +149,7 @@ impl Daemon {
             args.push("--config".into());
             args.push(path.into());
         }
+        args.extend(extra.iter().map(OsString::from));
         let mut d = Daemon { child: None, dir, rpc, stderr_path, args };
         d.spawn();
         d.wait_ready();

@@ -1,0 +1,413 @@
+//! `serve --metrics ADDR`: the Prometheus endpoint.
+//!
+//! Every scrape of `/metrics` calls the same JSON-RPC methods the CLI and `rpc.py` call
+//! (through a [`Source`], which `serve` points at `Methods::call`), and turns their results into
+//! metric families that the `prometheus` crate's encoder writes in the text exposition format
+//! (0.0.4, which `promtool check metrics` lints; `prometheus-client` only writes OpenMetrics,
+//! whose counter names that linter rejects). Nothing is sampled in between, so the endpoint
+//! and the RPCs cannot disagree, and a daemon without the endpoint pays nothing.
+//!
+//! The endpoint listens on loopback or a Unix socket only: the numbers are for a collector on
+//! the same host, and an open port would be one more thing to firewall.
+
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use prometheus::proto::{self, MetricFamily};
+use prometheus::Encoder;
+use serde_json::Value;
+
+/// A JSON-RPC method's result by name, `None` when the method is missing (an older daemon
+/// part) or failed: the families it feeds are left out of that scrape.
+pub type Source = Arc<dyn Fn(&str) -> Option<Value> + Send + Sync>;
+
+/// Where the endpoint listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl fmt::Display for MetricsAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetricsAddr::Tcp(a) => write!(f, "http://{a}/metrics"),
+            MetricsAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("--metrics: '{value}': {reason}")]
+    Addr { value: String, reason: String },
+    #[error("--metrics: cannot listen on {addr}: {reason}")]
+    Listen { addr: MetricsAddr, reason: String },
+}
+
+/// Parses `host:port` (which must resolve to loopback addresses only) or `unix:PATH`.
+pub fn parse_addr(value: &str) -> Result<MetricsAddr, MetricsError> {
+    let bad = |reason: &str| MetricsError::Addr { value: value.to_string(), reason: reason.to_string() };
+    if let Some(path) = value.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(bad("unix: needs a socket path, e.g. unix:/run/flashpath-metrics.sock"));
+        }
+        return Ok(MetricsAddr::Unix(path.into()));
+    }
+    let addrs: Vec<SocketAddr> = value
+        .to_socket_addrs()
+        .map_err(|_| bad("not a host:port or unix:PATH (e.g. 127.0.0.1:9111)"))?
+        .collect();
+    match addrs.iter().find(|a| !a.ip().is_loopback()) {
+        Some(a) => Err(bad(&format!(
+            "{} is not a loopback address; metrics are served on 127.0.0.1, [::1] or a unix: socket only",
+            a.ip()
+        ))),
+        None => addrs.first().copied().map(MetricsAddr::Tcp).ok_or_else(|| bad("resolves to no address")),
+    }
+}
+
+/// The running endpoint: one thread answering requests until [`MetricsServer::stop`].
+pub struct MetricsServer {
+    server: Arc<tiny_http::Server>,
+    thread: Option<JoinHandle<()>>,
+    addr: MetricsAddr,
+}
+
+impl MetricsServer {
+    /// Binds `addr` and starts answering; a bound address (a port or socket in use) fails here.
+    pub fn start(addr: &MetricsAddr, source: Source) -> Result<MetricsServer, MetricsError> {
+        let listen_err =
+            |e: &dyn fmt::Display| MetricsError::Listen { addr: addr.clone(), reason: e.to_string() };
+        let server = match addr {
+            MetricsAddr::Tcp(a) => tiny_http::Server::http(a),
+            MetricsAddr::Unix(p) => tiny_http::Server::http_unix(p),
+        }
+        .map_err(|e| listen_err(&e))?;
+        // An ephemeral port (":0") is reported as the one the kernel picked.
+        let addr = match server.server_addr() {
+            tiny_http::ListenAddr::IP(a) => MetricsAddr::Tcp(a),
+            tiny_http::ListenAddr::Unix(_) => addr.clone(),
+        };
+        let server = Arc::new(server);
+        let s = server.clone();
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || serve(&s, &source))
+            .map_err(|e| listen_err(&e))?;
+        Ok(MetricsServer { server, thread: Some(thread), addr })
+    }
+
+    /// Where it listens (with the actual port when `:0` was asked for).
+    pub fn addr(&self) -> &MetricsAddr {
+        &self.addr
+    }
+
+    /// Stops answering and removes the Unix socket.
+    pub fn stop(mut self) {
+        self.server.unblock();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let MetricsAddr::Unix(p) = &self.addr {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn serve(server: &tiny_http::Server, source: &Source) {
+    let content_type = tiny_http::Header::from_bytes("Content-Type", prometheus::TEXT_FORMAT)
+        .expect("the exposition format's content type is a valid header");
+    // `unblock` ends the iterator.
+    for request in server.incoming_requests() {
+        let path = request.url().split('?').next().unwrap_or_default();
+        let response = if path == "/metrics" {
+            match render(source) {
+                Ok(text) => tiny_http::Response::from_string(text).with_header(content_type.clone()),
+                Err(e) => {
+                    tiny_http::Response::from_string(format!("encoding failed: {e}\n")).with_status_code(500)
+                }
+            }
+        } else {
+            tiny_http::Response::from_string("flashpath: metrics are at /metrics\n").with_status_code(404)
+        };
+        if let Err(e) = request.respond(response) {
+            log::debug!("metrics: answering a scrape failed: {e}");
+        }
+    }
+}
+
+/// One scrape's text: what `/metrics` answers.
+pub fn render(source: &Source) -> Result<String, prometheus::Error> {
+    let mut text = Vec::new();
+    prometheus::TextEncoder::new().encode(&collect(source), &mut text)?;
+    Ok(String::from_utf8(text).expect("the text encoder writes UTF-8"))
+}
+
+/// A sample's labels: names are fixed, values come from the RPC results.
+type Labels = Vec<(&'static str, String)>;
+
+/// One metric family of counters or gauges: its samples by label set. Counter names end in
+/// `_total`, as the text format's conventions ask.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: proto::MetricType,
+    samples: Vec<(Labels, f64)>,
+}
+
+impl Family {
+    fn counter(name: &'static str, help: &'static str) -> Family {
+        Family { name, help, kind: proto::MetricType::COUNTER, samples: Vec::new() }
+    }
+
+    fn gauge(name: &'static str, help: &'static str) -> Family {
+        Family { name, help, kind: proto::MetricType::GAUGE, samples: Vec::new() }
+    }
+
+    fn push(&mut self, labels: Labels, value: impl Into<Sample>) {
+        self.samples.push((labels, value.into().0));
+    }
+
+    /// The family for the encoder; `None` when it has no samples (the encoder refuses those).
+    fn build(self) -> Option<MetricFamily> {
+        if self.samples.is_empty() {
+            return None;
+        }
+        let mut f = MetricFamily::default();
+        f.set_name(self.name.to_string());
+        f.set_help(self.help.to_string());
+        f.set_field_type(self.kind);
+        f.set_metric(
+            self.samples
+                .into_iter()
+                .map(|(labels, value)| {
+                    let mut m = proto::Metric::from_label(label_pairs(labels));
+                    if self.kind == proto::MetricType::COUNTER {
+                        let mut c = proto::Counter::default();
+                        c.set_value(value);
+                        m.set_counter(c);
+                    } else {
+                        let mut g = proto::Gauge::default();
+                        g.set_value(value);
+                        m.set_gauge(g);
+                    }
+                    m
+                })
+                .collect(),
+        );
+        Some(f)
+    }
+}
+
+/// A sample value: counts (exact up to 2^53, far beyond any counter here) and seconds.
+struct Sample(f64);
+
+impl From<u64> for Sample {
+    fn from(v: u64) -> Sample {
+        Sample(v as f64)
+    }
+}
+
+impl From<f64> for Sample {
+    fn from(v: f64) -> Sample {
+        Sample(v)
+    }
+}
+
+fn label_pairs(labels: Labels) -> Vec<proto::LabelPair> {
+    labels
+        .into_iter()
+        .map(|(name, value)| {
+            let mut l = proto::LabelPair::default();
+            l.set_name(name.to_string());
+            l.set_value(value);
+            l
+        })
+        .collect()
+}
+
+fn u64_at(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn str_at(v: &Value, key: &str) -> String {
+    v.get(key).and_then(Value::as_str).unwrap_or_default().to_string()
+}
+
+const NS_PER_S: f64 = 1e9;
+
+/// Every family, from one call of each method.
+fn collect(source: &Source) -> Vec<MetricFamily> {
+    let mut families = Vec::new();
+    if let Some(v) = source("spdk_get_version") {
+        let mut info = Family::gauge("flashpath_build_info", "The daemon's version; the value is always 1");
+        info.push(vec![("version", str_at(&v, "version"))], 1u64);
+        families.push(info);
+    }
+    if let Some(s) = source("flashpath_get_stats") {
+        let mut up = Family::gauge("flashpath_uptime_seconds", "Seconds since the daemon started");
+        up.push(Labels::new(), u64_at(&s, "uptime_ns") as f64 / NS_PER_S);
+        families.push(up);
+    }
+    if let Some(r) = source("framework_get_reactors") {
+        families.extend(reactors(&r));
+    }
+    if let Some(c) = source("vhost_get_controllers") {
+        families.extend(controllers(&c));
+    }
+    if let Some(io) = source("bdev_get_iostat") {
+        families.extend(bdevs(&io));
+    }
+    families.into_iter().filter_map(Family::build).collect()
+}
+
+fn array(v: &Value) -> &[Value] {
+    v.as_array().map(Vec::as_slice).unwrap_or_default()
+}
+
+/// `framework_get_reactors`: where each reactor's time went.
+fn reactors(r: &Value) -> [Family; 4] {
+    let mut busy = Family::counter("flashpath_reactor_busy_seconds_total", "Time a reactor spent doing work");
+    let mut idle = Family::counter(
+        "flashpath_reactor_idle_seconds_total",
+        "Time a reactor spent polling and finding nothing",
+    );
+    let mut sleep =
+        Family::counter("flashpath_reactor_sleep_seconds_total", "Time a reactor spent asleep in epoll");
+    let mut sleeps = Family::counter("flashpath_reactor_sleeps_total", "Times a reactor went to sleep");
+    for x in array(&r["reactors"]) {
+        let labels = vec![("lcore", u64_at(x, "lcore").to_string())];
+        busy.push(labels.clone(), u64_at(x, "busy") as f64 / NS_PER_S);
+        idle.push(labels.clone(), u64_at(x, "poll_idle_ns") as f64 / NS_PER_S);
+        sleep.push(labels.clone(), u64_at(x, "sleep_ns") as f64 / NS_PER_S);
+        sleeps.push(labels, u64_at(x, "sleeps"));
+    }
+    [busy, idle, sleep, sleeps]
+}
+
+/// `vhost_get_controllers`: what each guest-facing controller did, and holds now.
+fn controllers(c: &Value) -> [Family; 7] {
+    let mut ops =
+        Family::counter("flashpath_vhost_requests_total", "Requests a controller completed, by type");
+    let mut bytes = Family::counter("flashpath_vhost_bytes_total", "Bytes a controller moved, by direction");
+    let mut errors =
+        Family::counter("flashpath_vhost_io_errors_total", "Requests completed with VIRTIO_BLK_S_IOERR");
+    let mut unsupported =
+        Family::counter("flashpath_vhost_unsupported_total", "Requests completed with VIRTIO_BLK_S_UNSUPP");
+    let mut notifications =
+        Family::counter("flashpath_vhost_notifications_total", "Guest notifications sent");
+    let mut in_flight =
+        Family::gauge("flashpath_vhost_in_flight", "Requests taken from the rings and not yet completed");
+    let mut connected = Family::gauge("flashpath_vhost_connected", "1 while a guest is connected");
+    for ctrl in array(c) {
+        let st = &ctrl["stats"];
+        let base = vec![
+            ("ctrlr", str_at(ctrl, "ctrlr")),
+            ("bdev", str_at(&ctrl["backend_specific"]["block"], "bdev")),
+        ];
+        let with = |k: &'static str, v: &str| {
+            let mut l = base.clone();
+            l.push((k, v.to_string()));
+            l
+        };
+        for (op, key) in [
+            ("read", "read_ops"),
+            ("write", "write_ops"),
+            ("flush", "flush_ops"),
+            ("discard", "discard_ops"),
+            ("write_zeroes", "write_zeroes_ops"),
+            ("get_id", "get_id_ops"),
+        ] {
+            ops.push(with("type", op), u64_at(st, key));
+        }
+        bytes.push(with("direction", "read"), u64_at(st, "bytes_read"));
+        bytes.push(with("direction", "write"), u64_at(st, "bytes_written"));
+        errors.push(base.clone(), u64_at(st, "io_errors"));
+        unsupported.push(base.clone(), u64_at(st, "unsupported"));
+        notifications.push(base.clone(), u64_at(st, "notifications"));
+        in_flight.push(base.clone(), u64_at(st, "in_flight"));
+        connected.push(base, u64::from(ctrl.get("connected").and_then(Value::as_bool) == Some(true)));
+    }
+    [ops, bytes, errors, unsupported, notifications, in_flight, connected]
+}
+
+/// `bdev_get_iostat` (SPDK's shape): the generic bdev layer's per-disk counters.
+fn bdevs(io: &Value) -> [Family; 5] {
+    // Latencies are in ticks of `tick_rate` per second.
+    let tick_rate = io.get("tick_rate").and_then(Value::as_u64).filter(|&t| t > 0).unwrap_or(1_000_000_000);
+    let mut ops = Family::counter("flashpath_bdev_ops_total", "I/Os a disk completed, by type");
+    let mut bytes = Family::counter("flashpath_bdev_bytes_total", "Bytes a disk read, wrote or unmapped");
+    let mut latency = Family::counter(
+        "flashpath_bdev_latency_seconds_total",
+        "Summed latency of a disk's I/Os, by type (divide by flashpath_bdev_ops_total for the mean)",
+    );
+    let mut errors = Family::counter("flashpath_bdev_io_errors_total", "I/Os a disk completed with an error");
+    let mut depth = Family::gauge("flashpath_bdev_queue_depth", "I/Os submitted to a disk and not completed");
+    for b in array(&io["bdevs"]) {
+        let name = str_at(b, "name");
+        let with = |op: &str| vec![("bdev", name.clone()), ("type", op.to_string())];
+        for (op, moved) in [("read", "read"), ("write", "written"), ("unmap", "unmapped")] {
+            ops.push(with(op), u64_at(b, &format!("num_{op}_ops")));
+            bytes.push(with(op), u64_at(b, &format!("bytes_{moved}")));
+            latency.push(with(op), u64_at(b, &format!("{op}_latency_ticks")) as f64 / tick_rate as f64);
+        }
+        errors.push(vec![("bdev", name.clone())], u64_at(b, "io_error"));
+        depth.push(vec![("bdev", name)], u64_at(b, "queue_depth"));
+    }
+    [ops, bytes, latency, errors, depth]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn addresses_are_loopback_or_unix() {
+        assert_eq!(
+            parse_addr("127.0.0.1:9111").unwrap(),
+            MetricsAddr::Tcp("127.0.0.1:9111".parse().unwrap())
+        );
+        assert_eq!(parse_addr("[::1]:0").unwrap(), MetricsAddr::Tcp("[::1]:0".parse().unwrap()));
+        assert_eq!(parse_addr("unix:/run/m.sock").unwrap(), MetricsAddr::Unix("/run/m.sock".into()));
+        let e = parse_addr("10.0.0.1:9111").unwrap_err().to_string();
+        assert!(e.starts_with("--metrics: '10.0.0.1:9111': 10.0.0.1 is not a loopback address"), "{e}");
+        assert!(parse_addr("9111").unwrap_err().to_string().contains("not a host:port"));
+    }
+
+    /// The per-disk families follow `bdev_get_iostat`'s SPDK shape, latency ticks converted to
+    /// seconds at the reported tick rate.
+    #[test]
+    fn iostat_becomes_per_disk_families() {
+        let source: Source = Arc::new(|method| match method {
+            "bdev_get_iostat" => Some(json!({
+                "tick_rate": 1_000_000u64,
+                "ticks": 5,
+                "bdevs": [{
+                    "name": "d0", "bytes_read": 8192, "num_read_ops": 2, "bytes_written": 512,
+                    "num_write_ops": 1, "bytes_unmapped": 0, "num_unmap_ops": 0,
+                    "read_latency_ticks": 1500, "write_latency_ticks": 250000,
+                    "unmap_latency_ticks": 0, "io_error": 3, "queue_depth": 7,
+                }],
+            })),
+            _ => None,
+        });
+        let text = render(&source).unwrap();
+        for line in [
+            "flashpath_bdev_ops_total{bdev=\"d0\",type=\"read\"} 2\n",
+            "flashpath_bdev_bytes_total{bdev=\"d0\",type=\"write\"} 512\n",
+            "flashpath_bdev_latency_seconds_total{bdev=\"d0\",type=\"read\"} 0.0015\n",
+            "flashpath_bdev_latency_seconds_total{bdev=\"d0\",type=\"write\"} 0.25\n",
+            "flashpath_bdev_io_errors_total{bdev=\"d0\"} 3\n",
+            "flashpath_bdev_queue_depth{bdev=\"d0\"} 7\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        // Methods that fail leave their families out rather than failing the scrape.
+        assert!(!text.contains("flashpath_reactor"), "{text}");
+    }
+}

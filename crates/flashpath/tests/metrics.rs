@@ -1,0 +1,263 @@
+//! `serve --metrics`: a real Prometheus scrapes the daemon while libblkio drives I/O, and the
+//! value it stores is checked through its HTTP API; `promtool check metrics` lints the
+//! exposition; the Unix-socket endpoint answers; bad addresses are refused at start.
+//!
+//! Prometheus and promtool come from the Debian package `prometheus` (`./run test` installs
+//! it). Outside CI a missing binary skips the Prometheus test with a printed reason; with
+//! `CI=true` it fails.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{BlkClient, Daemon};
+use serde_json::Value;
+
+/// Reads done by the test; the scraped counter must say exactly this.
+const READS: u64 = 150;
+const WRITES: u64 = 20;
+
+/// Finds `name` on PATH. `None` outside CI means skip; in CI a missing tool is a failure.
+fn tool(name: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()));
+    if found.is_none() {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "{name} is not installed (Debian package prometheus; ./run test installs it)"
+        );
+        eprintln!("skipping: {name} is not installed (apt-get install prometheus)");
+    }
+    found
+}
+
+/// One HTTP/1.0 GET over `stream`; returns the status code and body.
+fn http_get(mut stream: impl Read + Write, host: &str, path: &str) -> (u16, String) {
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").expect("sending the request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("reading the response");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, body.to_string())
+}
+
+fn get_tcp(addr: &str, path: &str) -> (u16, String) {
+    let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    http_get(stream, addr, path)
+}
+
+/// The `host:port` the daemon reported for its metrics endpoint.
+fn metrics_addr(daemon: &Daemon) -> String {
+    let stderr = daemon.stderr();
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("flashpath metrics at http://"))
+        .unwrap_or_else(|| panic!("no metrics line in the daemon's stderr:\n{stderr}"));
+    line.trim_end_matches("/metrics").to_string()
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Percent-encodes a PromQL query for a URL.
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A Prometheus server, killed on drop.
+struct Prometheus {
+    child: Child,
+    addr: String,
+    log: PathBuf,
+}
+
+impl Prometheus {
+    fn start(bin: &Path, dir: &Path, target: &str) -> Prometheus {
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: flashpath\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let addr = format!("127.0.0.1:{}", free_port());
+        let log = dir.join("prometheus.log");
+        let child = Command::new(bin)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting prometheus");
+        Prometheus { child, addr, log }
+    }
+
+    /// The query's first sample value, if the query returns any.
+    fn query(&self, promql: &str) -> Option<f64> {
+        let stream = TcpStream::connect(&self.addr).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        let (status, body) =
+            http_get(stream, &self.addr, &format!("/api/v1/query?query={}", url_encode(promql)));
+        if status != 200 {
+            return None;
+        }
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
+    let (Some(prometheus), Some(promtool)) = (tool("prometheus"), tool("promtool")) else { return };
+    let daemon = Daemon::start_with_args("0", &["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&daemon);
+    daemon.malloc("d0", 8192, 512);
+    let sock = daemon.controller("c0", "d0", Some(1), false);
+
+    let server = Prometheus::start(&prometheus, daemon.dir.path(), &addr);
+    let mut c = BlkClient::open(&sock, 1);
+    for i in 0..WRITES {
+        assert_eq!(c.write(0, i * 4096, &[0x5a; 4096]), 0, "write {i}");
+    }
+    for i in 0..READS {
+        c.read(0, (i % 64) * 4096, 4096).unwrap_or_else(|e| panic!("read {i} failed: {e}"));
+    }
+
+    // The exposition itself: the counters are exact, and promtool's linter accepts it.
+    let (status, text) = get_tcp(&addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.contains(&format!(
+            "flashpath_vhost_requests_total{{ctrlr=\"c0\",bdev=\"d0\",type=\"read\"}} {READS}\n"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("flashpath_vhost_in_flight{ctrlr=\"c0\",bdev=\"d0\"} 0\n"), "{text}");
+    assert!(text.contains("flashpath_reactor_busy_seconds_total{lcore=\"0\"}"), "{text}");
+    assert!(text.contains(&format!(
+        "flashpath_build_info{{version=\"flashpath v{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    )));
+    let mut lint = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    lint.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let lint = lint.wait_with_output().unwrap();
+    assert!(
+        lint.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+
+    // What Prometheus stored from its own scrapes.
+    let promql = "flashpath_vhost_requests_total{job=\"flashpath\",ctrlr=\"c0\",type=\"read\"}";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = None;
+    while Instant::now() < deadline {
+        seen = server.query(promql);
+        if seen == Some(READS as f64) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(seen, Some(READS as f64), "{promql} through Prometheus; its log:\n{}", server.log());
+    let written = server.query("flashpath_vhost_bytes_total{ctrlr=\"c0\",direction=\"write\"}");
+    assert_eq!(written, Some((WRITES * 4096) as f64));
+    assert_eq!(server.query("up{job=\"flashpath\"}"), Some(1.0));
+}
+
+#[test]
+fn unix_socket_endpoint_answers_and_is_removed_at_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metrics.sock");
+    let arg = format!("unix:{}", path.display());
+    let daemon = Daemon::start_with_args("0", &["--metrics", &arg]);
+    let stream = UnixStream::connect(&path).expect("connecting to the metrics socket");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (status, text) = http_get(stream, "localhost", "/metrics");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("# TYPE flashpath_uptime_seconds gauge"), "{text}");
+    let (status, _) = http_get(UnixStream::connect(&path).unwrap(), "localhost", "/other");
+    assert_eq!(status, 404);
+    drop(daemon);
+    assert!(!path.exists(), "the metrics socket outlived the daemon");
+}
+
+/// Runs `serve` with `--metrics value`; returns its exit code and stderr.
+fn serve_fails(value: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_flashpath"))
+        .args(["serve", "--cpus", "0", "--metrics", value, "--rpc"])
+        .arg(dir.path().join("rpc.sock"))
+        .arg("--vhost-dir")
+        .arg(dir.path().join("vhost"))
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(!dir.path().join("rpc.sock").exists(), "the RPC socket was left behind");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn an_address_in_use_stops_serve_at_start_naming_the_option() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, stderr) = serve_fails(&addr);
+    assert_eq!(code, Some(1), "{stderr}");
+    let line = stderr.trim_end();
+    assert_eq!(line.lines().count(), 1, "{stderr}");
+    assert_eq!(
+        line,
+        format!(
+            "error: --metrics: cannot listen on http://{addr}/metrics: Address already in use (os error 98)"
+        )
+    );
+}
+
+#[test]
+fn non_loopback_and_malformed_addresses_are_refused() {
+    for (value, why) in [
+        ("192.0.2.1:9111", "192.0.2.1 is not a loopback address"),
+        ("0.0.0.0:9111", "0.0.0.0 is not a loopback address"),
+        ("localhost", "not a host:port or unix:PATH"),
+        ("unix:", "unix: needs a socket path"),
+    ] {
+        let (code, stderr) = serve_fails(value);
+        assert_eq!(code, Some(1), "{value}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{value}: {stderr}");
+        assert!(stderr.starts_with(&format!("error: --metrics: '{value}': {why}")), "{value}: {stderr}");
+    }
+}
