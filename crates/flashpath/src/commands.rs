@@ -33,6 +33,8 @@ pub enum CliError {
     Refused { message: String },
     #[error("unexpected result from {method}: {result}")]
     Unexpected { method: &'static str, result: Value },
+    #[error("terminal: {0}")]
+    Terminal(#[source] std::io::Error),
 }
 
 impl CliError {
@@ -49,20 +51,23 @@ fn usage(flag: &'static str, reason: impl Into<String>) -> CliError {
 }
 
 /// One connection to the daemon, and how to word its parameter errors for this command.
-struct Session {
+pub(crate) struct Session {
     client: RpcClient,
     /// RPC parameter name → the option that sets it.
     flags: &'static [(&'static str, &'static str)],
 }
 
 impl Session {
-    fn connect(rpc: &Path, flags: &'static [(&'static str, &'static str)]) -> Result<Session, CliError> {
+    pub(crate) fn connect(
+        rpc: &Path,
+        flags: &'static [(&'static str, &'static str)],
+    ) -> Result<Session, CliError> {
         let mut client = RpcClient::connect(rpc).map_err(CliError::Connect)?;
         client.set_timeout(Some(CALL_TIMEOUT)).map_err(CliError::Rpc)?;
         Ok(Session { client, flags })
     }
 
-    fn call(&mut self, method: &str, params: Option<Value>) -> Result<Value, CliError> {
+    pub(crate) fn call(&mut self, method: &str, params: Option<Value>) -> Result<Value, CliError> {
         self.client.call(method, params).map_err(|e| match e {
             RpcClientError::Rpc(err) => {
                 let mut message = err.message;
@@ -175,6 +180,7 @@ pub fn run(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
             Ok(())
         }
         Command::Stats => stats(rpc, json),
+        Command::Top => crate::top::run(rpc),
         Command::Rpc { method, params } => {
             let params = params
                 .map(|text| serde_json::from_str::<Value>(&text))

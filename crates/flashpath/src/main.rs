@@ -8,7 +8,7 @@
 //! flashpath disk list [NAME] | disk delete NAME
 //! flashpath vhost create --name CTRL --disk NAME [--cpus LIST] [--readonly] [--queues N]
 //! flashpath vhost list [NAME] | vhost delete NAME
-//! flashpath reactor list | version | stats
+//! flashpath reactor list | version | stats | top
 //! flashpath rpc METHOD [JSON]
 //! ```
 //!
@@ -21,6 +21,7 @@
 
 mod commands;
 mod logger;
+mod top;
 
 use flashpath::{serve, size, DEFAULT_RPC_SOCKET};
 
@@ -66,8 +67,10 @@ enum Command {
     Reactor(ReactorCommand),
     /// The daemon's version
     Version,
-    /// I/O counters and uptime
+    /// I/O counters and uptime, per disk and per controller
     Stats,
+    /// Live per-disk IOPS, MB/s, latency and queue depth, and reactor load (q quits)
+    Top,
     /// Call any JSON-RPC method, e.g. `flashpath rpc bdev_get_bdevs '{"name":"d0"}'`
     Rpc {
         /// Method name (`flashpath rpc rpc_get_methods` lists them)

@@ -1,0 +1,343 @@
+//! `flashpath top`: a live view of the daemon, one refresh a second.
+//!
+//! Each refresh takes one sample over the RPC socket (`bdev_get_iostat`, `bdev_get_histogram`
+//! for disks with histograms enabled, `framework_get_reactors`); rates are the difference of
+//! two consecutive samples over the time between them. A daemon without `bdev_get_iostat` is
+//! shown from its vhost controllers' counters instead (no latency then). `q`, Esc or Ctrl-C
+//! quits.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Block, Row, Table};
+use ratatui::Frame;
+use serde_json::{json, Value};
+
+use crate::commands::{CliError, Session};
+
+/// One disk's counters at one instant.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DiskCounters {
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Summed latency of reads and writes, in seconds (`None` without the bdev layer).
+    pub latency_s: Option<f64>,
+    pub queue_depth: u64,
+    pub errors: u64,
+    /// From the disk's latency histogram, when it is enabled.
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+}
+
+/// One reactor's time counters at one instant, in nanoseconds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReactorCounters {
+    pub lcore: u64,
+    pub busy_ns: u64,
+    pub idle_ns: u64,
+    pub sleeping: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub at: Instant,
+    pub disks: BTreeMap<String, DiskCounters>,
+    pub reactors: Vec<ReactorCounters>,
+}
+
+/// One disk's line on the screen.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiskRow {
+    pub name: String,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub read_mbps: f64,
+    pub write_mbps: f64,
+    /// Mean latency of the I/Os completed in the interval.
+    pub avg_us: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub queue_depth: u64,
+    pub errors: u64,
+}
+
+/// Per-second rates between two samples; a disk new in `cur` counts from zero.
+pub fn disk_rows(prev: &Sample, cur: &Sample) -> Vec<DiskRow> {
+    let secs = cur.at.duration_since(prev.at).as_secs_f64().max(1e-6);
+    let zero = DiskCounters::default();
+    cur.disks
+        .iter()
+        .map(|(name, c)| {
+            let p = prev.disks.get(name).unwrap_or(&zero);
+            let d = |f: fn(&DiskCounters) -> u64| f(c).saturating_sub(f(p)) as f64;
+            let ops = d(|x| x.read_ops) + d(|x| x.write_ops);
+            let avg_us = match (c.latency_s, p.latency_s) {
+                (Some(now), before) if ops > 0.0 => Some((now - before.unwrap_or(0.0)) / ops * 1e6),
+                _ => None,
+            };
+            DiskRow {
+                name: name.clone(),
+                read_iops: d(|x| x.read_ops) / secs,
+                write_iops: d(|x| x.write_ops) / secs,
+                read_mbps: d(|x| x.bytes_read) / secs / 1e6,
+                write_mbps: d(|x| x.bytes_written) / secs / 1e6,
+                avg_us,
+                p50_us: c.p50_us,
+                p99_us: c.p99_us,
+                queue_depth: c.queue_depth,
+                errors: c.errors,
+            }
+        })
+        .collect()
+}
+
+/// Each reactor's busy share of the interval, in percent.
+pub fn reactor_busy(prev: &Sample, cur: &Sample) -> Vec<(u64, f64, bool)> {
+    cur.reactors
+        .iter()
+        .map(|r| {
+            let p = prev.reactors.iter().find(|x| x.lcore == r.lcore);
+            let busy = r.busy_ns.saturating_sub(p.map_or(0, |x| x.busy_ns)) as f64;
+            let idle = r.idle_ns.saturating_sub(p.map_or(0, |x| x.idle_ns)) as f64;
+            let pct = if busy + idle > 0.0 { 100.0 * busy / (busy + idle) } else { 0.0 };
+            (r.lcore, pct, r.sleeping)
+        })
+        .collect()
+}
+
+fn u64_at(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn list(v: &Value) -> &[Value] {
+    v.as_array().map(Vec::as_slice).unwrap_or_default()
+}
+
+/// A percentile from `bdev_get_histogram`'s `percentiles_us`, written as `"p99"` or `"99"`.
+fn percentile(h: &Value, p: &str) -> Option<f64> {
+    let pcts = h.get("percentiles_us")?;
+    pcts.get(format!("p{p}")).or_else(|| pcts.get(p)).and_then(Value::as_f64)
+}
+
+/// Disks from `bdev_get_iostat` (SPDK's shape).
+pub fn disks_from_iostat(io: &Value) -> BTreeMap<String, DiskCounters> {
+    let tick_rate =
+        io.get("tick_rate").and_then(Value::as_u64).filter(|&t| t > 0).unwrap_or(1_000_000_000) as f64;
+    list(&io["bdevs"])
+        .iter()
+        .map(|b| {
+            let ticks = u64_at(b, "read_latency_ticks") + u64_at(b, "write_latency_ticks");
+            let c = DiskCounters {
+                read_ops: u64_at(b, "num_read_ops"),
+                write_ops: u64_at(b, "num_write_ops"),
+                bytes_read: u64_at(b, "bytes_read"),
+                bytes_written: u64_at(b, "bytes_written"),
+                latency_s: Some(ticks as f64 / tick_rate),
+                queue_depth: u64_at(b, "queue_depth"),
+                errors: u64_at(b, "io_error"),
+                p50_us: None,
+                p99_us: None,
+            };
+            (b["name"].as_str().unwrap_or_default().to_string(), c)
+        })
+        .collect()
+}
+
+/// Disks from `vhost_get_controllers`: each controller's counters added to its disk's.
+pub fn disks_from_controllers(ctrls: &Value) -> BTreeMap<String, DiskCounters> {
+    let mut disks: BTreeMap<String, DiskCounters> = BTreeMap::new();
+    for c in list(ctrls) {
+        let name = c["backend_specific"]["block"]["bdev"].as_str().unwrap_or_default().to_string();
+        let st = &c["stats"];
+        let d = disks.entry(name).or_default();
+        d.read_ops += u64_at(st, "read_ops");
+        d.write_ops += u64_at(st, "write_ops");
+        d.bytes_read += u64_at(st, "bytes_read");
+        d.bytes_written += u64_at(st, "bytes_written");
+        d.queue_depth += u64_at(st, "in_flight");
+        d.errors += u64_at(st, "io_errors");
+    }
+    disks
+}
+
+pub fn reactors_from(r: &Value) -> Vec<ReactorCounters> {
+    list(&r["reactors"])
+        .iter()
+        .map(|x| ReactorCounters {
+            lcore: u64_at(x, "lcore"),
+            busy_ns: u64_at(x, "busy"),
+            idle_ns: u64_at(x, "idle"),
+            sleeping: x["in_interrupt"].as_bool() == Some(true),
+        })
+        .collect()
+}
+
+/// Takes one sample from the daemon.
+fn sample(s: &mut Session) -> Result<Sample, CliError> {
+    let mut disks = match s.call("bdev_get_iostat", None) {
+        Ok(io) => disks_from_iostat(&io),
+        // A daemon without the bdev layer's statistics: what its controllers counted.
+        Err(CliError::Refused { .. }) => disks_from_controllers(&s.call("vhost_get_controllers", None)?),
+        Err(e) => return Err(e),
+    };
+    for (name, d) in disks.iter_mut() {
+        // Disks without an enabled histogram refuse; they show no percentiles.
+        if let Ok(h) = s.call("bdev_get_histogram", Some(json!({ "name": name }))) {
+            d.p50_us = percentile(&h, "50");
+            d.p99_us = percentile(&h, "99");
+        }
+    }
+    let reactors = reactors_from(&s.call("framework_get_reactors", None)?);
+    Ok(Sample { at: Instant::now(), disks, reactors })
+}
+
+fn us(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |x| format!("{x:.1}"))
+}
+
+fn draw(f: &mut Frame, rpc: &Path, disks: &[DiskRow], reactors: &[(u64, f64, bool)]) {
+    let [title, disk_area, reactor_area] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Length(disks.len() as u16 + 3),
+        Constraint::Length(reactors.len() as u16 + 3),
+    ])
+    .areas(f.area());
+    f.render_widget(Line::from(format!("flashpath top  rpc {}  refresh 1 s  q quits", rpc.display())), title);
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let rows = disks.iter().map(|d| {
+        Row::new(vec![
+            d.name.clone(),
+            format!("{:.0}", d.read_iops),
+            format!("{:.0}", d.write_iops),
+            format!("{:.2}", d.read_mbps),
+            format!("{:.2}", d.write_mbps),
+            us(d.avg_us),
+            us(d.p50_us),
+            us(d.p99_us),
+            d.queue_depth.to_string(),
+            d.errors.to_string(),
+        ])
+    });
+    let name_width = disks.iter().map(|d| d.name.chars().count()).max().unwrap_or(0).max(4) as u16 + 2;
+    let widths = [
+        Constraint::Length(name_width),
+        Constraint::Length(9),
+        Constraint::Length(9),
+        Constraint::Length(9),
+        Constraint::Length(9),
+        Constraint::Length(9),
+        Constraint::Length(9),
+        Constraint::Length(9),
+        Constraint::Length(5),
+        Constraint::Length(6),
+    ];
+    let header = ["DISK", "READ/s", "WRITE/s", "RMB/s", "WMB/s", "AVG us", "P50 us", "P99 us", "QD", "ERR"];
+    f.render_widget(
+        Table::new(rows, widths)
+            .header(Row::new(header).style(bold))
+            .block(Block::bordered().title(" disks ")),
+        disk_area,
+    );
+    let rows = reactors.iter().map(|(lcore, pct, sleeping)| {
+        let state = if *sleeping { "sleeping" } else { "polling" };
+        Row::new(vec![lcore.to_string(), format!("{pct:.1}"), state.to_string()])
+    });
+    let widths = [Constraint::Length(6), Constraint::Length(7), Constraint::Length(10)];
+    f.render_widget(
+        Table::new(rows, widths)
+            .header(Row::new(["CORE", "BUSY%", "STATE"]).style(bold))
+            .block(Block::bordered().title(" reactors ")),
+        reactor_area,
+    );
+}
+
+/// How often the screen refreshes.
+const REFRESH: Duration = Duration::from_secs(1);
+
+pub fn run(rpc: &Path) -> Result<(), CliError> {
+    let mut session = Session::connect(rpc, &[("name", "NAME")])?;
+    let mut prev = sample(&mut session)?;
+    let mut terminal = ratatui::init();
+    let outcome = (|| -> Result<(), CliError> {
+        // The first frame shows totals-free zeroes until the first interval has passed.
+        let mut disks = disk_rows(&prev, &prev);
+        let mut reactors = reactor_busy(&prev, &prev);
+        let mut next = Instant::now() + REFRESH;
+        loop {
+            terminal.draw(|f| draw(f, rpc, &disks, &reactors)).map_err(CliError::Terminal)?;
+            let wait = next.saturating_duration_since(Instant::now());
+            if event::poll(wait).map_err(CliError::Terminal)? {
+                if let Event::Key(k) = event::read().map_err(CliError::Terminal)? {
+                    let ctrl_c = k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
+                    if k.kind == KeyEventKind::Press
+                        && (k.code == KeyCode::Char('q') || k.code == KeyCode::Esc || ctrl_c)
+                    {
+                        return Ok(());
+                    }
+                }
+                continue;
+            }
+            let cur = sample(&mut session)?;
+            disks = disk_rows(&prev, &cur);
+            reactors = reactor_busy(&prev, &cur);
+            prev = cur;
+            next = Instant::now() + REFRESH;
+        }
+    })();
+    ratatui::restore();
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_come_from_consecutive_samples() {
+        let t0 = Instant::now();
+        let io = |reads: u64, ticks: u64| {
+            json!({"tick_rate": 1_000_000u64, "bdevs": [{"name": "d0", "num_read_ops": reads,
+                "bytes_read": reads * 4096, "read_latency_ticks": ticks, "queue_depth": 4, "io_error": 1}]})
+        };
+        let prev = Sample { at: t0, disks: disks_from_iostat(&io(100, 1000)), reactors: vec![] };
+        let cur = Sample {
+            at: t0 + Duration::from_secs(2),
+            disks: disks_from_iostat(&io(300, 3000)),
+            reactors: vec![],
+        };
+        let rows = disk_rows(&prev, &cur);
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!(r.read_iops, 100.0);
+        assert_eq!(r.read_mbps, 200.0 * 4096.0 / 2.0 / 1e6);
+        // 2000 ticks at 1 MHz over 200 I/Os: 10 µs each.
+        assert!((r.avg_us.unwrap() - 10.0).abs() < 1e-9, "{r:?}");
+        assert_eq!((r.queue_depth, r.errors), (4, 1));
+    }
+
+    #[test]
+    fn reactor_busy_share_of_the_interval() {
+        let t0 = Instant::now();
+        let r = |busy, idle| ReactorCounters { lcore: 3, busy_ns: busy, idle_ns: idle, sleeping: false };
+        let prev = Sample { at: t0, disks: BTreeMap::new(), reactors: vec![r(1000, 1000)] };
+        let cur = Sample { at: t0, disks: BTreeMap::new(), reactors: vec![r(4000, 2000)] };
+        assert_eq!(reactor_busy(&prev, &cur), [(3, 75.0, false)]);
+    }
+
+    #[test]
+    fn controllers_add_up_per_disk() {
+        let c = json!([
+            {"backend_specific": {"block": {"bdev": "d0"}}, "stats": {"read_ops": 2, "in_flight": 1}},
+            {"backend_specific": {"block": {"bdev": "d0"}}, "stats": {"read_ops": 3, "in_flight": 2}},
+        ]);
+        let d = &disks_from_controllers(&c)["d0"];
+        assert_eq!((d.read_ops, d.queue_depth, d.latency_s), (5, 3, None));
+    }
+}

@@ -1,0 +1,140 @@
+//! `flashpath top` as a person uses it: in a terminal (tmux, 120x30) next to a daemon with I/O
+//! running, the screen shows the disk with non-zero IOPS and the reactor rows; `q` quits with
+//! status 0 and the pane closes.
+//!
+//! tmux comes from Debian (`./run test` installs it). Outside CI a missing tmux skips the test
+//! with a printed reason; with `CI=true` it fails.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{BlkClient, Daemon};
+
+/// A private tmux server (its own socket name), killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("running tmux")
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "top"]).stdout).into_owned()
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
+
+fn tmux_available() -> bool {
+    let found = Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success());
+    if !found {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "tmux is not installed (./run test installs it)"
+        );
+        eprintln!("skipping: tmux is not installed (apt-get install tmux)");
+    }
+    found
+}
+
+/// The disk's READ/s on screen, if its row is there.
+fn read_iops(screen: &str, disk: &str) -> Option<f64> {
+    screen.lines().find_map(|l| {
+        let mut cells = l.trim_matches(|c: char| c == '│' || c.is_whitespace()).split_whitespace();
+        (cells.next() == Some(disk)).then(|| cells.next()?.parse().ok())?
+    })
+}
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool, context: impl Fn() -> String) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} within {timeout:?}:\n{}", context());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn top_shows_disk_iops_and_reactors_and_q_quits() {
+    if !tmux_available() {
+        return;
+    }
+    let daemon = Daemon::start("0");
+    daemon.malloc("d0", 8192, 512);
+    let sock = daemon.controller("c0", "d0", Some(1), false);
+    let stop = Arc::new(AtomicBool::new(false));
+    let io = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut c = BlkClient::open(&sock, 1);
+            let until = Instant::now() + Duration::from_secs(60);
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                c.read(0, (i % 512) * 4096, 4096).expect("read");
+                i += 1;
+            }
+        })
+    };
+
+    let tmux = Tmux { socket: format!("fp-top-{}", std::process::id()) };
+    let status = daemon.dir.path().join("top.status");
+    let stderr = daemon.dir.path().join("top.stderr");
+    let command = format!(
+        "{} --rpc {} top 2> {}; echo $? > {}",
+        env!("CARGO_BIN_EXE_flashpath"),
+        daemon.rpc.display(),
+        stderr.display(),
+        status.display()
+    );
+    let context = || {
+        format!("{}\ntop's stderr: {}", tmux.screen(), std::fs::read_to_string(&stderr).unwrap_or_default())
+    };
+    let started = tmux.run(&["new-session", "-d", "-s", "top", "-x", "120", "-y", "30", &command]);
+    assert!(started.status.success(), "tmux new-session: {}", String::from_utf8_lossy(&started.stderr));
+
+    // A refresh after the first second shows the rates.
+    wait_until(
+        "the d0 row with non-zero READ/s",
+        Duration::from_secs(20),
+        || read_iops(&tmux.screen(), "d0").is_some_and(|r| r > 0.0),
+        context,
+    );
+    let screen = tmux.screen();
+    eprintln!("{screen}");
+    for header in ["DISK", "READ/s", "P99 us", "QD", "CORE", "BUSY%"] {
+        assert!(screen.contains(header), "{header} missing:\n{screen}");
+    }
+    // The reactor's row: its core, a busy share, and whether it polls or sleeps right now.
+    assert!(
+        screen.lines().any(|l| l.starts_with("│0 ") && (l.contains("polling") || l.contains("sleeping"))),
+        "no reactor row:\n{}",
+        context()
+    );
+
+    tmux.run(&["send-keys", "-t", "top", "q"]);
+    wait_until("top exits", Duration::from_secs(10), || status_of(&status).is_some(), context);
+    assert_eq!(status_of(&status).as_deref(), Some("0"));
+    wait_until(
+        "the pane closes",
+        Duration::from_secs(10),
+        || !tmux.run(&["has-session", "-t", "top"]).status.success(),
+        context,
+    );
+    stop.store(true, Ordering::Relaxed);
+    io.join().expect("the I/O thread");
+}
+
+fn status_of(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
