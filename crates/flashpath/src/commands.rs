@@ -97,29 +97,18 @@ fn print_json(v: &Value) {
     out(&serde_json::to_string_pretty(v).expect("a JSON value always serialises"));
 }
 
-/// Left-aligned columns two spaces apart; the last column is not padded.
+/// Left-aligned columns two spaces apart, no borders (comfy-table's `NOTHING` preset); the
+/// last column is not padded.
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+        .set_header(headers.iter().copied())
+        .add_rows(rows.iter().cloned());
+    for column in t.column_iter_mut() {
+        column.set_padding((0, 2));
     }
-    let line = |cells: Vec<&str>| {
-        let last = cells.len().saturating_sub(1);
-        let mut s = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i == last {
-                s.push_str(cell);
-            } else {
-                s.push_str(&format!("{cell:<w$}  "));
-            }
-        }
-        s.trim_end().to_string()
-    };
-    let mut lines = vec![line(headers.to_vec())];
-    lines.extend(rows.iter().map(|r| line(r.iter().map(String::as_str).collect())));
-    lines.join("\n")
+    t.lines().map(|l| l.trim_end().to_string()).collect::<Vec<_>>().join("\n")
 }
 
 /// A JSON field as table text: strings bare, numbers and booleans as written, absent as "-".
@@ -432,8 +421,14 @@ fn reactor_list(rpc: &Path, json: bool) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Mean latency in microseconds, "-" when unknown.
+fn micros(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |x| format!("{x:.1}"))
+}
+
 fn stats(rpc: &Path, json: bool) -> Result<(), CliError> {
-    let s = Session::connect(rpc, &[])?.call("flashpath_get_stats", None)?;
+    let mut session = Session::connect(rpc, &[])?;
+    let s = session.call("flashpath_get_stats", None)?;
     if json {
         print_json(&s);
         return Ok(());
@@ -444,6 +439,33 @@ fn stats(rpc: &Path, json: bool) -> Result<(), CliError> {
         cell(&s, "num_bdevs"),
         cell(&s, "num_controllers")
     ));
+    // Per disk, iostat-style: totals since the daemon started.
+    let disks = crate::top::disk_counters(&mut session)?;
+    let rows: Vec<Vec<String>> = disks
+        .iter()
+        .map(|(name, d)| {
+            let ops = d.read_ops + d.write_ops;
+            let avg = d.latency_s.filter(|_| ops > 0).map(|l| l / ops as f64 * 1e6);
+            vec![
+                name.clone(),
+                d.read_ops.to_string(),
+                d.write_ops.to_string(),
+                format_size(d.bytes_read),
+                format_size(d.bytes_written),
+                micros(avg),
+                micros(d.p99_us),
+                d.queue_depth.to_string(),
+                d.errors.to_string(),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        out("");
+        out(&table(
+            &["DISK", "READS", "WRITES", "READ", "WRITTEN", "AVG us", "P99 us", "QD", "ERRORS"],
+            &rows,
+        ));
+    }
     let rows: Vec<Vec<String>> = s["controllers"]
         .as_array()
         .map(Vec::as_slice)
@@ -458,12 +480,17 @@ fn stats(rpc: &Path, json: bool) -> Result<(), CliError> {
                 cell(st, "write_ops"),
                 format_size(u64_field(st, "bytes_read")),
                 format_size(u64_field(st, "bytes_written")),
+                cell(st, "in_flight"),
                 cell(st, "io_errors"),
             ]
         })
         .collect();
     if !rows.is_empty() {
-        out(&table(&["NAME", "DISK", "READS", "WRITES", "READ", "WRITTEN", "ERRORS"], &rows));
+        out("");
+        out(&table(
+            &["CONTROLLER", "DISK", "READS", "WRITES", "READ", "WRITTEN", "IN FLIGHT", "ERRORS"],
+            &rows,
+        ));
     }
     Ok(())
 }

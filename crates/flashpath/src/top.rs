@@ -179,8 +179,8 @@ pub fn reactors_from(r: &Value) -> Vec<ReactorCounters> {
         .collect()
 }
 
-/// Takes one sample from the daemon.
-fn sample(s: &mut Session) -> Result<Sample, CliError> {
+/// Every disk's counters now, with percentiles where histograms are enabled.
+pub fn disk_counters(s: &mut Session) -> Result<BTreeMap<String, DiskCounters>, CliError> {
     let mut disks = match s.call("bdev_get_iostat", None) {
         Ok(io) => disks_from_iostat(&io),
         // A daemon without the bdev layer's statistics: what its controllers counted.
@@ -194,6 +194,12 @@ fn sample(s: &mut Session) -> Result<Sample, CliError> {
             d.p99_us = percentile(&h, "99");
         }
     }
+    Ok(disks)
+}
+
+/// Takes one sample from the daemon.
+fn sample(s: &mut Session) -> Result<Sample, CliError> {
+    let disks = disk_counters(s)?;
     let reactors = reactors_from(&s.call("framework_get_reactors", None)?);
     Ok(Sample { at: Instant::now(), disks, reactors })
 }

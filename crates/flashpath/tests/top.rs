@@ -138,3 +138,39 @@ fn top_shows_disk_iops_and_reactors_and_q_quits() {
 fn status_of(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
 }
+
+/// `flashpath stats`: the per-disk table counts what a client did; `--json` stays the raw
+/// `flashpath_get_stats` result.
+#[test]
+fn stats_table_counts_per_disk() {
+    let daemon = Daemon::start("0");
+    daemon.malloc("d0", 8192, 512);
+    let sock = daemon.controller("c0", "d0", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    for i in 0..7u64 {
+        c.read(0, i * 4096, 4096).expect("read");
+    }
+    assert_eq!(c.write(0, 0, &[1; 8192]), 0);
+    let stats = |json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flashpath"));
+        cmd.arg("--rpc").arg(&daemon.rpc).arg("stats");
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().expect("running flashpath stats");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = stats(false);
+    let header =
+        text.lines().find(|l| l.starts_with("DISK")).unwrap_or_else(|| panic!("no disk table:\n{text}"));
+    assert_eq!(
+        header.split_whitespace().collect::<Vec<_>>()[..5],
+        ["DISK", "READS", "WRITES", "READ", "WRITTEN"]
+    );
+    let row: Vec<&str> =
+        text.lines().find(|l| l.starts_with("d0 ")).expect("d0 row").split_whitespace().collect();
+    assert_eq!(row[..7], ["d0", "7", "1", "28", "KiB", "8", "KiB"], "{text}");
+    let json: serde_json::Value = serde_json::from_str(&stats(true)).unwrap();
+    assert_eq!(json["controllers"][0]["stats"]["read_ops"], 7, "{json}");
+}
