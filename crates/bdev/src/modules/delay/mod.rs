@@ -185,6 +185,7 @@ impl BlockDevice for DelayDevice {
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
         Ok(Box::new(DelayChannel {
             base: self.base.open_channel()?,
+            info: self.info.clone(),
             latency: self.latency.clone(),
             waiting: VecDeque::with_capacity(256),
             count: 0,
@@ -194,6 +195,9 @@ impl BlockDevice for DelayDevice {
 
 struct DelayChannel {
     base: Box<dyn IoChannel>,
+    /// For range checks at submit, as every device makes them, rather than a late error once
+    /// the request is passed down.
+    info: BdevInfo,
     latency: Arc<SharedLatency>,
     /// Requests not yet passed down, with the time they may go. Mostly in deadline order; `poll`
     /// scans it all, so the rare p99 request does not hold back the ones behind it.
@@ -203,6 +207,7 @@ struct DelayChannel {
 
 impl IoChannel for DelayChannel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.info.check_range(req.offset, req.len)?;
         self.count += 1;
         let slow = self.count.is_multiple_of(100);
         let delay = self.latency.get(match (req.op, slow) {
