@@ -25,6 +25,10 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+mod rpc;
+
+pub use rpc::MallocModule;
+
 use crate::{
     request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, DoneList, IoChannel, IoOp,
     IoRequest, IoStatus, SubmitError, ALL_IO_TYPES,
