@@ -3,6 +3,7 @@
 //! ```toml
 //! rpc = "/var/tmp/flashpath.sock"      # optional; --rpc wins
 //! vhost_dir = "/var/tmp/flashpath"     # optional; --vhost-dir wins
+//! metrics = "127.0.0.1:9111"           # optional Prometheus endpoint; --metrics wins
 //!
 //! [reactor]                            # optional
 //! cpus = "0-1"                         # --cpus wins
@@ -97,6 +98,8 @@ pub enum ConfigError {
 pub struct ConfigFile {
     pub rpc: Option<PathBuf>,
     pub vhost_dir: Option<PathBuf>,
+    /// Where `serve` offers Prometheus metrics (`host:port` on loopback or `unix:PATH`).
+    pub metrics: Option<String>,
     #[serde(default)]
     pub reactor: ReactorSection,
     #[serde(default)]

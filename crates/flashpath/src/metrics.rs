@@ -42,15 +42,18 @@ impl fmt::Display for MetricsAddr {
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    #[error("--metrics: '{value}': {reason}")]
-    Addr { value: String, reason: String },
-    #[error("--metrics: cannot listen on {addr}: {reason}")]
-    Listen { addr: MetricsAddr, reason: String },
+    /// `setting` is where the address came from: the flag or the config key.
+    #[error("{setting}: '{value}': {reason}")]
+    Addr { setting: &'static str, value: String, reason: String },
+    #[error("{setting}: cannot listen on {addr}: {reason}")]
+    Listen { setting: &'static str, addr: MetricsAddr, reason: String },
 }
 
-/// Parses `host:port` (which must resolve to loopback addresses only) or `unix:PATH`.
-pub fn parse_addr(value: &str) -> Result<MetricsAddr, MetricsError> {
-    let bad = |reason: &str| MetricsError::Addr { value: value.to_string(), reason: reason.to_string() };
+/// Parses `host:port` (which must resolve to loopback addresses only) or `unix:PATH`, given as
+/// `setting` (named in the error).
+pub fn parse_addr(value: &str, setting: &'static str) -> Result<MetricsAddr, MetricsError> {
+    let bad =
+        |reason: &str| MetricsError::Addr { setting, value: value.to_string(), reason: reason.to_string() };
     if let Some(path) = value.strip_prefix("unix:") {
         if path.is_empty() {
             return Err(bad("unix: needs a socket path, e.g. unix:/run/flashpath-metrics.sock"));
@@ -78,10 +81,18 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Binds `addr` and starts answering; a bound address (a port or socket in use) fails here.
-    pub fn start(addr: &MetricsAddr, source: Source) -> Result<MetricsServer, MetricsError> {
-        let listen_err =
-            |e: &dyn fmt::Display| MetricsError::Listen { addr: addr.clone(), reason: e.to_string() };
+    /// Binds `addr` (given as `setting`, named in errors) and starts answering; a bound address
+    /// (a port or socket in use) fails here.
+    pub fn start(
+        addr: &MetricsAddr,
+        setting: &'static str,
+        source: Source,
+    ) -> Result<MetricsServer, MetricsError> {
+        let listen_err = |e: &dyn fmt::Display| MetricsError::Listen {
+            setting,
+            addr: addr.clone(),
+            reason: e.to_string(),
+        };
         let server = match addr {
             MetricsAddr::Tcp(a) => tiny_http::Server::http(a),
             MetricsAddr::Unix(p) => tiny_http::Server::http_unix(p),
@@ -369,14 +380,17 @@ mod tests {
     #[test]
     fn addresses_are_loopback_or_unix() {
         assert_eq!(
-            parse_addr("127.0.0.1:9111").unwrap(),
+            parse_addr("127.0.0.1:9111", "--metrics").unwrap(),
             MetricsAddr::Tcp("127.0.0.1:9111".parse().unwrap())
         );
-        assert_eq!(parse_addr("[::1]:0").unwrap(), MetricsAddr::Tcp("[::1]:0".parse().unwrap()));
-        assert_eq!(parse_addr("unix:/run/m.sock").unwrap(), MetricsAddr::Unix("/run/m.sock".into()));
-        let e = parse_addr("10.0.0.1:9111").unwrap_err().to_string();
+        assert_eq!(parse_addr("[::1]:0", "--metrics").unwrap(), MetricsAddr::Tcp("[::1]:0".parse().unwrap()));
+        assert_eq!(
+            parse_addr("unix:/run/m.sock", "metrics").unwrap(),
+            MetricsAddr::Unix("/run/m.sock".into())
+        );
+        let e = parse_addr("10.0.0.1:9111", "--metrics").unwrap_err().to_string();
         assert!(e.starts_with("--metrics: '10.0.0.1:9111': 10.0.0.1 is not a loopback address"), "{e}");
-        assert!(parse_addr("9111").unwrap_err().to_string().contains("not a host:port"));
+        assert!(parse_addr("9111", "metrics").unwrap_err().to_string().contains("not a host:port"));
     }
 
     /// The per-disk families follow `bdev_get_iostat`'s SPDK shape, latency ticks converted to

@@ -187,7 +187,11 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         None => None,
     };
     // A bad address is refused before anything starts.
-    let metrics_addr = opts.metrics.as_deref().map(metrics::parse_addr).transpose()?;
+    let metrics_addr = match (&opts.metrics, &config.metrics) {
+        (Some(flag), _) => Some((metrics::parse_addr(flag, "--metrics")?, "--metrics")),
+        (None, Some(cfg)) => Some((metrics::parse_addr(cfg, "metrics")?, "metrics")),
+        (None, None) => None,
+    };
     let signals = block_stop_signals().map_err(ServeError::Signals)?;
     create_vhost_dir(&settings.vhost_dir, settings.vhost_socket_mode)?;
 
@@ -207,7 +211,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         // The endpoint reads through the same methods the RPC server runs.
         let m = methods.clone();
         let source: metrics::Source = Arc::new(move |method| m.call(method, None).ok());
-        match metrics_addr.as_ref().map(|a| MetricsServer::start(a, source)).transpose() {
+        match metrics_addr.as_ref().map(|(a, setting)| MetricsServer::start(a, setting, source)).transpose() {
             Ok(exporter) => Ok((server, exporter)),
             Err(e) => {
                 server.stop();

@@ -199,12 +199,12 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
     assert_eq!(server.query("up{job=\"flashpath\"}"), Some(1.0));
 }
 
+/// The config file's `metrics` key, here a Unix socket.
 #[test]
-fn unix_socket_endpoint_answers_and_is_removed_at_stop() {
+fn unix_socket_endpoint_from_the_config_answers_and_is_removed_at_stop() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("metrics.sock");
-    let arg = format!("unix:{}", path.display());
-    let daemon = Daemon::start_with_args("0", &["--metrics", &arg]);
+    let daemon = Daemon::start_with_config("0", |_| format!("metrics = \"unix:{}\"\n", path.display()));
     let stream = UnixStream::connect(&path).expect("connecting to the metrics socket");
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let (status, text) = http_get(stream, "localhost", "/metrics");
@@ -260,4 +260,27 @@ fn non_loopback_and_malformed_addresses_are_refused() {
         assert_eq!(stderr.lines().count(), 1, "{value}: {stderr}");
         assert!(stderr.starts_with(&format!("error: --metrics: '{value}': {why}")), "{value}: {stderr}");
     }
+}
+
+#[test]
+fn a_bad_config_address_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("flashpath.toml");
+    std::fs::write(&config, "metrics = \"[2001:db8::1]:9111\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_flashpath"))
+        .args(["serve", "--cpus", "0", "--config"])
+        .arg(&config)
+        .arg("--rpc")
+        .arg(dir.path().join("rpc.sock"))
+        .arg("--vhost-dir")
+        .arg(dir.path().join("vhost"))
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("error: metrics: '[2001:db8::1]:9111': 2001:db8::1 is not a loopback address"),
+        "{stderr}"
+    );
 }
