@@ -218,16 +218,22 @@ fn unix_socket_endpoint_from_the_config_answers_and_is_removed_at_stop() {
 
 /// Runs `serve` with `--metrics value`; returns its exit code and stderr.
 fn serve_fails(value: &str) -> (Option<i32>, String) {
-    let dir = tempfile::tempdir().unwrap();
+    serve_with(tempfile::tempdir().unwrap().path(), &["--metrics", value])
+}
+
+/// Runs `serve` in `dir` with `args` added; returns its exit code and stderr.
+fn serve_with(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_flashpath"))
-        .args(["serve", "--cpus", "0", "--metrics", value, "--rpc"])
-        .arg(dir.path().join("rpc.sock"))
+        .args(["serve", "--cpus", "0"])
+        .args(args)
+        .arg("--rpc")
+        .arg(dir.join("rpc.sock"))
         .arg("--vhost-dir")
-        .arg(dir.path().join("vhost"))
+        .arg(dir.join("vhost"))
         .env("RUST_LOG", "off")
         .output()
         .unwrap();
-    assert!(!dir.path().join("rpc.sock").exists(), "the RPC socket was left behind");
+    assert!(!dir.join("rpc.sock").exists(), "the RPC socket was left behind");
     (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -267,18 +273,8 @@ fn a_bad_config_address_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("flashpath.toml");
     std::fs::write(&config, "metrics = \"[2001:db8::1]:9111\"\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_flashpath"))
-        .args(["serve", "--cpus", "0", "--config"])
-        .arg(&config)
-        .arg("--rpc")
-        .arg(dir.path().join("rpc.sock"))
-        .arg("--vhost-dir")
-        .arg(dir.path().join("vhost"))
-        .env("RUST_LOG", "off")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stderr) = serve_with(dir.path(), &["--config", config.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.starts_with("error: metrics: '[2001:db8::1]:9111': 2001:db8::1 is not a loopback address"),
         "{stderr}"
