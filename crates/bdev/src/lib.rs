@@ -21,15 +21,15 @@
 use std::os::unix::io::RawFd;
 use std::sync::Arc;
 
-pub mod delay;
-pub mod null;
-pub mod ram;
-pub mod uring;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+pub mod modules;
 
-pub use delay::{DelayDevice, DelayLatency, LatencyKind};
-pub use null::NullDevice;
-pub use ram::RamDevice;
-pub use uring::UringDevice;
+pub use modules::delay::{DelayDevice, DelayLatency, LatencyKind};
+pub use modules::malloc::RamDevice;
+pub use modules::null::NullDevice;
+pub use modules::uring::UringDevice;
+pub use modules::{delay, malloc, null, uring};
 
 /// What a request asks the device to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,10 +1,8 @@
 //! The RAM ("malloc") backend.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use fp_bdev::conformance::*;
 use fp_bdev::{BdevError, BlockDevice, IoOp, IoStatus, RamDevice};
 
 fn ram(block_size: u32, num_blocks: u64) -> RamDevice {

@@ -4,13 +4,11 @@
 //! temporary directory. If that filesystem refuses O_DIRECT too (`EINVAL` at open), the tests
 //! say so on stderr and run buffered instead, so they still check everything but the direct path.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use fp_bdev::conformance::*;
 use fp_bdev::{BdevError, BlockDevice, IoChannel, IoOp, IoStatus, SubmitError, UringDevice};
 use tempfile::NamedTempFile;
 

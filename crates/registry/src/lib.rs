@@ -13,10 +13,10 @@ use fp_bdev::{Bdev, BdevError, BdevInfo, DelayDevice, DelayLatency, NullDevice, 
 use fp_reactor::ReactorHandle;
 use fp_vhost_blk::{BlkController, ControllerConfig, ControllerInfo};
 
-mod export;
+mod export_dirs;
 mod limits;
 
-pub use export::{ExportDirError, ExportDirs};
+pub use export_dirs::{ExportDirError, ExportDirs};
 pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_CONTROLLERS};
 
 /// A stable error kind, for mapping to JSON-RPC codes and CLI exit messages.
@@ -81,7 +81,7 @@ const fn libc_enodev() -> i32 {
     19
 }
 
-/// A uring bdev on `filename`, which must lead inside `exports` (see the `export` module).
+/// A uring bdev on `filename`, which must lead inside `exports` (see the `export_dirs` module).
 fn open_exported(
     exports: &ExportDirs,
     name: &str,
@@ -90,11 +90,11 @@ fn open_exported(
     direct: bool,
 ) -> Result<UringDevice, RegistryError> {
     let beneath = exports.locate(filename).map_err(|refusal| match refusal {
-        export::Refusal::Outside => RegistryError::NotAllowed {
+        export_dirs::Refusal::Outside => RegistryError::NotAllowed {
             field: "filename",
             reason: format!("'{}' is outside the allowed export directories", filename.display()),
         },
-        export::Refusal::Unresolved(source) => {
+        export_dirs::Refusal::Unresolved(source) => {
             RegistryError::Bdev(BdevError::Open { path: filename.display().to_string(), source })
         }
     })?;
@@ -103,7 +103,7 @@ fn open_exported(
     let first = std::cell::Cell::new(None);
     let open = |direct: bool| {
         let file = beneath.open(direct)?;
-        let id = export::file_id(&file)?;
+        let id = export_dirs::file_id(&file)?;
         match first.get() {
             None => first.set(Some(id)),
             Some(seen) if seen != id => {

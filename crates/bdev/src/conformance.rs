@@ -1,12 +1,11 @@
-//! Checks shared by the backend test suites: each suite builds its device and runs these on it.
-
-#![allow(dead_code)] // each suite uses a different subset
+//! The checks every block device must pass (conformance): each module's test suite builds its
+//! device and runs these on it, a module in another crate included (feature `conformance`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_bdev::{BdevError, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use crate::{BdevError, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
