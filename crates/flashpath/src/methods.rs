@@ -472,7 +472,7 @@ fn bdev_json(b: &BdevSummary) -> Value {
         "aliases": [],
         "product_name": info.product_name,
         "block_size": info.block_size,
-        "num_blocks": info.num_blocks,
+        "num_blocks": info.num_blocks(),
         "uuid": bdev_uuid(&info.name),
         "claimed": b.claimed_by.is_some(),
         "zoned": false,

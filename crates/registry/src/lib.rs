@@ -67,6 +67,7 @@ impl RegistryError {
             RegistryError::Bdev(BdevError::Open { source, .. }) => -source.raw_os_error().unwrap_or(5),
             RegistryError::Bdev(BdevError::NoMemory(_)) => -12,
             RegistryError::Bdev(BdevError::Uring(_)) => -5,
+            RegistryError::Bdev(BdevError::Unsupported(_)) => -95,
             RegistryError::Vhost(e) => -e.errno(),
         }
     }
