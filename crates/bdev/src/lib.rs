@@ -23,8 +23,10 @@ use std::sync::Arc;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod module;
 pub mod modules;
 
+pub use module::{BdevModule, ClaimType, ModuleError, ModuleHost, NewBdev};
 pub use modules::delay::{DelayDevice, DelayLatency, LatencyKind};
 pub use modules::malloc::RamDevice;
 pub use modules::null::NullDevice;

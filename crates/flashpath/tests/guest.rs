@@ -382,6 +382,39 @@ mod guest_vm {
         }
     }
 
+    /// Online resize: the file behind a running guest's disk grows, `bdev_uring_rescan` tells
+    /// the daemon, and the guest's kernel sees the new capacity through the config-change
+    /// notification (VHOST_USER_BACKEND_CONFIG_CHANGE_MSG, then QEMU's config interrupt) without
+    /// doing anything itself; writes across the old end and at the new end land in the file.
+    #[test]
+    fn a_grown_disk_reaches_the_running_guest() {
+        let Some(_one) = one_at_a_time() else { return };
+        let (size, grown) = (32 * MIB, 48 * MIB);
+        let d = Daemon::start_with_config("0", |dir| {
+            let file = sparse_file(dir, "fp-resize.img", size);
+            file_disk_config("resize", &file, "fp-resize", false, Some(2))
+        });
+        let file = d.dir.path().join("fp-resize.img");
+        let mut vm = Vm::boot(&VmConfig::new("resize", vec![d.dir.path().join("fp-resize")]), d.dir.path());
+        vm.wait_for("the guest's first write", |l| l.contains(&format!("resize waiting at {size}")), BOOT_TIMEOUT);
+        std::fs::File::options().write(true).open(&file).and_then(|f| f.set_len(grown)).expect("growing the file");
+        assert_eq!(d.call("bdev_uring_rescan", json!({"name": "resize"})), json!(true));
+        let bdev = d.call("bdev_get_bdevs", json!({"name": "resize"}));
+        assert_eq!(bdev[0]["num_blocks"], grown / 512, "{bdev}");
+
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        let console = vm.console();
+        assert!(console.contains(&format!("resized to {grown}")), "the guest never saw {grown} bytes");
+        let ops = r.ops("fp-resize");
+        assert_eq!(ops.len(), 3, "{ops:?}");
+        let got = std::fs::read(&file).expect("reading the backing file");
+        assert_same("the grown backing file", 0, &got, &expected_contents(grown, &ops));
+        assert!(d.stderr().contains("resized"), "{}", d.stderr());
+        assert_no_errors(&stats(&d, "fp-resize"));
+    }
+
     /// Crash-safe restart: the daemon is killed with SIGKILL while the guest writes on both
     /// queues, started again with the same configuration, later stopped cleanly (SIGTERM, as an
     /// upgrade would) and started again. QEMU reconnects each time; requests in flight at the

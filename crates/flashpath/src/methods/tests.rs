@@ -186,6 +186,7 @@ fn get_bdevs_shape_and_errors() {
     assert_eq!(b["num_blocks"], 1024);
     assert_eq!(b["claimed"], false);
     assert!(b.get("claimed_by").is_none());
+    assert!(b.get("claim_type").is_none());
     assert_eq!(b["supported_io_types"]["read"], true);
     assert_eq!(b["supported_io_types"]["reset"], false);
     assert_eq!(b["driver_specific"], json!({"null": {}}));
@@ -197,6 +198,31 @@ fn get_bdevs_shape_and_errors() {
     assert_param(&f.err("bdev_get_bdevs", json!({"nmae": "a"})), "nmae");
     assert_param(&f.err("bdev_get_bdevs", json!({"timeout": "x"})), "timeout");
     assert_param(&f.err("bdev_get_bdevs", json!({"timeout": 3_600_000})), "timeout");
+}
+
+#[test]
+fn claims_show_in_get_bdevs_and_refuse_deletion() {
+    let f = fixture();
+    f.null("a");
+    let delay = json!({"name": "d", "base_bdev_name": "a", "avg_read_latency": 10,
+        "p99_read_latency": 20, "avg_write_latency": 30, "p99_write_latency": 40});
+    f.ok("bdev_delay_create", delay);
+    let a = &f.ok("bdev_get_bdevs", json!({"name": "a"}))[0];
+    assert_eq!(
+        (&a["claimed"], &a["claim_type"], &a["claimed_by"]),
+        (&json!(true), &json!("exclusive_write"), &json!("d"))
+    );
+    let d = &f.ok("bdev_get_bdevs", json!({"name": "d"}))[0];
+    let expected = json!({"base_bdev_name": "a", "avg_read_latency": 10, "p99_read_latency": 20,
+        "avg_write_latency": 30, "p99_write_latency": 40});
+    assert_eq!(d["driver_specific"]["delay"], expected);
+    let e = f.err("bdev_null_delete", json!({"name": "a"}));
+    assert_eq!(e.code, -16, "{e:?}");
+    assert!(e.message.contains("'d'"), "{e:?}");
+    f.ok("bdev_delay_delete", json!({"name": "d"}));
+    let a = &f.ok("bdev_get_bdevs", json!({"name": "a"}))[0];
+    assert_eq!(a["claimed"], false);
+    f.ok("bdev_null_delete", json!({"name": "a"}));
 }
 
 #[test]
@@ -358,10 +384,16 @@ fn reactors_version_methods_stats() {
     let m = f.ok("rpc_get_methods", json!({"current": true}));
     let names: Vec<&str> = m.as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
     assert!(names.windows(2).all(|w| w[0] < w[1]), "sorted: {names:?}");
-    assert_eq!(names.len(), METHODS.len());
-    for expected in
-        ["bdev_get_bdevs", "vhost_create_blk_controller", "framework_get_reactors", "spdk_get_version"]
-    {
+    // The table's methods and every module's.
+    assert_eq!(names.len(), METHODS.len() + f.methods.registry.module_methods().count());
+    for expected in [
+        "bdev_get_bdevs",
+        "vhost_create_blk_controller",
+        "framework_get_reactors",
+        "spdk_get_version",
+        "bdev_malloc_create",
+        "bdev_delay_update_latency",
+    ] {
         assert!(names.contains(&expected));
     }
     assert_param(&f.err("rpc_get_methods", json!({"current": 1})), "current");

@@ -31,6 +31,10 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+mod rpc;
+
+pub use rpc::MallocModule;
+
 use crate::{
     request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, DoneList, IoChannel, IoOp,
     IoRequest, IoStatus, SubmitError, ALL_IO_TYPES,

@@ -5,6 +5,10 @@
 //! [`IoChannel::poll`], never from inside `submit`, so callers see the same ordering as with a
 //! real device.
 
+mod rpc;
+
+pub use rpc::NullModule;
+
 use crate::{
     validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, DoneList, IoChannel, IoRequest, IoStatus,
     SubmitError, ALL_IO_TYPES,

@@ -97,6 +97,10 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
+mod rpc;
+
+pub use rpc::UringModule;
+
 use crate::{
     request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, IoChannel, IoOp,
     IoRequest, IoStatus, SubmitError, ALL_IO_TYPES,
@@ -283,7 +287,9 @@ impl UringDevice {
     }
 }
 
-fn open_file(path: &Path, direct: bool) -> io::Result<File> {
+/// Opens `path` read-write, with `O_DIRECT` when `direct`: what [`UringDevice::new`] does
+/// when the caller sets no restriction on where the path may lead.
+pub fn open_file(path: &Path, direct: bool) -> io::Result<File> {
     let mut options = OpenOptions::new();
     options.read(true).write(true);
     if direct {
