@@ -13,6 +13,10 @@
 //! `iovec`s that point into memory the caller keeps valid until the completion is reaped
 //! (for the vhost-user frontend, guest memory): backends read and write them in place.
 //!
+//! Each backend is a bdev module (`modules/<name>/`): the device, and in `rpc.rs` its JSON-RPC
+//! methods, which work through a [`ModuleHost`] (see [`module`]). `conformance` (feature
+//! `conformance`) holds the checks every device must pass.
+//!
 //! Stacking: a volume, QoS or partition layer is itself a `BlockDevice` whose channel holds a
 //! channel of the device below. A backend that completes on its own threads (Ceph RBD, say)
 //! pushes completions into a lock-free queue owned by the channel and signals the fd returned by
@@ -144,7 +148,7 @@ pub struct BdevInfo {
     pub block_size: u32,
     pub capacity: Capacity,
     pub io_types: IoTypes,
-    /// The backend's kind: "null", "malloc" or "uring".
+    /// The name of the module that makes it: "null", "malloc", "uring", "delay", ...
     pub driver: &'static str,
     /// Backend-specific details for `bdev_get_bdevs`' `driver_specific` (e.g. the file name).
     pub driver_specific: Option<(String, String)>,

@@ -1,7 +1,10 @@
-//! The registry: the control plane's record of block devices and exports (vhost-user-blk controllers).
+//! The registry: the control plane's record of block devices, their claims and exports
+//! (vhost-user-blk controllers).
 //!
 //! Everything here runs on control-plane threads (RPC, config loading) and is serialised by one
-//! mutex; the data path never touches it. Operations are named after SPDK's JSON-RPC methods that
+//! mutex; the data path never touches it. Bdevs are made by the bdev modules listed in
+//! [`modules`], whose methods act through the registry's [`fp_bdev::ModuleHost`] (`host.rs`);
+//! exports are [`Export`]s (`exports/`). Operations are named after SPDK's JSON-RPC methods that
 //! call them (`bdev_malloc_create`, `vhost_create_blk_controller`, ...).
 
 use std::any::Any;
