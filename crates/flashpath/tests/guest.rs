@@ -118,6 +118,17 @@ mod guest_vm {
         }
     }
 
+    /// `r` with the INFO lines of the whole console, including those a `wait_for` consumed
+    /// before the result.
+    fn with_whole_console(vm: &Vm, r: &GuestResult) -> GuestResult {
+        let console = vm.console();
+        let info = console.lines().filter_map(|l| {
+            const INFO: &str = "FLASHPATH-GUEST-INFO:";
+            Some(l[l.find(INFO)? + INFO.len()..].trim().to_string())
+        });
+        GuestResult { info: info.collect(), ..r.clone() }
+    }
+
     /// The daemon's counters for one controller.
     fn stats(d: &Daemon, ctrlr: &str) -> Value {
         let all = d.call("flashpath_get_stats", Value::Null);
@@ -396,8 +407,16 @@ mod guest_vm {
         });
         let file = d.dir.path().join("fp-resize.img");
         let mut vm = Vm::boot(&VmConfig::new("resize", vec![d.dir.path().join("fp-resize")]), d.dir.path());
-        vm.wait_for("the guest's first write", |l| l.contains(&format!("resize waiting at {size}")), BOOT_TIMEOUT);
-        std::fs::File::options().write(true).open(&file).and_then(|f| f.set_len(grown)).expect("growing the file");
+        vm.wait_for(
+            "the guest's first write",
+            |l| l.contains(&format!("resize waiting at {size}")),
+            BOOT_TIMEOUT,
+        );
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .and_then(|f| f.set_len(grown))
+            .expect("growing the file");
         assert_eq!(d.call("bdev_uring_rescan", json!({"name": "resize"})), json!(true));
         let bdev = d.call("bdev_get_bdevs", json!({"name": "resize"}));
         assert_eq!(bdev[0]["num_blocks"], grown / 512, "{bdev}");
@@ -405,9 +424,10 @@ mod guest_vm {
         let r = vm.wait_result();
         assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
         vm.wait_exit(EXIT_TIMEOUT);
+        // The first write's line came before the one the test waited for: read the whole console.
         let console = vm.console();
         assert!(console.contains(&format!("resized to {grown}")), "the guest never saw {grown} bytes");
-        let ops = r.ops("fp-resize");
+        let ops = with_whole_console(&vm, &r).ops("fp-resize");
         assert_eq!(ops.len(), 3, "{ops:?}");
         let got = std::fs::read(&file).expect("reading the backing file");
         assert_same("the grown backing file", 0, &got, &expected_contents(grown, &ops));
@@ -487,25 +507,11 @@ mod guest_vm {
         vm.wait_exit(EXIT_TIMEOUT);
         // The disk line came long before the result (waiting for the rounds consumed it), so
         // read it from the whole console too.
-        let console = vm.console();
-        let info = console.lines().filter_map(|l| {
-            const INFO: &str = "FLASHPATH-GUEST-INFO:";
-            Some(l[l.find(INFO)? + INFO.len()..].trim().to_string())
-        });
-        let all = GuestResult { info: info.collect(), ..r.clone() };
+        let all = with_whole_console(&vm, &r);
         assert_eq!(ring_packed(&all, "fp-restart"), packed, "VIRTIO_F_RING_PACKED negotiated");
         // The write reports came before the result line (some while the test waited for the
         // rounds), so read them from the whole console rather than from the result.
-        let ops: Vec<DiskOp> = vm
-            .console()
-            .lines()
-            .filter_map(|l| {
-                const OP: &str = "FLASHPATH-GUEST-INFO: op fp-restart write ";
-                let rest = &l[l.find(OP)? + OP.len()..];
-                let n: Vec<u64> = rest.split_whitespace().map(|w| w.parse().expect("op line")).collect();
-                Some(DiskOp::Write { offset: n[0], len: n[1], seed: n[2] })
-            })
-            .collect();
+        let ops = all.ops("fp-restart");
         assert_eq!(ops.len(), 120, "every round reported its write: {ops:?}");
         let got = std::fs::read(&file).expect("reading the backing file");
         assert_same("the backing file after two restarts", 0, &got, &expected_contents(size, &ops));

@@ -36,6 +36,9 @@ pub enum RegistryError {
     AlreadyExists { kind: &'static str, name: String },
     #[error("bdev '{name}' is in use by '{by}'")]
     InUse { name: String, by: String },
+    /// A bdev in use may grow, not shrink: its users' data beyond the new end would be lost.
+    #[error("cannot shrink bdev '{name}' from {from} to {to} blocks: it is in use by '{by}' (it may only grow while in use)")]
+    ShrinkInUse { name: String, by: String, from: u64, to: u64 },
     #[error("invalid parameter {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
     /// A configured limit would be exceeded; `setting` is the configuration key that sets it.
@@ -69,7 +72,7 @@ impl RegistryError {
         match self {
             RegistryError::NotFound { .. } => -libc_enodev(),
             RegistryError::AlreadyExists { .. } => -17,
-            RegistryError::InUse { .. } => -16,
+            RegistryError::InUse { .. } | RegistryError::ShrinkInUse { .. } => -16,
             RegistryError::Invalid { .. } => -22,
             // As the kernel does when a count limit is reached (inotify watches, epoll
             // instances): "no room for another".
@@ -153,7 +156,7 @@ pub struct Claim {
 }
 
 /// The holders of `claims`, comma-separated; `None` when there are none.
-fn holders(claims: &[Claim]) -> Option<String> {
+pub(crate) fn holders(claims: &[Claim]) -> Option<String> {
     (!claims.is_empty()).then(|| claims.iter().map(|c| c.holder.as_str()).collect::<Vec<_>>().join(","))
 }
 
