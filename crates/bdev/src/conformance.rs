@@ -184,7 +184,7 @@ pub fn random_write_read_verify(dev: &dyn BlockDevice, seed: u64, rounds: usize,
     const BATCH: usize = 8;
     let info = dev.info().clone();
     let bs = info.block_size as usize;
-    let region = info.num_blocks as usize / BATCH;
+    let region = info.num_blocks() as usize / BATCH;
     assert!(region >= 1, "device too small for the test");
     let mut model = vec![0u8; info.size_bytes() as usize];
     let mut ch = dev.open_channel().unwrap();

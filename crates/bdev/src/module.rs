@@ -101,6 +101,9 @@ pub trait ModuleHost {
     /// Whether a bdev of this name exists.
     fn bdev_exists(&self, name: &str) -> bool;
 
+    /// The block size of the bdev `name`.
+    fn block_size(&self, name: &str) -> Result<u32, ModuleError>;
+
     /// The device of a bdev of `module`, as given to [`NewBdev::device`]; `kind` names it in
     /// the "does not exist" error ("delay bdev").
     fn module_device(
@@ -110,9 +113,17 @@ pub trait ModuleHost {
         kind: &'static str,
     ) -> Result<Arc<dyn Any + Send + Sync>, ModuleError>;
 
+    /// Resizes a bdev of `module` to `num_blocks` ([`crate::BlockDevice::resize`]) and tells
+    /// whoever holds it, and whoever holds a bdev stacked on it whose size changed with it.
+    /// A bdev in use may grow but not shrink (its users' data would be cut off), as in SPDK.
+    fn resize_bdev(&self, name: &str, module: &'static str, num_blocks: u64) -> Result<(), ModuleError>;
+
     /// Deletes a bdev of `module` (SPDK's `bdev_null_delete` does not delete a malloc bdev).
     /// Refused while the bdev is claimed.
     fn delete_bdev(&self, name: &str, module: &'static str) -> Result<(), ModuleError>;
+
+    /// The most bytes one RAM-backed bdev may hold (`limits.max_malloc_bytes`).
+    fn memory_limit(&self) -> u64;
 
     /// Refuses a RAM-backed bdev of this geometry above the configured memory limit.
     fn check_memory_size(&self, name: &str, block_size: u32, num_blocks: u64) -> Result<(), ModuleError>;
@@ -150,6 +161,47 @@ pub fn delete_method(
     let name = p.required_str("name")?;
     p.finish()?;
     host.delete_bdev(&name, module)?;
+    Ok(Value::Bool(true))
+}
+
+/// `bdev_<module>_resize`: SPDK's `name` and `new_size` (MiB), or flashpath's `new_size_bytes`
+/// (exactly one of the two; bytes must be whole blocks). Returns `true`.
+pub fn resize_method(
+    host: &dyn ModuleHost,
+    mut p: Params,
+    module: &'static str,
+    kind: &'static str,
+) -> Result<Value, ModuleError> {
+    const MIB: u64 = 1 << 20;
+    let name = p.required_str("name")?;
+    let mib = p.optional_uint("new_size", u64::MAX / MIB)?;
+    let bytes = p.optional_uint("new_size_bytes", u64::MAX)?;
+    p.finish()?;
+    let (field, bytes) = match (mib, bytes) {
+        (Some(m), None) => ("new_size", m * MIB),
+        (None, Some(b)) => ("new_size_bytes", b),
+        (Some(_), Some(_)) => {
+            return Err(ParamError::new(
+                "new_size_bytes",
+                "give either new_size (MiB) or new_size_bytes, not both",
+            )
+            .into())
+        }
+        (None, None) => {
+            return Err(ParamError::new("new_size", "required (in MiB; or new_size_bytes)").into())
+        }
+    };
+    // Only a bdev of this module: `bdev_null_resize` does not resize a malloc bdev.
+    host.module_device(&name, module, kind)?;
+    let block_size = host.block_size(&name)?;
+    if bytes == 0 || !bytes.is_multiple_of(u64::from(block_size)) {
+        return Err(ParamError::new(
+            field,
+            format!("{bytes} bytes is not a non-zero multiple of the block size {block_size}"),
+        )
+        .into());
+    }
+    host.resize_bdev(&name, module, bytes / u64::from(block_size))?;
     Ok(Value::Bool(true))
 }
 

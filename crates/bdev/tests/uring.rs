@@ -45,14 +45,14 @@ fn describes_itself() {
     let info = dev.info();
     assert_eq!((info.name.as_str(), info.product_name.as_str()), ("uring0", "URING bdev"));
     assert_eq!(info.driver, "uring");
-    assert_eq!((info.block_size, info.num_blocks), (512, 8192));
+    assert_eq!((info.block_size, info.num_blocks()), (512, 8192));
     let t = info.io_types;
     assert!(t.read && t.write && t.flush && t.unmap && t.write_zeroes);
     let filename = file.path().display().to_string();
     assert_eq!(info.driver_specific, Some(("filename".to_string(), filename)));
 
     let (_file, dev) = uring((4 << 20) + 1000, Some(4096));
-    assert_eq!((dev.info().block_size, dev.info().num_blocks), (4096, 1024), "tail dropped");
+    assert_eq!((dev.info().block_size, dev.info().num_blocks()), (4096, 1024), "tail dropped");
 }
 
 #[test]

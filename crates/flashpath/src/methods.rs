@@ -323,7 +323,7 @@ fn bdev_json(b: &BdevSummary) -> Value {
         "aliases": [],
         "product_name": info.product_name,
         "block_size": info.block_size,
-        "num_blocks": info.num_blocks,
+        "num_blocks": info.num_blocks(),
         "uuid": bdev_uuid(&info.name),
         "claimed": !b.claims.is_empty(),
         "zoned": false,

@@ -114,6 +114,47 @@ impl ModuleHost for Registry {
         Registry::delete_bdev(self, name, Some(module)).map_err(host)
     }
 
+    fn block_size(&self, name: &str) -> Result<u32, ModuleError> {
+        let st = self.lock();
+        st.bdevs
+            .get(name)
+            .map(|e| e.bdev.info().block_size)
+            .ok_or_else(|| host(RegistryError::NotFound { kind: "bdev", name: name.into() }))
+    }
+
+    fn resize_bdev(&self, name: &str, module: &'static str, num_blocks: u64) -> Result<(), ModuleError> {
+        let st = self.lock();
+        let entry = match st.bdevs.get(name) {
+            Some(e) if e.module == module => e,
+            _ => return Err(host(RegistryError::NotFound { kind: "bdev", name: name.into() })),
+        };
+        let from = entry.bdev.info().num_blocks();
+        if num_blocks < from {
+            if let Some(by) = crate::holders(&entry.claims) {
+                return Err(host(RegistryError::ShrinkInUse { name: name.into(), by, from, to: num_blocks }));
+            }
+        }
+        // Stacked bdevs may change size with this one (a delay bdev shares its base's): tell the
+        // holders of every bdev whose size changed.
+        let before: Vec<u64> = st.bdevs.values().map(|e| e.bdev.info().num_blocks()).collect();
+        entry.bdev.resize(num_blocks)?;
+        for ((bdev, e), was) in st.bdevs.iter().zip(before) {
+            let info = e.bdev.info();
+            if info.num_blocks() == was {
+                continue;
+            }
+            log::info!("bdev '{bdev}' resized from {was} to {} blocks", info.num_blocks());
+            for export in st.exports.values().filter(|x| x.bdev_name() == bdev) {
+                export.resized(info.size_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    fn memory_limit(&self) -> u64 {
+        self.options.limits.max_malloc_bytes
+    }
+
     fn check_memory_size(&self, name: &str, block_size: u32, num_blocks: u64) -> Result<(), ModuleError> {
         crate::check_malloc_size(name, block_size, num_blocks, &self.options.limits).map_err(host)
     }

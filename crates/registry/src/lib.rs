@@ -1,7 +1,10 @@
-//! The registry: the control plane's record of block devices and exports (vhost-user-blk controllers).
+//! The registry: the control plane's record of block devices, their claims and exports
+//! (vhost-user-blk controllers).
 //!
 //! Everything here runs on control-plane threads (RPC, config loading) and is serialised by one
-//! mutex; the data path never touches it. Operations are named after SPDK's JSON-RPC methods that
+//! mutex; the data path never touches it. Bdevs are made by the bdev modules listed in
+//! [`modules`], whose methods act through the registry's [`fp_bdev::ModuleHost`] (`host.rs`);
+//! exports are [`Export`]s (`exports/`). Operations are named after SPDK's JSON-RPC methods that
 //! call them (`bdev_malloc_create`, `vhost_create_blk_controller`, ...).
 
 use std::any::Any;
@@ -33,6 +36,9 @@ pub enum RegistryError {
     AlreadyExists { kind: &'static str, name: String },
     #[error("bdev '{name}' is in use by '{by}'")]
     InUse { name: String, by: String },
+    /// A bdev in use may grow, not shrink: its users' data beyond the new end would be lost.
+    #[error("cannot shrink bdev '{name}' from {from} to {to} blocks: it is in use by '{by}' (it may only grow while in use)")]
+    ShrinkInUse { name: String, by: String, from: u64, to: u64 },
     #[error("invalid parameter {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
     /// A configured limit would be exceeded; `setting` is the configuration key that sets it.
@@ -66,7 +72,7 @@ impl RegistryError {
         match self {
             RegistryError::NotFound { .. } => -libc_enodev(),
             RegistryError::AlreadyExists { .. } => -17,
-            RegistryError::InUse { .. } => -16,
+            RegistryError::InUse { .. } | RegistryError::ShrinkInUse { .. } => -16,
             RegistryError::Invalid { .. } => -22,
             // As the kernel does when a count limit is reached (inotify watches, epoll
             // instances): "no room for another".
@@ -77,6 +83,7 @@ impl RegistryError {
             RegistryError::Bdev(BdevError::Open { source, .. }) => -source.raw_os_error().unwrap_or(5),
             RegistryError::Bdev(BdevError::NoMemory(_)) => -12,
             RegistryError::Bdev(BdevError::Uring(_)) => -5,
+            RegistryError::Bdev(BdevError::Unsupported(_)) => -95,
             RegistryError::Param(_) => -22,
             RegistryError::Vhost(e) => -e.errno(),
             RegistryError::Other(_) => -5,
@@ -149,7 +156,7 @@ pub struct Claim {
 }
 
 /// The holders of `claims`, comma-separated; `None` when there are none.
-fn holders(claims: &[Claim]) -> Option<String> {
+pub(crate) fn holders(claims: &[Claim]) -> Option<String> {
     (!claims.is_empty()).then(|| claims.iter().map(|c| c.holder.as_str()).collect::<Vec<_>>().join(","))
 }
 

@@ -1,4 +1,5 @@
-//! The built-in bdev modules, one folder each: the device and its RPC methods.
+//! The built-in bdev modules, one folder each: the device in `mod.rs`, its JSON-RPC methods and
+//! their parameter decoding in `rpc.rs`. `fp_registry::modules` registers them.
 
 pub mod delay;
 pub mod malloc;

@@ -469,3 +469,80 @@ fn delay_create_claims_its_base_and_delete_releases_it() {
     assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "base"}))[0]["claimed"], false);
     assert_eq!(f.ok("bdev_null_delete", json!({"name": "base"})), true);
 }
+
+#[test]
+fn resize_grows_and_shrinks_and_refuses_bad_sizes_changing_nothing() {
+    let f = fixture();
+    let blocks = |name: &str| f.ok("bdev_get_bdevs", json!({"name": name}))[0]["num_blocks"].clone();
+    f.null("n"); // 1024 blocks of 512 bytes
+    assert_eq!(f.ok("bdev_null_resize", json!({"name": "n", "new_size": 2})), true);
+    assert_eq!(blocks("n"), 4096);
+    assert_eq!(f.ok("bdev_null_resize", json!({"name": "n", "new_size_bytes": 512 * 100})), true);
+    assert_eq!(blocks("n"), 100);
+    // Not whole blocks, zero, both sizes, neither: invalid params naming the field.
+    assert_param(&f.err("bdev_null_resize", json!({"name": "n", "new_size_bytes": 1000})), "new_size_bytes");
+    assert_param(&f.err("bdev_null_resize", json!({"name": "n", "new_size": 0})), "new_size");
+    assert_param(
+        &f.err("bdev_null_resize", json!({"name": "n", "new_size": 1, "new_size_bytes": 512})),
+        "new_size_bytes",
+    );
+    assert_param(&f.err("bdev_null_resize", json!({"name": "n"})), "new_size");
+    assert_param(&f.err("bdev_null_resize", json!({"name": "n", "new_size": -1})), "new_size");
+    assert_eq!(blocks("n"), 100);
+    // A missing bdev, or one of another module: -19 (ENODEV).
+    assert_eq!(f.err("bdev_null_resize", json!({"name": "nope", "new_size": 1})).code, -19);
+    f.ok("bdev_malloc_create", json!({"name": "m", "num_blocks": 2048, "block_size": 512}));
+    assert_eq!(f.err("bdev_null_resize", json!({"name": "m", "new_size": 4})).code, -19);
+    assert_eq!(f.err("bdev_uring_rescan", json!({"name": "m"})).code, -19);
+    // A RAM disk grows in place, and shrinks.
+    assert_eq!(f.ok("bdev_malloc_resize", json!({"name": "m", "new_size": 4})), true);
+    assert_eq!(blocks("m"), 8192);
+    assert_eq!(f.ok("bdev_malloc_resize", json!({"name": "m", "new_size": 1})), true);
+    assert_eq!(blocks("m"), 2048);
+}
+
+#[test]
+fn a_bdev_in_use_may_grow_but_not_shrink_and_its_stack_follows() {
+    let f = fixture();
+    f.null("base");
+    f.ok(
+        "bdev_delay_create",
+        json!({"base_bdev_name": "base", "name": "slow", "avg_read_latency": 0, "p99_read_latency": 0,
+               "avg_write_latency": 0, "p99_write_latency": 0}),
+    );
+    let e = f.err("bdev_null_resize", json!({"name": "base", "new_size_bytes": 512 * 512}));
+    assert_eq!(e.code, -16, "{e:?}");
+    assert!(e.message.contains("shrink") && e.message.contains("slow"), "{e:?}");
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "base"}))[0]["num_blocks"], 1024);
+    // Growing is fine, and the delay bdev on top grows with its base.
+    assert_eq!(f.ok("bdev_null_resize", json!({"name": "base", "new_size": 1})), true);
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "slow"}))[0]["num_blocks"], 2048);
+}
+
+#[test]
+fn malloc_resize_is_bounded_by_the_memory_limit() {
+    let limits = fp_registry::Limits { max_malloc_bytes: 4 << 20, ..Default::default() };
+    let f = fixture_with(limits);
+    f.ok("bdev_malloc_create", json!({"name": "m", "num_blocks": 2048, "block_size": 512}));
+    assert_eq!(f.ok("bdev_malloc_resize", json!({"name": "m", "new_size": 4})), true);
+    assert_param(&f.err("bdev_malloc_resize", json!({"name": "m", "new_size": 5})), "new_size");
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "m"}))[0]["num_blocks"], 8192);
+}
+
+#[test]
+fn uring_rescan_takes_the_file_size() {
+    let f = fixture();
+    let path = f.dir.path().join("disk.img");
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(1 << 20).unwrap();
+    f.ok("bdev_uring_create", json!({"name": "u", "filename": path, "direct": false}));
+    file.set_len(3 << 20).unwrap();
+    assert_eq!(f.ok("bdev_uring_rescan", json!({"name": "u"})), true);
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "u"}))[0]["num_blocks"], 3 * 2048);
+    // A file cut to less than a block: refused, naming the field; the bdev keeps its size.
+    file.set_len(100).unwrap();
+    let e = f.err("bdev_uring_rescan", json!({"name": "u"}));
+    assert_param(&e, "num_blocks");
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "u"}))[0]["num_blocks"], 3 * 2048);
+    assert_param(&f.err("bdev_uring_rescan", json!({"name": "u", "new_size": 1})), "new_size");
+}

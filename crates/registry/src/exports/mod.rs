@@ -26,6 +26,10 @@ pub trait Export: Send + Sync {
     /// How it claims that bdev.
     fn claim_type(&self) -> ClaimType;
 
+    /// Its bdev changed size (now `size_bytes`): offer the new size to its clients and tell
+    /// them if the protocol can.
+    fn resized(&self, size_bytes: u64);
+
     /// Disconnects its clients and releases what it holds; waits for in-flight requests.
     fn stop(self: Box<Self>);
 

@@ -58,6 +58,16 @@ impl Export for VhostBlk {
         self.claim_type
     }
 
+    /// The guest hears of it through VHOST_USER_BACKEND_CONFIG_CHANGE_MSG when its VMM gave a
+    /// backend channel (QEMU does).
+    fn resized(&self, size_bytes: u64) {
+        let told = self.ctrl.resize(size_bytes);
+        log::info!(
+            "vhost-blk controller '{}': capacity now {size_bytes} bytes (frontend told: {told})",
+            self.name
+        );
+    }
+
     fn stop(self: Box<Self>) {
         self.ctrl.stop();
     }

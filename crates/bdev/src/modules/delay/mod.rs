@@ -129,14 +129,15 @@ pub(crate) const LATENCY_FIELDS: [&str; 4] =
 
 impl DelayDevice {
     pub fn new(name: &str, base: Bdev, latency: DelayLatency) -> Result<Self, BdevError> {
-        crate::validate_geometry(name, base.info().block_size, base.info().num_blocks)?;
+        crate::validate_geometry(name, base.info().block_size, base.info().num_blocks())?;
         validate(&latency, |k| LATENCY_FIELDS[k.index()])?;
         let b = base.info();
         let info = BdevInfo {
             name: name.to_string(),
             product_name: "delay".into(),
             block_size: b.block_size,
-            num_blocks: b.num_blocks,
+            // The base's own: a resized base resizes the delay bdev with it.
+            capacity: b.capacity.clone(),
             io_types: b.io_types,
             driver: "delay",
             driver_specific: Some(("base_bdev_name".into(), b.name.clone())),
@@ -274,7 +275,7 @@ mod tests {
     fn requests_wait_their_latency_then_reach_the_device_below() {
         let base: Bdev = Arc::new(RamDevice::new("ram", 512, 64).unwrap());
         let dev = DelayDevice::new("slow", base.clone(), lat(1, 30)).unwrap();
-        assert_eq!(dev.info().num_blocks, 64);
+        assert_eq!(dev.info().num_blocks(), 64);
         assert_eq!(dev.info().driver, "delay");
         let mut ch = dev.open_channel().unwrap();
         let mut buf = vec![7u8; 512];

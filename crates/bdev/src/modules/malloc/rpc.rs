@@ -1,4 +1,5 @@
-//! `bdev_malloc_create` and `bdev_malloc_delete`, SPDK's parameters.
+//! `bdev_malloc_create` and `bdev_malloc_delete`, SPDK's parameters; `bdev_malloc_resize`, with
+//! `bdev_null_resize`'s (SPDK has no resize for RAM disks).
 
 use std::sync::Arc;
 
@@ -6,7 +7,9 @@ use fp_rpc::{Neutral, Params};
 use serde_json::Value;
 
 use super::RamDevice;
-use crate::module::{delete_method, BdevModule, ModuleError, ModuleHost, ModuleMethodFn, NewBdev, U32_MAX};
+use crate::module::{
+    delete_method, resize_method, BdevModule, ModuleError, ModuleHost, ModuleMethodFn, NewBdev, U32_MAX,
+};
 
 /// The malloc module: RAM disks.
 pub struct MallocModule;
@@ -31,7 +34,11 @@ impl BdevModule for MallocModule {
     }
 
     fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)] {
-        &[("bdev_malloc_create", create), ("bdev_malloc_delete", |h, p| delete_method(h, p, "malloc"))]
+        &[
+            ("bdev_malloc_create", create),
+            ("bdev_malloc_delete", |h, p| delete_method(h, p, "malloc")),
+            ("bdev_malloc_resize", |h, p| resize_method(h, p, "malloc", "malloc bdev")),
+        ]
     }
 }
 
@@ -44,7 +51,8 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let build = |name: &str| -> Result<String, ModuleError> {
         host.check_new_bdev(name)?;
         host.check_memory_size(name, block_size, num_blocks)?;
-        let dev = Arc::new(RamDevice::new(name, block_size, num_blocks)?);
+        // It may grow up to the limit later (bdev_malloc_resize): address space only.
+        let dev = Arc::new(RamDevice::with_reserve(name, block_size, num_blocks, host.memory_limit())?);
         host.add_bdev("malloc", NewBdev::new(dev))
     };
     if let Some(name) = name {

@@ -1,4 +1,4 @@
-//! `bdev_null_create` and `bdev_null_delete`, SPDK's parameters.
+//! `bdev_null_create`, `bdev_null_delete` and `bdev_null_resize`, SPDK's parameters.
 
 use std::sync::Arc;
 
@@ -6,7 +6,9 @@ use fp_rpc::{Neutral, Params};
 use serde_json::Value;
 
 use super::NullDevice;
-use crate::module::{delete_method, BdevModule, ModuleError, ModuleHost, ModuleMethodFn, NewBdev, U32_MAX};
+use crate::module::{
+    delete_method, resize_method, BdevModule, ModuleError, ModuleHost, ModuleMethodFn, NewBdev, U32_MAX,
+};
 
 /// The null module: bdevs that keep no data.
 pub struct NullModule;
@@ -33,7 +35,11 @@ impl BdevModule for NullModule {
     }
 
     fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)] {
-        &[("bdev_null_create", create), ("bdev_null_delete", |h, p| delete_method(h, p, "null"))]
+        &[
+            ("bdev_null_create", create),
+            ("bdev_null_delete", |h, p| delete_method(h, p, "null")),
+            ("bdev_null_resize", |h, p| resize_method(h, p, "null", "null bdev")),
+        ]
     }
 }
 

@@ -1,4 +1,5 @@
-//! `bdev_uring_create` and `bdev_uring_delete`: SPDK's parameters, plus `direct`.
+//! `bdev_uring_create`, `bdev_uring_delete` and `bdev_uring_rescan`: SPDK's parameters, plus
+//! `direct`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,7 +19,11 @@ impl BdevModule for UringModule {
     }
 
     fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)] {
-        &[("bdev_uring_create", create), ("bdev_uring_delete", |h, p| delete_method(h, p, "uring"))]
+        &[
+            ("bdev_uring_create", create),
+            ("bdev_uring_delete", |h, p| delete_method(h, p, "uring")),
+            ("bdev_uring_rescan", rescan),
+        ]
     }
 }
 
@@ -35,4 +40,17 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let open = host.file_opener(&filename)?;
     let dev = Arc::new(UringDevice::open_with(&name, &filename, block_size, direct, open)?);
     Ok(Value::from(host.add_bdev("uring", NewBdev::new(dev))?))
+}
+
+/// SPDK's `bdev_uring_rescan` {name}: the file or block device was grown or truncated; the
+/// bdev takes its size (whole blocks). A bdev in use is not shrunk (-16); the file must still
+/// hold at least one block.
+fn rescan(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    p.finish()?;
+    let device = host.module_device(&name, "uring", "uring bdev")?;
+    let dev = device.downcast_ref::<UringDevice>().expect("the uring module's devices are UringDevices");
+    let blocks = dev.backing_blocks()?;
+    host.resize_bdev(&name, "uring", blocks)?;
+    Ok(Value::Bool(true))
 }
