@@ -20,9 +20,9 @@ use prometheus::proto::{self, MetricFamily};
 use prometheus::Encoder;
 use serde_json::Value;
 
-/// A JSON-RPC method's result by name, `None` when the method is missing (an older daemon
-/// part) or failed: the families it feeds are left out of that scrape.
-pub type Source = Arc<dyn Fn(&str) -> Option<Value> + Send + Sync>;
+/// A JSON-RPC method's result for a method name and its parameters; `None` when the method is
+/// missing (an older daemon part) or failed: the families it feeds are left out of that scrape.
+pub type Source = Arc<dyn Fn(&str, Option<Value>) -> Option<Value> + Send + Sync>;
 
 /// Where the endpoint listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,23 +254,23 @@ const NS_PER_S: f64 = 1e9;
 /// Every family, from one call of each method.
 fn collect(source: &Source) -> Vec<MetricFamily> {
     let mut families = Vec::new();
-    if let Some(v) = source("spdk_get_version") {
+    if let Some(v) = source("spdk_get_version", None) {
         let mut info = Family::gauge("flashpath_build_info", "The daemon's version; the value is always 1");
         info.push(vec![("version", str_at(&v, "version"))], 1u64);
         families.push(info);
     }
-    if let Some(s) = source("flashpath_get_stats") {
+    if let Some(s) = source("flashpath_get_stats", None) {
         let mut up = Family::gauge("flashpath_uptime_seconds", "Seconds since the daemon started");
         up.push(Labels::new(), u64_at(&s, "uptime_ns") as f64 / NS_PER_S);
         families.push(up);
     }
-    if let Some(r) = source("framework_get_reactors") {
+    if let Some(r) = source("framework_get_reactors", None) {
         families.extend(reactors(&r));
     }
-    if let Some(c) = source("vhost_get_controllers") {
+    if let Some(c) = source("vhost_get_controllers", None) {
         families.extend(controllers(&c));
     }
-    if let Some(io) = source("bdev_get_iostat") {
+    if let Some(io) = source("bdev_get_iostat", None) {
         families.extend(bdevs(&io));
     }
     families.into_iter().filter_map(Family::build).collect()
@@ -397,7 +397,7 @@ mod tests {
     /// seconds at the reported tick rate.
     #[test]
     fn iostat_becomes_per_disk_families() {
-        let source: Source = Arc::new(|method| match method {
+        let source: Source = Arc::new(|method, _| match method {
             "bdev_get_iostat" => Some(json!({
                 "tick_rate": 1_000_000u64,
                 "ticks": 5,

@@ -210,7 +210,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         let server = RpcServer::start(&settings.rpc, handler).map_err(ServeError::Rpc)?;
         // The endpoint reads through the same methods the RPC server runs.
         let m = methods.clone();
-        let source: metrics::Source = Arc::new(move |method| m.call(method, None).ok());
+        let source: metrics::Source = Arc::new(move |method, params| m.call(method, params).ok());
         match metrics_addr.as_ref().map(|(a, setting)| MetricsServer::start(a, setting, source)).transpose() {
             Ok(exporter) => Ok((server, exporter)),
             Err(e) => {
