@@ -22,11 +22,13 @@ use std::os::unix::io::RawFd;
 use std::sync::Arc;
 
 pub mod delay;
+pub mod disk;
 pub mod null;
 pub mod ram;
 pub mod uring;
 
 pub use delay::{DelayDevice, DelayLatency, LatencyKind};
+pub use disk::{Disk, DiskEvent};
 pub use null::NullDevice;
 pub use ram::RamDevice;
 pub use uring::UringDevice;
