@@ -96,6 +96,10 @@ struct ServeArgs {
     /// security.export_dirs) [default: any path]
     #[arg(long = "export-dir", value_name = "DIR")]
     export_dirs: Vec<PathBuf>,
+    /// Do not count per-disk I/O statistics (bdev_get_iostat, histograms): the frontends use the
+    /// backends' channels directly (replaces the config file's stats.iostat)
+    #[arg(long)]
+    no_iostat: bool,
 }
 
 /// The kinds of disk the CLI offers, named for people; each maps to one SPDK bdev type.
@@ -280,6 +284,7 @@ fn main() -> ExitCode {
                 config: args.config,
                 idle_window_us: args.idle_window_us,
                 export_dirs: (!args.export_dirs.is_empty()).then_some(args.export_dirs),
+                no_iostat: args.no_iostat,
             };
             match serve::run(&opts) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -9,10 +9,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use fp_bdev::{Bdev, BdevError, BdevInfo, DelayDevice, DelayLatency, NullDevice, RamDevice, UringDevice};
+use fp_bdev::{
+    Bdev, BdevError, BdevInfo, DelayDevice, DelayLatency, Disk, NullDevice, RamDevice, UringDevice,
+};
 use fp_reactor::ReactorHandle;
 use fp_vhost_blk::{BlkController, ControllerConfig, ControllerInfo};
 
+mod disks;
 mod export;
 mod limits;
 
@@ -206,6 +209,9 @@ pub struct ReactorSummary {
 
 struct BdevEntry {
     bdev: Bdev,
+    /// The bdev with its statistics and events; kept while the bdev exists, so statistics
+    /// survive a controller's delete and re-create.
+    disk: Disk,
     claimed_by: Option<String>,
     /// The same device, typed, when it is a delay bdev (its latencies can be changed).
     delay: Option<Arc<DelayDevice>>,
@@ -240,6 +246,9 @@ pub struct RegistryOptions {
     pub vhost_socket_mode: u32,
     /// When set, file-backed bdevs may only open files inside these directories.
     pub export_dirs: Option<ExportDirs>,
+    /// Count I/O statistics (`bdev_get_iostat`, histograms) in the disk layer; off hands the
+    /// frontends the backends' channels directly.
+    pub iostat: bool,
 }
 
 /// Default for [`RegistryOptions::vhost_socket_mode`]: only the daemon's user may connect.
@@ -255,6 +264,7 @@ impl Default for RegistryOptions {
             limits: Limits::default(),
             vhost_socket_mode: DEFAULT_VHOST_SOCKET_MODE,
             export_dirs: None,
+            iostat: true,
         }
     }
 }
@@ -341,12 +351,14 @@ impl Registry {
                 if let Some(by) = &entry.claimed_by {
                     return Err(RegistryError::InUse { name: base.clone(), by: by.clone() });
                 }
-                let dev = Arc::new(DelayDevice::new(delay_name, entry.bdev.clone(), *latency)?);
+                // Through the base's disk, so the base's statistics count the delay's traffic.
+                let dev = Arc::new(DelayDevice::new(delay_name, Arc::new(entry.disk.clone()), *latency)?);
                 entry.claimed_by = Some(delay_name.clone());
                 log::info!("bdev '{name}' created (delay over '{base}')");
+                let disk = Disk::new(dev.clone(), self.options.iostat);
                 st.bdevs.insert(
                     name.clone(),
-                    BdevEntry { bdev: dev.clone(), claimed_by: None, delay: Some(dev) },
+                    BdevEntry { bdev: dev.clone(), disk, claimed_by: None, delay: Some(dev) },
                 );
                 return Ok(name);
             }
@@ -357,7 +369,8 @@ impl Registry {
         }
         st.room_for_bdev(&name, limits)?;
         log::info!("bdev '{name}' created ({}, {} bytes)", spec.driver(), bdev.info().size_bytes());
-        st.bdevs.insert(name.clone(), BdevEntry { bdev, claimed_by: None, delay: None });
+        let disk = Disk::new(bdev.clone(), self.options.iostat);
+        st.bdevs.insert(name.clone(), BdevEntry { bdev, disk, claimed_by: None, delay: None });
         Ok(name)
     }
 
@@ -394,6 +407,7 @@ impl Registry {
             return Err(RegistryError::InUse { name: name.into(), by: by.clone() });
         }
         if let Some(removed) = st.bdevs.remove(name) {
+            removed.disk.notify(&fp_bdev::DiskEvent::Removed);
             // A stacked bdev releases the one below it.
             if let Some((key, base)) = &removed.bdev.info().driver_specific {
                 if key == "base_bdev_name" {
@@ -480,7 +494,7 @@ impl Registry {
         let config = ControllerConfig {
             name: spec.ctrlr.clone(),
             socket_path: self.vhost_dir.join(&spec.ctrlr),
-            bdev: entry.bdev.clone(),
+            disk: entry.disk.clone(),
             reactors,
             read_only: spec.readonly,
             num_queues,

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fp_bdev::Bdev;
+use fp_bdev::{Bdev, Disk};
 use fp_reactor::ReactorHandle;
 use fp_virtio_blk::{DiskParams, VIRTIO_BLK_ID_BYTES};
 use vhost::vhost_user::BackendReqHandler;
@@ -84,7 +84,8 @@ pub fn validate_name(name: &str) -> Result<(), String> {
 pub struct ControllerConfig {
     pub name: String,
     pub socket_path: PathBuf,
-    pub bdev: Bdev,
+    /// The disk to export; the queues open their channels through it (statistics, events).
+    pub disk: Disk,
     pub reactors: Vec<ReactorHandle>,
     pub read_only: bool,
     pub num_queues: u16,
@@ -124,7 +125,7 @@ pub struct Shared {
 impl Shared {
     /// The controller's state before any socket exists: geometry, serial and an unraised stop.
     fn new(config: ControllerConfig) -> Result<Arc<Shared>, Error> {
-        let info = config.bdev.info().clone();
+        let info = fp_bdev::BlockDevice::info(&config.disk).clone();
         let disk = DiskParams {
             capacity_sectors: info.size_bytes() / fp_virtio_blk::SECTOR_SIZE,
             block_size: info.block_size,
@@ -144,7 +145,8 @@ impl Shared {
         }
         Ok(Arc::new(Shared {
             name: config.name.as_str().into(),
-            bdev: config.bdev,
+            // The disk is the device the queues see: their channels count into its statistics.
+            bdev: Arc::new(config.disk),
             disk,
             serial,
             num_queues: config.num_queues,

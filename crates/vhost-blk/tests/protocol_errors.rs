@@ -31,7 +31,7 @@ impl Fixture {
         let ctrl = BlkController::start(ControllerConfig {
             name: "ctrl".into(),
             socket_path: sock.clone(),
-            bdev,
+            disk: fp_bdev::Disk::new(bdev, true),
             reactors: reactors.handles().to_vec(),
             read_only: false,
             num_queues: 1,
