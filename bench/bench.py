@@ -746,6 +746,17 @@ class Bench:
             base = e["variants"]["off"]["median"]["iops"]
             e["ratios"] = {k: ratio(e["variants"][k]["median"]["iops"], base) for k in ("counters", "histograms")}
             self.results["iostat"].append(e)
+            cg = self.cfg.get("callgrind")
+            if cg:
+                # Path length of each variant (the callgrind section's method: a long run's
+                # instructions less a short run's, over the difference in I/Os).
+                e["ir_per_io"] = {}
+                for k in runs:
+                    short = self.callgrind_run("flashpath", point, cg["short_s"], variant=k)
+                    long_ = self.callgrind_run("flashpath", point, cg["long_s"], variant=k)
+                    e["ir_per_io"][k] = (long_["ir"] - short["ir"]) / max(1, long_["ios"] - short["ios"])
+                log("iostat path length (instructions/IO): " +
+                    ", ".join(f"{k} {v:.0f}" for k, v in e["ir_per_io"].items()))
             log(f"iostat cost: off {base:>10.0f}  counters {e['variants']['counters']['median']['iops']:>10.0f} "
                 f"({fmt_ratio(e['ratios']['counters'])})  +histograms "
                 f"{e['variants']['histograms']['median']['iops']:>10.0f} ({fmt_ratio(e['ratios']['histograms'])}); "
@@ -754,19 +765,25 @@ class Bench:
             off.stop()
             on.stop()
 
-    def callgrind_run(self, kind, point, secs):
+    def callgrind_run(self, kind, point, secs, variant="counters"):
         """A fresh server of `kind` under callgrind with a null disk and one fp-load run against
-        it; the server's instructions from start to exit and the run's I/Os."""
+        it; the server's instructions from start to exit and the run's I/Os. `variant` picks
+        flashpath's disk-layer accounting: "off" (--no-iostat), "counters" (the default) or
+        "histograms" (enabled before the run)."""
         self.callgrind_n += 1
         name = f"callgrind-{self.callgrind_n}"
         out = os.path.join(self.work, f"{name}.out")
         wrap = CALLGRIND + [f"--callgrind-out-file={out}"]
         if kind == "flashpath":
-            server = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=name, wrap=wrap)
+            extra = ["--no-iostat"] if variant == "off" else []
+            server = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=name, wrap=wrap,
+                               extra=extra)
         else:
             server = Qsd(self.work, self.server_cpu, "null", GIB, None, name=name, wrap=wrap)
         try:
             sock = server.add_disk("null", GIB) if kind == "flashpath" else server.sock
+            if kind == "flashpath" and variant == "histograms":
+                server.rpc("bdev_enable_histogram", {"name": "Null0", "enable": True})
             res = self.loader.run(sock, *point, secs)
         finally:
             server.stop()
@@ -1114,13 +1131,16 @@ def markdown(res):
         lines += ["", "## The disk layer's cost (flashpath, null, 4K randread, 1 polled queue)", "",
                   "Statistics off (`serve --no-iostat`), counters on, counters and latency histograms "
                   "on, interleaved run by run; medians.", "",
-                  "| QD | variant | IOPS | vs off | p50 µs | p99 µs | busy/IO ns |", "|---|---|---|---|---|---|---|"]
+                  "| QD | variant | IOPS | vs off | p50 µs | p99 µs | busy/IO ns | instructions/IO |",
+                  "|---|---|---|---|---|---|---|---|"]
         for e in res["iostat"]:
             for k in ("off", "counters", "histograms"):
                 md = e["variants"][k]["median"]
                 r = "1.00" if k == "off" else fmt_ratio(e["ratios"][k])
+                ir = e.get("ir_per_io", {}).get(k)
                 lines.append(f"| {e['qd']} | {k} | {fmt_iops(md['iops'])} | {r} | {fmt_us(md['p50_ns'])} | "
-                             f"{fmt_us(md['p99_ns'])} | {fmt_ns(md.get('reactor_busy_ns_per_io'))} |")
+                             f"{fmt_us(md['p99_ns'])} | {fmt_ns(md.get('reactor_busy_ns_per_io'))} | "
+                             f"{'-' if ir is None else f'{ir:.0f}'} |")
     c = res.get("client_ceiling")
     if c:
         md = c["median"]
@@ -1271,6 +1291,8 @@ def write_outputs(res, out_dir):
         json.dump(res, f, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(markdown(res))
+    if not res["points"]:
+        return []  # --only: no matrix to plot
     return plots(res, out_dir)
 
 

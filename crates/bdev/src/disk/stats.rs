@@ -11,8 +11,9 @@ use std::sync::OnceLock;
 use super::histogram::ChannelHistogram;
 use crate::IoOp;
 
-/// The operation kinds counted, in the order of [`IoStats::ops`].
-pub const OPS: [IoOp; 5] = [IoOp::Read, IoOp::Write, IoOp::Discard, IoOp::Flush, IoOp::WriteZeroes];
+/// The operation kinds counted, in the order of [`IoStats::ops`]: `IoOp`'s own, so
+/// [`op_index`] compiles to nothing.
+pub const OPS: [IoOp; 5] = [IoOp::Read, IoOp::Write, IoOp::Flush, IoOp::Discard, IoOp::WriteZeroes];
 
 /// Index of `op` in [`IoStats::ops`].
 #[inline]
@@ -20,8 +21,8 @@ pub fn op_index(op: IoOp) -> usize {
     match op {
         IoOp::Read => 0,
         IoOp::Write => 1,
-        IoOp::Discard => 2,
-        IoOp::Flush => 3,
+        IoOp::Flush => 2,
+        IoOp::Discard => 3,
         IoOp::WriteZeroes => 4,
     }
 }
@@ -77,7 +78,7 @@ impl OpStats {
 /// A disk's (or one channel's) counters at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IoStats {
-    /// Indexed by [`op_index`]: read, write, unmap (discard), flush, write_zeroes.
+    /// Indexed by [`op_index`]: read, write, flush, unmap (discard), write_zeroes.
     pub ops: [OpStats; 5],
     /// Failed requests by errno (index 0: refused as unsupported; the last slot: errno
     /// [`ERRNO_SLOTS`] - 1 and above).
@@ -165,7 +166,7 @@ impl ChannelSlot {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn success(&self, op: usize, bytes: u64, ticks: u64) {
         let c = &self.ops[op];
         bump(&c.ops, 1);
