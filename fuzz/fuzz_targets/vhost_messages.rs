@@ -178,7 +178,7 @@ fuzz_target!(|data: &[u8]| {
     let config = ControllerConfig {
         name: "fuzz".into(),
         socket_path: "/nonexistent".into(),
-        disk: fp_bdev::Disk::new(if setup & 8 != 0 { null.clone() } else { ram.clone() }, true),
+        bdev: if setup & 8 != 0 { null.clone() } else { ram.clone() },
         reactors: common::reactors().to_vec(),
         read_only: setup & 4 != 0,
         num_queues: 1 + u16::from(setup & 3),

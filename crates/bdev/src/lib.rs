@@ -13,6 +13,10 @@
 //! `iovec`s that point into memory the caller keeps valid until the completion is reaped
 //! (for the vhost-user frontend, guest memory): backends read and write them in place.
 //!
+//! Each backend is a bdev module (`modules/<name>/`): the device, and in `rpc.rs` its JSON-RPC
+//! methods, which work through a [`ModuleHost`] (see [`module`]). `conformance` (feature
+//! `conformance`) holds the checks every device must pass.
+//!
 //! Stacking: a volume, QoS or partition layer is itself a `BlockDevice` whose channel holds a
 //! channel of the device below. A backend that completes on its own threads (Ceph RBD, say)
 //! pushes completions into a lock-free queue owned by the channel and signals the fd returned by
@@ -21,17 +25,19 @@
 use std::os::unix::io::RawFd;
 use std::sync::Arc;
 
-pub mod delay;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod disk;
-pub mod null;
-pub mod ram;
-pub mod uring;
+pub mod module;
+pub mod modules;
 
-pub use delay::{DelayDevice, DelayLatency, LatencyKind};
 pub use disk::{Disk, DiskEvent};
-pub use null::NullDevice;
-pub use ram::RamDevice;
-pub use uring::UringDevice;
+pub use module::{BdevModule, ClaimType, ModuleError, ModuleHost, NewBdev};
+pub use modules::delay::{DelayDevice, DelayLatency, LatencyKind};
+pub use modules::malloc::RamDevice;
+pub use modules::null::NullDevice;
+pub use modules::uring::UringDevice;
+pub use modules::{delay, malloc, null, uring};
 
 /// What a request asks the device to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +109,38 @@ pub struct IoTypes {
 pub(crate) const ALL_IO_TYPES: IoTypes =
     IoTypes { read: true, write: true, flush: true, unmap: true, write_zeroes: true };
 
-/// The static description of a device.
+/// A device's size in blocks, shared by its description, every copy of it and every channel:
+/// a resize (`bdev_null_resize`, `bdev_uring_rescan`, ...) is one store that all of them see.
+/// On the hot path it is one relaxed load of a line that is written only on resize.
+#[derive(Debug, Clone)]
+pub struct Capacity(Arc<std::sync::atomic::AtomicU64>);
+
+impl Capacity {
+    pub fn new(num_blocks: u64) -> Capacity {
+        Capacity(Arc::new(std::sync::atomic::AtomicU64::new(num_blocks)))
+    }
+
+    pub fn blocks(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets the size. Callers serialise resizes of one device (the registry does).
+    pub fn set(&self, num_blocks: u64) {
+        self.0.store(num_blocks, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Two capacities are equal when they hold the same size now.
+impl PartialEq for Capacity {
+    fn eq(&self, other: &Capacity) -> bool {
+        self.blocks() == other.blocks()
+    }
+}
+
+impl Eq for Capacity {}
+
+/// The description of a device. Everything but the size is fixed at creation; the size is a
+/// shared [`Capacity`], so a copy taken earlier still reports (and checks against) the size now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BdevInfo {
     pub name: String,
@@ -111,17 +148,22 @@ pub struct BdevInfo {
     pub product_name: String,
     /// Logical block size in bytes (512 or 4096 typically).
     pub block_size: u32,
-    pub num_blocks: u64,
+    pub capacity: Capacity,
     pub io_types: IoTypes,
-    /// The backend's kind: "null", "malloc" or "uring".
+    /// The name of the module that makes it: "null", "malloc", "uring", "delay", ...
     pub driver: &'static str,
     /// Backend-specific details for `bdev_get_bdevs`' `driver_specific` (e.g. the file name).
     pub driver_specific: Option<(String, String)>,
 }
 
 impl BdevInfo {
+    /// The size now, in blocks.
+    pub fn num_blocks(&self) -> u64 {
+        self.capacity.blocks()
+    }
+
     pub fn size_bytes(&self) -> u64 {
-        self.num_blocks * u64::from(self.block_size)
+        self.num_blocks() * u64::from(self.block_size)
     }
 
     /// Checks that `[offset, offset + len)` is block aligned and inside the device.
@@ -152,6 +194,9 @@ pub enum BdevError {
     Uring(#[source] std::io::Error),
     #[error("out of memory allocating {0} bytes")]
     NoMemory(u64),
+    /// The device cannot do what was asked (resize a device of a fixed size, say).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// A block device: shared, created on the control plane.
@@ -160,6 +205,13 @@ pub trait BlockDevice: Send + Sync {
 
     /// Opens a channel for the calling thread. Called on the reactor that will use it.
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError>;
+
+    /// Changes the size to `num_blocks` (control plane). The caller has checked that nobody
+    /// depends on blocks a shrink would remove, and tells the device's holders afterwards.
+    fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
+        let _ = num_blocks;
+        Err(BdevError::Unsupported(format!("a {} bdev cannot be resized", self.info().driver)))
+    }
 }
 
 /// A per-core I/O channel. Never shared between threads.

@@ -1,10 +1,8 @@
 //! The null backend: geometry checks, range checks and completion delivery (it keeps no data).
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use fp_bdev::conformance::*;
 use fp_bdev::{BlockDevice, IoChannel, IoOp, IoStatus, NullDevice};
 
 #[test]

@@ -1,10 +1,8 @@
 //! The RAM ("malloc") backend.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use fp_bdev::conformance::*;
 use fp_bdev::{BdevError, BlockDevice, IoOp, IoStatus, RamDevice};
 
 fn ram(block_size: u32, num_blocks: u64) -> RamDevice {
@@ -17,7 +15,7 @@ fn describes_itself() {
     let info = dev.info();
     assert_eq!((info.name.as_str(), info.product_name.as_str()), ("malloc0", "Malloc disk"));
     assert_eq!(info.driver, "malloc");
-    assert_eq!((info.block_size, info.num_blocks, info.size_bytes()), (4096, 1024, 4 << 20));
+    assert_eq!((info.block_size, info.num_blocks(), info.size_bytes()), (4096, 1024, 4 << 20));
     let t = info.io_types;
     assert!(t.read && t.write && t.flush && t.unmap && t.write_zeroes);
     assert_eq!(info.driver_specific, None);

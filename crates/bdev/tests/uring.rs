@@ -4,13 +4,11 @@
 //! temporary directory. If that filesystem refuses O_DIRECT too (`EINVAL` at open), the tests
 //! say so on stderr and run buffered instead, so they still check everything but the direct path.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use fp_bdev::conformance::*;
 use fp_bdev::{BdevError, BlockDevice, IoChannel, IoOp, IoStatus, SubmitError, UringDevice};
 use tempfile::NamedTempFile;
 
@@ -47,14 +45,14 @@ fn describes_itself() {
     let info = dev.info();
     assert_eq!((info.name.as_str(), info.product_name.as_str()), ("uring0", "URING bdev"));
     assert_eq!(info.driver, "uring");
-    assert_eq!((info.block_size, info.num_blocks), (512, 8192));
+    assert_eq!((info.block_size, info.num_blocks()), (512, 8192));
     let t = info.io_types;
     assert!(t.read && t.write && t.flush && t.unmap && t.write_zeroes);
     let filename = file.path().display().to_string();
     assert_eq!(info.driver_specific, Some(("filename".to_string(), filename)));
 
     let (_file, dev) = uring((4 << 20) + 1000, Some(4096));
-    assert_eq!((dev.info().block_size, dev.info().num_blocks), (4096, 1024), "tail dropped");
+    assert_eq!((dev.info().block_size, dev.info().num_blocks()), (4096, 1024), "tail dropped");
 }
 
 #[test]

@@ -183,9 +183,6 @@ impl SecuritySection {
     }
 }
 
-/// `[[bdev]]` types and the methods they map to.
-const BDEV_TYPES: [&str; 4] = ["null", "malloc", "uring", "delay"];
-
 impl ConfigFile {
     pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
         let text = std::fs::read_to_string(path)
@@ -225,15 +222,16 @@ impl ConfigFile {
                 reason: one_line(&reason),
             };
             let mut params = table_to_json(table);
+            // `type` names a bdev module; its `bdev_<type>_create` takes the rest of the table.
+            let types =
+                || fp_registry::modules::MODULES.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
             let kind = match params.remove("type") {
-                Some(Value::String(t)) if BDEV_TYPES.contains(&t.as_str()) => t,
+                Some(Value::String(t)) if fp_registry::modules::find(&t).is_some() => t,
                 Some(Value::String(t)) => {
-                    return Err(entry("type", format!("'{t}' is not one of {}", BDEV_TYPES.join(", "))))
+                    return Err(entry("type", format!("'{t}' is not one of {}", types())))
                 }
-                Some(_) => {
-                    return Err(entry("type", format!("expected a string: one of {}", BDEV_TYPES.join(", "))))
-                }
-                None => return Err(entry("type", format!("required (one of {})", BDEV_TYPES.join(", ")))),
+                Some(_) => return Err(entry("type", format!("expected a string: one of {}", types()))),
+                None => return Err(entry("type", format!("required (one of {})", types()))),
             };
             methods
                 .call(&format!("bdev_{kind}_create"), Some(Value::Object(params)))

@@ -11,8 +11,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_registry::{BdevSpec, BdevSummary, Registry, RegistryError, VhostBlkSpec};
-use fp_rpc::{ParamError, Params, RpcError};
+use fp_registry::{BdevSummary, Registry, RegistryError, VhostBlkSpec};
+use fp_rpc::{Neutral, ParamError, Params, RpcError};
 use fp_vhost_blk::ControllerInfo;
 use serde_json::{json, Value};
 
@@ -35,7 +35,9 @@ impl MethodError {
     /// wrong (whether the decoder or the target noticed).
     pub fn bad_param(&self) -> Option<(&str, &str)> {
         match self {
-            MethodError::Param(p) => Some((&p.field, &p.reason)),
+            MethodError::Param(p) | MethodError::Registry(RegistryError::Param(p)) => {
+                Some((&p.field, &p.reason))
+            }
             MethodError::Registry(RegistryError::Invalid { field, reason })
             | MethodError::Registry(RegistryError::NotAllowed { field, reason })
             | MethodError::Registry(RegistryError::Bdev(fp_bdev::BdevError::InvalidParam {
@@ -51,7 +53,7 @@ impl MethodError {
     pub fn to_rpc(&self) -> RpcError {
         match self {
             MethodError::UnknownMethod(m) => RpcError::method_not_found(m),
-            MethodError::Param(p) => p.clone().into(),
+            MethodError::Param(p) | MethodError::Registry(RegistryError::Param(p)) => p.clone().into(),
             MethodError::Registry(t) => match self.bad_param() {
                 Some((field, reason)) if t.is_invalid_params() => {
                     RpcError::invalid_params(format!("{field}: {reason}"))
@@ -65,17 +67,9 @@ impl MethodError {
 
 type MethodFn = fn(&Methods, Params) -> Result<Value, MethodError>;
 
-/// Every method, by name. `rpc_get_methods` lists this table.
+/// Every method that is not a bdev module's, by name; the modules' come from the registry
+/// ([`Registry::call_module`]). `rpc_get_methods` lists both.
 const METHODS: &[(&str, MethodFn)] = &[
-    ("bdev_null_create", Methods::bdev_null_create),
-    ("bdev_null_delete", |m, p| m.bdev_delete(p, "null")),
-    ("bdev_malloc_create", Methods::bdev_malloc_create),
-    ("bdev_malloc_delete", |m, p| m.bdev_delete(p, "malloc")),
-    ("bdev_uring_create", Methods::bdev_uring_create),
-    ("bdev_uring_delete", |m, p| m.bdev_delete(p, "uring")),
-    ("bdev_delay_create", Methods::bdev_delay_create),
-    ("bdev_delay_delete", |m, p| m.bdev_delete(p, "delay")),
-    ("bdev_delay_update_latency", Methods::bdev_delay_update_latency),
     ("bdev_get_bdevs", Methods::bdev_get_bdevs),
     ("vhost_create_blk_controller", Methods::vhost_create_blk_controller),
     ("vhost_get_controllers", Methods::vhost_get_controllers),
@@ -98,67 +92,12 @@ pub struct Methods {
     started: Instant,
 }
 
-/// Block sizes and counts are `u32`/`u64` in the target; the decoder bounds them to that.
-const U32_MAX: u64 = u32::MAX as u64;
-
-/// The value under which an SPDK-only parameter is accepted (see [`Params::unsupported`]).
-#[derive(Clone, Copy)]
-enum Neutral {
-    /// Only when left out.
-    Absent,
-    Int(i64),
-    Bool(bool),
-    Str(&'static str),
-}
-
-/// SPDK parameters of `bdev_null_create` that flashpath does not implement; rpc.py sends the
-/// metadata/protection ones on every call with these values.
-const NULL_SPDK_ONLY: [(&str, Neutral); 11] = [
-    ("uuid", Neutral::Absent),
-    ("physical_block_size", Neutral::Absent),
-    ("md_size", Neutral::Int(0)),
-    ("dif_type", Neutral::Int(0)),
-    ("dif_is_head_of_md", Neutral::Bool(false)),
-    ("dif_pi_format", Neutral::Int(0)),
-    ("preferred_write_alignment", Neutral::Absent),
-    ("preferred_write_granularity", Neutral::Absent),
-    ("optimal_write_size", Neutral::Absent),
-    ("preferred_unmap_alignment", Neutral::Absent),
-    ("preferred_unmap_granularity", Neutral::Absent),
-];
-
-/// The same for `bdev_malloc_create`.
-const MALLOC_SPDK_ONLY: [(&str, Neutral); 9] = [
-    ("uuid", Neutral::Absent),
-    ("physical_block_size", Neutral::Absent),
-    ("optimal_io_boundary", Neutral::Int(0)),
-    ("md_size", Neutral::Int(0)),
-    ("md_interleave", Neutral::Bool(false)),
-    ("dif_type", Neutral::Int(0)),
-    ("dif_is_head_of_md", Neutral::Bool(false)),
-    ("dif_pi_format", Neutral::Int(0)),
-    ("numa_id", Neutral::Int(-1)),
-];
-
-/// The same for `vhost_create_blk_controller`.
+/// SPDK parameters of `vhost_create_blk_controller` that flashpath does not implement.
 const VHOST_BLK_SPDK_ONLY: [(&str, Neutral); 3] = [
     ("transport", Neutral::Str("vhost_user_blk")),
     ("packed_ring", Neutral::Bool(false)),
     ("packed_ring_recovery", Neutral::Bool(false)),
 ];
-
-fn spdk_only(p: &mut Params, fields: &[(&'static str, Neutral)]) -> Result<(), ParamError> {
-    for &(field, neutral) in fields {
-        let neutral = match neutral {
-            Neutral::Absent => None,
-            Neutral::Int(i) => Some(json!(i)),
-            Neutral::Bool(b) => Some(json!(b)),
-            Neutral::Str(s) => Some(json!(s)),
-        };
-        p.unsupported(field, neutral)?;
-    }
-    Ok(())
-}
 
 /// The longest `bdev_get_bdevs` may be asked to wait for a bdev, in milliseconds.
 const MAX_WAIT_MS: u64 = 60_000;
@@ -173,100 +112,13 @@ impl Methods {
 
     /// Runs `method` with `params`.
     pub fn call(&self, method: &str, params: Option<Value>) -> Result<Value, MethodError> {
-        let (_, f) = METHODS
-            .iter()
-            .find(|(name, _)| *name == method)
-            .ok_or_else(|| MethodError::UnknownMethod(method.to_string()))?;
-        f(self, Params::new(params)?)
-    }
-
-    fn bdev_null_create(&self, mut p: Params) -> Result<Value, MethodError> {
-        let spec = BdevSpec::Null {
-            name: p.required_str("name")?,
-            num_blocks: p.required_uint("num_blocks", u64::MAX)?,
-            block_size: p.required_uint("block_size", U32_MAX)? as u32,
-        };
-        spdk_only(&mut p, &NULL_SPDK_ONLY)?;
-        p.finish()?;
-        Ok(json!(self.registry.create_bdev(spec)?))
-    }
-
-    fn bdev_malloc_create(&self, mut p: Params) -> Result<Value, MethodError> {
-        let name = p.optional_str("name")?;
-        let num_blocks = p.required_uint("num_blocks", u64::MAX)?;
-        let block_size = p.required_uint("block_size", U32_MAX)? as u32;
-        spdk_only(&mut p, &MALLOC_SPDK_ONLY)?;
-        p.finish()?;
-        if let Some(name) = name {
-            return Ok(json!(self.registry.create_bdev(BdevSpec::Malloc {
-                name,
-                num_blocks,
-                block_size
-            })?));
+        match METHODS.iter().find(|(name, _)| *name == method) {
+            Some((_, f)) => f(self, Params::new(params)?),
+            None => match self.registry.call_module(method, params) {
+                Some(result) => Ok(result?),
+                None => Err(MethodError::UnknownMethod(method.to_string())),
+            },
         }
-        // SPDK names unnamed RAM disks Malloc0, Malloc1, ...: take the first free one, and the
-        // next if a concurrent call took it between our look and our create.
-        loop {
-            let taken: Vec<String> = self.registry.bdevs(None)?.into_iter().map(|b| b.info.name).collect();
-            let name = (0..).map(|i| format!("Malloc{i}")).find(|n| !taken.contains(n)).expect("unbounded");
-            match self.registry.create_bdev(BdevSpec::Malloc { name, num_blocks, block_size }) {
-                Err(RegistryError::AlreadyExists { .. }) => continue,
-                other => return Ok(json!(other?)),
-            }
-        }
-    }
-
-    fn bdev_uring_create(&self, mut p: Params) -> Result<Value, MethodError> {
-        let spec = BdevSpec::Uring {
-            name: p.required_str("name")?,
-            filename: p.required_str("filename")?.into(),
-            block_size: p.optional_uint("block_size", U32_MAX)?.map(|b| b as u32),
-            direct: p.optional_bool("direct")?.unwrap_or(true),
-        };
-        spdk_only(&mut p, &[("uuid", Neutral::Absent)])?;
-        p.finish()?;
-        Ok(json!(self.registry.create_bdev(spec)?))
-    }
-
-    /// SPDK's delay bdev; latencies in microseconds.
-    fn bdev_delay_create(&self, mut p: Params) -> Result<Value, MethodError> {
-        let max = fp_bdev::delay::MAX_DELAY.as_micros() as u64;
-        let base = p.required_str("base_bdev_name")?;
-        let name = p.required_str("name")?;
-        let mut us = |field| p.required_uint(field, max).map(Duration::from_micros);
-        let latency = fp_bdev::DelayLatency {
-            avg_read: us("avg_read_latency")?,
-            p99_read: us("p99_read_latency")?,
-            avg_write: us("avg_write_latency")?,
-            p99_write: us("p99_write_latency")?,
-        };
-        spdk_only(&mut p, &[("uuid", Neutral::Absent)])?;
-        p.finish()?;
-        Ok(json!(self.registry.create_bdev(BdevSpec::Delay { name, base, latency })?))
-    }
-
-    /// SPDK's shape: `delay_bdev_name`, `latency_type` (avg_read, p99_read, avg_write,
-    /// p99_write), `latency_us`. Applies to requests submitted after it.
-    fn bdev_delay_update_latency(&self, mut p: Params) -> Result<Value, MethodError> {
-        let name = p.required_str("delay_bdev_name")?;
-        let kind = p.required_str("latency_type")?;
-        let kind = fp_bdev::LatencyKind::from_name(&kind).ok_or_else(|| {
-            ParamError::new(
-                "latency_type",
-                format!("'{}' is not one of {}", kind.escape_debug(), fp_bdev::LatencyKind::NAMES.join(", ")),
-            )
-        })?;
-        let us = p.required_uint("latency_us", u64::MAX)?;
-        p.finish()?;
-        self.registry.update_delay_latency(&name, kind, Duration::from_micros(us))?;
-        Ok(json!(true))
-    }
-
-    fn bdev_delete(&self, mut p: Params, driver: &str) -> Result<Value, MethodError> {
-        let name = p.required_str("name")?;
-        p.finish()?;
-        self.registry.delete_bdev(&name, Some(driver))?;
-        Ok(json!(true))
     }
 
     fn bdev_get_bdevs(&self, mut p: Params) -> Result<Value, MethodError> {
@@ -295,7 +147,7 @@ impl Methods {
             readonly: p.optional_bool("readonly")?.unwrap_or(false),
             num_queues: p.optional_uint("num_queues", u16::MAX as u64)?.map(|q| q as u16),
         };
-        spdk_only(&mut p, &VHOST_BLK_SPDK_ONLY)?;
+        p.spdk_only(&VHOST_BLK_SPDK_ONLY)?;
         p.finish()?;
         self.registry.create_vhost_blk(spec)?;
         Ok(json!(true))
@@ -364,7 +216,8 @@ impl Methods {
         p.optional_bool("current")?;
         p.optional_bool("include_aliases")?;
         p.finish()?;
-        let mut names: Vec<&str> = METHODS.iter().map(|(n, _)| *n).collect();
+        let mut names: Vec<&str> =
+            METHODS.iter().map(|(n, _)| *n).chain(self.registry.module_methods()).collect();
         names.sort_unstable();
         Ok(json!(names))
     }
@@ -474,16 +327,14 @@ pub fn bdev_uuid(name: &str) -> String {
 fn bdev_json(b: &BdevSummary) -> Value {
     let info = &b.info;
     let io = info.io_types;
-    let specific: serde_json::Map<String, Value> =
-        info.driver_specific.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     let mut v = json!({
         "name": info.name,
         "aliases": [],
         "product_name": info.product_name,
         "block_size": info.block_size,
-        "num_blocks": info.num_blocks,
+        "num_blocks": info.num_blocks(),
         "uuid": bdev_uuid(&info.name),
-        "claimed": b.claimed_by.is_some(),
+        "claimed": !b.claims.is_empty(),
         "zoned": false,
         "supported_io_types": {
             "read": io.read,
@@ -495,9 +346,14 @@ fn bdev_json(b: &BdevSummary) -> Value {
             "nvme_admin": false,
             "nvme_io": false,
         },
-        "driver_specific": { info.driver: specific },
+        "driver_specific": { info.driver: b.driver_specific },
     });
-    if let Some(by) = &b.claimed_by {
+    // SPDK reports the claim type only while there is one; all claims on a bdev share it, or
+    // it would not have accepted the later ones.
+    if let Some(c) = b.claims.first() {
+        v["claim_type"] = json!(c.claim_type.name());
+    }
+    if let Some(by) = b.claimed_by() {
         v["claimed_by"] = json!(by);
     }
     v

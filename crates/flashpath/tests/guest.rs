@@ -118,6 +118,17 @@ mod guest_vm {
         }
     }
 
+    /// `r` with the INFO lines of the whole console, including those a `wait_for` consumed
+    /// before the result.
+    fn with_whole_console(vm: &Vm, r: &GuestResult) -> GuestResult {
+        let console = vm.console();
+        let info = console.lines().filter_map(|l| {
+            const INFO: &str = "FLASHPATH-GUEST-INFO:";
+            Some(l[l.find(INFO)? + INFO.len()..].trim().to_string())
+        });
+        GuestResult { info: info.collect(), ..r.clone() }
+    }
+
     /// The daemon's counters for one controller.
     fn stats(d: &Daemon, ctrlr: &str) -> Value {
         let all = d.call("flashpath_get_stats", Value::Null);
@@ -382,6 +393,48 @@ mod guest_vm {
         }
     }
 
+    /// Online resize: the file behind a running guest's disk grows, `bdev_uring_rescan` tells
+    /// the daemon, and the guest's kernel sees the new capacity through the config-change
+    /// notification (VHOST_USER_BACKEND_CONFIG_CHANGE_MSG, then QEMU's config interrupt) without
+    /// doing anything itself; writes across the old end and at the new end land in the file.
+    #[test]
+    fn a_grown_disk_reaches_the_running_guest() {
+        let Some(_one) = one_at_a_time() else { return };
+        let (size, grown) = (32 * MIB, 48 * MIB);
+        let d = Daemon::start_with_config("0", |dir| {
+            let file = sparse_file(dir, "fp-resize.img", size);
+            file_disk_config("resize", &file, "fp-resize", false, Some(2))
+        });
+        let file = d.dir.path().join("fp-resize.img");
+        let mut vm = Vm::boot(&VmConfig::new("resize", vec![d.dir.path().join("fp-resize")]), d.dir.path());
+        vm.wait_for(
+            "the guest's first write",
+            |l| l.contains(&format!("resize waiting at {size}")),
+            BOOT_TIMEOUT,
+        );
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .and_then(|f| f.set_len(grown))
+            .expect("growing the file");
+        assert_eq!(d.call("bdev_uring_rescan", json!({"name": "resize"})), json!(true));
+        let bdev = d.call("bdev_get_bdevs", json!({"name": "resize"}));
+        assert_eq!(bdev[0]["num_blocks"], grown / 512, "{bdev}");
+
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        // The first write's line came before the one the test waited for: read the whole console.
+        let console = vm.console();
+        assert!(console.contains(&format!("resized to {grown}")), "the guest never saw {grown} bytes");
+        let ops = with_whole_console(&vm, &r).ops("fp-resize");
+        assert_eq!(ops.len(), 3, "{ops:?}");
+        let got = std::fs::read(&file).expect("reading the backing file");
+        assert_same("the grown backing file", 0, &got, &expected_contents(grown, &ops));
+        assert!(d.stderr().contains("resized"), "{}", d.stderr());
+        assert_no_errors(&stats(&d, "fp-resize"));
+    }
+
     /// Crash-safe restart: the daemon is killed with SIGKILL while the guest writes on both
     /// queues, started again with the same configuration, later stopped cleanly (SIGTERM, as an
     /// upgrade would) and started again. QEMU reconnects each time; requests in flight at the
@@ -454,25 +507,11 @@ mod guest_vm {
         vm.wait_exit(EXIT_TIMEOUT);
         // The disk line came long before the result (waiting for the rounds consumed it), so
         // read it from the whole console too.
-        let console = vm.console();
-        let info = console.lines().filter_map(|l| {
-            const INFO: &str = "FLASHPATH-GUEST-INFO:";
-            Some(l[l.find(INFO)? + INFO.len()..].trim().to_string())
-        });
-        let all = GuestResult { info: info.collect(), ..r.clone() };
+        let all = with_whole_console(&vm, &r);
         assert_eq!(ring_packed(&all, "fp-restart"), packed, "VIRTIO_F_RING_PACKED negotiated");
         // The write reports came before the result line (some while the test waited for the
         // rounds), so read them from the whole console rather than from the result.
-        let ops: Vec<DiskOp> = vm
-            .console()
-            .lines()
-            .filter_map(|l| {
-                const OP: &str = "FLASHPATH-GUEST-INFO: op fp-restart write ";
-                let rest = &l[l.find(OP)? + OP.len()..];
-                let n: Vec<u64> = rest.split_whitespace().map(|w| w.parse().expect("op line")).collect();
-                Some(DiskOp::Write { offset: n[0], len: n[1], seed: n[2] })
-            })
-            .collect();
+        let ops = all.ops("fp-restart");
         assert_eq!(ops.len(), 120, "every round reported its write: {ops:?}");
         let got = std::fs::read(&file).expect("reading the backing file");
         assert_same("the backing file after two restarts", 0, &got, &expected_contents(size, &ops));

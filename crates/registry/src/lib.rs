@@ -1,25 +1,31 @@
-//! The registry: the control plane's record of block devices and exports (vhost-user-blk controllers).
+//! The registry: the control plane's record of block devices, their claims and exports
+//! (vhost-user-blk controllers).
 //!
 //! Everything here runs on control-plane threads (RPC, config loading) and is serialised by one
-//! mutex; the data path never touches it. Operations are named after SPDK's JSON-RPC methods that
+//! mutex; the data path never touches it. Bdevs are made by the bdev modules listed in
+//! [`modules`], whose methods act through the registry's [`fp_bdev::ModuleHost`] (`host.rs`);
+//! exports are [`Export`]s (`exports/`). Operations are named after SPDK's JSON-RPC methods that
 //! call them (`bdev_malloc_create`, `vhost_create_blk_controller`, ...).
 
+use std::any::Any;
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use fp_bdev::{
-    Bdev, BdevError, BdevInfo, DelayDevice, DelayLatency, Disk, NullDevice, RamDevice, UringDevice,
-};
+use fp_bdev::{Bdev, BdevError, BdevInfo, ClaimType, Disk};
 use fp_reactor::ReactorHandle;
-use fp_vhost_blk::{BlkController, ControllerConfig, ControllerInfo};
+use fp_rpc::ParamError;
 
 mod disks;
-mod export;
+mod export_dirs;
+pub mod exports;
+mod host;
 mod limits;
+pub mod modules;
 
-pub use export::{ExportDirError, ExportDirs};
+pub use export_dirs::{ExportDirError, ExportDirs};
+pub use exports::vhost_blk::VhostBlkSpec;
+pub use exports::Export;
 pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_CONTROLLERS};
 
 /// A stable error kind, for mapping to JSON-RPC codes and CLI exit messages.
@@ -31,6 +37,9 @@ pub enum RegistryError {
     AlreadyExists { kind: &'static str, name: String },
     #[error("bdev '{name}' is in use by '{by}'")]
     InUse { name: String, by: String },
+    /// A bdev in use may grow, not shrink: its users' data beyond the new end would be lost.
+    #[error("cannot shrink bdev '{name}' from {from} to {to} blocks: it is in use by '{by}' (it may only grow while in use)")]
+    ShrinkInUse { name: String, by: String, from: u64, to: u64 },
     #[error("invalid parameter {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
     /// A configured limit would be exceeded; `setting` is the configuration key that sets it.
@@ -47,9 +56,14 @@ pub enum RegistryError {
         source: std::io::Error,
     },
     #[error(transparent)]
+    Param(#[from] ParamError),
+    #[error(transparent)]
     Bdev(#[from] BdevError),
     #[error("{0}")]
     Vhost(#[from] fp_vhost_blk::Error),
+    /// A module's failure that is none of the above (a module's own host error type).
+    #[error("{0}")]
+    Other(Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl RegistryError {
@@ -59,7 +73,7 @@ impl RegistryError {
         match self {
             RegistryError::NotFound { .. } => -libc_enodev(),
             RegistryError::AlreadyExists { .. } => -17,
-            RegistryError::InUse { .. } => -16,
+            RegistryError::InUse { .. } | RegistryError::ShrinkInUse { .. } => -16,
             RegistryError::Invalid { .. } => -22,
             // As the kernel does when a count limit is reached (inotify watches, epoll
             // instances): "no room for another".
@@ -70,53 +84,26 @@ impl RegistryError {
             RegistryError::Bdev(BdevError::Open { source, .. }) => -source.raw_os_error().unwrap_or(5),
             RegistryError::Bdev(BdevError::NoMemory(_)) => -12,
             RegistryError::Bdev(BdevError::Uring(_)) => -5,
+            RegistryError::Bdev(BdevError::Unsupported(_)) => -95,
+            RegistryError::Param(_) => -22,
             RegistryError::Vhost(e) => -e.errno(),
+            RegistryError::Other(_) => -5,
         }
     }
 
     /// True when the caller's parameters were wrong (JSON-RPC "invalid params").
     pub fn is_invalid_params(&self) -> bool {
-        matches!(self, RegistryError::Invalid { .. } | RegistryError::Bdev(BdevError::InvalidParam { .. }))
+        matches!(
+            self,
+            RegistryError::Invalid { .. }
+                | RegistryError::Param(_)
+                | RegistryError::Bdev(BdevError::InvalidParam { .. })
+        )
     }
 }
 
 const fn libc_enodev() -> i32 {
     19
-}
-
-/// A uring bdev on `filename`, which must lead inside `exports` (see the `export` module).
-fn open_exported(
-    exports: &ExportDirs,
-    name: &str,
-    filename: &Path,
-    block_size: Option<u32>,
-    direct: bool,
-) -> Result<UringDevice, RegistryError> {
-    let beneath = exports.locate(filename).map_err(|refusal| match refusal {
-        export::Refusal::Outside => RegistryError::NotAllowed {
-            field: "filename",
-            reason: format!("'{}' is outside the allowed export directories", filename.display()),
-        },
-        export::Refusal::Unresolved(source) => {
-            RegistryError::Bdev(BdevError::Open { path: filename.display().to_string(), source })
-        }
-    })?;
-    // The device opens the file twice (buffered and O_DIRECT); both opens must reach the same
-    // file, or a swap inside the export directory between them would split the disk in two.
-    let first = std::cell::Cell::new(None);
-    let open = |direct: bool| {
-        let file = beneath.open(direct)?;
-        let id = export::file_id(&file)?;
-        match first.get() {
-            None => first.set(Some(id)),
-            Some(seen) if seen != id => {
-                return Err(std::io::Error::other("it was replaced by another file while being opened"))
-            }
-            Some(_) => {}
-        }
-        Ok(file)
-    };
-    Ok(UringDevice::open_with(name, filename, block_size, direct, open)?)
 }
 
 /// Refuses a RAM bdev larger than [`Limits::max_malloc_bytes`]. The geometry is validated first
@@ -142,61 +129,36 @@ fn check_malloc_size(
     Ok(())
 }
 
-/// What to build for `bdev_*_create`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BdevSpec {
-    /// `bdev_null_create`.
-    Null { name: String, num_blocks: u64, block_size: u32 },
-    /// `bdev_malloc_create` (a RAM disk).
-    Malloc { name: String, num_blocks: u64, block_size: u32 },
-    /// `bdev_uring_create`: a file or block device. `block_size` defaults to the device's logical
-    /// block size (512 for a regular file). `direct` (O_DIRECT) defaults to true.
-    Uring { name: String, filename: PathBuf, block_size: Option<u32>, direct: bool },
-    /// `bdev_delay_create`: holds each request of `base` for a latency. Claims `base`.
-    Delay { name: String, base: String, latency: DelayLatency },
-}
-
-impl BdevSpec {
-    pub fn name(&self) -> &str {
-        match self {
-            BdevSpec::Null { name, .. }
-            | BdevSpec::Malloc { name, .. }
-            | BdevSpec::Uring { name, .. }
-            | BdevSpec::Delay { name, .. } => name,
-        }
-    }
-
-    pub fn driver(&self) -> &'static str {
-        match self {
-            BdevSpec::Null { .. } => "null",
-            BdevSpec::Malloc { .. } => "malloc",
-            BdevSpec::Uring { .. } => "uring",
-            BdevSpec::Delay { .. } => "delay",
-        }
-    }
-}
-
 /// A bdev as `bdev_get_bdevs` reports it.
 #[derive(Debug, Clone)]
 pub struct BdevSummary {
     pub info: BdevInfo,
-    /// The controller exporting it, if any (SPDK's `claimed`).
-    pub claimed_by: Option<String>,
+    /// Who builds on it (SPDK's `claimed`, `claim_type`): exports and stacked bdevs.
+    pub claims: Vec<Claim>,
+    /// `driver_specific.<driver>`, as its module reports it.
+    pub driver_specific: serde_json::Map<String, serde_json::Value>,
 }
 
-/// What to build for `vhost_create_blk_controller`.
+impl BdevSummary {
+    /// The holders' names, for messages and `claimed_by`; `None` when unclaimed.
+    pub fn claimed_by(&self) -> Option<String> {
+        holders(&self.claims)
+    }
+}
+
+/// A claim on a bdev.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VhostBlkSpec {
-    /// Controller name; the socket is `<vhost_dir>/<ctrlr>`.
-    pub ctrlr: String,
-    /// The bdev to export.
-    pub dev_name: String,
-    /// Reactor cores its queues may run on (SPDK's cpumask); `None` means all reactors.
-    pub cpus: Option<Vec<usize>>,
-    pub readonly: bool,
-    /// The most queues a frontend may start (GET_QUEUE_NUM, the config space's `num_queues`);
-    /// `None` means [`fp_vhost_blk::MAX_QUEUES`], whatever the number of reactors in the mask.
-    pub num_queues: Option<u16>,
+pub struct Claim {
+    /// The export or bdev holding it.
+    pub holder: String,
+    /// "bdev", or the export's kind ("vhost-blk"): a bdev and an export may share a name.
+    pub holder_kind: &'static str,
+    pub claim_type: ClaimType,
+}
+
+/// The holders of `claims`, comma-separated; `None` when there are none.
+pub(crate) fn holders(claims: &[Claim]) -> Option<String> {
+    (!claims.is_empty()).then(|| claims.iter().map(|c| c.holder.as_str()).collect::<Vec<_>>().join(","))
 }
 
 /// A reactor as `framework_get_reactors` reports it.
@@ -209,21 +171,46 @@ pub struct ReactorSummary {
 
 struct BdevEntry {
     bdev: Bdev,
-    /// The bdev with its statistics and events; kept while the bdev exists, so statistics
-    /// survive a controller's delete and re-create.
+    /// The bdev with its statistics and events (`fp_bdev::disk`): what exports and stacked
+    /// bdevs open channels through. Kept while the bdev exists, so statistics survive an
+    /// export's delete and re-create.
     disk: Disk,
-    claimed_by: Option<String>,
-    /// The same device, typed, when it is a delay bdev (its latencies can be changed).
-    delay: Option<Arc<DelayDevice>>,
+    /// The module that built it (its `driver`).
+    module: &'static str,
+    /// The same device, for its module's methods and `driver_specific`.
+    device: Arc<dyn Any + Send + Sync>,
+    claims: Vec<Claim>,
+    /// The bdevs it claims, released when it is deleted.
+    bases: Vec<String>,
+}
+
+impl BdevEntry {
+    /// Refuses a `claim_type` claim that the claims held exclude.
+    fn check_claim(&self, name: &str, claim_type: ClaimType) -> Result<(), RegistryError> {
+        let held: Vec<ClaimType> = self.claims.iter().map(|c| c.claim_type).collect();
+        match holders(&self.claims) {
+            Some(by) if !claim_type.compatible_with(&held) => {
+                Err(RegistryError::InUse { name: name.into(), by })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 struct State {
     bdevs: BTreeMap<String, BdevEntry>,
-    controllers: BTreeMap<String, BlkController>,
+    exports: BTreeMap<String, Box<dyn Export>>,
 }
 
 impl State {
     /// Refuses a new bdev when the registry already holds the most it may.
+    /// Releases the claim `holder` has on `bdev`.
+    fn release(&mut self, bdev: &str, holder_kind: &str, holder: &str) {
+        if let Some(b) = self.bdevs.get_mut(bdev) {
+            b.claims.retain(|c| !(c.holder == holder && c.holder_kind == holder_kind));
+        }
+    }
+
     fn room_for_bdev(&self, name: &str, limits: &Limits) -> Result<(), RegistryError> {
         if self.bdevs.len() >= limits.max_bdevs {
             return Err(RegistryError::LimitReached {
@@ -247,7 +234,7 @@ pub struct RegistryOptions {
     /// When set, file-backed bdevs may only open files inside these directories.
     pub export_dirs: Option<ExportDirs>,
     /// Count I/O statistics (`bdev_get_iostat`, histograms) in the disk layer; off hands the
-    /// frontends the backends' channels directly.
+    /// exports the backends' channels directly.
     pub iostat: bool,
 }
 
@@ -292,7 +279,7 @@ impl Registry {
             reactors,
             vhost_dir: vhost_dir.to_path_buf(),
             options,
-            state: Mutex::new(State { bdevs: BTreeMap::new(), controllers: BTreeMap::new() }),
+            state: Mutex::new(State { bdevs: BTreeMap::new(), exports: BTreeMap::new() }),
         })
     }
 
@@ -313,108 +300,24 @@ impl Registry {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Creates a bdev; returns its name.
-    pub fn create_bdev(&self, spec: BdevSpec) -> Result<String, RegistryError> {
-        let name = spec.name().to_string();
-        let limits = &self.options.limits;
-        {
-            let st = self.lock();
-            if st.bdevs.contains_key(&name) {
-                return Err(RegistryError::AlreadyExists { kind: "bdev", name });
-            }
-            // Checked again on insertion; refusing here spares building a bdev for nothing.
-            st.room_for_bdev(&name, limits)?;
-        }
-        // Build outside the lock: a RAM disk allocation or a file open may take a while.
-        let bdev: Bdev = match &spec {
-            BdevSpec::Null { name, num_blocks, block_size } => {
-                Arc::new(NullDevice::new(name, *block_size, *num_blocks)?)
-            }
-            BdevSpec::Malloc { name, num_blocks, block_size } => {
-                check_malloc_size(name, *block_size, *num_blocks, limits)?;
-                Arc::new(RamDevice::new(name, *block_size, *num_blocks)?)
-            }
-            BdevSpec::Uring { name, filename, block_size, direct } => match &self.options.export_dirs {
-                None => Arc::new(UringDevice::new(name, filename, *block_size, *direct)?),
-                Some(exports) => Arc::new(open_exported(exports, name, filename, *block_size, *direct)?),
-            },
-            BdevSpec::Delay { name: delay_name, base, latency } => {
-                let mut st = self.lock();
-                if st.bdevs.contains_key(&name) {
-                    return Err(RegistryError::AlreadyExists { kind: "bdev", name });
-                }
-                st.room_for_bdev(&name, limits)?;
-                let entry = st
-                    .bdevs
-                    .get_mut(base)
-                    .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: base.clone() })?;
-                if let Some(by) = &entry.claimed_by {
-                    return Err(RegistryError::InUse { name: base.clone(), by: by.clone() });
-                }
-                // Through the base's disk, so the base's statistics count the delay's traffic.
-                let dev = Arc::new(DelayDevice::new(delay_name, Arc::new(entry.disk.clone()), *latency)?);
-                entry.claimed_by = Some(delay_name.clone());
-                log::info!("bdev '{name}' created (delay over '{base}')");
-                let disk = Disk::new(dev.clone(), self.options.iostat);
-                st.bdevs.insert(
-                    name.clone(),
-                    BdevEntry { bdev: dev.clone(), disk, claimed_by: None, delay: Some(dev) },
-                );
-                return Ok(name);
-            }
-        };
-        let mut st = self.lock();
-        if st.bdevs.contains_key(&name) {
-            return Err(RegistryError::AlreadyExists { kind: "bdev", name });
-        }
-        st.room_for_bdev(&name, limits)?;
-        log::info!("bdev '{name}' created ({}, {} bytes)", spec.driver(), bdev.info().size_bytes());
-        let disk = Disk::new(bdev.clone(), self.options.iostat);
-        st.bdevs.insert(name.clone(), BdevEntry { bdev, disk, claimed_by: None, delay: None });
-        Ok(name)
-    }
-
-    /// `bdev_delay_update_latency`: one latency of a delay bdev, for requests from now on.
-    pub fn update_delay_latency(
-        &self,
-        name: &str,
-        kind: fp_bdev::LatencyKind,
-        value: std::time::Duration,
-    ) -> Result<(), RegistryError> {
-        let st = self.lock();
-        let dev = st
-            .bdevs
-            .get(name)
-            .and_then(|e| e.delay.as_ref())
-            .ok_or_else(|| RegistryError::NotFound { kind: "delay bdev", name: name.into() })?;
-        dev.set_latency(kind, value)?;
-        log::info!("bdev '{name}': {} latency now {} us", kind.name(), value.as_micros());
-        Ok(())
-    }
-
     /// Deletes a bdev. `driver`, when given, must match (SPDK's `bdev_null_delete` does not delete
-    /// a malloc bdev).
+    /// a malloc bdev). Refused while it is claimed; releases the bdevs it claims.
     pub fn delete_bdev(&self, name: &str, driver: Option<&str>) -> Result<(), RegistryError> {
         let mut st = self.lock();
         let entry =
             st.bdevs.get(name).ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: name.into() })?;
         if let Some(d) = driver {
-            if entry.bdev.info().driver != d {
+            if entry.module != d {
                 return Err(RegistryError::NotFound { kind: "bdev", name: format!("{name}' of type '{d}") });
             }
         }
-        if let Some(by) = &entry.claimed_by {
-            return Err(RegistryError::InUse { name: name.into(), by: by.clone() });
+        if let Some(by) = holders(&entry.claims) {
+            return Err(RegistryError::InUse { name: name.into(), by });
         }
         if let Some(removed) = st.bdevs.remove(name) {
             removed.disk.notify(&fp_bdev::DiskEvent::Removed);
-            // A stacked bdev releases the one below it.
-            if let Some((key, base)) = &removed.bdev.info().driver_specific {
-                if key == "base_bdev_name" {
-                    if let Some(b) = st.bdevs.get_mut(base) {
-                        b.claimed_by = None;
-                    }
-                }
+            for base in &removed.bases {
+                st.release(base, "bdev", name);
             }
         }
         log::info!("bdev '{name}' deleted");
@@ -424,8 +327,14 @@ impl Registry {
     /// All bdevs, or the one named.
     pub fn bdevs(&self, name: Option<&str>) -> Result<Vec<BdevSummary>, RegistryError> {
         let st = self.lock();
-        let summary =
-            |e: &BdevEntry| BdevSummary { info: e.bdev.info().clone(), claimed_by: e.claimed_by.clone() };
+        let summary = |e: &BdevEntry| {
+            let info = e.bdev.info().clone();
+            let driver_specific = match modules::find(e.module) {
+                Some(m) => m.driver_specific(&info, e.device.as_ref()),
+                None => serde_json::Map::new(),
+            };
+            BdevSummary { info, claims: e.claims.clone(), driver_specific }
+        };
         match name {
             Some(n) => st
                 .bdevs
@@ -436,144 +345,6 @@ impl Registry {
         }
     }
 
-    /// Creates a vhost-user-blk controller: a listening socket in the vhost directory.
-    pub fn create_vhost_blk(&self, spec: VhostBlkSpec) -> Result<(), RegistryError> {
-        fp_vhost_blk::validate_name(&spec.ctrlr)
-            .map_err(|reason| RegistryError::Invalid { field: "ctrlr", reason })?;
-        let reactors: Vec<ReactorHandle> = match &spec.cpus {
-            None => self.reactors.clone(),
-            Some(cpus) => {
-                let picked: Vec<ReactorHandle> = self
-                    .reactors
-                    .iter()
-                    .filter(|h| h.core().is_some_and(|c| cpus.contains(&c)))
-                    .cloned()
-                    .collect();
-                if picked.is_empty() {
-                    let have: Vec<String> =
-                        self.reactors.iter().filter_map(|h| h.core()).map(|c| c.to_string()).collect();
-                    return Err(RegistryError::Invalid {
-                        field: "cpumask",
-                        reason: format!("selects no reactor core; reactors run on cores {}", have.join(",")),
-                    });
-                }
-                picked
-            }
-        };
-        // By default the controller offers every queue a frontend may ask for: QEMU asks for one
-        // per vCPU unless its device line says otherwise, and refuses to start when offered
-        // fewer. Queue i runs on reactor i % n, so any count is spread over the mask; a queue
-        // the frontend never starts costs a few hundred bytes (docs/architecture.md, "Queues").
-        let num_queues = spec.num_queues.unwrap_or(fp_vhost_blk::MAX_QUEUES);
-        if num_queues == 0 || num_queues > fp_vhost_blk::MAX_QUEUES {
-            return Err(RegistryError::Invalid {
-                field: "num_queues",
-                reason: format!("{num_queues} is not between 1 and {}", fp_vhost_blk::MAX_QUEUES),
-            });
-        }
-        let mut st = self.lock();
-        if st.controllers.contains_key(&spec.ctrlr) {
-            return Err(RegistryError::AlreadyExists { kind: "controller", name: spec.ctrlr });
-        }
-        let max = self.options.limits.max_controllers;
-        if st.controllers.len() >= max {
-            return Err(RegistryError::LimitReached {
-                kind: "controller",
-                name: spec.ctrlr,
-                limit: max,
-                setting: "limits.max_controllers",
-            });
-        }
-        let entry = st
-            .bdevs
-            .get_mut(&spec.dev_name)
-            .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: spec.dev_name.clone() })?;
-        if let Some(by) = &entry.claimed_by {
-            return Err(RegistryError::InUse { name: spec.dev_name.clone(), by: by.clone() });
-        }
-        let config = ControllerConfig {
-            name: spec.ctrlr.clone(),
-            socket_path: self.vhost_dir.join(&spec.ctrlr),
-            disk: entry.disk.clone(),
-            reactors,
-            read_only: spec.readonly,
-            num_queues,
-        };
-        let socket_path = config.socket_path.clone();
-        let ctrl = BlkController::start(config)?;
-        // The socket is bound with the umask's mode (`serve` sets 077, so nobody else can reach
-        // it meanwhile); now it gets the configured one.
-        let mode = std::fs::Permissions::from_mode(self.options.vhost_socket_mode);
-        if let Err(source) = std::fs::set_permissions(&socket_path, mode) {
-            ctrl.stop();
-            return Err(RegistryError::SocketMode { path: socket_path, source });
-        }
-        entry.claimed_by = Some(spec.ctrlr.clone());
-        log::info!("vhost-blk controller '{}' serving bdev '{}'", spec.ctrlr, spec.dev_name);
-        st.controllers.insert(spec.ctrlr, ctrl);
-        Ok(())
-    }
-
-    /// Stops a controller: disconnects its client, removes its socket, releases its bdev.
-    pub fn delete_vhost(&self, ctrlr: &str) -> Result<(), RegistryError> {
-        let ctrl = {
-            let mut st = self.lock();
-            let ctrl = st
-                .controllers
-                .remove(ctrlr)
-                .ok_or_else(|| RegistryError::NotFound { kind: "controller", name: ctrlr.into() })?;
-            let bdev_name = ctrl.info().bdev_name.clone();
-            if let Some(e) = st.bdevs.get_mut(&bdev_name) {
-                e.claimed_by = None;
-            }
-            ctrl
-        };
-        // Stopping waits for the queues to drain: do it without holding the registry lock.
-        ctrl.stop();
-        log::info!("vhost-blk controller '{ctrlr}' deleted");
-        Ok(())
-    }
-
-    /// All controllers, or the one named.
-    /// `vhost_controller_set_coalescing`: guest notification coalescing for one controller's
-    /// queues, running ones included (fp_vhost_blk::coalesce). `delay_base_us` 0 turns it off.
-    pub fn set_coalescing(
-        &self,
-        ctrlr: &str,
-        delay_base_us: u32,
-        iops_threshold: u32,
-    ) -> Result<(), RegistryError> {
-        let max = fp_vhost_blk::coalesce::MAX_DELAY_BASE_US;
-        if delay_base_us > max {
-            return Err(RegistryError::Invalid {
-                field: "delay_base_us",
-                reason: format!("{delay_base_us} is above the limit of {max} us"),
-            });
-        }
-        let st = self.lock();
-        let c = st
-            .controllers
-            .get(ctrlr)
-            .ok_or_else(|| RegistryError::NotFound { kind: "controller", name: ctrlr.into() })?;
-        c.set_coalescing(delay_base_us, iops_threshold);
-        log::info!(
-            "vhost-blk controller '{ctrlr}': coalescing delay {delay_base_us} us above {iops_threshold} IOPS"
-        );
-        Ok(())
-    }
-
-    pub fn controllers(&self, name: Option<&str>) -> Result<Vec<ControllerInfo>, RegistryError> {
-        let st = self.lock();
-        match name {
-            Some(n) => st
-                .controllers
-                .get(n)
-                .map(|c| vec![c.info()])
-                .ok_or_else(|| RegistryError::NotFound { kind: "controller", name: n.into() }),
-            None => Ok(st.controllers.values().map(|c| c.info()).collect()),
-        }
-    }
-
     pub fn reactors(&self) -> Vec<ReactorSummary> {
         self.reactors
             .iter()
@@ -581,11 +352,11 @@ impl Registry {
             .collect()
     }
 
-    /// Stops every controller (on shutdown). Bdevs are dropped with the registry.
+    /// Stops every export (on shutdown). Bdevs are dropped with the registry.
     pub fn shutdown(&self) {
-        let names: Vec<String> = self.lock().controllers.keys().cloned().collect();
+        let names: Vec<String> = self.lock().exports.keys().cloned().collect();
         for n in names {
-            let _ = self.delete_vhost(&n);
+            let _ = self.delete_export(&n, None);
         }
     }
 }

@@ -6,6 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use fp_reactor::{Reactor, ReactorConfig};
+use serde_json::json;
 
 struct Fixture {
     registry: Arc<Registry>,
@@ -22,12 +23,32 @@ fn fixture(limits: Limits) -> Fixture {
     Fixture { registry, dir, _reactor: reactor }
 }
 
-fn null(name: &str) -> BdevSpec {
-    BdevSpec::Null { name: name.into(), num_blocks: 8, block_size: 512 }
+/// A module method and its parameters.
+type Call = (&'static str, serde_json::Value);
+
+/// Creating bdevs as the RPC server does, through their module's method.
+trait CreateBdev {
+    fn create_bdev(&self, call: Call) -> Result<serde_json::Value, RegistryError>;
 }
 
-fn malloc(num_blocks: u64, block_size: u32) -> BdevSpec {
-    BdevSpec::Malloc { name: "m".into(), num_blocks, block_size }
+impl CreateBdev for Registry {
+    fn create_bdev(&self, (method, params): Call) -> Result<serde_json::Value, RegistryError> {
+        self.call_module(method, Some(params)).expect("a module's method")
+    }
+}
+
+fn null(name: &str) -> Call {
+    ("bdev_null_create", json!({ "name": name, "num_blocks": 8, "block_size": 512 }))
+}
+
+fn malloc(num_blocks: u64, block_size: u32) -> Call {
+    ("bdev_malloc_create", json!({ "name": "m", "num_blocks": num_blocks, "block_size": block_size }))
+}
+
+fn delay(name: &str, base: &str) -> Call {
+    let params = json!({ "name": name, "base_bdev_name": base, "avg_read_latency": 0,
+        "p99_read_latency": 0, "avg_write_latency": 0, "p99_write_latency": 0 });
+    ("bdev_delay_create", params)
 }
 
 fn vhost(ctrlr: &str, dev: &str, num_queues: Option<u16>) -> VhostBlkSpec {
@@ -46,9 +67,7 @@ fn bdev_limit_counts_every_type_and_frees_on_delete() {
     let f = fixture(Limits { max_bdevs: 3, ..Limits::default() });
     f.registry.create_bdev(null("a")).unwrap();
     f.registry.create_bdev(malloc(8, 512)).unwrap();
-    let z = std::time::Duration::ZERO;
-    let latency = DelayLatency { avg_read: z, p99_read: z, avg_write: z, p99_write: z };
-    f.registry.create_bdev(BdevSpec::Delay { name: "d".into(), base: "a".into(), latency }).unwrap();
+    f.registry.create_bdev(delay("d", "a")).unwrap();
     let e = f.registry.create_bdev(null("b")).unwrap_err();
     assert!(matches!(e, RegistryError::LimitReached { limit: 3, .. }), "{e:?}");
     assert_eq!(e.errno(), -28);
@@ -58,9 +77,9 @@ fn bdev_limit_counts_every_type_and_frees_on_delete() {
         "cannot create bdev 'b': 3 bdevs already exist, the limit set by limits.max_bdevs"
     );
     // A delay bdev over a new base is refused the same way, and leaves the base unclaimed.
-    let e = f.registry.create_bdev(BdevSpec::Delay { name: "d2".into(), base: "m".into(), latency });
+    let e = f.registry.create_bdev(delay("d2", "m"));
     assert!(matches!(e, Err(RegistryError::LimitReached { .. })), "{e:?}");
-    assert!(f.registry.bdevs(Some("m")).unwrap()[0].claimed_by.is_none());
+    assert!(f.registry.bdevs(Some("m")).unwrap()[0].claims.is_empty());
     f.registry.delete_bdev("m", None).unwrap();
     f.registry.create_bdev(null("b")).unwrap();
     assert_eq!(f.registry.bdevs(None).unwrap().len(), 3);
@@ -82,7 +101,7 @@ fn controller_limit_refuses_the_next_one_and_frees_on_delete() {
     );
     // The refused controller left nothing behind: no socket, its bdev unclaimed.
     assert!(!f.dir.path().join("v2").exists());
-    assert!(f.registry.bdevs(Some("c")).unwrap()[0].claimed_by.is_none());
+    assert!(f.registry.bdevs(Some("c")).unwrap()[0].claims.is_empty());
     f.registry.delete_vhost("v0").unwrap();
     f.registry.create_vhost_blk(vhost("v2", "c", None)).unwrap();
     assert_eq!(f.registry.controllers(None).unwrap().len(), 2);
@@ -103,7 +122,7 @@ fn num_queues_outside_1_to_max_queues_is_refused() {
     }
     // Nothing refused was created.
     assert!(f.registry.controllers(None).unwrap().is_empty());
-    assert!(f.registry.bdevs(Some("a")).unwrap()[0].claimed_by.is_none());
+    assert!(f.registry.bdevs(Some("a")).unwrap()[0].claims.is_empty());
     f.registry.shutdown();
 }
 
@@ -156,8 +175,9 @@ fn a_petabyte_malloc_is_refused_on_any_machine_by_default() {
     };
     assert!(reason.contains("fit 64 bits"), "{reason}");
     // So does a null bdev, which has no memory to cap.
-    let e =
-        f.registry.create_bdev(BdevSpec::Null { name: "n".into(), num_blocks: u64::MAX, block_size: 512 });
+    let e = f
+        .registry
+        .create_bdev(("bdev_null_create", json!({ "name": "n", "num_blocks": u64::MAX, "block_size": 512 })));
     assert!(
         matches!(e, Err(RegistryError::Bdev(BdevError::InvalidParam { field: "num_blocks", .. }))),
         "{e:?}"
@@ -200,8 +220,8 @@ fn exported() -> (Arc<Registry>, tempfile::TempDir) {
     (Registry::with_options(vec![], &dir.path().join("vhost"), options), dir)
 }
 
-fn uring(name: &str, filename: &Path) -> BdevSpec {
-    BdevSpec::Uring { name: name.into(), filename: filename.into(), block_size: None, direct: false }
+fn uring(name: &str, filename: &Path) -> Call {
+    ("bdev_uring_create", json!({ "name": name, "filename": filename, "direct": false }))
 }
 
 fn refused_outside(registry: &Registry, filename: &Path) {
@@ -223,12 +243,7 @@ fn export_dirs_allow_files_inside() {
     // Symlinks and `..` are fine as long as where they lead is inside.
     std::os::unix::fs::symlink(ex.join("sub/deep.img"), ex.join("alias.img")).unwrap();
     registry.create_bdev(uring("c", &ex.join("alias.img"))).unwrap();
-    let direct = BdevSpec::Uring {
-        name: "d".into(),
-        filename: ex.join("sub/../in.img"),
-        block_size: None,
-        direct: true,
-    };
+    let direct = ("bdev_uring_create", json!({ "name": "d", "filename": ex.join("sub/../in.img") }));
     match registry.create_bdev(direct) {
         // tmpfs has no O_DIRECT; the open itself got through the walk.
         Ok(_) | Err(RegistryError::Bdev(BdevError::Open { .. })) => {}
@@ -269,4 +284,93 @@ fn without_export_dirs_any_path_opens() {
     let outside = f.dir.path().join("anywhere.img");
     std::fs::write(&outside, vec![0u8; 4096]).unwrap();
     f.registry.create_bdev(uring("u", &outside)).unwrap();
+}
+
+fn readonly(ctrlr: &str, dev: &str) -> VhostBlkSpec {
+    VhostBlkSpec { readonly: true, ..vhost(ctrlr, dev, Some(1)) }
+}
+
+#[test]
+fn read_only_controllers_share_a_bdev_a_writer_excludes_them() {
+    let f = fixture(Limits::default());
+    f.registry.create_bdev(null("a")).unwrap();
+    f.registry.create_vhost_blk(readonly("r1", "a")).unwrap();
+    f.registry.create_vhost_blk(readonly("r2", "a")).unwrap();
+    let b = &f.registry.bdevs(Some("a")).unwrap()[0];
+    let kinds: Vec<_> = b.claims.iter().map(|c| (c.holder.as_str(), c.claim_type)).collect();
+    assert_eq!(kinds, [("r1", ClaimType::ReadManyWriteNone), ("r2", ClaimType::ReadManyWriteNone)]);
+    // Neither a writable controller nor an exclusive stacked bdev may join the readers.
+    let e = f.registry.create_vhost_blk(vhost("w", "a", Some(1))).unwrap_err();
+    assert!(matches!(&e, RegistryError::InUse { by, .. } if by == "r1,r2"), "{e:?}");
+    let e = f.registry.create_bdev(delay("d", "a")).unwrap_err();
+    assert!(matches!(&e, RegistryError::InUse { .. }), "{e:?}");
+    assert_eq!(e.errno(), -16);
+    // Deleting the bdev is refused, naming who holds it.
+    let e = f.registry.delete_bdev("a", None).unwrap_err();
+    assert_eq!((e.errno(), e.to_string()), (-16, "bdev 'a' is in use by 'r1,r2'".to_string()));
+    f.registry.delete_vhost("r1").unwrap();
+    assert_eq!(f.registry.bdevs(Some("a")).unwrap()[0].claimed_by().as_deref(), Some("r2"));
+    f.registry.delete_vhost("r2").unwrap();
+    // Unclaimed again: a writer takes it, exclusively.
+    f.registry.create_vhost_blk(vhost("w", "a", Some(1))).unwrap();
+    let e = f.registry.create_vhost_blk(readonly("r3", "a")).unwrap_err();
+    assert!(matches!(&e, RegistryError::InUse { by, .. } if by == "w"), "{e:?}");
+    f.registry.delete_vhost("w").unwrap();
+    f.registry.delete_bdev("a", None).unwrap();
+}
+
+#[test]
+fn a_delay_bdev_claims_its_base_exclusively_until_deleted() {
+    let f = fixture(Limits::default());
+    f.registry.create_bdev(null("a")).unwrap();
+    f.registry.create_bdev(delay("d", "a")).unwrap();
+    let b = &f.registry.bdevs(Some("a")).unwrap()[0];
+    assert_eq!(b.claims[0].claim_type, ClaimType::ExclusiveWrite);
+    assert_eq!((b.claims[0].holder.as_str(), b.claims[0].holder_kind), ("d", "bdev"));
+    let e = f.registry.create_vhost_blk(readonly("r", "a")).unwrap_err();
+    assert!(matches!(&e, RegistryError::InUse { by, .. } if by == "d"), "{e:?}");
+    let e = f.registry.create_bdev(delay("d2", "a")).unwrap_err();
+    assert!(matches!(&e, RegistryError::InUse { .. }), "{e:?}");
+    // The wrong module's delete does not find it; the delay one releases the base.
+    let e = f.registry.delete_bdev("d", Some("null")).unwrap_err();
+    assert!(matches!(&e, RegistryError::NotFound { .. }), "{e:?}");
+    f.registry.call_module("bdev_delay_delete", Some(json!({ "name": "d" }))).unwrap().unwrap();
+    assert!(f.registry.bdevs(Some("a")).unwrap()[0].claims.is_empty());
+    f.registry.create_vhost_blk(readonly("r", "a")).unwrap();
+}
+
+#[test]
+fn module_methods_are_dispatched_by_name() {
+    let f = fixture(Limits::default());
+    assert!(f.registry.call_module("vhost_create_blk_controller", None).is_none());
+    let names: Vec<&str> = f.registry.module_methods().collect();
+    for m in ["bdev_null_create", "bdev_malloc_delete", "bdev_uring_create", "bdev_delay_update_latency"] {
+        assert!(names.contains(&m), "{m} in {names:?}");
+    }
+    // Parameter errors name the field and are -22.
+    let e = f.registry.call_module("bdev_null_create", Some(json!({ "name": "n" }))).unwrap().unwrap_err();
+    assert!(matches!(&e, RegistryError::Param(p) if p.field == "num_blocks"), "{e:?}");
+    assert!(e.is_invalid_params());
+    // A bdev's module reports its driver_specific.
+    f.registry.create_bdev(null("a")).unwrap();
+    f.registry.create_bdev(delay("d", "a")).unwrap();
+    let d = &f.registry.bdevs(Some("d")).unwrap()[0];
+    assert_eq!(d.driver_specific["base_bdev_name"], "a");
+    assert_eq!(d.driver_specific["p99_write_latency"], 0);
+}
+
+/// The configuration file maps `type = "<name>"` to `bdev_<name>_create`, and methods are found
+/// by name across modules: every module needs the create method, and no name may repeat.
+#[test]
+fn every_module_has_its_create_method_and_names_are_unique() {
+    let mut names = std::collections::BTreeSet::new();
+    for m in modules::MODULES {
+        let methods: Vec<&str> = m.methods().iter().map(|(n, _)| *n).collect();
+        let create = format!("bdev_{}_create", m.name());
+        assert!(methods.contains(&create.as_str()), "{}: {methods:?}", m.name());
+        assert!(names.insert(m.name()), "module {} twice", m.name());
+        for n in methods {
+            assert!(names.insert(n), "method {n} twice");
+        }
+    }
 }

@@ -18,7 +18,7 @@ mod server;
 
 pub use client::{RpcClient, RpcClientError};
 pub use error::{codes, RpcError};
-pub use params::{ParamError, Params};
+pub use params::{Neutral, ParamError, Params};
 pub use server::{Handler, RpcServer, ServerConfig};
 
 /// Default bound on one request (or one batch), in bytes.

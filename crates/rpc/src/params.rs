@@ -39,6 +39,16 @@ impl From<ParamError> for RpcError {
     }
 }
 
+/// The value under which an SPDK-only parameter is accepted (see [`Params::unsupported`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Neutral {
+    /// Only when left out.
+    Absent,
+    Int(i64),
+    Bool(bool),
+    Str(&'static str),
+}
+
 /// A method's parameters being decoded. See the module docs.
 #[derive(Debug)]
 pub struct Params {
@@ -140,6 +150,20 @@ impl Params {
             }
             (Some(_), None) => Err(ParamError::new(field, "not supported by flashpath")),
         }
+    }
+
+    /// [`Params::unsupported`] for each of `fields`: a method's list of SPDK-only parameters.
+    pub fn spdk_only(&mut self, fields: &[(&'static str, Neutral)]) -> Result<(), ParamError> {
+        for &(field, neutral) in fields {
+            let neutral = match neutral {
+                Neutral::Absent => None,
+                Neutral::Int(i) => Some(Value::from(i)),
+                Neutral::Bool(b) => Some(Value::from(b)),
+                Neutral::Str(s) => Some(Value::from(s)),
+            };
+            self.unsupported(field, neutral)?;
+        }
+        Ok(())
     }
 
     /// Fails on the first field no `take` asked for.

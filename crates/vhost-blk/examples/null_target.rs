@@ -27,7 +27,7 @@ fn main() {
     let ctrl = BlkController::start(ControllerConfig {
         name: "prof".into(),
         socket_path: path.into(),
-        disk: fp_bdev::Disk::new(bdev, true),
+        bdev,
         reactors: reactors.handles().to_vec(),
         read_only: false,
         num_queues: queues,

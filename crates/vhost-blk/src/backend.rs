@@ -152,7 +152,8 @@ impl Connection {
             kick,
             call,
             bdev: self.shared.bdev.clone(),
-            disk: self.shared.disk,
+            disk: self.shared.disk_now(),
+            capacity_sectors: self.shared.capacity_sectors.clone(),
             serial: self.shared.serial,
             stats: self.shared.queue_stats[index].clone(),
             inflight: self.inflight.clone(),
@@ -419,7 +420,9 @@ impl VhostUserBackendReqHandlerMut for Connection {
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+            // For config-change notifications (a resized disk): BlkController::resize.
+            | VhostUserProtocolFeatures::BACKEND_REQ)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
@@ -445,7 +448,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn get_config(&mut self, offset: u32, size: u32, _flags: VhostUserConfigFlags) -> VuResult<Vec<u8>> {
-        let cfg = config_space(&self.shared.disk, self.shared.num_queues);
+        let cfg = config_space(&self.shared.disk_now(), self.shared.num_queues);
         let bytes = cfg.as_slice();
         let start = offset as usize;
         let end = start.checked_add(size as usize).ok_or(VuError::InvalidParam)?;

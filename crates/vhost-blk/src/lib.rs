@@ -22,12 +22,12 @@ pub mod stats;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fp_bdev::{Bdev, Disk};
+use fp_bdev::Bdev;
 use fp_reactor::ReactorHandle;
 use fp_virtio_blk::{DiskParams, VIRTIO_BLK_ID_BYTES};
 use vhost::vhost_user::BackendReqHandler;
@@ -84,8 +84,7 @@ pub fn validate_name(name: &str) -> Result<(), String> {
 pub struct ControllerConfig {
     pub name: String,
     pub socket_path: PathBuf,
-    /// The disk to export; the queues open their channels through it (statistics, events).
-    pub disk: Disk,
+    pub bdev: Bdev,
     pub reactors: Vec<ReactorHandle>,
     pub read_only: bool,
     pub num_queues: u16,
@@ -109,7 +108,15 @@ pub struct ControllerInfo {
 pub struct Shared {
     pub name: Arc<str>,
     pub bdev: Bdev,
+    /// The geometry offered; its capacity is the one at creation, [`Shared::disk_now`] has the
+    /// current one.
     pub disk: DiskParams,
+    /// The capacity now, in 512-byte sectors: changed by [`BlkController::resize`], read by the
+    /// config space and by each queue once per round.
+    pub capacity_sectors: Arc<AtomicU64>,
+    /// This controller's end of the frontend's backend channel (SET_BACKEND_REQ_FD), while a
+    /// frontend that set one is connected: config-change notifications go there.
+    backend_channel: Mutex<Option<UnixStream>>,
     pub serial: [u8; VIRTIO_BLK_ID_BYTES],
     pub num_queues: u16,
     pub reactors: Vec<ReactorHandle>,
@@ -125,7 +132,7 @@ pub struct Shared {
 impl Shared {
     /// The controller's state before any socket exists: geometry, serial and an unraised stop.
     fn new(config: ControllerConfig) -> Result<Arc<Shared>, Error> {
-        let info = fp_bdev::BlockDevice::info(&config.disk).clone();
+        let info = config.bdev.info().clone();
         let disk = DiskParams {
             capacity_sectors: info.size_bytes() / fp_virtio_blk::SECTOR_SIZE,
             block_size: info.block_size,
@@ -145,8 +152,9 @@ impl Shared {
         }
         Ok(Arc::new(Shared {
             name: config.name.as_str().into(),
-            // The disk is the device the queues see: their channels count into its statistics.
-            bdev: Arc::new(config.disk),
+            bdev: config.bdev,
+            capacity_sectors: Arc::new(AtomicU64::new(disk.capacity_sectors)),
+            backend_channel: Mutex::new(None),
             disk,
             serial,
             num_queues: config.num_queues,
@@ -156,6 +164,17 @@ impl Shared {
             stop: StopSignal::new().map_err(|e| Error::Other(format!("cannot create eventfd: {e}")))?,
             coalescing: Arc::new(CoalescingSettings::default()),
         }))
+    }
+}
+
+impl Shared {
+    /// The geometry with the current capacity.
+    pub fn disk_now(&self) -> DiskParams {
+        DiskParams { capacity_sectors: self.capacity_sectors.load(Ordering::Relaxed), ..self.disk }
+    }
+
+    fn backend_channel(&self) -> std::sync::MutexGuard<'_, Option<UnixStream>> {
+        self.backend_channel.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -273,6 +292,30 @@ impl BlkController {
     /// [`coalesce::MAX_DELAY_BASE_US`].
     pub fn set_coalescing(&self, delay_base_us: u32, iops_threshold: u32) {
         self.shared.coalescing.set(delay_base_us.min(coalesce::MAX_DELAY_BASE_US), iops_threshold);
+    }
+
+    /// The disk changed size: offers `size_bytes` (rounded down to whole sectors) from now on,
+    /// to running queues (from their next round) and in the config space, and tells a connected
+    /// frontend with VHOST_USER_BACKEND_CONFIG_CHANGE_MSG (vhost-user.rst), which makes QEMU
+    /// re-read the config space and interrupt the guest. Returns whether a frontend was told.
+    ///
+    /// Requests already validated against the old size may still reach past a new, smaller
+    /// end; the bdev refuses those itself, so shrinking is safe, if rude to the guest.
+    pub fn resize(&self, size_bytes: u64) -> bool {
+        let sectors = size_bytes / fp_virtio_blk::SECTOR_SIZE;
+        self.shared.capacity_sectors.store(sectors, Ordering::Relaxed);
+        let mut channel = self.shared.backend_channel();
+        let Some(stream) = channel.as_mut() else {
+            return false;
+        };
+        match notify_config_change(stream) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("{}: cannot send the config change to the frontend: {e}", self.shared.name);
+                *channel = None;
+                false
+            }
+        }
     }
 
     /// Disconnects the frontend (stopping its queues), removes the socket, joins the thread.
@@ -394,8 +437,9 @@ fn serve(listener: UnixListener, shared: Arc<Shared>) {
 /// What is queued on a vhost-user socket.
 #[derive(Debug, PartialEq, Eq)]
 enum Queued {
-    /// At least one whole message (header and the body its size field declares).
-    Message,
+    /// At least one whole message (header and the body its size field declares), with its
+    /// request code.
+    Message(u32),
     /// Part of a message.
     Partial,
     /// The peer closed the connection.
@@ -429,7 +473,7 @@ fn peek_queued(fd: i32) -> std::io::Result<Queued> {
     let size = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
     // An oversized body is complete as far as we care: the parser rejects it.
     if n >= HEADER_SIZE + size.min(MAX_PEEK - HEADER_SIZE) {
-        Ok(Queued::Message)
+        Ok(Queued::Message(u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]])))
     } else {
         Ok(Queued::Partial)
     }
@@ -438,14 +482,15 @@ fn peek_queued(fd: i32) -> std::io::Result<Queued> {
 /// `vhost`'s request reader blocks until a whole message has arrived (and retries through
 /// receive time-outs), so it is only called once a whole message is queued; a peer that leaves
 /// a message unfinished for [`MESSAGE_TIMEOUT`] is dropped.
-fn wait_for_message(fd: i32, stop: &StopSignal) -> Result<(), String> {
+/// Returns the message's request code.
+fn wait_for_message(fd: i32, stop: &StopSignal) -> Result<u32, String> {
     let mut partial_since: Option<Instant> = None;
     loop {
         if !wait_readable(fd, stop) {
             return Err("controller is being deleted".into());
         }
         match peek_queued(fd) {
-            Ok(Queued::Message) => return wait_reply_room(fd, stop),
+            Ok(Queued::Message(request)) => return wait_reply_room(fd, stop).map(|()| request),
             Ok(Queued::Closed) => return Err("frontend closed the connection".into()),
             Ok(Queued::Partial) => {
                 let since = *partial_since.get_or_insert_with(Instant::now);
@@ -484,8 +529,17 @@ fn run_connection(stream: UnixStream, shared: &Arc<Shared>) -> String {
     let conn = Arc::new(Mutex::new(Connection::new(shared.clone())));
     let mut handler = BackendReqHandler::from_stream(stream, conn.clone());
     let reason = loop {
-        if let Err(reason) = wait_for_message(fd, &shared.stop) {
-            break reason;
+        let request = match wait_for_message(fd, &shared.stop) {
+            Ok(r) => r,
+            Err(reason) => break reason,
+        };
+        if request == SET_BACKEND_REQ_FD {
+            // `vhost` keeps the channel it builds from this message to itself and cannot send
+            // a config change on it, so keep a copy of the fd, peeked before `vhost` reads it.
+            match peek_attached_socket(fd) {
+                Ok(channel) => *shared.backend_channel() = channel,
+                Err(e) => log::warn!("{}: cannot keep the backend channel: {e}", shared.name),
+            }
         }
         match handler.handle_request() {
             Ok(()) => {}
@@ -494,7 +548,103 @@ fn run_connection(stream: UnixStream, shared: &Arc<Shared>) -> String {
         }
     };
     conn.lock().unwrap_or_else(|p| p.into_inner()).stop_all();
+    *shared.backend_channel() = None;
     reason
+}
+
+/// VHOST_USER_SET_BACKEND_REQ_FD's request code (vhost-user.rst, "Front-end message types").
+const SET_BACKEND_REQ_FD: u32 = 21;
+/// VHOST_USER_BACKEND_CONFIG_CHANGE_MSG's request code ("Back-end message types").
+const BACKEND_CONFIG_CHANGE_MSG: u32 = 2;
+/// The header flags of a backend message: protocol version 1, no reply wanted. A reply must not
+/// be asked for: QEMU answers a config change by reading the config space on the main socket
+/// first, which this controller's thread must be free to serve.
+const HEADER_FLAGS_VERSION_1: u32 = 0x1;
+
+/// Sends VHOST_USER_BACKEND_CONFIG_CHANGE_MSG (a header without body) on the backend channel.
+fn notify_config_change(stream: &mut UnixStream) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut msg = [0u8; HEADER_SIZE];
+    msg[0..4].copy_from_slice(&BACKEND_CONFIG_CHANGE_MSG.to_le_bytes());
+    msg[4..8].copy_from_slice(&HEADER_FLAGS_VERSION_1.to_le_bytes());
+    // The socket is non-blocking: a frontend that never reads its backend channel gets an
+    // error here, not a stuck caller.
+    stream.write_all(&msg)
+}
+
+/// Whether `s` really is an AF_UNIX SOCK_STREAM socket (a frontend may send any fd).
+fn is_unix_stream(s: &UnixStream) -> bool {
+    let get = |opt| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are valid for getsockopt to write an int into.
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (r == 0).then_some(v)
+    };
+    get(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && get(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+}
+
+/// Peeks at the message at the head of `fd` and returns a copy of the single Unix stream
+/// socket attached to it, leaving the message (and its own copy of the descriptor) queued.
+/// Linux installs a peeked SCM_RIGHTS descriptor as a new fd in the peeking process.
+fn peek_attached_socket(fd: i32) -> std::io::Result<Option<UnixStream>> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut data = [0u8; HEADER_SIZE];
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    // Room for a few descriptors, so a frontend attaching more than one is noticed (and all of
+    // them closed) rather than truncated.
+    let mut cmsg_buf = [0u64; 8];
+    // SAFETY: msghdr is plain data; every field used is set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg_buf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cmsg_buf);
+    // SAFETY: `msg` points to live buffers of the lengths it declares.
+    let n =
+        unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: `msg` was filled by recvmsg; the CMSG macros walk its control buffer within the
+    // length the kernel reported.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !cmsg.is_null() {
+        // SAFETY: a non-null header from CMSG_FIRSTHDR/NXTHDR lies inside the control buffer.
+        let c = unsafe { &*cmsg };
+        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: as above; CMSG_LEN(0) is the header's size.
+            let payload = c.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize;
+            for i in 0..payload / std::mem::size_of::<i32>() {
+                // SAFETY: CMSG_DATA points at `payload` bytes of descriptors, read unaligned.
+                let raw = unsafe { std::ptr::read_unaligned((libc::CMSG_DATA(cmsg) as *const i32).add(i)) };
+                // SAFETY: the kernel just installed this descriptor for us; nobody else owns it.
+                fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
+            }
+        }
+        // SAFETY: as above.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
+    }
+    if fds.len() != 1 {
+        // `vhost` refuses the message itself; the copies are closed here.
+        return Ok(None);
+    }
+    let stream = UnixStream::from(fds.pop().expect("one fd"));
+    if !is_unix_stream(&stream) {
+        // `vhost` refuses the message too.
+        return Ok(None);
+    }
+    stream.set_nonblocking(true)?;
+    Ok(Some(stream))
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::io::{AsRawFd, RawFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 
@@ -58,6 +58,8 @@ pub struct QueueSetup {
     pub call: File,
     pub bdev: Bdev,
     pub disk: DiskParams,
+    /// The disk's capacity now, in sectors (it changes when the disk is resized).
+    pub capacity_sectors: Arc<AtomicU64>,
     pub serial: [u8; VIRTIO_BLK_ID_BYTES],
     pub stats: Arc<QueueStats>,
     /// The connection's in-flight area, when the front-end negotiated INFLIGHT_SHMFD.
@@ -233,6 +235,8 @@ pub struct QueuePoller {
     call: File,
     channel: Box<dyn IoChannel>,
     disk: DiskParams,
+    /// Read into `disk` once per round: a resize reaches the queue at its next round.
+    capacity_sectors: Arc<AtomicU64>,
     serial: [u8; VIRTIO_BLK_ID_BYTES],
     slots: Box<[Slot]>,
     free: Vec<u16>,
@@ -389,6 +393,7 @@ impl QueuePoller {
             call: s.call,
             channel,
             disk: s.disk,
+            capacity_sectors: s.capacity_sectors,
             serial: s.serial,
             slots,
             free,
@@ -529,6 +534,7 @@ impl QueuePoller {
 
     /// Takes and starts new requests. Returns whether it took anything.
     fn pop_and_submit(&mut self) -> bool {
+        self.disk.capacity_sectors = self.capacity_sectors.load(Ordering::Relaxed);
         let mut popped = false;
         while let Some(&slot_idx) = self.free.last() {
             let head = match self.ring.pop(&self.table, &mut self.chain, &mut self.tracker) {

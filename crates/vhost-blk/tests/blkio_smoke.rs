@@ -12,7 +12,7 @@ fn controller(dir: &std::path::Path, reactors: &ReactorSet, bdev: Bdev, num_queu
     BlkController::start(ControllerConfig {
         name: "smoke".into(),
         socket_path: dir.join("smoke.sock"),
-        disk: fp_bdev::Disk::new(bdev, true),
+        bdev,
         reactors: reactors.handles().to_vec(),
         read_only: false,
         num_queues,

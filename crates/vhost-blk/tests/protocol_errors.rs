@@ -1,45 +1,21 @@
 //! Bad vhost-user input closes that connection, with a logged reason, and nothing else: the
 //! controller accepts the next frontend and serves it normally.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
+
 use std::time::{Duration, Instant};
 
 use blkio::{Blkio, ReqFlags};
-use fp_bdev::{Bdev, RamDevice};
-use fp_reactor::{ReactorConfig, ReactorSet};
-use fp_vhost_blk::{BlkController, ControllerConfig};
+use common::Fixture;
 use vhost::vhost_user::Frontend;
 use vhost::{VhostBackend, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
 
-struct Fixture {
-    _dir: tempfile::TempDir,
-    sock: PathBuf,
-    ctrl: Option<BlkController>,
-    reactors: Option<ReactorSet>,
-}
-
 impl Fixture {
-    fn new() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("ctrl.sock");
-        let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
-        let bdev: Bdev = Arc::new(RamDevice::new("ram0", 512, 2048).unwrap());
-        let ctrl = BlkController::start(ControllerConfig {
-            name: "ctrl".into(),
-            socket_path: sock.clone(),
-            disk: fp_bdev::Disk::new(bdev, true),
-            reactors: reactors.handles().to_vec(),
-            read_only: false,
-            num_queues: 1,
-        })
-        .unwrap();
-        Fixture { _dir: dir, sock, ctrl: Some(ctrl), reactors: Some(reactors) }
-    }
-
     /// A well-behaved client still gets a working disk.
     fn assert_disk_works(&self) {
         let mut b = Blkio::new("virtio-blk-vhost-user").unwrap();
@@ -57,17 +33,6 @@ impl Fixture {
         assert_eq!(q.do_io(&mut c, 1, None, None).unwrap(), 1);
         // SAFETY: do_io initialised one completion.
         assert_eq!(unsafe { c[0].assume_init_ref() }.ret, 0);
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        if let Some(c) = self.ctrl.take() {
-            c.stop();
-        }
-        if let Some(r) = self.reactors.take() {
-            r.shutdown();
-        }
     }
 }
 

@@ -115,6 +115,7 @@ impl Driver {
                 max_discard_sectors: 0,
                 max_write_zeroes_sectors: 0,
             },
+            capacity_sectors: Arc::new(std::sync::atomic::AtomicU64::new(info.size_bytes() / 512)),
             serial: *b"steps\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0",
             stats: stats.clone(),
             inflight,

@@ -306,6 +306,10 @@ impl BlockDevice for Disk {
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
         self.open()
     }
+
+    fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
+        self.0.bdev.resize(num_blocks)
+    }
 }
 
 /// Slab entries made when a channel opens; more are added only when the in-flight count passes

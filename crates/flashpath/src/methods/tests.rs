@@ -186,6 +186,7 @@ fn get_bdevs_shape_and_errors() {
     assert_eq!(b["num_blocks"], 1024);
     assert_eq!(b["claimed"], false);
     assert!(b.get("claimed_by").is_none());
+    assert!(b.get("claim_type").is_none());
     assert_eq!(b["supported_io_types"]["read"], true);
     assert_eq!(b["supported_io_types"]["reset"], false);
     assert_eq!(b["driver_specific"], json!({"null": {}}));
@@ -197,6 +198,31 @@ fn get_bdevs_shape_and_errors() {
     assert_param(&f.err("bdev_get_bdevs", json!({"nmae": "a"})), "nmae");
     assert_param(&f.err("bdev_get_bdevs", json!({"timeout": "x"})), "timeout");
     assert_param(&f.err("bdev_get_bdevs", json!({"timeout": 3_600_000})), "timeout");
+}
+
+#[test]
+fn claims_show_in_get_bdevs_and_refuse_deletion() {
+    let f = fixture();
+    f.null("a");
+    let delay = json!({"name": "d", "base_bdev_name": "a", "avg_read_latency": 10,
+        "p99_read_latency": 20, "avg_write_latency": 30, "p99_write_latency": 40});
+    f.ok("bdev_delay_create", delay);
+    let a = &f.ok("bdev_get_bdevs", json!({"name": "a"}))[0];
+    assert_eq!(
+        (&a["claimed"], &a["claim_type"], &a["claimed_by"]),
+        (&json!(true), &json!("exclusive_write"), &json!("d"))
+    );
+    let d = &f.ok("bdev_get_bdevs", json!({"name": "d"}))[0];
+    let expected = json!({"base_bdev_name": "a", "avg_read_latency": 10, "p99_read_latency": 20,
+        "avg_write_latency": 30, "p99_write_latency": 40});
+    assert_eq!(d["driver_specific"]["delay"], expected);
+    let e = f.err("bdev_null_delete", json!({"name": "a"}));
+    assert_eq!(e.code, -16, "{e:?}");
+    assert!(e.message.contains("'d'"), "{e:?}");
+    f.ok("bdev_delay_delete", json!({"name": "d"}));
+    let a = &f.ok("bdev_get_bdevs", json!({"name": "a"}))[0];
+    assert_eq!(a["claimed"], false);
+    f.ok("bdev_null_delete", json!({"name": "a"}));
 }
 
 #[test]
@@ -358,10 +384,16 @@ fn reactors_version_methods_stats() {
     let m = f.ok("rpc_get_methods", json!({"current": true}));
     let names: Vec<&str> = m.as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
     assert!(names.windows(2).all(|w| w[0] < w[1]), "sorted: {names:?}");
-    assert_eq!(names.len(), METHODS.len());
-    for expected in
-        ["bdev_get_bdevs", "vhost_create_blk_controller", "framework_get_reactors", "spdk_get_version"]
-    {
+    // The table's methods and every module's.
+    assert_eq!(names.len(), METHODS.len() + f.methods.registry.module_methods().count());
+    for expected in [
+        "bdev_get_bdevs",
+        "vhost_create_blk_controller",
+        "framework_get_reactors",
+        "spdk_get_version",
+        "bdev_malloc_create",
+        "bdev_delay_update_latency",
+    ] {
         assert!(names.contains(&expected));
     }
     assert_param(&f.err("rpc_get_methods", json!({"current": 1})), "current");
@@ -436,4 +468,81 @@ fn delay_create_claims_its_base_and_delete_releases_it() {
     assert_eq!(f.ok("bdev_delay_delete", json!({"name": "slow"})), true);
     assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "base"}))[0]["claimed"], false);
     assert_eq!(f.ok("bdev_null_delete", json!({"name": "base"})), true);
+}
+
+#[test]
+fn resize_grows_and_shrinks_and_refuses_bad_sizes_changing_nothing() {
+    let f = fixture();
+    let blocks = |name: &str| f.ok("bdev_get_bdevs", json!({"name": name}))[0]["num_blocks"].clone();
+    f.null("n"); // 1024 blocks of 512 bytes
+    assert_eq!(f.ok("bdev_null_resize", json!({"name": "n", "new_size": 2})), true);
+    assert_eq!(blocks("n"), 4096);
+    assert_eq!(f.ok("bdev_null_resize", json!({"name": "n", "new_size_bytes": 512 * 100})), true);
+    assert_eq!(blocks("n"), 100);
+    // Not whole blocks, zero, both sizes, neither: invalid params naming the field.
+    assert_param(&f.err("bdev_null_resize", json!({"name": "n", "new_size_bytes": 1000})), "new_size_bytes");
+    assert_param(&f.err("bdev_null_resize", json!({"name": "n", "new_size": 0})), "new_size");
+    assert_param(
+        &f.err("bdev_null_resize", json!({"name": "n", "new_size": 1, "new_size_bytes": 512})),
+        "new_size_bytes",
+    );
+    assert_param(&f.err("bdev_null_resize", json!({"name": "n"})), "new_size");
+    assert_param(&f.err("bdev_null_resize", json!({"name": "n", "new_size": -1})), "new_size");
+    assert_eq!(blocks("n"), 100);
+    // A missing bdev, or one of another module: -19 (ENODEV).
+    assert_eq!(f.err("bdev_null_resize", json!({"name": "nope", "new_size": 1})).code, -19);
+    f.ok("bdev_malloc_create", json!({"name": "m", "num_blocks": 2048, "block_size": 512}));
+    assert_eq!(f.err("bdev_null_resize", json!({"name": "m", "new_size": 4})).code, -19);
+    assert_eq!(f.err("bdev_uring_rescan", json!({"name": "m"})).code, -19);
+    // A RAM disk grows in place, and shrinks.
+    assert_eq!(f.ok("bdev_malloc_resize", json!({"name": "m", "new_size": 4})), true);
+    assert_eq!(blocks("m"), 8192);
+    assert_eq!(f.ok("bdev_malloc_resize", json!({"name": "m", "new_size": 1})), true);
+    assert_eq!(blocks("m"), 2048);
+}
+
+#[test]
+fn a_bdev_in_use_may_grow_but_not_shrink_and_its_stack_follows() {
+    let f = fixture();
+    f.null("base");
+    f.ok(
+        "bdev_delay_create",
+        json!({"base_bdev_name": "base", "name": "slow", "avg_read_latency": 0, "p99_read_latency": 0,
+               "avg_write_latency": 0, "p99_write_latency": 0}),
+    );
+    let e = f.err("bdev_null_resize", json!({"name": "base", "new_size_bytes": 512 * 512}));
+    assert_eq!(e.code, -16, "{e:?}");
+    assert!(e.message.contains("shrink") && e.message.contains("slow"), "{e:?}");
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "base"}))[0]["num_blocks"], 1024);
+    // Growing is fine, and the delay bdev on top grows with its base.
+    assert_eq!(f.ok("bdev_null_resize", json!({"name": "base", "new_size": 1})), true);
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "slow"}))[0]["num_blocks"], 2048);
+}
+
+#[test]
+fn malloc_resize_is_bounded_by_the_memory_limit() {
+    let limits = fp_registry::Limits { max_malloc_bytes: 4 << 20, ..Default::default() };
+    let f = fixture_with(limits);
+    f.ok("bdev_malloc_create", json!({"name": "m", "num_blocks": 2048, "block_size": 512}));
+    assert_eq!(f.ok("bdev_malloc_resize", json!({"name": "m", "new_size": 4})), true);
+    assert_param(&f.err("bdev_malloc_resize", json!({"name": "m", "new_size": 5})), "new_size");
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "m"}))[0]["num_blocks"], 8192);
+}
+
+#[test]
+fn uring_rescan_takes_the_file_size() {
+    let f = fixture();
+    let path = f.dir.path().join("disk.img");
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(1 << 20).unwrap();
+    f.ok("bdev_uring_create", json!({"name": "u", "filename": path, "direct": false}));
+    file.set_len(3 << 20).unwrap();
+    assert_eq!(f.ok("bdev_uring_rescan", json!({"name": "u"})), true);
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "u"}))[0]["num_blocks"], 3 * 2048);
+    // A file cut to less than a block: refused, naming the field; the bdev keeps its size.
+    file.set_len(100).unwrap();
+    let e = f.err("bdev_uring_rescan", json!({"name": "u"}));
+    assert_param(&e, "num_blocks");
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "u"}))[0]["num_blocks"], 3 * 2048);
+    assert_param(&f.err("bdev_uring_rescan", json!({"name": "u", "new_size": 1})), "new_size");
 }

@@ -169,3 +169,17 @@ fn deleting_the_bdev_drops_its_statistics() {
     ok(&m, "bdev_null_create", json!({"name": "n0", "num_blocks": 1024, "block_size": 512}));
     assert_eq!(ok(&m, "bdev_get_iostat", json!({"name": "n0"}))["bdevs"][0]["num_read_ops"], 0);
 }
+
+#[test]
+fn resize_and_delete_reach_the_disks_subscribers() {
+    let (m, _d) = methods();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    m.registry.disk("n0").unwrap().subscribe(Box::new(move |e| s.lock().unwrap().push(*e)));
+    ok(&m, "bdev_null_resize", json!({"name": "n0", "new_size_bytes": 2048 * 512}));
+    ok(&m, "bdev_null_delete", json!({"name": "n0"}));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [fp_bdev::DiskEvent::Resized { num_blocks: 2048 }, fp_bdev::DiskEvent::Removed]
+    );
+}

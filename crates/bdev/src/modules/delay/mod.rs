@@ -13,8 +13,12 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod rpc;
+
+pub use rpc::DelayModule;
 
 use crate::{Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
@@ -87,6 +91,9 @@ pub struct DelayDevice {
     info: BdevInfo,
     base: Bdev,
     latency: Arc<SharedLatency>,
+    /// Serialises [`DelayDevice::set_latency`] calls, whose check spans two latencies (a p99
+    /// and its average). Control plane only: channels read the latencies without it.
+    updating: Mutex<()>,
 }
 
 /// Checks a set of latencies; `field` names what the caller calls the one at fault.
@@ -116,23 +123,31 @@ fn validate(latency: &DelayLatency, field: impl Fn(LatencyKind) -> &'static str)
     Ok(())
 }
 
+/// `bdev_delay_create`'s latency parameters, in [`LatencyKind`] order.
+pub(crate) const LATENCY_FIELDS: [&str; 4] =
+    ["avg_read_latency", "p99_read_latency", "avg_write_latency", "p99_write_latency"];
+
 impl DelayDevice {
     pub fn new(name: &str, base: Bdev, latency: DelayLatency) -> Result<Self, BdevError> {
-        crate::validate_geometry(name, base.info().block_size, base.info().num_blocks)?;
-        const CREATE_FIELDS: [&str; 4] =
-            ["avg_read_latency", "p99_read_latency", "avg_write_latency", "p99_write_latency"];
-        validate(&latency, |k| CREATE_FIELDS[k.index()])?;
+        crate::validate_geometry(name, base.info().block_size, base.info().num_blocks())?;
+        validate(&latency, |k| LATENCY_FIELDS[k.index()])?;
         let b = base.info();
         let info = BdevInfo {
             name: name.to_string(),
             product_name: "delay".into(),
             block_size: b.block_size,
-            num_blocks: b.num_blocks,
+            // The base's own: a resized base resizes the delay bdev with it.
+            capacity: b.capacity.clone(),
             io_types: b.io_types,
             driver: "delay",
             driver_specific: Some(("base_bdev_name".into(), b.name.clone())),
         };
-        Ok(DelayDevice { info, base, latency: Arc::new(SharedLatency::new(&latency)) })
+        Ok(DelayDevice {
+            info,
+            base,
+            latency: Arc::new(SharedLatency::new(&latency)),
+            updating: Mutex::new(()),
+        })
     }
 
     /// The latencies now.
@@ -144,6 +159,7 @@ impl DelayDevice {
     /// Refused, naming `latency_us`, when it would exceed [`MAX_DELAY`] or put a p99 latency
     /// below its average.
     pub fn set_latency(&self, kind: LatencyKind, value: Duration) -> Result<(), BdevError> {
+        let _serialised = self.updating.lock().unwrap_or_else(|p| p.into_inner());
         let mut next = self.latency.snapshot();
         match kind {
             LatencyKind::AvgRead => next.avg_read = value,
@@ -152,7 +168,6 @@ impl DelayDevice {
             LatencyKind::P99Write => next.p99_write = value,
         }
         validate(&next, |_| "latency_us")?;
-        // Control-plane calls are serialised by the registry, so no other write races this one.
         self.latency.0[kind.index()].store(value.as_micros() as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -171,6 +186,7 @@ impl BlockDevice for DelayDevice {
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
         Ok(Box::new(DelayChannel {
             base: self.base.open_channel()?,
+            info: self.info.clone(),
             latency: self.latency.clone(),
             waiting: VecDeque::with_capacity(256),
             count: 0,
@@ -180,6 +196,9 @@ impl BlockDevice for DelayDevice {
 
 struct DelayChannel {
     base: Box<dyn IoChannel>,
+    /// For range checks at submit, as every device makes them, rather than a late error once
+    /// the request is passed down.
+    info: BdevInfo,
     latency: Arc<SharedLatency>,
     /// Requests not yet passed down, with the time they may go. Mostly in deadline order; `poll`
     /// scans it all, so the rare p99 request does not hold back the ones behind it.
@@ -189,6 +208,7 @@ struct DelayChannel {
 
 impl IoChannel for DelayChannel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.info.check_range(req.offset, req.len)?;
         self.count += 1;
         let slow = self.count.is_multiple_of(100);
         let delay = self.latency.get(match (req.op, slow) {
@@ -255,7 +275,7 @@ mod tests {
     fn requests_wait_their_latency_then_reach_the_device_below() {
         let base: Bdev = Arc::new(RamDevice::new("ram", 512, 64).unwrap());
         let dev = DelayDevice::new("slow", base.clone(), lat(1, 30)).unwrap();
-        assert_eq!(dev.info().num_blocks, 64);
+        assert_eq!(dev.info().num_blocks(), 64);
         assert_eq!(dev.info().driver, "delay");
         let mut ch = dev.open_channel().unwrap();
         let mut buf = vec![7u8; 512];

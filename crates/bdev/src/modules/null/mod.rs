@@ -5,8 +5,12 @@
 //! [`IoChannel::poll`], never from inside `submit`, so callers see the same ordering as with a
 //! real device.
 
+mod rpc;
+
+pub use rpc::NullModule;
+
 use crate::{
-    validate_geometry, BdevError, BdevInfo, BlockDevice, DoneList, IoChannel, IoRequest, IoStatus,
+    validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, DoneList, IoChannel, IoRequest, IoStatus,
     SubmitError, ALL_IO_TYPES,
 };
 
@@ -22,7 +26,7 @@ impl NullDevice {
                 name: name.to_string(),
                 product_name: "Null disk".into(),
                 block_size,
-                num_blocks,
+                capacity: Capacity::new(num_blocks),
                 io_types: ALL_IO_TYPES,
                 driver: "null",
                 driver_specific: None,
@@ -38,6 +42,13 @@ impl BlockDevice for NullDevice {
 
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
         Ok(Box::new(NullChannel { info: self.info.clone(), done: DoneList::new() }))
+    }
+
+    /// Any size the geometry allows: there is no data to keep.
+    fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
+        validate_geometry(&self.info.name, self.info.block_size, num_blocks)?;
+        self.info.capacity.set(num_blocks);
+        Ok(())
     }
 }
 

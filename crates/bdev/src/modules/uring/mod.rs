@@ -97,9 +97,13 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
+mod rpc;
+
+pub use rpc::UringModule;
+
 use crate::{
-    request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, IoChannel, IoOp, IoRequest,
-    IoStatus, SubmitError, ALL_IO_TYPES,
+    request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, IoChannel, IoOp,
+    IoRequest, IoStatus, SubmitError, ALL_IO_TYPES,
 };
 
 /// Submission queue size used unless [`UringDevice::with_ring_entries`] says otherwise.
@@ -214,7 +218,7 @@ impl UringDevice {
                     name: name.to_string(),
                     product_name: "URING bdev".into(),
                     block_size,
-                    num_blocks,
+                    capacity: Capacity::new(num_blocks),
                     io_types: ALL_IO_TYPES,
                     driver: "uring",
                     driver_specific: Some(("filename".into(), path.display().to_string())),
@@ -254,9 +258,38 @@ impl BlockDevice for UringDevice {
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
         Ok(Box::new(UringChannel::new(Arc::clone(&self.shared), self.ring_entries)?))
     }
+
+    /// Any size up to the file's (or block device's) own, whole blocks: the disk never reaches
+    /// past the end of what backs it. [`UringDevice::backing_blocks`] is the usual new size.
+    fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
+        let info = &self.shared.info;
+        validate_geometry(&info.name, info.block_size, num_blocks)?;
+        let backing = self.backing_blocks()?;
+        if num_blocks > backing {
+            return Err(BdevError::InvalidParam {
+                field: "num_blocks",
+                reason: format!("{num_blocks} blocks reach past the end of the file ({backing} blocks)"),
+            });
+        }
+        info.capacity.set(num_blocks);
+        Ok(())
+    }
 }
 
-fn open_file(path: &Path, direct: bool) -> io::Result<File> {
+impl UringDevice {
+    /// How many whole blocks the file or block device holds now (`bdev_uring_rescan` resizes
+    /// the bdev to this after the file was grown or truncated).
+    pub fn backing_blocks(&self) -> Result<u64, BdevError> {
+        let info = &self.shared.info;
+        let path = info.driver_specific.as_ref().map(|(_, p)| p.as_str()).unwrap_or_default();
+        let probe = probe_file(&self.shared.buffered, Path::new(path))?;
+        Ok(probe.size / u64::from(info.block_size))
+    }
+}
+
+/// Opens `path` read-write, with `O_DIRECT` when `direct`: what [`UringDevice::new`] does
+/// when the caller sets no restriction on where the path may lead.
+pub fn open_file(path: &Path, direct: bool) -> io::Result<File> {
     let mut options = OpenOptions::new();
     options.read(true).write(true);
     if direct {

@@ -21,12 +21,22 @@
 //!   partial pages at either end are cleared in place.
 //! * A `Read`/`Write` whose iovecs do not add up to `len` completes with `Error(EINVAL)` and
 //!   moves no data.
+//!
+//! Resizing (`bdev_malloc_resize`): the mapping is made once at the largest size the disk may
+//! grow to ([`RamDevice::with_reserve`]), inaccessible (`PROT_NONE`, no memory committed)
+//! beyond the current size. Growing makes more of it accessible in place, so channels on other
+//! cores never see the disk move; shrinking zeroes the tail (returning its pages) and leaves it
+//! accessible, so a request checked just before the shrink still touches mapped memory.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+mod rpc;
+
+pub use rpc::MallocModule;
+
 use crate::{
-    request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, DoneList, IoChannel, IoOp,
+    request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, DoneList, IoChannel, IoOp,
     IoRequest, IoStatus, SubmitError, ALL_IO_TYPES,
 };
 
@@ -36,16 +46,28 @@ pub struct RamDevice {
 }
 
 impl RamDevice {
+    /// A RAM disk of a fixed size.
     pub fn new(name: &str, block_size: u32, num_blocks: u64) -> Result<Self, BdevError> {
+        RamDevice::with_reserve(name, block_size, num_blocks, 0)
+    }
+
+    /// A RAM disk that may later grow to `reserve` bytes (less or 0: it may not grow). The
+    /// reserve costs address space only; if even that cannot be had, the disk may not grow.
+    pub fn with_reserve(
+        name: &str,
+        block_size: u32,
+        num_blocks: u64,
+        reserve: u64,
+    ) -> Result<Self, BdevError> {
         validate_geometry(name, block_size, num_blocks)?;
         let size = num_blocks * u64::from(block_size);
-        let mem = RamMemory::new(size)?;
+        let mem = RamMemory::new(size, reserve.max(size)).or_else(|_| RamMemory::new(size, size))?;
         Ok(RamDevice {
             info: BdevInfo {
                 name: name.to_string(),
                 product_name: "Malloc disk".into(),
                 block_size,
-                num_blocks,
+                capacity: Capacity::new(num_blocks),
                 io_types: ALL_IO_TYPES,
                 driver: "malloc",
                 driver_specific: None,
@@ -67,12 +89,46 @@ impl BlockDevice for RamDevice {
             done: DoneList::new(),
         }))
     }
+
+    /// Grows within the reserve made at creation, or shrinks (the dropped blocks read back as
+    /// zeroes if the disk grows again).
+    fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
+        let info = &self.info;
+        validate_geometry(&info.name, info.block_size, num_blocks)?;
+        let old = info.size_bytes() as usize;
+        let new = num_blocks.saturating_mul(u64::from(info.block_size));
+        if new > self.mem.len as u64 {
+            return Err(BdevError::InvalidParam {
+                field: "new_size",
+                reason: format!(
+                    "{new} bytes is more than this RAM disk can grow to ({} bytes, the limit when it \
+                     was created: limits.max_malloc_bytes)",
+                    self.mem.len
+                ),
+            });
+        }
+        let new = new as usize;
+        if new > old {
+            self.mem.make_accessible(new)?;
+        } else {
+            // SAFETY: `[new, old)` is inside the accessible part of the mapping.
+            unsafe { self.mem.zero(new, old - new) };
+        }
+        info.capacity.set(num_blocks);
+        Ok(())
+    }
 }
 
-/// The disk's memory: one private anonymous mapping, unmapped on drop.
+/// The disk's memory: one private anonymous mapping of the most the disk may grow to, unmapped
+/// on drop. Only its first `accessible` bytes may be touched.
 struct RamMemory {
     base: NonNull<u8>,
+    /// The whole mapping (the reserve).
     len: usize,
+    /// Bytes from `base` that are readable and writable; only grows (under the registry's
+    /// serialisation of resizes), so a channel's range check against the capacity, which never
+    /// exceeds it, keeps every access inside.
+    accessible: std::sync::atomic::AtomicUsize,
     page_size: usize,
 }
 
@@ -89,23 +145,22 @@ unsafe impl Send for RamMemory {}
 unsafe impl Sync for RamMemory {}
 
 impl RamMemory {
-    fn new(size: u64) -> Result<Self, BdevError> {
-        let len = usize::try_from(size).map_err(|_| BdevError::NoMemory(size))?;
+    /// `size` bytes accessible in a mapping of `reserve` bytes (at least `size`).
+    fn new(size: u64, reserve: u64) -> Result<Self, BdevError> {
+        let len = usize::try_from(reserve.max(size)).map_err(|_| BdevError::NoMemory(reserve))?;
+        let size = size as usize;
+        // Beyond `size`, nothing is accessible and nothing committed until the disk grows.
+        let (prot, flags) = if len > size {
+            (libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE)
+        } else {
+            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS)
+        };
         // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases no
         // existing memory; all arguments are plain values.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
         if p == libc::MAP_FAILED {
-            log::warn!("malloc bdev: mmap of {size} bytes failed: {}", std::io::Error::last_os_error());
-            return Err(BdevError::NoMemory(size));
+            log::warn!("malloc bdev: mmap of {len} bytes failed: {}", std::io::Error::last_os_error());
+            return Err(BdevError::NoMemory(len as u64));
         }
         // A fork (a helper process, say) would otherwise make every later write to the disk
         // copy its page while the child lives. Purely an optimisation, so failure is ignored.
@@ -116,12 +171,40 @@ impl RamMemory {
             n if n > 0 => n as usize,
             _ => 4096,
         };
-        Ok(RamMemory {
+        let mem = RamMemory {
             // mmap never returns null on success for a non-fixed mapping.
-            base: NonNull::new(p.cast()).ok_or(BdevError::NoMemory(size))?,
+            base: NonNull::new(p.cast()).ok_or(BdevError::NoMemory(len as u64))?,
             len,
+            accessible: std::sync::atomic::AtomicUsize::new(if len > size { 0 } else { len }),
             page_size,
-        })
+        };
+        mem.make_accessible(size)?;
+        Ok(mem)
+    }
+
+    /// Makes the first `size` bytes readable and writable (more of the reserve, never less).
+    fn make_accessible(&self, size: usize) -> Result<(), BdevError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let want = size.next_multiple_of(self.page_size).min(self.len);
+        let have = self.accessible.load(Relaxed);
+        if want <= have {
+            return Ok(());
+        }
+        // SAFETY: `[have, want)` is inside our mapping and not accessed by anyone (it is beyond
+        // every capacity so far); changing its protection affects nothing else.
+        let rc = unsafe {
+            libc::mprotect(
+                self.base.as_ptr().add(have).cast(),
+                want - have,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        if rc != 0 {
+            log::warn!("malloc bdev: cannot grow to {size} bytes: {}", std::io::Error::last_os_error());
+            return Err(BdevError::NoMemory(size as u64));
+        }
+        self.accessible.store(want, Relaxed);
+        Ok(())
     }
 
     /// Copies `[offset, offset + total length of iov)` of the disk into the iovecs.
@@ -309,6 +392,37 @@ mod tests {
         let read = IoRequest { op: IoOp::Read, ..write };
         assert_eq!(run(&mut *ch, read), IoStatus::Success);
         assert!(buf.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_disk_grows_within_its_reserve_and_shrinking_drops_the_tail() {
+        let dev = RamDevice::with_reserve("grow", 512, 8, 64 << 10).unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut buf = vec![0x77u8; 4096];
+        let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        let at = |offset| IoRequest { tag: 1, op: IoOp::Write, offset, len: 4096, iov: &iov, iovcnt: 1 };
+        // SAFETY: nothing is submitted: the request is refused before any data moves.
+        assert_eq!(unsafe { ch.submit(&at(8192)) }, Err(SubmitError::OutOfRange));
+        dev.resize(32).unwrap();
+        // The channel opened before the resize sees the new size at once.
+        assert_eq!(run(&mut *ch, at(8192)), IoStatus::Success);
+        assert_eq!(dev.info().num_blocks(), 32);
+        // Beyond the reserve: refused, naming the field; nothing changes.
+        let e = dev.resize(129).unwrap_err();
+        assert!(e.to_string().contains("new_size"), "{e}");
+        assert_eq!(dev.info().num_blocks(), 32);
+        // Shrink, grow again: the dropped blocks come back as zeroes.
+        dev.resize(16).unwrap();
+        // SAFETY: refused before any data moves.
+        assert_eq!(unsafe { ch.submit(&at(8192)) }, Err(SubmitError::OutOfRange));
+        dev.resize(128).unwrap();
+        buf.fill(0xee);
+        assert_eq!(run(&mut *ch, IoRequest { op: IoOp::Read, ..at(8192) }), IoStatus::Success);
+        assert!(buf.iter().all(|&b| b == 0));
+        // A disk made without a reserve cannot grow, but can shrink.
+        let fixed = RamDevice::new("fixed", 512, 8).unwrap();
+        assert!(fixed.resize(9).is_err());
+        fixed.resize(4).unwrap();
     }
 
     #[test]

@@ -1,14 +1,37 @@
-//! Checks shared by the backend test suites: each suite builds its device and runs these on it.
-
-#![allow(dead_code)] // each suite uses a different subset
+//! The checks every block device must pass (conformance). A module's tests call [`run_suite`]
+//! with a function building its device, a module in another crate included (with this crate's
+//! `conformance` feature in its dev-dependencies); the helpers below serve their own checks.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_bdev::{BdevError, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use crate::{BdevError, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+
+/// Whether a device keeps what is written, which decides the checks that apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// Writes read back (RAM, files, stacked devices over them): every check.
+    Keeps,
+    /// Nothing is kept (null): only the checks on ranges and completions.
+    Discards,
+}
+
+/// Every check that applies, each on a fresh device from `make`: zeroed, of at least 64
+/// blocks, unclaimed by anything else.
+pub fn run_suite(make: &dyn Fn() -> Arc<dyn BlockDevice>, storage: Storage) {
+    check_range_rejected(&*make());
+    check_completion_via_poll(&*make());
+    if storage == Storage::Discards {
+        return;
+    }
+    random_write_read_verify(&*make(), 0xc0f0_0001, 10, Layout::Mixed);
+    check_flush_discard_write_zeroes(&*make());
+    check_iov_len_mismatch(&*make());
+    check_channel_per_thread(make());
+}
 
 /// How test buffers are laid out in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,7 +184,7 @@ pub fn random_write_read_verify(dev: &dyn BlockDevice, seed: u64, rounds: usize,
     const BATCH: usize = 8;
     let info = dev.info().clone();
     let bs = info.block_size as usize;
-    let region = info.num_blocks as usize / BATCH;
+    let region = info.num_blocks() as usize / BATCH;
     assert!(region >= 1, "device too small for the test");
     let mut model = vec![0u8; info.size_bytes() as usize];
     let mut ch = dev.open_channel().unwrap();

@@ -1,0 +1,209 @@
+//! Bdev modules: what a backend adds besides its device.
+//!
+//! A module ([`BdevModule`]) has a name (the `driver` of its bdevs, the `type` of a `[[bdev]]`
+//! configuration table), its JSON-RPC methods with their parameter decoding, and how it reports
+//! its bdevs in `bdev_get_bdevs`. Its methods do their work through a [`ModuleHost`], which the
+//! registry implements: look a bdev up, claim a base, check the configured limits and export
+//! directories, add and delete bdevs. A module therefore never sees the registry's internals,
+//! and one from another crate (Ceph RBD, say) is added with one line in the registry's module
+//! list, like the built-in ones (`crates/bdev/src/modules/<name>/`).
+
+use std::any::Any;
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use fp_rpc::{ParamError, Params};
+use serde_json::{Map, Value};
+
+use crate::{Bdev, BdevError, BdevInfo, BlockDevice};
+
+/// How a bdev is claimed by whoever builds on it (an export, a stacked bdev). SPDK's claim
+/// types, of which flashpath needs two so far (SPDK's `read_many_write_one` would be a writer
+/// beside non-claiming readers, which flashpath does not have).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimType {
+    /// The holder writes and nobody else may claim the bdev (a writable export, a delay bdev).
+    ExclusiveWrite,
+    /// The holder only reads; any number of such claims may share the bdev, no writer may
+    /// join them (read-only exports; snapshots and volumes later).
+    ReadManyWriteNone,
+}
+
+impl ClaimType {
+    /// SPDK's name, as `bdev_get_bdevs` reports it in `claim_type`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClaimType::ExclusiveWrite => "exclusive_write",
+            ClaimType::ReadManyWriteNone => "read_many_write_none",
+        }
+    }
+
+    /// Whether a claim of this type may be added to a bdev already carrying `held` claims.
+    pub fn compatible_with(self, held: &[ClaimType]) -> bool {
+        held.iter().all(|&h| h == ClaimType::ReadManyWriteNone && self == ClaimType::ReadManyWriteNone)
+    }
+}
+
+/// Why a module's method failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ModuleError {
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    #[error(transparent)]
+    Bdev(#[from] BdevError),
+    /// The host refused (a name taken, a base missing or claimed, a limit): its own error, which
+    /// it takes back, with its errno, when the method returns.
+    #[error(transparent)]
+    Host(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// A bdev a module hands to [`ModuleHost::add_bdev`].
+pub struct NewBdev {
+    pub bdev: Bdev,
+    /// The same device, for the module's own methods to get back typed
+    /// ([`ModuleHost::module_device`]).
+    pub device: Arc<dyn Any + Send + Sync>,
+    /// The bdevs it builds on and how it claims them; taken with the insertion, released when
+    /// it is deleted.
+    pub claims: Vec<(String, ClaimType)>,
+}
+
+impl NewBdev {
+    pub fn new<D: BlockDevice + 'static>(device: Arc<D>) -> NewBdev {
+        NewBdev { bdev: device.clone(), device, claims: Vec::new() }
+    }
+
+    /// The same, claiming `base`.
+    pub fn claiming(mut self, base: &str, claim: ClaimType) -> NewBdev {
+        self.claims.push((base.to_string(), claim));
+        self
+    }
+}
+
+/// Opens the file of a file-backed bdev, with or without O_DIRECT (what
+/// [`crate::UringDevice::open_with`] takes).
+pub type FileOpener = Box<dyn Fn(bool) -> std::io::Result<File>>;
+
+/// What the modules' methods call: the registry.
+pub trait ModuleHost {
+    /// Refuses early when `name` is taken or the bdev limit is reached, which spares building a
+    /// device for nothing. [`ModuleHost::add_bdev`] checks again.
+    fn check_new_bdev(&self, name: &str) -> Result<(), ModuleError>;
+
+    /// Adds a bdev built by `module` and takes its claims, all or nothing; returns its name.
+    fn add_bdev(&self, module: &'static str, new: NewBdev) -> Result<String, ModuleError>;
+
+    /// The bdev `name`, which is to be claimed as `claim`: refuses a missing bdev or one whose
+    /// claims exclude it. The claim itself is taken by [`ModuleHost::add_bdev`].
+    fn claimable(&self, name: &str, claim: ClaimType) -> Result<Bdev, ModuleError>;
+
+    /// Whether a bdev of this name exists.
+    fn bdev_exists(&self, name: &str) -> bool;
+
+    /// The block size of the bdev `name`.
+    fn block_size(&self, name: &str) -> Result<u32, ModuleError>;
+
+    /// The device of a bdev of `module`, as given to [`NewBdev::device`]; `kind` names it in
+    /// the "does not exist" error ("delay bdev").
+    fn module_device(
+        &self,
+        name: &str,
+        module: &'static str,
+        kind: &'static str,
+    ) -> Result<Arc<dyn Any + Send + Sync>, ModuleError>;
+
+    /// Resizes a bdev of `module` to `num_blocks` ([`crate::BlockDevice::resize`]) and tells
+    /// whoever holds it, and whoever holds a bdev stacked on it whose size changed with it.
+    /// A bdev in use may grow but not shrink (its users' data would be cut off), as in SPDK.
+    fn resize_bdev(&self, name: &str, module: &'static str, num_blocks: u64) -> Result<(), ModuleError>;
+
+    /// Deletes a bdev of `module` (SPDK's `bdev_null_delete` does not delete a malloc bdev).
+    /// Refused while the bdev is claimed.
+    fn delete_bdev(&self, name: &str, module: &'static str) -> Result<(), ModuleError>;
+
+    /// The most bytes one RAM-backed bdev may hold (`limits.max_malloc_bytes`).
+    fn memory_limit(&self) -> u64;
+
+    /// Refuses a RAM-backed bdev of this geometry above the configured memory limit.
+    fn check_memory_size(&self, name: &str, block_size: u32, num_blocks: u64) -> Result<(), ModuleError>;
+
+    /// How to open `filename` for a file-backed bdev; refuses it when it is outside the
+    /// configured export directories.
+    fn file_opener(&self, filename: &Path) -> Result<FileOpener, ModuleError>;
+}
+
+/// A JSON-RPC method of a module.
+pub type ModuleMethodFn = fn(&dyn ModuleHost, Params) -> Result<Value, ModuleError>;
+
+/// A bdev module. See the module docs.
+pub trait BdevModule: Send + Sync {
+    /// "null", "malloc", ...: its bdevs' `driver`, its configuration tables' `type`.
+    fn name(&self) -> &'static str;
+
+    /// Its JSON-RPC methods; `bdev_<name>_create` is the one a `[[bdev]]` table calls.
+    fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)];
+
+    /// `bdev_get_bdevs`' `driver_specific.<name>` for one of its bdevs; `device` is the one it
+    /// gave to [`NewBdev::device`]. By default the device's own detail.
+    fn driver_specific(&self, info: &BdevInfo, device: &(dyn Any + Send + Sync)) -> Map<String, Value> {
+        let _ = device;
+        info.driver_specific.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect()
+    }
+}
+
+/// `bdev_<module>_delete`: SPDK's shape, `name` only.
+pub fn delete_method(
+    host: &dyn ModuleHost,
+    mut p: Params,
+    module: &'static str,
+) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    p.finish()?;
+    host.delete_bdev(&name, module)?;
+    Ok(Value::Bool(true))
+}
+
+/// `bdev_<module>_resize`: SPDK's `name` and `new_size` (MiB), or flashpath's `new_size_bytes`
+/// (exactly one of the two; bytes must be whole blocks). Returns `true`.
+pub fn resize_method(
+    host: &dyn ModuleHost,
+    mut p: Params,
+    module: &'static str,
+    kind: &'static str,
+) -> Result<Value, ModuleError> {
+    const MIB: u64 = 1 << 20;
+    let name = p.required_str("name")?;
+    let mib = p.optional_uint("new_size", u64::MAX / MIB)?;
+    let bytes = p.optional_uint("new_size_bytes", u64::MAX)?;
+    p.finish()?;
+    let (field, bytes) = match (mib, bytes) {
+        (Some(m), None) => ("new_size", m * MIB),
+        (None, Some(b)) => ("new_size_bytes", b),
+        (Some(_), Some(_)) => {
+            return Err(ParamError::new(
+                "new_size_bytes",
+                "give either new_size (MiB) or new_size_bytes, not both",
+            )
+            .into())
+        }
+        (None, None) => {
+            return Err(ParamError::new("new_size", "required (in MiB; or new_size_bytes)").into())
+        }
+    };
+    // Only a bdev of this module: `bdev_null_resize` does not resize a malloc bdev.
+    host.module_device(&name, module, kind)?;
+    let block_size = host.block_size(&name)?;
+    if bytes == 0 || !bytes.is_multiple_of(u64::from(block_size)) {
+        return Err(ParamError::new(
+            field,
+            format!("{bytes} bytes is not a non-zero multiple of the block size {block_size}"),
+        )
+        .into());
+    }
+    host.resize_bdev(&name, module, bytes / u64::from(block_size))?;
+    Ok(Value::Bool(true))
+}
+
+/// Block sizes are `u32` in the devices; decoders bound them to that.
+pub const U32_MAX: u64 = u32::MAX as u64;

@@ -1,0 +1,126 @@
+//! Exports: what serves a bdev to the outside (a vhost-user-blk controller; NBD later).
+//!
+//! An export claims its bdev for as long as it lives, with the claim type it needs (a writable
+//! export excludes every other claim, read-only ones share the bdev). Each kind is one file
+//! here implementing [`Export`] and its creation on top of [`Registry::add_export`]; the
+//! registry itself only keeps them by name, releases their claims and stops them.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use fp_bdev::{Bdev, ClaimType};
+
+use crate::{Claim, Registry, RegistryError};
+
+pub mod vhost_blk;
+
+/// A running export.
+pub trait Export: Send + Sync {
+    fn name(&self) -> &str;
+
+    /// "vhost-blk", ...: its kind, also the claim holder's kind in `bdev_get_bdevs`.
+    fn kind(&self) -> &'static str;
+
+    /// The bdev it serves.
+    fn bdev_name(&self) -> &str;
+
+    /// How it claims that bdev.
+    fn claim_type(&self) -> ClaimType;
+
+    /// Its bdev changed size (now `size_bytes`): offer the new size to its clients and tell
+    /// them if the protocol can.
+    fn resized(&self, size_bytes: u64);
+
+    /// Disconnects its clients and releases what it holds; waits for in-flight requests.
+    fn stop(self: Box<Self>);
+
+    /// For the kind's own methods ([`Registry::with_export`]).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// What [`Registry::add_export`] checks before starting an export.
+pub struct NewExport<'a> {
+    pub name: &'a str,
+    /// [`Export::kind`].
+    pub kind: &'static str,
+    /// What errors call it ("controller").
+    pub label: &'static str,
+    /// The most exports of this kind, and the configuration key that sets it.
+    pub limit: (usize, &'static str),
+    pub bdev_name: &'a str,
+    pub claim_type: ClaimType,
+}
+
+impl Registry {
+    /// Adds an export: `start` builds it from its bdev once the name, the limit and the claim
+    /// are checked, all under the registry's lock so a concurrent call cannot take the bdev
+    /// meanwhile.
+    pub fn add_export(
+        &self,
+        new: NewExport<'_>,
+        start: impl FnOnce(Bdev) -> Result<Box<dyn Export>, RegistryError>,
+    ) -> Result<(), RegistryError> {
+        let NewExport { name, kind, label, limit: (max, setting), bdev_name, claim_type } = new;
+        let mut st = self.lock();
+        if st.exports.contains_key(name) {
+            return Err(RegistryError::AlreadyExists { kind: label, name: name.into() });
+        }
+        if st.exports.values().filter(|e| e.kind() == kind).count() >= max {
+            return Err(RegistryError::LimitReached { kind: label, name: name.into(), limit: max, setting });
+        }
+        let entry = st
+            .bdevs
+            .get_mut(bdev_name)
+            .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: bdev_name.into() })?;
+        entry.check_claim(bdev_name, claim_type)?;
+        // The export opens its channels through the bdev's disk (statistics, histograms).
+        let export = start(Arc::new(entry.disk.clone()))?;
+        entry.claims.push(Claim { holder: name.into(), holder_kind: kind, claim_type });
+        log::info!("{kind} export '{name}' serving bdev '{bdev_name}' ({})", claim_type.name());
+        st.exports.insert(name.into(), export);
+        Ok(())
+    }
+
+    /// Stops the export `name` (of `kind`, when given; `label` names it in errors) and releases
+    /// its bdev.
+    pub fn delete_export(&self, name: &str, kind: Option<(&str, &'static str)>) -> Result<(), RegistryError> {
+        let export = {
+            let mut st = self.lock();
+            let label = kind.map_or("export", |(_, label)| label);
+            match st.exports.get(name) {
+                Some(e) if kind.is_none_or(|(k, _)| e.kind() == k) => {}
+                _ => return Err(RegistryError::NotFound { kind: label, name: name.into() }),
+            }
+            let export = st.exports.remove(name).expect("looked up under the same lock");
+            st.release(export.bdev_name(), export.kind(), name);
+            export
+        };
+        // Stopping waits for the queues to drain: do it without holding the registry lock.
+        let kind = export.kind();
+        export.stop();
+        log::info!("{kind} export '{name}' deleted");
+        Ok(())
+    }
+
+    /// Runs `f` on the export `name` of type `T`; `label` names the kind in the "does not
+    /// exist" error.
+    pub fn with_export<T: 'static, R>(
+        &self,
+        name: &str,
+        label: &'static str,
+        f: impl FnOnce(&T) -> R,
+    ) -> Result<R, RegistryError> {
+        let st = self.lock();
+        st.exports
+            .get(name)
+            .and_then(|e| e.as_any().downcast_ref::<T>())
+            .map(f)
+            .ok_or_else(|| RegistryError::NotFound { kind: label, name: name.into() })
+    }
+
+    /// `f` of every export of type `T`, in name order.
+    pub fn map_exports<T: 'static, R>(&self, f: impl Fn(&T) -> R) -> Vec<R> {
+        let st = self.lock();
+        st.exports.values().filter_map(|e| e.as_any().downcast_ref::<T>()).map(f).collect()
+    }
+}

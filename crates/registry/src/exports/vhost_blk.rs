@@ -1,0 +1,186 @@
+//! vhost-user-blk controllers as exports (`vhost_create_blk_controller` and friends).
+
+use std::any::Any;
+use std::os::unix::fs::PermissionsExt;
+
+use fp_bdev::ClaimType;
+use fp_reactor::ReactorHandle;
+use fp_vhost_blk::{BlkController, ControllerConfig, ControllerInfo};
+
+use super::{Export, NewExport};
+use crate::{Registry, RegistryError};
+
+/// [`Export::kind`] of a vhost-user-blk controller.
+pub const KIND: &str = "vhost-blk";
+
+/// What errors call one.
+const LABEL: &str = "controller";
+
+/// What to build for `vhost_create_blk_controller`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VhostBlkSpec {
+    /// Controller name; the socket is `<vhost_dir>/<ctrlr>`.
+    pub ctrlr: String,
+    /// The bdev to export.
+    pub dev_name: String,
+    /// Reactor cores its queues may run on (SPDK's cpumask); `None` means all reactors.
+    pub cpus: Option<Vec<usize>>,
+    /// Read-only: the bdev is claimed shared (`read_many_write_none`), so several read-only
+    /// controllers may serve it; a writable one claims it exclusively.
+    pub readonly: bool,
+    /// The most queues a frontend may start (GET_QUEUE_NUM, the config space's `num_queues`);
+    /// `None` means [`fp_vhost_blk::MAX_QUEUES`], whatever the number of reactors in the mask.
+    pub num_queues: Option<u16>,
+}
+
+/// A running controller with what [`Export`] reports of it.
+struct VhostBlk {
+    ctrl: BlkController,
+    name: String,
+    bdev_name: String,
+    claim_type: ClaimType,
+}
+
+impl Export for VhostBlk {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn bdev_name(&self) -> &str {
+        &self.bdev_name
+    }
+
+    fn claim_type(&self) -> ClaimType {
+        self.claim_type
+    }
+
+    /// The guest hears of it through VHOST_USER_BACKEND_CONFIG_CHANGE_MSG when its VMM gave a
+    /// backend channel (QEMU does).
+    fn resized(&self, size_bytes: u64) {
+        let told = self.ctrl.resize(size_bytes);
+        log::info!(
+            "vhost-blk controller '{}': capacity now {size_bytes} bytes (frontend told: {told})",
+            self.name
+        );
+    }
+
+    fn stop(self: Box<Self>) {
+        self.ctrl.stop();
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Registry {
+    /// Creates a vhost-user-blk controller: a listening socket in the vhost directory.
+    pub fn create_vhost_blk(&self, spec: VhostBlkSpec) -> Result<(), RegistryError> {
+        fp_vhost_blk::validate_name(&spec.ctrlr)
+            .map_err(|reason| RegistryError::Invalid { field: "ctrlr", reason })?;
+        let reactors: Vec<ReactorHandle> = match &spec.cpus {
+            None => self.reactors.clone(),
+            Some(cpus) => {
+                let picked: Vec<ReactorHandle> = self
+                    .reactors
+                    .iter()
+                    .filter(|h| h.core().is_some_and(|c| cpus.contains(&c)))
+                    .cloned()
+                    .collect();
+                if picked.is_empty() {
+                    let have: Vec<String> =
+                        self.reactors.iter().filter_map(|h| h.core()).map(|c| c.to_string()).collect();
+                    return Err(RegistryError::Invalid {
+                        field: "cpumask",
+                        reason: format!("selects no reactor core; reactors run on cores {}", have.join(",")),
+                    });
+                }
+                picked
+            }
+        };
+        // By default the controller offers every queue a frontend may ask for: QEMU asks for one
+        // per vCPU unless its device line says otherwise, and refuses to start when offered
+        // fewer. Queue i runs on reactor i % n, so any count is spread over the mask; a queue
+        // the frontend never starts costs a few hundred bytes (docs/architecture.md, "Queues").
+        let num_queues = spec.num_queues.unwrap_or(fp_vhost_blk::MAX_QUEUES);
+        if num_queues == 0 || num_queues > fp_vhost_blk::MAX_QUEUES {
+            return Err(RegistryError::Invalid {
+                field: "num_queues",
+                reason: format!("{num_queues} is not between 1 and {}", fp_vhost_blk::MAX_QUEUES),
+            });
+        }
+        let claim_type = if spec.readonly { ClaimType::ReadManyWriteNone } else { ClaimType::ExclusiveWrite };
+        let new = NewExport {
+            name: &spec.ctrlr,
+            kind: KIND,
+            label: LABEL,
+            limit: (self.options.limits.max_controllers, "limits.max_controllers"),
+            bdev_name: &spec.dev_name,
+            claim_type,
+        };
+        self.add_export(new, |bdev| {
+            let config = ControllerConfig {
+                name: spec.ctrlr.clone(),
+                socket_path: self.vhost_dir.join(&spec.ctrlr),
+                bdev,
+                reactors,
+                read_only: spec.readonly,
+                num_queues,
+            };
+            let socket_path = config.socket_path.clone();
+            let ctrl = BlkController::start(config)?;
+            // The socket is bound with the umask's mode (`serve` sets 077, so nobody else can
+            // reach it meanwhile); now it gets the configured one.
+            let mode = std::fs::Permissions::from_mode(self.options.vhost_socket_mode);
+            if let Err(source) = std::fs::set_permissions(&socket_path, mode) {
+                ctrl.stop();
+                return Err(RegistryError::SocketMode { path: socket_path, source });
+            }
+            Ok(Box::new(VhostBlk {
+                ctrl,
+                name: spec.ctrlr.clone(),
+                bdev_name: spec.dev_name.clone(),
+                claim_type,
+            }))
+        })
+    }
+
+    /// Stops a controller: disconnects its client, removes its socket, releases its bdev.
+    pub fn delete_vhost(&self, ctrlr: &str) -> Result<(), RegistryError> {
+        self.delete_export(ctrlr, Some((KIND, LABEL)))
+    }
+
+    /// `vhost_controller_set_coalescing`: guest notification coalescing for one controller's
+    /// queues, running ones included (fp_vhost_blk::coalesce). `delay_base_us` 0 turns it off.
+    pub fn set_coalescing(
+        &self,
+        ctrlr: &str,
+        delay_base_us: u32,
+        iops_threshold: u32,
+    ) -> Result<(), RegistryError> {
+        let max = fp_vhost_blk::coalesce::MAX_DELAY_BASE_US;
+        if delay_base_us > max {
+            return Err(RegistryError::Invalid {
+                field: "delay_base_us",
+                reason: format!("{delay_base_us} is above the limit of {max} us"),
+            });
+        }
+        self.with_export(ctrlr, LABEL, |c: &VhostBlk| c.ctrl.set_coalescing(delay_base_us, iops_threshold))?;
+        log::info!(
+            "vhost-blk controller '{ctrlr}': coalescing delay {delay_base_us} us above {iops_threshold} IOPS"
+        );
+        Ok(())
+    }
+
+    /// All controllers, or the one named (`vhost_get_controllers`).
+    pub fn controllers(&self, name: Option<&str>) -> Result<Vec<ControllerInfo>, RegistryError> {
+        match name {
+            Some(n) => Ok(vec![self.with_export(n, LABEL, |c: &VhostBlk| c.ctrl.info())?]),
+            None => Ok(self.map_exports(|c: &VhostBlk| c.ctrl.info())),
+        }
+    }
+}

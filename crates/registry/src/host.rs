@@ -1,0 +1,208 @@
+//! What the bdev modules call ([`ModuleHost`]): the registry's bdev map, its claims, its limits
+//! and its export directories, and the dispatch of the modules' JSON-RPC methods.
+
+use std::any::Any;
+use std::path::Path;
+use std::sync::Arc;
+
+use fp_bdev::module::{FileOpener, ModuleError, ModuleHost, NewBdev};
+use fp_bdev::{Bdev, BdevError, ClaimType};
+use fp_rpc::Params;
+use serde_json::Value;
+
+use crate::{export_dirs, modules, BdevEntry, Claim, ExportDirs, Registry, RegistryError};
+
+impl Registry {
+    /// Runs the module method `method` (`bdev_malloc_create`, ...); `None` when no module has
+    /// it.
+    pub fn call_module(&self, method: &str, params: Option<Value>) -> Option<Result<Value, RegistryError>> {
+        let (_, f) = modules::MODULES.iter().flat_map(|m| m.methods()).find(|(name, _)| *name == method)?;
+        Some(Params::new(params).map_err(RegistryError::from).and_then(|p| Ok(f(self, p)?)))
+    }
+
+    /// The modules' method names.
+    pub fn module_methods(&self) -> impl Iterator<Item = &'static str> {
+        modules::MODULES.iter().flat_map(|m| m.methods()).map(|(name, _)| *name)
+    }
+}
+
+/// The registry's errors travel through a module's method boxed, and come back out here.
+impl From<ModuleError> for RegistryError {
+    fn from(e: ModuleError) -> RegistryError {
+        match e {
+            ModuleError::Param(p) => RegistryError::Param(p),
+            ModuleError::Bdev(b) => RegistryError::Bdev(b),
+            ModuleError::Host(h) => match h.downcast::<RegistryError>() {
+                Ok(e) => *e,
+                Err(other) => RegistryError::Other(other),
+            },
+        }
+    }
+}
+
+fn host(e: RegistryError) -> ModuleError {
+    ModuleError::Host(Box::new(e))
+}
+
+impl ModuleHost for Registry {
+    fn check_new_bdev(&self, name: &str) -> Result<(), ModuleError> {
+        let st = self.lock();
+        if st.bdevs.contains_key(name) {
+            return Err(host(RegistryError::AlreadyExists { kind: "bdev", name: name.into() }));
+        }
+        st.room_for_bdev(name, &self.options.limits).map_err(host)
+    }
+
+    fn add_bdev(&self, module: &'static str, new: NewBdev) -> Result<String, ModuleError> {
+        let name = new.bdev.info().name.clone();
+        let mut st = self.lock();
+        if st.bdevs.contains_key(&name) {
+            return Err(host(RegistryError::AlreadyExists { kind: "bdev", name }));
+        }
+        st.room_for_bdev(&name, &self.options.limits).map_err(host)?;
+        for (base, claim_type) in &new.claims {
+            let entry = st
+                .bdevs
+                .get(base)
+                .ok_or_else(|| host(RegistryError::NotFound { kind: "bdev", name: base.clone() }))?;
+            entry.check_claim(base, *claim_type).map_err(host)?;
+        }
+        for (base, claim_type) in &new.claims {
+            if let Some(entry) = st.bdevs.get_mut(base) {
+                entry.claims.push(Claim {
+                    holder: name.clone(),
+                    holder_kind: "bdev",
+                    claim_type: *claim_type,
+                });
+            }
+        }
+        log::info!("bdev '{name}' created ({module}, {} bytes)", new.bdev.info().size_bytes());
+        let bases = new.claims.into_iter().map(|(base, _)| base).collect();
+        let disk = fp_bdev::Disk::new(new.bdev.clone(), self.options.iostat);
+        let entry = BdevEntry { bdev: new.bdev, disk, module, device: new.device, claims: Vec::new(), bases };
+        st.bdevs.insert(name.clone(), entry);
+        Ok(name)
+    }
+
+    fn claimable(&self, name: &str, claim_type: ClaimType) -> Result<Bdev, ModuleError> {
+        let st = self.lock();
+        let entry = st
+            .bdevs
+            .get(name)
+            .ok_or_else(|| host(RegistryError::NotFound { kind: "bdev", name: name.into() }))?;
+        entry.check_claim(name, claim_type).map_err(host)?;
+        // Through the disk, so the base's statistics count what a stacked bdev sends it.
+        Ok(Arc::new(entry.disk.clone()))
+    }
+
+    fn bdev_exists(&self, name: &str) -> bool {
+        self.lock().bdevs.contains_key(name)
+    }
+
+    fn module_device(
+        &self,
+        name: &str,
+        module: &'static str,
+        kind: &'static str,
+    ) -> Result<Arc<dyn Any + Send + Sync>, ModuleError> {
+        let st = self.lock();
+        match st.bdevs.get(name) {
+            Some(e) if e.module == module => Ok(e.device.clone()),
+            _ => Err(host(RegistryError::NotFound { kind, name: name.into() })),
+        }
+    }
+
+    fn delete_bdev(&self, name: &str, module: &'static str) -> Result<(), ModuleError> {
+        Registry::delete_bdev(self, name, Some(module)).map_err(host)
+    }
+
+    fn block_size(&self, name: &str) -> Result<u32, ModuleError> {
+        let st = self.lock();
+        st.bdevs
+            .get(name)
+            .map(|e| e.bdev.info().block_size)
+            .ok_or_else(|| host(RegistryError::NotFound { kind: "bdev", name: name.into() }))
+    }
+
+    fn resize_bdev(&self, name: &str, module: &'static str, num_blocks: u64) -> Result<(), ModuleError> {
+        let st = self.lock();
+        let entry = match st.bdevs.get(name) {
+            Some(e) if e.module == module => e,
+            _ => return Err(host(RegistryError::NotFound { kind: "bdev", name: name.into() })),
+        };
+        let from = entry.bdev.info().num_blocks();
+        if num_blocks < from {
+            if let Some(by) = crate::holders(&entry.claims) {
+                return Err(host(RegistryError::ShrinkInUse { name: name.into(), by, from, to: num_blocks }));
+            }
+        }
+        // Stacked bdevs may change size with this one (a delay bdev shares its base's): tell the
+        // holders of every bdev whose size changed.
+        let before: Vec<u64> = st.bdevs.values().map(|e| e.bdev.info().num_blocks()).collect();
+        entry.bdev.resize(num_blocks)?;
+        let mut resized = Vec::new();
+        for ((bdev, e), was) in st.bdevs.iter().zip(before) {
+            let info = e.bdev.info();
+            if info.num_blocks() == was {
+                continue;
+            }
+            log::info!("bdev '{bdev}' resized from {was} to {} blocks", info.num_blocks());
+            for export in st.exports.values().filter(|x| x.bdev_name() == bdev) {
+                export.resized(info.size_bytes());
+            }
+            resized.push((e.disk.clone(), info.num_blocks()));
+        }
+        // The disks' subscribers, outside the registry's lock (a callback may call back in).
+        drop(st);
+        for (disk, num_blocks) in resized {
+            disk.notify(&fp_bdev::DiskEvent::Resized { num_blocks });
+        }
+        Ok(())
+    }
+
+    fn memory_limit(&self) -> u64 {
+        self.options.limits.max_malloc_bytes
+    }
+
+    fn check_memory_size(&self, name: &str, block_size: u32, num_blocks: u64) -> Result<(), ModuleError> {
+        crate::check_malloc_size(name, block_size, num_blocks, &self.options.limits).map_err(host)
+    }
+
+    fn file_opener(&self, filename: &Path) -> Result<FileOpener, ModuleError> {
+        match &self.options.export_dirs {
+            None => {
+                let path = filename.to_path_buf();
+                Ok(Box::new(move |direct| fp_bdev::uring::open_file(&path, direct)))
+            }
+            Some(exports) => exported_opener(exports, filename).map_err(host),
+        }
+    }
+}
+
+/// Opens `filename`, which must lead inside `exports` (see the `export_dirs` module).
+fn exported_opener(exports: &ExportDirs, filename: &Path) -> Result<FileOpener, RegistryError> {
+    let beneath = exports.locate(filename).map_err(|refusal| match refusal {
+        export_dirs::Refusal::Outside => RegistryError::NotAllowed {
+            field: "filename",
+            reason: format!("'{}' is outside the allowed export directories", filename.display()),
+        },
+        export_dirs::Refusal::Unresolved(source) => {
+            RegistryError::Bdev(BdevError::Open { path: filename.display().to_string(), source })
+        }
+    })?;
+    // The device opens the file twice (buffered and O_DIRECT); both opens must reach the same
+    // file, or a swap inside the export directory between them would split the disk in two.
+    let first = std::cell::Cell::new(None);
+    Ok(Box::new(move |direct: bool| {
+        let file = beneath.open(direct)?;
+        let id = export_dirs::file_id(&file)?;
+        match first.get() {
+            None => first.set(Some(id)),
+            Some(seen) if seen != id => {
+                return Err(std::io::Error::other("it was replaced by another file while being opened"))
+            }
+            Some(_) => {}
+        }
+        Ok(file)
+    }))
+}

@@ -1,0 +1,14 @@
+//! The bdev modules this daemon has, one line each. A module in another crate (Ceph RBD, say)
+//! is added here too, and its crate to this one's dependencies; see docs/architecture.md,
+//! "Adding a bdev module".
+
+use fp_bdev::modules::{delay::DelayModule, malloc::MallocModule, null::NullModule, uring::UringModule};
+use fp_bdev::BdevModule;
+
+/// Every module, in the order `rpc_get_methods` and configuration errors list them.
+pub static MODULES: &[&dyn BdevModule] = &[&NullModule, &MallocModule, &UringModule, &DelayModule];
+
+/// The module named `name` ("null", "malloc", ...).
+pub fn find(name: &str) -> Option<&'static dyn BdevModule> {
+    MODULES.iter().copied().find(|m| m.name() == name)
+}

@@ -1,0 +1,50 @@
+//! A controller over a 1 MiB RAM disk on one reactor, for the protocol-level tests.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use fp_bdev::{Bdev, RamDevice};
+use fp_reactor::{ReactorConfig, ReactorSet};
+use fp_vhost_blk::{BlkController, ControllerConfig};
+
+pub struct Fixture {
+    pub _dir: tempfile::TempDir,
+    pub sock: PathBuf,
+    pub ctrl: Option<BlkController>,
+    pub reactors: Option<ReactorSet>,
+}
+
+impl Fixture {
+    pub fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctrl.sock");
+        let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
+        let bdev: Bdev = Arc::new(RamDevice::new("ram0", 512, 2048).unwrap());
+        let ctrl = BlkController::start(ControllerConfig {
+            name: "ctrl".into(),
+            socket_path: sock.clone(),
+            bdev,
+            reactors: reactors.handles().to_vec(),
+            read_only: false,
+            num_queues: 1,
+        })
+        .unwrap();
+        Fixture { _dir: dir, sock, ctrl: Some(ctrl), reactors: Some(reactors) }
+    }
+
+    #[allow(dead_code)] // not every test file uses it
+    pub fn ctrl(&self) -> &BlkController {
+        self.ctrl.as_ref().unwrap()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Some(c) = self.ctrl.take() {
+            c.stop();
+        }
+        if let Some(r) = self.reactors.take() {
+            r.shutdown();
+        }
+    }
+}
