@@ -359,6 +359,19 @@ impl DiskChannel {
         self.slot.seen_epochs.store(epochs, Ordering::Release);
     }
 
+    /// A request the device refused: its slab entry goes back; all but Busy count as errors.
+    #[cold]
+    fn refused(&mut self, idx: u32, e: SubmitError) -> SubmitError {
+        self.free.push(idx);
+        let op = usize::from(self.slab[idx as usize].op);
+        match e {
+            SubmitError::Busy => {}
+            SubmitError::OutOfRange => self.slot.failure(op, errno_slot(libc::EINVAL)),
+            SubmitError::Unsupported => self.slot.failure(op, 0),
+        }
+        e
+    }
+
     fn in_flight_now(&self) -> u64 {
         (self.slab.len() - self.free.len()) as u64
     }
@@ -373,25 +386,15 @@ impl IoChannel for DiskChannel {
                 (self.slab.len() - 1) as u32
             }
         };
-        let start = ticks::now();
+        // The entry is filled before the call, so nothing of `req` need survive it.
+        let op = op_index(req.op) as u8;
+        self.slab[idx as usize] = InFlight { start: ticks::now(), len: req.len, tag: req.tag, op };
         let mut down = *req;
         down.tag = idx;
         // SAFETY: the caller's guarantees for `req` hold for `down`, which differs only in tag.
         match unsafe { self.inner.submit(&down) } {
-            Ok(()) => {
-                let op = op_index(req.op) as u8;
-                self.slab[idx as usize] = InFlight { start, len: req.len, tag: req.tag, op };
-                Ok(())
-            }
-            Err(e) => {
-                self.free.push(idx);
-                match e {
-                    SubmitError::Busy => {}
-                    SubmitError::OutOfRange => self.slot.failure(op_index(req.op), errno_slot(libc::EINVAL)),
-                    SubmitError::Unsupported => self.slot.failure(op_index(req.op), 0),
-                }
-                Err(e)
-            }
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.refused(idx, e)),
         }
     }
 
