@@ -58,6 +58,11 @@ def mode_config(mode):
         "scaling_points": [(qd, poll) for qd in (32, 128) for poll in (True, False)],
         # (qd, poll): fp-load --packed vs split rings on the null disk, interleaved.
         "packed_points": [(1, True), (32, True)],
+        # The disk layer's cost (null, 4K randread, QD32, 1 polled queue): counters off
+        # (serve --no-iostat), counters on, counters and histograms on, interleaved; reps.
+        "iostat_reps": 5,
+        # ... and each variant's path length under callgrind (the callgrind section's lengths).
+        "iostat_callgrind": True,
         "ceiling_reps": 3,
         "sizes": {"null": GIB, "ram": 512 * MIB, "file": GIB},
         "callgrind": {"short_s": 2.0, "long_s": 8.0, "reps": 3, "points": cg_points},
@@ -89,6 +94,8 @@ def mode_config(mode):
             "file_points": [("randread", 4096, 1, 1, False)],
             "scaling_points": [(32, True)],
             "packed_points": [],
+            "iostat_reps": 1,
+            "iostat_callgrind": False,  # six more debug servers under valgrind: too slow for CI
             "ceiling_reps": 1,
             "sizes": {"null": GIB, "file": 64 * MIB},
             "callgrind": {"short_s": 0.5, "long_s": 1.5, "reps": 1, "points": cg_points[:1]},
@@ -227,7 +234,7 @@ def server_timeout(wrap):
 class Flashpath:
     kind = "flashpath"
 
-    def __init__(self, bin_dir, work, cpus, name="flashpath", wrap=()):
+    def __init__(self, bin_dir, work, cpus, name="flashpath", wrap=(), extra=()):
         self.bin = os.path.join(bin_dir, "flashpath")
         self.name = name
         self.dir = os.path.join(work, name)
@@ -239,7 +246,7 @@ class Flashpath:
         # taskset keeps the control-plane threads on the server cores too; the reactors pin
         # themselves to the --cpus list. `wrap` (valgrind) goes between taskset and the server.
         self.proc = spawn(["taskset", "-c", cpus, *wrap, self.bin, "serve", "--cpus", cpus,
-                           "--rpc", self.rpc_sock, "--vhost-dir", self.vhost_dir],
+                           "--rpc", self.rpc_sock, "--vhost-dir", self.vhost_dir, *extra],
                           os.path.join(self.dir, "serve.log"))
         self.pid = self.proc.pid
         wait_for(lambda: self._answers(), server_timeout(wrap), "flashpath serve", self.proc)
@@ -536,7 +543,7 @@ class Bench:
         self.client_cpu = args.client_cpu
         self.work = tempfile.mkdtemp(prefix="fp-bench.", dir=args.work_dir)
         self.loader = Loader(args.bin_dir, self.client_cpu, self.work)
-        self.results = {"points": [], "fio": [], "idle": [], "scaling": [], "packed": [], "client_ceiling": None,
+        self.results = {"points": [], "fio": [], "idle": [], "scaling": [], "packed": [], "iostat": [], "client_ceiling": None,
                         "fills": [], "callgrind": []}
         self.callgrind_n = 0  # servers started under callgrind, for their directory names
         self.started = time.monotonic()
@@ -712,19 +719,74 @@ class Bench:
         finally:
             fp.stop()
 
-    def callgrind_run(self, kind, point, secs):
+    def run_iostat(self):
+        """What the disk layer's accounting costs: null QD32 polled IOPS on a daemon with
+        statistics off (`serve --no-iostat`) and on one with them on, without and with latency
+        histograms (`bdev_enable_histogram`), the three interleaved in every repetition. Both
+        daemons are pinned to the server CPU; the one not measured sleeps (no client I/O)."""
+        reps = self.cfg.get("iostat_reps", 0)
+        if not reps:
+            return
+        cpu = str(self.server_cpu)
+        off = Flashpath(self.args.bin_dir, self.work, cpu, name="flashpath-iostat-off", extra=["--no-iostat"])
+        on = Flashpath(self.args.bin_dir, self.work, cpu, name="flashpath-iostat-on")
+        try:
+            socks = {"off": off.add_disk("null", GIB), "on": on.add_disk("null", GIB)}
+            point = ("randread", 4096, 32, 1, True)
+            runs = {"off": [], "counters": [], "histograms": []}
+            for _ in range(reps):
+                runs["off"].append(measure(off, self.loader, socks["off"], point, self.secs, False))
+                runs["counters"].append(measure(on, self.loader, socks["on"], point, self.secs, False))
+                on.rpc("bdev_enable_histogram", {"name": "Null0", "enable": True})
+                runs["histograms"].append(measure(on, self.loader, socks["on"], point, self.secs, False))
+                on.rpc("bdev_enable_histogram", {"name": "Null0", "enable": False})
+            # The daemon counted what the client did: a check that the layer was really on.
+            stat = on.rpc("bdev_get_iostat", {"name": "Null0"})["bdevs"][0]
+            client_ios = sum(r["ios"] for r in runs["counters"] + runs["histograms"])
+            e = dict(point_key("null", point), server="flashpath",
+                     variants={k: dict(runs=v, median=summarize(v)) for k, v in runs.items()},
+                     daemon_read_ops=stat["num_read_ops"], client_ios=client_ios)
+            base = e["variants"]["off"]["median"]["iops"]
+            e["ratios"] = {k: ratio(e["variants"][k]["median"]["iops"], base) for k in ("counters", "histograms")}
+            self.results["iostat"].append(e)
+            cg = self.cfg.get("callgrind")
+            if cg and self.cfg.get("iostat_callgrind"):
+                # Path length of each variant (the callgrind section's method: a long run's
+                # instructions less a short run's, over the difference in I/Os).
+                e["ir_per_io"] = {}
+                for k in runs:
+                    short = self.callgrind_run("flashpath", point, cg["short_s"], variant=k)
+                    long_ = self.callgrind_run("flashpath", point, cg["long_s"], variant=k)
+                    e["ir_per_io"][k] = (long_["ir"] - short["ir"]) / max(1, long_["ios"] - short["ios"])
+                log("iostat path length (instructions/IO): " +
+                    ", ".join(f"{k} {v:.0f}" for k, v in e["ir_per_io"].items()))
+            log(f"iostat cost: off {base:>10.0f}  counters {e['variants']['counters']['median']['iops']:>10.0f} "
+                f"({fmt_ratio(e['ratios']['counters'])})  +histograms "
+                f"{e['variants']['histograms']['median']['iops']:>10.0f} ({fmt_ratio(e['ratios']['histograms'])}); "
+                f"daemon counted {stat['num_read_ops']} reads, the client {client_ios} (plus warm-up)")
+        finally:
+            off.stop()
+            on.stop()
+
+    def callgrind_run(self, kind, point, secs, variant="counters"):
         """A fresh server of `kind` under callgrind with a null disk and one fp-load run against
-        it; the server's instructions from start to exit and the run's I/Os."""
+        it; the server's instructions from start to exit and the run's I/Os. `variant` picks
+        flashpath's disk-layer accounting: "off" (--no-iostat), "counters" (the default) or
+        "histograms" (enabled before the run)."""
         self.callgrind_n += 1
         name = f"callgrind-{self.callgrind_n}"
         out = os.path.join(self.work, f"{name}.out")
         wrap = CALLGRIND + [f"--callgrind-out-file={out}"]
         if kind == "flashpath":
-            server = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=name, wrap=wrap)
+            extra = ["--no-iostat"] if variant == "off" else []
+            server = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=name, wrap=wrap,
+                               extra=extra)
         else:
             server = Qsd(self.work, self.server_cpu, "null", GIB, None, name=name, wrap=wrap)
         try:
             sock = server.add_disk("null", GIB) if kind == "flashpath" else server.sock
+            if kind == "flashpath" and variant == "histograms":
+                server.rpc("bdev_enable_histogram", {"name": "Null0", "enable": True})
             res = self.loader.run(sock, *point, secs)
         finally:
             server.stop()
@@ -762,6 +824,11 @@ class Bench:
                     f"(spread {100 * e['spread']:.1f} %, {len(xs)} repetitions)")
 
     def go(self):
+        if self.args.only == "iostat":
+            log("=== only: the disk layer's cost")
+            self.run_iostat()
+            self.results["wall_s"] = time.monotonic() - self.started
+            return
         log(f"mode {self.args.mode}: {self.secs} s per run, {self.reps} repetitions, server CPU "
             f"{self.server_cpu}, client CPU {self.client_cpu}, scratch {self.work}")
         for backend in self.cfg["backends"]:
@@ -772,6 +839,8 @@ class Bench:
         if self.cfg["packed_points"]:
             log("=== packed vs split rings")
             self.run_packed()
+        log("=== the disk layer's cost (I/O statistics off / on / with histograms)")
+        self.run_iostat()
         log("=== the client's own ceiling")
         self.run_ceiling()
         log("=== path length: instructions per I/O under callgrind")
@@ -1061,6 +1130,20 @@ def markdown(res):
                          f"{fmt_ratio(e['ratio'])} | {fmt_us(sp['p50_ns'])} | {fmt_us(pk['p50_ns'])} | "
                          f"{fmt_ns(sp.get('reactor_busy_ns_per_io'))} | "
                          f"{fmt_ns(pk.get('reactor_busy_ns_per_io'))} |")
+    if res.get("iostat"):
+        lines += ["", "## The disk layer's cost (flashpath, null, 4K randread, 1 polled queue)", "",
+                  "Statistics off (`serve --no-iostat`), counters on, counters and latency histograms "
+                  "on, interleaved run by run; medians.", "",
+                  "| QD | variant | IOPS | vs off | p50 µs | p99 µs | busy/IO ns | instructions/IO |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for e in res["iostat"]:
+            for k in ("off", "counters", "histograms"):
+                md = e["variants"][k]["median"]
+                r = "1.00" if k == "off" else fmt_ratio(e["ratios"][k])
+                ir = e.get("ir_per_io", {}).get(k)
+                lines.append(f"| {e['qd']} | {k} | {fmt_iops(md['iops'])} | {r} | {fmt_us(md['p50_ns'])} | "
+                             f"{fmt_us(md['p99_ns'])} | {fmt_ns(md.get('reactor_busy_ns_per_io'))} | "
+                             f"{'-' if ir is None else f'{ir:.0f}'} |")
     c = res.get("client_ceiling")
     if c:
         md = c["median"]
@@ -1211,6 +1294,8 @@ def write_outputs(res, out_dir):
         json.dump(res, f, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(markdown(res))
+    if not res["points"]:
+        return []  # --only: no matrix to plot
     return plots(res, out_dir)
 
 
@@ -1291,6 +1376,18 @@ def validate(out_dir, mode):
             problems.append(f"{name} is not a PNG")
         if os.path.getsize(path) <= 1024:
             problems.append(f"{name} is only {os.path.getsize(path)} bytes")
+    if cfg.get("iostat_reps"):
+        ios = res.get("iostat", [])
+        if len(ios) != 1:
+            problems.append(f"{len(ios)} disk-layer cost entries")
+        for e in ios:
+            for k in ("off", "counters", "histograms"):
+                v = e["variants"][k]["median"].get("iops")
+                if not isinstance(v, (int, float)) or v <= 0:
+                    problems.append(f"disk-layer cost {k}: iops = {v!r}")
+            # Counters on: the daemon saw at least every I/O the client completed.
+            if e["daemon_read_ops"] < e["client_ios"]:
+                problems.append(f"the daemon counted {e['daemon_read_ops']} reads, the client did {e['client_ios']}")
     return problems
 
 
@@ -1309,6 +1406,7 @@ def main():
     ap.add_argument("--time", type=float, help="seconds per run (overrides the mode)")
     ap.add_argument("--reps", type=int, help="runs per point and server (overrides the mode)")
     ap.add_argument("--backends", help="comma-separated subset of null,ram,file (development only)")
+    ap.add_argument("--only", choices=["iostat"], help="run only this section (development only)")
     ap.add_argument("--validate", metavar="DIR", help="only check the outputs in DIR and exit")
     ap.add_argument("--replot", metavar="DIR", help="only rewrite results.md and the plots from DIR/results.json")
     args = ap.parse_args()

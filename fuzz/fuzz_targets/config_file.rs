@@ -130,6 +130,7 @@ fuzz_target!(|data: &[u8]| {
         limits: config.limits.limits(),
         vhost_socket_mode: config.security.vhost_socket_mode.unwrap_or(DEFAULT_VHOST_SOCKET_MODE),
         export_dirs: Some(env.export.clone()),
+        iostat: config.stats.iostat.unwrap_or(true),
     };
     let target = Registry::with_options(common::reactors().to_vec(), &env.vhost_dir, options);
     let methods = Methods::new(target.clone());

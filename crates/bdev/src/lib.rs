@@ -27,9 +27,11 @@ use std::sync::Arc;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod disk;
 pub mod module;
 pub mod modules;
 
+pub use disk::{Disk, DiskEvent};
 pub use module::{BdevModule, ClaimType, ModuleError, ModuleHost, NewBdev};
 pub use modules::delay::{DelayDevice, DelayLatency, LatencyKind};
 pub use modules::malloc::RamDevice;

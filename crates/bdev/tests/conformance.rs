@@ -51,3 +51,20 @@ fn delay_over_malloc() {
         run_suite(&|| Arc::new(DelayDevice::new("delay0", ram(), latency).unwrap()), Storage::Keeps);
     }
 }
+
+/// The disk layer keeps every guarantee of the channel it wraps, accounting on and off.
+#[test]
+fn disk_layer_over_malloc_and_uring() {
+    for accounting in [true, false] {
+        run_suite(&|| Arc::new(fp_bdev::Disk::new(ram(), accounting)), Storage::Keeps);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let n = Cell::new(0);
+    let uring = || -> Arc<dyn BlockDevice> {
+        n.set(n.get() + 1);
+        let path = dir.path().join(format!("disk{}.img", n.get()));
+        std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
+        Arc::new(fp_bdev::Disk::new(Arc::new(UringDevice::new("u", &path, None, false).unwrap()), true))
+    };
+    run_suite(&uring, Storage::Keeps);
+}

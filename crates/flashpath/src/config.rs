@@ -18,6 +18,9 @@
 //! vhost_socket_mode = 0o600            # mode of each vhost-user socket (the default)
 //! export_dirs = ["/srv/disks"]         # where uring bdevs may open files; --export-dir wins
 //!
+//! [stats]                              # optional
+//! iostat = true                        # per-disk I/O statistics; false (or --no-iostat) skips them
+//!
 //! [[bdev]]
 //! type = "malloc"                      # null | malloc | uring
 //! name = "ram0"
@@ -106,6 +109,8 @@ pub struct ConfigFile {
     pub limits: LimitsSection,
     #[serde(default)]
     pub security: SecuritySection,
+    #[serde(default)]
+    pub stats: StatsSection,
     /// Kept as raw tables: their keys are checked by the RPC methods themselves.
     #[serde(default)]
     pub bdev: Vec<toml::Table>,
@@ -119,6 +124,14 @@ pub struct ReactorSection {
     /// Same syntax as `--cpus`.
     pub cpus: Option<String>,
     pub idle_window_us: Option<u64>,
+}
+
+/// `[stats]`: what the disk layer counts. `iostat = false` hands the frontends the backends'
+/// channels directly (no counters, no histograms), for measuring what the counting costs.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatsSection {
+    pub iostat: Option<bool>,
 }
 
 /// `[limits]`; an absent key keeps the default of [`Limits`].

@@ -103,6 +103,10 @@ struct ServeArgs {
     /// 127.0.0.1:9111, or unix:PATH [default: off]
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Do not count per-disk I/O statistics (bdev_get_iostat, histograms): the frontends use the
+    /// backends' channels directly (replaces the config file's stats.iostat)
+    #[arg(long)]
+    no_iostat: bool,
 }
 
 /// The kinds of disk the CLI offers, named for people; each maps to one SPDK bdev type.
@@ -288,6 +292,7 @@ fn main() -> ExitCode {
                 idle_window_us: args.idle_window_us,
                 export_dirs: (!args.export_dirs.is_empty()).then_some(args.export_dirs),
                 metrics: args.metrics,
+                no_iostat: args.no_iostat,
             };
             match serve::run(&opts) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -25,6 +25,9 @@ pub enum MethodError {
     Param(#[from] ParamError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// A failure with its own code (SPDK's negative errno) and message.
+    #[error("{message}")]
+    Failed { code: i32, message: String },
 }
 
 impl MethodError {
@@ -57,6 +60,7 @@ impl MethodError {
                 }
                 _ => RpcError::new(t.errno(), t.to_string()),
             },
+            MethodError::Failed { code, message } => RpcError::new(*code, message.clone()),
         }
     }
 }
@@ -75,6 +79,11 @@ const METHODS: &[(&str, MethodFn)] = &[
     ("rpc_get_methods", Methods::rpc_get_methods),
     ("spdk_get_version", Methods::spdk_get_version),
     ("flashpath_get_stats", Methods::flashpath_get_stats),
+    // The disk layer (methods/iostat.rs).
+    ("bdev_get_iostat", Methods::bdev_get_iostat),
+    ("bdev_reset_iostat", Methods::bdev_reset_iostat),
+    ("bdev_enable_histogram", Methods::bdev_enable_histogram),
+    ("bdev_get_histogram", Methods::bdev_get_histogram),
 ];
 
 /// The method implementations over one target.
@@ -364,6 +373,8 @@ fn controller_json(c: &ControllerInfo) -> Value {
         "stats": c.stats,
     })
 }
+
+mod iostat;
 
 #[cfg(test)]
 mod tests;

@@ -32,6 +32,8 @@ pub struct ServeOptions {
     pub export_dirs: Option<Vec<PathBuf>>,
     /// `--metrics`: where to serve Prometheus metrics (off when `None`).
     pub metrics: Option<String>,
+    /// `--no-iostat`.
+    pub no_iostat: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +82,8 @@ pub struct Settings {
     pub vhost_socket_mode: u32,
     /// The export directories as given, and the setting they came from.
     pub export_dirs: Option<(Vec<PathBuf>, &'static str)>,
+    /// Per-disk I/O statistics are counted (`fp_registry::RegistryOptions::iostat`).
+    pub iostat: bool,
 }
 
 /// Merges flags over the config file over defaults.
@@ -109,6 +113,7 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
             (None, Some(cfg)) => Some((cfg.clone(), "security.export_dirs")),
             (None, None) => None,
         },
+        iostat: !opts.no_iostat && config.stats.iostat.unwrap_or(true),
     })
 }
 
@@ -201,6 +206,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         limits: settings.limits.clone(),
         vhost_socket_mode: settings.vhost_socket_mode,
         export_dirs,
+        iostat: settings.iostat,
     };
     let registry = Registry::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
     let methods = Arc::new(Methods::new(registry.clone()));
@@ -318,6 +324,7 @@ mod tests {
                 limits: Limits::default(),
                 vhost_socket_mode: 0o600,
                 export_dirs: None,
+                iostat: true,
             }
         );
         let opts = ServeOptions {
@@ -328,17 +335,22 @@ mod tests {
             idle_window_us: Some(9),
             export_dirs: None,
             metrics: None,
+            no_iostat: true,
         };
         let from_flags = resolve(&opts, &config).unwrap();
         assert_eq!(from_flags.cpus, [0]);
         assert_eq!(from_flags.rpc, Path::new("/f.sock"));
         assert_eq!(from_flags.vhost_dir, Path::new("/f"));
         assert_eq!(from_flags.idle_window, Duration::from_micros(9));
+        assert!(!from_flags.iostat, "--no-iostat");
 
         let defaults = resolve(&ServeOptions::default(), &ConfigFile::default()).unwrap();
         assert_eq!(defaults.cpus, [first_allowed_cpu().unwrap()]);
         assert_eq!(defaults.rpc, Path::new(DEFAULT_RPC_SOCKET));
         assert_eq!(defaults.vhost_dir, Path::new(DEFAULT_VHOST_DIR));
+        assert!(defaults.iostat, "statistics are on by default");
+        let off: ConfigFile = toml::from_str("[stats]\niostat = false\n").unwrap();
+        assert!(!resolve(&ServeOptions::default(), &off).unwrap().iostat, "[stats] iostat = false");
         assert_eq!(defaults.idle_window, fp_reactor::DEFAULT_IDLE_WINDOW);
     }
 

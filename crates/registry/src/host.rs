@@ -78,7 +78,8 @@ impl ModuleHost for Registry {
         }
         log::info!("bdev '{name}' created ({module}, {} bytes)", new.bdev.info().size_bytes());
         let bases = new.claims.into_iter().map(|(base, _)| base).collect();
-        let entry = BdevEntry { bdev: new.bdev, module, device: new.device, claims: Vec::new(), bases };
+        let disk = fp_bdev::Disk::new(new.bdev.clone(), self.options.iostat);
+        let entry = BdevEntry { bdev: new.bdev, disk, module, device: new.device, claims: Vec::new(), bases };
         st.bdevs.insert(name.clone(), entry);
         Ok(name)
     }
@@ -90,7 +91,8 @@ impl ModuleHost for Registry {
             .get(name)
             .ok_or_else(|| host(RegistryError::NotFound { kind: "bdev", name: name.into() }))?;
         entry.check_claim(name, claim_type).map_err(host)?;
-        Ok(entry.bdev.clone())
+        // Through the disk, so the base's statistics count what a stacked bdev sends it.
+        Ok(Arc::new(entry.disk.clone()))
     }
 
     fn bdev_exists(&self, name: &str) -> bool {
@@ -138,6 +140,7 @@ impl ModuleHost for Registry {
         // holders of every bdev whose size changed.
         let before: Vec<u64> = st.bdevs.values().map(|e| e.bdev.info().num_blocks()).collect();
         entry.bdev.resize(num_blocks)?;
+        let mut resized = Vec::new();
         for ((bdev, e), was) in st.bdevs.iter().zip(before) {
             let info = e.bdev.info();
             if info.num_blocks() == was {
@@ -147,6 +150,12 @@ impl ModuleHost for Registry {
             for export in st.exports.values().filter(|x| x.bdev_name() == bdev) {
                 export.resized(info.size_bytes());
             }
+            resized.push((e.disk.clone(), info.num_blocks()));
+        }
+        // The disks' subscribers, outside the registry's lock (a callback may call back in).
+        drop(st);
+        for (disk, num_blocks) in resized {
+            disk.notify(&fp_bdev::DiskEvent::Resized { num_blocks });
         }
         Ok(())
     }

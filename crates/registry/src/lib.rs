@@ -12,10 +12,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use fp_bdev::{Bdev, BdevError, BdevInfo, ClaimType};
+use fp_bdev::{Bdev, BdevError, BdevInfo, ClaimType, Disk};
 use fp_reactor::ReactorHandle;
 use fp_rpc::ParamError;
 
+mod disks;
 mod export_dirs;
 pub mod exports;
 mod host;
@@ -170,6 +171,10 @@ pub struct ReactorSummary {
 
 struct BdevEntry {
     bdev: Bdev,
+    /// The bdev with its statistics and events (`fp_bdev::disk`): what exports and stacked
+    /// bdevs open channels through. Kept while the bdev exists, so statistics survive an
+    /// export's delete and re-create.
+    disk: Disk,
     /// The module that built it (its `driver`).
     module: &'static str,
     /// The same device, for its module's methods and `driver_specific`.
@@ -228,6 +233,9 @@ pub struct RegistryOptions {
     pub vhost_socket_mode: u32,
     /// When set, file-backed bdevs may only open files inside these directories.
     pub export_dirs: Option<ExportDirs>,
+    /// Count I/O statistics (`bdev_get_iostat`, histograms) in the disk layer; off hands the
+    /// exports the backends' channels directly.
+    pub iostat: bool,
 }
 
 /// Default for [`RegistryOptions::vhost_socket_mode`]: only the daemon's user may connect.
@@ -243,6 +251,7 @@ impl Default for RegistryOptions {
             limits: Limits::default(),
             vhost_socket_mode: DEFAULT_VHOST_SOCKET_MODE,
             export_dirs: None,
+            iostat: true,
         }
     }
 }
@@ -306,6 +315,7 @@ impl Registry {
             return Err(RegistryError::InUse { name: name.into(), by });
         }
         if let Some(removed) = st.bdevs.remove(name) {
+            removed.disk.notify(&fp_bdev::DiskEvent::Removed);
             for base in &removed.bases {
                 st.release(base, "bdev", name);
             }

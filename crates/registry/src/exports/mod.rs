@@ -6,6 +6,7 @@
 //! registry itself only keeps them by name, releases their claims and stops them.
 
 use std::any::Any;
+use std::sync::Arc;
 
 use fp_bdev::{Bdev, ClaimType};
 
@@ -72,7 +73,8 @@ impl Registry {
             .get_mut(bdev_name)
             .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: bdev_name.into() })?;
         entry.check_claim(bdev_name, claim_type)?;
-        let export = start(entry.bdev.clone())?;
+        // The export opens its channels through the bdev's disk (statistics, histograms).
+        let export = start(Arc::new(entry.disk.clone()))?;
         entry.claims.push(Claim { holder: name.into(), holder_kind: kind, claim_type });
         log::info!("{kind} export '{name}' serving bdev '{bdev_name}' ({})", claim_type.name());
         st.exports.insert(name.into(), export);

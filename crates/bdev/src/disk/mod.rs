@@ -1,0 +1,480 @@
+//! The generic bdev layer: a [`Disk`] wraps a [`Bdev`] with what every frontend needs above any
+//! backend — per-core I/O statistics, latency histograms and events (resize, remove).
+//!
+//! Frontends open their channels through the `Disk` ([`Disk`] is itself a [`BlockDevice`]).
+//! Each [`DiskChannel`] wraps the device's channel, tags requests with its own slab index, and
+//! counts into its own cache-line-aligned slot; readers merge all live slots with what closed
+//! channels left behind, so a queue restart loses nothing. The hot path takes no lock, writes
+//! no shared cache line and allocates nothing once the slab has grown to the peak queue depth.
+//! With accounting off (`Disk::new(bdev, false)`) channels are the device's own, untouched.
+
+mod histogram;
+mod stats;
+pub mod ticks;
+
+use std::os::unix::io::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use histogram::{base64_decode, base64_encode, bucket_end, bucket_of, Histogram, Percentiles};
+pub use histogram::{GRANULARITY as HISTOGRAM_GRANULARITY, MAX_RANGE as HISTOGRAM_MAX_RANGE};
+pub use stats::{op_index, IoStats, OpStats, ERRNO_SLOTS, OPS};
+
+use histogram::ChannelHistogram;
+use stats::{errno_slot, ChannelSlot};
+
+use crate::{Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoRequest, IoStatus, SubmitError};
+
+/// Something that happened to a disk, delivered to its subscribers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskEvent {
+    /// The device now has `num_blocks` blocks.
+    Resized { num_blocks: u64 },
+    /// The device is being deleted: stop using it.
+    Removed,
+}
+
+/// A subscriber's callback. Runs on the thread that calls [`Disk::notify`] (control plane).
+pub type EventCallback = Box<dyn Fn(&DiskEvent) + Send + Sync>;
+
+/// A subscription as the disk keeps it: shared, so `notify` can call it outside the lock.
+type SharedCallback = Arc<dyn Fn(&DiskEvent) + Send + Sync>;
+
+/// What `bdev_reset_iostat` clears (SPDK's `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetMode {
+    /// Every counter.
+    All,
+    /// Only the minimum and maximum latencies.
+    MaxMin,
+}
+
+/// Why a histogram request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HistogramError {
+    #[error("histograms are not enabled on this bdev (bdev_enable_histogram)")]
+    NotEnabled,
+    #[error("I/O statistics are switched off in this daemon (serve --no-iostat / [stats] iostat = false)")]
+    AccountingOff,
+}
+
+/// A channel's counters as `bdev_get_iostat` with `per_channel` reports them.
+#[derive(Debug, Clone)]
+pub struct ChannelStats {
+    /// Channel number in open order (SPDK's `thread_id`).
+    pub id: u64,
+    /// The CPU the channel was opened on.
+    pub core: Option<usize>,
+    pub stats: IoStats,
+}
+
+/// The reset epochs, packed in one word so a channel checks both with one load: "all" resets in
+/// the high half, "maxmin" resets in the low half.
+const ALL_EPOCH: u64 = 1 << 32;
+
+/// Control-plane state: which slots are live, and what closed channels left.
+struct Book {
+    live: Vec<Arc<ChannelSlot>>,
+    retired: IoStats,
+    retired_hist: Histogram,
+    next_id: u64,
+    subscribers: Vec<(u64, SharedCallback)>,
+    next_subscriber: u64,
+}
+
+struct DiskShared {
+    bdev: Bdev,
+    accounting: bool,
+    histogram_on: AtomicBool,
+    /// Bumped under `book`'s lock by each reset; read by channels once per poll.
+    epochs: AtomicU64,
+    book: Mutex<Book>,
+}
+
+/// A bdev with statistics and events. Cheap to clone; every clone is the same disk.
+#[derive(Clone)]
+pub struct Disk(Arc<DiskShared>);
+
+impl std::fmt::Debug for Disk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Disk").field("name", &self.0.bdev.info().name).finish_non_exhaustive()
+    }
+}
+
+impl Disk {
+    /// Wraps `bdev`. With `accounting` false the layer counts nothing and channels are the
+    /// device's own (histograms cannot be enabled).
+    pub fn new(bdev: Bdev, accounting: bool) -> Disk {
+        // Calibrate the clock here, on the control plane, before any channel reads it.
+        ticks::tick_rate();
+        Disk(Arc::new(DiskShared {
+            bdev,
+            accounting,
+            histogram_on: AtomicBool::new(false),
+            epochs: AtomicU64::new(0),
+            book: Mutex::new(Book {
+                live: Vec::new(),
+                retired: IoStats::default(),
+                retired_hist: Histogram { buckets: Vec::new() },
+                next_id: 0,
+                subscribers: Vec::new(),
+                next_subscriber: 0,
+            }),
+        }))
+    }
+
+    /// The device underneath.
+    pub fn bdev(&self) -> &Bdev {
+        &self.0.bdev
+    }
+
+    pub fn accounting(&self) -> bool {
+        self.0.accounting
+    }
+
+    fn book(&self) -> MutexGuard<'_, Book> {
+        // The book holds plain numbers: a panic elsewhere leaves nothing half-updated to fear.
+        self.0.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens a channel for the calling thread (the reactor that will use it).
+    pub fn open(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        let inner = self.0.bdev.open_channel()?;
+        if !self.0.accounting {
+            return Ok(inner);
+        }
+        // SAFETY: sched_getcpu has no preconditions.
+        let cpu = unsafe { libc::sched_getcpu() };
+        let slot = {
+            let mut book = self.book();
+            let slot = Arc::new(ChannelSlot::new(
+                book.next_id,
+                usize::try_from(cpu).ok(),
+                self.0.epochs.load(Ordering::Relaxed),
+            ));
+            book.next_id += 1;
+            book.live.push(slot.clone());
+            slot
+        };
+        Ok(Box::new(DiskChannel {
+            inner,
+            seen_epochs: slot.seen_epochs.load(Ordering::Relaxed),
+            slot,
+            disk: self.0.clone(),
+            slab: Vec::with_capacity(SLAB_START),
+            free: Vec::with_capacity(SLAB_START),
+            in_flight_reported: 0,
+        }))
+    }
+
+    /// The merged counters of every channel, open or closed.
+    pub fn stats(&self) -> IoStats {
+        let book = self.book();
+        let epochs = self.0.epochs.load(Ordering::Relaxed);
+        let mut total = book.retired.clone();
+        for slot in &book.live {
+            merge_slot(&mut total, slot, epochs);
+        }
+        total
+    }
+
+    /// Each open channel's counters.
+    pub fn channel_stats(&self) -> Vec<ChannelStats> {
+        let book = self.book();
+        let epochs = self.0.epochs.load(Ordering::Relaxed);
+        book.live
+            .iter()
+            .map(|slot| {
+                let mut stats = IoStats::default();
+                merge_slot(&mut stats, slot, epochs);
+                ChannelStats { id: slot.id, core: slot.core, stats }
+            })
+            .collect()
+    }
+
+    /// `bdev_reset_iostat`. Channels apply it at their next poll; until then readers leave out
+    /// what it cleared.
+    pub fn reset(&self, mode: ResetMode) {
+        let mut book = self.book();
+        let step = match mode {
+            ResetMode::All => {
+                let queue_depth = book.retired.queue_depth;
+                book.retired = IoStats { queue_depth, ..IoStats::default() };
+                ALL_EPOCH
+            }
+            ResetMode::MaxMin => {
+                book.retired.reset_maxmin();
+                1
+            }
+        };
+        // Under the lock: a channel closing now folds its counters with the epoch it sees here.
+        self.0.epochs.fetch_add(step, Ordering::Relaxed);
+    }
+
+    /// `bdev_enable_histogram`. Enabling starts from empty buckets (as SPDK, which allocates
+    /// them anew); disabling stops recording and forgets them.
+    pub fn enable_histogram(&self, enable: bool) -> Result<(), HistogramError> {
+        if !self.0.accounting {
+            return Err(HistogramError::AccountingOff);
+        }
+        let mut book = self.book();
+        if enable == self.0.histogram_on.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        if enable {
+            // Nobody records while the flag is off, so the channels' buckets can be zeroed here.
+            for slot in &book.live {
+                if let Some(h) = slot.hist.get() {
+                    h.clear();
+                }
+            }
+            book.retired_hist = Histogram::default();
+        } else {
+            book.retired_hist = Histogram { buckets: Vec::new() };
+        }
+        self.0.histogram_on.store(enable, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn histogram_enabled(&self) -> bool {
+        self.0.histogram_on.load(Ordering::Relaxed)
+    }
+
+    /// The merged latency histogram, in ticks.
+    pub fn histogram(&self) -> Result<Histogram, HistogramError> {
+        if !self.0.accounting {
+            return Err(HistogramError::AccountingOff);
+        }
+        let book = self.book();
+        if !self.0.histogram_on.load(Ordering::Relaxed) {
+            return Err(HistogramError::NotEnabled);
+        }
+        let mut h = book.retired_hist.clone();
+        for slot in &book.live {
+            if let Some(ch) = slot.hist.get() {
+                ch.add_to(&mut h);
+            }
+        }
+        Ok(h)
+    }
+
+    /// Registers `callback` for this disk's events; returns the id [`Disk::unsubscribe`] takes.
+    pub fn subscribe(&self, callback: EventCallback) -> u64 {
+        let mut book = self.book();
+        let id = book.next_subscriber;
+        book.next_subscriber += 1;
+        book.subscribers.push((id, Arc::from(callback)));
+        id
+    }
+
+    /// Removes a subscription; false when `id` was not subscribed.
+    pub fn unsubscribe(&self, id: u64) -> bool {
+        let mut book = self.book();
+        let before = book.subscribers.len();
+        book.subscribers.retain(|(i, _)| *i != id);
+        book.subscribers.len() != before
+    }
+
+    /// Delivers `event` to every subscriber, outside the disk's lock (a callback may subscribe,
+    /// unsubscribe or read statistics).
+    pub fn notify(&self, event: &DiskEvent) {
+        let subscribers: Vec<_> = self.book().subscribers.iter().map(|(_, f)| f.clone()).collect();
+        for f in subscribers {
+            f(event);
+        }
+    }
+}
+
+/// Adds what `slot` counted to `into`, leaving out what a reset the channel has not applied yet
+/// cleared.
+fn merge_slot(into: &mut IoStats, slot: &ChannelSlot, epochs: u64) {
+    let seen = slot.seen_epochs.load(Ordering::Acquire);
+    let mut s = slot.snapshot();
+    if seen / ALL_EPOCH != epochs / ALL_EPOCH {
+        s = IoStats { queue_depth: s.queue_depth, ..IoStats::default() };
+    } else if seen != epochs {
+        s.reset_maxmin();
+    }
+    into.merge(&s, true);
+}
+
+impl BlockDevice for Disk {
+    fn info(&self) -> &BdevInfo {
+        self.0.bdev.info()
+    }
+
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        self.open()
+    }
+
+    fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
+        self.0.bdev.resize(num_blocks)
+    }
+}
+
+/// Slab entries made when a channel opens; more are added only when the in-flight count passes
+/// the highest it reached.
+const SLAB_START: usize = 256;
+
+/// A request in flight through a [`DiskChannel`], indexed by the tag the device sees.
+#[derive(Clone, Copy)]
+struct InFlight {
+    start: u64,
+    len: u64,
+    tag: u32,
+    op: u8,
+}
+
+/// A channel of a [`Disk`]: the device's channel plus accounting. See the module docs.
+pub struct DiskChannel {
+    inner: Box<dyn IoChannel>,
+    slot: Arc<ChannelSlot>,
+    disk: Arc<DiskShared>,
+    slab: Vec<InFlight>,
+    free: Vec<u32>,
+    /// The reset epochs applied to `slot`.
+    seen_epochs: u64,
+    in_flight_reported: u64,
+}
+
+impl DiskChannel {
+    /// Applies resets the control plane asked for since the last look.
+    #[inline]
+    fn apply_resets(&mut self) {
+        let epochs = self.disk.epochs.load(Ordering::Relaxed);
+        if epochs != self.seen_epochs {
+            self.apply_resets_slow(epochs);
+        }
+    }
+
+    #[cold]
+    fn apply_resets_slow(&mut self, epochs: u64) {
+        if epochs / ALL_EPOCH != self.seen_epochs / ALL_EPOCH {
+            self.slot.clear();
+        } else {
+            self.slot.clear_maxmin();
+        }
+        self.seen_epochs = epochs;
+        // Release: a reader that sees the new epoch sees the cleared counters.
+        self.slot.seen_epochs.store(epochs, Ordering::Release);
+    }
+
+    /// A request the device refused: its slab entry goes back; all but Busy count as errors.
+    #[cold]
+    fn refused(&mut self, idx: u32, e: SubmitError) -> SubmitError {
+        self.free.push(idx);
+        let op = usize::from(self.slab[idx as usize].op);
+        match e {
+            SubmitError::Busy => {}
+            SubmitError::OutOfRange => self.slot.failure(op, errno_slot(libc::EINVAL)),
+            SubmitError::Unsupported => self.slot.failure(op, 0),
+        }
+        e
+    }
+
+    fn in_flight_now(&self) -> u64 {
+        (self.slab.len() - self.free.len()) as u64
+    }
+}
+
+impl IoChannel for DiskChannel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slab.push(InFlight { start: 0, len: 0, tag: 0, op: 0 });
+                (self.slab.len() - 1) as u32
+            }
+        };
+        // The entry is filled before the call, so nothing of `req` need survive it.
+        let op = op_index(req.op) as u8;
+        self.slab[idx as usize] = InFlight { start: ticks::now(), len: req.len, tag: req.tag, op };
+        let mut down = *req;
+        down.tag = idx;
+        // SAFETY: the caller's guarantees for `req` hold for `down`, which differs only in tag.
+        match unsafe { self.inner.submit(&down) } {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.refused(idx, e)),
+        }
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        self.apply_resets();
+        let hist = if self.disk.histogram_on.load(Ordering::Relaxed) {
+            // Allocated once per channel, the first time histograms are on.
+            Some(self.slot.hist.get_or_init(ChannelHistogram::new))
+        } else {
+            None
+        };
+        let (slab, free, slot) = (&self.slab, &mut self.free, &*self.slot);
+        let mut now = 0;
+        let n = self.inner.poll(&mut |itag, status| {
+            let Some(e) = slab.get(itag as usize) else {
+                // Not a tag of ours: the device broke its contract; pass it on unchanged.
+                return done(itag, status);
+            };
+            free.push(itag);
+            match status {
+                IoStatus::Success => {
+                    // One clock read per batch: its requests were all reaped now.
+                    if now == 0 {
+                        now = ticks::now();
+                    }
+                    let ticks = now.saturating_sub(e.start);
+                    slot.success(usize::from(e.op), e.len, ticks);
+                    if let Some(h) = hist {
+                        h.record(ticks);
+                    }
+                }
+                IoStatus::Error(errno) => slot.failure(usize::from(e.op), errno_slot(errno)),
+                IoStatus::Unsupported => slot.failure(usize::from(e.op), 0),
+            }
+            done(e.tag, status);
+        });
+        let in_flight = self.in_flight_now();
+        if in_flight != self.in_flight_reported {
+            self.in_flight_reported = in_flight;
+            self.slot.set_in_flight(in_flight);
+        }
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+
+    fn completion_fd(&self) -> Option<RawFd> {
+        self.inner.completion_fd()
+    }
+
+    fn disarm_completion_fd(&mut self) {
+        self.inner.disarm_completion_fd()
+    }
+
+    fn arm_completion_fd(&mut self) -> bool {
+        self.inner.arm_completion_fd()
+    }
+}
+
+impl Drop for DiskChannel {
+    /// Folds this channel's counters into the disk's retired totals, so closing a queue loses
+    /// nothing.
+    fn drop(&mut self) {
+        let disk = Disk(self.disk.clone());
+        let mut book = disk.book();
+        // Under the lock no reset can slip between applying and folding.
+        self.apply_resets();
+        let mut s = self.slot.snapshot();
+        s.queue_depth = 0;
+        book.retired.merge(&s, true);
+        if self.disk.histogram_on.load(Ordering::Relaxed) {
+            if let Some(h) = self.slot.hist.get() {
+                h.add_to(&mut book.retired_hist);
+            }
+        }
+        book.live.retain(|s| !Arc::ptr_eq(s, &self.slot));
+    }
+}
+
+#[cfg(test)]
+mod tests;
