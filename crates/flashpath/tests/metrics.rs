@@ -140,6 +140,7 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
     let daemon = Daemon::start_with_args("0", &["--metrics", "127.0.0.1:0"]);
     let addr = metrics_addr(&daemon);
     daemon.malloc("d0", 8192, 512);
+    daemon.call("bdev_enable_histogram", serde_json::json!({"name": "d0", "enable": true}));
     let sock = daemon.controller("c0", "d0", Some(1), false);
 
     let server = Prometheus::start(&prometheus, daemon.dir.path(), &addr);
@@ -161,6 +162,25 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
         "{text}"
     );
     assert!(text.contains("flashpath_vhost_in_flight{ctrlr=\"c0\",bdev=\"d0\"} 0\n"), "{text}");
+    // The disk layer's view of the same I/O, and its latency histogram.
+    assert!(
+        text.contains(&format!("flashpath_bdev_ops_total{{bdev=\"d0\",type=\"read\"}} {READS}\n")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "flashpath_bdev_io_latency_seconds_count{{bdev=\"d0\"}} {}\n",
+            READS + WRITES
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "flashpath_bdev_io_latency_seconds_bucket{{bdev=\"d0\",le=\"+Inf\"}} {}\n",
+            READS + WRITES
+        )),
+        "{text}"
+    );
     assert!(text.contains("flashpath_reactor_busy_seconds_total{lcore=\"0\"}"), "{text}");
     assert!(text.contains(&format!(
         "flashpath_build_info{{version=\"flashpath v{}\"}} 1",
@@ -196,6 +216,11 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
     assert_eq!(seen, Some(READS as f64), "{promql} through Prometheus; its log:\n{}", server.log());
     let written = server.query("flashpath_vhost_bytes_total{ctrlr=\"c0\",direction=\"write\"}");
     assert_eq!(written, Some((WRITES * 4096) as f64));
+    let disk_reads = server.query("flashpath_bdev_ops_total{bdev=\"d0\",type=\"read\"}");
+    assert_eq!(disk_reads, Some(READS as f64));
+    // Every I/O took under 10 s: the histogram's top finite bucket holds them all.
+    let under_10s = server.query("flashpath_bdev_io_latency_seconds_bucket{bdev=\"d0\",le=\"10\"}");
+    assert_eq!(under_10s, Some((READS + WRITES) as f64));
     assert_eq!(server.query("up{job=\"flashpath\"}"), Some(1.0));
 }
 

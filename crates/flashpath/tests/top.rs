@@ -49,12 +49,21 @@ fn tmux_available() -> bool {
     found
 }
 
-/// The disk's READ/s on screen, if its row is there.
-fn read_iops(screen: &str, disk: &str) -> Option<f64> {
+/// The disk's row on screen, cell by cell, if it is there.
+fn disk_row(screen: &str, disk: &str) -> Option<Vec<String>> {
     screen.lines().find_map(|l| {
-        let mut cells = l.trim_matches(|c: char| c == '│' || c.is_whitespace()).split_whitespace();
-        (cells.next() == Some(disk)).then(|| cells.next()?.parse().ok())?
+        let cells: Vec<String> = l
+            .trim_matches(|c: char| c == '│' || c.is_whitespace())
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        (cells.first().map(String::as_str) == Some(disk)).then_some(cells)
     })
+}
+
+/// The disk's READ/s on screen.
+fn read_iops(screen: &str, disk: &str) -> Option<f64> {
+    disk_row(screen, disk)?.get(1)?.parse().ok()
 }
 
 fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool, context: impl Fn() -> String) {
@@ -72,6 +81,7 @@ fn top_shows_disk_iops_and_reactors_and_q_quits() {
     }
     let daemon = Daemon::start("0");
     daemon.malloc("d0", 8192, 512);
+    daemon.call("bdev_enable_histogram", serde_json::json!({"name": "d0", "enable": true}));
     let sock = daemon.controller("c0", "d0", Some(1), false);
     let stop = Arc::new(AtomicBool::new(false));
     let io = {
@@ -115,6 +125,11 @@ fn top_shows_disk_iops_and_reactors_and_q_quits() {
     for header in ["DISK", "READ/s", "P99 us", "QD", "CORE", "BUSY%"] {
         assert!(screen.contains(header), "{header} missing:\n{screen}");
     }
+    // With the histogram on, the mean, p50 and p99 latencies are numbers, in that order.
+    let row = disk_row(&screen, "d0").unwrap();
+    let latency: Vec<f64> =
+        row[5..8].iter().map(|c| c.parse().unwrap_or_else(|_| panic!("{c}:\n{screen}"))).collect();
+    assert!(latency.iter().all(|&us| us > 0.0) && latency[1] <= latency[2], "{latency:?}:\n{screen}");
     // The reactor's row: its core, a busy share, and whether it polls or sleeps right now.
     assert!(
         screen.lines().any(|l| l.starts_with("│0 ") && (l.contains("polling") || l.contains("sleeping"))),
