@@ -241,6 +241,11 @@ fn label_pairs(labels: Labels) -> Vec<proto::LabelPair> {
         .collect()
 }
 
+/// All of a disk's errors in one `bdev_get_iostat` entry: `io_error` is keyed by errno name.
+pub fn io_error_total(bdev: &Value) -> u64 {
+    bdev.get("io_error").and_then(Value::as_object).map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+}
+
 fn u64_at(v: &Value, key: &str) -> u64 {
     v.get(key).and_then(Value::as_u64).unwrap_or(0)
 }
@@ -425,17 +430,35 @@ fn bdevs(io: &Value) -> [Family; 5] {
         "flashpath_bdev_latency_seconds_total",
         "Summed latency of a disk's I/Os, by type (divide by flashpath_bdev_ops_total for the mean)",
     );
-    let mut errors = Family::counter("flashpath_bdev_io_errors_total", "I/Os a disk completed with an error");
+    let mut errors = Family::counter(
+        "flashpath_bdev_io_errors_total",
+        "I/Os a disk completed with an error, by errno name (EIO, unsupported, ...)",
+    );
     let mut depth = Family::gauge("flashpath_bdev_queue_depth", "I/Os submitted to a disk and not completed");
     for b in array(&io["bdevs"]) {
         let name = str_at(b, "name");
         let with = |op: &str| vec![("bdev", name.clone()), ("type", op.to_string())];
-        for (op, moved) in [("read", "read"), ("write", "written"), ("unmap", "unmapped")] {
+        for (op, moved) in [
+            ("read", Some("read")),
+            ("write", Some("written")),
+            ("unmap", Some("unmapped")),
+            ("flush", None),
+            ("write_zeroes", Some("zeroed")),
+        ] {
             ops.push(with(op), u64_at(b, &format!("num_{op}_ops")));
-            bytes.push(with(op), u64_at(b, &format!("bytes_{moved}")));
+            if let Some(moved) = moved {
+                bytes.push(with(op), u64_at(b, &format!("bytes_{moved}")));
+            }
             latency.push(with(op), u64_at(b, &format!("{op}_latency_ticks")) as f64 / tick_rate as f64);
         }
-        errors.push(vec![("bdev", name.clone())], u64_at(b, "io_error"));
+        // EIO always has a series, so a rate over it exists before the first error.
+        let by_errno = b.get("io_error").and_then(Value::as_object);
+        if !by_errno.is_some_and(|m| m.contains_key("EIO")) {
+            errors.push(vec![("bdev", name.clone()), ("errno", "EIO".to_string())], 0u64);
+        }
+        for (errno, n) in by_errno.into_iter().flatten() {
+            errors.push(vec![("bdev", name.clone()), ("errno", errno.clone())], n.as_u64().unwrap_or(0));
+        }
         depth.push(vec![("bdev", name)], u64_at(b, "queue_depth"));
     }
     [ops, bytes, latency, errors, depth]
@@ -474,7 +497,7 @@ mod tests {
                     "name": "d0", "bytes_read": 8192, "num_read_ops": 2, "bytes_written": 512,
                     "num_write_ops": 1, "bytes_unmapped": 0, "num_unmap_ops": 0,
                     "read_latency_ticks": 1500, "write_latency_ticks": 250000,
-                    "unmap_latency_ticks": 0, "io_error": 3, "queue_depth": 7,
+                    "unmap_latency_ticks": 0, "io_error": {"ENOSPC": 3}, "queue_depth": 7,
                 }],
             })),
             _ => None,
@@ -485,7 +508,8 @@ mod tests {
             "flashpath_bdev_bytes_total{bdev=\"d0\",type=\"write\"} 512\n",
             "flashpath_bdev_latency_seconds_total{bdev=\"d0\",type=\"read\"} 0.0015\n",
             "flashpath_bdev_latency_seconds_total{bdev=\"d0\",type=\"write\"} 0.25\n",
-            "flashpath_bdev_io_errors_total{bdev=\"d0\"} 3\n",
+            "flashpath_bdev_io_errors_total{bdev=\"d0\",errno=\"EIO\"} 0\n",
+            "flashpath_bdev_io_errors_total{bdev=\"d0\",errno=\"ENOSPC\"} 3\n",
             "flashpath_bdev_queue_depth{bdev=\"d0\"} 7\n",
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");

@@ -141,7 +141,7 @@ pub fn disks_from_iostat(io: &Value) -> BTreeMap<String, DiskCounters> {
                 bytes_written: u64_at(b, "bytes_written"),
                 latency_s: Some(ticks as f64 / tick_rate),
                 queue_depth: u64_at(b, "queue_depth"),
-                errors: u64_at(b, "io_error"),
+                errors: flashpath::metrics::io_error_total(b),
                 p50_us: None,
                 p99_us: None,
             };
@@ -310,7 +310,7 @@ mod tests {
         let t0 = Instant::now();
         let io = |reads: u64, ticks: u64| {
             json!({"tick_rate": 1_000_000u64, "bdevs": [{"name": "d0", "num_read_ops": reads,
-                "bytes_read": reads * 4096, "read_latency_ticks": ticks, "queue_depth": 4, "io_error": 1}]})
+                "bytes_read": reads * 4096, "read_latency_ticks": ticks, "queue_depth": 4, "io_error": {"EIO": 1}}]})
         };
         let prev = Sample { at: t0, disks: disks_from_iostat(&io(100, 1000)), reactors: vec![] };
         let cur = Sample {
