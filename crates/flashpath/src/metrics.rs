@@ -12,7 +12,7 @@
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -95,7 +95,10 @@ impl MetricsServer {
         };
         let server = match addr {
             MetricsAddr::Tcp(a) => tiny_http::Server::http(a),
-            MetricsAddr::Unix(p) => tiny_http::Server::http_unix(p),
+            MetricsAddr::Unix(p) => {
+                remove_stale_socket(p);
+                tiny_http::Server::http_unix(p)
+            }
         }
         .map_err(|e| listen_err(&e))?;
         // An ephemeral port (":0") is reported as the one the kernel picked.
@@ -126,6 +129,20 @@ impl MetricsServer {
         if let MetricsAddr::Unix(p) = &self.addr {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+/// Removes a socket file nobody listens on any more (left by a daemon that was killed), so a
+/// restart can bind it; a live socket, or a file of another kind, stays and fails the bind.
+fn remove_stale_socket(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    let is_socket = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
+    if is_socket
+        && std::os::unix::net::UnixStream::connect(path)
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+    {
+        log::info!("metrics: removing the stale socket {}", path.display());
+        let _ = std::fs::remove_file(path);
     }
 }
 

@@ -224,11 +224,14 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
     assert_eq!(server.query("up{job=\"flashpath\"}"), Some(1.0));
 }
 
-/// The config file's `metrics` key, here a Unix socket.
+/// The config file's `metrics` key, here a Unix socket (over a stale one).
 #[test]
 fn unix_socket_endpoint_from_the_config_answers_and_is_removed_at_stop() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("metrics.sock");
+    // A socket left by a killed daemon: nobody listens on it, so serve replaces it.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
     let daemon = Daemon::start_with_config("0", |_| format!("metrics = \"unix:{}\"\n", path.display()));
     let stream = UnixStream::connect(&path).expect("connecting to the metrics socket");
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -276,6 +279,15 @@ fn an_address_in_use_stops_serve_at_start_naming_the_option() {
             "error: --metrics: cannot listen on http://{addr}/metrics: Address already in use (os error 98)"
         )
     );
+    // A Unix socket someone listens on is in use too, and stays theirs.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.sock");
+    let _live = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let (code, stderr) = serve_fails(&format!("unix:{}", path.display()));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.starts_with("error: --metrics: cannot listen on unix:"), "{stderr}");
+    assert!(stderr.trim_end().ends_with("Address already in use (os error 98)"), "{stderr}");
+    assert!(UnixStream::connect(&path).is_ok(), "the listener's socket was removed");
 }
 
 #[test]
