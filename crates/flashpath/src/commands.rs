@@ -33,7 +33,7 @@ pub enum CliError {
     Refused { message: String },
     #[error("unexpected result from {method}: {result}")]
     Unexpected { method: &'static str, result: Value },
-    #[error("terminal: {0}")]
+    #[error("terminal: {0} (flashpath top needs an interactive terminal)")]
     Terminal(#[source] std::io::Error),
 }
 

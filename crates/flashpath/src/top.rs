@@ -7,6 +7,7 @@
 //! quits.
 
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -270,7 +271,12 @@ const REFRESH: Duration = Duration::from_secs(1);
 pub fn run(rpc: &Path) -> Result<(), CliError> {
     let mut session = Session::connect(rpc, &[("name", "NAME")])?;
     let mut prev = sample(&mut session)?;
-    let mut terminal = ratatui::init();
+    // Output piped: a one-line error rather than escape codes into the pipe. (crossterm would
+    // still find the controlling terminal for its input through /dev/tty.)
+    if !std::io::stdout().is_terminal() {
+        return Err(CliError::Terminal(std::io::Error::other("standard output is not a terminal")));
+    }
+    let mut terminal = ratatui::try_init().map_err(CliError::Terminal)?;
     let outcome = (|| -> Result<(), CliError> {
         // The first frame shows totals-free zeroes until the first interval has passed.
         let mut disks = disk_rows(&prev, &prev);

@@ -189,3 +189,20 @@ fn stats_table_counts_per_disk() {
     let json: serde_json::Value = serde_json::from_str(&stats(true)).unwrap();
     assert_eq!(json["controllers"][0]["stats"]["read_ops"], 7, "{json}");
 }
+
+/// Without a terminal (output piped), `top` fails with one line instead of drawing or panicking.
+#[test]
+fn top_without_a_terminal_is_a_one_line_error() {
+    let daemon = Daemon::start("0");
+    let out = Command::new(env!("CARGO_BIN_EXE_flashpath"))
+        .arg("--rpc")
+        .arg(&daemon.rpc)
+        .arg("top")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running flashpath top");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("flashpath top needs an interactive terminal"), "{stderr}");
+}
