@@ -371,6 +371,12 @@ fn controller_json(c: &ControllerInfo) -> Value {
         "cores": c.cores,
         "connected": c.connected,
         "stats": c.stats,
+        // flashpath's: each started queue's counters, `in_flight` among them.
+        "queues": c.queues.iter().map(|(id, st)| {
+            let mut q = json!(st);
+            q["id"] = json!(id);
+            q
+        }).collect::<Vec<_>>(),
     })
 }
 

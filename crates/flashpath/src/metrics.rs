@@ -392,7 +392,7 @@ fn reactors(r: &Value) -> [Family; 4] {
 }
 
 /// `vhost_get_controllers`: what each guest-facing controller did, and holds now.
-fn controllers(c: &Value) -> [Family; 7] {
+fn controllers(c: &Value) -> [Family; 8] {
     let mut ops =
         Family::counter("flashpath_vhost_requests_total", "Requests a controller completed, by type");
     let mut bytes = Family::counter("flashpath_vhost_bytes_total", "Bytes a controller moved, by direction");
@@ -405,6 +405,10 @@ fn controllers(c: &Value) -> [Family; 7] {
     let mut in_flight =
         Family::gauge("flashpath_vhost_in_flight", "Requests taken from the rings and not yet completed");
     let mut connected = Family::gauge("flashpath_vhost_connected", "1 while a guest is connected");
+    let mut queue_in_flight = Family::gauge(
+        "flashpath_vhost_queue_in_flight",
+        "Requests taken from one virtqueue and not yet completed",
+    );
     for ctrl in array(c) {
         let st = &ctrl["stats"];
         let base = vec![
@@ -432,9 +436,12 @@ fn controllers(c: &Value) -> [Family; 7] {
         unsupported.push(base.clone(), u64_at(st, "unsupported"));
         notifications.push(base.clone(), u64_at(st, "notifications"));
         in_flight.push(base.clone(), u64_at(st, "in_flight"));
+        for q in array(&ctrl["queues"]) {
+            queue_in_flight.push(with("queue", &u64_at(q, "id").to_string()), u64_at(q, "in_flight"));
+        }
         connected.push(base, u64::from(ctrl.get("connected").and_then(Value::as_bool) == Some(true)));
     }
-    [ops, bytes, errors, unsupported, notifications, in_flight, connected]
+    [ops, bytes, errors, unsupported, notifications, in_flight, connected, queue_in_flight]
 }
 
 /// `bdev_get_iostat` (SPDK's shape): the generic bdev layer's per-disk counters.
@@ -533,6 +540,27 @@ mod tests {
         }
         // Methods that fail leave their families out rather than failing the scrape.
         assert!(!text.contains("flashpath_reactor"), "{text}");
+    }
+
+    /// `vhost_get_controllers`' per-queue counters become a per-queue in-flight gauge.
+    #[test]
+    fn each_started_queue_has_its_in_flight_gauge() {
+        let source: Source = Arc::new(|method, _| match method {
+            "vhost_get_controllers" => Some(json!([{
+                "ctrlr": "c0", "backend_specific": {"block": {"bdev": "d0"}}, "connected": true,
+                "stats": {"in_flight": 5},
+                "queues": [{"id": 0, "in_flight": 2}, {"id": 3, "in_flight": 3}],
+            }])),
+            _ => None,
+        });
+        let text = render(&source).unwrap();
+        for line in [
+            "flashpath_vhost_queue_in_flight{ctrlr=\"c0\",bdev=\"d0\",queue=\"0\"} 2\n",
+            "flashpath_vhost_queue_in_flight{ctrlr=\"c0\",bdev=\"d0\",queue=\"3\"} 3\n",
+            "flashpath_vhost_in_flight{ctrlr=\"c0\",bdev=\"d0\"} 5\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
     }
 
     /// Disk-layer buckets land under the first Prometheus bound their whole range fits below;

@@ -162,6 +162,11 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
         "{text}"
     );
     assert!(text.contains("flashpath_vhost_in_flight{ctrlr=\"c0\",bdev=\"d0\"} 0\n"), "{text}");
+    // The client's one queue, on its own.
+    assert!(
+        text.contains("flashpath_vhost_queue_in_flight{ctrlr=\"c0\",bdev=\"d0\",queue=\"0\"} 0\n"),
+        "{text}"
+    );
     // The disk layer's view of the same I/O, and its latency histogram.
     assert!(
         text.contains(&format!("flashpath_bdev_ops_total{{bdev=\"d0\",type=\"read\"}} {READS}\n")),

@@ -102,6 +102,8 @@ pub struct ControllerInfo {
     /// Notification coalescing: `(delay_base_us, iops_threshold)`.
     pub coalescing: (u32, u32),
     pub stats: ControllerStats,
+    /// Each queue that has started, by index, with its own counters (summed in `stats`).
+    pub queues: Vec<(u16, ControllerStats)>,
 }
 
 /// Controller state shared by the listener thread, its connections and `info()`.
@@ -197,6 +199,11 @@ impl QueueStatsTable {
     pub fn started(&self) -> impl Iterator<Item = &Arc<QueueStats>> {
         self.slots.iter().filter_map(OnceLock::get)
     }
+
+    /// The same, with each queue's index.
+    pub fn started_indexed(&self) -> impl Iterator<Item = (u16, &Arc<QueueStats>)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| s.get().map(|q| (i as u16, q)))
+    }
 }
 
 /// Queue `index`'s counters, created on first use (the queue's first start). Panics when
@@ -268,8 +275,12 @@ impl BlkController {
     pub fn info(&self) -> ControllerInfo {
         let s = &self.shared;
         let mut stats = ControllerStats::default();
-        for q in s.queue_stats.started() {
+        let mut queues = Vec::new();
+        for (index, q) in s.queue_stats.started_indexed() {
             stats.add(q);
+            let mut one = ControllerStats::default();
+            one.add(q);
+            queues.push((index, one));
         }
         let mut cores: Vec<usize> = s.reactors.iter().filter_map(|r| r.core()).collect();
         cores.sort_unstable();
@@ -284,6 +295,7 @@ impl BlkController {
             connected: s.connected.load(Ordering::Relaxed),
             coalescing: s.coalescing.get(),
             stats,
+            queues,
         }
     }
 
