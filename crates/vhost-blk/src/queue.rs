@@ -23,7 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 
-use fp_bdev::{Bdev, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::disk::DiskIo;
+use fp_bdev::{Bdev, IoOp, IoRequest, IoStatus, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
     parse_chain, validate, write_id, DiskParams, GuestMemory, ParseError, RequestType, StatusPtr, MAX_IOVECS,
@@ -233,7 +234,9 @@ pub struct QueuePoller {
     tracker: Option<Tracker>,
     kick: File,
     call: File,
-    channel: Box<dyn IoChannel>,
+    /// Held by type when the bdev is a `Disk` (what the registry exports): the layer's accounting
+    /// is then inlined here, and the device's channel is the one dynamic call per request.
+    channel: DiskIo,
     disk: DiskParams,
     /// Read into `disk` once per round: a resize reaches the queue at its next round.
     capacity_sectors: Arc<AtomicU64>,
@@ -361,7 +364,11 @@ impl QueuePoller {
                 .map_err(ring_err)?,
             )
         };
-        let channel = s.bdev.open_channel().map_err(|source| StartError::Channel { index, source })?;
+        let channel = match s.bdev.as_disk() {
+            Some(disk) => disk.open_typed(),
+            None => s.bdev.open_channel().map(DiskIo::Device),
+        }
+        .map_err(|source| StartError::Channel { index, source })?;
         let slots: Box<[Slot]> = (0..s.size)
             .map(|_| Slot {
                 head: Head::default(),
@@ -619,7 +626,7 @@ impl QueuePoller {
 
     fn reap(&mut self) -> usize {
         let Self { channel, slots, free, ring, tracker, counters, .. } = self;
-        channel.poll(&mut |tag, status| {
+        channel.poll(|tag, status| {
             let slot = &mut slots[tag as usize];
             let code = match status {
                 IoStatus::Success => {
