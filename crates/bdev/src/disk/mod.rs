@@ -446,7 +446,7 @@ impl DiskChannel {
     /// Polls the device, counting each completion before `done` sees it
     /// ([`IoChannel::poll`] with `done` inlined, for a frontend that holds the channel by type).
     #[inline]
-    pub fn poll_with(&mut self, mut done: impl FnMut(u32, IoStatus)) -> usize {
+    pub fn poll_with(&mut self, done: &mut impl Completion) -> usize {
         self.apply_resets();
         // Whether to record latencies in a histogram is decided once per poll, not per request.
         let histogram_on = self.disk.histogram_on.load(Ordering::Relaxed);
@@ -455,9 +455,9 @@ impl DiskChannel {
         let n = if histogram_on {
             // Allocated once per channel, the first time histograms are on.
             let h = slot.hist.get_or_init(ChannelHistogram::new);
-            reap(&mut **inner, slab, sparse, slot, &mut done, |ticks| h.record(ticks))
+            reap(&mut **inner, slab, sparse, slot, done, |ticks| h.record(ticks))
         } else {
-            reap(&mut **inner, slab, sparse, slot, &mut done, |_| {})
+            reap(&mut **inner, slab, sparse, slot, done, |_| {})
         };
         self.in_flight = self.in_flight.saturating_sub(n as u64);
         if self.in_flight != self.in_flight_reported {
@@ -476,7 +476,7 @@ fn reap(
     slab: &[InFlight],
     sparse: &mut Vec<(u32, InFlight)>,
     slot: &ChannelSlot,
-    done: &mut impl FnMut(u32, IoStatus),
+    done: &mut impl Completion,
     record: impl Fn(u64),
 ) -> usize {
     // One clock read per poll round, at its first success: the requests reaped in one round
@@ -489,7 +489,7 @@ fn reap(
             None => match take_sparse(sparse, tag) {
                 Some(e) => e,
                 // Not a tag of ours: the device broke its contract; pass it on unchanged.
-                None => return done(tag, status),
+                None => return done.complete(tag, status),
             },
         };
         let op = usize::from(e.op);
@@ -505,8 +505,23 @@ fn reap(
             IoStatus::Error(errno) => slot.failure(op, errno_slot(errno)),
             IoStatus::Unsupported => slot.failure(op, 0),
         }
-        done(tag, status);
+        done.complete(tag, status);
     })
+}
+
+/// What a frontend holding a [`DiskIo`] does with each completion. Any
+/// `FnMut(tag, status)` is one; a frontend may implement it on its own type with
+/// `#[inline(always)]` so that its handling is compiled into the layer's completion loop (a
+/// closure there is inlined only when the compiler's cost model agrees).
+pub trait Completion {
+    fn complete(&mut self, tag: u32, status: IoStatus);
+}
+
+impl<F: FnMut(u32, IoStatus)> Completion for F {
+    #[inline(always)]
+    fn complete(&mut self, tag: u32, status: IoStatus) {
+        self(tag, status)
+    }
 }
 
 /// A channel from [`Disk::open_typed`]: the layer's own when the disk counts, the device's
@@ -530,10 +545,10 @@ impl DiskIo {
     }
 
     #[inline]
-    pub fn poll(&mut self, mut done: impl FnMut(u32, IoStatus)) -> usize {
+    pub fn poll(&mut self, done: &mut impl Completion) -> usize {
         match self {
             DiskIo::Counted(ch) => ch.poll_with(done),
-            DiskIo::Device(ch) => ch.poll(&mut done),
+            DiskIo::Device(ch) => ch.poll(&mut |tag, status| done.complete(tag, status)),
         }
     }
 
@@ -582,7 +597,7 @@ impl IoChannel for DiskChannel {
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
-        self.poll_with(done)
+        self.poll_with(&mut |tag, status| done(tag, status))
     }
 
     fn in_flight(&self) -> usize {

@@ -393,11 +393,11 @@ fn tags_beyond_the_dense_slab_are_counted_and_busy_leaves_none() {
         // SAFETY: as above.
         unsafe { ch.submit(&req(t, IoOp::Write, 1024)) }.unwrap();
     }
-    assert_eq!(ch.poll(|t, _| panic!("{t} is held")), 0);
+    assert_eq!(ch.poll(&mut |t, _| panic!("{t} is held")), 0);
     assert_eq!(disk.stats().queue_depth, 3, "reported at each poll");
     script.lock().unwrap().hold = false;
     let mut got = Vec::new();
-    assert_eq!(ch.poll(|t, s| got.push((t, s))), 3);
+    assert_eq!(ch.poll(&mut |t, s| got.push((t, s))), 3);
     assert_eq!(got, big.map(|t| (t, IoStatus::Success)));
     let s = disk.stats();
     assert_eq!((s.op(IoOp::Write).ops, s.op(IoOp::Write).bytes, s.op(IoOp::Read).ops), (3, 3072, 0));
@@ -416,10 +416,10 @@ fn a_tag_reused_after_completion_is_timed_afresh() {
     unsafe { ch.submit(&req(3, IoOp::Read, 512)) }.unwrap();
     std::thread::sleep(Duration::from_millis(20));
     script.lock().unwrap().hold = false;
-    assert_eq!(ch.poll(|_, _| {}), 1);
+    assert_eq!(ch.poll(&mut |_, _| {}), 1);
     // SAFETY: as above.
     unsafe { ch.submit(&req(3, IoOp::Read, 512)) }.unwrap();
-    assert_eq!(ch.poll(|_, _| {}), 1);
+    assert_eq!(ch.poll(&mut |_, _| {}), 1);
     let r = *disk.stats().op(IoOp::Read);
     let ms = |t: u64| ticks::ticks_to_ns(t, ticks::tick_rate()) as f64 / 1e6;
     assert_eq!(r.ops, 2);
@@ -434,7 +434,7 @@ fn typed_channel_without_accounting_is_the_devices() {
     // SAFETY: no iovecs; the null device never touches buffers.
     unsafe { ch.submit(&req(7, IoOp::Flush, 0)) }.unwrap();
     let mut got = Vec::new();
-    ch.poll(|t, s| got.push((t, s)));
+    ch.poll(&mut |t, s| got.push((t, s)));
     assert_eq!(got, [(7, IoStatus::Success)]);
     assert_eq!(disk.stats().op(IoOp::Flush).ops, 0, "nothing counted");
     let bdev: Bdev = Arc::new(disk.clone());
