@@ -212,6 +212,11 @@ pub trait BlockDevice: Send + Sync {
         let _ = num_blocks;
         Err(BdevError::Unsupported(format!("a {} bdev cannot be resized", self.info().driver)))
     }
+    /// The [`Disk`] this device is, if it is one: a frontend then opens its channels by type
+    /// ([`Disk::open_typed`]) and saves a dynamic call per request.
+    fn as_disk(&self) -> Option<&Disk> {
+        None
+    }
 }
 
 /// A per-core I/O channel. Never shared between threads.

@@ -1,12 +1,13 @@
 //! The generic bdev layer: a [`Disk`] wraps a [`Bdev`] with what every frontend needs above any
 //! backend — per-core I/O statistics, latency histograms and events (resize, remove).
 //!
-//! Frontends open their channels through the `Disk` ([`Disk`] is itself a [`BlockDevice`]).
-//! Each [`DiskChannel`] wraps the device's channel, tags requests with its own slab index, and
-//! counts into its own cache-line-aligned slot; readers merge all live slots with what closed
-//! channels left behind, so a queue restart loses nothing. The hot path takes no lock, writes
-//! no shared cache line and allocates nothing once the slab has grown to the peak queue depth.
-//! With accounting off (`Disk::new(bdev, false)`) channels are the device's own, untouched.
+//! Frontends open their channels through the `Disk` ([`Disk`] is itself a [`BlockDevice`]);
+//! one that knows it holds a `Disk` opens a [`DiskIo`] by type ([`Disk::open_typed`]).
+//! Each [`DiskChannel`] wraps the device's channel, times requests in a slab indexed by the
+//! caller's tag, and counts into its own cache-line-aligned slot; readers merge all live slots
+//! with what closed channels left behind, so a queue restart loses nothing. The hot path takes
+//! no lock, writes no shared cache line and allocates nothing once the slab covers the largest
+//! tag. With accounting off (`Disk::new(bdev, false)`) channels are the device's own, untouched.
 
 mod histogram;
 mod stats;
@@ -139,9 +140,19 @@ impl Disk {
 
     /// Opens a channel for the calling thread (the reactor that will use it).
     pub fn open(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        Ok(match self.open_typed()? {
+            DiskIo::Counted(ch) => Box::new(ch),
+            DiskIo::Device(ch) => ch,
+        })
+    }
+
+    /// Opens a channel as [`Disk::open`] does, keeping the layer's channel by type: a frontend
+    /// that holds a [`DiskIo`] makes one dynamic call per submit and per poll (the device's)
+    /// rather than two, and has its completion callback inlined into the layer's loop.
+    pub fn open_typed(&self) -> Result<DiskIo, BdevError> {
         let inner = self.0.bdev.open_channel()?;
         if !self.0.accounting {
-            return Ok(inner);
+            return Ok(DiskIo::Device(inner));
         }
         // SAFETY: sched_getcpu has no preconditions.
         let cpu = unsafe { libc::sched_getcpu() };
@@ -156,13 +167,14 @@ impl Disk {
             book.live.push(slot.clone());
             slot
         };
-        Ok(Box::new(DiskChannel {
+        Ok(DiskIo::Counted(DiskChannel {
             inner,
             seen_epochs: slot.seen_epochs.load(Ordering::Relaxed),
             slot,
             disk: self.0.clone(),
-            slab: Vec::with_capacity(SLAB_START),
-            free: Vec::with_capacity(SLAB_START),
+            slab: vec![EMPTY; SLAB_START],
+            sparse: Vec::new(),
+            in_flight: 0,
             in_flight_reported: 0,
         }))
     }
@@ -307,33 +319,51 @@ impl BlockDevice for Disk {
         self.open()
     }
 
+    fn as_disk(&self) -> Option<&Disk> {
+        Some(self)
+    }
+
     fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
         self.0.bdev.resize(num_blocks)
     }
 }
 
-/// Slab entries made when a channel opens; more are added only when the in-flight count passes
-/// the highest it reached.
+/// Slab entries made when a channel opens (tags below this need no growth).
 const SLAB_START: usize = 256;
 
-/// A request in flight through a [`DiskChannel`], indexed by the tag the device sees.
+/// Tags below this index the dense slab directly (vhost-blk's tags are its slot indices,
+/// bounded by the virtqueue size, at most 32768); larger tags, which the trait allows but no
+/// frontend uses, are kept in a short list searched by tag, out of line.
+const DENSE_TAGS: u32 = 1 << 16;
+
+/// A request in flight through a [`DiskChannel`], indexed by the caller's tag.
 #[derive(Clone, Copy)]
 struct InFlight {
     start: u64,
     len: u64,
-    tag: u32,
     op: u8,
 }
 
+const EMPTY: InFlight = InFlight { start: 0, len: 0, op: 0 };
+
 /// A channel of a [`Disk`]: the device's channel plus accounting. See the module docs.
+///
+/// Requests keep the caller's tag on their way down: the entry of tag `t` is `slab[t]`, written
+/// at each submit, so there is no free list and no tag to translate. A caller's tags must be
+/// unique among its requests in flight (as they must be for it to tell completions apart).
+/// A refused request leaves nothing in flight: its dense entry is stale until the tag's next
+/// submit, and no completion reads it.
 pub struct DiskChannel {
     inner: Box<dyn IoChannel>,
     slot: Arc<ChannelSlot>,
     disk: Arc<DiskShared>,
     slab: Vec<InFlight>,
-    free: Vec<u32>,
+    /// Entries of tags of [`DENSE_TAGS`] and above.
+    sparse: Vec<(u32, InFlight)>,
     /// The reset epochs applied to `slot`.
     seen_epochs: u64,
+    /// Accepted by the device and not yet completed.
+    in_flight: u64,
     in_flight_reported: u64,
 }
 
@@ -359,11 +389,29 @@ impl DiskChannel {
         self.slot.seen_epochs.store(epochs, Ordering::Release);
     }
 
-    /// A request the device refused: its slab entry goes back; all but Busy count as errors.
+    /// Records the entry of a tag beyond the slab: grows the slab up to [`DENSE_TAGS`], or
+    /// keeps the entry in `sparse`.
     #[cold]
-    fn refused(&mut self, idx: u32, e: SubmitError) -> SubmitError {
-        self.free.push(idx);
-        let op = usize::from(self.slab[idx as usize].op);
+    fn record_beyond(&mut self, tag: u32, e: InFlight) {
+        if tag < DENSE_TAGS {
+            let want = (tag as usize + 1).max(self.slab.len() * 2).min(DENSE_TAGS as usize);
+            self.slab.resize(want, EMPTY);
+            self.slab[tag as usize] = e;
+        } else if let Some(s) = self.sparse.iter_mut().find(|s| s.0 == tag) {
+            s.1 = e;
+        } else {
+            self.sparse.push((tag, e));
+        }
+    }
+
+    /// A request the device refused: nothing of it stays in flight; all but Busy count as
+    /// errors. (A dense entry needs no undoing: it is only read for a tag the device returns.)
+    #[cold]
+    fn refused(&mut self, req: &IoRequest, e: SubmitError) -> SubmitError {
+        if req.tag >= DENSE_TAGS {
+            self.sparse.retain(|s| s.0 != req.tag);
+        }
+        let op = op_index(req.op);
         match e {
             SubmitError::Busy => {}
             SubmitError::OutOfRange => self.slot.failure(op, errno_slot(libc::EINVAL)),
@@ -372,71 +420,184 @@ impl DiskChannel {
         e
     }
 
-    fn in_flight_now(&self) -> u64 {
-        (self.slab.len() - self.free.len()) as u64
+    /// Submits `req` to the device, timing it ([`IoChannel::submit`] without the dynamic call,
+    /// for a frontend that holds the channel by type).
+    ///
+    /// # Safety
+    /// As for [`IoChannel::submit`].
+    #[inline]
+    pub unsafe fn submit_request(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        // The entry is filled before the call, so nothing of `req` need survive it.
+        let e = InFlight { start: ticks::now(), len: req.len, op: op_index(req.op) as u8 };
+        match self.slab.get_mut(req.tag as usize) {
+            Some(slot) => *slot = e,
+            None => self.record_beyond(req.tag, e),
+        }
+        // SAFETY: the caller's guarantees for `req` are passed on with it, unchanged.
+        match unsafe { self.inner.submit(req) } {
+            Ok(()) => {
+                self.in_flight += 1;
+                Ok(())
+            }
+            Err(e) => Err(self.refused(req, e)),
+        }
     }
+
+    /// Polls the device, counting each completion before `done` sees it
+    /// ([`IoChannel::poll`] with `done` inlined, for a frontend that holds the channel by type).
+    #[inline]
+    pub fn poll_with(&mut self, done: &mut impl Completion) -> usize {
+        self.apply_resets();
+        // Whether to record latencies in a histogram is decided once per poll, not per request.
+        let histogram_on = self.disk.histogram_on.load(Ordering::Relaxed);
+        let Self { inner, slot, slab, sparse, .. } = &mut *self;
+        let slot: &ChannelSlot = slot;
+        let n = if histogram_on {
+            // Allocated once per channel, the first time histograms are on.
+            let h = slot.hist.get_or_init(ChannelHistogram::new);
+            reap(&mut **inner, slab, sparse, slot, done, |ticks| h.record(ticks))
+        } else {
+            reap(&mut **inner, slab, sparse, slot, done, |_| {})
+        };
+        self.in_flight = self.in_flight.saturating_sub(n as u64);
+        if self.in_flight != self.in_flight_reported {
+            self.in_flight_reported = self.in_flight;
+            self.slot.set_in_flight(self.in_flight);
+        }
+        n
+    }
+}
+
+/// The completion loop of [`DiskChannel::poll_with`]: counts each completion in `slot`, passes
+/// its latency to `record`, then hands it to `done` with the caller's tag.
+#[inline(always)]
+fn reap(
+    inner: &mut dyn IoChannel,
+    slab: &[InFlight],
+    sparse: &mut Vec<(u32, InFlight)>,
+    slot: &ChannelSlot,
+    done: &mut impl Completion,
+    record: impl Fn(u64),
+) -> usize {
+    // One clock read per poll round, at its first success: the requests reaped in one round
+    // had all completed by then (those that completed earlier waited for this poll, which is
+    // when the frontend learns of them).
+    let mut now = 0;
+    inner.poll(&mut |tag, status| {
+        let e = match slab.get(tag as usize) {
+            Some(e) => *e,
+            None => match take_sparse(sparse, tag) {
+                Some(e) => e,
+                // Not a tag of ours: the device broke its contract; pass it on unchanged.
+                None => return done.complete(tag, status),
+            },
+        };
+        let op = usize::from(e.op);
+        match status {
+            IoStatus::Success => {
+                if now == 0 {
+                    now = ticks::now();
+                }
+                let ticks = now.saturating_sub(e.start);
+                slot.success(op, e.len, ticks);
+                record(ticks);
+            }
+            IoStatus::Error(errno) => slot.failure(op, errno_slot(errno)),
+            IoStatus::Unsupported => slot.failure(op, 0),
+        }
+        done.complete(tag, status);
+    })
+}
+
+/// What a frontend holding a [`DiskIo`] does with each completion. Any
+/// `FnMut(tag, status)` is one; a frontend may implement it on its own type with
+/// `#[inline(always)]` so that its handling is compiled into the layer's completion loop (a
+/// closure there is inlined only when the compiler's cost model agrees).
+pub trait Completion {
+    fn complete(&mut self, tag: u32, status: IoStatus);
+}
+
+impl<F: FnMut(u32, IoStatus)> Completion for F {
+    #[inline(always)]
+    fn complete(&mut self, tag: u32, status: IoStatus) {
+        self(tag, status)
+    }
+}
+
+/// A channel from [`Disk::open_typed`]: the layer's own when the disk counts, the device's
+/// otherwise. Its methods are [`IoChannel`]'s, dispatched by a match rather than a vtable.
+pub enum DiskIo {
+    Counted(DiskChannel),
+    Device(Box<dyn IoChannel>),
+}
+
+impl DiskIo {
+    /// # Safety
+    /// As for [`IoChannel::submit`].
+    #[inline]
+    pub unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        match self {
+            // SAFETY: the caller's guarantees, passed on.
+            DiskIo::Counted(ch) => unsafe { ch.submit_request(req) },
+            // SAFETY: the caller's guarantees, passed on.
+            DiskIo::Device(ch) => unsafe { ch.submit(req) },
+        }
+    }
+
+    #[inline]
+    pub fn poll(&mut self, done: &mut impl Completion) -> usize {
+        match self {
+            DiskIo::Counted(ch) => ch.poll_with(done),
+            DiskIo::Device(ch) => ch.poll(&mut |tag, status| done.complete(tag, status)),
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.channel().in_flight()
+    }
+
+    pub fn completion_fd(&self) -> Option<RawFd> {
+        self.channel().completion_fd()
+    }
+
+    pub fn disarm_completion_fd(&mut self) {
+        self.channel_mut().disarm_completion_fd()
+    }
+
+    pub fn arm_completion_fd(&mut self) -> bool {
+        self.channel_mut().arm_completion_fd()
+    }
+
+    fn channel(&self) -> &dyn IoChannel {
+        match self {
+            DiskIo::Counted(ch) => ch,
+            DiskIo::Device(ch) => &**ch,
+        }
+    }
+
+    fn channel_mut(&mut self) -> &mut dyn IoChannel {
+        match self {
+            DiskIo::Counted(ch) => ch,
+            DiskIo::Device(ch) => &mut **ch,
+        }
+    }
+}
+
+/// Removes and returns the entry of a tag beyond the dense slab.
+#[cold]
+fn take_sparse(sparse: &mut Vec<(u32, InFlight)>, tag: u32) -> Option<InFlight> {
+    let i = sparse.iter().position(|s| s.0 == tag)?;
+    Some(sparse.swap_remove(i).1)
 }
 
 impl IoChannel for DiskChannel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
-        let idx = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.slab.push(InFlight { start: 0, len: 0, tag: 0, op: 0 });
-                (self.slab.len() - 1) as u32
-            }
-        };
-        // The entry is filled before the call, so nothing of `req` need survive it.
-        let op = op_index(req.op) as u8;
-        self.slab[idx as usize] = InFlight { start: ticks::now(), len: req.len, tag: req.tag, op };
-        let mut down = *req;
-        down.tag = idx;
-        // SAFETY: the caller's guarantees for `req` hold for `down`, which differs only in tag.
-        match unsafe { self.inner.submit(&down) } {
-            Ok(()) => Ok(()),
-            Err(e) => Err(self.refused(idx, e)),
-        }
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { self.submit_request(req) }
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
-        self.apply_resets();
-        let hist = if self.disk.histogram_on.load(Ordering::Relaxed) {
-            // Allocated once per channel, the first time histograms are on.
-            Some(self.slot.hist.get_or_init(ChannelHistogram::new))
-        } else {
-            None
-        };
-        let (slab, free, slot) = (&self.slab, &mut self.free, &*self.slot);
-        let mut now = 0;
-        let n = self.inner.poll(&mut |itag, status| {
-            let Some(e) = slab.get(itag as usize) else {
-                // Not a tag of ours: the device broke its contract; pass it on unchanged.
-                return done(itag, status);
-            };
-            free.push(itag);
-            match status {
-                IoStatus::Success => {
-                    // One clock read per batch: its requests were all reaped now.
-                    if now == 0 {
-                        now = ticks::now();
-                    }
-                    let ticks = now.saturating_sub(e.start);
-                    slot.success(usize::from(e.op), e.len, ticks);
-                    if let Some(h) = hist {
-                        h.record(ticks);
-                    }
-                }
-                IoStatus::Error(errno) => slot.failure(usize::from(e.op), errno_slot(errno)),
-                IoStatus::Unsupported => slot.failure(usize::from(e.op), 0),
-            }
-            done(e.tag, status);
-        });
-        let in_flight = self.in_flight_now();
-        if in_flight != self.in_flight_reported {
-            self.in_flight_reported = in_flight;
-            self.slot.set_in_flight(in_flight);
-        }
-        n
+        self.poll_with(&mut |tag, status| done(tag, status))
     }
 
     fn in_flight(&self) -> usize {

@@ -119,7 +119,9 @@ pub(crate) fn errno_slot(errno: i32) -> usize {
     (errno.max(1) as usize).min(ERRNO_SLOTS - 1)
 }
 
+/// One operation kind's counters, on a cache line of their own: a completion touches one line.
 #[derive(Default)]
+#[repr(align(64))]
 struct OpCounters {
     ops: AtomicU64,
     bytes: AtomicU64,
@@ -136,11 +138,16 @@ fn bump(c: &AtomicU64, v: u64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
 }
 
+/// [`OPS`] rounded up to a power of two.
+const OP_SLOTS: usize = OPS.len().next_power_of_two();
+
 /// One channel's counters. Two cache lines of alignment keep the adjacent-line prefetcher from
 /// pairing it with a neighbour's.
 #[repr(align(128))]
 pub(crate) struct ChannelSlot {
-    ops: [OpCounters; 5],
+    /// Indexed by `op & (OP_SLOTS - 1)`: the three slots past the five kinds stay unused, and
+    /// the masked index needs no bounds check on the completion path.
+    ops: [OpCounters; OP_SLOTS],
     errno: [AtomicU64; ERRNO_SLOTS],
     in_flight: AtomicU64,
     /// The reset epochs this channel has applied (see `Disk::reset`): readers ignore counters of a
@@ -168,7 +175,7 @@ impl ChannelSlot {
 
     #[inline(always)]
     pub(crate) fn success(&self, op: usize, bytes: u64, ticks: u64) {
-        let c = &self.ops[op];
+        let c = &self.ops[op & (OP_SLOTS - 1)];
         bump(&c.ops, 1);
         bump(&c.bytes, bytes);
         bump(&c.latency, ticks);
@@ -182,7 +189,7 @@ impl ChannelSlot {
 
     #[inline]
     pub(crate) fn failure(&self, op: usize, errno_slot: usize) {
-        bump(&self.ops[op].errors, 1);
+        bump(&self.ops[op & (OP_SLOTS - 1)].errors, 1);
         bump(&self.errno[errno_slot], 1);
     }
 

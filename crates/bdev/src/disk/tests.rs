@@ -372,3 +372,71 @@ fn events_reach_subscribers_until_they_unsubscribe() {
     assert_eq!(count.load(Ordering::Relaxed), 2);
     assert!(disk.unsubscribe(b));
 }
+
+#[test]
+fn tags_beyond_the_dense_slab_are_counted_and_busy_leaves_none() {
+    let (disk, script) = scripted();
+    let mut ch = disk.open_typed().unwrap();
+    let DiskIo::Counted(inner) = &ch else { panic!("accounting is on: the layer's channel") };
+    assert!(inner.sparse.is_empty());
+    let big = [DENSE_TAGS, u32::MAX, DENSE_TAGS - 1];
+    script.lock().unwrap().busy = true;
+    for t in big {
+        // SAFETY: no iovecs; the scripted device never touches buffers.
+        assert_eq!(unsafe { ch.submit(&req(t, IoOp::Read, 512)) }, Err(SubmitError::Busy));
+    }
+    let DiskIo::Counted(inner) = &ch else { unreachable!() };
+    assert!(inner.sparse.is_empty(), "a refused request leaves no entry");
+    script.lock().unwrap().busy = false;
+    script.lock().unwrap().hold = true;
+    for t in big {
+        // SAFETY: as above.
+        unsafe { ch.submit(&req(t, IoOp::Write, 1024)) }.unwrap();
+    }
+    assert_eq!(ch.poll(&mut |t, _| panic!("{t} is held")), 0);
+    assert_eq!(disk.stats().queue_depth, 3, "reported at each poll");
+    script.lock().unwrap().hold = false;
+    let mut got = Vec::new();
+    assert_eq!(ch.poll(&mut |t, s| got.push((t, s))), 3);
+    assert_eq!(got, big.map(|t| (t, IoStatus::Success)));
+    let s = disk.stats();
+    assert_eq!((s.op(IoOp::Write).ops, s.op(IoOp::Write).bytes, s.op(IoOp::Read).ops), (3, 3072, 0));
+    assert_eq!(s.queue_depth, 0);
+    let DiskIo::Counted(inner) = &ch else { unreachable!() };
+    assert!(inner.sparse.is_empty(), "completed entries are gone");
+    assert_eq!(inner.slab.len(), DENSE_TAGS as usize, "the dense slab stops at its bound");
+}
+
+#[test]
+fn a_tag_reused_after_completion_is_timed_afresh() {
+    let (disk, script) = scripted();
+    let mut ch = disk.open_typed().unwrap();
+    script.lock().unwrap().hold = true;
+    // SAFETY: no iovecs; the scripted device never touches buffers.
+    unsafe { ch.submit(&req(3, IoOp::Read, 512)) }.unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    script.lock().unwrap().hold = false;
+    assert_eq!(ch.poll(&mut |_, _| {}), 1);
+    // SAFETY: as above.
+    unsafe { ch.submit(&req(3, IoOp::Read, 512)) }.unwrap();
+    assert_eq!(ch.poll(&mut |_, _| {}), 1);
+    let r = *disk.stats().op(IoOp::Read);
+    let ms = |t: u64| ticks::ticks_to_ns(t, ticks::tick_rate()) as f64 / 1e6;
+    assert_eq!(r.ops, 2);
+    assert!(ms(r.max_latency_ticks) >= 20.0 && ms(r.min_latency_ticks) < 15.0, "{r:?}");
+}
+
+#[test]
+fn typed_channel_without_accounting_is_the_devices() {
+    let disk = Disk::new(Arc::new(NullDevice::new("n", 512, 1024).unwrap()), false);
+    let mut ch = disk.open_typed().unwrap();
+    assert!(matches!(ch, DiskIo::Device(_)));
+    // SAFETY: no iovecs; the null device never touches buffers.
+    unsafe { ch.submit(&req(7, IoOp::Flush, 0)) }.unwrap();
+    let mut got = Vec::new();
+    ch.poll(&mut |t, s| got.push((t, s)));
+    assert_eq!(got, [(7, IoStatus::Success)]);
+    assert_eq!(disk.stats().op(IoOp::Flush).ops, 0, "nothing counted");
+    let bdev: Bdev = Arc::new(disk.clone());
+    assert!(bdev.as_disk().is_some(), "a Disk behind a Bdev is found by frontends");
+}
