@@ -1,6 +1,6 @@
 //! I/O counters, declared once: the per-queue atomics the control plane reads, the reactor's
 //! local copies published once per busy round, and the per-controller sums all come from the
-//! one list in [`io_counters!`]'s invocation below.
+//! one list in `io_counters!`'s invocation below.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

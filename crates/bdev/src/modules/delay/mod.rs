@@ -41,7 +41,7 @@ pub enum LatencyKind {
 }
 
 impl LatencyKind {
-    /// SPDK's names, in the order of [`LatencyKind::index`].
+    /// SPDK's names, in declaration order (avg_read, p99_read, avg_write, p99_write).
     pub const NAMES: [&'static str; 4] = ["avg_read", "p99_read", "avg_write", "p99_write"];
 
     pub fn from_name(name: &str) -> Option<LatencyKind> {
