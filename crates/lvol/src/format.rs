@@ -15,10 +15,12 @@ pub const SUPER_MAGIC: [u8; 8] = *b"FPLVSUPR";
 /// The format version this code writes and the only one it reads.
 pub const VERSION: u32 = 1;
 
+/// Bytes of the label's fields (the rest of page 0 is zero).
+const LABEL_LEN: usize = 48;
 /// Bytes of the super block before its page-checksum table.
-const SUPER_HEADER: usize = 160;
+pub const SUPER_HEADER: usize = 160;
 /// Stream pages one super block can vouch for (one CRC each): 984 pages, 3.8 MiB of
-/// metadata, about 980,000 mapped clusters (3.7 TiB of volumes at 4 MiB clusters).
+/// metadata, about 1,000,000 map entries (3.8 TiB of volumes at 4 MiB clusters).
 pub const MAX_STREAM_PAGES: usize = (PAGE_SIZE - SUPER_HEADER) / 4;
 /// Largest metadata area: its super block and the most stream pages it can vouch for.
 pub const MAX_AREA_PAGES: u32 = MAX_STREAM_PAGES as u32 + 1;
@@ -34,7 +36,7 @@ pub const RECORD_FIXED: u64 = 16 + 16 + 4 + 1 + 8;
 pub const STREAM_FIXED: u64 = 4;
 
 /// The checksum field's place in the label and the super block (computed with it zeroed).
-const CRC_AT: usize = 12;
+pub const CRC_AT: usize = 12;
 
 /// Smallest and largest cluster (a page, and 1 GiB) and block sizes (512 B to a page).
 pub fn check_geometry(cluster_size: u64, block_size: u32) -> Result<(), String> {
@@ -108,6 +110,9 @@ impl Label {
             block_size: r.u32()?,
             area_pages: r.u32()?,
         };
+        if p[LABEL_LEN..].iter().any(|&b| b != 0) {
+            return Err("label: bytes after its fields".into());
+        }
         check_geometry(label.cluster_size, label.block_size).map_err(|e| format!("label: {e}"))?;
         if !(2..=MAX_AREA_PAGES).contains(&label.area_pages) {
             return Err(format!(
@@ -319,7 +324,9 @@ pub fn is_mapped(entry: u32) -> bool {
     entry != UNALLOCATED
 }
 
-fn seal(p: &mut Page) {
+/// Sets the checksum of a label or super block page (the fuzz target re-seals mutated pages
+/// with it, so that its inputs get past the checksums to the decoders behind them).
+pub fn seal(p: &mut Page) {
     p[CRC_AT..CRC_AT + 4].fill(0);
     let crc = crc32c(&p[..]);
     p[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
