@@ -165,21 +165,8 @@ impl Store {
                 ),
             });
         }
-        let mut store = Store {
-            label,
-            name: opts.name.clone(),
-            total_clusters,
-            volumes: Vec::new(),
-            used: vec![0; total_clusters.div_ceil(64) as usize],
-            owned: 0,
-            pending_free: Vec::new(),
-            hint: 0,
-            generation: 0,
-            // Generation 1 goes to area 0.
-            area: 1,
-            known: [None, None],
-            committing: false,
-        };
+        // Generation 1 goes to area 0.
+        let mut store = Store::empty(label, opts.name.clone(), total_clusters, 0, 1);
         dev.write_page(0, &label.encode())?;
         dev.write_page(label.area_start(1), &[0u8; PAGE_SIZE])?;
         store.commit(dev)?;
@@ -227,8 +214,25 @@ impl Store {
         // The newest whole area must also be consistent; an inconsistent one is not a torn write
         // (its checksums match) but damage or a bug, which is reported, not papered over by
         // going back to the older generation.
-        let store = Store::from_area(label, size_pages, &sb, pages, area)?;
-        Ok(store)
+        Store::from_area(label, size_pages, &sb, pages, area)
+    }
+
+    /// A store without volumes whose last durable generation is `generation`, in `area`.
+    fn empty(label: Label, name: String, total_clusters: u64, generation: u64, area: usize) -> Store {
+        Store {
+            label,
+            name,
+            total_clusters,
+            volumes: Vec::new(),
+            used: vec![0; total_clusters.div_ceil(64) as usize],
+            owned: 0,
+            pending_free: Vec::new(),
+            hint: 0,
+            generation,
+            area,
+            known: [None, None],
+            committing: false,
+        }
     }
 
     fn from_area(
@@ -260,20 +264,7 @@ impl Store {
         }
         stream.truncate(sb.stream_len as usize);
         let volumes = format::decode_stream(&stream).map_err(corrupt)?;
-        let mut store = Store {
-            label,
-            name: sb.name.clone(),
-            total_clusters: sb.total_clusters,
-            volumes: Vec::new(),
-            used: vec![0; sb.total_clusters.div_ceil(64) as usize],
-            owned: 0,
-            pending_free: Vec::new(),
-            hint: 0,
-            generation: sb.generation,
-            area,
-            known: [None, None],
-            committing: false,
-        };
+        let mut store = Store::empty(label, sb.name.clone(), sb.total_clusters, sb.generation, area);
         store.known[area] = Some(pages);
         store.adopt(volumes).map_err(corrupt)?;
         if store.free_clusters() != sb.free_clusters {
