@@ -45,11 +45,20 @@ impl RecordingDevice {
     /// order, then the writes `log[i]` for `i` in `landed`, in that order (flushes in `landed`
     /// are skipped).
     pub fn crash_image(&self, durable: usize, landed: &[usize]) -> MemDevice {
+        let whole: Vec<(usize, usize)> = landed.iter().map(|&i| (i, PAGE_SIZE)).collect();
+        self.crash_image_torn(durable, &whole)
+    }
+
+    /// The same, where each landed write `(i, n)` landed only its first `n` bytes (a torn
+    /// page: the device wrote some of its sectors).
+    pub fn crash_image_torn(&self, durable: usize, landed: &[(usize, usize)]) -> MemDevice {
         let mut dev = MemDevice::from_image(self.base.clone());
-        for op in self.log[..durable].iter().chain(landed.iter().map(|&i| &self.log[i])) {
+        let durable_writes = self.log[..durable].iter().map(|op| (op, PAGE_SIZE));
+        let landed_writes = landed.iter().map(|&(i, n)| (&self.log[i], n.min(PAGE_SIZE)));
+        for (op, n) in durable_writes.chain(landed_writes) {
             if let Op::Write { page, data } = op {
                 let at = *page as usize * PAGE_SIZE;
-                dev.image_mut()[at..at + PAGE_SIZE].copy_from_slice(&data[..]);
+                dev.image_mut()[at..at + n].copy_from_slice(&data[..n]);
             }
         }
         dev

@@ -3,7 +3,8 @@
 //! A random workload of volume operations and commits runs on a [`RecordingDevice`]. Then, for
 //! hundreds of crash points, the image a crash could leave is built: every write before the
 //! last flush that completed before the crash, plus a random subset of the writes after it,
-//! landed in random order. Each image is loaded, and the test checks that the load succeeds
+//! landed in random order (now and then one of them torn: only some of its sectors written).
+//! Each image is loaded, and the test checks that the load succeeds
 //! once any commit was durable (and otherwise fails with a clear error, never a panic); that
 //! the loaded store is exactly the state of one commit, no older than the last durable one and
 //! no newer than the last one started; that no cluster is owned twice and the free count
@@ -186,11 +187,17 @@ fn run(seed: u64, commits: usize, crash_points: usize) {
         // Crash after `completed` operations; the last few points crash at the very end.
         let completed = if point < 4 { log_len - point } else { rng.gen_range(0..=log_len) };
         let durable = dev.durable_prefix(completed);
-        let mut landed: Vec<usize> = (durable..completed)
+        let mut landed: Vec<(usize, usize)> = (durable..completed)
             .filter(|&i| matches!(dev.log()[i], Op::Write { .. }) && rng.gen_bool(0.5))
+            .map(|i| (i, PAGE_SIZE))
             .collect();
         landed.shuffle(&mut rng);
-        let mut image = dev.crash_image(durable, &landed);
+        // Now and then one of them lands torn, some of its 512-byte sectors only.
+        if !landed.is_empty() && rng.gen_bool(0.3) {
+            let k = rng.gen_range(0..landed.len());
+            landed[k].1 = 512 * rng.gen_range(1..PAGE_SIZE / 512);
+        }
+        let mut image = dev.crash_image_torn(durable, &landed);
         let last_durable = history.iter().rev().find(|c| c.flushed <= durable);
         let newest_started = history.iter().rev().find(|c| c.started < completed);
         let what = format!("seed {seed}, crash after {completed} of {log_len} ops ({} landed)", landed.len());
@@ -259,4 +266,7 @@ fn crash_images_follow_the_model() {
     // The two unflushed writes of page 1 land in either order.
     assert_eq!(dev.crash_image(2, &[3, 2]).image()[PAGE_SIZE], 2);
     assert_eq!(dev.crash_image(2, &[2, 3]).image()[PAGE_SIZE], 3);
+    // A torn write: its first sector landed over the earlier write, the rest did not.
+    let img = dev.crash_image_torn(2, &[(2, PAGE_SIZE), (3, 512)]);
+    assert_eq!((img.image()[PAGE_SIZE], img.image()[PAGE_SIZE + 512]), (3, 2));
 }
