@@ -196,6 +196,11 @@ impl SuperBlock {
         let stream_len = r.u64()?;
         let name_len = r.u8()? as usize;
         let name_field: [u8; NAME_MAX] = r.array()?;
+        // Generation 1 is the first a store writes; u64::MAX would leave no next one (the
+        // fuzz target's first 10-minute run found a store that loaded and could not commit).
+        if generation == 0 || generation == u64::MAX {
+            return Err(format!("generation {generation} out of range"));
+        }
         if page_size != PAGE_SIZE as u32 {
             return Err(format!("page size {page_size}, not {PAGE_SIZE}"));
         }
@@ -455,6 +460,10 @@ mod tests {
             let mut bad = *p;
             bad[i] ^= 1;
             assert!(SuperBlock::decode(&bad).is_err(), "byte {i} flipped");
+        }
+        for generation in [0, u64::MAX] {
+            let p = SuperBlock { generation, ..sb.clone() }.encode();
+            assert!(SuperBlock::decode(&p).unwrap_err().contains("out of range"), "{generation}");
         }
         // A stream length that does not fill its pages' count is refused even if sealed.
         let p = SuperBlock { stream_len: 9000, ..sb.clone() }.encode();
