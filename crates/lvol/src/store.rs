@@ -6,6 +6,8 @@
 //! until a commit makes them durable; a commit writes the whole metadata to the area not holding
 //! the last durable generation and flushes (docs/lvol-format.md, "Atomic updates").
 
+use std::collections::{HashMap, HashSet};
+
 use crate::format::{self, Label, SuperBlock, MAX_AREA_PAGES, MAX_STREAM_PAGES, STREAM_FIXED};
 use crate::{check_name, LvolError, MetaDevice, Page, Uuid, NAME_MAX, PAGE_SIZE, UNALLOCATED};
 
@@ -281,48 +283,81 @@ impl Store {
     /// unique uuids and names, parents that exist, are snapshots and form no cycle, thick
     /// volumes fully allocated, clusters in range and owned once.
     fn adopt(&mut self, volumes: Vec<Volume>) -> Result<(), String> {
+        // Hash lookups and a single walk of the parent links keep this linear: a hostile area
+        // can hold tens of thousands of records.
+        let what = |i: usize| format!("volume {i} ('{}')", volumes[i].name.escape_debug());
+        let mut by_uuid = HashMap::with_capacity(volumes.len());
+        let mut names = HashSet::with_capacity(volumes.len());
         for (i, v) in volumes.iter().enumerate() {
-            let what = format!("volume {i} ('{}')", v.name.escape_debug());
-            check_name("lvol_name", &v.name).map_err(|e| format!("{what}: {e}"))?;
-            if v.uuid.is_nil() || volumes[..i].iter().any(|w| w.uuid == v.uuid) {
-                return Err(format!("{what}: nil or repeated uuid {}", v.uuid));
+            check_name("lvol_name", &v.name).map_err(|e| format!("{}: {e}", what(i)))?;
+            if v.uuid.is_nil() || by_uuid.insert(v.uuid, i).is_some() {
+                return Err(format!("{}: nil or repeated uuid {}", what(i), v.uuid));
             }
-            if volumes[..i].iter().any(|w| w.name == v.name) {
-                return Err(format!("{what}: repeated name"));
+            if !names.insert(v.name.as_str()) {
+                return Err(format!("{}: repeated name", what(i)));
             }
             if v.snapshot && !v.read_only {
-                return Err(format!("{what}: a snapshot that is not read-only"));
+                return Err(format!("{}: a snapshot that is not read-only", what(i)));
             }
             if !v.thin && (v.parent.is_some() || v.map.contains(&UNALLOCATED)) {
-                return Err(format!("{what}: thick, but with a parent or unallocated clusters"));
+                return Err(format!("{}: thick, but with a parent or unallocated clusters", what(i)));
             }
-            // Follow the parent chain; more steps than volumes means a cycle.
-            let mut at = v.parent;
-            for _ in 0..=volumes.len() {
-                let Some(p) = at else { break };
-                let Some(pv) = volumes.iter().find(|w| w.uuid == p) else {
-                    return Err(format!("{what}: parent {p} is not in the store"));
-                };
-                if !pv.snapshot {
-                    return Err(format!("{what}: parent '{}' is not a snapshot", pv.name.escape_debug()));
+        }
+        let mut parent = Vec::with_capacity(volumes.len());
+        for (i, v) in volumes.iter().enumerate() {
+            let p = match v.parent {
+                None => None,
+                Some(p) => match by_uuid.get(&p) {
+                    None => return Err(format!("{}: parent {p} is not in the store", what(i))),
+                    Some(&pi) if !volumes[pi].snapshot => {
+                        return Err(format!("{}: parent {} is not a snapshot", what(i), what(pi)))
+                    }
+                    Some(&pi) => Some(pi),
+                },
+            };
+            parent.push(p);
+        }
+        // Each volume has one parent at most, so following the links from every volume, never
+        // twice through the same one, finds any cycle.
+        #[derive(Clone, Copy, PartialEq)]
+        enum Mark {
+            New,
+            OnPath,
+            Done,
+        }
+        let mut mark = vec![Mark::New; volumes.len()];
+        for start in 0..volumes.len() {
+            let mut path = Vec::new();
+            let mut at = Some(start);
+            while let Some(i) = at {
+                match mark[i] {
+                    Mark::Done => break,
+                    Mark::OnPath => return Err(format!("{}: its parents form a cycle", what(i))),
+                    Mark::New => {
+                        mark[i] = Mark::OnPath;
+                        path.push(i);
+                        at = parent[i];
+                    }
                 }
-                at = pv.parent;
             }
-            if at.is_some() {
-                return Err(format!("{what}: its parents form a cycle"));
+            for i in path {
+                mark[i] = Mark::Done;
             }
+        }
+        for (i, v) in volumes.iter().enumerate() {
             for (j, &c) in v.map.iter().enumerate() {
                 if c == UNALLOCATED {
                     continue;
                 }
                 if c as u64 >= self.total_clusters {
                     return Err(format!(
-                        "{what}: cluster {j} maps to {c}, past the store's {}",
+                        "{}: cluster {j} maps to {c}, past the store's {}",
+                        what(i),
                         self.total_clusters
                     ));
                 }
                 if self.is_used(c) {
-                    return Err(format!("{what}: cluster {c} is owned twice"));
+                    return Err(format!("{}: cluster {c} is owned twice", what(i)));
                 }
                 self.set_used(c, true);
                 self.owned += 1;
