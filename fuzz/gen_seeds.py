@@ -266,3 +266,74 @@ vhost = {
     + rec(RESET_OWNER) + rec(GET_FEATURES),
 }
 write("vhost_messages", vhost)
+
+
+# lvol_metadata: store images (layout: docs/lvol-format.md; input: the top of the target).
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    return crc ^ 0xFFFFFFFF
+
+
+def sealed(page):
+    page = bytearray(page.ljust(4096, b"\0"))
+    page[12:16] = b"\0\0\0\0"
+    page[12:16] = struct.pack("<I", crc32c(page))
+    return bytes(page)
+
+
+LVS_UUID = bytes(range(1, 17))
+UNMAPPED = 0xFFFFFFFF
+
+
+def lvs_stream(vols):
+    out = struct.pack("<I", len(vols))
+    for uuid, parent, flags, name, cmap in vols:
+        out += uuid + parent + struct.pack("<IB", flags, len(name)) + name + struct.pack("<Q", len(cmap))
+        out += b"".join(struct.pack("<I", c) for c in cmap)
+    return out
+
+
+def lvs_area(gen, total, vols, name=b"lvs0", area_pages=2):
+    stream = lvs_stream(vols)
+    pages = [stream[i:i + 4096].ljust(4096, b"\0") for i in range(0, len(stream), 4096)]
+    free = total - sum(1 for v in vols for c in v[4] if c != UNMAPPED)
+    sb = (b"FPLVSUPR" + struct.pack("<IIQ", 1, 0, gen) + LVS_UUID + struct.pack("<QIIIIQQQB", 4096, 512, 4096, area_pages, len(pages), total, free, len(stream), len(name))
+          + name.ljust(63, b"\0") + bytes(8))
+    assert len(sb) == 160
+    sb += b"".join(struct.pack("<I", crc32c(p)) for p in pages)
+    return [sealed(sb)] + pages + [bytes(4096)] * (area_pages - 1 - len(pages))
+
+
+def lvs_image(areas, pages=10, area_pages=2):
+    label = sealed(b"FPLVLABL" + struct.pack("<II", 1, 0) + LVS_UUID + struct.pack("<QII", 4096, 512, area_pages))
+    img = label + b"".join(b"".join(a) for a in areas)
+    return img.ljust(pages * 4096, b"\0")
+
+
+SNAP, VOL, CLONE = b"\x51" * 16, b"\x52" * 16, b"\x53" * 16
+NIL = bytes(16)
+THIN, RO, SNAPSHOT = 1, 2, 4
+# 10 pages: label, two areas of 2 pages, 5 data clusters of 4 KiB.
+lvs_vols = [
+    (SNAP, NIL, RO | SNAPSHOT, b"snap", [0, 1]),
+    (VOL, SNAP, THIN, b"vol", [2, UNMAPPED]),
+    (CLONE, SNAP, THIN, b"clone", [UNMAPPED, 3]),
+]
+lvs_good = lvs_image([lvs_area(1, 5, []), lvs_area(2, 5, lvs_vols)])
+lvs_torn = bytearray(lvs_good)
+lvs_torn[(1 + 2 + 1) * 4096 + 40] ^= 0xFF  # area 1's stream page: back to generation 1
+lvs_cycle = [(VOL, CLONE, THIN | RO | SNAPSHOT, b"vol", [2, UNMAPPED]), (CLONE, VOL, THIN | RO | SNAPSHOT, b"clone", [UNMAPPED, 3])]
+write("lvol_metadata", {
+    # A snapshot with a volume and a clone on it, generation 2; generation 1 (empty) beside it.
+    "seed-store": bytes([0]) + lvs_good,
+    # Generation 2 torn (a stream page does not match its checksum): loads generation 1.
+    "seed-torn": bytes([0]) + bytes(lvs_torn),
+    # Re-sealed by the target: parents that form a cycle, refused by the store's checks.
+    "seed-cycle": bytes([1]) + lvs_image([lvs_area(1, 5, []), lvs_area(3, 5, lvs_cycle)]),
+    # Re-sealed noise after a label.
+    "seed-noise": bytes([1]) + lvs_good[:4096] + bytes((i * 37 + 11) % 256 for i in range(9 * 4096)),
+})

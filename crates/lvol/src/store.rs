@@ -1,0 +1,872 @@
+//! The store: volumes and their cluster maps in memory, the operations on them, and their
+//! commit to (and load from) two alternating metadata areas.
+//!
+//! Every operation checks all of its input and the room it needs (clusters, metadata bytes)
+//! before it changes anything, so an error leaves the store untouched. Changes are in memory
+//! until a commit makes them durable; a commit writes the whole metadata to the area not holding
+//! the last durable generation and flushes (docs/lvol-format.md, "Atomic updates").
+
+use std::collections::{HashMap, HashSet};
+
+use crate::format::{self, Label, SuperBlock, MAX_AREA_PAGES, MAX_STREAM_PAGES, STREAM_FIXED};
+use crate::{check_name, LvolError, MetaDevice, Page, Uuid, NAME_MAX, PAGE_SIZE, UNALLOCATED};
+
+/// One volume: a snapshot, a clone (it has a parent) or a plain volume, thin or thick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    pub uuid: Uuid,
+    pub name: String,
+    /// The snapshot whose data shows through this volume's unallocated clusters.
+    pub parent: Option<Uuid>,
+    /// Clusters are allocated on first write; a thick volume has all of them from creation.
+    pub thin: bool,
+    pub read_only: bool,
+    pub snapshot: bool,
+    /// Physical cluster of each of the volume's clusters, or [`UNALLOCATED`]. Its length is the
+    /// volume's size in clusters.
+    pub map: Vec<u32>,
+}
+
+impl Volume {
+    pub fn flags(&self) -> u32 {
+        (if self.thin { format::FLAG_THIN } else { 0 })
+            | (if self.read_only { format::FLAG_READ_ONLY } else { 0 })
+            | (if self.snapshot { format::FLAG_SNAPSHOT } else { 0 })
+    }
+
+    pub fn size_clusters(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Clusters this volume owns (allocated in its own map).
+    pub fn allocated_clusters(&self) -> u64 {
+        self.map.iter().filter(|&&c| c != UNALLOCATED).count() as u64
+    }
+
+    fn record_len(&self) -> u64 {
+        format::record_len(self.name.len(), self.map.len() as u64)
+    }
+}
+
+/// What a write to a volume's cluster needs (from [`Store::allocate_for_write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteTarget {
+    /// The volume owns the cluster already: write in place.
+    Mapped(u32),
+    /// A cluster was allocated to the volume. Before the write completes, the whole new cluster
+    /// must hold `copy_from`'s data (copy-on-write from the parent chain) or zeroes (`None`),
+    /// with the write applied over it, durably, before the commit that maps it
+    /// (docs/lvol-format.md, "Data before metadata").
+    Allocated { cluster: u32, copy_from: Option<u32> },
+}
+
+/// How to create a store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub name: String,
+    pub uuid: Uuid,
+    pub cluster_size: u64,
+    /// The base bdev's block size (512 or 4096); recorded for the module, which must use it.
+    pub block_size: u32,
+    /// Pages of each metadata area; by default enough for maps of twice the data clusters
+    /// (thin volumes over-commit) and for 256 volumes, within [`MAX_AREA_PAGES`].
+    pub area_pages: Option<u32>,
+}
+
+/// The writes of one commit, for a caller that performs them itself (the bdev module, through
+/// a channel of the base bdev): write every page of [`CommitPlan::writes`] in any order, flush,
+/// then [`Store::commit_done`]; on any error, [`Store::commit_failed`].
+#[derive(Debug)]
+pub struct CommitPlan {
+    generation: u64,
+    area: usize,
+    /// The area's new contents, super block first.
+    pages: Vec<Box<Page>>,
+    /// Indexes into `pages` that differ from what the area is known to hold.
+    changed: Vec<usize>,
+    first_page: u64,
+    released: usize,
+}
+
+impl CommitPlan {
+    /// The generation this commit makes durable.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The pages to write: (device page, contents).
+    pub fn writes(&self) -> impl Iterator<Item = (u64, &Page)> + '_ {
+        self.changed.iter().map(|&i| (self.first_page + i as u64, &*self.pages[i]))
+    }
+}
+
+/// A logical volume store in memory.
+#[derive(Debug)]
+pub struct Store {
+    label: Label,
+    name: String,
+    total_clusters: u64,
+    volumes: Vec<Volume>,
+    /// One bit per cluster: owned by a map, or freed but not yet durable (`pending_free`).
+    used: Vec<u64>,
+    owned: u64,
+    /// Clusters freed since the last durable commit: not reusable until a commit that no longer
+    /// maps them is durable, or a crash could bring back the old owner over new data.
+    pending_free: Vec<u32>,
+    /// Where to start looking for a free cluster.
+    hint: u64,
+    /// The last durable generation, and the area (0 or 1) holding it.
+    generation: u64,
+    area: usize,
+    /// What each area is known to hold (after a commit to it or a load from it), so a commit
+    /// writes only the pages that differ; `None` when unknown.
+    known: [Option<Vec<Box<Page>>>; 2],
+    committing: bool,
+}
+
+impl Store {
+    /// Creates an empty store on `dev`, writing the label and generation 1, then flushing. Any
+    /// store that was on the device is gone (its second area's super block is zeroed).
+    pub fn create<D: MetaDevice>(dev: &mut D, opts: &StoreOptions) -> Result<Store, LvolError> {
+        check_name("lvs_name", &opts.name)?;
+        format::check_geometry(opts.cluster_size, opts.block_size)
+            .map_err(|reason| LvolError::Invalid { field: "cluster_sz", reason })?;
+        if opts.uuid.is_nil() {
+            return Err(LvolError::Invalid { field: "uuid", reason: "must not be nil".into() });
+        }
+        let size_pages = dev.size_pages();
+        let area_pages = match opts.area_pages {
+            Some(p) if !(2..=MAX_AREA_PAGES).contains(&p) => {
+                return Err(LvolError::Invalid {
+                    field: "area_pages",
+                    reason: format!("{p}, not 2 to {MAX_AREA_PAGES}"),
+                })
+            }
+            Some(p) => p,
+            None => {
+                let clusters = size_pages.saturating_mul(PAGE_SIZE as u64) / opts.cluster_size;
+                let bytes = STREAM_FIXED + 256 * format::record_len(NAME_MAX, 0) + 8 * clusters;
+                (1 + bytes.div_ceil(PAGE_SIZE as u64)).min(MAX_AREA_PAGES as u64) as u32
+            }
+        };
+        let label = Label {
+            uuid: opts.uuid,
+            cluster_size: opts.cluster_size,
+            block_size: opts.block_size,
+            area_pages,
+        };
+        let total_clusters = label.clusters_in(size_pages).min(UNALLOCATED as u64);
+        if total_clusters == 0 {
+            return Err(LvolError::Invalid {
+                field: "bdev_name",
+                reason: format!(
+                    "{} bytes hold no data cluster of {} after {} bytes of metadata",
+                    size_pages * PAGE_SIZE as u64,
+                    opts.cluster_size,
+                    label.data_offset()
+                ),
+            });
+        }
+        // Generation 1 goes to area 0.
+        let mut store = Store::empty(label, opts.name.clone(), total_clusters, 0, 1);
+        dev.write_page(0, &label.encode())?;
+        dev.write_page(label.area_start(1), &[0u8; PAGE_SIZE])?;
+        store.commit(dev)?;
+        Ok(store)
+    }
+
+    /// Loads the store on `dev`: the newest generation whose area is whole (its super block and
+    /// every stream page match their checksums) and consistent. An area left torn by a crash
+    /// is ignored; the other then holds the last durable generation.
+    pub fn load<D: MetaDevice>(dev: &mut D) -> Result<Store, LvolError> {
+        let size_pages = dev.size_pages();
+        if size_pages == 0 {
+            return Err(LvolError::NotAStore("the device is smaller than a page".into()));
+        }
+        let mut page = Box::new([0u8; PAGE_SIZE]);
+        dev.read_page(0, &mut page)?;
+        let label = match Label::decode(&page) {
+            Ok(Some(l)) => l,
+            Ok(None) => return Err(LvolError::NotAStore("no lvstore label in page 0".into())),
+            Err(e) => return Err(LvolError::Corrupt(e)),
+        };
+        if label.area_start(2) > size_pages {
+            return Err(LvolError::Corrupt(format!(
+                "metadata areas of {} pages do not fit a device of {size_pages} pages",
+                label.area_pages
+            )));
+        }
+        let mut found: Vec<(WholeArea, usize)> = Vec::new();
+        let mut reasons = Vec::new();
+        for area in 0..2 {
+            match read_area(dev, &label, area)? {
+                Ok(whole) => found.push((whole, area)),
+                Err(e) => reasons.push(format!("area {area}: {e}")),
+            }
+        }
+        found.sort_by_key(|((sb, _), _)| std::cmp::Reverse(sb.generation));
+        if let [((a, _), _), ((b, _), _)] = &found[..] {
+            if a.generation == b.generation {
+                return Err(LvolError::Corrupt(format!("both areas hold generation {}", a.generation)));
+            }
+        }
+        let Some(((sb, pages), area)) = found.into_iter().next() else {
+            return Err(LvolError::Corrupt(reasons.join("; ")));
+        };
+        // The newest whole area must also be consistent; an inconsistent one is not a torn write
+        // (its checksums match) but damage or a bug, which is reported, not papered over by
+        // going back to the older generation.
+        Store::from_area(label, size_pages, &sb, pages, area)
+    }
+
+    /// A store without volumes whose last durable generation is `generation`, in `area`.
+    fn empty(label: Label, name: String, total_clusters: u64, generation: u64, area: usize) -> Store {
+        Store {
+            label,
+            name,
+            total_clusters,
+            volumes: Vec::new(),
+            used: vec![0; total_clusters.div_ceil(64) as usize],
+            owned: 0,
+            pending_free: Vec::new(),
+            hint: 0,
+            generation,
+            area,
+            known: [None, None],
+            committing: false,
+        }
+    }
+
+    fn from_area(
+        label: Label,
+        size_pages: u64,
+        sb: &SuperBlock,
+        pages: Vec<Box<Page>>,
+        area: usize,
+    ) -> Result<Store, LvolError> {
+        let corrupt =
+            |e: String| LvolError::Corrupt(format!("area {area}, generation {}: {e}", sb.generation));
+        if sb.uuid != label.uuid
+            || sb.cluster_size != label.cluster_size
+            || sb.block_size != label.block_size
+            || sb.area_pages != label.area_pages
+        {
+            return Err(corrupt("super block does not match the label".into()));
+        }
+        let fits = label.clusters_in(size_pages);
+        if sb.total_clusters == 0 || sb.total_clusters > fits || sb.total_clusters > UNALLOCATED as u64 {
+            return Err(corrupt(format!("{} clusters on a device that holds {fits}", sb.total_clusters)));
+        }
+        let mut stream = Vec::with_capacity(sb.stream_len as usize);
+        for p in &pages[1..] {
+            stream.extend_from_slice(&p[..]);
+        }
+        if stream[sb.stream_len as usize..].iter().any(|&b| b != 0) {
+            return Err(corrupt("bytes after the end of the stream".into()));
+        }
+        stream.truncate(sb.stream_len as usize);
+        let volumes = format::decode_stream(&stream).map_err(corrupt)?;
+        let mut store = Store::empty(label, sb.name.clone(), sb.total_clusters, sb.generation, area);
+        store.known[area] = Some(pages);
+        store.adopt(volumes).map_err(corrupt)?;
+        if store.free_clusters() != sb.free_clusters {
+            return Err(corrupt(format!(
+                "super block counts {} free clusters, the maps leave {}",
+                sb.free_clusters,
+                store.free_clusters()
+            )));
+        }
+        Ok(store)
+    }
+
+    /// Takes decoded volumes after checking everything that involves more than one record:
+    /// unique uuids and names, parents that exist, are snapshots and form no cycle, thick
+    /// volumes fully allocated, clusters in range and owned once.
+    fn adopt(&mut self, volumes: Vec<Volume>) -> Result<(), String> {
+        // Hash lookups and a single walk of the parent links keep this linear: a hostile area
+        // can hold tens of thousands of records.
+        let what = |i: usize| format!("volume {i} ('{}')", volumes[i].name.escape_debug());
+        let mut by_uuid = HashMap::with_capacity(volumes.len());
+        let mut names = HashSet::with_capacity(volumes.len());
+        for (i, v) in volumes.iter().enumerate() {
+            check_name("lvol_name", &v.name).map_err(|e| format!("{}: {e}", what(i)))?;
+            if v.uuid.is_nil() || by_uuid.insert(v.uuid, i).is_some() {
+                return Err(format!("{}: nil or repeated uuid {}", what(i), v.uuid));
+            }
+            if !names.insert(v.name.as_str()) {
+                return Err(format!("{}: repeated name", what(i)));
+            }
+            if v.snapshot && !v.read_only {
+                return Err(format!("{}: a snapshot that is not read-only", what(i)));
+            }
+            if !v.thin && (v.parent.is_some() || v.map.contains(&UNALLOCATED)) {
+                return Err(format!("{}: thick, but with a parent or unallocated clusters", what(i)));
+            }
+        }
+        let mut parent = Vec::with_capacity(volumes.len());
+        for (i, v) in volumes.iter().enumerate() {
+            let p = match v.parent {
+                None => None,
+                Some(p) => match by_uuid.get(&p) {
+                    None => return Err(format!("{}: parent {p} is not in the store", what(i))),
+                    Some(&pi) if !volumes[pi].snapshot => {
+                        return Err(format!("{}: parent {} is not a snapshot", what(i), what(pi)))
+                    }
+                    Some(&pi) => Some(pi),
+                },
+            };
+            parent.push(p);
+        }
+        // Each volume has one parent at most, so following the links from every volume, never
+        // twice through the same one, finds any cycle.
+        #[derive(Clone, Copy, PartialEq)]
+        enum Mark {
+            New,
+            OnPath,
+            Done,
+        }
+        let mut mark = vec![Mark::New; volumes.len()];
+        for start in 0..volumes.len() {
+            let mut path = Vec::new();
+            let mut at = Some(start);
+            while let Some(i) = at {
+                match mark[i] {
+                    Mark::Done => break,
+                    Mark::OnPath => return Err(format!("{}: its parents form a cycle", what(i))),
+                    Mark::New => {
+                        mark[i] = Mark::OnPath;
+                        path.push(i);
+                        at = parent[i];
+                    }
+                }
+            }
+            for i in path {
+                mark[i] = Mark::Done;
+            }
+        }
+        for (i, v) in volumes.iter().enumerate() {
+            for (j, &c) in v.map.iter().enumerate() {
+                if c == UNALLOCATED {
+                    continue;
+                }
+                if c as u64 >= self.total_clusters {
+                    return Err(format!(
+                        "{}: cluster {j} maps to {c}, past the store's {}",
+                        what(i),
+                        self.total_clusters
+                    ));
+                }
+                if self.is_used(c) {
+                    return Err(format!("{}: cluster {c} is owned twice", what(i)));
+                }
+                self.set_used(c, true);
+                self.owned += 1;
+            }
+        }
+        self.volumes = volumes;
+        Ok(())
+    }
+
+    // ---- queries ----
+
+    pub fn uuid(&self) -> Uuid {
+        self.label.uuid
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn cluster_size(&self) -> u64 {
+        self.label.cluster_size
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.label.block_size
+    }
+
+    pub fn total_clusters(&self) -> u64 {
+        self.total_clusters
+    }
+
+    /// Clusters no volume maps (SPDK's `free_clusters`); it includes clusters freed since the
+    /// last commit, which become allocatable when it is durable.
+    pub fn free_clusters(&self) -> u64 {
+        self.total_clusters - self.owned
+    }
+
+    /// Clusters an allocation may take now.
+    pub fn allocatable_clusters(&self) -> u64 {
+        self.free_clusters() - self.pending_free.len() as u64
+    }
+
+    /// The last durable generation.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn volumes(&self) -> &[Volume] {
+        &self.volumes
+    }
+
+    pub fn volume(&self, uuid: &Uuid) -> Option<&Volume> {
+        self.volumes.iter().find(|v| v.uuid == *uuid)
+    }
+
+    pub fn volume_by_name(&self, name: &str) -> Option<&Volume> {
+        self.volumes.iter().find(|v| v.name == name)
+    }
+
+    /// Whether any volume has `uuid` as its parent (SPDK's `is_clone` of the children).
+    pub fn has_clones(&self, uuid: &Uuid) -> bool {
+        self.volumes.iter().any(|v| v.parent == Some(*uuid))
+    }
+
+    /// Byte offset on the base device of a data cluster.
+    pub fn cluster_offset(&self, cluster: u32) -> u64 {
+        self.label.data_offset() + cluster as u64 * self.label.cluster_size
+    }
+
+    /// Bytes of metadata the stream takes now, and the most an area holds.
+    pub fn metadata_bytes(&self) -> (u64, u64) {
+        (self.stream_len(), self.metadata_capacity())
+    }
+
+    /// Where a read of the volume's cluster `index` comes from: its own cluster, else the
+    /// nearest ancestor's, else `None` (zeroes; also past a shorter parent's end).
+    pub fn cluster_for_read(&self, uuid: &Uuid, index: u64) -> Result<Option<u32>, LvolError> {
+        let (i, _) = self.entry(uuid, index, false)?;
+        Ok(self.resolve(&self.volumes[i], index))
+    }
+
+    fn resolve(&self, v: &Volume, index: u64) -> Option<u32> {
+        let mut at = Some(v);
+        while let Some(w) = at {
+            match w.map.get(index as usize) {
+                Some(&c) if c != UNALLOCATED => return Some(c),
+                // Past this ancestor's end there is nothing further up either.
+                None => return None,
+                _ => at = w.parent.and_then(|p| self.volume(&p)),
+            }
+        }
+        None
+    }
+
+    // ---- volume operations ----
+
+    /// Creates a volume of `size` bytes (a whole number of clusters). A thick volume gets all its
+    /// clusters now.
+    pub fn create_volume(&mut self, uuid: Uuid, name: &str, size: u64, thin: bool) -> Result<(), LvolError> {
+        self.check_new("lvol_name", uuid, name)?;
+        let clusters = self.clusters_of("size", size)?;
+        self.check_room(format::record_len(name.len(), clusters))?;
+        if !thin {
+            self.check_allocatable(clusters)?;
+        }
+        let mut map = vec![UNALLOCATED; clusters as usize];
+        if !thin {
+            for e in &mut map {
+                *e = self.allocate().expect("room checked");
+            }
+        }
+        self.volumes.push(Volume {
+            uuid,
+            name: name.to_string(),
+            parent: None,
+            thin,
+            read_only: false,
+            snapshot: false,
+            map,
+        });
+        Ok(())
+    }
+
+    /// Deletes a volume; its clusters are free once the next commit is durable. A snapshot with
+    /// clones is refused.
+    pub fn delete_volume(&mut self, uuid: &Uuid) -> Result<(), LvolError> {
+        let i = self.index("lvol", uuid)?;
+        if self.has_clones(uuid) {
+            return Err(LvolError::State {
+                field: "lvol",
+                reason: format!("'{}' has clones; delete them (or inflate them) first", self.volumes[i].name),
+            });
+        }
+        let v = self.volumes.remove(i);
+        for c in v.map {
+            self.release(c);
+        }
+        Ok(())
+    }
+
+    /// Changes a volume's size (a whole number of clusters). Growing a thick volume allocates;
+    /// shrinking frees the clusters past the end. Snapshots are refused: clones read through
+    /// them.
+    pub fn resize_volume(&mut self, uuid: &Uuid, size: u64) -> Result<(), LvolError> {
+        let i = self.index("lvol", uuid)?;
+        if self.volumes[i].snapshot {
+            return Err(LvolError::State {
+                field: "lvol",
+                reason: format!("'{}' is a snapshot, which cannot be resized", self.volumes[i].name),
+            });
+        }
+        let clusters = self.clusters_of("size", size)?;
+        let old = self.volumes[i].size_clusters();
+        if clusters > old {
+            self.check_room(4 * (clusters - old))?;
+            if !self.volumes[i].thin {
+                self.check_allocatable(clusters - old)?;
+            }
+            for _ in old..clusters {
+                let c =
+                    if self.volumes[i].thin { UNALLOCATED } else { self.allocate().expect("room checked") };
+                self.volumes[i].map.push(c);
+            }
+        } else {
+            let tail = self.volumes[i].map.split_off(clusters as usize);
+            for c in tail {
+                self.release(c);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a snapshot of a volume (SPDK's way): the snapshot, read-only, takes the volume's
+    /// clusters and its place in the parent chain; the volume becomes a thin clone of it with
+    /// no clusters of its own, so the next write to each cluster copies it.
+    pub fn snapshot(&mut self, uuid: &Uuid, snap_uuid: Uuid, snap_name: &str) -> Result<(), LvolError> {
+        let i = self.index("lvol", uuid)?;
+        self.check_new("snapshot_name", snap_uuid, snap_name)?;
+        let v = &self.volumes[i];
+        if v.snapshot {
+            return Err(LvolError::State {
+                field: "lvol",
+                reason: format!("'{}' is a snapshot; a snapshot of a snapshot is refused", v.name),
+            });
+        }
+        self.check_room(format::record_len(snap_name.len(), v.size_clusters()))?;
+        let v = &mut self.volumes[i];
+        let len = v.map.len();
+        let snap = Volume {
+            uuid: snap_uuid,
+            name: snap_name.to_string(),
+            parent: v.parent,
+            thin: v.thin,
+            read_only: true,
+            snapshot: true,
+            map: std::mem::replace(&mut v.map, vec![UNALLOCATED; len]),
+        };
+        v.parent = Some(snap_uuid);
+        v.thin = true;
+        // The snapshot takes the volume's place in the list, so parents keep coming before
+        // their clones and a load sees the same order.
+        self.volumes.insert(i, snap);
+        Ok(())
+    }
+
+    /// Creates a thin clone of a snapshot, of the snapshot's size.
+    pub fn clone_snapshot(&mut self, snap: &Uuid, uuid: Uuid, name: &str) -> Result<(), LvolError> {
+        let s = self.find("snapshot", snap)?;
+        if !s.snapshot {
+            return Err(LvolError::State {
+                field: "snapshot",
+                reason: format!("'{}' is not a snapshot; only snapshots can be cloned", s.name),
+            });
+        }
+        let len = s.map.len();
+        self.check_new("clone_name", uuid, name)?;
+        self.check_room(format::record_len(name.len(), len as u64))?;
+        self.volumes.push(Volume {
+            uuid,
+            name: name.to_string(),
+            parent: Some(*snap),
+            thin: true,
+            read_only: false,
+            snapshot: false,
+            map: vec![UNALLOCATED; len],
+        });
+        Ok(())
+    }
+
+    pub fn set_read_only(&mut self, uuid: &Uuid) -> Result<(), LvolError> {
+        let i = self.index("lvol", uuid)?;
+        self.volumes[i].read_only = true;
+        Ok(())
+    }
+
+    pub fn rename_volume(&mut self, uuid: &Uuid, new_name: &str) -> Result<(), LvolError> {
+        let i = self.index("lvol", uuid)?;
+        check_name("new_name", new_name)?;
+        if self.volumes.iter().any(|v| v.name == new_name && v.uuid != *uuid) {
+            return Err(LvolError::Exists { field: "new_name", value: new_name.to_string() });
+        }
+        let grow = (new_name.len() as u64).saturating_sub(self.volumes[i].name.len() as u64);
+        self.check_room(grow)?;
+        self.volumes[i].name = new_name.to_string();
+        Ok(())
+    }
+
+    pub fn rename_store(&mut self, new_name: &str) -> Result<(), LvolError> {
+        check_name("new_name", new_name)?;
+        self.name = new_name.to_string();
+        Ok(())
+    }
+
+    /// Makes a write to the volume's cluster `index` possible: the cluster it owns, or a newly
+    /// allocated one with where its initial contents come from (copy-on-write).
+    pub fn allocate_for_write(&mut self, uuid: &Uuid, index: u64) -> Result<WriteTarget, LvolError> {
+        let (i, c) = self.entry(uuid, index, true)?;
+        if c != UNALLOCATED {
+            return Ok(WriteTarget::Mapped(c));
+        }
+        self.check_allocatable(1)?;
+        let copy_from = self.resolve(&self.volumes[i], index);
+        let cluster = self.allocate().expect("room checked");
+        self.volumes[i].map[index as usize] = cluster;
+        Ok(WriteTarget::Allocated { cluster, copy_from })
+    }
+
+    /// Unmaps the thin volume's cluster `index` (unmap or write-zeroes of the whole cluster),
+    /// freeing it once the next commit is durable. Returns false, changing nothing, when the
+    /// cluster must stay: the volume is thick, owns no such cluster, or a parent has data there
+    /// that unmapping would expose (the caller writes zeroes instead).
+    pub fn release_cluster(&mut self, uuid: &Uuid, index: u64) -> Result<bool, LvolError> {
+        let (i, c) = self.entry(uuid, index, true)?;
+        let v = &self.volumes[i];
+        let parent_data = v.parent.and_then(|p| self.volume(&p)).and_then(|p| self.resolve(p, index));
+        if !v.thin || c == UNALLOCATED || parent_data.is_some() {
+            return Ok(false);
+        }
+        self.volumes[i].map[index as usize] = UNALLOCATED;
+        self.release(c);
+        Ok(true)
+    }
+
+    // ---- commit ----
+
+    /// Commits every change so far: writes the metadata to the area not holding the last
+    /// durable generation, then flushes. Returns the generation now durable.
+    pub fn commit<D: MetaDevice>(&mut self, dev: &mut D) -> Result<u64, LvolError> {
+        let plan = self.prepare_commit()?;
+        let result =
+            plan.writes().try_for_each(|(page, data)| dev.write_page(page, data)).and_then(|()| dev.flush());
+        match result {
+            Ok(()) => {
+                let g = plan.generation;
+                self.commit_done(plan);
+                Ok(g)
+            }
+            Err(e) => {
+                self.commit_failed(plan);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The writes of the next commit; one commit at a time. Changes made after this call go to
+    /// the next commit.
+    pub fn prepare_commit(&mut self) -> Result<CommitPlan, LvolError> {
+        if self.committing {
+            return Err(LvolError::CommitInFlight);
+        }
+        let area = 1 - self.area;
+        let stream = format::encode_stream(&self.volumes);
+        let mut pages = format::stream_pages(&stream);
+        debug_assert!(pages.len() <= MAX_STREAM_PAGES && (pages.len() as u32) < self.label.area_pages);
+        let sb = SuperBlock {
+            generation: self.generation + 1,
+            uuid: self.label.uuid,
+            cluster_size: self.label.cluster_size,
+            block_size: self.label.block_size,
+            area_pages: self.label.area_pages,
+            total_clusters: self.total_clusters,
+            free_clusters: self.free_clusters(),
+            stream_len: stream.len() as u64,
+            name: self.name.clone(),
+            page_crcs: pages.iter().map(|p| crate::crc::crc32c(&p[..])).collect(),
+        };
+        pages.insert(0, sb.encode());
+        let changed = (0..pages.len())
+            .filter(|&i| self.known[area].as_ref().and_then(|k| k.get(i)).is_none_or(|k| **k != *pages[i]))
+            .collect();
+        self.committing = true;
+        // The area's old contents are unknown from here on (some pages may be written).
+        self.known[area] = None;
+        Ok(CommitPlan {
+            generation: sb.generation,
+            area,
+            pages,
+            changed,
+            first_page: self.label.area_start(area),
+            released: self.pending_free.len(),
+        })
+    }
+
+    /// The plan's writes and a flush after them completed: its generation is durable, and the
+    /// clusters freed before it was prepared can be reused.
+    pub fn commit_done(&mut self, plan: CommitPlan) {
+        self.committing = false;
+        self.generation = plan.generation;
+        self.area = plan.area;
+        for c in self.pending_free.drain(..plan.released) {
+            self.used[c as usize / 64] &= !(1 << (c % 64));
+            self.hint = self.hint.min(c as u64);
+        }
+        self.known[plan.area] = Some(plan.pages);
+    }
+
+    /// A write or the flush of the plan failed: nothing is known durable, the changes stay
+    /// pending, and the next commit writes the whole area again.
+    pub fn commit_failed(&mut self, plan: CommitPlan) {
+        self.committing = false;
+        drop(plan);
+    }
+
+    // ---- helpers ----
+
+    fn find(&self, field: &'static str, uuid: &Uuid) -> Result<&Volume, LvolError> {
+        self.volume(uuid).ok_or_else(|| LvolError::NotFound { field, value: uuid.to_string() })
+    }
+
+    fn index(&self, field: &'static str, uuid: &Uuid) -> Result<usize, LvolError> {
+        self.volumes
+            .iter()
+            .position(|v| v.uuid == *uuid)
+            .ok_or_else(|| LvolError::NotFound { field, value: uuid.to_string() })
+    }
+
+    /// The volume's index and its map entry `index`, checked: the volume exists, the index is in
+    /// it and, for a write, the volume is writable.
+    fn entry(&self, uuid: &Uuid, index: u64, write: bool) -> Result<(usize, u32), LvolError> {
+        let i = self.index("lvol", uuid)?;
+        let v = &self.volumes[i];
+        if write && v.read_only {
+            return Err(LvolError::State { field: "lvol", reason: format!("'{}' is read-only", v.name) });
+        }
+        match v.map.get(index as usize) {
+            Some(&c) => Ok((i, c)),
+            None => Err(LvolError::Invalid {
+                field: "offset",
+                reason: format!("cluster {index} past the volume's {} clusters", v.size_clusters()),
+            }),
+        }
+    }
+
+    fn check_new(&self, field: &'static str, uuid: Uuid, name: &str) -> Result<(), LvolError> {
+        check_name(field, name)?;
+        if self.volumes.iter().any(|v| v.name == name) {
+            return Err(LvolError::Exists { field, value: name.to_string() });
+        }
+        if uuid.is_nil() || self.volume(&uuid).is_some() {
+            return Err(LvolError::Exists { field: "uuid", value: uuid.to_string() });
+        }
+        Ok(())
+    }
+
+    fn clusters_of(&self, field: &'static str, size: u64) -> Result<u64, LvolError> {
+        let cs = self.label.cluster_size;
+        if size == 0 || size % cs != 0 {
+            return Err(LvolError::Invalid {
+                field,
+                reason: format!("{size} bytes is not a positive multiple of the cluster size {cs}"),
+            });
+        }
+        Ok(size / cs)
+    }
+
+    fn stream_len(&self) -> u64 {
+        STREAM_FIXED + self.volumes.iter().map(Volume::record_len).sum::<u64>()
+    }
+
+    fn metadata_capacity(&self) -> u64 {
+        (self.label.area_pages as u64 - 1).min(MAX_STREAM_PAGES as u64) * PAGE_SIZE as u64
+    }
+
+    fn check_room(&self, more: u64) -> Result<(), LvolError> {
+        let needed = self.stream_len().saturating_add(more);
+        if needed > self.metadata_capacity() {
+            return Err(LvolError::MetadataFull { needed, capacity: self.metadata_capacity() });
+        }
+        Ok(())
+    }
+
+    fn check_allocatable(&self, n: u64) -> Result<(), LvolError> {
+        if n > self.allocatable_clusters() {
+            return Err(LvolError::NoSpace { needed: n, free: self.allocatable_clusters() });
+        }
+        Ok(())
+    }
+
+    fn is_used(&self, c: u32) -> bool {
+        self.used[c as usize / 64] & (1 << (c % 64)) != 0
+    }
+
+    fn set_used(&mut self, c: u32, used: bool) {
+        if used {
+            self.used[c as usize / 64] |= 1 << (c % 64);
+        } else {
+            self.used[c as usize / 64] &= !(1 << (c % 64));
+        }
+    }
+
+    /// The lowest allocatable cluster, marked used and owned.
+    fn allocate(&mut self) -> Option<u32> {
+        let start = (self.hint / 64) as usize;
+        for w in start..self.used.len() {
+            if self.used[w] != u64::MAX {
+                let c = w as u64 * 64 + self.used[w].trailing_ones() as u64;
+                if c >= self.total_clusters {
+                    return None;
+                }
+                self.set_used(c as u32, true);
+                self.owned += 1;
+                self.hint = c + 1;
+                return Some(c as u32);
+            }
+        }
+        None
+    }
+
+    /// A cluster no map holds any more: not owned, but kept from allocation until durable.
+    fn release(&mut self, c: u32) {
+        if c != UNALLOCATED {
+            self.owned -= 1;
+            self.pending_free.push(c);
+        }
+    }
+}
+
+/// An area whose every page matched its checksum: its super block and its pages.
+type WholeArea = (SuperBlock, Vec<Box<Page>>);
+
+/// Reads and checks one area: `Ok(Err(reason))` when it is not whole (torn, never written,
+/// damaged), `Err` only when the device fails.
+fn read_area<D: MetaDevice>(
+    dev: &mut D,
+    label: &Label,
+    area: usize,
+) -> Result<Result<WholeArea, String>, LvolError> {
+    let start = label.area_start(area);
+    let mut sb_page = Box::new([0u8; PAGE_SIZE]);
+    dev.read_page(start, &mut sb_page)?;
+    let sb = match SuperBlock::decode(&sb_page) {
+        Ok(sb) => sb,
+        Err(e) => return Ok(Err(e)),
+    };
+    if sb.page_crcs.len() as u64 >= label.area_pages as u64 {
+        return Ok(Err(format!("{} stream pages in an area of {}", sb.page_crcs.len(), label.area_pages)));
+    }
+    let mut pages = vec![sb_page];
+    for (i, &crc) in sb.page_crcs.iter().enumerate() {
+        let mut p = Box::new([0u8; PAGE_SIZE]);
+        dev.read_page(start + 1 + i as u64, &mut p)?;
+        let got = crate::crc::crc32c(&p[..]);
+        if got != crc {
+            return Ok(Err(format!(
+                "generation {}: stream page {i} checksum {got:#010x}, the super block has {crc:#010x}",
+                sb.generation
+            )));
+        }
+        pages.push(p);
+    }
+    Ok(Ok((sb, pages)))
+}
