@@ -225,6 +225,22 @@ impl Store {
         Store::from_area(label, size_pages, &sb, pages, area)
     }
 
+    /// SPDK's `bdev_lvol_delete_lvstore` on the device: zeroes the label, flushes, then zeroes
+    /// both super blocks and flushes. Once the first flush returns the device holds no store
+    /// (`NotAStore` on load); a crash before leaves the store whole or none (the label's fields
+    /// and magic are in its first sector). The volumes' data is left as it is (SPDK's
+    /// `clear_method` is the module's). The store is consumed.
+    pub fn destroy<D: MetaDevice>(self, dev: &mut D) -> Result<(), LvolError> {
+        let zero = [0u8; PAGE_SIZE];
+        dev.write_page(0, &zero)?;
+        dev.flush()?;
+        for area in 0..2 {
+            dev.write_page(self.label.area_start(area), &zero)?;
+        }
+        dev.flush()?;
+        Ok(())
+    }
+
     /// A store without volumes whose last durable generation is `generation`, in `area`.
     fn empty(label: Label, name: String, total_clusters: u64, generation: u64, area: usize) -> Store {
         Store {

@@ -632,3 +632,34 @@ fn grow_takes_the_clusters_a_grown_base_holds() {
     old.image_mut().copy_from_slice(&dev.image()[..(20 * MIB) as usize]);
     assert!(Store::load(&mut old).unwrap_err().to_string().contains("clusters on a device"));
 }
+
+#[test]
+fn destroy_leaves_no_store_at_any_crash_point() {
+    use fp_lvol::sim::RecordingDevice;
+    let mut dev = RecordingDevice::new(20 * MIB / PAGE_SIZE as u64);
+    let mut s = Store::create(&mut dev, &opts()).unwrap();
+    s.create_volume(uuid(1), "a", 2 * MIB, false).unwrap();
+    s.commit(&mut dev).unwrap();
+    let start = dev.log().len();
+    s.destroy(&mut dev).unwrap();
+    let end = dev.log().len();
+    assert_eq!(end - start, 5, "3 writes and 2 flushes");
+    // Any crash inside it: the whole store (the label's flush not done) or no store at all.
+    for completed in start..=end {
+        let durable = dev.durable_prefix(completed);
+        for landed in [vec![], (durable..completed).collect::<Vec<_>>()] {
+            match Store::load(&mut dev.crash_image(durable, &landed)) {
+                Ok(l) => {
+                    assert!(durable <= start, "crash after {completed}: loaded after the label's flush");
+                    assert_eq!(l.volumes().len(), 1);
+                }
+                Err(LvolError::NotAStore(_)) => assert!(!landed.is_empty() || durable > start),
+                Err(e) => panic!("crash after {completed}: {e}"),
+            }
+        }
+    }
+    // A new store can be created over it.
+    let mut image = dev.crash_image(end, &[]);
+    Store::create(&mut image, &opts()).unwrap();
+    assert!(Store::load(&mut image).unwrap().volumes().is_empty());
+}
