@@ -107,3 +107,52 @@ fn snapshots_under_writes_fail_nothing_and_the_volume_in_use_is_protected() {
     );
     daemon.assert_alive();
 }
+
+/// `flashpath volume ...` against a daemon: stdout of what it made, one stderr line naming the
+/// argument when refused.
+#[test]
+fn the_volume_cli_creates_lists_and_refuses_in_one_line() {
+    let mut daemon = Daemon::start("0");
+    daemon.malloc("m0", 64 * MIB / 512, 512);
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashpath"))
+            .args(args)
+            .env("FLASHPATH_RPC", &daemon.rpc)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    };
+    let (code, uuid, _) =
+        cli(&["volume", "create-store", "--disk", "m0", "--name", "lvs", "--cluster-size", "1MiB"]);
+    assert_eq!((code, uuid.trim().len()), (Some(0), 36), "{uuid}");
+    let (code, v, _) = cli(&["volume", "create", "lvs/v", "--size", "8MiB", "--thin"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(cli(&["volume", "snapshot", "lvs/v", "s"]).0, Some(0));
+    assert_eq!(cli(&["volume", "clone", "lvs/s", "c"]).0, Some(0));
+    let (_, list, _) = cli(&["volume", "list"]);
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(lines.len(), 4, "{list}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("lvs/v") && l.contains(v.trim()) && l.contains("clone")),
+        "{list}"
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("lvs/s") && l.contains("snapshot") && l.contains("8 MiB")),
+        "{list}"
+    );
+    let (_, stores, _) = cli(&["volume", "stores"]);
+    assert!(
+        stores
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("lvs") && l.contains("m0") && l.contains("1 MiB")),
+        "{stores}"
+    );
+    let (code, out, err) = cli(&["volume", "delete", "lvs/s"]);
+    assert_eq!((code, out.as_str()), (Some(1), ""));
+    assert_eq!(err, "error: VOLUME: 's' is a snapshot with clones; delete or inflate them first\n");
+    let (code, _, err) = cli(&["volume", "create-store", "--disk", "nope", "--name", "x"]);
+    assert_eq!((code, err.as_str()), (Some(1), "error: --disk: no bdev 'nope'\n"));
+    daemon.assert_alive();
+}
