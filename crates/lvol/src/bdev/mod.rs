@@ -361,6 +361,33 @@ impl LvStore {
         })
     }
 
+    /// SPDK's inflate: the volume gets a cluster of its own for every one it lacks (the
+    /// parent's data copied, or zeroes) and leaves its parent. Writes are held meanwhile.
+    pub fn inflate(&self, uuid: &Uuid) -> Result<(), LvolError> {
+        let vol = *uuid;
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.inflate(&vol))))
+    }
+
+    /// SPDK's decouple_parent: the clusters the parent itself holds are copied in, and the
+    /// parent's parent becomes the volume's.
+    pub fn decouple_parent(&self, uuid: &Uuid) -> Result<(), LvolError> {
+        let vol = *uuid;
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.decouple_parent(&vol))))
+    }
+
+    /// Takes the clusters a grown base now has room for; `false` when there are none.
+    pub fn grow(&self) -> Result<bool, LvolError> {
+        call(&self.tx, |o| {
+            o.check_usable()?;
+            let total = o.store.clusters_for_device(o.io.size_bytes());
+            let grew = o.store.grow(total)?;
+            if grew {
+                o.commit()?;
+            }
+            Ok(grew)
+        })
+    }
+
     /// Removes the store from its base (the label is erased) and stops it. Its volumes' bdevs
     /// must be gone.
     pub fn destroy(&self) -> Result<(), LvolError> {
