@@ -124,12 +124,15 @@ struct Workload {
     names: u32,
     /// Writes that failed (the store full): they may have landed in part, never durably.
     failed: usize,
+    /// The inflates, decouples and grows that were done.
+    done: Vec<&'static str>,
 }
 
 impl Workload {
     fn new(seed: u64) -> Workload {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let base = RecordingBdev::new("base", BLOCK, BASE_BYTES / BLOCK as u64);
+        // The store is created on 6 MiB; the base grows to BASE_BYTES during the workload.
+        let base = RecordingBdev::new("base", BLOCK, (6 << 20) / BLOCK as u64);
         let mut uuid = [0u8; 16];
         rng.fill(&mut uuid);
         uuid[0] |= 1;
@@ -151,6 +154,7 @@ impl Workload {
             store_ready,
             names: 0,
             failed: 0,
+            done: Vec::new(),
         };
         for (name, clusters, thin) in [("thin", 16, true), ("thick", 8, false)] {
             let dev = w.lvs.create_volume(name, clusters * CLUSTER, thin).unwrap();
@@ -195,12 +199,34 @@ impl Workload {
                 }
             }
             86..=91 => self.write_zeroes(),
+            // Neither changes what any volume reads; refusals (no parent, no room) are fine.
+            92..=93 => {
+                let v = self.pick(false).unwrap();
+                self.note("inflate", self.lvs.inflate(&self.vols[v].dev.uuid()));
+            }
+            94..=95 => {
+                let v = self.rng.gen_range(0..self.vols.len());
+                self.note("decouple", self.lvs.decouple_parent(&self.vols[v].dev.uuid()));
+            }
+            96 if !self.done.contains(&"grow") => {
+                self.base.resize(BASE_BYTES / BLOCK as u64).unwrap();
+                assert!(self.lvs.grow().unwrap(), "the store did not grow with its base");
+                self.done.push("grow");
+            }
             _ => self.discard(),
         }
     }
 
+    fn note(&mut self, what: &'static str, r: Result<(), LvolError>) {
+        match r {
+            Ok(()) => self.done.push(what),
+            Err(LvolError::NoSpace { .. } | LvolError::State { .. }) => {}
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+
     /// 1 to 16 sectors anywhere in a writable volume, so some cross a cluster boundary; one in
-    /// ten a whole cluster (the module allocates those without copying the parent's data).
+    /// ten a whole cluster.
     fn write(&mut self) {
         let v = self.pick(false).unwrap();
         let size = self.vols[v].size();
@@ -392,6 +418,9 @@ fn run(seed: u64, steps: usize, crash_points: usize) {
     let snapshots = w.vols.iter().filter(|v| v.snapshot).count();
     let clones = w.vols.len() - snapshots - 2;
     assert!(durable > steps / 5 && snapshots > 0 && clones > 0, "{durable} durable, {snapshots}, {clones}");
+    for what in ["inflate", "decouple", "grow"] {
+        assert!(w.done.contains(&what), "no {what} was done: {:?}", w.done);
+    }
     let covers: Vec<_> = w.vols.iter().map(covering).collect();
     let workload_time = start.elapsed();
 
@@ -414,11 +443,13 @@ fn run(seed: u64, steps: usize, crash_points: usize) {
     }
     assert!(checked > crash_points * 100, "only {checked} durable sectors checked");
     eprintln!(
-        "seed {seed}: {steps} steps ({} writes, {durable} durable, {} failed, {} volumes, {end} events) in \
-         {workload_time:?}, {crash_points} crash points ({checked} durable sectors checked) in {:?}",
+        "seed {seed}: {steps} steps ({} writes, {durable} durable, {} failed, {} volumes, {end} events, {} inflates, \
+         {} decouples) in {workload_time:?}, {crash_points} crash points ({checked} durable sectors checked) in {:?}",
         w.writes.len(),
         w.failed,
         w.vols.len(),
+        w.done.iter().filter(|&&d| d == "inflate").count(),
+        w.done.iter().filter(|&&d| d == "decouple").count(),
         start.elapsed() - workload_time
     );
     w.lvs.close();
