@@ -140,3 +140,29 @@ fn failed_requests_are_errors_not_io() {
     });
     daemon.assert_alive();
 }
+
+#[test]
+fn a_strided_run_of_n_requests_writes_exactly_those_blocks() {
+    let mut daemon = Daemon::start("0");
+    daemon.malloc("m", DISK / 512, 512);
+    let sock = daemon.controller("vhost.0", "m", Some(1), false);
+    bounded(Duration::from_secs(60), "strided run", move || {
+        const STRIDE: u64 = 1 << 20;
+        const N: u64 = 10; // fewer than the 16 positions: no wrap
+        let mut s = spec(&sock, Pattern::Write, 1, 1, true);
+        s.stride = Some(STRIDE);
+        s.max_ios = Some(N);
+        s.duration = Duration::from_secs(30);
+        let r = fp_loadgen::run(&s).expect("strided run");
+        assert_eq!((r.ios, r.writes, r.errors), (N, N, 0), "{r:?}");
+        assert!(r.elapsed < Duration::from_secs(10), "the run did not end at N requests: {r:?}");
+        let mut c = BlkClient::open(&sock, 1);
+        let all = c.read_all(0, DISK as usize);
+        for (i, block) in all.chunks(4096).enumerate() {
+            let at = i as u64 * 4096;
+            let written = at % STRIDE == 0 && at / STRIDE < N;
+            assert_eq!(block.iter().any(|&b| b != 0), written, "block at {at}");
+        }
+    });
+    daemon.assert_alive();
+}

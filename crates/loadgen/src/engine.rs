@@ -119,9 +119,12 @@ struct OpGen {
     read_percent: u64,
     rng: SplitMix64,
     region_offset: u64,
+    /// Random patterns: blocks in the region; sequential ones: request positions in it.
     blocks: u64,
     block_size: u64,
-    /// Next block for sequential patterns, shared by all queues.
+    /// Sequential patterns: bytes between consecutive positions.
+    step: u64,
+    /// Next position for sequential patterns, shared by all queues.
     cursor: u64,
 }
 
@@ -133,17 +136,17 @@ impl OpGen {
             Pattern::RandWrite | Pattern::Write => true,
             Pattern::RandRw => self.rng.below(100) >= self.read_percent,
         };
-        let block = if self.pattern.is_random() {
-            self.rng.below(self.blocks)
+        let at = if self.pattern.is_random() {
+            self.rng.below(self.blocks) * self.block_size
         } else {
             let b = self.cursor;
             self.cursor += 1;
             if self.cursor == self.blocks {
                 self.cursor = 0;
             }
-            b
+            b * self.step
         };
-        (write, self.region_offset + block * self.block_size)
+        (write, self.region_offset + at)
     }
 }
 
@@ -323,12 +326,15 @@ fn run<B: Backend>(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
             dev.capacity
         )));
     }
-    let blocks = region_len / bs as u64;
-    if blocks == 0 {
+    if region_len < bs as u64 {
         return Err(LoadError::InvalidSpec(format!(
             "the region ({region_len} bytes) holds no {bs}-byte block"
         )));
     }
+    let step = spec.stride.unwrap_or(bs as u64);
+    // Random: any whole block; sequential: every `step` bytes while a request still fits.
+    let blocks =
+        if spec.pattern.is_random() { region_len / bs as u64 } else { (region_len - bs as u64) / step + 1 };
     let mut gen = OpGen {
         pattern: spec.pattern,
         read_percent: u64::from(spec.read_percent),
@@ -336,8 +342,11 @@ fn run<B: Backend>(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
         region_offset,
         blocks,
         block_size: bs as u64,
+        step,
         cursor: 0,
     };
+    // Requests not yet submitted (`max_ios`).
+    let mut left = spec.max_ios.unwrap_or(u64::MAX);
 
     let mut waiter = if spec.poll_queues { None } else { Some(Waiter::new(&mut dev.queues)?) };
     let mut completions = vec![Done::default(); spec.queue_depth];
@@ -346,8 +355,12 @@ fn run<B: Backend>(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
 
     let start = Instant::now();
     let deadline = start + spec.duration;
-    for qs in dev.queues.iter_mut() {
+    'fill: for qs in dev.queues.iter_mut() {
         for slot in 0..spec.queue_depth {
+            if left == 0 {
+                break 'fill;
+            }
+            left -= 1;
             qs.submit(slot, &mut gen, stride, bs, start)?;
         }
     }
@@ -391,7 +404,8 @@ fn run<B: Backend>(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
                     }
                     stats.hist.record(now.saturating_duration_since(s.submitted).as_nanos() as u64);
                 }
-                if stopped_at.is_none() {
+                if stopped_at.is_none() && left > 0 {
+                    left -= 1;
                     qs.submit(slot, &mut gen, stride, bs, now)?;
                 }
             }
@@ -406,6 +420,10 @@ fn run<B: Backend>(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
             idle_spins += 1;
         }
         let in_flight: usize = dev.queues.iter().map(|q| q.in_flight).sum();
+        if stopped_at.is_none() && left == 0 && in_flight == 0 {
+            // Every request of `max_ios` completed (and was counted): the run ends here.
+            stopped_at = Some(Instant::now());
+        }
         if let Some(t) = stopped_at {
             if in_flight == 0 {
                 break;
@@ -497,8 +515,17 @@ mod tests {
             region_offset: 1 << 20,
             blocks,
             block_size: 4096,
+            step: 4096,
             cursor: 0,
         }
+    }
+
+    #[test]
+    fn a_stride_spaces_sequential_offsets() {
+        let mut g = OpGen { step: 1 << 20, ..gen(Pattern::Write, 3) };
+        let got: Vec<u64> = (0..4).map(|_| g.next().1).collect();
+        let base = 1u64 << 20;
+        assert_eq!(got, vec![base, base + (1 << 20), base + (2 << 20), base]);
     }
 
     #[test]

@@ -116,6 +116,12 @@ pub struct LoadSpec {
     pub poll_queues: bool,
     /// Confine I/O to this range; `None` is the whole device.
     pub region: Option<Region>,
+    /// For the sequential patterns: bytes from one request's start to the next (fio's
+    /// `rw=write:<skip>`), e.g. a cluster size to touch each cluster once; `None` is the block
+    /// size (back to back).
+    pub stride: Option<u64>,
+    /// Stop after this many requests (fio's `number_ios`); the duration still bounds the run.
+    pub max_ios: Option<u64>,
     /// Pin the client thread to this CPU.
     pub cpu: Option<usize>,
     /// For [`Pattern::RandRw`]: percentage of requests that are reads (0..=100).
@@ -147,6 +153,8 @@ impl LoadSpec {
             duration: Duration::from_secs(5),
             poll_queues: false,
             region: None,
+            stride: None,
+            max_ios: None,
             cpu: None,
             read_percent: 50,
             seed: 0x5eed_f1a5_4a70_0001,
@@ -185,6 +193,20 @@ impl LoadSpec {
             if r.len < self.block_size as u64 {
                 return bad(format!("region length {} is smaller than one block", r.len));
             }
+        }
+        if let Some(stride) = self.stride {
+            if self.pattern.is_random() {
+                return bad(format!("a stride applies to the sequential patterns, not {}", self.pattern));
+            }
+            if stride < self.block_size as u64 || stride % 512 != 0 {
+                return bad(format!(
+                    "stride {stride} is not a multiple of 512 of at least the block size {}",
+                    self.block_size
+                ));
+            }
+        }
+        if self.max_ios == Some(0) {
+            return bad("the request count must be positive".into());
         }
         Ok(())
     }
@@ -452,8 +474,22 @@ mod tests {
         let mut s = ok.clone();
         s.read_percent = 101;
         assert!(s.validate().is_err());
-        let mut s = ok;
+        let mut s = ok.clone();
         s.region = Some(Region { offset: 0, len: 512 });
+        assert!(s.validate().is_err());
+        let mut s = ok.clone();
+        s.pattern = Pattern::Write;
+        s.stride = Some(1 << 20);
+        assert!(s.validate().is_ok());
+        s.stride = Some(2048);
+        assert!(s.validate().is_err());
+        s.stride = Some(4096 + 100);
+        assert!(s.validate().is_err());
+        let mut s = ok.clone();
+        s.stride = Some(1 << 20);
+        assert!(s.validate().is_err(), "randread takes no stride");
+        let mut s = ok;
+        s.max_ios = Some(0);
         assert!(s.validate().is_err());
     }
 

@@ -50,6 +50,13 @@ struct Args {
     /// Length of the region to use, in bytes (default: from --offset to the end of the device).
     #[arg(long, value_parser = parse_size)]
     size: Option<u64>,
+    /// For read and write: bytes from one request's start to the next (default: --bs), e.g.
+    /// a cluster size to touch each cluster once.
+    #[arg(long, value_parser = parse_size)]
+    stride: Option<u64>,
+    /// Stop after this many requests (--time still bounds the run).
+    #[arg(long = "ios")]
+    max_ios: Option<u64>,
     /// For randrw: percentage of reads.
     #[arg(long = "rwmix-read", default_value_t = 50)]
     read_percent: u8,
@@ -124,6 +131,8 @@ fn main() -> ExitCode {
     spec.read_only = args.read_only;
     spec.measure_busy = args.client_busy;
     spec.packed = args.packed;
+    spec.stride = args.stride;
+    spec.max_ios = args.max_ios;
     if let Some(s) = args.seed {
         spec.seed = s;
     }
