@@ -66,6 +66,13 @@ def mode_config(mode):
         "ceiling_reps": 3,
         "sizes": {"null": GIB, "ram": 512 * MIB, "file": GIB},
         "callgrind": {"short_s": 2.0, "long_s": 8.0, "reps": 3, "points": cg_points},
+        # Logical volumes (`--only lvol`): raw malloc vs a thick volume on the same size of
+        # malloc, `pairs` runs of each point; first-write and copy-on-write latency on `fw_reps`
+        # fresh thin volumes; instructions per I/O with the callgrind settings above.
+        "lvol": {"size": 256 * MIB, "cluster": MIB, "pairs": 5, "fw_reps": 3, "callgrind": True,
+                 "points": [("randread", 4096, 32, 1, True), ("randwrite", 4096, 32, 1, True),
+                            ("randread", 4096, 1, 1, True), ("randwrite", 4096, 1, 1, True)],
+                 "cg_size": 64 * MIB},
     }
     if mode == "full":
         return full
@@ -75,7 +82,8 @@ def mode_config(mode):
         pts.append(("read", 65536, 32, 1, True))
         return dict(full, time=1.0, points=pts, scaling_points=[(32, True)], ceiling_reps=1,
                     sizes={"null": GIB, "ram": 256 * MIB, "file": 256 * MIB},
-                    callgrind=dict(full["callgrind"], short_s=1.0, long_s=4.0))
+                    callgrind=dict(full["callgrind"], short_s=1.0, long_s=4.0),
+                    lvol=dict(full["lvol"], pairs=3, fw_reps=2))
     if mode == "smoke":
         # Null backend, A/B, one repetition; one small file point exercises the fio baseline.
         pts = [
@@ -99,6 +107,9 @@ def mode_config(mode):
             "ceiling_reps": 1,
             "sizes": {"null": GIB, "file": 64 * MIB},
             "callgrind": {"short_s": 0.5, "long_s": 1.5, "reps": 1, "points": cg_points[:1]},
+            "lvol": {"size": 32 * MIB, "cluster": MIB, "pairs": 1, "fw_reps": 1, "callgrind": False,
+                     "points": [("randread", 4096, 32, 1, True), ("randwrite", 4096, 32, 1, True)],
+                     "cg_size": 32 * MIB},
         }
     raise ValueError(mode)
 
@@ -279,11 +290,27 @@ class Flashpath:
             bdev = "Uring0"
         else:
             raise ValueError(backend)
-        self.rpc("vhost_create_blk_controller", {"ctrlr": f"vhost.{backend}", "dev_name": bdev,
-                                                 "num_queues": queues})
-        sock = os.path.join(self.vhost_dir, f"vhost.{backend}")
+        return self.export(f"vhost.{backend}", bdev, queues)
+
+    def export(self, ctrlr, bdev, queues=2):
+        """A vhost-user-blk controller `ctrlr` for bdev `bdev` (a name or alias); its socket."""
+        self.rpc("vhost_create_blk_controller", {"ctrlr": ctrlr, "dev_name": bdev, "num_queues": queues})
+        sock = os.path.join(self.vhost_dir, ctrlr)
         wait_for(lambda: os.path.exists(sock), 10, f"flashpath socket {sock}", self.proc)
         return sock
+
+    def lvol_disk(self, base_size, cluster, vol_size=None, thin=False):
+        """Malloc0 of `base_size` bytes, the lvstore lvs0 on it with `cluster`-byte clusters and
+        the volume lvs0/vol0 of `vol_size` bytes (default: every free cluster); (the volume's
+        bdev name, its size, the store as bdev_lvol_get_lvstores lists it)."""
+        self.rpc("bdev_malloc_create", {"name": "Malloc0", "num_blocks": base_size // 512, "block_size": 512})
+        self.rpc("bdev_lvol_create_lvstore", {"bdev_name": "Malloc0", "lvs_name": "lvs0", "cluster_sz": cluster})
+        lvs = self.rpc("bdev_lvol_get_lvstores", {"lvs_name": "lvs0"})[0]
+        if vol_size is None:
+            vol_size = lvs["free_clusters"] * cluster
+        vol = self.rpc("bdev_lvol_create", {"lvol_name": "vol0", "size_in_mib": vol_size // MIB,
+                                            "thin_provision": thin, "lvs_name": "lvs0"})
+        return vol, vol_size, lvs
 
     def reactors(self):
         r = self.rpc("framework_get_reactors")
@@ -339,9 +366,9 @@ class Loader:
         self.n = 0
 
     def run(self, sock, pattern, bs, qd, queues, poll, secs, hist=False, client_busy=False,
-            packed=False):
+            packed=False, extra=()):
         cmd = [self.bin, "--socket", sock, "--pattern", pattern, "--bs", str(bs), "--qd", str(qd),
-               "--queues", str(queues), "--time", f"{secs}s", "--cpu", str(self.cpu), "--json"]
+               "--queues", str(queues), "--time", f"{secs}s", "--cpu", str(self.cpu), "--json", *extra]
         if poll:
             cmd.append("--poll")
         if packed:
@@ -472,6 +499,16 @@ def callgrind_total(path):
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])
     raise RuntimeError(f"{path}: no totals line")
+
+
+def lvol_spdk_note():
+    """Why this run has no SPDK lvol figures."""
+    d = os.environ.get("SPDK_DIR")
+    if not d:
+        return "SPDK_DIR is not set: no SPDK lvol figures in this run."
+    return (f"SPDK_DIR={d} is set, but the bench has no client that drives SPDK's vhost: fp-load "
+            "goes through libblkio, whose vhost-user driver (virtio-driver 0.6) requires the CONFIGURE_MEM_SLOTS protocol "
+            "feature that SPDK 23.01's rte_vhost does not offer; no SPDK lvol figures in this run.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -768,11 +805,12 @@ class Bench:
             off.stop()
             on.stop()
 
-    def callgrind_run(self, kind, point, secs, variant="counters"):
+    def callgrind_run(self, kind, point, secs, variant="counters", disk=None):
         """A fresh server of `kind` under callgrind with a null disk and one fp-load run against
         it; the server's instructions from start to exit and the run's I/Os. `variant` picks
         flashpath's disk-layer accounting: "off" (--no-iostat), "counters" (the default) or
-        "histograms" (enabled before the run)."""
+        "histograms" (enabled before the run). `disk(server)`, for flashpath, sets up another
+        disk instead of the null one and returns its socket."""
         self.callgrind_n += 1
         name = f"callgrind-{self.callgrind_n}"
         out = os.path.join(self.work, f"{name}.out")
@@ -784,7 +822,12 @@ class Bench:
         else:
             server = Qsd(self.work, self.server_cpu, "null", GIB, None, name=name, wrap=wrap)
         try:
-            sock = server.add_disk("null", GIB) if kind == "flashpath" else server.sock
+            if kind != "flashpath":
+                sock = server.sock
+            elif disk is not None:
+                sock = disk(server)
+            else:
+                sock = server.add_disk("null", GIB)
             if kind == "flashpath" and variant == "histograms":
                 server.rpc("bdev_enable_histogram", {"name": "Null0", "enable": True})
             res = self.loader.run(sock, *point, secs)
@@ -823,10 +866,162 @@ class Bench:
                 log(f"callgrind: {point_label(e):<30} {kind:<9} {med:>9.0f} instructions/IO "
                     f"(spread {100 * e['spread']:.1f} %, {len(xs)} repetitions)")
 
+    # -- logical volumes (issue 11) -----------------------------------------------------------
+
+    def run_lvol(self):
+        """Logical volumes against their base: IOPS of a thick volume vs the raw malloc bdev,
+        first-write and copy-on-write latency, instructions per I/O. docs/benchmarks.md,
+        "Logical volumes", describes every step."""
+        c = self.cfg["lvol"]
+        e = {"size": c["size"], "cluster_size": c["cluster"], "pairs": c["pairs"], "points": [],
+             "first_write": [], "callgrind": []}
+        self.results["lvol"] = e
+        self.lvol_iops(c, e)
+        self.lvol_first_write(c, e)
+        if c.get("callgrind") and self.cfg.get("callgrind"):
+            self.lvol_callgrind(c, e)
+        e["spdk"] = lvol_spdk_note()
+        log(f"SPDK: {e['spdk']}")
+
+    def lvol_iops(self, c, e):
+        """Two flashpath daemons on the server CPU: one exports a malloc bdev raw, the other a
+        THICK volume filling an lvstore on a malloc bdev of the same size; both disks fully
+        written first. Each point runs `pairs` times on each, the order alternating (raw, lvol,
+        lvol, raw, ...) so drift in the machine falls on both alike."""
+        size, cl = c["size"], c["cluster"]
+        cpu = str(self.server_cpu)
+        raw = Flashpath(self.args.bin_dir, self.work, cpu, name="flashpath-lvol-raw")
+        lv = Flashpath(self.args.bin_dir, self.work, cpu, name="flashpath-lvol-thick")
+        try:
+            socks = {"raw": raw.add_disk("ram", size)}
+            vol, vol_size, lvs = lv.lvol_disk(size, cl)
+            socks["lvol"] = lv.export("vhost.lvol", vol)
+            e["thick_volume_size"] = vol_size
+            e["lvstore"] = lvs
+            log(f"filling the raw disk ({size // MIB} MiB) and the thick volume ({vol_size // MIB} MiB)")
+            self.fill_ram(socks["raw"], size)
+            self.fill_ram(socks["lvol"], vol_size)
+            servers = {"raw": raw, "lvol": lv}
+            for point in c["points"]:
+                runs = {"raw": [], "lvol": []}
+                for i in range(c["pairs"]):
+                    for k in (("raw", "lvol") if i % 2 == 0 else ("lvol", "raw")):
+                        runs[k].append(measure(servers[k], self.loader, socks[k], point, self.secs, False))
+                p = dict(point_key("ram", point), runs=runs,
+                         median={k: summarize(v) for k, v in runs.items()})
+                iops = {k: [r["iops"] for r in v] for k, v in runs.items()}
+                p["spread"] = {k: (max(v) - min(v)) / median(v) for k, v in iops.items()}
+                p["ratio"] = ratio(p["median"]["lvol"]["iops"], p["median"]["raw"]["iops"])
+                # Each pair's own ratio: how far single comparisons scatter.
+                p["pair_ratios"] = [ratio(a, b) for a, b in zip(iops["lvol"], iops["raw"])]
+                e["points"].append(p)
+                log(f"lvol {point_label(p):<32} raw {p['median']['raw']['iops']:>10.0f}  lvol "
+                    f"{p['median']['lvol']['iops']:>10.0f}  lvol/raw {fmt_ratio(p['ratio'])} (pairs "
+                    f"{min(p['pair_ratios']):.2f}-{max(p['pair_ratios']):.2f})")
+        finally:
+            raw.stop()
+            lv.stop()
+
+    def lvol_first_write(self, c, e):
+        """QD1 4 KiB writes, one per cluster (fp-load --stride CLUSTER --ios N), on a fresh
+        daemon per repetition, in this order on one malloc bdev (fully written first, so no
+        write meets an unbacked page):
+        raw: the malloc bdev itself, exported raw (the baseline);
+        allocate: a fresh THIN volume, so every write allocates (zeroes) its cluster;
+        cow: the volume written in full, snapshotted, so every write copies its cluster;
+        overwrite: the same writes again, to clusters the volume now owns."""
+        size, cl = c["size"], c["cluster"]
+        n = size // cl
+        base_size = 2 * size + 16 * cl  # the volume, its copies after the snapshot, metadata
+        fw_args = ["--stride", str(cl), "--ios", str(n), "--size", str(size)]
+        runs = {"raw": [], "allocate": [], "cow": [], "overwrite": []}
+        for rep in range(c["fw_reps"]):
+            fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=f"flashpath-lvol-fw{rep}")
+            try:
+                fp.rpc("bdev_malloc_create", {"name": "Malloc0", "num_blocks": base_size // 512, "block_size": 512})
+                sock = fp.export("vhost.base", "Malloc0")
+                self.fill_ram(sock, base_size)
+                runs["raw"].append(self.lvol_writes(fp, sock, n, fw_args))
+                fp.rpc("vhost_delete_controller", {"ctrlr": "vhost.base"})
+                fp.rpc("bdev_lvol_create_lvstore", {"bdev_name": "Malloc0", "lvs_name": "lvs0", "cluster_sz": cl})
+                vol = fp.rpc("bdev_lvol_create", {"lvol_name": "vol0", "size_in_mib": size // MIB,
+                                                  "thin_provision": True, "lvs_name": "lvs0"})
+                sock = fp.export("vhost.lvol", vol)
+                runs["allocate"].append(self.lvol_writes(fp, sock, n, fw_args))
+                self.fill_ram(sock, size)
+                fp.rpc("bdev_lvol_snapshot", {"lvol_name": "lvs0/vol0", "snapshot_name": "snap0"})
+                free0 = fp.rpc("bdev_lvol_get_lvstores", {"lvs_name": "lvs0"})[0]["free_clusters"]
+                runs["cow"].append(self.lvol_writes(fp, sock, n, fw_args))
+                free1 = fp.rpc("bdev_lvol_get_lvstores", {"lvs_name": "lvs0"})[0]["free_clusters"]
+                # Every write of the COW run took a cluster of its own: it really copied.
+                if free0 - free1 != n:
+                    raise RuntimeError(f"the COW run allocated {free0 - free1} clusters, not {n}")
+                runs["overwrite"].append(self.lvol_writes(fp, sock, n, fw_args))
+            finally:
+                fp.stop()
+        for kind, rs in runs.items():
+            f = {"kind": kind, "writes": n, "cluster_size": cl, "runs": rs,
+                 "histogram": merge_hists(rs)}
+            for r in rs:
+                r.pop("histogram", None)
+            for m in ("p50_ns", "p99_ns", "lat_mean_ns", "lat_max_ns"):
+                f[m] = median([r[m] for r in rs])
+            e["first_write"].append(f)
+            log(f"lvol QD1 4K write per cluster, {kind:<9}: p50 {f['p50_ns'] / 1000:8.2f} µs  p99 "
+                f"{f['p99_ns'] / 1000:8.2f} µs  mean {f['lat_mean_ns'] / 1000:8.2f} µs ({len(rs)} runs of {n})")
+
+    def lvol_writes(self, server, sock, n, fw_args):
+        """One run of `n` QD1 4 KiB writes a cluster apart; all must complete."""
+        res = self.loader.run(sock, "write", 4096, 1, 1, True, 60.0, hist=True, extra=fw_args)
+        if res["errors"] or res["ios"] != n:
+            raise RuntimeError(f"{server.name}: {res['ios']} of {n} writes done, {res['errors']} failed")
+        return {k: res[k] for k in ("ios", "elapsed_s", "lat_mean_ns", "p50_ns", "p99_ns", "lat_max_ns",
+                                    "histogram")}
+
+    def lvol_callgrind(self, c, e):
+        """Instructions per I/O of the raw malloc bdev and of a thick volume on a malloc bdev of
+        the same size (`cg_size`), as run_callgrind measures them: a long run's instructions
+        less a short run's over the difference in I/Os, raw and lvol interleaved."""
+        cg = self.cfg["callgrind"]
+        size, cl = c["cg_size"], c["cluster"]
+
+        def raw_disk(server):
+            return server.add_disk("ram", size)
+
+        def lvol_disk(server):
+            vol, _, _ = server.lvol_disk(size, cl)
+            return server.export("vhost.lvol", vol)
+
+        disks = {"raw": raw_disk, "lvol": lvol_disk}
+        for point in [p for p in c["points"] if p[2] == 32]:
+            runs = {"raw": [], "lvol": []}
+            for _ in range(cg["reps"]):
+                for kind, disk in disks.items():
+                    short = self.callgrind_run("flashpath", point, cg["short_s"], disk=disk)
+                    long_ = self.callgrind_run("flashpath", point, cg["long_s"], disk=disk)
+                    if long_["ios"] <= short["ios"]:
+                        raise RuntimeError(f"lvol callgrind {kind}: the long run did {long_['ios']} I/Os, "
+                                           f"the short one {short['ios']}")
+                    runs[kind].append({"short": short, "long": long_,
+                                       "ir_per_io": (long_["ir"] - short["ir"]) / (long_["ios"] - short["ios"])})
+            x = dict(point_key("ram", point), short_s=cg["short_s"], long_s=cg["long_s"], size=size, runs=runs)
+            x["ir_per_io"] = {k: median([r["ir_per_io"] for r in v]) for k, v in runs.items()}
+            x["range"] = {k: [min(r["ir_per_io"] for r in v), max(r["ir_per_io"] for r in v)]
+                          for k, v in runs.items()}
+            e["callgrind"].append(x)
+            log(f"lvol callgrind {point_label(x):<30} raw {x['ir_per_io']['raw']:>7.0f}  lvol "
+                f"{x['ir_per_io']['lvol']:>7.0f} instructions/IO")
+
     def go(self):
         if self.args.only == "iostat":
             log("=== only: the disk layer's cost")
             self.run_iostat()
+            self.results["wall_s"] = time.monotonic() - self.started
+            return
+        if self.args.only == "lvol":
+            log(f"=== only: logical volumes ({self.secs} s per run, server CPU {self.server_cpu}, "
+                f"client CPU {self.client_cpu})")
+            self.run_lvol()
             self.results["wall_s"] = time.monotonic() - self.started
             return
         log(f"mode {self.args.mode}: {self.secs} s per run, {self.reps} repetitions, server CPU "
@@ -963,6 +1158,21 @@ def targets(res):
         if e["server"] == "flashpath":
             add(f"idle CPU, {e['backend']} disk attached", "<= 1 % of a core",
                 f"{e['core_percent']:.3f} %", e["core_percent"] <= 1.0)
+    lv = res.get("lvol")
+    for p in (lv or {}).get("points", []):
+        if p["qd"] != 32:
+            continue
+        raw, vol = p["median"]["raw"]["iops"], p["median"]["lvol"]["iops"]
+        add(f"thick volume vs its raw malloc base, QD32 4K {p['pattern']} ({p['client']} client)",
+            ">= 0.95x", f"{fmt_iops(vol)} vs {fmt_iops(raw)} IOPS = {p['ratio']:.2f}x (single pairs "
+            f"{min(p['pair_ratios']):.2f}-{max(p['pair_ratios']):.2f})", p["ratio"] >= 0.95)
+    for f in (lv or {}).get("first_write", []):
+        if f["kind"] in ("allocate", "cow"):
+            add(f"QD1 4K {'first write (allocating)' if f['kind'] == 'allocate' else 'copy-on-write'} "
+                f"latency, {f['cluster_size'] // 1024} KiB clusters", "reported",
+                f"p50 {f['p50_ns'] / 1000:.1f} µs, p99 {f['p99_ns'] / 1000:.1f} µs", None)
+    if lv:
+        add("the same points for SPDK's lvol on malloc", "reported", lv["spdk"], None)
     return out
 
 
@@ -1167,13 +1377,70 @@ def markdown(res):
             lines.append(f"| {e['backend']} {e['pattern']} {e['bs'] // 1024}K, QD{e['qd']} × "
                          f"{e['queues']} | {e['client']} | {e['server']} | {e['ir_per_io']:,.0f} | "
                          f"{len(e['runs'])} | {100 * e['spread']:.1f} % |")
+    if res.get("lvol"):
+        lines += lvol_markdown(res)
     lines += ["", "## Targets (from the issue; results, not assertions)", "",
               "| target | goal | measured | status |", "|---|---|---|---|"]
     for t in res["targets"]:
         note = f" ({t['note']})" if t["note"] else ""
-        lines.append(f"| {t['target']} | {t['goal']} | {t['measured']}{note} | {t['status']} |")
+        lines.append(f"| {t['target']} | {t['goal']} | {t['measured']}{note} | {t['status'] or '-'} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def lvol_markdown(res):
+    """The logical-volume section (`--only lvol`)."""
+    lv, m = res["lvol"], res["meta"]
+    lines = ["", "## Logical volumes (issue 11)", "",
+             f"Two flashpath daemons on CPU {m['server_cpu']}, fp-load on CPU {m['client_cpu']}: **raw** "
+             f"exports a {lv['size'] // MIB} MiB malloc bdev, **lvol** a THICK volume of "
+             f"{lv.get('thick_volume_size', 0) // MIB} MiB (every data cluster of an lvstore with "
+             f"{lv['cluster_size'] // 1024} KiB clusters on a {lv['size'] // MIB} MiB malloc bdev); both "
+             f"written in full first. {lv['pairs']} runs of {m['time_s']} s per point and disk, the order "
+             "alternating (raw, lvol, lvol, raw, ...); medians. spread: (max − min) / median of the IOPS; "
+             "pairs: the lowest and highest lvol/raw of single consecutive pairs.", "",
+             "| workload | QD | client | raw IOPS | lvol IOPS | lvol/raw | pairs | raw spread | lvol spread | "
+             "raw p50 µs | lvol p50 µs | raw p99 µs | lvol p99 µs | raw busy/IO ns | lvol busy/IO ns |",
+             "|" + "---|" * 15]
+    for p in lv["points"]:
+        r, v = p["median"]["raw"], p["median"]["lvol"]
+        lines.append(f"| {p['pattern']} {p['bs'] // 1024}K | {p['qd']} | {p['client']} | {fmt_iops(r['iops'])} | "
+                     f"{fmt_iops(v['iops'])} | **{fmt_ratio(p['ratio'])}** | {min(p['pair_ratios']):.2f}–"
+                     f"{max(p['pair_ratios']):.2f} | {100 * p['spread']['raw']:.0f} % | "
+                     f"{100 * p['spread']['lvol']:.0f} % | {fmt_us(r['p50_ns'])} | {fmt_us(v['p50_ns'])} | "
+                     f"{fmt_us(r['p99_ns'])} | {fmt_us(v['p99_ns'])} | {fmt_ns(r.get('reactor_busy_ns_per_io'))} | "
+                     f"{fmt_ns(v.get('reactor_busy_ns_per_io'))} |")
+    fw = lv.get("first_write", [])
+    if fw:
+        f0 = fw[0]
+        lines += ["", f"### One 4 KiB write per cluster, QD1 ({f0['cluster_size'] // 1024} KiB clusters)", "",
+                  f"fp-load `--pattern write --bs 4k --qd 1 --poll --stride {f0['cluster_size']} --ios "
+                  f"{f0['writes']}`: {f0['writes']} writes, each to the next cluster, on a malloc bdev written "
+                  "in full first. raw: that bdev exported raw; allocate: a fresh thin volume (each write "
+                  "allocates and zeroes its cluster); cow: the same volume written in full and snapshotted "
+                  "(each write copies its cluster from the snapshot); overwrite: the same writes again "
+                  "(clusters owned). A fresh daemon per repetition; medians of the repetitions' figures. "
+                  "The copy cost scales with the cluster size.", "",
+                  "| kind | p50 µs | p99 µs | mean µs | max µs | repetitions |", "|---|---|---|---|---|---|"]
+        for f in fw:
+            lines.append(f"| {f['kind']} | {fmt_us(f['p50_ns'])} | {fmt_us(f['p99_ns'])} | "
+                         f"{fmt_us(f['lat_mean_ns'])} | {fmt_us(f['lat_max_ns'])} | {len(f['runs'])} |")
+    cg = lv.get("callgrind", [])
+    if cg:
+        lines += ["", "### Instructions per I/O (callgrind)", "",
+                  f"As in the path-length section of a full run (docs/benchmarks.md), but each server with a {cg[0]['size'] // MIB} MiB malloc bdev "
+                  "exported raw, or a thick volume filling an lvstore on such a bdev; a long run's "
+                  f"({cg[0]['long_s']:g} s) instructions less a short run's ({cg[0]['short_s']:g} s) over "
+                  "the difference in I/Os; median (range) of the repetitions.", "",
+                  "| workload | client | raw | lvol | lvol − raw |", "|---|---|---|---|---|"]
+        for x in cg:
+            ir, rg = x["ir_per_io"], x["range"]
+            lines.append(f"| {x['pattern']} {x['bs'] // 1024}K, QD{x['qd']} | {x['client']} | "
+                         f"{ir['raw']:,.0f} ({rg['raw'][0]:,.0f}–{rg['raw'][1]:,.0f}) | "
+                         f"{ir['lvol']:,.0f} ({rg['lvol'][0]:,.0f}–{rg['lvol'][1]:,.0f}) | "
+                         f"{ir['lvol'] - ir['raw']:+,.0f} |")
+    lines += ["", f"SPDK: {lv['spdk']}"]
+    return lines
 
 
 SERVER_STYLE = {"flashpath": "tab:blue", "qsd": "tab:red"}
@@ -1406,7 +1673,7 @@ def main():
     ap.add_argument("--time", type=float, help="seconds per run (overrides the mode)")
     ap.add_argument("--reps", type=int, help="runs per point and server (overrides the mode)")
     ap.add_argument("--backends", help="comma-separated subset of null,ram,file (development only)")
-    ap.add_argument("--only", choices=["iostat"], help="run only this section (development only)")
+    ap.add_argument("--only", choices=["iostat", "lvol"], help="run only this section (development only)")
     ap.add_argument("--validate", metavar="DIR", help="only check the outputs in DIR and exit")
     ap.add_argument("--replot", metavar="DIR", help="only rewrite results.md and the plots from DIR/results.json")
     args = ap.parse_args()
@@ -1474,7 +1741,7 @@ def main():
     log(f"wrote {out_dir}/results.json, results.md, " + ", ".join(os.path.basename(f) for f in files))
     log(f"wall time {res['wall_s'] / 60:.1f} min")
     for t in res["targets"]:
-        log(f"target: {t['target']}: {t['measured']} -> {t['status']}")
+        log(f"target: {t['target']}: {t['measured']} -> {t['status'] or 'reported'}")
     print(out_dir)
     return 0
 
