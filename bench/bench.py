@@ -69,7 +69,9 @@ def mode_config(mode):
         # Logical volumes (`--only lvol`): raw malloc vs a thick volume on the same size of
         # malloc, `pairs` runs of each point; first-write and copy-on-write latency on `fw_reps`
         # fresh thin volumes; instructions per I/O with the callgrind settings above.
+        # fw_clusters: the cluster sizes of the first-write runs (SPDK's default is 4 MiB).
         "lvol": {"size": 256 * MIB, "cluster": MIB, "pairs": 5, "fw_reps": 3, "callgrind": True,
+                 "fw_clusters": [MIB, 4 * MIB],
                  "points": [("randread", 4096, 32, 1, True), ("randwrite", 4096, 32, 1, True),
                             ("randread", 4096, 1, 1, True), ("randwrite", 4096, 1, 1, True)],
                  "cg_size": 64 * MIB},
@@ -108,6 +110,7 @@ def mode_config(mode):
             "sizes": {"null": GIB, "file": 64 * MIB},
             "callgrind": {"short_s": 0.5, "long_s": 1.5, "reps": 1, "points": cg_points[:1]},
             "lvol": {"size": 32 * MIB, "cluster": MIB, "pairs": 1, "fw_reps": 1, "callgrind": False,
+                     "fw_clusters": [MIB],
                      "points": [("randread", 4096, 32, 1, True), ("randwrite", 4096, 32, 1, True)],
                      "cg_size": 32 * MIB},
         }
@@ -877,7 +880,8 @@ class Bench:
              "first_write": [], "callgrind": []}
         self.results["lvol"] = e
         self.lvol_iops(c, e)
-        self.lvol_first_write(c, e)
+        for cl in c["fw_clusters"]:
+            self.lvol_first_write(c, cl, e)
         if c.get("callgrind") and self.cfg.get("callgrind"):
             self.lvol_callgrind(c, e)
         e["spdk"] = lvol_spdk_note()
@@ -922,21 +926,23 @@ class Bench:
             raw.stop()
             lv.stop()
 
-    def lvol_first_write(self, c, e):
+    def lvol_first_write(self, c, cl, e):
         """QD1 4 KiB writes, one per cluster (fp-load --stride CLUSTER --ios N), on a fresh
-        daemon per repetition, in this order on one malloc bdev (fully written first, so no
-        write meets an unbacked page):
+        daemon per repetition, in this order on one malloc bdev (written in full first,
+        as a RAM disk in use is):
         raw: the malloc bdev itself, exported raw (the baseline);
         allocate: a fresh THIN volume, so every write allocates (zeroes) its cluster;
         cow: the volume written in full, snapshotted, so every write copies its cluster;
-        overwrite: the same writes again, to clusters the volume now owns."""
-        size, cl = c["size"], c["cluster"]
+        overwrite: the same writes again, to clusters the volume now owns.
+        `cl`: the cluster size."""
+        size = c["size"]
         n = size // cl
         base_size = 2 * size + 16 * cl  # the volume, its copies after the snapshot, metadata
         fw_args = ["--stride", str(cl), "--ios", str(n), "--size", str(size)]
         runs = {"raw": [], "allocate": [], "cow": [], "overwrite": []}
         for rep in range(c["fw_reps"]):
-            fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=f"flashpath-lvol-fw{rep}")
+            fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu),
+                           name=f"flashpath-lvol-fw{cl // MIB}m-{rep}")
             try:
                 fp.rpc("bdev_malloc_create", {"name": "Malloc0", "num_blocks": base_size // 512, "block_size": 512})
                 sock = fp.export("vhost.base", "Malloc0")
@@ -967,7 +973,7 @@ class Bench:
             for m in ("p50_ns", "p99_ns", "lat_mean_ns", "lat_max_ns"):
                 f[m] = median([r[m] for r in rs])
             e["first_write"].append(f)
-            log(f"lvol QD1 4K write per cluster, {kind:<9}: p50 {f['p50_ns'] / 1000:8.2f} µs  p99 "
+            log(f"lvol QD1 4K write per {cl // MIB} MiB cluster, {kind:<9}: p50 {f['p50_ns'] / 1000:8.2f} µs  p99 "
                 f"{f['p99_ns'] / 1000:8.2f} µs  mean {f['lat_mean_ns'] / 1000:8.2f} µs ({len(rs)} runs of {n})")
 
     def lvol_writes(self, server, sock, n, fw_args):
@@ -1250,9 +1256,31 @@ def other_cpu_note(res):
             f"at most {100 * worst:.1f} % of a core ({point_label(p)}, {p['server']} run).")
 
 
+def machine_line(m):
+    mi = m["machine"]
+    return (f"Machine: {mi['cpu_model']}, {mi['cpus']} CPUs"
+            f"{' (virtual machine' if mi['hypervisor_guest'] else ' ('}"
+            f"{', no KVM' if not mi['kvm'] else ''}), {mi['mem_gib']} GiB, {mi['os']}, Linux "
+            f"{mi['kernel']}, clocksource {mi['clocksource']}. flashpath {mi['flashpath_commit']} "
+            f"({m.get('build', 'release')} build).")
+
+
 def markdown(res):
     m = res["meta"]
     mi = m["machine"]
+    if m.get("only") == "lvol":
+        # No qsd and no matrix: the volume section and its targets only.
+        lines = [f"# flashpath: logical volumes vs their base ({m['mode']} run, {m['date']})", "",
+                 machine_line(m), "",
+                 f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min. {lvol_other_cpu(res)}"]
+        lines += lvol_markdown(res)
+        lines += ["", "## Targets (from the issue; results, not assertions)", "",
+                  "| target | goal | measured | status |", "|---|---|---|---|"]
+        for t in res["targets"]:
+            note = f" ({t['note']})" if t["note"] else ""
+            lines.append(f"| {t['target']} | {t['goal']} | {t['measured']}{note} | {t['status'] or '-'} |")
+        lines.append("")
+        return "\n".join(lines)
     lines = [f"# flashpath vs qemu-storage-daemon ({m['mode']} run, {m['date']})", ""]
     lines += [
         f"Machine: {mi['cpu_model']}, {mi['cpus']} CPUs"
@@ -1388,6 +1416,16 @@ def markdown(res):
     return "\n".join(lines)
 
 
+def lvol_other_cpu(res):
+    xs = [r["other_cpu_cores"] for p in res["lvol"]["points"] for rs in p["runs"].values() for r in rs
+          if r.get("other_cpu_cores") is not None]
+    if not xs:
+        return ""
+    return (f"Other CPU use during the IOPS runs (anything but the server under test and the client, "
+            f"from /proc/stat): median {100 * statistics.median(xs):.0f} %, at most {100 * max(xs):.0f} % "
+            "of a core.")
+
+
 def lvol_markdown(res):
     """The logical-volume section (`--only lvol`)."""
     lv, m = res["lvol"], res["meta"]
@@ -1411,18 +1449,20 @@ def lvol_markdown(res):
                      f"{fmt_us(r['p99_ns'])} | {fmt_us(v['p99_ns'])} | {fmt_ns(r.get('reactor_busy_ns_per_io'))} | "
                      f"{fmt_ns(v.get('reactor_busy_ns_per_io'))} |")
     fw = lv.get("first_write", [])
-    if fw:
-        f0 = fw[0]
-        lines += ["", f"### One 4 KiB write per cluster, QD1 ({f0['cluster_size'] // 1024} KiB clusters)", "",
-                  f"fp-load `--pattern write --bs 4k --qd 1 --poll --stride {f0['cluster_size']} --ios "
-                  f"{f0['writes']}`: {f0['writes']} writes, each to the next cluster, on a malloc bdev written "
-                  "in full first. raw: that bdev exported raw; allocate: a fresh thin volume (each write "
-                  "allocates and zeroes its cluster); cow: the same volume written in full and snapshotted "
-                  "(each write copies its cluster from the snapshot); overwrite: the same writes again "
-                  "(clusters owned). A fresh daemon per repetition; medians of the repetitions' figures. "
-                  "The copy cost scales with the cluster size.", "",
+    for cl in sorted({f["cluster_size"] for f in fw}):
+        fs = [f for f in fw if f["cluster_size"] == cl]
+        f0 = fs[0]
+        lines += ["", f"### One 4 KiB write per cluster, QD1 ({cl // 1024} KiB clusters)", "",
+                  f"fp-load `--pattern write --bs 4k --qd 1 --poll --stride {cl} --ios "
+                  f"{f0['writes']}`: {f0['writes']} writes, each to the next cluster of a "
+                  f"{lv['size'] // MIB} MiB volume, on a malloc bdev written in full first. raw: that bdev "
+                  "exported raw; allocate: a fresh thin volume (each write allocates and zeroes its "
+                  "cluster); cow: the same volume written in full and snapshotted (each write copies its "
+                  "cluster from the snapshot); overwrite: the same writes again (clusters owned). A fresh "
+                  "daemon per repetition; medians of the repetitions' figures. The copy cost scales with "
+                  "the cluster size.", "",
                   "| kind | p50 µs | p99 µs | mean µs | max µs | repetitions |", "|---|---|---|---|---|---|"]
-        for f in fw:
+        for f in fs:
             lines.append(f"| {f['kind']} | {fmt_us(f['p50_ns'])} | {fmt_us(f['p99_ns'])} | "
                          f"{fmt_us(f['lat_mean_ns'])} | {fmt_us(f['lat_max_ns'])} | {len(f['runs'])} |")
     cg = lv.get("callgrind", [])
@@ -1720,6 +1760,9 @@ def main():
     finally:
         bench.cleanup()
     cmd = {"full": "./run bench", "quick": "./run bench --quick", "smoke": "./run bench --smoke"}[args.mode]
+    if args.only:
+        cmd = f"bench/bench.py --mode {args.mode} --only {args.only} --bin-dir target/release"
+
     res = bench.results
     res["meta"] = {
         "mode": args.mode,
@@ -1730,6 +1773,7 @@ def main():
         "client_cpu": args.client_cpu,
         "idle_s": bench.cfg["idle_time"],
         "command": cmd,
+        "only": args.only,
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "
