@@ -14,13 +14,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{pattern, rpc_call, BlkClient, Daemon, Op, OpKind};
+use common::{pattern, rpc_call, BlkClient, ClientOpts, Daemon, Op, OpKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -118,6 +118,10 @@ struct Model {
     /// The hot window's first cluster, and how many batches it has been there.
     window: usize,
     window_batches: u64,
+    /// Every slot's durable generation when this run's writes began, and those writes in
+    /// order: what a snapshot taken during the run may hold.
+    run_base: Vec<u64>,
+    run_writes: Vec<(usize, u64)>,
 }
 
 impl Model {
@@ -129,6 +133,8 @@ impl Model {
             next_generation: 1,
             window: 0,
             window_batches: 0,
+            run_base: Vec::new(),
+            run_writes: Vec::new(),
         }
     }
 
@@ -137,6 +143,7 @@ impl Model {
             self.dirty.push(slot);
         }
         self.maybe[slot].push(generation);
+        self.run_writes.push((slot, generation));
     }
 
     /// A flush submitted after every write in `maybe` completed has completed.
@@ -200,6 +207,75 @@ impl Model {
     }
 }
 
+/// What a snapshot must hold: taken after every generation up to `flushed` was flushed and
+/// before any after `submitted` was sent, it holds per slot the last generation up to `flushed`
+/// (`exact`) or one written between the two (`later`). Once read, `exact` is what was read and
+/// `later` is empty: a snapshot never changes.
+struct SnapshotExpectation {
+    name: String,
+    run: usize,
+    exact: Vec<u64>,
+    later: std::collections::HashMap<usize, Vec<u64>>,
+    checks: usize,
+}
+
+impl SnapshotExpectation {
+    fn new(name: String, run: usize, model: &Model, flushed: u64, submitted: u64) -> SnapshotExpectation {
+        let mut exact = model.run_base.clone();
+        let mut later = std::collections::HashMap::<usize, Vec<u64>>::new();
+        for &(slot, generation) in &model.run_writes {
+            if generation <= flushed {
+                exact[slot] = generation;
+            } else if generation <= submitted {
+                later.entry(slot).or_default().push(generation);
+            }
+        }
+        SnapshotExpectation { name, run, exact, later, checks: 0 }
+    }
+
+    /// Holds the place of one being verified on another thread.
+    fn placeholder() -> SnapshotExpectation {
+        SnapshotExpectation {
+            name: String::new(),
+            run: 0,
+            exact: Vec::new(),
+            later: Default::default(),
+            checks: 0,
+        }
+    }
+
+    fn check(&mut self, when: &str, slot: usize, got: &[u8]) {
+        let want = self.exact[slot];
+        let later = self.later.get(&slot).map(Vec::as_slice).unwrap_or(&[]);
+        let seen = decode(slot, got);
+        match seen {
+            Seen::Generation(g) if g == want || later.contains(&g) => self.exact[slot] = g,
+            _ => panic!(
+                "{when}: snapshot {} (taken in run {}, read {} times before): slot {slot} (offset {:#x}): \
+                 expected generation {want}{} or one of {later:?}, read {seen:?} (first 32 bytes {:02x?})",
+                self.name,
+                self.run,
+                self.checks,
+                slot * SLOT,
+                if self.checks > 0 { " (what it held before)" } else { " (flushed before the snapshot)" },
+                &got[..32],
+            ),
+        }
+    }
+
+    /// Reads the whole snapshot through `sock` and checks it.
+    fn verify(&mut self, when: &str, sock: &Path) {
+        let mut c = BlkClient::connect(sock, ClientOpts { read_only: true, ..ClientOpts::default() })
+            .unwrap_or_else(|e| panic!("{when}: connecting to snapshot {}: {e}", self.name));
+        let all = c.read_all(0, SLOTS * SLOT);
+        for (slot, b) in all.chunks(SLOT).enumerate() {
+            self.check(when, slot, b);
+        }
+        self.later.clear();
+        self.checks += 1;
+    }
+}
+
 /// What one run's writer did.
 #[derive(Default, Debug)]
 struct WriterStats {
@@ -215,6 +291,7 @@ fn writer(
     mut model: Model,
     seed: u64,
     abort: Arc<AtomicBool>,
+    marks: Arc<Watermarks>,
     ready: mpsc::Sender<()>,
 ) -> (Model, WriterStats) {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -236,6 +313,10 @@ fn writer(
     // What was read is on the base now; once flushed it is what must survive the next kill.
     assert_eq!(c.flush(0), 0, "after kill {run}: the flush after the read-back");
     model.flushed();
+    model.run_base = model.durable.clone();
+    model.run_writes.clear();
+    marks.flushed.store(model.next_generation - 1, Ordering::Release);
+    marks.submitted.store(model.next_generation - 1, Ordering::Release);
     ready.send(()).expect("the main thread waits for the writer");
 
     let mut stats = WriterStats::default();
@@ -255,6 +336,7 @@ fn writer(
                 buf: i * SLOT,
             });
         }
+        marks.submitted.store(model.next_generation - 1, Ordering::Release);
         let Some(rets) = c.run_until(&ops, &abort) else { break };
         for (op, r) in ops.iter().zip(&rets) {
             assert_eq!(
@@ -269,6 +351,7 @@ fn writer(
         let Some(rets) = c.run_until(&[flush], &abort) else { break };
         assert_eq!(rets[0], 0, "run {run}, before kill {}: flush failed", run + 1);
         model.flushed();
+        marks.flushed.store(model.next_generation - 1, Ordering::Release);
         stats.batches += 1;
         stats.flushes += 1;
     }
@@ -277,11 +360,20 @@ fn writer(
     (model, stats)
 }
 
+/// The writer's progress, for the snapshot thread: every generation up to `flushed` has been
+/// flushed, none after `submitted` has been sent.
+#[derive(Default)]
+struct Watermarks {
+    flushed: AtomicU64,
+    submitted: AtomicU64,
+}
+
 /// What one run's snapshot thread did.
 #[derive(Default, Debug)]
 struct SnapStats {
-    /// Snapshots whose RPC returned their name: they must exist after the restart.
-    acked: Vec<String>,
+    /// Snapshots whose RPC returned their name, with the writer's `flushed` before the call
+    /// and `submitted` after it: they must exist after the restart.
+    acked: Vec<(String, u64, u64)>,
     /// Snapshots requested when the daemon died: they may or may not exist.
     unknown: Vec<String>,
     skipped_for_space: u64,
@@ -303,6 +395,7 @@ fn snapshotter(
     mut existing: usize,
     seed: u64,
     abort: Arc<AtomicBool>,
+    marks: Arc<Watermarks>,
 ) -> SnapStats {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut stats = SnapStats::default();
@@ -323,10 +416,11 @@ fn snapshotter(
         }
         let name = format!("snap{existing}");
         let params = json!({"lvol_name": alias(), "snapshot_name": name});
+        let flushed = marks.flushed.load(Ordering::Acquire);
         match call_or_killed(&rpc, "bdev_lvol_snapshot", params, &abort, run) {
             Some(v) => {
                 assert!(v.is_string(), "run {run}: bdev_lvol_snapshot returned {v}, not a bdev name");
-                stats.acked.push(name);
+                stats.acked.push((name, flushed, marks.submitted.load(Ordering::Acquire)));
             }
             None => {
                 stats.unknown.push(name);
@@ -353,6 +447,21 @@ fn wait_for_volume(d: &Daemon, run: usize) -> Vec<Value> {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Exports `snap` read-only, reads it whole and checks it, then deletes the controller.
+fn verify_snapshot(d: &Daemon, snap: &mut SnapshotExpectation, when: &str) {
+    const SNAP_CTRLR: &str = "fp-lvkill-snap";
+    let dev = format!("{LVS}/{}", snap.name);
+    d.call("vhost_create_blk_controller", json!({"ctrlr": SNAP_CTRLR, "dev_name": dev, "readonly": true}));
+    let sock = d.dir.path().join(SNAP_CTRLR);
+    let mut e = std::mem::replace(snap, SnapshotExpectation::placeholder());
+    let when = when.to_string();
+    *snap = common::bounded(PHASE_TIMEOUT, "a snapshot's read-back", move || {
+        e.verify(&when, &sock);
+        e
+    });
+    d.call("vhost_delete_controller", json!({"ctrlr": SNAP_CTRLR}));
 }
 
 /// Joins `h`, failing the test if it takes longer than `limit`.
@@ -406,7 +515,7 @@ fn lvol_survives_kill9_loop_under_writes_and_snapshots() {
     assert!(total_clusters > MIN_FREE_CLUSTERS + VOLUME_CLUSTERS, "{total_clusters} data clusters");
 
     let mut model = Model::new();
-    let mut acked_snapshots: Vec<String> = Vec::new();
+    let mut snapshots: Vec<SnapshotExpectation> = Vec::new();
     let mut snapshots_now = 0usize;
     let (mut batches, mut max_free, mut min_free) = (0u64, 0u64, u64::MAX);
     let mut run_ms = Vec::with_capacity(kills);
@@ -417,16 +526,27 @@ fn lvol_survives_kill9_loop_under_writes_and_snapshots() {
         assert_eq!(vol["uuid"], json!(vol_uuid), "after kill {run}: the volume's UUID");
         assert_eq!(vol["alias"], json!(alias()), "after kill {run}: the volume's alias");
         assert_eq!(vol["is_thin_provisioned"], json!(true), "after kill {run}: {vol}");
-        for name in &acked_snapshots {
+        for snap in &snapshots {
             assert!(
-                lvols.iter().any(|l| l["name"] == json!(name) && l["is_snapshot"] == json!(true)),
-                "after kill {run}: snapshot {name} was acknowledged but is missing: {lvols:?}"
+                lvols.iter().any(|l| l["name"] == json!(snap.name) && l["is_snapshot"] == json!(true)),
+                "after kill {run}: snapshot {} (run {}) was acknowledged but is missing: {lvols:?}",
+                snap.name,
+                snap.run
             );
         }
         snapshots_now = lvols.iter().filter(|l| l["is_snapshot"] == json!(true)).count();
         let store = &d.call("bdev_lvol_get_lvstores", json!({"lvs_name": LVS}))[0];
         let free = store["free_clusters"].as_u64().expect("free_clusters");
         (max_free, min_free) = (max_free.max(free), min_free.min(free));
+        // The newest snapshot not read yet, and one at random (read before or not).
+        let mut picks: Vec<usize> = snapshots.iter().rposition(|s| s.checks == 0).into_iter().collect();
+        if !snapshots.is_empty() {
+            picks.push(rng.gen_range(0..snapshots.len()));
+        }
+        picks.dedup();
+        for i in picks {
+            verify_snapshot(&d, &mut snapshots[i], &format!("after kill {run}"));
+        }
 
         d.call(
             "vhost_create_blk_controller",
@@ -435,11 +555,12 @@ fn lvol_survives_kill9_loop_under_writes_and_snapshots() {
         let sock = d.dir.path().join(CTRLR);
         let abort = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel();
+        let marks = Arc::new(Watermarks::default());
         let w = {
-            let (abort, seed) = (abort.clone(), rng.gen());
+            let (abort, seed, marks) = (abort.clone(), rng.gen(), marks.clone());
             std::thread::Builder::new()
                 .name("lvol-writer".into())
-                .spawn(move || writer(run, sock, model, seed, abort, ready_tx))
+                .spawn(move || writer(run, sock, model, seed, abort, marks, ready_tx))
                 .expect("spawning the writer")
         };
         if ready_rx.recv_timeout(PHASE_TIMEOUT).is_err() {
@@ -458,7 +579,7 @@ fn lvol_survives_kill9_loop_under_writes_and_snapshots() {
             let (abort, seed, rpc) = (abort.clone(), rng.gen(), d.rpc.clone());
             std::thread::Builder::new()
                 .name("lvol-snapshots".into())
-                .spawn(move || snapshotter(run, rpc, snapshots_now, seed, abort))
+                .spawn(move || snapshotter(run, rpc, snapshots_now, seed, abort, marks))
                 .expect("spawning the snapshot thread")
         };
         let ms = rng.gen_range(10..=300);
@@ -471,7 +592,9 @@ fn lvol_survives_kill9_loop_under_writes_and_snapshots() {
         model = m;
         batches += ws.batches;
         let ss = join_within(s, PHASE_TIMEOUT, "the snapshot thread after the kill");
-        acked_snapshots.extend(ss.acked);
+        for (name, flushed, submitted) in ss.acked {
+            snapshots.push(SnapshotExpectation::new(name, run, &model, flushed, submitted));
+        }
         d.restart();
     }
 
@@ -484,6 +607,16 @@ fn lvol_survives_kill9_loop_under_writes_and_snapshots() {
         snapshots_now,
         "after the clean restart: {lvols:?}"
     );
+    let unread = snapshots.iter().filter(|s| s.checks == 0).count();
+    let mut final_picks: Vec<usize> =
+        (0..snapshots.len()).filter(|&i| snapshots[i].checks == 0).take(6).collect();
+    final_picks
+        .extend((0..4).map(|_| rng.gen_range(0..snapshots.len().max(1))).filter(|&i| i < snapshots.len()));
+    final_picks.sort_unstable();
+    final_picks.dedup();
+    for &i in &final_picks {
+        verify_snapshot(&d, &mut snapshots[i], "after the final clean restart");
+    }
     d.call("vhost_create_blk_controller", json!({"ctrlr": CTRLR, "dev_name": vol_uuid, "num_queues": 1}));
     let sock = d.dir.path().join(CTRLR);
     let final_model = common::bounded(PHASE_TIMEOUT, "the final read-back", move || {
@@ -498,11 +631,13 @@ fn lvol_survives_kill9_loop_under_writes_and_snapshots() {
     eprintln!(
         "lvol kill -9 loop: {kills} kills in {:?} (runs of {}-{} ms), {batches} flushed batches, \
          {written} of {SLOTS} slots written, {} snapshots acknowledged ({snapshots_now} at the end), \
-         free clusters {min_free}-{max_free} of {total_clusters}",
+         {} snapshot read-backs ({unread} snapshots never read), free clusters {min_free}-{max_free} \
+         of {total_clusters}",
         started.elapsed(),
         run_ms.iter().min().unwrap_or(&0),
         run_ms.iter().max().unwrap_or(&0),
-        acked_snapshots.len(),
+        snapshots.len(),
+        snapshots.iter().map(|s| s.checks).sum::<usize>(),
     );
     assert!(batches > kills as u64, "the writer hardly ran: {batches} batches in {kills} runs");
     assert!(written > SLOTS_PER_CLUSTER * 4, "the writer touched only {written} slots");
