@@ -32,7 +32,7 @@ const VOLUME_MIB: u64 = 32;
 const VOLUME_CLUSTERS: u64 = VOLUME_MIB * MIB / CLUSTER;
 /// The base file: sparse, room for the volume and many snapshots' worth of copies.
 const BASE_BYTES: u64 = 2 << 30;
-/// The writer's unit: each slot holds one generation of one slot at a time.
+/// The writer's unit: a slot holds one whole generation of its own at a time.
 const SLOT: usize = 4096;
 const SLOTS: usize = (VOLUME_MIB * MIB) as usize / SLOT;
 const SLOTS_PER_CLUSTER: usize = CLUSTER as usize / SLOT;
@@ -282,8 +282,8 @@ impl SnapshotExpectation {
 /// What one run's writer did.
 #[derive(Default, Debug)]
 struct WriterStats {
+    /// Batches written and flushed.
     batches: u64,
-    flushes: u64,
 }
 
 /// One run of the writer: connect, check every slot against the model, flush, tell the main
@@ -356,7 +356,6 @@ fn writer(
         model.flushed();
         marks.flushed.store(model.next_generation - 1, Ordering::Release);
         stats.batches += 1;
-        stats.flushes += 1;
     }
     // The daemon is dead or dying: requests may be outstanding, so the client is not used again.
     drop(c);
