@@ -281,7 +281,7 @@ pub unsafe fn iov_total_len(iov: *const libc::iovec, iovcnt: u32) -> u64 {
 /// # Safety
 /// As for [`IoChannel::submit`]: when `req.iovcnt` is non-zero, `req.iov` points to that many
 /// readable iovecs that stay valid and unmodified for `'a`.
-pub(crate) unsafe fn request_iovecs<'a>(req: &IoRequest) -> &'a [libc::iovec] {
+pub unsafe fn request_iovecs<'a>(req: &IoRequest) -> &'a [libc::iovec] {
     if req.iovcnt == 0 || req.iov.is_null() {
         return &[];
     }

@@ -67,11 +67,19 @@ pub struct NewBdev {
     /// The bdevs it builds on and how it claims them; taken with the insertion, released when
     /// it is deleted.
     pub claims: Vec<(String, ClaimType)>,
+    /// Other names it answers to (SPDK's aliases), unique among bdev names and aliases.
+    pub aliases: Vec<String>,
 }
 
 impl NewBdev {
     pub fn new<D: BlockDevice + 'static>(device: Arc<D>) -> NewBdev {
-        NewBdev { bdev: device.clone(), device, claims: Vec::new() }
+        NewBdev { bdev: device.clone(), device, claims: Vec::new(), aliases: Vec::new() }
+    }
+
+    /// The same, also answering to `alias`.
+    pub fn alias(mut self, alias: String) -> NewBdev {
+        self.aliases.push(alias);
+        self
     }
 
     /// The same, claiming `base`.
@@ -98,8 +106,37 @@ pub trait ModuleHost {
     /// claims exclude it. The claim itself is taken by [`ModuleHost::add_bdev`].
     fn claimable(&self, name: &str, claim: ClaimType) -> Result<Bdev, ModuleError>;
 
-    /// Whether a bdev of this name exists.
+    /// Whether a bdev of this name (or alias) exists.
     fn bdev_exists(&self, name: &str) -> bool;
+
+    /// The name of the bdev called `name` (its name, or one of its aliases).
+    fn bdev_name(&self, name: &str) -> Option<String>;
+
+    /// Replaces the aliases of the bdev `name` (a renamed logical volume); refuses an alias that
+    /// another bdev has as name or alias, changing nothing.
+    fn set_aliases(&self, name: &str, aliases: Vec<String>) -> Result<(), ModuleError>;
+
+    /// The bdev `name` with its driver, for a module examining a new bdev; claims nothing.
+    fn bdev(&self, name: &str) -> Option<(Bdev, &'static str)>;
+
+    /// Claims the bdev `name` for a holder that is not a bdev (an lvstore, `holder_kind`
+    /// "lvstore"), now; [`ModuleHost::release_claim`] gives it back.
+    fn claim(
+        &self,
+        name: &str,
+        holder_kind: &'static str,
+        holder: &str,
+        claim: ClaimType,
+    ) -> Result<Bdev, ModuleError>;
+
+    fn release_claim(&self, name: &str, holder_kind: &'static str, holder: &str);
+
+    /// The module's own state (one per registry), made by `init` on first use.
+    fn module_state(
+        &self,
+        module: &'static str,
+        init: &dyn Fn() -> Arc<dyn Any + Send + Sync>,
+    ) -> Arc<dyn Any + Send + Sync>;
 
     /// The block size of the bdev `name`.
     fn block_size(&self, name: &str) -> Result<u32, ModuleError>;
@@ -144,11 +181,30 @@ pub trait BdevModule: Send + Sync {
     /// Its JSON-RPC methods; `bdev_<name>_create` is the one a `[[bdev]]` table calls.
     fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)];
 
+    /// Whether a `[[bdev]]` table of the configuration file may name it: false for a module
+    /// whose bdevs persist on their base and come back by examine (logical volumes), where
+    /// creating them again at each start would fail.
+    fn configurable(&self) -> bool {
+        true
+    }
+
     /// `bdev_get_bdevs`' `driver_specific.<name>` for one of its bdevs; `device` is the one it
     /// gave to [`NewBdev::device`]. By default the device's own detail.
     fn driver_specific(&self, info: &BdevInfo, device: &(dyn Any + Send + Sync)) -> Map<String, Value> {
         let _ = device;
         info.driver_specific.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect()
+    }
+
+    /// A bdev `name` (of module `driver`) was just added: a module that finds its own metadata
+    /// on it takes it (SPDK's examine: an lvstore loads its volumes). Errors are the module's to
+    /// log; the new bdev stays either way.
+    fn examine(&self, host: &dyn ModuleHost, name: &str, driver: &'static str) {
+        let _ = (host, name, driver);
+    }
+
+    /// The daemon is stopping: close what the module holds open.
+    fn shutdown(&self, host: &dyn ModuleHost) {
+        let _ = host;
     }
 }
 

@@ -226,10 +226,20 @@ impl ConfigFile {
             };
             let mut params = table_to_json(table);
             // `type` names a bdev module; its `bdev_<type>_create` takes the rest of the table.
-            let types =
-                || fp_registry::modules::MODULES.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
+            let types = || {
+                fp_registry::modules::MODULES
+                    .iter()
+                    .filter(|m| m.configurable())
+                    .map(|m| m.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             let kind = match params.remove("type") {
-                Some(Value::String(t)) if fp_registry::modules::find(&t).is_some() => t,
+                Some(Value::String(t))
+                    if fp_registry::modules::find(&t).is_some_and(|m| m.configurable()) =>
+                {
+                    t
+                }
                 Some(Value::String(t)) => {
                     return Err(entry("type", format!("'{t}' is not one of {}", types())))
                 }

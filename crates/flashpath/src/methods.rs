@@ -324,16 +324,24 @@ pub fn bdev_uuid(name: &str) -> String {
     )
 }
 
+/// RFC 4122 text: 8-4-4-4-12 hexadecimal digits.
+fn looks_like_uuid(s: &str) -> bool {
+    s.len() == 36
+        && s.char_indices()
+            .all(|(i, c)| if matches!(i, 8 | 13 | 18 | 23) { c == '-' } else { c.is_ascii_hexdigit() })
+}
+
 fn bdev_json(b: &BdevSummary) -> Value {
     let info = &b.info;
     let io = info.io_types;
     let mut v = json!({
         "name": info.name,
-        "aliases": [],
+        "aliases": b.aliases,
         "product_name": info.product_name,
         "block_size": info.block_size,
         "num_blocks": info.num_blocks(),
-        "uuid": bdev_uuid(&info.name),
+        // A bdev named by a UUID (a logical volume) is that UUID.
+        "uuid": if looks_like_uuid(&info.name) { info.name.clone() } else { bdev_uuid(&info.name) },
         "claimed": !b.claims.is_empty(),
         "zoned": false,
         "supported_io_types": {

@@ -5,8 +5,10 @@
 //! ([`format`], documented in docs/lvol-format.md), the in-memory [`Store`] (volumes, cluster
 //! maps, allocation, copy-on-write bookkeeping, free-cluster accounting) and its
 //! `commit`/`load` against a page device ([`MetaDevice`]), plus a crash simulator ([`sim`]).
-//! It knows nothing of reactors, bdevs or RPC.
+//! The bdev module built on it ([`bdev`]: lvstores on base bdevs, volumes as bdevs, SPDK's
+//! `bdev_lvol_*` methods) is the only part that knows of bdevs and RPC.
 
+pub mod bdev;
 pub mod crc;
 mod device;
 pub mod format;
@@ -14,7 +16,7 @@ pub mod sim;
 mod store;
 
 pub use device::{DeviceError, MemDevice, MetaDevice, Page};
-pub use store::{CommitPlan, Store, StoreOptions, Volume, WriteTarget};
+pub use store::{CommitPlan, NewCluster, Store, StoreOptions, Volume, WriteTarget};
 
 /// Size of a metadata page: the unit of every metadata read and write (the atomic write unit
 /// of NVMe drives, and what SPDK's blobstore uses).
@@ -37,6 +39,24 @@ impl Uuid {
 
     pub fn is_nil(&self) -> bool {
         *self == Uuid::NIL
+    }
+
+    /// Parses RFC 4122 text (8-4-4-4-12 hexadecimal digits, either case).
+    pub fn parse(s: &str) -> Option<Uuid> {
+        let b = s.as_bytes();
+        if b.len() != 36 || [8, 13, 18, 23].iter().any(|&i| b[i] != b'-') {
+            return None;
+        }
+        let hex: Vec<u8> = b.iter().copied().filter(|&c| c != b'-').collect();
+        if hex.len() != 32 || !hex.iter().all(u8::is_ascii_hexdigit) {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, pair) in hex.chunks(2).enumerate() {
+            let text = std::str::from_utf8(pair).ok()?;
+            out[i] = u8::from_str_radix(text, 16).ok()?;
+        }
+        Some(Uuid(out))
     }
 }
 
@@ -106,6 +126,16 @@ mod tests {
     fn uuid_display_is_rfc4122_text() {
         let u = Uuid([0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(u.to_string(), "12345678-9abc-def0-0102-030405060708");
+        assert_eq!(Uuid::parse("12345678-9ABC-def0-0102-030405060708"), Some(u));
+        for bad in [
+            "",
+            "12345678-9abc-def0-0102-03040506070",
+            "12345678-9abc-def0-0102+030405060708",
+            "1234567g-9abc-def0-0102-030405060708",
+            "+2345678-9abc-def0-0102-030405060708",
+        ] {
+            assert_eq!(Uuid::parse(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -47,7 +47,7 @@ fn host(e: RegistryError) -> ModuleError {
 impl ModuleHost for Registry {
     fn check_new_bdev(&self, name: &str) -> Result<(), ModuleError> {
         let st = self.lock();
-        if st.bdevs.contains_key(name) {
+        if st.name_taken(name) {
             return Err(host(RegistryError::AlreadyExists { kind: "bdev", name: name.into() }));
         }
         st.room_for_bdev(name, &self.options.limits).map_err(host)
@@ -56,19 +56,20 @@ impl ModuleHost for Registry {
     fn add_bdev(&self, module: &'static str, new: NewBdev) -> Result<String, ModuleError> {
         let name = new.bdev.info().name.clone();
         let mut st = self.lock();
-        if st.bdevs.contains_key(&name) {
-            return Err(host(RegistryError::AlreadyExists { kind: "bdev", name }));
+        for n in std::iter::once(&name).chain(&new.aliases) {
+            if st.name_taken(n) {
+                return Err(host(RegistryError::AlreadyExists { kind: "bdev", name: n.clone() }));
+            }
         }
         st.room_for_bdev(&name, &self.options.limits).map_err(host)?;
         for (base, claim_type) in &new.claims {
             let entry = st
-                .bdevs
-                .get(base)
+                .entry(base)
                 .ok_or_else(|| host(RegistryError::NotFound { kind: "bdev", name: base.clone() }))?;
             entry.check_claim(base, *claim_type).map_err(host)?;
         }
         for (base, claim_type) in &new.claims {
-            if let Some(entry) = st.bdevs.get_mut(base) {
+            if let Some(entry) = st.entry_mut(base) {
                 entry.claims.push(Claim {
                     holder: name.clone(),
                     holder_kind: "bdev",
@@ -77,18 +78,35 @@ impl ModuleHost for Registry {
             }
         }
         log::info!("bdev '{name}' created ({module}, {} bytes)", new.bdev.info().size_bytes());
-        let bases = new.claims.into_iter().map(|(base, _)| base).collect();
+        let bases =
+            new.claims.into_iter().filter_map(|(base, _)| st.canonical(&base).map(String::from)).collect();
         let disk = fp_bdev::Disk::new(new.bdev.clone(), self.options.iostat);
-        let entry = BdevEntry { bdev: new.bdev, disk, module, device: new.device, claims: Vec::new(), bases };
+        for alias in &new.aliases {
+            st.aliases.insert(alias.clone(), name.clone());
+        }
+        let entry = BdevEntry {
+            bdev: new.bdev,
+            disk,
+            module,
+            device: new.device,
+            claims: Vec::new(),
+            bases,
+            aliases: new.aliases,
+        };
         st.bdevs.insert(name.clone(), entry);
+        drop(st);
+        // Outside the lock: a module that finds its metadata on the new bdev adds bdevs of its
+        // own (an lvstore's volumes).
+        for m in modules::MODULES {
+            m.examine(self, &name, module);
+        }
         Ok(name)
     }
 
     fn claimable(&self, name: &str, claim_type: ClaimType) -> Result<Bdev, ModuleError> {
         let st = self.lock();
         let entry = st
-            .bdevs
-            .get(name)
+            .entry(name)
             .ok_or_else(|| host(RegistryError::NotFound { kind: "bdev", name: name.into() }))?;
         entry.check_claim(name, claim_type).map_err(host)?;
         // Through the disk, so the base's statistics count what a stacked bdev sends it.
@@ -96,7 +114,67 @@ impl ModuleHost for Registry {
     }
 
     fn bdev_exists(&self, name: &str) -> bool {
-        self.lock().bdevs.contains_key(name)
+        self.lock().name_taken(name)
+    }
+
+    fn bdev_name(&self, name: &str) -> Option<String> {
+        self.lock().canonical(name).map(String::from)
+    }
+
+    fn set_aliases(&self, name: &str, aliases: Vec<String>) -> Result<(), ModuleError> {
+        let mut st = self.lock();
+        let name = st
+            .canonical(name)
+            .ok_or_else(|| host(RegistryError::NotFound { kind: "bdev", name: name.into() }))?
+            .to_string();
+        for a in &aliases {
+            if st.canonical(a).is_some_and(|owner| owner != name) || *a == name {
+                return Err(host(RegistryError::AlreadyExists { kind: "bdev", name: a.clone() }));
+            }
+        }
+        let entry = st.bdevs.get_mut(&name).expect("canonical names exist");
+        let old = std::mem::replace(&mut entry.aliases, aliases.clone());
+        for a in old {
+            st.aliases.remove(&a);
+        }
+        for a in aliases {
+            st.aliases.insert(a, name.clone());
+        }
+        Ok(())
+    }
+
+    fn bdev(&self, name: &str) -> Option<(Bdev, &'static str)> {
+        let st = self.lock();
+        st.entry(name).map(|e| (Arc::new(e.disk.clone()) as Bdev, e.module))
+    }
+
+    fn claim(
+        &self,
+        name: &str,
+        holder_kind: &'static str,
+        holder: &str,
+        claim_type: ClaimType,
+    ) -> Result<Bdev, ModuleError> {
+        let mut st = self.lock();
+        let entry = st
+            .entry_mut(name)
+            .ok_or_else(|| host(RegistryError::NotFound { kind: "bdev", name: name.into() }))?;
+        entry.check_claim(name, claim_type).map_err(host)?;
+        entry.claims.push(Claim { holder: holder.into(), holder_kind, claim_type });
+        Ok(Arc::new(entry.disk.clone()))
+    }
+
+    fn release_claim(&self, name: &str, holder_kind: &'static str, holder: &str) {
+        self.lock().release(name, holder_kind, holder);
+    }
+
+    fn module_state(
+        &self,
+        module: &'static str,
+        init: &dyn Fn() -> Arc<dyn Any + Send + Sync>,
+    ) -> Arc<dyn Any + Send + Sync> {
+        let mut states = self.module_states.lock().unwrap_or_else(|p| p.into_inner());
+        states.entry(module).or_insert_with(init).clone()
     }
 
     fn module_device(
@@ -106,7 +184,7 @@ impl ModuleHost for Registry {
         kind: &'static str,
     ) -> Result<Arc<dyn Any + Send + Sync>, ModuleError> {
         let st = self.lock();
-        match st.bdevs.get(name) {
+        match st.entry(name) {
             Some(e) if e.module == module => Ok(e.device.clone()),
             _ => Err(host(RegistryError::NotFound { kind, name: name.into() })),
         }
@@ -118,15 +196,14 @@ impl ModuleHost for Registry {
 
     fn block_size(&self, name: &str) -> Result<u32, ModuleError> {
         let st = self.lock();
-        st.bdevs
-            .get(name)
+        st.entry(name)
             .map(|e| e.bdev.info().block_size)
             .ok_or_else(|| host(RegistryError::NotFound { kind: "bdev", name: name.into() }))
     }
 
     fn resize_bdev(&self, name: &str, module: &'static str, num_blocks: u64) -> Result<(), ModuleError> {
         let st = self.lock();
-        let entry = match st.bdevs.get(name) {
+        let entry = match st.entry(name) {
             Some(e) if e.module == module => e,
             _ => return Err(host(RegistryError::NotFound { kind: "bdev", name: name.into() })),
         };
@@ -147,7 +224,7 @@ impl ModuleHost for Registry {
                 continue;
             }
             log::info!("bdev '{bdev}' resized from {was} to {} blocks", info.num_blocks());
-            for export in st.exports.values().filter(|x| x.bdev_name() == bdev) {
+            for export in st.exports.values().filter(|x| st.canonical(x.bdev_name()) == Some(bdev)) {
                 export.resized(info.size_bytes());
             }
             resized.push((e.disk.clone(), info.num_blocks()));

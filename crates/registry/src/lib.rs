@@ -133,6 +133,8 @@ fn check_malloc_size(
 #[derive(Debug, Clone)]
 pub struct BdevSummary {
     pub info: BdevInfo,
+    /// Other names it answers to (a logical volume's `lvs/lvol`).
+    pub aliases: Vec<String>,
     /// Who builds on it (SPDK's `claimed`, `claim_type`): exports and stacked bdevs.
     pub claims: Vec<Claim>,
     /// `driver_specific.<driver>`, as its module reports it.
@@ -182,6 +184,8 @@ struct BdevEntry {
     claims: Vec<Claim>,
     /// The bdevs it claims, released when it is deleted.
     bases: Vec<String>,
+    /// Other names it answers to (SPDK's aliases: a logical volume's `lvs/lvol`).
+    aliases: Vec<String>,
 }
 
 impl BdevEntry {
@@ -199,14 +203,37 @@ impl BdevEntry {
 
 struct State {
     bdevs: BTreeMap<String, BdevEntry>,
+    /// Alias to bdev name.
+    aliases: BTreeMap<String, String>,
     exports: BTreeMap<String, Box<dyn Export>>,
 }
 
 impl State {
-    /// Refuses a new bdev when the registry already holds the most it may.
+    /// The name of the bdev called `name` (its name or one of its aliases).
+    fn canonical<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        if self.bdevs.contains_key(name) {
+            return Some(name);
+        }
+        self.aliases.get(name).map(String::as_str)
+    }
+
+    fn entry(&self, name: &str) -> Option<&BdevEntry> {
+        self.canonical(name).and_then(|n| self.bdevs.get(n))
+    }
+
+    fn entry_mut(&mut self, name: &str) -> Option<&mut BdevEntry> {
+        let n = self.canonical(name)?.to_string();
+        self.bdevs.get_mut(&n)
+    }
+
+    /// Whether `name` is taken, as a bdev's name or an alias.
+    fn name_taken(&self, name: &str) -> bool {
+        self.canonical(name).is_some()
+    }
+
     /// Releases the claim `holder` has on `bdev`.
     fn release(&mut self, bdev: &str, holder_kind: &str, holder: &str) {
-        if let Some(b) = self.bdevs.get_mut(bdev) {
+        if let Some(b) = self.entry_mut(bdev) {
             b.claims.retain(|c| !(c.holder == holder && c.holder_kind == holder_kind));
         }
     }
@@ -262,6 +289,8 @@ pub struct Registry {
     vhost_dir: PathBuf,
     options: RegistryOptions,
     state: Mutex<State>,
+    /// Each module's own state ([`fp_bdev::ModuleHost::module_state`]: the lvstores, ...).
+    module_states: Mutex<BTreeMap<&'static str, Arc<dyn Any + Send + Sync>>>,
 }
 
 impl Registry {
@@ -279,7 +308,12 @@ impl Registry {
             reactors,
             vhost_dir: vhost_dir.to_path_buf(),
             options,
-            state: Mutex::new(State { bdevs: BTreeMap::new(), exports: BTreeMap::new() }),
+            state: Mutex::new(State {
+                bdevs: BTreeMap::new(),
+                aliases: BTreeMap::new(),
+                exports: BTreeMap::new(),
+            }),
+            module_states: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -304,8 +338,11 @@ impl Registry {
     /// a malloc bdev). Refused while it is claimed; releases the bdevs it claims.
     pub fn delete_bdev(&self, name: &str, driver: Option<&str>) -> Result<(), RegistryError> {
         let mut st = self.lock();
-        let entry =
-            st.bdevs.get(name).ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: name.into() })?;
+        let name = &st
+            .canonical(name)
+            .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: name.into() })?
+            .to_string();
+        let entry = &st.bdevs[name];
         if let Some(d) = driver {
             if entry.module != d {
                 return Err(RegistryError::NotFound { kind: "bdev", name: format!("{name}' of type '{d}") });
@@ -315,6 +352,9 @@ impl Registry {
             return Err(RegistryError::InUse { name: name.into(), by });
         }
         if let Some(removed) = st.bdevs.remove(name) {
+            for alias in &removed.aliases {
+                st.aliases.remove(alias);
+            }
             removed.disk.notify(&fp_bdev::DiskEvent::Removed);
             for base in &removed.bases {
                 st.release(base, "bdev", name);
@@ -333,12 +373,11 @@ impl Registry {
                 Some(m) => m.driver_specific(&info, e.device.as_ref()),
                 None => serde_json::Map::new(),
             };
-            BdevSummary { info, claims: e.claims.clone(), driver_specific }
+            BdevSummary { info, aliases: e.aliases.clone(), claims: e.claims.clone(), driver_specific }
         };
         match name {
             Some(n) => st
-                .bdevs
-                .get(n)
+                .entry(n)
                 .map(|e| vec![summary(e)])
                 .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: n.into() }),
             None => Ok(st.bdevs.values().map(summary).collect()),
@@ -352,11 +391,15 @@ impl Registry {
             .collect()
     }
 
-    /// Stops every export (on shutdown). Bdevs are dropped with the registry.
+    /// Stops every export, then lets every module close what it holds open (an lvstore's
+    /// metadata owner commits and stops). Bdevs are dropped with the registry.
     pub fn shutdown(&self) {
         let names: Vec<String> = self.lock().exports.keys().cloned().collect();
         for n in names {
             let _ = self.delete_export(&n, None);
+        }
+        for m in modules::MODULES {
+            m.shutdown(self);
         }
     }
 }

@@ -546,3 +546,210 @@ fn uring_rescan_takes_the_file_size() {
     assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "u"}))[0]["num_blocks"], 3 * 2048);
     assert_param(&f.err("bdev_uring_rescan", json!({"name": "u", "new_size": 1})), "new_size");
 }
+
+// ---- logical volumes (bdev_lvol_*) ----
+
+fn lvstore(f: &Fixture) -> String {
+    f.ok("bdev_malloc_create", json!({"name": "m0", "num_blocks": 32768, "block_size": 512}));
+    f.ok("bdev_lvol_create_lvstore", json!({"bdev_name": "m0", "lvs_name": "lvs", "cluster_sz": 1048576}))
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn lvstore_create_list_and_errors() {
+    let f = fixture();
+    let uuid = lvstore(&f);
+    let stores = f.ok("bdev_lvol_get_lvstores", Value::Null);
+    let s = &stores[0];
+    assert_eq!(
+        (s["uuid"].as_str(), s["name"].as_str(), s["base_bdev"].as_str()),
+        (Some(&*uuid), Some("lvs"), Some("m0"))
+    );
+    assert_eq!((s["cluster_size"].as_u64(), s["block_size"].as_u64()), (Some(1 << 20), Some(512)));
+    let total = s["total_data_clusters"].as_u64().unwrap();
+    assert!(total > 10 && total < 16, "{s}");
+    assert_eq!(s["free_clusters"], s["total_data_clusters"]);
+    assert_eq!(f.ok("bdev_lvol_get_lvstores", json!({"uuid": uuid}))[0]["name"], "lvs");
+    // The base is the store's now.
+    let b = &f.ok("bdev_get_bdevs", json!({"name": "m0"}))[0];
+    assert_eq!((b["claimed"].as_bool(), b["claim_type"].as_str()), (Some(true), Some("exclusive_write")));
+    assert!(f.methods.call("bdev_malloc_delete", Some(json!({"name": "m0"}))).is_err(), "the base is in use");
+    f.null("n0");
+    assert_param(
+        &f.err("bdev_lvol_create_lvstore", json!({"bdev_name": "n0", "lvs_name": "x"})),
+        "bdev_name",
+    );
+    assert_param(
+        &f.err("bdev_lvol_create_lvstore", json!({"bdev_name": "nope", "lvs_name": "x"})),
+        "bdev_name",
+    );
+    f.ok("bdev_malloc_create", json!({"name": "m1", "num_blocks": 32768, "block_size": 512}));
+    assert_param(
+        &f.err("bdev_lvol_create_lvstore", json!({"bdev_name": "m1", "lvs_name": "lvs"})),
+        "lvs_name",
+    );
+    assert_param(
+        &f.err("bdev_lvol_create_lvstore", json!({"bdev_name": "m1", "lvs_name": "a/b"})),
+        "lvs_name",
+    );
+    for bad in [3000, 1 << 31] {
+        assert_param(
+            &f.err(
+                "bdev_lvol_create_lvstore",
+                json!({"bdev_name": "m1", "lvs_name": "y", "cluster_sz": bad}),
+            ),
+            "cluster_sz",
+        );
+    }
+    assert_param(
+        &f.err(
+            "bdev_lvol_create_lvstore",
+            json!({"bdev_name": "m1", "lvs_name": "y", "clear_method": "shred"}),
+        ),
+        "clear_method",
+    );
+    assert_param(&f.err("bdev_lvol_get_lvstores", json!({"uuid": "not-a-uuid"})), "uuid");
+    assert_param(&f.err("bdev_lvol_get_lvstores", json!({"uuid": uuid, "lvs_name": "lvs"})), "lvs_name");
+    // m1 is untouched by the refusals: still unclaimed.
+    assert!(f.ok("bdev_get_bdevs", json!({"name": "m1"}))[0]["claimed"] == false);
+    // Sizes are whole clusters (4 MiB by default).
+    f.ok("bdev_lvol_create_lvstore", json!({"bdev_name": "m1", "lvs_name": "big"}));
+    assert_param(
+        &f.err("bdev_lvol_create", json!({"lvs_name": "big", "lvol_name": "w", "size_in_mib": 3})),
+        "size_in_mib",
+    );
+    assert_param(
+        &f.err("bdev_lvol_create", json!({"lvs_name": "big", "lvol_name": "w", "size_in_mib": 0})),
+        "size_in_mib",
+    );
+}
+
+#[test]
+fn volumes_snapshots_clones_by_rpc() {
+    let f = fixture();
+    let lvs_uuid = lvstore(&f);
+    let v = f.ok(
+        "bdev_lvol_create",
+        json!({"lvs_name": "lvs", "lvol_name": "v", "size_in_mib": 4, "thin_provision": true}),
+    );
+    let v = v.as_str().unwrap().to_string();
+    // Named by UUID, aliased lvs/v; either finds it.
+    let b = &f.ok("bdev_get_bdevs", json!({"name": "lvs/v"}))[0];
+    assert_eq!(
+        (b["name"].as_str(), b["uuid"].as_str(), b["aliases"][0].as_str()),
+        (Some(&*v), Some(&*v), Some("lvs/v"))
+    );
+    assert_eq!(
+        (b["driver_specific"]["lvol"]["lvol_store_uuid"].as_str(), b["num_blocks"].as_u64()),
+        (Some(&*lvs_uuid), Some(8192))
+    );
+    let snap = f
+        .ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/v", "snapshot_name": "s"}))
+        .as_str()
+        .unwrap()
+        .to_string();
+    let clone = f
+        .ok("bdev_lvol_clone", json!({"snapshot_name": "lvs/s", "clone_name": "c"}))
+        .as_str()
+        .unwrap()
+        .to_string();
+    let lvols = f.ok("bdev_lvol_get_lvols", json!({"lvs_name": "lvs"}));
+    let find = |u: &str| lvols.as_array().unwrap().iter().find(|l| l["uuid"] == u).unwrap().clone();
+    let (lv, ls, lc) = (find(&v), find(&snap), find(&clone));
+    assert_eq!(
+        (lv["alias"].as_str(), lv["is_clone"].as_bool(), lv["is_snapshot"].as_bool()),
+        (Some("lvs/v"), Some(true), Some(false))
+    );
+    assert_eq!((ls["is_snapshot"].as_bool(), ls["name"].as_str()), (Some(true), Some("s")));
+    assert_eq!(
+        (lc["is_clone"].as_bool(), lc["is_thin_provisioned"].as_bool(), lc["lvs"]["uuid"].as_str()),
+        (Some(true), Some(true), Some(&*lvs_uuid))
+    );
+    // Bad input, each naming its field and changing nothing.
+    assert_param(
+        &f.err("bdev_lvol_snapshot", json!({"lvol_name": "lvs/s", "snapshot_name": "s2"})),
+        "lvol_name",
+    );
+    assert_param(
+        &f.err("bdev_lvol_snapshot", json!({"lvol_name": "lvs/v", "snapshot_name": "c"})),
+        "snapshot_name",
+    );
+    assert_param(&f.err("bdev_lvol_resize", json!({"name": "lvs/s", "size_in_mib": 8})), "name");
+    assert_param(&f.err("bdev_lvol_delete", json!({"name": "lvs/s"})), "name");
+    assert_param(
+        &f.err("bdev_lvol_clone", json!({"snapshot_name": "lvs/v", "clone_name": "c2"})),
+        "snapshot_name",
+    );
+    assert_param(
+        &f.err("bdev_lvol_create", json!({"lvs_name": "lvs", "lvol_name": "w", "size_in_mib": 4096})),
+        "size_in_mib",
+    );
+    assert_param(
+        &f.err("bdev_lvol_create", json!({"lvs_name": "lvs", "lvol_name": "w", "size_in_mib": 16})),
+        "size_in_mib",
+    );
+    assert_param(
+        &f.err("bdev_lvol_create", json!({"lvs_name": "lvs", "lvol_name": "v", "size_in_mib": 1})),
+        "lvol_name",
+    );
+    assert_param(&f.err("bdev_lvol_create", json!({"lvol_name": "w", "size_in_mib": 1})), "lvs_name");
+    assert_param(
+        &f.err(
+            "bdev_lvol_create",
+            json!({"uuid": "00000000-0000-0000-0000-000000000000", "lvol_name": "w", "size_in_mib": 1}),
+        ),
+        "uuid",
+    );
+    assert_param(&f.err("bdev_lvol_delete", json!({"name": "lvs/nope"})), "name");
+    assert_eq!(f.ok("bdev_lvol_get_lvols", Value::Null).as_array().unwrap().len(), 3);
+    // Resize, rename, read-only, delete.
+    f.ok("bdev_lvol_resize", json!({"name": v, "size_in_mib": 8}));
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "lvs/v"}))[0]["num_blocks"], 16384);
+    f.ok("bdev_lvol_rename", json!({"old_name": "lvs/v", "new_name": "v2"}));
+    assert!(f.methods.call("bdev_get_bdevs", Some(json!({"name": "lvs/v"}))).is_err());
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "lvs/v2"}))[0]["name"], v.as_str());
+    f.ok("bdev_lvol_rename_lvstore", json!({"old_name": "lvs", "new_name": "pool"}));
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "pool/c"}))[0]["name"], clone.as_str());
+    f.ok("bdev_lvol_set_read_only", json!({"name": "pool/c"}));
+    f.ok("bdev_lvol_delete", json!({"name": "pool/c"}));
+    f.ok("bdev_lvol_delete", json!({"name": "pool/v2"}));
+    f.ok("bdev_lvol_delete", json!({"name": "pool/s"}));
+    let s = &f.ok("bdev_lvol_get_lvstores", json!({"lvs_name": "pool"}))[0];
+    assert_eq!(s["free_clusters"], s["total_data_clusters"], "every cluster is free again");
+    // The base grows; the store takes the new room when asked.
+    f.ok("bdev_malloc_resize", json!({"name": "m0", "new_size": 32}));
+    f.ok("bdev_lvol_grow_lvstore", json!({"lvs_name": "pool"}));
+    let grown = &f.ok("bdev_lvol_get_lvstores", json!({"lvs_name": "pool"}))[0];
+    assert_eq!(grown["total_data_clusters"].as_u64(), Some(s["total_data_clusters"].as_u64().unwrap() + 16));
+    assert_param(&f.err("bdev_lvol_grow_lvstore", json!({"lvs_name": "nope"})), "lvs_name");
+    f.ok("bdev_lvol_delete_lvstore", json!({"lvs_name": "pool"}));
+    assert_eq!(f.ok("bdev_lvol_get_lvstores", Value::Null), json!([]));
+    f.ok("bdev_malloc_delete", json!({"name": "m0"}));
+}
+
+#[test]
+fn an_lvstore_loads_when_its_base_bdev_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk");
+    std::fs::File::create(&file).unwrap().set_len(32 << 20).unwrap();
+    let v;
+    {
+        let f = fixture();
+        f.ok("bdev_uring_create", json!({"name": "u0", "filename": file, "block_size": 4096}));
+        f.ok("bdev_lvol_create_lvstore", json!({"bdev_name": "u0", "lvs_name": "lvs"}));
+        v = f.ok(
+            "bdev_lvol_create",
+            json!({"lvs_name": "lvs", "lvol_name": "v", "size_in_mib": 8, "thin_provision": true}),
+        );
+        f.ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/v", "snapshot_name": "s"}));
+    }
+    let f = fixture();
+    f.ok("bdev_uring_create", json!({"name": "again", "filename": file, "block_size": 4096}));
+    let b = &f.ok("bdev_get_bdevs", json!({"name": "lvs/v"}))[0];
+    assert_eq!(b["name"], v);
+    let stores = f.ok("bdev_lvol_get_lvstores", Value::Null);
+    assert_eq!((stores[0]["name"].as_str(), stores[0]["base_bdev"].as_str()), (Some("lvs"), Some("again")));
+    assert_eq!(f.ok("bdev_lvol_get_lvols", Value::Null).as_array().unwrap().len(), 2);
+}

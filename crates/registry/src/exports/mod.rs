@@ -69,8 +69,7 @@ impl Registry {
             return Err(RegistryError::LimitReached { kind: label, name: name.into(), limit: max, setting });
         }
         let entry = st
-            .bdevs
-            .get_mut(bdev_name)
+            .entry_mut(bdev_name)
             .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: bdev_name.into() })?;
         entry.check_claim(bdev_name, claim_type)?;
         // The export opens its channels through the bdev's disk (statistics, histograms).

@@ -1,0 +1,335 @@
+//! A volume's I/O channel: the data path.
+//!
+//! A request is cut at cluster boundaries into pieces. A read piece goes to the base at the
+//! cluster the published [`View`] resolves (its own, else an ancestor's), or reads zeroes. A
+//! write piece to a cluster the volume owns goes straight to the base; one to a cluster it does
+//! not own yet goes to the store's metadata owner, which allocates it (copying the parent's data
+//! or zeroing it), commits the metadata durably, and answers with the cluster; the piece then
+//! goes to the base. Discards and write-zeroes go to the owner (they may free clusters).
+//!
+//! Hot path: one lookup in the cached view (a pointer compare when nothing changed), one
+//! atomic load per cluster, no lock, no allocation once the slots have grown to the peak depth.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, Cache};
+use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+
+use super::owner::{Msg, ZeroPiece};
+use super::shared::{ChannelShared, Piece, Reply, View, VolumeShared};
+use super::Geometry;
+use crate::{Uuid, UNALLOCATED};
+
+struct Slot {
+    /// The caller's tag.
+    tag: u32,
+    /// Pieces not completed, plus one while the request is being cut.
+    pending: u32,
+    status: IoStatus,
+    /// Counted in [`ChannelShared::writes`].
+    write: bool,
+    /// The pieces' iovecs when the request spans clusters (reused; grows to the peak).
+    iovs: Vec<libc::iovec>,
+}
+
+/// Request slots, indexed by the tag the base sees.
+struct Slots {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    in_use: usize,
+    done: Vec<(u32, IoStatus)>,
+}
+
+impl Slots {
+    fn take(&mut self, tag: u32, write: bool) -> u32 {
+        self.in_use += 1;
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot {
+                    tag: 0,
+                    pending: 0,
+                    status: IoStatus::Success,
+                    write: false,
+                    iovs: Vec::new(),
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let s = &mut self.slots[i as usize];
+        s.tag = tag;
+        s.pending = 1;
+        s.status = IoStatus::Success;
+        s.write = write;
+        i
+    }
+
+    fn add_piece(&mut self, slot: u32) {
+        self.slots[slot as usize].pending += 1;
+    }
+
+    /// One piece (or the cutting guard) of `slot` ended with `status`.
+    fn piece_done(&mut self, slot: u32, status: IoStatus, me: &ChannelShared) {
+        let s = &mut self.slots[slot as usize];
+        if s.status == IoStatus::Success {
+            s.status = status;
+        }
+        s.pending -= 1;
+        if s.pending == 0 {
+            self.done.push((s.tag, s.status));
+            if s.write {
+                me.writes.fetch_sub(1, Ordering::SeqCst);
+            }
+            self.free.push(slot);
+            self.in_use -= 1;
+        }
+    }
+}
+
+pub(crate) struct LvolChannel {
+    vol: Arc<VolumeShared>,
+    view: Cache<Arc<ArcSwap<View>>, Arc<View>>,
+    me: Arc<ChannelShared>,
+    base: Box<dyn IoChannel>,
+    geo: Geometry,
+    info: BdevInfo,
+    uuid: Uuid,
+    owner: Sender<Msg>,
+    slots: Slots,
+    /// Writes submitted while the volume was frozen, in order.
+    held: VecDeque<IoRequest>,
+    /// Pieces the base refused as busy, for the next poll.
+    retry: VecDeque<IoRequest>,
+}
+
+impl LvolChannel {
+    pub(crate) fn new(
+        vol: Arc<VolumeShared>,
+        base: Box<dyn IoChannel>,
+        geo: Geometry,
+        info: BdevInfo,
+        uuid: Uuid,
+        owner: Sender<Msg>,
+    ) -> LvolChannel {
+        let me = Arc::new(ChannelShared { writes: Default::default(), replies: Default::default() });
+        vol.channels.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&me));
+        LvolChannel {
+            view: Cache::new(vol.view.clone()),
+            vol,
+            me,
+            base,
+            geo,
+            info,
+            uuid,
+            owner,
+            slots: Slots { slots: Vec::new(), free: Vec::new(), in_use: 0, done: Vec::with_capacity(256) },
+            held: VecDeque::new(),
+            retry: VecDeque::new(),
+        }
+    }
+
+    /// Sends a piece to the base at byte `offset` of the base.
+    fn send_base(&mut self, mut r: IoRequest, offset: u64) {
+        r.offset = offset;
+        // SAFETY: the iovecs are the caller's (valid until its completion, which comes after
+        // this piece's) or a slot's, which stay put until the slot is freed.
+        match unsafe { self.base.submit(&r) } {
+            Ok(()) => {}
+            Err(SubmitError::Busy) => self.retry.push_back(r),
+            Err(SubmitError::Unsupported) => self.slots.piece_done(r.tag, IoStatus::Unsupported, &self.me),
+            Err(SubmitError::OutOfRange) => {
+                self.slots.piece_done(r.tag, IoStatus::Error(libc::EIO), &self.me)
+            }
+        }
+    }
+
+    fn send_owner(&mut self, msg: Msg, slot: u32) {
+        if self.owner.send(msg).is_err() {
+            // The store is closed: its volumes fail.
+            self.slots.piece_done(slot, IoStatus::Error(libc::EIO), &self.me);
+        }
+    }
+
+    /// Cuts `req` (already counted and checked) into pieces and sends each on its way.
+    fn start(&mut self, req: &IoRequest, slot: u32) {
+        let shift = self.geo.cluster_shift;
+        let mask = (1u64 << shift) - 1;
+        // Not cloned: an Arc clone per request would bounce the view's reference count between
+        // every core using the volume. The cache keeps this Arc alive until its next `load`,
+        // which only this function calls.
+        let view: *const View = Arc::as_ptr(self.view.load());
+        // SAFETY: see above; `view` is not used after this call returns.
+        let view = unsafe { &*view };
+        if req.op == IoOp::Flush {
+            self.slots.add_piece(slot);
+            let r = IoRequest { tag: slot, ..*req };
+            self.send_base(r, 0);
+            self.slots.piece_done(slot, IoStatus::Success, &self.me);
+            return;
+        }
+        let first = req.offset >> shift;
+        let last = (req.offset + req.len - 1) >> shift;
+        let data = matches!(req.op, IoOp::Read | IoOp::Write);
+        if data && first != last {
+            // SAFETY: IoChannel::submit's contract: `iovcnt` valid iovecs.
+            let src = unsafe { fp_bdev::request_iovecs(req) };
+            let iovs = &mut self.slots.slots[slot as usize].iovs;
+            iovs.clear();
+            iovs.reserve(src.len() + (last - first + 1) as usize);
+        }
+        let mut at = req.offset;
+        let end = req.offset + req.len;
+        while at < end {
+            let index = at >> shift;
+            let within = at & mask;
+            let len = ((index + 1) << shift).min(end) - at;
+            let mut piece = IoRequest { tag: slot, offset: within, len, ..*req };
+            if data && first != last {
+                // SAFETY: as above; the slot's vector was reserved for every piece, so the
+                // pointers of earlier pieces stay valid while later ones are pushed.
+                let src = unsafe { fp_bdev::request_iovecs(req) };
+                let iovs = &mut self.slots.slots[slot as usize].iovs;
+                let start = iovs.len();
+                push_sub_iovecs(src, at - req.offset, len, iovs);
+                // SAFETY: `start` is within the vector (or its end, for an empty piece).
+                piece.iov = unsafe { iovs.as_ptr().add(start) };
+                piece.iovcnt = (iovs.len() - start) as u32;
+            }
+            match req.op {
+                IoOp::Read => match view.resolve(index) {
+                    Some(c) => {
+                        self.slots.add_piece(slot);
+                        self.send_base(piece, self.geo.phys(c) + within);
+                    }
+                    None => zero_fill(&piece),
+                },
+                IoOp::Write => {
+                    self.slots.add_piece(slot);
+                    let c = view.own(index);
+                    if c != UNALLOCATED {
+                        self.send_base(piece, self.geo.phys(c) + within);
+                    } else {
+                        let msg = Msg::Write {
+                            vol: self.uuid,
+                            piece: Piece { slot, req: piece, index },
+                            chan: self.me.clone(),
+                        };
+                        self.send_owner(msg, slot);
+                    }
+                }
+                IoOp::Discard | IoOp::WriteZeroes => {
+                    self.slots.add_piece(slot);
+                    let discard = req.op == IoOp::Discard;
+                    let piece = ZeroPiece { slot, index, within, len, discard, chan: self.me.clone() };
+                    let msg = Msg::Zero { vol: self.uuid, piece };
+                    self.send_owner(msg, slot);
+                }
+                IoOp::Flush => unreachable!("handled above"),
+            }
+            at += len;
+        }
+        self.slots.piece_done(slot, IoStatus::Success, &self.me);
+    }
+
+    fn submit_checked(&mut self, req: &IoRequest) {
+        let mutates = req.op != IoOp::Read && req.op != IoOp::Flush;
+        if mutates && self.vol.read_only.load(Ordering::Relaxed) {
+            self.slots.done.push((req.tag, IoStatus::Error(libc::EROFS)));
+            return;
+        }
+        // Only writes take part in the quiesce: discards and write-zeroes are carried out by the
+        // owner itself, which serialises them with the changes a quiesce protects.
+        let write = req.op == IoOp::Write;
+        if write {
+            // The quiesce handshake (see `shared`): count, then look.
+            self.me.writes.fetch_add(1, Ordering::SeqCst);
+            if self.vol.frozen.load(Ordering::SeqCst) {
+                self.me.writes.fetch_sub(1, Ordering::SeqCst);
+                self.held.push_back(*req);
+                return;
+            }
+        }
+        let slot = self.slots.take(req.tag, write);
+        self.start(req, slot);
+    }
+}
+
+/// Appends the iovecs covering bytes `[skip, skip + len)` of `src` to `out`.
+fn push_sub_iovecs(src: &[libc::iovec], mut skip: u64, mut len: u64, out: &mut Vec<libc::iovec>) {
+    for v in src {
+        if len == 0 {
+            break;
+        }
+        let vlen = v.iov_len as u64;
+        if skip >= vlen {
+            skip -= vlen;
+            continue;
+        }
+        let take = (vlen - skip).min(len);
+        // SAFETY: `skip < vlen`, so the pointer stays inside the caller's buffer.
+        let base = unsafe { (v.iov_base as *mut u8).add(skip as usize) };
+        out.push(libc::iovec { iov_base: base.cast(), iov_len: take as usize });
+        len -= take;
+        skip = 0;
+    }
+}
+
+/// A read of clusters nobody mapped: zeroes.
+fn zero_fill(piece: &IoRequest) {
+    // SAFETY: IoChannel::submit's contract: writable buffers of the given lengths.
+    for v in unsafe { fp_bdev::request_iovecs(piece) } {
+        // SAFETY: as above.
+        unsafe { std::ptr::write_bytes(v.iov_base as *mut u8, 0, v.iov_len) };
+    }
+}
+
+impl IoChannel for LvolChannel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        if req.op != IoOp::Flush {
+            self.info.check_range(req.offset, req.len)?;
+            if req.len == 0 {
+                self.slots.done.push((req.tag, IoStatus::Success));
+                return Ok(());
+            }
+        }
+        self.submit_checked(req);
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        while let Some(reply) = self.me.replies.pop() {
+            match reply {
+                Reply::Mapped { piece, cluster } => {
+                    let offset = self.geo.phys(cluster) + piece.req.offset;
+                    self.send_base(piece.req, offset);
+                }
+                Reply::Done { slot, status } => self.slots.piece_done(slot, status, &self.me),
+            }
+        }
+        if !self.held.is_empty() && !self.vol.frozen.load(Ordering::SeqCst) {
+            for _ in 0..self.held.len() {
+                let Some(req) = self.held.pop_front() else { break };
+                self.submit_checked(&req);
+            }
+        }
+        for _ in 0..self.retry.len() {
+            let Some(r) = self.retry.pop_front() else { break };
+            let offset = r.offset;
+            self.send_base(r, offset);
+        }
+        let (slots, me) = (&mut self.slots, &self.me);
+        self.base.poll(&mut |slot, status| slots.piece_done(slot, status, me));
+        let n = self.slots.done.len();
+        for (tag, status) in self.slots.done.drain(..) {
+            done(tag, status);
+        }
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.slots.in_use + self.held.len() + self.slots.done.len()
+    }
+}

@@ -1,0 +1,488 @@
+//! The lvol bdev module: logical volume stores on any bdev, each volume a bdev.
+//!
+//! An [`LvStore`] is a [`Store`] on a base bdev, run by its metadata owner thread
+//! ([`owner`]); an [`LvolDevice`] is a volume as a block device, whose channels
+//! ([`channel`]) read the published cluster maps without locks and send the owner only
+//! what changes metadata. The RPCs (SPDK's `bdev_lvol_*`) are in `rpc`; the on-disk format
+//! and the crash model are in docs/lvol-format.md.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+
+use fp_bdev::{Bdev, BdevError, BdevInfo, BlockDevice, Capacity, IoChannel};
+
+mod channel;
+mod owner;
+mod rpc;
+mod shared;
+
+pub use rpc::LvolModule;
+
+use owner::{Msg, Owner};
+use shared::VolumeShared;
+
+use crate::{LvolError, Store, StoreOptions, Uuid, PAGE_SIZE};
+
+/// Where clusters are on the base.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    pub(crate) cluster_shift: u32,
+    /// Byte offset of cluster 0.
+    pub(crate) data_offset: u64,
+    pub(crate) block_size: u32,
+}
+
+impl Geometry {
+    fn of(store: &Store) -> Geometry {
+        Geometry {
+            cluster_shift: store.cluster_size().trailing_zeros(),
+            data_offset: store.cluster_offset(0),
+            block_size: store.block_size(),
+        }
+    }
+
+    pub(crate) fn cluster_size(&self) -> u64 {
+        1 << self.cluster_shift
+    }
+
+    /// Byte offset of cluster `c` on the base.
+    #[inline]
+    pub(crate) fn phys(&self, c: u32) -> u64 {
+        self.data_offset + (u64::from(c) << self.cluster_shift)
+    }
+}
+
+/// A fresh random (version 4) UUID.
+pub fn new_uuid() -> Uuid {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    Uuid(b)
+}
+
+/// Runs `f` on the owner and waits for its result.
+fn call<R: Send + 'static>(
+    tx: &Sender<Msg>,
+    f: impl FnOnce(&mut Owner) -> Result<R, LvolError> + Send + 'static,
+) -> Result<R, LvolError> {
+    let (rtx, rrx) = std::sync::mpsc::sync_channel(1);
+    let msg = Msg::Call(Box::new(move |o: &mut Owner| {
+        let _ = rtx.send(f(o));
+    }));
+    let closed = || LvolError::State { field: "lvs", reason: "the lvstore is closed".into() };
+    tx.send(msg).map_err(|_| closed())?;
+    rrx.recv().map_err(|_| closed())?
+}
+
+/// A store as `bdev_lvol_get_lvstores` reports it.
+#[derive(Debug, Clone)]
+pub struct StoreInfo {
+    pub uuid: Uuid,
+    pub name: String,
+    pub base_bdev: String,
+    pub total_data_clusters: u64,
+    pub free_clusters: u64,
+    pub cluster_size: u64,
+    pub block_size: u32,
+}
+
+/// A volume as `bdev_lvol_get_lvols` reports it.
+#[derive(Debug, Clone)]
+pub struct VolumeInfo {
+    pub uuid: Uuid,
+    pub name: String,
+    pub size_bytes: u64,
+    pub thin: bool,
+    pub snapshot: bool,
+    pub read_only: bool,
+    pub parent: Option<Uuid>,
+    pub clones: Vec<Uuid>,
+    pub allocated_clusters: u64,
+}
+
+/// An open lvstore: its owner thread and its volumes' devices.
+pub struct LvStore {
+    uuid: Uuid,
+    name: Mutex<String>,
+    base_name: String,
+    base: Bdev,
+    geo: Geometry,
+    tx: Sender<Msg>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    devices: Mutex<BTreeMap<Uuid, Arc<LvolDevice>>>,
+}
+
+impl LvStore {
+    /// Creates a store on `base` (anything there is lost).
+    pub fn create(base: Bdev, base_name: &str, opts: &StoreOptions) -> Result<Arc<LvStore>, LvolError> {
+        let opts = opts.clone();
+        let name = opts.name.clone();
+        LvStore::start(base, base_name, &name, move |io| Store::create(io, &opts))
+    }
+
+    /// Loads the store on `base`; `None` when it holds none.
+    pub fn load(base: Bdev, base_name: &str) -> Result<Option<Arc<LvStore>>, LvolError> {
+        match LvStore::start(base, base_name, base_name, Store::load) {
+            Ok(s) => Ok(Some(s)),
+            Err(LvolError::NotAStore(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn start(
+        base: Bdev,
+        base_name: &str,
+        thread_name: &str,
+        open: impl FnOnce(&mut owner::BaseIo) -> Result<Store, LvolError> + Send + 'static,
+    ) -> Result<Arc<LvStore>, LvolError> {
+        let block_size = base.info().block_size;
+        if block_size as usize > PAGE_SIZE {
+            return Err(LvolError::Invalid {
+                field: "bdev_name",
+                reason: format!("block size {block_size} is larger than a metadata page"),
+            });
+        }
+        let (tx, thread, start) = owner::spawn(thread_name.to_string(), base.clone(), open)?;
+        let lvs = Arc::new(LvStore {
+            uuid: start.uuid,
+            name: Mutex::new(String::new()),
+            base_name: base_name.to_string(),
+            base,
+            geo: start.geo,
+            tx,
+            thread: Mutex::new(Some(thread)),
+            devices: Mutex::new(BTreeMap::new()),
+        });
+        let name = call(&lvs.tx, |o| Ok(o.store.name().to_string()))?;
+        *lvs.name.lock().unwrap_or_else(|p| p.into_inner()) = name;
+        for (uuid, shared, size) in start.volumes {
+            lvs.add_device(uuid, shared, size);
+        }
+        Ok(lvs)
+    }
+
+    fn add_device(&self, uuid: Uuid, shared: Arc<VolumeShared>, size_bytes: u64) -> Arc<LvolDevice> {
+        let bs = self.geo.block_size;
+        let dev = Arc::new(LvolDevice {
+            info: BdevInfo {
+                name: uuid.to_string(),
+                product_name: "Logical Volume".into(),
+                block_size: bs,
+                capacity: Capacity::new(size_bytes / u64::from(bs)),
+                io_types: self.base.info().io_types,
+                driver: "lvol",
+                driver_specific: None,
+            },
+            uuid,
+            lvs: self.uuid,
+            shared,
+            base: self.base.clone(),
+            geo: self.geo,
+            tx: self.tx.clone(),
+        });
+        self.devices.lock().unwrap_or_else(|p| p.into_inner()).insert(uuid, dev.clone());
+        dev
+    }
+
+    pub fn uuid(&self) -> Uuid {
+        self.uuid
+    }
+
+    pub fn name(&self) -> String {
+        self.name.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn base_name(&self) -> &str {
+        &self.base_name
+    }
+
+    pub fn cluster_size(&self) -> u64 {
+        self.geo.cluster_size()
+    }
+
+    /// Every volume's device, in UUID order.
+    pub fn devices(&self) -> Vec<Arc<LvolDevice>> {
+        self.devices.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+
+    pub fn device(&self, uuid: &Uuid) -> Option<Arc<LvolDevice>> {
+        self.devices.lock().unwrap_or_else(|p| p.into_inner()).get(uuid).cloned()
+    }
+
+    pub fn info(&self) -> Result<StoreInfo, LvolError> {
+        let base_bdev = self.base_name.clone();
+        call(&self.tx, move |o| {
+            let s = &o.store;
+            Ok(StoreInfo {
+                uuid: s.uuid(),
+                name: s.name().to_string(),
+                base_bdev,
+                total_data_clusters: s.total_clusters(),
+                free_clusters: s.free_clusters(),
+                cluster_size: s.cluster_size(),
+                block_size: s.block_size(),
+            })
+        })
+    }
+
+    pub fn volumes(&self) -> Result<Vec<VolumeInfo>, LvolError> {
+        call(&self.tx, |o| {
+            let cs = o.store.cluster_size();
+            let all = o.store.volumes();
+            Ok(all
+                .iter()
+                .map(|v| VolumeInfo {
+                    uuid: v.uuid,
+                    name: v.name.clone(),
+                    size_bytes: v.size_clusters() * cs,
+                    thin: v.thin,
+                    snapshot: v.snapshot,
+                    read_only: v.read_only,
+                    parent: v.parent,
+                    clones: all.iter().filter(|c| c.parent == Some(v.uuid)).map(|c| c.uuid).collect(),
+                    allocated_clusters: v.allocated_clusters(),
+                })
+                .collect())
+        })
+    }
+
+    /// The UUID of the volume named `name` in this store.
+    pub fn volume_by_name(&self, name: &str) -> Result<Option<Uuid>, LvolError> {
+        let name = name.to_string();
+        call(&self.tx, move |o| Ok(o.store.volume_by_name(&name).map(|v| v.uuid)))
+    }
+
+    pub fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        thin: bool,
+    ) -> Result<Arc<LvolDevice>, LvolError> {
+        let uuid = new_uuid();
+        let name = name.to_string();
+        let shared = call(&self.tx, move |o| {
+            o.check_usable()?;
+            o.store.create_volume(uuid, &name, size_bytes, thin)?;
+            o.commit()?;
+            o.publish_tree(&uuid);
+            Ok(o.vols[&uuid].clone())
+        })?;
+        Ok(self.add_device(uuid, shared, size_bytes))
+    }
+
+    /// Takes a snapshot of a volume while its channels run: its writes are held (not failed)
+    /// from before the snapshot until the new maps are published.
+    pub fn snapshot(&self, volume: &Uuid, snapshot_name: &str) -> Result<Arc<LvolDevice>, LvolError> {
+        let (vol, snap, name) = (*volume, new_uuid(), snapshot_name.to_string());
+        let (shared, size) = call(&self.tx, move |o| {
+            o.change_held(&vol, &snap, |o| o.store.snapshot(&vol, snap, &name))?;
+            let size = o.store.volume(&snap).map_or(0, |v| v.size_clusters()) * o.geo.cluster_size();
+            Ok((o.vols[&snap].clone(), size))
+        })?;
+        Ok(self.add_device(snap, shared, size))
+    }
+
+    pub fn clone_snapshot(&self, snapshot: &Uuid, clone_name: &str) -> Result<Arc<LvolDevice>, LvolError> {
+        let (snap, uuid, name) = (*snapshot, new_uuid(), clone_name.to_string());
+        let (shared, size) = call(&self.tx, move |o| {
+            o.check_usable()?;
+            o.store.clone_snapshot(&snap, uuid, &name)?;
+            o.commit()?;
+            o.publish_tree(&uuid);
+            let size = o.store.volume(&uuid).map_or(0, |v| v.size_clusters()) * o.geo.cluster_size();
+            Ok((o.vols[&uuid].clone(), size))
+        })?;
+        Ok(self.add_device(uuid, shared, size))
+    }
+
+    /// Deletes a volume from the store (its bdev must be gone already).
+    pub fn delete_volume(&self, uuid: &Uuid) -> Result<(), LvolError> {
+        let vol = *uuid;
+        call(&self.tx, move |o| {
+            o.check_usable()?;
+            o.store.delete_volume(&vol)?;
+            o.commit()?;
+            o.vols.remove(&vol);
+            Ok(())
+        })?;
+        self.devices.lock().unwrap_or_else(|p| p.into_inner()).remove(uuid);
+        Ok(())
+    }
+
+    /// Refuses what [`LvStore::delete_volume`] would refuse, changing nothing (before the bdev
+    /// is taken away).
+    pub fn check_delete(&self, uuid: &Uuid) -> Result<(), LvolError> {
+        let vol = *uuid;
+        call(&self.tx, move |o| {
+            o.check_usable()?;
+            let v =
+                o.store.volume(&vol).ok_or(LvolError::NotFound { field: "name", value: vol.to_string() })?;
+            if o.store.has_clones(&vol) {
+                return Err(LvolError::State {
+                    field: "name",
+                    reason: format!("'{}' is a snapshot with clones; delete or inflate them first", v.name),
+                });
+            }
+            Ok(())
+        })
+    }
+
+    pub fn rename_volume(&self, uuid: &Uuid, new_name: &str) -> Result<(), LvolError> {
+        let (vol, name) = (*uuid, new_name.to_string());
+        call(&self.tx, move |o| {
+            o.check_usable()?;
+            o.store.rename_volume(&vol, &name)?;
+            o.commit()
+        })
+    }
+
+    pub fn rename(&self, new_name: &str) -> Result<(), LvolError> {
+        let name = new_name.to_string();
+        call(&self.tx, move |o| {
+            o.check_usable()?;
+            o.store.rename_store(&name)?;
+            o.commit()
+        })?;
+        *self.name.lock().unwrap_or_else(|p| p.into_inner()) = new_name.to_string();
+        Ok(())
+    }
+
+    pub fn set_read_only(&self, uuid: &Uuid) -> Result<(), LvolError> {
+        let vol = *uuid;
+        call(&self.tx, move |o| {
+            o.check_usable()?;
+            o.store.set_read_only(&vol)?;
+            o.commit()?;
+            if let Some(s) = o.vols.get(&vol) {
+                s.read_only.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok(())
+        })
+    }
+
+    /// SPDK's inflate: the volume gets a cluster of its own for every one it lacks (the
+    /// parent's data copied, or zeroes) and leaves its parent. Writes are held meanwhile.
+    pub fn inflate(&self, uuid: &Uuid) -> Result<(), LvolError> {
+        let vol = *uuid;
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.inflate(&vol))))
+    }
+
+    /// SPDK's decouple_parent: the clusters the parent itself holds are copied in, and the
+    /// parent's parent becomes the volume's.
+    pub fn decouple_parent(&self, uuid: &Uuid) -> Result<(), LvolError> {
+        let vol = *uuid;
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.decouple_parent(&vol))))
+    }
+
+    /// Takes the clusters a grown base now has room for; `false` when there are none.
+    pub fn grow(&self) -> Result<bool, LvolError> {
+        call(&self.tx, |o| {
+            o.check_usable()?;
+            let total = o.store.clusters_for_device(o.io.size_bytes());
+            let grew = o.store.grow(total)?;
+            if grew {
+                o.commit()?;
+            }
+            Ok(grew)
+        })
+    }
+
+    /// Removes the store from its base (the label is erased) and stops it. Its volumes' bdevs
+    /// must be gone.
+    pub fn destroy(&self) -> Result<(), LvolError> {
+        call(&self.tx, |o| {
+            use crate::MetaDevice;
+            o.io.write_page(0, &[0u8; PAGE_SIZE])?;
+            MetaDevice::flush(&mut o.io)?;
+            o.broken = Some("destroyed".into());
+            Ok(())
+        })?;
+        self.close();
+        Ok(())
+    }
+
+    /// Stops the owner (every change is durable already).
+    pub fn close(&self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for LvStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// A logical volume as a block device.
+pub struct LvolDevice {
+    info: BdevInfo,
+    uuid: Uuid,
+    lvs: Uuid,
+    shared: Arc<VolumeShared>,
+    base: Bdev,
+    geo: Geometry,
+    tx: Sender<Msg>,
+}
+
+impl LvolDevice {
+    pub fn uuid(&self) -> Uuid {
+        self.uuid
+    }
+
+    /// The store's UUID.
+    pub fn lvs_uuid(&self) -> Uuid {
+        self.lvs
+    }
+}
+
+impl BlockDevice for LvolDevice {
+    fn info(&self) -> &BdevInfo {
+        &self.info
+    }
+
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        let base = self.base.open_channel()?;
+        Ok(Box::new(channel::LvolChannel::new(
+            self.shared.clone(),
+            base,
+            self.geo,
+            self.info.clone(),
+            self.uuid,
+            self.tx.clone(),
+        )))
+    }
+
+    /// A whole number of clusters; writes are held while the maps change.
+    fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
+        let bytes = num_blocks * u64::from(self.info.block_size);
+        let cs = self.geo.cluster_size();
+        if bytes == 0 || bytes % cs != 0 {
+            return Err(BdevError::InvalidParam {
+                field: "size_in_mib",
+                reason: format!("{bytes} bytes is not a non-zero multiple of the cluster size {cs}"),
+            });
+        }
+        let vol = self.uuid;
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.store.resize_volume(&vol, bytes)))
+            .map_err(lvol_to_bdev)?;
+        self.info.capacity.set(num_blocks);
+        Ok(())
+    }
+}
+
+/// A store error as the bdev layer reports it (field and reason kept).
+pub(crate) fn lvol_to_bdev(e: LvolError) -> BdevError {
+    match e {
+        LvolError::Invalid { field, reason } | LvolError::State { field, reason } => {
+            BdevError::InvalidParam { field, reason }
+        }
+        other => BdevError::Unsupported(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

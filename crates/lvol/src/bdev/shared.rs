@@ -1,0 +1,135 @@
+//! What a volume's channels and its store's metadata owner share: the published cluster maps,
+//! read on the reactors without locks, and the flags and counters of the quiesce handshake.
+//!
+//! Maps: each volume has a [`Layer`] of atomic entries (its own clusters). A [`View`] is the
+//! volume's layer followed by its ancestors' (a snapshot's layer never changes once taken). The
+//! owner fills an entry after the metadata that maps it is durable; a structural change
+//! (snapshot, resize, inflate) publishes a new `View` while the volume's writes are held.
+//!
+//! Quiesce: a channel counts a write in `writes` before it reads `frozen`; the owner sets
+//! `frozen` before it reads the counters. Both sides use sequentially consistent operations, so
+//! either the owner sees the write counted (and waits for it), or the channel sees the volume
+//! frozen (and holds the write until it thaws).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use arc_swap::ArcSwap;
+use crossbeam_queue::SegQueue;
+use fp_bdev::{IoRequest, IoStatus};
+
+use crate::UNALLOCATED;
+
+/// One volume's own cluster map, as the data path reads it.
+pub(crate) struct Layer(Box<[AtomicU32]>);
+
+impl Layer {
+    pub(crate) fn from_map(map: &[u32]) -> Arc<Layer> {
+        Arc::new(Layer(map.iter().map(|&c| AtomicU32::new(c)).collect()))
+    }
+
+    /// The entry for cluster `index`; `None` past the layer's end.
+    #[inline]
+    pub(crate) fn get(&self, index: u64) -> Option<u32> {
+        self.0.get(index as usize).map(|e| e.load(Ordering::Acquire))
+    }
+
+    /// Publishes an entry (the owner, after the commit mapping it is durable).
+    pub(crate) fn set(&self, index: u64, cluster: u32) {
+        if let Some(e) = self.0.get(index as usize) {
+            e.store(cluster, Ordering::Release);
+        }
+    }
+}
+
+/// A volume's layer and its ancestors', nearest first.
+pub(crate) struct View {
+    pub(crate) layers: Vec<Arc<Layer>>,
+}
+
+impl View {
+    /// The volume's own cluster at `index`, or [`UNALLOCATED`].
+    #[inline]
+    pub(crate) fn own(&self, index: u64) -> u32 {
+        self.layers[0].get(index).unwrap_or(UNALLOCATED)
+    }
+
+    /// Where a read of cluster `index` comes from: the nearest layer mapping it; `None` (zeroes)
+    /// when none does, or past a layer's end (nothing further up either, as in the store).
+    #[inline]
+    pub(crate) fn resolve(&self, index: u64) -> Option<u32> {
+        for layer in &self.layers {
+            match layer.get(index) {
+                None => return None,
+                Some(UNALLOCATED) => continue,
+                Some(c) => return Some(c),
+            }
+        }
+        None
+    }
+}
+
+/// A volume as its channels and the owner share it.
+pub(crate) struct VolumeShared {
+    pub(crate) view: Arc<ArcSwap<View>>,
+    /// Writes are held while set (a snapshot, resize, inflate is being made).
+    pub(crate) frozen: AtomicBool,
+    pub(crate) read_only: AtomicBool,
+    /// The open channels, for the owner to wait on their writes. Touched at channel open and
+    /// close and during a quiesce, never per request.
+    pub(crate) channels: Mutex<Vec<Weak<ChannelShared>>>,
+}
+
+impl VolumeShared {
+    pub(crate) fn new(view: View, read_only: bool) -> Arc<VolumeShared> {
+        Arc::new(VolumeShared {
+            view: Arc::new(ArcSwap::from_pointee(view)),
+            frozen: AtomicBool::new(false),
+            read_only: AtomicBool::new(read_only),
+            channels: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The volume's own layer now.
+    pub(crate) fn own_layer(&self) -> Arc<Layer> {
+        self.view.load().layers[0].clone()
+    }
+
+    /// Writes in flight on all channels (the owner, while quiescing).
+    pub(crate) fn writes_in_flight(&self) -> u64 {
+        let mut chans = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        chans.retain(|w| w.strong_count() > 0);
+        chans.iter().filter_map(Weak::upgrade).map(|c| c.writes.load(Ordering::SeqCst)).sum()
+    }
+}
+
+/// One channel's side of the handshake with the owner.
+pub(crate) struct ChannelShared {
+    /// Writes submitted and not completed (held ones excluded).
+    pub(crate) writes: AtomicU64,
+    /// The owner's answers, drained by the channel's `poll`.
+    pub(crate) replies: SegQueue<Reply>,
+}
+
+/// A piece of a request (the part inside one cluster) waiting for the owner.
+pub(crate) struct Piece {
+    /// The channel's request slot.
+    pub(crate) slot: u32,
+    /// The piece as it goes to the base, `offset` still relative to the cluster's start.
+    pub(crate) req: IoRequest,
+    /// The volume's cluster index.
+    pub(crate) index: u64,
+}
+
+// SAFETY: the request's iovec pointers travel to the owner and back untouched; only the channel
+// that made the piece dereferences them, on its own thread, while the caller keeps them valid
+// (IoChannel::submit's contract).
+unsafe impl Send for Piece {}
+
+/// The owner's answer to a channel.
+pub(crate) enum Reply {
+    /// The piece's cluster is mapped, durably: send it to the base at `cluster`.
+    Mapped { piece: Piece, cluster: u32 },
+    /// The owner carried out (or failed) a piece of a request itself.
+    Done { slot: u32, status: IoStatus },
+}
