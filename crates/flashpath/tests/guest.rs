@@ -602,6 +602,7 @@ mod guest_vm {
             format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         // 0: nothing to do; 1: the journal was replayed or orphans released.
         assert!(matches!(out.status.code(), Some(0 | 1)), "{what}: e2fsck -p ({}):\n{text}", out.status);
+        eprintln!("{what}: e2fsck -p ({}): {}", out.status, text.trim().replace('\n', " | "));
         let benign = ["e2fsck ", "recovering journal", "orphan", "clean, "];
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             assert!(
