@@ -12,7 +12,10 @@ use std::time::Duration;
 use fp_rpc::{codes, RpcClient, RpcClientError};
 use serde_json::{json, Map, Value};
 
-use crate::{Command, DiskCommand, DiskCreateArgs, DiskType, ReactorCommand, VhostCommand, VhostCreateArgs};
+use crate::{
+    Command, DiskCommand, DiskCreateArgs, DiskType, ReactorCommand, VhostCommand, VhostCreateArgs,
+    VolumeCommand,
+};
 use flashpath::size::format_size;
 
 /// How long a command waits for the daemon. Generous: deleting a controller waits for its
@@ -158,6 +161,7 @@ pub fn run(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
             }
             Ok(())
         }
+        Command::Volume(v) => volume(rpc, json, v),
         Command::Reactor(ReactorCommand::List) => reactor_list(rpc, json),
         Command::Version => {
             let v = Session::connect(rpc, &[])?.call("spdk_get_version", None)?;
@@ -339,6 +343,165 @@ fn disk_delete(rpc: &Path, json: bool, name: &str) -> Result<(), CliError> {
         print_json(&r);
     }
     Ok(())
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A size in whole MiB, as the volume methods take it.
+fn whole_mib(size: u64) -> Result<u64, CliError> {
+    if size == 0 || size % MIB != 0 {
+        return Err(usage("--size", format!("{size} bytes is not a non-zero whole number of MiB")));
+    }
+    Ok(size / MIB)
+}
+
+/// Calls `method` and prints its result (the name made, or `true`) unless `--json`.
+fn volume_call(
+    rpc: &Path,
+    json: bool,
+    flags: &'static [(&'static str, &'static str)],
+    method: &str,
+    params: Value,
+) -> Result<(), CliError> {
+    let r = Session::connect(rpc, flags)?.call(method, Some(params))?;
+    if json {
+        print_json(&r);
+    } else if let Some(name) = r.as_str() {
+        out(name);
+    }
+    Ok(())
+}
+
+fn volume(rpc: &Path, json: bool, cmd: VolumeCommand) -> Result<(), CliError> {
+    match cmd {
+        VolumeCommand::CreateStore { disk, name, cluster_size } => {
+            let mut params = json!({ "bdev_name": disk, "lvs_name": name });
+            if let Some(c) = cluster_size {
+                params["cluster_sz"] = json!(c);
+            }
+            let flags = &[("bdev_name", "--disk"), ("lvs_name", "--name"), ("cluster_sz", "--cluster-size")];
+            volume_call(rpc, json, flags, "bdev_lvol_create_lvstore", params)
+        }
+        VolumeCommand::DeleteStore { name } => volume_call(
+            rpc,
+            json,
+            &[("lvs_name", "NAME")],
+            "bdev_lvol_delete_lvstore",
+            json!({ "lvs_name": name }),
+        ),
+        VolumeCommand::Create { volume, size, thin } => {
+            let (store, name) = volume
+                .split_once('/')
+                .ok_or_else(|| usage("VOLUME", format!("'{volume}' is not STORE/NAME")))?;
+            let params = json!({
+                "lvs_name": store, "lvol_name": name, "size_in_mib": whole_mib(size)?, "thin_provision": thin,
+            });
+            let flags = &[("lvs_name", "VOLUME"), ("lvol_name", "VOLUME"), ("size_in_mib", "--size")];
+            volume_call(rpc, json, flags, "bdev_lvol_create", params)
+        }
+        VolumeCommand::Snapshot { volume, name } => {
+            let params = json!({ "lvol_name": volume, "snapshot_name": name });
+            volume_call(
+                rpc,
+                json,
+                &[("lvol_name", "VOLUME"), ("snapshot_name", "NAME")],
+                "bdev_lvol_snapshot",
+                params,
+            )
+        }
+        VolumeCommand::Clone { snapshot, name } => {
+            let params = json!({ "snapshot_name": snapshot, "clone_name": name });
+            volume_call(
+                rpc,
+                json,
+                &[("snapshot_name", "SNAPSHOT"), ("clone_name", "NAME")],
+                "bdev_lvol_clone",
+                params,
+            )
+        }
+        VolumeCommand::Resize { volume, size } => {
+            let params = json!({ "name": volume, "size_in_mib": whole_mib(size)? });
+            volume_call(
+                rpc,
+                json,
+                &[("name", "VOLUME"), ("size_in_mib", "--size")],
+                "bdev_lvol_resize",
+                params,
+            )
+        }
+        VolumeCommand::Delete { volume } => {
+            volume_call(rpc, json, &[("name", "VOLUME")], "bdev_lvol_delete", json!({ "name": volume }))
+        }
+        VolumeCommand::Stores => {
+            let list = Session::connect(rpc, &[])?.call("bdev_lvol_get_lvstores", None)?;
+            if json {
+                print_json(&list);
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = list
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| {
+                    let cluster = u64_field(s, "cluster_size");
+                    vec![
+                        cell(s, "name"),
+                        cell(s, "uuid"),
+                        cell(s, "base_bdev"),
+                        format_size(cluster),
+                        format_size(cluster.saturating_mul(u64_field(s, "total_data_clusters"))),
+                        format_size(cluster.saturating_mul(u64_field(s, "free_clusters"))),
+                    ]
+                })
+                .collect();
+            out(&table(&["STORE", "UUID", "DISK", "CLUSTER", "SIZE", "FREE"], &rows));
+            Ok(())
+        }
+        VolumeCommand::List { store } => {
+            let mut s = Session::connect(rpc, &[("lvs_name", "--store")])?;
+            let params = store.map(|n| json!({ "lvs_name": n }));
+            let list = s.call("bdev_lvol_get_lvols", params)?;
+            if json {
+                print_json(&list);
+                return Ok(());
+            }
+            let bdevs = s.call("bdev_get_bdevs", None)?;
+            let size_of = |uuid: &str| {
+                bdevs
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|b| b["name"] == uuid)
+                    .map_or(0, |b| u64_field(b, "block_size").saturating_mul(u64_field(b, "num_blocks")))
+            };
+            let rows: Vec<Vec<String>> = list
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| {
+                    let kind = match (
+                        v["is_snapshot"].as_bool(),
+                        v["is_clone"].as_bool(),
+                        v["is_thin_provisioned"].as_bool(),
+                    ) {
+                        (Some(true), _, _) => "snapshot",
+                        (_, Some(true), _) => "clone",
+                        (_, _, Some(true)) => "thin",
+                        _ => "thick",
+                    };
+                    vec![
+                        cell(v, "alias"),
+                        cell(v, "uuid"),
+                        kind.to_string(),
+                        format_size(size_of(v["uuid"].as_str().unwrap_or_default())),
+                        cell(v, "num_allocated_clusters"),
+                    ]
+                })
+                .collect();
+            out(&table(&["VOLUME", "UUID", "KIND", "SIZE", "CLUSTERS"], &rows));
+            Ok(())
+        }
+    }
 }
 
 fn vhost_create(rpc: &Path, json: bool, a: VhostCreateArgs) -> Result<(), CliError> {

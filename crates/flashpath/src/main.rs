@@ -8,6 +8,9 @@
 //! flashpath disk list [NAME] | disk delete NAME
 //! flashpath vhost create --name CTRL --disk NAME [--cpus LIST] [--readonly] [--queues N]
 //! flashpath vhost list [NAME] | vhost delete NAME
+//! flashpath volume create-store --disk NAME --name STORE [--cluster-size 4MiB] | stores
+//! flashpath volume create STORE/NAME --size SIZE [--thin] | list [--store S] | delete VOL
+//! flashpath volume snapshot VOL NAME | clone SNAP NAME | resize VOL --size SIZE
 //! flashpath reactor list | version | stats | top
 //! flashpath rpc METHOD [JSON]
 //! ```
@@ -62,6 +65,9 @@ enum Command {
     /// vhost-user-blk controllers: create, list, delete
     #[command(subcommand)]
     Vhost(VhostCommand),
+    /// Logical volumes: stores on a disk, thin volumes, snapshots, clones
+    #[command(subcommand)]
+    Volume(VolumeCommand),
     /// Reactors (polling cores)
     #[command(subcommand)]
     Reactor(ReactorCommand),
@@ -181,6 +187,53 @@ struct VhostCreateArgs {
     /// Most queues the guest may use, 1-64 [default: 64, spread over the cores]
     #[arg(long, value_name = "N", value_parser = u16_arg)]
     queues: Option<u16>,
+}
+
+#[derive(Debug, Subcommand)]
+enum VolumeCommand {
+    /// Create a volume store on a disk (what the disk held is lost)
+    CreateStore {
+        /// The disk that holds the store
+        #[arg(long)]
+        disk: String,
+        /// The store's name
+        #[arg(long)]
+        name: String,
+        /// Allocation unit, a power of two from 4KiB to 1GiB [default: 4MiB]
+        #[arg(long, value_parser = size::parse_size)]
+        cluster_size: Option<u64>,
+    },
+    /// List volume stores
+    Stores,
+    /// Delete a volume store and its volumes (refused while one is in use)
+    DeleteStore { name: String },
+    /// Create a volume, named STORE/NAME; its disk is named by its UUID and by STORE/NAME
+    Create {
+        volume: String,
+        /// Size, a whole number of the store's clusters, e.g. 10G
+        #[arg(long, value_parser = size::parse_size)]
+        size: u64,
+        /// Allocate clusters on first write instead of now
+        #[arg(long)]
+        thin: bool,
+    },
+    /// List volumes (of one store)
+    List {
+        #[arg(long)]
+        store: Option<String>,
+    },
+    /// Take a read-only snapshot of a volume; the volume goes on as its clone
+    Snapshot { volume: String, name: String },
+    /// Create a writable thin clone of a snapshot
+    Clone { snapshot: String, name: String },
+    /// Change a volume's size (a disk in use may only grow)
+    Resize {
+        volume: String,
+        #[arg(long, value_parser = size::parse_size)]
+        size: u64,
+    },
+    /// Delete a volume (refused while in use, or for a snapshot with clones)
+    Delete { volume: String },
 }
 
 #[derive(Debug, Subcommand)]

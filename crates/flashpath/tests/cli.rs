@@ -52,6 +52,19 @@ fn size_errors() {
 }
 
 #[test]
+fn volume_errors_name_the_argument() {
+    assert_usage(&["volume", "create", "lvsv", "--size", "16MiB"], "error: VOLUME: 'lvsv' is not STORE/NAME");
+    assert_usage(
+        &["volume", "create", "lvs/v", "--size", "3000KiB"],
+        "error: --size: 3072000 bytes is not a non-zero whole number of MiB",
+    );
+    assert_usage(
+        &["volume", "resize", "lvs/v", "--size", "0"],
+        "error: --size: 0 bytes is not a non-zero whole number of MiB",
+    );
+}
+
+#[test]
 fn enum_and_number_errors_list_accepted_values() {
     assert_usage(
         &["disk", "create", "--type", "tape"],

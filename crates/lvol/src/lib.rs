@@ -16,7 +16,7 @@ pub mod sim;
 mod store;
 
 pub use device::{DeviceError, MemDevice, MetaDevice, Page};
-pub use store::{CommitPlan, Store, StoreOptions, Volume, WriteTarget};
+pub use store::{CommitPlan, NewCluster, Store, StoreOptions, Volume, WriteTarget};
 
 /// Size of a metadata page: the unit of every metadata read and write (the atomic write unit
 /// of NVMe drives, and what SPDK's blobstore uses).

@@ -60,6 +60,12 @@ pub enum WriteTarget {
     Allocated { cluster: u32, copy_from: Option<u32> },
 }
 
+/// A cluster that [`Store::inflate`] or [`Store::decouple_parent`] gave a volume: (the volume's
+/// cluster index, the new data cluster, where its contents come from: a data cluster to copy, or
+/// `None` for zeroes). As for [`WriteTarget::Allocated`], the caller fills every one of them
+/// durably before the commit that maps them.
+pub type NewCluster = (u64, u32, Option<u32>);
+
 /// How to create a store.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
@@ -155,7 +161,7 @@ impl Store {
             block_size: opts.block_size,
             area_pages,
         };
-        let total_clusters = label.clusters_in(size_pages).min(UNALLOCATED as u64);
+        let total_clusters = clusters_on(&label, size_pages);
         if total_clusters == 0 {
             return Err(LvolError::Invalid {
                 field: "bdev_name",
@@ -217,6 +223,23 @@ impl Store {
         // (its checksums match) but damage or a bug, which is reported, not papered over by
         // going back to the older generation.
         Store::from_area(label, size_pages, &sb, pages, area)
+    }
+
+    /// SPDK's `bdev_lvol_delete_lvstore` on the device: zeroes the label, flushes, then zeroes
+    /// both super blocks and flushes. Once the first flush returns the device holds no store
+    /// (`NotAStore` on load); a crash before leaves the store whole or none (the label's fields
+    /// and magic are in its first sector). The volumes' data is left as it is (SPDK's
+    /// `clear_method` is the module's). The store must not be used afterwards (the module's
+    /// owner marks it so).
+    pub fn destroy<D: MetaDevice>(&self, dev: &mut D) -> Result<(), LvolError> {
+        let zero = [0u8; PAGE_SIZE];
+        dev.write_page(0, &zero)?;
+        dev.flush()?;
+        for area in 0..2 {
+            dev.write_page(self.label.area_start(area), &zero)?;
+        }
+        dev.flush()?;
+        Ok(())
     }
 
     /// A store without volumes whose last durable generation is `generation`, in `area`.
@@ -422,6 +445,25 @@ impl Store {
         self.volumes.iter().any(|v| v.parent == Some(*uuid))
     }
 
+    /// Whether [`Store::delete_volume`] would delete the volume, changing nothing: so the module
+    /// can refuse before it closes the volume's bdev. Returns the volume's index.
+    pub fn check_delete(&self, uuid: &Uuid) -> Result<usize, LvolError> {
+        let i = self.index("lvol", uuid)?;
+        if self.has_clones(uuid) {
+            return Err(LvolError::State {
+                field: "lvol",
+                reason: format!("'{}' has clones; delete them (or inflate them) first", self.volumes[i].name),
+            });
+        }
+        Ok(i)
+    }
+
+    /// Data clusters a base device of `bytes` bytes holds with this store's geometry (what
+    /// [`Store::grow`] takes when the base has grown).
+    pub fn clusters_for_device(&self, bytes: u64) -> u64 {
+        clusters_on(&self.label, bytes / PAGE_SIZE as u64)
+    }
+
     /// Byte offset on the base device of a data cluster.
     pub fn cluster_offset(&self, cluster: u32) -> u64 {
         self.label.data_offset() + cluster as u64 * self.label.cluster_size
@@ -484,13 +526,7 @@ impl Store {
     /// Deletes a volume; its clusters are free once the next commit is durable. A snapshot with
     /// clones is refused.
     pub fn delete_volume(&mut self, uuid: &Uuid) -> Result<(), LvolError> {
-        let i = self.index("lvol", uuid)?;
-        if self.has_clones(uuid) {
-            return Err(LvolError::State {
-                field: "lvol",
-                reason: format!("'{}' has clones; delete them (or inflate them) first", self.volumes[i].name),
-            });
-        }
+        let i = self.check_delete(uuid)?;
         let v = self.volumes.remove(i);
         for c in v.map {
             self.release(c);
@@ -639,6 +675,131 @@ impl Store {
         self.volumes[i].map[index as usize] = UNALLOCATED;
         self.release(c);
         Ok(true)
+    }
+
+    /// SPDK's `bdev_lvol_inflate`: every unallocated cluster of the volume gets a cluster of its
+    /// own, holding what reads saw there (the nearest ancestor's data, or zeroes), and the volume
+    /// leaves its parent chain as a thick volume. A snapshot is refused (its clones read through
+    /// it). Returns the new clusters, which the caller fills durably before the next commit.
+    pub fn inflate(&mut self, uuid: &Uuid) -> Result<Vec<NewCluster>, LvolError> {
+        let i = self.index("lvol", uuid)?;
+        let v = &self.volumes[i];
+        if v.snapshot {
+            return Err(LvolError::State {
+                field: "lvol",
+                reason: format!("'{}' is a snapshot, which cannot be inflated", v.name),
+            });
+        }
+        let fills = (0..v.size_clusters())
+            .filter(|&j| v.map[j as usize] == UNALLOCATED)
+            .map(|j| (j, self.resolve(v, j)))
+            .collect();
+        let new = self.fill(i, fills)?;
+        let v = &mut self.volumes[i];
+        v.parent = None;
+        v.thin = false;
+        Ok(new)
+    }
+
+    /// SPDK's `bdev_lvol_decouple_parent`: the volume stops depending on its parent, which is
+    /// replaced by the parent's parent. The clusters whose data came from the parent itself get
+    /// a copy of it; the volume stays thin, reading the rest through the new parent. Refused for
+    /// a volume without a parent. A snapshot may be decoupled: what it reads is unchanged, so
+    /// its clones read the same. Returns the new clusters, as [`Store::inflate`].
+    pub fn decouple_parent(&mut self, uuid: &Uuid) -> Result<Vec<NewCluster>, LvolError> {
+        let i = self.index("lvol", uuid)?;
+        let v = &self.volumes[i];
+        let Some(parent) = v.parent.and_then(|p| self.volume(&p)) else {
+            return Err(LvolError::State { field: "lvol", reason: format!("'{}' has no parent", v.name) });
+        };
+        let grandparent = parent.parent.and_then(|g| self.volume(&g));
+        // A cluster needs a copy wherever the new chain would read something else than the old
+        // one: the parent's own clusters, and also (past the end of a parent shorter than the
+        // grandparent) zeroes the grandparent's data would replace.
+        let fills = (0..v.size_clusters())
+            .filter(|&j| v.map[j as usize] == UNALLOCATED)
+            .map(|j| (j, self.resolve(v, j)))
+            .filter(|&(j, old)| old != grandparent.and_then(|g| self.resolve(g, j)))
+            .collect();
+        let new_parent = parent.parent;
+        let new = self.fill(i, fills)?;
+        self.volumes[i].parent = new_parent;
+        Ok(new)
+    }
+
+    /// SPDK's `bdev_lvol_grow_lvstore` after the base device grew: the store counts
+    /// `total_clusters` data clusters from now on (see [`Store::clusters_for_device`]). Nothing
+    /// moves and no metadata room is needed: the free set is derived from the maps, so only the
+    /// super block's count changes. Returns whether the store grew; shrinking is refused.
+    pub fn grow(&mut self, total_clusters: u64) -> Result<bool, LvolError> {
+        if total_clusters < self.total_clusters {
+            return Err(LvolError::State {
+                field: "base_bdev",
+                reason: format!(
+                    "the base holds {total_clusters} data clusters, fewer than the store's {}; a \
+                     store cannot shrink",
+                    self.total_clusters
+                ),
+            });
+        }
+        if total_clusters > UNALLOCATED as u64 {
+            return Err(LvolError::Invalid {
+                field: "base_bdev",
+                reason: format!(
+                    "{total_clusters} clusters, more than a cluster map can name ({UNALLOCATED})"
+                ),
+            });
+        }
+        if total_clusters == self.total_clusters {
+            return Ok(false);
+        }
+        self.total_clusters = total_clusters;
+        self.used.resize(total_clusters.div_ceil(64) as usize, 0);
+        Ok(true)
+    }
+
+    /// Checks the in-memory state against itself (for tests and after a load): every mapped
+    /// cluster in range and owned once, the used bitmap exactly the owned and pending-free
+    /// clusters, the free count what the maps leave, parents that exist and are snapshots,
+    /// thick volumes without parent or hole. `Err` names the first problem.
+    pub fn check_consistency(&self) -> Result<(), String> {
+        let mut seen = vec![0u64; self.used.len()];
+        let mut owned = 0u64;
+        let mut mark = |c: u32, what: &dyn Fn() -> String| {
+            if c as u64 >= self.total_clusters {
+                return Err(format!("{}: cluster {c} past the store's {}", what(), self.total_clusters));
+            }
+            let (w, bit) = (c as usize / 64, 1u64 << (c % 64));
+            if seen[w] & bit != 0 {
+                return Err(format!("{}: cluster {c} is held twice", what()));
+            }
+            seen[w] |= bit;
+            Ok(())
+        };
+        for v in &self.volumes {
+            for &c in v.map.iter().filter(|&&c| c != UNALLOCATED) {
+                mark(c, &|| format!("volume '{}'", v.name))?;
+                owned += 1;
+            }
+            if let Some(p) = v.parent {
+                if !self.volume(&p).is_some_and(|p| p.snapshot) {
+                    return Err(format!("volume '{}': parent {p} is not a snapshot of the store", v.name));
+                }
+            }
+            if !v.thin && (v.parent.is_some() || v.map.contains(&UNALLOCATED)) {
+                return Err(format!("volume '{}': thick, but with a parent or a hole", v.name));
+            }
+        }
+        for &c in &self.pending_free {
+            mark(c, &|| "freed, not yet durable".to_string())?;
+        }
+        if owned != self.owned {
+            return Err(format!("the maps own {owned} clusters, the store counts {}", self.owned));
+        }
+        if seen != self.used {
+            return Err("the used bitmap is not the owned and freed clusters".into());
+        }
+        Ok(())
     }
 
     // ---- commit ----
@@ -826,6 +987,19 @@ impl Store {
         None
     }
 
+    /// Allocates a cluster for each `(index, copy_from)` of volume `i`, or none if there are not
+    /// enough.
+    fn fill(&mut self, i: usize, fills: Vec<(u64, Option<u32>)>) -> Result<Vec<NewCluster>, LvolError> {
+        self.check_allocatable(fills.len() as u64)?;
+        let mut new = Vec::with_capacity(fills.len());
+        for (j, copy_from) in fills {
+            let cluster = self.allocate().expect("room checked");
+            self.volumes[i].map[j as usize] = cluster;
+            new.push((j, cluster, copy_from));
+        }
+        Ok(new)
+    }
+
     /// A cluster no map holds any more: not owned, but kept from allocation until durable.
     fn release(&mut self, c: u32) {
         if c != UNALLOCATED {
@@ -833,6 +1007,11 @@ impl Store {
             self.pending_free.push(c);
         }
     }
+}
+
+/// Data clusters a device of `size_pages` pages holds, at most as many as a map can name.
+fn clusters_on(label: &Label, size_pages: u64) -> u64 {
+    label.clusters_in(size_pages).min(UNALLOCATED as u64)
 }
 
 /// An area whose every page matched its checksum: its super block and its pages.
@@ -869,4 +1048,47 @@ fn read_area<D: MetaDevice>(
         pages.push(p);
     }
     Ok(Ok((sb, pages)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemDevice;
+
+    fn store() -> Store {
+        let opts = StoreOptions {
+            name: "lvs".into(),
+            uuid: Uuid([1; 16]),
+            cluster_size: 1 << 20,
+            block_size: 512,
+            area_pages: Some(4),
+        };
+        let mut s = Store::create(&mut MemDevice::new(2560), &opts).unwrap();
+        s.create_volume(Uuid([2; 16]), "a", 3 << 20, false).unwrap();
+        s.create_volume(Uuid([3; 16]), "b", 2 << 20, true).unwrap();
+        s.allocate_for_write(&Uuid([3; 16]), 1).unwrap();
+        s.release_cluster(&Uuid([3; 16]), 1).unwrap();
+        s
+    }
+
+    /// The checker finds each kind of damage to the in-memory state.
+    #[test]
+    fn check_consistency_finds_damage() {
+        let s = store();
+        s.check_consistency().unwrap();
+        let damaged = |f: &dyn Fn(&mut Store), want: &str| {
+            let mut s = store();
+            f(&mut s);
+            let e = s.check_consistency().unwrap_err();
+            assert!(e.contains(want), "{e}");
+        };
+        damaged(&|s| s.volumes[1].map[0] = 0, "held twice");
+        damaged(&|s| s.volumes[1].map[0] = 3, "held twice"); // the pending-free cluster
+        damaged(&|s| s.volumes[1].map[0] = 9999, "past the store");
+        damaged(&|s| s.used[0] &= !1, "used bitmap");
+        damaged(&|s| s.used[0] |= 1 << 40, "used bitmap");
+        damaged(&|s| s.owned += 1, "the store counts");
+        damaged(&|s| s.volumes[1].parent = Some(Uuid([2; 16])), "not a snapshot");
+        damaged(&|s| s.volumes[0].map[2] = UNALLOCATED, "thick");
+    }
 }

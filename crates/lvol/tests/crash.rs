@@ -68,16 +68,29 @@ fn new_uuid(rng: &mut SmallRng) -> Uuid {
 }
 
 /// One random operation; refusals (no space, a snapshot with clones, ...) are part of the mix
-/// and must leave the store as it was, which the commits' recorded states then show.
-fn random_op(s: &mut Store, rng: &mut SmallRng, names: &mut u32) {
+/// and must leave the store as it was, which the commits' recorded states then show. Returns
+/// the name of an inflate, decouple or grow that changed the store, so the run can show it
+/// reached them.
+fn random_op(s: &mut Store, rng: &mut SmallRng, names: &mut u32, base_clusters: u64) -> Option<&'static str> {
     let vols: Vec<Volume> = s.volumes().to_vec();
     let pick = |rng: &mut SmallRng| vols.choose(rng).map(|v| (v.uuid, v.map.len() as u64));
     *names += 1;
     let name = format!("v{names}");
-    let _ = match rng.gen_range(0..100) {
+    let mut reached = None;
+    let mut note = |what: &'static str, changed: bool| {
+        if changed {
+            reached = Some(what);
+        }
+    };
+    let clones: Vec<&Volume> = vols.iter().filter(|v| v.parent.is_some()).collect();
+    let _ = match rng.gen_range(0..115) {
         0..=14 => {
             let thin = rng.gen_bool(0.7);
-            let clusters = if thin { rng.gen_range(1..700) } else { rng.gen_range(1..5) };
+            // Thin volumes larger than the store, or small enough to inflate.
+            let clusters = match (thin, rng.gen_bool(0.5)) {
+                (true, true) => rng.gen_range(1..700),
+                _ => rng.gen_range(1..5),
+            };
             s.create_volume(new_uuid(rng), &name, clusters * CLUSTER, thin)
         }
         15..=22 => match pick(rng) {
@@ -108,11 +121,23 @@ fn random_op(s: &mut Store, rng: &mut SmallRng, names: &mut u32) {
             Some((u, _)) => s.rename_volume(&u, &name),
             None => Ok(()),
         },
+        // The caller tags every newly mapped cluster, as it does for allocations on write.
+        // Most clones are larger than the store: inflate the one needing the fewest clusters.
+        100..=105 => match clones.iter().min_by_key(|v| v.map.len() as u64 - v.allocated_clusters()) {
+            Some(v) => s.inflate(&v.uuid).map(|new| note("inflate", !new.is_empty())),
+            None => Ok(()),
+        },
+        106..=110 => match clones.choose(rng) {
+            Some(v) => s.decouple_parent(&v.uuid).map(|_| note("decouple", true)),
+            None => Ok(()),
+        },
+        111..=114 => s.grow(base_clusters).map(|grew| note("grow", grew)),
         _ => match pick(rng) {
             Some((u, _)) => s.set_read_only(&u),
             None => s.rename_store(&name),
         },
     };
+    reached
 }
 
 /// Independent checks of a loaded store: each cluster owned by one volume at most, in range,
@@ -127,11 +152,32 @@ fn check_invariants(s: &Store) {
         }
     }
     assert_eq!(s.free_clusters(), s.total_clusters() - owned, "free count does not match the maps");
+    s.check_consistency().unwrap();
+}
+
+/// The first pages of a device: the store is created on part of the base, which then "grows"
+/// to the whole device (the workload's grow operation).
+struct Prefix<'a>(&'a mut RecordingDevice, u64);
+
+impl MetaDevice for Prefix<'_> {
+    fn size_pages(&self) -> u64 {
+        self.1
+    }
+    fn read_page(&mut self, page: u64, buf: &mut fp_lvol::Page) -> Result<(), fp_lvol::DeviceError> {
+        self.0.read_page(page, buf)
+    }
+    fn write_page(&mut self, page: u64, buf: &fp_lvol::Page) -> Result<(), fp_lvol::DeviceError> {
+        self.0.write_page(page, buf)
+    }
+    fn flush(&mut self) -> Result<(), fp_lvol::DeviceError> {
+        self.0.flush()
+    }
 }
 
 fn run(seed: u64, commits: usize, crash_points: usize) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    // 4 MiB: 1 + 2 x 6 metadata pages, rounded up to 64 KiB, then 63 data clusters.
+    // 4 MiB: 1 + 2 x 6 metadata pages, rounded up to 64 KiB, then 63 data clusters; the store
+    // is created on the first 3 MiB (47 clusters) and may grow to all of it.
     let mut dev = RecordingDevice::new((4 << 20) / PAGE_SIZE as u64);
     let opts = StoreOptions {
         name: "lvs".into(),
@@ -140,7 +186,8 @@ fn run(seed: u64, commits: usize, crash_points: usize) {
         block_size: 512,
         area_pages: Some(6),
     };
-    let mut s = Store::create(&mut dev, &opts).unwrap();
+    let mut s = Store::create(&mut Prefix(&mut dev, (3 << 20) / PAGE_SIZE as u64), &opts).unwrap();
+    let base_clusters = s.clusters_for_device(4 << 20);
     let mut history = vec![Commit {
         generation: 1,
         started: 0,
@@ -149,13 +196,17 @@ fn run(seed: u64, commits: usize, crash_points: usize) {
         tags: HashMap::new(),
     }];
     let mut names = 0;
+    let mut reached: HashMap<&str, usize> = HashMap::new();
     let mut multi_page = 0;
     let mut allocations = 0u64;
     let mut tag_of: HashMap<u32, u64> = HashMap::new();
     for _ in 0..commits {
         for _ in 0..rng.gen_range(1..4) {
             let before = owned(&s);
-            random_op(&mut s, &mut rng, &mut names);
+            if let Some(what) = random_op(&mut s, &mut rng, &mut names, base_clusters) {
+                *reached.entry(what).or_insert(0) += 1;
+            }
+            s.check_consistency().unwrap();
             // Each newly mapped cluster (allocated on write, or for a thick volume) gets its data.
             for c in owned(&s).difference(&before) {
                 allocations += 1;
@@ -179,6 +230,9 @@ fn run(seed: u64, commits: usize, crash_points: usize) {
     // The workload must reach what the test is about: multi-page commits, snapshots and clones.
     assert!(multi_page > commits / 10, "only {multi_page} commits wrote more than 2 stream pages");
     assert!(history.iter().any(|c| c.state.3.iter().any(|v| v.parent.is_some())), "no clone ever");
+    for what in ["inflate", "decouple", "grow"] {
+        assert!(reached.contains_key(what), "no {what} ever changed the store: {reached:?}");
+    }
     let by_gen: HashMap<u64, &Commit> = history.iter().map(|c| (c.generation, c)).collect();
 
     let log_len = dev.log().len();

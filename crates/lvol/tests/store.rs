@@ -460,3 +460,206 @@ fn a_long_parent_chain_loads_quickly() {
     assert_eq!(s.volumes().len(), n as usize);
     assert!(t.elapsed() < std::time::Duration::from_secs(20), "{:?}", t.elapsed());
 }
+
+/// What each of the volume's clusters reads now (its own cluster, an ancestor's, or zeroes).
+fn reads(s: &Store, u: Uuid) -> Vec<Option<u32>> {
+    (0..s.volume(&u).unwrap().size_clusters()).map(|j| s.cluster_for_read(&u, j).unwrap()).collect()
+}
+
+/// The new clusters' contents, applied to what the volume read before: what it must read after.
+fn after_fill(before: &[Option<u32>], new: &[fp_lvol::NewCluster]) -> Vec<Option<u32>> {
+    let mut want = before.to_vec();
+    for &(j, c, from) in new {
+        assert_eq!(from, before[j as usize], "cluster {j} is filled from what it read");
+        want[j as usize] = Some(c);
+    }
+    want
+}
+
+#[test]
+fn inflate_gives_a_volume_all_its_clusters_and_drops_its_parent() {
+    let (mut dev, mut s) = new_store();
+    s.create_volume(uuid(1), "vol", 3 * MIB, false).unwrap();
+    s.snapshot(&uuid(1), uuid(2), "snap").unwrap();
+    s.allocate_for_write(&uuid(1), 1).unwrap(); // cluster 3, a copy of 1
+    s.resize_volume(&uuid(1), 4 * MIB).unwrap(); // index 3: past the snapshot, zeroes
+    let before = reads(&s, uuid(1));
+    assert_eq!(before, vec![Some(0), Some(3), Some(2), None]);
+    let new = s.inflate(&uuid(1)).unwrap();
+    assert_eq!(new, vec![(0, 4, Some(0)), (2, 5, Some(2)), (3, 6, None)]);
+    assert_eq!(reads(&s, uuid(1)), after_fill(&before, &new));
+    let v = s.volume(&uuid(1)).unwrap();
+    assert!(v.parent.is_none() && !v.thin && v.map == vec![4, 3, 5, 6]);
+    assert_eq!(s.free_clusters(), 12);
+    s.check_consistency().unwrap();
+    // The snapshot lost its only clone: it can go now.
+    s.check_delete(&uuid(2)).unwrap();
+    s.commit(&mut dev).unwrap();
+    reload(&mut dev, &s);
+    // A thin volume without a parent becomes thick, zero-filled; a thick one has nothing to do.
+    s.create_volume(uuid(3), "thin", 2 * MIB, true).unwrap();
+    s.allocate_for_write(&uuid(3), 1).unwrap();
+    assert_eq!(s.inflate(&uuid(3)).unwrap(), vec![(0, 8, None)]);
+    assert!(!s.volume(&uuid(3)).unwrap().thin);
+    assert_eq!(s.inflate(&uuid(3)).unwrap(), vec![]);
+    s.commit(&mut dev).unwrap();
+    reload(&mut dev, &s);
+}
+
+#[test]
+fn inflate_refusals_change_nothing() {
+    let (_dev, mut s) = new_store();
+    s.create_volume(uuid(1), "vol", 12 * MIB, false).unwrap();
+    s.snapshot(&uuid(1), uuid(2), "snap").unwrap();
+    s.allocate_for_write(&uuid(1), 0).unwrap();
+    let before = summary(&s);
+    assert_eq!(field(s.inflate(&uuid(2)).unwrap_err()), "lvol");
+    assert_eq!(field(s.inflate(&uuid(9)).unwrap_err()), "lvol");
+    // 11 clusters wanted, 6 left.
+    assert!(matches!(s.inflate(&uuid(1)), Err(LvolError::NoSpace { needed: 11, free: 6 })));
+    assert_eq!(summary(&s), before);
+    s.check_consistency().unwrap();
+}
+
+#[test]
+fn decouple_copies_only_the_parents_own_clusters() {
+    let (mut dev, mut s) = new_store();
+    // vol -> snap2 -> snap1: snap1 holds 0 and 1, snap2 holds a copy of index 1.
+    s.create_volume(uuid(1), "vol", 2 * MIB, false).unwrap();
+    s.snapshot(&uuid(1), uuid(2), "snap1").unwrap();
+    s.allocate_for_write(&uuid(1), 1).unwrap(); // 2
+    s.snapshot(&uuid(1), uuid(3), "snap2").unwrap();
+    assert_eq!(s.volume(&uuid(3)).unwrap().map, vec![UNALLOCATED, 2]);
+    let before = reads(&s, uuid(1));
+    let new = s.decouple_parent(&uuid(1)).unwrap();
+    // Index 0 reads snap1's cluster through either chain; index 1 was snap2's own.
+    assert_eq!(new, vec![(1, 3, Some(2))]);
+    assert_eq!(reads(&s, uuid(1)), after_fill(&before, &new));
+    let v = s.volume(&uuid(1)).unwrap();
+    assert!(v.parent == Some(uuid(2)) && v.thin && v.map == vec![UNALLOCATED, 3]);
+    s.check_consistency().unwrap();
+    s.check_delete(&uuid(3)).unwrap();
+    // Again: snap1 has no parent, so everything it holds is copied and vol stands alone, thin.
+    let before = reads(&s, uuid(1));
+    let new = s.decouple_parent(&uuid(1)).unwrap();
+    assert_eq!(new, vec![(0, 4, Some(0))]);
+    assert_eq!(reads(&s, uuid(1)), after_fill(&before, &new));
+    assert!(s.volume(&uuid(1)).unwrap().parent.is_none() && s.volume(&uuid(1)).unwrap().thin);
+    // Without a parent: refused, naming the volume.
+    let e = s.decouple_parent(&uuid(1)).unwrap_err();
+    assert!(e.to_string().contains("has no parent"), "{e}");
+    assert_eq!(field(e), "lvol");
+    // A snapshot can be decoupled too: snap2 stops depending on snap1.
+    let before = reads(&s, uuid(3));
+    let new = s.decouple_parent(&uuid(3)).unwrap();
+    assert_eq!(new, vec![(0, 5, Some(0))]);
+    assert_eq!(reads(&s, uuid(3)), after_fill(&before, &new));
+    s.check_delete(&uuid(2)).unwrap();
+    s.commit(&mut dev).unwrap();
+    reload(&mut dev, &s);
+}
+
+/// Past the end of a parent shorter than the grandparent, the volume read zeroes; the
+/// grandparent's data must not show through after the decouple.
+#[test]
+fn decouple_keeps_zeroes_past_a_shorter_parent() {
+    let (mut dev, mut s) = new_store();
+    s.create_volume(uuid(1), "vol", 2 * MIB, false).unwrap();
+    s.snapshot(&uuid(1), uuid(2), "long").unwrap();
+    s.resize_volume(&uuid(1), MIB).unwrap();
+    s.snapshot(&uuid(1), uuid(3), "short").unwrap();
+    s.resize_volume(&uuid(1), 2 * MIB).unwrap();
+    let before = reads(&s, uuid(1));
+    assert_eq!(before, vec![Some(0), None]);
+    let new = s.decouple_parent(&uuid(1)).unwrap();
+    assert_eq!(new, vec![(1, 2, None)]);
+    assert_eq!(reads(&s, uuid(1)), after_fill(&before, &new));
+    assert_eq!(s.volume(&uuid(1)).unwrap().parent, Some(uuid(2)));
+    s.commit(&mut dev).unwrap();
+    reload(&mut dev, &s);
+}
+
+#[test]
+fn decouple_refused_without_room_changes_nothing() {
+    let (_dev, mut s) = new_store();
+    s.create_volume(uuid(1), "vol", 10 * MIB, false).unwrap();
+    s.snapshot(&uuid(1), uuid(2), "snap").unwrap();
+    s.create_volume(uuid(3), "filler", 5 * MIB, false).unwrap();
+    let before = summary(&s);
+    assert!(matches!(s.decouple_parent(&uuid(1)), Err(LvolError::NoSpace { needed: 10, free: 4 })));
+    assert_eq!(field(s.decouple_parent(&uuid(9)).unwrap_err()), "lvol");
+    assert_eq!(summary(&s), before);
+}
+
+#[test]
+fn check_delete_says_what_delete_would() {
+    let (_dev, mut s) = new_store();
+    s.create_volume(uuid(1), "vol", MIB, true).unwrap();
+    s.snapshot(&uuid(1), uuid(2), "snap").unwrap();
+    let before = summary(&s);
+    let e = s.check_delete(&uuid(2)).unwrap_err();
+    assert!(e.to_string().contains("has clones"), "{e}");
+    assert_eq!(field(s.check_delete(&uuid(9)).unwrap_err()), "lvol");
+    s.check_delete(&uuid(1)).unwrap();
+    assert_eq!(summary(&s), before);
+}
+
+#[test]
+fn grow_takes_the_clusters_a_grown_base_holds() {
+    let (dev, mut s) = new_store();
+    let old_image = dev.image().to_vec();
+    // The base grows from 20 to 30 MiB.
+    let mut image = old_image.clone();
+    image.resize((30 * MIB) as usize, 0);
+    let mut dev = MemDevice::from_image(image);
+    assert_eq!(s.clusters_for_device(20 * MIB), 19);
+    assert_eq!(s.clusters_for_device(30 * MIB + 4095), 29);
+    // Shrinking or more clusters than a map can name: refused, nothing changed.
+    let before = summary(&s);
+    assert_eq!(field(s.grow(18).unwrap_err()), "base_bdev");
+    assert_eq!(field(s.grow(u32::MAX as u64 + 1).unwrap_err()), "base_bdev");
+    assert!(!s.grow(19).unwrap());
+    assert_eq!(summary(&s), before);
+    assert!(s.grow(29).unwrap());
+    assert_eq!((s.total_clusters(), s.free_clusters()), (29, 29));
+    s.create_volume(uuid(1), "big", 25 * MIB, false).unwrap();
+    assert_eq!(s.volume(&uuid(1)).unwrap().map[24], 24);
+    s.check_consistency().unwrap();
+    s.commit(&mut dev).unwrap();
+    reload(&mut dev, &s);
+    // The grown store does not fit the old base any more.
+    let mut old = MemDevice::from_image(old_image);
+    old.image_mut().copy_from_slice(&dev.image()[..(20 * MIB) as usize]);
+    assert!(Store::load(&mut old).unwrap_err().to_string().contains("clusters on a device"));
+}
+
+#[test]
+fn destroy_leaves_no_store_at_any_crash_point() {
+    use fp_lvol::sim::RecordingDevice;
+    let mut dev = RecordingDevice::new(20 * MIB / PAGE_SIZE as u64);
+    let mut s = Store::create(&mut dev, &opts()).unwrap();
+    s.create_volume(uuid(1), "a", 2 * MIB, false).unwrap();
+    s.commit(&mut dev).unwrap();
+    let start = dev.log().len();
+    s.destroy(&mut dev).unwrap();
+    let end = dev.log().len();
+    assert_eq!(end - start, 5, "3 writes and 2 flushes");
+    // Any crash inside it: the whole store (the label's flush not done) or no store at all.
+    for completed in start..=end {
+        let durable = dev.durable_prefix(completed);
+        for landed in [vec![], (durable..completed).collect::<Vec<_>>()] {
+            match Store::load(&mut dev.crash_image(durable, &landed)) {
+                Ok(l) => {
+                    assert!(durable <= start, "crash after {completed}: loaded after the label's flush");
+                    assert_eq!(l.volumes().len(), 1);
+                }
+                Err(LvolError::NotAStore(_)) => assert!(!landed.is_empty() || durable > start),
+                Err(e) => panic!("crash after {completed}: {e}"),
+            }
+        }
+    }
+    // A new store can be created over it.
+    let mut image = dev.crash_image(end, &[]);
+    Store::create(&mut image, &opts()).unwrap();
+    assert!(Store::load(&mut image).unwrap().volumes().is_empty());
+}

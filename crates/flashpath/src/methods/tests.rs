@@ -718,6 +718,12 @@ fn volumes_snapshots_clones_by_rpc() {
     f.ok("bdev_lvol_delete", json!({"name": "pool/s"}));
     let s = &f.ok("bdev_lvol_get_lvstores", json!({"lvs_name": "pool"}))[0];
     assert_eq!(s["free_clusters"], s["total_data_clusters"], "every cluster is free again");
+    // The base grows; the store takes the new room when asked.
+    f.ok("bdev_malloc_resize", json!({"name": "m0", "new_size": 32}));
+    f.ok("bdev_lvol_grow_lvstore", json!({"lvs_name": "pool"}));
+    let grown = &f.ok("bdev_lvol_get_lvstores", json!({"lvs_name": "pool"}))[0];
+    assert_eq!(grown["total_data_clusters"].as_u64(), Some(s["total_data_clusters"].as_u64().unwrap() + 16));
+    assert_param(&f.err("bdev_lvol_grow_lvstore", json!({"lvs_name": "nope"})), "lvs_name");
     f.ok("bdev_lvol_delete_lvstore", json!({"lvs_name": "pool"}));
     assert_eq!(f.ok("bdev_lvol_get_lvstores", Value::Null), json!([]));
     f.ok("bdev_malloc_delete", json!({"name": "m0"}));

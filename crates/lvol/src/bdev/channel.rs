@@ -157,7 +157,12 @@ impl LvolChannel {
     fn start(&mut self, req: &IoRequest, slot: u32) {
         let shift = self.geo.cluster_shift;
         let mask = (1u64 << shift) - 1;
-        let view = self.view.load().clone();
+        // Not cloned: an Arc clone per request would bounce the view's reference count between
+        // every core using the volume. The cache keeps this Arc alive until its next `load`,
+        // which only this function calls.
+        let view: *const View = Arc::as_ptr(self.view.load());
+        // SAFETY: see above; `view` is not used after this call returns.
+        let view = unsafe { &*view };
         if req.op == IoOp::Flush {
             self.slots.add_piece(slot);
             let r = IoRequest { tag: slot, ..*req };

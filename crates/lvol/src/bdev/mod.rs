@@ -316,15 +316,7 @@ impl LvStore {
         let vol = *uuid;
         call(&self.tx, move |o| {
             o.check_usable()?;
-            let v =
-                o.store.volume(&vol).ok_or(LvolError::NotFound { field: "name", value: vol.to_string() })?;
-            if o.store.has_clones(&vol) {
-                return Err(LvolError::State {
-                    field: "name",
-                    reason: format!("'{}' is a snapshot with clones; delete or inflate them first", v.name),
-                });
-            }
-            Ok(())
+            o.store.check_delete(&vol).map(|_| ())
         })
     }
 
@@ -361,13 +353,38 @@ impl LvStore {
         })
     }
 
+    /// SPDK's inflate: the volume gets a cluster of its own for every one it lacks (the
+    /// parent's data copied, or zeroes) and leaves its parent. Writes are held meanwhile.
+    pub fn inflate(&self, uuid: &Uuid) -> Result<(), LvolError> {
+        let vol = *uuid;
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.inflate(&vol))))
+    }
+
+    /// SPDK's decouple_parent: the clusters the parent itself holds are copied in, and the
+    /// parent's parent becomes the volume's.
+    pub fn decouple_parent(&self, uuid: &Uuid) -> Result<(), LvolError> {
+        let vol = *uuid;
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.decouple_parent(&vol))))
+    }
+
+    /// Takes the clusters a grown base now has room for; `false` when there are none.
+    pub fn grow(&self) -> Result<bool, LvolError> {
+        call(&self.tx, |o| {
+            o.check_usable()?;
+            let total = o.store.clusters_for_device(o.io.size_bytes());
+            let grew = o.store.grow(total)?;
+            if grew {
+                o.commit()?;
+            }
+            Ok(grew)
+        })
+    }
+
     /// Removes the store from its base (the label is erased) and stops it. Its volumes' bdevs
     /// must be gone.
     pub fn destroy(&self) -> Result<(), LvolError> {
         call(&self.tx, |o| {
-            use crate::MetaDevice;
-            o.io.write_page(0, &[0u8; PAGE_SIZE])?;
-            MetaDevice::flush(&mut o.io)?;
+            o.store.destroy(&mut o.io)?;
             o.broken = Some("destroyed".into());
             Ok(())
         })?;

@@ -372,6 +372,33 @@ impl Owner {
         r
     }
 
+    /// Runs a store operation that hands out new clusters (inflate, decouple) and fills each
+    /// (copy or zeroes), then flushes: their data is durable before the commit maps them.
+    pub(crate) fn fill(
+        &mut self,
+        op: impl FnOnce(&mut Store) -> Result<Vec<crate::NewCluster>, LvolError>,
+    ) -> Result<(), LvolError> {
+        let new = op(&mut self.store)?;
+        let cs = self.geo.cluster_size();
+        for (_, cluster, from) in new {
+            let to = self.geo.phys(cluster);
+            let r = match from {
+                Some(src) => self.io.copy(self.geo.phys(src), to, cs),
+                None => self.io.zero(to, cs),
+            };
+            if let Err(e) = r {
+                let why = format!("filling cluster {cluster} failed: errno {e}");
+                self.broken = Some(why.clone());
+                return Err(LvolError::Device(crate::DeviceError { op: "write", page: 0, reason: why }));
+            }
+        }
+        self.io.flush().map_err(|e| {
+            let why = format!("flushing filled clusters failed: errno {e}");
+            self.broken = Some(why.clone());
+            LvolError::Device(crate::DeviceError { op: "flush", page: 0, reason: why })
+        })
+    }
+
     pub(crate) fn thaw(&self, uuid: &Uuid) {
         if let Some(s) = self.vols.get(uuid) {
             s.frozen.store(false, Ordering::SeqCst);

@@ -77,6 +77,9 @@ impl BdevModule for LvolModule {
             ("bdev_lvol_snapshot", snapshot),
             ("bdev_lvol_clone", clone),
             ("bdev_lvol_get_lvols", get_lvols),
+            ("bdev_lvol_inflate", inflate),
+            ("bdev_lvol_decouple_parent", decouple_parent),
+            ("bdev_lvol_grow_lvstore", grow_lvstore),
         ]
     }
 
@@ -372,7 +375,7 @@ fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
     p.finish()?;
     let (lvs, dev) = find_volume(host, "name", &name)?;
-    lvs.check_delete(&dev.uuid()).map_err(lvol_error)?;
+    lvs.check_delete(&dev.uuid()).map_err(as_name_field)?;
     host.delete_bdev(&dev.uuid().to_string(), MODULE)?;
     lvs.delete_volume(&dev.uuid()).map_err(lvol_error)?;
     Ok(Value::Bool(true))
@@ -505,4 +508,38 @@ fn get_lvols(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleError> {
         }
     }
     Ok(Value::Array(out))
+}
+
+/// The store's own field names are its own ("lvol"); the methods' parameter is `name`.
+fn as_name_field(e: LvolError) -> ModuleError {
+    match e {
+        LvolError::State { field: "lvol", reason } | LvolError::Invalid { field: "lvol", reason } => {
+            ParamError::new("name", reason).into()
+        }
+        e => lvol_error(e),
+    }
+}
+
+fn inflate(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    p.finish()?;
+    let (lvs, dev) = find_volume(host, "name", &name)?;
+    lvs.inflate(&dev.uuid()).map_err(as_name_field)?;
+    Ok(Value::Bool(true))
+}
+
+fn decouple_parent(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    p.finish()?;
+    let (lvs, dev) = find_volume(host, "name", &name)?;
+    lvs.decouple_parent(&dev.uuid()).map_err(as_name_field)?;
+    Ok(Value::Bool(true))
+}
+
+fn grow_lvstore(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let lvs = find_store(host, &mut p, "uuid", "lvs_name", true)?.expect("required");
+    p.finish()?;
+    let grew = lvs.grow().map_err(lvol_error)?;
+    log::info!("lvstore '{}': {}", lvs.name(), if grew { "grown" } else { "already fills its base" });
+    Ok(Value::Bool(true))
 }

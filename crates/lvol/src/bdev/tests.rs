@@ -225,3 +225,43 @@ fn resize_grows_and_shrinks_a_volume() {
     assert_eq!(free(&lvs), before);
     assert!(v.resize(1000).is_err(), "not a whole number of clusters");
 }
+
+#[test]
+fn inflate_and_decouple_copy_the_parents_data_in_and_free_the_parent() {
+    let lvs = store_on(ram(32 * MIB), 64 * KIB);
+    let v = lvs.create_volume("v", MIB, true).unwrap();
+    let mut ch = v.open_channel().unwrap();
+    let a = pattern(11, 256 * 1024);
+    write_range(&mut *ch, 0, &a);
+    let s1 = lvs.snapshot(&v.uuid(), "s1").unwrap();
+    let b = pattern(12, 128 * 1024);
+    write_range(&mut *ch, 192 * KIB, &b);
+    let s2 = lvs.snapshot(&v.uuid(), "s2").unwrap();
+    let c = pattern(13, 4096);
+    write_range(&mut *ch, 8 * KIB, &c);
+    let mut expect = vec![0u8; MIB as usize];
+    expect[..a.len()].copy_from_slice(&a);
+    expect[192 * 1024..192 * 1024 + b.len()].copy_from_slice(&b);
+    expect[8 * 1024..12 * 1024].copy_from_slice(&c);
+    assert_eq!(read_range(&mut *ch, 0, MIB as usize), expect);
+    let parent = |u: Uuid| lvs.volumes().unwrap().into_iter().find(|x| x.uuid == u).unwrap().parent;
+    // Decouple: s2's own clusters come in, s1 becomes the parent; the data does not change.
+    lvs.decouple_parent(&v.uuid()).unwrap();
+    assert_eq!(parent(v.uuid()), Some(s1.uuid()));
+    assert_eq!(read_range(&mut *ch, 0, MIB as usize), expect);
+    lvs.check_delete(&s2.uuid()).unwrap();
+    lvs.delete_volume(&s2.uuid()).unwrap();
+    assert_eq!(read_range(&mut *ch, 0, MIB as usize), expect);
+    // Inflate: every cluster its own, no parent; s1 can go and the data stays.
+    lvs.inflate(&v.uuid()).unwrap();
+    assert_eq!(parent(v.uuid()), None);
+    lvs.delete_volume(&s1.uuid()).unwrap();
+    let info = lvs.volumes().unwrap();
+    assert_eq!(info.len(), 1);
+    assert_eq!((info[0].allocated_clusters, info[0].thin), (16, false));
+    assert_eq!(read_range(&mut *ch, 0, MIB as usize), expect);
+    // Reused clusters (the snapshots') never show through: write something new, read back.
+    write_range(&mut *ch, 512 * KIB, &pattern(14, 4096));
+    assert_eq!(read_range(&mut *ch, 512 * KIB, 4096), pattern(14, 4096));
+    assert!(lvs.inflate(&v.uuid()).is_ok(), "inflating a volume without parent changes nothing");
+}
