@@ -151,7 +151,7 @@ fn the_volume_cli_creates_lists_and_refuses_in_one_line() {
     );
     let (code, out, err) = cli(&["volume", "delete", "lvs/s"]);
     assert_eq!((code, out.as_str()), (Some(1), ""));
-    assert_eq!(err, "error: VOLUME: 's' is a snapshot with clones; delete or inflate them first\n");
+    assert_eq!(err, "error: VOLUME: 's' has clones; delete them (or inflate them) first\n");
     let (code, _, err) = cli(&["volume", "create-store", "--disk", "nope", "--name", "x"]);
     assert_eq!((code, err.as_str()), (Some(1), "error: --disk: no bdev 'nope'\n"));
     daemon.assert_alive();

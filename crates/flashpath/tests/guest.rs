@@ -21,7 +21,7 @@ mod guest_vm {
     use super::common::guest::{
         self, expected_contents, run_scenario, DiskOp, GuestResult, Vm, VmConfig, BOOT_TIMEOUT, EXIT_TIMEOUT,
     };
-    use super::common::{assert_same, bounded, pattern, BlkClient, Daemon};
+    use super::common::{assert_same, bounded, pattern, BlkClient, ClientOpts, Daemon};
 
     const MIB: u64 = 1 << 20;
 
@@ -177,16 +177,21 @@ mod guest_vm {
             .unwrap_or_else(|| panic!("{name} not found: install e2fsprogs (./run test does)"))
     }
 
-    /// debugfs -R "cat PATH" on an ext4 image.
-    fn debugfs_cat(img: &Path, path: &str) -> Vec<u8> {
+    /// debugfs -R REQUEST on an ext4 image: its standard output.
+    fn debugfs(img: &Path, request: &str) -> Vec<u8> {
         let out = Command::new(e2fs_tool("debugfs"))
             .arg("-R")
-            .arg(format!("cat {path}"))
+            .arg(request)
             .arg(img)
             .output()
             .expect("running debugfs");
-        assert!(out.status.success(), "debugfs cat {path}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "debugfs {request}: {}", String::from_utf8_lossy(&out.stderr));
         out.stdout
+    }
+
+    /// debugfs -R "cat PATH" on an ext4 image.
+    fn debugfs_cat(img: &Path, path: &str) -> Vec<u8> {
+        debugfs(img, &format!("cat {path}"))
     }
 
     /// The host-side checks of the `data` scenario on a disk of `size` bytes backed by `file`.
@@ -272,14 +277,7 @@ mod guest_vm {
         let (d, img, _) = guest_on_file_disk("filesystem", "0", "fp-fs", 64 * MIB, false, &[], TWO_SPLIT);
 
         // The guest has unmounted it and QEMU is gone: the file is a quiescent ext4 image.
-        let fsck = Command::new(e2fs_tool("e2fsck")).arg("-fn").arg(&img).output().expect("running e2fsck");
-        assert!(
-            fsck.status.success(),
-            "e2fsck -fn found problems ({}):\n{}{}",
-            fsck.status,
-            String::from_utf8_lossy(&fsck.stdout),
-            String::from_utf8_lossy(&fsck.stderr)
-        );
+        assert_e2fsck_clean("the file system made in the guest", &img);
         let p = debugfs_cat(&img, "/fp/pattern.bin");
         assert_same("/fp/pattern.bin (page cache)", 0, &p, &pattern(42, 0, 3 << 20));
         let p = debugfs_cat(&img, "/fp/direct.bin");
@@ -526,5 +524,306 @@ mod guest_vm {
             "no request was resubmitted after the SIGKILL:\n{log}"
         );
         assert_no_errors(&stats(&d, "fp-restart"));
+    }
+
+    // ---- Logical volumes: a golden image, a clone of its snapshot in a guest, a snapshot of
+    // the clone while the guest writes (issue 11). ----
+
+    /// The lvstore's cluster size: 1 MiB rather than the default 4 MiB, so the guest's writes
+    /// allocate (and copy) many clusters, some of them while the snapshot is taken.
+    const LVOL_CLUSTER: u64 = MIB;
+    /// The golden volume, its clones and snapshots: a 64 MiB ext4 file system.
+    const LVOL_SIZE: u64 = 64 * MIB;
+    /// Rounds the `lvol` scenario writes (`rounds` in tests/guest/init).
+    const LVOL_ROUNDS: u32 = 30;
+    /// The round after which the host takes the snapshot of the clone.
+    const LVOL_SNAPSHOT_AFTER: u32 = 5;
+
+    /// The files the host puts in the golden image, as (path, contents); the `lvol` scenario
+    /// checks the same names and contents in the guest.
+    fn golden_files() -> Vec<(String, Vec<u8>)> {
+        let mut files = vec![
+            ("/golden/hello.txt".to_string(), b"the golden image of the flashpath lvol test\n".to_vec()),
+            ("/golden/pattern.bin".to_string(), pattern(61, 0, 2 << 20)),
+        ];
+        for i in 0..100 {
+            files.push((format!("/golden/small/f{i}"), format!("golden file {i}\n").into_bytes()));
+        }
+        files
+    }
+
+    /// An ext4 image of `size` bytes at `dir/golden.img` holding `files`, made by mke2fs -d
+    /// (4 KiB blocks). Inode tables and the journal are written out now, so the guest's kernel
+    /// has no lazy initialisation left to do behind the test's back. Returns the image's bytes.
+    fn ext4_image(dir: &Path, size: u64, files: &[(String, Vec<u8>)]) -> Vec<u8> {
+        let root = dir.join("golden-root");
+        for (path, data) in files {
+            let p = root.join(path.trim_start_matches('/'));
+            std::fs::create_dir_all(p.parent().expect("a file has a directory"))
+                .expect("creating a directory");
+            std::fs::write(&p, data).expect("writing a golden file");
+        }
+        let img = sparse_file(dir, "golden.img", size);
+        let out = Command::new(e2fs_tool("mke2fs"))
+            .args(["-t", "ext4", "-q", "-F", "-b", "4096", "-L", "golden"])
+            .args(["-E", "lazy_itable_init=0,lazy_journal_init=0", "-d"])
+            .arg(&root)
+            .arg(&img)
+            .output()
+            .expect("running mke2fs");
+        assert!(
+            out.status.success(),
+            "mke2fs -d failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read(&img).expect("reading the golden image")
+    }
+
+    /// `e2fsck -fn` on an image finds nothing.
+    fn assert_e2fsck_clean(what: &str, img: &Path) {
+        let fsck = Command::new(e2fs_tool("e2fsck")).arg("-fn").arg(img).output().expect("running e2fsck");
+        assert!(
+            fsck.status.success(),
+            "{what}: e2fsck -fn found problems ({}):\n{}{}",
+            fsck.status,
+            String::from_utf8_lossy(&fsck.stdout),
+            String::from_utf8_lossy(&fsck.stderr)
+        );
+    }
+
+    /// What mounting does to a file system that was in use when its image was taken: replay
+    /// the journal and release orphan inodes (`e2fsck -p` without `-f` stops there when the
+    /// file system was not marked as having errors). Anything else it reports fails the test,
+    /// so a repair cannot hide an inconsistency from the `-fn` check that follows.
+    fn recover_like_mount(what: &str, img: &Path) {
+        let out = Command::new(e2fs_tool("e2fsck")).arg("-p").arg(img).output().expect("running e2fsck -p");
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        // 0: nothing to do; 1: the journal was replayed or orphans released.
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{what}: e2fsck -p ({}):\n{text}", out.status);
+        eprintln!("{what}: e2fsck -p ({}): {}", out.status, text.trim().replace('\n', " | "));
+        let benign = ["e2fsck ", "recovering journal", "orphan", "clean, "];
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            assert!(
+                benign.iter().any(|b| line.contains(b)),
+                "{what}: e2fsck -p did more than recover: {line:?}\n{text}"
+            );
+        }
+    }
+
+    /// The regular files in a directory of an ext4 image, as (name, size), from `debugfs ls -p`
+    /// (lines `/INODE/MODE/UID/GID/NAME/SIZE/`).
+    fn debugfs_files(img: &Path, dir: &str) -> Vec<(String, u64)> {
+        String::from_utf8_lossy(&debugfs(img, &format!("ls -p {dir}")))
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split('/').collect();
+                // Regular files only: mode 100xxx.
+                (f.len() >= 7 && f[2].starts_with("100"))
+                    .then(|| (f[5].to_string(), f[6].parse().unwrap_or(0)))
+            })
+            .collect()
+    }
+
+    /// The golden files read back with debugfs equal what the host wrote.
+    fn assert_golden_files(what: &str, img: &Path, files: &[(String, Vec<u8>)]) {
+        for (path, data) in files {
+            assert_same(&format!("{what}: {path}"), 0, &debugfs_cat(img, path), data);
+        }
+    }
+
+    /// A file of an image taken while the guest wrote it: no longer than it will be, and each
+    /// 4 KiB block either what the guest writes there or zeroes (not yet written), never
+    /// anything else (stale or misplaced data).
+    fn assert_pattern_or_zero(what: &str, got: &[u8], want: &[u8]) {
+        assert!(got.len() <= want.len(), "{what}: {} bytes, more than the {} written", got.len(), want.len());
+        for (i, block) in got.chunks(4096).enumerate() {
+            let w = &want[i * 4096..i * 4096 + block.len()];
+            assert!(
+                block == w || block.iter().all(|&b| b == 0),
+                "{what}: block {i} is neither the guest's data nor zeroes"
+            );
+        }
+    }
+
+    /// Reads a whole volume back through a read-only libblkio connection to its controller.
+    fn read_volume(sock: &Path, size: u64) -> Vec<u8> {
+        let sock = sock.to_path_buf();
+        bounded(std::time::Duration::from_secs(120), "lvol read-back", move || {
+            let opts = ClientOpts { read_only: true, ..ClientOpts::default() };
+            let mut c = BlkClient::connect(&sock, opts)
+                .unwrap_or_else(|e| panic!("libblkio connect to {}: {e}", sock.display()));
+            assert_eq!(c.capacity, size, "{}: capacity", sock.display());
+            c.read_all(0, size as usize)
+        })
+    }
+
+    /// The volume named `name` in `bdev_lvol_get_lvols`.
+    fn lvol_info<'a>(lvols: &'a Value, name: &str) -> &'a Value {
+        lvols
+            .as_array()
+            .and_then(|l| l.iter().find(|v| v["name"] == json!(name)))
+            .unwrap_or_else(|| panic!("no volume {name} in {lvols}"))
+    }
+
+    /// Issue 11's guest test. The host makes an ext4 image with known files and copies it into
+    /// a thin "golden" volume (only its non-zero clusters); snapshots it; clones the snapshot
+    /// and exports the clone. The guest mounts the clone, checks the golden files and writes
+    /// new ones on both vCPUs; after its fifth synced round the host snapshots the clone, and
+    /// the guest must go on without an I/O error. Afterwards the host reads every volume back
+    /// through libblkio: the golden volume and its snapshot equal the image byte for byte; the
+    /// clone checks clean with e2fsck and holds the old and the new files; the clone's
+    /// snapshot, once its journal is replayed as a mount would, checks clean, holds the golden
+    /// files and every round synced before the snapshot, and nothing written after it.
+    #[test]
+    fn guest_writes_a_clone_of_a_golden_volume_while_it_is_snapshotted() {
+        let Some(_one) = one_at_a_time() else { return };
+        let d = Daemon::start("0,1");
+        let dir = d.dir.path().to_path_buf();
+        let files = golden_files();
+        let image = ext4_image(&dir, LVOL_SIZE, &files);
+
+        // A 256 MiB RAM disk: the golden data, the clone's copies and the metadata fit easily.
+        d.malloc("base", 256 * MIB / 512, 512);
+        let lvs = d.call(
+            "bdev_lvol_create_lvstore",
+            json!({"bdev_name": "base", "lvs_name": "lvs", "cluster_sz": LVOL_CLUSTER}),
+        );
+        assert!(lvs.is_string(), "bdev_lvol_create_lvstore returns the store's UUID: {lvs}");
+        let golden = d.call(
+            "bdev_lvol_create",
+            json!({"lvs_name": "lvs", "lvol_name": "golden", "size_in_mib": LVOL_SIZE / MIB, "thin_provision": true}),
+        );
+        assert!(golden.is_string(), "bdev_lvol_create returns the volume's bdev name: {golden}");
+
+        // The image's non-zero clusters; the others stay unallocated and read as zeroes.
+        let golden_sock = d.controller("fp-golden", "lvs/golden", Some(1), false);
+        let (sock, img) = (golden_sock.clone(), image.clone());
+        let copied = bounded(std::time::Duration::from_secs(120), "golden copy", move || {
+            let mut c = BlkClient::open(&sock, 1);
+            assert_eq!(c.capacity, LVOL_SIZE, "the golden volume's capacity");
+            let mut copied = 0;
+            for (i, chunk) in img.chunks(LVOL_CLUSTER as usize).enumerate() {
+                if chunk.iter().any(|&b| b != 0) {
+                    c.write_all(i as u64 * LVOL_CLUSTER, chunk);
+                    copied += 1;
+                }
+            }
+            assert_eq!(c.flush(0), 0, "flush of the golden volume");
+            copied
+        });
+        eprintln!("golden image: {copied} of {} clusters hold data", LVOL_SIZE / LVOL_CLUSTER);
+
+        d.call("bdev_lvol_snapshot", json!({"lvol_name": "lvs/golden", "snapshot_name": "golden-snap"}));
+        d.call("bdev_lvol_clone", json!({"snapshot_name": "lvs/golden-snap", "clone_name": "vm"}));
+        let vm_sock = d.controller("fp-lvol", "lvs/vm", Some(2), false);
+
+        let mut vm = Vm::boot(&VmConfig::new("lvol", vec![vm_sock.clone()]), &dir);
+        let marker = format!("lvol round {LVOL_SNAPSHOT_AFTER} ok");
+        vm.wait_for("the guest's synced rounds before the snapshot", |l| l.contains(&marker), BOOT_TIMEOUT);
+        let t0 = std::time::Instant::now();
+        let snap = d.call("bdev_lvol_snapshot", json!({"lvol_name": "lvs/vm", "snapshot_name": "vm-snap"}));
+        let took = t0.elapsed();
+        assert!(snap.is_string(), "bdev_lvol_snapshot returns the snapshot's bdev name: {snap}");
+        // The last round the guest had announced half a second after the snapshot: any line
+        // printed before the snapshot has reached the console by then, so a round that began
+        // before it is at most one after this (the check below allows two); later rounds'
+        // files may not be in the snapshot.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let console = vm.console();
+        assert!(
+            !console.contains("lvol writes done"),
+            "the guest finished writing within 0.5 s of the snapshot ({took:?}): the snapshot was not taken under I/O"
+        );
+        let last_seen =
+            (1..=LVOL_ROUNDS).filter(|n| console.contains(&format!("lvol round {n} ok"))).max().unwrap_or(0);
+        eprintln!("snapshot of the clone took {took:?}; the guest had announced round {last_seen}");
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        let all = with_whole_console(&vm, &r);
+        assert_disk(&all, "fp-lvol", LVOL_SIZE, 512, false);
+        assert_no_errors(&stats(&d, "fp-lvol"));
+
+        let lvols = d.call("bdev_lvol_get_lvols", json!({"lvs_name": "lvs"}));
+        for (name, key, want) in [
+            ("golden-snap", "is_snapshot", true),
+            ("vm", "is_clone", true),
+            ("vm", "is_thin_provisioned", true),
+            ("vm", "is_snapshot", false),
+            ("vm-snap", "is_snapshot", true),
+        ] {
+            assert_eq!(lvol_info(&lvols, name)[key], json!(want), "{name}: {key} in {lvols}");
+        }
+
+        // Read every volume back: the clone through the socket the guest used, the others
+        // through controllers of their own (read-only for the snapshots).
+        let golden_snap_sock = d.controller("fp-golden-snap", "lvs/golden-snap", Some(1), true);
+        let vm_snap_sock = d.controller("fp-vm-snap", "lvs/vm-snap", Some(1), true);
+        assert_same("the golden volume after the guest", 0, &read_volume(&golden_sock, LVOL_SIZE), &image);
+        assert_same("the golden snapshot", 0, &read_volume(&golden_snap_sock, LVOL_SIZE), &image);
+        let clone_img = dir.join("vm.img");
+        std::fs::write(&clone_img, read_volume(&vm_sock, LVOL_SIZE)).expect("writing the clone's image");
+        let snap_img = dir.join("vm-snap.img");
+        std::fs::write(&snap_img, read_volume(&vm_snap_sock, LVOL_SIZE))
+            .expect("writing the snapshot's image");
+
+        // The clone: unmounted cleanly by the guest, so no recovery may be needed.
+        assert_e2fsck_clean("the clone", &clone_img);
+        assert_golden_files("the clone", &clone_img, &files);
+        for n in 1..=LVOL_ROUNDS {
+            let f = debugfs_cat(&clone_img, &format!("/new/r{n}.bin"));
+            assert_same(
+                &format!("the clone: /new/r{n}.bin"),
+                0,
+                &f,
+                &pattern(100 + u64::from(n), 0, 256 << 10),
+            );
+            assert_eq!(debugfs_cat(&clone_img, &format!("/new/t{n}.txt")), format!("round {n}\n").as_bytes());
+        }
+        assert_same(
+            "the clone: /new/big.bin",
+            0,
+            &debugfs_cat(&clone_img, "/new/big.bin"),
+            &pattern(99, 0, 24 << 20),
+        );
+        assert_eq!(
+            debugfs_cat(&clone_img, "/new/done.txt"),
+            format!("the guest wrote {LVOL_ROUNDS} rounds\n").as_bytes()
+        );
+
+        // The clone's snapshot: taken with the file system mounted and being written, so it is
+        // what a crash at that moment would leave.
+        recover_like_mount("the clone's snapshot", &snap_img);
+        assert_e2fsck_clean("the clone's snapshot (after recovery)", &snap_img);
+        assert_golden_files("the clone's snapshot", &snap_img, &files);
+        let new: std::collections::HashMap<String, u64> =
+            debugfs_files(&snap_img, "/new").into_iter().collect();
+        eprintln!("the clone's snapshot holds {} new files: {new:?}", new.len());
+        for n in 1..=LVOL_ROUNDS {
+            let (bin, txt) = (format!("r{n}.bin"), format!("t{n}.txt"));
+            let want = pattern(100 + u64::from(n), 0, 256 << 10);
+            if n <= LVOL_SNAPSHOT_AFTER {
+                let f = debugfs_cat(&snap_img, &format!("/new/{bin}"));
+                assert_same(&format!("the clone's snapshot: /new/{bin} (synced before it)"), 0, &f, &want);
+                assert_eq!(debugfs_cat(&snap_img, &format!("/new/{txt}")), format!("round {n}\n").as_bytes());
+            } else if n > last_seen + 2 {
+                assert!(
+                    !new.contains_key(&bin) && !new.contains_key(&txt),
+                    "round {n} (after the snapshot) is in it: {new:?}"
+                );
+            } else if new.contains_key(&bin) {
+                let f = debugfs_cat(&snap_img, &format!("/new/{bin}"));
+                assert_pattern_or_zero(&format!("the clone's snapshot: /new/{bin}"), &f, &want);
+            }
+        }
+        if new.contains_key("big.bin") {
+            let f = debugfs_cat(&snap_img, "/new/big.bin");
+            assert_pattern_or_zero("the clone's snapshot: /new/big.bin", &f, &pattern(99, 0, 24 << 20));
+        }
+        if last_seen + 2 < LVOL_ROUNDS {
+            assert!(!new.contains_key("done.txt"), "done.txt, written after every round, is in the snapshot");
+        }
     }
 }

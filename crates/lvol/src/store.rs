@@ -229,8 +229,9 @@ impl Store {
     /// both super blocks and flushes. Once the first flush returns the device holds no store
     /// (`NotAStore` on load); a crash before leaves the store whole or none (the label's fields
     /// and magic are in its first sector). The volumes' data is left as it is (SPDK's
-    /// `clear_method` is the module's). The store is consumed.
-    pub fn destroy<D: MetaDevice>(self, dev: &mut D) -> Result<(), LvolError> {
+    /// `clear_method` is the module's). The store must not be used afterwards (the module's
+    /// owner marks it so).
+    pub fn destroy<D: MetaDevice>(&self, dev: &mut D) -> Result<(), LvolError> {
         let zero = [0u8; PAGE_SIZE];
         dev.write_page(0, &zero)?;
         dev.flush()?;

@@ -10,7 +10,9 @@
 //!   socket answers, and on drop stops it (SIGTERM, then SIGKILL after a timeout). If the test is
 //!   failing when the daemon is dropped, the daemon's stderr is printed.
 //! * [`BlkClient`] connects, starts the queues and maps one buffer arena; [`BlkClient::run`]
-//!   submits a batch of requests spread over queues and waits for all of them, bounded in time.
+//!   submits a batch of requests spread over queues and waits for all of them, bounded in time;
+//!   [`BlkClient::run_until`] gives up instead once the test has set its abort flag (a daemon
+//!   about to be killed under the client).
 //! * [`bounded`] runs a closure on a thread and fails the test if it does not return in time, so
 //!   a hung daemon fails a test instead of hanging the suite.
 //! * [`Daemon::start_with_config`] starts the daemon with a `--config` file instead;
@@ -29,7 +31,7 @@ use std::mem::MaybeUninit;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use blkio::{Blkio, Blkioq, Completion, MemoryRegion, ReqFlags};
@@ -455,6 +457,20 @@ impl BlkClient {
     /// Submits every op (spread over their queues, all in flight together), waits for all of
     /// them and returns their `ret` values in order (0 or a negative errno).
     pub fn run(&mut self, ops: &[Op]) -> Vec<i32> {
+        self.run_inner(ops, None).expect("run without an abort flag is never interrupted")
+    }
+
+    /// [`BlkClient::run`] for a device that may die under it (a daemon killed by the test):
+    /// waits in short steps and returns `None`, with requests possibly still outstanding, as
+    /// soon as `abort` is set and either a wait times out or libblkio reports an error. Set
+    /// `abort` *before* killing the daemon, so an error seen without it is a real failure.
+    /// After `None` the client is only fit to be dropped.
+    pub fn run_until(&mut self, ops: &[Op], abort: &AtomicBool) -> Option<Vec<i32>> {
+        self.run_inner(ops, Some(abort))
+    }
+
+    fn run_inner(&mut self, ops: &[Op], abort: Option<&AtomicBool>) -> Option<Vec<i32>> {
+        let aborted = || abort.is_some_and(|a| a.load(Ordering::Acquire));
         let mut per_queue = vec![0usize; self.queues.len()];
         let arena_base = self.arena.addr as *mut u8;
         for (i, op) in ops.iter().enumerate() {
@@ -482,15 +498,25 @@ impl BlkClient {
             (0..ops.len().max(1)).map(|_| MaybeUninit::uninit()).collect();
         // Kick every queue first so all of them run concurrently, then wait queue by queue.
         for (qi, q) in self.queues.iter_mut().enumerate() {
-            let n = q.do_io(&mut completions, 0, None, None).expect("do_io");
-            record(&completions, n, &mut rets, &mut per_queue[qi]);
+            match q.do_io(&mut completions, 0, None, None) {
+                Ok(n) => record(&completions, n, &mut rets, &mut per_queue[qi]),
+                Err(_) if aborted() => return None,
+                Err(e) => panic!("queue {qi}: do_io: {e}"),
+            }
         }
+        // With an abort flag, wait in steps short enough to notice it soon.
+        let step = Duration::from_millis(20);
         let deadline = Instant::now() + IO_TIMEOUT;
         for (qi, q) in self.queues.iter_mut().enumerate() {
             while per_queue[qi] > 0 {
-                let mut timeout = deadline.saturating_duration_since(Instant::now());
+                let left = deadline.saturating_duration_since(Instant::now());
+                let mut timeout = if abort.is_some() { left.min(step) } else { left };
                 match q.do_io(&mut completions, per_queue[qi], Some(&mut timeout), None) {
                     Ok(n) => record(&completions, n, &mut rets, &mut per_queue[qi]),
+                    Err(_) if aborted() => return None,
+                    Err(e) if e.errno() == blkio::Errno::TIME && !left.is_zero() && abort.is_some() => {
+                        // A short step ended; record() keeps what did complete in `rets`.
+                    }
                     Err(e) => panic!(
                         "queue {qi}: {} requests did not complete within {IO_TIMEOUT:?}: {e}",
                         per_queue[qi]
@@ -499,7 +525,7 @@ impl BlkClient {
             }
         }
         assert!(rets.iter().all(|&r| r != i32::MIN), "a request completed twice or never");
-        rets
+        Some(rets)
     }
 
     /// Writes `data` at `offset` through `queue`; returns libblkio's `ret`.

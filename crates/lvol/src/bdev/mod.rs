@@ -316,15 +316,7 @@ impl LvStore {
         let vol = *uuid;
         call(&self.tx, move |o| {
             o.check_usable()?;
-            let v =
-                o.store.volume(&vol).ok_or(LvolError::NotFound { field: "name", value: vol.to_string() })?;
-            if o.store.has_clones(&vol) {
-                return Err(LvolError::State {
-                    field: "name",
-                    reason: format!("'{}' is a snapshot with clones; delete or inflate them first", v.name),
-                });
-            }
-            Ok(())
+            o.store.check_delete(&vol).map(|_| ())
         })
     }
 
@@ -392,9 +384,7 @@ impl LvStore {
     /// must be gone.
     pub fn destroy(&self) -> Result<(), LvolError> {
         call(&self.tx, |o| {
-            use crate::MetaDevice;
-            o.io.write_page(0, &[0u8; PAGE_SIZE])?;
-            MetaDevice::flush(&mut o.io)?;
+            o.store.destroy(&mut o.io)?;
             o.broken = Some("destroyed".into());
             Ok(())
         })?;

@@ -375,7 +375,7 @@ fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
     p.finish()?;
     let (lvs, dev) = find_volume(host, "name", &name)?;
-    lvs.check_delete(&dev.uuid()).map_err(lvol_error)?;
+    lvs.check_delete(&dev.uuid()).map_err(as_name_field)?;
     host.delete_bdev(&dev.uuid().to_string(), MODULE)?;
     lvs.delete_volume(&dev.uuid()).map_err(lvol_error)?;
     Ok(Value::Bool(true))
