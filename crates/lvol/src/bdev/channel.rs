@@ -23,6 +23,13 @@ use super::shared::{ChannelShared, Piece, Reply, View, VolumeShared};
 use super::Geometry;
 use crate::{Uuid, UNALLOCATED};
 
+/// A base tag with this bit is a slot's (a request cut into pieces, or waiting for the owner);
+/// without it, the caller's own tag of a request passed straight through.
+const SLOT_TAG: u32 = 1 << 31;
+/// On a passed-through request: it is a write (counted in [`ChannelShared::writes`]). Caller
+/// tags from this bit up always take the slot path.
+const WRITE_TAG: u32 = 1 << 30;
+
 struct Slot {
     /// The caller's tag.
     tag: u32,
@@ -40,6 +47,8 @@ struct Slots {
     slots: Vec<Slot>,
     free: Vec<u32>,
     in_use: usize,
+    /// Requests passed straight through to the base, in flight.
+    direct: usize,
     done: Vec<(u32, IoStatus)>,
 }
 
@@ -71,21 +80,46 @@ impl Slots {
         self.slots[slot as usize].pending += 1;
     }
 
-    /// One piece (or the cutting guard) of `slot` ended with `status`.
-    fn piece_done(&mut self, slot: u32, status: IoStatus, me: &ChannelShared) {
+    /// One piece (or the cutting guard) of `slot` ended with `status`: the request's tag and
+    /// status when that was its last.
+    #[inline]
+    fn finish_piece(&mut self, slot: u32, status: IoStatus, me: &ChannelShared) -> Option<(u32, IoStatus)> {
         let s = &mut self.slots[slot as usize];
         if s.status == IoStatus::Success {
             s.status = status;
         }
         s.pending -= 1;
-        if s.pending == 0 {
-            self.done.push((s.tag, s.status));
-            if s.write {
-                me.writes.fetch_sub(1, Ordering::SeqCst);
-            }
-            self.free.push(slot);
-            self.in_use -= 1;
+        if s.pending != 0 {
+            return None;
         }
+        if s.write {
+            me.writes.fetch_sub(1, Ordering::SeqCst);
+        }
+        let done = (s.tag, s.status);
+        self.free.push(slot);
+        self.in_use -= 1;
+        Some(done)
+    }
+
+    /// [`Slots::finish_piece`] outside `poll`: a finished request waits in `done`.
+    fn piece_done(&mut self, slot: u32, status: IoStatus, me: &ChannelShared) {
+        if let Some(d) = self.finish_piece(slot, status, me) {
+            self.done.push(d);
+        }
+    }
+
+    /// The base completed the request tagged `tag`: the caller's tag and status when that
+    /// finished one of the caller's requests.
+    #[inline]
+    fn base_done(&mut self, tag: u32, status: IoStatus, me: &ChannelShared) -> Option<(u32, IoStatus)> {
+        if tag & SLOT_TAG != 0 {
+            return self.finish_piece(tag & !SLOT_TAG, status, me);
+        }
+        self.direct -= 1;
+        if tag & WRITE_TAG != 0 {
+            me.writes.fetch_sub(1, Ordering::SeqCst);
+        }
+        Some((tag & !WRITE_TAG, status))
     }
 }
 
@@ -125,7 +159,13 @@ impl LvolChannel {
             info,
             uuid,
             owner,
-            slots: Slots { slots: Vec::new(), free: Vec::new(), in_use: 0, done: Vec::with_capacity(256) },
+            slots: Slots {
+                slots: Vec::new(),
+                free: Vec::new(),
+                in_use: 0,
+                direct: 0,
+                done: Vec::with_capacity(256),
+            },
             held: VecDeque::new(),
             retry: VecDeque::new(),
         }
@@ -139,10 +179,15 @@ impl LvolChannel {
         match unsafe { self.base.submit(&r) } {
             Ok(()) => {}
             Err(SubmitError::Busy) => self.retry.push_back(r),
-            Err(SubmitError::Unsupported) => self.slots.piece_done(r.tag, IoStatus::Unsupported, &self.me),
-            Err(SubmitError::OutOfRange) => {
-                self.slots.piece_done(r.tag, IoStatus::Error(libc::EIO), &self.me)
-            }
+            Err(SubmitError::Unsupported) => self.refused(r.tag, IoStatus::Unsupported),
+            Err(SubmitError::OutOfRange) => self.refused(r.tag, IoStatus::Error(libc::EIO)),
+        }
+    }
+
+    /// The base refused a request outright.
+    fn refused(&mut self, tag: u32, status: IoStatus) {
+        if let Some(d) = self.slots.base_done(tag, status, &self.me) {
+            self.slots.done.push(d);
         }
     }
 
@@ -165,7 +210,7 @@ impl LvolChannel {
         let view = unsafe { &*view };
         if req.op == IoOp::Flush {
             self.slots.add_piece(slot);
-            let r = IoRequest { tag: slot, ..*req };
+            let r = IoRequest { tag: slot | SLOT_TAG, ..*req };
             self.send_base(r, 0);
             self.slots.piece_done(slot, IoStatus::Success, &self.me);
             return;
@@ -186,7 +231,7 @@ impl LvolChannel {
             let index = at >> shift;
             let within = at & mask;
             let len = ((index + 1) << shift).min(end) - at;
-            let mut piece = IoRequest { tag: slot, offset: within, len, ..*req };
+            let mut piece = IoRequest { tag: slot | SLOT_TAG, offset: within, len, ..*req };
             if data && first != last {
                 // SAFETY: as above; the slot's vector was reserved for every piece, so the
                 // pointers of earlier pieces stay valid while later ones are pushed.
@@ -250,6 +295,23 @@ impl LvolChannel {
                 self.me.writes.fetch_sub(1, Ordering::SeqCst);
                 self.held.push_back(*req);
                 return;
+            }
+        }
+        // The common case: a read or write of the caller's inside one cluster whose place is
+        // published goes to the base under the caller's own tag, with no slot.
+        if req.tag < WRITE_TAG && matches!(req.op, IoOp::Read | IoOp::Write) {
+            let shift = self.geo.cluster_shift;
+            let index = req.offset >> shift;
+            if (req.offset + req.len - 1) >> shift == index {
+                let view = self.view.load();
+                let c = if write { view.own(index) } else { view.resolve(index).unwrap_or(UNALLOCATED) };
+                if c != UNALLOCATED {
+                    let tag = if write { req.tag | WRITE_TAG } else { req.tag };
+                    let offset = self.geo.phys(c) + (req.offset & ((1u64 << shift) - 1));
+                    self.slots.direct += 1;
+                    self.send_base(IoRequest { tag, ..*req }, offset);
+                    return;
+                }
             }
         }
         let slot = self.slots.take(req.tag, write);
@@ -320,16 +382,21 @@ impl IoChannel for LvolChannel {
             let offset = r.offset;
             self.send_base(r, offset);
         }
-        let (slots, me) = (&mut self.slots, &self.me);
-        self.base.poll(&mut |slot, status| slots.piece_done(slot, status, me));
-        let n = self.slots.done.len();
+        let mut n = self.slots.done.len();
         for (tag, status) in self.slots.done.drain(..) {
             done(tag, status);
         }
+        let (slots, me) = (&mut self.slots, &self.me);
+        self.base.poll(&mut |slot, status| {
+            if let Some((tag, status)) = slots.base_done(slot, status, me) {
+                done(tag, status);
+                n += 1;
+            }
+        });
         n
     }
 
     fn in_flight(&self) -> usize {
-        self.slots.in_use + self.held.len() + self.slots.done.len()
+        self.slots.in_use + self.slots.direct + self.held.len() + self.slots.done.len()
     }
 }
