@@ -2,7 +2,7 @@
 //! one base device in clusters, with crash-consistent metadata.
 //!
 //! This crate is the synchronous core the bdev module will stand on: the on-disk format
-//! ([`format`], documented in docs/lvol-format.md), the in-memory [`Store`] (volumes, cluster
+//! ([`mod@format`], documented in docs/lvol-format.md), the in-memory [`Store`] (volumes, cluster
 //! maps, allocation, copy-on-write bookkeeping, free-cluster accounting) and its
 //! `commit`/`load` against a page device ([`MetaDevice`]), plus a crash simulator ([`sim`]).
 //! The bdev module built on it ([`bdev`]: lvstores on base bdevs, volumes as bdevs, SPDK's

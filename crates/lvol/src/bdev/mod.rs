@@ -1,8 +1,8 @@
 //! The lvol bdev module: logical volume stores on any bdev, each volume a bdev.
 //!
 //! An [`LvStore`] is a [`Store`] on a base bdev, run by its metadata owner thread
-//! ([`owner`]); an [`LvolDevice`] is a volume as a block device, whose channels
-//! ([`channel`]) read the published cluster maps without locks and send the owner only
+//! (`owner.rs`); an [`LvolDevice`] is a volume as a block device, whose channels
+//! (`channel.rs`) read the published cluster maps without locks and send the owner only
 //! what changes metadata. The RPCs (SPDK's `bdev_lvol_*`) are in `rpc`; the on-disk format
 //! and the crash model are in docs/lvol-format.md.
 
