@@ -122,7 +122,19 @@ impl LvStore {
     }
 
     /// Loads the store on `base`; `None` when it holds none.
+    ///
+    /// Page 0 is probed first on the calling thread, through the device under `base`'s
+    /// statistics layer: examine reads every new bdev, and that read is nobody's I/O.
     pub fn load(base: Bdev, base_name: &str) -> Result<Option<Arc<LvStore>>, LvolError> {
+        let raw = base.as_disk().map_or_else(|| base.clone(), |d| d.bdev().clone());
+        if raw.info().size_bytes() < PAGE_SIZE as u64 {
+            return Ok(None);
+        }
+        let mut page = [0u8; PAGE_SIZE];
+        crate::MetaDevice::read_page(&mut owner::BaseIo::open(raw)?, 0, &mut page)?;
+        if matches!(crate::format::Label::decode(&page), Ok(None)) {
+            return Ok(None);
+        }
         match LvStore::start(base, base_name, base_name, Store::load) {
             Ok(s) => Ok(Some(s)),
             Err(LvolError::NotAStore(_)) => Ok(None),
