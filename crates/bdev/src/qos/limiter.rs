@@ -207,11 +207,11 @@ impl SharedLimiter {
 /// A channel's cache of one limit's tokens. Not shared: one per channel and limit.
 #[derive(Debug, Clone)]
 pub struct ChannelTokens {
-    tokens: u64,
+    pub(super) tokens: u64,
     /// The limit's generation the tokens belong to (`u64::MAX`: none yet), and its rate.
     generation: u64,
     rate: u64,
-    expires: u64,
+    pub(super) expires: u64,
     /// When the last grant was taken and how large it was: the channel's pace.
     granted_at: u64,
     grant_size: u64,

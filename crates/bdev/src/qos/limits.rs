@@ -2,6 +2,8 @@
 //! applies to it allows it. Reads and writes are limited; flush, discard and write-zeroes pass
 //! uncounted, as in SPDK (they move no data through the device's queues in the same way).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::{take_all, ChannelTokens, QosError, SharedLimiter, Wait, MAX_RATE};
 use crate::IoOp;
 
@@ -56,6 +58,9 @@ pub struct DiskQos {
     rw_bytes: SharedLimiter,
     r_bytes: SharedLimiter,
     w_bytes: SharedLimiter,
+    /// Bumped after each [`DiskQos::set`]: a channel that saw the same value on its last slow
+    /// path may spend its caches without asking each limit.
+    generation: AtomicU64,
     /// What was last set, for `assigned_rate_limits` (control plane only).
     assigned: std::sync::Mutex<QosLimits>,
 }
@@ -68,6 +73,7 @@ impl DiskQos {
             rw_bytes: SharedLimiter::new(tick_rate),
             r_bytes: SharedLimiter::new(tick_rate),
             w_bytes: SharedLimiter::new(tick_rate),
+            generation: AtomicU64::new(0),
             assigned: std::sync::Mutex::new(QosLimits::default()),
         }
     }
@@ -85,6 +91,9 @@ impl DiskQos {
         ] {
             lim.set(rate, lim.default_tolerance(), now);
         }
+        // After the limits: a channel whose fast path still sees the old value spends at most
+        // what it had cached, which the limits converted anyway.
+        self.generation.fetch_add(1, Ordering::Release);
         *assigned = limits;
         Ok(())
     }
@@ -96,12 +105,29 @@ impl DiskQos {
 }
 
 /// A channel's side of a [`DiskQos`]: its cached tokens of each limit.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ChannelQos {
     ios: ChannelTokens,
     rw_bytes: ChannelTokens,
     r_bytes: ChannelTokens,
     w_bytes: ChannelTokens,
+    /// The disk's generation at the last slow path (`u64::MAX`: none yet), and per direction
+    /// (read, write) the earliest expiry of the caches it spends.
+    generation: u64,
+    expires: [u64; 2],
+}
+
+impl Default for ChannelQos {
+    fn default() -> ChannelQos {
+        ChannelQos {
+            ios: ChannelTokens::new(),
+            rw_bytes: ChannelTokens::new(),
+            r_bytes: ChannelTokens::new(),
+            w_bytes: ChannelTokens::new(),
+            generation: u64::MAX,
+            expires: [0; 2],
+        }
+    }
 }
 
 impl ChannelQos {
@@ -111,17 +137,47 @@ impl ChannelQos {
 
     /// Whether a request of `op` and `len` bytes may go at `now`; if not, the tick to retry
     /// from. Nothing is consumed when it may not.
+    ///
+    /// The common case, every cache holding enough, is one load of the disk's generation, one
+    /// comparison of the expiry and three of tokens (no limit: a cache that never empties).
     #[inline]
     pub fn admit(&mut self, qos: &DiskQos, now: u64, op: IoOp, len: u64) -> Result<(), Wait> {
-        let (dir, dir_lim) = match op {
-            IoOp::Read => (&mut self.r_bytes, &qos.r_bytes),
-            IoOp::Write => (&mut self.w_bytes, &qos.w_bytes),
+        let (dir, d) = match op {
+            IoOp::Read => (&mut self.r_bytes, 0),
+            IoOp::Write => (&mut self.w_bytes, 1),
             IoOp::Flush | IoOp::Discard | IoOp::WriteZeroes => return Ok(()),
         };
-        take_all(
+        if qos.generation.load(Ordering::Relaxed) == self.generation
+            && now < self.expires[d]
+            && self.ios.tokens >= 1
+            && self.rw_bytes.tokens >= len
+            && dir.tokens >= len
+        {
+            self.ios.tokens -= 1;
+            self.rw_bytes.tokens -= len;
+            dir.tokens -= len;
+            return Ok(());
+        }
+        self.admit_slow(qos, now, op, len)
+    }
+
+    /// Asks each limit (refilling caches from the shared state as needed).
+    #[cold]
+    #[inline(never)]
+    fn admit_slow(&mut self, qos: &DiskQos, now: u64, op: IoOp, len: u64) -> Result<(), Wait> {
+        // Read before the limits: a change during this call is seen by the next fast path.
+        self.generation = qos.generation.load(Ordering::Acquire);
+        let (dir, dir_lim, d) = match op {
+            IoOp::Write => (&mut self.w_bytes, &qos.w_bytes, 1),
+            _ => (&mut self.r_bytes, &qos.r_bytes, 0),
+        };
+        let r = take_all(
             now,
             [(&mut self.ios, &qos.ios, 1), (&mut self.rw_bytes, &qos.rw_bytes, len), (dir, dir_lim, len)],
-        )
+        );
+        let dir = if d == 0 { &self.r_bytes } else { &self.w_bytes };
+        self.expires[d] = self.ios.expires.min(self.rw_bytes.expires).min(dir.expires);
+        r
     }
 }
 
