@@ -10,6 +10,8 @@
 //! (QEMU's bucket holds `max * length` and drains at `avg` while filling at `max`, so its burst
 //! runs `max * length / (max - avg)` seconds, a little longer than asked.)
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::{ChannelTokens, QosError, SharedLimiter, Wait, MAX_RATE};
 use crate::IoOp;
 
@@ -119,6 +121,8 @@ impl Burst {
 pub struct ThrottleGroup {
     /// In [`ThrottleConfig::named`]'s order.
     limits: [Burst; 6],
+    /// Bumped after each [`ThrottleGroup::set`] (see `DiskQos`'s generation).
+    generation: AtomicU64,
     config: std::sync::Mutex<ThrottleConfig>,
 }
 
@@ -126,6 +130,7 @@ impl ThrottleGroup {
     pub fn new(tick_rate: u64) -> ThrottleGroup {
         ThrottleGroup {
             limits: std::array::from_fn(|_| Burst::new(tick_rate)),
+            generation: AtomicU64::new(0),
             config: std::sync::Mutex::new(ThrottleConfig::default()),
         }
     }
@@ -137,6 +142,7 @@ impl ThrottleGroup {
         for (b, (_, l)) in self.limits.iter().zip(config.named()) {
             b.set(l, now);
         }
+        self.generation.fetch_add(1, Ordering::Release);
         *held = config;
         Ok(())
     }
@@ -147,10 +153,20 @@ impl ThrottleGroup {
 }
 
 /// A channel's side of a [`ThrottleGroup`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ChannelThrottle {
     /// Average then ceiling, per limit in [`ThrottleConfig::named`]'s order.
     tokens: [[ChannelTokens; 2]; 6],
+    /// The group's generation at the last slow path (`u64::MAX`: none yet), and per direction
+    /// (read, write) the earliest expiry of the caches it spends.
+    generation: u64,
+    expires: [u64; 2],
+}
+
+impl Default for ChannelThrottle {
+    fn default() -> ChannelThrottle {
+        ChannelThrottle { tokens: Default::default(), generation: u64::MAX, expires: [0; 2] }
+    }
 }
 
 impl ChannelThrottle {
@@ -160,6 +176,9 @@ impl ChannelThrottle {
 
     /// Whether a request of `op` and `len` bytes may go at `now` (every limit of the group
     /// that applies allows it); if not, the tick to retry from, and nothing consumed.
+    ///
+    /// The common case is one load of the group's generation, one comparison of the expiry
+    /// and eight of tokens (total and direction, IOPS and bytes, average and ceiling).
     #[inline]
     pub fn admit(&mut self, g: &ThrottleGroup, now: u64, op: IoOp, len: u64) -> Result<(), Wait> {
         // Total, then the direction's limit, for IOPS (0..3) and bytes (3..6).
@@ -169,19 +188,47 @@ impl ChannelThrottle {
             IoOp::Flush | IoOp::Discard | IoOp::WriteZeroes => return Ok(()),
         };
         let order = [(0, 1), (dir, 1), (3, len), (3 + dir, len)];
+        if g.generation.load(Ordering::Relaxed) == self.generation
+            && now < self.expires[dir - 1]
+            && order.iter().all(|&(i, n)| self.tokens[i][0].tokens >= n && self.tokens[i][1].tokens >= n)
+        {
+            for (i, n) in order {
+                self.tokens[i][0].tokens -= n;
+                self.tokens[i][1].tokens -= n;
+            }
+            return Ok(());
+        }
+        self.admit_slow(g, now, order, dir)
+    }
+
+    /// Asks each limit (refilling caches from the shared state as needed).
+    #[cold]
+    #[inline(never)]
+    fn admit_slow(
+        &mut self,
+        g: &ThrottleGroup,
+        now: u64,
+        order: [(usize, u64); 4],
+        dir: usize,
+    ) -> Result<(), Wait> {
+        // Read before the limits: a change during this call is seen by the next fast path.
+        self.generation = g.generation.load(Ordering::Acquire);
+        let mut result = Ok(());
         for (k, &(i, n)) in order.iter().enumerate() {
             let [avg, ceiling] = &mut self.tokens[i];
             let b = &g.limits[i];
-            let r = super::take_all(now, [(avg, &b.avg, n), (ceiling, &b.ceiling, n)]);
-            if let Err(w) = r {
+            if let Err(w) = super::take_all(now, [(avg, &b.avg, n), (ceiling, &b.ceiling, n)]) {
                 for &(j, m) in &order[..k] {
                     self.tokens[j][0].give_back(m);
                     self.tokens[j][1].give_back(m);
                 }
-                return Err(w);
+                result = Err(w);
+                break;
             }
         }
-        Ok(())
+        self.expires[dir - 1] =
+            order.iter().flat_map(|&(i, _)| self.tokens[i].iter().map(|t| t.expires)).min().unwrap_or(0);
+        result
     }
 }
 
