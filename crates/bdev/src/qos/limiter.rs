@@ -268,16 +268,15 @@ impl ChannelTokens {
                     .min(lim.quantum_units(new)),
             };
         }
+        // The cache now belongs to this word, whether or not a grant follows.
+        (self.generation, self.rate) = (generation_of(word), rate);
         let want = if rate == 0 { n } else { self.grant_size(lim, rate, now, n) };
-        let (word, got) = lim.grant(now, want)?;
-        if generation_of(word) != self.generation || rate_of(word) != self.rate {
-            // The limit changed again while granting: start from this grant alone.
-            if rate_of(word) != rate {
-                self.tokens = 0;
-            }
-            self.generation = generation_of(word);
-            self.rate = rate_of(word);
+        let (granted_word, got) = lim.grant(now, want)?;
+        if generation_of(granted_word) != self.generation {
+            // The limit was set again while granting: start from this grant alone.
+            self.tokens = 0;
         }
+        (self.generation, self.rate) = (generation_of(granted_word), rate_of(granted_word));
         self.expires = now.saturating_add(EXPIRY_QUANTA * lim.quantum);
         if got == u64::MAX {
             // Unlimited: a cache no request empties, until the generation changes.

@@ -186,3 +186,20 @@ fn limit_changes_take_effect_at_once_without_a_burst() {
     g.set_limit(0, t + NS).unwrap();
     assert_eq!(g.member_rate(a), 0);
 }
+
+#[test]
+fn bad_settings_are_refused_and_change_nothing() {
+    let g = group(10_000);
+    let e = g.set_limit(MAX_RATE + 1, 0).unwrap_err();
+    assert!(matches!(e, QosError::AboveMaximum { field: "limit", .. }));
+    assert!(e.to_string().starts_with("limit: "));
+    assert_eq!(g.limit(), 10_000);
+    assert_eq!(g.join(MAX_WEIGHT + 1, 0), Err(QosError::BadWeight(MAX_WEIGHT + 1)));
+    assert_eq!(g.set_weight(MemberId(5), 1), Err(QosError::NoMember(5)));
+    assert_eq!(g.set_weight(MemberId(MAX_MEMBERS), 1), Err(QosError::NoMember(MAX_MEMBERS)));
+    let ids: Vec<_> = (0..MAX_MEMBERS).map(|_| g.join(1, 0).unwrap()).collect();
+    assert_eq!(g.join(1, 0), Err(QosError::GroupFull(MAX_MEMBERS)));
+    // A place freed is taken again.
+    g.leave(ids[7]).unwrap();
+    assert_eq!(g.join(2, 0), Ok(ids[7]));
+}
