@@ -30,6 +30,7 @@ pub mod conformance;
 pub mod disk;
 pub mod module;
 pub mod modules;
+pub mod qos;
 
 pub use disk::{Disk, DiskEvent};
 pub use module::{BdevModule, ClaimType, ModuleError, ModuleHost, NewBdev};
