@@ -286,11 +286,7 @@ fn disk_args(args: &Args) -> Result<Vec<DiskArg>, String> {
     defaults.cpu = None;
     let mut disks = Vec::with_capacity(lines.len());
     for (i, (whence, line)) in lines.iter().enumerate() {
-        let mut d = parse_disk(line, &defaults, i).map_err(|e| format!("{whence}: {e}"))?;
-        if let Some(offset) = d.offset_to_end {
-            d.spec.region = Some(region_to_end(&d.spec, offset).map_err(|e| format!("{whence}: {e}"))?);
-        }
-        disks.push(d);
+        disks.push(parse_disk(line, &defaults, i).map_err(|e| format!("{whence}: {e}"))?);
     }
     if disks.is_empty() {
         return Err(format!(
@@ -310,6 +306,20 @@ fn run_disks(args: &Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let mut disks = disks;
+    for (i, d) in disks.iter_mut().enumerate() {
+        if let Some(offset) = d.offset_to_end {
+            // Asks the device, like a single disk's --offset without --size: a failure is
+            // the device's, not the arguments'.
+            match region_to_end(&d.spec, offset) {
+                Ok(r) => d.spec.region = Some(r),
+                Err(e) => {
+                    eprintln!("fp-load: disk {i} ({}): {}", d.spec.socket.display(), e);
+                    return ExitCode::from(1);
+                }
+            }
+        }
+    }
     let spec = MultiSpec {
         thread_per_disk: args.thread_per_disk || disks.iter().any(|d| d.spec.cpu.is_some()),
         disks: disks.iter().map(|d| d.spec.clone()).collect(),
@@ -428,7 +438,7 @@ fn region_to_end(spec: &LoadSpec, offset: u64) -> Result<Region, String> {
     b.connect().map_err(|e| format!("connect: {e}"))?;
     let cap = b.get_u64("capacity").map_err(|e| e.to_string())?;
     if offset >= cap {
-        return Err(format!("--offset {offset} is beyond the device's {cap} bytes"));
+        return Err(format!("offset {offset} is beyond the device's {cap} bytes"));
     }
     Ok(Region { offset, len: cap - offset })
 }
