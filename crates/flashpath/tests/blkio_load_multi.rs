@@ -198,3 +198,55 @@ fn a_disk_that_cannot_start_is_named() {
     }
     daemon.assert_alive();
 }
+
+/// A disk with a rate gets that rate (±10 %, generous against a loaded machine), while a disk
+/// without one on the same thread runs as fast as it can; with completion fds and with
+/// polling.
+#[test]
+fn a_rate_paces_its_disk_only() {
+    let mut daemon = Daemon::start("0");
+    let socks = four_disks(&daemon);
+    let mut specs = specs(&socks);
+    specs.truncate(3);
+    specs[0].rate_iops = Some(2000);
+    specs[2].rate_iops = Some(500);
+    for poll in [false, true] {
+        let mut m = multi(specs.clone(), Duration::from_secs(1), false);
+        m.poll_queues = poll;
+        // Off the reactor's CPU: a busy-polling client sharing it would starve it.
+        m.cpu = Some(1);
+        let before: Vec<_> = NAMES.iter().map(|n| iostat(&daemon, n)).collect();
+        let r = bounded(Duration::from_secs(60), "paced", move || fp_loadgen::run_multi(&m))
+            .unwrap_or_else(|e| panic!("poll={poll}: {e}"));
+        for (i, (s, d)) in specs.iter().zip(&r.disks).enumerate() {
+            let what = format!("poll={poll}, disk {i}");
+            check_disk(&what, s, d);
+            let (r0, w0, _, _) = before[i];
+            let (r1, w1, _, _) = iostat(&daemon, NAMES[i]);
+            let slack = (s.queue_depth * s.num_queues) as u64;
+            assert!((d.ios..=d.ios + slack).contains(&(r1 - r0 + w1 - w0)), "{what}: the daemon's count");
+            if let Some(rate) = s.rate_iops {
+                let want = rate as f64;
+                assert!((d.iops - want).abs() < 0.1 * want, "{what}: {} IOPS at a rate of {rate}", d.iops);
+            }
+        }
+        // The unpaced QD1 disk is not held to its neighbours' rates (a debug client on a
+        // loaded machine is slow, so no more than that is asked of it).
+        assert!(r.disks[1].iops > 1500.0, "poll={poll}: the unpaced disk did {} IOPS", r.disks[1].iops);
+        check_total(if poll { "paced, poll" } else { "paced" }, &r);
+
+        // Alone, with nothing else to keep the loop turning, a paced disk still gets its rate:
+        // what it releases reaches the device before the loop sleeps.
+        let mut alone = specs[0].clone();
+        alone.poll_queues = poll;
+        alone.queue_depth = 8;
+        alone.num_queues = 1;
+        alone.rate_iops = Some(3000);
+        alone.duration = Duration::from_secs(1);
+        alone.cpu = Some(1);
+        let d = bounded(Duration::from_secs(60), "paced alone", move || fp_loadgen::run(&alone))
+            .unwrap_or_else(|e| panic!("poll={poll}, alone: {e}"));
+        assert!((d.iops - 3000.0).abs() < 300.0, "poll={poll}, alone: {} IOPS at a rate of 3000", d.iops);
+    }
+    daemon.assert_alive();
+}

@@ -321,6 +321,22 @@ pub(crate) fn run_disks_on_this_thread(
     }
 }
 
+/// When the requests of a disk with a rate are due.
+struct Pacer {
+    rate: u64,
+    /// Requests submitted so far.
+    issued: u64,
+    start: Instant,
+}
+
+impl Pacer {
+    /// When request number `issued` is due.
+    fn due(&self) -> Instant {
+        self.start
+            + Duration::from_nanos((u128::from(self.issued) * 1_000_000_000 / u128::from(self.rate)) as u64)
+    }
+}
+
 /// One disk of a run: its device, where its requests go, and what it measured.
 struct Disk<B: Backend> {
     dev: Device<B>,
@@ -332,6 +348,11 @@ struct Disk<B: Backend> {
     /// Requests not yet submitted (`max_ios`).
     left: u64,
     in_flight: usize,
+    /// With `rate_iops`: when each request is due.
+    pacer: Option<Pacer>,
+    /// With `rate_iops`: free slots (queue, slot) whose next request is not due yet;
+    /// preallocated for every slot.
+    waiting: Vec<(usize, usize)>,
     stats: Stats,
     /// Set when the duration has elapsed or `max_ios` requests completed: from then on
     /// nothing is submitted or counted for this disk.
@@ -391,13 +412,27 @@ impl<B: Backend> Disk<B> {
             queue_depth: spec.queue_depth,
             left: spec.max_ios.unwrap_or(u64::MAX),
             in_flight: 0,
+            pacer: spec.rate_iops.map(|rate| Pacer { rate, issued: 0, start: Instant::now() }),
+            waiting: Vec::with_capacity(if spec.rate_iops.is_some() {
+                spec.queue_depth * spec.num_queues
+            } else {
+                0
+            }),
             stats: Stats { counts: Counts::default(), hist: Histogram::new() },
             stopped_at: None,
         })
     }
 
-    /// Fills every queue to depth (or to `max_ios`).
+    /// Fills every queue to depth (or to `max_ios`); with a rate, every slot waits for its
+    /// request's turn instead (the first is due at once).
     fn fill(&mut self, now: Instant) -> Result<(), LoadError> {
+        if let Some(p) = self.pacer.as_mut() {
+            p.start = now;
+            for q in (0..self.dev.queues.len()).rev() {
+                self.waiting.extend((0..self.queue_depth).rev().map(|slot| (q, slot)));
+            }
+            return self.release_due(now);
+        }
         for qs in self.dev.queues.iter_mut() {
             for slot in 0..self.queue_depth {
                 if self.left == 0 {
@@ -411,6 +446,25 @@ impl<B: Backend> Disk<B> {
         Ok(())
     }
 
+    /// With a rate: submits from the waiting slots every request due by `now`.
+    fn release_due(&mut self, now: Instant) -> Result<(), LoadError> {
+        let Some(p) = self.pacer.as_mut() else { return Ok(()) };
+        while self.stopped_at.is_none() && self.left > 0 && p.due() <= now {
+            let Some((q, slot)) = self.waiting.pop() else { break };
+            self.left -= 1;
+            p.issued += 1;
+            self.dev.queues[q].submit(slot, &mut self.gen, self.stride, self.bs, now)?;
+            self.in_flight += 1;
+        }
+        Ok(())
+    }
+
+    /// When this disk next has something to submit, if it waits for a rate.
+    fn next_due(&self) -> Option<Instant> {
+        let p = self.pacer.as_ref()?;
+        (self.stopped_at.is_none() && self.left > 0 && !self.waiting.is_empty()).then(|| p.due())
+    }
+
     /// One pass over the disk's queues: accounts for what completed and, while the disk runs,
     /// replaces each completion with a new request in the same slot. Returns how many
     /// requests completed.
@@ -418,7 +472,12 @@ impl<B: Backend> Disk<B> {
     fn pass(&mut self, completions: &mut [Done], deadline: Instant) -> Result<usize, LoadError> {
         let mut reaped = 0usize;
         let bs = self.bs;
-        for qs in self.dev.queues.iter_mut() {
+        if self.pacer.is_some() && !self.waiting.is_empty() {
+            // First, so that the reaps below push what is released to the device before the
+            // loop may sleep.
+            self.release_due(Instant::now())?;
+        }
+        for (q, qs) in self.dev.queues.iter_mut().enumerate() {
             let n = qs.q.reap(completions)?;
             if n == 0 {
                 continue;
@@ -451,12 +510,18 @@ impl<B: Backend> Disk<B> {
                     hist.record(now.saturating_duration_since(s.submitted).as_nanos() as u64);
                 }
                 if self.stopped_at.is_none() && self.left > 0 {
+                    if self.pacer.is_some() {
+                        // Submitted by `release_due` when its turn comes.
+                        self.waiting.push((q, slot));
+                        continue;
+                    }
                     self.left -= 1;
                     qs.submit(slot, &mut self.gen, self.stride, bs, now)?;
                     self.in_flight += 1;
                 }
             }
         }
+
         if self.stopped_at.is_none() && self.left == 0 && self.in_flight == 0 {
             // Every request of `max_ios` completed (and was counted): the disk is done.
             self.stopped_at = Some(Instant::now());
@@ -562,8 +627,10 @@ fn run<B: Backend>(
                 }
                 continue;
             }
+            // A disk with a rate may have a request due before then.
+            let wake = disks.iter().filter_map(Disk::next_due).min().map_or(deadline, |t| t.min(deadline));
             if let Some(w) = waiter.as_mut() {
-                w.wait(deadline - now)?;
+                w.wait(wake.saturating_duration_since(now))?;
             }
         }
     }
@@ -644,6 +711,22 @@ mod tests {
         let writes = (0..100_000).filter(|_| g.next().0).count();
         // 30 % writes, within 1 percentage point.
         assert!((29_000..31_000).contains(&writes), "{writes} writes of 100000");
+    }
+
+    #[test]
+    fn a_pacer_spaces_requests_evenly_from_the_start() {
+        let start = Instant::now();
+        let mut p = Pacer { rate: 4000, issued: 0, start };
+        let mut due = Vec::new();
+        for n in [0, 1, 2, 3999, 4000, 12_000] {
+            p.issued = n;
+            due.push(p.due() - start);
+        }
+        let us = Duration::from_micros;
+        assert_eq!(due, vec![us(0), us(250), us(500), us(999_750), us(1_000_000), us(3_000_000)]);
+        // A rate that does not divide a second: due times round down, never drift.
+        let p = Pacer { rate: 3, issued: 3_000_000, start };
+        assert_eq!(p.due() - start, Duration::from_secs(1_000_000));
     }
 
     #[test]

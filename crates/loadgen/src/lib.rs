@@ -132,6 +132,10 @@ pub struct LoadSpec {
     pub stride: Option<u64>,
     /// Stop after this many requests (fio's `number_ios`); the duration still bounds the run.
     pub max_ios: Option<u64>,
+    /// Submit at most this many requests per second (fio's `rate_iops`): request `n` is due
+    /// `n / rate` seconds after the start, and a slot whose request completed early waits for
+    /// the next one's turn. Latency still runs from submission, not from the due time.
+    pub rate_iops: Option<u64>,
     /// Pin the client thread to this CPU.
     pub cpu: Option<usize>,
     /// For [`Pattern::RandRw`]: percentage of requests that are reads (0..=100).
@@ -165,6 +169,7 @@ impl LoadSpec {
             region: None,
             stride: None,
             max_ios: None,
+            rate_iops: None,
             cpu: None,
             read_percent: 50,
             seed: 0x5eed_f1a5_4a70_0001,
@@ -214,6 +219,9 @@ impl LoadSpec {
                     self.block_size
                 ));
             }
+        }
+        if self.rate_iops == Some(0) {
+            return bad("the rate must be positive".into());
         }
         if self.max_ios == Some(0) {
             return bad("the request count must be positive".into());
@@ -555,8 +563,11 @@ mod tests {
         let mut s = ok.clone();
         s.stride = Some(1 << 20);
         assert!(s.validate().is_err(), "randread takes no stride");
-        let mut s = ok;
+        let mut s = ok.clone();
         s.max_ios = Some(0);
+        assert!(s.validate().is_err());
+        let mut s = ok;
+        s.rate_iops = Some(0);
         assert!(s.validate().is_err());
     }
 

@@ -17,7 +17,7 @@ use crate::{Pattern, Region};
 #[derive(Debug, Clone)]
 pub struct MultiSpec {
     /// One spec per disk: its socket, pattern, block size, queue depth, queues, region,
-    /// stride, `max_ios`, read mix, seed, read-only flag and (with `thread_per_disk`) CPU.
+    /// stride, `max_ios`, rate, read mix, seed, read-only flag and (with `thread_per_disk`) CPU.
     /// Their `duration`, `poll_queues`, `packed` and `measure_busy` are ignored: the fields
     /// below apply to every disk.
     pub disks: Vec<LoadSpec>,
@@ -181,7 +181,7 @@ pub struct DiskArg {
 
 /// Parses one disk of a multi-disk run, `key=value` pairs separated by commas:
 /// `socket=PATH` (required), `pattern=`, `bs=`, `qd=` (or `iodepth=`), `queues=`, `ios=`,
-/// `offset=`, `size=`, `stride=`, `rwmix-read=`, `seed=`, `read-only` (or `read-only=true`),
+/// `rate=` (IOPS), `offset=`, `size=`, `stride=`, `rwmix-read=`, `seed=`, `read-only` (or `read-only=true`),
 /// `cpu=` and `label=`. Keys not given take their value from `defaults`, but for the seed,
 /// which is `defaults.seed + index` so that the disks do not all issue the same offsets.
 /// An error names the key.
@@ -215,6 +215,7 @@ pub fn parse_disk(arg: &str, defaults: &LoadSpec, index: usize) -> Result<DiskAr
             "qd" | "iodepth" => spec.queue_depth = as_usize(number()?)?,
             "queues" => spec.num_queues = as_usize(number()?)?,
             "ios" => spec.max_ios = Some(number()?),
+            "rate" => spec.rate_iops = Some(number()?),
             "offset" => offset = Some(size_of()?),
             "size" => size = Some(size_of()?),
             "stride" => spec.stride = Some(size_of()?),
@@ -236,7 +237,7 @@ pub fn parse_disk(arg: &str, defaults: &LoadSpec, index: usize) -> Result<DiskAr
                 parse_duration(value).map_err(|e| format!("{key}: {e}"))?;
                 return Err("time: every disk runs for the whole run's --time".into());
             }
-            _ => return Err(format!("{key}: unknown key (expected socket, pattern, bs, qd, queues, ios, offset, size, stride, rwmix-read, seed, read-only, cpu or label)")),
+            _ => return Err(format!("{key}: unknown key (expected socket, pattern, bs, qd, queues, ios, rate, offset, size, stride, rwmix-read, seed, read-only, cpu or label)")),
         }
     }
     spec.socket = socket.ok_or("socket: missing (socket=PATH)")?.into();
@@ -270,7 +271,9 @@ mod tests {
     fn a_disk_takes_its_keys_and_the_defaults_for_the_rest() {
         let d = defaults();
         let a =
-            parse_disk("socket=/tmp/a.sock,qd=128,pattern=randwrite,ios=1000,label=noisy", &d, 3).unwrap();
+            parse_disk("socket=/tmp/a.sock,qd=128,pattern=randwrite,ios=1000,label=noisy,rate=20000", &d, 3)
+                .unwrap();
+        assert_eq!(a.spec.rate_iops, Some(20000));
         assert_eq!(a.spec.socket, std::path::PathBuf::from("/tmp/a.sock"));
         assert_eq!(a.spec.queue_depth, 128);
         assert_eq!(a.spec.pattern, Pattern::RandWrite);
@@ -299,6 +302,7 @@ mod tests {
         assert_eq!(c.spec.stride, Some(1 << 20));
         assert_eq!(c.offset_to_end, Some(8 << 20));
         assert_eq!(c.spec.region, None);
+        assert_eq!(c.spec.rate_iops, None);
     }
 
     #[test]
@@ -319,6 +323,8 @@ mod tests {
         assert!(err("socket=a,qd=0").contains("queue depth 0"), "{}", err("socket=a,qd=0"));
         assert!(err("socket=a,bs=1000").contains("block size 1000"));
         assert!(err("socket=a,pattern=randread,stride=1M").contains("stride"));
+        assert!(err("socket=a,rate=fast").starts_with("rate:"));
+        assert!(err("socket=a,rate=0").contains("rate must be positive"));
     }
 
     fn result(ios: u64, errors: u64, elapsed_ms: u64, lat: &[u64], first_error: Option<i32>) -> LoadResult {

@@ -35,8 +35,8 @@ struct Args {
     #[arg(long, required_unless_present_any = ["disk", "job"], conflicts_with_all = ["disk", "job"])]
     socket: Option<PathBuf>,
     /// One disk of a multi-disk run, as comma-separated keys: socket=PATH (required),
-    /// pattern, bs, qd, queues, ios, offset, size, stride, rwmix-read, seed, read-only, cpu,
-    /// label; the global options give the keys' defaults. Repeat for each disk.
+    /// pattern, bs, qd, queues, ios, rate, offset, size, stride, rwmix-read, seed, read-only,
+    /// cpu, label; the global options give the keys' defaults. Repeat for each disk.
     #[arg(long, value_name = "KEY=VALUE,...")]
     disk: Vec<String>,
     /// A job file of disks: one --disk value per line (blank lines and lines starting with #
@@ -85,6 +85,10 @@ struct Args {
     /// Stop after this many requests (--time still bounds the run).
     #[arg(long = "ios")]
     max_ios: Option<u64>,
+    /// Submit at most this many requests per second (each disk, in a multi-disk run);
+    /// latency still runs from submission.
+    #[arg(long = "rate", value_name = "IOPS")]
+    rate_iops: Option<u64>,
     /// For randrw: percentage of reads.
     #[arg(long = "rwmix-read", default_value_t = 50)]
     read_percent: u8,
@@ -249,6 +253,7 @@ fn base_spec(args: &Args, socket: PathBuf) -> LoadSpec {
     spec.packed = args.packed;
     spec.stride = args.stride;
     spec.max_ios = args.max_ios;
+    spec.rate_iops = args.rate_iops;
     if let Some(s) = args.seed {
         spec.seed = s;
     }
@@ -267,6 +272,7 @@ fn annotate(v: &mut serde_json::Value, spec: &LoadSpec, label: Option<&str>) {
     obj.insert("poll_queues".into(), spec.poll_queues.into());
     obj.insert("packed".into(), spec.packed.into());
     obj.insert("cpu".into(), spec.cpu.into());
+    obj.insert("rate_iops".into(), spec.rate_iops.into());
 }
 
 /// The disks of `--job` then `--disk`, parsed against the global options.
@@ -451,6 +457,10 @@ fn print_human(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
     let mode = if spec.poll_queues { "poll queues" } else { "completion fds" };
     let mode = if spec.packed { format!("packed, {mode}") } else { mode.to_string() };
     let cpu = spec.cpu.map(|c| format!(", client cpu {c}")).unwrap_or_default();
+    let cpu = match spec.rate_iops {
+        Some(r) => format!("{cpu}, at most {r} IOPS"),
+        None => cpu,
+    };
     let label = label.map(|l| format!("{l}: ")).unwrap_or_default();
     println!(
         "{label}{} bs={} qd={} queues={} ({mode}{cpu}) on {}",
