@@ -12,7 +12,7 @@ use std::os::unix::io::RawFd;
 use std::time::{Duration, Instant};
 
 use crate::rng::SplitMix64;
-use crate::{Histogram, LoadError, LoadResult, LoadSpec, Pattern};
+use crate::{Counts, Histogram, LoadError, LoadResult, LoadSpec, Pattern};
 
 /// Deepest queue accepted. A libblkio virtio-blk request takes three descriptors and the
 /// largest virtqueue is 32768 entries.
@@ -110,7 +110,6 @@ struct QueueState<Q> {
     slots: Box<[Slot]>,
     /// Buffer of slot 0; slot `i` uses `buf + i * stride`.
     buf: *mut u8,
-    in_flight: usize,
 }
 
 /// Picks the next request's direction and offset.
@@ -150,14 +149,9 @@ impl OpGen {
     }
 }
 
-/// Running totals of the measured interval.
+/// Running totals of the measured interval (`counts.elapsed` is set at the end).
 struct Stats {
-    ios: u64,
-    bytes: u64,
-    reads: u64,
-    writes: u64,
-    errors: u64,
-    first_error: Option<i32>,
+    counts: Counts,
     hist: Histogram,
 }
 
@@ -200,7 +194,6 @@ impl<B: Backend> Device<B> {
                 q,
                 slots: vec![Slot { submitted: now, write: false }; spec.queue_depth].into_boxed_slice(),
                 buf: c.buf.wrapping_add(i * per_queue),
-                in_flight: 0,
             })
             .collect();
         Ok(Device {
@@ -220,7 +213,9 @@ struct Waiter {
 }
 
 impl Waiter {
-    fn new<Q: IoQueue>(queues: &mut [QueueState<Q>]) -> Result<Waiter, LoadError> {
+    fn new<'a, Q: IoQueue + 'a>(
+        queues: impl Iterator<Item = &'a mut QueueState<Q>>,
+    ) -> Result<Waiter, LoadError> {
         let os = |op| move |source| LoadError::Os { op, source };
         // SAFETY: plain system call, no pointers.
         let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -228,7 +223,7 @@ impl Waiter {
             return Err(os("epoll_create1")(std::io::Error::last_os_error()));
         }
         let mut w = Waiter { epfd, fds: Vec::new(), events: Vec::new() };
-        for (i, qs) in queues.iter_mut().enumerate() {
+        for (i, qs) in queues.enumerate() {
             let fd = qs.q.enable_completion_fd()?;
             let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: i as u64 };
             // SAFETY: `epfd` and `fd` are open descriptors; `ev` is a valid epoll_event.
@@ -290,106 +285,216 @@ impl<Q: IoQueue> QueueState<Q> {
         // The slot's buffer lies inside the mapped region: slot < queue depth.
         let buf = self.buf.wrapping_add(slot * stride);
         self.slots[slot] = Slot { submitted: now, write };
-        self.q.enqueue(write, offset, buf, bs, slot)?;
-        self.in_flight += 1;
-        Ok(())
+        self.q.enqueue(write, offset, buf, bs, slot)
     }
 }
 
 pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
-    if spec.packed {
-        run::<virtio::VirtioDriver>(spec)
+    let (mut results, busy) = run_disks_on_this_thread(std::slice::from_ref(spec), None)?;
+    let mut r = results.pop().expect("one result per disk");
+    r.client_busy_ns = busy;
+    Ok(r)
+}
+
+/// How the client threads of a run with one thread per disk start together: every thread
+/// connects, then waits at `barrier`; if any failed to connect (`failed`), the others give up.
+pub(crate) struct StartLine<'a> {
+    pub(crate) barrier: &'a std::sync::Barrier,
+    pub(crate) failed: &'a std::sync::atomic::AtomicBool,
+}
+
+/// What one client thread measured: each disk's result, in order, without
+/// `client_busy_ns`, and the thread's busy time when measured.
+pub(crate) type ThreadResults = (Vec<LoadResult>, Option<u64>);
+
+/// Runs `specs` (one per disk) from this thread in one loop, all for `specs[0].duration`
+/// with `specs[0]`'s completion mode, back end and busy measurement (the callers make these
+/// the same for every disk). With `start`, waits there after connecting.
+pub(crate) fn run_disks_on_this_thread(
+    specs: &[LoadSpec],
+    start: Option<StartLine<'_>>,
+) -> Result<ThreadResults, LoadError> {
+    if specs[0].packed {
+        run::<virtio::VirtioDriver>(specs, start)
     } else {
-        run::<libblkio::Libblkio>(spec)
+        run::<libblkio::Libblkio>(specs, start)
     }
 }
 
-fn run<B: Backend>(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
-    let bs = spec.block_size;
-    let stride = round_up(bs, BUF_ALIGN);
-    let mut dev = Device::<B>::connect(spec, stride)?;
+/// When the requests of a disk with a rate are due.
+struct Pacer {
+    rate: u64,
+    /// Requests submitted so far.
+    issued: u64,
+    start: Instant,
+}
 
-    let (region_offset, region_len) = match spec.region {
-        Some(r) => (r.offset, r.len),
-        None => (0, dev.capacity),
-    };
-    let align = u64::from(dev.request_alignment);
-    if region_offset % align != 0 {
-        return Err(LoadError::InvalidSpec(format!(
-            "region offset {region_offset} is not a multiple of the request alignment {align}"
-        )));
+impl Pacer {
+    /// When request number `issued` is due.
+    fn due(&self) -> Instant {
+        self.start
+            + Duration::from_nanos((u128::from(self.issued) * 1_000_000_000 / u128::from(self.rate)) as u64)
     }
-    let end = region_offset.checked_add(region_len);
-    if end.is_none_or(|e| e > dev.capacity) {
-        return Err(LoadError::InvalidSpec(format!(
-            "region {region_offset}+{region_len} runs past the device's {} bytes",
-            dev.capacity
-        )));
-    }
-    if region_len < bs as u64 {
-        return Err(LoadError::InvalidSpec(format!(
-            "the region ({region_len} bytes) holds no {bs}-byte block"
-        )));
-    }
-    let step = spec.stride.unwrap_or(bs as u64);
-    // Random: any whole block; sequential: every `step` bytes while a request still fits.
-    let blocks =
-        if spec.pattern.is_random() { region_len / bs as u64 } else { (region_len - bs as u64) / step + 1 };
-    let mut gen = OpGen {
-        pattern: spec.pattern,
-        read_percent: u64::from(spec.read_percent),
-        rng: SplitMix64::new(spec.seed),
-        region_offset,
-        blocks,
-        block_size: bs as u64,
-        step,
-        cursor: 0,
-    };
-    // Requests not yet submitted (`max_ios`).
-    let mut left = spec.max_ios.unwrap_or(u64::MAX);
+}
 
-    let mut waiter = if spec.poll_queues { None } else { Some(Waiter::new(&mut dev.queues)?) };
-    let mut completions = vec![Done::default(); spec.queue_depth];
-    let mut stats =
-        Stats { ios: 0, bytes: 0, reads: 0, writes: 0, errors: 0, first_error: None, hist: Histogram::new() };
+/// One disk of a run: its device, where its requests go, and what it measured.
+struct Disk<B: Backend> {
+    dev: Device<B>,
+    gen: OpGen,
+    bs: usize,
+    /// Bytes between two slots' buffers.
+    stride: usize,
+    queue_depth: usize,
+    /// Requests not yet submitted (`max_ios`).
+    left: u64,
+    in_flight: usize,
+    /// With `rate_iops`: when each request is due.
+    pacer: Option<Pacer>,
+    /// With `rate_iops`: free slots (queue, slot) whose next request is not due yet;
+    /// preallocated for every slot.
+    waiting: Vec<(usize, usize)>,
+    stats: Stats,
+    /// Set when the duration has elapsed or `max_ios` requests completed: from then on
+    /// nothing is submitted or counted for this disk.
+    stopped_at: Option<Instant>,
+}
 
-    let start = Instant::now();
-    let deadline = start + spec.duration;
-    'fill: for qs in dev.queues.iter_mut() {
-        for slot in 0..spec.queue_depth {
-            if left == 0 {
-                break 'fill;
-            }
-            left -= 1;
-            qs.submit(slot, &mut gen, stride, bs, start)?;
+impl<B: Backend> Disk<B> {
+    fn open(spec: &LoadSpec) -> Result<Disk<B>, LoadError> {
+        let bs = spec.block_size;
+        let stride = round_up(bs, BUF_ALIGN);
+        let dev = Device::<B>::connect(spec, stride)?;
+
+        let (region_offset, region_len) = match spec.region {
+            Some(r) => (r.offset, r.len),
+            None => (0, dev.capacity),
+        };
+        let align = u64::from(dev.request_alignment);
+        if region_offset % align != 0 {
+            return Err(LoadError::InvalidSpec(format!(
+                "region offset {region_offset} is not a multiple of the request alignment {align}"
+            )));
         }
+        let end = region_offset.checked_add(region_len);
+        if end.is_none_or(|e| e > dev.capacity) {
+            return Err(LoadError::InvalidSpec(format!(
+                "region {region_offset}+{region_len} runs past the device's {} bytes",
+                dev.capacity
+            )));
+        }
+        if region_len < bs as u64 {
+            return Err(LoadError::InvalidSpec(format!(
+                "the region ({region_len} bytes) holds no {bs}-byte block"
+            )));
+        }
+        let step = spec.stride.unwrap_or(bs as u64);
+        // Random: any whole block; sequential: every `step` bytes while a request still fits.
+        let blocks = if spec.pattern.is_random() {
+            region_len / bs as u64
+        } else {
+            (region_len - bs as u64) / step + 1
+        };
+        let gen = OpGen {
+            pattern: spec.pattern,
+            read_percent: u64::from(spec.read_percent),
+            rng: SplitMix64::new(spec.seed),
+            region_offset,
+            blocks,
+            block_size: bs as u64,
+            step,
+            cursor: 0,
+        };
+        Ok(Disk {
+            dev,
+            gen,
+            bs,
+            stride,
+            queue_depth: spec.queue_depth,
+            left: spec.max_ios.unwrap_or(u64::MAX),
+            in_flight: 0,
+            pacer: spec.rate_iops.map(|rate| Pacer { rate, issued: 0, start: Instant::now() }),
+            waiting: Vec::with_capacity(if spec.rate_iops.is_some() {
+                spec.queue_depth * spec.num_queues
+            } else {
+                0
+            }),
+            stats: Stats { counts: Counts::default(), hist: Histogram::new() },
+            stopped_at: None,
+        })
     }
 
-    // Set when the duration has elapsed: from then on nothing is submitted or counted.
-    let mut stopped_at: Option<Instant> = None;
-    let mut idle_spins = 0u32;
-    // With `measure_busy`: time spent in passes that completed something, while counting.
-    let mut busy_ns = 0u64;
-    loop {
+    /// Fills every queue to depth (or to `max_ios`); with a rate, every slot waits for its
+    /// request's turn instead (the first is due at once).
+    fn fill(&mut self, now: Instant) -> Result<(), LoadError> {
+        if let Some(p) = self.pacer.as_mut() {
+            p.start = now;
+            for q in (0..self.dev.queues.len()).rev() {
+                self.waiting.extend((0..self.queue_depth).rev().map(|slot| (q, slot)));
+            }
+            return self.release_due(now);
+        }
+        for qs in self.dev.queues.iter_mut() {
+            for slot in 0..self.queue_depth {
+                if self.left == 0 {
+                    return Ok(());
+                }
+                self.left -= 1;
+                qs.submit(slot, &mut self.gen, self.stride, self.bs, now)?;
+                self.in_flight += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// With a rate: submits from the waiting slots every request due by `now`.
+    fn release_due(&mut self, now: Instant) -> Result<(), LoadError> {
+        let Some(p) = self.pacer.as_mut() else { return Ok(()) };
+        while self.stopped_at.is_none() && self.left > 0 && p.due() <= now {
+            let Some((q, slot)) = self.waiting.pop() else { break };
+            self.left -= 1;
+            p.issued += 1;
+            self.dev.queues[q].submit(slot, &mut self.gen, self.stride, self.bs, now)?;
+            self.in_flight += 1;
+        }
+        Ok(())
+    }
+
+    /// When this disk next has something to submit, if it waits for a rate.
+    fn next_due(&self) -> Option<Instant> {
+        let p = self.pacer.as_ref()?;
+        (self.stopped_at.is_none() && self.left > 0 && !self.waiting.is_empty()).then(|| p.due())
+    }
+
+    /// One pass over the disk's queues: accounts for what completed and, while the disk runs,
+    /// replaces each completion with a new request in the same slot. Returns how many
+    /// requests completed.
+    #[inline]
+    fn pass(&mut self, completions: &mut [Done], deadline: Instant) -> Result<usize, LoadError> {
         let mut reaped = 0usize;
-        let pass_start = if spec.measure_busy && stopped_at.is_none() { Some(Instant::now()) } else { None };
-        for qs in dev.queues.iter_mut() {
-            let n = qs.q.reap(&mut completions)?;
+        let bs = self.bs;
+        if self.pacer.is_some() && !self.waiting.is_empty() {
+            // First, so that the reaps below push what is released to the device before the
+            // loop may sleep.
+            self.release_due(Instant::now())?;
+        }
+        for (q, qs) in self.dev.queues.iter_mut().enumerate() {
+            let n = qs.q.reap(completions)?;
             if n == 0 {
                 continue;
             }
             reaped += n;
+            self.in_flight -= n;
             let now = Instant::now();
-            let counting = stopped_at.is_none();
+            let counting = self.stopped_at.is_none();
             if counting && now >= deadline {
-                stopped_at = Some(now);
+                self.stopped_at = Some(now);
             }
+            if !counting {
+                continue;
+            }
+            let (stats, hist) = (&mut self.stats.counts, &mut self.stats.hist);
             for c in &completions[..n] {
                 let slot = c.slot;
-                qs.in_flight -= 1;
-                if !counting {
-                    continue;
-                }
                 let s = qs.slots[slot];
                 if c.ret < 0 {
                     stats.errors += 1;
@@ -402,13 +507,79 @@ fn run<B: Backend>(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
                     } else {
                         stats.reads += 1;
                     }
-                    stats.hist.record(now.saturating_duration_since(s.submitted).as_nanos() as u64);
+                    hist.record(now.saturating_duration_since(s.submitted).as_nanos() as u64);
                 }
-                if stopped_at.is_none() && left > 0 {
-                    left -= 1;
-                    qs.submit(slot, &mut gen, stride, bs, now)?;
+                if self.stopped_at.is_none() && self.left > 0 {
+                    if self.pacer.is_some() {
+                        // Submitted by `release_due` when its turn comes.
+                        self.waiting.push((q, slot));
+                        continue;
+                    }
+                    self.left -= 1;
+                    qs.submit(slot, &mut self.gen, self.stride, bs, now)?;
+                    self.in_flight += 1;
                 }
             }
+        }
+
+        if self.stopped_at.is_none() && self.left == 0 && self.in_flight == 0 {
+            // Every request of `max_ios` completed (and was counted): the disk is done.
+            self.stopped_at = Some(Instant::now());
+        }
+        Ok(reaped)
+    }
+
+    fn result(self, start: Instant, duration: Duration) -> LoadResult {
+        let Stats { mut counts, hist } = self.stats;
+        counts.elapsed = self.stopped_at.map_or(duration, |t| t.duration_since(start));
+        LoadResult::from_counts(counts, hist, self.dev.capacity, self.dev.request_alignment)
+    }
+}
+
+fn run<B: Backend>(
+    specs: &[LoadSpec],
+    start_line: Option<StartLine<'_>>,
+) -> Result<ThreadResults, LoadError> {
+    let first = &specs[0];
+    // With several disks, an error says whose it is.
+    let tag = |i: usize| move |e| if specs.len() > 1 { crate::multi::disk_error(i, &specs[i], e) } else { e };
+    let opened: Result<Vec<Disk<B>>, LoadError> =
+        specs.iter().enumerate().map(|(i, s)| Disk::<B>::open(s).map_err(tag(i))).collect();
+    if let Some(line) = start_line {
+        if opened.is_err() {
+            line.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        line.barrier.wait();
+        if opened.is_ok() && line.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(LoadError::Cancelled);
+        }
+    }
+    let mut disks = opened?;
+
+    let mut waiter = if first.poll_queues {
+        None
+    } else {
+        Some(Waiter::new(disks.iter_mut().flat_map(|d| d.dev.queues.iter_mut()))?)
+    };
+    let depth = disks.iter().map(|d| d.queue_depth).max().unwrap_or(1);
+    let mut completions = vec![Done::default(); depth];
+
+    let start = Instant::now();
+    let deadline = start + first.duration;
+    for (i, d) in disks.iter_mut().enumerate() {
+        d.fill(start).map_err(tag(i))?;
+    }
+
+    // Disks still submitting and counting.
+    let mut running = disks.len();
+    let mut idle_spins = 0u32;
+    // With `measure_busy`: time spent in passes that completed something, while counting.
+    let mut busy_ns = 0u64;
+    loop {
+        let pass_start = if first.measure_busy && running > 0 { Some(Instant::now()) } else { None };
+        let mut reaped = 0usize;
+        for (i, d) in disks.iter_mut().enumerate() {
+            reaped += d.pass(&mut completions, deadline).map_err(tag(i))?;
         }
 
         if reaped > 0 {
@@ -419,18 +590,23 @@ fn run<B: Backend>(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
         } else {
             idle_spins += 1;
         }
-        let in_flight: usize = dev.queues.iter().map(|q| q.in_flight).sum();
-        if stopped_at.is_none() && left == 0 && in_flight == 0 {
-            // Every request of `max_ios` completed (and was counted): the run ends here.
-            stopped_at = Some(Instant::now());
+        let mut in_flight = 0;
+        let mut last_stop: Option<Instant> = None;
+        running = 0;
+        for d in &disks {
+            in_flight += d.in_flight;
+            match d.stopped_at {
+                None => running += 1,
+                Some(t) => last_stop = last_stop.max(Some(t)),
+            }
         }
-        if let Some(t) = stopped_at {
+        if running == 0 {
             if in_flight == 0 {
                 break;
             }
             if reaped == 0 && (waiter.is_some() || idle_spins >= IDLE_SPINS_PER_CLOCK_READ) {
                 idle_spins = 0;
-                let waited = t.elapsed();
+                let waited = last_stop.map_or(Duration::ZERO, |t| t.elapsed());
                 if waited > DRAIN_TIMEOUT {
                     return Err(LoadError::DrainTimeout(in_flight, waited));
                 }
@@ -440,47 +616,27 @@ fn run<B: Backend>(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
             }
             continue;
         }
-        if reaped == 0 {
+        if reaped == 0 && (waiter.is_some() || idle_spins >= IDLE_SPINS_PER_CLOCK_READ) {
             // Nothing completed in a full pass over the queues (each do_io also pushed out
             // what was submitted before it): check the clock, then sleep or spin on.
-            if waiter.is_some() || idle_spins >= IDLE_SPINS_PER_CLOCK_READ {
-                idle_spins = 0;
-                let now = Instant::now();
-                if now >= deadline {
-                    stopped_at = Some(now);
-                    continue;
+            idle_spins = 0;
+            let now = Instant::now();
+            if now >= deadline {
+                for d in disks.iter_mut() {
+                    d.stopped_at.get_or_insert(now);
                 }
-                if let Some(w) = waiter.as_mut() {
-                    w.wait(deadline - now)?;
-                }
+                continue;
+            }
+            // A disk with a rate may have a request due before then.
+            let wake = disks.iter().filter_map(Disk::next_due).min().map_or(deadline, |t| t.min(deadline));
+            if let Some(w) = waiter.as_mut() {
+                w.wait(wake.saturating_duration_since(now))?;
             }
         }
     }
 
-    let elapsed = stopped_at.map_or(spec.duration, |t| t.duration_since(start));
-    let secs = elapsed.as_secs_f64().max(1e-9);
-    let h = &stats.hist;
-    Ok(LoadResult {
-        ios: stats.ios,
-        bytes: stats.bytes,
-        reads: stats.reads,
-        writes: stats.writes,
-        elapsed,
-        iops: stats.ios as f64 / secs,
-        mbps: stats.bytes as f64 / secs / 1e6,
-        lat_mean_ns: h.mean(),
-        lat_min_ns: h.min(),
-        lat_max_ns: h.max(),
-        p50_ns: h.percentile(50.0),
-        p99_ns: h.percentile(99.0),
-        p999_ns: h.percentile(99.9),
-        errors: stats.errors,
-        first_error: stats.first_error,
-        capacity: dev.capacity,
-        request_alignment: dev.request_alignment,
-        histogram: stats.hist.clone(),
-        client_busy_ns: spec.measure_busy.then_some(busy_ns),
-    })
+    let results = disks.into_iter().map(|d| d.result(start, first.duration)).collect();
+    Ok((results, first.measure_busy.then_some(busy_ns)))
 }
 
 /// Connects, starts the queues as [`run_on_this_thread`] would, then holds the connection for
@@ -497,7 +653,7 @@ fn hold<B: Backend>(spec: &LoadSpec) -> Result<Duration, LoadError> {
     let stride = round_up(spec.block_size, BUF_ALIGN);
     let mut dev = Device::<B>::connect(spec, stride)?;
     // Completion-fd queues are armed as for a run, so the device sees the same state.
-    let _waiter = if spec.poll_queues { None } else { Some(Waiter::new(&mut dev.queues)?) };
+    let _waiter = if spec.poll_queues { None } else { Some(Waiter::new(dev.queues.iter_mut())?) };
     let start = Instant::now();
     std::thread::sleep(spec.duration);
     Ok(start.elapsed())
@@ -555,6 +711,22 @@ mod tests {
         let writes = (0..100_000).filter(|_| g.next().0).count();
         // 30 % writes, within 1 percentage point.
         assert!((29_000..31_000).contains(&writes), "{writes} writes of 100000");
+    }
+
+    #[test]
+    fn a_pacer_spaces_requests_evenly_from_the_start() {
+        let start = Instant::now();
+        let mut p = Pacer { rate: 4000, issued: 0, start };
+        let mut due = Vec::new();
+        for n in [0, 1, 2, 3999, 4000, 12_000] {
+            p.issued = n;
+            due.push(p.due() - start);
+        }
+        let us = Duration::from_micros;
+        assert_eq!(due, vec![us(0), us(250), us(500), us(999_750), us(1_000_000), us(3_000_000)]);
+        // A rate that does not divide a second: due times round down, never drift.
+        let p = Pacer { rate: 3, issued: 3_000_000, start };
+        assert_eq!(p.due() - start, Duration::from_secs(1_000_000));
     }
 
     #[test]

@@ -19,9 +19,18 @@
 //! (libblkio's own virtio layer) directly, with the same buffers, accounting and output.
 //!
 //! Use [`run`] with a [`LoadSpec`] to get a [`LoadResult`]; the `fp-load` binary wraps it.
+//!
+//! **Several disks** ([`run_multi`] with a [`MultiSpec`]; `fp-load --disk ...`): each disk has
+//! its own socket, pattern, block size, depth, queues and request count, and its own
+//! accounting; all run for the same time. By default one client thread drives them all in one
+//! loop (one pass over every disk's queues, one epoll set for all their completion fds), as
+//! one vCPU driving many virtual disks would; with [`MultiSpec::thread_per_disk`] each disk
+//! has its own pinned thread, and the threads start together once every disk is connected.
+//! The [`MultiResult`] has each disk's [`LoadResult`] and their total.
 
 mod engine;
 pub mod hist;
+mod multi;
 pub mod rng;
 
 use std::fmt;
@@ -30,6 +39,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use hist::Histogram;
+pub use multi::{parse_disk, run_multi, DiskArg, MultiResult, MultiSpec};
 
 /// What kind of requests to issue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +132,10 @@ pub struct LoadSpec {
     pub stride: Option<u64>,
     /// Stop after this many requests (fio's `number_ios`); the duration still bounds the run.
     pub max_ios: Option<u64>,
+    /// Submit at most this many requests per second (fio's `rate_iops`): request `n` is due
+    /// `n / rate` seconds after the start, and a slot whose request completed early waits for
+    /// the next one's turn. Latency still runs from submission, not from the due time.
+    pub rate_iops: Option<u64>,
     /// Pin the client thread to this CPU.
     pub cpu: Option<usize>,
     /// For [`Pattern::RandRw`]: percentage of requests that are reads (0..=100).
@@ -155,6 +169,7 @@ impl LoadSpec {
             region: None,
             stride: None,
             max_ios: None,
+            rate_iops: None,
             cpu: None,
             read_percent: 50,
             seed: 0x5eed_f1a5_4a70_0001,
@@ -205,6 +220,9 @@ impl LoadSpec {
                 ));
             }
         }
+        if self.rate_iops == Some(0) {
+            return bad("the rate must be positive".into());
+        }
         if self.max_ios == Some(0) {
             return bad("the request count must be positive".into());
         }
@@ -252,7 +270,52 @@ pub struct LoadResult {
     pub client_busy_ns: Option<u64>,
 }
 
+/// What a client counted for one disk or several, before the rates and percentiles.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counts {
+    pub(crate) ios: u64,
+    pub(crate) bytes: u64,
+    pub(crate) reads: u64,
+    pub(crate) writes: u64,
+    pub(crate) errors: u64,
+    pub(crate) first_error: Option<i32>,
+    pub(crate) elapsed: Duration,
+}
+
 impl LoadResult {
+    /// The result of counting `c` and the latencies in `histogram` on a device of
+    /// `capacity` bytes and `request_alignment`-byte blocks.
+    pub(crate) fn from_counts(
+        c: Counts,
+        histogram: Histogram,
+        capacity: u64,
+        request_alignment: u32,
+    ) -> Self {
+        let secs = c.elapsed.as_secs_f64().max(1e-9);
+        let h = &histogram;
+        LoadResult {
+            ios: c.ios,
+            bytes: c.bytes,
+            reads: c.reads,
+            writes: c.writes,
+            elapsed: c.elapsed,
+            iops: c.ios as f64 / secs,
+            mbps: c.bytes as f64 / secs / 1e6,
+            lat_mean_ns: h.mean(),
+            lat_min_ns: h.min(),
+            lat_max_ns: h.max(),
+            p50_ns: h.percentile(50.0),
+            p99_ns: h.percentile(99.0),
+            p999_ns: h.percentile(99.9),
+            errors: c.errors,
+            first_error: c.first_error,
+            capacity,
+            request_alignment,
+            histogram,
+            client_busy_ns: None,
+        }
+    }
+
     /// The result as a JSON object (latencies in ns, elapsed in seconds).
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
@@ -319,6 +382,18 @@ pub enum LoadError {
     DrainTimeout(usize, Duration),
     #[error("the client thread panicked")]
     Panicked,
+    /// A run with one thread per disk: this disk's thread stopped because another disk's
+    /// failed to connect.
+    #[error("cancelled: another disk failed to start")]
+    Cancelled,
+    /// A multi-disk run: what went wrong with disk `index` (counting from 0, as given).
+    #[error("disk {index} ({socket}): {source}")]
+    Disk {
+        index: usize,
+        socket: String,
+        #[source]
+        source: Box<LoadError>,
+    },
 }
 
 impl LoadError {
@@ -488,8 +563,11 @@ mod tests {
         let mut s = ok.clone();
         s.stride = Some(1 << 20);
         assert!(s.validate().is_err(), "randread takes no stride");
-        let mut s = ok;
+        let mut s = ok.clone();
         s.max_ios = Some(0);
+        assert!(s.validate().is_err());
+        let mut s = ok;
+        s.rate_iops = Some(0);
         assert!(s.validate().is_err());
     }
 

@@ -2,23 +2,51 @@
 //! `--packed`, through virtio-driver over packed virtqueues) and print IOPS, bandwidth and
 //! completion latency percentiles (human-readable, or one JSON object with `--json`).
 //!
+//! With `--disk` (repeated) or `--job FILE` it drives several sockets from one process, each
+//! disk with its own pattern, block size, depth and queues, and reports each disk and the
+//! total (see [`fp_loadgen::parse_disk`] for the keys and [`fp_loadgen::MultiSpec`] for the
+//! threads):
+//!
+//! ```text
+//! fp-load --time 10s --cpu 1 --disk socket=/var/tmp/flashpath/vhost.0,qd=128,label=noisy \
+//!     --disk socket=/var/tmp/flashpath/vhost.1,qd=1 --disk socket=/var/tmp/flashpath/vhost.2,qd=1
+//! ```
+//!
+//! Global options (`--pattern`, `--bs`, `--qd`, ...) are the defaults of the disks' keys.
+//!
 //! Exit status: 0 on success, 1 when the run could not be set up or stalled, 2 on bad arguments
 //! (clap), 3 when the run finished but some requests completed with an error.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use fp_loadgen::{parse_duration, parse_size, LoadResult, LoadSpec, Pattern, Region};
+use fp_loadgen::{
+    parse_disk, parse_duration, parse_size, DiskArg, LoadResult, LoadSpec, MultiResult, MultiSpec, Pattern,
+    Region,
+};
 
 /// Drive a vhost-user-blk device through libblkio and report IOPS and latency.
 #[derive(Parser, Debug)]
 #[command(name = "fp-load", version)]
 struct Args {
     /// vhost-user-blk Unix socket to connect to.
+    #[arg(long, required_unless_present_any = ["disk", "job"], conflicts_with_all = ["disk", "job"])]
+    socket: Option<PathBuf>,
+    /// One disk of a multi-disk run, as comma-separated keys: socket=PATH (required),
+    /// pattern, bs, qd, queues, ios, rate, offset, size, stride, rwmix-read, seed, read-only,
+    /// cpu, label; the global options give the keys' defaults. Repeat for each disk.
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    disk: Vec<String>,
+    /// A job file of disks: one --disk value per line (blank lines and lines starting with #
+    /// are skipped), run before the --disk arguments.
+    #[arg(long, value_name = "FILE")]
+    job: Option<PathBuf>,
+    /// Multi-disk runs: one client thread per disk (pinned to the disk's cpu=, else to --cpu)
+    /// instead of one for all; implied when a disk names a cpu.
     #[arg(long)]
-    socket: PathBuf,
+    thread_per_disk: bool,
     /// randread, randwrite, read, write or randrw.
     #[arg(long, default_value = "randread")]
     pattern: Pattern,
@@ -57,6 +85,10 @@ struct Args {
     /// Stop after this many requests (--time still bounds the run).
     #[arg(long = "ios")]
     max_ios: Option<u64>,
+    /// Submit at most this many requests per second (each disk, in a multi-disk run);
+    /// latency still runs from submission.
+    #[arg(long = "rate", value_name = "IOPS")]
+    rate_iops: Option<u64>,
     /// For randrw: percentage of reads.
     #[arg(long = "rwmix-read", default_value_t = 50)]
     read_percent: u8,
@@ -76,7 +108,7 @@ struct Args {
     client_busy: bool,
     /// Connect and start the queues, then hold them idle for --time without any I/O (an
     /// attached, idle disk), and exit.
-    #[arg(long, conflicts_with_all = ["brief", "hist_out", "client_busy"])]
+    #[arg(long, conflicts_with_all = ["brief", "hist_out", "client_busy", "disk", "job"])]
     idle: bool,
     /// A name printed with the results.
     #[arg(long)]
@@ -96,13 +128,20 @@ struct Args {
 const BRIEF_HEADER: &str = "label          pattern    bs     qd  queues      IOPS     MB/s   mean_us    p50_us    p99_us  p99.9_us  errors";
 
 fn print_brief(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
+    let (bs, qd, queues) =
+        (spec.block_size.to_string(), spec.queue_depth.to_string(), spec.num_queues.to_string());
+    brief_row(label.unwrap_or("-"), spec.pattern.as_str(), &bs, &qd, &queues, r);
+}
+
+/// One row in the `BRIEF_HEADER` layout.
+fn brief_row(label: &str, pattern: &str, bs: &str, qd: &str, queues: &str, r: &LoadResult) {
     println!(
         "{:<14} {:<10} {:<6} {:>3} {:>7} {:>9.0} {:>8.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7}",
-        label.unwrap_or("-"),
-        spec.pattern.as_str(),
-        spec.block_size,
-        spec.queue_depth,
-        spec.num_queues,
+        label,
+        pattern,
+        bs,
+        qd,
+        queues,
         r.iops,
         r.mbps,
         r.lat_mean_ns / 1000.0,
@@ -119,23 +158,10 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let args = Args::parse();
-    let mut spec = LoadSpec::new(&args.socket);
-    spec.pattern = args.pattern;
-    spec.block_size = args.block_size as usize;
-    spec.queue_depth = args.queue_depth;
-    spec.num_queues = args.num_queues;
-    spec.duration = args.duration;
-    spec.poll_queues = args.poll;
-    spec.cpu = args.cpu;
-    spec.read_percent = args.read_percent;
-    spec.read_only = args.read_only;
-    spec.measure_busy = args.client_busy;
-    spec.packed = args.packed;
-    spec.stride = args.stride;
-    spec.max_ios = args.max_ios;
-    if let Some(s) = args.seed {
-        spec.seed = s;
-    }
+    let Some(socket) = args.socket.clone() else {
+        return run_disks(&args);
+    };
+    let mut spec = base_spec(&args, socket);
     if args.offset != 0 || args.size.is_some() {
         match args.size {
             Some(len) => spec.region = Some(Region { offset: args.offset, len }),
@@ -155,7 +181,7 @@ fn main() -> ExitCode {
                 if args.json {
                     let v = serde_json::json!({
                         "label": args.label,
-                        "socket": args.socket.display().to_string(),
+                        "socket": spec.socket.display().to_string(),
                         "idle": true,
                         "num_queues": spec.num_queues,
                         "poll_queues": spec.poll_queues,
@@ -167,7 +193,7 @@ fn main() -> ExitCode {
                     println!(
                         "held {} queue(s) on {} idle for {:.2} s",
                         spec.num_queues,
-                        args.socket.display(),
+                        spec.socket.display(),
                         held.as_secs_f64()
                     );
                 }
@@ -196,16 +222,7 @@ fn main() -> ExitCode {
     }
     if args.json {
         let mut v = result.to_json();
-        let obj = v.as_object_mut().expect("to_json returns an object");
-        obj.insert("label".into(), args.label.clone().into());
-        obj.insert("socket".into(), args.socket.display().to_string().into());
-        obj.insert("pattern".into(), spec.pattern.as_str().into());
-        obj.insert("block_size".into(), spec.block_size.into());
-        obj.insert("queue_depth".into(), spec.queue_depth.into());
-        obj.insert("num_queues".into(), spec.num_queues.into());
-        obj.insert("poll_queues".into(), spec.poll_queues.into());
-        obj.insert("packed".into(), spec.packed.into());
-        obj.insert("cpu".into(), spec.cpu.into());
+        annotate(&mut v, &spec, args.label.as_deref());
         println!("{v}");
     } else if args.brief {
         print_brief(&spec, args.label.as_deref(), &result);
@@ -219,6 +236,205 @@ fn main() -> ExitCode {
     }
 }
 
+/// The spec the global options describe, for `socket`; in a multi-disk run, the defaults of
+/// every disk's keys.
+fn base_spec(args: &Args, socket: PathBuf) -> LoadSpec {
+    let mut spec = LoadSpec::new(socket);
+    spec.pattern = args.pattern;
+    spec.block_size = args.block_size as usize;
+    spec.queue_depth = args.queue_depth;
+    spec.num_queues = args.num_queues;
+    spec.duration = args.duration;
+    spec.poll_queues = args.poll;
+    spec.cpu = args.cpu;
+    spec.read_percent = args.read_percent;
+    spec.read_only = args.read_only;
+    spec.measure_busy = args.client_busy;
+    spec.packed = args.packed;
+    spec.stride = args.stride;
+    spec.max_ios = args.max_ios;
+    spec.rate_iops = args.rate_iops;
+    if let Some(s) = args.seed {
+        spec.seed = s;
+    }
+    spec
+}
+
+/// Adds what was run (`spec`) and its `label` to a result's JSON object.
+fn annotate(v: &mut serde_json::Value, spec: &LoadSpec, label: Option<&str>) {
+    let obj = v.as_object_mut().expect("to_json returns an object");
+    obj.insert("label".into(), label.into());
+    obj.insert("socket".into(), spec.socket.display().to_string().into());
+    obj.insert("pattern".into(), spec.pattern.as_str().into());
+    obj.insert("block_size".into(), spec.block_size.into());
+    obj.insert("queue_depth".into(), spec.queue_depth.into());
+    obj.insert("num_queues".into(), spec.num_queues.into());
+    obj.insert("poll_queues".into(), spec.poll_queues.into());
+    obj.insert("packed".into(), spec.packed.into());
+    obj.insert("cpu".into(), spec.cpu.into());
+    obj.insert("rate_iops".into(), spec.rate_iops.into());
+}
+
+/// The disks of `--job` then `--disk`, parsed against the global options.
+fn disk_args(args: &Args) -> Result<Vec<DiskArg>, String> {
+    let mut lines: Vec<(String, String)> = Vec::new();
+    if let Some(path) = &args.job {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("--job {}: {e}", path.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if !line.is_empty() && !line.starts_with('#') {
+                lines.push((format!("{} line {}", path.display(), n + 1), line.to_string()));
+            }
+        }
+    }
+    lines.extend(args.disk.iter().map(|d| (format!("--disk '{d}'"), d.clone())));
+    let mut defaults = base_spec(args, PathBuf::new());
+    defaults.cpu = None;
+    let mut disks = Vec::with_capacity(lines.len());
+    for (i, (whence, line)) in lines.iter().enumerate() {
+        disks.push(parse_disk(line, &defaults, i).map_err(|e| format!("{whence}: {e}"))?);
+    }
+    if disks.is_empty() {
+        return Err(format!(
+            "--job {}: no disks in the file",
+            args.job.as_deref().unwrap_or(Path::new("")).display()
+        ));
+    }
+    Ok(disks)
+}
+
+/// A multi-disk run (`--disk`, `--job`).
+fn run_disks(args: &Args) -> ExitCode {
+    let disks = match disk_args(args) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("fp-load: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut disks = disks;
+    for (i, d) in disks.iter_mut().enumerate() {
+        if let Some(offset) = d.offset_to_end {
+            // Asks the device, like a single disk's --offset without --size: a failure is
+            // the device's, not the arguments'.
+            match region_to_end(&d.spec, offset) {
+                Ok(r) => d.spec.region = Some(r),
+                Err(e) => {
+                    eprintln!("fp-load: disk {i} ({}): {}", d.spec.socket.display(), e);
+                    return ExitCode::from(1);
+                }
+            }
+        }
+    }
+    let spec = MultiSpec {
+        thread_per_disk: args.thread_per_disk || disks.iter().any(|d| d.spec.cpu.is_some()),
+        disks: disks.iter().map(|d| d.spec.clone()).collect(),
+        duration: args.duration,
+        poll_queues: args.poll,
+        packed: args.packed,
+        measure_busy: args.client_busy,
+        cpu: args.cpu,
+    };
+    let result = match fp_loadgen::run_multi(&spec) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fp-load: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if let Some(path) = &args.hist_out {
+        let mut v = result.total.histogram_json();
+        let per_disk: Vec<_> = result.disks.iter().map(LoadResult::histogram_json).collect();
+        v.as_object_mut().expect("an object").insert("disks".into(), per_disk.into());
+        if let Err(e) = std::fs::write(path, v.to_string() + "\n") {
+            eprintln!("fp-load: writing {}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    }
+    // The disks' effective specs (the shared options applied), for the output.
+    let effective: Vec<LoadSpec> = spec
+        .disks
+        .iter()
+        .map(|d| LoadSpec {
+            duration: spec.duration,
+            poll_queues: spec.poll_queues,
+            packed: spec.packed,
+            measure_busy: spec.measure_busy,
+            cpu: if spec.thread_per_disk { d.cpu.or(spec.cpu) } else { spec.cpu },
+            ..d.clone()
+        })
+        .collect();
+    if args.json {
+        let per_disk: Vec<_> = result
+            .disks
+            .iter()
+            .zip(&effective)
+            .zip(&disks)
+            .map(|((r, s), d)| {
+                let mut v = r.to_json();
+                annotate(&mut v, s, d.label.as_deref());
+                v
+            })
+            .collect();
+        let v = serde_json::json!({
+            "label": args.label,
+            "num_disks": per_disk.len(),
+            "thread_per_disk": spec.thread_per_disk,
+            "poll_queues": spec.poll_queues,
+            "packed": spec.packed,
+            "cpu": spec.cpu,
+            "disks": per_disk,
+            "total": result.total.to_json(),
+        });
+        println!("{v}");
+    } else {
+        print_disks(args, &spec, &effective, &disks, &result);
+    }
+    if result.total.errors > 0 {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The multi-disk text output: with --brief one row per disk and the total, otherwise a title,
+/// the header and the rows.
+fn print_disks(args: &Args, spec: &MultiSpec, effective: &[LoadSpec], disks: &[DiskArg], r: &MultiResult) {
+    if !args.brief {
+        let mode = if spec.poll_queues { "poll queues" } else { "completion fds" };
+        let mode = if spec.packed { format!("packed, {mode}") } else { mode.to_string() };
+        let threads = if spec.thread_per_disk {
+            "one client thread per disk".to_string()
+        } else {
+            format!("one client thread{}", spec.cpu.map(|c| format!(" on cpu {c}")).unwrap_or_default())
+        };
+        let label = args.label.as_deref().map(|l| format!("{l}: ")).unwrap_or_default();
+        println!("{label}{} disks, {threads} ({mode}), {:.2} s", disks.len(), r.total.elapsed.as_secs_f64());
+        println!("{BRIEF_HEADER}");
+    }
+    for ((res, s), d) in r.disks.iter().zip(effective).zip(disks) {
+        let name = d.label.clone().unwrap_or_else(|| {
+            s.socket
+                .file_name()
+                .map_or_else(|| s.socket.display().to_string(), |f| f.to_string_lossy().into_owned())
+        });
+        print_brief(s, Some(&name), res);
+    }
+    brief_row("total", "-", "-", "-", "-", &r.total);
+    if !args.brief {
+        for ((res, s), d) in r.disks.iter().zip(effective).zip(disks) {
+            if res.errors > 0 {
+                let name = d.label.clone().unwrap_or_else(|| s.socket.display().to_string());
+                println!(
+                    "  ERRORS on {name}: {} requests failed (first: errno {})",
+                    res.errors,
+                    -res.first_error.unwrap_or(0)
+                );
+            }
+        }
+    }
+}
+
 /// `--offset` without `--size`: the region runs to the end of the device, which is only known
 /// after connecting; ask the device once, then let the run connect again.
 fn region_to_end(spec: &LoadSpec, offset: u64) -> Result<Region, String> {
@@ -228,7 +444,7 @@ fn region_to_end(spec: &LoadSpec, offset: u64) -> Result<Region, String> {
     b.connect().map_err(|e| format!("connect: {e}"))?;
     let cap = b.get_u64("capacity").map_err(|e| e.to_string())?;
     if offset >= cap {
-        return Err(format!("--offset {offset} is beyond the device's {cap} bytes"));
+        return Err(format!("offset {offset} is beyond the device's {cap} bytes"));
     }
     Ok(Region { offset, len: cap - offset })
 }
@@ -241,6 +457,10 @@ fn print_human(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
     let mode = if spec.poll_queues { "poll queues" } else { "completion fds" };
     let mode = if spec.packed { format!("packed, {mode}") } else { mode.to_string() };
     let cpu = spec.cpu.map(|c| format!(", client cpu {c}")).unwrap_or_default();
+    let cpu = match spec.rate_iops {
+        Some(r) => format!("{cpu}, at most {r} IOPS"),
+        None => cpu,
+    };
     let label = label.map(|l| format!("{l}: ")).unwrap_or_default();
     println!(
         "{label}{} bs={} qd={} queues={} ({mode}{cpu}) on {}",
