@@ -1274,13 +1274,7 @@ def markdown(res):
                  machine_line(m), "",
                  f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min. {lvol_other_cpu(res)}"]
         lines += lvol_markdown(res)
-        lines += ["", "## Targets (from the issue; results, not assertions)", "",
-                  "| target | goal | measured | status |", "|---|---|---|---|"]
-        for t in res["targets"]:
-            note = f" ({t['note']})" if t["note"] else ""
-            lines.append(f"| {t['target']} | {t['goal']} | {t['measured']}{note} | {t['status'] or '-'} |")
-        lines.append("")
-        return "\n".join(lines)
+        return "\n".join(lines + targets_table(res))
     lines = [f"# flashpath vs qemu-storage-daemon ({m['mode']} run, {m['date']})", ""]
     lines += [
         f"Machine: {mi['cpu_model']}, {mi['cpus']} CPUs"
@@ -1407,13 +1401,18 @@ def markdown(res):
                          f"{len(e['runs'])} | {100 * e['spread']:.1f} % |")
     if res.get("lvol"):
         lines += lvol_markdown(res)
-    lines += ["", "## Targets (from the issue; results, not assertions)", "",
-              "| target | goal | measured | status |", "|---|---|---|---|"]
+    return "\n".join(lines + targets_table(res))
+
+
+def targets_table(res):
+    """The targets section every results.md ends with."""
+    lines = ["", "## Targets (from the issue; results, not assertions)", "",
+             "| target | goal | measured | status |", "|---|---|---|---|"]
     for t in res["targets"]:
         note = f" ({t['note']})" if t["note"] else ""
         lines.append(f"| {t['target']} | {t['goal']} | {t['measured']}{note} | {t['status'] or '-'} |")
     lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def lvol_other_cpu(res):
