@@ -21,38 +21,16 @@ fn spec(sock: &std::path::Path, pattern: Pattern, qd: usize, queues: usize, poll
     s
 }
 
-/// Checks what must hold for any successful run.
+/// Checks what must hold for any successful run: the shared checks, then the run's length.
 fn check_consistent(what: &str, s: &LoadSpec, r: &LoadResult) {
-    assert_eq!(r.errors, 0, "{what}: errors (first {:?})", r.first_error);
-    assert!(r.ios > 0, "{what}: no I/O completed");
-    assert_eq!(r.reads + r.writes, r.ios, "{what}: reads + writes != ios");
-    assert_eq!(r.bytes, r.ios * s.block_size as u64, "{what}: bytes");
-    assert_eq!(r.histogram.count(), r.ios, "{what}: histogram count");
-    assert_eq!(r.capacity, DISK, "{what}: capacity");
+    common::load::check_result(what, s, r, DISK);
     let secs = r.elapsed.as_secs_f64();
     assert!(
         secs >= s.duration.as_secs_f64() * 0.99 && secs < s.duration.as_secs_f64() + 5.0,
         "{what}: elapsed {secs}"
     );
     assert!((r.iops - r.ios as f64 / secs).abs() < 1e-6 * r.iops.max(1.0), "{what}: iops");
-    assert!(r.lat_min_ns > 0, "{what}: zero latency");
-    assert!(
-        r.lat_min_ns <= r.p50_ns
-            && r.p50_ns <= r.p99_ns
-            && r.p99_ns <= r.p999_ns
-            && r.p999_ns <= r.lat_max_ns,
-        "{what}: percentiles out of order: {r:?}"
-    );
     assert!(r.lat_mean_ns >= r.lat_min_ns as f64 && r.lat_mean_ns <= r.lat_max_ns as f64, "{what}: mean");
-    match s.pattern {
-        Pattern::RandRead | Pattern::Read => {
-            assert_eq!(r.writes, 0, "{what}: writes in a read run")
-        }
-        Pattern::RandWrite | Pattern::Write => {
-            assert_eq!(r.reads, 0, "{what}: reads in a write run")
-        }
-        Pattern::RandRw => assert!(r.reads > 0 && r.writes > 0, "{what}: randrw did not mix: {r:?}"),
-    }
 }
 
 #[test]

@@ -72,18 +72,7 @@ fn multi(disks: Vec<LoadSpec>, duration: Duration, thread_per_disk: bool) -> Mul
 
 /// What must hold for one disk's result of a run without failures.
 fn check_disk(what: &str, s: &LoadSpec, r: &LoadResult) {
-    assert_eq!(r.errors, 0, "{what}: errors (first {:?})", r.first_error);
-    assert!(r.ios > 0, "{what}: no I/O");
-    assert_eq!(r.reads + r.writes, r.ios, "{what}: reads + writes");
-    assert_eq!(r.bytes, r.ios * s.block_size as u64, "{what}: bytes");
-    assert_eq!(r.histogram.count(), r.ios, "{what}: histogram count");
-    assert_eq!(r.capacity, DISK, "{what}: capacity");
-    assert!(r.lat_min_ns > 0 && r.p50_ns <= r.p99_ns && r.p99_ns <= r.p999_ns, "{what}: {r:?}");
-    match s.pattern {
-        Pattern::RandRead | Pattern::Read => assert_eq!(r.writes, 0, "{what}"),
-        Pattern::RandWrite | Pattern::Write => assert_eq!(r.reads, 0, "{what}"),
-        Pattern::RandRw => assert!(r.reads > 0 && r.writes > 0, "{what}: {r:?}"),
-    }
+    common::load::check_result(what, s, r, DISK);
 }
 
 /// The total must be the disks' sum.

@@ -23,6 +23,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod guest;
+pub mod load;
 
 use std::ffi::OsString;
 use std::fs::File;
