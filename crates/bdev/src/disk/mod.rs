@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use histogram::{base64_decode, base64_encode, bucket_end, bucket_of, Histogram, Percentiles};
 pub use histogram::{GRANULARITY as HISTOGRAM_GRANULARITY, MAX_RANGE as HISTOGRAM_MAX_RANGE};
-pub use stats::{op_index, IoStats, OpStats, ERRNO_SLOTS, OPS};
+pub use stats::{op_index, IoStats, OpStats, QosStats, ERRNO_SLOTS, OPS};
 
 use histogram::ChannelHistogram;
 use stats::{errno_slot, ChannelSlot};
@@ -303,7 +303,8 @@ fn merge_slot(into: &mut IoStats, slot: &ChannelSlot, epochs: u64) {
     let seen = slot.seen_epochs.load(Ordering::Acquire);
     let mut s = slot.snapshot();
     if seen / ALL_EPOCH != epochs / ALL_EPOCH {
-        s = IoStats { queue_depth: s.queue_depth, ..IoStats::default() };
+        let qos = QosStats { queued: s.qos.queued, ..QosStats::default() };
+        s = IoStats { queue_depth: s.queue_depth, qos, ..IoStats::default() };
     } else if seen != epochs {
         s.reset_maxmin();
     }
@@ -627,6 +628,7 @@ impl Drop for DiskChannel {
         self.apply_resets();
         let mut s = self.slot.snapshot();
         s.queue_depth = 0;
+        s.qos.queued = 0;
         book.retired.merge(&s, true);
         if self.disk.histogram_on.load(Ordering::Relaxed) {
             if let Some(h) = self.slot.hist.get() {

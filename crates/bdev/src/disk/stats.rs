@@ -83,13 +83,35 @@ pub struct IoStats {
     /// Failed requests by errno (index 0: refused as unsupported; the last slot: errno
     /// [`ERRNO_SLOTS`] - 1 and above).
     pub errno: [u64; ERRNO_SLOTS],
-    /// Requests in flight when read (not reset by `bdev_reset_iostat`).
+    /// Requests in flight when read (not reset by `bdev_reset_iostat`); those waiting for QoS
+    /// are among them.
     pub queue_depth: u64,
+    /// What the disk's QoS limits held back (docs/qos.md).
+    pub qos: QosStats,
+}
+
+/// What QoS held back: requests that waited in a channel for a limit, and for how long.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QosStats {
+    /// Requests waiting for a limit when read (a gauge, like `queue_depth`: not reset).
+    pub queued: u64,
+    /// Requests that had to wait for a limit, ever.
+    pub queued_total: u64,
+    /// Ticks those requests waited, summed at admission.
+    pub wait_ticks: u64,
+    /// Ticks during which a channel held a waiting request, summed over channels (so with two
+    /// channels throttled at once it runs at twice the clock).
+    pub throttled_ticks: u64,
 }
 
 impl Default for IoStats {
     fn default() -> IoStats {
-        IoStats { ops: [OpStats::default(); 5], errno: [0; ERRNO_SLOTS], queue_depth: 0 }
+        IoStats {
+            ops: [OpStats::default(); 5],
+            errno: [0; ERRNO_SLOTS],
+            queue_depth: 0,
+            qos: QosStats::default(),
+        }
     }
 }
 
@@ -106,6 +128,10 @@ impl IoStats {
             *a += b;
         }
         self.queue_depth += o.queue_depth;
+        self.qos.queued += o.qos.queued;
+        self.qos.queued_total += o.qos.queued_total;
+        self.qos.wait_ticks += o.qos.wait_ticks;
+        self.qos.throttled_ticks += o.qos.throttled_ticks;
     }
 
     pub(crate) fn reset_maxmin(&mut self) {
@@ -138,6 +164,16 @@ fn bump(c: &AtomicU64, v: u64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
 }
 
+/// A channel's QoS counters, on their own line (written only while the channel waits).
+#[derive(Default)]
+#[repr(align(64))]
+struct QosCounters {
+    queued: AtomicU64,
+    queued_total: AtomicU64,
+    wait_ticks: AtomicU64,
+    throttled_ticks: AtomicU64,
+}
+
 /// [`OPS`] rounded up to a power of two.
 const OP_SLOTS: usize = OPS.len().next_power_of_two();
 
@@ -150,6 +186,7 @@ pub(crate) struct ChannelSlot {
     ops: [OpCounters; OP_SLOTS],
     errno: [AtomicU64; ERRNO_SLOTS],
     in_flight: AtomicU64,
+    qos: QosCounters,
     /// The reset epochs this channel has applied (see `Disk::reset`): readers ignore counters of a
     /// channel that has not applied the latest.
     pub(crate) seen_epochs: AtomicU64,
@@ -166,6 +203,7 @@ impl ChannelSlot {
             ops: Default::default(),
             errno: [const { AtomicU64::new(0) }; ERRNO_SLOTS],
             in_flight: AtomicU64::new(0),
+            qos: QosCounters::default(),
             seen_epochs: AtomicU64::new(seen_epochs),
             hist: OnceLock::new(),
             id,
@@ -198,6 +236,24 @@ impl ChannelSlot {
         self.in_flight.store(n, Ordering::Relaxed);
     }
 
+    /// A request that waited `ticks` for QoS was admitted.
+    #[inline]
+    pub(crate) fn qos_admitted(&self, ticks: u64) {
+        bump(&self.qos.queued_total, 1);
+        bump(&self.qos.wait_ticks, ticks);
+    }
+
+    /// The channel's QoS queue held requests for another `ticks`.
+    #[inline]
+    pub(crate) fn qos_throttled(&self, ticks: u64) {
+        bump(&self.qos.throttled_ticks, ticks);
+    }
+
+    #[inline]
+    pub(crate) fn set_qos_queued(&self, n: u64) {
+        self.qos.queued.store(n, Ordering::Relaxed);
+    }
+
     /// Zeroes everything (a reset of mode "all"); by the owning channel only.
     pub(crate) fn clear(&self) {
         for c in &self.ops {
@@ -206,6 +262,9 @@ impl ChannelSlot {
             }
         }
         self.errno.iter().for_each(|a| a.store(0, Ordering::Relaxed));
+        for a in [&self.qos.queued_total, &self.qos.wait_ticks, &self.qos.throttled_ticks] {
+            a.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Forgets the extremes (a reset of mode "maxmin"); by the owning channel only.
@@ -232,6 +291,12 @@ impl ChannelSlot {
             *e = c.load(Ordering::Relaxed);
         }
         s.queue_depth = self.in_flight.load(Ordering::Relaxed);
+        s.qos = QosStats {
+            queued: self.qos.queued.load(Ordering::Relaxed),
+            queued_total: self.qos.queued_total.load(Ordering::Relaxed),
+            wait_ticks: self.qos.wait_ticks.load(Ordering::Relaxed),
+            throttled_ticks: self.qos.throttled_ticks.load(Ordering::Relaxed),
+        };
         s
     }
 }

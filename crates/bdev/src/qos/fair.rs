@@ -48,7 +48,6 @@ struct Member {
 struct SliceStart(AtomicU64);
 
 /// A group whose limit its members share by weight.
-#[derive(Debug)]
 pub struct FairGroup {
     /// Units per second for the whole group; 0: no limit.
     limit: AtomicU64,
@@ -57,6 +56,17 @@ pub struct FairGroup {
     tick_rate: u64,
     slice_start: SliceStart,
     members: Box<[Member]>,
+    /// Where a slice end reads the limit to divide, when it varies (a burst); else `limit`.
+    limit_source: std::sync::OnceLock<LimitSource>,
+}
+
+/// The limit to divide at a slice ending at the given tick.
+pub type LimitSource = Box<dyn Fn(u64) -> u64 + Send + Sync>;
+
+impl std::fmt::Debug for FairGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FairGroup").field("limit", &self.limit()).finish_non_exhaustive()
+    }
 }
 
 impl FairGroup {
@@ -80,7 +90,14 @@ impl FairGroup {
                     waited: AtomicBool::new(false),
                 })
                 .collect(),
+            limit_source: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes each slice end divide what `source` returns for its tick rather than the set
+    /// limit (which still says whether there is a limit at all). Once per group.
+    pub fn set_limit_source(&self, source: LimitSource) {
+        let _ = self.limit_source.set(source);
     }
 
     /// The default slice: 10 ms of a clock of `tick_rate`.
@@ -173,9 +190,12 @@ impl FairGroup {
         if self.slice_start.0.compare_exchange(start, now, Ordering::AcqRel, Ordering::Relaxed).is_err() {
             return;
         }
-        let limit = self.limit();
+        let mut limit = self.limit();
         if limit == 0 {
             return;
+        }
+        if let Some(source) = self.limit_source.get() {
+            limit = source(now).max(1);
         }
         let elapsed = u128::from(now.saturating_sub(start).max(1));
         let tick_rate = u128::from(self.tick_rate);

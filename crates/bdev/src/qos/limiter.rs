@@ -161,6 +161,12 @@ impl SharedLimiter {
         });
     }
 
+    /// Ticks of tolerance not yet used at `now`: how far grants may still run ahead.
+    pub fn headroom(&self, now: u64) -> u64 {
+        let ahead = self.tat.0.load(Ordering::Relaxed).saturating_sub(now);
+        self.tolerance.load(Ordering::Relaxed).saturating_sub(ahead)
+    }
+
     /// One quantum of `rate` in units (at least 1).
     fn quantum_units(&self, rate: u64) -> u64 {
         ((u128::from(rate) * u128::from(self.quantum) / u128::from(self.tick_rate)) as u64).max(1)

@@ -10,6 +10,7 @@
 
 pub mod clock;
 mod fair;
+mod group;
 mod limiter;
 mod limits;
 mod throttle;
@@ -18,7 +19,8 @@ mod throttle;
 mod sim;
 
 pub use clock::{Clock, FakeClock, TickClock};
-pub use fair::{FairChannel, FairGroup, MemberId, MAX_MEMBERS, MAX_WEIGHT};
+pub use fair::{FairChannel, FairGroup, LimitSource, MemberId, MAX_MEMBERS, MAX_WEIGHT};
+pub use group::{FairOn, GroupChannel, QosGroup};
 pub use limiter::{ChannelTokens, SharedLimiter, Wait, MAX_RATE, QUANTUM_NS};
 pub use limits::{ChannelQos, DiskQos, QosLimits, MIN_IOS_PER_SEC, MIN_MBYTES_PER_SEC};
 pub use throttle::{BurstLimit, ChannelThrottle, ThrottleConfig, ThrottleGroup};

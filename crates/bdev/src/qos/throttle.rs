@@ -150,6 +150,25 @@ impl ThrottleGroup {
     pub fn config(&self) -> ThrottleConfig {
         *self.config.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// The rate the group's total limit (`iops_total`, else `bps_total`) allows over the next
+    /// `slice` ticks from `now`: its ceiling while the average has burst budget left for a
+    /// whole slice at the ceiling, else its average; 0 when neither total is set. What fair
+    /// sharing divides ([`super::QosGroup`]).
+    pub fn phase_limit(&self, now: u64, slice: u64) -> u64 {
+        let b = if self.limits[0].avg.rate() != 0 { &self.limits[0] } else { &self.limits[3] };
+        let (avg, max) = (b.avg.rate(), b.ceiling.rate());
+        if avg == 0 || max <= avg {
+            return avg;
+        }
+        // At the ceiling the average's debt grows by (max - avg) / avg ticks per tick.
+        let needed = u128::from(slice) * u128::from(max - avg) / u128::from(avg);
+        if u128::from(b.avg.headroom(now)) >= needed {
+            max
+        } else {
+            avg
+        }
+    }
 }
 
 /// A channel's side of a [`ThrottleGroup`].
