@@ -27,6 +27,15 @@
 //! num_blocks = 262144
 //! block_size = 4096
 //!
+//! [[qos_limit]]                        # per-disk limits (SPDK's units; MB = MiB)
+//! name = "ram0"
+//! rw_ios_per_sec = 20000
+//!
+//! [[qos_group]]                        # disks sharing limits (QEMU's names; bps in bytes/s)
+//! name = "tenants"
+//! iops_total = 10000
+//! members = [ { bdev_name = "ram0", weight = 3 }, { bdev_name = "ram1" } ]
+//!
 //! [[vhost_blk]]
 //! ctrlr = "vhost.0"
 //! dev_name = "ram0"
@@ -35,9 +44,14 @@
 //! ```
 //!
 //! Each `[[bdev]]` table (less `type`) is the params of `bdev_<type>_create`, each
-//! `[[vhost_blk]]` table those of `vhost_create_blk_controller`, applied in order through
-//! [`Methods::call`] — the same code the RPC runs, so the file accepts exactly what the RPC does
-//! and errors read the same, prefixed with the table and index (`bdev[1].block_size: ...`).
+//! `[[qos_limit]]` those of `bdev_set_qos_limit`, each `[[qos_group]]` (less `members`) those of
+//! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
+//! `bdev_qos_group_add_bdev`, and each `[[vhost_blk]]` table those of
+//! `vhost_create_blk_controller`. They are applied in that order through [`Methods::call`] — the
+//! same code the RPC runs, so the file accepts exactly what the RPC does and errors read the
+//! same, prefixed with the table and index (`bdev[1].block_size: ...`,
+//! `qos_group[0].members[1].weight: ...`). Limits come before controllers so that a guest never
+//! sees a disk unlimited, even for a moment.
 //!
 //! `[limits]` bounds the registry for the daemon's whole life, RPC calls included: a create
 //! that would pass `max_bdevs` or `max_controllers` fails with error code -28 (ENOSPC) and a
@@ -83,8 +97,9 @@ pub enum ConfigError {
     },
     #[error("{}:{line}:{column}: {message}", path.display())]
     Syntax { path: PathBuf, line: usize, column: usize, message: String },
-    /// A `[[bdev]]` or `[[vhost_blk]]` entry was refused; `field` is empty when the failure is
-    /// not about one parameter (a duplicate name, say).
+    /// A `[[bdev]]`, `[[qos_limit]]`, `[[qos_group]]` or `[[vhost_blk]]` entry was refused;
+    /// `field` is empty when the failure is not about one parameter (a duplicate name, say), and
+    /// starts `members[i]` for a group member's.
     #[error("{table}[{index}]{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
     Entry { table: &'static str, index: usize, field: String, reason: String },
     #[error("reactor.cpus: {0}")]
@@ -115,8 +130,66 @@ pub struct ConfigFile {
     #[serde(default)]
     pub bdev: Vec<toml::Table>,
     #[serde(default)]
+    pub qos_limit: Vec<toml::Table>,
+    #[serde(default)]
+    pub qos_group: Vec<toml::Table>,
+    #[serde(default)]
     pub vhost_blk: Vec<toml::Table>,
 }
+
+/// One RPC call that the file stands for, and the entry it comes from (for its errors).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigCall {
+    pub method: String,
+    pub params: Value,
+    pub table: &'static str,
+    pub index: usize,
+    /// For a `[[qos_group]]` member: its index in `members`, which its errors are placed under
+    /// (`members[1].weight`).
+    pub member: Option<usize>,
+}
+
+impl ConfigCall {
+    fn new(
+        method: impl Into<String>,
+        params: Map<String, Value>,
+        table: &'static str,
+        index: usize,
+    ) -> ConfigCall {
+        ConfigCall { method: method.into(), params: Value::Object(params), table, index, member: None }
+    }
+
+    /// `e`, placed at this call's entry.
+    fn error(&self, e: &MethodError) -> ConfigError {
+        let (field, reason) = match e.bad_param() {
+            Some((field, reason)) => (field.to_string(), reason.to_string()),
+            None => (String::new(), e.to_string()),
+        };
+        let field = match self.member {
+            // The group's `name` is the group table's field; everything else is the member's.
+            Some(i) if field != "name" => member_field(i, &field),
+            _ => field,
+        };
+        ConfigError::Entry {
+            table: self.table,
+            index: self.index,
+            field: one_line(&field),
+            reason: one_line(&reason),
+        }
+    }
+}
+
+/// `members[i]`, or `members[i].field`.
+fn member_field(i: usize, field: &str) -> String {
+    if field.is_empty() {
+        format!("members[{i}]")
+    } else {
+        format!("members[{i}].{field}")
+    }
+}
+
+/// What a `[[qos_group]]` member may say; the group's `name` comes from the group.
+const MEMBER_KEYS: [&str; 2] = ["bdev_name", "weight"];
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -215,8 +288,11 @@ impl ConfigFile {
         Ok(config)
     }
 
-    /// Creates the declared bdevs, then the controllers, stopping at the first failure.
-    pub fn apply(&self, methods: &Methods) -> Result<(), ConfigError> {
+    /// The RPC calls the file stands for, in the order [`ConfigFile::apply`] makes them. Fails
+    /// on what is wrong with an entry's shape (a bdev `type`, a group's `members`) before any
+    /// call is made; what the methods check is left to them.
+    pub fn calls(&self) -> Result<Vec<ConfigCall>, ConfigError> {
+        let mut calls = Vec::new();
         for (index, table) in self.bdev.iter().enumerate() {
             let entry = |field: &str, reason: String| ConfigError::Entry {
                 table: "bdev",
@@ -246,25 +322,70 @@ impl ConfigFile {
                 Some(_) => return Err(entry("type", format!("expected a string: one of {}", types()))),
                 None => return Err(entry("type", format!("required (one of {})", types()))),
             };
-            methods
-                .call(&format!("bdev_{kind}_create"), Some(Value::Object(params)))
-                .map_err(|e| entry_error("bdev", index, &e))?;
+            calls.push(ConfigCall::new(format!("bdev_{kind}_create"), params, "bdev", index));
+        }
+        for (index, table) in self.qos_limit.iter().enumerate() {
+            calls.push(ConfigCall::new("bdev_set_qos_limit", table_to_json(table), "qos_limit", index));
+        }
+        for (index, table) in self.qos_group.iter().enumerate() {
+            calls.extend(qos_group_calls(index, table)?);
         }
         for (index, table) in self.vhost_blk.iter().enumerate() {
-            methods
-                .call("vhost_create_blk_controller", Some(Value::Object(table_to_json(table))))
-                .map_err(|e| entry_error("vhost_blk", index, &e))?;
+            calls.push(ConfigCall::new(
+                "vhost_create_blk_controller",
+                table_to_json(table),
+                "vhost_blk",
+                index,
+            ));
+        }
+        Ok(calls)
+    }
+
+    /// Makes the calls of [`ConfigFile::calls`]: creates the declared bdevs, sets their limits,
+    /// creates the groups and adds their members, then creates the controllers, stopping at the
+    /// first failure.
+    pub fn apply(&self, methods: &Methods) -> Result<(), ConfigError> {
+        for call in self.calls()? {
+            methods.call(&call.method, Some(call.params.clone())).map_err(|e| call.error(&e))?;
         }
         Ok(())
     }
 }
 
-fn entry_error(table: &'static str, index: usize, e: &MethodError) -> ConfigError {
-    let (field, reason) = match e.bad_param() {
-        Some((field, reason)) => (field.to_string(), reason.to_string()),
-        None => (String::new(), e.to_string()),
+/// A `[[qos_group]]` entry: `bdev_qos_group_create` with the table less `members`, then one
+/// `bdev_qos_group_add_bdev` per member.
+fn qos_group_calls(index: usize, table: &toml::Table) -> Result<Vec<ConfigCall>, ConfigError> {
+    let entry = |field: String, reason: String| ConfigError::Entry {
+        table: "qos_group",
+        index,
+        field: one_line(&field),
+        reason: one_line(&reason),
     };
-    ConfigError::Entry { table, index, field: one_line(&field), reason: one_line(&reason) }
+    let mut params = table_to_json(table);
+    let members = match params.remove("members") {
+        None => Vec::new(),
+        Some(Value::Array(members)) => members,
+        Some(_) => {
+            return Err(entry("members".into(), "expected an array of tables {bdev_name, weight}".into()))
+        }
+    };
+    // Without a string name the create call is refused anyway; the members then never run.
+    let name = params.get("name").cloned().unwrap_or(Value::Null);
+    let mut calls = vec![ConfigCall::new("bdev_qos_group_create", params, "qos_group", index)];
+    for (i, member) in members.into_iter().enumerate() {
+        let Value::Object(mut member) = member else {
+            return Err(entry(member_field(i, ""), "expected a table {bdev_name, weight}".into()));
+        };
+        if let Some(key) = member.keys().find(|k| !MEMBER_KEYS.contains(&k.as_str())) {
+            let reason = format!("unknown parameter; accepted: {}", MEMBER_KEYS.join(", "));
+            return Err(entry(member_field(i, key), reason));
+        }
+        member.insert("name".into(), name.clone());
+        let mut call = ConfigCall::new("bdev_qos_group_add_bdev", member, "qos_group", index);
+        call.member = Some(i);
+        calls.push(call);
+    }
+    Ok(calls)
 }
 
 /// Errors quote the values they refuse, and a TOML string may hold a newline or a terminal
@@ -300,6 +421,8 @@ fn toml_to_json(v: &toml::Value) -> Value {
 mod tests {
     use super::*;
     use fp_registry::Registry;
+    use fp_rpc::ParamError;
+    use serde_json::json;
 
     fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
         ConfigFile::parse(text, Path::new("test.toml"))
@@ -461,6 +584,134 @@ mod tests {
         assert!(!e.contains('\n'), "{e}");
         let e = ConfigFile::load(Path::new("/nonexistent/flashpath.toml")).unwrap_err().to_string();
         assert!(e.starts_with("cannot read /nonexistent/flashpath.toml: "), "{e}");
+    }
+
+    #[test]
+    fn qos_tables_become_calls_after_the_bdevs_and_before_the_controllers() {
+        // Written out of order: the order of the calls is the loader's, not the file's.
+        let c = parse(
+            r#"
+            [[vhost_blk]]
+            ctrlr = "v0"
+            dev_name = "ram0"
+            [[qos_group]]
+            name = "tenants"
+            iops_total = 10000
+            bps_read_max = 1048576
+            members = [ { bdev_name = "ram0", weight = 3 }, { bdev_name = "ram1" } ]
+            [[qos_group]]
+            name = "empty"
+            [[qos_limit]]
+            name = "ram0"
+            rw_ios_per_sec = 20000
+            r_mbytes_per_sec = 0
+            [[bdev]]
+            type = "null"
+            name = "ram0"
+            num_blocks = 8
+            block_size = 512
+            "#,
+        )
+        .unwrap();
+        let calls = c.calls().unwrap();
+        let calls: Vec<(&str, &str, usize, Option<usize>, Value)> =
+            calls.iter().map(|c| (c.method.as_str(), c.table, c.index, c.member, c.params.clone())).collect();
+        let want = vec![
+            (
+                "bdev_null_create",
+                "bdev",
+                0,
+                None,
+                json!({"name": "ram0", "num_blocks": 8, "block_size": 512}),
+            ),
+            (
+                "bdev_set_qos_limit",
+                "qos_limit",
+                0,
+                None,
+                json!({"name": "ram0", "rw_ios_per_sec": 20000, "r_mbytes_per_sec": 0}),
+            ),
+            (
+                "bdev_qos_group_create",
+                "qos_group",
+                0,
+                None,
+                json!({"name": "tenants", "iops_total": 10000, "bps_read_max": 1048576}),
+            ),
+            (
+                "bdev_qos_group_add_bdev",
+                "qos_group",
+                0,
+                Some(0),
+                json!({"name": "tenants", "bdev_name": "ram0", "weight": 3}),
+            ),
+            (
+                "bdev_qos_group_add_bdev",
+                "qos_group",
+                0,
+                Some(1),
+                json!({"name": "tenants", "bdev_name": "ram1"}),
+            ),
+            ("bdev_qos_group_create", "qos_group", 1, None, json!({"name": "empty"})),
+            ("vhost_create_blk_controller", "vhost_blk", 0, None, json!({"ctrlr": "v0", "dev_name": "ram0"})),
+        ];
+        assert_eq!(calls, want);
+    }
+
+    #[test]
+    fn qos_group_members_of_the_wrong_shape_are_refused_before_any_call() {
+        let bdev = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
+        let cases = [
+            ("members = \"a\"", "qos_group[0].members: expected an array of tables {bdev_name, weight}"),
+            ("members = [\"a\"]", "qos_group[0].members[0]: expected a table {bdev_name, weight}"),
+            (
+                "members = [{ bdev_name = \"a\" }, { bdev_name = \"a\", name = \"other\" }]",
+                "qos_group[0].members[1].name: unknown parameter; accepted: bdev_name, weight",
+            ),
+            (
+                "members = [{ bdev_name = \"a\", wieght = 2 }]",
+                "qos_group[0].members[0].wieght: unknown parameter; accepted: bdev_name, weight",
+            ),
+        ];
+        for (members, want) in cases {
+            let text = format!("{bdev}[[qos_group]]\nname = \"g\"\n{members}\n");
+            let config = parse(&text).unwrap();
+            assert_eq!(config.calls().unwrap_err().to_string(), want, "{members}");
+            // Nothing was created: the shape is checked before the first call.
+            let dir = tempfile::tempdir().unwrap();
+            let methods = Methods::new(Registry::new(vec![], dir.path()));
+            assert_eq!(config.apply(&methods).unwrap_err().to_string(), want);
+            assert_eq!(methods.call("bdev_get_bdevs", None).unwrap(), json!([]));
+        }
+    }
+
+    #[test]
+    fn a_members_errors_are_placed_under_its_index_except_the_groups_name() {
+        let c = parse("[[qos_group]]\nname = \"g\"\nmembers = [{ bdev_name = \"a\" }, {}]\n").unwrap();
+        let calls = c.calls().unwrap();
+        let member = &calls[2];
+        let placed = |e: MethodError| member.error(&e).to_string();
+        assert_eq!(
+            placed(ParamError::new("weight", "0 is not between 1 and 65535").into()),
+            "qos_group[0].members[1].weight: 0 is not between 1 and 65535"
+        );
+        assert_eq!(
+            placed(ParamError::new("bdev_name", "required parameter missing (a string)").into()),
+            "qos_group[0].members[1].bdev_name: required parameter missing (a string)"
+        );
+        assert_eq!(
+            placed(MethodError::Failed { code: -17, message: "bdev 'a' is already in group 'h'".into() }),
+            "qos_group[0].members[1]: bdev 'a' is already in group 'h'"
+        );
+        assert_eq!(
+            placed(ParamError::new("name", "group 'g' does not exist").into()),
+            "qos_group[0].name: group 'g' does not exist"
+        );
+        // The group's own call is not a member's.
+        assert_eq!(
+            calls[0].error(&ParamError::new("iops_total", "must be at least 1000").into()).to_string(),
+            "qos_group[0].iops_total: must be at least 1000"
+        );
     }
 
     /// Found by the config_file fuzz target: values quoted into errors kept their newlines.
