@@ -76,6 +76,11 @@ fn calibrate() -> u64 {
     1_000_000_000
 }
 
+/// Ticks to nanoseconds at `rate` ticks per second.
+pub fn ticks_to_ns(ticks: u64, rate: u64) -> u64 {
+    (u128::from(ticks) * 1_000_000_000 / u128::from(rate.max(1))) as u64
+}
+
 /// A clock this thread's tests set by hand: the disk layer's QoS is then exact and untimed.
 #[cfg(test)]
 pub(crate) mod fake {
@@ -89,9 +94,4 @@ pub(crate) mod fake {
     pub(crate) fn set(t: Option<u64>) {
         NOW.with(|f| f.set(t));
     }
-}
-
-/// Ticks to nanoseconds at `rate` ticks per second.
-pub fn ticks_to_ns(ticks: u64, rate: u64) -> u64 {
-    (u128::from(ticks) * 1_000_000_000 / u128::from(rate.max(1))) as u64
 }
