@@ -13,10 +13,11 @@ use fp_rpc::{codes, RpcClient, RpcClientError};
 use serde_json::{json, Map, Value};
 
 use crate::{
-    Command, DiskCommand, DiskCreateArgs, DiskType, ReactorCommand, VhostCommand, VhostCreateArgs,
-    VolumeCommand,
+    Command, DiskCommand, DiskCreateArgs, DiskType, QosCommand, QosGroupCommand, QosGroupLimits,
+    QosLimitArgs, ReactorCommand, VhostCommand, VhostCreateArgs, VolumeCommand,
 };
 use flashpath::size::format_size;
+use fp_bdev::qos::THROTTLE_FIELDS;
 
 /// How long a command waits for the daemon. Generous: deleting a controller waits for its
 /// queues to drain.
@@ -58,6 +59,9 @@ pub(crate) struct Session {
     client: RpcClient,
     /// RPC parameter name → the option that sets it.
     flags: &'static [(&'static str, &'static str)],
+    /// Parameters set by the option of the same name with dashes (`iops_total_max` by
+    /// `--iops-total-max`).
+    dashed: &'static [&'static str],
 }
 
 impl Session {
@@ -67,7 +71,13 @@ impl Session {
     ) -> Result<Session, CliError> {
         let mut client = RpcClient::connect(rpc).map_err(CliError::Connect)?;
         client.set_timeout(Some(CALL_TIMEOUT)).map_err(CliError::Rpc)?;
-        Ok(Session { client, flags })
+        Ok(Session { client, flags, dashed: &[] })
+    }
+
+    /// Words errors about any of `fields` as about the option of the same name with dashes.
+    fn dashed(mut self, fields: &'static [&'static str]) -> Session {
+        self.dashed = fields;
+        self
     }
 
     pub(crate) fn call(&mut self, method: &str, params: Option<Value>) -> Result<Value, CliError> {
@@ -77,10 +87,11 @@ impl Session {
                 // Invalid parameters, and refusals about one (a path outside the export
                 // directories, -EACCES), start with the field: name the option instead.
                 if err.code == codes::INVALID_PARAMS || err.code == -13 {
-                    if let Some((field, flag)) =
-                        self.flags.iter().find(|(field, _)| message.starts_with(&format!("{field}: ")))
-                    {
+                    let named = |field: &str| message.starts_with(&format!("{field}: "));
+                    if let Some((field, flag)) = self.flags.iter().find(|(field, _)| named(field)) {
                         message = format!("{flag}{}", &message[field.len()..]);
+                    } else if let Some(field) = self.dashed.iter().find(|field| named(field)) {
+                        message = format!("--{}{}", field.replace('_', "-"), &message[field.len()..]);
                     }
                 }
                 CliError::Refused { message }
@@ -162,6 +173,7 @@ pub fn run(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
             Ok(())
         }
         Command::Volume(v) => volume(rpc, json, v),
+        Command::Qos(q) => qos(rpc, json, q),
         Command::Reactor(ReactorCommand::List) => reactor_list(rpc, json),
         Command::Version => {
             let v = Session::connect(rpc, &[])?.call("spdk_get_version", None)?;
@@ -355,8 +367,9 @@ fn whole_mib(size: u64) -> Result<u64, CliError> {
     Ok(size / MIB)
 }
 
-/// Calls `method` and prints its result (the name made, or `true`) unless `--json`.
-fn volume_call(
+/// Calls `method` and prints its result: with `--json` as it is, otherwise only a name it made
+/// (not `true`).
+fn one_call(
     rpc: &Path,
     json: bool,
     flags: &'static [(&'static str, &'static str)],
@@ -380,9 +393,9 @@ fn volume(rpc: &Path, json: bool, cmd: VolumeCommand) -> Result<(), CliError> {
                 params["cluster_sz"] = json!(c);
             }
             let flags = &[("bdev_name", "--disk"), ("lvs_name", "--name"), ("cluster_sz", "--cluster-size")];
-            volume_call(rpc, json, flags, "bdev_lvol_create_lvstore", params)
+            one_call(rpc, json, flags, "bdev_lvol_create_lvstore", params)
         }
-        VolumeCommand::DeleteStore { name } => volume_call(
+        VolumeCommand::DeleteStore { name } => one_call(
             rpc,
             json,
             &[("lvs_name", "NAME")],
@@ -397,11 +410,11 @@ fn volume(rpc: &Path, json: bool, cmd: VolumeCommand) -> Result<(), CliError> {
                 "lvs_name": store, "lvol_name": name, "size_in_mib": whole_mib(size)?, "thin_provision": thin,
             });
             let flags = &[("lvs_name", "VOLUME"), ("lvol_name", "VOLUME"), ("size_in_mib", "--size")];
-            volume_call(rpc, json, flags, "bdev_lvol_create", params)
+            one_call(rpc, json, flags, "bdev_lvol_create", params)
         }
         VolumeCommand::Snapshot { volume, name } => {
             let params = json!({ "lvol_name": volume, "snapshot_name": name });
-            volume_call(
+            one_call(
                 rpc,
                 json,
                 &[("lvol_name", "VOLUME"), ("snapshot_name", "NAME")],
@@ -411,7 +424,7 @@ fn volume(rpc: &Path, json: bool, cmd: VolumeCommand) -> Result<(), CliError> {
         }
         VolumeCommand::Clone { snapshot, name } => {
             let params = json!({ "snapshot_name": snapshot, "clone_name": name });
-            volume_call(
+            one_call(
                 rpc,
                 json,
                 &[("snapshot_name", "SNAPSHOT"), ("clone_name", "NAME")],
@@ -421,16 +434,10 @@ fn volume(rpc: &Path, json: bool, cmd: VolumeCommand) -> Result<(), CliError> {
         }
         VolumeCommand::Resize { volume, size } => {
             let params = json!({ "name": volume, "size_in_mib": whole_mib(size)? });
-            volume_call(
-                rpc,
-                json,
-                &[("name", "VOLUME"), ("size_in_mib", "--size")],
-                "bdev_lvol_resize",
-                params,
-            )
+            one_call(rpc, json, &[("name", "VOLUME"), ("size_in_mib", "--size")], "bdev_lvol_resize", params)
         }
         VolumeCommand::Delete { volume } => {
-            volume_call(rpc, json, &[("name", "VOLUME")], "bdev_lvol_delete", json!({ "name": volume }))
+            one_call(rpc, json, &[("name", "VOLUME")], "bdev_lvol_delete", json!({ "name": volume }))
         }
         VolumeCommand::Stores => {
             let list = Session::connect(rpc, &[])?.call("bdev_lvol_get_lvstores", None)?;
@@ -502,6 +509,236 @@ fn volume(rpc: &Path, json: bool, cmd: VolumeCommand) -> Result<(), CliError> {
             Ok(())
         }
     }
+}
+
+/// `bdev_set_qos_limit`'s parameters and the options that set them, the limits in
+/// [`QosLimitArgs`]' order.
+const QOS_LIMIT_FLAGS: &[(&str, &str)] = &[
+    ("name", "DISK"),
+    ("rw_ios_per_sec", "--iops"),
+    ("rw_mbytes_per_sec", "--mbps"),
+    ("r_mbytes_per_sec", "--read-mbps"),
+    ("w_mbytes_per_sec", "--write-mbps"),
+];
+
+/// A group command's parameters other than its limits, and the arguments that set them.
+const QOS_GROUP_FLAGS: &[(&str, &str)] = &[("name", "NAME"), ("bdev_name", "DISK"), ("weight", "--weight")];
+
+/// The group limits given, as `bdev_qos_group_create`'s parameters (clap's field names are
+/// QEMU's, as the RPC's are), plus `name`.
+fn group_params(name: String, limits: &QosGroupLimits) -> Value {
+    let mut params = match serde_json::to_value(limits) {
+        Ok(Value::Object(map)) => map,
+        _ => unreachable!("a struct of numbers serialises to an object"),
+    };
+    params.retain(|_, v| !v.is_null());
+    params.insert("name".into(), json!(name));
+    Value::Object(params)
+}
+
+fn qos(rpc: &Path, json: bool, cmd: QosCommand) -> Result<(), CliError> {
+    let group_call = |flags, method: &str, params| {
+        let r = Session::connect(rpc, flags)?
+            .dashed(THROTTLE_FIELDS.as_flattened())
+            .call(method, Some(params))?;
+        if json {
+            print_json(&r);
+        }
+        Ok(())
+    };
+    match cmd {
+        QosCommand::Limit(a) => qos_limit(rpc, json, a),
+        QosCommand::Group(QosGroupCommand::Create { name, limits }) => {
+            group_call(QOS_GROUP_FLAGS, "bdev_qos_group_create", group_params(name, &limits))
+        }
+        QosCommand::Group(QosGroupCommand::Set { name, limits }) => {
+            let params = group_params(name, &limits);
+            // `name` alone would change nothing.
+            if params.as_object().is_some_and(|p| p.len() == 1) {
+                return Err(usage(
+                    "qos group set",
+                    "no limit given: set at least one, e.g. --iops-total N (0 removes one)",
+                ));
+            }
+            group_call(QOS_GROUP_FLAGS, "bdev_qos_group_set", params)
+        }
+        QosCommand::Group(QosGroupCommand::Delete { name }) => {
+            group_call(QOS_GROUP_FLAGS, "bdev_qos_group_delete", json!({ "name": name }))
+        }
+        QosCommand::Group(QosGroupCommand::Add { name, disk, weight }) => {
+            let mut params = json!({ "name": name, "bdev_name": disk });
+            if let Some(w) = weight {
+                params["weight"] = json!(w);
+            }
+            group_call(QOS_GROUP_FLAGS, "bdev_qos_group_add_bdev", params)
+        }
+        QosCommand::Group(QosGroupCommand::Remove { name, disk }) => group_call(
+            QOS_GROUP_FLAGS,
+            "bdev_qos_group_remove_bdev",
+            json!({ "name": name, "bdev_name": disk }),
+        ),
+        QosCommand::Group(QosGroupCommand::Weight { name, disk, weight }) => group_call(
+            &[("name", "NAME"), ("bdev_name", "DISK"), ("weight", "WEIGHT")],
+            "bdev_qos_group_set_weight",
+            json!({ "name": name, "bdev_name": disk, "weight": weight }),
+        ),
+        QosCommand::Groups { name } => qos_groups(rpc, json, name),
+        QosCommand::Show { disk } => qos_show(rpc, json, disk),
+    }
+}
+
+fn qos_limit(rpc: &Path, json: bool, a: QosLimitArgs) -> Result<(), CliError> {
+    let values = [a.iops, a.mbps, a.read_mbps, a.write_mbps];
+    if values.iter().all(Option::is_none) {
+        return Err(usage(
+            "qos limit",
+            "no limit given: set at least one of --iops, --mbps, --read-mbps, --write-mbps (0 removes one)",
+        ));
+    }
+    let mut params = json!({ "name": a.disk });
+    for ((field, _), value) in QOS_LIMIT_FLAGS[1..].iter().zip(values) {
+        if let Some(v) = value {
+            params[*field] = json!(v);
+        }
+    }
+    one_call(rpc, json, QOS_LIMIT_FLAGS, "bdev_set_qos_limit", params)
+}
+
+/// A rate in the unit of a limit named `field` (QEMU's `iops_*`, `bps_*`).
+fn rate(field: &str, per_second: u64) -> String {
+    if field.starts_with("bps") {
+        format!("{}/s", format_size(per_second))
+    } else {
+        format!("{per_second} IOPS")
+    }
+}
+
+/// A group's limits that are set, e.g. "iops_total 10000 IOPS (burst 20000 IOPS for 5 s)".
+fn group_limits_text(g: &Value) -> String {
+    let set: Vec<String> = THROTTLE_FIELDS
+        .iter()
+        .filter(|[avg, max, _]| u64_field(g, avg) > 0 || u64_field(g, max) > 0)
+        .map(|[avg, max, length]| {
+            let mut text = format!("{avg} {}", rate(avg, u64_field(g, avg)));
+            if u64_field(g, max) > 0 {
+                text += &format!(" (burst {} for {} s)", rate(avg, u64_field(g, max)), u64_field(g, length));
+            }
+            text
+        })
+        .collect();
+    if set.is_empty() {
+        "none".into()
+    } else {
+        set.join(", ")
+    }
+}
+
+/// One row per member (the group's own cells on its first), one for a group without members.
+fn qos_groups(rpc: &Path, json: bool, name: Option<String>) -> Result<(), CliError> {
+    let params = name.map(|n| json!({ "name": n }));
+    let groups = Session::connect(rpc, &[("name", "NAME")])?.call("bdev_qos_get_groups", params)?;
+    if json {
+        print_json(&groups);
+        return Ok(());
+    }
+    let Some(groups) = groups.as_array() else {
+        return Err(CliError::Unexpected { method: "bdev_qos_get_groups", result: groups });
+    };
+    let mut rows = Vec::new();
+    for g in groups {
+        let own = |first: bool| {
+            if first {
+                vec![cell(g, "name"), group_limits_text(g)]
+            } else {
+                vec![String::new(); 2]
+            }
+        };
+        let members = g["members"].as_array().map(Vec::as_slice).unwrap_or_default();
+        if members.is_empty() {
+            rows.push([own(true), vec!["-".into(); 3]].concat());
+        }
+        for (i, m) in members.iter().enumerate() {
+            // The share is in the unit of the limit it divides; without one nothing is divided.
+            let share = match g["fair_on"].as_str() {
+                Some(on) => rate(on, u64_field(m, "rate")),
+                None => "-".into(),
+            };
+            rows.push([own(i == 0), vec![cell(m, "bdev_name"), cell(m, "weight"), share]].concat());
+        }
+    }
+    out(&table(&["GROUP", "LIMITS", "DISK", "WEIGHT", "SHARE"], &rows));
+    Ok(())
+}
+
+/// Per disk: its limits (SPDK's four), its group and weight, and what QoS held back.
+fn qos_show(rpc: &Path, json: bool, disk: Option<String>) -> Result<(), CliError> {
+    let mut s = Session::connect(rpc, &[("name", "DISK")])?;
+    let params = disk.map(|n| json!({ "name": n }));
+    let bdevs = s.call("bdev_get_bdevs", params.clone())?;
+    // Without statistics (`serve --no-iostat`) there is nothing to show of what was held.
+    let iostat = match s.call("bdev_get_iostat", params) {
+        Ok(v) => Some(v),
+        Err(CliError::Refused { .. }) => None,
+        Err(e) => return Err(e),
+    };
+    if json {
+        print_json(&json!({ "bdevs": bdevs, "iostat": iostat }));
+        return Ok(());
+    }
+    let Some(bdevs) = bdevs.as_array() else {
+        return Err(CliError::Unexpected { method: "bdev_get_bdevs", result: bdevs });
+    };
+    let tick_rate = iostat.as_ref().map_or(0, |io| u64_field(io, "tick_rate"));
+    let stats_of = |name: &Value| {
+        let list = iostat.as_ref().and_then(|io| io["bdevs"].as_array());
+        list.and_then(|l| l.iter().find(|b| &b["name"] == name))
+    };
+    let rows: Vec<Vec<String>> = bdevs
+        .iter()
+        .map(|b| {
+            let limits = &b["assigned_rate_limits"];
+            let limit = |field: &str| match u64_field(limits, field) {
+                0 => "-".to_string(),
+                v => v.to_string(),
+            };
+            let group = &b["qos_group"];
+            let held = |field: &str| stats_of(&b["name"]).map_or("-".to_string(), |st| cell(st, field));
+            let throttled = match stats_of(&b["name"]).and_then(|st| st.get("qos_throttled_ticks")) {
+                Some(t) if tick_rate > 0 => {
+                    format!("{:.3}s", t.as_u64().unwrap_or(0) as f64 / tick_rate as f64)
+                }
+                _ => "-".into(),
+            };
+            vec![
+                cell(b, "name"),
+                limit("rw_ios_per_sec"),
+                limit("rw_mbytes_per_sec"),
+                limit("r_mbytes_per_sec"),
+                limit("w_mbytes_per_sec"),
+                cell(group, "name"),
+                cell(group, "weight"),
+                held("qos_queued"),
+                held("qos_queued_total"),
+                throttled,
+            ]
+        })
+        .collect();
+    out(&table(
+        &[
+            "DISK",
+            "IOPS",
+            "MiB/s",
+            "READ MiB/s",
+            "WRITE MiB/s",
+            "GROUP",
+            "WEIGHT",
+            "QUEUED",
+            "QUEUED TOTAL",
+            "THROTTLED",
+        ],
+        &rows,
+    ));
+    Ok(())
 }
 
 fn vhost_create(rpc: &Path, json: bool, a: VhostCreateArgs) -> Result<(), CliError> {
@@ -666,6 +903,49 @@ mod tests {
     fn table_aligns_columns() {
         let t = table(&["A", "LONGER"], &[vec!["xyz".into(), "1".into()], vec!["q".into(), "22".into()]]);
         assert_eq!(t, "A    LONGER\nxyz  1\nq    22");
+    }
+
+    /// The group commands' options are the RPC's limit names with dashes, one for each, so
+    /// the daemon's errors about a field can be worded as about its option.
+    #[test]
+    fn group_limit_options_are_the_rpc_fields_with_dashes() {
+        use clap::Parser;
+        let fields = THROTTLE_FIELDS.as_flattened();
+        let flags: Vec<String> = fields.iter().map(|f| format!("--{}", f.replace('_', "-"))).collect();
+        let mut args = vec!["flashpath", "qos", "group", "create", "g"];
+        for (i, flag) in flags.iter().enumerate() {
+            args.extend([flag.as_str(), ["1", "2", "3"][i % 3]]);
+        }
+        let cli = crate::Cli::try_parse_from(args).unwrap();
+        let Command::Qos(QosCommand::Group(QosGroupCommand::Create { name, limits })) = cli.command else {
+            panic!("parsed as {:?}", cli.command)
+        };
+        let params = group_params(name, &limits);
+        let mut want: Map<String, Value> =
+            fields.iter().enumerate().map(|(i, f)| (f.to_string(), json!(i % 3 + 1))).collect();
+        want.insert("name".into(), json!("g"));
+        assert_eq!(params, Value::Object(want));
+        // Left out is left out (the daemon keeps those), not 0 (which removes).
+        let cli = crate::Cli::try_parse_from(["flashpath", "qos", "group", "set", "g", "--bps-read", "1M"])
+            .unwrap();
+        let Command::Qos(QosCommand::Group(QosGroupCommand::Set { name, limits })) = cli.command else {
+            panic!("parsed as {:?}", cli.command)
+        };
+        assert_eq!(group_params(name, &limits), json!({ "name": "g", "bps_read": 1 << 20 }));
+    }
+
+    #[test]
+    fn group_limits_read_in_their_units() {
+        let mut g = json!({ "name": "g" });
+        assert_eq!(group_limits_text(&g), "none");
+        g["iops_total"] = json!(10_000);
+        g["bps_write"] = json!(100 << 20);
+        g["bps_write_max"] = json!(1 << 30);
+        g["bps_write_max_length"] = json!(5);
+        assert_eq!(
+            group_limits_text(&g),
+            "iops_total 10000 IOPS, bps_write 100 MiB/s (burst 1 GiB/s for 5 s)"
+        );
     }
 
     #[test]

@@ -714,6 +714,69 @@ mod tests {
         );
     }
 
+    /// Two RAM disks, `a` and `b`, before the QoS tables under test.
+    const TWO_DISKS: &str = "[[bdev]]\ntype = \"malloc\"\nname = \"a\"\nnum_blocks = 64\nblock_size = 512\n\
+                             [[bdev]]\ntype = \"malloc\"\nname = \"b\"\nnum_blocks = 64\nblock_size = 512\n";
+
+    #[test]
+    fn qos_tables_set_limits_and_groups_as_the_rpcs_report_them() {
+        let methods = apply(&format!(
+            "{TWO_DISKS}\
+             [[qos_limit]]\nname = \"a\"\nrw_ios_per_sec = 20000\nw_mbytes_per_sec = 5\n\
+             [[qos_group]]\nname = \"tenants\"\niops_total = 10000\nbps_total_max = 0\n\
+             members = [ {{ bdev_name = \"a\", weight = 3 }}, {{ bdev_name = \"b\" }} ]\n\
+             [[qos_group]]\nname = \"spare\"\nbps_read = 1048576\n"
+        ))
+        .unwrap();
+        let a = &methods.call("bdev_get_bdevs", Some(json!({"name": "a"}))).unwrap()[0];
+        assert_eq!(
+            a["assigned_rate_limits"],
+            json!({"rw_ios_per_sec": 20000, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 5})
+        );
+        assert_eq!(a["qos_group"], json!({"name": "tenants", "weight": 3}));
+        let groups = methods.call("bdev_qos_get_groups", None).unwrap();
+        let by_name = |n: &str| groups.as_array().unwrap().iter().find(|g| g["name"] == n).unwrap().clone();
+        let tenants = by_name("tenants");
+        assert_eq!(tenants["iops_total"], 10000);
+        let members: Vec<(&str, u64)> = tenants["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m["bdev_name"].as_str().unwrap(), m["weight"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(members, [("a", 3), ("b", 1)]);
+        let spare = by_name("spare");
+        assert_eq!((spare["bps_read"].as_u64(), spare["members"].clone()), (Some(1 << 20), json!([])));
+    }
+
+    #[test]
+    fn qos_entry_errors_name_table_index_member_and_field() {
+        let cases = [
+            ("[[qos_limit]]\nname = \"a\"\nrw_ios_per_sec = 10\n", "qos_limit[0].rw_ios_per_sec: 10 is below the minimum of 1000"),
+            ("[[qos_limit]]\nname = \"zz\"\nrw_ios_per_sec = 1000\n", "qos_limit[0]: bdev 'zz' does not exist"),
+            ("[[qos_limit]]\nname = \"a\"\niops = 1000\n", "qos_limit[0].iops: unknown parameter; accepted: "),
+            ("[[qos_group]]\nname = \"g\"\niops_total = -1\n", "qos_group[0].iops_total: expected an integer between 0 and"),
+            (
+                "[[qos_group]]\nname = \"g\"\nmembers = [{ bdev_name = \"a\" }, { bdev_name = \"b\", weight = 0 }]\n",
+                "qos_group[0].members[1].weight: 0 is not a weight (1 to 65535)",
+            ),
+            ("[[qos_group]]\nname = \"g\"\nmembers = [{ weight = 2 }]\n", "qos_group[0].members[0].bdev_name: required parameter missing"),
+            ("[[qos_group]]\nname = \"g\"\nmembers = [{ bdev_name = \"zz\" }]\n", "qos_group[0].members[0]: bdev 'zz' does not exist"),
+            (
+                "[[qos_group]]\nname = \"g\"\nmembers = [{ bdev_name = \"a\" }]\n\
+                 [[qos_group]]\nname = \"h\"\nmembers = [{ bdev_name = \"b\" }, { bdev_name = \"a\" }]\n",
+                "qos_group[1].members[1].bdev_name: bdev 'a' is already in QoS group 'g'",
+            ),
+            ("[[qos_group]]\nname = \"g\"\n[[qos_group]]\nname = \"g\"\n", "qos_group[1]: QoS group 'g' already exists"),
+        ];
+        for (extra, want) in cases {
+            let err =
+                apply(&format!("{TWO_DISKS}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
+            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
     /// Found by the config_file fuzz target: values quoted into errors kept their newlines.
     #[test]
     fn quoted_values_with_control_characters_stay_on_one_line() {

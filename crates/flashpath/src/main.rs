@@ -11,6 +11,11 @@
 //! flashpath volume create-store --disk NAME --name STORE [--cluster-size 4MiB] | stores
 //! flashpath volume create STORE/NAME --size SIZE [--thin] | list [--store S] | delete VOL
 //! flashpath volume snapshot VOL NAME | clone SNAP NAME | resize VOL --size SIZE
+//! flashpath qos limit DISK [--iops N] [--mbps N] [--read-mbps N] [--write-mbps N]   (0 removes)
+//! flashpath qos group create|set NAME [--iops-total N] [--iops-total-max N]
+//!                        [--iops-total-max-length SECONDS] [--bps-read 100MiB] ...
+//! flashpath qos group delete NAME | add NAME DISK [--weight W] | remove NAME DISK
+//! flashpath qos group weight NAME DISK W | qos groups [NAME] | qos show [DISK]
 //! flashpath reactor list | version | stats | top
 //! flashpath rpc METHOD [JSON]
 //! ```
@@ -68,6 +73,9 @@ enum Command {
     /// Logical volumes: stores on a disk, thin volumes, snapshots, clones
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// Quality of service: per-disk limits, groups of disks sharing limits, weighted shares
+    #[command(subcommand)]
+    Qos(QosCommand),
     /// Reactors (polling cores)
     #[command(subcommand)]
     Reactor(ReactorCommand),
@@ -234,6 +242,134 @@ enum VolumeCommand {
     },
     /// Delete a volume (refused while in use, or for a snapshot with clones)
     Delete { volume: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum QosCommand {
+    /// Set a disk's limits (SPDK's bdev_set_qos_limit); options left out keep their value
+    Limit(QosLimitArgs),
+    /// Groups of disks sharing limits (QEMU-style throttle groups with bursts), divided among
+    /// the busy members by weight
+    #[command(subcommand)]
+    Group(QosGroupCommand),
+    /// List groups: limits, members, weights and each member's share now
+    Groups { name: Option<String> },
+    /// Disks' limits, groups, and requests held and time throttled by QoS
+    Show { disk: Option<String> },
+}
+
+#[derive(Debug, Args)]
+struct QosLimitArgs {
+    disk: String,
+    /// Read and write I/Os per second, at least 1000 (0 removes the limit)
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    iops: Option<u64>,
+    /// Read and write MiB per second (0 removes the limit)
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    mbps: Option<u64>,
+    /// Read MiB per second (0 removes the limit)
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    read_mbps: Option<u64>,
+    /// Write MiB per second (0 removes the limit)
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    write_mbps: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+enum QosGroupCommand {
+    /// Create a group (limits left out are none)
+    Create {
+        name: String,
+        #[command(flatten)]
+        limits: Box<QosGroupLimits>,
+    },
+    /// Change a group's limits (those left out are kept; 0 removes one)
+    Set {
+        name: String,
+        #[command(flatten)]
+        limits: Box<QosGroupLimits>,
+    },
+    /// Delete a group (refused while it has members)
+    Delete { name: String },
+    /// Add a disk to a group (a disk is in one group at most)
+    Add {
+        name: String,
+        disk: String,
+        /// Its share relative to the other members', 1-65535 [default: 1]
+        #[arg(long, value_name = "W", value_parser = u16_arg)]
+        weight: Option<u16>,
+    },
+    /// Take a disk out of a group
+    Remove { name: String, disk: String },
+    /// Change a member's weight
+    Weight {
+        name: String,
+        disk: String,
+        #[arg(value_parser = u16_arg)]
+        weight: u16,
+    },
+}
+
+/// A group's limits, QEMU's throttle-group names: each an average, a burst ceiling (`-max`)
+/// and how long a burst may last at it (`-max-length`, seconds); 0 is none. Serialised (less
+/// those left out) they are the parameters of `bdev_qos_group_create` and `_set`, which is why
+/// the field names are the RPC's.
+#[derive(Debug, Args, serde::Serialize)]
+struct QosGroupLimits {
+    /// Read and write I/Os per second
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    iops_total: Option<u64>,
+    /// Burst ceiling of --iops-total
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    iops_total_max: Option<u64>,
+    /// Longest burst at --iops-total-max, in seconds
+    #[arg(long, value_name = "SECONDS", value_parser = u64_arg)]
+    iops_total_max_length: Option<u64>,
+    /// Read I/Os per second
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    iops_read: Option<u64>,
+    /// Burst ceiling of --iops-read
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    iops_read_max: Option<u64>,
+    /// Longest burst at --iops-read-max, in seconds
+    #[arg(long, value_name = "SECONDS", value_parser = u64_arg)]
+    iops_read_max_length: Option<u64>,
+    /// Write I/Os per second
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    iops_write: Option<u64>,
+    /// Burst ceiling of --iops-write
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    iops_write_max: Option<u64>,
+    /// Longest burst at --iops-write-max, in seconds
+    #[arg(long, value_name = "SECONDS", value_parser = u64_arg)]
+    iops_write_max_length: Option<u64>,
+    /// Read and write bytes per second, e.g. 100MiB (K/M/G/T are powers of 1024)
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    bps_total: Option<u64>,
+    /// Burst ceiling of --bps-total
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    bps_total_max: Option<u64>,
+    /// Longest burst at --bps-total-max, in seconds
+    #[arg(long, value_name = "SECONDS", value_parser = u64_arg)]
+    bps_total_max_length: Option<u64>,
+    /// Read bytes per second
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    bps_read: Option<u64>,
+    /// Burst ceiling of --bps-read
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    bps_read_max: Option<u64>,
+    /// Longest burst at --bps-read-max, in seconds
+    #[arg(long, value_name = "SECONDS", value_parser = u64_arg)]
+    bps_read_max_length: Option<u64>,
+    /// Write bytes per second
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    bps_write: Option<u64>,
+    /// Burst ceiling of --bps-write
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    bps_write_max: Option<u64>,
+    /// Longest burst at --bps-write-max, in seconds
+    #[arg(long, value_name = "SECONDS", value_parser = u64_arg)]
+    bps_write_max_length: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -182,6 +182,19 @@ fn serve_config_errors_stop_start_up() {
         "config error: vhost_blk[0].queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues"
     );
 
+    // A group member's error names the group, the member and the field.
+    std::fs::write(
+        &config,
+        "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n\
+         [[qos_group]]\nname = \"g\"\niops_total = 1000\nmembers = [{ bdev_name = \"a\", weight = 0 }]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        one_line(&serve(&config)),
+        "config error: qos_group[0].members[0].weight: 0 is not a weight (1 to 65535)"
+    );
+    assert!(!rpc.exists(), "the RPC socket must not be left behind");
+
     std::fs::write(&config, "[reactor]\nidle_window = 5\n").unwrap();
     let line = one_line(&serve(&config));
     assert!(
@@ -207,4 +220,38 @@ fn serve_config_errors_stop_start_up() {
     let out = flashpath(&["serve", "--export-dir", "/nonexistent/x", "--log-level", "off"], &rpc);
     assert_eq!(one_line(&out), "error: --export-dir: /nonexistent/x: No such file or directory (os error 2)");
     assert!(!rpc.exists(), "the RPC socket must not be left behind");
+}
+
+#[test]
+fn qos_errors_name_the_option() {
+    assert_usage(
+        &["qos", "limit", "d0"],
+        "error: qos limit: no limit given: set at least one of --iops, --mbps, --read-mbps, --write-mbps (0 removes one)",
+    );
+    assert_usage(
+        &["qos", "limit", "d0", "--mbps", "1.5"],
+        "error: --mbps: '1.5' is not a whole number between 0 and 18446744073709551615",
+    );
+    assert_usage(
+        &["qos", "group", "set", "g"],
+        "error: qos group set: no limit given: set at least one, e.g. --iops-total N (0 removes one)",
+    );
+    assert_usage(
+        &["qos", "group", "create", "g", "--bps-read-max", "1X"],
+        "error: --bps-read-max: '1X' is not a size (examples: 512MiB, 1G, 4096)",
+    );
+    assert_usage(
+        &["qos", "group", "create", "g", "--iops-total-max-length", "5s"],
+        "error: --iops-total-max-length: '5s' is not a whole number between 0 and 18446744073709551615",
+    );
+    assert_usage(
+        &["qos", "group", "add", "g", "d0", "--weight", "70000"],
+        "error: --weight: '70000' is not a whole number between 0 and 65535",
+    );
+    assert_usage(
+        &["qos", "group", "weight", "g", "d0", "x"],
+        "error: <WEIGHT>: 'x' is not a whole number between 0 and 65535",
+    );
+    assert_usage(&["qos", "group", "remove", "g"], "error: missing required option <DISK>");
+    assert_usage(&["qos", "shwo"], "error: unknown command 'shwo' (did you mean 'show'?)");
 }
