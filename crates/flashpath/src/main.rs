@@ -443,7 +443,12 @@ fn one_line_usage_error(err: &clap::Error) -> String {
         }),
         ErrorKind::InvalidSubcommand => {
             let cmd = ctx(ContextKind::InvalidSubcommand).unwrap_or_default();
-            Some(match ctx(ContextKind::SuggestedSubcommand) {
+            // Several close names ("grups": group, groups) are each quoted.
+            let suggested = match err.get(ContextKind::SuggestedSubcommand) {
+                Some(ContextValue::Strings(v)) => Some(v.join("' or '")),
+                _ => ctx(ContextKind::SuggestedSubcommand),
+            };
+            Some(match suggested {
                 Some(s) => format!("unknown command '{cmd}' (did you mean '{s}'?)"),
                 None => format!("unknown command '{cmd}' (see --help)"),
             })

@@ -254,4 +254,5 @@ fn qos_errors_name_the_option() {
     );
     assert_usage(&["qos", "group", "remove", "g"], "error: missing required option <DISK>");
     assert_usage(&["qos", "shwo"], "error: unknown command 'shwo' (did you mean 'show'?)");
+    assert_usage(&["qos", "grups"], "error: unknown command 'grups' (did you mean 'group' or 'groups'?)");
 }
