@@ -186,6 +186,15 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
         )),
         "{text}"
     );
+    // No QoS limit on d0: its QoS series exist (a rate over them works from the start) at 0.
+    for family in [
+        "flashpath_bdev_qos_queued",
+        "flashpath_bdev_qos_queued_total",
+        "flashpath_bdev_qos_wait_seconds_total",
+        "flashpath_bdev_qos_throttled_seconds_total",
+    ] {
+        assert!(text.contains(&format!("{family}{{bdev=\"d0\"}} 0\n")), "{family}: {text}");
+    }
     assert!(text.contains("flashpath_reactor_busy_seconds_total{lcore=\"0\"}"), "{text}");
     assert!(text.contains(&format!(
         "flashpath_build_info{{version=\"flashpath v{}\"}} 1",
