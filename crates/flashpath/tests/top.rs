@@ -1,6 +1,6 @@
 //! `flashpath top` as a person uses it: in a terminal (tmux, 120x30) next to a daemon with I/O
-//! running, the screen shows the disk with non-zero IOPS and the reactor rows; `q` quits with
-//! status 0 and the pane closes.
+//! running, the screen shows the disk with non-zero IOPS, its latencies and QoS cell, and the
+//! reactor rows; `q` quits with status 0 and the pane closes.
 //!
 //! tmux comes from Debian (`./run test` installs it). Outside CI a missing tmux skips the test
 //! with a printed reason; with `CI=true` it fails.
@@ -122,7 +122,7 @@ fn top_shows_disk_iops_and_reactors_and_q_quits() {
     );
     let screen = tmux.screen();
     eprintln!("{screen}");
-    for header in ["DISK", "READ/s", "P99 us", "QD", "CORE", "BUSY%"] {
+    for header in ["DISK", "READ/s", "P99 us", "QD", "QOS", "ERR", "CORE", "BUSY%"] {
         assert!(screen.contains(header), "{header} missing:\n{screen}");
     }
     // With the histogram on, the mean, p50 and p99 latencies are numbers, in that order.
@@ -130,6 +130,8 @@ fn top_shows_disk_iops_and_reactors_and_q_quits() {
     let latency: Vec<f64> =
         row[5..8].iter().map(|c| c.parse().unwrap_or_else(|_| panic!("{c}:\n{screen}"))).collect();
     assert!(latency.iter().all(|&us| us > 0.0) && latency[1] <= latency[2], "{latency:?}:\n{screen}");
+    // QOS after QD: no limit on d0, so nothing waits and nothing was throttled; then ERR.
+    assert_eq!(row[9..], ["0/0%", "0"], "{row:?}:\n{screen}");
     // The reactor's row: its core, a busy share, and whether it polls or sleeps right now.
     assert!(
         screen.lines().any(|l| l.starts_with("│0 ") && (l.contains("polling") || l.contains("sleeping"))),
