@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::qos::{ChannelQos, DiskQos, GroupChannel, MemberId, QosError, QosGroup, QosLimits, Wait};
-use crate::IoRequest;
+use crate::{IoOp, IoRequest};
 
 use super::ticks;
 
@@ -226,41 +226,49 @@ impl ChannelQosState {
         }
     }
 
-    /// Asks every limit for `h`, advancing its stage.
+    /// Asks every limit for a request of `op` and `len`, advancing its `stage`.
     #[inline]
-    fn admit(&mut self, disk: &DiskQosState, h: &mut Held, now: u64) -> Result<(), Wait> {
+    fn admit(
+        &mut self,
+        disk: &DiskQosState,
+        op: IoOp,
+        len: u64,
+        stage: &mut Stage,
+        now: u64,
+    ) -> Result<(), Wait> {
         if !self.on {
             return Ok(());
         }
-        if !h.stage.disk_passed {
+        if !stage.disk_passed {
             if self.disk_on {
-                self.disk.admit(&disk.limits, now, h.req.op, h.req.len)?;
+                self.disk.admit(&disk.limits, now, op, len)?;
             }
-            h.stage.disk_passed = true;
+            stage.disk_passed = true;
         }
         if let Some(b) = &mut self.group {
             let (g, _, ch) = &mut **b;
-            ch.admit(g, now, h.req.op, h.req.len, &mut h.stage.group)?;
+            ch.admit(g, now, op, len, &mut stage.group)?;
         }
-        h.stage.admitted = true;
+        stage.admitted = true;
         Ok(())
     }
 
     /// A new request at `now`: go at once, or wait behind the held ones or for its limits.
     #[inline(never)]
     pub(crate) fn admit_new(&mut self, disk: &DiskQosState, req: &IoRequest, now: u64) -> Admission {
-        let mut h = Held { req: *req, arrived: now, at: now, stage: Stage::default() };
+        let mut stage = Stage::default();
+        let mut at = now;
         if self.held.is_empty() {
-            match self.admit(disk, &mut h, now) {
+            match self.admit(disk, req.op, req.len, &mut stage, now) {
                 Ok(()) => return Admission::Go,
-                Err(Wait(at)) => {
-                    h.at = at;
+                Err(Wait(retry)) => {
+                    at = retry;
                     self.since = now;
                 }
             }
         }
-        h.stage.waited = true;
-        self.held.push_back(h);
+        stage.waited = true;
+        self.held.push_back(Held { req: *req, arrived: now, at, stage });
         Admission::Held
     }
 
@@ -296,7 +304,7 @@ impl ChannelQosState {
                     self.held.push_front(h);
                     break;
                 }
-                if let Err(Wait(at)) = self.admit(disk, &mut h, now) {
+                if let Err(Wait(at)) = self.admit(disk, h.req.op, h.req.len, &mut h.stage, now) {
                     h.at = at;
                     self.held.push_front(h);
                     break;
