@@ -688,7 +688,7 @@ fn qos_show(rpc: &Path, json: bool, disk: Option<String>) -> Result<(), CliError
     let Some(bdevs) = bdevs.as_array() else {
         return Err(CliError::Unexpected { method: "bdev_get_bdevs", result: bdevs });
     };
-    let tick_rate = iostat.as_ref().map_or(0, |io| u64_field(io, "tick_rate"));
+    let tick_rate = iostat.as_ref().map_or(1.0, flashpath::metrics::tick_rate);
     let stats_of = |name: &Value| {
         let list = iostat.as_ref().and_then(|io| io["bdevs"].as_array());
         list.and_then(|l| l.iter().find(|b| &b["name"] == name))
@@ -702,13 +702,11 @@ fn qos_show(rpc: &Path, json: bool, disk: Option<String>) -> Result<(), CliError
                 v => v.to_string(),
             };
             let group = &b["qos_group"];
-            let held = |field: &str| stats_of(&b["name"]).map_or("-".to_string(), |st| cell(st, field));
-            let throttled = match stats_of(&b["name"]).and_then(|st| st.get("qos_throttled_ticks")) {
-                Some(t) if tick_rate > 0 => {
-                    format!("{:.3}s", t.as_u64().unwrap_or(0) as f64 / tick_rate as f64)
-                }
-                _ => "-".into(),
-            };
+            let stats = stats_of(&b["name"]);
+            let held = |field: &str| stats.map_or("-".to_string(), |st| cell(st, field));
+            let throttled = stats.map_or("-".to_string(), |st| {
+                format!("{:.3}s", u64_field(st, "qos_throttled_ticks") as f64 / tick_rate)
+            });
             vec![
                 cell(b, "name"),
                 limit("rw_ios_per_sec"),

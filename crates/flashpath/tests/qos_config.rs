@@ -1,12 +1,13 @@
 //! QoS from the start-up configuration file and through the CLI, against a real daemon: the
 //! file's `[[qos_limit]]` and `[[qos_group]]` tables are in force when `serve` answers, and
-//! `flashpath qos ...` changes them and shows the change (`qos show`, `qos groups`).
+//! `flashpath qos ...` changes them and shows the change (`qos show`, `qos groups`), and what
+//! a limit held back under load.
 
 mod common;
 
 use std::process::Output;
 
-use common::Daemon;
+use common::{BlkClient, Daemon, Op, OpKind};
 use serde_json::{json, Value};
 
 const CONFIG: &str = r#"
@@ -160,4 +161,38 @@ fn config_limits_are_in_force_and_the_cli_changes_and_shows_them() {
     assert_eq!(json[0]["members"][0]["bdev_name"], "a");
     let json: Value = serde_json::from_str(&ok(&d, &["--json", "qos", "show", "a"])).unwrap();
     assert_eq!(json["bdevs"][0]["assigned_rate_limits"]["rw_ios_per_sec"], 20000);
+}
+
+/// 200 reads at once against a disk the file limits to 1,000 IOPS: all complete, and `qos show`
+/// counts the ones held, with time throttled, and none held once they are done.
+#[test]
+fn qos_show_counts_what_a_limit_held_back() {
+    let d = Daemon::start_with_config("0", |_| {
+        "[[bdev]]\ntype = \"malloc\"\nname = \"d0\"\nnum_blocks = 8192\nblock_size = 512\n\
+         [[qos_limit]]\nname = \"d0\"\nrw_ios_per_sec = 1000\n\
+         [[vhost_blk]]\nctrlr = \"vhost.0\"\ndev_name = \"d0\"\nnum_queues = 1\n"
+            .to_string()
+    });
+    let before = row(&ok(&d, &["qos", "show", "d0"]), "d0");
+    assert_eq!(before[1..], ["1000", "-", "-", "-", "-", "-", "0", "0", "0.000s"]);
+    let mut client = BlkClient::open(&d.dir.path().join("vhost.0"), 1);
+    let ops: Vec<Op> = (0..200)
+        .map(|i| Op {
+            queue: 0,
+            kind: OpKind::Read,
+            offset: i * 4096,
+            len: 4096,
+            buf: (i as usize % 64) * 4096,
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    assert!(client.run(&ops).iter().all(|&ret| ret == 0));
+    // 200 requests at 1,000 a second take 0.2 s, less the few the first grant lets through.
+    assert!(started.elapsed().as_secs_f64() > 0.15, "{:?}", started.elapsed());
+    let after = row(&ok(&d, &["qos", "show", "d0"]), "d0");
+    assert_eq!(after[7], "0", "none held once all completed: {after:?}");
+    let held: u64 = after[8].parse().unwrap();
+    assert!((150..=200).contains(&held), "{after:?}");
+    let throttled: f64 = after[9].trim_end_matches('s').parse().unwrap();
+    assert!(throttled > 0.1, "{after:?}");
 }
