@@ -77,6 +77,7 @@ srv = {
 write("rpc_server", srv)
 
 # config_file: the example of crates/flashpath/src/config.rs's module docs, every bdev type,
+# QoS limits and groups (good and refused),
 # entries that each method refuses, limits and paths that try to leave the export directory
 # ("@" stands for it: see fuzz_targets/config_file.rs).
 cfg = {
@@ -173,6 +174,35 @@ filename = "@/tiny.img"
 type = "malloc"
 num_blocks = 4096
 block_size = 512
+""",
+    "seed-qos": b"""[[bdev]]
+type = "null"
+name = "a"
+num_blocks = 1024
+block_size = 512
+[[bdev]]
+type = "null"
+name = "b"
+num_blocks = 1024
+block_size = 512
+[[qos_limit]]
+name = "a"
+rw_ios_per_sec = 20000
+w_mbytes_per_sec = 0
+[[qos_limit]]
+name = "b"
+rw_ios_per_sec = 999
+[[qos_group]]
+name = "g"
+iops_total = 10000
+iops_total_max = 20000
+iops_total_max_length = 5
+members = [ { bdev_name = "a", weight = 3 }, { bdev_name = "b" }, { bdev_name = "a" } ]
+[[qos_group]]
+name = "h"
+bps_total = 5
+bps_read = 7
+members = [ { bdev_name = "zz", weight = 0 } ]
 """,
     "seed-syntax": b"""[reactor]
 cpus = "0-x"

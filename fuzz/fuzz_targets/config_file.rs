@@ -19,7 +19,7 @@
 //! space, not memory.
 //!
 //! Checked: no panic; every error's message is one line and starts with its place
-//! (`fuzz.toml:LINE:COLUMN: ` with a line inside the text, `bdev[i]` / `vhost_blk[i]` with `i`
+//! (`fuzz.toml:LINE:COLUMN: ` with a line inside the text, `bdev[i]` / `vhost_blk[i]` / `qos_limit[i]` / `qos_group[i]` with `i`
 //! an existing entry, `reactor.cpus: `, `limits.KEY: `, `security.KEY: `) followed by a
 //! non-empty reason; no `uring` bdev opened `outside.img` (its size gives it away: 3 MiB or
 //! more, whatever the block size); every socket is gone once the target is shut down.
@@ -98,6 +98,8 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
             let entries = match *table {
                 "bdev" => config.bdev.len(),
                 "vhost_blk" => config.vhost_blk.len(),
+                "qos_limit" => config.qos_limit.len(),
+                "qos_group" => config.qos_group.len(),
                 other => panic!("unknown table {other:?}: {msg:?}"),
             };
             assert!(*index < entries, "{table}[{index}] but only {entries} entries: {msg:?}");

@@ -39,6 +39,9 @@ pub enum RegistryError {
     AlreadyExists { kind: &'static str, name: String },
     #[error("bdev '{name}' is in use by '{by}'")]
     InUse { name: String, by: String },
+    /// A group that still has members cannot be deleted.
+    #[error("{kind} '{name}' still has members: {members} (remove them first)")]
+    HasMembers { kind: &'static str, name: String, members: String },
     /// A bdev in use may grow, not shrink: its users' data beyond the new end would be lost.
     #[error("cannot shrink bdev '{name}' from {from} to {to} blocks: it is in use by '{by}' (it may only grow while in use)")]
     ShrinkInUse { name: String, by: String, from: u64, to: u64 },
@@ -75,7 +78,9 @@ impl RegistryError {
         match self {
             RegistryError::NotFound { .. } => -libc_enodev(),
             RegistryError::AlreadyExists { .. } => -17,
-            RegistryError::InUse { .. } | RegistryError::ShrinkInUse { .. } => -16,
+            RegistryError::InUse { .. }
+            | RegistryError::ShrinkInUse { .. }
+            | RegistryError::HasMembers { .. } => -16,
             RegistryError::Invalid { .. } => -22,
             // As the kernel does when a count limit is reached (inotify watches, epoll
             // instances): "no room for another".

@@ -116,7 +116,8 @@ impl Registry {
         let g = self.group(name)?;
         let members: Vec<String> = self.members_of(&g).into_iter().map(|(n, _)| n).collect();
         if !members.is_empty() {
-            return Err(RegistryError::InUse { name: format!("QoS group {name}"), by: members.join(",") });
+            let members = members.join(",");
+            return Err(RegistryError::HasMembers { kind: "QoS group", name: name.into(), members });
         }
         self.lock().qos_groups.remove(name);
         log::info!("QoS group '{name}' deleted");

@@ -105,7 +105,7 @@ impl DiskQosState {
         let mut m = self.membership();
         match &mut *m {
             Some(old) if old.group.name() == group => {
-                old.group.set_weight(old.id, weight)?;
+                old.group.set_weight(old.id, weight, ticks::now())?;
                 old.weight = weight;
                 Ok(())
             }

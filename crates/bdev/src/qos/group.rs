@@ -108,8 +108,11 @@ impl QosGroup {
         self.fair.leave(id)
     }
 
-    pub fn set_weight(&self, id: MemberId, weight: u64) -> Result<(), QosError> {
-        self.fair.set_weight(id, weight)
+    /// Changes a member's weight; every member's rate becomes its weighted share at once, as
+    /// on a join.
+    pub fn set_weight(&self, id: MemberId, weight: u64, now: u64) -> Result<(), QosError> {
+        self.fair.set_weight(id, weight)?;
+        self.fair.set_limit(self.fair.limit(), now)
     }
 
     /// A member's fair rate in force (units of [`QosGroup::fair_on`] per second; 0 without
