@@ -258,22 +258,38 @@ impl ChannelQosState {
     /// submit path: [`ChannelQos::admit`]'s fast path and two tests.
     #[inline(always)]
     pub(crate) fn admit_new(&mut self, disk: &DiskQosState, req: &IoRequest, now: u64) -> Admission {
-        if self.held.is_empty() && self.group.is_none() {
-            // `on` without a group means the disk has limits of its own.
-            return match self.disk.admit(&disk.limits, now, req.op, req.len) {
-                Ok(()) => Admission::Go,
-                Err(Wait(at)) => self.hold_refused(req, now, at),
-            };
+        if self.held.is_empty() {
+            match &mut self.group {
+                // `on` without a group means the disk has limits of its own.
+                None => {
+                    return match self.disk.admit(&disk.limits, now, req.op, req.len) {
+                        Ok(()) => Admission::Go,
+                        Err(Wait(at)) => self.hold_refused(req, now, at, Stage::default()),
+                    }
+                }
+                Some(b) if !self.disk_on => {
+                    let (g, _, ch) = &mut **b;
+                    let mut group = 0;
+                    return match ch.admit(g, now, req.op, req.len, &mut group) {
+                        Ok(()) => Admission::Go,
+                        Err(Wait(at)) => {
+                            let stage = Stage { disk_passed: true, group, ..Stage::default() };
+                            self.hold_refused(req, now, at, stage)
+                        }
+                    };
+                }
+                Some(_) => {}
+            }
         }
         self.admit_general(disk, req, now)
     }
 
-    /// A new request the disk's limits refused with nothing held: it heads the FIFO.
+    /// A new request refused at `stage` with nothing held: it heads the FIFO.
     #[cold]
     #[inline(never)]
-    fn hold_refused(&mut self, req: &IoRequest, now: u64, at: u64) -> Admission {
+    fn hold_refused(&mut self, req: &IoRequest, now: u64, at: u64, stage: Stage) -> Admission {
         self.since = now;
-        let stage = Stage { waited: true, ..Stage::default() };
+        let stage = Stage { waited: true, ..stage };
         self.held.push_back(Held { req: *req, arrived: now, at, stage });
         Admission::Held
     }
