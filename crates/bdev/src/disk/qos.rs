@@ -218,7 +218,8 @@ impl ChannelQosState {
             });
         } else if let Some(b) = &mut self.group {
             // The group's config may have changed what fair sharing divides.
-            b.2 = GroupChannel::new(&b.0, b.1);
+            let (g, _, ch) = &mut **b;
+            ch.refresh(g);
         }
         self.on = self.disk_on || self.group.is_some();
         if self.on && self.held.capacity() == 0 {

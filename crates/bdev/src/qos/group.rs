@@ -145,6 +145,12 @@ impl GroupChannel {
         }
     }
 
+    /// Follows a change of the group's config (what fair sharing divides), keeping the
+    /// tokens the channel holds.
+    pub fn refresh(&mut self, group: &QosGroup) {
+        self.fair_on = group.fair_on();
+    }
+
     /// Whether a request may go at `now`. `stage` is how far it got before (0: new; 1: its
     /// share was refused; 2: it has its share) and is advanced on success of each part, so
     /// a retry asks only what refused it.
