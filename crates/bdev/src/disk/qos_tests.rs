@@ -295,3 +295,25 @@ fn settings_are_refused_with_a_reason_and_change_nothing() {
         d.join_qos_group(&g, 1).unwrap();
     }
 }
+
+#[test]
+fn a_light_member_that_bunches_its_requests_does_not_wait_beside_a_flooder() {
+    fake::set(Some(0));
+    let (a, b) = (null_disk("a"), null_disk("b"));
+    let g = group("g", iops_total(20_000, 0, 0));
+    a.join_qos_group(&g, 1).unwrap();
+    b.join_qos_group(&g, 1).unwrap();
+    // B: three requests at once every 3 ms (1,000 a second, as a paced guest after a pause).
+    let mut f = [Flood::new(&a, 32, IoOp::Read, 4096), Flood::new(&b, 3, IoOp::Read, 4096)];
+    let (every, step) = (rate() * 3 / 1000, rate() / 100_000);
+    let bunch = |t: u64, f: &mut [Flood]| f[1].paused = t % every >= step;
+    run_with(&mut f, 0.0, 0.2, bunch);
+    b.reset(ResetMode::All);
+    let n = run_with(&mut f, 0.2, 1.2, bunch);
+    assert!(within(n[1], 1_000, 1), "B got what it asked: {n:?}");
+    assert!(within(n[0], 20_000 - 1_125, 1), "A got the rest but B's headroom: {n:?}");
+    let waited = b.stats().qos.queued_total;
+    // Without the light member's headroom (a slice) 6 waited here; with it, none.
+    assert!(waited <= 2, "B's bunches went at once ({waited} of {} waited)", n[1]);
+    fake::set(None);
+}

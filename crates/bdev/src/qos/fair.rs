@@ -58,6 +58,9 @@ pub struct FairGroup {
     members: Box<[Member]>,
     /// Where a slice end reads the limit to divide, when it varies (a burst); else `limit`.
     limit_source: std::sync::OnceLock<LimitSource>,
+    /// The tolerance of a member that got what it asked for (a light one), in ticks (0: the
+    /// limiter's default, two quanta, as every backlogged member has).
+    member_tolerance: AtomicU64,
 }
 
 /// The limit to divide at a slice ending at the given tick.
@@ -91,7 +94,17 @@ impl FairGroup {
                 })
                 .collect(),
             limit_source: std::sync::OnceLock::new(),
+            member_tolerance: AtomicU64::new(0),
         }
+    }
+
+    /// How far ahead of its share a light member (one whose demand was met) may run, in
+    /// ticks, from the next slice on. A group whose total another limit enforces can let a
+    /// light member bunch its requests after a pause without waiting (docs/qos.md);
+    /// backlogged members keep the default, so that their shares, which add up to the limit,
+    /// stay exact.
+    pub fn set_member_tolerance(&self, ticks: u64) {
+        self.member_tolerance.store(ticks, Ordering::Relaxed);
     }
 
     /// Makes each slice end divide what `source` returns for its tick rather than the set
@@ -217,8 +230,13 @@ impl FairGroup {
             want[i] = demand + demand / 8;
         }
         let rate = water_fill(limit, &weight, &want);
+        let light = self.member_tolerance.load(Ordering::Relaxed);
         for (i, m) in self.members.iter().enumerate() {
             if weight[i] != 0 {
+                if light != 0 {
+                    let satisfied = want[i] != MAX_RATE && rate[i] >= want[i];
+                    m.limiter.set_tolerance(if satisfied { light } else { m.limiter.default_tolerance() });
+                }
                 m.limiter.retune(rate[i].max(1), now);
             }
         }

@@ -64,6 +64,10 @@ impl QosGroup {
         let slice = FairGroup::default_slice(tick_rate);
         // The divided limit at a slice end: the burst phase of the throttle's own limit.
         fair.set_limit_source(Box::new(move |now| t.phase_limit(now, slice)));
+        // The throttle holds the group's total to its limits, so a member may run a slice
+        // ahead of its share: a light member's requests that bunch up after a pause (a paced
+        // guest at QD1) go at once instead of waiting and being taken for a backlog.
+        fair.set_member_tolerance(slice);
         QosGroup { name: name.to_string(), throttle, fair, fair_on: std::sync::Mutex::new(None) }
     }
 

@@ -135,6 +135,12 @@ impl SharedLimiter {
         }
     }
 
+    /// Changes how far ahead of now grants may run, keeping everything else (a fair share's
+    /// headroom, which follows the member's demand).
+    pub fn set_tolerance(&self, tolerance: u64) {
+        self.tolerance.store(tolerance, Ordering::Relaxed);
+    }
+
     /// Changes the rate keeping the generation (a fair-share slice's new allotment): channels
     /// keep their cached tokens. `rate` must not be 0.
     pub fn retune(&self, rate: u64, now: u64) {
@@ -218,14 +224,24 @@ pub struct ChannelTokens {
     generation: u64,
     rate: u64,
     pub(super) expires: u64,
-    /// When the last grant was taken and how large it was: the channel's pace.
-    granted_at: u64,
-    grant_size: u64,
+    /// The channel's pace: tokens granted since `window_at`, and units per quantum over the
+    /// last whole window (at least a quantum long).
+    window_at: u64,
+    window_taken: u64,
+    pace: u64,
 }
 
 impl Default for ChannelTokens {
     fn default() -> ChannelTokens {
-        ChannelTokens { tokens: 0, generation: u64::MAX, rate: 0, expires: 0, granted_at: 0, grant_size: 0 }
+        ChannelTokens {
+            tokens: 0,
+            generation: u64::MAX,
+            rate: 0,
+            expires: 0,
+            window_at: 0,
+            window_taken: 0,
+            pace: 0,
+        }
     }
 }
 
@@ -290,24 +306,28 @@ impl ChannelTokens {
             self.expires = u64::MAX;
             return Ok(());
         }
-        self.granted_at = now;
-        self.grant_size = got;
+        self.window_taken = self.window_taken.saturating_add(got);
         self.tokens = self.tokens.saturating_add(got - n);
         Ok(())
     }
 
-    /// The next grant: what this channel spends in one quantum at the pace of its last grant,
-    /// between the request's cost and one quantum of the whole rate.
-    fn grant_size(&self, lim: &SharedLimiter, rate: u64, now: u64, n: u64) -> u64 {
+    /// The next grant: what this channel consumed per quantum over its last window of at least
+    /// a quantum, or what it took in the current window if that is more (a channel speeding
+    /// up), between the request's cost and one quantum of the whole rate.
+    ///
+    /// Pace is measured over whole windows, not from one grant to the next: a channel that
+    /// sends a few requests at once after a pause (a paced guest) would otherwise look, over
+    /// those microseconds, as fast as the whole limit, and a quantum's grant would then sit in
+    /// its cache ahead of the shared limit while other channels wait for those tokens.
+    fn grant_size(&mut self, lim: &SharedLimiter, rate: u64, now: u64, n: u64) -> u64 {
         let cap = lim.quantum_units(rate);
-        let elapsed = now.saturating_sub(self.granted_at).max(1);
-        let pace = if self.grant_size == 0 {
-            1
-        } else {
-            (u128::from(self.grant_size) * u128::from(lim.quantum) / u128::from(elapsed))
-                .min(u128::from(u64::MAX)) as u64
-        };
-        pace.min(cap).max(n)
+        let elapsed = now.saturating_sub(self.window_at);
+        if elapsed >= lim.quantum {
+            self.pace = (u128::from(self.window_taken) * u128::from(lim.quantum) / u128::from(elapsed))
+                .min(u128::from(u64::MAX)) as u64;
+            (self.window_at, self.window_taken) = (now, 0);
+        }
+        self.pace.max(self.window_taken).min(cap).max(n)
     }
 }
 
@@ -349,33 +369,49 @@ mod tests {
     #[test]
     fn channels_cache_grants_sized_to_their_pace() {
         let l = limiter(1_000_000);
+        // Flooding from idle, all at one tick: each grant is what the channel took so far in
+        // its window (1, 1, 2, 4, ...), up to a quantum of the rate (1,000).
         let mut c = ChannelTokens::new();
-        // The first grant is one request; flooding, the next is a quantum of the rate (1,000).
-        c.take(&l, 0, 1).unwrap();
-        assert_eq!(c.cached(), 0);
-        c.take(&l, 0, 1).unwrap();
-        assert_eq!(c.cached(), 999);
-        for _ in 0..999 {
+        let mut grants = Vec::new();
+        for _ in 0..1_500 {
+            let before = c.cached();
             c.take(&l, 0, 1).unwrap();
+            if c.cached() >= before {
+                grants.push(c.cached() + 1);
+            }
         }
-        // A channel that took a grant 10 us after its first gets 100 (its pace, over 1 ms);
-        // spending them over 10 ms, its next grant is 10.
-        let mut slow = ChannelTokens::new();
-        slow.take(&l, 0, 1).unwrap();
-        slow.take(&l, 10_000, 1).unwrap();
-        assert_eq!(slow.cached(), 99);
-        for _ in 0..99 {
-            slow.take(&l, 20_000, 1).unwrap();
+        assert_eq!(&grants[..6], [1, 1, 2, 4, 8, 16]);
+        assert_eq!(grants.iter().max(), Some(&1_000));
+        // A channel taking 100 a millisecond: once its first window (1 ms) is over, grants are
+        // its pace, about 100.
+        let mut steady = ChannelTokens::new();
+        for i in 0..300u64 {
+            steady.take(&l, 10 * MS + i * 10_000, 1).unwrap();
         }
-        slow.take(&l, 10_010_000, 1).unwrap();
-        assert_eq!(slow.cached(), 9);
+        let before = steady.cached();
+        for _ in 0..before {
+            steady.take(&l, 13 * MS, 1).unwrap();
+        }
+        steady.take(&l, 13 * MS, 1).unwrap();
+        assert!((90..=110).contains(&(steady.cached() + 1)), "{}", steady.cached());
+        // A channel that sends three at once every 3 ms (a paced guest after a pause) is not
+        // taken for a fast one: its grants stay at a few tokens, not a quantum of the rate.
+        let mut bunchy = ChannelTokens::new();
+        for k in 0..20u64 {
+            for j in 0..3 {
+                bunchy.take(&l, 20 * MS + k * 3 * MS + j * 1_000, 1).unwrap();
+                assert!(bunchy.cached() <= 4, "bunch {k}: {} cached", bunchy.cached());
+            }
+        }
         // Expired tokens are not spent.
         let mut idle = ChannelTokens::new();
-        idle.take(&l, 20 * MS, 1).unwrap();
-        idle.take(&l, 20 * MS, 1).unwrap();
-        assert_eq!(idle.cached(), 999);
-        idle.take(&l, 25 * MS, 1).unwrap();
-        assert!(idle.cached() < 999);
+        for _ in 0..1_500 {
+            idle.take(&l, 90 * MS, 1).unwrap();
+        }
+        assert!(idle.cached() > 0);
+        let before = idle.cached();
+        idle.take(&l, 95 * MS, 1).unwrap();
+        assert!(idle.cached() < before);
     }
 
     #[test]
@@ -400,12 +436,13 @@ mod tests {
         // spdk#2691: a limit lowered while channels hold an allowance of the old rate.
         let l = limiter(1_000_000);
         let mut c = ChannelTokens::new();
-        c.take(&l, 0, 1).unwrap();
-        c.take(&l, 0, 1).unwrap();
-        assert_eq!(c.cached(), 999);
+        for _ in 0..1_500 {
+            c.take(&l, 0, 1).unwrap();
+        }
+        assert!(c.cached() >= 500, "{}", c.cached());
         l.set(1_000, l.default_tolerance(), 0);
-        // 999 tokens at 1 M/s were 0.999 ms: at 1,000/s, 0 whole tokens; the shared debt is
-        // kept in time (~1 ms), so the next grant comes at ~1 ms, then one per ms.
+        // Up to 999 tokens at 1 M/s were under 1 ms: at 1,000/s, 0 whole tokens; the shared
+        // debt is kept in time (a few ms), so the next grants come at that pace.
         let mut ch = [Channel::new(|now| c.take(&l, now, 1))];
         let n = flood(&mut ch, 0, NS)[0];
         assert!((999..=1_002).contains(&n), "{n}");
