@@ -84,6 +84,15 @@ const METHODS: &[(&str, MethodFn)] = &[
     ("bdev_reset_iostat", Methods::bdev_reset_iostat),
     ("bdev_enable_histogram", Methods::bdev_enable_histogram),
     ("bdev_get_histogram", Methods::bdev_get_histogram),
+    // QoS (methods/qos.rs).
+    ("bdev_set_qos_limit", Methods::bdev_set_qos_limit),
+    ("bdev_qos_group_create", Methods::bdev_qos_group_create),
+    ("bdev_qos_group_set", Methods::bdev_qos_group_set),
+    ("bdev_qos_group_delete", Methods::bdev_qos_group_delete),
+    ("bdev_qos_group_add_bdev", Methods::bdev_qos_group_add_bdev),
+    ("bdev_qos_group_remove_bdev", Methods::bdev_qos_group_remove_bdev),
+    ("bdev_qos_group_set_weight", Methods::bdev_qos_group_set_weight),
+    ("bdev_qos_get_groups", Methods::bdev_qos_get_groups),
 ];
 
 /// The method implementations over one target.
@@ -355,7 +364,11 @@ fn bdev_json(b: &BdevSummary) -> Value {
             "nvme_io": false,
         },
         "driver_specific": { info.driver: b.driver_specific },
+        "assigned_rate_limits": qos::limits_json(&b.qos_limits),
     });
+    if let Some((group, weight)) = &b.qos_group {
+        v["qos_group"] = json!({ "name": group, "weight": weight });
+    }
     // SPDK reports the claim type only while there is one; all claims on a bdev share it, or
     // it would not have accepted the later ones.
     if let Some(c) = b.claims.first() {
@@ -389,6 +402,7 @@ fn controller_json(c: &ControllerInfo) -> Value {
 }
 
 mod iostat;
+mod qos;
 
 #[cfg(test)]
 mod tests;

@@ -6,11 +6,10 @@ use fp_bdev::Disk;
 use crate::{Registry, RegistryError};
 
 impl Registry {
-    /// The disk of bdev `name`.
+    /// The disk of bdev `name` (its name or an alias).
     pub fn disk(&self, name: &str) -> Result<Disk, RegistryError> {
         let st = self.lock();
-        st.bdevs
-            .get(name)
+        st.entry(name)
             .map(|e| e.disk.clone())
             .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: name.into() })
     }

@@ -22,11 +22,13 @@ pub mod exports;
 mod host;
 mod limits;
 pub mod modules;
+mod qos;
 
 pub use export_dirs::{ExportDirError, ExportDirs};
 pub use exports::vhost_blk::VhostBlkSpec;
 pub use exports::Export;
 pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_CONTROLLERS};
+pub use qos::{QosGroupSummary, QosMember};
 
 /// A stable error kind, for mapping to JSON-RPC codes and CLI exit messages.
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +141,10 @@ pub struct BdevSummary {
     pub claims: Vec<Claim>,
     /// `driver_specific.<driver>`, as its module reports it.
     pub driver_specific: serde_json::Map<String, serde_json::Value>,
+    /// `assigned_rate_limits`.
+    pub qos_limits: fp_bdev::qos::QosLimits,
+    /// The QoS group it is in and its weight there.
+    pub qos_group: Option<(String, u64)>,
 }
 
 impl BdevSummary {
@@ -206,6 +212,8 @@ struct State {
     /// Alias to bdev name.
     aliases: BTreeMap<String, String>,
     exports: BTreeMap<String, Box<dyn Export>>,
+    /// QoS groups by name (their members are the bdevs whose disks joined them).
+    qos_groups: BTreeMap<String, Arc<fp_bdev::qos::QosGroup>>,
 }
 
 impl State {
@@ -312,6 +320,7 @@ impl Registry {
                 bdevs: BTreeMap::new(),
                 aliases: BTreeMap::new(),
                 exports: BTreeMap::new(),
+                qos_groups: BTreeMap::new(),
             }),
             module_states: Mutex::new(BTreeMap::new()),
         })
@@ -373,7 +382,14 @@ impl Registry {
                 Some(m) => m.driver_specific(&info, e.device.as_ref()),
                 None => serde_json::Map::new(),
             };
-            BdevSummary { info, aliases: e.aliases.clone(), claims: e.claims.clone(), driver_specific }
+            BdevSummary {
+                info,
+                aliases: e.aliases.clone(),
+                claims: e.claims.clone(),
+                driver_specific,
+                qos_limits: e.disk.qos_limits(),
+                qos_group: e.disk.qos_group().map(|(g, weight, _)| (g.name().to_string(), weight)),
+            }
         };
         match name {
             Some(n) => st

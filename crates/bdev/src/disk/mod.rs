@@ -10,6 +10,7 @@
 //! tag. With accounting off (`Disk::new(bdev, false)`) channels are the device's own, untouched.
 
 mod histogram;
+mod qos;
 mod stats;
 pub mod ticks;
 
@@ -21,9 +22,13 @@ pub use histogram::{base64_decode, base64_encode, bucket_end, bucket_of, Histogr
 pub use histogram::{GRANULARITY as HISTOGRAM_GRANULARITY, MAX_RANGE as HISTOGRAM_MAX_RANGE};
 pub use stats::{op_index, IoStats, OpStats, QosStats, ERRNO_SLOTS, OPS};
 
+pub use qos::DiskQosError;
+
 use histogram::ChannelHistogram;
+use qos::{Admission, ChannelQosState, DiskQosState};
 use stats::{errno_slot, ChannelSlot};
 
+use crate::qos::{QosGroup, QosLimits};
 use crate::{Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoRequest, IoStatus, SubmitError};
 
 /// Something that happened to a disk, delivered to its subscribers.
@@ -89,6 +94,7 @@ struct DiskShared {
     histogram_on: AtomicBool,
     /// Bumped under `book`'s lock by each reset; read by channels once per poll.
     epochs: AtomicU64,
+    qos: DiskQosState,
     book: Mutex<Book>,
 }
 
@@ -113,6 +119,7 @@ impl Disk {
             accounting,
             histogram_on: AtomicBool::new(false),
             epochs: AtomicU64::new(0),
+            qos: DiskQosState::new(),
             book: Mutex::new(Book {
                 live: Vec::new(),
                 retired: IoStats::default(),
@@ -167,6 +174,9 @@ impl Disk {
             book.live.push(slot.clone());
             slot
         };
+        // Limits set before the channel opened apply to its first request.
+        let mut qos = ChannelQosState::new();
+        qos.refresh(&self.0.qos);
         Ok(DiskIo::Counted(DiskChannel {
             inner,
             seen_epochs: slot.seen_epochs.load(Ordering::Relaxed),
@@ -176,6 +186,8 @@ impl Disk {
             sparse: Vec::new(),
             in_flight: 0,
             in_flight_reported: 0,
+            qos,
+            qos_reported: 0,
         }))
     }
 
@@ -268,6 +280,55 @@ impl Disk {
             }
         }
         Ok(h)
+    }
+
+    /// `bdev_set_qos_limit`: sets all four limits (0: none), any number of times while the
+    /// disk is busy. Channels apply them at their next poll; requests already submitted are
+    /// untouched.
+    pub fn set_qos_limits(&self, limits: QosLimits) -> Result<(), DiskQosError> {
+        self.qos_layer()?;
+        self.0.qos.set_limits(limits)?;
+        Ok(())
+    }
+
+    /// The limits in force (`assigned_rate_limits`).
+    pub fn qos_limits(&self) -> QosLimits {
+        self.0.qos.limits()
+    }
+
+    /// Makes the disk a member of `group` with `weight`; a disk is in one group at most.
+    pub fn join_qos_group(&self, group: &Arc<QosGroup>, weight: u64) -> Result<(), DiskQosError> {
+        self.qos_layer()?;
+        self.0.qos.join(group, weight)
+    }
+
+    /// Takes the disk out of the group named `group`.
+    pub fn leave_qos_group(&self, group: &str) -> Result<(), DiskQosError> {
+        self.0.qos.leave(group)
+    }
+
+    /// Changes the disk's weight in the group named `group` (from the group's next slice).
+    pub fn set_qos_weight(&self, group: &str, weight: u64) -> Result<(), DiskQosError> {
+        self.0.qos.set_weight(group, weight)
+    }
+
+    /// The disk's group, its weight there and its fair rate in force.
+    pub fn qos_group(&self) -> Option<(Arc<QosGroup>, u64, u64)> {
+        self.0.qos.group()
+    }
+
+    /// Tells channels that the settings of a group of this disk changed (what fair sharing
+    /// divides may have).
+    pub fn qos_group_changed(&self) {
+        self.0.qos.generation.fetch_add(1, Ordering::Release);
+    }
+
+    fn qos_layer(&self) -> Result<(), DiskQosError> {
+        if self.0.accounting {
+            Ok(())
+        } else {
+            Err(DiskQosError::AccountingOff)
+        }
     }
 
     /// Registers `callback` for this disk's events; returns the id [`Disk::unsubscribe`] takes.
@@ -365,7 +426,11 @@ pub struct DiskChannel {
     seen_epochs: u64,
     /// Accepted by the device and not yet completed.
     in_flight: u64,
+    /// What `slot` last showed of `in_flight` plus the held requests.
     in_flight_reported: u64,
+    qos: ChannelQosState,
+    /// What `slot` last showed of the held requests.
+    qos_reported: u64,
 }
 
 impl DiskChannel {
@@ -428,11 +493,20 @@ impl DiskChannel {
     /// As for [`IoChannel::submit`].
     #[inline]
     pub unsafe fn submit_request(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
-        // The entry is filled before the call, so nothing of `req` need survive it.
-        let e = InFlight { start: ticks::now(), len: req.len, op: op_index(req.op) as u8 };
+        // The entry is filled before the call, so nothing of `req` need survive it. Its start
+        // is the arrival: a wait for QoS counts in the request's latency, as the guest sees it.
+        let now = ticks::now();
+        let e = InFlight { start: now, len: req.len, op: op_index(req.op) as u8 };
         match self.slab.get_mut(req.tag as usize) {
             Some(slot) => *slot = e,
             None => self.record_beyond(req.tag, e),
+        }
+        if self.qos.on {
+            if let Admission::Held = self.qos.admit_new(&self.disk.qos, req, now) {
+                // The caller's guarantees for `req` hold until its completion, which `poll`
+                // returns after submitting it: holding the copy is within them.
+                return Ok(());
+            }
         }
         // SAFETY: the caller's guarantees for `req` are passed on with it, unchanged.
         match unsafe { self.inner.submit(req) } {
@@ -440,8 +514,55 @@ impl DiskChannel {
                 self.in_flight += 1;
                 Ok(())
             }
+            Err(SubmitError::Busy) if self.qos.on => {
+                // Its limits are paid: it goes first at the next poll rather than back to the
+                // caller, who would pay them again.
+                self.qos.hold_admitted(req, now);
+                Ok(())
+            }
             Err(e) => Err(self.refused(req, e)),
         }
+    }
+
+    /// Submits the held requests whose limits now allow them; one that the device refuses
+    /// for good completes through `done` with its error. Returns how many completed so.
+    #[cold]
+    #[inline(never)]
+    fn release_held(&mut self, done: &mut impl Completion) -> usize {
+        let now = ticks::now();
+        let Self { inner, qos, disk, slot, in_flight, sparse, .. } = self;
+        let mut failed = 0;
+        qos.release(&disk.qos, now, slot, |req| {
+            // SAFETY: the frontend's guarantees for `req` hold until its completion, which
+            // has not been returned (see `submit_request`).
+            match unsafe { inner.submit(req) } {
+                Ok(()) => {
+                    *in_flight += 1;
+                    true
+                }
+                Err(SubmitError::Busy) => false,
+                Err(e) => {
+                    if req.tag >= DENSE_TAGS {
+                        sparse.retain(|s| s.0 != req.tag);
+                    }
+                    let op = op_index(req.op);
+                    let status = match e {
+                        SubmitError::OutOfRange | SubmitError::Busy => {
+                            slot.failure(op, errno_slot(libc::EINVAL));
+                            IoStatus::Error(libc::EINVAL)
+                        }
+                        SubmitError::Unsupported => {
+                            slot.failure(op, 0);
+                            IoStatus::Unsupported
+                        }
+                    };
+                    done.complete(req.tag, status);
+                    failed += 1;
+                    true
+                }
+            }
+        });
+        failed
     }
 
     /// Polls the device, counting each completion before `done` sees it
@@ -449,6 +570,8 @@ impl DiskChannel {
     #[inline]
     pub fn poll_with(&mut self, done: &mut impl Completion) -> usize {
         self.apply_resets();
+        self.qos.refresh(&self.disk.qos);
+        let failed = if self.qos.held() > 0 { self.release_held(done) } else { 0 };
         // Whether to record latencies in a histogram is decided once per poll, not per request.
         let histogram_on = self.disk.histogram_on.load(Ordering::Relaxed);
         let Self { inner, slot, slab, sparse, .. } = &mut *self;
@@ -461,11 +584,16 @@ impl DiskChannel {
             reap(&mut **inner, slab, sparse, slot, done, |_| {})
         };
         self.in_flight = self.in_flight.saturating_sub(n as u64);
-        if self.in_flight != self.in_flight_reported {
-            self.in_flight_reported = self.in_flight;
-            self.slot.set_in_flight(self.in_flight);
+        let held = self.qos.held() as u64;
+        if self.in_flight + held != self.in_flight_reported {
+            self.in_flight_reported = self.in_flight + held;
+            self.slot.set_in_flight(self.in_flight_reported);
         }
-        n
+        if held != self.qos_reported {
+            self.qos_reported = held;
+            self.slot.set_qos_queued(held);
+        }
+        n + failed
     }
 }
 
@@ -527,6 +655,9 @@ impl<F: FnMut(u32, IoStatus)> Completion for F {
 
 /// A channel from [`Disk::open_typed`]: the layer's own when the disk counts, the device's
 /// otherwise. Its methods are [`IoChannel`]'s, dispatched by a match rather than a vtable.
+// Unboxed on purpose: a channel is made once and lives in its poller, and a box would cost an
+// indirection per request.
+#[allow(clippy::large_enum_variant)]
 pub enum DiskIo {
     Counted(DiskChannel),
     Device(Box<dyn IoChannel>),
@@ -602,7 +733,7 @@ impl IoChannel for DiskChannel {
     }
 
     fn in_flight(&self) -> usize {
-        self.inner.in_flight()
+        self.inner.in_flight() + self.qos.held()
     }
 
     fn completion_fd(&self) -> Option<RawFd> {

@@ -440,3 +440,6 @@ fn typed_channel_without_accounting_is_the_devices() {
     let bdev: Bdev = Arc::new(disk.clone());
     assert!(bdev.as_disk().is_some(), "a Disk behind a Bdev is found by frontends");
 }
+
+#[path = "qos_tests.rs"]
+mod qos;

@@ -21,6 +21,10 @@ pub fn tick_rate() -> u64 {
 /// The current tick count. Only differences between two calls mean anything.
 #[inline]
 pub fn now() -> u64 {
+    #[cfg(test)]
+    if let Some(t) = fake::NOW.with(|f| f.get()) {
+        return t;
+    }
     #[cfg(target_arch = "x86_64")]
     if USE_TSC.load(Ordering::Relaxed) {
         return rdtsc();
@@ -75,4 +79,19 @@ fn calibrate() -> u64 {
 /// Ticks to nanoseconds at `rate` ticks per second.
 pub fn ticks_to_ns(ticks: u64, rate: u64) -> u64 {
     (u128::from(ticks) * 1_000_000_000 / u128::from(rate.max(1))) as u64
+}
+
+/// A clock this thread's tests set by hand: the disk layer's QoS is then exact and untimed.
+#[cfg(test)]
+pub(crate) mod fake {
+    use std::cell::Cell;
+
+    thread_local! {
+        pub(super) static NOW: Cell<Option<u64>> = const { Cell::new(None) };
+    }
+
+    /// Makes [`super::now`] return `t` on this thread (`None`: the real clock again).
+    pub(crate) fn set(t: Option<u64>) {
+        NOW.with(|f| f.set(t));
+    }
 }

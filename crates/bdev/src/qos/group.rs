@@ -95,9 +95,13 @@ impl QosGroup {
         *self.fair_on.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a member of `weight` (1 to 65535).
+    /// Adds a member of `weight` (1 to 65535). Every member's rate becomes its weighted share
+    /// of the limit at once (the next slice redistributes by demand), so a group reads as
+    /// configured before any I/O.
     pub fn join(&self, weight: u64, now: u64) -> Result<MemberId, QosError> {
-        self.fair.join(weight, now)
+        let id = self.fair.join(weight, now)?;
+        self.fair.set_limit(self.fair.limit(), now)?;
+        Ok(id)
     }
 
     pub fn leave(&self, id: MemberId) -> Result<(), QosError> {

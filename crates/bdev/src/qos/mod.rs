@@ -23,7 +23,7 @@ pub use fair::{FairChannel, FairGroup, LimitSource, MemberId, MAX_MEMBERS, MAX_W
 pub use group::{FairOn, GroupChannel, QosGroup};
 pub use limiter::{ChannelTokens, SharedLimiter, Wait, MAX_RATE, QUANTUM_NS};
 pub use limits::{ChannelQos, DiskQos, QosLimits, MIN_IOS_PER_SEC, MIN_MBYTES_PER_SEC};
-pub use throttle::{BurstLimit, ChannelThrottle, ThrottleConfig, ThrottleGroup};
+pub use throttle::{BurstLimit, ChannelThrottle, ThrottleConfig, ThrottleGroup, THROTTLE_FIELDS};
 
 /// Why a QoS setting was refused; `field` names the parameter (SPDK's or QEMU's name).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -24,6 +24,17 @@ pub struct BurstLimit {
     pub max_length: u64,
 }
 
+/// The parameter names of the six limits (QEMU's, with underscores): the average, its burst
+/// ceiling and the burst's length, in [`ThrottleConfig::named`]'s order.
+pub const THROTTLE_FIELDS: [[&str; 3]; 6] = [
+    ["iops_total", "iops_total_max", "iops_total_max_length"],
+    ["iops_read", "iops_read_max", "iops_read_max_length"],
+    ["iops_write", "iops_write_max", "iops_write_max_length"],
+    ["bps_total", "bps_total_max", "bps_total_max_length"],
+    ["bps_read", "bps_read_max", "bps_read_max_length"],
+    ["bps_write", "bps_write_max", "bps_write_max_length"],
+];
+
 /// A group's six limits, with QEMU's names.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ThrottleConfig {
@@ -36,14 +47,23 @@ pub struct ThrottleConfig {
 }
 
 impl ThrottleConfig {
-    fn named(&self) -> [(&'static str, BurstLimit); 6] {
+    /// The six limits with their QEMU names (`iops_total`, ... `bps_write`).
+    pub fn named(&self) -> [(&'static str, BurstLimit); 6] {
+        let l =
+            [self.iops_total, self.iops_read, self.iops_write, self.bps_total, self.bps_read, self.bps_write];
+        std::array::from_fn(|i| (THROTTLE_FIELDS[i][0], l[i]))
+    }
+
+    /// The six limits by name, to change (in [`ThrottleConfig::named`]'s order).
+    pub fn named_mut(&mut self) -> [(&'static str, &mut BurstLimit); 6] {
+        let [a, b, c, d, e, f] = THROTTLE_FIELDS;
         [
-            ("iops_total", self.iops_total),
-            ("iops_read", self.iops_read),
-            ("iops_write", self.iops_write),
-            ("bps_total", self.bps_total),
-            ("bps_read", self.bps_read),
-            ("bps_write", self.bps_write),
+            (a[0], &mut self.iops_total),
+            (b[0], &mut self.iops_read),
+            (c[0], &mut self.iops_write),
+            (d[0], &mut self.bps_total),
+            (e[0], &mut self.bps_read),
+            (f[0], &mut self.bps_write),
         ]
     }
 

@@ -753,3 +753,139 @@ fn an_lvstore_loads_when_its_base_bdev_appears() {
     assert_eq!((stores[0]["name"].as_str(), stores[0]["base_bdev"].as_str()), (Some("lvs"), Some("again")));
     assert_eq!(f.ok("bdev_lvol_get_lvols", Value::Null).as_array().unwrap().len(), 2);
 }
+
+#[test]
+fn qos_limits_are_set_changed_shown_and_removed() {
+    let f = fixture();
+    f.null("q0");
+    let limits =
+        |f: &Fixture| f.ok("bdev_get_bdevs", json!({"name": "q0"}))[0]["assigned_rate_limits"].clone();
+    assert_eq!(
+        limits(&f),
+        json!({"rw_ios_per_sec": 0, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0})
+    );
+    assert_eq!(f.ok("bdev_set_qos_limit", json!({"name": "q0", "rw_ios_per_sec": 20000})), true);
+    // A limit left out keeps its value; 0 removes one; any number of changes.
+    for i in 0..100u64 {
+        f.ok("bdev_set_qos_limit", json!({"name": "q0", "w_mbytes_per_sec": 10 + i}));
+    }
+    assert_eq!(
+        limits(&f),
+        json!({"rw_ios_per_sec": 20000, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 109})
+    );
+    f.ok("bdev_set_qos_limit", json!({"name": "q0", "rw_ios_per_sec": 0, "w_mbytes_per_sec": 0}));
+    assert_eq!(limits(&f)["rw_ios_per_sec"], 0);
+    assert_eq!(limits(&f)["w_mbytes_per_sec"], 0);
+}
+
+#[test]
+fn bad_qos_limits_name_the_field_and_change_nothing() {
+    let f = fixture();
+    f.null("q0");
+    f.ok("bdev_set_qos_limit", json!({"name": "q0", "rw_ios_per_sec": 5000}));
+    assert_param(&f.err("bdev_set_qos_limit", json!({"name": "q0", "rw_ios_per_sec": -5})), "rw_ios_per_sec");
+    let e = f.err("bdev_set_qos_limit", json!({"name": "q0", "rw_ios_per_sec": 999}));
+    assert_param(&e, "rw_ios_per_sec");
+    assert!(e.message.contains("below the minimum of 1000"), "{e:?}");
+    assert_param(
+        &f.err("bdev_set_qos_limit", json!({"name": "q0", "r_mbytes_per_sec": 1u64 << 60})),
+        "r_mbytes_per_sec",
+    );
+    assert_param(
+        &f.err("bdev_set_qos_limit", json!({"name": "q0", "r_mbytes_per_sec": "10"})),
+        "r_mbytes_per_sec",
+    );
+    assert_param(&f.err("bdev_set_qos_limit", json!({"name": "q0"})), "rw_ios_per_sec");
+    assert_param(&f.err("bdev_set_qos_limit", json!({"name": "q0", "rw_iops": 10})), "rw_iops");
+    assert_param(&f.err("bdev_set_qos_limit", json!({"rw_ios_per_sec": 5000})), "name");
+    assert_eq!(f.err("bdev_set_qos_limit", json!({"name": "nope", "rw_ios_per_sec": 5000})).code, -19);
+    let l = &f.ok("bdev_get_bdevs", json!({"name": "q0"}))[0]["assigned_rate_limits"];
+    assert_eq!((l["rw_ios_per_sec"].as_u64(), l["r_mbytes_per_sec"].as_u64()), (Some(5000), Some(0)));
+}
+
+#[test]
+fn qos_groups_by_rpc() {
+    let f = fixture();
+    f.null("a");
+    f.null("b");
+    f.ok(
+        "bdev_qos_group_create",
+        json!({"name": "g", "iops_total": 10000, "iops_total_max": 20000, "iops_total_max_length": 5}),
+    );
+    f.ok("bdev_qos_group_add_bdev", json!({"name": "g", "bdev_name": "a", "weight": 3}));
+    f.ok("bdev_qos_group_add_bdev", json!({"name": "g", "bdev_name": "b"}));
+    let g = &f.ok("bdev_qos_get_groups", json!({"name": "g"}))[0];
+    assert_eq!((g["iops_total"].as_u64(), g["iops_total_max"].as_u64()), (Some(10000), Some(20000)));
+    assert_eq!((g["iops_total_max_length"].as_u64(), g["bps_write"].as_u64()), (Some(5), Some(0)));
+    assert_eq!(g["fair_on"], "iops_total");
+    let members: Vec<(String, u64)> = g["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["bdev_name"].as_str().unwrap().to_string(), m["weight"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(members, [("a".to_string(), 3), ("b".to_string(), 1)]);
+    // The weighted shares of the ceiling (the burst is whole at the start): 15 K / 5 K.
+    let rates: Vec<u64> =
+        g["members"].as_array().unwrap().iter().map(|m| m["rate"].as_u64().unwrap()).collect();
+    assert_eq!(rates, [15000, 5000]);
+    assert_eq!(
+        f.ok("bdev_get_bdevs", json!({"name": "a"}))[0]["qos_group"],
+        json!({"name": "g", "weight": 3})
+    );
+    // Set changes only what is given.
+    f.ok(
+        "bdev_qos_group_set",
+        json!({"name": "g", "iops_total_max": 0, "iops_total_max_length": 0, "bps_read": 1048576}),
+    );
+    let g = &f.ok("bdev_qos_get_groups", json!({}))[0];
+    assert_eq!(
+        (g["iops_total"].as_u64(), g["iops_total_max"].as_u64(), g["bps_read"].as_u64()),
+        (Some(10000), Some(0), Some(1048576))
+    );
+    f.ok("bdev_qos_group_set_weight", json!({"name": "g", "bdev_name": "b", "weight": 2}));
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "b"}))[0]["qos_group"]["weight"], 2);
+    // A disk in two groups, a group with members deleted, bad values: errors naming the field.
+    f.ok("bdev_qos_group_create", json!({"name": "h"}));
+    let e = f.err("bdev_qos_group_add_bdev", json!({"name": "h", "bdev_name": "a"}));
+    assert_param(&e, "bdev_name");
+    assert!(e.message.contains("already in QoS group 'g'"), "{e:?}");
+    assert_eq!(f.err("bdev_qos_group_create", json!({"name": "g"})).code, -17);
+    let e = f.err("bdev_qos_group_delete", json!({"name": "g"}));
+    assert_eq!(e.code, -16);
+    assert!(e.message.contains("a,b"), "{e:?}");
+    assert_param(
+        &f.err("bdev_qos_group_add_bdev", json!({"name": "h", "bdev_name": "a", "weight": 0})),
+        "weight",
+    );
+    assert_param(
+        &f.err("bdev_qos_group_add_bdev", json!({"name": "h", "bdev_name": "a", "weight": 65536})),
+        "weight",
+    );
+    assert_param(&f.err("bdev_qos_group_create", json!({"name": "x", "iops_total_max": 10})), "iops_total");
+    assert_param(
+        &f.err("bdev_qos_group_create", json!({"name": "x", "iops_total": 10, "iops_read": 5})),
+        "iops_total",
+    );
+    assert_param(&f.err("bdev_qos_group_create", json!({"name": "x", "bps_read": -1})), "bps_read");
+    assert_param(
+        &f.err("bdev_qos_group_create", json!({"name": "x", "iops_write_max_length": 100000})),
+        "iops_write_max_length",
+    );
+    assert_param(&f.err("bdev_qos_group_set", json!({"name": "g"})), "iops_total");
+    assert_param(
+        &f.err("bdev_qos_group_set", json!({"name": "g", "iops_total": 10, "iops_read": 5})),
+        "iops_total",
+    );
+    assert_param(&f.err("bdev_qos_group_remove_bdev", json!({"name": "h", "bdev_name": "a"})), "bdev_name");
+    assert_eq!(f.err("bdev_qos_group_add_bdev", json!({"name": "zz", "bdev_name": "a"})).code, -19);
+    assert_eq!(f.err("bdev_qos_group_add_bdev", json!({"name": "h", "bdev_name": "zz"})).code, -19);
+    assert_eq!(f.ok("bdev_qos_get_groups", json!({"name": "g"}))[0]["iops_total"], 10000, "unchanged");
+    // Members leave (removed, or their bdev deleted); then the group goes.
+    f.ok("bdev_qos_group_remove_bdev", json!({"name": "g", "bdev_name": "a"}));
+    f.ok("bdev_null_delete", json!({"name": "b"}));
+    assert_eq!(f.ok("bdev_qos_get_groups", json!({"name": "g"}))[0]["members"], json!([]));
+    assert!(f.ok("bdev_get_bdevs", json!({"name": "a"}))[0].get("qos_group").is_none());
+    f.ok("bdev_qos_group_delete", json!({"name": "g"}));
+    assert_eq!(f.err("bdev_qos_get_groups", json!({"name": "g"})).code, -19);
+}
