@@ -27,6 +27,10 @@
 //! one vCPU driving many virtual disks would; with [`MultiSpec::thread_per_disk`] each disk
 //! has its own pinned thread, and the threads start together once every disk is connected.
 //! The [`MultiResult`] has each disk's [`LoadResult`] and their total.
+//!
+//! With [`LoadSpec::timeline`] each disk also counts its completions per interval from the
+//! start ([`Timeline`]): the delivered rate second by second, to check a rate limit over short
+//! windows or watch a burst fall back to its average.
 
 mod engine;
 pub mod hist;
