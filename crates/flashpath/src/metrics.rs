@@ -263,6 +263,12 @@ pub fn io_error_total(bdev: &Value) -> u64 {
     bdev.get("io_error").and_then(Value::as_object).map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
 }
 
+/// A `bdev_get_iostat` result's ticks per second, in which its latencies and QoS times are
+/// counted; nanoseconds when the result lacks one.
+pub fn tick_rate(io: &Value) -> f64 {
+    io.get("tick_rate").and_then(Value::as_u64).filter(|&t| t > 0).unwrap_or(1_000_000_000) as f64
+}
+
 fn u64_at(v: &Value, key: &str) -> u64 {
     v.get(key).and_then(Value::as_u64).unwrap_or(0)
 }
@@ -444,10 +450,11 @@ fn controllers(c: &Value) -> [Family; 8] {
     [ops, bytes, errors, unsupported, notifications, in_flight, connected, queue_in_flight]
 }
 
-/// `bdev_get_iostat` (SPDK's shape): the generic bdev layer's per-disk counters.
-fn bdevs(io: &Value) -> [Family; 5] {
-    // Latencies are in ticks of `tick_rate` per second.
-    let tick_rate = io.get("tick_rate").and_then(Value::as_u64).filter(|&t| t > 0).unwrap_or(1_000_000_000);
+/// `bdev_get_iostat` (SPDK's shape): the generic bdev layer's per-disk counters, and what the
+/// disk's QoS limits held back.
+fn bdevs(io: &Value) -> [Family; 9] {
+    let tick_rate = tick_rate(io);
+    let seconds = |b: &Value, key: &str| u64_at(b, key) as f64 / tick_rate;
     let mut ops = Family::counter("flashpath_bdev_ops_total", "I/Os a disk completed, by type");
     let mut bytes = Family::counter("flashpath_bdev_bytes_total", "Bytes a disk read, wrote or unmapped");
     let mut latency = Family::counter(
@@ -459,6 +466,20 @@ fn bdevs(io: &Value) -> [Family; 5] {
         "I/Os a disk completed with an error, by errno name (EIO, unsupported, ...)",
     );
     let mut depth = Family::gauge("flashpath_bdev_queue_depth", "I/Os submitted to a disk and not completed");
+    let mut qos_queued = Family::gauge(
+        "flashpath_bdev_qos_queued",
+        "I/Os waiting for a disk's QoS limit now (counted in flashpath_bdev_queue_depth too)",
+    );
+    let mut qos_queued_total =
+        Family::counter("flashpath_bdev_qos_queued_total", "I/Os that had to wait for a disk's QoS limit");
+    let mut qos_wait = Family::counter(
+        "flashpath_bdev_qos_wait_seconds_total",
+        "Summed time I/Os waited for a disk's QoS limit (divide by flashpath_bdev_qos_queued_total for the mean)",
+    );
+    let mut qos_throttled = Family::counter(
+        "flashpath_bdev_qos_throttled_seconds_total",
+        "Time a disk's channels held an I/O back for its QoS limit, summed over channels",
+    );
     for b in array(&io["bdevs"]) {
         let name = str_at(b, "name");
         let with = |op: &str| vec![("bdev", name.clone()), ("type", op.to_string())];
@@ -473,7 +494,7 @@ fn bdevs(io: &Value) -> [Family; 5] {
             if let Some(moved) = moved {
                 bytes.push(with(op), u64_at(b, &format!("bytes_{moved}")));
             }
-            latency.push(with(op), u64_at(b, &format!("{op}_latency_ticks")) as f64 / tick_rate as f64);
+            latency.push(with(op), seconds(b, &format!("{op}_latency_ticks")));
         }
         // EIO always has a series, so a rate over it exists before the first error.
         let by_errno = b.get("io_error").and_then(Value::as_object);
@@ -483,9 +504,14 @@ fn bdevs(io: &Value) -> [Family; 5] {
         for (errno, n) in by_errno.into_iter().flatten() {
             errors.push(vec![("bdev", name.clone()), ("errno", errno.clone())], n.as_u64().unwrap_or(0));
         }
-        depth.push(vec![("bdev", name)], u64_at(b, "queue_depth"));
+        let disk = vec![("bdev", name)];
+        depth.push(disk.clone(), u64_at(b, "queue_depth"));
+        qos_queued.push(disk.clone(), u64_at(b, "qos_queued"));
+        qos_queued_total.push(disk.clone(), u64_at(b, "qos_queued_total"));
+        qos_wait.push(disk.clone(), seconds(b, "qos_wait_ticks"));
+        qos_throttled.push(disk, seconds(b, "qos_throttled_ticks"));
     }
-    [ops, bytes, latency, errors, depth]
+    [ops, bytes, latency, errors, depth, qos_queued, qos_queued_total, qos_wait, qos_throttled]
 }
 
 #[cfg(test)]
@@ -509,8 +535,8 @@ mod tests {
         assert!(parse_addr("9111", "metrics").unwrap_err().to_string().contains("not a host:port"));
     }
 
-    /// The per-disk families follow `bdev_get_iostat`'s SPDK shape, latency ticks converted to
-    /// seconds at the reported tick rate.
+    /// The per-disk families follow `bdev_get_iostat`'s SPDK shape, latency and QoS ticks
+    /// converted to seconds at the reported tick rate.
     #[test]
     fn iostat_becomes_per_disk_families() {
         let source: Source = Arc::new(|method, _| match method {
@@ -522,6 +548,8 @@ mod tests {
                     "num_write_ops": 1, "bytes_unmapped": 0, "num_unmap_ops": 0,
                     "read_latency_ticks": 1500, "write_latency_ticks": 250000,
                     "unmap_latency_ticks": 0, "io_error": {"ENOSPC": 3}, "queue_depth": 7,
+                    "qos_queued": 5, "qos_queued_total": 1200, "qos_wait_ticks": 3_500_000,
+                    "qos_throttled_ticks": 750_000,
                 }],
             })),
             _ => None,
@@ -535,6 +563,12 @@ mod tests {
             "flashpath_bdev_io_errors_total{bdev=\"d0\",errno=\"EIO\"} 0\n",
             "flashpath_bdev_io_errors_total{bdev=\"d0\",errno=\"ENOSPC\"} 3\n",
             "flashpath_bdev_queue_depth{bdev=\"d0\"} 7\n",
+            "flashpath_bdev_qos_queued{bdev=\"d0\"} 5\n",
+            "flashpath_bdev_qos_queued_total{bdev=\"d0\"} 1200\n",
+            "flashpath_bdev_qos_wait_seconds_total{bdev=\"d0\"} 3.5\n",
+            "flashpath_bdev_qos_throttled_seconds_total{bdev=\"d0\"} 0.75\n",
+            "# TYPE flashpath_bdev_qos_queued gauge\n",
+            "# TYPE flashpath_bdev_qos_queued_total counter\n",
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }

@@ -2,9 +2,10 @@
 //!
 //! Each refresh takes one sample over the RPC socket (`bdev_get_iostat`, `bdev_get_histogram`
 //! for disks with histograms enabled, `framework_get_reactors`); rates are the difference of
-//! two consecutive samples over the time between them. A daemon without `bdev_get_iostat` is
-//! shown from its vhost controllers' counters instead (no latency then). `q`, Esc or Ctrl-C
-//! quits.
+//! two consecutive samples over the time between them. QOS shows the requests a disk's QoS
+//! limit holds back now and the share of the interval it throttled. A daemon without
+//! `bdev_get_iostat` is shown from its vhost controllers' counters instead (no latency or QoS
+//! then). `q`, Esc or Ctrl-C quits.
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -32,6 +33,11 @@ pub struct DiskCounters {
     pub latency_s: Option<f64>,
     pub queue_depth: u64,
     pub errors: u64,
+    /// Requests waiting for the disk's QoS limit now (among `queue_depth`).
+    pub qos_queued: u64,
+    /// Time the disk's channels held a request back for QoS, summed over channels, in seconds
+    /// (`None` without the bdev layer).
+    pub qos_throttled_s: Option<f64>,
     /// From the disk's latency histogram, when it is enabled.
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
@@ -67,6 +73,10 @@ pub struct DiskRow {
     pub p99_us: Option<f64>,
     pub queue_depth: u64,
     pub errors: u64,
+    pub qos_queued: u64,
+    /// The share of the interval the disk's channels spent throttled by QoS, in percent of
+    /// one channel (two channels throttled throughout show 200).
+    pub qos_throttled_pct: Option<f64>,
 }
 
 /// Per-second rates between two samples; a disk new in `cur` counts from zero.
@@ -83,6 +93,9 @@ pub fn disk_rows(prev: &Sample, cur: &Sample) -> Vec<DiskRow> {
                 (Some(now), before) if ops > 0.0 => Some((now - before.unwrap_or(0.0)) / ops * 1e6),
                 _ => None,
             };
+            // A reset between the samples counts from zero, as the other counters do.
+            let qos_throttled_pct =
+                c.qos_throttled_s.map(|now| (now - p.qos_throttled_s.unwrap_or(0.0)).max(0.0) / secs * 100.0);
             DiskRow {
                 name: name.clone(),
                 read_iops: d(|x| x.read_ops) / secs,
@@ -94,6 +107,8 @@ pub fn disk_rows(prev: &Sample, cur: &Sample) -> Vec<DiskRow> {
                 p99_us: c.p99_us,
                 queue_depth: c.queue_depth,
                 errors: c.errors,
+                qos_queued: c.qos_queued,
+                qos_throttled_pct,
             }
         })
         .collect()
@@ -129,8 +144,7 @@ fn percentile(h: &Value, p: &str) -> Option<f64> {
 
 /// Disks from `bdev_get_iostat` (SPDK's shape).
 pub fn disks_from_iostat(io: &Value) -> BTreeMap<String, DiskCounters> {
-    let tick_rate =
-        io.get("tick_rate").and_then(Value::as_u64).filter(|&t| t > 0).unwrap_or(1_000_000_000) as f64;
+    let tick_rate = flashpath::metrics::tick_rate(io);
     list(&io["bdevs"])
         .iter()
         .map(|b| {
@@ -143,6 +157,8 @@ pub fn disks_from_iostat(io: &Value) -> BTreeMap<String, DiskCounters> {
                 latency_s: Some(ticks as f64 / tick_rate),
                 queue_depth: u64_at(b, "queue_depth"),
                 errors: flashpath::metrics::io_error_total(b),
+                qos_queued: u64_at(b, "qos_queued"),
+                qos_throttled_s: Some(u64_at(b, "qos_throttled_ticks") as f64 / tick_rate),
                 p50_us: None,
                 p99_us: None,
             };
@@ -209,6 +225,17 @@ fn us(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_string(), |x| format!("{x:.1}"))
 }
 
+/// The QOS cell: requests waiting for the limit now / share of the interval throttled; `-`
+/// without the bdev layer, which counts QoS.
+fn qos_cell(d: &DiskRow) -> String {
+    d.qos_throttled_pct.map_or_else(|| "-".to_string(), |pct| format!("{}/{pct:.0}%", d.qos_queued))
+}
+
+/// A column as wide as its widest cell or its header, plus a gap.
+fn column_width(cells: impl Iterator<Item = usize>, header: &str) -> u16 {
+    cells.max().unwrap_or(0).max(header.len()) as u16 + 2
+}
+
 fn draw(f: &mut Frame, rpc: &Path, disks: &[DiskRow], reactors: &[(u64, f64, bool)]) {
     let [title, disk_area, reactor_area] = Layout::vertical([
         Constraint::Length(1),
@@ -218,7 +245,8 @@ fn draw(f: &mut Frame, rpc: &Path, disks: &[DiskRow], reactors: &[(u64, f64, boo
     .areas(f.area());
     f.render_widget(Line::from(format!("flashpath top  rpc {}  refresh 1 s  q quits", rpc.display())), title);
     let bold = Style::default().add_modifier(Modifier::BOLD);
-    let rows = disks.iter().map(|d| {
+    let qos: Vec<String> = disks.iter().map(qos_cell).collect();
+    let rows = disks.iter().zip(&qos).map(|(d, qos)| {
         Row::new(vec![
             d.name.clone(),
             format!("{:.0}", d.read_iops),
@@ -229,10 +257,12 @@ fn draw(f: &mut Frame, rpc: &Path, disks: &[DiskRow], reactors: &[(u64, f64, boo
             us(d.p50_us),
             us(d.p99_us),
             d.queue_depth.to_string(),
+            qos.clone(),
             d.errors.to_string(),
         ])
     });
-    let name_width = disks.iter().map(|d| d.name.chars().count()).max().unwrap_or(0).max(4) as u16 + 2;
+    let name_width = column_width(disks.iter().map(|d| d.name.chars().count()), "DISK");
+    let qos_width = column_width(qos.iter().map(String::len), "QOS");
     let widths = [
         Constraint::Length(name_width),
         Constraint::Length(9),
@@ -243,9 +273,11 @@ fn draw(f: &mut Frame, rpc: &Path, disks: &[DiskRow], reactors: &[(u64, f64, boo
         Constraint::Length(9),
         Constraint::Length(9),
         Constraint::Length(5),
+        Constraint::Length(qos_width),
         Constraint::Length(6),
     ];
-    let header = ["DISK", "READ/s", "WRITE/s", "RMB/s", "WMB/s", "AVG us", "P50 us", "P99 us", "QD", "ERR"];
+    let header =
+        ["DISK", "READ/s", "WRITE/s", "RMB/s", "WMB/s", "AVG us", "P50 us", "P99 us", "QD", "QOS", "ERR"];
     f.render_widget(
         Table::new(rows, widths)
             .header(Row::new(header).style(bold))
@@ -332,6 +364,39 @@ mod tests {
         // 2000 ticks at 1 MHz over 200 I/Os: 10 µs each.
         assert!((r.avg_us.unwrap() - 10.0).abs() < 1e-9, "{r:?}");
         assert_eq!((r.queue_depth, r.errors), (4, 1));
+        // No limit: nothing held back, shown as numbers (the bdev layer counts QoS).
+        assert_eq!((r.qos_queued, r.qos_throttled_pct), (0, Some(0.0)));
+        assert_eq!(qos_cell(r), "0/0%");
+    }
+
+    /// QOS: requests waiting now, and the throttled time's share of the interval, summed over
+    /// channels (two channels throttled for most of it exceed 100 %).
+    #[test]
+    fn qos_share_of_the_interval() {
+        let t0 = Instant::now();
+        let io = |queued: u64, throttled_ticks: u64| {
+            json!({"tick_rate": 1_000_000u64, "bdevs": [{"name": "d0", "qos_queued": queued,
+                "qos_queued_total": 999, "qos_throttled_ticks": throttled_ticks}]})
+        };
+        let at = |secs: u64, v: Value| Sample {
+            at: t0 + Duration::from_secs(secs),
+            disks: disks_from_iostat(&v),
+            reactors: vec![],
+        };
+        let (prev, cur) = (at(0, io(0, 250_000)), at(2, io(12, 750_000)));
+        assert_eq!(cur.disks["d0"].qos_queued, 12);
+        assert_eq!(cur.disks["d0"].qos_throttled_s, Some(0.75));
+        let r = &disk_rows(&prev, &cur)[0];
+        // 0.5 s throttled over 2 s.
+        assert_eq!((r.qos_queued, r.qos_throttled_pct), (12, Some(25.0)));
+        assert_eq!(qos_cell(r), "12/25%");
+        let r = &disk_rows(&cur, &at(3, io(3, 2_350_000)))[0];
+        assert_eq!(qos_cell(r), "3/160%");
+        // A reset in between counts from zero rather than going negative.
+        let r = &disk_rows(&cur, &at(3, io(0, 0)))[0];
+        assert_eq!(qos_cell(r), "0/0%");
+        assert_eq!(column_width(["0/0%".len(), "3/160%".len()].into_iter(), "QOS"), 8);
+        assert_eq!(column_width(std::iter::empty(), "QOS"), 5);
     }
 
     #[test]
@@ -351,5 +416,11 @@ mod tests {
         ]);
         let d = &disks_from_controllers(&c)["d0"];
         assert_eq!((d.read_ops, d.queue_depth, d.latency_s), (5, 3, None));
+        let rows = disk_rows(
+            &Sample { at: Instant::now(), disks: BTreeMap::new(), reactors: vec![] },
+            &Sample { at: Instant::now(), disks: disks_from_controllers(&c), reactors: vec![] },
+        );
+        // Controllers know nothing of QoS: no number rather than a made-up zero.
+        assert_eq!(qos_cell(&rows[0]), "-");
     }
 }

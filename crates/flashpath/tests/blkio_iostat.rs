@@ -51,6 +51,9 @@ fn iostat_and_histogram_count_guest_io() {
     );
     assert_eq!(s["queue_depth"], 0);
     assert_eq!(s["io_error"], json!({}));
+    // No QoS limit: nothing waited.
+    assert_eq!((s["qos_queued"].as_u64(), s["qos_queued_total"].as_u64()), (Some(0), Some(0)), "{s}");
+    assert_eq!((s["qos_wait_ticks"].as_u64(), s["qos_throttled_ticks"].as_u64()), (Some(0), Some(0)), "{s}");
     for op in ["read", "write"] {
         let sum = s[format!("{op}_latency_ticks")].as_u64().unwrap();
         let max = s[format!("max_{op}_latency_ticks")].as_u64().unwrap();

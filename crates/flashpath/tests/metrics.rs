@@ -1,6 +1,7 @@
 //! `serve --metrics`: a real Prometheus scrapes the daemon while libblkio drives I/O, and the
 //! value it stores is checked through its HTTP API; `promtool check metrics` lints the
-//! exposition; the Unix-socket endpoint answers; bad addresses are refused at start.
+//! exposition; a QoS-limited disk's held-back requests reach the exposition; the Unix-socket
+//! endpoint answers; bad addresses are refused at start.
 //!
 //! Prometheus and promtool come from the Debian package `prometheus` (`./run test` installs
 //! it). Outside CI a missing binary skips the Prometheus test with a printed reason; with
@@ -15,8 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{BlkClient, Daemon};
-use serde_json::Value;
+use common::{bounded, BlkClient, Daemon};
+use fp_loadgen::{LoadSpec, Pattern};
+use serde_json::{json, Value};
 
 /// Reads done by the test; the scraped counter must say exactly this.
 const READS: u64 = 150;
@@ -53,14 +55,18 @@ fn get_tcp(addr: &str, path: &str) -> (u16, String) {
     http_get(stream, addr, path)
 }
 
-/// The `host:port` the daemon reported for its metrics endpoint.
+/// The `host:port` the daemon reported for its metrics endpoint. The daemon prints it just
+/// after it starts answering RPCs, so under load the line can come a moment after `start`.
 fn metrics_addr(daemon: &Daemon) -> String {
-    let stderr = daemon.stderr();
-    let line = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("flashpath metrics at http://"))
-        .unwrap_or_else(|| panic!("no metrics line in the daemon's stderr:\n{stderr}"));
-    line.trim_end_matches("/metrics").to_string()
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stderr = daemon.stderr();
+        if let Some(line) = stderr.lines().find_map(|l| l.strip_prefix("flashpath metrics at http://")) {
+            return line.trim_end_matches("/metrics").to_string();
+        }
+        assert!(Instant::now() < deadline, "no metrics line in the daemon's stderr:\n{stderr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A loopback port nobody listens on right now.
@@ -186,6 +192,15 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
         )),
         "{text}"
     );
+    // No QoS limit on d0: its QoS series exist (a rate over them works from the start) at 0.
+    for family in [
+        "flashpath_bdev_qos_queued",
+        "flashpath_bdev_qos_queued_total",
+        "flashpath_bdev_qos_wait_seconds_total",
+        "flashpath_bdev_qos_throttled_seconds_total",
+    ] {
+        assert!(text.contains(&format!("{family}{{bdev=\"d0\"}} 0\n")), "{family}: {text}");
+    }
     assert!(text.contains("flashpath_reactor_busy_seconds_total{lcore=\"0\"}"), "{text}");
     assert!(text.contains(&format!(
         "flashpath_build_info{{version=\"flashpath v{}\"}} 1",
@@ -227,6 +242,66 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
     let under_10s = server.query("flashpath_bdev_io_latency_seconds_bucket{bdev=\"d0\",le=\"10\"}");
     assert_eq!(under_10s, Some((READS + WRITES) as f64));
     assert_eq!(server.query("up{job=\"flashpath\"}"), Some(1.0));
+}
+
+/// A sample's value in an exposition, found by its name and labels as written.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// QoS end to end: a disk limited to 1,000 IOPS and flooded at QD32 for 0.6 s holds requests
+/// back; `bdev_get_iostat` counts them and the scraped counters rise from 0 to its numbers.
+#[test]
+fn a_flooded_limited_disk_counts_what_qos_held_back() {
+    let daemon = Daemon::start_with_args("0", &["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&daemon);
+    daemon.malloc("d0", 8192, 512);
+    let sock = daemon.controller("c0", "d0", Some(1), false);
+    let limited = Instant::now();
+    assert_eq!(daemon.call("bdev_set_qos_limit", json!({"name": "d0", "rw_ios_per_sec": 1000})), true);
+    let scrape = || {
+        let (status, text) = get_tcp(&addr, "/metrics");
+        assert_eq!(status, 200, "{text}");
+        let at = |family: &str| sample(&text, &format!("{family}{{bdev=\"d0\"}}"));
+        let values = [
+            at("flashpath_bdev_qos_queued"),
+            at("flashpath_bdev_qos_queued_total"),
+            at("flashpath_bdev_qos_wait_seconds_total"),
+            at("flashpath_bdev_qos_throttled_seconds_total"),
+        ];
+        values.map(|v| v.unwrap_or_else(|| panic!("a QoS series of d0 missing:\n{text}")))
+    };
+    assert_eq!(scrape(), [0.0; 4]);
+
+    let mut spec = LoadSpec::new(&sock);
+    spec.pattern = Pattern::RandRead;
+    spec.queue_depth = 32;
+    spec.duration = Duration::from_millis(600);
+    let r = bounded(Duration::from_secs(60), "the flood", move || fp_loadgen::run(&spec).expect("fp-load"));
+    assert_eq!(r.errors, 0, "{r:?}");
+    // Far below what a RAM disk does unlimited; the QoS tests measure the accuracy.
+    assert!(r.iops > 500.0 && r.iops < 1500.0, "{} IOPS under a 1,000 IOPS limit", r.iops);
+
+    let io = daemon.call("bdev_get_iostat", json!({"name": "d0"}));
+    let since_limit = limited.elapsed().as_secs_f64();
+    let s = &io["bdevs"][0];
+    let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k}: {s}"));
+    // fp-load waits for its requests, so none is left waiting.
+    assert_eq!((n("qos_queued"), n("queue_depth")), (0, 0), "{s}");
+    let queued = n("qos_queued_total");
+    assert!(queued > 0 && queued <= n("num_read_ops"), "{queued} of the reads held back: {s}");
+    assert!(n("qos_wait_ticks") > 0 && n("qos_throttled_ticks") > 0, "{s}");
+    // The one channel was throttled only while the limit existed, and no request waited longer.
+    let rate = io["tick_rate"].as_u64().unwrap() as f64;
+    for k in ["qos_throttled_ticks", "max_read_latency_ticks"] {
+        assert!(n(k) as f64 / rate <= since_limit, "{k}: more than the {since_limit} s since the limit: {s}");
+    }
+    // Idle since: the scrape says what the RPC said, in seconds at its tick rate.
+    let [now, total, wait_s, throttled_s] = scrape();
+    assert_eq!((now, total), (0.0, queued as f64));
+    for (scraped, ticks) in [(wait_s, n("qos_wait_ticks")), (throttled_s, n("qos_throttled_ticks"))] {
+        assert!((scraped - ticks as f64 / rate).abs() < 1e-9, "{scraped} s for {ticks} ticks at {rate}/s");
+    }
 }
 
 /// The config file's `metrics` key, here a Unix socket (over a stale one).

@@ -1,6 +1,7 @@
 //! `flashpath top` as a person uses it: in a terminal (tmux, 120x30) next to a daemon with I/O
-//! running, the screen shows the disk with non-zero IOPS and the reactor rows; `q` quits with
-//! status 0 and the pane closes.
+//! running, the screen shows the disk with non-zero IOPS, its latencies and QoS cell (and a
+//! second disk's, held back by a limit), and the reactor rows; `q` quits with status 0 and the
+//! pane closes.
 //!
 //! tmux comes from Debian (`./run test` installs it). Outside CI a missing tmux skips the test
 //! with a printed reason; with `CI=true` it fails.
@@ -82,20 +83,26 @@ fn top_shows_disk_iops_and_reactors_and_q_quits() {
     let daemon = Daemon::start("0");
     daemon.malloc("d0", 8192, 512);
     daemon.call("bdev_enable_histogram", serde_json::json!({"name": "d0", "enable": true}));
-    let sock = daemon.controller("c0", "d0", Some(1), false);
+    // d1 reads as fast as d0 but is limited to 1,000 IOPS: nearly all its time is throttled.
+    daemon.malloc("d1", 8192, 512);
+    daemon.call("bdev_set_qos_limit", serde_json::json!({"name": "d1", "rw_ios_per_sec": 1000}));
     let stop = Arc::new(AtomicBool::new(false));
-    let io = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut c = BlkClient::open(&sock, 1);
-            let until = Instant::now() + Duration::from_secs(60);
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) && Instant::now() < until {
-                c.read(0, (i % 512) * 4096, 4096).expect("read");
-                i += 1;
-            }
+    let readers: Vec<_> = ["d0", "d1"]
+        .into_iter()
+        .map(|disk| {
+            let sock = daemon.controller(&format!("c-{disk}"), disk, Some(1), false);
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut c = BlkClient::open(&sock, 1);
+                let until = Instant::now() + Duration::from_secs(60);
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                    c.read(0, (i % 512) * 4096, 4096).expect("read");
+                    i += 1;
+                }
+            })
         })
-    };
+        .collect();
 
     let tmux = Tmux { socket: format!("fp-top-{}", std::process::id()) };
     let status = daemon.dir.path().join("top.status");
@@ -122,7 +129,7 @@ fn top_shows_disk_iops_and_reactors_and_q_quits() {
     );
     let screen = tmux.screen();
     eprintln!("{screen}");
-    for header in ["DISK", "READ/s", "P99 us", "QD", "CORE", "BUSY%"] {
+    for header in ["DISK", "READ/s", "P99 us", "QD", "QOS", "ERR", "CORE", "BUSY%"] {
         assert!(screen.contains(header), "{header} missing:\n{screen}");
     }
     // With the histogram on, the mean, p50 and p99 latencies are numbers, in that order.
@@ -130,6 +137,22 @@ fn top_shows_disk_iops_and_reactors_and_q_quits() {
     let latency: Vec<f64> =
         row[5..8].iter().map(|c| c.parse().unwrap_or_else(|_| panic!("{c}:\n{screen}"))).collect();
     assert!(latency.iter().all(|&us| us > 0.0) && latency[1] <= latency[2], "{latency:?}:\n{screen}");
+    // QOS after QD: no limit on d0, so nothing waits and nothing was throttled; then ERR.
+    assert_eq!(row[9..], ["0/0%", "0"], "{row:?}:\n{screen}");
+    // d1's one reader waits for its limit: at most that request waiting, and most of the
+    // interval throttled (the rest is the client's turn-around between requests).
+    wait_until(
+        "d1's QOS cell with most of the interval throttled",
+        Duration::from_secs(20),
+        || {
+            let row = disk_row(&tmux.screen(), "d1").unwrap_or_default();
+            let qos = row.get(9).and_then(|c| c.strip_suffix('%')?.split_once('/'));
+            qos.is_some_and(|(queued, pct)| {
+                queued.parse::<u64>().is_ok_and(|q| q <= 1) && pct.parse::<u64>().is_ok_and(|p| p >= 50)
+            })
+        },
+        context,
+    );
     // The reactor's row: its core, a busy share, and whether it polls or sleeps right now.
     assert!(
         screen.lines().any(|l| l.starts_with("│0 ") && (l.contains("polling") || l.contains("sleeping"))),
@@ -147,7 +170,9 @@ fn top_shows_disk_iops_and_reactors_and_q_quits() {
         context,
     );
     stop.store(true, Ordering::Relaxed);
-    io.join().expect("the I/O thread");
+    for r in readers {
+        r.join().expect("an I/O thread");
+    }
 }
 
 fn status_of(path: &Path) -> Option<String> {

@@ -254,8 +254,33 @@ impl ChannelQosState {
     }
 
     /// A new request at `now`: go at once, or wait behind the held ones or for its limits.
-    #[inline(never)]
+    /// The common case, a disk with only its own limits and nothing held, is inlined into the
+    /// submit path: [`ChannelQos::admit`]'s fast path and two tests.
+    #[inline(always)]
     pub(crate) fn admit_new(&mut self, disk: &DiskQosState, req: &IoRequest, now: u64) -> Admission {
+        if self.held.is_empty() && self.group.is_none() {
+            // `on` without a group means the disk has limits of its own.
+            return match self.disk.admit(&disk.limits, now, req.op, req.len) {
+                Ok(()) => Admission::Go,
+                Err(Wait(at)) => self.hold_refused(req, now, at),
+            };
+        }
+        self.admit_general(disk, req, now)
+    }
+
+    /// A new request the disk's limits refused with nothing held: it heads the FIFO.
+    #[cold]
+    #[inline(never)]
+    fn hold_refused(&mut self, req: &IoRequest, now: u64, at: u64) -> Admission {
+        self.since = now;
+        let stage = Stage { waited: true, ..Stage::default() };
+        self.held.push_back(Held { req: *req, arrived: now, at, stage });
+        Admission::Held
+    }
+
+    /// [`ChannelQosState::admit_new`] for a disk in a group, or with requests held.
+    #[inline(never)]
+    fn admit_general(&mut self, disk: &DiskQosState, req: &IoRequest, now: u64) -> Admission {
         let mut stage = Stage::default();
         let mut at = now;
         if self.held.is_empty() {

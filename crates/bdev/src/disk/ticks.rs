@@ -59,12 +59,36 @@ fn invariant_tsc() -> bool {
     has("constant_tsc") && has("nonstop_tsc")
 }
 
+/// A monotonic instant and a TSC read taken together: the TSC read bracketed by two clock
+/// reads, retried while the bracket is wide (the thread was preempted between them, which on a
+/// loaded machine would skew the rate by the time it lost: once, a rate half the truth made
+/// every duration read double).
+#[cfg(target_arch = "x86_64")]
+fn paired_read() -> (Instant, u64) {
+    let mut best: Option<(Duration, Instant, u64)> = None;
+    for _ in 0..50 {
+        let before = Instant::now();
+        let c = rdtsc();
+        let after = Instant::now();
+        let width = after.duration_since(before);
+        if best.is_none_or(|(w, _, _)| width < w) {
+            best = Some((width, before + width / 2, c));
+        }
+        if width < Duration::from_micros(2) {
+            break;
+        }
+    }
+    let (_, t, c) = best.expect("at least one read");
+    (t, c)
+}
+
 fn calibrate() -> u64 {
     #[cfg(target_arch = "x86_64")]
     if invariant_tsc() {
-        let (t0, c0) = (Instant::now(), rdtsc());
+        let (t0, c0) = paired_read();
         std::thread::sleep(Duration::from_millis(20));
-        let (elapsed, c1) = (t0.elapsed(), rdtsc());
+        let (t1, c1) = paired_read();
+        let elapsed = t1.duration_since(t0);
         let rate = (u128::from(c1.wrapping_sub(c0)) * 1_000_000_000 / elapsed.as_nanos().max(1)) as u64;
         // Rounded to 10 kHz: the calibration is not more precise than that.
         let rate = (rate + 5_000) / 10_000 * 10_000;

@@ -6,7 +6,10 @@
 //! unmap ones; `io_error` keyed by errno name (`"EIO"`, and `"unsupported"`), since flashpath's
 //! backends report errnos where SPDK's report a status; `core` per channel; and
 //! `bdev_get_histogram`'s `percentiles_us` (p50/p90/p99/p99.9, each the upper edge of its
-//! bucket) and `count`. Latencies are in ticks of `tick_rate` (the TSC where invariant).
+//! bucket) and `count`; and what QoS held back (SPDK reports none of it): `qos_queued`
+//! (waiting now, not reset), `qos_queued_total`, `qos_wait_ticks` and `qos_throttled_ticks`
+//! (time with a request waiting, summed over channels). Latencies and the QoS times are in
+//! ticks of `tick_rate` (the TSC where invariant).
 
 use fp_bdev::disk::{self, ticks, HistogramError, IoStats, OpStats, ResetMode};
 use fp_bdev::{Disk, IoOp};
@@ -168,6 +171,10 @@ fn stats_json(s: &IoStats) -> Value {
     put("bytes_zeroed", op(IoOp::WriteZeroes).bytes);
     put("num_write_zeroes_ops", op(IoOp::WriteZeroes).ops);
     put("queue_depth", s.queue_depth);
+    put("qos_queued", s.qos.queued);
+    put("qos_queued_total", s.qos.queued_total);
+    put("qos_wait_ticks", s.qos.wait_ticks);
+    put("qos_throttled_ticks", s.qos.throttled_ticks);
     let mut errors = Map::new();
     for (errno, &n) in s.errno.iter().enumerate().filter(|(_, n)| **n > 0) {
         errors.insert(errno_name(errno), json!(n));

@@ -1,6 +1,6 @@
 //! The disk layer's methods: shapes, counts after real I/O through a disk channel, errors.
 
-use fp_bdev::disk::Histogram;
+use fp_bdev::disk::{Histogram, IoStats, QosStats};
 use fp_bdev::{IoChannel, IoOp, IoRequest};
 use fp_registry::Registry;
 use fp_rpc::codes;
@@ -72,6 +72,10 @@ fn iostat_counts_what_went_through_the_disk() {
     assert_eq!(s["min_flush_latency_ticks"], 0, "nothing flushed: SPDK prints 0");
     assert_eq!(s["queue_depth"], 0);
     assert_eq!(s["io_error"], json!({}));
+    // No limit: nothing held back, but the fields are there for a collector to find.
+    for k in ["qos_queued", "qos_queued_total", "qos_wait_ticks", "qos_throttled_ticks"] {
+        assert_eq!(s[k], 0, "{k}: {s}");
+    }
     // All bdevs: the same numbers.
     ok(&m, "bdev_null_create", json!({"name": "n1", "num_blocks": 8, "block_size": 512}));
     let all = ok(&m, "bdev_get_iostat", Value::Null);
@@ -93,7 +97,25 @@ fn per_channel_lists_open_channels() {
         v["channels"].as_array().unwrap().iter().map(|c| c["num_read_ops"].as_u64().unwrap()).collect();
     assert_eq!(ops, [1, 2]);
     assert_eq!(v["channels"][1]["thread_id"], 1);
+    assert_eq!(v["channels"][1]["qos_queued_total"], 0);
     assert_param(&err(&m, "bdev_get_iostat", json!({"per_channel": true})), "per_channel");
+}
+
+/// The QoS counters go out under their own names, each from its own field (a swap would pass
+/// a test of zeroes).
+#[test]
+fn qos_counters_are_reported_field_by_field() {
+    let s = IoStats {
+        queue_depth: 9,
+        qos: QosStats { queued: 3, queued_total: 41, wait_ticks: 123_456, throttled_ticks: 7_890 },
+        ..IoStats::default()
+    };
+    let v = super::stats_json(&s);
+    assert_eq!(v["queue_depth"], 9);
+    assert_eq!(v["qos_queued"], 3);
+    assert_eq!(v["qos_queued_total"], 41);
+    assert_eq!(v["qos_wait_ticks"], 123_456);
+    assert_eq!(v["qos_throttled_ticks"], 7_890);
 }
 
 #[test]
