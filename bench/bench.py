@@ -186,6 +186,23 @@ def machine_busy_ns():
     return (user + nice + system + irq + softirq + steal) * 1_000_000_000 // CLK_TCK
 
 
+def steal_ticks():
+    """Each CPU's steal time since boot (/proc/stat, clock ticks): time the hypervisor ran
+    something else while this virtual CPU wanted to run."""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                v = line.split()
+                out[v[0]] = int(v[8])
+    return out
+
+
+def steal_share(t0, t1, secs):
+    """The largest share of one CPU stolen between two `steal_ticks` samples `secs` apart."""
+    return max((t1[k] - t0[k]) / CLK_TCK / secs for k in t1) if secs else None
+
+
 def own_cpu_ns():
     """CPU time of this process and its waited-for children (fp-load, fio, the RPC CLI)."""
     t = os.times()
@@ -1226,9 +1243,9 @@ class Bench:
                     else:
                         fp.rpc("bdev_set_qos_limit", {"name": "Null0", "rw_ios_per_sec": 0, "rw_mbytes_per_sec": lim})
                         want = float(lim * MIB)
-                    s0 = self.qos_iostat(fp, "Null0")
+                    s0, st0 = self.qos_iostat(fp, "Null0"), steal_ticks()
                     r = self.qos_run(sock, bs, qd, queues, secs, window)
-                    s1 = self.qos_iostat(fp, "Null0")
+                    s1, st1 = self.qos_iostat(fp, "Null0"), steal_ticks()
                     unit = 1 if kind == "iops" else bs
                     tl = r["timeline"]
                     win = [n * unit / tl["interval_s"] for n in tl["ios"]]
@@ -1239,7 +1256,7 @@ class Bench:
                          "error": whole / want - 1, "windows": win,
                          "window_errors": [w / want - 1 for w in win],
                          "p50_ns": r["p50_ns"], "p99_ns": r["p99_ns"], "ceiling": ceiling,
-                         "qos_counters": qos_delta(s0, s1)}
+                         "qos_counters": qos_delta(s0, s1), "steal": steal_share(st0, st1, r["elapsed_s"])}
                     p["worst_window_error"] = max(p["window_errors"], key=abs)
                     e["accuracy"].append(p)
                     log(f"qos {kind} limit {fmt_limit(kind, lim)} q{queues} bs {bs // 1024}K: delivered "
@@ -1402,16 +1419,17 @@ class Bench:
                 "qd1_p999_ns": hist_percentile(h, 99.9),
                 "qd1_worst_disk_p99_ns": max(d["p99_ns"] for d in quiet),
                 "qd1_disk_p99_ns": [d["p99_ns"] for d in quiet], "qd1_histogram": h,
-                "other_cpu_cores": res["other_cpu_cores"]}
+                "other_cpu_cores": res["other_cpu_cores"], "steal": res["steal"]}
 
     def noisy_load(self, n, srv, socks, secs):
         """The noisy-neighbour load on `socks` of server `srv`, with the CPU time anything else
         used meanwhile (as `measure` records it)."""
         disks = [f"socket={socks[0]},qd={n['flood_qd']},label=flood"]
         disks += [f"socket={s},qd=1,rate={n['qd1_rate']},label=quiet{i}" for i, s in enumerate(socks[1:], 1)]
-        cpu0, m0, o0 = proc_cpu(srv.pid), machine_busy_ns(), own_cpu_ns()
+        cpu0, m0, o0, st0 = proc_cpu(srv.pid), machine_busy_ns(), own_cpu_ns(), steal_ticks()
         res = self.qos_multi(disks, secs, hist=True, poll=True, thread_per_disk=False)
-        m1, o1, cpu1 = machine_busy_ns(), own_cpu_ns(), proc_cpu(srv.pid)
+        m1, o1, cpu1, st1 = machine_busy_ns(), own_cpu_ns(), proc_cpu(srv.pid), steal_ticks()
+        res["steal"] = steal_share(st0, st1, secs)
         other = (m1 - m0) - (o1 - o0) - (cpu1["sched_ns"] - cpu0["sched_ns"])
         res["other_cpu_cores"] = max(0.0, other / 1e9 / secs)
         return res
@@ -1953,8 +1971,14 @@ def noisy_other_cpu(nz):
     xs = [r["other_cpu_cores"] for r in nz["runs"]]
     if not xs:
         return ""
+    st = [r["steal"] for r in nz["runs"] if r.get("steal") is not None]
     return (f"Other CPU use during these runs (from /proc/stat, less the server and the client): median "
-            f"{100 * statistics.median(xs):.0f} %, at most {100 * max(xs):.0f} % of a core.")
+            f"{100 * statistics.median(xs):.0f} %, at most {100 * max(xs):.0f} % of a core. Steal (the largest share "
+            f"of a CPU the hypervisor took): median {fmt_share(median(st))}, at most {fmt_share(max(st, default=None))}.")
+
+
+def fmt_share(x):
+    return "-" if x is None else f"{100 * x:.0f} %"
 
 
 def pct(x, signed=True):
@@ -1984,14 +2008,18 @@ def qos_markdown(res):
                   f"and over each {acc[0]['window_s']:g} s window of fp-load's timeline; error = delivered / "
                   "limit − 1. *unlimited*: the same load with no limit (measured for the highest limit of each "
                   "kind); a limit above it cannot be reached, and its row says so instead of an error. "
-                  "queued: requests the daemon held for QoS during the run (its `qos_queued_total`).", ""]
+                  "queued: requests the daemon held for QoS during the run (its `qos_queued_total`). steal: the "
+                  "largest share of a CPU the hypervisor took from this virtual machine during the run "
+                  "(/proc/stat): a reactor that does not run cannot release a request on time, and a limiter "
+                  "cannot give back time that has passed.", ""]
         for kind, title in (("iops", "IOPS limits"), ("bw", "Bandwidth limits (rw_mbytes_per_sec, MiB = 2^20 B)")):
             ps = [p for p in acc if p["kind"] == kind]
             if not ps:
                 continue
             lines += [f"### {title}", "",
                       f"| limit | bs | queues | delivered | error, whole run ({secs:g} s) | {acc[0]['window_s']:g} s windows: "
-                      f"worst error | {acc[0]['window_s']:g} s windows: range | unlimited | queued | status (±3 %) |", "|" + "---|" * 10]
+                      f"worst error | {acc[0]['window_s']:g} s windows: range | unlimited | queued | steal | status (±3 %) |",
+                      "|" + "---|" * 11]
             for p in ps:
                 lo, hi = min(p["window_errors"]), max(p["window_errors"])
                 ok = qos_reachable(p)
@@ -2001,7 +2029,7 @@ def qos_markdown(res):
                              f"{fmt_units(kind, p['delivered'])} | {pct(p['error'])} | {pct(p['worst_window_error'])} | "
                              f"{pct(lo)} … {pct(hi)} | {fmt_units(kind, p['ceiling'])} | "
                              f"{p['qos_counters'].get('qos_queued_total') if p['qos_counters'].get('qos_queued_total') is not None else '-'} | "
-                             f"{status} |")
+                             f"{fmt_share(p.get('steal'))} | {status} |")
             lines.append("")
     b = q.get("burst")
     if b:
