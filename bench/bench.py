@@ -475,7 +475,7 @@ def fmt_limit(kind, lim):
 def fmt_units(kind, v):
     if v is None:
         return "-"
-    return fmt_iops(v) + " IOPS" if kind == "iops" else f"{v / MIB:,.1f} MiB/s"
+    return f"{v:,.0f} IOPS" if kind == "iops" else f"{v / MIB:,.1f} MiB/s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1244,8 +1244,12 @@ class Bench:
                         fp.rpc("bdev_set_qos_limit", {"name": "Null0", "rw_ios_per_sec": 0, "rw_mbytes_per_sec": lim})
                         want = float(lim * MIB)
                     s0, st0 = self.qos_iostat(fp, "Null0"), steal_ticks()
+                    c0, m0, o0 = proc_cpu(fp.pid), machine_busy_ns(), own_cpu_ns()
                     r = self.qos_run(sock, bs, qd, queues, secs, window)
+                    m1, o1, c1 = machine_busy_ns(), own_cpu_ns(), proc_cpu(fp.pid)
                     s1, st1 = self.qos_iostat(fp, "Null0"), steal_ticks()
+                    # CPU time anything but this daemon and the client used meanwhile, in cores.
+                    other = (m1 - m0) - (o1 - o0) - (c1["sched_ns"] - c0["sched_ns"])
                     unit = 1 if kind == "iops" else bs
                     tl = r["timeline"]
                     win = [n * unit / tl["interval_s"] for n in tl["ios"]]
@@ -1256,7 +1260,8 @@ class Bench:
                          "error": whole / want - 1, "windows": win,
                          "window_errors": [w / want - 1 for w in win],
                          "p50_ns": r["p50_ns"], "p99_ns": r["p99_ns"], "ceiling": ceiling,
-                         "qos_counters": qos_delta(s0, s1), "steal": steal_share(st0, st1, r["elapsed_s"])}
+                         "qos_counters": qos_delta(s0, s1), "steal": steal_share(st0, st1, r["elapsed_s"]),
+                         "other_cpu_cores": max(0.0, other / 1e9 / r["elapsed_s"])}
                     p["worst_window_error"] = max(p["window_errors"], key=abs)
                     e["accuracy"].append(p)
                     log(f"qos {kind} limit {fmt_limit(kind, lim)} q{queues} bs {bs // 1024}K: delivered "
@@ -2011,15 +2016,16 @@ def qos_markdown(res):
                   "queued: requests the daemon held for QoS during the run (its `qos_queued_total`). steal: the "
                   "largest share of a CPU the hypervisor took from this virtual machine during the run "
                   "(/proc/stat): a reactor that does not run cannot release a request on time, and a limiter "
-                  "cannot give back time that has passed.", ""]
+                  "cannot give back time that has passed. other: CPU time used by anything but this daemon and the "
+                  "client during the run (/proc/stat), in cores: another process on the machine.", ""]
         for kind, title in (("iops", "IOPS limits"), ("bw", "Bandwidth limits (rw_mbytes_per_sec, MiB = 2^20 B)")):
             ps = [p for p in acc if p["kind"] == kind]
             if not ps:
                 continue
             lines += [f"### {title}", "",
                       f"| limit | bs | queues | delivered | error, whole run ({secs:g} s) | {acc[0]['window_s']:g} s windows: "
-                      f"worst error | {acc[0]['window_s']:g} s windows: range | unlimited | queued | steal | status (±3 %) |",
-                      "|" + "---|" * 11]
+                      f"worst error | {acc[0]['window_s']:g} s windows: range | unlimited | queued | steal | other | status (±3 %) |",
+                      "|" + "---|" * 12]
             for p in ps:
                 lo, hi = min(p["window_errors"]), max(p["window_errors"])
                 ok = qos_reachable(p)
@@ -2029,7 +2035,7 @@ def qos_markdown(res):
                              f"{fmt_units(kind, p['delivered'])} | {pct(p['error'])} | {pct(p['worst_window_error'])} | "
                              f"{pct(lo)} … {pct(hi)} | {fmt_units(kind, p['ceiling'])} | "
                              f"{p['qos_counters'].get('qos_queued_total') if p['qos_counters'].get('qos_queued_total') is not None else '-'} | "
-                             f"{fmt_share(p.get('steal'))} | {status} |")
+                             f"{fmt_share(p.get('steal'))} | {fmt_share(p.get('other_cpu_cores'))} | {status} |")
             lines.append("")
     b = q.get("burst")
     if b:
@@ -2127,9 +2133,15 @@ def qos_targets(q, add):
                 continue
             worst = max((p for p in reach), key=lambda p: max(abs(p["error"]), abs(p["worst_window_error"])))
             met = all(abs(p["error"]) <= 0.03 and abs(p["worst_window_error"]) <= 0.03 for p in reach)
-            note = ""
+            notes = []
             if len(reach) < len(ps):
-                note = "not reachable with " + ", ".join(f"{p['queues']} queue(s)" for p in ps if p not in reach)
+                notes.append("not reachable with " + ", ".join(f"{p['queues']} queue(s)" for p in ps if p not in reach))
+            steal = [p["steal"] for p in ps if p.get("steal") is not None]
+            other = [p["other_cpu_cores"] for p in ps if p.get("other_cpu_cores") is not None]
+            if steal and other:
+                notes.append(f"during these runs steal up to {fmt_share(max(steal))} of a CPU, other processes up to "
+                             f"{fmt_share(max(other))} of a core")
+            note = "; ".join(notes)
             add(name, "±3 %", "whole run " + ", ".join(pct(p["error"]) for p in reach) +
                 f"; worst window {pct(worst['worst_window_error'])} ({worst['queues']} q)", met, note)
     b = q.get("burst")
