@@ -2091,7 +2091,7 @@ def qos_markdown(res):
                   "| server | scenario | flooder IOPS | QD1 disks IOPS (sum) | QD1 p50 µs | QD1 p99 µs | QD1 p99.9 µs | "
                   "worst QD1 disk p99 µs |", "|---|---|---|---|---|---|---|---|"]
         for r in nz["summary"]:
-            lines.append(f"| {r['server']} | {r['scenario']} | {fmt_iops(r['flood_iops'])} | {fmt_iops(r['qd1_iops'])} | "
+            lines.append(f"| {r['server']} | {r['scenario']} | {r['flood_iops']:,.0f} | {r['qd1_iops']:,.0f} | "
                          f"{fmt_us(r['qd1_p50_ns'])} | {fmt_us(r['qd1_p99_ns'])} | {fmt_us(r['qd1_p999_ns'])} | "
                          f"{fmt_us(r['qd1_worst_disk_p99_ns'])} |")
         lines.append("")
