@@ -1148,7 +1148,7 @@ class Bench:
         of QoS configured but not limiting. docs/benchmarks.md, "Quality of service (issue 12)",
         describes every step."""
         c = self.cfg["qos"]
-        e = {"config": {k: v for k, v in c.items()}, "accuracy": [], "ceilings": [], "burst": None,
+        e = {"config": dict(c), "accuracy": [], "ceilings": [], "burst": None,
              "shares": None, "noisy": None, "overhead": None}
         self.results["qos"] = e
         log("--- qos: accuracy of per-disk limits (two reactors)")
@@ -1172,10 +1172,12 @@ class Bench:
         fp.rpc("bdev_null_create", {"name": name, "num_blocks": GIB // 512, "block_size": 512})
         return fp.export(ctrlr, name, queues)
 
-    def qos_run(self, sock, bs, qd, queues, secs, window, extra=()):
+    def qos_run(self, sock, bs, qd, queues, secs, window):
         """One fp-load run (completion fds, the client on its CPU) with a per-`window` timeline."""
-        return self.loader.run(sock, "randread", bs, qd, queues, False, secs,
-                               extra=["--timeline", f"{window}s", *extra])
+        r = self.loader.run(sock, "randread", bs, qd, queues, False, secs, extra=["--timeline", f"{window}s"])
+        if r["errors"]:
+            raise RuntimeError(f"{sock}: {r['errors']} requests failed (first {r['first_error']})")
+        return r
 
     def qos_multi(self, disks, secs, window=None, hist=False, poll=False, thread_per_disk=True):
         """One fp-load process driving several disks (`--disk` values) from the client CPU, one
