@@ -75,6 +75,18 @@ def mode_config(mode):
                  "points": [("randread", 4096, 32, 1, True), ("randwrite", 4096, 32, 1, True),
                             ("randread", 4096, 1, 1, True), ("randwrite", 4096, 1, 1, True)],
                  "cg_size": 64 * MIB},
+        # Quality of service (`--only qos`, issue 12). Accuracy: each limit flooded for
+        # `acc_secs` with a `window`-second timeline, with 1, 2 and 4 queues on two reactors;
+        # bw_limits are (MiB/s, block size). The other parts: see run_qos.
+        "qos": {"acc_secs": 10.0, "window": 1.0, "ceiling_secs": 3.0, "queues": [1, 2, 4],
+                "iops_limits": [1000, 10_000, 100_000, 1_000_000], "iops_qd": 32,
+                "bw_limits": [(1, 4096), (16, 16384), (256, 65536), (2048, 131072)], "bw_qd": 16,
+                "burst": {"avg": 5000, "max": 20_000, "length": 3, "secs": 8.0, "window": 1.0, "qd": 32},
+                "shares": {"limit": 10_000, "weights": [3, 1], "secs": 10.0, "window": 1.0, "qd": 32},
+                "noisy": {"disks": 16, "flood_qd": 128, "qd1_rate": 1000, "qd1_limit": 2000,
+                          "flood_limit": 20_000, "group_limit": 40_000, "secs": 10.0, "reps": 3,
+                          "scenarios": ["none", "limits", "group"]},
+                "overhead": {"reps": 5, "secs": 2.0, "limit": 10_000_000, "limit_mib": 1_000_000}},
     }
     if mode == "full":
         return full
@@ -85,7 +97,12 @@ def mode_config(mode):
         return dict(full, time=1.0, points=pts, scaling_points=[(32, True)], ceiling_reps=1,
                     sizes={"null": GIB, "ram": 256 * MIB, "file": 256 * MIB},
                     callgrind=dict(full["callgrind"], short_s=1.0, long_s=4.0),
-                    lvol=dict(full["lvol"], pairs=3, fw_reps=2))
+                    lvol=dict(full["lvol"], pairs=3, fw_reps=2),
+                    qos=dict(full["qos"], acc_secs=2.0, ceiling_secs=1.0,
+                             burst=dict(full["qos"]["burst"], avg=2000, max=8000, length=2, secs=4.0),
+                             shares=dict(full["qos"]["shares"], secs=4.0),
+                             noisy=dict(full["qos"]["noisy"], secs=3.0, reps=1),
+                             overhead=dict(full["qos"]["overhead"], reps=3, secs=1.0)))
     if mode == "smoke":
         # Null backend, A/B, one repetition; one small file point exercises the fio baseline.
         pts = [
@@ -113,6 +130,15 @@ def mode_config(mode):
                      "fw_clusters": [MIB],
                      "points": [("randread", 4096, 32, 1, True), ("randwrite", 4096, 32, 1, True)],
                      "cg_size": 32 * MIB},
+            # One point of each QoS part, to check the pipeline.
+            "qos": {"acc_secs": 1.0, "window": 0.5, "ceiling_secs": 0.5, "queues": [2],
+                    "iops_limits": [10_000], "iops_qd": 8, "bw_limits": [(16, 16384)], "bw_qd": 8,
+                    "burst": {"avg": 2000, "max": 8000, "length": 1, "secs": 2.0, "window": 0.5, "qd": 8},
+                    "shares": {"limit": 10_000, "weights": [3, 1], "secs": 1.5, "window": 0.5, "qd": 8},
+                    "noisy": {"disks": 4, "flood_qd": 32, "qd1_rate": 1000, "qd1_limit": 2000,
+                              "flood_limit": 20_000, "group_limit": 40_000, "secs": 1.0, "reps": 1,
+                              "scenarios": ["none", "limits"]},
+                    "overhead": {"reps": 1, "secs": 0.5, "limit": 10_000_000, "limit_mib": 1_000_000}},
         }
     raise ValueError(mode)
 
@@ -158,6 +184,23 @@ def machine_busy_ns():
         v = [int(x) for x in f.readline().split()[1:9]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = v
     return (user + nice + system + irq + softirq + steal) * 1_000_000_000 // CLK_TCK
+
+
+def steal_ticks():
+    """Each CPU's steal time since boot (/proc/stat, clock ticks): time the hypervisor ran
+    something else while this virtual CPU wanted to run."""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                v = line.split()
+                out[v[0]] = int(v[8])
+    return out
+
+
+def steal_share(t0, t1, secs):
+    """The largest share of one CPU stolen between two `steal_ticks` samples `secs` apart."""
+    return max((t1[k] - t0[k]) / CLK_TCK / secs for k in t1) if secs else None
 
 
 def own_cpu_ns():
@@ -355,6 +398,84 @@ class Qsd:
 
     def stop(self):
         stop(self.proc, server_timeout(self.wrap))
+
+
+class QsdMulti:
+    """One qemu-storage-daemon with `ndisks` null disks, each exported on its own socket with
+    one queue, all on one iothread pinned to `cpu` (the noisy-neighbour runs). `scenario`:
+    none; limits (a throttle group of its own per disk: the first disk `flood_limit` IOPS, the
+    others `qd1_limit`); group (one throttle group of `group_limit` IOPS for all)."""
+    kind = "qsd"
+
+    def __init__(self, work, cpu, ndisks, name, scenario, n):
+        self.name = name
+        self.dir = os.path.join(work, name)
+        os.makedirs(self.dir, exist_ok=True)
+        cmd = ["taskset", "-c", str(cpu), "qemu-storage-daemon", "--object", "iothread,id=iot0"]
+        if scenario == "group":
+            cmd += ["--object", f"throttle-group,id=tg,x-iops-total={n['group_limit']}"]
+        self.socks = []
+        for i in range(ndisks):
+            cmd += ["--blockdev", f"driver=null-co,node-name=null{i},size={GIB},read-zeroes=off"]
+            node = f"null{i}"
+            if scenario in ("limits", "group"):
+                tg = "tg"
+                if scenario == "limits":
+                    tg = f"tg{i}"
+                    iops = n["flood_limit"] if i == 0 else n["qd1_limit"]
+                    cmd += ["--object", f"throttle-group,id={tg},x-iops-total={iops}"]
+                cmd += ["--blockdev", f"driver=throttle,node-name=thr{i},throttle-group={tg},file=null{i}"]
+                node = f"thr{i}"
+            sock = os.path.join(self.dir, f"vhost.{i}")
+            cmd += ["--export", f"type=vhost-user-blk,id=e{i},node-name={node},addr.type=unix,addr.path={sock},"
+                                "writable=on,iothread=iot0,num-queues=1"]
+            self.socks.append(sock)
+        self.cmd = cmd
+        self.proc = spawn(cmd, os.path.join(self.dir, "qsd.log"))
+        self.pid = self.proc.pid
+        wait_for(lambda: all(os.path.exists(s) for s in self.socks), 20, "qemu-storage-daemon sockets", self.proc)
+
+    def stop(self):
+        stop(self.proc, 20)
+
+
+def qos_delta(s0, s1):
+    """What the daemon's QoS counters did between two bdev_get_iostat samples (None where the
+    daemon has no such field)."""
+    out = {}
+    for k in ("qos_queued_total", "qos_wait_ticks", "qos_throttled_ticks", "num_read_ops"):
+        a, b = s0.get(k), s1.get(k)
+        out[k] = b - a if isinstance(a, int) and isinstance(b, int) else None
+    rate = s1.get("tick_rate")
+    for k in ("qos_wait_ticks", "qos_throttled_ticks"):
+        out[k.replace("_ticks", "_s")] = out[k] / rate if out[k] is not None and rate else None
+    out["qos_queued_after"] = s1.get("qos_queued")
+    return out
+
+
+def hist_percentile(h, pct):
+    """fp-load's percentile over a merged histogram: the upper bound of the bucket that holds
+    rank ceil(pct/100 · count)."""
+    total = h["count"]
+    if not total:
+        return None
+    rank = max(1, min(total, math.ceil(pct / 100 * total)))
+    seen = 0
+    for _lo, hi, c in h["buckets"]:
+        seen += c
+        if seen >= rank:
+            return hi
+    return h["buckets"][-1][1]
+
+
+def fmt_limit(kind, lim):
+    return fmt_iops(lim) + " IOPS" if kind == "iops" else f"{lim} MiB/s"
+
+
+def fmt_units(kind, v):
+    if v is None:
+        return "-"
+    return f"{v:,.0f} IOPS" if kind == "iops" else f"{v / MIB:,.1f} MiB/s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1018,7 +1139,361 @@ class Bench:
             log(f"lvol callgrind {point_label(x):<30} raw {x['ir_per_io']['raw']:>7.0f}  lvol "
                 f"{x['ir_per_io']['lvol']:>7.0f} instructions/IO")
 
+    # -- quality of service (issue 12) -------------------------------------------------------
+
+    def run_qos(self):
+        """Issue 12's accuracy and cost figures: delivered rate against per-disk limits over
+        1 s windows and the whole run, a burst group's timeline, weighted shares in a group,
+        the noisy-neighbour latency on flashpath and on qsd with throttle groups, and the cost
+        of QoS configured but not limiting. docs/benchmarks.md, "Quality of service (issue 12)",
+        describes every step."""
+        c = self.cfg["qos"]
+        e = {"config": dict(c), "accuracy": [], "ceilings": [], "burst": None,
+             "shares": None, "noisy": None, "overhead": None}
+        self.results["qos"] = e
+        log("--- qos: accuracy of per-disk limits (two reactors)")
+        self.qos_accuracy(c, e)
+        log("--- qos: a burst group")
+        self.qos_burst(c, e)
+        log("--- qos: weighted shares in a group")
+        self.qos_shares(c, e)
+        log("--- qos: noisy neighbour (flashpath and qsd)")
+        self.qos_noisy(c, e)
+        log("--- qos: the cost of QoS configured but not limiting")
+        self.qos_overhead(c, e)
+
+    def qos_daemon(self, name, two_reactors=True):
+        """A flashpath daemon for the QoS runs: reactors on the server and the client CPU (the
+        client shares the second core, as in the scaling section), or on the server CPU only."""
+        cpus = f"{self.server_cpu},{self.client_cpu}" if two_reactors else str(self.server_cpu)
+        return Flashpath(self.args.bin_dir, self.work, cpus, name=name)
+
+    def qos_null(self, fp, name, ctrlr, queues):
+        fp.rpc("bdev_null_create", {"name": name, "num_blocks": GIB // 512, "block_size": 512})
+        return fp.export(ctrlr, name, queues)
+
+    def qos_run(self, sock, bs, qd, queues, secs, window):
+        """One fp-load run (completion fds, the client on its CPU) with a per-`window` timeline."""
+        r = self.loader.run(sock, "randread", bs, qd, queues, False, secs, extra=["--timeline", f"{window}s"])
+        if r["errors"]:
+            raise RuntimeError(f"{sock}: {r['errors']} requests failed (first {r['first_error']})")
+        return r
+
+    def qos_multi(self, disks, secs, window=None, hist=False, poll=False, thread_per_disk=True):
+        """One fp-load process driving several disks (`--disk` values) from the client CPU, one
+        thread per disk or one for all; the parsed JSON (with per-disk histograms when `hist`)."""
+        cmd = [self.loader.bin, "--time", f"{secs}s", "--cpu", str(self.client_cpu), "--json"]
+        if thread_per_disk:
+            cmd.append("--thread-per-disk")
+        if poll:
+            cmd.append("--poll")
+        if window:
+            cmd += ["--timeline", f"{window}s"]
+        for d in disks:
+            cmd += ["--disk", d]
+        hist_path = None
+        if hist:
+            self.loader.n += 1
+            hist_path = os.path.join(self.work, f"hist-{self.loader.n}.json")
+            cmd += ["--hist-out", hist_path]
+        res = json.loads(run(cmd, secs + 90).stdout)
+        if res["total"]["errors"]:
+            raise RuntimeError(f"{res['total']['errors']} requests failed (first {res['total']['first_error']})")
+        if hist_path:
+            with open(hist_path) as f:
+                h = json.load(f)
+            os.unlink(hist_path)
+            for d, dh in zip(res["disks"], h["disks"]):
+                d["histogram"] = dh
+        return res
+
+    def qos_iostat(self, fp, bdev):
+        """The daemon's QoS counters for `bdev` (absent fields are None)."""
+        io = fp.rpc("bdev_get_iostat", {"name": bdev})
+        b = io["bdevs"][0]
+        out = {k: b.get(k) for k in ("qos_queued", "qos_queued_total", "qos_wait_ticks", "qos_throttled_ticks",
+                                     "num_read_ops")}
+        out["tick_rate"] = io.get("tick_rate")
+        return out
+
+    def qos_accuracy(self, c, e):
+        """Per-disk limits on one null disk of a daemon with two reactors: for each limit and
+        number of queues (queue i on reactor i mod 2) one flooding run of `acc_secs` with a
+        timeline of `window` s. Delivered is what the client completed; the error of a window
+        is (delivered rate - limit) / limit. The highest limit of each kind also gets an
+        unlimited run per number of queues: its ceiling here."""
+        secs, window = c["acc_secs"], c["window"]
+        fp = self.qos_daemon("flashpath-qos-accuracy")
+        try:
+            sock = self.qos_null(fp, "Null0", "vhost.qos", max(c["queues"]))
+            points = [("iops", lim, 4096, c["iops_qd"]) for lim in c["iops_limits"]]
+            points += [("bw", mib, bs, c["bw_qd"]) for mib, bs in c["bw_limits"]]
+            tops = {"iops": max(c["iops_limits"]), "bw": max(m for m, _ in c["bw_limits"])}
+            for kind, lim, bs, qd in points:
+                for queues in c["queues"]:
+                    ceiling = None
+                    if lim == tops[kind]:
+                        fp.rpc("bdev_set_qos_limit", {"name": "Null0", "rw_ios_per_sec": 0, "rw_mbytes_per_sec": 0})
+                        r = self.qos_run(sock, bs, qd, queues, c["ceiling_secs"], window)
+                        ceiling = r["iops"] if kind == "iops" else r["bytes"] / r["elapsed_s"]
+                        e["ceilings"].append({"kind": kind, "bs": bs, "qd": qd, "queues": queues,
+                                              "secs": c["ceiling_secs"], "units_per_s": ceiling,
+                                              "iops": r["iops"]})
+                    if kind == "iops":
+                        fp.rpc("bdev_set_qos_limit", {"name": "Null0", "rw_ios_per_sec": lim, "rw_mbytes_per_sec": 0})
+                        want = float(lim)
+                    else:
+                        fp.rpc("bdev_set_qos_limit", {"name": "Null0", "rw_ios_per_sec": 0, "rw_mbytes_per_sec": lim})
+                        want = float(lim * MIB)
+                    s0, st0 = self.qos_iostat(fp, "Null0"), steal_ticks()
+                    c0, m0, o0 = proc_cpu(fp.pid), machine_busy_ns(), own_cpu_ns()
+                    r = self.qos_run(sock, bs, qd, queues, secs, window)
+                    m1, o1, c1 = machine_busy_ns(), own_cpu_ns(), proc_cpu(fp.pid)
+                    s1, st1 = self.qos_iostat(fp, "Null0"), steal_ticks()
+                    # CPU time anything but this daemon and the client used meanwhile, in cores.
+                    other = (m1 - m0) - (o1 - o0) - (c1["sched_ns"] - c0["sched_ns"])
+                    unit = 1 if kind == "iops" else bs
+                    tl = r["timeline"]
+                    win = [n * unit / tl["interval_s"] for n in tl["ios"]]
+                    whole = r["ios"] * unit / r["elapsed_s"]
+                    p = {"kind": kind, "limit": lim, "limit_units_per_s": want, "bs": bs, "qd": qd,
+                         "queues": queues, "secs": secs, "window_s": tl["interval_s"],
+                         "ios": r["ios"], "elapsed_s": r["elapsed_s"], "delivered": whole,
+                         "error": whole / want - 1, "windows": win,
+                         "window_errors": [w / want - 1 for w in win],
+                         "p50_ns": r["p50_ns"], "p99_ns": r["p99_ns"], "ceiling": ceiling,
+                         "qos_counters": qos_delta(s0, s1), "steal": steal_share(st0, st1, r["elapsed_s"]),
+                         "other_cpu_cores": max(0.0, other / 1e9 / r["elapsed_s"])}
+                    p["worst_window_error"] = max(p["window_errors"], key=abs)
+                    e["accuracy"].append(p)
+                    log(f"qos {kind} limit {fmt_limit(kind, lim)} q{queues} bs {bs // 1024}K: delivered "
+                        f"{fmt_units(kind, whole)} ({100 * p['error']:+.2f} %), 1 s windows worst "
+                        f"{100 * p['worst_window_error']:+.2f} %"
+                        + (f", unlimited {fmt_units(kind, ceiling)}" if ceiling is not None else ""))
+            fp.rpc("bdev_set_qos_limit", {"name": "Null0", "rw_ios_per_sec": 0, "rw_mbytes_per_sec": 0})
+        finally:
+            fp.stop()
+
+    def qos_burst(self, c, e):
+        """A fresh group with iops_total avg, iops_total_max and iops_total_max_length and one
+        null disk in it, idle since the group was made, flooded for `secs` with a timeline: the
+        ceiling for `length` s, then the average."""
+        b = c["burst"]
+        fp = self.qos_daemon("flashpath-qos-burst")
+        try:
+            sock = self.qos_null(fp, "Null0", "vhost.burst", 2)
+            fp.rpc("bdev_qos_group_create", {"name": "burst", "iops_total": b["avg"], "iops_total_max": b["max"],
+                                             "iops_total_max_length": b["length"]})
+            fp.rpc("bdev_qos_group_add_bdev", {"name": "burst", "bdev_name": "Null0"})
+            group = fp.rpc("bdev_qos_get_groups", {"name": "burst"})
+            r = self.qos_run(sock, 4096, b["qd"], 2, b["secs"], b["window"])
+            tl = r["timeline"]
+            step = tl["interval_s"]
+            win = [n / step for n in tl["ios"]]
+            # Window i covers [i·step, (i+1)·step): the ceiling while it ends by `length`, the
+            # average once it starts at or after it (none straddles with whole-second steps).
+            phase = ["max" if (i + 1) * step <= b["length"] + 1e-9 else
+                     "avg" if i * step >= b["length"] - 1e-9 else "edge" for i in range(len(win))]
+            want = {"max": b["max"], "avg": b["avg"]}
+            x = {"avg": b["avg"], "max": b["max"], "length_s": b["length"], "secs": b["secs"], "qd": b["qd"],
+                 "queues": 2, "window_s": step, "windows": win, "phase": phase, "group": group,
+                 "ios": r["ios"], "elapsed_s": r["elapsed_s"]}
+            for ph in ("max", "avg"):
+                xs = [w for w, p in zip(win, phase) if p == ph]
+                # The last window holds the run's tail (a batch past the end): leave it out of
+                # the average phase only if there are others.
+                if ph == "avg" and len(xs) > 1:
+                    xs = xs[:-1]
+                x[f"{ph}_mean"] = statistics.mean(xs) if xs else None
+                x[f"{ph}_error"] = (x[f"{ph}_mean"] / want[ph] - 1) if xs else None
+                x[f"{ph}_worst_window_error"] = max((w / want[ph] - 1 for w in xs), key=abs) if xs else None
+            e["burst"] = x
+            log(f"qos burst avg {b['avg']} max {b['max']} for {b['length']} s: per {step:g} s "
+                + " ".join(f"{w:.0f}" for w in win))
+        finally:
+            fp.stop()
+
+    def qos_shares(self, c, e):
+        """Group of `limit` IOPS, disk A weight 3 and B weight 1, each flooding from its own
+        client thread: delivered shares against limit·w/Σw. Then a second run where B stops
+        after about a third of the time (a request count) and A floods on: A's rate once B is
+        idle."""
+        s = c["shares"]
+        fp = self.qos_daemon("flashpath-qos-shares")
+        try:
+            socks = {}
+            for disk in ("A", "B"):
+                socks[disk] = self.qos_null(fp, f"Null{disk}", f"vhost.{disk}", 2)
+            fp.rpc("bdev_qos_group_create", {"name": "fair", "iops_total": s["limit"]})
+            weights = {"A": s["weights"][0], "B": s["weights"][1]}
+            for disk, w in weights.items():
+                fp.rpc("bdev_qos_group_add_bdev", {"name": "fair", "bdev_name": f"Null{disk}", "weight": w})
+            total_w = sum(weights.values())
+            want = {d: s["limit"] * w / total_w for d, w in weights.items()}
+            disk_arg = {d: f"socket={socks[d]},qd={s['qd']},queues=2,label={d}" for d in socks}
+            r = self.qos_multi([disk_arg["A"], disk_arg["B"]], s["secs"], window=s["window"])
+            group = fp.rpc("bdev_qos_get_groups", {"name": "fair"})
+            x = {"limit": s["limit"], "weights": weights, "want": want, "secs": s["secs"], "qd": s["qd"],
+                 "queues": 2, "window_s": s["window"], "group_after": group, "both": {}, "b_idle": {}}
+            for d, dr in zip(("A", "B"), r["disks"]):
+                win = [n / dr["timeline"]["interval_s"] for n in dr["timeline"]["ios"]]
+                rate = dr["ios"] / dr["elapsed_s"]
+                x["both"][d] = {"rate": rate, "error": rate / want[d] - 1, "windows": win,
+                                "worst_window_error": max((w / want[d] - 1 for w in win), key=abs)}
+            # B stops after a third of the run at its share; A alone from then on.
+            b_ios = max(1, int(want["B"] * s["secs"] / 3))
+            r2 = self.qos_multi([disk_arg["A"], disk_arg["B"] + f",ios={b_ios}"], s["secs"], window=s["window"])
+            a, bd = r2["disks"]
+            step = a["timeline"]["interval_s"]
+            b_last = max([i for i, n in enumerate(bd["timeline"]["ios"]) if n], default=-1)
+            a_win = [n / step for n in a["timeline"]["ios"]]
+            # Whole windows after B's last completion, the run's last (its tail) left out when
+            # others remain.
+            after = a_win[b_last + 1:]
+            if len(after) > 1:
+                after = after[:-1]
+            x["b_idle"] = {"b_ios": b_ios, "b_elapsed_s": bd["elapsed_s"], "b_last_window": b_last,
+                           "a_windows": a_win, "b_windows": [n / step for n in bd["timeline"]["ios"]],
+                           "a_alone": statistics.mean(after) if after else None, "want": float(s["limit"])}
+            if after:
+                x["b_idle"]["error"] = x["b_idle"]["a_alone"] / s["limit"] - 1
+                x["b_idle"]["worst_window_error"] = max((w / s["limit"] - 1 for w in after), key=abs)
+            e["shares"] = x
+            log(f"qos shares: A {x['both']['A']['rate']:.0f} (want {want['A']:.0f}), B {x['both']['B']['rate']:.0f} "
+                f"(want {want['B']:.0f}); B idle: A {x['b_idle']['a_alone'] or 0:.0f} (want {s['limit']})")
+        finally:
+            fp.stop()
+
+    def qos_noisy(self, c, e):
+        """16 null disks on one reactor (flashpath --cpus SERVER, or one qsd iothread), each
+        its own controller with one queue; one fp-load process on the
+        client CPU, one polled thread for all. Disk 0 floods at QD128; disks 1..15 run QD1 paced at
+        `qd1_rate` each (below their limit, so a limit never delays them: their latency is the
+        neighbour's doing). Scenarios: none (no QoS); limits (flooder `flood_limit` IOPS, each
+        QD1 disk `qd1_limit`); group (all 16 in one group of `group_limit` IOPS, weight 1 each;
+        on qsd one throttle group, whose members take turns). `reps` rounds, scenarios
+        interleaved; the QD1 disks' latency merged over their histograms."""
+        n = c["noisy"]
+        e["noisy"] = x = {"config": n, "runs": []}
+        for rep in range(n["reps"]):
+            for server in ("flashpath", "qsd"):
+                for scen in n["scenarios"]:
+                    r = self.noisy_run(n, server, scen, rep)
+                    x["runs"].append(r)
+                    log(f"qos noisy {server:<9} {scen:<6} rep {rep}: flooder {r['flood_iops']:>9.0f} IOPS, QD1 "
+                        f"disks {r['qd1_iops']:>7.0f} IOPS, p50 {r['qd1_p50_ns'] / 1000:.1f} µs, p99 "
+                        f"{r['qd1_p99_ns'] / 1000:.1f} µs, p99.9 {r['qd1_p999_ns'] / 1000:.1f} µs")
+        x["summary"] = []
+        for server in ("flashpath", "qsd"):
+            for scen in n["scenarios"]:
+                rs = [r for r in x["runs"] if r["server"] == server and r["scenario"] == scen]
+                x["summary"].append({"server": server, "scenario": scen, "reps": len(rs),
+                                     **{k: median([r[k] for r in rs]) for k in
+                                        ("flood_iops", "qd1_iops", "qd1_p50_ns", "qd1_p99_ns", "qd1_p999_ns",
+                                         "qd1_worst_disk_p99_ns")}})
+
+    def noisy_run(self, n, server, scen, rep):
+        ndisks = n["disks"]
+        secs = n["secs"]
+        name = f"{server}-noisy-{scen}-{rep}"
+        if server == "flashpath":
+            srv = self.qos_daemon(name, two_reactors=False)
+            try:
+                socks = [self.qos_null(srv, f"Null{i}", f"vhost.{i}", 1) for i in range(ndisks)]
+                if scen == "limits":
+                    srv.rpc("bdev_set_qos_limit", {"name": "Null0", "rw_ios_per_sec": n["flood_limit"]})
+                    for i in range(1, ndisks):
+                        srv.rpc("bdev_set_qos_limit", {"name": f"Null{i}", "rw_ios_per_sec": n["qd1_limit"]})
+                elif scen == "group":
+                    srv.rpc("bdev_qos_group_create", {"name": "all", "iops_total": n["group_limit"]})
+                    for i in range(ndisks):
+                        srv.rpc("bdev_qos_group_add_bdev", {"name": "all", "bdev_name": f"Null{i}"})
+                res = self.noisy_load(n, srv, socks, secs)
+            finally:
+                srv.stop()
+        else:
+            srv = QsdMulti(self.work, self.server_cpu, ndisks, name, scen, n)
+            try:
+                res = self.noisy_load(n, srv, srv.socks, secs)
+            finally:
+                srv.stop()
+        flood, quiet = res["disks"][0], res["disks"][1:]
+        h = merge_hists([{"histogram": d["histogram"]} for d in quiet])
+        return {"server": server, "scenario": scen, "rep": rep, "secs": secs,
+                "flood_iops": flood["iops"], "flood_p99_ns": flood["p99_ns"],
+                "qd1_iops": sum(d["iops"] for d in quiet),
+                "qd1_p50_ns": hist_percentile(h, 50), "qd1_p99_ns": hist_percentile(h, 99),
+                "qd1_p999_ns": hist_percentile(h, 99.9),
+                "qd1_worst_disk_p99_ns": max(d["p99_ns"] for d in quiet),
+                "qd1_disk_p99_ns": [d["p99_ns"] for d in quiet], "qd1_histogram": h,
+                "other_cpu_cores": res["other_cpu_cores"], "steal": res["steal"]}
+
+    def noisy_load(self, n, srv, socks, secs):
+        """The noisy-neighbour load on `socks` of server `srv`, with the CPU time anything else
+        used meanwhile (as `measure` records it)."""
+        disks = [f"socket={socks[0]},qd={n['flood_qd']},label=flood"]
+        disks += [f"socket={s},qd=1,rate={n['qd1_rate']},label=quiet{i}" for i, s in enumerate(socks[1:], 1)]
+        cpu0, m0, o0, st0 = proc_cpu(srv.pid), machine_busy_ns(), own_cpu_ns(), steal_ticks()
+        res = self.qos_multi(disks, secs, hist=True, poll=True, thread_per_disk=False)
+        m1, o1, cpu1, st1 = machine_busy_ns(), own_cpu_ns(), proc_cpu(srv.pid), steal_ticks()
+        res["steal"] = steal_share(st0, st1, secs)
+        other = (m1 - m0) - (o1 - o0) - (cpu1["sched_ns"] - cpu0["sched_ns"])
+        res["other_cpu_cores"] = max(0.0, other / 1e9 / secs)
+        return res
+
+    def qos_overhead(self, c, e):
+        """Null QD32 IOPS, one polled queue (the main matrix's point), on one daemon pinned to
+        the server CPU whose disk is switched between three states before each run: no QoS;
+        a per-disk limit far above what is reached (`limit` IOPS and `limit_mib` MiB/s); a
+        member of a group whose iops_total is `limit`. One disk and one daemon, so the three
+        differ only in QoS (separate daemons differ by more than 3 % among themselves on this
+        machine); the order reverses every repetition so drift falls on all alike."""
+        o = c["overhead"]
+        fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name="flashpath-qos-overhead")
+        try:
+            sock = fp.add_disk("null", GIB, queues=1)
+            fp.rpc("bdev_qos_group_create", {"name": "roomy", "iops_total": o["limit"]})
+            on = {"off": lambda: None,
+                  "limit": lambda: fp.rpc("bdev_set_qos_limit", {"name": "Null0", "rw_ios_per_sec": o["limit"],
+                                                                 "rw_mbytes_per_sec": o["limit_mib"]}),
+                  "group": lambda: fp.rpc("bdev_qos_group_add_bdev", {"name": "roomy", "bdev_name": "Null0"})}
+            off = {"off": lambda: None,
+                   "limit": lambda: fp.rpc("bdev_set_qos_limit", {"name": "Null0", "rw_ios_per_sec": 0,
+                                                                  "rw_mbytes_per_sec": 0}),
+                   "group": lambda: fp.rpc("bdev_qos_group_remove_bdev", {"name": "roomy", "bdev_name": "Null0"})}
+            point = ("randread", 4096, 32, 1, True)
+            runs = {k: [] for k in on}
+            counters = {}
+            for rep in range(o["reps"]):
+                for k in (list(on) if rep % 2 == 0 else list(reversed(on))):
+                    on[k]()
+                    s0 = self.qos_iostat(fp, "Null0")
+                    runs[k].append(measure(fp, self.loader, sock, point, o["secs"], False))
+                    # Nothing waited: the limit did not limit.
+                    d = qos_delta(s0, self.qos_iostat(fp, "Null0"))
+                    counters.setdefault(k, []).append(d["qos_queued_total"])
+                    off[k]()
+            x = dict(point_key("null", point), limit=o["limit"], limit_mib=o["limit_mib"], reps=o["reps"],
+                     secs=o["secs"], variants={k: dict(runs=v, median=summarize(v)) for k, v in runs.items()},
+                     qos_counters=counters)
+            base = x["variants"]["off"]["median"]["iops"]
+            x["ratios"] = {k: ratio(x["variants"][k]["median"]["iops"], base) for k in ("limit", "group")}
+            x["spread"] = {k: (max(r["iops"] for r in v) - min(r["iops"] for r in v)) / median([r["iops"] for r in v])
+                           for k, v in runs.items()}
+            e["overhead"] = x
+            log(f"qos overhead: off {base:>10.0f}  limit {x['variants']['limit']['median']['iops']:>10.0f} "
+                f"({fmt_ratio(x['ratios']['limit'])})  group {x['variants']['group']['median']['iops']:>10.0f} "
+                f"({fmt_ratio(x['ratios']['group'])}); queued by QoS: {counters}")
+        finally:
+            fp.stop()
+
     def go(self):
+        if self.args.only == "qos":
+            log(f"=== only: quality of service (server CPU {self.server_cpu}, client CPU {self.client_cpu}, "
+                f"scratch {self.work})")
+            self.run_qos()
+            self.results["wall_s"] = time.monotonic() - self.started
+            return
         if self.args.only == "iostat":
             log("=== only: the disk layer's cost")
             self.run_iostat()
@@ -1179,6 +1654,8 @@ def targets(res):
                 f"p50 {f['p50_ns'] / 1000:.1f} µs, p99 {f['p99_ns'] / 1000:.1f} µs", None)
     if lv:
         add("the same points for SPDK's lvol on malloc", "reported", lv["spdk"], None)
+    if res.get("qos"):
+        qos_targets(res["qos"], add)
     return out
 
 
@@ -1274,6 +1751,12 @@ def markdown(res):
                  machine_line(m), "",
                  f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min. {lvol_other_cpu(res)}"]
         lines += lvol_markdown(res)
+        return "\n".join(lines + targets_table(res))
+    if m.get("only") == "qos":
+        lines = [f"# flashpath: quality of service ({m['mode']} run, {m['date']})", "",
+                 machine_line(m) + f" {' '.join(mi['qsd_version'])}.", "",
+                 f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min."]
+        lines += qos_markdown(res)
         return "\n".join(lines + targets_table(res))
     lines = [f"# flashpath vs qemu-storage-daemon ({m['mode']} run, {m['date']})", ""]
     lines += [
@@ -1480,6 +1963,222 @@ def lvol_markdown(res):
                          f"{ir['lvol'] - ir['raw']:+,.0f} |")
     lines += ["", f"SPDK: {lv['spdk']}"]
     return lines
+
+
+def qos_other_cpu(res):
+    xs = [r["other_cpu_cores"] for v in (res["qos"].get("overhead") or {}).get("variants", {}).values()
+          for r in v["runs"] if r.get("other_cpu_cores") is not None]
+    if not xs:
+        return ""
+    return (f"Other CPU use during the overhead runs (anything but the server under test and the client, "
+            f"from /proc/stat): median {100 * statistics.median(xs):.0f} %, at most {100 * max(xs):.0f} % of a core.")
+
+
+def noisy_other_cpu(nz):
+    xs = [r["other_cpu_cores"] for r in nz["runs"]]
+    if not xs:
+        return ""
+    st = [r["steal"] for r in nz["runs"] if r.get("steal") is not None]
+    return (f"Other CPU use during these runs (from /proc/stat, less the server and the client): median "
+            f"{100 * statistics.median(xs):.0f} %, at most {100 * max(xs):.0f} % of a core. Steal (the largest share "
+            f"of a CPU the hypervisor took): median {fmt_share(median(st))}, at most {fmt_share(max(st, default=None))}.")
+
+
+def fmt_share(x):
+    return "-" if x is None else f"{100 * x:.0f} %"
+
+
+def pct(x, signed=True):
+    return "-" if x is None else (f"{100 * x:+.2f} %" if signed else f"{100 * x:.2f} %")
+
+
+def qos_reachable(p):
+    """A limit the disk can be pushed past: no ceiling was measured (a limit far below the top
+    one), or the unlimited run beat the limit by more than the tolerance."""
+    return p["ceiling"] is None or p["ceiling"] > 1.03 * p["limit_units_per_s"]
+
+
+def qos_markdown(res):
+    """The quality-of-service section (`--only qos`)."""
+    q, m = res["qos"], res["meta"]
+    c = q["config"]
+    two = f"{m['server_cpu']},{m['client_cpu']}"
+    lines = ["", "## Quality of service (issue 12)", ""]
+    acc = q.get("accuracy", [])
+    if acc:
+        secs = acc[0]["secs"]
+        lines += [f"Per-disk limits (`bdev_set_qos_limit`) on one null disk of a daemon with two reactors "
+                  f"(`--cpus {two}`; queue i runs on reactor i mod 2), fp-load on CPU {m['client_cpu']} "
+                  f"with completion fds, 4 KiB randread at QD{c['iops_qd']} per queue for IOPS limits and "
+                  f"QD{c['bw_qd']} per queue for bandwidth limits (the block size in the table). One run of "
+                  f"{secs:g} s per point, flooding; delivered is what the client completed, over the whole run "
+                  f"and over each {acc[0]['window_s']:g} s window of fp-load's timeline; error = delivered / "
+                  "limit − 1. *unlimited*: the same load with no limit (measured for the highest limit of each "
+                  "kind); a limit above it cannot be reached, and its row says so instead of an error. "
+                  "queued: requests the daemon held for QoS during the run (its `qos_queued_total`). steal: the "
+                  "largest share of a CPU the hypervisor took from this virtual machine during the run "
+                  "(/proc/stat): a reactor that does not run cannot release a request on time, and a limiter "
+                  "cannot give back time that has passed. other: CPU time used by anything but this daemon and the "
+                  "client during the run (/proc/stat), in cores: another process on the machine.", ""]
+        for kind, title in (("iops", "IOPS limits"), ("bw", "Bandwidth limits (rw_mbytes_per_sec, MiB = 2^20 B)")):
+            ps = [p for p in acc if p["kind"] == kind]
+            if not ps:
+                continue
+            lines += [f"### {title}", "",
+                      f"| limit | bs | queues | delivered | error, whole run ({secs:g} s) | {acc[0]['window_s']:g} s windows: "
+                      f"worst error | {acc[0]['window_s']:g} s windows: range | unlimited | queued | steal | other | status (±3 %) |",
+                      "|" + "---|" * 12]
+            for p in ps:
+                lo, hi = min(p["window_errors"]), max(p["window_errors"])
+                ok = qos_reachable(p)
+                met = abs(p["error"]) <= 0.03 and abs(p["worst_window_error"]) <= 0.03
+                status = ("met" if met else "**missed**") if ok else "not reachable here"
+                lines.append(f"| {fmt_limit(kind, p['limit'])} | {p['bs'] // 1024} K | {p['queues']} | "
+                             f"{fmt_units(kind, p['delivered'])} | {pct(p['error'])} | {pct(p['worst_window_error'])} | "
+                             f"{pct(lo)} … {pct(hi)} | {fmt_units(kind, p['ceiling'])} | "
+                             f"{p['qos_counters'].get('qos_queued_total') if p['qos_counters'].get('qos_queued_total') is not None else '-'} | "
+                             f"{fmt_share(p.get('steal'))} | {fmt_share(p.get('other_cpu_cores'))} | {status} |")
+            lines.append("")
+    b = q.get("burst")
+    if b:
+        lines += ["### Burst", "",
+                  f"A fresh group (`bdev_qos_group_create` iops_total {b['avg']}, iops_total_max {b['max']}, "
+                  f"iops_total_max_length {b['length_s']}) with one null disk, 2 queues at QD{b['qd']} on the "
+                  f"two reactors, flooded for {b['secs']:g} s from idle. Delivered IOPS per {b['window_s']:g} s "
+                  "(the last window holds the run's tail and is left out of the average phase's figures):", "",
+                  "| window | " + " | ".join(f"{i * b['window_s']:g}–{(i + 1) * b['window_s']:g} s"
+                                            for i in range(len(b["windows"]))) + " |",
+                  "|---|" + "---|" * len(b["windows"]),
+                  "| IOPS | " + " | ".join(f"{w:,.0f}" for w in b["windows"]) + " |",
+                  "| phase | " + " | ".join(b["phase"]) + " |", "",
+                  f"Ceiling phase: mean {b['max_mean'] or 0:,.0f} IOPS ({pct(b['max_error'])} of {b['max']:,}), worst "
+                  f"window {pct(b['max_worst_window_error'])}. Average phase: mean {b['avg_mean'] or 0:,.0f} "
+                  f"({pct(b['avg_error'])} of {b['avg']:,}), worst window {pct(b['avg_worst_window_error'])}.", ""]
+    s = q.get("shares")
+    if s:
+        bi = s["b_idle"]
+        lines += ["### Weighted shares", "",
+                  f"A group of {s['limit']:,} IOPS (`iops_total`); disk A weight {s['weights']['A']}, B weight "
+                  f"{s['weights']['B']}; each disk 2 queues at QD{s['qd']} from its own client thread (fp-load "
+                  f"`--thread-per-disk`), {s['secs']:g} s. Then the same with B stopping after {bi['b_ios']:,} "
+                  f"requests (about a third of the run): A's rate over the whole windows after B's last completion.",
+                  "", f"| run | disk | target | delivered | error | {s['window_s']:g} s windows: worst error | per-window IOPS |",
+                  "|---|---|---|---|---|---|---|"]
+        for d in ("A", "B"):
+            x = s["both"][d]
+            lines.append(f"| both flooding | {d} | {s['want'][d]:,.0f} | {x['rate']:,.0f} | {pct(x['error'])} | "
+                         f"{pct(x['worst_window_error'])} | {' '.join(f'{w:.0f}' for w in x['windows'])} |")
+        lines.append(f"| B idle after window {bi['b_last_window']} | A | {bi['want']:,.0f} | "
+                     f"{bi['a_alone'] or 0:,.0f} | {pct(bi.get('error'))} | {pct(bi.get('worst_window_error'))} | "
+                     f"A: {' '.join(f'{w:.0f}' for w in bi['a_windows'])}; B: "
+                     f"{' '.join(f'{w:.0f}' for w in bi['b_windows'])} |")
+        lines.append("")
+    nz = q.get("noisy")
+    if nz:
+        n = nz["config"]
+        lines += ["### Noisy neighbour", "",
+                  f"{n['disks']} null disks on one reactor (flashpath `--cpus {m['server_cpu']}`; qsd: one iothread "
+                  f"on CPU {m['server_cpu']}), each its own vhost-user-blk export with one queue. One fp-load "
+                  f"process on CPU {m['client_cpu']}, one polled client thread for all disks (with a thread per "
+                  "disk the quiet disks' threads wait for the scheduler behind the flooder's, milliseconds that "
+                  f"would be the latency measured): disk 0 floods at "
+                  f"QD{n['flood_qd']}; disks 1–{n['disks'] - 1} run QD1 paced at {n['qd1_rate']:,} IOPS each. "
+                  f"Scenarios: **none** (no QoS); **limits**: the flooder {n['flood_limit']:,} IOPS, each QD1 disk "
+                  f"{n['qd1_limit']:,} IOPS (above its pace, so its own limit never delays it; flashpath "
+                  "`bdev_set_qos_limit`, qsd a throttle group per disk, `x-iops-total`); **group**: all "
+                  f"{n['disks']} disks in one group of {n['group_limit']:,} IOPS (flashpath: weight 1 each, "
+                  "weighted fair sharing; qsd: one throttle group, whose members take turns). "
+                  f"{n['secs']:g} s per run, {n['reps']} round(s), the scenarios interleaved; medians. QD1 "
+                  f"latency: the quiet disks' histograms merged. {noisy_other_cpu(nz)}", "",
+                  "| server | scenario | flooder IOPS | QD1 disks IOPS (sum) | QD1 p50 µs | QD1 p99 µs | QD1 p99.9 µs | "
+                  "worst QD1 disk p99 µs |", "|---|---|---|---|---|---|---|---|"]
+        for r in nz["summary"]:
+            lines.append(f"| {r['server']} | {r['scenario']} | {r['flood_iops']:,.0f} | {r['qd1_iops']:,.0f} | "
+                         f"{fmt_us(r['qd1_p50_ns'])} | {fmt_us(r['qd1_p99_ns'])} | {fmt_us(r['qd1_p999_ns'])} | "
+                         f"{fmt_us(r['qd1_worst_disk_p99_ns'])} |")
+        lines.append("")
+    o = q.get("overhead")
+    if o:
+        v = o["variants"]
+        lines += ["### Cost of QoS that does not limit", "",
+                  f"Null 4 KiB randread, QD32, one polled queue (the main matrix's point), one daemon pinned to "
+                  f"CPU {m['server_cpu']} whose disk is switched before each run: **off** (no QoS), **limit** "
+                  f"(`rw_ios_per_sec` {o['limit']:,} and `rw_mbytes_per_sec` {o['limit_mib']:,}), **group** (a "
+                  f"member of a group with iops_total {o['limit']:,}). {o['reps']} runs of {o['secs']:g} s each, "
+                  "interleaved, the order reversed every repetition; medians. Requests the daemon queued for QoS "
+                  "in the runs (`qos_queued_total`): " + ", ".join(f"{k} {v}" for k, v in o["qos_counters"].items())
+                  + f". {qos_other_cpu(res)}", "",
+                  "| variant | IOPS | vs off | spread | p50 µs | busy/IO ns |", "|---|---|---|---|---|---|"]
+        for k in ("off", "limit", "group"):
+            md = v[k]["median"]
+            lines.append(f"| {k} | {fmt_iops(md['iops'])} | {fmt_ratio(o['ratios'].get(k, 1.0))} | "
+                         f"{100 * o['spread'][k]:.0f} % | {fmt_us(md['p50_ns'])} | "
+                         f"{fmt_ns(md.get('reactor_busy_ns_per_io'))} |")
+        lines.append("")
+    return lines
+
+
+def qos_targets(q, add):
+    """Issue 12's targets from a QoS run."""
+    acc = q.get("accuracy", [])
+    for kind in ("iops", "bw"):
+        for lim in sorted({p["limit"] for p in acc if p["kind"] == kind}):
+            ps = [p for p in acc if p["kind"] == kind and p["limit"] == lim]
+            reach = [p for p in ps if qos_reachable(p)]
+            qs = ", ".join(str(p["queues"]) for p in ps)
+            name = (f"{fmt_limit(kind, lim)} limit delivered within ±3 % (whole run and every {ps[0]['window_s']:g} s "
+                    f"window; {qs} queues)")
+            if not reach:
+                add(name, "±3 %", "not reachable on this machine: unlimited " +
+                    ", ".join(f"{fmt_units(kind, p['ceiling'])} ({p['queues']} q)" for p in ps) + "; delivered " +
+                    ", ".join(f"{fmt_units(kind, p['delivered'])}" for p in ps), None)
+                continue
+            worst = max((p for p in reach), key=lambda p: max(abs(p["error"]), abs(p["worst_window_error"])))
+            met = all(abs(p["error"]) <= 0.03 and abs(p["worst_window_error"]) <= 0.03 for p in reach)
+            notes = []
+            if len(reach) < len(ps):
+                notes.append("not reachable with " + ", ".join(f"{p['queues']} queue(s)" for p in ps if p not in reach))
+            steal = [p["steal"] for p in ps if p.get("steal") is not None]
+            other = [p["other_cpu_cores"] for p in ps if p.get("other_cpu_cores") is not None]
+            if steal and other:
+                notes.append(f"during these runs steal up to {fmt_share(max(steal))} of a CPU, other processes up to "
+                             f"{fmt_share(max(other))} of a core")
+            note = "; ".join(notes)
+            add(name, "±3 %", "whole run " + ", ".join(pct(p["error"]) for p in reach) +
+                f"; worst window {pct(worst['worst_window_error'])} ({worst['queues']} q)", met, note)
+    b = q.get("burst")
+    if b and b.get("max_worst_window_error") is not None and b.get("avg_worst_window_error") is not None:
+        add(f"burst: {b['max']:,} IOPS for {b['length_s']} s, then {b['avg']:,} (every {b['window_s']:g} s window)", "±3 %",
+            f"ceiling windows mean {b['max_mean']:,.0f} (worst {pct(b['max_worst_window_error'])}), average windows "
+            f"mean {b['avg_mean']:,.0f} (worst {pct(b['avg_worst_window_error'])})",
+            abs(b["max_worst_window_error"]) <= 0.03 and abs(b["avg_worst_window_error"]) <= 0.03)
+    s = q.get("shares")
+    if s:
+        a, bb = s["both"]["A"], s["both"]["B"]
+        add(f"weighted shares, {s['limit']:,} IOPS, weights {s['weights']['A']}:{s['weights']['B']}, both flooding",
+            "±5 % of each target", f"A {a['rate']:,.0f} ({pct(a['error'])}), B {bb['rate']:,.0f} ({pct(bb['error'])})",
+            abs(a["error"]) <= 0.05 and abs(bb["error"]) <= 0.05)
+        bi = s["b_idle"]
+        if bi.get("error") is not None:
+            add("B idle: A takes the whole group", "±5 %", f"A {bi['a_alone']:,.0f} of {bi['want']:,.0f} "
+                f"({pct(bi['error'])}; worst window {pct(bi['worst_window_error'])})", abs(bi["error"]) <= 0.05)
+        else:
+            add("B idle: A takes the whole group", "±5 %", "no whole window after B stopped", False)
+    nz = q.get("noisy")
+    if nz:
+        by = {(r["server"], r["scenario"]): r for r in nz["summary"]}
+        add("noisy neighbour: QD1 disks' p99 without and with QoS, flashpath and qsd", "reported",
+            "; ".join(f"{sv} " + ", ".join(f"{sc} {fmt_us(by[(sv, sc)]['qd1_p99_ns'])} µs"
+                                          for sc in nz["config"]["scenarios"] if (sv, sc) in by)
+                      for sv in ("flashpath", "qsd")), None)
+    o = q.get("overhead")
+    if o:
+        for k in ("limit", "group"):
+            r = o["ratios"][k]
+            add(f"QoS configured but not limiting ({k}): null QD32 IOPS vs no QoS", ">= 0.97x",
+                f"{fmt_iops(o['variants'][k]['median']['iops'])} vs {fmt_iops(o['variants']['off']['median']['iops'])} "
+                f"= {fmt_ratio(r)}x (spreads {100 * o['spread'][k]:.0f} % / {100 * o['spread']['off']:.0f} %)",
+                r is not None and r >= 0.97)
 
 
 SERVER_STYLE = {"flashpath": "tab:blue", "qsd": "tab:red"}
@@ -1712,7 +2411,7 @@ def main():
     ap.add_argument("--time", type=float, help="seconds per run (overrides the mode)")
     ap.add_argument("--reps", type=int, help="runs per point and server (overrides the mode)")
     ap.add_argument("--backends", help="comma-separated subset of null,ram,file (development only)")
-    ap.add_argument("--only", choices=["iostat", "lvol"], help="run only this section (development only)")
+    ap.add_argument("--only", choices=["iostat", "lvol", "qos"], help="run only this section (development only)")
     ap.add_argument("--validate", metavar="DIR", help="only check the outputs in DIR and exit")
     ap.add_argument("--replot", metavar="DIR", help="only rewrite results.md and the plots from DIR/results.json")
     args = ap.parse_args()

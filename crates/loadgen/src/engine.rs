@@ -12,7 +12,7 @@ use std::os::unix::io::RawFd;
 use std::time::{Duration, Instant};
 
 use crate::rng::SplitMix64;
-use crate::{Counts, Histogram, LoadError, LoadResult, LoadSpec, Pattern};
+use crate::{Counts, Histogram, LoadError, LoadResult, LoadSpec, Pattern, Timeline};
 
 /// Deepest queue accepted. A libblkio virtio-blk request takes three descriptors and the
 /// largest virtqueue is 32768 entries.
@@ -354,6 +354,10 @@ struct Disk<B: Backend> {
     /// preallocated for every slot.
     waiting: Vec<(usize, usize)>,
     stats: Stats,
+    /// With [`LoadSpec::timeline`]: completions per interval since `started`.
+    timeline: Option<Timeline>,
+    /// When the measured run started (set by `fill`).
+    started: Instant,
     /// Set when the duration has elapsed or `max_ios` requests completed: from then on
     /// nothing is submitted or counted for this disk.
     stopped_at: Option<Instant>,
@@ -419,6 +423,8 @@ impl<B: Backend> Disk<B> {
                 0
             }),
             stats: Stats { counts: Counts::default(), hist: Histogram::new() },
+            timeline: spec.timeline.map(|step| Timeline::new(step, spec.duration)),
+            started: Instant::now(),
             stopped_at: None,
         })
     }
@@ -426,6 +432,7 @@ impl<B: Backend> Disk<B> {
     /// Fills every queue to depth (or to `max_ios`); with a rate, every slot waits for its
     /// request's turn instead (the first is due at once).
     fn fill(&mut self, now: Instant) -> Result<(), LoadError> {
+        self.started = now;
         if let Some(p) = self.pacer.as_mut() {
             p.start = now;
             for q in (0..self.dev.queues.len()).rev() {
@@ -493,6 +500,7 @@ impl<B: Backend> Disk<B> {
                 continue;
             }
             let (stats, hist) = (&mut self.stats.counts, &mut self.stats.hist);
+            let ios_before = stats.ios;
             for c in &completions[..n] {
                 let slot = c.slot;
                 let s = qs.slots[slot];
@@ -520,6 +528,9 @@ impl<B: Backend> Disk<B> {
                     self.in_flight += 1;
                 }
             }
+            if let Some(t) = self.timeline.as_mut() {
+                t.record(now.saturating_duration_since(self.started), self.stats.counts.ios - ios_before);
+            }
         }
 
         if self.stopped_at.is_none() && self.left == 0 && self.in_flight == 0 {
@@ -532,7 +543,9 @@ impl<B: Backend> Disk<B> {
     fn result(self, start: Instant, duration: Duration) -> LoadResult {
         let Stats { mut counts, hist } = self.stats;
         counts.elapsed = self.stopped_at.map_or(duration, |t| t.duration_since(start));
-        LoadResult::from_counts(counts, hist, self.dev.capacity, self.dev.request_alignment)
+        let mut r = LoadResult::from_counts(counts, hist, self.dev.capacity, self.dev.request_alignment);
+        r.timeline = self.timeline;
+        r
     }
 }
 

@@ -27,11 +27,16 @@
 //! one vCPU driving many virtual disks would; with [`MultiSpec::thread_per_disk`] each disk
 //! has its own pinned thread, and the threads start together once every disk is connected.
 //! The [`MultiResult`] has each disk's [`LoadResult`] and their total.
+//!
+//! With [`LoadSpec::timeline`] each disk also counts its completions per interval from the
+//! start ([`Timeline`]): the delivered rate second by second, to check a rate limit over short
+//! windows or watch a burst fall back to its average.
 
 mod engine;
 pub mod hist;
 mod multi;
 pub mod rng;
+pub mod timeline;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -40,6 +45,7 @@ use std::time::Duration;
 
 pub use hist::Histogram;
 pub use multi::{parse_disk, run_multi, DiskArg, MultiResult, MultiSpec};
+pub use timeline::Timeline;
 
 /// What kind of requests to issue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +159,10 @@ pub struct LoadSpec {
     /// split ones through libblkio; fails with [`LoadError::Unsupported`] if the device does
     /// not offer them.
     pub packed: bool,
+    /// Also count completions per interval of this length from the start
+    /// ([`LoadResult::timeline`]), e.g. 1 s to see a rate limit per second; `None`: no
+    /// timeline.
+    pub timeline: Option<Duration>,
 }
 
 impl LoadSpec {
@@ -176,6 +186,7 @@ impl LoadSpec {
             read_only: false,
             measure_busy: false,
             packed: false,
+            timeline: None,
         }
     }
 
@@ -223,6 +234,18 @@ impl LoadSpec {
         if self.rate_iops == Some(0) {
             return bad("the rate must be positive".into());
         }
+        if let Some(step) = self.timeline {
+            match timeline::buckets(step, self.duration) {
+                None => return bad("the timeline interval must be positive".into()),
+                Some(n) if n > timeline::MAX_BUCKETS => {
+                    return bad(format!(
+                        "a timeline of {n} intervals exceeds {}; use a longer interval",
+                        timeline::MAX_BUCKETS
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
         if self.max_ios == Some(0) {
             return bad("the request count must be positive".into());
         }
@@ -268,6 +291,9 @@ pub struct LoadResult {
     /// rest of the interval it spun or slept with nothing to do. `elapsed / client_busy_ns`
     /// bounds how much faster a device could make this client go.
     pub client_busy_ns: Option<u64>,
+    /// With [`LoadSpec::timeline`]: the requests that completed without error in each
+    /// interval (they add up to `ios`).
+    pub timeline: Option<Timeline>,
 }
 
 /// What a client counted for one disk or several, before the rates and percentiles.
@@ -313,6 +339,7 @@ impl LoadResult {
             request_alignment,
             histogram,
             client_busy_ns: None,
+            timeline: None,
         }
     }
 
@@ -337,6 +364,7 @@ impl LoadResult {
             "capacity": self.capacity,
             "request_alignment": self.request_alignment,
             "client_busy_ns": self.client_busy_ns,
+            "timeline": self.timeline.as_ref().map(Timeline::to_json),
         })
     }
 

@@ -43,7 +43,8 @@ pub struct MultiResult {
     /// The sum: counts and bytes added up, latencies over every disk's requests (the
     /// histograms merged), `elapsed` the longest disk's, `iops` and `mbps` the summed counts
     /// over that, `first_error` the first disk's that had one, `capacity` the disks' summed,
-    /// `request_alignment` the largest, and `client_busy_ns` every client thread's, added.
+    /// `request_alignment` the largest, `client_busy_ns` every client thread's, added, and the
+    /// timeline the disks' added interval by interval.
     pub total: LoadResult,
 }
 
@@ -165,6 +166,14 @@ fn total_of(disks: &[LoadResult], client_busy_ns: Option<u64>) -> LoadResult {
     }
     let mut total = LoadResult::from_counts(c, hist, capacity, request_alignment);
     total.client_busy_ns = client_busy_ns;
+    // fp-load gives every disk the same interval. Each disk counts from its own start: with a
+    // thread per disk those differ by the time the threads take to leave the start line.
+    for t in disks.iter().filter_map(|r| r.timeline.as_ref()) {
+        match total.timeline.as_mut() {
+            Some(sum) => sum.add(t),
+            None => total.timeline = Some(t.clone()),
+        }
+    }
     total
 }
 

@@ -62,3 +62,16 @@ fn a_disk_that_cannot_connect_is_named() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("disk 0 (/nonexistent/a)") && err.contains("connect"), "{err}");
 }
+
+#[test]
+fn a_timeline_needs_a_positive_interval_that_the_run_does_not_dwarf() {
+    refused(
+        &["--timeline", "0s", "--disk", "socket=/nonexistent/a"],
+        &["timeline interval must be positive"],
+    );
+    refused(
+        &["--time", "10m", "--timeline", "0.1ms", "--disk", "socket=/nonexistent/a"],
+        &["6000000 intervals"],
+    );
+    refused(&["--timeline", "soon", "--disk", "socket=/nonexistent/a"], &["--timeline"]);
+}

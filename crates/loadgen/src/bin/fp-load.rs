@@ -89,6 +89,10 @@ struct Args {
     /// latency still runs from submission.
     #[arg(long = "rate", value_name = "IOPS")]
     rate_iops: Option<u64>,
+    /// Also count completions per interval of this length (1s, 100ms, ...) from the start:
+    /// the JSON output's "timeline" (each disk's and the total), a line in the human one.
+    #[arg(long, value_name = "INTERVAL", value_parser = parse_duration)]
+    timeline: Option<Duration>,
     /// For randrw: percentage of reads.
     #[arg(long = "rwmix-read", default_value_t = 50)]
     read_percent: u8,
@@ -108,7 +112,7 @@ struct Args {
     client_busy: bool,
     /// Connect and start the queues, then hold them idle for --time without any I/O (an
     /// attached, idle disk), and exit.
-    #[arg(long, conflicts_with_all = ["brief", "hist_out", "client_busy", "disk", "job"])]
+    #[arg(long, conflicts_with_all = ["brief", "hist_out", "client_busy", "disk", "job", "timeline"])]
     idle: bool,
     /// A name printed with the results.
     #[arg(long)]
@@ -254,6 +258,7 @@ fn base_spec(args: &Args, socket: PathBuf) -> LoadSpec {
     spec.stride = args.stride;
     spec.max_ios = args.max_ios;
     spec.rate_iops = args.rate_iops;
+    spec.timeline = args.timeline;
     if let Some(s) = args.seed {
         spec.seed = s;
     }
@@ -422,6 +427,7 @@ fn print_disks(args: &Args, spec: &MultiSpec, effective: &[LoadSpec], disks: &[D
     }
     brief_row("total", "-", "-", "-", "-", &r.total);
     if !args.brief {
+        print_timeline(&r.total);
         for ((res, s), d) in r.disks.iter().zip(effective).zip(disks) {
             if res.errors > 0 {
                 let name = d.label.clone().unwrap_or_else(|| s.socket.display().to_string());
@@ -488,7 +494,16 @@ fn print_human(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
         us(r.p999_ns),
         us(r.lat_max_ns)
     );
+    print_timeline(r);
     if r.errors > 0 {
         println!("  ERRORS: {} requests failed (first: errno {})", r.errors, -r.first_error.unwrap_or(0));
+    }
+}
+
+/// The human output's timeline line, if the run has one.
+fn print_timeline(r: &LoadResult) {
+    if let Some(t) = &r.timeline {
+        let counts: Vec<String> = t.ios.iter().map(u64::to_string).collect();
+        println!("  I/Os per {:?}: {}", t.interval, counts.join(" "));
     }
 }
