@@ -18,7 +18,8 @@ stop() {
     for p in "$dir"/*.pid; do
         [ -f "$p" ] && pids+=("$(cat "$p")")
     done
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    # A daemon stopped by a fault test (SIGSTOP) acts on SIGTERM only once continued.
+    for pid in "${pids[@]}"; do kill -CONT "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do
         for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -9 "$pid" 2>/dev/null || true

@@ -19,9 +19,11 @@
 //!   [`Daemon::kill9`] and [`Daemon::restart`] kill it with SIGKILL and start it again with the
 //!   same command line, configuration and directory (crash-restart tests).
 //! * [`guest`]: a QEMU guest booted against the daemon's sockets (tests/guest.rs).
+//! * [`ceph`]: a real single-node Ceph cluster for the RBD tests.
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod ceph;
 pub mod guest;
 pub mod load;
 

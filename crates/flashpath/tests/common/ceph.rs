@@ -1,0 +1,111 @@
+//! A real single-node Ceph cluster for the RBD tests: one monitor and one memstore OSD on
+//! 127.0.0.1 in a temporary directory, started by `tests/ceph/cluster.sh` (about 2 s) and stopped
+//! when dropped. The packages (ceph-mon, ceph-osd, ceph-common, uuid-runtime) come from Debian;
+//! `./run test` installs them. A test binary that needs a cluster fails when they are missing,
+//! unless FLASHPATH_SKIP_CEPH=1 (outside CI), where it prints why and returns `None`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU16, Ordering};
+
+/// The monitor ports handed out in this process (each cluster takes two: v2 and v1).
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// A running cluster. The pool `rbd` exists and is initialised.
+pub struct CephCluster {
+    dir: tempfile::TempDir,
+    conf: PathBuf,
+}
+
+impl CephCluster {
+    /// Starts a cluster, or `None` when Ceph is not installed and FLASHPATH_SKIP_CEPH=1 (not in
+    /// CI). Panics when it cannot start.
+    pub fn start() -> Option<CephCluster> {
+        let installed = ["ceph-mon", "ceph-osd", "rbd"].iter().all(|tool| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("command -v {tool}"))
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+        if !installed {
+            let skip = std::env::var("FLASHPATH_SKIP_CEPH").is_ok_and(|v| v == "1")
+                && std::env::var("CI").map_or(true, |v| v != "true");
+            assert!(
+                skip,
+                "Ceph is not installed (Debian packages ceph-mon ceph-osd ceph-common uuid-runtime; \
+                 ./run test installs them; FLASHPATH_SKIP_CEPH=1 skips these tests outside CI)"
+            );
+            eprintln!("skipping: Ceph is not installed and FLASHPATH_SKIP_CEPH=1");
+            return None;
+        }
+        let dir = tempfile::Builder::new().prefix("fp-ceph-").tempdir_in(super::scratch_base()).unwrap();
+        // Ports apart per process and per cluster, so parallel test binaries and tests do not
+        // collide: 2 per cluster, 64 per process.
+        let n = NEXT_PORT.fetch_add(2, Ordering::Relaxed);
+        let port = 21000 + (std::process::id() % 300) as u16 * 64 + n % 64;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ceph/cluster.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("start")
+            .arg(dir.path())
+            .arg(port.to_string())
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            let _ = Command::new("bash").arg(&script).arg("stop").arg(dir.path()).status();
+            panic!(
+                "cannot start the Ceph test cluster: {}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                std::fs::read_to_string(dir.path().join("mon.a.stderr")).unwrap_or_default()
+            );
+        }
+        let conf = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        assert!(conf.is_file(), "cluster.sh printed {conf:?}, not a file");
+        Some(CephCluster { dir, conf })
+    }
+
+    /// The cluster's ceph.conf (monitor address, keyring, no authentication).
+    pub fn conf(&self) -> &Path {
+        &self.conf
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The pid of the OSD (for SIGSTOP / SIGCONT in the fault tests).
+    pub fn osd_pid(&self) -> u32 {
+        let pid = std::fs::read_to_string(self.dir.path().join("osd.0.pid")).expect("osd.0.pid");
+        pid.trim().parse().expect("a pid in osd.0.pid")
+    }
+
+    /// Runs the `rbd` tool against this cluster; panics unless it succeeds.
+    pub fn rbd(&self, args: &[&str]) -> Output {
+        let out = Command::new("rbd").arg("-c").arg(&self.conf).args(args).output().unwrap();
+        assert!(out.status.success(), "rbd {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        out
+    }
+
+    /// Creates image `name` of `size_mib` MiB in the pool `rbd`.
+    pub fn create_image(&self, name: &str, size_mib: u64) {
+        self.rbd(&["create", "--size", &size_mib.to_string(), &format!("rbd/{name}")]);
+    }
+
+    /// `bdev_rbd_register_cluster`'s parameters for this cluster under `name`, with extra
+    /// `config_param`s (a JSON object of strings).
+    pub fn register_params(&self, name: &str, config_param: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({
+            "name": name,
+            "config_file": self.conf.to_str().unwrap(),
+            "config_param": config_param,
+        })
+    }
+}
+
+impl Drop for CephCluster {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ceph/cluster.sh");
+        let _ = Command::new("bash").arg(&script).arg("stop").arg(self.dir.path()).status();
+    }
+}
