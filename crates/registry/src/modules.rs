@@ -5,10 +5,11 @@
 use fp_bdev::modules::{delay::DelayModule, malloc::MallocModule, null::NullModule, uring::UringModule};
 use fp_bdev::BdevModule;
 use fp_lvol::bdev::LvolModule;
+use fp_rbd::RbdModule;
 
 /// Every module, in the order `rpc_get_methods` and configuration errors list them.
 pub static MODULES: &[&dyn BdevModule] =
-    &[&NullModule, &MallocModule, &UringModule, &DelayModule, &LvolModule];
+    &[&NullModule, &MallocModule, &UringModule, &DelayModule, &LvolModule, &RbdModule];
 
 /// The module named `name` ("null", "malloc", ...).
 pub fn find(name: &str) -> Option<&'static dyn BdevModule> {

@@ -120,6 +120,37 @@ impl Params {
         }
     }
 
+    /// A map of option names to text values (Ceph's `config_param`): an object whose values
+    /// are strings, numbers or booleans (a configuration file writes `timeout = 3`), in key
+    /// order. An error names the offending key as `field.key`.
+    pub fn optional_str_map(
+        &mut self,
+        field: &'static str,
+    ) -> Result<Option<Vec<(String, String)>>, ParamError> {
+        let map = match self.take(field) {
+            None => return Ok(None),
+            Some(Value::Object(map)) => map,
+            Some(v) => {
+                return Err(ParamError::new(
+                    field,
+                    format!("expected an object of option names to values, got {}", describe(&v)),
+                ))
+            }
+        };
+        map.into_iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k, s)),
+                Value::Number(n) => Ok((k, n.to_string())),
+                Value::Bool(b) => Ok((k, b.to_string())),
+                other => Err(ParamError::new(
+                    format!("{field}.{k}"),
+                    format!("expected a string, number or boolean, got {}", describe(&other)),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
     /// An unsigned integer no larger than `max`.
     pub fn optional_uint(&mut self, field: &'static str, max: u64) -> Result<Option<u64>, ParamError> {
         match self.take(field) {
