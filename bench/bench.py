@@ -188,6 +188,22 @@ def proc_cpu(pid):
     return {"sched_ns": sched, "stat_ns": ticks * 1_000_000_000 // CLK_TCK}
 
 
+def thread_cpu(pid):
+    """CPU time (ns, schedstat) of each thread of `pid`, summed by thread name with its digits
+    dropped (`msgr-worker-0` and `msgr-worker-1` count together): where a server's cycles go."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = "".join(ch for ch in f.read().strip() if not ch.isdigit()).strip("-_") or "?"
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out[name] = out.get(name, 0) + ns
+    return out
+
+
 def machine_busy_ns():
     """CPU time all CPUs spent outside idle and iowait since boot (/proc/stat), in ns."""
     with open("/proc/stat") as f:
@@ -1575,7 +1591,8 @@ class Bench:
         size = c["size_mib"] * MIB
         image = f"{RBD_POOL}/{RBD_IMAGE}"
         e = {"config": {k: v for k, v in c.items() if k != "points"}, "image": image, "size": size,
-             "cluster_cpu": self.client_cpu, "config_param": RBD_CONFIG_PARAM, "points": [], "rounds": []}
+             "cluster_cpu": self.client_cpu, "config_param": RBD_CONFIG_PARAM,
+             "serve_args": self.args.rbd_serve_args, "points": [], "rounds": []}
         self.results["rbd"] = e
         self.ceph_dir = os.path.join(self.work, "ceph")
         t0 = time.monotonic()
@@ -1611,7 +1628,8 @@ class Bench:
         t0 = time.monotonic()
         name = f"{kind}-rbd-{rnd}"
         if kind == "flashpath":
-            server = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=name)
+            server = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=name,
+                               extra=self.args.rbd_serve_args.split())
         else:
             server = Qsd(self.work, self.server_cpu, "rbd", size, cl.conf, name=name)
         try:
@@ -1649,10 +1667,12 @@ class Bench:
     def rbd_measure(self, server, sock, point, secs, cl):
         """measure() with the cluster daemons' CPU time over the run (each daemon, ns per I/O);
         other_cpu_cores then excludes the cluster."""
-        k0 = cl.cpu()
+        k0, t0 = cl.cpu(), thread_cpu(server.pid)
         r = measure(server, self.loader, sock, point, secs, point[2] == 1)
-        k1 = cl.cpu()
+        k1, t1 = cl.cpu(), thread_cpu(server.pid)
         ios, el = r["ios"], r["elapsed_s"]
+        # The server's CPU per I/O by thread name (its reactor or iothread, librbd's threads).
+        r["server_threads_ns_per_io"] = {n: (v - t0.get(n, 0)) / ios for n, v in t1.items() if ios}
         r["cluster_cpu_ns"] = {d: k1[d]["sched_ns"] - k0[d]["sched_ns"] for d in k1}
         r["cluster_cpu_ns_per_io"] = {d: v / ios if ios else None for d, v in r["cluster_cpu_ns"].items()}
         tot = sum(r["cluster_cpu_ns"].values())
@@ -1671,6 +1691,9 @@ class Bench:
             x["median"]["cluster_cpu_ns_per_io"] = {d: median([r["cluster_cpu_ns_per_io"][d] for r in rs])
                                                     for d in daemons}
             x["median"]["cluster_cores"] = median([r["cluster_cores"] for r in rs])
+            names = {n for r in rs for n in r["server_threads_ns_per_io"]}
+            x["median"]["server_threads_ns_per_io"] = {
+                n: median([r["server_threads_ns_per_io"].get(n, 0) for r in rs]) for n in sorted(names)}
             x["median"]["other_cpu_cores"] = median([r["other_cpu_cores"] for r in rs])
             iops = [r["iops"] for r in rs]
             x["spread"] = (max(iops) - min(iops)) / median(iops) if iops and median(iops) else None
@@ -1690,27 +1713,20 @@ class Bench:
         return p
 
     def go(self):
-        if self.args.only == "rbd":
-            log(f"=== only: Ceph RBD, qsd's rbd driver vs flashpath's rbd bdev (server CPU {self.server_cpu}, "
-                f"client and cluster CPU {self.client_cpu}, scratch {self.work})")
-            self.run_rbd()
-            self.results["wall_s"] = time.monotonic() - self.started
-            return
-        if self.args.only == "qos":
-            log(f"=== only: quality of service (server CPU {self.server_cpu}, client CPU {self.client_cpu}, "
-                f"scratch {self.work})")
-            self.run_qos()
-            self.results["wall_s"] = time.monotonic() - self.started
-            return
-        if self.args.only == "iostat":
-            log("=== only: the disk layer's cost")
-            self.run_iostat()
-            self.results["wall_s"] = time.monotonic() - self.started
-            return
-        if self.args.only == "lvol":
-            log(f"=== only: logical volumes ({self.secs} s per run, server CPU {self.server_cpu}, "
-                f"client CPU {self.client_cpu})")
-            self.run_lvol()
+        # --only: one section alone, (what the log calls it, the section).
+        only = {
+            "rbd": (f"Ceph RBD, qsd's rbd driver vs flashpath's rbd bdev (server CPU {self.server_cpu}, "
+                    f"client and cluster CPU {self.client_cpu}, scratch {self.work})", self.run_rbd),
+            "qos": (f"quality of service (server CPU {self.server_cpu}, client CPU {self.client_cpu}, "
+                    f"scratch {self.work})", self.run_qos),
+            "iostat": ("the disk layer's cost", self.run_iostat),
+            "lvol": (f"logical volumes ({self.secs} s per run, server CPU {self.server_cpu}, "
+                     f"client CPU {self.client_cpu})", self.run_lvol),
+        }
+        if self.args.only:
+            what, section = only[self.args.only]
+            log(f"=== only: {what}")
+            section()
             self.results["wall_s"] = time.monotonic() - self.started
             return
         log(f"mode {self.args.mode}: {self.secs} s per run, {self.reps} repetitions, server CPU "
@@ -1988,17 +2004,15 @@ def markdown(res):
                  f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min. {lvol_other_cpu(res)}"]
         lines += lvol_markdown(res)
         return "\n".join(lines + targets_table(res))
-    if m.get("only") == "rbd":
-        lines = [f"# flashpath vs qemu-storage-daemon on Ceph RBD ({m['mode']} run, {m['date']})", "",
+    # Sections run alone that compare with qsd: (title, the section's Markdown).
+    alone = {"rbd": ("flashpath vs qemu-storage-daemon on Ceph RBD", rbd_markdown),
+             "qos": ("flashpath: quality of service", qos_markdown)}
+    if m.get("only") in alone:
+        title, section = alone[m["only"]]
+        lines = [f"# {title} ({m['mode']} run, {m['date']})", "",
                  machine_line(m) + f" {' '.join(mi['qsd_version'])}.", "",
                  f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min."]
-        lines += rbd_markdown(res)
-        return "\n".join(lines + targets_table(res))
-    if m.get("only") == "qos":
-        lines = [f"# flashpath: quality of service ({m['mode']} run, {m['date']})", "",
-                 machine_line(m) + f" {' '.join(mi['qsd_version'])}.", "",
-                 f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min."]
-        lines += qos_markdown(res)
+        lines += section(res)
         return "\n".join(lines + targets_table(res))
     lines = [f"# flashpath vs qemu-storage-daemon ({m['mode']} run, {m['date']})", ""]
     lines += [
@@ -2145,8 +2159,9 @@ def rbd_markdown(res):
              f"One {e['size'] // MIB} MiB image (`{e['image']}`) on a single-node cluster (tests/ceph/cluster.sh: "
              f"{', '.join(daemons)}, memstore; {m['machine'].get('ceph_version') or 'ceph'}), written in full "
              f"first ({e.get('fill', {}).get('seconds', 0):.1f} s). One server at a time on CPU {m['server_cpu']} "
-             f"(qsd `driver=rbd,cache.direct=on`; flashpath `bdev_rbd_register_cluster` with config_param "
-             f"{json.dumps(e['config_param'])} + `bdev_rbd_create`), both with librbd's cache off; fp-load with "
+             f"(qsd `driver=rbd,cache.direct=on`; flashpath "
+             f"`serve{' ' + e['serve_args'] if e.get('serve_args') else ''}`, `bdev_rbd_register_cluster` with "
+             f"config_param {json.dumps(e['config_param'])}, `bdev_rbd_create`), both with librbd's cache off; fp-load with "
              f"completion-fd queues and the cluster's daemons on CPU {e['cluster_cpu']}. {c['rounds']} round(s) of "
              f"{c['secs']:g} s per point and server, each round a fresh server, the order alternating "
              "(flashpath, qsd, qsd, flashpath, ...); medians. CPU/IO: CPU time per I/O of the server (all its "
@@ -2175,6 +2190,16 @@ def rbd_markdown(res):
         r = p["ratios"]
         lines.append(f"| {p['pattern']} {p['bs'] // 1024}K | {p['qd']} | **{fmt_ratio(r['iops'])}** | "
                      f"**{fmt_ratio(r['server_cpu_per_io'])}** | {fmt_ratio(r['p50'])} | {fmt_ratio(r['p99'])} |")
+    lines += ["", "Where each server's CPU time per I/O goes, by thread (names with their digits dropped, "
+              "largest first, those of at least 2 % of the server's total; µs per I/O, medians):", "",
+              "| workload | QD | server | threads |", "|---|---|---|---|"]
+    for p in e["points"]:
+        for kind in ("flashpath", "qsd"):
+            th = p["servers"][kind]["median"].get("server_threads_ns_per_io", {})
+            tot = sum(th.values()) or 1
+            top = sorted(((v, n) for n, v in th.items() if v >= 0.02 * tot), reverse=True)
+            lines.append(f"| {p['pattern']} {p['bs'] // 1024}K | {p['qd']} | {kind} | "
+                         + ", ".join(f"{n} {fmt_us1(v)}" for v, n in top) + " |")
     left = [x for x in e["rounds"] if x["locks_left"]]
     lines += ["", "Server start to exported disk: " + ", ".join(
         f"{kind} {median([x['ready_s'] for x in e['rounds'] if x['server'] == kind]):.2f} s"
@@ -2760,6 +2785,9 @@ def main():
     ap.add_argument("--backends", help="comma-separated subset of null,ram,file,rbd (development only; "
                                        "rbd: the RBD section)")
     ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd"], help="run only this section (development only)")
+    ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
+                    help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
+                         "(development only; recorded in the results)")
     ap.add_argument("--validate", metavar="DIR", help="only check the outputs in DIR and exit")
     ap.add_argument("--replot", metavar="DIR", help="only rewrite results.md and the plots from DIR/results.json")
     args = ap.parse_args()
