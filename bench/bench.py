@@ -781,9 +781,7 @@ class Bench:
             self.cfg["time"] = args.time
         if args.reps:
             self.cfg["reps"] = args.reps
-        # `--backends` may name rbd too: the RBD section then runs (it is not a matrix backend).
-        self.with_rbd = args.only == "rbd" or (not args.only and (not args.backends or "rbd" in
-                                                                    args.backends.split(",")))
+        self.with_rbd = wants_rbd(args)
         if args.backends:
             self.cfg["backends"] = [b for b in args.backends.split(",") if b != "rbd"]
         self.secs = self.cfg["time"]
@@ -1753,6 +1751,12 @@ class Bench:
 
 # ---------------------------------------------------------------------------------------------
 # Machine description
+
+
+def wants_rbd(args):
+    """Whether this run has the RBD section: `--only rbd`, or a whole run whose `--backends`
+    (if given) names rbd; it is not a matrix backend."""
+    return args.only == "rbd" or (not args.only and (not args.backends or "rbd" in args.backends.split(",")))
 
 
 def rbd_missing():
@@ -2809,8 +2813,7 @@ def main():
         if shutil.which(tool) is None:
             print(f"bench: {tool} is not installed (./run bench installs it)", file=sys.stderr)
             return 1
-    with_rbd = args.only == "rbd" or (not args.only and (not args.backends or "rbd" in args.backends.split(",")))
-    missing = rbd_missing() if with_rbd else []
+    missing = rbd_missing() if wants_rbd(args) else []
     if missing:
         print(f"bench: the RBD section needs {', '.join(missing)} (./run bench installs them; "
               "--backends without rbd leaves the section out)", file=sys.stderr)
