@@ -894,3 +894,50 @@ fn qos_groups_by_rpc() {
     f.ok("bdev_qos_group_delete", json!({"name": "g"}));
     assert_eq!(f.err("bdev_qos_get_groups", json!({"name": "g"})).code, -19);
 }
+
+#[test]
+fn rbd_methods_refuse_bad_input_by_field_without_touching_a_cluster() {
+    let f = fixture();
+    // Decoding and lookups fail before anything connects.
+    assert_param(&f.err("bdev_rbd_create", json!({"rbd_name": "i"})), "pool_name");
+    assert_param(&f.err("bdev_rbd_create", json!({"pool_name": "p"})), "rbd_name");
+    assert_param(
+        &f.err("bdev_rbd_create", json!({"pool_name": "p", "rbd_name": "i", "cluster_name": "c"})),
+        "cluster_name",
+    );
+    assert_param(
+        &f.err(
+            "bdev_rbd_create",
+            json!({"pool_name": "p", "rbd_name": "i", "cluster_name": "c", "user_id": "u"}),
+        ),
+        "user_id",
+    );
+    assert_param(&f.err("bdev_rbd_create", json!({"pool_name": "p", "rbd_name": "i", "uuid": "x"})), "uuid");
+    assert_param(
+        &f.err("bdev_rbd_create", json!({"pool_name": "p", "rbd_name": "i", "block_size": -1})),
+        "block_size",
+    );
+    assert_param(&f.err("bdev_rbd_register_cluster", json!({})), "name");
+    assert_param(&f.err("bdev_rbd_register_cluster", json!({"name": "c", "core_mask": "0xg"})), "core_mask");
+    assert_param(
+        &f.err("bdev_rbd_register_cluster", json!({"name": "c", "config_param": {"a": {"b": 1}}})),
+        "config_param.a",
+    );
+    assert_param(
+        &f.err("bdev_rbd_register_cluster", json!({"name": "c", "config_param": ["x"]})),
+        "config_param",
+    );
+    assert_param(&f.err("bdev_rbd_unregister_cluster", json!({"name": "c"})), "name");
+    assert_param(&f.err("bdev_rbd_get_clusters_info", json!({"name": "c"})), "name");
+    assert_eq!(f.ok("bdev_rbd_get_clusters_info", json!({})), json!([]));
+    assert_eq!(f.err("bdev_rbd_delete", json!({"name": "nope"})).code, -19);
+    assert_eq!(f.err("bdev_rbd_resize", json!({"name": "nope", "new_size": 1})).code, -19);
+    // Resizing a bdev of another module through the rbd method is refused.
+    f.ok("bdev_null_create", json!({"name": "n", "num_blocks": 8, "block_size": 512}));
+    assert_eq!(f.err("bdev_rbd_resize", json!({"name": "n", "new_size": 1})).code, -19);
+    assert!(f
+        .ok("rpc_get_methods", json!({}))
+        .as_array()
+        .unwrap()
+        .contains(&json!("bdev_rbd_register_cluster")));
+}
