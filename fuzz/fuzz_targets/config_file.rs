@@ -18,11 +18,11 @@
 //! `apply` does not). RAM disks are mapped lazily, so a huge `num_blocks` costs address
 //! space, not memory.
 //!
-//! Ceph: every `[[rbd_cluster]]` table and every `[[bdev]]` of type `rbd` gets
-//! `mon_host = "127.0.0.1:9"` (nothing listens there) and `client_mount_timeout = "1"` in its
-//! `config_param` / `config` (when that is absent or a table; anything else is refused before
-//! connecting), so an input cannot make the target reach a real cluster, or anything off the
-//! machine, and a connection costs at most a second.
+//! Ceph: every `[[rbd_cluster]]` table and every `[[bdev]]` of type `rbd` without
+//! `cluster_name` gets `mon_host = "127.0.0.1:9"` (nothing listens there) and
+//! `client_mount_timeout = "1"` in its `config_param` / `config` (when that is absent or a
+//! table; anything else is refused before connecting), so an input cannot make the target reach
+//! a real cluster, or anything off the machine, and a connection costs about a second.
 //!
 //! Checked: no panic; every error's message is one line and starts with its place
 //! (`fuzz.toml:LINE:COLUMN: ` with a line inside the text, `rbd_cluster[i]` / `bdev[i]` / `vhost_blk[i]` / `qos_limit[i]` / `qos_group[i]` with `i`
@@ -98,8 +98,12 @@ fn no_real_clusters(config: &mut ConfigFile) {
     for table in &mut config.rbd_cluster {
         confine(table, "config_param");
     }
+    // A bdev on a registered cluster (`cluster_name`) makes no connection of its own, and may
+    // not be given `config` too.
     for table in &mut config.bdev {
-        if table.get("type").and_then(toml::Value::as_str) == Some("rbd") {
+        if table.get("type").and_then(toml::Value::as_str) == Some("rbd")
+            && !table.contains_key("cluster_name")
+        {
             confine(table, "config");
         }
     }
