@@ -444,3 +444,68 @@ fn rbd_commands_on_a_real_cluster() {
     assert!(e.starts_with("error: ") && e.contains("cluster 'far'"), "{e}");
     assert_eq!(ok(&["rbd", "cluster", "list", "--json"]).trim(), "[]");
 }
+
+/// `serve --config` with `[[rbd_cluster]]` and `[[bdev]] type = "rbd"` tables: the disk comes up
+/// on the shared connection; a cluster whose monitor does not answer stops start-up with one
+/// line naming the entry and the cluster.
+#[test]
+fn serve_config_with_rbd_tables() {
+    let Some(ceph) = common::ceph::CephCluster::start() else { return };
+    ceph.create_image("cfg-img", 16);
+    let conf = ceph.conf().display().to_string();
+    let d = common::Daemon::start_with_config("0", |_| {
+        format!(
+            "[[bdev]]\ntype = \"rbd\"\nname = \"vm1\"\npool_name = \"rbd\"\nrbd_name = \"cfg-img\"\n\
+             cluster_name = \"ceph\"\nblock_size = 4096\n\n\
+             [[rbd_cluster]]\nname = \"ceph\"\nconfig_file = \"{conf}\"\n\
+             config_param = {{ rados_osd_op_timeout = \"5\" }}\n"
+        )
+    });
+    let bdev = d.call("bdev_get_bdevs", serde_json::json!({"name": "vm1"}));
+    assert_eq!(bdev[0]["num_blocks"], 16 * 256, "{bdev}");
+    assert_eq!(
+        bdev[0]["driver_specific"]["rbd"],
+        serde_json::json!({"pool_name": "rbd", "rbd_name": "cfg-img", "cluster_name": "ceph", "read_only": false}),
+        "{bdev}"
+    );
+    let info = d.call("bdev_rbd_get_clusters_info", serde_json::Value::Null);
+    assert_eq!(info[0]["config_param"], serde_json::json!({"rados_osd_op_timeout": "5"}), "{info}");
+    drop(d);
+
+    let dir = tempfile::tempdir().unwrap();
+    let rpc = dir.path().join("rpc.sock");
+    let config = dir.path().join("far.toml");
+    std::fs::write(
+        &config,
+        "[[rbd_cluster]]\nname = \"far\"\n\
+         config_param = { mon_host = \"127.0.0.1:9\", client_mount_timeout = \"1\" }\n",
+    )
+    .unwrap();
+    let vhost = dir.path().join("vhost");
+    let out = flashpath(
+        &[
+            "serve",
+            "--config",
+            config.to_str().unwrap(),
+            "--vhost-dir",
+            vhost.to_str().unwrap(),
+            "--log-level",
+            "off",
+        ],
+        &rpc,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    // flashpath's own message is one line, the last. Before it librados logs, on the daemon's
+    // stderr, that it found no keyring: lines of its own, not flashpath's to reword.
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    let (last, before) = lines.split_last().expect("an error on stderr");
+    assert!(last.starts_with("config error: rbd_cluster[0]: cannot connect to cluster 'far': "), "{stderr}");
+    for line in before {
+        assert!(
+            line.contains("keyring") || line.contains("monclient"),
+            "not librados' keyring notice: {line}"
+        );
+    }
+    assert!(!rpc.exists(), "the RPC socket must not be left behind");
+}
