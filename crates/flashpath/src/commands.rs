@@ -490,6 +490,9 @@ fn rbd_cluster_add(rpc: &Path, json: bool, a: RbdClusterAddArgs) -> Result<(), C
     if let Some(u) = a.user_id {
         params["user_id"] = json!(u);
     }
+    if let Some(cpus) = a.cpus {
+        params["core_mask"] = json!(cpus);
+    }
     if !config_param.is_empty() {
         params["config_param"] = Value::Object(config_param);
     }
@@ -498,6 +501,7 @@ fn rbd_cluster_add(rpc: &Path, json: bool, a: RbdClusterAddArgs) -> Result<(), C
         ("config_file", "--config-file"),
         ("key_file", "--key-file"),
         ("user_id", "--user-id"),
+        ("core_mask", "--cpus"),
         ("config_param", "--param"),
     ];
     one_call(rpc, json, flags, "bdev_rbd_register_cluster", params)
@@ -545,12 +549,13 @@ fn rbd_cluster_list(rpc: &Path, json: bool, name: Option<String>) -> Result<(), 
                 cell(c, "user_id"),
                 cell(c, "config_file"),
                 cell(c, "key_file"),
+                cell(c, "core_mask"),
                 disks_on(&c["cluster_name"]),
                 if params.is_empty() { "-".into() } else { params },
             ]
         })
         .collect();
-    out(&table(&["CLUSTER", "USER", "CONFIG FILE", "KEY FILE", "DISKS", "PARAMS"], &rows));
+    out(&table(&["CLUSTER", "USER", "CONFIG FILE", "KEY FILE", "CPUS", "DISKS", "PARAMS"], &rows));
     Ok(())
 }
 

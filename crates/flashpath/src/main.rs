@@ -9,7 +9,7 @@
 //!                       [--block-size 512] [--read-only]
 //! flashpath disk list [NAME] | disk delete NAME | disk resize NAME --size SIZE
 //! flashpath rbd cluster add NAME [--config-file F] [--key-file F] [--user-id U]
-//!                           [--param KEY=VALUE]...
+//!                           [--cpus LIST] [--param KEY=VALUE]...
 //! flashpath rbd cluster remove NAME | rbd cluster list [NAME]
 //! flashpath vhost create --name CTRL --disk NAME [--cpus LIST] [--readonly] [--queues N]
 //! flashpath vhost list [NAME] | vhost delete NAME
@@ -432,6 +432,10 @@ struct RbdClusterAddArgs {
     /// The Ceph user, without "client." [default: admin]
     #[arg(long, value_name = "USER")]
     user_id: Option<String>,
+    /// Cores for the connection's librados and librbd threads (SPDK's core_mask): "0-1",
+    /// "0,2" or "0x3" [default: any]
+    #[arg(long, value_name = "LIST")]
+    cpus: Option<String>,
     /// A Ceph option, e.g. mon_host=10.0.0.1 or rados_osd_op_timeout=5 (repeatable)
     #[arg(long = "param", value_name = "KEY=VALUE", value_parser = key_value)]
     params: Vec<(String, String)>,

@@ -330,11 +330,25 @@ fn rbd_commands_on_a_real_cluster() {
     };
 
     assert_eq!(
-        ok(&["rbd", "cluster", "add", "ceph", "--config-file", conf, "--param", "rados_osd_op_timeout=5"]),
+        ok(&[
+            "rbd",
+            "cluster",
+            "add",
+            "ceph",
+            "--config-file",
+            conf,
+            "--cpus",
+            "0",
+            "--param",
+            "rados_osd_op_timeout=5"
+        ]),
         "ceph\n"
     );
     let info = d.call("bdev_rbd_get_clusters_info", serde_json::json!({"name": "ceph"}));
     assert_eq!(info["config_file"], conf, "{info}");
+    assert_eq!(info["core_mask"], "0", "{info}");
+    let e = refused(&["rbd", "cluster", "add", "other", "--config-file", conf, "--cpus", "0-x"]);
+    assert!(e.starts_with("error: --cpus: "), "{e}");
     assert_eq!(info["config_param"], serde_json::json!({"rados_osd_op_timeout": "5"}), "{info}");
     assert_eq!(
         refused(&["rbd", "cluster", "add", "ceph", "--config-file", conf]),
@@ -371,7 +385,7 @@ fn rbd_commands_on_a_real_cluster() {
     let lines: Vec<&str> = clusters.lines().collect();
     assert_eq!(lines.len(), 2, "{clusters}");
     assert!(lines[0].starts_with("CLUSTER") && lines[0].contains("DISKS"), "{clusters}");
-    for want in ["ceph ", conf, "ro,vm1", "rados_osd_op_timeout=5"] {
+    for want in ["ceph ", conf, "  0  ", "ro,vm1", "rados_osd_op_timeout=5"] {
         assert!(lines[1].contains(want), "{want} in {clusters}");
     }
 
