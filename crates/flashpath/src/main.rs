@@ -166,7 +166,7 @@ struct DiskCreateArgs {
     /// What backs the disk
     #[arg(long = "type", value_enum, value_name = "TYPE")]
     kind: DiskType,
-    #[arg(long, help = "Disk name [ram: default Malloc<N>]")]
+    #[arg(long, help = "Disk name [ram: default Malloc<N>; rbd: Ceph<N>]")]
     name: Option<String>,
     /// Size, e.g. 512MiB, 1G, 4096 (K/M/G/T are powers of 1024)
     #[arg(long, value_parser = size::parse_size, conflicts_with = "num_blocks")]
