@@ -204,6 +204,51 @@ bps_total = 5
 bps_read = 7
 members = [ { bdev_name = "zz", weight = 0 } ]
 """,
+    # Ceph: the target points every connection at a closed port, so a cluster table ends the
+    # file (after client_mount_timeout, 1 s); the bdevs' own refusals come without one.
+    "seed-rbd-cluster": b"""[[rbd_cluster]]
+name = "ceph"
+user_id = "admin"
+config_param = { rados_osd_op_timeout = "3", rbd_cache = false, client_mount_timeout = 30 }
+[[rbd_cluster]]
+name = "bad"
+config_file = "/etc/ceph/ceph.conf"
+key_file = "/etc/ceph/ceph.client.admin.keyring"
+core_mask = "0x1"
+[[bdev]]
+type = "rbd"
+pool_name = "rbd"
+rbd_name = "vm1"
+cluster_name = "ceph"
+""",
+    "seed-rbd": b"""[[bdev]]
+type = "null"
+name = "n0"
+num_blocks = 1024
+block_size = 512
+[[bdev]]
+type = "rbd"
+name = "vm1"
+pool_name = "rbd"
+rbd_name = "vm1"
+cluster_name = "ceph"
+block_size = 4096
+read_only = true
+[[bdev]]
+type = "rbd"
+pool_name = "rbd"
+rbd_name = "vm2"
+user_id = "admin"
+config = { rbd_cache = "false" }
+[[bdev]]
+type = "rbd"
+pool_name = "rbd"
+rbd_name = "vm3"
+cluster_name = "nope"
+[[vhost_blk]]
+ctrlr = "v0"
+dev_name = "vm1"
+""",
     "seed-syntax": b"""[reactor]
 cpus = "0-x"
 idle_window_us = "fast"

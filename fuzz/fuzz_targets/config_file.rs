@@ -18,8 +18,14 @@
 //! `apply` does not). RAM disks are mapped lazily, so a huge `num_blocks` costs address
 //! space, not memory.
 //!
+//! Ceph: every `[[rbd_cluster]]` table and every `[[bdev]]` of type `rbd` without
+//! `cluster_name` gets `mon_host = "127.0.0.1:9"` (nothing listens there) and
+//! `client_mount_timeout = "1"` in its `config_param` / `config` (when that is absent or a
+//! table; anything else is refused before connecting), so an input cannot make the target reach
+//! a real cluster, or anything off the machine, and a connection costs about a second.
+//!
 //! Checked: no panic; every error's message is one line and starts with its place
-//! (`fuzz.toml:LINE:COLUMN: ` with a line inside the text, `bdev[i]` / `vhost_blk[i]` / `qos_limit[i]` / `qos_group[i]` with `i`
+//! (`fuzz.toml:LINE:COLUMN: ` with a line inside the text, `rbd_cluster[i]` / `bdev[i]` / `vhost_blk[i]` / `qos_limit[i]` / `qos_group[i]` with `i`
 //! an existing entry, `reactor.cpus: `, `limits.KEY: `, `security.KEY: `) followed by a
 //! non-empty reason; no `uring` bdev opened `outside.img` (its size gives it away: 3 MiB or
 //! more, whatever the block size); every socket is gone once the target is shut down.
@@ -80,6 +86,29 @@ fn expand_filenames(config: &mut ConfigFile, env: &Env) {
     }
 }
 
+/// Points every Ceph connection an input asks for at a closed loopback port (module docs).
+fn no_real_clusters(config: &mut ConfigFile) {
+    let confine = |table: &mut toml::Table, key: &str| {
+        let options = table.entry(key).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let toml::Value::Table(options) = options {
+            options.insert("mon_host".into(), "127.0.0.1:9".into());
+            options.insert("client_mount_timeout".into(), "1".into());
+        }
+    };
+    for table in &mut config.rbd_cluster {
+        confine(table, "config_param");
+    }
+    // A bdev on a registered cluster (`cluster_name`) makes no connection of its own, and may
+    // not be given `config` too.
+    for table in &mut config.bdev {
+        if table.get("type").and_then(toml::Value::as_str) == Some("rbd")
+            && !table.contains_key("cluster_name")
+        {
+            confine(table, "config");
+        }
+    }
+}
+
 fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
     let msg = e.to_string();
     if common::trace() {
@@ -96,6 +125,7 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
         ConfigError::Entry { table, index, reason, .. } => {
             let config = config.expect("entry errors come from apply");
             let entries = match *table {
+                "rbd_cluster" => config.rbd_cluster.len(),
                 "bdev" => config.bdev.len(),
                 "vhost_blk" => config.vhost_blk.len(),
                 "qos_limit" => config.qos_limit.len(),
@@ -128,6 +158,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let env = env();
     expand_filenames(&mut config, env);
+    no_real_clusters(&mut config);
     let options = RegistryOptions {
         limits: config.limits.limits(),
         vhost_socket_mode: config.security.vhost_socket_mode.unwrap_or(DEFAULT_VHOST_SOCKET_MODE),

@@ -14,7 +14,8 @@ use serde_json::{json, Map, Value};
 
 use crate::{
     Command, DiskCommand, DiskCreateArgs, DiskType, QosCommand, QosGroupCommand, QosGroupLimits,
-    QosLimitArgs, ReactorCommand, VhostCommand, VhostCreateArgs, VolumeCommand,
+    QosLimitArgs, RbdClusterAddArgs, RbdClusterCommand, RbdCommand, ReactorCommand, VhostCommand,
+    VhostCreateArgs, VolumeCommand,
 };
 use flashpath::size::format_size;
 use fp_bdev::qos::THROTTLE_FIELDS;
@@ -162,6 +163,7 @@ pub fn run(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Disk(DiskCommand::Create(args)) => disk_create(rpc, json, args),
         Command::Disk(DiskCommand::List { name }) => disk_list(rpc, json, name),
         Command::Disk(DiskCommand::Delete { name }) => disk_delete(rpc, json, &name),
+        Command::Disk(DiskCommand::Resize { name, size }) => disk_resize(rpc, json, &name, size),
         Command::Vhost(VhostCommand::Create(args)) => vhost_create(rpc, json, args),
         Command::Vhost(VhostCommand::List { name }) => vhost_list(rpc, json, name),
         Command::Vhost(VhostCommand::Delete { name }) => {
@@ -174,6 +176,7 @@ pub fn run(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         }
         Command::Volume(v) => volume(rpc, json, v),
         Command::Qos(q) => qos(rpc, json, q),
+        Command::Rbd(RbdCommand::Cluster(c)) => rbd_cluster(rpc, json, c),
         Command::Reactor(ReactorCommand::List) => reactor_list(rpc, json),
         Command::Version => {
             let v = Session::connect(rpc, &[])?.call("spdk_get_version", None)?;
@@ -205,7 +208,22 @@ pub fn run(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
     }
 }
 
+/// The options only `--type rbd` takes, as (given, option).
+fn rbd_options(a: &DiskCreateArgs) -> [(bool, &'static str); 4] {
+    [
+        (a.pool.is_some(), "--pool"),
+        (a.image.is_some(), "--image"),
+        (a.cluster.is_some(), "--cluster"),
+        (a.read_only, "--read-only"),
+    ]
+}
+
 fn disk_create(rpc: &Path, json: bool, a: DiskCreateArgs) -> Result<(), CliError> {
+    if a.kind != DiskType::Rbd {
+        if let Some((_, flag)) = rbd_options(&a).iter().find(|(given, _)| *given) {
+            return Err(usage(flag, "only used with --type rbd"));
+        }
+    }
     let mut params = Map::new();
     let method = match a.kind {
         DiskType::Null | DiskType::Ram => {
@@ -267,6 +285,7 @@ fn disk_create(rpc: &Path, json: bool, a: DiskCreateArgs) -> Result<(), CliError
             params.insert("direct".into(), json!(!a.no_direct));
             "bdev_uring_create"
         }
+        DiskType::Rbd => return rbd_disk_create(rpc, json, a),
     };
     // num_blocks is what the user wrote as --size or as --num-blocks.
     let flags: &'static [(&str, &str)] = if a.size.is_some() {
@@ -291,6 +310,48 @@ fn disk_create(rpc: &Path, json: bool, a: DiskCreateArgs) -> Result<(), CliError
         out(name.as_str().unwrap_or_default());
     }
     Ok(())
+}
+
+/// `disk create --type rbd`: `bdev_rbd_create` on a registered cluster (`--cluster`) or on a
+/// connection of the disk's own (the daemon's /etc/ceph/ceph.conf).
+fn rbd_disk_create(rpc: &Path, json: bool, a: DiskCreateArgs) -> Result<(), CliError> {
+    let sized = "not used with --type rbd: the disk has the image's size (disk resize changes it)";
+    if a.size.is_some() {
+        return Err(usage("--size", sized));
+    }
+    if a.num_blocks.is_some() {
+        return Err(usage("--num-blocks", sized));
+    }
+    if a.path.is_some() {
+        return Err(usage("--path", "only used with --type file"));
+    }
+    if a.no_direct {
+        return Err(usage("--no-direct", "only used with --type file"));
+    }
+    let pool = a.pool.ok_or_else(|| usage("--pool", "required for --type rbd"))?;
+    let image = a.image.ok_or_else(|| usage("--image", "required for --type rbd"))?;
+    let mut params = json!({ "pool_name": pool, "rbd_name": image });
+    // Without a name the daemon picks SPDK's Ceph<N>.
+    if let Some(name) = a.name {
+        params["name"] = json!(name);
+    }
+    if let Some(cluster) = a.cluster {
+        params["cluster_name"] = json!(cluster);
+    }
+    if let Some(bs) = a.block_size {
+        params["block_size"] = json!(bs);
+    }
+    if a.read_only {
+        params["read_only"] = json!(true);
+    }
+    let flags = &[
+        ("name", "--name"),
+        ("pool_name", "--pool"),
+        ("rbd_name", "--image"),
+        ("cluster_name", "--cluster"),
+        ("block_size", "--block-size"),
+    ];
+    one_call(rpc, json, flags, "bdev_rbd_create", params)
 }
 
 /// Calls a listing method (`bdev_get_bdevs`, `vhost_get_controllers`), optionally for one name.
@@ -354,6 +415,147 @@ fn disk_delete(rpc: &Path, json: bool, name: &str) -> Result<(), CliError> {
     if json {
         print_json(&r);
     }
+    Ok(())
+}
+
+/// `disk resize`: the resize method of the disk's module. Sizes go in MiB when whole (SPDK's
+/// `new_size`), else in bytes (flashpath's `new_size_bytes`).
+fn disk_resize(rpc: &Path, json: bool, name: &str, size: u64) -> Result<(), CliError> {
+    let mut s = Session::connect(
+        rpc,
+        &[("name", "NAME"), ("new_size", "--size"), ("new_size_bytes", "--size"), ("size_in_mib", "--size")],
+    )?;
+    let found = s.call("bdev_get_bdevs", Some(json!({ "name": name })))?;
+    let driver = found
+        .get(0)
+        .and_then(driver_of)
+        .ok_or_else(|| CliError::Unexpected { method: "bdev_get_bdevs", result: found.clone() })?;
+    let (method, params) = match driver {
+        "lvol" => ("bdev_lvol_resize".to_string(), json!({ "name": name, "size_in_mib": whole_mib(size)? })),
+        "null" | "malloc" | "rbd" if size % MIB == 0 => {
+            (format!("bdev_{driver}_resize"), json!({ "name": name, "new_size": size / MIB }))
+        }
+        "null" | "malloc" | "rbd" => {
+            (format!("bdev_{driver}_resize"), json!({ "name": name, "new_size_bytes": size }))
+        }
+        "uring" => {
+            return Err(CliError::Refused {
+                message: format!(
+                    "disk '{name}' is a file disk, which has its file's size: grow the file, then \
+                     run `flashpath rpc bdev_uring_rescan '{{\"name\": \"{name}\"}}'`"
+                ),
+            })
+        }
+        other => {
+            let kind = disk_type_name(other);
+            return Err(CliError::Refused {
+                message: format!("disk '{name}' is a {kind} disk, which cannot be resized"),
+            });
+        }
+    };
+    let r = s.call(&method, Some(params))?;
+    if json {
+        print_json(&r);
+    }
+    Ok(())
+}
+
+/// `rbd cluster add|remove|list`.
+fn rbd_cluster(rpc: &Path, json: bool, cmd: RbdClusterCommand) -> Result<(), CliError> {
+    match cmd {
+        RbdClusterCommand::Add(a) => rbd_cluster_add(rpc, json, a),
+        RbdClusterCommand::Remove { name } => {
+            one_call(rpc, json, &[("name", "NAME")], "bdev_rbd_unregister_cluster", json!({ "name": name }))
+        }
+        RbdClusterCommand::List { name } => rbd_cluster_list(rpc, json, name),
+    }
+}
+
+fn rbd_cluster_add(rpc: &Path, json: bool, a: RbdClusterAddArgs) -> Result<(), CliError> {
+    let mut config_param = Map::new();
+    for (key, value) in a.params {
+        if config_param.insert(key.clone(), json!(value)).is_some() {
+            return Err(usage("--param", format!("{key} given twice")));
+        }
+    }
+    let mut params = json!({ "name": a.name });
+    // The daemon resolves relative paths against its own working directory, not ours.
+    let absolute = |p: std::path::PathBuf| std::path::absolute(&p).unwrap_or(p);
+    if let Some(f) = a.config_file {
+        params["config_file"] = json!(absolute(f));
+    }
+    if let Some(f) = a.key_file {
+        params["key_file"] = json!(absolute(f));
+    }
+    if let Some(u) = a.user_id {
+        params["user_id"] = json!(u);
+    }
+    if let Some(cpus) = a.cpus {
+        params["core_mask"] = json!(cpus);
+    }
+    if !config_param.is_empty() {
+        params["config_param"] = Value::Object(config_param);
+    }
+    let flags = &[
+        ("name", "NAME"),
+        ("config_file", "--config-file"),
+        ("key_file", "--key-file"),
+        ("user_id", "--user-id"),
+        ("core_mask", "--cpus"),
+        ("config_param", "--param"),
+    ];
+    one_call(rpc, json, flags, "bdev_rbd_register_cluster", params)
+}
+
+/// One row per cluster: how it connects and the rbd disks on it.
+fn rbd_cluster_list(rpc: &Path, json: bool, name: Option<String>) -> Result<(), CliError> {
+    let mut s = Session::connect(rpc, &[("name", "NAME")])?;
+    let info = s.call("bdev_rbd_get_clusters_info", name.map(|n| json!({ "name": n })))?;
+    if json {
+        print_json(&info);
+        return Ok(());
+    }
+    // One cluster asked for by name comes as an object, all of them as an array.
+    let clusters = match info {
+        Value::Array(list) => list,
+        one @ Value::Object(_) => vec![one],
+        other => return Err(CliError::Unexpected { method: "bdev_rbd_get_clusters_info", result: other }),
+    };
+    let bdevs = s.call("bdev_get_bdevs", None)?;
+    let disks_on = |cluster: &Value| {
+        let names: Vec<String> = bdevs
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|b| b["driver_specific"]["rbd"]["cluster_name"] == *cluster)
+            .map(|b| cell(b, "name"))
+            .collect();
+        if names.is_empty() {
+            "-".into()
+        } else {
+            names.join(",")
+        }
+    };
+    let rows: Vec<Vec<String>> = clusters
+        .iter()
+        .map(|c| {
+            let params = c["config_param"]
+                .as_object()
+                .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect())
+                .unwrap_or_else(Vec::new)
+                .join(" ");
+            vec![
+                cell(c, "cluster_name"),
+                cell(c, "user_id"),
+                cell(c, "config_file"),
+                cell(c, "key_file"),
+                cell(c, "core_mask"),
+                disks_on(&c["cluster_name"]),
+                if params.is_empty() { "-".into() } else { params },
+            ]
+        })
+        .collect();
+    out(&table(&["CLUSTER", "USER", "CONFIG FILE", "KEY FILE", "CPUS", "DISKS", "PARAMS"], &rows));
     Ok(())
 }
 

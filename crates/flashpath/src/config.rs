@@ -21,11 +21,23 @@
 //! [stats]                              # optional
 //! iostat = true                        # per-disk I/O statistics; false (or --no-iostat) skips them
 //!
+//! [[rbd_cluster]]                      # a shared Ceph connection (SPDK's names)
+//! name = "ceph"
+//! config_file = "/etc/ceph/ceph.conf"
+//! config_param = { rados_osd_op_timeout = "30" }
+//!
 //! [[bdev]]
-//! type = "malloc"                      # null | malloc | uring
+//! type = "malloc"                      # null | malloc | uring | delay | rbd
 //! name = "ram0"
 //! num_blocks = 262144
 //! block_size = 4096
+//!
+//! [[bdev]]
+//! type = "rbd"
+//! name = "vm1"
+//! pool_name = "rbd"
+//! rbd_name = "vm1"
+//! cluster_name = "ceph"
 //!
 //! [[qos_limit]]                        # per-disk limits (SPDK's units; MB = MiB)
 //! name = "ram0"
@@ -43,15 +55,19 @@
 //! num_queues = 2
 //! ```
 //!
-//! Each `[[bdev]]` table (less `type`) is the params of `bdev_<type>_create`, each
+//! Each `[[rbd_cluster]]` table is the params of `bdev_rbd_register_cluster`, each `[[bdev]]`
+//! table (less `type`) those of `bdev_<type>_create`, each
 //! `[[qos_limit]]` those of `bdev_set_qos_limit`, each `[[qos_group]]` (less `members`) those of
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
 //! `bdev_qos_group_add_bdev`, and each `[[vhost_blk]]` table those of
 //! `vhost_create_blk_controller`. They are applied in that order through [`Methods::call`] — the
 //! same code the RPC runs, so the file accepts exactly what the RPC does and errors read the
 //! same, prefixed with the table and index (`bdev[1].block_size: ...`,
-//! `qos_group[0].members[1].weight: ...`). Limits come before controllers so that a guest never
-//! sees a disk unlimited, even for a moment.
+//! `rbd_cluster[0].config_param: ...`, `qos_group[0].members[1].weight: ...`). Clusters come
+//! before the bdevs that name them; limits before controllers, so that a guest never sees a
+//! disk unlimited, even for a moment. Registering a cluster connects to it, so a monitor that
+//! does not answer holds start-up for `client_mount_timeout` (10 s unless `config_param` says
+//! otherwise) and then stops it with an error naming the cluster.
 //!
 //! `[limits]` bounds the registry for the daemon's whole life, RPC calls included: a create
 //! that would pass `max_bdevs` or `max_controllers` fails with error code -28 (ENOSPC) and a
@@ -97,7 +113,8 @@ pub enum ConfigError {
     },
     #[error("{}:{line}:{column}: {message}", path.display())]
     Syntax { path: PathBuf, line: usize, column: usize, message: String },
-    /// A `[[bdev]]`, `[[qos_limit]]`, `[[qos_group]]` or `[[vhost_blk]]` entry was refused;
+    /// A `[[rbd_cluster]]`, `[[bdev]]`, `[[qos_limit]]`, `[[qos_group]]` or `[[vhost_blk]]` entry
+    /// was refused;
     /// `field` is empty when the failure is not about one parameter (a duplicate name, say), and
     /// starts `members[i]` for a group member's.
     #[error("{table}[{index}]{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
@@ -127,6 +144,8 @@ pub struct ConfigFile {
     #[serde(default)]
     pub stats: StatsSection,
     /// Kept as raw tables: their keys are checked by the RPC methods themselves.
+    #[serde(default)]
+    pub rbd_cluster: Vec<toml::Table>,
     #[serde(default)]
     pub bdev: Vec<toml::Table>,
     #[serde(default)]
@@ -293,6 +312,10 @@ impl ConfigFile {
     /// call is made; what the methods check is left to them.
     pub fn calls(&self) -> Result<Vec<ConfigCall>, ConfigError> {
         let mut calls = Vec::new();
+        for (index, table) in self.rbd_cluster.iter().enumerate() {
+            let params = table_to_json(table);
+            calls.push(ConfigCall::new("bdev_rbd_register_cluster", params, "rbd_cluster", index));
+        }
         for (index, table) in self.bdev.iter().enumerate() {
             let entry = |field: &str, reason: String| ConfigError::Entry {
                 table: "bdev",
@@ -341,9 +364,9 @@ impl ConfigFile {
         Ok(calls)
     }
 
-    /// Makes the calls of [`ConfigFile::calls`]: creates the declared bdevs, sets their limits,
-    /// creates the groups and adds their members, then creates the controllers, stopping at the
-    /// first failure.
+    /// Makes the calls of [`ConfigFile::calls`]: registers the Ceph clusters, creates the
+    /// declared bdevs, sets their limits, creates the groups and adds their members, then
+    /// creates the controllers, stopping at the first failure.
     pub fn apply(&self, methods: &Methods) -> Result<(), ConfigError> {
         for call in self.calls()? {
             methods.call(&call.method, Some(call.params.clone())).map_err(|e| call.error(&e))?;
@@ -781,6 +804,116 @@ mod tests {
             assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
             assert!(!err.contains('\n'), "{err}");
         }
+    }
+
+    #[test]
+    fn rbd_cluster_tables_become_calls_before_the_bdevs() {
+        // Written after the bdev that names the cluster: the loader registers it first.
+        let c = parse(
+            r#"
+            [[bdev]]
+            type = "rbd"
+            name = "vm1"
+            pool_name = "rbd"
+            rbd_name = "vm1"
+            cluster_name = "ceph"
+            [[rbd_cluster]]
+            name = "ceph"
+            user_id = "admin"
+            config_file = "/etc/ceph/ceph.conf"
+            key_file = "/etc/ceph/keyring"
+            config_param = { rados_osd_op_timeout = "3", client_mount_timeout = "5" }
+            [[rbd_cluster]]
+            name = "other"
+            "#,
+        )
+        .unwrap();
+        let calls: Vec<(String, &str, usize, Value)> =
+            c.calls().unwrap().into_iter().map(|c| (c.method, c.table, c.index, c.params)).collect();
+        let want = vec![
+            (
+                "bdev_rbd_register_cluster".to_string(),
+                "rbd_cluster",
+                0,
+                json!({
+                    "name": "ceph", "user_id": "admin", "config_file": "/etc/ceph/ceph.conf",
+                    "key_file": "/etc/ceph/keyring",
+                    "config_param": {"rados_osd_op_timeout": "3", "client_mount_timeout": "5"},
+                }),
+            ),
+            ("bdev_rbd_register_cluster".to_string(), "rbd_cluster", 1, json!({"name": "other"})),
+            (
+                "bdev_rbd_create".to_string(),
+                "bdev",
+                0,
+                json!({"name": "vm1", "pool_name": "rbd", "rbd_name": "vm1", "cluster_name": "ceph"}),
+            ),
+        ];
+        assert_eq!(calls, want);
+    }
+
+    #[test]
+    fn rbd_entry_errors_name_table_index_and_field() {
+        // None of these reaches a cluster: each is refused before connecting.
+        let ram = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
+        let cases = [
+            (
+                "[[rbd_cluster]]\nconfig_file = \"/x\"\n",
+                "rbd_cluster[0].name: required parameter missing (a string)",
+            ),
+            (
+                "[[rbd_cluster]]\nname = \"c\"\nkeyfile = \"/x\"\n",
+                "rbd_cluster[0].keyfile: unknown parameter; accepted: ",
+            ),
+            (
+                "[[rbd_cluster]]\nname = \"c\"\nconfig_param = { rados_osd_op_timeout = [3] }\n",
+                "rbd_cluster[0].config_param.rados_osd_op_timeout: expected a string, number or boolean",
+            ),
+            ("[[rbd_cluster]]\nname = \"c\"\nconfig_param = \"x\"\n", "rbd_cluster[0].config_param: "),
+            ("[[rbd_cluster]]\nname = \"\"\n", "rbd_cluster[0].name: must be a non-empty name"),
+            (
+                "[[bdev]]\ntype = \"rbd\"\npool_name = \"rbd\"\nrbd_name = \"i\"\ncluster_name = \"nope\"\n",
+                "bdev[1].cluster_name: no registered cluster 'nope'",
+            ),
+            (
+                "[[bdev]]\ntype = \"rbd\"\nrbd_name = \"i\"\n",
+                "bdev[1].pool_name: required parameter missing (a string)",
+            ),
+            (
+                "[[bdev]]\ntype = \"rbd\"\npool_name = \"rbd\"\nrbd_name = \"i\"\nblock_size = \"4k\"\n",
+                "bdev[1].block_size: ",
+            ),
+        ];
+        for (extra, want) in cases {
+            let err = apply(&format!("{ram}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
+            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
+    /// A monitor that does not answer stops the loader at the cluster's entry, after
+    /// client_mount_timeout, naming the cluster; the bdevs after it are never created.
+    #[test]
+    fn an_unreachable_rbd_cluster_stops_the_file_at_its_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let methods = Methods::new(Registry::new(vec![], dir.path()));
+        // Port 9 (discard) on loopback: nothing listens, nothing leaves the machine.
+        let config = parse(
+            "[[rbd_cluster]]\nname = \"far\"\n\
+             config_param = { mon_host = \"127.0.0.1:9\", client_mount_timeout = \"1\" }\n\
+             [[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n",
+        )
+        .unwrap();
+        let t0 = std::time::Instant::now();
+        let e = config.apply(&methods).unwrap_err().to_string();
+        assert!(e.starts_with("rbd_cluster[0]: ") && !e.contains('\n'), "{e}");
+        // Without librbd (package librbd1) the module says so instead of connecting.
+        if !e.contains("librbd1") {
+            assert!(e.contains("'far'"), "the error names the cluster: {e}");
+            assert!(t0.elapsed() < std::time::Duration::from_secs(8), "took {:?}", t0.elapsed());
+        }
+        assert_eq!(methods.call("bdev_get_bdevs", None).unwrap(), json!([]));
+        assert_eq!(methods.call("bdev_rbd_get_clusters_info", None).unwrap(), json!([]));
     }
 
     /// Found by the config_file fuzz target: values quoted into errors kept their newlines.

@@ -5,7 +5,12 @@
 //!                 [--export-dir DIR]... [--metrics HOST:PORT|unix:PATH]
 //! flashpath disk create --type null|ram|file --name N (--size SIZE | --num-blocks N)
 //!                       [--block-size 512] [--path FILE] [--no-direct]
-//! flashpath disk list [NAME] | disk delete NAME
+//! flashpath disk create --type rbd --pool P --image I [--cluster C] [--name N]
+//!                       [--block-size 512] [--read-only]
+//! flashpath disk list [NAME] | disk delete NAME | disk resize NAME --size SIZE
+//! flashpath rbd cluster add NAME [--config-file F] [--key-file F] [--user-id U]
+//!                           [--cpus LIST] [--param KEY=VALUE]...
+//! flashpath rbd cluster remove NAME | rbd cluster list [NAME]
 //! flashpath vhost create --name CTRL --disk NAME [--cpus LIST] [--readonly] [--queues N]
 //! flashpath vhost list [NAME] | vhost delete NAME
 //! flashpath volume create-store --disk NAME --name STORE [--cluster-size 4MiB] | stores
@@ -76,6 +81,9 @@ enum Command {
     /// Quality of service: per-disk limits, groups of disks sharing limits, weighted shares
     #[command(subcommand)]
     Qos(QosCommand),
+    /// Ceph RBD: shared cluster connections for `disk create --type rbd --cluster`
+    #[command(subcommand)]
+    Rbd(RbdCommand),
     /// Reactors (polling cores)
     #[command(subcommand)]
     Reactor(ReactorCommand),
@@ -132,6 +140,8 @@ enum DiskType {
     Ram,
     /// A file or block device through io_uring (bdev type "uring")
     File,
+    /// A Ceph RBD image (bdev type "rbd")
+    Rbd,
 }
 
 #[derive(Debug, Subcommand)]
@@ -142,6 +152,13 @@ enum DiskCommand {
     List { name: Option<String> },
     /// Delete a disk
     Delete { name: String },
+    /// Change a disk's size (ram, null and rbd disks, volumes; an rbd image is resized too)
+    Resize {
+        name: String,
+        /// The new size, e.g. 2G (K/M/G/T are powers of 1024)
+        #[arg(long, value_parser = size::parse_size)]
+        size: u64,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -149,7 +166,7 @@ struct DiskCreateArgs {
     /// What backs the disk
     #[arg(long = "type", value_enum, value_name = "TYPE")]
     kind: DiskType,
-    #[arg(long, help = "Disk name [ram: default Malloc<N>]")]
+    #[arg(long, help = "Disk name [ram: default Malloc<N>; rbd: Ceph<N>]")]
     name: Option<String>,
     /// Size, e.g. 512MiB, 1G, 4096 (K/M/G/T are powers of 1024)
     #[arg(long, value_parser = size::parse_size, conflicts_with = "num_blocks")]
@@ -166,6 +183,19 @@ struct DiskCreateArgs {
     /// Use the page cache instead of O_DIRECT (--type file)
     #[arg(long)]
     no_direct: bool,
+    /// The Ceph pool that holds the image (--type rbd)
+    #[arg(long, value_name = "POOL")]
+    pool: Option<String>,
+    /// The RBD image (--type rbd)
+    #[arg(long, value_name = "IMAGE")]
+    image: Option<String>,
+    /// A cluster added with `rbd cluster add` (--type rbd) [default: a connection of the
+    /// disk's own, from /etc/ceph/ceph.conf]
+    #[arg(long, value_name = "NAME")]
+    cluster: Option<String>,
+    /// Open the image read-only (--type rbd)
+    #[arg(long)]
+    read_only: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -370,6 +400,53 @@ struct QosGroupLimits {
     /// Longest burst at --bps-write-max, in seconds
     #[arg(long, value_name = "SECONDS", value_parser = u64_arg)]
     bps_write_max_length: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+enum RbdCommand {
+    /// Ceph clusters: one connection each, shared by the disks that name it
+    #[command(subcommand)]
+    Cluster(RbdClusterCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum RbdClusterCommand {
+    /// Connect to a cluster and keep the connection under NAME (SPDK's
+    /// bdev_rbd_register_cluster)
+    Add(RbdClusterAddArgs),
+    /// Drop a cluster's connection (refused while a disk uses it)
+    Remove { name: String },
+    /// List clusters (or show one) and the disks on each
+    List { name: Option<String> },
+}
+
+#[derive(Debug, Args)]
+struct RbdClusterAddArgs {
+    name: String,
+    /// The cluster's ceph.conf [default: /etc/ceph/ceph.conf unless --param is given]
+    #[arg(long, value_name = "FILE")]
+    config_file: Option<PathBuf>,
+    /// The keyring holding the user's key
+    #[arg(long, value_name = "FILE")]
+    key_file: Option<PathBuf>,
+    /// The Ceph user, without "client." [default: admin]
+    #[arg(long, value_name = "USER")]
+    user_id: Option<String>,
+    /// Cores for the connection's librados and librbd threads (SPDK's core_mask): "0-1",
+    /// "0,2" or "0x3" [default: any]
+    #[arg(long, value_name = "LIST")]
+    cpus: Option<String>,
+    /// A Ceph option, e.g. mon_host=10.0.0.1 or rados_osd_op_timeout=5 (repeatable)
+    #[arg(long = "param", value_name = "KEY=VALUE", value_parser = key_value)]
+    params: Vec<(String, String)>,
+}
+
+/// `KEY=VALUE`, as `--param` takes it.
+fn key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("'{s}' is not KEY=VALUE (e.g. rados_osd_op_timeout=5)")),
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,5 +1,8 @@
 //! Command-line errors: each is one line on stderr that names the option and what it accepts,
-//! with exit status 2 for a malformed command line and 1 for a failed operation.
+//! with exit status 2 for a malformed command line and 1 for a failed operation. The rbd
+//! commands also run against a real daemon and a real Ceph cluster (common/ceph.rs).
+
+mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -68,7 +71,7 @@ fn volume_errors_name_the_argument() {
 fn enum_and_number_errors_list_accepted_values() {
     assert_usage(
         &["disk", "create", "--type", "tape"],
-        "error: --type: 'tape' is not one of null, ram, file",
+        "error: --type: 'tape' is not one of null, ram, file, rbd",
     );
     assert_usage(
         &["disk", "create", "--type", "ram", "--size", "1G", "--block-size", "big"],
@@ -255,4 +258,268 @@ fn qos_errors_name_the_option() {
     assert_usage(&["qos", "group", "remove", "g"], "error: missing required option <DISK>");
     assert_usage(&["qos", "shwo"], "error: unknown command 'shwo' (did you mean 'show'?)");
     assert_usage(&["qos", "grups"], "error: unknown command 'grups' (did you mean 'group' or 'groups'?)");
+}
+
+#[test]
+fn rbd_options_that_do_not_go_together() {
+    assert_usage(
+        &["disk", "create", "--type", "rbd", "--image", "i"],
+        "error: --pool: required for --type rbd",
+    );
+    assert_usage(
+        &["disk", "create", "--type", "rbd", "--pool", "p"],
+        "error: --image: required for --type rbd",
+    );
+    assert_usage(
+        &["disk", "create", "--type", "rbd", "--pool", "p", "--image", "i", "--size", "1G"],
+        "error: --size: not used with --type rbd: the disk has the image's size (disk resize changes it)",
+    );
+    assert_usage(
+        &["disk", "create", "--type", "rbd", "--pool", "p", "--image", "i", "--path", "/x"],
+        "error: --path: only used with --type file",
+    );
+    assert_usage(
+        &["disk", "create", "--type", "ram", "--size", "1G", "--pool", "p"],
+        "error: --pool: only used with --type rbd",
+    );
+    assert_usage(
+        &["disk", "create", "--type", "file", "--name", "f", "--path", "/x", "--read-only"],
+        "error: --read-only: only used with --type rbd",
+    );
+    assert_usage(
+        &["rbd", "cluster", "add", "c", "--param", "rados_osd_op_timeout"],
+        "error: --param: 'rados_osd_op_timeout' is not KEY=VALUE (e.g. rados_osd_op_timeout=5)",
+    );
+    assert_usage(
+        &["rbd", "cluster", "add", "c", "--param", "a=1", "--param", "a=2"],
+        "error: --param: a given twice",
+    );
+    assert_usage(&["rbd", "cluster", "add"], "error: missing required option <NAME>");
+    assert_usage(&["rbd", "clustr", "list"], "error: unknown command 'clustr' (did you mean 'cluster'?)");
+    assert_usage(&["disk", "resize", "d"], "error: missing required option --size");
+    assert_usage(
+        &["disk", "resize", "d", "--size", "2X"],
+        "error: --size: '2X' is not a size (examples: 512MiB, 1G, 4096)",
+    );
+}
+
+/// The rbd commands against a daemon and a real cluster: a shared connection, disks on it
+/// (read-write and read-only), a resize that reaches the image, refusals that name the option,
+/// and the clean-up order the daemon enforces.
+#[test]
+fn rbd_commands_on_a_real_cluster() {
+    let Some(ceph) = common::ceph::CephCluster::start() else { return };
+    ceph.create_image("cli-img", 64);
+    let d = common::Daemon::start("0");
+    let conf = ceph.conf().to_str().unwrap();
+    // Runs a command that must succeed; returns its stdout.
+    let ok = |args: &[&str]| {
+        let out = flashpath(args, &d.rpc);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Runs a command the daemon must refuse; returns its one stderr line.
+    let refused = |args: &[&str]| {
+        let out = flashpath(args, &d.rpc);
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr:?}");
+        stderr.trim_end().to_string()
+    };
+
+    assert_eq!(
+        ok(&[
+            "rbd",
+            "cluster",
+            "add",
+            "ceph",
+            "--config-file",
+            conf,
+            "--cpus",
+            "0",
+            "--param",
+            "rados_osd_op_timeout=5"
+        ]),
+        "ceph\n"
+    );
+    let info = d.call("bdev_rbd_get_clusters_info", serde_json::json!({"name": "ceph"}));
+    assert_eq!(info["config_file"], conf, "{info}");
+    assert_eq!(info["core_mask"], "0", "{info}");
+    let e = refused(&["rbd", "cluster", "add", "other", "--config-file", conf, "--cpus", "0-x"]);
+    assert!(e.starts_with("error: --cpus: "), "{e}");
+    assert_eq!(info["config_param"], serde_json::json!({"rados_osd_op_timeout": "5"}), "{info}");
+    assert_eq!(
+        refused(&["rbd", "cluster", "add", "ceph", "--config-file", conf]),
+        "error: NAME: cluster 'ceph' is already registered"
+    );
+
+    let rbd = ["disk", "create", "--type", "rbd", "--pool", "rbd", "--cluster", "ceph"];
+    let with = |extra: &[&'static str]| [&rbd[..], extra].concat();
+    assert_eq!(ok(&with(&["--image", "cli-img", "--name", "vm1"])), "vm1\n");
+    assert_eq!(
+        ok(&with(&["--image", "cli-img", "--name", "ro", "--read-only", "--block-size", "4096"])),
+        "ro\n"
+    );
+    let list = ok(&["disk", "list"]);
+    let row = |name: &str| {
+        list.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{list}"))
+    };
+    for want in [
+        "rbd",
+        "64 MiB",
+        "512",
+        "131072",
+        "pool_name=rbd",
+        "rbd_name=cli-img",
+        "cluster_name=ceph",
+        "read_only=false",
+    ] {
+        assert!(row("vm1").contains(want), "{want} in {list}");
+    }
+    for want in ["4096", "16384", "read_only=true"] {
+        assert!(row("ro").contains(want), "{want} in {list}");
+    }
+    let clusters = ok(&["rbd", "cluster", "list"]);
+    let lines: Vec<&str> = clusters.lines().collect();
+    assert_eq!(lines.len(), 2, "{clusters}");
+    assert!(lines[0].starts_with("CLUSTER") && lines[0].contains("DISKS"), "{clusters}");
+    for want in ["ceph ", conf, "  0  ", "ro,vm1", "rados_osd_op_timeout=5"] {
+        assert!(lines[1].contains(want), "{want} in {clusters}");
+    }
+
+    // Refusals name the option that was wrong.
+    let e = refused(&with(&["--image", "no-such-image"]));
+    assert!(e.starts_with("error: --image: "), "{e}");
+    let e = refused(&[
+        "disk",
+        "create",
+        "--type",
+        "rbd",
+        "--pool",
+        "no-pool",
+        "--image",
+        "cli-img",
+        "--cluster",
+        "ceph",
+    ]);
+    assert!(e.starts_with("error: --pool: "), "{e}");
+    assert_eq!(
+        refused(&[
+            "disk",
+            "create",
+            "--type",
+            "rbd",
+            "--pool",
+            "rbd",
+            "--image",
+            "cli-img",
+            "--cluster",
+            "nope"
+        ]),
+        "error: --cluster: no registered cluster 'nope'"
+    );
+    let e = refused(&with(&["--image", "cli-img", "--block-size", "1000"]));
+    assert!(e.starts_with("error: --block-size: "), "{e}");
+    assert_eq!(
+        refused(&["rbd", "cluster", "remove", "ceph"]),
+        "error: NAME: cluster 'ceph' is used by 2 rbd bdev(s); delete them first"
+    );
+
+    // A resize reaches the image: the rbd tool sees the new size.
+    ok(&["disk", "resize", "vm1", "--size", "128MiB"]);
+    let bdev = d.call("bdev_get_bdevs", serde_json::json!({"name": "vm1"}));
+    assert_eq!(bdev[0]["num_blocks"], 128 * 2048, "{bdev}");
+    let image: serde_json::Value =
+        serde_json::from_slice(&ceph.rbd(&["info", "--format", "json", "rbd/cli-img"]).stdout).unwrap();
+    assert_eq!(image["size"], 128u64 << 20, "{image}");
+    let e = refused(&["disk", "resize", "vm1", "--size", "1000"]);
+    assert!(e.starts_with("error: --size: 1000 bytes"), "{e}");
+    assert_eq!(refused(&["disk", "resize", "nope", "--size", "1G"]), "error: bdev 'nope' does not exist");
+
+    ok(&["disk", "delete", "vm1"]);
+    ok(&["disk", "delete", "ro"]);
+    assert_eq!(ok(&["rbd", "cluster", "remove", "ceph"]), "");
+    assert_eq!(ok(&["rbd", "cluster", "list"]).lines().count(), 1, "only the header");
+    assert_eq!(refused(&["rbd", "cluster", "remove", "ceph"]), "error: NAME: no registered cluster 'ceph'");
+
+    // A monitor that does not answer: one line naming the cluster, after client_mount_timeout.
+    let e = refused(&[
+        "rbd",
+        "cluster",
+        "add",
+        "far",
+        "--param",
+        "mon_host=127.0.0.1:9",
+        "--param",
+        "client_mount_timeout=1",
+    ]);
+    assert!(e.starts_with("error: ") && e.contains("cluster 'far'"), "{e}");
+    assert_eq!(ok(&["rbd", "cluster", "list", "--json"]).trim(), "[]");
+}
+
+/// `serve --config` with `[[rbd_cluster]]` and `[[bdev]] type = "rbd"` tables: the disk comes up
+/// on the shared connection; a cluster whose monitor does not answer stops start-up with one
+/// line naming the entry and the cluster.
+#[test]
+fn serve_config_with_rbd_tables() {
+    let Some(ceph) = common::ceph::CephCluster::start() else { return };
+    ceph.create_image("cfg-img", 16);
+    let conf = ceph.conf().display().to_string();
+    let d = common::Daemon::start_with_config("0", |_| {
+        format!(
+            "[[bdev]]\ntype = \"rbd\"\nname = \"vm1\"\npool_name = \"rbd\"\nrbd_name = \"cfg-img\"\n\
+             cluster_name = \"ceph\"\nblock_size = 4096\n\n\
+             [[rbd_cluster]]\nname = \"ceph\"\nconfig_file = \"{conf}\"\n\
+             config_param = {{ rados_osd_op_timeout = \"5\" }}\n"
+        )
+    });
+    let bdev = d.call("bdev_get_bdevs", serde_json::json!({"name": "vm1"}));
+    assert_eq!(bdev[0]["num_blocks"], 16 * 256, "{bdev}");
+    assert_eq!(
+        bdev[0]["driver_specific"]["rbd"],
+        serde_json::json!({"pool_name": "rbd", "rbd_name": "cfg-img", "cluster_name": "ceph", "read_only": false}),
+        "{bdev}"
+    );
+    let info = d.call("bdev_rbd_get_clusters_info", serde_json::Value::Null);
+    assert_eq!(info[0]["config_param"], serde_json::json!({"rados_osd_op_timeout": "5"}), "{info}");
+    drop(d);
+
+    let dir = tempfile::tempdir().unwrap();
+    let rpc = dir.path().join("rpc.sock");
+    let config = dir.path().join("far.toml");
+    std::fs::write(
+        &config,
+        "[[rbd_cluster]]\nname = \"far\"\n\
+         config_param = { mon_host = \"127.0.0.1:9\", client_mount_timeout = \"1\" }\n",
+    )
+    .unwrap();
+    let vhost = dir.path().join("vhost");
+    let out = flashpath(
+        &[
+            "serve",
+            "--config",
+            config.to_str().unwrap(),
+            "--vhost-dir",
+            vhost.to_str().unwrap(),
+            "--log-level",
+            "off",
+        ],
+        &rpc,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    // flashpath's own message is one line, the last. Before it librados logs, on the daemon's
+    // stderr, that it found no keyring: lines of its own, not flashpath's to reword.
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    let (last, before) = lines.split_last().expect("an error on stderr");
+    assert!(last.starts_with("config error: rbd_cluster[0]: cannot connect to cluster 'far': "), "{stderr}");
+    for line in before {
+        assert!(
+            line.contains("keyring") || line.contains("monclient"),
+            "not librados' keyring notice: {line}"
+        );
+    }
+    assert!(!rpc.exists(), "the RPC socket must not be left behind");
 }

@@ -18,6 +18,7 @@ mod guest_vm {
 
     use serde_json::{json, Value};
 
+    use super::common::ceph::CephCluster;
     use super::common::guest::{
         self, expected_contents, run_scenario, DiskOp, GuestResult, Vm, VmConfig, BOOT_TIMEOUT, EXIT_TIMEOUT,
     };
@@ -275,21 +276,27 @@ mod guest_vm {
     fn ext4_made_in_the_guest_checks_clean_on_the_host() {
         let Some(_one) = one_at_a_time() else { return };
         let (d, img, _) = guest_on_file_disk("filesystem", "0", "fp-fs", 64 * MIB, false, &[], TWO_SPLIT);
+        check_filesystem_scenario(&d, &img);
+    }
 
+    /// The host-side checks of the `filesystem` scenario: `img` (the disk's contents, written
+    /// after QEMU exited) is a clean ext4 holding what the guest wrote, and the controller
+    /// `fp-fs` counted flushes and discards and no error.
+    fn check_filesystem_scenario(d: &Daemon, img: &Path) {
         // The guest has unmounted it and QEMU is gone: the file is a quiescent ext4 image.
-        assert_e2fsck_clean("the file system made in the guest", &img);
-        let p = debugfs_cat(&img, "/fp/pattern.bin");
+        assert_e2fsck_clean("the file system made in the guest", img);
+        let p = debugfs_cat(img, "/fp/pattern.bin");
         assert_same("/fp/pattern.bin (page cache)", 0, &p, &pattern(42, 0, 3 << 20));
-        let p = debugfs_cat(&img, "/fp/direct.bin");
+        let p = debugfs_cat(img, "/fp/direct.bin");
         assert_same("/fp/direct.bin (O_DIRECT)", 0, &p, &pattern(43, 0, 1 << 20));
-        assert_eq!(debugfs_cat(&img, "/fp/hello.txt"), b"hello from the flashpath guest\n");
-        assert_eq!(debugfs_cat(&img, "/fp/small/f123"), b"small file 123\n");
+        assert_eq!(debugfs_cat(img, "/fp/hello.txt"), b"hello from the flashpath guest\n");
+        assert_eq!(debugfs_cat(img, "/fp/small/f123"), b"small file 123\n");
         let ls =
-            Command::new(e2fs_tool("debugfs")).args(["-R", "ls -p /fp/small"]).arg(&img).output().unwrap();
+            Command::new(e2fs_tool("debugfs")).args(["-R", "ls -p /fp/small"]).arg(img).output().unwrap();
         let files = String::from_utf8_lossy(&ls.stdout).lines().filter(|l| l.contains("/f")).count();
         assert_eq!(files, 200, "files in /fp/small");
 
-        let s = stats(&d, "fp-fs");
+        let s = stats(d, "fp-fs");
         assert_no_errors(&s);
         // The journal commits with flushes; mke2fs discards the device first.
         assert!(counter(&s, "flush_ops") > 0, "no flush: {s}");
@@ -300,10 +307,15 @@ mod guest_vm {
     /// 1, and its host-side checks.
     fn fio_on_two_queues(dev: Device) {
         let (d, _, r) = guest_on_file_disk("load", "0,1", "fp-load", 64 * MIB, false, &[], dev);
+        check_load_scenario(&d, &r);
+    }
+
+    /// The host-side checks of the `load` scenario on the controller `fp-load`.
+    fn check_load_scenario(d: &Daemon, r: &GuestResult) {
         let fio = r.info_after("fio").join(" ");
         assert!(fio.contains("status=0") && fio.contains("errors=0"), "fio: {fio}");
-        assert_all_queues_used(&r, 1);
-        let s = stats(&d, "fp-load");
+        assert_all_queues_used(r, 1);
+        let s = stats(d, "fp-load");
         assert_no_errors(&s);
         assert!(counter(&s, "write_ops") > 1000 && counter(&s, "read_ops") > 1000, "too little I/O: {s}");
     }
@@ -318,6 +330,48 @@ mod guest_vm {
     fn fio_randrw_with_verify_on_two_packed_queues() {
         let Some(_one) = one_at_a_time() else { return };
         fio_on_two_queues(TWO_PACKED);
+    }
+
+    /// Issue 13's guest test: a disk on an RBD image of a real cluster (common/ceph.rs),
+    /// declared in the configuration file (`[[rbd_cluster]]`, `[[bdev]] type = "rbd"`). The
+    /// guest first runs fio randrw with crc32c verify on both queues over the raw disk (the
+    /// `load` scenario), then, on a new controller over the same disk, makes an ext4 file
+    /// system, writes files through the page cache and with O_DIRECT, unmounts, mounts again
+    /// and checks them (`filesystem`). The host then reads the image back with `rbd export`,
+    /// outside flashpath, and checks the file system and every file in it.
+    #[test]
+    fn guest_on_an_rbd_image_runs_fio_verify_and_keeps_its_ext4() {
+        let Some(_one) = one_at_a_time() else { return };
+        let Some(ceph) = CephCluster::start() else { return };
+        // The file disks' size: at 32 MiB fio writes too little for check_load_scenario.
+        let size = 64 * MIB;
+        ceph.create_image("guest", size / MIB);
+        let conf = ceph.conf().display().to_string();
+        let d = Daemon::start_with_config("0,1", |_| {
+            format!(
+                "[[rbd_cluster]]\nname = \"ceph\"\nconfig_file = \"{conf}\"\n\n\
+                 [[bdev]]\ntype = \"rbd\"\nname = \"rbd0\"\npool_name = \"rbd\"\nrbd_name = \"guest\"\n\
+                 cluster_name = \"ceph\"\n\n\
+                 [[vhost_blk]]\nctrlr = \"fp-load\"\ndev_name = \"rbd0\"\nnum_queues = 2\n"
+            )
+        });
+        let t0 = std::time::Instant::now();
+        let r = run_scenario(&VmConfig::new("load", vec![d.dir.path().join("fp-load")]), d.dir.path());
+        assert_disk(&r, "fp-load", size, 512, false);
+        check_load_scenario(&d, &r);
+
+        // The guests find their disk by serial, the controller's name: the same disk again
+        // under the name the `filesystem` scenario looks for.
+        d.call("vhost_delete_controller", json!({"ctrlr": "fp-load"}));
+        let sock = d.controller("fp-fs", "rbd0", Some(2), false);
+        let r = run_scenario(&VmConfig::new("filesystem", vec![sock]), d.dir.path());
+        assert_disk(&r, "fp-fs", size, 512, false);
+        eprintln!("both guests on the rbd disk took {:.1?}", t0.elapsed());
+
+        let img = d.dir.path().join("guest.img");
+        ceph.rbd(&["export", "rbd/guest", img.to_str().expect("a UTF-8 path")]);
+        assert_eq!(std::fs::metadata(&img).map(|m| m.len()).ok(), Some(size), "the exported image's size");
+        check_filesystem_scenario(&d, &img);
     }
 
     #[test]
