@@ -101,6 +101,71 @@ impl CephCluster {
             "config_param": config_param,
         })
     }
+
+    /// `rbd info`'s JSON for image `name` of the pool `rbd`.
+    pub fn image_info(&self, name: &str) -> serde_json::Value {
+        let out = self.rbd(&["info", "--format", "json", &format!("rbd/{name}")]);
+        serde_json::from_slice(&out.stdout).expect("rbd info --format json prints JSON")
+    }
+
+    /// The `mon host` line's value in ceph.conf (for a bdev's own connection, whose `config`
+    /// replaces the file).
+    pub fn mon_host(&self) -> String {
+        let conf = std::fs::read_to_string(&self.conf).expect("reading ceph.conf");
+        let line = conf.lines().find_map(|l| l.trim().strip_prefix("mon host")).expect("a mon host line");
+        line.trim_start().trim_start_matches('=').trim().to_string()
+    }
+
+    /// A copy of ceph.conf whose monitor address is a closed port on 127.0.0.1: connecting
+    /// with it can only time out.
+    pub fn dead_monitor_conf(&self) -> PathBuf {
+        // A port just released by the kernel: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let conf = std::fs::read_to_string(&self.conf).expect("reading ceph.conf");
+        let text: String = conf
+            .lines()
+            .map(|l| {
+                if l.trim().starts_with("mon host") {
+                    format!("mon host = [v2:127.0.0.1:{port}]")
+                } else {
+                    l.into()
+                }
+            })
+            .map(|l| l + "\n")
+            .collect();
+        let path = self.dir.path().join("dead-monitor.conf");
+        std::fs::write(&path, text).expect("writing dead-monitor.conf");
+        path
+    }
+}
+
+impl super::BlkClient {
+    /// One vectored request (libblkio readv/writev) on `queue` at `offset`, its segments
+    /// `(arena offset, length)` in order; returns libblkio's `ret`. The iovec array lives
+    /// until the request completes.
+    pub fn vectored(&mut self, queue: usize, write: bool, offset: u64, segments: &[(usize, usize)]) -> i32 {
+        let base = self.arena.addr as *mut u8;
+        let iov: Vec<blkio::iovec> = segments
+            .iter()
+            .map(|&(buf, len)| {
+                assert!(buf + len <= self.arena.len, "segment outside the arena");
+                blkio::iovec { iov_base: base.wrapping_add(buf).cast(), iov_len: len }
+            })
+            .collect();
+        let q = &mut self.queues[queue];
+        let flags = blkio::ReqFlags::empty();
+        if write {
+            q.writev(offset, iov.as_ptr(), iov.len() as u32, 0, flags);
+        } else {
+            q.readv(offset, iov.as_ptr(), iov.len() as u32, 0, flags);
+        }
+        let mut done = [std::mem::MaybeUninit::<blkio::Completion>::uninit()];
+        let mut timeout = super::IO_TIMEOUT;
+        let n = q.do_io(&mut done, 1, Some(&mut timeout), None).expect("do_io of a vectored request");
+        assert_eq!(n, 1, "a vectored request did not complete within {:?}", super::IO_TIMEOUT);
+        // SAFETY: do_io() initialised the one completion it returned.
+        unsafe { done[0].assume_init_ref() }.ret
+    }
 }
 
 impl Drop for CephCluster {
