@@ -47,7 +47,6 @@ auth service required = none
 auth client required = none
 keyring = $dir/keyring
 run dir = $dir
-admin socket = $dir/\$name.asok
 log file = $dir/\$name.log
 pid file = $dir/\$name.pid
 osd pool default size = 1
@@ -60,8 +59,14 @@ osd crush chooseleaf type = 0
 osd pool default pg autoscale mode = off
 paxos propose interval = 0.1
 [mon]
+# Daemons only: clients (flashpath, the rbd tool, qsd) would race for one socket name.
+admin socket = $dir/\$name.asok
 mon data = $dir/mon.\$id
 [osd]
+admin socket = $dir/\$name.asok
+# A client killed with SIGKILL keeps its image's exclusive lock until its watch times out
+# (30 s by default); the crash-restart tests wait for that.
+osd client watch timeout = 5
 osd data = $dir/osd.\$id
 osd objectstore = memstore
 memstore device bytes = 4294967296

@@ -8,12 +8,12 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use fp_bdev::module::{
     delete_method, resize_method, BdevModule, ModuleError, ModuleHost, ModuleMethodFn, NewBdev, U32_MAX,
 };
-use fp_bdev::BdevInfo;
+use fp_bdev::{BdevInfo, BlockDevice};
 use fp_rpc::{Neutral, ParamError, Params};
 use serde_json::{json, Map, Value};
 
@@ -27,15 +27,30 @@ const DEFAULT_BLOCK_SIZE: u64 = 512;
 /// The rbd module.
 pub struct RbdModule;
 
-/// The registered clusters of one registry, by name.
+/// The module's state in one registry: the registered clusters by name, and the bdevs made
+/// (to close their images at shutdown).
 #[derive(Default)]
-struct Clusters(Mutex<BTreeMap<String, Arc<Cluster>>>);
+struct State {
+    clusters: Mutex<BTreeMap<String, Arc<Cluster>>>,
+    bdevs: Mutex<Vec<Weak<RbdDevice>>>,
+}
+
+fn state(host: &dyn ModuleHost) -> Arc<dyn Any + Send + Sync> {
+    host.module_state(MODULE, &|| Arc::new(State::default()))
+}
 
 fn with_clusters<R>(host: &dyn ModuleHost, f: impl FnOnce(&mut BTreeMap<String, Arc<Cluster>>) -> R) -> R {
-    let state = host.module_state(MODULE, &|| Arc::new(Clusters::default()));
-    let clusters = state.downcast_ref::<Clusters>().expect("the rbd module's state");
-    let mut map = clusters.0.lock().unwrap_or_else(|p| p.into_inner());
+    let state = state(host);
+    let state = state.downcast_ref::<State>().expect("the rbd module's state");
+    let mut map = state.clusters.lock().unwrap_or_else(|p| p.into_inner());
     f(&mut map)
+}
+
+fn with_bdevs<R>(host: &dyn ModuleHost, f: impl FnOnce(&mut Vec<Weak<RbdDevice>>) -> R) -> R {
+    let state = state(host);
+    let state = state.downcast_ref::<State>().expect("the rbd module's state");
+    let mut list = state.bdevs.lock().unwrap_or_else(|p| p.into_inner());
+    f(&mut list)
 }
 
 /// Invalid and not-found parameters become the JSON-RPC "invalid params" error naming the
@@ -86,8 +101,21 @@ impl BdevModule for RbdModule {
         m
     }
 
+    /// Deletes the rbd bdevs (the exports on them are gone by now), which closes their
+    /// images: a clean stop releases each image's exclusive lock and header watch at once,
+    /// so the next daemon opening the image does not wait for them to time out. Then drops
+    /// the shared connections.
     fn shutdown(&self, host: &dyn ModuleHost) {
-        // The bdevs are gone (the registry deletes them first); drop the shared connections.
+        let names: Vec<String> = with_bdevs(host, std::mem::take)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|d| d.info().name.clone())
+            .collect();
+        for name in names {
+            if let Err(e) = host.delete_bdev(&name, MODULE) {
+                log::warn!("rbd bdev {name}: not closed at shutdown: {e}");
+            }
+        }
         with_clusters(host, |map| map.clear());
     }
 }
@@ -222,5 +250,11 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let image = cluster.open_image(&pool_name, &rbd_name, read_only).map_err(rbd_error)?;
     let detail = RbdDetail { pool_name, rbd_name, cluster_name, user_id, read_only };
     let dev = Arc::new(RbdDevice::new(&name, block_size, image, detail)?);
-    Ok(Value::from(host.add_bdev(MODULE, NewBdev::new(dev))?))
+    let weak = Arc::downgrade(&dev);
+    let name = host.add_bdev(MODULE, NewBdev::new(dev))?;
+    with_bdevs(host, |list| {
+        list.retain(|w| w.strong_count() > 0);
+        list.push(weak);
+    });
+    Ok(Value::from(name))
 }
