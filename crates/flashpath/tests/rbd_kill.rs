@@ -173,8 +173,40 @@ fn env_or<T: std::str::FromStr>(key: &str, default: impl FnOnce() -> T) -> T {
     std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or_else(default)
 }
 
+/// The `[[vhost_blk]]` table every variant ends with.
+fn controller_table() -> String {
+    format!("[[vhost_blk]]\nctrlr = \"{CTRLR}\"\ndev_name = \"rbd0\"\nnum_queues = {QUEUES}\n")
+}
+
 #[test]
-fn rbd_disk_survives_kill9_under_writes() {
+fn rbd_disk_on_a_registered_cluster_survives_kill9_under_writes() {
+    kill9_loop(|ceph| {
+        format!(
+            "[[rbd_cluster]]\nname = \"c0\"\nconfig_file = \"{}\"\n\n\
+             [[bdev]]\ntype = \"rbd\"\nname = \"rbd0\"\npool_name = \"rbd\"\nrbd_name = \"disk\"\n\
+             cluster_name = \"c0\"\n\n{}",
+            ceph.conf().display(),
+            controller_table()
+        )
+    });
+}
+
+#[test]
+fn rbd_disk_with_its_own_connection_survives_kill9_under_writes() {
+    // The bdev's `config` replaces ceph.conf.
+    kill9_loop(|ceph| {
+        format!(
+            "[[bdev]]\ntype = \"rbd\"\nname = \"rbd0\"\npool_name = \"rbd\"\nrbd_name = \"disk\"\n\
+             config = {{ mon_host = \"{}\", auth_client_required = \"none\" }}\n\n{}",
+            ceph.mon_host(),
+            controller_table()
+        )
+    });
+}
+
+/// Starts a daemon with the configuration `config` gives for the cluster (bdev `rbd0` on image
+/// `disk`, controller [`CTRLR`]), then kills and restarts it under the writer.
+fn kill9_loop(config: impl FnOnce(&CephCluster) -> String) {
     let Some(ceph) = CephCluster::start() else { return };
     ceph.create_image("disk", IMAGE_MIB);
     let kills: usize = env_or("FP_RBD_KILLS", || DEFAULT_KILLS);
@@ -183,16 +215,8 @@ fn rbd_disk_survives_kill9_under_writes() {
     });
     eprintln!("rbd kill -9: seed {seed} (FP_RBD_KILL_SEED), {kills} kills (FP_RBD_KILLS)");
     let mut rng = StdRng::seed_from_u64(seed);
-
-    // The bdev's own connection: its `config` replaces ceph.conf.
-    let mon_host = ceph.mon_host();
-    let mut d = Daemon::start_with_config("0,1", |_| {
-        format!(
-            "[[bdev]]\ntype = \"rbd\"\nname = \"rbd0\"\npool_name = \"rbd\"\nrbd_name = \"disk\"\n\
-             config = {{ mon_host = \"{mon_host}\", auth_client_required = \"none\" }}\n\n\
-             [[vhost_blk]]\nctrlr = \"{CTRLR}\"\ndev_name = \"rbd0\"\nnum_queues = {QUEUES}\n"
-        )
-    });
+    let text = config(&ceph);
+    let mut d = Daemon::start_with_config("0,1", |_| text);
     let mut model = Model { durable: vec![0; SLOTS], maybe: vec![Vec::new(); SLOTS], next_generation: 1 };
     let (mut batches, mut first_writes) = (0u64, Vec::new());
     for run in 0..=kills {

@@ -39,27 +39,34 @@ impl CephCluster {
             eprintln!("skipping: Ceph is not installed and FLASHPATH_SKIP_CEPH=1");
             return None;
         }
-        let dir = tempfile::Builder::new().prefix("fp-ceph-").tempdir_in(super::scratch_base()).unwrap();
-        // Ports apart per process and per cluster, so parallel test binaries and tests do not
-        // collide: 2 per cluster, 64 per process.
-        let n = NEXT_PORT.fetch_add(2, Ordering::Relaxed);
-        let port = 21000 + (std::process::id() % 300) as u16 * 64 + n % 64;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ceph/cluster.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .arg(dir.path())
-            .arg(port.to_string())
-            .output()
-            .unwrap();
-        if !out.status.success() {
+        // A port that another process takes between our check and the monitor's bind fails
+        // the start ("Address already in use"): try the next one.
+        let mut attempt = 0;
+        let (dir, out) = loop {
+            attempt += 1;
+            let dir = tempfile::Builder::new().prefix("fp-ceph-").tempdir_in(super::scratch_base()).unwrap();
+            let port = monitor_port();
+            let out = Command::new("bash")
+                .arg(&script)
+                .arg("start")
+                .arg(dir.path())
+                .arg(port.to_string())
+                .output()
+                .unwrap();
+            if out.status.success() {
+                break (dir, out);
+            }
             let _ = Command::new("bash").arg(&script).arg("stop").arg(dir.path()).status();
-            panic!(
-                "cannot start the Ceph test cluster: {}\n{}",
-                String::from_utf8_lossy(&out.stderr),
-                std::fs::read_to_string(dir.path().join("mon.a.stderr")).unwrap_or_default()
-            );
-        }
+            let mon_stderr = std::fs::read_to_string(dir.path().join("mon.a.stderr")).unwrap_or_default();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let in_use =
+                stderr.contains("Address already in use") || mon_stderr.contains("Address already in use");
+            if !in_use || attempt == 5 {
+                panic!("cannot start the Ceph test cluster (monitor port {port}): {stderr}\n{mon_stderr}");
+            }
+            eprintln!("the Ceph test cluster's monitor port {port} is taken; trying another");
+        };
         let conf = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         assert!(conf.is_file(), "cluster.sh printed {conf:?}, not a file");
         Some(CephCluster { dir, conf })
@@ -165,6 +172,21 @@ impl super::BlkClient {
         assert_eq!(n, 1, "a vectored request did not complete within {:?}", super::IO_TIMEOUT);
         // SAFETY: do_io() initialised the one completion it returned.
         unsafe { done[0].assume_init_ref() }.ret
+    }
+}
+
+/// A monitor port (v2; v1 is the next one) that nothing listens on now, below Linux's
+/// ephemeral range (32768 and up: a connection's local port may take any of those at any time)
+/// and apart per process and per cluster, so parallel test binaries and tests do not collide:
+/// 2 per cluster, 128 per process.
+fn monitor_port() -> u16 {
+    loop {
+        let n = NEXT_PORT.fetch_add(2, Ordering::Relaxed);
+        let port = 10000 + (std::process::id() % 170) as u16 * 128 + n % 128;
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 1) {
+            return port;
+        }
     }
 }
 
