@@ -49,6 +49,7 @@ def mode_config(mode):
         for poll in (True, False):
             full_points.append(("read", 65536, qd, 1, poll))
     cg_points = [("randread", 4096, 32, 1, poll) for poll in (True, False)]
+    rbd_points = [(pattern, 4096, qd, 1, False) for pattern in ("randread", "randwrite") for qd in (1, 32)]
     full = {
         "time": 2.0,
         "reps": 3,
@@ -87,6 +88,12 @@ def mode_config(mode):
                           "flood_limit": 20_000, "group_limit": 40_000, "secs": 10.0, "reps": 3,
                           "scenarios": ["none", "limits", "group"]},
                 "overhead": {"reps": 5, "secs": 2.0, "limit": 10_000_000, "limit_mib": 1_000_000}},
+        # Ceph RBD (issue 13): one image on a single-node cluster, served by one server at a
+        # time (qsd's rbd driver, flashpath's rbd bdev); `rounds` rounds of every point on each
+        # server, the order alternating; `secs` per run; `warmup` seconds of writes after each
+        # start. Completion-fd client only: a polled client would take the CPU the cluster
+        # shares with it. See run_rbd.
+        "rbd": {"size_mib": 1024, "secs": 5.0, "rounds": 3, "warmup": 0.5, "points": rbd_points},
     }
     if mode == "full":
         return full
@@ -102,7 +109,8 @@ def mode_config(mode):
                              burst=dict(full["qos"]["burst"], avg=2000, max=8000, length=2, secs=4.0),
                              shares=dict(full["qos"]["shares"], secs=4.0),
                              noisy=dict(full["qos"]["noisy"], secs=3.0, reps=1),
-                             overhead=dict(full["qos"]["overhead"], reps=3, secs=1.0)))
+                             overhead=dict(full["qos"]["overhead"], reps=3, secs=1.0)),
+                    rbd=dict(full["rbd"], secs=1.0))
     if mode == "smoke":
         # Null backend, A/B, one repetition; one small file point exercises the fio baseline.
         pts = [
@@ -139,6 +147,8 @@ def mode_config(mode):
                               "flood_limit": 20_000, "group_limit": 40_000, "secs": 1.0, "reps": 1,
                               "scenarios": ["none", "limits"]},
                     "overhead": {"reps": 1, "secs": 0.5, "limit": 10_000_000, "limit_mib": 1_000_000}},
+            # Every RBD point once per server, 1 s each, on a small image (filled in ~0.3 s).
+            "rbd": {"size_mib": 64, "secs": 1.0, "rounds": 1, "warmup": 0.2, "points": rbd_points},
         }
     raise ValueError(mode)
 
@@ -176,6 +186,22 @@ def proc_cpu(pid):
         fields = f.read().rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
     return {"sched_ns": sched, "stat_ns": ticks * 1_000_000_000 // CLK_TCK}
+
+
+def thread_cpu(pid):
+    """CPU time (ns, schedstat) of each thread of `pid`, summed by thread name with its digits
+    dropped (`msgr-worker-0` and `msgr-worker-1` count together): where a server's cycles go."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = "".join(ch for ch in f.read().strip() if not ch.isdigit()).strip("-_") or "?"
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out[name] = out.get(name, 0) + ns
+    return out
 
 
 def machine_busy_ns():
@@ -250,6 +276,12 @@ def write_random_file(path, size):
 # Servers
 
 CHILDREN = []  # every Popen we start, killed on exit
+
+# The RBD section's pool and image (tests/ceph/cluster.sh creates the pool), and the Ceph options
+# flashpath's cluster gets: librbd's cache off, as QEMU sets it for cache.direct=on.
+RBD_POOL = "rbd"
+RBD_IMAGE = "bench"
+RBD_CONFIG_PARAM = {"rbd_cache": "false"}
 
 
 def spawn(cmd, log_path):
@@ -345,6 +377,15 @@ class Flashpath:
         wait_for(lambda: os.path.exists(sock), 10, f"flashpath socket {sock}", self.proc)
         return sock
 
+    def rbd_disk(self, conf, queues=2):
+        """The cluster of `conf` registered as rbd0 (librbd's cache off, as qsd's cache.direct=on
+        sets it), the bdev Ceph0 on the bench image, exported; its socket."""
+        self.rpc("bdev_rbd_register_cluster", {"name": "rbd0", "config_file": conf,
+                                               "config_param": RBD_CONFIG_PARAM})
+        bdev = self.rpc("bdev_rbd_create", {"name": "Ceph0", "pool_name": RBD_POOL, "rbd_name": RBD_IMAGE,
+                                            "block_size": 512, "cluster_name": "rbd0"})
+        return self.export("vhost.rbd", bdev, queues)
+
     def lvol_disk(self, base_size, cluster, vol_size=None, thin=False):
         """Malloc0 of `base_size` bytes, the lvstore lvs0 on it with `cluster`-byte clusters and
         the volume lvs0/vol0 of `vol_size` bytes (default: every free cluster); (the volume's
@@ -384,6 +425,11 @@ class Qsd:
             blockdev = f"driver=file,node-name=disk0,filename={path},aio=io_uring,cache.direct=off"
         elif backend == "file":
             blockdev = f"driver=file,node-name=disk0,filename={path},aio=io_uring,cache.direct=on"
+        elif backend == "rbd":
+            # `path` is the cluster's ceph.conf. cache.direct=on makes QEMU set rbd_cache=false
+            # (without it QEMU turns librbd's cache on); flashpath's cluster gets the same.
+            blockdev = (f"driver=rbd,node-name=disk0,pool={RBD_POOL},image={RBD_IMAGE},conf={path},"
+                        "cache.direct=on")
         else:
             raise ValueError(backend)
         self.cmd = ["taskset", "-c", str(cpu), *wrap, "qemu-storage-daemon",
@@ -437,6 +483,45 @@ class QsdMulti:
 
     def stop(self):
         stop(self.proc, 20)
+
+
+class CephCluster:
+    """A throwaway single-node Ceph cluster (tests/ceph/cluster.sh: one monitor, one memstore OSD,
+    the pool `rbd`) in `dir`, its daemons pinned to `cpu` (all threads, taskset -a)."""
+
+    SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "ceph",
+                          "cluster.sh")
+
+    def __init__(self, dir, cpu):
+        self.dir = dir
+        self.conf = None
+        try:
+            self.conf = run([self.SCRIPT, "start", dir], 120).stdout.strip().splitlines()[-1]
+        except subprocess.CalledProcessError as e:
+            self.stop()
+            raise RuntimeError(f"tests/ceph/cluster.sh start {dir} failed: {e.stderr.strip()[-2000:]}")
+        # The daemons' pid files: mon.a.pid, osd.0.pid.
+        self.pids = {}
+        for f in sorted(os.listdir(dir)):
+            if f.endswith(".pid"):
+                with open(os.path.join(dir, f)) as fh:
+                    self.pids[f[:-4]] = int(fh.read().strip())
+        if not any(k.startswith("mon.") for k in self.pids) or not any(k.startswith("osd.") for k in self.pids):
+            self.stop()
+            raise RuntimeError(f"no monitor or OSD pid file in {dir}: {sorted(self.pids)}")
+        for pid in self.pids.values():
+            run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], 20)
+
+    def stop(self):
+        subprocess.run([self.SCRIPT, "stop", self.dir], timeout=60, capture_output=True)
+
+    def rbd(self, *args, timeout=120):
+        """The rbd CLI on this cluster; its stdout."""
+        return run(["rbd", "-c", self.conf, *args], timeout).stdout
+
+    def cpu(self):
+        """Each daemon's CPU time (proc_cpu)."""
+        return {k: proc_cpu(pid) for k, pid in self.pids.items()}
 
 
 def qos_delta(s0, s1):
@@ -696,8 +781,9 @@ class Bench:
             self.cfg["time"] = args.time
         if args.reps:
             self.cfg["reps"] = args.reps
+        self.with_rbd = wants_rbd(args)
         if args.backends:
-            self.cfg["backends"] = args.backends.split(",")
+            self.cfg["backends"] = [b for b in args.backends.split(",") if b != "rbd"]
         self.secs = self.cfg["time"]
         self.reps = self.cfg["reps"]
         self.server_cpu = args.server_cpu
@@ -711,6 +797,10 @@ class Bench:
 
     def cleanup(self):
         kill_all_children()
+        if getattr(self, "ceph_dir", None) and os.path.isdir(self.ceph_dir):
+            # Also when the run was interrupted while the cluster started: its daemons are not
+            # our children.
+            subprocess.run([CephCluster.SCRIPT, "stop", self.ceph_dir], timeout=60, capture_output=True)
         shutil.rmtree(self.work, ignore_errors=True)
         if getattr(self, "shm_dir", None):
             shutil.rmtree(self.shm_dir, ignore_errors=True)
@@ -1487,22 +1577,154 @@ class Bench:
         finally:
             fp.stop()
 
+    # -- Ceph RBD (issue 13) -----------------------------------------------------------------
+
+    def run_rbd(self):
+        """qsd's rbd driver against flashpath's rbd bdev on one image of a single-node cluster,
+        one server at a time: `rounds` rounds, each starting one server, running every point
+        and stopping it, the order alternating (flashpath, qsd, qsd, flashpath, ...). The
+        cluster's daemons run on the client CPU. docs/benchmarks.md, "Ceph RBD (issue 13)",
+        describes every step."""
+        c = self.cfg["rbd"]
+        size = c["size_mib"] * MIB
+        image = f"{RBD_POOL}/{RBD_IMAGE}"
+        e = {"config": {k: v for k, v in c.items() if k != "points"}, "image": image, "size": size,
+             "cluster_cpu": self.client_cpu, "config_param": RBD_CONFIG_PARAM,
+             "serve_args": self.args.rbd_serve_args, "points": [], "rounds": []}
+        self.results["rbd"] = e
+        self.ceph_dir = os.path.join(self.work, "ceph")
+        t0 = time.monotonic()
+        cl = CephCluster(self.ceph_dir, self.client_cpu)
+        try:
+            e["cluster_start_s"] = time.monotonic() - t0
+            e["cluster_daemons"] = sorted(cl.pids)
+            log(f"cluster up in {e['cluster_start_s']:.1f} s ({', '.join(sorted(cl.pids))} on CPU "
+                f"{self.client_cpu}); {cl.conf}")
+            cl.rbd("create", "--size", str(c["size_mib"]), image)
+            # A thin image answers reads of unwritten objects without data: write it all once,
+            # with the rbd CLI, so neither server's figures include the fill.
+            t0 = time.monotonic()
+            cl.rbd("bench", "--io-type", "write", "--io-pattern", "seq", "--io-size", str(4 * MIB),
+                   "--io-threads", "4", "--io-total", str(size), image)
+            du = json.loads(cl.rbd("du", "--format", "json", image))["images"][0]
+            e["fill"] = {"seconds": time.monotonic() - t0, "used_size": du["used_size"], "size": size}
+            if du["used_size"] < size:
+                raise RuntimeError(f"filling {image} left {size - du['used_size']} bytes unwritten")
+            log(f"{image}: {size // MIB} MiB written in {e['fill']['seconds']:.1f} s")
+            runs = {point: {"flashpath": [], "qsd": []} for point in c["points"]}
+            for rnd in range(c["rounds"]):
+                for kind in (("flashpath", "qsd") if rnd % 2 == 0 else ("qsd", "flashpath")):
+                    e["rounds"].append(self.rbd_round(kind, rnd, cl, c, size, runs))
+            for point in c["points"]:
+                e["points"].append(self.rbd_point(point, runs[point]))
+        finally:
+            cl.stop()
+
+    def rbd_round(self, kind, rnd, cl, c, size, runs):
+        """One server of `kind` on the image: started, warmed up, every point measured once
+        (appended to `runs`), stopped; the round's record."""
+        t0 = time.monotonic()
+        name = f"{kind}-rbd-{rnd}"
+        if kind == "flashpath":
+            server = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=name,
+                               extra=self.args.rbd_serve_args.split())
+        else:
+            server = Qsd(self.work, self.server_cpu, "rbd", size, cl.conf, name=name)
+        try:
+            sock = server.rbd_disk(cl.conf) if kind == "flashpath" else server.sock
+            ready = time.monotonic() - t0
+            if c["warmup"]:
+                # The first write takes the image's exclusive lock (and the first reads load
+                # its object map): not part of any measured run.
+                w = self.loader.run(sock, "randwrite", 4096, 1, 1, False, c["warmup"])
+                if w["errors"]:
+                    raise RuntimeError(f"{name}: warm-up writes failed (first {w['first_error']})")
+            for point in c["points"]:
+                r = self.rbd_measure(server, sock, point, c["secs"], cl)
+                runs[point][kind].append(r)
+                log(f"round {rnd} {kind:<9} {point_label(point_key('rbd', point)):<28} "
+                    f"{r['iops']:>9.0f} IOPS  p50 {r['p50_ns'] / 1000:8.1f} µs  server "
+                    f"{r['server_cpu_ns_per_io'] / 1000:6.1f} µs/IO  cluster "
+                    f"{sum(r['cluster_cpu_ns_per_io'].values()) / 1000:6.1f} µs/IO")
+        finally:
+            server.stop()
+        return {"round": rnd, "server": kind, "ready_s": ready, "seconds": time.monotonic() - t0,
+                "locks_left": self.rbd_locks_left(cl, name)}
+
+    def rbd_locks_left(self, cl, name):
+        """The image's locks after a server's exit, broken if any: a server that exits without
+        closing the image leaves its exclusive lock, and the next server's first write would
+        wait for it. Normally none."""
+        image = f"{RBD_POOL}/{RBD_IMAGE}"
+        locks = json.loads(cl.rbd("lock", "ls", "--format", "json", image) or "[]")
+        for lk in locks:
+            log(f"WARNING: {name} left a lock on {image} ({lk}); breaking it")
+            cl.rbd("lock", "rm", image, lk["id"], lk["locker"])
+        return locks
+
+    def rbd_measure(self, server, sock, point, secs, cl):
+        """measure() with the cluster daemons' CPU time over the run (each daemon, ns per I/O);
+        other_cpu_cores then excludes the cluster."""
+        k0, t0 = cl.cpu(), thread_cpu(server.pid)
+        r = measure(server, self.loader, sock, point, secs, point[2] == 1)
+        k1, t1 = cl.cpu(), thread_cpu(server.pid)
+        ios, el = r["ios"], r["elapsed_s"]
+        # The server's CPU per I/O by thread name (its reactor or iothread, librbd's threads).
+        r["server_threads_ns_per_io"] = {n: (v - t0.get(n, 0)) / ios for n, v in t1.items() if ios}
+        r["cluster_cpu_ns"] = {d: k1[d]["sched_ns"] - k0[d]["sched_ns"] for d in k1}
+        r["cluster_cpu_ns_per_io"] = {d: v / ios if ios else None for d, v in r["cluster_cpu_ns"].items()}
+        tot = sum(r["cluster_cpu_ns"].values())
+        r["cluster_cores"] = tot / 1e9 / el if el else None
+        if r["other_cpu_cores"] is not None and el:
+            r["other_cpu_cores"] = max(0.0, r["other_cpu_cores"] - tot / 1e9 / el)
+        return r
+
+    def rbd_point(self, point, runs):
+        """A point's entry: each server's runs, medians (cluster CPU per daemon too), the QD1
+        histograms merged; the flashpath/qsd ratios of the medians."""
+        p = dict(point_key("rbd", point), servers={})
+        for kind, rs in runs.items():
+            x = {"runs": rs, "median": summarize(rs)}
+            daemons = rs[0]["cluster_cpu_ns_per_io"].keys() if rs else []
+            x["median"]["cluster_cpu_ns_per_io"] = {d: median([r["cluster_cpu_ns_per_io"][d] for r in rs])
+                                                    for d in daemons}
+            x["median"]["cluster_cores"] = median([r["cluster_cores"] for r in rs])
+            names = {n for r in rs for n in r["server_threads_ns_per_io"]}
+            x["median"]["server_threads_ns_per_io"] = {
+                n: median([r["server_threads_ns_per_io"].get(n, 0) for r in rs]) for n in sorted(names)}
+            x["median"]["other_cpu_cores"] = median([r["other_cpu_cores"] for r in rs])
+            iops = [r["iops"] for r in rs]
+            x["spread"] = (max(iops) - min(iops)) / median(iops) if iops and median(iops) else None
+            if point[2] == 1:
+                x["histogram"] = merge_hists(rs)
+                for r in rs:
+                    r.pop("histogram", None)
+            p["servers"][kind] = x
+        f, q = p["servers"]["flashpath"]["median"], p["servers"]["qsd"]["median"]
+        p["ratios"] = {"iops": ratio(f.get("iops"), q.get("iops")),
+                       "server_cpu_per_io": ratio(f.get("server_cpu_ns_per_io"), q.get("server_cpu_ns_per_io")),
+                       "p50": ratio(f.get("p50_ns"), q.get("p50_ns")),
+                       "p99": ratio(f.get("p99_ns"), q.get("p99_ns"))}
+        log(f"{point_label(p):<28} flashpath {fmt_iops(f.get('iops'))} IOPS, qsd {fmt_iops(q.get('iops'))}: "
+            f"IOPS ratio {fmt_ratio(p['ratios']['iops'])}, server CPU/IO ratio "
+            f"{fmt_ratio(p['ratios']['server_cpu_per_io'])}")
+        return p
+
     def go(self):
-        if self.args.only == "qos":
-            log(f"=== only: quality of service (server CPU {self.server_cpu}, client CPU {self.client_cpu}, "
-                f"scratch {self.work})")
-            self.run_qos()
-            self.results["wall_s"] = time.monotonic() - self.started
-            return
-        if self.args.only == "iostat":
-            log("=== only: the disk layer's cost")
-            self.run_iostat()
-            self.results["wall_s"] = time.monotonic() - self.started
-            return
-        if self.args.only == "lvol":
-            log(f"=== only: logical volumes ({self.secs} s per run, server CPU {self.server_cpu}, "
-                f"client CPU {self.client_cpu})")
-            self.run_lvol()
+        # --only: one section alone, (what the log calls it, the section).
+        only = {
+            "rbd": (f"Ceph RBD, qsd's rbd driver vs flashpath's rbd bdev (server CPU {self.server_cpu}, "
+                    f"client and cluster CPU {self.client_cpu}, scratch {self.work})", self.run_rbd),
+            "qos": (f"quality of service (server CPU {self.server_cpu}, client CPU {self.client_cpu}, "
+                    f"scratch {self.work})", self.run_qos),
+            "iostat": ("the disk layer's cost", self.run_iostat),
+            "lvol": (f"logical volumes ({self.secs} s per run, server CPU {self.server_cpu}, "
+                     f"client CPU {self.client_cpu})", self.run_lvol),
+        }
+        if self.args.only:
+            what, section = only[self.args.only]
+            log(f"=== only: {what}")
+            section()
             self.results["wall_s"] = time.monotonic() - self.started
             return
         log(f"mode {self.args.mode}: {self.secs} s per run, {self.reps} repetitions, server CPU "
@@ -1521,11 +1743,32 @@ class Bench:
         self.run_ceiling()
         log("=== path length: instructions per I/O under callgrind")
         self.run_callgrind()
+        if self.with_rbd:
+            log("=== Ceph RBD: qsd's rbd driver vs flashpath's rbd bdev, one server at a time")
+            self.run_rbd()
         self.results["wall_s"] = time.monotonic() - self.started
 
 
 # ---------------------------------------------------------------------------------------------
 # Machine description
+
+
+def wants_rbd(args):
+    """Whether this run has the RBD section: `--only rbd`, or a whole run whose `--backends`
+    (if given) names rbd; it is not a matrix backend."""
+    return args.only == "rbd" or (not args.only and (not args.backends or "rbd" in args.backends.split(",")))
+
+
+def rbd_missing():
+    """What the RBD section needs and this machine lacks: the cluster's tools (Debian ceph-mon,
+    ceph-osd, ceph-common, uuid-runtime) and qsd's rbd driver (qemu-block-extra)."""
+    missing = [t for t in ("ceph-mon", "ceph-osd", "ceph", "rbd", "ceph-authtool", "monmaptool", "uuidgen")
+               if shutil.which(t) is None]
+    if not any(os.path.exists(os.path.join(d, "block-rbd.so")) for d in
+               ("/usr/lib/x86_64-linux-gnu/qemu", "/usr/lib/aarch64-linux-gnu/qemu", "/usr/lib64/qemu",
+                "/usr/lib/qemu")):
+        missing.append("qemu-storage-daemon's rbd driver (block-rbd.so, Debian qemu-block-extra)")
+    return missing
 
 
 def machine_info(args):
@@ -1568,6 +1811,7 @@ def machine_info(args):
         "qsd_version": (sh(["qemu-storage-daemon", "--version"]) or "").splitlines()[0:1],
         "fio_version": sh(["fio", "--version"]),
         "valgrind_version": sh(["valgrind", "--version"]),
+        "ceph_version": sh(["ceph", "--version"]) if shutil.which("ceph") else None,
         "flashpath_commit": sh(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse",
                                 "--short", "HEAD"]),
         "rustc": sh(["rustc", "--version"]),
@@ -1656,6 +1900,18 @@ def targets(res):
         add("the same points for SPDK's lvol on malloc", "reported", lv["spdk"], None)
     if res.get("qos"):
         qos_targets(res["qos"], add)
+    for p in (res.get("rbd") or {}).get("points", []):
+        f, q = p["servers"]["flashpath"]["median"], p["servers"]["qsd"]["median"]
+        w = f"RBD 4K {p['pattern']} QD{p['qd']} ({p['client']} client)"
+        r = p["ratios"]["iops"]
+        add(f"{w}: IOPS vs qsd's rbd driver", ">= 0.95x",
+            f"{fmt_iops(f.get('iops'))} vs {fmt_iops(q.get('iops'))} = {fmt_ratio(r)}x", None if r is None else r >= 0.95)
+        r = p["ratios"]["server_cpu_per_io"]
+        add(f"{w}: server CPU per I/O vs qsd's", "<= 0.50x",
+            f"{fmt_us1(f.get('server_cpu_ns_per_io'))} vs {fmt_us1(q.get('server_cpu_ns_per_io'))} µs = "
+            f"{fmt_ratio(r)}x", None if r is None else r <= 0.5,
+            f"cluster {fmt_us1(sum(f.get('cluster_cpu_ns_per_io', {}).values()))} / "
+            f"{fmt_us1(sum(q.get('cluster_cpu_ns_per_io', {}).values()))} µs per I/O")
     return out
 
 
@@ -1752,11 +2008,15 @@ def markdown(res):
                  f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min. {lvol_other_cpu(res)}"]
         lines += lvol_markdown(res)
         return "\n".join(lines + targets_table(res))
-    if m.get("only") == "qos":
-        lines = [f"# flashpath: quality of service ({m['mode']} run, {m['date']})", "",
+    # Sections run alone that compare with qsd: (title, the section's Markdown).
+    alone = {"rbd": ("flashpath vs qemu-storage-daemon on Ceph RBD", rbd_markdown),
+             "qos": ("flashpath: quality of service", qos_markdown)}
+    if m.get("only") in alone:
+        title, section = alone[m["only"]]
+        lines = [f"# {title} ({m['mode']} run, {m['date']})", "",
                  machine_line(m) + f" {' '.join(mi['qsd_version'])}.", "",
                  f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min."]
-        lines += qos_markdown(res)
+        lines += section(res)
         return "\n".join(lines + targets_table(res))
     lines = [f"# flashpath vs qemu-storage-daemon ({m['mode']} run, {m['date']})", ""]
     lines += [
@@ -1884,7 +2144,74 @@ def markdown(res):
                          f"{len(e['runs'])} | {100 * e['spread']:.1f} % |")
     if res.get("lvol"):
         lines += lvol_markdown(res)
+    if res.get("rbd"):
+        lines += rbd_markdown(res)
     return "\n".join(lines + targets_table(res))
+
+
+def fmt_us1(ns):
+    return "-" if ns is None else f"{ns / 1000:,.1f}"
+
+
+def rbd_markdown(res):
+    """The Ceph RBD section (issue 13)."""
+    e = res["rbd"]
+    m = res["meta"]
+    c = e["config"]
+    daemons = e.get("cluster_daemons", [])
+    lines = ["", "## Ceph RBD: qsd's rbd driver vs flashpath's rbd bdev", "",
+             f"One {e['size'] // MIB} MiB image (`{e['image']}`) on a single-node cluster (tests/ceph/cluster.sh: "
+             f"{', '.join(daemons)}, memstore; {m['machine'].get('ceph_version') or 'ceph'}), written in full "
+             f"first ({e.get('fill', {}).get('seconds', 0):.1f} s). One server at a time on CPU {m['server_cpu']} "
+             f"(qsd `driver=rbd,cache.direct=on`; flashpath "
+             f"`serve{' ' + e['serve_args'] if e.get('serve_args') else ''}`, `bdev_rbd_register_cluster` with "
+             f"config_param {json.dumps(e['config_param'])}, `bdev_rbd_create`), both with librbd's cache off; fp-load with "
+             f"completion-fd queues and the cluster's daemons on CPU {e['cluster_cpu']}. {c['rounds']} round(s) of "
+             f"{c['secs']:g} s per point and server, each round a fresh server, the order alternating "
+             "(flashpath, qsd, qsd, flashpath, ...); medians. CPU/IO: CPU time per I/O of the server (all its "
+             "threads, librbd's included), of each cluster daemon (/proc/PID/task/*/schedstat); busy/IO: "
+             "flashpath's reactor busy time per I/O. cluster: the daemons' CPU over the run. "
+             "other: CPU used by anything but the server, the client and the cluster.", "",
+             "| workload | QD | server | IOPS | spread | p50 µs | p99 µs | p99.9 µs | server CPU/IO µs | "
+             "reactor busy/IO µs | " + " | ".join(f"{d} CPU/IO µs" for d in daemons) +
+             " | cluster, % of a core | other, % of a core |",
+             "|" + "---|" * (12 + len(daemons))]
+    for p in e["points"]:
+        for kind in ("flashpath", "qsd"):
+            x = p["servers"][kind]
+            md = x["median"]
+            cl = md.get("cluster_cpu_ns_per_io", {})
+            sp = "-" if x["spread"] is None else f"{100 * x['spread']:.0f} %"
+            lines.append(
+                f"| {p['pattern']} {p['bs'] // 1024}K | {p['qd']} | {kind} | {fmt_iops(md.get('iops'))} | {sp} | "
+                f"{fmt_us1(md.get('p50_ns'))} | {fmt_us1(md.get('p99_ns'))} | {fmt_us1(md.get('p999_ns'))} | "
+                f"{fmt_us1(md.get('server_cpu_ns_per_io'))} | {fmt_us1(md.get('reactor_busy_ns_per_io'))} | "
+                + " | ".join(fmt_us1(cl.get(d)) for d in daemons) +
+                f" | {fmt_share(md.get('cluster_cores'))} | {fmt_share(md.get('other_cpu_cores'))} |")
+    lines += ["", "| workload | QD | IOPS flashpath/qsd (target ≥ 0.95) | server CPU/IO flashpath/qsd "
+              "(target ≤ 0.5) | p50 flashpath/qsd | p99 flashpath/qsd |", "|---|---|---|---|---|---|"]
+    for p in e["points"]:
+        r = p["ratios"]
+        lines.append(f"| {p['pattern']} {p['bs'] // 1024}K | {p['qd']} | **{fmt_ratio(r['iops'])}** | "
+                     f"**{fmt_ratio(r['server_cpu_per_io'])}** | {fmt_ratio(r['p50'])} | {fmt_ratio(r['p99'])} |")
+    lines += ["", "Where each server's CPU time per I/O goes, by thread (names with their digits dropped, "
+              "largest first, those of at least 2 % of the server's total; µs per I/O, medians):", "",
+              "| workload | QD | server | threads |", "|---|---|---|---|"]
+    for p in e["points"]:
+        for kind in ("flashpath", "qsd"):
+            th = p["servers"][kind]["median"].get("server_threads_ns_per_io", {})
+            tot = sum(th.values()) or 1
+            top = sorted(((v, n) for n, v in th.items() if v >= 0.02 * tot), reverse=True)
+            lines.append(f"| {p['pattern']} {p['bs'] // 1024}K | {p['qd']} | {kind} | "
+                         + ", ".join(f"{n} {fmt_us1(v)}" for v, n in top) + " |")
+    left = [x for x in e["rounds"] if x["locks_left"]]
+    lines += ["", "Server start to exported disk: " + ", ".join(
+        f"{kind} {median([x['ready_s'] for x in e['rounds'] if x['server'] == kind]):.2f} s"
+        for kind in ("flashpath", "qsd")) + " (medians). " +
+        ("Locks left on the image after a server's exit (broken before the next round): " +
+         "; ".join(f"round {x['round']} {x['server']}" for x in left) if left else
+         "No server left a lock on the image.")]
+    return lines
 
 
 def targets_table(res):
@@ -2314,6 +2641,44 @@ def write_outputs(res, out_dir):
 # Validation (CI smoke)
 
 
+def validate_rbd(res, rc):
+    """The RBD section: every point on both servers, each run with positive IOPS, latency and
+    CPU per I/O (the server's and each cluster daemon's), the QD1 histograms, the ratios."""
+    problems = []
+    e = res.get("rbd")
+    if not e:
+        return ["results.json has no 'rbd'"]
+    got = {(p["pattern"], p["bs"], p["qd"], p["queues"], p["client"]): p for p in e.get("points", [])}
+    for pt in rc["points"]:
+        pk = point_key("rbd", pt)
+        p = got.get((pk["pattern"], pk["bs"], pk["qd"], pk["queues"], pk["client"]))
+        if p is None:
+            problems.append(f"rbd: missing point {point_label(pk)}")
+            continue
+        for kind in ("flashpath", "qsd"):
+            x = p["servers"].get(kind)
+            if not x or len(x["runs"]) != rc["rounds"]:
+                problems.append(f"rbd {point_label(pk)} {kind}: {len(x['runs']) if x else 0} runs, want {rc['rounds']}")
+                continue
+            for m in ("iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io"):
+                v = x["median"].get(m)
+                if not isinstance(v, (int, float)) or v <= 0:
+                    problems.append(f"rbd {point_label(pk)} {kind}: {m} = {v!r}")
+            cl = x["median"].get("cluster_cpu_ns_per_io", {})
+            if not any(d.startswith("osd.") for d in cl) or not all(isinstance(v, (int, float)) and v >= 0
+                                                                    for v in cl.values()):
+                problems.append(f"rbd {point_label(pk)} {kind}: cluster CPU per I/O = {cl!r}")
+            if kind == "flashpath" and not isinstance(x["median"].get("reactor_busy_ns_per_io"), (int, float)):
+                problems.append(f"rbd {point_label(pk)}: no reactor busy time")
+            if pt[2] == 1 and not x.get("histogram", {}).get("buckets"):
+                problems.append(f"rbd {point_label(pk)} {kind}: no histogram")
+        if not isinstance(p["ratios"].get("iops"), (int, float)):
+            problems.append(f"rbd {point_label(pk)}: no IOPS ratio")
+    if e.get("fill", {}).get("used_size", 0) < e.get("size", 1):
+        problems.append("rbd: the image was not written in full")
+    return problems
+
+
 def validate(out_dir, mode):
     """Checks the outputs are well formed; asserts no absolute number."""
     problems = []
@@ -2387,6 +2752,11 @@ def validate(out_dir, mode):
             problems.append(f"{name} is not a PNG")
         if os.path.getsize(path) <= 1024:
             problems.append(f"{name} is only {os.path.getsize(path)} bytes")
+    rc = cfg.get("rbd")
+    if rc and res.get("meta", {}).get("rbd", True):
+        problems += validate_rbd(res, rc)
+        if "## Ceph RBD" not in md:
+            problems.append("results.md has no '## Ceph RBD'")
     if cfg.get("iostat_reps"):
         ios = res.get("iostat", [])
         if len(ios) != 1:
@@ -2416,8 +2786,12 @@ def main():
     ap.add_argument("--client-cpu", type=int, default=1)
     ap.add_argument("--time", type=float, help="seconds per run (overrides the mode)")
     ap.add_argument("--reps", type=int, help="runs per point and server (overrides the mode)")
-    ap.add_argument("--backends", help="comma-separated subset of null,ram,file (development only)")
-    ap.add_argument("--only", choices=["iostat", "lvol", "qos"], help="run only this section (development only)")
+    ap.add_argument("--backends", help="comma-separated subset of null,ram,file,rbd (development only; "
+                                       "rbd: the RBD section)")
+    ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd"], help="run only this section (development only)")
+    ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
+                    help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
+                         "(development only; recorded in the results)")
     ap.add_argument("--validate", metavar="DIR", help="only check the outputs in DIR and exit")
     ap.add_argument("--replot", metavar="DIR", help="only rewrite results.md and the plots from DIR/results.json")
     args = ap.parse_args()
@@ -2439,6 +2813,11 @@ def main():
         if shutil.which(tool) is None:
             print(f"bench: {tool} is not installed (./run bench installs it)", file=sys.stderr)
             return 1
+    missing = rbd_missing() if wants_rbd(args) else []
+    if missing:
+        print(f"bench: the RBD section needs {', '.join(missing)} (./run bench installs them; "
+              "--backends without rbd leaves the section out)", file=sys.stderr)
+        return 1
     ncpu = os.cpu_count() or 1
     if max(args.server_cpu, args.client_cpu) >= ncpu or args.server_cpu == args.client_cpu:
         print(f"bench: needs two distinct CPUs (server {args.server_cpu}, client {args.client_cpu}, "
@@ -2478,6 +2857,7 @@ def main():
         "idle_s": bench.cfg["idle_time"],
         "command": cmd,
         "only": args.only,
+        "rbd": bench.with_rbd,
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

@@ -258,6 +258,15 @@ pub trait IoChannel {
     fn arm_completion_fd(&mut self) -> bool {
         true
     }
+
+    /// Whether the caller may sleep on [`IoChannel::completion_fd`] with requests in flight:
+    /// every one of them will signal it (once armed) when it completes. True for a backend
+    /// whose requests complete on other threads after long waits (Ceph RBD), where polling
+    /// through the wait costs a core; false (the default) keeps the caller polling while
+    /// anything is in flight, as a fast local device wants.
+    fn sleeps_in_flight(&self) -> bool {
+        false
+    }
 }
 
 /// A shared handle to a device.

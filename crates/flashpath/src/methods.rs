@@ -276,29 +276,10 @@ impl Methods {
     }
 }
 
-/// Parses SPDK's `cpumask`: a hex mask (`"0x3"`), or a CPU list, bracketed as SPDK writes it
-/// (`"[0,1]"`) or bare (`"0-3"`, `"0,2"`).
+/// Parses SPDK's `cpumask` ([`fp_reactor::parse_cpumask`]), naming the field in errors.
 pub fn parse_cpumask(mask: &str) -> Result<Vec<usize>, ParamError> {
-    // Every range in a list expands to up to 1024 cores before duplicates go: bound the text so
-    // a request cannot make that gigabytes. A list naming all 1024 cores one by one still fits.
-    if mask.len() > MAX_CPUMASK_LEN {
-        return Err(ParamError::new(
-            "cpumask",
-            format!("{} characters, longer than {MAX_CPUMASK_LEN}", mask.len()),
-        ));
-    }
-    let s = mask.trim();
-    let inner = s.strip_prefix('[').and_then(|x| x.strip_suffix(']')).unwrap_or(s);
-    fp_reactor::parse_cpu_list(inner).map_err(|e| {
-        ParamError::new(
-            "cpumask",
-            format!("{e}; accepted: a hex mask like \"0x3\" or a list like \"[0,1]\" or \"0-3\""),
-        )
-    })
+    fp_reactor::parse_cpumask(mask).map_err(|e| ParamError::new("cpumask", e))
 }
-
-/// The longest `cpumask` accepted, in bytes.
-const MAX_CPUMASK_LEN: usize = 5000;
 
 /// Formats cores as SPDK's hex cpumask ("0x5" for cores 0 and 2).
 pub fn cpumask_hex(cores: &[usize]) -> String {

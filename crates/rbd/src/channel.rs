@@ -246,6 +246,11 @@ impl IoChannel for RbdChannel {
         self.shared.armed.store(true, Ordering::SeqCst);
         self.shared.done.is_empty() && self.failed.is_empty()
     }
+
+    /// Every request in flight is librbd's, whose callback signals the armed eventfd.
+    fn sleeps_in_flight(&self) -> bool {
+        true
+    }
 }
 
 impl Drop for RbdChannel {

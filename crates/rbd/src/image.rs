@@ -35,6 +35,9 @@ pub struct ClusterConfig {
     pub config_param: Vec<(String, String)>,
     pub config_file: Option<String>,
     pub key_file: Option<String>,
+    /// SPDK's `core_mask` as given, and the cores it names: librados' and librbd's threads
+    /// run there (they inherit it from the thread that connects and opens images).
+    pub core_mask: Option<(String, Vec<usize>)>,
 }
 
 impl ClusterConfig {
@@ -69,6 +72,11 @@ impl Cluster {
     /// Without `config_file` and `config_param`, librados reads its default files
     /// (/etc/ceph/ceph.conf), as SPDK does.
     pub fn connect(config: ClusterConfig) -> Result<Arc<Cluster>, RbdError> {
+        let cores = config.core_mask.as_ref().map(|(_, cores)| cores.clone());
+        on_cores(cores.as_deref(), move || Cluster::connect_here(config))?
+    }
+
+    fn connect_here(config: ClusterConfig) -> Result<Arc<Cluster>, RbdError> {
         let lib = sys::lib().map_err(|e| RbdError::Library(e.to_string()))?;
         let user = config.user_id.as_deref().map(|u| cstring("user_id", u)).transpose()?;
         let mut handle: RadosT = std::ptr::null_mut();
@@ -140,8 +148,19 @@ impl Cluster {
         Ok(())
     }
 
-    /// Opens image `rbd_name` in pool `pool_name`.
+    /// Opens image `rbd_name` in pool `pool_name` (librbd starts its threads for the
+    /// cluster at the first open, so this runs on the cluster's cores too).
     pub fn open_image(
+        self: &Arc<Self>,
+        pool_name: &str,
+        rbd_name: &str,
+        read_only: bool,
+    ) -> Result<Image, RbdError> {
+        let cores = self.config.core_mask.as_ref().map(|(_, cores)| cores.as_slice());
+        on_cores(cores, || self.open_image_here(pool_name, rbd_name, read_only))?
+    }
+
+    fn open_image_here(
         self: &Arc<Self>,
         pool_name: &str,
         rbd_name: &str,
@@ -175,6 +194,23 @@ impl Cluster {
         }
         Ok(image)
     }
+}
+
+/// Runs `f` on a thread restricted to `cores` (so the threads librados and librbd create in
+/// it inherit them), or right here without a mask.
+fn on_cores<R: Send>(cores: Option<&[usize]>, f: impl FnOnce() -> R + Send) -> Result<R, RbdError> {
+    let Some(cores) = cores else { return Ok(f()) };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            fp_reactor::pin_thread(cores).map_err(|e| RbdError::Invalid {
+                field: "core_mask",
+                reason: format!("cannot run on cores {cores:?}: {e}"),
+            })?;
+            Ok(f())
+        })
+        .join()
+        .expect("the connecting thread does not panic")
+    })
 }
 
 impl Drop for Cluster {

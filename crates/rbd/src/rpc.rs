@@ -127,16 +127,18 @@ fn str_map(pairs: &[(String, String)]) -> Value {
 /// `bdev_rbd_register_cluster`: connects and keeps the connection under `name`.
 fn register_cluster(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
-    let config = ClusterConfig {
-        user_id: p.optional_str("user_id")?,
-        config_param: p.optional_str_map("config_param")?.unwrap_or_default(),
-        config_file: p.optional_str("config_file")?,
-        key_file: p.optional_str("key_file")?,
-        name: name.clone(),
-    };
-    // SPDK pins its librados threads to a core mask; flashpath leaves them to the scheduler.
-    p.spdk_only(&[("core_mask", Neutral::Absent)])?;
+    let user_id = p.optional_str("user_id")?;
+    let config_param = p.optional_str_map("config_param")?.unwrap_or_default();
+    let config_file = p.optional_str("config_file")?;
+    let key_file = p.optional_str("key_file")?;
+    let core_mask = p.optional_str("core_mask")?;
     p.finish()?;
+    let core_mask = core_mask
+        .map(|m| fp_reactor::parse_cpumask(&m).map(|cores| (m, cores)))
+        .transpose()
+        .map_err(|e| ParamError::new("core_mask", e))?;
+    let config =
+        ClusterConfig { name: name.clone(), user_id, config_param, config_file, key_file, core_mask };
     if name.is_empty() || name.contains(|c: char| c.is_control()) {
         return Err(ParamError::new("name", "must be a non-empty name without control characters").into());
     }
@@ -192,6 +194,9 @@ fn cluster_info(c: &ClusterConfig) -> Value {
     if let Some(f) = &c.key_file {
         m.insert("key_file".into(), json!(f));
     }
+    if let Some((mask, _)) = &c.core_mask {
+        m.insert("core_mask".into(), json!(mask));
+    }
     Value::Object(m)
 }
 
@@ -244,6 +249,7 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
             config_param: config.unwrap_or_default(),
             config_file: None,
             key_file: None,
+            core_mask: None,
         })
         .map_err(rbd_error)?,
     };

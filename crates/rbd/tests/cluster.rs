@@ -173,6 +173,39 @@ fn rbd_device_against_a_real_cluster() {
     // SAFETY: the iovec describes `data`, alive for the call.
     assert_eq!(unsafe { ch.submit(&write) }, Err(fp_bdev::SubmitError::Unsupported));
     assert_eq!(run_sleeping(&mut *ch, read), IoStatus::Success);
+    drop(ch);
+
+    // core_mask: librados' and librbd's threads of that connection run on the given cores.
+    let before = ceph_threads();
+    let pinned = Cluster::connect(ClusterConfig {
+        name: "pinned".into(),
+        config_file: Some(tc.conf.clone()),
+        core_mask: Some(("0x1".into(), vec![0])),
+        ..ClusterConfig::default()
+    })
+    .unwrap();
+    let _img = pinned.open_image("rbd", "wake", true).unwrap();
+    let new: Vec<_> = ceph_threads().into_iter().filter(|t| !before.contains(t)).collect();
+    assert!(new.iter().any(|(_, name, _)| name.starts_with("msgr-worker")), "{new:?}");
+    assert!(new.iter().any(|(_, name, _)| name.starts_with("io_context")), "{new:?}");
+    for (_, name, cpus) in &new {
+        assert_eq!(cpus, "0", "thread {name} of the pinned connection may run on {cpus}");
+    }
+}
+
+/// This process's threads as (tid, name, Cpus_allowed_list).
+fn ceph_threads() -> Vec<(String, String, String)> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .map(|t| {
+            let t = t.unwrap().path();
+            let name = std::fs::read_to_string(t.join("comm")).unwrap().trim().to_string();
+            let status = std::fs::read_to_string(t.join("status")).unwrap();
+            let cpus =
+                status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
+            (t.file_name().unwrap().to_string_lossy().into_owned(), name, cpus)
+        })
+        .collect()
 }
 
 #[test]

@@ -66,6 +66,15 @@ pub trait Poller: Any {
     fn wake_fds(&self) -> Vec<RawFd> {
         Vec::new()
     }
+
+    /// How long this poller wants the reactor to keep polling after the last work before it
+    /// sleeps; `None` for the reactor's configured window. A poller whose work comes back from
+    /// far away (a Ceph cluster answers in milliseconds, through an fd) asks for less: spinning
+    /// through such waits would burn a core per disk for nothing. The reactor keeps the longest
+    /// window any of its pollers wants, never longer than its configured one.
+    fn idle_window(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Identifies a poller on its reactor.
@@ -375,9 +384,20 @@ impl Reactor {
     /// Whether the reactor may sleep now: nothing pending and idle for a whole window.
     fn may_sleep(&self) -> bool {
         !self.last_round_busy
-            && self.last_tick.duration_since(self.last_work) >= self.config.idle_window
+            && self.last_tick.duration_since(self.last_work) >= self.idle_window()
             && !self.pollers.iter().any(|s| s.poller.has_pending())
             && self.inbox.queue.is_empty()
+    }
+
+    /// The window [`Reactor::may_sleep`] waits: the longest its pollers want (the configured
+    /// one unless all of them want less).
+    fn idle_window(&self) -> Duration {
+        let configured = self.config.idle_window;
+        self.pollers
+            .iter()
+            .map(|s| s.poller.idle_window().map_or(configured, |w| w.min(configured)))
+            .max()
+            .unwrap_or(configured)
     }
 
     /// Re-arms notifications and sleeps until a wake-up fd fires or `timeout` passes.
@@ -482,11 +502,39 @@ pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
     Ok(cpus)
 }
 
+/// The longest SPDK cpumask text accepted, in bytes: every range in a list expands to up to
+/// 1024 cores before duplicates go, so the text is bounded; a list naming all 1024 cores one
+/// by one still fits.
+pub const MAX_CPUMASK_LEN: usize = 5000;
+
+/// Parses SPDK's cpumask text: a hex mask (`"0x3"`), or a CPU list, bracketed as SPDK writes
+/// it (`"[0,1]"`) or bare (`"0-3"`, `"0,2"`).
+pub fn parse_cpumask(mask: &str) -> Result<Vec<usize>, String> {
+    if mask.len() > MAX_CPUMASK_LEN {
+        return Err(format!("{} characters, longer than {MAX_CPUMASK_LEN}", mask.len()));
+    }
+    let s = mask.trim();
+    let inner = s.strip_prefix('[').and_then(|x| x.strip_suffix(']')).unwrap_or(s);
+    parse_cpu_list(inner)
+        .map_err(|e| format!("{e}; accepted: a hex mask like \"0x3\" or a list like \"[0,1]\" or \"0-3\""))
+}
+
 fn pin_to_core(core: usize) -> io::Result<()> {
+    pin_thread(&[core])
+}
+
+/// Restricts the calling thread to `cores` (each below 1024, as [`parse_cpu_list`] checks);
+/// threads it creates afterwards inherit that.
+pub fn pin_thread(cores: &[usize]) -> io::Result<()> {
     // SAFETY: cpu_set_t is plain data; zeroed is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes inside `set`; `core` < 1024 = CPU_SETSIZE, checked by parse_cpu_list.
-    unsafe { libc::CPU_SET(core, &mut set) };
+    for &core in cores {
+        if core >= libc::CPU_SETSIZE as usize {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("cpu {core} is out of range")));
+        }
+        // SAFETY: CPU_SET writes inside `set`; `core` < CPU_SETSIZE, checked above.
+        unsafe { libc::CPU_SET(core, &mut set) };
+    }
     // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the size passed.
     let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
     if rc != 0 {

@@ -131,6 +131,43 @@ fn sleeps_only_after_the_idle_window_and_wakes_on_a_kick() {
     assert!(kick.read().is_err());
 }
 
+/// Idles, asking for its own idle window.
+struct Windowed(Option<Duration>);
+
+impl Poller for Windowed {
+    fn poll(&mut self) -> PollStatus {
+        PollStatus::Idle
+    }
+    fn idle_window(&self) -> Option<Duration> {
+        self.0
+    }
+}
+
+#[test]
+fn the_idle_window_is_the_longest_its_pollers_want_and_at_most_the_configured_one() {
+    let mut r = Reactor::new(0, None, ReactorConfig { idle_window: Duration::from_secs(3600) }).unwrap();
+    r.add_poller(Box::new(Windowed(Some(Duration::ZERO))));
+    r.last_work = Instant::now();
+    r.poll_once();
+    assert!(r.may_sleep(), "its only poller wants no window");
+    r.add_poller(Box::new(Windowed(Some(Duration::from_millis(2)))));
+    r.last_work = Instant::now();
+    r.poll_once();
+    assert!(!r.may_sleep(), "the longer window wins");
+    std::thread::sleep(Duration::from_millis(3));
+    r.poll_once();
+    assert!(r.may_sleep());
+    r.add_poller(Box::new(Windowed(None)));
+    r.last_work = Instant::now();
+    std::thread::sleep(Duration::from_millis(3));
+    r.poll_once();
+    assert!(!r.may_sleep(), "a poller without a wish keeps the configured hour");
+    let mut capped = Reactor::new(1, None, ReactorConfig { idle_window: Duration::ZERO }).unwrap();
+    capped.add_poller(Box::new(Windowed(Some(Duration::from_secs(3600)))));
+    capped.poll_once();
+    assert!(capped.may_sleep(), "never longer than the configured window");
+}
+
 #[test]
 fn a_message_wakes_a_sleeping_reactor_thread() {
     let set = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();

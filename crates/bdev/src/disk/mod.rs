@@ -700,6 +700,10 @@ impl DiskIo {
         self.channel_mut().arm_completion_fd()
     }
 
+    pub fn sleeps_in_flight(&self) -> bool {
+        self.channel().sleeps_in_flight()
+    }
+
     fn channel(&self) -> &dyn IoChannel {
         match self {
             DiskIo::Counted(ch) => ch,
@@ -746,6 +750,11 @@ impl IoChannel for DiskChannel {
 
     fn arm_completion_fd(&mut self) -> bool {
         self.inner.arm_completion_fd()
+    }
+
+    /// Requests held by QoS are released only by `poll`, so not while any is held.
+    fn sleeps_in_flight(&self) -> bool {
+        self.qos.held() == 0 && self.inner.sleeps_in_flight()
     }
 }
 

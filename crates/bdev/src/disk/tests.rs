@@ -17,6 +17,8 @@ struct Script {
     fail: Option<IoStatus>,
     /// Hold completions until cleared.
     hold: bool,
+    /// Report that completions signal the completion fd (a remote backend's, RBD's).
+    remote: bool,
 }
 
 struct ScriptDevice {
@@ -62,6 +64,10 @@ impl IoChannel for ScriptChannel {
 
     fn in_flight(&self) -> usize {
         self.pending.len()
+    }
+
+    fn sleeps_in_flight(&self) -> bool {
+        self.script.lock().unwrap().remote
     }
 }
 
@@ -443,3 +449,26 @@ fn typed_channel_without_accounting_is_the_devices() {
 
 #[path = "qos_tests.rs"]
 mod qos;
+
+#[test]
+fn a_channel_sleeps_in_flight_as_its_device_does_but_not_while_qos_holds_requests() {
+    let (disk, script) = scripted();
+    let mut ch = disk.open().unwrap();
+    assert!(!ch.sleeps_in_flight(), "the default: keep polling");
+    script.lock().unwrap().remote = true;
+    assert!(ch.sleeps_in_flight());
+    // A request held by QoS is released only by poll: the caller must keep polling.
+    disk.set_qos_limits(QosLimits { rw_ios_per_sec: 1_000, ..QosLimits::default() }).unwrap();
+    script.lock().unwrap().hold = true;
+    reap(&mut ch); // a channel takes up a limit at its next poll
+    for tag in 0..64 {
+        submit(&mut ch, req(tag, IoOp::Read, 512)).unwrap();
+    }
+    assert!(reap(&mut ch).is_empty(), "the device holds what it has");
+    assert!(disk.stats().qos.queued > 0, "some requests are held: {:?}", disk.stats().qos);
+    assert!(!ch.sleeps_in_flight());
+    disk.set_qos_limits(QosLimits::default()).unwrap();
+    reap(&mut ch);
+    assert_eq!(disk.stats().qos.queued, 0);
+    assert!(ch.sleeps_in_flight(), "nothing held: the device's answer again");
+}
