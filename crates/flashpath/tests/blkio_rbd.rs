@@ -374,6 +374,18 @@ fn rpc_shapes_errors_and_an_unreachable_monitor() {
         d.try_call("bdev_get_bdevs", json!({"name": "own"})).is_err(),
         "a bdev without a cluster was created"
     );
+    // Its own connection to the live monitor: `config` replaces ceph.conf and is reported back.
+    let config = json!({"mon_host": ceph.mon_host(), "auth_client_required": "none"});
+    let r = d.call(
+        "bdev_rbd_create",
+        json!({"name": "own", "pool_name": "rbd", "rbd_name": "img", "config": config}),
+    );
+    assert_eq!(r, json!("own"));
+    assert_eq!(
+        bdev(&d, "own")["driver_specific"]["rbd"],
+        json!({"pool_name": "rbd", "rbd_name": "img", "config": config, "read_only": false})
+    );
+    assert_eq!(d.call("bdev_rbd_delete", json!({"name": "own"})), json!(true));
 }
 
 /// Sends `sig` to `pid`.
