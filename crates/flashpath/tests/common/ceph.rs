@@ -39,27 +39,34 @@ impl CephCluster {
             eprintln!("skipping: Ceph is not installed and FLASHPATH_SKIP_CEPH=1");
             return None;
         }
-        let dir = tempfile::Builder::new().prefix("fp-ceph-").tempdir_in(super::scratch_base()).unwrap();
-        // Ports apart per process and per cluster, so parallel test binaries and tests do not
-        // collide: 2 per cluster, 64 per process.
-        let n = NEXT_PORT.fetch_add(2, Ordering::Relaxed);
-        let port = 21000 + (std::process::id() % 300) as u16 * 64 + n % 64;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ceph/cluster.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .arg(dir.path())
-            .arg(port.to_string())
-            .output()
-            .unwrap();
-        if !out.status.success() {
+        // A port that another process takes between our check and the monitor's bind fails
+        // the start ("Address already in use"): try the next one.
+        let mut attempt = 0;
+        let (dir, out) = loop {
+            attempt += 1;
+            let dir = tempfile::Builder::new().prefix("fp-ceph-").tempdir_in(super::scratch_base()).unwrap();
+            let port = monitor_port();
+            let out = Command::new("bash")
+                .arg(&script)
+                .arg("start")
+                .arg(dir.path())
+                .arg(port.to_string())
+                .output()
+                .unwrap();
+            if out.status.success() {
+                break (dir, out);
+            }
             let _ = Command::new("bash").arg(&script).arg("stop").arg(dir.path()).status();
-            panic!(
-                "cannot start the Ceph test cluster: {}\n{}",
-                String::from_utf8_lossy(&out.stderr),
-                std::fs::read_to_string(dir.path().join("mon.a.stderr")).unwrap_or_default()
-            );
-        }
+            let mon_stderr = std::fs::read_to_string(dir.path().join("mon.a.stderr")).unwrap_or_default();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let in_use =
+                stderr.contains("Address already in use") || mon_stderr.contains("Address already in use");
+            if !in_use || attempt == 5 {
+                panic!("cannot start the Ceph test cluster (monitor port {port}): {stderr}\n{mon_stderr}");
+            }
+            eprintln!("the Ceph test cluster's monitor port {port} is taken; trying another");
+        };
         let conf = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         assert!(conf.is_file(), "cluster.sh printed {conf:?}, not a file");
         Some(CephCluster { dir, conf })
@@ -100,6 +107,86 @@ impl CephCluster {
             "config_file": self.conf.to_str().unwrap(),
             "config_param": config_param,
         })
+    }
+
+    /// `rbd info`'s JSON for image `name` of the pool `rbd`.
+    pub fn image_info(&self, name: &str) -> serde_json::Value {
+        let out = self.rbd(&["info", "--format", "json", &format!("rbd/{name}")]);
+        serde_json::from_slice(&out.stdout).expect("rbd info --format json prints JSON")
+    }
+
+    /// The `mon host` line's value in ceph.conf (for a bdev's own connection, whose `config`
+    /// replaces the file).
+    pub fn mon_host(&self) -> String {
+        let conf = std::fs::read_to_string(&self.conf).expect("reading ceph.conf");
+        let line = conf.lines().find_map(|l| l.trim().strip_prefix("mon host")).expect("a mon host line");
+        line.trim_start().trim_start_matches('=').trim().to_string()
+    }
+
+    /// A copy of ceph.conf whose monitor address is a closed port on 127.0.0.1: connecting
+    /// with it can only time out.
+    pub fn dead_monitor_conf(&self) -> PathBuf {
+        // A port just released by the kernel: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let conf = std::fs::read_to_string(&self.conf).expect("reading ceph.conf");
+        let text: String = conf
+            .lines()
+            .map(|l| {
+                if l.trim().starts_with("mon host") {
+                    format!("mon host = [v2:127.0.0.1:{port}]")
+                } else {
+                    l.into()
+                }
+            })
+            .map(|l| l + "\n")
+            .collect();
+        let path = self.dir.path().join("dead-monitor.conf");
+        std::fs::write(&path, text).expect("writing dead-monitor.conf");
+        path
+    }
+}
+
+impl super::BlkClient {
+    /// One vectored request (libblkio readv/writev) on `queue` at `offset`, its segments
+    /// `(arena offset, length)` in order; returns libblkio's `ret`. The iovec array lives
+    /// until the request completes.
+    pub fn vectored(&mut self, queue: usize, write: bool, offset: u64, segments: &[(usize, usize)]) -> i32 {
+        let base = self.arena.addr as *mut u8;
+        let iov: Vec<blkio::iovec> = segments
+            .iter()
+            .map(|&(buf, len)| {
+                assert!(buf + len <= self.arena.len, "segment outside the arena");
+                blkio::iovec { iov_base: base.wrapping_add(buf).cast(), iov_len: len }
+            })
+            .collect();
+        let q = &mut self.queues[queue];
+        let flags = blkio::ReqFlags::empty();
+        if write {
+            q.writev(offset, iov.as_ptr(), iov.len() as u32, 0, flags);
+        } else {
+            q.readv(offset, iov.as_ptr(), iov.len() as u32, 0, flags);
+        }
+        let mut done = [std::mem::MaybeUninit::<blkio::Completion>::uninit()];
+        let mut timeout = super::IO_TIMEOUT;
+        let n = q.do_io(&mut done, 1, Some(&mut timeout), None).expect("do_io of a vectored request");
+        assert_eq!(n, 1, "a vectored request did not complete within {:?}", super::IO_TIMEOUT);
+        // SAFETY: do_io() initialised the one completion it returned.
+        unsafe { done[0].assume_init_ref() }.ret
+    }
+}
+
+/// A monitor port (v2; v1 is the next one) that nothing listens on now, below Linux's
+/// ephemeral range (32768 and up: a connection's local port may take any of those at any time)
+/// and apart per process and per cluster, so parallel test binaries and tests do not collide:
+/// 2 per cluster, 128 per process.
+fn monitor_port() -> u16 {
+    loop {
+        let n = NEXT_PORT.fetch_add(2, Ordering::Relaxed);
+        let port = 10000 + (std::process::id() % 170) as u16 * 128 + n % 128;
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 1) {
+            return port;
+        }
     }
 }
 
