@@ -33,7 +33,8 @@ if [ "$cmd" = stop ]; then
 fi
 [ "$cmd" = start ] || { echo "cluster.sh: unknown command '$cmd'" >&2; exit 2; }
 
-port=${3:-$((20000 + $$ % 20000))}
+# The default stays below Linux's ephemeral ports (32768 and up) and above the tests' ranges.
+port=${3:-$((32400 + $$ % 180 * 2))}
 mkdir -p "$dir"
 conf=$dir/ceph.conf
 fsid=$(uuidgen)
@@ -55,6 +56,8 @@ mon allow pool size one = true
 mon allow pool delete = true
 mon warn on pool no redundancy = false
 mon data avail warn = 1
+# A nearly full host disk must not stop the test monitor (its data is small).
+mon data avail crit = 0
 osd crush chooseleaf type = 0
 osd pool default pg autoscale mode = off
 paxos propose interval = 0.1

@@ -179,7 +179,6 @@ fn controller_table() -> String {
 }
 
 #[test]
-#[ignore = "needs the [[rbd_cluster]] config tables (branch rbdguest, 9a6be37); passes with them"]
 fn rbd_disk_on_a_registered_cluster_survives_kill9_under_writes() {
     kill9_loop(|ceph| {
         format!(

@@ -24,7 +24,9 @@ struct TestCluster {
 impl TestCluster {
     fn start() -> TestCluster {
         let dir = tempfile::Builder::new().prefix("fp-rbd-").tempdir_in("/var/tmp").unwrap();
-        let port = 40000 + (std::process::id() % 10000) as u16 * 2;
+        // Below Linux's ephemeral ports (32768 and up) and above the range the daemon-level
+        // tests use (crates/flashpath/tests/common/ceph.rs).
+        let port = 31760 + (std::process::id() % 320) as u16 * 2;
         let out = Command::new("bash")
             .arg(script())
             .arg("start")
