@@ -85,15 +85,15 @@ static LIB: OnceLock<Result<Lib, String>> = OnceLock::new();
 
 /// The loaded functions, or why they cannot be loaded (the same answer every time).
 pub fn lib() -> Result<&'static Lib, &'static str> {
-    LIB.get_or_init(load).as_ref().map_err(String::as_str)
+    LIB.get_or_init(|| load("librbd.so.1", "librados.so.2")).as_ref().map_err(String::as_str)
 }
 
-fn load() -> Result<Lib, String> {
+fn load(rbd: &str, rados: &str) -> Result<Lib, String> {
     // SAFETY: loading librbd and librados runs their static initialisers, which only set up
     // their own state (no code of ours runs, nothing of ours is replaced).
     let (rbd, rados) = unsafe {
-        let rbd = libloading::Library::new("librbd.so.1").map_err(|e| format!("{PACKAGE_HINT}: {e}"))?;
-        let rados = libloading::Library::new("librados.so.2").map_err(|e| format!("{PACKAGE_HINT}: {e}"))?;
+        let rbd = libloading::Library::new(rbd).map_err(|e| format!("{PACKAGE_HINT}: {e}"))?;
+        let rados = libloading::Library::new(rados).map_err(|e| format!("{PACKAGE_HINT}: {e}"))?;
         (rbd, rados)
     };
     macro_rules! sym {
@@ -142,4 +142,22 @@ unsafe fn symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T, St
 /// A negative errno from librados/librbd as text ("Connection timed out (os error 110)").
 pub fn errno_text(ret: i64) -> String {
     std::io::Error::from_raw_os_error(ret.unsigned_abs().min(i32::MAX as u64) as i32).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_missing_library_is_an_error_naming_the_package() {
+        let e = super::load("librbd-not-here.so.1", "librados.so.2").err().expect("no such library");
+        assert!(e.starts_with("librbd is not installed (Debian package librbd1): "), "{e}");
+        assert!(e.contains("librbd-not-here.so.1"), "{e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+    }
+
+    #[test]
+    fn a_library_without_the_functions_is_an_error_naming_the_first_missing_one() {
+        // libc loads, but has no rados_create.
+        let e = super::load("libc.so.6", "libc.so.6").err().expect("libc is not librbd");
+        assert!(e.contains("it lacks rados_create"), "{e}");
+    }
 }
