@@ -413,6 +413,10 @@ impl Reactor {
             }
         }
         let mut slept = false;
+        // Whether our own wake-up counter fired. Read it only then: a count left from a
+        // message sent while we polled makes the next epoll_wait return at once, which reads it
+        // then; reading it after every sleep cost a system call per sleep.
+        let mut inbox_signalled = false;
         if !abort && self.inbox.queue.is_empty() {
             self.stats.sleeping.store(true, Ordering::Relaxed);
             self.stats.sleep_since_ns.store(mono_ns(), Ordering::Relaxed);
@@ -420,9 +424,13 @@ impl Reactor {
             let start = Instant::now();
             let mut events = [EpollEvent::default(); 16];
             let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-            if let Err(e) = self.epoll.wait(ms, &mut events) {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    log::warn!("reactor {}: epoll_wait failed: {e}", self.id);
+            match self.epoll.wait(ms, &mut events) {
+                Ok(n) => inbox_signalled = events[..n].iter().any(|e| e.data() == INBOX_TOKEN),
+                Err(e) => {
+                    inbox_signalled = true;
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        log::warn!("reactor {}: epoll_wait failed: {e}", self.id);
+                    }
                 }
             }
             let now = Instant::now();
@@ -436,7 +444,9 @@ impl Reactor {
             slept = true;
         }
         // Drain our own wake-up counter; messages themselves are in the queue.
-        let _ = self.inbox.wake.read();
+        if inbox_signalled {
+            let _ = self.inbox.wake.read();
+        }
         for slot in self.pollers.iter_mut().take(armed) {
             slot.poller.after_wake();
         }

@@ -169,6 +169,21 @@ fn the_idle_window_is_the_longest_its_pollers_want_and_at_most_the_configured_on
 }
 
 #[test]
+fn a_wake_up_left_by_a_message_taken_while_polling_ends_one_sleep_only() {
+    let mut r = reactor(0);
+    r.handle().send(|_| {});
+    assert!(r.poll_once(), "the message runs");
+    // Its wake-up count is still there: the next sleep returns at once and takes it...
+    let start = Instant::now();
+    assert!(r.sleep(Some(Duration::from_secs(5))));
+    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    // ...so the one after that sleeps its whole timeout.
+    let start = Instant::now();
+    r.sleep(Some(Duration::from_millis(50)));
+    assert!(start.elapsed() >= Duration::from_millis(50), "{:?}", start.elapsed());
+}
+
+#[test]
 fn a_message_wakes_a_sleeping_reactor_thread() {
     let set = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
     let h = set.handles()[0].clone();
