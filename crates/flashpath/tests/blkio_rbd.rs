@@ -226,6 +226,26 @@ fn rbd_import_reads_back_through_flashpath_and_flashpath_writes_come_back_from_r
     ceph.rbd(&["export", "rbd/imported", dst.to_str().unwrap()]);
     let got = std::fs::read(&dst).unwrap();
     assert_same("rbd export of what flashpath wrote", 0, &got, &want);
+
+    // The reactors sleep while the cluster works, and wake about twice per request (the
+    // guest's kick, the completion's eventfd), not over and over: a stale eventfd once woke
+    // a reactor 30 times per request, sleep after sleep.
+    let sleeps = |d: &Daemon| -> u64 {
+        let r = d.call("framework_get_reactors", json!({}));
+        r["reactors"].as_array().unwrap().iter().map(|r| r["sleeps"].as_u64().unwrap()).sum()
+    };
+    const READS: u64 = 300;
+    let sock = d.dir.path().join("vhost.imp");
+    let before = sleeps(&d);
+    bounded(Duration::from_secs(120), "QD1 reads", move || {
+        let mut c = BlkClient::open(&sock, 1);
+        for i in 0..READS {
+            read_ok(&mut c, 0, (i * 7919 % 2048) * 4096, 4096);
+        }
+    });
+    let per_request = (sleeps(&d) - before) as f64 / READS as f64;
+    eprintln!("{per_request:.2} reactor sleeps per QD1 request");
+    assert!((0.5..8.0).contains(&per_request), "{per_request:.1} sleeps per QD1 request");
 }
 
 #[test]
