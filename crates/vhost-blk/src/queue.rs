@@ -39,10 +39,10 @@ use crate::inflight::{InflightArea, InflightRequest, Tracker};
 use crate::stats::{Counters, QueueStats};
 
 /// How long a queue whose back-end signals its completions (RBD) keeps its reactor polling
-/// after the last work: not at all. The cluster takes about a millisecond; a reactor polling
-/// through it for the configured window (200 us) spun most of its core (QD1 randread: 548 us
-/// of server CPU per I/O against 268 us sleeping after 20 us and 225 us sleeping at once,
-/// one run each while other builds ran, docs/rbd.md).
+/// after the last work: not at all. The cluster takes about a millisecond. Server CPU per QD1
+/// read, one run each while other builds ran: 548 us polling while requests were in flight,
+/// 268 us sleeping with them after a 20 us window, 225 us sleeping at once
+/// (docs/benchmarks.md, "Ceph RBD").
 const REMOTE_IDLE_WINDOW: Duration = Duration::from_micros(0);
 
 /// Everything needed to start a queue on a reactor. `Send`; built on the control plane.
