@@ -133,7 +133,7 @@ fn help_and_version_succeed() {
     let out = flashpath(&["--help"], &dir.path().join("x"));
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for cmd in ["serve", "disk", "vhost", "reactor", "version", "rpc"] {
+    for cmd in ["serve", "disk", "vhost", "nbd", "reactor", "version", "rpc"] {
         assert!(help.contains(cmd), "help lacks {cmd}: {help}");
     }
     let out = flashpath(&["--version"], &dir.path().join("x"));
@@ -301,6 +301,29 @@ fn rbd_options_that_do_not_go_together() {
         &["disk", "resize", "d", "--size", "2X"],
         "error: --size: '2X' is not a size (examples: 512MiB, 1G, 4096)",
     );
+}
+
+#[test]
+fn nbd_options_that_do_not_go_together() {
+    assert_usage(
+        &["nbd", "start", "d0", "/tmp/nbd.sock", "--tls-cert", "c.pem"],
+        "error: --tls-key: required with --tls-cert",
+    );
+    assert_usage(
+        &["nbd", "start", "d0", "/tmp/nbd.sock", "--tls-key", "k.pem"],
+        "error: --tls-cert: required with --tls-key",
+    );
+    assert_usage(
+        &["nbd", "start", "d0", "/tmp/nbd.sock", "--tls-ca", "ca.pem"],
+        "error: --tls-ca: only used with --tls-cert and --tls-key",
+    );
+    assert_usage(&["nbd", "start", "d0"], "error: missing required option <NBD_DEVICE>");
+    assert_usage(&["nbd", "stop"], "error: missing required option <NBD_DEVICE>");
+    assert_usage(
+        &["nbd", "start", "d0", "/x", "--read-only"],
+        "error: unknown option '--read-only' (did you mean '--readonly'?)",
+    );
+    assert_usage(&["nbd", "strat"], "error: unknown command 'strat' (did you mean 'start'?)");
 }
 
 /// The rbd commands against a daemon and a real cluster: a shared connection, disks on it
