@@ -755,6 +755,38 @@ mod tests {
         );
     }
 
+    /// Refusals of `[[nbd_disk]]` entries that come before any socket is bound; the exports
+    /// themselves start in `tests/cli.rs` (they need a daemon's reactors).
+    #[test]
+    fn nbd_entry_errors_name_table_index_and_field() {
+        let ram = "[[bdev]]\ntype = \"malloc\"\nname = \"a\"\nnum_blocks = 64\nblock_size = 512\n";
+        let cases = [
+            ("[[nbd_disk]]\nnbd_device = \"/x.sock\"\n", "nbd_disk[0].bdev_name: required parameter missing"),
+            ("[[nbd_disk]]\nbdev_name = \"a\"\n", "nbd_disk[0].nbd_device: required parameter missing"),
+            (
+                "[[nbd_disk]]\nbdev_name = \"a\"\nnbd_device = \"rel.sock\"\n",
+                "nbd_disk[0].nbd_device: 'rel.sock' is not an absolute socket path",
+            ),
+            (
+                "[[nbd_disk]]\nbdev_name = \"a\"\nnbd_device = \"/x.sock\"\ntls_cert = \"/c.pem\"\n",
+                "nbd_disk[0].tls_key: ",
+            ),
+            (
+                "[[nbd_disk]]\nbdev_name = \"a\"\nnbd_device = \"/x.sock\"\nread_only = true\n",
+                "nbd_disk[0].read_only: unknown parameter; accepted: ",
+            ),
+            (
+                "[[nbd_disk]]\nbdev_name = \"zz\"\nnbd_device = \"/x.sock\"\n",
+                "nbd_disk[0]: bdev 'zz' does not exist",
+            ),
+        ];
+        for (extra, want) in cases {
+            let err = apply(&format!("{ram}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
+            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
     #[test]
     fn qos_group_members_of_the_wrong_shape_are_refused_before_any_call() {
         let bdev = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
