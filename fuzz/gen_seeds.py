@@ -279,15 +279,24 @@ nbd_device = "nbd+unix:///again?socket=/var/tmp/flashpath/shared.nbd"
 readonly = true
 [[nbd_disk]]
 bdev_name = "ram0"
+nbd_device = "nbd://[::1]/loop"
+readonly = true
+[[nbd_disk]]
+bdev_name = "ram0"
 nbd_device = "nbd://0.0.0.0:10809/wide"
 readonly = true
 tls_cert = "@/garbage.pem"
 tls_key = "@/empty.pem"
 tls_ca = "/etc/ssl/certs/ca-certificates.crt"
+""",
+    "seed-nbd-refused": b"""[[bdev]]
+type = "null"
+name = "n0"
+num_blocks = 1024
+block_size = 512
 [[nbd_disk]]
-bdev_name = "ram0"
-nbd_device = "nbd://[::1]/loop"
-readonly = true
+bdev_name = "n0"
+nbd_device = "nbd+unix:///x?socket=%2Fetc%2Fpasswd&socket=/tmp/y"
 [[nbd_disk]]
 bdev_name = "n0"
 nbd_device = "relative.sock"

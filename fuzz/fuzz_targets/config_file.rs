@@ -29,8 +29,8 @@
 //! `fp_nbd::parse_device` accepts: an absolute path becomes `nbd/` plus the path with its `/`
 //! made `_`; each `socket=` value of an `nbd+unix://` URI (query kept, `%` made `_` too, so no
 //! escape leads out) the same; an `nbd://HOST[:PORT]/NAME` becomes
-//! `nbd+unix:///NAME?socket=<nbd>/tcp`, so the name's parsing and the exports sharing a listener
-//! stay reachable. Any other string is refused by the parser as written. `tls_cert`, `tls_key`
+//! `nbd+unix:///NAME?socket=<nbd>/tcp-HOST[:PORT]`, so the name's parsing and the exports
+//! sharing a listener (one per address as written) stay reachable. Any other string is refused by the parser as written. `tls_cert`, `tls_key`
 //! and `tls_ca` strings starting with `@` have it replaced by the scratch `tls` directory (which
 //! holds `garbage.pem`, not PEM, and `empty.pem`); any other is replaced by `tls/absent.pem`, so
 //! an input cannot make the target read an arbitrary file (`/dev/zero` would never end).
@@ -156,8 +156,10 @@ fn confine_nbd_device(device: &str, env: &Env) -> String {
         return format!("nbd+unix://{path}?{}", query.join("&"));
     }
     if let Some(rest) = device.strip_prefix("nbd://") {
-        let name = rest.split_once('/').map_or("", |(_, name)| name);
-        return format!("nbd+unix:///{name}?socket={}", nbd_socket(env, "tcp"));
+        // One socket per HOST:PORT as written, so exports on one TCP address still share a
+        // listener (and its TLS settings) and those on two do not.
+        let (authority, name) = rest.split_once('/').unwrap_or((rest, ""));
+        return format!("nbd+unix:///{name}?socket={}", nbd_socket(env, &format!("tcp-{authority}")));
     }
     device.to_string()
 }
