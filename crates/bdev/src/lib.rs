@@ -25,6 +25,7 @@
 use std::os::unix::io::RawFd;
 use std::sync::Arc;
 
+pub mod buf;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod disk;
@@ -32,6 +33,7 @@ pub mod module;
 pub mod modules;
 pub mod qos;
 
+pub use buf::AlignedBuf;
 pub use disk::{Disk, DiskEvent};
 pub use module::{BdevModule, ClaimType, ModuleError, ModuleHost, NewBdev};
 pub use modules::delay::{DelayDevice, DelayLatency, LatencyKind};
@@ -219,39 +221,6 @@ pub enum BdevError {
     Unsupported(String),
 }
 
-/// A block device: shared, created on the control plane.
-pub trait BlockDevice: Send + Sync {
-    fn info(&self) -> &BdevInfo;
-
-    /// Opens a channel for the calling thread. Called on the reactor that will use it.
-    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError>;
-
-    /// Changes the size to `num_blocks` (control plane). The caller has checked that nobody
-    /// depends on blocks a shrink would remove, and tells the device's holders afterwards.
-    fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
-        let _ = num_blocks;
-        Err(BdevError::Unsupported(format!("a {} bdev cannot be resized", self.info().driver)))
-    }
-    /// The [`Disk`] this device is, if it is one: a frontend then opens its channels by type
-    /// ([`Disk::open_typed`]) and saves a dynamic call per request.
-    fn as_disk(&self) -> Option<&Disk> {
-        None
-    }
-
-    /// The allocation state of `[offset, offset + len)` (block aligned, inside the device),
-    /// appended to `out` as extents in order: at least one, together at most `len` bytes (a
-    /// device may describe only a prefix, to bound the work of one call). Called on a reactor:
-    /// must not block for long (an `lseek` is fine, a network round trip is not).
-    ///
-    /// The default, for devices that cannot tell (or cannot tell cheaply): one extent, all
-    /// data. That is never wrong, only less useful: a hole is a promise, data is not.
-    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<BlockExtent>) -> Result<(), BdevError> {
-        self.info().check_status_range(offset, len)?;
-        out.push(BlockExtent::data(len));
-        Ok(())
-    }
-}
-
 /// A run of bytes with one allocation state (NBD's `base:allocation`; qemu's block status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockExtent {
@@ -285,6 +254,40 @@ impl BlockExtent {
             Some(last) if mine && last.hole == self.hole && last.zero == self.zero => last.len += self.len,
             _ => out.push(self),
         }
+    }
+}
+
+/// A block device: shared, created on the control plane.
+pub trait BlockDevice: Send + Sync {
+    fn info(&self) -> &BdevInfo;
+
+    /// Opens a channel for the calling thread. Called on the reactor that will use it.
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError>;
+
+    /// Changes the size to `num_blocks` (control plane). The caller has checked that nobody
+    /// depends on blocks a shrink would remove, and tells the device's holders afterwards.
+    fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
+        let _ = num_blocks;
+        Err(BdevError::Unsupported(format!("a {} bdev cannot be resized", self.info().driver)))
+    }
+
+    /// The allocation state of `[offset, offset + len)` (block aligned, inside the device),
+    /// appended to `out` as extents in order: at least one, together at most `len` bytes (a
+    /// device may describe only a prefix, to bound the work of one call). Called on a reactor:
+    /// must not block for long (an `lseek` is fine, a network round trip is not).
+    ///
+    /// The default, for devices that cannot tell (or cannot tell cheaply): one extent, all
+    /// data. That is never wrong, only less useful: a hole is a promise, data is not.
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<BlockExtent>) -> Result<(), BdevError> {
+        self.info().check_status_range(offset, len)?;
+        out.push(BlockExtent::data(len));
+        Ok(())
+    }
+
+    /// The [`Disk`] this device is, if it is one: a frontend then opens its channels by type
+    /// ([`Disk::open_typed`]) and saves a dynamic call per request.
+    fn as_disk(&self) -> Option<&Disk> {
+        None
     }
 }
 
