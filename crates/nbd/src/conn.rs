@@ -273,6 +273,9 @@ pub(crate) struct ConnPoller {
     receiving: Option<(u16, usize)>,
     /// Reading stopped for lack of slots or memory: resume when they free up.
     rx_stalled: bool,
+    /// Reading stopped at the round's limit with more perhaps waiting (in rustls's buffer,
+    /// which the socket's readiness does not show).
+    rx_more: bool,
     mem: usize,
     completions: Vec<(u32, IoStatus)>,
     extents: Vec<BlockExtent>,
@@ -320,6 +323,7 @@ impl ConnPoller {
             rx_end: 0,
             receiving: None,
             rx_stalled: false,
+            rx_more: false,
             mem: 0,
             completions: Vec::with_capacity(MAX_IN_FLIGHT),
             extents: Vec::with_capacity(MAX_EXTENTS),
@@ -378,6 +382,7 @@ impl ConnPoller {
     fn receive(&mut self) -> bool {
         let mut moved = false;
         self.rx_stalled = false;
+        self.rx_more = false;
         for _ in 0..READS_PER_ROUND {
             if self.closing.is_some() {
                 return moved;
@@ -446,6 +451,7 @@ impl ConnPoller {
                 }
             }
         }
+        self.rx_more = true;
         moved
     }
 
@@ -555,8 +561,9 @@ impl ConnPoller {
             CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES if len == 0 => refuse(self, 0, ""),
             CMD_READ => {
                 let slot = &mut self.slots[i as usize];
+                // Counted once, though a busy channel makes this run again.
+                self.mem += len as usize - slot.mem;
                 slot.mem = len as usize;
-                self.mem += len as usize;
                 let ptr = slot.buffer(len as usize).as_mut_ptr();
                 slot.iov = libc::iovec { iov_base: ptr.cast(), iov_len: len as usize };
                 self.submit(i, IoOp::Read, offset, len)
@@ -714,7 +721,10 @@ impl ConnPoller {
         for &(tag, status) in &done {
             let i = tag as u16;
             let slot = &mut self.slots[i as usize];
-            let fua = slot.req.flags & CMD_FLAG_FUA != 0 && slot.phase == Phase::Submitted;
+            // A device without a flush has no volatile cache: its writes are durable already.
+            let fua = slot.req.flags & CMD_FLAG_FUA != 0
+                && slot.phase == Phase::Submitted
+                && self.export.bdev.info().io_types.flush;
             if status == IoStatus::Success && fua {
                 slot.flush_due = true;
                 slot.phase = Phase::Ready;
@@ -868,7 +878,7 @@ impl Poller for ConnPoller {
         (self.channel.in_flight() > 0 && !self.channel.sleeps_in_flight())
             || !self.ready.is_empty()
             || (!self.tx.is_empty() && !self.tx_blocked && !self.broken)
-            || (self.rx_stalled && self.can_accept())
+            || ((self.rx_stalled || self.rx_more) && self.can_accept())
             || (self.closing.is_some() && self.drained())
     }
 
