@@ -283,6 +283,8 @@ pub(crate) struct ConnPoller {
     closing: Option<String>,
     /// The socket failed: replies are dropped; it waits for the device and closes.
     broken: bool,
+    /// The client broke the protocol (or vanished mid-request): logged as a warning.
+    misbehaved: bool,
     stop_reply: Option<SyncSender<()>>,
 }
 
@@ -329,6 +331,7 @@ impl ConnPoller {
             extents: Vec::with_capacity(MAX_EXTENTS),
             closing: None,
             broken: false,
+            misbehaved: false,
             stop_reply: None,
         })
     }
@@ -407,6 +410,7 @@ impl ConnPoller {
                         let why =
                             format!("client disconnected in the middle of a write ({filled} of {len} bytes)");
                         self.close_after(why);
+                        self.misbehaved = true;
                         return true;
                     }
                     Recv::Failed(e) => {
@@ -437,7 +441,8 @@ impl ConnPoller {
                 }
                 Recv::WouldBlock => return moved,
                 Recv::Eof => {
-                    let why = if self.rx_end > self.rx_start {
+                    self.misbehaved = self.rx_end > self.rx_start;
+                    let why = if self.misbehaved {
                         "client disconnected in the middle of a request header"
                     } else {
                         "client closed the connection"
@@ -467,7 +472,9 @@ impl ConnPoller {
             let req = match Request::parse(head) {
                 Ok(r) => r,
                 Err(e) => {
-                    self.fail(e.to_string());
+                    // Nothing after this can be framed; requests before it are still answered.
+                    self.close_after(e.to_string());
+                    self.misbehaved = true;
                     return true;
                 }
             };
@@ -812,7 +819,7 @@ impl ConnPoller {
             }
         }
         let (export, peer) = (&self.export.name, &self.peer);
-        if self.broken || why.contains("middle") {
+        if self.broken || self.misbehaved {
             log::warn!("nbd export '{export}': {peer}: {why}; connection closed");
         } else {
             log::info!("nbd export '{export}': {peer}: {why}; connection closed");
