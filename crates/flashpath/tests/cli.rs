@@ -391,11 +391,12 @@ fn nbd_commands_on_a_daemon() {
     assert!(e.starts_with("error: --tls-cert: ") && e.contains("needs tls_cert and tls_key"), "{e}");
     let missing = d.dir.path().join("missing.pem");
     let missing = missing.to_str().unwrap();
+    let tls_sock = d.dir.path().join("tls.nbd");
     let e = refused(&[
         "nbd",
         "start",
         "d1",
-        "/tmp/fp-cli-x.nbd",
+        tls_sock.to_str().unwrap(),
         "--readonly",
         "--tls-cert",
         missing,
@@ -403,6 +404,7 @@ fn nbd_commands_on_a_daemon() {
         missing,
     ]);
     assert!(e.starts_with("error: --tls-cert: cannot read "), "{e}");
+    assert!(!tls_sock.exists(), "a refused export leaves no socket");
     // d0 is exported writable: claimed alone, even by a reader.
     let e = refused(&["nbd", "start", "d0", d.dir.path().join("again.nbd").to_str().unwrap(), "--readonly"]);
     assert!(e.starts_with("error: ") && e.contains("d0"), "{e}");
