@@ -26,6 +26,7 @@
 pub mod ceph;
 pub mod guest;
 pub mod load;
+pub mod nbd;
 
 use std::ffi::OsString;
 use std::fs::File;
