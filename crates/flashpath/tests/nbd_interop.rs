@@ -65,17 +65,24 @@ fn qemu_img_convert_compare_and_info_into_and_out_of_a_unix_export() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    // compare reads the export for real: one byte changed in the file is found, at its offset.
+    // compare reads the export for real: one byte changed in the file is found, in the
+    // sector-aligned piece that holds it (qemu-img names where that piece starts).
     let mut changed = data.clone();
-    changed[5 * MIB as usize + 123] ^= 0x5a;
+    let at = 5 * MIB + 123;
+    changed[at as usize] ^= 0x5a;
     let other = daemon.dir.path().join("changed.raw");
     std::fs::write(&other, &changed).unwrap();
     let out = qemu_img(&["compare", "-f", "raw", "-F", "raw", other.to_str().unwrap(), &uri]);
     assert_eq!(out.status.code(), Some(1), "qemu-img compare of different contents: {out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let reported: u64 = stdout
+        .trim()
+        .strip_prefix("Content mismatch at offset ")
+        .and_then(|r| r.trim_end_matches('!').parse().ok())
+        .unwrap_or_else(|| panic!("qemu-img compare's mismatch line: {stdout}"));
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains(&(5 * MIB + 123).to_string()),
-        "qemu-img compare names the first differing offset: {}",
-        String::from_utf8_lossy(&out.stdout)
+        reported <= at && at - reported < 2 * MIB,
+        "mismatch reported at {reported}, the byte is at {at}"
     );
 
     let back = daemon.dir.path().join("back.raw");
@@ -591,10 +598,11 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// qemu-img's `json:` filename of an NBD export over TCP with TLS credentials `tls0`.
+/// qemu-img's `json:` filename of an NBD export over TCP with TLS credentials `tls0`, in a raw
+/// format layer (so that `-f raw`/`-F raw`/`-O raw` find the protocol layer they expect).
 fn tls_json(port: u16, name: &str) -> String {
     format!(
-        r#"json:{{"driver":"nbd","server":{{"type":"inet","host":"127.0.0.1","port":"{port}"}},"export":"{name}","tls-creds":"tls0"}}"#
+        r#"json:{{"driver":"raw","file":{{"driver":"nbd","server":{{"type":"inet","host":"127.0.0.1","port":"{port}"}},"export":"{name}","tls-creds":"tls0"}}}}"#
     )
 }
 
