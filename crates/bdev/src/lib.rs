@@ -25,6 +25,7 @@
 use std::os::unix::io::RawFd;
 use std::sync::Arc;
 
+pub mod buf;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod disk;
@@ -32,6 +33,7 @@ pub mod module;
 pub mod modules;
 pub mod qos;
 
+pub use buf::AlignedBuf;
 pub use disk::{Disk, DiskEvent};
 pub use module::{BdevModule, ClaimType, ModuleError, ModuleHost, NewBdev};
 pub use modules::delay::{DelayDevice, DelayLatency, LatencyKind};
@@ -200,6 +202,16 @@ pub enum BdevError {
     Unsupported(String),
 }
 
+/// A run of bytes with one allocation state (NBD's `base:allocation`, qemu's block status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockExtent {
+    pub len: u64,
+    /// Not allocated.
+    pub hole: bool,
+    /// Reads return zeroes.
+    pub zero: bool,
+}
+
 /// A block device: shared, created on the control plane.
 pub trait BlockDevice: Send + Sync {
     fn info(&self) -> &BdevInfo;
@@ -213,6 +225,16 @@ pub trait BlockDevice: Send + Sync {
         let _ = num_blocks;
         Err(BdevError::Unsupported(format!("a {} bdev cannot be resized", self.info().driver)))
     }
+    /// The allocation state of `[offset, offset + len)` (block aligned, inside the device),
+    /// appended to `out` as extents in order: at least one, together at most `len` bytes (a
+    /// device may describe only a prefix). Called on a reactor, so it must not block for long.
+    /// The default: all data.
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<BlockExtent>) -> Result<(), BdevError> {
+        let _ = offset;
+        out.push(BlockExtent { len, hole: false, zero: false });
+        Ok(())
+    }
+
     /// The [`Disk`] this device is, if it is one: a frontend then opens its channels by type
     /// ([`Disk::open_typed`]) and saves a dynamic call per request.
     fn as_disk(&self) -> Option<&Disk> {

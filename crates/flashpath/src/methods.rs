@@ -75,6 +75,10 @@ const METHODS: &[(&str, MethodFn)] = &[
     ("vhost_get_controllers", Methods::vhost_get_controllers),
     ("vhost_delete_controller", Methods::vhost_delete_controller),
     ("vhost_controller_set_coalescing", Methods::vhost_controller_set_coalescing),
+    // NBD exports (methods/nbd.rs).
+    ("nbd_start_disk", Methods::nbd_start_disk),
+    ("nbd_stop_disk", Methods::nbd_stop_disk),
+    ("nbd_get_disks", Methods::nbd_get_disks),
     ("framework_get_reactors", Methods::framework_get_reactors),
     ("rpc_get_methods", Methods::rpc_get_methods),
     ("spdk_get_version", Methods::spdk_get_version),
@@ -383,6 +387,7 @@ fn controller_json(c: &ControllerInfo) -> Value {
 }
 
 mod iostat;
+mod nbd;
 mod qos;
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub mod modules;
 mod qos;
 
 pub use export_dirs::{ExportDirError, ExportDirs};
+pub use exports::nbd::{NbdDiskInfo, NbdSpec};
 pub use exports::vhost_blk::VhostBlkSpec;
 pub use exports::Export;
 pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_CONTROLLERS};
@@ -304,6 +305,8 @@ pub struct Registry {
     state: Mutex<State>,
     /// Each module's own state ([`fp_bdev::ModuleHost::module_state`]: the lvstores, ...).
     module_states: Mutex<BTreeMap<&'static str, Arc<dyn Any + Send + Sync>>>,
+    /// The NBD listeners (exports/nbd.rs).
+    nbd: fp_nbd::NbdServer,
 }
 
 impl Registry {
@@ -328,6 +331,7 @@ impl Registry {
                 qos_groups: BTreeMap::new(),
             }),
             module_states: Mutex::new(BTreeMap::new()),
+            nbd: fp_nbd::NbdServer::new(),
         })
     }
 

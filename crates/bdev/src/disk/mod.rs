@@ -388,6 +388,15 @@ impl BlockDevice for Disk {
     fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
         self.0.bdev.resize(num_blocks)
     }
+
+    fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut Vec<crate::BlockExtent>,
+    ) -> Result<(), BdevError> {
+        self.0.bdev.block_status(offset, len, out)
+    }
 }
 
 /// Slab entries made when a channel opens (tags below this need no growth).

@@ -18,7 +18,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_bdev::{Bdev, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{AlignedBuf, Bdev, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
 use super::shared::{ChannelShared, Layer, Piece, Reply, View, VolumeShared};
 use super::Geometry;
@@ -58,35 +58,6 @@ const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Bytes the owner moves per base request when copying or zeroing clusters.
 const CHUNK: usize = 1 << 20;
-
-/// A heap buffer aligned for O_DIRECT.
-struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
-}
-
-impl AlignedBuf {
-    fn zeroed(len: usize) -> AlignedBuf {
-        let layout = std::alloc::Layout::from_size_align(len, PAGE_SIZE).expect("valid layout");
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, len }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: `len` initialised bytes owned by this buffer.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(self.len, PAGE_SIZE).expect("valid layout");
-        // SAFETY: allocated in `zeroed` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
-    }
-}
 
 /// Synchronous I/O on the owner's channel of the base bdev.
 pub(crate) struct BaseIo {
@@ -151,12 +122,12 @@ impl BaseIo {
     }
 
     fn read_into_buf(&mut self, offset: u64, len: usize) -> Result<(), i32> {
-        let p = self.buf.ptr.as_ptr();
+        let p = self.buf.as_mut_ptr();
         self.run(IoOp::Read, offset, len as u64, p)
     }
 
     fn write_from_buf(&mut self, offset: u64, len: usize) -> Result<(), i32> {
-        let p = self.buf.ptr.as_ptr();
+        let p = self.buf.as_mut_ptr();
         self.run(IoOp::Write, offset, len as u64, p)
     }
 
@@ -187,7 +158,7 @@ impl BaseIo {
         let mut done = 0;
         while done < len {
             let n = (len - done).min(CHUNK as u64);
-            let p = self.zeroes.ptr.as_ptr();
+            let p = self.zeroes.as_mut_ptr();
             self.run(IoOp::Write, offset + done, n, p)?;
             done += n;
         }

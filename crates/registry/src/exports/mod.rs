@@ -1,4 +1,4 @@
-//! Exports: what serves a bdev to the outside (a vhost-user-blk controller; NBD later).
+//! Exports: what serves a bdev to the outside (a vhost-user-blk controller, an NBD export).
 //!
 //! An export claims its bdev for as long as it lives, with the claim type it needs (a writable
 //! export excludes every other claim, read-only ones share the bdev). Each kind is one file
@@ -12,6 +12,7 @@ use fp_bdev::{Bdev, ClaimType};
 
 use crate::{Claim, Registry, RegistryError};
 
+pub mod nbd;
 pub mod vhost_blk;
 
 /// A running export.

@@ -1,0 +1,50 @@
+//! NBD export methods, with SPDK's names: `nbd_start_disk {bdev_name, nbd_device}`,
+//! `nbd_stop_disk {nbd_device}`, `nbd_get_disks {nbd_device?}`. SPDK's `nbd_device` is the
+//! kernel device it drives (`/dev/nbd0`); flashpath serves the protocol itself, so it is the
+//! listener: a Unix socket path or an NBD URI (docs/nbd.md). flashpath adds `readonly` and the
+//! TLS files `tls_cert`, `tls_key` and `tls_ca`.
+
+use std::path::PathBuf;
+
+use fp_nbd::TlsFiles;
+use fp_registry::NbdSpec;
+use fp_rpc::{ParamError, Params};
+use serde_json::{json, Value};
+
+use super::{MethodError, Methods};
+
+impl Methods {
+    pub(super) fn nbd_start_disk(&self, mut p: Params) -> Result<Value, MethodError> {
+        let bdev_name = p.required_str("bdev_name")?;
+        let nbd_device = p.required_str("nbd_device")?;
+        let readonly = p.optional_bool("readonly")?.unwrap_or(false);
+        let cert = p.optional_str("tls_cert")?.map(PathBuf::from);
+        let key = p.optional_str("tls_key")?.map(PathBuf::from);
+        let ca = p.optional_str("tls_ca")?.map(PathBuf::from);
+        p.finish()?;
+        let tls = match (cert, key, ca) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), ca) => Some(TlsFiles { cert, key, ca }),
+            (None, _, _) => {
+                return Err(ParamError::new("tls_cert", "tls_key and tls_ca need tls_cert").into())
+            }
+            (Some(_), None, _) => return Err(ParamError::new("tls_key", "tls_cert needs tls_key").into()),
+        };
+        self.registry.start_nbd(NbdSpec { bdev_name, nbd_device: nbd_device.clone(), readonly, tls })?;
+        Ok(json!(nbd_device))
+    }
+
+    pub(super) fn nbd_stop_disk(&self, mut p: Params) -> Result<Value, MethodError> {
+        let nbd_device = p.required_str("nbd_device")?;
+        p.finish()?;
+        self.registry.stop_nbd(&nbd_device)?;
+        Ok(json!(true))
+    }
+
+    pub(super) fn nbd_get_disks(&self, mut p: Params) -> Result<Value, MethodError> {
+        let nbd_device = p.optional_str("nbd_device")?;
+        p.finish()?;
+        let disks = self.registry.nbd_disks(nbd_device.as_deref())?;
+        Ok(serde_json::to_value(disks).expect("plain data serialises"))
+    }
+}

@@ -1,0 +1,20 @@
+//! The NBD server frontend: any bdev exported to host tools and remote clients over the
+//! Network Block Device protocol (fixed newstyle handshake, structured replies,
+//! `base:allocation` block status, multi-conn, TLS), on the reactors. See docs/nbd.md.
+//!
+//! * [`proto`]: the wire format;
+//! * [`handshake`]: option negotiation without I/O (what the fuzz target drives);
+//! * [`address`]: `nbd_device` strings (socket paths and NBD URIs);
+//! * [`tls`]: rustls configuration from PEM files;
+//! * `server`: listeners, handshake threads, exports; `conn`: a connection's poller.
+
+pub mod address;
+mod conn;
+pub mod handshake;
+pub mod proto;
+mod server;
+pub mod tls;
+
+pub use address::{parse_device, Address, Device};
+pub use server::{ExportHandle, ExportSpec, NbdError, NbdServer};
+pub use tls::TlsFiles;

@@ -1,0 +1,607 @@
+//! Listeners and exports, on the control plane. A listener thread accepts connections on one
+//! address and gives each a short-lived thread for the handshake (blocking I/O with a timeout;
+//! the TLS handshake too); once the client picks an export with NBD_OPT_GO or
+//! NBD_OPT_EXPORT_NAME, the connection (socket, TLS state, what was negotiated) moves to one of
+//! the export's reactors by message and is served there by a [`ConnPoller`]. Several exports
+//! may share a listener; the last one to stop closes it.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use fp_bdev::Bdev;
+use fp_reactor::{PollerId, ReactorHandle};
+use rustls::ServerConfig;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::address::Address;
+use crate::conn::{ConnPoller, ConnSetup};
+use crate::handshake::{ExportInfo, ExportLookup, Negotiation, Step, Transmission};
+use crate::proto::*;
+use crate::tls::{server_config, TlsFiles};
+
+/// Handshakes one listener runs at once; more connections are closed at once (and logged), so
+/// a flood of idle connections cannot pin threads.
+const MAX_HANDSHAKES: usize = 64;
+
+/// How long a client may take over a handshake step before it is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long stopping an export waits for one connection's requests to finish.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why an export cannot start; `field` names the `nbd_start_disk` parameter to blame.
+#[derive(Debug, thiserror::Error)]
+#[error("{reason}")]
+pub struct NbdError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> NbdError {
+    NbdError { field, reason: reason.into() }
+}
+
+/// What to export, and where.
+pub struct ExportSpec {
+    /// The name clients ask for.
+    pub name: String,
+    pub bdev: Bdev,
+    pub readonly: bool,
+    /// Connections are spread over these, round robin.
+    pub reactors: Vec<ReactorHandle>,
+    pub address: Address,
+    /// TLS files; every export on a listener must agree with the listener's.
+    pub tls: Option<TlsFiles>,
+    /// The mode a Unix socket gets once bound.
+    pub socket_mode: u32,
+}
+
+/// An export as its listener, its connections and the registry share it.
+pub(crate) struct ExportShared {
+    pub(crate) name: String,
+    pub(crate) bdev: Bdev,
+    pub(crate) readonly: bool,
+    reactors: Vec<ReactorHandle>,
+    next_reactor: AtomicUsize,
+    /// Its connections' pollers; touched when a connection starts or ends and on stop.
+    conns: Mutex<Conns>,
+    pub(crate) connections: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Conns {
+    stopping: bool,
+    /// Each connection's reactor, poller and whether it still runs (cleared when it ends).
+    live: Vec<(ReactorHandle, PollerId, Arc<AtomicBool>)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ExportShared {
+    /// Transmission flags: what the device supports, less what a read-only export refuses.
+    /// Every backend's flush covers the whole device (an fsync, a librbd flush, ...), whichever
+    /// channel it comes from, so a flush on one connection covers writes completed on all of
+    /// them: multi-conn is safe.
+    fn flags(&self) -> u16 {
+        let t = self.bdev.info().io_types;
+        let mut f = TFLAG_HAS_FLAGS | TFLAG_SEND_CACHE | TFLAG_CAN_MULTI_CONN | TFLAG_SEND_DF;
+        if t.flush {
+            f |= TFLAG_SEND_FLUSH | TFLAG_SEND_FUA;
+        }
+        if self.readonly {
+            f |= TFLAG_READ_ONLY;
+        } else {
+            if t.unmap {
+                f |= TFLAG_SEND_TRIM;
+            }
+            if t.write_zeroes {
+                f |= TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+            }
+        }
+        f
+    }
+
+    /// Closes every connection once its requests are answered.
+    fn stop_connections(&self) {
+        let live = {
+            let mut c = lock(&self.conns);
+            c.stopping = true;
+            std::mem::take(&mut c.live)
+        };
+        let (tx, rx) = mpsc::sync_channel(live.len().max(1));
+        let mut waiting = 0;
+        for (reactor, id, _) in live {
+            let tx = tx.clone();
+            let asked = reactor.call(move |r| match r.poller_mut::<ConnPoller>(id) {
+                Some(p) => {
+                    p.request_stop(tx);
+                    true
+                }
+                None => false,
+            });
+            waiting += usize::from(asked == Some(true));
+        }
+        for _ in 0..waiting {
+            if rx.recv_timeout(STOP_TIMEOUT).is_err() {
+                log::warn!("nbd export '{}': a connection did not finish its requests in time", self.name);
+                break;
+            }
+        }
+    }
+}
+
+/// A listener's state shared with its threads.
+struct ListenerShared {
+    address: Address,
+    tls: Option<(TlsFiles, Arc<ServerConfig>)>,
+    exports: Mutex<BTreeMap<String, Arc<ExportShared>>>,
+    handshakes: AtomicUsize,
+}
+
+impl ExportLookup for ListenerShared {
+    type Export = Arc<ExportShared>;
+
+    fn find(&self, name: &str) -> Result<(String, Arc<ExportShared>), String> {
+        let exports = lock(&self.exports);
+        if name.is_empty() {
+            let mut it = exports.values();
+            return match (it.next(), it.next()) {
+                (Some(e), None) => Ok((e.name.clone(), e.clone())),
+                _ => Err(format!("{} has {} exports: name one", self.address, exports.len())),
+            };
+        }
+        exports
+            .get(name)
+            .map(|e| (e.name.clone(), e.clone()))
+            .ok_or_else(|| format!("no export named '{name}'"))
+    }
+
+    fn names(&self) -> Vec<String> {
+        lock(&self.exports).keys().cloned().collect()
+    }
+
+    fn info(&self, e: &Arc<ExportShared>) -> ExportInfo {
+        let info = e.bdev.info();
+        ExportInfo {
+            size: info.size_bytes(),
+            flags: e.flags(),
+            min_block: info.block_size,
+            description: format!("flashpath bdev {}", info.name),
+        }
+    }
+}
+
+struct Listener {
+    shared: Arc<ListenerShared>,
+    stop: EventFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Listener {
+    fn close(mut self) {
+        let _ = self.stop.write(1);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Address::Unix(path) = &self.shared.address {
+            let _ = std::fs::remove_file(path);
+        }
+        log::info!("nbd listener {} closed", self.shared.address);
+    }
+}
+
+/// Every NBD listener of the daemon.
+#[derive(Default, Clone)]
+pub struct NbdServer {
+    listeners: Arc<Mutex<BTreeMap<Address, Listener>>>,
+}
+
+/// A running export; [`ExportHandle::stop`] ends it.
+pub struct ExportHandle {
+    server: NbdServer,
+    address: Address,
+    shared: Arc<ExportShared>,
+}
+
+impl ExportHandle {
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    pub fn address(&self) -> &Address {
+        &self.address
+    }
+
+    /// Connections in the transmission phase now.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::Relaxed)
+    }
+
+    /// Takes the export off its listener (new clients no longer find it), closes the listener
+    /// if it was the last, and closes its connections once their requests are answered.
+    pub fn stop(self) {
+        let listener = {
+            let mut ls = lock(&self.server.listeners);
+            let empty = match ls.get(&self.address) {
+                Some(l) => {
+                    let mut ex = lock(&l.shared.exports);
+                    ex.remove(&self.shared.name);
+                    ex.is_empty()
+                }
+                None => false,
+            };
+            if empty {
+                ls.remove(&self.address)
+            } else {
+                None
+            }
+        };
+        if let Some(l) = listener {
+            l.close();
+        }
+        self.shared.stop_connections();
+    }
+}
+
+impl NbdServer {
+    pub fn new() -> NbdServer {
+        NbdServer::default()
+    }
+
+    /// Starts an export: on the listener of its address, which is opened when it is the first.
+    pub fn start(&self, spec: ExportSpec) -> Result<ExportHandle, NbdError> {
+        if spec.reactors.is_empty() {
+            return Err(invalid("nbd_device", "the daemon has no reactor to serve connections"));
+        }
+        if spec.name.is_empty() || spec.name.len() > 4096 {
+            return Err(invalid("nbd_device", "the export name must be 1 to 4096 bytes"));
+        }
+        let local = spec.address.is_local().map_err(|e| invalid("nbd_device", e))?;
+        if !local && spec.tls.is_none() {
+            return Err(invalid(
+                "tls_cert",
+                format!("{} is reachable from other hosts: it needs tls_cert and tls_key", spec.address),
+            ));
+        }
+        let export = Arc::new(ExportShared {
+            name: spec.name.clone(),
+            bdev: spec.bdev,
+            readonly: spec.readonly,
+            reactors: spec.reactors,
+            next_reactor: AtomicUsize::new(0),
+            conns: Mutex::new(Conns::default()),
+            connections: AtomicUsize::new(0),
+        });
+        let mut ls = lock(&self.listeners);
+        if let Some(l) = ls.get(&spec.address) {
+            if l.shared.tls.as_ref().map(|t| &t.0) != spec.tls.as_ref() {
+                return Err(invalid(
+                    "tls_cert",
+                    format!("{} already serves exports with other TLS settings", spec.address),
+                ));
+            }
+            let mut ex = lock(&l.shared.exports);
+            if ex.contains_key(&spec.name) {
+                return Err(invalid(
+                    "nbd_device",
+                    format!("{} already exports '{}'", spec.address, spec.name),
+                ));
+            }
+            ex.insert(spec.name.clone(), export.clone());
+        } else {
+            let tls = match spec.tls {
+                Some(files) => {
+                    let config = server_config(&files).map_err(|e| invalid(e.field, e.reason))?;
+                    Some((files, config))
+                }
+                None => None,
+            };
+            let shared = Arc::new(ListenerShared {
+                address: spec.address.clone(),
+                tls,
+                exports: Mutex::new(BTreeMap::from([(spec.name.clone(), export.clone())])),
+                handshakes: AtomicUsize::new(0),
+            });
+            let l = listen(shared, spec.socket_mode)?;
+            ls.insert(spec.address.clone(), l);
+        }
+        Ok(ExportHandle { server: self.clone(), address: spec.address, shared: export })
+    }
+}
+
+/// A bound listening socket.
+enum Bound {
+    Unix(UnixListener),
+    Tcp(Vec<TcpListener>),
+}
+
+/// A connection's socket during the handshake.
+enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => {
+                s.set_read_timeout(t)?;
+                s.set_write_timeout(t)
+            }
+            Stream::Tcp(s) => {
+                s.set_read_timeout(t)?;
+                s.set_write_timeout(t)
+            }
+        }
+    }
+
+    fn into_fd(self) -> io::Result<OwnedFd> {
+        self.set_timeouts(None)?;
+        Ok(match self {
+            Stream::Unix(s) => {
+                s.set_nonblocking(true)?;
+                s.into()
+            }
+            Stream::Tcp(s) => {
+                s.set_nonblocking(true)?;
+                s.into()
+            }
+        })
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn listen(shared: Arc<ListenerShared>, socket_mode: u32) -> Result<Listener, NbdError> {
+    let bind_err = |e: io::Error| invalid("nbd_device", format!("cannot listen on {}: {e}", shared.address));
+    let bound = match &shared.address {
+        Address::Unix(path) => {
+            // A socket file left by a daemon that died is replaced; anything else is not.
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                use std::os::unix::fs::FileTypeExt;
+                if !meta.file_type().is_socket() || UnixStream::connect(path).is_ok() {
+                    return Err(invalid("nbd_device", format!("{} exists and is in use", path.display())));
+                }
+                let _ = std::fs::remove_file(path);
+            }
+            let l = UnixListener::bind(path).map_err(bind_err)?;
+            if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(socket_mode)) {
+                let _ = std::fs::remove_file(path);
+                return Err(invalid("nbd_device", format!("cannot set the mode of {}: {e}", path.display())));
+            }
+            l.set_nonblocking(true).map_err(bind_err)?;
+            Bound::Unix(l)
+        }
+        Address::Tcp { .. } => {
+            let addrs = shared.address.resolve().map_err(|e| invalid("nbd_device", e))?;
+            let mut ls = Vec::new();
+            for a in addrs {
+                let l = TcpListener::bind(a).map_err(bind_err)?;
+                l.set_nonblocking(true).map_err(bind_err)?;
+                ls.push(l);
+            }
+            Bound::Tcp(ls)
+        }
+    };
+    let stop = EventFd::new(EFD_NONBLOCK).map_err(|e| invalid("nbd_device", format!("eventfd: {e}")))?;
+    let stop_fd = stop.try_clone().map_err(|e| invalid("nbd_device", format!("eventfd: {e}")))?;
+    let s = shared.clone();
+    let thread = std::thread::Builder::new()
+        .name("nbd-listen".into())
+        .spawn(move || accept_loop(bound, stop_fd, s))
+        .map_err(|e| invalid("nbd_device", format!("cannot start the listener thread: {e}")))?;
+    log::info!("nbd listener on {}{}", shared.address, if shared.tls.is_some() { " (TLS)" } else { "" });
+    Ok(Listener { shared, stop, thread: Some(thread) })
+}
+
+fn accept_loop(bound: Bound, stop: EventFd, shared: Arc<ListenerShared>) {
+    let mut fds: Vec<libc::pollfd> =
+        vec![libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+    match &bound {
+        Bound::Unix(l) => fds.push(libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 }),
+        Bound::Tcp(ls) => fds.extend(ls.iter().map(|l| libc::pollfd {
+            fd: l.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })),
+    }
+    loop {
+        // SAFETY: `fds` is a valid array of pollfd of the given length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            log::error!("nbd listener {}: poll failed: {}", shared.address, io::Error::last_os_error());
+            return;
+        }
+        if fds[0].revents != 0 {
+            return;
+        }
+        for i in 1..fds.len() {
+            if fds[i].revents == 0 {
+                continue;
+            }
+            let accepted = match &bound {
+                Bound::Unix(l) => l.accept().map(|(s, _)| (Stream::Unix(s), "unix client".to_string())),
+                Bound::Tcp(ls) => ls[i - 1].accept().map(|(s, peer)| {
+                    let _ = s.set_nodelay(true);
+                    (Stream::Tcp(s), peer.to_string())
+                }),
+            };
+            match accepted {
+                Ok((stream, peer)) => start_handshake(&shared, stream, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => log::warn!("nbd listener {}: accept: {e}", shared.address),
+            }
+        }
+    }
+}
+
+fn start_handshake(shared: &Arc<ListenerShared>, stream: Stream, peer: String) {
+    if shared.handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
+        shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+        log::warn!(
+            "nbd listener {}: {peer}: {MAX_HANDSHAKES} handshakes already running; connection closed",
+            shared.address
+        );
+        return;
+    }
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new().name("nbd-handshake".into()).spawn(move || {
+        let result = negotiate(&s, stream, &peer);
+        s.handshakes.fetch_sub(1, Ordering::AcqRel);
+        match result {
+            Ok(()) => {}
+            Err(reason) => log::warn!("nbd listener {}: {peer}: {reason}; connection closed", s.address),
+        }
+    });
+    if let Err(e) = spawned {
+        shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+        log::warn!("nbd listener {}: cannot start a handshake thread: {e}", shared.address);
+    }
+}
+
+/// The handshake's byte stream: plain, or TLS after NBD_OPT_STARTTLS.
+struct Link {
+    stream: Stream,
+    tls: Option<Box<rustls::ServerConnection>>,
+}
+
+impl Link {
+    fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        match &mut self.tls {
+            None => self.stream.read_exact(buf),
+            Some(c) => rustls::Stream::new(&mut **c, &mut self.stream).read_exact(buf),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match &mut self.tls {
+            None => self.stream.write_all(buf),
+            Some(c) => {
+                let mut s = rustls::Stream::new(&mut **c, &mut self.stream);
+                s.write_all(buf)?;
+                s.flush()
+            }
+        }
+    }
+}
+
+fn negotiate(shared: &Arc<ListenerShared>, stream: Stream, peer: &str) -> Result<(), String> {
+    stream.set_timeouts(Some(HANDSHAKE_TIMEOUT)).map_err(|e| format!("socket setup: {e}"))?;
+    let mut link = Link { stream, tls: None };
+    let io = |what: &str, e: io::Error| format!("{what}: {e}");
+    link.write_all(&greeting()).map_err(|e| io("sending the greeting", e))?;
+    let mut flags = [0u8; 4];
+    link.read_exact(&mut flags).map_err(|e| io("reading the client flags", e))?;
+    let mut neg = Negotiation::new(shared.tls.is_some());
+    neg.client_flags(u32::from_be_bytes(flags))?;
+    let mut out = Vec::new();
+    let mut data = Vec::new();
+    loop {
+        let mut h = [0u8; OPTION_HEADER_LEN];
+        link.read_exact(&mut h).map_err(|e| io("reading an option", e))?;
+        let header = OptionHeader::parse(&h).ok_or("bad option magic")?;
+        neg.check_header(&header)?;
+        data.resize(header.length as usize, 0);
+        link.read_exact(&mut data).map_err(|e| io("reading an option's data", e))?;
+        out.clear();
+        let step = neg.option(&**shared, header, &data, &mut out);
+        match step {
+            Step::Close(reason) => return Err(reason),
+            Step::Abort => {
+                let _ = link.write_all(&out);
+                return Ok(());
+            }
+            Step::Continue => link.write_all(&out).map_err(|e| io("sending an option reply", e))?,
+            Step::StartTls => {
+                link.write_all(&out).map_err(|e| io("sending an option reply", e))?;
+                let config = shared.tls.as_ref().expect("STARTTLS only on TLS listeners").1.clone();
+                let mut conn = rustls::ServerConnection::new(config).map_err(|e| format!("TLS: {e}"))?;
+                while conn.is_handshaking() {
+                    conn.complete_io(&mut link.stream).map_err(|e| format!("TLS handshake: {e}"))?;
+                }
+                link.tls = Some(Box::new(conn));
+                neg.tls_started();
+            }
+            Step::Go(t) => {
+                link.write_all(&out).map_err(|e| io("sending an option reply", e))?;
+                return hand_over(link, t, peer);
+            }
+        }
+    }
+}
+
+/// Moves a negotiated connection to a reactor of its export.
+fn hand_over(link: Link, t: Transmission<Arc<ExportShared>>, peer: &str) -> Result<(), String> {
+    let export = t.export;
+    let fd = link.stream.into_fd().map_err(|e| format!("socket setup: {e}"))?;
+    let i = export.next_reactor.fetch_add(1, Ordering::Relaxed) % export.reactors.len();
+    let reactor = export.reactors[i].clone();
+    let setup = ConnSetup {
+        fd,
+        tls: link.tls,
+        export: export.clone(),
+        structured: t.structured,
+        allocation: t.allocation,
+        peer: peer.to_string(),
+    };
+    log::info!(
+        "nbd export '{}': {peer} connected (reactor {}, {} replies{})",
+        export.name,
+        reactor.id(),
+        if t.structured { "structured" } else { "simple" },
+        if t.allocation { ", base:allocation" } else { "" }
+    );
+    let handle = reactor.clone();
+    reactor.send(move |r| {
+        let export = setup.export.clone();
+        let mut conns = lock(&export.conns);
+        if conns.stopping {
+            log::info!("nbd export '{}': {}: export stopping; connection closed", export.name, setup.peer);
+            return;
+        }
+        let alive = Arc::new(AtomicBool::new(true));
+        match ConnPoller::new(setup, alive.clone()) {
+            Ok(p) => {
+                let id = r.add_poller(Box::new(p));
+                conns.live.retain(|c| c.2.load(Ordering::Relaxed));
+                conns.live.push((handle, id, alive));
+            }
+            Err(e) => {
+                log::warn!("nbd export '{}': cannot open a channel: {e}; connection closed", export.name)
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! NBD exports (`nbd_start_disk` and friends): a bdev served over the NBD protocol on a Unix
+//! socket or a TCP address (crates/nbd). The registry knows an export by its `nbd_device`
+//! string, as SPDK's `nbd_stop_disk` does.
+
+use std::any::Any;
+
+use fp_bdev::ClaimType;
+use fp_nbd::{ExportHandle, ExportSpec, TlsFiles};
+
+use super::{Export, NewExport};
+use crate::{Registry, RegistryError};
+
+/// [`Export::kind`] of an NBD export.
+pub const KIND: &str = "nbd";
+
+/// What errors call one.
+const LABEL: &str = "NBD export";
+
+/// What to build for `nbd_start_disk`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NbdSpec {
+    pub bdev_name: String,
+    /// A socket path or an NBD URI ([`fp_nbd::parse_device`]).
+    pub nbd_device: String,
+    /// Read-only: the bdev is claimed shared, so read-only vhost controllers and other
+    /// read-only exports may serve it too.
+    pub readonly: bool,
+    pub tls: Option<TlsFiles>,
+}
+
+/// What `nbd_get_disks` reports of one.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NbdDiskInfo {
+    pub nbd_device: String,
+    pub bdev_name: String,
+    pub export_name: String,
+    pub readonly: bool,
+    pub tls: bool,
+    pub connections: usize,
+}
+
+struct NbdExport {
+    handle: ExportHandle,
+    nbd_device: String,
+    bdev_name: String,
+    readonly: bool,
+    tls: bool,
+}
+
+impl NbdExport {
+    fn info(&self) -> NbdDiskInfo {
+        NbdDiskInfo {
+            nbd_device: self.nbd_device.clone(),
+            bdev_name: self.bdev_name.clone(),
+            export_name: self.handle.name().to_string(),
+            readonly: self.readonly,
+            tls: self.tls,
+            connections: self.handle.connections(),
+        }
+    }
+}
+
+impl Export for NbdExport {
+    fn name(&self) -> &str {
+        &self.nbd_device
+    }
+
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn bdev_name(&self) -> &str {
+        &self.bdev_name
+    }
+
+    fn claim_type(&self) -> ClaimType {
+        if self.readonly {
+            ClaimType::ReadManyWriteNone
+        } else {
+            ClaimType::ExclusiveWrite
+        }
+    }
+
+    /// Connected clients see the new size in their range checks at once; new ones are told it
+    /// in the handshake. The protocol has no message to tell a connected client.
+    fn resized(&self, size_bytes: u64) {
+        log::info!(
+            "nbd export '{}': size now {size_bytes} bytes (for clients connecting from now)",
+            self.nbd_device
+        );
+    }
+
+    fn stop(self: Box<Self>) {
+        self.handle.stop();
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Registry {
+    /// Starts an NBD export of a bdev.
+    pub fn start_nbd(&self, spec: NbdSpec) -> Result<(), RegistryError> {
+        let device = fp_nbd::parse_device(&spec.nbd_device)
+            .map_err(|reason| RegistryError::Invalid { field: "nbd_device", reason })?;
+        let claim_type = if spec.readonly { ClaimType::ReadManyWriteNone } else { ClaimType::ExclusiveWrite };
+        let new = NewExport {
+            name: &spec.nbd_device,
+            kind: KIND,
+            label: LABEL,
+            limit: (self.options.limits.max_controllers, "limits.max_controllers"),
+            bdev_name: &spec.bdev_name,
+            claim_type,
+        };
+        self.add_export(new, |bdev| {
+            let export = ExportSpec {
+                name: device.name.clone().unwrap_or_else(|| spec.bdev_name.clone()),
+                bdev,
+                readonly: spec.readonly,
+                reactors: self.reactors.clone(),
+                address: device.address.clone(),
+                tls: spec.tls.clone(),
+                socket_mode: self.options.vhost_socket_mode,
+            };
+            let handle = self
+                .nbd
+                .start(export)
+                .map_err(|e| RegistryError::Invalid { field: e.field, reason: e.reason })?;
+            Ok(Box::new(NbdExport {
+                handle,
+                nbd_device: spec.nbd_device.clone(),
+                bdev_name: spec.bdev_name.clone(),
+                readonly: spec.readonly,
+                tls: spec.tls.is_some(),
+            }))
+        })
+    }
+
+    /// Stops an NBD export: its clients are disconnected once their requests are answered.
+    pub fn stop_nbd(&self, nbd_device: &str) -> Result<(), RegistryError> {
+        self.delete_export(nbd_device, Some((KIND, LABEL)))
+    }
+
+    /// All NBD exports, or the one named (`nbd_get_disks`).
+    pub fn nbd_disks(&self, nbd_device: Option<&str>) -> Result<Vec<NbdDiskInfo>, RegistryError> {
+        match nbd_device {
+            Some(n) => Ok(vec![self.with_export(n, LABEL, |e: &NbdExport| e.info())?]),
+            None => Ok(self.map_exports(|e: &NbdExport| e.info())),
+        }
+    }
+}
