@@ -229,11 +229,7 @@ fn a_4_gib_length_closes_the_connection_or_fails_without_allocating_it() {
         match c.reply(cookie, 0) {
             Err(_) => {
                 c.sock.wait_closed(CLOSE_WITHIN).unwrap_or_else(|e| panic!("{what}: {e}"));
-                wait_log_line(
-                    &v.daemon,
-                    mark,
-                    &["length", "too large", "too big", "too long", "32 mib", "exceeds"],
-                );
+                wait_log_line(&v.daemon, mark, &["limit", "length", "too large", "too big", "too long"]);
             }
             Ok((e, _)) => {
                 assert_ne!(e, 0, "{what}: succeeded");
@@ -393,7 +389,8 @@ fn bytes_before_the_magic_and_bad_client_flags_end_the_handshake() {
         ("garbage before the option magic", {
             let mut b = 1u32.to_be_bytes().to_vec();
             b.extend_from_slice(b"xx");
-            b.extend_from_slice(&option_bytes(OPT_GO, 9, &go_data("d", &[])[..9]));
+            let go = go_data("d", &[]);
+            b.extend_from_slice(&option_bytes(OPT_GO, go.len() as u32, &go));
             b
         }),
         ("an option with a wrong magic", {
@@ -417,7 +414,7 @@ fn bytes_before_the_magic_and_bad_client_flags_end_the_handshake() {
         assert_eq!(u64::from_be_bytes(hello[8..16].try_into().unwrap()), IHAVEOPT);
         s.write_all(&bytes).unwrap();
         s.wait_closed(CLOSE_WITHIN).unwrap_or_else(|e| panic!("{what}: {e}"));
-        wait_log_line(&v.daemon, mark, &["magic", "flag", "handshake", "option"]);
+        wait_log_line(&v.daemon, mark, &["magic", "flag", "handshake", "negotiation", "option"]);
         v.assert_unharmed(what);
     }
 }
@@ -439,14 +436,18 @@ fn garbage_after_the_handshake_closes_only_that_connection() {
         wait_log_line(&v.daemon, mark, &["magic"]);
         v.assert_unharmed(&format!("garbage round {round}"));
     }
-    // A valid request followed by garbage: the request is answered, then the connection closes.
+    // A valid request followed by garbage: the connection closes, the request answered first
+    // or not (the protocol lets a server drop a connection's replies when it gives up on it).
+    let mark = log_mark(&v.daemon);
     let mut c = v.conn();
     let cookie = c.send(0, CMD_READ, 0, 4096, &[]).unwrap();
     c.sock.write_all(b"this is not a request header at all").unwrap();
-    let (e, data) = c.reply(cookie, 4096).expect("the valid request is answered");
-    assert_eq!(e, 0);
-    assert_eq!(data, pattern(SEED, 0, 4096));
+    if let Ok((e, data)) = c.reply(cookie, 4096) {
+        assert_eq!(e, 0);
+        assert_eq!(data, pattern(SEED, 0, 4096));
+    }
     c.sock.wait_closed(CLOSE_WITHIN).expect("closed after the garbage");
+    wait_log_line(&v.daemon, mark, &["magic"]);
     v.assert_unharmed("a request then garbage");
 }
 
@@ -456,7 +457,7 @@ fn silent_and_slow_clients_hold_up_no_one() {
     // Connections that never say anything, stopped mid-greeting, mid-option and mid-header.
     let silent: Vec<Sock> = (0..16).map(|_| Sock::connect(&v.unix).unwrap()).collect();
     let mut mid_option = v.raw();
-    mid_option.write_all(&option_bytes(OPT_GO, 100, b"d")[..20]).unwrap();
+    mid_option.write_all(&option_bytes(OPT_GO, 100, b"d")).unwrap();
     let mut mid_header = v.conn();
     mid_header.sock.write_all(&NbdConn::header(0, CMD_READ, 1, 0, 512)[..10]).unwrap();
     // Everyone else carries on, several times over, while they hang.
