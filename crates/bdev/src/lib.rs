@@ -180,9 +180,28 @@ impl BdevInfo {
             _ => Err(SubmitError::OutOfRange),
         }
     }
+
+    /// Checks the range of a [`BlockDevice::block_status`] call: block aligned, not empty,
+    /// inside the device; the error names the parameter at fault.
+    pub fn check_status_range(&self, offset: u64, len: u64) -> Result<(), BdevError> {
+        let bs = u64::from(self.block_size);
+        let size = self.size_bytes();
+        let invalid = |field, reason| Err(BdevError::InvalidParam { field, reason });
+        if !offset.is_multiple_of(bs) || offset >= size {
+            return invalid("offset", format!("{offset} is not a {bs}-byte block inside {size} bytes"));
+        }
+        if len == 0 || !len.is_multiple_of(bs) || len > size - offset {
+            return invalid(
+                "len",
+                format!("{len} is not a non-zero multiple of {bs} bytes ending inside {size} bytes"),
+            );
+        }
+        Ok(())
+    }
 }
 
-/// Errors from creating devices or opening channels (control plane).
+/// Errors from creating devices or opening channels (control plane), and from
+/// [`BlockDevice::block_status`].
 #[derive(Debug, thiserror::Error)]
 pub enum BdevError {
     #[error("invalid parameter {field}: {reason}")]
@@ -202,14 +221,40 @@ pub enum BdevError {
     Unsupported(String),
 }
 
-/// A run of bytes with one allocation state (NBD's `base:allocation`, qemu's block status).
+/// A run of bytes with one allocation state (NBD's `base:allocation`; qemu's block status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockExtent {
     pub len: u64,
-    /// Not allocated.
+    /// Not allocated (reads come from nowhere).
     pub hole: bool,
     /// Reads return zeroes.
     pub zero: bool,
+}
+
+impl BlockExtent {
+    /// Allocated bytes that may hold anything.
+    pub const fn data(len: u64) -> BlockExtent {
+        BlockExtent { len, hole: false, zero: false }
+    }
+
+    /// Unallocated bytes that read back as zeroes.
+    pub const fn hole(len: u64) -> BlockExtent {
+        BlockExtent { len, hole: true, zero: true }
+    }
+
+    /// Appends `self` to `out`, merged into the last extent when that one is at index `first`
+    /// or later (this call's own) and in the same state, so callers may push piece by piece.
+    /// An empty extent is dropped.
+    pub fn append_to(self, out: &mut Vec<BlockExtent>, first: usize) {
+        if self.len == 0 {
+            return;
+        }
+        let mine = out.len() > first;
+        match out.last_mut() {
+            Some(last) if mine && last.hole == self.hole && last.zero == self.zero => last.len += self.len,
+            _ => out.push(self),
+        }
+    }
 }
 
 /// A block device: shared, created on the control plane.
@@ -225,13 +270,17 @@ pub trait BlockDevice: Send + Sync {
         let _ = num_blocks;
         Err(BdevError::Unsupported(format!("a {} bdev cannot be resized", self.info().driver)))
     }
+
     /// The allocation state of `[offset, offset + len)` (block aligned, inside the device),
     /// appended to `out` as extents in order: at least one, together at most `len` bytes (a
-    /// device may describe only a prefix). Called on a reactor, so it must not block for long.
-    /// The default: all data.
+    /// device may describe only a prefix, to bound the work of one call). Called on a reactor:
+    /// must not block for long (an `lseek` is fine, a network round trip is not).
+    ///
+    /// The default, for devices that cannot tell (or cannot tell cheaply): one extent, all
+    /// data. That is never wrong, only less useful: a hole is a promise, data is not.
     fn block_status(&self, offset: u64, len: u64, out: &mut Vec<BlockExtent>) -> Result<(), BdevError> {
-        let _ = offset;
-        out.push(BlockExtent { len, hole: false, zero: false });
+        self.info().check_status_range(offset, len)?;
+        out.push(BlockExtent::data(len));
         Ok(())
     }
 

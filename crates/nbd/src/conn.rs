@@ -273,6 +273,9 @@ pub(crate) struct ConnPoller {
     receiving: Option<(u16, usize)>,
     /// Reading stopped for lack of slots or memory: resume when they free up.
     rx_stalled: bool,
+    /// Reading stopped at the round's limit with more perhaps waiting (in rustls's buffer,
+    /// which the socket's readiness does not show).
+    rx_more: bool,
     mem: usize,
     completions: Vec<(u32, IoStatus)>,
     extents: Vec<BlockExtent>,
@@ -280,6 +283,8 @@ pub(crate) struct ConnPoller {
     closing: Option<String>,
     /// The socket failed: replies are dropped; it waits for the device and closes.
     broken: bool,
+    /// The client broke the protocol (or vanished mid-request): logged as a warning.
+    misbehaved: bool,
     stop_reply: Option<SyncSender<()>>,
 }
 
@@ -320,11 +325,13 @@ impl ConnPoller {
             rx_end: 0,
             receiving: None,
             rx_stalled: false,
+            rx_more: false,
             mem: 0,
             completions: Vec::with_capacity(MAX_IN_FLIGHT),
             extents: Vec::with_capacity(MAX_EXTENTS),
             closing: None,
             broken: false,
+            misbehaved: false,
             stop_reply: None,
         })
     }
@@ -378,6 +385,7 @@ impl ConnPoller {
     fn receive(&mut self) -> bool {
         let mut moved = false;
         self.rx_stalled = false;
+        self.rx_more = false;
         for _ in 0..READS_PER_ROUND {
             if self.closing.is_some() {
                 return moved;
@@ -402,6 +410,7 @@ impl ConnPoller {
                         let why =
                             format!("client disconnected in the middle of a write ({filled} of {len} bytes)");
                         self.close_after(why);
+                        self.misbehaved = true;
                         return true;
                     }
                     Recv::Failed(e) => {
@@ -432,7 +441,8 @@ impl ConnPoller {
                 }
                 Recv::WouldBlock => return moved,
                 Recv::Eof => {
-                    let why = if self.rx_end > self.rx_start {
+                    self.misbehaved = self.rx_end > self.rx_start;
+                    let why = if self.misbehaved {
                         "client disconnected in the middle of a request header"
                     } else {
                         "client closed the connection"
@@ -446,6 +456,7 @@ impl ConnPoller {
                 }
             }
         }
+        self.rx_more = true;
         moved
     }
 
@@ -461,7 +472,9 @@ impl ConnPoller {
             let req = match Request::parse(head) {
                 Ok(r) => r,
                 Err(e) => {
-                    self.fail(e.to_string());
+                    // Nothing after this can be framed; requests before it are still answered.
+                    self.close_after(e.to_string());
+                    self.misbehaved = true;
                     return true;
                 }
             };
@@ -555,8 +568,9 @@ impl ConnPoller {
             CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES if len == 0 => refuse(self, 0, ""),
             CMD_READ => {
                 let slot = &mut self.slots[i as usize];
+                // Counted once, though a busy channel makes this run again.
+                self.mem += len as usize - slot.mem;
                 slot.mem = len as usize;
-                self.mem += len as usize;
                 let ptr = slot.buffer(len as usize).as_mut_ptr();
                 slot.iov = libc::iovec { iov_base: ptr.cast(), iov_len: len as usize };
                 self.submit(i, IoOp::Read, offset, len)
@@ -714,7 +728,10 @@ impl ConnPoller {
         for &(tag, status) in &done {
             let i = tag as u16;
             let slot = &mut self.slots[i as usize];
-            let fua = slot.req.flags & CMD_FLAG_FUA != 0 && slot.phase == Phase::Submitted;
+            // A device without a flush has no volatile cache: its writes are durable already.
+            let fua = slot.req.flags & CMD_FLAG_FUA != 0
+                && slot.phase == Phase::Submitted
+                && self.export.bdev.info().io_types.flush;
             if status == IoStatus::Success && fua {
                 slot.flush_due = true;
                 slot.phase = Phase::Ready;
@@ -802,7 +819,7 @@ impl ConnPoller {
             }
         }
         let (export, peer) = (&self.export.name, &self.peer);
-        if self.broken || why.contains("middle") {
+        if self.broken || self.misbehaved {
             log::warn!("nbd export '{export}': {peer}: {why}; connection closed");
         } else {
             log::info!("nbd export '{export}': {peer}: {why}; connection closed");
@@ -868,7 +885,7 @@ impl Poller for ConnPoller {
         (self.channel.in_flight() > 0 && !self.channel.sleeps_in_flight())
             || !self.ready.is_empty()
             || (!self.tx.is_empty() && !self.tx_blocked && !self.broken)
-            || (self.rx_stalled && self.can_accept())
+            || ((self.rx_stalled || self.rx_more) && self.can_accept())
             || (self.closing.is_some() && self.drained())
     }
 

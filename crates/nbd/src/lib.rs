@@ -15,6 +15,9 @@ pub mod proto;
 mod server;
 pub mod tls;
 
+#[cfg(test)]
+mod tests;
+
 pub use address::{parse_device, Address, Device};
 pub use server::{ExportHandle, ExportSpec, NbdError, NbdServer};
 pub use tls::TlsFiles;

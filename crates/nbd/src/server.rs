@@ -258,6 +258,11 @@ impl NbdServer {
         NbdServer::default()
     }
 
+    /// The addresses listened on now.
+    pub fn listeners_now(&self) -> Vec<Address> {
+        lock(&self.listeners).keys().cloned().collect()
+    }
+
     /// Starts an export: on the listener of its address, which is opened when it is the first.
     pub fn start(&self, spec: ExportSpec) -> Result<ExportHandle, NbdError> {
         if spec.reactors.is_empty() {

@@ -89,4 +89,7 @@ impl BlockDevice for RbdDevice {
         self.info.capacity.set(num_blocks);
         Ok(())
     }
+
+    // `block_status` keeps the trait's default (all data): the image's allocation is known only
+    // through `rbd_diff_iterate2`, a round trip to the OSDs, and the call runs on a reactor.
 }

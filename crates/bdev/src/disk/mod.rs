@@ -29,7 +29,9 @@ use qos::{Admission, ChannelQosState, DiskQosState};
 use stats::{errno_slot, ChannelSlot};
 
 use crate::qos::{QosGroup, QosLimits};
-use crate::{Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoRequest, IoStatus, SubmitError};
+use crate::{
+    Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, IoChannel, IoRequest, IoStatus, SubmitError,
+};
 
 /// Something that happened to a disk, delivered to its subscribers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,12 +391,8 @@ impl BlockDevice for Disk {
         self.0.bdev.resize(num_blocks)
     }
 
-    fn block_status(
-        &self,
-        offset: u64,
-        len: u64,
-        out: &mut Vec<crate::BlockExtent>,
-    ) -> Result<(), BdevError> {
+    /// The device's own answer: a status query is no I/O, so nothing is counted.
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<BlockExtent>) -> Result<(), BdevError> {
         self.0.bdev.block_status(offset, len, out)
     }
 }

@@ -472,3 +472,78 @@ fn a_channel_sleeps_in_flight_as_its_device_does_but_not_while_qos_holds_request
     assert_eq!(disk.stats().qos.queued, 0);
     assert!(ch.sleeps_in_flight(), "nothing held: the device's answer again");
 }
+
+/// A device whose first `holes` bytes are a hole: what a stacked device must pass on.
+struct HoleyDevice {
+    info: BdevInfo,
+    holes: u64,
+}
+
+impl BlockDevice for HoleyDevice {
+    fn info(&self) -> &BdevInfo {
+        &self.info
+    }
+
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        Err(BdevError::Unsupported("no I/O".into()))
+    }
+
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<BlockExtent>) -> Result<(), BdevError> {
+        self.info.check_status_range(offset, len)?;
+        let first = out.len();
+        let split = self.holes.clamp(offset, offset + len);
+        BlockExtent::hole(split - offset).append_to(out, first);
+        BlockExtent::data(offset + len - split).append_to(out, first);
+        Ok(())
+    }
+}
+
+fn status(dev: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<BlockExtent>, BdevError> {
+    let mut out = Vec::new();
+    dev.block_status(offset, len, &mut out).map(|()| out)
+}
+
+#[test]
+fn block_status_defaults_to_data_and_refuses_bad_ranges() {
+    let null = NullDevice::new("n", 512, 1024).unwrap();
+    assert_eq!(status(&null, 0, 512 * 1024).unwrap(), [BlockExtent::data(512 * 1024)]);
+    assert_eq!(status(&null, 4096, 512).unwrap(), [BlockExtent::data(512)]);
+    // Appended after what the caller holds already, never merged into it.
+    let mut out = vec![BlockExtent::data(512)];
+    null.block_status(512, 1024, &mut out).unwrap();
+    assert_eq!(out, [BlockExtent::data(512), BlockExtent::data(1024)]);
+    let field = |offset, len| match status(&null, offset, len) {
+        Err(BdevError::InvalidParam { field, .. }) => field,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(field(100, 512), "offset");
+    assert_eq!(field(512 * 1024, 512), "offset");
+    assert_eq!(field(0, 0), "len");
+    assert_eq!(field(0, 1000), "len");
+    assert_eq!(field(512, 512 * 1024), "len");
+    assert_eq!(field(512, u64::MAX - 511), "len");
+}
+
+#[test]
+fn disks_and_delay_bdevs_report_the_status_of_the_device_below() {
+    let info = NullDevice::new("h", 512, 1024).unwrap().info().clone();
+    let dev: Bdev = Arc::new(HoleyDevice { info, holes: 64 * 1024 });
+    let disk: Bdev = Arc::new(Disk::new(dev.clone(), true));
+    let latency = crate::DelayLatency {
+        avg_read: Duration::ZERO,
+        p99_read: Duration::ZERO,
+        avg_write: Duration::ZERO,
+        p99_write: Duration::ZERO,
+    };
+    let delay = crate::DelayDevice::new("d", disk.clone(), latency).unwrap();
+    for top in [&*disk, &delay as &dyn BlockDevice] {
+        let expect = [BlockExtent::hole(64 * 1024), BlockExtent::data(64 * 1024)];
+        assert_eq!(status(top, 0, 128 * 1024).unwrap(), expect);
+        assert_eq!(status(top, 4096, 4096).unwrap(), [BlockExtent::hole(4096)]);
+        assert_eq!(status(top, 64 * 1024, 512).unwrap(), [BlockExtent::data(512)]);
+        assert!(status(top, 0, 513).is_err());
+    }
+    // A status query is no I/O: nothing counted.
+    let Some(d) = disk.as_disk() else { panic!("a disk") };
+    assert_eq!(d.stats().op(IoOp::Read).ops, 0);
+}

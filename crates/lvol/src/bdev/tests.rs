@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use fp_bdev::conformance::{self, read_range, write_range, Storage};
-use fp_bdev::{Bdev, BlockDevice, IoOp, IoStatus, RamDevice};
+use fp_bdev::{Bdev, BlockDevice, BlockExtent, IoOp, IoStatus, RamDevice};
 
 use super::{LvStore, LvolDevice};
 use crate::{StoreOptions, Uuid};
@@ -291,4 +291,90 @@ fn caller_tags_of_any_value_come_back_unchanged() {
         assert_eq!(rbuf.bytes(), &data[..], "tag {tag:#x}");
     }
     assert_eq!(ch.in_flight(), 0);
+}
+
+fn status(dev: &LvolDevice, offset: u64, len: u64) -> Vec<BlockExtent> {
+    let mut out = Vec::new();
+    dev.block_status(offset, len, &mut out).unwrap();
+    out
+}
+
+const fn data(len: u64) -> BlockExtent {
+    BlockExtent::data(len)
+}
+
+const fn hole(len: u64) -> BlockExtent {
+    BlockExtent::hole(len)
+}
+
+#[test]
+fn thin_volumes_report_unwritten_clusters_as_holes() {
+    let lvs = store_on(ram(8 * MIB), 64 * KIB);
+    let v = lvs.create_volume("v", MIB, true).unwrap();
+    assert_eq!(status(&v, 0, MIB), [hole(MIB)]);
+    let mut ch = v.open_channel().unwrap();
+    // Clusters 1 and 2 (a write across their boundary), and 8.
+    write_range(&mut *ch, 128 * KIB - 4096, &pattern(1, 8192));
+    write_range(&mut *ch, 512 * KIB + 4096, &pattern(2, 4096));
+    let all = [hole(64 * KIB), data(128 * KIB), hole(320 * KIB), data(64 * KIB), hole(448 * KIB)];
+    assert_eq!(status(&v, 0, MIB), all);
+    // Starting and ending mid-cluster.
+    assert_eq!(status(&v, 32 * KIB, 64 * KIB), [hole(32 * KIB), data(32 * KIB)]);
+    assert_eq!(status(&v, 520 * KIB, 4096), [data(4096)]);
+    assert_eq!(status(&v, 200 * KIB, 512), [hole(512)]);
+    // A discarded cluster is a hole again; a partly zeroed one stays data.
+    assert_eq!(command(&mut *ch, IoOp::Discard, 64 * KIB, 64 * KIB), IoStatus::Success);
+    assert_eq!(command(&mut *ch, IoOp::WriteZeroes, 128 * KIB, 4096), IoStatus::Success);
+    assert_eq!(status(&v, 0, 256 * KIB), [hole(128 * KIB), data(64 * KIB), hole(64 * KIB)]);
+    // A thick volume is data throughout.
+    let t = lvs.create_volume("t", MIB, false).unwrap();
+    assert_eq!(status(&t, 0, MIB), [data(MIB)]);
+    // Bad ranges are refused, naming the parameter.
+    let field = |offset, len| match v.block_status(offset, len, &mut Vec::new()) {
+        Err(fp_bdev::BdevError::InvalidParam { field, .. }) => field,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        (field(100, 512), field(MIB, 512), field(0, 0), field(512, MIB)),
+        ("offset", "offset", "len", "len")
+    );
+}
+
+#[test]
+fn snapshots_and_clones_report_their_ancestors_clusters_as_data() {
+    let lvs = store_on(ram(16 * MIB), 64 * KIB);
+    let v = lvs.create_volume("v", MIB, true).unwrap();
+    let mut ch = v.open_channel().unwrap();
+    write_range(&mut *ch, 0, &pattern(1, 4096));
+    let snap = lvs.snapshot(&v.uuid(), "s").unwrap();
+    // The volume's own layer is empty now: cluster 0 is data through its snapshot.
+    let before = [data(64 * KIB), hole(MIB - 64 * KIB)];
+    assert_eq!(status(&v, 0, MIB), before);
+    assert_eq!(status(&snap, 0, MIB), before);
+    write_range(&mut *ch, 256 * KIB, &pattern(2, 4096));
+    let after = [data(64 * KIB), hole(192 * KIB), data(64 * KIB), hole(MIB - 320 * KIB)];
+    assert_eq!(status(&v, 0, MIB), after);
+    assert_eq!(status(&snap, 0, MIB), before, "the snapshot does not see the volume's writes");
+    let clone = lvs.clone_snapshot(&snap.uuid(), "c").unwrap();
+    assert_eq!(status(&clone, 0, MIB), before);
+    let mut cch = clone.open_channel().unwrap();
+    write_range(&mut *cch, 64 * KIB, &pattern(3, 4096));
+    assert_eq!(status(&clone, 0, MIB), [data(128 * KIB), hole(MIB - 128 * KIB)]);
+    assert_eq!(status(&v, 0, MIB), after);
+}
+
+#[test]
+fn a_fragmented_volume_is_described_a_prefix_at_a_time() {
+    let lvs = store_on(ram(8 * MIB), 16 * KIB);
+    let v = lvs.create_volume("v", 4 * MIB, true).unwrap();
+    let mut ch = v.open_channel().unwrap();
+    // Every other cluster: 256 extents.
+    for c in (0..256).step_by(2) {
+        write_range(&mut *ch, c * 16 * KIB, &pattern(c as u8, 512));
+    }
+    let out = status(&v, 0, 4 * MIB);
+    assert_eq!(out.len(), 64);
+    assert!(out.iter().enumerate().all(|(i, e)| e.len == 16 * KIB && e.hole == (i % 2 == 1)));
+    // The caller carries on where the answer stopped.
+    assert_eq!(status(&v, MIB, 48 * KIB), [data(16 * KIB), hole(16 * KIB), data(16 * KIB)]);
 }

@@ -20,7 +20,9 @@ mod rpc;
 
 pub use rpc::DelayModule;
 
-use crate::{Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use crate::{
+    Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, IoChannel, IoOp, IoRequest, IoStatus, SubmitError,
+};
 
 /// Latencies of a delay bdev.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +193,11 @@ impl BlockDevice for DelayDevice {
             waiting: VecDeque::with_capacity(256),
             count: 0,
         }))
+    }
+
+    /// The base's, undelayed: only I/O is held.
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<BlockExtent>) -> Result<(), BdevError> {
+        self.base.block_status(offset, len, out)
     }
 }
 

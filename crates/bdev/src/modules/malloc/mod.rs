@@ -21,6 +21,8 @@
 //!   partial pages at either end are cleared in place.
 //! * A `Read`/`Write` whose iovecs do not add up to `len` completes with `Error(EINVAL)` and
 //!   moves no data.
+//! * Block status keeps the trait's default, all data: which pages the kernel has handed out
+//!   says nothing dependable about the disk (`mincore` would call a swapped-out page a hole).
 //!
 //! Resizing (`bdev_malloc_resize`): the mapping is made once at the largest size the disk may
 //! grow to ([`RamDevice::with_reserve`]), inaccessible (`PROT_NONE`, no memory committed)

@@ -1,7 +1,8 @@
 //! The null backend: every request completes at once without touching data.
 //!
 //! Reads leave the caller's buffers untouched (they are not zeroed), so the null device measures
-//! the cost of the path above it and nothing else. Completions are delivered by the next
+//! the cost of the path above it and nothing else; for the same reason its block status is the
+//! trait's default, all data (a hole would promise zeroes). Completions are delivered by the next
 //! [`IoChannel::poll`], never from inside `submit`, so callers see the same ordering as with a
 //! real device.
 

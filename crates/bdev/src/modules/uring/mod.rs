@@ -72,6 +72,11 @@
 //! write-zeroes and fails with `EOPNOTSUPP` (so `Unsupported`) on devices that cannot do that;
 //! `WriteZeroes` becomes `ZERO_RANGE`, which falls back to writing zeroes and works everywhere.
 //!
+//! # Block status
+//! [`BlockDevice::block_status`] answers from the file's holes (`lseek` with `SEEK_DATA` and
+//! `SEEK_HOLE` on the buffered descriptor, `status.rs`), rounded to blocks so that a reported
+//! hole never holds data; a block device, or a file system that cannot tell, is all data.
+//!
 //! # Wake-ups
 //! Each channel registers a non-blocking eventfd with its ring and returns it from
 //! [`IoChannel::completion_fd`]; the kernel signals it whenever it posts a completion. `poll`
@@ -98,12 +103,13 @@ use std::sync::Arc;
 use io_uring::{opcode, squeue, types, IoUring};
 
 mod rpc;
+mod status;
 
 pub use rpc::UringModule;
 
 use crate::{
-    request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, IoChannel, IoOp,
-    IoRequest, IoStatus, SubmitError, ALL_IO_TYPES,
+    request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, BlockExtent, Capacity, IoChannel,
+    IoOp, IoRequest, IoStatus, SubmitError, ALL_IO_TYPES,
 };
 
 /// Submission queue size used unless [`UringDevice::with_ring_entries`] says otherwise.
@@ -272,6 +278,16 @@ impl BlockDevice for UringDevice {
             });
         }
         info.capacity.set(num_blocks);
+        Ok(())
+    }
+
+    /// The file's holes, from `lseek(SEEK_DATA / SEEK_HOLE)` (`status.rs`): at most 64 extents
+    /// and a few hundred `lseek`s per call.
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<BlockExtent>) -> Result<(), BdevError> {
+        let info = &self.shared.info;
+        info.check_status_range(offset, len)?;
+        let fd = self.shared.buffered.as_raw_fd();
+        status::extents(offset, len, u64::from(info.block_size), |find, at| status::lseek(fd, find, at), out);
         Ok(())
     }
 }
