@@ -115,7 +115,7 @@ fn a_client_disconnecting_mid_request_changes_nothing() {
     c.sock.write_all(&bytes).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     drop(c);
-    wait_log_line(&v.daemon, mark, &["closed", "disconnect", "eof", "end of", "reset", "payload"]);
+    wait_log_line(&v.daemon, mark, &["middle", "payload", "partial"]);
     v.assert_unharmed("half a write payload");
 
     // The same with a shutdown of the sending side only: the server sees EOF mid-payload.
@@ -124,7 +124,7 @@ fn a_client_disconnecting_mid_request_changes_nothing() {
     c.sock.write_all(&bytes).unwrap();
     c.sock.shutdown(Shutdown::Write).unwrap();
     c.sock.wait_closed(CLOSE_WITHIN).expect("the server closes after EOF in a payload");
-    wait_log_line(&v.daemon, mark, &["closed", "disconnect", "eof", "end of", "reset", "payload"]);
+    wait_log_line(&v.daemon, mark, &["middle", "payload", "partial"]);
     v.assert_unharmed("EOF in a write payload");
 
     // Reads in flight (4 MiB each) when the client closes without reading the replies.
@@ -436,16 +436,14 @@ fn garbage_after_the_handshake_closes_only_that_connection() {
         wait_log_line(&v.daemon, mark, &["magic"]);
         v.assert_unharmed(&format!("garbage round {round}"));
     }
-    // A valid request followed by garbage: the connection closes, the request answered first
-    // or not (the protocol lets a server drop a connection's replies when it gives up on it).
+    // A valid request followed by garbage: the request is answered, then the connection closes.
     let mark = log_mark(&v.daemon);
     let mut c = v.conn();
     let cookie = c.send(0, CMD_READ, 0, 4096, &[]).unwrap();
     c.sock.write_all(b"this is not a request header at all").unwrap();
-    if let Ok((e, data)) = c.reply(cookie, 4096) {
-        assert_eq!(e, 0);
-        assert_eq!(data, pattern(SEED, 0, 4096));
-    }
+    let (e, data) = c.reply(cookie, 4096).expect("the request before the garbage is answered");
+    assert_eq!(e, 0);
+    assert_eq!(data, pattern(SEED, 0, 4096));
     c.sock.wait_closed(CLOSE_WITHIN).expect("closed after the garbage");
     wait_log_line(&v.daemon, mark, &["magic"]);
     v.assert_unharmed("a request then garbage");
