@@ -470,3 +470,119 @@ fn silent_and_slow_clients_hold_up_no_one() {
     assert!(disks[0]["connections"].as_u64().is_some(), "{disks}");
     v.assert_unharmed("after the silent clients left");
 }
+
+#[test]
+fn a_client_that_never_reads_its_replies_costs_a_bounded_buffer() {
+    let mut v = Victim::new();
+    let pid = v.daemon.pid();
+    let rss0 = rss_kib(pid);
+    // 2,000 reads of 4 MiB (8 GiB of replies) pipelined on each of two connections, not one
+    // reply read: the server must stop taking requests once its buffers are full.
+    let mut hogs = Vec::new();
+    for _ in 0..2 {
+        let mut c = v.conn();
+        c.sock.set_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut sent = 0;
+        for _ in 0..2000 {
+            if c.send(0, CMD_READ, 0, PATTERN_LEN as u32, &[]).is_err() {
+                break; // the server stopped reading: its socket buffer is full
+            }
+            sent += 1;
+        }
+        assert!(sent > 0);
+        hogs.push(c);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // Everyone else goes on meanwhile.
+    v.assert_unharmed("with two clients not reading their replies");
+    let rss1 = rss_kib(pid);
+    // Each connection may hold its buffer budget (64 MiB in the server today): allow 96 MiB
+    // each, far below the 16 GiB asked for.
+    assert!(rss1 < rss0 + 2 * 96 * 1024, "the daemon grew from {rss0} KiB to {rss1} KiB");
+    // A hog gets its replies (in any order, as the protocol allows) once it starts reading.
+    let mut c = hogs.pop().unwrap();
+    c.sock.set_timeout(Some(Duration::from_secs(30))).unwrap();
+    let want = pattern(SEED, 0, PATTERN_LEN);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (cookie, e, data) = c.any_reply(PATTERN_LEN).expect("a reply after the client starts reading");
+        assert_eq!(e, 0);
+        assert!(data == want, "reply {cookie} of a hog is not the disk's data");
+        assert!(!seen.contains(&cookie), "cookie {cookie} answered twice");
+        seen.push(cookie);
+    }
+    drop(c);
+    drop(hogs);
+    v.assert_unharmed("after the clients that did not read");
+}
+
+#[test]
+fn a_tls_listener_survives_plaintext_and_broken_tls_handshakes() {
+    let mut v = Victim::new();
+    let pki = common::nbd::TestPki::create(&v.daemon.dir.path().join("pki"));
+    let port = common::nbd::free_port();
+    // Bdev t is held by the victim's writable TCP export: a read-only export of it is refused.
+    let e = v
+        .daemon
+        .try_call(
+            "nbd_start_disk",
+            json!({"bdev_name": "t", "nbd_device": format!("nbd://127.0.0.1:{port}/secure"), "readonly": true,
+                   "tls_cert": pki.server_cert, "tls_key": pki.server_key}),
+        )
+        .expect_err("a read-only export of a bdev a writable export holds");
+    assert!(e.message.contains("in use"), "{e:?}");
+    let ep = Endpoint::Tcp(format!("127.0.0.1:{port}").parse().unwrap());
+    assert!(Sock::connect(&ep).is_err(), "an export of a claimed bdev was started");
+
+    v.daemon.malloc("s", SIZE / 512, 512);
+    v.daemon.call(
+        "nbd_start_disk",
+        json!({"bdev_name": "s", "nbd_device": format!("nbd://127.0.0.1:{port}/secure"),
+               "tls_cert": pki.server_cert, "tls_key": pki.server_key}),
+    );
+    let tls_uri = format!("nbds://127.0.0.1:{port}/secure?tls-certificates={}", pki.client_dir.display());
+    let tls_ok = || {
+        let out = common::nbd::run_tool(std::process::Command::new("nbdinfo").args(["--size", &tls_uri]));
+        assert!(out.status.success(), "nbdinfo over TLS: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), SIZE.to_string());
+    };
+    tls_ok();
+
+    let starttls = |s: &mut Sock| {
+        greet(s).unwrap();
+        send_option(s, common::nbd::OPT_STARTTLS, &[]).unwrap();
+        let r = read_opt_reply(s).unwrap();
+        assert_eq!((r.option, r.kind), (common::nbd::OPT_STARTTLS, REP_ACK), "{r:?}");
+    };
+    // Plaintext: GO refused with TLS_REQD, then NBD_OPT_EXPORT_NAME (which cannot be refused
+    // politely) closes.
+    let mut s = Sock::connect(&ep).unwrap();
+    greet(&mut s).unwrap();
+    send_option(&mut s, OPT_GO, &go_data("secure", &[])).unwrap();
+    let r = read_opt_reply(&mut s).unwrap();
+    assert_eq!(r.kind, common::nbd::REP_ERR_TLS_REQD, "{r:?}");
+    send_option(&mut s, OPT_EXPORT_NAME, b"secure").unwrap();
+    s.wait_closed(CLOSE_WITHIN).expect("EXPORT_NAME before TLS closes");
+    // STARTTLS, then plaintext garbage instead of a ClientHello; then a ClientHello cut short;
+    // then nothing at all.
+    for (what, bytes) in [
+        ("garbage instead of a ClientHello", b"IHAVEOPT this is not TLS at all\r\n".repeat(100)),
+        ("half a ClientHello", vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03]),
+        ("nothing", Vec::new()),
+    ] {
+        let mark = log_mark(&v.daemon);
+        let mut s = Sock::connect(&ep).unwrap();
+        starttls(&mut s);
+        s.write_all(&bytes).unwrap();
+        if bytes.len() > 100 {
+            s.wait_closed(CLOSE_WITHIN).unwrap_or_else(|e| panic!("{what}: {e}"));
+            wait_log_line(&v.daemon, mark, &["tls"]);
+        } else {
+            // The server waits for the rest; the client gives up.
+            std::thread::sleep(Duration::from_millis(200));
+            drop(s);
+        }
+        tls_ok();
+        v.assert_unharmed(what);
+    }
+}

@@ -521,17 +521,24 @@ impl NbdConn {
     /// Reads one simple reply to the request `cookie`; `data_len` bytes of data follow a
     /// successful read. Returns the error field and the data.
     pub fn reply(&mut self, cookie: u64, data_len: usize) -> std::io::Result<(u32, Vec<u8>)> {
+        let (got, err, data) = self.any_reply(data_len)?;
+        assert_eq!(got, cookie, "reply cookie");
+        Ok((err, data))
+    }
+
+    /// Reads one simple reply to any request; `data_len` bytes of data follow a successful one.
+    /// Returns its cookie, error field and data.
+    pub fn any_reply(&mut self, data_len: usize) -> std::io::Result<(u64, u32, Vec<u8>)> {
         let mut h = [0u8; 16];
         self.sock.read_exact(&mut h)?;
         assert_eq!(be_u32(&h), SIMPLE_REPLY_MAGIC, "simple reply magic");
-        assert_eq!(be_u64(&h[8..]), cookie, "reply cookie");
         let err = be_u32(&h[4..]);
         let mut data = Vec::new();
         if err == 0 && data_len > 0 {
             data = vec![0u8; data_len];
             self.sock.read_exact(&mut data)?;
         }
-        Ok((err, data))
+        Ok((be_u64(&h[8..]), err, data))
     }
 
     /// A read; `Err(errno)` if the server refused it.
