@@ -586,3 +586,23 @@ fn a_tls_listener_survives_plaintext_and_broken_tls_handshakes() {
         v.assert_unharmed(what);
     }
 }
+
+#[test]
+fn a_flood_of_silent_connections_does_not_lock_out_new_clients() {
+    let mut v = Victim::new();
+    // 200 connections that never get past the greeting, on the Unix and the TCP listener.
+    let mut silent = Vec::new();
+    for _ in 0..100 {
+        silent.push(Sock::connect(&v.unix).unwrap());
+        silent.push(Sock::connect(&v.tcp).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // New clients still get in (and the daemon keeps its threads to a bounded number).
+    let start = Instant::now();
+    v.assert_unharmed("with 200 silent connections");
+    assert!(start.elapsed() < Duration::from_secs(10), "new clients waited {:?}", start.elapsed());
+    let threads = std::fs::read_dir(format!("/proc/{}/task", v.daemon.pid())).unwrap().count();
+    assert!(threads < 150, "the daemon runs {threads} threads with 200 silent connections");
+    drop(silent);
+    v.assert_unharmed("after the silent connections left");
+}
