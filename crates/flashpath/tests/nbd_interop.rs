@@ -832,3 +832,92 @@ fn a_disk_served_read_only_by_vhost_and_by_nbd_reads_the_same_through_both() {
     assert_same("read through NBD", 0, &std::fs::read(&out).unwrap(), &data);
     daemon.assert_alive();
 }
+
+#[test]
+fn nbd_stop_disk_disconnects_busy_clients_and_releases_the_bdev() {
+    let mut daemon = Daemon::start("0-1");
+    daemon.malloc("m", 16 * MIB / 512, 512);
+    let sock = daemon.dir.path().join("m.nbd");
+    let dev = start_export(&daemon, "m", sock.to_str().unwrap(), false);
+    // Deleting an exported bdev is refused, naming the export.
+    let e =
+        daemon.try_call("bdev_malloc_delete", json!({"name": "m"})).expect_err("deleting an exported bdev");
+    assert!(e.message.contains("in use"), "{e:?}");
+    // Two clients writing and reading as fast as they can, and one stalled in its handshake.
+    let ep = Endpoint::Unix(sock.clone());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..2u64)
+        .map(|i| {
+            let (ep, stop) = (ep.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut c = NbdConn::connect(&ep, "m").expect("connect");
+                let data = pattern(i, i * MIB, 64 << 10);
+                let mut done = 0u64;
+                loop {
+                    match c.write(i * MIB, &data, 0) {
+                        Ok(0) => done += 1,
+                        Ok(e) => panic!("worker {i}: write error {e}"),
+                        Err(_) => return done, // disconnected by nbd_stop_disk
+                    }
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        panic!("worker {i} was still connected after nbd_stop_disk returned");
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut stalled = Sock::connect(&ep).unwrap();
+    let mut hello = [0u8; 18];
+    std::io::Read::read_exact(&mut stalled, &mut hello).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    assert_eq!(daemon.call("nbd_stop_disk", json!({"nbd_device": dev})), json!(true));
+    assert!(started.elapsed() < Duration::from_secs(10), "nbd_stop_disk took {:?}", started.elapsed());
+    // Give the workers' last replies a moment to arrive before they count as "still connected".
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        let done = bounded(Duration::from_secs(10), "worker", move || w.join().expect("worker"));
+        assert!(done > 0, "a worker wrote nothing before the stop");
+    }
+    // A client that was in its handshake may still be connected (its handshake thread times
+    // out by itself), but it cannot reach the stopped export.
+    let greeted = u32::from(hello[17] & 3);
+    let reached = std::io::Write::write_all(&mut stalled, &greeted.to_be_bytes())
+        .and_then(|()| send_option(&mut stalled, OPT_GO, &common::nbd::go_data("m", &[])))
+        .and_then(|()| read_opt_reply(&mut stalled));
+    if let Ok(r) = reached {
+        assert_eq!(r.kind, common::nbd::REP_ERR_UNKNOWN, "GO on a stopped export: {r:?}");
+    }
+    assert!(!sock.exists(), "the socket is still there");
+    assert!(Sock::connect(&ep).is_err(), "the stopped export still accepts connections");
+    assert_eq!(daemon.call("nbd_get_disks", Value::Null), json!([]));
+    // The bdev is free again: a writable controller takes it and reads what the workers wrote.
+    let vhost = daemon.controller("vhost.0", "m", Some(1), false);
+    let got = bounded(Duration::from_secs(30), "blkio read-back", move || {
+        BlkClient::open(&vhost, 1).read_all(0, (2 * MIB) as usize)
+    });
+    for i in 0..2u64 {
+        let at = (i * MIB) as usize;
+        assert_same("a worker's writes", i * MIB, &got[at..at + (64 << 10)], &pattern(i, i * MIB, 64 << 10));
+    }
+    daemon.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));
+    daemon.call("bdev_malloc_delete", json!({"name": "m"}));
+    daemon.assert_alive();
+}
+
+#[test]
+fn sigterm_with_nbd_clients_attached_stops_the_daemon() {
+    let mut daemon = Daemon::start("0");
+    daemon.malloc("m", 2048, 512);
+    let sock = daemon.dir.path().join("m.nbd");
+    start_export(&daemon, "m", sock.to_str().unwrap(), false);
+    let ep = Endpoint::Unix(sock);
+    let mut c = NbdConn::connect(&ep, "m").unwrap();
+    assert_eq!(c.write(0, &pattern(1, 0, 4096), 0).unwrap(), 0);
+    let mut in_handshake = Sock::connect(&ep).unwrap();
+    greet(&mut in_handshake).unwrap();
+    daemon.assert_stops_on_sigterm();
+    assert!(c.sock.wait_closed(Duration::from_secs(5)).is_ok());
+    assert!(in_handshake.wait_closed(Duration::from_secs(5)).is_ok());
+}

@@ -293,6 +293,19 @@ impl Daemon {
         sock
     }
 
+    /// Sends SIGTERM and asserts the daemon exits within 10 s, with status 0 or by the signal.
+    pub fn assert_stops_on_sigterm(&mut self) {
+        use std::os::unix::process::ExitStatusExt;
+        let started = Instant::now();
+        let status = self.stop().expect("daemon status");
+        assert!(started.elapsed() < Duration::from_secs(10), "SIGTERM took {:?}", started.elapsed());
+        assert!(
+            status.success() || status.signal() == Some(libc::SIGTERM),
+            "the daemon did not exit cleanly on SIGTERM: {status}\n{}",
+            self.stderr()
+        );
+    }
+
     /// Sends SIGTERM and waits for the exit status (SIGKILL after [`STOP_TIMEOUT`]).
     pub fn stop(&mut self) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
