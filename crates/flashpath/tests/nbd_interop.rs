@@ -723,6 +723,19 @@ fn the_rpcs_refuse_bad_input_naming_the_field_and_change_nothing() {
         );
     }
     refused(json!({"bdev_name": "m", "nbd_device": "relative.sock", "readonly": true}), "nbd_device");
+    // A path that holds a file, or a socket someone listens on, is never replaced.
+    let file = daemon.dir.path().join("precious.txt");
+    std::fs::write(&file, b"keep me").unwrap();
+    let busy = daemon.dir.path().join("busy.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&busy).unwrap();
+    for path in [&file, &busy] {
+        refused(json!({"bdev_name": "m", "nbd_device": path, "readonly": true}), "nbd_device");
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    assert!(
+        std::os::unix::net::UnixStream::connect(&busy).is_ok(),
+        "the other listener's socket was replaced"
+    );
     refused(
         json!({"bdev_name": "m", "nbd_device": format!("ftp://127.0.0.1:{port}/x"), "readonly": true}),
         "nbd_device",
