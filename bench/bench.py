@@ -50,6 +50,8 @@ def mode_config(mode):
             full_points.append(("read", 65536, qd, 1, poll))
     cg_points = [("randread", 4096, 32, 1, poll) for poll in (True, False)]
     rbd_points = [(pattern, 4096, qd, 1, False) for pattern in ("randread", "randwrite") for qd in (1, 32)]
+    # NBD (issue 14): (pattern, bs, qd) through fio's nbd engine, one connection.
+    nbd_points = [("randread", 4096, 1), ("randread", 4096, 32), ("read", MIB, 8), ("write", MIB, 8)]
     full = {
         "time": 2.0,
         "reps": 3,
@@ -94,6 +96,10 @@ def mode_config(mode):
         # start. Completion-fd client only: a polled client would take the CPU the cluster
         # shares with it. See run_rbd.
         "rbd": {"size_mib": 1024, "secs": 5.0, "rounds": 3, "warmup": 0.5, "points": rbd_points},
+        # NBD (issue 14): a RAM disk exported over a Unix socket by flashpath, qsd and nbdkit, all
+        # three running, one loaded at a time; `reps` runs of every point on each, interleaved
+        # (the order rotating); `secs` per run. See run_nbd.
+        "nbd": {"size_mib": 1024, "secs": 5.0, "reps": 3, "points": nbd_points},
     }
     if mode == "full":
         return full
@@ -110,7 +116,8 @@ def mode_config(mode):
                              shares=dict(full["qos"]["shares"], secs=4.0),
                              noisy=dict(full["qos"]["noisy"], secs=3.0, reps=1),
                              overhead=dict(full["qos"]["overhead"], reps=3, secs=1.0)),
-                    rbd=dict(full["rbd"], secs=1.0))
+                    rbd=dict(full["rbd"], secs=1.0),
+                    nbd=dict(full["nbd"], size_mib=256, secs=1.0, reps=2))
     if mode == "smoke":
         # Null backend, A/B, one repetition; one small file point exercises the fio baseline.
         pts = [
@@ -149,6 +156,8 @@ def mode_config(mode):
                     "overhead": {"reps": 1, "secs": 0.5, "limit": 10_000_000, "limit_mib": 1_000_000}},
             # Every RBD point once per server, 1 s each, on a small image (filled in ~0.3 s).
             "rbd": {"size_mib": 64, "secs": 1.0, "rounds": 1, "warmup": 0.2, "points": rbd_points},
+            # Every NBD point once per server, 1 s each, on a 64 MiB disk.
+            "nbd": {"size_mib": 64, "secs": 1.0, "reps": 1, "points": nbd_points},
         }
     raise ValueError(mode)
 
@@ -446,6 +455,70 @@ class Qsd:
         stop(self.proc, server_timeout(self.wrap))
 
 
+class FlashpathNbd(Flashpath):
+    """flashpath serving a RAM disk (bdev_malloc_create) over NBD on a Unix socket
+    (nbd_start_disk with the socket's path: the export is named after the bdev)."""
+
+    def __init__(self, bin_dir, work, cpus, size):
+        super().__init__(bin_dir, work, cpus, name="flashpath-nbd")
+        self.sock = os.path.join(self.dir, "nbd.sock")
+        self.rpc("bdev_malloc_create", {"name": "Malloc0", "num_blocks": size // 512, "block_size": 512})
+        self.rpc("nbd_start_disk", {"bdev_name": "Malloc0", "nbd_device": self.sock})
+        wait_for(lambda: os.path.exists(self.sock), 10, f"flashpath NBD socket {self.sock}", self.proc)
+        self.uri = f"nbd+unix:///Malloc0?socket={self.sock}"
+
+
+class NbdProcess:
+    """A server started as one command (`argv`, given the socket's path) that listens on a Unix
+    socket in its own directory, pinned to `cpu`; `uri` (given the socket) is what fio connects to."""
+
+    def __init__(self, work, cpu, name, argv, uri):
+        self.name = name
+        self.dir = os.path.join(work, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.sock = os.path.join(self.dir, "nbd.sock")
+        self.cmd = ["taskset", "-c", str(cpu), *argv(self.sock)]
+        self.proc = spawn(self.cmd, os.path.join(self.dir, "server.log"))
+        self.pid = self.proc.pid
+        wait_for(lambda: os.path.exists(self.sock), server_timeout(()), f"{name} socket", self.proc)
+        self.uri = uri(self.sock)
+
+    def stop(self):
+        stop(self.proc, server_timeout(()))
+
+
+class QsdNbd(NbdProcess):
+    """qemu-storage-daemon exporting a file on tmpfs over NBD on a Unix socket, on an iothread
+    as its vhost-user-blk exports are: the file (`path`, sparse) is RAM, reached through the page
+    cache with io_uring, qsd's path to data held in RAM (it has no RAM driver; null-co would
+    copy no data at all)."""
+    kind = "qsd"
+
+    def __init__(self, work, cpu, path):
+        super().__init__(work, cpu, "qsd-nbd", lambda sock: [
+            "qemu-storage-daemon", "--object", "iothread,id=iot0",
+            "--blockdev", f"driver=file,node-name=disk0,filename={path},aio=io_uring,cache.direct=off",
+            "--nbd-server", f"addr.type=unix,addr.path={sock}",
+            "--export", "type=nbd,id=e0,node-name=disk0,name=disk0,writable=on,iothread=iot0"],
+            lambda sock: f"nbd+unix:///disk0?socket={sock}")
+
+
+class Nbdkit(NbdProcess):
+    """nbdkit's memory plugin on a Unix socket, in the foreground (so its pid is the server's),
+    with `allocator=malloc`: one flat array, as flashpath's RAM disk is (the default sparse
+    allocator adds a page directory and its lock). Its worker threads (16 by default) share the
+    server's core."""
+    kind = "nbdkit"
+
+    def __init__(self, work, cpu, size):
+        super().__init__(work, cpu, "nbdkit", lambda sock: [
+            "nbdkit", "-f", "-U", sock, "memory", str(size), "allocator=malloc"],
+            lambda sock: f"nbd+unix:///?socket={sock}")
+
+
+NBD_SERVERS = ("flashpath", "qsd", "nbdkit")
+
+
 class QsdMulti:
     """One qemu-storage-daemon with `ndisks` null disks, each exported on its own socket with
     one queue, all on one iothread pinned to `cpu` (the noisy-neighbour runs). `scenario`:
@@ -690,6 +763,29 @@ def fio_run(path, size, point, secs, cpu):
     }
 
 
+def fio_nbd(uri, pattern, bs, qd, cpu, secs=None):
+    """One fio job (the nbd engine: libnbd, one connection) on `uri`, pinned to `cpu`: for
+    `secs` seconds, or once over the whole disk without `secs` (the fill). Latency is fio's
+    total (lat_ns: submission to completion), percentiles from its histogram."""
+    cmd = ["taskset", "-c", str(cpu), "fio", "--name=nbd", "--ioengine=nbd", f"--uri={uri}",
+           f"--rw={pattern}", f"--bs={bs}", f"--iodepth={qd}", "--numjobs=1", "--norandommap",
+           "--randrepeat=0", "--lat_percentiles=1", "--percentile_list=50:99:99.9", "--output-format=json"]
+    if secs:
+        cmd += ["--time_based", f"--runtime={secs}s"]
+    out = run(cmd, (secs or 600) + 90).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job["write"] if "write" in pattern else job["read"]
+    pct = side["lat_ns"].get("percentile", {})
+
+    def p(key):
+        return next((v for k, v in pct.items() if abs(float(k) - key) < 1e-6), None)
+
+    return {"iops": side["iops"], "mbps": side["bw_bytes"] / 1e6, "ios": side["total_ios"],
+            "bytes": side["io_bytes"], "errors": job.get("error", 0),
+            "lat_mean_ns": side["lat_ns"]["mean"], "p50_ns": p(50.0), "p99_ns": p(99.0),
+            "p999_ns": p(99.9), "elapsed_s": job["job_runtime"] / 1000.0}
+
+
 # Path length: each server under callgrind (all threads, no cache simulation; --dump-line=no
 # only shortens the profile it writes at exit). Callgrind counts every iteration of a
 # rep-prefixed string instruction as one instruction, and on CPUs with ERMS glibc's memset and
@@ -782,8 +878,9 @@ class Bench:
         if args.reps:
             self.cfg["reps"] = args.reps
         self.with_rbd = wants_rbd(args)
+        self.with_nbd = wants_section(args, "nbd")
         if args.backends:
-            self.cfg["backends"] = [b for b in args.backends.split(",") if b != "rbd"]
+            self.cfg["backends"] = [b for b in args.backends.split(",") if b not in ("rbd", "nbd")]
         self.secs = self.cfg["time"]
         self.reps = self.cfg["reps"]
         self.server_cpu = args.server_cpu
@@ -1710,11 +1807,111 @@ class Bench:
             f"{fmt_ratio(p['ratios']['server_cpu_per_io'])}")
         return p
 
+    # -- NBD (issue 14) ------------------------------------------------------------------------
+
+    def run_nbd(self):
+        """flashpath, qsd and nbdkit each exporting a RAM disk over NBD on a Unix socket, all
+        three running on the server CPU; fio's nbd engine on the client CPU drives one at a time,
+        `reps` runs of every point on each, the order rotating run by run. docs/benchmarks.md,
+        "NBD (issue 14)", describes every step."""
+        c = self.cfg["nbd"]
+        size = c["size_mib"] * MIB
+        e = {"config": {k: v for k, v in c.items() if k != "points"}, "size": size, "fills": {},
+             "points": [], "versions": {"nbdkit": nbd_version("nbdkit")}}
+        self.results["nbd"] = e
+        if not getattr(self, "shm_dir", None):
+            self.shm_dir = tempfile.mkdtemp(prefix="fp-bench.", dir="/dev/shm")
+        path = os.path.join(self.shm_dir, "nbd.img")
+        with open(path, "wb") as f:
+            f.truncate(size)  # written in full through qsd below, like the other two disks
+        servers = {}
+        try:
+            servers["flashpath"] = FlashpathNbd(self.args.bin_dir, self.work, str(self.server_cpu), size)
+            servers["qsd"] = QsdNbd(self.work, self.server_cpu, path)
+            servers["nbdkit"] = Nbdkit(self.work, self.server_cpu, size)
+            e["uris"] = {k: s.uri for k, s in servers.items()}
+            # Every disk starts empty: RAM never written reads as the zero page (flashpath,
+            # nbdkit) or as a hole (qsd's sparse file). One sequential pass writes them all.
+            for kind, s in servers.items():
+                f = fio_nbd(s.uri, "write", MIB, 8, self.client_cpu)
+                e["fills"][kind] = {"bytes": f["bytes"], "seconds": f["elapsed_s"]}
+                if f["bytes"] < size:
+                    raise RuntimeError(f"filling {kind}'s NBD disk wrote only {f['bytes']} of {size} bytes")
+            log(f"{size // MIB} MiB written to each server's disk: " +
+                ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in e["fills"].items()))
+            for point in c["points"]:
+                runs = {kind: [] for kind in NBD_SERVERS}
+                for rep in range(c["reps"]):
+                    # Rotate who goes first, so drift within a point falls on all three alike.
+                    order = NBD_SERVERS[rep % 3:] + NBD_SERVERS[:rep % 3]
+                    for kind in order:
+                        runs[kind].append(self.nbd_measure(servers[kind], point, c["secs"]))
+                e["points"].append(self.nbd_point(point, runs))
+        finally:
+            for s in servers.values():
+                s.stop()
+
+    def nbd_measure(self, server, point, secs):
+        """One fio run against `server`, with the server's CPU time (schedstat and utime+stime)
+        and, for flashpath, its reactor's busy time over the run."""
+        pattern, bs, qd = point
+        react0 = server.reactors() if server.kind == "flashpath" else None
+        cpu0 = proc_cpu(server.pid)
+        m0, o0 = machine_busy_ns(), own_cpu_ns()
+        r = fio_nbd(server.uri, pattern, bs, qd, self.client_cpu, secs)
+        m1, o1 = machine_busy_ns(), own_cpu_ns()
+        cpu1 = proc_cpu(server.pid)
+        if r["errors"]:
+            raise RuntimeError(f"{server.name} {point}: fio reported error {r['errors']}")
+        ios, el = r["ios"], r["elapsed_s"]
+        # utime + stime of /proc/PID/stat, not schedstat: a server may serve a connection on
+        # threads of its own (nbdkit starts its workers per connection), which are gone when
+        # fio has disconnected, and /proc/PID/stat keeps the time of exited threads.
+        r["server_cpu_ns"] = cpu1["stat_ns"] - cpu0["stat_ns"]
+        r["server_cpu_sched_ns"] = cpu1["sched_ns"] - cpu0["sched_ns"]
+        r["server_cpu_ns_per_io"] = r["server_cpu_ns"] / ios if ios else None
+        r["server_cores"] = r["server_cpu_ns"] / 1e9 / el if el else None
+        other = (m1 - m0) - (o1 - o0) - r["server_cpu_ns"]
+        r["other_cpu_cores"] = max(0.0, other / 1e9 / el) if el else None
+        if react0 is not None:
+            react1 = server.reactors()
+            busy = sum(react1[k]["busy"] - react0[k]["busy"] for k in react1)
+            r["reactor_busy_ns_per_io"] = busy / ios if ios else None
+        log(f"nbd {server.kind:<9} {nbd_label(point):<22} {r['iops']:>9.0f} IOPS {r['mbps']:>8.1f} MB/s  "
+            f"p50 {r['p50_ns'] / 1000:8.1f} µs  server {r['server_cpu_ns_per_io'] / 1000:6.1f} µs/IO")
+        return r
+
+    def nbd_point(self, point, runs):
+        """A point's entry: each server's runs and medians, and flashpath's ratios to qsd and to
+        nbdkit (IOPS, server CPU per I/O, p50, p99)."""
+        pattern, bs, qd = point
+        p = {"pattern": pattern, "bs": bs, "qd": qd, "servers": {}, "ratios": {}}
+        for kind, rs in runs.items():
+            md = summarize(rs)
+            md["other_cpu_cores"] = median([r["other_cpu_cores"] for r in rs])
+            iops = [r["iops"] for r in rs]
+            sp = (max(iops) - min(iops)) / median(iops) if iops and median(iops) else None
+            p["servers"][kind] = {"runs": rs, "median": md, "spread": sp}
+        f = p["servers"]["flashpath"]["median"]
+        for other in ("qsd", "nbdkit"):
+            o = p["servers"][other]["median"]
+            p["ratios"][other] = {"iops": ratio(f.get("iops"), o.get("iops")),
+                                  "server_cpu_per_io": ratio(f.get("server_cpu_ns_per_io"),
+                                                             o.get("server_cpu_ns_per_io")),
+                                  "p50": ratio(f.get("p50_ns"), o.get("p50_ns")),
+                                  "p99": ratio(f.get("p99_ns"), o.get("p99_ns"))}
+        log(f"nbd {nbd_label(point):<22} flashpath {fmt_iops(f.get('iops'))} IOPS: "
+            + ", ".join(f"vs {o} IOPS {fmt_ratio(p['ratios'][o]['iops'])}x, CPU/IO "
+                        f"{fmt_ratio(p['ratios'][o]['server_cpu_per_io'])}x" for o in ("qsd", "nbdkit")))
+        return p
+
     def go(self):
         # --only: one section alone, (what the log calls it, the section).
         only = {
             "rbd": (f"Ceph RBD, qsd's rbd driver vs flashpath's rbd bdev (server CPU {self.server_cpu}, "
                     f"client and cluster CPU {self.client_cpu}, scratch {self.work})", self.run_rbd),
+            "nbd": (f"NBD over a Unix socket, flashpath vs qsd vs nbdkit (server CPU {self.server_cpu}, "
+                    f"fio on CPU {self.client_cpu}, scratch {self.work})", self.run_nbd),
             "qos": (f"quality of service (server CPU {self.server_cpu}, client CPU {self.client_cpu}, "
                     f"scratch {self.work})", self.run_qos),
             "iostat": ("the disk layer's cost", self.run_iostat),
@@ -1746,6 +1943,9 @@ class Bench:
         if self.with_rbd:
             log("=== Ceph RBD: qsd's rbd driver vs flashpath's rbd bdev, one server at a time")
             self.run_rbd()
+        if self.with_nbd:
+            log("=== NBD over a Unix socket: flashpath vs qsd vs nbdkit, fio's nbd engine")
+            self.run_nbd()
         self.results["wall_s"] = time.monotonic() - self.started
 
 
@@ -1754,9 +1954,37 @@ class Bench:
 
 
 def wants_rbd(args):
-    """Whether this run has the RBD section: `--only rbd`, or a whole run whose `--backends`
-    (if given) names rbd; it is not a matrix backend."""
-    return args.only == "rbd" or (not args.only and (not args.backends or "rbd" in args.backends.split(",")))
+    """Whether this run has the RBD section (see wants_section)."""
+    return wants_section(args, "rbd")
+
+
+def wants_section(args, name):
+    """Whether this run has the section `name` (rbd, nbd): `--only name`, or a whole run whose
+    `--backends` (if given) names it; neither is a matrix backend."""
+    return args.only == name or (not args.only and (not args.backends or name in args.backends.split(",")))
+
+
+def nbd_missing():
+    """What the NBD section needs and this machine lacks: nbdkit (Debian nbdkit, whose memory
+    plugin is built in) and fio's nbd engine (fio built with libnbd, as Debian's fio 3.33 is)."""
+    missing = ["nbdkit"] if shutil.which("nbdkit") is None else []
+    engines = subprocess.run(["fio", "--enghelp"], capture_output=True, text=True, timeout=20).stdout
+    if "nbd" not in engines.split():
+        missing.append("fio's nbd engine (fio built with libnbd)")
+    return missing
+
+
+def nbd_version(tool):
+    try:
+        return run([tool, "--version"], 20).stdout.strip().splitlines()[0]
+    except Exception:
+        return None
+
+
+def nbd_label(point):
+    pattern, bs, qd = point
+    size = f"{bs // MIB}M" if bs >= MIB else f"{bs // 1024}K"
+    return f"{pattern} {size} QD{qd}"
 
 
 def rbd_missing():
@@ -1912,6 +2140,16 @@ def targets(res):
             f"{fmt_ratio(r)}x", None if r is None else r <= 0.5,
             f"cluster {fmt_us1(sum(f.get('cluster_cpu_ns_per_io', {}).values()))} / "
             f"{fmt_us1(sum(q.get('cluster_cpu_ns_per_io', {}).values()))} µs per I/O")
+    for p in (res.get("nbd") or {}).get("points", []):
+        f = p["servers"]["flashpath"]["median"]
+        w = f"NBD {nbd_label((p['pattern'], p['bs'], p['qd']))}"
+        for other in ("qsd", "nbdkit"):
+            o = p["servers"][other]["median"]
+            r = p["ratios"][other]
+            add(f"{w}: IOPS and server CPU per I/O vs {other}", "reported",
+                f"{fmt_iops(f.get('iops'))} vs {fmt_iops(o.get('iops'))} IOPS = {fmt_ratio(r['iops'])}x; "
+                f"{fmt_us1(f.get('server_cpu_ns_per_io'))} vs {fmt_us1(o.get('server_cpu_ns_per_io'))} µs/IO = "
+                f"{fmt_ratio(r['server_cpu_per_io'])}x", None)
     return out
 
 
@@ -2010,6 +2248,7 @@ def markdown(res):
         return "\n".join(lines + targets_table(res))
     # Sections run alone that compare with qsd: (title, the section's Markdown).
     alone = {"rbd": ("flashpath vs qemu-storage-daemon on Ceph RBD", rbd_markdown),
+             "nbd": ("flashpath vs qemu-storage-daemon and nbdkit over NBD", nbd_markdown),
              "qos": ("flashpath: quality of service", qos_markdown)}
     if m.get("only") in alone:
         title, section = alone[m["only"]]
@@ -2146,6 +2385,8 @@ def markdown(res):
         lines += lvol_markdown(res)
     if res.get("rbd"):
         lines += rbd_markdown(res)
+    if res.get("nbd"):
+        lines += nbd_markdown(res)
     return "\n".join(lines + targets_table(res))
 
 
@@ -2211,6 +2452,52 @@ def rbd_markdown(res):
         ("Locks left on the image after a server's exit (broken before the next round): " +
          "; ".join(f"round {x['round']} {x['server']}" for x in left) if left else
          "No server left a lock on the image.")]
+    return lines
+
+
+def nbd_markdown(res):
+    """The NBD section (issue 14)."""
+    e = res["nbd"]
+    m = res["meta"]
+    c = e["config"]
+    mi = m["machine"]
+    lines = ["", "## NBD over a Unix socket: flashpath vs qsd vs nbdkit", "",
+             f"A {e['size'] // MIB} MiB RAM disk exported over NBD on a Unix socket by each server, all three "
+             f"running on CPU {m['server_cpu']} (taskset): flashpath `bdev_malloc_create` + `nbd_start_disk`; "
+             f"{' '.join(mi['qsd_version'])} `--nbd-server addr.type=unix` + `--export type=nbd,iothread=iot0` of a "
+             f"file on /dev/shm (`driver=file,aio=io_uring,cache.direct=off`); "
+             f"{e['versions'].get('nbdkit') or 'nbdkit'} `memory {e['size']} allocator=malloc`. Each disk written in "
+             "full through NBD first. The client: fio's nbd engine (libnbd, one connection; "
+             f"{mi['fio_version']}) on CPU {m['client_cpu']}, the same for all three. {c['reps']} run(s) of "
+             f"{c['secs']:g} s per point and server, interleaved (the first server rotating); medians. "
+             "Latency: fio's total (submission to completion). CPU/IO: the server's CPU time per I/O, all "
+             "threads, those that exited included (utime + stime of /proc/PID/stat, in clock ticks: nbdkit's "
+             "workers live as long as their connection); busy/IO: flashpath's reactor busy time per I/O. "
+             "other: CPU used by anything but the server under test and fio.", "",
+             "| workload | server | IOPS | MB/s | spread | mean µs | p50 µs | p99 µs | p99.9 µs | server CPU/IO µs | "
+             "reactor busy/IO µs | other, % of a core |",
+             "|" + "---|" * 12]
+    for p in e["points"]:
+        for kind in NBD_SERVERS:
+            x = p["servers"][kind]
+            md = x["median"]
+            sp = "-" if x["spread"] is None else f"{100 * x['spread']:.0f} %"
+            lines.append(
+                f"| {nbd_label((p['pattern'], p['bs'], p['qd']))} | {kind} | {fmt_iops(md.get('iops'))} | "
+                f"{md.get('mbps', 0):,.0f} | {sp} | {fmt_us1(md.get('lat_mean_ns'))} | {fmt_us1(md.get('p50_ns'))} | "
+                f"{fmt_us1(md.get('p99_ns'))} | {fmt_us1(md.get('p999_ns'))} | "
+                f"{fmt_us1(md.get('server_cpu_ns_per_io'))} | {fmt_us1(md.get('reactor_busy_ns_per_io'))} | "
+                f"{fmt_share(md.get('other_cpu_cores'))} |")
+    lines += ["", "| workload | IOPS fp/qsd | IOPS fp/nbdkit | server CPU/IO fp/qsd | server CPU/IO fp/nbdkit | "
+              "p50 fp/qsd | p50 fp/nbdkit | p99 fp/qsd | p99 fp/nbdkit |", "|" + "---|" * 9]
+    for p in e["points"]:
+        q, k = p["ratios"]["qsd"], p["ratios"]["nbdkit"]
+        lines.append(f"| {nbd_label((p['pattern'], p['bs'], p['qd']))} | **{fmt_ratio(q['iops'])}** | "
+                     f"**{fmt_ratio(k['iops'])}** | **{fmt_ratio(q['server_cpu_per_io'])}** | "
+                     f"**{fmt_ratio(k['server_cpu_per_io'])}** | {fmt_ratio(q['p50'])} | {fmt_ratio(k['p50'])} | "
+                     f"{fmt_ratio(q['p99'])} | {fmt_ratio(k['p99'])} |")
+    lines += ["", "Fill (one sequential 1 MiB QD8 pass): " + ", ".join(
+        f"{k} {v['seconds']:.1f} s" for k, v in e["fills"].items()) + "."]
     return lines
 
 
@@ -2679,6 +2966,39 @@ def validate_rbd(res, rc):
     return problems
 
 
+def validate_nbd(res, nc):
+    """The NBD section: every point on the three servers with its runs, a positive IOPS, MB/s,
+    p50, p99 and server CPU per I/O, flashpath's reactor busy time, both ratios, full fills."""
+    problems = []
+    e = res.get("nbd")
+    if not e:
+        return ["results.json has no 'nbd'"]
+    got = {(p["pattern"], p["bs"], p["qd"]): p for p in e.get("points", [])}
+    for pt in nc["points"]:
+        p = got.get(tuple(pt))
+        if p is None:
+            problems.append(f"nbd: missing point {nbd_label(pt)}")
+            continue
+        for kind in NBD_SERVERS:
+            x = p["servers"].get(kind)
+            if not x or len(x["runs"]) != nc["reps"]:
+                problems.append(f"nbd {nbd_label(pt)} {kind}: {len(x['runs']) if x else 0} runs, want {nc['reps']}")
+                continue
+            for m in ("iops", "mbps", "p50_ns", "p99_ns", "server_cpu_ns_per_io"):
+                v = x["median"].get(m)
+                if not isinstance(v, (int, float)) or v <= 0:
+                    problems.append(f"nbd {nbd_label(pt)} {kind}: {m} = {v!r}")
+            if kind == "flashpath" and not isinstance(x["median"].get("reactor_busy_ns_per_io"), (int, float)):
+                problems.append(f"nbd {nbd_label(pt)}: no reactor busy time")
+        for other in ("qsd", "nbdkit"):
+            if not isinstance(p["ratios"].get(other, {}).get("iops"), (int, float)):
+                problems.append(f"nbd {nbd_label(pt)}: no IOPS ratio to {other}")
+    for kind in NBD_SERVERS:
+        if e.get("fills", {}).get(kind, {}).get("bytes", 0) < e.get("size", 1):
+            problems.append(f"nbd: {kind}'s disk was not written in full")
+    return problems
+
+
 def validate(out_dir, mode):
     """Checks the outputs are well formed; asserts no absolute number."""
     problems = []
@@ -2757,6 +3077,11 @@ def validate(out_dir, mode):
         problems += validate_rbd(res, rc)
         if "## Ceph RBD" not in md:
             problems.append("results.md has no '## Ceph RBD'")
+    nc = cfg.get("nbd")
+    if nc and res.get("meta", {}).get("nbd", True):
+        problems += validate_nbd(res, nc)
+        if "## NBD" not in md:
+            problems.append("results.md has no '## NBD'")
     if cfg.get("iostat_reps"):
         ios = res.get("iostat", [])
         if len(ios) != 1:
@@ -2786,9 +3111,10 @@ def main():
     ap.add_argument("--client-cpu", type=int, default=1)
     ap.add_argument("--time", type=float, help="seconds per run (overrides the mode)")
     ap.add_argument("--reps", type=int, help="runs per point and server (overrides the mode)")
-    ap.add_argument("--backends", help="comma-separated subset of null,ram,file,rbd (development only; "
-                                       "rbd: the RBD section)")
-    ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd"], help="run only this section (development only)")
+    ap.add_argument("--backends", help="comma-separated subset of null,ram,file,rbd,nbd (development only; "
+                                       "rbd, nbd: the RBD and NBD sections)")
+    ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd"],
+                    help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
                          "(development only; recorded in the results)")
@@ -2817,6 +3143,11 @@ def main():
     if missing:
         print(f"bench: the RBD section needs {', '.join(missing)} (./run bench installs them; "
               "--backends without rbd leaves the section out)", file=sys.stderr)
+        return 1
+    missing = nbd_missing() if wants_section(args, "nbd") else []
+    if missing:
+        print(f"bench: the NBD section needs {', '.join(missing)} (./run bench installs them; "
+              "--backends without nbd leaves the section out)", file=sys.stderr)
         return 1
     ncpu = os.cpu_count() or 1
     if max(args.server_cpu, args.client_cpu) >= ncpu or args.server_cpu == args.client_cpu:
@@ -2858,6 +3189,7 @@ def main():
         "command": cmd,
         "only": args.only,
         "rbd": bench.with_rbd,
+        "nbd": bench.with_nbd,
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

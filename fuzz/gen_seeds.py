@@ -249,6 +249,58 @@ cluster_name = "nope"
 ctrlr = "v0"
 dev_name = "vm1"
 """,
+    # NBD exports: every nbd_device form (each confined to the scratch nbd directory by the
+    # target), two exports on one listener, a read-only export sharing its disk with a read-only
+    # controller, TLS files ("@" is the scratch tls directory), and refusals.
+    "seed-nbd": b"""[[bdev]]
+type = "malloc"
+name = "ram0"
+num_blocks = 2048
+block_size = 512
+[[bdev]]
+type = "null"
+name = "n0"
+num_blocks = 1024
+block_size = 4096
+[[vhost_blk]]
+ctrlr = "v0"
+dev_name = "ram0"
+readonly = true
+[[nbd_disk]]
+bdev_name = "ram0"
+nbd_device = "/var/tmp/flashpath/ram0.nbd"
+readonly = true
+[[nbd_disk]]
+bdev_name = "n0"
+nbd_device = "nbd+unix:///null%20disk?socket=/var/tmp/flashpath/shared.nbd"
+[[nbd_disk]]
+bdev_name = "ram0"
+nbd_device = "nbd+unix:///again?socket=/var/tmp/flashpath/shared.nbd"
+readonly = true
+[[nbd_disk]]
+bdev_name = "ram0"
+nbd_device = "nbd://[::1]/loop"
+readonly = true
+[[nbd_disk]]
+bdev_name = "ram0"
+nbd_device = "nbd://0.0.0.0:10809/wide"
+readonly = true
+tls_cert = "@/garbage.pem"
+tls_key = "@/empty.pem"
+tls_ca = "/etc/ssl/certs/ca-certificates.crt"
+""",
+    "seed-nbd-refused": b"""[[bdev]]
+type = "null"
+name = "n0"
+num_blocks = 1024
+block_size = 512
+[[nbd_disk]]
+bdev_name = "n0"
+nbd_device = "nbd+unix:///x?socket=%2Fetc%2Fpasswd&socket=/tmp/y"
+[[nbd_disk]]
+bdev_name = "n0"
+nbd_device = "relative.sock"
+""",
     "seed-syntax": b"""[reactor]
 cpus = "0-x"
 idle_window_us = "fast"

@@ -24,11 +24,23 @@
 //! table; anything else is refused before connecting), so an input cannot make the target reach
 //! a real cluster, or anything off the machine, and a connection costs about a second.
 //!
+//! NBD: every `[[nbd_disk]]` listens in the scratch `nbd` directory and nowhere else, and never
+//! on TCP (nor resolves a host name). Its `nbd_device` is rewritten before `apply` for each form
+//! `fp_nbd::parse_device` accepts: an absolute path becomes `nbd/` plus the path with its `/`
+//! made `_`; each `socket=` value of an `nbd+unix://` URI (query kept, `%` made `_` too, so no
+//! escape leads out) the same; an `nbd://HOST[:PORT]/NAME` becomes
+//! `nbd+unix:///NAME?socket=<nbd>/tcp-HOST[:PORT]`, so the name's parsing and the exports
+//! sharing a listener (one per address as written) stay reachable. Any other string is refused by the parser as written. `tls_cert`, `tls_key`
+//! and `tls_ca` strings starting with `@` have it replaced by the scratch `tls` directory (which
+//! holds `garbage.pem`, not PEM, and `empty.pem`); any other is replaced by `tls/absent.pem`, so
+//! an input cannot make the target read an arbitrary file (`/dev/zero` would never end).
+//!
 //! Checked: no panic; every error's message is one line and starts with its place
-//! (`fuzz.toml:LINE:COLUMN: ` with a line inside the text, `rbd_cluster[i]` / `bdev[i]` / `vhost_blk[i]` / `qos_limit[i]` / `qos_group[i]` with `i`
-//! an existing entry, `reactor.cpus: `, `limits.KEY: `, `security.KEY: `) followed by a
-//! non-empty reason; no `uring` bdev opened `outside.img` (its size gives it away: 3 MiB or
-//! more, whatever the block size); every socket is gone once the target is shut down.
+//! (`fuzz.toml:LINE:COLUMN: ` with a line inside the text, `rbd_cluster[i]` / `bdev[i]` /
+//! `vhost_blk[i]` / `qos_limit[i]` / `qos_group[i]` / `nbd_disk[i]` with `i` an existing entry,
+//! `reactor.cpus: `, `limits.KEY: `, `security.KEY: `) followed by a non-empty reason; no `uring`
+//! bdev opened `outside.img` (its size gives it away: 3 MiB or more, whatever the block size);
+//! every socket (vhost and NBD) is gone once the target is shut down.
 #![no_main]
 
 mod common;
@@ -48,6 +60,8 @@ struct Env {
     vhost_dir: PathBuf,
     export: ExportDirs,
     export_dir: String,
+    nbd_dir: PathBuf,
+    tls_dir: String,
 }
 
 /// `outside.img`'s size. Whatever the block size, a bdev on it holds at least 3 MiB, more than
@@ -60,7 +74,9 @@ fn env() -> &'static Env {
         let dir = common::scratch_dir("config_file");
         let vhost_dir = dir.join("vhost");
         let export_dir = dir.join("export");
-        for d in [&vhost_dir, &export_dir, &export_dir.join("sub")] {
+        let nbd_dir = dir.join("nbd");
+        let tls_dir = dir.join("tls");
+        for d in [&vhost_dir, &export_dir, &export_dir.join("sub"), &nbd_dir, &tls_dir] {
             std::fs::create_dir(d).expect("create scratch directory");
         }
         let sized = |path: PathBuf, len: u64| {
@@ -70,8 +86,16 @@ fn env() -> &'static Env {
         sized(export_dir.join("tiny.img"), 100);
         sized(dir.join("outside.img"), OUTSIDE_BYTES);
         std::os::unix::fs::symlink("../outside.img", export_dir.join("escape")).expect("create symlink");
+        std::fs::write(tls_dir.join("garbage.pem"), "not a certificate\n").expect("create scratch file");
+        std::fs::write(tls_dir.join("empty.pem"), "").expect("create scratch file");
         let export = ExportDirs::new(std::slice::from_ref(&export_dir)).expect("export directory");
-        Env { vhost_dir, export, export_dir: export_dir.display().to_string() }
+        Env {
+            vhost_dir,
+            export,
+            export_dir: export_dir.display().to_string(),
+            nbd_dir,
+            tls_dir: tls_dir.display().to_string(),
+        }
     })
 }
 
@@ -109,6 +133,54 @@ fn no_real_clusters(config: &mut ConfigFile) {
     }
 }
 
+/// A socket path inside the scratch `nbd` directory standing for `path` (module docs).
+fn nbd_socket(env: &Env, path: &str) -> String {
+    let file: String = path.chars().map(|c| if c == '/' || c == '%' { '_' } else { c }).collect();
+    format!("{}/{file}", env.nbd_dir.display())
+}
+
+/// Rewrites an `nbd_device` so that it binds in the scratch `nbd` directory only (module docs).
+fn confine_nbd_device(device: &str, env: &Env) -> String {
+    if device.starts_with('/') {
+        return nbd_socket(env, device);
+    }
+    if let Some(rest) = device.strip_prefix("nbd+unix://") {
+        let Some((path, query)) = rest.split_once('?') else { return device.to_string() };
+        let query: Vec<String> = query
+            .split('&')
+            .map(|kv| match kv.strip_prefix("socket=") {
+                Some(socket) => format!("socket={}", nbd_socket(env, socket)),
+                None => kv.to_string(),
+            })
+            .collect();
+        return format!("nbd+unix://{path}?{}", query.join("&"));
+    }
+    if let Some(rest) = device.strip_prefix("nbd://") {
+        // One socket per HOST:PORT as written, so exports on one TCP address still share a
+        // listener (and its TLS settings) and those on two do not.
+        let (authority, name) = rest.split_once('/').unwrap_or((rest, ""));
+        return format!("nbd+unix:///{name}?socket={}", nbd_socket(env, &format!("tcp-{authority}")));
+    }
+    device.to_string()
+}
+
+/// Confines every `[[nbd_disk]]`'s listener and TLS files (module docs).
+fn confine_nbd(config: &mut ConfigFile, env: &Env) {
+    for table in &mut config.nbd_disk {
+        if let Some(toml::Value::String(device)) = table.get_mut("nbd_device") {
+            *device = confine_nbd_device(device, env);
+        }
+        for key in ["tls_cert", "tls_key", "tls_ca"] {
+            if let Some(toml::Value::String(file)) = table.get_mut(key) {
+                *file = match file.strip_prefix('@') {
+                    Some(rest) => format!("{}{rest}", env.tls_dir),
+                    None => format!("{}/absent.pem", env.tls_dir),
+                };
+            }
+        }
+    }
+}
+
 fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
     let msg = e.to_string();
     if common::trace() {
@@ -130,6 +202,7 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
                 "vhost_blk" => config.vhost_blk.len(),
                 "qos_limit" => config.qos_limit.len(),
                 "qos_group" => config.qos_group.len(),
+                "nbd_disk" => config.nbd_disk.len(),
                 other => panic!("unknown table {other:?}: {msg:?}"),
             };
             assert!(*index < entries, "{table}[{index}] but only {entries} entries: {msg:?}");
@@ -146,8 +219,8 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
 
 fn no_sockets_left(dir: &Path) {
     let left: Vec<_> =
-        std::fs::read_dir(dir).expect("read vhost directory").flatten().map(|e| e.file_name()).collect();
-    assert!(left.is_empty(), "left behind in the vhost directory: {left:?}");
+        std::fs::read_dir(dir).expect("read socket directory").flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "left behind in {}: {left:?}", dir.display());
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -159,6 +232,7 @@ fuzz_target!(|data: &[u8]| {
     let env = env();
     expand_filenames(&mut config, env);
     no_real_clusters(&mut config);
+    confine_nbd(&mut config, env);
     let options = RegistryOptions {
         limits: config.limits.limits(),
         vhost_socket_mode: config.security.vhost_socket_mode.unwrap_or(DEFAULT_VHOST_SOCKET_MODE),
@@ -183,4 +257,5 @@ fuzz_target!(|data: &[u8]| {
     drop(methods);
     drop(target);
     no_sockets_left(&env.vhost_dir);
+    no_sockets_left(&env.nbd_dir);
 });

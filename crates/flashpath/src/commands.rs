@@ -13,9 +13,9 @@ use fp_rpc::{codes, RpcClient, RpcClientError};
 use serde_json::{json, Map, Value};
 
 use crate::{
-    Command, DiskCommand, DiskCreateArgs, DiskType, QosCommand, QosGroupCommand, QosGroupLimits,
-    QosLimitArgs, RbdClusterAddArgs, RbdClusterCommand, RbdCommand, ReactorCommand, VhostCommand,
-    VhostCreateArgs, VolumeCommand,
+    Command, DiskCommand, DiskCreateArgs, DiskType, NbdCommand, NbdStartArgs, QosCommand, QosGroupCommand,
+    QosGroupLimits, QosLimitArgs, RbdClusterAddArgs, RbdClusterCommand, RbdCommand, ReactorCommand,
+    VhostCommand, VhostCreateArgs, VolumeCommand,
 };
 use flashpath::size::format_size;
 use fp_bdev::qos::THROTTLE_FIELDS;
@@ -135,6 +135,11 @@ fn cell(v: &Value, key: &str) -> String {
     }
 }
 
+/// A JSON boolean as table text: "yes" when true, "no" otherwise.
+fn yes_no(v: &Value) -> String {
+    if v.as_bool() == Some(true) { "yes" } else { "no" }.to_string()
+}
+
 fn u64_field(v: &Value, key: &str) -> u64 {
     v.get(key).and_then(Value::as_u64).unwrap_or(0)
 }
@@ -174,6 +179,7 @@ pub fn run(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
             }
             Ok(())
         }
+        Command::Nbd(n) => nbd(rpc, json, n),
         Command::Volume(v) => volume(rpc, json, v),
         Command::Qos(q) => qos(rpc, json, q),
         Command::Rbd(RbdCommand::Cluster(c)) => rbd_cluster(rpc, json, c),
@@ -973,7 +979,6 @@ fn vhost_list(rpc: &Path, json: bool, name: Option<String>) -> Result<(), CliErr
         .iter()
         .map(|c| {
             let block = &c["backend_specific"]["block"];
-            let yes_no = |v: &Value| if v.as_bool() == Some(true) { "yes" } else { "no" }.to_string();
             vec![
                 cell(c, "ctrlr"),
                 cell(block, "bdev"),
@@ -986,6 +991,92 @@ fn vhost_list(rpc: &Path, json: bool, name: Option<String>) -> Result<(), CliErr
         })
         .collect();
     out(&table(&["NAME", "DISK", "CPUMASK", "QUEUES", "READONLY", "CONNECTED", "SOCKET"], &rows));
+    Ok(())
+}
+
+/// `nbd start|stop|list`: SPDK's `nbd_start_disk`, `nbd_stop_disk` and `nbd_get_disks`.
+fn nbd(rpc: &Path, json: bool, cmd: NbdCommand) -> Result<(), CliError> {
+    match cmd {
+        NbdCommand::Start(a) => nbd_start(rpc, json, a),
+        NbdCommand::Stop { nbd_device } => {
+            let params = json!({ "nbd_device": nbd_device_param(nbd_device) });
+            let r = Session::connect(rpc, NBD_FLAGS)?.call("nbd_stop_disk", Some(params))?;
+            if json {
+                print_json(&r);
+            }
+            Ok(())
+        }
+        NbdCommand::List { nbd_device } => nbd_list(rpc, json, nbd_device),
+    }
+}
+
+/// `nbd_start_disk`'s parameters and the options that set them.
+const NBD_FLAGS: &[(&str, &str)] = &[
+    ("bdev_name", "DISK"),
+    ("nbd_device", "NBD_DEVICE"),
+    ("tls_cert", "--tls-cert"),
+    ("tls_key", "--tls-key"),
+    ("tls_ca", "--tls-ca"),
+];
+
+/// NBD_DEVICE as the daemon wants it: a URI as written, a socket path made absolute (the daemon
+/// resolves paths against its own working directory, not ours).
+fn nbd_device_param(device: String) -> String {
+    if device.contains("://") {
+        return device;
+    }
+    match std::path::absolute(&device) {
+        Ok(p) => p.display().to_string(),
+        Err(_) => device,
+    }
+}
+
+fn nbd_start(rpc: &Path, json: bool, a: NbdStartArgs) -> Result<(), CliError> {
+    match (&a.tls_cert, &a.tls_key) {
+        (Some(_), None) => return Err(usage("--tls-key", "required with --tls-cert")),
+        (None, Some(_)) => return Err(usage("--tls-cert", "required with --tls-key")),
+        (None, None) if a.tls_ca.is_some() => {
+            return Err(usage("--tls-ca", "only used with --tls-cert and --tls-key"))
+        }
+        _ => {}
+    }
+    let mut params = json!({ "bdev_name": a.disk, "nbd_device": nbd_device_param(a.nbd_device) });
+    if a.readonly {
+        params["readonly"] = json!(true);
+    }
+    let absolute = |p: std::path::PathBuf| std::path::absolute(&p).unwrap_or(p);
+    for (field, file) in [("tls_cert", a.tls_cert), ("tls_key", a.tls_key), ("tls_ca", a.tls_ca)] {
+        if let Some(f) = file {
+            params[field] = json!(absolute(f));
+        }
+    }
+    one_call(rpc, json, NBD_FLAGS, "nbd_start_disk", params)
+}
+
+fn nbd_list(rpc: &Path, json: bool, nbd_device: Option<String>) -> Result<(), CliError> {
+    let params = nbd_device.map(|d| json!({ "nbd_device": nbd_device_param(d) }));
+    let list = Session::connect(rpc, NBD_FLAGS)?.call("nbd_get_disks", params)?;
+    if json {
+        print_json(&list);
+        return Ok(());
+    }
+    let Some(list) = list.as_array() else {
+        return Err(CliError::Unexpected { method: "nbd_get_disks", result: list });
+    };
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|d| {
+            vec![
+                cell(d, "nbd_device"),
+                cell(d, "bdev_name"),
+                cell(d, "export_name"),
+                yes_no(&d["readonly"]),
+                yes_no(&d["tls"]),
+                cell(d, "connections"),
+            ]
+        })
+        .collect();
+    out(&table(&["DEVICE", "DISK", "EXPORT", "READONLY", "TLS", "CONNECTIONS"], &rows));
     Ok(())
 }
 

@@ -53,21 +53,27 @@
 //! dev_name = "ram0"
 //! cpumask = "[0,1]"
 //! num_queues = 2
+//!
+//! [[nbd_disk]]                         # an NBD export (docs/nbd.md)
+//! bdev_name = "ram1"
+//! nbd_device = "/var/tmp/flashpath/ram1.nbd"   # or nbd+unix:///NAME?socket=PATH, nbd://HOST:PORT/NAME
+//! readonly = true
 //! ```
 //!
 //! Each `[[rbd_cluster]]` table is the params of `bdev_rbd_register_cluster`, each `[[bdev]]`
 //! table (less `type`) those of `bdev_<type>_create`, each
 //! `[[qos_limit]]` those of `bdev_set_qos_limit`, each `[[qos_group]]` (less `members`) those of
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
-//! `bdev_qos_group_add_bdev`, and each `[[vhost_blk]]` table those of
-//! `vhost_create_blk_controller`. They are applied in that order through [`Methods::call`] — the
-//! same code the RPC runs, so the file accepts exactly what the RPC does and errors read the
-//! same, prefixed with the table and index (`bdev[1].block_size: ...`,
+//! `bdev_qos_group_add_bdev`, each `[[vhost_blk]]` table those of
+//! `vhost_create_blk_controller`, and each `[[nbd_disk]]` table those of `nbd_start_disk`
+//! (`tls_cert`, `tls_key`, `tls_ca` included). They are applied in that order through
+//! [`Methods::call`] — the same code the RPC runs, so the file accepts exactly what the RPC does
+//! and errors read the same, prefixed with the table and index (`bdev[1].block_size: ...`,
 //! `rbd_cluster[0].config_param: ...`, `qos_group[0].members[1].weight: ...`). Clusters come
-//! before the bdevs that name them; limits before controllers, so that a guest never sees a
-//! disk unlimited, even for a moment. Registering a cluster connects to it, so a monitor that
-//! does not answer holds start-up for `client_mount_timeout` (10 s unless `config_param` says
-//! otherwise) and then stops it with an error naming the cluster.
+//! before the bdevs that name them; limits before controllers and NBD exports, so that no
+//! client ever sees a disk unlimited, even for a moment. Registering a cluster connects to it,
+//! so a monitor that does not answer holds start-up for `client_mount_timeout` (10 s unless
+//! `config_param` says otherwise) and then stops it with an error naming the cluster.
 //!
 //! `[limits]` bounds the registry for the daemon's whole life, RPC calls included: a create
 //! that would pass `max_bdevs` or `max_controllers` fails with error code -28 (ENOSPC) and a
@@ -113,8 +119,8 @@ pub enum ConfigError {
     },
     #[error("{}:{line}:{column}: {message}", path.display())]
     Syntax { path: PathBuf, line: usize, column: usize, message: String },
-    /// A `[[rbd_cluster]]`, `[[bdev]]`, `[[qos_limit]]`, `[[qos_group]]` or `[[vhost_blk]]` entry
-    /// was refused;
+    /// A `[[rbd_cluster]]`, `[[bdev]]`, `[[qos_limit]]`, `[[qos_group]]`, `[[vhost_blk]]` or
+    /// `[[nbd_disk]]` entry was refused;
     /// `field` is empty when the failure is not about one parameter (a duplicate name, say), and
     /// starts `members[i]` for a group member's.
     #[error("{table}[{index}]{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
@@ -154,6 +160,8 @@ pub struct ConfigFile {
     pub qos_group: Vec<toml::Table>,
     #[serde(default)]
     pub vhost_blk: Vec<toml::Table>,
+    #[serde(default)]
+    pub nbd_disk: Vec<toml::Table>,
 }
 
 /// One RPC call that the file stands for, and the entry it comes from (for its errors).
@@ -361,12 +369,15 @@ impl ConfigFile {
                 index,
             ));
         }
+        for (index, table) in self.nbd_disk.iter().enumerate() {
+            calls.push(ConfigCall::new("nbd_start_disk", table_to_json(table), "nbd_disk", index));
+        }
         Ok(calls)
     }
 
     /// Makes the calls of [`ConfigFile::calls`]: registers the Ceph clusters, creates the
-    /// declared bdevs, sets their limits, creates the groups and adds their members, then
-    /// creates the controllers, stopping at the first failure.
+    /// declared bdevs, sets their limits, creates the groups and adds their members, creates
+    /// the controllers, then starts the NBD exports, stopping at the first failure.
     pub fn apply(&self, methods: &Methods) -> Result<(), ConfigError> {
         for call in self.calls()? {
             methods.call(&call.method, Some(call.params.clone())).map_err(|e| call.error(&e))?;
@@ -685,6 +696,95 @@ mod tests {
             ("vhost_create_blk_controller", "vhost_blk", 0, None, json!({"ctrlr": "v0", "dev_name": "ram0"})),
         ];
         assert_eq!(calls, want);
+    }
+
+    #[test]
+    fn nbd_disk_tables_become_calls_after_the_controllers() {
+        // Written first: the loader starts the exports last, each table as it is written.
+        let c = parse(
+            r#"
+            [[nbd_disk]]
+            bdev_name = "ram0"
+            nbd_device = "/run/fp/ram0.nbd"
+            readonly = true
+            [[nbd_disk]]
+            bdev_name = "ram1"
+            nbd_device = "nbd://0.0.0.0/ram1"
+            tls_cert = "/etc/fp/cert.pem"
+            tls_key = "/etc/fp/key.pem"
+            tls_ca = "/etc/fp/ca.pem"
+            [[vhost_blk]]
+            ctrlr = "v0"
+            dev_name = "ram0"
+            readonly = true
+            [[bdev]]
+            type = "null"
+            name = "ram0"
+            num_blocks = 8
+            block_size = 512
+            "#,
+        )
+        .unwrap();
+        let calls: Vec<(String, &str, usize, Value)> =
+            c.calls().unwrap().into_iter().map(|c| (c.method, c.table, c.index, c.params)).collect();
+        let methods: Vec<&str> = calls.iter().map(|c| c.0.as_str()).collect();
+        assert_eq!(
+            methods,
+            ["bdev_null_create", "vhost_create_blk_controller", "nbd_start_disk", "nbd_start_disk"]
+        );
+        assert_eq!(
+            calls[2],
+            (
+                "nbd_start_disk".to_string(),
+                "nbd_disk",
+                0,
+                json!({"bdev_name": "ram0", "nbd_device": "/run/fp/ram0.nbd", "readonly": true})
+            )
+        );
+        assert_eq!(
+            calls[3],
+            (
+                "nbd_start_disk".to_string(),
+                "nbd_disk",
+                1,
+                json!({
+                    "bdev_name": "ram1", "nbd_device": "nbd://0.0.0.0/ram1", "tls_cert": "/etc/fp/cert.pem",
+                    "tls_key": "/etc/fp/key.pem", "tls_ca": "/etc/fp/ca.pem",
+                })
+            )
+        );
+    }
+
+    /// Refusals of `[[nbd_disk]]` entries that come before any socket is bound; the exports
+    /// themselves start in `tests/cli.rs` (they need a daemon's reactors).
+    #[test]
+    fn nbd_entry_errors_name_table_index_and_field() {
+        let ram = "[[bdev]]\ntype = \"malloc\"\nname = \"a\"\nnum_blocks = 64\nblock_size = 512\n";
+        let cases = [
+            ("[[nbd_disk]]\nnbd_device = \"/x.sock\"\n", "nbd_disk[0].bdev_name: required parameter missing"),
+            ("[[nbd_disk]]\nbdev_name = \"a\"\n", "nbd_disk[0].nbd_device: required parameter missing"),
+            (
+                "[[nbd_disk]]\nbdev_name = \"a\"\nnbd_device = \"rel.sock\"\n",
+                "nbd_disk[0].nbd_device: 'rel.sock' is not an absolute socket path",
+            ),
+            (
+                "[[nbd_disk]]\nbdev_name = \"a\"\nnbd_device = \"/x.sock\"\ntls_cert = \"/c.pem\"\n",
+                "nbd_disk[0].tls_key: ",
+            ),
+            (
+                "[[nbd_disk]]\nbdev_name = \"a\"\nnbd_device = \"/x.sock\"\nread_only = true\n",
+                "nbd_disk[0].read_only: unknown parameter; accepted: ",
+            ),
+            (
+                "[[nbd_disk]]\nbdev_name = \"zz\"\nnbd_device = \"/x.sock\"\n",
+                "nbd_disk[0]: bdev 'zz' does not exist",
+            ),
+        ];
+        for (extra, want) in cases {
+            let err = apply(&format!("{ram}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
+            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
+            assert!(!err.contains('\n'), "{err}");
+        }
     }
 
     #[test]

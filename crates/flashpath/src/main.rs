@@ -13,6 +13,8 @@
 //! flashpath rbd cluster remove NAME | rbd cluster list [NAME]
 //! flashpath vhost create --name CTRL --disk NAME [--cpus LIST] [--readonly] [--queues N]
 //! flashpath vhost list [NAME] | vhost delete NAME
+//! flashpath nbd start DISK NBD_DEVICE [--readonly] [--tls-cert F --tls-key F [--tls-ca F]]
+//! flashpath nbd stop NBD_DEVICE | nbd list [NBD_DEVICE]
 //! flashpath volume create-store --disk NAME --name STORE [--cluster-size 4MiB] | stores
 //! flashpath volume create STORE/NAME --size SIZE [--thin] | list [--store S] | delete VOL
 //! flashpath volume snapshot VOL NAME | clone SNAP NAME | resize VOL --size SIZE
@@ -75,6 +77,9 @@ enum Command {
     /// vhost-user-blk controllers: create, list, delete
     #[command(subcommand)]
     Vhost(VhostCommand),
+    /// NBD exports: a disk served over the Network Block Device protocol (docs/nbd.md)
+    #[command(subcommand)]
+    Nbd(NbdCommand),
     /// Logical volumes: stores on a disk, thin volumes, snapshots, clones
     #[command(subcommand)]
     Volume(VolumeCommand),
@@ -225,6 +230,40 @@ struct VhostCreateArgs {
     /// Most queues the guest may use, 1-64 [default: 64, spread over the cores]
     #[arg(long, value_name = "N", value_parser = u16_arg)]
     queues: Option<u16>,
+}
+
+#[derive(Debug, Subcommand)]
+enum NbdCommand {
+    /// Export a disk over NBD (SPDK's nbd_start_disk); prints NBD_DEVICE
+    Start(NbdStartArgs),
+    /// Stop an export (disconnects its clients)
+    Stop {
+        /// The export's NBD_DEVICE, as `nbd start` was given it
+        nbd_device: String,
+    },
+    /// List exports (or show one)
+    List { nbd_device: Option<String> },
+}
+
+#[derive(Debug, Args)]
+struct NbdStartArgs {
+    /// The disk to export; also the export's name unless NBD_DEVICE names one
+    disk: String,
+    /// Where to listen: a Unix socket path, nbd+unix:///NAME?socket=PATH, or
+    /// nbd://HOST[:PORT][/NAME] (TCP, port 10809 by default)
+    nbd_device: String,
+    /// Refuse writes; the disk may then be shared with other read-only exports
+    #[arg(long)]
+    readonly: bool,
+    /// Require TLS: the server's certificate (PEM); needs --tls-key
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM)
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (PEM)
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

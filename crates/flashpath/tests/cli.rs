@@ -28,6 +28,24 @@ fn fails(args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap(), lines[0].to_string())
 }
 
+/// Runs a command against the daemon at `rpc` that must succeed; returns its stdout.
+fn succeeds(rpc: &Path, args: &[&str]) -> String {
+    let out = flashpath(args, rpc);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs a command the daemon at `rpc` must refuse; returns its one stderr line.
+fn refused_by(rpc: &Path, args: &[&str]) -> String {
+    let out = flashpath(args, rpc);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    assert!(out.stdout.is_empty(), "{args:?}");
+    assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr:?}");
+    stderr.trim_end().to_string()
+}
+
 fn assert_usage(args: &[&str], expected: &str) {
     let (code, line) = fails(args);
     assert_eq!(line, expected, "{args:?}");
@@ -133,7 +151,7 @@ fn help_and_version_succeed() {
     let out = flashpath(&["--help"], &dir.path().join("x"));
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for cmd in ["serve", "disk", "vhost", "reactor", "version", "rpc"] {
+    for cmd in ["serve", "disk", "vhost", "nbd", "reactor", "version", "rpc"] {
         assert!(help.contains(cmd), "help lacks {cmd}: {help}");
     }
     let out = flashpath(&["--version"], &dir.path().join("x"));
@@ -303,6 +321,126 @@ fn rbd_options_that_do_not_go_together() {
     );
 }
 
+#[test]
+fn nbd_options_that_do_not_go_together() {
+    assert_usage(
+        &["nbd", "start", "d0", "/tmp/nbd.sock", "--tls-cert", "c.pem"],
+        "error: --tls-key: required with --tls-cert",
+    );
+    assert_usage(
+        &["nbd", "start", "d0", "/tmp/nbd.sock", "--tls-key", "k.pem"],
+        "error: --tls-cert: required with --tls-key",
+    );
+    assert_usage(
+        &["nbd", "start", "d0", "/tmp/nbd.sock", "--tls-ca", "ca.pem"],
+        "error: --tls-ca: only used with --tls-cert and --tls-key",
+    );
+    assert_usage(&["nbd", "start", "d0"], "error: missing required option <NBD_DEVICE>");
+    assert_usage(&["nbd", "stop"], "error: missing required option <NBD_DEVICE>");
+    assert_usage(
+        &["nbd", "start", "d0", "/x", "--read-only"],
+        "error: unknown option '--read-only' (did you mean '--readonly'?)",
+    );
+    assert_usage(&["nbd", "strat"], "error: unknown command 'strat' (did you mean 'start'?)");
+}
+
+/// Connects to an NBD socket and reads the server's first 16 bytes: the fixed newstyle greeting.
+fn nbd_greeting(socket: &Path) -> Vec<u8> {
+    use std::io::Read;
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let mut greeting = vec![0; 16];
+    s.read_exact(&mut greeting).unwrap();
+    greeting
+}
+
+/// The nbd commands against a daemon: an export that answers with the NBD greeting, its row in
+/// the list, refusals that name the option, and stop.
+#[test]
+fn nbd_commands_on_a_daemon() {
+    let d = common::Daemon::start("0");
+    let ok = |args: &[&str]| succeeds(&d.rpc, args);
+    let refused = |args: &[&str]| refused_by(&d.rpc, args);
+    ok(&["disk", "create", "--type", "ram", "--name", "d0", "--size", "1MiB"]);
+    ok(&["disk", "create", "--type", "ram", "--name", "d1", "--size", "1MiB"]);
+    let sock = d.dir.path().join("d0.nbd");
+    let sock_s = sock.to_str().unwrap();
+    assert_eq!(ok(&["nbd", "start", "d0", sock_s]), format!("{sock_s}\n"));
+    assert_eq!(nbd_greeting(&sock), b"NBDMAGICIHAVEOPT");
+    // A read-only export of d1 under a name of its own, on a URI.
+    let ro = d.dir.path().join("ro.nbd");
+    let ro_uri = format!("nbd+unix:///golden?socket={}", ro.display());
+    assert_eq!(ok(&["nbd", "start", "d1", &ro_uri, "--readonly"]), format!("{ro_uri}\n"));
+
+    let list = ok(&["nbd", "list"]);
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(lines.len(), 3, "{list}");
+    let cols = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(cols(lines[0]), ["DEVICE", "DISK", "EXPORT", "READONLY", "TLS", "CONNECTIONS"]);
+    let row =
+        |dev: &str| lines.iter().map(|l| cols(l)).find(|c| c[0] == dev).unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(row(sock_s), [sock_s, "d0", "d0", "no", "no", "0"]);
+    assert_eq!(row(&ro_uri), [ro_uri.as_str(), "d1", "golden", "yes", "no", "0"]);
+    let one: serde_json::Value = serde_json::from_str(&ok(&["nbd", "list", sock_s, "--json"])).unwrap();
+    assert_eq!(one[0]["bdev_name"], "d0", "{one}");
+
+    // Refusals name the option or argument that was wrong, and change nothing.
+    let e = refused(&["nbd", "start", "d1", "http://x"]);
+    assert!(e.starts_with("error: NBD_DEVICE: 'http://x' is not an absolute socket path"), "{e}");
+    let e = refused(&["nbd", "start", "d1", "nbd://0.0.0.0:10999/x", "--readonly"]);
+    assert!(e.starts_with("error: --tls-cert: ") && e.contains("needs tls_cert and tls_key"), "{e}");
+    let missing = d.dir.path().join("missing.pem");
+    let missing = missing.to_str().unwrap();
+    let e = refused(&[
+        "nbd",
+        "start",
+        "d1",
+        "/tmp/fp-cli-x.nbd",
+        "--readonly",
+        "--tls-cert",
+        missing,
+        "--tls-key",
+        missing,
+    ]);
+    assert!(e.starts_with("error: --tls-cert: cannot read "), "{e}");
+    // d0 is exported writable: claimed alone, even by a reader.
+    let e = refused(&["nbd", "start", "d0", d.dir.path().join("again.nbd").to_str().unwrap(), "--readonly"]);
+    assert!(e.starts_with("error: ") && e.contains("d0"), "{e}");
+    assert_eq!(ok(&["nbd", "list"]).lines().count(), 3);
+
+    assert_eq!(ok(&["nbd", "stop", sock_s]), "");
+    assert!(!sock.exists(), "the socket is removed with the export");
+    let e = refused(&["nbd", "stop", sock_s]);
+    assert!(e.starts_with("error: ") && e.contains(sock_s), "{e}");
+    ok(&["nbd", "stop", &ro_uri]);
+    assert_eq!(ok(&["nbd", "list", "--json"]).trim(), "[]");
+    ok(&["disk", "delete", "d0"]);
+}
+
+/// `serve --config` with `[[nbd_disk]]` tables: the exports come up after the disks and the
+/// controllers, a read-only export sharing its disk with a read-only controller.
+#[test]
+fn serve_config_with_nbd_disk_tables() {
+    let d = common::Daemon::start_with_config("0", |dir| {
+        format!(
+            "[[nbd_disk]]\nbdev_name = \"ram0\"\nnbd_device = \"{}\"\nreadonly = true\n\n\
+             [[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"ram0\"\nreadonly = true\n\n\
+             [[bdev]]\ntype = \"malloc\"\nname = \"ram0\"\nnum_blocks = 2048\nblock_size = 512\n",
+            dir.join("ram0.nbd").display()
+        )
+    });
+    let sock = d.dir.path().join("ram0.nbd");
+    let disks = d.call("nbd_get_disks", serde_json::Value::Null);
+    assert_eq!(
+        disks,
+        serde_json::json!([{"nbd_device": sock, "bdev_name": "ram0", "export_name": "ram0",
+                            "readonly": true, "tls": false, "connections": 0}])
+    );
+    assert_eq!(nbd_greeting(&sock), b"NBDMAGICIHAVEOPT");
+    let bdev = d.call("bdev_get_bdevs", serde_json::json!({"name": "ram0"}));
+    assert_eq!(bdev[0]["claim_type"], "read_many_write_none", "{bdev}");
+}
+
 /// The rbd commands against a daemon and a real cluster: a shared connection, disks on it
 /// (read-write and read-only), a resize that reaches the image, refusals that name the option,
 /// and the clean-up order the daemon enforces.
@@ -312,22 +450,8 @@ fn rbd_commands_on_a_real_cluster() {
     ceph.create_image("cli-img", 64);
     let d = common::Daemon::start("0");
     let conf = ceph.conf().to_str().unwrap();
-    // Runs a command that must succeed; returns its stdout.
-    let ok = |args: &[&str]| {
-        let out = flashpath(args, &d.rpc);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{args:?}: {stderr}");
-        String::from_utf8(out.stdout).unwrap()
-    };
-    // Runs a command the daemon must refuse; returns its one stderr line.
-    let refused = |args: &[&str]| {
-        let out = flashpath(args, &d.rpc);
-        let stderr = String::from_utf8(out.stderr).unwrap();
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(out.stdout.is_empty(), "{args:?}");
-        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr:?}");
-        stderr.trim_end().to_string()
-    };
+    let ok = |args: &[&str]| succeeds(&d.rpc, args);
+    let refused = |args: &[&str]| refused_by(&d.rpc, args);
 
     assert_eq!(
         ok(&[
