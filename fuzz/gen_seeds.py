@@ -464,3 +464,41 @@ write("lvol_metadata", {
     # Re-sealed noise after a label.
     "seed-noise": bytes([1]) + lvs_good[:4096] + bytes((i * 37 + 11) % 256 for i in range(9 * 4096)),
 })
+
+# nbd_protocol: see the table at the top of fuzz_targets/nbd_protocol.rs.
+IHAVEOPT_CTL = 1  # control byte: the option magic is IHAVEOPT, 4-byte length
+
+
+def nbd_opt(option, data=b""):
+    return bytes([IHAVEOPT_CTL]) + struct.pack(">II", option, len(data)) + data
+
+
+def nbd_name(name, infos=()):
+    return struct.pack(">I", len(name)) + name + struct.pack(">H", len(infos)) + b"".join(struct.pack(">H", i) for i in infos)
+
+
+def nbd_req(command, offset, length, flags=0, payload=b""):
+    return bytes([1]) + struct.pack(">HHQQI", flags, command, 7, offset, length) + payload
+
+
+meta = struct.pack(">I", 5) + b"disk0" + struct.pack(">I", 1) + struct.pack(">I", 15) + b"base:allocation"
+write("nbd_protocol", {
+    # What qemu-img sends: structured replies, base:allocation, GO with information requests,
+    # then a read, a 512-byte write, block status, flush and disconnect.
+    "seed-qemu": bytes([2]) + struct.pack(">I", 3) + nbd_opt(8) + nbd_opt(10, meta)
+    + nbd_opt(7, nbd_name(b"disk0", (3, 1, 2)))
+    + nbd_req(0, 0, 4096) + nbd_req(1, 512, 512, payload=b"\xab" * 512) + nbd_req(7, 0, 1 << 20)
+    + nbd_req(3, 0, 0) + nbd_req(2, 0, 0),
+    # A TLS listener: LIST refused, STARTTLS, then LIST, INFO and GO of the only export.
+    "seed-tls": bytes([1]) + struct.pack(">I", 1) + nbd_opt(3) + nbd_opt(5) + nbd_opt(3)
+    + nbd_opt(6, nbd_name(b"", ())) + nbd_opt(7, nbd_name(b"disk0", ())) + nbd_req(0, 0, 512),
+    # The old way in: NBD_OPT_EXPORT_NAME (with the 124 zero bytes), then an oversized read.
+    "seed-export-name": bytes([4]) + struct.pack(">I", 1) + nbd_opt(9, meta) + nbd_opt(1, b"d1")
+    + nbd_req(0, 0, (32 << 20) + 1),
+    # Lengths that lie, an unknown option, then a bad magic.
+    "seed-bad-lengths": bytes([2]) + struct.pack(">I", 1) + nbd_opt(7, struct.pack(">I", 100) + b"disk0")
+    + nbd_opt(0x4242, b"x") + nbd_opt(6, nbd_name(b"x", (0,))[:-1]) + bytes([0]) + b"NOTMAGIC" + bytes(8),
+    # nbd_device strings.
+    "seed-device-unix": bytes([8]) + b"nbd+unix:///disk0?socket=/var/tmp/x.sock",
+    "seed-device-tcp": bytes([8]) + b"nbd://[::1]:10809/a%20b",
+})

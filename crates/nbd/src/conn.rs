@@ -487,6 +487,12 @@ impl ConnPoller {
             let payload = req.payload_len();
             let slot = &mut self.slots[i as usize];
             slot.req = req;
+            // A read's buffer counts from now, as a write's: a client that never takes its
+            // replies stops being read once its requests hold the budget.
+            if req.command == CMD_READ {
+                slot.mem = req.length as usize;
+                self.mem += slot.mem;
+            }
             if payload == 0 {
                 slot.phase = Phase::Ready;
                 self.ready.push_back(i);
@@ -568,9 +574,6 @@ impl ConnPoller {
             CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES if len == 0 => refuse(self, 0, ""),
             CMD_READ => {
                 let slot = &mut self.slots[i as usize];
-                // Counted once, though a busy channel makes this run again.
-                self.mem += len as usize - slot.mem;
-                slot.mem = len as usize;
                 let ptr = slot.buffer(len as usize).as_mut_ptr();
                 slot.iov = libc::iovec { iov_base: ptr.cast(), iov_len: len as usize };
                 self.submit(i, IoOp::Read, offset, len)

@@ -27,8 +27,9 @@ use crate::handshake::{ExportInfo, ExportLookup, Negotiation, Step, Transmission
 use crate::proto::*;
 use crate::tls::{server_config, TlsFiles};
 
-/// Handshakes one listener runs at once; more connections are closed at once (and logged), so
-/// a flood of idle connections cannot pin threads.
+/// Handshakes one listener runs at once. A connection past this closes the oldest handshake
+/// still running (logged), so a flood of silent connections pins at most this many threads and
+/// cannot lock out a real client, whose handshake takes a millisecond.
 const MAX_HANDSHAKES: usize = 64;
 
 /// How long a client may take over a handshake step before it is dropped.
@@ -145,7 +146,15 @@ struct ListenerShared {
     address: Address,
     tls: Option<(TlsFiles, Arc<ServerConfig>)>,
     exports: Mutex<BTreeMap<String, Arc<ExportShared>>>,
-    handshakes: AtomicUsize,
+    handshakes: Mutex<Handshakes>,
+}
+
+/// The handshakes running on a listener, oldest first, each with a duplicate of its socket
+/// (to shut it down when it must make room).
+#[derive(Default)]
+struct Handshakes {
+    next_id: u64,
+    running: std::collections::VecDeque<(u64, OwnedFd, String)>,
 }
 
 impl ExportLookup for ListenerShared {
@@ -315,7 +324,7 @@ impl NbdServer {
                 address: spec.address.clone(),
                 tls,
                 exports: Mutex::new(BTreeMap::from([(spec.name.clone(), export.clone())])),
-                handshakes: AtomicUsize::new(0),
+                handshakes: Mutex::new(Handshakes::default()),
             });
             let l = listen(shared, spec.socket_mode)?;
             ls.insert(spec.address.clone(), l);
@@ -348,6 +357,13 @@ impl Stream {
                 s.set_write_timeout(t)
             }
         }
+    }
+
+    fn dup_fd(&self) -> io::Result<OwnedFd> {
+        Ok(match self {
+            Stream::Unix(s) => s.try_clone()?.into(),
+            Stream::Tcp(s) => s.try_clone()?.into(),
+        })
     }
 
     fn into_fd(self) -> io::Result<OwnedFd> {
@@ -473,25 +489,41 @@ fn accept_loop(bound: Bound, stop: EventFd, shared: Arc<ListenerShared>) {
 }
 
 fn start_handshake(shared: &Arc<ListenerShared>, stream: Stream, peer: String) {
-    if shared.handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
-        shared.handshakes.fetch_sub(1, Ordering::AcqRel);
-        log::warn!(
-            "nbd listener {}: {peer}: {MAX_HANDSHAKES} handshakes already running; connection closed",
-            shared.address
-        );
-        return;
-    }
+    let dup = match stream.dup_fd() {
+        Ok(fd) => fd,
+        Err(e) => {
+            return log::warn!("nbd listener {}: {peer}: cannot duplicate the socket: {e}", shared.address)
+        }
+    };
+    let id = {
+        let mut h = lock(&shared.handshakes);
+        if h.running.len() >= MAX_HANDSHAKES {
+            if let Some((_, fd, oldest)) = h.running.pop_front() {
+                log::warn!(
+                    "nbd listener {}: {oldest}: handshake closed to make room ({MAX_HANDSHAKES} running)",
+                    shared.address
+                );
+                // SAFETY: shutting down a socket whose duplicate we own; its thread's next read
+                // or write fails and the thread ends.
+                unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+            }
+        }
+        h.next_id += 1;
+        let id = h.next_id;
+        h.running.push_back((id, dup, peer.clone()));
+        id
+    };
     let s = shared.clone();
     let spawned = std::thread::Builder::new().name("nbd-handshake".into()).spawn(move || {
         let result = negotiate(&s, stream, &peer);
-        s.handshakes.fetch_sub(1, Ordering::AcqRel);
+        lock(&s.handshakes).running.retain(|h| h.0 != id);
         match result {
             Ok(()) => {}
             Err(reason) => log::warn!("nbd listener {}: {peer}: {reason}; connection closed", s.address),
         }
     });
     if let Err(e) = spawned {
-        shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+        lock(&shared.handshakes).running.retain(|h| h.0 != id);
         log::warn!("nbd listener {}: cannot start a handshake thread: {e}", shared.address);
     }
 }

@@ -26,6 +26,7 @@
 pub mod ceph;
 pub mod guest;
 pub mod load;
+pub mod nbd;
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -290,6 +291,19 @@ impl Daemon {
         let sock = self.dir.path().join(ctrlr);
         assert!(sock.exists(), "vhost_create_blk_controller did not create {}", sock.display());
         sock
+    }
+
+    /// Sends SIGTERM and asserts the daemon exits within 10 s, with status 0 or by the signal.
+    pub fn assert_stops_on_sigterm(&mut self) {
+        use std::os::unix::process::ExitStatusExt;
+        let started = Instant::now();
+        let status = self.stop().expect("daemon status");
+        assert!(started.elapsed() < Duration::from_secs(10), "SIGTERM took {:?}", started.elapsed());
+        assert!(
+            status.success() || status.signal() == Some(libc::SIGTERM),
+            "the daemon did not exit cleanly on SIGTERM: {status}\n{}",
+            self.stderr()
+        );
     }
 
     /// Sends SIGTERM and waits for the exit status (SIGKILL after [`STOP_TIMEOUT`]).
