@@ -497,6 +497,7 @@ fn a_client_that_never_reads_its_replies_costs_a_bounded_buffer() {
     // Everyone else goes on meanwhile.
     v.assert_unharmed("with two clients not reading their replies");
     let rss1 = rss_kib(pid);
+    eprintln!("RSS {rss0} KiB before the hogs, {rss1} KiB with them");
     // Each connection may hold its buffer budget (64 MiB in the server today): allow 96 MiB
     // each, far below the 16 GiB asked for.
     assert!(rss1 < rss0 + 2 * 96 * 1024, "the daemon grew from {rss0} KiB to {rss1} KiB");

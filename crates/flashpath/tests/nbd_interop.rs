@@ -934,3 +934,35 @@ fn sigterm_with_nbd_clients_attached_stops_the_daemon() {
     assert!(c.sock.wait_closed(Duration::from_secs(5)).is_ok());
     assert!(in_handshake.wait_closed(Duration::from_secs(5)).is_ok());
 }
+
+#[test]
+fn a_disk_grown_while_exported_shows_its_new_size_to_new_clients() {
+    let mut daemon = Daemon::start("0");
+    daemon.malloc("m", 4 * MIB / 512, 512);
+    let sock = daemon.dir.path().join("m.nbd");
+    let dev = start_export(&daemon, "m", sock.to_str().unwrap(), false);
+    let ep = Endpoint::Unix(sock.clone());
+    let mut old = NbdConn::connect(&ep, "m").unwrap();
+    assert_eq!(old.size, 4 * MIB);
+    let data = pattern(8, 0, 1 << 20);
+    assert_eq!(old.write(0, &data, 0).unwrap(), 0);
+    daemon.call("bdev_malloc_resize", json!({"name": "m", "new_size": 8}));
+    // A client connecting now sees 8 MiB and uses all of it; the one before keeps working.
+    let uri = unix_uri("m", &sock);
+    assert_eq!(tool_ok(Command::new("nbdinfo").args(["--size", &uri])).trim(), (8 * MIB).to_string());
+    let mut new = NbdConn::connect(&ep, "m").unwrap();
+    assert_eq!(new.size, 8 * MIB);
+    let tail = pattern(9, 8 * MIB - 4096, 4096);
+    assert_eq!(new.write(8 * MIB - 4096, &tail, 0).unwrap(), 0);
+    assert_eq!(new.read(8 * MIB - 4096, 4096).unwrap().unwrap(), tail);
+    assert_eq!(new.read(0, 1 << 20).unwrap().unwrap(), data);
+    assert_eq!(old.read(0, 1 << 20).unwrap().unwrap(), data);
+    // Shrinking under the export is refused, and the size stays.
+    let e = daemon.try_call("bdev_malloc_resize", json!({"name": "m", "new_size": 2})).expect_err("a shrink");
+    assert!(e.message.contains("in use"), "{e:?}");
+    assert_eq!(NbdConn::connect(&ep, "m").unwrap().size, 8 * MIB);
+    old.disconnect();
+    new.disconnect();
+    daemon.call("nbd_stop_disk", json!({"nbd_device": dev}));
+    daemon.assert_alive();
+}
