@@ -284,6 +284,12 @@ pub trait BlockDevice: Send + Sync {
         Ok(())
     }
 
+    /// Whether the device refuses writes now (a snapshot volume, say), so a frontend can tell
+    /// its clients instead of failing each write.
+    fn read_only(&self) -> bool {
+        false
+    }
+
     /// The [`Disk`] this device is, if it is one: a frontend then opens its channels by type
     /// ([`Disk::open_typed`]) and saves a dynamic call per request.
     fn as_disk(&self) -> Option<&Disk> {

@@ -264,6 +264,14 @@ fn nbdinfo_map_of_a_thin_volume_shows_its_clusters_and_its_ancestors() {
         ],
         "the clone's map: its snapshot's clusters and its own"
     );
+    // A snapshot exported writable is still read-only, and says so in the handshake.
+    assert_eq!(daemon.call("nbd_stop_disk", json!({"nbd_device": dev_s})), json!(true));
+    start_export(&daemon, "lvs/s", &dev_s, false);
+    let out = nbdsh_ok(
+        "import os\nh.connect_uri(os.environ['URI'])\nprint('RO', h.is_read_only())\nprint('OK')\n",
+        &[("URI", &unix_uri("s", &sock))],
+    );
+    assert!(out.contains("RO True"), "a snapshot's export is advertised read-only: {out}");
     daemon.assert_alive();
 }
 

@@ -569,6 +569,11 @@ impl ConnPoller {
             return refuse(self, EPERM, "the export is read-only");
         }
         if !matches!(r.command, CMD_FLUSH) && r.command <= CMD_BLOCK_STATUS && !in_range {
+            // As QEMU's server: a write past the end is out of space, anything else invalid.
+            let past_end = offset.checked_add(len).is_none_or(|end| end > info.size_bytes());
+            if past_end && matches!(r.command, CMD_WRITE | CMD_WRITE_ZEROES) {
+                return refuse(self, ENOSPC, "write past the end of the export");
+            }
             return refuse(self, EINVAL, "request outside the export or not aligned to its block size");
         }
         match r.command {

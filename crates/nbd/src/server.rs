@@ -99,7 +99,7 @@ impl ExportShared {
         if t.flush {
             f |= TFLAG_SEND_FLUSH | TFLAG_SEND_FUA;
         }
-        if self.readonly {
+        if self.readonly || self.bdev.read_only() {
             f |= TFLAG_READ_ONLY;
         } else {
             if t.unmap {

@@ -206,6 +206,13 @@ fn a_large_write_split_across_reads_fua_flush_trim_and_zeroes() {
     }
     c.send(CMD_READ, 0, 12, 0, 512, &[]);
     assert_eq!(c.reply().1, 0);
+    // A write past the end is out of space (QEMU's answer), its payload consumed.
+    c.send(CMD_WRITE, 0, 13, 8192 * 512, 512, &[0u8; 512]);
+    c.send(CMD_WRITE_ZEROES, 0, 14, 8192 * 512 - 512, 1024, &[]);
+    assert_eq!(c.reply(), (13, ENOSPC, c_err(ENOSPC, "write past the end of the export")));
+    assert_eq!(c.reply().1, ENOSPC);
+    c.send(CMD_READ, 0, 15, 0, 512, &[]);
+    assert_eq!(c.reply().1, 0);
     drop(c);
     handle.stop();
 }
@@ -251,4 +258,12 @@ fn stopping_answers_what_was_asked_then_closes_and_removes_the_socket() {
     }
     assert_eq!(answered, 32, "every request read before the stop is answered");
     assert!(!s.sock.exists(), "the last export's stop removes the socket");
+}
+
+/// An error chunk's payload: the error, the message's length, the message.
+fn c_err(err: u32, msg: &str) -> Vec<u8> {
+    let mut p = err.to_be_bytes().to_vec();
+    p.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    p.extend_from_slice(msg.as_bytes());
+    p
 }

@@ -391,6 +391,10 @@ impl BlockDevice for Disk {
         self.0.bdev.resize(num_blocks)
     }
 
+    fn read_only(&self) -> bool {
+        self.0.bdev.read_only()
+    }
+
     /// The device's own answer: a status query is no I/O, so nothing is counted.
     fn block_status(&self, offset: u64, len: u64, out: &mut Vec<BlockExtent>) -> Result<(), BdevError> {
         self.0.bdev.block_status(offset, len, out)

@@ -464,6 +464,11 @@ impl BlockDevice for LvolDevice {
         )))
     }
 
+    /// A snapshot, or a volume made read-only with `bdev_lvol_set_read_only`.
+    fn read_only(&self) -> bool {
+        self.shared.read_only.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// A whole number of clusters; writes are held while the maps change.
     fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
         let bytes = num_blocks * u64::from(self.info.block_size);
