@@ -2146,10 +2146,13 @@ def targets(res):
         for other in ("qsd", "nbdkit"):
             o = p["servers"][other]["median"]
             r = p["ratios"][other]
-            add(f"{w}: IOPS and server CPU per I/O vs {other}", "reported",
+            # Issue 14: at least 1.5x qsd's NBD export, "and against nbdkit's memory plugin",
+            # read here as the same bar for both.
+            ok = None if r["iops"] is None else r["iops"] >= 1.5
+            add(f"{w}: IOPS vs {other} (server CPU per I/O reported)", ">= 1.5x IOPS",
                 f"{fmt_iops(f.get('iops'))} vs {fmt_iops(o.get('iops'))} IOPS = {fmt_ratio(r['iops'])}x; "
                 f"{fmt_us1(f.get('server_cpu_ns_per_io'))} vs {fmt_us1(o.get('server_cpu_ns_per_io'))} µs/IO = "
-                f"{fmt_ratio(r['server_cpu_per_io'])}x", None)
+                f"{fmt_ratio(r['server_cpu_per_io'])}x", ok)
     return out
 
 
