@@ -3,7 +3,9 @@
 //! and a minimal NBD client written for the tests (fixed newstyle handshake, simple replies) that
 //! the hostile tests use to send exactly the bytes they mean.
 //!
-//! The protocol constants are the NBD protocol document's (doc/proto.md of the NBD project).
+//! The protocol constants are the NBD protocol document's (doc/proto.md of the NBD project),
+//! declared here again on purpose rather than imported from `fp_nbd::proto`: a client that
+//! shares the server's values could not catch a wrong one.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
