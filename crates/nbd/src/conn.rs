@@ -118,6 +118,13 @@ impl Slot {
         [&self.hdr[..self.hdr_len], &self.extra, data]
     }
 
+    /// Sets the header to a final structured chunk of `kind` whose payload is `len` bytes.
+    fn set_chunk(&mut self, kind: u16, len: u32) {
+        let h = chunk_header(REPLY_FLAG_DONE, kind, self.req.cookie, len);
+        self.hdr[..CHUNK_HEADER_LEN].copy_from_slice(&h);
+        self.hdr_len = CHUNK_HEADER_LEN;
+    }
+
     fn reply_len(&self) -> usize {
         self.hdr_len + self.extra.len() + self.data_len
     }
@@ -663,14 +670,7 @@ impl ConnPoller {
         if covered == 0 {
             return self.reply(i, EIO, "the device described no extent");
         }
-        let n = slot.extra.len() as u32;
-        slot.hdr[..CHUNK_HEADER_LEN].copy_from_slice(&chunk_header(
-            REPLY_FLAG_DONE,
-            REPLY_TYPE_BLOCK_STATUS,
-            r.cookie,
-            n,
-        ));
-        slot.hdr_len = CHUNK_HEADER_LEN;
+        slot.set_chunk(REPLY_TYPE_BLOCK_STATUS, slot.extra.len() as u32);
         slot.data_len = 0;
         self.queue_reply(i);
     }
@@ -688,27 +688,13 @@ impl ConnPoller {
             slot.extra.extend_from_slice(&err.to_be_bytes());
             slot.extra.extend_from_slice(&(why.len() as u16).to_be_bytes());
             slot.extra.extend_from_slice(why.as_bytes());
-            let n = slot.extra.len() as u32;
-            slot.hdr[..CHUNK_HEADER_LEN].copy_from_slice(&chunk_header(
-                REPLY_FLAG_DONE,
-                REPLY_TYPE_ERROR,
-                r.cookie,
-                n,
-            ));
-            slot.hdr_len = CHUNK_HEADER_LEN;
+            slot.set_chunk(REPLY_TYPE_ERROR, slot.extra.len() as u32);
         } else if data > 0 {
-            let h = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, r.cookie, 8 + r.length);
-            slot.hdr[..CHUNK_HEADER_LEN].copy_from_slice(&h);
+            slot.set_chunk(REPLY_TYPE_OFFSET_DATA, 8 + r.length);
             slot.hdr[CHUNK_HEADER_LEN..].copy_from_slice(&r.offset.to_be_bytes());
             slot.hdr_len = CHUNK_HEADER_LEN + 8;
         } else {
-            slot.hdr[..CHUNK_HEADER_LEN].copy_from_slice(&chunk_header(
-                REPLY_FLAG_DONE,
-                REPLY_TYPE_NONE,
-                r.cookie,
-                0,
-            ));
-            slot.hdr_len = CHUNK_HEADER_LEN;
+            slot.set_chunk(REPLY_TYPE_NONE, 0);
         }
         slot.data_len = data;
         if err != 0 && err != EINVAL && err != EPERM {
