@@ -1,12 +1,12 @@
 //! Fuzz the `serve --config` loader: the input (as UTF-8; other inputs are skipped, since
 //! `ConfigFile::load` refuses them before parsing) goes to `flashpath::config::ConfigFile::parse`
-//! and, when it parses, `apply` runs it against a real `Methods` over a fresh `fp_registry::Registry`
+//! and, when it parses, `apply` runs it against a fresh `fp_registry::Registry`
 //! with real reactors, so RAM, null, delay and io_uring bdevs and vhost-user-blk controllers
 //! (listening sockets and their threads) are really created. Afterwards every controller is
 //! stopped and the target dropped, so nothing carries over to the next input.
 //!
 //! The target is built as `serve` builds it (`RegistryOptions` with the file's `[limits]` and
-//! `[security] vhost_socket_mode`), except for the directories: controllers bind in a scratch
+//! `[security] socket_mode`), except for the directories: controllers bind in a scratch
 //! `vhost` directory, and the export directories (where `uring` bdevs may open files) are
 //! always just the scratch `export` directory, whatever `[security] export_dirs` says, so the
 //! fuzzer cannot open arbitrary files read-write. A `filename` starting with `@` has the `@`
@@ -49,8 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use flashpath::config::{ConfigError, ConfigFile};
-use flashpath::methods::Methods;
-use fp_registry::{ExportDirs, Registry, RegistryOptions, DEFAULT_VHOST_SOCKET_MODE};
+use fp_registry::{ExportDirs, Registry, RegistryOptions, DEFAULT_SOCKET_MODE};
 use libfuzzer_sys::fuzz_target;
 
 /// The name errors must cite; any name works, `parse` only quotes it.
@@ -166,7 +165,7 @@ fn confine_nbd_device(device: &str, env: &Env) -> String {
 
 /// Confines every `[[nbd_disk]]`'s listener and TLS files (module docs).
 fn confine_nbd(config: &mut ConfigFile, env: &Env) {
-    for table in &mut config.nbd_disk {
+    for table in config.exports.get_mut("nbd_disk").into_iter().flatten() {
         if let Some(toml::Value::String(device)) = table.get_mut("nbd_device") {
             *device = confine_nbd_device(device, env);
         }
@@ -199,10 +198,11 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
             let entries = match *table {
                 "rbd_cluster" => config.rbd_cluster.len(),
                 "bdev" => config.bdev.len(),
-                "vhost_blk" => config.vhost_blk.len(),
                 "qos_limit" => config.qos_limit.len(),
                 "qos_group" => config.qos_group.len(),
-                "nbd_disk" => config.nbd_disk.len(),
+                kind if fp_registry::EXPORT_KINDS.iter().any(|k| k.config_table().table == kind) => {
+                    config.export_tables(kind).len()
+                }
                 other => panic!("unknown table {other:?}: {msg:?}"),
             };
             assert!(*index < entries, "{table}[{index}] but only {entries} entries: {msg:?}");
@@ -235,13 +235,12 @@ fuzz_target!(|data: &[u8]| {
     confine_nbd(&mut config, env);
     let options = RegistryOptions {
         limits: config.limits.limits(),
-        vhost_socket_mode: config.security.vhost_socket_mode.unwrap_or(DEFAULT_VHOST_SOCKET_MODE),
+        socket_mode: config.security.socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
         export_dirs: Some(env.export.clone()),
         iostat: config.stats.iostat.unwrap_or(true),
     };
     let target = Registry::with_options(common::reactors().to_vec(), &env.vhost_dir, options);
-    let methods = Methods::new(target.clone());
-    if let Err(e) = config.apply(&methods) {
+    if let Err(e) = config.apply(&target) {
         check_error(&e, text, Some(&config));
     }
     for bdev in target.bdevs(None).expect("list bdevs") {
@@ -254,7 +253,6 @@ fuzz_target!(|data: &[u8]| {
         );
     }
     target.shutdown();
-    drop(methods);
     drop(target);
     no_sockets_left(&env.vhost_dir);
     no_sockets_left(&env.nbd_dir);

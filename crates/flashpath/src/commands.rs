@@ -18,7 +18,7 @@ use crate::{
     VhostCommand, VhostCreateArgs, VolumeCommand,
 };
 use flashpath::size::format_size;
-use fp_bdev::qos::THROTTLE_FIELDS;
+use fp_registry::THROTTLE_FIELDS;
 
 /// How long a command waits for the daemon. Generous: deleting a controller waits for its
 /// queues to drain.

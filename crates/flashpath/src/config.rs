@@ -11,11 +11,11 @@
 //!
 //! [limits]                             # optional; what RPC clients may create
 //! max_bdevs = 1024                     # bdevs of every type at once
-//! max_controllers = 256                # vhost-user-blk controllers at once
+//! max_exports = 256                # vhost-user-blk controllers at once
 //! max_malloc_bytes = 17179869184       # largest RAM bdev; default: the machine's RAM
 //!
 //! [security]                           # optional
-//! vhost_socket_mode = 0o600            # mode of each vhost-user socket (the default)
+//! socket_mode = 0o600            # mode of each vhost-user socket (the default)
 //! export_dirs = ["/srv/disks"]         # where uring bdevs may open files; --export-dir wins
 //!
 //! [stats]                              # optional
@@ -66,8 +66,10 @@
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
 //! `bdev_qos_group_add_bdev`, each `[[vhost_blk]]` table those of
 //! `vhost_create_blk_controller`, and each `[[nbd_disk]]` table those of `nbd_start_disk`
-//! (`tls_cert`, `tls_key`, `tls_ca` included). They are applied in that order through
-//! [`Methods::call`] — the same code the RPC runs, so the file accepts exactly what the RPC does
+//! (`tls_cert`, `tls_key`, `tls_ca` included): each export kind names its table and method
+//! ([`fp_registry::ExportKind::config_table`]), and the kinds' tables come in the order of
+//! [`fp_registry::EXPORT_KINDS`]. They are applied in that order through
+//! [`Registry::call`] — the same code the RPC runs, so the file accepts exactly what the RPC does
 //! and errors read the same, prefixed with the table and index (`bdev[1].block_size: ...`,
 //! `rbd_cluster[0].config_param: ...`, `qos_group[0].members[1].weight: ...`). Clusters come
 //! before the bdevs that name them; limits before controllers and NBD exports, so that no
@@ -76,7 +78,7 @@
 //! `config_param` says otherwise) and then stops it with an error naming the cluster.
 //!
 //! `[limits]` bounds the registry for the daemon's whole life, RPC calls included: a create
-//! that would pass `max_bdevs` or `max_controllers` fails with error code -28 (ENOSPC) and a
+//! that would pass `max_bdevs` or `max_exports` fails with error code -28 (ENOSPC) and a
 //! message naming the setting, and a RAM bdev larger than `max_malloc_bytes` is refused as an
 //! invalid `num_blocks`. RAM bdevs are mapped lazily, so the cap is on one disk's size, not on
 //! what several disks may add up to; see `fp_registry::Limits` for why each default is what it
@@ -84,11 +86,11 @@
 //!
 //! `[security]`: the daemon runs with umask 077, so everything it creates starts out reachable
 //! by its own user only. The JSON-RPC socket is always 0600 (it is bound in a private directory
-//! and renamed into place, so it is never wider). `vhost_socket_mode` is the mode each
-//! vhost-user socket gets right after it is bound: 0o600 by default, since whoever connects is
-//! the disk's guest; 0o660 lets a QEMU running as another user of the daemon's group attach.
+//! and renamed into place, so it is never wider). `socket_mode` is the mode each export's Unix
+//! socket (vhost-user, NBD) gets right after it is bound: 0o600 by default, since whoever
+//! connects is the disk's guest; 0o660 lets a QEMU running as another user of the daemon's group attach.
 //! The vhost directory, when `serve` creates it, is 0700, plus search permission for the
-//! group or others if `vhost_socket_mode` grants them anything; an existing directory is left
+//! group or others if `socket_mode` grants them anything; an existing directory is left
 //! as it is (with a warning if others may replace sockets in it).
 //!
 //! `export_dirs`, when present, confines `bdev_uring_create` (the only bdev type that opens a
@@ -100,13 +102,12 @@
 //! `fp_registry::ExportDirs`). An empty list allows no file at all; without the key any path the
 //! daemon's user can open is allowed.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use fp_registry::Limits;
+use fp_registry::{Limits, MethodError, Registry, EXPORT_KINDS};
 use serde::Deserialize;
 use serde_json::{Map, Value};
-
-use crate::methods::{MethodError, Methods};
 
 /// A configuration error; the message is one line and names the place.
 #[derive(Debug, thiserror::Error)]
@@ -135,7 +136,6 @@ pub enum ConfigError {
 
 /// The file as written. See the module docs.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     pub rpc: Option<PathBuf>,
     pub vhost_dir: Option<PathBuf>,
@@ -158,11 +158,32 @@ pub struct ConfigFile {
     pub qos_limit: Vec<toml::Table>,
     #[serde(default)]
     pub qos_group: Vec<toml::Table>,
-    #[serde(default)]
-    pub vhost_blk: Vec<toml::Table>,
-    #[serde(default)]
-    pub nbd_disk: Vec<toml::Table>,
+    /// Each export kind's tables, by its table's name (`vhost_blk`, `nbd_disk`).
+    #[serde(skip)]
+    pub exports: BTreeMap<&'static str, Vec<toml::Table>>,
+    /// Every other top-level key, sorted out by [`ConfigFile::parse`]: the export kinds'
+    /// tables go to `exports`, anything else is an unknown field. (Those keys come from
+    /// [`EXPORT_KINDS`], so serde cannot list them as fields, and `deny_unknown_fields` does
+    /// not combine with `flatten`.)
+    #[serde(flatten)]
+    other: BTreeMap<String, toml::Value>,
 }
+
+/// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the export
+/// kinds' tables follow them there.
+const FILE_KEYS: [&str; 11] = [
+    "rpc",
+    "vhost_dir",
+    "metrics",
+    "reactor",
+    "limits",
+    "security",
+    "stats",
+    "rbd_cluster",
+    "bdev",
+    "qos_limit",
+    "qos_group",
+];
 
 /// One RPC call that the file stands for, and the entry it comes from (for its errors).
 #[derive(Debug, Clone, PartialEq)]
@@ -239,7 +260,9 @@ pub struct StatsSection {
 #[serde(deny_unknown_fields)]
 pub struct LimitsSection {
     pub max_bdevs: Option<usize>,
-    pub max_controllers: Option<usize>,
+    /// `max_controllers` is its name from when vhost-user-blk was the only export.
+    #[serde(alias = "max_controllers")]
+    pub max_exports: Option<usize>,
     pub max_malloc_bytes: Option<u64>,
 }
 
@@ -248,7 +271,7 @@ impl LimitsSection {
         let d = Limits::default();
         Limits {
             max_bdevs: self.max_bdevs.unwrap_or(d.max_bdevs),
-            max_controllers: self.max_controllers.unwrap_or(d.max_controllers),
+            max_exports: self.max_exports.unwrap_or(d.max_exports),
             max_malloc_bytes: self.max_malloc_bytes.unwrap_or(d.max_malloc_bytes),
         }
     }
@@ -256,7 +279,7 @@ impl LimitsSection {
     fn check(&self) -> Result<(), ConfigError> {
         let values = [
             ("max_bdevs", self.max_bdevs.map(|v| v as u64)),
-            ("max_controllers", self.max_controllers.map(|v| v as u64)),
+            ("max_exports", self.max_exports.map(|v| v as u64)),
             ("max_malloc_bytes", self.max_malloc_bytes),
         ];
         match values.iter().find(|(_, v)| *v == Some(0)) {
@@ -270,15 +293,17 @@ impl LimitsSection {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SecuritySection {
-    pub vhost_socket_mode: Option<u32>,
+    /// `vhost_socket_mode` is its name from when vhost-user-blk was the only export.
+    #[serde(alias = "vhost_socket_mode")]
+    pub socket_mode: Option<u32>,
     pub export_dirs: Option<Vec<PathBuf>>,
 }
 
 impl SecuritySection {
     fn check(&self) -> Result<(), ConfigError> {
-        match self.vhost_socket_mode {
+        match self.socket_mode {
             Some(mode) if mode > 0o777 => Err(ConfigError::Security {
-                key: "vhost_socket_mode",
+                key: "socket_mode",
                 reason: format!("{mode:#o} is not a permission mode from 0o000 to 0o777"),
             }),
             _ => Ok(()),
@@ -295,7 +320,7 @@ impl ConfigFile {
 
     /// Parses `text`; `path` is only for messages.
     pub fn parse(text: &str, path: &Path) -> Result<ConfigFile, ConfigError> {
-        let config: ConfigFile = toml::from_str(text).map_err(|e| {
+        let mut config: ConfigFile = toml::from_str(text).map_err(|e| {
             let offset = e.span().map_or(0, |s| s.start).min(text.len());
             let before = &text[..offset];
             let line = before.matches('\n').count() + 1;
@@ -307,12 +332,54 @@ impl ConfigFile {
             }
             ConfigError::Syntax { path: path.to_path_buf(), line, column, message }
         })?;
+        config.sort_out_exports(text, path)?;
         if let Some(cpus) = &config.reactor.cpus {
             fp_reactor::parse_cpu_list(cpus).map_err(|e| ConfigError::Cpus(one_line(&e)))?;
         }
         config.limits.check()?;
         config.security.check()?;
         Ok(config)
+    }
+
+    /// Moves the export kinds' tables from `other` to `exports`; refuses any other key, at its
+    /// place in `text`, as serde would have.
+    fn sort_out_exports(&mut self, text: &str, path: &Path) -> Result<(), ConfigError> {
+        for (key, value) in std::mem::take(&mut self.other) {
+            let (line, column) = locate_key(text, &key);
+            let syntax =
+                |message: String| ConfigError::Syntax { path: path.to_path_buf(), line, column, message };
+            let Some(kind) = EXPORT_KINDS.iter().find(|k| k.config_table().table == key) else {
+                let expected: Vec<String> = FILE_KEYS
+                    .iter()
+                    .copied()
+                    .chain(EXPORT_KINDS.iter().map(|k| k.config_table().table))
+                    .map(|k| format!("`{k}`"))
+                    .collect();
+                let key = one_line(&key);
+                return Err(syntax(format!(
+                    "unknown field `{key}`, expected one of {}",
+                    expected.join(", ")
+                )));
+            };
+            let table = kind.config_table().table;
+            let tables = match value {
+                toml::Value::Array(items) => items
+                    .into_iter()
+                    .map(|item| match item {
+                        toml::Value::Table(t) => Ok(t),
+                        _ => Err(syntax(format!("`{table}` entries must be tables ([[{table}]])"))),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+                _ => return Err(syntax(format!("`{table}` must be an array of tables ([[{table}]])"))),
+            };
+            self.exports.insert(table, tables);
+        }
+        Ok(())
+    }
+
+    /// The `[[table]]` entries of an export kind (none when the file has none).
+    pub fn export_tables(&self, table: &str) -> &[toml::Table] {
+        self.exports.get(table).map_or(&[], Vec::as_slice)
     }
 
     /// The RPC calls the file stands for, in the order [`ConfigFile::apply`] makes them. Fails
@@ -361,26 +428,21 @@ impl ConfigFile {
         for (index, table) in self.qos_group.iter().enumerate() {
             calls.extend(qos_group_calls(index, table)?);
         }
-        for (index, table) in self.vhost_blk.iter().enumerate() {
-            calls.push(ConfigCall::new(
-                "vhost_create_blk_controller",
-                table_to_json(table),
-                "vhost_blk",
-                index,
-            ));
-        }
-        for (index, table) in self.nbd_disk.iter().enumerate() {
-            calls.push(ConfigCall::new("nbd_start_disk", table_to_json(table), "nbd_disk", index));
+        for kind in EXPORT_KINDS {
+            let t = kind.config_table();
+            for (index, table) in self.export_tables(t.table).iter().enumerate() {
+                calls.push(ConfigCall::new(t.method, table_to_json(table), t.table, index));
+            }
         }
         Ok(calls)
     }
 
     /// Makes the calls of [`ConfigFile::calls`]: registers the Ceph clusters, creates the
     /// declared bdevs, sets their limits, creates the groups and adds their members, creates
-    /// the controllers, then starts the NBD exports, stopping at the first failure.
-    pub fn apply(&self, methods: &Methods) -> Result<(), ConfigError> {
+    /// then starts each export kind's exports, stopping at the first failure.
+    pub fn apply(&self, registry: &Registry) -> Result<(), ConfigError> {
         for call in self.calls()? {
-            methods.call(&call.method, Some(call.params.clone())).map_err(|e| call.error(&e))?;
+            registry.call(&call.method, Some(call.params.clone())).map_err(|e| call.error(&e))?;
         }
         Ok(())
     }
@@ -420,6 +482,29 @@ fn qos_group_calls(index: usize, table: &toml::Table) -> Result<Vec<ConfigCall>,
         calls.push(call);
     }
     Ok(calls)
+}
+
+/// Where the top-level `key` is written in `text` (1-based line and column): a table header
+/// (`[key]`, `[[key]]`, `[key.sub]`) or, before the first header, `key = ...` or `key.sub = ...`.
+/// The start of the file when it cannot be found (a quoted key, say).
+fn locate_key(text: &str, key: &str) -> (usize, usize) {
+    let names_key = |rest: &str| {
+        rest.strip_prefix(key).is_some_and(|after| after.trim_start().starts_with([']', '.', '=']))
+    };
+    let mut in_table = false;
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        let column = line.len() - trimmed.len() + 1;
+        if let Some(header) = trimmed.strip_prefix('[') {
+            in_table = true;
+            if names_key(header.trim_start_matches('[').trim_start()) {
+                return (i + 1, column);
+            }
+        } else if !in_table && names_key(trimmed) {
+            return (i + 1, column);
+        }
+    }
+    (1, 1)
 }
 
 /// Errors quote the values they refuse, and a TOML string may hold a newline or a terminal
@@ -462,9 +547,9 @@ mod tests {
         ConfigFile::parse(text, Path::new("test.toml"))
     }
 
-    fn apply(text: &str) -> Result<Methods, String> {
+    fn apply(text: &str) -> Result<std::sync::Arc<Registry>, String> {
         let dir = tempfile::tempdir().unwrap();
-        let methods = Methods::new(Registry::new(vec![], dir.path()));
+        let methods = Registry::new(vec![], dir.path());
         let config = parse(text).map_err(|e| e.to_string())?;
         config.apply(&methods).map_err(|e| e.to_string())?;
         Ok(methods)
@@ -504,10 +589,10 @@ mod tests {
     fn limits_table_overrides_defaults_key_by_key() {
         let c = parse("[limits]\nmax_bdevs = 10\nmax_malloc_bytes = 1048576\n").unwrap();
         let l = c.limits.limits();
-        assert_eq!((l.max_bdevs, l.max_controllers, l.max_malloc_bytes), (10, 256, 1 << 20));
+        assert_eq!((l.max_bdevs, l.max_exports, l.max_malloc_bytes), (10, 256, 1 << 20));
         assert_eq!(parse("").unwrap().limits.limits(), Limits::default());
-        let e = parse("[limits]\nmax_controllers = 0\n").unwrap_err().to_string();
-        assert_eq!(e, "limits.max_controllers: must be at least 1");
+        let e = parse("[limits]\nmax_exports = 0\n").unwrap_err().to_string();
+        assert_eq!(e, "limits.max_exports: must be at least 1");
         let e = parse("[limits]\nmax_bdevs = -1\n").unwrap_err().to_string();
         assert!(e.starts_with("test.toml:2:13: invalid value: integer `-1`"), "{e}");
         let e = parse("[limits]\nmax_disks = 1\n").unwrap_err().to_string();
@@ -516,15 +601,39 @@ mod tests {
 
     #[test]
     fn security_table_checks_the_socket_mode() {
-        assert_eq!(
-            parse("[security]\nvhost_socket_mode = 0o660\n").unwrap().security.vhost_socket_mode,
-            Some(0o660)
-        );
-        assert_eq!(parse("").unwrap().security.vhost_socket_mode, None);
-        let e = parse("[security]\nvhost_socket_mode = 0o4600\n").unwrap_err().to_string();
-        assert_eq!(e, "security.vhost_socket_mode: 0o4600 is not a permission mode from 0o000 to 0o777");
-        let e = parse("[security]\nvhost_socket_mode = \"600\"\n").unwrap_err().to_string();
-        assert!(e.starts_with("test.toml:2:21: invalid type: string"), "{e}");
+        assert_eq!(parse("[security]\nsocket_mode = 0o660\n").unwrap().security.socket_mode, Some(0o660));
+        assert_eq!(parse("").unwrap().security.socket_mode, None);
+        let e = parse("[security]\nsocket_mode = 0o4600\n").unwrap_err().to_string();
+        assert_eq!(e, "security.socket_mode: 0o4600 is not a permission mode from 0o000 to 0o777");
+        let e = parse("[security]\nsocket_mode = \"600\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.toml:2:15: invalid type: string"), "{e}");
+    }
+
+    /// The keys' names from when vhost-user-blk was the only export still work.
+    #[test]
+    fn old_key_names_are_aliases() {
+        let c = parse("[limits]\nmax_controllers = 7\n[security]\nvhost_socket_mode = 0o660\n").unwrap();
+        assert_eq!((c.limits.limits().max_exports, c.security.socket_mode), (7, Some(0o660)));
+        let e = parse("[limits]\nmax_controllers = 0\n").unwrap_err().to_string();
+        assert_eq!(e, "limits.max_exports: must be at least 1");
+        let e = parse("[limits]\nmax_controllers = 1\nmax_exports = 2\n").unwrap_err().to_string();
+        assert!(e.contains("duplicate field `max_exports`"), "{e}");
+    }
+
+    /// The export kinds' tables are known keys; a misspelt one is an unknown field at its
+    /// place, listing them; a kind's key that is not an array of tables is refused there.
+    #[test]
+    fn export_tables_come_from_the_export_kinds() {
+        let c =
+            parse("[[vhost_blk]]\nctrlr = \"v\"\n[[nbd_disk]]\nbdev_name = \"a\"\n[[nbd_disk]]\n").unwrap();
+        assert_eq!((c.export_tables("vhost_blk").len(), c.export_tables("nbd_disk").len()), (1, 2));
+        let e = parse("rpc = \"/x\"\n\n  [[nbd_disks]]\nbdev_name = \"a\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.toml:3:3: unknown field `nbd_disks`, expected one of `rpc`"), "{e}");
+        assert!(e.contains("`vhost_blk`, `nbd_disk`"), "{e}");
+        let e = parse("nbd_disk = 3\n").unwrap_err().to_string();
+        assert_eq!(e, "test.toml:1:1: `nbd_disk` must be an array of tables ([[nbd_disk]])");
+        let e = parse("vhost_blk = [1]\n").unwrap_err().to_string();
+        assert_eq!(e, "test.toml:1:1: `vhost_blk` entries must be tables ([[vhost_blk]])");
     }
 
     #[test]
@@ -534,7 +643,7 @@ mod tests {
             export_dirs: Some(fp_registry::ExportDirs::new(&[dir.path().to_path_buf()]).unwrap()),
             ..Default::default()
         };
-        let methods = Methods::new(Registry::with_options(vec![], dir.path(), options));
+        let methods = Registry::with_options(vec![], dir.path(), options);
         let config = parse("[[bdev]]\ntype = \"uring\"\nname = \"u\"\nfilename = \"/etc/passwd\"\n").unwrap();
         let e = config.apply(&methods).unwrap_err().to_string();
         assert_eq!(e, "bdev[0].filename: '/etc/passwd' is outside the allowed export directories");
@@ -543,7 +652,7 @@ mod tests {
     #[test]
     fn empty_file_is_fine() {
         let c = parse("").unwrap();
-        assert!(c.bdev.is_empty() && c.vhost_blk.is_empty() && c.rpc.is_none());
+        assert!(c.bdev.is_empty() && c.export_tables("vhost_blk").is_empty() && c.rpc.is_none());
     }
 
     #[test]
@@ -808,7 +917,7 @@ mod tests {
             assert_eq!(config.calls().unwrap_err().to_string(), want, "{members}");
             // Nothing was created: the shape is checked before the first call.
             let dir = tempfile::tempdir().unwrap();
-            let methods = Methods::new(Registry::new(vec![], dir.path()));
+            let methods = Registry::new(vec![], dir.path());
             assert_eq!(config.apply(&methods).unwrap_err().to_string(), want);
             assert_eq!(methods.call("bdev_get_bdevs", None).unwrap(), json!([]));
         }
@@ -996,7 +1105,7 @@ mod tests {
     #[test]
     fn an_unreachable_rbd_cluster_stops_the_file_at_its_entry() {
         let dir = tempfile::tempdir().unwrap();
-        let methods = Methods::new(Registry::new(vec![], dir.path()));
+        let methods = Registry::new(vec![], dir.path());
         // Port 9 (discard) on loopback: nothing listens, nothing leaves the machine.
         let config = parse(
             "[[rbd_cluster]]\nname = \"far\"\n\

@@ -1,10 +1,10 @@
-//! The daemon's library half: the JSON-RPC methods, the start-up config file and `serve`
-//! itself. It is a library (rather than modules of the binary) so that the fuzz targets in
-//! `fuzz/` and the integration tests can drive the config parser and the methods directly;
-//! the binary (`src/main.rs`) adds only the command line and the client commands.
+//! The daemon's library half: its wiring. `serve` starts the reactors, the registry (which
+//! answers every JSON-RPC method: crates/registry), the RPC server, the start-up config file
+//! and the metrics endpoint. It is a library (rather than modules of the binary) so that the
+//! fuzz targets in `fuzz/` and the integration tests can drive the config parser directly; the
+//! binary (`src/main.rs`) adds only the command line and the client commands.
 
 pub mod config;
-pub mod methods;
 pub mod metrics;
 pub mod serve;
 pub mod size;

@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use fp_registry::metrics::{array, str_at, u64_at, Family, Labels, MetricKind};
+use fp_registry::EXPORT_KINDS;
 use prometheus::proto::{self, MetricFamily};
 use prometheus::Encoder;
 use serde_json::Value;
@@ -175,75 +177,40 @@ pub fn render(source: &Source) -> Result<String, prometheus::Error> {
     Ok(String::from_utf8(text).expect("the text encoder writes UTF-8"))
 }
 
-/// A sample's labels: names are fixed, values come from the RPC results.
-type Labels = Vec<(&'static str, String)>;
-
-/// One metric family of counters or gauges: its samples by label set. Counter names end in
-/// `_total`, as the text format's conventions ask.
-struct Family {
-    name: &'static str,
-    help: &'static str,
-    kind: proto::MetricType,
-    samples: Vec<(Labels, f64)>,
-}
-
-impl Family {
-    fn counter(name: &'static str, help: &'static str) -> Family {
-        Family { name, help, kind: proto::MetricType::COUNTER, samples: Vec::new() }
+/// `f` for the encoder; `None` when it has no samples (the encoder refuses those).
+fn encode(f: Family) -> Option<MetricFamily> {
+    if f.samples.is_empty() {
+        return None;
     }
-
-    fn gauge(name: &'static str, help: &'static str) -> Family {
-        Family { name, help, kind: proto::MetricType::GAUGE, samples: Vec::new() }
-    }
-
-    fn push(&mut self, labels: Labels, value: impl Into<Sample>) {
-        self.samples.push((labels, value.into().0));
-    }
-
-    /// The family for the encoder; `None` when it has no samples (the encoder refuses those).
-    fn build(self) -> Option<MetricFamily> {
-        if self.samples.is_empty() {
-            return None;
-        }
-        let mut f = MetricFamily::default();
-        f.set_name(self.name.to_string());
-        f.set_help(self.help.to_string());
-        f.set_field_type(self.kind);
-        f.set_metric(
-            self.samples
-                .into_iter()
-                .map(|(labels, value)| {
-                    let mut m = proto::Metric::from_label(label_pairs(labels));
-                    if self.kind == proto::MetricType::COUNTER {
+    let mut out = MetricFamily::default();
+    out.set_name(f.name.to_string());
+    out.set_help(f.help.to_string());
+    out.set_field_type(match f.kind {
+        MetricKind::Counter => proto::MetricType::COUNTER,
+        MetricKind::Gauge => proto::MetricType::GAUGE,
+    });
+    out.set_metric(
+        f.samples
+            .into_iter()
+            .map(|(labels, value)| {
+                let mut m = proto::Metric::from_label(label_pairs(labels));
+                match f.kind {
+                    MetricKind::Counter => {
                         let mut c = proto::Counter::default();
                         c.set_value(value);
                         m.set_counter(c);
-                    } else {
+                    }
+                    MetricKind::Gauge => {
                         let mut g = proto::Gauge::default();
                         g.set_value(value);
                         m.set_gauge(g);
                     }
-                    m
-                })
-                .collect(),
-        );
-        Some(f)
-    }
-}
-
-/// A sample value: counts (exact up to 2^53, far beyond any counter here) and seconds.
-struct Sample(f64);
-
-impl From<u64> for Sample {
-    fn from(v: u64) -> Sample {
-        Sample(v as f64)
-    }
-}
-
-impl From<f64> for Sample {
-    fn from(v: f64) -> Sample {
-        Sample(v)
-    }
+                }
+                m
+            })
+            .collect(),
+    );
+    Some(out)
 }
 
 fn label_pairs(labels: Labels) -> Vec<proto::LabelPair> {
@@ -269,14 +236,6 @@ pub fn tick_rate(io: &Value) -> f64 {
     io.get("tick_rate").and_then(Value::as_u64).filter(|&t| t > 0).unwrap_or(1_000_000_000) as f64
 }
 
-fn u64_at(v: &Value, key: &str) -> u64 {
-    v.get(key).and_then(Value::as_u64).unwrap_or(0)
-}
-
-fn str_at(v: &Value, key: &str) -> String {
-    v.get(key).and_then(Value::as_str).unwrap_or_default().to_string()
-}
-
 const NS_PER_S: f64 = 1e9;
 
 /// Every family, from one call of each method.
@@ -295,8 +254,9 @@ fn collect(source: &Source) -> Vec<MetricFamily> {
     if let Some(r) = source("framework_get_reactors", None) {
         families.extend(reactors(&r));
     }
-    if let Some(c) = source("vhost_get_controllers", None) {
-        families.extend(controllers(&c));
+    // Each export kind's, read through the same methods.
+    for kind in EXPORT_KINDS {
+        families.extend(kind.metrics(&|method: &str, params: Option<Value>| source(method, params)));
     }
     let mut histograms = Vec::new();
     if let Some(io) = source("bdev_get_iostat", None) {
@@ -309,7 +269,7 @@ fn collect(source: &Source) -> Vec<MetricFamily> {
             }
         }
     }
-    let mut out: Vec<MetricFamily> = families.into_iter().filter_map(Family::build).collect();
+    let mut out: Vec<MetricFamily> = families.into_iter().filter_map(encode).collect();
     if !histograms.is_empty() {
         let mut f = MetricFamily::default();
         f.set_name("flashpath_bdev_io_latency_seconds".to_string());
@@ -333,13 +293,13 @@ const LATENCY_BOUNDS_S: [f64; 22] = [
 /// I/O slower than its bound. The sum takes each bucket at its midpoint: the buckets are at
 /// most 1/128 of their value wide, so it is that close to the true sum.
 fn latency_histogram(name: &str, h: &Value) -> Option<proto::Metric> {
-    let hist = fp_bdev::disk::Histogram::from_base64(h.get("histogram")?.as_str()?)?;
+    let hist = fp_registry::metrics::Histogram::from_base64(h.get("histogram")?.as_str()?)?;
     let rate = h.get("tsc_rate").and_then(Value::as_u64).filter(|&r| r > 0)? as f64;
     let mut cumulative = [0u64; LATENCY_BOUNDS_S.len()];
     let (mut count, mut sum_ticks) = (0u64, 0f64);
     let mut start = 0u64;
     for (i, &n) in hist.buckets.iter().enumerate() {
-        let end = fp_bdev::disk::bucket_end(i);
+        let end = fp_registry::metrics::bucket_end(i);
         if n > 0 {
             count += n;
             sum_ticks += n as f64 * (start as f64 + end as f64) / 2.0;
@@ -373,10 +333,6 @@ fn latency_histogram(name: &str, h: &Value) -> Option<proto::Metric> {
     Some(m)
 }
 
-fn array(v: &Value) -> &[Value] {
-    v.as_array().map(Vec::as_slice).unwrap_or_default()
-}
-
 /// `framework_get_reactors`: where each reactor's time went.
 fn reactors(r: &Value) -> [Family; 4] {
     let mut busy = Family::counter("flashpath_reactor_busy_seconds_total", "Time a reactor spent doing work");
@@ -395,59 +351,6 @@ fn reactors(r: &Value) -> [Family; 4] {
         sleeps.push(labels, u64_at(x, "sleeps"));
     }
     [busy, idle, sleep, sleeps]
-}
-
-/// `vhost_get_controllers`: what each guest-facing controller did, and holds now.
-fn controllers(c: &Value) -> [Family; 8] {
-    let mut ops =
-        Family::counter("flashpath_vhost_requests_total", "Requests a controller completed, by type");
-    let mut bytes = Family::counter("flashpath_vhost_bytes_total", "Bytes a controller moved, by direction");
-    let mut errors =
-        Family::counter("flashpath_vhost_io_errors_total", "Requests completed with VIRTIO_BLK_S_IOERR");
-    let mut unsupported =
-        Family::counter("flashpath_vhost_unsupported_total", "Requests completed with VIRTIO_BLK_S_UNSUPP");
-    let mut notifications =
-        Family::counter("flashpath_vhost_notifications_total", "Guest notifications sent");
-    let mut in_flight =
-        Family::gauge("flashpath_vhost_in_flight", "Requests taken from the rings and not yet completed");
-    let mut connected = Family::gauge("flashpath_vhost_connected", "1 while a guest is connected");
-    let mut queue_in_flight = Family::gauge(
-        "flashpath_vhost_queue_in_flight",
-        "Requests taken from one virtqueue and not yet completed",
-    );
-    for ctrl in array(c) {
-        let st = &ctrl["stats"];
-        let base = vec![
-            ("ctrlr", str_at(ctrl, "ctrlr")),
-            ("bdev", str_at(&ctrl["backend_specific"]["block"], "bdev")),
-        ];
-        let with = |k: &'static str, v: &str| {
-            let mut l = base.clone();
-            l.push((k, v.to_string()));
-            l
-        };
-        for (op, key) in [
-            ("read", "read_ops"),
-            ("write", "write_ops"),
-            ("flush", "flush_ops"),
-            ("discard", "discard_ops"),
-            ("write_zeroes", "write_zeroes_ops"),
-            ("get_id", "get_id_ops"),
-        ] {
-            ops.push(with("type", op), u64_at(st, key));
-        }
-        bytes.push(with("direction", "read"), u64_at(st, "bytes_read"));
-        bytes.push(with("direction", "write"), u64_at(st, "bytes_written"));
-        errors.push(base.clone(), u64_at(st, "io_errors"));
-        unsupported.push(base.clone(), u64_at(st, "unsupported"));
-        notifications.push(base.clone(), u64_at(st, "notifications"));
-        in_flight.push(base.clone(), u64_at(st, "in_flight"));
-        for q in array(&ctrl["queues"]) {
-            queue_in_flight.push(with("queue", &u64_at(q, "id").to_string()), u64_at(q, "in_flight"));
-        }
-        connected.push(base, u64::from(ctrl.get("connected").and_then(Value::as_bool) == Some(true)));
-    }
-    [ops, bytes, errors, unsupported, notifications, in_flight, connected, queue_in_flight]
 }
 
 /// `bdev_get_iostat` (SPDK's shape): the generic bdev layer's per-disk counters, and what the
@@ -601,7 +504,7 @@ mod tests {
     /// the sum takes bucket midpoints.
     #[test]
     fn disk_histograms_become_prometheus_histograms() {
-        let mut h = fp_bdev::disk::Histogram::default();
+        let mut h = fp_registry::metrics::Histogram::default();
         // One tick is a microsecond here.
         for ticks in [1, 1, 1, 40, 40, 3000] {
             h.record(ticks);

@@ -11,11 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fp_reactor::{ReactorConfig, ReactorSet};
-use fp_registry::{ExportDirError, ExportDirs, Limits, Registry, RegistryOptions, DEFAULT_VHOST_SOCKET_MODE};
+use fp_registry::{ExportDirError, ExportDirs, Limits, Registry, RegistryOptions, DEFAULT_SOCKET_MODE};
 use fp_rpc::{Handler, RpcServer};
 
 use crate::config::{ConfigError, ConfigFile};
-use crate::methods::Methods;
 use crate::metrics::{self, MetricsError, MetricsServer};
 use crate::{DEFAULT_RPC_SOCKET, DEFAULT_VHOST_DIR};
 
@@ -79,7 +78,7 @@ pub struct Settings {
     pub vhost_dir: PathBuf,
     pub idle_window: Duration,
     pub limits: Limits,
-    pub vhost_socket_mode: u32,
+    pub socket_mode: u32,
     /// The export directories as given, and the setting they came from.
     pub export_dirs: Option<(Vec<PathBuf>, &'static str)>,
     /// Per-disk I/O statistics are counted (`fp_registry::RegistryOptions::iostat`).
@@ -107,7 +106,7 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
             .unwrap_or_else(|| DEFAULT_VHOST_DIR.into()),
         idle_window,
         limits: config.limits.limits(),
-        vhost_socket_mode: config.security.vhost_socket_mode.unwrap_or(DEFAULT_VHOST_SOCKET_MODE),
+        socket_mode: config.security.socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
         export_dirs: match (&opts.export_dirs, &config.security.export_dirs) {
             (Some(flag), _) => Some((flag.clone(), "--export-dir")),
             (None, Some(cfg)) => Some((cfg.clone(), "security.export_dirs")),
@@ -198,24 +197,23 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         (None, None) => None,
     };
     let signals = block_stop_signals().map_err(ServeError::Signals)?;
-    create_vhost_dir(&settings.vhost_dir, settings.vhost_socket_mode)?;
+    create_vhost_dir(&settings.vhost_dir, settings.socket_mode)?;
 
     let reactors = ReactorSet::start(&settings.cpus, ReactorConfig { idle_window: settings.idle_window })
         .map_err(|source| ServeError::Reactors { cpus: format_cpus(&settings.cpus), source })?;
     let options = RegistryOptions {
         limits: settings.limits.clone(),
-        vhost_socket_mode: settings.vhost_socket_mode,
+        socket_mode: settings.socket_mode,
         export_dirs,
         iostat: settings.iostat,
     };
     let registry = Registry::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
-    let methods = Arc::new(Methods::new(registry.clone()));
-    let started = config.apply(&methods).map_err(ServeError::from).and_then(|_| {
-        let m = methods.clone();
+    let started = config.apply(&registry).map_err(ServeError::from).and_then(|_| {
+        let m = registry.clone();
         let handler: Handler = Arc::new(move |method, params| m.call(method, params).map_err(|e| e.to_rpc()));
         let server = RpcServer::start(&settings.rpc, handler).map_err(ServeError::Rpc)?;
         // The endpoint reads through the same methods the RPC server runs.
-        let m = methods.clone();
+        let m = registry.clone();
         let source: metrics::Source = Arc::new(move |method, params| m.call(method, params).ok());
         match metrics_addr.as_ref().map(|(a, setting)| MetricsServer::start(a, setting, source)).transpose() {
             Ok(exporter) => Ok((server, exporter)),
@@ -322,7 +320,7 @@ mod tests {
                 vhost_dir: "/c".into(),
                 idle_window: Duration::from_micros(7),
                 limits: Limits::default(),
-                vhost_socket_mode: 0o600,
+                socket_mode: 0o600,
                 export_dirs: None,
                 iostat: true,
             }

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{bounded, pattern, BlkClient, Daemon};
-use fp_bdev::disk::Histogram;
+use fp_registry::metrics::Histogram;
 use serde_json::{json, Value};
 
 fn iostat(daemon: &Daemon) -> (Value, u64) {

@@ -319,14 +319,14 @@ fn sockets_and_the_vhost_dir_are_owner_only_by_default() {
 #[test]
 fn limits_and_socket_mode_from_the_config_file() {
     let d = Daemon::start(&format!(
-        "[limits]\nmax_bdevs = 3\nmax_controllers = 1\nmax_malloc_bytes = 1048576\n\
-         [security]\nvhost_socket_mode = 0o660\n{CONFIG}\n\
+        "[limits]\nmax_bdevs = 3\nmax_exports = 1\nmax_malloc_bytes = 1048576\n\
+         [security]\nsocket_mode = 0o660\n{CONFIG}\n\
          [[vhost_blk]]\nctrlr = \"v0\"\ndev_name = \"null0\"\n"
     ));
     assert_eq!(mode(&d.vhost_dir.join("v0")), 0o660);
     // The group needs to enter the directory to reach a socket it may use.
     assert_eq!(mode(&d.vhost_dir), 0o710);
-    assert_eq!(mode(&d.rpc), 0o600, "the RPC socket does not follow vhost_socket_mode");
+    assert_eq!(mode(&d.rpc), 0o600, "the RPC socket does not follow socket_mode");
 
     assert_eq!(
         d.refused(&["disk", "create", "--type", "ram", "--name", "big", "--size", "2MiB"]),
@@ -339,7 +339,7 @@ fn limits_and_socket_mode_from_the_config_file() {
         "error: cannot create bdev 'n3': 3 bdevs already exist, the limit set by limits.max_bdevs"
     );
     let e = d.refused(&["rpc", "vhost_create_blk_controller", r#"{"ctrlr": "v1", "dev_name": "ram0"}"#]);
-    assert!(e.contains("(code -28)") && e.contains("the limit set by limits.max_controllers"), "{e}");
+    assert!(e.contains("(code -28)") && e.contains("the limit set by limits.max_exports"), "{e}");
     d.ok(&["vhost", "delete", "v0"]);
     d.ok(&["vhost", "create", "--name", "v1", "--disk", "ram0"]);
     let (status, _, log) = d.terminate();

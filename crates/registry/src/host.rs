@@ -10,7 +10,8 @@ use fp_bdev::{Bdev, BdevError, ClaimType};
 use fp_rpc::Params;
 use serde_json::Value;
 
-use crate::{export_dirs, modules, BdevEntry, Claim, ExportDirs, Registry, RegistryError};
+use crate::bdevs::{check_malloc_size, holders, BdevEntry};
+use crate::{export_dirs, modules, Claim, ExportDirs, Registry, RegistryError};
 
 impl Registry {
     /// Runs the module method `method` (`bdev_malloc_create`, ...); `None` when no module has
@@ -209,7 +210,7 @@ impl ModuleHost for Registry {
         };
         let from = entry.bdev.info().num_blocks();
         if num_blocks < from {
-            if let Some(by) = crate::holders(&entry.claims) {
+            if let Some(by) = holders(&entry.claims) {
                 return Err(host(RegistryError::ShrinkInUse { name: name.into(), by, from, to: num_blocks }));
             }
         }
@@ -242,7 +243,7 @@ impl ModuleHost for Registry {
     }
 
     fn check_memory_size(&self, name: &str, block_size: u32, num_blocks: u64) -> Result<(), ModuleError> {
-        crate::check_malloc_size(name, block_size, num_blocks, &self.options.limits).map_err(host)
+        check_malloc_size(name, block_size, num_blocks, &self.options.limits).map_err(host)
     }
 
     fn file_opener(&self, filename: &Path) -> Result<FileOpener, ModuleError> {

@@ -12,8 +12,9 @@
 pub struct Limits {
     /// Most bdevs at once, of every type (stacked delay bdevs included).
     pub max_bdevs: usize,
-    /// Most vhost-user-blk controllers at once.
-    pub max_controllers: usize,
+    /// Most exports of each kind at once: vhost-user-blk controllers, and as many NBD exports
+    /// (`limits.max_exports`, formerly `max_controllers`).
+    pub max_exports: usize,
     /// Largest single RAM (malloc) bdev, in bytes.
     pub max_malloc_bytes: u64,
 }
@@ -27,19 +28,19 @@ pub struct Limits {
 /// small.
 pub const DEFAULT_MAX_BDEVS: usize = 1024;
 
-/// Default for [`Limits::max_controllers`].
+/// Default for [`Limits::max_exports`].
 ///
-/// Each controller owns a thread and, when its frontend connects, two eventfds per queue plus
-/// one descriptor per memory region (up to 64 queues and 64 regions). 256 is more disks than
+/// Each vhost-user-blk controller owns a thread and, when its frontend connects, two eventfds
+/// per queue plus one descriptor per memory region (up to 64 queues and 64 regions). 256 is more disks than
 /// the VMs of one host attach in practice, while keeping the worst case in the low thousands of
 /// threads and descriptors instead of whatever the process limits happen to be.
-pub const DEFAULT_MAX_CONTROLLERS: usize = 256;
+pub const DEFAULT_MAX_EXPORTS: usize = 256;
 
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
             max_bdevs: DEFAULT_MAX_BDEVS,
-            max_controllers: DEFAULT_MAX_CONTROLLERS,
+            max_exports: DEFAULT_MAX_EXPORTS,
             max_malloc_bytes: default_max_malloc_bytes(),
         }
     }

@@ -1,6 +1,10 @@
 //! The registry's limits, on targets whose reactors are never run (creating a controller only
 //! binds its socket; nothing reaches a reactor until a frontend connects).
 
+use std::sync::Arc;
+
+use fp_bdev::{BdevError, ClaimType};
+
 use super::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -58,7 +62,7 @@ fn vhost(ctrlr: &str, dev: &str, num_queues: Option<u16>) -> VhostBlkSpec {
 #[test]
 fn default_limits_are_finite() {
     let l = Limits::default();
-    assert_eq!((l.max_bdevs, l.max_controllers), (DEFAULT_MAX_BDEVS, DEFAULT_MAX_CONTROLLERS));
+    assert_eq!((l.max_bdevs, l.max_exports), (DEFAULT_MAX_BDEVS, DEFAULT_MAX_EXPORTS));
     assert_eq!(l.max_malloc_bytes, total_ram().unwrap());
 }
 
@@ -87,7 +91,7 @@ fn bdev_limit_counts_every_type_and_frees_on_delete() {
 
 #[test]
 fn controller_limit_refuses_the_next_one_and_frees_on_delete() {
-    let f = fixture(Limits { max_controllers: 2, ..Limits::default() });
+    let f = fixture(Limits { max_exports: 2, ..Limits::default() });
     for d in ["a", "b", "c"] {
         f.registry.create_bdev(null(d)).unwrap();
     }
@@ -97,7 +101,7 @@ fn controller_limit_refuses_the_next_one_and_frees_on_delete() {
     assert_eq!(e.errno(), -28);
     assert_eq!(
         e.to_string(),
-        "cannot create controller 'v2': 2 controllers already exist, the limit set by limits.max_controllers"
+        "cannot create controller 'v2': 2 controllers already exist, the limit set by limits.max_exports"
     );
     // The refused controller left nothing behind: no socket, its bdev unclaimed.
     assert!(!f.dir.path().join("v2").exists());
@@ -191,11 +195,11 @@ fn vhost_sockets_get_the_configured_mode() {
     f.registry.create_bdev(null("a")).unwrap();
     f.registry.create_vhost_blk(vhost("v0", "a", None)).unwrap();
     let mode = std::fs::metadata(f.dir.path().join("v0")).unwrap().permissions().mode() & 0o7777;
-    assert_eq!(mode, DEFAULT_VHOST_SOCKET_MODE, "{mode:o}");
+    assert_eq!(mode, DEFAULT_SOCKET_MODE, "{mode:o}");
     f.registry.shutdown();
 
     let reactor = Reactor::new(0, None, ReactorConfig::default()).unwrap();
-    let options = RegistryOptions { vhost_socket_mode: 0o660, ..RegistryOptions::default() };
+    let options = RegistryOptions { socket_mode: 0o660, ..RegistryOptions::default() };
     let registry = Registry::with_options(vec![reactor.handle()], f.dir.path(), options);
     registry.create_bdev(null("b")).unwrap();
     registry.create_vhost_blk(vhost("v1", "b", None)).unwrap();

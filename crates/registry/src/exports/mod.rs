@@ -1,19 +1,60 @@
 //! Exports: what serves a bdev to the outside (a vhost-user-blk controller, an NBD export).
 //!
 //! An export claims its bdev for as long as it lives, with the claim type it needs (a writable
-//! export excludes every other claim, read-only ones share the bdev). Each kind is one file
-//! here implementing [`Export`] and its creation on top of [`Registry::add_export`]; the
-//! registry itself only keeps them by name, releases their claims and stops them.
+//! export excludes every other claim, read-only ones share the bdev). Each kind is a folder
+//! here: `mod.rs` has its [`Export`], its creation on top of [`Registry::add_export`] and its
+//! [`ExportKind`]; `rpc.rs` has its JSON-RPC methods. [`EXPORT_KINDS`] lists the kinds, one line
+//! each, and the daemon finds everything else there: methods, configuration tables, metrics.
+//! docs/architecture.md, "Adding an export", walks through one.
 
 use std::any::Any;
 use std::sync::Arc;
 
 use fp_bdev::{Bdev, ClaimType};
+use serde_json::Value;
 
+use crate::methods::MethodFn;
+use crate::metrics::Family;
 use crate::{Claim, Registry, RegistryError};
 
 pub mod nbd;
 pub mod vhost_blk;
+
+/// Every export kind, in the order the configuration file applies their tables.
+pub static EXPORT_KINDS: &[&dyn ExportKind] = &[&vhost_blk::VhostBlkKind, &nbd::NbdKind];
+
+/// A kind of export, as the daemon sees it beside its running exports: a bdev module's
+/// counterpart ([`fp_bdev::BdevModule`]).
+pub trait ExportKind: Sync {
+    /// "vhost-blk", "nbd": [`Export::kind`] of its exports, the claim holder's kind in
+    /// `bdev_get_bdevs`.
+    fn name(&self) -> &'static str;
+
+    /// Its JSON-RPC methods.
+    fn methods(&self) -> &'static [(&'static str, MethodFn)];
+
+    /// The configuration file's array of tables for it (`vhost_blk` for `[[vhost_blk]]`) and
+    /// the method whose parameters each table holds.
+    fn config_table(&self) -> ConfigTable;
+
+    /// Its metric families for one scrape, read through `call` (a method and its parameters),
+    /// the same methods the RPC answers, so the endpoint and the RPC cannot disagree.
+    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family>;
+}
+
+/// A configuration file table that stands for calls of one method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigTable {
+    /// The array of tables' name (`[[nbd_disk]]`).
+    pub table: &'static str,
+    /// The method each table is the parameters of (`nbd_start_disk`).
+    pub method: &'static str,
+}
+
+/// The export kind called `name`.
+pub fn find_kind(name: &str) -> Option<&'static dyn ExportKind> {
+    EXPORT_KINDS.iter().copied().find(|k| k.name() == name)
+}
 
 /// A running export.
 pub trait Export: Send + Sync {
@@ -46,8 +87,6 @@ pub struct NewExport<'a> {
     pub kind: &'static str,
     /// What errors call it ("controller").
     pub label: &'static str,
-    /// The most exports of this kind, and the configuration key that sets it.
-    pub limit: (usize, &'static str),
     pub bdev_name: &'a str,
     pub claim_type: ClaimType,
 }
@@ -61,13 +100,20 @@ impl Registry {
         new: NewExport<'_>,
         start: impl FnOnce(Bdev) -> Result<Box<dyn Export>, RegistryError>,
     ) -> Result<(), RegistryError> {
-        let NewExport { name, kind, label, limit: (max, setting), bdev_name, claim_type } = new;
+        let NewExport { name, kind, label, bdev_name, claim_type } = new;
         let mut st = self.lock();
         if st.exports.contains_key(name) {
             return Err(RegistryError::AlreadyExists { kind: label, name: name.into() });
         }
+        // One limit per kind: `limits.max_exports` vhost-blk controllers, and as many NBD exports.
+        let max = self.options.limits.max_exports;
         if st.exports.values().filter(|e| e.kind() == kind).count() >= max {
-            return Err(RegistryError::LimitReached { kind: label, name: name.into(), limit: max, setting });
+            return Err(RegistryError::LimitReached {
+                kind: label,
+                name: name.into(),
+                limit: max,
+                setting: "limits.max_exports",
+            });
         }
         let entry = st
             .entry_mut(bdev_name)

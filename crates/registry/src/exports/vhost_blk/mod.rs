@@ -1,4 +1,5 @@
-//! vhost-user-blk controllers as exports (`vhost_create_blk_controller` and friends).
+//! vhost-user-blk controllers as exports (`vhost_create_blk_controller` and friends, in
+//! `rpc.rs`): a bdev served to a VMM on a Unix socket in the vhost directory (crates/vhost-blk).
 
 use std::any::Any;
 use std::os::unix::fs::PermissionsExt;
@@ -6,9 +7,14 @@ use std::os::unix::fs::PermissionsExt;
 use fp_bdev::ClaimType;
 use fp_reactor::ReactorHandle;
 use fp_vhost_blk::{BlkController, ControllerConfig, ControllerInfo};
+use serde_json::Value;
 
-use super::{Export, NewExport};
+use super::{ConfigTable, Export, ExportKind, NewExport};
+use crate::methods::MethodFn;
+use crate::metrics::{array, str_at, u64_at, Family};
 use crate::{Registry, RegistryError};
+
+mod rpc;
 
 /// [`Export::kind`] of a vhost-user-blk controller.
 pub const KIND: &str = "vhost-blk";
@@ -114,14 +120,8 @@ impl Registry {
             });
         }
         let claim_type = if spec.readonly { ClaimType::ReadManyWriteNone } else { ClaimType::ExclusiveWrite };
-        let new = NewExport {
-            name: &spec.ctrlr,
-            kind: KIND,
-            label: LABEL,
-            limit: (self.options.limits.max_controllers, "limits.max_controllers"),
-            bdev_name: &spec.dev_name,
-            claim_type,
-        };
+        let new =
+            NewExport { name: &spec.ctrlr, kind: KIND, label: LABEL, bdev_name: &spec.dev_name, claim_type };
         self.add_export(new, |bdev| {
             let config = ControllerConfig {
                 name: spec.ctrlr.clone(),
@@ -135,7 +135,7 @@ impl Registry {
             let ctrl = BlkController::start(config)?;
             // The socket is bound with the umask's mode (`serve` sets 077, so nobody else can
             // reach it meanwhile); now it gets the configured one.
-            let mode = std::fs::Permissions::from_mode(self.options.vhost_socket_mode);
+            let mode = std::fs::Permissions::from_mode(self.options.socket_mode);
             if let Err(source) = std::fs::set_permissions(&socket_path, mode) {
                 ctrl.stop();
                 return Err(RegistryError::SocketMode { path: socket_path, source });
@@ -183,4 +183,79 @@ impl Registry {
             None => Ok(self.map_exports(|c: &VhostBlk| c.ctrl.info())),
         }
     }
+}
+
+/// The vhost-user-blk export kind ([`super::EXPORT_KINDS`]).
+pub struct VhostBlkKind;
+
+impl ExportKind for VhostBlkKind {
+    fn name(&self) -> &'static str {
+        KIND
+    }
+
+    fn methods(&self) -> &'static [(&'static str, MethodFn)] {
+        rpc::METHODS
+    }
+
+    fn config_table(&self) -> ConfigTable {
+        ConfigTable { table: "vhost_blk", method: "vhost_create_blk_controller" }
+    }
+
+    /// From `vhost_get_controllers`: what each guest-facing controller did, and holds now.
+    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family> {
+        call("vhost_get_controllers", None).map(|c| controller_families(&c).into()).unwrap_or_default()
+    }
+}
+
+/// `vhost_get_controllers`: what each guest-facing controller did, and holds now.
+fn controller_families(c: &Value) -> [Family; 8] {
+    let mut ops =
+        Family::counter("flashpath_vhost_requests_total", "Requests a controller completed, by type");
+    let mut bytes = Family::counter("flashpath_vhost_bytes_total", "Bytes a controller moved, by direction");
+    let mut errors =
+        Family::counter("flashpath_vhost_io_errors_total", "Requests completed with VIRTIO_BLK_S_IOERR");
+    let mut unsupported =
+        Family::counter("flashpath_vhost_unsupported_total", "Requests completed with VIRTIO_BLK_S_UNSUPP");
+    let mut notifications =
+        Family::counter("flashpath_vhost_notifications_total", "Guest notifications sent");
+    let mut in_flight =
+        Family::gauge("flashpath_vhost_in_flight", "Requests taken from the rings and not yet completed");
+    let mut connected = Family::gauge("flashpath_vhost_connected", "1 while a guest is connected");
+    let mut queue_in_flight = Family::gauge(
+        "flashpath_vhost_queue_in_flight",
+        "Requests taken from one virtqueue and not yet completed",
+    );
+    for ctrl in array(c) {
+        let st = &ctrl["stats"];
+        let base = vec![
+            ("ctrlr", str_at(ctrl, "ctrlr")),
+            ("bdev", str_at(&ctrl["backend_specific"]["block"], "bdev")),
+        ];
+        let with = |k: &'static str, v: &str| {
+            let mut l = base.clone();
+            l.push((k, v.to_string()));
+            l
+        };
+        for (op, key) in [
+            ("read", "read_ops"),
+            ("write", "write_ops"),
+            ("flush", "flush_ops"),
+            ("discard", "discard_ops"),
+            ("write_zeroes", "write_zeroes_ops"),
+            ("get_id", "get_id_ops"),
+        ] {
+            ops.push(with("type", op), u64_at(st, key));
+        }
+        bytes.push(with("direction", "read"), u64_at(st, "bytes_read"));
+        bytes.push(with("direction", "write"), u64_at(st, "bytes_written"));
+        errors.push(base.clone(), u64_at(st, "io_errors"));
+        unsupported.push(base.clone(), u64_at(st, "unsupported"));
+        notifications.push(base.clone(), u64_at(st, "notifications"));
+        in_flight.push(base.clone(), u64_at(st, "in_flight"));
+        for q in array(&ctrl["queues"]) {
+            queue_in_flight.push(with("queue", &u64_at(q, "id").to_string()), u64_at(q, "in_flight"));
+        }
+        connected.push(base, u64::from(ctrl.get("connected").and_then(Value::as_bool) == Some(true)));
+    }
+    [ops, bytes, errors, unsupported, notifications, in_flight, connected, queue_in_flight]
 }

@@ -1,22 +1,27 @@
 //! Parameter decoding, result shapes and error paths of every method, on a target without
 //! reactors (the bdev methods need none).
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use fp_rpc::codes;
+use serde_json::json;
+
+use super::*;
 
 struct Fixture {
-    methods: Methods,
+    methods: Arc<Registry>,
     dir: tempfile::TempDir,
 }
 
 fn fixture() -> Fixture {
-    fixture_with(fp_registry::Limits::default())
+    fixture_with(crate::Limits::default())
 }
 
-fn fixture_with(limits: fp_registry::Limits) -> Fixture {
+fn fixture_with(limits: crate::Limits) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let options = fp_registry::RegistryOptions { limits, ..Default::default() };
-    let methods = Methods::new(Registry::with_options(vec![], &dir.path().join("vhost"), options));
+    let options = crate::RegistryOptions { limits, ..Default::default() };
+    let methods = Registry::with_options(vec![], &dir.path().join("vhost"), options);
     Fixture { methods, dir }
 }
 
@@ -287,8 +292,7 @@ fn vhost_create_errors() {
 
 #[test]
 fn limits_are_errno_errors_naming_their_setting() {
-    let f =
-        fixture_with(fp_registry::Limits { max_bdevs: 2, max_malloc_bytes: 1 << 20, ..Default::default() });
+    let f = fixture_with(crate::Limits { max_bdevs: 2, max_malloc_bytes: 1 << 20, ..Default::default() });
     f.null("a");
     f.ok("bdev_malloc_create", json!({"num_blocks": 256, "block_size": 4096}));
     for (method, params) in [
@@ -384,8 +388,9 @@ fn reactors_version_methods_stats() {
     let m = f.ok("rpc_get_methods", json!({"current": true}));
     let names: Vec<&str> = m.as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
     assert!(names.windows(2).all(|w| w[0] < w[1]), "sorted: {names:?}");
-    // The table's methods and every module's.
-    assert_eq!(names.len(), METHODS.len() + f.methods.registry.module_methods().count());
+    // The table's methods, every export kind's and every module's.
+    let kinds: usize = EXPORT_KINDS.iter().map(|k| k.methods().len()).sum();
+    assert_eq!(names.len(), METHODS.len() + kinds + f.methods.module_methods().count());
     for expected in [
         "bdev_get_bdevs",
         "vhost_create_blk_controller",
@@ -521,7 +526,7 @@ fn a_bdev_in_use_may_grow_but_not_shrink_and_its_stack_follows() {
 
 #[test]
 fn malloc_resize_is_bounded_by_the_memory_limit() {
-    let limits = fp_registry::Limits { max_malloc_bytes: 4 << 20, ..Default::default() };
+    let limits = crate::Limits { max_malloc_bytes: 4 << 20, ..Default::default() };
     let f = fixture_with(limits);
     f.ok("bdev_malloc_create", json!({"name": "m", "num_blocks": 2048, "block_size": 512}));
     assert_eq!(f.ok("bdev_malloc_resize", json!({"name": "m", "new_size": 4})), true);

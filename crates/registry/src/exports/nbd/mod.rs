@@ -1,14 +1,19 @@
-//! NBD exports (`nbd_start_disk` and friends): a bdev served over the NBD protocol on a Unix
-//! socket or a TCP address (crates/nbd). The registry knows an export by its `nbd_device`
-//! string, as SPDK's `nbd_stop_disk` does.
+//! NBD exports (`nbd_start_disk` and friends, in `rpc.rs`): a bdev served over the NBD
+//! protocol on a Unix socket or a TCP address (crates/nbd). The registry knows an export by its
+//! `nbd_device` string, as SPDK's `nbd_stop_disk` does.
 
 use std::any::Any;
 
 use fp_bdev::ClaimType;
 use fp_nbd::{ExportHandle, ExportSpec, TlsFiles};
+use serde_json::Value;
 
-use super::{Export, NewExport};
+use super::{ConfigTable, Export, ExportKind, NewExport};
+use crate::methods::MethodFn;
+use crate::metrics::{array, str_at, u64_at, Family};
 use crate::{Registry, RegistryError};
+
+mod rpc;
 
 /// [`Export::kind`] of an NBD export.
 pub const KIND: &str = "nbd";
@@ -109,7 +114,6 @@ impl Registry {
             name: &spec.nbd_device,
             kind: KIND,
             label: LABEL,
-            limit: (self.options.limits.max_controllers, "limits.max_controllers"),
             bdev_name: &spec.bdev_name,
             claim_type,
         };
@@ -121,7 +125,7 @@ impl Registry {
                 reactors: self.reactors.clone(),
                 address: device.address.clone(),
                 tls: spec.tls.clone(),
-                socket_mode: self.options.vhost_socket_mode,
+                socket_mode: self.options.socket_mode,
             };
             let handle = self
                 .nbd
@@ -148,5 +152,34 @@ impl Registry {
             Some(n) => Ok(vec![self.with_export(n, LABEL, |e: &NbdExport| e.info())?]),
             None => Ok(self.map_exports(|e: &NbdExport| e.info())),
         }
+    }
+}
+
+/// The NBD export kind ([`super::EXPORT_KINDS`]).
+pub struct NbdKind;
+
+impl ExportKind for NbdKind {
+    fn name(&self) -> &'static str {
+        KIND
+    }
+
+    fn methods(&self) -> &'static [(&'static str, MethodFn)] {
+        rpc::METHODS
+    }
+
+    fn config_table(&self) -> ConfigTable {
+        ConfigTable { table: "nbd_disk", method: "nbd_start_disk" }
+    }
+
+    /// From `nbd_get_disks`: each export's clients now.
+    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family> {
+        let Some(disks) = call("nbd_get_disks", None) else { return Vec::new() };
+        let mut connections =
+            Family::gauge("flashpath_nbd_connections", "Clients connected to an NBD export now");
+        for d in array(&disks) {
+            let labels = vec![("nbd_device", str_at(d, "nbd_device")), ("bdev", str_at(d, "bdev_name"))];
+            connections.push(labels, u64_at(d, "connections"));
+        }
+        vec![connections]
     }
 }

@@ -1,0 +1,189 @@
+//! The registry itself: its state under one mutex, its options, and what it answers of the
+//! daemon as a whole (reactors, shutdown).
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fp_reactor::ReactorHandle;
+
+use crate::bdevs::BdevEntry;
+use crate::exports::Export;
+use crate::{modules, ExportDirs, Limits, RegistryError};
+
+/// A reactor as `framework_get_reactors` reports it.
+#[derive(Debug, Clone)]
+pub struct ReactorSummary {
+    pub id: usize,
+    pub core: Option<usize>,
+    pub stats: fp_reactor::ReactorStatsSnapshot,
+}
+
+pub(crate) struct State {
+    pub(crate) bdevs: BTreeMap<String, BdevEntry>,
+    /// Alias to bdev name.
+    pub(crate) aliases: BTreeMap<String, String>,
+    pub(crate) exports: BTreeMap<String, Box<dyn Export>>,
+    /// QoS groups by name (their members are the bdevs whose disks joined them).
+    pub(crate) qos_groups: BTreeMap<String, Arc<fp_bdev::qos::QosGroup>>,
+}
+
+impl State {
+    /// The name of the bdev called `name` (its name or one of its aliases).
+    pub(crate) fn canonical<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        if self.bdevs.contains_key(name) {
+            return Some(name);
+        }
+        self.aliases.get(name).map(String::as_str)
+    }
+
+    pub(crate) fn entry(&self, name: &str) -> Option<&BdevEntry> {
+        self.canonical(name).and_then(|n| self.bdevs.get(n))
+    }
+
+    pub(crate) fn entry_mut(&mut self, name: &str) -> Option<&mut BdevEntry> {
+        let n = self.canonical(name)?.to_string();
+        self.bdevs.get_mut(&n)
+    }
+
+    /// Whether `name` is taken, as a bdev's name or an alias.
+    pub(crate) fn name_taken(&self, name: &str) -> bool {
+        self.canonical(name).is_some()
+    }
+
+    /// Releases the claim `holder` has on `bdev`.
+    pub(crate) fn release(&mut self, bdev: &str, holder_kind: &str, holder: &str) {
+        if let Some(b) = self.entry_mut(bdev) {
+            b.claims.retain(|c| !(c.holder == holder && c.holder_kind == holder_kind));
+        }
+    }
+
+    pub(crate) fn room_for_bdev(&self, name: &str, limits: &Limits) -> Result<(), RegistryError> {
+        if self.bdevs.len() >= limits.max_bdevs {
+            return Err(RegistryError::LimitReached {
+                kind: "bdev",
+                name: name.into(),
+                limit: limits.max_bdevs,
+                setting: "limits.max_bdevs",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How a [`Registry`] is bounded. The default is what `serve` uses without `[limits]` and
+/// `[security]` tables.
+#[derive(Debug, Clone)]
+pub struct RegistryOptions {
+    pub limits: Limits,
+    /// The permission bits of each vhost-user socket, set as soon as it is bound.
+    pub socket_mode: u32,
+    /// When set, file-backed bdevs may only open files inside these directories.
+    pub export_dirs: Option<ExportDirs>,
+    /// Count I/O statistics (`bdev_get_iostat`, histograms) in the disk layer; off hands the
+    /// exports the backends' channels directly.
+    pub iostat: bool,
+}
+
+/// Default for [`RegistryOptions::socket_mode`]: only the daemon's user may connect.
+///
+/// Whoever can connect to a vhost-user socket is the disk's guest: it reads and writes the disk
+/// and shares memory with the daemon. QEMU usually runs as the same user as the storage daemon;
+/// a deployment that runs it as another user of a shared group widens this to 0o660.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
+
+impl Default for RegistryOptions {
+    fn default() -> RegistryOptions {
+        RegistryOptions {
+            limits: Limits::default(),
+            socket_mode: DEFAULT_SOCKET_MODE,
+            export_dirs: None,
+            iostat: true,
+        }
+    }
+}
+
+/// The registry. Cheap to share: wrap it in an `Arc`.
+pub struct Registry {
+    pub(crate) reactors: Vec<ReactorHandle>,
+    pub(crate) vhost_dir: PathBuf,
+    pub(crate) options: RegistryOptions,
+    pub(crate) state: Mutex<State>,
+    /// Each module's own state ([`fp_bdev::ModuleHost::module_state`]: the lvstores, ...).
+    pub(crate) module_states: Mutex<BTreeMap<&'static str, Arc<dyn Any + Send + Sync>>>,
+    /// The NBD listeners (exports/nbd/).
+    pub(crate) nbd: fp_nbd::NbdServer,
+    /// When it was made: the daemon's uptime (`flashpath_get_stats`).
+    started: Instant,
+}
+
+impl Registry {
+    /// A registry with the default [`RegistryOptions`].
+    pub fn new(reactors: Vec<ReactorHandle>, vhost_dir: &Path) -> Arc<Registry> {
+        Registry::with_options(reactors, vhost_dir, RegistryOptions::default())
+    }
+
+    pub fn with_options(
+        reactors: Vec<ReactorHandle>,
+        vhost_dir: &Path,
+        options: RegistryOptions,
+    ) -> Arc<Registry> {
+        Arc::new(Registry {
+            reactors,
+            vhost_dir: vhost_dir.to_path_buf(),
+            options,
+            state: Mutex::new(State {
+                bdevs: BTreeMap::new(),
+                aliases: BTreeMap::new(),
+                exports: BTreeMap::new(),
+                qos_groups: BTreeMap::new(),
+            }),
+            module_states: Mutex::new(BTreeMap::new()),
+            nbd: fp_nbd::NbdServer::new(),
+            started: Instant::now(),
+        })
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.options.limits
+    }
+
+    pub fn vhost_dir(&self) -> &Path {
+        &self.vhost_dir
+    }
+
+    pub fn reactor_handles(&self) -> &[ReactorHandle] {
+        &self.reactors
+    }
+
+    /// How long since the registry was made.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain maps behind; keep serving.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn reactors(&self) -> Vec<ReactorSummary> {
+        self.reactors
+            .iter()
+            .map(|h| ReactorSummary { id: h.id(), core: h.core(), stats: h.stats().snapshot() })
+            .collect()
+    }
+
+    /// Stops every export, then lets every module close what it holds open (an lvstore's
+    /// metadata owner commits and stops). Bdevs are dropped with the registry.
+    pub fn shutdown(&self) {
+        let names: Vec<String> = self.lock().exports.keys().cloned().collect();
+        for n in names {
+            let _ = self.delete_export(&n, None);
+        }
+        for m in modules::MODULES {
+            m.shutdown(self);
+        }
+    }
+}
