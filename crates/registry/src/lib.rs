@@ -7,6 +7,8 @@
 //! exports are [`Export`]s (`exports/`). Operations are named after SPDK's JSON-RPC methods that
 //! call them (`bdev_malloc_create`, `vhost_create_blk_controller`, ...).
 
+#![forbid(unsafe_code)]
+
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
