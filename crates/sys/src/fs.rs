@@ -57,6 +57,21 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Puts the open file description of `fd` in non-blocking mode (`O_NONBLOCK`), as every
+/// duplicate of it then is.
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: a plain fcntl call on a borrowed, open descriptor.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above; F_SETFL takes an int argument.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs::File;
@@ -64,6 +79,14 @@ mod tests {
     use std::os::fd::AsFd;
 
     use super::*;
+
+    #[test]
+    fn set_nonblocking_makes_an_empty_read_fail_at_once() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        set_nonblocking(a.as_fd()).unwrap();
+        let e = (&a).read(&mut [0u8; 1]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    }
 
     #[test]
     fn umask_round_trip() {

@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 mod affinity;
+mod eventfd;
 mod fs;
 mod poll;
 mod signal;
@@ -16,7 +17,8 @@ mod socket;
 mod sysinfo;
 
 pub use affinity::{allowed_cpus, first_allowed_cpu, pin_thread, CPU_SETSIZE};
-pub use fs::{openat, rename_noreplace, set_umask};
+pub use eventfd::{eventfd, eventfd_clear, eventfd_signal};
+pub use fs::{openat, rename_noreplace, set_nonblocking, set_umask};
 pub use poll::wait_readable;
 pub use signal::{raise, SignalSet};
 pub use socket::{set_send_buffer, shutdown};
