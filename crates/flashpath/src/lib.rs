@@ -4,6 +4,8 @@
 //! fuzz targets in `fuzz/` and the integration tests can drive the config parser directly; the
 //! binary (`src/main.rs`) adds only the command line and the client commands.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod metrics;
 pub mod serve;

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use fp_reactor::sys::{self, first_allowed_cpu, SignalSet};
 use fp_reactor::{ReactorConfig, ReactorSet};
 use fp_registry::{ExportDirError, ExportDirs, Limits, Registry, RegistryOptions, DEFAULT_SOCKET_MODE};
 use fp_rpc::{Handler, RpcServer};
@@ -116,54 +117,23 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
     })
 }
 
-/// The lowest-numbered CPU in this process's affinity mask (what `taskset` allows).
-fn first_allowed_cpu() -> io::Result<usize> {
-    // SAFETY: cpu_set_t is plain data; all zeroes is a valid, empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; `set` is writable and its size is the size passed.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` < CPU_SETSIZE, so CPU_ISSET reads inside `set`.
-        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .ok_or_else(|| io::Error::other("the affinity mask is empty"))
-}
-
 /// The signals that stop the daemon.
 const STOP_SIGNALS: [libc::c_int; 2] = [libc::SIGTERM, libc::SIGINT];
 
 /// Blocks the stop signals in the calling thread (and so in every thread it starts later).
-fn block_stop_signals() -> io::Result<libc::sigset_t> {
-    // SAFETY: sigset_t is plain data; sigemptyset below initialises it properly.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable sigset_t.
-    unsafe { libc::sigemptyset(&mut set) };
-    for sig in STOP_SIGNALS {
-        // SAFETY: `set` is an initialised sigset_t and `sig` a valid signal number.
-        unsafe { libc::sigaddset(&mut set, sig) };
-    }
-    // SAFETY: `set` is initialised; a null old-set pointer is allowed.
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
-    }
+fn block_stop_signals() -> io::Result<SignalSet> {
+    let set = SignalSet::new(&STOP_SIGNALS)?;
+    set.block()?;
     Ok(set)
 }
 
 /// Waits for one of the blocked stop signals; returns its name.
-fn wait_stop_signal(set: &libc::sigset_t) -> io::Result<&'static str> {
-    let mut sig: libc::c_int = 0;
+fn wait_stop_signal(set: &SignalSet) -> io::Result<&'static str> {
     loop {
-        // SAFETY: `set` is an initialised sigset_t whose signals are blocked; `sig` is writable.
-        let rc = unsafe { libc::sigwait(set, &mut sig) };
-        match rc {
-            0 if sig == libc::SIGTERM => return Ok("SIGTERM"),
-            0 if sig == libc::SIGINT => return Ok("SIGINT"),
-            0 => continue,
-            libc::EINTR => continue,
-            e => return Err(io::Error::from_raw_os_error(e)),
+        match set.wait()? {
+            libc::SIGTERM => return Ok("SIGTERM"),
+            libc::SIGINT => return Ok("SIGINT"),
+            _ => continue,
         }
     }
 }
@@ -177,8 +147,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
     // Everything the daemon creates (sockets, the vhost directory) is its user's alone from the
     // moment it exists; modes meant to be wider are set explicitly afterwards. The umask is
     // per process, so it is set here, before any thread exists that could be creating a file.
-    // SAFETY: umask has no preconditions and cannot fail.
-    unsafe { libc::umask(0o077) };
+    sys::set_umask(0o077);
     let config = match &opts.config {
         Some(path) => ConfigFile::load(path)?,
         None => ConfigFile::default(),

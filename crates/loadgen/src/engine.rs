@@ -8,7 +8,7 @@
 mod libblkio;
 mod virtio;
 
-use std::os::unix::io::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use crate::rng::SplitMix64;
@@ -255,10 +255,11 @@ impl Waiter {
         }
         for ev in &self.events[..n as usize] {
             let fd = self.fds[ev.u64 as usize];
-            let mut val = 0u64;
             // SAFETY: `fd` is a non-blocking eventfd owned by the back end and open for the queue's
-            // lifetime; `val` is 8 writable bytes. EAGAIN (already cleared) is harmless.
-            unsafe { libc::read(fd, (&mut val as *mut u64).cast(), 8) };
+            // lifetime, which outlives this borrow.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            // A failed clear only makes the next wait return at once.
+            let _ = fp_sys::eventfd_clear(fd);
         }
         Ok(())
     }

@@ -464,24 +464,11 @@ pub fn hold(spec: &LoadSpec) -> Result<Duration, LoadError> {
 
 /// Restricts the calling thread to `cpu`.
 pub fn pin_current_thread(cpu: usize) -> Result<(), LoadError> {
-    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    let max = fp_sys::CPU_SETSIZE;
     if cpu >= max {
         return Err(LoadError::InvalidSpec(format!("cpu {cpu} is beyond the {max} a cpu set holds")));
     }
-    // SAFETY: cpu_set_t is a plain bit array; all-zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` was checked to be inside the set above.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: pid 0 is the calling thread; `set` is a valid, initialised cpu_set_t of the size
-    // passed.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        return Err(LoadError::Os {
-            op: "pinning the client thread",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
+    fp_sys::pin_thread(&[cpu]).map_err(|source| LoadError::Os { op: "pinning the client thread", source })
 }
 
 /// Parses a byte size such as `4096`, `4k`, `4K`, `1m`, `2G`, `4KiB` (binary multiples).

@@ -354,12 +354,12 @@ mod tests {
     #[test]
     fn the_total_adds_the_disks_up() {
         let a = result(3, 0, 1000, &[1_000, 2_000, 3_000], None);
-        let b = result(2, 4, 2000, &[10_000, 20_000], Some(-5));
-        let mut c = result(1, 1, 500, &[100_000], Some(-22));
+        let b = result(2, 4, 2000, &[10_000, 20_000], Some(-libc::EIO));
+        let mut c = result(1, 1, 500, &[100_000], Some(-libc::EINVAL));
         c.request_alignment = 4096;
         let t = total_of(&[a, b, c], Some(77));
         assert_eq!((t.ios, t.bytes, t.reads, t.writes, t.errors), (6, 6 * 4096, 2, 4, 5));
-        assert_eq!(t.first_error, Some(-5));
+        assert_eq!(t.first_error, Some(-libc::EIO));
         assert_eq!(t.elapsed, Duration::from_secs(2));
         assert!((t.iops - 3.0).abs() < 1e-9, "6 I/Os over the longest 2 s: {}", t.iops);
         assert_eq!(t.histogram.count(), 6);

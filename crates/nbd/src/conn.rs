@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
@@ -305,7 +305,7 @@ impl ConnPoller {
             Some(disk) => disk.open_typed()?,
             None => DiskIo::Device(s.export.bdev.open_channel()?),
         };
-        set_send_buffer(s.fd.as_raw_fd());
+        set_send_buffer(s.fd.as_fd());
         let epoll = Epoll::new().map_err(event_set_err)?;
         let interest = EventSet::IN;
         epoll
@@ -819,8 +819,8 @@ impl ConnPoller {
         } else {
             log::info!("nbd export '{export}': {peer}: {why}; connection closed");
         }
-        // SAFETY: shutting down a socket this poller owns; the fd closes when it is dropped.
-        unsafe { libc::shutdown(self.sock.fd.as_raw_fd(), libc::SHUT_RDWR) };
+        // The fd itself closes when the poller is dropped.
+        let _ = fp_sys::shutdown(self.sock.fd.as_fd());
         if let Some(reply) = self.stop_reply.take() {
             let _ = reply.send(());
         }
@@ -841,20 +841,9 @@ impl ConnPoller {
 /// caps it at `net.core.wmem_max`.
 const SEND_BUFFER: libc::c_int = 4 << 20;
 
-fn set_send_buffer(fd: RawFd) {
-    let v = SEND_BUFFER;
-    // SAFETY: a valid option value of the size given, for a socket this connection owns.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        log::debug!("nbd: SO_SNDBUF: {}", io::Error::last_os_error());
+fn set_send_buffer(fd: BorrowedFd<'_>) {
+    if let Err(e) = fp_sys::set_send_buffer(fd, SEND_BUFFER) {
+        log::debug!("nbd: SO_SNDBUF: {e}");
     }
 }
 

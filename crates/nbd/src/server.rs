@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -445,31 +445,21 @@ fn listen(shared: Arc<ListenerShared>, socket_mode: u32) -> Result<Listener, Nbd
 }
 
 fn accept_loop(bound: Bound, stop: EventFd, shared: Arc<ListenerShared>) {
-    let mut fds: Vec<libc::pollfd> =
-        vec![libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+    let mut fds = vec![stop.as_raw_fd()];
     match &bound {
-        Bound::Unix(l) => fds.push(libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 }),
-        Bound::Tcp(ls) => fds.extend(ls.iter().map(|l| libc::pollfd {
-            fd: l.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })),
+        Bound::Unix(l) => fds.push(l.as_raw_fd()),
+        Bound::Tcp(ls) => fds.extend(ls.iter().map(|l| l.as_raw_fd())),
     }
     loop {
-        // SAFETY: `fds` is a valid array of pollfd of the given length.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if n < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            log::error!("nbd listener {}: poll failed: {}", shared.address, io::Error::last_os_error());
-            return;
-        }
-        if fds[0].revents != 0 {
+        let ready = match fp_sys::wait_readable(&fds, None) {
+            Ok(ready) => ready,
+            Err(e) => return log::error!("nbd listener {}: poll failed: {e}", shared.address),
+        };
+        if ready[0] {
             return;
         }
         for i in 1..fds.len() {
-            if fds[i].revents == 0 {
+            if !ready[i] {
                 continue;
             }
             let accepted = match &bound {
@@ -503,9 +493,8 @@ fn start_handshake(shared: &Arc<ListenerShared>, stream: Stream, peer: String) {
                     "nbd listener {}: {oldest}: handshake closed to make room ({MAX_HANDSHAKES} running)",
                     shared.address
                 );
-                // SAFETY: shutting down a socket whose duplicate we own; its thread's next read
-                // or write fails and the thread ends.
-                unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+                // Its thread's next read or write on the socket fails and the thread ends.
+                let _ = fp_sys::shutdown(fd.as_fd());
             }
         }
         h.next_id += 1;

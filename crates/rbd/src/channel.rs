@@ -12,7 +12,7 @@
 //! librbd may still be using.
 
 use std::ffi::{c_int, c_void};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -74,17 +74,12 @@ unsafe extern "C" fn on_complete(c: CompletionT, arg: *mut c_void) {
     // After the push, SeqCst against `arm`'s store-then-check: either the reactor sees the
     // entry before it sleeps, or this sees it armed and wakes it.
     if shared.armed.load(Ordering::SeqCst) {
-        signal(shared.eventfd.as_raw_fd());
+        // A signal that fails (it cannot on an open eventfd) would only cost the reactor its
+        // next timed wake-up.
+        let _ = fp_sys::eventfd_signal(shared.eventfd.as_fd());
     }
     // SAFETY: gives back the count taken at submit; nothing of `shared` is used after this.
     unsafe { Arc::decrement_strong_count(shared_ptr) };
-}
-
-fn signal(fd: RawFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a live u64 to an eventfd the caller keeps open. A full
-    // counter (EAGAIN) is already readable, which is all a signal needs.
-    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
 }
 
 /// A channel of an rbd bdev.
@@ -103,13 +98,8 @@ pub struct RbdChannel {
 
 impl RbdChannel {
     pub(crate) fn new(info: BdevInfo, image: Arc<Image>, read_only: bool) -> Result<RbdChannel, BdevError> {
-        // SAFETY: eventfd takes plain values and returns a new descriptor or -1.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            return Err(BdevError::Open { path: "eventfd".into(), source: std::io::Error::last_os_error() });
-        }
-        // SAFETY: `efd` was just returned by eventfd and is owned by nothing else.
-        let eventfd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let eventfd =
+            fp_sys::eventfd().map_err(|source| BdevError::Open { path: "eventfd".into(), source })?;
         let lib = image.lib;
         let shared = Arc::new_cyclic(|me| Shared {
             done: ArrayQueue::new(SLOTS),
@@ -243,10 +233,7 @@ impl IoChannel for RbdChannel {
         // between its write and any flag saying so would leave the fd readable, and the
         // reactor waking at once, sleep after sleep (measured: 30 wake-ups per request when
         // librbd's threads share the reactor's core).
-        let mut sink = 0u64;
-        // SAFETY: reads 8 bytes into a live u64 from the channel's non-blocking eventfd;
-        // EAGAIN (nothing to clear) is fine.
-        let _ = unsafe { libc::read(self.shared.eventfd.as_raw_fd(), (&mut sink as *mut u64).cast(), 8) };
+        let _ = fp_sys::eventfd_clear(self.shared.eventfd.as_fd());
         self.shared.armed.store(true, Ordering::SeqCst);
         self.shared.done.is_empty() && self.failed.is_empty()
     }

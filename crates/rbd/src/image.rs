@@ -202,7 +202,7 @@ fn on_cores<R: Send>(cores: Option<&[usize]>, f: impl FnOnce() -> R + Send) -> R
     let Some(cores) = cores else { return Ok(f()) };
     std::thread::scope(|s| {
         s.spawn(|| {
-            fp_reactor::pin_thread(cores).map_err(|e| RbdError::Invalid {
+            fp_sys::pin_thread(cores).map_err(|e| RbdError::Invalid {
                 field: "core_mask",
                 reason: format!("cannot run on cores {cores:?}: {e}"),
             })?;

@@ -627,3 +627,4 @@ impl Drop for ReactorSet {
 
 #[cfg(test)]
 mod tests;
+pub use fp_sys as sys;

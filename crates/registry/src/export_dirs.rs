@@ -18,11 +18,9 @@
 //! that directory (the kernel's `protected_hardlinks` keeps users from linking files they could
 //! not open themselves).
 
-use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -119,9 +117,9 @@ impl Beneath {
             return Err(io::Error::from_raw_os_error(libc::EISDIR));
         };
         let path_only = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
-        let mut dir = open_at(libc::AT_FDCWD, self.root.as_os_str(), path_only)?;
+        let mut dir = fp_sys::openat(None, self.root.as_os_str(), path_only)?;
         for name in dirs {
-            dir = open_at(dir.as_raw_fd(), name, path_only | libc::O_NOFOLLOW).map_err(changed)?;
+            dir = fp_sys::openat(Some(dir.as_fd()), name, path_only | libc::O_NOFOLLOW).map_err(changed)?;
             // O_PATH | O_NOFOLLOW on a symlink would open the link itself; make sure it did not.
             let meta = File::from(dir.try_clone()?).metadata()?;
             if !meta.is_dir() {
@@ -129,24 +127,14 @@ impl Beneath {
             }
         }
         let direct = if direct { libc::O_DIRECT } else { 0 };
-        let file =
-            open_at(dir.as_raw_fd(), file_name, libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | direct)
-                .map_err(changed)?;
+        let file = fp_sys::openat(
+            Some(dir.as_fd()),
+            file_name,
+            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | direct,
+        )
+        .map_err(changed)?;
         Ok(File::from(file))
     }
-}
-
-/// Opens `name` relative to `dir` with `flags`.
-fn open_at(dir: RawFd, name: &OsStr, flags: libc::c_int) -> io::Result<OwnedFd> {
-    let c_name = CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: `c_name` is NUL-terminated and outlives the call; `dir` is AT_FDCWD or an open
-    // descriptor the caller owns; no mode is needed without O_CREAT.
-    let fd = unsafe { libc::openat(dir, c_name.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: openat just returned this descriptor, and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// A component that was a plain directory or file when the path was resolved is now a symlink

@@ -9,6 +9,8 @@
 //! daemon's RPC server, configuration file and metrics endpoint only need the registry.
 //! docs/architecture.md, "Adding a bdev module" and "Adding an export", shows how both grow.
 
+#![forbid(unsafe_code)]
+
 mod bdevs;
 mod disks;
 mod error;

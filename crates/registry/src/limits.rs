@@ -59,14 +59,7 @@ pub fn default_max_malloc_bytes() -> u64 {
 
 /// Total RAM as `sysinfo(2)` reports it (the host's, also inside a memory-limited cgroup).
 pub fn total_ram() -> Option<u64> {
-    // SAFETY: sysinfo is plain data; all zeroes is a valid value for it to overwrite.
-    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
-    // SAFETY: `info` is a valid, writable sysinfo struct that outlives the call.
-    if unsafe { libc::sysinfo(&mut info) } != 0 {
-        return None;
-    }
-    // c_ulong: 32 bits on some targets, hence the widening cast.
-    (info.totalram as u64).checked_mul(u64::from(info.mem_unit.max(1)))
+    fp_sys::total_ram().ok()
 }
 
 #[cfg(test)]

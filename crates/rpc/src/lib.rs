@@ -11,6 +11,8 @@
 //! * [`Params`] decodes a method's `params` object field by field, so every error names the
 //!   field and what it accepts, and unknown fields are rejected.
 
+#![forbid(unsafe_code)]
+
 mod client;
 mod error;
 mod params;

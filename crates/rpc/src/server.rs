@@ -217,48 +217,18 @@ impl Drop for PrivateDir {
 /// Renames `from` to `to` unless `to` exists, so a server that started at the same moment is
 /// never replaced. Falls back to a plain rename on file systems without `RENAME_NOREPLACE`.
 fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| {
-        std::ffi::CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-    };
-    let (from_c, to_c) = (c(from)?, c(to)?);
-    // SAFETY: both paths are NUL-terminated strings that outlive the call; AT_FDCWD makes them
-    // relative to the working directory as rename(2) would.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            from_c.as_ptr(),
-            libc::AT_FDCWD,
-            to_c.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    match err.raw_os_error() {
-        Some(libc::EINVAL) | Some(libc::ENOSYS) => std::fs::rename(from, to),
-        _ => Err(err),
+    match fp_sys::rename_noreplace(from, to) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) => {
+            std::fs::rename(from, to)
+        }
+        r => r,
     }
 }
 
 /// Waits until one of `fds` is readable (or hung up). Returns the readiness of each.
 fn wait_readable(fds: &[RawFd; 2]) -> io::Result<[bool; 2]> {
-    let mut pfds = fds.map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
-    loop {
-        // SAFETY: `pfds` is a valid, writable array of `pfds.len()` pollfd structs that lives
-        // across the call.
-        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
-        if rc >= 0 {
-            return Ok(pfds.map(|p| p.revents != 0));
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
+    let ready = fp_sys::wait_readable(fds, None)?;
+    Ok([ready[0], ready[1]])
 }
 
 struct Connection {

@@ -253,9 +253,9 @@ fn socket_is_private_and_removed_on_stop() {
 /// way to it (the staging directory) wider than 0700.
 #[test]
 fn socket_is_never_reachable_by_others_while_it_is_set_up() {
-    // SAFETY: umask has no preconditions; it changes a process-wide value, restored below (other
-    // tests in this binary only ever get wider temporary files from it, which none checks).
-    let old = unsafe { libc::umask(0) };
+    // The umask is process-wide, restored below (other tests in this binary only ever get wider
+    // temporary files from it, which none checks).
+    let old = fp_sys::set_umask(0);
     let dir = tempfile::tempdir().unwrap();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = {
@@ -283,8 +283,7 @@ fn socket_is_never_reachable_by_others_while_it_is_set_up() {
     }
     done.store(true, Ordering::Relaxed);
     let seen = watcher.join();
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
+    fp_sys::set_umask(old);
     assert!(seen.unwrap() > 0, "the watcher saw no file at all");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "staging directories left behind");
 }

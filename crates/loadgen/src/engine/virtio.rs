@@ -18,7 +18,7 @@
 
 use std::io;
 use std::num::Wrapping;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::io::RawFd;
 use std::ptr::{addr_of, addr_of_mut};
 use std::sync::atomic::{fence, Ordering};
@@ -300,15 +300,10 @@ impl IoQueue for VirtioQueue {
     }
 
     fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError> {
-        let fd = self.call.as_raw_fd();
-        // SAFETY: plain fcntl calls on an eventfd the transport keeps open for the queue's
-        // lifetime.
-        let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK) };
-        if rc != 0 {
-            return Err(LoadError::Os { op: "fcntl O_NONBLOCK", source: io::Error::last_os_error() });
-        }
+        fp_sys::set_nonblocking(self.call.as_fd())
+            .map_err(|source| LoadError::Os { op: "fcntl O_NONBLOCK", source })?;
         self.ring.set_used_notifications(true);
-        Ok(fd)
+        Ok(self.call.as_raw_fd())
     }
 }
 /// A shared (memfd) mapping of `len` bytes, as libblkio's `alloc_mem_region` makes.

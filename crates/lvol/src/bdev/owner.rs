@@ -112,9 +112,8 @@ impl BaseIo {
     fn wait(&mut self) {
         match self.chan.completion_fd() {
             Some(fd) if self.chan.arm_completion_fd() => {
-                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-                // SAFETY: one valid pollfd; a timeout bounds the wait even if a signal is lost.
-                unsafe { libc::poll(&mut pfd, 1, 1) };
+                // The timeout bounds the wait even if a signal is lost.
+                let _ = fp_sys::wait_readable(&[fd], Some(Duration::from_millis(1)));
             }
             Some(_) => {}
             None => std::thread::yield_now(),

@@ -1,0 +1,72 @@
+//! CPU affinity of the calling thread: pinning reactors, client threads and librados' threads,
+//! and finding where `taskset` lets the process run.
+
+use std::io;
+
+/// How many CPUs a `cpu_set_t` can name: the limit on any CPU number given to [`pin_thread`].
+pub const CPU_SETSIZE: usize = libc::CPU_SETSIZE as usize;
+
+/// Restricts the calling thread to `cores`; threads it creates afterwards inherit that.
+///
+/// A core at or beyond [`CPU_SETSIZE`] is refused with [`io::ErrorKind::InvalidInput`]; a core
+/// the process may not use (outside its cgroup or `taskset` mask, or offline) is refused by the
+/// kernel (`EINVAL`).
+pub fn pin_thread(cores: &[usize]) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is a valid, empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &core in cores {
+        if core >= CPU_SETSIZE {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("cpu {core} is out of range")));
+        }
+        // SAFETY: `core` < CPU_SETSIZE, checked above, so CPU_SET writes inside `set`.
+        unsafe { libc::CPU_SET(core, &mut set) };
+    }
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the size passed.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The CPUs the calling thread may run on, in ascending order.
+pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is a valid, empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `set` is writable and its size is the size passed.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `c` < CPU_SETSIZE, so CPU_ISSET reads inside `set`.
+    Ok((0..CPU_SETSIZE).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+}
+
+/// The lowest-numbered CPU the calling thread may run on (what `taskset` allows).
+pub fn first_allowed_cpu() -> io::Result<usize> {
+    allowed_cpus()?.first().copied().ok_or_else(|| io::Error::other("the affinity mask is empty"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinning_to_an_allowed_cpu_reads_back() {
+        let cpu = first_allowed_cpu().unwrap();
+        // On a thread of its own, so the test harness's thread keeps its mask.
+        let after = std::thread::spawn(move || {
+            pin_thread(&[cpu]).unwrap();
+            allowed_cpus().unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(after, [cpu]);
+    }
+
+    #[test]
+    fn a_cpu_beyond_the_set_is_refused() {
+        let e = pin_thread(&[CPU_SETSIZE]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+}

@@ -1,0 +1,25 @@
+//! flashpath's system calls in one place: safe wrappers over libc.
+//!
+//! The crates above this one (the registry, the RPC server, the daemon) hold no `unsafe` of
+//! their own; what they need from the kernel beyond `std` lives here, one file per topic, each
+//! call wrapped so that its preconditions are met inside and its failure is an `io::Error`.
+//! Foreign libraries (librbd), guest-memory mappings and io_uring stay with the code that
+//! uses them: their safety depends on that code's invariants, not on the call alone.
+
+#![deny(missing_docs)]
+
+mod affinity;
+mod eventfd;
+mod fs;
+mod poll;
+mod signal;
+mod socket;
+mod sysinfo;
+
+pub use affinity::{allowed_cpus, first_allowed_cpu, pin_thread, CPU_SETSIZE};
+pub use eventfd::{eventfd, eventfd_clear, eventfd_signal};
+pub use fs::{openat, rename_noreplace, set_nonblocking, set_umask};
+pub use poll::wait_readable;
+pub use signal::{raise, SignalSet};
+pub use socket::{set_send_buffer, shutdown};
+pub use sysinfo::total_ram;
