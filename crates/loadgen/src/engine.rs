@@ -549,13 +549,22 @@ impl<B: Backend> Disk<B> {
     }
 }
 
+/// `error` as the error of disk `index` (a run of several disks says whose an error is;
+/// the multi-disk runner tags its own errors with it too).
+pub(crate) fn disk_error(index: usize, spec: &LoadSpec, error: LoadError) -> LoadError {
+    match error {
+        LoadError::Disk { .. } => error,
+        e => LoadError::Disk { index, socket: spec.socket.display().to_string(), source: Box::new(e) },
+    }
+}
+
 fn run<B: Backend>(
     specs: &[LoadSpec],
     start_line: Option<StartLine<'_>>,
 ) -> Result<ThreadResults, LoadError> {
     let first = &specs[0];
     // With several disks, an error says whose it is.
-    let tag = |i: usize| move |e| if specs.len() > 1 { crate::multi::disk_error(i, &specs[i], e) } else { e };
+    let tag = |i: usize| move |e| if specs.len() > 1 { disk_error(i, &specs[i], e) } else { e };
     let opened: Result<Vec<Disk<B>>, LoadError> =
         specs.iter().enumerate().map(|(i, s)| Disk::<B>::open(s).map_err(tag(i))).collect();
     if let Some(line) = start_line {
