@@ -28,6 +28,7 @@ pub use export_dirs::{ExportDirError, ExportDirs};
 pub use exports::nbd::{NbdDiskInfo, NbdSpec};
 pub use exports::vhost_blk::VhostBlkSpec;
 pub use exports::Export;
+pub use fp_bdev::qos::THROTTLE_FIELDS;
 pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_CONTROLLERS};
 pub use qos::{QosGroupSummary, QosMember};
 
