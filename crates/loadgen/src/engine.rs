@@ -16,10 +16,6 @@ use crate::rng::SplitMix64;
 use crate::{Counts, Histogram, LoadError, LoadResult, LoadSpec, Pattern, Timeline};
 use backend::{round_up, Backend, Done, IoQueue, BUF_ALIGN};
 
-/// Deepest queue accepted. A libblkio virtio-blk request takes three descriptors and the
-/// largest virtqueue is 32768 entries.
-pub(crate) const MAX_QUEUE_DEPTH: usize = 4096;
-
 /// How long requests in flight at the end may take to complete before the run is declared
 /// stuck.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
