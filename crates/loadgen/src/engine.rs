@@ -5,6 +5,7 @@
 //! [`Backend`] and [`IoQueue`]: libblkio (split virtqueues, the default) and the
 //! `virtio-driver` crate used directly with packed virtqueues ([`LoadSpec::packed`]).
 
+mod backend;
 mod libblkio;
 mod virtio;
 
@@ -13,10 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::rng::SplitMix64;
 use crate::{Counts, Histogram, LoadError, LoadResult, LoadSpec, Pattern, Timeline};
-
-/// Deepest queue accepted. A libblkio virtio-blk request takes three descriptors and the
-/// largest virtqueue is 32768 entries.
-pub(crate) const MAX_QUEUE_DEPTH: usize = 4096;
+use backend::{round_up, Backend, Done, IoQueue, BUF_ALIGN};
 
 /// How long requests in flight at the end may take to complete before the run is declared
 /// stuck.
@@ -25,84 +23,11 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Busy-poll rounds with nothing completed between two clock reads.
 const IDLE_SPINS_PER_CLOCK_READ: u32 = 256;
 
-/// Slot buffers are spaced at least this far apart (and aligned to it), so that an O_DIRECT
-/// backend sees page-aligned buffers whatever the block size.
-const BUF_ALIGN: usize = 4096;
-
 /// One request slot of a queue: what was submitted and when.
 #[derive(Clone, Copy)]
 struct Slot {
     submitted: Instant,
     write: bool,
-}
-
-/// A completed request: the slot it was submitted with and its result (0, or a negative errno).
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Done {
-    slot: usize,
-    ret: i32,
-}
-
-/// One virtqueue of a back end.
-pub(crate) trait IoQueue {
-    /// Queues a request for `slot` (the device may not see it before the next [`reap`]).
-    ///
-    /// [`reap`]: IoQueue::reap
-    fn enqueue(
-        &mut self,
-        write: bool,
-        offset: u64,
-        buf: *mut u8,
-        len: usize,
-        slot: usize,
-    ) -> Result<(), LoadError>;
-    /// Notifies the device of queued requests if it asks for it, then takes up to `out.len()`
-    /// completions without waiting.
-    fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError>;
-    /// Turns on completion notifications and returns the fd they are signalled on.
-    fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError>;
-}
-
-/// A way to connect to the device.
-pub(crate) trait Backend: Sized {
-    type Queue: IoQueue;
-    /// Connects, starts `spec.num_queues` queues and maps a buffer region of at least
-    /// `buf_len` bytes.
-    fn connect(spec: &LoadSpec, buf_len: usize) -> Result<Connected<Self>, LoadError>;
-}
-
-/// What [`Backend::connect`] returns.
-pub(crate) struct Connected<B: Backend> {
-    queues: Vec<B::Queue>,
-    backend: B,
-    /// The buffer region: `buf_len` bytes at `buf`, mapped read-write and shared with the device.
-    buf: *mut u8,
-    buf_len: usize,
-    capacity: u64,
-    request_alignment: u32,
-}
-
-/// The device's checks common to both back ends.
-fn check_geometry(spec: &LoadSpec, request_alignment: u32, max_queues: usize) -> Result<(), LoadError> {
-    if spec.block_size % request_alignment as usize != 0 {
-        return Err(LoadError::InvalidSpec(format!(
-            "block size {} is not a multiple of the device's request alignment {request_alignment}",
-            spec.block_size
-        )));
-    }
-    if spec.num_queues > max_queues {
-        return Err(LoadError::InvalidSpec(format!(
-            "{} queues requested but the device offers {max_queues}",
-            spec.num_queues
-        )));
-    }
-    Ok(())
-}
-
-/// Virtqueue entries for `queue_depth` requests: each takes three descriptors (header, data,
-/// status); the default 256 unless the depth needs more.
-fn queue_size_for(queue_depth: usize) -> usize {
-    (queue_depth * 3).next_power_of_two().max(256)
 }
 
 struct QueueState<Q> {
@@ -164,10 +89,6 @@ struct Device<B: Backend> {
     _backend: B,
     capacity: u64,
     request_alignment: u32,
-}
-
-fn round_up(v: usize, to: usize) -> usize {
-    v.div_ceil(to) * to
 }
 
 impl<B: Backend> Device<B> {
@@ -550,13 +471,22 @@ impl<B: Backend> Disk<B> {
     }
 }
 
+/// `error` as the error of disk `index` (a run of several disks says whose an error is;
+/// the multi-disk runner tags its own errors with it too).
+pub(crate) fn disk_error(index: usize, spec: &LoadSpec, error: LoadError) -> LoadError {
+    match error {
+        LoadError::Disk { .. } => error,
+        e => LoadError::Disk { index, socket: spec.socket.display().to_string(), source: Box::new(e) },
+    }
+}
+
 fn run<B: Backend>(
     specs: &[LoadSpec],
     start_line: Option<StartLine<'_>>,
 ) -> Result<ThreadResults, LoadError> {
     let first = &specs[0];
     // With several disks, an error says whose it is.
-    let tag = |i: usize| move |e| if specs.len() > 1 { crate::multi::disk_error(i, &specs[i], e) } else { e };
+    let tag = |i: usize| move |e| if specs.len() > 1 { disk_error(i, &specs[i], e) } else { e };
     let opened: Result<Vec<Disk<B>>, LoadError> =
         specs.iter().enumerate().map(|(i, s)| Disk::<B>::open(s).map_err(tag(i))).collect();
     if let Some(line) = start_line {
@@ -741,13 +671,5 @@ mod tests {
         // A rate that does not divide a second: due times round down, never drift.
         let p = Pacer { rate: 3, issued: 3_000_000, start };
         assert_eq!(p.due() - start, Duration::from_secs(1_000_000));
-    }
-
-    #[test]
-    fn round_up_works() {
-        assert_eq!(round_up(1, 4096), 4096);
-        assert_eq!(round_up(4096, 4096), 4096);
-        assert_eq!(round_up(4097, 4096), 8192);
-        assert_eq!(round_up(512, 512), 512);
     }
 }

@@ -32,6 +32,7 @@
 //! start ([`Timeline`]): the delivered rate second by second, to check a rate limit over short
 //! windows or watch a burst fall back to its average.
 
+mod client;
 mod engine;
 pub mod hist;
 mod multi;
@@ -43,9 +44,14 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use client::{hold, run};
 pub use hist::Histogram;
 pub use multi::{parse_disk, run_multi, DiskArg, MultiResult, MultiSpec};
 pub use timeline::Timeline;
+
+/// Deepest queue accepted. A libblkio virtio-blk request takes three descriptors and the
+/// largest virtqueue is 32768 entries.
+pub(crate) const MAX_QUEUE_DEPTH: usize = 4096;
 
 /// What kind of requests to issue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,12 +205,8 @@ impl LoadSpec {
         if self.block_size > (64 << 20) {
             return bad(format!("block size {} exceeds 64 MiB", self.block_size));
         }
-        if !(1..=engine::MAX_QUEUE_DEPTH).contains(&self.queue_depth) {
-            return bad(format!(
-                "queue depth {} is not between 1 and {}",
-                self.queue_depth,
-                engine::MAX_QUEUE_DEPTH
-            ));
+        if !(1..=MAX_QUEUE_DEPTH).contains(&self.queue_depth) {
+            return bad(format!("queue depth {} is not between 1 and {}", self.queue_depth, MAX_QUEUE_DEPTH));
         }
         if !(1..=256).contains(&self.num_queues) {
             return bad(format!("{} queues is not between 1 and 256", self.num_queues));
@@ -428,38 +430,6 @@ impl LoadError {
     pub(crate) fn blkio(op: &'static str, e: blkio::Error) -> Self {
         LoadError::Blkio { op, errno: e.errno().raw_os_error(), message: e.message().to_string() }
     }
-}
-
-/// Runs `spec` on a new client thread (pinned when `spec.cpu` is set) and returns what it
-/// measured.
-pub fn run(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
-    on_client_thread(spec, engine::run_on_this_thread)
-}
-
-/// Validates `spec`, then runs `f` on a new client thread (pinned when `spec.cpu` is set).
-fn on_client_thread<T: Send + 'static>(
-    spec: &LoadSpec,
-    f: fn(&LoadSpec) -> Result<T, LoadError>,
-) -> Result<T, LoadError> {
-    spec.validate()?;
-    let spec = spec.clone();
-    let handle = std::thread::Builder::new()
-        .name("fp-load".into())
-        .spawn(move || {
-            if let Some(cpu) = spec.cpu {
-                pin_current_thread(cpu)?;
-            }
-            f(&spec)
-        })
-        .map_err(|source| LoadError::Os { op: "spawning the client thread", source })?;
-    handle.join().map_err(|_| LoadError::Panicked)?
-}
-
-/// Connects to `spec.socket` and starts `spec.num_queues` queues (poll or completion-fd, as
-/// `spec.poll_queues` says) like [`run`], then holds them for `spec.duration` without any I/O:
-/// an attached but idle disk, for measuring a server's idle CPU use. Returns how long it held.
-pub fn hold(spec: &LoadSpec) -> Result<Duration, LoadError> {
-    on_client_thread(spec, engine::hold_on_this_thread)
 }
 
 /// Restricts the calling thread to `cpu`.

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Barrier;
 use std::time::Duration;
 
-use crate::engine::{self, StartLine};
+use crate::engine::{self, disk_error, StartLine};
 use crate::{
     parse_duration, parse_size, pin_current_thread, Counts, Histogram, LoadError, LoadResult, LoadSpec,
 };
@@ -46,14 +46,6 @@ pub struct MultiResult {
     /// `request_alignment` the largest, `client_busy_ns` every client thread's, added, and the
     /// timeline the disks' added interval by interval.
     pub total: LoadResult,
-}
-
-/// `error` as the error of disk `index`.
-pub(crate) fn disk_error(index: usize, spec: &LoadSpec, error: LoadError) -> LoadError {
-    match error {
-        LoadError::Disk { .. } => error,
-        e => LoadError::Disk { index, socket: spec.socket.display().to_string(), source: Box::new(e) },
-    }
 }
 
 /// Runs every disk of `spec` and returns each one's result and the total.

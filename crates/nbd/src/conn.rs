@@ -23,8 +23,8 @@ use fp_reactor::{PollStatus, Poller};
 use rustls::ServerConnection;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
+use crate::export::ExportShared;
 use crate::proto::*;
-use crate::server::ExportShared;
 
 /// Requests one connection may have in its table at once.
 const MAX_IN_FLIGHT: usize = 128;

@@ -6,10 +6,12 @@
 //! * [`handshake`]: option negotiation without I/O (what the fuzz target drives);
 //! * [`address`]: `nbd_device` strings (socket paths and NBD URIs);
 //! * [`tls`]: rustls configuration from PEM files;
-//! * `server`: listeners, handshake threads, exports; `conn`: a connection's poller.
+//! * `server`: listeners, handshake threads, starting and stopping exports; `export`: an
+//!   export's shared state; `conn`: a connection's poller.
 
 pub mod address;
 mod conn;
+mod export;
 pub mod handshake;
 pub mod proto;
 mod server;

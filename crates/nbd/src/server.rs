@@ -11,18 +11,19 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use fp_bdev::Bdev;
-use fp_reactor::{PollerId, ReactorHandle};
+use fp_reactor::ReactorHandle;
 use rustls::ServerConfig;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::address::Address;
 use crate::conn::{ConnPoller, ConnSetup};
+use crate::export::{lock, ExportShared};
 use crate::handshake::{ExportInfo, ExportLookup, Negotiation, Step, Transmission};
 use crate::proto::*;
 use crate::tls::{server_config, TlsFiles};
@@ -63,82 +64,6 @@ pub struct ExportSpec {
     pub tls: Option<TlsFiles>,
     /// The mode a Unix socket gets once bound.
     pub socket_mode: u32,
-}
-
-/// An export as its listener, its connections and the registry share it.
-pub(crate) struct ExportShared {
-    pub(crate) name: String,
-    pub(crate) bdev: Bdev,
-    pub(crate) readonly: bool,
-    reactors: Vec<ReactorHandle>,
-    next_reactor: AtomicUsize,
-    /// Its connections' pollers; touched when a connection starts or ends and on stop.
-    conns: Mutex<Conns>,
-    pub(crate) connections: AtomicUsize,
-}
-
-#[derive(Default)]
-struct Conns {
-    stopping: bool,
-    /// Each connection's reactor, poller and whether it still runs (cleared when it ends).
-    live: Vec<(ReactorHandle, PollerId, Arc<AtomicBool>)>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl ExportShared {
-    /// Transmission flags: what the device supports, less what a read-only export refuses.
-    /// Every backend's flush covers the whole device (an fsync, a librbd flush, ...), whichever
-    /// channel it comes from, so a flush on one connection covers writes completed on all of
-    /// them: multi-conn is safe.
-    fn flags(&self) -> u16 {
-        let t = self.bdev.info().io_types;
-        let mut f = TFLAG_HAS_FLAGS | TFLAG_SEND_CACHE | TFLAG_CAN_MULTI_CONN | TFLAG_SEND_DF;
-        if t.flush {
-            f |= TFLAG_SEND_FLUSH | TFLAG_SEND_FUA;
-        }
-        if self.readonly || self.bdev.read_only() {
-            f |= TFLAG_READ_ONLY;
-        } else {
-            if t.unmap {
-                f |= TFLAG_SEND_TRIM;
-            }
-            if t.write_zeroes {
-                f |= TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
-            }
-        }
-        f
-    }
-
-    /// Closes every connection once its requests are answered.
-    fn stop_connections(&self) {
-        let live = {
-            let mut c = lock(&self.conns);
-            c.stopping = true;
-            std::mem::take(&mut c.live)
-        };
-        let (tx, rx) = mpsc::sync_channel(live.len().max(1));
-        let mut waiting = 0;
-        for (reactor, id, _) in live {
-            let tx = tx.clone();
-            let asked = reactor.call(move |r| match r.poller_mut::<ConnPoller>(id) {
-                Some(p) => {
-                    p.request_stop(tx);
-                    true
-                }
-                None => false,
-            });
-            waiting += usize::from(asked == Some(true));
-        }
-        for _ in 0..waiting {
-            if rx.recv_timeout(STOP_TIMEOUT).is_err() {
-                log::warn!("nbd export '{}': a connection did not finish its requests in time", self.name);
-                break;
-            }
-        }
-    }
 }
 
 /// A listener's state shared with its threads.
@@ -258,7 +183,31 @@ impl ExportHandle {
         if let Some(l) = listener {
             l.close();
         }
-        self.shared.stop_connections();
+        stop_connections(&self.shared);
+    }
+}
+
+/// Closes every connection of `export` once its requests are answered.
+fn stop_connections(export: &ExportShared) {
+    let live = export.stop_conns();
+    let (tx, rx) = mpsc::sync_channel(live.len().max(1));
+    let mut waiting = 0;
+    for (reactor, id, _) in live {
+        let tx = tx.clone();
+        let asked = reactor.call(move |r| match r.poller_mut::<ConnPoller>(id) {
+            Some(p) => {
+                p.request_stop(tx);
+                true
+            }
+            None => false,
+        });
+        waiting += usize::from(asked == Some(true));
+    }
+    for _ in 0..waiting {
+        if rx.recv_timeout(STOP_TIMEOUT).is_err() {
+            log::warn!("nbd export '{}': a connection did not finish its requests in time", export.name);
+            break;
+        }
     }
 }
 
@@ -287,15 +236,7 @@ impl NbdServer {
                 format!("{} is reachable from other hosts: it needs tls_cert and tls_key", spec.address),
             ));
         }
-        let export = Arc::new(ExportShared {
-            name: spec.name.clone(),
-            bdev: spec.bdev,
-            readonly: spec.readonly,
-            reactors: spec.reactors,
-            next_reactor: AtomicUsize::new(0),
-            conns: Mutex::new(Conns::default()),
-            connections: AtomicUsize::new(0),
-        });
+        let export = Arc::new(ExportShared::new(spec.name.clone(), spec.bdev, spec.readonly, spec.reactors));
         let mut ls = lock(&self.listeners);
         if let Some(l) = ls.get(&spec.address) {
             if l.shared.tls.as_ref().map(|t| &t.0) != spec.tls.as_ref() {
@@ -592,8 +533,7 @@ fn negotiate(shared: &Arc<ListenerShared>, stream: Stream, peer: &str) -> Result
 fn hand_over(link: Link, t: Transmission<Arc<ExportShared>>, peer: &str) -> Result<(), String> {
     let export = t.export;
     let fd = link.stream.into_fd().map_err(|e| format!("socket setup: {e}"))?;
-    let i = export.next_reactor.fetch_add(1, Ordering::Relaxed) % export.reactors.len();
-    let reactor = export.reactors[i].clone();
+    let reactor = export.next_reactor().clone();
     let setup = ConnSetup {
         fd,
         tls: link.tls,
@@ -612,7 +552,7 @@ fn hand_over(link: Link, t: Transmission<Arc<ExportShared>>, peer: &str) -> Resu
     let handle = reactor.clone();
     reactor.send(move |r| {
         let export = setup.export.clone();
-        let mut conns = lock(&export.conns);
+        let mut conns = export.conns();
         if conns.stopping {
             log::info!("nbd export '{}': {}: export stopping; connection closed", export.name, setup.peer);
             return;
@@ -621,8 +561,7 @@ fn hand_over(link: Link, t: Transmission<Arc<ExportShared>>, peer: &str) -> Resu
         match ConnPoller::new(setup, alive.clone()) {
             Ok(p) => {
                 let id = r.add_poller(Box::new(p));
-                conns.live.retain(|c| c.2.load(Ordering::Relaxed));
-                conns.live.push((handle, id, alive));
+                conns.add((handle, id, alive));
             }
             Err(e) => {
                 log::warn!("nbd export '{}': cannot open a channel: {e}; connection closed", export.name)

@@ -6,7 +6,9 @@ use std::os::unix::io::RawFd;
 
 use blkio::{Blkio, Blkioq, Completion, MemoryRegion, ReqFlags};
 
-use super::{queue_size_for, round_up, Backend, Connected, Done, IoQueue, BUF_ALIGN};
+use super::backend::{
+    check_geometry, queue_size_for, round_up, Backend, Connected, Done, IoQueue, BUF_ALIGN,
+};
 use crate::{LoadError, LoadSpec};
 
 fn bk(op: &'static str) -> impl FnOnce(blkio::Error) -> LoadError {
@@ -90,7 +92,7 @@ impl Backend for Libblkio {
         let request_alignment = blkio.get_i32("request-alignment").map_err(bk("get request-alignment"))?;
         let max_queues = blkio.get_i32("max-queues").map_err(bk("get max-queues"))?;
         let request_alignment = u32::try_from(request_alignment.max(1)).unwrap_or(512);
-        super::check_geometry(spec, request_alignment, max_queues.max(0) as usize)?;
+        check_geometry(spec, request_alignment, max_queues.max(0) as usize)?;
 
         let n = spec.num_queues as i32;
         let (fd_queues, poll_queues) = if spec.poll_queues { (0, n) } else { (n, 0) };

@@ -30,7 +30,9 @@ use virtio_driver::{
     VirtioBlkReqBuf, VirtioBlkTransport, VirtioFeatureFlags,
 };
 
-use super::{queue_size_for, round_up, Backend, Connected, Done, IoQueue, BUF_ALIGN};
+use super::backend::{
+    check_geometry, queue_size_for, round_up, Backend, Connected, Done, IoQueue, BUF_ALIGN,
+};
 use crate::{LoadError, LoadSpec};
 
 fn vd(op: &'static str) -> impl FnOnce(io::Error) -> LoadError {
@@ -383,7 +385,7 @@ impl Backend for VirtioDriver {
             512
         };
         let max_queues = virtio_blk_max_queues(&*transport).map_err(vd("get max queues"))?;
-        super::check_geometry(spec, request_alignment, max_queues)?;
+        check_geometry(spec, request_alignment, max_queues)?;
 
         // Data buffers, then each queue's request headers and status bytes, in one region.
         let data_len = round_up(buf_len, BUF_ALIGN);

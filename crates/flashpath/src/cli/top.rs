@@ -20,7 +20,7 @@ use ratatui::widgets::{Block, Row, Table};
 use ratatui::Frame;
 use serde_json::{json, Value};
 
-use crate::commands::{CliError, Session};
+use super::session::{CliError, Session};
 
 /// One disk's counters at one instant.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -1,0 +1,64 @@
+//! `serve`: runs the daemon ([`flashpath::serve`]) with the options of its command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use flashpath::serve;
+
+use super::args::u64_arg;
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Cores to run reactors on: "0", "0-3", "0,2" or a hex mask "0x3" [default: the first CPU
+    /// this process may use]
+    #[arg(long, value_name = "LIST")]
+    cpus: Option<String>,
+    /// Directory for the vhost-user sockets, created if missing [default: /var/tmp/flashpath]
+    #[arg(long, value_name = "DIR")]
+    vhost_dir: Option<PathBuf>,
+    /// TOML file declaring bdevs and controllers to create at start-up
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// How long a reactor keeps polling after its last work before it sleeps [default: 200]
+    #[arg(long, value_name = "N", value_parser = u64_arg)]
+    idle_window_us: Option<u64>,
+    /// Only open file disks inside DIR (repeatable; replaces the config file's
+    /// security.export_dirs) [default: any path]
+    #[arg(long = "export-dir", value_name = "DIR")]
+    export_dirs: Vec<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics: a loopback HOST:PORT such as
+    /// 127.0.0.1:9111, or unix:PATH [default: off]
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
+    /// Do not count per-disk I/O statistics (bdev_get_iostat, histograms): the frontends use the
+    /// backends' channels directly (replaces the config file's stats.iostat)
+    #[arg(long)]
+    no_iostat: bool,
+}
+
+/// Runs the daemon until it is told to stop; `rpc` is the global `--rpc`.
+pub(crate) fn run(args: ServeArgs, rpc: Option<PathBuf>) -> ExitCode {
+    let opts = serve::ServeOptions {
+        cpus: args.cpus,
+        rpc,
+        vhost_dir: args.vhost_dir,
+        config: args.config,
+        idle_window_us: args.idle_window_us,
+        export_dirs: (!args.export_dirs.is_empty()).then_some(args.export_dirs),
+        metrics: args.metrics,
+        no_iostat: args.no_iostat,
+    };
+    match serve::run(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ serve::ServeError::Config(_)) => {
+            // Already reads "config error: ...".
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! What the client loop needs of a back end ([`Backend`], [`IoQueue`]) and what both back ends
+//! share: the buffer alignment, the device's geometry checks and the virtqueue size. The loop
+//! (`engine.rs`) and each back end (`libblkio.rs`, `virtio.rs`) depend on this file, not on
+//! each other.
+
+use std::os::unix::io::RawFd;
+
+use crate::{LoadError, LoadSpec};
+
+/// Slot buffers are spaced at least this far apart (and aligned to it), so that an O_DIRECT
+/// backend sees page-aligned buffers whatever the block size.
+pub(super) const BUF_ALIGN: usize = 4096;
+
+/// A completed request: the slot it was submitted with and its result (0, or a negative errno).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Done {
+    pub(super) slot: usize,
+    pub(super) ret: i32,
+}
+
+/// One virtqueue of a back end.
+pub(crate) trait IoQueue {
+    /// Queues a request for `slot` (the device may not see it before the next [`reap`]).
+    ///
+    /// [`reap`]: IoQueue::reap
+    fn enqueue(
+        &mut self,
+        write: bool,
+        offset: u64,
+        buf: *mut u8,
+        len: usize,
+        slot: usize,
+    ) -> Result<(), LoadError>;
+    /// Notifies the device of queued requests if it asks for it, then takes up to `out.len()`
+    /// completions without waiting.
+    fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError>;
+    /// Turns on completion notifications and returns the fd they are signalled on.
+    fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError>;
+}
+
+/// A way to connect to the device.
+pub(crate) trait Backend: Sized {
+    type Queue: IoQueue;
+    /// Connects, starts `spec.num_queues` queues and maps a buffer region of at least
+    /// `buf_len` bytes.
+    fn connect(spec: &LoadSpec, buf_len: usize) -> Result<Connected<Self>, LoadError>;
+}
+
+/// What [`Backend::connect`] returns.
+pub(crate) struct Connected<B: Backend> {
+    pub(super) queues: Vec<B::Queue>,
+    pub(super) backend: B,
+    /// The buffer region: `buf_len` bytes at `buf`, mapped read-write and shared with the device.
+    pub(super) buf: *mut u8,
+    pub(super) buf_len: usize,
+    pub(super) capacity: u64,
+    pub(super) request_alignment: u32,
+}
+
+/// The device's checks common to both back ends.
+pub(super) fn check_geometry(
+    spec: &LoadSpec,
+    request_alignment: u32,
+    max_queues: usize,
+) -> Result<(), LoadError> {
+    if spec.block_size % request_alignment as usize != 0 {
+        return Err(LoadError::InvalidSpec(format!(
+            "block size {} is not a multiple of the device's request alignment {request_alignment}",
+            spec.block_size
+        )));
+    }
+    if spec.num_queues > max_queues {
+        return Err(LoadError::InvalidSpec(format!(
+            "{} queues requested but the device offers {max_queues}",
+            spec.num_queues
+        )));
+    }
+    Ok(())
+}
+
+/// Virtqueue entries for `queue_depth` requests: each takes three descriptors (header, data,
+/// status); the default 256 unless the depth needs more.
+pub(super) fn queue_size_for(queue_depth: usize) -> usize {
+    (queue_depth * 3).next_power_of_two().max(256)
+}
+
+/// `v` rounded up to a multiple of `to`.
+pub(super) fn round_up(v: usize, to: usize) -> usize {
+    v.div_ceil(to) * to
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_up_works() {
+        assert_eq!(round_up(1, 4096), 4096);
+        assert_eq!(round_up(4096, 4096), 4096);
+        assert_eq!(round_up(4097, 4096), 8192);
+        assert_eq!(round_up(512, 512), 512);
+    }
+}

@@ -1,0 +1,109 @@
+//! An export's state as its listener, its connections and the registry share it: the bdev,
+//! what the export allows, its reactors and its live connections. It sits below both
+//! `server` (which starts and stops exports) and `conn` (which serves one connection), so
+//! neither needs the other's internals to reach it.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use fp_bdev::Bdev;
+use fp_reactor::{PollerId, ReactorHandle};
+
+use crate::proto::*;
+
+/// An export as its listener, its connections and the registry share it.
+pub(crate) struct ExportShared {
+    pub(crate) name: String,
+    pub(crate) bdev: Bdev,
+    pub(crate) readonly: bool,
+    reactors: Vec<ReactorHandle>,
+    next_reactor: AtomicUsize,
+    /// Its connections' pollers; touched when a connection starts or ends and on stop.
+    conns: Mutex<Conns>,
+    pub(crate) connections: AtomicUsize,
+}
+
+/// A connection being served: its reactor, its poller there and whether it still runs
+/// (cleared when it ends).
+pub(crate) type LiveConn = (ReactorHandle, PollerId, Arc<AtomicBool>);
+
+#[derive(Default)]
+pub(crate) struct Conns {
+    pub(crate) stopping: bool,
+    live: Vec<LiveConn>,
+}
+
+impl Conns {
+    /// Records a connection now served, forgetting those that have ended.
+    pub(crate) fn add(&mut self, conn: LiveConn) {
+        self.live.retain(|c| c.2.load(Ordering::Relaxed));
+        self.live.push(conn);
+    }
+}
+
+/// Locks `m`; a panic while it was held leaves plain data behind, so keep going.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ExportShared {
+    /// An export of `bdev` named `name`, its connections spread over `reactors`.
+    pub(crate) fn new(
+        name: String,
+        bdev: Bdev,
+        readonly: bool,
+        reactors: Vec<ReactorHandle>,
+    ) -> ExportShared {
+        ExportShared {
+            name,
+            bdev,
+            readonly,
+            reactors,
+            next_reactor: AtomicUsize::new(0),
+            conns: Mutex::new(Conns::default()),
+            connections: AtomicUsize::new(0),
+        }
+    }
+
+    /// The reactor for the next connection, round robin.
+    pub(crate) fn next_reactor(&self) -> &ReactorHandle {
+        let i = self.next_reactor.fetch_add(1, Ordering::Relaxed) % self.reactors.len();
+        &self.reactors[i]
+    }
+
+    /// Its connections, to add one unless the export is stopping.
+    pub(crate) fn conns(&self) -> MutexGuard<'_, Conns> {
+        lock(&self.conns)
+    }
+
+    /// Marks the export stopping (no connection is added after) and hands back those served
+    /// now, for the caller to close.
+    pub(crate) fn stop_conns(&self) -> Vec<LiveConn> {
+        let mut c = lock(&self.conns);
+        c.stopping = true;
+        std::mem::take(&mut c.live)
+    }
+
+    /// Transmission flags: what the device supports, less what a read-only export refuses.
+    /// Every backend's flush covers the whole device (an fsync, a librbd flush, ...), whichever
+    /// channel it comes from, so a flush on one connection covers writes completed on all of
+    /// them: multi-conn is safe.
+    pub(crate) fn flags(&self) -> u16 {
+        let t = self.bdev.info().io_types;
+        let mut f = TFLAG_HAS_FLAGS | TFLAG_SEND_CACHE | TFLAG_CAN_MULTI_CONN | TFLAG_SEND_DF;
+        if t.flush {
+            f |= TFLAG_SEND_FLUSH | TFLAG_SEND_FUA;
+        }
+        if self.readonly || self.bdev.read_only() {
+            f |= TFLAG_READ_ONLY;
+        } else {
+            if t.unmap {
+                f |= TFLAG_SEND_TRIM;
+            }
+            if t.write_zeroes {
+                f |= TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+            }
+        }
+        f
+    }
+}
