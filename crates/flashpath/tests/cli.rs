@@ -436,7 +436,10 @@ fn serve_config_with_nbd_disk_tables() {
     assert_eq!(
         disks,
         serde_json::json!([{"nbd_device": sock, "bdev_name": "ram0", "export_name": "ram0",
-                            "readonly": true, "tls": false, "connections": 0}])
+                            "readonly": true, "tls": false, "connections": 0,
+                            "stats": {"read_ops": 0, "write_ops": 0, "flush_ops": 0, "trim_ops": 0,
+                                      "write_zeroes_ops": 0, "cache_ops": 0, "block_status_ops": 0,
+                                      "bytes_read": 0, "bytes_written": 0, "errors": 0}}])
     );
     assert_eq!(nbd_greeting(&sock), b"NBDMAGICIHAVEOPT");
     let bdev = d.call("bdev_get_bdevs", serde_json::json!({"name": "ram0"}));

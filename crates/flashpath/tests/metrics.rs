@@ -397,3 +397,76 @@ fn a_bad_config_address_names_the_key() {
         "{stderr}"
     );
 }
+
+/// An NBD export counts what its clients asked, request by request: `nbd_get_disks` reports it
+/// and the endpoint exposes it, for the export beside the disk layer's view.
+#[test]
+fn an_nbd_export_counts_its_requests_bytes_and_errors() {
+    use common::nbd::{start_export, Endpoint, NbdConn, CMD_FLUSH};
+    let daemon = Daemon::start_with_args("0", &["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&daemon);
+    daemon.malloc("d0", 8192, 512);
+    let sock = daemon.dir.path().join("d0.nbd");
+    let device = start_export(&daemon, "d0", sock.to_str().unwrap(), false);
+    let mut c = NbdConn::connect(&Endpoint::Unix(sock.clone()), "d0").expect("connect");
+    for i in 0..3 {
+        assert_eq!(c.write(i * 4096, &[7; 4096], 0).unwrap(), 0, "write {i}");
+    }
+    for i in 0..5 {
+        c.read(i * 4096, 4096).unwrap().unwrap_or_else(|e| panic!("read {i}: error {e}"));
+    }
+    assert_eq!(c.command(CMD_FLUSH, 0, 0, 0).unwrap(), 0);
+    // Past the end of the 4 MiB disk: answered with an error, counted as a read and an error.
+    assert!(c.read(8192 * 512, 4096).unwrap().is_err());
+
+    let want = json!({
+        "read_ops": 6, "write_ops": 3, "flush_ops": 1, "trim_ops": 0, "write_zeroes_ops": 0,
+        "cache_ops": 0, "block_status_ops": 0, "bytes_read": 5 * 4096, "bytes_written": 3 * 4096,
+        "errors": 1,
+    });
+    // A connection publishes its counts at the end of the reactor round that sent the replies:
+    // the client may read the last reply a moment before.
+    let stats = || daemon.call("nbd_get_disks", json!({"nbd_device": device}))[0]["stats"].clone();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stats() != want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(stats(), want);
+
+    let (status, text) = get_tcp(&addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let labels = format!("nbd_device=\"{device}\",bdev=\"d0\"");
+    for (series, value) in [
+        (format!("flashpath_nbd_requests_total{{{labels},command=\"read\"}}"), 6.0),
+        (format!("flashpath_nbd_requests_total{{{labels},command=\"write\"}}"), 3.0),
+        (format!("flashpath_nbd_requests_total{{{labels},command=\"flush\"}}"), 1.0),
+        (format!("flashpath_nbd_requests_total{{{labels},command=\"trim\"}}"), 0.0),
+        (format!("flashpath_nbd_bytes_total{{{labels},direction=\"read\"}}"), (5 * 4096) as f64),
+        (format!("flashpath_nbd_bytes_total{{{labels},direction=\"write\"}}"), (3 * 4096) as f64),
+        (format!("flashpath_nbd_errors_total{{{labels}}}"), 1.0),
+        (format!("flashpath_nbd_connections{{{labels}}}"), 1.0),
+    ] {
+        assert_eq!(sample(&text, &series), Some(value), "{series}:\n{text}");
+    }
+    if let Some(promtool) = tool("promtool") {
+        let mut lint = Command::new(&promtool)
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        lint.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let lint = lint.wait_with_output().unwrap();
+        assert!(lint.status.success(), "promtool: {}", String::from_utf8_lossy(&lint.stderr));
+    }
+
+    // The counts outlive the connection: a closed connection's join the export's total.
+    c.disconnect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.call("nbd_get_disks", json!({"nbd_device": device}))[0]["connections"] != json!(0) {
+        assert!(Instant::now() < deadline, "the connection did not close");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(stats(), want);
+}

@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +25,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use crate::export::ExportShared;
 use crate::proto::*;
+use crate::stats::{ConnStats, NbdStats};
 
 /// Requests one connection may have in its table at once.
 const MAX_IN_FLIGHT: usize = 128;
@@ -263,7 +264,10 @@ pub(crate) struct ConnPoller {
     structured: bool,
     allocation: bool,
     peer: String,
-    alive: Arc<AtomicBool>,
+    /// Its counts, published to `stats` once per busy round (`counted` says there is news).
+    counters: NbdStats,
+    counted: bool,
+    stats: Arc<ConnStats>,
     slots: Box<[Slot]>,
     free: Vec<u16>,
     /// Slots to start, in arrival order.
@@ -300,7 +304,7 @@ fn event_set_err(e: io::Error) -> BdevError {
 }
 
 impl ConnPoller {
-    pub(crate) fn new(s: ConnSetup, alive: Arc<AtomicBool>) -> Result<ConnPoller, BdevError> {
+    pub(crate) fn new(s: ConnSetup, stats: Arc<ConnStats>) -> Result<ConnPoller, BdevError> {
         let channel = match s.export.bdev.as_disk() {
             Some(disk) => disk.open_typed()?,
             None => DiskIo::Device(s.export.bdev.open_channel()?),
@@ -321,7 +325,9 @@ impl ConnPoller {
             structured: s.structured,
             allocation: s.allocation,
             peer: s.peer,
-            alive,
+            counters: NbdStats::default(),
+            counted: false,
+            stats,
             slots: (0..MAX_IN_FLIGHT).map(|_| Slot::new()).collect(),
             free: (0..MAX_IN_FLIGHT as u16).rev().collect(),
             ready: VecDeque::with_capacity(MAX_IN_FLIGHT),
@@ -680,6 +686,8 @@ impl ConnPoller {
         let slot = &mut self.slots[i as usize];
         let r = slot.req;
         let data = if err == 0 && r.command == CMD_READ { r.length as usize } else { 0 };
+        self.counters.count(r.command, r.length, err);
+        self.counted = true;
         slot.extra.clear();
         if !self.structured {
             slot.hdr[..SIMPLE_REPLY_LEN].copy_from_slice(&simple_reply(err, r.cookie));
@@ -863,7 +871,7 @@ fn nbd_errno(e: i32) -> u32 {
 
 impl Drop for ConnPoller {
     fn drop(&mut self) {
-        self.alive.store(false, Ordering::Relaxed);
+        self.export.conns().close(&self.stats, &self.counters);
         self.export.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -876,6 +884,10 @@ impl Poller for ConnPoller {
         // Requests that finished at once (errors, block status, FUA flushes) go out this round.
         busy |= self.start_ready();
         busy |= self.send();
+        if self.counted {
+            self.stats.publish(&self.counters);
+            self.counted = false;
+        }
         if self.closing.is_some() && self.drained() {
             self.finish();
             return PollStatus::Finished;

@@ -3,13 +3,14 @@
 //! `server` (which starts and stops exports) and `conn` (which serves one connection), so
 //! neither needs the other's internals to reach it.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fp_bdev::Bdev;
 use fp_reactor::{PollerId, ReactorHandle};
 
 use crate::proto::*;
+use crate::stats::{ConnStats, NbdStats};
 
 /// An export as its listener, its connections and the registry share it.
 pub(crate) struct ExportShared {
@@ -23,21 +24,30 @@ pub(crate) struct ExportShared {
     pub(crate) connections: AtomicUsize,
 }
 
-/// A connection being served: its reactor, its poller there and whether it still runs
-/// (cleared when it ends).
-pub(crate) type LiveConn = (ReactorHandle, PollerId, Arc<AtomicBool>);
+/// A connection being served: its reactor, its poller there and its counters, which say
+/// whether it still runs.
+pub(crate) type LiveConn = (ReactorHandle, PollerId, Arc<ConnStats>);
 
 #[derive(Default)]
 pub(crate) struct Conns {
     pub(crate) stopping: bool,
     live: Vec<LiveConn>,
+    /// What the connections that ended counted.
+    closed: NbdStats,
 }
 
 impl Conns {
     /// Records a connection now served, forgetting those that have ended.
     pub(crate) fn add(&mut self, conn: LiveConn) {
-        self.live.retain(|c| c.2.load(Ordering::Relaxed));
+        self.live.retain(|c| c.2.alive.load(Ordering::Relaxed));
         self.live.push(conn);
+    }
+
+    /// A connection ends: its final counts join the closed total, under the same lock that
+    /// [`ExportShared::stats`] reads both under, so no count is missed or seen twice.
+    pub(crate) fn close(&mut self, stats: &ConnStats, last: &NbdStats) {
+        self.closed.add(last);
+        stats.alive.store(false, Ordering::Relaxed);
     }
 }
 
@@ -82,6 +92,16 @@ impl ExportShared {
         let mut c = lock(&self.conns);
         c.stopping = true;
         std::mem::take(&mut c.live)
+    }
+
+    /// What its connections counted, live and closed.
+    pub(crate) fn stats(&self) -> NbdStats {
+        let c = lock(&self.conns);
+        let mut total = c.closed;
+        for (_, _, s) in c.live.iter().filter(|l| l.2.alive.load(Ordering::Relaxed)) {
+            total.add(&s.load());
+        }
+        total
     }
 
     /// Transmission flags: what the device supports, less what a read-only export refuses.

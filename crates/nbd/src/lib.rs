@@ -6,6 +6,7 @@
 //! * [`handshake`]: option negotiation without I/O (what the fuzz target drives);
 //! * [`address`]: `nbd_device` strings (socket paths and NBD URIs);
 //! * [`tls`]: rustls configuration from PEM files;
+//! * [`stats`]: what an export counts;
 //! * `server`: listeners, handshake threads, starting and stopping exports; `export`: an
 //!   export's shared state; `conn`: a connection's poller.
 
@@ -15,6 +16,7 @@ mod export;
 pub mod handshake;
 pub mod proto;
 mod server;
+pub mod stats;
 pub mod tls;
 
 #[cfg(test)]
@@ -22,4 +24,5 @@ mod tests;
 
 pub use address::{parse_device, Address, Device};
 pub use server::{ExportHandle, ExportSpec, NbdError, NbdServer};
+pub use stats::NbdStats;
 pub use tls::TlsFiles;

@@ -11,7 +11,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -26,6 +26,7 @@ use crate::conn::{ConnPoller, ConnSetup};
 use crate::export::{lock, ExportShared};
 use crate::handshake::{ExportInfo, ExportLookup, Negotiation, Step, Transmission};
 use crate::proto::*;
+use crate::stats::{ConnStats, NbdStats};
 use crate::tls::{server_config, TlsFiles};
 
 /// Handshakes one listener runs at once. A connection past this closes the oldest handshake
@@ -159,6 +160,11 @@ impl ExportHandle {
     /// Connections in the transmission phase now.
     pub fn connections(&self) -> usize {
         self.shared.connections.load(Ordering::Relaxed)
+    }
+
+    /// What its connections counted since it started (published once per busy round of each).
+    pub fn stats(&self) -> NbdStats {
+        self.shared.stats()
     }
 
     /// Takes the export off its listener (new clients no longer find it), closes the listener
@@ -557,11 +563,11 @@ fn hand_over(link: Link, t: Transmission<Arc<ExportShared>>, peer: &str) -> Resu
             log::info!("nbd export '{}': {}: export stopping; connection closed", export.name, setup.peer);
             return;
         }
-        let alive = Arc::new(AtomicBool::new(true));
-        match ConnPoller::new(setup, alive.clone()) {
+        let stats = Arc::new(ConnStats::new());
+        match ConnPoller::new(setup, stats.clone()) {
             Ok(p) => {
                 let id = r.add_poller(Box::new(p));
-                conns.add((handle, id, alive));
+                conns.add((handle, id, stats));
             }
             Err(e) => {
                 log::warn!("nbd export '{}': cannot open a channel: {e}; connection closed", export.name)

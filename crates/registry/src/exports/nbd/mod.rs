@@ -5,7 +5,7 @@
 use std::any::Any;
 
 use fp_bdev::ClaimType;
-use fp_nbd::{ExportHandle, ExportSpec, TlsFiles};
+use fp_nbd::{ExportHandle, ExportSpec, NbdStats, TlsFiles};
 use serde_json::Value;
 
 use super::{ConfigTable, Export, ExportKind, NewExport};
@@ -42,6 +42,14 @@ pub struct NbdDiskInfo {
     pub readonly: bool,
     pub tls: bool,
     pub connections: usize,
+    /// flashpath's: what its connections counted (requests by command, bytes, errors).
+    #[serde(serialize_with = "stats_map")]
+    pub stats: NbdStats,
+}
+
+/// `stats` as an object of named counters.
+fn stats_map<S: serde::Serializer>(stats: &NbdStats, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(stats.named())
 }
 
 struct NbdExport {
@@ -61,6 +69,7 @@ impl NbdExport {
             readonly: self.readonly,
             tls: self.tls,
             connections: self.handle.connections(),
+            stats: self.handle.stats(),
         }
     }
 }
@@ -171,15 +180,41 @@ impl ExportKind for NbdKind {
         ConfigTable { table: "nbd_disk", method: "nbd_start_disk" }
     }
 
-    /// From `nbd_get_disks`: each export's clients now.
+    /// From `nbd_get_disks`: what each export's clients asked, and how many are connected.
     fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family> {
         let Some(disks) = call("nbd_get_disks", None) else { return Vec::new() };
+        let mut requests =
+            Family::counter("flashpath_nbd_requests_total", "Requests an NBD export answered, by command");
+        let mut bytes =
+            Family::counter("flashpath_nbd_bytes_total", "Bytes an NBD export moved, by direction");
+        let mut errors =
+            Family::counter("flashpath_nbd_errors_total", "Requests an NBD export answered with an error");
         let mut connections =
             Family::gauge("flashpath_nbd_connections", "Clients connected to an NBD export now");
         for d in array(&disks) {
-            let labels = vec![("nbd_device", str_at(d, "nbd_device")), ("bdev", str_at(d, "bdev_name"))];
-            connections.push(labels, u64_at(d, "connections"));
+            let base = vec![("nbd_device", str_at(d, "nbd_device")), ("bdev", str_at(d, "bdev_name"))];
+            let with = |k: &'static str, v: &str| {
+                let mut l = base.clone();
+                l.push((k, v.to_string()));
+                l
+            };
+            let st = &d["stats"];
+            for (command, key) in [
+                ("read", "read_ops"),
+                ("write", "write_ops"),
+                ("flush", "flush_ops"),
+                ("trim", "trim_ops"),
+                ("write_zeroes", "write_zeroes_ops"),
+                ("cache", "cache_ops"),
+                ("block_status", "block_status_ops"),
+            ] {
+                requests.push(with("command", command), u64_at(st, key));
+            }
+            bytes.push(with("direction", "read"), u64_at(st, "bytes_read"));
+            bytes.push(with("direction", "write"), u64_at(st, "bytes_written"));
+            errors.push(base.clone(), u64_at(st, "errors"));
+            connections.push(base, u64_at(d, "connections"));
         }
-        vec![connections]
+        vec![requests, bytes, errors, connections]
     }
 }
