@@ -394,7 +394,7 @@ fn vhost_and_nbd_exports() {
     let c = rpc.json(&["vhost_get_controllers", "-n", "vhost.0"]);
     assert_eq!((c[0]["delay_base_us"].as_u64(), c[0]["iops_threshold"].as_u64()), (Some(100), Some(10000)));
 
-    rpc.ok(&["vhost_create_blk_controller", "-r", "vhost.1", "Malloc1"]);
+    rpc.ok(&["vhost_create_blk_controller", "-r", "--transport", "vhost_user_blk", "vhost.1", "Malloc1"]);
     let c = rpc.json(&["vhost_get_controllers"]);
     let names: Vec<&str> = c.as_array().unwrap().iter().map(|x| x["ctrlr"].as_str().unwrap()).collect();
     assert_eq!(names, ["vhost.0", "vhost.1"]);
@@ -579,6 +579,14 @@ fn lvol_store_and_volumes() {
     rpc.ok(&["bdev_lvol_delete_lvstore", "-l", "lvs1"]);
     assert_eq!(rpc.json(&["bdev_lvol_get_lvstores"]), Value::Array(vec![]));
     assert_eq!(rpc.bdev_names(), ["Base"]);
+
+    // SPDK's options: a cluster size and clear method for the store, one for each volume.
+    rpc.ok(&["bdev_lvol_create_lvstore", "-c", "1048576", "--clear-method", "none", "Base", "lvs2"]);
+    assert_eq!(rpc.json(&["bdev_lvol_get_lvstores"])[0]["cluster_size"].as_u64(), Some(MIB));
+    for method in ["none", "unmap", "write_zeroes"] {
+        let uuid = rpc.ok(&["bdev_lvol_create", "-l", "lvs2", "-c", method, method, "3"]);
+        assert_eq!(rpc.bdev(&uuid)["num_blocks"].as_u64(), Some(3 * MIB / 4096), "{method}");
+    }
     rpc.assert_case_covered("lvol_store_and_volumes");
 }
 
@@ -747,6 +755,18 @@ fn spdk_incompat_bdev_get_iostat() {
     let s = rpc.json(&["bdev_get_iostat", "-c", "--names", "Malloc1"]);
     assert!(s["channels"].is_array() || s["bdevs"].is_array(), "{s}");
     rpc.json(&["bdev_get_iostat", "--reset-mode", "all"]);
+}
+
+/// `bdev_lvol_create -c default`: spdk-rpc offers `default` among the clear methods and SPDK
+/// takes it (LVOL_CLEAR_WITH_DEFAULT, the store's method); flashpath refuses it.
+#[test]
+fn spdk_incompat_bdev_lvol_create() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Base", "32", "4096"]);
+    rpc.ok(&["bdev_lvol_create_lvstore", "Base", "lvs0"]);
+    let uuid = rpc.ok(&["bdev_lvol_create", "-l", "lvs0", "-c", "default", "v", "4"]);
+    assert_eq!(rpc.bdev("lvs0/v")["name"], uuid.as_str());
 }
 
 /// `bdev_lvol_set_read_only` (and a snapshot): SPDK's lvol bdev reports write, unmap and
