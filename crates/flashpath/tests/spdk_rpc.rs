@@ -1,0 +1,792 @@
+//! SPDK's own RPC client against flashpath (issue 21): every method flashpath shares with SPDK
+//! is driven through `spdk-rpc` (the Python package `spdk`, 26.9) with SPDK's argument syntax,
+//! so the compatibility claim is checked by SPDK's code rather than by ours.
+//!
+//! * [`every_shared_method_has_a_case`] starts the daemon, asks it for `rpc_get_methods` (through
+//!   spdk-rpc) and intersects the answer with the subcommands `spdk-rpc --help` lists. Every
+//!   method in that intersection must be claimed by one of the [`CASES`]; a method added to the
+//!   daemon later without a compatibility case fails it, and so does an intersection that shrank
+//!   suspiciously (a broken parse, a renamed method).
+//! * Each case claims its methods and, at its end, asserts each of them succeeded through
+//!   spdk-rpc at least once; the effect is checked through spdk-rpc too (and through a
+//!   libblkio client or the `rbd` tool where the effect is outside the daemon).
+//! * [`errors_come_back_through_spdk_rpc`]: a bad parameter gives SPDK's client error output
+//!   with flashpath's message and a non-zero exit.
+//! * The `spdk_incompat_<method>` tests assert SPDK's behaviour where flashpath differs today;
+//!   they fail until the daemon is fixed.
+//!
+//! spdk-rpc is found from FLASHPATH_SPDK_RPC, else at `<target>/spdk-venv/bin/spdk-rpc`
+//! (`./run test` installs it there); without it the tests fail and say how to install it.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::ceph::CephCluster;
+use common::{BlkClient, Daemon};
+use serde_json::Value;
+
+/// The methods each case exercises through spdk-rpc (its test function's name first).
+const CASES: &[(&str, &[&str])] = &[
+    (
+        "malloc_null_and_framework",
+        &[
+            "bdev_malloc_create",
+            "bdev_malloc_delete",
+            "bdev_null_create",
+            "bdev_null_resize",
+            "bdev_null_delete",
+            "bdev_get_bdevs",
+            "spdk_get_version",
+            "rpc_get_methods",
+            "framework_get_reactors",
+        ],
+    ),
+    (
+        "vhost_and_nbd_exports",
+        &[
+            "vhost_create_blk_controller",
+            "vhost_get_controllers",
+            "vhost_controller_set_coalescing",
+            "vhost_delete_controller",
+            "nbd_start_disk",
+            "nbd_get_disks",
+            "nbd_stop_disk",
+        ],
+    ),
+    (
+        "iostat_histogram_and_qos",
+        &[
+            "bdev_set_qos_limit",
+            "bdev_get_iostat",
+            "bdev_reset_iostat",
+            "bdev_enable_histogram",
+            "bdev_get_histogram",
+        ],
+    ),
+    (
+        "lvol_store_and_volumes",
+        &[
+            "bdev_lvol_create_lvstore",
+            "bdev_lvol_get_lvstores",
+            "bdev_lvol_rename_lvstore",
+            "bdev_lvol_grow_lvstore",
+            "bdev_lvol_create",
+            "bdev_lvol_get_lvols",
+            "bdev_lvol_snapshot",
+            "bdev_lvol_clone",
+            "bdev_lvol_resize",
+            "bdev_lvol_rename",
+            "bdev_lvol_inflate",
+            "bdev_lvol_decouple_parent",
+            "bdev_lvol_set_read_only",
+            "bdev_lvol_delete",
+            "bdev_lvol_delete_lvstore",
+        ],
+    ),
+    (
+        "uring_and_delay",
+        &[
+            "bdev_uring_create",
+            "bdev_uring_rescan",
+            "bdev_uring_delete",
+            "bdev_delay_create",
+            "bdev_delay_update_latency",
+            "bdev_delay_delete",
+        ],
+    ),
+    (
+        "rbd_on_a_real_cluster",
+        &[
+            "bdev_rbd_register_cluster",
+            "bdev_rbd_get_clusters_info",
+            "bdev_rbd_unregister_cluster",
+            "bdev_rbd_create",
+            "bdev_rbd_resize",
+            "bdev_rbd_delete",
+        ],
+    ),
+];
+
+/// Fewer shared methods than this means the intersection itself is broken (48 when written).
+const MIN_SHARED: usize = 40;
+
+/// Upper bound for one spdk-rpc run (its own `-t` is per read, in CPU time).
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+const MIB: u64 = 1 << 20;
+
+/// Where spdk-rpc is, or a failed test saying how to install it.
+fn spdk_rpc_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("FLASHPATH_SPDK_RPC") {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "FLASHPATH_SPDK_RPC={} is not a file", p.display());
+        return p;
+    }
+    // CARGO_TARGET_TMPDIR is `<target>/tmp`: its parent is the target directory in use.
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_TARGET_TMPDIR")).parent().expect("target dir").to_path_buf()
+    });
+    let p = target.join("spdk-venv/bin/spdk-rpc");
+    assert!(
+        p.is_file(),
+        "SPDK's client spdk-rpc not found (FLASHPATH_SPDK_RPC unset, no {}): `./run test` installs it, or \
+         `python3 -m venv {t}/spdk-venv && {t}/spdk-venv/bin/pip install spdk==26.9`",
+        p.display(),
+        t = target.display()
+    );
+    p
+}
+
+/// What one spdk-rpc run gave.
+struct Outcome {
+    success: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// spdk-rpc pointed at one daemon's socket; remembers which methods succeeded through it.
+struct SpdkRpc {
+    exe: PathBuf,
+    sock: PathBuf,
+    succeeded: Mutex<BTreeSet<String>>,
+}
+
+impl SpdkRpc {
+    fn new(daemon: &Daemon) -> SpdkRpc {
+        SpdkRpc { exe: spdk_rpc_path(), sock: daemon.rpc.clone(), succeeded: Mutex::new(BTreeSet::new()) }
+    }
+
+    /// Runs `spdk-rpc -s <sock> -t 30 <args>`, bounded by [`RUN_TIMEOUT`].
+    fn run(&self, args: &[&str]) -> Outcome {
+        let mut all: Vec<&str> = vec!["-s", self.sock.to_str().expect("UTF-8 socket path"), "-t", "30"];
+        all.extend_from_slice(args);
+        let out = run_bounded(&self.exe, &all);
+        if out.success {
+            self.succeeded.lock().unwrap().insert(args[0].to_string());
+        }
+        out
+    }
+
+    /// Runs and asserts success; returns stdout without its final newline.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(out.success, "spdk-rpc {} failed:\n{}{}", args.join(" "), out.stdout, out.stderr);
+        out.stdout.trim_end().to_string()
+    }
+
+    /// Runs, asserts success and parses what spdk-rpc printed as JSON.
+    fn json(&self, args: &[&str]) -> Value {
+        let text = self.ok(args);
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("spdk-rpc {} printed no JSON ({e}):\n{text}", args.join(" ")))
+    }
+
+    /// Runs and asserts the JSON-RPC call failed the way SPDK's client reports it (exit 1, the
+    /// request and the error response on stdout); returns the error object (code, message).
+    fn fails(&self, args: &[&str]) -> Value {
+        let out = self.run(args);
+        assert!(!out.success, "spdk-rpc {} succeeded but should fail:\n{}", args.join(" "), out.stdout);
+        let (_, response) =
+            out.stdout.split_once("Got JSON-RPC error response\nresponse:\n").unwrap_or_else(|| {
+                panic!(
+                    "spdk-rpc {}: no JSON-RPC error response:\n{}{}",
+                    args.join(" "),
+                    out.stdout,
+                    out.stderr
+                )
+            });
+        serde_json::from_str(response.trim()).unwrap_or_else(|e| {
+            panic!("spdk-rpc {}: the error is not JSON ({e}):\n{response}", args.join(" "))
+        })
+    }
+
+    /// `bdev_get_bdevs -b <name>`'s one bdev.
+    fn bdev(&self, name: &str) -> Value {
+        let v = self.json(&["bdev_get_bdevs", "-b", name]);
+        assert_eq!(v.as_array().map(Vec::len), Some(1), "bdev_get_bdevs -b {name}: {v}");
+        v[0].clone()
+    }
+
+    /// The names of all bdevs.
+    fn bdev_names(&self) -> Vec<String> {
+        let v = self.json(&["bdev_get_bdevs"]);
+        v.as_array()
+            .expect("an array")
+            .iter()
+            .map(|b| b["name"].as_str().expect("a name").to_string())
+            .collect()
+    }
+
+    /// Asserts every method `case` claims in [`CASES`] succeeded through spdk-rpc.
+    fn assert_case_covered(&self, case: &str) {
+        let (_, claimed) = CASES.iter().find(|(name, _)| *name == case).expect("a case in CASES");
+        let done = self.succeeded.lock().unwrap();
+        let missing: Vec<&str> = claimed.iter().copied().filter(|m| !done.contains(*m)).collect();
+        assert!(missing.is_empty(), "case {case} claims {missing:?} but never ran them successfully");
+    }
+}
+
+/// Runs `exe args` with stdin closed (spdk-rpc reads commands from a non-tty stdin when given
+/// no method) and kills it after [`RUN_TIMEOUT`].
+fn run_bounded(exe: &Path, args: &[&str]) -> Outcome {
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {}: {e}", exe.display()));
+    let reader = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = reader(Box::new(child.stdout.take().expect("stdout")));
+    let err = reader(Box::new(child.stderr.take().expect("stderr")));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for spdk-rpc") {
+            break status;
+        }
+        if started.elapsed() > RUN_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("spdk-rpc {} did not finish within {RUN_TIMEOUT:?}", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Outcome { success: status.success(), stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+}
+
+/// The subcommands spdk-rpc knows, from its `--help` (each at a 4-space indent).
+fn spdk_subcommands(exe: &Path) -> BTreeSet<String> {
+    let out = run_bounded(exe, &["--help"]);
+    assert!(out.success, "spdk-rpc --help failed:\n{}{}", out.stdout, out.stderr);
+    out.stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("    "))
+        .filter(|rest| rest.starts_with(|c: char| c.is_ascii_lowercase()))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter(|w| w.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+        .map(str::to_string)
+        .collect()
+}
+
+fn daemon() -> Daemon {
+    Daemon::start("0")
+}
+
+#[test]
+fn every_shared_method_has_a_case() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    let known = spdk_subcommands(&rpc.exe);
+    assert!(known.len() > 200, "spdk-rpc --help lists only {} subcommands: {known:?}", known.len());
+    let ours = rpc.json(&["rpc_get_methods"]);
+    let ours: BTreeSet<String> = ours
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|m| m.as_str().expect("a string").to_string())
+        .collect();
+    let shared: BTreeSet<&String> = ours.iter().filter(|m| known.contains(*m)).collect();
+    assert!(
+        shared.len() >= MIN_SHARED,
+        "only {} methods shared with SPDK (at least {MIN_SHARED} expected): {shared:?}",
+        shared.len()
+    );
+    let claimed: BTreeSet<&str> = CASES.iter().flat_map(|(_, methods)| methods.iter().copied()).collect();
+    let uncovered: Vec<&String> = shared.iter().copied().filter(|m| !claimed.contains(m.as_str())).collect();
+    assert!(
+        uncovered.is_empty(),
+        "methods flashpath shares with SPDK that no case drives through spdk-rpc: {uncovered:?} \
+         (add them to a case in tests/spdk_rpc.rs)"
+    );
+    let stale: Vec<&str> = claimed.iter().copied().filter(|m| !shared.iter().any(|s| s == m)).collect();
+    assert!(stale.is_empty(), "CASES claims methods that are not shared with SPDK any more: {stale:?}");
+}
+
+#[test]
+fn malloc_null_and_framework() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+
+    // bdev_malloc_create's size is in MiB, SPDK's client turns it into num_blocks.
+    assert_eq!(rpc.ok(&["bdev_malloc_create", "-b", "Malloc7", "64", "512"]), "Malloc7");
+    let b = rpc.bdev("Malloc7");
+    assert_eq!((b["block_size"].as_u64(), b["num_blocks"].as_u64()), (Some(512), Some(64 * MIB / 512)));
+    assert_eq!(b["product_name"], "Malloc disk");
+    // Without -b the daemon names it, as SPDK does.
+    assert_eq!(rpc.ok(&["bdev_malloc_create", "8", "4096"]), "Malloc0");
+    assert_eq!(rpc.bdev("Malloc0")["num_blocks"].as_u64(), Some(8 * MIB / 4096));
+    rpc.ok(&["bdev_malloc_delete", "Malloc0"]);
+    assert_eq!(rpc.bdev_names(), ["Malloc7"]);
+
+    assert_eq!(rpc.ok(&["bdev_null_create", "Null0", "16", "4096"]), "Null0");
+    assert_eq!(rpc.bdev("Null0")["num_blocks"].as_u64(), Some(16 * MIB / 4096));
+    assert_eq!(rpc.ok(&["bdev_null_resize", "Null0", "32"]), "true");
+    assert_eq!(rpc.bdev("Null0")["num_blocks"].as_u64(), Some(32 * MIB / 4096));
+    rpc.ok(&["bdev_null_delete", "Null0"]);
+
+    // bdev_get_bdevs -t: the daemon waits that long for the named bdev, then says it is missing.
+    let started = Instant::now();
+    let e = rpc.fails(&["bdev_get_bdevs", "-b", "Null0", "-t", "300"]);
+    assert!(started.elapsed() >= Duration::from_millis(300), "-t 300 returned after {:?}", started.elapsed());
+    assert!(e["message"].as_str().unwrap().contains("Null0"), "{e}");
+    assert_eq!(e["code"], -19, "{e}");
+    rpc.ok(&["bdev_malloc_delete", "Malloc7"]);
+    assert!(rpc.bdev_names().is_empty());
+
+    let v = rpc.json(&["spdk_get_version"]);
+    assert!(v["version"].as_str().is_some_and(|s| s.starts_with("flashpath")), "{v}");
+    for field in ["major", "minor", "patch"] {
+        assert!(v["fields"][field].is_u64(), "spdk_get_version fields.{field}: {v}");
+    }
+
+    for extra in [&[][..], &["-c"], &["-i"]] {
+        let mut args = vec!["rpc_get_methods"];
+        args.extend_from_slice(extra);
+        let m = rpc.json(&args);
+        let m = m.as_array().expect("an array");
+        for name in ["bdev_malloc_create", "rpc_get_methods", "vhost_create_blk_controller"] {
+            assert!(m.iter().any(|x| x == name), "rpc_get_methods {extra:?} lacks {name}");
+        }
+    }
+
+    let r = rpc.json(&["framework_get_reactors"]);
+    assert!(r["tick_rate"].as_u64().is_some_and(|t| t > 0), "{r}");
+    let reactors = r["reactors"].as_array().expect("reactors");
+    assert_eq!(reactors.len(), 1, "one reactor for --cpus 0: {r}");
+    assert_eq!(reactors[0]["lcore"], 0, "{r}");
+    rpc.assert_case_covered("malloc_null_and_framework");
+}
+
+#[test]
+fn vhost_and_nbd_exports() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "16", "512"]);
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc1", "8", "4096"]);
+
+    // vhost: the socket appears in the daemon's directory and a client sees the disk.
+    rpc.ok(&["vhost_create_blk_controller", "--cpumask", "0x1", "vhost.0", "Malloc0"]);
+    let sock = d.dir.path().join("vhost.0");
+    assert!(sock.exists(), "no socket at {}", sock.display());
+    let c = rpc.json(&["vhost_get_controllers", "-n", "vhost.0"]);
+    assert_eq!(c.as_array().map(Vec::len), Some(1), "{c}");
+    assert_eq!(c[0]["ctrlr"], "vhost.0");
+    assert_eq!(c[0]["backend_specific"]["block"]["bdev"], "Malloc0");
+    assert_eq!(c[0]["backend_specific"]["block"]["readonly"], false);
+    assert_eq!(c[0]["cpumask"], "0x1");
+    let client = BlkClient::open(&sock, 1);
+    assert_eq!(client.capacity, 16 * MIB);
+    drop(client);
+
+    rpc.ok(&["vhost_controller_set_coalescing", "vhost.0", "100", "10000"]);
+    let c = rpc.json(&["vhost_get_controllers", "-n", "vhost.0"]);
+    assert_eq!((c[0]["delay_base_us"].as_u64(), c[0]["iops_threshold"].as_u64()), (Some(100), Some(10000)));
+
+    rpc.ok(&["vhost_create_blk_controller", "-r", "--transport", "vhost_user_blk", "vhost.1", "Malloc1"]);
+    let c = rpc.json(&["vhost_get_controllers"]);
+    let names: Vec<&str> = c.as_array().unwrap().iter().map(|x| x["ctrlr"].as_str().unwrap()).collect();
+    assert_eq!(names, ["vhost.0", "vhost.1"]);
+    assert_eq!(c[1]["backend_specific"]["block"]["readonly"], true);
+    rpc.ok(&["vhost_delete_controller", "vhost.0"]);
+    rpc.ok(&["vhost_delete_controller", "vhost.1"]);
+    assert!(!sock.exists(), "vhost_delete_controller left {}", sock.display());
+    assert_eq!(rpc.json(&["vhost_get_controllers"]), Value::Array(vec![]));
+
+    // NBD: flashpath's nbd_device is the socket the export listens on.
+    let nbd = d.dir.path().join("nbd0.sock");
+    let nbd = nbd.to_str().unwrap();
+    assert_eq!(rpc.ok(&["nbd_start_disk", "Malloc0", nbd]), nbd);
+    assert!(Path::new(nbd).exists(), "nbd_start_disk made no socket at {nbd}");
+    let disks = rpc.json(&["nbd_get_disks"]);
+    assert_eq!(disks.as_array().map(Vec::len), Some(1), "{disks}");
+    assert_eq!(
+        (disks[0]["nbd_device"].as_str(), disks[0]["bdev_name"].as_str()),
+        (Some(nbd), Some("Malloc0"))
+    );
+    assert_eq!(rpc.json(&["nbd_get_disks", "-n", nbd]), disks);
+    rpc.ok(&["nbd_stop_disk", nbd]);
+    assert_eq!(rpc.json(&["nbd_get_disks"]), Value::Array(vec![]));
+    rpc.assert_case_covered("vhost_and_nbd_exports");
+}
+
+#[test]
+fn iostat_histogram_and_qos() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "16", "512"]);
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc1", "16", "512"]);
+
+    // QoS: every one of SPDK's four limits lands in assigned_rate_limits; 0 lifts one.
+    rpc.ok(&[
+        "bdev_set_qos_limit",
+        "Malloc0",
+        "--rw-ios-per-sec",
+        "20000",
+        "--rw-mbytes-per-sec",
+        "100",
+        "--r-mbytes-per-sec",
+        "50",
+        "--w-mbytes-per-sec",
+        "40",
+    ]);
+    let limits = &rpc.bdev("Malloc0")["assigned_rate_limits"];
+    let want = [
+        ("rw_ios_per_sec", 20000),
+        ("rw_mbytes_per_sec", 100),
+        ("r_mbytes_per_sec", 50),
+        ("w_mbytes_per_sec", 40),
+    ];
+    for (k, v) in want {
+        assert_eq!(limits[k].as_u64(), Some(v), "{k}: {limits}");
+    }
+    rpc.ok(&["bdev_set_qos_limit", "Malloc0", "--rw-ios-per-sec", "0"]);
+    let limits = &rpc.bdev("Malloc0")["assigned_rate_limits"];
+    assert_eq!(
+        (limits["rw_ios_per_sec"].as_u64(), limits["rw_mbytes_per_sec"].as_u64()),
+        (Some(0), Some(100))
+    );
+
+    // Histograms on, then I/O through a vhost client so the counters move.
+    rpc.ok(&["bdev_enable_histogram", "--histogram", "--granularity", "7", "Malloc1"]);
+    rpc.ok(&["vhost_create_blk_controller", "vhost.1", "Malloc1"]);
+    let mut client = BlkClient::open(&d.dir.path().join("vhost.1"), 1);
+    for i in 0..4u64 {
+        assert_eq!(client.write(0, i * 4096, &[0x5a; 4096]), 0, "write {i}");
+    }
+    assert!(client.read(0, 0, 4096).is_ok(), "read");
+    drop(client);
+
+    let s = rpc.json(&["bdev_get_iostat"]);
+    assert!(s["tick_rate"].as_u64().is_some_and(|t| t > 0) && s["ticks"].is_u64(), "{s}");
+    let one = |s: &Value, name: &str| -> Value {
+        s["bdevs"].as_array().expect("bdevs").iter().find(|b| b["name"] == name).cloned().expect(name)
+    };
+    let m1 = one(&s, "Malloc1");
+    assert_eq!(
+        (m1["num_write_ops"].as_u64(), m1["bytes_written"].as_u64()),
+        (Some(4), Some(4 * 4096)),
+        "{m1}"
+    );
+    assert_eq!(m1["num_read_ops"].as_u64(), Some(1), "{m1}");
+    assert_eq!(one(&s, "Malloc0")["num_write_ops"].as_u64(), Some(0));
+    let h = rpc.json(&["bdev_get_histogram", "Malloc1"]);
+    assert_eq!(h["granularity"].as_u64(), Some(7), "{h}");
+    assert!(h["tsc_rate"].as_u64().is_some_and(|t| t > 0), "{h}");
+    assert!(h["histogram"].as_str().is_some_and(|b| !b.is_empty()), "the histogram is base64 data");
+    assert_eq!(h["count"].as_u64(), Some(5), "4 writes and a read counted");
+
+    rpc.ok(&["bdev_reset_iostat", "-b", "Malloc1", "-m", "all"]);
+    let m1 = one(&rpc.json(&["bdev_get_iostat"]), "Malloc1");
+    assert_eq!((m1["num_write_ops"].as_u64(), m1["num_read_ops"].as_u64()), (Some(0), Some(0)), "{m1}");
+    rpc.ok(&["bdev_reset_iostat"]);
+
+    rpc.ok(&["bdev_enable_histogram", "--no-histogram", "Malloc1"]);
+    rpc.fails(&["bdev_get_histogram", "Malloc1"]);
+    rpc.assert_case_covered("iostat_histogram_and_qos");
+}
+
+#[test]
+fn lvol_store_and_volumes() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Base", "64", "4096"]);
+
+    let uuid = rpc.ok(&["bdev_lvol_create_lvstore", "Base", "lvs0"]);
+    let stores = rpc.json(&["bdev_lvol_get_lvstores", "-l", "lvs0"]);
+    assert_eq!(stores.as_array().map(Vec::len), Some(1), "{stores}");
+    assert_eq!(
+        (stores[0]["uuid"].as_str(), stores[0]["base_bdev"].as_str()),
+        (Some(uuid.as_str()), Some("Base"))
+    );
+    assert_eq!(rpc.json(&["bdev_lvol_get_lvstores", "-u", &uuid]), stores);
+    let free = stores[0]["free_clusters"].as_u64().expect("free_clusters");
+
+    // Thin and thick volumes, sizes in MiB; the bdev is the lvol's UUID with alias lvs/name.
+    let thin = rpc.ok(&["bdev_lvol_create", "-l", "lvs0", "-t", "thin", "8"]);
+    let thick = rpc.ok(&["bdev_lvol_create", "-u", &uuid, "thick", "4"]);
+    let b = rpc.bdev("lvs0/thin");
+    assert_eq!(b["name"], thin.as_str());
+    assert_eq!(b["aliases"], serde_json::json!(["lvs0/thin"]));
+    assert_eq!(b["num_blocks"].as_u64(), Some(8 * MIB / 4096));
+    assert_eq!(rpc.bdev(&thick)["num_blocks"].as_u64(), Some(4 * MIB / 4096));
+    let lvols = rpc.json(&["bdev_lvol_get_lvols", "-l", "lvs0"]);
+    let lvol = |lvols: &Value, name: &str| -> Value {
+        lvols
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    assert_eq!(lvol(&lvols, "thin")["is_thin_provisioned"], true);
+    assert_eq!(lvol(&lvols, "thick")["is_thin_provisioned"], false);
+    assert_eq!(lvol(&lvols, "thick")["lvs"]["name"], "lvs0");
+    assert_eq!(rpc.json(&["bdev_lvol_get_lvols", "-u", &uuid]), lvols);
+
+    // Snapshot, clone, inflate, decouple.
+    let snap = rpc.ok(&["bdev_lvol_snapshot", "lvs0/thin", "snap"]);
+    assert_eq!(rpc.bdev("lvs0/snap")["name"], snap.as_str());
+    rpc.ok(&["bdev_lvol_clone", "lvs0/snap", "clone"]);
+    rpc.ok(&["bdev_lvol_clone", "lvs0/snap", "clone2"]);
+    let lvols = rpc.json(&["bdev_lvol_get_lvols"]);
+    assert_eq!(lvol(&lvols, "snap")["is_snapshot"], true);
+    assert_eq!(lvol(&lvols, "clone")["is_clone"], true);
+    assert_eq!(lvol(&lvols, "thin")["is_clone"], true, "the snapshotted volume is now a clone of it");
+    rpc.ok(&["bdev_lvol_inflate", "lvs0/clone"]);
+    rpc.ok(&["bdev_lvol_decouple_parent", "lvs0/clone2"]);
+    let lvols = rpc.json(&["bdev_lvol_get_lvols"]);
+    assert_eq!(lvol(&lvols, "clone")["is_clone"], false, "inflated");
+    assert_eq!(lvol(&lvols, "clone")["is_thin_provisioned"], false, "inflated");
+    assert_eq!(lvol(&lvols, "clone2")["is_clone"], false, "decoupled");
+
+    // Resize, rename, read-only, delete.
+    rpc.ok(&["bdev_lvol_resize", "lvs0/thick", "12"]);
+    assert_eq!(rpc.bdev("lvs0/thick")["num_blocks"].as_u64(), Some(12 * MIB / 4096));
+    rpc.ok(&["bdev_lvol_rename", "lvs0/thick", "big"]);
+    assert_eq!(rpc.bdev("lvs0/big")["name"], thick.as_str());
+    rpc.fails(&["bdev_get_bdevs", "-b", "lvs0/thick"]);
+    rpc.ok(&["bdev_lvol_set_read_only", "lvs0/big"]);
+    rpc.ok(&["bdev_lvol_delete", "lvs0/clone2"]);
+    let names: BTreeSet<String> = rpc
+        .json(&["bdev_lvol_get_lvols"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["big", "clone", "snap", "thin"].into_iter().map(String::from).collect());
+    assert!(rpc.json(&["bdev_lvol_get_lvstores"])[0]["free_clusters"].as_u64() < Some(free));
+
+    // The store: rename, grow (by name and by UUID: the base did not grow, so nothing to add),
+    // delete with its volumes.
+    rpc.ok(&["bdev_lvol_rename_lvstore", "lvs0", "lvs1"]);
+    assert_eq!(rpc.bdev(&thick)["aliases"], serde_json::json!(["lvs1/big"]));
+    assert_eq!(rpc.ok(&["bdev_lvol_grow_lvstore", "-l", "lvs1"]), "true");
+    assert_eq!(rpc.ok(&["bdev_lvol_grow_lvstore", "-u", &uuid]), "true");
+    rpc.ok(&["bdev_lvol_delete_lvstore", "-l", "lvs1"]);
+    assert_eq!(rpc.json(&["bdev_lvol_get_lvstores"]), Value::Array(vec![]));
+    assert_eq!(rpc.bdev_names(), ["Base"]);
+
+    // SPDK's options: a cluster size and clear method for the store, one for each volume.
+    rpc.ok(&["bdev_lvol_create_lvstore", "-c", "1048576", "--clear-method", "none", "Base", "lvs2"]);
+    assert_eq!(rpc.json(&["bdev_lvol_get_lvstores"])[0]["cluster_size"].as_u64(), Some(MIB));
+    for method in ["none", "unmap", "write_zeroes"] {
+        let uuid = rpc.ok(&["bdev_lvol_create", "-l", "lvs2", "-c", method, method, "3"]);
+        assert_eq!(rpc.bdev(&uuid)["num_blocks"].as_u64(), Some(3 * MIB / 4096), "{method}");
+    }
+    rpc.assert_case_covered("lvol_store_and_volumes");
+}
+
+#[test]
+fn uring_and_delay() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    let file = d.backing_file("disk.img", 8 * MIB);
+    let path = file.to_str().unwrap();
+
+    // bdev_uring_create FILE NAME [BLOCK_SIZE].
+    assert_eq!(rpc.ok(&["bdev_uring_create", path, "Uring0", "4096"]), "Uring0");
+    let b = rpc.bdev("Uring0");
+    assert_eq!((b["block_size"].as_u64(), b["num_blocks"].as_u64()), (Some(4096), Some(8 * MIB / 4096)));
+    std::fs::File::options().write(true).open(&file).unwrap().set_len(16 * MIB).unwrap();
+    assert_eq!(rpc.ok(&["bdev_uring_rescan", "Uring0"]), "true");
+    assert_eq!(rpc.bdev("Uring0")["num_blocks"].as_u64(), Some(16 * MIB / 4096));
+
+    // bdev_delay_create -b BASE -d NAME -r AVG_READ -t P99_READ -w AVG_WRITE -n P99_WRITE.
+    let args =
+        ["bdev_delay_create", "-b", "Uring0", "-d", "Delay0", "-r", "10", "-t", "20", "-w", "30", "-n", "40"];
+    assert_eq!(rpc.ok(&args), "Delay0");
+    let delay = |rpc: &SpdkRpc| rpc.bdev("Delay0")["driver_specific"]["delay"].clone();
+    let want = [
+        ("avg_read_latency", 10),
+        ("p99_read_latency", 20),
+        ("avg_write_latency", 30),
+        ("p99_write_latency", 40),
+    ];
+    let got = delay(&rpc);
+    for (k, v) in want {
+        assert_eq!(got[k].as_u64(), Some(v), "{k}: {got}");
+    }
+    assert_eq!(got["base_bdev_name"], "Uring0");
+    assert_eq!(rpc.ok(&["bdev_delay_update_latency", "Delay0", "avg_read", "15"]), "true");
+    assert_eq!(rpc.ok(&["bdev_delay_update_latency", "Delay0", "p99_write", "50"]), "true");
+    let got = delay(&rpc);
+    assert_eq!((got["avg_read_latency"].as_u64(), got["p99_write_latency"].as_u64()), (Some(15), Some(50)));
+    assert_eq!(rpc.bdev("Uring0")["claimed"], true);
+
+    rpc.ok(&["bdev_delay_delete", "Delay0"]);
+    assert_eq!(rpc.bdev("Uring0")["claimed"], false);
+    rpc.ok(&["bdev_uring_delete", "Uring0"]);
+    assert!(rpc.bdev_names().is_empty());
+    rpc.assert_case_covered("uring_and_delay");
+}
+
+#[test]
+fn rbd_on_a_real_cluster() {
+    let Some(ceph) = CephCluster::start() else { return };
+    ceph.create_image("img", 16);
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    let conf = ceph.conf().to_str().unwrap();
+
+    assert_eq!(rpc.ok(&["bdev_rbd_register_cluster", "c1", "--config-file", conf]), "c1");
+    let args =
+        ["bdev_rbd_register_cluster", "c2", "--config-file", conf, "--config-param", "rbd_cache=false"];
+    assert_eq!(rpc.ok(&[&args[..], &["--user", "admin"]].concat()), "c2");
+    let all = rpc.json(&["bdev_rbd_get_clusters_info"]);
+    assert_eq!(all.as_array().map(Vec::len), Some(2), "{all}");
+    let c2 = rpc.json(&["bdev_rbd_get_clusters_info", "-b", "c2"]);
+    assert_eq!(c2["cluster_name"], "c2");
+    assert_eq!(c2["config_file"], conf);
+    assert_eq!(c2["config_param"]["rbd_cache"], "false");
+    assert_eq!(c2["user_id"], "admin");
+
+    // bdev_rbd_create POOL IMAGE BLOCK_SIZE: SPDK's default name Ceph0; -r for read-only.
+    assert_eq!(rpc.ok(&["bdev_rbd_create", "-c", "c1", "rbd", "img", "4096"]), "Ceph0");
+    let b = rpc.bdev("Ceph0");
+    assert_eq!((b["block_size"].as_u64(), b["num_blocks"].as_u64()), (Some(4096), Some(16 * MIB / 4096)));
+    assert_eq!(rpc.ok(&["bdev_rbd_create", "-b", "Ro", "-r", "-c", "c2", "rbd", "img", "512"]), "Ro");
+    assert_eq!(rpc.bdev("Ro")["supported_io_types"]["write"], false);
+    // A bdev with its own connection: --config key=value instead of a cluster.
+    let mon = format!("mon_host={}", ceph.mon_host());
+    let own = ["bdev_rbd_create", "-b", "Own", "--config", &mon, "--config", "auth_client_required=none"];
+    assert_eq!(rpc.ok(&[&own[..], &["rbd", "img", "4096"]].concat()), "Own");
+
+    // bdev_rbd_resize NAME MIB: the image grows, as `rbd info` sees.
+    assert_eq!(rpc.ok(&["bdev_rbd_resize", "Ceph0", "32"]), "true");
+    assert_eq!(ceph.image_info("img")["size"].as_u64(), Some(32 * MIB));
+    assert_eq!(rpc.bdev("Ceph0")["num_blocks"].as_u64(), Some(32 * MIB / 4096));
+
+    for name in ["Ceph0", "Ro", "Own"] {
+        rpc.ok(&["bdev_rbd_delete", name]);
+    }
+    assert!(rpc.bdev_names().is_empty());
+    rpc.ok(&["bdev_rbd_unregister_cluster", "c1"]);
+    rpc.ok(&["bdev_rbd_unregister_cluster", "c2"]);
+    assert_eq!(rpc.json(&["bdev_rbd_get_clusters_info"]), Value::Array(vec![]));
+    rpc.assert_case_covered("rbd_on_a_real_cluster");
+}
+
+#[test]
+fn errors_come_back_through_spdk_rpc() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "8", "512"]);
+
+    // A value out of range: flashpath's message, invalid params, exit 1.
+    let e = rpc.fails(&["bdev_set_qos_limit", "Malloc0", "--rw-ios-per-sec", "500"]);
+    assert_eq!(e["code"], -32602, "{e}");
+    assert_eq!(e["message"], "rw_ios_per_sec: 500 is below the minimum of 1000");
+    // An SPDK option flashpath does not implement is refused by name, not ignored.
+    let e = rpc.fails(&[
+        "bdev_malloc_create",
+        "-b",
+        "M1",
+        "-u",
+        "11111111-2222-3333-4444-555555555555",
+        "8",
+        "512",
+    ]);
+    assert_eq!(e["code"], -32602, "{e}");
+    assert!(e["message"].as_str().unwrap().starts_with("uuid:"), "{e}");
+    // An unknown bdev: ENODEV, with its name.
+    let e = rpc.fails(&["bdev_get_bdevs", "-b", "nope"]);
+    assert_eq!(e["code"], -19, "{e}");
+    assert_eq!(e["message"], "bdev 'nope' does not exist");
+    // A file that is not there.
+    let e = rpc.fails(&["bdev_rbd_register_cluster", "bad", "--config-file", "/nonexistent/ceph.conf"]);
+    assert!(e["message"].as_str().unwrap().contains("/nonexistent/ceph.conf"), "{e}");
+    // Nothing changed.
+    assert_eq!(rpc.bdev_names(), ["Malloc0"]);
+    assert_eq!(rpc.json(&["bdev_rbd_get_clusters_info"]), Value::Array(vec![]));
+}
+
+// ---- Where flashpath differs from SPDK today: these assert SPDK's behaviour. ----
+
+/// `vhost_create_blk_controller -p` (SPDK: offer packed rings): flashpath refuses
+/// `packed_ring: true` although it offers VIRTIO_F_RING_PACKED to every frontend.
+#[test]
+fn spdk_incompat_vhost_create_blk_controller() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "8", "512"]);
+    rpc.ok(&["vhost_create_blk_controller", "-p", "vhost.0", "Malloc0"]);
+    assert!(d.dir.path().join("vhost.0").exists());
+}
+
+/// `nbd_start_disk BDEV` without a device: SPDK picks one and returns it; flashpath requires
+/// `nbd_device`.
+#[test]
+fn spdk_incompat_nbd_start_disk() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "8", "512"]);
+    let device = rpc.ok(&["nbd_start_disk", "Malloc0"]);
+    assert!(!device.is_empty(), "nbd_start_disk returns the device it chose");
+    let disks = rpc.json(&["nbd_get_disks"]);
+    assert_eq!(disks[0]["nbd_device"].as_str(), Some(device.as_str()), "{disks}");
+}
+
+/// `bdev_get_iostat --names A,B` and `--reset-mode`: SPDK 26.9's client sends `names` (a list)
+/// and `reset_mode`; flashpath accepts only the older `name` and no reset mode.
+#[test]
+fn spdk_incompat_bdev_get_iostat() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "8", "512"]);
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc1", "8", "512"]);
+    let s = rpc.json(&["bdev_get_iostat", "--names", "Malloc1"]);
+    let names: Vec<&str> =
+        s["bdevs"].as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["Malloc1"]);
+    let s = rpc.json(&["bdev_get_iostat", "-c", "--names", "Malloc1"]);
+    assert!(s["channels"].is_array() || s["bdevs"].is_array(), "{s}");
+    rpc.json(&["bdev_get_iostat", "--reset-mode", "all"]);
+}
+
+/// `bdev_lvol_create -c default`: spdk-rpc offers `default` among the clear methods and SPDK
+/// takes it (LVOL_CLEAR_WITH_DEFAULT, the store's method); flashpath refuses it.
+#[test]
+fn spdk_incompat_bdev_lvol_create() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Base", "32", "4096"]);
+    rpc.ok(&["bdev_lvol_create_lvstore", "Base", "lvs0"]);
+    let uuid = rpc.ok(&["bdev_lvol_create", "-l", "lvs0", "-c", "default", "v", "4"]);
+    assert_eq!(rpc.bdev("lvs0/v")["name"], uuid.as_str());
+}
+
+/// `bdev_lvol_set_read_only` (and a snapshot): SPDK's lvol bdev reports write, unmap and
+/// write_zeroes unsupported for a read-only blob (vbdev_lvol_io_type_supported); flashpath
+/// keeps reporting them supported.
+#[test]
+fn spdk_incompat_bdev_lvol_set_read_only() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Base", "32", "4096"]);
+    rpc.ok(&["bdev_lvol_create_lvstore", "Base", "lvs0"]);
+    rpc.ok(&["bdev_lvol_create", "-l", "lvs0", "v", "4"]);
+    rpc.ok(&["bdev_lvol_set_read_only", "lvs0/v"]);
+    rpc.ok(&["bdev_lvol_create", "-l", "lvs0", "w", "4"]);
+    rpc.ok(&["bdev_lvol_snapshot", "lvs0/w", "snap"]);
+    for name in ["lvs0/v", "lvs0/snap"] {
+        let io = rpc.bdev(name)["supported_io_types"].clone();
+        for op in ["write", "unmap", "write_zeroes"] {
+            assert_eq!(io[op], false, "{name}: {op} on a read-only lvol: {io}");
+        }
+        assert_eq!(io["read"], true, "{name}: {io}");
+    }
+}
