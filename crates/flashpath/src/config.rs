@@ -871,7 +871,9 @@ mod tests {
         let ram = "[[bdev]]\ntype = \"malloc\"\nname = \"a\"\nnum_blocks = 64\nblock_size = 512\n";
         let cases = [
             ("[[nbd_disk]]\nnbd_device = \"/x.sock\"\n", "nbd_disk[0].bdev_name: required parameter missing"),
-            ("[[nbd_disk]]\nbdev_name = \"a\"\n", "nbd_disk[0].nbd_device: required parameter missing"),
+            // Without nbd_device the export gets a socket in the vhost directory (as SPDK picks
+            // a device): the entry gets as far as its bdev.
+            ("[[nbd_disk]]\nbdev_name = \"zz\"\n", "nbd_disk[0]: bdev 'zz' does not exist"),
             (
                 "[[nbd_disk]]\nbdev_name = \"a\"\nnbd_device = \"rel.sock\"\n",
                 "nbd_disk[0].nbd_device: 'rel.sock' is not an absolute socket path",

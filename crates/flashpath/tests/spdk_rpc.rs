@@ -12,8 +12,9 @@
 //!   libblkio client or the `rbd` tool where the effect is outside the daemon).
 //! * [`errors_come_back_through_spdk_rpc`]: a bad parameter gives SPDK's client error output
 //!   with flashpath's message and a non-zero exit.
-//! * The `spdk_incompat_<method>` tests assert SPDK's behaviour where flashpath differs today;
-//!   they fail until the daemon is fixed.
+//! * The last five tests assert SPDK's behaviour where this test first found flashpath
+//!   differing (packed-ring flags, `nbd_start_disk` without a device, `bdev_get_iostat`'s
+//!   `names` and `reset_mode`, the `default` clear method, read-only volumes' I/O types).
 //!
 //! spdk-rpc is found from FLASHPATH_SPDK_RPC, else at `<target>/spdk-venv/bin/spdk-rpc`
 //! (`./run test` installs it there); without it the tests fail and say how to install it.
@@ -714,12 +715,12 @@ fn errors_come_back_through_spdk_rpc() {
     assert_eq!(rpc.json(&["bdev_rbd_get_clusters_info"]), Value::Array(vec![]));
 }
 
-// ---- Where flashpath differs from SPDK today: these assert SPDK's behaviour. ----
+// ---- Where spdk-rpc first found flashpath differing from SPDK (fixed since). ----
 
-/// `vhost_create_blk_controller -p` (SPDK: offer packed rings): flashpath refuses
-/// `packed_ring: true` although it offers VIRTIO_F_RING_PACKED to every frontend.
+/// `vhost_create_blk_controller -p` (SPDK: offer packed rings): flashpath offers
+/// VIRTIO_F_RING_PACKED to every frontend, so it takes `packed_ring: true` (it refused it once).
 #[test]
-fn spdk_incompat_vhost_create_blk_controller() {
+fn vhost_packed_ring_flags_are_accepted() {
     let d = daemon();
     let rpc = SpdkRpc::new(&d);
     rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "8", "512"]);
@@ -727,10 +728,10 @@ fn spdk_incompat_vhost_create_blk_controller() {
     assert!(d.dir.path().join("vhost.0").exists());
 }
 
-/// `nbd_start_disk BDEV` without a device: SPDK picks one and returns it; flashpath requires
-/// `nbd_device`.
+/// `nbd_start_disk BDEV` without a device: SPDK picks one and returns it; so does flashpath
+/// (a socket in the vhost directory).
 #[test]
-fn spdk_incompat_nbd_start_disk() {
+fn nbd_start_disk_without_a_device_picks_one() {
     let d = daemon();
     let rpc = SpdkRpc::new(&d);
     rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "8", "512"]);
@@ -741,9 +742,9 @@ fn spdk_incompat_nbd_start_disk() {
 }
 
 /// `bdev_get_iostat --names A,B` and `--reset-mode`: SPDK 26.9's client sends `names` (a list)
-/// and `reset_mode`; flashpath accepts only the older `name` and no reset mode.
+/// and `reset_mode`, not the older `name`.
 #[test]
-fn spdk_incompat_bdev_get_iostat() {
+fn bdev_get_iostat_takes_names_and_a_reset_mode() {
     let d = daemon();
     let rpc = SpdkRpc::new(&d);
     rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "8", "512"]);
@@ -758,9 +759,9 @@ fn spdk_incompat_bdev_get_iostat() {
 }
 
 /// `bdev_lvol_create -c default`: spdk-rpc offers `default` among the clear methods and SPDK
-/// takes it (LVOL_CLEAR_WITH_DEFAULT, the store's method); flashpath refuses it.
+/// takes it (LVOL_CLEAR_WITH_DEFAULT, the store's method); so does flashpath.
 #[test]
-fn spdk_incompat_bdev_lvol_create() {
+fn bdev_lvol_create_takes_the_default_clear_method() {
     let d = daemon();
     let rpc = SpdkRpc::new(&d);
     rpc.ok(&["bdev_malloc_create", "-b", "Base", "32", "4096"]);
@@ -770,10 +771,10 @@ fn spdk_incompat_bdev_lvol_create() {
 }
 
 /// `bdev_lvol_set_read_only` (and a snapshot): SPDK's lvol bdev reports write, unmap and
-/// write_zeroes unsupported for a read-only blob (vbdev_lvol_io_type_supported); flashpath
-/// keeps reporting them supported.
+/// write_zeroes unsupported for a read-only blob (vbdev_lvol_io_type_supported); so does
+/// flashpath.
 #[test]
-fn spdk_incompat_bdev_lvol_set_read_only() {
+fn a_read_only_lvol_reports_no_writes() {
     let d = daemon();
     let rpc = SpdkRpc::new(&d);
     rpc.ok(&["bdev_malloc_create", "-b", "Base", "32", "4096"]);

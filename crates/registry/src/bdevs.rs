@@ -45,6 +45,9 @@ pub struct BdevSummary {
     pub qos_limits: fp_bdev::qos::QosLimits,
     /// The QoS group it is in and its weight there.
     pub qos_group: Option<(String, u64)>,
+    /// It refuses writes now (a snapshot, a volume set read-only): `supported_io_types` then
+    /// says so, as SPDK's does.
+    pub read_only: bool,
 }
 
 impl BdevSummary {
@@ -146,6 +149,7 @@ impl Registry {
                 driver_specific,
                 qos_limits: e.disk.qos_limits(),
                 qos_group: e.disk.qos_group().map(|(g, weight, _)| (g.name().to_string(), weight)),
+                read_only: e.bdev.read_only(),
             }
         };
         match name {

@@ -378,3 +378,24 @@ fn every_module_has_its_create_method_and_names_are_unique() {
         }
     }
 }
+
+/// `nbd_start_disk` without `nbd_device` takes the first `nbdN` socket in the vhost directory
+/// that no export uses and no file occupies, as SPDK takes the first free `/dev/nbdN`; with
+/// every one taken it is the export limit's error.
+#[test]
+fn an_nbd_export_without_a_device_gets_the_first_free_socket() {
+    let f = fixture(Limits { max_exports: 3, ..Limits::default() });
+    let dir = f.dir.path();
+    std::fs::write(dir.join("nbd0"), b"someone else's").unwrap();
+    let first = f.registry.free_nbd_device().unwrap();
+    assert_eq!(first, dir.join("nbd1").to_str().unwrap());
+    f.registry.create_bdev(null("n0")).unwrap();
+    let started = f.registry.call("nbd_start_disk", Some(json!({"bdev_name": "n0"}))).unwrap();
+    assert_eq!(started, json!(first));
+    assert!(dir.join("nbd1").exists(), "the export listens there");
+    assert_eq!(f.registry.free_nbd_device().unwrap(), dir.join("nbd2").to_str().unwrap());
+    std::fs::write(dir.join("nbd2"), b"").unwrap();
+    let e = f.registry.free_nbd_device().unwrap_err();
+    assert!(matches!(e, RegistryError::LimitReached { setting: "limits.max_exports", .. }), "{e}");
+    f.registry.stop_nbd(&first).unwrap();
+}

@@ -120,6 +120,32 @@ impl Params {
         }
     }
 
+    /// A list of strings (SPDK's `names`).
+    pub fn optional_str_list(&mut self, field: &'static str) -> Result<Option<Vec<String>>, ParamError> {
+        let items = match self.take(field) {
+            None => return Ok(None),
+            Some(Value::Array(items)) => items,
+            Some(v) => {
+                return Err(ParamError::new(
+                    field,
+                    format!("expected a list of strings, got {}", describe(&v)),
+                ))
+            }
+        };
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(s) => Ok(s),
+                other => Err(ParamError::new(
+                    format!("{field}[{i}]"),
+                    format!("expected a string, got {}", describe(&other)),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
     /// A map of option names to text values (Ceph's `config_param`): an object whose values
     /// are strings, numbers or booleans (a configuration file writes `timeout = 3`), in key
     /// order. An error names the offending key as `field.key`.

@@ -23,6 +23,9 @@ const MIB: u64 = 1 << 20;
 const DEFAULT_CLUSTER: u64 = 4 * MIB;
 const CLEAR_METHODS: [&str; 3] = ["none", "unmap", "write_zeroes"];
 
+/// A volume's clear methods: the store's, and SPDK's `default` (the store's method).
+const VOLUME_CLEAR_METHODS: [&str; 4] = ["none", "unmap", "write_zeroes", "default"];
+
 /// The lvol module.
 pub struct LvolModule;
 
@@ -229,12 +232,13 @@ fn size_of(p: &mut Params, lvs: &LvStore) -> Result<u64, ModuleError> {
     Ok(bytes)
 }
 
-fn clear_method(p: &mut Params) -> Result<(), ModuleError> {
+/// Checks `clear_method` against `methods` (SPDK's names for the call).
+fn clear_method(p: &mut Params, methods: &[&str]) -> Result<(), ModuleError> {
     if let Some(m) = p.optional_str("clear_method")? {
-        if !CLEAR_METHODS.contains(&m.as_str()) {
+        if !methods.contains(&m.as_str()) {
             return Err(ParamError::new(
                 "clear_method",
-                format!("'{m}' is not one of {}", CLEAR_METHODS.join(", ")),
+                format!("'{m}' is not one of {}", methods.join(", ")),
             )
             .into());
         }
@@ -246,7 +250,7 @@ fn create_lvstore(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleE
     let bdev_name = p.required_str("bdev_name")?;
     let lvs_name = p.required_str("lvs_name")?;
     let cluster_size = p.optional_uint("cluster_sz", 1 << 30)?.unwrap_or(DEFAULT_CLUSTER);
-    clear_method(&mut p)?;
+    clear_method(&mut p, &CLEAR_METHODS)?;
     p.spdk_only(&[("num_md_pages_per_cluster_ratio", Neutral::Absent), ("md_page_size", Neutral::Absent)])?;
     p.finish()?;
     check_name("lvs_name", &lvs_name).map_err(lvol_error)?;
@@ -346,7 +350,7 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("lvol_name")?;
     let size = size_of(&mut p, &lvs)?;
     let thin = p.optional_bool("thin_provision")?.unwrap_or(false);
-    clear_method(&mut p)?;
+    clear_method(&mut p, &VOLUME_CLEAR_METHODS)?;
     p.finish()?;
     let free = lvs.info().map_err(lvol_error)?.free_clusters * lvs.cluster_size();
     if !thin && size > free {

@@ -60,6 +60,7 @@ fn looks_like_uuid(s: &str) -> bool {
 fn bdev_json(b: &BdevSummary) -> Value {
     let info = &b.info;
     let io = info.io_types;
+    let writable = !b.read_only;
     let mut v = json!({
         "name": info.name,
         "aliases": b.aliases,
@@ -72,10 +73,10 @@ fn bdev_json(b: &BdevSummary) -> Value {
         "zoned": false,
         "supported_io_types": {
             "read": io.read,
-            "write": io.write,
+            "write": io.write && writable,
             "flush": io.flush,
-            "unmap": io.unmap,
-            "write_zeroes": io.write_zeroes,
+            "unmap": io.unmap && writable,
+            "write_zeroes": io.write_zeroes && writable,
             "reset": false,
             "nvme_admin": false,
             "nvme_io": false,

@@ -19,17 +19,36 @@ use serde_json::{json, Map, Value};
 use super::MethodError;
 use crate::Registry;
 
-/// SPDK's `name` (one bdev, else all) and `per_channel` (needs `name`).
+/// SPDK's `name` or, as SPDK 26's client sends it, `names` (those bdevs, else all);
+/// `per_channel` (one bdev's channels: needs exactly one name); `reset_mode` (reset what was
+/// read, as `bdev_reset_iostat`'s `mode` after the read).
 pub(crate) fn bdev_get_iostat(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let name = p.optional_str("name")?;
+    let names = p.optional_str_list("names")?;
     let per_channel = p.optional_bool("per_channel")?.unwrap_or(false);
+    let reset = reset_mode(&mut p, "reset_mode", None)?;
     p.finish()?;
+    let names = match (name, names) {
+        (Some(_), Some(_)) => return Err(ParamError::new("names", "give name or names, not both").into()),
+        (Some(n), None) => Some(vec![n]),
+        (None, names) => names,
+    };
     let rate = ticks::tick_rate();
-    if per_channel {
-        let Some(name) = name else {
-            return Err(ParamError::new("per_channel", "needs `name`: one bdev's channels at a time").into());
+    let disks = match &names {
+        Some(names) => names
+            .iter()
+            .map(|n| Ok((n.clone(), registry.disk(n)?)))
+            .collect::<Result<Vec<_>, MethodError>>()?,
+        None => registry.disks(),
+    };
+    let result = if per_channel {
+        let [(name, disk)] = disks.as_slice() else {
+            return Err(ParamError::new(
+                "per_channel",
+                "needs one bdev (name, or names with one): one bdev's channels at a time",
+            )
+            .into());
         };
-        let disk = registry.disk(&name)?;
         let channels: Vec<Value> = disk
             .channel_stats()
             .iter()
@@ -40,35 +59,47 @@ pub(crate) fn bdev_get_iostat(registry: &Registry, mut p: Params) -> Result<Valu
                 v
             })
             .collect();
-        return Ok(json!({ "tick_rate": rate, "ticks": ticks::now(), "name": name, "channels": channels }));
-    }
-    let disks = match name {
-        Some(n) => vec![(n.clone(), registry.disk(&n)?)],
-        None => registry.disks(),
+        json!({ "tick_rate": rate, "ticks": ticks::now(), "name": name, "channels": channels })
+    } else {
+        let bdevs: Vec<Value> = disks
+            .iter()
+            .map(|(name, disk)| {
+                let mut v = stats_json(&disk.stats());
+                v["name"] = json!(name);
+                v
+            })
+            .collect();
+        json!({ "tick_rate": rate, "ticks": ticks::now(), "bdevs": bdevs })
     };
-    let bdevs: Vec<Value> = disks
-        .iter()
-        .map(|(name, disk)| {
-            let mut v = stats_json(&disk.stats());
-            v["name"] = json!(name);
-            v
-        })
-        .collect();
-    Ok(json!({ "tick_rate": rate, "ticks": ticks::now(), "bdevs": bdevs }))
+    if let Some(mode) = reset {
+        disks.iter().for_each(|(_, d)| d.reset(mode));
+    }
+    Ok(result)
+}
+
+/// A reset mode parameter (`field`): "all", "maxmin" or "none" (`None`); `absent` when not
+/// given.
+fn reset_mode(
+    p: &mut Params,
+    field: &'static str,
+    absent: Option<ResetMode>,
+) -> Result<Option<ResetMode>, ParamError> {
+    match p.optional_str(field)?.as_deref() {
+        None => Ok(absent),
+        Some("all") => Ok(Some(ResetMode::All)),
+        Some("maxmin") => Ok(Some(ResetMode::MaxMin)),
+        Some("none") => Ok(None),
+        Some(other) => {
+            let reason = format!("'{}' is not one of all, maxmin, none", other.escape_debug());
+            Err(ParamError::new(field, reason))
+        }
+    }
 }
 
 /// SPDK's `name` (else every bdev) and `mode`: "all" (the default), "maxmin" or "none".
 pub(crate) fn bdev_reset_iostat(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let name = p.optional_str("name")?;
-    let mode = match p.optional_str("mode")?.as_deref() {
-        None | Some("all") => Some(ResetMode::All),
-        Some("maxmin") => Some(ResetMode::MaxMin),
-        Some("none") => None,
-        Some(other) => {
-            let reason = format!("'{}' is not one of all, maxmin, none", other.escape_debug());
-            return Err(ParamError::new("mode", reason).into());
-        }
-    };
+    let mode = reset_mode(&mut p, "mode", Some(ResetMode::All))?;
     p.finish()?;
     let disks = match name {
         Some(n) => vec![registry.disk(&n)?],

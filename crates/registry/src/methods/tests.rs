@@ -130,9 +130,16 @@ fn accepts_rpc_py_defaults() {
                "transport": "vhost_user_blk", "num_queues": 1}),
     );
     assert_eq!(e.code, -19, "passes decoding, fails on the missing bdev: {e:?}");
-    let e =
-        f.err("vhost_create_blk_controller", json!({"ctrlr": "v", "dev_name": "n0", "packed_ring": true}));
-    assert_eq!(e.message, "packed_ring: not supported by flashpath (only false)");
+    // flashpath offers packed rings to every frontend: SPDK's `-p` asks for what it does.
+    let e = f.err(
+        "vhost_create_blk_controller",
+        json!({"ctrlr": "v", "dev_name": "zz", "packed_ring": true, "packed_ring_recovery": true}),
+    );
+    assert_eq!(e.code, -19, "passes decoding, fails on the missing bdev: {e:?}");
+    let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v", "dev_name": "n0", "packed_ring": 1}));
+    assert!(e.message.starts_with("packed_ring: expected true or false"), "{e:?}");
+    let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v", "dev_name": "n0", "transport": "x"}));
+    assert!(e.message.starts_with("transport: not supported by flashpath"), "{e:?}");
 }
 
 #[test]
@@ -281,7 +288,7 @@ fn vhost_create_errors() {
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "queues": 2}));
     assert_eq!(
         e.message,
-        "queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues"
+        "queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues, packed_ring, packed_ring_recovery"
     );
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "transport": "x"}));
     assert_eq!(e.message, "transport: not supported by flashpath (only \"vhost_user_blk\")");

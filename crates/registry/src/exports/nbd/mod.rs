@@ -150,6 +150,32 @@ impl Registry {
         })
     }
 
+    /// The `nbd_device` for an `nbd_start_disk` that names none. SPDK picks the first free
+    /// `/dev/nbdN`; flashpath serves the protocol itself, so it picks the first socket
+    /// `<vhost_dir>/nbdN` that no export uses and no file occupies.
+    pub fn free_nbd_device(&self) -> Result<String, RegistryError> {
+        let st = self.lock();
+        let max = self.options.limits.max_exports;
+        for n in 0..max {
+            let path = self.vhost_dir.join(format!("nbd{n}"));
+            let Some(device) = path.to_str() else {
+                return Err(RegistryError::Invalid {
+                    field: "nbd_device",
+                    reason: format!("{} is not UTF-8: give nbd_device", self.vhost_dir.display()),
+                });
+            };
+            if !st.exports.contains_key(device) && std::fs::symlink_metadata(&path).is_err() {
+                return Ok(device.to_string());
+            }
+        }
+        Err(RegistryError::LimitReached {
+            kind: LABEL,
+            name: "nbd_device".into(),
+            limit: max,
+            setting: "limits.max_exports",
+        })
+    }
+
     /// Stops an NBD export: its clients are disconnected once their requests are answered.
     pub fn stop_nbd(&self, nbd_device: &str) -> Result<(), RegistryError> {
         self.delete_export(nbd_device, Some((KIND, LABEL)))

@@ -1,7 +1,8 @@
 //! NBD export methods, with SPDK's names: `nbd_start_disk {bdev_name, nbd_device}`,
 //! `nbd_stop_disk {nbd_device}`, `nbd_get_disks {nbd_device?}`. SPDK's `nbd_device` is the
 //! kernel device it drives (`/dev/nbd0`); flashpath serves the protocol itself, so it is the
-//! listener: a Unix socket path or an NBD URI (docs/nbd.md). flashpath adds `readonly` and the
+//! listener: a Unix socket path or an NBD URI (docs/nbd.md), by default the first free
+//! `<vhost_dir>/nbdN` socket. flashpath adds `readonly` and the
 //! TLS files `tls_cert`, `tls_key` and `tls_ca`.
 
 use std::path::PathBuf;
@@ -20,7 +21,7 @@ pub(super) const METHODS: &[(&str, MethodFn)] =
 
 fn nbd_start_disk(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let bdev_name = p.required_str("bdev_name")?;
-    let nbd_device = p.required_str("nbd_device")?;
+    let nbd_device = p.optional_str("nbd_device")?;
     let readonly = p.optional_bool("readonly")?.unwrap_or(false);
     let cert = p.optional_str("tls_cert")?.map(PathBuf::from);
     let key = p.optional_str("tls_key")?.map(PathBuf::from);
@@ -31,6 +32,12 @@ fn nbd_start_disk(registry: &Registry, mut p: Params) -> Result<Value, MethodErr
         (Some(cert), Some(key), ca) => Some(TlsFiles { cert, key, ca }),
         (None, _, _) => return Err(ParamError::new("tls_cert", "tls_key and tls_ca need tls_cert").into()),
         (Some(_), None, _) => return Err(ParamError::new("tls_key", "tls_cert needs tls_key").into()),
+    };
+    // Without one, a socket in the vhost directory (Registry::free_nbd_device), as SPDK picks
+    // a free /dev/nbdN.
+    let nbd_device = match nbd_device {
+        Some(d) => d,
+        None => registry.free_nbd_device()?,
     };
     registry.start_nbd(NbdSpec { bdev_name, nbd_device: nbd_device.clone(), readonly, tls })?;
     Ok(json!(nbd_device))

@@ -19,11 +19,7 @@ pub(super) const METHODS: &[(&str, MethodFn)] = &[
 ];
 
 /// SPDK parameters of `vhost_create_blk_controller` that flashpath does not implement.
-const VHOST_BLK_SPDK_ONLY: [(&str, Neutral); 3] = [
-    ("transport", Neutral::Str("vhost_user_blk")),
-    ("packed_ring", Neutral::Bool(false)),
-    ("packed_ring_recovery", Neutral::Bool(false)),
-];
+const VHOST_BLK_SPDK_ONLY: [(&str, Neutral); 1] = [("transport", Neutral::Str("vhost_user_blk"))];
 
 fn vhost_create_blk_controller(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let spec = VhostBlkSpec {
@@ -33,6 +29,12 @@ fn vhost_create_blk_controller(registry: &Registry, mut p: Params) -> Result<Val
         readonly: p.optional_bool("readonly")?.unwrap_or(false),
         num_queues: p.optional_uint("num_queues", u16::MAX as u64)?.map(|q| q as u16),
     };
+    // SPDK offers packed rings (and recovers them after a crash) only when asked; flashpath
+    // offers both ring layouts to every frontend and recovers either from the in-flight
+    // region, so both flags are accepted either way: `false` (rpc.py's default) does not
+    // withdraw packed rings, the VMM picks the layout.
+    p.optional_bool("packed_ring")?;
+    p.optional_bool("packed_ring_recovery")?;
     p.spdk_only(&VHOST_BLK_SPDK_ONLY)?;
     p.finish()?;
     registry.create_vhost_blk(spec)?;
