@@ -1,0 +1,1 @@
+"""The benchmark's parts, by role; bench/bench.py is the entry point (docs/benchmarks.md)."""

@@ -1,0 +1,131 @@
+"""What each mode (full, quick, smoke) measures: points, seconds, repetitions per section.
+"""
+
+from fpbench.common import GIB, MIB
+
+
+def mode_config(mode):
+    """What a mode measures. `points` lists (pattern, bs, qd, queues, poll) per backend;
+    `callgrind` gives the path-length runs (null backend): the short and long run's seconds,
+    the repetitions and the points."""
+    full_points = []
+    for pattern in ("randread", "randwrite"):
+        for queues in (1, 2):
+            for qd in (1, 8, 32, 128):
+                for poll in (True, False):
+                    full_points.append((pattern, 4096, qd, queues, poll))
+    for qd in (1, 32):
+        for poll in (True, False):
+            full_points.append(("read", 65536, qd, 1, poll))
+    cg_points = [("randread", 4096, 32, 1, poll) for poll in (True, False)]
+    rbd_points = [(pattern, 4096, qd, 1, False) for pattern in ("randread", "randwrite") for qd in (1, 32)]
+    # NBD (issue 14): (pattern, bs, qd) through fio's nbd engine, one connection.
+    nbd_points = [("randread", 4096, 1), ("randread", 4096, 32), ("read", MIB, 8), ("write", MIB, 8)]
+    full = {
+        "time": 2.0,
+        "reps": 3,
+        "idle_time": 5.0,
+        "backends": ["null", "ram", "file"],
+        "points": full_points,
+        "scaling_points": [(qd, poll) for qd in (32, 128) for poll in (True, False)],
+        # (qd, poll): fp-load --packed vs split rings on the null disk, interleaved.
+        "packed_points": [(1, True), (32, True)],
+        # The disk layer's cost (null, 4K randread, QD32, 1 polled queue): counters off
+        # (serve --no-iostat), counters on, counters and histograms on, interleaved; reps.
+        "iostat_reps": 5,
+        # ... and each variant's path length under callgrind (the callgrind section's lengths).
+        "iostat_callgrind": True,
+        "ceiling_reps": 3,
+        "sizes": {"null": GIB, "ram": 512 * MIB, "file": GIB},
+        "callgrind": {"short_s": 2.0, "long_s": 8.0, "reps": 3, "points": cg_points},
+        # Logical volumes (`--only lvol`): raw malloc vs a thick volume on the same size of
+        # malloc, `pairs` runs of each point; first-write and copy-on-write latency on `fw_reps`
+        # fresh thin volumes; instructions per I/O with the callgrind settings above.
+        # fw_clusters: the cluster sizes of the first-write runs (SPDK's default is 4 MiB).
+        "lvol": {"size": 256 * MIB, "cluster": MIB, "pairs": 5, "fw_reps": 3, "callgrind": True,
+                 "fw_clusters": [MIB, 4 * MIB],
+                 "points": [("randread", 4096, 32, 1, True), ("randwrite", 4096, 32, 1, True),
+                            ("randread", 4096, 1, 1, True), ("randwrite", 4096, 1, 1, True)],
+                 "cg_size": 64 * MIB},
+        # Quality of service (`--only qos`, issue 12). Accuracy: each limit flooded for
+        # `acc_secs` with a `window`-second timeline, with 1, 2 and 4 queues on two reactors;
+        # bw_limits are (MiB/s, block size). The other parts: see run_qos.
+        "qos": {"acc_secs": 10.0, "window": 1.0, "ceiling_secs": 3.0, "queues": [1, 2, 4],
+                "iops_limits": [1000, 10_000, 100_000, 1_000_000], "iops_qd": 32,
+                "bw_limits": [(1, 4096), (16, 16384), (256, 65536), (2048, 131072)], "bw_qd": 16,
+                "burst": {"avg": 5000, "max": 20_000, "length": 3, "secs": 8.0, "window": 1.0, "qd": 32},
+                "shares": {"limit": 10_000, "weights": [3, 1], "secs": 10.0, "window": 1.0, "qd": 32},
+                "noisy": {"disks": 16, "flood_qd": 128, "qd1_rate": 1000, "qd1_limit": 2000,
+                          "flood_limit": 20_000, "group_limit": 40_000, "secs": 10.0, "reps": 3,
+                          "scenarios": ["none", "limits", "group"]},
+                "overhead": {"reps": 5, "secs": 2.0, "limit": 10_000_000, "limit_mib": 1_000_000}},
+        # Ceph RBD (issue 13): one image on a single-node cluster, served by one server at a
+        # time (qsd's rbd driver, flashpath's rbd bdev); `rounds` rounds of every point on each
+        # server, the order alternating; `secs` per run; `warmup` seconds of writes after each
+        # start. Completion-fd client only: a polled client would take the CPU the cluster
+        # shares with it. See run_rbd.
+        "rbd": {"size_mib": 1024, "secs": 5.0, "rounds": 3, "warmup": 0.5, "points": rbd_points},
+        # NBD (issue 14): a RAM disk exported over a Unix socket by flashpath, qsd and nbdkit, all
+        # three running, one loaded at a time; `reps` runs of every point on each, interleaved
+        # (the order rotating); `secs` per run. See run_nbd.
+        "nbd": {"size_mib": 1024, "secs": 5.0, "reps": 3, "points": nbd_points},
+    }
+    if mode == "full":
+        return full
+    if mode == "quick":
+        pts = [p for p in full_points if p[0] != "read" and p[2] in (1, 32) and p[3] == 1]
+        pts.append(("randread", 4096, 32, 2, True))
+        pts.append(("read", 65536, 32, 1, True))
+        return dict(full, time=1.0, points=pts, scaling_points=[(32, True)], ceiling_reps=1,
+                    sizes={"null": GIB, "ram": 256 * MIB, "file": 256 * MIB},
+                    callgrind=dict(full["callgrind"], short_s=1.0, long_s=4.0),
+                    lvol=dict(full["lvol"], pairs=3, fw_reps=2),
+                    qos=dict(full["qos"], acc_secs=2.0, ceiling_secs=1.0,
+                             burst=dict(full["qos"]["burst"], avg=2000, max=8000, length=2, secs=4.0),
+                             shares=dict(full["qos"]["shares"], secs=4.0),
+                             noisy=dict(full["qos"]["noisy"], secs=3.0, reps=1),
+                             overhead=dict(full["qos"]["overhead"], reps=3, secs=1.0)),
+                    rbd=dict(full["rbd"], secs=1.0),
+                    nbd=dict(full["nbd"], size_mib=256, secs=1.0, reps=2))
+    if mode == "smoke":
+        # Null backend, A/B, one repetition; one small file point exercises the fio baseline.
+        pts = [
+            ("randread", 4096, 1, 1, True),
+            ("randread", 4096, 1, 1, False),
+            ("randread", 4096, 32, 1, True),
+            ("randread", 4096, 32, 1, False),
+            ("randread", 4096, 32, 2, True),
+        ]
+        return {
+            "time": 1.0,
+            "reps": 1,
+            "idle_time": 1.0,
+            "backends": ["null", "file"],
+            "points": pts,
+            "file_points": [("randread", 4096, 1, 1, False)],
+            "scaling_points": [(32, True)],
+            "packed_points": [],
+            "iostat_reps": 1,
+            "iostat_callgrind": False,  # six more debug servers under valgrind: too slow for CI
+            "ceiling_reps": 1,
+            "sizes": {"null": GIB, "file": 64 * MIB},
+            "callgrind": {"short_s": 0.5, "long_s": 1.5, "reps": 1, "points": cg_points[:1]},
+            "lvol": {"size": 32 * MIB, "cluster": MIB, "pairs": 1, "fw_reps": 1, "callgrind": False,
+                     "fw_clusters": [MIB],
+                     "points": [("randread", 4096, 32, 1, True), ("randwrite", 4096, 32, 1, True)],
+                     "cg_size": 32 * MIB},
+            # One point of each QoS part, to check the pipeline.
+            "qos": {"acc_secs": 1.0, "window": 0.5, "ceiling_secs": 0.5, "queues": [2],
+                    "iops_limits": [10_000], "iops_qd": 8, "bw_limits": [(16, 16384)], "bw_qd": 8,
+                    "burst": {"avg": 2000, "max": 8000, "length": 1, "secs": 2.0, "window": 0.5, "qd": 8},
+                    "shares": {"limit": 10_000, "weights": [3, 1], "secs": 1.5, "window": 0.5, "qd": 8},
+                    "noisy": {"disks": 4, "flood_qd": 32, "qd1_rate": 1000, "qd1_limit": 2000,
+                              "flood_limit": 20_000, "group_limit": 40_000, "secs": 1.0, "reps": 1,
+                              "scenarios": ["none", "limits"]},
+                    "overhead": {"reps": 1, "secs": 0.5, "limit": 10_000_000, "limit_mib": 1_000_000}},
+            # Every RBD point once per server, 1 s each, on a small image (filled in ~0.3 s).
+            "rbd": {"size_mib": 64, "secs": 1.0, "rounds": 1, "warmup": 0.2, "points": rbd_points},
+            # Every NBD point once per server, 1 s each, on a 64 MiB disk.
+            "nbd": {"size_mib": 64, "secs": 1.0, "reps": 1, "points": nbd_points},
+        }
+    raise ValueError(mode)

@@ -1,0 +1,181 @@
+"""--validate: checks a run's outputs (the CI smoke run's check): every file, point, ratio and
+section the mode promises.
+"""
+
+import json
+import math
+import os
+
+from fpbench.load import point_id, point_key, point_label
+from fpbench.machine import nbd_label
+from fpbench.modes import mode_config
+from fpbench.servers import NBD_SERVERS
+
+
+def validate_rbd(res, rc):
+    """The RBD section: every point on both servers, each run with positive IOPS, latency and
+    CPU per I/O (the server's and each cluster daemon's), the QD1 histograms, the ratios."""
+    problems = []
+    e = res.get("rbd")
+    if not e:
+        return ["results.json has no 'rbd'"]
+    got = {(p["pattern"], p["bs"], p["qd"], p["queues"], p["client"]): p for p in e.get("points", [])}
+    for pt in rc["points"]:
+        pk = point_key("rbd", pt)
+        p = got.get((pk["pattern"], pk["bs"], pk["qd"], pk["queues"], pk["client"]))
+        if p is None:
+            problems.append(f"rbd: missing point {point_label(pk)}")
+            continue
+        for kind in ("flashpath", "qsd"):
+            x = p["servers"].get(kind)
+            if not x or len(x["runs"]) != rc["rounds"]:
+                problems.append(f"rbd {point_label(pk)} {kind}: {len(x['runs']) if x else 0} runs, want {rc['rounds']}")
+                continue
+            for m in ("iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io"):
+                v = x["median"].get(m)
+                if not isinstance(v, (int, float)) or v <= 0:
+                    problems.append(f"rbd {point_label(pk)} {kind}: {m} = {v!r}")
+            cl = x["median"].get("cluster_cpu_ns_per_io", {})
+            if not any(d.startswith("osd.") for d in cl) or not all(isinstance(v, (int, float)) and v >= 0
+                                                                    for v in cl.values()):
+                problems.append(f"rbd {point_label(pk)} {kind}: cluster CPU per I/O = {cl!r}")
+            if kind == "flashpath" and not isinstance(x["median"].get("reactor_busy_ns_per_io"), (int, float)):
+                problems.append(f"rbd {point_label(pk)}: no reactor busy time")
+            if pt[2] == 1 and not x.get("histogram", {}).get("buckets"):
+                problems.append(f"rbd {point_label(pk)} {kind}: no histogram")
+        if not isinstance(p["ratios"].get("iops"), (int, float)):
+            problems.append(f"rbd {point_label(pk)}: no IOPS ratio")
+    if e.get("fill", {}).get("used_size", 0) < e.get("size", 1):
+        problems.append("rbd: the image was not written in full")
+    return problems
+
+
+def validate_nbd(res, nc):
+    """The NBD section: every point on the three servers with its runs, a positive IOPS, MB/s,
+    p50, p99 and server CPU per I/O, flashpath's reactor busy time, both ratios, full fills."""
+    problems = []
+    e = res.get("nbd")
+    if not e:
+        return ["results.json has no 'nbd'"]
+    got = {(p["pattern"], p["bs"], p["qd"]): p for p in e.get("points", [])}
+    for pt in nc["points"]:
+        p = got.get(tuple(pt))
+        if p is None:
+            problems.append(f"nbd: missing point {nbd_label(pt)}")
+            continue
+        for kind in NBD_SERVERS:
+            x = p["servers"].get(kind)
+            if not x or len(x["runs"]) != nc["reps"]:
+                problems.append(f"nbd {nbd_label(pt)} {kind}: {len(x['runs']) if x else 0} runs, want {nc['reps']}")
+                continue
+            for m in ("iops", "mbps", "p50_ns", "p99_ns", "server_cpu_ns_per_io"):
+                v = x["median"].get(m)
+                if not isinstance(v, (int, float)) or v <= 0:
+                    problems.append(f"nbd {nbd_label(pt)} {kind}: {m} = {v!r}")
+            if kind == "flashpath" and not isinstance(x["median"].get("reactor_busy_ns_per_io"), (int, float)):
+                problems.append(f"nbd {nbd_label(pt)}: no reactor busy time")
+        for other in ("qsd", "nbdkit"):
+            if not isinstance(p["ratios"].get(other, {}).get("iops"), (int, float)):
+                problems.append(f"nbd {nbd_label(pt)}: no IOPS ratio to {other}")
+    for kind in NBD_SERVERS:
+        if e.get("fills", {}).get(kind, {}).get("bytes", 0) < e.get("size", 1):
+            problems.append(f"nbd: {kind}'s disk was not written in full")
+    return problems
+
+
+def validate(out_dir, mode):
+    """Checks the outputs are well formed; asserts no absolute number."""
+    problems = []
+    with open(os.path.join(out_dir, "results.json")) as f:
+        res = json.load(f)
+    for k in ("meta", "points", "ratios", "idle", "fio", "scaling", "targets", "wall_s"):
+        if k not in res:
+            problems.append(f"results.json has no '{k}'")
+    cfg = mode_config(mode)
+    want = set()
+    for b in cfg["backends"]:
+        for pt in cfg.get(f"{b}_points", cfg["points"]):
+            pk = point_key(b, pt)
+            for s in ("flashpath", "qsd"):
+                want.add(point_id(dict(pk, server=s)))
+    got = set()
+    for p in res.get("points", []):
+        got.add(point_id(p))
+        if len(p["runs"]) != res["meta"]["reps"]:
+            problems.append(f"{point_label(p)} {p['server']}: {len(p['runs'])} runs")
+        for m in ("iops", "mbps", "lat_mean_ns", "p50_ns", "p99_ns", "p999_ns", "server_cpu_ns_per_io"):
+            v = p["median"].get(m)
+            if not isinstance(v, (int, float)) or v <= 0:
+                problems.append(f"{point_label(p)} {p['server']}: {m} = {v!r}")
+        if p["server"] == "flashpath" and not isinstance(p["median"].get("reactor_busy_ns_per_io"), (int, float)):
+            problems.append(f"{point_label(p)}: no reactor busy time")
+        if p["qd"] == 1 and p["pattern"] == "randread" and not p.get("histogram", {}).get("buckets"):
+            problems.append(f"{point_label(p)} {p['server']}: no histogram")
+    if want - got:
+        problems.append(f"missing points: {sorted(want - got)}")
+    if len(res.get("ratios", [])) * 2 != len(got):
+        problems.append("ratios do not pair every point")
+    if len(res.get("idle", [])) != 2 * len(cfg["backends"]):
+        problems.append(f"{len(res.get('idle', []))} idle measurements")
+    if "file" in cfg["backends"] and not res.get("fio"):
+        problems.append("no fio baseline")
+    cg = cfg.get("callgrind")
+    if cg:
+        want_cg = {point_id(dict(point_key("null", pt), server=s)) for pt in cg["points"]
+                   for s in ("flashpath", "qsd")}
+        got_cg = set()
+        for e in res.get("callgrind", []):
+            got_cg.add(point_id(e))
+            v = e.get("ir_per_io")
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                problems.append(f"callgrind {point_label(e)} {e['server']}: instructions/IO = {v!r}")
+            if len(e["runs"]) != cg["reps"]:
+                problems.append(f"callgrind {point_label(e)} {e['server']}: {len(e['runs'])} runs")
+        if want_cg - got_cg:
+            problems.append(f"missing callgrind figures: {sorted(want_cg - got_cg)}")
+    with open(os.path.join(out_dir, "results.md")) as f:
+        md = f.read()
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ") and not ln.startswith("| backend")]
+    if len(rows) < len(res.get("ratios", [])):
+        problems.append(f"results.md has {len(rows)} table rows")
+    sections = ["## Main points", "## Side by side", "## Idle CPU", "## Targets"]
+    if cg:
+        sections.append("## Path length")
+    for needed in sections:
+        if needed not in md:
+            problems.append(f"results.md has no '{needed}'")
+    pngs = [f"iops_vs_qd_{b}.png" for b in cfg["backends"]] + ["qd1_latency_cdf.png"]
+    for name in pngs:
+        path = os.path.join(out_dir, name)
+        if not os.path.exists(path):
+            problems.append(f"{name} missing")
+            continue
+        with open(path, "rb") as f:
+            head = f.read(8)
+        if head != b"\x89PNG\r\n\x1a\n":
+            problems.append(f"{name} is not a PNG")
+        if os.path.getsize(path) <= 1024:
+            problems.append(f"{name} is only {os.path.getsize(path)} bytes")
+    rc = cfg.get("rbd")
+    if rc and res.get("meta", {}).get("rbd", True):
+        problems += validate_rbd(res, rc)
+        if "## Ceph RBD" not in md:
+            problems.append("results.md has no '## Ceph RBD'")
+    nc = cfg.get("nbd")
+    if nc and res.get("meta", {}).get("nbd", True):
+        problems += validate_nbd(res, nc)
+        if "## NBD" not in md:
+            problems.append("results.md has no '## NBD'")
+    if cfg.get("iostat_reps"):
+        ios = res.get("iostat", [])
+        if len(ios) != 1:
+            problems.append(f"{len(ios)} disk-layer cost entries")
+        for e in ios:
+            for k in ("off", "counters", "histograms"):
+                v = e["variants"][k]["median"].get("iops")
+                if not isinstance(v, (int, float)) or v <= 0:
+                    problems.append(f"disk-layer cost {k}: iops = {v!r}")
+            # Counters on: the daemon saw at least every I/O the client completed.
+            if e["daemon_read_ops"] < e["client_ios"]:
+                problems.append(f"the daemon counted {e['daemon_read_ops']} reads, the client did {e['client_ios']}")
+    return problems

@@ -1,0 +1,115 @@
+# shellcheck shell=bash
+# Sourced by ./run: the installers. Each installs what is missing (apt-get, as root or through
+# sudo; rustup for the nightly toolchain; pip in a venv for SPDK's RPC client) and does nothing
+# when everything is there. Needs scripts/lib.sh.
+
+ensure_toolchain() {
+    if ! command -v cargo >/dev/null 2>&1 && [ -x "${HOME:-/root}/.cargo/bin/cargo" ]; then
+        export PATH="${HOME:-/root}/.cargo/bin:$PATH"
+    fi
+    command -v cargo >/dev/null 2>&1 ||
+        die "cargo not found: install Rust 1.85 or newer (https://rustup.rs) and re-run"
+    # Rust links through the system C compiler. No crate here needs pkg-config or C libraries:
+    # libblkio and io_uring are used through pure-Rust crates.
+    if ! command -v cc >/dev/null 2>&1; then
+        apt_install build-essential
+    fi
+    command -v cc >/dev/null 2>&1 || die "no C compiler (cc) for linking; install build-essential"
+}
+
+# ensure_bookworm_backports: on Debian 12, adds bookworm-backports to the apt sources if it is
+# not there yet and returns 0; returns 1 on other systems. Debian 12's own QEMU is 7.2; the
+# benchmark and the guest tests want 10.x from backports.
+ensure_bookworm_backports() {
+    local codename=
+    [ -r /etc/os-release ] && codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    [ "$codename" = bookworm ] || return 1
+    if ! grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        say "adding Debian bookworm-backports"
+        printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' \
+            'Suites: bookworm-backports' 'Components: main' \
+            'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' |
+            as_root tee /etc/apt/sources.list.d/backports.sources >/dev/null
+    fi
+}
+
+# Miri runs on the nightly toolchain (installed with the minimal profile by fuzz/ci.sh if
+# missing) and needs its component and the standard library's source.
+ensure_miri() {
+    if ! cargo +nightly --version >/dev/null 2>&1; then
+        rustup toolchain install nightly --profile minimal || return 1
+    fi
+    if ! cargo +nightly miri --version >/dev/null 2>&1; then
+        rustup component add --toolchain nightly miri rust-src || return 1
+    fi
+}
+
+# The guest tests' tools (docs/guest-tests.md): QEMU 9.1 or newer (for reconnect-ms), from
+# bookworm-backports on Debian 12, and what tests/guest/build-image.sh puts in the image.
+ensure_guest_packages() {
+    if ! qemu-system-x86_64 --version 2>/dev/null | grep -Eq 'version (9\.[1-9]|[1-9][0-9])\.'; then
+        if ensure_bookworm_backports; then
+            say "installing qemu-system-x86 and qemu-utils from bookworm-backports"
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                -t bookworm-backports qemu-system-x86 qemu-utils
+        else
+            apt_install qemu-system-x86 qemu-utils
+        fi
+    fi
+    qemu-system-x86_64 --version | head -n 1
+    apt_install busybox-static cpio fio e2fsprogs xz-utils zstd libc6-dev
+}
+
+# The benchmark's tools: qemu-storage-daemon 10.x from bookworm-backports (Debian 12's own
+# qemu-utils is 7.2), fio, valgrind (callgrind, for instructions per I/O), matplotlib for
+# /usr/bin/python3, for the RBD section a single-node Ceph cluster (tests/ceph/cluster.sh)
+# and qsd's rbd driver, and for the NBD section nbdkit and libnbd-bin.
+ensure_bench_tools() {
+    command -v taskset >/dev/null 2>&1 || apt_install util-linux
+    if ! qemu-storage-daemon --version 2>/dev/null | grep -Eq 'version (9|[1-9][0-9])\.'; then
+        if ensure_bookworm_backports; then
+            say "installing qemu-utils from bookworm-backports"
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                -t bookworm-backports qemu-utils
+        else
+            apt_install qemu-utils
+        fi
+    fi
+    qemu-storage-daemon --version >/dev/null 2>&1 || die "qemu-storage-daemon is not installed"
+    qemu-storage-daemon --version | head -n 1
+    # qsd loads its rbd driver from qemu-block-extra, whose modules must be the same build as
+    # qsd itself: the same version as the installed qemu-utils (from backports on Debian 12).
+    apt_install ceph-mon ceph-osd ceph-common uuid-runtime
+    local qver
+    qver=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
+    if [ -n "$qver" ] && [ "$(dpkg-query -W -f='${Version}' qemu-block-extra 2>/dev/null || true)" != "$qver" ]; then
+        say "installing qemu-block-extra $qver (qsd's rbd driver)"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "qemu-block-extra=$qver"
+    fi
+    command -v fio >/dev/null 2>&1 || apt_install fio
+    # The NBD section: nbdkit (its memory plugin) to compare with, libnbd's tools (nbdinfo,
+    # nbdcopy; fio's nbd engine links libnbd too).
+    apt_install nbdkit libnbd-bin
+    command -v valgrind >/dev/null 2>&1 || apt_install valgrind
+    /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || apt_install python3-matplotlib
+    /usr/bin/python3 -c 'import matplotlib' || die "/usr/bin/python3 cannot import matplotlib"
+}
+
+# SPDK's own JSON-RPC client, the Python package spdk (command spdk-rpc), for the test that
+# drives the methods flashpath shares with SPDK through SPDK's code. It goes in a venv in the
+# build directory: pip may not write to the system's python3 (PEP 668), and a fresh clone's
+# target/ is where the rest of the build lives.
+ensure_spdk_rpc() {
+    local venv
+    venv=$(target_dir)/spdk-venv
+    [ -x "$venv/bin/spdk-rpc" ] && return 0
+    /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv
+    say "installing SPDK's RPC client in $venv (pip install spdk==26.9)"
+    /usr/bin/python3 -m venv "$venv" || return 1
+    "$venv/bin/pip" install --quiet --disable-pip-version-check spdk==26.9 || return 1
+    [ -x "$venv/bin/spdk-rpc" ] || die "pip installed spdk==26.9 but $venv/bin/spdk-rpc is missing"
+}

@@ -1,0 +1,114 @@
+# shellcheck shell=bash
+# Sourced by ./run: ./run test (docs/testing.md). Needs scripts/lib.sh, scripts/install.sh and,
+# for the closing benchmark smoke run, scripts/bench.sh.
+
+cmd_test() {
+    ensure_toolchain
+    if [ "${FLASHPATH_SKIP_LINT:-0}" != 1 ]; then
+        if cargo fmt --version >/dev/null 2>&1; then
+            say "cargo fmt --check"
+            cargo fmt --all -- --check -l || die "the files above are not rustfmt-formatted (cargo fmt --all fixes them)"
+            echo "all files are formatted"
+        else
+            echo "run: rustfmt is not installed; skipping the formatting check"
+        fi
+        if cargo clippy --version >/dev/null 2>&1; then
+            say "cargo clippy (warnings are errors)"
+            cargo clippy --workspace --all-targets -- -D warnings
+            say "cargo doc (warnings are errors: broken intra-doc links)"
+            RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+        else
+            echo "run: clippy is not installed; skipping lints"
+        fi
+    fi
+    # The metrics test scrapes the daemon with a real Prometheus and lints with promtool; the
+    # `flashpath top` test drives it under tmux.
+    command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || apt_install prometheus
+    command -v tmux >/dev/null 2>&1 || apt_install tmux
+    # The RBD tests start a real one-monitor, one-OSD Ceph cluster (tests/ceph/cluster.sh);
+    # librbd1 and librados2, which the daemon loads at run time, come with ceph-common.
+    apt_install ceph-mon ceph-osd ceph-common uuid-runtime
+    # The NBD export's tests drive it with the real tools: nbdinfo and nbdcopy (libnbd-bin),
+    # nbdsh (python3-libnbd, for the system's python3), nbdkit, qemu-img (qemu-utils; any
+    # version: the guest step below upgrades it where it must) and certtool (gnutls-bin) for
+    # the TLS test's CA.
+    apt_install libnbd-bin nbdkit python3-libnbd gnutls-bin
+    command -v qemu-img >/dev/null 2>&1 || apt_install qemu-utils
+    # The SPDK compatibility test drives flashpath through SPDK's published client.
+    ensure_spdk_rpc || die "could not install SPDK's RPC client (pip install spdk==26.9)"
+    export FLASHPATH_SPDK_RPC
+    FLASHPATH_SPDK_RPC=$(target_dir)/spdk-venv/bin/spdk-rpc
+    say "cargo test --workspace"
+    # The end-to-end tests start one daemon each; two test threads keep a 2-core machine busy
+    # without oversubscribing it badly.
+    local log rc=0
+    log=$(mktemp)
+    cargo test --workspace --no-fail-fast -- --test-threads="${TEST_THREADS:-2}" --skip guest_vm:: 2>&1 |
+        tee "$log" || rc=$?
+    # The guest tests (crates/flashpath/tests/guest.rs) boot QEMU guests whose two vCPUs and
+    # daemon fill the machine: they run alone, after the others, one at a time.
+    if [ "${FLASHPATH_SKIP_GUEST:-0}" = 1 ] && [ "${CI:-}" != true ]; then
+        echo "run: FLASHPATH_SKIP_GUEST=1: not running the guest tests"
+    else
+        ensure_guest_packages
+        say "guest tests (QEMU, one guest at a time)"
+        cargo test --workspace --no-fail-fast --test guest -- --test-threads=1 2>&1 | tee -a "$log" || rc=$?
+    fi
+    # cargo ends with the doc-test summary of the last crate; print the totals last.
+    local totals
+    totals=$(awk '/^test result:/ {
+            for (i = 2; i <= NF; i++) {
+                if ($i ~ /^passed;?$/) p += $(i - 1)
+                if ($i ~ /^failed;?$/) f += $(i - 1)
+                if ($i ~ /^ignored;?$/) s += $(i - 1)
+            }
+        }
+        END { printf "%d %d %d", p, f, s }' "$log")
+    rm -f "$log"
+    local passed failed skipped
+    read -r passed failed skipped <<<"$totals"
+    # The fuzz step counts as one test. It runs even when tests failed: a fuzz regression is
+    # independent news, and the step's length is fixed (about 30 s per target plus the build).
+    if [ "${FLASHPATH_SKIP_FUZZ:-0}" = 1 ] && [ "${CI:-}" != true ]; then
+        echo "run: FLASHPATH_SKIP_FUZZ=1: not running the fuzz step"
+        skipped=$((skipped + 1))
+    else
+        say "fuzz: replay the regression corpora, 30 s smoke run per target (fuzz/ci.sh)"
+        if fuzz/ci.sh; then
+            passed=$((passed + 1))
+        else
+            rc=1
+            failed=$((failed + 1))
+        fi
+    fi
+    # Miri checks the unsafe code of the request parser (the data path's trust boundary) for
+    # undefined behaviour; it counts as one test. The other crates' unsafe code talks to the
+    # kernel (memfd, mmap of files, epoll, io_uring), which Miri cannot run; ASan covers it in
+    # the fuzz step.
+    if [ "${FLASHPATH_SKIP_MIRI:-0}" = 1 ] && [ "${CI:-}" != true ]; then
+        echo "run: FLASHPATH_SKIP_MIRI=1: not running Miri"
+        skipped=$((skipped + 1))
+    else
+        say "miri: fp-virtq's and fp-virtio-blk's tests under Miri"
+        if ensure_miri && cargo +nightly miri test -p fp-virtq -p fp-virtio-blk; then
+            passed=$((passed + 1))
+        else
+            rc=1
+            failed=$((failed + 1))
+        fi
+    fi
+    # The benchmark smoke run counts as one more test.
+    if [ "$rc" -ne 0 ]; then
+        skipped=$((skipped + 1))
+    elif [ "${FLASHPATH_SKIP_BENCH_SMOKE:-0}" = 1 ] && [ "${CI:-}" != true ]; then
+        echo "run: FLASHPATH_SKIP_BENCH_SMOKE=1: not running the benchmark smoke run"
+        skipped=$((skipped + 1))
+    elif cmd_bench --smoke; then
+        passed=$((passed + 1))
+    else
+        rc=1
+        failed=$((failed + 1))
+    fi
+    printf '\ntotal: %d passed, %d failed, %d skipped\n' "$passed" "$failed" "$skipped"
+    return "$rc"
+}
