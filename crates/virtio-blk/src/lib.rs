@@ -105,10 +105,13 @@ pub const SEG_MAX: u32 = 126;
 /// memory-region boundaries.
 pub const MAX_IOVECS: usize = 256;
 
-/// Size of the request header `struct virtio_blk_req` up to `data` (§5.2.6).
-pub const REQ_HEADER_SIZE: u64 = 16;
-/// Size of `struct virtio_blk_discard_write_zeroes` (§5.2.6).
-pub const DISCARD_SEGMENT_SIZE: u64 = 16;
+/// Size of the request header `struct virtio_blk_req` up to `data` (§5.2.6): 16 bytes.
+pub const REQ_HEADER_SIZE: u64 = std::mem::size_of::<vb::virtio_blk_outhdr>() as u64;
+/// Size of `struct virtio_blk_discard_write_zeroes` (§5.2.6): 16 bytes.
+pub const DISCARD_SEGMENT_SIZE: u64 = std::mem::size_of::<vb::virtio_blk_discard_write_zeroes>() as u64;
+
+// The parser reads both as fixed 16-byte arrays.
+const _: () = assert!(REQ_HEADER_SIZE == 16 && DISCARD_SEGMENT_SIZE == 16);
 
 /// Status: success (§5.2.6).
 pub const VIRTIO_BLK_S_OK: u8 = vb::VIRTIO_BLK_S_OK as u8;
