@@ -1,5 +1,5 @@
 //! Fuzz the vhost-user-blk backend's protocol handling: a sequence of vhost-user messages,
-//! file descriptors attached, into `fp_vhost_blk::backend::Connection` through `vhost`'s
+//! file descriptors attached, into `fp_vhost_blk::connection::Connection` through `vhost`'s
 //! `BackendReqHandler`, as `run_connection` drives it, over a socketpair. Single-threaded on
 //! the protocol side: each message is written whole, then `handle_request` runs once, then the
 //! reply (if any) is drained, so the socket never fills and no read ever waits for bytes that

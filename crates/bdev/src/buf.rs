@@ -29,27 +29,33 @@ impl AlignedBuf {
         std::alloc::Layout::from_size_align(len.max(BUF_ALIGN), BUF_ALIGN).expect("valid layout")
     }
 
+    /// Length in bytes, as asked for.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer holds no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The start of the buffer (aligned to `BUF_ALIGN`).
     pub fn as_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
 
+    /// The start of the buffer, for writing.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
+    /// The bytes as a slice.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `len` initialised bytes owned by this buffer.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The bytes as a mutable slice.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `len` initialised bytes owned by this buffer, borrowed mutably once.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }

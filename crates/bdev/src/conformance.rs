@@ -52,6 +52,7 @@ pub struct IoBuf {
 }
 
 impl IoBuf {
+    /// A zeroed buffer of `len` bytes, starting on a page boundary when `aligned`, one byte past one otherwise.
     pub fn new(len: usize, aligned: bool) -> IoBuf {
         let mut storage = vec![0u8; len + 4097];
         let to_page = storage.as_mut_ptr().align_offset(4096);
@@ -60,10 +61,12 @@ impl IoBuf {
         IoBuf { storage, start, len }
     }
 
+    /// The buffer's bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.storage[self.start..self.start + self.len]
     }
 
+    /// The buffer's bytes, for writing.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.storage[self.start..self.start + self.len]
     }

@@ -22,10 +22,13 @@
 //! pushes completions into a lock-free queue owned by the channel and signals the fd returned by
 //! [`IoChannel::completion_fd`], so a sleeping reactor wakes up.
 
+#![deny(missing_docs)]
+
 use std::os::unix::io::RawFd;
 use std::sync::Arc;
 
 pub mod buf;
+pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod disk;
@@ -63,19 +66,24 @@ pub enum IoOp {
 /// `len`); they are ignored for the other operations.
 #[derive(Debug, Clone, Copy)]
 pub struct IoRequest {
+    /// The caller's tag, handed back with the completion.
     pub tag: u32,
+    /// What to do.
     pub op: IoOp,
     /// Byte offset on the device; a multiple of the block size.
     pub offset: u64,
     /// Length in bytes; a multiple of the block size.
     pub len: u64,
+    /// The data buffers (`Read`, `Write`).
     pub iov: *const libc::iovec,
+    /// Number of iovecs at `iov`.
     pub iovcnt: u32,
 }
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoStatus {
+    /// Done.
     Success,
     /// The device failed the request; the value is a positive errno for diagnostics.
     Error(i32),
@@ -101,10 +109,15 @@ pub enum SubmitError {
 /// `supported_io_types`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct IoTypes {
+    /// Reads.
     pub read: bool,
+    /// Writes.
     pub write: bool,
+    /// Flushes of a volatile cache.
     pub flush: bool,
+    /// Unmap (discard, trim).
     pub unmap: bool,
+    /// Writes of zeroes without a data buffer.
     pub write_zeroes: bool,
 }
 
@@ -119,10 +132,12 @@ pub(crate) const ALL_IO_TYPES: IoTypes =
 pub struct Capacity(Arc<std::sync::atomic::AtomicU64>);
 
 impl Capacity {
+    /// A capacity of `num_blocks` blocks.
     pub fn new(num_blocks: u64) -> Capacity {
         Capacity(Arc::new(std::sync::atomic::AtomicU64::new(num_blocks)))
     }
 
+    /// The size now, in blocks.
     pub fn blocks(&self) -> u64 {
         self.0.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -146,12 +161,15 @@ impl Eq for Capacity {}
 /// shared [`Capacity`], so a copy taken earlier still reports (and checks against) the size now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BdevInfo {
+    /// The bdev's name, unique in the registry.
     pub name: String,
     /// SPDK's `product_name`, e.g. "Null disk".
     pub product_name: String,
     /// Logical block size in bytes (512 or 4096 typically).
     pub block_size: u32,
+    /// The size, shared with every copy and channel.
     pub capacity: Capacity,
+    /// The operations the device supports.
     pub io_types: IoTypes,
     /// The name of the module that makes it: "null", "malloc", "uring", "delay", ...
     pub driver: &'static str,
@@ -165,6 +183,7 @@ impl BdevInfo {
         self.capacity.blocks()
     }
 
+    /// The size now, in bytes.
     pub fn size_bytes(&self) -> u64 {
         self.num_blocks() * u64::from(self.block_size)
     }
@@ -204,16 +223,27 @@ impl BdevInfo {
 /// [`BlockDevice::block_status`].
 #[derive(Debug, thiserror::Error)]
 pub enum BdevError {
+    /// A parameter is out of range or inconsistent.
     #[error("invalid parameter {field}: {reason}")]
-    InvalidParam { field: &'static str, reason: String },
+    InvalidParam {
+        /// The parameter's name, as the RPC method spells it.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The backing file or device cannot be opened.
     #[error("cannot open {path}: {source}")]
     Open {
+        /// Its path.
         path: String,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The io_uring instance cannot be created.
     #[error("cannot set up io_uring: {0}")]
     Uring(#[source] std::io::Error),
+    /// The device's memory cannot be allocated.
     #[error("out of memory allocating {0} bytes")]
     NoMemory(u64),
     /// The device cannot do what was asked (resize a device of a fixed size, say).
@@ -224,6 +254,7 @@ pub enum BdevError {
 /// A run of bytes with one allocation state (NBD's `base:allocation`; qemu's block status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockExtent {
+    /// Length of the run, in bytes.
     pub len: u64,
     /// Not allocated (reads come from nowhere).
     pub hole: bool,
@@ -259,6 +290,7 @@ impl BlockExtent {
 
 /// A block device: shared, created on the control plane.
 pub trait BlockDevice: Send + Sync {
+    /// The device's description.
     fn info(&self) -> &BdevInfo;
 
     /// Opens a channel for the calling thread. Called on the reactor that will use it.

@@ -49,8 +49,10 @@ impl ClaimType {
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {
     #[error(transparent)]
+    /// The RPC parameters were refused.
     Param(#[from] ParamError),
     #[error(transparent)]
+    /// The device could not be made.
     Bdev(#[from] BdevError),
     /// The host refused (a name taken, a base missing or claimed, a limit): its own error, which
     /// it takes back, with its errno, when the method returns.
@@ -60,6 +62,7 @@ pub enum ModuleError {
 
 /// A bdev a module hands to [`ModuleHost::add_bdev`].
 pub struct NewBdev {
+    /// The device, as a [`Bdev`].
     pub bdev: Bdev,
     /// The same device, for the module's own methods to get back typed
     /// ([`ModuleHost::module_device`]).
@@ -72,6 +75,7 @@ pub struct NewBdev {
 }
 
 impl NewBdev {
+    /// Wraps a device for the registry.
     pub fn new<D: BlockDevice + 'static>(device: Arc<D>) -> NewBdev {
         NewBdev { bdev: device.clone(), device, claims: Vec::new(), aliases: Vec::new() }
     }
@@ -129,6 +133,7 @@ pub trait ModuleHost {
         claim: ClaimType,
     ) -> Result<Bdev, ModuleError>;
 
+    /// Gives back a claim [`ModuleHost::claim`] took.
     fn release_claim(&self, name: &str, holder_kind: &'static str, holder: &str);
 
     /// The module's own state (one per registry), made by `init` on first use.

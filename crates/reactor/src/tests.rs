@@ -1,8 +1,14 @@
 //! Several reactors stepped deterministically on one thread.
 
 use super::*;
+use std::any::Any;
 use std::cell::RefCell;
+use std::os::unix::io::RawFd;
 use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Counts down `work` units, one per poll, then idles; optionally finishes.
 struct Countdown {

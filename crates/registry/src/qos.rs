@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use fp_bdev::disk::{ticks, DiskQosError};
+use fp_bdev::clock::ticks;
+use fp_bdev::disk::DiskQosError;
 use fp_bdev::qos::{FairOn, QosError, QosGroup, QosLimits, ThrottleConfig};
 use fp_bdev::Disk;
 

@@ -27,7 +27,7 @@ use std::fs::File;
 use std::sync::atomic::{compiler_fence, Ordering};
 use std::sync::Arc;
 
-use fp_virtq::{PackedState, RawDesc};
+use fp_virtq::{PackedState, RawDesc, DESC_F_AVAIL, DESC_F_USED};
 use vm_memory::{FileOffset, MmapRegion};
 
 const HEADER: usize = 16;
@@ -137,7 +137,8 @@ impl InflightArea {
         let offset = queue_region_size(self.queue_size) * usize::from(index);
         // SAFETY: `offset` + the region size is within the mapping (checked in `map`).
         let base = unsafe { self.map.as_ptr().add(offset) };
-        Ok(InflightQueue { _area: self.clone(), base, size: ring_size, counter: 0, batch_len: 0 })
+        let region = Region { _area: self.clone(), base, size: ring_size };
+        Ok(InflightQueue { region, counter: 0, batch_len: 0 })
     }
 
     /// The packed-layout tracker for queue `index` with a ring of `ring_size` entries.
@@ -147,12 +148,10 @@ impl InflightArea {
         ring_size: u16,
     ) -> Result<PackedInflight, InflightError> {
         // Same checks and region as the split layout's.
-        let split = self.queue(index, ring_size)?;
+        let region = self.queue(index, ring_size)?.region;
         let n = usize::from(ring_size);
         Ok(PackedInflight {
-            base: split.base,
-            _area: split._area,
-            size: ring_size,
+            region,
             counter: 0,
             free_head: 0,
             old_free_head: 0,
@@ -170,6 +169,104 @@ impl InflightArea {
     }
 }
 
+/// One queue's region of the area, in either layout. Both layouts start with the same
+/// `features: u64, version: u16, desc_num: u16` header, which says whether the region holds a
+/// record of this queue.
+struct Region {
+    _area: Arc<InflightArea>,
+    base: *mut u8,
+    size: u16,
+}
+
+/// Header fields both layouts share.
+const H_VERSION: usize = 8;
+const H_DESC_NUM: usize = 10;
+
+impl Region {
+    // Field access. SAFETY for all: `base` points to this queue's region inside the mapping
+    // held alive by `_area` (checked at construction); callers pass a header field or an entry
+    // field of an entry below `size`, inside the region and naturally aligned (16- or 32-byte
+    // headers and entries in a page-aligned mapping). The front-end only stores the file, so
+    // this thread is the only writer. Volatile accesses keep every store in program order
+    // relative to the used-ring publish, which is what recovery after a crash relies on.
+
+    #[inline]
+    fn r8(&self, off: usize) -> u8 {
+        // SAFETY: see above.
+        unsafe { std::ptr::read_volatile(self.base.add(off)) }
+    }
+
+    #[inline]
+    fn w8(&mut self, off: usize, v: u8) {
+        // SAFETY: see above.
+        unsafe { std::ptr::write_volatile(self.base.add(off), v) }
+    }
+
+    #[inline]
+    fn r16(&self, off: usize) -> u16 {
+        // SAFETY: see above.
+        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u16>()) }
+    }
+
+    #[inline]
+    fn w16(&mut self, off: usize, v: u16) {
+        // SAFETY: see above.
+        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u16>(), v) }
+    }
+
+    #[inline]
+    fn r32(&self, off: usize) -> u32 {
+        // SAFETY: see above.
+        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u32>()) }
+    }
+
+    #[inline]
+    fn w32(&mut self, off: usize, v: u32) {
+        // SAFETY: see above.
+        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u32>(), v) }
+    }
+
+    #[inline]
+    fn r64(&self, off: usize) -> u64 {
+        // SAFETY: see above.
+        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u64>()) }
+    }
+
+    #[inline]
+    fn w64(&mut self, off: usize, v: u64) {
+        // SAFETY: see above.
+        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u64>(), v) }
+    }
+
+    /// Whether the region holds a record of this queue from a previous back-end. If it does
+    /// not (fresh, or foreign: another version or ring size), it is wiped and stamped with
+    /// this queue's header, for the layout to initialise the rest.
+    fn claim(&mut self) -> bool {
+        if self.r16(H_VERSION) == VERSION && self.r16(H_DESC_NUM) == self.size {
+            return true;
+        }
+        // SAFETY: the region is `queue_region_size(size)` bytes inside the mapping (see the
+        // accessors).
+        unsafe { std::ptr::write_bytes(self.base, 0, queue_region_size(self.size)) };
+        self.w16(H_VERSION, VERSION);
+        self.w16(H_DESC_NUM, self.size);
+        false
+    }
+}
+
+/// Requests found in flight, as `(counter, head, request)`, put in the order they were taken
+/// (the head breaks ties between equal counters, which only a hostile front-end writes).
+fn oldest_first<T>(mut found: Vec<(u64, u16, T)>) -> Vec<T> {
+    found.sort_unstable_by_key(|&(counter, head, _)| (counter, head));
+    found.into_iter().map(|(_, _, r)| r).collect()
+}
+
+/// The counter to give the next request taken: after every counter in `seen`. The counters are
+/// the front-end's memory: a hostile one may have left u64::MAX there, hence the wrap.
+fn next_counter(seen: impl Iterator<Item = u64>) -> u64 {
+    seen.max().map_or(0, |c| c.wrapping_add(1))
+}
+
 /// What recovery found in a queue's region.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recovered {
@@ -181,29 +278,19 @@ pub struct Recovered {
 
 /// One queue's region. Lives on the queue's reactor.
 pub struct InflightQueue {
-    _area: Arc<InflightArea>,
-    base: *mut u8,
-    size: u16,
+    region: Region,
     counter: u64,
     /// Entries linked into the current completion batch.
     batch_len: u16,
 }
 
 impl InflightQueue {
-    // Field accessors. SAFETY for all: `base` points to this queue's region inside the mapping
-    // held alive by `_area` (checked at construction); offsets are inside the region for
-    // `head < size`; the front-end only stores the file, so this thread is the only writer.
-    // Volatile accesses keep every store in program order relative to the used-ring publish,
-    // which is what recovery after a crash relies on.
-
     fn read_u16(&self, off: usize) -> u16 {
-        // SAFETY: see above; 2-aligned offsets in a page-aligned mapping.
-        unsafe { std::ptr::read_volatile(self.base.add(off) as *const u16) }
+        self.region.r16(off)
     }
 
     fn write_u16(&mut self, off: usize, v: u16) {
-        // SAFETY: see above.
-        unsafe { std::ptr::write_volatile(self.base.add(off) as *mut u16, v) }
+        self.region.w16(off, v)
     }
 
     fn entry(&self, head: u16) -> usize {
@@ -211,37 +298,28 @@ impl InflightQueue {
     }
 
     fn inflight(&self, head: u16) -> bool {
-        // SAFETY: see above.
-        unsafe { std::ptr::read_volatile(self.base.add(self.entry(head))) != 0 }
+        self.region.r8(self.entry(head)) != 0
     }
 
     fn set_inflight(&mut self, head: u16, v: bool) {
         let off = self.entry(head);
-        // SAFETY: see above.
-        unsafe { std::ptr::write_volatile(self.base.add(off), u8::from(v)) }
+        self.region.w8(off, u8::from(v))
     }
 
     fn counter_of(&self, head: u16) -> u64 {
-        // SAFETY: see above; 8-aligned (16-byte entries after a 16-byte header).
-        unsafe { std::ptr::read_volatile(self.base.add(self.entry(head) + 8) as *const u64) }
+        // 8-aligned: 16-byte entries after a 16-byte header.
+        self.region.r64(self.entry(head) + 8)
     }
 
     fn set_counter(&mut self, head: u16, v: u64) {
         let off = self.entry(head) + 8;
-        // SAFETY: see above.
-        unsafe { std::ptr::write_volatile(self.base.add(off) as *mut u64, v) }
+        self.region.w64(off, v)
     }
 
     /// Prepares the region when the queue starts. `ring_used_idx` is the used ring's `idx` as
     /// the guest sees it now.
     pub fn recover(&mut self, ring_used_idx: u16) -> Recovered {
-        let version = self.read_u16(8);
-        if version != VERSION || self.read_u16(10) != self.size {
-            // Fresh (or foreign) region: start clean.
-            // SAFETY: the region is `queue_region_size(size)` bytes (see accessors).
-            unsafe { std::ptr::write_bytes(self.base, 0, queue_region_size(self.size)) };
-            self.write_u16(8, VERSION);
-            self.write_u16(10, self.size);
+        if !self.region.claim() {
             self.write_u16(14, ring_used_idx);
             self.counter = 0;
             return Recovered { resubmit: Vec::new(), reused: false };
@@ -251,8 +329,8 @@ impl InflightQueue {
             // The previous back-end published a batch but died before clearing its marks.
             let batch = ring_used_idx.wrapping_sub(used_idx);
             let mut head = self.read_u16(12);
-            for _ in 0..batch.min(self.size) {
-                if head >= self.size {
+            for _ in 0..batch.min(self.region.size) {
+                if head >= self.region.size {
                     break;
                 }
                 self.set_inflight(head, false);
@@ -260,17 +338,15 @@ impl InflightQueue {
             }
             self.write_u16(14, ring_used_idx);
         }
-        let mut pending: Vec<(u64, u16)> =
-            (0..self.size).filter(|&h| self.inflight(h)).map(|h| (self.counter_of(h), h)).collect();
-        pending.sort_unstable();
-        // The counters are the frontend's memory: a hostile one may have left u64::MAX there.
-        self.counter = (0..self.size).map(|h| self.counter_of(h)).max().unwrap_or(0).wrapping_add(1);
-        Recovered { resubmit: pending.into_iter().map(|(_, h)| h).collect(), reused: true }
+        let pending: Vec<(u64, u16, u16)> =
+            (0..self.region.size).filter(|&h| self.inflight(h)).map(|h| (self.counter_of(h), h, h)).collect();
+        self.counter = next_counter((0..self.region.size).map(|h| self.counter_of(h)));
+        Recovered { resubmit: oldest_first(pending), reused: true }
     }
 
     /// Records that `head` was taken from the available ring.
     pub fn taken(&mut self, head: u16) {
-        if head >= self.size {
+        if head >= self.region.size {
             return;
         }
         let c = self.counter;
@@ -282,7 +358,7 @@ impl InflightQueue {
 
     /// Links `head` into the batch about to be published.
     pub fn completing(&mut self, head: u16) {
-        if head >= self.size {
+        if head >= self.region.size {
             return;
         }
         let last = self.read_u16(12);
@@ -297,7 +373,7 @@ impl InflightQueue {
         compiler_fence(Ordering::SeqCst);
         let mut head = self.read_u16(12);
         for _ in 0..self.batch_len {
-            if head >= self.size {
+            if head >= self.region.size {
                 break;
             }
             self.set_inflight(head, false);
@@ -310,7 +386,7 @@ impl InflightQueue {
 
     /// Heads currently marked in flight (for tests and diagnostics).
     pub fn marked(&self) -> Vec<u16> {
-        (0..self.size).filter(|&h| self.inflight(h)).collect()
+        (0..self.region.size).filter(|&h| self.inflight(h)).collect()
     }
 }
 
@@ -335,9 +411,6 @@ const E_ID: usize = 16;
 const E_FLAGS: usize = 18;
 const E_LEN: usize = 20;
 const E_ADDR: usize = 24;
-/// The packed ring's AVAIL and USED descriptor flags (virtio 1.2 §2.8.1).
-const DESC_F_AVAIL: u16 = 1 << 7;
-const DESC_F_USED: u16 = 1 << 15;
 
 /// A packed-ring request a previous back-end left in flight, as it was taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -380,9 +453,7 @@ pub struct PackedRecovered {
 /// past it; a crash before that returns its entries to the free list and, since the available
 /// position is recomputed from what is in flight, the list is taken from the ring again.
 pub struct PackedInflight {
-    _area: Arc<InflightArea>,
-    base: *mut u8,
-    size: u16,
+    region: Region,
     counter: u64,
     // Mirrors of the header's positions (the region is written through, never read back
     // while running: the front-end's memory is not trusted for our own bookkeeping).
@@ -406,74 +477,30 @@ pub struct PackedInflight {
 }
 
 impl PackedInflight {
-    // Field access. SAFETY for all: as `InflightQueue`'s accessors; `off` is a header field or
-    // `entry(e) + field` with `e < size`, inside the region, naturally aligned (32-byte header
-    // and entries in a page-aligned mapping).
-
     fn entry(e: u16) -> usize {
         PACKED_HEADER + PACKED_ENTRY * usize::from(e)
     }
 
-    fn r8(&self, off: usize) -> u8 {
-        // SAFETY: see above.
-        unsafe { std::ptr::read_volatile(self.base.add(off)) }
-    }
-
-    fn w8(&mut self, off: usize, v: u8) {
-        // SAFETY: see above.
-        unsafe { std::ptr::write_volatile(self.base.add(off), v) }
-    }
-
-    fn r16(&self, off: usize) -> u16 {
-        // SAFETY: see above.
-        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u16>()) }
-    }
-
-    fn w16(&mut self, off: usize, v: u16) {
-        // SAFETY: see above.
-        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u16>(), v) }
-    }
-
-    fn r32(&self, off: usize) -> u32 {
-        // SAFETY: see above.
-        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u32>()) }
-    }
-
-    fn w32(&mut self, off: usize, v: u32) {
-        // SAFETY: see above.
-        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u32>(), v) }
-    }
-
-    fn r64(&self, off: usize) -> u64 {
-        // SAFETY: see above.
-        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u64>()) }
-    }
-
-    fn w64(&mut self, off: usize, v: u64) {
-        // SAFETY: see above.
-        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u64>(), v) }
-    }
-
     /// `pos` moved `by` slots on, flipping the wrap counter past the end (as the ring does).
     fn advance(&self, (pos, wrap): (u16, bool), by: u16) -> (u16, bool) {
-        let next = u32::from(pos) + u32::from(by.min(self.size));
-        if next >= u32::from(self.size) {
-            ((next - u32::from(self.size)) as u16, !wrap)
+        let next = u32::from(pos) + u32::from(by.min(self.region.size));
+        if next >= u32::from(self.region.size) {
+            ((next - u32::from(self.region.size)) as u16, !wrap)
         } else {
             (next as u16, wrap)
         }
     }
 
     fn write_free_heads(&mut self) {
-        self.w16(P_FREE_HEAD, self.free_head);
-        self.w16(P_OLD_FREE_HEAD, self.old_free_head);
+        self.region.w16(P_FREE_HEAD, self.free_head);
+        self.region.w16(P_OLD_FREE_HEAD, self.old_free_head);
     }
 
     fn write_used(&mut self, used: (u16, bool), old: (u16, bool)) {
-        self.w16(P_USED_IDX, used.0);
-        self.w8(P_USED_WRAP, u8::from(used.1));
-        self.w16(P_OLD_USED_IDX, old.0);
-        self.w8(P_OLD_USED_WRAP, u8::from(old.1));
+        self.region.w16(P_USED_IDX, used.0);
+        self.region.w8(P_USED_WRAP, u8::from(used.1));
+        self.region.w16(P_OLD_USED_IDX, old.0);
+        self.region.w8(P_OLD_USED_WRAP, u8::from(old.1));
     }
 
     /// Prepares the region when the queue starts. `ring` is the position the front-end gave
@@ -484,16 +511,12 @@ impl PackedInflight {
         ring: PackedState,
         flags_at: impl FnOnce(u16) -> Option<u16>,
     ) -> Result<PackedRecovered, InflightError> {
-        let n = usize::from(self.size);
-        if self.r16(8) != VERSION || self.r16(10) != self.size {
-            // Fresh (or foreign) region: start clean, every entry free.
-            // SAFETY: the region is `queue_region_size(size)` bytes (see accessors).
-            unsafe { std::ptr::write_bytes(self.base, 0, queue_region_size(self.size)) };
-            self.w16(8, VERSION);
-            self.w16(10, self.size);
-            for e in 0..self.size {
-                let next = if e + 1 < self.size { e + 1 } else { NONE };
-                self.w16(Self::entry(e) + E_NEXT, next);
+        let n = usize::from(self.region.size);
+        if !self.region.claim() {
+            // Every entry free.
+            for e in 0..self.region.size {
+                let next = if e + 1 < self.region.size { e + 1 } else { NONE };
+                self.region.w16(Self::entry(e) + E_NEXT, next);
             }
             (self.free_head, self.old_free_head) = (0, 0);
             self.write_free_heads();
@@ -501,11 +524,11 @@ impl PackedInflight {
             self.write_used(self.used, self.used);
             return Ok(PackedRecovered { resubmit: Vec::new(), state: ring, reused: false });
         }
-        let mut free_head = self.r16(P_FREE_HEAD);
-        let mut old_free_head = self.r16(P_OLD_FREE_HEAD);
-        let mut used = (self.r16(P_USED_IDX), self.r8(P_USED_WRAP) != 0);
-        let mut old_used = (self.r16(P_OLD_USED_IDX), self.r8(P_OLD_USED_WRAP) != 0);
-        if used.0 >= self.size || old_used.0 >= self.size {
+        let mut free_head = self.region.r16(P_FREE_HEAD);
+        let mut old_free_head = self.region.r16(P_OLD_FREE_HEAD);
+        let mut used = (self.region.r16(P_USED_IDX), self.region.r8(P_USED_WRAP) != 0);
+        let mut old_used = (self.region.r16(P_OLD_USED_IDX), self.region.r8(P_OLD_USED_WRAP) != 0);
+        if used.0 >= self.region.size || old_used.0 >= self.region.size {
             return Err(InflightError::Corrupt("used index beyond the ring"));
         }
         if used != old_used {
@@ -526,39 +549,39 @@ impl PackedInflight {
         // taking was cut short, a batch whose clearing was).
         let mut free = vec![false; n];
         let mut e = free_head;
-        while e < self.size && !free[usize::from(e)] {
+        while e < self.region.size && !free[usize::from(e)] {
             free[usize::from(e)] = true;
-            self.w8(Self::entry(e) + E_INFLIGHT, 0);
-            e = self.r16(Self::entry(e) + E_NEXT);
+            self.region.w8(Self::entry(e) + E_INFLIGHT, 0);
+            e = self.region.r16(Self::entry(e) + E_NEXT);
         }
         let mut owned = vec![false; n];
         let mut found: Vec<(u64, u16, InflightRequest)> = Vec::new();
-        for head in 0..self.size {
-            if free[usize::from(head)] || self.r8(Self::entry(head) + E_INFLIGHT) == 0 {
+        for head in 0..self.region.size {
+            if free[usize::from(head)] || self.region.r8(Self::entry(head) + E_INFLIGHT) == 0 {
                 continue;
             }
             let at = Self::entry(head);
             let (num, last, counter) =
-                (self.r16(at + E_NUM), self.r16(at + E_LAST), self.r64(at + E_COUNTER));
-            if num == 0 || num > self.size {
+                (self.region.r16(at + E_NUM), self.region.r16(at + E_LAST), self.region.r64(at + E_COUNTER));
+            if num == 0 || num > self.region.size {
                 return Err(InflightError::Corrupt("list length"));
             }
             let mut descs = Vec::with_capacity(usize::from(num));
             let mut e = head;
             for i in 0..num {
-                if e >= self.size || owned[usize::from(e)] || free[usize::from(e)] {
+                if e >= self.region.size || owned[usize::from(e)] || free[usize::from(e)] {
                     return Err(InflightError::Corrupt("list links"));
                 }
                 owned[usize::from(e)] = true;
                 let at = Self::entry(e);
                 descs.push(RawDesc {
-                    addr: self.r64(at + E_ADDR),
-                    len: self.r32(at + E_LEN),
-                    id: self.r16(at + E_ID),
-                    flags: self.r16(at + E_FLAGS),
+                    addr: self.region.r64(at + E_ADDR),
+                    len: self.region.r32(at + E_LEN),
+                    id: self.region.r16(at + E_ID),
+                    flags: self.region.r16(at + E_FLAGS),
                 });
                 if i + 1 < num {
-                    e = self.r16(at + E_NEXT);
+                    e = self.region.r16(at + E_NEXT);
                 }
             }
             if e != last {
@@ -567,17 +590,16 @@ impl PackedInflight {
             let id = descs[descs.len() - 1].id;
             found.push((counter, head, InflightRequest { id, slots: num, descs }));
         }
-        found.sort_unstable_by_key(|&(counter, head, _)| (counter, head));
         let in_flight: u32 = found.iter().map(|(_, _, r)| u32::from(r.slots)).sum();
-        if in_flight > u32::from(self.size) {
+        if in_flight > u32::from(self.region.size) {
             return Err(InflightError::Corrupt("more slots in flight than the ring has"));
         }
         // A fresh free list of every entry no list holds: whatever the interrupted update left
         // behind is clean from here on.
         let mut first = NONE;
-        for e in (0..self.size).rev().filter(|&e| !owned[usize::from(e)]) {
-            self.w8(Self::entry(e) + E_INFLIGHT, 0);
-            self.w16(Self::entry(e) + E_NEXT, first);
+        for e in (0..self.region.size).rev().filter(|&e| !owned[usize::from(e)]) {
+            self.region.w8(Self::entry(e) + E_INFLIGHT, 0);
+            self.region.w16(Self::entry(e) + E_NEXT, first);
             first = e;
         }
         compiler_fence(Ordering::SeqCst);
@@ -585,23 +607,23 @@ impl PackedInflight {
         self.write_free_heads();
         self.used = used;
         self.write_used(used, used);
-        // Counters are the front-end's memory: a hostile one may have left u64::MAX there.
-        self.counter = found.iter().map(|&(c, _, _)| c).max().map_or(0, |c| c.wrapping_add(1));
+        self.counter = next_counter(found.iter().map(|&(c, _, _)| c));
         for (_, head, r) in &found {
-            let last = self.r16(Self::entry(*head) + E_LAST);
+            let last = self.region.r16(Self::entry(*head) + E_LAST);
             self.heads[usize::from(*head)] = Some((r.id, last));
-            if r.id < self.size {
+            if r.id < self.region.size {
                 self.by_id[usize::from(r.id)] = *head;
             }
         }
         // Everything taken is either returned (up to the used position) or still in flight.
+        let resubmit = oldest_first(found);
         let mut avail = used;
-        for (_, _, r) in &found {
+        for r in &resubmit {
             avail = self.advance(avail, r.slots);
         }
         let state =
             PackedState { next_avail: avail.0, avail_wrap: avail.1, next_used: used.0, used_wrap: used.1 };
-        Ok(PackedRecovered { resubmit: found.into_iter().map(|(_, _, r)| r).collect(), state, reused: true })
+        Ok(PackedRecovered { resubmit, state, reused: true })
     }
 
     /// Starts recording the next list taken from the ring (before `PackedQueue::pop_with`).
@@ -618,20 +640,20 @@ impl PackedInflight {
     #[inline]
     pub fn record(&mut self, d: RawDesc) {
         let e = self.rec_cur;
-        if e >= self.size {
+        if e >= self.region.size {
             // Out of entries: only a driver making more slots available than the ring has can
             // get here. That list goes untracked.
             self.rec_ok = false;
             return;
         }
         let at = Self::entry(e);
-        self.w64(at + E_ADDR, d.addr);
-        self.w32(at + E_LEN, d.len);
-        self.w16(at + E_ID, d.id);
-        self.w16(at + E_FLAGS, d.flags);
+        self.region.w64(at + E_ADDR, d.addr);
+        self.region.w32(at + E_LEN, d.len);
+        self.region.w16(at + E_ID, d.id);
+        self.region.w16(at + E_FLAGS, d.flags);
         self.rec_last = e;
         self.rec_n += 1;
-        self.rec_cur = self.r16(at + E_NEXT);
+        self.rec_cur = self.region.r16(at + E_NEXT);
     }
 
     /// The recorded list, buffer `id`, was taken: marks it in flight.
@@ -645,24 +667,24 @@ impl PackedInflight {
         let at = Self::entry(head);
         let c = self.counter;
         self.counter = self.counter.wrapping_add(1);
-        self.w16(at + E_NUM, n);
-        self.w16(at + E_LAST, last);
-        self.w64(at + E_COUNTER, c);
+        self.region.w16(at + E_NUM, n);
+        self.region.w16(at + E_LAST, last);
+        self.region.w64(at + E_COUNTER, c);
         compiler_fence(Ordering::SeqCst);
-        self.w8(at + E_INFLIGHT, 1);
+        self.region.w8(at + E_INFLIGHT, 1);
         compiler_fence(Ordering::SeqCst);
         // Commit: the committed free list now starts after the list (and an unpublished
         // batch, linked in front of it, keeps pointing at that start).
         let next_free = self.rec_cur;
-        if !self.batch.is_empty() && self.batch_tail < self.size {
-            self.w16(Self::entry(self.batch_tail) + E_NEXT, next_free);
+        if !self.batch.is_empty() && self.batch_tail < self.region.size {
+            self.region.w16(Self::entry(self.batch_tail) + E_NEXT, next_free);
         } else if self.batch.is_empty() {
             self.free_head = next_free;
         }
         self.old_free_head = next_free;
         self.write_free_heads();
         self.heads[usize::from(head)] = Some((id, last));
-        if id < self.size {
+        if id < self.region.size {
             self.by_id[usize::from(id)] = head;
         }
     }
@@ -671,14 +693,14 @@ impl PackedInflight {
     #[inline]
     fn find(&self, id: u16) -> Option<u16> {
         let matches = |e: u16| self.heads[usize::from(e)].is_some_and(|(i, _)| i == id);
-        if id < self.size {
+        if id < self.region.size {
             let e = self.by_id[usize::from(id)];
-            if e < self.size && matches(e) {
+            if e < self.region.size && matches(e) {
                 return Some(e);
             }
         }
         // Ids at or beyond the queue size, or reused while in flight: a driver's choice, rare.
-        (0..self.size).find(|&e| matches(e))
+        (0..self.region.size).find(|&e| matches(e))
     }
 
     /// Links the list with buffer `id`, which took `slots` ring slots, into the batch about to
@@ -687,20 +709,20 @@ impl PackedInflight {
     pub fn completing(&mut self, id: u16, slots: u16) {
         if let Some(e) = self.find(id) {
             let (_, last) = self.heads[usize::from(e)].take().unwrap_or((id, e));
-            if id < self.size && self.by_id[usize::from(id)] == e {
+            if id < self.region.size && self.by_id[usize::from(id)] == e {
                 self.by_id[usize::from(id)] = NONE;
             }
-            self.w16(Self::entry(last) + E_NEXT, self.free_head);
+            self.region.w16(Self::entry(last) + E_NEXT, self.free_head);
             if self.batch.is_empty() {
                 self.batch_tail = last;
             }
             self.free_head = e;
-            self.w16(P_FREE_HEAD, e);
+            self.region.w16(P_FREE_HEAD, e);
             self.batch.push(e);
         }
         self.used = self.advance(self.used, slots);
-        self.w16(P_USED_IDX, self.used.0);
-        self.w8(P_USED_WRAP, u8::from(self.used.1));
+        self.region.w16(P_USED_IDX, self.used.0);
+        self.region.w8(P_USED_WRAP, u8::from(self.used.1));
     }
 
     /// After the batch was published: clears its marks, then commits the new state.
@@ -708,19 +730,19 @@ impl PackedInflight {
         compiler_fence(Ordering::SeqCst);
         for i in 0..self.batch.len() {
             let e = self.batch[i];
-            self.w8(Self::entry(e) + E_INFLIGHT, 0);
+            self.region.w8(Self::entry(e) + E_INFLIGHT, 0);
         }
         self.batch.clear();
         compiler_fence(Ordering::SeqCst);
         self.old_free_head = self.free_head;
-        self.w16(P_OLD_FREE_HEAD, self.free_head);
-        self.w16(P_OLD_USED_IDX, self.used.0);
-        self.w8(P_OLD_USED_WRAP, u8::from(self.used.1));
+        self.region.w16(P_OLD_FREE_HEAD, self.free_head);
+        self.region.w16(P_OLD_USED_IDX, self.used.0);
+        self.region.w8(P_OLD_USED_WRAP, u8::from(self.used.1));
     }
 
     /// Head entries currently marked in flight (for tests and diagnostics).
     pub fn marked(&self) -> Vec<u16> {
-        (0..self.size).filter(|&e| self.r8(Self::entry(e) + E_INFLIGHT) != 0).collect()
+        (0..self.region.size).filter(|&e| self.region.r8(Self::entry(e) + E_INFLIGHT) != 0).collect()
     }
 }
 
@@ -758,6 +780,109 @@ impl Tracker {
             Tracker::Split(t) => t.published(used_idx),
             Tracker::Packed(t) => t.published(),
         }
+    }
+}
+
+/// Where a queue's ring continues, in its layout's terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Position {
+    /// Split ring: the next available index to read and the next used index to write.
+    Split {
+        /// Next available-ring index.
+        next_avail: u16,
+        /// Next used-ring index.
+        next_used: u16,
+    },
+    /// Packed ring: both positions and wrap counters.
+    Packed(PackedState),
+}
+
+impl Position {
+    /// The position SET_VRING_BASE gave (`base`'s encoding depends on the layout).
+    pub fn from_vring_base(base: u32, packed: bool) -> Position {
+        if packed {
+            Position::Packed(PackedState::from_vring_base(base))
+        } else {
+            let base = base as u16;
+            Position::Split { next_avail: base, next_used: base }
+        }
+    }
+}
+
+/// What recovery reads of the guest's ring, in the negotiated layout.
+pub enum RingNow<'a> {
+    /// Split: the used ring's `idx` as the guest sees it now.
+    Split {
+        /// The guest-visible used index.
+        used_idx: u16,
+    },
+    /// Packed: the flags of the ring's descriptor at a slot (None: unreadable).
+    Packed {
+        /// Reads one slot's flags.
+        flags_at: &'a dyn Fn(u16) -> Option<u16>,
+    },
+}
+
+/// A request a previous back-end left in flight, to resubmit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pending {
+    /// Split: a head index, walked through the ring again (its descriptors are still the
+    /// driver's).
+    Head(u16),
+    /// Packed: the list's recorded descriptors (the driver may have reused its slots).
+    List(InflightRequest),
+}
+
+/// What recovery found in a queue's region, whichever the layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    /// Requests to resubmit, oldest first.
+    pub resubmit: Vec<Pending>,
+    /// Where the ring continues: after everything returned or still in flight when the region
+    /// held a record, the front-end's position otherwise.
+    pub position: Position,
+    /// Whether the region held state from a previous back-end.
+    pub reused: bool,
+}
+
+impl InflightArea {
+    /// Queue `index`'s tracker, with a ring of `ring_size` entries, in the negotiated layout.
+    pub fn tracker(
+        self: &Arc<Self>,
+        index: u16,
+        ring_size: u16,
+        packed: bool,
+    ) -> Result<Tracker, InflightError> {
+        Ok(if packed {
+            Tracker::Packed(self.packed_queue(index, ring_size)?)
+        } else {
+            Tracker::Split(self.queue(index, ring_size)?)
+        })
+    }
+}
+
+impl Tracker {
+    /// Prepares the queue's region when the queue starts, for either layout: a region without
+    /// a record of this queue is initialised and the ring continues at `from` (the front-end's
+    /// position); a region with one gives back what was in flight, oldest first, and the
+    /// position after it. `ring` and `from` must be in the tracker's layout.
+    pub fn recover(&mut self, from: Position, ring: RingNow<'_>) -> Result<Recovery, InflightError> {
+        let (resubmit, position, reused) = match (self, from, ring) {
+            (Tracker::Split(t), Position::Split { .. }, RingNow::Split { used_idx }) => {
+                let r = t.recover(used_idx);
+                // Everything taken beyond the used index is still in flight, one slot each.
+                let next_avail = used_idx.wrapping_add(r.resubmit.len() as u16);
+                let position = Position::Split { next_avail, next_used: used_idx };
+                (r.resubmit.into_iter().map(Pending::Head).collect(), position, r.reused)
+            }
+            (Tracker::Packed(t), Position::Packed(state), RingNow::Packed { flags_at }) => {
+                let r = t.recover(state, flags_at)?;
+                (r.resubmit.into_iter().map(Pending::List).collect(), Position::Packed(r.state), r.reused)
+            }
+            _ => return Err(InflightError::Invalid("the ring's layout is not the tracker's")),
+        };
+        let position = if reused { position } else { from };
+        Ok(Recovery { resubmit, position, reused })
     }
 }
 
@@ -844,10 +969,34 @@ mod tests {
         assert_eq!(again.recover(0).resubmit, vec![0, 1], "the guest never saw 1 complete");
     }
 
+    #[test]
+    fn one_recovery_for_both_layouts() {
+        let a = area();
+        // Split, fresh: the front-end's position, nothing to resubmit.
+        let from = Position::from_vring_base(3, false);
+        let mut t = a.tracker(0, 8, false).unwrap();
+        let r = t.recover(from, RingNow::Split { used_idx: 3 }).unwrap();
+        assert_eq!(r, Recovery { resubmit: vec![], position: from, reused: false });
+        t.taken(4);
+        t.taken(6);
+        // Again: what was taken comes back oldest first, and the ring continues after it.
+        let mut again = a.tracker(0, 8, false).unwrap();
+        let r = again.recover(from, RingNow::Split { used_idx: 3 }).unwrap();
+        assert_eq!(r.resubmit, vec![Pending::Head(4), Pending::Head(6)]);
+        assert_eq!(r.position, Position::Split { next_avail: 5, next_used: 3 });
+        // Packed, fresh, on the other queue.
+        let from = Position::Packed(PackedState::START);
+        let mut p = a.tracker(1, 8, true).unwrap();
+        let r = p.recover(from, RingNow::Packed { flags_at: &|_| Some(0) }).unwrap();
+        assert_eq!((r.position, r.reused), (from, false));
+        // A ring in another layout than the tracker's is refused.
+        assert!(again.recover(from, RingNow::Packed { flags_at: &|_| None }).is_err());
+    }
+
     // Packed layout. A "ring" here is the descriptor flags the recovery reads: `avail_at(lap)`
     // is what a slot holds while still available in that lap.
 
-    const F_NEXT: u16 = 1;
+    use fp_virtq::DESC_F_NEXT as F_NEXT;
 
     fn avail_at(wrap: bool) -> u16 {
         if wrap {
@@ -1006,13 +1155,13 @@ mod tests {
         q.recover(START, |_| None).unwrap();
         take(&mut q, 0, 2);
         // The front-end scribbles over the head's list length.
-        q.w16(PackedInflight::entry(0) + E_NUM, 200);
+        q.region.w16(PackedInflight::entry(0) + E_NUM, 200);
         assert!(matches!(
             a.packed_queue(0, 8).unwrap().recover(START, |_| None),
             Err(InflightError::Corrupt(_))
         ));
-        q.w16(PackedInflight::entry(0) + E_NUM, 2);
-        q.w16(P_OLD_USED_IDX, 8);
+        q.region.w16(PackedInflight::entry(0) + E_NUM, 2);
+        q.region.w16(P_OLD_USED_IDX, 8);
         assert!(matches!(
             a.packed_queue(0, 8).unwrap().recover(START, |_| None),
             Err(InflightError::Corrupt(_))

@@ -31,11 +31,12 @@ use fp_virtio_blk::{
     parse_chain, validate, write_id, DiskParams, GuestMemory, ParseError, RequestType, StatusPtr, MAX_IOVECS,
     SECTOR_SIZE, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
-use fp_virtq::{Chain, MemTable, PackedQueue, PackedState, RingError, SplitQueue};
-use vm_memory::{Address, Bytes, GuestAddress};
+use fp_virtq::{Chain, MemTable, RingError};
+use vm_memory::GuestAddress;
 
 use crate::coalesce::{Clock, Coalescer, CoalescingSettings};
-use crate::inflight::{InflightArea, InflightRequest, Tracker};
+use crate::inflight::{InflightArea, Pending, Tracker};
+use crate::ring::{open, Head, Ring};
 use crate::stats::{Counters, QueueStats};
 
 /// How long a queue whose back-end signals its completions (RBD) keeps its reactor polling
@@ -57,7 +58,7 @@ pub struct QueueSetup {
     /// Used ring (split) or device event suppression area (packed).
     pub used: GuestAddress,
     /// Ring position to continue from, as SET_VRING_BASE carries it: the next available index
-    /// (split), or [`PackedState::to_vring_base`]'s encoding (packed).
+    /// (split), or [`fp_virtq::PackedState::to_vring_base`]'s encoding (packed).
     pub base: u32,
     pub event_idx: bool,
     /// VIRTIO_F_RING_PACKED was negotiated.
@@ -112,110 +113,6 @@ pub struct Stopped {
     /// The vring base to resume from (GET_VRING_BASE's answer, in [`QueueSetup::base`]'s
     /// encoding).
     pub base: u32,
-}
-
-/// What the used ring needs to return a request: the head index (split) or buffer id (packed),
-/// and how many ring slots the request took (packed; 1 for split).
-#[derive(Clone, Copy, Debug, Default)]
-struct Head {
-    id: u16,
-    slots: u16,
-}
-
-/// Either ring format, dispatched by one predictable branch per call.
-enum Ring {
-    Split(SplitQueue),
-    Packed(PackedQueue),
-}
-
-impl Ring {
-    /// Takes the next available chain into `chain`; a packed tracker records its ring
-    /// descriptors as they are read. An error fails the queue.
-    #[inline]
-    fn pop(
-        &mut self,
-        table: &MemTable,
-        chain: &mut Chain,
-        tracker: &mut Option<Tracker>,
-    ) -> Result<Option<Head>, String> {
-        match self {
-            Ring::Split(q) => {
-                let Some(head) = q.pop().map_err(|e| format!("bad available ring: {e}"))? else {
-                    return Ok(None);
-                };
-                q.walk(table, head, chain).map_err(|e| format!("request {head} cannot be completed: {e}"))?;
-                Ok(Some(Head { id: head, slots: 1 }))
-            }
-            Ring::Packed(q) => {
-                let popped = match tracker {
-                    Some(Tracker::Packed(t)) => {
-                        t.begin();
-                        q.pop_with(table, chain, |d| t.record(d))
-                    }
-                    _ => q.pop(table, chain),
-                };
-                match popped {
-                    Ok(Some(h)) => Ok(Some(Head { id: h.id, slots: h.slots })),
-                    Ok(None) => Ok(None),
-                    Err(e) => Err(format!("packed ring: {e}")),
-                }
-            }
-        }
-    }
-
-    #[inline]
-    fn push_used(&mut self, head: Head, len: u32) {
-        match self {
-            Ring::Split(q) => q.push_used(head.id, len),
-            Ring::Packed(q) => q.push_used(head.id, len, head.slots),
-        }
-    }
-
-    #[inline]
-    fn publish(&mut self) -> u16 {
-        match self {
-            Ring::Split(q) => q.publish(),
-            Ring::Packed(q) => q.publish(),
-        }
-    }
-
-    /// The split ring's used index after the last publish (what in-flight tracking records).
-    fn next_used(&self) -> u16 {
-        match self {
-            Ring::Split(q) => q.next_used(),
-            Ring::Packed(q) => q.state().next_used,
-        }
-    }
-
-    #[inline]
-    fn needs_notification(&mut self) -> bool {
-        match self {
-            Ring::Split(q) => q.needs_notification(),
-            Ring::Packed(q) => q.needs_notification(),
-        }
-    }
-
-    fn enable_notification(&mut self) -> bool {
-        match self {
-            Ring::Split(q) => q.enable_notification(),
-            Ring::Packed(q) => q.enable_notification(),
-        }
-    }
-
-    fn disable_notification(&mut self) {
-        match self {
-            Ring::Split(q) => q.disable_notification(),
-            Ring::Packed(q) => q.disable_notification(),
-        }
-    }
-
-    /// The vring base to report once nothing is in flight.
-    fn base(&self) -> u32 {
-        match self {
-            Ring::Split(q) => u32::from(q.next_avail()),
-            Ring::Packed(q) => q.state().to_vring_base(),
-        }
-    }
 }
 
 struct Slot {
@@ -349,81 +246,7 @@ impl QueuePoller {
     pub fn new(s: QueueSetup) -> Result<QueuePoller, StartError> {
         let index = s.index;
         let table = MemTable::new(s.mem.clone()).ok_or(StartError::NoMemory { index })?;
-        let ring_err = |source| StartError::Ring { index, source };
-        // With in-flight tracking the split ring's position comes from the region, not the
-        // base: after a back-end crash the front-end resets the base to the used index, and
-        // everything it had taken beyond that is either completed (in the used ring) or
-        // recorded in flight.
-        let mut tracker = None;
-        let mut resubmit = Vec::new();
-        let mut resubmit_packed = Vec::new();
-        let ring = if s.packed {
-            // The packed ring's positions likewise come from the region: the front-end cannot
-            // know how far a crashed back-end got.
-            let mut state = PackedState::from_vring_base(s.base);
-            if let Some(area) = &s.inflight {
-                let inflight_err = |source| StartError::Inflight { index, source };
-                let mut t = area.packed_queue(index, s.size).map_err(inflight_err)?;
-                let flags_at = |slot: u16| {
-                    let at = s.desc.checked_add(16 * u64::from(slot) + 14)?;
-                    s.mem.read_obj::<u16>(at).ok().map(u16::from_le)
-                };
-                let recovered = t.recover(state, flags_at).map_err(inflight_err)?;
-                if recovered.reused {
-                    state = recovered.state;
-                    if !recovered.resubmit.is_empty() {
-                        log::info!(
-                            "{} queue {index}: resubmitting {} in-flight requests from before the restart",
-                            s.controller,
-                            recovered.resubmit.len()
-                        );
-                    }
-                    resubmit_packed = recovered.resubmit;
-                }
-                tracker = Some(Tracker::Packed(t));
-            }
-            Ring::Packed(
-                PackedQueue::new(&table, s.desc.0, s.avail.0, s.used.0, s.size, s.event_idx, state)
-                    .map_err(ring_err)?,
-            )
-        } else {
-            let base = s.base as u16;
-            let (mut next_avail, mut next_used) = (base, base);
-            if let Some(area) = &s.inflight {
-                let mut t =
-                    area.queue(index, s.size).map_err(|source| StartError::Inflight { index, source })?;
-                let ring_used: u16 = s.mem.read_obj(s.used.unchecked_add(2)).map_err(|_| {
-                    ring_err(RingError::OutsideMemory { what: "used ring", addr: s.used.0, len: 4 })
-                })?;
-                let recovered = t.recover(ring_used);
-                if recovered.reused {
-                    next_used = ring_used;
-                    next_avail = ring_used.wrapping_add(recovered.resubmit.len() as u16);
-                    if !recovered.resubmit.is_empty() {
-                        log::info!(
-                            "{} queue {index}: resubmitting {} in-flight requests from before the restart",
-                            s.controller,
-                            recovered.resubmit.len()
-                        );
-                    }
-                    resubmit = recovered.resubmit;
-                }
-                tracker = Some(Tracker::Split(t));
-            }
-            Ring::Split(
-                SplitQueue::new(
-                    &table,
-                    s.desc.0,
-                    s.avail.0,
-                    s.used.0,
-                    s.size,
-                    s.event_idx,
-                    next_avail,
-                    next_used,
-                )
-                .map_err(ring_err)?,
-            )
-        };
+        let (ring, tracker, resubmit) = open(&s, &table)?;
         let channel = match s.bdev.as_disk() {
             Some(disk) => disk.open_typed(),
             None => s.bdev.open_channel().map(DiskIo::Device),
@@ -472,9 +295,7 @@ impl QueuePoller {
             signal_pending: false,
             coalescer: Coalescer::new(s.coalescing, s.clock),
         };
-        poller
-            .resubmit(&resubmit, &resubmit_packed)
-            .map_err(|reason| StartError::Resubmit { index, reason })?;
+        poller.resubmit(&resubmit).map_err(|reason| StartError::Resubmit { index, reason })?;
         // Start in polling mode: the driver need not kick while we poll, nor the back-end
         // signal its completions.
         poller.ring.disable_notification();
@@ -632,23 +453,25 @@ impl QueuePoller {
     /// first, before anything new is taken from the ring: split heads are walked through the
     /// same ring code as a fresh request; packed lists from their recorded descriptors, since
     /// the driver may have reused their ring slots.
-    fn resubmit(&mut self, heads: &[u16], lists: &[InflightRequest]) -> Result<(), String> {
-        for i in 0..heads.len() + lists.len() {
+    fn resubmit(&mut self, pending: &[Pending]) -> Result<(), String> {
+        for p in pending {
             let Some(&slot_idx) = self.free.last() else {
                 return Err("more requests in flight than ring entries".into());
             };
-            let head = if let Some(&head) = heads.get(i) {
-                let Ring::Split(q) = &self.ring else {
-                    return Err("split heads recorded for a packed ring".into());
-                };
-                q.walk(&self.table, head, &mut self.chain)
-                    .map_err(|e| ParseError::from_walk(head, e).to_string())?;
-                Head { id: head, slots: 1 }
-            } else {
-                let r = &lists[i - heads.len()];
-                self.chain = Chain::from_packed(&self.table, &r.descs)
-                    .map_err(|e| ParseError::from_walk(r.id, e).to_string())?;
-                Head { id: r.id, slots: r.slots }
+            let head = match *p {
+                Pending::Head(head) => {
+                    let Ring::Split(q) = &self.ring else {
+                        return Err("split heads recorded for a packed ring".into());
+                    };
+                    q.walk(&self.table, head, &mut self.chain)
+                        .map_err(|e| ParseError::from_walk(head, e).to_string())?;
+                    Head { id: head, slots: 1 }
+                }
+                Pending::List(ref r) => {
+                    self.chain = Chain::from_packed(&self.table, &r.descs)
+                        .map_err(|e| ParseError::from_walk(r.id, e).to_string())?;
+                    Head { id: r.id, slots: r.slots }
+                }
             };
             match self.start(head, slot_idx) {
                 Flow::Next => {}

@@ -20,8 +20,9 @@ use fp_virtio_blk::{DiskParams, GuestMemory, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK
 use vm_memory::{Address, Bytes, GuestAddress};
 
 const SIZE: u16 = 16;
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
+use fp_virtq::{
+    DESC_F_AVAIL as F_AVAIL, DESC_F_NEXT as F_NEXT, DESC_F_USED as F_USED, DESC_F_WRITE as F_WRITE,
+};
 
 /// The driver side of one split virtqueue in guest memory at `base`.
 struct Driver {
@@ -453,9 +454,6 @@ struct PackedDriver {
     pos: u16,
     wrap: bool,
 }
-
-const F_AVAIL: u16 = 1 << 7;
-const F_USED: u16 = 1 << 15;
 
 impl PackedDriver {
     /// Posts a list of (addr, len, device-writable) buffers as buffer `id`.

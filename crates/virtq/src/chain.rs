@@ -54,6 +54,8 @@ impl Default for Chain {
 }
 
 impl Chain {
+    /// An empty chain with room for [`MAX_CHAIN_DESCRIPTORS`] descriptors, allocated once per
+    /// queue and refilled for every request.
     pub fn new() -> Chain {
         let empty = Desc { addr: 0, len: 0, write: false, host: std::ptr::null_mut() };
         Chain { descs: Box::new([empty; MAX_CHAIN_DESCRIPTORS]), len: 0, seen: 0, total: 0 }

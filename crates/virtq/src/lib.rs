@@ -14,20 +14,33 @@
 //! is read once, so a guest changing a descriptor under us can make us see a garbage chain but
 //! never an out-of-bounds access. Why this is not virtio-queue: docs/architecture.md.
 
+#![deny(missing_docs)]
+
 pub mod access;
 mod chain;
 mod mem;
 mod packed;
 mod split;
 
+use virtio_bindings::virtio_ring as vr;
+
 pub use chain::{Chain, Desc, WalkError, MAX_CHAIN_DESCRIPTORS};
 pub use mem::{GuestMemory, MemTable};
 pub use packed::{PackedHead, PackedQueue, PackedState, RawDesc};
 pub use split::{RingError, SplitQueue};
 
+// The descriptor flags, declared once for both ring layouts and every crate above this one.
+// virtio-bindings gives the packed-ring AVAIL/USED flags as bit numbers, the others as masks.
+
 /// Descriptor flag: the buffer continues in the next descriptor (§2.7.5, §2.8.6).
-pub const DESC_F_NEXT: u16 = 1;
+pub const DESC_F_NEXT: u16 = vr::VRING_DESC_F_NEXT as u16;
 /// Descriptor flag: the buffer is device-writable.
-pub const DESC_F_WRITE: u16 = 2;
+pub const DESC_F_WRITE: u16 = vr::VRING_DESC_F_WRITE as u16;
 /// Descriptor flag: the buffer holds an indirect descriptor table (§2.7.5.3, §2.8.7).
-pub const DESC_F_INDIRECT: u16 = 4;
+pub const DESC_F_INDIRECT: u16 = vr::VRING_DESC_F_INDIRECT as u16;
+/// Packed-ring descriptor flag VIRTQ_DESC_F_AVAIL (§2.8.1): equal to the driver's wrap counter
+/// when the driver makes the descriptor available.
+pub const DESC_F_AVAIL: u16 = 1 << vr::VRING_PACKED_DESC_F_AVAIL;
+/// Packed-ring descriptor flag VIRTQ_DESC_F_USED (§2.8.1): set to the device's wrap counter
+/// (with AVAIL) when the device marks the descriptor used.
+pub const DESC_F_USED: u16 = 1 << vr::VRING_PACKED_DESC_F_USED;

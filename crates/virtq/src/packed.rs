@@ -19,12 +19,8 @@ use std::sync::atomic::{fence, AtomicU16, Ordering};
 use crate::chain::{read_desc, Chain, WalkError};
 use crate::mem::MemTable;
 use crate::split::{ring_part, RingError, MAX_QUEUE_SIZE};
-use crate::{DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE};
+use crate::{DESC_F_AVAIL, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_USED, DESC_F_WRITE};
 
-/// VIRTQ_DESC_F_AVAIL (§2.8.1).
-const DESC_F_AVAIL: u16 = 1 << 7;
-/// VIRTQ_DESC_F_USED.
-const DESC_F_USED: u16 = 1 << 15;
 /// Event suppression flags (§2.8.10).
 const EVENT_FLAGS_ENABLE: u16 = 0;
 const EVENT_FLAGS_DISABLE: u16 = 1;
@@ -38,9 +34,13 @@ const EVENT_FLAGS_OFFSET: usize = 2;
 /// next used index, bit 31 its wrap counter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PackedState {
+    /// Ring slot the next available descriptor is read from.
     pub next_avail: u16,
+    /// The driver's wrap counter expected at `next_avail`.
     pub avail_wrap: bool,
+    /// Ring slot the next used descriptor is written to.
     pub next_used: u16,
+    /// The device's wrap counter written at `next_used`.
     pub used_wrap: bool,
 }
 
@@ -49,6 +49,7 @@ impl PackedState {
     pub const START: PackedState =
         PackedState { next_avail: 0, avail_wrap: true, next_used: 0, used_wrap: true };
 
+    /// Decodes a SET_VRING_BASE value.
     pub fn from_vring_base(base: u32) -> PackedState {
         PackedState {
             next_avail: (base & 0x7fff) as u16,
@@ -58,6 +59,7 @@ impl PackedState {
         }
     }
 
+    /// Encodes the position as GET_VRING_BASE answers it.
     pub fn to_vring_base(self) -> u32 {
         u32::from(self.next_avail)
             | u32::from(self.avail_wrap) << 15
@@ -69,16 +71,22 @@ impl PackedState {
 /// A list taken from the ring: its buffer id and the ring slots it occupied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PackedHead {
+    /// Buffer id, returned in the used descriptor.
     pub id: u16,
+    /// Ring slots the list took, which the used descriptor skips.
     pub slots: u16,
 }
 
 /// One packed-ring descriptor as the driver wrote it (flags as in the ring, AVAIL/USED included).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RawDesc {
+    /// Guest physical address of the buffer (or indirect table).
     pub addr: u64,
+    /// Buffer length in bytes.
     pub len: u32,
+    /// Buffer id (meaningful in a list's last descriptor).
     pub id: u16,
+    /// `DESC_F_*` flags.
     pub flags: u16,
 }
 
@@ -177,6 +185,7 @@ impl PackedQueue {
         })
     }
 
+    /// Number of entries in the ring.
     pub fn size(&self) -> u16 {
         self.size
     }

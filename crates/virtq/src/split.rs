@@ -26,16 +26,47 @@ pub(crate) const MAX_QUEUE_SIZE: u16 = 32768;
 /// Why a ring cannot be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RingError {
+    /// A ring part is not mapped contiguously in one region.
     #[error("{what} at {addr:#x} (+{len} bytes) is not inside one guest memory region")]
-    OutsideMemory { what: &'static str, addr: u64, len: u64 },
+    OutsideMemory {
+        /// Which part of the ring.
+        what: &'static str,
+        /// Its guest address.
+        addr: u64,
+        /// Its size in bytes.
+        len: u64,
+    },
+    /// A ring part is not at the alignment virtio requires (§2.7, §2.8.10).
     #[error("{what} at {addr:#x} is not aligned to {align}")]
-    Misaligned { what: &'static str, addr: u64, align: u64 },
+    Misaligned {
+        /// Which part of the ring.
+        what: &'static str,
+        /// Its guest address.
+        addr: u64,
+        /// The alignment required.
+        align: u64,
+    },
+    /// The queue size is not a power of two in 1..=32768.
     #[error("queue size {0} is not a power of two up to 32768")]
     BadSize(u16),
+    /// The driver published an available index that would hand over more than a ring's worth.
     #[error("available index {idx} is more than the queue size ahead of {next_avail}")]
-    AvailIndex { idx: u16, next_avail: u16 },
+    AvailIndex {
+        /// The index the driver published.
+        idx: u16,
+        /// Where the device was reading.
+        next_avail: u16,
+    },
+    /// A packed ring's starting position is not a slot of the ring.
     #[error("ring position {avail}/{used} (available/used) is outside a ring of {size}")]
-    BadPosition { avail: u16, used: u16, size: u16 },
+    BadPosition {
+        /// The available position given.
+        avail: u16,
+        /// The used position given.
+        used: u16,
+        /// The ring's size.
+        size: u16,
+    },
 }
 
 /// Host address of a ring part, checked for alignment and for lying inside one region.
@@ -154,6 +185,7 @@ impl SplitQueue {
         })
     }
 
+    /// Number of entries in the ring.
     pub fn size(&self) -> u16 {
         self.size
     }

@@ -71,6 +71,7 @@ impl ChannelHistogram {
 /// Merged buckets, as a reader sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Histogram {
+    /// One count per bucket ([`bucket_of`] maps a value to its bucket).
     pub buckets: Vec<u64>,
 }
 
@@ -84,17 +85,23 @@ impl Default for Histogram {
 /// bucket that holds the percentile, so never below the true value). `None` when empty.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Percentiles {
+    /// Median.
     pub p50: u64,
+    /// 90th percentile.
     pub p90: u64,
+    /// 99th percentile.
     pub p99: u64,
+    /// 99.9th percentile.
     pub p999: u64,
 }
 
 impl Histogram {
+    /// Counts `value` in its bucket.
     pub fn record(&mut self, value: u64) {
         self.buckets[bucket_of(value)] += 1;
     }
 
+    /// Values recorded.
     pub fn total(&self) -> u64 {
         self.buckets.iter().sum()
     }

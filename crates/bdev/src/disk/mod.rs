@@ -12,11 +12,13 @@
 mod histogram;
 mod qos;
 mod stats;
-pub mod ticks;
 
 use std::os::unix::io::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+// Re-exported where it used to live: the daemon reads the tick rate through `disk::ticks`.
+pub use crate::clock::ticks;
 
 pub use histogram::{base64_decode, base64_encode, bucket_end, bucket_of, Histogram, Percentiles};
 pub use histogram::{GRANULARITY as HISTOGRAM_GRANULARITY, MAX_RANGE as HISTOGRAM_MAX_RANGE};
@@ -37,7 +39,10 @@ use crate::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DiskEvent {
     /// The device now has `num_blocks` blocks.
-    Resized { num_blocks: u64 },
+    Resized {
+        /// The new size, in blocks.
+        num_blocks: u64,
+    },
     /// The device is being deleted: stop using it.
     Removed,
 }
@@ -61,8 +66,10 @@ pub enum ResetMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum HistogramError {
     #[error("histograms are not enabled on this bdev (bdev_enable_histogram)")]
+    /// Histograms were never enabled (or were disabled) on this bdev.
     NotEnabled,
     #[error("I/O statistics are switched off in this daemon (serve --no-iostat / [stats] iostat = false)")]
+    /// The daemon runs without I/O statistics.
     AccountingOff,
 }
 
@@ -73,6 +80,7 @@ pub struct ChannelStats {
     pub id: u64,
     /// The CPU the channel was opened on.
     pub core: Option<usize>,
+    /// Its counters.
     pub stats: IoStats,
 }
 
@@ -138,6 +146,7 @@ impl Disk {
         &self.0.bdev
     }
 
+    /// Whether the layer counts I/O on this disk (`Disk::new`'s `accounting`).
     pub fn accounting(&self) -> bool {
         self.0.accounting
     }
@@ -262,6 +271,7 @@ impl Disk {
         Ok(())
     }
 
+    /// Whether latency histograms are being recorded.
     pub fn histogram_enabled(&self) -> bool {
         self.0.histogram_on.load(Ordering::Relaxed)
     }
@@ -654,6 +664,7 @@ fn reap(
 /// `#[inline(always)]` so that its handling is compiled into the layer's completion loop (a
 /// closure there is inlined only when the compiler's cost model agrees).
 pub trait Completion {
+    /// Called once per completed request with its tag and status.
     fn complete(&mut self, tag: u32, status: IoStatus);
 }
 
@@ -670,7 +681,9 @@ impl<F: FnMut(u32, IoStatus)> Completion for F {
 // indirection per request.
 #[allow(clippy::large_enum_variant)]
 pub enum DiskIo {
+    /// The layer's own channel: counted, timed, QoS applied.
     Counted(DiskChannel),
+    /// The device's channel, untouched (accounting off).
     Device(Box<dyn IoChannel>),
 }
 
@@ -688,6 +701,7 @@ impl DiskIo {
     }
 
     #[inline]
+    /// Reaps completions, handing each to `done`; returns how many.
     pub fn poll(&mut self, done: &mut impl Completion) -> usize {
         match self {
             DiskIo::Counted(ch) => ch.poll_with(done),
@@ -695,22 +709,27 @@ impl DiskIo {
         }
     }
 
+    /// Requests submitted and not yet reaped.
     pub fn in_flight(&self) -> usize {
         self.channel().in_flight()
     }
 
+    /// See [`IoChannel::completion_fd`].
     pub fn completion_fd(&self) -> Option<RawFd> {
         self.channel().completion_fd()
     }
 
+    /// See [`IoChannel::disarm_completion_fd`].
     pub fn disarm_completion_fd(&mut self) {
         self.channel_mut().disarm_completion_fd()
     }
 
+    /// See [`IoChannel::arm_completion_fd`].
     pub fn arm_completion_fd(&mut self) -> bool {
         self.channel_mut().arm_completion_fd()
     }
 
+    /// See [`IoChannel::sleeps_in_flight`].
     pub fn sleeps_in_flight(&self) -> bool {
         self.channel().sleeps_in_flight()
     }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::qos::{ChannelQos, DiskQos, GroupChannel, MemberId, QosError, QosGroup, QosLimits, Wait};
 use crate::{IoOp, IoRequest};
 
-use super::ticks;
+use crate::clock::ticks;
 
 /// A disk's membership of a group.
 #[derive(Clone)]
@@ -37,12 +37,16 @@ pub(crate) struct DiskQosState {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DiskQosError {
     #[error("QoS needs the disk layer, and I/O statistics are switched off in this daemon (serve --no-iostat / [stats] iostat = false)")]
+    /// The daemon runs without the disk layer's accounting, which QoS lives in.
     AccountingOff,
     #[error("is already in QoS group '{0}'")]
+    /// The disk is in this group already.
     InGroup(String),
     #[error("is not in QoS group '{0}'")]
+    /// The disk is not in this group.
     NotInGroup(String),
     #[error(transparent)]
+    /// The limits themselves were refused.
     Qos(#[from] QosError),
 }
 

@@ -3,7 +3,7 @@
 //! groups share by weight; the statistics count the waits. Exact and untimed.
 
 use super::*;
-use crate::disk::ticks::fake;
+use crate::clock::ticks::fake;
 use crate::qos::{BurstLimit, ThrottleConfig};
 
 /// A flooding client of one channel: keeps `depth` requests in flight.

@@ -34,13 +34,17 @@ pub const ERRNO_SLOTS: usize = 64;
 /// only counted in `errors` (as SPDK counts them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpStats {
+    /// Operations that succeeded.
     pub ops: u64,
+    /// Bytes those operations moved.
     pub bytes: u64,
+    /// Operations that failed.
     pub errors: u64,
     /// Sum of the latencies of `ops`, in ticks.
     pub latency_ticks: u64,
     /// `u64::MAX` while nothing completed (SPDK's sentinel; the RPC prints 0).
     pub min_latency_ticks: u64,
+    /// Longest latency of `ops`, in ticks.
     pub max_latency_ticks: u64,
 }
 
@@ -116,6 +120,7 @@ impl Default for IoStats {
 }
 
 impl IoStats {
+    /// The counters of one operation kind.
     pub fn op(&self, op: IoOp) -> &OpStats {
         &self.ops[op_index(op)]
     }

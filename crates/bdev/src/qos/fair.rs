@@ -142,6 +142,7 @@ impl FairGroup {
         Ok(())
     }
 
+    /// The group limit being divided, in units per second (0: none).
     pub fn limit(&self) -> u64 {
         self.limit.load(Ordering::Relaxed)
     }
@@ -322,6 +323,7 @@ pub struct FairChannel {
 }
 
 impl FairChannel {
+    /// The channel-side state of member `id`.
     pub fn new(id: MemberId) -> FairChannel {
         FairChannel { member: id.0, tokens: ChannelTokens::new(), arrived: 0, served: 0, flushed_at: 0 }
     }

@@ -71,6 +71,7 @@ impl QosGroup {
         QosGroup { name: name.to_string(), throttle, fair, fair_on: std::sync::Mutex::new(None) }
     }
 
+    /// The group's name.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -90,6 +91,7 @@ impl QosGroup {
         self.fair.set_limit(start, now)
     }
 
+    /// The limits in force.
     pub fn config(&self) -> ThrottleConfig {
         self.throttle.config()
     }
@@ -108,6 +110,7 @@ impl QosGroup {
         Ok(id)
     }
 
+    /// Removes member `id` from the group.
     pub fn leave(&self, id: MemberId) -> Result<(), QosError> {
         self.fair.leave(id)
     }

@@ -102,6 +102,7 @@ impl SharedLimiter {
         self.quantum
     }
 
+    /// The clock's ticks per second.
     pub fn tick_rate(&self) -> u64 {
         self.tick_rate
     }
@@ -246,6 +247,7 @@ impl Default for ChannelTokens {
 }
 
 impl ChannelTokens {
+    /// A channel that holds no tokens yet.
     pub fn new() -> ChannelTokens {
         ChannelTokens::default()
     }

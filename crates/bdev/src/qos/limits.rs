@@ -18,9 +18,13 @@ const MIB: u64 = 1024 * 1024;
 /// (SPDK's names and units: MB means MiB). 0 means no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QosLimits {
+    /// I/Os per second, reads and writes together.
     pub rw_ios_per_sec: u64,
+    /// MiB per second, reads and writes together.
     pub rw_mbytes_per_sec: u64,
+    /// MiB per second of reads.
     pub r_mbytes_per_sec: u64,
+    /// MiB per second of writes.
     pub w_mbytes_per_sec: u64,
 }
 
@@ -131,6 +135,7 @@ impl Default for ChannelQos {
 }
 
 impl ChannelQos {
+    /// A channel that has read no limits yet.
     pub fn new() -> ChannelQos {
         ChannelQos::default()
     }

@@ -8,7 +8,6 @@
 //! refused: the caller learns the tick to retry from ([`Wait`]) and holds it in its channel.
 //! docs/qos.md has the design, its error bounds and how the disk layer uses it.
 
-pub mod clock;
 mod fair;
 mod group;
 mod limiter;
@@ -18,7 +17,7 @@ mod throttle;
 #[cfg(test)]
 mod sim;
 
-pub use clock::{Clock, FakeClock, TickClock};
+pub use crate::clock::{Clock, FakeClock, TickClock};
 pub use fair::{FairChannel, FairGroup, LimitSource, MemberId, MAX_MEMBERS, MAX_WEIGHT};
 pub use group::{FairOn, GroupChannel, QosGroup};
 pub use limiter::{ChannelTokens, SharedLimiter, Wait, MAX_RATE, QUANTUM_NS};
@@ -28,16 +27,41 @@ pub use throttle::{BurstLimit, ChannelThrottle, ThrottleConfig, ThrottleGroup, T
 /// Why a QoS setting was refused; `field` names the parameter (SPDK's or QEMU's name).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QosError {
+    /// A limit below what the limiter can enforce.
     #[error("{field}: {value} is below the minimum of {min}")]
-    BelowMinimum { field: &'static str, value: u64, min: u64 },
+    BelowMinimum {
+        /// The parameter.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The smallest accepted.
+        min: u64,
+    },
+    /// A limit above what the limiter can represent.
     #[error("{field}: {value} is above the maximum of {max}")]
-    AboveMaximum { field: &'static str, value: u64, max: u64 },
+    AboveMaximum {
+        /// The parameter.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest accepted.
+        max: u64,
+    },
+    /// A combination of values that makes no sense (a burst below its average, say).
     #[error("{field}: {reason}")]
-    Invalid { field: &'static str, reason: &'static str },
+    Invalid {
+        /// The parameter.
+        field: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A fair-share weight outside 1 to 65535.
     #[error("weight: {0} is not a weight (1 to 65535)")]
     BadWeight(u64),
+    /// The group has [`MAX_MEMBERS`] members already.
     #[error("the group is full ({0} members)")]
     GroupFull(usize),
+    /// No member with this id.
     #[error("no member {0} in this group")]
     NoMember(usize),
 }

@@ -19,8 +19,11 @@ use crate::IoOp;
 /// `max_length` seconds (QEMU's `iops-total`, `iops-total-max`, `iops-total-max-length`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BurstLimit {
+    /// Units per second (0: no limit).
     pub avg: u64,
+    /// Burst ceiling, units per second (0: no burst).
     pub max: u64,
+    /// How long a burst may last, in seconds.
     pub max_length: u64,
 }
 
@@ -38,11 +41,17 @@ pub const THROTTLE_FIELDS: [[&str; 3]; 6] = [
 /// A group's six limits, with QEMU's names.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ThrottleConfig {
+    /// I/Os per second, reads and writes together.
     pub iops_total: BurstLimit,
+    /// Read I/Os per second.
     pub iops_read: BurstLimit,
+    /// Write I/Os per second.
     pub iops_write: BurstLimit,
+    /// Bytes per second, reads and writes together.
     pub bps_total: BurstLimit,
+    /// Read bytes per second.
     pub bps_read: BurstLimit,
+    /// Write bytes per second.
     pub bps_write: BurstLimit,
 }
 
@@ -147,6 +156,7 @@ pub struct ThrottleGroup {
 }
 
 impl ThrottleGroup {
+    /// A group with no limits, on a clock of `tick_rate` ticks per second.
     pub fn new(tick_rate: u64) -> ThrottleGroup {
         ThrottleGroup {
             limits: std::array::from_fn(|_| Burst::new(tick_rate)),
@@ -167,6 +177,7 @@ impl ThrottleGroup {
         Ok(())
     }
 
+    /// The limits in force.
     pub fn config(&self) -> ThrottleConfig {
         *self.config.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -209,6 +220,7 @@ impl Default for ChannelThrottle {
 }
 
 impl ChannelThrottle {
+    /// A channel that has read no limits yet.
     pub fn new() -> ChannelThrottle {
         ChannelThrottle::default()
     }

@@ -11,12 +11,9 @@ use fp_virtio_blk::{BlkRequest, Chain, GuestMemory, MemTable, ParseError};
 use fp_virtq::{PackedQueue, PackedState, SplitQueue, WalkError};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
-pub const F_NEXT: u16 = 1;
-pub const F_WRITE: u16 = 2;
-pub const F_INDIRECT: u16 = 4;
-/// Packed-ring availability bits (§2.8.1).
-pub const F_AVAIL: u16 = 1 << 7;
-pub const F_USED: u16 = 1 << 15;
+pub use fp_virtq::{
+    DESC_F_AVAIL as F_AVAIL, DESC_F_INDIRECT as F_INDIRECT, DESC_F_NEXT as F_NEXT, DESC_F_WRITE as F_WRITE,
+};
 
 /// End of the first region / start of the second one.
 pub const REGION_SPLIT: u64 = 0x1_0000;

@@ -27,18 +27,26 @@ use crate::{
 /// Latencies of a delay bdev.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DelayLatency {
+    /// Average read latency.
     pub avg_read: Duration,
+    /// 99th-percentile read latency.
     pub p99_read: Duration,
+    /// Average write latency.
     pub avg_write: Duration,
+    /// 99th-percentile write latency.
     pub p99_write: Duration,
 }
 
 /// One of the four latencies, as `bdev_delay_update_latency`'s `latency_type` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LatencyKind {
+    /// Average read latency.
     AvgRead,
+    /// 99th-percentile read latency.
     P99Read,
+    /// Average write latency.
     AvgWrite,
+    /// 99th-percentile write latency.
     P99Write,
 }
 
@@ -46,12 +54,14 @@ impl LatencyKind {
     /// SPDK's names, in declaration order (avg_read, p99_read, avg_write, p99_write).
     pub const NAMES: [&'static str; 4] = ["avg_read", "p99_read", "avg_write", "p99_write"];
 
+    /// The kind SPDK calls `name`.
     pub fn from_name(name: &str) -> Option<LatencyKind> {
         const ALL: [LatencyKind; 4] =
             [LatencyKind::AvgRead, LatencyKind::P99Read, LatencyKind::AvgWrite, LatencyKind::P99Write];
         Self::NAMES.iter().position(|n| *n == name).map(|i| ALL[i])
     }
 
+    /// SPDK's name for the kind.
     pub fn name(self) -> &'static str {
         Self::NAMES[self.index()]
     }
@@ -89,6 +99,7 @@ impl SharedLatency {
 /// past any guest's patience).
 pub const MAX_DELAY: Duration = Duration::from_secs(10);
 
+/// A bdev that holds each request back for a configured latency before passing it to its base bdev (SPDK's delay bdev).
 pub struct DelayDevice {
     info: BdevInfo,
     base: Bdev,
@@ -130,6 +141,7 @@ pub(crate) const LATENCY_FIELDS: [&str; 4] =
     ["avg_read_latency", "p99_read_latency", "avg_write_latency", "p99_write_latency"];
 
 impl DelayDevice {
+    /// A delay bdev `name` over `base`, adding `latency` to every request.
     pub fn new(name: &str, base: Bdev, latency: DelayLatency) -> Result<Self, BdevError> {
         crate::validate_geometry(name, base.info().block_size, base.info().num_blocks())?;
         validate(&latency, |k| LATENCY_FIELDS[k.index()])?;
@@ -252,7 +264,7 @@ impl IoChannel for DelayChannel {
                             if e == SubmitError::Unsupported {
                                 IoStatus::Unsupported
                             } else {
-                                IoStatus::Error(22)
+                                IoStatus::Error(libc::EINVAL)
                             },
                         );
                     }

@@ -42,6 +42,7 @@ use crate::{
     IoRequest, IoStatus, SubmitError, ALL_IO_TYPES,
 };
 
+/// A RAM disk (SPDK's malloc bdev): its blocks live in this process's memory.
 pub struct RamDevice {
     info: BdevInfo,
     mem: Arc<RamMemory>,

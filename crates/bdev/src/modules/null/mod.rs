@@ -15,11 +15,14 @@ use crate::{
     SubmitError, ALL_IO_TYPES,
 };
 
+/// A disk that stores nothing: every request succeeds at once without touching data (SPDK's
+/// null bdev).
 pub struct NullDevice {
     info: BdevInfo,
 }
 
 impl NullDevice {
+    /// A null disk of `num_blocks` blocks of `block_size` bytes.
     pub fn new(name: &str, block_size: u32, num_blocks: u64) -> Result<Self, BdevError> {
         validate_geometry(name, block_size, num_blocks)?;
         Ok(NullDevice {

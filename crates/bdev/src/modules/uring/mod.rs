@@ -139,6 +139,7 @@ const BLKGETSIZE64: libc::Ioctl = {
     read | size | (0x12 << 8) | 114
 };
 
+/// A file or block device read and written through io_uring with O_DIRECT.
 pub struct UringDevice {
     shared: Arc<Shared>,
     ring_entries: u32,

@@ -32,7 +32,7 @@ use vm_memory::ByteValued;
 use crate::inflight::InflightArea;
 use crate::memory::{MemoryMap, MAX_MEM_REGIONS};
 use crate::queue::{QueuePoller, QueueSetup, Stopped};
-use crate::Shared;
+use crate::state::ControllerState;
 
 /// Largest ring the device accepts (libblkio asks for 256, QEMU for 128 or 256).
 pub const MAX_QUEUE_SIZE: u32 = 1024;
@@ -40,8 +40,9 @@ pub const MAX_QUEUE_SIZE: u32 = 1024;
 /// How long the control plane waits for a queue to drain before giving up on the connection.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
-const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
-const VIRTIO_F_RING_PACKED: u64 = 1 << 34;
+/// The feature bits the connection itself looks at, as masks.
+const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+const VIRTIO_F_RING_PACKED: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 
 #[derive(Default)]
 struct Vring {
@@ -59,7 +60,7 @@ struct Vring {
 
 /// Protocol state of one frontend connection.
 pub struct Connection {
-    shared: Arc<Shared>,
+    shared: Arc<ControllerState>,
     acked_features: u64,
     protocol_features: u64,
     memory: MemoryMap,
@@ -73,7 +74,7 @@ fn invalid(what: &'static str) -> VuError {
 }
 
 impl Connection {
-    pub fn new(shared: Arc<Shared>) -> Connection {
+    pub fn new(shared: Arc<ControllerState>) -> Connection {
         let vrings = (0..shared.num_queues).map(|_| Vring::default()).collect();
         Connection {
             shared,

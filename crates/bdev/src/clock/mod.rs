@@ -1,5 +1,6 @@
-//! The clocks QoS reads: the disk layer's tick counter in service, a [`FakeClock`] that tests
-//! advance by hand, so every token and slice computation is checked exactly, with no sleeps.
+//! Time for the disk layer and QoS, below both: [`ticks`] is the tick counter itself (the TSC
+//! where invariant), [`Clock`] what QoS reads it through, with a [`FakeClock`] that tests advance
+//! by hand, so every token and slice computation is checked exactly, with no sleeps.
 //!
 //! The hot path never calls a clock itself: the disk layer already reads the time once per
 //! submit (for its latency statistics) and passes that tick to the limiters. A [`Clock`] is what
@@ -8,7 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::disk::ticks;
+pub mod ticks;
 
 /// A source of ticks at a fixed rate.
 pub trait Clock: Send + Sync {
@@ -18,7 +19,7 @@ pub trait Clock: Send + Sync {
     fn rate(&self) -> u64;
 }
 
-/// The disk layer's clock ([`crate::disk::ticks`]: the invariant TSC, or CLOCK_MONOTONIC).
+/// The disk layer's clock ([`ticks`]: the invariant TSC, or CLOCK_MONOTONIC).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TickClock;
 

@@ -1,0 +1,60 @@
+//! What a reactor runs: the [`Poller`] trait, and what a poller reports (busy, idle, finished).
+
+use std::any::Any;
+use std::os::unix::io::RawFd;
+use std::time::Duration;
+
+/// What a poller did in one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollStatus {
+    /// It did some work (moved a request, reaped a completion, ...).
+    Busy,
+    /// It found nothing to do.
+    Idle,
+    /// It is done for good: the reactor drops it.
+    Finished,
+}
+
+/// A unit of work a reactor calls every round.
+///
+/// Pollers are core-local: they are built elsewhere from `Send` parts and constructed on their
+/// reactor by a message, so they need not be `Send` themselves.
+pub trait Poller: Any {
+    /// Does whatever work is ready, without blocking.
+    fn poll(&mut self) -> PollStatus;
+
+    /// Work outstanding that will complete without a wake-up (I/O in flight on a polled backend):
+    /// the reactor never sleeps while a poller says so.
+    fn has_pending(&self) -> bool {
+        false
+    }
+
+    /// Re-arms notifications before the reactor sleeps. Returns `false` when work turned up while
+    /// re-arming, in which case the reactor does not sleep.
+    fn prepare_sleep(&mut self) -> bool {
+        true
+    }
+
+    /// Called after the reactor wakes (or gives up on sleeping): drain wake-up fds, turn
+    /// notifications off again.
+    fn after_wake(&mut self) {}
+
+    /// File descriptors whose readability should wake the reactor while it sleeps. Asked once,
+    /// when the poller is added.
+    fn wake_fds(&self) -> Vec<RawFd> {
+        Vec::new()
+    }
+
+    /// How long this poller wants the reactor to keep polling after the last work before it
+    /// sleeps; `None` for the reactor's configured window. A poller whose work comes back from
+    /// far away (a Ceph cluster answers in milliseconds, through an fd) asks for less: spinning
+    /// through such waits would burn a core per disk for nothing. The reactor keeps the longest
+    /// window any of its pollers wants, never longer than its configured one.
+    fn idle_window(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// Identifies a poller on its reactor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PollerId(pub(crate) u64);

@@ -1,0 +1,358 @@
+//! The controller's Unix socket and its control-plane thread: binding and naming the socket,
+//! accepting one frontend at a time, framing its messages for `vhost`'s parser, and the backend
+//! channel that carries config-change notifications.
+
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vhost::vhost_user::BackendReqHandler;
+
+use crate::connection::Connection;
+use crate::state::{ControllerState, StopSignal};
+use crate::Error;
+
+/// Controller names become socket file names.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 100
+        && name != "."
+        && name != ".."
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("'{name}' must be 1-100 characters of A-Z a-z 0-9 . _ -"))
+    }
+}
+
+/// Back-off after a failed accept (e.g. out of fds) so the thread does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A frontend that sends part of a message and stalls is disconnected after this long.
+const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub(crate) fn bind(path: &std::path::Path) -> Result<UnixListener, Error> {
+    let err = |source| Error::Listen { path: path.to_path_buf(), source };
+    // A socket file left by a previous run (crash, kill -9) would make bind fail; replace it,
+    // but never delete anything that is not a socket.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if meta.file_type().is_socket() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "another process is serving this socket",
+                )));
+            }
+            std::fs::remove_file(path).map_err(err)?;
+        } else {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "a non-socket file is in the way",
+            )));
+        }
+    }
+    let listener = UnixListener::bind(path).map_err(err)?;
+    listener.set_nonblocking(true).map_err(err)?;
+    Ok(listener)
+}
+
+/// What [`wait_fd`] saw first.
+#[derive(Debug, PartialEq, Eq)]
+enum Waited {
+    /// `fd` has one of the events asked for (or an error or hang-up, which the next I/O call
+    /// on it reports).
+    Ready,
+    /// The controller is being stopped.
+    Stopped,
+    /// The deadline passed first.
+    TimedOut,
+}
+
+/// Waits until `fd` has one of `events`, the controller is stopped, or `deadline` (if any)
+/// passes. The control thread waits on nothing else, so an idle controller never wakes up.
+fn wait_fd(fd: i32, events: libc::c_short, stop: &StopSignal, deadline: Option<Instant>) -> Waited {
+    let mut pfds = [
+        libc::pollfd { fd, events, revents: 0 },
+        libc::pollfd { fd: stop.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+    ];
+    loop {
+        let timeout_ms = match deadline {
+            None => -1,
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => left.as_millis().clamp(1, i32::MAX as u128) as i32,
+                _ => return Waited::TimedOut,
+            },
+        };
+        // SAFETY: two valid pollfds for the duration of the call.
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, timeout_ms) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            // poll only fails on bad arguments or no memory: treat as a stop.
+            return Waited::Stopped;
+        }
+        if pfds[1].revents != 0 {
+            return Waited::Stopped;
+        }
+        if pfds[0].revents != 0 {
+            return Waited::Ready;
+        }
+    }
+}
+
+/// Waits until `fd` is readable or the controller is stopped. Returns false on stop.
+fn wait_readable(fd: i32, stop: &StopSignal) -> bool {
+    wait_fd(fd, libc::POLLIN, stop, None) == Waited::Ready
+}
+
+/// The controller's control-plane thread: one connection at a time.
+pub(crate) fn serve(listener: UnixListener, shared: Arc<ControllerState>) {
+    while wait_readable(listener.as_raw_fd(), &shared.stop) {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                log::warn!("{}: accept failed: {e}", shared.name);
+                std::thread::sleep(ACCEPT_BACKOFF);
+                continue;
+            }
+        };
+        log::info!("{}: frontend connected", shared.name);
+        shared.connected.store(true, Ordering::Relaxed);
+        let reason = run_connection(stream, &shared);
+        shared.connected.store(false, Ordering::Relaxed);
+        log::info!("{}: frontend disconnected: {reason}", shared.name);
+    }
+}
+
+/// What is queued on a vhost-user socket.
+#[derive(Debug, PartialEq, Eq)]
+enum Queued {
+    /// At least one whole message (header and the body its size field declares), with its
+    /// request code.
+    Message(u32),
+    /// Part of a message.
+    Partial,
+    /// The peer closed the connection.
+    Closed,
+}
+
+/// vhost-user message header: request u32, flags u32, size u32 (vhost-user.rst, "Message
+/// format").
+const HEADER_SIZE: usize = 12;
+/// Bodies larger than this are refused by the parser anyway; peeking further is pointless.
+const MAX_PEEK: usize = HEADER_SIZE + 4096;
+
+/// Peeks at the socket without consuming anything (file descriptors attached to the message
+/// stay queued for the real read).
+fn peek_queued(fd: i32) -> std::io::Result<Queued> {
+    let mut buf = [0u8; MAX_PEEK];
+    // SAFETY: `buf` is a valid writable buffer of the length passed.
+    let n =
+        unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(Queued::Partial) } else { Err(e) };
+    }
+    let n = n as usize;
+    if n == 0 {
+        return Ok(Queued::Closed);
+    }
+    if n < HEADER_SIZE {
+        return Ok(Queued::Partial);
+    }
+    let size = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
+    // An oversized body is complete as far as we care: the parser rejects it.
+    if n >= HEADER_SIZE + size.min(MAX_PEEK - HEADER_SIZE) {
+        Ok(Queued::Message(u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]])))
+    } else {
+        Ok(Queued::Partial)
+    }
+}
+
+/// `vhost`'s request reader blocks until a whole message has arrived (and retries through
+/// receive time-outs), so it is only called once a whole message is queued; a peer that leaves
+/// a message unfinished for [`MESSAGE_TIMEOUT`] is dropped.
+/// Returns the message's request code.
+fn wait_for_message(fd: i32, stop: &StopSignal) -> Result<u32, String> {
+    let mut partial_since: Option<Instant> = None;
+    loop {
+        if !wait_readable(fd, stop) {
+            return Err("controller is being deleted".into());
+        }
+        match peek_queued(fd) {
+            Ok(Queued::Message(request)) => return wait_reply_room(fd, stop).map(|()| request),
+            Ok(Queued::Closed) => return Err("frontend closed the connection".into()),
+            Ok(Queued::Partial) => {
+                let since = *partial_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > MESSAGE_TIMEOUT {
+                    return Err(format!("frontend left a message unfinished for {MESSAGE_TIMEOUT:?}"));
+                }
+                // The socket stays readable while a partial message sits in it; wait a little
+                // for the rest instead of spinning.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(format!("socket error: {e}")),
+        }
+    }
+}
+
+/// Waits until a reply can be written without blocking. `vhost` writes replies on the blocking
+/// socket and retries a write that times out, so a frontend that sends requests without
+/// reading the replies would, once the socket is full, block this thread for good, and the
+/// controller could not even be deleted. A frontend that leaves no room for a reply for
+/// [`MESSAGE_TIMEOUT`] is dropped instead. A Unix stream socket reports writable only while at
+/// most a quarter of its send buffer is used, far more room than the largest reply (4 KiB).
+fn wait_reply_room(fd: i32, stop: &StopSignal) -> Result<(), String> {
+    // An error or hang-up also counts as ready: the reply's write then reports it.
+    match wait_fd(fd, libc::POLLOUT, stop, Some(Instant::now() + MESSAGE_TIMEOUT)) {
+        Waited::Ready => Ok(()),
+        Waited::Stopped => Err("controller is being deleted".into()),
+        Waited::TimedOut => Err(format!("frontend has not read its replies for {MESSAGE_TIMEOUT:?}")),
+    }
+}
+
+fn run_connection(stream: UnixStream, shared: &Arc<ControllerState>) -> String {
+    if let Err(e) = stream.set_nonblocking(false) {
+        return format!("cannot configure socket: {e}");
+    }
+    let fd = stream.as_raw_fd();
+    let conn = Arc::new(Mutex::new(Connection::new(shared.clone())));
+    let mut handler = BackendReqHandler::from_stream(stream, conn.clone());
+    let reason = loop {
+        let request = match wait_for_message(fd, &shared.stop) {
+            Ok(r) => r,
+            Err(reason) => break reason,
+        };
+        if request == SET_BACKEND_REQ_FD {
+            // `vhost` keeps the channel it builds from this message to itself and cannot send
+            // a config change on it, so keep a copy of the fd, peeked before `vhost` reads it.
+            match peek_attached_socket(fd) {
+                Ok(channel) => *shared.backend_channel() = channel,
+                Err(e) => log::warn!("{}: cannot keep the backend channel: {e}", shared.name),
+            }
+        }
+        match handler.handle_request() {
+            Ok(()) => {}
+            Err(vhost::vhost_user::Error::Disconnected) => break "frontend closed the connection".into(),
+            Err(e) => break format!("protocol error: {e}"),
+        }
+    };
+    conn.lock().unwrap_or_else(|p| p.into_inner()).stop_all();
+    *shared.backend_channel() = None;
+    reason
+}
+
+/// VHOST_USER_SET_BACKEND_REQ_FD's request code (vhost-user.rst, "Front-end message types").
+const SET_BACKEND_REQ_FD: u32 = 21;
+/// VHOST_USER_BACKEND_CONFIG_CHANGE_MSG's request code ("Back-end message types").
+const BACKEND_CONFIG_CHANGE_MSG: u32 = 2;
+/// The header flags of a backend message: protocol version 1, no reply wanted. A reply must not
+/// be asked for: QEMU answers a config change by reading the config space on the main socket
+/// first, which this controller's thread must be free to serve.
+const HEADER_FLAGS_VERSION_1: u32 = 0x1;
+
+/// Sends VHOST_USER_BACKEND_CONFIG_CHANGE_MSG (a header without body) on the backend channel.
+pub(crate) fn notify_config_change(stream: &mut UnixStream) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut msg = [0u8; HEADER_SIZE];
+    msg[0..4].copy_from_slice(&BACKEND_CONFIG_CHANGE_MSG.to_le_bytes());
+    msg[4..8].copy_from_slice(&HEADER_FLAGS_VERSION_1.to_le_bytes());
+    // The socket is non-blocking: a frontend that never reads its backend channel gets an
+    // error here, not a stuck caller.
+    stream.write_all(&msg)
+}
+
+/// Whether `s` really is an AF_UNIX SOCK_STREAM socket (a frontend may send any fd).
+fn is_unix_stream(s: &UnixStream) -> bool {
+    let get = |opt| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are valid for getsockopt to write an int into.
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (r == 0).then_some(v)
+    };
+    get(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && get(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+}
+
+/// Peeks at the message at the head of `fd` and returns a copy of the single Unix stream
+/// socket attached to it, leaving the message (and its own copy of the descriptor) queued.
+/// Linux installs a peeked SCM_RIGHTS descriptor as a new fd in the peeking process.
+fn peek_attached_socket(fd: i32) -> std::io::Result<Option<UnixStream>> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut data = [0u8; HEADER_SIZE];
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    // Room for a few descriptors, so a frontend attaching more than one is noticed (and all of
+    // them closed) rather than truncated.
+    let mut cmsg_buf = [0u64; 8];
+    // SAFETY: msghdr is plain data; every field used is set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg_buf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cmsg_buf);
+    // SAFETY: `msg` points to live buffers of the lengths it declares.
+    let n =
+        unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: `msg` was filled by recvmsg; the CMSG macros walk its control buffer within the
+    // length the kernel reported.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !cmsg.is_null() {
+        // SAFETY: a non-null header from CMSG_FIRSTHDR/NXTHDR lies inside the control buffer.
+        let c = unsafe { &*cmsg };
+        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: as above; CMSG_LEN(0) is the header's size.
+            let payload = c.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize;
+            for i in 0..payload / std::mem::size_of::<i32>() {
+                // SAFETY: CMSG_DATA points at `payload` bytes of descriptors, read unaligned.
+                let raw = unsafe { std::ptr::read_unaligned((libc::CMSG_DATA(cmsg) as *const i32).add(i)) };
+                // SAFETY: the kernel just installed this descriptor for us; nobody else owns it.
+                fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
+            }
+        }
+        // SAFETY: as above.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
+    }
+    if fds.len() != 1 {
+        // `vhost` refuses the message itself; the copies are closed here.
+        return Ok(None);
+    }
+    let stream = UnixStream::from(fds.pop().expect("one fd"));
+    if !is_unix_stream(&stream) {
+        // `vhost` refuses the message too.
+        return Ok(None);
+    }
+    stream.set_nonblocking(true)?;
+    Ok(Some(stream))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controller_names_are_safe_file_names() {
+        assert!(validate_name("vhost.0").is_ok());
+        assert!(validate_name("disk-1_a").is_ok());
+        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(101)] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
