@@ -17,8 +17,7 @@ use std::os::unix::io::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-// Re-exported where it used to live: the daemon reads the tick rate through `disk::ticks`.
-pub use crate::clock::ticks;
+use crate::clock::ticks;
 
 pub use histogram::{base64_decode, base64_encode, bucket_end, bucket_of, Histogram, Percentiles};
 pub use histogram::{GRANULARITY as HISTOGRAM_GRANULARITY, MAX_RANGE as HISTOGRAM_MAX_RANGE};

@@ -11,7 +11,8 @@
 //! (time with a request waiting, summed over channels). Latencies and the QoS times are in
 //! ticks of `tick_rate` (the TSC where invariant).
 
-use fp_bdev::disk::{self, ticks, HistogramError, IoStats, OpStats, ResetMode};
+use fp_bdev::clock::ticks;
+use fp_bdev::disk::{self, HistogramError, IoStats, OpStats, ResetMode};
 use fp_bdev::{Disk, IoOp};
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Map, Value};
