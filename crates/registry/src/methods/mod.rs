@@ -99,11 +99,15 @@ pub const METHODS: &[(&str, MethodFn)] = &[
     ("bdev_qos_get_groups", qos::bdev_qos_get_groups),
 ];
 
+/// The daemon-wide methods and every export kind's: all but the bdev modules'.
+fn registry_methods() -> impl Iterator<Item = &'static (&'static str, MethodFn)> {
+    METHODS.iter().chain(EXPORT_KINDS.iter().flat_map(|k| k.methods()))
+}
+
 impl Registry {
     /// Runs `method` with `params`: a daemon-wide method, an export kind's or a bdev module's.
     pub fn call(&self, method: &str, params: Option<Value>) -> Result<Value, MethodError> {
-        let ours = METHODS.iter().chain(EXPORT_KINDS.iter().flat_map(|k| k.methods()));
-        match ours.into_iter().find(|(name, _)| *name == method) {
+        match registry_methods().find(|(name, _)| *name == method) {
             Some((_, f)) => f(self, Params::new(params)?),
             None => match self.call_module(method, params) {
                 Some(result) => Ok(result?),
@@ -114,12 +118,8 @@ impl Registry {
 
     /// Every method's name, sorted.
     pub fn method_names(&self) -> Vec<&'static str> {
-        let mut names: Vec<&'static str> = METHODS
-            .iter()
-            .chain(EXPORT_KINDS.iter().flat_map(|k| k.methods()))
-            .map(|(n, _)| *n)
-            .chain(self.module_methods())
-            .collect();
+        let mut names: Vec<&'static str> =
+            registry_methods().map(|(n, _)| *n).chain(self.module_methods()).collect();
         names.sort_unstable();
         names
     }
