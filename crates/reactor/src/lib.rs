@@ -15,6 +15,7 @@
 //!   and its inbox. Both phases are counted in [`ReactorStats`].
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod cpus;
 mod poller;
