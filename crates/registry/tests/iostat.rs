@@ -191,3 +191,40 @@ fn resize_and_delete_reach_the_disks_subscribers() {
         [fp_bdev::DiskEvent::Resized { num_blocks: 2048 }, fp_bdev::DiskEvent::Removed]
     );
 }
+
+/// SPDK 26's client sends `names` (a list) and `reset_mode`: the named disks only, and what was
+/// read is reset after the read.
+#[test]
+fn names_pick_the_disks_and_reset_mode_resets_after_the_read() {
+    let (m, _d) = methods();
+    ok(&m, "bdev_null_create", json!({"name": "n1", "num_blocks": 1024, "block_size": 512}));
+    ok(&m, "bdev_null_create", json!({"name": "n2", "num_blocks": 1024, "block_size": 512}));
+    let _a = io(&m, "n0", IoOp::Read, 512, 3);
+    let _b = io(&m, "n2", IoOp::Read, 512, 5);
+    let v = ok(&m, "bdev_get_iostat", json!({"names": ["n2", "n0"]}));
+    let got: Vec<(&str, u64)> = v["bdevs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["name"].as_str().unwrap(), b["num_read_ops"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(got, [("n2", 5), ("n0", 3)]);
+    let v = ok(&m, "bdev_get_iostat", json!({"names": ["n2"], "reset_mode": "all"}));
+    assert_eq!(v["bdevs"][0]["num_read_ops"], 5, "the read shows the counts before the reset");
+    let v = ok(&m, "bdev_get_iostat", json!({"names": ["n2", "n0"]}));
+    assert_eq!(
+        (v["bdevs"][0]["num_read_ops"].as_u64(), v["bdevs"][1]["num_read_ops"].as_u64()),
+        (Some(0), Some(3))
+    );
+    let v = ok(&m, "bdev_get_iostat", json!({"names": ["n0"], "per_channel": true}));
+    assert_eq!(v["channels"][0]["num_read_ops"], 3);
+    assert_param(
+        &err(&m, "bdev_get_iostat", json!({"names": ["n0", "n2"], "per_channel": true})),
+        "per_channel",
+    );
+    assert_param(&err(&m, "bdev_get_iostat", json!({"name": "n0", "names": ["n2"]})), "names");
+    assert_param(&err(&m, "bdev_get_iostat", json!({"names": "n0"})), "names");
+    assert_param(&err(&m, "bdev_get_iostat", json!({"names": ["n0", 7]})), "names[1]");
+    assert_param(&err(&m, "bdev_get_iostat", json!({"reset_mode": "error"})), "reset_mode");
+    assert_eq!(err(&m, "bdev_get_iostat", json!({"names": ["n0", "nope"]})).code, -19);
+}

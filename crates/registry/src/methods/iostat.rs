@@ -43,7 +43,7 @@ pub(crate) fn bdev_get_iostat(registry: &Registry, mut p: Params) -> Result<Valu
         None => registry.disks(),
     };
     let result = if per_channel {
-        let [(name, disk)] = disks.as_slice() else {
+        let (Some([_]), [(name, disk)]) = (names.as_deref(), disks.as_slice()) else {
             return Err(ParamError::new(
                 "per_channel",
                 "needs one bdev (name, or names with one): one bdev's channels at a time",
