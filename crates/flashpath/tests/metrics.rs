@@ -206,21 +206,7 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
         "flashpath_build_info{{version=\"flashpath v{}\"}} 1",
         env!("CARGO_PKG_VERSION")
     )));
-    let mut lint = Command::new(&promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    lint.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let lint = lint.wait_with_output().unwrap();
-    assert!(
-        lint.status.success(),
-        "promtool check metrics: {}{}\n{text}",
-        String::from_utf8_lossy(&lint.stdout),
-        String::from_utf8_lossy(&lint.stderr)
-    );
+    assert_promtool_accepts(&promtool, &text);
 
     // What Prometheus stored from its own scrapes.
     let promql = "flashpath_vhost_requests_total{job=\"flashpath\",ctrlr=\"c0\",type=\"read\"}";
@@ -242,6 +228,25 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
     let under_10s = server.query("flashpath_bdev_io_latency_seconds_bucket{bdev=\"d0\",le=\"10\"}");
     assert_eq!(under_10s, Some((READS + WRITES) as f64));
     assert_eq!(server.query("up{job=\"flashpath\"}"), Some(1.0));
+}
+
+/// `promtool check metrics` lints `text` clean.
+fn assert_promtool_accepts(promtool: &Path, text: &str) {
+    let mut lint = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    lint.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let lint = lint.wait_with_output().unwrap();
+    assert!(
+        lint.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
 }
 
 /// A sample's value in an exposition, found by its name and labels as written.
@@ -449,16 +454,7 @@ fn an_nbd_export_counts_its_requests_bytes_and_errors() {
         assert_eq!(sample(&text, &series), Some(value), "{series}:\n{text}");
     }
     if let Some(promtool) = tool("promtool") {
-        let mut lint = Command::new(&promtool)
-            .args(["check", "metrics"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        lint.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-        let lint = lint.wait_with_output().unwrap();
-        assert!(lint.status.success(), "promtool: {}", String::from_utf8_lossy(&lint.stderr));
+        assert_promtool_accepts(&promtool, &text);
     }
 
     // The counts outlive the connection: a closed connection's join the export's total.
