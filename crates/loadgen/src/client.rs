@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::engine;
-use crate::{pin_current_thread, LoadError, LoadResult, LoadSpec};
+use crate::{LoadError, LoadResult, LoadSpec};
 
 /// Runs `spec` on a new client thread (pinned when `spec.cpu` is set) and returns what it
 /// measured.
@@ -36,4 +36,13 @@ fn on_client_thread<T: Send + 'static>(
 /// an attached but idle disk, for measuring a server's idle CPU use. Returns how long it held.
 pub fn hold(spec: &LoadSpec) -> Result<Duration, LoadError> {
     on_client_thread(spec, engine::hold_on_this_thread)
+}
+
+/// Restricts the calling thread to `cpu`.
+pub fn pin_current_thread(cpu: usize) -> Result<(), LoadError> {
+    let max = fp_sys::CPU_SETSIZE;
+    if cpu >= max {
+        return Err(LoadError::InvalidSpec(format!("cpu {cpu} is beyond the {max} a cpu set holds")));
+    }
+    fp_sys::pin_thread(&[cpu]).map_err(|source| LoadError::Os { op: "pinning the client thread", source })
 }
