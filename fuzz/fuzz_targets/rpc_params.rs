@@ -3,8 +3,8 @@
 //! accessors chosen by the first input byte, the way a method decodes its
 //! parameters; errors are rendered as the server would (`RpcError::to_json`).
 //!
-//! The method dispatcher itself (`crates/flashpath/src/methods.rs`) lives in
-//! the binary crate and cannot be linked from here.
+//! The methods themselves (`fp_registry::Registry::call`) are driven by the
+//! `config_file` target, whose tables are their parameters.
 #![no_main]
 
 use fp_rpc::{ParamError, Params, RpcError};
@@ -37,6 +37,10 @@ fn decode(selector: u8, params: Option<Value>) -> Result<(), ParamError> {
             }
             5 => p.unsupported(field, Some(json!(0)))?,
             6 => p.unsupported(field, None)?,
+            // Odd steps: a list of strings (SPDK's `names`), whose errors name `field[i]`.
+            _ if i % 2 == 1 => {
+                let _ = p.optional_str_list(field)?;
+            }
             _ => p.unsupported(field, Some(json!(false)))?,
         }
         s = s.rotate_right(3);
