@@ -17,12 +17,20 @@
 //! * [`expected_contents`] replays the `op` lines the guest reports for a disk, so the host can
 //!   compare a whole backing file (or a RAM disk read back through libblkio) with what the guest
 //!   wrote.
+//! * For live migration a VM can have a QMP socket ([`VmConfig::qmp`], [`Vm::qmp`]), wait for an
+//!   incoming migration ([`VmConfig::incoming`]) and take console input ([`VmConfig::console_input`],
+//!   [`Vm::send_line`]); [`migrate`] drives a migration between two of them and [`stamp`] speaks
+//!   the `migrate` scenario's console protocol and checks its stamped blocks from the host.
+
+pub mod migrate;
+pub mod qmp;
+pub mod stamp;
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -115,6 +123,16 @@ pub struct VmConfig {
     pub kernel_args: Vec<String>,
     /// From QEMU's start to the result line; QEMU is killed when it passes.
     pub timeout: Duration,
+    /// Names the console, stderr and QMP files (`console-<name>.log`); the scenario if `None`.
+    /// The VMs of one migration share a scenario, so they need names of their own.
+    pub name: Option<String>,
+    /// A QMP socket, `<dir>/qmp-<name>.sock`, for [`Vm::qmp`].
+    pub qmp: bool,
+    /// `-incoming defer`: the VM waits for `migrate-incoming` (see [`migrate`]) instead of
+    /// booting; its console then continues the migrated guest's.
+    pub incoming: bool,
+    /// QEMU's stdin is a pipe to the serial console ([`Vm::send_line`]) instead of /dev/null.
+    pub console_input: bool,
 }
 
 impl VmConfig {
@@ -129,13 +147,27 @@ impl VmConfig {
             mem_mib: 512,
             kernel_args: Vec::new(),
             timeout: BOOT_TIMEOUT,
+            name: None,
+            qmp: false,
+            incoming: false,
+            console_input: false,
         }
+    }
+
+    /// The name of the VM's files and messages.
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.scenario)
     }
 }
 
 /// A running QEMU and its console.
 pub struct Vm {
     child: Option<Child>,
+    /// The serial console's input when [`VmConfig::console_input`].
+    stdin: Option<ChildStdin>,
+    /// The QMP socket when [`VmConfig::qmp`], and the connection once made.
+    qmp_path: Option<PathBuf>,
+    qmp: Option<qmp::Qmp>,
     console: Arc<Mutex<String>>,
     lines: mpsc::Receiver<String>,
     /// The console as a file (`<dir>/console-<scenario>.log`), written as lines arrive.
@@ -184,16 +216,27 @@ impl Vm {
             .arg(&img.initramfs)
             .arg("-append")
             .arg(append);
-        let console_path = dir.join(format!("console-{}.log", cfg.scenario));
-        let qemu_stderr = dir.join(format!("qemu-{}.stderr", cfg.scenario));
+        let name = cfg.name();
+        let qmp_path = cfg.qmp.then(|| dir.join(format!("qmp-{name}.sock")));
+        if let Some(path) = &qmp_path {
+            cmd.arg("-qmp").arg(format!("unix:{},server=on,wait=off", path.display()));
+        }
+        if cfg.incoming {
+            // The destination of a migration: same machine, devices and kernel line as the
+            // source (QEMU requires it), and RAM and device state from the source.
+            cmd.args(["-incoming", "defer"]);
+        }
+        let console_path = dir.join(format!("console-{name}.log"));
+        let qemu_stderr = dir.join(format!("qemu-{name}.stderr"));
         let started = Instant::now();
         let mut child = cmd
-            .stdin(Stdio::null())
+            .stdin(if cfg.console_input { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(File::create(&qemu_stderr).expect("creating QEMU's stderr file"))
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", qemu_binary()));
         let stdout = child.stdout.take().expect("QEMU's stdout");
+        let stdin = child.stdin.take();
         let console = Arc::new(Mutex::new(String::new()));
         let (tx, lines) = mpsc::channel();
         let mut file = File::create(&console_path).expect("creating the console file");
@@ -223,14 +266,43 @@ impl Vm {
             .expect("spawning the console thread");
         Vm {
             child: Some(child),
+            stdin,
+            qmp_path,
+            qmp: None,
             console,
             lines,
             console_path,
             qemu_stderr,
             started,
             deadline: started + cfg.timeout,
-            scenario: cfg.scenario.clone(),
+            scenario: name.to_string(),
         }
+    }
+
+    /// Types `line` and a newline on the serial console (the guest's /dev/console). Needs
+    /// [`VmConfig::console_input`].
+    pub fn send_line(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("send_line needs VmConfig::console_input");
+        if let Err(e) = stdin.write_all(format!("{line}\n").as_bytes()).and_then(|()| stdin.flush()) {
+            panic!("guest '{}': writing '{line}' to the console: {e}", self.scenario);
+        }
+    }
+
+    /// The VM's QMP connection, made on first use (QEMU creates the socket at start-up; this
+    /// waits up to 10 s for it). Needs [`VmConfig::qmp`].
+    pub fn qmp(&mut self) -> &mut qmp::Qmp {
+        if self.qmp.is_none() {
+            let path = self.qmp_path.clone().expect("Vm::qmp needs VmConfig::qmp");
+            let conn = qmp::Qmp::connect(&path, Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("guest '{}': QMP at {}: {e}", self.scenario, path.display()));
+            self.qmp = Some(conn);
+        }
+        self.qmp.as_mut().expect("connected above")
+    }
+
+    /// The name given in [`VmConfig::name`] (or the scenario).
+    pub fn name(&self) -> &str {
+        &self.scenario
     }
 
     /// Everything the console printed so far.
@@ -322,6 +394,8 @@ impl Vm {
 
     /// Kills QEMU (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
+        self.qmp = None;
+        self.stdin = None;
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
