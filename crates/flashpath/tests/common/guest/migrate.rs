@@ -127,6 +127,12 @@ impl Migration {
         stats
     }
 
+    /// `migrate-continue` from `pre-switchover` (with [`MigrationOpts::pause_before_switchover`]):
+    /// the switch-over goes ahead.
+    pub fn continue_switchover(&self, src: &mut Vm) {
+        src.qmp().run("migrate-continue", json!({"state": "pre-switchover"}));
+    }
+
     /// `migrate_cancel` on the source; waits for `cancelled` and for the source to run again.
     /// The destination is killed (its incoming migration failed).
     pub fn cancel(self, src: &mut Vm, dst: &mut Vm) {

@@ -10,15 +10,49 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{Vm, RESULT_MARKER};
+use super::{Vm, VmConfig, RESULT_MARKER};
 
 pub const BLOCK: u64 = 4096;
 const MAGIC: u64 = 0x4b4c_4247_4d49_5046;
 /// How long the guest gets to stop its writers and re-read the disk.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(60);
+/// Guest RAM, all of which each migration copies: the least the image boots in (with 256 MiB
+/// the kernel cannot unpack the 86 MiB initramfs: "Initramfs unpacking failed: write error").
+pub const GUEST_MIB: u32 = 320;
+/// How long the writers run before a migration starts, and on the destination before a check.
+pub const WRITE_PHASE: Duration = Duration::from_millis(1500);
+/// A bound on a whole chain for each VM (QEMU's start to the guest's result).
+pub const VM_TIMEOUT: Duration = Duration::from_secs(400);
+
+/// A VM of a migration chain: the `migrate` scenario on one disk (found in the guest by
+/// `serial`), with QMP and console input; a destination when `incoming`. Every VM of a chain
+/// gets the same kernel line and devices, as QEMU requires of source and destination.
+pub fn vm_config(name: &str, socket: PathBuf, serial: &str, incoming: bool) -> VmConfig {
+    VmConfig {
+        name: Some(name.into()),
+        mem_mib: GUEST_MIB,
+        kernel_args: vec![format!("fp.disk={serial}")],
+        timeout: VM_TIMEOUT,
+        qmp: true,
+        incoming,
+        console_input: true,
+        ..VmConfig::new("migrate", vec![socket])
+    }
+}
+
+/// Lets the writers run for [`WRITE_PHASE`], then checks the disk from the guest (`check n`)
+/// and from the host (the file `image` returns, read while the writers stand still), and starts
+/// the writers again (`resume n`).
+pub fn check_and_resume(vm: &mut Vm, n: u32, what: &str, image: impl FnOnce() -> PathBuf) -> Vec<StampCheck> {
+    std::thread::sleep(WRITE_PHASE);
+    let checks = check(vm, n);
+    assert_image_matches(&image(), &checks, what);
+    resume(vm, n);
+    checks
+}
 
 /// One writer's `stamp-verify` line at a check.
 #[derive(Debug, Clone, PartialEq, Eq)]
