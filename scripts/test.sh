@@ -53,8 +53,10 @@ cmd_test() {
     else
         ensure_guest_packages
         say "guest tests (QEMU, one guest at a time)"
-        cargo test --workspace --no-fail-fast --test guest --test migration --test migration_rbd -- \
-            --test-threads=1 2>&1 | tee -a "$log" || rc=$?
+        cargo test --workspace --no-fail-fast --test guest -- --test-threads=1 2>&1 | tee -a "$log" || rc=$?
+        # --nocapture: the log keeps each migration's downtime and total time, and each chain's.
+        cargo test --workspace --no-fail-fast --test migration --test migration_rbd -- --test-threads=1 \
+            --nocapture 2>&1 | tee -a "$log" || rc=$?
     fi
     # cargo ends with the doc-test summary of the last crate; print the totals last.
     local totals
