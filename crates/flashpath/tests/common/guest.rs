@@ -170,11 +170,13 @@ pub struct Vm {
     qmp: Option<qmp::Qmp>,
     console: Arc<Mutex<String>>,
     lines: mpsc::Receiver<String>,
-    /// The console as a file (`<dir>/console-<scenario>.log`), written as lines arrive.
+    /// The console as a file (`<dir>/console-<name>.log`, see [`VmConfig::name`]), written as
+    /// lines arrive.
     pub console_path: PathBuf,
     qemu_stderr: PathBuf,
     started: Instant,
     deadline: Instant,
+    /// [`VmConfig::name`]: the scenario unless the VM has a name of its own.
     scenario: String,
 }
 
