@@ -30,7 +30,7 @@ mod guest_vm {
 
     use serde_json::json;
 
-    use super::common::guest::migrate::{Migration, MigrationOpts};
+    use super::common::guest::migrate::{self, Migration, MigrationOpts};
     use super::common::guest::stamp::{self, check_and_resume, vm_config, WRITE_PHASE};
     use super::common::guest::{self, Vm};
     use super::common::Daemon;
@@ -239,7 +239,17 @@ mod guest_vm {
         let mut vm2 = Vm::boot(&vm_config("vm2", sock_a2, serial, true), dir);
         std::thread::sleep(WRITE_PHASE);
         Migration::start(&mut vm1, &mut vm2, dir, "a-one-daemon", &MigrationOpts::default())
-            .finish(&mut vm1, &mut vm2);
+            .complete(&mut vm1, &mut vm2);
+        // The hand-off rule: the source VM started again by mistake (`cont`) must not get its
+        // rings back while the destination's run.
+        vm1.qmp().run("cont", json!({}));
+        let until = Instant::now() + Duration::from_secs(10);
+        let refusal = "not started: the disk is served by controller 'vm-a2'";
+        while !d1.stderr().contains(refusal) {
+            assert!(Instant::now() < until, "daemon 1 did not refuse vm-a's rings after `cont` on VM1");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        migrate::quit(&mut vm1);
         check_and_resume(&mut vm2, 2, "after (a), one daemon", || shared.clone());
         assert!(writes_without_errors(&d1, "vm-a") > 0);
         assert!(writes_without_errors(&d1, "vm-a2") > 0, "VM2 wrote nothing through its controller");

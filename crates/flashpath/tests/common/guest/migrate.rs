@@ -96,9 +96,16 @@ impl Migration {
         }
     }
 
-    /// Waits for `completed`, logs QEMU's figures, waits until the destination runs and quits
-    /// the source (which sits in `postmigrate`).
+    /// [`Migration::complete`], then quits the source.
     pub fn finish(self, src: &mut Vm, dst: &mut Vm) -> MigrationStats {
+        let stats = self.complete(src, dst);
+        quit(src);
+        stats
+    }
+
+    /// Waits for `completed`, logs QEMU's figures and waits until the destination runs. The
+    /// source stays, paused in `postmigrate`.
+    pub fn complete(self, src: &mut Vm, dst: &mut Vm) -> MigrationStats {
         let q = self.wait(src, &["completed"]);
         let wall = self.started.elapsed();
         let n = |k: &str| q[k].as_u64().unwrap_or(0);
@@ -122,7 +129,6 @@ impl Migration {
             wall
         );
         wait_running(dst, &self.label);
-        quit(src);
         let _ = std::fs::remove_file(&self.socket);
         stats
     }
