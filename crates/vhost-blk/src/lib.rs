@@ -10,7 +10,8 @@
 //! * [`memory`]: the guest memory map, snapshotted for the data path;
 //! * [`queue::QueuePoller`]: one virtqueue on one reactor (data plane), with `fp_virtq` for the
 //!   rings (`ring.rs` picks the split or packed layout and recovers [`inflight`] state);
-//!   [`stats`] declares its counters.
+//!   [`stats`] declares its counters;
+//! * [`log`]: the live-migration dirty log the queues mark.
 //!
 //! A controller outlives its connections: a VMM may disconnect and reconnect (guest reboot,
 //! VMM restart) and the disk keeps serving.
@@ -20,6 +21,7 @@ pub mod connection;
 mod controller;
 mod error;
 pub mod inflight;
+pub mod log;
 pub mod memory;
 pub mod queue;
 mod ring;
