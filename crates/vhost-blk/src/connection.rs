@@ -104,6 +104,17 @@ impl Connection {
         }
     }
 
+    /// The controller this connection serves.
+    pub(crate) fn shared(&self) -> &Arc<ControllerState> {
+        &self.shared
+    }
+
+    /// Whether the front-end negotiated VHOST_USER_PROTOCOL_F_LOG_SHMFD (SET_LOG_BASE then
+    /// carries the log as an fd).
+    pub(crate) fn log_shmfd_negotiated(&self) -> bool {
+        self.protocol_features & VhostUserProtocolFeatures::LOG_SHMFD.bits() != 0
+    }
+
     fn offered_features(&self) -> u64 {
         device_features(&self.shared.disk)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
@@ -390,9 +401,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
             log::warn!("{}: driver acked features {features:#x} we did not offer", self.shared.name);
             return Err(VuError::InvalidParam);
         }
-        if features & VHOST_F_LOG_ALL != 0
-            && self.protocol_features & VhostUserProtocolFeatures::LOG_SHMFD.bits() == 0
-        {
+        if features & VHOST_F_LOG_ALL != 0 && !self.log_shmfd_negotiated() {
             log::warn!(
                 "{}: VHOST_F_LOG_ALL acked without VHOST_USER_PROTOCOL_F_LOG_SHMFD: the dirty log can \
                  only be a shared-memory fd (SET_LOG_BASE)",

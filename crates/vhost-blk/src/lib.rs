@@ -34,6 +34,8 @@ pub use crate::coalesce::CoalescingSettings;
 pub use crate::controller::connection_for_fuzzing;
 pub use crate::controller::{BlkController, ControllerConfig, ControllerInfo};
 pub use crate::error::Error;
+#[doc(hidden)]
+pub use crate::socket::serve_message_for_fuzzing;
 pub use crate::socket::validate_name;
 pub use crate::stats::{ControllerStats, QueueStats};
 
