@@ -3,7 +3,7 @@
 //! The front-end hands us a log (SET_LOG_BASE: an fd, its size and offset), which
 //! [`map_log`] maps shared and checks against the memory table. While the front-end has
 //! acked VHOST_F_LOG_ALL, every byte the device writes into guest memory marks its page: the
-//! data reads bring in, status bytes, GET_ID strings ([`DataLog`], on the queue), and the
+//! data reads bring in, status bytes, GET_ID strings (`DataLog`, on the queue), and the
 //! used side of the ring ([`fp_virtq::RingLog`], inside the ring). A queue receives its
 //! [`QueueLog`] at start and, while it runs, by message, before the control plane replies.
 
