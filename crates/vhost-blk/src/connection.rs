@@ -423,8 +423,10 @@ impl VhostUserBackendReqHandlerMut for Connection {
             return Ok(());
         }
         self.acked_features = features;
-        if let Some(end) = self.memory.snapshot().map(|m| crate::log::memory_end(&m)) {
-            if let Err(e) = self.check_log_covers(end) {
+        // Turning logging on with a log that misses part of memory would lose writes there
+        // (turning it off is always fine).
+        if let (true, Some(mem)) = (self.log_all(), self.memory.snapshot()) {
+            if let Err(e) = self.check_log_covers(crate::log::memory_end(&mem)) {
                 self.acked_features ^= VHOST_F_LOG_ALL;
                 return Err(e);
             }
