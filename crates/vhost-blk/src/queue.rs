@@ -267,8 +267,10 @@ fn log_completion(log: &DataLog, table: &MemTable, slot: &Slot, counters: &mut C
     }
 }
 
-/// Writes a used element, keeping the in-flight record in step.
-#[inline]
+/// Writes a used element, keeping the in-flight record in step. Always inlined: with the
+/// ring's log branch it grew past what LLVM inlines into the completion loop by itself, and the
+/// call cost 30 instructions per I/O under callgrind.
+#[inline(always)]
 fn push_used(ring: &mut Ring, tracker: &mut Option<Tracker>, head: Head, len: u32) {
     if let Some(t) = tracker {
         t.completing(head.id, head.slots);
@@ -374,7 +376,31 @@ impl QueuePoller {
         self.slots.len() - self.free.len()
     }
 
-    /// Completes a request that never reached the bdev.
+    /// Answers GET_ID from the iovecs the parser put in slot `slot_idx`. Out of line: rare,
+    /// and kept out of `start`'s hot code.
+    #[cold]
+    #[inline(never)]
+    fn complete_get_id(&mut self, head: Head, slot_idx: u16, iovcnt: usize, status: StatusPtr) {
+        let iov = &self.slots[usize::from(slot_idx)].iov[..iovcnt];
+        // SAFETY: the iovecs were built by the parser from device-writable descriptors inside
+        // our live memory table.
+        let n = unsafe { write_id(iov, &self.serial) };
+        // SAFETY: as above, for the status byte.
+        unsafe { status.write(VIRTIO_BLK_S_OK) };
+        if let Some(log) = &self.data_log {
+            // Exactly the `n` bytes of the string, not the whole buffer.
+            let pages = log.iovecs(&self.table, iov, u64::from(n));
+            self.counters.logged_data_pages += pages;
+            self.counters.logged_pages += pages + log.status(&self.table, status);
+        }
+        self.counters.get_id_ops += 1;
+        push_used(&mut self.ring, &mut self.tracker, head, n + 1);
+    }
+
+    /// Completes a request that never reached the bdev. Out of line: error paths only, kept
+    /// out of `start`'s hot code.
+    #[cold]
+    #[inline(never)]
     fn complete_now(&mut self, head: Head, status: StatusPtr, code: u8) {
         // SAFETY: the status pointer came from the parser over our live memory table.
         unsafe { status.write(code) };
@@ -427,20 +453,7 @@ impl QueuePoller {
             RequestType::Discard => IoOp::Discard,
             RequestType::WriteZeroes => IoOp::WriteZeroes,
             RequestType::GetId => {
-                let iov = &slot.iov[..req.iovcnt as usize];
-                // SAFETY: the iovecs were built by the parser from device-writable
-                // descriptors inside our live memory table.
-                let n = unsafe { write_id(iov, &self.serial) };
-                // SAFETY: as above, for the status byte.
-                unsafe { req.status.write(VIRTIO_BLK_S_OK) };
-                if let Some(log) = &self.data_log {
-                    // Exactly the `n` bytes of the string, not the whole buffer.
-                    let pages = log.iovecs(&self.table, iov, u64::from(n));
-                    self.counters.logged_data_pages += pages;
-                    self.counters.logged_pages += pages + log.status(&self.table, req.status);
-                }
-                self.counters.get_id_ops += 1;
-                push_used(&mut self.ring, &mut self.tracker, head, n + 1);
+                self.complete_get_id(head, slot_idx, req.iovcnt as usize, req.status);
                 return Flow::Next;
             }
             RequestType::Unsupported(_) => {

@@ -57,7 +57,7 @@ impl Ring {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push_used(&mut self, head: Head, len: u32) {
         match self {
             Ring::Split(q) => q.push_used(head.id, len),
