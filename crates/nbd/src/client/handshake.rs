@@ -122,9 +122,15 @@ pub fn negotiate<S: Read + Write>(s: &mut S, name: &str) -> Result<Negotiated, H
     data.extend_from_slice(&1u16.to_be_bytes());
     data.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
     send_option(s, OPT_GO, &data)?;
-    match go_replies(s)? {
-        Some(n) => Ok(n),
-        None => export_name(s, name, no_zeroes),
+    match go_replies(s) {
+        Ok(Some(n)) => Ok(n),
+        Ok(None) => export_name(s, name, no_zeroes),
+        Err(e @ HandshakeError::Refused(_)) => {
+            // Tell the server we are leaving rather than vanish mid-negotiation; best effort.
+            let _ = send_option(s, OPT_ABORT, &[]);
+            Err(e)
+        }
+        Err(e) => Err(e),
     }
 }
 
