@@ -131,3 +131,33 @@ fn bad_parameters_are_refused_naming_the_field() {
     let e = b.try_call("bdev_nbd_client_delete", json!({"name": "x"})).expect_err("no such bdev");
     assert_eq!(e.code, -19, "{}", e.message);
 }
+
+/// `flashpath nbd-client ...` with the daemon's RPC socket; returns stdout, asserting success.
+fn cli(daemon: &Daemon, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_flashpath"))
+        .args(args)
+        .env("FLASHPATH_RPC", &daemon.rpc)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("running flashpath");
+    assert!(out.status.success(), "flashpath {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_cli_attaches_lists_and_detaches() {
+    let (a, _) = source();
+    let b = Daemon::start("0");
+    let sock = a.dir.path().join("src.nbd");
+    let out =
+        cli(&b, &["nbd-client", "attach", "r", sock.to_str().unwrap(), "--export", "src", "--read-only"]);
+    assert_eq!(out.trim(), "r");
+    let list = cli(&b, &["nbd-client", "list"]);
+    let lines: Vec<&str> = list.lines().collect();
+    assert!(lines[0].starts_with("DISK") && lines[0].contains("ADDRESS"), "{list}");
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(row, ["r", sock.to_str().unwrap(), "src", "16777216", "512", "yes", "0", "0"], "{list}");
+    assert!(b.call("bdev_get_bdevs", json!({"name": "r"}))[0]["supported_io_types"]["write"] == false);
+    cli(&b, &["nbd-client", "detach", "r"]);
+    assert_eq!(cli(&b, &["nbd-client", "list"]).lines().count(), 1, "only the header is left");
+}

@@ -1,70 +1,16 @@
 //! The wire against a scripted server: replies in any order and cut anywhere, writes that the
 //! socket takes a few bytes at a time, and every way a server can break the protocol.
 
-use std::collections::VecDeque;
-use std::io;
-
 use fp_bdev::{IoOp, IoRequest, IoStatus, SubmitError};
 
-use super::wire::{Transport, Wire, MAX_IN_FLIGHT};
+use super::memory::MemoryTransport as Script;
+use super::wire::{Wire, MAX_IN_FLIGHT};
 use crate::proto::*;
-
-/// The server's side of the stream: what it will send, what it got.
-#[derive(Default)]
-struct Script {
-    to_client: VecDeque<u8>,
-    from_client: Vec<u8>,
-    /// The most bytes one read or write moves (cutting replies and requests anywhere).
-    chunk: usize,
-    closed: bool,
-}
-
-impl Transport for Script {
-    unsafe fn readv(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
-        if self.to_client.is_empty() {
-            return if self.closed { Ok(0) } else { Err(io::ErrorKind::WouldBlock.into()) };
-        }
-        let mut n = 0;
-        for v in iov {
-            for i in 0..v.iov_len {
-                if n == self.chunk {
-                    return Ok(n);
-                }
-                let Some(b) = self.to_client.pop_front() else { return Ok(n) };
-                // SAFETY: the caller's iovecs are writable.
-                unsafe { *v.iov_base.cast::<u8>().add(i) = b };
-                n += 1;
-            }
-        }
-        Ok(n)
-    }
-
-    unsafe fn writev(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
-        if self.closed {
-            return Err(io::ErrorKind::BrokenPipe.into());
-        }
-        let mut n = 0;
-        for v in iov {
-            // SAFETY: the caller's iovecs are readable.
-            let s = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
-            let take = s.len().min(self.chunk - n);
-            self.from_client.extend_from_slice(&s[..take]);
-            n += take;
-            if n == self.chunk {
-                break;
-            }
-        }
-        if n == 0 {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        Ok(n)
-    }
-}
 
 const ALL: u16 = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES;
 
 fn wire(chunk: usize, flags: u16) -> Wire<Script> {
-    Wire::new(Script { chunk, ..Script::default() }, flags, MAX_PAYLOAD)
+    Wire::new(Script::new(chunk), flags, MAX_PAYLOAD)
 }
 
 fn req(tag: u32, op: IoOp, offset: u64, iov: &[libc::iovec]) -> IoRequest {
@@ -262,7 +208,7 @@ fn what_the_export_cannot_take_is_refused() {
         // iovecs that do not add up to the length, and a read over the maximum.
         w.submit(&IoRequest { len: 512, ..req(3, IoOp::Read, 0, &iov) }).unwrap();
     }
-    let mut small = Wire::new(Script { chunk: 64, ..Script::default() }, ALL, 512);
+    let mut small = Wire::new(Script::new(64), ALL, 512);
     // SAFETY: as above.
     unsafe {
         small.submit(&req(4, IoOp::Read, 0, &iov)).unwrap();
