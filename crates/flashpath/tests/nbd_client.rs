@@ -161,3 +161,14 @@ fn the_cli_attaches_lists_and_detaches() {
     cli(&b, &["nbd-client", "detach", "r"]);
     assert_eq!(cli(&b, &["nbd-client", "list"]).lines().count(), 1, "only the header is left");
 }
+
+#[test]
+fn a_config_file_attaches_a_remote_export() {
+    let (_a, uri) = source();
+    let b = Daemon::start_with_config("0", |_| {
+        format!("[[bdev]]\ntype = \"nbd_client\"\nname = \"remote\"\naddress = \"{uri}\"\nread_only = true\n")
+    });
+    let bdev = &b.call("bdev_get_bdevs", json!({"name": "remote"}))[0];
+    assert_eq!(bdev["driver_specific"]["nbd_client"]["read_only"], true, "{bdev}");
+    assert_eq!(bdev["num_blocks"], json!(16 * MIB / 512), "{bdev}");
+}
