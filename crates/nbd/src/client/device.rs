@@ -20,7 +20,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use crate::address::Address;
 use crate::client::handshake::Negotiated;
-use crate::client::socket::{connect, say_goodbye, ConnectError, Connected, SocketIo};
+use crate::client::socket::{connect, say_goodbye, still_open, ConnectError, Connected, SocketIo};
 use crate::client::wire::Wire;
 use crate::proto::*;
 
@@ -143,7 +143,10 @@ impl NbdClientDevice {
     /// export (a server restarted with another disk behind the name is refused).
     fn connection(&self) -> Result<OwnedFd, BdevError> {
         if let Some(fd) = self.spare.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            return Ok(fd);
+            // The server may have closed it while nobody used it (an idle timeout, a restart).
+            if still_open(fd.as_fd()) {
+                return Ok(fd);
+            }
         }
         let Connected { fd, export } =
             connect(&self.address, &self.detail.export_name).map_err(connect_error)?;

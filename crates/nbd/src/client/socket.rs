@@ -17,6 +17,9 @@ use crate::proto::{Request, CMD_DISC};
 /// not answer fails the create (or the channel's opening) instead of hanging it.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The socket send buffer asked for.
+const SEND_BUFFER: libc::c_int = 4 << 20;
+
 /// Why a connection could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -68,6 +71,12 @@ pub fn connect(address: &Address, export: &str) -> Result<Connected, ConnectErro
         }
     };
     let export = result.map_err(|source| ConnectError::Handshake { address: address.to_string(), source })?;
+    // Room for several large writes at once, so a round's vectored write goes out whole more
+    // often (a Unix socket's default is about 200 KiB, less than one 256 KiB write). The
+    // kernel caps it at net.core.wmem_max.
+    if let Err(e) = fp_sys::set_send_buffer(fd.as_fd(), SEND_BUFFER) {
+        log::debug!("nbd_client: SO_SNDBUF: {e}");
+    }
     Ok(Connected { fd, export })
 }
 
@@ -113,6 +122,17 @@ unsafe fn send(fd: BorrowedFd<'_>, iov: &[libc::iovec]) -> io::Result<usize> {
     // SAFETY: `msg` points at the caller's iovecs, readable for the call's duration.
     // MSG_NOSIGNAL: a server gone away is an error return, not a SIGPIPE for the daemon.
     result(unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })
+}
+
+/// Whether a connection made earlier and idle since is still usable: nothing to read (a
+/// closed one reads end-of-stream, a confused server may have sent bytes nobody asked for).
+pub fn still_open(fd: BorrowedFd<'_>) -> bool {
+    let mut b = 0u8;
+    // SAFETY: `b` is one writable byte; MSG_PEEK leaves the stream as it is.
+    let n = unsafe {
+        libc::recv(fd.as_raw_fd(), (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    };
+    n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
 }
 
 /// Sends NBD_CMD_DISC, best effort, so the server ends the connection cleanly instead of
