@@ -91,14 +91,25 @@ fn the_source_dying_mid_io_fails_requests_not_the_daemon() {
     let vsock = b.controller("vr", "remote", Some(1), false);
     let mut client = BlkClient::open(&vsock, 1);
     assert_eq!(client.write(0, 0, &[0x5a; 4096]), 0);
-    a.kill9();
-    // Every request ends, with an error, in bounded time.
-    let rets = bounded(Duration::from_secs(30), "I/O after the source died", move || {
-        let rets =
-            [client.write(0, 4096, &[1; 4096]), client.read(0, 0, 4096).err().unwrap_or(0), client.flush(0)];
-        drop(client);
-        rets
+    // A writer keeps 1 MiB writes going while A is killed under it; it stops at the first
+    // failure. Every request ends, with an error, in bounded time.
+    let writer = std::thread::spawn(move || {
+        let data = vec![0x33u8; MIB as usize];
+        for i in 0.. {
+            let r = client.write(0, (i % 16) * MIB, &data);
+            if r < 0 {
+                let after = [client.read(0, 0, 4096).err().unwrap_or(0), client.flush(0)];
+                return (i, r, after);
+            }
+        }
+        unreachable!()
     });
+    std::thread::sleep(Duration::from_millis(300));
+    a.kill9();
+    let (writes, failed, after) =
+        bounded(Duration::from_secs(30), "I/O after the source died", move || writer.join().unwrap());
+    assert!(writes > 0, "writes went through before the kill");
+    let rets = [failed, after[0], after[1]];
     assert!(rets.iter().all(|&r| r < 0), "requests to a dead server fail: {rets:?}");
     b.assert_alive();
     assert!(b.stderr().contains("connection to"), "the loss is logged:\n{}", b.stderr());
