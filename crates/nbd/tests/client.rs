@@ -262,6 +262,38 @@ fn a_connection_dropped_before_first_use_is_made_again() {
 }
 
 #[test]
+fn tcp_on_loopback_works_too() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port_arg = port.to_string();
+    let mut server = Command::new("nbdkit")
+        .args(["--foreground", "--exit-with-parent", "--ipaddr", "127.0.0.1", "--port", &port_arg])
+        .args(["memory", "1M"])
+        .spawn()
+        .expect("nbdkit");
+    let uri = format!("nbd://127.0.0.1:{port}");
+    let device = fp_nbd::parse_device(&uri).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let dev = loop {
+        let detail = NbdClientDetail { address: uri.clone(), export_name: String::new(), read_only: false };
+        match NbdClientDevice::connect("t", device.address.clone(), detail, None) {
+            Ok(d) => break d,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("nbdkit on {uri}: {e}"),
+        }
+    };
+    let mut ch = dev.open_channel().unwrap();
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 3) as u8).collect();
+    write_range(&mut *ch, 4096, &data);
+    assert!(read_range(&mut *ch, 4096, data.len()) == data);
+    drop(ch);
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+#[test]
 fn a_sleeping_caller_is_woken_by_replies() {
     let s = nbdkit(&["--filter=delay", "memory", "1M", "rdelay=200ms"]);
     let dev = attach("c", &s.sock, "", false).unwrap();
