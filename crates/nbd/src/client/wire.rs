@@ -229,7 +229,7 @@ impl<T: Transport> Wire<T> {
             if total != req.len || req.len > u64::from(self.max_payload) {
                 return fail(self, libc::EINVAL);
             }
-        } else if req.len > u64::from(u32::MAX) {
+        } else if req.op != IoOp::Flush && req.len > u64::from(u32::MAX) {
             return fail(self, libc::EINVAL);
         }
         if req.len == 0 && req.op != IoOp::Flush {
