@@ -663,14 +663,17 @@ mod tests {
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 1000\n",
                 "bdev[1].block_size: 1000 is not a power of two between 512 and 65536",
             ),
-            ("[[bdev]]\nname = \"b\"\n", "bdev[1].type: required (one of null, malloc, uring, delay, rbd)"),
+            (
+                "[[bdev]]\nname = \"b\"\n",
+                "bdev[1].type: required (one of null, malloc, uring, delay, rbd, nbd_client)",
+            ),
             (
                 "[[bdev]]\ntype = \"ram\"\n",
-                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, rbd",
+                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, rbd, nbd_client",
             ),
             (
                 "[[bdev]]\ntype = 3\n",
-                "bdev[1].type: expected a string: one of null, malloc, uring, delay, rbd",
+                "bdev[1].type: expected a string: one of null, malloc, uring, delay, rbd, nbd_client",
             ),
             (
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 512\nsize = 1\n",
@@ -1134,7 +1137,10 @@ mod tests {
         assert_eq!(e.lines().count(), 1, "{e}");
         assert!(e.starts_with("reactor.cpus: ") && e.contains("\\n"), "{e}");
         let e = apply("[[bdev]]\ntype = \"mal\\nloc\\u001b[2J\"\nname = \"x\"\n").err().unwrap();
-        assert_eq!(e, "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, rbd");
+        assert_eq!(
+            e,
+            "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, rbd, nbd_client"
+        );
         // A controller over a bdev whose name holds a newline: the not-found error quotes it.
         let e = apply("[[vhost_blk]]\nctrlr = \"v0\"\nnum_queues = 1\ndev_name = \"no\\nsuch\"\n")
             .err()

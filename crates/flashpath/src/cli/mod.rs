@@ -9,6 +9,7 @@
 mod args;
 mod disk;
 mod nbd;
+mod nbd_client;
 mod qos;
 mod rbd;
 mod reactor;
@@ -64,6 +65,9 @@ pub(crate) enum Command {
     /// NBD exports: a disk served over the Network Block Device protocol (docs/nbd.md)
     #[command(subcommand)]
     Nbd(nbd::NbdCommand),
+    /// Remote NBD exports attached as disks (any NBD server; docs/nbd.md)
+    #[command(subcommand)]
+    NbdClient(nbd_client::NbdClientCommand),
     /// Logical volumes: stores on a disk, thin volumes, snapshots, clones
     #[command(subcommand)]
     Volume(volume::VolumeCommand),
@@ -139,6 +143,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Disk(c) => disk::run(rpc, json, c),
         Command::Vhost(c) => vhost::run(rpc, json, c),
         Command::Nbd(c) => nbd::run(rpc, json, c),
+        Command::NbdClient(c) => nbd_client::run(rpc, json, c),
         Command::Volume(c) => volume::run(rpc, json, c),
         Command::Qos(c) => qos::run(rpc, json, c),
         Command::Rbd(c) => rbd::run(rpc, json, c),
