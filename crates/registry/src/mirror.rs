@@ -90,12 +90,6 @@ impl Poller for CopierPoller {
 impl Registry {
     /// `bdev_mirror_start`: attaches a job copying `source` to `target`; returns its id.
     pub fn mirror_start(&self, spec: MirrorSpec) -> Result<String, RegistryError> {
-        let Some(reactor) = self.reactors.last().cloned() else {
-            return Err(RegistryError::NotAllowed {
-                field: "source",
-                reason: "the daemon has no reactor to copy on".into(),
-            });
-        };
         let mut st = self.lock();
         let not_found = |name: &str| RegistryError::NotFound { kind: "bdev", name: name.into() };
         let source = st.canonical(&spec.source).ok_or_else(|| not_found(&spec.source))?.to_string();
@@ -115,6 +109,12 @@ impl Registry {
         t.check_claim(&target, ClaimType::ExclusiveWrite)?;
         let target_bdev: Bdev = Arc::new(t.disk.clone());
         let source_disk = st.bdevs[&source].disk.clone();
+        let Some(reactor) = self.reactors.last().cloned() else {
+            return Err(RegistryError::NotAllowed {
+                field: "source",
+                reason: "the daemon has no reactor to copy on".into(),
+            });
+        };
         let options = MirrorOptions { job_id: job_id.clone(), granularity: spec.granularity };
         let (job, start) = MirrorJob::start(&source_disk, target_bdev, options).map_err(mirror_error)?;
         if let Some(t) = st.bdevs.get_mut(&target) {
