@@ -30,7 +30,7 @@ use crate::{BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
 /// `InFlight::mflags`: sent to both disks.
 const DUAL: u8 = 1;
-/// The source's half is done (its status in `src_status`).
+/// The source's half is done (its status in `ChannelMirror::src_status`).
 const SRC_DONE: u8 = 2;
 /// The target's half is done.
 const TGT_DONE: u8 = 4;
@@ -73,6 +73,9 @@ pub(super) struct ChannelMirror {
     duals: u64,
     /// Of those, the ones whose source half is done.
     waiting: u64,
+    /// The source's status of each such request, by tag (out of the in-flight entry, which
+    /// every request writes: a mirror's fields there cost the layer when none is attached).
+    src_status: Vec<i32>,
 }
 
 impl ChannelMirror {
@@ -194,6 +197,10 @@ pub(super) unsafe fn submit_down(
         match unsafe { target.submit(req) } {
             Ok(()) => {
                 e.mflags = DUAL | if saw_copy { SAW_COPY } else { 0 };
+                if m.src_status.len() <= req.tag as usize {
+                    // Grows to the largest tag once, like the slab.
+                    m.src_status.resize(req.tag as usize + 1, 0);
+                }
                 m.duals += 1;
                 m.job.dual_in_flight.fetch_add(1, Ordering::SeqCst);
                 return Ok(());
@@ -267,6 +274,7 @@ impl DiskChannel {
                     counted: 0,
                     duals: 0,
                     waiting: 0,
+                    src_status: Vec::new(),
                 });
                 // What is in flight now was submitted unwatched: it marks when it completes.
                 m.count(self.in_flight as i64);
@@ -322,7 +330,7 @@ impl DiskChannel {
             if e.mflags & DUAL != 0 {
                 if e.mflags & TGT_DONE == 0 {
                     e.mflags |= SRC_DONE;
-                    e.src_status = encode(status);
+                    m.src_status[tag as usize] = encode(status);
                     m.waiting += 1;
                     return;
                 }
@@ -343,7 +351,7 @@ impl DiskChannel {
         });
         if let Some(target) = m.target.as_mut() {
             let job = &m.job;
-            let (mut duals, mut waiting) = (m.duals, m.waiting);
+            let (mut duals, mut waiting, src_status) = (m.duals, m.waiting, &m.src_status);
             target.poll(&mut |tag, status| {
                 let Some(e) = slab.get_mut(tag as usize) else { return };
                 if e.mflags & DUAL == 0 || e.mflags & TGT_DONE != 0 {
@@ -362,7 +370,7 @@ impl DiskChannel {
                     waiting -= 1;
                     duals -= 1;
                     finish_dual_chunks(job, e);
-                    let status = decode(e.src_status);
+                    let status = decode(src_status[tag as usize]);
                     account(slot, e, status, &mut now, &record);
                     upward += 1;
                     done.complete(tag, status);

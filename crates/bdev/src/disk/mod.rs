@@ -447,11 +447,9 @@ struct InFlight {
     gen: u8,
     /// A mirrored request's progress (`disk/mirror.rs`).
     mflags: u8,
-    /// The source's status of a mirrored request whose target half is still out.
-    src_status: i32,
 }
 
-const EMPTY: InFlight = InFlight { start: 0, offset: 0, len: 0, op: 0, gen: 0, mflags: 0, src_status: 0 };
+const EMPTY: InFlight = InFlight { start: 0, offset: 0, len: 0, op: 0, gen: 0, mflags: 0 };
 
 /// A channel of a [`Disk`]: the device's channel plus accounting. See the module docs.
 ///
@@ -554,7 +552,6 @@ impl DiskChannel {
             op: op_index(req.op) as u8,
             gen: 0,
             mflags: 0,
-            src_status: 0,
         };
         match self.slab.get_mut(req.tag as usize) {
             Some(slot) => *slot = e,
