@@ -8,6 +8,7 @@
 
 mod args;
 mod disk;
+mod mirror;
 mod nbd;
 mod nbd_client;
 mod qos;
@@ -74,6 +75,9 @@ pub(crate) enum Command {
     /// Quality of service: per-disk limits, groups of disks sharing limits, weighted shares
     #[command(subcommand)]
     Qos(qos::QosCommand),
+    /// Mirror jobs: copy a live disk to another (docs/mirror.md)
+    #[command(subcommand)]
+    Mirror(mirror::MirrorCommand),
     /// Ceph RBD: shared cluster connections for `disk create --type rbd --cluster`
     #[command(subcommand)]
     Rbd(rbd::RbdCommand),
@@ -146,6 +150,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::NbdClient(c) => nbd_client::run(rpc, json, c),
         Command::Volume(c) => volume::run(rpc, json, c),
         Command::Qos(c) => qos::run(rpc, json, c),
+        Command::Mirror(c) => mirror::run(rpc, json, c),
         Command::Rbd(c) => rbd::run(rpc, json, c),
         Command::Reactor(c) => reactor::run(rpc, json, c),
         Command::Version => rpc::version(rpc, json),
