@@ -288,7 +288,7 @@ fn vhost_create_errors() {
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "queues": 2}));
     assert_eq!(
         e.message,
-        "queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues, packed_ring, packed_ring_recovery"
+        "queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues, migrate_from, packed_ring, packed_ring_recovery"
     );
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "transport": "x"}));
     assert_eq!(e.message, "transport: not supported by flashpath (only \"vhost_user_blk\")");
