@@ -213,9 +213,23 @@ fn racing_writer(disk: Disk, stop: Arc<AtomicBool>, seed: u64) -> std::thread::J
 
 #[test]
 fn converges_under_a_racing_writer_and_completes_with_equal_disks() {
+    converge_under_a_racing_writer(ram("tgt", 16 << 11));
+}
+
+#[test]
+fn converges_to_a_file_target_through_io_uring() {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    f.as_file().set_len(16 << 20).unwrap();
+    converge_under_a_racing_writer(Arc::new(
+        crate::UringDevice::new("tgt", f.path(), Some(BS), false).unwrap(),
+    ));
+}
+
+/// A 16 MiB RAM disk, written at random by another thread from before the job starts until
+/// after it is ready, mirrored to `tgt` and completed: the disks are then equal.
+fn converge_under_a_racing_writer(tgt: Bdev) {
     let src = source(16 << 11); // 16 MiB
-    let tgt = ram("tgt", 16 << 11);
-    // Something on the source before the job: the copier must carry it.
+                                // Something on the source before the job: the copier must carry it.
     let mut pre = vec![0xA5u8; 1 << 20];
     let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!() };
     assert_eq!(run_io(&mut ch, IoOp::Write, 3 << 20, &mut pre, &mut || {}), IoStatus::Success);
