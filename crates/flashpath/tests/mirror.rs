@@ -1,6 +1,7 @@
-//! The mirror end to end (issue 22, docs/mirror.md): a vhost-user-blk client writes to a RAM
-//! disk while a job copies it to another RAM disk; after `bdev_mirror_complete` the target,
-//! exported in turn, reads back exactly what the source holds. The CLI shows the job.
+//! The mirror end to end (issue 22, docs/mirror.md): a vhost-user-blk client, and an NBD
+//! client, write to a RAM disk while a job copies it to another RAM disk; after
+//! `bdev_mirror_complete` the target, exported in turn, reads back exactly what the source
+//! holds. The CLI shows the job.
 
 mod common;
 
@@ -9,10 +10,25 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::nbd::{start_export, Endpoint, NbdConn};
 use common::{assert_same, bounded, pattern, BlkClient, Daemon};
 use serde_json::{json, Value};
 
 const DISK: u64 = 32 << 20;
+
+/// Waits until job `id` is ready, then until `written` has grown by `more` (the client writes
+/// to both disks meanwhile).
+fn until_ready_and_written(daemon: &Daemon, id: &str, written: &AtomicU64, more: u64) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while job(daemon, id)["state"] != "ready" {
+        assert!(Instant::now() < until, "never ready: {}", job(daemon, id));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ready_at = written.load(Ordering::SeqCst);
+    while written.load(Ordering::SeqCst) < ready_at + more {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
 
 fn job(daemon: &Daemon, id: &str) -> Value {
     daemon.call("bdev_mirror_get_jobs", json!({ "job_id": id }))[0].clone()
@@ -64,17 +80,9 @@ fn a_disk_written_by_a_guest_is_mirrored_to_a_ram_disk_and_completes_equal() {
 
     let id = daemon.call("bdev_mirror_start", json!({ "source": "src", "target": "dst", "job_id": "move" }));
     assert_eq!(id, "move");
-    let until = Instant::now() + Duration::from_secs(60);
     let at_start = written.load(Ordering::SeqCst);
-    while job(&daemon, "move")["state"] != "ready" {
-        assert!(Instant::now() < until, "never ready: {}", job(&daemon, "move"));
-        std::thread::sleep(Duration::from_millis(5));
-    }
     // The guest keeps writing in ready: each write now goes to both disks.
-    let ready_at = written.load(Ordering::SeqCst);
-    while written.load(Ordering::SeqCst) < ready_at + 500 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until_ready_and_written(&daemon, "move", &written, 500);
     let status = cli(&daemon, &["mirror", "status", "move"]);
     assert!(status.contains("move") && status.contains("ready"), "{status}");
     stop.store(true, Ordering::SeqCst);
@@ -123,5 +131,61 @@ fn refusals_reach_the_operator_and_the_source_stays_served() {
     });
     assert_same("the source after cancel", 4096, &back, &pattern(9, 4096, 8192));
     daemon.call("bdev_malloc_delete", json!({ "name": "dst" }));
+    daemon.assert_alive();
+}
+
+#[test]
+fn a_disk_written_over_nbd_is_mirrored_and_completes_equal() {
+    const SIZE: u64 = 8 << 20;
+    let mut daemon = Daemon::start("0");
+    daemon.malloc("src", SIZE / 512, 512);
+    daemon.malloc("dst", SIZE / 512, 512);
+    let sock = daemon.dir.path().join("src.nbd");
+    start_export(&daemon, "src", sock.to_str().unwrap(), false);
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let (s, w) = (stop.clone(), written.clone());
+    let ep = Endpoint::Unix(sock);
+    let client = std::thread::spawn(move || {
+        bounded(Duration::from_secs(240), "nbd client", move || {
+            let mut c = NbdConn::connect(&ep, "src").unwrap();
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+            while !s.load(Ordering::SeqCst) {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let off = (rng % (SIZE / 4096)) * 4096;
+                assert_eq!(c.write(off, &pattern(rng, off, 4096), 0).unwrap(), 0, "a write at {off} failed");
+                w.fetch_add(1, Ordering::SeqCst);
+            }
+            let mut all = Vec::new();
+            for off in (0..SIZE).step_by(1 << 20) {
+                all.extend(c.read(off, 1 << 20).unwrap().unwrap());
+            }
+            c.disconnect();
+            all
+        })
+    });
+    while written.load(Ordering::SeqCst) < 100 {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    daemon.call("bdev_mirror_start", json!({ "source": "src", "target": "dst", "granularity": 4096 }));
+    until_ready_and_written(&daemon, "src", &written, 300);
+    stop.store(true, Ordering::SeqCst);
+    let source = client.join().unwrap();
+    assert_eq!(daemon.call("bdev_mirror_complete", json!({ "job_id": "src" })), true);
+    assert_eq!(job(&daemon, "src")["state"], "completed");
+    let sock2 = daemon.dir.path().join("dst.nbd");
+    start_export(&daemon, "dst", sock2.to_str().unwrap(), true);
+    let ep2 = Endpoint::Unix(sock2);
+    let target = bounded(Duration::from_secs(60), "read the target", move || {
+        let mut c = NbdConn::connect(&ep2, "dst").unwrap();
+        let mut all = Vec::new();
+        for off in (0..SIZE).step_by(1 << 20) {
+            all.extend(c.read(off, 1 << 20).unwrap().unwrap());
+        }
+        all
+    });
+    assert_same("the target after completion", 0, &target, &source);
     daemon.assert_alive();
 }

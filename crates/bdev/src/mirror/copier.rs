@@ -107,6 +107,8 @@ struct CopySlot {
 /// A job's copier, polled by its reactor until it reports [`CopierPoll::Finished`].
 pub struct MirrorCopier {
     pub(super) job: Arc<MirrorShared>,
+    // The channels come before the buffers: dropped first, they wait for what is in flight
+    // (io_uring's does) while the buffers it reads and writes still exist.
     src: Option<Box<dyn IoChannel>>,
     tgt: Option<Box<dyn IoChannel>>,
     slots: Vec<CopySlot>,

@@ -213,9 +213,23 @@ fn racing_writer(disk: Disk, stop: Arc<AtomicBool>, seed: u64) -> std::thread::J
 
 #[test]
 fn converges_under_a_racing_writer_and_completes_with_equal_disks() {
+    converge_under_a_racing_writer(ram("tgt", 16 << 11));
+}
+
+#[test]
+fn converges_to_a_file_target_through_io_uring() {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    f.as_file().set_len(16 << 20).unwrap();
+    converge_under_a_racing_writer(Arc::new(
+        crate::UringDevice::new("tgt", f.path(), Some(BS), false).unwrap(),
+    ));
+}
+
+/// A 16 MiB RAM disk, written at random by another thread from before the job starts until
+/// after it is ready, mirrored to `tgt` and completed: the disks are then equal.
+fn converge_under_a_racing_writer(tgt: Bdev) {
     let src = source(16 << 11); // 16 MiB
-    let tgt = ram("tgt", 16 << 11);
-    // Something on the source before the job: the copier must carry it.
+                                // Something on the source before the job: the copier must carry it.
     let mut pre = vec![0xA5u8; 1 << 20];
     let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!() };
     assert_eq!(run_io(&mut ch, IoOp::Write, 3 << 20, &mut pre, &mut || {}), IoStatus::Success);
@@ -439,4 +453,42 @@ fn a_write_submitted_before_the_job_and_landing_after_its_copy_is_carried_over()
     let mut tch = tgt.open_channel().unwrap();
     assert_eq!(run_io(&mut *tch, IoOp::Read, 65536, &mut got, &mut || {}), IoStatus::Success);
     assert_eq!(got, data, "the late write reached the target");
+}
+
+#[test]
+fn a_blocking_write_under_a_running_copy_marks_its_chunk_again() {
+    let src = source(2048);
+    let tgt = ram("tgt", 2048);
+    let (job, mut copier, mut ch) = ready_job(&src, tgt.clone());
+    let at = 5 * 65536;
+    // A discard goes to the source alone and marks its chunk when it completes.
+    let d = IoRequest { tag: 1, op: IoOp::Discard, offset: at, len: 4096, iov: std::ptr::null(), iovcnt: 0 };
+    // SAFETY: no buffers.
+    unsafe { ch.submit_request(&d) }.unwrap();
+    poll_quiet(&mut ch);
+    assert_eq!(job.status().dirty_bytes, 65536);
+    // The copier reads the chunk (a RAM disk copies at submission: the old data).
+    assert_eq!(copier.poll(), CopierPoll::Busy);
+    assert_eq!(copier.in_flight, 1);
+    // A blocking write lands on both disks while that copy is out...
+    let mut data = vec![0x77u8; 4096];
+    let iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: 4096 };
+    let w = IoRequest { tag: 2, op: IoOp::Write, offset: at, len: 4096, iov: &iov, iovcnt: 1 };
+    // SAFETY: `data` and `iov` outlive the request, reaped below.
+    unsafe { ch.submit_request(&w) }.unwrap();
+    // ... and the copy then writes the old data over it on the target.
+    copier.poll();
+    let mut acked = Vec::new();
+    while acked.is_empty() {
+        ch.poll_with(&mut |t, s| acked.push((t, s)));
+    }
+    assert_eq!(acked, [(2, IoStatus::Success)]);
+    // The write saw the copy: its chunk is dirty again, and copied again.
+    job.complete().unwrap();
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state().is_final()));
+    assert_eq!(job.state(), MirrorState::Completed);
+    let mut got = vec![0u8; 4096];
+    let mut tch = tgt.open_channel().unwrap();
+    assert_eq!(run_io(&mut *tch, IoOp::Read, at, &mut got, &mut || {}), IoStatus::Success);
+    assert_eq!(got, data, "the target has the write, not the copy's older data");
 }
