@@ -114,6 +114,23 @@ fn reports_what_the_server_offers() {
 }
 
 #[test]
+fn requests_over_the_servers_maximum_are_split() {
+    let s = nbdkit(&[
+        "--filter=blocksize-policy",
+        "memory",
+        "4M",
+        "blocksize-maximum=65536",
+        "blocksize-error-policy=error",
+    ]);
+    let dev = attach("c", &s.sock, "", false).unwrap();
+    assert_eq!(dev.max_transfer(), 65536);
+    let mut ch = dev.open_channel().unwrap();
+    let data: Vec<u8> = (0..(3u32 << 20) / 2).map(|i| (i % 249) as u8).collect();
+    write_range(&mut *ch, 512, &data);
+    assert!(read_range(&mut *ch, 512, data.len()) == data);
+}
+
+#[test]
 fn server_errors_reach_the_caller_as_their_errno() {
     let s = nbdkit(&["--filter=error", "memory", "1M", "error=ENOSPC", "error-pwrite-rate=100%"]);
     let dev = attach("c", &s.sock, "", false).unwrap();
