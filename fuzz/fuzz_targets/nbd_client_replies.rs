@@ -7,7 +7,7 @@
 //!
 //! | bytes | meaning |
 //! |---|---|
-//! | 1 | setup: `b & 1` run the handshake; `b >> 1 & 7` + 1 is the most bytes one read delivers (×7) |
+//! | 1 | setup: `b & 1` run the handshake; `b >> 1 & 7` + 1 is the most bytes one read delivers (×7); `b & 16` the server takes 1 KiB per request at most (the 4 KiB read goes in four parts) |
 //! | 2 | with the handshake: the length H of the server's handshake bytes (big endian) |
 //! | H | the server's handshake bytes (the client's own writes are dropped) |
 //!
@@ -15,7 +15,7 @@
 //!
 //! | bytes | meaning |
 //! |---|---|
-//! | 1 | control `c`: if `c & 0x80`, a well-formed reply to request `c & 7` (its cookie), error value from the next byte (0 when `c & 0x40`), and for a read without error its data, cut short when `c & 0x20`; else `c & 0x3f` raw bytes follow |
+//! | 1 | control `c`: if `c & 0x80`, a well-formed reply to NBD request `c & 0x1f` (modulo those sent; its cookie), error value from the next byte (0 when `c & 0x40`), and for a read without error its data, cut short when `c & 0x20`; else `c & 0x3f` raw bytes follow |
 //!
 //! Checked: no panic; each request completes exactly once, and all of them once the stream
 //! has ended; a read's data lands in its own buffer and nowhere else (guard bytes around each
@@ -84,7 +84,9 @@ fuzz_target!(|data: &[u8]| {
     let chunk = 7 * (1 + (setup as usize >> 1 & 7));
     let flags = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES;
     let server = MemoryTransport::new(chunk);
-    let mut wire = Wire::new(server, flags, MAX_PAYLOAD);
+    // Setup bit 16: a server taking 1 KiB at most, so the 4 KiB read goes out in four parts.
+    let max = if setup & 16 != 0 { 1024 } else { MAX_PAYLOAD };
+    let mut wire = Wire::new(server, flags, max);
 
     // Each request's buffer with guard bytes either side.
     let mut bufs: Vec<Vec<u8>> = REQS.iter().map(|r| vec![0xa5; r.2 + 2 * GUARD]).collect();
@@ -122,30 +124,42 @@ fuzz_target!(|data: &[u8]| {
     wire.poll(&mut record);
     // The cookies the client chose, in submission order.
     let sent = std::mem::take(&mut wire.transport_mut().from_client);
-    let mut cookies = Vec::new();
+    // Each NBD request sent (a split request's parts in order), with the request it serves.
+    let mut parts: Vec<(usize, Request)> = Vec::new();
     let mut at = 0;
     while at + REQUEST_LEN <= sent.len() {
         let r = Request::parse(sent[at..at + REQUEST_LEN].try_into().unwrap()).expect("the client's own header");
-        cookies.push(r.cookie);
+        let owner = parts.last().map_or(0, |&(i, last): &(usize, Request)| {
+            let end = REQS[i].1 + REQS[i].2 as u64;
+            let more = last.command == r.command && last.offset + u64::from(last.length) == r.offset;
+            if more && r.offset < end && REQS[i].0 != IoOp::Flush {
+                i
+            } else {
+                i + 1
+            }
+        });
+        parts.push((owner, r));
         at += REQUEST_LEN + r.payload_len();
     }
-    assert_eq!(cookies.len(), REQS.len(), "every request went out");
+    assert_eq!(parts.last().map(|p| p.0 + 1), Some(REQS.len()), "every request went out");
 
     // While the stream is only whole, well-formed records, the data of each read's first
     // reply is what a successful read must hold (a second reply kills the connection).
     let mut clean = true;
-    let mut first: [Option<Option<Vec<u8>>>; 6] = Default::default();
+    let mut first: Vec<Option<Option<Vec<u8>>>> = vec![None; parts.len()];
     while !input.0.is_empty() {
         let c = input.take(1)[0];
         let srv = wire.transport_mut();
         if c & 0x80 != 0 {
-            let i = (c & 7) as usize % REQS.len();
+            let i = (c & 0x1f) as usize % parts.len();
+            let (owner, part) = parts[i];
             let error = if c & 0x40 != 0 { 0 } else { input.take(1).first().copied().unwrap_or(0) as u32 };
-            srv.to_client.extend(simple_reply(error, cookies[i]));
+            srv.to_client.extend(simple_reply(error, part.cookie));
             let mut payload = None;
-            if REQS[i].0 == IoOp::Read && error == 0 {
-                let len = if c & 0x20 != 0 { REQS[i].2 / 3 } else { REQS[i].2 };
-                clean &= len == REQS[i].2;
+            if REQS[owner].0 == IoOp::Read && error == 0 {
+                let full = part.length as usize;
+                let len = if c & 0x20 != 0 { full / 3 } else { full };
+                clean &= len == full;
                 let p: Vec<u8> = (0..len).map(|k| (k as u8) ^ c).collect();
                 srv.to_client.extend(&p);
                 payload = Some(p);
@@ -174,7 +188,12 @@ fuzz_target!(|data: &[u8]| {
         assert!(b[GUARD + len..].iter().all(|&x| x == 0xa5), "request {i}: written past its buffer");
         let done = status[i].expect("completed");
         if clean && REQS[i].0 == IoOp::Read && done == IoStatus::Success {
-            let want = first[i].as_ref().and_then(|p| p.as_ref()).expect("a successful read had a reply with data");
+            let want: Vec<u8> = parts
+                .iter()
+                .zip(&first)
+                .filter(|((owner, _), _)| *owner == i)
+                .flat_map(|(_, f)| f.clone().flatten().expect("each part of a successful read had data"))
+                .collect();
             assert!(b[GUARD..GUARD + len] == want[..], "request {i}: its data");
         }
     }

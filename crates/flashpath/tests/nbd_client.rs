@@ -183,3 +183,24 @@ fn a_config_file_attaches_a_remote_export() {
     assert_eq!(bdev["driver_specific"]["nbd_client"]["read_only"], true, "{bdev}");
     assert_eq!(bdev["num_blocks"], json!(16 * MIB / 512), "{bdev}");
 }
+
+#[test]
+fn two_reactors_use_two_connections() {
+    let (_a, uri) = source();
+    let b = Daemon::start("0,1");
+    b.call("bdev_nbd_client_create", json!({"name": "remote", "address": uri}));
+    let vsock = b.controller("vr", "remote", Some(2), false);
+    let mut client = BlkClient::open(&vsock, 2);
+    // Queue i runs on reactor i: each writes its half through its own connection.
+    let halves = [pattern(1, 0, MIB as usize), pattern(2, 0, MIB as usize)];
+    for (q, data) in halves.iter().enumerate() {
+        assert_eq!(client.write(q, q as u64 * MIB, data), 0, "queue {q}");
+    }
+    for (q, data) in halves.iter().enumerate() {
+        let other = 1 - q;
+        let got = client.read(other, q as u64 * MIB, MIB as usize).unwrap();
+        assert_same("read through the other queue", q as u64 * MIB, &got, data);
+    }
+    let bdev = &b.call("bdev_get_bdevs", json!({"name": "remote"}))[0];
+    assert_eq!(bdev["driver_specific"]["nbd_client"]["connections"], json!(2), "{bdev}");
+}

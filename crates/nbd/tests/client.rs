@@ -1,8 +1,8 @@
-//! The nbd_client bdev against real servers on Unix sockets: nbdkit (the conformance suite
-//! every device passes, server errors, a server killed mid-I/O) and qemu-nbd (data written
-//! through the bdev is in the server's file and the other way round; a read-only export).
-//! Both tools must be installed (`apt-get install nbdkit qemu-utils`); the tests fail saying
-//! so when they are not.
+//! The nbd_client bdev against real servers: nbdkit (the conformance suite every device passes,
+//! server errors, a server killed mid-I/O, TCP on loopback), qemu-nbd (data written through the
+//! bdev is in the server's file and the other way round; a read-only export) and
+//! qemu-storage-daemon's NBD server. The tools must be installed (`apt-get install nbdkit
+//! qemu-utils`); the tests fail saying so when they are not.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -114,6 +114,23 @@ fn reports_what_the_server_offers() {
 }
 
 #[test]
+fn requests_over_the_servers_maximum_are_split() {
+    let s = nbdkit(&[
+        "--filter=blocksize-policy",
+        "memory",
+        "4M",
+        "blocksize-maximum=65536",
+        "blocksize-error-policy=error",
+    ]);
+    let dev = attach("c", &s.sock, "", false).unwrap();
+    assert_eq!(dev.max_transfer(), 65536);
+    let mut ch = dev.open_channel().unwrap();
+    let data: Vec<u8> = (0..(3u32 << 20) / 2).map(|i| (i % 249) as u8).collect();
+    write_range(&mut *ch, 512, &data);
+    assert!(read_range(&mut *ch, 512, data.len()) == data);
+}
+
+#[test]
 fn server_errors_reach_the_caller_as_their_errno() {
     let s = nbdkit(&["--filter=error", "memory", "1M", "error=ENOSPC", "error-pwrite-rate=100%"]);
     let dev = attach("c", &s.sock, "", false).unwrap();
@@ -174,6 +191,36 @@ fn data_crosses_both_ways_through_qemu_nbd() {
     // SAFETY: the buffers outlive the batch.
     let st = unsafe { conformance::run_batch(&mut *ch, &reqs) };
     assert!(st.iter().all(|s| *s == IoStatus::Success));
+}
+
+#[test]
+fn qemu_storage_daemon_exports_work_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.raw");
+    std::fs::File::create(&img).unwrap().set_len(4 << 20).unwrap();
+    let blockdev = format!("driver=file,node-name=f,filename={}", img.display());
+    let s = spawn(
+        "qemu-storage-daemon",
+        &[
+            "--blockdev",
+            &blockdev,
+            "--nbd-server",
+            "addr.type=unix,addr.path={sock}",
+            "--export",
+            "type=nbd,id=e,node-name=f,name=disk,writable=on",
+        ],
+    );
+    let dev = attach("q", &s.sock, "disk", false).unwrap();
+    assert_eq!(dev.info().size_bytes(), 4 << 20);
+    let mut ch = dev.open_channel().unwrap();
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+    write_range(&mut *ch, 1 << 20, &data);
+    // SAFETY: no buffers.
+    assert_eq!(unsafe { conformance::run(&mut *ch, cmd(0, IoOp::Flush, 0, 0)) }, IoStatus::Success);
+    let mut back = vec![0u8; data.len()];
+    std::fs::File::open(&img).unwrap().read_exact_at(&mut back, 1 << 20).unwrap();
+    assert!(back == data, "the file holds what went through the bdev");
+    assert!(read_range(&mut *ch, 1 << 20, data.len()) == data);
 }
 
 #[test]

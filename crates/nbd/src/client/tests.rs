@@ -209,14 +209,94 @@ fn what_the_export_cannot_take_is_refused() {
         w.submit(&IoRequest { len: 512, ..req(3, IoOp::Read, 0, &iov) }).unwrap();
     }
     let mut small = Wire::new(Script::new(64), ALL, 512);
-    // SAFETY: as above.
+    let huge = IoRequest { len: 129 * 512, ..req(4, IoOp::Read, 0, &iov) };
+    // SAFETY: as above; the huge read is refused before its iovecs are used (they do not add
+    // up, which is checked first and also fails it).
     unsafe {
-        small.submit(&req(4, IoOp::Read, 0, &iov)).unwrap();
+        small.submit(&huge).unwrap();
         small.submit(&cmd(5, IoOp::WriteZeroes, 0)).unwrap();
+        // More parts than the table holds: 129 trims of 2 GiB.
+        small.submit(&cmd(6, IoOp::Discard, 129 << 31)).unwrap();
     }
     assert_eq!(poll_all(&mut w), [(2, IoStatus::Error(libc::EROFS)), (3, IoStatus::Error(libc::EINVAL))]);
-    assert_eq!(poll_all(&mut small), [(4, IoStatus::Error(libc::EINVAL)), (5, IoStatus::Success)]);
+    assert_eq!(
+        poll_all(&mut small),
+        [(4, IoStatus::Error(libc::EINVAL)), (5, IoStatus::Success), (6, IoStatus::Error(libc::EINVAL))]
+    );
     assert!(w.transport().from_client.is_empty() && small.transport().from_client.is_empty());
+}
+
+#[test]
+fn requests_over_the_servers_maximum_go_out_in_parts() {
+    // A server taking 512 bytes at most; a read and a write of 1280 bytes over odd iovecs, a
+    // trim of 5 GiB.
+    let mut w = Wire::new(Script::new(100), ALL, 512);
+    let mut rbuf = vec![0u8; 1280];
+    let (r1, r2) = rbuf.split_at_mut(300);
+    let riov = [iov_of(r1), iov_of(r2)];
+    let mut wbuf: Vec<u8> = (0..1280u32).map(|i| (i * 7) as u8).collect();
+    let (w1, w2) = wbuf.split_at_mut(700);
+    let wiov = [iov_of(w1), iov_of(w2)];
+    let trim =
+        IoRequest { tag: 3, op: IoOp::Discard, offset: 4096, len: 5 << 30, iov: std::ptr::null(), iovcnt: 0 };
+    // SAFETY: the buffers outlive the polls.
+    unsafe {
+        w.submit(&req(1, IoOp::Read, 8192, &riov)).unwrap();
+        w.submit(&req(2, IoOp::Write, 1024, &wiov)).unwrap();
+        w.submit(&trim).unwrap();
+    }
+    assert_eq!(w.in_flight(), 3, "three requests, whatever their parts");
+    for _ in 0..1000 {
+        w.poll(&mut |_, _| panic!("nothing answered yet"));
+    }
+    let reqs = sent_requests(&w.transport().from_client);
+    let shape: Vec<(u16, u64, u32)> = reqs.iter().map(|(r, _)| (r.command, r.offset, r.length)).collect();
+    assert_eq!(
+        shape,
+        [
+            (CMD_READ, 8192, 512),
+            (CMD_READ, 8704, 512),
+            (CMD_READ, 9216, 256),
+            (CMD_WRITE, 1024, 512),
+            (CMD_WRITE, 1536, 512),
+            (CMD_WRITE, 2048, 256),
+            (CMD_TRIM, 4096, 1 << 31),
+            (CMD_TRIM, 4096 + (1 << 31), 1 << 31),
+            (CMD_TRIM, 4096 + (2 << 31), 1 << 30),
+        ]
+    );
+    let written: Vec<u8> = reqs[3..6].iter().flat_map(|(_, p)| p.clone()).collect();
+    assert_eq!(written, (0..1280u32).map(|i| (i * 7) as u8).collect::<Vec<_>>());
+    // Replies last part first; one trim part fails.
+    let mut stream = Vec::new();
+    for (i, (r, _)) in reqs.iter().enumerate().rev() {
+        let error = if i == 7 { ENOSPC } else { 0 };
+        stream.extend_from_slice(&simple_reply(error, r.cookie));
+        if r.command == CMD_READ {
+            stream.extend((0..r.length).map(|k| ((r.offset + u64::from(k)) % 251) as u8));
+        }
+    }
+    let mut got = Vec::new();
+    for piece in stream.chunks(37) {
+        w.transport_mut().to_client.extend(piece);
+        w.poll(&mut |t, s| got.push((t, s)));
+    }
+    got.extend(poll_all(&mut w));
+    got.sort_by_key(|g| g.0);
+    assert_eq!(got, [(1, IoStatus::Success), (2, IoStatus::Success), (3, IoStatus::Error(libc::ENOSPC))]);
+    assert!(rbuf.iter().enumerate().all(|(i, &x)| x == ((8192 + i) % 251) as u8));
+    assert_eq!(w.in_flight(), 0);
+
+    // Not enough free slots for all parts: busy, nothing taken.
+    let mut w = Wire::new(Script::new(1 << 20), ALL, 512);
+    let flush = |tag| IoRequest { tag, op: IoOp::Flush, offset: 0, len: 0, iov: std::ptr::null(), iovcnt: 0 };
+    for t in 0..MAX_IN_FLIGHT as u32 - 2 {
+        // SAFETY: no buffers.
+        unsafe { w.submit(&flush(t)) }.unwrap();
+    }
+    // SAFETY: `rbuf` outlives the wire.
+    assert_eq!(unsafe { w.submit(&req(999, IoOp::Read, 0, &riov)) }, Err(SubmitError::Busy));
+    assert_eq!(w.in_flight(), MAX_IN_FLIGHT - 2);
 }
 
 #[test]

@@ -48,6 +48,9 @@ enum State {
     Queued,
     /// Sent whole; its reply is due.
     Sent,
+    /// The first part of a split request, answered; it completes the request when the other
+    /// parts are answered too.
+    Answered,
 }
 
 #[derive(Clone, Copy)]
@@ -55,10 +58,17 @@ struct Slot {
     state: State,
     tag: u32,
     command: u16,
-    /// The caller's iovecs (a read's destination, a write's source) and the payload length.
+    /// The caller's iovecs (a read's destination, a write's source), where this part's payload
+    /// starts in them, and its length.
     iov: *const libc::iovec,
     iovcnt: u32,
+    start: usize,
     payload: usize,
+    /// The slot of the request's first part (itself, unless the request was split), which
+    /// counts the parts not yet answered and keeps the first error.
+    leader: u16,
+    parts_left: u16,
+    status: IoStatus,
     /// Bumped each time the slot is reused: a cookie carries it, so a late or repeated reply
     /// cannot complete the slot's next request.
     generation: u32,
@@ -72,7 +82,11 @@ impl Slot {
         command: 0,
         iov: std::ptr::null(),
         iovcnt: 0,
+        start: 0,
         payload: 0,
+        leader: 0,
+        parts_left: 0,
+        status: IoStatus::Success,
         generation: 0,
         hdr: [0; REQUEST_LEN],
     };
@@ -113,6 +127,10 @@ pub struct Wire<T> {
     hdr: [u8; SIMPLE_REPLY_LEN * HDR_BATCH],
     /// Bytes in `hdr`, from its start.
     hdr_len: usize,
+    /// Requests taken (a split one once) and not yet completed.
+    requests: usize,
+    /// Parts sent whole and not yet answered.
+    awaiting: usize,
     /// Reads sent and not yet answered: while there are any, a reply may carry data, so
     /// headers are read one at a time (the data then goes straight to its iovecs).
     reads_sent: usize,
@@ -147,6 +165,8 @@ impl<T: Transport> Wire<T> {
             rx: Rx::Header,
             hdr: [0; SIMPLE_REPLY_LEN * HDR_BATCH],
             hdr_len: 0,
+            requests: 0,
+            awaiting: 0,
             reads_sent: 0,
             // Every slot may complete and every refused request wait here too.
             done: Vec::with_capacity(2 * MAX_IN_FLIGHT),
@@ -177,7 +197,7 @@ impl<T: Transport> Wire<T> {
 
     /// Requests taken and not yet returned by [`Wire::poll`].
     pub fn in_flight(&self) -> usize {
-        MAX_IN_FLIGHT - self.free.len() + self.done.len()
+        self.requests + self.done.len()
     }
 
     /// Whether requests wait to be written (the socket was full).
@@ -190,10 +210,13 @@ impl<T: Transport> Wire<T> {
         !self.done.is_empty()
     }
 
-    /// Takes a request whose range the caller has checked against the device. Requests the
-    /// connection cannot carry complete with an error at the next poll: `EROFS` for a write
-    /// to a read-only export, `EINVAL` for iovecs that do not add up to the length or a
-    /// length over the server's maximum, `EIO` once the connection is dead.
+    /// Takes a request whose range the caller has checked against the device. One longer than
+    /// an NBD request may be goes out in parts (reads and writes of the server's maximum
+    /// payload, trims and zeroes of 2 GiB), each in a slot of its own; it completes when the
+    /// last part is answered, failed if any part failed. Requests the connection cannot carry
+    /// complete with an error at the next poll: `EROFS` for a write to a read-only export,
+    /// `EINVAL` for iovecs that do not add up to the length or more parts than the table
+    /// holds, `EIO` once the connection is dead.
     ///
     /// # Safety
     /// As [`fp_bdev::IoChannel::submit`]: a read's or write's iovecs and their buffers stay
@@ -226,34 +249,57 @@ impl<T: Transport> Wire<T> {
         if data {
             // SAFETY: the caller's contract.
             let total = unsafe { fp_bdev::iov_total_len(req.iov, req.iovcnt) };
-            if total != req.len || req.len > u64::from(self.max_payload) {
+            if total != req.len {
                 return fail(self, libc::EINVAL);
             }
-        } else if req.op != IoOp::Flush && req.len > u64::from(u32::MAX) {
-            return fail(self, libc::EINVAL);
         }
-        if req.len == 0 && req.op != IoOp::Flush {
+        let len = if req.op == IoOp::Flush { 0 } else { req.len };
+        if len == 0 && req.op != IoOp::Flush {
             // Nothing to move; not every server takes an empty request.
             self.done.push((req.tag, IoStatus::Success));
             return Ok(());
         }
-        let index = self.free.pop().expect("in_flight checked") as usize;
-        let slot = &mut self.slots[index];
-        slot.generation = slot.generation.wrapping_add(1);
-        let cookie = (u64::from(slot.generation) << 32) | index as u64;
-        let (offset, length) = if req.op == IoOp::Flush { (0, 0) } else { (req.offset, req.len as u32) };
-        let r = Request { flags: 0, command, cookie, offset, length };
-        *slot = Slot {
-            state: State::Queued,
-            tag: req.tag,
-            command,
-            iov: if data { req.iov } else { std::ptr::null() },
-            iovcnt: if data { req.iovcnt } else { 0 },
-            payload: if data { req.len as usize } else { 0 },
-            generation: slot.generation,
-            hdr: r.encode(),
-        };
-        self.tx.push_back(index as u16);
+        // A request longer than one NBD request may be goes out in parts: reads and writes of
+        // the server's maximum payload, trims and zeroes of 2 GiB (a multiple of any block
+        // size the protocol allows, below the 32-bit length).
+        let part = if data { u64::from(self.max_payload) } else { 1 << 31 };
+        let parts = len.div_ceil(part).max(1);
+        if parts > MAX_IN_FLIGHT as u64 {
+            return fail(self, libc::EINVAL);
+        }
+        if (self.free.len() as u64) < parts {
+            return Err(SubmitError::Busy);
+        }
+        let mut leader = 0;
+        for i in 0..parts {
+            let index = self.free.pop().expect("counted") as usize;
+            if i == 0 {
+                leader = index as u16;
+            }
+            let slot = &mut self.slots[index];
+            let generation = slot.generation.wrapping_add(1);
+            let cookie = (u64::from(generation) << 32) | index as u64;
+            let at = i * part;
+            let length = (len - at).min(part);
+            let offset = if req.op == IoOp::Flush { 0 } else { req.offset + at };
+            let r = Request { flags: 0, command, cookie, offset, length: length as u32 };
+            *slot = Slot {
+                state: State::Queued,
+                tag: req.tag,
+                command,
+                iov: if data { req.iov } else { std::ptr::null() },
+                iovcnt: if data { req.iovcnt } else { 0 },
+                start: if data { at as usize } else { 0 },
+                payload: if data { length as usize } else { 0 },
+                leader,
+                parts_left: parts as u16,
+                status: IoStatus::Success,
+                generation,
+                hdr: r.encode(),
+            };
+            self.tx.push_back(index as u16);
+        }
+        self.requests += 1;
         Ok(())
     }
 
@@ -279,12 +325,17 @@ impl<T: Transport> Wire<T> {
         }
         for (index, slot) in self.slots.iter_mut().enumerate() {
             if slot.state != State::Free {
-                self.done.push((slot.tag, IoStatus::Error(libc::EIO)));
+                // One completion per request: its first part's.
+                if usize::from(slot.leader) == index {
+                    self.done.push((slot.tag, IoStatus::Error(libc::EIO)));
+                }
                 slot.state = State::Free;
                 slot.iov = std::ptr::null();
                 self.free.push(index as u16);
             }
         }
+        self.requests = 0;
+        self.awaiting = 0;
         self.tx.clear();
         self.tx_done = 0;
         self.rx = Rx::Header;
@@ -298,7 +349,7 @@ impl<T: Transport> Wire<T> {
     /// connection now rather than at the next request. Called before the caller sleeps on
     /// the socket, which would otherwise wake it again and again.
     pub fn probe(&mut self) {
-        if self.dead.is_some() || self.sent() > 0 || self.rx != Rx::Header {
+        if self.dead.is_some() || self.awaiting > 0 || self.rx != Rx::Header {
             return;
         }
         let iov = [libc::iovec {
@@ -340,7 +391,9 @@ impl<T: Transport> Wire<T> {
                 } else {
                     skip -= REQUEST_LEN;
                 }
-                if slot.command == CMD_WRITE && !push_from(&mut self.scratch, slot.iovecs(), skip) {
+                if slot.command == CMD_WRITE
+                    && !push_from(&mut self.scratch, slot.iovecs(), slot.start + skip, slot.payload - skip)
+                {
                     break;
                 }
                 skip = 0;
@@ -377,6 +430,7 @@ impl<T: Transport> Wire<T> {
             self.tx.pop_front();
             let slot = &mut self.slots[index];
             slot.state = State::Sent;
+            self.awaiting += 1;
             if slot.command == CMD_READ {
                 self.reads_sent += 1;
             }
@@ -386,7 +440,7 @@ impl<T: Transport> Wire<T> {
     /// Reads replies until the socket is empty (or this poll's share is used).
     fn receive(&mut self) -> Result<(), String> {
         for _ in 0..READS_PER_POLL {
-            if self.rx == Rx::Header && self.hdr_len == 0 && self.sent() == 0 {
+            if self.rx == Rx::Header && self.hdr_len == 0 && self.awaiting == 0 {
                 // Nothing can arrive but a violation; it is found when something is due.
                 return Ok(());
             }
@@ -395,7 +449,7 @@ impl<T: Transport> Wire<T> {
                 Rx::Header => {
                     // With no read answered yet, the stream holds only headers: take many.
                     let want = if self.reads_sent == 0 {
-                        (self.sent() * SIMPLE_REPLY_LEN).clamp(SIMPLE_REPLY_LEN, self.hdr.len())
+                        (self.awaiting * SIMPLE_REPLY_LEN).clamp(SIMPLE_REPLY_LEN, self.hdr.len())
                     } else {
                         SIMPLE_REPLY_LEN
                     };
@@ -404,8 +458,9 @@ impl<T: Transport> Wire<T> {
                         iov_len: want - self.hdr_len,
                     });
                 }
-                Rx::Data { slot, done, .. } => {
-                    push_from(&mut self.scratch, self.slots[slot].iovecs(), done);
+                Rx::Data { slot, done, len } => {
+                    let s = &self.slots[slot];
+                    push_from(&mut self.scratch, s.iovecs(), s.start + done, len - done);
                     // The next reply's header in the same call, when there is room.
                     if self.scratch.len() < IOV_BATCH {
                         self.scratch.push(libc::iovec {
@@ -445,11 +500,6 @@ impl<T: Transport> Wire<T> {
         Ok(())
     }
 
-    /// Requests sent whose replies are due.
-    fn sent(&self) -> usize {
-        MAX_IN_FLIGHT - self.free.len() - self.tx.len()
-    }
-
     /// Handles every whole header in the buffer; a read's data that follows its header in the
     /// buffer is copied out, and the rest of that read's data is then read in place.
     fn parse_headers(&mut self) -> Result<(), String> {
@@ -469,7 +519,7 @@ impl<T: Transport> Wire<T> {
             // A read's data follows: first what the buffer already holds.
             let len = slot.payload;
             let have = (self.hdr_len - at).min(len);
-            copy_into(slot.iovecs(), 0, &self.hdr[at..at + have]);
+            copy_into(slot.iovecs(), slot.start, &self.hdr[at..at + have]);
             at += have;
             if have == len {
                 self.complete(index, IoStatus::Success);
@@ -493,15 +543,34 @@ impl<T: Transport> Wire<T> {
         }
     }
 
+    /// A part was answered: the request completes with its last part, failed if any part
+    /// failed.
     fn complete(&mut self, index: usize, status: IoStatus) {
+        self.awaiting -= 1;
         let slot = &mut self.slots[index];
         if slot.command == CMD_READ {
             self.reads_sent -= 1;
         }
-        slot.state = State::Free;
-        slot.iov = std::ptr::null();
-        self.done.push((slot.tag, status));
-        self.free.push(index as u16);
+        let lead = usize::from(slot.leader);
+        if lead == index {
+            slot.state = State::Answered;
+        } else {
+            slot.state = State::Free;
+            slot.iov = std::ptr::null();
+            self.free.push(index as u16);
+        }
+        let leader = &mut self.slots[lead];
+        if leader.status == IoStatus::Success {
+            leader.status = status;
+        }
+        leader.parts_left -= 1;
+        if leader.parts_left == 0 {
+            leader.state = State::Free;
+            leader.iov = std::ptr::null();
+            self.done.push((leader.tag, leader.status));
+            self.free.push(lead as u16);
+            self.requests -= 1;
+        }
     }
 }
 
@@ -535,10 +604,13 @@ pub fn errno(nbd: u32) -> i32 {
     }
 }
 
-/// Appends iovecs covering `iov` from byte `skip` on, as many as fit in the batch. Returns
-/// whether all of it fit.
-fn push_from(out: &mut Vec<libc::iovec>, iov: &[libc::iovec], mut skip: usize) -> bool {
+/// Appends iovecs covering `len` bytes of `iov` from byte `skip` on, as many as fit in the
+/// batch. Returns whether all of it fit.
+fn push_from(out: &mut Vec<libc::iovec>, iov: &[libc::iovec], mut skip: usize, mut len: usize) -> bool {
     for v in iov {
+        if len == 0 {
+            break;
+        }
         if skip >= v.iov_len {
             skip -= v.iov_len;
             continue;
@@ -546,11 +618,13 @@ fn push_from(out: &mut Vec<libc::iovec>, iov: &[libc::iovec], mut skip: usize) -
         if out.len() == IOV_BATCH {
             return false;
         }
+        let n = (v.iov_len - skip).min(len);
         out.push(libc::iovec {
             // SAFETY: `skip < iov_len`, so the pointer stays inside the buffer.
             iov_base: unsafe { v.iov_base.cast::<u8>().add(skip) }.cast(),
-            iov_len: v.iov_len - skip,
+            iov_len: n,
         });
+        len -= n;
         skip = 0;
     }
     true
