@@ -36,6 +36,10 @@ pub enum RegistryError {
         #[source]
         source: std::io::Error,
     },
+    /// The object is not in a state where the request can be done now (a mirror job asked to
+    /// complete before it is ready, or still copying when the wait ended).
+    #[error("{0}")]
+    NotNow(String),
     #[error(transparent)]
     Param(#[from] ParamError),
     #[error(transparent)]
@@ -56,7 +60,8 @@ impl RegistryError {
             RegistryError::AlreadyExists { .. } => -libc::EEXIST,
             RegistryError::InUse { .. }
             | RegistryError::ShrinkInUse { .. }
-            | RegistryError::HasMembers { .. } => -libc::EBUSY,
+            | RegistryError::HasMembers { .. }
+            | RegistryError::NotNow(_) => -libc::EBUSY,
             RegistryError::Invalid { .. } => -libc::EINVAL,
             // As the kernel does when a count limit is reached (inotify watches, epoll
             // instances): "no room for another".

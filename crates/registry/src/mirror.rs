@@ -64,7 +64,7 @@ fn mirror_error(e: MirrorError) -> RegistryError {
         MirrorError::Invalid { field, reason } => RegistryError::Invalid { field, reason },
         MirrorError::AccountingOff(_) => RegistryError::NotAllowed { field: "source", reason: e.to_string() },
         MirrorError::SourceBusy { bdev, job } => RegistryError::InUse { name: bdev, by: holder(&job) },
-        MirrorError::WrongState { .. } => RegistryError::Other(Box::new(e)),
+        MirrorError::WrongState { .. } => RegistryError::NotNow(e.to_string()),
     }
 }
 
@@ -186,7 +186,7 @@ impl Registry {
             return Ok(job.status());
         }
         let s = job.status();
-        Err(RegistryError::Other(
+        Err(RegistryError::NotNow(
             format!(
                 "mirror job '{}' is still {} after {} s ({} bytes dirty, {} in flight); it goes on: see bdev_mirror_get_jobs",
                 s.job_id,
@@ -194,8 +194,7 @@ impl Registry {
                 wait.as_secs(),
                 s.dirty_bytes,
                 s.in_flight
-            )
-            .into(),
+            ),
         ))
     }
 

@@ -102,6 +102,7 @@ fn cancel_leaves_both_disks_free() {
     assert!(f.registry.bdevs(Some("tgt")).unwrap()[0].claims.is_empty());
     let e = f.call("bdev_mirror_complete", json!({ "job_id": "m1" })).unwrap_err();
     assert!(e.message.contains("is cancelled: it is over"), "{e:?}");
+    assert_eq!(e.code, -libc::EBUSY, "not an I/O error: the job is in the wrong state");
     f.registry.delete_bdev("src", None).unwrap();
 }
 
