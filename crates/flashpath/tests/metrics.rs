@@ -168,6 +168,11 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
         "{text}"
     );
     assert!(text.contains("flashpath_vhost_in_flight{ctrlr=\"c0\",bdev=\"d0\"} 0\n"), "{text}");
+    // No migration, no dirty log: nothing marked.
+    assert!(
+        text.contains("flashpath_vhost_logged_pages_total{ctrlr=\"c0\",bdev=\"d0\",what=\"data\"} 0\n"),
+        "{text}"
+    );
     // The client's one queue, on its own.
     assert!(
         text.contains("flashpath_vhost_queue_in_flight{ctrlr=\"c0\",bdev=\"d0\",queue=\"0\"} 0\n"),

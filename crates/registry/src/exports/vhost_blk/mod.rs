@@ -232,7 +232,7 @@ impl ExportKind for VhostBlkKind {
 }
 
 /// `vhost_get_controllers`: what each guest-facing controller did, and holds now.
-fn controller_families(c: &Value) -> [Family; 8] {
+fn controller_families(c: &Value) -> [Family; 9] {
     let mut ops =
         Family::counter("flashpath_vhost_requests_total", "Requests a controller completed, by type");
     let mut bytes = Family::counter("flashpath_vhost_bytes_total", "Bytes a controller moved, by direction");
@@ -245,6 +245,10 @@ fn controller_families(c: &Value) -> [Family; 8] {
     let mut in_flight =
         Family::gauge("flashpath_vhost_in_flight", "Requests taken from the rings and not yet completed");
     let mut connected = Family::gauge("flashpath_vhost_connected", "1 while a guest is connected");
+    let mut logged = Family::counter(
+        "flashpath_vhost_logged_pages_total",
+        "4 KiB pages marked in a migration's dirty log, by what was written",
+    );
     let mut queue_in_flight = Family::gauge(
         "flashpath_vhost_queue_in_flight",
         "Requests taken from one virtqueue and not yet completed",
@@ -275,11 +279,15 @@ fn controller_families(c: &Value) -> [Family; 8] {
         errors.push(base.clone(), u64_at(st, "io_errors"));
         unsupported.push(base.clone(), u64_at(st, "unsupported"));
         notifications.push(base.clone(), u64_at(st, "notifications"));
+        // `logged_pages` counts every mark, `logged_data_pages` those of read data.
+        let (all, data) = (u64_at(st, "logged_pages"), u64_at(st, "logged_data_pages"));
+        logged.push(with("what", "data"), data);
+        logged.push(with("what", "status_and_ring"), all.saturating_sub(data));
         in_flight.push(base.clone(), u64_at(st, "in_flight"));
         for q in array(&ctrl["queues"]) {
             queue_in_flight.push(with("queue", &u64_at(q, "id").to_string()), u64_at(q, "in_flight"));
         }
         connected.push(base, u64::from(ctrl.get("connected").and_then(Value::as_bool) == Some(true)));
     }
-    [ops, bytes, errors, unsupported, notifications, in_flight, connected, queue_in_flight]
+    [ops, bytes, errors, unsupported, notifications, logged, in_flight, connected, queue_in_flight]
 }
