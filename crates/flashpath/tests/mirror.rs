@@ -189,3 +189,69 @@ fn a_disk_written_over_nbd_is_mirrored_and_completes_equal() {
     assert_same("the target after completion", 0, &target, &source);
     daemon.assert_alive();
 }
+
+/// The destination daemon dies while the job runs (the network drops, the host fails): the job
+/// fails with the error, and the VM on the source never notices: every write it makes, before
+/// and after, succeeds and reads back.
+#[test]
+fn a_target_that_disappears_fails_the_job_never_the_source() {
+    const BIG: u64 = 256 << 20; // still copying when the target goes, on most runs
+    let mut b = Daemon::start("0");
+    b.malloc("dst", BIG / 512, 512);
+    let nbd_sock = b.dir.path().join("dst.nbd");
+    start_export(&b, "dst", nbd_sock.to_str().unwrap(), false);
+    let uri = common::nbd::unix_uri("dst", &nbd_sock);
+
+    let mut a = Daemon::start("0");
+    a.malloc("src", BIG / 512, 512);
+    let vsock = a.controller("vhost.0", "src", Some(1), false);
+    a.call("bdev_nbd_client_create", json!({ "name": "remote", "address": uri }));
+    a.call("bdev_mirror_start", json!({ "source": "src", "target": "remote" }));
+
+    // The guest writes 64 KiB blocks round the first 16 MiB until told to stop; a failed
+    // write ends it at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let guest = std::thread::spawn(move || {
+        let mut c = BlkClient::open(&vsock, 1);
+        let mut n = 0u64;
+        while !s.load(Ordering::SeqCst) {
+            let off = (n % 256) * 65536;
+            let r = c.write(0, off, &pattern(n, off, 65536));
+            if r != 0 {
+                return Err(format!("write {n} at {off} failed: {r}"));
+            }
+            n += 1;
+        }
+        // The last round of blocks reads back as written.
+        for i in n.saturating_sub(256)..n {
+            let off = (i % 256) * 65536;
+            let got = c.read(0, off, 65536).map_err(|r| format!("read at {off} failed: {r}"))?;
+            if got != pattern(i, off, 65536) {
+                return Err(format!("block {i} at {off} does not read back"));
+            }
+        }
+        Ok(n)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    b.kill9();
+    let until = Instant::now() + Duration::from_secs(60);
+    let failed = loop {
+        let j = job(&a, "src");
+        if j["state"] == "failed" {
+            break j;
+        }
+        assert!(Instant::now() < until, "the job did not notice its target went: {j}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(failed["error"].as_str().is_some_and(|e| !e.is_empty()), "the job says why: {failed}");
+    // The guest goes on writing for a while after the failure.
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::SeqCst);
+    let writes = bounded(Duration::from_secs(60), "guest", move || guest.join().unwrap()).unwrap();
+    assert!(writes > 0);
+    // The target is released; the remote disk goes; the source is served on.
+    assert_eq!(a.call("bdev_mirror_cancel", json!({ "job_id": "src" })), json!(true));
+    assert_eq!(a.call("bdev_nbd_client_delete", json!({ "name": "remote" })), json!(true));
+    a.assert_alive();
+}
