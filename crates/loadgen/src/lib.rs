@@ -34,6 +34,7 @@
 
 mod args;
 mod client;
+mod dirty_log;
 mod engine;
 mod error;
 pub mod hist;
@@ -45,6 +46,7 @@ pub mod timeline;
 
 pub use args::{parse_duration, parse_size};
 pub use client::{hold, pin_current_thread, run};
+pub use dirty_log::DirtyLogReport;
 pub use error::LoadError;
 pub use hist::Histogram;
 pub use multi::{parse_disk, run_multi, DiskArg, MultiResult, MultiSpec};
