@@ -182,6 +182,7 @@ fuzz_target!(|data: &[u8]| {
         reactors: common::reactors().to_vec(),
         read_only: setup & 4 != 0,
         num_queues: 1 + u16::from(setup & 3),
+        handoff: fp_vhost_blk::HandOff::new(),
     };
     let conn = Arc::new(Mutex::new(connection_for_fuzzing(config).expect("connection")));
     let (mut frontend_sock, backend_sock) = UnixStream::pair().expect("socketpair");

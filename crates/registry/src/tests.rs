@@ -56,7 +56,14 @@ fn delay(name: &str, base: &str) -> Call {
 }
 
 fn vhost(ctrlr: &str, dev: &str, num_queues: Option<u16>) -> VhostBlkSpec {
-    VhostBlkSpec { ctrlr: ctrlr.into(), dev_name: dev.into(), cpus: None, readonly: false, num_queues }
+    VhostBlkSpec {
+        ctrlr: ctrlr.into(),
+        dev_name: dev.into(),
+        cpus: None,
+        readonly: false,
+        num_queues,
+        migrate_from: None,
+    }
 }
 
 #[test]
@@ -292,6 +299,43 @@ fn without_export_dirs_any_path_opens() {
 
 fn readonly(ctrlr: &str, dev: &str) -> VhostBlkSpec {
     VhostBlkSpec { readonly: true, ..vhost(ctrlr, dev, Some(1)) }
+}
+
+fn takes_over(ctrlr: &str, dev: &str, from: &str) -> VhostBlkSpec {
+    VhostBlkSpec { migrate_from: Some(from.into()), ..vhost(ctrlr, dev, Some(1)) }
+}
+
+#[test]
+fn a_migration_destination_shares_the_disk_with_its_source_only() {
+    let f = fixture(Limits::default());
+    f.registry.create_bdev(null("a")).unwrap();
+    f.registry.create_bdev(null("b")).unwrap();
+    f.registry.create_vhost_blk(vhost("src", "a", Some(1))).unwrap();
+    f.registry.create_vhost_blk(vhost("other", "b", Some(1))).unwrap();
+    let refused = |spec: VhostBlkSpec, needle: &str| {
+        let e = f.registry.create_vhost_blk(spec).unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+        assert!(e.to_string().contains("migrate_from"), "names the field: {e}");
+    };
+    // Naming an export of another bdev, or none.
+    refused(takes_over("dst", "a", "other"), "not the only holder");
+    refused(takes_over("dst", "b", "nobody"), "not the only holder");
+    f.registry.create_vhost_blk(takes_over("dst", "a", "src")).unwrap();
+    let b = &f.registry.bdevs(Some("a")).unwrap()[0];
+    assert_eq!(b.claimed_by().as_deref(), Some("src,dst"));
+    // A second destination for one disk, and a plain writer, are refused.
+    refused(takes_over("dst2", "a", "src"), "already has a migration destination ('dst')");
+    let e = f.registry.create_vhost_blk(vhost("w", "a", Some(1))).unwrap_err();
+    assert!(matches!(&e, RegistryError::InUse { by, .. } if by == "src,dst"), "{e:?}");
+    let e = f.registry.create_vhost_blk(VhostBlkSpec { readonly: true, ..takes_over("r", "a", "src") });
+    assert!(e.unwrap_err().to_string().contains("read-only"));
+    // The migration done, the source goes; the destination holds the disk alone.
+    f.registry.delete_vhost("src").unwrap();
+    assert_eq!(f.registry.bdevs(Some("a")).unwrap()[0].claimed_by().as_deref(), Some("dst"));
+    // A read-only export has nothing to hand over.
+    f.registry.create_bdev(null("c")).unwrap();
+    f.registry.create_vhost_blk(readonly("ro", "c")).unwrap();
+    refused(takes_over("dst3", "c", "ro"), "read-only");
 }
 
 #[test]

@@ -31,6 +31,7 @@ fn main() {
         reactors: reactors.handles().to_vec(),
         read_only: false,
         num_queues: queues,
+        handoff: fp_vhost_blk::HandOff::new(),
     })
     .unwrap();
     let _ = std::io::stdin().read_to_end(&mut Vec::new());

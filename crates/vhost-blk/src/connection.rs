@@ -139,6 +139,16 @@ impl Connection {
             Some(c) => c.try_clone().map_err(VuError::ReqHandlerError)?,
             None => private_eventfd()?,
         };
+        // During a migration within this daemon the disk may have a second controller; only
+        // one of them writes at a time (crate::HandOff).
+        if let Err(holder) = self.shared.handoff.start_queue(&self.shared.name) {
+            log::warn!(
+                "{} queue {index}: not started: the disk is served by controller '{holder}', whose \
+                 queues still run (a migration hand-off stops them first)",
+                self.shared.name
+            );
+            return Err(invalid("the disk is served by another controller"));
+        }
         let setup = QueueSetup {
             controller: self.shared.name.clone(),
             index: index as u16,
@@ -164,8 +174,11 @@ impl Connection {
         let reactor = self.reactor_for(index).clone();
         let started = reactor
             .call(move |r| QueuePoller::new(setup).map(|p| r.add_poller(Box::new(p))))
-            .ok_or(invalid("reactor is gone"))?;
-        match started {
+            .ok_or(invalid("reactor is gone"));
+        if !matches!(started, Ok(Ok(_))) {
+            self.shared.handoff.stop_queue(&self.shared.name);
+        }
+        match started? {
             Ok(id) => {
                 log::info!(
                     "{} queue {index}: started on reactor {} (size {size})",
@@ -195,6 +208,9 @@ impl Connection {
         match rx.recv_timeout(STOP_TIMEOUT) {
             Ok(stopped) => {
                 self.vrings[index].base = stopped.base;
+                // Nothing of this queue touches the disk any more. (A queue that does not stop
+                // in time keeps its hold: the other controller must not write beside it.)
+                self.shared.handoff.stop_queue(&self.shared.name);
                 log::info!("{} queue {index}: stopped at {:#x}", self.shared.name, stopped.base);
                 Ok(())
             }

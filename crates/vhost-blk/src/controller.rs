@@ -11,7 +11,7 @@ use fp_reactor::ReactorHandle;
 use crate::connection::Connection;
 use crate::socket::{bind, notify_config_change, serve};
 use crate::state::ControllerState;
-use crate::{coalesce, ControllerStats, Error};
+use crate::{coalesce, ControllerStats, Error, HandOff};
 
 pub struct ControllerConfig {
     pub name: String,
@@ -20,6 +20,9 @@ pub struct ControllerConfig {
     pub reactors: Vec<ReactorHandle>,
     pub read_only: bool,
     pub num_queues: u16,
+    /// Shared with the controller this one takes the disk over from in a migration (a new
+    /// gate otherwise): see [`HandOff`].
+    pub handoff: Arc<HandOff>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -59,6 +62,11 @@ impl BlkController {
             .spawn(move || serve(listener, thread_shared))
             .map_err(|e| Error::Other(format!("cannot start controller thread: {e}")))?;
         Ok(BlkController { shared, socket_path, read_only, thread: Some(thread) })
+    }
+
+    /// The hand-off gate, for a controller created to take this one's disk over.
+    pub fn handoff(&self) -> Arc<HandOff> {
+        self.shared.handoff.clone()
     }
 
     pub fn info(&self) -> ControllerInfo {

@@ -10,7 +10,9 @@
 //! * [`memory`]: the guest memory map, snapshotted for the data path;
 //! * [`queue::QueuePoller`]: one virtqueue on one reactor (data plane), with `fp_virtq` for the
 //!   rings (`ring.rs` picks the split or packed layout and recovers [`inflight`] state);
-//!   [`stats`] declares its counters.
+//!   [`stats`] declares its counters;
+//! * [`HandOff`] (`handoff.rs`): which of two controllers on one disk may run queues during a
+//!   migration.
 //!
 //! A controller outlives its connections: a VMM may disconnect and reconnect (guest reboot,
 //! VMM restart) and the disk keeps serving.
@@ -19,6 +21,7 @@ pub mod coalesce;
 pub mod connection;
 mod controller;
 mod error;
+mod handoff;
 pub mod inflight;
 pub mod memory;
 pub mod queue;
@@ -32,6 +35,7 @@ pub use crate::coalesce::CoalescingSettings;
 pub use crate::controller::connection_for_fuzzing;
 pub use crate::controller::{BlkController, ControllerConfig, ControllerInfo};
 pub use crate::error::Error;
+pub use crate::handoff::HandOff;
 pub use crate::socket::validate_name;
 pub use crate::stats::{ControllerStats, QueueStats};
 

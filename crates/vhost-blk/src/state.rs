@@ -11,7 +11,7 @@ use fp_reactor::ReactorHandle;
 use fp_virtio_blk::{DiskParams, VIRTIO_BLK_ID_BYTES};
 
 use crate::controller::ControllerConfig;
-use crate::{CoalescingSettings, Error, QueueStats};
+use crate::{CoalescingSettings, Error, HandOff, QueueStats};
 
 /// The largest discard / write-zeroes request we accept, in sectors (2 GiB): large enough that
 /// guests rarely split, small enough that one request cannot monopolise a backend.
@@ -40,6 +40,8 @@ pub struct ControllerState {
     pub(crate) stop: StopSignal,
     /// Guest notification coalescing, read by the queues per batch.
     pub coalescing: Arc<CoalescingSettings>,
+    /// Which controller on this disk may run queues ([`HandOff`]).
+    pub handoff: Arc<HandOff>,
 }
 
 impl ControllerState {
@@ -76,6 +78,7 @@ impl ControllerState {
             connected: AtomicBool::new(false),
             stop: StopSignal::new().map_err(|e| Error::Other(format!("cannot create eventfd: {e}")))?,
             coalescing: Arc::new(CoalescingSettings::default()),
+            handoff: config.handoff,
         }))
     }
 }

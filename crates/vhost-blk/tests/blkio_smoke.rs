@@ -16,6 +16,7 @@ fn controller(dir: &std::path::Path, reactors: &ReactorSet, bdev: Bdev, num_queu
         reactors: reactors.handles().to_vec(),
         read_only: false,
         num_queues,
+        handoff: fp_vhost_blk::HandOff::new(),
     })
     .unwrap()
 }

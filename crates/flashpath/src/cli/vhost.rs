@@ -35,6 +35,10 @@ pub(crate) struct VhostCreateArgs {
     /// Most queues the guest may use, 1-64 [default: 64, spread over the cores]
     #[arg(long, value_name = "N", value_parser = u16_arg)]
     queues: Option<u16>,
+    /// Live migration within this daemon: the export of the same disk this controller takes
+    /// over (docs/migration.md); the two share the disk, one writing at a time
+    #[arg(long, value_name = "EXPORT")]
+    migrate_from: Option<String>,
 }
 
 pub(crate) fn run(rpc: &Path, json: bool, command: VhostCommand) -> Result<(), CliError> {
@@ -60,9 +64,18 @@ fn vhost_create(rpc: &Path, json: bool, a: VhostCreateArgs) -> Result<(), CliErr
     if let Some(q) = a.queues {
         params["num_queues"] = json!(q);
     }
+    if let Some(from) = &a.migrate_from {
+        params["migrate_from"] = json!(from);
+    }
     let mut s = Session::connect(
         rpc,
-        &[("ctrlr", "--name"), ("dev_name", "--disk"), ("cpumask", "--cpus"), ("num_queues", "--queues")],
+        &[
+            ("ctrlr", "--name"),
+            ("dev_name", "--disk"),
+            ("cpumask", "--cpus"),
+            ("num_queues", "--queues"),
+            ("migrate_from", "--migrate-from"),
+        ],
     )?;
     let r = s.call("vhost_create_blk_controller", Some(params))?;
     if json {

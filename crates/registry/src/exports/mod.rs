@@ -89,6 +89,30 @@ pub struct NewExport<'a> {
     pub label: &'static str,
     pub bdev_name: &'a str,
     pub claim_type: ClaimType,
+    /// The export of the same bdev this one takes over in a live migration (docs/migration.md):
+    /// the two may share the bdev, which no third export may then join.
+    pub migrate_from: Option<&'a str>,
+}
+
+/// A migration destination may share its bdev with the one writable export it names, and only
+/// while that export is the bdev's only holder: one source, one destination.
+fn check_takeover(claims: &[Claim], bdev_name: &str, source: &str) -> Result<(), RegistryError> {
+    let invalid = |reason: String| Err(RegistryError::Invalid { field: "migrate_from", reason });
+    match claims {
+        [only] if only.holder == source && only.claim_type == ClaimType::ExclusiveWrite => Ok(()),
+        [only] if only.holder == source => {
+            invalid(format!("export '{source}' of bdev '{bdev_name}' is read-only: nothing to take over"))
+        }
+        [] => invalid(format!("bdev '{bdev_name}' has no export '{source}' to take over")),
+        held if held.iter().any(|c| c.holder == source) && held.len() == 2 => invalid(format!(
+            "bdev '{bdev_name}' already has a migration destination ('{}'): one per disk",
+            held.iter().find(|c| c.holder != source).map_or("", |c| c.holder.as_str())
+        )),
+        held => invalid(format!(
+            "'{source}' is not the only holder of bdev '{bdev_name}' (held by {})",
+            crate::bdevs::holders(held).unwrap_or_default()
+        )),
+    }
 }
 
 impl Registry {
@@ -100,7 +124,7 @@ impl Registry {
         new: NewExport<'_>,
         start: impl FnOnce(Bdev) -> Result<Box<dyn Export>, RegistryError>,
     ) -> Result<(), RegistryError> {
-        let NewExport { name, kind, label, bdev_name, claim_type } = new;
+        let NewExport { name, kind, label, bdev_name, claim_type, migrate_from } = new;
         let mut st = self.lock();
         if st.exports.contains_key(name) {
             return Err(RegistryError::AlreadyExists { kind: label, name: name.into() });
@@ -118,7 +142,10 @@ impl Registry {
         let entry = st
             .entry_mut(bdev_name)
             .ok_or_else(|| RegistryError::NotFound { kind: "bdev", name: bdev_name.into() })?;
-        entry.check_claim(bdev_name, claim_type)?;
+        match migrate_from {
+            None => entry.check_claim(bdev_name, claim_type)?,
+            Some(source) => check_takeover(&entry.claims, bdev_name, source)?,
+        }
         // The export opens its channels through the bdev's disk (statistics, histograms).
         let export = start(Arc::new(entry.disk.clone()))?;
         entry.claims.push(Claim { holder: name.into(), holder_kind: kind, claim_type });

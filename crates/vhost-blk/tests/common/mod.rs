@@ -27,6 +27,7 @@ impl Fixture {
             reactors: reactors.handles().to_vec(),
             read_only: false,
             num_queues: 1,
+            handoff: fp_vhost_blk::HandOff::new(),
         })
         .unwrap();
         Fixture { _dir: dir, sock, ctrl: Some(ctrl), reactors: Some(reactors) }

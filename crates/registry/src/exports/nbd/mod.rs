@@ -125,6 +125,7 @@ impl Registry {
             label: LABEL,
             bdev_name: &spec.bdev_name,
             claim_type,
+            migrate_from: None,
         };
         self.add_export(new, |bdev| {
             let export = ExportSpec {

@@ -37,6 +37,10 @@ pub struct VhostBlkSpec {
     /// The most queues a frontend may start (GET_QUEUE_NUM, the config space's `num_queues`);
     /// `None` means [`fp_vhost_blk::MAX_QUEUES`], whatever the number of reactors in the mask.
     pub num_queues: Option<u16>,
+    /// The export of the same bdev this controller takes over in a live migration within this
+    /// daemon (a vhost-blk controller, or the NBD export a mirror writes through); the two
+    /// share the bdev and, between controllers, the rule of [`fp_vhost_blk::HandOff`].
+    pub migrate_from: Option<String>,
 }
 
 /// A running controller with what [`Export`] reports of it.
@@ -120,8 +124,27 @@ impl Registry {
             });
         }
         let claim_type = if spec.readonly { ClaimType::ReadManyWriteNone } else { ClaimType::ExclusiveWrite };
-        let new =
-            NewExport { name: &spec.ctrlr, kind: KIND, label: LABEL, bdev_name: &spec.dev_name, claim_type };
+        if spec.readonly && spec.migrate_from.is_some() {
+            return Err(RegistryError::Invalid {
+                field: "migrate_from",
+                reason: "a read-only controller takes nothing over; create it without migrate_from".into(),
+            });
+        }
+        // A controller taking another's disk over shares its hand-off gate; an NBD export has no
+        // rings to stop, so the gate is the new controller's own.
+        let handoff = spec
+            .migrate_from
+            .as_deref()
+            .and_then(|from| self.with_export(from, LABEL, |c: &VhostBlk| c.ctrl.handoff()).ok())
+            .unwrap_or_default();
+        let new = NewExport {
+            name: &spec.ctrlr,
+            kind: KIND,
+            label: LABEL,
+            bdev_name: &spec.dev_name,
+            claim_type,
+            migrate_from: spec.migrate_from.as_deref(),
+        };
         self.add_export(new, |bdev| {
             let config = ControllerConfig {
                 name: spec.ctrlr.clone(),
@@ -130,6 +153,7 @@ impl Registry {
                 reactors,
                 read_only: spec.readonly,
                 num_queues,
+                handoff,
             };
             let socket_path = config.socket_path.clone();
             let ctrl = BlkController::start(config)?;

@@ -1,6 +1,7 @@
 //! vhost-user-blk controller methods, with SPDK's names, parameters and result shapes:
 //! `vhost_create_blk_controller`, `vhost_get_controllers`, `vhost_delete_controller`,
-//! `vhost_controller_set_coalescing`. flashpath adds `num_queues` and per-queue counters.
+//! `vhost_controller_set_coalescing`. flashpath adds `num_queues`, `migrate_from` (a migration
+//! destination beside its source, docs/migration.md) and per-queue counters.
 
 use fp_rpc::{Neutral, Params};
 use fp_vhost_blk::ControllerInfo;
@@ -28,6 +29,7 @@ fn vhost_create_blk_controller(registry: &Registry, mut p: Params) -> Result<Val
         cpus: p.optional_str("cpumask")?.map(|m| parse_cpumask(&m)).transpose()?,
         readonly: p.optional_bool("readonly")?.unwrap_or(false),
         num_queues: p.optional_uint("num_queues", u16::MAX as u64)?.map(|q| q as u16),
+        migrate_from: p.optional_str("migrate_from")?,
     };
     // SPDK offers packed rings (and recovers them after a crash) only when asked; flashpath
     // offers both ring layouts to every frontend and recovers either from the in-flight
