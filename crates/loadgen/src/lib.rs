@@ -18,6 +18,11 @@
 //! never negotiates `VIRTIO_F_RING_PACKED`, so that mode uses the `virtio-driver` crate
 //! (libblkio's own virtio layer) directly, with the same buffers, accounting and output.
 //!
+//! With [`LoadSpec::frontend`] it drives split rings through a vhost-user frontend of its own
+//! (the `vhost` crate for the messages), which can also run with **dirty logging** on as QEMU
+//! does during a migration ([`LoadSpec::dirty_log`]): a memfd log, used rings logged, a thread
+//! that scans and clears the log every 100 ms, and a [`DirtyLogReport`] of the pages it saw.
+//!
 //! Use [`run`] with a [`LoadSpec`] to get a [`LoadResult`]; the `fp-load` binary wraps it.
 //!
 //! **Several disks** ([`run_multi`] with a [`MultiSpec`]; `fp-load --disk ...`): each disk has
