@@ -3,20 +3,22 @@
 //! and virtio-driver cannot: turn on dirty logging the way QEMU does during a migration
 //! ([`LoadSpec::dirty_log`]).
 //!
-//! Set-up follows QEMU's `vhost_dev_start` with logging on (vhost-user.rst, "Migration"):
-//! `VHOST_F_LOG_ALL` in `SET_FEATURES`, `SET_MEM_TABLE`, every ring with `VHOST_VRING_F_LOG`
-//! and its used ring's guest address in `SET_VRING_ADDR`, then `SET_LOG_BASE` with a memfd
-//! log sized for the memory (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`), then `SET_VRING_ENABLE`. A
-//! sync thread scans and clears the log every [`LOG_SYNC_INTERVAL`] (`log_sync.rs`). Without
-//! `dirty_log` the same frontend runs without any of that, so that logging off and on differ
-//! in the logging alone.
+//! The device starts as QEMU starts it (`vhost_dev_start`: features, memory table, rings,
+//! enable). With `dirty_log` logging is then turned on as QEMU turns it on for a running
+//! device when a migration starts (vhost-user.rst, "Migration"; QEMU's
+//! `vhost_log_global_start`, then `vhost_dev_set_log`): `SET_LOG_BASE` with a memfd log sized
+//! for the memory (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`), `SET_FEATURES` with `VHOST_F_LOG_ALL`,
+//! and every ring's `SET_VRING_ADDR` again with `VHOST_VRING_F_LOG` and its used ring's guest
+//! address. A sync thread scans and clears the log every [`LOG_SYNC_INTERVAL`]
+//! (`log_sync.rs`). Without `dirty_log` the same frontend runs without any of that, so that
+//! logging off and on differ in the logging alone.
 //!
 //! The frontend's memory is one memfd region at guest-physical address 0: the data buffers,
 //! then the request headers and status bytes, then the rings.
 //!
 //! `SET_LOG_BASE` is sent here rather than through `Frontend::set_log_base`, which expects the
-//! back end to echo the 16-byte log description: the spec leaves the reply's payload open,
-//! libvhost-user (qemu-storage-daemon) answers with a u64 and QEMU accepts any payload.
+//! back end to echo the 16-byte log description: back ends answer differently (libvhost-user,
+//! in qemu-storage-daemon, with a u64; flashpath with an empty payload) and QEMU accepts any.
 
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -244,10 +246,7 @@ impl Backend for VhostFrontend {
         ]
         .iter()
         .fold(0u64, |f, b| f | 1 << b);
-        let mut features = offered & (blk | proto | 1 << VIRTIO_F_VERSION_1);
-        if spec.dirty_log {
-            features |= VHOST_F_LOG_ALL;
-        }
+        let features = offered & (blk | proto | 1 << VIRTIO_F_VERSION_1);
         fe.set_features(features).map_err(vu("SET_FEATURES"))?;
 
         // One region: data buffers, headers and status bytes, rings.
@@ -270,6 +269,7 @@ impl Backend for VhostFrontend {
         fe.set_mem_table(&[region]).map_err(vu("SET_MEM_TABLE"))?;
 
         let mut queues = Vec::with_capacity(n);
+        let mut addrs = Vec::with_capacity(n);
         for i in 0..n {
             // SAFETY: queue `i`'s ring and headers lie inside the `len`-byte region at `buf`
             // (zeroed by ftruncate), which the back end keeps mapped until after the queues are
@@ -290,13 +290,14 @@ impl Backend for VhostFrontend {
             let addr = VringConfigData {
                 queue_max_size: queue_size as u16,
                 queue_size: queue_size as u16,
-                flags: if spec.dirty_log { VHOST_VRING_F_LOG } else { 0 },
+                flags: 0,
                 desc_table_addr: ring_va,
                 used_ring_addr: ring_va + layout.used as u64,
                 avail_ring_addr: ring_va + layout.avail as u64,
-                log_addr: spec.dirty_log.then(|| ring.used_gpa()),
+                log_addr: None,
             };
             fe.set_vring_addr(i, &addr).map_err(vu("SET_VRING_ADDR"))?;
+            addrs.push(VringConfigData { flags: VHOST_VRING_F_LOG, log_addr: Some(ring.used_gpa()), ..addr });
             let kick = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
             let call = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
             fe.set_vring_kick(i, &kick).map_err(vu("SET_VRING_KICK"))?;
@@ -313,10 +314,28 @@ impl Backend for VhostFrontend {
             });
         }
 
+        let fe = &mut backend._frontend;
+        for i in 0..n {
+            fe.set_vring_enable(i, true).map_err(vu("SET_VRING_ENABLE"))?;
+        }
+
+        // Logging on, as QEMU turns it on for a running device when a migration starts
+        // (vhost_log_global_start, then vhost_dev_set_log): the log, LOG_ALL, then each ring's
+        // used-ring logging. No request is in flight yet.
         if spec.dirty_log {
             let log_len = log_bytes_for(len as u64);
             let (log_fd, log_ptr) = alloc_shared(log_len as usize)?;
-            set_log_base(&mut raw, &log_fd, log_len)?;
+            // The log is unmapped by `Log::drop` once it exists; until then by hand.
+            let unmap = |e| {
+                // SAFETY: the mapping just made, unmapped once on this error path.
+                unsafe { libc::munmap(log_ptr.cast(), log_len as usize) };
+                e
+            };
+            set_log_base(&mut raw, &log_fd, log_len).map_err(unmap)?;
+            fe.set_features(features | VHOST_F_LOG_ALL).map_err(vu("SET_FEATURES")).map_err(unmap)?;
+            for (i, a) in addrs.iter().enumerate() {
+                fe.set_vring_addr(i, a).map_err(vu("SET_VRING_ADDR")).map_err(unmap)?;
+            }
             let page = |b: usize| b as u64 / LOG_PAGE;
             let slot_pages = (spec.block_size as u64).div_ceil(LOG_PAGE);
             let reads = spec.pattern != crate::Pattern::RandWrite
@@ -333,10 +352,6 @@ impl Backend for VhostFrontend {
             let sync = unsafe { LogSync::start(log_ptr, log_len as usize, LOG_SYNC_INTERVAL, spec.cpu, map) }
                 .map_err(os("starting the log sync thread"))?;
             backend.log = Some(Log { sync, ptr: log_ptr, len: log_len as usize, _fd: log_fd });
-        }
-        let fe = &mut backend._frontend;
-        for i in 0..n {
-            fe.set_vring_enable(i, true).map_err(vu("SET_VRING_ENABLE"))?;
         }
         Ok(Connected { queues, backend, buf, buf_len: data_len, capacity, request_alignment })
     }
