@@ -126,6 +126,11 @@ class MigrationSection:
             k: median([r.get(k) for r in on]) for k in
             ("logged_pages_per_io", "logged_data_pages_per_io")
         }
+        # The counters also count the requests in flight when fp-load stopped counting (at most
+        # the queue depth): the back end's data pages minus the requests fp-load counted.
+        extra = [r["logged_data_pages"] - r["ios"] for r in on if isinstance(r.get("logged_data_pages"), int)]
+        if extra:
+            entry["pages"]["data_pages_minus_ios"] = [min(extra), max(extra)]
         logs = [r["dirty_log"] for r in on if r.get("dirty_log")]
         if logs:
             entry["pages"].update({
