@@ -319,6 +319,8 @@ SET_VRING_KICK, SET_VRING_CALL, SET_VRING_ERR = 12, 13, 14
 GET_PROTOCOL_FEATURES, SET_PROTOCOL_FEATURES, GET_QUEUE_NUM, SET_VRING_ENABLE = 15, 16, 17, 18
 GET_CONFIG, GET_INFLIGHT_FD, SET_INFLIGHT_FD = 24, 31, 32
 GET_MAX_MEM_SLOTS, ADD_MEM_REG, REM_MEM_REG = 36, 37, 38
+SET_LOG_BASE = 6
+F_LOG_ALL, PF_LOG_SHMFD, VRING_F_LOG = 1 << 26, 0x2, 1
 NEED_REPLY = 8
 MEMFD, EVENTFD = 0, 1
 UA = 0x7F0000000000  # the VMM's virtual address of guest address 0
@@ -347,17 +349,21 @@ def region(gpa, size, ua, off=0):
     return struct.pack("<QQQQ", gpa, size, ua, off)
 
 
-def handshake(features=F_VERSION_1 | F_PROTOCOL | F_EVENT_IDX | F_INDIRECT, pages=16):
+def handshake(features=F_VERSION_1 | F_PROTOCOL | F_EVENT_IDX | F_INDIRECT, pages=16, pf=PF):
     return (rec(GET_FEATURES) + rec(SET_FEATURES, struct.pack("<Q", features))
-            + rec(GET_PROTOCOL_FEATURES) + rec(SET_PROTOCOL_FEATURES, struct.pack("<Q", PF))
+            + rec(GET_PROTOCOL_FEATURES) + rec(SET_PROTOCOL_FEATURES, struct.pack("<Q", pf))
             + rec(SET_OWNER) + rec(GET_QUEUE_NUM) + rec(GET_MAX_MEM_SLOTS)
             + rec(SET_MEM_TABLE, struct.pack("<II", 1, 0) + region(0, pages * 0x1000, UA), fds=1,
                   mem_pages=pages))
 
 
+def vring_addr(index, desc, avail, used, flags=0, log=0):
+    return rec(SET_VRING_ADDR, struct.pack("<IIQQQQ", index, flags, UA + desc, UA + used, UA + avail, log))
+
+
 def ring(index=0, size=256, desc=0, avail=0x1000, used=0x2000):
     return (rec(SET_VRING_NUM, vring_state(index, size))
-            + rec(SET_VRING_ADDR, struct.pack("<IIQQQQ", index, 0, UA + desc, UA + used, UA + avail, 0))
+            + vring_addr(index, desc, avail, used)
             + rec(SET_VRING_BASE, vring_state(index, 0))
             + rec(SET_VRING_KICK, struct.pack("<Q", index), fds=1, fd_kind=EVENTFD)
             + rec(SET_VRING_CALL, struct.pack("<Q", index), fds=1, fd_kind=EVENTFD)
@@ -391,6 +397,19 @@ vhost = {
     + rec(SET_VRING_ENABLE, vring_state(1, 0))
     + rec(REM_MEM_REG, struct.pack("<Q", 0) + region(0x100000, 0x4000, UA + 0x100000))
     + rec(RESET_OWNER) + rec(GET_FEATURES),
+    # A live migration: the log (a 4 KiB memfd, 8 bytes used: 64 KiB of memory needs 2), then
+    # LOG_ALL and VHOST_VRING_F_LOG on the running queue, a read, logging off again, the ring
+    # stopped. The request is laid out before the log's memfd becomes the one `fill` writes.
+    "seed-migration": bytes([0]) + handshake(pf=PF | PF_LOG_SHMFD) + ring() + blk_request(0, 8, 512, 2)
+    + rec(SET_LOG_BASE, struct.pack("<QQ", 8, 0), fds=1, mem_pages=1)
+    + rec(SET_FEATURES, struct.pack("<Q", F_VERSION_1 | F_PROTOCOL | F_EVENT_IDX | F_INDIRECT | F_LOG_ALL),
+          flags=NEED_REPLY)
+    + vring_addr(0, 0, 0x1000, 0x2000, VRING_F_LOG, 0x2000) + kick()
+    + vring_addr(0, 0, 0x1000, 0x2000)
+    + rec(SET_FEATURES, struct.pack("<Q", F_VERSION_1 | F_PROTOCOL | F_EVENT_IDX | F_INDIRECT))
+    + rec(GET_VRING_BASE, vring_state(0, 0))
+    # A log too small for the memory table: refused, the sequence ends.
+    + rec(SET_LOG_BASE, struct.pack("<QQ", 1, 0), fds=1, mem_pages=1),
 }
 write("vhost_messages", vhost)
 

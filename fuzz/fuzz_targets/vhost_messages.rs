@@ -1,6 +1,7 @@
 //! Fuzz the vhost-user-blk backend's protocol handling: a sequence of vhost-user messages,
-//! file descriptors attached, into `fp_vhost_blk::connection::Connection` through `vhost`'s
-//! `BackendReqHandler`, as `run_connection` drives it, over a socketpair. Single-threaded on
+//! file descriptors attached, into `fp_vhost_blk::connection::Connection` through the same
+//! dispatch as `run_connection` (`serve_message_for_fuzzing`: `vhost`'s `BackendReqHandler`,
+//! and SET_LOG_BASE, which flashpath serves itself), over a socketpair. Single-threaded on
 //! the protocol side: each message is written whole, then `handle_request` runs once, then the
 //! reply (if any) is drained, so the socket never fills and no read ever waits for bytes that
 //! will not come. Queues that the sequence starts run on real reactors (one `ReactorSet` per
@@ -29,6 +30,12 @@
 //! the input can lay out rings and requests in guest memory; if odd, every eventfd sent so far
 //! is signalled, which kicks whichever queue uses it.
 //!
+//! Live migration's messages are records like any other: SET_LOG_BASE (6) with a memfd of the
+//! fuzzed size as the log and its size and offset in the body (a log too small for the memory
+//! table, or beyond its memfd, is refused), SET_FEATURES with VHOST_F_LOG_ALL (bit 26) and
+//! SET_VRING_ADDR with VHOST_VRING_F_LOG (flags bit 0, `log` field), on stopped and running
+//! queues; `gen_seeds.py`'s `seed-migration` walks through one migration's sequence.
+//!
 //! Checked: no panic (including on the reactors, where the queues run), no hang (libFuzzer's
 //! `-timeout`); any protocol error ends the sequence, as it closes a real connection.
 #![no_main]
@@ -43,7 +50,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use fp_bdev::{Bdev, NullDevice, RamDevice};
-use fp_vhost_blk::{connection_for_fuzzing, ControllerConfig};
+use fp_vhost_blk::{connection_for_fuzzing, serve_message_for_fuzzing, ControllerConfig};
 use libfuzzer_sys::fuzz_target;
 use vhost::vhost_user::BackendReqHandler;
 use vmm_sys_util::eventfd::EventFd;
@@ -187,6 +194,7 @@ fuzz_target!(|data: &[u8]| {
     let conn = Arc::new(Mutex::new(connection_for_fuzzing(config).expect("connection")));
     let (mut frontend_sock, backend_sock) = UnixStream::pair().expect("socketpair");
     frontend_sock.set_nonblocking(true).expect("nonblocking");
+    let backend_fd = backend_sock.as_raw_fd();
     let mut handler = BackendReqHandler::from_stream(backend_sock, conn.clone());
     let mut frontend = Frontend::default();
 
@@ -214,7 +222,7 @@ fuzz_target!(|data: &[u8]| {
         let fds = frontend.make_fds(fd_spec, memfd_pages);
         let sent = frontend_sock.send_with_fds(&[&msg[..]], &fds).expect("send message");
         assert_eq!(sent, msg.len(), "short send of a {}-byte message", msg.len());
-        let result = handler.handle_request();
+        let result = serve_message_for_fuzzing(backend_fd, &mut handler, &conn);
         drain(&mut frontend_sock);
         if common::trace() {
             eprintln!("request {code} flags {flags:#x} size {size} fds {}: {result:?}", fds.len());

@@ -31,6 +31,7 @@ pub mod conformance;
 mod device;
 pub mod disk;
 mod error;
+pub mod mirror;
 pub mod module;
 pub mod modules;
 pub mod qos;

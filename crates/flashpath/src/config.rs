@@ -48,6 +48,11 @@
 //! iops_total = 10000
 //! members = [ { bdev_name = "ram0", weight = 3 }, { bdev_name = "ram1" } ]
 //!
+//! [[mirror]]                           # copy a disk to another, live (docs/mirror.md)
+//! source = "ram0"
+//! target = "ram2"
+//! job_id = "move-ram0"                 # optional; the source's name by default
+//!
 //! [[vhost_blk]]
 //! ctrlr = "vhost.0"
 //! dev_name = "ram0"
@@ -64,7 +69,8 @@
 //! table (less `type`) those of `bdev_<type>_create`, each
 //! `[[qos_limit]]` those of `bdev_set_qos_limit`, each `[[qos_group]]` (less `members`) those of
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
-//! `bdev_qos_group_add_bdev`, each `[[vhost_blk]]` table those of
+//! `bdev_qos_group_add_bdev`, each `[[mirror]]` those of `bdev_mirror_start`, each
+//! `[[vhost_blk]]` table those of
 //! `vhost_create_blk_controller`, and each `[[nbd_disk]]` table those of `nbd_start_disk`
 //! (`tls_cert`, `tls_key`, `tls_ca` included): each export kind names its table and method
 //! ([`fp_registry::ExportKind::config_table`]), and the kinds' tables come in the order of
@@ -73,7 +79,8 @@
 //! and errors read the same, prefixed with the table and index (`bdev[1].block_size: ...`,
 //! `rbd_cluster[0].config_param: ...`, `qos_group[0].members[1].weight: ...`). Clusters come
 //! before the bdevs that name them; limits before controllers and NBD exports, so that no
-//! client ever sees a disk unlimited, even for a moment. Registering a cluster connects to it,
+//! client ever sees a disk unlimited, even for a moment. Mirror jobs start once their bdevs exist
+//! and before the exports: a job marks what it must copy from the first write on. Registering a cluster connects to it,
 //! so a monitor that does not answer holds start-up for `client_mount_timeout` (10 s unless
 //! `config_param` says otherwise) and then stops it with an error naming the cluster.
 //!
@@ -120,7 +127,7 @@ pub enum ConfigError {
     },
     #[error("{}:{line}:{column}: {message}", path.display())]
     Syntax { path: PathBuf, line: usize, column: usize, message: String },
-    /// A `[[rbd_cluster]]`, `[[bdev]]`, `[[qos_limit]]`, `[[qos_group]]`, `[[vhost_blk]]` or
+    /// A `[[rbd_cluster]]`, `[[bdev]]`, `[[qos_limit]]`, `[[qos_group]]`, `[[mirror]]`, `[[vhost_blk]]` or
     /// `[[nbd_disk]]` entry was refused;
     /// `field` is empty when the failure is not about one parameter (a duplicate name, say), and
     /// starts `members[i]` for a group member's.
@@ -158,6 +165,9 @@ pub struct ConfigFile {
     pub qos_limit: Vec<toml::Table>,
     #[serde(default)]
     pub qos_group: Vec<toml::Table>,
+    /// Mirror jobs, started once the bdevs exist.
+    #[serde(default)]
+    pub mirror: Vec<toml::Table>,
     /// Each export kind's tables, by its table's name (`vhost_blk`, `nbd_disk`).
     #[serde(skip)]
     pub exports: BTreeMap<&'static str, Vec<toml::Table>>,
@@ -171,7 +181,7 @@ pub struct ConfigFile {
 
 /// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the export
 /// kinds' tables follow them there.
-const FILE_KEYS: [&str; 11] = [
+const FILE_KEYS: [&str; 12] = [
     "rpc",
     "vhost_dir",
     "metrics",
@@ -183,6 +193,7 @@ const FILE_KEYS: [&str; 11] = [
     "bdev",
     "qos_limit",
     "qos_group",
+    "mirror",
 ];
 
 /// One RPC call that the file stands for, and the entry it comes from (for its errors).
@@ -428,6 +439,9 @@ impl ConfigFile {
         for (index, table) in self.qos_group.iter().enumerate() {
             calls.extend(qos_group_calls(index, table)?);
         }
+        for (index, table) in self.mirror.iter().enumerate() {
+            calls.push(ConfigCall::new("bdev_mirror_start", table_to_json(table), "mirror", index));
+        }
         for kind in EXPORT_KINDS {
             let t = kind.config_table();
             for (index, table) in self.export_tables(t.table).iter().enumerate() {
@@ -556,6 +570,31 @@ mod tests {
     }
 
     #[test]
+    fn mirror_tables_start_jobs_after_the_bdevs_and_before_the_exports() {
+        let text = r#"
+            [[vhost_blk]]
+            ctrlr = "v0"
+            dev_name = "a"
+            [[mirror]]
+            source = "a"
+            target = "c"
+            job_id = "move-a"
+            [[bdev]]
+            type = "malloc"
+            name = "a"
+            num_blocks = 64
+            block_size = 512
+        "#;
+        let calls = parse(text).unwrap().calls().unwrap();
+        let methods: Vec<&str> = calls.iter().map(|c| c.method.as_str()).collect();
+        assert_eq!(methods, ["bdev_malloc_create", "bdev_mirror_start", "vhost_create_blk_controller"]);
+        assert_eq!(calls[1].params, json!({ "source": "a", "target": "c", "job_id": "move-a" }));
+        // Refused as the RPC refuses it, placed under its table.
+        let e = apply(text).err().expect("the target does not exist");
+        assert_eq!(e, "mirror[0]: bdev 'c' does not exist");
+    }
+
+    #[test]
     fn full_file_parses_and_applies() {
         let text = r#"
             rpc = "/tmp/x.sock"
@@ -663,14 +702,17 @@ mod tests {
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 1000\n",
                 "bdev[1].block_size: 1000 is not a power of two between 512 and 65536",
             ),
-            ("[[bdev]]\nname = \"b\"\n", "bdev[1].type: required (one of null, malloc, uring, delay, rbd)"),
+            (
+                "[[bdev]]\nname = \"b\"\n",
+                "bdev[1].type: required (one of null, malloc, uring, delay, rbd, nbd_client)",
+            ),
             (
                 "[[bdev]]\ntype = \"ram\"\n",
-                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, rbd",
+                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, rbd, nbd_client",
             ),
             (
                 "[[bdev]]\ntype = 3\n",
-                "bdev[1].type: expected a string: one of null, malloc, uring, delay, rbd",
+                "bdev[1].type: expected a string: one of null, malloc, uring, delay, rbd, nbd_client",
             ),
             (
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 512\nsize = 1\n",
@@ -1134,7 +1176,10 @@ mod tests {
         assert_eq!(e.lines().count(), 1, "{e}");
         assert!(e.starts_with("reactor.cpus: ") && e.contains("\\n"), "{e}");
         let e = apply("[[bdev]]\ntype = \"mal\\nloc\\u001b[2J\"\nname = \"x\"\n").err().unwrap();
-        assert_eq!(e, "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, rbd");
+        assert_eq!(
+            e,
+            "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, rbd, nbd_client"
+        );
         // A controller over a bdev whose name holds a newline: the not-found error quotes it.
         let e = apply("[[vhost_blk]]\nctrlr = \"v0\"\nnum_queues = 1\ndev_name = \"no\\nsuch\"\n")
             .err()

@@ -7,10 +7,12 @@
 //! * [`address`]: `nbd_device` strings (socket paths and NBD URIs);
 //! * [`tls`]: rustls configuration from PEM files;
 //! * [`stats`]: what an export counts;
+//! * [`client`]: the other way round, a remote export as a bdev (`nbd_client`);
 //! * `server`: listeners, handshake threads, starting and stopping exports; `export`: an
 //!   export's shared state; `conn`: a connection's poller.
 
 pub mod address;
+pub mod client;
 mod conn;
 mod export;
 pub mod handshake;

@@ -120,6 +120,9 @@ impl Registry {
         if let Some(by) = holders(&entry.claims) {
             return Err(RegistryError::InUse { name: name.into(), by });
         }
+        if let Some(job) = Registry::mirror_on(&st, name) {
+            return Err(RegistryError::InUse { name: name.into(), by: format!("mirror {job}") });
+        }
         if let Some(removed) = st.bdevs.remove(name) {
             for alias in &removed.aliases {
                 st.aliases.remove(alias);

@@ -20,6 +20,7 @@ mod host;
 mod limits;
 pub mod methods;
 pub mod metrics;
+mod mirror;
 pub mod modules;
 mod qos;
 mod registry;
@@ -34,6 +35,7 @@ pub use exports::{Export, ExportKind, EXPORT_KINDS};
 pub use fp_bdev::qos::THROTTLE_FIELDS;
 pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_EXPORTS};
 pub use methods::MethodError;
+pub use mirror::{MirrorSpec, MIRROR_WAIT};
 pub use qos::{QosGroupSummary, QosMember};
 pub use registry::{ReactorSummary, Registry, RegistryOptions, DEFAULT_SOCKET_MODE};
 

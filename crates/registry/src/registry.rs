@@ -28,6 +28,8 @@ pub(crate) struct State {
     pub(crate) exports: BTreeMap<String, Box<dyn Export>>,
     /// QoS groups by name (their members are the bdevs whose disks joined them).
     pub(crate) qos_groups: BTreeMap<String, Arc<fp_bdev::qos::QosGroup>>,
+    /// Mirror jobs by id (`mirror.rs`).
+    pub(crate) mirrors: BTreeMap<String, crate::mirror::MirrorEntry>,
 }
 
 impl State {
@@ -139,6 +141,7 @@ impl Registry {
                 aliases: BTreeMap::new(),
                 exports: BTreeMap::new(),
                 qos_groups: BTreeMap::new(),
+                mirrors: BTreeMap::new(),
             }),
             module_states: Mutex::new(BTreeMap::new()),
             nbd: fp_nbd::NbdServer::new(),
@@ -165,7 +168,12 @@ impl Registry {
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain maps behind; keep serving.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // Mirror jobs end on their reactor: their target claims go at the next look.
+        if !st.mirrors.is_empty() {
+            st.reap_mirrors();
+        }
+        st
     }
 
     pub fn reactors(&self) -> Vec<ReactorSummary> {

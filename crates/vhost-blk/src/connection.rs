@@ -7,6 +7,12 @@
 //! SET_VRING_ENABLE 0, a memory-table change, disconnect) first stops the queue by message and
 //! waits for its in-flight requests, so the reactor never touches memory that is being unmapped.
 //!
+//! Live migration (vhost-user.rst, "Migration"): SET_LOG_BASE maps the dirty log
+//! ([`crate::log`]); VHOST_F_LOG_ALL (SET_FEATURES) and VHOST_VRING_F_LOG (SET_VRING_ADDR) turn
+//! logging on and off while the queues run, the only changes accepted on a running queue. Each
+//! change reaches the running queues by a message their reactors run before the reply, so every
+//! guest write after the reply is logged as the front-end asked.
+//!
 //! Any error returned here makes the listener close the connection (logged with the reason);
 //! the disk and other connections are unaffected.
 
@@ -30,9 +36,11 @@ use vhost::VhostUserMemoryRegionBase;
 use vm_memory::ByteValued;
 
 use crate::inflight::InflightArea;
+use crate::log::{log_bytes_for, map_log, QueueLog};
 use crate::memory::{MemoryMap, MAX_MEM_REGIONS};
-use crate::queue::{QueuePoller, QueueSetup, Stopped};
+use crate::queue::{QueuePoller, QueueSetup, StopMode, Stopped};
 use crate::state::ControllerState;
+use fp_virtq::{DirtyLog, RingLog, LOG_PAGE};
 
 /// Largest ring the device accepts (libblkio asks for 256, QEMU for 128 or 256).
 pub const MAX_QUEUE_SIZE: u32 = 1024;
@@ -43,6 +51,8 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// The feature bits the connection itself looks at, as masks.
 const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 const VIRTIO_F_RING_PACKED: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
+/// VHOST_F_LOG_ALL (bit 26): the front-end wants every write to guest memory logged.
+const VHOST_F_LOG_ALL: u64 = VhostUserVirtioFeatures::LOG_ALL.bits();
 
 #[derive(Default)]
 struct Vring {
@@ -56,6 +66,11 @@ struct Vring {
     call: Option<File>,
     enabled: bool,
     running: Option<(usize, PollerId)>,
+    /// SET_VRING_ADDR's `log_guest_addr` while its VHOST_VRING_F_LOG flag is set.
+    log_addr: Option<u64>,
+    /// Guest addresses of the descriptor ring and the used ring (split) or device event area
+    /// (packed) of the running queue.
+    ring_gpa: (u64, u64),
 }
 
 /// Protocol state of one frontend connection.
@@ -67,6 +82,8 @@ pub struct Connection {
     vrings: Vec<Vring>,
     /// The in-flight area (GET/SET_INFLIGHT_FD), shared with the front-end.
     inflight: Option<Arc<InflightArea>>,
+    /// The dirty log (SET_LOG_BASE), shared with the front-end.
+    log: Option<Arc<DirtyLog>>,
 }
 
 fn invalid(what: &'static str) -> VuError {
@@ -83,11 +100,86 @@ impl Connection {
             memory: MemoryMap::default(),
             vrings,
             inflight: None,
+            log: None,
         }
     }
 
+    /// The controller this connection serves.
+    pub(crate) fn shared(&self) -> &Arc<ControllerState> {
+        &self.shared
+    }
+
+    /// Whether the front-end negotiated VHOST_USER_PROTOCOL_F_LOG_SHMFD (SET_LOG_BASE then
+    /// carries the log as an fd).
+    pub(crate) fn log_shmfd_negotiated(&self) -> bool {
+        self.protocol_features & VhostUserProtocolFeatures::LOG_SHMFD.bits() != 0
+    }
+
     fn offered_features(&self) -> u64 {
-        device_features(&self.shared.disk) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        device_features(&self.shared.disk)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | VHOST_F_LOG_ALL
+    }
+
+    fn log_all(&self) -> bool {
+        self.acked_features & VHOST_F_LOG_ALL != 0
+    }
+
+    /// Whether the front-end asked for any logging (of the data path or of some ring).
+    fn logging(&self) -> bool {
+        self.log_all() || self.vrings.iter().any(|v| v.log_addr.is_some())
+    }
+
+    /// What queue `index` logs now. The ring logs its used side at `log_guest_addr` when the
+    /// front-end set VHOST_VRING_F_LOG, and at the used ring's own address when it only acked
+    /// LOG_ALL (logging more than asked is harmless; less would lose writes).
+    fn queue_log(&self, index: usize) -> QueueLog {
+        let Some(log) = &self.log else { return QueueLog::default() };
+        let v = &self.vrings[index];
+        let (desc, used) = v.ring_gpa;
+        let ring_at = v.log_addr.or(self.log_all().then_some(used));
+        QueueLog {
+            data: self.log_all().then(|| log.clone()),
+            ring: ring_at.map(|at| RingLog::new(log.clone(), at, desc)),
+        }
+    }
+
+    /// Hands queue `index`'s log setting to it if it runs, and returns once its reactor has
+    /// taken it: every guest write after this is logged as it says.
+    fn update_queue_log(&self, index: usize) -> VuResult<()> {
+        let Some((_, id)) = self.vrings[index].running else { return Ok(()) };
+        let log = self.queue_log(index);
+        self.reactor_for(index)
+            .call(move |r| {
+                if let Some(p) = r.poller_mut::<QueuePoller>(id) {
+                    p.set_log(log);
+                }
+            })
+            .ok_or(invalid("reactor is gone"))
+    }
+
+    fn update_queue_logs(&self) -> VuResult<()> {
+        (0..self.vrings.len()).try_for_each(|i| self.update_queue_log(i))
+    }
+
+    /// Refuses a memory layout reaching `end` (exclusive) that the log has no bits for, while
+    /// logging is on: the writes there could not be logged and the migration would lose them.
+    /// (QEMU grows the log before it grows the memory table.)
+    fn check_log_covers(&self, end: u64) -> VuResult<()> {
+        match &self.log {
+            Some(log) if self.logging() && !log.covers(end) => {
+                log::warn!(
+                    "{}: memory up to {end:#x} refused: the dirty log ({:#x} bytes) covers only up to {:#x}, \
+                     {:#x} bytes needed",
+                    self.shared.name,
+                    log.len(),
+                    log.len() as u64 * 8 * LOG_PAGE,
+                    log_bytes_for(end)
+                );
+                Err(invalid("memory table not covered by the dirty log"))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn packed(&self) -> bool {
@@ -139,6 +231,9 @@ impl Connection {
             Some(c) => c.try_clone().map_err(VuError::ReqHandlerError)?,
             None => private_eventfd()?,
         };
+        let base = v.base;
+        // Before `queue_log`, which logs the ring at these addresses.
+        self.vrings[index].ring_gpa = (desc_gpa.0, used_gpa.0);
         // During a migration within this daemon the disk may have a second controller; only
         // one of them writes at a time (crate::HandOff).
         if let Err(holder) = self.shared.handoff.start_queue(&self.shared.name) {
@@ -156,7 +251,7 @@ impl Connection {
             desc: desc_gpa,
             avail: avail_gpa,
             used: used_gpa,
-            base: v.base,
+            base,
             event_idx: self.acked_features & VIRTIO_RING_F_EVENT_IDX != 0,
             packed,
             mem,
@@ -170,6 +265,7 @@ impl Connection {
             inflight: self.inflight.clone(),
             coalescing: self.shared.coalescing.clone(),
             clock: crate::coalesce::Clock::Monotonic,
+            log: self.queue_log(index),
         };
         let reactor = self.reactor_for(index).clone();
         let started = reactor
@@ -201,7 +297,7 @@ impl Connection {
         let reactor = self.reactor_for(index).clone();
         let (tx, rx) = sync_channel::<Stopped>(1);
         reactor.send(move |r| match r.poller_mut::<QueuePoller>(id) {
-            Some(p) => p.request_stop(tx),
+            Some(p) => p.request_stop(StopMode::Drain, tx),
             // Already gone: nothing in flight. Dropping tx tells the waiter.
             None => drop(tx),
         });
@@ -250,6 +346,7 @@ impl Connection {
         let n = self.vrings.len();
         self.vrings = (0..n).map(|_| Vring::default()).collect();
         self.acked_features = 0;
+        self.log = None;
     }
 }
 
@@ -320,12 +417,42 @@ impl VhostUserBackendReqHandlerMut for Connection {
             log::warn!("{}: driver acked features {features:#x} we did not offer", self.shared.name);
             return Err(VuError::InvalidParam);
         }
+        if features & VHOST_F_LOG_ALL != 0 && !self.log_shmfd_negotiated() {
+            log::warn!(
+                "{}: VHOST_F_LOG_ALL acked without VHOST_USER_PROTOCOL_F_LOG_SHMFD: the dirty log can \
+                 only be a shared-memory fd (SET_LOG_BASE)",
+                self.shared.name
+            );
+            return Err(invalid("VHOST_F_LOG_ALL without VHOST_USER_PROTOCOL_F_LOG_SHMFD"));
+        }
         if self.running_queues().is_empty() {
             self.acked_features = features;
-            Ok(())
-        } else {
-            Err(invalid("SET_FEATURES while queues run"))
+            return Ok(());
         }
+        // QEMU toggles LOG_ALL on a running device when a migration starts and ends; anything
+        // else would change what the running queues were started with.
+        let changed = features ^ self.acked_features;
+        if changed & !VHOST_F_LOG_ALL != 0 {
+            return Err(invalid("SET_FEATURES while queues run (only VHOST_F_LOG_ALL may change)"));
+        }
+        if changed == 0 {
+            return Ok(());
+        }
+        self.acked_features = features;
+        // Turning logging on with a log that misses part of memory would lose writes there
+        // (turning it off is always fine).
+        if let (true, Some(mem)) = (self.log_all(), self.memory.snapshot()) {
+            if let Err(e) = self.check_log_covers(crate::log::memory_end(&mem)) {
+                self.acked_features ^= VHOST_F_LOG_ALL;
+                return Err(e);
+            }
+        }
+        log::info!(
+            "{}: dirty logging of all writes {}",
+            self.shared.name,
+            if self.log_all() { "started" } else { "stopped" }
+        );
+        self.update_queue_logs()
     }
 
     fn set_mem_table(
@@ -337,6 +464,9 @@ impl VhostUserBackendReqHandlerMut for Connection {
         if ctx.len() != files.len() {
             return Err(VuError::InvalidParam);
         }
+        self.check_log_covers(
+            ctx.iter().map(|r| r.guest_phys_addr.saturating_add(r.memory_size)).max().unwrap_or(0),
+        )?;
         self.with_queues_stopped(|m| m.set_table(ctx, files).map_err(mem_error))?;
         Ok(None)
     }
@@ -361,17 +491,40 @@ impl VhostUserBackendReqHandlerMut for Connection {
         descriptor: u64,
         used: u64,
         available: u64,
-        _log: u64,
+        log: u64,
     ) -> VuResult<()> {
-        if flags.contains(VhostUserVringAddrFlags::VHOST_VRING_F_LOG) {
-            return Err(invalid("dirty logging is not supported"));
-        }
+        let log_addr = flags.contains(VhostUserVringAddrFlags::VHOST_VRING_F_LOG).then_some(log);
+        let packed = self.packed();
+        let log_end = self.log.as_ref().map(|l| l.len() as u64 * 8 * LOG_PAGE);
+        let name = self.shared.name.clone();
         let v = self.vring(index)?;
-        if v.running.is_some() {
-            return Err(invalid("SET_VRING_ADDR on a running queue"));
+        if let (Some(at), Some(end), Some(size)) = (log_addr, log_end, v.size) {
+            // vhost-user.rst, "Migration": the last byte of the logged ring must be in the log.
+            let len = if packed { 4 } else { 6 + 8 * u64::from(size) };
+            if at.checked_add(len).is_none_or(|e| e > end) {
+                log::warn!("{name}: queue {index}: log_guest_addr {at:#x} (+{len}) is beyond the dirty log's {end:#x}");
+                return Err(VuError::InvalidParam);
+            }
         }
-        v.addrs = Some((descriptor, used, available));
-        Ok(())
+        if v.running.is_none() {
+            v.addrs = Some((descriptor, used, available));
+            v.log_addr = log_addr;
+            return Ok(());
+        }
+        // QEMU sets and clears VHOST_VRING_F_LOG on running rings when a migration starts and
+        // ends (and waits for REPLY_ACK): that alone is accepted while the queue runs.
+        if v.addrs != Some((descriptor, used, available)) {
+            return Err(invalid("SET_VRING_ADDR on a running queue may only change VHOST_VRING_F_LOG"));
+        }
+        if v.log_addr == log_addr {
+            return Ok(());
+        }
+        v.log_addr = log_addr;
+        log::info!(
+            "{name} queue {index}: used ring logging {}",
+            if log_addr.is_some() { "started" } else { "stopped" }
+        );
+        self.update_queue_log(index as usize)
     }
 
     fn set_vring_base(&mut self, index: u32, base: u32) -> VuResult<()> {
@@ -438,6 +591,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
             | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+            // Live migration: the dirty log is a shared-memory fd (SET_LOG_BASE).
+            | VhostUserProtocolFeatures::LOG_SHMFD
             // For config-change notifications (a resized disk): BlkController::resize.
             | VhostUserProtocolFeatures::BACKEND_REQ)
     }
@@ -553,6 +708,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
         _postcopy_listening: Option<bool>,
     ) -> VuResult<Option<VhostUserMemoryRegionBase>> {
         let r: VhostUserMemoryRegion = **region;
+        let end = self.memory.snapshot().map_or(0, |m| crate::log::memory_end(&m));
+        self.check_log_covers(end.max(r.guest_phys_addr.saturating_add(r.memory_size)))?;
         self.with_queues_stopped(|m| m.add(&r, fd).map_err(mem_error))?;
         Ok(None)
     }
@@ -579,8 +736,23 @@ impl VhostUserBackendReqHandlerMut for Connection {
         Err(invalid("shared memory regions are not supported"))
     }
 
-    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VuResult<()> {
-        Err(invalid("dirty logging is not supported"))
+    fn set_log_base(&mut self, log: &VhostUserLog, file: File) -> VuResult<()> {
+        // `vhost` only passes this on with LOG_SHMFD negotiated (the fd is the log itself).
+        let mem = self.memory.snapshot();
+        let new = map_log(file, log.mmap_size, log.mmap_offset, mem.as_deref()).map_err(|e| {
+            log::warn!("{}: SET_LOG_BASE refused: {e}", self.shared.name);
+            VuError::InvalidParam
+        })?;
+        log::info!(
+            "{}: dirty log attached ({:#x} bytes, guest memory below {:#x})",
+            self.shared.name,
+            new.len(),
+            new.len() as u64 * 8 * LOG_PAGE
+        );
+        // QEMU replaces the log while logging (it grows with memory) and, once we have
+        // replied, syncs and frees the old one: the queues must be writing the new one by then.
+        self.log = Some(new);
+        self.update_queue_logs()
     }
 
     fn set_backend_req_fd(&mut self, _backend: Backend) {}

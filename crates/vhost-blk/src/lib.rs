@@ -12,7 +12,8 @@
 //!   rings (`ring.rs` picks the split or packed layout and recovers [`inflight`] state);
 //!   [`stats`] declares its counters;
 //! * [`HandOff`] (`handoff.rs`): which of two controllers on one disk may run queues during a
-//!   migration.
+//!   migration;
+//! * [`log`]: the live-migration dirty log the queues mark.
 //!
 //! A controller outlives its connections: a VMM may disconnect and reconnect (guest reboot,
 //! VMM restart) and the disk keeps serving.
@@ -23,6 +24,7 @@ mod controller;
 mod error;
 mod handoff;
 pub mod inflight;
+pub mod log;
 pub mod memory;
 pub mod queue;
 mod ring;
@@ -36,6 +38,8 @@ pub use crate::controller::connection_for_fuzzing;
 pub use crate::controller::{BlkController, ControllerConfig, ControllerInfo};
 pub use crate::error::Error;
 pub use crate::handoff::HandOff;
+#[doc(hidden)]
+pub use crate::socket::serve_message_for_fuzzing;
 pub use crate::socket::validate_name;
 pub use crate::stats::{ControllerStats, QueueStats};
 

@@ -2,7 +2,7 @@
 //! builds it in the negotiated layout, recovering the in-flight record first when the
 //! front-end keeps one (the ring's position then comes from the record).
 
-use fp_virtq::{Chain, MemTable, PackedQueue, RingError, SplitQueue};
+use fp_virtq::{Chain, MemTable, PackedQueue, RingError, RingLog, SplitQueue};
 use vm_memory::{Address, Bytes};
 
 use crate::inflight::{Pending, Position, RingNow, Tracker};
@@ -57,7 +57,7 @@ impl Ring {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push_used(&mut self, head: Head, len: u32) {
         match self {
             Ring::Split(q) => q.push_used(head.id, len),
@@ -100,6 +100,23 @@ impl Ring {
         match self {
             Ring::Split(q) => q.disable_notification(),
             Ring::Packed(q) => q.disable_notification(),
+        }
+    }
+
+    /// Starts or stops logging the ring's used-side writes.
+    pub(crate) fn set_log(&mut self, log: Option<RingLog>) {
+        match self {
+            Ring::Split(q) => q.set_log(log),
+            Ring::Packed(q) => q.set_log(log),
+        }
+    }
+
+    /// Pages the ring's writes marked since the last call.
+    #[inline]
+    pub(crate) fn take_logged_pages(&mut self) -> u64 {
+        match self {
+            Ring::Split(q) => q.take_logged_pages(),
+            Ring::Packed(q) => q.take_logged_pages(),
         }
     }
 

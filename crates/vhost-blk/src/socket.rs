@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vhost::vhost_user::BackendReqHandler;
+use vhost::vhost_user::message::VhostUserLog;
+use vhost::vhost_user::{BackendReqHandler, VhostUserBackendReqHandlerMut};
 
 use crate::connection::Connection;
 use crate::state::{ControllerState, StopSignal};
@@ -229,7 +230,26 @@ fn run_connection(stream: UnixStream, shared: &Arc<ControllerState>) -> String {
             Ok(r) => r,
             Err(reason) => break reason,
         };
-        if request == SET_BACKEND_REQ_FD {
+        if let Err(reason) = serve_message(fd, request, &mut handler, &conn, shared) {
+            break reason;
+        }
+    };
+    conn.lock().unwrap_or_else(|p| p.into_inner()).stop_all();
+    *shared.backend_channel() = None;
+    reason
+}
+
+/// Serves one whole queued message whose request code is `request`. An error (with its reason)
+/// ends the connection.
+fn serve_message(
+    fd: i32,
+    request: u32,
+    handler: &mut BackendReqHandler<Mutex<Connection>>,
+    conn: &Mutex<Connection>,
+    shared: &ControllerState,
+) -> Result<(), String> {
+    match request {
+        SET_BACKEND_REQ_FD => {
             // `vhost` keeps the channel it builds from this message to itself and cannot send
             // a config change on it, so keep a copy of the fd, peeked before `vhost` reads it.
             match peek_attached_socket(fd) {
@@ -237,15 +257,104 @@ fn run_connection(stream: UnixStream, shared: &Arc<ControllerState>) -> String {
                 Err(e) => log::warn!("{}: cannot keep the backend channel: {e}", shared.name),
             }
         }
-        match handler.handle_request() {
-            Ok(()) => {}
-            Err(vhost::vhost_user::Error::Disconnected) => break "frontend closed the connection".into(),
-            Err(e) => break format!("protocol error: {e}"),
-        }
+        SET_LOG_BASE => return serve_set_log_base(fd, conn),
+        _ => {}
+    }
+    match handler.handle_request() {
+        Ok(()) => Ok(()),
+        Err(vhost::vhost_user::Error::Disconnected) => Err("frontend closed the connection".into()),
+        Err(e) => Err(format!("protocol error: {e}")),
+    }
+}
+
+/// [`serve_message`] for the `vhost_messages` fuzz target, which writes each message whole
+/// into its end of the socket `fd` before calling this. Not API.
+#[doc(hidden)]
+pub fn serve_message_for_fuzzing(
+    fd: i32,
+    handler: &mut BackendReqHandler<Mutex<Connection>>,
+    conn: &Mutex<Connection>,
+) -> Result<(), String> {
+    let request = match peek_queued(fd) {
+        Ok(Queued::Message(request)) => request,
+        other => return Err(format!("no whole message queued: {other:?}")),
     };
-    conn.lock().unwrap_or_else(|p| p.into_inner()).stop_all();
-    *shared.backend_channel() = None;
-    reason
+    let shared = conn.lock().unwrap_or_else(|p| p.into_inner()).shared().clone();
+    serve_message(fd, request, handler, conn, &shared)
+}
+
+/// VHOST_USER_SET_LOG_BASE's request code.
+const SET_LOG_BASE: u32 = 6;
+/// `VhostUserLog`: mmap_size and mmap_offset, two u64.
+const LOG_BODY_SIZE: usize = 16;
+/// A reply's header flags: version 1 and the REPLY bit (vhost-user.rst, "Header").
+const HEADER_FLAGS_REPLY: u32 = 0x1 | 0x4;
+
+/// Serves SET_LOG_BASE here rather than in `vhost`, whose handler (0.18) answers it with the
+/// request's 16-byte body echoed. vhost-user.rst lists SET_LOG_BASE among the requests that
+/// need a reply when LOG_SHMFD is negotiated, with "reply payload: N/A": a header with size 0,
+/// as QEMU and other back-ends (DPDK) exchange it. QEMU waits for that reply before it frees
+/// the old log, so it is sent only once the queues log into the new one.
+fn serve_set_log_base(fd: i32, conn: &Mutex<Connection>) -> Result<(), String> {
+    let mut msg = [0u8; HEADER_SIZE + LOG_BODY_SIZE];
+    let (n, mut fds) =
+        recv_with_fds(fd, &mut msg[..HEADER_SIZE], 0).map_err(|e| format!("socket error: {e}"))?;
+    let word = |i: usize| u32::from_le_bytes([msg[i], msg[i + 1], msg[i + 2], msg[i + 3]]);
+    let size = word(8) as usize;
+    if n != HEADER_SIZE || word(4) & 0x3 != 0x1 || size != LOG_BODY_SIZE {
+        return Err(format!("protocol error: malformed SET_LOG_BASE (flags {:#x}, size {size})", word(4)));
+    }
+    // The whole message is queued (`wait_for_message`); the body follows the header.
+    let mut stream = BorrowedStream(fd);
+    std::io::Read::read_exact(&mut stream, &mut msg[HEADER_SIZE..])
+        .map_err(|e| format!("socket error: {e}"))?;
+    let (Some(file), true) = (fds.pop(), fds.is_empty()) else {
+        return Err("protocol error: SET_LOG_BASE needs exactly one fd".into());
+    };
+    let body = |i: usize| u64::from_le_bytes(msg[i..i + 8].try_into().expect("8 bytes"));
+    let log = VhostUserLog::new(body(HEADER_SIZE), body(HEADER_SIZE + 8));
+    {
+        let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+        if !conn.log_shmfd_negotiated() {
+            return Err("protocol error: SET_LOG_BASE without VHOST_USER_PROTOCOL_F_LOG_SHMFD".into());
+        }
+        conn.set_log_base(&log, std::fs::File::from(file))
+            .map_err(|e| format!("SET_LOG_BASE refused: {e}"))?;
+    }
+    let mut reply = [0u8; HEADER_SIZE];
+    reply[0..4].copy_from_slice(&SET_LOG_BASE.to_le_bytes());
+    reply[4..8].copy_from_slice(&HEADER_FLAGS_REPLY.to_le_bytes());
+    std::io::Write::write_all(&mut stream, &reply).map_err(|e| format!("socket error: {e}"))
+}
+
+/// Reads and writes an fd the caller keeps open, without owning it.
+struct BorrowedStream(i32);
+
+impl std::io::Read for BorrowedStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // SAFETY: `buf` is valid for writes of its length; the fd is open (caller).
+        let n = unsafe { libc::read(self.0, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+}
+
+impl std::io::Write for BorrowedStream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // SAFETY: `buf` is valid for reads of its length; the fd is open (caller).
+        let n = unsafe { libc::write(self.0, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// VHOST_USER_SET_BACKEND_REQ_FD's request code (vhost-user.rst, "Front-end message types").
@@ -288,12 +397,14 @@ fn is_unix_stream(s: &UnixStream) -> bool {
     get(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && get(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
 }
 
-/// Peeks at the message at the head of `fd` and returns a copy of the single Unix stream
-/// socket attached to it, leaving the message (and its own copy of the descriptor) queued.
-/// Linux installs a peeked SCM_RIGHTS descriptor as a new fd in the peeking process.
-fn peek_attached_socket(fd: i32) -> std::io::Result<Option<UnixStream>> {
+/// Receives into `data` from `fd` with `flags` (MSG_PEEK to leave the message queued), and the
+/// descriptors attached (Linux installs even peeked SCM_RIGHTS descriptors as new fds here).
+fn recv_with_fds(
+    fd: i32,
+    data: &mut [u8],
+    flags: libc::c_int,
+) -> std::io::Result<(usize, Vec<std::os::fd::OwnedFd>)> {
     use std::os::fd::{FromRawFd, OwnedFd};
-    let mut data = [0u8; HEADER_SIZE];
     let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
     // Room for a few descriptors, so a frontend attaching more than one is noticed (and all of
     // them closed) rather than truncated.
@@ -305,8 +416,7 @@ fn peek_attached_socket(fd: i32) -> std::io::Result<Option<UnixStream>> {
     msg.msg_control = cmsg_buf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cmsg_buf);
     // SAFETY: `msg` points to live buffers of the lengths it declares.
-    let n =
-        unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    let n = unsafe { libc::recvmsg(fd, &mut msg, flags | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -330,6 +440,14 @@ fn peek_attached_socket(fd: i32) -> std::io::Result<Option<UnixStream>> {
         // SAFETY: as above.
         cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
     }
+    Ok((n as usize, fds))
+}
+
+/// Peeks at the message at the head of `fd` and returns a copy of the single Unix stream
+/// socket attached to it, leaving the message (and its own copy of the descriptor) queued.
+fn peek_attached_socket(fd: i32) -> std::io::Result<Option<UnixStream>> {
+    let mut data = [0u8; HEADER_SIZE];
+    let (_, mut fds) = recv_with_fds(fd, &mut data, libc::MSG_PEEK)?;
     if fds.len() != 1 {
         // `vhost` refuses the message itself; the copies are closed here.
         return Ok(None);

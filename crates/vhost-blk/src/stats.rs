@@ -68,4 +68,10 @@ io_counters! {
     failed_queues,
     /// Guest notifications sent (call eventfd writes).
     notifications,
+    /// Live migration: 4 KiB pages marked in the dirty log, every write counted (data, status
+    /// bytes, used ring; a page marked twice counts twice).
+    logged_pages,
+    /// Live migration: of those, the pages of data written by reads and GET_ID (one per
+    /// 4 KiB-aligned 4 KiB read).
+    logged_data_pages,
 }

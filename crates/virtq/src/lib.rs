@@ -5,6 +5,7 @@
 //! * [`SplitQueue`]: the split ring (virtio 1.2 §2.7): available-ring reader, used-ring writer
 //!   with one index publish per batch, EVENT_IDX / NO_INTERRUPT notification rules.
 //! * [`PackedQueue`]: the packed ring (§2.8) with the same interface.
+//! * [`DirtyLog`] / [`RingLog`]: the live-migration dirty log the rings and the data path mark.
 //! * [`Chain`]: one request's descriptors, collected by either ring's walker with the same
 //!   hostile-input rules: bounded length, loops, indirect tables (not nested, inside one memory
 //!   region), `next` in range, at most 2^32 bytes. Every buffer's host address is resolved while
@@ -18,6 +19,7 @@
 
 pub mod access;
 mod chain;
+mod log;
 mod mem;
 mod packed;
 mod split;
@@ -25,6 +27,7 @@ mod split;
 use virtio_bindings::virtio_ring as vr;
 
 pub use chain::{Chain, Desc, WalkError, MAX_CHAIN_DESCRIPTORS};
+pub use log::{DirtyLog, RingLog, LOG_PAGE};
 pub use mem::{GuestMemory, MemTable};
 pub use packed::{PackedHead, PackedQueue, PackedState, RawDesc};
 pub use split::{RingError, SplitQueue};

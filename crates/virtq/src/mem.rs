@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
-/// Guest memory type used by flashpath (no dirty bitmap: live migration is not supported yet).
+/// Guest memory type used by flashpath (no vm-memory dirty bitmap: live migration logs through
+/// [`crate::DirtyLog`], whose bitmap the front-end provides).
 pub type GuestMemory = vm_memory::GuestMemoryMmap<()>;
 
 #[derive(Clone, Copy, Debug)]
@@ -32,6 +33,13 @@ impl Region {
         } else {
             None
         }
+    }
+
+    /// Guest address of host address `host` if it lies inside this region.
+    #[inline(always)]
+    fn guest_addr(&self, host: *const u8) -> Option<u64> {
+        let off = (host as usize).wrapping_sub(self.host as usize) as u64;
+        (off < self.len).then(|| self.gpa + off)
     }
 }
 
@@ -95,6 +103,22 @@ impl MemTable {
         let p = self.regions[i].host_range(gpa, len)?;
         self.recent.set([i, self.recent.get()[0]]);
         Some(p)
+    }
+
+    /// Guest address of host address `host` (a pointer this table handed out, e.g. an iovec
+    /// built from a descriptor), for logging what the device wrote there. The region of the
+    /// last forward translation is tried first: a request's data and status were translated
+    /// just before, so the common case is one compare.
+    #[inline]
+    pub fn guest_addr(&self, host: *const u8) -> Option<u64> {
+        let [last, prev] = self.recent.get();
+        if let Some(g) = self.regions[last].guest_addr(host) {
+            return Some(g);
+        }
+        if let Some(g) = self.regions[prev].guest_addr(host) {
+            return Some(g);
+        }
+        self.regions.iter().find_map(|r| r.guest_addr(host))
     }
 
     /// Index of the region containing `gpa`.
@@ -178,5 +202,22 @@ mod tests {
         assert!(!t.contains(0x2000, 0x1001), "runs into the gap");
         assert!(!t.contains(u64::MAX - 4, 8));
         assert!(!t.for_each_piece(0x1000, 0x20, |_, _| false), "the callback can stop the walk");
+    }
+
+    #[test]
+    fn host_addresses_translate_back() {
+        let t = table();
+        for gpa in [0x1000, 0x1fff, 0x2010, 0x8000, 0x8fff] {
+            let host = t.translate(gpa, 1).unwrap();
+            assert_eq!(t.guest_addr(host), Some(gpa));
+        }
+        // Not the region hit last: found by the scan.
+        let low = t.translate(0x1008, 1).unwrap();
+        t.translate(0x8000, 1).unwrap();
+        t.translate(0x2000, 1).unwrap();
+        assert_eq!(t.guest_addr(low), Some(0x1008));
+        let elsewhere = [0u8; 4];
+        assert_eq!(t.guest_addr(elsewhere.as_ptr()), None, "not guest memory");
+        assert_eq!(t.guest_addr(std::ptr::null()), None);
     }
 }

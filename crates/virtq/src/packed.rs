@@ -17,6 +17,7 @@
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
 use crate::chain::{read_desc, Chain, WalkError};
+use crate::log::RingLog;
 use crate::mem::MemTable;
 use crate::split::{ring_part, RingError, MAX_QUEUE_SIZE};
 use crate::{DESC_F_AVAIL, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_USED, DESC_F_WRITE};
@@ -148,6 +149,9 @@ pub struct PackedQueue {
     unpublished: u16,
     /// Used position (with wrap) when notifications were last decided.
     signalled: (u16, bool),
+    /// While migrating: where the written-back descriptors and the device event area are
+    /// logged. `None` costs one predictable branch per descriptor.
+    log: Option<RingLog>,
 }
 
 impl PackedQueue {
@@ -182,7 +186,19 @@ impl PackedQueue {
             batch_first: (0, 0),
             unpublished: 0,
             signalled: (state.next_used, state.used_wrap),
+            log: None,
         })
+    }
+
+    /// Starts (`Some`) or stops (`None`) logging what the device writes into the ring and its
+    /// event area; takes effect with the next write.
+    pub fn set_log(&mut self, log: Option<RingLog>) {
+        self.log = log;
+    }
+
+    /// Pages the ring's writes marked in the log since the last call.
+    pub fn take_logged_pages(&mut self) -> u64 {
+        self.log.as_mut().map_or(0, RingLog::take_pages)
     }
 
     /// Number of entries in the ring.
@@ -280,6 +296,11 @@ impl PackedQueue {
                 std::ptr::write_volatile(d.add(DESC_FLAGS_OFFSET).cast::<u16>(), flags.to_le());
             }
         }
+        if let Some(log) = &mut self.log {
+            // len, id and flags: the last 8 bytes of the descriptor (flags are stored by
+            // `publish` for the batch's first one, after this mark).
+            log.desc(16 * u64::from(slot) + 8, 8);
+        }
         if self.unpublished == 0 {
             self.batch_first = (slot, flags);
         }
@@ -348,6 +369,9 @@ impl PackedQueue {
             AtomicU16::from_ptr(self.device.cast::<u16>()).store(off_wrap.to_le(), Ordering::Relaxed);
             AtomicU16::from_ptr(self.device.add(EVENT_FLAGS_OFFSET).cast::<u16>())
                 .store(flags.to_le(), Ordering::Release);
+        }
+        if let Some(log) = &mut self.log {
+            log.used(0, 4);
         }
     }
 

@@ -13,6 +13,7 @@ use std::num::Wrapping;
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
 use crate::chain::{read_desc, Chain, WalkError};
+use crate::log::RingLog;
 use crate::mem::MemTable;
 use crate::{DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE};
 
@@ -145,6 +146,9 @@ pub struct SplitQueue {
     signalled: Wrapping<u16>,
     /// Elements written but not yet published.
     unpublished: u16,
+    /// While migrating: where the used ring's writes are logged. `None` costs one predictable
+    /// branch per element and per publish.
+    log: Option<RingLog>,
 }
 
 impl SplitQueue {
@@ -182,7 +186,19 @@ impl SplitQueue {
             next_used: Wrapping(next_used),
             signalled: Wrapping(next_used),
             unpublished: 0,
+            log: None,
         })
+    }
+
+    /// Starts (`Some`) or stops (`None`) logging the used ring's writes (vhost-user's
+    /// VHOST_VRING_F_LOG); takes effect with the next write.
+    pub fn set_log(&mut self, log: Option<RingLog>) {
+        self.log = log;
+    }
+
+    /// Pages the used ring's writes marked in the log since the last call.
+    pub fn take_logged_pages(&mut self) -> u64 {
+        self.log.as_mut().map_or(0, RingLog::take_pages)
     }
 
     /// Number of entries in the ring.
@@ -253,6 +269,9 @@ impl SplitQueue {
             std::ptr::write_volatile(elem, u32::from(head).to_le());
             std::ptr::write_volatile(elem.add(1), len.to_le());
         }
+        if let Some(log) = &mut self.log {
+            log.used(4 + 8 * slot as u64, 8);
+        }
         self.next_used += Wrapping(1);
         self.unpublished += 1;
     }
@@ -264,7 +283,11 @@ impl SplitQueue {
         if n > 0 {
             // SAFETY: `used + 2` is the 2-aligned `idx` field of the mapped used ring.
             let idx = unsafe { AtomicU16::from_ptr(self.used.add(2) as *mut u16) };
-            // Release: the elements written above are visible before the new index.
+            if let Some(log) = &mut self.log {
+                log.used(2, 2);
+            }
+            // Release: the elements written above, and the log bits set for them and for the
+            // data they complete, are visible before the new index.
             idx.store(self.next_used.0.to_le(), Ordering::Release);
             self.unpublished = 0;
         }
@@ -309,6 +332,9 @@ impl SplitQueue {
     pub fn disable_notification(&mut self) {
         if !self.event_idx {
             self.used_flags().store(USED_F_NO_NOTIFY.to_le(), Ordering::Relaxed);
+            if let Some(log) = &mut self.log {
+                log.used(0, 2);
+            }
         }
     }
 
@@ -320,8 +346,14 @@ impl SplitQueue {
             let ev =
                 unsafe { AtomicU16::from_ptr(self.used.add(4 + 8 * usize::from(self.size)) as *mut u16) };
             ev.store(self.next_avail.0.to_le(), Ordering::Relaxed);
+            if let Some(log) = &mut self.log {
+                log.used(4 + 8 * u64::from(self.size), 2);
+            }
         } else {
             self.used_flags().store(0, Ordering::Relaxed);
+            if let Some(log) = &mut self.log {
+                log.used(0, 2);
+            }
         }
         // The driver writes avail.idx then reads our field; we write our field then read
         // avail.idx: a full fence on both sides means one of us sees the other (§2.7.10).
@@ -423,6 +455,38 @@ mod tests {
         m.write_obj::<u16>(3, GuestAddress(AVAIL + 2)).unwrap();
         assert!(!ring.enable_notification());
         assert_eq!(u16_at(&m, USED + 4 + 8 * 4), 3);
+    }
+
+    #[test]
+    fn a_logged_ring_marks_its_used_side_before_publishing() {
+        use crate::log::{DirtyLog, RingLog};
+        let (_m, t) = setup();
+        // 256 entries at 0x2800: elements 0..=254 lie in the page at 0x2000, element 255
+        // (0x2ffc..0x3004) crosses into the next one, where avail_event (0x3004) also lies.
+        let used = 0x2800;
+        let mut ring = SplitQueue::new(&t, DESC, AVAIL, used, 256, true, 0, 0).unwrap();
+        ring.push_used(0, 1);
+        ring.publish();
+        assert_eq!(ring.take_logged_pages(), 0, "no log: nothing counted");
+        let log = Arc::new(DirtyLog::in_memory(2));
+        ring.set_log(Some(RingLog::new(log.clone(), used, DESC)));
+        for h in 1..255 {
+            ring.push_used(h, 1);
+        }
+        assert_eq!(log.marked_pages(), vec![2], "elements 1..=254");
+        ring.publish();
+        assert_eq!(log.marked_pages(), vec![2], "used.idx");
+        ring.push_used(0, 1);
+        assert_eq!(log.marked_pages(), vec![2, 3], "element 255, crossing the page");
+        log.clear();
+        assert!(!ring.enable_notification());
+        assert_eq!(log.marked_pages(), vec![3], "avail_event");
+        assert_eq!(ring.take_logged_pages(), 254 + 1 + 2 + 1);
+        log.clear();
+        ring.set_log(None);
+        ring.push_used(0, 1);
+        ring.publish();
+        assert!(log.marked_pages().is_empty(), "logging stopped");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! tag. With accounting off (`Disk::new(bdev, false)`) channels are the device's own, untouched.
 
 mod histogram;
+mod mirror;
 mod qos;
 mod stats;
 
@@ -26,6 +27,7 @@ pub use stats::{op_index, IoStats, OpStats, QosStats, ERRNO_SLOTS, OPS};
 pub use qos::DiskQosError;
 
 use histogram::ChannelHistogram;
+use mirror::ChannelMirror;
 use qos::{Admission, ChannelQosState, DiskQosState};
 use stats::{errno_slot, ChannelSlot};
 
@@ -95,6 +97,8 @@ struct Book {
     next_id: u64,
     subscribers: Vec<(u64, SharedCallback)>,
     next_subscriber: u64,
+    /// The mirror job attached to this disk (`disk/mirror.rs`).
+    mirror: Option<Arc<crate::mirror::MirrorShared>>,
 }
 
 struct DiskShared {
@@ -104,6 +108,9 @@ struct DiskShared {
     /// Bumped under `book`'s lock by each reset; read by channels once per poll.
     epochs: AtomicU64,
     qos: DiskQosState,
+    /// Bumped under `book`'s lock when a mirror job attaches, switches its channels to
+    /// blocking writes or detaches; read by channels once per poll.
+    mirror_epoch: AtomicU64,
     book: Mutex<Book>,
 }
 
@@ -129,6 +136,7 @@ impl Disk {
             histogram_on: AtomicBool::new(false),
             epochs: AtomicU64::new(0),
             qos: DiskQosState::new(),
+            mirror_epoch: AtomicU64::new(0),
             book: Mutex::new(Book {
                 live: Vec::new(),
                 retired: IoStats::default(),
@@ -136,6 +144,7 @@ impl Disk {
                 next_id: 0,
                 subscribers: Vec::new(),
                 next_subscriber: 0,
+                mirror: None,
             }),
         }))
     }
@@ -173,16 +182,21 @@ impl Disk {
         }
         // SAFETY: sched_getcpu has no preconditions.
         let cpu = unsafe { libc::sched_getcpu() };
-        let slot = {
+        let (slot, mirror_epoch) = {
             let mut book = self.book();
             let slot = Arc::new(ChannelSlot::new(
                 book.next_id,
                 usize::try_from(cpu).ok(),
                 self.0.epochs.load(Ordering::Relaxed),
             ));
+            // A new channel has nothing in flight and looks for a mirror before it reaps
+            // anything: it counts as having applied the epoch now. With a job attached it
+            // picks the job up at its first poll.
+            let epoch = self.0.mirror_epoch.load(Ordering::SeqCst);
+            slot.mirror_ack.store(epoch, Ordering::Release);
             book.next_id += 1;
             book.live.push(slot.clone());
-            slot
+            (slot, if book.mirror.is_some() { epoch.wrapping_sub(1) } else { epoch })
         };
         // Limits set before the channel opened apply to its first request.
         let mut qos = ChannelQosState::new();
@@ -198,6 +212,9 @@ impl Disk {
             in_flight_reported: 0,
             qos,
             qos_reported: 0,
+            mirror_epoch,
+            mirror: None,
+            next_gen: 0,
         }))
     }
 
@@ -422,11 +439,17 @@ const DENSE_TAGS: u32 = 1 << 16;
 #[derive(Clone, Copy)]
 struct InFlight {
     start: u64,
+    /// Where it goes: a mirror marks the chunks of writes when they complete.
+    offset: u64,
     len: u64,
     op: u8,
+    /// The mirror attachment it was submitted under (0: none; `disk/mirror.rs`).
+    gen: u8,
+    /// A mirrored request's progress (`disk/mirror.rs`).
+    mflags: u8,
 }
 
-const EMPTY: InFlight = InFlight { start: 0, len: 0, op: 0 };
+const EMPTY: InFlight = InFlight { start: 0, offset: 0, len: 0, op: 0, gen: 0, mflags: 0 };
 
 /// A channel of a [`Disk`]: the device's channel plus accounting. See the module docs.
 ///
@@ -451,6 +474,12 @@ pub struct DiskChannel {
     qos: ChannelQosState,
     /// What `slot` last showed of the held requests.
     qos_reported: u64,
+    /// The disk's mirror epoch this channel applied.
+    mirror_epoch: u64,
+    /// The mirror job this channel feeds, if any (boxed: cold, and the channel stays small).
+    mirror: Option<Box<ChannelMirror>>,
+    /// The last attachment number handed out (requests carry it in `InFlight::gen`).
+    next_gen: u8,
 }
 
 impl DiskChannel {
@@ -516,7 +545,14 @@ impl DiskChannel {
         // The entry is filled before the call, so nothing of `req` need survive it. Its start
         // is the arrival: a wait for QoS counts in the request's latency, as the guest sees it.
         let now = ticks::now();
-        let e = InFlight { start: now, len: req.len, op: op_index(req.op) as u8 };
+        let e = InFlight {
+            start: now,
+            offset: req.offset,
+            len: req.len,
+            op: op_index(req.op) as u8,
+            gen: 0,
+            mflags: 0,
+        };
         match self.slab.get_mut(req.tag as usize) {
             Some(slot) => *slot = e,
             None => self.record_beyond(req.tag, e),
@@ -528,8 +564,14 @@ impl DiskChannel {
                 return Ok(());
             }
         }
-        // SAFETY: the caller's guarantees for `req` are passed on with it, unchanged.
-        match unsafe { self.inner.submit(req) } {
+        let submitted = if self.mirror.is_none() {
+            // SAFETY: the caller's guarantees for `req` are passed on with it, unchanged.
+            unsafe { self.inner.submit(req) }
+        } else {
+            // SAFETY: as above.
+            unsafe { self.submit_mirrored(req) }
+        };
+        match submitted {
             Ok(()) => {
                 self.in_flight += 1;
                 Ok(())
@@ -550,12 +592,17 @@ impl DiskChannel {
     #[inline(never)]
     fn release_held(&mut self, done: &mut impl Completion) -> usize {
         let now = ticks::now();
-        let Self { inner, qos, disk, slot, in_flight, sparse, .. } = self;
+        let Self { inner, qos, disk, slot, in_flight, sparse, slab, mirror, .. } = self;
         let mut failed = 0;
         qos.release(&disk.qos, now, slot, |req| {
-            // SAFETY: the frontend's guarantees for `req` hold until its completion, which
-            // has not been returned (see `submit_request`).
-            match unsafe { inner.submit(req) } {
+            let submitted = match mirror {
+                // SAFETY: the frontend's guarantees for `req` hold until its completion, which
+                // has not been returned (see `submit_request`).
+                None => unsafe { inner.submit(req) },
+                // SAFETY: as above.
+                Some(m) => unsafe { mirror::submit_down(&mut **inner, m, slab, sparse, req) },
+            };
+            match submitted {
                 Ok(()) => {
                     *in_flight += 1;
                     true
@@ -590,10 +637,20 @@ impl DiskChannel {
     #[inline]
     pub fn poll_with(&mut self, done: &mut impl Completion) -> usize {
         self.apply_resets();
+        // A mirror job attached, switched or detached: cold, once per change.
+        if self.disk.mirror_epoch.load(Ordering::Relaxed) != self.mirror_epoch {
+            self.refresh_mirror();
+        }
         self.qos.refresh(&self.disk.qos);
         let failed = if self.qos.held() > 0 { self.release_held(done) } else { 0 };
         // Whether to record latencies in a histogram is decided once per poll, not per request.
         let histogram_on = self.disk.histogram_on.load(Ordering::Relaxed);
+        if self.mirror.is_some() {
+            let (reaped, upward) = self.reap_mirrored(done, histogram_on);
+            self.in_flight = self.in_flight.saturating_sub(reaped as u64);
+            self.report_in_flight();
+            return upward + failed;
+        }
         let Self { inner, slot, slab, sparse, .. } = &mut *self;
         let slot: &ChannelSlot = slot;
         let n = if histogram_on {
@@ -604,6 +661,13 @@ impl DiskChannel {
             reap(&mut **inner, slab, sparse, slot, done, |_| {})
         };
         self.in_flight = self.in_flight.saturating_sub(n as u64);
+        self.report_in_flight();
+        n + failed
+    }
+
+    /// Shows the requests in flight and held in the channel's slot, when they changed.
+    #[inline]
+    fn report_in_flight(&mut self) {
         let held = self.qos.held() as u64;
         if self.in_flight + held != self.in_flight_reported {
             self.in_flight_reported = self.in_flight + held;
@@ -613,7 +677,6 @@ impl DiskChannel {
             self.qos_reported = held;
             self.slot.set_qos_queued(held);
         }
-        n + failed
     }
 }
 
@@ -641,21 +704,28 @@ fn reap(
                 None => return done.complete(tag, status),
             },
         };
-        let op = usize::from(e.op);
-        match status {
-            IoStatus::Success => {
-                if now == 0 {
-                    now = ticks::now();
-                }
-                let ticks = now.saturating_sub(e.start);
-                slot.success(op, e.len, ticks);
-                record(ticks);
-            }
-            IoStatus::Error(errno) => slot.failure(op, errno_slot(errno)),
-            IoStatus::Unsupported => slot.failure(op, 0),
-        }
+        account(slot, &e, status, &mut now, &record);
         done.complete(tag, status);
     })
+}
+
+/// Counts one completion in `slot`, passing its latency to `record`. `now` is read once per
+/// poll round, at its first success (see [`reap`]).
+#[inline(always)]
+fn account(slot: &ChannelSlot, e: &InFlight, status: IoStatus, now: &mut u64, record: &impl Fn(u64)) {
+    let op = usize::from(e.op);
+    match status {
+        IoStatus::Success => {
+            if *now == 0 {
+                *now = ticks::now();
+            }
+            let ticks = now.saturating_sub(e.start);
+            slot.success(op, e.len, ticks);
+            record(ticks);
+        }
+        IoStatus::Error(errno) => slot.failure(op, errno_slot(errno)),
+        IoStatus::Unsupported => slot.failure(op, 0),
+    }
 }
 
 /// What a frontend holding a [`DiskIo`] does with each completion. Any
@@ -766,7 +836,9 @@ impl IoChannel for DiskChannel {
     }
 
     fn in_flight(&self) -> usize {
-        self.inner.in_flight() + self.qos.held()
+        // A mirrored write whose target half is out is still in flight for the caller.
+        let mirrored = self.mirror.as_ref().map_or(0, |m| m.waiting());
+        self.inner.in_flight() + self.qos.held() + mirrored
     }
 
     fn completion_fd(&self) -> Option<RawFd> {
@@ -783,7 +855,8 @@ impl IoChannel for DiskChannel {
 
     /// Requests held by QoS are released only by `poll`, so not while any is held.
     fn sleeps_in_flight(&self) -> bool {
-        self.qos.held() == 0 && self.inner.sleeps_in_flight()
+        // The mirror's target may not signal the completion fd: keep polling while attached.
+        self.qos.held() == 0 && self.mirror.is_none() && self.inner.sleeps_in_flight()
     }
 }
 
@@ -791,6 +864,9 @@ impl Drop for DiskChannel {
     /// Folds this channel's counters into the disk's retired totals, so closing a queue loses
     /// nothing.
     fn drop(&mut self) {
+        if let Some(m) = self.mirror.take() {
+            m.release();
+        }
         let disk = Disk(self.disk.clone());
         let mut book = disk.book();
         // Under the lock no reset can slip between applying and folding.

@@ -195,6 +195,9 @@ pub(crate) struct ChannelSlot {
     /// The reset epochs this channel has applied (see `Disk::reset`): readers ignore counters of a
     /// channel that has not applied the latest.
     pub(crate) seen_epochs: AtomicU64,
+    /// The mirror epoch this channel has applied (`disk/mirror.rs`): a job waits until every
+    /// live channel shows the epoch of its last change.
+    pub(crate) mirror_ack: AtomicU64,
     pub(crate) hist: OnceLock<ChannelHistogram>,
     /// Numbered in open order, for `per_channel` (SPDK's `thread_id`).
     pub(crate) id: u64,
@@ -210,6 +213,7 @@ impl ChannelSlot {
             in_flight: AtomicU64::new(0),
             qos: QosCounters::default(),
             seen_epochs: AtomicU64::new(seen_epochs),
+            mirror_ack: AtomicU64::new(0),
             hist: OnceLock::new(),
             id,
             core,

@@ -8,7 +8,9 @@
 
 mod args;
 mod disk;
+mod mirror;
 mod nbd;
+mod nbd_client;
 mod qos;
 mod rbd;
 mod reactor;
@@ -64,12 +66,18 @@ pub(crate) enum Command {
     /// NBD exports: a disk served over the Network Block Device protocol (docs/nbd.md)
     #[command(subcommand)]
     Nbd(nbd::NbdCommand),
+    /// Remote NBD exports attached as disks (any NBD server; docs/nbd.md)
+    #[command(subcommand)]
+    NbdClient(nbd_client::NbdClientCommand),
     /// Logical volumes: stores on a disk, thin volumes, snapshots, clones
     #[command(subcommand)]
     Volume(volume::VolumeCommand),
     /// Quality of service: per-disk limits, groups of disks sharing limits, weighted shares
     #[command(subcommand)]
     Qos(qos::QosCommand),
+    /// Mirror jobs: copy a live disk to another (docs/mirror.md)
+    #[command(subcommand)]
+    Mirror(mirror::MirrorCommand),
     /// Ceph RBD: shared cluster connections for `disk create --type rbd --cluster`
     #[command(subcommand)]
     Rbd(rbd::RbdCommand),
@@ -139,8 +147,10 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Disk(c) => disk::run(rpc, json, c),
         Command::Vhost(c) => vhost::run(rpc, json, c),
         Command::Nbd(c) => nbd::run(rpc, json, c),
+        Command::NbdClient(c) => nbd_client::run(rpc, json, c),
         Command::Volume(c) => volume::run(rpc, json, c),
         Command::Qos(c) => qos::run(rpc, json, c),
+        Command::Mirror(c) => mirror::run(rpc, json, c),
         Command::Rbd(c) => rbd::run(rpc, json, c),
         Command::Reactor(c) => reactor::run(rpc, json, c),
         Command::Version => rpc::version(rpc, json),

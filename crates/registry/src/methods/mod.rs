@@ -19,6 +19,7 @@ use crate::{Registry, RegistryError};
 mod bdev;
 mod framework;
 mod iostat;
+mod mirror;
 mod qos;
 
 pub use bdev::bdev_uuid;
@@ -97,6 +98,11 @@ pub const METHODS: &[(&str, MethodFn)] = &[
     ("bdev_qos_group_remove_bdev", qos::bdev_qos_group_remove_bdev),
     ("bdev_qos_group_set_weight", qos::bdev_qos_group_set_weight),
     ("bdev_qos_get_groups", qos::bdev_qos_get_groups),
+    // Mirror jobs (mirror.rs).
+    ("bdev_mirror_start", mirror::bdev_mirror_start),
+    ("bdev_mirror_get_jobs", mirror::bdev_mirror_get_jobs),
+    ("bdev_mirror_complete", mirror::bdev_mirror_complete),
+    ("bdev_mirror_cancel", mirror::bdev_mirror_cancel),
 ];
 
 /// The daemon-wide methods and every export kind's: all but the bdev modules'.

@@ -1,0 +1,390 @@
+//! The copier: one per job, polled on one reactor. It copies dirty chunks from the source
+//! device (under the disk layer, so its reads are neither counted nor marked) to the target,
+//! a few runs at a time through buffers made once, and moves the job through its phases:
+//! waiting for channels to attach, copying, switching them to blocking writes, ready,
+//! detaching (docs/mirror.md).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::job::{MirrorShared, ATTACHING, COPYING, DETACHING, DONE, READY, SWITCHING};
+use super::MirrorState;
+use crate::{AlignedBuf, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+
+/// Copy buffers per job.
+const BUFFERS: usize = 16;
+
+/// Bytes per buffer (a run of chunks copied by one read and one write), unless a chunk is
+/// larger.
+const BUFFER_BYTES: u64 = 1 << 20;
+
+/// Busy chunks skipped per poll before the copier gives the writers a round.
+const SKIPS_PER_POLL: u32 = 64;
+
+/// How often idle reactors are woken while the copier waits for their channels.
+const WAKE_EVERY: Duration = Duration::from_millis(2);
+
+/// What a copier's poll did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopierPoll {
+    /// It moved something.
+    Busy,
+    /// Nothing to do this round.
+    Idle,
+    /// The job is over: drop the copier.
+    Finished,
+}
+
+/// A job's copier before it is opened: `Send`, so the control plane can hand it to the reactor
+/// that will poll it.
+pub struct MirrorStart {
+    job: Arc<MirrorShared>,
+    epoch: u64,
+}
+
+impl MirrorStart {
+    pub(crate) fn new(job: Arc<MirrorShared>, epoch: u64) -> MirrorStart {
+        MirrorStart { job, epoch }
+    }
+
+    /// Opens the copier's channels on the calling thread (its reactor). `waker` wakes the
+    /// reactors serving the source, so that idle channels notice the job. A channel that
+    /// cannot open fails the job, which then detaches at the first poll.
+    pub fn open(self, waker: Option<Box<dyn Fn()>>) -> MirrorCopier {
+        let job = self.job;
+        let src = job.source.bdev().open_channel();
+        let tgt = job.target.open_channel();
+        let (src, tgt) = match (src, tgt) {
+            (Ok(s), Ok(t)) => (Some(s), Some(t)),
+            (Err(e), _) => {
+                job.fail(format!("cannot open a channel of source '{}': {e}", job.source_name));
+                (None, None)
+            }
+            (_, Err(e)) => {
+                job.fail(format!("cannot open a channel of target '{}': {e}", job.target_name));
+                (None, None)
+            }
+        };
+        let buf_len = BUFFER_BYTES.max(job.map.granularity());
+        let slots = (0..BUFFERS)
+            .map(|_| CopySlot {
+                buf: AlignedBuf::zeroed(buf_len as usize),
+                iov: Box::new(libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }),
+                first: 0,
+                chunks: 0,
+                offset: 0,
+                len: 0,
+            })
+            .collect();
+        MirrorCopier {
+            job,
+            src,
+            tgt,
+            slots,
+            free: (0..BUFFERS as u32).rev().collect(),
+            retry: Vec::with_capacity(BUFFERS),
+            done: Vec::with_capacity(BUFFERS),
+            cursor: 0,
+            in_flight: 0,
+            wait_epoch: Some(self.epoch),
+            last_wake: Instant::now(),
+            waker,
+        }
+    }
+}
+
+struct CopySlot {
+    buf: AlignedBuf,
+    /// Boxed: its address is handed to the channels and must not move.
+    iov: Box<libc::iovec>,
+    first: u64,
+    chunks: u64,
+    offset: u64,
+    len: u64,
+}
+
+/// A job's copier, polled by its reactor until it reports [`CopierPoll::Finished`].
+pub struct MirrorCopier {
+    pub(super) job: Arc<MirrorShared>,
+    src: Option<Box<dyn IoChannel>>,
+    tgt: Option<Box<dyn IoChannel>>,
+    slots: Vec<CopySlot>,
+    free: Vec<u32>,
+    /// Slots read whose write the target refused as busy.
+    retry: Vec<u32>,
+    /// Completions reaped this round (made once).
+    done: Vec<(u32, IoStatus)>,
+    cursor: u64,
+    pub(super) in_flight: usize,
+    /// The disk epoch every channel must acknowledge before the next step.
+    wait_epoch: Option<u64>,
+    last_wake: Instant,
+    waker: Option<Box<dyn Fn()>>,
+}
+
+impl MirrorCopier {
+    /// Whether the reactor should keep polling without sleeping: until the job is over.
+    pub fn has_pending(&self) -> bool {
+        self.job.phase.load(Ordering::SeqCst) != DONE
+    }
+
+    /// One round: reap copies, move the job on, start copies.
+    pub fn poll(&mut self) -> CopierPoll {
+        let mut busy = self.reap();
+        let job = self.job.clone();
+        let phase = job.phase.load(Ordering::SeqCst);
+        if phase < DETACHING {
+            if job.failed() {
+                self.detach(MirrorState::Failed);
+                return CopierPoll::Busy;
+            }
+            if job.cancel_asked.load(Ordering::SeqCst) {
+                self.detach(MirrorState::Cancelled);
+                return CopierPoll::Busy;
+            }
+        }
+        match phase {
+            ATTACHING => {
+                if self.acked() {
+                    job.phase.store(COPYING, Ordering::SeqCst);
+                    busy = true;
+                }
+            }
+            COPYING => {
+                busy |= self.start_copies();
+                if self.in_flight == 0 && job.map.dirty_chunks() == 0 {
+                    // Converged once: channels start writing both disks.
+                    job.phase.store(SWITCHING, Ordering::SeqCst);
+                    self.wait_epoch = Some(job.source.bump_mirror());
+                    busy = true;
+                }
+            }
+            SWITCHING => {
+                busy |= self.start_copies();
+                if self.acked() {
+                    job.phase.store(READY, Ordering::SeqCst);
+                    log::info!("mirror job '{}': ready", job.job_id);
+                    busy = true;
+                }
+            }
+            READY => {
+                busy |= self.start_copies();
+                // Order: writes on the source alone mark before they stop counting, so with
+                // none counted, the bitmap read after holds all they did.
+                if job.complete_asked.load(Ordering::SeqCst)
+                    && job.source_only.load(Ordering::SeqCst) <= 0
+                    && self.in_flight == 0
+                    && job.map.dirty_chunks() == 0
+                {
+                    self.detach(MirrorState::Completed);
+                    busy = true;
+                }
+            }
+            DETACHING => {
+                if self.in_flight == 0 && self.acked() {
+                    self.src = None;
+                    self.tgt = None;
+                    job.phase.store(DONE, Ordering::SeqCst);
+                    log::info!("mirror job '{}': {}", job.job_id, job.state().name());
+                    return CopierPoll::Finished;
+                }
+            }
+            _ => return CopierPoll::Finished,
+        }
+        if busy {
+            CopierPoll::Busy
+        } else {
+            CopierPoll::Idle
+        }
+    }
+
+    /// Detaches from the source; the job ends `ending` once channels let go of it.
+    fn detach(&mut self, ending: MirrorState) {
+        self.job.set_ending(ending);
+        self.job.phase.store(DETACHING, Ordering::SeqCst);
+        self.retry_release();
+        self.wait_epoch = Some(self.job.source.detach_mirror(&self.job));
+    }
+
+    /// Gives back the slots read and never written (detaching: they will not be).
+    fn retry_release(&mut self) {
+        while let Some(s) = self.retry.pop() {
+            self.end_slot(s);
+        }
+    }
+
+    /// Whether every channel of the source acknowledged the epoch waited for; wakes idle
+    /// reactors now and then meanwhile.
+    fn acked(&mut self) -> bool {
+        let Some(epoch) = self.wait_epoch else { return true };
+        if self.job.source.mirror_acked(epoch) {
+            self.wait_epoch = None;
+            return true;
+        }
+        if self.last_wake.elapsed() >= WAKE_EVERY {
+            self.last_wake = Instant::now();
+            if let Some(w) = &self.waker {
+                w();
+            }
+        }
+        false
+    }
+
+    /// Starts copies of dirty chunks while buffers are free.
+    fn start_copies(&mut self) -> bool {
+        if self.src.is_none() || self.tgt.is_none() {
+            return false;
+        }
+        let mut started = false;
+        let mut skips = 0;
+        let map = &self.job.map;
+        let gran = map.granularity();
+        while let Some(&slot) = self.free.last() {
+            let Some(c) = map.next_dirty(self.cursor) else { break };
+            if !map.try_begin_copy(c) {
+                // A blocking write or a copy is on it: later.
+                self.cursor = c + 1;
+                skips += 1;
+                if skips >= SKIPS_PER_POLL {
+                    break;
+                }
+                continue;
+            }
+            // Clear before reading: a write completing from here on marks it again.
+            map.clear(c);
+            let cap = self.slots[slot as usize].buf.len() as u64 / gran;
+            let mut n = 1;
+            while n < cap && c + n < map.chunks() && map.is_dirty(c + n) && map.try_begin_copy(c + n) {
+                map.clear(c + n);
+                n += 1;
+            }
+            let (offset, _) = map.chunk_bytes(c);
+            let (last_off, last_len) = map.chunk_bytes(c + n - 1);
+            let len = last_off + last_len - offset;
+            let s = &mut self.slots[slot as usize];
+            s.first = c;
+            s.chunks = n;
+            s.offset = offset;
+            s.len = len;
+            *s.iov = libc::iovec { iov_base: s.buf.as_mut_ptr().cast(), iov_len: len as usize };
+            let req = IoRequest { tag: slot, op: IoOp::Read, offset, len, iov: &*s.iov, iovcnt: 1 };
+            let src = self.src.as_mut().expect("checked above");
+            // SAFETY: the buffer and its iovec belong to the slot, which is neither reused nor
+            // dropped until this read's completion is reaped (the copier drops its channels
+            // only with nothing in flight).
+            match unsafe { src.submit(&req) } {
+                Ok(()) => {
+                    self.free.pop();
+                    self.in_flight += 1;
+                    self.job.copies_in_flight.fetch_add(1, Ordering::Relaxed);
+                    self.cursor = c + n;
+                    started = true;
+                }
+                Err(e) => {
+                    for k in c..c + n {
+                        map.mark(map.chunk_bytes(k).0, 1);
+                        map.end_copy(k);
+                    }
+                    if e != SubmitError::Busy {
+                        self.job
+                            .fail(format!("cannot read source '{}' at {offset}: {e}", self.job.source_name));
+                    }
+                    break;
+                }
+            }
+        }
+        started
+    }
+
+    /// Reaps reads (then writes them to the target) and writes (then frees their slot).
+    fn reap(&mut self) -> bool {
+        let mut busy = false;
+        if let Some(src) = self.src.as_mut() {
+            let done = &mut self.done;
+            src.poll(&mut |tag, status| done.push((tag, status)));
+            while let Some((slot, status)) = self.done.pop() {
+                busy = true;
+                match status {
+                    IoStatus::Success => self.write_slot(slot),
+                    IoStatus::Error(errno) => {
+                        let off = self.slots[slot as usize].offset;
+                        self.job.fail(format!(
+                            "read of source '{}' at {off} failed: {}",
+                            self.job.source_name,
+                            std::io::Error::from_raw_os_error(errno)
+                        ));
+                        self.end_slot(slot);
+                    }
+                    IoStatus::Unsupported => {
+                        self.job.fail(format!("source '{}' refused a read", self.job.source_name));
+                        self.end_slot(slot);
+                    }
+                }
+            }
+        }
+        // Writes the target refused as busy, until it refuses one again.
+        while let Some(slot) = self.retry.pop() {
+            let before = self.retry.len();
+            self.write_slot(slot);
+            if self.retry.len() > before {
+                break;
+            }
+        }
+        if let Some(tgt) = self.tgt.as_mut() {
+            let done = &mut self.done;
+            tgt.poll(&mut |tag, status| done.push((tag, status)));
+            while let Some((slot, status)) = self.done.pop() {
+                busy = true;
+                let (offset, len) = (self.slots[slot as usize].offset, self.slots[slot as usize].len);
+                match status {
+                    IoStatus::Success => {
+                        self.job.copied.fetch_add(len, Ordering::Relaxed);
+                    }
+                    IoStatus::Error(errno) => self.job.fail(format!(
+                        "write to target '{}' at {offset} failed: {}",
+                        self.job.target_name,
+                        std::io::Error::from_raw_os_error(errno)
+                    )),
+                    IoStatus::Unsupported => {
+                        self.job.fail(format!("target '{}' refused a write", self.job.target_name))
+                    }
+                }
+                self.end_slot(slot);
+            }
+        }
+        busy
+    }
+
+    /// Writes a slot read from the source to the target.
+    fn write_slot(&mut self, slot: u32) {
+        if self.job.phase.load(Ordering::SeqCst) >= DETACHING || self.job.failed() {
+            self.end_slot(slot);
+            return;
+        }
+        let s = &self.slots[slot as usize];
+        let offset = s.offset;
+        let req = IoRequest { tag: slot, op: IoOp::Write, offset, len: s.len, iov: &*s.iov, iovcnt: 1 };
+        let tgt = self.tgt.as_mut().expect("a read completed, so both channels are open");
+        // SAFETY: as for the read: the slot's buffer and iovec outlive the request.
+        match unsafe { tgt.submit(&req) } {
+            Ok(()) => {}
+            Err(SubmitError::Busy) => self.retry.push(slot),
+            Err(e) => {
+                self.job.fail(format!("cannot write target '{}' at {offset}: {e}", self.job.target_name));
+                self.end_slot(slot);
+            }
+        }
+    }
+
+    /// A copy is over (done or given up): its chunks may be copied or written again.
+    fn end_slot(&mut self, slot: u32) {
+        let s = &self.slots[slot as usize];
+        for c in s.first..s.first + s.chunks {
+            self.job.map.end_copy(c);
+        }
+        self.free.push(slot);
+        self.in_flight -= 1;
+        self.job.copies_in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,442 @@
+//! The mirror against RAM disks and a target that fails on cue: convergence under a racing
+//! writer, blocking writes once ready, cancel, target failure, refusals.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::disk::{DiskChannel, DiskIo};
+use crate::{
+    Bdev, BdevError, BdevInfo, BlockDevice, Disk, IoChannel, IoOp, IoRequest, IoStatus, RamDevice,
+    SubmitError,
+};
+
+const BS: u32 = 512;
+
+/// A RAM disk that fails writes once its budget is spent (a target that drops), or refuses
+/// them all (read-only).
+struct Flaky {
+    info: BdevInfo,
+    ram: RamDevice,
+    budget: Arc<AtomicI64>,
+    read_only: bool,
+}
+
+struct FlakyChannel {
+    inner: Box<dyn IoChannel>,
+    budget: Arc<AtomicI64>,
+    failed: Vec<u32>,
+}
+
+impl Flaky {
+    fn new(name: &str, blocks: u64, budget: i64) -> Arc<Flaky> {
+        let ram = RamDevice::new(name, BS, blocks).unwrap();
+        let info = ram.info().clone();
+        Arc::new(Flaky { info, ram, budget: Arc::new(AtomicI64::new(budget)), read_only: false })
+    }
+}
+
+impl BlockDevice for Flaky {
+    fn info(&self) -> &BdevInfo {
+        &self.info
+    }
+
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        let inner = self.ram.open_channel()?;
+        Ok(Box::new(FlakyChannel { inner, budget: self.budget.clone(), failed: Vec::new() }))
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+}
+
+impl IoChannel for FlakyChannel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        if req.op == IoOp::Write && self.budget.fetch_sub(1, Ordering::SeqCst) <= 0 {
+            self.failed.push(req.tag);
+            return Ok(());
+        }
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { self.inner.submit(req) }
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        let n = self.failed.len();
+        for tag in self.failed.drain(..) {
+            done(tag, IoStatus::Error(libc::EIO));
+        }
+        n + self.inner.poll(done)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.failed.len() + self.inner.in_flight()
+    }
+}
+
+fn ram(name: &str, blocks: u64) -> Bdev {
+    Arc::new(RamDevice::new(name, BS, blocks).unwrap())
+}
+
+fn source(blocks: u64) -> Disk {
+    Disk::new(ram("src", blocks), true)
+}
+
+fn opts(granularity: Option<u64>) -> MirrorOptions {
+    MirrorOptions { job_id: "job0".into(), granularity }
+}
+
+/// Runs one request to completion on `ch`, polling `also` meanwhile.
+fn run_io(ch: &mut dyn IoChannel, op: IoOp, offset: u64, buf: &mut [u8], also: &mut dyn FnMut()) -> IoStatus {
+    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let req = IoRequest { tag: 7, op, offset, len: buf.len() as u64, iov: &iov, iovcnt: 1 };
+    loop {
+        // SAFETY: `buf` and `iov` outlive the request, which completes before this returns.
+        match unsafe { ch.submit(&req) } {
+            Ok(()) => break,
+            Err(SubmitError::Busy) => also(),
+            Err(e) => panic!("submit: {e}"),
+        }
+    }
+    let mut status = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status.is_none() {
+        ch.poll(&mut |_, s| status = Some(s));
+        also();
+        assert!(Instant::now() < deadline, "request never completed");
+    }
+    status.unwrap()
+}
+
+fn read_all(bdev: &dyn BlockDevice) -> Vec<u8> {
+    let len = bdev.info().size_bytes() as usize;
+    let mut ch = bdev.open_channel().unwrap();
+    let mut out = vec![0u8; len];
+    for (i, piece) in out.chunks_mut(1 << 20).enumerate() {
+        assert_eq!(run_io(&mut *ch, IoOp::Read, (i << 20) as u64, piece, &mut || {}), IoStatus::Success);
+    }
+    out
+}
+
+/// Polls the copier until `until` holds or it finishes; `also` runs each round.
+fn drive(copier: &mut MirrorCopier, also: &mut dyn FnMut(), until: &dyn Fn() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if until() {
+            return true;
+        }
+        if copier.poll() == CopierPoll::Finished {
+            return until();
+        }
+        also();
+        assert!(
+            Instant::now() < deadline,
+            "the job made no progress: {:?} phase {} in flight {}",
+            MirrorJob(copier.job.clone()).status(),
+            copier.job.phase.load(Ordering::SeqCst),
+            copier.in_flight
+        );
+    }
+}
+
+/// A job from `src` to `tgt` driven to `ready`, with a channel of `src` that polled along (a
+/// channel must poll to take up each change; the copier waits for it).
+fn ready_job(src: &Disk, tgt: Bdev) -> (MirrorJob, MirrorCopier, DiskChannel) {
+    let (job, start) = MirrorJob::start(src, tgt, opts(None)).unwrap();
+    let mut copier = start.open(None);
+    let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!("accounting is on") };
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state() == MirrorState::Ready));
+    (job, copier, ch)
+}
+
+fn poll_quiet(ch: &mut DiskChannel) {
+    ch.poll_with(&mut |_, _| {});
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// A writer on its own thread: random 4 KiB writes at QD 8 through a channel of the disk,
+/// until told to stop; returns how many it wrote.
+fn racing_writer(disk: Disk, stop: Arc<AtomicBool>, seed: u64) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let DiskIo::Counted(mut ch) = disk.open_typed().unwrap() else { panic!("accounting is on") };
+        let blocks = disk.info().size_bytes() / 4096;
+        let mut rng = Rng(seed);
+        let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 4096]).collect();
+        let mut iovs: Vec<libc::iovec> =
+            bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: 4096 }).collect();
+        let mut free: Vec<u32> = (0..8).collect();
+        let mut written = 0;
+        while !stop.load(Ordering::Relaxed) || free.len() < 8 {
+            while !stop.load(Ordering::Relaxed) {
+                let Some(&tag) = free.last() else { break };
+                let fill = rng.next() as u8;
+                bufs[tag as usize].fill(fill);
+                let offset = (rng.next() % blocks) * 4096;
+                let req = IoRequest {
+                    tag,
+                    op: IoOp::Write,
+                    offset,
+                    len: 4096,
+                    iov: &iovs[tag as usize],
+                    iovcnt: 1,
+                };
+                // SAFETY: the buffer and iovec of `tag` are not touched until it completes.
+                match unsafe { ch.submit_request(&req) } {
+                    Ok(()) => {
+                        free.pop();
+                    }
+                    Err(SubmitError::Busy) => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            ch.poll_with(&mut |tag, status| {
+                assert_eq!(status, IoStatus::Success, "the source never fails");
+                free.push(tag);
+                written += 1;
+            });
+            iovs.truncate(8);
+        }
+        written
+    })
+}
+
+#[test]
+fn converges_under_a_racing_writer_and_completes_with_equal_disks() {
+    let src = source(16 << 11); // 16 MiB
+    let tgt = ram("tgt", 16 << 11);
+    // Something on the source before the job: the copier must carry it.
+    let mut pre = vec![0xA5u8; 1 << 20];
+    let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!() };
+    assert_eq!(run_io(&mut ch, IoOp::Write, 3 << 20, &mut pre, &mut || {}), IoStatus::Success);
+    drop(ch);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = racing_writer(src.clone(), stop.clone(), 0x9E37_79B9_7F4A_7C15);
+    let (job, start) = MirrorJob::start(&src, tgt.clone(), opts(Some(4096))).unwrap();
+    let mut copier = start.open(None);
+    assert!(drive(&mut copier, &mut || {}, &|| job.state() == MirrorState::Ready));
+    // Ready: the writer's writes now go to both disks; the copier keeps running.
+    let until = Instant::now() + Duration::from_millis(200);
+    drive(&mut copier, &mut || {}, &|| Instant::now() >= until);
+    stop.store(true, Ordering::Relaxed);
+    let written = writer.join().unwrap();
+    assert!(written > 100, "the writer raced the copier ({written} writes)");
+    job.complete().unwrap();
+    assert!(drive(&mut copier, &mut || {}, &|| job.state() == MirrorState::Completed));
+    let st = job.status();
+    assert_eq!((st.dirty_bytes, st.in_flight, st.error), (0, 0, None));
+    assert!(st.copied >= st.len, "copied {} of {}", st.copied, st.len);
+    assert_eq!(src.mirror_job(), None, "detached");
+    let (a, b) = (read_all(src.bdev().as_ref()), read_all(tgt.as_ref()));
+    assert!(a == b, "target differs from source at byte {:?}", a.iter().zip(&b).position(|(x, y)| x != y));
+}
+
+#[test]
+fn in_ready_each_acknowledged_write_is_on_the_target() {
+    let src = source(2048);
+    let tgt = ram("tgt", 4096);
+    let (job, mut copier, mut ch) = ready_job(&src, tgt.clone());
+    for i in 0..32u64 {
+        let mut data = vec![i as u8 + 1; 8192];
+        // No copier poll from here to the check: only the blocking write can put it there.
+        assert_eq!(run_io(&mut ch, IoOp::Write, i * 24576, &mut data, &mut || {}), IoStatus::Success);
+        let mut got = vec![0u8; 8192];
+        let mut tch = tgt.open_channel().unwrap();
+        assert_eq!(run_io(&mut *tch, IoOp::Read, i * 24576, &mut got, &mut || {}), IoStatus::Success);
+        assert_eq!(got, data, "write {i} acknowledged but not on the target");
+    }
+    assert_eq!(job.status().dirty_bytes, 0, "blocking writes leave nothing dirty");
+    job.complete().unwrap();
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state().is_final()));
+    assert_eq!(job.state(), MirrorState::Completed);
+    assert!(read_all(src.bdev().as_ref()) == read_all(tgt.as_ref())[..2048 * 512], "target differs");
+}
+
+#[test]
+fn cancel_mid_copy_detaches_and_leaves_the_target_partly_copied() {
+    let src = source(64 << 11);
+    let tgt = ram("tgt", 64 << 11);
+    let (job, start) = MirrorJob::start(&src, tgt.clone(), opts(None)).unwrap();
+    let mut copier = start.open(None);
+    assert!(drive(&mut copier, &mut || {}, &|| job.status().copied > 0));
+    assert_eq!(job.state(), MirrorState::Running);
+    assert!(job.complete().unwrap_err().to_string().contains("once ready"));
+    job.cancel().unwrap();
+    assert!(drive(&mut copier, &mut || {}, &|| job.state().is_final()));
+    let st = job.status();
+    assert_eq!(st.state, MirrorState::Cancelled);
+    assert!(st.copied < st.len, "cancelled before the end");
+    assert_eq!(st.in_flight, 0);
+    assert_eq!(src.mirror_job(), None);
+    assert!(job.cancel().is_err(), "over");
+    // The source serves on, and a new job may start on it.
+    let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!() };
+    let mut data = vec![9u8; 4096];
+    assert_eq!(run_io(&mut ch, IoOp::Write, 0, &mut data, &mut || {}), IoStatus::Success);
+    let (again, _start) = MirrorJob::start(&src, tgt, opts(None)).unwrap();
+    assert_eq!(again.state(), MirrorState::Running);
+}
+
+#[test]
+fn a_failing_target_fails_the_job_never_the_source() {
+    // While copying: the copier's own write fails.
+    let src = source(4096);
+    let tgt = Flaky::new("tgt", 4096, 1); // the second 1 MiB copy fails
+    let (job, start) = MirrorJob::start(&src, tgt.clone(), opts(Some(4096))).unwrap();
+    let mut copier = start.open(None);
+    assert!(drive(&mut copier, &mut || {}, &|| job.state().is_final()));
+    let st = job.status();
+    assert_eq!(st.state, MirrorState::Failed);
+    assert!(st.error.as_deref().unwrap().contains("target 'tgt'"), "{:?}", st.error);
+    assert_eq!(src.mirror_job(), None);
+
+    // In ready: a blocking write's target half fails; the guest's write succeeds.
+    let tgt = Flaky::new("tgt2", 4096, i64::MAX);
+    let (job, mut copier, mut ch) = ready_job(&src, tgt.clone());
+    tgt.budget.store(0, Ordering::SeqCst);
+    let mut data = vec![0x3Cu8; 4096];
+    assert_eq!(run_io(&mut ch, IoOp::Write, 8192, &mut data, &mut || {}), IoStatus::Success);
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state().is_final()));
+    assert_eq!(job.state(), MirrorState::Failed);
+    // The source has the write and keeps serving.
+    let mut got = vec![0u8; 4096];
+    assert_eq!(run_io(&mut ch, IoOp::Read, 8192, &mut got, &mut || {}), IoStatus::Success);
+    assert_eq!(got, data);
+    assert_eq!(run_io(&mut ch, IoOp::Write, 0, &mut data, &mut || {}), IoStatus::Success);
+}
+
+#[test]
+fn refuses_what_cannot_work() {
+    let src = source(2048);
+    let err = |r: Result<(MirrorJob, MirrorStart), MirrorError>| r.map(|_| ()).unwrap_err().to_string();
+    assert!(err(MirrorJob::start(&src, ram("small", 2047), opts(None))).contains("fewer than the source's"));
+    let mut ro = Flaky::new("ro", 2048, 0);
+    Arc::get_mut(&mut ro).unwrap().read_only = true;
+    assert!(err(MirrorJob::start(&src, ro, opts(None))).contains("does not accept writes"));
+    assert!(err(MirrorJob::start(&src, ram("src", 4096), opts(None))).contains("the source itself"));
+    let big_blocks: Bdev = Arc::new(RamDevice::new("bb", 4096, 1024).unwrap());
+    assert!(err(MirrorJob::start(&src, big_blocks, opts(None))).contains("4096-byte blocks"));
+    assert!(err(MirrorJob::start(&src, ram("t", 2048), opts(Some(1000)))).contains("granularity"));
+    let off = Disk::new(ram("off", 2048), false);
+    assert!(err(MirrorJob::start(&off, ram("t", 2048), opts(None))).contains("statistics are switched off"));
+    let (_job, _start) = MirrorJob::start(&src, ram("t1", 2048), opts(None)).unwrap();
+    let e = err(MirrorJob::start(
+        &src,
+        ram("t2", 2048),
+        MirrorOptions { job_id: "other".into(), granularity: None },
+    ));
+    assert!(e.contains("already mirrored by job 'job0'"), "{e}");
+}
+
+/// A RAM disk whose writes land (and complete) only when released: a write submitted before a
+/// job attaches can then reach the disk after the copier read its chunk.
+struct Held {
+    ram: RamDevice,
+    hold: Arc<AtomicBool>,
+}
+
+struct HeldChannel {
+    inner: Box<dyn IoChannel>,
+    hold: Arc<AtomicBool>,
+    held: Vec<IoRequest>,
+}
+
+impl BlockDevice for Held {
+    fn info(&self) -> &BdevInfo {
+        self.ram.info()
+    }
+
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        Ok(Box::new(HeldChannel {
+            inner: self.ram.open_channel()?,
+            hold: self.hold.clone(),
+            held: Vec::new(),
+        }))
+    }
+}
+
+impl IoChannel for HeldChannel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        if req.op == IoOp::Write && self.hold.load(Ordering::SeqCst) {
+            self.held.push(*req);
+            return Ok(());
+        }
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { self.inner.submit(req) }
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        if !self.hold.load(Ordering::SeqCst) {
+            for req in self.held.drain(..) {
+                // SAFETY: the caller's guarantees for `req` hold until its completion, which
+                // this poll or a later one returns.
+                unsafe { self.inner.submit(&req) }.unwrap();
+            }
+        }
+        self.inner.poll(done)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.held.len() + self.inner.in_flight()
+    }
+}
+
+#[test]
+fn a_write_submitted_before_the_job_and_landing_after_its_copy_is_carried_over() {
+    let hold = Arc::new(AtomicBool::new(true));
+    let src =
+        Disk::new(Arc::new(Held { ram: RamDevice::new("src", BS, 2048).unwrap(), hold: hold.clone() }), true);
+    let tgt = ram("tgt", 2048);
+    let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!() };
+    let mut data = vec![0xC3u8; 4096];
+    let iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: 4096 };
+    let w = IoRequest { tag: 3, op: IoOp::Write, offset: 65536, len: 4096, iov: &iov, iovcnt: 1 };
+    // SAFETY: `data` and `iov` outlive the request, reaped below.
+    unsafe { ch.submit_request(&w) }.unwrap();
+
+    let (job, start) = MirrorJob::start(&src, tgt.clone(), opts(Some(4096))).unwrap();
+    let mut copier = start.open(None);
+    let mut acked = Vec::new();
+    // The copier copies everything, the held write's chunk included (old data), and converges.
+    assert!(drive(
+        &mut copier,
+        &mut || {
+            ch.poll_with(&mut |t, _| acked.push(t));
+        },
+        &|| job.state() == MirrorState::Ready
+    ));
+    assert!(acked.is_empty(), "the write is still held");
+    assert_eq!(job.status().dirty_bytes, 0);
+    // Complete waits for it: it is in flight on the source alone.
+    job.complete().unwrap();
+    for _ in 0..100 {
+        copier.poll();
+        ch.poll_with(&mut |t, _| acked.push(t));
+    }
+    assert_eq!(job.state(), MirrorState::Ready, "not completed with a write on the source alone");
+    // It lands, completes, marks its chunk; the copier carries it over; the job completes.
+    hold.store(false, Ordering::SeqCst);
+    assert!(drive(
+        &mut copier,
+        &mut || {
+            ch.poll_with(&mut |t, _| acked.push(t));
+        },
+        &|| job.state().is_final()
+    ));
+    assert_eq!((job.state(), acked.as_slice()), (MirrorState::Completed, &[3][..]));
+    let mut got = vec![0u8; 4096];
+    let mut tch = tgt.open_channel().unwrap();
+    assert_eq!(run_io(&mut *tch, IoOp::Read, 65536, &mut got, &mut || {}), IoStatus::Success);
+    assert_eq!(got, data, "the late write reached the target");
+}

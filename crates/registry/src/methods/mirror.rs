@@ -1,0 +1,66 @@
+//! The mirror methods: `bdev_mirror_start`, `bdev_mirror_get_jobs`, `bdev_mirror_complete`,
+//! `bdev_mirror_cancel`. SPDK has no back-end mirror; the names follow its `bdev_<what>_<verb>`
+//! pattern, and the job model is QEMU's (`blockdev-mirror`, `query-block-jobs`,
+//! `block-job-complete`, `block-job-cancel`) with its state names where they mean the same.
+//! Complete and cancel wait until the job has let go of both disks, so a caller may use the
+//! target (or delete it) as soon as they return.
+
+use fp_bdev::mirror::{MirrorStatus, MAX_GRANULARITY};
+use fp_rpc::Params;
+use serde_json::{json, Value};
+
+use super::MethodError;
+use crate::{MirrorSpec, Registry, MIRROR_WAIT};
+
+fn job_json(s: &MirrorStatus) -> Value {
+    let mut v = json!({
+        "job_id": s.job_id,
+        "source": s.source,
+        "target": s.target,
+        "state": s.state.name(),
+        "len": s.len,
+        "copied": s.copied,
+        "dirty_bytes": s.dirty_bytes,
+        "in_flight": s.in_flight,
+        "granularity": s.granularity,
+    });
+    if let Some(e) = &s.error {
+        v["error"] = json!(e);
+    }
+    v
+}
+
+/// `{source, target, job_id?, granularity?}` -> the job's id.
+pub(crate) fn bdev_mirror_start(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let source = p.required_str("source")?;
+    let target = p.required_str("target")?;
+    let job_id = p.optional_str("job_id")?;
+    let granularity = p.optional_uint("granularity", MAX_GRANULARITY)?;
+    p.finish()?;
+    let id = registry.mirror_start(MirrorSpec { source, target, job_id, granularity })?;
+    Ok(json!(id))
+}
+
+/// `{job_id?}` -> every job (or the one named), those that ended included until dismissed.
+pub(crate) fn bdev_mirror_get_jobs(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let job_id = p.optional_str("job_id")?;
+    p.finish()?;
+    let jobs = registry.mirror_jobs(job_id.as_deref())?;
+    Ok(jobs.iter().map(job_json).collect())
+}
+
+/// `{job_id}`: a ready job completes; returns once it has.
+pub(crate) fn bdev_mirror_complete(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let job_id = p.required_str("job_id")?;
+    p.finish()?;
+    registry.mirror_complete(&job_id, MIRROR_WAIT)?;
+    Ok(json!(true))
+}
+
+/// `{job_id}`: cancels a job (returns once it let go), or dismisses one that ended.
+pub(crate) fn bdev_mirror_cancel(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let job_id = p.required_str("job_id")?;
+    p.finish()?;
+    registry.mirror_cancel(&job_id, MIRROR_WAIT)?;
+    Ok(json!(true))
+}
