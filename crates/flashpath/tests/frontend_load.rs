@@ -83,3 +83,57 @@ fn the_frontend_refuses_packed_rings() {
     let e = s.validate().unwrap_err().to_string();
     assert!(e.contains("packed"), "{e}");
 }
+
+/// The controller's counter `name` from vhost_get_controllers.
+fn counter(daemon: &Daemon, ctrlr: &str, name: &str) -> u64 {
+    let v = daemon.call("vhost_get_controllers", serde_json::json!({ "name": ctrlr }));
+    v[0]["stats"][name].as_u64().unwrap_or_else(|| panic!("{name} in vhost_get_controllers: {v}"))
+}
+
+#[test]
+fn dirty_logging_as_qemu_drives_it_marks_exactly_the_pages_reads_write() {
+    let mut daemon = Daemon::start("0");
+    daemon.malloc("m", DISK / 512, 512);
+    let sock = daemon.controller("vhost.0", "m", Some(1), false);
+    for (pattern, bs, qd) in
+        [(Pattern::RandRead, 4096, 8), (Pattern::RandRead, 8192, 4), (Pattern::RandWrite, 4096, 8)]
+    {
+        let before = counter(&daemon, "vhost.0", "logged_data_pages");
+        let all_before = counter(&daemon, "vhost.0", "logged_pages");
+        let sock = sock.clone();
+        let r = bounded(Duration::from_secs(60), "dirty log run", move || {
+            let mut s = spec(&sock, pattern, qd, 1, true);
+            s.block_size = bs;
+            s.dirty_log = true;
+            s.duration = Duration::from_millis(400);
+            fp_loadgen::run(&s).expect("a run with the dirty log on")
+        });
+        let what = format!("{pattern} bs={bs} qd{qd}");
+        assert_eq!(r.errors, 0, "{what}: {r:?}");
+        let log = r.dirty_log.as_ref().unwrap_or_else(|| panic!("{what}: no log report"));
+        assert!(log.syncs >= 2, "{what}: the sync thread scanned {} times", log.syncs);
+        // Reads write every slot's buffer pages and nothing else of the data; writes none.
+        let expected = if pattern == Pattern::RandRead { qd as u64 * (bs as u64 / 4096) } else { 0 };
+        assert_eq!(log.data_pages_expected, expected, "{what}");
+        assert_eq!(log.data_pages, expected, "{what}: data pages in the log");
+        assert_eq!(log.header_pages, 1, "{what}: the status bytes' page");
+        assert_eq!(log.ring_pages, 1, "{what}: the used ring's page");
+        assert_eq!(log.other_pages, 0, "{what}: pages outside fp-load's memory");
+        // The back end's own count: one data page per 4 KiB a read returned, counting the
+        // requests still in flight when fp-load stopped counting (at most the depth).
+        let data = counter(&daemon, "vhost.0", "logged_data_pages") - before;
+        let per_req = bs as u64 / 4096;
+        if pattern == Pattern::RandRead {
+            assert!(
+                data >= r.ios * per_req && data <= (r.ios + qd as u64) * per_req,
+                "{what}: {data} data pages logged for {} reads",
+                r.ios
+            );
+        } else {
+            assert_eq!(data, 0, "{what}: a write's data is only read by the device");
+        }
+        // Every request also marks its status byte and the used ring.
+        assert!(counter(&daemon, "vhost.0", "logged_pages") - all_before >= r.ios * 2, "{what}");
+    }
+    daemon.assert_alive();
+}

@@ -336,6 +336,10 @@ impl Backend for VhostFrontend {
             for (i, a) in addrs.iter().enumerate() {
                 fe.set_vring_addr(i, a).map_err(vu("SET_VRING_ADDR")).map_err(unmap)?;
             }
+            // Neither message has a reply without REPLY_ACK: QEMU then sends GET_FEATURES and
+            // waits for its answer (vhost-user.c, `enforce_reply`), so that the back end has
+            // taken both in before anything else happens. The same here, before any request.
+            fe.get_features().map_err(vu("GET_FEATURES")).map_err(unmap)?;
             let page = |b: usize| b as u64 / LOG_PAGE;
             let slot_pages = (spec.block_size as u64).div_ceil(LOG_PAGE);
             let reads = spec.pattern != crate::Pattern::RandWrite
