@@ -79,7 +79,7 @@ def mode_config(mode):
         # times by nbdcopy and by the mirror job, and the source's IOPS for `iops_secs`.
         "migration": {
             "logging": {"size_mib": 512, "qd": 32, "patterns": ["randread", "randwrite"], "reps": 5, "secs": 2.0},
-            "migrate": {"size_mib": 1024, "mem_mib": 128, "modes": ["idle", "load"], "reps": 3, "settle_s": 3,
+            "migrate": {"size_mib": 1024, "mem_mib": 128, "modes": ["idle", "load"], "reps": 5, "settle_s": 3,
                         "after_s": 2, "boot_timeout": 120, "timeout": 180, "params": {"max-bandwidth": 8 << 30}},
             "mirror": {"size_mib": 1024, "reps": 3, "iops_secs": 2.0, "timeout": 300},
         },
@@ -102,7 +102,7 @@ def mode_config(mode):
                     rbd=dict(full["rbd"], secs=1.0),
                     nbd=dict(full["nbd"], size_mib=256, secs=1.0, reps=2),
                     migration={"logging": dict(full["migration"]["logging"], size_mib=256, reps=3, secs=1.0),
-                               "migrate": dict(full["migration"]["migrate"], reps=1),
+                               "migrate": dict(full["migration"]["migrate"], reps=2),
                                "mirror": dict(full["migration"]["mirror"], reps=1, iops_secs=1.0)})
     if mode == "smoke":
         # Null backend, A/B, one repetition; one small file point exercises the fio baseline.

@@ -69,13 +69,18 @@ def migration_markdown(res):
                 "the guest's /proc/diskstats, before the migration and on the destination after it (TCG makes "
                 f"them low). {c['reps']} migration(s) per server and mode, the servers interleaved; medians.",
                 "",
-                "| server | guest | migrations completed | downtime ms | total ms | setup ms | guest write IOPS before | "
-                "after | errors |",
-                "|---|---|---|---|---|---|---|---|---|",
+                "| server | guest | migrations completed | downtime ms | (min–max) | total ms | (min–max) | setup ms | "
+                "guest write IOPS before | after | errors |",
+                "|---|---|---|---|---|---|---|---|---|---|---|",
             ]
+
+            def rng(v):
+                return "-" if not v else f"{v[0]:,}–{v[1]:,}"
+
             for s in e.get("migration_summary") or []:
                 lines.append(f"| {s['server']} | {s['mode']} | {s['completed']} of {s['runs']} | {_f(s['downtime_ms'])} | "
-                             f"{_f(s['total_time_ms'])} | {_f(s['setup_time_ms'])} | "
+                             f"{rng(s.get('downtime_range'))} | {_f(s['total_time_ms'])} | {rng(s.get('total_time_range'))} | "
+                             f"{_f(s['setup_time_ms'])} | "
                              f"{_f(s['guest_write_iops_before'])} | {_f(s['guest_write_iops_after'])} | "
                              f"{'; '.join(x[:200] for x in s['errors']) or '-'} |")
             lines += ["", "Every migration: " + "; ".join(

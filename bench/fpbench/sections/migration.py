@@ -457,6 +457,8 @@ def mig_summary(migs):
             out.append({"server": kind, "mode": mode, "runs": len(rs), "completed": len(ok),
                         "downtime_ms": median([r["downtime_ms"] for r in ok]),
                         "total_time_ms": median([r["total_time_ms"] for r in ok]),
+                        "downtime_range": [min(r["downtime_ms"] for r in ok), max(r["downtime_ms"] for r in ok)] if ok else None,
+                        "total_time_range": [min(r["total_time_ms"] for r in ok), max(r["total_time_ms"] for r in ok)] if ok else None,
                         "setup_time_ms": median([r["setup_time_ms"] for r in ok]),
                         "guest_write_iops_before": median([r.get("guest_write_iops_before") for r in rs]),
                         "guest_write_iops_after": median([r.get("guest_write_iops_after") for r in ok]),
