@@ -104,7 +104,8 @@ def migration_markdown(res):
             "daemon (`bdev_nbd_client_create` on the destination's socket, `bdev_mirror_start`, "
             "`bdev_mirror_get_jobs` every 20 ms until `ready`), onto a destination first zeroed, and the two disks "
             "are then compared (SHA-256 of each export). Source IOPS: fp-load on CPU "
-            f"{m['client_cpu']} (shared with the destination daemon), QD32 4 KiB randwrite, one polled queue, on "
+            f"{m['client_cpu']} (shared with the destination daemon), QD32 4 KiB randwrite, one queue with "
+            "completion fds (a polling client would starve the destination daemon on their shared CPU), on "
             "the source disk through vhost-user: alone, during a mirror's copy phase (fp-load's 100 ms "
             "timeline over the windows between the job's start and `ready`) and with the job ready (every write "
             f"mirrored). {c['reps']} run(s) each; medians.",
