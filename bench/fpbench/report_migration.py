@@ -28,18 +28,19 @@ def migration_markdown(res):
             f"every 100 ms as QEMU's `vhost_log_sync`), on a {c['size_mib']} MiB RAM disk of each server (server CPU "
             f"{m['server_cpu']}, fp-load CPU {m['client_cpu']}), QD{c['qd']} 4 KiB, one polled queue; {c['reps']} "
             f"runs of {c['secs']:g} s per mode, off and on interleaved, the order reversed every repetition; "
-            "medians. Back end's pages per I/O: flashpath's `logged_pages` / `logged_data_pages` counters "
+            "medians; pairs: each repetition's on/off (they ran back to back); reactor busy/IO: flashpath's "
+            "reactor busy time per I/O, on over off (median of the pairs). Back end's pages per I/O: flashpath's `logged_pages` / `logged_data_pages` counters "
             "(every mark, a page marked twice counts twice). Log scans: the distinct pages the sync thread "
             "found over the run, by what they hold (data: the request buffers, which a read writes and a "
             "write does not; expected: every slot's buffer for reads, none for writes).",
             "",
-            "| server | workload | IOPS off | IOPS on | on/off | back end pages/IO (data) | data pages seen / expected "
-            "| header pages | ring pages | other pages | bits cleared/IO |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| server | workload | IOPS off | IOPS on | on/off | pairs on/off | reactor busy/IO on/off | back end "
+            "pages/IO (data) | data pages seen / expected | header pages | ring pages | other pages | bits cleared/IO |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for x in lg:
             if x.get("error") and not x["runs"]["on"]:
-                lines.append(f"| {x['server']} | {x['pattern']} 4K | {_f(x['median_iops']['off'])} | - | - | "
+                lines.append(f"| {x['server']} | {x['pattern']} 4K | {_f(x['median_iops']['off'])} | - | - | - | - | "
                              f"not measured: {x['error'][:160]} | | | | | |")
                 continue
             p = x.get("pages") or {}
@@ -47,8 +48,11 @@ def migration_markdown(res):
                   f"{p['logged_pages_per_io']:.2f} ({p['logged_data_pages_per_io']:.2f})")
             seen = p.get("data_pages")
             seen = "-" if seen is None else f"{', '.join(str(s) for s in seen)} / {p['data_pages_expected']}"
+            pr = [v for v in x.get("pair_ratios") or [] if v is not None]
+            pairs = f"{min(pr):.2f}–{max(pr):.2f}" if pr else "-"
             lines.append(f"| {x['server']} | {x['pattern']} 4K | {_f(x['median_iops']['off'])} | "
-                         f"{_f(x['median_iops']['on'])} | **{_r(x['ratio'])}** | {bp} | {seen} | "
+                         f"{_f(x['median_iops']['on'])} | **{_r(x['ratio'])}** | {pairs} | "
+                         f"{_r(x.get('busy_per_io_ratio'))} | {bp} | {seen} | "
                          f"{_f(p.get('header_pages'))} | {_f(p.get('ring_pages'))} | {_f(p.get('other_pages'))} | "
                          f"{_f(p.get('bits_seen_per_io'), '{:.4f}')} |")
         lines.append("")
@@ -145,7 +149,8 @@ def migration_targets(res, add):
         r = x.get("ratio")
         add(f"dirty log on vs off, QD32 4K {x['pattern']} (flashpath RAM disk)", ">= 0.90x",
             "not measured: " + x["error"][:200] if r is None else
-            f"{x['median_iops']['on']:,.0f} vs {x['median_iops']['off']:,.0f} IOPS = {r:.2f}x",
+            f"{x['median_iops']['on']:,.0f} vs {x['median_iops']['off']:,.0f} IOPS = {r:.2f}x (pairs "
+            + ", ".join(_r(v) for v in x.get("pair_ratios") or []) + f"; reactor busy per I/O {_r(x.get('busy_per_io_ratio'))}x)",
             None if r is None else r >= 0.90)
         p = x.get("pages") or {}
         if x["pattern"] == "randread" and p.get("data_pages") is not None:

@@ -121,6 +121,11 @@ class MigrationSection:
         md = {m: median([r["iops"] for r in runs[m]]) for m in ("off", "on")}
         entry["median_iops"] = md
         entry["ratio"] = ratio(md["on"], md["off"])
+        # Each repetition's off and on ran back to back: their ratios drift less than the medians.
+        entry["pair_ratios"] = [ratio(b["iops"], a["iops"]) for a, b in zip(runs["off"], runs["on"])]
+        busy = [ratio(b.get("reactor_busy_ns_per_io"), a.get("reactor_busy_ns_per_io"))
+                for a, b in zip(runs["off"], runs["on"])]
+        entry["busy_per_io_ratio"] = median(busy) if any(x is not None for x in busy) else None
         on = runs["on"]
         entry["pages"] = {
             k: median([r.get(k) for r in on]) for k in
