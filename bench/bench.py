@@ -26,12 +26,14 @@ import time
 
 from fpbench.common import MIB, log, proc_cpu, write_random_file
 from fpbench.load import Loader
-from fpbench.machine import machine_info, nbd_missing, rbd_missing, wants_rbd, wants_section
+from fpbench.machine import (machine_info, migration_missing, nbd_missing, rbd_missing, wants_migration,
+                              wants_rbd, wants_section)
 from fpbench.modes import mode_config
 from fpbench.report import write_outputs
 from fpbench.sections.callgrind import CallgrindSection
 from fpbench.sections.iostat import IostatSection
 from fpbench.sections.lvol import LvolSection
+from fpbench.sections.migration import MigrationSection
 from fpbench.sections.nbd import NbdSection
 from fpbench.sections.null_ram_file import NullRamFileSection
 from fpbench.sections.qos import QosSection
@@ -41,7 +43,7 @@ from fpbench.validate import validate
 
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
-            NbdSection):
+            NbdSection, MigrationSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -54,8 +56,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             self.cfg["reps"] = args.reps
         self.with_rbd = wants_rbd(args)
         self.with_nbd = wants_section(args, "nbd")
+        self.with_migration = wants_migration(args)
         if args.backends:
-            self.cfg["backends"] = [b for b in args.backends.split(",") if b not in ("rbd", "nbd")]
+            self.cfg["backends"] = [b for b in args.backends.split(",") if b not in ("rbd", "nbd", "migration")]
         self.secs = self.cfg["time"]
         self.reps = self.cfg["reps"]
         self.server_cpu = args.server_cpu
@@ -145,6 +148,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             "qos": (f"quality of service (server CPU {self.server_cpu}, client CPU {self.client_cpu}, "
                     f"scratch {self.work})", self.run_qos),
             "iostat": ("the disk layer's cost", self.run_iostat),
+            "migration": (f"live migration: the dirty log, downtime vs qsd, the mirror vs nbdcopy (servers "
+                          f"CPU {self.server_cpu}, clients and QEMU CPU {self.client_cpu}, scratch {self.work})",
+                          self.run_migration),
             "lvol": (f"logical volumes ({self.secs} s per run, server CPU {self.server_cpu}, "
                      f"client CPU {self.client_cpu})", self.run_lvol),
         }
@@ -176,6 +182,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
         if self.with_nbd:
             log("=== NBD over a Unix socket: flashpath vs qsd vs nbdkit, fio's nbd engine")
             self.run_nbd()
+        if self.with_migration:
+            log("=== live migration: the dirty log, downtime vs qsd, the mirror vs nbdcopy")
+            self.run_migration()
         self.results["wall_s"] = time.monotonic() - self.started
 
 
@@ -193,9 +202,10 @@ def main():
     ap.add_argument("--client-cpu", type=int, default=1)
     ap.add_argument("--time", type=float, help="seconds per run (overrides the mode)")
     ap.add_argument("--reps", type=int, help="runs per point and server (overrides the mode)")
-    ap.add_argument("--backends", help="comma-separated subset of null,ram,file,rbd,nbd (development only; "
-                                       "rbd, nbd: the RBD and NBD sections)")
-    ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd"],
+    ap.add_argument("--backends", help="comma-separated subset of null,ram,file,rbd,nbd,migration (development "
+                                       "only; rbd, nbd, migration: those sections; migration runs only when "
+                                       "named here or with --only)")
+    ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -230,6 +240,11 @@ def main():
     if missing:
         print(f"bench: the NBD section needs {', '.join(missing)} (./run bench installs them; "
               "--backends without nbd leaves the section out)", file=sys.stderr)
+        return 1
+    missing = migration_missing() if wants_migration(args) else []
+    if missing:
+        print(f"bench: the migration section needs {', '.join(missing)} (./run bench installs them)",
+              file=sys.stderr)
         return 1
     ncpu = os.cpu_count() or 1
     if max(args.server_cpu, args.client_cpu) >= ncpu or args.server_cpu == args.client_cpu:
@@ -272,6 +287,7 @@ def main():
         "only": args.only,
         "rbd": bench.with_rbd,
         "nbd": bench.with_nbd,
+        "migration": bench.with_migration,
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

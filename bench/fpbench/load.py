@@ -49,14 +49,15 @@ class Loader:
         return p
 
 
-def measure(server, loader, sock, point, secs, want_hist, client_busy=False, packed=False):
-    """One fp-load run against `server`, with the server's CPU and reactor deltas."""
+def measure(server, loader, sock, point, secs, want_hist, client_busy=False, packed=False, extra=()):
+    """One fp-load run against `server`, with the server's CPU and reactor deltas; `extra`:
+    more fp-load arguments. With --dirty-log, the log's report is kept as "dirty_log"."""
     pattern, bs, qd, queues, poll = point
     react0 = server.reactors() if server.kind == "flashpath" else None
     cpu0 = proc_cpu(server.pid)
     m0, o0 = machine_busy_ns(), own_cpu_ns()
     res = loader.run(sock, pattern, bs, qd, queues, poll, secs, hist=want_hist, client_busy=client_busy,
-                     packed=packed)
+                     packed=packed, extra=extra)
     m1, o1 = machine_busy_ns(), own_cpu_ns()
     cpu1 = proc_cpu(server.pid)
     react1 = server.reactors() if server.kind == "flashpath" else None
@@ -102,6 +103,8 @@ def measure(server, loader, sock, point, secs, want_hist, client_busy=False, pac
         r["client_busy_frac"] = res["client_busy_ns"] / 1e9 / el if el else None
     if want_hist:
         r["histogram"] = res["histogram"]
+    if res.get("dirty_log"):
+        r["dirty_log"] = res["dirty_log"]
     return r
 
 

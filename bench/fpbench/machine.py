@@ -21,6 +21,22 @@ def wants_section(args, name):
     return args.only == name or (not args.only and (not args.backends or name in args.backends.split(",")))
 
 
+def wants_migration(args):
+    """Whether this run has the migration section: `--only migration`, or `--backends` naming
+    it. Unlike the NBD and RBD sections it is not in a run by default: it boots guests under
+    QEMU and starts four daemons, minutes the matrix runs do without."""
+    return args.only == "migration" or (not args.only and "migration" in (args.backends or "").split(","))
+
+
+def migration_missing():
+    """What the migration section needs and this machine lacks: QEMU (qemu-system-x86),
+    nbdcopy (libnbd-bin), nbdkit, a C compiler for the guest's load (build-essential) and cpio,
+    and the static busybox build-image.sh puts in the guest (busybox-static)."""
+    tools = {"qemu-system-x86_64": "qemu-system-x86", "nbdcopy": "libnbd-bin", "nbdkit": "nbdkit",
+             "cc": "build-essential", "cpio": "cpio", "busybox": "busybox-static"}
+    return [f"{t} ({pkg})" for t, pkg in tools.items() if shutil.which(t) is None]
+
+
 def nbd_missing():
     """What the NBD section needs and this machine lacks: nbdkit (Debian nbdkit, whose memory
     plugin is built in) and fio's nbd engine (fio built with libnbd, as Debian's fio 3.33 is)."""

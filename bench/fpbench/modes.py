@@ -69,6 +69,20 @@ def mode_config(mode):
         # three running, one loaded at a time; `reps` runs of every point on each, interleaved
         # (the order rotating); `secs` per run. See run_nbd.
         "nbd": {"size_mib": 1024, "secs": 5.0, "reps": 3, "points": nbd_points},
+        # Live migration (issue 22, `--only migration`). logging: fp-load's own frontend with
+        # the dirty log off and on, `reps` interleaved runs of `secs` per pattern and server on
+        # a RAM disk. migrate: a TCG guest with `mem_mib` of RAM on a RAM disk, idle and at
+        # QD32 4 KiB randwrite, migrated `reps` times per mode and server; `settle_s` seconds of
+        # guest progress before, `after_s` after; QEMU's migration parameters `params`
+        # (max-bandwidth in bytes/s: the default 128 MiB/s would make RAM copying the whole
+        # story). mirror: a `size_mib` RAM disk copied between two daemons over NBD, `reps`
+        # times by nbdcopy and by the mirror job, and the source's IOPS for `iops_secs`.
+        "migration": {
+            "logging": {"size_mib": 512, "qd": 32, "patterns": ["randread", "randwrite"], "reps": 5, "secs": 2.0},
+            "migrate": {"size_mib": 1024, "mem_mib": 128, "modes": ["idle", "load"], "reps": 5, "settle_s": 3,
+                        "after_s": 2, "boot_timeout": 120, "timeout": 180, "params": {"max-bandwidth": 8 << 30}},
+            "mirror": {"size_mib": 1024, "reps": 3, "iops_secs": 2.0, "timeout": 300},
+        },
     }
     if mode == "full":
         return full
@@ -86,7 +100,10 @@ def mode_config(mode):
                              noisy=dict(full["qos"]["noisy"], secs=3.0, reps=1),
                              overhead=dict(full["qos"]["overhead"], reps=3, secs=1.0)),
                     rbd=dict(full["rbd"], secs=1.0),
-                    nbd=dict(full["nbd"], size_mib=256, secs=1.0, reps=2))
+                    nbd=dict(full["nbd"], size_mib=256, secs=1.0, reps=2),
+                    migration={"logging": dict(full["migration"]["logging"], size_mib=256, reps=3, secs=1.0),
+                               "migrate": dict(full["migration"]["migrate"], reps=2),
+                               "mirror": dict(full["migration"]["mirror"], reps=1, iops_secs=1.0)})
     if mode == "smoke":
         # Null backend, A/B, one repetition; one small file point exercises the fio baseline.
         pts = [
@@ -127,5 +144,11 @@ def mode_config(mode):
             "rbd": {"size_mib": 64, "secs": 1.0, "rounds": 1, "warmup": 0.2, "points": rbd_points},
             # Every NBD point once per server, 1 s each, on a 64 MiB disk.
             "nbd": {"size_mib": 64, "secs": 1.0, "reps": 1, "points": nbd_points},
+            # One of each migration figure, small.
+            "migration": {"logging": {"size_mib": 64, "qd": 32, "patterns": ["randwrite"], "reps": 1, "secs": 0.5},
+                          "migrate": {"size_mib": 64, "mem_mib": 128, "modes": ["load"], "reps": 1, "settle_s": 2,
+                                      "after_s": 1, "boot_timeout": 120, "timeout": 120,
+                                      "params": {"max-bandwidth": 8 << 30}},
+                          "mirror": {"size_mib": 64, "reps": 1, "iops_secs": 0.5, "timeout": 120}},
         }
     raise ValueError(mode)

@@ -10,6 +10,7 @@ import statistics
 from fpbench.common import MIB, median, ratio
 from fpbench.load import point_label
 from fpbench.machine import nbd_label
+from fpbench.report_migration import migration_markdown, migration_targets
 from fpbench.servers import NBD_SERVERS
 
 
@@ -153,6 +154,7 @@ def targets(res):
                 f"{fmt_iops(f.get('iops'))} vs {fmt_iops(o.get('iops'))} IOPS = {fmt_ratio(r['iops'])}x; "
                 f"{fmt_us1(f.get('server_cpu_ns_per_io'))} vs {fmt_us1(o.get('server_cpu_ns_per_io'))} µs/IO = "
                 f"{fmt_ratio(r['server_cpu_per_io'])}x", ok)
+    migration_targets(res, add)
     return out
 
 
@@ -252,7 +254,8 @@ def markdown(res):
     # Sections run alone that compare with qsd: (title, the section's Markdown).
     alone = {"rbd": ("flashpath vs qemu-storage-daemon on Ceph RBD", rbd_markdown),
              "nbd": ("flashpath vs qemu-storage-daemon and nbdkit over NBD", nbd_markdown),
-             "qos": ("flashpath: quality of service", qos_markdown)}
+             "qos": ("flashpath: quality of service", qos_markdown),
+             "migration": ("flashpath vs qemu-storage-daemon: live migration", migration_markdown)}
     if m.get("only") in alone:
         title, section = alone[m["only"]]
         lines = [f"# {title} ({m['mode']} run, {m['date']})", "",
@@ -390,6 +393,8 @@ def markdown(res):
         lines += rbd_markdown(res)
     if res.get("nbd"):
         lines += nbd_markdown(res)
+    if res.get("migration"):
+        lines += migration_markdown(res)
     return "\n".join(lines + targets_table(res))
 
 

@@ -1,12 +1,17 @@
 //! The client loop: connect, fill every queue to depth, replace each completion with a new
 //! request until the duration elapses, then drain.
 //!
-//! The loop, the offset generator and the accounting are shared by two back ends behind
-//! [`Backend`] and [`IoQueue`]: libblkio (split virtqueues, the default) and the
-//! `virtio-driver` crate used directly with packed virtqueues ([`LoadSpec::packed`]).
+//! The loop, the offset generator and the accounting are shared by three back ends behind
+//! [`Backend`] and [`IoQueue`]: libblkio (split virtqueues, the default), the
+//! `virtio-driver` crate used directly with packed virtqueues ([`LoadSpec::packed`]), and
+//! fp-load's own vhost-user frontend with split rings, which can run with dirty logging on
+//! ([`LoadSpec::frontend`], [`LoadSpec::dirty_log`]).
 
 mod backend;
+mod frontend;
 mod libblkio;
+mod log_sync;
+mod split;
 mod virtio;
 
 use std::os::fd::{BorrowedFd, RawFd};
@@ -86,7 +91,7 @@ struct Stats {
 /// virtio-driver expect.
 struct Device<B: Backend> {
     queues: Vec<QueueState<B::Queue>>,
-    _backend: B,
+    backend: B,
     capacity: u64,
     request_alignment: u32,
 }
@@ -119,7 +124,7 @@ impl<B: Backend> Device<B> {
             .collect();
         Ok(Device {
             queues,
-            _backend: c.backend,
+            backend: c.backend,
             capacity: c.capacity,
             request_alignment: c.request_alignment,
         })
@@ -238,6 +243,8 @@ pub(crate) fn run_disks_on_this_thread(
 ) -> Result<ThreadResults, LoadError> {
     if specs[0].packed {
         run::<virtio::VirtioDriver>(specs, start)
+    } else if specs[0].frontend || specs[0].dirty_log {
+        run::<frontend::VhostFrontend>(specs, start)
     } else {
         run::<libblkio::Libblkio>(specs, start)
     }
@@ -462,11 +469,13 @@ impl<B: Backend> Disk<B> {
         Ok(reaped)
     }
 
-    fn result(self, start: Instant, duration: Duration) -> LoadResult {
+    fn result(mut self, start: Instant, duration: Duration) -> LoadResult {
+        let dirty_log = self.dev.backend.dirty_log();
         let Stats { mut counts, hist } = self.stats;
         counts.elapsed = self.stopped_at.map_or(duration, |t| t.duration_since(start));
         let mut r = LoadResult::from_counts(counts, hist, self.dev.capacity, self.dev.request_alignment);
         r.timeline = self.timeline;
+        r.dirty_log = dirty_log;
         r
     }
 }
@@ -588,6 +597,8 @@ fn run<B: Backend>(
 pub(crate) fn hold_on_this_thread(spec: &LoadSpec) -> Result<Duration, LoadError> {
     if spec.packed {
         hold::<virtio::VirtioDriver>(spec)
+    } else if spec.frontend || spec.dirty_log {
+        hold::<frontend::VhostFrontend>(spec)
     } else {
         hold::<libblkio::Libblkio>(spec)
     }

@@ -15,6 +15,8 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
+    #[error("vhost-user {op}: {message}")]
+    Vhost { op: &'static str, message: String },
     #[error("{0}")]
     Unsupported(String),
     #[error("{op}: {source}")]

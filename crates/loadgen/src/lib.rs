@@ -18,6 +18,11 @@
 //! never negotiates `VIRTIO_F_RING_PACKED`, so that mode uses the `virtio-driver` crate
 //! (libblkio's own virtio layer) directly, with the same buffers, accounting and output.
 //!
+//! With [`LoadSpec::frontend`] it drives split rings through a vhost-user frontend of its own
+//! (the `vhost` crate for the messages), which can also run with **dirty logging** on as QEMU
+//! does during a migration ([`LoadSpec::dirty_log`]): a memfd log, used rings logged, a thread
+//! that scans and clears the log every 100 ms, and a [`DirtyLogReport`] of the pages it saw.
+//!
 //! Use [`run`] with a [`LoadSpec`] to get a [`LoadResult`]; the `fp-load` binary wraps it.
 //!
 //! **Several disks** ([`run_multi`] with a [`MultiSpec`]; `fp-load --disk ...`): each disk has
@@ -34,6 +39,7 @@
 
 mod args;
 mod client;
+mod dirty_log;
 mod engine;
 mod error;
 pub mod hist;
@@ -45,6 +51,7 @@ pub mod timeline;
 
 pub use args::{parse_duration, parse_size};
 pub use client::{hold, pin_current_thread, run};
+pub use dirty_log::DirtyLogReport;
 pub use error::LoadError;
 pub use hist::Histogram;
 pub use multi::{parse_disk, run_multi, DiskArg, MultiResult, MultiSpec};

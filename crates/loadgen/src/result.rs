@@ -4,7 +4,7 @@ use std::time::Duration;
 
 #[cfg(doc)]
 use crate::LoadSpec;
-use crate::{Histogram, Timeline};
+use crate::{DirtyLogReport, Histogram, Timeline};
 
 /// What a run measured.
 #[derive(Debug, Clone)]
@@ -47,6 +47,8 @@ pub struct LoadResult {
     /// With [`LoadSpec::timeline`]: the requests that completed without error in each
     /// interval (they add up to `ios`).
     pub timeline: Option<Timeline>,
+    /// With [`LoadSpec::dirty_log`]: what the log's sync thread saw.
+    pub dirty_log: Option<DirtyLogReport>,
 }
 
 /// What a client counted for one disk or several, before the rates and percentiles.
@@ -93,6 +95,7 @@ impl LoadResult {
             histogram,
             client_busy_ns: None,
             timeline: None,
+            dirty_log: None,
         }
     }
 
@@ -118,6 +121,7 @@ impl LoadResult {
             "request_alignment": self.request_alignment,
             "client_busy_ns": self.client_busy_ns,
             "timeline": self.timeline.as_ref().map(Timeline::to_json),
+            "dirty_log": self.dirty_log.as_ref().map(DirtyLogReport::to_json),
         })
     }
 

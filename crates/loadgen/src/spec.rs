@@ -125,6 +125,15 @@ pub struct LoadSpec {
     /// split ones through libblkio; fails with [`LoadError::Unsupported`] if the device does
     /// not offer them.
     pub packed: bool,
+    /// Drive split rings through fp-load's own vhost-user frontend (the `vhost` crate for the
+    /// messages) instead of libblkio: the path [`LoadSpec::dirty_log`] needs, and its
+    /// logging-off baseline. Not with `packed`.
+    pub frontend: bool,
+    /// Run with dirty logging on, as QEMU does while it migrates (implies `frontend`):
+    /// `VHOST_F_LOG_ALL`, a memfd log (`SET_LOG_BASE`), used rings logged, and a thread that
+    /// scans and clears the log every 100 ms ([`LoadResult::dirty_log`]). Fails with
+    /// [`LoadError::Unsupported`] if the device offers no `VHOST_USER_PROTOCOL_F_LOG_SHMFD`.
+    pub dirty_log: bool,
     /// Also count completions per interval of this length from the start
     /// ([`LoadResult::timeline`]), e.g. 1 s to see a rate limit per second; `None`: no
     /// timeline.
@@ -152,6 +161,8 @@ impl LoadSpec {
             read_only: false,
             measure_busy: false,
             packed: false,
+            frontend: false,
+            dirty_log: false,
             timeline: None,
         }
     }
@@ -207,6 +218,11 @@ impl LoadSpec {
                 }
                 Some(_) => {}
             }
+        }
+        if self.packed && (self.frontend || self.dirty_log) {
+            return bad(
+                "packed rings and fp-load's own frontend (--frontend, --dirty-log) do not combine".into()
+            );
         }
         if self.max_ios == Some(0) {
             return bad("the request count must be positive".into());

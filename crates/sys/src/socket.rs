@@ -1,4 +1,5 @@
-//! Socket options and shutdown on descriptors `std`'s socket types do not own.
+//! Socket options and shutdown on descriptors `std`'s socket types do not own, and a send with
+//! descriptors attached (`SCM_RIGHTS`), which `std` has no stable call for.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -32,6 +33,48 @@ pub fn set_send_buffer(fd: BorrowedFd<'_>, bytes: libc::c_int) -> io::Result<()>
     Ok(())
 }
 
+/// Most descriptors [`send_with_fds`] attaches to one message (vhost-user's own limit is 8).
+pub const MAX_SEND_FDS: usize = 8;
+
+/// Sends `bytes` on the connected Unix socket `sock` as one message with the descriptors `fds`
+/// attached (`SCM_RIGHTS`); returns the bytes sent. Fails with `EINVAL` for more than
+/// [`MAX_SEND_FDS`] descriptors or an empty `bytes`.
+pub fn send_with_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
+    if fds.len() > MAX_SEND_FDS || bytes.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let raw: Vec<libc::c_int> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let fd_bytes = std::mem::size_of_val(raw.as_slice());
+    // u64 words keep the control buffer aligned for `cmsghdr`.
+    let mut control = [0u64; 8];
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !raw.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: `control` holds `space` bytes (8 descriptors need 56 of its 64), so the first
+        // header and its data lie inside it; the data is `fd_bytes` long.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as _;
+            std::ptr::copy_nonoverlapping(raw.as_ptr().cast::<u8>(), libc::CMSG_DATA(c), fd_bytes);
+        }
+    }
+    // SAFETY: `msg` points at `iov` (over `bytes`) and `control`, all alive for the call.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Read;
@@ -48,6 +91,56 @@ mod tests {
         let mut buf = [0u8; 1];
         assert_eq!(b.read(&mut buf).unwrap(), 0);
         assert_eq!(dup.read(&mut buf).unwrap(), 0);
+    }
+
+    #[test]
+    fn descriptors_arrive_with_the_bytes() {
+        use std::io::{Seek, Write};
+        use std::os::fd::{FromRawFd, OwnedFd};
+
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut file = tempfile_in_tmp();
+        file.write_all(b"passed").unwrap();
+        assert_eq!(send_with_fds(a.as_fd(), b"hello", &[file.as_fd()]).unwrap(), 5);
+        // Receive with recvmsg to see the descriptor.
+        let mut data = [0u8; 16];
+        let mut control = [0u64; 8];
+        let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+        // SAFETY: a zeroed msghdr pointing at live buffers.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        // SAFETY: as above.
+        let n = unsafe { libc::recvmsg(b.as_raw_fd(), &mut msg, 0) };
+        assert_eq!(&data[..n as usize], b"hello");
+        // SAFETY: the kernel filled one SCM_RIGHTS header with one descriptor, now ours.
+        let got = unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            assert_eq!((*c).cmsg_type, libc::SCM_RIGHTS);
+            OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>()))
+        };
+        let mut f = std::fs::File::from(got);
+        f.rewind().unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "passed");
+        let too_many = [file.as_fd(); MAX_SEND_FDS + 1];
+        assert_eq!(send_with_fds(a.as_fd(), b"x", &too_many).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+    }
+
+    fn tempfile_in_tmp() -> std::fs::File {
+        let path = std::env::temp_dir().join(format!("fp-sys-scm-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f
     }
 
     #[test]

@@ -69,6 +69,15 @@ struct Args {
     /// ones through libblkio; fails if the server does not offer them.
     #[arg(long)]
     packed: bool,
+    /// Drive split rings through fp-load's own vhost-user frontend instead of libblkio (the
+    /// --dirty-log path with logging off: its baseline).
+    #[arg(long, conflicts_with_all = ["packed", "disk"])]
+    frontend: bool,
+    /// Dirty logging on, as QEMU runs it while migrating (implies --frontend): VHOST_F_LOG_ALL,
+    /// a memfd log sized for fp-load's memory (SET_LOG_BASE), used rings logged, a thread that
+    /// scans and clears the log every 100 ms; the JSON output's "dirty_log" says what it saw.
+    #[arg(long, conflicts_with_all = ["packed", "disk"])]
+    dirty_log: bool,
     /// Pin the client thread to this CPU.
     #[arg(long)]
     cpu: Option<usize>,
@@ -255,6 +264,8 @@ fn base_spec(args: &Args, socket: PathBuf) -> LoadSpec {
     spec.read_only = args.read_only;
     spec.measure_busy = args.client_busy;
     spec.packed = args.packed;
+    spec.frontend = args.frontend;
+    spec.dirty_log = args.dirty_log;
     spec.stride = args.stride;
     spec.max_ios = args.max_ios;
     spec.rate_iops = args.rate_iops;
@@ -276,6 +287,7 @@ fn annotate(v: &mut serde_json::Value, spec: &LoadSpec, label: Option<&str>) {
     obj.insert("num_queues".into(), spec.num_queues.into());
     obj.insert("poll_queues".into(), spec.poll_queues.into());
     obj.insert("packed".into(), spec.packed.into());
+    obj.insert("frontend".into(), (spec.frontend || spec.dirty_log).into());
     obj.insert("cpu".into(), spec.cpu.into());
     obj.insert("rate_iops".into(), spec.rate_iops.into());
 }
@@ -461,7 +473,15 @@ fn us(ns: u64) -> f64 {
 
 fn print_human(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
     let mode = if spec.poll_queues { "poll queues" } else { "completion fds" };
-    let mode = if spec.packed { format!("packed, {mode}") } else { mode.to_string() };
+    let mode = if spec.packed {
+        format!("packed, {mode}")
+    } else if spec.dirty_log {
+        format!("own frontend, dirty log on, {mode}")
+    } else if spec.frontend {
+        format!("own frontend, {mode}")
+    } else {
+        mode.to_string()
+    };
     let cpu = spec.cpu.map(|c| format!(", client cpu {c}")).unwrap_or_default();
     let cpu = match spec.rate_iops {
         Some(r) => format!("{cpu}, at most {r} IOPS"),
@@ -495,6 +515,21 @@ fn print_human(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
         us(r.lat_max_ns)
     );
     print_timeline(r);
+    if let Some(d) = &r.dirty_log {
+        println!(
+            "  dirty log: {} scans every {} ms, {} bits cleared ({:.3} per I/O); distinct pages: data {} \
+             (expected {}), headers {}, rings {}, other {}",
+            d.syncs,
+            d.interval_ms,
+            d.bits_seen,
+            d.bits_seen as f64 / r.ios.max(1) as f64,
+            d.data_pages,
+            d.data_pages_expected,
+            d.header_pages,
+            d.ring_pages,
+            d.other_pages
+        );
+    }
     if r.errors > 0 {
         println!("  ERRORS: {} requests failed (first: errno {})", r.errors, -r.first_error.unwrap_or(0));
     }

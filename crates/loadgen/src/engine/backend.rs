@@ -5,7 +5,7 @@
 
 use std::os::unix::io::RawFd;
 
-use crate::{LoadError, LoadSpec};
+use crate::{DirtyLogReport, LoadError, LoadSpec};
 
 /// Slot buffers are spaced at least this far apart (and aligned to it), so that an O_DIRECT
 /// backend sees page-aligned buffers whatever the block size.
@@ -44,6 +44,11 @@ pub(crate) trait Backend: Sized {
     /// Connects, starts `spec.num_queues` queues and maps a buffer region of at least
     /// `buf_len` bytes.
     fn connect(spec: &LoadSpec, buf_len: usize) -> Result<Connected<Self>, LoadError>;
+    /// With [`LoadSpec::dirty_log`]: stops the log's sync thread after a last scan and reports
+    /// what it saw; call it once nothing is in flight. `None` for back ends without a log.
+    fn dirty_log(&mut self) -> Option<DirtyLogReport> {
+        None
+    }
 }
 
 /// What [`Backend::connect`] returns.
@@ -76,6 +81,36 @@ pub(super) fn check_geometry(
         )));
     }
     Ok(())
+}
+
+/// Fills `out` with the writes refused on a read-only device (`EBADF`, never sent), then with
+/// the completions `pop` returns (a slot and its virtio-blk status, virtio 1.2 §5.2.6); the
+/// count. What both of fp-load's own virtio drivers (packed, and split through its frontend)
+/// do in `reap`.
+#[inline]
+pub(super) fn reap_virtio(
+    out: &mut [Done],
+    refused: &mut Vec<usize>,
+    mut pop: impl FnMut() -> Option<(u16, u8)>,
+) -> usize {
+    let mut n = 0;
+    while n < out.len() {
+        let Some(slot) = refused.pop() else { break };
+        out[n] = Done { slot, ret: -libc::EBADF };
+        n += 1;
+    }
+    while n < out.len() {
+        let Some((slot, status)) = pop() else { break };
+        let ret = match status {
+            0 => 0,
+            1 => -libc::EIO,
+            2 => -libc::ENOTSUP,
+            _ => -libc::EPROTO,
+        };
+        out[n] = Done { slot: usize::from(slot), ret };
+        n += 1;
+    }
+    n
 }
 
 /// Virtqueue entries for `queue_depth` requests: each takes three descriptors (header, data,

@@ -31,7 +31,7 @@ use virtio_driver::{
 };
 
 use super::backend::{
-    check_geometry, queue_size_for, round_up, Backend, Connected, Done, IoQueue, BUF_ALIGN,
+    check_geometry, queue_size_for, reap_virtio, round_up, Backend, Connected, Done, IoQueue, BUF_ALIGN,
 };
 use crate::{LoadError, LoadSpec};
 
@@ -281,24 +281,8 @@ impl IoQueue for VirtioQueue {
             self.notifier.notify().map_err(vd("notify"))?;
             self.to_notify = false;
         }
-        let mut n = 0;
-        while n < out.len() {
-            let Some(slot) = self.refused.pop() else { break };
-            out[n] = Done { slot, ret: -libc::EBADF };
-            n += 1;
-        }
-        while n < out.len() {
-            let Some((slot, status)) = self.ring.pop() else { break };
-            let ret = match status {
-                0 => 0,
-                1 => -libc::EIO,
-                2 => -libc::ENOTSUP,
-                _ => -libc::EPROTO,
-            };
-            out[n] = Done { slot: usize::from(slot), ret };
-            n += 1;
-        }
-        Ok(n)
+        let ring = &mut self.ring;
+        Ok(reap_virtio(out, &mut self.refused, || ring.pop()))
     }
 
     fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError> {
@@ -309,7 +293,7 @@ impl IoQueue for VirtioQueue {
     }
 }
 /// A shared (memfd) mapping of `len` bytes, as libblkio's `alloc_mem_region` makes.
-fn alloc_shared(len: usize) -> Result<(OwnedFd, *mut u8), LoadError> {
+pub(super) fn alloc_shared(len: usize) -> Result<(OwnedFd, *mut u8), LoadError> {
     let os = |op| move |source| LoadError::Os { op, source };
     // SAFETY: the name is a NUL-terminated literal.
     let fd = unsafe { libc::memfd_create(c"fp-load-buf".as_ptr(), libc::MFD_CLOEXEC) };

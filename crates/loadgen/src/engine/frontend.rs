@@ -1,0 +1,366 @@
+//! The vhost-user frontend back end: fp-load's own frontend, set up through the `vhost` crate's
+//! `Frontend` and driving split rings of its own (`split.rs`), so that it can do what libblkio
+//! and virtio-driver cannot: turn on dirty logging the way QEMU does during a migration
+//! ([`LoadSpec::dirty_log`]).
+//!
+//! The device starts as QEMU starts it (`vhost_dev_start`: features, memory table, rings,
+//! enable). With `dirty_log` logging is then turned on as QEMU turns it on for a running
+//! device when a migration starts (vhost-user.rst, "Migration"; QEMU's
+//! `vhost_log_global_start`, then `vhost_dev_set_log`): `SET_LOG_BASE` with a memfd log sized
+//! for the memory (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`), `SET_FEATURES` with `VHOST_F_LOG_ALL`,
+//! and every ring's `SET_VRING_ADDR` again with `VHOST_VRING_F_LOG` and its used ring's guest
+//! address. A sync thread scans and clears the log every [`LOG_SYNC_INTERVAL`]
+//! (`log_sync.rs`). Without `dirty_log` the same frontend runs without any of that, so that
+//! logging off and on differ in the logging alone.
+//!
+//! The frontend's memory is one memfd region at guest-physical address 0: the data buffers,
+//! then the request headers and status bytes, then the rings.
+//!
+//! `SET_LOG_BASE` is sent here rather than through `Frontend::set_log_base`, which expects the
+//! back end to echo the 16-byte log description: back ends answer differently (libvhost-user,
+//! in qemu-storage-daemon, with a u64; flashpath with an empty payload) and QEMU accepts any.
+
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::io::RawFd;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
+    VIRTIO_BLK_F_SIZE_MAX,
+};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::backend::{
+    check_geometry, queue_size_for, reap_virtio, round_up, Backend, Connected, Done, IoQueue, BUF_ALIGN,
+};
+use super::log_sync::{log_bytes_for, LogSync, PageMap, LOG_PAGE};
+use super::split::{SplitLayout, SplitRing, HDR_STRIDE};
+use super::virtio::alloc_shared;
+use crate::{DirtyLogReport, LoadError, LoadSpec};
+
+/// How often the sync thread scans the log (QEMU syncs at least once per migration iteration).
+pub(crate) const LOG_SYNC_INTERVAL: Duration = Duration::from_millis(100);
+
+/// `VHOST_F_LOG_ALL` (vhost-user.rst: feature bit 26).
+const VHOST_F_LOG_ALL: u64 = 1 << 26;
+/// `VHOST_VRING_F_LOG`: log the used ring at `log_guest_addr` (vhost-user.rst, "Migration").
+const VHOST_VRING_F_LOG: u32 = 1;
+/// `VHOST_USER_SET_LOG_BASE`'s request code and the header's version and reply flags.
+const SET_LOG_BASE: u32 = 6;
+const HDR_VERSION: u32 = 0x1;
+const HDR_REPLY: u32 = 0x4;
+
+fn vu(op: &'static str) -> impl FnOnce(vhost::Error) -> LoadError {
+    move |e| LoadError::Vhost { op, message: e.to_string() }
+}
+
+fn os(op: &'static str) -> impl FnOnce(io::Error) -> LoadError {
+    move |source| LoadError::Os { op, source }
+}
+
+/// The connection, the memory region and the dirty log. Dropped after the queues.
+pub(super) struct VhostFrontend {
+    _frontend: Frontend,
+    buf: *mut u8,
+    len: usize,
+    _memfd: OwnedFd,
+    log: Option<Log>,
+}
+
+/// The log: its mapping and the thread that scans it. The thread is stopped before the
+/// mapping goes (field order and [`Log::drop`]).
+struct Log {
+    sync: LogSync,
+    ptr: *mut u8,
+    len: usize,
+    _fd: OwnedFd,
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        let _ = self.sync.finish();
+        // SAFETY: the log's own mapping, unmapped once, after its thread is gone.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+impl Drop for VhostFrontend {
+    fn drop(&mut self) {
+        self.log = None;
+        // SAFETY: the region mapped in `connect`, unmapped once; the queues that pointed into
+        // it are gone (they are dropped before the back end).
+        unsafe { libc::munmap(self.buf.cast(), self.len) };
+    }
+}
+
+pub(super) struct FrontendQueue {
+    ring: SplitRing,
+    kick: EventFd,
+    call: EventFd,
+    read_only: bool,
+    /// Requests added since the last notification.
+    to_notify: bool,
+    /// Writes refused on a read-only device, completed at the next reap.
+    refused: Vec<usize>,
+}
+
+impl IoQueue for FrontendQueue {
+    #[inline]
+    fn enqueue(
+        &mut self,
+        write: bool,
+        offset: u64,
+        buf: *mut u8,
+        len: usize,
+        slot: usize,
+    ) -> Result<(), LoadError> {
+        if write && self.read_only {
+            self.refused.push(slot);
+            return Ok(());
+        }
+        self.ring.push(slot as u16, write, offset / 512, buf, len);
+        self.to_notify = true;
+        Ok(())
+    }
+
+    #[inline]
+    fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError> {
+        if std::mem::take(&mut self.to_notify) && self.ring.notify_needed() {
+            self.kick.write(1).map_err(os("kick"))?;
+        }
+        let ring = &mut self.ring;
+        Ok(reap_virtio(out, &mut self.refused, || ring.pop()))
+    }
+
+    fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError> {
+        self.ring.set_used_notifications(true);
+        Ok(self.call.as_raw_fd())
+    }
+}
+
+/// Sends `SET_LOG_BASE` with the log's memfd on `sock` (a duplicate of the frontend's socket)
+/// and waits for the back end's reply, whatever its payload (see the module docs).
+fn set_log_base(sock: &mut UnixStream, log: &OwnedFd, size: u64) -> Result<(), LoadError> {
+    let mut msg = Vec::with_capacity(28);
+    for w in [SET_LOG_BASE, HDR_VERSION, 16] {
+        msg.extend_from_slice(&w.to_le_bytes());
+    }
+    msg.extend_from_slice(&size.to_le_bytes()); // mmap_size
+    msg.extend_from_slice(&0u64.to_le_bytes()); // mmap_offset
+    let sent = fp_sys::send_with_fds(sock.as_fd(), &msg, &[log.as_fd()]).map_err(os("SET_LOG_BASE"))?;
+    if sent != msg.len() {
+        return Err(LoadError::Vhost {
+            op: "SET_LOG_BASE",
+            message: format!("sent {sent} of {} bytes", msg.len()),
+        });
+    }
+    let mut hdr = [0u8; 12];
+    sock.read_exact(&mut hdr).map_err(os("SET_LOG_BASE reply"))?;
+    let word = |i: usize| u32::from_le_bytes(hdr[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+    let (req, flags, len) = (word(0), word(1), word(2));
+    if req != SET_LOG_BASE || flags & HDR_REPLY == 0 || len > 64 {
+        return Err(LoadError::Vhost {
+            op: "SET_LOG_BASE",
+            message: format!("unexpected reply: request {req}, flags {flags:#x}, size {len}"),
+        });
+    }
+    let mut body = vec![0u8; len as usize];
+    sock.read_exact(&mut body).map_err(os("SET_LOG_BASE reply"))?;
+    Ok(())
+}
+
+/// Reads the virtio-blk config's capacity (sectors) and block size (when offered).
+fn read_config(fe: &mut Frontend, features: u64) -> Result<(u64, u32), LoadError> {
+    // capacity u64, size_max u32, seg_max u32, geometry (4 bytes), blk_size u32 (§5.2.4).
+    let (_, cfg) =
+        fe.get_config(0, 24, VhostUserConfigFlags::empty(), &[0u8; 24]).map_err(vu("GET_CONFIG"))?;
+    let capacity = u64::from_le_bytes(cfg[0..8].try_into().expect("8 bytes")) * 512;
+    let blk = if features & (1 << VIRTIO_BLK_F_BLK_SIZE) != 0 {
+        u32::from_le_bytes(cfg[20..24].try_into().expect("4 bytes")).max(1)
+    } else {
+        512
+    };
+    Ok((capacity, blk))
+}
+
+impl Backend for VhostFrontend {
+    type Queue = FrontendQueue;
+
+    fn connect(spec: &LoadSpec, buf_len: usize) -> Result<Connected<Self>, LoadError> {
+        let sock = UnixStream::connect(&spec.socket).map_err(os("connect"))?;
+        let mut raw = sock.try_clone().map_err(os("dup"))?;
+        let mut fe = Frontend::from_stream(sock, spec.num_queues as u64);
+        fe.set_owner().map_err(vu("SET_OWNER"))?;
+        let offered = fe.get_features().map_err(vu("GET_FEATURES"))?;
+        let proto = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        if offered & proto == 0 || offered & (1 << VIRTIO_F_VERSION_1) == 0 {
+            return Err(LoadError::Unsupported(
+                "the server offers no VHOST_USER_F_PROTOCOL_FEATURES or VIRTIO_F_VERSION_1".into(),
+            ));
+        }
+        let pf = fe.get_protocol_features().map_err(vu("GET_PROTOCOL_FEATURES"))?;
+        let mut want = VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG;
+        if spec.dirty_log {
+            if !pf.contains(VhostUserProtocolFeatures::LOG_SHMFD) || offered & VHOST_F_LOG_ALL == 0 {
+                return Err(LoadError::Unsupported(format!(
+                    "--dirty-log: the server does not offer {}",
+                    if offered & VHOST_F_LOG_ALL == 0 {
+                        "VHOST_F_LOG_ALL"
+                    } else {
+                        "VHOST_USER_PROTOCOL_F_LOG_SHMFD"
+                    }
+                )));
+            }
+            want |= VhostUserProtocolFeatures::LOG_SHMFD;
+        }
+        if !pf.contains(VhostUserProtocolFeatures::CONFIG) {
+            return Err(LoadError::Unsupported(
+                "the server does not offer VHOST_USER_PROTOCOL_F_CONFIG".into(),
+            ));
+        }
+        fe.set_protocol_features(pf & want).map_err(vu("SET_PROTOCOL_FEATURES"))?;
+        let max_queues = if pf.contains(VhostUserProtocolFeatures::MQ) {
+            fe.get_queue_num().map_err(vu("GET_QUEUE_NUM"))? as usize
+        } else {
+            1
+        };
+        let (capacity, request_alignment) = read_config(&mut fe, offered)?;
+        check_geometry(spec, request_alignment, max_queues)?;
+        let read_only = spec.read_only || spec.pattern.is_read_only();
+        if offered & (1 << VIRTIO_BLK_F_RO) != 0 && !read_only {
+            return Err(LoadError::Os { op: "start", source: io::Error::from_raw_os_error(libc::EROFS) });
+        }
+        let blk = [
+            VIRTIO_BLK_F_SIZE_MAX,
+            VIRTIO_BLK_F_SEG_MAX,
+            VIRTIO_BLK_F_RO,
+            VIRTIO_BLK_F_BLK_SIZE,
+            VIRTIO_BLK_F_FLUSH,
+            VIRTIO_BLK_F_MQ,
+        ]
+        .iter()
+        .fold(0u64, |f, b| f | 1 << b);
+        let features = offered & (blk | proto | 1 << VIRTIO_F_VERSION_1);
+        fe.set_features(features).map_err(vu("SET_FEATURES"))?;
+
+        // One region: data buffers, headers and status bytes, rings.
+        let n = spec.num_queues;
+        let queue_size = queue_size_for(spec.queue_depth);
+        let layout = SplitLayout::new(queue_size);
+        let data_len = round_up(buf_len, BUF_ALIGN);
+        let hdr_len = round_up(n * spec.queue_depth * HDR_STRIDE, BUF_ALIGN);
+        let len = data_len + hdr_len + n * layout.len;
+        let (memfd, buf) = alloc_shared(len)?;
+        let mut backend = VhostFrontend { _frontend: fe, buf, len, _memfd: memfd, log: None };
+        let fe = &mut backend._frontend;
+        let region = VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: len as u64,
+            userspace_addr: buf as u64,
+            mmap_offset: 0,
+            mmap_handle: backend._memfd.as_raw_fd(),
+        };
+        fe.set_mem_table(&[region]).map_err(vu("SET_MEM_TABLE"))?;
+
+        let mut queues = Vec::with_capacity(n);
+        let mut addrs = Vec::with_capacity(n);
+        for i in 0..n {
+            // SAFETY: queue `i`'s ring and headers lie inside the `len`-byte region at `buf`
+            // (zeroed by ftruncate), which the back end keeps mapped until after the queues are
+            // dropped; queue_size_for gives at least three entries per slot.
+            let ring = unsafe {
+                SplitRing::new(
+                    buf.add(data_len + hdr_len + i * layout.len),
+                    layout,
+                    queue_size as u16,
+                    spec.queue_depth,
+                    buf.add(data_len + i * spec.queue_depth * HDR_STRIDE),
+                    buf,
+                )
+            };
+            let ring_va = buf as u64 + (data_len + hdr_len + i * layout.len) as u64;
+            fe.set_vring_num(i, queue_size as u16).map_err(vu("SET_VRING_NUM"))?;
+            fe.set_vring_base(i, 0).map_err(vu("SET_VRING_BASE"))?;
+            let addr = VringConfigData {
+                queue_max_size: queue_size as u16,
+                queue_size: queue_size as u16,
+                flags: 0,
+                desc_table_addr: ring_va,
+                used_ring_addr: ring_va + layout.used as u64,
+                avail_ring_addr: ring_va + layout.avail as u64,
+                log_addr: None,
+            };
+            fe.set_vring_addr(i, &addr).map_err(vu("SET_VRING_ADDR"))?;
+            addrs.push(VringConfigData { flags: VHOST_VRING_F_LOG, log_addr: Some(ring.used_gpa()), ..addr });
+            let kick = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
+            let call = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
+            fe.set_vring_kick(i, &kick).map_err(vu("SET_VRING_KICK"))?;
+            fe.set_vring_call(i, &call).map_err(vu("SET_VRING_CALL"))?;
+            let mut ring = ring;
+            ring.set_used_notifications(false);
+            queues.push(FrontendQueue {
+                ring,
+                kick,
+                call,
+                read_only,
+                to_notify: false,
+                refused: Vec::with_capacity(spec.queue_depth),
+            });
+        }
+
+        let fe = &mut backend._frontend;
+        for i in 0..n {
+            fe.set_vring_enable(i, true).map_err(vu("SET_VRING_ENABLE"))?;
+        }
+
+        // Logging on, as QEMU turns it on for a running device when a migration starts
+        // (vhost_log_global_start, then vhost_dev_set_log): the log, LOG_ALL, then each ring's
+        // used-ring logging. No request is in flight yet.
+        if spec.dirty_log {
+            let log_len = log_bytes_for(len as u64);
+            let (log_fd, log_ptr) = alloc_shared(log_len as usize)?;
+            // The log is unmapped by `Log::drop` once it exists; until then by hand.
+            let unmap = |e| {
+                // SAFETY: the mapping just made, unmapped once on this error path.
+                unsafe { libc::munmap(log_ptr.cast(), log_len as usize) };
+                e
+            };
+            set_log_base(&mut raw, &log_fd, log_len).map_err(unmap)?;
+            fe.set_features(features | VHOST_F_LOG_ALL).map_err(vu("SET_FEATURES")).map_err(unmap)?;
+            for (i, a) in addrs.iter().enumerate() {
+                fe.set_vring_addr(i, a).map_err(vu("SET_VRING_ADDR")).map_err(unmap)?;
+            }
+            // Neither message has a reply without REPLY_ACK: QEMU then sends GET_FEATURES and
+            // waits for its answer (vhost-user.c, `enforce_reply`), so that the back end has
+            // taken both in before anything else happens. The same here, before any request.
+            fe.get_features().map_err(vu("GET_FEATURES")).map_err(unmap)?;
+            let page = |b: usize| b as u64 / LOG_PAGE;
+            let slot_pages = (spec.block_size as u64).div_ceil(LOG_PAGE);
+            let reads = spec.pattern != crate::Pattern::RandWrite
+                && spec.pattern != crate::Pattern::Write
+                && !(spec.pattern == crate::Pattern::RandRw && spec.read_percent == 0);
+            let map = PageMap {
+                data: 0..page(data_len),
+                headers: page(data_len)..page(data_len + hdr_len),
+                rings: page(data_len + hdr_len)..page(len),
+                data_pages_expected: if reads { (n * spec.queue_depth) as u64 * slot_pages } else { 0 },
+            };
+            // SAFETY: `log_ptr` maps `log_len` bytes (a multiple of 8), unmapped only by
+            // `Log::drop` after the thread has stopped.
+            let sync = unsafe { LogSync::start(log_ptr, log_len as usize, LOG_SYNC_INTERVAL, spec.cpu, map) }
+                .map_err(os("starting the log sync thread"))?;
+            backend.log = Some(Log { sync, ptr: log_ptr, len: log_len as usize, _fd: log_fd });
+        }
+        Ok(Connected { queues, backend, buf, buf_len: data_len, capacity, request_alignment })
+    }
+
+    fn dirty_log(&mut self) -> Option<DirtyLogReport> {
+        self.log.as_mut().and_then(|l| l.sync.finish())
+    }
+}
