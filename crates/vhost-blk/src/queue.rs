@@ -240,13 +240,16 @@ impl Completion for Reaper<'_> {
                 VIRTIO_BLK_S_UNSUPP
             }
         };
-        if let Some(log) = self.log {
-            log_completion(log, self.table, slot, self.counters);
-        }
-        if let Some(st) = slot.status.take() {
+        if let Some(st) = slot.status {
             // SAFETY: the status pointer is inside guest memory kept mapped by our table.
             unsafe { st.write(code) };
         }
+        // After the status write: a page is marked once what is written to it is there (a
+        // log sync between a mark and its write would clear the bit and copy the old page).
+        if let Some(log) = self.log {
+            log_completion(log, self.table, slot, self.counters);
+        }
+        slot.status = None;
         let len = if code == VIRTIO_BLK_S_OK { slot.used_len } else { 1 };
         push_used(self.ring, self.tracker, slot.head, len);
         self.free.push(tag as u16);

@@ -297,8 +297,8 @@ impl PackedQueue {
             }
         }
         if let Some(log) = &mut self.log {
-            // len, id and flags: the last 8 bytes of the descriptor (flags are stored by
-            // `publish` for the batch's first one, after this mark).
+            // len, id and flags: the last 8 bytes of the descriptor (the batch's first flags
+            // are stored by `publish`, which marks them again after the store).
             log.desc(16 * u64::from(slot) + 8, 8);
         }
         if self.unpublished == 0 {
@@ -322,6 +322,11 @@ impl PackedQueue {
             };
             // Release: every id, len and flags of the batch is visible before this store.
             f.store(flags.to_le(), Ordering::Release);
+            // The batch's first flags, marked again now that they are written (a log sync
+            // between `push_used`'s mark and this store would otherwise lose them).
+            if let Some(log) = &mut self.log {
+                log.desc(16 * u64::from(slot) + DESC_FLAGS_OFFSET as u64, 2);
+            }
             self.unpublished = 0;
         }
         n

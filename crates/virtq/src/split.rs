@@ -283,12 +283,14 @@ impl SplitQueue {
         if n > 0 {
             // SAFETY: `used + 2` is the 2-aligned `idx` field of the mapped used ring.
             let idx = unsafe { AtomicU16::from_ptr(self.used.add(2) as *mut u16) };
-            if let Some(log) = &mut self.log {
-                log.used(2, 2);
-            }
             // Release: the elements written above, and the log bits set for them and for the
             // data they complete, are visible before the new index.
             idx.store(self.next_used.0.to_le(), Ordering::Release);
+            // Marked after the store, as every write is: a log sync between a mark and its
+            // write would clear the bit and copy the page without the write.
+            if let Some(log) = &mut self.log {
+                log.used(2, 2);
+            }
             self.unpublished = 0;
         }
         n
