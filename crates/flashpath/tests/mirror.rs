@@ -118,7 +118,13 @@ fn refusals_reach_the_operator_and_the_source_stays_served() {
     // A disk an export holds cannot be a target.
     let e = daemon.try_call("bdev_mirror_start", json!({ "source": "dst", "target": "src" })).unwrap_err();
     assert!(e.message.contains("in use by 'vhost.0'"), "{e:?}");
-    daemon.call("bdev_mirror_start", json!({ "source": "src", "target": "dst" }));
+    // Slowed to a crawl, it is still copying when cancelled; the limit shows, and changes.
+    daemon.call("bdev_mirror_start", json!({ "source": "src", "target": "dst", "speed": 1 << 20 }));
+    assert_eq!(job(&daemon, "src")["speed"], json!(1 << 20));
+    assert_eq!(cli(&daemon, &["mirror", "set-speed", "src", "2MiB"]), "");
+    assert_eq!(job(&daemon, "src")["speed"], json!(2 << 20));
+    let e = daemon.try_call("bdev_mirror_set_speed", json!({ "job_id": "nope", "speed": 1 })).unwrap_err();
+    assert!(e.message.contains("nope"), "{e:?}");
     let e = daemon.try_call("bdev_malloc_delete", json!({ "name": "dst" })).unwrap_err();
     assert!(e.message.contains("mirror src"), "{e:?}");
     // Cancel: the disk stays served; the target is free.

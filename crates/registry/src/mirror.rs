@@ -36,6 +36,8 @@ pub struct MirrorSpec {
     /// Defaults to the source's name.
     pub job_id: Option<String>,
     pub granularity: Option<u64>,
+    /// The copy's speed limit in bytes per second; 0: none.
+    pub speed: u64,
 }
 
 fn holder(job_id: &str) -> String {
@@ -115,7 +117,8 @@ impl Registry {
                 reason: "the daemon has no reactor to copy on".into(),
             });
         };
-        let options = MirrorOptions { job_id: job_id.clone(), granularity: spec.granularity };
+        let options =
+            MirrorOptions { job_id: job_id.clone(), granularity: spec.granularity, speed: spec.speed };
         let (job, start) = MirrorJob::start(&source_disk, target_bdev, options).map_err(mirror_error)?;
         if let Some(t) = st.bdevs.get_mut(&target) {
             t.claims.push(Claim {
@@ -154,6 +157,20 @@ impl Registry {
             Some(id) => Ok(vec![self.mirror_job(id)?.status()]),
             None => Ok(self.lock().mirrors.values().map(|e| e.job.status()).collect()),
         }
+    }
+
+    /// `bdev_mirror_set_speed`: changes a running job's copy speed limit (0: none).
+    pub fn mirror_set_speed(&self, job_id: &str, speed: u64) -> Result<(), RegistryError> {
+        let job = self.mirror_job(job_id)?;
+        if job.state().is_final() {
+            return Err(RegistryError::NotNow(format!(
+                "mirror job '{job_id}' is {}: it is over",
+                job.state().name()
+            )));
+        }
+        job.set_speed(speed);
+        log::info!("mirror job '{job_id}': speed limit {speed} bytes/s (0: none)");
+        Ok(())
     }
 
     /// `bdev_mirror_complete`: asks a ready job to complete and waits (up to `wait`) until it

@@ -122,8 +122,8 @@ fn refusals_name_what_is_wrong() {
     assert!(e.message.starts_with("target: ") && e.message.contains("the source itself"), "{e:?}");
     let e = start(json!({ "source": "src", "target": "tgt", "granularity": 3000 }));
     assert!(e.message.starts_with("granularity: ") && e.message.contains("power of two"), "{e:?}");
-    let e = start(json!({ "source": "src", "target": "tgt", "speed": 1 }));
-    assert!(e.message.contains("speed"), "{e:?}");
+    let e = start(json!({ "source": "src", "target": "tgt", "buf_size": 1 }));
+    assert!(e.message.contains("buf_size: unknown parameter"), "{e:?}");
     let e = start(json!({ "target": "tgt" }));
     assert!(e.message.contains("source"), "{e:?}");
 

@@ -90,6 +90,8 @@ impl MirrorStart {
             wait_epoch: Some(self.epoch),
             last_wake: Instant::now(),
             waker,
+            allowance: BUFFER_BYTES,
+            refilled: Instant::now(),
         }
     }
 }
@@ -123,6 +125,9 @@ pub struct MirrorCopier {
     wait_epoch: Option<u64>,
     last_wake: Instant,
     waker: Option<Box<dyn Fn()>>,
+    /// Bytes the speed limit lets the copier start, and when that was last topped up.
+    allowance: u64,
+    refilled: Instant,
 }
 
 impl MirrorCopier {
@@ -233,16 +238,38 @@ impl MirrorCopier {
         false
     }
 
-    /// Starts copies of dirty chunks while buffers are free.
+    /// Bytes the job's speed limit lets the copier start now: what the elapsed time earned,
+    /// saved up to a tenth of a second's worth (or one buffer), so the limit holds over any
+    /// tenth of a second rather than on average over the job. `u64::MAX` without a limit.
+    fn budget(&mut self) -> u64 {
+        let speed = self.job.speed.load(Ordering::Relaxed);
+        if speed == 0 {
+            return u64::MAX;
+        }
+        let now = Instant::now();
+        let earned = u128::from(speed) * now.duration_since(self.refilled).as_nanos() / 1_000_000_000;
+        self.refilled = now;
+        // At least one chunk, however slow the limit, or the copier would never start one.
+        let cap = (speed / 10).max(BUFFER_BYTES).max(self.job.map.granularity());
+        self.allowance = (u128::from(self.allowance) + earned).min(u128::from(cap)) as u64;
+        self.allowance
+    }
+
+    /// Starts copies of dirty chunks while buffers are free and the speed limit allows.
     fn start_copies(&mut self) -> bool {
         if self.src.is_none() || self.tgt.is_none() {
             return false;
         }
+        let mut budget = self.budget();
+        let limited = budget != u64::MAX;
         let mut started = false;
         let mut skips = 0;
         let map = &self.job.map;
         let gran = map.granularity();
         while let Some(&slot) = self.free.last() {
+            if budget < gran {
+                break;
+            }
             let Some(c) = map.next_dirty(self.cursor) else { break };
             if !map.try_begin_copy(c) {
                 // A blocking write or a copy is on it: later.
@@ -255,7 +282,7 @@ impl MirrorCopier {
             }
             // Clear before reading: a write completing from here on marks it again.
             map.clear(c);
-            let cap = self.slots[slot as usize].buf.len() as u64 / gran;
+            let cap = (self.slots[slot as usize].buf.len() as u64 / gran).min(budget / gran);
             let mut n = 1;
             while n < cap && c + n < map.chunks() && map.is_dirty(c + n) && map.try_begin_copy(c + n) {
                 map.clear(c + n);
@@ -281,6 +308,7 @@ impl MirrorCopier {
                     self.in_flight += 1;
                     self.job.copies_in_flight.fetch_add(1, Ordering::Relaxed);
                     self.cursor = c + n;
+                    budget -= len;
                     started = true;
                 }
                 Err(e) => {
@@ -295,6 +323,9 @@ impl MirrorCopier {
                     break;
                 }
             }
+        }
+        if limited {
+            self.allowance = budget;
         }
         started
     }

@@ -65,6 +65,8 @@ pub struct MirrorStatus {
     pub in_flight: u64,
     /// The chunk size, in bytes.
     pub granularity: u64,
+    /// The copy's speed limit in bytes per second; 0: none.
+    pub speed: u64,
     /// Why it failed.
     pub error: Option<String>,
 }
@@ -77,6 +79,9 @@ pub struct MirrorOptions {
     /// Bytes per bitmap bit; `None` picks 64 KiB, or more for a disk so large that the bitmap
     /// would exceed 1 MiB.
     pub granularity: Option<u64>,
+    /// The copy's speed limit in bytes per second (QEMU's `speed`); 0: none. Guest writes
+    /// mirrored once the job is ready are never held back by it.
+    pub speed: u64,
 }
 
 // The phases, in order. A job moves forward only.
@@ -115,6 +120,8 @@ pub(crate) struct MirrorShared {
     /// Writes in flight on the source alone while attached (and whatever each channel had in
     /// flight when it attached): each marks its chunks when it completes.
     pub(crate) source_only: AtomicI64,
+    /// The copier's limit in bytes per second (0: none), changeable while the job runs.
+    pub(crate) speed: AtomicU64,
 }
 
 impl MirrorShared {
@@ -230,6 +237,7 @@ impl MirrorJob {
             copies_in_flight: AtomicU64::new(0),
             dual_in_flight: AtomicI64::new(0),
             source_only: AtomicI64::new(0),
+            speed: AtomicU64::new(options.speed),
         });
         let epoch = source.attach_mirror(&shared)?;
         log::info!(
@@ -277,8 +285,15 @@ impl MirrorJob {
             dirty_bytes: dirty,
             in_flight: s.copies_in_flight.load(Ordering::Relaxed) + duals,
             granularity: g,
+            speed: s.speed.load(Ordering::Relaxed),
             error: s.error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
+    }
+
+    /// Changes the copy's speed limit (bytes per second, 0: none; QEMU's
+    /// `block-job-set-speed`), from the copier's next round.
+    pub fn set_speed(&self, speed: u64) {
+        self.0.speed.store(speed, Ordering::Relaxed);
     }
 
     /// Asks a `ready` job to complete: once nothing is dirty and no write is in flight on the

@@ -84,7 +84,7 @@ fn source(blocks: u64) -> Disk {
 }
 
 fn opts(granularity: Option<u64>) -> MirrorOptions {
-    MirrorOptions { job_id: "job0".into(), granularity }
+    MirrorOptions { job_id: "job0".into(), granularity, speed: 0 }
 }
 
 /// Runs one request to completion on `ch`, polling `also` meanwhile.
@@ -348,7 +348,7 @@ fn refuses_what_cannot_work() {
     let e = err(MirrorJob::start(
         &src,
         ram("t2", 2048),
-        MirrorOptions { job_id: "other".into(), granularity: None },
+        MirrorOptions { job_id: "other".into(), granularity: None, speed: 0 },
     ));
     assert!(e.contains("already mirrored by job 'job0'"), "{e}");
 }
@@ -491,4 +491,32 @@ fn a_blocking_write_under_a_running_copy_marks_its_chunk_again() {
     let mut tch = tgt.open_channel().unwrap();
     assert_eq!(run_io(&mut *tch, IoOp::Read, at, &mut got, &mut || {}), IoStatus::Success);
     assert_eq!(got, data, "the target has the write, not the copy's older data");
+}
+
+#[test]
+fn a_speed_limit_paces_the_copy_and_can_be_lifted() {
+    // 8 MiB at 16 MiB/s: the first tenth of a second's worth (1.6 MiB) goes at once, the rest
+    // at the limit, so about 0.4 s; unlimited it takes milliseconds.
+    let src = source(8 << 20 >> 9);
+    let tgt = ram("tgt", 8 << 20 >> 9);
+    let options = MirrorOptions { speed: 16 << 20, ..opts(None) };
+    let (job, start) = MirrorJob::start(&src, tgt, options).unwrap();
+    assert_eq!(job.status().speed, 16 << 20);
+    let mut copier = start.open(None);
+    let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!("accounting is on") };
+    let t0 = Instant::now();
+    // After 0.15 s at most a tenth of a second saved up plus 0.15 s earned can be copied.
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| t0.elapsed() >= Duration::from_millis(150)));
+    let copied = job.status().copied;
+    assert!(copied > 0, "the copy started");
+    assert!(copied <= (16 << 20) / 10 + (16 << 20) * 25 / 100, "{copied} bytes copied in 0.15 s at 16 MiB/s");
+    assert_eq!(job.state(), MirrorState::Running);
+    // Lifted: the rest goes at once.
+    job.set_speed(0);
+    assert_eq!(job.status().speed, 0);
+    let t1 = Instant::now();
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state() == MirrorState::Ready));
+    assert!(t1.elapsed() < Duration::from_secs(5));
+    job.cancel().unwrap();
+    drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state().is_final());
 }

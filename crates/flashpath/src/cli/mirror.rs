@@ -1,4 +1,4 @@
-//! `mirror start|status|complete|cancel`: jobs that copy a live disk to another
+//! `mirror start|status|set-speed|complete|cancel`: jobs that copy a live disk to another
 //! (`bdev_mirror_*`, docs/mirror.md).
 
 use std::path::Path;
@@ -15,6 +15,12 @@ pub(crate) enum MirrorCommand {
     Start(MirrorStartArgs),
     /// Jobs: state, bytes copied, bytes still dirty (or one job)
     Status { job_id: Option<String> },
+    /// Limit how fast a job copies, in bytes per second, e.g. 100MiB (0: no limit)
+    SetSpeed {
+        job_id: String,
+        #[arg(value_parser = size::parse_size)]
+        speed: u64,
+    },
     /// Complete a ready job: returns once the target holds the source's data and is free
     Complete { job_id: String },
     /// Cancel a job (the target keeps what was copied), or dismiss one that ended
@@ -34,11 +40,20 @@ pub(crate) struct MirrorStartArgs {
     /// so large that the bitmap would pass 1 MiB]
     #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
     granularity: Option<u64>,
+    /// Copy at most this many bytes per second, e.g. 200MiB, so the disk's own I/O keeps its
+    /// share of the daemon [default: no limit]
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    speed: Option<u64>,
 }
 
-/// `bdev_mirror_start`'s parameters and the arguments that set them.
-const MIRROR_FLAGS: &[(&str, &str)] =
-    &[("source", "SOURCE"), ("target", "TARGET"), ("job_id", "JOB_ID"), ("granularity", "--granularity")];
+/// The mirror methods' parameters and the arguments that set them.
+const MIRROR_FLAGS: &[(&str, &str)] = &[
+    ("source", "SOURCE"),
+    ("target", "TARGET"),
+    ("job_id", "JOB_ID"),
+    ("granularity", "--granularity"),
+    ("speed", "--speed"),
+];
 
 /// `mirror start|status|complete|cancel`.
 pub(crate) fn run(rpc: &Path, json: bool, cmd: MirrorCommand) -> Result<(), CliError> {
@@ -51,9 +66,19 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: MirrorCommand) -> Result<(), CliE
             if let Some(g) = a.granularity {
                 params["granularity"] = json!(g);
             }
+            if let Some(v) = a.speed {
+                params["speed"] = json!(v);
+            }
             one_call(rpc, json, MIRROR_FLAGS, "bdev_mirror_start", params)
         }
         MirrorCommand::Status { job_id } => status(rpc, json, job_id),
+        MirrorCommand::SetSpeed { job_id, speed } => one_call(
+            rpc,
+            json,
+            MIRROR_FLAGS,
+            "bdev_mirror_set_speed",
+            json!({ "job_id": job_id, "speed": speed }),
+        ),
         MirrorCommand::Complete { job_id } => {
             one_call(rpc, json, MIRROR_FLAGS, "bdev_mirror_complete", json!({ "job_id": job_id }))
         }

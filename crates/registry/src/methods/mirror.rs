@@ -1,7 +1,8 @@
-//! The mirror methods: `bdev_mirror_start`, `bdev_mirror_get_jobs`, `bdev_mirror_complete`,
-//! `bdev_mirror_cancel`. SPDK has no back-end mirror; the names follow its `bdev_<what>_<verb>`
+//! The mirror methods: `bdev_mirror_start`, `bdev_mirror_get_jobs`, `bdev_mirror_set_speed`,
+//! `bdev_mirror_complete`, `bdev_mirror_cancel`. SPDK has no back-end mirror; the names follow its `bdev_<what>_<verb>`
 //! pattern, and the job model is QEMU's (`blockdev-mirror`, `query-block-jobs`,
-//! `block-job-complete`, `block-job-cancel`) with its state names where they mean the same.
+//! `block-job-set-speed`, `block-job-complete`, `block-job-cancel`; `speed` in bytes per
+//! second as QEMU's) with its state names where they mean the same.
 //! Complete and cancel wait until the job has let go of both disks, so a caller may use the
 //! target (or delete it) as soon as they return.
 
@@ -23,6 +24,7 @@ fn job_json(s: &MirrorStatus) -> Value {
         "dirty_bytes": s.dirty_bytes,
         "in_flight": s.in_flight,
         "granularity": s.granularity,
+        "speed": s.speed,
     });
     if let Some(e) = &s.error {
         v["error"] = json!(e);
@@ -30,14 +32,15 @@ fn job_json(s: &MirrorStatus) -> Value {
     v
 }
 
-/// `{source, target, job_id?, granularity?}` -> the job's id.
+/// `{source, target, job_id?, granularity?, speed?}` -> the job's id.
 pub(crate) fn bdev_mirror_start(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let source = p.required_str("source")?;
     let target = p.required_str("target")?;
     let job_id = p.optional_str("job_id")?;
     let granularity = p.optional_uint("granularity", MAX_GRANULARITY)?;
+    let speed = p.optional_uint("speed", u64::MAX)?.unwrap_or(0);
     p.finish()?;
-    let id = registry.mirror_start(MirrorSpec { source, target, job_id, granularity })?;
+    let id = registry.mirror_start(MirrorSpec { source, target, job_id, granularity, speed })?;
     Ok(json!(id))
 }
 
@@ -47,6 +50,15 @@ pub(crate) fn bdev_mirror_get_jobs(registry: &Registry, mut p: Params) -> Result
     p.finish()?;
     let jobs = registry.mirror_jobs(job_id.as_deref())?;
     Ok(jobs.iter().map(job_json).collect())
+}
+
+/// `{job_id, speed}`: the copy's new speed limit in bytes per second (0: none).
+pub(crate) fn bdev_mirror_set_speed(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let job_id = p.required_str("job_id")?;
+    let speed = p.required_uint("speed", u64::MAX)?;
+    p.finish()?;
+    registry.mirror_set_speed(&job_id, speed)?;
+    Ok(json!(true))
 }
 
 /// `{job_id}`: a ready job completes; returns once it has.

@@ -101,6 +101,7 @@ pub const METHODS: &[(&str, MethodFn)] = &[
     // Mirror jobs (mirror.rs).
     ("bdev_mirror_start", mirror::bdev_mirror_start),
     ("bdev_mirror_get_jobs", mirror::bdev_mirror_get_jobs),
+    ("bdev_mirror_set_speed", mirror::bdev_mirror_set_speed),
     ("bdev_mirror_complete", mirror::bdev_mirror_complete),
     ("bdev_mirror_cancel", mirror::bdev_mirror_cancel),
 ];
