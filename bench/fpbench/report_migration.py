@@ -132,6 +132,11 @@ def migration_markdown(res):
                 lines.append(f"| during the copy ({_f(io.get('copy_s_under_load'), '{:.2f}')} s to ready under load) | "
                              f"{_f(io.get('during_copy'))} | **{_r(io.get('ratio_during_copy'))}** |")
                 lines.append(f"| job ready (writes mirrored) | {_f(io.get('ready'))} | {_r(io.get('ratio_ready'))} |")
+            lim = io.get("limited") or {}
+            if lim.get("during_copy") is not None:
+                lines.append(f"| during a copy limited to {lim['speed'] / 1e6:,.0f} MB/s (`speed`; "
+                             f"{_f(lim.get('copy_s_under_load'), '{:.2f}')} s to ready) | {_f(lim['during_copy'])} | "
+                             f"{_r(lim.get('ratio_during_copy'))} |")
         for n in mr.get("notes") or []:
             lines.append(f"Note: {n}")
         lines.append("")

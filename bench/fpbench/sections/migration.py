@@ -314,10 +314,14 @@ class MigrationSection:
         log(f"nbdcopy: {size // MIB} MiB in {secs:.2f} s = {r['mbps']:.0f} MB/s")
         return r
 
-    def mig_start_mirror(self, src, dst):
-        """Attaches the destination's export on the source and starts a job; the job id."""
+    def mig_start_mirror(self, src, dst, speed=0):
+        """Attaches the destination's export on the source and starts a job (copying at most
+        `speed` bytes per second, 0: no limit); the job id."""
         src.rpc("bdev_nbd_client_create", {"name": "remote0", "address": dst.nbd, "export_name": "Malloc0"})
-        jid = src.rpc("bdev_mirror_start", {"source": "Malloc0", "target": "remote0", "job_id": "mig0"})
+        params = {"source": "Malloc0", "target": "remote0", "job_id": "mig0"}
+        if speed:
+            params["speed"] = speed
+        jid = src.rpc("bdev_mirror_start", params)
         return jid if isinstance(jid, str) else "mig0"
 
     def mig_job(self, src, jid):
@@ -381,17 +385,37 @@ class MigrationSection:
         log(f"source disk alone: {m['iops']['alone']:.0f} IOPS")
         if missing:
             return
+        during, ready, copy_s = self.mig_iops_during(src, dst, sock, c, point, secs, 0)
+        m["iops"]["during_copy"] = median(during)
+        m["iops"]["ready"] = median(ready)
+        m["iops"]["copy_s_under_load"] = median(copy_s)
+        m["iops"]["ratio_during_copy"] = ratio(m["iops"]["during_copy"], m["iops"]["alone"])
+        m["iops"]["ratio_ready"] = ratio(m["iops"]["ready"], m["iops"]["alone"])
+        log(f"source disk during the copy: {m['iops']['during_copy'] or 0:.0f} IOPS, job ready: "
+            f"{m['iops']['ready'] or 0:.0f} IOPS (alone {m['iops']['alone']:.0f})")
+        # The same with the job's speed limit (QEMU's `speed`), the knob that trades copy time
+        # for the source's share: a quarter of nbdcopy's rate here.
+        limit = int((m.get("nbdcopy_mbps") or 1000) * 1e6 / 4)
+        during, _, copy_s = self.mig_iops_during(src, dst, sock, c, point, secs, limit)
+        m["iops"]["limited"] = {"speed": limit, "during_copy": median(during), "copy_s_under_load": median(copy_s),
+                                "ratio_during_copy": ratio(median(during), m["iops"]["alone"])}
+        log(f"source disk during a copy limited to {limit / 1e6:.0f} MB/s: {median(during) or 0:.0f} IOPS, "
+            f"{median(copy_s) or 0:.2f} s to ready")
+
+    def mig_iops_during(self, src, dst, sock, c, point, secs, speed):
+        """fp-load's IOPS on the source during the copy phase of a job limited to `speed`
+        (0: none), and with the job ready; (during, ready, seconds to ready) per repetition."""
         during, ready, copy_s = [], [], []
         for _ in range(c["reps"]):
             # The copy phase: the job starts 0.2 s into a timeline run; IOPS over the whole 100 ms
             # windows between its start and its ready.
             p = subprocess.Popen([self.loader.bin, "--socket", sock, "--pattern", "randwrite", "--bs", "4096",
-                                  "--qd", "32", "--time", f"{secs + 2}s", "--cpu", str(self.client_cpu),
+                                  "--qd", "32", "--time", f"{secs + (6 if speed else 2)}s", "--cpu", str(self.client_cpu),
                                   "--timeline", "100ms", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
             t_run = time.monotonic()
             time.sleep(0.2)
-            jid = self.mig_start_mirror(src, dst)
+            jid = self.mig_start_mirror(src, dst, speed)
             t_start = time.monotonic() - t_run
             took, j = self.mig_wait_ready(src, jid, c["timeout"])
             out, err = p.communicate(timeout=secs + 120)
@@ -401,20 +425,15 @@ class MigrationSection:
             ios = tl.get("ios") or []
             if took:
                 copy_s.append(took)
-                a, b = int(t_start * 10) + 1, int((t_start + took) * 10)
+                # Only whole windows inside fp-load's run (a limited copy may outlast it).
+                a, b = int(t_start * 10) + 1, min(int((t_start + took) * 10), len(ios))
                 if b > a:
                     during.append(sum(ios[a:b]) / ((b - a) / 10))
             # The job ready: every write goes to both disks.
             if (j or {}).get("state") == "ready":
                 ready.append(measure(src, self.loader, sock, point, secs, False)["iops"])
             self.mig_stop_mirror(src, jid, complete=False)
-        m["iops"]["during_copy"] = median(during)
-        m["iops"]["ready"] = median(ready)
-        m["iops"]["copy_s_under_load"] = median(copy_s)
-        m["iops"]["ratio_during_copy"] = ratio(m["iops"]["during_copy"], m["iops"]["alone"])
-        m["iops"]["ratio_ready"] = ratio(m["iops"]["ready"], m["iops"]["alone"])
-        log(f"source disk during the copy: {m['iops']['during_copy'] or 0:.0f} IOPS, job ready: "
-            f"{m['iops']['ready'] or 0:.0f} IOPS (alone {m['iops']['alone']:.0f})")
+        return during, ready, copy_s
 
 
 class QsdTwoExports:
