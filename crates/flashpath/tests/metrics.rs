@@ -173,6 +173,8 @@ fn prometheus_scrapes_read_counts_and_promtool_accepts_the_exposition() {
         text.contains("flashpath_vhost_logged_pages_total{ctrlr=\"c0\",bdev=\"d0\",what=\"data\"} 0\n"),
         "{text}"
     );
+    // Guest kicks (the unit tests check the count): the series is there for every controller.
+    assert!(text.contains("flashpath_vhost_kicks_total{ctrlr=\"c0\",bdev=\"d0\"} "), "{text}");
     // The client's one queue, on its own.
     assert!(
         text.contains("flashpath_vhost_queue_in_flight{ctrlr=\"c0\",bdev=\"d0\",queue=\"0\"} 0\n"),

@@ -42,6 +42,23 @@ macro_rules! io_counters {
         }
 
         impl ControllerStats {
+            /// Requests completed, whatever their status.
+            pub fn completed(&self) -> u64 {
+                self.read_ops
+                    + self.write_ops
+                    + self.flush_ops
+                    + self.discard_ops
+                    + self.write_zeroes_ops
+                    + self.get_id_ops
+                    + self.io_errors
+                    + self.unsupported
+            }
+
+            /// Requests completed per guest notification sent; `None` before the first one.
+            pub fn requests_per_notification(&self) -> Option<f64> {
+                (self.notifications > 0).then(|| self.completed() as f64 / self.notifications as f64)
+            }
+
             /// Adds one queue's counters.
             pub fn add(&mut self, q: &QueueStats) {
                 $( self.$name += q.$name.load(Ordering::Relaxed); )*
@@ -68,6 +85,9 @@ io_counters! {
     failed_queues,
     /// Guest notifications sent (call eventfd writes).
     notifications,
+    /// Guest kicks received: the kick eventfd's count, read before the queue sleeps (a driver
+    /// kicks only while the queue sleeps; polling, the queue asks it not to).
+    kicks,
     /// Live migration: 4 KiB pages marked in the dirty log, every write counted (data, status
     /// bytes, used ring; a page marked twice counts twice).
     logged_pages,

@@ -68,13 +68,30 @@ pub(crate) fn run(rpc: &Path, json: bool) -> Result<(), CliError> {
                 format_size(u64_field(st, "bytes_written")),
                 cell(st, "in_flight"),
                 cell(st, "io_errors"),
+                cell(st, "notifications"),
+                cell(st, "kicks"),
+                st["requests_per_notification"]
+                    .as_f64()
+                    .map_or_else(|| "-".to_string(), |r| format!("{r:.1}")),
             ]
         })
         .collect();
     if !rows.is_empty() {
         out("");
         out(&table(
-            &["CONTROLLER", "DISK", "READS", "WRITES", "READ", "WRITTEN", "IN FLIGHT", "ERRORS"],
+            &[
+                "CONTROLLER",
+                "DISK",
+                "READS",
+                "WRITES",
+                "READ",
+                "WRITTEN",
+                "IN FLIGHT",
+                "ERRORS",
+                "NOTIFY",
+                "KICKS",
+                "IO/NOTIFY",
+            ],
             &rows,
         ));
     }

@@ -52,11 +52,69 @@ pub struct ReactorCounters {
     pub sleeping: bool,
 }
 
+/// One vhost controller's notification counters at one instant.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ControllerCounters {
+    pub completed: u64,
+    pub notifications: u64,
+    pub kicks: u64,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub at: Instant,
     pub disks: BTreeMap<String, DiskCounters>,
     pub reactors: Vec<ReactorCounters>,
+    pub controllers: BTreeMap<String, ControllerCounters>,
+}
+
+/// One controller's line: per-second rates over the interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerRow {
+    pub name: String,
+    pub iops: f64,
+    pub notifications: f64,
+    pub kicks: f64,
+    /// Requests completed per notification in the interval; `None` without notifications.
+    pub requests_per_notification: Option<f64>,
+}
+
+/// Per-second notification rates between two samples; a controller new in `cur` counts from
+/// zero.
+pub fn controller_rows(prev: &Sample, cur: &Sample) -> Vec<ControllerRow> {
+    let secs = cur.at.duration_since(prev.at).as_secs_f64().max(1e-6);
+    let zero = ControllerCounters::default();
+    cur.controllers
+        .iter()
+        .map(|(name, c)| {
+            let p = prev.controllers.get(name).unwrap_or(&zero);
+            let completed = c.completed.saturating_sub(p.completed) as f64;
+            let notifications = c.notifications.saturating_sub(p.notifications) as f64;
+            ControllerRow {
+                name: name.clone(),
+                iops: completed / secs,
+                notifications: notifications / secs,
+                kicks: c.kicks.saturating_sub(p.kicks) as f64 / secs,
+                requests_per_notification: (notifications > 0.0).then(|| completed / notifications),
+            }
+        })
+        .collect()
+}
+
+/// Controllers from `vhost_get_controllers`.
+pub fn controllers_from(ctrls: &Value) -> BTreeMap<String, ControllerCounters> {
+    list(ctrls)
+        .iter()
+        .map(|c| {
+            let st = &c["stats"];
+            let counters = ControllerCounters {
+                completed: u64_at(st, "completed"),
+                notifications: u64_at(st, "notifications"),
+                kicks: u64_at(st, "kicks"),
+            };
+            (c["ctrlr"].as_str().unwrap_or_default().to_string(), counters)
+        })
+        .collect()
 }
 
 /// One disk's line on the screen.
@@ -218,7 +276,8 @@ pub fn disk_counters(s: &mut Session) -> Result<BTreeMap<String, DiskCounters>, 
 fn sample(s: &mut Session) -> Result<Sample, CliError> {
     let disks = disk_counters(s)?;
     let reactors = reactors_from(&s.call("framework_get_reactors", None)?);
-    Ok(Sample { at: Instant::now(), disks, reactors })
+    let controllers = controllers_from(&s.call("vhost_get_controllers", None)?);
+    Ok(Sample { at: Instant::now(), disks, reactors, controllers })
 }
 
 fn us(v: Option<f64>) -> String {
@@ -236,10 +295,17 @@ fn column_width(cells: impl Iterator<Item = usize>, header: &str) -> u16 {
     cells.max().unwrap_or(0).max(header.len()) as u16 + 2
 }
 
-fn draw(f: &mut Frame, rpc: &Path, disks: &[DiskRow], reactors: &[(u64, f64, bool)]) {
-    let [title, disk_area, reactor_area] = Layout::vertical([
+fn draw(
+    f: &mut Frame,
+    rpc: &Path,
+    disks: &[DiskRow],
+    ctrls: &[ControllerRow],
+    reactors: &[(u64, f64, bool)],
+) {
+    let [title, disk_area, ctrl_area, reactor_area] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Length(disks.len() as u16 + 3),
+        Constraint::Length(if ctrls.is_empty() { 0 } else { ctrls.len() as u16 + 3 }),
         Constraint::Length(reactors.len() as u16 + 3),
     ])
     .areas(f.area());
@@ -284,6 +350,29 @@ fn draw(f: &mut Frame, rpc: &Path, disks: &[DiskRow], reactors: &[(u64, f64, boo
             .block(Block::bordered().title(" disks ")),
         disk_area,
     );
+    let rows = ctrls.iter().map(|c| {
+        Row::new(vec![
+            c.name.clone(),
+            format!("{:.0}", c.iops),
+            format!("{:.0}", c.notifications),
+            format!("{:.0}", c.kicks),
+            c.requests_per_notification.map_or_else(|| "-".to_string(), |r| format!("{r:.1}")),
+        ])
+    });
+    let widths = [
+        Constraint::Length(column_width(ctrls.iter().map(|c| c.name.chars().count()), "CONTROLLER")),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Length(10),
+    ];
+    let header = ["CONTROLLER", "IO/s", "NOTIFY/s", "KICKS/s", "IO/NOTIFY"];
+    f.render_widget(
+        Table::new(rows, widths)
+            .header(Row::new(header).style(bold))
+            .block(Block::bordered().title(" guest notifications ")),
+        ctrl_area,
+    );
     let rows = reactors.iter().map(|(lcore, pct, sleeping)| {
         let state = if *sleeping { "sleeping" } else { "polling" };
         Row::new(vec![lcore.to_string(), format!("{pct:.1}"), state.to_string()])
@@ -312,10 +401,11 @@ pub fn run(rpc: &Path) -> Result<(), CliError> {
     let outcome = (|| -> Result<(), CliError> {
         // The first frame shows totals-free zeroes until the first interval has passed.
         let mut disks = disk_rows(&prev, &prev);
+        let mut ctrls = controller_rows(&prev, &prev);
         let mut reactors = reactor_busy(&prev, &prev);
         let mut next = Instant::now() + REFRESH;
         loop {
-            terminal.draw(|f| draw(f, rpc, &disks, &reactors)).map_err(CliError::Terminal)?;
+            terminal.draw(|f| draw(f, rpc, &disks, &ctrls, &reactors)).map_err(CliError::Terminal)?;
             let wait = next.saturating_duration_since(Instant::now());
             if event::poll(wait).map_err(CliError::Terminal)? {
                 if let Event::Key(k) = event::read().map_err(CliError::Terminal)? {
@@ -330,6 +420,7 @@ pub fn run(rpc: &Path) -> Result<(), CliError> {
             }
             let cur = sample(&mut session)?;
             disks = disk_rows(&prev, &cur);
+            ctrls = controller_rows(&prev, &cur);
             reactors = reactor_busy(&prev, &cur);
             prev = cur;
             next = Instant::now() + REFRESH;
@@ -350,11 +441,17 @@ mod tests {
             json!({"tick_rate": 1_000_000u64, "bdevs": [{"name": "d0", "num_read_ops": reads,
                 "bytes_read": reads * 4096, "read_latency_ticks": ticks, "queue_depth": 4, "io_error": {"EIO": 1}}]})
         };
-        let prev = Sample { at: t0, disks: disks_from_iostat(&io(100, 1000)), reactors: vec![] };
+        let prev = Sample {
+            at: t0,
+            disks: disks_from_iostat(&io(100, 1000)),
+            reactors: vec![],
+            controllers: BTreeMap::new(),
+        };
         let cur = Sample {
             at: t0 + Duration::from_secs(2),
             disks: disks_from_iostat(&io(300, 3000)),
             reactors: vec![],
+            controllers: BTreeMap::new(),
         };
         let rows = disk_rows(&prev, &cur);
         assert_eq!(rows.len(), 1);
@@ -382,6 +479,7 @@ mod tests {
             at: t0 + Duration::from_secs(secs),
             disks: disks_from_iostat(&v),
             reactors: vec![],
+            controllers: BTreeMap::new(),
         };
         let (prev, cur) = (at(0, io(0, 250_000)), at(2, io(12, 750_000)));
         assert_eq!(cur.disks["d0"].qos_queued, 12);
@@ -403,8 +501,18 @@ mod tests {
     fn reactor_busy_share_of_the_interval() {
         let t0 = Instant::now();
         let r = |busy, idle| ReactorCounters { lcore: 3, busy_ns: busy, idle_ns: idle, sleeping: false };
-        let prev = Sample { at: t0, disks: BTreeMap::new(), reactors: vec![r(1000, 1000)] };
-        let cur = Sample { at: t0, disks: BTreeMap::new(), reactors: vec![r(4000, 2000)] };
+        let prev = Sample {
+            at: t0,
+            disks: BTreeMap::new(),
+            reactors: vec![r(1000, 1000)],
+            controllers: BTreeMap::new(),
+        };
+        let cur = Sample {
+            at: t0,
+            disks: BTreeMap::new(),
+            reactors: vec![r(4000, 2000)],
+            controllers: BTreeMap::new(),
+        };
         assert_eq!(reactor_busy(&prev, &cur), [(3, 75.0, false)]);
     }
 
@@ -417,10 +525,41 @@ mod tests {
         let d = &disks_from_controllers(&c)["d0"];
         assert_eq!((d.read_ops, d.queue_depth, d.latency_s), (5, 3, None));
         let rows = disk_rows(
-            &Sample { at: Instant::now(), disks: BTreeMap::new(), reactors: vec![] },
-            &Sample { at: Instant::now(), disks: disks_from_controllers(&c), reactors: vec![] },
+            &Sample {
+                at: Instant::now(),
+                disks: BTreeMap::new(),
+                reactors: vec![],
+                controllers: BTreeMap::new(),
+            },
+            &Sample {
+                at: Instant::now(),
+                disks: disks_from_controllers(&c),
+                reactors: vec![],
+                controllers: BTreeMap::new(),
+            },
         );
         // Controllers know nothing of QoS: no number rather than a made-up zero.
         assert_eq!(qos_cell(&rows[0]), "-");
+    }
+
+    #[test]
+    fn notification_rates_and_requests_per_notification_come_from_the_interval() {
+        let c = |completed: u64, notifications: u64, kicks: u64| json!([{"ctrlr": "vhost.0", "stats": {"completed": completed, "notifications": notifications, "kicks": kicks}}]);
+        let t0 = Instant::now();
+        let at = |secs: u64, v: Value| Sample {
+            at: t0 + Duration::from_secs(secs),
+            disks: BTreeMap::new(),
+            reactors: vec![],
+            controllers: controllers_from(&v),
+        };
+        // Before: 1000 requests over 10 notifications; in the 2 s after, 6400 more over 100.
+        let rows = controller_rows(&at(0, c(1000, 10, 4)), &at(2, c(7400, 110, 24)));
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!((r.name.as_str(), r.iops, r.notifications, r.kicks), ("vhost.0", 3200.0, 50.0, 10.0));
+        assert_eq!(r.requests_per_notification, Some(64.0));
+        // No notification in the interval: no ratio rather than a division by zero.
+        let idle = controller_rows(&at(2, c(7400, 110, 24)), &at(3, c(7400, 110, 24)));
+        assert_eq!(idle[0].requests_per_notification, None);
     }
 }

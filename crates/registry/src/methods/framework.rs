@@ -79,7 +79,7 @@ pub(crate) fn flashpath_get_stats(registry: &Registry, p: Params) -> Result<Valu
             "ctrlr": c.name,
             "bdev": c.bdev_name,
             "connected": c.connected,
-            "stats": c.stats,
+            "stats": crate::exports::vhost_blk::rpc::stats_json(&c.stats),
         })).collect::<Vec<_>>(),
         "reactors": {
             "count": reactors.len(),

@@ -14,7 +14,7 @@ use crate::methods::MethodFn;
 use crate::metrics::{array, str_at, u64_at, Family};
 use crate::{Registry, RegistryError};
 
-mod rpc;
+pub(crate) mod rpc;
 
 /// [`Export::kind`] of a vhost-user-blk controller.
 pub const KIND: &str = "vhost-blk";
@@ -232,7 +232,7 @@ impl ExportKind for VhostBlkKind {
 }
 
 /// `vhost_get_controllers`: what each guest-facing controller did, and holds now.
-fn controller_families(c: &Value) -> [Family; 9] {
+fn controller_families(c: &Value) -> [Family; 10] {
     let mut ops =
         Family::counter("flashpath_vhost_requests_total", "Requests a controller completed, by type");
     let mut bytes = Family::counter("flashpath_vhost_bytes_total", "Bytes a controller moved, by direction");
@@ -242,6 +242,7 @@ fn controller_families(c: &Value) -> [Family; 9] {
         Family::counter("flashpath_vhost_unsupported_total", "Requests completed with VIRTIO_BLK_S_UNSUPP");
     let mut notifications =
         Family::counter("flashpath_vhost_notifications_total", "Guest notifications sent");
+    let mut kicks = Family::counter("flashpath_vhost_kicks_total", "Guest kicks received");
     let mut in_flight =
         Family::gauge("flashpath_vhost_in_flight", "Requests taken from the rings and not yet completed");
     let mut connected = Family::gauge("flashpath_vhost_connected", "1 while a guest is connected");
@@ -279,6 +280,7 @@ fn controller_families(c: &Value) -> [Family; 9] {
         errors.push(base.clone(), u64_at(st, "io_errors"));
         unsupported.push(base.clone(), u64_at(st, "unsupported"));
         notifications.push(base.clone(), u64_at(st, "notifications"));
+        kicks.push(base.clone(), u64_at(st, "kicks"));
         // `logged_pages` counts every mark, `logged_data_pages` those of read data.
         let (all, data) = (u64_at(st, "logged_pages"), u64_at(st, "logged_data_pages"));
         logged.push(with("what", "data"), data);
@@ -289,5 +291,5 @@ fn controller_families(c: &Value) -> [Family; 9] {
         }
         connected.push(base, u64::from(ctrl.get("connected").and_then(Value::as_bool) == Some(true)));
     }
-    [ops, bytes, errors, unsupported, notifications, logged, in_flight, connected, queue_in_flight]
+    [ops, bytes, errors, unsupported, notifications, kicks, logged, in_flight, connected, queue_in_flight]
 }

@@ -4,7 +4,7 @@
 //! destination beside its source, docs/migration.md) and per-queue counters.
 
 use fp_rpc::{Neutral, Params};
-use fp_vhost_blk::ControllerInfo;
+use fp_vhost_blk::{ControllerInfo, ControllerStats};
 use serde_json::{json, Value};
 
 use super::VhostBlkSpec;
@@ -78,12 +78,21 @@ fn controller_json(c: &ControllerInfo) -> Value {
         "num_queues": c.num_queues,
         "cores": c.cores,
         "connected": c.connected,
-        "stats": c.stats,
+        "stats": stats_json(&c.stats),
         // flashpath's: each started queue's counters, `in_flight` among them.
         "queues": c.queues.iter().map(|(id, st)| {
-            let mut q = json!(st);
+            let mut q = stats_json(st);
             q["id"] = json!(id);
             q
         }).collect::<Vec<_>>(),
     })
+}
+
+/// A controller's or queue's counters, with the requests completed (whatever their status) and
+/// the requests completed per guest notification (`null` before the first notification).
+pub(crate) fn stats_json(st: &ControllerStats) -> Value {
+    let mut v = json!(st);
+    v["completed"] = json!(st.completed());
+    v["requests_per_notification"] = json!(st.requests_per_notification());
+    v
 }

@@ -1,0 +1,288 @@
+//! Guest notifications on the data path: a queue polled by hand against rings this test writes
+//! as the driver would (`queue_test_guest`), counting the call eventfd's writes against what
+//! the driver asked for (virtio 1.2 §2.7.7, §2.7.10 for split rings, §2.8.10 for packed), the
+//! early signal of a new batch, the kick counter, and the coalescing bound under a stepped
+//! clock.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use fp_bdev::{
+    Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoRequest, IoStatus, RamDevice, SubmitError,
+};
+use fp_reactor::Poller;
+
+use super::test_guest::*;
+use super::{QueuePoller, FIRST_SIGNAL_BATCH};
+use crate::coalesce::{Clock, CoalescingSettings};
+use crate::log::QueueLog;
+use crate::QueueStats;
+
+/// Split: `VRING_AVAIL_F_NO_INTERRUPT` in the available ring's flags, `used_event` after its
+/// ring.
+const AVAIL_F_NO_INTERRUPT: u16 = 1;
+const USED_EVENT: u64 = AVAIL + 4 + 2 * SIZE as u64;
+/// Packed: the driver event suppression area (at AVAIL in this layout): off_wrap, flags.
+const EV_ENABLE: u16 = 0;
+const EV_DISABLE: u16 = 1;
+const EV_DESC: u16 = 2;
+
+/// How many times the call eventfd was written since the last look (0 if never).
+fn take(f: &File) -> u64 {
+    let mut buf = [0u8; 8];
+    match (&*f).read(&mut buf) {
+        Ok(8) => u64::from_ne_bytes(buf),
+        _ => 0,
+    }
+}
+
+fn readable(f: &File) -> bool {
+    let mut pfd = libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd, zero timeout.
+    unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
+}
+
+/// Posts `n` 512-byte reads, request `i` with its own status byte.
+fn post_reads(g: &mut Guest, n: u16) {
+    for i in 0..n {
+        g.header(HDR, T_IN, u64::from(i));
+        g.post(&[
+            (HDR, 16, false),
+            (0x40000 + 512 * u64::from(i), 512, true),
+            (STATUS + u64::from(i), 1, true),
+        ]);
+    }
+}
+
+fn start(g: &Guest, bdev: &Bdev) -> (QueuePoller, Arc<QueueStats>) {
+    let stats = Arc::new(QueueStats::default());
+    (QueuePoller::new(g.setup(bdev, &stats, QueueLog::default())).unwrap(), stats)
+}
+
+/// A RAM disk whose channel notes, at every submission, whether the driver had been signalled
+/// by then: what the driver could have seen while the rest of the batch was being taken.
+struct Probe {
+    inner: RamDevice,
+    call: File,
+    seen: Arc<Mutex<Vec<bool>>>,
+}
+
+struct ProbeChannel {
+    inner: Box<dyn IoChannel>,
+    call: File,
+    seen: Arc<Mutex<Vec<bool>>>,
+}
+
+impl BlockDevice for Probe {
+    fn info(&self) -> &BdevInfo {
+        self.inner.info()
+    }
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        Ok(Box::new(ProbeChannel {
+            inner: self.inner.open_channel()?,
+            call: self.call.try_clone().unwrap(),
+            seen: self.seen.clone(),
+        }))
+    }
+}
+
+impl IoChannel for ProbeChannel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.seen.lock().unwrap().push(readable(&self.call));
+        // SAFETY: our caller's guarantee, passed on.
+        unsafe { self.inner.submit(req) }
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        self.inner.poll(done)
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+}
+
+fn probe(g: &Guest) -> (Bdev, Arc<Mutex<Vec<bool>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let dev = Probe {
+        inner: RamDevice::new("ram", 512, 2048).unwrap(),
+        call: g.call.try_clone().unwrap(),
+        seen: seen.clone(),
+    };
+    (Arc::new(dev), seen)
+}
+
+#[test]
+fn split_event_idx_signals_exactly_when_used_event_is_crossed() {
+    let mut g = Guest::new(false);
+    g.event_idx = true;
+    let (mut q, stats) = start(&g, &ram());
+    // The driver wants to hear of the first completion.
+    g.w(0u16, USED_EVENT);
+    post_reads(&mut g, 3);
+    q.poll();
+    assert_eq!(g.used_idx(), 3);
+    assert_eq!(take(&g.call), 1, "used_event 0 lies in [0, 3)");
+    // The driver has not consumed anything since: however much completes, no new signal.
+    post_reads(&mut g, 2);
+    q.poll();
+    assert_eq!((g.used_idx(), take(&g.call)), (5, 0));
+    // It consumed all five and asks for the eighth: nothing until the used index passes 7.
+    g.w(7u16, USED_EVENT);
+    post_reads(&mut g, 2);
+    q.poll();
+    assert_eq!((g.used_idx(), take(&g.call)), (7, 0));
+    post_reads(&mut g, 1);
+    q.poll();
+    assert_eq!((g.used_idx(), take(&g.call)), (8, 1));
+    q.poll();
+    assert_eq!(stats.notifications.load(Ordering::Relaxed), 2, "the counter is the eventfd's count");
+    assert_eq!(stats.read_ops.load(Ordering::Relaxed), 8);
+}
+
+#[test]
+fn split_without_event_idx_follows_no_interrupt() {
+    let mut g = Guest::new(false);
+    let (mut q, stats) = start(&g, &ram());
+    g.w(AVAIL_F_NO_INTERRUPT, AVAIL);
+    for _ in 0..3 {
+        post_reads(&mut g, 2);
+        q.poll();
+    }
+    assert_eq!((g.used_idx(), take(&g.call)), (6, 0), "a polling driver is never signalled");
+    g.w(0u16, AVAIL);
+    for round in 1..=3 {
+        post_reads(&mut g, 4);
+        q.poll();
+        assert_eq!(take(&g.call), 1, "round {round}: one signal per round, whatever it completed");
+    }
+    q.poll();
+    assert_eq!(stats.notifications.load(Ordering::Relaxed), 3);
+}
+
+#[test]
+fn packed_event_suppression_disable_enable_and_descriptor_event() {
+    let mut g = Guest::new(true);
+    g.event_idx = true;
+    let (mut q, stats) = start(&g, &ram());
+    g.w(EV_DISABLE, AVAIL + 2);
+    post_reads(&mut g, 2);
+    q.poll();
+    assert_eq!(take(&g.call), 0, "disabled");
+    g.w(EV_ENABLE, AVAIL + 2);
+    post_reads(&mut g, 2);
+    q.poll();
+    assert_eq!(take(&g.call), 1, "enabled: a signal for the round");
+    // Descriptor event (EVENT_IDX): four requests of three slots each were written back, at
+    // slots 0..11 of the first lap (wrap counter 1). The driver asks to hear when slot 0 of
+    // the next lap (wrap counter 0) is used.
+    g.w(0u16, AVAIL);
+    g.w(EV_DESC, AVAIL + 2);
+    post_reads(&mut g, 1);
+    q.poll();
+    assert_eq!(take(&g.call), 0, "slots 12..14: not there yet");
+    post_reads(&mut g, 1);
+    q.poll();
+    assert_eq!(take(&g.call), 1, "slots 15, 0, 1: slot 0 of the next lap was used");
+    post_reads(&mut g, 1);
+    q.poll();
+    assert_eq!(take(&g.call), 0, "past the event: nothing until the driver moves it");
+    q.poll();
+    assert_eq!(stats.notifications.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn a_new_batch_is_announced_after_its_first_requests_when_the_driver_waits() {
+    let mut g = Guest::new(false);
+    g.event_idx = true;
+    let (bdev, seen) = probe(&g);
+    let (mut q, stats) = start(&g, &bdev);
+    g.w(0u16, USED_EVENT);
+    post_reads(&mut g, 5);
+    q.poll();
+    let first = FIRST_SIGNAL_BATCH;
+    let want: Vec<bool> = (0..5).map(|i| i >= first).collect();
+    assert_eq!(*seen.lock().unwrap(), want, "signalled once the first {first} had completed");
+    assert_eq!(
+        (g.used_idx(), take(&g.call)),
+        (5, 1),
+        "one signal for the batch: the driver had not consumed"
+    );
+    // A batch no larger than the first part is taken whole and signalled once, at the end.
+    seen.lock().unwrap().clear();
+    g.w(5u16, USED_EVENT);
+    post_reads(&mut g, 3);
+    q.poll();
+    assert_eq!(*seen.lock().unwrap(), [false; 3]);
+    assert_eq!((g.used_idx(), take(&g.call)), (8, 1));
+    q.poll();
+    assert_eq!(stats.notifications.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn without_event_idx_a_batch_is_signalled_once_at_its_end() {
+    let mut g = Guest::new(false);
+    let (bdev, seen) = probe(&g);
+    let (mut q, _stats) = start(&g, &bdev);
+    post_reads(&mut g, 5);
+    q.poll();
+    // The driver cannot say what it consumed: an early signal could be one too many.
+    assert_eq!(*seen.lock().unwrap(), [false; 5]);
+    assert_eq!(take(&g.call), 1);
+}
+
+#[test]
+fn kicks_are_counted_when_the_queue_goes_to_sleep() {
+    let mut g = Guest::new(false);
+    let (mut q, stats) = start(&g, &ram());
+    for _ in 0..3 {
+        (&g.kick).write_all(&1u64.to_ne_bytes()).unwrap();
+    }
+    assert!(q.prepare_sleep(), "nothing available: the queue may sleep");
+    assert_eq!(stats.kicks.load(Ordering::Relaxed), 3);
+    assert!(!readable(&g.kick), "the kick fd was drained");
+    q.after_wake();
+    (&g.kick).write_all(&1u64.to_ne_bytes()).unwrap();
+    post_reads(&mut g, 1);
+    q.poll();
+    assert!(q.prepare_sleep(), "the request is done and the ring empty: the queue may sleep");
+    assert_eq!(stats.kicks.load(Ordering::Relaxed), 4);
+}
+
+/// Coalescing on, a clock stepped by hand: signals are spaced by the delay, and no completion
+/// waits longer than the delay for its signal.
+#[test]
+fn no_completion_waits_past_the_coalescing_bound() {
+    const DELAY_US: u64 = 100;
+    const STEP_NS: u64 = 10_000;
+    let now = Arc::new(AtomicU64::new(1_000_000_000));
+    let mut g = Guest::new(false);
+    g.coalescing = Arc::new(CoalescingSettings::new(DELAY_US as u32, 1_000));
+    g.clock = Clock::Manual(now.clone());
+    let (mut q, stats) = start(&g, &ram());
+    // 4 requests every 10 us: 400 K/s, far above the threshold.
+    let mut unsignalled_since: Option<u64> = None;
+    let mut longest = 0;
+    let mut signals = 0;
+    for _ in 0..5_000 {
+        let t = now.fetch_add(STEP_NS, Ordering::Relaxed) + STEP_NS;
+        post_reads(&mut g, 4);
+        q.poll();
+        if take(&g.call) > 0 {
+            signals += 1;
+            if let Some(since) = unsignalled_since.take() {
+                longest = longest.max(t - since);
+            }
+        } else {
+            unsignalled_since.get_or_insert(t);
+        }
+    }
+    assert!(longest <= DELAY_US * 1000, "a completion waited {longest} ns for its signal");
+    assert!(longest >= DELAY_US * 1000 - STEP_NS, "coalescing held signals ({longest} ns at most)");
+    // 50 ms: the first 10 ms window signals every round (1,000), then one per 100 us (400).
+    assert!((1_390..=1_410).contains(&signals), "{signals} signals");
+    q.poll();
+    assert_eq!(stats.notifications.load(Ordering::Relaxed), signals);
+    assert_eq!(stats.read_ops.load(Ordering::Relaxed), 20_000);
+}
