@@ -221,6 +221,9 @@ def main():
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
                          "(development only; recorded in the results)")
+    ap.add_argument("--guest-notify-serve-args", default="", metavar="ARGS",
+                    help="extra `flashpath serve` arguments for the guest-notify section, e.g. \"--idle-window-us 0\" "
+                         "(development only; recorded in the results)")
     ap.add_argument("--validate", metavar="DIR", help="only check the outputs in DIR and exit")
     ap.add_argument("--replot", metavar="DIR", help="only rewrite results.md and the plots from DIR/results.json")
     args = ap.parse_args()

@@ -37,12 +37,13 @@ def guest_notify_markdown(res):
             "driver could kick). Both are the guest's own counts, the same for either server. server "
             "notif./IO: flashpath's `notifications` counter (call eventfd writes) over the same run; "
             "under TCG QEMU turns the call eventfd into an interrupt itself, so several writes can "
-            "become one interrupt; server kicks/IO: its `kicks` counter, where the daemon has one. CPU/IO: the server's CPU time per I/O. TCG makes the guest slow: "
-            f"its IOPS are the guest's limit, not the servers'. Negotiated: {feats}.",
+            "become one interrupt; server kicks/IO: its `kicks` counter, where the daemon has one. CPU/IO: the server's CPU time per I/O; wait/IO: the time its threads were runnable but not running (schedstat), per I/O: a poller that suppresses the guest's kicks must also get the CPU to see the next request. TCG makes the guest slow: "
+            f"its IOPS are the guest's limit, not the servers'. Negotiated: {feats}."
+            + (f" flashpath ran with `{e['serve_args']}`." if e.get("serve_args") else ""),
             "",
             "| QD | server | guest IOPS | interrupts/IO | kicks/IO | chances/IO | server notif./IO | "
-            "server kicks/IO | server CPU/IO µs | fp/qsd interrupts | fp/qsd kicks | fp/qsd IOPS |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "server kicks/IO | server CPU/IO µs | server wait/IO µs | fp/qsd interrupts | fp/qsd kicks | fp/qsd IOPS |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         errors = []
         for row in e.get("summary") or []:
@@ -50,13 +51,14 @@ def guest_notify_markdown(res):
                 x = row["servers"][kind]
                 md = x["median"]
                 rt = row["ratios"] if kind == "flashpath" else {}
-                cpu = md.get("server_cpu_ns_per_io")
+                cpu, wait = md.get("server_cpu_ns_per_io"), md.get("server_wait_ns_per_io")
                 lines.append(
                     f"| {row['qd']} | {kind} | {_f(md.get('iops'))} | {_f(md.get('irqs_per_io'), '{:.3f}')}"
                     f"{_rng(x, 'irqs_per_io')} | {_f(md.get('kicks_per_io'), '{:.3f}')}{_rng(x, 'kicks_per_io')} | "
                     f"{_f(md.get('prepares_per_io'), '{:.3f}')} | {_f(md.get('server_notifications_per_io'), '{:.3f}')} | "
                     f"{_f(md.get('server_kicks_per_io'), '{:.3f}')} | "
                     f"{_f(None if cpu is None else cpu / 1000, '{:.1f}')} | "
+                    f"{_f(None if wait is None else wait / 1000, '{:.1f}')} | "
                     + (f"**{_r(rt.get('irqs_per_io'))}** | **{_r(rt.get('kicks_per_io'))}** | {_r(rt.get('iops'))} |"
                        if kind == "flashpath" else "| | |"))
                 errors += [f"{kind} QD{row['qd']}: {err[:300]}" for err in x["errors"]]

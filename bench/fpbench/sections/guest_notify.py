@@ -76,7 +76,7 @@ class GuestNotifySection:
 
     def run_guest_notify(self):
         c = guest_notify_config(self.args.mode) or CONFIG["quick"]
-        e = {"config": c, "runs": [], "summary": [], "notes": []}
+        e = {"config": c, "serve_args": self.args.guest_notify_serve_args, "runs": [], "summary": [], "notes": []}
         self.results["guest_notify"] = e
         missing = guest_notify_missing()
         if missing:
@@ -93,7 +93,8 @@ class GuestNotifySection:
         servers = {}
         guest = None
         try:
-            fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name="flashpath-gn")
+            fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name="flashpath-gn",
+                           extra=self.args.guest_notify_serve_args.split())
             servers["flashpath"] = fp
             fp.rpc("bdev_null_create", {"name": "Null0", "num_blocks": c["size"] // 512, "block_size": 512})
             fp.sock = fp.export(CTRLR, "Null0", 1)
@@ -160,7 +161,8 @@ class GuestNotifySection:
         r.update({"ios": ios, "iops": g["iops"], "irqs_per_io": per_io(g["irqs"], ios),
                   "kicks_per_io": per_io(g["kicks"], ios), "prepares_per_io": per_io(g["prepares"], ios),
                   "config_irqs": g["config_irqs"], "disk_reads": g["reads"],
-                  "server_cpu_ns_per_io": per_io(cpu1["sched_ns"] - cpu0["sched_ns"], ios)})
+                  "server_cpu_ns_per_io": per_io(cpu1["sched_ns"] - cpu0["sched_ns"], ios),
+                  "server_wait_ns_per_io": per_io(cpu1["wait_ns"] - cpu0["wait_ns"], ios)})
         for k in c0:
             if k in c1:
                 r[f"server_{k}"] = c1[k] - c0[k]
@@ -174,7 +176,7 @@ class GuestNotifySection:
 
 def gn_summary(runs, c):
     """Per (QD, server): the medians over the repetitions; and flashpath over qsd per QD."""
-    keys = ("iops", "irqs_per_io", "kicks_per_io", "prepares_per_io", "server_cpu_ns_per_io",
+    keys = ("iops", "irqs_per_io", "kicks_per_io", "prepares_per_io", "server_cpu_ns_per_io", "server_wait_ns_per_io",
             "server_notifications_per_io", "server_kicks_per_io", "server_read_ops_per_io")
     out = []
     for qd in c["qds"]:
