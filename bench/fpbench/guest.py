@@ -273,7 +273,8 @@ if echo "p:fpbench/fpprep virtqueue_kick_prepare" >> $T/kprobe_events 2>/dev/nul
     echo 1 > $T/events/fpbench/fpprep/enable 2>/dev/null; then
     PREP=virtqueue_kick_prepare
 fi
-hits() { awk -v n="$1" '$1 == n { h = $2 } END { print h + 0 }' $T/kprobe_profile 2>/dev/null || echo 0; }
+# hits NAME [COLUMN]: a probe's hits (column 2) or misses (3, hits it could not count).
+hits() { awk -v n="$1" -v c="${2:-2}" '$1 == n { h = $c } END { print h + 0 }' $T/kprobe_profile 2>/dev/null || echo 0; }
 # irqs NAME: the interrupts of the vectors named NAME (virtioN-req or virtioN-config), all CPUs.
 irqs() {
     awk -v p="^$1" '$NF ~ p { for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) s += $i } END { print s + 0 }' /proc/interrupts
@@ -289,17 +290,18 @@ while read -r cmd id dev qd secs engine; do
     run)
         v=$(basename "$(readlink /sys/block/$dev/device)")
         set -- $(cat /sys/block/$dev/stat); r0=$1
-        q0=$(irqs "$v-req"); c0=$(irqs "$v-config"); k0=$(hits fpkick); p0=$(hits fpprep)
+        q0=$(irqs "$v-req"); c0=$(irqs "$v-config"); k0=$(hits fpkick); p0=$(hits fpprep); m0=$(hits fpkick 3)
         fio --name=gn --filename=/dev/$dev --rw=randread --bs=4k --direct=1 --ioengine=$engine \
             --iodepth=$qd --runtime=$secs --time_based --norandommap --randrepeat=0 \
             --output-format=terse --terse-version=3 > /tmp/fio.out 2> /tmp/fio.err
         rc=$?
-        q1=$(irqs "$v-req"); c1=$(irqs "$v-config"); k1=$(hits fpkick); p1=$(hits fpprep)
+        q1=$(irqs "$v-req"); c1=$(irqs "$v-config"); k1=$(hits fpkick); p1=$(hits fpprep); m1=$(hits fpkick 3)
         set -- $(cat /sys/block/$dev/stat); r1=$1
         f=$(grep '^3;' /tmp/fio.out | head -n 1)
         echo "FPBENCH-RESULT $id rc=$rc kib=$(echo "$f" | cut -d';' -f6) iops=$(echo "$f" | cut -d';' -f8)" \
             "ms=$(echo "$f" | cut -d';' -f9) fio_errors=$(echo "$f" | cut -d';' -f5) irqs=$((q1 - q0))" \
-            "config_irqs=$((c1 - c0)) kicks=$((k1 - k0)) prepares=$((p1 - p0)) reads=$((r1 - r0))"
+            "config_irqs=$((c1 - c0)) kicks=$((k1 - k0)) kicks_missed=$((m1 - m0)) prepares=$((p1 - p0))" \
+            "reads=$((r1 - r0))"
         [ $rc -eq 0 ] || echo "FPBENCH-FIOERR $id $(tail -c 400 /tmp/fio.err | tr '\n' ' ')"
         ;;
     quit) poweroff -f ;;

@@ -62,7 +62,10 @@ def guest_notify_markdown(res):
                     + (f"**{_r(rt.get('irqs_per_io'))}** | **{_r(rt.get('kicks_per_io'))}** | {_r(rt.get('iops'))} |"
                        if kind == "flashpath" else "| | |"))
                 errors += [f"{kind} QD{row['qd']}: {err[:300]}" for err in x["errors"]]
-        lines.append("")
+        ck = e.get("checks") or {}
+        lines += ["", f"Over all runs: kprobe hits missed {_f(ck.get('kicks_missed'))}, config interrupts "
+                      f"{_f(ck.get('config_irqs'))}, the disks' reads minus fio's I/Os "
+                      f"{_f(ck.get('disk_reads_minus_fio_ios'))}."]
         for err in errors:
             lines.append(f"Failed run: {err}")
     for n in e.get("notes") or []:

@@ -119,6 +119,7 @@ class GuestNotifySection:
             for s in servers.values():
                 s.stop()
         e["summary"] = gn_summary(e["runs"], c)
+        e["checks"] = gn_checks(e["runs"])
 
     def gn_guest_info(self, guest, ready, kernel, c):
         """What the guest reported at boot: its disks (device, virtio device, PCI slot, the
@@ -160,7 +161,7 @@ class GuestNotifySection:
         ios = g["kib"] // 4  # 4 KiB reads
         r.update({"ios": ios, "iops": g["iops"], "irqs_per_io": per_io(g["irqs"], ios),
                   "kicks_per_io": per_io(g["kicks"], ios), "prepares_per_io": per_io(g["prepares"], ios),
-                  "config_irqs": g["config_irqs"], "disk_reads": g["reads"],
+                  "config_irqs": g["config_irqs"], "disk_reads": g["reads"], "kicks_missed": g.get("kicks_missed"),
                   "server_cpu_ns_per_io": per_io(cpu1["sched_ns"] - cpu0["sched_ns"], ios),
                   "server_wait_ns_per_io": per_io(cpu1["wait_ns"] - cpu0["wait_ns"], ios)})
         for k in c0:
@@ -193,3 +194,13 @@ def gn_summary(runs, c):
         row["ratios"] = {k: ratio(f[k], q[k]) for k in ("iops", "irqs_per_io", "kicks_per_io", "server_cpu_ns_per_io")}
         out.append(row)
     return out
+
+
+def gn_checks(runs):
+    """What would make the counts wrong, summed over the runs: kprobe hits the kernel could not
+    count, config interrupts (counted apart), and fio's I/Os against the disk's own read count
+    (they differ only if something else read the disk)."""
+    ok = [r for r in runs if "error" not in r]
+    return {"kicks_missed": sum(r.get("kicks_missed") or 0 for r in ok),
+            "config_irqs": sum(r.get("config_irqs") or 0 for r in ok),
+            "disk_reads_minus_fio_ios": sum(r["disk_reads"] - r["ios"] for r in ok)}
