@@ -106,6 +106,8 @@ class GuestNotifySection:
             e["guest"] = self.gn_guest_info(guest, ready, kernel, c)
             slots = {"flashpath": "0000:00:04.0", "qsd": "0000:00:05.0"}
             devs = {kind: d["dev"] for kind in SERVERS for d in e["guest"]["disks"] if d["pci"] == slots[kind]}
+            if len(devs) != len(SERVERS):
+                raise RuntimeError(f"the guest's disks are not at PCI slots {slots}: {e['guest']['disks']}")
             for rep in range(c["reps"]):
                 for qd in c["qds"]:
                     for kind in (SERVERS if rep % 2 == 0 else SERVERS[::-1]):
