@@ -31,6 +31,7 @@ from fpbench.machine import (machine_info, migration_missing, nbd_missing, rbd_m
 from fpbench.modes import mode_config
 from fpbench.report import write_outputs
 from fpbench.sections.callgrind import CallgrindSection
+from fpbench.sections.guest_notify import GuestNotifySection, guest_notify_config, guest_notify_missing
 from fpbench.sections.iostat import IostatSection
 from fpbench.sections.lvol import LvolSection
 from fpbench.sections.migration import MigrationSection
@@ -43,7 +44,7 @@ from fpbench.validate import validate
 
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
-            NbdSection, MigrationSection):
+            NbdSection, MigrationSection, GuestNotifySection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -57,8 +58,12 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
         self.with_rbd = wants_rbd(args)
         self.with_nbd = wants_section(args, "nbd")
         self.with_migration = wants_migration(args)
+        # Not in smoke runs (a TCG guest boots); --only guest-notify in smoke mode takes quick's.
+        self.with_guest_notify = args.only == "guest-notify" or (
+            wants_section(args, "guest-notify") and guest_notify_config(args.mode) is not None)
         if args.backends:
-            self.cfg["backends"] = [b for b in args.backends.split(",") if b not in ("rbd", "nbd", "migration")]
+            self.cfg["backends"] = [b for b in args.backends.split(",")
+                                    if b not in ("rbd", "nbd", "migration", "guest-notify")]
         self.secs = self.cfg["time"]
         self.reps = self.cfg["reps"]
         self.server_cpu = args.server_cpu
@@ -151,6 +156,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             "migration": (f"live migration: the dirty log, downtime vs qsd, the mirror vs nbdcopy (servers "
                           f"CPU {self.server_cpu}, clients and QEMU CPU {self.client_cpu}, scratch {self.work})",
                           self.run_migration),
+            "guest-notify": (f"notifications in a TCG guest running fio, flashpath vs qsd (servers CPU "
+                             f"{self.server_cpu}, QEMU CPU {self.client_cpu}, scratch {self.work})",
+                             self.run_guest_notify),
             "lvol": (f"logical volumes ({self.secs} s per run, server CPU {self.server_cpu}, "
                      f"client CPU {self.client_cpu})", self.run_lvol),
         }
@@ -185,6 +193,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
         if self.with_migration:
             log("=== live migration: the dirty log, downtime vs qsd, the mirror vs nbdcopy")
             self.run_migration()
+        if self.with_guest_notify:
+            log("=== notifications in a TCG guest running fio: flashpath vs qsd")
+            self.run_guest_notify()
         self.results["wall_s"] = time.monotonic() - self.started
 
 
@@ -202,13 +213,16 @@ def main():
     ap.add_argument("--client-cpu", type=int, default=1)
     ap.add_argument("--time", type=float, help="seconds per run (overrides the mode)")
     ap.add_argument("--reps", type=int, help="runs per point and server (overrides the mode)")
-    ap.add_argument("--backends", help="comma-separated subset of null,ram,file,rbd,nbd,migration (development "
-                                       "only; rbd, nbd, migration: those sections; migration runs only when "
-                                       "named here or with --only)")
-    ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration"],
+    ap.add_argument("--backends", help="comma-separated subset of null,ram,file,rbd,nbd,migration,guest-notify "
+                                       "(development only; rbd, nbd, migration, guest-notify: those sections; "
+                                       "migration runs only when named here or with --only)")
+    ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
+                         "(development only; recorded in the results)")
+    ap.add_argument("--guest-notify-serve-args", default="", metavar="ARGS",
+                    help="extra `flashpath serve` arguments for the guest-notify section, e.g. \"--idle-window-us 0\" "
                          "(development only; recorded in the results)")
     ap.add_argument("--validate", metavar="DIR", help="only check the outputs in DIR and exit")
     ap.add_argument("--replot", metavar="DIR", help="only rewrite results.md and the plots from DIR/results.json")
@@ -245,6 +259,10 @@ def main():
     if missing:
         print(f"bench: the migration section needs {', '.join(missing)} (./run bench installs them)",
               file=sys.stderr)
+        return 1
+    missing = guest_notify_missing() if args.only == "guest-notify" else []
+    if missing:
+        print(f"bench: the guest-notify section needs {', '.join(missing)}", file=sys.stderr)
         return 1
     ncpu = os.cpu_count() or 1
     if max(args.server_cpu, args.client_cpu) >= ncpu or args.server_cpu == args.client_cpu:
@@ -288,6 +306,7 @@ def main():
         "rbd": bench.with_rbd,
         "nbd": bench.with_nbd,
         "migration": bench.with_migration,
+        "guest_notify": bench.with_guest_notify,
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

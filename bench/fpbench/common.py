@@ -29,18 +29,22 @@ def proc_cpu(pid):
     `sched_ns`: the sum over /proc/PID/task/*/schedstat (nanosecond resolution; threads that
     exited between two samples are lost, which neither server does during a run).
     `stat_ns`: utime + stime of /proc/PID/stat (all threads, exited ones included, in clock
-    ticks of 1/CLK_TCK s)."""
-    sched = 0
+    ticks of 1/CLK_TCK s).
+    `wait_ns`: the time the threads were runnable but waiting for a CPU (schedstat's second
+    field, summed)."""
+    sched = wait = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                sched += int(f.read().split()[0])
+                fields = f.read().split()
+            sched += int(fields[0])
+            wait += int(fields[1])
         except (FileNotFoundError, ProcessLookupError):
             pass
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return {"sched_ns": sched, "stat_ns": ticks * 1_000_000_000 // CLK_TCK}
+    return {"sched_ns": sched, "stat_ns": ticks * 1_000_000_000 // CLK_TCK, "wait_ns": wait}
 
 
 def thread_cpu(pid):

@@ -9,6 +9,10 @@ holds the image's static busybox and virtio_blk.ko, bench/guestload.c built stat
 random writes, O_DIRECT, native AIO at QD32) and an init that loads the driver, idles or starts
 guestload, and prints one `FPBENCH <uptime> <writes completed>` line a second from
 /proc/diskstats, so the host sees the guest's I/O rate before, during and after the move.
+
+The notification counts (sections/guest_notify.py) need fio in the guest: ConsoleGuest boots
+the guest tests' own initramfs with an init of the benchmark's appended (NOTIFY_INIT) and takes
+its commands on the serial console.
 """
 
 import json
@@ -16,6 +20,7 @@ import os
 import re
 import socket
 import subprocess
+import threading
 import time
 
 from fpbench.common import log, run
@@ -23,14 +28,17 @@ from fpbench.servers import spawn, stop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-BENCH_INIT = r"""#!/bin/busybox sh
+# The start of both inits: busybox, /proc, /sys, /dev.
+INIT_PROLOGUE = r"""#!/bin/busybox sh
 /bin/busybox mkdir -p /bin /sbin /usr/bin /usr/sbin /proc /sys /dev /tmp
 /bin/busybox --install -s
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-MODE=idle
+"""
+
+BENCH_INIT = INIT_PROLOGUE + r"""MODE=idle
 for a in $(cat /proc/cmdline); do case $a in fpbench.mode=*) MODE=${a#fpbench.mode=} ;; esac; done
 insmod /lib/modules/virtio_blk.ko
 i=0
@@ -222,3 +230,167 @@ def log_migration(kind, mode, q):
     log(f"migration {kind:<9} {mode:<5} {q.get('status')}: downtime {q.get('downtime', '-')} ms, "
         f"total {q.get('total-time', '-')} ms, setup {q.get('setup-time', '-')} ms"
         + (f" ({q.get('error-desc')})" if q.get("error-desc") else ""))
+
+
+# -- the notification counts (bench/fpbench/sections/guest_notify.py) --------------------------
+#
+# That section needs fio in the guest, so it boots the guest tests' own initramfs (fio and its
+# libraries) with one more file appended: the init below, started with rdinit=. Linux unpacks
+# concatenated cpio archives in order, so the appended file joins the image unchanged.
+# The host drives it one line at a time on the serial console:
+#   run ID DEV QD SECS ENGINE   fio, 4 KiB randread, direct=1, on /dev/DEV; prints one
+#                               FPBENCH-RESULT ID line with fio's figures and the counters'
+#                               deltas over the fio process
+#   quit                        powers off
+# Kicks are counted by a kprobe on virtqueue_notify (the kick itself, after the ring's
+# notification suppression; vp_notify if that cannot be probed) and one on
+# virtqueue_kick_prepare (each chance to kick), their hit counts from kprobe_profile with tracing
+# off (the probes count, the ring buffer records nothing). Both counts are global: fio runs on
+# one disk at a time and nothing else in the guest touches a virtqueue meanwhile.
+
+NOTIFY_INIT = INIT_PROLOGUE + r"""NDISKS=1
+for a in $(cat /proc/cmdline); do case $a in fpbench.disks=*) NDISKS=${a#fpbench.disks=} ;; esac; done
+insmod /lib/modules/virtio_blk.ko
+i=0
+while [ "$(ls -d /sys/block/vd* 2>/dev/null | wc -l)" -lt "$NDISKS" ]; do
+    i=$((i + 1)); [ $i -gt 200 ] && echo "FPBENCH-FAIL $NDISKS disks wanted, found: $(ls /sys/block)" && poweroff -f
+    sleep 0.05
+done
+dmesg -n 1
+T=/sys/kernel/tracing
+mount -t tracefs nodev $T 2>/dev/null
+echo 0 > $T/tracing_on 2>/dev/null
+PROBE=none
+for fn in virtqueue_notify vp_notify; do
+    if echo "p:fpbench/fpkick $fn" >> $T/kprobe_events 2>/dev/null &&
+        echo 1 > $T/events/fpbench/fpkick/enable 2>/dev/null; then
+        PROBE=$fn
+        break
+    fi
+done
+PREP=none
+if echo "p:fpbench/fpprep virtqueue_kick_prepare" >> $T/kprobe_events 2>/dev/null &&
+    echo 1 > $T/events/fpbench/fpprep/enable 2>/dev/null; then
+    PREP=virtqueue_kick_prepare
+fi
+# hits NAME [COLUMN]: a probe's hits (column 2) or misses (3, hits it could not count).
+hits() { awk -v n="$1" -v c="${2:-2}" '$1 == n { h = $c } END { print h + 0 }' $T/kprobe_profile 2>/dev/null || echo 0; }
+# irqs NAME: the interrupts of the vectors named NAME (virtioN-req or virtioN-config), all CPUs.
+irqs() {
+    awk -v p="^$1" '$NF ~ p { for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) s += $i } END { print s + 0 }' /proc/interrupts
+}
+for b in /sys/block/vd*; do
+    d=${b##*/}
+    echo "FPBENCH-DISK $d $(basename "$(readlink "$b/device")") $(basename "$(readlink -f "$b/device/..")") $(cat "$b/device/features")"
+done
+stty -echo 2>/dev/null
+echo "FPBENCH-READY kick=$PROBE prepare=$PREP"
+while read -r cmd id dev qd secs engine; do
+    case $cmd in
+    run)
+        v=$(basename "$(readlink /sys/block/$dev/device)")
+        set -- $(cat /sys/block/$dev/stat); r0=$1
+        q0=$(irqs "$v-req"); c0=$(irqs "$v-config"); k0=$(hits fpkick); p0=$(hits fpprep); m0=$(hits fpkick 3)
+        fio --name=gn --filename=/dev/$dev --rw=randread --bs=4k --direct=1 --ioengine=$engine \
+            --iodepth=$qd --runtime=$secs --time_based --norandommap --randrepeat=0 \
+            --output-format=terse --terse-version=3 > /tmp/fio.out 2> /tmp/fio.err
+        rc=$?
+        q1=$(irqs "$v-req"); c1=$(irqs "$v-config"); k1=$(hits fpkick); p1=$(hits fpprep); m1=$(hits fpkick 3)
+        set -- $(cat /sys/block/$dev/stat); r1=$1
+        f=$(grep '^3;' /tmp/fio.out | head -n 1)
+        echo "FPBENCH-RESULT $id rc=$rc kib=$(echo "$f" | cut -d';' -f6) iops=$(echo "$f" | cut -d';' -f8)" \
+            "ms=$(echo "$f" | cut -d';' -f9) fio_errors=$(echo "$f" | cut -d';' -f5) irqs=$((q1 - q0))" \
+            "config_irqs=$((c1 - c0)) kicks=$((k1 - k0)) kicks_missed=$((m1 - m0)) prepares=$((p1 - p0))" \
+            "reads=$((r1 - r0))"
+        [ $rc -eq 0 ] || echo "FPBENCH-FIOERR $id $(tail -c 400 /tmp/fio.err | tr '\n' ' ')"
+        ;;
+    quit) poweroff -f ;;
+    esac
+done
+echo "FPBENCH-FAIL the console closed"
+poweroff -f
+"""
+
+
+def notify_initramfs(base, work):
+    """The guest tests' initramfs `base` with /fpbench-notify (NOTIFY_INIT) appended; its path.
+    Boot it with rdinit=/fpbench-notify."""
+    d = os.path.join(work, "initramfs-notify")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "fpbench-notify"), "w") as f:
+        f.write(NOTIFY_INIT)
+    os.chmod(os.path.join(d, "fpbench-notify"), 0o755)
+    extra = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet", "-R", "0:0"], input=b"fpbench-notify\n", cwd=d,
+                           check=True, capture_output=True, timeout=60).stdout
+    path = os.path.join(work, "initramfs-notify.cpio")
+    with open(base, "rb") as src, open(path, "wb") as dst:
+        while True:
+            buf = src.read(1 << 20)
+            if not buf:
+                break
+            dst.write(buf)
+        # The kernel skips NUL padding between archives but wants each header 4-byte aligned.
+        dst.write(b"\0" * (-dst.tell() % 4))
+        dst.write(extra)
+    return path
+
+
+class ConsoleGuest(Guest):
+    """A guest like Guest (TCG, one vCPU, memfd RAM shared with the back ends) with one
+    vhost-user-blk disk per socket in `socks` (one queue each, at PCI slots 4, 5, ... in that
+    order), booting NOTIFY_INIT, whose serial console also takes input: `send` writes a line to
+    it. The console's output still goes to `<dir>/console.log` (QEMU's logfile)."""
+
+    def __init__(self, name, work, cpu, socks, kernel, initrd, mem_mib):
+        self.name = name
+        self.dir = os.path.join(work, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.qmp_path = os.path.join(self.dir, "qmp.sock")
+        self.console = os.path.join(self.dir, "console.log")
+        self.serial_path = os.path.join(self.dir, "serial.sock")
+        cmd = ["taskset", "-c", str(cpu), "qemu-system-x86_64", "-accel", "tcg", "-cpu", "max",
+               "-smp", "1", "-m", f"{mem_mib}M",
+               "-object", f"memory-backend-memfd,id=mem,size={mem_mib}M,share=on",
+               "-machine", "memory-backend=mem"]
+        for i, sock in enumerate(socks):
+            cmd += ["-chardev", f"socket,id=disk{i},path={sock}",
+                    "-device", f"vhost-user-blk-pci,chardev=disk{i},num-queues=1,addr={4 + i:#x}"]
+        cmd += ["-display", "none", "-nodefaults", "-no-reboot",
+                "-chardev", f"socket,id=ser0,path={self.serial_path},server=on,wait=off,logfile={self.console}",
+                "-serial", "chardev:ser0",
+                "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
+                "-kernel", kernel, "-initrd", initrd,
+                "-append", f"console=ttyS0 panic=-1 cryptomgr.notests initcall_blacklist=jent_mod_init "
+                           f"rdinit=/fpbench-notify fpbench.disks={len(socks)}"]
+        self.proc = spawn(cmd, os.path.join(self.dir, "qemu.log"))
+        self.qmp = Qmp(self.qmp_path)
+        self.serial = socket.socket(socket.AF_UNIX)
+        self.serial.connect(self.serial_path)
+        # The console's output also comes down the socket: drained here (the logfile keeps it),
+        # or the guest would block once the socket's buffer is full.
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        try:
+            while self.serial.recv(65536):
+                pass
+        except OSError:
+            pass
+
+    def send(self, line):
+        self.serial.sendall(line.encode() + b"\n")
+
+    def stop(self):
+        try:
+            self.send("quit")
+        except OSError:
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            self.serial.close()
+        except OSError:
+            pass
+        super().stop()

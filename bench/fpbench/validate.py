@@ -9,6 +9,8 @@ import os
 from fpbench.load import point_id, point_key, point_label
 from fpbench.machine import nbd_label
 from fpbench.modes import mode_config
+from fpbench.sections.guest_notify import SERVERS as GN_SERVERS
+from fpbench.sections.guest_notify import guest_notify_config
 from fpbench.servers import NBD_SERVERS
 
 
@@ -80,6 +82,35 @@ def validate_nbd(res, nc):
     for kind in NBD_SERVERS:
         if e.get("fills", {}).get(kind, {}).get("bytes", 0) < e.get("size", 1):
             problems.append(f"nbd: {kind}'s disk was not written in full")
+    return problems
+
+
+def validate_guest_notify(res, c):
+    """The guest-notification section, unless it recorded why it did not run: every QD on both
+    servers with all its runs, positive IOPS and interrupts and kicks per I/O, both ratios."""
+    e = res.get("guest_notify")
+    if not e:
+        return ["results.json has no 'guest_notify'"]
+    if not e.get("runs") and any(n.startswith("not run:") for n in e.get("notes", [])):
+        return []
+    problems = []
+    rows = {row["qd"]: row for row in e.get("summary", [])}
+    for qd in c["qds"]:
+        row = rows.get(qd)
+        if row is None:
+            problems.append(f"guest-notify: no QD{qd} summary")
+            continue
+        for kind in GN_SERVERS:
+            x = row["servers"][kind]
+            if x["runs"] != c["reps"]:
+                problems.append(f"guest-notify QD{qd} {kind}: {x['runs']} runs, want {c['reps']}")
+            for k in ("iops", "irqs_per_io", "kicks_per_io"):
+                v = x["median"].get(k)
+                if not isinstance(v, (int, float)) or v <= 0:
+                    problems.append(f"guest-notify QD{qd} {kind}: {k} = {v!r}")
+        for k in ("irqs_per_io", "kicks_per_io"):
+            if not isinstance(row["ratios"].get(k), (int, float)):
+                problems.append(f"guest-notify QD{qd}: no {k} ratio")
     return problems
 
 
@@ -166,6 +197,11 @@ def validate(out_dir, mode):
         problems += validate_nbd(res, nc)
         if "## NBD" not in md:
             problems.append("results.md has no '## NBD'")
+    gc = guest_notify_config(mode)
+    if gc and res.get("meta", {}).get("guest_notify"):
+        problems += validate_guest_notify(res, gc)
+        if "## Notifications in a real guest" not in md:
+            problems.append("results.md has no '## Notifications in a real guest'")
     if cfg.get("iostat_reps"):
         ios = res.get("iostat", [])
         if len(ios) != 1:
