@@ -183,9 +183,6 @@ pub struct QueuePoller {
     stats: Arc<QueueStats>,
     /// Completions were published that the driver has not been told about yet.
     signal_pending: bool,
-    /// VIRTIO_F_EVENT_IDX: the driver says up to where it has consumed (split `used_event`,
-    /// packed descriptor event), so an early signal is never one too many.
-    event_idx: bool,
     coalescer: Coalescer,
     /// Live-migration logging of the data path's writes (`None` while not migrating).
     data_log: Option<DataLog>,
@@ -349,7 +346,6 @@ impl QueuePoller {
             counters,
             stats: s.stats,
             signal_pending: false,
-            event_idx: s.event_idx,
             coalescer: Coalescer::new(s.coalescing, s.clock),
             data_log: None,
         };
@@ -661,7 +657,7 @@ impl Poller for QueuePoller {
             // next completion. Then the first few of a new batch are announced before the rest
             // is taken, so that the driver's wake-up overlaps our work on the rest instead of
             // following it (docs/architecture.md, "Notifications").
-            let first = self.event_idx && self.in_flight() == 0 && !self.signal_pending;
+            let first = self.in_flight() == 0 && !self.signal_pending;
             let limit = if first { FIRST_SIGNAL_BATCH } else { usize::MAX };
             let took = self.pop_and_submit(limit);
             busy |= took > 0;
