@@ -216,6 +216,16 @@ pub trait IoChannel {
     /// calling `done(tag, status)` for each. Returns how many completed.
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize;
 
+    /// [`IoChannel::poll`] that appends each completion's `(tag, status)` to `out` instead of
+    /// calling back for each: the caller then walks the batch with its own handling compiled
+    /// in, where a callback through `dyn` costs an indirect call per completion. Returns how
+    /// many it appended. The caller keeps `out` between polls (cleared, its capacity kept), so
+    /// it allocates only when a poll returns more than any before. A channel whose
+    /// completions already sit in a list overrides this to hand the list over.
+    fn poll_batch(&mut self, out: &mut Vec<(u32, IoStatus)>) -> usize {
+        self.poll(&mut |tag, status| out.push((tag, status)))
+    }
+
     /// Requests submitted and not yet returned by `poll`.
     fn in_flight(&self) -> usize;
 
