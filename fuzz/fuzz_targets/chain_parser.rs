@@ -24,12 +24,17 @@
 //! Invariants checked: every iovec `parse_chain` returns, and the status byte
 //! (on success and on error), lies entirely inside one region's host mapping,
 //! and the iovec lengths add up to `data_len`; every request is completed into
-//! the used ring and published without a fault.
+//! the used ring and published without a fault. The fast paths give what the
+//! general code gives: the split walker's (`walk` vs `walk_general`: the same
+//! descriptors or the same error) and the parser's (`parse_chain` vs
+//! `parse_chain_general`: the same request and iovecs, or the same error).
 #![no_main]
 
 use std::sync::Arc;
 
-use fp_virtio_blk::{parse_chain, validate, DiskParams, GuestMemory, MemTable, ParseError, MAX_IOVECS};
+use fp_virtio_blk::{
+    parse_chain, parse_chain_general, validate, DiskParams, GuestMemory, MemTable, ParseError, MAX_IOVECS,
+};
 use fp_virtq::{Chain, PackedQueue, PackedState, SplitQueue};
 use libfuzzer_sys::fuzz_target;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
@@ -143,17 +148,31 @@ fuzz_target!(|data: &[u8]| {
     // ---- Take, parse and complete every available chain. ----
     let host = host_ranges(&mem);
     let mut iov = vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOVECS];
+    let mut iov_general = iov.clone();
     let mut chain = Chain::new();
+    let mut chain_general = Chain::new();
     for _ in 0..size {
         let (head, slots) = match &mut ring {
             Ring::Split(q) => match q.pop() {
-                Ok(Some(h)) => match q.walk(&table, h, &mut chain) {
-                    Ok(()) => (h, 1),
-                    Err(e) => {
-                        let _ = ParseError::from_walk(h, e).to_string();
-                        break;
+                Ok(Some(h)) => {
+                    let fast = q.walk(&table, h, &mut chain);
+                    let general = q.walk_general(&table, h, &mut chain_general);
+                    assert_eq!(fast, general, "split walker: fast path and general walk differ at head {h}");
+                    if fast.is_ok() {
+                        assert_eq!(
+                            desc_fields(&chain),
+                            desc_fields(&chain_general),
+                            "split walker: fast path and general walk differ at head {h}"
+                        );
                     }
-                },
+                    match fast {
+                        Ok(()) => (h, 1),
+                        Err(e) => {
+                            let _ = ParseError::from_walk(h, e).to_string();
+                            break;
+                        }
+                    }
+                }
                 _ => break,
             },
             Ring::Packed(q) => match q.pop(&table, &mut chain) {
@@ -161,7 +180,18 @@ fuzz_target!(|data: &[u8]| {
                 _ => break,
             },
         };
-        match parse_chain(&table, &chain, head, &mut iov) {
+        let parsed = parse_chain(&table, &chain, head, &mut iov);
+        let general = parse_chain_general(&table, &chain, head, &mut iov_general);
+        assert_eq!(format!("{parsed:?}"), format!("{general:?}"), "parser: fast path and general parse differ");
+        if let Ok(req) = &parsed {
+            let cnt = req.iovcnt as usize;
+            let same = iov[..cnt]
+                .iter()
+                .zip(&iov_general[..cnt])
+                .all(|(a, b)| a.iov_base == b.iov_base && a.iov_len == b.iov_len);
+            assert!(same, "parser: fast path and general parse give different iovecs: {req:?}");
+        }
+        match parsed {
             Ok(req) => {
                 let cnt = req.iovcnt as usize;
                 assert!(cnt <= iov.len(), "iovcnt {cnt} > capacity");
@@ -215,4 +245,9 @@ fuzz_target!(|data: &[u8]| {
 enum Ring {
     Split(SplitQueue),
     Packed(PackedQueue),
+}
+
+/// What a walked chain holds, field by field, for comparing two walks.
+fn desc_fields(c: &Chain) -> Vec<(u64, u32, bool, usize)> {
+    c.descs().iter().map(|d| (d.addr, d.len, d.write, d.host as usize)).collect()
 }
