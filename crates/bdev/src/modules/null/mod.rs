@@ -115,4 +115,18 @@ mod tests {
         assert_eq!(out.len(), 4);
         assert_eq!(out[3], (2, IoStatus::Success));
     }
+
+    #[test]
+    fn requests_must_be_block_aligned_and_inside_the_device() {
+        let dev = NullDevice::new("n", 4096, 4).unwrap();
+        let info = dev.info();
+        assert_eq!(info.check_range(0, 4 * 4096), Ok(()));
+        assert_eq!(info.check_range(3 * 4096, 4096), Ok(()));
+        assert_eq!(info.check_range(512, 4096), Err(SubmitError::OutOfRange), "offset not aligned");
+        assert_eq!(info.check_range(0, 4096 + 512), Err(SubmitError::OutOfRange), "length not aligned");
+        assert_eq!(info.check_range(4 * 4096, 4096), Err(SubmitError::OutOfRange), "past the end");
+        assert_eq!(info.check_range(u64::MAX - 4095, 8192), Err(SubmitError::OutOfRange), "wraps around");
+        dev.resize(5).unwrap();
+        assert_eq!(info.check_range(4 * 4096, 4096), Ok(()), "the size now, not at open");
+    }
 }
