@@ -69,6 +69,12 @@
 //! 7. **Capacity.** More data iovecs than `iov.len()` (after splitting at
 //!    region boundaries) gives [`ParseErrorKind::TooManySegments`].
 //!
+//! A read or write in exactly three descriptors (16-byte readable header, one data buffer,
+//! 1-byte writable status, each inside one memory region) is parsed by a fast path in one
+//! pass; [`parse_chain_general`] applies the rules above to every other chain, and gives the
+//! same result on the fast path's chains too (tests and the `chain_parser` fuzz target check
+//! that).
+//!
 //! The pointers placed in the iovecs and in [`StatusPtr`] are host virtual
 //! addresses inside the guest memory mappings: they stay valid only while the
 //! [`MemTable`] the chain was walked with is alive. No dirty-page logging is
