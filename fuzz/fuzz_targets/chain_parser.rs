@@ -26,7 +26,9 @@
 //! and the iovec lengths add up to `data_len`; every request is completed into
 //! the used ring and published without a fault. The fast paths give what the
 //! general code gives: the split walker's (`walk` vs `walk_general`: the same
-//! descriptors or the same error) and the parser's (`parse_chain` vs
+//! descriptors or the same error), the packed ring's (`pop` vs `pop_general` on a
+//! second queue over the same ring: the same list, position and descriptors, or the
+//! same error) and the parser's (`parse_chain` vs
 //! `parse_chain_general`: the same request and iovecs, or the same error).
 #![no_main]
 
@@ -132,7 +134,12 @@ fuzz_target!(|data: &[u8]| {
         let driver = base.0 + u64::from(inp.u16(11) & !3);
         let device = base.0 + u64::from(inp.u16(13) & !3);
         match PackedQueue::new(&table, desc, driver, device, size, event_idx, state) {
-            Ok(q) => Ring::Packed(q),
+            // The second queue, over the same ring, takes every list with the general loop.
+            Ok(q) => {
+                let general = PackedQueue::new(&table, desc, driver, device, size, event_idx, state)
+                    .expect("the same parameters");
+                Ring::Packed(q, general)
+            }
             Err(_) => return,
         }
     } else {
@@ -175,10 +182,25 @@ fuzz_target!(|data: &[u8]| {
                 }
                 _ => break,
             },
-            Ring::Packed(q) => match q.pop(&table, &mut chain) {
-                Ok(Some(h)) => (h.id, h.slots),
-                _ => break,
-            },
+            Ring::Packed(q, general) => {
+                let fast = q.pop(&table, &mut chain);
+                let slow = general.pop_general(&table, &mut chain_general);
+                assert_eq!(fast, slow, "packed ring: fast path and general loop differ");
+                // The available side only: the used side moves on `q` alone (completions).
+                let avail = |s: fp_virtq::PackedState| (s.next_avail, s.avail_wrap);
+                assert_eq!(avail(q.state()), avail(general.state()), "packed ring: positions differ");
+                if let Ok(Some(_)) = fast {
+                    assert_eq!(
+                        desc_fields(&chain),
+                        desc_fields(&chain_general),
+                        "packed ring: fast path and general loop differ"
+                    );
+                }
+                match fast {
+                    Ok(Some(h)) => (h.id, h.slots),
+                    _ => break,
+                }
+            }
         };
         let parsed = parse_chain(&table, &chain, head, &mut iov);
         let general = parse_chain_general(&table, &chain, head, &mut iov_general);
@@ -225,7 +247,7 @@ fuzz_target!(|data: &[u8]| {
         }
         match &mut ring {
             Ring::Split(q) => q.push_used(head, 1),
-            Ring::Packed(q) => q.push_used(head, 1, slots),
+            Ring::Packed(q, _) => q.push_used(head, 1, slots),
         }
     }
     match &mut ring {
@@ -234,7 +256,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = q.needs_notification();
             let _ = q.enable_notification();
         }
-        Ring::Packed(q) => {
+        Ring::Packed(q, _) => {
             q.publish();
             let _ = q.needs_notification();
             let _ = q.enable_notification();
@@ -244,7 +266,9 @@ fuzz_target!(|data: &[u8]| {
 
 enum Ring {
     Split(SplitQueue),
-    Packed(PackedQueue),
+    /// The queue the data path would use, and one that takes the same lists with the general
+    /// loop only.
+    Packed(PackedQueue, PackedQueue),
 }
 
 /// What a walked chain holds, field by field, for comparing two walks.
