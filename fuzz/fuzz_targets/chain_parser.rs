@@ -24,12 +24,19 @@
 //! Invariants checked: every iovec `parse_chain` returns, and the status byte
 //! (on success and on error), lies entirely inside one region's host mapping,
 //! and the iovec lengths add up to `data_len`; every request is completed into
-//! the used ring and published without a fault.
+//! the used ring and published without a fault. The fast paths give what the
+//! general code gives: the split walker's (`walk` vs `walk_general`: the same
+//! descriptors or the same error), the packed ring's (`pop` vs `pop_general` on a
+//! second queue over the same ring: the same list, position and descriptors, or the
+//! same error) and the parser's (`parse_chain` vs
+//! `parse_chain_general`: the same request and iovecs, or the same error).
 #![no_main]
 
 use std::sync::Arc;
 
-use fp_virtio_blk::{parse_chain, validate, DiskParams, GuestMemory, MemTable, ParseError, MAX_IOVECS};
+use fp_virtio_blk::{
+    parse_chain, parse_chain_general, validate, DiskParams, GuestMemory, MemTable, ParseError, MAX_IOVECS,
+};
 use fp_virtq::{Chain, PackedQueue, PackedState, SplitQueue};
 use libfuzzer_sys::fuzz_target;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
@@ -127,7 +134,12 @@ fuzz_target!(|data: &[u8]| {
         let driver = base.0 + u64::from(inp.u16(11) & !3);
         let device = base.0 + u64::from(inp.u16(13) & !3);
         match PackedQueue::new(&table, desc, driver, device, size, event_idx, state) {
-            Ok(q) => Ring::Packed(q),
+            // The second queue, over the same ring, takes every list with the general loop.
+            Ok(q) => {
+                let general = PackedQueue::new(&table, desc, driver, device, size, event_idx, state)
+                    .expect("the same parameters");
+                Ring::Packed(q, general)
+            }
             Err(_) => return,
         }
     } else {
@@ -143,25 +155,65 @@ fuzz_target!(|data: &[u8]| {
     // ---- Take, parse and complete every available chain. ----
     let host = host_ranges(&mem);
     let mut iov = vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOVECS];
+    let mut iov_general = iov.clone();
     let mut chain = Chain::new();
+    let mut chain_general = Chain::new();
     for _ in 0..size {
         let (head, slots) = match &mut ring {
             Ring::Split(q) => match q.pop() {
-                Ok(Some(h)) => match q.walk(&table, h, &mut chain) {
-                    Ok(()) => (h, 1),
-                    Err(e) => {
-                        let _ = ParseError::from_walk(h, e).to_string();
-                        break;
+                Ok(Some(h)) => {
+                    let fast = q.walk(&table, h, &mut chain);
+                    let general = q.walk_general(&table, h, &mut chain_general);
+                    assert_eq!(fast, general, "split walker: fast path and general walk differ at head {h}");
+                    if fast.is_ok() {
+                        assert_eq!(
+                            desc_fields(&chain),
+                            desc_fields(&chain_general),
+                            "split walker: fast path and general walk differ at head {h}"
+                        );
                     }
-                },
+                    match fast {
+                        Ok(()) => (h, 1),
+                        Err(e) => {
+                            let _ = ParseError::from_walk(h, e).to_string();
+                            break;
+                        }
+                    }
+                }
                 _ => break,
             },
-            Ring::Packed(q) => match q.pop(&table, &mut chain) {
-                Ok(Some(h)) => (h.id, h.slots),
-                _ => break,
-            },
+            Ring::Packed(q, general) => {
+                let fast = q.pop(&table, &mut chain);
+                let slow = general.pop_general(&table, &mut chain_general);
+                assert_eq!(fast, slow, "packed ring: fast path and general loop differ");
+                // The available side only: the used side moves on `q` alone (completions).
+                let avail = |s: fp_virtq::PackedState| (s.next_avail, s.avail_wrap);
+                assert_eq!(avail(q.state()), avail(general.state()), "packed ring: positions differ");
+                if let Ok(Some(_)) = fast {
+                    assert_eq!(
+                        desc_fields(&chain),
+                        desc_fields(&chain_general),
+                        "packed ring: fast path and general loop differ"
+                    );
+                }
+                match fast {
+                    Ok(Some(h)) => (h.id, h.slots),
+                    _ => break,
+                }
+            }
         };
-        match parse_chain(&table, &chain, head, &mut iov) {
+        let parsed = parse_chain(&table, &chain, head, &mut iov);
+        let general = parse_chain_general(&table, &chain, head, &mut iov_general);
+        assert_eq!(format!("{parsed:?}"), format!("{general:?}"), "parser: fast path and general parse differ");
+        if let Ok(req) = &parsed {
+            let cnt = req.iovcnt as usize;
+            let same = iov[..cnt]
+                .iter()
+                .zip(&iov_general[..cnt])
+                .all(|(a, b)| a.iov_base == b.iov_base && a.iov_len == b.iov_len);
+            assert!(same, "parser: fast path and general parse give different iovecs: {req:?}");
+        }
+        match parsed {
             Ok(req) => {
                 let cnt = req.iovcnt as usize;
                 assert!(cnt <= iov.len(), "iovcnt {cnt} > capacity");
@@ -195,7 +247,7 @@ fuzz_target!(|data: &[u8]| {
         }
         match &mut ring {
             Ring::Split(q) => q.push_used(head, 1),
-            Ring::Packed(q) => q.push_used(head, 1, slots),
+            Ring::Packed(q, _) => q.push_used(head, 1, slots),
         }
     }
     match &mut ring {
@@ -204,7 +256,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = q.needs_notification();
             let _ = q.enable_notification();
         }
-        Ring::Packed(q) => {
+        Ring::Packed(q, _) => {
             q.publish();
             let _ = q.needs_notification();
             let _ = q.enable_notification();
@@ -214,5 +266,12 @@ fuzz_target!(|data: &[u8]| {
 
 enum Ring {
     Split(SplitQueue),
-    Packed(PackedQueue),
+    /// The queue the data path would use, and one that takes the same lists with the general
+    /// loop only.
+    Packed(PackedQueue, PackedQueue),
+}
+
+/// What a walked chain holds, field by field, for comparing two walks.
+fn desc_fields(c: &Chain) -> Vec<(u64, u32, bool, usize)> {
+    c.descs().iter().map(|d| (d.addr, d.len, d.write, d.host as usize)).collect()
 }

@@ -112,6 +112,19 @@ impl DoneList {
         n
     }
 
+    /// Hands every held completion over by appending it to `out`; returns how many. When `out`
+    /// is empty the two lists trade places: no completion is copied, and both keep their
+    /// capacity for the next round.
+    pub(crate) fn deliver_batch(&mut self, out: &mut Vec<(u32, IoStatus)>) -> usize {
+        let n = self.0.len();
+        if out.is_empty() {
+            std::mem::swap(out, &mut self.0);
+        } else {
+            out.append(&mut self.0);
+        }
+        n
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.0.len()
     }

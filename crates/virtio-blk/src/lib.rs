@@ -69,6 +69,12 @@
 //! 7. **Capacity.** More data iovecs than `iov.len()` (after splitting at
 //!    region boundaries) gives [`ParseErrorKind::TooManySegments`].
 //!
+//! A read or write in exactly three descriptors (16-byte readable header, one data buffer,
+//! 1-byte writable status, each inside one memory region) is parsed by a fast path in one
+//! pass; [`parse_chain_general`] applies the rules above to every other chain, and gives the
+//! same result on the fast path's chains too (tests and the `chain_parser` fuzz target check
+//! that).
+//!
 //! The pointers placed in the iovecs and in [`StatusPtr`] are host virtual
 //! addresses inside the guest memory mappings: they stay valid only while the
 //! [`MemTable`] the chain was walked with is alive. No dirty-page logging is
@@ -84,7 +90,7 @@ mod validate;
 use virtio_bindings::virtio_blk as vb;
 
 pub use fp_virtq::{Chain, Desc, GuestMemory, MemTable, WalkError, MAX_CHAIN_DESCRIPTORS};
-pub use parse::{parse_chain, ParseError, ParseErrorKind};
+pub use parse::{parse_chain, parse_chain_general, ParseError, ParseErrorKind};
 pub use request::{write_id, BlkRequest, RequestType, Segment, StatusPtr};
 pub use validate::{validate, DiskParams};
 /// `flags` bit 0 of `struct virtio_blk_discard_write_zeroes` (§5.2.6).

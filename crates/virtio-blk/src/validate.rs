@@ -37,10 +37,12 @@ impl DiskParams {
 }
 
 /// Check that `[sector, sector + num_sectors)` (512-byte units) is inside the
-/// disk and aligned to its block size; overflow-safe.
-fn check_range(sector: u64, num_sectors: u64, disk: &DiskParams) -> Result<(), u8> {
+/// disk and aligned to its block size (`bs`, [`DiskParams::effective_block_size`]);
+/// overflow-safe.
+#[inline(always)]
+fn check_range(sector: u64, num_sectors: u64, bs: u64, disk: &DiskParams) -> Result<(), u8> {
     // The block size is a power of two of at least 512 bytes: masks instead of divisions.
-    let block_mask = u64::from(disk.effective_block_size()) / SECTOR_SIZE - 1;
+    let block_mask = bs / SECTOR_SIZE - 1;
     if num_sectors == 0 || (sector | num_sectors) & block_mask != 0 {
         return Err(VIRTIO_BLK_S_IOERR);
     }
@@ -72,7 +74,7 @@ pub fn validate(req: &BlkRequest, disk: &DiskParams) -> Result<(), u8> {
             if req.data_len == 0 || req.data_len & (bs - 1) != 0 {
                 return Err(VIRTIO_BLK_S_IOERR);
             }
-            check_range(req.sector, req.data_len / SECTOR_SIZE, disk)
+            check_range(req.sector, req.data_len / SECTOR_SIZE, bs, disk)
         }
         RequestType::Flush => {
             if disk.flush {
@@ -98,7 +100,7 @@ pub fn validate(req: &BlkRequest, disk: &DiskParams) -> Result<(), u8> {
             if max != 0 && seg.num_sectors > max {
                 return Err(VIRTIO_BLK_S_IOERR);
             }
-            check_range(seg.sector, u64::from(seg.num_sectors), disk)
+            check_range(seg.sector, u64::from(seg.num_sectors), u64::from(disk.effective_block_size()), disk)
         }
         RequestType::Unsupported(_) => Err(VIRTIO_BLK_S_UNSUPP),
     }

@@ -94,6 +94,18 @@ impl Chain {
         Ok(())
     }
 
+    /// Stores a walked chain of exactly three non-empty descriptors (the walkers' fast path):
+    /// the same contents [`Chain::add`] would leave after the three, without its per-descriptor
+    /// bookkeeping. The caller checked what `add` checks: `total` is the three lengths' sum
+    /// without overflow and no length is 0.
+    #[inline(always)]
+    pub(crate) fn set_three(&mut self, descs: [Desc; 3], total: u32) {
+        self.descs[..3].copy_from_slice(&descs);
+        self.len = 3;
+        self.seen = 3;
+        self.total = total;
+    }
+
     /// Builds a chain from `(addr, len, writable)` triples as if a ring had held them (tests and
     /// tools that make requests without a ring).
     pub fn from_buffers(mem: &MemTable, bufs: &[(u64, u32, bool)]) -> Result<Chain, WalkError> {

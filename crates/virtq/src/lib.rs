@@ -10,6 +10,8 @@
 //!   hostile-input rules: bounded length, loops, indirect tables (not nested, inside one memory
 //!   region), `next` in range, at most 2^32 bytes. Every buffer's host address is resolved while
 //!   walking; a buffer that is not inside one region is left for the caller's slow path.
+//!   The split walker reads the common three-descriptor chain in one step and walks anything
+//!   else with the general loop ([`SplitQueue::walk_general`]); both store the same chain.
 //!
 //! Everything here reads memory a guest writes concurrently: loads are volatile and each field
 //! is read once, so a guest changing a descriptor under us can make us see a garbage chain but

@@ -12,7 +12,7 @@
 use std::num::Wrapping;
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
-use crate::chain::{read_desc, Chain, WalkError};
+use crate::chain::{read_desc, Chain, Desc, WalkError};
 use crate::log::RingLog;
 use crate::mem::MemTable;
 use crate::{DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE};
@@ -252,10 +252,81 @@ impl SplitQueue {
     }
 
     /// Collects the chain headed by descriptor `head` into `chain`.
+    ///
+    /// The common virtio-blk request (header, one data buffer, status: three direct, non-empty
+    /// descriptors) takes a fast path that reads the three descriptors once and stores them
+    /// at once; anything else, and anything the fast path is unsure of, is walked again by
+    /// [`SplitQueue::walk_general`]. Both give the same chain or the same error on any input
+    /// (the `chain_parser` fuzz target compares them).
     #[inline]
     pub fn walk(&self, mem: &MemTable, head: u16, chain: &mut Chain) -> Result<(), WalkError> {
+        if self.walk_three(mem, head, chain) {
+            return Ok(());
+        }
+        self.walk_general(mem, head, chain)
+    }
+
+    /// The general walker [`SplitQueue::walk`] falls back to: any chain, every rule of the
+    /// module docs. Public so tests and fuzzing can compare the fast path with it.
+    #[inline(never)]
+    pub fn walk_general(&self, mem: &MemTable, head: u16, chain: &mut Chain) -> Result<(), WalkError> {
         chain.clear();
         walk_table(mem, self.desc, u32::from(self.size), u32::from(head), chain)
+    }
+
+    /// The fast path of [`SplitQueue::walk`]: true when the chain at `head` is exactly three
+    /// direct, non-empty descriptors, now stored in `chain` as the general walker would store
+    /// them. False leaves `chain` as it was (the general walker starts over, reading the
+    /// descriptors again; a guest that changed them meanwhile gets what that walk sees).
+    ///
+    /// Why the general walker's remaining checks cannot fail here: with a table of at least
+    /// three entries its loop bound (`size` descriptors) is not reached by three; the indices
+    /// are checked below; the byte total is checked without overflow; three is far below
+    /// [`crate::MAX_CHAIN_DESCRIPTORS`].
+    #[inline(always)]
+    fn walk_three(&self, mem: &MemTable, head: u16, chain: &mut Chain) -> bool {
+        const KIND: u16 = DESC_F_NEXT | DESC_F_WRITE | DESC_F_INDIRECT;
+        let size = u32::from(self.size);
+        let i0 = u32::from(head);
+        if size < 3 || i0 >= size {
+            return false;
+        }
+        // SAFETY: `i0 < size` and the table's `16 * size` bytes lie inside one region
+        // (checked in `new`).
+        let (a0, w0) = unsafe { read_desc(self.desc, i0) };
+        let i1 = u32::from((w0 >> 48) as u16);
+        // First: readable, continues. Nothing else can head a three-descriptor request.
+        if (w0 >> 32) as u16 & KIND != DESC_F_NEXT || i1 >= size {
+            return false;
+        }
+        // SAFETY: as above, `i1 < size`.
+        let (a1, w1) = unsafe { read_desc(self.desc, i1) };
+        let i2 = u32::from((w1 >> 48) as u16);
+        // Second: either direction, continues.
+        if (w1 >> 32) as u16 & (DESC_F_NEXT | DESC_F_INDIRECT) != DESC_F_NEXT || i2 >= size {
+            return false;
+        }
+        // SAFETY: as above, `i2 < size`.
+        let (a2, w2) = unsafe { read_desc(self.desc, i2) };
+        // Third: ends the chain, not indirect.
+        let f2 = (w2 >> 32) as u16;
+        if f2 & (DESC_F_NEXT | DESC_F_INDIRECT) != 0 {
+            return false;
+        }
+        let (l0, l1, l2) = (w0 as u32, w1 as u32, w2 as u32);
+        let total = u64::from(l0) + u64::from(l1) + u64::from(l2);
+        if l0 == 0 || l1 == 0 || l2 == 0 || total > u64::from(u32::MAX) {
+            return false;
+        }
+        let desc = |addr: u64, len: u32, flags: u16| Desc {
+            addr,
+            len,
+            write: flags & DESC_F_WRITE != 0,
+            host: mem.translate(addr, u64::from(len)).unwrap_or(std::ptr::null_mut()),
+        };
+        let f1 = (w1 >> 32) as u16;
+        chain.set_three([desc(a0, l0, DESC_F_NEXT), desc(a1, l1, f1), desc(a2, l2, f2)], total as u32);
+        true
     }
 
     /// Writes one used element (not yet visible to the driver).
@@ -489,6 +560,77 @@ mod tests {
         ring.push_used(0, 1);
         ring.publish();
         assert!(log.marked_pages().is_empty(), "logging stopped");
+    }
+
+    /// Writes descriptor `i` of the table at DESC.
+    fn put_desc(m: &GuestMemory, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let at = DESC + 16 * u64::from(i);
+        m.write_obj(addr, GuestAddress(at)).unwrap();
+        m.write_obj(len, GuestAddress(at + 8)).unwrap();
+        m.write_obj(flags, GuestAddress(at + 12)).unwrap();
+        m.write_obj(next, GuestAddress(at + 14)).unwrap();
+    }
+
+    fn fields(c: &Chain) -> Vec<(u64, u32, bool, usize)> {
+        c.descs().iter().map(|d| (d.addr, d.len, d.write, d.host as usize)).collect()
+    }
+
+    /// Walks `head` both ways and checks they agree; returns the fast path's answer.
+    fn walk_both(
+        ring: &SplitQueue,
+        t: &MemTable,
+        head: u16,
+    ) -> Result<Vec<(u64, u32, bool, usize)>, WalkError> {
+        let (mut fast, mut general) = (Chain::new(), Chain::new());
+        let a = ring.walk(t, head, &mut fast).map(|_| fields(&fast));
+        let b = ring.walk_general(t, head, &mut general).map(|_| fields(&general));
+        assert_eq!(a, b, "fast path and general walk differ at head {head}");
+        a
+    }
+
+    #[test]
+    fn the_three_descriptor_fast_path_walks_as_the_general_walker() {
+        let (m, t) = setup();
+        let ring = SplitQueue::new(&t, DESC, AVAIL, USED, 8, true, 0, 0).unwrap();
+        let (n, w) = (DESC_F_NEXT, DESC_F_WRITE);
+        // A read: header, data, status, out of order in the table.
+        put_desc(&m, 5, 0x4000, 16, n, 2);
+        put_desc(&m, 2, 0x5000, 4096, n | w, 7);
+        put_desc(&m, 7, 0x4010, 1, w, 0);
+        let c = walk_both(&ring, &t, 5).unwrap();
+        let host = t.translate(0x4000, 16).unwrap() as usize;
+        assert_eq!(c[0], (0x4000, 16, false, host));
+        assert_eq!(
+            c.iter().map(|d| (d.1, d.2)).collect::<Vec<_>>(),
+            vec![(16, false), (4096, true), (1, true)]
+        );
+        // Data outside memory: stored untranslated, as the general walker stores it.
+        put_desc(&m, 2, 0xf_0000, 4096, n | w, 7);
+        assert_eq!(walk_both(&ring, &t, 5).unwrap()[1].3, 0);
+        // An empty middle descriptor, a fourth descriptor, an indirect one, a loop back to the
+        // head, `next` out of range, more than 4 GiB: all left to the general walker.
+        put_desc(&m, 2, 0x5000, 0, n | w, 7);
+        assert_eq!(walk_both(&ring, &t, 5).unwrap().len(), 2);
+        put_desc(&m, 2, 0x5000, 4096, n | w, 7);
+        put_desc(&m, 7, 0x4010, 1, n | w, 1);
+        put_desc(&m, 1, 0x4020, 1, w, 0);
+        assert_eq!(walk_both(&ring, &t, 5).unwrap().len(), 4);
+        put_desc(&m, 7, 0x4010, 1, n | w, 5);
+        assert_eq!(walk_both(&ring, &t, 5), Err(WalkError::Broken));
+        put_desc(&m, 7, 0x4010, 1, n | w, 8);
+        assert_eq!(walk_both(&ring, &t, 5), Err(WalkError::Broken));
+        put_desc(&m, 7, 0x4010, 1, w, 0);
+        put_desc(&m, 2, 0x6000, 32, n | crate::DESC_F_INDIRECT, 7);
+        // The indirect table (two empty entries) ends the main chain: only the header is kept.
+        assert_eq!(walk_both(&ring, &t, 5).unwrap().len(), 1);
+        put_desc(&m, 2, 0x5000, u32::MAX - 16, n | w, 7);
+        assert_eq!(walk_both(&ring, &t, 5), Err(WalkError::Broken), "more than 4 GiB");
+        assert_eq!(walk_both(&ring, &t, 8), Err(WalkError::Broken), "head out of range");
+        // A ring of two entries cannot hold a chain of three.
+        let small = SplitQueue::new(&t, DESC, AVAIL, USED, 2, true, 0, 0).unwrap();
+        put_desc(&m, 0, 0x4000, 16, n, 1);
+        put_desc(&m, 1, 0x5000, 512, n | w, 0);
+        assert_eq!(walk_both(&small, &t, 0), Err(WalkError::Broken));
     }
 
     #[test]

@@ -157,6 +157,15 @@ pub fn pop_all<'q>(q: &'q Queue<'_>, chains: &[&[RawDescriptor]]) -> Vec<Walked<
             while let Some(head) = ring.pop().unwrap() {
                 let mut chain = Chain::new();
                 let res = ring.walk(&q.table, head, &mut chain).map(|_| chain);
+                // Every chain a test makes checks the walker's fast path against the general
+                // walk: the same descriptors, or the same error.
+                let mut general = Chain::new();
+                let res_general = ring.walk_general(&q.table, head, &mut general).map(|_| general);
+                assert_eq!(
+                    res.as_ref().map(desc_fields).map_err(|e| *e),
+                    res_general.as_ref().map(desc_fields).map_err(|e| *e),
+                    "split walker: fast path and general walk differ"
+                );
                 out.push(Walked { table: &q.table, head, chain: res });
             }
         }
@@ -222,10 +231,33 @@ pub fn chain<'q>(q: &'q Queue<'_>, descs: &[(u64, u32, bool)]) -> Walked<'q> {
     chain_raw(q, &linked(descs))
 }
 
-/// Parses a walked chain the way the data path does.
+/// A walked chain's descriptors, field by field (for comparing two walks).
+pub fn desc_fields(c: &Chain) -> Vec<(u64, u32, bool, usize)> {
+    c.descs().iter().map(|d| (d.addr, d.len, d.write, d.host as usize)).collect()
+}
+
+/// Parses a walked chain the way the data path does, and checks that the general parser gives
+/// the same request, iovecs or error (the fast path must not be observable).
 pub fn parse(w: Walked<'_>, iov: &mut [libc::iovec]) -> Result<BlkRequest, ParseError> {
     match w.chain {
-        Ok(c) => fp_virtio_blk::parse_chain(w.table, &c, w.head, iov),
+        Ok(c) => {
+            let res = fp_virtio_blk::parse_chain(w.table, &c, w.head, iov);
+            let mut iov_general = vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; iov.len()];
+            let general = fp_virtio_blk::parse_chain_general(w.table, &c, w.head, &mut iov_general);
+            assert_eq!(
+                format!("{res:?}"),
+                format!("{general:?}"),
+                "parser: fast path and general parse differ"
+            );
+            if let Ok(r) = &res {
+                let n = r.iovcnt as usize;
+                let pairs = |v: &[libc::iovec]| {
+                    v.iter().map(|x| (x.iov_base as usize, x.iov_len)).collect::<Vec<_>>()
+                };
+                assert_eq!(pairs(&iov[..n]), pairs(&iov_general[..n]), "parser: iovecs differ");
+            }
+            res
+        }
         Err(e) => Err(ParseError::from_walk(w.head, e)),
     }
 }

@@ -73,7 +73,60 @@ impl IoChannel for NullChannel {
         self.done.deliver(done)
     }
 
+    fn poll_batch(&mut self, out: &mut Vec<(u32, IoStatus)>) -> usize {
+        self.done.deliver_batch(out)
+    }
+
     fn in_flight(&self) -> usize {
         self.done.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::IoOp;
+
+    fn submit(ch: &mut dyn IoChannel, tag: u32, offset: u64) -> Result<(), SubmitError> {
+        let req = IoRequest { tag, op: IoOp::Read, offset, len: 512, iov: std::ptr::null(), iovcnt: 0 };
+        // SAFETY: no iovecs; the null device touches no buffer.
+        unsafe { ch.submit(&req) }
+    }
+
+    #[test]
+    fn a_batch_poll_hands_over_every_completion_in_order_and_only_once() {
+        let dev = NullDevice::new("n", 512, 8).unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut out = Vec::new();
+        assert_eq!(ch.poll_batch(&mut out), 0);
+        for tag in [4, 1, 7] {
+            submit(&mut *ch, tag, 0).unwrap();
+        }
+        assert_eq!(submit(&mut *ch, 9, 8 * 512), Err(SubmitError::OutOfRange));
+        assert_eq!(ch.in_flight(), 3);
+        // An empty batch trades places with the channel's list.
+        assert_eq!(ch.poll_batch(&mut out), 3);
+        assert_eq!(out, vec![(4, IoStatus::Success), (1, IoStatus::Success), (7, IoStatus::Success)]);
+        assert_eq!(ch.in_flight(), 0);
+        assert_eq!(ch.poll_batch(&mut out), 0, "nothing twice");
+        // A batch that still holds completions is appended to.
+        submit(&mut *ch, 2, 512).unwrap();
+        assert_eq!(ch.poll_batch(&mut out), 1);
+        assert_eq!(out.len(), 4);
+        assert_eq!(out[3], (2, IoStatus::Success));
+    }
+
+    #[test]
+    fn requests_must_be_block_aligned_and_inside_the_device() {
+        let dev = NullDevice::new("n", 4096, 4).unwrap();
+        let info = dev.info();
+        assert_eq!(info.check_range(0, 4 * 4096), Ok(()));
+        assert_eq!(info.check_range(3 * 4096, 4096), Ok(()));
+        assert_eq!(info.check_range(512, 4096), Err(SubmitError::OutOfRange), "offset not aligned");
+        assert_eq!(info.check_range(0, 4096 + 512), Err(SubmitError::OutOfRange), "length not aligned");
+        assert_eq!(info.check_range(4 * 4096, 4096), Err(SubmitError::OutOfRange), "past the end");
+        assert_eq!(info.check_range(u64::MAX - 4095, 8192), Err(SubmitError::OutOfRange), "wraps around");
+        dev.resize(5).unwrap();
+        assert_eq!(info.check_range(4 * 4096, 4096), Ok(()), "the size now, not at open");
     }
 }
