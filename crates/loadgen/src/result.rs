@@ -49,6 +49,37 @@ pub struct LoadResult {
     pub timeline: Option<Timeline>,
     /// With [`LoadSpec::dirty_log`]: what the log's sync thread saw.
     pub dirty_log: Option<DirtyLogReport>,
+    /// Whether the memory shared with the device was of huge pages ([`LoadSpec::hugetlb`]).
+    pub hugetlb: bool,
+    /// With completion fds, in a run of one disk: how often the client slept and was woken,
+    /// counted up to the end of the measured interval.
+    pub wakeups: Option<Wakeups>,
+}
+
+/// What a client sleeping on completion fds counted: a measure of how a server batches its
+/// notifications that does not depend on the server's own counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Wakeups {
+    /// Sleeps (`epoll_wait`) that ended with at least one completion fd ready.
+    pub wakeups: u64,
+    /// The sum of the completion eventfds' counters read on those wake-ups: the server's
+    /// notifications (each a write of 1), those that came while the client was not asleep
+    /// included.
+    pub notifications: u64,
+}
+
+impl Wakeups {
+    /// The result as a JSON object, with completions per wake-up and per notification for a
+    /// run of `ios` completions.
+    pub fn to_json(&self, ios: u64) -> serde_json::Value {
+        let per = |n: u64| (n > 0).then(|| ios as f64 / n as f64);
+        serde_json::json!({
+            "wakeups": self.wakeups,
+            "notifications": self.notifications,
+            "completions_per_wakeup": per(self.wakeups),
+            "completions_per_notification": per(self.notifications),
+        })
+    }
 }
 
 /// What a client counted for one disk or several, before the rates and percentiles.
@@ -96,6 +127,8 @@ impl LoadResult {
             client_busy_ns: None,
             timeline: None,
             dirty_log: None,
+            hugetlb: false,
+            wakeups: None,
         }
     }
 
@@ -122,6 +155,8 @@ impl LoadResult {
             "client_busy_ns": self.client_busy_ns,
             "timeline": self.timeline.as_ref().map(Timeline::to_json),
             "dirty_log": self.dirty_log.as_ref().map(DirtyLogReport::to_json),
+            "hugetlb": self.hugetlb,
+            "wakeups": self.wakeups.map(|w| w.to_json(self.ios)),
         })
     }
 

@@ -49,6 +49,10 @@ pub(crate) trait Backend: Sized {
     fn dirty_log(&mut self) -> Option<DirtyLogReport> {
         None
     }
+    /// Whether the memory shared with the device is of huge pages ([`LoadSpec::hugetlb`]).
+    fn hugetlb(&self) -> bool {
+        false
+    }
 }
 
 /// What [`Backend::connect`] returns.
