@@ -53,14 +53,14 @@ def measure(server, loader, sock, point, secs, want_hist, client_busy=False, pac
     """One fp-load run against `server`, with the server's CPU and reactor deltas; `extra`:
     more fp-load arguments. With --dirty-log, the log's report is kept as "dirty_log"."""
     pattern, bs, qd, queues, poll = point
-    react0 = server.reactors() if server.kind == "flashpath" else None
+    react0 = server.reactors() if hasattr(server, "reactors") else None
     cpu0 = proc_cpu(server.pid)
     m0, o0 = machine_busy_ns(), own_cpu_ns()
     res = loader.run(sock, pattern, bs, qd, queues, poll, secs, hist=want_hist, client_busy=client_busy,
                      packed=packed, extra=extra)
     m1, o1 = machine_busy_ns(), own_cpu_ns()
     cpu1 = proc_cpu(server.pid)
-    react1 = server.reactors() if server.kind == "flashpath" else None
+    react1 = server.reactors() if react0 is not None else None
     if res["errors"]:
         raise RuntimeError(f"{server.name} {point}: {res['errors']} requests failed "
                            f"(first {res['first_error']})")
@@ -105,6 +105,13 @@ def measure(server, loader, sock, point, secs, want_hist, client_busy=False, pac
         r["histogram"] = res["histogram"]
     if res.get("dirty_log"):
         r["dirty_log"] = res["dirty_log"]
+    w = res.get("wakeups")
+    if w:
+        # The client's sleeps on its completion fds and the notifications it read there.
+        r["wakeups"] = w["wakeups"]
+        r["notifications"] = w["notifications"]
+        r["completions_per_wakeup"] = w["completions_per_wakeup"]
+        r["completions_per_notification"] = w["completions_per_notification"]
     return r
 
 
@@ -195,7 +202,8 @@ def lvol_spdk_note():
 
 METRICS = ["iops", "mbps", "lat_mean_ns", "p50_ns", "p99_ns", "p999_ns", "server_cpu_ns_per_io",
            "server_cpu_stat_ns_per_io", "server_cores", "reactor_busy_ns_per_io",
-           "client_busy_ns_per_io", "client_busy_frac"]
+           "client_busy_ns_per_io", "client_busy_frac", "completions_per_wakeup",
+           "completions_per_notification", "server_requests_per_notification", "server_kicks_per_io"]
 
 
 def summarize(runs):

@@ -11,6 +11,7 @@ from fpbench.common import MIB, median, ratio
 from fpbench.load import point_label
 from fpbench.machine import nbd_label
 from fpbench.report_migration import migration_markdown, migration_targets
+from fpbench.report_spdk import spdk_markdown, spdk_targets
 from fpbench.servers import NBD_SERVERS
 
 
@@ -155,6 +156,7 @@ def targets(res):
                 f"{fmt_us1(f.get('server_cpu_ns_per_io'))} vs {fmt_us1(o.get('server_cpu_ns_per_io'))} µs/IO = "
                 f"{fmt_ratio(r['server_cpu_per_io'])}x", ok)
     migration_targets(res, add)
+    spdk_targets(res, add)
     return out
 
 
@@ -255,7 +257,8 @@ def markdown(res):
     alone = {"rbd": ("flashpath vs qemu-storage-daemon on Ceph RBD", rbd_markdown),
              "nbd": ("flashpath vs qemu-storage-daemon and nbdkit over NBD", nbd_markdown),
              "qos": ("flashpath: quality of service", qos_markdown),
-             "migration": ("flashpath vs qemu-storage-daemon: live migration", migration_markdown)}
+             "migration": ("flashpath vs qemu-storage-daemon: live migration", migration_markdown),
+             "spdk": ("flashpath vs qemu-storage-daemon vs SPDK's vhost target", spdk_markdown)}
     if m.get("only") in alone:
         title, section = alone[m["only"]]
         lines = [f"# {title} ({m['mode']} run, {m['date']})", "",
@@ -395,6 +398,8 @@ def markdown(res):
         lines += nbd_markdown(res)
     if res.get("migration"):
         lines += migration_markdown(res)
+    if res.get("spdk"):
+        lines += spdk_markdown(res)
     return "\n".join(lines + targets_table(res))
 
 
