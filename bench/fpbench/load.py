@@ -192,9 +192,10 @@ def lvol_spdk_note():
     d = os.environ.get("SPDK_DIR")
     if not d:
         return "SPDK_DIR is not set: no SPDK lvol figures in this run."
-    return (f"SPDK_DIR={d} is set, but the bench has no client that drives SPDK's vhost: fp-load "
-            "goes through libblkio, whose vhost-user driver (virtio-driver 0.6) requires the CONFIGURE_MEM_SLOTS protocol "
-            "feature that SPDK 23.01's rte_vhost does not offer; no SPDK lvol figures in this run.")
+    return (f"SPDK_DIR={d} is set, but this section's client is libblkio, whose vhost-user driver "
+            "(virtio-driver 0.6) requires the CONFIGURE_MEM_SLOTS protocol feature that SPDK 23.01's rte_vhost "
+            "does not offer (fp-load --hugetlb drives SPDK, bench.py --spdk; not used here yet); no SPDK lvol "
+            "figures in this run.")
 
 
 # ---------------------------------------------------------------------------------------------
