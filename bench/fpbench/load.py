@@ -105,6 +105,10 @@ def measure(server, loader, sock, point, secs, want_hist, client_busy=False, pac
         r["histogram"] = res["histogram"]
     if res.get("dirty_log"):
         r["dirty_log"] = res["dirty_log"]
+    if res.get("kicks") is not None:
+        # fp-load's own frontend: the kicks it sent (the device did not ask for none).
+        r["client_kicks"] = res["kicks"]
+        r["client_kicks_per_io"] = res["kicks"] / ios if ios else None
     w = res.get("wakeups")
     if w:
         # The client's sleeps on its completion fds and the notifications it read there.
@@ -204,7 +208,7 @@ def lvol_spdk_note():
 METRICS = ["iops", "mbps", "lat_mean_ns", "p50_ns", "p99_ns", "p999_ns", "server_cpu_ns_per_io",
            "server_cpu_stat_ns_per_io", "server_cores", "reactor_busy_ns_per_io",
            "client_busy_ns_per_io", "client_busy_frac", "completions_per_wakeup",
-           "completions_per_notification", "server_requests_per_notification", "server_kicks_per_io"]
+           "completions_per_notification", "server_requests_per_notification", "server_kicks_per_io", "client_kicks_per_io"]
 
 
 def summarize(runs):

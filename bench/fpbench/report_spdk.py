@@ -13,6 +13,10 @@ def _per(v):
     return "-" if v is None else f"{v:.1f}"
 
 
+def _k(v):
+    return "-" if v is None else f"{v:.3f}"
+
+
 def _label(p):
     return f"{p['backend']} 4K {p['pattern']} QD{p['qd']} {p['client']}"
 
@@ -33,16 +37,17 @@ def spdk_markdown(res):
              "(schedstat, all threads) per I/O; busy/IO: reactor busy time per I/O (flashpath's busy ns, SPDK's "
              "busy ticks / tick_rate from `framework_get_reactors`); per wake-up: completions per client wake-up on "
              "its completion fd (fd clients; the same measure for all three servers); per notification: completions "
-             "per call-eventfd write the client read; fp/SPDK: ratio of the medians.", "",
+             "per call-eventfd write the client read; kicks/IO: the client's kicks per I/O (it kicks unless the "
+             "server's used ring says VRING_USED_F_NO_NOTIFY); fp/SPDK: ratio of the medians.", "",
              "| workload | server | IOPS | p50 µs | p99 µs | CPU/IO ns | busy/IO ns | per wake-up | "
-             "per notification |", "|" + "---|" * 9]
+             "per notification | kicks/IO |", "|" + "---|" * 10]
     for p in e["points"]:
         for kind in servers:
             md = p["servers"][kind]["median"]
             lines.append(f"| {_label(p)} | {kind} | {_iops(md.get('iops'))} | {_us(md.get('p50_ns'))} | "
                          f"{_us(md.get('p99_ns'))} | {_ns(md.get('server_cpu_ns_per_io'))} | "
                          f"{_ns(md.get('reactor_busy_ns_per_io'))} | {_per(md.get('completions_per_wakeup'))} | "
-                         f"{_per(md.get('completions_per_notification'))} |")
+                         f"{_per(md.get('completions_per_notification'))} | {_k(md.get('client_kicks_per_io'))} |")
     lines += ["", "| workload | IOPS fp/SPDK | IOPS qsd/SPDK | p50 fp/SPDK | p99 fp/SPDK | CPU/IO fp/SPDK | "
               "busy/IO fp/SPDK | per wake-up fp/SPDK |", "|" + "---|" * 8]
     for p in e["points"]:

@@ -90,7 +90,11 @@ def validate_spdk(res, sc):
     problems = []
     got = {(p["backend"], p["pattern"], p["bs"], p["qd"], p["queues"], p["client"]): p
            for p in res["spdk"].get("points", [])}
-    for b in sc["backends"]:
+    # The backends the run chose (--backends narrows the section); at least one of the mode's.
+    ran = res["spdk"].get("backends", sc["backends"])
+    if not ran or any(b not in sc["backends"] for b in ran):
+        problems.append(f"spdk: backends {ran!r}, the mode's are {sc['backends']!r}")
+    for b in ran:
         for pt in sc["points"]:
             pk = point_key(b, pt)
             p = got.get((b, pk["pattern"], pk["bs"], pk["qd"], pk["queues"], pk["client"]))

@@ -56,8 +56,10 @@ class SpdkSection:
         secs, reps = sc["secs"], sc["reps"]
         out = {"dir": self.args.spdk, "config": sc, "client": "fp-load " + " ".join(CLIENT), "points": []}
         self.results["spdk"] = out
+        # --backends narrows this section too.
+        out["backends"] = [b for b in sc["backends"] if not self.args.backends or b in self.cfg["backends"]]
         with HugePages():
-            for backend in sc["backends"]:
+            for backend in out["backends"]:
                 size = sc["sizes"][backend]
                 path = self.backing_path(backend, size) if backend == "ram" else None
                 fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=f"flashpath-spdk-{backend}")

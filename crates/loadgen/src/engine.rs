@@ -491,6 +491,7 @@ impl<B: Backend> Disk<B> {
         r.timeline = self.timeline;
         r.dirty_log = dirty_log;
         r.hugetlb = self.dev.backend.hugetlb();
+        r.kicks = self.dev.queues.iter().map(|q| q.q.kicks()).sum();
         r
     }
 }

@@ -51,6 +51,10 @@ pub struct LoadResult {
     pub dirty_log: Option<DirtyLogReport>,
     /// Whether the memory shared with the device was of huge pages ([`LoadSpec::hugetlb`]).
     pub hugetlb: bool,
+    /// With [`LoadSpec::frontend`]: the kicks (available-buffer notifications) the client sent
+    /// over the whole run (the start probe and the drain included: at most two per queue);
+    /// it kicks only when the device's used ring does not say `VRING_USED_F_NO_NOTIFY`.
+    pub kicks: Option<u64>,
     /// With completion fds, in a run of one disk: how often the client slept and was woken,
     /// counted up to the end of the measured interval.
     pub wakeups: Option<Wakeups>,
@@ -128,6 +132,7 @@ impl LoadResult {
             timeline: None,
             dirty_log: None,
             hugetlb: false,
+            kicks: None,
             wakeups: None,
         }
     }
@@ -156,6 +161,7 @@ impl LoadResult {
             "timeline": self.timeline.as_ref().map(Timeline::to_json),
             "dirty_log": self.dirty_log.as_ref().map(DirtyLogReport::to_json),
             "hugetlb": self.hugetlb,
+            "kicks": self.kicks,
             "wakeups": self.wakeups.map(|w| w.to_json(self.ios)),
         })
     }

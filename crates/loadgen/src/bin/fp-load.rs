@@ -521,6 +521,9 @@ fn print_human(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
         us(r.lat_max_ns)
     );
     print_timeline(r);
+    if let Some(k) = r.kicks {
+        println!("  kicks sent: {k} ({:.3} per I/O)", k as f64 / r.ios.max(1) as f64);
+    }
     if let Some(w) = r.wakeups {
         let per = |n: u64| if n > 0 { r.ios as f64 / n as f64 } else { 0.0 };
         println!(

@@ -36,6 +36,10 @@ pub(crate) trait IoQueue {
     fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError>;
     /// Turns on completion notifications and returns the fd they are signalled on.
     fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError>;
+    /// Kicks (notifications to the device) sent so far, where the back end sends them itself.
+    fn kicks(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A way to connect to the device.

@@ -156,6 +156,8 @@ pub(super) struct FrontendQueue {
     read_only: bool,
     /// Requests added since the last notification.
     to_notify: bool,
+    /// Kicks sent.
+    kicks: u64,
     /// Writes refused on a read-only device, completed at the next reap.
     refused: Vec<usize>,
 }
@@ -183,6 +185,7 @@ impl IoQueue for FrontendQueue {
     fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError> {
         if std::mem::take(&mut self.to_notify) && self.ring.notify_needed() {
             self.kick.write(1).map_err(os("kick"))?;
+            self.kicks += 1;
         }
         let ring = &mut self.ring;
         Ok(reap_virtio(out, &mut self.refused, || ring.pop()))
@@ -191,6 +194,10 @@ impl IoQueue for FrontendQueue {
     fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError> {
         self.ring.set_used_notifications(true);
         Ok(self.call.as_raw_fd())
+    }
+
+    fn kicks(&self) -> Option<u64> {
+        Some(self.kicks)
     }
 }
 
@@ -387,6 +394,7 @@ impl Backend for VhostFrontend {
                 call,
                 read_only,
                 to_notify: false,
+                kicks: 0,
                 refused: Vec::with_capacity(spec.queue_depth),
             });
         }
