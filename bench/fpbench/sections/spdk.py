@@ -77,14 +77,20 @@ class SpdkSection:
                             log(f"filling the {kind} RAM disk")
                             self.loader.run(socks[kind], "write", 128 * 1024, 8, 1, True, 60.0,
                                             extra=CLIENT + ("--ios", str(size // (128 * 1024))))
+                    # SPDK's reactor polls its core even when idle: frozen outside its own runs.
+                    sp.pause()
                     for point in sc["points"]:
                         pk = point_key(backend, point)
                         want_hist = point[2] == 1
                         runs = {k: [] for k in SPDK_SERVERS}
                         for _ in range(reps):
                             for kind in SPDK_SERVERS:
+                                if kind == "spdk":
+                                    sp.resume()
                                 runs[kind].append(self.spdk_measure(servers[kind], socks[kind], point, secs,
                                                                     want_hist, ctrlr))
+                                if kind == "spdk":
+                                    sp.pause()
                         e = dict(pk, servers={})
                         for kind in SPDK_SERVERS:
                             x = {"runs": runs[kind], "median": summarize(runs[kind])}
