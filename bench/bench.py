@@ -39,12 +39,13 @@ from fpbench.sections.nbd import NbdSection
 from fpbench.sections.null_ram_file import NullRamFileSection
 from fpbench.sections.qos import QosSection
 from fpbench.sections.rbd import RbdSection
+from fpbench.sections.spdk import SpdkSection
 from fpbench.servers import CephCluster, kill_all_children
 from fpbench.validate import validate
 
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
-            NbdSection, MigrationSection, GuestNotifySection):
+            NbdSection, MigrationSection, GuestNotifySection, SpdkSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -161,6 +162,8 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
                              self.run_guest_notify),
             "lvol": (f"logical volumes ({self.secs} s per run, server CPU {self.server_cpu}, "
                      f"client CPU {self.client_cpu})", self.run_lvol),
+            "spdk": (f"SPDK as a peer ({self.args.spdk}; server CPU {self.server_cpu}, client CPU "
+                     f"{self.client_cpu})", self.run_spdk),
         }
         if self.args.only:
             what, section = only[self.args.only]
@@ -173,6 +176,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
         for backend in self.cfg["backends"]:
             log(f"=== backend {backend}")
             self.run_backend(backend)
+        if self.args.spdk:
+            log(f"=== SPDK as a peer: flashpath, qsd and SPDK's vhost target ({self.args.spdk}), one client")
+            self.run_spdk()
         log("=== flashpath with two reactors (scaling)")
         self.run_scaling()
         if self.cfg["packed_points"]:
@@ -216,7 +222,10 @@ def main():
     ap.add_argument("--backends", help="comma-separated subset of null,ram,file,rbd,nbd,migration,guest-notify "
                                        "(development only; rbd, nbd, migration, guest-notify: those sections; "
                                        "migration runs only when named here or with --only)")
-    ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify"],
+    ap.add_argument("--spdk", metavar="DIR",
+                    help="a built SPDK tree (build/bin/vhost): its vhost target runs beside flashpath and qsd "
+                         "(sets up 1024 huge pages; root)")
+    ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -264,6 +273,13 @@ def main():
     if missing:
         print(f"bench: the guest-notify section needs {', '.join(missing)}", file=sys.stderr)
         return 1
+    if args.only == "spdk" and not args.spdk:
+        print("bench: --only spdk needs --spdk DIR", file=sys.stderr)
+        return 1
+    if args.spdk and not os.access(os.path.join(args.spdk, "build", "bin", "vhost"), os.X_OK):
+        print(f"bench: --spdk {args.spdk}: no build/bin/vhost there (../shared/spdk-build.sh builds it)",
+              file=sys.stderr)
+        return 1
     ncpu = os.cpu_count() or 1
     if max(args.server_cpu, args.client_cpu) >= ncpu or args.server_cpu == args.client_cpu:
         print(f"bench: needs two distinct CPUs (server {args.server_cpu}, client {args.client_cpu}, "
@@ -291,6 +307,8 @@ def main():
     cmd = {"full": "./run bench", "quick": "./run bench --quick", "smoke": "./run bench --smoke"}[args.mode]
     if args.only:
         cmd = f"bench/bench.py --mode {args.mode} --only {args.only} --bin-dir target/release"
+    if args.spdk:
+        cmd += f" --spdk {args.spdk}"
 
     res = bench.results
     res["meta"] = {
@@ -307,6 +325,7 @@ def main():
         "nbd": bench.with_nbd,
         "migration": bench.with_migration,
         "guest_notify": bench.with_guest_notify,
+        "spdk": args.spdk,
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

@@ -53,14 +53,14 @@ def measure(server, loader, sock, point, secs, want_hist, client_busy=False, pac
     """One fp-load run against `server`, with the server's CPU and reactor deltas; `extra`:
     more fp-load arguments. With --dirty-log, the log's report is kept as "dirty_log"."""
     pattern, bs, qd, queues, poll = point
-    react0 = server.reactors() if server.kind == "flashpath" else None
+    react0 = server.reactors() if hasattr(server, "reactors") else None
     cpu0 = proc_cpu(server.pid)
     m0, o0 = machine_busy_ns(), own_cpu_ns()
     res = loader.run(sock, pattern, bs, qd, queues, poll, secs, hist=want_hist, client_busy=client_busy,
                      packed=packed, extra=extra)
     m1, o1 = machine_busy_ns(), own_cpu_ns()
     cpu1 = proc_cpu(server.pid)
-    react1 = server.reactors() if server.kind == "flashpath" else None
+    react1 = server.reactors() if react0 is not None else None
     if res["errors"]:
         raise RuntimeError(f"{server.name} {point}: {res['errors']} requests failed "
                            f"(first {res['first_error']})")
@@ -105,6 +105,17 @@ def measure(server, loader, sock, point, secs, want_hist, client_busy=False, pac
         r["histogram"] = res["histogram"]
     if res.get("dirty_log"):
         r["dirty_log"] = res["dirty_log"]
+    if res.get("kicks") is not None:
+        # fp-load's own frontend: the kicks it sent (the device did not ask for none).
+        r["client_kicks"] = res["kicks"]
+        r["client_kicks_per_io"] = res["kicks"] / ios if ios else None
+    w = res.get("wakeups")
+    if w:
+        # The client's sleeps on its completion fds and the notifications it read there.
+        r["wakeups"] = w["wakeups"]
+        r["notifications"] = w["notifications"]
+        r["completions_per_wakeup"] = w["completions_per_wakeup"]
+        r["completions_per_notification"] = w["completions_per_notification"]
     return r
 
 
@@ -185,9 +196,10 @@ def lvol_spdk_note():
     d = os.environ.get("SPDK_DIR")
     if not d:
         return "SPDK_DIR is not set: no SPDK lvol figures in this run."
-    return (f"SPDK_DIR={d} is set, but the bench has no client that drives SPDK's vhost: fp-load "
-            "goes through libblkio, whose vhost-user driver (virtio-driver 0.6) requires the CONFIGURE_MEM_SLOTS protocol "
-            "feature that SPDK 23.01's rte_vhost does not offer; no SPDK lvol figures in this run.")
+    return (f"SPDK_DIR={d} is set, but this section's client is libblkio, whose vhost-user driver "
+            "(virtio-driver 0.6) requires the CONFIGURE_MEM_SLOTS protocol feature that SPDK 23.01's rte_vhost "
+            "does not offer (fp-load --hugetlb drives SPDK, bench.py --spdk; not used here yet); no SPDK lvol "
+            "figures in this run.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +207,8 @@ def lvol_spdk_note():
 
 METRICS = ["iops", "mbps", "lat_mean_ns", "p50_ns", "p99_ns", "p999_ns", "server_cpu_ns_per_io",
            "server_cpu_stat_ns_per_io", "server_cores", "reactor_busy_ns_per_io",
-           "client_busy_ns_per_io", "client_busy_frac"]
+           "client_busy_ns_per_io", "client_busy_frac", "completions_per_wakeup",
+           "completions_per_notification", "server_requests_per_notification", "server_kicks_per_io", "client_kicks_per_io"]
 
 
 def summarize(runs):

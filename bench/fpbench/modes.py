@@ -64,6 +64,10 @@ def mode_config(mode):
         # server, the order alternating; `secs` per run; `warmup` seconds of writes after each
         # start. Completion-fd client only: a polled client would take the CPU the cluster
         # shares with it. See run_rbd.
+        # --spdk: SPDK's vhost target beside flashpath and qsd, one client for all three
+        # (fp-load --hugetlb); `reps` interleaved rounds of `secs` per point and server.
+        "spdk": {"backends": ["null", "ram"], "sizes": {"null": GIB, "ram": 256 * MIB}, "secs": 3.0, "reps": 3,
+                 "points": [("randread", 4096, qd, 1, poll) for qd in (1, 32) for poll in (True, False)]},
         "rbd": {"size_mib": 1024, "secs": 5.0, "rounds": 3, "warmup": 0.5, "points": rbd_points},
         # NBD (issue 14): a RAM disk exported over a Unix socket by flashpath, qsd and nbdkit, all
         # three running, one loaded at a time; `reps` runs of every point on each, interleaved
@@ -100,6 +104,7 @@ def mode_config(mode):
                              noisy=dict(full["qos"]["noisy"], secs=3.0, reps=1),
                              overhead=dict(full["qos"]["overhead"], reps=3, secs=1.0)),
                     rbd=dict(full["rbd"], secs=1.0),
+                    spdk=dict(full["spdk"], secs=2.0),
                     nbd=dict(full["nbd"], size_mib=256, secs=1.0, reps=2),
                     migration={"logging": dict(full["migration"]["logging"], size_mib=256, reps=3, secs=1.0),
                                "migrate": dict(full["migration"]["migrate"], reps=2),
@@ -140,6 +145,8 @@ def mode_config(mode):
                               "flood_limit": 20_000, "group_limit": 40_000, "secs": 1.0, "reps": 1,
                               "scenarios": ["none", "limits"]},
                     "overhead": {"reps": 1, "secs": 0.5, "limit": 10_000_000, "limit_mib": 1_000_000}},
+            "spdk": {"backends": ["null"], "sizes": {"null": GIB}, "secs": 1.0, "reps": 1,
+                     "points": [("randread", 4096, qd, 1, poll) for qd in (1, 32) for poll in (True, False)]},
             # Every RBD point once per server, 1 s each, on a small image (filled in ~0.3 s).
             "rbd": {"size_mib": 64, "secs": 1.0, "rounds": 1, "warmup": 0.2, "points": rbd_points},
             # Every NBD point once per server, 1 s each, on a 64 MiB disk.

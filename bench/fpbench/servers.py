@@ -6,6 +6,7 @@ is recorded in CHILDREN and killed on exit.
 import json
 import os
 import signal
+import socket
 import subprocess
 
 from fpbench.common import GIB, MIB, proc_cpu, run, wait_for
@@ -140,8 +141,106 @@ class Flashpath:
         return {x["id"]: {"busy": x["busy"], "idle": x["idle"], "sleeps": x.get("sleeps", 0)}
                 for x in r["reactors"]}
 
+    def controller_stats(self, ctrlr):
+        """Controller `ctrlr`'s counters (vhost_get_controllers' "stats")."""
+        return self.rpc("vhost_get_controllers", {"name": ctrlr})[0].get("stats", {})
+
     def stop(self):
         stop(self.proc, server_timeout(self.wrap))
+
+
+class Spdk:
+    """SPDK's vhost target (`build/bin/vhost` of a built SPDK tree, `spdk_dir`) with one reactor on
+    `cpu` (`-m` its mask; taskset keeps DPDK's other threads there too), spoken to over its
+    JSON-RPC socket directly (the same methods scripts/rpc.py sends). Needs huge pages
+    (`hugepages`)."""
+    kind = "spdk"
+
+    def __init__(self, spdk_dir, work, cpu, name="spdk"):
+        self.name = name
+        self.cpu = cpu
+        self.dir = os.path.join(work, name)
+        self.vhost_dir = os.path.join(self.dir, "vhost")
+        os.makedirs(self.vhost_dir, exist_ok=True)
+        self.rpc_sock = os.path.join(self.dir, "rpc.sock")
+        self.cmd = ["taskset", "-c", str(cpu), os.path.join(spdk_dir, "build", "bin", "vhost"),
+                    "-S", self.vhost_dir, "-m", hex(1 << cpu), "-r", self.rpc_sock, "--disable-cpumask-locks"]
+        self.proc = spawn(self.cmd, os.path.join(self.dir, "vhost.log"))
+        self.pid = self.proc.pid
+        self.wrap = ()
+        wait_for(self._answers, 60, "SPDK vhost", self.proc)
+        self.tick_rate = None
+
+    def _answers(self):
+        try:
+            self.rpc("spdk_get_version")
+            return True
+        except (OSError, ValueError, RuntimeError):
+            return False
+
+    def rpc(self, method, params=None):
+        """One JSON-RPC 2.0 call on the server's socket; its result."""
+        req = {"jsonrpc": "2.0", "method": method, "id": 1}
+        if params is not None:
+            req["params"] = params
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            s.connect(self.rpc_sock)
+            s.sendall(json.dumps(req).encode())
+            buf = b""
+            dec = json.JSONDecoder()
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise RuntimeError(f"SPDK {method}: the connection closed before a reply")
+                buf += chunk
+                try:
+                    resp, _ = dec.raw_decode(buf.decode())
+                    break
+                except ValueError:
+                    continue
+        if "error" in resp:
+            raise RuntimeError(f"SPDK {method}: {resp['error']}")
+        return resp["result"]
+
+    def version(self):
+        return self.rpc("spdk_get_version").get("version")
+
+    def add_disk(self, backend, size):
+        """A null or malloc bdev of `size` bytes in 512-byte blocks, exported as a vhost-user-blk
+        controller on the server's core; its socket."""
+        blocks = size // 512
+        if backend == "null":
+            bdev = self.rpc("bdev_null_create", {"name": "Null0", "num_blocks": blocks, "block_size": 512})
+        elif backend == "ram":
+            bdev = self.rpc("bdev_malloc_create", {"name": "Malloc0", "num_blocks": blocks, "block_size": 512})
+        else:
+            raise ValueError(backend)
+        ctrlr = f"vhost.{backend}"
+        self.rpc("vhost_create_blk_controller", {"ctrlr": ctrlr, "dev_name": bdev, "cpumask": hex(1 << self.cpu)})
+        sock = os.path.join(self.vhost_dir, ctrlr)
+        wait_for(lambda: os.path.exists(sock), 10, f"SPDK socket {sock}", self.proc)
+        return sock
+
+    def reactors(self):
+        """Each reactor's busy and idle time in ns, from framework_get_reactors' ticks."""
+        r = self.rpc("framework_get_reactors")
+        rate = r["tick_rate"]
+        return {x["lcore"]: {"busy": x["busy"] * 1e9 / rate, "idle": x["idle"] * 1e9 / rate, "sleeps": 0}
+                for x in r["reactors"]}
+
+    def pause(self):
+        """Freezes the server (SIGSTOP): its reactor polls a whole core even with nothing to do,
+        which would take the core from the other servers' runs."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.kill(self.pid, signal.SIGCONT)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.resume()  # a stopped process would not act on SIGTERM
+        stop(self.proc, 30)
 
 
 class Qsd:

@@ -114,6 +114,43 @@ def validate_guest_notify(res, c):
     return problems
 
 
+def validate_spdk(res, sc):
+    """The SPDK section (only in runs with --spdk): every point on the three servers with its
+    rounds, positive IOPS, latency and server CPU per I/O, both reactors' busy time, the fd
+    clients' completions per wake-up, the IOPS ratio."""
+    problems = []
+    got = {(p["backend"], p["pattern"], p["bs"], p["qd"], p["queues"], p["client"]): p
+           for p in res["spdk"].get("points", [])}
+    # The backends the run chose (--backends narrows the section); at least one of the mode's.
+    ran = res["spdk"].get("backends", sc["backends"])
+    if not ran or any(b not in sc["backends"] for b in ran):
+        problems.append(f"spdk: backends {ran!r}, the mode's are {sc['backends']!r}")
+    for b in ran:
+        for pt in sc["points"]:
+            pk = point_key(b, pt)
+            p = got.get((b, pk["pattern"], pk["bs"], pk["qd"], pk["queues"], pk["client"]))
+            if p is None:
+                problems.append(f"spdk: missing point {point_label(pk)}")
+                continue
+            for kind in ("flashpath", "qsd", "spdk"):
+                x = p["servers"].get(kind)
+                if not x or len(x["runs"]) != sc["reps"]:
+                    problems.append(f"spdk {point_label(pk)} {kind}: {len(x['runs']) if x else 0} runs")
+                    continue
+                want = ["iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io"]
+                if kind != "qsd":
+                    want.append("reactor_busy_ns_per_io")
+                if pk["client"] == "fd":
+                    want.append("completions_per_wakeup")
+                for m in want:
+                    v = x["median"].get(m)
+                    if not isinstance(v, (int, float)) or v <= 0:
+                        problems.append(f"spdk {point_label(pk)} {kind}: {m} = {v!r}")
+            if not isinstance(p.get("ratios", {}).get("iops"), (int, float)):
+                problems.append(f"spdk {point_label(pk)}: no IOPS ratio")
+    return problems
+
+
 def validate(out_dir, mode):
     """Checks the outputs are well formed; asserts no absolute number."""
     problems = []
@@ -202,6 +239,10 @@ def validate(out_dir, mode):
         problems += validate_guest_notify(res, gc)
         if "## Notifications in a real guest" not in md:
             problems.append("results.md has no '## Notifications in a real guest'")
+    if res.get("spdk"):
+        problems += validate_spdk(res, cfg["spdk"])
+        if "## SPDK as a peer" not in md:
+            problems.append("results.md has no '## SPDK as a peer'")
     if cfg.get("iostat_reps"):
         ios = res.get("iostat", [])
         if len(ios) != 1:

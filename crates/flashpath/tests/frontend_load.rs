@@ -137,3 +137,27 @@ fn dirty_logging_as_qemu_drives_it_marks_exactly_the_pages_reads_write() {
     }
     daemon.assert_alive();
 }
+
+/// With completion fds the client counts its wake-ups and the notifications it read: at QD1
+/// every wake-up has a completion behind it (at most one spare, were the daemon to signal the
+/// start probe), each wake-up read at least one notification, and nothing is counted polled.
+/// Its kicks are counted in both modes.
+#[test]
+fn the_frontend_counts_its_wakeups_and_the_notifications_behind_them() {
+    let mut daemon = Daemon::start("0");
+    daemon.malloc("m", DISK / 512, 512);
+    let sock = daemon.controller("vhost.0", "m", Some(1), false);
+    bounded(Duration::from_secs(60), "frontend wake-ups", move || {
+        let r = fp_loadgen::run(&spec(&sock, Pattern::RandRead, 1, 1, false)).expect("fd run");
+        let w = r.wakeups.expect("an fd run counts its wake-ups");
+        assert!(r.ios > 0 && w.wakeups > 0, "{r:?}");
+        assert!(w.wakeups <= r.ios + 1, "{} wake-ups for {} completions", w.wakeups, r.ios);
+        assert!(w.notifications >= w.wakeups, "{w:?}");
+        // At most one kick per request, plus the start probe's and the drain's.
+        let kicks = r.kicks.expect("the frontend counts its kicks");
+        assert!(kicks <= r.ios + 2, "{kicks} kicks for {} completions", r.ios);
+        let r = fp_loadgen::run(&spec(&sock, Pattern::RandRead, 1, 1, true)).expect("polled run");
+        assert!(r.ios > 0 && r.wakeups.is_none() && r.kicks.is_some(), "{r:?}");
+    });
+    daemon.assert_alive();
+}

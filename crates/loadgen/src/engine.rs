@@ -18,7 +18,7 @@ use std::os::fd::{BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use crate::rng::SplitMix64;
-use crate::{Counts, Histogram, LoadError, LoadResult, LoadSpec, Pattern, Timeline};
+use crate::{Counts, Histogram, LoadError, LoadResult, LoadSpec, Pattern, Timeline, Wakeups};
 use backend::{round_up, Backend, Done, IoQueue, BUF_ALIGN};
 
 /// How long requests in flight at the end may take to complete before the run is declared
@@ -136,6 +136,7 @@ struct Waiter {
     epfd: RawFd,
     fds: Vec<RawFd>,
     events: Vec<libc::epoll_event>,
+    counts: Wakeups,
 }
 
 impl Waiter {
@@ -148,7 +149,7 @@ impl Waiter {
         if epfd < 0 {
             return Err(os("epoll_create1")(std::io::Error::last_os_error()));
         }
-        let mut w = Waiter { epfd, fds: Vec::new(), events: Vec::new() };
+        let mut w = Waiter { epfd, fds: Vec::new(), events: Vec::new(), counts: Wakeups::default() };
         for (i, qs) in queues.enumerate() {
             let fd = qs.q.enable_completion_fd()?;
             let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: i as u64 };
@@ -179,13 +180,16 @@ impl Waiter {
             }
             return Err(LoadError::Os { op: "epoll_wait", source: e });
         }
+        if n > 0 {
+            self.counts.wakeups += 1;
+        }
         for ev in &self.events[..n as usize] {
             let fd = self.fds[ev.u64 as usize];
             // SAFETY: `fd` is a non-blocking eventfd owned by the back end and open for the queue's
             // lifetime, which outlives this borrow.
             let fd = unsafe { BorrowedFd::borrow_raw(fd) };
             // A failed clear only makes the next wait return at once.
-            let _ = fp_sys::eventfd_clear(fd);
+            self.counts.notifications += fp_sys::eventfd_clear(fd).unwrap_or(0);
         }
         Ok(())
     }
@@ -219,7 +223,8 @@ impl<Q: IoQueue> QueueState<Q> {
 pub(crate) fn run_on_this_thread(spec: &LoadSpec) -> Result<LoadResult, LoadError> {
     let (mut results, busy) = run_disks_on_this_thread(std::slice::from_ref(spec), None)?;
     let mut r = results.pop().expect("one result per disk");
-    r.client_busy_ns = busy;
+    r.client_busy_ns = busy.busy_ns;
+    r.wakeups = busy.wakeups;
     Ok(r)
 }
 
@@ -231,8 +236,17 @@ pub(crate) struct StartLine<'a> {
 }
 
 /// What one client thread measured: each disk's result, in order, without
-/// `client_busy_ns`, and the thread's busy time when measured.
-pub(crate) type ThreadResults = (Vec<LoadResult>, Option<u64>);
+/// `client_busy_ns` and `wakeups`, and the thread's own figures.
+pub(crate) type ThreadResults = (Vec<LoadResult>, ThreadCounts);
+
+/// What a client thread measured for all its disks together.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ThreadCounts {
+    /// With `measure_busy`: the thread's busy time, ns.
+    pub(crate) busy_ns: Option<u64>,
+    /// With completion fds: its sleeps, up to the end of the measured interval.
+    pub(crate) wakeups: Option<Wakeups>,
+}
 
 /// Runs `specs` (one per disk) from this thread in one loop, all for `specs[0].duration`
 /// with `specs[0]`'s completion mode, back end and busy measurement (the callers make these
@@ -476,6 +490,8 @@ impl<B: Backend> Disk<B> {
         let mut r = LoadResult::from_counts(counts, hist, self.dev.capacity, self.dev.request_alignment);
         r.timeline = self.timeline;
         r.dirty_log = dirty_log;
+        r.hugetlb = self.dev.backend.hugetlb();
+        r.kicks = self.dev.queues.iter().map(|q| q.q.kicks()).sum();
         r
     }
 }
@@ -525,6 +541,8 @@ fn run<B: Backend>(
 
     // Disks still submitting and counting.
     let mut running = disks.len();
+    // The waiter's counts when the last disk stopped counting (the drain left out).
+    let mut wakeups: Option<Wakeups> = None;
     let mut idle_spins = 0u32;
     // With `measure_busy`: time spent in passes that completed something, while counting.
     let mut busy_ns = 0u64;
@@ -554,6 +572,9 @@ fn run<B: Backend>(
             }
         }
         if running == 0 {
+            if wakeups.is_none() {
+                wakeups = waiter.as_ref().map(|w| w.counts);
+            }
             if in_flight == 0 {
                 break;
             }
@@ -589,7 +610,7 @@ fn run<B: Backend>(
     }
 
     let results = disks.into_iter().map(|d| d.result(start, first.duration)).collect();
-    Ok((results, first.measure_busy.then_some(busy_ns)))
+    Ok((results, ThreadCounts { busy_ns: first.measure_busy.then_some(busy_ns), wakeups }))
 }
 
 /// Connects, starts the queues as [`run_on_this_thread`] would, then holds the connection for

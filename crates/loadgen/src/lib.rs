@@ -56,7 +56,7 @@ pub use error::LoadError;
 pub use hist::Histogram;
 pub use multi::{parse_disk, run_multi, DiskArg, MultiResult, MultiSpec};
 pub(crate) use result::Counts;
-pub use result::LoadResult;
+pub use result::{LoadResult, Wakeups};
 pub use spec::{LoadSpec, Pattern, Region};
 pub use timeline::Timeline;
 

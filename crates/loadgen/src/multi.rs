@@ -104,8 +104,10 @@ pub fn run_multi(spec: &MultiSpec) -> Result<MultiResult, LoadError> {
             match o {
                 Ok((mut r, b)) => {
                     let mut r = r.pop().expect("one result per disk");
-                    r.client_busy_ns = b;
-                    busy = b.map(|b| b + busy.unwrap_or(0));
+                    // One disk per thread: the thread's wake-ups are the disk's.
+                    r.client_busy_ns = b.busy_ns;
+                    r.wakeups = b.wakeups;
+                    busy = b.busy_ns.map(|b| b + busy.unwrap_or(0));
                     results.push(r);
                 }
                 Err(LoadError::Cancelled) => cancelled = Some(disk_error(i, &disks[i], LoadError::Cancelled)),
@@ -132,7 +134,9 @@ pub fn run_multi(spec: &MultiSpec) -> Result<MultiResult, LoadError> {
                 .join()
                 .map_err(|_| LoadError::Panicked)?
         });
-        out.map_err(|e| if disks.len() == 1 { disk_error(0, &disks[0], e) } else { e })?
+        let (results, counts) =
+            out.map_err(|e| if disks.len() == 1 { disk_error(0, &disks[0], e) } else { e })?;
+        (results, counts.busy_ns)
     };
     let (disks, busy) = results;
     let total = total_of(&disks, busy);

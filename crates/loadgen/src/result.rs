@@ -49,6 +49,41 @@ pub struct LoadResult {
     pub timeline: Option<Timeline>,
     /// With [`LoadSpec::dirty_log`]: what the log's sync thread saw.
     pub dirty_log: Option<DirtyLogReport>,
+    /// Whether the memory shared with the device was of huge pages ([`LoadSpec::hugetlb`]).
+    pub hugetlb: bool,
+    /// With [`LoadSpec::frontend`]: the kicks (available-buffer notifications) the client sent
+    /// over the whole run (the start probe and the drain included: at most two per queue);
+    /// it kicks only when the device's used ring does not say `VRING_USED_F_NO_NOTIFY`.
+    pub kicks: Option<u64>,
+    /// With completion fds, in a run of one disk: how often the client slept and was woken,
+    /// counted up to the end of the measured interval.
+    pub wakeups: Option<Wakeups>,
+}
+
+/// What a client sleeping on completion fds counted: a measure of how a server batches its
+/// notifications that does not depend on the server's own counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Wakeups {
+    /// Sleeps (`epoll_wait`) that ended with at least one completion fd ready.
+    pub wakeups: u64,
+    /// The sum of the completion eventfds' counters read on those wake-ups: the server's
+    /// notifications (each a write of 1), those that came while the client was not asleep
+    /// included.
+    pub notifications: u64,
+}
+
+impl Wakeups {
+    /// The result as a JSON object, with completions per wake-up and per notification for a
+    /// run of `ios` completions.
+    pub fn to_json(&self, ios: u64) -> serde_json::Value {
+        let per = |n: u64| (n > 0).then(|| ios as f64 / n as f64);
+        serde_json::json!({
+            "wakeups": self.wakeups,
+            "notifications": self.notifications,
+            "completions_per_wakeup": per(self.wakeups),
+            "completions_per_notification": per(self.notifications),
+        })
+    }
 }
 
 /// What a client counted for one disk or several, before the rates and percentiles.
@@ -96,6 +131,9 @@ impl LoadResult {
             client_busy_ns: None,
             timeline: None,
             dirty_log: None,
+            hugetlb: false,
+            kicks: None,
+            wakeups: None,
         }
     }
 
@@ -122,6 +160,9 @@ impl LoadResult {
             "client_busy_ns": self.client_busy_ns,
             "timeline": self.timeline.as_ref().map(Timeline::to_json),
             "dirty_log": self.dirty_log.as_ref().map(DirtyLogReport::to_json),
+            "hugetlb": self.hugetlb,
+            "kicks": self.kicks,
+            "wakeups": self.wakeups.map(|w| w.to_json(self.ios)),
         })
     }
 

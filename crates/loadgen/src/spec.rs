@@ -134,6 +134,11 @@ pub struct LoadSpec {
     /// scans and clears the log every 100 ms ([`LoadResult::dirty_log`]). Fails with
     /// [`LoadError::Unsupported`] if the device offers no `VHOST_USER_PROTOCOL_F_LOG_SHMFD`.
     pub dirty_log: bool,
+    /// With `frontend`: put the memory shared with the device (rings, headers, buffers) in a
+    /// memfd of 2 MiB huge pages (`MFD_HUGETLB`), as SPDK's vhost target needs; also chosen
+    /// when the device offers no `VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS` (SPDK's
+    /// rte_vhost). Needs free huge pages (`vm.nr_hugepages`).
+    pub hugetlb: bool,
     /// Also count completions per interval of this length from the start
     /// ([`LoadResult::timeline`]), e.g. 1 s to see a rate limit per second; `None`: no
     /// timeline.
@@ -163,6 +168,7 @@ impl LoadSpec {
             packed: false,
             frontend: false,
             dirty_log: false,
+            hugetlb: false,
             timeline: None,
         }
     }
@@ -222,6 +228,11 @@ impl LoadSpec {
         if self.packed && (self.frontend || self.dirty_log) {
             return bad(
                 "packed rings and fp-load's own frontend (--frontend, --dirty-log) do not combine".into()
+            );
+        }
+        if self.hugetlb && !(self.frontend || self.dirty_log) {
+            return bad(
+                "huge-page memory (--hugetlb) is a choice of fp-load's own frontend (--frontend)".into()
             );
         }
         if self.max_ios == Some(0) {

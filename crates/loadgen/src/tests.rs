@@ -94,3 +94,25 @@ fn connecting_to_a_missing_socket_fails_cleanly() {
 fn pinning_to_an_absurd_cpu_is_an_error() {
     assert!(matches!(pin_current_thread(1 << 20), Err(LoadError::InvalidSpec(_))));
 }
+
+#[test]
+fn wakeups_report_completions_per_wakeup_and_per_notification() {
+    let w = Wakeups { wakeups: 40, notifications: 50 };
+    let j = w.to_json(2000);
+    assert_eq!(j["wakeups"], 40);
+    assert_eq!(j["notifications"], 50);
+    assert_eq!(j["completions_per_wakeup"], 50.0);
+    assert_eq!(j["completions_per_notification"], 40.0);
+    // No wake-up at all (nothing completed, or every completion found by polling): no ratio.
+    let j = Wakeups::default().to_json(10);
+    assert!(j["completions_per_wakeup"].is_null() && j["completions_per_notification"].is_null());
+}
+
+#[test]
+fn hugetlb_belongs_to_the_frontend() {
+    let mut s = LoadSpec::new("/nonexistent");
+    s.hugetlb = true;
+    assert!(matches!(s.validate(), Err(LoadError::InvalidSpec(_))));
+    s.frontend = true;
+    assert!(s.validate().is_ok());
+}

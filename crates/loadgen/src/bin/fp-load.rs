@@ -78,6 +78,11 @@ struct Args {
     /// scans and clears the log every 100 ms; the JSON output's "dirty_log" says what it saw.
     #[arg(long, conflicts_with_all = ["packed", "disk"])]
     dirty_log: bool,
+    /// Put the memory shared with the server in 2 MiB huge pages (an MFD_HUGETLB memfd), as
+    /// SPDK's vhost target needs (implies --frontend; chosen anyway when the server offers no
+    /// CONFIGURE_MEM_SLOTS). Needs free huge pages (vm.nr_hugepages).
+    #[arg(long, conflicts_with_all = ["packed", "disk"])]
+    hugetlb: bool,
     /// Pin the client thread to this CPU.
     #[arg(long)]
     cpu: Option<usize>,
@@ -264,8 +269,9 @@ fn base_spec(args: &Args, socket: PathBuf) -> LoadSpec {
     spec.read_only = args.read_only;
     spec.measure_busy = args.client_busy;
     spec.packed = args.packed;
-    spec.frontend = args.frontend;
+    spec.frontend = args.frontend || args.hugetlb;
     spec.dirty_log = args.dirty_log;
+    spec.hugetlb = args.hugetlb;
     spec.stride = args.stride;
     spec.max_ios = args.max_ios;
     spec.rate_iops = args.rate_iops;
@@ -515,6 +521,19 @@ fn print_human(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
         us(r.lat_max_ns)
     );
     print_timeline(r);
+    if let Some(k) = r.kicks {
+        println!("  kicks sent: {k} ({:.3} per I/O)", k as f64 / r.ios.max(1) as f64);
+    }
+    if let Some(w) = r.wakeups {
+        let per = |n: u64| if n > 0 { r.ios as f64 / n as f64 } else { 0.0 };
+        println!(
+            "  completion fds: {} wake-ups ({:.1} completions each), {} notifications ({:.1} completions each)",
+            w.wakeups,
+            per(w.wakeups),
+            w.notifications,
+            per(w.notifications)
+        );
+    }
     if let Some(d) = &r.dirty_log {
         println!(
             "  dirty log: {} scans every {} ms, {} bits cleared ({:.3} per I/O); distinct pages: data {} \

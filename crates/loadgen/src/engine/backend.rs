@@ -36,6 +36,10 @@ pub(crate) trait IoQueue {
     fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError>;
     /// Turns on completion notifications and returns the fd they are signalled on.
     fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError>;
+    /// Kicks (notifications to the device) sent so far, where the back end sends them itself.
+    fn kicks(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A way to connect to the device.
@@ -48,6 +52,10 @@ pub(crate) trait Backend: Sized {
     /// what it saw; call it once nothing is in flight. `None` for back ends without a log.
     fn dirty_log(&mut self) -> Option<DirtyLogReport> {
         None
+    }
+    /// Whether the memory shared with the device is of huge pages ([`LoadSpec::hugetlb`]).
+    fn hugetlb(&self) -> bool {
+        false
     }
 }
 

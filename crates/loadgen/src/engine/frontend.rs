@@ -14,7 +14,15 @@
 //! logging off and on differ in the logging alone.
 //!
 //! The frontend's memory is one memfd region at guest-physical address 0: the data buffers,
-//! then the request headers and status bytes, then the rings.
+//! then the request headers and status bytes, then the rings ([`RegionLayout`]), sent whole
+//! with `SET_MEM_TABLE` once, before the rings start: no `CONFIGURE_MEM_SLOTS` needed, and no
+//! table ever changes under a running ring. That is what SPDK's vhost target (rte_vhost in
+//! SPDK 23.01) accepts: it offers no `CONFIGURE_MEM_SLOTS`, and it registers every region for
+//! DMA from its 2 MiB-aligned start, so the region must be hugetlbfs-backed: with
+//! [`LoadSpec::hugetlb`], or when the device lacks `CONFIGURE_MEM_SLOTS`, it is a memfd of
+//! 2 MiB huge pages. SPDK also starts a device asynchronously after its rings are enabled:
+//! before returning, `connect` sends one read through each queue and waits for it
+//! ([`START_TIMEOUT`]), so that no measured request waits for the start.
 //!
 //! `SET_LOG_BASE` is sent here rather than through `Frontend::set_log_base`, which expects the
 //! back end to echo the 16-byte log description: back ends answer differently (libvhost-user,
@@ -41,8 +49,12 @@ use super::backend::{
 };
 use super::log_sync::{log_bytes_for, LogSync, PageMap, LOG_PAGE};
 use super::split::{SplitLayout, SplitRing, HDR_STRIDE};
-use super::virtio::alloc_shared;
+use super::virtio::{alloc_shared, HUGE_PAGE};
 use crate::{DirtyLogReport, LoadError, LoadSpec};
+
+/// How long a queue's first request may take once the rings are enabled (SPDK starts its
+/// session asynchronously, some 20 ms after the last ring is enabled).
+const START_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often the sync thread scans the log (QEMU syncs at least once per migration iteration).
 pub(crate) const LOG_SYNC_INTERVAL: Duration = Duration::from_millis(100);
@@ -64,6 +76,43 @@ fn os(op: &'static str) -> impl FnOnce(io::Error) -> LoadError {
     move |source| LoadError::Os { op, source }
 }
 
+/// Where the parts of the one memory region lie, as offsets from its start (guest-physical
+/// addresses): data buffers, then headers and status bytes, then one ring per queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct RegionLayout {
+    /// Bytes of data buffers from offset 0.
+    pub(super) data_len: usize,
+    /// Bytes of headers from `data_len`: `HDR_STRIDE` per slot of every queue.
+    pub(super) hdr_len: usize,
+    /// The rings' layout; ring `i` starts at `rings + i * ring.len`.
+    pub(super) ring: SplitLayout,
+    pub(super) rings: usize,
+    /// The region's length: a multiple of [`HUGE_PAGE`] with `hugetlb`.
+    pub(super) len: usize,
+}
+
+impl RegionLayout {
+    pub(super) fn new(buf_len: usize, queues: usize, depth: usize, queue_size: usize, hugetlb: bool) -> Self {
+        let ring = SplitLayout::new(queue_size);
+        let data_len = round_up(buf_len, BUF_ALIGN);
+        let hdr_len = round_up(queues * depth * HDR_STRIDE, BUF_ALIGN);
+        let rings = data_len + hdr_len;
+        let used = rings + queues * ring.len;
+        let len = if hugetlb { round_up(used, HUGE_PAGE) } else { used };
+        RegionLayout { data_len, hdr_len, ring, rings, len }
+    }
+
+    /// Offset of queue `i`'s ring.
+    pub(super) fn ring_at(&self, i: usize) -> usize {
+        self.rings + i * self.ring.len
+    }
+
+    /// Offset of queue `i`'s first header, for `depth` slots per queue.
+    pub(super) fn hdrs_at(&self, i: usize, depth: usize) -> usize {
+        self.data_len + i * depth * HDR_STRIDE
+    }
+}
+
 /// The connection, the memory region and the dirty log. Dropped after the queues.
 pub(super) struct VhostFrontend {
     _frontend: Frontend,
@@ -71,6 +120,7 @@ pub(super) struct VhostFrontend {
     len: usize,
     _memfd: OwnedFd,
     log: Option<Log>,
+    hugetlb: bool,
 }
 
 /// The log: its mapping and the thread that scans it. The thread is stopped before the
@@ -106,6 +156,8 @@ pub(super) struct FrontendQueue {
     read_only: bool,
     /// Requests added since the last notification.
     to_notify: bool,
+    /// Kicks sent.
+    kicks: u64,
     /// Writes refused on a read-only device, completed at the next reap.
     refused: Vec<usize>,
 }
@@ -133,6 +185,7 @@ impl IoQueue for FrontendQueue {
     fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError> {
         if std::mem::take(&mut self.to_notify) && self.ring.notify_needed() {
             self.kick.write(1).map_err(os("kick"))?;
+            self.kicks += 1;
         }
         let ring = &mut self.ring;
         Ok(reap_virtio(out, &mut self.refused, || ring.pop()))
@@ -141,6 +194,10 @@ impl IoQueue for FrontendQueue {
     fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError> {
         self.ring.set_used_notifications(true);
         Ok(self.call.as_raw_fd())
+    }
+
+    fn kicks(&self) -> Option<u64> {
+        Some(self.kicks)
     }
 }
 
@@ -173,6 +230,34 @@ fn set_log_base(sock: &mut UnixStream, log: &OwnedFd, size: u64) -> Result<(), L
     let mut body = vec![0u8; len as usize];
     sock.read_exact(&mut body).map_err(os("SET_LOG_BASE reply"))?;
     Ok(())
+}
+
+/// Sends one read of `len` bytes at sector 0 into `buf` through `q` (slot 0, nothing else in
+/// flight) and polls for its completion: the device has started the queue once it answers.
+fn wait_started(q: &mut FrontendQueue, buf: *mut u8, len: usize) -> Result<(), LoadError> {
+    q.ring.push(0, false, 0, buf, len);
+    if q.ring.notify_needed() {
+        q.kick.write(1).map_err(os("kick"))?;
+    }
+    let start = std::time::Instant::now();
+    loop {
+        if let Some((_, status)) = q.ring.pop() {
+            if status != 0 {
+                return Err(LoadError::Vhost {
+                    op: "start",
+                    message: format!("the first read completed with virtio-blk status {status}"),
+                });
+            }
+            return Ok(());
+        }
+        if start.elapsed() > START_TIMEOUT {
+            return Err(LoadError::Vhost {
+                op: "start",
+                message: format!("no queue started: a first read got no answer in {START_TIMEOUT:?}"),
+            });
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }
 
 /// Reads the virtio-blk config's capacity (sectors) and block size (when offered).
@@ -252,12 +337,11 @@ impl Backend for VhostFrontend {
         // One region: data buffers, headers and status bytes, rings.
         let n = spec.num_queues;
         let queue_size = queue_size_for(spec.queue_depth);
-        let layout = SplitLayout::new(queue_size);
-        let data_len = round_up(buf_len, BUF_ALIGN);
-        let hdr_len = round_up(n * spec.queue_depth * HDR_STRIDE, BUF_ALIGN);
-        let len = data_len + hdr_len + n * layout.len;
-        let (memfd, buf) = alloc_shared(len)?;
-        let mut backend = VhostFrontend { _frontend: fe, buf, len, _memfd: memfd, log: None };
+        let hugetlb = spec.hugetlb || !pf.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
+        let lay = RegionLayout::new(buf_len, n, spec.queue_depth, queue_size, hugetlb);
+        let (layout, data_len, hdr_len, len) = (lay.ring, lay.data_len, lay.hdr_len, lay.len);
+        let (memfd, buf) = alloc_shared(len, hugetlb)?;
+        let mut backend = VhostFrontend { _frontend: fe, buf, len, _memfd: memfd, log: None, hugetlb };
         let fe = &mut backend._frontend;
         let region = VhostUserMemoryRegionInfo {
             guest_phys_addr: 0,
@@ -276,15 +360,15 @@ impl Backend for VhostFrontend {
             // dropped; queue_size_for gives at least three entries per slot.
             let ring = unsafe {
                 SplitRing::new(
-                    buf.add(data_len + hdr_len + i * layout.len),
+                    buf.add(lay.ring_at(i)),
                     layout,
                     queue_size as u16,
                     spec.queue_depth,
-                    buf.add(data_len + i * spec.queue_depth * HDR_STRIDE),
+                    buf.add(lay.hdrs_at(i, spec.queue_depth)),
                     buf,
                 )
             };
-            let ring_va = buf as u64 + (data_len + hdr_len + i * layout.len) as u64;
+            let ring_va = buf as u64 + lay.ring_at(i) as u64;
             fe.set_vring_num(i, queue_size as u16).map_err(vu("SET_VRING_NUM"))?;
             fe.set_vring_base(i, 0).map_err(vu("SET_VRING_BASE"))?;
             let addr = VringConfigData {
@@ -310,6 +394,7 @@ impl Backend for VhostFrontend {
                 call,
                 read_only,
                 to_notify: false,
+                kicks: 0,
                 refused: Vec::with_capacity(spec.queue_depth),
             });
         }
@@ -318,13 +403,17 @@ impl Backend for VhostFrontend {
         for i in 0..n {
             fe.set_vring_enable(i, true).map_err(vu("SET_VRING_ENABLE"))?;
         }
+        let probe_len = request_alignment as usize;
+        for q in queues.iter_mut() {
+            wait_started(q, buf, probe_len)?;
+        }
 
         // Logging on, as QEMU turns it on for a running device when a migration starts
         // (vhost_log_global_start, then vhost_dev_set_log): the log, LOG_ALL, then each ring's
         // used-ring logging. No request is in flight yet.
         if spec.dirty_log {
             let log_len = log_bytes_for(len as u64);
-            let (log_fd, log_ptr) = alloc_shared(log_len as usize)?;
+            let (log_fd, log_ptr) = alloc_shared(log_len as usize, false)?;
             // The log is unmapped by `Log::drop` once it exists; until then by hand.
             let unmap = |e| {
                 // SAFETY: the mapping just made, unmapped once on this error path.
@@ -362,5 +451,59 @@ impl Backend for VhostFrontend {
 
     fn dirty_log(&mut self) -> Option<DirtyLogReport> {
         self.log.as_mut().and_then(|l| l.sync.finish())
+    }
+
+    fn hugetlb(&self) -> bool {
+        self.hugetlb
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every part lies inside the region, after the one before it, and aligned as its users
+    /// need: buffers and headers on BUF_ALIGN, rings on pages, the whole on 2 MiB with huge
+    /// pages (hugetlbfs mappings come in whole pages).
+    #[test]
+    fn the_region_holds_its_parts_in_order_and_aligned() {
+        for (buf_len, queues, depth, hugetlb) in [
+            (4096, 1, 1, false),
+            (32 * 4096, 1, 32, true),
+            (2 * 128 * 4096, 2, 128, true),
+            (4 << 20, 3, 64, false),
+        ] {
+            let size = queue_size_for(depth);
+            let l = RegionLayout::new(buf_len, queues, depth, size, hugetlb);
+            let what = format!("{buf_len} bytes, {queues} queues of depth {depth}, hugetlb {hugetlb}");
+            assert!(l.data_len >= buf_len, "{what}");
+            assert_eq!(l.data_len % BUF_ALIGN, 0, "{what}");
+            assert!(l.hdr_len >= queues * depth * HDR_STRIDE, "{what}");
+            assert_eq!(l.rings, l.data_len + l.hdr_len, "{what}");
+            assert_eq!(l.ring, SplitLayout::new(size), "{what}");
+            for q in 0..queues {
+                assert_eq!(l.ring_at(q) % 4096, 0, "{what}: ring {q}");
+                let hdrs = l.hdrs_at(q, depth);
+                assert!(hdrs >= l.data_len && hdrs + depth * HDR_STRIDE <= l.rings, "{what}: headers {q}");
+            }
+            let end = l.ring_at(queues - 1) + l.ring.len;
+            assert!(end <= l.len, "{what}");
+            if hugetlb {
+                assert_eq!(l.len % HUGE_PAGE, 0, "{what}");
+                assert!(l.len - end < HUGE_PAGE, "{what}: more than one page of padding");
+            } else {
+                assert_eq!(l.len, end, "{what}: no padding without huge pages");
+            }
+        }
+    }
+
+    /// Huge pages only pad the end: every part stays where it is without them, so the two
+    /// memory kinds differ in the page size alone.
+    #[test]
+    fn huge_pages_only_pad_the_end() {
+        let (a, b) =
+            (RegionLayout::new(131072, 2, 32, 128, false), RegionLayout::new(131072, 2, 32, 128, true));
+        assert_eq!((a.data_len, a.hdr_len, a.rings, a.ring), (b.data_len, b.hdr_len, b.rings, b.ring));
+        assert_eq!(b.len, HUGE_PAGE);
     }
 }

@@ -292,13 +292,32 @@ impl IoQueue for VirtioQueue {
         Ok(self.call.as_raw_fd())
     }
 }
-/// A shared (memfd) mapping of `len` bytes, as libblkio's `alloc_mem_region` makes.
-pub(super) fn alloc_shared(len: usize) -> Result<(OwnedFd, *mut u8), LoadError> {
+
+/// A shared (memfd) mapping of `len` bytes, as libblkio's `alloc_mem_region` makes; with
+/// `hugetlb`, of 2 MiB huge pages (`len` a multiple of [`HUGE_PAGE`]).
+pub(super) fn alloc_shared(len: usize, hugetlb: bool) -> Result<(OwnedFd, *mut u8), LoadError> {
     let os = |op| move |source| LoadError::Os { op, source };
+    // 2 MiB pages named explicitly rather than the system's default huge page size, so that
+    // `len` (a multiple of HUGE_PAGE from the caller) fits them whatever the default.
+    let flags =
+        if hugetlb { libc::MFD_CLOEXEC | libc::MFD_HUGETLB | MFD_HUGE_2MB } else { libc::MFD_CLOEXEC };
+    debug_assert!(!hugetlb || len % HUGE_PAGE == 0);
+    let hint = |op: &'static str| {
+        move |e: io::Error| {
+            if hugetlb && matches!(e.raw_os_error(), Some(libc::ENOMEM) | Some(libc::EINVAL)) {
+                LoadError::Unsupported(format!(
+                    "{op}: no {} free 2 MiB huge pages for fp-load's memory ({e}); raise vm.nr_hugepages",
+                    len / HUGE_PAGE
+                ))
+            } else {
+                LoadError::Os { op, source: e }
+            }
+        }
+    };
     // SAFETY: the name is a NUL-terminated literal.
-    let fd = unsafe { libc::memfd_create(c"fp-load-buf".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(c"fp-load-buf".as_ptr(), flags) };
     if fd < 0 {
-        return Err(os("memfd_create")(io::Error::last_os_error()));
+        return Err(hint("memfd_create")(io::Error::last_os_error()));
     }
     // SAFETY: `fd` was just created and is owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -317,11 +336,18 @@ pub(super) fn alloc_shared(len: usize) -> Result<(OwnedFd, *mut u8), LoadError> 
             0,
         )
     };
+    // A shared hugetlb mapping reserves its pages here (hugetlbpage.rst, "reservation"), so a
+    // shortage is this error and never a SIGBUS at first touch.
     if addr == libc::MAP_FAILED {
-        return Err(os("mmap")(io::Error::last_os_error()));
+        return Err(hint("mmap")(io::Error::last_os_error()));
     }
     Ok((fd, addr.cast()))
 }
+
+/// The huge page size of `alloc_shared(_, true)`.
+pub(super) const HUGE_PAGE: usize = 2 << 20;
+/// `MFD_HUGE_2MB`: `MFD_HUGETLB`'s page size, log2 in bits 26.. (memfd_create(2)).
+const MFD_HUGE_2MB: libc::c_uint = 21 << 26;
 
 impl Backend for VirtioDriver {
     type Queue = VirtioQueue;
@@ -375,7 +401,7 @@ impl Backend for VirtioDriver {
         let data_len = round_up(buf_len, BUF_ALIGN);
         let hdr_len = round_up(spec.num_queues * spec.queue_depth * HDR_STRIDE, BUF_ALIGN);
         let len = data_len + hdr_len;
-        let (memfd, buf) = alloc_shared(len)?;
+        let (memfd, buf) = alloc_shared(len, false)?;
         let mut backend = VirtioDriver { transport, buf, len, memfd };
         let fd = backend.memfd.as_raw_fd();
         backend.transport.map_mem_region(buf as usize, len, fd, 0).map_err(vd("map_mem_region"))?;
@@ -439,5 +465,54 @@ impl Backend for VirtioDriver {
             })
             .collect();
         Ok(Connected { queues, backend, buf, buf_len: data_len, capacity, request_alignment })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free_huge_pages() -> u64 {
+        let info = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+        let line = info.lines().find(|l| l.starts_with("HugePages_Free:")).expect("HugePages_Free");
+        line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("a count")
+    }
+
+    /// With huge pages free the memory is a hugetlbfs memfd (2 MiB blocks) that holds what is
+    /// written to it; without, the error names the cure instead of a bare ENOMEM.
+    #[test]
+    fn hugetlb_memory_is_of_huge_pages_or_says_why_not() {
+        match alloc_shared(HUGE_PAGE, true) {
+            Ok((fd, p)) => {
+                // SAFETY: a zeroed stat buffer for fstat on our open descriptor.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: as above.
+                assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+                assert_eq!(st.st_blksize as usize, HUGE_PAGE);
+                // SAFETY: the mapping is HUGE_PAGE bytes long and ours.
+                unsafe {
+                    p.add(HUGE_PAGE - 1).write_volatile(7);
+                    assert_eq!(p.add(HUGE_PAGE - 1).read_volatile(), 7);
+                    libc::munmap(p.cast(), HUGE_PAGE);
+                }
+            }
+            Err(LoadError::Unsupported(m)) => {
+                assert!(free_huge_pages() < 1, "failed with huge pages free: {m}");
+                assert!(m.contains("nr_hugepages"), "{m}");
+            }
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+
+    #[test]
+    fn plain_memory_needs_no_huge_pages() {
+        let (fd, p) = alloc_shared(12288, false).expect("a plain memfd");
+        // SAFETY: a zeroed stat buffer for fstat on our open descriptor.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+        assert_eq!(st.st_size, 12288);
+        // SAFETY: the mapping is 12288 bytes long and ours.
+        unsafe { libc::munmap(p.cast(), 12288) };
     }
 }

@@ -1,0 +1,97 @@
+"""The SPDK-as-a-peer section (`--spdk DIR`, issue 23) in results.md, and its targets."""
+
+from fpbench.common import MIB
+
+
+def _fmt():
+    """report.py's formatters (imported here: report.py imports this module)."""
+    from fpbench.report import fmt_iops, fmt_ns, fmt_ratio, fmt_us
+    return fmt_iops, fmt_ns, fmt_ratio, fmt_us
+
+
+def _per(v):
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _k(v):
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _label(p):
+    return f"{p['backend']} 4K {p['pattern']} QD{p['qd']} {p['client']}"
+
+
+def spdk_markdown(res):
+    _iops, _ns, _x, _us = _fmt()
+    e, m = res["spdk"], res["meta"]
+    c = e["config"]
+    servers = ("flashpath", "qsd", "spdk")
+    sizes = ", ".join(f"{b} {c['sizes'][b] // MIB} MiB" for b in c["backends"])
+    lines = ["", "## SPDK as a peer (flashpath vs qsd vs SPDK's vhost target)", "",
+             f"{e.get('version') or 'SPDK'} (`{e['dir']}/build/bin/vhost -m {hex(1 << m['server_cpu'])}`, "
+             f"`bdev_null_create` / `bdev_malloc_create`, `vhost_create_blk_controller`), flashpath and qsd, each on "
+             f"CPU {m['server_cpu']} with its own disk ({sizes}; qsd's RAM disk a file on tmpfs), all three driven by "
+             f"one client, `{e['client']}` (fp-load's own vhost-user frontend, its memory in 2 MiB huge pages: the only "
+             f"fp-load client SPDK 23.01 accepts) on CPU {m['client_cpu']}. {c['reps']} round(s) of {c['secs']:g} s per "
+             "point, the servers interleaved (flashpath, qsd, SPDK, ...); medians. CPU/IO: the server's CPU time "
+             "(schedstat, all threads) per I/O; busy/IO: reactor busy time per I/O (flashpath's busy ns, SPDK's "
+             "busy ticks / tick_rate from `framework_get_reactors`); per wake-up: completions per client wake-up on "
+             "its completion fd (fd clients; the same measure for all three servers); per notification: completions "
+             "per call-eventfd write the client read; kicks/IO: the client's kicks per I/O (it kicks unless the "
+             "server's used ring says VRING_USED_F_NO_NOTIFY); fp/SPDK: ratio of the medians.", "",
+             "| workload | server | IOPS | p50 µs | p99 µs | CPU/IO ns | busy/IO ns | per wake-up | "
+             "per notification | kicks/IO |", "|" + "---|" * 10]
+    for p in e["points"]:
+        for kind in servers:
+            md = p["servers"][kind]["median"]
+            lines.append(f"| {_label(p)} | {kind} | {_iops(md.get('iops'))} | {_us(md.get('p50_ns'))} | "
+                         f"{_us(md.get('p99_ns'))} | {_ns(md.get('server_cpu_ns_per_io'))} | "
+                         f"{_ns(md.get('reactor_busy_ns_per_io'))} | {_per(md.get('completions_per_wakeup'))} | "
+                         f"{_per(md.get('completions_per_notification'))} | {_k(md.get('client_kicks_per_io'))} |")
+    lines += ["", "| workload | IOPS fp/SPDK | IOPS qsd/SPDK | p50 fp/SPDK | p99 fp/SPDK | CPU/IO fp/SPDK | "
+              "busy/IO fp/SPDK | per wake-up fp/SPDK |", "|" + "---|" * 8]
+    for p in e["points"]:
+        r = p["ratios"]
+        q, s = p["servers"]["qsd"]["median"].get("iops"), p["servers"]["spdk"]["median"].get("iops")
+        lines.append(f"| {_label(p)} | **{_x(r['iops'])}** | {_x(q / s if q and s else None)} | {_x(r['p50'])} | "
+                     f"{_x(r['p99'])} | {_x(r['server_cpu_per_io'])} | {_x(r['reactor_busy_per_io'])} | "
+                     f"{_x(r['completions_per_wakeup'])} |")
+    return lines
+
+
+def spdk_targets(res, add):
+    """Issue 23's targets against SPDK, on this section's null points."""
+    _iops, _ns, _x, _us = _fmt()
+    pts = {(p["backend"], p["qd"], p["client"]): p for p in (res.get("spdk") or {}).get("points", [])}
+
+    def both(qd, client):
+        p = pts.get(("null", qd, client))
+        if p is None:
+            return None, None, None
+        return p["servers"]["flashpath"]["median"], p["servers"]["spdk"]["median"], p["ratios"]
+
+    f, s, r = both(32, "fd")
+    if f:
+        add("SPDK peer, QD32 completion-fd client: IOPS >= 1.3x SPDK's", ">= 1.30x",
+            f"{_iops(f.get('iops'))} vs {_iops(s.get('iops'))} = {_x(r['iops'])}x",
+            None if r["iops"] is None else r["iops"] >= 1.3)
+        a, b = f.get("completions_per_wakeup"), s.get("completions_per_wakeup")
+        add("SPDK peer, QD32 fd: completions per client wake-up >= SPDK's", ">= 1.00x",
+            f"{_per(a)} vs {_per(b)}", None if a is None or b is None else a >= b)
+    f, s, r = both(32, "poll")
+    if f:
+        add("SPDK peer, QD32 polled client: IOPS >= SPDK's", ">= 1.00x",
+            f"{_iops(f.get('iops'))} vs {_iops(s.get('iops'))} = {_x(r['iops'])}x",
+            None if r["iops"] is None else r["iops"] >= 1.0)
+    for client in ("poll", "fd"):
+        f, s, r = both(1, client)
+        if f:
+            add(f"SPDK peer, QD1 {client} client: p50 <= SPDK's", "<= 1.00x",
+                f"{_us(f.get('p50_ns'))} vs {_us(s.get('p50_ns'))} µs = {_x(r['p50'])}x",
+                None if r["p50"] is None else r["p50"] <= 1.0)
+    f, s, r = both(1, "poll")
+    if f:
+        add("SPDK peer, QD1 polled: reactor busy time per I/O <= 0.8x SPDK's", "<= 0.80x",
+            f"{_ns(f.get('reactor_busy_ns_per_io'))} vs {_ns(s.get('reactor_busy_ns_per_io'))} ns = "
+            f"{_x(r['reactor_busy_per_io'])}x",
+            None if r["reactor_busy_per_io"] is None else r["reactor_busy_per_io"] <= 0.8)

@@ -1,0 +1,136 @@
+"""SPDK as a peer (`--spdk DIR`, issue 23): SPDK's vhost target in the same rounds as flashpath
+and qsd, all three driven by one client (fp-load's own frontend over huge pages, the only one
+of fp-load's clients SPDK 23.01 accepts), interleaved point by point. Never part of CI.
+"""
+
+import os
+import subprocess
+
+from fpbench.common import log, ratio
+from fpbench.load import measure, merge_hists, point_key, point_label, summarize
+from fpbench.report import fmt_ratio
+from fpbench.servers import Flashpath, Qsd, Spdk
+
+SPDK_SERVERS = ("flashpath", "qsd", "spdk")
+HUGEPAGES = 1024  # 2 MiB each: SPDK's memory (DPDK) and one page per fp-load run
+HUGE_MOUNT = "/dev/hugepages"
+# The client of every run in this section: --hugetlb implies fp-load's own frontend.
+CLIENT = ("--hugetlb",)
+
+
+class HugePages:
+    """`HUGEPAGES` huge pages and hugetlbfs on /dev/hugepages for the section, as found
+    afterwards (root only)."""
+
+    def __enter__(self):
+        with open("/proc/sys/vm/nr_hugepages") as f:
+            self.before = int(f.read())
+        if self.before < HUGEPAGES:
+            with open("/proc/sys/vm/nr_hugepages", "w") as f:
+                f.write(str(HUGEPAGES))
+        with open("/proc/sys/vm/nr_hugepages") as f:
+            got = int(f.read())
+        self.mounted = False
+        if subprocess.run(["mountpoint", "-q", HUGE_MOUNT]).returncode != 0:
+            os.makedirs(HUGE_MOUNT, exist_ok=True)
+            subprocess.run(["mount", "-t", "hugetlbfs", "nodev", HUGE_MOUNT], check=True)
+            self.mounted = True
+        if got < HUGEPAGES:
+            self.__exit__()
+            raise RuntimeError(f"--spdk: only {got} of {HUGEPAGES} huge pages could be reserved")
+        return self
+
+    def __exit__(self, *exc):
+        if self.mounted:
+            subprocess.run(["umount", HUGE_MOUNT])
+        if self.before < HUGEPAGES:
+            with open("/proc/sys/vm/nr_hugepages", "w") as f:
+                f.write(str(self.before))
+
+
+class SpdkSection:
+    """Bench's methods for this section (mixed into bench.Bench)."""
+
+    def run_spdk(self):
+        sc = self.cfg["spdk"]
+        secs, reps = sc["secs"], sc["reps"]
+        out = {"dir": self.args.spdk, "config": sc, "client": "fp-load " + " ".join(CLIENT), "points": []}
+        self.results["spdk"] = out
+        # --backends narrows this section too.
+        out["backends"] = [b for b in sc["backends"] if not self.args.backends or b in self.cfg["backends"]]
+        with HugePages():
+            for backend in out["backends"]:
+                size = sc["sizes"][backend]
+                path = self.backing_path(backend, size) if backend == "ram" else None
+                fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=f"flashpath-spdk-{backend}")
+                qsd = Qsd(self.work, self.server_cpu, backend, size, path, name="qsd-spdk")
+                sp = Spdk(self.args.spdk, self.work, self.server_cpu, name=f"spdk-{backend}")
+                try:
+                    out["version"] = sp.version()
+                    ctrlr = f"vhost.{backend}"
+                    socks = {"flashpath": fp.add_disk(backend, size), "qsd": qsd.sock,
+                             "spdk": sp.add_disk(backend, size)}
+                    servers = {"flashpath": fp, "qsd": qsd, "spdk": sp}
+                    if backend == "ram":
+                        # Every disk written once, so that no read meets a page never touched.
+                        for kind in ("flashpath", "spdk"):
+                            log(f"filling the {kind} RAM disk")
+                            self.loader.run(socks[kind], "write", 128 * 1024, 8, 1, True, 60.0,
+                                            extra=CLIENT + ("--ios", str(size // (128 * 1024))))
+                    # SPDK's reactor polls its core even when idle: frozen outside its own runs.
+                    sp.pause()
+                    for point in sc["points"]:
+                        pk = point_key(backend, point)
+                        want_hist = point[2] == 1
+                        runs = {k: [] for k in SPDK_SERVERS}
+                        for _ in range(reps):
+                            for kind in SPDK_SERVERS:
+                                if kind == "spdk":
+                                    sp.resume()
+                                runs[kind].append(self.spdk_measure(servers[kind], socks[kind], point, secs,
+                                                                    want_hist, ctrlr))
+                                if kind == "spdk":
+                                    sp.pause()
+                        e = dict(pk, servers={})
+                        for kind in SPDK_SERVERS:
+                            x = {"runs": runs[kind], "median": summarize(runs[kind])}
+                            if want_hist:
+                                x["histogram"] = merge_hists(runs[kind])
+                                for r in runs[kind]:
+                                    r.pop("histogram", None)
+                            e["servers"][kind] = x
+                        e["ratios"] = spdk_ratios(e)
+                        out["points"].append(e)
+                        md = {k: e["servers"][k]["median"] for k in SPDK_SERVERS}
+                        log(f"{point_label(pk):<30} flashpath {md['flashpath']['iops']:>10.0f}  qsd "
+                            f"{md['qsd']['iops']:>10.0f}  spdk {md['spdk']['iops']:>10.0f}  fp/spdk "
+                            f"{fmt_ratio(e['ratios']['iops'])}")
+                finally:
+                    fp.stop()
+                    qsd.stop()
+                    sp.stop()
+
+    def spdk_measure(self, server, sock, point, secs, want_hist, ctrlr):
+        """`measure` with this section's client; for flashpath also its controller's notification
+        and kick counters over the run (the server's own count; SPDK keeps none)."""
+        s0 = server.controller_stats(ctrlr) if server.kind == "flashpath" else None
+        r = measure(server, self.loader, sock, point, secs, want_hist, extra=CLIENT)
+        if s0 is not None:
+            s1 = server.controller_stats(ctrlr)
+            for k in ("notifications", "kicks"):
+                if isinstance(s1.get(k), int):
+                    r[f"server_{k}"] = s1[k] - s0.get(k, 0)
+            n, kicks = r.get("server_notifications"), r.get("server_kicks")
+            r["server_requests_per_notification"] = r["ios"] / n if n else None
+            r["server_kicks_per_io"] = kicks / r["ios"] if kicks is not None and r["ios"] else None
+        return r
+
+
+def spdk_ratios(e):
+    """flashpath / SPDK for a point's medians (higher is better for IOPS and completions per
+    wake-up, lower for the rest)."""
+    f, s = e["servers"]["flashpath"]["median"], e["servers"]["spdk"]["median"]
+    keys = {"iops": "iops", "p50": "p50_ns", "p99": "p99_ns", "server_cpu_per_io": "server_cpu_ns_per_io",
+            "reactor_busy_per_io": "reactor_busy_ns_per_io", "completions_per_wakeup": "completions_per_wakeup"}
+    return {k: ratio(f.get(m), s.get(m)) for k, m in keys.items()}
+
