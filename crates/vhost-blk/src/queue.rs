@@ -51,10 +51,14 @@ use crate::stats::{Counters, QueueStats};
 /// (docs/benchmarks.md, "Ceph RBD").
 const REMOTE_IDLE_WINDOW: Duration = Duration::from_micros(0);
 
-/// How many requests of a new batch are taken, completed as far as the back-end can at once,
-/// and announced before the rest of the batch, when the driver may be waiting for them (see
-/// `poll`). Small: the point is to start the driver's wake-up early.
-pub(crate) const FIRST_SIGNAL_BATCH: usize = 4;
+/// When the driver waits for its next completion, at most this many requests of a new batch
+/// are taken, completed as far as the back-end can at once, published and signalled before the
+/// rest (see `poll`): the driver's wake-up then overlaps our work on the rest.
+pub(crate) const FIRST_SIGNAL_BATCH: usize = 8;
+/// Otherwise at most this many requests are taken between two publications of the used ring,
+/// so that a driver consuming as we complete finds completions in a stream rather than a
+/// queue's worth at once. Both values measured (docs/bench/history.md, issue 23).
+pub(crate) const PUBLISH_EVERY: usize = 24;
 
 /// Everything needed to start a queue on a reactor. `Send`; built on the control plane.
 pub struct QueueSetup {
@@ -653,12 +657,13 @@ impl Poller for QueuePoller {
     fn poll(&mut self) -> PollStatus {
         let mut busy = false;
         if !self.failed && self.stop.is_none() && self.retry_busy() {
-            // Everything before was completed and announced: the driver may be waiting for its
-            // next completion. Then the first few of a new batch are announced before the rest
-            // is taken, so that the driver's wake-up overlaps our work on the rest instead of
-            // following it (docs/architecture.md, "Notifications").
-            let first = self.in_flight() == 0 && !self.signal_pending;
-            let limit = if first { FIRST_SIGNAL_BATCH } else { usize::MAX };
+            // A round takes at most two chunks and publishes after each (docs/architecture.md,
+            // "Guest notifications"). The first is small when the driver waits for its next
+            // completion (everything before was completed and announced, and it asked to hear),
+            // so that its wake-up overlaps our work on the rest; what a second chunk leaves
+            // waits for the next round, which follows at once.
+            let first = self.in_flight() == 0 && !self.signal_pending && self.ring.driver_waits();
+            let limit = if first { FIRST_SIGNAL_BATCH } else { PUBLISH_EVERY };
             let took = self.pop_and_submit(limit);
             busy |= took > 0;
             if took == limit {
@@ -666,7 +671,7 @@ impl Poller for QueuePoller {
                     self.publish_counters();
                     self.notify(false);
                 }
-                self.pop_and_submit(usize::MAX);
+                self.pop_and_submit(PUBLISH_EVERY);
             }
         }
         let reaped = self.reap();

@@ -1,8 +1,8 @@
 //! Guest notifications on the data path: a queue polled by hand against rings this test writes
 //! as the driver would (`queue_test_guest`), counting the call eventfd's writes against what
 //! the driver asked for (virtio 1.2 §2.7.7, §2.7.10 for split rings, §2.8.10 for packed), the
-//! early signal of a new batch, the kick counter, and the coalescing bound under a stepped
-//! clock.
+//! early signal of a new batch and the parts a large one is published in, the kick counter,
+//! and the coalescing bound under a stepped clock.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -14,9 +14,11 @@ use fp_bdev::{
     Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoRequest, IoStatus, RamDevice, SubmitError,
 };
 use fp_reactor::Poller;
+use fp_virtio_blk::GuestMemory;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::test_guest::*;
-use super::{QueuePoller, FIRST_SIGNAL_BATCH};
+use super::{QueuePoller, FIRST_SIGNAL_BATCH, PUBLISH_EVERY};
 use crate::coalesce::{Clock, CoalescingSettings};
 use crate::log::QueueLog;
 use crate::QueueStats;
@@ -24,7 +26,10 @@ use crate::QueueStats;
 /// Split: `VRING_AVAIL_F_NO_INTERRUPT` in the available ring's flags, `used_event` after its
 /// ring.
 const AVAIL_F_NO_INTERRUPT: u16 = 1;
-const USED_EVENT: u64 = AVAIL + 4 + 2 * SIZE as u64;
+
+fn used_event(g: &Guest) -> u64 {
+    AVAIL + 4 + 2 * u64::from(g.size)
+}
 /// Packed: the driver event suppression area (at AVAIL in this layout): off_wrap, flags.
 const EV_ENABLE: u16 = 0;
 const EV_DISABLE: u16 = 1;
@@ -63,18 +68,28 @@ fn start(g: &Guest, bdev: &Bdev) -> (QueuePoller, Arc<QueueStats>) {
     (QueuePoller::new(g.setup(bdev, &stats, QueueLog::default())).unwrap(), stats)
 }
 
-/// A RAM disk whose channel notes, at every submission, whether the driver had been signalled
-/// by then: what the driver could have seen while the rest of the batch was being taken.
+/// What the driver could have seen when a request reached the disk: whether it had been
+/// signalled, and the used index published.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Seen {
+    signalled: bool,
+    used: u16,
+}
+
+/// A RAM disk whose channel notes what the driver could see at every submission, that is while
+/// the rest of the batch was being taken.
 struct Probe {
     inner: RamDevice,
     call: File,
-    seen: Arc<Mutex<Vec<bool>>>,
+    mem: Arc<GuestMemory>,
+    seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 struct ProbeChannel {
     inner: Box<dyn IoChannel>,
     call: File,
-    seen: Arc<Mutex<Vec<bool>>>,
+    mem: Arc<GuestMemory>,
+    seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl BlockDevice for Probe {
@@ -85,6 +100,7 @@ impl BlockDevice for Probe {
         Ok(Box::new(ProbeChannel {
             inner: self.inner.open_channel()?,
             call: self.call.try_clone().unwrap(),
+            mem: self.mem.clone(),
             seen: self.seen.clone(),
         }))
     }
@@ -92,7 +108,8 @@ impl BlockDevice for Probe {
 
 impl IoChannel for ProbeChannel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
-        self.seen.lock().unwrap().push(readable(&self.call));
+        let used = self.mem.read_obj(GuestAddress(USED + 2)).unwrap();
+        self.seen.lock().unwrap().push(Seen { signalled: readable(&self.call), used });
         // SAFETY: our caller's guarantee, passed on.
         unsafe { self.inner.submit(req) }
     }
@@ -104,14 +121,28 @@ impl IoChannel for ProbeChannel {
     }
 }
 
-fn probe(g: &Guest) -> (Bdev, Arc<Mutex<Vec<bool>>>) {
+fn probe(g: &Guest) -> (Bdev, Arc<Mutex<Vec<Seen>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let dev = Probe {
         inner: RamDevice::new("ram", 512, 2048).unwrap(),
         call: g.call.try_clone().unwrap(),
+        mem: g.mem.clone(),
         seen: seen.clone(),
     };
     (Arc::new(dev), seen)
+}
+
+/// Whether the driver had been signalled at each submission.
+fn signalled(seen: &Mutex<Vec<Seen>>) -> Vec<bool> {
+    seen.lock().unwrap().drain(..).map(|s| s.signalled).collect()
+}
+
+/// A guest whose ring holds `size` entries (three descriptors a request).
+fn guest(size: u16, event_idx: bool) -> Guest {
+    let mut g = Guest::new(false);
+    g.size = size;
+    g.event_idx = event_idx;
+    g
 }
 
 #[test]
@@ -120,7 +151,7 @@ fn split_event_idx_signals_exactly_when_used_event_is_crossed() {
     g.event_idx = true;
     let (mut q, stats) = start(&g, &ram());
     // The driver wants to hear of the first completion.
-    g.w(0u16, USED_EVENT);
+    g.w(0u16, used_event(&g));
     post_reads(&mut g, 3);
     q.poll();
     assert_eq!(g.used_idx(), 3);
@@ -130,7 +161,7 @@ fn split_event_idx_signals_exactly_when_used_event_is_crossed() {
     q.poll();
     assert_eq!((g.used_idx(), take(&g.call)), (5, 0));
     // It consumed all five and asks for the eighth: nothing until the used index passes 7.
-    g.w(7u16, USED_EVENT);
+    g.w(7u16, used_event(&g));
     post_reads(&mut g, 2);
     q.poll();
     assert_eq!((g.used_idx(), take(&g.call)), (7, 0));
@@ -195,51 +226,96 @@ fn packed_event_suppression_disable_enable_and_descriptor_event() {
 
 #[test]
 fn a_new_batch_is_announced_after_its_first_requests_when_the_driver_waits() {
-    let mut g = Guest::new(false);
-    g.event_idx = true;
+    let mut g = guest(64, true);
     let (bdev, seen) = probe(&g);
     let (mut q, stats) = start(&g, &bdev);
-    g.w(0u16, USED_EVENT);
-    post_reads(&mut g, 5);
-    q.poll();
     let first = FIRST_SIGNAL_BATCH;
-    let want: Vec<bool> = (0..5).map(|i| i >= first).collect();
-    assert_eq!(*seen.lock().unwrap(), want, "signalled once the first {first} had completed");
-    assert_eq!(
-        (g.used_idx(), take(&g.call)),
-        (5, 1),
-        "one signal for the batch: the driver had not consumed"
-    );
-    // A batch no larger than the first part is taken whole and signalled once, at the end.
-    seen.lock().unwrap().clear();
-    g.w(5u16, USED_EVENT);
-    post_reads(&mut g, 3);
+    g.w(0u16, used_event(&g));
+    post_reads(&mut g, 12);
     q.poll();
-    assert_eq!(*seen.lock().unwrap(), [false; 3]);
-    assert_eq!((g.used_idx(), take(&g.call)), (8, 1));
+    let want: Vec<bool> = (0..12).map(|i| i >= first).collect();
+    assert_eq!(signalled(&seen), want, "signalled once the first {first} had completed");
+    assert_eq!((g.used_idx(), take(&g.call)), (12, 1), "one signal: the driver had not consumed");
+    // It consumed all twelve: a batch no larger than the first part is taken whole and
+    // signalled once, at the end.
+    g.w(12u16, used_event(&g));
+    post_reads(&mut g, 6);
+    q.poll();
+    assert_eq!(signalled(&seen), [false; 6]);
+    assert_eq!((g.used_idx(), take(&g.call)), (18, 1));
+    // It has not consumed the last six: nobody waits, the next batch is not split.
+    post_reads(&mut g, 12);
+    q.poll();
+    assert_eq!(signalled(&seen), [false; 12]);
+    assert_eq!((g.used_idx(), take(&g.call)), (30, 0));
     q.poll();
     assert_eq!(stats.notifications.load(Ordering::Relaxed), 2);
 }
 
 #[test]
 fn without_event_idx_the_first_requests_are_announced_early_too() {
-    let mut g = Guest::new(false);
+    let mut g = guest(64, false);
     let (bdev, seen) = probe(&g);
     let (mut q, stats) = start(&g, &bdev);
-    post_reads(&mut g, 5);
+    post_reads(&mut g, 12);
     q.poll();
     // The driver cannot say what it consumed: the rest of the batch is signalled as well,
-    // one signal more than with EVENT_IDX, at most two per batch.
-    let want: Vec<bool> = (0..5).map(|i| i >= FIRST_SIGNAL_BATCH).collect();
-    assert_eq!(*seen.lock().unwrap(), want);
+    // one signal more than with EVENT_IDX, at most two per round.
+    let want: Vec<bool> = (0..12).map(|i| i >= FIRST_SIGNAL_BATCH).collect();
+    assert_eq!(signalled(&seen), want);
     assert_eq!(take(&g.call), 2);
-    // A polling driver (NO_INTERRUPT) hears nothing, early or late.
+    // A polling driver (NO_INTERRUPT) does not wait: no early part, no signal.
     g.w(AVAIL_F_NO_INTERRUPT, AVAIL);
-    post_reads(&mut g, 5);
+    post_reads(&mut g, 12);
     q.poll();
     q.poll();
-    assert_eq!((g.used_idx(), take(&g.call)), (10, 0));
+    assert_eq!(signalled(&seen), [false; 12]);
+    assert_eq!((g.used_idx(), take(&g.call)), (24, 0));
     assert_eq!(stats.notifications.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn a_packed_driver_waits_when_its_event_descriptor_is_the_next_one_used() {
+    let mut g = Guest::new(true);
+    g.size = 64;
+    g.event_idx = true;
+    let (bdev, seen) = probe(&g);
+    let (mut q, stats) = start(&g, &bdev);
+    // The event at slot 0 of the first lap (wrap counter 1): the very next descriptor used.
+    g.w(1u16 << 15, AVAIL);
+    g.w(EV_DESC, AVAIL + 2);
+    post_reads(&mut g, 12);
+    q.poll();
+    let want: Vec<bool> = (0..12).map(|i| i >= FIRST_SIGNAL_BATCH).collect();
+    assert_eq!(signalled(&seen), want);
+    assert_eq!(take(&g.call), 1);
+    // Disabled: nobody waits, no early part.
+    g.w(EV_DISABLE, AVAIL + 2);
+    post_reads(&mut g, 12);
+    q.poll();
+    assert_eq!(signalled(&seen), [false; 12]);
+    assert_eq!(take(&g.call), 0);
+    q.poll();
+    assert_eq!(stats.notifications.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_large_batch_is_published_in_parts_and_a_round_takes_two_at_most() {
+    let mut g = guest(256, false);
+    g.w(AVAIL_F_NO_INTERRUPT, AVAIL);
+    let (bdev, seen) = probe(&g);
+    let (mut q, _stats) = start(&g, &bdev);
+    let n = 2 * PUBLISH_EVERY + 2;
+    post_reads(&mut g, n as u16);
+    q.poll();
+    let used: Vec<u16> = seen.lock().unwrap().drain(..).map(|s| s.used).collect();
+    let want: Vec<u16> =
+        (0..2 * PUBLISH_EVERY).map(|i| if i < PUBLISH_EVERY { 0 } else { PUBLISH_EVERY as u16 }).collect();
+    assert_eq!(used, want, "the second part taken after the first was published");
+    assert_eq!(usize::from(g.used_idx()), 2 * PUBLISH_EVERY, "the rest waits for the next round");
+    q.poll();
+    assert_eq!(usize::from(g.used_idx()), n);
+    assert_eq!(take(&g.call), 0, "a polling driver hears nothing of it");
 }
 
 #[test]

@@ -53,6 +53,8 @@ pub(crate) struct Guest {
     /// Packed: the driver's ring position and wrap counter.
     pub(crate) pos: u16,
     pub(crate) wrap: bool,
+    /// Ring entries (`SIZE` unless a test needs larger batches).
+    pub(crate) size: u16,
     /// Whether the queue is started with VIRTIO_F_EVENT_IDX negotiated.
     pub(crate) event_idx: bool,
     pub(crate) coalescing: Arc<CoalescingSettings>,
@@ -73,6 +75,7 @@ impl Guest {
             avail_idx: 0,
             pos: 0,
             wrap: true,
+            size: SIZE,
             event_idx: false,
             coalescing: Arc::new(CoalescingSettings::default()),
             clock: Clock::Monotonic,
@@ -105,7 +108,7 @@ impl Guest {
         QueueSetup {
             controller: "log".into(),
             index: 0,
-            size: SIZE,
+            size: self.size,
             desc: GuestAddress(DESC),
             avail: GuestAddress(AVAIL),
             used: GuestAddress(USED),
@@ -147,7 +150,7 @@ impl Guest {
         let first = self.next_desc;
         for (i, &(addr, len, writable)) in bufs.iter().enumerate() {
             let idx = self.next_desc;
-            self.next_desc = (self.next_desc + 1) % SIZE;
+            self.next_desc = (self.next_desc + 1) % self.size;
             let last = i == bufs.len() - 1;
             let flags = if writable { DESC_F_WRITE } else { 0 } | if last { 0 } else { DESC_F_NEXT };
             let at = table + 16 * u64::from(idx);
@@ -160,7 +163,7 @@ impl Guest {
     }
 
     pub(crate) fn make_available(&mut self, head: u16) {
-        self.w(head, AVAIL + 4 + 2 * u64::from(self.avail_idx % SIZE));
+        self.w(head, AVAIL + 4 + 2 * u64::from(self.avail_idx % self.size));
         self.avail_idx = self.avail_idx.wrapping_add(1);
         self.w(self.avail_idx, AVAIL + 2);
     }
@@ -177,7 +180,7 @@ impl Guest {
                 self.w(7u16, at + 12);
                 self.w(lap | next | if writable { DESC_F_WRITE } else { 0 }, at + 14);
                 self.pos += 1;
-                if self.pos == SIZE {
+                if self.pos == self.size {
                     (self.pos, self.wrap) = (0, !self.wrap);
                 }
             }

@@ -89,6 +89,15 @@ impl Ring {
         }
     }
 
+    /// Whether the driver waits to hear of the next completion (see the rings' `driver_waits`).
+    #[inline]
+    pub(crate) fn driver_waits(&self) -> bool {
+        match self {
+            Ring::Split(q) => q.driver_waits(),
+            Ring::Packed(q) => q.driver_waits(),
+        }
+    }
+
     pub(crate) fn enable_notification(&mut self) -> bool {
         match self {
             Ring::Split(q) => q.enable_notification(),

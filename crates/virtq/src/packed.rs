@@ -420,6 +420,36 @@ impl PackedQueue {
         n
     }
 
+    /// The driver's event suppression: `(off_wrap, flags)` (§2.8.14).
+    #[inline]
+    fn driver_event(&self) -> (u16, u16) {
+        // SAFETY: the driver area's 4 bytes are mapped and 4-aligned (checked in `new`).
+        unsafe {
+            (
+                u16::from_le(AtomicU16::from_ptr(self.driver as *mut u16).load(Ordering::Relaxed)),
+                u16::from_le(
+                    AtomicU16::from_ptr(self.driver.add(EVENT_FLAGS_OFFSET) as *mut u16)
+                        .load(Ordering::Relaxed),
+                ),
+            )
+        }
+    }
+
+    /// Whether the driver waits to be notified of the next used descriptor: its event
+    /// suppression is enabled, or (EVENT_IDX) its event descriptor is the next one used. Reads
+    /// the driver area, changes nothing.
+    #[inline]
+    pub fn driver_waits(&self) -> bool {
+        let (off_wrap, flags) = self.driver_event();
+        match flags & 3 {
+            EVENT_FLAGS_DISABLE => false,
+            EVENT_FLAGS_DESC if self.event_idx => {
+                off_wrap == self.state.next_used | if self.state.used_wrap { 0x8000 } else { 0 }
+            }
+            _ => true,
+        }
+    }
+
     /// Whether the driver wants a notification for what was published since the last decision.
     #[inline]
     pub fn needs_notification(&mut self) -> bool {
@@ -430,16 +460,7 @@ impl PackedQueue {
         }
         // Our flags stores before the driver's suppression fields (§2.8.10).
         fence(Ordering::SeqCst);
-        // SAFETY: the driver area's 4 bytes are mapped and 4-aligned (checked in `new`).
-        let (off_wrap, flags) = unsafe {
-            (
-                u16::from_le(AtomicU16::from_ptr(self.driver as *mut u16).load(Ordering::Relaxed)),
-                u16::from_le(
-                    AtomicU16::from_ptr(self.driver.add(EVENT_FLAGS_OFFSET) as *mut u16)
-                        .load(Ordering::Relaxed),
-                ),
-            )
-        };
+        let (off_wrap, flags) = self.driver_event();
         match flags & 3 {
             EVENT_FLAGS_DISABLE => false,
             EVENT_FLAGS_DESC if self.event_idx => {

@@ -367,6 +367,26 @@ impl SplitQueue {
         n
     }
 
+    /// Whether the driver waits to be notified of the next used element: with EVENT_IDX, it
+    /// consumed everything published and set `used_event` to the next index; without, it has
+    /// not set NO_INTERRUPT (whether it consumed is unknown then). Reads the driver's field,
+    /// changes nothing.
+    #[inline]
+    pub fn driver_waits(&self) -> bool {
+        if self.event_idx {
+            // SAFETY: used_event follows ring[size] in the mapped avail ring; 2-aligned.
+            let used_event = unsafe {
+                AtomicU16::from_ptr(self.avail.add(4 + 2 * usize::from(self.size)) as *mut u16)
+                    .load(Ordering::Relaxed)
+            };
+            u16::from_le(used_event) == self.next_used.0
+        } else {
+            // SAFETY: `avail` points to the mapped, 2-aligned avail ring's flags field.
+            let flags = unsafe { AtomicU16::from_ptr(self.avail as *mut u16).load(Ordering::Relaxed) };
+            u16::from_le(flags) & AVAIL_F_NO_INTERRUPT == 0
+        }
+    }
+
     /// Whether the driver wants a notification for what was published since the last one.
     #[inline]
     pub fn needs_notification(&mut self) -> bool {
