@@ -44,12 +44,12 @@
 //! Why each request is submitted at once (issue 23): with `submit_batch` 0 one enter per round
 //! submitted everything the round queued and ran the completion work, 0.2–0.6 enters per I/O
 //! at QD32 where fio's engine, submitting each request as it comes, makes one. Fewer system
-//! calls, but on the bench's virtio disk a batch of requests goes to the device together and
-//! is served as a batch: QD32 latency p50 408–549 µs against fio's 322–354 µs on the same
-//! file. Submitting each request as it comes brought p50 to 322–397 µs (one run 477 µs) and
-//! QD32 IOPS to 1.12–2.34× those of batch 0 in 7 of 8 interleaved rounds with either client
-//! (0.36× and 0.86× in the eighth); QD1 showed no shift in p50 (docs/benchmarks.md, "The file
-//! backend against fio"). A device that prefers batches (a fast NVMe drive, where each
+//! calls, but on the bench's virtio disk a round's batch reaches the device together and its
+//! latency rose as if served as one (the mechanism is the device's; not traced): QD32 p50
+//! 408–549 µs against fio's 322–354 µs on the same file. Submitting each request as it comes
+//! brought p50 to 311–422 µs and QD32 IOPS to 1.08–2.34× those of batch 0 in 19 of 22
+//! interleaved rounds over both clients; QD1 showed no clear shift (docs/benchmarks.md, "The
+//! file backend against fio"). A device that prefers batches (a fast NVMe drive, where each
 //! submission rings a doorbell) may want a larger `submit_batch` or 0; it is a parameter of
 //! `bdev_uring_create`.
 //!
@@ -72,8 +72,8 @@
 //!   19–24 K without; unpinned, 31–107 IOPS at QD1.
 //! * Registered buffers (issue 23): tried by registering each guest memory mapping with the
 //!   ring on first use and reading with `READ_FIXED` (a throw-away experiment; the trace
-//!   showed every read fixed). Against the same binary without: 0.86–1.27× per round, no
-//!   consistent gain; fio's own `--fixedbufs` made no difference to fio either. Pinning pages
+//!   showed every read fixed). Against the same binary without: 0.86–1.27× per round and
+//!   point (one 2.00× in a disturbed round), no consistent gain; fio's own `--fixedbufs` made no difference to fio either. Pinning pages
 //!   per I/O is not where this disk's time goes. Doing it for real needs the guest memory
 //!   table at channel set-up: a hook on [`BlockDevice`] or [`IoChannel`] taking the regions
 //!   (address, length) when a vhost queue starts and again on a new table, which issue 25's
