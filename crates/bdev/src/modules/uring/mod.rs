@@ -48,8 +48,9 @@
 //! latency rose as if served as one (the mechanism is the device's; not traced): QD32 p50
 //! 408–549 µs against fio's 322–354 µs on the same file. Submitting each request as it comes
 //! brought p50 to 311–422 µs and QD32 IOPS to 1.08–2.34× those of batch 0 in 19 of 22
-//! interleaved rounds over both clients; QD1 showed no clear shift (docs/benchmarks.md, "The
-//! file backend against fio"). A device that prefers batches (a fast NVMe drive, where each
+//! interleaved rounds over both clients. At QD1 the polled client's p50 was a few µs higher
+//! in most later rounds, for no mechanism found (docs/benchmarks.md, "The file backend
+//! against fio"). A device that prefers batches (a fast NVMe drive, where each
 //! submission rings a doorbell) may want a larger `submit_batch` or 0; it is a parameter of
 //! `bdev_uring_create`.
 //!
