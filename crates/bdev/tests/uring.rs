@@ -210,8 +210,9 @@ fn channel_per_thread() {
 #[test]
 fn full_queue_is_busy_until_polled() {
     let (_f, dev) = uring(1 << 20, None);
-    // SQ of 8, CQ (and so request slots) of 16, overflow queue of 4.
-    let dev = dev.with_ring_entries(8).unwrap();
+    // SQ of 8, CQ (and so request slots) of 16, overflow queue of 4; nothing leaves the SQ
+    // before a poll.
+    let dev = dev.with_ring_entries(8).unwrap().with_submit_batch(0).unwrap();
     let mut ch = dev.open_channel().unwrap();
     let mut bufs: Vec<IoBuf> = (0..32).map(|_| IoBuf::new(4096, true)).collect();
     let iovs: Vec<[libc::iovec; 1]> = bufs.iter_mut().map(|b| [b.iovec()]).collect();
@@ -237,6 +238,53 @@ fn full_queue_is_busy_until_polled() {
     // SAFETY: as above.
     let status = unsafe { run_batch(&mut *ch, &reqs) };
     assert!(status.iter().all(|s| *s == IoStatus::Success));
+}
+
+/// Which of the first `n` 4 KiB blocks of `path` hold their write (block `i` filled with
+/// `0x40 + i`).
+fn written_blocks(path: &Path, n: usize) -> Vec<bool> {
+    let on_disk = std::fs::read(path).unwrap();
+    (0..n).map(|i| on_disk[i * 4096..(i + 1) * 4096].iter().all(|&b| b == 0x40 + i as u8)).collect()
+}
+
+#[test]
+fn submit_batch_decides_when_requests_reach_the_kernel() {
+    for batch in [0u32, 1, 3] {
+        let (file, dev) = uring(1 << 20, None);
+        let dev = dev.with_submit_batch(batch).unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut bufs: Vec<IoBuf> = (0..4u8)
+            .map(|i| {
+                let mut b = IoBuf::new(4096, true);
+                b.bytes_mut().fill(0x40 + i);
+                b
+            })
+            .collect();
+        let iovs: Vec<[libc::iovec; 1]> = bufs.iter_mut().map(|b| [b.iovec()]).collect();
+        for (i, iov) in iovs.iter().enumerate() {
+            // SAFETY: the buffers outlive the requests, which are polled to completion below.
+            unsafe { ch.submit(&rw(i as u32, IoOp::Write, i as u64 * 4096, iov)) }.unwrap();
+            // Without any poll, the kernel has every full batch and nothing else.
+            let sent = if batch == 0 { 0 } else { (i + 1) / batch as usize * batch as usize };
+            let want: Vec<bool> = (0..iovs.len()).map(|b| b < sent).collect();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !written_blocks(file.path(), iovs.len())[..sent].iter().all(|&w| w) {
+                assert!(Instant::now() < deadline, "batch {batch}: write {i} never reached the file");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // A request still in the SQ cannot reach the file, however long we wait.
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(written_blocks(file.path(), iovs.len()), want, "batch {batch}, after write {i}");
+        }
+        let done = poll_until(&mut *ch, iovs.len());
+        assert!(done.iter().all(|&(_, s)| s == IoStatus::Success), "{done:?}");
+        assert!(written_blocks(file.path(), iovs.len()).iter().all(|&w| w));
+    }
+    let (_f, dev) = uring(1 << 20, None);
+    assert!(matches!(
+        dev.with_submit_batch(4097),
+        Err(BdevError::InvalidParam { field: "submit_batch", .. })
+    ));
 }
 
 #[test]
@@ -297,6 +345,8 @@ fn take_eventfd(fd: std::os::fd::RawFd) -> u64 {
 #[test]
 fn disarmed_completion_fd_stays_quiet_until_armed() {
     let (_f, dev) = uring(4 << 20, None);
+    // Requests stay in the SQ until a poll, so that one is still queued when arming below.
+    let dev = dev.with_submit_batch(0).unwrap();
     let mut ch = dev.open_channel().unwrap();
     let fd = ch.completion_fd().unwrap();
     write_range(&mut *ch, 0, &vec![0x5a; 1 << 20]);

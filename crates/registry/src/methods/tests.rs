@@ -178,6 +178,16 @@ fn uring_create_and_errors() {
         &f.err("bdev_uring_create", json!({"name": "u1", "filename": file, "direct": "no"})),
         "direct",
     );
+    // flashpath's `submit_batch`: 0 (one enter per reactor round) up to the largest ring.
+    f.ok("bdev_uring_create", json!({"name": "u2", "filename": file, "direct": false, "submit_batch": 0}));
+    f.ok("bdev_uring_delete", json!({"name": "u2"}));
+    assert_param(
+        &f.err(
+            "bdev_uring_create",
+            json!({"name": "u1", "filename": file, "direct": false, "submit_batch": 5000}),
+        ),
+        "submit_batch",
+    );
     let missing = f.dir.path().join("missing.img");
     let e = f.err("bdev_uring_create", json!({"name": "u1", "filename": missing}));
     assert_eq!(e.code, -2, "{e:?}");

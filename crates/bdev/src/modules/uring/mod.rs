@@ -29,18 +29,30 @@
 //! * [`IoChannel::submit`] builds one SQE (`READV`/`WRITEV` with the caller's iovec pointer,
 //!   `FSYNC` with `DATASYNC` for `Flush`, `FALLOCATE(PUNCH_HOLE|KEEP_SIZE)` for `Discard`,
 //!   `FALLOCATE(ZERO_RANGE|KEEP_SIZE)` for `WriteZeroes`) against registered files and puts it in
-//!   the submission queue: no system call. When the SQ is full the entry waits in a small
-//!   preallocated overflow queue; when that is full too, or all per-request slots are taken (as
-//!   many as the completion queue holds, so it cannot overflow), `submit` returns
-//!   [`SubmitError::Busy`] and the caller retries after a `poll`.
+//!   the submission queue. Once `submit_batch` SQEs wait there
+//!   ([`UringDevice::with_submit_batch`], 1 by default) it makes one `io_uring_enter` that
+//!   hands them to the kernel; with 0 it makes no system call and `poll` submits. When the SQ
+//!   is full the entry waits in a small preallocated overflow queue; when that is full too, or
+//!   all per-request slots are taken (as many as the completion queue holds, so it cannot
+//!   overflow), `submit` returns [`SubmitError::Busy`] and the caller retries after a `poll`.
 //! * [`IoChannel::poll`] makes at most one `io_uring_enter`: only when SQEs are waiting, or when
 //!   the kernel flags deferred completion work (`IORING_SQ_TASKRUN`) for requests in flight.
 //!   Otherwise completions are reaped straight from the shared completion ring with no system
-//!   call, and a channel with nothing in flight makes none at all. One enter both submits
-//!   everything the round queued and runs the completion work: at QD32 a reactor makes about
-//!   0.2–0.6 enters per I/O (fio's io_uring engine, submitting each request as it comes, makes
-//!   one). Entries waiting in the overflow queue move to the SQ after the enter and go to the
-//!   kernel on the next poll.
+//!   call, and a channel with nothing in flight makes none at all. Entries waiting in the
+//!   overflow queue move to the SQ after the enter and go to the kernel on the next poll.
+//!
+//! Why each request is submitted at once (issue 23): with `submit_batch` 0 one enter per round
+//! submitted everything the round queued and ran the completion work, 0.2–0.6 enters per I/O
+//! at QD32 where fio's engine, submitting each request as it comes, makes one. Fewer system
+//! calls, but on the bench's virtio disk a round's batch reaches the device together and its
+//! latency rose as if served as one (the mechanism is the device's; not traced): QD32 p50
+//! 408–549 µs against fio's 322–354 µs on the same file. Submitting each request as it comes
+//! brought p50 to 311–422 µs and QD32 IOPS to 1.08–2.34× those of batch 0 in 19 of 22
+//! interleaved rounds over both clients. At QD1 the polled client's p50 was a few µs higher
+//! in most later rounds, for no mechanism found (docs/benchmarks.md, "The file backend
+//! against fio"). A device that prefers batches (a fast NVMe drive, where each
+//! submission rings a doorbell) may want a larger `submit_batch` or 0; it is a parameter of
+//! `bdev_uring_create`.
 //!
 //! # Ring set-up
 //! Rings are created with `SINGLE_ISSUER | COOP_TASKRUN | TASKRUN_FLAG | SUBMIT_ALL`. Kernels
@@ -49,14 +61,28 @@
 //! the first fallback is logged (once per process).
 //!
 //! Measured and left out (docs/benchmarks.md, "The file backend against fio"):
-//! `DEFER_TASKRUN` (what fio's engine uses) made no difference to IOPS at QD1 or QD32 within
-//! the machine's noise but tripled the enters at QD32 (0.66–0.79 per I/O against 0.20–0.23):
-//! with it, completion work runs only in an `io_uring_enter(GETEVENTS)` of ours, while
-//! `COOP_TASKRUN` work also runs in the enters that submit. `SQPOLL` (a kernel thread per ring
-//! busy-polling the SQ) wants a core of its own, and the reactor already submits a whole round
-//! in one enter. `IOPOLL` needs a device with poll queues and refuses our buffered descriptor.
-//! Registered buffers would need guest memory registered per ring, which the `IoChannel` API
-//! does not describe.
+//! * `DEFER_TASKRUN` (what fio's engine uses) made no difference to IOPS at QD1 or QD32 within
+//!   the machine's noise but tripled the enters at QD32 (0.66–0.79 per I/O against 0.20–0.23):
+//!   with it, completion work runs only in an `io_uring_enter(GETEVENTS)` of ours, while
+//!   `COOP_TASKRUN` work also runs in the enters that submit (issue 9).
+//! * `SQPOLL` (issue 23): the kernel refuses it with `COOP_TASKRUN`/`TASKRUN_FLAG` (`EINVAL`),
+//!   and its kernel thread busy-polls the SQ, so on two cores it shares one with a polling
+//!   reactor or client. Pinned to the reactor's core, 21 IOPS at QD1 and 0.9 K at QD32 (polled
+//!   client); pinned to the client's core, 33 IOPS at QD1 with a polled client and, with the
+//!   completion-fd client, 1.2–4.5 K at QD1 and 6.9–28 K at QD32 against 3.9–4.5 K and
+//!   19–24 K without; unpinned, 31–107 IOPS at QD1.
+//! * Registered buffers (issue 23): tried by registering each guest memory mapping with the
+//!   ring on first use and reading with `READ_FIXED` (a throw-away experiment; the trace
+//!   showed every read fixed). Against the same binary without: 0.86–1.27× per round and
+//!   point (one 2.00× in a disturbed round), no consistent gain; fio's own `--fixedbufs` made no difference to fio either. Pinning pages
+//!   per I/O is not where this disk's time goes. Doing it for real needs the guest memory
+//!   table at channel set-up: a hook on [`BlockDevice`] or [`IoChannel`] taking the regions
+//!   (address, length) when a vhost queue starts and again on a new table, which issue 25's
+//!   memory-registration hook is to add; the ring would then register them and use
+//!   `READ_FIXED`/`READV_FIXED` (Linux 6.15) with the region's index.
+//! * `NO_SQARRAY` (Linux 6.6, issue 23): no gain (QD32 completion-fd
+//!   client 18–33 K against 29–45 K for the same binary without, in the same rounds).
+//! * `IOPOLL` needs a device with poll queues and refuses our buffered descriptor.
 //!
 //! # Completion status
 //! A negative result is `IoStatus::Error(errno)`, except `EOPNOTSUPP` on `Discard`/`WriteZeroes`
@@ -114,6 +140,10 @@ use crate::{
 
 /// Submission queue size used unless [`UringDevice::with_ring_entries`] says otherwise.
 pub const DEFAULT_RING_ENTRIES: u32 = 256;
+/// SQEs a channel lets wait before [`IoChannel::submit`] hands them to the kernel, unless
+/// [`UringDevice::with_submit_batch`] says otherwise: each request at once (module docs, "Hot
+/// path", for the figures).
+pub const DEFAULT_SUBMIT_BATCH: u32 = 1;
 const MAX_RING_ENTRIES: u32 = 4096;
 
 /// Indexes of the device's descriptors in each ring's registered-file table.
@@ -143,6 +173,7 @@ const BLKGETSIZE64: libc::Ioctl = {
 pub struct UringDevice {
     shared: Arc<Shared>,
     ring_entries: u32,
+    submit_batch: u32,
 }
 
 /// What channels share with the device: the description and the open files, which must stay
@@ -235,6 +266,7 @@ impl UringDevice {
                 align,
             }),
             ring_entries: DEFAULT_RING_ENTRIES,
+            submit_batch: DEFAULT_SUBMIT_BATCH,
         })
     }
 
@@ -251,6 +283,21 @@ impl UringDevice {
         Ok(self)
     }
 
+    /// Sets how many SQEs a channel opened from now on lets wait in its submission queue
+    /// before `submit` makes the `io_uring_enter` that hands them to the kernel: 1 (the
+    /// default) submits each request as it comes; 0 leaves every submission to `poll`, one
+    /// enter per reactor round. At most 4096.
+    pub fn with_submit_batch(mut self, batch: u32) -> Result<Self, BdevError> {
+        if batch > MAX_RING_ENTRIES {
+            return Err(BdevError::InvalidParam {
+                field: "submit_batch",
+                reason: format!("{batch} is more than {MAX_RING_ENTRIES}"),
+            });
+        }
+        self.submit_batch = batch;
+        Ok(self)
+    }
+
     /// Whether aligned requests bypass the page cache.
     pub fn is_direct(&self) -> bool {
         self.shared.direct.is_some()
@@ -263,7 +310,7 @@ impl BlockDevice for UringDevice {
     }
 
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
-        Ok(Box::new(UringChannel::new(Arc::clone(&self.shared), self.ring_entries)?))
+        Ok(Box::new(UringChannel::new(Arc::clone(&self.shared), self.ring_entries, self.submit_batch)?))
     }
 
     /// Any size up to the file's (or block device's) own, whole blocks: the disk never reaches
@@ -428,6 +475,8 @@ struct UringChannel {
     in_ring: usize,
     /// Whether the last `io_uring_enter` failed, so a persisting failure is logged once.
     enter_failing: bool,
+    /// SQEs that make `submit` enter at once; 0: only `poll` enters.
+    submit_batch: usize,
 }
 
 /// The ring set-ups tried in order, best first: the first that `io_uring_setup` accepts is
@@ -493,7 +542,7 @@ fn build_first<T>(
 }
 
 impl UringChannel {
-    fn new(shared: Arc<Shared>, entries: u32) -> Result<Self, BdevError> {
+    fn new(shared: Arc<Shared>, entries: u32, submit_batch: u32) -> Result<Self, BdevError> {
         let (ring, mode) = build_ring(entries).map_err(BdevError::Uring)?;
         log::debug!("uring bdev {}: channel ring with {}", shared.info.name, mode.name);
         let mut files = [shared.buffered.as_raw_fd(), -1];
@@ -530,6 +579,7 @@ impl UringChannel {
             local: VecDeque::with_capacity(nslots),
             in_ring: 0,
             enter_failing: false,
+            submit_batch: submit_batch as usize,
         })
     }
 
@@ -667,6 +717,9 @@ impl IoChannel for UringChannel {
                 // returned by `poll`, which is after the kernel is done with them.
                 if !unsafe { self.queue(entry.user_data(u64::from(slot))) } {
                     return Err(SubmitError::Busy);
+                }
+                if self.submit_batch != 0 && self.ring.submission().len() >= self.submit_batch {
+                    self.enter_if_needed();
                 }
             }
             Err(status) => {

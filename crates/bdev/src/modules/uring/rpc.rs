@@ -1,5 +1,5 @@
 //! `bdev_uring_create`, `bdev_uring_delete` and `bdev_uring_rescan`: SPDK's parameters, plus
-//! `direct`.
+//! `direct` and `submit_batch`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,17 +28,24 @@ impl BdevModule for UringModule {
 }
 
 /// `block_size` defaults to the device's logical block size (512 for a regular file); `direct`
-/// (O_DIRECT) to true. The file must be inside the export directories when they are set.
+/// (O_DIRECT) to true; `submit_batch` (SQEs that wait before an `io_uring_enter`, 0 for one
+/// enter per reactor round, [`UringDevice::with_submit_batch`]) to 1. The file must be inside
+/// the export directories when they are set.
 fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
     let filename = PathBuf::from(p.required_str("filename")?);
     let block_size = p.optional_uint("block_size", U32_MAX)?.map(|b| b as u32);
     let direct = p.optional_bool("direct")?.unwrap_or(true);
+    let submit_batch = p.optional_uint("submit_batch", U32_MAX)?.map(|b| b as u32);
     p.spdk_only(&[("uuid", Neutral::Absent)])?;
     p.finish()?;
     host.check_new_bdev(&name)?;
     let open = host.file_opener(&filename)?;
-    let dev = Arc::new(UringDevice::open_with(&name, &filename, block_size, direct, open)?);
+    let mut dev = UringDevice::open_with(&name, &filename, block_size, direct, open)?;
+    if let Some(batch) = submit_batch {
+        dev = dev.with_submit_batch(batch)?;
+    }
+    let dev = Arc::new(dev);
     Ok(Value::from(host.add_bdev("uring", NewBdev::new(dev))?))
 }
 
