@@ -657,14 +657,22 @@ impl Poller for QueuePoller {
     fn poll(&mut self) -> PollStatus {
         let mut busy = false;
         if !self.failed && self.stop.is_none() && self.retry_busy() {
-            // A round takes at most two chunks and publishes after each (docs/architecture.md,
+            // A round takes at most two parts and publishes after each (docs/architecture.md,
             // "Guest notifications"). The first is small when the driver waits for its next
             // completion (everything before was completed and announced, and it asked to hear),
-            // so that its wake-up overlaps our work on the rest; what a second chunk leaves
-            // waits for the next round, which follows at once.
-            let first = self.in_flight() == 0 && !self.signal_pending && self.ring.driver_waits();
-            let limit = if first { FIRST_SIGNAL_BATCH } else { PUBLISH_EVERY };
-            let took = self.pop_and_submit(limit);
+            // so that its wake-up overlaps our work on the rest; what a second part leaves
+            // waits for the next round, which follows at once. The driver's field is read only
+            // once a batch is that large: at low depth, and in idle rounds, not at all.
+            let mut limit = if self.in_flight() == 0 && !self.signal_pending {
+                FIRST_SIGNAL_BATCH
+            } else {
+                PUBLISH_EVERY
+            };
+            let mut took = self.pop_and_submit(limit);
+            if took == FIRST_SIGNAL_BATCH && limit == FIRST_SIGNAL_BATCH && !self.ring.driver_waits() {
+                limit = PUBLISH_EVERY;
+                took += self.pop_and_submit(PUBLISH_EVERY - FIRST_SIGNAL_BATCH);
+            }
             busy |= took > 0;
             if took == limit {
                 if self.reap() > 0 {
