@@ -511,8 +511,13 @@ impl QueuePoller {
         }
     }
 
-    /// Takes and starts at most `limit` new requests. Returns how many it took.
+    /// Takes and starts at most `limit` new requests. Returns how many it took. Takes nothing
+    /// from a failed queue, or while a request the back-end refused as busy waits in `retry`
+    /// (it goes first, and holds its slot there): a round may call this more than once.
     fn pop_and_submit(&mut self, limit: usize) -> usize {
+        if self.failed || self.retry.is_some() {
+            return 0;
+        }
         self.disk.capacity_sectors = self.capacity_sectors.load(Ordering::Relaxed);
         let mut popped = 0;
         while let Some(&slot_idx) = self.free.last() {
