@@ -36,15 +36,23 @@ else
     mapfile -t targets < <(cargo +nightly fuzz list)
 fi
 
-# Per-target libFuzzer options. LeakSanitizer is off for rpc_server: its connection threads can
-# still be alive when libFuzzer checks for leaks at exit, and LeakSanitizer then reports glibc's
-# per-thread destructor list of such a thread (32 bytes from __cxa_thread_atexit_impl), which
-# is not a flashpath leak (fuzz/README.md, finding 2). -timeout turns a stuck input (a queue
+# Per-target libFuzzer and sanitizer options. Leak detection is off for rpc_server: its
+# connection threads can still be alive when LeakSanitizer checks at exit, and it then reports
+# glibc's per-thread destructor list of such a thread (32 bytes from __cxa_thread_atexit_impl),
+# which is not a flashpath leak (fuzz/README.md, finding 2). libFuzzer's -detect_leaks=0 only
+# stops the per-input check; the check at exit is LeakSanitizer's own, so ASAN_OPTIONS turns
+# that off too (cargo fuzz appends its options to ours). -timeout turns a stuck input (a queue
 # that never stops, a read that never returns) into a failure well before the smoke run ends.
 options() {
     case "$1" in
         rpc_server) echo "-detect_leaks=0 -timeout=20" ;;
         *) echo "-timeout=20" ;;
+    esac
+}
+asan_options() {
+    case "$1" in
+        rpc_server) echo "detect_leaks=0" ;;
+        *) echo "" ;;
     esac
 }
 
@@ -72,7 +80,8 @@ for t in "${targets[@]}"; do
     n=$(find "$dir" -type f | wc -l)
     t0=$(date +%s)
     # -runs=0: execute every input of the corpus once, mutate nothing.
-    if ! cargo +nightly fuzz run "$t" "$dir" -- -runs=0 "${opts[@]}" >"$work/$t.replay.log" 2>&1; then
+    asan=$(asan_options "$t")
+    if ! ASAN_OPTIONS=$asan cargo +nightly fuzz run "$t" "$dir" -- -runs=0 "${opts[@]}" >"$work/$t.replay.log" 2>&1; then
         tail -n 60 "$work/$t.replay.log"
         summary+=("$t: FAILED replaying $n inputs of fuzz/$dir (log above)")
         failed=$((failed + 1))
@@ -81,7 +90,7 @@ for t in "${targets[@]}"; do
     t1=$(date +%s)
     mkdir -p "$work/corpus"
     cp -r "$dir" "$work/corpus/$t"
-    if ! cargo +nightly fuzz run "$t" "$work/corpus/$t" -- -max_total_time="$SMOKE" -print_final_stats=1 \
+    if ! ASAN_OPTIONS=$asan cargo +nightly fuzz run "$t" "$work/corpus/$t" -- -max_total_time="$SMOKE" -print_final_stats=1 \
         "${opts[@]}" >"$work/$t.smoke.log" 2>&1; then
         tail -n 80 "$work/$t.smoke.log"
         summary+=("$t: replay of $n inputs ok; FAILED in the ${SMOKE} s smoke run (log above, reproducer in fuzz/artifacts/$t/)")
