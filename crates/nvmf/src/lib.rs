@@ -5,7 +5,11 @@
 //! * [`spec`]: the NVMe base specification's command and completion layouts, opcodes and status
 //!   codes that every other part uses;
 //! * [`model`]: plain descriptions of subsystems and namespaces that the control plane hands to
-//!   controllers.
+//!   controllers;
+//! * [`pdu`]: the NVMe/TCP transport's PDUs and digests;
+//! * [`connect`]: the Fabrics Connect command and its data.
 
+pub mod connect;
 pub mod model;
+pub mod pdu;
 pub mod spec;

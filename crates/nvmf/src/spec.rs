@@ -218,7 +218,11 @@ impl Cqe {
             sqhd: u16::from_le_bytes([b[8], b[9]]),
             sqid: u16::from_le_bytes([b[10], b[11]]),
             cid: u16::from_le_bytes([b[12], b[13]]),
-            status: Status { sc: (field >> 1) as u8, sct: ((field >> 9) & 0x7) as u8, dnr: field & (1 << 15) != 0 },
+            status: Status {
+                sc: (field >> 1) as u8,
+                sct: ((field >> 9) & 0x7) as u8,
+                dnr: field & (1 << 15) != 0,
+            },
         }
     }
 }
