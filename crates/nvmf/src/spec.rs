@@ -146,7 +146,9 @@ pub struct Status {
 }
 
 impl Status {
-    pub const SUCCESS: Status = Status::generic(0x00);
+    /// Success, with Do Not Retry cleared: a host reads any nonzero status field of an admin
+    /// command as a failure (Linux's `__nvme_submit_sync_cmd` returns it as the error).
+    pub const SUCCESS: Status = Status { sct: SCT_GENERIC, sc: 0x00, dnr: false };
 
     /// A generic command status (SCT 0) that the host should not retry.
     pub const fn generic(sc: u8) -> Status {
