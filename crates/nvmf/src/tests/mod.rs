@@ -2,3 +2,5 @@
 //! a target with RAM disks on real reactors.
 
 mod api;
+mod host;
+mod io;
