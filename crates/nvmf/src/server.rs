@@ -199,6 +199,7 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         let _ = respond(s, r.cqe(sqe.cid()));
         format!("Connect refused: {}", r.why)
     };
+    let connect = Connect::parse(&sqe, data).map_err(|r| refuse(&mut s, r))?;
     // The SGL must describe the data where it is: in the capsule, at offset 0.
     if sqe.sgl().type_byte() != SGL_IN_CAPSULE || sqe.sgl().address() != 0 {
         let r = ConnectRefusal::status(
@@ -207,7 +208,6 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         );
         return Err(refuse(&mut s, r));
     }
-    let connect = Connect::parse(&sqe, data).map_err(|r| refuse(&mut s, r))?;
     let accepted = accept(&target, &shared.addr, &transport, &connect).map_err(|r| refuse(&mut s, r))?;
     let cqe =
         Cqe { dw0: u32::from(accepted.cntlid), sqid: connect.qid, ..Cqe::new(connect.cid, Status::SUCCESS) };

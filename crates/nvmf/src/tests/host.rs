@@ -56,13 +56,17 @@ pub(crate) fn set_cdw(s: &mut Sqe, n: usize, v: u32) {
 }
 
 impl Host {
+    /// A host on a connected socket, before anything is exchanged.
+    pub(crate) fn wrap(s: TcpStream, digests: Digests) -> Host {
+        Host { s, digests, maxh2c: 0, cntlid: 0, qid: 0, cid: 0, icd: 4096, h2c_chunk: usize::MAX }
+    }
+
     /// Connects the socket and exchanges ICReq/ICResp.
     pub(crate) fn open(port: u16, digests: Digests) -> Host {
         let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.set_nodelay(true).unwrap();
-        let mut h =
-            Host { s, digests, maxh2c: 0, cntlid: 0, qid: 0, cid: 0, icd: 4096, h2c_chunk: usize::MAX };
+        let mut h = Host::wrap(s, digests);
         let mut b = [0u8; IC_LEN];
         IcReq { pfv: 0, hpda: 0, digests, maxr2t: 0 }.write(&mut b);
         h.s.write_all(&b).unwrap();

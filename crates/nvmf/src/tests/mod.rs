@@ -3,4 +3,5 @@
 
 mod api;
 mod host;
+mod hostile;
 mod io;
