@@ -202,10 +202,13 @@ fn bad_digests_and_malformed_pdus() {
     healthy(&tg);
 }
 
+/// Makes a bad H2CData header out of the R2T it answers.
+type Forge = fn(&DataHeader) -> DataHeader;
+
 #[test]
 fn r2t_abuse() {
     let tg = target();
-    let cases: [(&str, fn(&DataHeader) -> DataHeader, u16); 4] = [
+    let cases: [(&str, Forge, u16); 4] = [
         ("wrong transfer tag", |r| DataHeader { ttag: r.ttag + 7, ..*r }, FES_INVALID_HEADER_FIELD),
         ("wrong command", |r| DataHeader { cccid: r.cccid + 1, ..*r }, FES_INVALID_HEADER_FIELD),
         (
