@@ -62,6 +62,8 @@ pub(crate) struct QpairSetup {
     pub role: Role,
     pub qid: u16,
     pub sq_entries: u32,
+    /// Connect's CATTR bit 2: the host disabled SQ flow control (SQHD reads 0xFFFF).
+    pub sq_flow_disabled: bool,
     pub digests: Digests,
     pub hpda: u8,
     pub transport: TransportOptions,
@@ -247,6 +249,7 @@ pub(crate) struct QpairPoller {
     max_plen: u32,
     sq_entries: u16,
     sqhd: u16,
+    sq_flow_disabled: bool,
     slots: Box<[Slot]>,
     free: Vec<u16>,
     ready: VecDeque<u16>,
@@ -325,7 +328,9 @@ impl QpairPoller {
             max_io,
             max_plen,
             sq_entries: n as u16,
-            sqhd: 0,
+            // The Connect took the queue's first entry.
+            sqhd: (1 % n) as u16,
+            sq_flow_disabled: s.sq_flow_disabled,
             slots: (0..n).map(|_| Slot::new()).collect(),
             free: (0..n as u16).rev().collect(),
             ready: VecDeque::with_capacity(n),
@@ -540,7 +545,7 @@ impl QpairPoller {
         let s = &mut self.slots[i as usize];
         cqe.cid = s.sqe.cid();
         cqe.sqid = self.qid;
-        cqe.sqhd = self.sqhd;
+        cqe.sqhd = if self.sq_flow_disabled { 0xFFFF } else { self.sqhd };
         s.resp_len = write_capsule_resp(&mut s.resp, &cqe, self.digests);
         self.queue_tx(i);
     }
@@ -1355,7 +1360,9 @@ impl QpairPoller {
             return;
         }
         let _ = self.timer.wait();
-        self.next_tick = Some(now + self.tick_interval());
+        // On the timer's own schedule, so the next check finds it expired.
+        let every = self.tick_interval();
+        self.next_tick = Some(if due + every > now { due + every } else { now + every });
         if let Some(c) = &self.admin {
             if self.closing.is_none() && c.keep_alive_expired(now) {
                 log::warn!("{}: keep-alive timeout expired", self.what());

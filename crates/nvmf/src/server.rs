@@ -209,8 +209,10 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         return Err(refuse(&mut s, r));
     }
     let accepted = accept(&target, &shared.addr, &transport, &connect).map_err(|r| refuse(&mut s, r))?;
-    let cqe =
-        Cqe { dw0: u32::from(accepted.cntlid), sqid: connect.qid, ..Cqe::new(connect.cid, Status::SUCCESS) };
+    // SQHD: the Connect took the first entry (0xFFFF when the host disabled SQ flow control).
+    let sqhd = if connect.cattr & 0x4 != 0 { 0xFFFF } else { 1 };
+    let success = Cqe::new(connect.cid, Status::SUCCESS);
+    let cqe = Cqe { dw0: u32::from(accepted.cntlid), sqid: connect.qid, sqhd, ..success };
     if let Err(e) = respond(&mut s, cqe) {
         unreserve(&accepted.sub, accepted.cntlid, connect.qid);
         return Err(e);
@@ -241,6 +243,7 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         role: accepted.role,
         qid: connect.qid,
         sq_entries: connect.sq_entries,
+        sq_flow_disabled: connect.cattr & 0x4 != 0,
         digests,
         hpda: req.hpda,
         transport,
