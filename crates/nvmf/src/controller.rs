@@ -363,6 +363,12 @@ impl Controller {
         })
     }
 
+    /// Asynchronous Event Requests parked now. A controller reset (CC.EN 1 -> 0) drops them
+    /// unanswered, as a PCIe controller's reset loses its admin queue's commands.
+    pub fn parked(&self) -> usize {
+        self.events.parked()
+    }
+
     /// Completions of parked AERs to fail (Command Aborted due to SQ Deletion) when the
     /// controller ends.
     pub fn take_parked(&mut self) -> Vec<Cqe> {
@@ -785,6 +791,7 @@ pub(crate) mod tests {
         assert_eq!(c.admin(&sqe(ADMIN_ASYNC_EVENT_REQUEST, 3, 0, &[]), &[], &view, now), AdminResult::Parked);
         assert_eq!(status_of(&c.admin(&property_set(4, 0x14, 0), &[], &view, now)), Status::SUCCESS);
         assert!(!c.ready());
+        assert_eq!(c.parked(), 0, "dropped by the reset");
         assert!(c.take_parked().is_empty());
         assert_eq!(c.namespace_changed(1), None, "configuration back to default");
     }
