@@ -460,8 +460,8 @@ impl NvmfTarget {
         Ok(())
     }
 
-    /// Takes a host off the allowed list; its controllers are disconnected (unless any host may
-    /// connect).
+    /// Takes a host off the allowed list; its controllers are disconnected (as SPDK does, even
+    /// when any host may connect again).
     pub fn remove_host(&self, nqn: &str, host_nqn: &str) -> Result<(), NvmfError> {
         let sub = self.nvm_subsystem(nqn)?;
         let qpairs = {
@@ -469,11 +469,7 @@ impl NvmfTarget {
             if !st.hosts.remove(host_nqn) {
                 return Err(not_found("host", host_nqn));
             }
-            if st.allow_any_host {
-                Vec::new()
-            } else {
-                host_qpairs(&st, |h| h == host_nqn)
-            }
+            host_qpairs(&st, |h| h == host_nqn)
         };
         crate::qpair::close_qpairs(&qpairs, "the host was removed from the subsystem");
         Ok(())
