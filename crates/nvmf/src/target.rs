@@ -204,9 +204,11 @@ impl TargetInner {
         let ports: BTreeMap<ListenAddress, u16> =
             lock(&self.listeners).iter().map(|(a, (_, _, port))| (a.clone(), *port)).collect();
         let mut log = Vec::new();
+        let mut hosts = Vec::new();
         for s in lock(&self.subsystems).values() {
             let st = lock(&s.state);
             for a in &st.listeners {
+                hosts.push((!st.allow_any_host).then(|| st.hosts.clone()));
                 log.push(DiscoveryEntry {
                     adrfam: if a.adrfam == "IPv6" { 2 } else { 1 },
                     subtype: 2,
@@ -217,6 +219,7 @@ impl TargetInner {
                 });
             }
         }
+        *lock(&self.discovery.discovery_hosts) = hosts;
         self.discovery.refresh_view(Some(log));
         crate::qpair::notify_discovery(&self.discovery);
     }
@@ -453,10 +456,13 @@ impl NvmfTarget {
     pub fn add_host(&self, nqn: &str, host_nqn: &str) -> Result<(), NvmfError> {
         check_nqn(host_nqn).map_err(|_| invalid("host", format!("'{host_nqn}' is not an NQN")))?;
         let sub = self.nvm_subsystem(nqn)?;
-        let mut st = lock(&sub.state);
-        if !st.hosts.insert(host_nqn.to_string()) {
-            return Err(NvmfError::AlreadyExists { what: "host", name: host_nqn.to_string() });
+        {
+            let mut st = lock(&sub.state);
+            if !st.hosts.insert(host_nqn.to_string()) {
+                return Err(NvmfError::AlreadyExists { what: "host", name: host_nqn.to_string() });
+            }
         }
+        self.inner.refresh_discovery();
         Ok(())
     }
 
@@ -472,6 +478,7 @@ impl NvmfTarget {
             host_qpairs(&st, |h| h == host_nqn)
         };
         crate::qpair::close_qpairs(&qpairs, "the host was removed from the subsystem");
+        self.inner.refresh_discovery();
         Ok(())
     }
 
@@ -490,6 +497,7 @@ impl NvmfTarget {
             }
         };
         crate::qpair::close_qpairs(&qpairs, "the host is no longer allowed");
+        self.inner.refresh_discovery();
         Ok(())
     }
 

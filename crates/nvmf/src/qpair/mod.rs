@@ -271,7 +271,7 @@ impl QpairPoller {
         let capsule_max = 255 + icd + DIGEST_LEN;
         let max_plen = capsule_max.max(255 + MAX_H2C_DATA as usize + DIGEST_LEN) as u32;
         let n = s.sq_entries.clamp(1, 4096) as usize;
-        let view = s.sub.view();
+        let view = s.sub.view_for(&s.ctrl.hostnqn);
         let mut p = QpairPoller {
             fd: s.fd,
             epoll,
@@ -421,7 +421,7 @@ impl QpairPoller {
         let g = self.sub.view_generation.load(Ordering::Acquire);
         if g != self.view_generation {
             self.view_generation = g;
-            self.view = self.sub.view();
+            self.view = self.sub.view_for(&self.ctrl.hostnqn);
         }
     }
 
