@@ -80,6 +80,9 @@ impl TransportOptions {
         if !self.in_capsule_data_size.is_multiple_of(16) || self.in_capsule_data_size > 131072 {
             return Err(invalid("in_capsule_data_size", "must be a multiple of 16 up to 131072"));
         }
+        if self.sock_priority > 16 {
+            return Err(invalid("sock_priority", "must be 0 to 16 (above 6 needs CAP_NET_ADMIN)"));
+        }
         if self.io_unit_size == 0 {
             return Err(invalid("io_unit_size", "must not be 0"));
         }

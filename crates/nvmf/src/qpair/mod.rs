@@ -247,6 +247,11 @@ impl QpairPoller {
         if let Err(e) = fp_sys::set_send_buffer(s.fd.as_fd(), SEND_BUFFER) {
             log::debug!("nvmf: SO_SNDBUF: {e}");
         }
+        if s.transport.sock_priority > 0 {
+            if let Err(e) = fp_sys::set_priority(s.fd.as_fd(), s.transport.sock_priority as libc::c_int) {
+                log::warn!("nvmf: {}: SO_PRIORITY {}: {e}", s.peer, s.transport.sock_priority);
+            }
+        }
         let epoll = Epoll::new().map_err(epoll_err)?;
         epoll
             .ctl(ControlOperation::Add, s.fd.as_raw_fd(), EpollEvent::new(EventSet::IN, 0))

@@ -48,6 +48,10 @@ fn bookkeeping_and_spdk_shapes() {
     let port = free_port();
     // No transport yet.
     assert!(t.add_listener(NQN, listen(port)).is_err());
+    let bad = TransportOptions { sock_priority: 17, ..Default::default() };
+    assert!(matches!(t.create_transport(bad), Err(NvmfError::Invalid { field: "sock_priority", .. })));
+    let bad = TransportOptions { trtype: "RDMA".into(), ..Default::default() };
+    assert!(matches!(t.create_transport(bad), Err(NvmfError::Invalid { field: "trtype", .. })));
     t.create_transport(TransportOptions::default()).unwrap();
     assert!(matches!(t.create_transport(TransportOptions::default()), Err(NvmfError::AlreadyExists { .. })));
     assert_eq!(t.transports()[0].max_queue_depth, 128);
