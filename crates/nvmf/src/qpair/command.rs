@@ -183,15 +183,19 @@ impl QpairPoller {
                 self.slots[i as usize].status = Status::generic(SC_LBA_OUT_OF_RANGE);
                 break;
             }
-            if let Err(e) = self.submit(i, nsid, IoOp::Discard, slba * bs, nlb * bs) {
-                if e == SubmitError::Busy {
+            match self.submit(i, nsid, IoOp::Discard, slba * bs, nlb * bs) {
+                Ok(()) => {}
+                Err(SubmitError::Busy) => {
+                    // Tried again: from the ready queue now, or when the ranges in flight end.
                     self.slots[i as usize].next_range -= 1;
                     if self.slots[i as usize].pending == 0 {
-                        return Err(e);
+                        return Err(SubmitError::Busy);
                     }
+                    return Ok(());
                 }
-                // Requests already in flight finish the command; the rest is not retried.
-                break;
+                // Refused: with nothing in flight `submit` answered the command already; with
+                // ranges in flight, they finish it with the status `submit` recorded.
+                Err(_) => return Ok(()),
             }
         }
         if self.slots[i as usize].pending == 0 {

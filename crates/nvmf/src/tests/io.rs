@@ -248,3 +248,25 @@ fn remove_namespace_waits_for_its_io_in_flight() {
     // Namespace 1 is untouched.
     assert!(q.write(1, 0, &pattern(1, 512), false).status.is_success());
 }
+
+#[test]
+fn dataset_management_range_errors_answer_once() {
+    let tg = target();
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    for _ in 0..40 {
+        // A good range, then one past the end: LBA Out of Range, answered exactly once.
+        let mut s = q.rw_sqe(NVM_DATASET_MANAGEMENT, 1, 0, 1);
+        set_cdw(&mut s, 10, 1);
+        set_cdw(&mut s, 11, 1 << 2);
+        let mut ranges = vec![0u8; 32];
+        ranges[4..8].copy_from_slice(&8u32.to_le_bytes());
+        ranges[20..24].copy_from_slice(&16u32.to_le_bytes());
+        ranges[24..32].copy_from_slice(&8190u64.to_le_bytes());
+        assert_eq!(q.run(s, &ranges, 0).0.status, Status::generic(SC_LBA_OUT_OF_RANGE));
+        // The queue (32 slots) keeps working: no slot answered twice or lost.
+        let data = pattern(7, 512);
+        assert!(q.write(1, 100, &data, false).status.is_success());
+        assert_eq!(q.read(1, 100, 1).1, data);
+    }
+}
