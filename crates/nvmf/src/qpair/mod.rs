@@ -378,9 +378,10 @@ impl QpairPoller {
         }
         self.h2c = None;
         self.h2c_digest = None;
-        // Commands not started are dropped; those in flight finish first.
+        // Commands not started are dropped; those in flight finish first. (A command waiting
+        // for H2CData stays as it is: its R2T may still be in the send queue, half sent.)
         for i in 0..self.slots.len() as u16 {
-            if matches!(self.slots[i as usize].phase, Phase::AwaitData | Phase::Parked) {
+            if self.slots[i as usize].phase == Phase::Parked {
                 self.release(i);
             }
         }
