@@ -109,6 +109,9 @@ struct Slot {
     /// The first error of its requests.
     status: Status,
     flushed: bool,
+    /// Its R2T went out whole: H2CData may answer it (not before, so a host guessing tags
+    /// cannot complete a command whose R2T still sits in the send queue).
+    r2t_out: bool,
     /// Tx: a PDU header (R2T, C2HData) and the data after it, its digest, a response.
     hdr: [u8; HEADER_ROOM],
     hdr_len: usize,
@@ -132,6 +135,7 @@ impl Slot {
             next_range: 0,
             status: Status::SUCCESS,
             flushed: false,
+            r2t_out: false,
             hdr: [0; HEADER_ROOM],
             hdr_len: 0,
             data_len: 0,

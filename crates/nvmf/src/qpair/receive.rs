@@ -267,7 +267,7 @@ impl QpairPoller {
         let slot = self.slots.get(h.ttag as usize);
         let err = match slot {
             None => Some(bad(FES_INVALID_HEADER_FIELD, 10, "H2CData with an unknown transfer tag")),
-            Some(s) if s.phase != Phase::AwaitData || s.sqe.cid() != h.cccid => {
+            Some(s) if s.phase != Phase::AwaitData || !s.r2t_out || s.sqe.cid() != h.cccid => {
                 Some(bad(FES_INVALID_HEADER_FIELD, 8, "H2CData for no R2T outstanding"))
             }
             Some(_) if h.length as usize != l.data_len || h.length == 0 => {
@@ -320,6 +320,7 @@ impl QpairPoller {
         s.next_range = 0;
         s.status = Status::SUCCESS;
         s.flushed = false;
+        s.r2t_out = false;
         s.hdr_len = 0;
         s.data_len = 0;
         s.ddgst_len = 0;

@@ -64,6 +64,7 @@ impl QpairPoller {
     pub(super) fn sent(&mut self, i: u16) {
         let s = &mut self.slots[i as usize];
         if s.phase == Phase::AwaitData {
+            s.r2t_out = true;
             s.hdr_len = 0;
             return;
         }

@@ -234,6 +234,24 @@ fn r2t_abuse() {
         assert_eq!(t.fes, fes, "{what}");
         healthy(&tg);
     }
+    // H2CData that guesses the transfer tag, sent with its command before any R2T could
+    // have reached the host.
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    let mut s = q.rw_sqe(NVM_WRITE, 1, 0, 8);
+    set_sgl(&mut s, SGL_TRANSPORT, 4096);
+    let mut b = [0u8; HEADER_ROOM];
+    let n = write_capsule_cmd(&mut b, &s, 0, Digests::default(), 0);
+    let mut v = b[..n].to_vec();
+    // Tag 0: the slot a fresh queue gives its first command (the right guess).
+    let h = DataHeader { cccid: s.cid(), ttag: 0, offset: 0, length: 4096 };
+    let n = write_h2c_data(&mut b, &h, true, Digests::default(), 0);
+    v.extend_from_slice(&b[..n]);
+    v.extend_from_slice(&[0xAB; 4096]);
+    q.s.write_all(&v).unwrap();
+    assert_eq!(term_then_close(&mut q).fes, FES_INVALID_HEADER_FIELD);
+    healthy(&tg);
+
     // H2CData with no R2T at all.
     let admin = Host::admin(tg.port, NQN, 0);
     let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
