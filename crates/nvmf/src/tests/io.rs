@@ -270,3 +270,16 @@ fn dataset_management_range_errors_answer_once() {
         assert_eq!(q.read(1, 100, 1).1, data);
     }
 }
+
+#[test]
+fn stop_closes_listeners_and_hosts() {
+    let tg = target();
+    let mut admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    assert!(q.write(1, 0, &pattern(5, 512), false).status.is_success());
+    tg.t.stop();
+    assert!(admin.closed().0);
+    assert!(q.closed().0);
+    assert!(std::net::TcpStream::connect(("127.0.0.1", tg.port)).is_err());
+    assert!(wait_for(|| tg.t.controllers(NQN).unwrap().is_empty()));
+}
