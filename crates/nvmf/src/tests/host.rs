@@ -61,6 +61,28 @@ impl Host {
         Host { s, digests, maxh2c: 0, cntlid: 0, qid: 0, cid: 0, icd: 4096, h2c_chunk: usize::MAX }
     }
 
+    /// A socket to the target with a tiny receive buffer (set before connecting, so the TCP
+    /// window stays small): a host that does not read blocks the target's sends soon.
+    pub(crate) fn small_window(port: u16) -> TcpStream {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain calls; the descriptor is checked and then owned by the TcpStream.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            assert!(fd >= 0);
+            let size: libc::c_int = 4096;
+            let p = (&size as *const libc::c_int).cast();
+            let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            assert_eq!(libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, p, len), 0);
+            let mut sa: libc::sockaddr_in = std::mem::zeroed();
+            sa.sin_family = libc::AF_INET as libc::sa_family_t;
+            sa.sin_port = port.to_be();
+            sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+            let salen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            assert_eq!(libc::connect(fd, (&sa as *const libc::sockaddr_in).cast(), salen), 0);
+            TcpStream::from_raw_fd(fd)
+        }
+    }
+
     /// Connects the socket and exchanges ICReq/ICResp.
     pub(crate) fn open(port: u16, digests: Digests) -> Host {
         let s = TcpStream::connect(("127.0.0.1", port)).unwrap();

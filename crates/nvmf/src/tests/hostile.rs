@@ -296,3 +296,64 @@ fn idle_flood_and_a_host_that_stops_reading() {
         assert_eq!(p.data.len(), 128 << 10);
     }
 }
+
+#[test]
+fn a_host_that_stops_reading_is_dropped() {
+    let tg = target();
+    let admin = Host::admin(tg.port, NQN, 0);
+    // An I/O queue over a socket whose window stays tiny.
+    let s = Host::small_window(tg.port);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut stuck = Host::wrap(s, Digests::default());
+    let mut ic = [0u8; IC_LEN];
+    IcReq { pfv: 0, hpda: 0, digests: Digests::default(), maxr2t: 0 }.write(&mut ic);
+    stuck.s.write_all(&ic).unwrap();
+    let p = stuck.read_pdu().unwrap();
+    assert_eq!(p.ch.pdu_type, PDU_IC_RESP);
+    let c = crate::connect::Connect {
+        cid: 0,
+        qid: 1,
+        sq_entries: 32,
+        cattr: 0,
+        kato_ms: 0,
+        hostid: HOSTID,
+        cntlid: admin.cntlid,
+        subnqn: NQN.into(),
+        hostnqn: HOSTNQN.into(),
+    };
+    let mut sqe = Sqe([0; SQE_LEN]);
+    let mut d = [0u8; CONNECT_DATA_LEN];
+    c.write(&mut sqe, &mut d);
+    stuck.send_capsule(&sqe, &d);
+    assert!(stuck.response().status.is_success());
+    // 128 reads of 128 KiB (16 MiB: more than the target's socket buffer of up to 8 MiB),
+    // never read back.
+    let mut all = Vec::new();
+    for _ in 0..128 {
+        let mut s = stuck.rw_sqe(NVM_READ, 1, 0, 256);
+        set_sgl(&mut s, SGL_TRANSPORT, 128 << 10);
+        let mut b = [0u8; HEADER_ROOM];
+        let n = write_capsule_cmd(&mut b, &s, 0, Digests::default(), 0);
+        all.extend_from_slice(&b[..n]);
+    }
+    stuck.s.write_all(&all).unwrap();
+    // Dropped after the send timeout (3 s under test), while others carry on.
+    assert!(wait_for(|| tg.t.qpairs(NQN).unwrap().len() == 2));
+    let start = std::time::Instant::now();
+    let end = start + Duration::from_secs(15);
+    while tg.t.qpairs(NQN).unwrap().len() > 1 {
+        assert!(std::time::Instant::now() < end, "the stuck queue was never dropped");
+        healthy_quick(&tg);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(start.elapsed() >= Duration::from_secs(2), "dropped after {:?}", start.elapsed());
+}
+
+/// One write and read on a fresh controller.
+fn healthy_quick(tg: &Target) {
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    let data = pattern(0x3C, 512);
+    assert!(q.write(1, 3000, &data, false).status.is_success());
+    assert_eq!(q.read(1, 3000, 1).1, data);
+}
