@@ -106,6 +106,25 @@ mod gather_tests {
     }
 }
 
+/// Sets the priority of the packets the socket `fd` sends (`SO_PRIORITY`: 0 to 6 for anyone,
+/// higher with `CAP_NET_ADMIN`), which queueing disciplines and NICs may act on.
+pub fn set_priority(fd: BorrowedFd<'_>, priority: libc::c_int) -> io::Result<()> {
+    // SAFETY: a valid option value of the size given, on a borrowed, open descriptor.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PRIORITY,
+            (&priority as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Most descriptors [`send_with_fds`] attaches to one message (vhost-user's own limit is 8).
 pub const MAX_SEND_FDS: usize = 8;
 

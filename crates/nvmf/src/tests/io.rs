@@ -33,7 +33,8 @@ impl Drop for Target {
 pub(crate) fn target() -> Target {
     let reactors = ReactorSet::start(&[0, 1], ReactorConfig::default()).unwrap();
     let t = NvmfTarget::new(reactors.handles().to_vec(), TargetOptions::default());
-    t.create_transport(TransportOptions::default()).unwrap();
+    // A socket priority any user may set, so the option is exercised.
+    t.create_transport(TransportOptions { sock_priority: 2, ..Default::default() }).unwrap();
     t.create_subsystem(SubsystemSpec { nqn: NQN.into(), allow_any_host: true, ..Default::default() })
         .unwrap();
     let port = free_port();
