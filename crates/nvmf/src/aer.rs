@@ -144,10 +144,12 @@ impl AsyncEvents {
         self.parked.drain(..).map(|cid| Cqe::new(cid, Status::generic(SC_ABORTED_SQ_DELETION))).collect()
     }
 
-    /// A controller reset: requests and events are gone (Base 3.7.2; the host abandons its
-    /// outstanding commands itself).
+    /// A controller reset: events waiting or masked are forgotten (Base 3.7.2). Parked
+    /// requests stay: on a fabric the admin queue outlives the reset, and each parked request
+    /// holds one of the engine's command slots until an event or `take_parked` answers it.
     pub fn reset(&mut self) {
-        *self = AsyncEvents::default();
+        self.pending = 0;
+        self.masked = 0;
     }
 }
 

@@ -367,8 +367,8 @@ impl Controller {
         })
     }
 
-    /// Asynchronous Event Requests parked now. A controller reset (CC.EN 1 -> 0) drops them
-    /// unanswered, as a PCIe controller's reset loses its admin queue's commands.
+    /// Asynchronous Event Requests parked now (a controller reset keeps them: they are
+    /// answered by a later event or by `take_parked`).
     pub fn parked(&self) -> usize {
         self.events.parked()
     }
@@ -795,8 +795,8 @@ pub(crate) mod tests {
         assert_eq!(c.admin(&sqe(ADMIN_ASYNC_EVENT_REQUEST, 3, 0, &[]), &[], &view, now), AdminResult::Parked);
         assert_eq!(status_of(&c.admin(&property_set(4, 0x14, 0), &[], &view, now)), Status::SUCCESS);
         assert!(!c.ready());
-        assert_eq!(c.parked(), 0, "dropped by the reset");
-        assert!(c.take_parked().is_empty());
+        assert_eq!(c.parked(), 1, "kept: it holds an engine slot until answered");
         assert_eq!(c.namespace_changed(1), None, "configuration back to default");
+        assert_eq!(c.take_parked().iter().map(|q| q.cid).collect::<Vec<_>>(), vec![3]);
     }
 }
