@@ -287,7 +287,7 @@ def main():
     if args.only == "spdk" and not args.spdk:
         print("bench: --only spdk needs --spdk DIR", file=sys.stderr)
         return 1
-    missing = nvmf_missing(args.spdk) if args.only == "nvmf" or args.spdk else []
+    missing = nvmf_missing(args.spdk) if args.only == "nvmf" or (args.spdk and not args.only) else []
     if missing:
         print(f"bench: the NVMe/TCP section needs {', '.join(missing)} (../shared/spdk-build.sh builds them)",
               file=sys.stderr)
