@@ -31,8 +31,13 @@ def perf_path(spdk_dir):
     return os.path.join(spdk_dir, *PERF)
 
 
+# perf sends an empty HOSTNQN unless the transport ID names one (SPDK's nvmf_tgt lets an empty
+# one in when any host is allowed; flashpath refuses it as not an NQN): one for both targets.
+HOSTNQN = "nqn.2014-08.io.flashpath:fpbench-host"
+
+
 def trid(port, nqn):
-    return f"trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+    return f"trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn} hostnqn:{HOSTNQN}"
 
 
 def perf_cmd(spdk_dir, cpu, port, nqn, pattern, bs, qd, secs):
