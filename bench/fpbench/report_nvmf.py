@@ -21,7 +21,8 @@ def _calls(traced):
 
 def _top_calls(traced, ios, n=4):
     """The most frequent system calls of a traced run, per I/O."""
-    calls = sorted(traced["syscalls"]["calls"].items(), key=lambda kv: -kv[1])[:n]
+    calls = sorted(((k, v) for k, v in traced["syscalls"]["calls"].items() if v / ios >= 0.005),
+                   key=lambda kv: -kv[1])[:n]
     return ", ".join(f"{k} {v / ios:.2f}" for k, v in calls)
 
 
@@ -42,7 +43,8 @@ def nvmf_markdown(res):
              f"({sizes}; RAM disks written through once before the rounds). Client: SPDK's spdk_nvme_perf "
              f"(`perf -q QD -o 4096 -w randread -t {max(1, round(c['secs']))} -c {hex(1 << m['client_cpu'])} -s 256 -L`) on CPU "
              f"{m['client_cpu']} over 127.0.0.1, one I/O queue pair. {c['reps']} round(s) per point, the targets "
-             "interleaved (the order alternating), SPDK frozen (SIGSTOP) outside its own runs; medians. p50/p99: "
+             "interleaved (the order alternating), SPDK frozen (SIGSTOP) outside its own runs; medians; spread: "
+             "(max - min) / median of the rounds' IOPS. p50/p99: "
              "perf's latency summary (-L). Everything server-side is read between perf's \"Launching workers\" "
              "and the end of its I/O: CPU/IO: the server's utime + stime (/proc/PID/stat) per I/O; core: its "
              "CPU time (schedstat) over the window in cores (SPDK's reactor polls its core whether or not there "
@@ -52,20 +54,26 @@ def nvmf_markdown(res):
              "(flashpath's busy ns, SPDK's busy ticks / tick_rate from `framework_get_reactors`). syscalls/IO: "
              f"from one more run of {c['trace_secs']} s per point and target with the server's system calls "
              f"counted, {how}; the calls seen most, per I/O, beside it. fp/SPDK: ratio of the medians.", "",
-             "| workload | target | IOPS | p50 µs | p99 µs | CPU/IO ns | core | wait | busy/IO ns | syscalls/IO | "
-             "most frequent calls per I/O |", "|" + "---|" * 11]
+             "| workload | target | IOPS | spread | p50 µs | p99 µs | CPU/IO ns | core | wait | busy/IO ns | syscalls/IO | "
+             "most frequent calls per I/O |", "|" + "---|" * 12]
     for p in e["points"]:
         for kind in e["targets"]:
             x = p["servers"][kind]
             md, tr = x["median"], x.get("traced")
             share = md.get("server_core_share")
             share = "-" if share is None else f"{share:.2f}"
+            spread = md.get("iops_spread")
+            spread = "-" if spread is None else f"{100 * spread:.0f} %"
             wait = md.get("server_wait_share")
             wait = "-" if wait is None else f"{100 * wait:.0f} %"
-            lines.append(f"| {_label(p)} | {kind} | {_iops(md.get('iops'))} | {_us(md.get('p50_ns'))} | "
+            lines.append(f"| {_label(p)} | {kind} | {_iops(md.get('iops'))} | {spread} | {_us(md.get('p50_ns'))} | "
                          f"{_us(md.get('p99_ns'))} | {_ns(md.get('server_cpu_ns_per_io'))} | "
                          f"{share} | {wait} | {_ns(md.get('reactor_busy_ns_per_io'))} | {_calls(tr)} | "
                          f"{'-' if not tr else _top_calls(tr, tr['ios'])} |")
+    la = e.get("loadavg_before"), e.get("loadavg_after")
+    if all(la):
+        lines += ["", f"Load average (1 min) when the section started and ended: {la[0][0]:.2f}, {la[1][0]:.2f} "
+                  f"(on {res['meta']['machine']['cpus']} CPUs; the section's own processes count in the second)."]
     if all(k in e["targets"] for k in ("flashpath", "spdk")):
         lines += ["", "| workload | IOPS fp/SPDK | p50 fp/SPDK | p99 fp/SPDK | CPU/IO fp/SPDK | busy/IO fp/SPDK | "
                   "syscalls/IO fp/SPDK |", "|" + "---|" * 7]

@@ -117,7 +117,10 @@ def serve_disk(server, backend, size, port):
 def summarize_nvmf(runs):
     keys = ("iops", "mbps", "lat_mean_ns", "p50_ns", "p99_ns", "p999_ns", "server_cpu_ns_per_io",
             "server_cpu_sched_ns_per_io", "server_core_share", "server_wait_share", "reactor_busy_ns_per_io")
-    return {k: median([r.get(k) for r in runs]) for k in keys}
+    out = {k: median([r.get(k) for r in runs]) for k in keys}
+    xs = [r["iops"] for r in runs]
+    out["iops_spread"] = (max(xs) - min(xs)) / out["iops"] if out["iops"] else None
+    return out
 
 
 def nvmf_ratios(e):
@@ -148,9 +151,12 @@ class NvmfSection:
                "syscall_note": why}
         self.results["nvmf"] = out
         out["backends"] = [b for b in c["backends"] if not self.args.backends or b in self.args.backends.split(",")]
+        # The machine's load around the section: other work on the two CPUs shows in every figure.
+        out["loadavg_before"] = os.getloadavg()
         with HugePages():
             for backend in out["backends"]:
                 self.nvmf_backend(backend, c, targets, how, out)
+        out["loadavg_after"] = os.getloadavg()
 
     def nvmf_backend(self, backend, c, targets, how, out):
         size = c["sizes"][backend]
