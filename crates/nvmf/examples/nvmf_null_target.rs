@@ -10,7 +10,23 @@ use fp_bdev::{Bdev, NullDevice, RamDevice};
 use fp_nvmf::*;
 use fp_reactor::{ReactorConfig, ReactorSet};
 
+/// Log lines to stderr (FP_LOG=debug for more).
+struct Stderr;
+
+impl log::Log for Stderr {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        eprintln!("{} {}", r.level(), r.args());
+    }
+    fn flush(&self) {}
+}
+
 fn main() {
+    let _ = log::set_logger(&Stderr);
+    let debug = std::env::var("FP_LOG").is_ok_and(|v| v == "debug");
+    log::set_max_level(if debug { log::LevelFilter::Debug } else { log::LevelFilter::Info });
     let args: Vec<String> = std::env::args().collect();
     let port = args.get(1).expect("usage: nvmf_null_target PORT [ram]").clone();
     let (bdev, name): (Bdev, &str) = if args.get(2).map(String::as_str) == Some("ram") {

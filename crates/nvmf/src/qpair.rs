@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -184,38 +184,23 @@ enum Recv {
     Failed(String),
 }
 
-fn recv(fd: RawFd, dst: &mut [u8]) -> Recv {
-    // SAFETY: `dst` is valid for writes of its length.
-    let n = unsafe { libc::recv(fd, dst.as_mut_ptr().cast(), dst.len(), libc::MSG_DONTWAIT) };
-    if n > 0 {
-        return Recv::Data(n as usize);
-    }
-    if n == 0 {
-        return Recv::Eof;
-    }
-    let e = io::Error::last_os_error();
-    match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Recv::WouldBlock,
-        _ => Recv::Failed(e.to_string()),
+fn recv(fd: BorrowedFd<'_>, dst: &mut [u8]) -> Recv {
+    match fp_sys::recv_nonblocking(fd, dst) {
+        Ok(0) => Recv::Eof,
+        Ok(n) => Recv::Data(n),
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
+            Recv::WouldBlock
+        }
+        Err(e) => Recv::Failed(e.to_string()),
     }
 }
 
-fn send(fd: RawFd, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-    // SAFETY: a zeroed msghdr is valid; it points at `bufs` (IoSlice is an iovec on Unix).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = bufs.len() as _;
-    // SAFETY: `msg` describes readable buffers for the call's duration. MSG_NOSIGNAL: a host
-    // gone away is an error return, not a SIGPIPE.
-    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
-            _ => Err(e),
-        };
+/// Sends what the socket takes now; `Ok(0)` when it is full.
+fn send(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    match fp_sys::send_vectored_nonblocking(fd, bufs) {
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(0),
+        r => r,
     }
-    Ok(n as usize)
 }
 
 fn epoll_err(e: io::Error) -> BdevError {
@@ -301,8 +286,9 @@ impl QpairPoller {
             Role::Io => (None, s.transport.in_capsule_data_size as usize),
         };
         let max_io = s.transport.max_io_size as usize;
-        let capsule_max = CAPSULE_CMD_HLEN + DIGEST_LEN + icd + DIGEST_LEN;
-        let max_plen = capsule_max.max(DATA_HLEN + DIGEST_LEN + MAX_H2C_DATA as usize + DIGEST_LEN) as u32;
+        // A capsule with any PDO (at most 255) and its digests; `parse` holds the data to `icd`.
+        let capsule_max = 255 + icd + DIGEST_LEN;
+        let max_plen = capsule_max.max(255 + MAX_H2C_DATA as usize + DIGEST_LEN) as u32;
         let n = s.sq_entries.clamp(1, 4096) as usize;
         let view = s.sub.view();
         let mut p = QpairPoller {
@@ -338,7 +324,8 @@ impl QpairPoller {
             tx_sent: 0,
             tx_blocked: false,
             blocked_since: None,
-            rx: vec![0u8; (64 << 10).max(capsule_max + CH_LEN)].into_boxed_slice(),
+            // Room for the largest capsule with any PDO (a byte: at most 255) and its digest.
+            rx: vec![0u8; (64 << 10).max(icd + 512)].into_boxed_slice(),
             rx_start: 0,
             rx_end: 0,
             h2c: None,
@@ -606,13 +593,12 @@ impl QpairPoller {
                 return moved;
             }
             if let Some(h) = self.h2c {
-                let fd = self.fd.as_raw_fd();
                 let s = &mut self.slots[h.slot as usize];
                 // The offset was checked to continue what arrived: `received` is where we are.
                 let (start, end) = (s.received, h.offset + h.len);
                 let dst = &mut s.buf.as_mut().expect("a write awaiting data has a buffer").as_mut_slice()
                     [start..end];
-                match recv(fd, dst) {
+                match recv(self.fd.as_fd(), dst) {
                     Recv::Data(n) => {
                         moved = true;
                         self.slots[h.slot as usize].received += n;
@@ -648,7 +634,7 @@ impl QpairPoller {
                 self.rx_start = 0;
             }
             let end = self.rx_end;
-            match recv(self.fd.as_raw_fd(), &mut self.rx[end..]) {
+            match recv(self.fd.as_fd(), &mut self.rx[end..]) {
                 Recv::Data(n) => {
                     self.rx_end += n;
                     moved = true;
@@ -1277,26 +1263,11 @@ impl QpairPoller {
     fn send(&mut self) -> bool {
         let mut moved = false;
         self.tx_blocked = false;
-        let fd = self.fd.as_raw_fd();
         while !self.tx.is_empty() && !self.broken {
             let mut iov = [IoSlice::new(&[]); IOV_PER_WRITE];
-            let mut n_iov = 0;
-            let mut skip = self.tx_sent;
-            'gather: for &i in &self.tx {
-                for piece in self.slots[i as usize].pieces() {
-                    if skip >= piece.len() {
-                        skip -= piece.len();
-                        continue;
-                    }
-                    iov[n_iov] = IoSlice::new(&piece[skip..]);
-                    skip = 0;
-                    n_iov += 1;
-                    if n_iov == IOV_PER_WRITE {
-                        break 'gather;
-                    }
-                }
-            }
-            let sent = match send(fd, &iov[..n_iov]) {
+            let pieces = self.tx.iter().flat_map(|&i| self.slots[i as usize].pieces());
+            let n_iov = fp_sys::gather(pieces, self.tx_sent, &mut iov);
+            let sent = match send(self.fd.as_fd(), &iov[..n_iov]) {
                 Ok(0) => {
                     self.tx_blocked = true;
                     break;
@@ -1322,7 +1293,7 @@ impl QpairPoller {
         }
         if self.tx.is_empty() && !self.broken {
             if let Some((b, n)) = self.term.take() {
-                let _ = send(fd, &[IoSlice::new(&b[..n])]);
+                let _ = send(self.fd.as_fd(), &[IoSlice::new(&b[..n])]);
             }
         }
         if self.tx_blocked {

@@ -199,7 +199,14 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         let _ = respond(s, r.cqe(sqe.cid()));
         format!("Connect refused: {}", r.why)
     };
-    let connect = Connect::parse(&sqe, data).map_err(|r| refuse(&mut s, r))?;
+    let connect = Connect::parse(&sqe, data).map_err(|r| {
+        if data.len() == CONNECT_DATA_LEN {
+            let nqn =
+                |at: usize| String::from_utf8_lossy(&data[at..at + 256]).trim_end_matches('\0').to_string();
+            log::debug!("nvmf: {peer}: refused Connect: SUBNQN {:?}, HOSTNQN {:?}", nqn(256), nqn(512));
+        }
+        refuse(&mut s, r)
+    })?;
     // The SGL must describe the data where it is: in the capsule, at offset 0.
     if sqe.sgl().type_byte() != SGL_IN_CAPSULE || sqe.sgl().address() != 0 {
         let r = ConnectRefusal::status(

@@ -1,8 +1,62 @@
-//! Socket options and shutdown on descriptors `std`'s socket types do not own, and a send with
-//! descriptors attached (`SCM_RIGHTS`), which `std` has no stable call for.
+//! Socket options and shutdown on descriptors `std`'s socket types do not own, non-blocking
+//! receives and vectored sends on them (a poller's socket), and a send with descriptors
+//! attached (`SCM_RIGHTS`), which `std` has no stable call for.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// Receives into `buf` without waiting (`MSG_DONTWAIT`): `Ok(0)` is the end of the stream, a
+/// socket with nothing to read fails with `WouldBlock`.
+pub fn recv_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of its length; the descriptor is borrowed, open.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Fills `iov` with the bytes of `pieces` that follow the first `skip` (those a vectored send
+/// already took), leaving out empty pieces; returns how many entries it filled, at most
+/// `iov.len()`. A poller's replies, each a few pieces (header, data, digest), go out this way.
+pub fn gather<'a>(
+    pieces: impl IntoIterator<Item = &'a [u8]>,
+    mut skip: usize,
+    iov: &mut [IoSlice<'a>],
+) -> usize {
+    let mut n = 0;
+    for piece in pieces {
+        if n == iov.len() {
+            break;
+        }
+        if skip >= piece.len() {
+            skip -= piece.len();
+            continue;
+        }
+        iov[n] = IoSlice::new(&piece[skip..]);
+        skip = 0;
+        n += 1;
+    }
+    n
+}
+
+/// Sends `bufs` in one vectored write without waiting (`MSG_DONTWAIT`) and without SIGPIPE
+/// when the peer is gone (`MSG_NOSIGNAL`: an `EPIPE` error instead); a full socket fails with
+/// `WouldBlock`.
+pub fn send_vectored_nonblocking(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is guaranteed ABI-compatible with iovec on Unix.
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len() as _;
+    // SAFETY: `msg` describes readable buffers for the call's duration, on a borrowed, open
+    // descriptor.
+    let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
 
 /// Shuts down both directions of the socket `fd`: a thread blocked reading or writing any
 /// duplicate of it returns at once.
@@ -31,6 +85,25 @@ pub fn set_send_buffer(fd: BorrowedFd<'_>, bytes: libc::c_int) -> io::Result<()>
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod gather_tests {
+    use super::*;
+
+    #[test]
+    fn gather_skips_what_was_sent_and_empty_pieces() {
+        let (a, b, c) = (&b"abc"[..], &b""[..], &b"defg"[..]);
+        let mut iov = [IoSlice::new(&[]); 4];
+        assert_eq!(gather([a, b, c], 0, &mut iov), 2);
+        assert_eq!((&*iov[0], &*iov[1]), (&b"abc"[..], &b"defg"[..]));
+        assert_eq!(gather([a, b, c], 4, &mut iov), 1);
+        assert_eq!(&*iov[0], b"efg");
+        assert_eq!(gather([a, b, c], 7, &mut iov), 0);
+        let mut one = [IoSlice::new(&[]); 1];
+        assert_eq!(gather([a, c], 1, &mut one), 1);
+        assert_eq!(&*one[0], b"bc");
+    }
 }
 
 /// Most descriptors [`send_with_fds`] attaches to one message (vhost-user's own limit is 8).
