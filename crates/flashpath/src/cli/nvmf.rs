@@ -104,7 +104,7 @@ pub(crate) enum ListenerCommand {
         /// HOST:PORT, e.g. 127.0.0.1:4420 or [::1]:4420 (port 4420 when left out)
         address: String,
     },
-    /// Stop listening on ADDRESS for a subsystem (connected hosts stay connected)
+    /// Stop listening on ADDRESS for a subsystem
     Remove { nqn: String, address: String },
 }
 
