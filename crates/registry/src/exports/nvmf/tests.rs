@@ -320,3 +320,19 @@ fn stats_and_metrics() {
         assert_eq!(labels[1], ("nsid", "3".to_string()));
     }
 }
+
+/// A namespace's bdev may grow (the namespace is told: `Export::resized`), not shrink: the
+/// refusal names the namespace holding it.
+#[test]
+fn a_namespace_bdev_grows_but_does_not_shrink() {
+    let f = fixture(RegistryOptions::default());
+    f.transport_and_subsystem();
+    f.call("bdev_null_create", json!({ "name": "n0", "num_blocks": 1024, "block_size": 512 }));
+    f.call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "n0" } }));
+    f.call("bdev_null_resize", json!({ "name": "n0", "new_size": 1 }));
+    assert_eq!(f.bdev("n0")["num_blocks"], 2048);
+    f.call("bdev_null_resize", json!({ "name": "n0", "new_size": 2 }));
+    let e = f.fails("bdev_null_resize", json!({ "name": "n0", "new_size": 1 }));
+    assert!(e.to_string().contains(&format!("{NQN}/1")), "{e}");
+    assert_eq!(f.bdev("n0")["num_blocks"], 4096);
+}
