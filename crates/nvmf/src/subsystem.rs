@@ -158,6 +158,8 @@ pub(crate) struct CtrlEntry {
     pub shared: Arc<CtrlShared>,
     pub admin: Option<QpairRef>,
     pub io: BTreeMap<u16, QpairRef>,
+    /// I/O queue IDs connected and on their way to a reactor.
+    pub reserved: BTreeSet<u16>,
 }
 
 /// What the control plane sets and the connections read, under the subsystem's lock.

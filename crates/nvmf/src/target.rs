@@ -177,6 +177,9 @@ fn not_found(what: &'static str, name: &str) -> NvmfError {
 /// How long `remove_namespace` waits for the namespace's I/O in flight.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A listener, the subsystems on it and its port ID (in the discovery log).
+pub(crate) type OpenListener = (Listener, BTreeSet<String>, u16);
+
 /// The target's state, shared with the listener and handshake threads.
 pub(crate) struct TargetInner {
     pub reactors: Vec<ReactorHandle>,
@@ -185,7 +188,7 @@ pub(crate) struct TargetInner {
     pub subsystems: Mutex<BTreeMap<String, Arc<Subsystem>>>,
     pub discovery: Arc<Subsystem>,
     /// Open listeners, each with the subsystems on it and its port ID.
-    pub listeners: Mutex<BTreeMap<ListenAddress, (Listener, BTreeSet<String>, u16)>>,
+    pub listeners: Mutex<BTreeMap<ListenAddress, OpenListener>>,
 }
 
 impl TargetInner {

@@ -2,3 +2,6 @@
 //! a target with RAM disks on real reactors.
 
 mod api;
+mod host;
+mod hostile;
+mod io;
