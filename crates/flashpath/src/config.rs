@@ -960,7 +960,8 @@ mod tests {
             "#,
         )
         .unwrap();
-        let calls: Vec<(String, &str)> = c.calls().unwrap().into_iter().map(|c| (c.method, c.table)).collect();
+        let calls: Vec<(String, &str)> =
+            c.calls().unwrap().into_iter().map(|c| (c.method, c.table)).collect();
         let want = [
             ("bdev_null_create", "bdev"),
             ("nvmf_create_transport", "nvmf_transport"),

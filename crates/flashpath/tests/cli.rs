@@ -663,8 +663,14 @@ fn nvmf_usage_errors() {
         &["nvmf", "listener", "add", "nqn.2016-06.io.spdk:c1", "[::1"],
         "error: ADDRESS: '[::1' has no closing ']' (examples: 127.0.0.1:4420, [::1]:4420)",
     );
-    assert_usage(&["nvmf", "ns", "add", "nqn.2016-06.io.spdk:c1", "d0", "--nsid", "0"], "error: --nsid: must be 1 or more");
-    assert_usage(&["nvmf", "ns", "remove", "nqn.2016-06.io.spdk:c1"], "error: missing required option <NSID>");
+    assert_usage(
+        &["nvmf", "ns", "add", "nqn.2016-06.io.spdk:c1", "d0", "--nsid", "0"],
+        "error: --nsid: must be 1 or more",
+    );
+    assert_usage(
+        &["nvmf", "ns", "remove", "nqn.2016-06.io.spdk:c1"],
+        "error: missing required option <NSID>",
+    );
     assert_usage(&["nvmf", "subsytem"], "error: unknown command 'subsytem' (did you mean 'subsystem'?)");
 }
 
@@ -705,11 +711,15 @@ fn nvmf_commands_on_a_daemon() {
     assert_eq!(cols(lines[1]), [NQN, "NVMe", &address, HOST, "1=d0,7=d1"]);
     // The discovery subsystem is listed too.
     assert!(ok(&["nvmf", "subsystem", "list"]).contains("Discovery"));
-    let json: serde_json::Value = serde_json::from_str(&ok(&["nvmf", "subsystem", "list", NQN, "--json"])).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["nvmf", "subsystem", "list", NQN, "--json"])).unwrap();
     assert_eq!(json[0]["serial_number"], "FP01", "{json}");
     let disk = ok(&["disk", "list", "d1", "--json"]);
     assert!(disk.contains(&format!("{NQN}/7")), "the disk's holder is its namespace: {disk}");
-    assert_eq!(cols(ok(&["nvmf", "controllers", NQN]).lines().next().unwrap()), ["CNTLID", "HOST_NQN", "HOST_ID", "IO_QPAIRS"]);
+    assert_eq!(
+        cols(ok(&["nvmf", "controllers", NQN]).lines().next().unwrap()),
+        ["CNTLID", "HOST_NQN", "HOST_ID", "IO_QPAIRS"]
+    );
     assert_eq!(ok(&["nvmf", "qpairs", NQN]).lines().count(), 1, "a header and no queue pair");
 
     // Refusals name what was wrong.

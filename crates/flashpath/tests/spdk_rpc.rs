@@ -466,7 +466,17 @@ fn nvmf_target() {
     let e = rpc.fails(&["nvmf_create_transport", "-t", "TCP", "-z"]);
     assert!(e["message"].as_str().unwrap().starts_with("zcopy: not supported"), "{e}");
 
-    rpc.ok(&["nvmf_create_subsystem", NQN, "-a", "-s", "SPDK00000000000001", "-d", "flashpath test", "-m", "8"]);
+    rpc.ok(&[
+        "nvmf_create_subsystem",
+        NQN,
+        "-a",
+        "-s",
+        "SPDK00000000000001",
+        "-d",
+        "flashpath test",
+        "-m",
+        "8",
+    ]);
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port().to_string()
@@ -475,13 +485,19 @@ fn nvmf_target() {
     std::net::TcpStream::connect(format!("127.0.0.1:{port}")).expect("the listener accepts connections");
     let l = rpc.json(&["nvmf_subsystem_get_listeners", NQN]);
     assert_eq!(l[0]["address"]["traddr"], "127.0.0.1", "{l}");
-    assert_eq!((l[0]["address"]["trtype"].as_str(), l[0]["address"]["adrfam"].as_str()), (Some("TCP"), Some("IPv4")));
+    assert_eq!(
+        (l[0]["address"]["trtype"].as_str(), l[0]["address"]["adrfam"].as_str()),
+        (Some("TCP"), Some("IPv4"))
+    );
     assert_eq!(l[0]["address"]["trsvcid"], port.as_str(), "{l}");
 
     rpc.ok(&["nvmf_subsystem_add_ns", NQN, "Malloc0"]);
     rpc.ok(&["nvmf_subsystem_add_ns", NQN, "Malloc1", "-n", "4", "-g", "0123456789ABCDEF0123456789ABCDEF"]);
     let m0 = rpc.bdev("Malloc0");
-    assert_eq!((m0["claimed"].as_bool(), m0["claimed_by"].as_str()), (Some(true), Some(format!("{NQN}/1").as_str())));
+    assert_eq!(
+        (m0["claimed"].as_bool(), m0["claimed_by"].as_str()),
+        (Some(true), Some(format!("{NQN}/1").as_str()))
+    );
     // A namespace's bdev cannot be deleted under it.
     let e = rpc.fails(&["bdev_malloc_delete", "Malloc0"]);
     assert_eq!(e["code"], -16, "{e}");
@@ -492,7 +508,10 @@ fn nvmf_target() {
     assert_eq!(s.as_array().map(Vec::len), Some(1), "{s}");
     let s = &s[0];
     assert_eq!((s["nqn"].as_str(), s["subtype"].as_str()), (Some(NQN), Some("NVMe")));
-    assert_eq!((s["serial_number"].as_str(), s["model_number"].as_str()), (Some("SPDK00000000000001"), Some("flashpath test")));
+    assert_eq!(
+        (s["serial_number"].as_str(), s["model_number"].as_str()),
+        (Some("SPDK00000000000001"), Some("flashpath test"))
+    );
     assert_eq!((s["allow_any_host"].as_bool(), s["max_namespaces"].as_u64()), (Some(false), Some(8)));
     assert_eq!(s["hosts"], serde_json::json!([{ "nqn": HOST }]));
     let ns: Vec<(u64, &str)> = s["namespaces"]
@@ -516,7 +535,18 @@ fn nvmf_target() {
     rpc.ok(&["nvmf_subsystem_remove_host", NQN, HOST]);
     rpc.ok(&["nvmf_subsystem_remove_ns", NQN, "1"]);
     assert_eq!(rpc.bdev("Malloc0")["claimed"], false);
-    rpc.ok(&["nvmf_subsystem_remove_listener", NQN, "-t", "tcp", "-a", "127.0.0.1", "-s", &port, "-f", "ipv4"]);
+    rpc.ok(&[
+        "nvmf_subsystem_remove_listener",
+        NQN,
+        "-t",
+        "tcp",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port,
+        "-f",
+        "ipv4",
+    ]);
     assert_eq!(rpc.json(&["nvmf_subsystem_get_listeners", NQN]), Value::Array(vec![]));
     assert!(std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_err(), "the listener closed");
     // Deleting the subsystem removes its remaining namespace and releases Malloc1.

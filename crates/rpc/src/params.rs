@@ -271,7 +271,10 @@ mod tests {
         let ns = p.optional_object("namespace").unwrap().unwrap();
         assert_eq!(ns.get("bdev_name"), Some(&json!("m0")));
         assert_eq!(p.optional_object("absent").unwrap(), None);
-        assert_eq!(p.optional_object("bad").unwrap_err().to_string(), "bad: expected an object, got an array");
+        assert_eq!(
+            p.optional_object("bad").unwrap_err().to_string(),
+            "bad: expected an object, got an array"
+        );
     }
 
     #[test]

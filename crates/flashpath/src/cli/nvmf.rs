@@ -99,12 +99,12 @@ pub(crate) struct SubsystemArgs {
 pub(crate) enum ListenerCommand {
     /// Listen on ADDRESS for a subsystem (nvmf_subsystem_add_listener)
     Add {
-        /// The subsystem's NQN (or `discovery` for the discovery subsystem)
+        /// The subsystem's NQN
         nqn: String,
         /// HOST:PORT, e.g. 127.0.0.1:4420 or [::1]:4420 (port 4420 when left out)
         address: String,
     },
-    /// Stop listening on ADDRESS for a subsystem (connected hosts stay connected)
+    /// Stop listening on ADDRESS for a subsystem
     Remove { nqn: String, address: String },
 }
 
@@ -260,7 +260,8 @@ fn subsystem_nqn(nqn: String) -> String {
 
 /// `HOST:PORT`, `[V6]:PORT`, or a bare host (port 4420) as SPDK's `listen_address`.
 fn listen_address(address: &str) -> Result<Value, CliError> {
-    let bad = |why: &str| usage("ADDRESS", format!("'{address}' {why} (examples: 127.0.0.1:4420, [::1]:4420)"));
+    let bad =
+        |why: &str| usage("ADDRESS", format!("'{address}' {why} (examples: 127.0.0.1:4420, [::1]:4420)"));
     let (host, port, adrfam) = if let Some(rest) = address.strip_prefix('[') {
         let (host, rest) = rest.split_once(']').ok_or_else(|| bad("has no closing ']'"))?;
         let port = match rest {
@@ -312,7 +313,12 @@ fn ns_add(rpc: &Path, json: bool, a: NsAddArgs) -> Result<(), CliError> {
 }
 
 /// Calls a listing method and returns its array, or prints it raw with `--json`.
-fn list(rpc: &Path, json: bool, method: &'static str, params: Option<Value>) -> Result<Option<Vec<Value>>, CliError> {
+fn list(
+    rpc: &Path,
+    json: bool,
+    method: &'static str,
+    params: Option<Value>,
+) -> Result<Option<Vec<Value>>, CliError> {
     let r = Session::connect(rpc, NVMF_FLAGS)?.call(method, params)?;
     if json {
         print_json(&r);
@@ -423,7 +429,10 @@ mod tests {
         assert_eq!(a, json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "4421"}));
         assert_eq!(listen_address("127.0.0.1").unwrap()["trsvcid"], "4420");
         let v6 = listen_address("[::1]:4430").unwrap();
-        assert_eq!((v6["adrfam"].as_str(), v6["traddr"].as_str(), v6["trsvcid"].as_str()), (Some("IPv6"), Some("::1"), Some("4430")));
+        assert_eq!(
+            (v6["adrfam"].as_str(), v6["traddr"].as_str(), v6["trsvcid"].as_str()),
+            (Some("IPv6"), Some("::1"), Some("4430"))
+        );
         assert_eq!(listen_address("::1").unwrap()["traddr"], "::1");
         for bad in ["127.0.0.1:0", "127.0.0.1:x", ":4420", "[::1", "[::1]x"] {
             let e = listen_address(bad).unwrap_err().to_string();

@@ -511,7 +511,9 @@ pub fn run(rpc: &Path) -> Result<(), CliError> {
         let mut reactors = reactor_busy(&prev, &prev);
         let mut next = Instant::now() + REFRESH;
         loop {
-            terminal.draw(|f| draw(f, rpc, &disks, &ctrls, &subsystems, &reactors)).map_err(CliError::Terminal)?;
+            terminal
+                .draw(|f| draw(f, rpc, &disks, &ctrls, &subsystems, &reactors))
+                .map_err(CliError::Terminal)?;
             let wait = next.saturating_duration_since(Instant::now());
             if event::poll(wait).map_err(CliError::Terminal)? {
                 if let Event::Key(k) = event::read().map_err(CliError::Terminal)? {
@@ -642,14 +644,14 @@ mod tests {
                 disks: BTreeMap::new(),
                 reactors: vec![],
                 controllers: BTreeMap::new(),
-            subsystems: BTreeMap::new(),
+                subsystems: BTreeMap::new(),
             },
             &Sample {
                 at: Instant::now(),
                 disks: disks_from_controllers(&c),
                 reactors: vec![],
                 controllers: BTreeMap::new(),
-            subsystems: BTreeMap::new(),
+                subsystems: BTreeMap::new(),
             },
         );
         // Controllers know nothing of QoS: no number rather than a made-up zero.
@@ -699,7 +701,10 @@ mod tests {
         let rows = subsystem_rows(&at(0, stats(100, 10)), &at(2, stats(2100, 2010)));
         assert_eq!(rows.len(), 1);
         let r = &rows[0];
-        assert_eq!((r.nqn.as_str(), r.controllers, r.qpairs, r.errors), ("nqn.2016-06.io.spdk:cnode1", 1, 3, 3));
+        assert_eq!(
+            (r.nqn.as_str(), r.controllers, r.qpairs, r.errors),
+            ("nqn.2016-06.io.spdk:cnode1", 1, 3, 3)
+        );
         // 2000 reads and 2000 writes in 2 s.
         assert_eq!(r.iops, 2000.0);
         assert_eq!(r.mbps, (2000.0 * 4096.0 + 2000.0 * 512.0) / 2.0 / 1e6);

@@ -171,8 +171,7 @@ impl Registry {
     /// with its listeners, disconnecting its hosts.
     pub fn nvmf_delete_subsystem(&self, nqn: &str) -> Result<(), RegistryError> {
         self.nvmf.controllers(nqn)?;
-        let names =
-            self.map_exports(|ns: &NvmfNamespace| (ns.nqn == nqn).then(|| ns.name.clone()));
+        let names = self.map_exports(|ns: &NvmfNamespace| (ns.nqn == nqn).then(|| ns.name.clone()));
         for name in names.into_iter().flatten() {
             self.delete_export(&name, Some((KIND, LABEL)))?;
         }

@@ -64,22 +64,28 @@ fn nvmf_create_transport(registry: &Registry, mut p: Params) -> Result<Value, Me
     let opts = TransportOptions {
         trtype,
         max_queue_depth: to_u32(p.optional_uint("max_queue_depth", max)?, d.max_queue_depth),
-        max_io_qpairs_per_ctrlr: to_u32(p.optional_uint("max_io_qpairs_per_ctrlr", max)?, d.max_io_qpairs_per_ctrlr),
+        max_io_qpairs_per_ctrlr: to_u32(
+            p.optional_uint("max_io_qpairs_per_ctrlr", max)?,
+            d.max_io_qpairs_per_ctrlr,
+        ),
         in_capsule_data_size: to_u32(p.optional_uint("in_capsule_data_size", max)?, d.in_capsule_data_size),
         max_io_size: to_u32(p.optional_uint("max_io_size", max)?, d.max_io_size),
         io_unit_size: to_u32(p.optional_uint("io_unit_size", max)?, d.io_unit_size),
         max_aq_depth: to_u32(p.optional_uint("max_aq_depth", max)?, d.max_aq_depth),
         c2h_success: p.optional_bool("c2h_success")?.unwrap_or(d.c2h_success),
-        sock_priority: to_u32(p.optional_uint("sock_priority", max)?, d.sock_priority),
+        // The target does not set SO_PRIORITY on its sockets: only SPDK's default (below).
+        sock_priority: d.sock_priority,
         abort_timeout_sec: to_u32(p.optional_uint("abort_timeout_sec", max)?, d.abort_timeout_sec),
-        ..d
     };
     // SPDK's shared data buffer pool and its per-poll-group caches: flashpath's queue pairs own
-    // their buffers, so there is nothing for these to size.
+    // their buffers, so there is nothing for these to size. (`io_unit_size`, SPDK's buffer
+    // granularity, and `abort_timeout_sec`, for Aborts flashpath answers at once as "not
+    // aborted", are taken above and reported back, with no effect either.)
     for pool in ["num_shared_buffers", "buf_cache_size", "iobuf_small_cache_size", "iobuf_large_cache_size"] {
         p.optional_uint(pool, max)?;
     }
     p.spdk_only(&[
+        ("sock_priority", Neutral::Int(0)),
         ("zcopy", Neutral::Bool(false)),
         ("dif_insert_or_strip", Neutral::Bool(false)),
         ("control_msg_num", Neutral::Absent),
@@ -111,7 +117,10 @@ fn transport_type(trtype: &str) -> Result<String, ParamError> {
     if trtype.eq_ignore_ascii_case("tcp") {
         Ok("TCP".into())
     } else {
-        Err(ParamError::new("trtype", format!("'{trtype}' is not supported: flashpath has the TCP transport only")))
+        Err(ParamError::new(
+            "trtype",
+            format!("'{trtype}' is not supported: flashpath has the TCP transport only"),
+        ))
     }
 }
 
@@ -120,8 +129,10 @@ fn nvmf_get_transports(registry: &Registry, mut p: Params) -> Result<Value, Meth
     target_name(&mut p)?;
     p.finish()?;
     let all = registry.nvmf().transports();
-    let listed: Vec<_> =
-        all.into_iter().filter(|t| trtype.as_ref().is_none_or(|want| t.trtype.eq_ignore_ascii_case(want))).collect();
+    let listed: Vec<_> = all
+        .into_iter()
+        .filter(|t| trtype.as_ref().is_none_or(|want| t.trtype.eq_ignore_ascii_case(want)))
+        .collect();
     if let (Some(want), true) = (&trtype, listed.is_empty()) {
         return Err(RegistryError::NotFound { kind: "transport", name: want.clone() }.into());
     }
@@ -150,7 +161,9 @@ fn nvmf_create_subsystem(registry: &Registry, mut p: Params) -> Result<Value, Me
         return Err(ParamError::new("min_cntlid", "must be 1 or more (controller ID 0 is reserved)").into());
     }
     if min_cntlid > max_cntlid {
-        return Err(ParamError::new("max_cntlid", format!("{max_cntlid} is below min_cntlid {min_cntlid}")).into());
+        return Err(
+            ParamError::new("max_cntlid", format!("{max_cntlid} is below min_cntlid {min_cntlid}")).into()
+        );
     }
     let spec = SubsystemSpec {
         nqn,
@@ -237,8 +250,22 @@ fn listen_address(p: &mut Params) -> Result<ListenAddress, ParamError> {
     Ok(ListenAddress { trtype, adrfam, traddr, trsvcid })
 }
 
+/// The NQN of a subsystem that has listeners of its own: not the discovery subsystem, which
+/// answers wherever an NVM subsystem listens (SPDK lets it listen alone, on port 8009 say).
+fn listening_nqn(p: &mut Params) -> Result<String, ParamError> {
+    let nqn = nqn_only(p)?;
+    if nqn == DISCOVERY_NQN {
+        return Err(ParamError::new(
+            "nqn",
+            "the discovery subsystem answers on every address an NVM subsystem listens on; \
+             it has no listeners of its own",
+        ));
+    }
+    Ok(nqn)
+}
+
 fn nvmf_subsystem_add_listener(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
-    let nqn = nqn_only(&mut p)?;
+    let nqn = listening_nqn(&mut p)?;
     let addr = nested(&mut p, "listen_address", listen_address)?;
     p.spdk_only(&[
         ("secure_channel", Neutral::Bool(false)),
@@ -252,7 +279,7 @@ fn nvmf_subsystem_add_listener(registry: &Registry, mut p: Params) -> Result<Val
 }
 
 fn nvmf_subsystem_remove_listener(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
-    let nqn = nqn_only(&mut p)?;
+    let nqn = listening_nqn(&mut p)?;
     let addr = nested(&mut p, "listen_address", listen_address)?;
     p.finish()?;
     registry.nvmf().remove_listener(&nqn, &addr).map_err(RegistryError::from)?;
@@ -359,9 +386,9 @@ fn nvmf_subsystem_remove_host(registry: &Registry, mut p: Params) -> Result<Valu
 
 fn nvmf_subsystem_allow_any_host(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let nqn = nqn_only(&mut p)?;
-    let allow = p.optional_bool("allow_any_host")?.ok_or_else(|| {
-        ParamError::new("allow_any_host", "required parameter missing (true or false)")
-    })?;
+    let allow = p
+        .optional_bool("allow_any_host")?
+        .ok_or_else(|| ParamError::new("allow_any_host", "required parameter missing (true or false)"))?;
     p.finish()?;
     registry.nvmf().set_allow_any_host(&nqn, allow).map_err(RegistryError::from)?;
     Ok(json!(true))

@@ -113,7 +113,10 @@ fn a_subsystem_from_transport_to_deletion() {
     assert_eq!(s["namespaces"][0]["bdev_name"], "m0");
     // Without a UUID the namespace has its bdev's, as in SPDK.
     assert_eq!(s["namespaces"][0]["uuid"], m0["uuid"], "{s}");
-    assert_eq!((s["namespaces"][1]["nsid"].as_u64(), s["namespaces"][1]["nguid"].as_str()), (Some(5), Some(nguid)));
+    assert_eq!(
+        (s["namespaces"][1]["nsid"].as_u64(), s["namespaces"][1]["nguid"].as_str()),
+        (Some(5), Some(nguid))
+    );
     assert_eq!(s["namespaces"][1]["uuid"], "ceccf520-691e-4b46-9546-34af789907c5");
     // The discovery subsystem is listed too, listening wherever a subsystem does.
     let all = f.call("nvmf_get_subsystems", json!({}));
@@ -127,7 +130,8 @@ fn a_subsystem_from_transport_to_deletion() {
     assert_eq!(e.to_rpc().code, -libc::EBUSY, "{e}");
     // The same nsid twice.
     f.malloc("m2");
-    let e = f.fails("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "m2", "nsid": 5 } }));
+    let e = f
+        .fails("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "m2", "nsid": 5 } }));
     assert_eq!(e.to_rpc().code, -libc::EEXIST, "{e}");
     assert_eq!(f.bdev("m2")["claimed"], false, "a refused namespace leaves no claim");
 
@@ -193,18 +197,29 @@ fn parameter_errors_name_the_field() {
     };
     let r = reason("nvmf_create_transport", json!({ "trtype": "RDMA" }));
     assert!(r.starts_with("trtype: 'RDMA' is not supported"), "{r}");
-    assert_eq!(reason("nvmf_create_transport", json!({ "trtype": "TCP", "zcopy": true })), "zcopy: not supported by flashpath (only false)");
+    assert_eq!(
+        reason("nvmf_create_transport", json!({ "trtype": "TCP", "zcopy": true })),
+        "zcopy: not supported by flashpath (only false)"
+    );
     let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "tgt_name": "other" }));
     assert!(r.starts_with("tgt_name: not supported by flashpath"), "{r}");
+    let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "sock_priority": 6 }));
+    assert_eq!(r, "sock_priority: not supported by flashpath (only 0)");
     let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "bogus": 1 }));
     assert!(r.starts_with("bogus: unknown parameter; accepted: trtype"), "{r}");
     // SPDK's default target name is accepted.
-    f.call("nvmf_create_transport", json!({ "trtype": "TCP", "tgt_name": "nvmf_tgt", "num_shared_buffers": 8191 }));
+    f.call(
+        "nvmf_create_transport",
+        json!({ "trtype": "TCP", "tgt_name": "nvmf_tgt", "num_shared_buffers": 8191 }),
+    );
     f.call("nvmf_create_subsystem", json!({ "nqn": NQN }));
 
     let r = reason("nvmf_create_subsystem", json!({ "nqn": "nqn.2016-06.io.spdk:x", "ana_reporting": true }));
     assert_eq!(r, "ana_reporting: not supported by flashpath (only false)");
-    let r = reason("nvmf_create_subsystem", json!({ "nqn": "nqn.2016-06.io.spdk:x", "min_cntlid": 9, "max_cntlid": 3 }));
+    let r = reason(
+        "nvmf_create_subsystem",
+        json!({ "nqn": "nqn.2016-06.io.spdk:x", "min_cntlid": 9, "max_cntlid": 3 }),
+    );
     assert_eq!(r, "max_cntlid: 3 is below min_cntlid 9");
     let r = reason("nvmf_create_subsystem", json!({ "nqn": "not-an-nqn" }));
     assert!(r.starts_with("nqn: "), "{r}");
@@ -226,7 +241,8 @@ fn parameter_errors_name_the_field() {
     assert!(r.starts_with("namespace: required parameter missing"), "{r}");
 
     let listener = |a: Value| json!({ "nqn": NQN, "listen_address": a });
-    let r = reason("nvmf_subsystem_add_listener", listener(json!({ "trtype": "tcp", "traddr": "127.0.0.1" })));
+    let r =
+        reason("nvmf_subsystem_add_listener", listener(json!({ "trtype": "tcp", "traddr": "127.0.0.1" })));
     assert!(r.starts_with("listen_address.trsvcid: required parameter missing"), "{r}");
     let r = reason(
         "nvmf_subsystem_add_listener",
@@ -240,9 +256,14 @@ fn parameter_errors_name_the_field() {
     assert_eq!(r, "secure_channel: not supported by flashpath (only false)");
     let r = reason("nvmf_delete_subsystem", json!({ "nqn": "nqn.2014-08.org.nvmexpress.discovery" }));
     assert_eq!(r, "nqn: the discovery subsystem cannot be deleted");
+    let discovery =
+        json!({ "nqn": "nqn.2014-08.org.nvmexpress.discovery", "listen_address": listen_address(4420) });
+    let r = reason("nvmf_subsystem_add_listener", discovery);
+    assert!(r.starts_with("nqn: the discovery subsystem answers on every address"), "{r}");
     let r = reason("nvmf_subsystem_allow_any_host", json!({ "nqn": NQN }));
     assert!(r.starts_with("allow_any_host: required parameter missing"), "{r}");
-    let r = reason("nvmf_subsystem_add_host", json!({ "nqn": NQN, "host": "nqn.2014-08.x:h", "psk": "key0" }));
+    let r =
+        reason("nvmf_subsystem_add_host", json!({ "nqn": NQN, "host": "nqn.2014-08.x:h", "psk": "key0" }));
     assert_eq!(r, "psk: not supported by flashpath");
 }
 
@@ -251,7 +272,8 @@ fn parameter_errors_name_the_field() {
 fn remote_listeners_need_the_setting() {
     let f = fixture(RegistryOptions::default());
     f.transport_and_subsystem();
-    let any = json!({ "trtype": "TCP", "adrfam": "IPv4", "traddr": "0.0.0.0", "trsvcid": free_port().to_string() });
+    let any =
+        json!({ "trtype": "TCP", "adrfam": "IPv4", "traddr": "0.0.0.0", "trsvcid": free_port().to_string() });
     let e = f.fails("nvmf_subsystem_add_listener", json!({ "nqn": NQN, "listen_address": any }));
     let (field, _) = e.bad_param().expect("a parameter error");
     assert_eq!(field, "traddr", "{e}");
@@ -275,7 +297,10 @@ fn stats_and_metrics() {
     f.call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "m0", "nsid": 3 } }));
     let stats = f.call("nvmf_get_stats", json!({}));
     let s = &stats["subsystems"][0];
-    assert_eq!((s["nqn"].as_str(), s["controllers"].as_u64(), s["qpairs"].as_u64()), (Some(NQN), Some(0), Some(0)));
+    assert_eq!(
+        (s["nqn"].as_str(), s["controllers"].as_u64(), s["qpairs"].as_u64()),
+        (Some(NQN), Some(0), Some(0))
+    );
     assert_eq!(s["namespaces"][0]["nsid"], 3, "{stats}");
     assert_eq!(s["namespaces"][0]["read_ops"], 0, "{stats}");
 
@@ -300,4 +325,20 @@ fn stats_and_metrics() {
         assert_eq!(labels[0], ("nqn", NQN.to_string()));
         assert_eq!(labels[1], ("nsid", "3".to_string()));
     }
+}
+
+/// A namespace's bdev may grow (the namespace is told: `Export::resized`), not shrink: the
+/// refusal names the namespace holding it.
+#[test]
+fn a_namespace_bdev_grows_but_does_not_shrink() {
+    let f = fixture(RegistryOptions::default());
+    f.transport_and_subsystem();
+    f.call("bdev_null_create", json!({ "name": "n0", "num_blocks": 1024, "block_size": 512 }));
+    f.call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "n0" } }));
+    f.call("bdev_null_resize", json!({ "name": "n0", "new_size": 1 }));
+    assert_eq!(f.bdev("n0")["num_blocks"], 2048);
+    f.call("bdev_null_resize", json!({ "name": "n0", "new_size": 2 }));
+    let e = f.fails("bdev_null_resize", json!({ "name": "n0", "new_size": 1 }));
+    assert!(e.to_string().contains(&format!("{NQN}/1")), "{e}");
+    assert_eq!(f.bdev("n0")["num_blocks"], 4096);
 }
