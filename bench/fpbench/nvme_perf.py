@@ -31,8 +31,9 @@ def perf_path(spdk_dir):
     return os.path.join(spdk_dir, *PERF)
 
 
-# perf sends an empty HOSTNQN unless the transport ID names one (SPDK's nvmf_tgt lets an empty
-# one in when any host is allowed; flashpath refuses it as not an NQN): one for both targets.
+# perf sends an empty HOSTNQN unless the transport ID names one; both targets let an empty one
+# reach a subsystem open to any host, but a named host is what real initiators send (Linux's
+# always does): the same one for both targets.
 HOSTNQN = "nqn.2014-08.io.flashpath:fpbench-host"
 
 
