@@ -36,6 +36,7 @@ from fpbench.sections.iostat import IostatSection
 from fpbench.sections.lvol import LvolSection
 from fpbench.sections.migration import MigrationSection
 from fpbench.sections.nbd import NbdSection
+from fpbench.sections.nvmf import NvmfSection, nvmf_missing
 from fpbench.sections.null_ram_file import NullRamFileSection
 from fpbench.sections.qos import QosSection
 from fpbench.sections.rbd import RbdSection
@@ -45,7 +46,7 @@ from fpbench.validate import validate
 
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
-            NbdSection, MigrationSection, GuestNotifySection, SpdkSection):
+            NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -164,6 +165,8 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
                      f"client CPU {self.client_cpu})", self.run_lvol),
             "spdk": (f"SPDK as a peer ({self.args.spdk}; server CPU {self.server_cpu}, client CPU "
                      f"{self.client_cpu})", self.run_spdk),
+            "nvmf": (f"NVMe/TCP, flashpath vs SPDK's nvmf_tgt, spdk_nvme_perf ({self.args.spdk}; server CPU "
+                     f"{self.server_cpu}, client CPU {self.client_cpu})", self.run_nvmf),
         }
         if self.args.only:
             what, section = only[self.args.only]
@@ -179,6 +182,10 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
         if self.args.spdk:
             log(f"=== SPDK as a peer: flashpath, qsd and SPDK's vhost target ({self.args.spdk}), one client")
             self.run_spdk()
+            log("=== NVMe/TCP: flashpath vs SPDK's nvmf_tgt, spdk_nvme_perf as the client")
+            self.run_nvmf()
+        else:
+            log("=== NVMe/TCP vs SPDK's nvmf_tgt: skipped (it needs --spdk DIR, a built SPDK)")
         log("=== flashpath with two reactors (scaling)")
         self.run_scaling()
         if self.cfg["packed_points"]:
@@ -225,7 +232,8 @@ def main():
     ap.add_argument("--spdk", metavar="DIR",
                     help="a built SPDK tree (build/bin/vhost): its vhost target runs beside flashpath and qsd "
                          "(sets up 1024 huge pages; root)")
-    ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk"],
+    ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk",
+                                       "nvmf"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -233,6 +241,9 @@ def main():
     ap.add_argument("--guest-notify-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the guest-notify section, e.g. \"--idle-window-us 0\" "
                          "(development only; recorded in the results)")
+    ap.add_argument("--nvmf-targets", default="flashpath,spdk", metavar="LIST",
+                    help="the NVMe/TCP section's targets, a subset of flashpath,spdk (development only: "
+                         "spdk alone checks the section without a flashpath that serves NVMe/TCP)")
     ap.add_argument("--validate", metavar="DIR", help="only check the outputs in DIR and exit")
     ap.add_argument("--replot", metavar="DIR", help="only rewrite results.md and the plots from DIR/results.json")
     args = ap.parse_args()
@@ -276,7 +287,12 @@ def main():
     if args.only == "spdk" and not args.spdk:
         print("bench: --only spdk needs --spdk DIR", file=sys.stderr)
         return 1
-    if args.spdk and not os.access(os.path.join(args.spdk, "build", "bin", "vhost"), os.X_OK):
+    missing = nvmf_missing(args.spdk) if args.only == "nvmf" or (args.spdk and not args.only) else []
+    if missing:
+        print(f"bench: the NVMe/TCP section needs {', '.join(missing)} (../shared/spdk-build.sh builds them)",
+              file=sys.stderr)
+        return 1
+    if args.spdk and args.only != "nvmf" and not os.access(os.path.join(args.spdk, "build", "bin", "vhost"), os.X_OK):
         print(f"bench: --spdk {args.spdk}: no build/bin/vhost there (../shared/spdk-build.sh builds it)",
               file=sys.stderr)
         return 1
@@ -309,6 +325,8 @@ def main():
         cmd = f"bench/bench.py --mode {args.mode} --only {args.only} --bin-dir target/release"
     if args.spdk:
         cmd += f" --spdk {args.spdk}"
+    if args.nvmf_targets != "flashpath,spdk":
+        cmd += f" --nvmf-targets {args.nvmf_targets}"
 
     res = bench.results
     res["meta"] = {
@@ -326,6 +344,7 @@ def main():
         "migration": bench.with_migration,
         "guest_notify": bench.with_guest_notify,
         "spdk": args.spdk,
+        "nvmf": bool(bench.results.get("nvmf")),
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "
