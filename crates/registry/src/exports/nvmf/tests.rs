@@ -303,6 +303,13 @@ fn stats_and_metrics() {
     );
     assert_eq!(s["namespaces"][0]["nsid"], 3, "{stats}");
     assert_eq!(s["namespaces"][0]["read_ops"], 0, "{stats}");
+    // SPDK's part: a poll group per reactor, nothing connected.
+    assert_eq!(stats["tick_rate"], 1_000_000_000u64);
+    assert_eq!(
+        stats["poll_groups"],
+        json!([{ "name": "nvmf_tgt_poll_group_0", "current_admin_qpairs": 0, "current_io_qpairs": 0,
+                 "transports": [{ "trtype": "TCP" }] }])
+    );
 
     let registry = f.registry.clone();
     let call = move |m: &str, p: Option<Value>| registry.call(m, p).ok();
