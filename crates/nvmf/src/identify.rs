@@ -16,6 +16,11 @@ pub const CNS_NAMESPACE: u8 = 0x00;
 pub const CNS_CONTROLLER: u8 = 0x01;
 pub const CNS_ACTIVE_NS_LIST: u8 = 0x02;
 pub const CNS_NS_DESCRIPTORS: u8 = 0x03;
+/// The I/O Command Set specific Identify Controller data structure (Base 5.17.2.6): Linux asks
+/// for the NVM command set's (CSI 0) of any controller reporting version 1.2 or later.
+pub const CNS_IO_COMMAND_SET_CONTROLLER: u8 = 0x06;
+/// Command Set Identifier 0: the NVM command set (dword 11 bits 31:24).
+pub const CSI_NVM: u8 = 0x00;
 
 // Identify Controller data structure offsets (Base 5.17.2.1, Figure 275; the fabrics fields at
 // 1792.. are Fabrics 4.1 Figure 28).
@@ -163,6 +168,13 @@ pub fn mdts(max_transfer_bytes: u32) -> u8 {
     (pages.ilog2() as u8).max(1)
 }
 
+/// FR: the crate's version, padded with spaces (also slot 1 of the Firmware Slot log).
+pub fn firmware_revision() -> [u8; FR_LEN] {
+    let mut fr = [0u8; FR_LEN];
+    put_ascii(&mut fr, 0, FR_LEN, env!("CARGO_PKG_VERSION"));
+    fr
+}
+
 /// Identify Controller (CNS 01h). `oaes` is what the controller's kind can notify.
 pub fn controller(cfg: &ControllerConfig, view: &SubsystemView) -> Vec<u8> {
     let mut b = vec![0u8; IDENTIFY_LEN];
@@ -173,7 +185,7 @@ pub fn controller(cfg: &ControllerConfig, view: &SubsystemView) -> Vec<u8> {
     put_u16(&mut b, IDC_SSVID, 0);
     put_ascii(&mut b, IDC_SN, SN_LEN, &view.serial);
     put_ascii(&mut b, IDC_MN, MN_LEN, &view.model);
-    put_ascii(&mut b, IDC_FR, FR_LEN, env!("CARGO_PKG_VERSION"));
+    b[IDC_FR..IDC_FR + FR_LEN].copy_from_slice(&firmware_revision());
     b[IDC_RAB] = RAB;
     b[IDC_IEEE..IDC_IEEE + 3].fill(0);
     b[IDC_CMIC] = if discovery { 0 } else { CMIC_MULTI_CONTROLLER };
@@ -222,6 +234,13 @@ fn oncs(view: &SubsystemView) -> u16 {
     view.namespaces.iter().fold(0, |acc, n| {
         acc | if n.deallocate { ONCS_DSM } else { 0 } | if n.write_zeroes { ONCS_WRITE_ZEROES } else { 0 }
     })
+}
+
+/// The NVM command set's Identify Controller (CNS 06h, CSI 0; NVM Command Set Specification
+/// 4.1.5.2): VSL, WZSL, WUSL, DMRL, DMRSL and DMSL all 0, no limits beyond MDTS reported (the
+/// bdevs split what they must).
+pub fn nvm_controller() -> Vec<u8> {
+    vec![0u8; IDENTIFY_LEN]
 }
 
 /// Identify Namespace (CNS 00h) of an active namespace; an inactive one's is all zero (Base

@@ -218,6 +218,9 @@ pub(crate) struct Subsystem {
     /// The view controllers answer from, rebuilt on every change; `view_generation` says when.
     view: Mutex<Arc<SubsystemView>>,
     pub view_generation: AtomicU64,
+    /// The discovery subsystem: for each log entry, the hosts its subsystem admits (`None`:
+    /// any), so a host's log lists only what it may connect to.
+    pub discovery_hosts: Mutex<Vec<Option<BTreeSet<String>>>>,
 }
 
 impl Subsystem {
@@ -239,11 +242,35 @@ impl Subsystem {
             ns_generation: AtomicU64::new(0),
             view: Mutex::new(Arc::new(view)),
             view_generation: AtomicU64::new(0),
+            discovery_hosts: Mutex::new(Vec::new()),
         }
     }
 
     pub(crate) fn view(&self) -> Arc<SubsystemView> {
         lock(&self.view).clone()
+    }
+
+    /// The view `hostnqn` gets: for the discovery subsystem, the log without the subsystems
+    /// that do not admit it (as SPDK's discovery service filters it).
+    pub(crate) fn view_for(&self, hostnqn: &str) -> Arc<SubsystemView> {
+        let view = self.view();
+        if self.kind != SubsystemKind::Discovery {
+            return view;
+        }
+        let hosts = lock(&self.discovery_hosts);
+        let admits = |i: usize| hosts.get(i).is_none_or(|h| h.as_ref().is_none_or(|h| h.contains(hostnqn)));
+        if (0..view.discovery_log.len()).all(admits) {
+            return view;
+        }
+        let mut v = (*view).clone();
+        v.discovery_log = view
+            .discovery_log
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| admits(*i))
+            .map(|(_, e)| e.clone())
+            .collect();
+        Arc::new(v)
     }
 
     /// Rebuilds the view from the state (namespaces, their sizes now); the discovery log is

@@ -80,6 +80,9 @@ impl TransportOptions {
         if !self.in_capsule_data_size.is_multiple_of(16) || self.in_capsule_data_size > 131072 {
             return Err(invalid("in_capsule_data_size", "must be a multiple of 16 up to 131072"));
         }
+        if self.sock_priority > 16 {
+            return Err(invalid("sock_priority", "must be 0 to 16 (above 6 needs CAP_NET_ADMIN)"));
+        }
         if self.io_unit_size == 0 {
             return Err(invalid("io_unit_size", "must not be 0"));
         }
@@ -204,9 +207,11 @@ impl TargetInner {
         let ports: BTreeMap<ListenAddress, u16> =
             lock(&self.listeners).iter().map(|(a, (_, _, port))| (a.clone(), *port)).collect();
         let mut log = Vec::new();
+        let mut hosts = Vec::new();
         for s in lock(&self.subsystems).values() {
             let st = lock(&s.state);
             for a in &st.listeners {
+                hosts.push((!st.allow_any_host).then(|| st.hosts.clone()));
                 log.push(DiscoveryEntry {
                     adrfam: if a.adrfam == "IPv6" { 2 } else { 1 },
                     subtype: 2,
@@ -217,6 +222,7 @@ impl TargetInner {
                 });
             }
         }
+        *lock(&self.discovery.discovery_hosts) = hosts;
         self.discovery.refresh_view(Some(log));
         crate::qpair::notify_discovery(&self.discovery);
     }
@@ -453,15 +459,18 @@ impl NvmfTarget {
     pub fn add_host(&self, nqn: &str, host_nqn: &str) -> Result<(), NvmfError> {
         check_nqn(host_nqn).map_err(|_| invalid("host", format!("'{host_nqn}' is not an NQN")))?;
         let sub = self.nvm_subsystem(nqn)?;
-        let mut st = lock(&sub.state);
-        if !st.hosts.insert(host_nqn.to_string()) {
-            return Err(NvmfError::AlreadyExists { what: "host", name: host_nqn.to_string() });
+        {
+            let mut st = lock(&sub.state);
+            if !st.hosts.insert(host_nqn.to_string()) {
+                return Err(NvmfError::AlreadyExists { what: "host", name: host_nqn.to_string() });
+            }
         }
+        self.inner.refresh_discovery();
         Ok(())
     }
 
-    /// Takes a host off the allowed list; its controllers are disconnected (unless any host may
-    /// connect).
+    /// Takes a host off the allowed list; its controllers are disconnected (as SPDK does, even
+    /// when any host may connect again).
     pub fn remove_host(&self, nqn: &str, host_nqn: &str) -> Result<(), NvmfError> {
         let sub = self.nvm_subsystem(nqn)?;
         let qpairs = {
@@ -469,13 +478,10 @@ impl NvmfTarget {
             if !st.hosts.remove(host_nqn) {
                 return Err(not_found("host", host_nqn));
             }
-            if st.allow_any_host {
-                Vec::new()
-            } else {
-                host_qpairs(&st, |h| h == host_nqn)
-            }
+            host_qpairs(&st, |h| h == host_nqn)
         };
         crate::qpair::close_qpairs(&qpairs, "the host was removed from the subsystem");
+        self.inner.refresh_discovery();
         Ok(())
     }
 
@@ -494,6 +500,7 @@ impl NvmfTarget {
             }
         };
         crate::qpair::close_qpairs(&qpairs, "the host is no longer allowed");
+        self.inner.refresh_discovery();
         Ok(())
     }
 

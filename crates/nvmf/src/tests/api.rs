@@ -48,6 +48,10 @@ fn bookkeeping_and_spdk_shapes() {
     let port = free_port();
     // No transport yet.
     assert!(t.add_listener(NQN, listen(port)).is_err());
+    let bad = TransportOptions { sock_priority: 17, ..Default::default() };
+    assert!(matches!(t.create_transport(bad), Err(NvmfError::Invalid { field: "sock_priority", .. })));
+    let bad = TransportOptions { trtype: "RDMA".into(), ..Default::default() };
+    assert!(matches!(t.create_transport(bad), Err(NvmfError::Invalid { field: "trtype", .. })));
     t.create_transport(TransportOptions::default()).unwrap();
     assert!(matches!(t.create_transport(TransportOptions::default()), Err(NvmfError::AlreadyExists { .. })));
     assert_eq!(t.transports()[0].max_queue_depth, 128);
@@ -84,6 +88,13 @@ fn bookkeeping_and_spdk_shapes() {
     let dv = t.inner.discovery.view();
     assert_eq!(dv.discovery_log.len(), 1);
     assert_eq!(dv.discovery_log[0].subnqn, NQN);
+    // ... to the hosts it admits only.
+    let h1 = "nqn.2014-08.org.nvmexpress:uuid:h1";
+    assert_eq!(t.inner.discovery.view_for(h1).discovery_log.len(), 1);
+    assert!(t.inner.discovery.view_for("nqn.2014-08.org.nvmexpress:uuid:h2").discovery_log.is_empty());
+    t.set_allow_any_host(NQN, true).unwrap();
+    assert_eq!(t.inner.discovery.view_for("nqn.2014-08.org.nvmexpress:uuid:h2").discovery_log.len(), 1);
+    t.set_allow_any_host(NQN, false).unwrap();
 
     // Namespaces first, then the subsystem.
     assert!(matches!(t.delete_subsystem(NQN), Err(NvmfError::Invalid { .. })));

@@ -1,0 +1,370 @@
+//! A queue pair's commands: the admin queue's through the controller, the I/O queue's checked
+//! (namespace, range, size, access) and submitted to the namespace's channel; completions
+//! reaped, FUA writes followed by a flush, statuses mapped to NVMe's, counters kept.
+
+use super::*;
+
+impl QpairPoller {
+    /// Starts the ready commands; true when it started or answered any.
+    pub(super) fn start_ready(&mut self) -> bool {
+        let mut moved = false;
+        while let Some(&i) = self.ready.front() {
+            let r = if self.admin.is_some() { self.admin_command(i) } else { self.io_command(i) };
+            match r {
+                Err(SubmitError::Busy) => break,
+                _ => {
+                    self.ready.pop_front();
+                    moved = true;
+                }
+            }
+        }
+        moved
+    }
+
+    pub(super) fn admin_command(&mut self, i: u16) -> Result<(), SubmitError> {
+        let sqe = self.slots[i as usize].sqe;
+        if sqe.opcode() == OPC_FABRICS && sqe.fctype() == FCTYPE_CONNECT {
+            self.complete(i, Status::generic(SC_COMMAND_SEQUENCE_ERROR));
+            return Ok(());
+        }
+        self.refresh_view();
+        let s = &self.slots[i as usize];
+        let data_in: &[u8] = match (&s.buf, s.len) {
+            (Some(b), n) if n > 0 && s.received == n => &b.as_slice()[..n],
+            _ => &[],
+        };
+        let ctrl = self.admin.as_mut().expect("an admin queue");
+        let r = ctrl.admin(&sqe, data_in, &self.view, Instant::now());
+        self.publish_state();
+        self.arm_keep_alive();
+        match r {
+            AdminResult::Parked => {
+                self.slots[i as usize].phase = Phase::Parked;
+            }
+            AdminResult::Complete { cqe, data } => self.admin_reply(i, cqe, &data),
+            AdminResult::Complete2 { cqe, teardown } => {
+                self.respond(i, cqe);
+                if teardown {
+                    self.teardown = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends an admin command's data (at most what its SGL asks) and its completion.
+    pub(super) fn admin_reply(&mut self, i: u16, cqe: Cqe, data: &[u8]) {
+        let sgl = self.slots[i as usize].sqe.sgl();
+        let n = data.len().min(sgl.length() as usize);
+        if n > 0 && cqe.status.is_success() && sgl.type_byte() == SGL_TRANSPORT {
+            let s = &mut self.slots[i as usize];
+            s.buffer(n).as_mut_slice()[..n].copy_from_slice(&data[..n]);
+            self.queue_c2h(i, n, false);
+        }
+        self.respond(i, cqe);
+    }
+
+    /// The namespace a command names, if attached.
+    pub(super) fn namespace(&self, nsid: u32) -> Option<&NsChan> {
+        self.ns.get(nsid as usize).and_then(|n| n.as_ref()).filter(|n| !n.removed)
+    }
+
+    /// Checks an I/O command before its data is asked for: namespace, range, size, access.
+    pub(super) fn check_io(&mut self, i: u16) -> Result<(), Status> {
+        let sqe = self.slots[i as usize].sqe;
+        let op = sqe.opcode();
+        if op == OPC_FABRICS {
+            return Err(Status::generic(if sqe.fctype() == FCTYPE_CONNECT {
+                SC_COMMAND_SEQUENCE_ERROR
+            } else {
+                SC_INVALID_OPCODE
+            }));
+        }
+        if !matches!(op, NVM_READ | NVM_WRITE | NVM_FLUSH | NVM_WRITE_ZEROES | NVM_DATASET_MANAGEMENT) {
+            return Err(Status::generic(SC_INVALID_OPCODE));
+        }
+        let ns = self.namespace(sqe.nsid()).ok_or(Status::generic(SC_INVALID_NAMESPACE))?;
+        let info = ns.ns.bdev.info();
+        let writes = matches!(op, NVM_WRITE | NVM_WRITE_ZEROES | NVM_DATASET_MANAGEMENT);
+        if writes && (ns.ns.read_only || ns.ns.bdev.read_only() || !info.io_types.write) {
+            return Err(Status::generic(SC_NAMESPACE_WRITE_PROTECTED));
+        }
+        if matches!(op, NVM_READ | NVM_WRITE | NVM_WRITE_ZEROES) {
+            let nlb = u64::from(sqe.nlb());
+            if sqe.slba().checked_add(nlb).is_none_or(|end| end > info.num_blocks()) {
+                return Err(Status::generic(SC_LBA_OUT_OF_RANGE));
+            }
+            if op != NVM_WRITE_ZEROES {
+                let len = nlb * u64::from(info.block_size);
+                if len > self.max_io as u64 {
+                    return Err(Status::generic(SC_INVALID_FIELD));
+                }
+                if u64::from(sqe.sgl().length()) != len {
+                    return Err(Status::generic(SC_SGL_DATA_LENGTH_INVALID));
+                }
+            }
+        }
+        if op == NVM_DATASET_MANAGEMENT {
+            let ranges = (sqe.cdw(10) & 0xFF) as usize + 1;
+            if (sqe.sgl().length() as usize) < ranges * 16 {
+                return Err(Status::generic(SC_SGL_DATA_LENGTH_INVALID));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn io_command(&mut self, i: u16) -> Result<(), SubmitError> {
+        // Checked again (a write's before its R2T too): the namespace may have gone since.
+        if let Err(st) = self.check_io(i) {
+            self.count_error(i);
+            self.complete(i, st);
+            return Ok(());
+        }
+        let sqe = self.slots[i as usize].sqe;
+        let nsid = sqe.nsid();
+        let ns = self.ns[nsid as usize].as_ref().expect("checked");
+        let info = ns.ns.bdev.info();
+        let bs = u64::from(info.block_size);
+        let (offset, len) = (sqe.slba() * bs, u64::from(sqe.nlb()) * bs);
+        match sqe.opcode() {
+            NVM_READ => {
+                self.slots[i as usize].buffer(len as usize);
+                self.slots[i as usize].len = len as usize;
+                self.submit(i, nsid, IoOp::Read, offset, len)
+            }
+            NVM_WRITE if self.slots[i as usize].flushed => {
+                // A FUA write's flush the channel was too busy for.
+                self.slots[i as usize].phase = Phase::Flushing;
+                self.submit(i, nsid, IoOp::Flush, 0, 0)
+            }
+            NVM_WRITE => {
+                let s = &mut self.slots[i as usize];
+                s.iov.iov_len = len as usize;
+                self.submit(i, nsid, IoOp::Write, offset, len)
+            }
+            NVM_FLUSH if !info.io_types.flush => {
+                self.finish(i, Status::SUCCESS);
+                Ok(())
+            }
+            NVM_FLUSH => self.submit(i, nsid, IoOp::Flush, 0, 0),
+            NVM_WRITE_ZEROES if !info.io_types.write_zeroes => {
+                self.complete(i, Status::generic(SC_INVALID_OPCODE));
+                Ok(())
+            }
+            NVM_WRITE_ZEROES => self.submit(i, nsid, IoOp::WriteZeroes, offset, len),
+            NVM_DATASET_MANAGEMENT => self.deallocate(i, nsid),
+            _ => unreachable!("check_io accepts only these"),
+        }
+    }
+
+    /// Dataset Management: with the Deallocate attribute, one unmap per range (Base 7.2,
+    /// NVM Command Set 3.2.3); without, nothing to do.
+    pub(super) fn deallocate(&mut self, i: u16, nsid: u32) -> Result<(), SubmitError> {
+        let sqe = self.slots[i as usize].sqe;
+        let ns = self.ns[nsid as usize].as_ref().expect("checked");
+        let info = ns.ns.bdev.info();
+        let ranges = (sqe.cdw(10) & 0xFF) + 1;
+        if sqe.cdw(11) & (1 << 2) == 0 || !info.io_types.unmap {
+            self.finish(i, Status::SUCCESS);
+            return Ok(());
+        }
+        let bs = u64::from(info.block_size);
+        let blocks = info.num_blocks();
+        while self.slots[i as usize].next_range < ranges {
+            let r = self.slots[i as usize].next_range as usize;
+            let b = &self.slots[i as usize].buf.as_ref().expect("DSM data").as_slice()[r * 16..r * 16 + 16];
+            let nlb = u64::from(u32::from_le_bytes(b[4..8].try_into().expect("four")));
+            let slba = u64::from_le_bytes(b[8..16].try_into().expect("eight"));
+            self.slots[i as usize].next_range += 1;
+            if nlb == 0 {
+                continue;
+            }
+            if slba.checked_add(nlb).is_none_or(|e| e > blocks) {
+                self.slots[i as usize].status = Status::generic(SC_LBA_OUT_OF_RANGE);
+                break;
+            }
+            if let Err(e) = self.submit(i, nsid, IoOp::Discard, slba * bs, nlb * bs) {
+                if e == SubmitError::Busy {
+                    self.slots[i as usize].next_range -= 1;
+                    if self.slots[i as usize].pending == 0 {
+                        return Err(e);
+                    }
+                }
+                // Requests already in flight finish the command; the rest is not retried.
+                break;
+            }
+        }
+        if self.slots[i as usize].pending == 0 {
+            let st = self.slots[i as usize].status;
+            self.finish(i, st);
+        }
+        Ok(())
+    }
+
+    pub(super) fn submit(
+        &mut self,
+        i: u16,
+        nsid: u32,
+        op: IoOp,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), SubmitError> {
+        let data = matches!(op, IoOp::Read | IoOp::Write);
+        let s = &mut self.slots[i as usize];
+        let req = IoRequest {
+            tag: u32::from(i),
+            op,
+            offset,
+            len,
+            iov: if data { &s.iov } else { std::ptr::null() },
+            iovcnt: u32::from(data),
+        };
+        let ns = self.ns[nsid as usize].as_mut().expect("checked");
+        // SAFETY: the iovec lives in the slot table (a boxed slice that never moves) and points
+        // at the slot's buffer; neither changes until the slot's completions are reaped.
+        match unsafe { ns.chan.submit(&req) } {
+            Ok(()) => {
+                ns.in_flight += 1;
+                s.pending += 1;
+                if s.phase != Phase::Flushing {
+                    s.phase = Phase::Submitted;
+                }
+                Ok(())
+            }
+            Err(SubmitError::Busy) => Err(SubmitError::Busy),
+            Err(e) => {
+                let st = match e {
+                    SubmitError::OutOfRange => Status::generic(SC_LBA_OUT_OF_RANGE),
+                    _ => Status::generic(SC_INVALID_OPCODE),
+                };
+                if s.pending == 0 {
+                    self.count_error(i);
+                    self.complete(i, st);
+                } else {
+                    s.status = st;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn count_error(&mut self, i: u16) {
+        let nsid = self.slots[i as usize].sqe.nsid();
+        if let Some(Some(n)) = self.ns.get(nsid as usize) {
+            NsCounters::bump(&n.counters.errors, 1);
+        }
+    }
+
+    /// Reaps every channel's completions.
+    pub(super) fn reap(&mut self) -> usize {
+        let mut done = std::mem::take(&mut self.completions);
+        let mut n = 0;
+        for (nsid, slot) in self.ns.iter_mut().enumerate() {
+            let Some(ns) = slot else { continue };
+            if ns.in_flight == 0 {
+                continue;
+            }
+            let got = ns.chan.poll(&mut |tag: u32, st: IoStatus| done.push((nsid as u32, tag, st)));
+            ns.in_flight -= got as u32;
+            n += got;
+        }
+        for &(_, tag, st) in &done {
+            self.completed(tag as u16, st);
+        }
+        done.clear();
+        self.completions = done;
+        if n > 0 && self.ns.iter().flatten().any(|n| n.removed && n.in_flight == 0) {
+            self.ns_generation = u64::MAX;
+        }
+        n
+    }
+
+    pub(super) fn completed(&mut self, i: u16, st: IoStatus) {
+        let s = &mut self.slots[i as usize];
+        s.pending -= 1;
+        let op = s.sqe.opcode();
+        if st != IoStatus::Success && s.status.is_success() {
+            s.status = match st {
+                IoStatus::Unsupported => Status::generic(SC_INVALID_OPCODE),
+                IoStatus::Error(e) => status_of_errno(e, op),
+                IoStatus::Success => Status::SUCCESS,
+            };
+        }
+        if s.pending > 0 {
+            return;
+        }
+        if op == NVM_DATASET_MANAGEMENT && s.status.is_success() {
+            let ranges = (s.sqe.cdw(10) & 0xFF) + 1;
+            if s.next_range < ranges {
+                s.phase = Phase::Ready;
+                self.ready.push_back(i);
+                return;
+            }
+        }
+        // FUA: the write is durable once the device's cache is flushed.
+        let nsid = s.sqe.nsid();
+        let flush = self.ns[nsid as usize].as_ref().is_some_and(|n| n.ns.bdev.info().io_types.flush);
+        if op == NVM_WRITE && s.status.is_success() && s.sqe.fua() && flush && !s.flushed {
+            s.flushed = true;
+            s.phase = Phase::Flushing;
+            if self.submit(i, nsid, IoOp::Flush, 0, 0).is_err() {
+                // Busy: the flush is tried again from the ready queue.
+                let s = &mut self.slots[i as usize];
+                if s.pending == 0 && s.phase == Phase::Flushing {
+                    s.phase = Phase::Ready;
+                    self.ready.push_back(i);
+                }
+            }
+            return;
+        }
+        let st = self.slots[i as usize].status;
+        self.finish(i, st);
+    }
+
+    /// Counts a finished I/O command and queues what answers it.
+    pub(super) fn finish(&mut self, i: u16, st: Status) {
+        let s = &self.slots[i as usize];
+        let (op, len) = (s.sqe.opcode(), s.len as u64);
+        if let Some(Some(n)) = self.ns.get(s.sqe.nsid() as usize) {
+            let c = &n.counters;
+            if !st.is_success() {
+                NsCounters::bump(&c.errors, 1);
+            } else if op == NVM_READ {
+                NsCounters::bump(&c.read_ops, 1);
+                NsCounters::bump(&c.bytes_read, len);
+            } else if op == NVM_WRITE {
+                NsCounters::bump(&c.write_ops, 1);
+                NsCounters::bump(&c.bytes_written, len);
+            } else {
+                NsCounters::bump(&c.other_ops, 1);
+            }
+        }
+        if op == NVM_READ && st.is_success() {
+            let len = self.slots[i as usize].len;
+            self.queue_c2h(i, len, self.c2h_success);
+            if self.c2h_success {
+                self.queue_tx(i);
+                return;
+            }
+        }
+        self.complete(i, st);
+    }
+}
+
+/// An errno from a bdev as an NVMe status (Base 4.6.1.2).
+fn status_of_errno(e: i32, op: u8) -> Status {
+    match e {
+        libc::EROFS | libc::EPERM | libc::EACCES => Status::generic(SC_NAMESPACE_WRITE_PROTECTED),
+        libc::ENOSPC | libc::EDQUOT => Status::generic(SC_CAPACITY_EXCEEDED),
+        libc::EINVAL | libc::EOVERFLOW => Status::generic(SC_LBA_OUT_OF_RANGE),
+        libc::ENOTSUP => Status::generic(SC_INVALID_OPCODE),
+        libc::EIO | libc::EILSEQ | libc::ENODATA if op == NVM_READ => {
+            Status::media(SC_UNRECOVERED_READ_ERROR)
+        }
+        libc::EIO if op == NVM_WRITE || op == NVM_WRITE_ZEROES => Status::media(SC_WRITE_FAULT),
+        libc::EAGAIN | libc::EBUSY | libc::ENOMEM | libc::ETIMEDOUT => {
+            Status::generic(SC_TRANSIENT_TRANSPORT_ERROR).retryable()
+        }
+        _ => Status::generic(SC_INTERNAL_ERROR),
+    }
+}

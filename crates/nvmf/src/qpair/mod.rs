@@ -1,0 +1,684 @@
+//! One queue pair, served by a poller on a reactor: the admin queue of a controller (its
+//! commands go to the [`Controller`]) or an I/O queue (Read, Write, Flush, Write Zeroes,
+//! Dataset Management on the subsystem's namespaces).
+//!
+//! Each round it reads what the socket holds (many capsules per read; H2CData payloads
+//! straight into the command's buffer), starts the commands, reaps the bdev channels, and sends
+//! every finished PDU in one vectored write: a read's data goes from the buffer the bdev filled
+//! to the socket without a copy. Commands live in a table of slots (one per submission queue
+//! entry) whose buffers are reused, so steady-state I/O allocates nothing. The socket, the
+//! channels' completion fds and a timer sit in a private epoll set the reactor watches.
+//! Messages from the control plane close the queue, report namespace changes (AER), and wait
+//! for a namespace's I/O before it is detached.
+//!
+//! Here: the queue's state, its setup, namespaces and timers, the control plane's messages and
+//! the poller; `receive`, `command` and `send` are the three stages of a round.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fp_bdev::disk::DiskIo;
+use fp_bdev::{AlignedBuf, BdevError, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_reactor::{PollStatus, Poller, PollerId};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::timerfd::TimerFd;
+
+use crate::controller::{AdminResult, Controller, ControllerConfig};
+use crate::model::SubsystemView;
+use crate::pdu::*;
+use crate::server::{ADMIN_ICD, MAX_H2C_DATA};
+use crate::spec::*;
+use crate::subsystem::{lock, CtrlShared, Namespace, NsCounters, QpairRef, Subsystem};
+use crate::target::{ListenAddress, TransportOptions};
+
+mod command;
+mod receive;
+mod send;
+
+/// Socket reads per round, so one busy host cannot hold its reactor.
+const READS_PER_ROUND: usize = 8;
+/// PDU pieces gathered into one vectored write.
+const IOV_PER_WRITE: usize = 64;
+/// Slot buffers up to this size are kept for the next command.
+const KEEP_BUF: usize = 1 << 20;
+/// How long a host may leave our PDUs unread before the connection is dropped.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// The socket send buffer asked for (the kernel caps it at net.core.wmem_max).
+const SEND_BUFFER: libc::c_int = 4 << 20;
+/// The epoll token of the timer (the socket's is 0, channels' their nsid + 1 << 32).
+const TIMER_TOKEN: u64 = 1;
+
+/// What a queue is.
+pub(crate) enum Role {
+    /// The admin queue: the controller is made on the reactor from this.
+    Admin(Box<ControllerConfig>),
+    Io,
+}
+
+/// What the handshake hands over.
+pub(crate) struct QpairSetup {
+    pub fd: OwnedFd,
+    pub peer: String,
+    pub listen: ListenAddress,
+    pub sub: Arc<Subsystem>,
+    pub ctrl: Arc<CtrlShared>,
+    pub role: Role,
+    pub qid: u16,
+    pub sq_entries: u32,
+    /// Connect's CATTR bit 2: the host disabled SQ flow control (SQHD reads 0xFFFF).
+    pub sq_flow_disabled: bool,
+    pub digests: Digests,
+    pub hpda: u8,
+    pub transport: TransportOptions,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Free,
+    /// An R2T is out (or queued); the host's H2CData fills the buffer.
+    AwaitData,
+    /// Ready to start (its data, if any, is here).
+    Ready,
+    /// Requests in flight on a channel.
+    Submitted,
+    /// A FUA write completed; its flush is in flight.
+    Flushing,
+    /// An Asynchronous Event Request waiting for an event.
+    Parked,
+    /// Its PDUs are queued.
+    Sending,
+}
+
+struct Slot {
+    sqe: Sqe,
+    phase: Phase,
+    buf: Option<AlignedBuf>,
+    iov: libc::iovec,
+    /// Bytes the command moves (to or from the host).
+    len: usize,
+    /// H2C bytes received so far.
+    received: usize,
+    /// Requests in flight (Dataset Management submits one per range).
+    pending: u32,
+    /// Dataset Management: the next range to submit.
+    next_range: u32,
+    /// The first error of its requests.
+    status: Status,
+    flushed: bool,
+    /// Tx: a PDU header (R2T, C2HData) and the data after it, its digest, a response.
+    hdr: [u8; HEADER_ROOM],
+    hdr_len: usize,
+    data_len: usize,
+    ddgst: [u8; DIGEST_LEN],
+    ddgst_len: usize,
+    resp: [u8; HEADER_ROOM],
+    resp_len: usize,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            sqe: Sqe([0; SQE_LEN]),
+            phase: Phase::Free,
+            buf: None,
+            iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
+            len: 0,
+            received: 0,
+            pending: 0,
+            next_range: 0,
+            status: Status::SUCCESS,
+            flushed: false,
+            hdr: [0; HEADER_ROOM],
+            hdr_len: 0,
+            data_len: 0,
+            ddgst: [0; DIGEST_LEN],
+            ddgst_len: 0,
+            resp: [0; HEADER_ROOM],
+            resp_len: 0,
+        }
+    }
+
+    /// A data buffer of at least `len` bytes, pointed at by the slot's iovec.
+    fn buffer(&mut self, len: usize) -> &mut AlignedBuf {
+        if self.buf.as_ref().is_none_or(|b| b.len() < len) {
+            self.buf = Some(AlignedBuf::zeroed(len.max(512)));
+        }
+        let b = self.buf.as_mut().expect("just made");
+        self.iov = libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: len };
+        b
+    }
+
+    fn pieces(&self) -> [&[u8]; 4] {
+        let data = match &self.buf {
+            Some(b) => &b.as_slice()[..self.data_len],
+            None => &[],
+        };
+        [&self.hdr[..self.hdr_len], data, &self.ddgst[..self.ddgst_len], &self.resp[..self.resp_len]]
+    }
+
+    fn tx_len(&self) -> usize {
+        self.hdr_len + self.data_len + self.ddgst_len + self.resp_len
+    }
+}
+
+/// A namespace as this queue uses it: its channel and counters.
+struct NsChan {
+    ns: Arc<Namespace>,
+    chan: DiskIo,
+    counters: Arc<NsCounters>,
+    in_flight: u32,
+    /// Detached: new commands get Invalid Namespace; dropped once `in_flight` is 0.
+    removed: bool,
+}
+
+/// An H2CData PDU whose data is arriving.
+#[derive(Clone, Copy)]
+struct H2c {
+    slot: u16,
+    offset: usize,
+    len: usize,
+    digest: bool,
+}
+
+fn epoll_err(e: io::Error) -> BdevError {
+    BdevError::Unsupported(format!("epoll: {e}"))
+}
+
+/// A queue pair's poller.
+pub(crate) struct QpairPoller {
+    fd: OwnedFd,
+    epoll: Epoll,
+    interest: EventSet,
+    timer: TimerFd,
+    next_tick: Option<Instant>,
+    peer: String,
+    sub: Arc<Subsystem>,
+    ctrl: Arc<CtrlShared>,
+    qid: u16,
+    id: Option<PollerId>,
+    /// The admin queue's controller and the view it answers from.
+    admin: Option<Box<Controller>>,
+    view: Arc<SubsystemView>,
+    view_generation: u64,
+    ns_generation: u64,
+    /// Indexed by NSID.
+    ns: Vec<Option<NsChan>>,
+    digests: Digests,
+    hpda: u8,
+    c2h_success: bool,
+    icd: usize,
+    max_io: usize,
+    max_plen: u32,
+    sq_entries: u16,
+    sqhd: u16,
+    sq_flow_disabled: bool,
+    slots: Box<[Slot]>,
+    free: Vec<u16>,
+    ready: VecDeque<u16>,
+    tx: VecDeque<u16>,
+    tx_sent: usize,
+    tx_blocked: bool,
+    blocked_since: Option<Instant>,
+    rx: Box<[u8]>,
+    rx_start: usize,
+    rx_end: usize,
+    /// H2C data arriving straight into a slot's buffer.
+    h2c: Option<H2c>,
+    /// An H2CData's data is in; its digest is still to read.
+    h2c_digest: Option<H2c>,
+    rx_stalled: bool,
+    rx_more: bool,
+    completions: Vec<(u32, u32, IoStatus)>,
+    /// A C2HTermReq to send before closing.
+    term: Option<([u8; DATA_HLEN + TERM_REQ_MAX_DATA], usize)>,
+    closing: Option<String>,
+    broken: bool,
+    misbehaved: bool,
+    /// The admin queue answered a Disconnect or a shutdown: close once sent.
+    teardown: bool,
+}
+
+impl QpairPoller {
+    pub(crate) fn new(s: QpairSetup, now: Instant) -> Result<QpairPoller, BdevError> {
+        if let Err(e) = fp_sys::set_send_buffer(s.fd.as_fd(), SEND_BUFFER) {
+            log::debug!("nvmf: SO_SNDBUF: {e}");
+        }
+        if s.transport.sock_priority > 0 {
+            if let Err(e) = fp_sys::set_priority(s.fd.as_fd(), s.transport.sock_priority as libc::c_int) {
+                log::warn!("nvmf: {}: SO_PRIORITY {}: {e}", s.peer, s.transport.sock_priority);
+            }
+        }
+        let epoll = Epoll::new().map_err(epoll_err)?;
+        epoll
+            .ctl(ControlOperation::Add, s.fd.as_raw_fd(), EpollEvent::new(EventSet::IN, 0))
+            .map_err(epoll_err)?;
+        let timer = TimerFd::new().map_err(|e| epoll_err(io::Error::from_raw_os_error(e.errno())))?;
+        // SAFETY: the timer's fd is open for the duration of the call (`timer` owns it).
+        let timer_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(timer.as_raw_fd()) };
+        // Non-blocking: the tick drains it without ever waiting.
+        fp_sys::set_nonblocking(timer_fd).map_err(epoll_err)?;
+        epoll
+            .ctl(ControlOperation::Add, timer.as_raw_fd(), EpollEvent::new(EventSet::IN, TIMER_TOKEN))
+            .map_err(epoll_err)?;
+        let (admin, icd) = match s.role {
+            Role::Admin(cfg) => (
+                Some(Box::new(Controller::new(*cfg, now))),
+                ADMIN_ICD.max(s.transport.in_capsule_data_size) as usize,
+            ),
+            Role::Io => (None, s.transport.in_capsule_data_size as usize),
+        };
+        let max_io = s.transport.max_io_size as usize;
+        // A capsule with any PDO (at most 255) and its digests; `parse` holds the data to `icd`.
+        let capsule_max = 255 + icd + DIGEST_LEN;
+        let max_plen = capsule_max.max(255 + MAX_H2C_DATA as usize + DIGEST_LEN) as u32;
+        let n = s.sq_entries.clamp(1, 4096) as usize;
+        let view = s.sub.view_for(&s.ctrl.hostnqn);
+        let mut p = QpairPoller {
+            fd: s.fd,
+            epoll,
+            interest: EventSet::IN,
+            timer,
+            next_tick: None,
+            peer: s.peer,
+            sub: s.sub.clone(),
+            ctrl: s.ctrl,
+            qid: s.qid,
+            id: None,
+            admin,
+            view_generation: s.sub.view_generation.load(Ordering::Acquire),
+            view,
+            ns_generation: u64::MAX,
+            ns: Vec::new(),
+            digests: s.digests,
+            hpda: s.hpda,
+            c2h_success: s.transport.c2h_success,
+            icd,
+            max_io,
+            max_plen,
+            sq_entries: n as u16,
+            // The Connect took the queue's first entry.
+            sqhd: (1 % n) as u16,
+            sq_flow_disabled: s.sq_flow_disabled,
+            slots: (0..n).map(|_| Slot::new()).collect(),
+            free: (0..n as u16).rev().collect(),
+            ready: VecDeque::with_capacity(n),
+            tx: VecDeque::with_capacity(n + 1),
+            tx_sent: 0,
+            tx_blocked: false,
+            blocked_since: None,
+            // Room for the largest capsule with any PDO (a byte: at most 255) and its digest.
+            rx: vec![0u8; (64 << 10).max(icd + 512)].into_boxed_slice(),
+            rx_start: 0,
+            rx_end: 0,
+            h2c: None,
+            h2c_digest: None,
+            rx_stalled: false,
+            rx_more: false,
+            completions: Vec::with_capacity(n),
+            term: None,
+            closing: None,
+            broken: false,
+            misbehaved: false,
+            teardown: false,
+        };
+        if p.admin.is_some() {
+            p.publish_state();
+        } else {
+            p.reload_namespaces();
+        }
+        Ok(p)
+    }
+
+    /// Its poller ID, once the reactor added it; the admin queue starts its keep-alive tick.
+    pub(crate) fn registered(&mut self, id: PollerId) {
+        self.id = Some(id);
+        self.arm_keep_alive();
+    }
+
+    /// The controller's keep-alive timeout (Connect's KATO or Set Features), if any.
+    fn kato(&self) -> Option<Duration> {
+        self.admin.as_ref().and_then(|c| c.keep_alive_timeout())
+    }
+
+    /// Ticks at a quarter of KATO on the admin queue (they wake a sleeping reactor).
+    fn arm_keep_alive(&mut self) {
+        if self.next_tick.is_none() && self.kato().is_some() {
+            self.set_tick(self.tick_interval());
+        }
+    }
+
+    /// Arms the timer to fire every `every`.
+    fn set_tick(&mut self, every: Duration) {
+        if self.timer.reset(every, Some(every)).is_ok() {
+            self.next_tick = Some(Instant::now() + every);
+        }
+    }
+
+    fn tick_interval(&self) -> Duration {
+        match self.kato() {
+            Some(kato) => (kato / 4).clamp(Duration::from_millis(20), Duration::from_secs(1)),
+            None => Duration::from_secs(1),
+        }
+    }
+
+    fn what(&self) -> String {
+        format!("{} controller {} queue {} ({})", self.sub.nqn, self.ctrl.cntlid, self.qid, self.peer)
+    }
+
+    // ---- messages from the control plane ----
+
+    /// Closes the queue once its commands in flight are done.
+    pub(crate) fn close_after(&mut self, why: &str) {
+        if self.closing.is_none() {
+            self.closing = Some(why.to_string());
+        }
+        self.h2c = None;
+        self.h2c_digest = None;
+        // Commands not started are dropped; those in flight finish first.
+        for i in 0..self.slots.len() as u16 {
+            if matches!(self.slots[i as usize].phase, Phase::AwaitData | Phase::Parked) {
+                self.release(i);
+            }
+        }
+        while let Some(i) = self.ready.pop_front() {
+            self.release(i);
+        }
+    }
+
+    /// A namespace was attached, detached or resized: the parked AER (if any) completes.
+    pub(crate) fn namespace_changed(&mut self, nsid: u32) {
+        self.refresh_view();
+        let cqe = self.admin.as_mut().and_then(|c| c.namespace_changed(nsid));
+        if let Some(cqe) = cqe {
+            self.complete_parked(cqe);
+        }
+    }
+
+    /// The discovery log changed.
+    pub(crate) fn discovery_changed(&mut self) {
+        self.refresh_view();
+        let cqe = self.admin.as_mut().and_then(|c| c.discovery_changed());
+        if let Some(cqe) = cqe {
+            self.complete_parked(cqe);
+        }
+    }
+
+    fn complete_parked(&mut self, cqe: Cqe) {
+        let found = (0..self.slots.len())
+            .find(|&i| self.slots[i].phase == Phase::Parked && self.slots[i].sqe.cid() == cqe.cid);
+        match found {
+            Some(i) => self.respond(i as u16, cqe),
+            None => log::debug!("{}: an event completion for no parked request", self.what()),
+        }
+    }
+
+    /// Reloads the namespaces now and says how many commands of `nsid` are in flight.
+    pub(crate) fn namespace_in_flight(&mut self, nsid: u32) -> u32 {
+        self.reload_namespaces();
+        self.ns.get(nsid as usize).and_then(|n| n.as_ref()).map_or(0, |n| n.in_flight)
+    }
+
+    fn refresh_view(&mut self) {
+        let g = self.sub.view_generation.load(Ordering::Acquire);
+        if g != self.view_generation {
+            self.view_generation = g;
+            self.view = self.sub.view_for(&self.ctrl.hostnqn);
+        }
+    }
+
+    /// Brings the namespace table up to the subsystem's: opens channels of new namespaces,
+    /// marks detached ones (dropped once their I/O is done).
+    fn reload_namespaces(&mut self) {
+        let g = self.sub.ns_generation.load(Ordering::Acquire);
+        if g == self.ns_generation {
+            return;
+        }
+        self.ns_generation = g;
+        let now: Vec<Arc<Namespace>> = lock(&self.sub.state).namespaces.values().cloned().collect();
+        for (nsid, slot) in self.ns.iter_mut().enumerate() {
+            if let Some(n) = slot {
+                if !now.iter().any(|x| Arc::ptr_eq(x, &n.ns)) {
+                    n.removed = true;
+                }
+            }
+            let gone = slot.as_ref().is_some_and(|n| n.removed && n.in_flight == 0);
+            if gone {
+                if let Some(fd) = slot.as_ref().and_then(|n| n.chan.completion_fd()) {
+                    let _ = self.epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
+                }
+                *slot = None;
+                log::debug!("nvmf: queue {} let namespace {nsid} go", self.qid);
+            }
+        }
+        for ns in now {
+            let i = ns.nsid as usize;
+            if self.ns.get(i).is_some_and(|n| n.as_ref().is_some_and(|n| Arc::ptr_eq(&n.ns, &ns))) {
+                continue;
+            }
+            if self.ns.get(i).is_some_and(|n| n.is_some()) {
+                // The same NSID reattached while the old one drains: keep the old until done.
+                self.ns_generation = u64::MAX;
+                continue;
+            }
+            let chan = match ns.bdev.as_disk() {
+                Some(d) => d.open_typed(),
+                None => ns.bdev.open_channel().map(DiskIo::Device),
+            };
+            let chan = match chan {
+                Ok(c) => c,
+                Err(e) => {
+                    log::warn!("{}: cannot open a channel to namespace {}: {e}", self.what(), ns.nsid);
+                    continue;
+                }
+            };
+            if let Some(fd) = chan.completion_fd() {
+                let ev = EpollEvent::new(EventSet::IN, (u64::from(ns.nsid) << 32) | 2);
+                let _ = self.epoll.ctl(ControlOperation::Add, fd, ev);
+            }
+            if self.ns.len() <= i {
+                self.ns.resize_with(i + 1, || None);
+            }
+            let counters = ns.counters();
+            self.ns[i] = Some(NsChan { ns, chan, counters, in_flight: 0, removed: false });
+        }
+    }
+
+    /// Tells the handshakes what the controller allows now.
+    fn publish_state(&self) {
+        if let Some(c) = &self.admin {
+            self.ctrl.ready.store(c.ready(), Ordering::Release);
+            self.ctrl.io_queues_allowed.store(c.io_queues_allowed(), Ordering::Release);
+        }
+    }
+
+    // ---- slots ----
+
+    fn release(&mut self, i: u16) {
+        let s = &mut self.slots[i as usize];
+        if s.phase == Phase::Free {
+            return;
+        }
+        s.phase = Phase::Free;
+        s.hdr_len = 0;
+        s.data_len = 0;
+        s.ddgst_len = 0;
+        s.resp_len = 0;
+        if s.buf.as_ref().is_some_and(|b| b.len() > KEEP_BUF) {
+            s.buf = None;
+        }
+        self.free.push(i);
+    }
+
+    /// Queues the response capsule `cqe` (after whatever the slot already queued).
+    fn respond(&mut self, i: u16, mut cqe: Cqe) {
+        let s = &mut self.slots[i as usize];
+        cqe.cid = s.sqe.cid();
+        cqe.sqid = self.qid;
+        cqe.sqhd = if self.sq_flow_disabled { 0xFFFF } else { self.sqhd };
+        s.resp_len = write_capsule_resp(&mut s.resp, &cqe, self.digests);
+        self.queue_tx(i);
+    }
+
+    fn complete(&mut self, i: u16, status: Status) {
+        self.respond(i, Cqe::new(0, status));
+    }
+
+    fn queue_tx(&mut self, i: u16) {
+        if self.broken {
+            return self.release(i);
+        }
+        self.slots[i as usize].phase = Phase::Sending;
+        self.tx.push_back(i);
+    }
+
+    /// Queues `len` bytes of the slot's buffer as one C2HData PDU; `last_success` when the
+    /// command succeeded and no response follows (c2h_success).
+    fn queue_c2h(&mut self, i: u16, len: usize, success: bool) {
+        let s = &mut self.slots[i as usize];
+        let mut flags = FLAG_LAST_PDU;
+        if success {
+            flags |= FLAG_SUCCESS;
+        }
+        let h = DataHeader { cccid: s.sqe.cid(), ttag: 0, offset: 0, length: len as u32 };
+        s.hdr_len = write_c2h_data(&mut s.hdr, &h, flags, self.digests, self.hpda);
+        s.data_len = len;
+        s.ddgst_len = 0;
+        if self.digests.data && len > 0 {
+            let b = s.buf.as_ref().expect("a read has its buffer");
+            s.ddgst = crc32c(&b.as_slice()[..len]).to_le_bytes();
+            s.ddgst_len = DIGEST_LEN;
+        }
+    }
+}
+
+impl Poller for QpairPoller {
+    fn poll(&mut self) -> PollStatus {
+        if self.admin.is_none() && self.sub.ns_generation.load(Ordering::Relaxed) != self.ns_generation {
+            self.reload_namespaces();
+        }
+        let mut busy = self.receive();
+        busy |= self.start_ready();
+        busy |= self.reap() > 0;
+        busy |= self.start_ready();
+        busy |= self.send();
+        if self.next_tick.is_some() {
+            self.tick(Instant::now());
+        }
+        if self.teardown && self.tx.is_empty() && self.closing.is_none() {
+            self.close_after("the host disconnected the controller");
+        }
+        if self.closing.is_some() && self.drained() {
+            self.finish_queue();
+            return PollStatus::Finished;
+        }
+        if busy {
+            PollStatus::Busy
+        } else {
+            PollStatus::Idle
+        }
+    }
+
+    fn has_pending(&self) -> bool {
+        (self.in_flight() && !self.ns.iter().flatten().any(|n| n.chan.sleeps_in_flight()))
+            || !self.ready.is_empty()
+            || (!self.tx.is_empty() && !self.tx_blocked && !self.broken)
+            || ((self.rx_stalled || self.rx_more) && self.can_accept())
+            || (self.closing.is_some() && self.drained())
+            || (self.teardown && self.closing.is_none())
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        let mut want = EventSet::empty();
+        if self.closing.is_none() && self.can_accept() {
+            want |= EventSet::IN;
+        }
+        if self.tx_blocked && !self.broken {
+            want |= EventSet::OUT;
+            if self.next_tick.is_none() {
+                self.set_tick(Duration::from_secs(1));
+            }
+        }
+        self.set_interest(want);
+        let mut ok = true;
+        for n in self.ns.iter_mut().flatten() {
+            ok &= n.chan.arm_completion_fd();
+        }
+        ok
+    }
+
+    fn after_wake(&mut self) {
+        for n in self.ns.iter_mut().flatten() {
+            n.chan.disarm_completion_fd();
+        }
+    }
+
+    fn wake_fds(&self) -> Vec<RawFd> {
+        vec![self.epoll.as_raw_fd()]
+    }
+}
+
+// ---- messages from the control plane, to queue pairs on their reactors ----
+
+/// Closes queue pairs (once their commands in flight are done).
+pub(crate) fn close_qpairs(qpairs: &[QpairRef], why: &'static str) {
+    for q in qpairs {
+        let id = q.id;
+        q.reactor.send(move |r| {
+            if let Some(p) = r.poller_mut::<QpairPoller>(id) {
+                p.close_after(why);
+            }
+        });
+    }
+}
+
+/// Tells admin queues a namespace changed (their controllers send the AER completion).
+pub(crate) fn notify_namespace(admins: &[QpairRef], nsid: u32) {
+    for q in admins {
+        let id = q.id;
+        q.reactor.send(move |r| {
+            if let Some(p) = r.poller_mut::<QpairPoller>(id) {
+                p.namespace_changed(nsid);
+            }
+        });
+    }
+}
+
+/// Tells the discovery subsystem's admin queues that the log changed.
+pub(crate) fn notify_discovery(discovery: &Subsystem) {
+    let admins: Vec<QpairRef> =
+        lock(&discovery.state).controllers.values().filter_map(|c| c.admin.clone()).collect();
+    for q in admins {
+        let id = q.id;
+        q.reactor.send(move |r| {
+            if let Some(p) = r.poller_mut::<QpairPoller>(id) {
+                p.discovery_changed();
+            }
+        });
+    }
+}
+
+/// Waits until no queue pair has I/O in flight to `nsid` (they stopped taking new commands
+/// for it when it was detached). False at the deadline.
+pub(crate) fn drain_namespace(qpairs: &[QpairRef], nsid: u32, deadline: Instant) -> bool {
+    loop {
+        let mut busy = 0;
+        for q in qpairs {
+            let id = q.id;
+            busy += q
+                .reactor
+                .call(move |r| r.poller_mut::<QpairPoller>(id).map_or(0, |p| p.namespace_in_flight(nsid)))
+                .unwrap_or(0);
+        }
+        if busy == 0 {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

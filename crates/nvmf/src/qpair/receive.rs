@@ -1,0 +1,372 @@
+//! A queue pair's receiving side: PDUs out of the socket (many per read), header checks,
+//! capsules into slots with their in-capsule data, H2CData straight into the command's buffer
+//! after it is checked against its R2T (TCP 3.6.2.7), and term requests for what is refused.
+
+use super::*;
+
+enum Recv {
+    Data(usize),
+    WouldBlock,
+    Eof,
+    Failed(String),
+}
+
+fn recv(fd: BorrowedFd<'_>, dst: &mut [u8]) -> Recv {
+    match fp_sys::recv_nonblocking(fd, dst) {
+        Ok(0) => Recv::Eof,
+        Ok(n) => Recv::Data(n),
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
+            Recv::WouldBlock
+        }
+        Err(e) => Recv::Failed(e.to_string()),
+    }
+}
+
+impl QpairPoller {
+    pub(super) fn can_accept(&self) -> bool {
+        self.closing.is_none() && !self.free.is_empty()
+    }
+
+    /// A fatal transport error: a C2HTermReq echoing the offending header, then close.
+    pub(super) fn terminate(&mut self, err: PduError, header_len: usize) {
+        let mut b = [0u8; DATA_HLEN + TERM_REQ_MAX_DATA];
+        let hdr = &self.rx[self.rx_start..self.rx_start + header_len.min(self.rx_end - self.rx_start)];
+        let n = write_c2h_term_req(&mut b, &err, hdr);
+        self.term = Some((b, n));
+        self.misbehaved = true;
+        self.close_after(&format!("{err}: terminated"));
+    }
+
+    pub(super) fn receive(&mut self) -> bool {
+        let mut moved = false;
+        self.rx_stalled = false;
+        self.rx_more = false;
+        for _ in 0..READS_PER_ROUND {
+            if self.closing.is_some() {
+                return moved;
+            }
+            if let Some(h) = self.h2c {
+                let s = &mut self.slots[h.slot as usize];
+                // The offset was checked to continue what arrived: `received` is where we are.
+                let (start, end) = (s.received, h.offset + h.len);
+                let dst = &mut s.buf.as_mut().expect("a write awaiting data has a buffer").as_mut_slice()
+                    [start..end];
+                match recv(self.fd.as_fd(), dst) {
+                    Recv::Data(n) => {
+                        moved = true;
+                        self.slots[h.slot as usize].received += n;
+                        if start + n == end {
+                            self.h2c = None;
+                            self.h2c_done(h);
+                        }
+                        continue;
+                    }
+                    Recv::WouldBlock => return moved,
+                    Recv::Eof => {
+                        self.misbehaved = true;
+                        self.close_after("host disconnected in the middle of a data PDU");
+                        return true;
+                    }
+                    Recv::Failed(e) => {
+                        self.fail(&e);
+                        return true;
+                    }
+                }
+            }
+            if !self.parse() {
+                self.rx_stalled = true;
+                return moved;
+            }
+            if self.h2c.is_some() || self.closing.is_some() {
+                moved = true;
+                continue;
+            }
+            if self.rx_start > 0 {
+                self.rx.copy_within(self.rx_start..self.rx_end, 0);
+                self.rx_end -= self.rx_start;
+                self.rx_start = 0;
+            }
+            let end = self.rx_end;
+            match recv(self.fd.as_fd(), &mut self.rx[end..]) {
+                Recv::Data(n) => {
+                    self.rx_end += n;
+                    moved = true;
+                }
+                Recv::WouldBlock => return moved,
+                Recv::Eof => {
+                    self.misbehaved = self.rx_end > self.rx_start;
+                    let why = if self.misbehaved {
+                        "host disconnected in the middle of a PDU"
+                    } else {
+                        "host disconnected"
+                    };
+                    self.close_after(why);
+                    return true;
+                }
+                Recv::Failed(e) => {
+                    self.fail(&e);
+                    return true;
+                }
+            }
+        }
+        self.rx_more = true;
+        moved
+    }
+
+    /// The socket failed: nothing more is sent; wait for the channels, then close.
+    pub(super) fn fail(&mut self, why: &str) {
+        self.close_after(why);
+        self.broken = true;
+        self.term = None;
+        while let Some(i) = self.tx.pop_front() {
+            self.release(i);
+        }
+        self.tx_sent = 0;
+    }
+
+    /// Takes the complete PDUs out of the receive buffer. False when it stopped for lack of a
+    /// slot (the host sent more commands than its queue holds, or we are slow).
+    pub(super) fn parse(&mut self) -> bool {
+        loop {
+            if self.closing.is_some() {
+                return true;
+            }
+            let avail = self.rx_end - self.rx_start;
+            if let Some(h) = self.h2c_digest {
+                if avail < DIGEST_LEN {
+                    return true;
+                }
+                let d = &self.rx[self.rx_start..self.rx_start + DIGEST_LEN];
+                let b = self.slots[h.slot as usize].buf.as_ref().expect("has a buffer");
+                let ok = crc32c(&b.as_slice()[h.offset..h.offset + h.len]).to_le_bytes() == d;
+                self.rx_start += DIGEST_LEN;
+                self.h2c_digest = None;
+                if !ok {
+                    self.misbehaved = true;
+                    self.close_after("H2CData data digest mismatch");
+                    return true;
+                }
+                self.h2c_finished(h);
+                continue;
+            }
+            if avail < CH_LEN {
+                return true;
+            }
+            let ch = CommonHeader::parse(
+                self.rx[self.rx_start..self.rx_start + CH_LEN].try_into().expect("eight"),
+            );
+            let l = match check_header(&ch, self.digests, 0, self.max_plen) {
+                Ok(l) => l,
+                Err(e) => {
+                    self.terminate(e, usize::from(ch.hlen).clamp(CH_LEN, MAX_HLEN));
+                    return true;
+                }
+            };
+            match ch.pdu_type {
+                PDU_CAPSULE_CMD => {
+                    if l.data_len > self.icd {
+                        let e = PduError {
+                            fes: FES_DATA_LIMIT_EXCEEDED,
+                            fei: 4,
+                            what: "in-capsule data over IOCCSZ",
+                        };
+                        self.terminate(e, l.header_len);
+                        return true;
+                    }
+                    if avail < l.plen() {
+                        return true;
+                    }
+                    if !self.can_accept() {
+                        return false;
+                    }
+                    if !self.header_ok(&l) {
+                        return true;
+                    }
+                    let p = self.rx_start;
+                    if l.data_digest {
+                        let data = &self.rx[p + l.data_offset..p + l.data_offset + l.data_len];
+                        let d = &self.rx[p + l.data_offset + l.data_len..p + l.plen()];
+                        if crc32c(data).to_le_bytes() != d {
+                            self.misbehaved = true;
+                            self.close_after("capsule data digest mismatch");
+                            return true;
+                        }
+                    }
+                    let sqe = capsule_sqe(&self.rx[p..p + CAPSULE_CMD_HLEN]).expect("a capsule header");
+                    let i = self.free.pop().expect("can_accept checked");
+                    self.capsule(i, sqe, p + l.data_offset, l.data_len);
+                    self.rx_start += l.plen();
+                }
+                PDU_H2C_DATA => {
+                    if avail < l.data_offset {
+                        return true;
+                    }
+                    if !self.header_ok(&l) {
+                        return true;
+                    }
+                    let h = DataHeader::parse(&self.rx[self.rx_start..]).expect("a data header");
+                    let Some(h2c) = self.check_h2c(&h, &l) else { return true };
+                    self.rx_start += l.data_offset;
+                    let have = (self.rx_end - self.rx_start).min(h2c.len);
+                    let s = &mut self.slots[h2c.slot as usize];
+                    let b = s.buf.as_mut().expect("a write awaiting data has a buffer");
+                    b.as_mut_slice()[h2c.offset..h2c.offset + have]
+                        .copy_from_slice(&self.rx[self.rx_start..self.rx_start + have]);
+                    s.received += have;
+                    self.rx_start += have;
+                    if have == h2c.len {
+                        self.h2c_done(h2c);
+                    } else {
+                        self.h2c = Some(h2c);
+                        return true;
+                    }
+                }
+                PDU_H2C_TERM_REQ => {
+                    if avail < l.plen() {
+                        return true;
+                    }
+                    let t = TermReq::parse(&self.rx[self.rx_start..]).expect("a term header");
+                    self.misbehaved = true;
+                    self.close_after(&format!(
+                        "host terminated the connection (FES {:#x}, FEI {})",
+                        t.fes, t.fei
+                    ));
+                    return true;
+                }
+                _ => {
+                    let e = PduError {
+                        fes: FES_PDU_SEQUENCE_ERROR,
+                        fei: 0,
+                        what: "a PDU a host may not send now",
+                    };
+                    self.terminate(e, l.header_len.min(MAX_HLEN));
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Checks the header digest of the PDU at the front of the receive buffer.
+    pub(super) fn header_ok(&mut self, l: &Layout) -> bool {
+        let hlen = usize::from(l.ch.hlen);
+        if l.header_len == hlen
+            || header_digest_ok(&self.rx[self.rx_start..self.rx_start + l.header_len], hlen)
+        {
+            return true;
+        }
+        let e = PduError { fes: FES_HEADER_DIGEST_ERROR, fei: 0, what: "header digest mismatch" };
+        self.terminate(e, l.header_len);
+        false
+    }
+
+    /// Checks an H2CData against the R2T it answers (TCP 3.6.2.7): the tag names a command
+    /// waiting for data, the offset continues what arrived, the length fits MAXH2CDATA and
+    /// the command's transfer.
+    pub(super) fn check_h2c(&mut self, h: &DataHeader, l: &Layout) -> Option<H2c> {
+        let bad = |fes, fei, what| PduError { fes, fei, what };
+        let slot = self.slots.get(h.ttag as usize);
+        let err = match slot {
+            None => Some(bad(FES_INVALID_HEADER_FIELD, 10, "H2CData with an unknown transfer tag")),
+            Some(s) if s.phase != Phase::AwaitData || s.sqe.cid() != h.cccid => {
+                Some(bad(FES_INVALID_HEADER_FIELD, 8, "H2CData for no R2T outstanding"))
+            }
+            Some(_) if h.length as usize != l.data_len || h.length == 0 => {
+                Some(bad(FES_INVALID_HEADER_FIELD, 16, "H2CData DATAL does not match its PDU"))
+            }
+            Some(_) if h.length > MAX_H2C_DATA => {
+                Some(bad(FES_DATA_LIMIT_EXCEEDED, 16, "H2CData over MAXH2CDATA"))
+            }
+            Some(s) if h.offset as usize != s.received => {
+                Some(bad(FES_DATA_OUT_OF_RANGE, 12, "H2CData offset out of order"))
+            }
+            Some(s) if h.offset as usize + h.length as usize > s.len => {
+                Some(bad(FES_DATA_OUT_OF_RANGE, 16, "H2CData past the R2T's length"))
+            }
+            Some(_) => None,
+        };
+        if let Some(e) = err {
+            self.terminate(e, l.header_len);
+            return None;
+        }
+        Some(H2c { slot: h.ttag, offset: h.offset as usize, len: h.length as usize, digest: l.data_digest })
+    }
+
+    /// An H2CData's data is in: its digest next, or done.
+    pub(super) fn h2c_done(&mut self, h: H2c) {
+        if h.digest {
+            self.h2c_digest = Some(h);
+        } else {
+            self.h2c_finished(h);
+        }
+    }
+
+    pub(super) fn h2c_finished(&mut self, h: H2c) {
+        let s = &mut self.slots[h.slot as usize];
+        if s.received == s.len {
+            s.phase = Phase::Ready;
+            self.ready.push_back(h.slot);
+        }
+    }
+
+    /// A command capsule arrived in slot `i`; its in-capsule data is `rx[data..data + len]`.
+    pub(super) fn capsule(&mut self, i: u16, sqe: Sqe, data: usize, data_len: usize) {
+        self.sqhd = (self.sqhd + 1) % self.sq_entries;
+        let s = &mut self.slots[i as usize];
+        s.sqe = sqe;
+        s.phase = Phase::Ready;
+        s.len = 0;
+        s.received = 0;
+        s.pending = 0;
+        s.next_range = 0;
+        s.status = Status::SUCCESS;
+        s.flushed = false;
+        s.hdr_len = 0;
+        s.data_len = 0;
+        s.ddgst_len = 0;
+        s.resp_len = 0;
+        // Fabrics commands use SGLs (PSDT 01b or 10b, Fabrics 2.1); PRPs mean nothing here.
+        if sqe.psdt() == 0 && sqe.opcode() != OPC_FABRICS {
+            return self.complete(i, Status::generic(SC_INVALID_FIELD));
+        }
+        // The transfer's direction: the opcode's (or fabrics command type's) low bits (Base
+        // 4.2: 01b host to controller, 10b controller to host).
+        let dir = if sqe.opcode() == OPC_FABRICS { sqe.fctype() & 3 } else { sqe.opcode() & 3 };
+        let sgl = sqe.sgl();
+        let len = sgl.length() as usize;
+        if dir == 1 && len > 0 {
+            match sgl.type_byte() {
+                SGL_IN_CAPSULE => {
+                    let off = sgl.address();
+                    if off.checked_add(len as u64).is_none_or(|end| end > data_len as u64) {
+                        return self.complete(i, Status::generic(SC_SGL_DATA_LENGTH_INVALID));
+                    }
+                    let off = off as usize;
+                    let b = s.buffer(len);
+                    b.as_mut_slice()[..len].copy_from_slice(&self.rx[data + off..data + off + len]);
+                    s.len = len;
+                    s.received = len;
+                }
+                SGL_TRANSPORT => {
+                    if len > self.max_io {
+                        return self.complete(i, Status::generic(SC_SGL_DATA_LENGTH_INVALID));
+                    }
+                    if self.admin.is_none() {
+                        if let Err(st) = self.check_io(i) {
+                            return self.complete(i, st);
+                        }
+                    }
+                    let s = &mut self.slots[i as usize];
+                    s.buffer(len);
+                    s.len = len;
+                    s.phase = Phase::AwaitData;
+                    let r2t = DataHeader { cccid: sqe.cid(), ttag: i, offset: 0, length: len as u32 };
+                    s.hdr_len = write_r2t(&mut s.hdr, &r2t, self.digests);
+                    self.tx.push_back(i);
+                    return;
+                }
+                _ => return self.complete(i, Status::generic(SC_SGL_DESCRIPTOR_TYPE_INVALID)),
+            }
+        }
+        self.ready.push_back(i);
+    }
+}

@@ -1,0 +1,150 @@
+//! A queue pair's sending side: every queued PDU (R2Ts, C2HData with the bdev's buffer,
+//! responses, a term request last) in vectored writes, and what a slot does once its PDUs are
+//! out.
+
+use super::*;
+
+/// Sends what the socket takes now; `Ok(0)` when it is full.
+fn send(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    match fp_sys::send_vectored_nonblocking(fd, bufs) {
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(0),
+        r => r,
+    }
+}
+
+impl QpairPoller {
+    /// Sends queued PDUs; true when it sent anything.
+    pub(super) fn send(&mut self) -> bool {
+        let mut moved = false;
+        self.tx_blocked = false;
+        while !self.tx.is_empty() && !self.broken {
+            let mut iov = [IoSlice::new(&[]); IOV_PER_WRITE];
+            let pieces = self.tx.iter().flat_map(|&i| self.slots[i as usize].pieces());
+            let n_iov = fp_sys::gather(pieces, self.tx_sent, &mut iov);
+            let sent = match send(self.fd.as_fd(), &iov[..n_iov]) {
+                Ok(0) => {
+                    self.tx_blocked = true;
+                    break;
+                }
+                Ok(n) => n,
+                Err(e) => {
+                    self.fail(&format!("sending: {e}"));
+                    return true;
+                }
+            };
+            moved = true;
+            let mut left = self.tx_sent + sent;
+            while let Some(&i) = self.tx.front() {
+                let len = self.slots[i as usize].tx_len();
+                if left < len {
+                    break;
+                }
+                left -= len;
+                self.tx.pop_front();
+                self.sent(i);
+            }
+            self.tx_sent = left;
+        }
+        if self.tx.is_empty() && !self.broken {
+            if let Some((b, n)) = self.term.take() {
+                let _ = send(self.fd.as_fd(), &[IoSlice::new(&b[..n])]);
+            }
+        }
+        if self.tx_blocked {
+            if moved || self.blocked_since.is_none() {
+                self.blocked_since = Some(Instant::now());
+            }
+        } else {
+            self.blocked_since = None;
+        }
+        moved
+    }
+
+    /// A slot's PDUs are out: an R2T's slot waits for its data, the others are done.
+    pub(super) fn sent(&mut self, i: u16) {
+        let s = &mut self.slots[i as usize];
+        if s.phase == Phase::AwaitData {
+            s.hdr_len = 0;
+            return;
+        }
+        self.release(i);
+    }
+
+    pub(super) fn in_flight(&self) -> bool {
+        self.ns.iter().flatten().any(|n| n.in_flight > 0)
+    }
+
+    pub(super) fn drained(&self) -> bool {
+        !self.in_flight() && (self.broken || self.tx.is_empty())
+    }
+
+    /// Timers: keep-alive on the admin queue, a host that stopped reading.
+    pub(super) fn tick(&mut self, now: Instant) {
+        let Some(due) = self.next_tick else { return };
+        if now < due {
+            return;
+        }
+        let _ = self.timer.wait();
+        // On the timer's own schedule, so the next check finds it expired.
+        let every = self.tick_interval();
+        self.next_tick = Some(if due + every > now { due + every } else { now + every });
+        if let Some(c) = &self.admin {
+            if self.closing.is_none() && c.keep_alive_expired(now) {
+                log::warn!("{}: keep-alive timeout expired", self.what());
+                self.teardown = true;
+                self.close_after("keep-alive timeout");
+            }
+        }
+        if self.blocked_since.is_some_and(|t| now.duration_since(t) > SEND_TIMEOUT) {
+            self.fail("the host stopped reading for 30 s");
+        }
+    }
+
+    /// The queue is done: unregister; an admin queue takes its controller down (every I/O
+    /// queue, on whatever reactor).
+    pub(super) fn finish_queue(&mut self) {
+        let why = self.closing.take().unwrap_or_default();
+        if self.misbehaved || self.broken {
+            log::warn!("nvmf: {}: {why}; connection closed", self.what());
+        } else {
+            log::info!("nvmf: {}: {why}; connection closed", self.what());
+        }
+        let _ = fp_sys::shutdown(self.fd.as_fd());
+        let io = {
+            let mut st = lock(&self.sub.state);
+            let cntlid = self.ctrl.cntlid;
+            if self.admin.is_some() {
+                self.ctrl.gone.store(true, Ordering::Release);
+                st.controllers
+                    .remove(&cntlid)
+                    .map(|e| e.io.into_values().collect::<Vec<_>>())
+                    .unwrap_or_default()
+            } else {
+                if let Some(e) = st.controllers.get_mut(&cntlid) {
+                    if e.io.get(&self.qid).is_some_and(|q| Some(q.id) == self.id) {
+                        e.io.remove(&self.qid);
+                    }
+                }
+                Vec::new()
+            }
+        };
+        if let Some(c) = &mut self.admin {
+            let _ = c.take_parked();
+        }
+        close_qpairs(&io, "its controller went away");
+        for n in self.ns.iter().flatten() {
+            if let Some(fd) = n.chan.completion_fd() {
+                let _ = self.epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
+            }
+        }
+    }
+
+    pub(super) fn set_interest(&mut self, want: EventSet) {
+        if want != self.interest {
+            let ev = EpollEvent::new(want, 0);
+            if self.epoll.ctl(ControlOperation::Modify, self.fd.as_raw_fd(), ev).is_ok() {
+                self.interest = want;
+            }
+        }
+    }
+}
