@@ -73,8 +73,7 @@ fn nvmf_create_transport(registry: &Registry, mut p: Params) -> Result<Value, Me
         io_unit_size: to_u32(p.optional_uint("io_unit_size", max)?, d.io_unit_size),
         max_aq_depth: to_u32(p.optional_uint("max_aq_depth", max)?, d.max_aq_depth),
         c2h_success: p.optional_bool("c2h_success")?.unwrap_or(d.c2h_success),
-        // The target does not set SO_PRIORITY on its sockets: only SPDK's default (below).
-        sock_priority: d.sock_priority,
+        sock_priority: to_u32(p.optional_uint("sock_priority", max)?, d.sock_priority),
         abort_timeout_sec: to_u32(p.optional_uint("abort_timeout_sec", max)?, d.abort_timeout_sec),
     };
     // SPDK's shared data buffer pool and its per-poll-group caches: flashpath's queue pairs own
@@ -85,7 +84,6 @@ fn nvmf_create_transport(registry: &Registry, mut p: Params) -> Result<Value, Me
         p.optional_uint(pool, max)?;
     }
     p.spdk_only(&[
-        ("sock_priority", Neutral::Int(0)),
         ("zcopy", Neutral::Bool(false)),
         ("dif_insert_or_strip", Neutral::Bool(false)),
         ("control_msg_num", Neutral::Absent),

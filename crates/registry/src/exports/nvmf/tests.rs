@@ -203,8 +203,8 @@ fn parameter_errors_name_the_field() {
     );
     let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "tgt_name": "other" }));
     assert!(r.starts_with("tgt_name: not supported by flashpath"), "{r}");
-    let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "sock_priority": 6 }));
-    assert_eq!(r, "sock_priority: not supported by flashpath (only 0)");
+    let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "sock_priority": 17 }));
+    assert!(r.starts_with("sock_priority: must be 0 to 16"), "{r}");
     let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "bogus": 1 }));
     assert!(r.starts_with("bogus: unknown parameter; accepted: trtype"), "{r}");
     // SPDK's default target name is accepted.
