@@ -17,6 +17,7 @@
 //! [security]                           # optional
 //! socket_mode = 0o600            # mode of each vhost-user socket (the default)
 //! export_dirs = ["/srv/disks"]         # where uring bdevs may open files; --export-dir wins
+//! nvmf_allow_remote = false            # NVMe/TCP listeners off loopback too (docs/nvmf.md)
 //!
 //! [stats]                              # optional
 //! iostat = true                        # per-disk I/O statistics; false (or --no-iostat) skips them

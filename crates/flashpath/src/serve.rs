@@ -328,6 +328,15 @@ mod tests {
     }
 
     #[test]
+    fn nvmf_remote_listeners_come_from_the_security_table() {
+        let config =
+            ConfigFile::parse("[security]\nnvmf_allow_remote = true\n", Path::new("c.toml")).unwrap();
+        assert!(resolve(&ServeOptions::default(), &config).unwrap().nvmf_allow_remote);
+        let e = ConfigFile::parse("[security]\nnvmf_allow_remote = 1\n", Path::new("c.toml")).unwrap_err();
+        assert!(e.to_string().starts_with("c.toml:2:"), "{e}");
+    }
+
+    #[test]
     fn export_dir_flags_replace_the_config_list() {
         let config =
             ConfigFile::parse("[security]\nexport_dirs = [\"/a\", \"/b\"]\n", Path::new("c.toml")).unwrap();

@@ -563,6 +563,12 @@ fn an_nvmf_namespace_counts_a_hosts_commands() {
     assert_eq!(qids, [0, 1], "{qpairs}");
     assert_eq!(qpairs[1]["listen_address"]["trsvcid"], port.to_string(), "{qpairs}");
 
+    let groups = daemon.call("nvmf_get_stats", json!({}))["poll_groups"].clone();
+    assert_eq!(groups[0]["name"], qpairs[1]["thread"], "{groups} {qpairs}");
+    assert_eq!(
+        (groups[0]["current_admin_qpairs"].as_u64(), groups[0]["current_io_qpairs"].as_u64()),
+        (Some(1), Some(1))
+    );
     let ns = || daemon.call("nvmf_get_stats", json!({}))["subsystems"][0]["namespaces"][0].clone();
     let want = json!({"nsid": 1, "bdev_name": "d0", "read_ops": 5, "write_ops": 3, "bytes_read": 5 * 4096,
                       "bytes_written": 3 * 4096, "other_ops": 0, "errors": 0});

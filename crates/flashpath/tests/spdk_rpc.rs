@@ -457,11 +457,15 @@ fn nvmf_target() {
     rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "16", "512"]);
     rpc.ok(&["bdev_malloc_create", "-b", "Malloc1", "8", "4096"]);
 
-    rpc.ok(&["nvmf_create_transport", "-t", "TCP", "-c", "8192", "-q", "64"]);
+    rpc.ok(&["nvmf_create_transport", "-t", "TCP", "-c", "8192", "-q", "64", "-y", "2"]);
     let t = rpc.json(&["nvmf_get_transports", "--trtype", "tcp"]);
     assert_eq!(t.as_array().map(Vec::len), Some(1), "{t}");
     assert_eq!((t[0]["trtype"].as_str(), t[0]["max_queue_depth"].as_u64()), (Some("TCP"), Some(64)), "{t}");
-    assert_eq!(t[0]["in_capsule_data_size"], 8192, "{t}");
+    assert_eq!(
+        (t[0]["in_capsule_data_size"].as_u64(), t[0]["sock_priority"].as_u64()),
+        (Some(8192), Some(2)),
+        "{t}"
+    );
     // An option flashpath does not implement is refused by name rather than ignored.
     let e = rpc.fails(&["nvmf_create_transport", "-t", "TCP", "-z"]);
     assert!(e["message"].as_str().unwrap().starts_with("zcopy: not supported"), "{e}");

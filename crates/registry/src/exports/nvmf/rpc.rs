@@ -73,8 +73,7 @@ fn nvmf_create_transport(registry: &Registry, mut p: Params) -> Result<Value, Me
         io_unit_size: to_u32(p.optional_uint("io_unit_size", max)?, d.io_unit_size),
         max_aq_depth: to_u32(p.optional_uint("max_aq_depth", max)?, d.max_aq_depth),
         c2h_success: p.optional_bool("c2h_success")?.unwrap_or(d.c2h_success),
-        // The target does not set SO_PRIORITY on its sockets: only SPDK's default (below).
-        sock_priority: d.sock_priority,
+        sock_priority: to_u32(p.optional_uint("sock_priority", max)?, d.sock_priority),
         abort_timeout_sec: to_u32(p.optional_uint("abort_timeout_sec", max)?, d.abort_timeout_sec),
     };
     // SPDK's shared data buffer pool and its per-poll-group caches: flashpath's queue pairs own
@@ -85,7 +84,6 @@ fn nvmf_create_transport(registry: &Registry, mut p: Params) -> Result<Value, Me
         p.optional_uint(pool, max)?;
     }
     p.spdk_only(&[
-        ("sock_priority", Neutral::Int(0)),
         ("zcopy", Neutral::Bool(false)),
         ("dif_insert_or_strip", Neutral::Bool(false)),
         ("control_msg_num", Neutral::Absent),
@@ -408,10 +406,41 @@ fn nvmf_subsystem_get_qpairs(registry: &Registry, mut p: Params) -> Result<Value
     Ok(serde_json::to_value(list).expect("plain data serialises"))
 }
 
-/// flashpath's statistics are per subsystem and namespace rather than SPDK's per poll group:
-/// `{"subsystems": [{nqn, controllers, qpairs, namespaces: [{nsid, read_ops, ...}]}]}`.
+/// SPDK's shape as far as it maps: `tick_rate` and one poll group per reactor (named as the
+/// queue pairs' `thread`) with the admin and I/O queue pairs it serves now; SPDK's cumulative
+/// counts and transport internals have no counterpart. flashpath's own counters follow, per
+/// subsystem and namespace: `subsystems: [{nqn, controllers, qpairs, namespaces: [{nsid,
+/// read_ops, ...}]}]`.
 fn nvmf_get_stats(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     target_name(&mut p)?;
     p.finish()?;
-    Ok(json!({ "subsystems": registry.nvmf().stats() }))
+    let target = registry.nvmf();
+    let mut groups: Vec<(String, u64, u64)> = registry
+        .reactor_handles()
+        .iter()
+        .map(|r| (format!("nvmf_tgt_poll_group_{}", r.id()), 0, 0))
+        .collect();
+    let nqns: Vec<String> = target.subsystems().into_iter().map(|s| s.nqn).collect();
+    for qpair in nqns.iter().filter_map(|nqn| target.qpairs(nqn).ok()).flatten() {
+        if let Some(g) = groups.iter_mut().find(|g| g.0 == qpair.thread) {
+            if qpair.qid == 0 {
+                g.1 += 1;
+            } else {
+                g.2 += 1;
+            }
+        }
+    }
+    let poll_groups: Vec<Value> = groups
+        .into_iter()
+        .map(|(name, admin, io)| {
+            json!({ "name": name, "current_admin_qpairs": admin, "current_io_qpairs": io,
+                    "transports": [{ "trtype": "TCP" }] })
+        })
+        .collect();
+    Ok(json!({
+        // Nanoseconds, as framework_get_reactors reports.
+        "tick_rate": 1_000_000_000u64,
+        "poll_groups": poll_groups,
+        "subsystems": target.stats(),
+    }))
 }

@@ -203,8 +203,8 @@ fn parameter_errors_name_the_field() {
     );
     let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "tgt_name": "other" }));
     assert!(r.starts_with("tgt_name: not supported by flashpath"), "{r}");
-    let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "sock_priority": 6 }));
-    assert_eq!(r, "sock_priority: not supported by flashpath (only 0)");
+    let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "sock_priority": 17 }));
+    assert!(r.starts_with("sock_priority: must be 0 to 16"), "{r}");
     let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "bogus": 1 }));
     assert!(r.starts_with("bogus: unknown parameter; accepted: trtype"), "{r}");
     // SPDK's default target name is accepted.
@@ -303,6 +303,13 @@ fn stats_and_metrics() {
     );
     assert_eq!(s["namespaces"][0]["nsid"], 3, "{stats}");
     assert_eq!(s["namespaces"][0]["read_ops"], 0, "{stats}");
+    // SPDK's part: a poll group per reactor, nothing connected.
+    assert_eq!(stats["tick_rate"], 1_000_000_000u64);
+    assert_eq!(
+        stats["poll_groups"],
+        json!([{ "name": "nvmf_tgt_poll_group_0", "current_admin_qpairs": 0, "current_io_qpairs": 0,
+                 "transports": [{ "trtype": "TCP" }] }])
+    );
 
     let registry = f.registry.clone();
     let call = move |m: &str, p: Option<Value>| registry.call(m, p).ok();
