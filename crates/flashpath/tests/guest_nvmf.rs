@@ -125,6 +125,14 @@ mod guest_vm {
         qids.sort_unstable();
         assert_eq!(qids, [0, 1, 2], "qpairs while the guest is connected: {qpairs:?}");
         assert!(qpairs.iter().all(|q| q["cntlid"] == cntlid), "qpairs of another controller: {qpairs:?}");
+        // The two I/O queues are polled on the two reactors (queue i on reactor i mod 2): each
+        // names its poll group ("thread", as SPDK's objects do).
+        let threads: std::collections::BTreeSet<&str> = qpairs
+            .iter()
+            .filter(|q| q["qid"] != json!(0))
+            .map(|q| q["thread"].as_str().unwrap_or_else(|| panic!("a qpair without its thread: {q}")))
+            .collect();
+        assert_eq!(threads.len(), 2, "the two I/O qpairs share a poll group: {qpairs:?}");
 
         // The namespace grows; the guest must see it without doing anything (the asynchronous
         // event, then the changed-namespace log and a rescan).
