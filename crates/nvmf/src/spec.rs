@@ -146,7 +146,9 @@ pub struct Status {
 }
 
 impl Status {
-    pub const SUCCESS: Status = Status::generic(0x00);
+    /// Success, with Do Not Retry cleared: a host reads any nonzero status field of an admin
+    /// command as a failure (Linux's `__nvme_submit_sync_cmd` returns it as the error).
+    pub const SUCCESS: Status = Status { sct: SCT_GENERIC, sc: 0x00, dnr: false };
 
     /// A generic command status (SCT 0) that the host should not retry.
     pub const fn generic(sc: u8) -> Status {
@@ -218,7 +220,11 @@ impl Cqe {
             sqhd: u16::from_le_bytes([b[8], b[9]]),
             sqid: u16::from_le_bytes([b[10], b[11]]),
             cid: u16::from_le_bytes([b[12], b[13]]),
-            status: Status { sc: (field >> 1) as u8, sct: ((field >> 9) & 0x7) as u8, dnr: field & (1 << 15) != 0 },
+            status: Status {
+                sc: (field >> 1) as u8,
+                sct: ((field >> 9) & 0x7) as u8,
+                dnr: field & (1 << 15) != 0,
+            },
         }
     }
 }

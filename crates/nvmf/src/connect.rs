@@ -1,0 +1,213 @@
+//! The Fabrics Connect command (NVMe-oF 1.1 3.3, "Fabrics" below): its command fields (Figure
+//! 19) and its 1024 bytes of data (Figure 20), decoded and checked, and the completion a
+//! refused Connect gets (Figure 21: IATTR and IPO name the offending field). Pure.
+
+use crate::spec::*;
+
+/// Offsets into the Connect data (Fabrics Figure 20).
+pub const DATA_HOSTID: usize = 0;
+pub const DATA_CNTLID: usize = 16;
+pub const DATA_SUBNQN: usize = 256;
+pub const DATA_HOSTNQN: usize = 512;
+/// Offsets into the Connect command (Fabrics Figure 19).
+pub const CMD_RECFMT: usize = 40;
+pub const CMD_QID: usize = 42;
+pub const CMD_SQSIZE: usize = 44;
+pub const CMD_CATTR: usize = 46;
+pub const CMD_KATO: usize = 48;
+
+/// The dynamic controller ID: "allocate one for me" (Fabrics 3.3).
+pub const CNTLID_DYNAMIC: u16 = 0xFFFF;
+
+/// A decoded Connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connect {
+    pub cid: u16,
+    /// 0: the admin queue (a new controller); otherwise an I/O queue of `cntlid`.
+    pub qid: u16,
+    /// Entries in the submission queue (SQSIZE is zero-based; this is one more).
+    pub sq_entries: u32,
+    pub cattr: u8,
+    /// Keep-alive timeout in milliseconds (admin queue only); 0 = none.
+    pub kato_ms: u32,
+    pub hostid: [u8; 16],
+    pub cntlid: u16,
+    pub subnqn: String,
+    pub hostnqn: String,
+}
+
+/// Why a Connect is refused: the completion to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectRefusal {
+    pub status: Status,
+    /// IATTR and IPO (dword 0) for Connect Invalid Parameters.
+    pub dw0: u32,
+    pub why: &'static str,
+}
+
+impl ConnectRefusal {
+    /// Connect Invalid Parameters pointing at byte `offset` of the data (`in_data`) or of the
+    /// command.
+    pub fn invalid_parameter(in_data: bool, offset: usize, why: &'static str) -> ConnectRefusal {
+        ConnectRefusal {
+            status: Status::command_specific(SC_CONNECT_INVALID_PARAMETERS),
+            dw0: (offset as u32 & 0xFFFF) | (u32::from(in_data) << 16),
+            why,
+        }
+    }
+
+    pub fn status(status: Status, why: &'static str) -> ConnectRefusal {
+        ConnectRefusal { status, dw0: 0, why }
+    }
+
+    /// The completion of Connect `cid` that says so.
+    pub fn cqe(&self, cid: u16) -> Cqe {
+        Cqe { dw0: self.dw0, ..Cqe::new(cid, self.status) }
+    }
+}
+
+/// Reads a NUL-terminated NQN out of its 256-byte field: at most 223 bytes, UTF-8, not empty.
+fn nqn(field: &[u8]) -> Option<String> {
+    let len = field.iter().position(|&b| b == 0)?;
+    if len == 0 || len > NQN_MAX_LEN {
+        return None;
+    }
+    std::str::from_utf8(&field[..len]).ok().map(str::to_owned)
+}
+
+impl Connect {
+    /// Decodes a Connect from its command and its data (the capsule's in-capsule data).
+    pub fn parse(sqe: &Sqe, data: &[u8]) -> Result<Connect, ConnectRefusal> {
+        let b = &sqe.0;
+        let u16_at = |at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+        if sqe.opcode() != OPC_FABRICS || sqe.fctype() != FCTYPE_CONNECT {
+            return Err(ConnectRefusal::status(
+                Status::generic(SC_COMMAND_SEQUENCE_ERROR),
+                "the first command on a queue must be a Connect",
+            ));
+        }
+        if u16_at(CMD_RECFMT) != 0 {
+            return Err(ConnectRefusal::status(
+                Status::command_specific(SC_CONNECT_INCOMPATIBLE_FORMAT),
+                "record format other than 0",
+            ));
+        }
+        let sgl = sqe.sgl();
+        if data.len() != CONNECT_DATA_LEN || sgl.length() as usize != CONNECT_DATA_LEN {
+            return Err(ConnectRefusal::status(
+                Status::generic(SC_SGL_DATA_LENGTH_INVALID),
+                "Connect data is not 1024 bytes in the capsule",
+            ));
+        }
+        let sqsize = u16_at(CMD_SQSIZE);
+        if sqsize == 0 {
+            return Err(ConnectRefusal::invalid_parameter(false, CMD_SQSIZE, "SQSIZE of 0 (one entry)"));
+        }
+        let subnqn = nqn(&data[DATA_SUBNQN..DATA_SUBNQN + 256]).ok_or(ConnectRefusal::invalid_parameter(
+            true,
+            DATA_SUBNQN,
+            "SUBNQN is not a valid NQN",
+        ))?;
+        let hostnqn = nqn(&data[DATA_HOSTNQN..DATA_HOSTNQN + 256])
+            .ok_or(ConnectRefusal::invalid_parameter(true, DATA_HOSTNQN, "HOSTNQN is not a valid NQN"))?;
+        Ok(Connect {
+            cid: sqe.cid(),
+            qid: u16_at(CMD_QID),
+            sq_entries: u32::from(sqsize) + 1,
+            cattr: b[CMD_CATTR],
+            kato_ms: sqe.cdw(12),
+            hostid: data[DATA_HOSTID..DATA_HOSTID + 16].try_into().expect("sixteen bytes"),
+            cntlid: u16::from_le_bytes([data[DATA_CNTLID], data[DATA_CNTLID + 1]]),
+            subnqn,
+            hostnqn,
+        })
+    }
+
+    /// Encodes a Connect (a host's: the tests' and the fuzzers'), its command and data.
+    pub fn write(&self, sqe: &mut Sqe, data: &mut [u8; CONNECT_DATA_LEN]) {
+        sqe.0.fill(0);
+        sqe.0[0] = OPC_FABRICS;
+        sqe.0[1] = 0x40; // PSDT: SGL
+        sqe.0[2..4].copy_from_slice(&self.cid.to_le_bytes());
+        sqe.0[4] = FCTYPE_CONNECT;
+        // In-capsule data: offset 0, 1024 bytes.
+        sqe.0[32..36].copy_from_slice(&(CONNECT_DATA_LEN as u32).to_le_bytes());
+        sqe.0[39] = SGL_IN_CAPSULE;
+        sqe.0[CMD_QID..CMD_QID + 2].copy_from_slice(&self.qid.to_le_bytes());
+        let sqsize = (self.sq_entries.saturating_sub(1)).min(0xFFFF) as u16;
+        sqe.0[CMD_SQSIZE..CMD_SQSIZE + 2].copy_from_slice(&sqsize.to_le_bytes());
+        sqe.0[CMD_CATTR] = self.cattr;
+        sqe.0[CMD_KATO..CMD_KATO + 4].copy_from_slice(&self.kato_ms.to_le_bytes());
+        data.fill(0);
+        data[DATA_HOSTID..DATA_HOSTID + 16].copy_from_slice(&self.hostid);
+        data[DATA_CNTLID..DATA_CNTLID + 2].copy_from_slice(&self.cntlid.to_le_bytes());
+        let put = |d: &mut [u8], s: &str| {
+            let n = s.len().min(255);
+            d[..n].copy_from_slice(&s.as_bytes()[..n]);
+        };
+        put(&mut data[DATA_SUBNQN..DATA_SUBNQN + 256], &self.subnqn);
+        put(&mut data[DATA_HOSTNQN..DATA_HOSTNQN + 256], &self.hostnqn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Connect {
+        Connect {
+            cid: 3,
+            qid: 2,
+            sq_entries: 128,
+            cattr: 0,
+            kato_ms: 0,
+            hostid: [7; 16],
+            cntlid: 5,
+            subnqn: "nqn.2016-06.io.spdk:cnode1".into(),
+            hostnqn: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
+        }
+    }
+
+    fn encode(c: &Connect) -> (Sqe, [u8; CONNECT_DATA_LEN]) {
+        let mut sqe = Sqe([0; SQE_LEN]);
+        let mut data = [0u8; CONNECT_DATA_LEN];
+        c.write(&mut sqe, &mut data);
+        (sqe, data)
+    }
+
+    #[test]
+    fn round_trip() {
+        let c = Connect { kato_ms: 15000, qid: 0, cntlid: CNTLID_DYNAMIC, ..sample() };
+        let (sqe, data) = encode(&c);
+        assert_eq!(sqe.sgl().type_byte(), SGL_IN_CAPSULE);
+        assert_eq!(Connect::parse(&sqe, &data).unwrap(), c);
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let (mut sqe, mut data) = encode(&sample());
+        // An NQN without its terminating NUL.
+        data[DATA_SUBNQN..DATA_SUBNQN + 256].fill(b'a');
+        let r = Connect::parse(&sqe, &data).unwrap_err();
+        assert_eq!(r.status, Status::command_specific(SC_CONNECT_INVALID_PARAMETERS));
+        assert_eq!(r.cqe(3).dw0, 0x1_0100);
+        // Too long (224 bytes) and not UTF-8.
+        data[DATA_SUBNQN + 224] = 0;
+        assert!(Connect::parse(&sqe, &data).is_err());
+        let (_, good) = encode(&sample());
+        data = good;
+        data[DATA_HOSTNQN] = 0xFF;
+        assert_eq!(Connect::parse(&sqe, &data).unwrap_err().dw0, 0x1_0200);
+        data = good;
+        // Short data, wrong RECFMT, SQSIZE 0, not a Connect.
+        assert_eq!(Connect::parse(&sqe, &data[..512]).unwrap_err().status.sc, SC_SGL_DATA_LENGTH_INVALID);
+        sqe.0[CMD_RECFMT] = 1;
+        assert_eq!(Connect::parse(&sqe, &data).unwrap_err().status.sc, SC_CONNECT_INCOMPATIBLE_FORMAT);
+        sqe.0[CMD_RECFMT] = 0;
+        sqe.0[CMD_SQSIZE] = 0;
+        sqe.0[CMD_SQSIZE + 1] = 0;
+        assert_eq!(Connect::parse(&sqe, &data).unwrap_err().dw0, CMD_SQSIZE as u32);
+        sqe.0[4] = FCTYPE_PROPERTY_GET;
+        assert_eq!(Connect::parse(&sqe, &data).unwrap_err().status.sc, SC_COMMAND_SEQUENCE_ERROR);
+    }
+}

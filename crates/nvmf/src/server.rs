@@ -1,0 +1,409 @@
+//! Listeners and the connection handshake, on the control plane. A listener thread per address
+//! accepts; each new connection gets a short-lived thread (at most [`MAX_HANDSHAKES`] per
+//! listener, every read bounded by [`HANDSHAKE_TIMEOUT`]) that answers the ICReq and reads the
+//! first capsule, which must be a Connect (TCP 3.3; Fabrics 3.3). It checks the subsystem, the
+//! host and the queue, answers the Connect, and hands the socket by message to a reactor:
+//! an admin queue to reactor `cntlid mod n`, I/O queue `qid` to reactor `qid mod n`, where a
+//! [`QpairPoller`] serves it. The discovery subsystem is reachable on every listener.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::connect::{Connect, ConnectRefusal, CNTLID_DYNAMIC};
+use crate::controller::ControllerConfig;
+use crate::model::SubsystemKind;
+use crate::pdu::*;
+use crate::qpair::{QpairPoller, QpairSetup, Role};
+use crate::spec::*;
+use crate::subsystem::{lock, CtrlEntry, CtrlShared, QpairRef, Subsystem};
+use crate::target::{ListenAddress, TargetInner, TransportOptions};
+
+/// Handshakes one listener runs at once; one more closes the oldest (logged), so a flood of
+/// silent connections pins this many threads at most and cannot lock out a real host.
+pub(crate) const MAX_HANDSHAKES: usize = 64;
+/// How long a host may take over one step of the handshake.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most data one H2CData PDU may carry (MAXH2CDATA), as SPDK offers.
+pub(crate) const MAX_H2C_DATA: u32 = 131072;
+/// The admin queue's in-capsule data size (TCP 4.1: at least 8 KiB on the admin queue).
+pub(crate) const ADMIN_ICD: u32 = 8192;
+
+/// One listening address.
+pub(crate) struct Listener {
+    addr: ListenAddress,
+    stop: EventFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What the listener's threads share.
+struct ListenerShared {
+    addr: ListenAddress,
+    target: Weak<TargetInner>,
+    /// Running handshakes, oldest first, each with a duplicate of its socket.
+    handshakes: Mutex<(u64, VecDeque<(u64, OwnedFd)>)>,
+}
+
+impl Listener {
+    pub(crate) fn open(t: &Arc<TargetInner>, addr: ListenAddress, sock: SocketAddr) -> io::Result<Listener> {
+        let l = TcpListener::bind(sock)?;
+        l.set_nonblocking(true)?;
+        let stop = EventFd::new(EFD_NONBLOCK)?;
+        let stop_fd = stop.try_clone()?;
+        let shared = Arc::new(ListenerShared {
+            addr: addr.clone(),
+            target: Arc::downgrade(t),
+            handshakes: Mutex::new((0, VecDeque::new())),
+        });
+        let thread = std::thread::Builder::new()
+            .name("nvmf-listen".into())
+            .spawn(move || accept_loop(l, stop_fd, shared))?;
+        log::info!("nvmf: listening on {}:{}", addr.traddr, addr.trsvcid);
+        Ok(Listener { addr, stop, thread: Some(thread) })
+    }
+
+    pub(crate) fn close(mut self) {
+        let _ = self.stop.write(1);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        log::info!("nvmf: listener {}:{} closed", self.addr.traddr, self.addr.trsvcid);
+    }
+}
+
+fn accept_loop(l: TcpListener, stop: EventFd, shared: Arc<ListenerShared>) {
+    let fds = [stop.as_raw_fd(), l.as_raw_fd()];
+    loop {
+        let ready = match fp_sys::wait_readable(&fds, None) {
+            Ok(r) => r,
+            Err(e) => return log::error!("nvmf listener {}: poll failed: {e}", shared.addr.traddr),
+        };
+        if ready[0] {
+            return;
+        }
+        match l.accept() {
+            Ok((s, peer)) => start_handshake(&shared, s, peer),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => log::warn!("nvmf listener {}: accept: {e}", shared.addr.traddr),
+        }
+    }
+}
+
+fn start_handshake(shared: &Arc<ListenerShared>, s: TcpStream, peer: SocketAddr) {
+    let _ = s.set_nodelay(true);
+    let dup: OwnedFd = match s.try_clone() {
+        Ok(d) => d.into(),
+        Err(e) => return log::warn!("nvmf: {peer}: cannot duplicate the socket: {e}"),
+    };
+    let id = {
+        let mut h = lock(&shared.handshakes);
+        if h.1.len() >= MAX_HANDSHAKES {
+            if let Some((_, fd)) = h.1.pop_front() {
+                log::warn!("nvmf: a handshake was closed to make room ({MAX_HANDSHAKES} running)");
+                let _ = fp_sys::shutdown(fd.as_fd());
+            }
+        }
+        h.0 += 1;
+        let id = h.0;
+        h.1.push_back((id, dup));
+        id
+    };
+    let sh = shared.clone();
+    let spawned = std::thread::Builder::new().name("nvmf-handshake".into()).spawn(move || {
+        let r = handshake(&sh, s, peer);
+        lock(&sh.handshakes).1.retain(|h| h.0 != id);
+        if let Err(why) = r {
+            log::warn!("nvmf: {peer}: {why}; connection closed");
+        }
+    });
+    if let Err(e) = spawned {
+        lock(&shared.handshakes).1.retain(|h| h.0 != id);
+        log::warn!("nvmf: cannot start a handshake thread: {e}");
+    }
+}
+
+/// Sends a C2HTermReq for `err` echoing `header`, best effort, and says why.
+fn terminate(s: &mut TcpStream, err: &PduError, header: &[u8]) -> String {
+    let mut b = [0u8; DATA_HLEN + TERM_REQ_MAX_DATA];
+    let n = write_c2h_term_req(&mut b, err, header);
+    let _ = s.write_all(&b[..n]);
+    format!("{err}: terminated")
+}
+
+fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Result<(), String> {
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|e| e.to_string())?;
+    let io = |what: &str, e: io::Error| format!("{what}: {e}");
+    // ICReq (TCP 3.6.2.1).
+    let mut ic = [0u8; IC_LEN];
+    s.read_exact(&mut ic[..CH_LEN]).map_err(|e| io("reading the ICReq", e))?;
+    let ch = CommonHeader::parse(ic[..CH_LEN].try_into().expect("eight bytes"));
+    if ch.pdu_type != PDU_IC_REQ {
+        let err = PduError { fes: FES_PDU_SEQUENCE_ERROR, fei: 0, what: "the first PDU is not an ICReq" };
+        return Err(terminate(&mut s, &err, &ic[..CH_LEN]));
+    }
+    if let Err(err) = check_header(&ch, Digests::default(), 0, IC_LEN as u32) {
+        return Err(terminate(&mut s, &err, &ic[..CH_LEN]));
+    }
+    s.read_exact(&mut ic[CH_LEN..]).map_err(|e| io("reading the ICReq", e))?;
+    let req = IcReq::parse(&ic).map_err(|err| terminate(&mut s, &err, &ic))?;
+    let Some(target) = shared.target.upgrade() else { return Err("the target is gone".into()) };
+    let Some(transport) = lock(&target.transport).clone() else { return Err("no transport".into()) };
+    let resp = IcResp { cpda: 0, digests: req.digests, maxh2cdata: MAX_H2C_DATA };
+    resp.write(&mut ic);
+    s.write_all(&ic).map_err(|e| io("sending the ICResp", e))?;
+    let digests = req.digests;
+
+    // The first capsule: a Connect with its 1024 bytes in the capsule.
+    let mut head = [0u8; HEADER_ROOM];
+    s.read_exact(&mut head[..CH_LEN]).map_err(|e| io("reading the Connect", e))?;
+    let ch = CommonHeader::parse(head[..CH_LEN].try_into().expect("eight bytes"));
+    let max = (CAPSULE_CMD_HLEN + DIGEST_LEN + CONNECT_DATA_LEN + ADMIN_ICD as usize + DIGEST_LEN) as u32;
+    let layout = match check_header(&ch, digests, 0, max) {
+        Ok(l) if ch.pdu_type == PDU_CAPSULE_CMD => l,
+        Ok(_) => {
+            let err =
+                PduError { fes: FES_PDU_SEQUENCE_ERROR, fei: 0, what: "a PDU other than a Connect capsule" };
+            return Err(terminate(&mut s, &err, &head[..CH_LEN]));
+        }
+        Err(err) => return Err(terminate(&mut s, &err, &head[..CH_LEN])),
+    };
+    let mut pdu = vec![0u8; layout.plen()];
+    pdu[..CH_LEN].copy_from_slice(&head[..CH_LEN]);
+    s.read_exact(&mut pdu[CH_LEN..]).map_err(|e| io("reading the Connect", e))?;
+    if layout.header_len > CAPSULE_CMD_HLEN && !header_digest_ok(&pdu, CAPSULE_CMD_HLEN) {
+        let err = PduError { fes: FES_HEADER_DIGEST_ERROR, fei: 0, what: "header digest mismatch" };
+        return Err(terminate(&mut s, &err, &pdu[..layout.header_len]));
+    }
+    let data = &pdu[layout.data_offset..layout.data_offset + layout.data_len];
+    if layout.data_digest {
+        let d = &pdu[layout.data_offset + layout.data_len..];
+        if crc32c(data).to_le_bytes() != d {
+            return Err("data digest mismatch on the Connect".into());
+        }
+    }
+    let sqe = capsule_sqe(&pdu).expect("a capsule header");
+    let respond = |s: &mut TcpStream, cqe: Cqe| -> Result<(), String> {
+        let mut b = [0u8; HEADER_ROOM];
+        let n = write_capsule_resp(&mut b, &cqe, digests);
+        s.write_all(&b[..n]).map_err(|e| io("sending the Connect response", e))
+    };
+    let refuse = |s: &mut TcpStream, r: ConnectRefusal| -> String {
+        let _ = respond(s, r.cqe(sqe.cid()));
+        format!("Connect refused: {}", r.why)
+    };
+    let connect = Connect::parse(&sqe, data).map_err(|r| refuse(&mut s, r))?;
+    // The SGL must describe the data where it is: in the capsule, at offset 0.
+    if sqe.sgl().type_byte() != SGL_IN_CAPSULE || sqe.sgl().address() != 0 {
+        let r = ConnectRefusal::status(
+            Status::generic(SC_SGL_DESCRIPTOR_TYPE_INVALID),
+            "Connect data not in the capsule",
+        );
+        return Err(refuse(&mut s, r));
+    }
+    let accepted = accept(&target, &shared.addr, &transport, &connect).map_err(|r| refuse(&mut s, r))?;
+    let cqe =
+        Cqe { dw0: u32::from(accepted.cntlid), sqid: connect.qid, ..Cqe::new(connect.cid, Status::SUCCESS) };
+    if let Err(e) = respond(&mut s, cqe) {
+        unreserve(&accepted.sub, accepted.cntlid, connect.qid);
+        return Err(e);
+    }
+    s.set_read_timeout(None).map_err(|e| e.to_string())?;
+    s.set_write_timeout(None).map_err(|e| e.to_string())?;
+    s.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let n = target.reactors.len();
+    let reactor = if connect.qid == 0 {
+        target.reactors[usize::from(accepted.cntlid) % n].clone()
+    } else {
+        target.reactors[usize::from(connect.qid) % n].clone()
+    };
+    log::info!(
+        "nvmf: {peer}: {} connected {} of controller {} (reactor {}{})",
+        connect.hostnqn,
+        if connect.qid == 0 { "the admin queue".to_string() } else { format!("I/O queue {}", connect.qid) },
+        accepted.cntlid,
+        reactor.id(),
+        if digests.header || digests.data { ", digests" } else { "" }
+    );
+    let setup = QpairSetup {
+        fd: s.into(),
+        peer: peer.to_string(),
+        listen: shared.addr.clone(),
+        sub: accepted.sub,
+        ctrl: accepted.ctrl,
+        role: accepted.role,
+        qid: connect.qid,
+        sq_entries: connect.sq_entries,
+        digests,
+        hpda: req.hpda,
+        transport,
+    };
+    hand_over(reactor, setup);
+    Ok(())
+}
+
+struct Accepted {
+    cntlid: u16,
+    sub: Arc<Subsystem>,
+    ctrl: Arc<CtrlShared>,
+    role: Role,
+}
+
+/// Checks a Connect against the subsystem and registers the controller (admin queue) or
+/// checks the controller it joins (I/O queue).
+fn accept(
+    t: &TargetInner,
+    listen: &ListenAddress,
+    transport: &TransportOptions,
+    c: &Connect,
+) -> Result<Accepted, ConnectRefusal> {
+    use crate::connect::{CMD_QID, CMD_SQSIZE, DATA_CNTLID, DATA_HOSTNQN, DATA_SUBNQN};
+    let no_subsystem = ConnectRefusal::invalid_parameter(true, DATA_SUBNQN, "no such subsystem here");
+    let sub = t.subsystem(&c.subnqn).ok_or(no_subsystem)?;
+    let mut st = lock(&sub.state);
+    if st.deleted || (sub.kind == SubsystemKind::Nvme && !st.listeners.contains(listen)) {
+        return Err(no_subsystem);
+    }
+    if !st.host_allowed(&c.hostnqn) {
+        return Err(ConnectRefusal {
+            status: Status::command_specific(SC_CONNECT_INVALID_HOST),
+            dw0: DATA_HOSTNQN as u32 | (1 << 16),
+            why: "host not allowed",
+        });
+    }
+    if c.qid == 0 {
+        if c.sq_entries > transport.max_aq_depth {
+            return Err(ConnectRefusal::invalid_parameter(
+                false,
+                CMD_SQSIZE,
+                "admin queue larger than max_aq_depth",
+            ));
+        }
+        if c.cntlid != CNTLID_DYNAMIC && c.cntlid != 0xFFFE {
+            return Err(ConnectRefusal::invalid_parameter(true, DATA_CNTLID, "only dynamic controllers"));
+        }
+        let cntlid = st.allocate_cntlid().ok_or(ConnectRefusal::status(
+            Status::command_specific(SC_CONNECT_CONTROLLER_BUSY),
+            "no controller ID left",
+        ))?;
+        let ctrl = Arc::new(CtrlShared {
+            cntlid,
+            hostnqn: c.hostnqn.clone(),
+            hostid: c.hostid,
+            ready: Default::default(),
+            io_queues_allowed: Default::default(),
+            gone: Default::default(),
+        });
+        let entry = CtrlEntry {
+            shared: ctrl.clone(),
+            admin: None,
+            io: Default::default(),
+            reserved: Default::default(),
+        };
+        st.controllers.insert(cntlid, entry);
+        let cfg = ControllerConfig {
+            cntlid,
+            kind: sub.kind,
+            subnqn: c.subnqn.clone(),
+            hostnqn: c.hostnqn.clone(),
+            hostid: c.hostid,
+            max_queue_entries: transport.max_queue_depth,
+            max_admin_queue_entries: transport.max_aq_depth,
+            max_io_queues: transport.max_io_qpairs_per_ctrlr.min(u32::from(u16::MAX)) as u16,
+            in_capsule_data_size: transport.in_capsule_data_size,
+            max_transfer_bytes: transport.max_io_size,
+            kato_ms: c.kato_ms,
+        };
+        drop(st);
+        return Ok(Accepted { cntlid, sub, ctrl, role: Role::Admin(Box::new(cfg)) });
+    }
+    let bad_ctrl = ConnectRefusal::invalid_parameter(true, DATA_CNTLID, "no such controller of this host");
+    let entry = st.controllers.get(&c.cntlid).ok_or(bad_ctrl)?;
+    let ctrl = entry.shared.clone();
+    if ctrl.hostnqn != c.hostnqn || ctrl.hostid != c.hostid || ctrl.gone.load(Ordering::Acquire) {
+        return Err(bad_ctrl);
+    }
+    if !ctrl.ready.load(Ordering::Acquire) {
+        return Err(ConnectRefusal::status(
+            Status::generic(SC_COMMAND_SEQUENCE_ERROR),
+            "I/O queue before the controller is enabled",
+        ));
+    }
+    let in_use = entry.io.contains_key(&c.qid) || entry.reserved.contains(&c.qid);
+    if c.qid > ctrl.io_queues_allowed.load(Ordering::Acquire) || in_use {
+        return Err(ConnectRefusal::invalid_parameter(false, CMD_QID, "queue ID not allowed or in use"));
+    }
+    if c.sq_entries > transport.max_queue_depth {
+        return Err(ConnectRefusal::invalid_parameter(
+            false,
+            CMD_SQSIZE,
+            "queue larger than max_queue_depth",
+        ));
+    }
+    st.controllers.get_mut(&c.cntlid).expect("found above").reserved.insert(c.qid);
+    drop(st);
+    Ok(Accepted { cntlid: c.cntlid, sub, ctrl, role: Role::Io })
+}
+
+/// Moves a connected queue to its reactor, where it is registered with its controller.
+fn hand_over(reactor: fp_reactor::ReactorHandle, setup: QpairSetup) {
+    let handle = reactor.clone();
+    reactor.send(move |r| {
+        let sub = setup.sub.clone();
+        let ctrl = setup.ctrl.clone();
+        let (qid, listen, peer) = (setup.qid, setup.listen.clone(), setup.peer.clone());
+        let alive = |st: &crate::subsystem::SubState| {
+            !st.deleted && !ctrl.gone.load(Ordering::Acquire) && st.controllers.contains_key(&ctrl.cntlid)
+        };
+        if !alive(&lock(&sub.state)) {
+            unreserve(&sub, ctrl.cntlid, qid);
+            return log::info!("nvmf: {peer}: controller {} went away during the handshake", ctrl.cntlid);
+        }
+        let p = match QpairPoller::new(setup, Instant::now()) {
+            Ok(p) => p,
+            Err(e) => {
+                unreserve(&sub, ctrl.cntlid, qid);
+                return log::warn!("nvmf: {peer}: cannot set the queue up: {e}; connection closed");
+            }
+        };
+        let id = r.add_poller(Box::new(p));
+        let mut st = lock(&sub.state);
+        if let Some(e) = st.controllers.get_mut(&ctrl.cntlid) {
+            e.reserved.remove(&qid);
+        }
+        let still = alive(&st);
+        if let Some(p) = r.poller_mut::<QpairPoller>(id) {
+            p.registered(id);
+            if !still {
+                p.close_after("its controller went away during the handshake");
+            }
+        }
+        if still {
+            let q = QpairRef { reactor: handle, id, listen };
+            let entry = st.controllers.get_mut(&ctrl.cntlid).expect("checked above");
+            if qid == 0 {
+                entry.admin = Some(q);
+            } else {
+                entry.io.insert(qid, q);
+            }
+        }
+    });
+}
+
+/// A queue that will not run after all: an admin queue's controller goes, an I/O queue's ID
+/// is free again.
+fn unreserve(sub: &Subsystem, cntlid: u16, qid: u16) {
+    let mut st = lock(&sub.state);
+    if qid == 0 {
+        st.controllers.remove(&cntlid);
+    } else if let Some(e) = st.controllers.get_mut(&cntlid) {
+        e.reserved.remove(&qid);
+    }
+}

@@ -1,0 +1,730 @@
+//! [`NvmfTarget`]: the control API the registry's nvmf export drives with SPDK's nvmf_* methods
+//! (the transport, subsystems, their listeners, hosts and namespaces) and the SPDK-shaped
+//! objects it reports. One per daemon; the discovery subsystem exists from the start.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fp_bdev::Bdev;
+use fp_reactor::ReactorHandle;
+use serde::{Deserialize, Serialize};
+
+use crate::info::*;
+use crate::model::{DiscoveryEntry, SubsystemKind};
+use crate::server::Listener;
+use crate::spec::{DISCOVERY_NQN, NQN_MAX_LEN};
+use crate::subsystem::{lock, Namespace, SubState, Subsystem};
+
+/// How the target may be reached.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TargetOptions {
+    /// False: listeners only on loopback addresses.
+    pub allow_remote_listeners: bool,
+}
+
+/// The TCP transport's settings; field names are SPDK's `nvmf_get_transports` keys, defaults
+/// SPDK v23.01's for TCP.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TransportOptions {
+    pub trtype: String,
+    pub max_queue_depth: u32,
+    pub max_io_qpairs_per_ctrlr: u32,
+    pub in_capsule_data_size: u32,
+    pub max_io_size: u32,
+    pub io_unit_size: u32,
+    pub max_aq_depth: u32,
+    pub c2h_success: bool,
+    pub sock_priority: u32,
+    pub abort_timeout_sec: u32,
+}
+
+impl Default for TransportOptions {
+    fn default() -> Self {
+        TransportOptions {
+            trtype: "TCP".into(),
+            max_queue_depth: 128,
+            max_io_qpairs_per_ctrlr: 127,
+            in_capsule_data_size: 4096,
+            max_io_size: 131072,
+            io_unit_size: 131072,
+            max_aq_depth: 128,
+            c2h_success: true,
+            sock_priority: 0,
+            abort_timeout_sec: 1,
+        }
+    }
+}
+
+impl TransportOptions {
+    fn check(&mut self) -> Result<(), NvmfError> {
+        if !self.trtype.eq_ignore_ascii_case("tcp") {
+            return Err(invalid("trtype", format!("'{}' is not supported (TCP only)", self.trtype)));
+        }
+        self.trtype = "TCP".into();
+        if !(2..=4096).contains(&self.max_queue_depth) {
+            return Err(invalid("max_queue_depth", "must be 2 to 4096"));
+        }
+        if !(2..=4096).contains(&self.max_aq_depth) {
+            return Err(invalid("max_aq_depth", "must be 2 to 4096"));
+        }
+        if !(1..=65534).contains(&self.max_io_qpairs_per_ctrlr) {
+            return Err(invalid("max_io_qpairs_per_ctrlr", "must be 1 to 65534"));
+        }
+        if self.max_io_size < 4096 || !self.max_io_size.is_multiple_of(4096) || self.max_io_size > (8 << 20) {
+            return Err(invalid("max_io_size", "must be a multiple of 4096 from 4096 to 8 MiB"));
+        }
+        if !self.in_capsule_data_size.is_multiple_of(16) || self.in_capsule_data_size > 131072 {
+            return Err(invalid("in_capsule_data_size", "must be a multiple of 16 up to 131072"));
+        }
+        if self.io_unit_size == 0 {
+            return Err(invalid("io_unit_size", "must not be 0"));
+        }
+        Ok(())
+    }
+}
+
+/// What `nvmf_create_subsystem` asks for.
+#[derive(Debug, Clone, Default)]
+pub struct SubsystemSpec {
+    pub nqn: String,
+    pub serial_number: Option<String>,
+    pub model_number: Option<String>,
+    pub allow_any_host: bool,
+    /// 0: the default, 32.
+    pub max_namespaces: u32,
+    pub min_cntlid: u16,
+    pub max_cntlid: u16,
+}
+
+/// A listener's address, as SPDK's `listen_address` objects spell it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ListenAddress {
+    pub trtype: String,
+    pub adrfam: String,
+    pub traddr: String,
+    pub trsvcid: String,
+}
+
+impl ListenAddress {
+    /// The socket address, checked: TCP, the family matching the address, a port.
+    pub(crate) fn socket_addr(&self) -> Result<std::net::SocketAddr, NvmfError> {
+        if !self.trtype.eq_ignore_ascii_case("tcp") {
+            return Err(invalid("trtype", format!("'{}' is not supported (TCP only)", self.trtype)));
+        }
+        let ip: IpAddr = self
+            .traddr
+            .parse()
+            .map_err(|_| invalid("traddr", format!("'{}' is not an IP address", self.traddr)))?;
+        let family_ok = match self.adrfam.to_ascii_lowercase().as_str() {
+            "ipv4" => ip.is_ipv4(),
+            "ipv6" => ip.is_ipv6(),
+            _ => return Err(invalid("adrfam", format!("'{}' is not IPv4 or IPv6", self.adrfam))),
+        };
+        if !family_ok {
+            return Err(invalid("adrfam", format!("{} is not an {} address", self.traddr, self.adrfam)));
+        }
+        let port: u16 = self
+            .trsvcid
+            .parse()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| invalid("trsvcid", format!("'{}' is not a port number", self.trsvcid)))?;
+        Ok(std::net::SocketAddr::new(ip, port))
+    }
+
+    /// The same address spelled as SPDK reports it ("TCP", "IPv4"/"IPv6").
+    fn normalized(&self) -> ListenAddress {
+        let adrfam = if self.adrfam.eq_ignore_ascii_case("ipv6") { "IPv6" } else { "IPv4" };
+        ListenAddress { trtype: "TCP".into(), adrfam: adrfam.into(), ..self.clone() }
+    }
+}
+
+/// What `nvmf_subsystem_add_ns` asks for.
+pub struct NamespaceSpec {
+    /// Chosen by the caller (see [`NvmfTarget::free_nsid`]).
+    pub nsid: u32,
+    pub bdev: Bdev,
+    pub bdev_name: String,
+    pub uuid: Option<[u8; 16]>,
+    pub nguid: Option<[u8; 16]>,
+    pub eui64: Option<[u8; 8]>,
+    pub read_only: bool,
+}
+
+/// Why a control call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmfError {
+    #[error("{what} '{name}' not found")]
+    NotFound { what: &'static str, name: String },
+    #[error("{what} '{name}' already exists")]
+    AlreadyExists { what: &'static str, name: String },
+    #[error("invalid {field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> NvmfError {
+    NvmfError::Invalid { field, reason: reason.into() }
+}
+
+fn not_found(what: &'static str, name: &str) -> NvmfError {
+    NvmfError::NotFound { what, name: name.to_string() }
+}
+
+/// How long `remove_namespace` waits for the namespace's I/O in flight.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A listener, the subsystems on it and its port ID (in the discovery log).
+pub(crate) type OpenListener = (Listener, BTreeSet<String>, u16);
+
+/// The target's state, shared with the listener and handshake threads.
+pub(crate) struct TargetInner {
+    pub reactors: Vec<ReactorHandle>,
+    pub options: TargetOptions,
+    pub transport: Mutex<Option<TransportOptions>>,
+    pub subsystems: Mutex<BTreeMap<String, Arc<Subsystem>>>,
+    pub discovery: Arc<Subsystem>,
+    /// Open listeners, each with the subsystems on it and its port ID.
+    pub listeners: Mutex<BTreeMap<ListenAddress, OpenListener>>,
+}
+
+impl TargetInner {
+    pub(crate) fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        if nqn == DISCOVERY_NQN {
+            return Some(self.discovery.clone());
+        }
+        lock(&self.subsystems).get(nqn).cloned()
+    }
+
+    /// Rebuilds the discovery log: every NVM subsystem at every one of its listeners.
+    fn refresh_discovery(&self) {
+        let ports: BTreeMap<ListenAddress, u16> =
+            lock(&self.listeners).iter().map(|(a, (_, _, port))| (a.clone(), *port)).collect();
+        let mut log = Vec::new();
+        for s in lock(&self.subsystems).values() {
+            let st = lock(&s.state);
+            for a in &st.listeners {
+                log.push(DiscoveryEntry {
+                    adrfam: if a.adrfam == "IPv6" { 2 } else { 1 },
+                    subtype: 2,
+                    port_id: ports.get(a).copied().unwrap_or(0),
+                    traddr: a.traddr.clone(),
+                    trsvcid: a.trsvcid.clone(),
+                    subnqn: s.nqn.clone(),
+                });
+            }
+        }
+        self.discovery.refresh_view(Some(log));
+        crate::qpair::notify_discovery(&self.discovery);
+    }
+}
+
+/// The NVMe-oF target of a daemon (cheap to clone).
+#[derive(Clone)]
+pub struct NvmfTarget {
+    pub(crate) inner: Arc<TargetInner>,
+}
+
+fn check_nqn(nqn: &str) -> Result<(), NvmfError> {
+    if nqn.is_empty() || nqn.len() > NQN_MAX_LEN || !nqn.starts_with("nqn.") {
+        return Err(invalid(
+            "nqn",
+            format!("'{nqn}' is not an NQN (nqn.yyyy-mm.<domain>..., at most 223 bytes)"),
+        ));
+    }
+    Ok(())
+}
+
+/// A stable identifier derived from names: what SPDK makes random, kept the same across
+/// restarts so a host sees the same namespace.
+fn derived_id<const N: usize>(salt: &str, parts: &[&str]) -> [u8; N] {
+    let mut out = [0u8; N];
+    for (i, chunk) in out.chunks_mut(4).enumerate() {
+        let mut crc = crate::pdu::crc32c(salt.as_bytes());
+        crc = crate::pdu::crc32c_append(crc, &(i as u32).to_le_bytes());
+        for p in parts {
+            crc = crate::pdu::crc32c_append(crc, p.as_bytes());
+            crc = crate::pdu::crc32c_append(crc, &[0]);
+        }
+        chunk.copy_from_slice(&crc.to_le_bytes()[..chunk.len()]);
+    }
+    out
+}
+
+impl NvmfTarget {
+    /// A target serving on `reactors`; the discovery subsystem exists from the start.
+    pub fn new(reactors: Vec<ReactorHandle>, options: TargetOptions) -> NvmfTarget {
+        let discovery = Subsystem::new(
+            DISCOVERY_NQN.into(),
+            SubsystemKind::Discovery,
+            SubState {
+                serial: String::new(),
+                model: String::new(),
+                allow_any_host: true,
+                hosts: BTreeSet::new(),
+                max_namespaces: 0,
+                min_cntlid: 1,
+                max_cntlid: 0xFFEF,
+                listeners: Vec::new(),
+                namespaces: BTreeMap::new(),
+                controllers: BTreeMap::new(),
+                next_cntlid: 1,
+                deleted: false,
+            },
+        );
+        NvmfTarget {
+            inner: Arc::new(TargetInner {
+                reactors,
+                options,
+                transport: Mutex::new(None),
+                subsystems: Mutex::new(BTreeMap::new()),
+                discovery: Arc::new(discovery),
+                listeners: Mutex::new(BTreeMap::new()),
+            }),
+        }
+    }
+
+    /// Creates the TCP transport; a second one: AlreadyExists.
+    pub fn create_transport(&self, mut opts: TransportOptions) -> Result<(), NvmfError> {
+        opts.check()?;
+        if self.inner.reactors.is_empty() {
+            return Err(invalid("trtype", "the daemon has no reactor to serve queue pairs"));
+        }
+        let mut t = lock(&self.inner.transport);
+        if t.is_some() {
+            return Err(NvmfError::AlreadyExists { what: "transport", name: "TCP".into() });
+        }
+        *t = Some(opts);
+        Ok(())
+    }
+
+    pub fn transports(&self) -> Vec<TransportOptions> {
+        lock(&self.inner.transport).iter().cloned().collect()
+    }
+
+    pub fn create_subsystem(&self, spec: SubsystemSpec) -> Result<(), NvmfError> {
+        check_nqn(&spec.nqn)?;
+        if spec.nqn == DISCOVERY_NQN {
+            return Err(NvmfError::AlreadyExists { what: "subsystem", name: spec.nqn });
+        }
+        let serial = spec.serial_number.unwrap_or_else(|| "00000000000000000000".into());
+        if serial.len() > 20 || !serial.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return Err(invalid("serial_number", "at most 20 printable ASCII characters"));
+        }
+        let model = spec.model_number.unwrap_or_else(|| "flashpath NVMe-oF controller".into());
+        if model.len() > 40 || !model.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return Err(invalid("model_number", "at most 40 printable ASCII characters"));
+        }
+        let (min, max) =
+            (spec.min_cntlid.max(1), if spec.max_cntlid == 0 { 0xFFEF } else { spec.max_cntlid });
+        if min > max || max > 0xFFEF {
+            return Err(invalid("min_cntlid", "need 1 <= min_cntlid <= max_cntlid <= 65519"));
+        }
+        let max_namespaces = if spec.max_namespaces == 0 { 32 } else { spec.max_namespaces };
+        let state = SubState {
+            serial,
+            model,
+            allow_any_host: spec.allow_any_host,
+            hosts: BTreeSet::new(),
+            max_namespaces,
+            min_cntlid: min,
+            max_cntlid: max,
+            listeners: Vec::new(),
+            namespaces: BTreeMap::new(),
+            controllers: BTreeMap::new(),
+            next_cntlid: min,
+            deleted: false,
+        };
+        let sub = Arc::new(Subsystem::new(spec.nqn.clone(), SubsystemKind::Nvme, state));
+        sub.refresh_view(None);
+        let mut subs = lock(&self.inner.subsystems);
+        if subs.contains_key(&spec.nqn) {
+            return Err(NvmfError::AlreadyExists { what: "subsystem", name: spec.nqn });
+        }
+        subs.insert(spec.nqn, sub);
+        Ok(())
+    }
+
+    fn nvm_subsystem(&self, nqn: &str) -> Result<Arc<Subsystem>, NvmfError> {
+        lock(&self.inner.subsystems).get(nqn).cloned().ok_or_else(|| not_found("subsystem", nqn))
+    }
+
+    /// Deletes a subsystem and disconnects its hosts; its namespaces must be removed first.
+    pub fn delete_subsystem(&self, nqn: &str) -> Result<(), NvmfError> {
+        let sub = self.nvm_subsystem(nqn)?;
+        let (qpairs, listeners) = {
+            let mut st = lock(&sub.state);
+            if !st.namespaces.is_empty() {
+                return Err(invalid("nqn", format!("{nqn} still has {} namespaces", st.namespaces.len())));
+            }
+            st.deleted = true;
+            (st.qpairs(), std::mem::take(&mut st.listeners))
+        };
+        lock(&self.inner.subsystems).remove(nqn);
+        for a in &listeners {
+            self.release_listener(nqn, a);
+        }
+        crate::qpair::close_qpairs(&qpairs, "the subsystem was deleted");
+        self.inner.refresh_discovery();
+        log::info!("nvmf: subsystem {nqn} deleted ({} queue pairs disconnected)", qpairs.len());
+        Ok(())
+    }
+
+    /// Takes `nqn` off the listener at `addr`; the last one closes it.
+    fn release_listener(&self, nqn: &str, addr: &ListenAddress) {
+        let closed = {
+            let mut ls = lock(&self.inner.listeners);
+            let empty = ls.get_mut(addr).map(|l| {
+                l.1.remove(nqn);
+                l.1.is_empty()
+            });
+            if empty == Some(true) {
+                ls.remove(addr)
+            } else {
+                None
+            }
+        };
+        if let Some((l, _, _)) = closed {
+            l.close();
+        }
+    }
+
+    /// Makes the subsystem reachable at `addr` (opening the listener if it is new).
+    pub fn add_listener(&self, nqn: &str, addr: ListenAddress) -> Result<(), NvmfError> {
+        if lock(&self.inner.transport).is_none() {
+            return Err(invalid("trtype", "no TCP transport: nvmf_create_transport first"));
+        }
+        let sock = addr.socket_addr()?;
+        let addr = addr.normalized();
+        if !self.inner.options.allow_remote_listeners && !sock.ip().is_loopback() {
+            return Err(invalid(
+                "traddr",
+                format!("{} is not a loopback address and remote listeners are not allowed", addr.traddr),
+            ));
+        }
+        let sub = self.nvm_subsystem(nqn)?;
+        {
+            let st = lock(&sub.state);
+            if st.listeners.contains(&addr) {
+                return Err(NvmfError::AlreadyExists {
+                    what: "listener",
+                    name: format!("{}:{}", addr.traddr, addr.trsvcid),
+                });
+            }
+        }
+        {
+            let mut ls = lock(&self.inner.listeners);
+            match ls.get_mut(&addr) {
+                Some(l) => {
+                    l.1.insert(nqn.to_string());
+                }
+                None => {
+                    let port = (0u16..).find(|p| ls.values().all(|l| l.2 != *p)).unwrap_or(0);
+                    let l = Listener::open(&self.inner, addr.clone(), sock)
+                        .map_err(|e| invalid("traddr", format!("cannot listen on {sock}: {e}")))?;
+                    ls.insert(addr.clone(), (l, BTreeSet::from([nqn.to_string()]), port));
+                }
+            }
+        }
+        lock(&sub.state).listeners.push(addr);
+        self.inner.refresh_discovery();
+        Ok(())
+    }
+
+    pub fn remove_listener(&self, nqn: &str, addr: &ListenAddress) -> Result<(), NvmfError> {
+        let sub = self.nvm_subsystem(nqn)?;
+        let addr = addr.normalized();
+        {
+            let mut st = lock(&sub.state);
+            let before = st.listeners.len();
+            st.listeners.retain(|a| a != &addr);
+            if st.listeners.len() == before {
+                return Err(not_found("listener", &format!("{}:{}", addr.traddr, addr.trsvcid)));
+            }
+        }
+        self.release_listener(nqn, &addr);
+        self.inner.refresh_discovery();
+        Ok(())
+    }
+
+    pub fn add_host(&self, nqn: &str, host_nqn: &str) -> Result<(), NvmfError> {
+        check_nqn(host_nqn).map_err(|_| invalid("host", format!("'{host_nqn}' is not an NQN")))?;
+        let sub = self.nvm_subsystem(nqn)?;
+        let mut st = lock(&sub.state);
+        if !st.hosts.insert(host_nqn.to_string()) {
+            return Err(NvmfError::AlreadyExists { what: "host", name: host_nqn.to_string() });
+        }
+        Ok(())
+    }
+
+    /// Takes a host off the allowed list; its controllers are disconnected (unless any host may
+    /// connect).
+    pub fn remove_host(&self, nqn: &str, host_nqn: &str) -> Result<(), NvmfError> {
+        let sub = self.nvm_subsystem(nqn)?;
+        let qpairs = {
+            let mut st = lock(&sub.state);
+            if !st.hosts.remove(host_nqn) {
+                return Err(not_found("host", host_nqn));
+            }
+            if st.allow_any_host {
+                Vec::new()
+            } else {
+                host_qpairs(&st, |h| h == host_nqn)
+            }
+        };
+        crate::qpair::close_qpairs(&qpairs, "the host was removed from the subsystem");
+        Ok(())
+    }
+
+    /// Lets any host connect, or only the listed ones (those connected and not listed are
+    /// disconnected).
+    pub fn set_allow_any_host(&self, nqn: &str, allow: bool) -> Result<(), NvmfError> {
+        let sub = self.nvm_subsystem(nqn)?;
+        let qpairs = {
+            let mut st = lock(&sub.state);
+            st.allow_any_host = allow;
+            if allow {
+                Vec::new()
+            } else {
+                let hosts = st.hosts.clone();
+                host_qpairs(&st, |h| !hosts.contains(h))
+            }
+        };
+        crate::qpair::close_qpairs(&qpairs, "the host is no longer allowed");
+        Ok(())
+    }
+
+    /// The lowest namespace ID not in use.
+    pub fn free_nsid(&self, nqn: &str) -> Result<u32, NvmfError> {
+        let sub = self.nvm_subsystem(nqn)?;
+        let st = lock(&sub.state);
+        (1..=st.max_namespaces)
+            .find(|n| !st.namespaces.contains_key(n))
+            .ok_or_else(|| invalid("nsid", format!("{nqn} has its {} namespaces", st.max_namespaces)))
+    }
+
+    /// Attaches a namespace; connected hosts hear of it (AER).
+    pub fn add_namespace(&self, nqn: &str, ns: NamespaceSpec) -> Result<u32, NvmfError> {
+        let sub = self.nvm_subsystem(nqn)?;
+        let admins = {
+            let mut st = lock(&sub.state);
+            if ns.nsid == 0 || ns.nsid > st.max_namespaces {
+                return Err(invalid("nsid", format!("must be 1 to {}", st.max_namespaces)));
+            }
+            if st.namespaces.contains_key(&ns.nsid) {
+                return Err(NvmfError::AlreadyExists { what: "namespace", name: ns.nsid.to_string() });
+            }
+            let uuid = ns.uuid.unwrap_or_else(|| {
+                let mut u: [u8; 16] = derived_id("uuid", &[nqn, &ns.bdev_name]);
+                // RFC 9562 version 8 (custom), variant 10.
+                u[6] = (u[6] & 0x0f) | 0x80;
+                u[8] = (u[8] & 0x3f) | 0x80;
+                u
+            });
+            let nguid = ns.nguid.unwrap_or_else(|| derived_id("nguid", &[nqn, &ns.bdev_name]));
+            let n = Namespace::new(
+                ns.nsid,
+                ns.bdev,
+                ns.bdev_name,
+                uuid,
+                nguid,
+                ns.eui64.unwrap_or([0; 8]),
+                ns.read_only,
+            );
+            st.namespaces.insert(ns.nsid, Arc::new(n));
+            admin_qpairs(&st)
+        };
+        sub.ns_generation.fetch_add(1, Ordering::Release);
+        sub.refresh_view(None);
+        crate::qpair::notify_namespace(&admins, ns.nsid);
+        Ok(ns.nsid)
+    }
+
+    /// Detaches a namespace once its I/O in flight is done; later commands to it get Invalid
+    /// Namespace. Connected hosts hear of it (AER).
+    pub fn remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), NvmfError> {
+        let sub = self.nvm_subsystem(nqn)?;
+        let (qpairs, admins) = {
+            let mut st = lock(&sub.state);
+            if st.namespaces.remove(&nsid).is_none() {
+                return Err(not_found("namespace", &nsid.to_string()));
+            }
+            (st.qpairs(), admin_qpairs(&st))
+        };
+        sub.ns_generation.fetch_add(1, Ordering::Release);
+        sub.refresh_view(None);
+        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        if !crate::qpair::drain_namespace(&qpairs, nsid, deadline) {
+            log::warn!("nvmf: {nqn}: namespace {nsid}: I/O still in flight after {DRAIN_TIMEOUT:?}");
+        }
+        crate::qpair::notify_namespace(&admins, nsid);
+        Ok(())
+    }
+
+    /// The namespace's bdev changed size: hosts hear of it (AER).
+    pub fn namespace_resized(&self, nqn: &str, nsid: u32) {
+        let Ok(sub) = self.nvm_subsystem(nqn) else { return };
+        let admins = {
+            let st = lock(&sub.state);
+            if !st.namespaces.contains_key(&nsid) {
+                return;
+            }
+            admin_qpairs(&st)
+        };
+        sub.refresh_view(None);
+        crate::qpair::notify_namespace(&admins, nsid);
+    }
+
+    /// Every subsystem, the discovery one first, as SPDK's `nvmf_get_subsystems`.
+    pub fn subsystems(&self) -> Vec<SubsystemInfo> {
+        let mut v = vec![subsystem_info(&self.inner.discovery, &self.discovery_listeners())];
+        let subs: Vec<Arc<Subsystem>> = lock(&self.inner.subsystems).values().cloned().collect();
+        for s in subs {
+            v.push(subsystem_info(&s, &[]));
+        }
+        v
+    }
+
+    /// The discovery subsystem listens wherever any subsystem does.
+    fn discovery_listeners(&self) -> Vec<ListenAddress> {
+        lock(&self.inner.listeners).keys().cloned().collect()
+    }
+
+    fn any_subsystem(&self, nqn: &str) -> Result<Arc<Subsystem>, NvmfError> {
+        self.inner.subsystem(nqn).ok_or_else(|| not_found("subsystem", nqn))
+    }
+
+    /// As SPDK's `nvmf_subsystem_get_controllers`.
+    pub fn controllers(&self, nqn: &str) -> Result<Vec<ControllerInfo>, NvmfError> {
+        let sub = self.any_subsystem(nqn)?;
+        let st = lock(&sub.state);
+        Ok(st
+            .controllers
+            .values()
+            .map(|c| ControllerInfo {
+                cntlid: c.shared.cntlid,
+                hostnqn: c.shared.hostnqn.clone(),
+                hostid: uuid_string(&c.shared.hostid),
+                num_io_qpairs: c.io.len() as u32,
+            })
+            .collect())
+    }
+
+    /// As SPDK's `nvmf_subsystem_get_qpairs`.
+    pub fn qpairs(&self, nqn: &str) -> Result<Vec<QpairInfo>, NvmfError> {
+        let sub = self.any_subsystem(nqn)?;
+        let st = lock(&sub.state);
+        let mut v = Vec::new();
+        for c in st.controllers.values() {
+            let all = c.admin.iter().map(|q| (0, q)).chain(c.io.iter().map(|(qid, q)| (*qid, q)));
+            for (qid, q) in all {
+                v.push(QpairInfo {
+                    cntlid: c.shared.cntlid,
+                    qid,
+                    state: "active".into(),
+                    thread: format!("nvmf_tgt_poll_group_{}", q.reactor.id()),
+                    listen_address: q.listen.clone(),
+                });
+            }
+        }
+        Ok(v)
+    }
+
+    /// Per subsystem: controllers, queue pairs, and per namespace its I/O counters.
+    pub fn stats(&self) -> Vec<SubsystemStats> {
+        let subs: Vec<Arc<Subsystem>> = lock(&self.inner.subsystems).values().cloned().collect();
+        subs.iter()
+            .map(|s| {
+                let st = lock(&s.state);
+                let qpairs = st
+                    .controllers
+                    .values()
+                    .map(|c| usize::from(c.admin.is_some()) + c.io.len())
+                    .sum::<usize>();
+                SubsystemStats {
+                    nqn: s.nqn.clone(),
+                    controllers: st.controllers.len() as u32,
+                    qpairs: qpairs as u32,
+                    namespaces: st
+                        .namespaces
+                        .values()
+                        .map(|n| {
+                            let [read_ops, write_ops, bytes_read, bytes_written, other_ops, errors] =
+                                n.totals();
+                            NamespaceStats {
+                                nsid: n.nsid,
+                                bdev_name: n.bdev_name.clone(),
+                                read_ops,
+                                write_ops,
+                                bytes_read,
+                                bytes_written,
+                                other_ops,
+                                errors,
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Daemon shutdown: closes the listeners and disconnects every host.
+    pub fn stop(&self) {
+        let listeners = std::mem::take(&mut *lock(&self.inner.listeners));
+        for (_, (l, _, _)) in listeners {
+            l.close();
+        }
+        let mut all = Vec::new();
+        let subs: Vec<Arc<Subsystem>> = lock(&self.inner.subsystems).values().cloned().collect();
+        for s in subs.iter().chain(std::iter::once(&self.inner.discovery)) {
+            all.extend(lock(&s.state).qpairs());
+        }
+        crate::qpair::close_qpairs(&all, "the target is stopping");
+    }
+}
+
+fn admin_qpairs(st: &SubState) -> Vec<crate::subsystem::QpairRef> {
+    st.controllers.values().filter_map(|c| c.admin.clone()).collect()
+}
+
+fn host_qpairs(st: &SubState, pick: impl Fn(&str) -> bool) -> Vec<crate::subsystem::QpairRef> {
+    let mut v = Vec::new();
+    for c in st.controllers.values().filter(|c| pick(&c.shared.hostnqn)) {
+        c.shared.gone.store(true, Ordering::Release);
+        v.extend(c.admin.iter().cloned());
+        v.extend(c.io.values().cloned());
+    }
+    v
+}
+
+fn subsystem_info(s: &Subsystem, discovery_listeners: &[ListenAddress]) -> SubsystemInfo {
+    let st = lock(&s.state);
+    let discovery = s.kind == SubsystemKind::Discovery;
+    SubsystemInfo {
+        nqn: s.nqn.clone(),
+        subtype: if discovery { "Discovery" } else { "NVMe" }.into(),
+        listen_addresses: if discovery { discovery_listeners.to_vec() } else { st.listeners.clone() },
+        allow_any_host: st.allow_any_host,
+        hosts: st.hosts.iter().map(|h| HostInfo { nqn: h.clone() }).collect(),
+        serial_number: (!discovery).then(|| st.serial.clone()),
+        model_number: (!discovery).then(|| st.model.clone()),
+        max_namespaces: (!discovery).then_some(st.max_namespaces),
+        min_cntlid: (!discovery).then_some(st.min_cntlid),
+        max_cntlid: (!discovery).then_some(st.max_cntlid),
+        namespaces: (!discovery).then(|| {
+            st.namespaces
+                .values()
+                .map(|n| NamespaceEntry {
+                    nsid: n.nsid,
+                    bdev_name: n.bdev_name.clone(),
+                    name: n.bdev_name.clone(),
+                    nguid: n.nguid.iter().map(|b| format!("{b:02X}")).collect(),
+                    uuid: uuid_string(&n.uuid),
+                })
+                .collect()
+        }),
+    }
+}

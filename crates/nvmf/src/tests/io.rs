@@ -1,0 +1,211 @@
+//! Queue pairs end to end: I/O on several queues over two reactors, with in-capsule and R2T
+//! data and digests; keep-alive expiry; a subsystem deleted under a connected host; a resized
+//! namespace reaching a parked AER.
+
+use std::time::{Duration, Instant};
+
+use fp_reactor::{ReactorConfig, ReactorSet};
+
+use super::api::{free_port, listen, ns};
+use super::host::*;
+use crate::pdu::Digests;
+use crate::spec::*;
+use crate::*;
+
+pub(crate) const NQN: &str = "nqn.2016-06.io.flashpath:test";
+
+pub(crate) struct Target {
+    pub t: NvmfTarget,
+    pub port: u16,
+    reactors: Option<ReactorSet>,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.t.stop();
+        if let Some(r) = self.reactors.take() {
+            r.shutdown();
+        }
+    }
+}
+
+/// A target on two reactors with one subsystem (any host) of one 4 MiB RAM namespace.
+pub(crate) fn target() -> Target {
+    let reactors = ReactorSet::start(&[0, 1], ReactorConfig::default()).unwrap();
+    let t = NvmfTarget::new(reactors.handles().to_vec(), TargetOptions::default());
+    t.create_transport(TransportOptions::default()).unwrap();
+    t.create_subsystem(SubsystemSpec { nqn: NQN.into(), allow_any_host: true, ..Default::default() })
+        .unwrap();
+    let port = free_port();
+    t.add_listener(NQN, listen(port)).unwrap();
+    t.add_namespace(NQN, ns(1, "ram0", 8192)).unwrap();
+    Target { t, port, reactors: Some(reactors) }
+}
+
+pub(crate) fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Waits for `cond`, at most 5 s.
+pub(crate) fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+#[test]
+fn io_on_several_queues_and_reactors() {
+    let tg = target();
+    let mut admin = Host::admin(tg.port, NQN, 0);
+    let (cqe, id) = admin.identify(1, 0);
+    assert!(cqe.status.is_success());
+    assert_eq!(id.len(), 4096);
+    assert_eq!(u16::from_le_bytes([id[78], id[79]]), admin.cntlid);
+    let (cqe, idns) = admin.identify(0, 1);
+    assert!(cqe.status.is_success());
+    assert_eq!(u64::from_le_bytes(idns[0..8].try_into().unwrap()), 8192);
+
+    let both = Digests { header: true, data: true };
+    let mut queues: Vec<Host> = (1..=3)
+        .map(|q| Host::io(tg.port, NQN, admin.cntlid, q, if q == 2 { both } else { Digests::default() }))
+        .collect();
+    // The same queue ID twice is refused.
+    let (_, cqe) = Host::connect_raw(tg.port, Digests::default(), 1, NQN, HOSTNQN, admin.cntlid, 0);
+    assert_eq!(cqe.status, Status::command_specific(SC_CONNECT_INVALID_PARAMETERS));
+    // Queues register on their reactor just after their Connect is answered.
+    assert!(wait_for(|| tg.t.qpairs(NQN).unwrap().len() == 4));
+    let qp = tg.t.qpairs(NQN).unwrap();
+    let threads: std::collections::BTreeSet<_> = qp.iter().map(|q| q.thread.clone()).collect();
+    assert_eq!(threads.len(), 2, "queues on both reactors: {qp:?}");
+
+    for (k, q) in queues.iter_mut().enumerate() {
+        let base = k as u64 * 1024;
+        // In the capsule (4 KiB), by one R2T (64 KiB), by R2T in several H2CData (128 KiB).
+        let small = pattern(k as u8, 4096);
+        assert!(q.write(1, base, &small, false).status.is_success());
+        let mid = pattern(k as u8 + 10, 64 << 10);
+        assert!(q.write(1, base + 8, &mid, true).status.is_success());
+        q.h2c_chunk = 32 << 10;
+        let big = pattern(k as u8 + 20, 128 << 10);
+        assert!(q.write(1, base + 256, &big, false).status.is_success());
+        let (cqe, got) = q.read(1, base, 8);
+        assert!(cqe.status.is_success());
+        assert_eq!(got, small);
+        let (_, got) = q.read(1, base + 8, 128);
+        assert_eq!(got, mid);
+        let (_, got) = q.read(1, base + 256, 256);
+        assert_eq!(got, big);
+    }
+    let q = &mut queues[0];
+    // Flush, Write Zeroes, Dataset Management (deallocate).
+    let s = q.rw_sqe(NVM_FLUSH, 1, 0, 1);
+    assert!(q.run(s, &[], 0).0.status.is_success());
+    let s = q.rw_sqe(NVM_WRITE_ZEROES, 1, 8, 4);
+    assert!(q.run(s, &[], 0).0.status.is_success());
+    let (_, got) = q.read(1, 8, 4);
+    assert!(got.iter().all(|&b| b == 0));
+    let mut s = q.rw_sqe(NVM_DATASET_MANAGEMENT, 1, 0, 1);
+    set_cdw(&mut s, 10, 1);
+    set_cdw(&mut s, 11, 1 << 2);
+    let mut ranges = vec![0u8; 32];
+    ranges[4..8].copy_from_slice(&16u32.to_le_bytes());
+    ranges[8..16].copy_from_slice(&100u64.to_le_bytes());
+    ranges[20..24].copy_from_slice(&8u32.to_le_bytes());
+    ranges[24..32].copy_from_slice(&200u64.to_le_bytes());
+    assert!(q.run(s, &ranges, 0).0.status.is_success());
+    // Errors: past the end, an unknown namespace, an unknown opcode.
+    let (cqe, _) = q.read(1, 8190, 4);
+    assert_eq!(cqe.status, Status::generic(SC_LBA_OUT_OF_RANGE));
+    let (cqe, _) = q.read(7, 0, 1);
+    assert_eq!(cqe.status, Status::generic(SC_INVALID_NAMESPACE));
+    let s = q.rw_sqe(0x7E, 1, 0, 1);
+    assert_eq!(q.run(s, &[], 0).0.status, Status::generic(SC_INVALID_OPCODE));
+
+    let st = &tg.t.stats()[0];
+    assert_eq!((st.controllers, st.qpairs), (1, 4));
+    let n = &st.namespaces[0];
+    assert_eq!(n.write_ops, 9);
+    assert_eq!(n.bytes_written, 3 * (4096 + (64 << 10) + (128 << 10)));
+    assert_eq!(n.read_ops, 10);
+    assert_eq!(n.other_ops, 3);
+    // The two on namespace 1 (an unknown namespace has no counters).
+    assert_eq!(n.errors, 2);
+    let c = tg.t.controllers(NQN).unwrap();
+    assert_eq!((c[0].cntlid, c[0].num_io_qpairs), (admin.cntlid, 3));
+    assert_eq!(c[0].hostnqn, HOSTNQN);
+}
+
+#[test]
+fn keep_alive_expiry_tears_the_controller_down() {
+    let tg = target();
+    let mut admin = Host::admin(tg.port, NQN, 300);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    assert!(q.write(1, 0, &pattern(1, 512), false).status.is_success());
+    // No Keep Alive: the controller goes, with its I/O queue.
+    admin.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    q.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let start = Instant::now();
+    assert!(admin.closed().0);
+    assert!(q.closed().0);
+    assert!(start.elapsed() < Duration::from_secs(4));
+    assert!(wait_for(|| tg.t.controllers(NQN).unwrap().is_empty()));
+    // A controller that sends Keep Alive stays.
+    let mut admin = Host::admin(tg.port, NQN, 300);
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(100));
+        let s = sqe(ADMIN_KEEP_ALIVE, admin.next_cid(), 0);
+        assert!(admin.run(s, &[], 0).0.status.is_success());
+    }
+    assert_eq!(tg.t.controllers(NQN).unwrap().len(), 1);
+}
+
+#[test]
+fn subsystem_deleted_under_a_connected_host() {
+    let tg = target();
+    let mut admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    assert!(q.write(1, 0, &pattern(3, 4096), false).status.is_success());
+    tg.t.remove_namespace(NQN, 1).unwrap();
+    // Commands to the namespace gone: Invalid Namespace.
+    let (cqe, _) = q.read(1, 0, 1);
+    assert_eq!(cqe.status, Status::generic(SC_INVALID_NAMESPACE));
+    tg.t.delete_subsystem(NQN).unwrap();
+    admin.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(admin.closed().0);
+    assert!(q.closed().0);
+    // Gone for new hosts too (the listener closed with it).
+    assert!(std::net::TcpStream::connect(("127.0.0.1", tg.port)).is_err());
+}
+
+#[test]
+fn resized_namespace_reaches_a_parked_aer() {
+    let tg = target();
+    let mut admin = Host::admin(tg.port, NQN, 0);
+    assert!(admin.set_features(0x0B, 1 << 8).status.is_success());
+    let aer_cid = admin.next_cid();
+    admin.send_capsule(&sqe(ADMIN_ASYNC_EVENT_REQUEST, aer_cid, 0), &[]);
+    // Parked: other commands still answer.
+    let (cqe, _) = admin.identify(1, 0);
+    assert!(cqe.status.is_success());
+    tg.t.namespace_resized(NQN, 1);
+    let cqe = admin.response();
+    assert_eq!(cqe.cid, aer_cid);
+    // Notice (2), namespace attribute changed (0), changed namespace list log (4).
+    assert_eq!(cqe.dw0, 0x0004_0002);
+    // A namespace added later: the host's next AER hears of it too (after reading the log).
+    let mut s = sqe(ADMIN_GET_LOG_PAGE, admin.next_cid(), 0xFFFF_FFFF);
+    set_cdw(&mut s, 10, 4 | (((4096 / 4) - 1) << 16));
+    let (cqe, log) = admin.run(s, &[], 4096);
+    assert!(cqe.status.is_success());
+    assert_eq!(u32::from_le_bytes(log[0..4].try_into().unwrap()), 1);
+    let aer_cid = admin.next_cid();
+    admin.send_capsule(&sqe(ADMIN_ASYNC_EVENT_REQUEST, aer_cid, 0), &[]);
+    tg.t.add_namespace(NQN, ns(2, "ram1", 1024)).unwrap();
+    let cqe = admin.response();
+    assert_eq!((cqe.cid, cqe.dw0), (aer_cid, 0x0004_0002));
+}

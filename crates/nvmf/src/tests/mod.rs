@@ -1,0 +1,7 @@
+//! The target end to end inside the crate: a small NVMe/TCP host written here (`host`) against
+//! a target with RAM disks on real reactors.
+
+mod api;
+mod host;
+mod hostile;
+mod io;
