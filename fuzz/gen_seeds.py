@@ -521,3 +521,67 @@ write("nbd_protocol", {
     "seed-device-unix": bytes([8]) + b"nbd+unix:///disk0?socket=/var/tmp/x.sock",
     "seed-device-tcp": bytes([8]) + b"nbd://[::1]:10809/a%20b",
 })
+
+# nvmf_pdu: see the table at the top of fuzz_targets/nvmf_pdu.rs.
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def nvmf_pdu(ptype, hdr_rest, data=b"", hd=False, dd=False, flags=0):
+    hlen = 8 + len(hdr_rest)
+    hdl = 4 if hd else 0
+    pdo = hlen + hdl if data else 0
+    plen = hlen + hdl + len(data) + (4 if dd and data else 0)
+    f = flags | (1 if hd else 0) | (2 if dd and data else 0)
+    h = bytes([ptype, f, hlen, pdo]) + struct.pack("<I", plen) + hdr_rest
+    out = h + (struct.pack("<I", crc32c(h)) if hd else b"")
+    if data:
+        out += data + (struct.pack("<I", crc32c(data)) if dd else b"")
+    return out
+
+
+def nvmf_icreq(dgst=0):
+    return nvmf_pdu(0, struct.pack("<HBBI", 0, 0, dgst, 0) + bytes(112))
+
+
+def nvmf_connect(qid, subnqn, hostnqn, cntlid=0xFFFF, hd=False, dd=False):
+    sqe = bytes([0x7F, 0x40]) + struct.pack("<H", 1) + bytes([1]) + bytes(19)
+    sqe += struct.pack("<QI", 0, 1024) + bytes([0, 0, 0, 0x01])
+    sqe += struct.pack("<HHHBB", 0, qid, 127, 0, 0) + struct.pack("<I", 15000) + bytes(12)
+    assert len(sqe) == 64
+    data = bytes([0x11] * 16) + struct.pack("<H", cntlid) + bytes(238)
+    data += subnqn.ljust(256, b"\0") + hostnqn.ljust(256, b"\0") + bytes(256)
+    return nvmf_pdu(4, sqe, data, hd, dd)
+
+
+def nvmf_io(opc, cid, slba, nlb, data=b"", sgl_type=0x01, length=None, hd=False, dd=False):
+    ln = len(data) if length is None else length
+    sqe = bytes([opc, 0x40]) + struct.pack("<HI", cid, 1) + bytes(16)
+    sqe += struct.pack("<QI", 0, ln) + bytes([0, 0, 0, sgl_type])
+    sqe += struct.pack("<QI", slba, nlb - 1) + bytes(12)
+    return nvmf_pdu(4, sqe, data, hd, dd)
+
+
+SUB = b"nqn.2016-06.io.spdk:cnode1"
+HOST = b"nqn.2014-08.org.nvmexpress:uuid:0"
+write("nvmf_pdu", {
+    # A Linux host's admin queue: ICReq, Connect, a Property Get.
+    "seed-connect": bytes([0]) + nvmf_icreq() + nvmf_connect(0, SUB, HOST),
+    # Digests on both ways: an I/O queue's Connect, a 4 KiB in-capsule write, a read asking R2T-less data.
+    "seed-digests": bytes([3]) + nvmf_icreq(3) + nvmf_connect(1, SUB, HOST, 1, True, True)
+    + nvmf_io(1, 2, 0, 8, b"\xab" * 4096, hd=True, dd=True) + nvmf_io(2, 3, 0, 8, sgl_type=0x5A, length=4096, hd=True),
+    # H2CData after an R2T-sized write, then a host term request.
+    "seed-h2c": bytes([0]) + nvmf_io(1, 4, 0, 16, sgl_type=0x5A, length=8192)
+    + nvmf_pdu(6, struct.pack("<HHII", 4, 1, 0, 4096) + bytes(4), b"\xcd" * 4096, flags=4)
+    + nvmf_pdu(2, struct.pack("<HI", 1, 2) + bytes(10)),
+    # Lies: a wrong HLEN, then PDO inside the header.
+    "seed-bad": bytes([0]) + bytes([4, 0, 71, 0]) + struct.pack("<I", 72) + bytes(64)
+    + bytes([4, 0, 72, 8]) + struct.pack("<I", 100) + bytes(92),
+})

@@ -200,7 +200,7 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
                 "bdev" => config.bdev.len(),
                 "qos_limit" => config.qos_limit.len(),
                 "qos_group" => config.qos_group.len(),
-                kind if fp_registry::EXPORT_KINDS.iter().any(|k| k.config_table().table == kind) => {
+                kind if fp_registry::exports::config_tables().any(|t| t.table == kind) => {
                     config.export_tables(kind).len()
                 }
                 other => panic!("unknown table {other:?}: {msg:?}"),

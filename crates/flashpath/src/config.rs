@@ -63,6 +63,26 @@
 //! bdev_name = "ram1"
 //! nbd_device = "/var/tmp/flashpath/ram1.nbd"   # or nbd+unix:///NAME?socket=PATH, nbd://HOST:PORT/NAME
 //! readonly = true
+//!
+//! [[nvmf_transport]]                   # NVMe over TCP (docs/nvmf.md); SPDK's parameters
+//! trtype = "TCP"
+//!
+//! [[nvmf_subsystem]]
+//! nqn = "nqn.2016-06.io.spdk:cnode1"
+//! serial_number = "FP0001"
+//! allow_any_host = true
+//!
+//! [[nvmf_listener]]
+//! nqn = "nqn.2016-06.io.spdk:cnode1"
+//! listen_address = { trtype = "TCP", adrfam = "IPv4", traddr = "127.0.0.1", trsvcid = "4420" }
+//!
+//! [[nvmf_host]]                        # when allow_any_host is false
+//! nqn = "nqn.2016-06.io.spdk:cnode1"
+//! host = "nqn.2014-08.org.nvmexpress:uuid:..."
+//!
+//! [[nvmf_ns]]
+//! nqn = "nqn.2016-06.io.spdk:cnode1"
+//! namespace = { bdev_name = "ram0", nsid = 1 }
 //! ```
 //!
 //! Each `[[rbd_cluster]]` table is the params of `bdev_rbd_register_cluster`, each `[[bdev]]`
@@ -71,9 +91,12 @@
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
 //! `bdev_qos_group_add_bdev`, each `[[mirror]]` those of `bdev_mirror_start`, each
 //! `[[vhost_blk]]` table those of
-//! `vhost_create_blk_controller`, and each `[[nbd_disk]]` table those of `nbd_start_disk`
-//! (`tls_cert`, `tls_key`, `tls_ca` included): each export kind names its table and method
-//! ([`fp_registry::ExportKind::config_table`]), and the kinds' tables come in the order of
+//! `vhost_create_blk_controller`, each `[[nbd_disk]]` table those of `nbd_start_disk`
+//! (`tls_cert`, `tls_key`, `tls_ca` included), and the NVMe-oF tables those of
+//! `nvmf_create_transport`, `nvmf_create_subsystem`, `nvmf_subsystem_add_listener`,
+//! `nvmf_subsystem_add_host` and `nvmf_subsystem_add_ns`, applied in that order wherever they
+//! are written: each export kind names its tables and methods
+//! ([`fp_registry::ExportKind::config_tables`]), and the kinds' tables come in the order of
 //! [`fp_registry::EXPORT_KINDS`]. They are applied in that order through
 //! [`Registry::call`] — the same code the RPC runs, so the file accepts exactly what the RPC does
 //! and errors read the same, prefixed with the table and index (`bdev[1].block_size: ...`,
@@ -112,7 +135,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use fp_registry::{Limits, MethodError, Registry, EXPORT_KINDS};
+use fp_registry::exports::config_tables;
+use fp_registry::{Limits, MethodError, Registry};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -173,7 +197,7 @@ pub struct ConfigFile {
     pub exports: BTreeMap<&'static str, Vec<toml::Table>>,
     /// Every other top-level key, sorted out by [`ConfigFile::parse`]: the export kinds'
     /// tables go to `exports`, anything else is an unknown field. (Those keys come from
-    /// [`EXPORT_KINDS`], so serde cannot list them as fields, and `deny_unknown_fields` does
+    /// [`fp_registry::EXPORT_KINDS`], so serde cannot list them as fields, and `deny_unknown_fields` does
     /// not combine with `flatten`.)
     #[serde(flatten)]
     other: BTreeMap<String, toml::Value>,
@@ -308,6 +332,8 @@ pub struct SecuritySection {
     #[serde(alias = "vhost_socket_mode")]
     pub socket_mode: Option<u32>,
     pub export_dirs: Option<Vec<PathBuf>>,
+    /// NVMe-oF listeners may bind addresses other than loopback (docs/nvmf.md).
+    pub nvmf_allow_remote: Option<bool>,
 }
 
 impl SecuritySection {
@@ -359,11 +385,11 @@ impl ConfigFile {
             let (line, column) = locate_key(text, &key);
             let syntax =
                 |message: String| ConfigError::Syntax { path: path.to_path_buf(), line, column, message };
-            let Some(kind) = EXPORT_KINDS.iter().find(|k| k.config_table().table == key) else {
+            let Some(table) = config_tables().map(|t| t.table).find(|t| *t == key) else {
                 let expected: Vec<String> = FILE_KEYS
                     .iter()
                     .copied()
-                    .chain(EXPORT_KINDS.iter().map(|k| k.config_table().table))
+                    .chain(config_tables().map(|t| t.table))
                     .map(|k| format!("`{k}`"))
                     .collect();
                 let key = one_line(&key);
@@ -372,7 +398,6 @@ impl ConfigFile {
                     expected.join(", ")
                 )));
             };
-            let table = kind.config_table().table;
             let tables = match value {
                 toml::Value::Array(items) => items
                     .into_iter()
@@ -442,8 +467,7 @@ impl ConfigFile {
         for (index, table) in self.mirror.iter().enumerate() {
             calls.push(ConfigCall::new("bdev_mirror_start", table_to_json(table), "mirror", index));
         }
-        for kind in EXPORT_KINDS {
-            let t = kind.config_table();
+        for t in config_tables() {
             for (index, table) in self.export_tables(t.table).iter().enumerate() {
                 calls.push(ConfigCall::new(t.method, table_to_json(table), t.table, index));
             }
@@ -904,6 +928,62 @@ mod tests {
                 })
             )
         );
+    }
+
+    /// The NVMe-oF tables, written in any order, become calls in the order objects depend on
+    /// each other: transport, subsystems, listeners, hosts, namespaces; each table is SPDK's
+    /// parameters of its method, nested `listen_address` and `namespace` included.
+    #[test]
+    fn nvmf_tables_become_calls_in_dependency_order() {
+        let c = parse(
+            r#"
+            [[nvmf_ns]]
+            nqn = "nqn.2016-06.io.spdk:cnode1"
+            namespace = { bdev_name = "ram0", nsid = 1 }
+            [[nvmf_host]]
+            nqn = "nqn.2016-06.io.spdk:cnode1"
+            host = "nqn.2014-08.org.nvmexpress:uuid:1"
+            [[nvmf_listener]]
+            nqn = "nqn.2016-06.io.spdk:cnode1"
+            listen_address = { trtype = "TCP", adrfam = "IPv4", traddr = "127.0.0.1", trsvcid = "4420" }
+            [[nvmf_subsystem]]
+            nqn = "nqn.2016-06.io.spdk:cnode1"
+            serial_number = "FP0001"
+            [[nvmf_transport]]
+            trtype = "TCP"
+            max_queue_depth = 64
+            [[bdev]]
+            type = "null"
+            name = "ram0"
+            num_blocks = 8
+            block_size = 512
+            "#,
+        )
+        .unwrap();
+        let calls: Vec<(String, &str)> =
+            c.calls().unwrap().into_iter().map(|c| (c.method, c.table)).collect();
+        let want = [
+            ("bdev_null_create", "bdev"),
+            ("nvmf_create_transport", "nvmf_transport"),
+            ("nvmf_create_subsystem", "nvmf_subsystem"),
+            ("nvmf_subsystem_add_listener", "nvmf_listener"),
+            ("nvmf_subsystem_add_host", "nvmf_host"),
+            ("nvmf_subsystem_add_ns", "nvmf_ns"),
+        ];
+        assert_eq!(calls, want.map(|(m, t)| (m.to_string(), t)));
+        let ns = &c.calls().unwrap()[5];
+        assert_eq!(
+            ns.params,
+            json!({"nqn": "nqn.2016-06.io.spdk:cnode1", "namespace": {"bdev_name": "ram0", "nsid": 1}})
+        );
+        // A refusal is placed under its table and index, nested fields by their path.
+        let e = apply(
+            "[[nvmf_subsystem]]\nnqn = \"nqn.2016-06.io.spdk:c\"\n\
+             [[nvmf_ns]]\nnqn = \"nqn.2016-06.io.spdk:c\"\nnamespace = { bdev_name = \"x\", nguid = \"zz\" }\n",
+        )
+        .err()
+        .expect("a bad nguid");
+        assert_eq!(e, "nvmf_ns[0].namespace.nguid: 'zz' is not 32 hexadecimal digits");
     }
 
     /// Refusals of `[[nbd_disk]]` entries that come before any socket is bound; the exports

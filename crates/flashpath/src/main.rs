@@ -15,6 +15,12 @@
 //! flashpath vhost list [NAME] | vhost delete NAME
 //! flashpath nbd start DISK NBD_DEVICE [--readonly] [--tls-cert F --tls-key F [--tls-ca F]]
 //! flashpath nbd stop NBD_DEVICE | nbd list [NBD_DEVICE]
+//! flashpath nvmf transport create [--max-queue-depth N] [--max-io-size BYTES] ... | transport list
+//! flashpath nvmf subsystem create NQN [--serial SN] [--model MN] [--allow-any-host]
+//!                                    [--max-namespaces N]
+//! flashpath nvmf subsystem delete NQN | subsystem list [NQN]
+//! flashpath nvmf listener add|remove NQN HOST:PORT | ns add NQN DISK [--nsid N] [--read-only]
+//! flashpath nvmf ns remove NQN NSID | host add|remove NQN HOST_NQN | controllers|qpairs NQN
 //! flashpath volume create-store --disk NAME --name STORE [--cluster-size 4MiB] | stores
 //! flashpath volume create STORE/NAME --size SIZE [--thin] | list [--store S] | delete VOL
 //! flashpath volume snapshot VOL NAME | clone SNAP NAME | resize VOL --size SIZE

@@ -84,6 +84,9 @@ pub struct Settings {
     pub export_dirs: Option<(Vec<PathBuf>, &'static str)>,
     /// Per-disk I/O statistics are counted (`fp_registry::RegistryOptions::iostat`).
     pub iostat: bool,
+    /// NVMe-oF listeners may bind non-loopback addresses
+    /// (`fp_registry::RegistryOptions::nvmf_allow_remote`).
+    pub nvmf_allow_remote: bool,
 }
 
 /// Merges flags over the config file over defaults.
@@ -114,6 +117,7 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
             (None, None) => None,
         },
         iostat: !opts.no_iostat && config.stats.iostat.unwrap_or(true),
+        nvmf_allow_remote: config.security.nvmf_allow_remote.unwrap_or(false),
     })
 }
 
@@ -175,6 +179,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         socket_mode: settings.socket_mode,
         export_dirs,
         iostat: settings.iostat,
+        nvmf_allow_remote: settings.nvmf_allow_remote,
     };
     let registry = Registry::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
     let started = config.apply(&registry).map_err(ServeError::from).and_then(|_| {
@@ -292,6 +297,7 @@ mod tests {
                 socket_mode: 0o600,
                 export_dirs: None,
                 iostat: true,
+                nvmf_allow_remote: false,
             }
         );
         let opts = ServeOptions {

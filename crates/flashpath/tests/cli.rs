@@ -652,3 +652,97 @@ fn serve_config_with_rbd_tables() {
     }
     assert!(!rpc.exists(), "the RPC socket must not be left behind");
 }
+
+#[test]
+fn nvmf_usage_errors() {
+    assert_usage(
+        &["nvmf", "listener", "add", "nqn.2016-06.io.spdk:c1", "127.0.0.1:0"],
+        "error: ADDRESS: '127.0.0.1:0' has no port from 1 to 65535 (examples: 127.0.0.1:4420, [::1]:4420)",
+    );
+    assert_usage(
+        &["nvmf", "listener", "add", "nqn.2016-06.io.spdk:c1", "[::1"],
+        "error: ADDRESS: '[::1' has no closing ']' (examples: 127.0.0.1:4420, [::1]:4420)",
+    );
+    assert_usage(
+        &["nvmf", "ns", "add", "nqn.2016-06.io.spdk:c1", "d0", "--nsid", "0"],
+        "error: --nsid: must be 1 or more",
+    );
+    assert_usage(
+        &["nvmf", "ns", "remove", "nqn.2016-06.io.spdk:c1"],
+        "error: missing required option <NSID>",
+    );
+    assert_usage(&["nvmf", "subsytem"], "error: unknown command 'subsytem' (did you mean 'subsystem'?)");
+}
+
+/// The nvmf commands against a daemon: transport, subsystem, listener (which accepts TCP
+/// connections), namespaces and hosts, their tables, refusals naming the argument, and a
+/// deletion that releases the disks.
+#[test]
+fn nvmf_commands_on_a_daemon() {
+    const NQN: &str = "nqn.2016-06.io.spdk:cnode1";
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0e0d0c-0b0a-0908-0706-050403020100";
+    let d = common::Daemon::start("0");
+    let ok = |args: &[&str]| succeeds(&d.rpc, args);
+    let refused = |args: &[&str]| refused_by(&d.rpc, args);
+    let cols = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    ok(&["disk", "create", "--type", "ram", "--name", "d0", "--size", "1MiB"]);
+    ok(&["disk", "create", "--type", "ram", "--name", "d1", "--size", "1MiB"]);
+
+    // A listener needs the transport first, and says so.
+    ok(&["nvmf", "subsystem", "create", NQN, "--serial", "FP01"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let address = format!("127.0.0.1:{port}");
+    let e = refused(&["nvmf", "listener", "add", NQN, &address]);
+    assert!(e.contains("nvmf_create_transport"), "{e}");
+    assert_eq!(ok(&["nvmf", "transport", "create", "--max-queue-depth", "64"]), "");
+    let t = ok(&["nvmf", "transport", "list"]);
+    let lines: Vec<&str> = t.lines().collect();
+    assert_eq!(cols(lines[0]), ["TYPE", "QUEUE_DEPTH", "ADMIN_DEPTH", "IO_QPAIRS", "IN_CAPSULE", "MAX_IO"]);
+    assert_eq!(cols(lines[1]), ["TCP", "64", "128", "127", "4096", "131072"]);
+    ok(&["nvmf", "listener", "add", NQN, &address]);
+    std::net::TcpStream::connect(&address).expect("the listener accepts connections");
+
+    assert_eq!(ok(&["nvmf", "ns", "add", NQN, "d0"]), "1\n");
+    assert_eq!(ok(&["nvmf", "ns", "add", NQN, "d1", "--nsid", "7", "--read-only"]), "7\n");
+    ok(&["nvmf", "host", "add", NQN, HOST]);
+    let list = ok(&["nvmf", "subsystem", "list", NQN]);
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(cols(lines[0]), ["NQN", "TYPE", "LISTENERS", "HOSTS", "NAMESPACES"]);
+    assert_eq!(cols(lines[1]), [NQN, "NVMe", &address, HOST, "1=d0,7=d1"]);
+    // The discovery subsystem is listed too.
+    assert!(ok(&["nvmf", "subsystem", "list"]).contains("Discovery"));
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["nvmf", "subsystem", "list", NQN, "--json"])).unwrap();
+    assert_eq!(json[0]["serial_number"], "FP01", "{json}");
+    let disk = ok(&["disk", "list", "d1", "--json"]);
+    assert!(disk.contains(&format!("{NQN}/7")), "the disk's holder is its namespace: {disk}");
+    assert_eq!(
+        cols(ok(&["nvmf", "controllers", NQN]).lines().next().unwrap()),
+        ["CNTLID", "HOST_NQN", "HOST_ID", "IO_QPAIRS"]
+    );
+    assert_eq!(ok(&["nvmf", "qpairs", NQN]).lines().count(), 1, "a header and no queue pair");
+
+    // Refusals name what was wrong.
+    let e = refused(&["nvmf", "ns", "add", NQN, "d2"]);
+    assert_eq!(e, "error: bdev 'd2' does not exist");
+    let e = refused(&["nvmf", "ns", "add", NQN, "d0"]);
+    assert!(e.contains("d0"), "{e}");
+    let e = refused(&["nvmf", "ns", "add", NQN, "d0", "--nguid", "xyz"]);
+    assert_eq!(e, "error: --nguid: 'xyz' is not 32 hexadecimal digits");
+    let e = refused(&["nvmf", "host", "add", NQN, "not-an-nqn"]);
+    assert!(e.starts_with("error: HOST_NQN: "), "{e}");
+    let e = refused(&["nvmf", "ns", "remove", NQN, "9"]);
+    assert!(e.contains("does not exist"), "{e}");
+    let e = refused(&["nvmf", "subsystem", "delete", "nqn.2016-06.io.spdk:none"]);
+    assert_eq!(e, "error: subsystem 'nqn.2016-06.io.spdk:none' does not exist");
+    let e = refused(&["disk", "delete", "d0"]);
+    assert!(e.contains(&format!("{NQN}/1")), "{e}");
+
+    ok(&["nvmf", "host", "remove", NQN, HOST]);
+    ok(&["nvmf", "ns", "remove", NQN, "1"]);
+    ok(&["nvmf", "listener", "remove", NQN, &address]);
+    assert!(std::net::TcpStream::connect(&address).is_err(), "the listener closed");
+    ok(&["nvmf", "subsystem", "delete", NQN]);
+    ok(&["disk", "delete", "d0"]);
+    ok(&["disk", "delete", "d1"]);
+}

@@ -473,3 +473,47 @@ fn an_nbd_export_counts_its_requests_bytes_and_errors() {
     }
     assert_eq!(stats(), want);
 }
+
+/// An NVMe-oF subsystem from the configuration file: its namespace's series (by subsystem,
+/// nsid and operation) and its connected controllers and queue pairs, all zero with no host
+/// connected, in an exposition promtool accepts. (Counting a host's commands is the engine's
+/// test; the scrape reads the same `nvmf_get_stats` the RPC answers.)
+#[test]
+fn an_nvmf_subsystem_has_its_series_from_the_start() {
+    const NQN: &str = "nqn.2016-06.io.spdk:cnode1";
+    let port = free_port();
+    let daemon = Daemon::start_with_config("0", |_| {
+        format!(
+            "metrics = \"127.0.0.1:0\"\n\
+             [[bdev]]\ntype = \"malloc\"\nname = \"m0\"\nnum_blocks = 2048\nblock_size = 512\n\
+             [[nvmf_transport]]\ntrtype = \"TCP\"\n\
+             [[nvmf_subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+             [[nvmf_listener]]\nnqn = \"{NQN}\"\n\
+             listen_address = {{ trtype = \"TCP\", adrfam = \"IPv4\", traddr = \"127.0.0.1\", trsvcid = \"{port}\" }}\n\
+             [[nvmf_ns]]\nnqn = \"{NQN}\"\nnamespace = {{ bdev_name = \"m0\", nsid = 2 }}\n"
+        )
+    });
+    let addr = metrics_addr(&daemon);
+    let (status, text) = get_tcp(&addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let ns = format!("nqn=\"{NQN}\",nsid=\"2\"");
+    for series in [
+        format!("flashpath_nvmf_requests_total{{{ns},op=\"read\"}}"),
+        format!("flashpath_nvmf_requests_total{{{ns},op=\"write\"}}"),
+        format!("flashpath_nvmf_requests_total{{{ns},op=\"other\"}}"),
+        format!("flashpath_nvmf_bytes_total{{{ns},direction=\"read\"}}"),
+        format!("flashpath_nvmf_bytes_total{{{ns},direction=\"write\"}}"),
+        format!("flashpath_nvmf_errors_total{{{ns}}}"),
+        format!("flashpath_nvmf_controllers{{nqn=\"{NQN}\"}}"),
+        format!("flashpath_nvmf_qpairs{{nqn=\"{NQN}\"}}"),
+    ] {
+        assert_eq!(sample(&text, &series), Some(0.0), "{series}:\n{text}");
+    }
+    assert!(text.contains("# TYPE flashpath_nvmf_requests_total counter"), "{text}");
+    assert!(text.contains("# TYPE flashpath_nvmf_qpairs gauge"), "{text}");
+    if let Some(promtool) = tool("promtool") {
+        assert_promtool_accepts(&promtool, &text);
+    }
+    // The listener from the file listens.
+    TcpStream::connect(("127.0.0.1", port)).expect("the configured listener accepts connections");
+}

@@ -231,3 +231,49 @@ fn top_without_a_terminal_is_a_one_line_error() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("flashpath top needs an interactive terminal"), "{stderr}");
 }
+
+/// An NVMe-oF subsystem gets its panel: its NQN with the controllers and queue pairs connected
+/// now (none here: hosts connecting are the engine's tests) and its rates.
+#[test]
+fn top_shows_nvmf_subsystems() {
+    if !tmux_available() {
+        return;
+    }
+    const NQN: &str = "nqn.2016-06.io.spdk:top1";
+    let daemon = Daemon::start("0");
+    daemon.malloc("d0", 8192, 512);
+    daemon.call("nvmf_create_transport", serde_json::json!({"trtype": "TCP"}));
+    daemon.call("nvmf_create_subsystem", serde_json::json!({"nqn": NQN, "allow_any_host": true}));
+    daemon.call("nvmf_subsystem_add_ns", serde_json::json!({"nqn": NQN, "namespace": {"bdev_name": "d0"}}));
+
+    let tmux = Tmux { socket: format!("fp-top-nvmf-{}", std::process::id()) };
+    let status = daemon.dir.path().join("top.status");
+    let command = format!(
+        "{} --rpc {} top; echo $? > {}",
+        env!("CARGO_BIN_EXE_flashpath"),
+        daemon.rpc.display(),
+        status.display()
+    );
+    let started = tmux.run(&["new-session", "-d", "-s", "top", "-x", "120", "-y", "30", &command]);
+    assert!(started.status.success(), "tmux new-session: {}", String::from_utf8_lossy(&started.stderr));
+    let row = || {
+        tmux.screen().lines().find_map(|l| {
+            let cells: Vec<String> = l
+                .trim_matches(|c: char| c == '│' || c.is_whitespace())
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            (cells.first().map(String::as_str) == Some(NQN)).then_some(cells)
+        })
+    };
+    wait_until("the subsystem's row", Duration::from_secs(20), || row().is_some(), || tmux.screen());
+    let screen = tmux.screen();
+    assert!(screen.contains(" nvmf subsystems "), "no panel title:\n{screen}");
+    for header in ["SUBSYSTEM", "CTRLRS", "QPAIRS", "IO/s", "MB/s"] {
+        assert!(screen.contains(header), "{header} missing:\n{screen}");
+    }
+    assert_eq!(row().unwrap()[1..], ["0", "0", "0", "0.00", "0"], "{screen}");
+    tmux.run(&["send-keys", "-t", "top", "q"]);
+    wait_until("top exits", Duration::from_secs(10), || status_of(&status).is_some(), || tmux.screen());
+    assert_eq!(status_of(&status).as_deref(), Some("0"));
+}

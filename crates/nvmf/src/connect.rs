@@ -66,10 +66,11 @@ impl ConnectRefusal {
     }
 }
 
-/// Reads a NUL-terminated NQN out of its 256-byte field: at most 223 bytes, UTF-8, not empty.
-fn nqn(field: &[u8]) -> Option<String> {
+/// Reads a NUL-terminated NQN out of its 256-byte field: at most 223 bytes, UTF-8, empty only
+/// if `may_be_empty`.
+fn nqn(field: &[u8], may_be_empty: bool) -> Option<String> {
     let len = field.iter().position(|&b| b == 0)?;
-    if len == 0 || len > NQN_MAX_LEN {
+    if (len == 0 && !may_be_empty) || len > NQN_MAX_LEN {
         return None;
     }
     std::str::from_utf8(&field[..len]).ok().map(str::to_owned)
@@ -103,12 +104,11 @@ impl Connect {
         if sqsize == 0 {
             return Err(ConnectRefusal::invalid_parameter(false, CMD_SQSIZE, "SQSIZE of 0 (one entry)"));
         }
-        let subnqn = nqn(&data[DATA_SUBNQN..DATA_SUBNQN + 256]).ok_or(ConnectRefusal::invalid_parameter(
-            true,
-            DATA_SUBNQN,
-            "SUBNQN is not a valid NQN",
-        ))?;
-        let hostnqn = nqn(&data[DATA_HOSTNQN..DATA_HOSTNQN + 256])
+        let subnqn = nqn(&data[DATA_SUBNQN..DATA_SUBNQN + 256], false)
+            .ok_or(ConnectRefusal::invalid_parameter(true, DATA_SUBNQN, "SUBNQN is not a valid NQN"))?;
+        // SPDK's host sends an empty HOSTNQN unless told one (and SPDK's target takes it): such
+        // a host reaches only subsystems that allow any host.
+        let hostnqn = nqn(&data[DATA_HOSTNQN..DATA_HOSTNQN + 256], true)
             .ok_or(ConnectRefusal::invalid_parameter(true, DATA_HOSTNQN, "HOSTNQN is not a valid NQN"))?;
         Ok(Connect {
             cid: sqe.cid(),
@@ -198,6 +198,11 @@ mod tests {
         data = good;
         data[DATA_HOSTNQN] = 0xFF;
         assert_eq!(Connect::parse(&sqe, &data).unwrap_err().dw0, 0x1_0200);
+        // An empty HOSTNQN is taken (SPDK's host sends one), an empty SUBNQN is not.
+        data[DATA_HOSTNQN] = 0;
+        assert_eq!(Connect::parse(&sqe, &data).unwrap().hostnqn, "");
+        data[DATA_SUBNQN] = 0;
+        assert_eq!(Connect::parse(&sqe, &data).unwrap_err().dw0, 0x1_0100);
         data = good;
         // Short data, wrong RECFMT, SQSIZE 0, not a Connect.
         assert_eq!(Connect::parse(&sqe, &data[..512]).unwrap_err().status.sc, SC_SGL_DATA_LENGTH_INVALID);

@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,6 +62,8 @@ pub(crate) struct QpairSetup {
     pub role: Role,
     pub qid: u16,
     pub sq_entries: u32,
+    /// Connect's CATTR bit 2: the host disabled SQ flow control (SQHD reads 0xFFFF).
+    pub sq_flow_disabled: bool,
     pub digests: Digests,
     pub hpda: u8,
     pub transport: TransportOptions,
@@ -182,38 +184,23 @@ enum Recv {
     Failed(String),
 }
 
-fn recv(fd: RawFd, dst: &mut [u8]) -> Recv {
-    // SAFETY: `dst` is valid for writes of its length.
-    let n = unsafe { libc::recv(fd, dst.as_mut_ptr().cast(), dst.len(), libc::MSG_DONTWAIT) };
-    if n > 0 {
-        return Recv::Data(n as usize);
-    }
-    if n == 0 {
-        return Recv::Eof;
-    }
-    let e = io::Error::last_os_error();
-    match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Recv::WouldBlock,
-        _ => Recv::Failed(e.to_string()),
+fn recv(fd: BorrowedFd<'_>, dst: &mut [u8]) -> Recv {
+    match fp_sys::recv_nonblocking(fd, dst) {
+        Ok(0) => Recv::Eof,
+        Ok(n) => Recv::Data(n),
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
+            Recv::WouldBlock
+        }
+        Err(e) => Recv::Failed(e.to_string()),
     }
 }
 
-fn send(fd: RawFd, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-    // SAFETY: a zeroed msghdr is valid; it points at `bufs` (IoSlice is an iovec on Unix).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = bufs.len() as _;
-    // SAFETY: `msg` describes readable buffers for the call's duration. MSG_NOSIGNAL: a host
-    // gone away is an error return, not a SIGPIPE.
-    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
-            _ => Err(e),
-        };
+/// Sends what the socket takes now; `Ok(0)` when it is full.
+fn send(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    match fp_sys::send_vectored_nonblocking(fd, bufs) {
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(0),
+        r => r,
     }
-    Ok(n as usize)
 }
 
 fn epoll_err(e: io::Error) -> BdevError {
@@ -247,6 +234,7 @@ pub(crate) struct QpairPoller {
     max_plen: u32,
     sq_entries: u16,
     sqhd: u16,
+    sq_flow_disabled: bool,
     slots: Box<[Slot]>,
     free: Vec<u16>,
     ready: VecDeque<u16>,
@@ -325,7 +313,9 @@ impl QpairPoller {
             max_io,
             max_plen,
             sq_entries: n as u16,
-            sqhd: 0,
+            // The Connect took the queue's first entry.
+            sqhd: (1 % n) as u16,
+            sq_flow_disabled: s.sq_flow_disabled,
             slots: (0..n).map(|_| Slot::new()).collect(),
             free: (0..n as u16).rev().collect(),
             ready: VecDeque::with_capacity(n),
@@ -540,7 +530,7 @@ impl QpairPoller {
         let s = &mut self.slots[i as usize];
         cqe.cid = s.sqe.cid();
         cqe.sqid = self.qid;
-        cqe.sqhd = self.sqhd;
+        cqe.sqhd = if self.sq_flow_disabled { 0xFFFF } else { self.sqhd };
         s.resp_len = write_capsule_resp(&mut s.resp, &cqe, self.digests);
         self.queue_tx(i);
     }
@@ -601,13 +591,12 @@ impl QpairPoller {
                 return moved;
             }
             if let Some(h) = self.h2c {
-                let fd = self.fd.as_raw_fd();
                 let s = &mut self.slots[h.slot as usize];
                 // The offset was checked to continue what arrived: `received` is where we are.
                 let (start, end) = (s.received, h.offset + h.len);
                 let dst = &mut s.buf.as_mut().expect("a write awaiting data has a buffer").as_mut_slice()
                     [start..end];
-                match recv(fd, dst) {
+                match recv(self.fd.as_fd(), dst) {
                     Recv::Data(n) => {
                         moved = true;
                         self.slots[h.slot as usize].received += n;
@@ -643,7 +632,7 @@ impl QpairPoller {
                 self.rx_start = 0;
             }
             let end = self.rx_end;
-            match recv(self.fd.as_raw_fd(), &mut self.rx[end..]) {
+            match recv(self.fd.as_fd(), &mut self.rx[end..]) {
                 Recv::Data(n) => {
                     self.rx_end += n;
                     moved = true;
@@ -1272,7 +1261,6 @@ impl QpairPoller {
     fn send(&mut self) -> bool {
         let mut moved = false;
         self.tx_blocked = false;
-        let fd = self.fd.as_raw_fd();
         while !self.tx.is_empty() && !self.broken {
             let mut iov = [IoSlice::new(&[]); IOV_PER_WRITE];
             let mut n_iov = 0;
@@ -1291,7 +1279,7 @@ impl QpairPoller {
                     }
                 }
             }
-            let sent = match send(fd, &iov[..n_iov]) {
+            let sent = match send(self.fd.as_fd(), &iov[..n_iov]) {
                 Ok(0) => {
                     self.tx_blocked = true;
                     break;
@@ -1317,7 +1305,7 @@ impl QpairPoller {
         }
         if self.tx.is_empty() && !self.broken {
             if let Some((b, n)) = self.term.take() {
-                let _ = send(fd, &[IoSlice::new(&b[..n])]);
+                let _ = send(self.fd.as_fd(), &[IoSlice::new(&b[..n])]);
             }
         }
         if self.tx_blocked {
@@ -1355,7 +1343,9 @@ impl QpairPoller {
             return;
         }
         let _ = self.timer.wait();
-        self.next_tick = Some(now + self.tick_interval());
+        // On the timer's own schedule, so the next check finds it expired.
+        let every = self.tick_interval();
+        self.next_tick = Some(if due + every > now { due + every } else { now + every });
         if let Some(c) = &self.admin {
             if self.closing.is_none() && c.keep_alive_expired(now) {
                 log::warn!("{}: keep-alive timeout expired", self.what());

@@ -199,7 +199,14 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         let _ = respond(s, r.cqe(sqe.cid()));
         format!("Connect refused: {}", r.why)
     };
-    let connect = Connect::parse(&sqe, data).map_err(|r| refuse(&mut s, r))?;
+    let connect = Connect::parse(&sqe, data).map_err(|r| {
+        if data.len() == CONNECT_DATA_LEN {
+            let nqn =
+                |at: usize| String::from_utf8_lossy(&data[at..at + 256]).trim_end_matches('\0').to_string();
+            log::debug!("nvmf: {peer}: refused Connect: SUBNQN {:?}, HOSTNQN {:?}", nqn(256), nqn(512));
+        }
+        refuse(&mut s, r)
+    })?;
     // The SGL must describe the data where it is: in the capsule, at offset 0.
     if sqe.sgl().type_byte() != SGL_IN_CAPSULE || sqe.sgl().address() != 0 {
         let r = ConnectRefusal::status(
@@ -209,8 +216,10 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         return Err(refuse(&mut s, r));
     }
     let accepted = accept(&target, &shared.addr, &transport, &connect).map_err(|r| refuse(&mut s, r))?;
-    let cqe =
-        Cqe { dw0: u32::from(accepted.cntlid), sqid: connect.qid, ..Cqe::new(connect.cid, Status::SUCCESS) };
+    // SQHD: the Connect took the first entry (0xFFFF when the host disabled SQ flow control).
+    let sqhd = if connect.cattr & 0x4 != 0 { 0xFFFF } else { 1 };
+    let success = Cqe::new(connect.cid, Status::SUCCESS);
+    let cqe = Cqe { dw0: u32::from(accepted.cntlid), sqid: connect.qid, sqhd, ..success };
     if let Err(e) = respond(&mut s, cqe) {
         unreserve(&accepted.sub, accepted.cntlid, connect.qid);
         return Err(e);
@@ -241,6 +250,7 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         role: accepted.role,
         qid: connect.qid,
         sq_entries: connect.sq_entries,
+        sq_flow_disabled: connect.cattr & 0x4 != 0,
         digests,
         hpda: req.hpda,
         transport,

@@ -87,6 +87,9 @@ pub struct RegistryOptions {
     /// Count I/O statistics (`bdev_get_iostat`, histograms) in the disk layer; off hands the
     /// exports the backends' channels directly.
     pub iostat: bool,
+    /// NVMe-oF listeners may bind any address; off (the default), only loopback ones, so that
+    /// exposing disks to the network is a deliberate setting (`security.nvmf_allow_remote`).
+    pub nvmf_allow_remote: bool,
 }
 
 /// Default for [`RegistryOptions::socket_mode`]: only the daemon's user may connect.
@@ -103,6 +106,7 @@ impl Default for RegistryOptions {
             socket_mode: DEFAULT_SOCKET_MODE,
             export_dirs: None,
             iostat: true,
+            nvmf_allow_remote: false,
         }
     }
 }
@@ -117,6 +121,8 @@ pub struct Registry {
     pub(crate) module_states: Mutex<BTreeMap<&'static str, Arc<dyn Any + Send + Sync>>>,
     /// The NBD listeners (exports/nbd/).
     pub(crate) nbd: fp_nbd::NbdServer,
+    /// The NVMe-oF target: transport, subsystems, listeners (exports/nvmf/).
+    pub(crate) nvmf: fp_nvmf::NvmfTarget,
     /// When it was made: the daemon's uptime (`flashpath_get_stats`).
     started: Instant,
 }
@@ -132,6 +138,10 @@ impl Registry {
         vhost_dir: &Path,
         options: RegistryOptions,
     ) -> Arc<Registry> {
+        let nvmf = fp_nvmf::NvmfTarget::new(
+            reactors.clone(),
+            fp_nvmf::TargetOptions { allow_remote_listeners: options.nvmf_allow_remote },
+        );
         Arc::new(Registry {
             reactors,
             vhost_dir: vhost_dir.to_path_buf(),
@@ -145,6 +155,7 @@ impl Registry {
             }),
             module_states: Mutex::new(BTreeMap::new()),
             nbd: fp_nbd::NbdServer::new(),
+            nvmf,
             started: Instant::now(),
         })
     }
@@ -186,6 +197,9 @@ impl Registry {
     /// Stops every export, then lets every module close what it holds open (an lvstore's
     /// metadata owner commits and stops). Bdevs are dropped with the registry.
     pub fn shutdown(&self) {
+        // NVMe-oF first: its listeners close and its hosts are disconnected, so no new
+        // connection races the namespaces' removal below.
+        self.nvmf.stop();
         let names: Vec<String> = self.lock().exports.keys().cloned().collect();
         for n in names {
             let _ = self.delete_export(&n, None);

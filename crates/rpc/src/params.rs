@@ -146,6 +146,15 @@ impl Params {
             .map(Some)
     }
 
+    /// An object, left for the method to decode (SPDK's nested `listen_address`, `namespace`).
+    pub fn optional_object(&mut self, field: &'static str) -> Result<Option<Map<String, Value>>, ParamError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::Object(map)) => Ok(Some(map)),
+            Some(v) => Err(ParamError::new(field, format!("expected an object, got {}", describe(&v)))),
+        }
+    }
+
     /// A map of option names to text values (Ceph's `config_param`): an object whose values
     /// are strings, numbers or booleans (a configuration file writes `timeout = 3`), in key
     /// order. An error names the offending key as `field.key`.
@@ -254,6 +263,18 @@ mod tests {
         let e = p.finish().unwrap_err();
         assert_eq!(e.field, "x");
         assert_eq!(e.to_string(), "x: unknown parameter; accepted: name, num_blocks, ro, absent");
+    }
+
+    #[test]
+    fn objects_are_left_for_the_method() {
+        let mut p = Params::new(Some(json!({"namespace": {"bdev_name": "m0"}, "bad": [1]}))).unwrap();
+        let ns = p.optional_object("namespace").unwrap().unwrap();
+        assert_eq!(ns.get("bdev_name"), Some(&json!("m0")));
+        assert_eq!(p.optional_object("absent").unwrap(), None);
+        assert_eq!(
+            p.optional_object("bad").unwrap_err().to_string(),
+            "bad: expected an object, got an array"
+        );
     }
 
     #[test]

@@ -1,8 +1,38 @@
-//! Socket options and shutdown on descriptors `std`'s socket types do not own, and a send with
-//! descriptors attached (`SCM_RIGHTS`), which `std` has no stable call for.
+//! Socket options and shutdown on descriptors `std`'s socket types do not own, non-blocking
+//! receives and vectored sends on them (a poller's socket), and a send with descriptors
+//! attached (`SCM_RIGHTS`), which `std` has no stable call for.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// Receives into `buf` without waiting (`MSG_DONTWAIT`): `Ok(0)` is the end of the stream, a
+/// socket with nothing to read fails with `WouldBlock`.
+pub fn recv_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of its length; the descriptor is borrowed, open.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Sends `bufs` in one vectored write without waiting (`MSG_DONTWAIT`) and without SIGPIPE
+/// when the peer is gone (`MSG_NOSIGNAL`: an `EPIPE` error instead); a full socket fails with
+/// `WouldBlock`.
+pub fn send_vectored_nonblocking(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is guaranteed ABI-compatible with iovec on Unix.
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len() as _;
+    // SAFETY: `msg` describes readable buffers for the call's duration, on a borrowed, open
+    // descriptor.
+    let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
 
 /// Shuts down both directions of the socket `fd`: a thread blocked reading or writing any
 /// duplicate of it returns at once.

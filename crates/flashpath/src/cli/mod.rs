@@ -11,6 +11,7 @@ mod disk;
 mod mirror;
 mod nbd;
 mod nbd_client;
+mod nvmf;
 mod qos;
 mod rbd;
 mod reactor;
@@ -69,6 +70,9 @@ pub(crate) enum Command {
     /// Remote NBD exports attached as disks (any NBD server; docs/nbd.md)
     #[command(subcommand)]
     NbdClient(nbd_client::NbdClientCommand),
+    /// NVMe over TCP: subsystems, listeners, namespaces, allowed hosts (docs/nvmf.md)
+    #[command(subcommand)]
+    Nvmf(nvmf::NvmfCommand),
     /// Logical volumes: stores on a disk, thin volumes, snapshots, clones
     #[command(subcommand)]
     Volume(volume::VolumeCommand),
@@ -148,6 +152,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Vhost(c) => vhost::run(rpc, json, c),
         Command::Nbd(c) => nbd::run(rpc, json, c),
         Command::NbdClient(c) => nbd_client::run(rpc, json, c),
+        Command::Nvmf(c) => nvmf::run(rpc, json, c),
         Command::Volume(c) => volume::run(rpc, json, c),
         Command::Qos(c) => qos::run(rpc, json, c),
         Command::Mirror(c) => mirror::run(rpc, json, c),

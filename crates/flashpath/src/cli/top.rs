@@ -5,7 +5,9 @@
 //! two consecutive samples over the time between them. QOS shows the requests a disk's QoS
 //! limit holds back now and the share of the interval it throttled. A daemon without
 //! `bdev_get_iostat` is shown from its vhost controllers' counters instead (no latency or QoS
-//! then). `q`, Esc or Ctrl-C quits.
+//! then). NVMe-oF subsystems get a panel of their own from `nvmf_get_stats` (connected
+//! controllers and queue pairs now, IOPS and MB/s over their namespaces). `q`, Esc or Ctrl-C
+//! quits.
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -60,12 +62,81 @@ pub struct ControllerCounters {
     pub kicks: u64,
 }
 
+/// One NVMe-oF subsystem at one instant: what is connected now, and its namespaces' counters
+/// added up.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SubsystemCounters {
+    pub controllers: u64,
+    pub qpairs: u64,
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub errors: u64,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub at: Instant,
     pub disks: BTreeMap<String, DiskCounters>,
     pub reactors: Vec<ReactorCounters>,
     pub controllers: BTreeMap<String, ControllerCounters>,
+    /// NVMe-oF subsystems by NQN.
+    pub subsystems: BTreeMap<String, SubsystemCounters>,
+}
+
+/// One subsystem's line: what is connected, and per-second rates over the interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubsystemRow {
+    pub nqn: String,
+    pub controllers: u64,
+    pub qpairs: u64,
+    pub iops: f64,
+    pub mbps: f64,
+    pub errors: u64,
+}
+
+/// Per-second rates between two samples; a subsystem new in `cur` counts from zero.
+pub fn subsystem_rows(prev: &Sample, cur: &Sample) -> Vec<SubsystemRow> {
+    let secs = cur.at.duration_since(prev.at).as_secs_f64().max(1e-6);
+    let zero = SubsystemCounters::default();
+    cur.subsystems
+        .iter()
+        .map(|(nqn, c)| {
+            let p = prev.subsystems.get(nqn).unwrap_or(&zero);
+            let d = |f: fn(&SubsystemCounters) -> u64| f(c).saturating_sub(f(p)) as f64;
+            SubsystemRow {
+                nqn: nqn.clone(),
+                controllers: c.controllers,
+                qpairs: c.qpairs,
+                iops: (d(|x| x.read_ops) + d(|x| x.write_ops)) / secs,
+                mbps: (d(|x| x.bytes_read) + d(|x| x.bytes_written)) / secs / 1e6,
+                errors: c.errors,
+            }
+        })
+        .collect()
+}
+
+/// Subsystems from `nvmf_get_stats`.
+pub fn subsystems_from(stats: &Value) -> BTreeMap<String, SubsystemCounters> {
+    list(&stats["subsystems"])
+        .iter()
+        .map(|s| {
+            let mut c = SubsystemCounters {
+                controllers: u64_at(s, "controllers"),
+                qpairs: u64_at(s, "qpairs"),
+                ..SubsystemCounters::default()
+            };
+            for ns in list(&s["namespaces"]) {
+                c.read_ops += u64_at(ns, "read_ops");
+                c.write_ops += u64_at(ns, "write_ops");
+                c.bytes_read += u64_at(ns, "bytes_read");
+                c.bytes_written += u64_at(ns, "bytes_written");
+                c.errors += u64_at(ns, "errors");
+            }
+            (s["nqn"].as_str().unwrap_or_default().to_string(), c)
+        })
+        .collect()
 }
 
 /// One controller's line: per-second rates over the interval.
@@ -277,7 +348,13 @@ fn sample(s: &mut Session) -> Result<Sample, CliError> {
     let disks = disk_counters(s)?;
     let reactors = reactors_from(&s.call("framework_get_reactors", None)?);
     let controllers = controllers_from(&s.call("vhost_get_controllers", None)?);
-    Ok(Sample { at: Instant::now(), disks, reactors, controllers })
+    // A daemon without the NVMe-oF target has no subsystems to show.
+    let subsystems = match s.call("nvmf_get_stats", None) {
+        Ok(stats) => subsystems_from(&stats),
+        Err(CliError::Refused { .. }) => BTreeMap::new(),
+        Err(e) => return Err(e),
+    };
+    Ok(Sample { at: Instant::now(), disks, reactors, controllers, subsystems })
 }
 
 fn us(v: Option<f64>) -> String {
@@ -300,12 +377,15 @@ fn draw(
     rpc: &Path,
     disks: &[DiskRow],
     ctrls: &[ControllerRow],
+    subsystems: &[SubsystemRow],
     reactors: &[(u64, f64, bool)],
 ) {
-    let [title, disk_area, ctrl_area, reactor_area] = Layout::vertical([
+    let panel = |rows: usize| if rows == 0 { 0 } else { rows as u16 + 3 };
+    let [title, disk_area, ctrl_area, nvmf_area, reactor_area] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Length(disks.len() as u16 + 3),
-        Constraint::Length(if ctrls.is_empty() { 0 } else { ctrls.len() as u16 + 3 }),
+        Constraint::Length(panel(ctrls.len())),
+        Constraint::Length(panel(subsystems.len())),
         Constraint::Length(reactors.len() as u16 + 3),
     ])
     .areas(f.area());
@@ -373,6 +453,31 @@ fn draw(
             .block(Block::bordered().title(" guest notifications ")),
         ctrl_area,
     );
+    let rows = subsystems.iter().map(|s| {
+        Row::new(vec![
+            s.nqn.clone(),
+            s.controllers.to_string(),
+            s.qpairs.to_string(),
+            format!("{:.0}", s.iops),
+            format!("{:.2}", s.mbps),
+            s.errors.to_string(),
+        ])
+    });
+    let widths = [
+        Constraint::Length(column_width(subsystems.iter().map(|s| s.nqn.chars().count()), "SUBSYSTEM")),
+        Constraint::Length(7),
+        Constraint::Length(7),
+        Constraint::Length(10),
+        Constraint::Length(9),
+        Constraint::Length(6),
+    ];
+    let header = ["SUBSYSTEM", "CTRLRS", "QPAIRS", "IO/s", "MB/s", "ERR"];
+    f.render_widget(
+        Table::new(rows, widths)
+            .header(Row::new(header).style(bold))
+            .block(Block::bordered().title(" nvmf subsystems ")),
+        nvmf_area,
+    );
     let rows = reactors.iter().map(|(lcore, pct, sleeping)| {
         let state = if *sleeping { "sleeping" } else { "polling" };
         Row::new(vec![lcore.to_string(), format!("{pct:.1}"), state.to_string()])
@@ -402,10 +507,13 @@ pub fn run(rpc: &Path) -> Result<(), CliError> {
         // The first frame shows totals-free zeroes until the first interval has passed.
         let mut disks = disk_rows(&prev, &prev);
         let mut ctrls = controller_rows(&prev, &prev);
+        let mut subsystems = subsystem_rows(&prev, &prev);
         let mut reactors = reactor_busy(&prev, &prev);
         let mut next = Instant::now() + REFRESH;
         loop {
-            terminal.draw(|f| draw(f, rpc, &disks, &ctrls, &reactors)).map_err(CliError::Terminal)?;
+            terminal
+                .draw(|f| draw(f, rpc, &disks, &ctrls, &subsystems, &reactors))
+                .map_err(CliError::Terminal)?;
             let wait = next.saturating_duration_since(Instant::now());
             if event::poll(wait).map_err(CliError::Terminal)? {
                 if let Event::Key(k) = event::read().map_err(CliError::Terminal)? {
@@ -421,6 +529,7 @@ pub fn run(rpc: &Path) -> Result<(), CliError> {
             let cur = sample(&mut session)?;
             disks = disk_rows(&prev, &cur);
             ctrls = controller_rows(&prev, &cur);
+            subsystems = subsystem_rows(&prev, &cur);
             reactors = reactor_busy(&prev, &cur);
             prev = cur;
             next = Instant::now() + REFRESH;
@@ -446,12 +555,14 @@ mod tests {
             disks: disks_from_iostat(&io(100, 1000)),
             reactors: vec![],
             controllers: BTreeMap::new(),
+            subsystems: BTreeMap::new(),
         };
         let cur = Sample {
             at: t0 + Duration::from_secs(2),
             disks: disks_from_iostat(&io(300, 3000)),
             reactors: vec![],
             controllers: BTreeMap::new(),
+            subsystems: BTreeMap::new(),
         };
         let rows = disk_rows(&prev, &cur);
         assert_eq!(rows.len(), 1);
@@ -480,6 +591,7 @@ mod tests {
             disks: disks_from_iostat(&v),
             reactors: vec![],
             controllers: BTreeMap::new(),
+            subsystems: BTreeMap::new(),
         };
         let (prev, cur) = (at(0, io(0, 250_000)), at(2, io(12, 750_000)));
         assert_eq!(cur.disks["d0"].qos_queued, 12);
@@ -506,12 +618,14 @@ mod tests {
             disks: BTreeMap::new(),
             reactors: vec![r(1000, 1000)],
             controllers: BTreeMap::new(),
+            subsystems: BTreeMap::new(),
         };
         let cur = Sample {
             at: t0,
             disks: BTreeMap::new(),
             reactors: vec![r(4000, 2000)],
             controllers: BTreeMap::new(),
+            subsystems: BTreeMap::new(),
         };
         assert_eq!(reactor_busy(&prev, &cur), [(3, 75.0, false)]);
     }
@@ -530,12 +644,14 @@ mod tests {
                 disks: BTreeMap::new(),
                 reactors: vec![],
                 controllers: BTreeMap::new(),
+                subsystems: BTreeMap::new(),
             },
             &Sample {
                 at: Instant::now(),
                 disks: disks_from_controllers(&c),
                 reactors: vec![],
                 controllers: BTreeMap::new(),
+                subsystems: BTreeMap::new(),
             },
         );
         // Controllers know nothing of QoS: no number rather than a made-up zero.
@@ -551,6 +667,7 @@ mod tests {
             disks: BTreeMap::new(),
             reactors: vec![],
             controllers: controllers_from(&v),
+            subsystems: BTreeMap::new(),
         };
         // Before: 1000 requests over 10 notifications; in the 2 s after, 6400 more over 100.
         let rows = controller_rows(&at(0, c(1000, 10, 4)), &at(2, c(7400, 110, 24)));
@@ -561,5 +678,38 @@ mod tests {
         // No notification in the interval: no ratio rather than a division by zero.
         let idle = controller_rows(&at(2, c(7400, 110, 24)), &at(3, c(7400, 110, 24)));
         assert_eq!(idle[0].requests_per_notification, None);
+    }
+
+    #[test]
+    fn subsystem_rates_add_up_their_namespaces() {
+        let stats = |reads: u64, writes: u64| {
+            json!({"subsystems": [{"nqn": "nqn.2016-06.io.spdk:cnode1", "controllers": 1, "qpairs": 3,
+                "namespaces": [
+                    {"nsid": 1, "read_ops": reads, "write_ops": 0, "bytes_read": reads * 4096,
+                     "bytes_written": 0, "other_ops": 5, "errors": 1},
+                    {"nsid": 2, "read_ops": 0, "write_ops": writes, "bytes_read": 0,
+                     "bytes_written": writes * 512, "other_ops": 0, "errors": 2}]}]})
+        };
+        let t0 = Instant::now();
+        let at = |secs: u64, v: Value| Sample {
+            at: t0 + Duration::from_secs(secs),
+            disks: BTreeMap::new(),
+            reactors: vec![],
+            controllers: BTreeMap::new(),
+            subsystems: subsystems_from(&v),
+        };
+        let rows = subsystem_rows(&at(0, stats(100, 10)), &at(2, stats(2100, 2010)));
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!(
+            (r.nqn.as_str(), r.controllers, r.qpairs, r.errors),
+            ("nqn.2016-06.io.spdk:cnode1", 1, 3, 3)
+        );
+        // 2000 reads and 2000 writes in 2 s.
+        assert_eq!(r.iops, 2000.0);
+        assert_eq!(r.mbps, (2000.0 * 4096.0 + 2000.0 * 512.0) / 2.0 / 1e6);
+        // A subsystem new in the second sample counts from zero.
+        let new = subsystem_rows(&at(0, json!({"subsystems": []})), &at(1, stats(10, 0)));
+        assert_eq!(new[0].iops, 10.0);
     }
 }

@@ -1,4 +1,5 @@
-//! Exports: what serves a bdev to the outside (a vhost-user-blk controller, an NBD export).
+//! Exports: what serves a bdev to the outside (a vhost-user-blk controller, an NBD export, an
+//! NVMe-oF namespace).
 //!
 //! An export claims its bdev for as long as it lives, with the claim type it needs (a writable
 //! export excludes every other claim, read-only ones share the bdev). Each kind is a folder
@@ -18,10 +19,11 @@ use crate::metrics::Family;
 use crate::{Claim, Registry, RegistryError};
 
 pub mod nbd;
+pub mod nvmf;
 pub mod vhost_blk;
 
 /// Every export kind, in the order the configuration file applies their tables.
-pub static EXPORT_KINDS: &[&dyn ExportKind] = &[&vhost_blk::VhostBlkKind, &nbd::NbdKind];
+pub static EXPORT_KINDS: &[&dyn ExportKind] = &[&vhost_blk::VhostBlkKind, &nbd::NbdKind, &nvmf::NvmfKind];
 
 /// A kind of export, as the daemon sees it beside its running exports: a bdev module's
 /// counterpart ([`fp_bdev::BdevModule`]).
@@ -33,9 +35,10 @@ pub trait ExportKind: Sync {
     /// Its JSON-RPC methods.
     fn methods(&self) -> &'static [(&'static str, MethodFn)];
 
-    /// The configuration file's array of tables for it (`vhost_blk` for `[[vhost_blk]]`) and
-    /// the method whose parameters each table holds.
-    fn config_table(&self) -> ConfigTable;
+    /// The configuration file's arrays of tables for it (`vhost_blk` for `[[vhost_blk]]`) and
+    /// the method whose parameters each table holds, in the order the file applies them (the
+    /// NVMe-oF kind has one per object: transport, subsystem, listener, host, namespace).
+    fn config_tables(&self) -> &'static [ConfigTable];
 
     /// Its metric families for one scrape, read through `call` (a method and its parameters),
     /// the same methods the RPC answers, so the endpoint and the RPC cannot disagree.
@@ -49,6 +52,11 @@ pub struct ConfigTable {
     pub table: &'static str,
     /// The method each table is the parameters of (`nbd_start_disk`).
     pub method: &'static str,
+}
+
+/// Every kind's configuration tables, in the order the configuration file applies them.
+pub fn config_tables() -> impl Iterator<Item = ConfigTable> {
+    EXPORT_KINDS.iter().flat_map(|k| k.config_tables().iter().copied())
 }
 
 /// The export kind called `name`.

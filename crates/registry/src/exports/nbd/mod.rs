@@ -203,8 +203,8 @@ impl ExportKind for NbdKind {
         rpc::METHODS
     }
 
-    fn config_table(&self) -> ConfigTable {
-        ConfigTable { table: "nbd_disk", method: "nbd_start_disk" }
+    fn config_tables(&self) -> &'static [ConfigTable] {
+        &[ConfigTable { table: "nbd_disk", method: "nbd_start_disk" }]
     }
 
     /// From `nbd_get_disks`: what each export's clients asked, and how many are connected.

@@ -221,8 +221,8 @@ impl ExportKind for VhostBlkKind {
         rpc::METHODS
     }
 
-    fn config_table(&self) -> ConfigTable {
-        ConfigTable { table: "vhost_blk", method: "vhost_create_blk_controller" }
+    fn config_tables(&self) -> &'static [ConfigTable] {
+        &[ConfigTable { table: "vhost_blk", method: "vhost_create_blk_controller" }]
     }
 
     /// From `vhost_get_controllers`: what each guest-facing controller did, and holds now.

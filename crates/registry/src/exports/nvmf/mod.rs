@@ -1,0 +1,278 @@
+//! NVMe over TCP (`nvmf_*` methods with SPDK's names, in `rpc.rs`): the daemon's one
+//! [`fp_nvmf::NvmfTarget`] holds the transport, the subsystems, their listeners and allowed
+//! hosts; the registry holds the namespaces, because each one claims its bdev. A namespace is
+//! an [`Export`] of kind `"nvmf"` named `<nqn>/<nsid>` (what `bdev_get_bdevs` shows as the
+//! bdev's holder). docs/nvmf.md.
+
+use std::any::Any;
+
+use fp_bdev::ClaimType;
+use fp_nvmf::{NamespaceSpec, NvmfError, NvmfTarget};
+use serde_json::Value;
+
+use super::{ConfigTable, Export, ExportKind, NewExport};
+use crate::methods::MethodFn;
+use crate::metrics::{array, str_at, u64_at, Family};
+use crate::{Registry, RegistryError};
+
+mod rpc;
+#[cfg(test)]
+mod tests;
+
+/// [`Export::kind`] of an NVMe-oF namespace.
+pub const KIND: &str = "nvmf";
+
+/// What errors call one.
+const LABEL: &str = "NVMe-oF namespace";
+
+/// What to add for `nvmf_subsystem_add_ns`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmfNamespaceSpec {
+    /// The subsystem's NQN.
+    pub nqn: String,
+    /// The namespace ID; `None` takes the lowest free one.
+    pub nsid: Option<u32>,
+    pub bdev_name: String,
+    /// `None`: the bdev's UUID as `bdev_get_bdevs` reports it (as SPDK does).
+    pub uuid: Option<[u8; 16]>,
+    pub nguid: Option<[u8; 16]>,
+    pub eui64: Option<[u8; 8]>,
+    /// flashpath's: writes fail with "namespace is write protected" and the bdev is claimed
+    /// shared, so read-only exports of other kinds may serve it too.
+    pub read_only: bool,
+}
+
+/// The registry's name of namespace `nsid` of subsystem `nqn`.
+pub fn namespace_name(nqn: &str, nsid: u32) -> String {
+    format!("{nqn}/{nsid}")
+}
+
+impl From<NvmfError> for RegistryError {
+    fn from(e: NvmfError) -> RegistryError {
+        match e {
+            NvmfError::NotFound { what, name } => RegistryError::NotFound { kind: what, name },
+            NvmfError::AlreadyExists { what, name } => RegistryError::AlreadyExists { kind: what, name },
+            NvmfError::Invalid { field, reason } => RegistryError::Invalid { field, reason },
+        }
+    }
+}
+
+/// The claim a namespace takes.
+fn claim_type(read_only: bool) -> ClaimType {
+    if read_only {
+        ClaimType::ReadManyWriteNone
+    } else {
+        ClaimType::ExclusiveWrite
+    }
+}
+
+struct NvmfNamespace {
+    target: NvmfTarget,
+    /// [`namespace_name`].
+    name: String,
+    nqn: String,
+    nsid: u32,
+    bdev_name: String,
+    read_only: bool,
+}
+
+impl Export for NvmfNamespace {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn bdev_name(&self) -> &str {
+        &self.bdev_name
+    }
+
+    fn claim_type(&self) -> ClaimType {
+        claim_type(self.read_only)
+    }
+
+    /// The namespace's size is read from the bdev's shared capacity; the target sends the
+    /// subsystem's hosts a Namespace Attribute Changed event so they read Identify Namespace
+    /// again (Linux then updates the disk's size).
+    fn resized(&self, size_bytes: u64) {
+        log::info!("nvmf namespace '{}': size now {size_bytes} bytes, hosts notified", self.name);
+        self.target.namespace_resized(&self.nqn, self.nsid);
+    }
+
+    /// Detaches the namespace (hosts get the event) once its in-flight I/O is answered.
+    fn stop(self: Box<Self>) {
+        if let Err(e) = self.target.remove_namespace(&self.nqn, self.nsid) {
+            // Its subsystem went first (daemon shutdown stops the target before the exports).
+            log::debug!("nvmf namespace '{}': {e}", self.name);
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Registry {
+    /// The daemon's NVMe-oF target.
+    pub fn nvmf(&self) -> &NvmfTarget {
+        &self.nvmf
+    }
+
+    /// Adds a namespace backed by a bdev to a subsystem, claiming the bdev; returns its nsid.
+    pub fn nvmf_add_namespace(&self, spec: NvmfNamespaceSpec) -> Result<u32, RegistryError> {
+        let nsid = match spec.nsid {
+            Some(n) => n,
+            None => self.nvmf.free_nsid(&spec.nqn)?,
+        };
+        let name = namespace_name(&spec.nqn, nsid);
+        let new = NewExport {
+            name: &name,
+            kind: KIND,
+            label: LABEL,
+            bdev_name: &spec.bdev_name,
+            claim_type: claim_type(spec.read_only),
+            migrate_from: None,
+        };
+        self.add_export(new, |bdev| {
+            let uuid = spec.uuid.unwrap_or_else(|| bdev_uuid_bytes(&bdev.info().name));
+            let ns = NamespaceSpec {
+                nsid,
+                bdev,
+                bdev_name: spec.bdev_name.clone(),
+                uuid: Some(uuid),
+                nguid: spec.nguid,
+                eui64: spec.eui64,
+                read_only: spec.read_only,
+            };
+            let nsid = self.nvmf.add_namespace(&spec.nqn, ns)?;
+            Ok(Box::new(NvmfNamespace {
+                target: self.nvmf.clone(),
+                name: namespace_name(&spec.nqn, nsid),
+                nqn: spec.nqn.clone(),
+                nsid,
+                bdev_name: spec.bdev_name.clone(),
+                read_only: spec.read_only,
+            }))
+        })?;
+        Ok(nsid)
+    }
+
+    /// Removes a namespace: its hosts are told, its in-flight I/O is answered, the bdev is
+    /// released.
+    pub fn nvmf_remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), RegistryError> {
+        // An unknown subsystem is reported as such rather than as a missing namespace.
+        self.nvmf.controllers(nqn)?;
+        self.delete_export(&namespace_name(nqn, nsid), Some((KIND, LABEL)))
+    }
+
+    /// Deletes a subsystem: its namespaces first (releasing their bdevs), then the subsystem
+    /// with its listeners, disconnecting its hosts.
+    pub fn nvmf_delete_subsystem(&self, nqn: &str) -> Result<(), RegistryError> {
+        self.nvmf.controllers(nqn)?;
+        let names = self.map_exports(|ns: &NvmfNamespace| (ns.nqn == nqn).then(|| ns.name.clone()));
+        for name in names.into_iter().flatten() {
+            self.delete_export(&name, Some((KIND, LABEL)))?;
+        }
+        Ok(self.nvmf.delete_subsystem(nqn)?)
+    }
+}
+
+/// The UUID `bdev_get_bdevs` reports for the bdev `name`, as bytes.
+fn bdev_uuid_bytes(name: &str) -> [u8; 16] {
+    // A bdev named by a UUID (a logical volume) is that UUID.
+    parse_uuid(name)
+        .or_else(|| parse_uuid(&crate::methods::bdev_uuid(name)))
+        .expect("bdev_uuid makes well-formed UUIDs")
+}
+
+/// RFC 4122 text (8-4-4-4-12 hexadecimal digits) as bytes.
+pub(crate) fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let groups: Vec<&str> = text.split('-').collect();
+    if groups.iter().map(|g| g.len()).ne([8, 4, 4, 4, 12]) {
+        return None;
+    }
+    parse_hex::<16>(&groups.concat())
+}
+
+/// `2 * N` hexadecimal digits (either case) as `N` bytes.
+pub(crate) fn parse_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The NVMe-oF export kind ([`super::EXPORT_KINDS`]).
+pub struct NvmfKind;
+
+/// Its configuration tables, applied in this order: the transport before the subsystems,
+/// a subsystem before its listeners, hosts and namespaces.
+const CONFIG_TABLES: &[ConfigTable] = &[
+    ConfigTable { table: "nvmf_transport", method: "nvmf_create_transport" },
+    ConfigTable { table: "nvmf_subsystem", method: "nvmf_create_subsystem" },
+    ConfigTable { table: "nvmf_listener", method: "nvmf_subsystem_add_listener" },
+    ConfigTable { table: "nvmf_host", method: "nvmf_subsystem_add_host" },
+    ConfigTable { table: "nvmf_ns", method: "nvmf_subsystem_add_ns" },
+];
+
+impl ExportKind for NvmfKind {
+    fn name(&self) -> &'static str {
+        KIND
+    }
+
+    fn methods(&self) -> &'static [(&'static str, MethodFn)] {
+        rpc::METHODS
+    }
+
+    fn config_tables(&self) -> &'static [ConfigTable] {
+        CONFIG_TABLES
+    }
+
+    /// From `nvmf_get_stats`: each namespace's commands, bytes and errors, and each
+    /// subsystem's connected controllers and queue pairs.
+    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family> {
+        let Some(stats) = call("nvmf_get_stats", None) else { return Vec::new() };
+        let mut requests = Family::counter(
+            "flashpath_nvmf_requests_total",
+            "Commands an NVMe-oF namespace answered, by operation",
+        );
+        let mut bytes =
+            Family::counter("flashpath_nvmf_bytes_total", "Bytes an NVMe-oF namespace moved, by direction");
+        let mut errors = Family::counter(
+            "flashpath_nvmf_errors_total",
+            "Commands an NVMe-oF namespace answered with an error status",
+        );
+        let mut controllers =
+            Family::gauge("flashpath_nvmf_controllers", "Controllers connected to an NVMe-oF subsystem now");
+        let mut qpairs = Family::gauge(
+            "flashpath_nvmf_qpairs",
+            "Queue pairs (admin and I/O) connected to an NVMe-oF subsystem now",
+        );
+        for s in array(&stats["subsystems"]) {
+            let nqn = str_at(s, "nqn");
+            controllers.push(vec![("nqn", nqn.clone())], u64_at(s, "controllers"));
+            qpairs.push(vec![("nqn", nqn.clone())], u64_at(s, "qpairs"));
+            for ns in array(&s["namespaces"]) {
+                let base = vec![("nqn", nqn.clone()), ("nsid", u64_at(ns, "nsid").to_string())];
+                let with = |k: &'static str, v: &str| {
+                    let mut l = base.clone();
+                    l.push((k, v.to_string()));
+                    l
+                };
+                for (op, key) in [("read", "read_ops"), ("write", "write_ops"), ("other", "other_ops")] {
+                    requests.push(with("op", op), u64_at(ns, key));
+                }
+                bytes.push(with("direction", "read"), u64_at(ns, "bytes_read"));
+                bytes.push(with("direction", "write"), u64_at(ns, "bytes_written"));
+                errors.push(base, u64_at(ns, "errors"));
+            }
+        }
+        vec![requests, bytes, errors, controllers, qpairs]
+    }
+}

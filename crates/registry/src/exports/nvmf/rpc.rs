@@ -1,0 +1,399 @@
+//! NVMe-oF methods with SPDK v23.01's names, parameters and result shapes (and what SPDK's
+//! newer `rpc.py` adds, such as `secure_channel` or `no_auto_visible`). Parameters SPDK defines
+//! that flashpath does not implement are accepted only at their neutral value and refused by
+//! name otherwise ([`Params::spdk_only`]); the sizes of SPDK's shared buffer pool, which has no
+//! counterpart here (each queue pair owns its buffers), are accepted and have no effect.
+//! flashpath has one target: `tgt_name` may only name SPDK's default, `nvmf_tgt`.
+//! docs/nvmf.md lists every difference.
+
+use fp_nvmf::spec::DISCOVERY_NQN;
+use fp_nvmf::{ListenAddress, SubsystemSpec, TransportOptions};
+use fp_rpc::{Neutral, ParamError, Params};
+use serde_json::{json, Value};
+
+use super::{parse_hex, parse_uuid, NvmfNamespaceSpec};
+use crate::methods::{MethodError, MethodFn};
+use crate::metrics::array;
+use crate::{Registry, RegistryError};
+
+/// The kind's methods ([`crate::exports::ExportKind::methods`]).
+pub(super) const METHODS: &[(&str, MethodFn)] = &[
+    ("nvmf_create_transport", nvmf_create_transport),
+    ("nvmf_get_transports", nvmf_get_transports),
+    ("nvmf_create_subsystem", nvmf_create_subsystem),
+    ("nvmf_delete_subsystem", nvmf_delete_subsystem),
+    ("nvmf_get_subsystems", nvmf_get_subsystems),
+    ("nvmf_subsystem_add_listener", nvmf_subsystem_add_listener),
+    ("nvmf_subsystem_remove_listener", nvmf_subsystem_remove_listener),
+    ("nvmf_subsystem_get_listeners", nvmf_subsystem_get_listeners),
+    ("nvmf_subsystem_add_ns", nvmf_subsystem_add_ns),
+    ("nvmf_subsystem_remove_ns", nvmf_subsystem_remove_ns),
+    ("nvmf_subsystem_add_host", nvmf_subsystem_add_host),
+    ("nvmf_subsystem_remove_host", nvmf_subsystem_remove_host),
+    ("nvmf_subsystem_allow_any_host", nvmf_subsystem_allow_any_host),
+    ("nvmf_subsystem_get_controllers", nvmf_subsystem_get_controllers),
+    ("nvmf_subsystem_get_qpairs", nvmf_subsystem_get_qpairs),
+    ("nvmf_get_stats", nvmf_get_stats),
+];
+
+/// SPDK's default target, the only one flashpath has.
+const TGT_NAME: &str = "nvmf_tgt";
+
+/// The controller IDs a subsystem may hand out (NVMe-oF 1.1, 3.3: 0xFFF0 and above are
+/// reserved), SPDK's defaults for `min_cntlid` and `max_cntlid`.
+const MIN_CNTLID: u64 = 1;
+const MAX_CNTLID: u64 = 0xffef;
+
+/// Namespace IDs: 1 to 0xFFFFFFFE (0 and the broadcast value are not namespaces).
+const MAX_NSID: u64 = 0xffff_fffe;
+
+/// `tgt_name`: absent or SPDK's default.
+fn target_name(p: &mut Params) -> Result<(), ParamError> {
+    p.unsupported("tgt_name", Some(json!(TGT_NAME)))
+}
+
+fn to_u32(v: Option<u64>, default: u32) -> u32 {
+    v.map_or(default, |v| u32::try_from(v).expect("bounded by the decoder"))
+}
+
+fn nvmf_create_transport(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let trtype = transport_type(&p.required_str("trtype")?)?;
+    target_name(&mut p)?;
+    let d = TransportOptions::default();
+    let max = u64::from(u32::MAX);
+    let opts = TransportOptions {
+        trtype,
+        max_queue_depth: to_u32(p.optional_uint("max_queue_depth", max)?, d.max_queue_depth),
+        max_io_qpairs_per_ctrlr: to_u32(
+            p.optional_uint("max_io_qpairs_per_ctrlr", max)?,
+            d.max_io_qpairs_per_ctrlr,
+        ),
+        in_capsule_data_size: to_u32(p.optional_uint("in_capsule_data_size", max)?, d.in_capsule_data_size),
+        max_io_size: to_u32(p.optional_uint("max_io_size", max)?, d.max_io_size),
+        io_unit_size: to_u32(p.optional_uint("io_unit_size", max)?, d.io_unit_size),
+        max_aq_depth: to_u32(p.optional_uint("max_aq_depth", max)?, d.max_aq_depth),
+        c2h_success: p.optional_bool("c2h_success")?.unwrap_or(d.c2h_success),
+        sock_priority: to_u32(p.optional_uint("sock_priority", max)?, d.sock_priority),
+        abort_timeout_sec: to_u32(p.optional_uint("abort_timeout_sec", max)?, d.abort_timeout_sec),
+    };
+    // SPDK's shared data buffer pool and its per-poll-group caches: flashpath's queue pairs own
+    // their buffers, so there is nothing for these to size.
+    for pool in ["num_shared_buffers", "buf_cache_size", "iobuf_small_cache_size", "iobuf_large_cache_size"] {
+        p.optional_uint(pool, max)?;
+    }
+    p.spdk_only(&[
+        ("zcopy", Neutral::Bool(false)),
+        ("dif_insert_or_strip", Neutral::Bool(false)),
+        ("control_msg_num", Neutral::Absent),
+        ("acceptor_poll_rate", Neutral::Absent),
+        ("disable_command_passthru", Neutral::Bool(false)),
+        ("kas", Neutral::Absent),
+        ("min_kato", Neutral::Absent),
+        ("masked_oncs", Neutral::Absent),
+        ("masked_fuses", Neutral::Absent),
+        // Other transports' options, which rpc.py sends with every call.
+        ("no_srq", Neutral::Bool(false)),
+        ("num_cqe", Neutral::Absent),
+        ("max_srq_depth", Neutral::Absent),
+        ("acceptor_backlog", Neutral::Absent),
+        ("no_wr_batching", Neutral::Bool(false)),
+        ("ack_timeout", Neutral::Absent),
+        ("data_wr_pool_size", Neutral::Absent),
+        ("disable_mappable_bar0", Neutral::Bool(false)),
+        ("disable_adaptive_irq", Neutral::Bool(false)),
+        ("disable_shadow_doorbells", Neutral::Bool(false)),
+    ])?;
+    p.finish()?;
+    registry.nvmf().create_transport(opts).map_err(RegistryError::from)?;
+    Ok(json!(true))
+}
+
+/// SPDK's `trtype` in any case ("tcp", "TCP"); flashpath has the TCP transport only.
+fn transport_type(trtype: &str) -> Result<String, ParamError> {
+    if trtype.eq_ignore_ascii_case("tcp") {
+        Ok("TCP".into())
+    } else {
+        Err(ParamError::new(
+            "trtype",
+            format!("'{trtype}' is not supported: flashpath has the TCP transport only"),
+        ))
+    }
+}
+
+fn nvmf_get_transports(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let trtype = p.optional_str("trtype")?;
+    target_name(&mut p)?;
+    p.finish()?;
+    let all = registry.nvmf().transports();
+    let listed: Vec<_> = all
+        .into_iter()
+        .filter(|t| trtype.as_ref().is_none_or(|want| t.trtype.eq_ignore_ascii_case(want)))
+        .collect();
+    if let (Some(want), true) = (&trtype, listed.is_empty()) {
+        return Err(RegistryError::NotFound { kind: "transport", name: want.clone() }.into());
+    }
+    Ok(serde_json::to_value(listed).expect("plain data serialises"))
+}
+
+fn nvmf_create_subsystem(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = p.required_str("nqn")?;
+    target_name(&mut p)?;
+    let serial_number = p.optional_str("serial_number")?;
+    let model_number = p.optional_str("model_number")?;
+    let allow_any_host = p.optional_bool("allow_any_host")?.unwrap_or(false);
+    let max_namespaces = to_u32(p.optional_uint("max_namespaces", u64::from(u32::MAX))?, 0);
+    let min_cntlid = p.optional_uint("min_cntlid", MAX_CNTLID)?.unwrap_or(MIN_CNTLID);
+    let max_cntlid = p.optional_uint("max_cntlid", MAX_CNTLID)?.unwrap_or(MAX_CNTLID);
+    p.spdk_only(&[
+        ("ana_reporting", Neutral::Bool(false)),
+        ("passthrough", Neutral::Bool(false)),
+        ("enable_nssr", Neutral::Bool(false)),
+        ("dmrsl", Neutral::Absent),
+        ("wzsl", Neutral::Absent),
+        ("admin_label", Neutral::Absent),
+    ])?;
+    p.finish()?;
+    if min_cntlid == 0 {
+        return Err(ParamError::new("min_cntlid", "must be 1 or more (controller ID 0 is reserved)").into());
+    }
+    if min_cntlid > max_cntlid {
+        return Err(
+            ParamError::new("max_cntlid", format!("{max_cntlid} is below min_cntlid {min_cntlid}")).into()
+        );
+    }
+    let spec = SubsystemSpec {
+        nqn,
+        serial_number,
+        model_number,
+        allow_any_host,
+        max_namespaces,
+        min_cntlid: min_cntlid as u16,
+        max_cntlid: max_cntlid as u16,
+    };
+    registry.nvmf().create_subsystem(spec).map_err(RegistryError::from)?;
+    Ok(json!(true))
+}
+
+/// The methods that only name a subsystem: its `nqn`, and `tgt_name`.
+fn nqn_only(p: &mut Params) -> Result<String, ParamError> {
+    let nqn = p.required_str("nqn")?;
+    target_name(p)?;
+    Ok(nqn)
+}
+
+fn nvmf_delete_subsystem(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = nqn_only(&mut p)?;
+    p.finish()?;
+    if nqn == DISCOVERY_NQN {
+        return Err(ParamError::new("nqn", "the discovery subsystem cannot be deleted").into());
+    }
+    registry.nvmf_delete_subsystem(&nqn)?;
+    Ok(json!(true))
+}
+
+fn nvmf_get_subsystems(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = p.optional_str("nqn")?;
+    target_name(&mut p)?;
+    p.finish()?;
+    let all = serde_json::to_value(registry.nvmf().subsystems()).expect("plain data serialises");
+    match nqn {
+        None => Ok(all),
+        Some(nqn) => {
+            let one: Vec<Value> = array(&all).iter().filter(|s| s["nqn"] == nqn.as_str()).cloned().collect();
+            if one.is_empty() {
+                return Err(RegistryError::NotFound { kind: "subsystem", name: nqn }.into());
+            }
+            Ok(Value::Array(one))
+        }
+    }
+}
+
+/// A nested object parameter (`listen_address`, `namespace`) decoded on its own, its errors
+/// named `outer.field`.
+fn nested<T>(
+    p: &mut Params,
+    outer: &'static str,
+    decode: impl FnOnce(&mut Params) -> Result<T, ParamError>,
+) -> Result<T, ParamError> {
+    let object = p
+        .optional_object(outer)?
+        .ok_or_else(|| ParamError::new(outer, "required parameter missing (an object)"))?;
+    let prefix = |e: ParamError| ParamError::new(format!("{outer}.{}", e.field), e.reason);
+    let mut inner = Params::new(Some(Value::Object(object))).map_err(prefix)?;
+    let decoded = decode(&mut inner).map_err(prefix)?;
+    inner.finish().map_err(prefix)?;
+    Ok(decoded)
+}
+
+/// SPDK's `listen_address` object: `trtype` and `adrfam` in any case (rpc.py passes what was
+/// typed: `-t tcp -f ipv4`), normalised to SPDK's spelling ("TCP", "IPv4"); `adrfam` defaults
+/// to the address's family.
+fn listen_address(p: &mut Params) -> Result<ListenAddress, ParamError> {
+    let trtype = transport_type(&p.required_str("trtype")?)?;
+    let traddr = p.required_str("traddr")?;
+    let adrfam = match p.optional_str("adrfam")? {
+        None if traddr.contains(':') => "IPv6".to_string(),
+        None => "IPv4".to_string(),
+        Some(f) if f.eq_ignore_ascii_case("ipv4") => "IPv4".to_string(),
+        Some(f) if f.eq_ignore_ascii_case("ipv6") => "IPv6".to_string(),
+        Some(f) => {
+            return Err(ParamError::new("adrfam", format!("'{f}' is not supported over TCP: IPv4 or IPv6")))
+        }
+    };
+    let trsvcid = p.optional_str("trsvcid")?.ok_or_else(|| {
+        ParamError::new("trsvcid", "required parameter missing (the TCP port, e.g. \"4420\")")
+    })?;
+    Ok(ListenAddress { trtype, adrfam, traddr, trsvcid })
+}
+
+fn nvmf_subsystem_add_listener(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = nqn_only(&mut p)?;
+    let addr = nested(&mut p, "listen_address", listen_address)?;
+    p.spdk_only(&[
+        ("secure_channel", Neutral::Bool(false)),
+        ("ana_state", Neutral::Str("optimized")),
+        ("sock_impl", Neutral::Absent),
+        ("numa_id", Neutral::Int(-1)),
+    ])?;
+    p.finish()?;
+    registry.nvmf().add_listener(&nqn, addr).map_err(RegistryError::from)?;
+    Ok(json!(true))
+}
+
+fn nvmf_subsystem_remove_listener(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = nqn_only(&mut p)?;
+    let addr = nested(&mut p, "listen_address", listen_address)?;
+    p.finish()?;
+    registry.nvmf().remove_listener(&nqn, &addr).map_err(RegistryError::from)?;
+    Ok(json!(true))
+}
+
+/// SPDK's `nvmf_subsystem_get_listeners` objects: the address and its ANA state, always
+/// "optimized" (flashpath does not do ANA).
+fn nvmf_subsystem_get_listeners(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = nqn_only(&mut p)?;
+    p.finish()?;
+    let all = serde_json::to_value(registry.nvmf().subsystems()).expect("plain data serialises");
+    let Some(sub) = array(&all).iter().find(|s| s["nqn"] == nqn.as_str()) else {
+        return Err(RegistryError::NotFound { kind: "subsystem", name: nqn }.into());
+    };
+    let listeners: Vec<Value> = array(&sub["listen_addresses"])
+        .iter()
+        .map(|a| json!({ "address": a, "ana_state": "optimized" }))
+        .collect();
+    Ok(Value::Array(listeners))
+}
+
+/// SPDK's `namespace` object, and flashpath's `read_only`.
+fn namespace(p: &mut Params) -> Result<NvmfNamespaceSpec, ParamError> {
+    let bdev_name = p.required_str("bdev_name")?;
+    let nsid = match p.optional_uint("nsid", MAX_NSID)? {
+        // rpc.py of v23.01 leaves nsid out for "any"; SPDK's decoder reads 0 the same way.
+        None | Some(0) => None,
+        Some(n) => Some(n as u32),
+    };
+    let nguid = match p.optional_str("nguid")? {
+        None => None,
+        Some(t) => Some(
+            parse_hex::<16>(&t.replace('-', ""))
+                .ok_or_else(|| ParamError::new("nguid", format!("'{t}' is not 32 hexadecimal digits")))?,
+        ),
+    };
+    let eui64 = match p.optional_str("eui64")? {
+        None => None,
+        Some(t) => Some(
+            parse_hex::<8>(&t.replace('-', ""))
+                .ok_or_else(|| ParamError::new("eui64", format!("'{t}' is not 16 hexadecimal digits")))?,
+        ),
+    };
+    let uuid = match p.optional_str("uuid")? {
+        None => None,
+        Some(t) => Some(parse_uuid(&t).ok_or_else(|| {
+            ParamError::new("uuid", format!("'{t}' is not a UUID (8-4-4-4-12 hexadecimal digits)"))
+        })?),
+    };
+    let read_only = p.optional_bool("read_only")?.unwrap_or(false);
+    p.spdk_only(&[
+        ("ptpl_file", Neutral::Absent),
+        ("anagrpid", Neutral::Absent),
+        ("no_auto_visible", Neutral::Bool(false)),
+    ])?;
+    Ok(NvmfNamespaceSpec { nqn: String::new(), nsid, bdev_name, uuid, nguid, eui64, read_only })
+}
+
+fn nvmf_subsystem_add_ns(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = nqn_only(&mut p)?;
+    let ns = nested(&mut p, "namespace", namespace)?;
+    p.finish()?;
+    let nsid = registry.nvmf_add_namespace(NvmfNamespaceSpec { nqn, ..ns })?;
+    Ok(json!(nsid))
+}
+
+fn nvmf_subsystem_remove_ns(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = nqn_only(&mut p)?;
+    let nsid = p.required_uint("nsid", MAX_NSID)? as u32;
+    p.finish()?;
+    registry.nvmf_remove_namespace(&nqn, nsid)?;
+    Ok(json!(true))
+}
+
+/// `nqn` and `host`, and SPDK's authentication keys, which flashpath does not implement.
+fn nqn_and_host(p: &mut Params) -> Result<(String, String), ParamError> {
+    let nqn = nqn_only(p)?;
+    let host = p.required_str("host")?;
+    p.spdk_only(&[
+        ("psk", Neutral::Absent),
+        ("dhchap_key", Neutral::Absent),
+        ("dhchap_ctrlr_key", Neutral::Absent),
+    ])?;
+    Ok((nqn, host))
+}
+
+fn nvmf_subsystem_add_host(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let (nqn, host) = nqn_and_host(&mut p)?;
+    p.finish()?;
+    registry.nvmf().add_host(&nqn, &host).map_err(RegistryError::from)?;
+    Ok(json!(true))
+}
+
+fn nvmf_subsystem_remove_host(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let (nqn, host) = nqn_and_host(&mut p)?;
+    // The host's controllers are disconnected at once; their in-flight commands are answered
+    // first, so there is no timeout to give.
+    p.spdk_only(&[("timeout_ms", Neutral::Absent)])?;
+    p.finish()?;
+    registry.nvmf().remove_host(&nqn, &host).map_err(RegistryError::from)?;
+    Ok(json!(true))
+}
+
+fn nvmf_subsystem_allow_any_host(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = nqn_only(&mut p)?;
+    let allow = p
+        .optional_bool("allow_any_host")?
+        .ok_or_else(|| ParamError::new("allow_any_host", "required parameter missing (true or false)"))?;
+    p.finish()?;
+    registry.nvmf().set_allow_any_host(&nqn, allow).map_err(RegistryError::from)?;
+    Ok(json!(true))
+}
+
+fn nvmf_subsystem_get_controllers(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = nqn_only(&mut p)?;
+    p.finish()?;
+    let list = registry.nvmf().controllers(&nqn).map_err(RegistryError::from)?;
+    Ok(serde_json::to_value(list).expect("plain data serialises"))
+}
+
+fn nvmf_subsystem_get_qpairs(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = nqn_only(&mut p)?;
+    p.finish()?;
+    let list = registry.nvmf().qpairs(&nqn).map_err(RegistryError::from)?;
+    Ok(serde_json::to_value(list).expect("plain data serialises"))
+}
+
+/// flashpath's statistics are per subsystem and namespace rather than SPDK's per poll group:
+/// `{"subsystems": [{nqn, controllers, qpairs, namespaces: [{nsid, read_ops, ...}]}]}`.
+fn nvmf_get_stats(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    target_name(&mut p)?;
+    p.finish()?;
+    Ok(json!({ "subsystems": registry.nvmf().stats() }))
+}

@@ -1,0 +1,338 @@
+//! The nvmf methods through [`Registry::call`], as the RPC server and the configuration file run
+//! them: SPDK's parameters and result shapes, the namespaces' claims on their bdevs, listeners
+//! that really listen (a TCP connect), and errors that name the parameter.
+
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+
+use fp_reactor::{Reactor, ReactorConfig};
+use serde_json::{json, Value};
+
+use crate::exports::ExportKind;
+use crate::{MethodError, Registry, RegistryOptions};
+
+const NQN: &str = "nqn.2016-06.io.spdk:cnode1";
+
+struct Fixture {
+    registry: Arc<Registry>,
+    _dir: tempfile::TempDir,
+    _reactor: Reactor,
+}
+
+fn fixture(options: RegistryOptions) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let reactor = Reactor::new(0, None, ReactorConfig::default()).unwrap();
+    let registry = Registry::with_options(vec![reactor.handle()], dir.path(), options);
+    Fixture { registry, _dir: dir, _reactor: reactor }
+}
+
+impl Fixture {
+    fn call(&self, method: &str, params: Value) -> Value {
+        self.registry.call(method, Some(params.clone())).unwrap_or_else(|e| panic!("{method} {params}: {e}"))
+    }
+
+    fn fails(&self, method: &str, params: Value) -> MethodError {
+        match self.registry.call(method, Some(params.clone())) {
+            Ok(v) => panic!("{method} {params} succeeded: {v}"),
+            Err(e) => e,
+        }
+    }
+
+    fn malloc(&self, name: &str) {
+        self.call("bdev_malloc_create", json!({ "name": name, "num_blocks": 256, "block_size": 512 }));
+    }
+
+    fn bdev(&self, name: &str) -> Value {
+        self.call("bdev_get_bdevs", json!({ "name": name }))[0].clone()
+    }
+
+    /// The transport as SPDK's rpc.py creates it (`nvmf_create_transport -t tcp`: every flag of
+    /// the other transports at its default) and a subsystem that any host may use.
+    fn transport_and_subsystem(&self) {
+        self.call(
+            "nvmf_create_transport",
+            json!({ "trtype": "tcp", "zcopy": false, "no_srq": false, "c2h_success": true,
+                    "dif_insert_or_strip": false, "no_wr_batching": false,
+                    "disable_mappable_bar0": false, "disable_adaptive_irq": false,
+                    "disable_shadow_doorbells": false, "disable_command_passthru": false }),
+        );
+        self.call(
+            "nvmf_create_subsystem",
+            json!({ "nqn": NQN, "serial_number": "SPDK001", "allow_any_host": true,
+                    "ana_reporting": false, "min_cntlid": 1, "max_cntlid": 65519 }),
+        );
+    }
+}
+
+/// A loopback port nobody listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn listen_address(port: u16) -> Value {
+    json!({ "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port.to_string() })
+}
+
+#[test]
+fn a_subsystem_from_transport_to_deletion() {
+    let f = fixture(RegistryOptions::default());
+    f.transport_and_subsystem();
+    let transports = f.call("nvmf_get_transports", json!({}));
+    assert_eq!(transports[0]["trtype"], "TCP", "{transports}");
+    assert_eq!(transports[0]["max_queue_depth"], 128, "{transports}");
+    assert_eq!(f.call("nvmf_get_transports", json!({ "trtype": "TCP" })), transports);
+    // One transport per target, as SPDK.
+    let e = f.fails("nvmf_create_transport", json!({ "trtype": "TCP" }));
+    assert_eq!(e.to_rpc().code, -libc::EEXIST, "{e}");
+
+    let port = free_port();
+    f.call("nvmf_subsystem_add_listener", json!({ "nqn": NQN, "listen_address": listen_address(port) }));
+    TcpStream::connect(("127.0.0.1", port)).expect("the listener accepts connections");
+    let listeners = f.call("nvmf_subsystem_get_listeners", json!({ "nqn": NQN }));
+    assert_eq!(
+        listeners,
+        json!([{ "address": { "trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1",
+                              "trsvcid": port.to_string() }, "ana_state": "optimized" }])
+    );
+
+    f.malloc("m0");
+    f.malloc("m1");
+    assert_eq!(f.call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "m0" } })), 1);
+    let nguid = "0123456789ABCDEF0123456789ABCDEF";
+    let ns = json!({ "bdev_name": "m1", "nsid": 5, "nguid": nguid, "uuid": "ceccf520-691e-4b46-9546-34af789907c5" });
+    assert_eq!(f.call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": ns })), 5);
+    let m0 = f.bdev("m0");
+    assert_eq!((m0["claimed"].as_bool(), m0["claim_type"].as_str()), (Some(true), Some("exclusive_write")));
+    assert_eq!(m0["claimed_by"], format!("{NQN}/1"), "{m0}");
+
+    let subs = f.call("nvmf_get_subsystems", json!({ "nqn": NQN }));
+    assert_eq!(subs.as_array().unwrap().len(), 1, "{subs}");
+    let s = &subs[0];
+    assert_eq!((s["subtype"].as_str(), s["serial_number"].as_str()), (Some("NVMe"), Some("SPDK001")));
+    assert_eq!(s["allow_any_host"], true);
+    assert_eq!(s["namespaces"][0]["bdev_name"], "m0");
+    // Without a UUID the namespace has its bdev's, as in SPDK.
+    assert_eq!(s["namespaces"][0]["uuid"], m0["uuid"], "{s}");
+    assert_eq!(
+        (s["namespaces"][1]["nsid"].as_u64(), s["namespaces"][1]["nguid"].as_str()),
+        (Some(5), Some(nguid))
+    );
+    assert_eq!(s["namespaces"][1]["uuid"], "ceccf520-691e-4b46-9546-34af789907c5");
+    // The discovery subsystem is listed too, listening wherever a subsystem does.
+    let all = f.call("nvmf_get_subsystems", json!({}));
+    let discovery = all.as_array().unwrap().iter().find(|s| s["subtype"] == "Discovery").expect("discovery");
+    assert_eq!(discovery["listen_addresses"][0]["trsvcid"], port.to_string(), "{all}");
+
+    // A namespace's bdev is taken: no second namespace, no deletion, no shrinking.
+    let e = f.fails("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "m0" } }));
+    assert!(e.to_string().contains("m0"), "{e}");
+    let e = f.fails("bdev_malloc_delete", json!({ "name": "m0" }));
+    assert_eq!(e.to_rpc().code, -libc::EBUSY, "{e}");
+    // The same nsid twice.
+    f.malloc("m2");
+    let e = f
+        .fails("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "m2", "nsid": 5 } }));
+    assert_eq!(e.to_rpc().code, -libc::EEXIST, "{e}");
+    assert_eq!(f.bdev("m2")["claimed"], false, "a refused namespace leaves no claim");
+
+    f.call("nvmf_subsystem_remove_ns", json!({ "nqn": NQN, "nsid": 1 }));
+    assert_eq!(f.bdev("m0")["claimed"], false);
+    let e = f.fails("nvmf_subsystem_remove_ns", json!({ "nqn": NQN, "nsid": 1 }));
+    assert_eq!(e.to_rpc().code, -libc::ENODEV, "{e}");
+
+    // Deleting the subsystem removes its namespaces (releasing m1) and closes its listener.
+    f.call("nvmf_delete_subsystem", json!({ "nqn": NQN }));
+    assert_eq!(f.bdev("m1")["claimed"], false);
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "the listener closed with its subsystem");
+    let e = f.fails("nvmf_get_subsystems", json!({ "nqn": NQN }));
+    assert_eq!(e.to_rpc().code, -libc::ENODEV, "{e}");
+    f.call("bdev_malloc_delete", json!({ "name": "m0" }));
+}
+
+#[test]
+fn read_only_namespaces_share_their_bdev() {
+    let f = fixture(RegistryOptions::default());
+    f.transport_and_subsystem();
+    f.call("nvmf_create_subsystem", json!({ "nqn": "nqn.2016-06.io.spdk:cnode2" }));
+    f.malloc("gold");
+    let ro = json!({ "bdev_name": "gold", "read_only": true });
+    f.call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": ro }));
+    f.call("nvmf_subsystem_add_ns", json!({ "nqn": "nqn.2016-06.io.spdk:cnode2", "namespace": ro }));
+    let b = f.bdev("gold");
+    assert_eq!(b["claim_type"], "read_many_write_none", "{b}");
+    // A writer cannot join readers.
+    let e = f.fails("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "gold" } }));
+    assert!(e.to_string().contains("gold"), "{e}");
+}
+
+#[test]
+fn hosts_and_allow_any_host() {
+    let f = fixture(RegistryOptions::default());
+    f.transport_and_subsystem();
+    let host = "nqn.2014-08.org.nvmexpress:uuid:0f0e0d0c-0b0a-0908-0706-050403020100";
+    f.call("nvmf_subsystem_allow_any_host", json!({ "nqn": NQN, "allow_any_host": false }));
+    f.call("nvmf_subsystem_add_host", json!({ "nqn": NQN, "host": host }));
+    let s = &f.call("nvmf_get_subsystems", json!({ "nqn": NQN }))[0];
+    assert_eq!((s["allow_any_host"].clone(), s["hosts"].clone()), (json!(false), json!([{ "nqn": host }])));
+    let e = f.fails("nvmf_subsystem_add_host", json!({ "nqn": NQN, "host": host }));
+    assert_eq!(e.to_rpc().code, -libc::EEXIST, "{e}");
+    f.call("nvmf_subsystem_remove_host", json!({ "nqn": NQN, "host": host }));
+    assert_eq!(f.call("nvmf_get_subsystems", json!({ "nqn": NQN }))[0]["hosts"], json!([]));
+    // Nobody is connected: no controllers, no queue pairs.
+    assert_eq!(f.call("nvmf_subsystem_get_controllers", json!({ "nqn": NQN })), json!([]));
+    assert_eq!(f.call("nvmf_subsystem_get_qpairs", json!({ "nqn": NQN })), json!([]));
+    let e = f.fails("nvmf_subsystem_get_controllers", json!({ "nqn": "nqn.2016-06.io.spdk:none" }));
+    assert_eq!(e.to_rpc().code, -libc::ENODEV, "{e}");
+}
+
+/// Each refusal is the parameter's name and why, nested ones as `outer.field`; SPDK-only
+/// parameters pass at their neutral value and are refused by name otherwise.
+#[test]
+fn parameter_errors_name_the_field() {
+    let f = fixture(RegistryOptions::default());
+    let reason = |method: &str, params: Value| {
+        let e = f.fails(method, params);
+        let (field, why) = e.bad_param().unwrap_or_else(|| panic!("{method}: not a parameter error: {e}"));
+        format!("{field}: {why}")
+    };
+    let r = reason("nvmf_create_transport", json!({ "trtype": "RDMA" }));
+    assert!(r.starts_with("trtype: 'RDMA' is not supported"), "{r}");
+    assert_eq!(
+        reason("nvmf_create_transport", json!({ "trtype": "TCP", "zcopy": true })),
+        "zcopy: not supported by flashpath (only false)"
+    );
+    let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "tgt_name": "other" }));
+    assert!(r.starts_with("tgt_name: not supported by flashpath"), "{r}");
+    let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "bogus": 1 }));
+    assert!(r.starts_with("bogus: unknown parameter; accepted: trtype"), "{r}");
+    // SPDK's default target name is accepted.
+    f.call(
+        "nvmf_create_transport",
+        json!({ "trtype": "TCP", "tgt_name": "nvmf_tgt", "num_shared_buffers": 8191 }),
+    );
+    f.call("nvmf_create_subsystem", json!({ "nqn": NQN }));
+
+    let r = reason("nvmf_create_subsystem", json!({ "nqn": "nqn.2016-06.io.spdk:x", "ana_reporting": true }));
+    assert_eq!(r, "ana_reporting: not supported by flashpath (only false)");
+    let r = reason(
+        "nvmf_create_subsystem",
+        json!({ "nqn": "nqn.2016-06.io.spdk:x", "min_cntlid": 9, "max_cntlid": 3 }),
+    );
+    assert_eq!(r, "max_cntlid: 3 is below min_cntlid 9");
+    let r = reason("nvmf_create_subsystem", json!({ "nqn": "not-an-nqn" }));
+    assert!(r.starts_with("nqn: "), "{r}");
+
+    let ns = |namespace: Value| json!({ "nqn": NQN, "namespace": namespace });
+    assert_eq!(
+        reason("nvmf_subsystem_add_ns", ns(json!({ "bdev_name": "m", "nguid": "12" }))),
+        "namespace.nguid: '12' is not 32 hexadecimal digits"
+    );
+    assert_eq!(
+        reason("nvmf_subsystem_add_ns", ns(json!({ "bdev_name": "m", "uuid": "x" }))),
+        "namespace.uuid: 'x' is not a UUID (8-4-4-4-12 hexadecimal digits)"
+    );
+    let r = reason("nvmf_subsystem_add_ns", ns(json!({ "bdev_name": "m", "ptpl_file": "/tmp/p" })));
+    assert_eq!(r, "namespace.ptpl_file: not supported by flashpath");
+    let r = reason("nvmf_subsystem_add_ns", ns(json!({ "nsid": 1 })));
+    assert!(r.starts_with("namespace.bdev_name: required parameter missing"), "{r}");
+    let r = reason("nvmf_subsystem_add_ns", json!({ "nqn": NQN }));
+    assert!(r.starts_with("namespace: required parameter missing"), "{r}");
+
+    let listener = |a: Value| json!({ "nqn": NQN, "listen_address": a });
+    let r =
+        reason("nvmf_subsystem_add_listener", listener(json!({ "trtype": "tcp", "traddr": "127.0.0.1" })));
+    assert!(r.starts_with("listen_address.trsvcid: required parameter missing"), "{r}");
+    let r = reason(
+        "nvmf_subsystem_add_listener",
+        listener(json!({ "trtype": "tcp", "traddr": "127.0.0.1", "trsvcid": "4420", "adrfam": "ib" })),
+    );
+    assert!(r.starts_with("listen_address.adrfam: 'ib' is not supported"), "{r}");
+    let r = reason(
+        "nvmf_subsystem_add_listener",
+        json!({ "nqn": NQN, "listen_address": listen_address(free_port()), "secure_channel": true }),
+    );
+    assert_eq!(r, "secure_channel: not supported by flashpath (only false)");
+    let r = reason("nvmf_delete_subsystem", json!({ "nqn": "nqn.2014-08.org.nvmexpress.discovery" }));
+    assert_eq!(r, "nqn: the discovery subsystem cannot be deleted");
+    let r = reason("nvmf_subsystem_allow_any_host", json!({ "nqn": NQN }));
+    assert!(r.starts_with("allow_any_host: required parameter missing"), "{r}");
+    let r =
+        reason("nvmf_subsystem_add_host", json!({ "nqn": NQN, "host": "nqn.2014-08.x:h", "psk": "key0" }));
+    assert_eq!(r, "psk: not supported by flashpath");
+}
+
+/// Listeners stay on loopback unless `nvmf_allow_remote` is set.
+#[test]
+fn remote_listeners_need_the_setting() {
+    let f = fixture(RegistryOptions::default());
+    f.transport_and_subsystem();
+    let any =
+        json!({ "trtype": "TCP", "adrfam": "IPv4", "traddr": "0.0.0.0", "trsvcid": free_port().to_string() });
+    let e = f.fails("nvmf_subsystem_add_listener", json!({ "nqn": NQN, "listen_address": any }));
+    let (field, _) = e.bad_param().expect("a parameter error");
+    assert_eq!(field, "traddr", "{e}");
+
+    let f = fixture(RegistryOptions { nvmf_allow_remote: true, ..RegistryOptions::default() });
+    f.transport_and_subsystem();
+    let port = free_port();
+    let any = json!({ "trtype": "TCP", "adrfam": "IPv4", "traddr": "0.0.0.0", "trsvcid": port.to_string() });
+    f.call("nvmf_subsystem_add_listener", json!({ "nqn": NQN, "listen_address": any }));
+    TcpStream::connect(("127.0.0.1", port)).expect("a wildcard listener accepts on loopback too");
+    f.call("nvmf_subsystem_remove_listener", json!({ "nqn": NQN, "listen_address": any }));
+    assert_eq!(f.call("nvmf_subsystem_get_listeners", json!({ "nqn": NQN })), json!([]));
+}
+
+/// `nvmf_get_stats` per subsystem and namespace, and the metric families built from it.
+#[test]
+fn stats_and_metrics() {
+    let f = fixture(RegistryOptions::default());
+    f.transport_and_subsystem();
+    f.malloc("m0");
+    f.call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "m0", "nsid": 3 } }));
+    let stats = f.call("nvmf_get_stats", json!({}));
+    let s = &stats["subsystems"][0];
+    assert_eq!(
+        (s["nqn"].as_str(), s["controllers"].as_u64(), s["qpairs"].as_u64()),
+        (Some(NQN), Some(0), Some(0))
+    );
+    assert_eq!(s["namespaces"][0]["nsid"], 3, "{stats}");
+    assert_eq!(s["namespaces"][0]["read_ops"], 0, "{stats}");
+
+    let registry = f.registry.clone();
+    let call = move |m: &str, p: Option<Value>| registry.call(m, p).ok();
+    let families = super::NvmfKind.metrics(&call);
+    let names: Vec<&str> = families.iter().map(|fam| fam.name).collect();
+    assert_eq!(
+        names,
+        [
+            "flashpath_nvmf_requests_total",
+            "flashpath_nvmf_bytes_total",
+            "flashpath_nvmf_errors_total",
+            "flashpath_nvmf_controllers",
+            "flashpath_nvmf_qpairs"
+        ]
+    );
+    // One sample per operation of the one namespace, labelled with its subsystem and nsid.
+    let requests = &families[0];
+    assert_eq!(requests.samples.len(), 3);
+    for (labels, _) in &requests.samples {
+        assert_eq!(labels[0], ("nqn", NQN.to_string()));
+        assert_eq!(labels[1], ("nsid", "3".to_string()));
+    }
+}
+
+/// A namespace's bdev may grow (the namespace is told: `Export::resized`), not shrink: the
+/// refusal names the namespace holding it.
+#[test]
+fn a_namespace_bdev_grows_but_does_not_shrink() {
+    let f = fixture(RegistryOptions::default());
+    f.transport_and_subsystem();
+    f.call("bdev_null_create", json!({ "name": "n0", "num_blocks": 1024, "block_size": 512 }));
+    f.call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "n0" } }));
+    f.call("bdev_null_resize", json!({ "name": "n0", "new_size": 1 }));
+    assert_eq!(f.bdev("n0")["num_blocks"], 2048);
+    f.call("bdev_null_resize", json!({ "name": "n0", "new_size": 2 }));
+    let e = f.fails("bdev_null_resize", json!({ "name": "n0", "new_size": 1 }));
+    assert!(e.to_string().contains(&format!("{NQN}/1")), "{e}");
+    assert_eq!(f.bdev("n0")["num_blocks"], 4096);
+}
