@@ -585,3 +585,87 @@ write("nvmf_pdu", {
     "seed-bad": bytes([0]) + bytes([4, 0, 71, 0]) + struct.pack("<I", 72) + bytes(64)
     + bytes([4, 0, 72, 8]) + struct.pack("<I", 100) + bytes(92),
 })
+
+# nvmf_admin: see the table at the top of fuzz_targets/nvmf_admin.rs. Each command record is
+# 0x00, a 64-byte SQE, a data length byte and the data.
+def sqe(opcode, cid, nsid=0, cdw=None, fctype=None, flags=0, b40=b""):
+    s = bytearray(64)
+    s[0], s[1] = opcode, flags
+    s[2:4] = struct.pack("<H", cid)
+    s[4:8] = struct.pack("<I", nsid)
+    if fctype is not None:
+        s[4] = fctype
+    for n, v in (cdw or {}).items():
+        s[40 + (n - 10) * 4:44 + (n - 10) * 4] = struct.pack("<I", v)
+    s[40:40 + len(b40)] = b40 or s[40:40 + len(b40)]
+    return bytes(s)
+
+
+def cmd(s, data=b""):
+    return bytes([0]) + s + bytes([len(data)]) + data
+
+
+def prop_get(cid, ofst, eight=False):
+    return cmd(sqe(0x7F, cid, fctype=0x04, b40=bytes([1 if eight else 0, 0, 0, 0]) + struct.pack("<I", ofst)))
+
+
+def prop_set(cid, ofst, value):
+    return cmd(sqe(0x7F, cid, fctype=0x00, b40=bytes(4) + struct.pack("<IQ", ofst, value)))
+
+
+def identify(cid, cns, nsid=0, cdw11=0):
+    return cmd(sqe(0x06, cid, nsid, {10: cns, 11: cdw11}))
+
+
+def get_log(cid, lid, numd, offset=0, rae=False, nsid=0xFFFFFFFF):
+    n = numd - 1
+    return cmd(sqe(0x02, cid, nsid, {10: lid | (rae << 15) | ((n & 0xFFFF) << 16), 11: n >> 16,
+                                      12: offset & 0xFFFFFFFF, 13: offset >> 32}))
+
+
+def set_feat(cid, fid, value, sv=False):
+    return cmd(sqe(0x09, cid, 0, {10: fid | (sv << 31), 11: value}))
+
+
+def get_feat(cid, fid, sel=0, cdw11=0):
+    return cmd(sqe(0x0A, cid, 0, {10: fid | (sel << 8), 11: cdw11}))
+
+
+def aer(cid):
+    return cmd(sqe(0x0C, cid))
+
+
+def keep_alive(cid):
+    return cmd(sqe(0x18, cid))
+
+
+CC_EN = 1 | (6 << 16) | (4 << 20)
+NS_CHANGED = lambda nsid: bytes([1 | (nsid << 2)])
+DISC_CHANGED = bytes([2])
+PASS = lambda tenths: bytes([3 | (tenths << 2)])
+DISCONNECT = cmd(sqe(0x7F, 90, fctype=0x08))
+
+write("nvmf_admin", {
+    # What Linux's host does on connect, a namespace change and its AER, keep-alives, shutdown.
+    "seed-linux": bytes([5 << 1]) + prop_get(1, 0x00, True) + prop_get(2, 0x08) + prop_set(3, 0x14, CC_EN)
+    + prop_get(4, 0x1C) + identify(5, 1) + identify(6, 6) + set_feat(7, 0x07, 1 | (1 << 16))
+    + set_feat(8, 0x0B, 1 << 8) + aer(100) + identify(9, 2) + identify(10, 3, 1) + identify(11, 0, 1)
+    + identify(12, 0, 2) + get_log(13, 0x02, 128) + get_feat(14, 0x04) + keep_alive(15)
+    + NS_CHANGED(2) + get_log(16, 0x04, 1024) + aer(101) + PASS(30) + keep_alive(17)
+    + prop_set(18, 0x14, CC_EN | (1 << 14)) + prop_get(19, 0x1C) + DISCONNECT,
+    # nvme discover: the header first, the whole page, one entry by offset; a change event.
+    "seed-discovery": bytes([1]) + prop_get(1, 0x00, True) + prop_set(2, 0x14, CC_EN) + identify(3, 1)
+    + set_feat(4, 0x0B, 1 << 31) + get_feat(5, 0x0F) + aer(50) + get_log(6, 0x70, 4, rae=True, nsid=0)
+    + get_log(7, 0x70, 1024, nsid=0) + get_log(8, 0x70, 256, offset=2048, nsid=0) + DISC_CHANGED
+    + get_log(9, 0x70, 1024, nsid=0) + aer(51) + keep_alive(10) + PASS(63) + PASS(63),
+    # Commands before enable, a bad CC, the AER limit, logs past their end, odd offsets and a
+    # huge NUMD, saveable features, unknown opcodes and CNS values, a fused command, Connect.
+    "seed-hostile": bytes([1 << 1]) + identify(1, 1) + prop_set(2, 0x14, 1 | (7 << 16)) + prop_get(3, 0x24)
+    + prop_set(4, 0x00, 5) + prop_set(5, 0x14, CC_EN) + b"".join(aer(20 + i) for i in range(6))
+    + get_log(6, 0x04, 2, offset=4096) + get_log(7, 0x02, 4, offset=2) + get_log(8, 0x01, 1 << 32)
+    + get_log(9, 0x70, 4) + set_feat(10, 0x0F, 100, sv=True) + set_feat(11, 0x07, 0xFFFF)
+    + get_feat(12, 0x81, cdw11=1) + get_feat(13, 0x81) + get_feat(14, 0x07, sel=3) + get_feat(15, 0x07, sel=7)
+    + identify(16, 0, 0xFFFFFFFF) + identify(17, 2, 0xFFFFFFFE) + identify(18, 0x1F) + cmd(sqe(0x06, 19, flags=1))
+    + cmd(sqe(0x7F, 21, fctype=0x01), bytes(200)) + cmd(sqe(0xC0, 22)) + cmd(sqe(0x08, 23, cdw={10: 5 << 16}))
+    + NS_CHANGED(1) + NS_CHANGED(3) + PASS(40) + prop_set(24, 0x14, 0) + identify(25, 1),
+})

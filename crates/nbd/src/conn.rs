@@ -759,22 +759,8 @@ impl ConnPoller {
         self.tx_blocked = false;
         while !self.tx.is_empty() && !self.broken {
             let mut iov = [IoSlice::new(&[]); IOV_PER_WRITE];
-            let mut n_iov = 0;
-            let mut skip = self.tx_sent;
-            'gather: for &i in &self.tx {
-                for piece in self.slots[i as usize].pieces() {
-                    if skip >= piece.len() {
-                        skip -= piece.len();
-                        continue;
-                    }
-                    iov[n_iov] = IoSlice::new(&piece[skip..]);
-                    skip = 0;
-                    n_iov += 1;
-                    if n_iov == IOV_PER_WRITE {
-                        break 'gather;
-                    }
-                }
-            }
+            let pieces = self.tx.iter().flat_map(|&i| self.slots[i as usize].pieces());
+            let n_iov = fp_sys::gather(pieces, self.tx_sent, &mut iov);
             let sent = match self.sock.send(&iov[..n_iov]) {
                 Ok(0) => {
                     self.tx_blocked = true;

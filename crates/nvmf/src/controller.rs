@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use crate::aer::{AsyncEvent, AsyncEvents};
 use crate::features::{FeatureEffect, FeatureError, FeatureLimits, Features};
 use crate::identify::{
-    self, CNS_ACTIVE_NS_LIST, CNS_CONTROLLER, CNS_NAMESPACE, CNS_NS_DESCRIPTORS, OAES_DISCOVERY_CHANGE,
-    OAES_NS_ATTRIBUTE,
+    self, CNS_ACTIVE_NS_LIST, CNS_CONTROLLER, CNS_IO_COMMAND_SET_CONTROLLER, CNS_NAMESPACE,
+    CNS_NS_DESCRIPTORS, CSI_NVM, OAES_DISCOVERY_CHANGE, OAES_NS_ATTRIBUTE,
 };
 use crate::log_page::{
     self, ChangedNamespaces, LogRequest, LID_CHANGED_NS, LID_DISCOVERY, LID_ERROR, LID_SMART,
@@ -234,6 +234,9 @@ impl Controller {
                 Some(ns) => complete_data(cid, identify::descriptors(ns)),
                 None => invalid_ns(),
             },
+            CNS_IO_COMMAND_SET_CONTROLLER if (sqe.cdw(11) >> 24) as u8 == CSI_NVM => {
+                complete_data(cid, identify::nvm_controller())
+            }
             _ => invalid_field(cid),
         }
     }
@@ -254,11 +257,12 @@ impl Controller {
         let Some(data) = req.cut(&page, self.cfg.max_transfer_bytes) else {
             return invalid_field(cid);
         };
+        // The list holds what changed since it was last read (Base 5.16.1.5), whatever RAE says;
+        // RAE only decides whether the event may fire again (Base 5.2.1).
+        if req.lid == LID_CHANGED_NS {
+            self.changed.clear();
+        }
         if !req.rae {
-            // The host has the news: the list starts over and the event may fire again.
-            if req.lid == LID_CHANGED_NS {
-                self.changed.clear();
-            }
             self.events.log_read(req.lid);
         }
         complete_data(cid, data)
@@ -357,6 +361,12 @@ impl Controller {
             max_io_queues: self.cfg.max_io_queues,
             events: 0,
         })
+    }
+
+    /// Asynchronous Event Requests parked now. A controller reset (CC.EN 1 -> 0) drops them
+    /// unanswered, as a PCIe controller's reset loses its admin queue's commands.
+    pub fn parked(&self) -> usize {
+        self.events.parked()
     }
 
     /// Completions of parked AERs to fail (Command Aborted due to SQ Deletion) when the
@@ -602,6 +612,11 @@ pub(crate) mod tests {
         assert_eq!(status_of(&r), Status::generic(SC_INVALID_NAMESPACE));
         let r = c.admin(&sqe(ADMIN_IDENTIFY, 8, 0, &[(10, 0x1C)]), &[], &view, now);
         assert_eq!(status_of(&r), Status::generic(SC_INVALID_FIELD));
+        // CNS 06h: the NVM command set's controller structure (Linux asks); other sets refused.
+        let nvm = data_of(c.admin(&sqe(ADMIN_IDENTIFY, 9, 0, &[(10, 6)]), &[], &view, now));
+        assert_eq!(nvm.len(), 4096);
+        let r = c.admin(&sqe(ADMIN_IDENTIFY, 10, 0, &[(10, 6), (11, 2 << 24)]), &[], &view, now);
+        assert_eq!(status_of(&r), Status::generic(SC_INVALID_FIELD), "zoned namespaces");
     }
 
     #[test]
@@ -624,16 +639,17 @@ pub(crate) mod tests {
             AdminResult::Parked
         );
         assert_eq!(c.namespace_changed(1), None);
-        // Read with RAE set: the list stays, the event stays masked.
+        // Read with RAE set: the list empties, the event stays masked.
         let peek = sqe(ADMIN_GET_LOG_PAGE, 3, 0xFFFF_FFFF, &[(10, 0x04 | (1 << 15) | (1023 << 16))]);
         let log = data_of(c.admin(&peek, &[], &view, now));
+        assert_eq!(log.len(), 4096);
         assert_eq!(&log[0..12], &[1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(c.namespace_changed(1), None);
-        // Read with RAE cleared: the list empties and the next change reports.
+        // Read with RAE cleared (as Linux reads it): the list empties and the next change
+        // reports.
         let read = sqe(ADMIN_GET_LOG_PAGE, 4, 0xFFFF_FFFF, &[(10, 0x04 | (1023 << 16))]);
         let log = data_of(c.admin(&read, &[], &view, now));
-        assert_eq!(log.len(), 4096);
-        assert_eq!(&log[0..8], &[1, 0, 0, 0, 3, 0, 0, 0]);
+        assert_eq!(&log[0..8], &[1, 0, 0, 0, 0, 0, 0, 0], "only what changed since the last read");
         let log = data_of(c.admin(&read, &[], &view, now));
         assert!(log.iter().all(|&b| b == 0), "cleared on read");
         assert_eq!(c.namespace_changed(3).map(|q| q.cid), Some(41));
@@ -775,6 +791,7 @@ pub(crate) mod tests {
         assert_eq!(c.admin(&sqe(ADMIN_ASYNC_EVENT_REQUEST, 3, 0, &[]), &[], &view, now), AdminResult::Parked);
         assert_eq!(status_of(&c.admin(&property_set(4, 0x14, 0), &[], &view, now)), Status::SUCCESS);
         assert!(!c.ready());
+        assert_eq!(c.parked(), 0, "dropped by the reset");
         assert!(c.take_parked().is_empty());
         assert_eq!(c.namespace_changed(1), None, "configuration back to default");
     }

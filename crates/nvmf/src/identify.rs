@@ -16,6 +16,11 @@ pub const CNS_NAMESPACE: u8 = 0x00;
 pub const CNS_CONTROLLER: u8 = 0x01;
 pub const CNS_ACTIVE_NS_LIST: u8 = 0x02;
 pub const CNS_NS_DESCRIPTORS: u8 = 0x03;
+/// The I/O Command Set specific Identify Controller data structure (Base 5.17.2.6): Linux asks
+/// for the NVM command set's (CSI 0) of any controller reporting version 1.2 or later.
+pub const CNS_IO_COMMAND_SET_CONTROLLER: u8 = 0x06;
+/// Command Set Identifier 0: the NVM command set (dword 11 bits 31:24).
+pub const CSI_NVM: u8 = 0x00;
 
 // Identify Controller data structure offsets (Base 5.17.2.1, Figure 275; the fabrics fields at
 // 1792.. are Fabrics 4.1 Figure 28).
@@ -222,6 +227,13 @@ fn oncs(view: &SubsystemView) -> u16 {
     view.namespaces.iter().fold(0, |acc, n| {
         acc | if n.deallocate { ONCS_DSM } else { 0 } | if n.write_zeroes { ONCS_WRITE_ZEROES } else { 0 }
     })
+}
+
+/// The NVM command set's Identify Controller (CNS 06h, CSI 0; NVM Command Set Specification
+/// 4.1.5.2): VSL, WZSL, WUSL, DMRL, DMRSL and DMSL all 0, no limits beyond MDTS reported (the
+/// bdevs split what they must).
+pub fn nvm_controller() -> Vec<u8> {
+    vec![0u8; IDENTIFY_LEN]
 }
 
 /// Identify Namespace (CNS 00h) of an active namespace; an inactive one's is all zero (Base

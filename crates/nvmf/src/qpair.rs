@@ -286,8 +286,9 @@ impl QpairPoller {
             Role::Io => (None, s.transport.in_capsule_data_size as usize),
         };
         let max_io = s.transport.max_io_size as usize;
-        let capsule_max = CAPSULE_CMD_HLEN + DIGEST_LEN + icd + DIGEST_LEN;
-        let max_plen = capsule_max.max(DATA_HLEN + DIGEST_LEN + MAX_H2C_DATA as usize + DIGEST_LEN) as u32;
+        // A capsule with any PDO (at most 255) and its digests; `parse` holds the data to `icd`.
+        let capsule_max = 255 + icd + DIGEST_LEN;
+        let max_plen = capsule_max.max(255 + MAX_H2C_DATA as usize + DIGEST_LEN) as u32;
         let n = s.sq_entries.clamp(1, 4096) as usize;
         let view = s.sub.view();
         let mut p = QpairPoller {
@@ -323,7 +324,8 @@ impl QpairPoller {
             tx_sent: 0,
             tx_blocked: false,
             blocked_since: None,
-            rx: vec![0u8; (64 << 10).max(capsule_max + CH_LEN)].into_boxed_slice(),
+            // Room for the largest capsule with any PDO (a byte: at most 255) and its digest.
+            rx: vec![0u8; (64 << 10).max(icd + 512)].into_boxed_slice(),
             rx_start: 0,
             rx_end: 0,
             h2c: None,
@@ -1263,22 +1265,8 @@ impl QpairPoller {
         self.tx_blocked = false;
         while !self.tx.is_empty() && !self.broken {
             let mut iov = [IoSlice::new(&[]); IOV_PER_WRITE];
-            let mut n_iov = 0;
-            let mut skip = self.tx_sent;
-            'gather: for &i in &self.tx {
-                for piece in self.slots[i as usize].pieces() {
-                    if skip >= piece.len() {
-                        skip -= piece.len();
-                        continue;
-                    }
-                    iov[n_iov] = IoSlice::new(&piece[skip..]);
-                    skip = 0;
-                    n_iov += 1;
-                    if n_iov == IOV_PER_WRITE {
-                        break 'gather;
-                    }
-                }
-            }
+            let pieces = self.tx.iter().flat_map(|&i| self.slots[i as usize].pieces());
+            let n_iov = fp_sys::gather(pieces, self.tx_sent, &mut iov);
             let sent = match send(self.fd.as_fd(), &iov[..n_iov]) {
                 Ok(0) => {
                     self.tx_blocked = true;

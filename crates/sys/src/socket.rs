@@ -16,6 +16,30 @@ pub fn recv_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize>
     Ok(n as usize)
 }
 
+/// Fills `iov` with the bytes of `pieces` that follow the first `skip` (those a vectored send
+/// already took), leaving out empty pieces; returns how many entries it filled, at most
+/// `iov.len()`. A poller's replies, each a few pieces (header, data, digest), go out this way.
+pub fn gather<'a>(
+    pieces: impl IntoIterator<Item = &'a [u8]>,
+    mut skip: usize,
+    iov: &mut [IoSlice<'a>],
+) -> usize {
+    let mut n = 0;
+    for piece in pieces {
+        if n == iov.len() {
+            break;
+        }
+        if skip >= piece.len() {
+            skip -= piece.len();
+            continue;
+        }
+        iov[n] = IoSlice::new(&piece[skip..]);
+        skip = 0;
+        n += 1;
+    }
+    n
+}
+
 /// Sends `bufs` in one vectored write without waiting (`MSG_DONTWAIT`) and without SIGPIPE
 /// when the peer is gone (`MSG_NOSIGNAL`: an `EPIPE` error instead); a full socket fails with
 /// `WouldBlock`.
@@ -61,6 +85,25 @@ pub fn set_send_buffer(fd: BorrowedFd<'_>, bytes: libc::c_int) -> io::Result<()>
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod gather_tests {
+    use super::*;
+
+    #[test]
+    fn gather_skips_what_was_sent_and_empty_pieces() {
+        let (a, b, c) = (&b"abc"[..], &b""[..], &b"defg"[..]);
+        let mut iov = [IoSlice::new(&[]); 4];
+        assert_eq!(gather([a, b, c], 0, &mut iov), 2);
+        assert_eq!((&*iov[0], &*iov[1]), (&b"abc"[..], &b"defg"[..]));
+        assert_eq!(gather([a, b, c], 4, &mut iov), 1);
+        assert_eq!(&*iov[0], b"efg");
+        assert_eq!(gather([a, b, c], 7, &mut iov), 0);
+        let mut one = [IoSlice::new(&[]); 1];
+        assert_eq!(gather([a, c], 1, &mut one), 1);
+        assert_eq!(&*one[0], b"bc");
+    }
 }
 
 /// Most descriptors [`send_with_fds`] attaches to one message (vhost-user's own limit is 8).

@@ -209,3 +209,41 @@ fn resized_namespace_reaches_a_parked_aer() {
     let cqe = admin.response();
     assert_eq!((cqe.cid, cqe.dw0), (aer_cid, 0x0004_0002));
 }
+
+#[test]
+fn remove_namespace_waits_for_its_io_in_flight() {
+    use fp_bdev::{Bdev, DelayDevice, DelayLatency, RamDevice};
+    let tg = target();
+    let slow = Duration::from_millis(300);
+    let base: Bdev = std::sync::Arc::new(RamDevice::new("ram2", 512, 1024).unwrap());
+    let latency = DelayLatency { avg_read: slow, p99_read: slow, avg_write: slow, p99_write: slow };
+    let bdev: Bdev = std::sync::Arc::new(DelayDevice::new("slow", base, latency).unwrap());
+    let spec = NamespaceSpec {
+        nsid: 2,
+        bdev,
+        bdev_name: "slow".into(),
+        uuid: None,
+        nguid: None,
+        eui64: None,
+        read_only: false,
+    };
+    tg.t.add_namespace(NQN, spec).unwrap();
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    // A write in flight (300 ms) when the namespace is removed.
+    let mut s = q.rw_sqe(NVM_WRITE, 2, 0, 8);
+    set_sgl(&mut s, SGL_IN_CAPSULE, 4096);
+    q.send_capsule(&s, &pattern(9, 4096));
+    std::thread::sleep(Duration::from_millis(50));
+    let start = Instant::now();
+    tg.t.remove_namespace(NQN, 2).unwrap();
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_millis(150), "returned after {waited:?}, with the write in flight");
+    // The write finished (successfully) before the namespace went; later commands: Invalid Namespace.
+    let cqe = q.response();
+    assert_eq!((cqe.cid, cqe.status), (s.cid(), Status::SUCCESS));
+    let (cqe, _) = q.read(2, 0, 1);
+    assert_eq!(cqe.status, Status::generic(SC_INVALID_NAMESPACE));
+    // Namespace 1 is untouched.
+    assert!(q.write(1, 0, &pattern(1, 512), false).status.is_success());
+}
