@@ -12,7 +12,8 @@ use crate::identify::{
     CNS_NS_DESCRIPTORS, CSI_NVM, OAES_DISCOVERY_CHANGE, OAES_NS_ATTRIBUTE,
 };
 use crate::log_page::{
-    self, ChangedNamespaces, LogRequest, LID_CHANGED_NS, LID_DISCOVERY, LID_ERROR, LID_SMART,
+    self, ChangedNamespaces, LogRequest, LID_CHANGED_NS, LID_DISCOVERY, LID_ERROR, LID_FIRMWARE_SLOT,
+    LID_SMART,
 };
 use crate::model::{SubsystemKind, SubsystemView};
 use crate::properties::{Properties, PropertyAccess, PropertyEffect};
@@ -251,6 +252,9 @@ impl Controller {
             }
             (SubsystemKind::Nvme, LID_ERROR) => log_page::error_information(),
             (SubsystemKind::Nvme, LID_SMART) => log_page::smart_health(),
+            (SubsystemKind::Nvme, LID_FIRMWARE_SLOT) => {
+                log_page::firmware_slot(&identify::firmware_revision())
+            }
             (SubsystemKind::Nvme, LID_CHANGED_NS) => self.changed.page(),
             _ => return complete(cid, Status::command_specific(SC_INVALID_LOG_PAGE)),
         };

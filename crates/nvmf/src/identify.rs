@@ -168,6 +168,13 @@ pub fn mdts(max_transfer_bytes: u32) -> u8 {
     (pages.ilog2() as u8).max(1)
 }
 
+/// FR: the crate's version, padded with spaces (also slot 1 of the Firmware Slot log).
+pub fn firmware_revision() -> [u8; FR_LEN] {
+    let mut fr = [0u8; FR_LEN];
+    put_ascii(&mut fr, 0, FR_LEN, env!("CARGO_PKG_VERSION"));
+    fr
+}
+
 /// Identify Controller (CNS 01h). `oaes` is what the controller's kind can notify.
 pub fn controller(cfg: &ControllerConfig, view: &SubsystemView) -> Vec<u8> {
     let mut b = vec![0u8; IDENTIFY_LEN];
@@ -178,7 +185,7 @@ pub fn controller(cfg: &ControllerConfig, view: &SubsystemView) -> Vec<u8> {
     put_u16(&mut b, IDC_SSVID, 0);
     put_ascii(&mut b, IDC_SN, SN_LEN, &view.serial);
     put_ascii(&mut b, IDC_MN, MN_LEN, &view.model);
-    put_ascii(&mut b, IDC_FR, FR_LEN, env!("CARGO_PKG_VERSION"));
+    b[IDC_FR..IDC_FR + FR_LEN].copy_from_slice(&firmware_revision());
     b[IDC_RAB] = RAB;
     b[IDC_IEEE..IDC_IEEE + 3].fill(0);
     b[IDC_CMIC] = if discovery { 0 } else { CMIC_MULTI_CONTROLLER };

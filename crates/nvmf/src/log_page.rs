@@ -10,6 +10,7 @@ use crate::spec::Sqe;
 // Log page identifiers (Base 5.16, Figure 202; Fabrics 5.3).
 pub const LID_ERROR: u8 = 0x01;
 pub const LID_SMART: u8 = 0x02;
+pub const LID_FIRMWARE_SLOT: u8 = 0x03;
 pub const LID_CHANGED_NS: u8 = 0x04;
 pub const LID_DISCOVERY: u8 = 0x70;
 
@@ -20,6 +21,12 @@ pub const SMART_LEN: usize = 512;
 // SMART / Health Information fields (Base 5.16.1.3, Figure 207).
 pub const SMART_AVAILABLE_SPARE: usize = 3;
 pub const SMART_SPARE_THRESHOLD: usize = 4;
+/// Bytes of the Firmware Slot Information log page (Base 5.16.1.4, Figure 210).
+pub const FIRMWARE_SLOT_LEN: usize = 512;
+// Firmware Slot Information fields: AFI (bits 2:0, the active slot) and FRS1, slot 1's
+// revision.
+pub const FW_AFI: usize = 0;
+pub const FW_FRS1: usize = 8;
 /// Bytes of the Changed Namespace List log page: 1024 NSIDs (Base 5.16.1.5, Figure 211).
 pub const CHANGED_NS_LEN: usize = 4096;
 /// More than 1024 namespaces changed: the list's first entry is FFFFFFFFh, the rest zero.
@@ -121,6 +128,16 @@ pub fn smart_health() -> Vec<u8> {
     let mut b = vec![0u8; SMART_LEN];
     b[SMART_AVAILABLE_SPARE] = 100;
     b[SMART_SPARE_THRESHOLD] = 10;
+    b
+}
+
+/// Firmware Slot Information, mandatory for I/O controllers (Base 5.16.1.4): slot 1 (the only
+/// one, read only: FRMW in Identify) is active and holds `revision`, the FR field of Identify
+/// Controller.
+pub fn firmware_slot(revision: &[u8; 8]) -> Vec<u8> {
+    let mut b = vec![0u8; FIRMWARE_SLOT_LEN];
+    b[FW_AFI] = 1;
+    b[FW_FRS1..FW_FRS1 + 8].copy_from_slice(revision);
     b
 }
 
@@ -238,6 +255,14 @@ mod tests {
         assert_eq!(request(1, 68).cut(&page, 4096), None, "offset past the page");
         assert_eq!(request(1, 2).cut(&page, 4096), None, "offset not dword aligned");
         assert_eq!(request(1 << 32, 0).cut(&page, 4096).unwrap().len(), 4096, "NUMD capped");
+    }
+
+    #[test]
+    fn firmware_slot_one_active() {
+        let b = firmware_slot(b"0.1.0   ");
+        assert_eq!((b.len(), b[FW_AFI]), (512, 1));
+        assert_eq!(&b[FW_FRS1..FW_FRS1 + 8], b"0.1.0   ");
+        assert!(b[FW_FRS1 + 8..].iter().all(|&x| x == 0), "slots 2-7 empty");
     }
 
     #[test]

@@ -14,6 +14,10 @@ pub const PROP_VS: u32 = 0x08;
 pub const PROP_CC: u32 = 0x14;
 /// Controller Status, 4 bytes, read only.
 pub const PROP_CSTS: u32 = 0x1C;
+/// Optional capabilities this controller lacks, read as 0 ("not supported") rather than
+/// refused, because SPDK's host reads them to print them (Base 3.1.3: CMBLOC, CMBSZ, BPINFO,
+/// PMRCAP).
+const PROPS_ABSENT: [u32; 4] = [0x38, 0x3C, 0x40, 0xE00];
 
 /// The version the controller reports: NVMe 1.3.0. Linux (drivers/nvme/host) reads the
 /// namespace descriptor list (CNS 03h) and the subsystem NQN from Identify from 1.2.1 / 1.3 on,
@@ -149,6 +153,7 @@ impl Properties {
             (PROP_VS, false) => Ok(u64::from(VERSION_1_3)),
             (PROP_CC, false) => Ok(u64::from(self.cc)),
             (PROP_CSTS, false) => Ok(u64::from(self.csts)),
+            (offset, false) if PROPS_ABSENT.contains(&offset) => Ok(0),
             (offset, _) => Err(PropertyError::Unknown(offset)),
         }
     }
@@ -233,6 +238,8 @@ mod tests {
         assert_eq!(p.get(&access(PROP_VS, false, 0)).unwrap(), 0x0001_0300);
         assert_eq!(p.get(&access(PROP_VS, true, 0)), Err(PropertyError::Unknown(PROP_VS)));
         assert_eq!(p.get(&access(0x24, false, 0)), Err(PropertyError::Unknown(0x24)), "AQA is reserved");
+        assert_eq!(p.get(&access(0x3C, false, 0)), Ok(0), "no controller memory buffer");
+        assert_eq!(p.get(&access(0xE00, false, 0)), Ok(0), "no persistent memory region");
     }
 
     #[test]
