@@ -35,9 +35,13 @@
 //! holds `garbage.pem`, not PEM, and `empty.pem`); any other is replaced by `tls/absent.pem`, so
 //! an input cannot make the target read an arbitrary file (`/dev/zero` would never end).
 //!
+//! NVMe-oF: the `[[nvmf_*]]` tables run as written, with `nvmf_allow_remote` always off, so a
+//! listener binds a loopback address or is refused; `shutdown` stops the target, closing its
+//! listeners before the next input.
+//!
 //! Checked: no panic; every error's message is one line and starts with its place
 //! (`fuzz.toml:LINE:COLUMN: ` with a line inside the text, `rbd_cluster[i]` / `bdev[i]` /
-//! `vhost_blk[i]` / `qos_limit[i]` / `qos_group[i]` / `nbd_disk[i]` with `i` an existing entry,
+//! `vhost_blk[i]` / `qos_limit[i]` / `qos_group[i]` / `nbd_disk[i]` / `nvmf_*[i]` with `i` an existing entry,
 //! `reactor.cpus: `, `limits.KEY: `, `security.KEY: `) followed by a non-empty reason; no `uring`
 //! bdev opened `outside.img` (its size gives it away: 3 MiB or more, whatever the block size);
 //! every socket (vhost and NBD) is gone once the target is shut down.
@@ -238,6 +242,8 @@ fuzz_target!(|data: &[u8]| {
         socket_mode: config.security.socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
         export_dirs: Some(env.export.clone()),
         iostat: config.stats.iostat.unwrap_or(true),
+        // Whatever `[security] nvmf_allow_remote` says: NVMe/TCP listeners stay on loopback.
+        nvmf_allow_remote: false,
     };
     let target = Registry::with_options(common::reactors().to_vec(), &env.vhost_dir, options);
     if let Err(e) = config.apply(&target) {

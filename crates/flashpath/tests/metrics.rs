@@ -517,3 +517,83 @@ fn an_nvmf_subsystem_has_its_series_from_the_start() {
     // The listener from the file listens.
     TcpStream::connect(("127.0.0.1", port)).expect("the configured listener accepts connections");
 }
+
+/// A host's commands through an NVMe/TCP connection (tests/common/nvme_tcp.rs) are counted per
+/// namespace exactly, in `nvmf_get_stats` and in the exposition, and its controller and queue
+/// pairs show in `nvmf_subsystem_get_controllers`/`_get_qpairs` and the gauges while it is
+/// connected.
+#[test]
+fn an_nvmf_namespace_counts_a_hosts_commands() {
+    use common::nvme_tcp::Host;
+    const NQN: &str = "nqn.2016-06.io.spdk:cnode9";
+    const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:2b2b2b2b-2b2b-2b2b-2b2b-2b2b2b2b2b2b";
+    let daemon = Daemon::start_with_args("0", &["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&daemon);
+    daemon.malloc("d0", 8192, 512);
+    let port = free_port();
+    daemon.call("nvmf_create_transport", json!({"trtype": "TCP"}));
+    daemon.call("nvmf_create_subsystem", json!({"nqn": NQN, "allow_any_host": true}));
+    daemon.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "d0"}}));
+    let listen =
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()});
+    daemon.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": listen}));
+
+    let target = format!("127.0.0.1:{port}");
+    let mut host = bounded(Duration::from_secs(30), "connecting", move || {
+        Host::connect(&target, NQN, HOSTNQN).expect("connect")
+    });
+    for i in 0..3u64 {
+        let c = host.io.write(1, i * 8, 512, &[i as u8 + 1; 4096]).unwrap();
+        assert_eq!(c.status, 0, "write {i}");
+    }
+    for i in 0..5u64 {
+        let (c, data) = host.io.read(1, (i % 3) * 8, 512, 8).unwrap();
+        assert_eq!(c.status, 0, "read {i}");
+        assert_eq!(data, vec![(i % 3) as u8 + 1; 4096], "read {i} got other data");
+    }
+    let controllers = daemon.call("nvmf_subsystem_get_controllers", json!({"nqn": NQN}));
+    assert_eq!(controllers.as_array().map(Vec::len), Some(1), "{controllers}");
+    assert_eq!(
+        (controllers[0]["cntlid"].as_u64(), controllers[0]["hostnqn"].as_str()),
+        (Some(host.cntlid.into()), Some(HOSTNQN))
+    );
+    assert_eq!(controllers[0]["num_io_qpairs"], 1, "{controllers}");
+    let qpairs = daemon.call("nvmf_subsystem_get_qpairs", json!({"nqn": NQN}));
+    let qids: Vec<u64> = qpairs.as_array().unwrap().iter().map(|q| q["qid"].as_u64().unwrap()).collect();
+    assert_eq!(qids, [0, 1], "{qpairs}");
+    assert_eq!(qpairs[1]["listen_address"]["trsvcid"], port.to_string(), "{qpairs}");
+
+    let ns = || daemon.call("nvmf_get_stats", json!({}))["subsystems"][0]["namespaces"][0].clone();
+    let want = json!({"nsid": 1, "bdev_name": "d0", "read_ops": 5, "write_ops": 3, "bytes_read": 5 * 4096,
+                      "bytes_written": 3 * 4096, "other_ops": 0, "errors": 0});
+    // The queue pair publishes its counts at the end of the reactor round that answered.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ns() != want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(ns(), want);
+
+    let (status, text) = get_tcp(&addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let labels = format!("nqn=\"{NQN}\",nsid=\"1\"");
+    for (series, value) in [
+        (format!("flashpath_nvmf_requests_total{{{labels},op=\"read\"}}"), 5.0),
+        (format!("flashpath_nvmf_requests_total{{{labels},op=\"write\"}}"), 3.0),
+        (format!("flashpath_nvmf_bytes_total{{{labels},direction=\"read\"}}"), (5 * 4096) as f64),
+        (format!("flashpath_nvmf_bytes_total{{{labels},direction=\"write\"}}"), (3 * 4096) as f64),
+        (format!("flashpath_nvmf_errors_total{{{labels}}}"), 0.0),
+        (format!("flashpath_nvmf_controllers{{nqn=\"{NQN}\"}}"), 1.0),
+        (format!("flashpath_nvmf_qpairs{{nqn=\"{NQN}\"}}"), 2.0),
+    ] {
+        assert_eq!(sample(&text, &series), Some(value), "{series}:\n{text}");
+    }
+
+    // The host goes away: its controller with it; the counts stay with the namespace.
+    drop(host);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.call("nvmf_subsystem_get_controllers", json!({"nqn": NQN})) != json!([]) {
+        assert!(Instant::now() < deadline, "the controller outlived its connections");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(ns(), want);
+}

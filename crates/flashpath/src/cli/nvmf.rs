@@ -99,7 +99,7 @@ pub(crate) struct SubsystemArgs {
 pub(crate) enum ListenerCommand {
     /// Listen on ADDRESS for a subsystem (nvmf_subsystem_add_listener)
     Add {
-        /// The subsystem's NQN (or `discovery` for the discovery subsystem)
+        /// The subsystem's NQN
         nqn: String,
         /// HOST:PORT, e.g. 127.0.0.1:4420 or [::1]:4420 (port 4420 when left out)
         address: String,

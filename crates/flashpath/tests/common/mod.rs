@@ -20,6 +20,7 @@
 //!   same command line, configuration and directory (crash-restart tests).
 //! * [`guest`]: a QEMU guest booted against the daemon's sockets (tests/guest.rs).
 //! * [`ceph`]: a real single-node Ceph cluster for the RBD tests.
+//! * [`nvme_tcp`]: a minimal NVMe/TCP host (admin and one I/O queue, in-capsule writes, reads).
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
@@ -27,6 +28,7 @@ pub mod ceph;
 pub mod guest;
 pub mod load;
 pub mod nbd;
+pub mod nvme_tcp;
 
 use std::ffi::OsString;
 use std::fs::File;

@@ -73,15 +73,19 @@ fn nvmf_create_transport(registry: &Registry, mut p: Params) -> Result<Value, Me
         io_unit_size: to_u32(p.optional_uint("io_unit_size", max)?, d.io_unit_size),
         max_aq_depth: to_u32(p.optional_uint("max_aq_depth", max)?, d.max_aq_depth),
         c2h_success: p.optional_bool("c2h_success")?.unwrap_or(d.c2h_success),
-        sock_priority: to_u32(p.optional_uint("sock_priority", max)?, d.sock_priority),
+        // The target does not set SO_PRIORITY on its sockets: only SPDK's default (below).
+        sock_priority: d.sock_priority,
         abort_timeout_sec: to_u32(p.optional_uint("abort_timeout_sec", max)?, d.abort_timeout_sec),
     };
     // SPDK's shared data buffer pool and its per-poll-group caches: flashpath's queue pairs own
-    // their buffers, so there is nothing for these to size.
+    // their buffers, so there is nothing for these to size. (`io_unit_size`, SPDK's buffer
+    // granularity, and `abort_timeout_sec`, for Aborts flashpath answers at once as "not
+    // aborted", are taken above and reported back, with no effect either.)
     for pool in ["num_shared_buffers", "buf_cache_size", "iobuf_small_cache_size", "iobuf_large_cache_size"] {
         p.optional_uint(pool, max)?;
     }
     p.spdk_only(&[
+        ("sock_priority", Neutral::Int(0)),
         ("zcopy", Neutral::Bool(false)),
         ("dif_insert_or_strip", Neutral::Bool(false)),
         ("control_msg_num", Neutral::Absent),
@@ -246,8 +250,22 @@ fn listen_address(p: &mut Params) -> Result<ListenAddress, ParamError> {
     Ok(ListenAddress { trtype, adrfam, traddr, trsvcid })
 }
 
+/// The NQN of a subsystem that has listeners of its own: not the discovery subsystem, which
+/// answers wherever an NVM subsystem listens (SPDK lets it listen alone, on port 8009 say).
+fn listening_nqn(p: &mut Params) -> Result<String, ParamError> {
+    let nqn = nqn_only(p)?;
+    if nqn == DISCOVERY_NQN {
+        return Err(ParamError::new(
+            "nqn",
+            "the discovery subsystem answers on every address an NVM subsystem listens on; \
+             it has no listeners of its own",
+        ));
+    }
+    Ok(nqn)
+}
+
 fn nvmf_subsystem_add_listener(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
-    let nqn = nqn_only(&mut p)?;
+    let nqn = listening_nqn(&mut p)?;
     let addr = nested(&mut p, "listen_address", listen_address)?;
     p.spdk_only(&[
         ("secure_channel", Neutral::Bool(false)),
@@ -261,7 +279,7 @@ fn nvmf_subsystem_add_listener(registry: &Registry, mut p: Params) -> Result<Val
 }
 
 fn nvmf_subsystem_remove_listener(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
-    let nqn = nqn_only(&mut p)?;
+    let nqn = listening_nqn(&mut p)?;
     let addr = nested(&mut p, "listen_address", listen_address)?;
     p.finish()?;
     registry.nvmf().remove_listener(&nqn, &addr).map_err(RegistryError::from)?;

@@ -203,6 +203,8 @@ fn parameter_errors_name_the_field() {
     );
     let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "tgt_name": "other" }));
     assert!(r.starts_with("tgt_name: not supported by flashpath"), "{r}");
+    let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "sock_priority": 6 }));
+    assert_eq!(r, "sock_priority: not supported by flashpath (only 0)");
     let r = reason("nvmf_create_transport", json!({ "trtype": "TCP", "bogus": 1 }));
     assert!(r.starts_with("bogus: unknown parameter; accepted: trtype"), "{r}");
     // SPDK's default target name is accepted.
@@ -254,6 +256,10 @@ fn parameter_errors_name_the_field() {
     assert_eq!(r, "secure_channel: not supported by flashpath (only false)");
     let r = reason("nvmf_delete_subsystem", json!({ "nqn": "nqn.2014-08.org.nvmexpress.discovery" }));
     assert_eq!(r, "nqn: the discovery subsystem cannot be deleted");
+    let discovery =
+        json!({ "nqn": "nqn.2014-08.org.nvmexpress.discovery", "listen_address": listen_address(4420) });
+    let r = reason("nvmf_subsystem_add_listener", discovery);
+    assert!(r.starts_with("nqn: the discovery subsystem answers on every address"), "{r}");
     let r = reason("nvmf_subsystem_allow_any_host", json!({ "nqn": NQN }));
     assert!(r.starts_with("allow_any_host: required parameter missing"), "{r}");
     let r =

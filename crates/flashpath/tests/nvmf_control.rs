@@ -1,0 +1,102 @@
+//! The nvmf export's control plane as a host sees it, through the minimal NVMe/TCP host of
+//! tests/common/nvme_tcp.rs: a disk resized with the CLI reaches a connected host as a
+//! Namespace Attribute Changed event and a new size in Identify Namespace; removing the host
+//! from the subsystem's list disconnects it; deleting the subsystem under a connected host
+//! releases the disk and closes the connections.
+
+mod common;
+
+use std::io::Read;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::nvme_tcp::Host;
+use common::{bounded, Daemon};
+use serde_json::json;
+
+const NQN: &str = "nqn.2016-06.io.spdk:ctl1";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:2b2b2b2b-2b2b-2b2b-2b2b-2b2b2b2b2b2b";
+
+/// A daemon with a 4 MiB null disk `n0` as namespace 1 of [`NQN`], listening on a free
+/// loopback port; returns it with the listener's address.
+fn target(allow_any_host: bool) -> (Daemon, String) {
+    let d = Daemon::start("0");
+    d.call("bdev_null_create", json!({"name": "n0", "num_blocks": 8192, "block_size": 512}));
+    d.call("nvmf_create_transport", json!({"trtype": "TCP"}));
+    d.call("nvmf_create_subsystem", json!({"nqn": NQN, "allow_any_host": allow_any_host}));
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "n0"}}));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen =
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()});
+    d.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": listen}));
+    (d, format!("127.0.0.1:{port}"))
+}
+
+fn connect(addr: &str) -> Host {
+    let addr = addr.to_string();
+    bounded(Duration::from_secs(30), "connecting", move || {
+        Host::connect(&addr, NQN, HOSTNQN).expect("connect")
+    })
+}
+
+/// NSZE, the namespace's size in blocks (Identify Namespace bytes 0-7).
+fn nsze(host: &mut Host) -> u64 {
+    let (c, data) = host.admin.identify_namespace(1).unwrap();
+    assert_eq!(c.status, 0, "Identify Namespace: {c:?}");
+    u64::from_le_bytes(data[0..8].try_into().unwrap())
+}
+
+/// Waits until `conn` is closed by the target (a read returns end of file or an error).
+fn closed(stream_read: impl FnOnce() -> std::io::Result<usize>) -> bool {
+    matches!(stream_read(), Ok(0) | Err(_))
+}
+
+#[test]
+fn a_resized_disk_reaches_the_connected_host() {
+    let (d, addr) = target(true);
+    let mut host = connect(&addr);
+    assert_eq!(nsze(&mut host), 8192);
+    assert_eq!(host.admin.enable_namespace_events().unwrap().status, 0);
+    let aer = host.admin.async_event_request().unwrap();
+    // The CLI, as an operator resizes a disk: 4 MiB to 8 MiB.
+    let out = Command::new(env!("CARGO_BIN_EXE_flashpath"))
+        .args(["--rpc", d.rpc.to_str().unwrap(), "disk", "resize", "n0", "--size", "8MiB"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let c = host.admin.wait(aer).unwrap();
+    // Asynchronous event: type Notice (2), information Namespace Attribute Changed (0), log page
+    // Changed Namespace List (04h) (NVMe Base 2.0, 5.2).
+    assert_eq!((c.status, c.dw0 & 0x7, (c.dw0 >> 8) & 0xff, (c.dw0 >> 16) & 0xff), (0, 2, 0, 4), "{c:?}");
+    assert_eq!(nsze(&mut host), 16384);
+}
+
+#[test]
+fn a_host_removed_from_the_list_is_disconnected() {
+    let (d, addr) = target(false);
+    d.call("nvmf_subsystem_add_host", json!({"nqn": NQN, "host": HOSTNQN}));
+    let mut host = connect(&addr);
+    assert_eq!(d.call("nvmf_subsystem_get_controllers", json!({"nqn": NQN}))[0]["hostnqn"], HOSTNQN);
+    d.call("nvmf_subsystem_remove_host", json!({"nqn": NQN, "host": HOSTNQN}));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.call("nvmf_subsystem_get_controllers", json!({"nqn": NQN})) != json!([]) {
+        assert!(Instant::now() < deadline, "the removed host's controller is still there");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut byte = [0u8; 1];
+    assert!(closed(|| host.io.stream().read(&mut byte)), "the I/O queue's connection stays open");
+}
+
+#[test]
+fn deleting_a_subsystem_under_a_connected_host_releases_the_disk() {
+    let (d, addr) = target(true);
+    let mut host = connect(&addr);
+    assert_eq!(host.io.write(1, 0, 512, &[7; 512]).unwrap().status, 0);
+    d.call("nvmf_delete_subsystem", json!({"nqn": NQN}));
+    assert_eq!(d.call("bdev_get_bdevs", json!({"name": "n0"}))[0]["claimed"], false);
+    let mut byte = [0u8; 1];
+    assert!(closed(|| host.admin.stream().read(&mut byte)), "the admin queue's connection stays open");
+    assert!(closed(|| host.io.stream().read(&mut byte)), "the I/O queue's connection stays open");
+    assert!(std::net::TcpStream::connect(&addr).is_err(), "the listener outlived its subsystem");
+    d.call("bdev_null_delete", json!({"name": "n0"}));
+}
