@@ -4,8 +4,9 @@
 //! through QEMU's user network with `restrict=on`, whose one way out is a `guestfwd` to that
 //! port on the host's loopback. The guest's `nvmf` scenario (tests/guest/init) discovers,
 //! connects with two I/O queues, runs fio with verify, makes and checks ext4, sees a resize the
-//! host makes, writes past the old end and disconnects; it connects again, and the host deletes
-//! the subsystem under it. The host checks the target's controllers and queue pairs while the
+//! host makes, writes past the old end and disconnects; it connects again with a 2 s KATO, the
+//! host stops the VM until the target has torn the controller down, the kernel reconnects, and
+//! the host deletes the subsystem under it. The host checks the target's controllers and queue pairs while the
 //! guest is connected, that the first controller's are gone after its disconnect, and the RAM
 //! disk's contents afterwards: the file system with e2fsck and debugfs, the writes past the old
 //! end byte for byte.
@@ -20,7 +21,7 @@ mod guest_vm {
     use std::collections::HashMap;
     use std::net::TcpListener;
     use std::process::{Command, Stdio};
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use serde_json::{json, Value};
 
@@ -106,6 +107,7 @@ mod guest_vm {
 
         let cfg = VmConfig {
             netdev: Some(port),
+            qmp: true,
             kernel_args: vec![format!("fp.nvmf.port={port}"), format!("fp.nvmf.nqn={NQN}")],
             ..VmConfig::new("nvmf", Vec::new())
         };
@@ -143,13 +145,33 @@ mod guest_vm {
         );
 
         // After the resize, the writes past the old end and a disconnect, the guest connects
-        // again: only that controller is left, with its three queue pairs (the first one's are
-        // gone). The subsystem is deleted under it.
-        let line = vm.wait_for("the second connect", |l| l.contains("nvmf delete waiting"), BOOT_TIMEOUT);
+        // again (KATO 2 s): only that controller is left, with its three queue pairs (the first
+        // one's are gone).
+        let line = vm.wait_for("the second connect", |l| l.contains("nvmf kato waiting"), BOOT_TIMEOUT);
         let (ctrls, qpairs) = controllers_and_qpairs(&d);
         assert_eq!(ctrls.len(), 1, "controllers after the disconnect and a new connect: {ctrls:?}");
         assert_eq!(qpairs.len(), 3, "qpairs after the disconnect and a new connect: {qpairs:?}");
         assert!(line.ends_with(&format!("cntlid={}", ctrls[0]["cntlid"])), "{line} vs {ctrls:?}");
+        // Keep-alive expiry: with the VM stopped no Keep Alive comes, and the target tears the
+        // controller down (KATO + its grace); once the VM runs again the kernel reconnects.
+        vm.qmp().run("stop", Value::Null);
+        let stopped = Instant::now();
+        while !controllers_and_qpairs(&d).0.is_empty() {
+            assert!(stopped.elapsed() < Duration::from_secs(30), "the controller outlived KATO by 30 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let torn_down = stopped.elapsed();
+        assert!(torn_down >= Duration::from_secs(2), "torn down {torn_down:?} after the stop, before KATO");
+        eprintln!("guest 'nvmf': the target tore the stopped host's controller down after {torn_down:.1?}");
+        vm.qmp().run("cont", Value::Null);
+        let line = vm.wait_for("the reconnect", |l| l.contains("nvmf kato reconnected"), BOOT_TIMEOUT);
+        let (ctrls, qpairs) = controllers_and_qpairs(&d);
+        assert_eq!(ctrls.len(), 1, "controllers after the reconnect: {ctrls:?}");
+        assert_eq!(qpairs.len(), 3, "qpairs after the reconnect: {qpairs:?}");
+        assert!(line.ends_with(&format!("cntlid={}", ctrls[0]["cntlid"])), "{line} vs {ctrls:?}");
+
+        // The subsystem is deleted under the connected host.
+        vm.wait_for("the deletion marker", |l| l.contains("nvmf delete waiting"), BOOT_TIMEOUT);
         assert_eq!(d.call("nvmf_delete_subsystem", json!({ "nqn": NQN })), json!(true));
         let subsystems = d.call("nvmf_get_subsystems", Value::Null);
         assert!(
