@@ -45,7 +45,8 @@ ensure_miri() {
 }
 
 # The guest tests' tools (docs/guest-tests.md): QEMU 9.1 or newer (for reconnect-ms), from
-# bookworm-backports on Debian 12, and what tests/guest/build-image.sh puts in the image.
+# bookworm-backports on Debian 12, what tests/guest/build-image.sh puts in the image, and
+# socat, which QEMU runs for each connection the nvmf guest forwards to the host's loopback.
 ensure_guest_packages() {
     if ! qemu-system-x86_64 --version 2>/dev/null | grep -Eq 'version (9\.[1-9]|[1-9][0-9])\.'; then
         if ensure_bookworm_backports; then
@@ -58,7 +59,7 @@ ensure_guest_packages() {
         fi
     fi
     qemu-system-x86_64 --version | head -n 1
-    apt_install busybox-static cpio fio e2fsprogs xz-utils zstd libc6-dev
+    apt_install busybox-static cpio fio e2fsprogs xz-utils zstd libc6-dev nvme-cli socat
 }
 
 # The benchmark's tools: qemu-storage-daemon 10.x from bookworm-backports (Debian 12's own

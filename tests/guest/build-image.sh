@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the boot image of the guest tests: an uncompressed kernel (vmlinux, booted
-# directly through PVH) and an initramfs holding static busybox, virtio_blk.ko, the fpio data
-# tool, mke2fs and fio (with their shared libraries) and the scenario script `init`.
+# directly through PVH) and an initramfs holding static busybox, virtio_blk.ko, the modules of a
+# virtio-net NIC and of the kernel's NVMe/TCP host, the fpio data tool, mke2fs, fio and nvme-cli
+# (with their shared libraries) and the scenario script `init`.
 #
 #   tests/guest/build-image.sh        prints "image: DIR" as its last line; DIR holds
 #                                     vmlinux, initramfs.cpio and manifest.txt
@@ -32,6 +33,7 @@ die() { printf 'build-image: error: %s\n' "$*" >&2; exit 1; }
 need=(
     busybox:busybox-static cpio:cpio zstd:zstd xz:xz-utils fio:fio mke2fs:e2fsprogs
     dpkg-deb:dpkg apt-get:apt cc:build-essential flock:util-linux ldd:libc-bin od:coreutils
+    nvme:nvme-cli
 )
 missing=()
 for pair in "${need[@]}"; do
@@ -48,10 +50,12 @@ if ldd "$BUSYBOX" >/dev/null 2>&1; then
     die "$BUSYBOX is dynamically linked; install busybox-static"
 fi
 
+# The host packages whose files are copied into the image: their versions are part of the key.
+COPIED_PKGS="busybox-static fio e2fsprogs libc6 nvme-cli libnvme1"
 pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
 key_input() {
     cat "$0" "$HERE/init" "$HERE/fpio.c"
-    for p in busybox-static fio e2fsprogs libc6; do printf '%s=%s\n' "$p" "$(pkg_version "$p")"; done
+    for p in $COPIED_PKGS; do printf '%s=%s\n' "$p" "$(pkg_version "$p")"; done
 }
 HASH=$(key_input | sha256sum | cut -c1-16)
 OUT=$CACHE/$KERNEL-$HASH
@@ -116,16 +120,30 @@ got_size=$(stat -c %s "$WORK/vmlinux")
 # ---- the initramfs ------------------------------------------------------------------------
 R=$WORK/root
 mkdir -p "$R"/{bin,sbin,dev,proc,sys,mnt,tmp,etc,lib/modules,usr/bin}
-ko=$(find "$WORK/pkg/lib/modules/$KERNEL" -name 'virtio_blk.ko*' | head -n1)
-[ -n "$ko" ] || die "$deb has no virtio_blk module"
-case $ko in
-    *.xz) xz -dc "$ko" >"$R/lib/modules/virtio_blk.ko" ;;
-    *.zst) zstd -dcq "$ko" >"$R/lib/modules/virtio_blk.ko" ;;
-    *) cp "$ko" "$R/lib/modules/virtio_blk.ko" ;;
-esac
-# The .modinfo strings are NUL-terminated; an empty "depends=" means no other module is needed.
-tr '\0' '\n' <"$R/lib/modules/virtio_blk.ko" | grep -qx 'depends=' ||
-    die "virtio_blk.ko depends on other modules; the initramfs loads only virtio_blk"
+# add_module NAME WANTED_DEPENDS: copies NAME.ko (decompressed) to /lib/modules and checks that
+# its "depends=" (from the NUL-terminated .modinfo strings) is exactly WANTED_DEPENDS, the
+# modules init loads before it; a kernel whose modules depend on more fails the build here
+# instead of an insmod in the guest.
+add_module() {
+    local name=$1 want=$2 ko got
+    ko=$(find "$WORK/pkg/lib/modules/$KERNEL" -name "$name.ko*" | head -n1)
+    [ -n "$ko" ] || die "$deb has no $name module"
+    case $ko in
+        *.xz) xz -dc "$ko" >"$R/lib/modules/$name.ko" ;;
+        *.zst) zstd -dcq "$ko" >"$R/lib/modules/$name.ko" ;;
+        *) cp "$ko" "$R/lib/modules/$name.ko" ;;
+    esac
+    got=$(tr '\0' '\n' <"$R/lib/modules/$name.ko" | sed -n 's/^depends=//p')
+    [ "$got" = "$want" ] || die "$name.ko depends on '$got', init loads only '$want' before it"
+}
+add_module virtio_blk ""
+# The nvmf scenario's NIC and NVMe/TCP host, in the order init loads them (nvme-core, the
+# keyring and fabrics authentication are built into this kernel).
+add_module failover ""
+add_module net_failover failover
+add_module virtio_net net_failover
+add_module nvme-fabrics ""
+add_module nvme-tcp nvme-fabrics
 
 cp "$BUSYBOX" "$R/bin/busybox"
 cp "$HERE/init" "$R/init"
@@ -148,10 +166,13 @@ add_dynamic() {
 }
 add_dynamic "$(command -v fio)"
 add_dynamic "$(command -v mke2fs)"
+# nvme-cli (discover, connect, disconnect) for the nvmf scenario; it reads the host NQN from
+# /etc/nvme/hostnqn, which init writes.
+add_dynamic "$(command -v nvme)"
 [ -f /etc/mke2fs.conf ] && cp /etc/mke2fs.conf "$R/etc/"
 # The copied programs must start inside the image (checked with chroot, which needs root).
 if [ "$(id -u)" -eq 0 ]; then
-    for prog in "/usr/bin/fio --version" "/usr/sbin/mke2fs -V" "/bin/busybox true" "/bin/fpio -b verify /init 0 8 0"; do
+    for prog in "/usr/bin/fio --version" "/usr/sbin/mke2fs -V" "/usr/sbin/nvme version" "/bin/busybox true" "/bin/fpio -b verify /init 0 8 0"; do
         # (fpio compares the first 8 bytes of /init with the pattern: status 1, "differs", means it ran.)
         rc=0
         chroot "$R" $prog >/dev/null 2>&1 || rc=$?
@@ -163,7 +184,7 @@ fi
 {
     echo "kernel: $PKG ($(basename "$deb"))"
     echo "key: $HASH"
-    for p in busybox-static fio e2fsprogs libc6; do echo "$p: $(pkg_version "$p")"; done
+    for p in $COPIED_PKGS; do echo "$p: $(pkg_version "$p")"; done
     echo "initramfs: $(du -sm "$R" | cut -f1) MiB uncompressed"
 } >"$WORK/manifest.txt"
 

@@ -19,6 +19,7 @@ mod guest_vm {
     use serde_json::{json, Value};
 
     use super::common::ceph::CephCluster;
+    use super::common::guest::ext4::{assert_e2fsck_clean, debugfs, debugfs_cat, e2fs_tool};
     use super::common::guest::{
         self, expected_contents, run_scenario, DiskOp, GuestResult, Vm, VmConfig, BOOT_TIMEOUT, EXIT_TIMEOUT,
     };
@@ -119,17 +120,6 @@ mod guest_vm {
         }
     }
 
-    /// `r` with the INFO lines of the whole console, including those a `wait_for` consumed
-    /// before the result.
-    fn with_whole_console(vm: &Vm, r: &GuestResult) -> GuestResult {
-        let console = vm.console();
-        let info = console.lines().filter_map(|l| {
-            const INFO: &str = "FLASHPATH-GUEST-INFO:";
-            Some(l[l.find(INFO)? + INFO.len()..].trim().to_string())
-        });
-        GuestResult { info: info.collect(), ..r.clone() }
-    }
-
     /// The daemon's counters for one controller.
     fn stats(d: &Daemon, ctrlr: &str) -> Value {
         let all = d.call("flashpath_get_stats", Value::Null);
@@ -167,32 +157,6 @@ mod guest_vm {
         for (q, n) in &irqs {
             assert!(*n > 0, "request queue {q} had no interrupt (all I/O on one queue?): {irqs:?}");
         }
-    }
-
-    /// A host tool from e2fsprogs (in /usr/sbin or /sbin, which may not be on the PATH).
-    fn e2fs_tool(name: &str) -> PathBuf {
-        ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-            .iter()
-            .map(|d| Path::new(d).join(name))
-            .find(|p| p.exists())
-            .unwrap_or_else(|| panic!("{name} not found: install e2fsprogs (./run test does)"))
-    }
-
-    /// debugfs -R REQUEST on an ext4 image: its standard output.
-    fn debugfs(img: &Path, request: &str) -> Vec<u8> {
-        let out = Command::new(e2fs_tool("debugfs"))
-            .arg("-R")
-            .arg(request)
-            .arg(img)
-            .output()
-            .expect("running debugfs");
-        assert!(out.status.success(), "debugfs {request}: {}", String::from_utf8_lossy(&out.stderr));
-        out.stdout
-    }
-
-    /// debugfs -R "cat PATH" on an ext4 image.
-    fn debugfs_cat(img: &Path, path: &str) -> Vec<u8> {
-        debugfs(img, &format!("cat {path}"))
     }
 
     /// The host-side checks of the `data` scenario on a disk of `size` bytes backed by `file`.
@@ -479,7 +443,7 @@ mod guest_vm {
         // The first write's line came before the one the test waited for: read the whole console.
         let console = vm.console();
         assert!(console.contains(&format!("resized to {grown}")), "the guest never saw {grown} bytes");
-        let ops = with_whole_console(&vm, &r).ops("fp-resize");
+        let ops = vm.whole_result(&r).ops("fp-resize");
         assert_eq!(ops.len(), 3, "{ops:?}");
         let got = std::fs::read(&file).expect("reading the backing file");
         assert_same("the grown backing file", 0, &got, &expected_contents(grown, &ops));
@@ -559,7 +523,7 @@ mod guest_vm {
         vm.wait_exit(EXIT_TIMEOUT);
         // The disk line came long before the result (waiting for the rounds consumed it), so
         // read it from the whole console too.
-        let all = with_whole_console(&vm, &r);
+        let all = vm.whole_result(&r);
         assert_eq!(ring_packed(&all, "fp-restart"), packed, "VIRTIO_F_RING_PACKED negotiated");
         // The write reports came before the result line (some while the test waited for the
         // rounds), so read them from the whole console rather than from the result.
@@ -632,18 +596,6 @@ mod guest_vm {
             String::from_utf8_lossy(&out.stderr)
         );
         std::fs::read(&img).expect("reading the golden image")
-    }
-
-    /// `e2fsck -fn` on an image finds nothing.
-    fn assert_e2fsck_clean(what: &str, img: &Path) {
-        let fsck = Command::new(e2fs_tool("e2fsck")).arg("-fn").arg(img).output().expect("running e2fsck");
-        assert!(
-            fsck.status.success(),
-            "{what}: e2fsck -fn found problems ({}):\n{}{}",
-            fsck.status,
-            String::from_utf8_lossy(&fsck.stdout),
-            String::from_utf8_lossy(&fsck.stderr)
-        );
     }
 
     /// What mounting does to a file system that was in use when its image was taken: replay
@@ -796,7 +748,7 @@ mod guest_vm {
         let r = vm.wait_result();
         assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
         vm.wait_exit(EXIT_TIMEOUT);
-        let all = with_whole_console(&vm, &r);
+        let all = vm.whole_result(&r);
         assert_disk(&all, "fp-lvol", LVOL_SIZE, 512, false);
         assert_no_errors(&stats(&d, "fp-lvol"));
 

@@ -21,7 +21,10 @@
 //!   incoming migration ([`VmConfig::incoming`]) and take console input ([`VmConfig::console_input`],
 //!   [`Vm::send_line`]); [`migrate`] drives a migration between two of them and [`stamp`] speaks
 //!   the `migrate` scenario's console protocol and checks its stamped blocks from the host.
+//! * A VM can have a NIC whose one destination is a port on the host's loopback
+//!   ([`VmConfig::netdev`]), for the kernel's NVMe/TCP host against the daemon's target.
 
+pub mod ext4;
 pub mod migrate;
 pub mod qmp;
 pub mod stamp;
@@ -106,6 +109,19 @@ pub fn image() -> &'static Image {
     })
 }
 
+/// The address in the guest's user network that [`VmConfig::netdev`] forwards to the host's
+/// loopback (the guest itself is 10.0.2.15).
+pub const NVMF_GUEST_ADDR: &str = "10.0.2.100";
+
+/// QEMU's `-netdev` of [`VmConfig::netdev`]: user networking without a route out
+/// (`restrict=on`), and one `guestfwd` that runs `socat` for each connection the guest opens to
+/// [`NVMF_GUEST_ADDR`]`:port`, joining it to `127.0.0.1:port` on the host.
+fn forward_netdev(port: u16) -> String {
+    format!(
+        "user,id=n0,restrict=on,guestfwd=tcp:{NVMF_GUEST_ADDR}:{port}-cmd:socat STDIO TCP:127.0.0.1:{port}"
+    )
+}
+
 /// What to boot.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -133,6 +149,11 @@ pub struct VmConfig {
     pub incoming: bool,
     /// QEMU's stdin is a pipe to the serial console ([`Vm::send_line`]) instead of /dev/null.
     pub console_input: bool,
+    /// A virtio-net NIC on QEMU's user network with `restrict=on` (no route out of QEMU) whose
+    /// only way out is [`NVMF_GUEST_ADDR`]`:PORT` forwarded to `127.0.0.1:PORT` on the host, one
+    /// socat per TCP connection (the nvmf scenario's target). Loopback only: nothing else is
+    /// reachable, and nothing here can name another host address.
+    pub netdev: Option<u16>,
 }
 
 impl VmConfig {
@@ -151,6 +172,7 @@ impl VmConfig {
             qmp: false,
             incoming: false,
             console_input: false,
+            netdev: None,
         }
     }
 
@@ -206,6 +228,9 @@ impl Vm {
                 .arg(format!("socket,id=disk{i},path={},reconnect-ms=1000", sock.display()))
                 .arg("-device")
                 .arg(device);
+        }
+        if let Some(port) = cfg.netdev {
+            cmd.arg("-netdev").arg(forward_netdev(port)).args(["-device", "virtio-net-pci,netdev=n0"]);
         }
         let mut append = format!("{KERNEL_ARGS} fp.scenario={}", cfg.scenario);
         for a in &cfg.kernel_args {
@@ -310,6 +335,16 @@ impl Vm {
     /// Everything the console printed so far.
     pub fn console(&self) -> String {
         self.console.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// `r` with the INFO lines of the whole console, including those a [`Vm::wait_for`]
+    /// consumed before [`Vm::wait_result`].
+    pub fn whole_result(&self, r: &GuestResult) -> GuestResult {
+        let console = self.console();
+        let info = console
+            .lines()
+            .filter_map(|l| Some(l[l.find(INFO_MARKER)? + INFO_MARKER.len()..].trim().to_string()));
+        GuestResult { info: info.collect(), ..r.clone() }
     }
 
     /// QEMU's stderr so far.
