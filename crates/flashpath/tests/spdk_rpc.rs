@@ -494,6 +494,17 @@ fn nvmf_target() {
         (Some("TCP"), Some("IPv4"))
     );
     assert_eq!(l[0]["address"]["trsvcid"], port.as_str(), "{l}");
+    // The discovery subsystem on a port of its own, rpc.py's `discovery` shorthand.
+    let dport = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    let discovery_listener = ["-t", "tcp", "-a", "127.0.0.1", "-s", &dport, "-f", "ipv4"];
+    rpc.ok(&[&["nvmf_subsystem_add_listener", "discovery"][..], &discovery_listener].concat());
+    std::net::TcpStream::connect(format!("127.0.0.1:{dport}")).expect("the discovery listener accepts");
+    let l = rpc.json(&["nvmf_subsystem_get_listeners", "nqn.2014-08.org.nvmexpress.discovery"]);
+    assert!(l.as_array().unwrap().iter().any(|a| a["address"]["trsvcid"] == dport.as_str()), "{l}");
+    rpc.ok(&[&["nvmf_subsystem_remove_listener", "discovery"][..], &discovery_listener].concat());
 
     rpc.ok(&["nvmf_subsystem_add_ns", NQN, "Malloc0"]);
     rpc.ok(&["nvmf_subsystem_add_ns", NQN, "Malloc1", "-n", "4", "-g", "0123456789ABCDEF0123456789ABCDEF"]);

@@ -411,7 +411,9 @@ impl NvmfTarget {
                 format!("{} is not a loopback address and remote listeners are not allowed", addr.traddr),
             ));
         }
-        let sub = self.nvm_subsystem(nqn)?;
+        // The discovery subsystem may listen alone too (SPDK's `nvmf_subsystem_add_listener
+        // discovery ...`, on port 8009 say): only discovery controllers connect there.
+        let sub = self.any_subsystem(nqn)?;
         {
             let st = lock(&sub.state);
             if st.listeners.contains(&addr) {
@@ -441,7 +443,7 @@ impl NvmfTarget {
     }
 
     pub fn remove_listener(&self, nqn: &str, addr: &ListenAddress) -> Result<(), NvmfError> {
-        let sub = self.nvm_subsystem(nqn)?;
+        let sub = self.any_subsystem(nqn)?;
         let addr = addr.normalized();
         {
             let mut st = lock(&sub.state);
@@ -595,7 +597,7 @@ impl NvmfTarget {
         v
     }
 
-    /// The discovery subsystem listens wherever any subsystem does.
+    /// The discovery subsystem listens wherever any subsystem does, and on its own listeners.
     fn discovery_listeners(&self) -> Vec<ListenAddress> {
         lock(&self.inner.listeners).keys().cloned().collect()
     }

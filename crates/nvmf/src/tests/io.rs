@@ -283,3 +283,52 @@ fn stop_closes_listeners_and_hosts() {
     assert!(std::net::TcpStream::connect(("127.0.0.1", tg.port)).is_err());
     assert!(wait_for(|| tg.t.controllers(NQN).unwrap().is_empty()));
 }
+
+/// The discovery subsystem on a listener of its own (SPDK's `nvmf_subsystem_add_listener
+/// discovery ...`): a discovery controller connects there and reads the log, which names the
+/// NVM subsystem at its own port; an NVM Connect there is refused; removing the listener closes
+/// the port.
+#[test]
+fn discovery_listens_alone() {
+    use crate::log_page::*;
+    let tg = target();
+    let dport = free_port();
+    tg.t.add_listener(DISCOVERY_NQN, listen(dport)).unwrap();
+    let subs = serde_json::to_value(tg.t.subsystems()).unwrap();
+    let ports: Vec<&str> = subs[0]["listen_addresses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["trsvcid"].as_str().unwrap())
+        .collect();
+    assert!(
+        ports.contains(&dport.to_string().as_str()) && ports.contains(&tg.port.to_string().as_str()),
+        "{subs}"
+    );
+
+    let mut d = Host::admin(dport, DISCOVERY_NQN, 0);
+    let len = DISC_HEADER_LEN + DISC_ENTRY_LEN;
+    let mut s = sqe(ADMIN_GET_LOG_PAGE, d.next_cid(), 0);
+    set_cdw(&mut s, 10, u32::from(LID_DISCOVERY) | (((len / 4 - 1) as u32) << 16));
+    let (cqe, log) = d.run(s, &[], len);
+    assert!(cqe.status.is_success(), "{cqe:?}");
+    assert_eq!(u64::from_le_bytes(log[DISC_NUMREC..DISC_NUMREC + 8].try_into().unwrap()), 1);
+    let entry = &log[DISC_HEADER_LEN..];
+    let field = |at: usize, n: usize| {
+        String::from_utf8_lossy(&entry[at..at + n]).trim_end_matches([' ', '\0']).to_string()
+    };
+    assert_eq!(field(DE_SUBNQN, 256), NQN);
+    assert_eq!(field(DE_TRSVCID, 32), tg.port.to_string());
+
+    // Only discovery controllers connect on the discovery subsystem's own listener.
+    let (_, cqe) =
+        Host::connect_raw(dport, Digests::default(), 0, NQN, HOSTNQN, crate::connect::CNTLID_DYNAMIC, 0);
+    assert!(!cqe.status.is_success(), "{cqe:?}");
+
+    drop(d);
+    tg.t.remove_listener(DISCOVERY_NQN, &listen(dport)).unwrap();
+    assert!(wait_for(|| std::net::TcpStream::connect(("127.0.0.1", dport)).is_err()));
+    // The NVM subsystem's listener still serves.
+    let mut admin = Host::admin(tg.port, NQN, 0);
+    assert!(admin.identify(1, 0).0.status.is_success());
+}

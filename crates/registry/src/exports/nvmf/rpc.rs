@@ -248,22 +248,8 @@ fn listen_address(p: &mut Params) -> Result<ListenAddress, ParamError> {
     Ok(ListenAddress { trtype, adrfam, traddr, trsvcid })
 }
 
-/// The NQN of a subsystem that has listeners of its own: not the discovery subsystem, which
-/// answers wherever an NVM subsystem listens (SPDK lets it listen alone, on port 8009 say).
-fn listening_nqn(p: &mut Params) -> Result<String, ParamError> {
-    let nqn = nqn_only(p)?;
-    if nqn == DISCOVERY_NQN {
-        return Err(ParamError::new(
-            "nqn",
-            "the discovery subsystem answers on every address an NVM subsystem listens on; \
-             it has no listeners of its own",
-        ));
-    }
-    Ok(nqn)
-}
-
 fn nvmf_subsystem_add_listener(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
-    let nqn = listening_nqn(&mut p)?;
+    let nqn = nqn_only(&mut p)?;
     let addr = nested(&mut p, "listen_address", listen_address)?;
     p.spdk_only(&[
         ("secure_channel", Neutral::Bool(false)),
@@ -277,7 +263,7 @@ fn nvmf_subsystem_add_listener(registry: &Registry, mut p: Params) -> Result<Val
 }
 
 fn nvmf_subsystem_remove_listener(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
-    let nqn = listening_nqn(&mut p)?;
+    let nqn = nqn_only(&mut p)?;
     let addr = nested(&mut p, "listen_address", listen_address)?;
     p.finish()?;
     registry.nvmf().remove_listener(&nqn, &addr).map_err(RegistryError::from)?;
