@@ -357,3 +357,52 @@ fn healthy_quick(tg: &Target) {
     assert!(q.write(1, 3000, &data, false).status.is_success());
     assert_eq!(q.read(1, 3000, 1).1, data);
 }
+
+/// H2CData whose data digest does not match: the connection closes (as Linux's target does;
+/// the data never reaches the disk), and other hosts go on.
+#[test]
+fn a_bad_data_digest_on_h2c_data() {
+    let tg = target();
+    let (_a, mut q) = digest_queue(&tg);
+    let before = pattern(0x11, 8192);
+    let (_a2, mut good) = digest_queue(&tg);
+    assert!(good.write(1, 100, &before, false).status.is_success());
+    // A write too big for the capsule: the target asks for it by R2T.
+    let mut s = q.rw_sqe(NVM_WRITE, 1, 100, 16);
+    set_sgl(&mut s, SGL_TRANSPORT, 8192);
+    q.send_capsule(&s, &[]);
+    let p = q.read_pdu().unwrap();
+    assert_eq!(p.ch.pdu_type, PDU_R2T);
+    let r = DataHeader::parse(&p.header).unwrap();
+    let mut b = [0u8; HEADER_ROOM];
+    let h = DataHeader { cccid: s.cid(), ttag: r.ttag, offset: 0, length: 8192 };
+    let n = write_h2c_data(&mut b, &h, true, q.digests, 0);
+    let mut v = b[..n].to_vec();
+    let bad = pattern(0x99, 8192);
+    v.extend_from_slice(&bad);
+    v.extend_from_slice(&(crc32c(&bad) ^ 1).to_le_bytes());
+    q.s.write_all(&v).unwrap();
+    assert!(q.closed().0, "the target closed the connection");
+    // The disk still holds what was there.
+    assert_eq!(good.read(1, 100, 16).1, before);
+    healthy(&tg);
+}
+
+/// The transfer limit (MDTS from max_io_size, 128 KiB by default): a read of exactly that
+/// size runs, one block more is refused with Invalid Field in Command (what the base
+/// specification's MDTS says a command over the limit gets), and the queue goes on.
+#[test]
+fn transfers_up_to_max_io_size() {
+    let tg = target();
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    let max_blocks = TransportOptions::default().max_io_size / 512;
+    let (cqe, data) = q.read(1, 0, max_blocks);
+    assert!(cqe.status.is_success(), "{cqe:?}");
+    assert_eq!(data.len(), max_blocks as usize * 512);
+    let s = q.rw_sqe(NVM_READ, 1, 0, max_blocks + 1);
+    let (cqe, data) = q.run(s, &[], (max_blocks as usize + 1) * 512);
+    assert_eq!(cqe.status, Status::generic(SC_INVALID_FIELD), "{cqe:?}");
+    assert!(data.is_empty());
+    healthy_quick(&tg);
+}
