@@ -200,6 +200,8 @@ pub struct Vm {
     deadline: Instant,
     /// [`VmConfig::name`]: the scenario unless the VM has a name of its own.
     scenario: String,
+    /// [`VmConfig::mem_mib`].
+    mem_mib: u32,
 }
 
 impl Vm {
@@ -303,6 +305,7 @@ impl Vm {
             started,
             deadline: started + cfg.timeout,
             scenario: name.to_string(),
+            mem_mib: cfg.mem_mib,
         }
     }
 
@@ -362,7 +365,16 @@ impl Vm {
     pub fn next_line(&mut self, until: Instant) -> Option<String> {
         let until = until.min(self.deadline);
         let left = until.saturating_duration_since(Instant::now());
-        self.lines.recv_timeout(left).ok()
+        let line = self.lines.recv_timeout(left).ok()?;
+        // Too little RAM for the image: files are missing and the scenario fails later in a
+        // way that does not say why.
+        assert!(
+            !line.contains("Initramfs unpacking failed"),
+            "guest '{}' has too little RAM ({} MiB) for its initramfs: {line}",
+            self.name(),
+            self.mem_mib
+        );
+        Some(line)
     }
 
     /// Reads lines until `pred` accepts one and returns it. Panics if the console closes or
