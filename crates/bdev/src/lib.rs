@@ -30,6 +30,7 @@ pub mod clock;
 pub mod conformance;
 mod device;
 pub mod disk;
+pub mod dma;
 mod error;
 pub mod mirror;
 pub mod module;

@@ -1,0 +1,1 @@
+//! Namespaces as block devices (core).

@@ -1,0 +1,1 @@
+//! The command-id table every queue keeps (core).

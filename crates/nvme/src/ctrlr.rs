@@ -1,0 +1,1 @@
+//! A controller's life on its control-plane thread (core).

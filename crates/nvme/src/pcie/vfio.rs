@@ -1,0 +1,1 @@
+//! A PCI function bound to vfio-pci: the container and group, BAR0, DMA mapping. (vfio)

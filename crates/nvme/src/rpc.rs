@@ -1,0 +1,1 @@
+//! The bdev_nvme module and its methods (control).

@@ -1,0 +1,1 @@
+//! The NVMe/TCP transport: the host side (tcp).

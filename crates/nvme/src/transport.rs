@@ -1,0 +1,161 @@
+//! What a transport gives the controller code: an admin queue, run from the controller's
+//! control-plane thread, and I/O queue pairs, each polled by one reactor. The PCIe transport
+//! (`pcie`) and the TCP transport (`tcp`) implement these; `ctrlr` and `bdev` know only them.
+//!
+//! The queue-pair logic both transports share (command ids, the tags behind them, submission
+//! times for timeouts, refusing completions for commands not in flight) is [`crate::cid`].
+
+use std::time::Duration;
+
+use fp_bdev::SubmitError;
+use fp_nvmf::spec::{Cqe, Sqe, Status};
+
+use crate::NvmeError;
+
+/// The data of an admin command. The transport moves it (PCIe: through DMA memory of its own;
+/// TCP: in the capsule or in data PDUs), so callers hand plain slices.
+pub enum AdminData<'a> {
+    /// No data.
+    None,
+    /// The controller fills this (Identify, Get Log Page, Get Features with data).
+    FromDevice(&'a mut [u8]),
+    /// The controller reads this (Set Features with data).
+    ToDevice(&'a [u8]),
+}
+
+/// How the controller code reaches one controller. Made by `bdev_nvme_attach_controller` from
+/// its transport ID; used again for every reconnect and reset.
+pub trait Transport: Send + Sync + 'static {
+    /// The admin queue this transport makes.
+    type Admin: AdminQueue;
+    /// The I/O queue pairs this transport makes.
+    type Io: IoQueue;
+
+    /// SPDK's `trtype`: "PCIe" or "TCP".
+    fn trtype(&self) -> &'static str;
+
+    /// SPDK's `traddr` (a PCI address, an IP address), for `bdev_nvme_get_controllers`.
+    fn traddr(&self) -> String;
+
+    /// Connects the admin queue (`depth` entries) and enables the controller: afterwards
+    /// CSTS.RDY is 1 and Identify works. PCIe (Base 3.5.1): CC.EN=0 and wait for RDY=0,
+    /// AQA/ASQ/ACQ, CC with the queue entry sizes and EN=1, wait for RDY=1 within CAP.TO.
+    /// TCP: a connection, ICReq/ICResp, Fabrics Connect of queue 0, then the same CC/CSTS
+    /// steps through Property Set/Get. Called again after a reset or a lost connection.
+    fn connect_admin(&self, depth: u16, timeout: Duration) -> Result<Self::Admin, NvmeError>;
+
+    /// Makes I/O queue pair `qid` (1-based) with `depth` entries. PCIe: Create I/O Completion
+    /// Queue then Create I/O Submission Queue through `admin` (Base 5.4, 5.5); TCP: a
+    /// connection and a Fabrics Connect of `qid` with the admin queue's controller ID. The
+    /// queue is then moved to the reactor that polls it.
+    fn connect_io(&self, admin: &mut Self::Admin, qid: u16, depth: u16) -> Result<Self::Io, NvmeError>;
+
+    /// Deletes I/O queue pair `qid` on the controller (PCIe: Delete I/O Submission Queue, then
+    /// Completion Queue; TCP: nothing, closing the queue's connection is enough). The queue
+    /// itself must have been drained and dropped by its reactor first.
+    fn disconnect_io(&self, admin: &mut Self::Admin, qid: u16) -> Result<(), NvmeError>;
+
+    /// Shuts the controller down cleanly (CC.SHN normal, wait for CSTS.SHST complete) before
+    /// a detach. Best effort: a controller already gone is not an error worth reporting.
+    fn shutdown(&self, admin: &mut Self::Admin, timeout: Duration);
+}
+
+/// A controller's admin queue. Lives on the controller's control-plane thread: commands are
+/// run one at a time to completion, except Asynchronous Event Requests, which stay
+/// outstanding and complete through [`AdminQueue::poll_async_events`].
+pub trait AdminQueue: Send {
+    /// Runs `sqe` (the queue sets its command id and data pointer) and waits up to `timeout`
+    /// for its completion. An error status is returned as the completion, not as an error;
+    /// `Err` means no completion came ([`NvmeError::Timeout`]) or the queue died.
+    fn execute(&mut self, sqe: Sqe, data: AdminData<'_>, timeout: Duration) -> Result<Cqe, NvmeError>;
+
+    /// Submits an Asynchronous Event Request (Base 5.2) that stays outstanding.
+    fn submit_async_event_request(&mut self) -> Result<(), NvmeError>;
+
+    /// Reaps completions without waiting: those of Asynchronous Event Requests are appended to
+    /// `out` (any other completion here is a protocol violation).
+    fn poll_async_events(&mut self, out: &mut Vec<Cqe>) -> Result<(), NvmeError>;
+
+    /// Reads a controller register (PCIe: BAR0; TCP: the Fabrics Property Get command): 4 or
+    /// 8 bytes at `offset` ([`crate::regs`]).
+    fn get_property(&mut self, offset: u32, eight_bytes: bool) -> Result<u64, NvmeError>;
+
+    /// Writes a controller register (PCIe: BAR0; TCP: Property Set).
+    fn set_property(&mut self, offset: u32, value: u64, eight_bytes: bool) -> Result<(), NvmeError>;
+
+    /// The controller ID (Identify Controller's CNTLID; on TCP, Connect's answer).
+    fn cntlid(&self) -> u16;
+}
+
+/// Counters an I/O queue keeps, read by its owner (the channel) for statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Commands submitted.
+    pub submitted: u64,
+    /// Completions reaped.
+    pub completed: u64,
+    /// Doorbell writes (PCIe, both queues; skipped ones with shadow doorbells not counted) or
+    /// send calls (TCP).
+    pub doorbells: u64,
+    /// Requests whose data was copied through the queue's own DMA memory because the
+    /// caller's buffer was not registered ([`fp_bdev::dma`]) or not describable by PRPs.
+    pub bounced: u64,
+}
+
+/// One I/O queue pair, owned and polled by one reactor (a channel). Made on the control plane
+/// by [`Transport::connect_io`] and moved to the reactor: no locks inside.
+pub trait IoQueue: Send {
+    /// The queue's ID (1-based).
+    fn qid(&self) -> u16;
+
+    /// Queues one command: `sqe` carries the opcode, namespace and command dwords; the queue
+    /// sets the command ID and the data pointer (PRPs, an SGL, or the transport's own data
+    /// transfer) from `iov`, which may be empty. `tag` comes back with the completion. Not
+    /// sent before [`IoQueue::flush`]. [`SubmitError::Busy`] when no slot is free.
+    ///
+    /// # Safety
+    /// The buffers `iov` describes must stay valid (for a read: writable and not otherwise
+    /// accessed) until the completion is returned by [`IoQueue::poll`] or the tag by
+    /// [`IoQueue::drain`]. `iov` itself need not outlive the call.
+    unsafe fn submit(&mut self, sqe: &Sqe, iov: &[libc::iovec], tag: u32) -> Result<(), SubmitError>;
+
+    /// Sends what was queued since the last flush: one doorbell write (PCIe), one `sendmsg`
+    /// (TCP). Called once per poll round.
+    fn flush(&mut self);
+
+    /// Reaps completions, appending `(tag, status)` for each; returns how many. `Err` means the
+    /// queue is dead (the connection was lost, the device is gone, or it broke the protocol:
+    /// [`NvmeError::Protocol`]); nothing in flight will complete, and the caller takes the tags
+    /// back with [`IoQueue::drain`].
+    fn poll(&mut self, out: &mut Vec<(u32, Status)>) -> Result<usize, NvmeError>;
+
+    /// Commands submitted and not yet completed.
+    fn in_flight(&self) -> usize;
+
+    /// The command IDs and tags of commands in flight that were submitted before tick
+    /// `submitted_before` ([`fp_bdev::clock::ticks`]), for the timeout path (abort, reset).
+    fn expired(&self, submitted_before: u64, out: &mut Vec<(u16, u32)>);
+
+    /// Forgets every command in flight, appending their tags to `out`: after a reset or a lost
+    /// connection nothing will complete them. The queue is not used again.
+    fn drain(&mut self, out: &mut Vec<u32>);
+
+    /// The queue's counters.
+    fn stats(&self) -> QueueStats;
+}
+
+/// What the controller code needs to know of a transport's limits once the admin queue is up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest transfer of one command in bytes (Identify Controller's MDTS, or the
+    /// transport's own bound); larger requests are split by the channel.
+    pub max_transfer: u32,
+    /// The most entries an I/O queue may have (CAP.MQES + 1; on TCP the target's bound).
+    pub max_queue_entries: u16,
+}
+
+/// How long one register wait may take before giving up: CAP.TO in units of 500 ms (Base
+/// 3.1.3.1), at least one unit.
+pub fn ready_timeout(cap: u64) -> Duration {
+    Duration::from_millis(500 * ((cap >> 24) & 0xff).max(1))
+}
