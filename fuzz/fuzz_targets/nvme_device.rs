@@ -71,9 +71,13 @@ fuzz_target!(|data: &[u8]| {
     let mut input = Input(data);
     let s = input.byte();
     let entries = 2 + u16::from(s & 31);
-    let cfg = EmuConfig { shadow_doorbells: s & 32 != 0, sgl: s & 64 != 0, io_queues: 1, ..EmuConfig::default() };
+    let cfg =
+        EmuConfig { shadow_doorbells: s & 32 != 0, sgl: s & 64 != 0, io_queues: 1, ..EmuConfig::default() };
     let emu: Arc<EmulatedController> = EmulatedController::new(cfg);
-    let t = PcieTransport::new(emu.clone(), PcieOptions { bounce_buffers: 2, bounce_size: 16384, ..PcieOptions::default() });
+    let t = PcieTransport::new(
+        emu.clone(),
+        PcieOptions { bounce_buffers: 2, bounce_size: 16384, ..PcieOptions::default() },
+    );
     let mut admin = t.connect_admin(8, Duration::from_secs(5)).expect("the emulated controller enables");
     let mut q = t.connect_io(&mut admin, 1, entries).expect("an I/O queue");
     emu.set_fault(Fault::Scripted);
@@ -99,7 +103,10 @@ fuzz_target!(|data: &[u8]| {
                 let (sqe, iovs) = match k & 3 {
                     0 => (cmd::flush(1), vec![]),
                     1 => (cmd::read_write(true, 1, 0, 8, false), vec![iov(r, 4096)]),
-                    2 => (cmd::read_write(false, 1, 0, 8, false), vec![iov(r, 1000), iov(r.wrapping_add(1000), 3096)]),
+                    2 => (
+                        cmd::read_write(false, 1, 0, 8, false),
+                        vec![iov(r, 1000), iov(r.wrapping_add(1000), 3096)],
+                    ),
                     _ => (cmd::read_write(false, 1, 0, 8, false), vec![iov(p, 4096)]),
                 };
                 // SAFETY: the buffers live until after `drain` below.
