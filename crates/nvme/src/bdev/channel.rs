@@ -210,12 +210,9 @@ impl<T: Transport> NvmeChannel<T> {
             IoOp::Discard => {
                 let at = c as usize * 16;
                 self.dsm_ranges.as_mut_slice()[at..at + 16].copy_from_slice(&cmd::dsm_range(slba, nlb));
-                let base = self.dsm_ranges.as_ptr();
-                // SAFETY: `at + 16` is inside the range memory (16 bytes per command slot).
-                let iov =
-                    [libc::iovec { iov_base: unsafe { base.add(at) } as *mut libc::c_void, iov_len: 16 }];
+                let range = self.dsm_ranges.as_mut_slice()[at..at + 16].as_mut_ptr();
                 self.scratch.clear();
-                self.scratch.extend_from_slice(&iov);
+                self.scratch.push(libc::iovec { iov_base: range as *mut libc::c_void, iov_len: 16 });
                 (cmd::deallocate(self.nsid, 1), &self.scratch[..])
             }
         };
