@@ -394,10 +394,8 @@ impl<T: Transport> Worker<T> {
             self.next_keep_alive = Some(Instant::now() + self.keep_alive_interval());
         }
         let page = 1u32 << (12 + regs::cap_mpsmin(cap));
-        let mut max_transfer = cdata.max_transfer(page).unwrap_or(u32::MAX).min(MAX_TRANSFER_DEFAULT);
-        if let Some(m) = t.max_transfer() {
-            max_transfer = max_transfer.min(m);
-        }
+        let max_transfer =
+            cdata.max_transfer(page).unwrap_or(u32::MAX).min(MAX_TRANSFER_DEFAULT).min(t.max_transfer());
         let depth = self.shared.opts.io_queue_depth.min(regs::cap_mqes(cap).saturating_add(1)).max(2);
         {
             let mut s = self.shared.snapshot();
