@@ -521,25 +521,24 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
         }
         if let Some(q) = self.queue.as_mut() {
             self.cq.clear();
-            match q.poll(&mut self.cq) {
-                Ok(_) => {
-                    let cq = std::mem::take(&mut self.cq);
-                    for &(c, status) in &cq {
-                        let s = if self.cmds[c as usize].aborted_at != 0 && !status.is_success() {
-                            TIMED_OUT
-                        } else {
-                            io_status(status)
-                        };
-                        self.complete(c, s, out);
-                    }
-                    self.cq = cq;
-                }
-                Err(error) => {
-                    log::warn!("nvme {}n{}: I/O queue failed: {error}", self.shared.opts.name, self.nsid);
-                    let state = self.state;
-                    if let Some(queue) = self.take_queue() {
-                        self.shared.send(Msg::QueueFailed { state, queue, error });
-                    }
+            let result = q.poll(&mut self.cq);
+            // Completions reaped before a queue fails are real: their IDs are no longer in
+            // flight, and a drain would not return them.
+            let cq = std::mem::take(&mut self.cq);
+            for &(c, status) in &cq {
+                let s = if self.cmds[c as usize].aborted_at != 0 && !status.is_success() {
+                    TIMED_OUT
+                } else {
+                    io_status(status)
+                };
+                self.complete(c, s, out);
+            }
+            self.cq = cq;
+            if let Err(error) = result {
+                log::warn!("nvme {}n{}: I/O queue failed: {error}", self.shared.opts.name, self.nsid);
+                let state = self.state;
+                if let Some(queue) = self.take_queue() {
+                    self.shared.send(Msg::QueueFailed { state, queue, error });
                 }
             }
         }
@@ -573,10 +572,8 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
 impl<T: Transport> Drop for NvmeChannel<T> {
     fn drop(&mut self) {
         let state = self.state;
-        if let Some(q) = self.take_queue() {
-            let qid = q.qid();
-            drop(q);
-            self.shared.send(Msg::DisconnectIo { qid, state });
+        if let Some(queue) = self.take_queue() {
+            self.shared.send(Msg::DisconnectIo { queue, state });
         }
         self.shared.channel_closed(self.stats_base);
     }
