@@ -29,7 +29,7 @@ use crate::transport::{IoQueue, QueueStats, Transport, TransportId};
 use crate::NvmeError;
 
 use super::namespace::{NamespaceBackend, NsParams};
-use super::status::{io_status, TIMED_OUT};
+use super::status::{io_status, retryable, MAX_RETRIES, TIMED_OUT};
 
 /// Blocks one Write Zeroes or deallocate command covers at most (NLB is 16 bits, 0-based).
 const MAX_BLOCKS_NO_DATA: u64 = 1 << 16;
@@ -67,6 +67,8 @@ struct Cmd {
     aborted_at: u64,
     /// A timeout was logged for it (`action_on_timeout` none).
     warned: bool,
+    /// Times it was sent again after a transient failure.
+    retries: u8,
 }
 
 /// A namespace's channel over transport `T`.
@@ -258,7 +260,8 @@ impl<T: Transport> NvmeChannel<T> {
                 IoOp::Read | IoOp::Write => left.min(self.max_data),
                 IoOp::WriteZeroes | IoOp::Discard => left.min(MAX_BLOCKS_NO_DATA << self.block_shift),
             };
-            self.cmds[c as usize] = Cmd { req: r, off: req.cut, len, aborted_at: 0, warned: false };
+            self.cmds[c as usize] =
+                Cmd { req: r, off: req.cut, len, aborted_at: 0, warned: false, retries: 0 };
             req.cut += len;
             req.outstanding += 1;
             if req.cut >= req.req.len {
@@ -492,7 +495,8 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
                 q.cut = req.len;
                 q.all_cut = true;
                 q.outstanding = 1;
-                self.cmds[c as usize] = Cmd { req: r, off: 0, len: req.len, aborted_at: 0, warned: false };
+                self.cmds[c as usize] =
+                    Cmd { req: r, off: 0, len: req.len, aborted_at: 0, warned: false, retries: 0 };
                 self.send(c);
                 return Ok(());
             }
@@ -526,6 +530,14 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
             // flight, and a drain would not return them.
             let cq = std::mem::take(&mut self.cq);
             for &(c, status) in &cq {
+                if !status.is_success() && retryable(status) {
+                    let cmd = &mut self.cmds[c as usize];
+                    if cmd.retries < MAX_RETRIES && cmd.aborted_at == 0 {
+                        cmd.retries += 1;
+                        self.resend.push_back(c);
+                        continue;
+                    }
+                }
                 let s = if self.cmds[c as usize].aborted_at != 0 && !status.is_success() {
                     TIMED_OUT
                 } else {
