@@ -40,13 +40,13 @@ pub(crate) const MAX_RETRIES: u8 = 3;
 #[inline]
 pub(crate) fn retryable(s: Status) -> bool {
     !s.dnr
-        && match (s.sct, s.sc) {
-            (spec::SCT_PATH, _) => true,
-            (spec::SCT_GENERIC, spec::SC_COMMAND_INTERRUPTED)
-            | (spec::SCT_GENERIC, spec::SC_TRANSIENT_TRANSPORT_ERROR)
-            | (spec::SCT_GENERIC, spec::SC_NAMESPACE_NOT_READY) => true,
-            _ => false,
-        }
+        && matches!(
+            (s.sct, s.sc),
+            (spec::SCT_PATH, _)
+                | (spec::SCT_GENERIC, spec::SC_COMMAND_INTERRUPTED)
+                | (spec::SCT_GENERIC, spec::SC_TRANSIENT_TRANSPORT_ERROR)
+                | (spec::SCT_GENERIC, spec::SC_NAMESPACE_NOT_READY)
+        )
 }
 
 #[cfg(test)]
