@@ -14,3 +14,6 @@ mod transport;
 pub use admin::TcpAdmin;
 pub use queue::TcpQueue;
 pub use transport::{Adrfam, TcpTarget, TcpTransport};
+
+#[cfg(test)]
+mod tests;
