@@ -16,4 +16,6 @@ pub use queue::TcpQueue;
 pub use transport::{Adrfam, TcpTarget, TcpTransport};
 
 #[cfg(test)]
+mod hostile;
+#[cfg(test)]
 mod tests;

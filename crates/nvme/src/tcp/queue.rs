@@ -403,14 +403,22 @@ impl TcpQueue {
     }
 
     /// Receives and handles what the controller sent, calling `done` with each completion
-    /// (its tag and CQE); returns how many.
+    /// (its tag and CQE); returns how many. Completions that came before the queue died are
+    /// returned first: the error comes at the next call.
     pub(crate) fn receive(&mut self, done: &mut dyn FnMut(u32, &Cqe)) -> Result<usize, NvmeError> {
         self.check_alive()?;
         let mut count = 0;
+        match self.receive_some(done, &mut count) {
+            Err(e) if count == 0 => Err(e),
+            _ => Ok(count),
+        }
+    }
+
+    fn receive_some(&mut self, done: &mut dyn FnMut(u32, &Cqe), count: &mut usize) -> Result<(), NvmeError> {
         loop {
             let progressed = match self.rx_state {
-                Rx::Header => self.rx_header(done, &mut count)?,
-                Rx::Data { .. } => self.rx_data(done, &mut count)?,
+                Rx::Header => self.rx_header(done, count)?,
+                Rx::Data { .. } => self.rx_data(done, count)?,
                 Rx::Digest { cid, crc, last, success } => {
                     if !self.stage(DIGEST_LEN)? {
                         false
@@ -421,7 +429,7 @@ impl TcpQueue {
                         }
                         self.rx_start += DIGEST_LEN;
                         self.rx_state = Rx::Header;
-                        self.c2h_done(cid, last, success, done, &mut count)?;
+                        self.c2h_done(cid, last, success, done, count)?;
                         true
                     }
                 }
@@ -434,7 +442,7 @@ impl TcpQueue {
             // H2CData queued by R2Ts goes now rather than a poll round later.
             self.send()?;
         }
-        Ok(count)
+        Ok(())
     }
 
     fn rx_header(&mut self, done: &mut dyn FnMut(u32, &Cqe), count: &mut usize) -> Result<bool, NvmeError> {

@@ -125,7 +125,7 @@ impl TcpTransport {
     }
 
     /// A connected queue: ICReq/ICResp, then Connect of `qid` (`cntlid` for an I/O queue).
-    fn connect_queue(
+    pub(super) fn connect_queue(
         &self,
         qid: u16,
         depth: u16,
