@@ -388,3 +388,41 @@ fn bad_icresp_refused() {
     assert!(matches!(transport(port, false).connect_admin(8, T), Err(NvmeError::Protocol(_))));
     h.join().unwrap();
 }
+
+#[test]
+fn a_command_waited_for_too_long_is_orphaned() {
+    // The controller answers the first command after its waiter gave up: its data must go
+    // nowhere (the waiter's buffer is not touched), and the queue goes on.
+    let (port, h) = hostile(
+        NO,
+        |_| {},
+        |p| {
+            let first = p.command();
+            std::thread::sleep(Duration::from_millis(100));
+            p.c2h(first, 0, 4096, FLAG_LAST_PDU, &[0x55; 4096]);
+            p.response(first, Status::SUCCESS);
+            let second = p.command();
+            p.c2h(second, 0, 512, FLAG_LAST_PDU | FLAG_SUCCESS, &[0x66; 512]);
+        },
+    );
+    let mut q = queue(port, false).unwrap();
+    let mut first = vec![0u8; 4096];
+    let sqe = cmd::read_write(false, 1, 0, 8, false);
+    let mut other = |_: u32, _: &Cqe| panic!("no other completion");
+    let r = q.run(
+        &sqe,
+        crate::transport::AdminData::FromDevice(&mut first),
+        Duration::from_millis(20),
+        &mut other,
+    );
+    assert!(matches!(r, Err(NvmeError::Timeout(_))), "{r:?}");
+    let mut second = vec![0u8; 512];
+    let sqe = cmd::read_write(false, 1, 0, 1, false);
+    let cqe = q.run(&sqe, crate::transport::AdminData::FromDevice(&mut second), T, &mut other).unwrap();
+    assert!(cqe.status.is_success());
+    assert_eq!(second, [0x66; 512]);
+    assert!(first.iter().all(|&b| b == 0), "an orphaned command's data reached its old buffer");
+    assert_eq!(q.in_flight(), 0);
+    drop(q);
+    h.join().unwrap();
+}

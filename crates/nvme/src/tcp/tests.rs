@@ -285,3 +285,40 @@ fn target_gone_fails_the_queues() {
     assert!(matches!(transport(port, false).connect_admin(32, T), Err(NvmeError::Gone(_))));
     drop(tr);
 }
+
+#[test]
+fn async_events_stay_outstanding_and_complete_when_a_namespace_changes() {
+    let tg = target(TransportOptions::default());
+    let tr = transport(tg.port, false);
+    let mut admin = tr.connect_admin(32, T).unwrap();
+    let cqe =
+        admin.execute(cmd::set_features(cmd::FEAT_ASYNC_EVENT_CONFIG, 1 << 8), AdminData::None, T).unwrap();
+    assert!(cqe.status.is_success());
+    admin.submit_async_event_request().unwrap();
+    let mut events = Vec::new();
+    admin.poll_async_events(&mut events).unwrap();
+    assert!(events.is_empty());
+    // Other commands run while it is outstanding; an event that comes during one is kept.
+    let mut id = vec![0u8; 4096];
+    admin.execute(cmd::identify(cmd::CNS_CONTROLLER, 0), AdminData::FromDevice(&mut id), T).unwrap();
+    tg.t.namespace_resized(NQN, 1);
+    let end = Instant::now() + T;
+    while events.is_empty() {
+        assert!(Instant::now() < end, "no AER completion");
+        admin.execute(cmd::get_features(cmd::FEAT_NUMBER_OF_QUEUES), AdminData::None, T).unwrap();
+        admin.poll_async_events(&mut events).unwrap();
+    }
+    // Notice, namespace attribute changed, Changed Namespace List.
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].dw0, 0x0004_0002);
+    let mut log = vec![0u8; 4096];
+    let cqe = admin
+        .execute(
+            cmd::get_log_page(cmd::LOG_CHANGED_NAMESPACES, 0xFFFF_FFFF, 4096, 0),
+            AdminData::FromDevice(&mut log),
+            T,
+        )
+        .unwrap();
+    assert!(cqe.status.is_success());
+    assert_eq!(u32::from_le_bytes(log[0..4].try_into().unwrap()), 1);
+}
