@@ -7,6 +7,8 @@
 //! * `admin`, `io`: the queue as the controller's admin queue and as a reactor's I/O queue.
 
 mod admin;
+#[doc(hidden)]
+pub mod fuzz;
 mod io;
 mod queue;
 mod transport;
