@@ -127,10 +127,12 @@ fn main() {
     }
     let el = start.elapsed().as_secs_f64();
     let s = q.stats();
+    let d = q.data_stats();
     println!(
-        "randread {io} B QD{qd}: {done} I/Os in {el:.2} s = {:.0} IOPS, {:.2} sendmsg per I/O",
+        "randread {io} B QD{qd}: {done} I/Os in {el:.2} s = {:.0} IOPS, {:.2} sendmsg per I/O, read data {:.0}% straight into the buffers",
         done as f64 / el,
-        s.doorbells as f64 / s.submitted.max(1) as f64
+        s.doorbells as f64 / s.submitted.max(1) as f64,
+        100.0 * d.direct as f64 / (d.direct + d.copied).max(1) as f64
     );
     tr.shutdown(&mut admin, T);
 }

@@ -14,7 +14,7 @@ mod queue;
 mod transport;
 
 pub use admin::TcpAdmin;
-pub use queue::TcpQueue;
+pub use queue::{DataStats, TcpQueue};
 pub use transport::{Adrfam, TcpTarget, TcpTransport};
 
 #[cfg(test)]

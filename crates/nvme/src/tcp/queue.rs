@@ -119,6 +119,17 @@ pub struct TcpQueue {
     rx_state: Rx,
     dead: Option<NvmeError>,
     stats: QueueStats,
+    data: DataStats,
+}
+
+/// Where a queue's C2HData bytes went: straight into the caller's buffers, or copied out of the
+/// staging buffer (they came in the same receive as a header).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DataStats {
+    /// Bytes received straight into the caller's buffers.
+    pub direct: u64,
+    /// Bytes copied from the staging buffer.
+    pub copied: u64,
 }
 
 // SAFETY: the raw pointers in `pieces` and `slots[].iov` point into buffers the submitter keeps
@@ -198,6 +209,7 @@ impl TcpQueue {
             rx_state: Rx::Header,
             dead: None,
             stats: QueueStats::default(),
+            data: DataStats::default(),
         }
     }
 
@@ -212,6 +224,11 @@ impl TcpQueue {
 
     pub(crate) fn stats(&self) -> QueueStats {
         self.stats
+    }
+
+    /// Where received read data went (zero copy, or copied from staging).
+    pub fn data_stats(&self) -> DataStats {
+        self.data
     }
 
     pub(crate) fn in_flight(&self) -> usize {
@@ -557,6 +574,9 @@ impl TcpQueue {
                 });
             }
             self.rx_start += staged;
+            if !orphan {
+                self.data.copied += staged as u64;
+            }
             offset += staged as u32;
             left -= staged as u32;
             progressed = true;
@@ -590,6 +610,7 @@ impl TcpQueue {
                         });
                     }
                     self.rx_end = got - into_buf;
+                    self.data.direct += into_buf as u64;
                     offset += into_buf as u32;
                     left -= into_buf as u32;
                     progressed = true;

@@ -185,6 +185,9 @@ fn io_paths(digests: bool) {
     unsafe { q.submit(&sqe, &[iov(a), iov(b), iov(c)], 2) }.unwrap();
     assert!(reap(&mut q, 1).unwrap()[0].1.is_success());
     assert_eq!(r, w);
+    let d = q.data_stats();
+    assert!(d.direct > 0, "large reads go straight into the buffers: {d:?}");
+    assert_eq!(d.direct + d.copied, (4096 + 65536 + 131072 + 512 + 131072) as u64);
 
     // Many in flight, one flush: writes of both kinds, then reads, then verify.
     let bufs: Vec<Vec<u8>> =
