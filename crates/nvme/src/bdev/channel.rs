@@ -566,13 +566,15 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
                 self.scan_timeouts(now);
             }
         }
-        self.polls = self.polls.wrapping_add(1);
-        if self.polls & 63 == 0 {
-            self.publish_stats();
-        }
         out.append(&mut self.done);
         let n = out.len() - first;
         self.in_flight -= n;
+        // Counters go out every 64 rounds, and when the channel runs dry (its reactor may
+        // sleep next, and the last rounds would not be seen until the next I/O).
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls & 63 == 0 || (n != 0 && self.in_flight == 0) {
+            self.publish_stats();
+        }
         n
     }
 
