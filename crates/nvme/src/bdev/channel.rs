@@ -105,6 +105,8 @@ pub(crate) struct NvmeChannel<T: Transport> {
     /// Completions made outside a queue (failures, flushes with nothing to flush).
     done: Vec<(u32, IoStatus)>,
     cq: Vec<(u32, Status)>,
+    /// `poll`'s completions, kept between calls.
+    batch: Vec<(u32, IoStatus)>,
     scratch: Vec<libc::iovec>,
     drained: Vec<u32>,
     /// One deallocate range per command slot, where the controller can read it.
@@ -171,6 +173,7 @@ impl<T: Transport> NvmeChannel<T> {
             in_flight: 0,
             done: Vec::with_capacity(requests),
             cq: Vec::with_capacity(commands),
+            batch: Vec::with_capacity(requests),
             scratch: Vec::with_capacity(64),
             drained: Vec::with_capacity(commands),
             dsm_ranges,
@@ -528,11 +531,14 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
-        let mut out = Vec::new();
+        // A list kept between calls: no allocation per poll.
+        let mut out = std::mem::take(&mut self.batch);
+        out.clear();
         let n = self.poll_batch(&mut out);
-        for (tag, status) in out {
+        for &(tag, status) in &out {
             done(tag, status);
         }
+        self.batch = out;
         n
     }
 
