@@ -6,7 +6,7 @@
 //! last Identify points at an IOVA that is in no region: the IOMMU must refuse it. Then a
 //! function-level reset. For checking VFIO inside the test guest (docs/nvme.md).
 //!
-//! Usage: `vfio_probe 0000:00:04.0` (as root, the function bound to vfio-pci). Prints
+//! Usage: `vfio_probe 0000:00:04.0 [ADDRESS...]` (as root, the functions bound to vfio-pci). Prints
 //! `VFIO-PROBE: ...` lines and ends with `VFIO-PROBE: PASS` or an error.
 
 use std::time::{Duration, Instant};
@@ -21,12 +21,41 @@ use fp_nvme::regs;
 const ENTRIES: u16 = 8;
 
 fn main() {
-    let addr = std::env::args().nth(1).unwrap_or_else(|| "0000:00:04.0".into());
-    if let Err(e) = probe(&addr) {
+    let addrs: Vec<String> = std::env::args().skip(1).collect();
+    if addrs.is_empty() {
+        println!("usage: vfio_probe ADDRESS [ADDRESS...]");
+        std::process::exit(2);
+    }
+    if let Err(e) = run(&addrs) {
         println!("VFIO-PROBE: FAIL {e}");
         std::process::exit(1);
     }
     println!("VFIO-PROBE: PASS");
+}
+
+/// Opens every function first (functions of one group share its container), probes each
+/// while all are open, then closes the first and probes the last again: its mappings must
+/// survive the other's close.
+fn run(addrs: &[String]) -> Result<(), String> {
+    // Registered before any container exists: mapped when the first one adds its listener.
+    let mut early = AlignedBuf::zeroed(4096);
+    let mut fs = Vec::new();
+    for a in addrs {
+        fs.push(VfioFunction::open(a).map_err(|e| e.to_string())?);
+    }
+    println!("VFIO-PROBE: {} open, DMA map {:?}", fs.len(), memory_map().stats());
+    for f in &fs {
+        probe(f, &mut early)?;
+    }
+    if fs.len() > 1 {
+        let first = fs.remove(0);
+        println!("VFIO-PROBE: closing {}", first.address());
+        drop(first);
+        probe(fs.last().expect("one left"), &mut early)?;
+    }
+    drop(fs);
+    println!("VFIO-PROBE: closed, DMA map {:?}", memory_map().stats());
+    Ok(())
 }
 
 fn wait(bar: &Bar, what: &str, ok: impl Fn(u32) -> bool) -> Result<(), String> {
@@ -98,8 +127,7 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim().to_owned()
 }
 
-fn probe(addr: &str) -> Result<(), String> {
-    let f = VfioFunction::open(addr).map_err(|e| e.to_string())?;
+fn probe(f: &VfioFunction, early: &mut AlignedBuf) -> Result<(), String> {
     let bar = f.bar0();
     let cap = bar.read64(regs::CAP);
     let vs = bar.read32(regs::VS);
@@ -147,8 +175,10 @@ fn probe(addr: &str) -> Result<(), String> {
     }
     let model = id[24..64].to_vec();
 
-    // 2. A daemon buffer: registered in the map by itself, so mapped in the container.
-    let buf = AlignedBuf::zeroed(4096);
+    // 2. A daemon buffer: registered in the map by itself (before the container existed), so
+    // mapped in the container.
+    let buf = early;
+    buf.as_mut_slice().fill(0);
     let iova = buf.iova().ok_or("an AlignedBuf is not in the DMA map")?;
     let st = admin.identify(cmd::CNS_CONTROLLER, 0, iova)?;
     println!("VFIO-PROBE: identify into AlignedBuf (iova {iova:#x}) status {st:#x}");
@@ -215,7 +245,5 @@ fn probe(addr: &str) -> Result<(), String> {
         return Err("the controller is still enabled after the function reset".into());
     }
     drop(admin);
-    drop(f);
-    println!("VFIO-PROBE: closed, DMA map {:?}", memory_map().stats());
     Ok(())
 }
