@@ -20,7 +20,24 @@ use fp_nvme::regs;
 
 const ENTRIES: u16 = 8;
 
+/// The driver's log lines on stdout, beside the probe's.
+struct Log;
+
+impl log::Log for Log {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Info
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            println!("VFIO-PROBE: log {} {}", r.level(), r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
 fn main() {
+    log::set_logger(&Log).expect("first logger");
+    log::set_max_level(log::LevelFilter::Info);
     let addrs: Vec<String> = std::env::args().skip(1).collect();
     if addrs.is_empty() {
         println!("usage: vfio_probe ADDRESS [ADDRESS...]");

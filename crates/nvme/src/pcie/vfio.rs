@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use fp_bdev::dma::{memory_map, DmaListener, DmaRegion, ListenerId};
+use fp_bdev::dma::{memory_map, DmaListener, DmaRegion, ListenerId, DMA_PAGE, IOVA_BASE, IOVA_LIMIT};
 use fp_sys::vfio::{
     MappedRegion, RegionInfo, VfioContainer, VfioDevice, VfioGroup, DEVICE_FLAGS_PCI, DEVICE_FLAGS_RESET,
     DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE, PCI_BAR0_REGION_INDEX, PCI_CONFIG_REGION_INDEX,
@@ -333,6 +333,7 @@ fn shared_group(paths: &VfioPaths, number: u32) -> Result<Arc<GroupContainer>, N
         let _ = group.unset_container();
         return Err(io(format!("VFIO group {number}: setting IOMMU type {model}"), e));
     }
+    check_iommu(&container, number)?;
     let mapper = Arc::new(ContainerMapper { container });
     let listener = match memory_map().add_listener(mapper.clone()) {
         Ok(id) => id,
@@ -348,6 +349,43 @@ fn shared_group(paths: &VfioPaths, number: u32) -> Result<Arc<GroupContainer>, N
     table.retain(|_, w| w.strong_count() > 0);
     table.insert(number, Arc::downgrade(&g));
     Ok(g)
+}
+
+/// The IOMMU must map 4 KiB pages; the DMA map's IOVA window should lie in one of its valid
+/// ranges (else regions there fail to map and their I/O is bounced: said once, here).
+fn check_iommu(container: &VfioContainer, number: u32) -> Result<(), NvmeError> {
+    let info = match container.iommu_info() {
+        Ok(i) => i,
+        Err(e) => {
+            log::warn!(
+                "VFIO group {number}: no IOMMU info ({e}); assuming 4 KiB pages and the whole IOVA space"
+            );
+            return Ok(());
+        }
+    };
+    if info.page_sizes != 0 && info.page_sizes & DMA_PAGE as u64 == 0 {
+        return Err(NvmeError::Unsupported(format!(
+            "VFIO group {number}: the IOMMU maps no 4 KiB pages (page sizes {:#x})",
+            info.page_sizes
+        )));
+    }
+    let ranges: Vec<String> = info.iova_ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect();
+    if info.allows(IOVA_BASE, IOVA_LIMIT) {
+        log::info!(
+            "VFIO group {number}: IOMMU page sizes {:#x}, IOVA ranges [{}], mappings available {:?}",
+            info.page_sizes,
+            ranges.join(", "),
+            info.dma_avail
+        );
+    } else {
+        log::warn!(
+            "VFIO group {number}: the IOMMU takes IOVAs [{}] only, the DMA map hands out {IOVA_BASE:#x}-{:#x}: \
+             memory registered outside fails to map and its I/O is bounced",
+            ranges.join(", "),
+            IOVA_LIMIT - 1
+        );
+    }
+    Ok(())
 }
 
 /// Sets Memory Space and Bus Master Enable in the Command register (read, modify, write).
