@@ -37,6 +37,13 @@ pub trait Transport: Send + Sync + 'static {
     /// SPDK's `traddr` (a PCI address, an IP address), for `bdev_nvme_get_controllers`.
     fn traddr(&self) -> String;
 
+    /// The transport's own bound on one command's data in bytes, besides the controller's
+    /// MDTS (PCIe: what one PRP list page and one bounce buffer hold). The channel splits
+    /// requests above the smaller of the two.
+    fn max_transfer(&self) -> u32 {
+        u32::MAX
+    }
+
     /// Connects the admin queue (`depth` entries) and enables the controller: afterwards
     /// CSTS.RDY is 1 and Identify works. PCIe (Base 3.5.1): CC.EN=0 and wait for RDY=0,
     /// AQA/ASQ/ACQ, CC with the queue entry sizes and EN=1, wait for RDY=1 within CAP.TO.
