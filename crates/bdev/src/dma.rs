@@ -206,11 +206,11 @@ impl MemoryMap {
     pub fn unregister(&self, vaddr: usize, len: usize) -> Result<(), DmaError> {
         let (start, span) = page_span(vaddr, len);
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let at = st
-            .entries
-            .iter()
-            .position(|e| e.region.vaddr == start && e.region.len == span)
-            .ok_or(DmaError::NotRegistered { vaddr, len })?;
+        // Sorted by vaddr: a bisection, not a scan (thousands of slot buffers come and go).
+        let at = st.entries.partition_point(|e| e.region.vaddr < start);
+        if st.entries.get(at).is_none_or(|e| e.region.vaddr != start || e.region.len != span) {
+            return Err(DmaError::NotRegistered { vaddr, len });
+        }
         st.entries[at].refs -= 1;
         if st.entries[at].refs > 0 {
             return Ok(());
