@@ -62,6 +62,10 @@ fn run(addrs: &[String]) -> Result<(), String> {
         fs.push(VfioFunction::open(a).map_err(|e| e.to_string())?);
     }
     println!("VFIO-PROBE: {} open, DMA map {:?}", fs.len(), memory_map().stats());
+    match VfioFunction::open(&addrs[0]) {
+        Ok(_) => return Err(format!("{} opened twice in one process", addrs[0])),
+        Err(e) => println!("VFIO-PROBE: second open refused: {e}"),
+    }
     for f in &fs {
         probe(f, &mut early)?;
     }
