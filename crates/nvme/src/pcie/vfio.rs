@@ -105,14 +105,15 @@ fn groups() -> &'static Mutex<HashMap<u32, Weak<GroupContainer>>> {
 /// A function bound to vfio-pci, open for the PCIe transport.
 pub struct VfioFunction {
     address: String,
-    _claim: Claim,
     // Field order is drop order: BAR unmapped, then the device fd closed, then the group
-    // leaves its container (when this was its last function).
+    // leaves its container (when this was its last function), and only then may the
+    // function be opened again.
     bar0_map: MappedRegion,
     bar0: Bar,
     device: VfioDevice,
     resettable: bool,
     _group: Arc<GroupContainer>,
+    _claim: Claim,
 }
 
 impl std::fmt::Debug for VfioFunction {
@@ -165,12 +166,12 @@ impl VfioFunction {
         );
         Ok(Arc::new(VfioFunction {
             address,
-            _claim: claim,
             bar0_map,
             bar0,
             device,
             resettable: info.flags & DEVICE_FLAGS_RESET != 0,
             _group: group,
+            _claim: claim,
         }))
     }
 }
