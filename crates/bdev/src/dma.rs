@@ -17,10 +17,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// Registration granularity: a page. Regions are widened to whole pages.
 pub const DMA_PAGE: usize = 4096;
-/// The first IOVA handed out (0 is never a valid DMA address to a careful driver).
-const IOVA_BASE: u64 = 1 << 20;
-/// The IOVA space handed out: 39 bits, the narrowest IOMMU width a driver here meets.
-const IOVA_LIMIT: u64 = 1 << 39;
+/// The first IOVA handed out: 4 GiB. Below it an IOMMU reserves windows a mapping may not use
+/// (x86's MSI range at 0xfee00000, firmware's RMRRs), so a large region (a guest's memory)
+/// starting low would cross one and be refused; above 4 GiB the window is free on x86.
+pub const IOVA_BASE: u64 = 1 << 32;
+/// The end of the IOVA space handed out: 39 bits, the narrowest IOMMU width a driver here
+/// meets (QEMU's intel-iommu by default).
+pub const IOVA_LIMIT: u64 = 1 << 39;
 
 /// One registered range: `len` bytes at `vaddr`, visible to devices at `iova`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +109,22 @@ pub struct MemoryMap {
     published: Mutex<Arc<Vec<DmaRegion>>>,
     /// Bumped after each change, so a translator reloads only then.
     generation: AtomicU64,
+    /// Registrations refused (overlap, no IOVA space, a listener's map failed).
+    failed: AtomicU64,
+}
+
+/// What the map holds now, and how often it refused (`MemoryMap::stats`): memory outside it
+/// is bounced by a driver that needs an IOVA, so refusals cost a copy per request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DmaStats {
+    /// Regions registered.
+    pub regions: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Listeners (IOMMU containers) mapping them.
+    pub listeners: u64,
+    /// Registrations refused since the start.
+    pub failed_registrations: u64,
 }
 
 /// The process's map.
@@ -126,6 +145,18 @@ impl MemoryMap {
             state: Mutex::new(State { next_iova: IOVA_BASE, ..State::default() }),
             published: Mutex::new(Arc::new(Vec::new())),
             generation: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    /// What the map holds and how often it refused.
+    pub fn stats(&self) -> DmaStats {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        DmaStats {
+            regions: st.entries.len() as u64,
+            bytes: st.entries.iter().map(|e| e.region.len as u64).sum(),
+            listeners: st.listeners.len() as u64,
+            failed_registrations: self.failed.load(Ordering::Relaxed),
         }
     }
 
@@ -134,6 +165,14 @@ impl MemoryMap {
     /// reference; any other overlap is refused. The memory must stay mapped until the matching
     /// [`MemoryMap::unregister`].
     pub fn register(&self, vaddr: usize, len: usize) -> Result<u64, DmaError> {
+        let r = self.register_inner(vaddr, len);
+        if r.is_err() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn register_inner(&self, vaddr: usize, len: usize) -> Result<u64, DmaError> {
         let (start, span) = page_span(vaddr, len);
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let at = st.entries.partition_point(|e| e.region.vaddr + e.region.len <= start);
@@ -167,11 +206,11 @@ impl MemoryMap {
     pub fn unregister(&self, vaddr: usize, len: usize) -> Result<(), DmaError> {
         let (start, span) = page_span(vaddr, len);
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let at = st
-            .entries
-            .iter()
-            .position(|e| e.region.vaddr == start && e.region.len == span)
-            .ok_or(DmaError::NotRegistered { vaddr, len })?;
+        // Sorted by vaddr: a bisection, not a scan (thousands of slot buffers come and go).
+        let at = st.entries.partition_point(|e| e.region.vaddr < start);
+        if st.entries.get(at).is_none_or(|e| e.region.vaddr != start || e.region.len != span) {
+            return Err(DmaError::NotRegistered { vaddr, len });
+        }
         st.entries[at].refs -= 1;
         if st.entries[at].refs > 0 {
             return Ok(());
@@ -376,6 +415,12 @@ mod tests {
         assert!(matches!(map.register(b.as_ptr() as usize, 2 * DMA_PAGE), Err(DmaError::Map(_))));
         assert_eq!(map.regions().len(), 1);
         assert_eq!(map.translator().translate(b.as_ptr() as usize, 8), None);
+        let st = map.stats();
+        assert_eq!(
+            (st.regions, st.bytes, st.listeners, st.failed_registrations),
+            (1, DMA_PAGE as u64, 1, 1),
+            "the refusal is counted"
+        );
     }
 
     #[test]
