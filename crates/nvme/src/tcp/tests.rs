@@ -333,3 +333,45 @@ fn async_events_stay_outstanding_and_complete_when_a_namespace_changes() {
     assert!(cqe.status.is_success());
     assert_eq!(u32::from_le_bytes(log[0..4].try_into().unwrap()), 1);
 }
+
+#[test]
+fn addresses_checked_and_ipv6_connects() {
+    let bad = |traddr: &str, adrfam, trsvcid| {
+        let t = TcpTarget { traddr: traddr.into(), adrfam, trsvcid, ..transport(1, false).target().clone() };
+        match TcpTransport::new(t).connect_admin(8, T) {
+            Err(NvmeError::InvalidParam { field, .. }) => field,
+            other => panic!("{traddr}: {:?}", other.map(|_| ())),
+        }
+    };
+    assert_eq!(bad("localhost", Adrfam::IPv4, 4420), "traddr");
+    assert_eq!(bad("::1", Adrfam::IPv4, 4420), "adrfam");
+    assert_eq!(bad("127.0.0.1", Adrfam::IPv6, 4420), "adrfam");
+    assert_eq!(bad("127.0.0.1", Adrfam::IPv4, 0), "trsvcid");
+
+    // The same subsystem reached over IPv6 loopback, when the machine has it.
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        return;
+    }
+    let tg = target(TransportOptions::default());
+    let port = std::net::TcpListener::bind("[::1]:0").unwrap().local_addr().unwrap().port();
+    let addr = ListenAddress {
+        trtype: "TCP".into(),
+        adrfam: "IPv6".into(),
+        traddr: "::1".into(),
+        trsvcid: port.to_string(),
+    };
+    tg.t.add_listener(NQN, addr).unwrap();
+    let t = TcpTarget {
+        traddr: "::1".into(),
+        adrfam: Adrfam::IPv6,
+        trsvcid: port,
+        ..transport(1, false).target().clone()
+    };
+    let tr = TcpTransport::new(t);
+    let mut admin = tr.connect_admin(8, T).unwrap();
+    let mut q = tr.connect_io(&mut admin, 1, 8).unwrap();
+    let mut w = pattern(3, 4096);
+    assert!(rw(&mut q, true, 7, &mut w).is_success());
+    assert_eq!(tr.trid().adrfam.as_deref(), Some("IPv6"));
+    assert_eq!(tr.host().addr, "::1");
+}
