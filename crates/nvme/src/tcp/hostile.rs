@@ -426,3 +426,25 @@ fn a_command_waited_for_too_long_is_orphaned() {
     drop(q);
     h.join().unwrap();
 }
+
+#[test]
+fn the_host_says_why_it_ends_the_connection() {
+    // A C2HData past the read's end: the host answers with an H2CTermReq (Data Transfer Out of
+    // Range, echoing the offending header) before it closes.
+    let e = read_case(|p| {
+        let cid = p.command();
+        let mut b = [0u8; HEADER_ROOM];
+        let n =
+            write_c2h_data(&mut b, &DataHeader { cccid: cid, ttag: 0, offset: 0, length: 8192 }, 0, NO, 0);
+        let sent = b[..CH_LEN].to_vec();
+        let mut v = b[..n].to_vec();
+        v.extend_from_slice(&[1; 8192]);
+        p.send(&v);
+        let mut t = [0u8; DATA_HLEN + CH_LEN];
+        p.s.read_exact(&mut t).unwrap();
+        assert_eq!(t[0], PDU_H2C_TERM_REQ);
+        assert_eq!(TermReq::parse(&t).unwrap().fes, FES_DATA_OUT_OF_RANGE);
+        assert_eq!(&t[DATA_HLEN..], &sent[..]);
+    });
+    assert!(e.contains("beyond"), "{e}");
+}
