@@ -174,13 +174,7 @@ impl<T: Transport> Worker<T> {
             Msg::DisconnectIo { queue, state } => {
                 let qid = queue.qid();
                 if generation(state) == generation(self.shared.state()) && self.enabled() {
-                    if let Some(admin) = self.admin.as_mut() {
-                        if let Err(e) = self.shared.transport.disconnect_io(admin, qid) {
-                            log::warn!("nvme {}: deleting I/O queue {qid}: {e}", self.shared.opts.name);
-                        }
-                    }
-                    self.free_qids.push_back(qid);
-                    self.shared.snapshot().io_queues -= 1;
+                    self.delete_queue(qid);
                 }
                 // Only now: the controller no longer uses the queue's memory.
                 drop(queue);
@@ -521,9 +515,10 @@ impl<T: Transport> Worker<T> {
             Ok(queue) => {
                 self.shared.snapshot().io_queues += 1;
                 let state = self.shared.state();
-                if reply.send(Ok(IoGrant { queue, state })).is_err() {
-                    // The channel gave up waiting; its queue came back with the error.
-                    self.free_qids.push_back(qid);
+                if let Err(back) = reply.send(Ok(IoGrant { queue, state })) {
+                    // The channel went away meanwhile: delete the queue again.
+                    self.delete_queue(qid);
+                    drop(back);
                 }
             }
             Err(e) => {
@@ -536,6 +531,18 @@ impl<T: Transport> Worker<T> {
                 }
             }
         }
+    }
+
+    /// Deletes I/O queue `qid` on the controller and frees the ID (the caller drops the queue
+    /// afterwards).
+    fn delete_queue(&mut self, qid: u16) {
+        if let Some(admin) = self.admin.as_mut() {
+            if let Err(e) = self.shared.transport.disconnect_io(admin, qid) {
+                log::warn!("nvme {}: deleting I/O queue {qid}: {e}", self.shared.opts.name);
+            }
+        }
+        self.free_qids.push_back(qid);
+        self.shared.snapshot().io_queues -= 1;
     }
 
     /// The error channels get once the controller is failed.
