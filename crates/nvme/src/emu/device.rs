@@ -74,9 +74,10 @@ pub(crate) fn reset_registers(sh: &Shared) {
     for off in (0..super::controller::BAR_LEN as u32).step_by(4) {
         sh.reg(off).store(0, Ordering::Relaxed);
     }
-    // CAP: MQES, CQR (contiguous queues required), TO = 1 (500 ms), DSTRD 0, CSS NVM,
+    // CAP: MQES, CQR (contiguous queues required), TO = 10 (5 s: a loaded test machine may
+    // not run the thread for a while), DSTRD 0, CSS NVM,
     // MPSMIN = MPSMAX = 0 (4 KiB).
-    let cap = u64::from(sh.cfg.max_queue_entries.max(2) - 1) | (1 << 16) | (1 << 24) | (1 << 37);
+    let cap = u64::from(sh.cfg.max_queue_entries.max(2) - 1) | (1 << 16) | (10 << 24) | (1 << 37);
     sh.reg(regs::CAP).store(cap as u32, Ordering::Relaxed);
     sh.reg(regs::CAP + 4).store((cap >> 32) as u32, Ordering::Relaxed);
     // VS 2.0.0.
@@ -97,8 +98,11 @@ pub(crate) fn run(sh: Arc<Shared>) {
         features: [0; 256],
     };
     let mut last_work = Instant::now();
+    let gate = d.sh.gate.clone();
+    // Host memory is touched only with the gate held (see `DmaGate`).
+    let locked = || gate.0.lock().unwrap_or_else(|e| e.into_inner());
     while !d.sh.stop.load(Ordering::Acquire) {
-        if d.step() {
+        if d.step_gated(locked()) {
             last_work = Instant::now();
             continue;
         }
@@ -108,13 +112,17 @@ pub(crate) fn run(sh: Arc<Shared>) {
         }
         // Ask to be told of the next submission, then look once more: a doorbell written
         // before the event index was would otherwise go unnoticed until the nap ends.
+        let g = locked();
         d.set_event_indexes(true);
         d.sh.sleeping.store(true, Ordering::SeqCst);
-        if !d.step() {
+        let worked = d.step_gated(g);
+        if !worked {
             std::thread::park_timeout(NAP);
         }
         d.sh.sleeping.store(false, Ordering::SeqCst);
+        let g = locked();
         d.set_event_indexes(false);
+        drop(g);
         last_work = Instant::now() - SPIN / 2;
     }
 }
@@ -125,6 +133,11 @@ pub(crate) fn host(iova: u64, len: usize) -> Option<*mut u8> {
 }
 
 impl Device {
+    /// One round with the DMA gate held (`_gate` is its guard, released on return).
+    fn step_gated(&mut self, _gate: std::sync::MutexGuard<'_, ()>) -> bool {
+        self.step()
+    }
+
     fn step(&mut self) -> bool {
         let sh = self.sh.clone();
         if sh.flr.load(Ordering::Acquire) {
@@ -139,7 +152,12 @@ impl Device {
         match sh.fault() {
             Fault::Disappear => return false,
             Fault::FatalStatus => {
-                sh.reg(regs::CSTS).fetch_or(regs::CSTS_CFS, Ordering::AcqRel);
+                // A reset (CC.EN = 0) still clears RDY, but the controller never gets ready.
+                let csts = sh.reg(regs::CSTS);
+                if sh.reg(regs::CC).load(Ordering::Acquire) & regs::CC_EN == 0 && self.enabled {
+                    self.disable();
+                }
+                csts.fetch_or(regs::CSTS_CFS, Ordering::AcqRel);
                 return false;
             }
             _ => {}
@@ -229,17 +247,24 @@ impl Device {
     /// (the host need not write BAR0); before it sleeps, its position (the next submission
     /// writes BAR0, which wakes it).
     fn set_event_indexes(&self, sleeping: bool) {
-        let Some((_, events)) = self.dbbuf else { return };
-        for (qid, sq) in self.sqs.iter().enumerate() {
-            let Some(sq) = sq.as_ref().filter(|s| s.shadow) else { continue };
-            let v = if sleeping { sq.head } else { (sq.head + sq.size - 1) % sq.size };
-            if let Some(p) = host(events + qid as u64 * 8, 4) {
-                // SAFETY: reachable host memory, 4-aligned.
-                unsafe { (*(p as *const AtomicU32)).store(u32::from(v), Ordering::Release) };
-            }
+        for qid in 0..self.sqs.len() {
+            self.set_sq_event(qid as u16, sleeping);
         }
         // Pairs with the host's fence between its shadow write and its event index read.
         fence(Ordering::SeqCst);
+    }
+
+    /// The event index of shadowed SQ `qid`, as [`Device::set_event_indexes`] says.
+    fn set_sq_event(&self, qid: u16, sleeping: bool) {
+        let Some((_, events)) = self.dbbuf else { return };
+        let Some(sq) = self.sqs.get(qid as usize).and_then(Option::as_ref).filter(|s| s.shadow) else {
+            return;
+        };
+        let v = if sleeping { sq.head } else { (sq.head + sq.size - 1) % sq.size };
+        if let Some(p) = host(events + u64::from(qid) * 8, 4) {
+            // SAFETY: reachable host memory, 4-aligned.
+            unsafe { (*(p as *const AtomicU32)).store(u32::from(v), Ordering::Release) };
+        }
     }
 
     /// The event index of shadowed CQ `cqid`: one behind the host's head, so the host never
@@ -286,6 +311,7 @@ impl Device {
             cq.tail = 0;
             cq.phase = !cq.phase;
         }
+        self.sh.completions.fetch_add(1, Ordering::Release);
     }
 
     /// Posts a completion of `cid` from `sqid` with this lap's phase (or the wrong one).
@@ -386,6 +412,9 @@ impl Device {
             }
         }
         if n > 0 {
+            // Still polling: keep both event indexes just behind, so the host writes neither
+            // register while the thread is awake.
+            self.set_sq_event(qid, false);
             self.quiet_cq_event(cqid);
         }
         n > 0

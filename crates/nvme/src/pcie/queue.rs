@@ -19,6 +19,7 @@ use fp_nvmf::spec::{Sqe, Status};
 use super::function::{Bar, DmaMemory, PciFunction};
 use super::prp::{self, Unfit, PAGE, PRP_LIST_ENTRIES, SGL_SEGMENT_DESCRIPTORS};
 use super::ring::{CqRing, Doorbell, ShadowPages, SqRing};
+use crate::cid::CidTable;
 use crate::cmd::SqeExt;
 use crate::regs;
 use crate::transport::{IoQueue, QueueStats};
@@ -29,13 +30,12 @@ const NO_BOUNCE: u16 = u16::MAX;
 /// ones; a BAR read costs a round trip to the device, so not on every poll).
 const CSTS_CHECK_EVERY: u32 = 256;
 
+/// What the queue keeps per command slot beside the command-id table: where the command sits
+/// in the submission ring and its bounce buffer.
 #[derive(Clone, Copy)]
-struct Slot {
-    tag: u32,
-    submitted: u64,
+struct Side {
     sq_pos: u16,
     bounce: u16,
-    busy: bool,
 }
 
 /// Buffers of the queue's own DMA memory for requests whose memory the device cannot reach.
@@ -96,9 +96,8 @@ pub struct PcieIoQueue<F: PciFunction> {
     sq_db: Doorbell<F>,
     cq_db: Doorbell<F>,
     cq_told: u16,
-    slots: Box<[Slot]>,
-    free: Vec<u16>,
-    in_flight: usize,
+    cids: CidTable,
+    side: Box<[Side]>,
     lists: DmaMemory,
     translator: Translator,
     sgl: bool,
@@ -109,6 +108,16 @@ pub struct PcieIoQueue<F: PciFunction> {
     orphaned: Vec<u32>,
     bar: Bar,
     idle_polls: u32,
+    /// The submission time of the batch being built ([`ticks::now`]), read at its first submit.
+    stamp: u64,
+    stamp_fresh: bool,
+}
+
+/// A command's data pointer: PRP1 and PRP2, or one SGL descriptor.
+#[derive(Clone, Copy)]
+enum DataPointer {
+    Prp(u64, u64),
+    Sgl([u8; 16]),
 }
 
 impl<F: PciFunction> PcieIoQueue<F> {
@@ -124,10 +133,8 @@ impl<F: PciFunction> PcieIoQueue<F> {
             sq: mem.sq,
             cq: mem.cq,
             cq_told: 0,
-            slots: vec![Slot { tag: 0, submitted: 0, sq_pos: 0, bounce: NO_BOUNCE, busy: false }; cids]
-                .into(),
-            free: (0..cids as u16).rev().collect(),
-            in_flight: 0,
+            cids: CidTable::new(cids as u16),
+            side: vec![Side { sq_pos: 0, bounce: NO_BOUNCE }; cids].into(),
             lists: DmaMemory::new(cids * PAGE)?,
             translator: memory_map().translator(),
             sgl: p.sgl,
@@ -141,33 +148,28 @@ impl<F: PciFunction> PcieIoQueue<F> {
             dead: None,
             orphaned: Vec::with_capacity(cids),
             idle_polls: 0,
+            stamp: 0,
+            stamp_fresh: false,
         })
     }
 
-    /// Builds the data pointer of command `cid` into `entry` from the caller's memory, or
-    /// returns why it must be bounced.
+    /// Builds the data pointer of the command in slot `slot` from the caller's memory, or returns why it
+    /// must be bounced.
     #[inline]
-    fn describe(&mut self, entry: &mut Sqe, cid: u16, iov: &[libc::iovec]) -> Result<(), Unfit> {
-        let off = cid as usize * PAGE;
+    fn describe(&mut self, slot: usize, iov: &[libc::iovec]) -> Result<DataPointer, Unfit> {
+        let off = slot * PAGE;
         let page_iova = self.lists.iova() + off as u64;
-        // SAFETY: page `cid` of the list memory is this command's alone while it is in
+        // SAFETY: page `slot` of the list memory is this command's alone while it is in
         // flight; u64 and 16-byte arrays fit its alignment and size.
         let page = unsafe { self.lists.as_ptr().add(off) };
         // SAFETY: as above.
         let list = unsafe { &mut *(page as *mut [u64; PRP_LIST_ENTRIES]) };
         match prp::build_prps(iov, &mut self.translator, list, page_iova) {
-            Ok((p1, p2)) => {
-                entry.set_psdt(0);
-                entry.set_prp(p1, p2);
-                Ok(())
-            }
+            Ok((p1, p2)) => Ok(DataPointer::Prp(p1, p2)),
             Err(Unfit::Shape) if self.sgl => {
                 // SAFETY: as above.
                 let seg = unsafe { &mut *(page as *mut [[u8; 16]; SGL_SEGMENT_DESCRIPTORS]) };
-                let d = prp::build_sgl(iov, &mut self.translator, seg, page_iova)?;
-                entry.set_psdt(1);
-                entry.set_sgl(d);
-                Ok(())
+                Ok(DataPointer::Sgl(prp::build_sgl(iov, &mut self.translator, seg, page_iova)?))
             }
             Err(e) => Err(e),
         }
@@ -179,10 +181,10 @@ impl<F: PciFunction> PcieIoQueue<F> {
     /// As [`IoQueue::submit`]'s.
     unsafe fn bounce_in(
         &mut self,
-        entry: &mut Sqe,
-        cid: u16,
+        opcode: u8,
+        slot: usize,
         iov: &[libc::iovec],
-    ) -> Result<u16, SubmitError> {
+    ) -> Result<(DataPointer, u16), SubmitError> {
         let total: usize = iov.iter().map(|v| v.iov_len).sum();
         if total > self.bounce.slot_len {
             return Err(SubmitError::Unsupported);
@@ -191,7 +193,6 @@ impl<F: PciFunction> PcieIoQueue<F> {
         let off = b as usize * self.bounce.slot_len;
         // SAFETY: buffer `b` is this request's alone until its completion.
         let dst = unsafe { self.bounce.mem.as_ptr().add(off) };
-        let opcode = entry.opcode();
         let copy_back = &mut self.bounce.copy_back[b as usize];
         copy_back.clear();
         let mut at = 0;
@@ -209,13 +210,13 @@ impl<F: PciFunction> PcieIoQueue<F> {
             at += v.iov_len;
         }
         let one = [libc::iovec { iov_base: dst as *mut libc::c_void, iov_len: total }];
-        if self.describe(entry, cid, &one).is_err() {
+        let Ok(d) = self.describe(slot, &one) else {
             // The bounce memory is registered and contiguous: PRPs always describe it.
             self.bounce.free.push(b);
             return Err(SubmitError::Unsupported);
-        }
+        };
         self.stats.bounced += 1;
-        Ok(b)
+        Ok((d, b))
     }
 
     fn release_bounce(&mut self, b: u16, copy: bool) {
@@ -250,24 +251,21 @@ impl<F: PciFunction> PcieIoQueue<F> {
             return Err(NvmeError::Protocol(format!("completion for SQ {} on queue {}", c.sqid, self.qid)));
         }
         self.sq.update_head(c.sqhd)?;
-        let Some(slot) = self.slots.get(c.cid as usize).copied().filter(|s| s.busy) else {
+        // Unknown, of an old generation, or completed already: refused by the table.
+        let side = self.side.get(self.cids.slot(c.cid)).copied();
+        let tag = self.cids.complete(c.cid)?;
+        let side = side.unwrap_or(Side { sq_pos: 0, bounce: NO_BOUNCE });
+        if self.sq.unfetched(side.sq_pos) {
+            // The queue dies; the command goes back with the others through `drain`.
+            self.orphaned.push(tag);
             return Err(NvmeError::Protocol(format!(
-                "completion for command {} not in flight on queue {}",
-                c.cid, self.qid
-            )));
-        };
-        if self.sq.unfetched(slot.sq_pos) {
-            return Err(NvmeError::Protocol(format!(
-                "completion for command {} the controller has not fetched (queue {})",
+                "completion for command {:#x} the controller has not fetched (queue {})",
                 c.cid, self.qid
             )));
         }
-        self.slots[c.cid as usize].busy = false;
-        self.free.push(c.cid);
-        self.in_flight -= 1;
         self.stats.completed += 1;
-        self.release_bounce(slot.bounce, c.status.is_success());
-        out.push((slot.tag, c.status));
+        self.release_bounce(side.bounce, c.status.is_success());
+        out.push((tag, c.status));
         Ok(())
     }
 
@@ -291,30 +289,50 @@ impl<F: PciFunction> IoQueue for PcieIoQueue<F> {
     /// A dead queue answers [`SubmitError::Busy`] (its owner drains it on the poll error).
     #[inline]
     unsafe fn submit(&mut self, sqe: &Sqe, iov: &[libc::iovec], tag: u32) -> Result<(), SubmitError> {
-        let Some(&cid) = self.free.last() else {
-            return Err(SubmitError::Busy);
-        };
-        if self.dead.is_some() || self.sq.full() {
+        if self.dead.is_some() || self.sq.full() || self.cids.is_full() {
             return Err(SubmitError::Busy);
         }
-        // Built on a copy: the ring entry is written only once the command is sure to go.
-        let mut entry = *sqe;
-        entry.set_cid(cid);
-        let bounce = match self.describe(&mut entry, cid, iov) {
-            Ok(()) => NO_BOUNCE,
+        // One clock read per batch: a command's submission time is its batch's first submit
+        // (the same poll round), ample for timeouts of milliseconds and more.
+        if !self.stamp_fresh {
+            self.stamp = ticks::now();
+            self.stamp_fresh = true;
+        }
+        let cid = self.cids.alloc(tag, self.stamp).ok_or(SubmitError::Busy)?;
+        let slot = self.cids.slot(cid);
+        let (dptr, bounce) = match self.describe(slot, iov) {
+            Ok(d) => (d, NO_BOUNCE),
             // SAFETY: forwarded from the caller.
-            Err(_) => unsafe { self.bounce_in(&mut entry, cid, iov)? },
+            Err(_) => match unsafe { self.bounce_in(sqe.opcode(), slot, iov) } {
+                Ok(b) => b,
+                Err(e) => {
+                    // Not sent: the slot goes back (its next id has a new generation).
+                    let _ = self.cids.complete(cid);
+                    return Err(e);
+                }
+            },
         };
-        let (_, pos) = self.sq.push(&entry);
-        self.slots[cid as usize] = Slot { tag, submitted: ticks::now(), sq_pos: pos, bounce, busy: true };
-        self.free.pop();
-        self.in_flight += 1;
+        // The ring entry is written only once the command is sure to go.
+        let (entry, pos) = self.sq.push(sqe);
+        entry.set_cid(cid);
+        match dptr {
+            DataPointer::Prp(p1, p2) => {
+                entry.set_psdt(0);
+                entry.set_prp(p1, p2);
+            }
+            DataPointer::Sgl(d) => {
+                entry.set_psdt(1);
+                entry.set_sgl(d);
+            }
+        }
+        self.side[slot] = Side { sq_pos: pos, bounce };
         self.stats.submitted += 1;
         Ok(())
     }
 
     #[inline]
     fn flush(&mut self) {
+        self.stamp_fresh = false;
         if let Some((old, new)) = self.sq.pending() {
             if self.dead.is_none() && self.sq_db.ring(old, new, self.sq.size()) {
                 self.stats.doorbells += 1;
@@ -348,7 +366,7 @@ impl<F: PciFunction> IoQueue for PcieIoQueue<F> {
             }
             self.cq_told = new;
         }
-        if n == 0 && self.in_flight > 0 {
+        if n == 0 && self.cids.in_flight() > 0 {
             self.idle_polls += 1;
             if self.idle_polls % CSTS_CHECK_EVERY == 0 {
                 self.check_status()?;
@@ -360,29 +378,18 @@ impl<F: PciFunction> IoQueue for PcieIoQueue<F> {
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight
+        self.cids.in_flight()
     }
 
     fn expired(&self, submitted_before: u64, out: &mut Vec<(u16, u32)>) {
-        for (cid, s) in self.slots.iter().enumerate() {
-            if s.busy && s.submitted < submitted_before {
-                out.push((cid as u16, s.tag));
-            }
-        }
+        self.cids.expired(submitted_before, out);
     }
 
+    /// Bounce buffers of drained commands are not handed out again (the device may still
+    /// write them): a drained queue is not used again.
     fn drain(&mut self, out: &mut Vec<u32>) {
-        for cid in 0..self.slots.len() {
-            let s = self.slots[cid];
-            if s.busy {
-                self.slots[cid].busy = false;
-                // Its bounce buffer is not handed out again: the device may still write it.
-                out.push(s.tag);
-            }
-        }
+        self.cids.drain(out);
         out.append(&mut self.orphaned);
-        self.in_flight = 0;
-        self.free.clear();
         if self.dead.is_none() {
             self.dead = Some(Dead::Protocol("the queue was drained".into()));
         }
