@@ -1,0 +1,210 @@
+//! NVMe in the TCG guest (tests/guest/, docs/guest-tests.md): QEMU's emulated NVMe controller
+//! on a raw image, behind an emulated IOMMU (q35, `intel-iommu`, the guest's `intel_iommu=on`),
+//! and the Linux kernel's NVMe/TCP target (nvmet over configfs) reached from the host's
+//! loopback through a `hostfwd` on a `restrict=on` user network. The guest's `nvme` scenario
+//! (tests/guest/init) writes a pattern through the kernel's nvme driver, hands the function to
+//! vfio-pci (its IOMMU group's /dev/vfio/N appears), configures nvmet-tcp on a file in its RAM
+//! and then takes the host's commands on the console.
+//!
+//! The host checks that the guest's NVMe/TCP target answers an Initialize Connection Request
+//! on the forwarded port, then connects to it with the tests' minimal NVMe/TCP host
+//! (common/nvme_tcp.rs), reads the pattern the guest put in the namespace's file and writes
+//! one the guest then finds there; after QEMU exited, the pattern the guest wrote through the
+//! kernel's nvme driver in the raw image, and that QEMU's doorbell trace events counted that
+//! driver's I/O queue doorbells.
+//!
+//! One boot in this binary. It runs with the other guest tests (`./run test`, one at a time);
+//! the module is `guest_vm` so that the step running everything else skips it. Without QEMU it
+//! fails under `CI=true` and is skipped elsewhere.
+
+mod common;
+
+mod guest_vm {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    use super::common::guest::{self, count_doorbells, DiskOp, NvmeDevice, Vm, VmConfig, EXIT_TIMEOUT};
+    use super::common::nbd::free_port;
+    use super::common::nvme_tcp::Host;
+    use super::common::{assert_same, pattern};
+
+    const MIB: u64 = 1 << 20;
+    const SERIAL: &str = "FPNVME0001";
+    const NQN: &str = "nqn.2016-06.io.flashpath:guest-nvmet";
+    const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:f1a5c0de-0000-4000-8000-000000000025";
+    /// The guest's `op` lines for the emulated controller's namespace.
+    const OPS: &str = "nvme";
+    /// The size of the file the guest's nvmet namespace is on.
+    const NVMET_SIZE: u64 = 16 * MIB;
+
+    /// An NVMe/TCP Initialize Connection Request (NVMe/TCP transport spec 1.0, 3.6.2.2): the
+    /// common header (PDU type 00h, no flags, HLEN = PLEN = 128, PDO 0), PFV 0, HPDA 0, no
+    /// digests, MAXR2T 0 (one R2T outstanding); the rest reserved.
+    fn ic_req() -> [u8; 128] {
+        let mut pdu = [0u8; 128];
+        pdu[2] = 128; // HLEN
+        pdu[4..8].copy_from_slice(&128u32.to_le_bytes()); // PLEN
+        pdu
+    }
+
+    /// Connects to the guest's nvmet-tcp through the forwarded port and checks its
+    /// Initialize Connection Response (3.6.2.3): PDU type 01h, HLEN = PLEN = 128, PFV 0, no
+    /// digests (none asked for), and MAXH2CDATA at least 4096 (the spec's minimum). Returns
+    /// MAXH2CDATA. QEMU's user network accepts the connection before the guest has answered,
+    /// so an early refusal shows as a closed stream: retried for a while.
+    fn ic_exchange(port: u16) -> u32 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let attempt = || -> std::io::Result<[u8; 128]> {
+                let mut s = TcpStream::connect(("127.0.0.1", port))?;
+                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                s.write_all(&ic_req())?;
+                let mut resp = [0u8; 128];
+                s.read_exact(&mut resp)?;
+                Ok(resp)
+            };
+            match attempt() {
+                Ok(resp) => {
+                    assert_eq!(resp[0], 0x01, "PDU type of the answer to ICReq: {resp:02x?}");
+                    assert_eq!(resp[2], 128, "ICResp HLEN: {resp:02x?}");
+                    assert_eq!(u32::from_le_bytes(resp[4..8].try_into().unwrap()), 128, "ICResp PLEN");
+                    assert_eq!(u16::from_le_bytes([resp[8], resp[9]]), 0, "ICResp PFV");
+                    assert_eq!(resp[11], 0, "ICResp DGST: digests nobody asked for");
+                    let maxh2cdata = u32::from_le_bytes(resp[12..16].try_into().unwrap());
+                    assert!(maxh2cdata >= 4096, "ICResp MAXH2CDATA {maxh2cdata} < 4096");
+                    return maxh2cdata;
+                }
+                Err(e) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "no ICResp from the guest's nvmet-tcp: {e}"
+                    );
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn emulated_nvme_behind_the_iommu_goes_to_vfio_pci_and_the_kernel_nvmet_tcp_answers() {
+        if !guest::available() {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let size = 64 * MIB;
+        let image = dir.path().join("nvme.img");
+        std::fs::File::create(&image).and_then(|f| f.set_len(size)).expect("creating the NVMe image");
+        let trace = dir.path().join("nvme-trace.log");
+        let port = free_port();
+        let cfg = VmConfig {
+            nvme: Some(NvmeDevice {
+                image: image.clone(),
+                serial: SERIAL.into(),
+                trace: Some(trace.clone()),
+            }),
+            hostfwd: Some(port),
+            console_input: true,
+            kernel_args: vec![format!("fp.nvme.serial={SERIAL}"), format!("fp.nvme.nqn={NQN}")],
+            ..VmConfig::new("nvme", Vec::new())
+        };
+        let mut vm = Vm::boot(&cfg, dir.path());
+        vm.wait_for("nvmet-tcp", |l| l.contains("nvme nvmet ready"), guest::BOOT_TIMEOUT);
+
+        let maxh2cdata = ic_exchange(port);
+        eprintln!("guest 'nvme': the kernel's nvmet-tcp answered ICReq on 127.0.0.1:{port} (MAXH2CDATA {maxh2cdata})");
+        // An NVMe/TCP host on the host's loopback: the namespace's block size from Identify,
+        // the guest's pattern read back, a pattern of ours written, read back, and found by the
+        // guest in the namespace's file.
+        let addr = format!("127.0.0.1:{port}");
+        let mut host = Host::connect(&addr, NQN, HOSTNQN).expect("connecting to the guest's nvmet-tcp");
+        let (c, id) = host.admin.identify_namespace(1).expect("Identify Namespace 1");
+        assert_eq!(c.status, 0, "Identify Namespace 1: {c:?}");
+        // NVM Command Set 1.0, Identify Namespace: NSZE at 0, FLBAS at 26 (format index in bits
+        // 3:0), the LBA formats from 128, four bytes each, LBADS (log2 of the block size) the
+        // third byte.
+        let nsze = u64::from_le_bytes(id[0..8].try_into().unwrap());
+        let lbads = id[128 + 4 * (id[26] & 0xf) as usize + 2];
+        let bs = 1usize << lbads;
+        assert_eq!(
+            nsze * bs as u64,
+            NVMET_SIZE,
+            "the nvmet namespace's size (NSZE {nsze}, {bs}-byte blocks)"
+        );
+        let blocks_per_io = (4096 / bs).max(1) as u16;
+        let io = bs * blocks_per_io as usize;
+        let mut got = Vec::new();
+        for lba in (0..MIB / bs as u64).step_by(blocks_per_io as usize) {
+            let (c, data) = host.io.read(1, lba, bs, blocks_per_io).expect("read over NVMe/TCP");
+            assert_eq!(c.status, 0, "read of LBA {lba}: {c:?}");
+            got.extend_from_slice(&data);
+        }
+        assert_same("the guest's pattern read over NVMe/TCP", 0, &got, &pattern(61, 0, MIB as usize));
+        let (off, len) = (2 * MIB, 256 * 1024u64);
+        let want = pattern(62, off, len as usize);
+        for (i, chunk) in want.chunks(io).enumerate() {
+            let lba = (off as usize + i * io) / bs;
+            let c = host.io.write(1, lba as u64, bs, chunk).expect("write over NVMe/TCP");
+            assert_eq!(c.status, 0, "write of LBA {lba}: {c:?}");
+        }
+        let (c, back) = host.io.read(1, off / bs as u64, bs, blocks_per_io).expect("read back");
+        assert_eq!(c.status, 0, "read back: {c:?}");
+        assert_same("a block written over NVMe/TCP, read back", off, &back, &want[..io]);
+        drop(host);
+        vm.send_line(&format!("verify 0 {MIB} 61"));
+        vm.wait_for("the guest's verify", |l| l.contains("nvme nvmet verified 0 "), guest::BOOT_TIMEOUT);
+        vm.send_line(&format!("verify {off} {len} 62"));
+        vm.wait_for(
+            "the guest's verify",
+            |l| l.contains(&format!("nvme nvmet verified {off} ")),
+            guest::BOOT_TIMEOUT,
+        );
+        vm.send_line("done");
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        eprintln!("guest 'nvme': PASS after {:.1?}", r.time);
+        let r = vm.whole_result(&r);
+        for l in &r.info {
+            eprintln!("guest 'nvme': {l}");
+        }
+
+        // The kernel's driver had the function first, and the namespace is the image.
+        let k = r.fields("nvme kernel");
+        assert_eq!(k.get("class").map(String::as_str), Some("0x010802"), "the function's class: {k:?}");
+        assert_eq!(k.get("driver").map(String::as_str), Some("nvme"), "{k:?}");
+        assert_eq!(k.get("size"), Some(&size.to_string()), "the namespace's size: {k:?}");
+        // Then vfio-pci, with its group's character device.
+        let v = r.fields("nvme vfio");
+        assert_eq!(v.get("addr"), k.get("addr"), "{v:?} vs {k:?}");
+        assert_eq!(v.get("driver").map(String::as_str), Some("vfio-pci"), "{v:?}");
+        let addr = k.get("addr").expect("addr");
+        let members = v.get("group_devices").expect("group_devices");
+        assert!(members.split(',').any(|m| m == addr), "{addr} is not in its own IOMMU group: {v:?}");
+        let t = r.fields("nvme nvmet ready");
+        assert_eq!(t.get("nqn").map(String::as_str), Some(NQN), "{t:?}");
+
+        // The write through the kernel's driver is in the raw image, and nothing else is.
+        let ops = r.ops(OPS);
+        assert_eq!(ops.len(), 1, "{ops:?}");
+        let img = std::fs::read(&image).expect("reading the NVMe image");
+        assert_eq!(img.len() as u64, size);
+        let want = guest::expected_contents(size, &ops);
+        let DiskOp::Write { offset, len, .. } = ops[0] else { panic!("unexpected op {:?}", ops[0]) };
+        assert_same("the image after the guest's writes", 0, &img, &want);
+        assert_same(
+            "the kernel driver's write",
+            offset,
+            &img[offset as usize..][..len as usize],
+            &pattern(60, offset, len as usize),
+        );
+
+        // QEMU traced the I/O queues' doorbells: the kernel's driver rang at least one submission
+        // doorbell per command it sent (boot's partition scan, the write and its read-back).
+        let (sq, cq) = count_doorbells(&trace);
+        eprintln!(
+            "guest 'nvme': QEMU traced {sq} submission and {cq} completion doorbell writes on I/O queues"
+        );
+        assert!(sq >= 2 && cq >= 2, "doorbells in {}: sq {sq} cq {cq}", trace.display());
+    }
+}
