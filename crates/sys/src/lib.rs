@@ -15,6 +15,7 @@ mod poll;
 mod signal;
 mod socket;
 mod sysinfo;
+pub mod vfio;
 
 pub use affinity::{allowed_cpus, first_allowed_cpu, pin_thread, CPU_SETSIZE};
 pub use eventfd::{eventfd, eventfd_clear, eventfd_signal};
