@@ -1,15 +1,25 @@
 //! Heap buffers aligned for `O_DIRECT`: what a frontend or layer that owns its data buffers
 //! (the NBD server, the volume store's metadata I/O) hands to any backend.
+//!
+//! Each buffer is registered in the process's DMA map ([`crate::dma`]) while it lives, so a
+//! driver that hands addresses to a device (NVMe over PCIe) reaches it without a bounce copy.
+//! Buffers are made per connection slot or per owner, not per I/O: the registration (a lock
+//! and a copy of the region list) stays off the data path.
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::dma::memory_map;
 
 /// The alignment: a page, which satisfies every device's `O_DIRECT` rules.
 pub const BUF_ALIGN: usize = 4096;
 
-/// A zero-initialised, page-aligned heap buffer of a fixed length.
+/// A zero-initialised, page-aligned heap buffer of a fixed length, whole pages allocated.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    /// Its IOVA in the DMA map; `None` when the map refused it (logged, counted there).
+    iova: Option<u64>,
 }
 
 // SAFETY: the buffer owns its allocation exclusively, like a Vec<u8>.
@@ -22,11 +32,29 @@ impl AlignedBuf {
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, len }
+        // Whole pages are ours (the layout's size), so registering them exposes no other
+        // allocation to a device.
+        let iova = match memory_map().register(ptr.as_ptr() as usize, layout.size()) {
+            Ok(iova) => Some(iova),
+            Err(e) => {
+                static WARNED: AtomicBool = AtomicBool::new(false);
+                if !WARNED.swap(true, Ordering::Relaxed) {
+                    log::warn!("a buffer could not be registered for DMA (devices get a copy): {e}");
+                }
+                None
+            }
+        };
+        AlignedBuf { ptr, len, iova }
     }
 
     fn layout(len: usize) -> std::alloc::Layout {
-        std::alloc::Layout::from_size_align(len.max(BUF_ALIGN), BUF_ALIGN).expect("valid layout")
+        std::alloc::Layout::from_size_align(len.next_multiple_of(BUF_ALIGN).max(BUF_ALIGN), BUF_ALIGN)
+            .expect("valid layout")
+    }
+
+    /// The I/O virtual address of byte 0 in the DMA map ([`crate::dma`]), if it is registered.
+    pub fn iova(&self) -> Option<u64> {
+        self.iova
     }
 
     /// Length in bytes, as asked for.
@@ -64,6 +92,13 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        // Devices lose it before the allocator may hand it out again.
+        if self.iova.is_some() {
+            if let Err(e) = memory_map().unregister(self.ptr.as_ptr() as usize, Self::layout(self.len).size())
+            {
+                log::error!("unregistering a buffer from the DMA map: {e}");
+            }
+        }
         // SAFETY: allocated in `zeroed` with this layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) };
     }
@@ -82,5 +117,21 @@ mod tests {
             b.as_mut_slice().fill(7);
             assert_eq!(b.as_slice().len(), len);
         }
+    }
+
+    #[test]
+    fn buffers_are_in_the_dma_map_while_they_live() {
+        let mut t = memory_map().translator();
+        let b = AlignedBuf::zeroed(5000);
+        let base = b.as_ptr() as usize;
+        let iova = b.iova().expect("registered");
+        // The whole allocation (two pages) translates, the iova of byte 0 first.
+        assert_eq!(t.translate(base, 5000), Some(iova));
+        assert_eq!(t.translate(base + 8191, 1), Some(iova + 8191));
+        assert_eq!(memory_map().vaddr_of(iova + 100, 8), Some(base + 100));
+        drop(b);
+        // Other tests may reuse the address at once, but not this IOVA for this range unless
+        // they registered it again: check the range as it was is gone.
+        assert!(memory_map().regions().iter().all(|r| !(r.vaddr == base && r.iova == iova && r.len == 8192)));
     }
 }

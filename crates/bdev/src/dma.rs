@@ -106,6 +106,22 @@ pub struct MemoryMap {
     published: Mutex<Arc<Vec<DmaRegion>>>,
     /// Bumped after each change, so a translator reloads only then.
     generation: AtomicU64,
+    /// Registrations refused (overlap, no IOVA space, a listener's map failed).
+    failed: AtomicU64,
+}
+
+/// What the map holds now, and how often it refused (`MemoryMap::stats`): memory outside it
+/// is bounced by a driver that needs an IOVA, so refusals cost a copy per request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DmaStats {
+    /// Regions registered.
+    pub regions: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Listeners (IOMMU containers) mapping them.
+    pub listeners: u64,
+    /// Registrations refused since the start.
+    pub failed_registrations: u64,
 }
 
 /// The process's map.
@@ -126,6 +142,18 @@ impl MemoryMap {
             state: Mutex::new(State { next_iova: IOVA_BASE, ..State::default() }),
             published: Mutex::new(Arc::new(Vec::new())),
             generation: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    /// What the map holds and how often it refused.
+    pub fn stats(&self) -> DmaStats {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        DmaStats {
+            regions: st.entries.len() as u64,
+            bytes: st.entries.iter().map(|e| e.region.len as u64).sum(),
+            listeners: st.listeners.len() as u64,
+            failed_registrations: self.failed.load(Ordering::Relaxed),
         }
     }
 
@@ -134,6 +162,14 @@ impl MemoryMap {
     /// reference; any other overlap is refused. The memory must stay mapped until the matching
     /// [`MemoryMap::unregister`].
     pub fn register(&self, vaddr: usize, len: usize) -> Result<u64, DmaError> {
+        let r = self.register_inner(vaddr, len);
+        if r.is_err() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn register_inner(&self, vaddr: usize, len: usize) -> Result<u64, DmaError> {
         let (start, span) = page_span(vaddr, len);
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let at = st.entries.partition_point(|e| e.region.vaddr + e.region.len <= start);
@@ -361,6 +397,12 @@ mod tests {
         assert!(matches!(map.register(b.as_ptr() as usize, 2 * DMA_PAGE), Err(DmaError::Map(_))));
         assert_eq!(map.regions().len(), 1);
         assert_eq!(map.translator().translate(b.as_ptr() as usize, 8), None);
+        let st = map.stats();
+        assert_eq!(
+            (st.regions, st.bytes, st.listeners, st.failed_registrations),
+            (1, DMA_PAGE as u64, 1, 1),
+            "the refusal is counted"
+        );
     }
 
     #[test]

@@ -1,1 +1,13 @@
-//! Namespaces as block devices (core).
+//! Namespaces as block devices: [`NvmeNamespace`] (bdev `<controller>n<nsid>`, driver
+//! "nvme") and its channel, one I/O queue pair per channel. docs/nvme.md, "Namespaces".
+//!
+//! * `namespace`: the device;
+//! * `channel`: the channel (splitting, batching, resubmission across resets, timeouts);
+//! * `status`: NVMe status to errno.
+
+mod channel;
+mod namespace;
+mod status;
+
+pub(crate) use namespace::NamespaceBackend;
+pub use namespace::NvmeNamespace;

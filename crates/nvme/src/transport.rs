@@ -37,6 +37,24 @@ pub trait Transport: Send + Sync + 'static {
     /// SPDK's `traddr` (a PCI address, an IP address), for `bdev_nvme_get_controllers`.
     fn traddr(&self) -> String;
 
+    /// The whole transport ID as `bdev_nvme_get_controllers` shows it; by default `trtype`
+    /// and `traddr` alone (a TCP transport adds `adrfam`, `trsvcid`, `subnqn`).
+    fn trid(&self) -> TransportId {
+        TransportId { trtype: self.trtype().to_string(), traddr: self.traddr(), ..TransportId::default() }
+    }
+
+    /// The host's identity on the controller (NVMe-oF: the host NQN and the local address
+    /// and port of the admin connection), for `bdev_nvme_get_controllers`' `host`.
+    fn host(&self) -> HostId {
+        HostId::default()
+    }
+
+    /// The transport's own bound on one command's transfer in bytes (a bounce buffer's size,
+    /// a PRP list's reach), below Identify Controller's MDTS; `None`: MDTS alone.
+    fn max_transfer(&self) -> Option<u32> {
+        None
+    }
+
     /// Connects the admin queue (`depth` entries) and enables the controller: afterwards
     /// CSTS.RDY is 1 and Identify works. PCIe (Base 3.5.1): CC.EN=0 and wait for RDY=0,
     /// AQA/ASQ/ACQ, CC with the queue entry sizes and EN=1, wait for RDY=1 within CAP.TO.
@@ -58,6 +76,36 @@ pub trait Transport: Send + Sync + 'static {
     /// Shuts the controller down cleanly (CC.SHN normal, wait for CSTS.SHST complete) before
     /// a detach. Best effort: a controller already gone is not an error worth reporting.
     fn shutdown(&self, admin: &mut Self::Admin, timeout: Duration);
+}
+
+/// SPDK's transport ID, as `bdev_nvme_get_controllers` shows it (`trid`); empty fields are
+/// left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TransportId {
+    /// "PCIe" or "TCP".
+    pub trtype: String,
+    /// "IPv4" or "IPv6" (TCP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adrfam: Option<String>,
+    /// The PCI address or the IP address.
+    pub traddr: String,
+    /// The port (TCP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trsvcid: Option<String>,
+    /// The subsystem NQN (TCP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subnqn: Option<String>,
+}
+
+/// The host's side of a controller association (`bdev_nvme_get_controllers`' `host`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HostId {
+    /// The host NQN.
+    pub nqn: String,
+    /// The local address.
+    pub addr: String,
+    /// The local port.
+    pub svcid: String,
 }
 
 /// A controller's admin queue. Lives on the controller's control-plane thread: commands are
@@ -88,7 +136,7 @@ pub trait AdminQueue: Send {
 }
 
 /// Counters an I/O queue keeps, read by its owner (the channel) for statistics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QueueStats {
     /// Commands submitted.
     pub submitted: u64,

@@ -150,6 +150,29 @@ impl Connect {
     }
 }
 
+// ---- host side: the other fabrics commands a host sends on its admin queue (Fabrics 3.5 and
+// 3.6): Property Get and Property Set, as `crate::properties` reads them.
+
+/// Property Get (Fabrics 3.6, Figure 27) of the property at `offset`, 8 bytes if `eight`.
+/// The completion carries the value in dwords 0 and 1.
+pub fn property_get(offset: u32, eight: bool) -> Sqe {
+    let mut s = Sqe([0; SQE_LEN]);
+    s.0[0] = OPC_FABRICS;
+    s.0[1] = 0x40; // PSDT: SGL
+    s.0[4] = FCTYPE_PROPERTY_GET;
+    s.0[40] = u8::from(eight); // ATTRIB: size
+    s.0[44..48].copy_from_slice(&offset.to_le_bytes());
+    s
+}
+
+/// Property Set (Fabrics 3.5, Figure 25) of `value` into the property at `offset`.
+pub fn property_set(offset: u32, value: u64, eight: bool) -> Sqe {
+    let mut s = property_get(offset, eight);
+    s.0[4] = FCTYPE_PROPERTY_SET;
+    s.0[48..56].copy_from_slice(&value.to_le_bytes());
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +237,17 @@ mod tests {
         assert_eq!(Connect::parse(&sqe, &data).unwrap_err().dw0, CMD_SQSIZE as u32);
         sqe.0[4] = FCTYPE_PROPERTY_GET;
         assert_eq!(Connect::parse(&sqe, &data).unwrap_err().status.sc, SC_COMMAND_SEQUENCE_ERROR);
+    }
+
+    #[test]
+    fn host_property_commands_read_back() {
+        use crate::properties::PropertyAccess;
+        let s = property_set(0x14, 0x46_0001, false);
+        assert_eq!((s.opcode(), s.fctype()), (OPC_FABRICS, FCTYPE_PROPERTY_SET));
+        let a = PropertyAccess::from_sqe(&s);
+        assert_eq!((a.eight_bytes, a.offset, a.value), (false, 0x14, 0x46_0001));
+        let g = property_get(0, true);
+        assert_eq!(g.fctype(), FCTYPE_PROPERTY_GET);
+        assert!(PropertyAccess::from_sqe(&g).eight_bytes);
     }
 }

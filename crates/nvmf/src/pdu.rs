@@ -461,6 +461,51 @@ pub fn write_c2h_term_req(
     plen
 }
 
+// ---- host side: what an NVMe/TCP host (fp-nvme's TCP transport) needs beyond the target's
+// encoders above: the ICResp checked, and the data pointer of a command capsule.
+
+/// The smallest MAXH2CDATA a controller may offer (TCP 3.6.2.2: at least 4096).
+pub const MIN_MAXH2CDATA: u32 = 4096;
+
+impl IcResp {
+    /// Checks an ICResp as a host reads it (after [`check_header`] with no digests): PDU format
+    /// version 0, CPDA at most 31, MAXH2CDATA at least 4096 and a multiple of 4, and digests
+    /// only among those the host asked for (`asked`).
+    pub fn parse_checked(h: &[u8; IC_LEN], asked: Digests) -> Result<IcResp, PduError> {
+        if h[0] != PDU_IC_RESP {
+            return Err(bad_field(0, "not an ICResp"));
+        }
+        if u16_at(h, 8) != PFV {
+            return Err(PduError {
+                fes: FES_UNSUPPORTED_PARAMETER,
+                fei: 8,
+                what: "unsupported PDU format version",
+            });
+        }
+        let r = IcResp::parse(h);
+        if r.cpda > 31 {
+            return Err(bad_field(10, "CPDA above 31"));
+        }
+        if (r.digests.header && !asked.header) || (r.digests.data && !asked.data) {
+            return Err(bad_field(11, "a digest the host did not ask for"));
+        }
+        if r.maxh2cdata < MIN_MAXH2CDATA || !r.maxh2cdata.is_multiple_of(4) {
+            return Err(bad_field(12, "MAXH2CDATA below 4096 or not a multiple of 4"));
+        }
+        Ok(r)
+    }
+}
+
+/// A command capsule's SGL descriptor (Base 4.1.2, TCP 3.3.2): `kind` [`crate::spec::SGL_IN_CAPSULE`]
+/// (offset 0 into the capsule's data) or [`crate::spec::SGL_TRANSPORT`] (data in H2CData or
+/// C2HData PDUs), for `len` bytes.
+pub fn sgl_descriptor(kind: u8, len: u32) -> [u8; 16] {
+    let mut d = [0u8; 16];
+    d[8..12].copy_from_slice(&len.to_le_bytes());
+    d[15] = kind;
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -595,5 +640,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn host_checks_icresp() {
+        let mut b = [0u8; IC_LEN];
+        IcResp { cpda: 1, digests: BOTH, maxh2cdata: 131072 }.write(&mut b);
+        assert_eq!(IcResp::parse_checked(&b, BOTH).unwrap().cpda, 1);
+        // A digest not asked for.
+        assert_eq!(IcResp::parse_checked(&b, NO).unwrap_err().fei, 11);
+        IcResp { cpda: 32, digests: NO, maxh2cdata: 131072 }.write(&mut b);
+        assert_eq!(IcResp::parse_checked(&b, NO).unwrap_err().fei, 10);
+        IcResp { cpda: 0, digests: NO, maxh2cdata: 4095 }.write(&mut b);
+        assert_eq!(IcResp::parse_checked(&b, NO).unwrap_err().fei, 12);
+        IcResp { cpda: 0, digests: NO, maxh2cdata: 4096 }.write(&mut b);
+        b[8] = 1;
+        assert_eq!(IcResp::parse_checked(&b, NO).unwrap_err().fes, FES_UNSUPPORTED_PARAMETER);
+        b[0] = PDU_IC_REQ;
+        assert_eq!(IcResp::parse_checked(&b, NO).unwrap_err().fei, 0);
+        let d = sgl_descriptor(crate::spec::SGL_TRANSPORT, 8192);
+        let mut sqe = Sqe([0; SQE_LEN]);
+        sqe.0[24..40].copy_from_slice(&d);
+        assert_eq!((sqe.sgl().type_byte(), sqe.sgl().length(), sqe.sgl().address()), (0x5A, 8192, 0));
     }
 }

@@ -15,6 +15,7 @@ mod poll;
 mod signal;
 mod socket;
 mod sysinfo;
+pub mod vfio;
 
 pub use affinity::{allowed_cpus, first_allowed_cpu, pin_thread, CPU_SETSIZE};
 pub use eventfd::{eventfd, eventfd_clear, eventfd_signal};
@@ -22,7 +23,7 @@ pub use fs::{openat, rename_noreplace, set_nonblocking, set_umask};
 pub use poll::wait_readable;
 pub use signal::{raise, SignalSet};
 pub use socket::{
-    gather, recv_nonblocking, send_vectored_nonblocking, send_with_fds, set_priority, set_send_buffer,
-    shutdown, MAX_SEND_FDS,
+    gather, recv_nonblocking, recv_vectored_nonblocking, send_vectored_nonblocking, send_with_fds,
+    set_priority, set_send_buffer, shutdown, MAX_SEND_FDS,
 };
 pub use sysinfo::total_ram;

@@ -2,7 +2,7 @@
 //! receives and vectored sends on them (a poller's socket), and a send with descriptors
 //! attached (`SCM_RIGHTS`), which `std` has no stable call for.
 
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// Receives into `buf` without waiting (`MSG_DONTWAIT`): `Ok(0)` is the end of the stream, a
@@ -10,6 +10,25 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 pub fn recv_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: `buf` is valid for writes of its length; the descriptor is borrowed, open.
     let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Receives into `bufs` in one vectored read without waiting (`recvmsg`, `MSG_DONTWAIT`):
+/// `Ok(0)` is the end of the stream, a socket with nothing to read fails with `WouldBlock`. An
+/// NVMe/TCP host receives a PDU's data straight into the caller's buffers this way, with its
+/// staging buffer last to take the headers that follow.
+pub fn recv_vectored_nonblocking(fd: BorrowedFd<'_>, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSliceMut is guaranteed ABI-compatible with iovec on Unix.
+    msg.msg_iov = bufs.as_mut_ptr().cast::<libc::iovec>();
+    msg.msg_iovlen = bufs.len() as _;
+    // SAFETY: `msg` describes writable buffers for the call's duration, on a borrowed, open
+    // descriptor.
+    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -6,10 +6,18 @@
 //! [`MemoryMap`] keeps both views. Each change builds a new immutable [`GuestMemory`] snapshot;
 //! reactors receive the snapshot by message (an `Arc`), so the data path never locks to
 //! translate an address.
+//!
+//! Each mapped region is also registered in the process's DMA map ([`fp_bdev::dma`]) while it
+//! is in the table, so a driver below (NVMe over PCIe) hands guest buffers to its device
+//! without a bounce copy. The registration holds the mapping: it is unregistered (the device
+//! loses it) before the memory can be unmapped. Queues are stopped around every table change
+//! (`connection.rs`), so no request is in flight when a region leaves. A region the map refuses
+//! is logged and counted there ([`fp_bdev::dma::MemoryMap::stats`]); its requests are bounced.
 
 use std::fs::File;
 use std::sync::Arc;
 
+use fp_bdev::dma::memory_map;
 use fp_virtio_blk::GuestMemory;
 use vhost::vhost_user::message::VhostUserMemoryRegion;
 use vm_memory::{FileOffset, GuestAddress, GuestRegionMmap, MmapRegion};
@@ -39,6 +47,41 @@ struct Region {
     size: u64,
     user_addr: u64,
     mapped: Arc<GuestRegionMmap>,
+    /// Its place in the DMA map, shared by the table's copies while they last.
+    _dma: Arc<DmaRegistration>,
+}
+
+/// A mapping registered in the process's DMA map; unregistered on drop, before its own hold on
+/// the mapping goes (fields drop after `drop`), so never after the memory is unmapped.
+struct DmaRegistration {
+    vaddr: usize,
+    len: usize,
+    registered: bool,
+    _mapping: Arc<GuestRegionMmap>,
+}
+
+impl DmaRegistration {
+    fn new(gpa: u64, mapping: Arc<GuestRegionMmap>) -> DmaRegistration {
+        let (vaddr, len) = (mapping.as_ptr() as usize, mapping.size());
+        let registered = match memory_map().register(vaddr, len) {
+            Ok(_) => true,
+            Err(e) => {
+                log::warn!("guest memory at gpa {gpa:#x} ({len:#x} bytes) not registered for DMA (its I/O is copied): {e}");
+                false
+            }
+        };
+        DmaRegistration { vaddr, len, registered, _mapping: mapping }
+    }
+}
+
+impl Drop for DmaRegistration {
+    fn drop(&mut self) {
+        if self.registered {
+            if let Err(e) = memory_map().unregister(self.vaddr, self.len) {
+                log::error!("guest memory at {:#x}: leaving the DMA map: {e}", self.vaddr);
+            }
+        }
+    }
 }
 
 /// The connection's current memory layout.
@@ -128,7 +171,13 @@ impl MemoryMap {
 
 impl Region {
     fn clone_ref(&self) -> Region {
-        Region { gpa: self.gpa, size: self.size, user_addr: self.user_addr, mapped: self.mapped.clone() }
+        Region {
+            gpa: self.gpa,
+            size: self.size,
+            user_addr: self.user_addr,
+            mapped: self.mapped.clone(),
+            _dma: self._dma.clone(),
+        }
     }
 }
 
@@ -162,12 +211,13 @@ fn map_region(r: &VhostUserMemoryRegion, file: File) -> Result<Region, MemoryErr
         libc::MAP_SHARED | libc::MAP_NORESERVE,
     )
     .map_err(|e| MemoryError::Map { gpa: r.guest_phys_addr, reason: e.to_string() })?;
-    let mapped = GuestRegionMmap::new(mmap, GuestAddress(r.guest_phys_addr)).ok_or_else(bad)?;
+    let mapped = Arc::new(GuestRegionMmap::new(mmap, GuestAddress(r.guest_phys_addr)).ok_or_else(bad)?);
     Ok(Region {
         gpa: r.guest_phys_addr,
         size: r.memory_size,
         user_addr: r.user_addr,
-        mapped: Arc::new(mapped),
+        _dma: Arc::new(DmaRegistration::new(r.guest_phys_addr, mapped.clone())),
+        mapped,
     })
 }
 
@@ -184,4 +234,78 @@ fn build(regions: &mut [Region]) -> Result<Option<Arc<GuestMemory>>, MemoryError
     let mem = GuestMemory::from_arc_regions(regions.iter().map(|r| r.mapped.clone()).collect())
         .map_err(|_| MemoryError::Overlap { gpa: regions[0].gpa })?;
     Ok(Some(Arc::new(mem)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+    use vm_memory::GuestMemoryBackend;
+
+    fn memfd(len: u64) -> File {
+        // SAFETY: a valid NUL-terminated name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"dma-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh fd nobody else owns.
+        let f = unsafe { File::from_raw_fd(fd) };
+        f.set_len(len).unwrap();
+        f
+    }
+
+    fn region(gpa: u64, size: u64) -> VhostUserMemoryRegion {
+        VhostUserMemoryRegion::new(gpa, size, 0x7000_0000 + gpa, 0)
+    }
+
+    /// The process address where `mem` maps `gpa`.
+    fn host(mem: &GuestMemory, gpa: u64) -> usize {
+        mem.get_host_address(GuestAddress(gpa)).unwrap() as usize
+    }
+
+    /// The DMA map's region starting at `vaddr`, if any.
+    fn in_dma_map(vaddr: usize) -> Option<fp_bdev::dma::DmaRegion> {
+        memory_map().regions().iter().find(|r| r.vaddr == vaddr).copied()
+    }
+
+    #[test]
+    fn regions_are_in_the_dma_map_exactly_while_in_the_table() {
+        const A: u64 = 0x4_0000;
+        const B: u64 = 0x2_0000;
+        let mut m = MemoryMap::default();
+        let a = memfd(A);
+        m.set_table(&[region(0, A)], vec![a]).unwrap();
+        // Old snapshots are kept below so no mapping is unmapped (and its address reused by
+        // another test) while the map is checked.
+        let first = m.snapshot().unwrap();
+        let va = host(&first, 0);
+        let ra = in_dma_map(va).expect("SET_MEM_TABLE registers the region");
+        assert_eq!(ra.len as u64, A);
+        assert_eq!(memory_map().vaddr_of(ra.iova + 0x100, 8), Some(va + 0x100));
+
+        m.add(&region(0x10_0000, B), memfd(B)).unwrap();
+        let second = m.snapshot().unwrap();
+        let vb = host(&second, 0x10_0000);
+        assert_eq!(in_dma_map(vb).map(|r| r.len as u64), Some(B), "ADD_MEM_REG registers");
+        assert_eq!(in_dma_map(va), Some(ra), "the other region keeps its IOVA");
+
+        m.remove(&region(0x10_0000, B)).unwrap();
+        assert_eq!(in_dma_map(vb), None, "REM_MEM_REG unregisters");
+        assert_eq!(in_dma_map(va), Some(ra));
+
+        // A new table replaces the old one: the new region in, the old one out.
+        m.set_table(&[region(0, A)], vec![memfd(A)]).unwrap();
+        let third = m.snapshot().unwrap();
+        let vc = host(&third, 0);
+        assert_ne!(vc, va);
+        assert!(in_dma_map(vc).is_some());
+        assert_eq!(in_dma_map(va), None, "the replaced table left the map");
+
+        // A refused change leaves the map as it was.
+        assert!(m.add(&region(0, A), memfd(A)).is_err(), "overlaps");
+        assert!(in_dma_map(vc).is_some());
+
+        // The connection goes (disconnect): everything leaves.
+        drop(m);
+        assert_eq!(in_dma_map(vc), None);
+        drop((first, second, third));
+    }
 }

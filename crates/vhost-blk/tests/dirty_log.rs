@@ -6,12 +6,12 @@ mod common;
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use common::Fixture;
+use common::{memfd, Fixture};
 use fp_virtio_blk::GuestMemory;
 use vhost::vhost_user::message::{
     VhostUserProtocolFeatures, VhostUserVirtioFeatures, VhostUserVringAddrFlags,
@@ -29,16 +29,6 @@ const DESC: u64 = 0x10000;
 const AVAIL: u64 = 0x11000;
 const USED: u64 = 0x12000;
 const SIZE: u16 = 16;
-
-fn memfd(len: u64) -> File {
-    // SAFETY: a valid NUL-terminated name; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"dirty-log-test".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: a fresh fd nobody else owns.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(len).unwrap();
-    f
-}
 
 /// A front-end that acked `protocol`, with a raw clone of its socket for the messages `vhost`'s
 /// front-end would frame differently, and guest memory (1 MiB at 0, a memfd) in its table.

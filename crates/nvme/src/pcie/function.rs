@@ -23,6 +23,15 @@ pub trait PciFunction: Send + Sync + 'static {
     fn reset_function(&self) -> Result<bool, NvmeError> {
         Ok(false)
     }
+
+    /// Told after every doorbell write the driver makes to BAR0 (`offset`, `value`). A real
+    /// function learns of the write from the write itself, so the default does nothing (and
+    /// compiles to nothing in the queue's hot path); the emulated controller, whose BAR0 is
+    /// ordinary memory, counts it and wakes its device thread as the write would wake hardware.
+    #[inline]
+    fn doorbell_rung(&self, offset: u32, value: u32) {
+        let _ = (offset, value);
+    }
 }
 
 /// A mapped BAR: volatile, bounds-checked register access. Copies share the mapping; the

@@ -49,3 +49,16 @@ impl Drop for Fixture {
         }
     }
 }
+
+/// `len` bytes of anonymous shared memory as a file: guest memory for a memory table.
+#[allow(dead_code)] // not every test file uses it
+pub fn memfd(len: u64) -> std::fs::File {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a valid NUL-terminated name; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"vhost-blk-test".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a fresh fd nobody else owns.
+    let f = unsafe { std::fs::File::from_raw_fd(fd) };
+    f.set_len(len).unwrap();
+    f
+}

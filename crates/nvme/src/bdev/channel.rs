@@ -1,0 +1,615 @@
+//! A namespace's channel: one I/O queue pair of its controller, generic over the transport
+//! (no dynamic call per I/O), polled by one reactor.
+//!
+//! A request becomes one command, or several when it is larger than the controller's transfer
+//! limit (MDTS) or a command's block count: children are cut in order, as command slots free
+//! up, so any size goes through bounded, preallocated state. Commands are queued at submit and
+//! sent by one [`IoQueue::flush`] per poll round (one doorbell write, one `sendmsg`).
+//!
+//! Resets and lost connections: a channel that sees the controller's state word move (or its
+//! queue die) drains the queue and keeps the drained commands; once the controller is back it
+//! gets a new queue and resubmits them (reads and writes are idempotent), unless the
+//! controller is given up or `fast_io_fail_timeout_sec` passed, and then they fail. Timeouts
+//! (`bdev_nvme_set_options`): commands in flight longer than `timeout_us` are aborted or the
+//! controller reset, per `action_on_timeout`.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::sync::Arc;
+
+use fp_bdev::clock::ticks;
+use fp_bdev::{request_iovecs, BdevError, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_nvmf::spec::{Sqe, Status};
+
+use crate::cmd;
+use crate::ctrlr::shared::*;
+use crate::ctrlr::{ControllerData, TimeoutAction};
+use crate::pcie::DmaMemory;
+use crate::transport::{IoQueue, QueueStats, Transport, TransportId};
+use crate::NvmeError;
+
+use super::namespace::{NamespaceBackend, NsParams};
+use super::status::{io_status, TIMED_OUT};
+
+/// Blocks one Write Zeroes or deallocate command covers at most (NLB is 16 bits, 0-based).
+const MAX_BLOCKS_NO_DATA: u64 = 1 << 16;
+/// The longest pause between two timeout scans.
+const MAX_SCAN_INTERVAL_NS: u64 = 5_000_000;
+
+/// One request as the caller gave it, and how far it got.
+#[derive(Clone, Copy)]
+struct Req {
+    req: IoRequest,
+    /// Bytes already cut into commands.
+    cut: u64,
+    /// Every command of it is cut.
+    all_cut: bool,
+    /// Its commands not completed yet.
+    outstanding: u32,
+    /// The first failure of one of its commands.
+    status: IoStatus,
+}
+
+impl Req {
+    fn new(req: IoRequest) -> Req {
+        Req { req, cut: 0, all_cut: false, outstanding: 0, status: IoStatus::Success }
+    }
+}
+
+/// One command: a piece of a request.
+#[derive(Clone, Copy, Default)]
+struct Cmd {
+    req: u32,
+    /// Byte offset inside the request.
+    off: u64,
+    len: u64,
+    /// Tick at which it was aborted after a timeout; 0: not aborted.
+    aborted_at: u64,
+    /// A timeout was logged for it (`action_on_timeout` none).
+    warned: bool,
+}
+
+/// A namespace's channel over transport `T`.
+pub(crate) struct NvmeChannel<T: Transport> {
+    shared: Arc<Shared<T>>,
+    me: Arc<ChannelShared>,
+    nsid: u32,
+    block_shift: u32,
+    capacity: fp_bdev::Capacity,
+    /// Bytes of data one command moves at most (whole blocks).
+    max_data: u64,
+    volatile_cache: bool,
+    dsm: bool,
+    write_zeroes: bool,
+    queue: Option<T::Io>,
+    /// The state word `queue` belongs to (or last seen without a queue).
+    state: u64,
+    /// What new and held I/O fails with now (controller failed, fast I/O failure).
+    fail: Option<i32>,
+    /// A queue asked for and not received yet.
+    pending: Option<Receiver<Result<IoGrant<T>, NvmeError>>>,
+    /// After a refused queue request: not before this tick again.
+    ask_after: u64,
+    reqs: Box<[Req]>,
+    free_reqs: Vec<u32>,
+    cmds: Box<[Cmd]>,
+    free_cmds: Vec<u32>,
+    /// Requests with bytes not yet cut into commands, in order.
+    split: VecDeque<u32>,
+    /// Commands to (re)send: refused `Busy`, or drained at a reset.
+    resend: VecDeque<u32>,
+    /// Requests accepted and not yet returned by `poll`.
+    in_flight: usize,
+    /// Completions made outside a queue (failures, flushes with nothing to flush).
+    done: Vec<(u32, IoStatus)>,
+    cq: Vec<(u32, Status)>,
+    scratch: Vec<libc::iovec>,
+    drained: Vec<u32>,
+    /// One deallocate range per command slot, where the controller can read it.
+    dsm_ranges: DmaMemory,
+    timeout_ticks: u64,
+    action: TimeoutAction,
+    scan_every: u64,
+    next_scan: u64,
+    expired: Vec<(u16, u32)>,
+    /// The generation a reset was asked for (once per generation).
+    reset_asked: u64,
+    polls: u32,
+    /// Counters of the channel's earlier queues.
+    stats_base: QueueStats,
+}
+
+impl<T: Transport> NvmeChannel<T> {
+    fn new(
+        shared: Arc<Shared<T>>,
+        ns: &NsParams,
+        commands: usize,
+        requests: usize,
+    ) -> Result<Self, BdevError> {
+        let me = shared.add_channel();
+        let bs = u64::from(ns.block_size);
+        let max_data = (u64::from(ns.max_transfer) / bs).clamp(1, MAX_BLOCKS_NO_DATA) * bs;
+        let dsm_ranges = DmaMemory::new(commands * 16).map_err(|e| BdevError::Unsupported(e.to_string()))?;
+        let rate = ticks::tick_rate();
+        let timeout_ticks = ticks_of(shared.global.timeout_us.saturating_mul(1000), rate);
+        let scan_every = (timeout_ticks / 4).clamp(1, ticks_of(MAX_SCAN_INTERVAL_NS, rate).max(1));
+        Ok(NvmeChannel {
+            action: shared.global.action_on_timeout,
+            shared,
+            me,
+            nsid: ns.nsid,
+            block_shift: ns.block_size.trailing_zeros(),
+            capacity: ns.capacity.clone(),
+            max_data,
+            volatile_cache: ns.volatile_cache,
+            dsm: ns.dsm,
+            write_zeroes: ns.write_zeroes,
+            queue: None,
+            state: 0,
+            fail: None,
+            pending: None,
+            ask_after: 0,
+            reqs: vec![
+                Req::new(IoRequest {
+                    tag: 0,
+                    op: IoOp::Read,
+                    offset: 0,
+                    len: 0,
+                    iov: std::ptr::null(),
+                    iovcnt: 0
+                });
+                requests
+            ]
+            .into_boxed_slice(),
+            free_reqs: (0..requests as u32).rev().collect(),
+            cmds: vec![Cmd::default(); commands].into_boxed_slice(),
+            free_cmds: (0..commands as u32).rev().collect(),
+            split: VecDeque::with_capacity(requests),
+            resend: VecDeque::with_capacity(commands),
+            in_flight: 0,
+            done: Vec::with_capacity(requests),
+            cq: Vec::with_capacity(commands),
+            scratch: Vec::with_capacity(64),
+            drained: Vec::with_capacity(commands),
+            dsm_ranges,
+            timeout_ticks,
+            scan_every,
+            next_scan: 0,
+            expired: Vec::new(),
+            reset_asked: 0,
+            polls: 0,
+            stats_base: QueueStats::default(),
+        })
+    }
+
+    /// Sends command `c` to the queue (not flushed); a full queue keeps it for later.
+    fn send(&mut self, c: u32) {
+        let Some(q) = self.queue.as_mut() else {
+            self.resend.push_back(c);
+            return;
+        };
+        let cmd = self.cmds[c as usize];
+        let req = &self.reqs[cmd.req as usize].req;
+        let slba = (req.offset + cmd.off) >> self.block_shift;
+        let nlb = (cmd.len >> self.block_shift) as u32;
+        let (sqe, iov): (Sqe, &[libc::iovec]) = match req.op {
+            IoOp::Read | IoOp::Write => {
+                let sqe = cmd::read_write(req.op == IoOp::Write, self.nsid, slba, nlb, false);
+                // SAFETY: the caller of `submit` keeps the iovec array valid until the
+                // request's completion is returned.
+                let all = unsafe { request_iovecs(req) };
+                if cmd.off == 0 && cmd.len == req.len {
+                    (sqe, all)
+                } else {
+                    slice_iovecs(all, cmd.off, cmd.len, &mut self.scratch);
+                    (sqe, &self.scratch[..])
+                }
+            }
+            IoOp::Flush => (cmd::flush(self.nsid), &[]),
+            IoOp::WriteZeroes => (cmd::write_zeroes(self.nsid, slba, nlb, false), &[]),
+            IoOp::Discard => {
+                let at = c as usize * 16;
+                self.dsm_ranges.as_mut_slice()[at..at + 16].copy_from_slice(&cmd::dsm_range(slba, nlb));
+                let range = self.dsm_ranges.as_mut_slice()[at..at + 16].as_mut_ptr();
+                self.scratch.clear();
+                self.scratch.push(libc::iovec { iov_base: range as *mut libc::c_void, iov_len: 16 });
+                (cmd::deallocate(self.nsid, 1), &self.scratch[..])
+            }
+        };
+        // SAFETY: the data buffers are the request's, valid until its completion is returned
+        // (the `IoChannel::submit` contract), or this channel's range memory, which outlives
+        // its queue; the queue returns or drains every command before either goes.
+        match unsafe { q.submit(&sqe, iov, c) } {
+            Ok(()) => {}
+            Err(SubmitError::Busy) => self.resend.push_back(c),
+            Err(e) => {
+                let status = match e {
+                    SubmitError::Unsupported => IoStatus::Unsupported,
+                    _ => IoStatus::Error(libc::EINVAL),
+                };
+                let mut out = std::mem::take(&mut self.done);
+                self.complete(c, status, &mut out);
+                self.done = out;
+            }
+        }
+    }
+
+    /// Resends what waits, then cuts waiting requests into commands while slots are free.
+    fn pump(&mut self) {
+        if self.queue.is_none() {
+            return;
+        }
+        while let Some(c) = self.resend.pop_front() {
+            let before = self.resend.len();
+            self.send(c);
+            if self.resend.len() > before {
+                // Refused again (full): it went to the back; put it first again and stop.
+                let c = self.resend.pop_back().expect("just pushed");
+                self.resend.push_front(c);
+                return;
+            }
+        }
+        while let Some(&r) = self.split.front() {
+            let Some(c) = self.free_cmds.pop() else { return };
+            let req = &mut self.reqs[r as usize];
+            let left = req.req.len - req.cut;
+            let len = match req.req.op {
+                IoOp::Flush => left,
+                IoOp::Read | IoOp::Write => left.min(self.max_data),
+                IoOp::WriteZeroes | IoOp::Discard => left.min(MAX_BLOCKS_NO_DATA << self.block_shift),
+            };
+            self.cmds[c as usize] = Cmd { req: r, off: req.cut, len, aborted_at: 0, warned: false };
+            req.cut += len;
+            req.outstanding += 1;
+            if req.cut >= req.req.len {
+                req.all_cut = true;
+                self.split.pop_front();
+            }
+            self.send(c);
+            if !self.resend.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Command `c` ended with `status`: when it was its request's last, the request completes.
+    #[inline]
+    fn complete(&mut self, c: u32, status: IoStatus, out: &mut Vec<(u32, IoStatus)>) {
+        let r = self.cmds[c as usize].req;
+        self.free_cmds.push(c);
+        let req = &mut self.reqs[r as usize];
+        req.outstanding -= 1;
+        if status != IoStatus::Success && req.status == IoStatus::Success {
+            req.status = status;
+        }
+        if req.outstanding == 0 && req.all_cut {
+            out.push((req.req.tag, req.status));
+            self.free_reqs.push(r);
+            self.in_flight -= 1;
+        }
+    }
+
+    /// Fails every command and request held for resubmission with `errno`.
+    fn fail_held(&mut self, errno: i32) {
+        let mut out = std::mem::take(&mut self.done);
+        while let Some(c) = self.resend.pop_front() {
+            self.complete(c, IoStatus::Error(errno), &mut out);
+        }
+        while let Some(r) = self.split.pop_front() {
+            let req = &mut self.reqs[r as usize];
+            req.all_cut = true;
+            req.status = IoStatus::Error(errno);
+            if req.outstanding == 0 {
+                out.push((req.req.tag, req.status));
+                self.free_reqs.push(r);
+                self.in_flight -= 1;
+            }
+        }
+        self.done = out;
+    }
+
+    /// Takes the queue out of use: its commands go back to be resent; the queue itself to the
+    /// controller thread (`retire`) or the caller.
+    fn take_queue(&mut self) -> Option<T::Io> {
+        let mut q = self.queue.take()?;
+        self.stats_base = add_stats(self.stats_base, q.stats());
+        self.drained.clear();
+        q.drain(&mut self.drained);
+        for &c in self.drained.iter().rev() {
+            self.cmds[c as usize].aborted_at = 0;
+            self.cmds[c as usize].warned = false;
+            self.resend.push_front(c);
+        }
+        Some(q)
+    }
+
+    /// The state word moved or there is no queue: drain, fail, or get a queue.
+    #[cold]
+    fn slow(&mut self, st: u64) {
+        if generation(st) != generation(self.state) {
+            if let Some(q) = self.take_queue() {
+                self.shared.send(Msg::Retire { queue: q });
+            }
+            self.pending = None;
+        }
+        if self.queue.is_none() {
+            self.state = st;
+        }
+        self.fail = if st & ST_FAILED != 0 {
+            Some(if st & ST_GONE != 0 { libc::ENODEV } else { libc::EIO })
+        } else if st & ST_FAST_FAIL != 0 {
+            Some(libc::EIO)
+        } else {
+            None
+        };
+        if let Some(errno) = self.fail {
+            self.fail_held(errno);
+        }
+        if st & ST_FAILED != 0 || self.queue.is_some() {
+            return;
+        }
+        if self.pending.is_none() && st & ST_ENABLED != 0 && ticks::now() >= self.ask_after {
+            let (tx, rx) = mpsc::sync_channel(1);
+            if self.shared.send(Msg::ConnectIo { reply: tx }) {
+                self.pending = Some(rx);
+            }
+        }
+        let Some(rx) = self.pending.as_ref() else { return };
+        match rx.try_recv() {
+            Ok(Ok(grant)) => {
+                self.pending = None;
+                if generation(grant.state) == generation(st) {
+                    self.queue = Some(grant.queue);
+                    self.state = grant.state;
+                } else {
+                    self.shared.send(Msg::Retire { queue: grant.queue });
+                }
+            }
+            Ok(Err(e)) => {
+                self.pending = None;
+                log::warn!("nvme {}n{}: no I/O queue: {e}", self.shared.opts.name, self.nsid);
+                self.fail_held(libc::EIO);
+                self.ask_after = ticks::now() + ticks::tick_rate() / 10;
+            }
+            Err(TryRecvError::Empty) => {}
+            Err(TryRecvError::Disconnected) => self.pending = None,
+        }
+    }
+
+    /// The timeout path: commands in flight longer than `timeout_us`.
+    #[cold]
+    fn scan_timeouts(&mut self, now: u64) {
+        let Some(q) = self.queue.as_ref() else { return };
+        let sqid = q.qid();
+        self.expired.clear();
+        q.expired(now.saturating_sub(self.timeout_ticks), &mut self.expired);
+        let mut reset = false;
+        for &(cid, c) in &self.expired {
+            let cmd = &mut self.cmds[c as usize];
+            match self.action {
+                TimeoutAction::None => {
+                    if !cmd.warned {
+                        cmd.warned = true;
+                        log::warn!(
+                            "nvme {}n{}: command {cid:#x} timed out",
+                            self.shared.opts.name,
+                            self.nsid
+                        );
+                    }
+                }
+                TimeoutAction::Abort if cmd.aborted_at == 0 => {
+                    cmd.aborted_at = now.max(1);
+                    self.shared.send(Msg::Abort { state: self.state, sqid, cid });
+                }
+                TimeoutAction::Abort => reset |= now.saturating_sub(cmd.aborted_at) >= self.timeout_ticks,
+                TimeoutAction::Reset => reset = true,
+            }
+        }
+        if reset && self.reset_asked != generation(self.state) {
+            self.reset_asked = generation(self.state);
+            log::warn!(
+                "nvme {}n{}: commands timed out: resetting the controller",
+                self.shared.opts.name,
+                self.nsid
+            );
+            self.shared.send(Msg::Reset { state: Some(self.state), reply: None });
+        }
+    }
+
+    fn publish_stats(&self) {
+        let s = self.queue.as_ref().map_or(QueueStats::default(), |q| q.stats());
+        self.me.publish(add_stats(self.stats_base, s));
+    }
+}
+
+/// `ns` nanoseconds in ticks of `rate` per second.
+fn ticks_of(ns: u64, rate: u64) -> u64 {
+    ((u128::from(ns) * u128::from(rate)) / 1_000_000_000).min(u128::from(u64::MAX)) as u64
+}
+
+/// The iovecs of bytes `[off, off + len)` of `all`, into `out`.
+fn slice_iovecs(all: &[libc::iovec], mut off: u64, mut len: u64, out: &mut Vec<libc::iovec>) {
+    out.clear();
+    for v in all {
+        if len == 0 {
+            break;
+        }
+        let vlen = v.iov_len as u64;
+        if off >= vlen {
+            off -= vlen;
+            continue;
+        }
+        let take = (vlen - off).min(len);
+        // SAFETY: `off < vlen`: the pointer stays inside the caller's buffer.
+        let base = unsafe { (v.iov_base as *mut u8).add(off as usize) };
+        out.push(libc::iovec { iov_base: base as *mut libc::c_void, iov_len: take as usize });
+        len -= take;
+        off = 0;
+    }
+}
+
+impl<T: Transport> IoChannel for NvmeChannel<T> {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        let mask = (1u64 << self.block_shift) - 1;
+        if (req.offset | req.len) & mask != 0 {
+            return Err(SubmitError::OutOfRange);
+        }
+        match req.offset.checked_add(req.len) {
+            Some(end) if end <= self.capacity.blocks() << self.block_shift => {}
+            _ => return Err(SubmitError::OutOfRange),
+        }
+        let immediate = match req.op {
+            IoOp::Discard if !self.dsm => return Err(SubmitError::Unsupported),
+            IoOp::WriteZeroes if !self.write_zeroes => return Err(SubmitError::Unsupported),
+            IoOp::Flush => !self.volatile_cache,
+            _ => req.len == 0,
+        };
+        let r = self.free_reqs.pop().ok_or(SubmitError::Busy)?;
+        self.in_flight += 1;
+        if immediate || self.fail.is_some() {
+            let status = self.fail.map_or(IoStatus::Success, IoStatus::Error);
+            self.done.push((req.tag, status));
+            self.free_reqs.push(r);
+            return Ok(());
+        }
+        self.reqs[r as usize] = Req::new(*req);
+        // The common case: one command, nothing waiting before it.
+        if self.split.is_empty() && self.resend.is_empty() && self.queue.is_some() && req.len <= self.max_data
+        {
+            if let Some(c) = self.free_cmds.pop() {
+                let q = &mut self.reqs[r as usize];
+                q.cut = req.len;
+                q.all_cut = true;
+                q.outstanding = 1;
+                self.cmds[c as usize] = Cmd { req: r, off: 0, len: req.len, aborted_at: 0, warned: false };
+                self.send(c);
+                return Ok(());
+            }
+        }
+        self.split.push_back(r);
+        self.pump();
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        let mut out = Vec::new();
+        let n = self.poll_batch(&mut out);
+        for (tag, status) in out {
+            done(tag, status);
+        }
+        n
+    }
+
+    fn poll_batch(&mut self, out: &mut Vec<(u32, IoStatus)>) -> usize {
+        let first = out.len();
+        // Presence, then the state word: see `ctrlr::shared`.
+        self.me.active.swap(true, std::sync::atomic::Ordering::SeqCst);
+        let st = self.shared.state();
+        if st != self.state || self.queue.is_none() {
+            self.slow(st);
+        }
+        if let Some(q) = self.queue.as_mut() {
+            self.cq.clear();
+            match q.poll(&mut self.cq) {
+                Ok(_) => {
+                    let cq = std::mem::take(&mut self.cq);
+                    for &(c, status) in &cq {
+                        let s = if self.cmds[c as usize].aborted_at != 0 && !status.is_success() {
+                            TIMED_OUT
+                        } else {
+                            io_status(status)
+                        };
+                        self.complete(c, s, out);
+                    }
+                    self.cq = cq;
+                }
+                Err(error) => {
+                    log::warn!("nvme {}n{}: I/O queue failed: {error}", self.shared.opts.name, self.nsid);
+                    let state = self.state;
+                    if let Some(queue) = self.take_queue() {
+                        self.shared.send(Msg::QueueFailed { state, queue, error });
+                    }
+                }
+            }
+        }
+        self.pump();
+        if let Some(q) = self.queue.as_mut() {
+            q.flush();
+        }
+        self.me.active.store(false, std::sync::atomic::Ordering::Release);
+        if self.timeout_ticks != 0 {
+            let now = ticks::now();
+            if now >= self.next_scan {
+                self.next_scan = now + self.scan_every;
+                self.scan_timeouts(now);
+            }
+        }
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls & 63 == 0 {
+            self.publish_stats();
+        }
+        if !self.done.is_empty() {
+            let n = self.done.len();
+            out.append(&mut self.done);
+            self.in_flight -= n;
+        }
+        out.len() - first
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+impl<T: Transport> Drop for NvmeChannel<T> {
+    fn drop(&mut self) {
+        let state = self.state;
+        if let Some(q) = self.take_queue() {
+            let qid = q.qid();
+            drop(q);
+            self.shared.send(Msg::DisconnectIo { qid, state });
+        }
+        self.shared.channel_closed(self.stats_base);
+    }
+}
+
+impl<T: Transport> NamespaceBackend for Shared<T> {
+    fn open_channel(self: Arc<Self>, ns: &NsParams) -> Result<Box<dyn IoChannel>, BdevError> {
+        let (depth, requests) = (self.snapshot().io_queue_depth, self.global.io_queue_requests);
+        let commands = usize::from(depth.max(2) - 1);
+        let mut ch = NvmeChannel::new(self.clone(), ns, commands, (requests as usize).max(commands))?;
+        let (tx, rx) = mpsc::sync_channel(1);
+        if !self.send(Msg::ConnectIo { reply: tx }) {
+            return Err(BdevError::Unsupported(format!("controller {} is detached", self.opts.name)));
+        }
+        match rx.recv_timeout(self.global.admin_timeout()) {
+            Ok(Ok(grant)) => {
+                ch.state = grant.state;
+                ch.queue = Some(grant.queue);
+            }
+            Ok(Err(e)) => {
+                return Err(BdevError::Unsupported(format!("no I/O queue on {}: {e}", self.opts.name)))
+            }
+            // The controller is resetting: the channel takes the queue when it comes.
+            Err(_) => ch.pending = Some(rx),
+        }
+        Ok(Box::new(ch))
+    }
+
+    fn controller_name(&self) -> &str {
+        &self.opts.name
+    }
+
+    fn trid(&self) -> TransportId {
+        self.transport.trid()
+    }
+
+    fn controller_data(&self) -> (ControllerData, u32) {
+        let s = self.snapshot();
+        (s.cdata.clone(), s.vs)
+    }
+
+    fn stats(&self) -> QueueStats {
+        Shared::stats(self)
+    }
+}

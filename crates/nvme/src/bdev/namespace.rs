@@ -1,0 +1,203 @@
+//! A namespace as a block device: bdev `<controller>n<nsid>`, driver "nvme". Its channels are
+//! [`super::channel::NvmeChannel`]s, one I/O queue pair each, generic over the transport; the
+//! namespace reaches them through the controller's [`NamespaceBackend`], the one dynamic call
+//! (at `open_channel`, not per I/O).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use fp_bdev::{BdevError, BdevInfo, BlockDevice, Capacity, IoChannel, IoTypes};
+use serde_json::{json, Map, Value};
+
+use crate::ctrlr::{ControllerData, NamespaceData};
+use crate::transport::{QueueStats, TransportId};
+
+/// What a channel needs to know of its namespace, fixed when the namespace is made.
+#[derive(Debug, Clone)]
+pub(crate) struct NsParams {
+    pub(crate) nsid: u32,
+    pub(crate) block_size: u32,
+    /// Shared with the namespace's [`BdevInfo`].
+    pub(crate) capacity: Capacity,
+    /// The most bytes of data one command moves (MDTS, the transport's bound).
+    pub(crate) max_transfer: u32,
+    /// A volatile write cache is present: Flush goes to the controller (otherwise it completes
+    /// at once: written data is already durable).
+    pub(crate) volatile_cache: bool,
+    /// Dataset Management (deallocate) is supported.
+    pub(crate) dsm: bool,
+    /// Write Zeroes is supported.
+    pub(crate) write_zeroes: bool,
+}
+
+/// What a namespace asks of its controller (implemented by the controller's shared half for
+/// its transport).
+pub(crate) trait NamespaceBackend: Send + Sync {
+    /// Opens a channel: an I/O queue pair of the controller, for `ns`.
+    fn open_channel(self: Arc<Self>, ns: &NsParams) -> Result<Box<dyn IoChannel>, BdevError>;
+    /// The controller's name.
+    fn controller_name(&self) -> &str;
+    /// The transport ID.
+    fn trid(&self) -> TransportId;
+    /// Identify Controller as last read, and the version register.
+    fn controller_data(&self) -> (ControllerData, u32);
+    /// The channels' counters summed.
+    fn stats(&self) -> QueueStats;
+}
+
+/// One namespace of an attached controller, as a block device.
+pub struct NvmeNamespace {
+    info: BdevInfo,
+    params: NsParams,
+    /// The size the controller reports now (Identify Namespace's NSZE); the bdev's capacity
+    /// follows through [`BlockDevice::resize`], which the registry calls when told.
+    reported_blocks: AtomicU64,
+    data: Mutex<NamespaceData>,
+    backend: Arc<dyn NamespaceBackend>,
+}
+
+impl NvmeNamespace {
+    /// Makes the bdev of namespace `nsid` described by `data` (usable: checked by the
+    /// caller), on a controller whose transfer limit is `max_transfer` bytes.
+    pub(crate) fn new(
+        backend: Arc<dyn NamespaceBackend>,
+        nsid: u32,
+        data: NamespaceData,
+        cdata: &ControllerData,
+        max_transfer: u32,
+    ) -> NvmeNamespace {
+        let capacity = Capacity::new(data.nsze);
+        let params = NsParams {
+            nsid,
+            block_size: data.block_size,
+            capacity: capacity.clone(),
+            max_transfer: max_transfer.max(data.block_size),
+            volatile_cache: cdata.volatile_write_cache(),
+            dsm: cdata.dsm(),
+            write_zeroes: cdata.write_zeroes(),
+        };
+        let info = BdevInfo {
+            name: format!("{}n{nsid}", backend.controller_name()),
+            product_name: "NVMe disk".into(),
+            block_size: data.block_size,
+            capacity,
+            io_types: IoTypes {
+                read: true,
+                write: !data.write_protected,
+                flush: true,
+                unmap: params.dsm && !data.write_protected,
+                write_zeroes: params.write_zeroes && !data.write_protected,
+            },
+            driver: "nvme",
+            driver_specific: None,
+        };
+        NvmeNamespace {
+            info,
+            params,
+            reported_blocks: AtomicU64::new(data.nsze),
+            data: Mutex::new(data),
+            backend,
+        }
+    }
+
+    /// The namespace ID.
+    pub fn nsid(&self) -> u32 {
+        self.params.nsid
+    }
+
+    /// The bdev name, `<controller>n<nsid>`.
+    pub fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    /// The size in blocks the controller reports now (the bdev's own follows when the
+    /// registry resizes it).
+    pub fn reported_blocks(&self) -> u64 {
+        self.reported_blocks.load(Ordering::Relaxed)
+    }
+
+    /// Identify Namespace as last read.
+    pub fn data(&self) -> NamespaceData {
+        *self.data.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most bytes one command moves; larger requests are split.
+    pub fn max_transfer(&self) -> u32 {
+        self.params.max_transfer
+    }
+
+    /// The counters of the controller's channels summed (bounced requests, doorbells).
+    pub fn stats(&self) -> QueueStats {
+        self.backend.stats()
+    }
+
+    /// A new Identify Namespace; returns whether the size changed.
+    pub(crate) fn update(&self, data: NamespaceData) -> bool {
+        *self.data.lock().unwrap_or_else(|e| e.into_inner()) = data;
+        self.reported_blocks.swap(data.nsze, Ordering::Relaxed) != data.nsze
+    }
+
+    /// `bdev_get_bdevs`' `driver_specific` (SPDK's shape: an `nvme` array of one entry per
+    /// path, with the transport ID, the controller's data and the namespace's ID), plus the
+    /// controller's queue counters.
+    pub fn driver_specific(&self) -> Map<String, Value> {
+        let (c, vs) = self.backend.controller_data();
+        let s = self.stats();
+        let entry = json!({
+            "trid": self.backend.trid(),
+            "ctrlr_data": {
+                "cntlid": c.cntlid,
+                "vendor_id": format!("{:#06x}", c.vid),
+                "model_number": c.mn,
+                "serial_number": c.sn,
+                "firmware_revision": c.fr,
+                "subnqn": c.subnqn,
+                "oacs": {
+                    "security": (c.oacs & 1) != 0,
+                    "format": (c.oacs & 2) != 0,
+                    "firmware": (c.oacs & 4) != 0,
+                    "ns_manage": (c.oacs & 8) != 0,
+                },
+            },
+            "vs": { "nvme_version": format!("{}.{}", vs >> 16, (vs >> 8) & 0xff) },
+            "ns_data": { "id": self.params.nsid, "can_share": false },
+            "stats": s,
+        });
+        let mut m = Map::new();
+        m.insert("nvme".into(), Value::Array(vec![entry]));
+        m
+    }
+}
+
+impl BlockDevice for NvmeNamespace {
+    fn info(&self) -> &BdevInfo {
+        &self.info
+    }
+
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        self.backend.clone().open_channel(&self.params)
+    }
+
+    /// The size is the controller's: the registry calls this when the controller reported a
+    /// new size ([`crate::ctrlr::NamespaceEvent::Resized`]); any other size is refused.
+    fn resize(&self, num_blocks: u64) -> Result<(), BdevError> {
+        let reported = self.reported_blocks();
+        if num_blocks != reported {
+            return Err(BdevError::Unsupported(format!(
+                "an NVMe namespace has the size its controller reports ({reported} blocks)"
+            )));
+        }
+        self.info.capacity.set(num_blocks);
+        Ok(())
+    }
+
+    fn read_only(&self) -> bool {
+        self.data().write_protected
+    }
+}
+
+impl std::fmt::Debug for NvmeNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmeNamespace").field("name", &self.info.name).field("params", &self.params).finish()
+    }
+}

@@ -1,0 +1,50 @@
+//! NVMe completion status -> the block layer's [`IoStatus`] (a positive errno), and the
+//! errnos the channel itself gives.
+
+use fp_bdev::IoStatus;
+use fp_nvmf::spec::{self, Status};
+
+/// The status of a command the channel aborted after a timeout, or that the controller
+/// aborted (Abort Requested): ETIMEDOUT.
+pub(crate) const TIMED_OUT: IoStatus = IoStatus::Error(libc::ETIMEDOUT);
+
+/// Maps a completion's status (NVMe Base 2.0 Figures 100-102, NVM Command Set 1.0 Figure 25):
+/// what a caller can act on gets its own errno, the rest EIO.
+#[inline]
+pub(crate) fn io_status(s: Status) -> IoStatus {
+    if s.is_success() {
+        return IoStatus::Success;
+    }
+    let errno = match (s.sct, s.sc) {
+        (spec::SCT_GENERIC, spec::SC_INVALID_OPCODE) => return IoStatus::Unsupported,
+        (spec::SCT_GENERIC, spec::SC_INVALID_FIELD) => libc::EINVAL,
+        (spec::SCT_GENERIC, spec::SC_ABORT_REQUESTED) => libc::ETIMEDOUT,
+        (spec::SCT_GENERIC, spec::SC_INVALID_NAMESPACE) => libc::ENODEV,
+        (spec::SCT_GENERIC, spec::SC_NAMESPACE_WRITE_PROTECTED) => libc::EROFS,
+        (spec::SCT_GENERIC, spec::SC_LBA_OUT_OF_RANGE) => libc::EINVAL,
+        (spec::SCT_GENERIC, spec::SC_CAPACITY_EXCEEDED) => libc::ENOSPC,
+        (spec::SCT_GENERIC, spec::SC_NAMESPACE_NOT_READY) => libc::EBUSY,
+        (spec::SCT_MEDIA, spec::SC_ACCESS_DENIED) => libc::EACCES,
+        _ => libc::EIO,
+    };
+    IoStatus::Error(errno)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_errnos() {
+        assert_eq!(io_status(Status::SUCCESS), IoStatus::Success);
+        assert_eq!(io_status(Status::generic(spec::SC_INVALID_OPCODE)), IoStatus::Unsupported);
+        assert_eq!(io_status(Status::generic(spec::SC_CAPACITY_EXCEEDED)), IoStatus::Error(libc::ENOSPC));
+        assert_eq!(
+            io_status(Status::generic(spec::SC_NAMESPACE_WRITE_PROTECTED)),
+            IoStatus::Error(libc::EROFS)
+        );
+        assert_eq!(io_status(Status::generic(spec::SC_INVALID_NAMESPACE)), IoStatus::Error(libc::ENODEV));
+        assert_eq!(io_status(Status::media(spec::SC_UNRECOVERED_READ_ERROR)), IoStatus::Error(libc::EIO));
+        assert_eq!(io_status(Status::command_specific(0x80)), IoStatus::Error(libc::EIO));
+    }
+}

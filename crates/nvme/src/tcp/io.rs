@@ -1,0 +1,46 @@
+//! The I/O queue pair of the TCP transport: [`TcpQueue`] as a reactor's [`IoQueue`]. The
+//! opcode says the data's direction (Base 3, Figure 83); the rest is the queue's.
+
+use fp_bdev::SubmitError;
+use fp_nvmf::spec::{Cqe, Sqe, Status};
+
+use super::queue::{direction, TcpQueue};
+use crate::transport::{IoQueue, QueueStats};
+use crate::NvmeError;
+
+impl IoQueue for TcpQueue {
+    fn qid(&self) -> u16 {
+        self.params().qid
+    }
+
+    unsafe fn submit(&mut self, sqe: &Sqe, iov: &[libc::iovec], tag: u32) -> Result<(), SubmitError> {
+        // SAFETY: the caller keeps `iov`'s buffers valid until the completion or the drain
+        // (this method's contract, passed on).
+        unsafe { self.submit_dir(sqe, iov, direction(sqe.opcode()), tag) }.map(|_| ())
+    }
+
+    fn flush(&mut self) {
+        // A send error kills the queue; the next poll reports it.
+        let _ = self.send();
+    }
+
+    fn poll(&mut self, out: &mut Vec<(u32, Status)>) -> Result<usize, NvmeError> {
+        self.receive(&mut |tag: u32, cqe: &Cqe| out.push((tag, cqe.status)))
+    }
+
+    fn in_flight(&self) -> usize {
+        TcpQueue::in_flight(self)
+    }
+
+    fn expired(&self, submitted_before: u64, out: &mut Vec<(u16, u32)>) {
+        TcpQueue::expired(self, submitted_before, out)
+    }
+
+    fn drain(&mut self, out: &mut Vec<u32>) {
+        TcpQueue::drain(self, out)
+    }
+
+    fn stats(&self) -> QueueStats {
+        TcpQueue::stats(self)
+    }
+}

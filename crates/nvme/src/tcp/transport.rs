@@ -1,0 +1,264 @@
+//! The TCP transport: where a controller is (SPDK's transport ID fields) and how its queues are
+//! made. Each queue is its own connection (TCP 3.3): a TCP connection with Nagle off,
+//! ICReq/ICResp (TCP 3.6.2.1-2), then a Fabrics Connect (NVMe-oF 1.1 3.3) of queue 0 for a new
+//! controller (dynamic controller ID) or of an I/O queue with the admin queue's controller ID.
+//! The admin queue then enables the controller through Property Set/Get (CC.EN, CSTS.RDY) and
+//! reads Identify Controller for what the I/O queues need (IOCCSZ, MDTS).
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use fp_nvmf::connect::{Connect, CNTLID_DYNAMIC};
+use fp_nvmf::identify::{IDC_IOCCSZ, IDC_MDTS};
+use fp_nvmf::pdu::{self, CommonHeader, Digests, IcReq, IcResp, IC_LEN};
+use fp_nvmf::spec::{Sqe, CONNECT_DATA_LEN, SQE_LEN};
+
+use super::admin::TcpAdmin;
+use super::queue::{Params, TcpQueue};
+use crate::transport::{ready_timeout, AdminData, AdminQueue, Transport};
+use crate::{cmd, regs, NvmeError};
+
+/// In-capsule data on the admin queue (TCP 3.3.1: 8 KiB).
+const ADMIN_ICD: u32 = 8192;
+/// How long connecting, the ICReq exchange and Connect may take for an I/O queue.
+const IO_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long Identify Controller may take while connecting.
+const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// SPDK's `adrfam`: the address family of `traddr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Adrfam {
+    /// An IPv4 address.
+    #[default]
+    IPv4,
+    /// An IPv6 address.
+    IPv6,
+}
+
+/// Where an NVMe/TCP controller is and how to connect to it: `bdev_nvme_attach_controller`'s
+/// transport parameters.
+#[derive(Debug, Clone)]
+pub struct TcpTarget {
+    /// The target's IP address.
+    pub traddr: String,
+    /// Its port (`trsvcid`; 4420 is NVMe/TCP's).
+    pub trsvcid: u16,
+    /// `traddr`'s family.
+    pub adrfam: Adrfam,
+    /// The subsystem to connect to.
+    pub subnqn: String,
+    /// The host's NQN (may be empty, as SPDK's host without one).
+    pub hostnqn: String,
+    /// The host identifier sent in Connect.
+    pub hostid: [u8; 16],
+    /// Ask for header digests (CRC32C).
+    pub hdgst: bool,
+    /// Ask for data digests (CRC32C).
+    pub ddgst: bool,
+    /// Keep Alive Timeout sent in the admin queue's Connect, in milliseconds (0: none).
+    pub kato_ms: u32,
+}
+
+/// The NVMe/TCP transport to one controller.
+#[derive(Debug, Clone)]
+pub struct TcpTransport {
+    target: TcpTarget,
+}
+
+impl TcpTransport {
+    /// A transport to `target`; nothing is connected until the controller code asks.
+    pub fn new(target: TcpTarget) -> TcpTransport {
+        TcpTransport { target }
+    }
+
+    /// Where it connects.
+    pub fn target(&self) -> &TcpTarget {
+        &self.target
+    }
+
+    fn socket_addr(&self) -> Result<SocketAddr, NvmeError> {
+        let t = &self.target;
+        let ip: IpAddr = t.traddr.parse().map_err(|_| NvmeError::InvalidParam {
+            field: "traddr",
+            reason: format!("'{}' is not an IP address", t.traddr),
+        })?;
+        if ip.is_ipv4() != (t.adrfam == Adrfam::IPv4) {
+            return Err(NvmeError::InvalidParam {
+                field: "adrfam",
+                reason: format!("{} is not an {:?} address", t.traddr, t.adrfam),
+            });
+        }
+        if t.trsvcid == 0 {
+            return Err(NvmeError::InvalidParam { field: "trsvcid", reason: "port 0".into() });
+        }
+        Ok(SocketAddr::new(ip, t.trsvcid))
+    }
+
+    /// A connection past ICReq/ICResp, in `timeout`.
+    fn open(&self, timeout: Duration) -> Result<(OwnedFd, IcResp), NvmeError> {
+        let addr = self.socket_addr()?;
+        let what = |step: &str| format!("NVMe/TCP {step} {addr}");
+        let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| match e.kind() {
+            std::io::ErrorKind::ConnectionRefused => NvmeError::Gone(format!("{}: {e}", what("connect to"))),
+            _ => NvmeError::io(what("connect to"), e),
+        })?;
+        s.set_nodelay(true).map_err(|e| NvmeError::io(what("TCP_NODELAY on"), e))?;
+        s.set_read_timeout(Some(timeout)).map_err(|e| NvmeError::io(what("timeout on"), e))?;
+        let asked = Digests { header: self.target.hdgst, data: self.target.ddgst };
+        let mut b = [0u8; IC_LEN];
+        // HPDA 0: C2HData at any 4-byte offset; MAXR2T 0: one R2T outstanding per command.
+        IcReq { pfv: pdu::PFV, hpda: 0, digests: asked, maxr2t: 0 }.write(&mut b);
+        s.write_all(&b).map_err(|e| NvmeError::Gone(format!("{}: {e}", what("ICReq to"))))?;
+        s.read_exact(&mut b).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                NvmeError::Timeout(what("ICResp from"))
+            }
+            _ => NvmeError::Gone(format!("{}: {e}", what("ICResp from"))),
+        })?;
+        let ch = CommonHeader::parse(b[..pdu::CH_LEN].try_into().expect("eight bytes"));
+        pdu::check_header(&ch, Digests::default(), 0, IC_LEN as u32)
+            .and_then(|_| IcResp::parse_checked(&b, asked))
+            .map(|r| (OwnedFd::from(s), r))
+            .map_err(|e| NvmeError::Protocol(format!("{}: {e}", what("ICResp from"))))
+    }
+
+    /// A connected queue: ICReq/ICResp, then Connect of `qid` (`cntlid` for an I/O queue).
+    pub(super) fn connect_queue(
+        &self,
+        qid: u16,
+        depth: u16,
+        cntlid: u16,
+        icd: u32,
+        timeout: Duration,
+    ) -> Result<(TcpQueue, u16), NvmeError> {
+        if depth < 2 {
+            return Err(NvmeError::InvalidParam { field: "io_queue_depth", reason: "at least 2".into() });
+        }
+        let (fd, ic) = self.open(timeout)?;
+        let p = Params {
+            qid,
+            digests: ic.digests,
+            cpda: ic.cpda,
+            maxh2cdata: ic.maxh2cdata,
+            // Connect's 1024 bytes go in the capsule on every queue (NVMe-oF 1.1 3.3).
+            icd: icd.max(CONNECT_DATA_LEN as u32),
+            // A queue of `depth` entries holds `depth - 1` commands (the SQ's full condition).
+            slots: depth - 1,
+            strict_reads: qid != 0,
+        };
+        let mut q = TcpQueue::new(fd, p);
+        let t = &self.target;
+        let c = Connect {
+            cid: 0,
+            qid,
+            sq_entries: u32::from(depth),
+            cattr: 0,
+            kato_ms: if qid == 0 { t.kato_ms } else { 0 },
+            hostid: t.hostid,
+            cntlid,
+            subnqn: t.subnqn.clone(),
+            hostnqn: t.hostnqn.clone(),
+        };
+        let mut sqe = Sqe([0; SQE_LEN]);
+        let mut data = [0u8; CONNECT_DATA_LEN];
+        c.write(&mut sqe, &mut data);
+        let cqe = q.run(&sqe, AdminData::ToDevice(&data), timeout, &mut |_, _| {})?;
+        if !cqe.status.is_success() {
+            return Err(NvmeError::Command { what: "Fabrics Connect", status: cqe.status });
+        }
+        q.set_icd(icd);
+        Ok((q, cqe.dw0 as u16))
+    }
+}
+
+/// Polls CSTS until `done` says so, CSTS.CFS, or `timeout`.
+fn wait_csts(
+    admin: &mut TcpAdmin,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(u32) -> bool,
+) -> Result<(), NvmeError> {
+    let end = Instant::now() + timeout;
+    loop {
+        let csts = admin.get_property(regs::CSTS, false)? as u32;
+        if csts & regs::CSTS_CFS != 0 {
+            return Err(NvmeError::Gone(format!("controller fatal status while waiting for {what}")));
+        }
+        if done(csts) {
+            return Ok(());
+        }
+        if Instant::now() >= end {
+            return Err(NvmeError::Timeout(what.into()));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+impl Transport for TcpTransport {
+    type Admin = TcpAdmin;
+    type Io = TcpQueue;
+
+    fn trtype(&self) -> &'static str {
+        "TCP"
+    }
+
+    fn traddr(&self) -> String {
+        self.target.traddr.clone()
+    }
+
+    fn connect_admin(&self, depth: u16, timeout: Duration) -> Result<TcpAdmin, NvmeError> {
+        let (q, cntlid) = self.connect_queue(0, depth, CNTLID_DYNAMIC, ADMIN_ICD, timeout)?;
+        let mut admin = TcpAdmin::new(q, cntlid);
+        // Enable (Base 3.5.1, through properties on fabrics: NVMe-oF 1.1 3.5, 3.6).
+        let cap = admin.get_property(regs::CAP, true)?;
+        let cc = regs::CC_EN | regs::CC_CSS_NVM | regs::CC_IOQES;
+        admin.set_property(regs::CC, u64::from(cc), false)?;
+        wait_csts(&mut admin, ready_timeout(cap), "CSTS.RDY", |c| c & regs::CSTS_RDY != 0)?;
+        let mut id = vec![0u8; 4096];
+        let cqe = admin.execute(
+            cmd::identify(cmd::CNS_CONTROLLER, 0),
+            AdminData::FromDevice(&mut id),
+            IDENTIFY_TIMEOUT,
+        )?;
+        if !cqe.status.is_success() {
+            return Err(NvmeError::Command { what: "Identify Controller", status: cqe.status });
+        }
+        // IOCCSZ counts 16-byte units of the command and its in-capsule data (NVMe-oF 1.1 4.1).
+        let ioccsz = u32::from_le_bytes(id[IDC_IOCCSZ..IDC_IOCCSZ + 4].try_into().expect("four bytes"));
+        admin.io_icd = (ioccsz.saturating_mul(16)).saturating_sub(SQE_LEN as u32);
+        let mdts = id[IDC_MDTS];
+        let page = 4096u64 << regs::cap_mpsmin(cap);
+        admin.max_transfer =
+            if mdts == 0 { u32::MAX } else { (page << mdts).min(u64::from(u32::MAX)) as u32 };
+        Ok(admin)
+    }
+
+    fn connect_io(&self, admin: &mut TcpAdmin, qid: u16, depth: u16) -> Result<TcpQueue, NvmeError> {
+        let (q, cntlid) = self.connect_queue(qid, depth, admin.cntlid, admin.io_icd, IO_CONNECT_TIMEOUT)?;
+        if cntlid != admin.cntlid {
+            return Err(NvmeError::Protocol(format!(
+                "I/O queue {qid} connected to controller {cntlid}, not {}",
+                admin.cntlid
+            )));
+        }
+        Ok(q)
+    }
+
+    fn disconnect_io(&self, _admin: &mut TcpAdmin, _qid: u16) -> Result<(), NvmeError> {
+        // Closing the queue's connection (dropping it) is all NVMe/TCP asks.
+        Ok(())
+    }
+
+    fn shutdown(&self, admin: &mut TcpAdmin, timeout: Duration) {
+        let r = admin.get_property(regs::CC, false).and_then(|cc| {
+            let cc = (cc as u32 & !regs::CC_SHN_MASK) | regs::CC_SHN_NORMAL;
+            admin.set_property(regs::CC, u64::from(cc), false)?;
+            wait_csts(admin, timeout, "shutdown", |c| c & regs::CSTS_SHST_MASK == regs::CSTS_SHST_COMPLETE)
+        });
+        if let Err(e) = r {
+            log::info!("nvme tcp {}: shutdown: {e}", self.target.traddr);
+        }
+    }
+}

@@ -1,0 +1,508 @@
+//! VFIO (the kernel's user-space device access, Documentation/driver-api/vfio.rst): a
+//! container (`/dev/vfio/vfio`, one IOMMU context), a group (`/dev/vfio/N`, the devices an
+//! IOMMU cannot tell apart) and a device fd, with the ioctls a user-space driver needs: type1
+//! IOMMU mappings, region info, mmap of a BAR, config space reads and writes, reset.
+//!
+//! The structures and request numbers are the kernel's UAPI (include/uapi/linux/vfio.h), laid
+//! out here by hand: every VFIO request is `_IO(';', 100 + n)` and carries its structure's
+//! `argsz`, so the kernel checks the size, not the request number.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::ptr::NonNull;
+
+/// `VFIO_API_VERSION`: the only version there has ever been.
+pub const VFIO_API_VERSION: i32 = 0;
+/// `VFIO_TYPE1_IOMMU`: the x86 IOMMU model (map and unmap of whole ranges).
+pub const VFIO_TYPE1_IOMMU: u32 = 1;
+/// `VFIO_TYPE1v2_IOMMU`: type1 with the stricter unmap semantics; preferred when offered.
+pub const VFIO_TYPE1V2_IOMMU: u32 = 3;
+
+/// `VFIO_GROUP_FLAGS_VIABLE`: every device of the group is bound to a VFIO driver (or none).
+pub const GROUP_FLAGS_VIABLE: u32 = 1 << 0;
+/// `VFIO_GROUP_FLAGS_CONTAINER_SET`: the group belongs to a container.
+pub const GROUP_FLAGS_CONTAINER_SET: u32 = 1 << 1;
+/// `VFIO_DEVICE_FLAGS_RESET`: the device has a reset (`VFIO_DEVICE_RESET` works).
+pub const DEVICE_FLAGS_RESET: u32 = 1 << 0;
+/// `VFIO_DEVICE_FLAGS_PCI`: a vfio-pci device (regions follow the PCI index layout).
+pub const DEVICE_FLAGS_PCI: u32 = 1 << 1;
+/// `VFIO_REGION_INFO_FLAG_READ`.
+pub const REGION_INFO_FLAG_READ: u32 = 1 << 0;
+/// `VFIO_REGION_INFO_FLAG_WRITE`.
+pub const REGION_INFO_FLAG_WRITE: u32 = 1 << 1;
+/// `VFIO_REGION_INFO_FLAG_MMAP`: the region may be mapped into the process.
+pub const REGION_INFO_FLAG_MMAP: u32 = 1 << 2;
+/// `VFIO_DMA_MAP_FLAG_READ`: the device may read the mapping.
+pub const DMA_MAP_FLAG_READ: u32 = 1 << 0;
+/// `VFIO_DMA_MAP_FLAG_WRITE`: the device may write the mapping.
+pub const DMA_MAP_FLAG_WRITE: u32 = 1 << 1;
+
+/// `VFIO_PCI_BAR0_REGION_INDEX`.
+pub const PCI_BAR0_REGION_INDEX: u32 = 0;
+/// `VFIO_PCI_CONFIG_REGION_INDEX`: the function's configuration space.
+pub const PCI_CONFIG_REGION_INDEX: u32 = 7;
+
+const VFIO_TYPE: u64 = b';' as u64;
+const VFIO_BASE: u64 = 100;
+
+/// `_IO(VFIO_TYPE, VFIO_BASE + nr)`: no direction or size bits (linux/ioctl.h).
+const fn vfio_io(nr: u64) -> u64 {
+    (VFIO_TYPE << 8) | (VFIO_BASE + nr)
+}
+
+const VFIO_GET_API_VERSION: u64 = vfio_io(0);
+const VFIO_CHECK_EXTENSION: u64 = vfio_io(1);
+const VFIO_SET_IOMMU: u64 = vfio_io(2);
+const VFIO_GROUP_GET_STATUS: u64 = vfio_io(3);
+const VFIO_GROUP_SET_CONTAINER: u64 = vfio_io(4);
+const VFIO_GROUP_UNSET_CONTAINER: u64 = vfio_io(5);
+const VFIO_GROUP_GET_DEVICE_FD: u64 = vfio_io(6);
+const VFIO_DEVICE_GET_INFO: u64 = vfio_io(7);
+const VFIO_DEVICE_GET_REGION_INFO: u64 = vfio_io(8);
+const VFIO_DEVICE_RESET: u64 = vfio_io(11);
+const VFIO_IOMMU_MAP_DMA: u64 = vfio_io(13);
+const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
+
+/// `struct vfio_group_status`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct GroupStatusRaw {
+    argsz: u32,
+    flags: u32,
+}
+
+/// `struct vfio_device_info` (without capabilities: `cap_offset` is read, never followed).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct DeviceInfoRaw {
+    argsz: u32,
+    flags: u32,
+    num_regions: u32,
+    num_irqs: u32,
+    cap_offset: u32,
+}
+
+/// `struct vfio_region_info`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct RegionInfoRaw {
+    argsz: u32,
+    flags: u32,
+    index: u32,
+    cap_offset: u32,
+    size: u64,
+    offset: u64,
+}
+
+/// `struct vfio_iommu_type1_dma_map`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct DmaMapRaw {
+    argsz: u32,
+    flags: u32,
+    vaddr: u64,
+    iova: u64,
+    size: u64,
+}
+
+/// `struct vfio_iommu_type1_dma_unmap` (no dirty bitmap: `data[]` is empty).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct DmaUnmapRaw {
+    argsz: u32,
+    flags: u32,
+    iova: u64,
+    size: u64,
+}
+
+fn argsz<T>() -> u32 {
+    std::mem::size_of::<T>() as u32
+}
+
+/// An ioctl whose argument is a plain integer; returns the non-negative result.
+fn ioctl_val(fd: &OwnedFd, req: u64, arg: libc::c_ulong) -> io::Result<i32> {
+    // SAFETY: the descriptor is open (borrowed from an OwnedFd); the VFIO requests passed here
+    // take an integer argument and read or write no memory of ours.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// An ioctl whose argument is a pointer to `T`, a VFIO structure starting with `argsz`.
+fn ioctl_ptr<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> io::Result<i32> {
+    // SAFETY: `arg` is a live, writable `T` whose layout is the structure `req` takes (the
+    // kernel reads `argsz` first and touches no more than that many bytes).
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg as *mut T) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn open_rw(path: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(path)?;
+    Ok(OwnedFd::from(f))
+}
+
+/// A VFIO container: one IOMMU address space that groups join.
+#[derive(Debug)]
+pub struct VfioContainer {
+    fd: OwnedFd,
+}
+
+impl VfioContainer {
+    /// Opens `/dev/vfio/vfio` and checks the API version.
+    pub fn open() -> io::Result<VfioContainer> {
+        Self::open_path(Path::new("/dev/vfio/vfio"))
+    }
+
+    /// Opens the container device at `path` (tests) and checks the API version.
+    pub fn open_path(path: &Path) -> io::Result<VfioContainer> {
+        let c = VfioContainer { fd: open_rw(path)? };
+        let v = c.api_version()?;
+        if v != VFIO_API_VERSION {
+            return Err(io::Error::other(format!("VFIO API version {v}, expected {VFIO_API_VERSION}")));
+        }
+        Ok(c)
+    }
+
+    /// `VFIO_GET_API_VERSION`.
+    pub fn api_version(&self) -> io::Result<i32> {
+        ioctl_val(&self.fd, VFIO_GET_API_VERSION, 0)
+    }
+
+    /// `VFIO_CHECK_EXTENSION`: whether the container offers IOMMU model `ext`
+    /// ([`VFIO_TYPE1V2_IOMMU`], [`VFIO_TYPE1_IOMMU`]).
+    pub fn check_extension(&self, ext: u32) -> io::Result<bool> {
+        Ok(ioctl_val(&self.fd, VFIO_CHECK_EXTENSION, ext as libc::c_ulong)? > 0)
+    }
+
+    /// `VFIO_SET_IOMMU`: selects the IOMMU model; needs a group in the container first.
+    pub fn set_iommu(&self, model: u32) -> io::Result<()> {
+        ioctl_val(&self.fd, VFIO_SET_IOMMU, model as libc::c_ulong).map(drop)
+    }
+
+    /// `VFIO_IOMMU_MAP_DMA`: lets the container's devices reach `[vaddr, vaddr + size)` at
+    /// `iova`, with `flags` ([`DMA_MAP_FLAG_READ`] | [`DMA_MAP_FLAG_WRITE`]). The kernel pins
+    /// the pages (counted against `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`).
+    ///
+    /// # Safety
+    /// A device may then read and write that memory at any time, behind the compiler's back:
+    /// the range must be memory the caller hands to devices (no Rust object relies on its
+    /// contents), and must be unmapped with [`VfioContainer::unmap_dma`] before it is freed.
+    pub unsafe fn map_dma(&self, vaddr: usize, iova: u64, size: u64, flags: u32) -> io::Result<()> {
+        let mut m = DmaMapRaw { argsz: argsz::<DmaMapRaw>(), flags, vaddr: vaddr as u64, iova, size };
+        ioctl_ptr(&self.fd, VFIO_IOMMU_MAP_DMA, &mut m).map(drop)
+    }
+
+    /// `VFIO_IOMMU_UNMAP_DMA`: removes the mappings in `[iova, iova + size)`; returns how many
+    /// bytes were unmapped.
+    pub fn unmap_dma(&self, iova: u64, size: u64) -> io::Result<u64> {
+        let mut u = DmaUnmapRaw { argsz: argsz::<DmaUnmapRaw>(), flags: 0, iova, size };
+        ioctl_ptr(&self.fd, VFIO_IOMMU_UNMAP_DMA, &mut u)?;
+        Ok(u.size)
+    }
+}
+
+/// A group's state (`VFIO_GROUP_GET_STATUS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupStatus {
+    /// Every device of the group is bound to a VFIO driver or to none: usable.
+    pub viable: bool,
+    /// The group already belongs to a container.
+    pub container_set: bool,
+}
+
+/// A VFIO group (`/dev/vfio/N`).
+#[derive(Debug)]
+pub struct VfioGroup {
+    fd: OwnedFd,
+}
+
+impl VfioGroup {
+    /// Opens `/dev/vfio/<number>`.
+    pub fn open(number: u32) -> io::Result<VfioGroup> {
+        Self::open_path(&Path::new("/dev/vfio").join(number.to_string()))
+    }
+
+    /// Opens the group device at `path`.
+    pub fn open_path(path: &Path) -> io::Result<VfioGroup> {
+        Ok(VfioGroup { fd: open_rw(path)? })
+    }
+
+    /// `VFIO_GROUP_GET_STATUS`.
+    pub fn status(&self) -> io::Result<GroupStatus> {
+        let mut s = GroupStatusRaw { argsz: argsz::<GroupStatusRaw>(), flags: 0 };
+        ioctl_ptr(&self.fd, VFIO_GROUP_GET_STATUS, &mut s)?;
+        Ok(GroupStatus {
+            viable: s.flags & GROUP_FLAGS_VIABLE != 0,
+            container_set: s.flags & GROUP_FLAGS_CONTAINER_SET != 0,
+        })
+    }
+
+    /// `VFIO_GROUP_SET_CONTAINER`: joins `container`.
+    pub fn set_container(&self, container: &VfioContainer) -> io::Result<()> {
+        let mut fd: i32 = container.fd.as_raw_fd();
+        ioctl_ptr(&self.fd, VFIO_GROUP_SET_CONTAINER, &mut fd).map(drop)
+    }
+
+    /// `VFIO_GROUP_UNSET_CONTAINER`: leaves the container (every device fd closed first).
+    pub fn unset_container(&self) -> io::Result<()> {
+        ioctl_val(&self.fd, VFIO_GROUP_UNSET_CONTAINER, 0).map(drop)
+    }
+
+    /// `VFIO_GROUP_GET_DEVICE_FD`: the device named `name` ("0000:00:04.0").
+    pub fn device(&self, name: &str) -> io::Result<VfioDevice> {
+        let c = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: the argument is a NUL-terminated string that outlives the call; the kernel
+        // only reads it.
+        let fd = unsafe { libc::ioctl(self.fd.as_raw_fd(), VFIO_GROUP_GET_DEVICE_FD as _, c.as_ptr()) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the ioctl returned a new descriptor that nothing else owns.
+        Ok(VfioDevice { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+}
+
+/// A device's summary (`VFIO_DEVICE_GET_INFO`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// `VFIO_DEVICE_FLAGS_*` ([`DEVICE_FLAGS_RESET`], [`DEVICE_FLAGS_PCI`]).
+    pub flags: u32,
+    /// Regions (for PCI: BARs 0-5, ROM, config, ...).
+    pub num_regions: u32,
+    /// Interrupt kinds.
+    pub num_irqs: u32,
+}
+
+/// One region of a device (`VFIO_DEVICE_GET_REGION_INFO`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// Its index.
+    pub index: u32,
+    /// `VFIO_REGION_INFO_FLAG_*`.
+    pub flags: u32,
+    /// Size in bytes (0: not implemented).
+    pub size: u64,
+    /// Offset in the device fd where reads, writes and mmap reach it.
+    pub offset: u64,
+}
+
+/// A VFIO device fd.
+#[derive(Debug)]
+pub struct VfioDevice {
+    fd: OwnedFd,
+}
+
+impl VfioDevice {
+    /// `VFIO_DEVICE_GET_INFO`.
+    pub fn info(&self) -> io::Result<DeviceInfo> {
+        let mut i = DeviceInfoRaw { argsz: argsz::<DeviceInfoRaw>(), ..Default::default() };
+        ioctl_ptr(&self.fd, VFIO_DEVICE_GET_INFO, &mut i)?;
+        Ok(DeviceInfo { flags: i.flags, num_regions: i.num_regions, num_irqs: i.num_irqs })
+    }
+
+    /// `VFIO_DEVICE_GET_REGION_INFO` of region `index`.
+    pub fn region_info(&self, index: u32) -> io::Result<RegionInfo> {
+        let mut r = RegionInfoRaw { argsz: argsz::<RegionInfoRaw>(), index, ..Default::default() };
+        ioctl_ptr(&self.fd, VFIO_DEVICE_GET_REGION_INFO, &mut r)?;
+        Ok(RegionInfo { index, flags: r.flags, size: r.size, offset: r.offset })
+    }
+
+    /// Maps `region` (which must allow it: [`REGION_INFO_FLAG_MMAP`]) shared, readable and
+    /// writable.
+    pub fn map_region(&self, region: &RegionInfo) -> io::Result<MappedRegion> {
+        if region.flags & REGION_INFO_FLAG_MMAP == 0 {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "region cannot be mapped"));
+        }
+        let len = usize::try_from(region.size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "region has no size"));
+        }
+        let offset =
+            libc::off_t::try_from(region.offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a new shared mapping chosen by the kernel (no address hint), of an open
+        // descriptor; the result is checked before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.fd.as_raw_fd(),
+                offset,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(MappedRegion { ptr, len })
+    }
+
+    /// Reads `buf.len()` bytes of `region` at `offset` (configuration space: `pread`).
+    pub fn read_region(&self, region: &RegionInfo, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let at = region_pos(region, offset, buf.len())?;
+        // SAFETY: writes at most `buf.len()` bytes into `buf`, a live exclusive borrow.
+        let n = unsafe { libc::pread(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), at) };
+        full_transfer(n, buf.len())
+    }
+
+    /// Writes `buf` to `region` at `offset` (configuration space: `pwrite`).
+    pub fn write_region(&self, region: &RegionInfo, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let at = region_pos(region, offset, buf.len())?;
+        // SAFETY: reads `buf.len()` bytes from `buf`, a live borrow.
+        let n = unsafe { libc::pwrite(self.fd.as_raw_fd(), buf.as_ptr().cast(), buf.len(), at) };
+        full_transfer(n, buf.len())
+    }
+
+    /// `VFIO_DEVICE_RESET`: a function-level (or equivalent) reset.
+    pub fn reset(&self) -> io::Result<()> {
+        ioctl_val(&self.fd, VFIO_DEVICE_RESET, 0).map(drop)
+    }
+}
+
+fn region_pos(region: &RegionInfo, offset: u64, len: usize) -> io::Result<libc::off_t> {
+    let end = offset.checked_add(len as u64).filter(|&e| e <= region.size);
+    let at = end.and_then(|_| region.offset.checked_add(offset)).and_then(|a| libc::off_t::try_from(a).ok());
+    at.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{len} bytes at {offset:#x} outside region {} of {:#x} bytes", region.index, region.size),
+        )
+    })
+}
+
+fn full_transfer(n: isize, want: usize) -> io::Result<()> {
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != want {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{n} of {want} bytes transferred")));
+    }
+    Ok(())
+}
+
+/// A region mapped into this process; unmapped on drop.
+#[derive(Debug)]
+pub struct MappedRegion {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory (device registers); it may be unmapped from any
+// thread, and its accesses are its users' business.
+unsafe impl Send for MappedRegion {}
+// SAFETY: as above: the struct itself holds only the address and length.
+unsafe impl Sync for MappedRegion {}
+
+impl MappedRegion {
+    /// The start (page aligned).
+    pub fn as_ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes (never: an empty region is refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for MappedRegion {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `map_region` made, once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn request_numbers_are_the_kernels() {
+        // linux/vfio.h: VFIO_TYPE ';' (0x3b), VFIO_BASE 100 (0x64).
+        assert_eq!(VFIO_GET_API_VERSION, 0x3b64);
+        assert_eq!(VFIO_CHECK_EXTENSION, 0x3b65);
+        assert_eq!(VFIO_SET_IOMMU, 0x3b66);
+        assert_eq!(VFIO_GROUP_GET_STATUS, 0x3b67);
+        assert_eq!(VFIO_GROUP_SET_CONTAINER, 0x3b68);
+        assert_eq!(VFIO_GROUP_GET_DEVICE_FD, 0x3b6a);
+        assert_eq!(VFIO_DEVICE_GET_INFO, 0x3b6b);
+        assert_eq!(VFIO_DEVICE_GET_REGION_INFO, 0x3b6c);
+        assert_eq!(VFIO_DEVICE_RESET, 0x3b6f);
+        assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
+        assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
+    }
+
+    #[test]
+    fn structures_have_the_uapi_layout() {
+        assert_eq!(size_of::<GroupStatusRaw>(), 8);
+        assert_eq!(size_of::<DeviceInfoRaw>(), 20);
+        assert_eq!(size_of::<RegionInfoRaw>(), 32);
+        assert_eq!(offset_of!(RegionInfoRaw, size), 16);
+        assert_eq!(offset_of!(RegionInfoRaw, offset), 24);
+        assert_eq!(size_of::<DmaMapRaw>(), 32);
+        assert_eq!(offset_of!(DmaMapRaw, vaddr), 8);
+        assert_eq!(offset_of!(DmaMapRaw, size), 24);
+        assert_eq!(size_of::<DmaUnmapRaw>(), 24);
+        assert_eq!(offset_of!(DmaUnmapRaw, iova), 8);
+    }
+
+    #[test]
+    fn a_missing_group_or_container_is_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = VfioGroup::open_path(&dir.path().join("7")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let e = VfioContainer::open_path(&dir.path().join("vfio")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn vfio_requests_on_other_files_fail_cleanly() {
+        // /dev/null is no VFIO node: every request is refused (ENOTTY) rather than misread.
+        let null = Path::new("/dev/null");
+        assert_eq!(VfioContainer::open_path(null).unwrap_err().raw_os_error(), Some(libc::ENOTTY));
+        let g = VfioGroup::open_path(null).unwrap();
+        assert_eq!(g.status().unwrap_err().raw_os_error(), Some(libc::ENOTTY));
+        assert_eq!(g.device("0000:00:04.0").unwrap_err().raw_os_error(), Some(libc::ENOTTY));
+    }
+
+    #[test]
+    fn region_accesses_stay_inside_the_region() {
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(256).unwrap();
+        let dev = VfioDevice { fd: OwnedFd::from(f) };
+        let cfg = RegionInfo { index: PCI_CONFIG_REGION_INDEX, flags: 3, size: 64, offset: 128 };
+        dev.write_region(&cfg, 4, &[0x06, 0x00]).unwrap();
+        let mut b = [0u8; 2];
+        dev.read_region(&cfg, 4, &mut b).unwrap();
+        assert_eq!(b, [6, 0]);
+        assert!(dev.read_region(&cfg, 63, &mut b).is_err(), "runs past the region");
+        // The write landed at the region's offset in the fd.
+        let mut raw = [0u8; 1];
+        let whole = RegionInfo { index: 0, flags: 3, size: 256, offset: 0 };
+        dev.read_region(&whole, 132, &mut raw).unwrap();
+        assert_eq!(raw[0], 6);
+        let no_mmap = RegionInfo { flags: REGION_INFO_FLAG_READ, ..whole };
+        assert_eq!(dev.map_region(&no_mmap).unwrap_err().kind(), io::ErrorKind::Unsupported);
+        // A file maps like a region that allows it.
+        let m = dev.map_region(&RegionInfo { flags: REGION_INFO_FLAG_MMAP, ..whole }).unwrap();
+        // SAFETY: 256 mapped bytes; byte 132 is inside.
+        assert_eq!(unsafe { *m.as_ptr().as_ptr().add(132) }, 6);
+    }
+}
