@@ -49,10 +49,11 @@ pub trait Transport: Send + Sync + 'static {
         HostId::default()
     }
 
-    /// The transport's own bound on one command's transfer in bytes (a bounce buffer's size,
-    /// a PRP list's reach), below Identify Controller's MDTS; `None`: MDTS alone.
-    fn max_transfer(&self) -> Option<u32> {
-        None
+    /// The transport's own bound on one command's data in bytes, besides the controller's
+    /// MDTS (PCIe: what one PRP list page and one bounce buffer hold). The channel splits
+    /// requests above the smaller of the two.
+    fn max_transfer(&self) -> u32 {
+        u32::MAX
     }
 
     /// Connects the admin queue (`depth` entries) and enables the controller: afterwards

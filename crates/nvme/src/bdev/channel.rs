@@ -18,7 +18,7 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::Arc;
 
 use fp_bdev::clock::ticks;
-use fp_bdev::{request_iovecs, BdevError, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{iov_total_len, request_iovecs, BdevError, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 use fp_nvmf::spec::{Sqe, Status};
 
 use crate::cmd;
@@ -285,7 +285,6 @@ impl<T: Transport> NvmeChannel<T> {
         if req.outstanding == 0 && req.all_cut {
             out.push((req.req.tag, req.status));
             self.free_reqs.push(r);
-            self.in_flight -= 1;
         }
     }
 
@@ -302,7 +301,6 @@ impl<T: Transport> NvmeChannel<T> {
             if req.outstanding == 0 {
                 out.push((req.req.tag, req.status));
                 self.free_reqs.push(r);
-                self.in_flight -= 1;
             }
         }
         self.done = out;
@@ -458,16 +456,29 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
             Some(end) if end <= self.capacity.blocks() << self.block_shift => {}
             _ => return Err(SubmitError::OutOfRange),
         }
+        // What completes without a command: a flush with no cache to flush, an empty range,
+        // iovecs that do not add up to the length.
         let immediate = match req.op {
             IoOp::Discard if !self.dsm => return Err(SubmitError::Unsupported),
             IoOp::WriteZeroes if !self.write_zeroes => return Err(SubmitError::Unsupported),
-            IoOp::Flush => !self.volatile_cache,
-            _ => req.len == 0,
+            IoOp::Flush => (!self.volatile_cache).then_some(IoStatus::Success),
+            IoOp::Read | IoOp::Write => {
+                // SAFETY: the caller guarantees `iovcnt` readable iovecs.
+                if unsafe { iov_total_len(req.iov, req.iovcnt) } != req.len {
+                    Some(IoStatus::Error(libc::EINVAL))
+                } else {
+                    (req.len == 0).then_some(IoStatus::Success)
+                }
+            }
+            _ => (req.len == 0).then_some(IoStatus::Success),
         };
         let r = self.free_reqs.pop().ok_or(SubmitError::Busy)?;
         self.in_flight += 1;
-        if immediate || self.fail.is_some() {
-            let status = self.fail.map_or(IoStatus::Success, IoStatus::Error);
+        // Failing: unless the controller moved on since the last poll (back from a reconnect),
+        // which the next poll sees; the request then waits for it.
+        let fail = self.fail.filter(|_| self.shared.state() == self.state);
+        if immediate.is_some() || fail.is_some() {
+            let status = fail.map_or(immediate.unwrap_or(IoStatus::Success), IoStatus::Error);
             self.done.push((req.tag, status));
             self.free_reqs.push(r);
             return Ok(());
@@ -548,12 +559,10 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
         if self.polls & 63 == 0 {
             self.publish_stats();
         }
-        if !self.done.is_empty() {
-            let n = self.done.len();
-            out.append(&mut self.done);
-            self.in_flight -= n;
-        }
-        out.len() - first
+        out.append(&mut self.done);
+        let n = out.len() - first;
+        self.in_flight -= n;
+        n
     }
 
     fn in_flight(&self) -> usize {

@@ -394,10 +394,8 @@ impl<T: Transport> Worker<T> {
             self.next_keep_alive = Some(Instant::now() + self.keep_alive_interval());
         }
         let page = 1u32 << (12 + regs::cap_mpsmin(cap));
-        let mut max_transfer = cdata.max_transfer(page).unwrap_or(u32::MAX).min(MAX_TRANSFER_DEFAULT);
-        if let Some(m) = t.max_transfer() {
-            max_transfer = max_transfer.min(m);
-        }
+        let max_transfer =
+            cdata.max_transfer(page).unwrap_or(u32::MAX).min(MAX_TRANSFER_DEFAULT).min(t.max_transfer());
         let depth = self.shared.opts.io_queue_depth.min(regs::cap_mqes(cap).saturating_add(1)).max(2);
         {
             let mut s = self.shared.snapshot();
@@ -588,9 +586,7 @@ impl<T: Transport> Worker<T> {
         let at = *self.lost_at.get_or_insert(now);
         let gone = matches!(e, NvmeError::Gone(_));
         self.shared.snapshot().last_error = Some(e.to_string());
-        for r in self.reset_replies.drain(..) {
-            let _ = r.send(Err(NvmeError::Gone(format!("reset of {name} failed: {e}"))));
-        }
+        self.admin = None;
         let opts = &self.shared.opts;
         let give_up = match opts.ctrlr_loss_timeout_sec {
             -1 => false,
@@ -599,11 +595,14 @@ impl<T: Transport> Worker<T> {
         };
         if give_up {
             self.fail(gone);
-            return;
+        } else {
+            self.next_attempt = Some(now + opts.seconds(u64::from(opts.reconnect_delay_sec)));
+            let keep = self.shared.state() & ST_FAST_FAIL;
+            self.shared.set_flags(ST_RESETTING | keep | if gone { ST_GONE } else { 0 });
         }
-        self.next_attempt = Some(now + opts.seconds(u64::from(opts.reconnect_delay_sec)));
-        let keep = self.shared.state() & ST_FAST_FAIL;
-        self.shared.set_flags(ST_RESETTING | keep | if gone { ST_GONE } else { 0 });
+        for r in self.reset_replies.drain(..) {
+            let _ = r.send(Err(NvmeError::Gone(format!("reset of {name} failed: {e}"))));
+        }
     }
 
     /// Gives the controller up: I/O fails, waiting channels are told, namespaces removed.
