@@ -1,0 +1,319 @@
+//! The NVMe driver's control plane end to end (docs/nvme.md): a daemon serves a RAM disk over
+//! its own NVMe/TCP target on loopback and attaches it back as an NVMe/TCP controller
+//! (`bdev_nvme_attach_controller`), so the whole initiator (controller thread, I/O queue pairs
+//! polled on the reactors, resets) runs against a real target in the same process.
+//!
+//! * [`a_tcp_controller_serves_verified_io_and_survives_resets`]: `Nvme0n1` served over
+//!   vhost-user, random writes read back and compared while `bdev_nvme_reset_controller` runs
+//!   again and again (no request fails), `bdev_nvme_get_controllers` in SPDK's shape, detach
+//!   refused while exported, then detached.
+//! * [`every_refusal_names_its_field`]: bad parameters over JSON-RPC, "invalid params" naming
+//!   the field, the daemon unharmed.
+//! * [`a_config_file_attaches_controllers_before_the_bdevs`]: a second daemon attaches the
+//!   first's subsystem from `[[nvme_controller]]` and stacks a delay bdev on it from `[[bdev]]`.
+//! * [`the_cli_attaches_lists_resets_and_detaches`]: `flashpath nvme ...`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{random_write_verify, rpc_call, BlkClient, Daemon};
+use serde_json::{json, Value};
+
+const NQN: &str = "nqn.2016-06.io.spdk:nvme-ctl";
+/// The RAM disk behind the subsystem: 32 MiB of 512-byte blocks.
+const BLOCKS: u64 = 65536;
+
+/// Makes `d` serve a RAM disk `m0` as namespace 1 of [`NQN`] on a free loopback port; returns
+/// the port.
+fn serve_target(d: &Daemon) -> u16 {
+    d.malloc("m0", BLOCKS, 512);
+    d.call("nvmf_create_transport", json!({"trtype": "TCP"}));
+    d.call("nvmf_create_subsystem", json!({"nqn": NQN, "allow_any_host": true}));
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "m0"}}));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen =
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()});
+    d.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": listen}));
+    port
+}
+
+fn attach_params(name: &str, port: u16) -> Value {
+    json!({"name": name, "trtype": "tcp", "traddr": "127.0.0.1", "adrfam": "ipv4",
+           "trsvcid": port.to_string(), "subnqn": NQN})
+}
+
+#[test]
+fn a_tcp_controller_serves_verified_io_and_survives_resets() {
+    let d = Daemon::start("0");
+    let port = serve_target(&d);
+    let names = d.call("bdev_nvme_attach_controller", attach_params("Nvme0", port));
+    assert_eq!(names, json!(["Nvme0n1"]));
+
+    let b = &d.call("bdev_get_bdevs", json!({"name": "Nvme0n1"}))[0];
+    assert_eq!((b["num_blocks"].as_u64(), b["block_size"].as_u64()), (Some(BLOCKS), Some(512)), "{b}");
+    assert_eq!(b["product_name"], "NVMe disk");
+    let nvme = &b["driver_specific"]["nvme"];
+    assert_eq!(nvme["controller"], "Nvme0", "{b}");
+    assert_eq!(nvme["ns_data"]["id"], 1, "{b}");
+    assert_eq!(nvme["trid"]["trtype"], "TCP", "{b}");
+
+    let c = d.call("bdev_nvme_get_controllers", json!({}));
+    assert_eq!(c.as_array().map(Vec::len), Some(1), "{c}");
+    assert_eq!(c[0]["name"], "Nvme0");
+    let path = &c[0]["ctrlrs"][0];
+    assert_eq!(path["state"], "enabled", "{c}");
+    assert_eq!(
+        path["trid"],
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string(), "subnqn": NQN})
+    );
+    assert!(path["host"]["nqn"].as_str().unwrap().starts_with("nqn.2014-08.org.nvmexpress:uuid:"), "{c}");
+    // Our own target sees the same controller ID.
+    let ours = d.call("nvmf_subsystem_get_controllers", json!({"nqn": NQN}));
+    assert_eq!(ours[0]["cntlid"], path["cntlid"], "{ours} vs {c}");
+    assert_eq!(d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"})), c);
+
+    // Verified random I/O through vhost-user, with resets going on under it.
+    let sock = d.controller("vhost.0", "Nvme0n1", Some(2), false);
+    let mut client = BlkClient::open(&sock, 2);
+    assert_eq!(client.capacity, BLOCKS * 512);
+    let stop = Arc::new(AtomicBool::new(false));
+    let resetter = {
+        let (rpc, stop) = (d.rpc.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut resets = 0;
+            while !stop.load(Ordering::Acquire) {
+                let r = rpc_call(&rpc, "bdev_nvme_reset_controller", Some(json!({"name": "Nvme0"}))).unwrap();
+                assert_eq!(r.unwrap(), json!(true), "reset {resets}");
+                resets += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            resets
+        })
+    };
+    let compared = random_write_verify(&mut client, 25, 24, 0, 8 << 20, Some(0));
+    stop.store(true, Ordering::Release);
+    let resets = resetter.join().expect("the reset thread");
+    assert!(compared >= 8 << 20, "compared {compared} bytes");
+    assert!(resets >= 2, "only {resets} resets ran under I/O");
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
+    assert_eq!(c[0]["ctrlrs"][0]["state"], "enabled", "{c}");
+    // The same data, read again after the last reset.
+    random_write_verify(&mut client, 26, 2, 8 << 20, 1 << 20, Some(0));
+
+    // Detach is refused while the namespace is exported, as every delete, and changes nothing.
+    let e = d.try_call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})).unwrap_err();
+    assert_eq!(e.code, -16, "{e:?}");
+    assert!(e.message.contains("Nvme0n1") && e.message.contains("vhost.0"), "{e:?}");
+    assert_eq!(d.call("bdev_get_bdevs", json!({"name": "Nvme0n1"}))[0]["name"], "Nvme0n1");
+    drop(client);
+    d.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));
+    assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
+    assert!(d.try_call("bdev_get_bdevs", json!({"name": "Nvme0n1"})).is_err());
+    assert_eq!(d.call("bdev_nvme_get_controllers", json!({})), json!([]));
+    // The target let go of the host's controller.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while d.call("nvmf_subsystem_get_controllers", json!({"nqn": NQN})) != json!([]) {
+        assert!(std::time::Instant::now() < deadline, "the target still has the detached controller");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Attached again under the same name, the disk holds what was written.
+    assert_eq!(d.call("bdev_nvme_attach_controller", attach_params("Nvme0", port)), json!(["Nvme0n1"]));
+}
+
+#[test]
+fn every_refusal_names_its_field() {
+    let d = Daemon::start("0");
+    let port = serve_target(&d);
+    let tcp = |extra: Value| {
+        let mut p = attach_params("Nvme9", port);
+        p.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        ("bdev_nvme_attach_controller", p)
+    };
+    d.call("bdev_nvme_attach_controller", attach_params("Nvme0", port));
+    let cases = [
+        (tcp(json!({"trtype": "rdma"})), "trtype: 'rdma' is not supported: PCIe or TCP"),
+        (tcp(json!({"traddr": "not-an-ip"})), "traddr: 'not-an-ip' is not an IPv4 or IPv6 address"),
+        (tcp(json!({"adrfam": "ipv6"})), "adrfam: IPv6 does not match traddr 127.0.0.1"),
+        (tcp(json!({"trsvcid": "70000"})), "trsvcid: '70000' is not a port number"),
+        (tcp(json!({"subnqn": "cnode1"})), "subnqn: 'cnode1' is not an NQN"),
+        (tcp(json!({"hostaddr": "127.0.0.2"})), "hostaddr: not supported"),
+        (tcp(json!({"multipath": "multipath"})), "multipath: 'multipath': not supported"),
+        (tcp(json!({"psk": "k"})), "psk: not supported by flashpath"),
+        (tcp(json!({"ctrlr_loss_timeout_sec": 5})), "reconnect_delay_sec: must not be 0"),
+        (
+            tcp(json!({"ctrlr_loss_timeout_sec": 5, "reconnect_delay_sec": 6})),
+            "reconnect_delay_sec: 6 is more than",
+        ),
+        (
+            tcp(
+                json!({"ctrlr_loss_timeout_sec": -1, "reconnect_delay_sec": 2, "fast_io_fail_timeout_sec": 1}),
+            ),
+            "fast_io_fail_timeout_sec: 1 is less than reconnect_delay_sec 2",
+        ),
+        (tcp(json!({"name": "Nvme0"})), "name: NVMe controller 'Nvme0' already exists"),
+        (tcp(json!({"bogus": 1})), "bogus: unknown parameter; accepted: name, trtype"),
+        (
+            (
+                "bdev_nvme_attach_controller",
+                json!({"name": "P", "trtype": "PCIe", "traddr": "0000:00:04.0", "trsvcid": "1"}),
+            ),
+            "trsvcid: only for trtype TCP",
+        ),
+        (("bdev_nvme_detach_controller", json!({"name": "nope"})), "name: no NVMe controller 'nope'"),
+        (
+            ("bdev_nvme_detach_controller", json!({"name": "Nvme0", "traddr": "10.0.0.1"})),
+            "traddr: '10.0.0.1' is not a path",
+        ),
+        (("bdev_nvme_reset_controller", json!({"name": "nope"})), "name: no NVMe controller 'nope'"),
+        (("bdev_nvme_reset_controller", json!({"name": "Nvme0", "cntlid": 65535})), "cntlid: 65535 is not"),
+        (("bdev_nvme_get_controllers", json!({"name": "nope"})), "name: no NVMe controller 'nope'"),
+        (
+            ("bdev_nvme_set_options", json!({"action_on_timeout": "explode"})),
+            "action_on_timeout: 'explode' is not one of",
+        ),
+        (
+            ("bdev_nvme_set_options", json!({"timeout_us": 1000})),
+            "timeout_us: bdev_nvme_set_options is refused once a controller is attached",
+        ),
+    ];
+    for ((method, params), want) in cases {
+        let e = d.try_call(method, params.clone()).unwrap_err();
+        assert_eq!(e.code, -32602, "{method} {params}: {e:?}");
+        assert!(
+            e.message.starts_with(want),
+            "{method} {params}: {:?} does not start with {want:?}",
+            e.message
+        );
+    }
+    // A subsystem that does not exist: the target refuses the Connect; nothing is left behind.
+    let e = d
+        .try_call("bdev_nvme_attach_controller", tcp(json!({"subnqn": "nqn.2016-06.io.spdk:none"})).1)
+        .unwrap_err();
+    assert_ne!(e.code, -32602, "{e:?}");
+    // A PCI function that is not there: VFIO's open says so.
+    let e = d
+        .try_call(
+            "bdev_nvme_attach_controller",
+            json!({"name": "P", "trtype": "pcie", "traddr": "ffff:ff:1f.7"}),
+        )
+        .unwrap_err();
+    assert!(e.message.contains("ffff:ff:1f.7"), "{e:?}");
+    let c = d.call("bdev_nvme_get_controllers", json!({}));
+    assert_eq!(c.as_array().map(Vec::len), Some(1), "only Nvme0 is attached: {c}");
+    let names: Vec<Value> =
+        d.call("bdev_get_bdevs", json!({})).as_array().unwrap().iter().map(|b| b["name"].clone()).collect();
+    assert_eq!(names, [json!("Nvme0n1"), json!("m0")]);
+    // Options are settable again once nothing is attached.
+    d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"}));
+    d.call(
+        "bdev_nvme_set_options",
+        json!({"timeout_us": 5_000_000, "action_on_timeout": "abort", "keep_alive_timeout_ms": 5000}),
+    );
+    assert_eq!(d.call("bdev_nvme_attach_controller", attach_params("Nvme1", port)), json!(["Nvme1n1"]));
+}
+
+#[test]
+fn a_config_file_attaches_controllers_before_the_bdevs() {
+    let target = Daemon::start("0");
+    let port = serve_target(&target);
+    let d = Daemon::start_with_config("0", |_| {
+        format!(
+            r#"
+            [[bdev]]
+            type = "delay"
+            name = "slow"
+            base_bdev_name = "Remote0n1"
+            avg_read_latency = 10
+            p99_read_latency = 10
+            avg_write_latency = 10
+            p99_write_latency = 10
+
+            [nvme_options]
+            keep_alive_timeout_ms = 4000
+
+            [[nvme_controller]]
+            name = "Remote0"
+            trtype = "TCP"
+            traddr = "127.0.0.1"
+            trsvcid = "{port}"
+            subnqn = "{NQN}"
+            ctrlr_loss_timeout_sec = -1
+            reconnect_delay_sec = 1
+            "#
+        )
+    });
+    let b = &d.call("bdev_get_bdevs", json!({"name": "slow"}))[0];
+    assert_eq!(b["num_blocks"].as_u64(), Some(BLOCKS), "{b}");
+    let r = &d.call("bdev_get_bdevs", json!({"name": "Remote0n1"}))[0];
+    assert_eq!(r["claimed"], true, "{r}");
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Remote0"}));
+    assert_eq!(c[0]["ctrlrs"][0]["trid"]["trsvcid"], port.to_string(), "{c}");
+}
+
+fn cli(rpc: &Path, args: &[&str]) -> (bool, String, String) {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_flashpath")).arg("--rpc").arg(rpc).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn the_cli_attaches_lists_resets_and_detaches() {
+    let d = Daemon::start("0");
+    let port = serve_target(&d).to_string();
+    let (ok, out, err) = cli(&d.rpc, &["nvme", "options", "--keep-alive-timeout-ms", "6000"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "");
+    let attach = [
+        "nvme",
+        "attach",
+        "Nvme0",
+        "--trtype",
+        "tcp",
+        "--traddr",
+        "127.0.0.1",
+        "--trsvcid",
+        &port,
+        "--subnqn",
+        NQN,
+    ];
+    let (ok, out, err) = cli(&d.rpc, &attach);
+    assert!(ok, "{err}");
+    assert_eq!(out, "Nvme0n1\n");
+    let (ok, out, err) = cli(&d.rpc, &["nvme", "list"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(row[..5], ["Nvme0", "enabled", "TCP", &format!("127.0.0.1:{port}"), NQN], "{out}");
+    assert_eq!(row.last(), Some(&"Nvme0n1"), "{out}");
+    let (ok, _, err) = cli(&d.rpc, &["nvme", "reset", "Nvme0"]);
+    assert!(ok, "{err}");
+    // Refusals are one line naming the option typed.
+    let (ok, _, err) = cli(&d.rpc, &["nvme", "attach", "Nvme1", "--trtype", "rdma", "--traddr", "127.0.0.1"]);
+    assert!(!ok);
+    assert_eq!(err, "error: --trtype: 'rdma' is not supported: PCIe or TCP\n");
+    let (ok, _, err) = cli(&d.rpc, &["nvme", "options", "--timeout-us", "10"]);
+    assert!(!ok);
+    assert!(
+        err.starts_with("error: --timeout-us: bdev_nvme_set_options is refused once")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    let (ok, _, err) = cli(&d.rpc, &["nvme", "detach", "Nvme7"]);
+    assert!(!ok);
+    assert_eq!(err, "error: NAME: no NVMe controller 'Nvme7'\n");
+    let (ok, _, err) = cli(&d.rpc, &["nvme", "detach", "Nvme0"]);
+    assert!(ok, "{err}");
+    let (ok, out, _) = cli(&d.rpc, &["--json", "nvme", "list"]);
+    assert!(ok);
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap(), json!([]));
+}
