@@ -29,7 +29,7 @@ use crate::transport::{IoQueue, QueueStats, Transport, TransportId};
 use crate::NvmeError;
 
 use super::namespace::{NamespaceBackend, NsParams};
-use super::status::{io_status, TIMED_OUT};
+use super::status::{io_status, retryable, MAX_RETRIES, TIMED_OUT};
 
 /// Blocks one Write Zeroes or deallocate command covers at most (NLB is 16 bits, 0-based).
 const MAX_BLOCKS_NO_DATA: u64 = 1 << 16;
@@ -67,6 +67,8 @@ struct Cmd {
     aborted_at: u64,
     /// A timeout was logged for it (`action_on_timeout` none).
     warned: bool,
+    /// Times it was sent again after a transient failure.
+    retries: u8,
 }
 
 /// A namespace's channel over transport `T`.
@@ -258,7 +260,8 @@ impl<T: Transport> NvmeChannel<T> {
                 IoOp::Read | IoOp::Write => left.min(self.max_data),
                 IoOp::WriteZeroes | IoOp::Discard => left.min(MAX_BLOCKS_NO_DATA << self.block_shift),
             };
-            self.cmds[c as usize] = Cmd { req: r, off: req.cut, len, aborted_at: 0, warned: false };
+            self.cmds[c as usize] =
+                Cmd { req: r, off: req.cut, len, aborted_at: 0, warned: false, retries: 0 };
             req.cut += len;
             req.outstanding += 1;
             if req.cut >= req.req.len {
@@ -492,7 +495,8 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
                 q.cut = req.len;
                 q.all_cut = true;
                 q.outstanding = 1;
-                self.cmds[c as usize] = Cmd { req: r, off: 0, len: req.len, aborted_at: 0, warned: false };
+                self.cmds[c as usize] =
+                    Cmd { req: r, off: 0, len: req.len, aborted_at: 0, warned: false, retries: 0 };
                 self.send(c);
                 return Ok(());
             }
@@ -521,25 +525,32 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
         }
         if let Some(q) = self.queue.as_mut() {
             self.cq.clear();
-            match q.poll(&mut self.cq) {
-                Ok(_) => {
-                    let cq = std::mem::take(&mut self.cq);
-                    for &(c, status) in &cq {
-                        let s = if self.cmds[c as usize].aborted_at != 0 && !status.is_success() {
-                            TIMED_OUT
-                        } else {
-                            io_status(status)
-                        };
-                        self.complete(c, s, out);
+            let result = q.poll(&mut self.cq);
+            // Completions reaped before a queue fails are real: their IDs are no longer in
+            // flight, and a drain would not return them.
+            let cq = std::mem::take(&mut self.cq);
+            for &(c, status) in &cq {
+                if !status.is_success() && retryable(status) {
+                    let cmd = &mut self.cmds[c as usize];
+                    if cmd.retries < MAX_RETRIES && cmd.aborted_at == 0 {
+                        cmd.retries += 1;
+                        self.resend.push_back(c);
+                        continue;
                     }
-                    self.cq = cq;
                 }
-                Err(error) => {
-                    log::warn!("nvme {}n{}: I/O queue failed: {error}", self.shared.opts.name, self.nsid);
-                    let state = self.state;
-                    if let Some(queue) = self.take_queue() {
-                        self.shared.send(Msg::QueueFailed { state, queue, error });
-                    }
+                let s = if self.cmds[c as usize].aborted_at != 0 && !status.is_success() {
+                    TIMED_OUT
+                } else {
+                    io_status(status)
+                };
+                self.complete(c, s, out);
+            }
+            self.cq = cq;
+            if let Err(error) = result {
+                log::warn!("nvme {}n{}: I/O queue failed: {error}", self.shared.opts.name, self.nsid);
+                let state = self.state;
+                if let Some(queue) = self.take_queue() {
+                    self.shared.send(Msg::QueueFailed { state, queue, error });
                 }
             }
         }
@@ -555,13 +566,15 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
                 self.scan_timeouts(now);
             }
         }
-        self.polls = self.polls.wrapping_add(1);
-        if self.polls & 63 == 0 {
-            self.publish_stats();
-        }
         out.append(&mut self.done);
         let n = out.len() - first;
         self.in_flight -= n;
+        // Counters go out every 64 rounds, and when the channel runs dry (its reactor may
+        // sleep next, and the last rounds would not be seen until the next I/O).
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls & 63 == 0 || (n != 0 && self.in_flight == 0) {
+            self.publish_stats();
+        }
         n
     }
 
@@ -573,10 +586,8 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
 impl<T: Transport> Drop for NvmeChannel<T> {
     fn drop(&mut self) {
         let state = self.state;
-        if let Some(q) = self.take_queue() {
-            let qid = q.qid();
-            drop(q);
-            self.shared.send(Msg::DisconnectIo { qid, state });
+        if let Some(queue) = self.take_queue() {
+            self.shared.send(Msg::DisconnectIo { queue, state });
         }
         self.shared.channel_closed(self.stats_base);
     }

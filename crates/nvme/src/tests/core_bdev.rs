@@ -192,7 +192,19 @@ fn nvme_statuses_become_errnos() {
         unsafe { ch.submit(&rw(4, IoOp::Write, 0, &iov)) }.unwrap();
         assert_eq!(poll_n(&mut *ch, 1), [(4, want)], "{status:?}");
     }
-    // One failed piece fails the whole split request, once.
+    // Transient failures are retried (three times), and then stand.
+    for (times, want) in [(3, IoStatus::Success), (4, IoStatus::Error(libc::EBUSY))] {
+        {
+            let mut d = dev.lock();
+            d.io_status = Some(Status::generic(spec::SC_NAMESPACE_NOT_READY).retryable());
+            d.io_status_times = times;
+            d.seen.clear();
+        }
+        // SAFETY: as above.
+        unsafe { ch.submit(&rw(7, IoOp::Write, 0, &iov)) }.unwrap();
+        assert_eq!(poll_n(&mut *ch, 1), [(7, want)], "{times} failures");
+        assert_eq!(dev.lock().seen.len(), 4);
+    }
     dev.lock().io_status = None;
     // SAFETY: no buffers.
     unsafe { ch.submit(&cmd(5, IoOp::Read, 0, 512)) }.unwrap();

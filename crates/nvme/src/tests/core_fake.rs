@@ -60,8 +60,10 @@ pub(crate) struct Dev {
     pub(crate) stalled: Vec<(u16, u16)>,
     /// Abort completes the aborted command (with Abort Requested) when set.
     pub(crate) abort_works: bool,
-    /// I/O completes with this status instead of being carried out.
+    /// I/O completes with this status instead of being carried out...
     pub(crate) io_status: Option<Status>,
+    /// ...for this many commands (0: until told otherwise).
+    pub(crate) io_status_times: u32,
     /// Asynchronous events to deliver (dword 0 values).
     pub(crate) events: Vec<u32>,
     // Counters.
@@ -102,6 +104,7 @@ impl FakeDevice {
             stalled: Vec::new(),
             abort_works: true,
             io_status: None,
+            io_status_times: 0,
             events: Vec::new(),
             connects: 0,
             aborts: Vec::new(),
@@ -356,6 +359,12 @@ unsafe impl Send for FakeIo {}
 /// `iov` describes buffers valid for the transfer.
 unsafe fn execute(d: &mut Dev, sqe: &Sqe, iov: &[libc::iovec]) -> Status {
     if let Some(s) = d.io_status {
+        if d.io_status_times > 0 {
+            d.io_status_times -= 1;
+            if d.io_status_times == 0 {
+                d.io_status = None;
+            }
+        }
         return s;
     }
     let Some(ns) = d.namespaces.get_mut(&sqe.nsid()) else {

@@ -4,3 +4,5 @@
 mod core_bdev;
 mod core_ctrlr;
 mod core_fake;
+mod core_pcie;
+mod core_tcp;
