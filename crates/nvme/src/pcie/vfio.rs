@@ -53,10 +53,16 @@ impl Default for VfioPaths {
 /// unmaps all DMA (the listener goes) and leaves the container.
 struct GroupContainer {
     number: u32,
-    group: VfioGroup,
-    /// Also held by the DMA map while the listener is in: closed only after the group left.
-    _container: Arc<ContainerMapper>,
+    /// The group, and the container (also held by the DMA map while the listener is in);
+    /// `None` only inside `drop`, which closes them in that order.
+    fds: Option<(VfioGroup, Arc<ContainerMapper>)>,
     listener: ListenerId,
+}
+
+impl GroupContainer {
+    fn group(&self) -> &VfioGroup {
+        &self.fds.as_ref().expect("open until dropped").0
+    }
 }
 
 /// The container as the DMA map's listener.
@@ -90,9 +96,16 @@ impl DmaListener for ContainerMapper {
 
 impl Drop for GroupContainer {
     fn drop(&mut self) {
+        // Held through the teardown: an open of this group meanwhile waits, rather than find
+        // the group's fd still open (the kernel lets one open at a time: EBUSY).
+        let _table = groups().lock().unwrap_or_else(|e| e.into_inner());
         memory_map().remove_listener(self.listener);
-        if let Err(e) = self.group.unset_container() {
-            log::warn!("VFIO group {}: leaving its container: {e}", self.number);
+        if let Some((group, container)) = self.fds.take() {
+            if let Err(e) = group.unset_container() {
+                log::warn!("VFIO group {}: leaving its container: {e}", self.number);
+            }
+            drop(group);
+            drop(container);
         }
     }
 }
@@ -105,14 +118,15 @@ fn groups() -> &'static Mutex<HashMap<u32, Weak<GroupContainer>>> {
 /// A function bound to vfio-pci, open for the PCIe transport.
 pub struct VfioFunction {
     address: String,
-    _claim: Claim,
     // Field order is drop order: BAR unmapped, then the device fd closed, then the group
-    // leaves its container (when this was its last function).
+    // leaves its container (when this was its last function), and only then may the
+    // function be opened again.
     bar0_map: MappedRegion,
     bar0: Bar,
     device: VfioDevice,
     resettable: bool,
     _group: Arc<GroupContainer>,
+    _claim: Claim,
 }
 
 impl std::fmt::Debug for VfioFunction {
@@ -140,7 +154,7 @@ impl VfioFunction {
         let claim = Claim::new(&address)?;
         let group_number = check_sysfs(paths, &address)?;
         let group = shared_group(paths, group_number)?;
-        let device = group.group.device(&address).map_err(|e| io(format!("VFIO device {address}"), e))?;
+        let device = group.group().device(&address).map_err(|e| io(format!("VFIO device {address}"), e))?;
         let info = device.info().map_err(|e| io(format!("VFIO device info of {address}"), e))?;
         if info.flags & DEVICE_FLAGS_PCI == 0 {
             return Err(NvmeError::Unsupported(format!("VFIO device {address} is not a PCI function")));
@@ -165,12 +179,12 @@ impl VfioFunction {
         );
         Ok(Arc::new(VfioFunction {
             address,
-            _claim: claim,
             bar0_map,
             bar0,
             device,
             resettable: info.flags & DEVICE_FLAGS_RESET != 0,
             _group: group,
+            _claim: claim,
         }))
     }
 }
@@ -375,7 +389,7 @@ fn shared_group(paths: &VfioPaths, number: u32) -> Result<Arc<GroupContainer>, N
             ));
         }
     };
-    let g = Arc::new(GroupContainer { number, group, _container: mapper, listener });
+    let g = Arc::new(GroupContainer { number, fds: Some((group, mapper)), listener });
     table.retain(|_, w| w.strong_count() > 0);
     table.insert(number, Arc::downgrade(&g));
     Ok(g)
