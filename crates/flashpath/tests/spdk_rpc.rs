@@ -609,6 +609,10 @@ fn nvme_controllers() {
         "abort",
         "-k",
         "5000",
+        "-s",
+        "2048",
+        "-p",
+        "2000",
     ]);
     let e = rpc.fails(&["bdev_nvme_set_options", "-d"]);
     assert!(e["message"].as_str().unwrap().starts_with("delay_cmd_submit: not supported"), "{e}");
