@@ -609,11 +609,15 @@ fn nvme_controllers() {
         "abort",
         "-k",
         "5000",
+        "-s",
+        "2048",
+        "-p",
+        "2000",
     ]);
     let e = rpc.fails(&["bdev_nvme_set_options", "-d"]);
     assert!(e["message"].as_str().unwrap().starts_with("delay_cmd_submit: not supported"), "{e}");
-    let e = rpc.fails(&["bdev_nvme_set_options", "-s", "2048"]);
-    assert!(e["message"].as_str().unwrap().starts_with("io_queue_requests: not supported"), "{e}");
+    let e = rpc.fails(&["bdev_nvme_set_options", "-r", "5"]);
+    assert!(e["message"].as_str().unwrap().starts_with("bdev_retry_count: not supported"), "{e}");
 
     let attach = [
         "bdev_nvme_attach_controller",

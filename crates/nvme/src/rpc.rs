@@ -134,7 +134,7 @@ fn no_controller(name: &str) -> ModuleError {
 impl Options {
     /// The driver's options these stand for.
     fn global(&self) -> GlobalOptions {
-        GlobalOptions {
+        let mut g = GlobalOptions {
             timeout_us: self.timeout_us,
             timeout_admin_us: self.timeout_admin_us,
             action_on_timeout: match self.action_on_timeout {
@@ -146,8 +146,13 @@ impl Options {
             ctrlr_loss_timeout_sec: self.reconnect.ctrlr_loss_timeout_sec,
             reconnect_delay_sec: self.reconnect.reconnect_delay_sec,
             fast_io_fail_timeout_sec: self.reconnect.fast_io_fail_timeout_sec,
+            nvme_adminq_poll_period_us: self.nvme_adminq_poll_period_us,
             ..GlobalOptions::default()
+        };
+        if self.io_queue_requests != 0 {
+            g.io_queue_requests = self.io_queue_requests;
         }
+        g
     }
 }
 

@@ -420,7 +420,21 @@ pub struct Options {
     pub keep_alive_timeout_ms: u32,
     /// The reconnect defaults of `bdev_nvme_attach_controller`.
     pub reconnect: Reconnect,
+    /// Requests one channel (one I/O queue pair) takes at once; 0: the driver's default.
+    pub io_queue_requests: u32,
+    /// How often a controller's thread looks for asynchronous events, in microseconds.
+    pub nvme_adminq_poll_period_us: u64,
 }
+
+/// SPDK's default admin queue poll period (10 ms).
+pub const DEFAULT_ADMINQ_POLL_PERIOD_US: u64 = 10_000;
+
+/// The most requests a channel may be given (each is preallocated, per reactor and namespace).
+pub const MAX_IO_QUEUE_REQUESTS: u64 = 65_536;
+
+/// The longest admin queue poll period: 10 s, beyond which events would arrive late enough to
+/// look lost.
+pub const MAX_ADMINQ_POLL_PERIOD_US: u64 = 10_000_000;
 
 /// SPDK's default keep-alive timeout (10 s).
 pub const DEFAULT_KEEP_ALIVE_TIMEOUT_MS: u32 = 10_000;
@@ -434,6 +448,8 @@ impl Default for Options {
             action_on_timeout: OnTimeout::None,
             keep_alive_timeout_ms: DEFAULT_KEEP_ALIVE_TIMEOUT_MS,
             reconnect: Reconnect::default(),
+            io_queue_requests: 0,
+            nvme_adminq_poll_period_us: DEFAULT_ADMINQ_POLL_PERIOD_US,
         }
     }
 }
@@ -460,8 +476,6 @@ const OPTIONS_SPDK_ONLY: &[(&str, Neutral)] = &[
     ("rdma_srq_size", Neutral::Int(0)),
     ("rdma_max_cq_size", Neutral::Int(0)),
     ("tcp_connect_timeout_ms", Neutral::Int(0)),
-    ("nvme_adminq_poll_period_us", Neutral::Absent),
-    ("io_queue_requests", Neutral::Absent),
     ("retry_count", Neutral::Absent),
     ("transport_retry_count", Neutral::Absent),
     ("bdev_retry_count", Neutral::Absent),
@@ -480,6 +494,8 @@ pub struct OptionsParams {
     action_on_timeout: Option<OnTimeout>,
     keep_alive_timeout_ms: Option<u32>,
     reconnect: ReconnectParams,
+    io_queue_requests: Option<u32>,
+    nvme_adminq_poll_period_us: Option<u64>,
     /// The first field given, to name in a refusal that is about the call as a whole.
     pub first_field: Option<&'static str>,
 }
@@ -510,6 +526,10 @@ impl OptionsParams {
         let keep_alive_timeout_ms =
             p.optional_uint("keep_alive_timeout_ms", u64::from(u32::MAX))?.map(|v| v as u32);
         let reconnect = ReconnectParams::take(&mut p)?;
+        let io_queue_requests =
+            p.optional_uint("io_queue_requests", MAX_IO_QUEUE_REQUESTS)?.map(|v| v as u32);
+        let nvme_adminq_poll_period_us =
+            p.optional_uint("nvme_adminq_poll_period_us", MAX_ADMINQ_POLL_PERIOD_US)?;
         p.spdk_only(OPTIONS_SPDK_ONLY)?;
         p.finish()?;
         let given = [
@@ -520,6 +540,8 @@ impl OptionsParams {
             ("ctrlr_loss_timeout_sec", reconnect.ctrlr_loss_timeout_sec.is_some()),
             ("reconnect_delay_sec", reconnect.reconnect_delay_sec.is_some()),
             ("fast_io_fail_timeout_sec", reconnect.fast_io_fail_timeout_sec.is_some()),
+            ("io_queue_requests", io_queue_requests.is_some()),
+            ("nvme_adminq_poll_period_us", nvme_adminq_poll_period_us.is_some()),
         ];
         let first_field = given.iter().find(|(_, g)| *g).map(|(f, _)| *f);
         Ok(OptionsParams {
@@ -528,6 +550,8 @@ impl OptionsParams {
             action_on_timeout,
             keep_alive_timeout_ms,
             reconnect,
+            io_queue_requests,
+            nvme_adminq_poll_period_us,
             first_field,
         })
     }
@@ -540,6 +564,10 @@ impl OptionsParams {
             action_on_timeout: self.action_on_timeout.unwrap_or(current.action_on_timeout),
             keep_alive_timeout_ms: self.keep_alive_timeout_ms.unwrap_or(current.keep_alive_timeout_ms),
             reconnect: self.reconnect.over(current.reconnect)?,
+            io_queue_requests: self.io_queue_requests.unwrap_or(current.io_queue_requests),
+            nvme_adminq_poll_period_us: self
+                .nvme_adminq_poll_period_us
+                .unwrap_or(current.nvme_adminq_poll_period_us),
         };
         if o.timeout_us == 0 && o.timeout_admin_us != 0 {
             return Err(ParamError::new(
@@ -703,6 +731,7 @@ mod tests {
         let o = options(json!({
             "timeout_us": 2_000_000, "timeout_admin_us": 5_000_000, "action_on_timeout": "abort",
             "keep_alive_timeout_ms": 3000, "ctrlr_loss_timeout_sec": -1, "reconnect_delay_sec": 1,
+            "io_queue_requests": 2048, "nvme_adminq_poll_period_us": 2000,
             // What SPDK's client sends unasked.
             "delay_cmd_submit": true, "disable_auto_failback": false, "generate_uuids": false,
             "nvme_error_stat": false, "io_path_stat": false, "allow_accel_sequence": false,
@@ -721,6 +750,8 @@ mod tests {
                     reconnect_delay_sec: 1,
                     fast_io_fail_timeout_sec: 0
                 },
+                io_queue_requests: 2048,
+                nvme_adminq_poll_period_us: 2000,
             }
         );
         assert_eq!(options(json!({})).unwrap(), Options::default());
@@ -741,7 +772,10 @@ mod tests {
             (json!({"timeout_admin_us": 5}), "timeout_admin_us: needs timeout_us too"),
             (json!({"timeout_us": -1}), "timeout_us: expected an integer between 0"),
             (json!({"delay_cmd_submit": false}), "delay_cmd_submit: not supported by flashpath (only true)"),
-            (json!({"io_queue_requests": 2048}), "io_queue_requests: not supported by flashpath"),
+            (
+                json!({"io_queue_requests": 70000}),
+                "io_queue_requests: expected an integer between 0 and 65536",
+            ),
             (json!({"transport_retry_count": 4}), "transport_retry_count: not supported"),
             (
                 json!({"reconnect_delay_sec": 3}),
