@@ -188,7 +188,7 @@ add_dynamic "$(command -v nvme)"
 # flashpath's binaries need libgcc_s (unwinding) besides libc. They change with every build, so
 # they are not in this cached image: the nvme test packs them into a second cpio that QEMU loads
 # after this one (crates/flashpath/tests/common/guest.rs, VmConfig::extra_files).
-libgcc=$(ldconfig -p | awk '/libgcc_s\.so\.1 .*x86-64/ { print $NF; exit }')
+libgcc=$(ldconfig -p | awk '/libgcc_s\.so\.1 .*x86-64/ && !found { print $NF; found = 1 }')
 [ -n "$libgcc" ] || die "no libgcc_s.so.1 on the host (package libgcc-s1)"
 mkdir -p "$R$(dirname "$libgcc")"
 cp -L "$libgcc" "$R$libgcc"
