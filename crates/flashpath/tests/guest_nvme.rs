@@ -17,9 +17,12 @@
 //! The host checks that the guest's NVMe/TCP target answers an Initialize Connection Request
 //! on the forwarded port, then connects to it with the tests' minimal NVMe/TCP host
 //! (common/nvme_tcp.rs), reads the pattern the guest put in the namespace's file and writes
-//! one the guest then finds there; after QEMU exited, the pattern the guest wrote through the
-//! kernel's nvme driver in the raw image, and that QEMU's doorbell trace events counted that
-//! driver's I/O queue doorbells.
+//! one the guest then finds there; then flashpath's own initiator (a daemon on the host,
+//! `bdev_nvme_attach_controller` over TCP) serves the namespace over vhost-user to a libblkio
+//! client: verified random I/O, a pattern region read again after
+//! `bdev_nvme_reset_controller`, a detach, and the guest finds the region in the file. After
+//! QEMU exited: flashpath's driver's pattern region in the raw image, and QEMU's doorbell trace
+//! events against the driver's own doorbell count.
 //!
 //! One boot in this binary. It runs with the other guest tests (`./run test`, one at a time);
 //! the module is `guest_vm` so that the step running everything else skips it. Without QEMU it
@@ -35,7 +38,8 @@ mod guest_vm {
     use super::common::guest::{self, count_doorbells, DiskOp, NvmeDevice, Vm, VmConfig, EXIT_TIMEOUT};
     use super::common::nbd::free_port;
     use super::common::nvme_tcp::Host;
-    use super::common::{assert_same, pattern};
+    use super::common::{assert_same, bounded, pattern, random_write_verify, rpc_call, BlkClient, Daemon};
+    use serde_json::json;
 
     const MIB: u64 = 1 << 20;
     const SERIAL: &str = "FPNVME0001";
@@ -45,6 +49,8 @@ mod guest_vm {
     const OPS: &str = "nvme";
     /// The pattern region flashpath's driver writes in the guest (init's `nvme` scenario).
     const DRIVER_REGION: (u64, u64, u64) = (8 * MIB, MIB, 63);
+    /// The region flashpath's NVMe/TCP initiator writes on the guest's nvmet namespace.
+    const TCP_REGION: (u64, u64, u64) = (12 * MIB, MIB, 64);
     /// The size of the file the guest's nvmet namespace is on.
     const NVMET_SIZE: u64 = 16 * MIB;
 
@@ -185,6 +191,44 @@ mod guest_vm {
         assert_eq!(c.status, 0, "read back: {c:?}");
         assert_same("a block written over NVMe/TCP, read back", off, &back, &want[..io]);
         drop(host);
+
+        // flashpath's own initiator: a daemon on the host attaches the guest's subsystem
+        // (bdev_nvme_attach_controller over TCP) and serves the namespace over vhost-user; a
+        // libblkio client writes and reads back at random, writes a pattern region, and reads
+        // it again after bdev_nvme_reset_controller. Then the guest finds the region in the file.
+        let d = Daemon::start("0");
+        let attach = json!({
+            "name": "Guest0", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+            "trsvcid": port.to_string(), "subnqn": NQN, "hostnqn": HOSTNQN
+        });
+        assert_eq!(d.call("bdev_nvme_attach_controller", attach), json!(["Guest0n1"]));
+        let c = d.call("bdev_nvme_get_controllers", json!({"name": "Guest0"}));
+        assert_eq!(c[0]["ctrlrs"][0]["state"], "enabled", "{c}");
+        assert_eq!(c[0]["ctrlrs"][0]["trid"]["subnqn"], NQN, "{c}");
+        let sock = d.controller("vhost.nvmet", "Guest0n1", Some(1), false);
+        let (rpc, (roff, rlen, rseed)) = (d.rpc.clone(), TCP_REGION);
+        let compared =
+            bounded(Duration::from_secs(120), "I/O through flashpath's NVMe/TCP initiator", move || {
+                let mut c = BlkClient::open(&sock, 1);
+                assert_eq!(c.capacity, NVMET_SIZE, "the namespace's size through the initiator");
+                let compared = random_write_verify(&mut c, 71, 4, 4 * MIB, 4 * MIB, None);
+                let want = pattern(rseed, roff, rlen as usize);
+                c.write_all(roff, &want);
+                let r =
+                    rpc_call(&rpc, "bdev_nvme_reset_controller", Some(json!({"name": "Guest0"}))).unwrap();
+                assert_eq!(r.unwrap(), json!(true), "bdev_nvme_reset_controller");
+                assert_same("the region read after a reset", roff, &c.read_all(roff, rlen as usize), &want);
+                compared
+            });
+        eprintln!("guest 'nvme': flashpath's NVMe/TCP initiator: {compared} bytes compared, a reset, the region read back");
+        d.call("vhost_delete_controller", json!({"ctrlr": "vhost.nvmet"}));
+        assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Guest0"})), json!(true));
+        vm.send_line(&format!("verify {roff} {rlen} {rseed}"));
+        vm.wait_for(
+            "the guest's verify",
+            |l| l.contains(&format!("nvme nvmet verified {roff} ")),
+            guest::BOOT_TIMEOUT,
+        );
         vm.send_line(&format!("verify 0 {MIB} 61"));
         vm.wait_for("the guest's verify", |l| l.contains("nvme nvmet verified 0 "), guest::BOOT_TIMEOUT);
         vm.send_line(&format!("verify {off} {len} 62"));
