@@ -53,9 +53,10 @@ cmd_test() {
     else
         ensure_guest_packages
         say "guest tests (QEMU, one guest at a time)"
-        # guest_nvme ships fp-nvme's examples into its guest: built by the step above, and
+        # guest_nvme ships fp-load and fp-nvme's examples into its guest: built by the step above, and
         # here again (a no-op then) so that this step alone finds them.
-        cargo build -p fp-nvme --example nvme_guest --example vfio_bdev 2>&1 | tee -a "$log" || rc=$?
+        cargo build -p fp-loadgen --bin fp-load -p fp-nvme --example nvme_guest --example vfio_bdev 2>&1 |
+            tee -a "$log" || rc=$?
         cargo test --workspace --no-fail-fast --test guest --test guest_nvmf --test guest_nvme -- --test-threads=1 2>&1 |
             tee -a "$log" || rc=$?
         # --nocapture: the log keeps each migration's downtime and total time, and each chain's.

@@ -8,11 +8,17 @@
 //! pattern found, the bdev conformance suite, I/O from registered buffers without a bounce, two
 //! controller resets under verified I/O, a pattern region across a detach and a second
 //! attach), configures nvmet-tcp on a file in its RAM and then takes the host's commands on the
-//! console.
+//! console. Before that, flashpath itself runs in the guest on the function: `flashpath serve`,
+//! `flashpath nvme attach` (PCIe), the namespace over vhost-user to fp-load writing at random
+//! at QD32 while the controller is reset (no request fails), detach, attach again, and fp-load's
+//! random reads at QD32 with nothing bounced (the client's memory is mapped for the device). At
+//! QD32 the doorbell writes per I/O of the kernel's driver (fio) and of flashpath's (fp-load
+//! through the daemon) are counted from QEMU's trace between console handshakes and printed.
 //!
-//! The guest's binaries are this build's (`target/<profile>/examples/`), which
-//! `cargo test --workspace` builds; run alone, the test needs
-//! `cargo build -p fp-nvme --example nvme_guest --example vfio_bdev` first.
+//! The guest's binaries are this build's (`flashpath`, `target/<profile>/fp-load` and
+//! `examples/`), which `cargo test --workspace` builds; run alone, the test needs
+//! `cargo build -p fp-loadgen --bin fp-load -p fp-nvme --example nvme_guest --example vfio_bdev`
+//! first.
 //!
 //! The host checks that the guest's NVMe/TCP target answers an Initialize Connection Request
 //! on the forwarded port, then connects to it with the tests' minimal NVMe/TCP host
@@ -145,11 +151,51 @@ mod guest_vm {
                     let how = format!("cargo build -p fp-nvme --example {e}");
                     (built(&format!("examples/{e}"), &how), format!("/usr/bin/{e}"))
                 })
+                .chain([
+                    (env!("CARGO_BIN_EXE_flashpath").into(), "/usr/bin/flashpath".into()),
+                    (built("fp-load", "cargo build -p fp-loadgen --bin fp-load"), "/usr/bin/fp-load".into()),
+                ])
                 .collect(),
             ..VmConfig::new("nvme", Vec::new())
         };
         let mut vm = Vm::boot(&cfg, dir.path());
-        vm.wait_for("nvmet-tcp", |l| l.contains("nvme nvmet ready"), guest::BOOT_TIMEOUT);
+        // Until the target is ready, the guest stops at each bench mark until told "go", and
+        // the doorbell writes QEMU traced are counted there.
+        let mut marks: Vec<(String, (u64, u64))> = Vec::new();
+        let mut bench = Vec::new();
+        loop {
+            let line = vm.wait_for(
+                "nvmet-tcp",
+                |l| l.contains("nvme bench ") || l.contains("nvme nvmet ready"),
+                guest::BOOT_TIMEOUT,
+            );
+            let Some(i) = line.find("nvme bench ") else { break };
+            let words: Vec<&str> = line[i + "nvme bench ".len()..].split_whitespace().collect();
+            let now = count_doorbells(&trace);
+            match words[..] {
+                [name, "begin"] => marks.push((name.to_string(), now)),
+                [name, "end", ios] => {
+                    let (begun, (sq0, cq0)) = marks.pop().expect("an end without a begin");
+                    assert_eq!(begun, name, "{line}");
+                    let ios: u64 = ios
+                        .strip_prefix("ios=")
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or_else(|| panic!("{line}"));
+                    assert!(ios > 0, "{line}");
+                    bench.push((name.to_string(), ios, now.0 - sq0, now.1 - cq0));
+                }
+                _ => panic!("a bench line of another shape: {line}"),
+            }
+            vm.send_line("go");
+        }
+        // Doorbell writes per I/O at QD32 (4 KiB random reads): figures, not assertions.
+        for (name, ios, sq, cq) in &bench {
+            eprintln!(
+                "guest 'nvme': bench {name}: {ios} I/Os at QD32, {sq} SQ and {cq} CQ doorbell writes: {:.3} per I/O",
+                (sq + cq) as f64 / *ios as f64
+            );
+        }
+        assert_eq!(bench.iter().map(|b| b.0.as_str()).collect::<Vec<_>>(), ["kernel", "flashpath"]);
 
         let maxh2cdata = ic_exchange(port);
         eprintln!("guest 'nvme': the kernel's nvmet-tcp answered ICReq on 127.0.0.1:{port} (MAXH2CDATA {maxh2cdata})");
@@ -259,6 +305,17 @@ mod guest_vm {
         let addr = k.get("addr").expect("addr");
         let members = v.get("group_devices").expect("group_devices");
         assert!(members.split(',').any(|m| m == addr), "{addr} is not in its own IOMMU group: {v:?}");
+        // flashpath itself in the guest: attached, I/O under a reset with no error, detached.
+        let w = r.fields("nvme daemon wrote under a reset");
+        assert_eq!(w.get("errors").map(String::as_str), Some("0"), "{w:?}");
+        assert!(w.get("ios").and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n > 0), "{w:?}");
+        assert_eq!(r.info_after("nvme daemon attached"), ["state=enabled"], "{:?}", r.info);
+        assert_eq!(r.info_after("nvme daemon stopped").len(), 1, "{:?}", r.info);
+        // Zero copy: the vhost-user client's memory is in the DMA map (registered when its
+        // memory table arrived), so nothing of the benchmark's reads was bounced.
+        let ds = r.fields("nvme daemon stats");
+        assert_eq!(ds.get("bounced").map(String::as_str), Some("0"), "{ds:?}");
+        assert!(ds.get("completed").and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n >= 2048), "{ds:?}");
         // flashpath's driver on the function, through VFIO.
         let attached = r.info_after("nvme nvme_guest attached");
         assert_eq!(attached.len(), 3, "attached to find, to write, and after the detach: {:?}", r.info);
