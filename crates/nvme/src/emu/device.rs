@@ -98,8 +98,11 @@ pub(crate) fn run(sh: Arc<Shared>) {
         features: [0; 256],
     };
     let mut last_work = Instant::now();
+    let gate = d.sh.gate.clone();
+    // Host memory is touched only with the gate held (see `DmaGate`).
+    let locked = || gate.0.lock().unwrap_or_else(|e| e.into_inner());
     while !d.sh.stop.load(Ordering::Acquire) {
-        if d.step() {
+        if d.step_gated(locked()) {
             last_work = Instant::now();
             continue;
         }
@@ -109,13 +112,17 @@ pub(crate) fn run(sh: Arc<Shared>) {
         }
         // Ask to be told of the next submission, then look once more: a doorbell written
         // before the event index was would otherwise go unnoticed until the nap ends.
+        let g = locked();
         d.set_event_indexes(true);
         d.sh.sleeping.store(true, Ordering::SeqCst);
-        if !d.step() {
+        let worked = d.step_gated(g);
+        if !worked {
             std::thread::park_timeout(NAP);
         }
         d.sh.sleeping.store(false, Ordering::SeqCst);
+        let g = locked();
         d.set_event_indexes(false);
+        drop(g);
         last_work = Instant::now() - SPIN / 2;
     }
 }
@@ -126,6 +133,11 @@ pub(crate) fn host(iova: u64, len: usize) -> Option<*mut u8> {
 }
 
 impl Device {
+    /// One round with the DMA gate held (`_gate` is its guard, released on return).
+    fn step_gated(&mut self, _gate: std::sync::MutexGuard<'_, ()>) -> bool {
+        self.step()
+    }
+
     fn step(&mut self) -> bool {
         let sh = self.sh.clone();
         if sh.flr.load(Ordering::Acquire) {
@@ -235,17 +247,24 @@ impl Device {
     /// (the host need not write BAR0); before it sleeps, its position (the next submission
     /// writes BAR0, which wakes it).
     fn set_event_indexes(&self, sleeping: bool) {
-        let Some((_, events)) = self.dbbuf else { return };
-        for (qid, sq) in self.sqs.iter().enumerate() {
-            let Some(sq) = sq.as_ref().filter(|s| s.shadow) else { continue };
-            let v = if sleeping { sq.head } else { (sq.head + sq.size - 1) % sq.size };
-            if let Some(p) = host(events + qid as u64 * 8, 4) {
-                // SAFETY: reachable host memory, 4-aligned.
-                unsafe { (*(p as *const AtomicU32)).store(u32::from(v), Ordering::Release) };
-            }
+        for qid in 0..self.sqs.len() {
+            self.set_sq_event(qid as u16, sleeping);
         }
         // Pairs with the host's fence between its shadow write and its event index read.
         fence(Ordering::SeqCst);
+    }
+
+    /// The event index of shadowed SQ `qid`, as [`Device::set_event_indexes`] says.
+    fn set_sq_event(&self, qid: u16, sleeping: bool) {
+        let Some((_, events)) = self.dbbuf else { return };
+        let Some(sq) = self.sqs.get(qid as usize).and_then(Option::as_ref).filter(|s| s.shadow) else {
+            return;
+        };
+        let v = if sleeping { sq.head } else { (sq.head + sq.size - 1) % sq.size };
+        if let Some(p) = host(events + u64::from(qid) * 8, 4) {
+            // SAFETY: reachable host memory, 4-aligned.
+            unsafe { (*(p as *const AtomicU32)).store(u32::from(v), Ordering::Release) };
+        }
     }
 
     /// The event index of shadowed CQ `cqid`: one behind the host's head, so the host never
@@ -393,6 +412,9 @@ impl Device {
             }
         }
         if n > 0 {
+            // Still polling: keep both event indexes just behind, so the host writes neither
+            // register while the thread is awake.
+            self.set_sq_event(qid, false);
             self.quiet_cq_event(cqid);
         }
         n > 0
