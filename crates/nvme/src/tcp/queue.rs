@@ -299,7 +299,8 @@ impl TcpQueue {
         tag: u32,
     ) -> Result<u16, SubmitError> {
         if self.dead.is_some() {
-            // Accepted and failed at the next poll, as any command in flight on a dead queue.
+            // Refused for now: the owner's next poll reports the queue dead, and it drains it
+            // and retries on the controller's next queue.
             return Err(SubmitError::Busy);
         }
         let len: usize = iov.iter().map(|v| v.iov_len).sum();
@@ -395,7 +396,11 @@ impl TcpQueue {
     /// more now.
     fn stage(&mut self, need: usize) -> Result<bool, NvmeError> {
         while self.rx_end - self.rx_start < need {
-            if self.rx.len() - self.rx_start < need {
+            if self.rx_start == self.rx_end {
+                // Empty: the whole buffer for the next receive.
+                self.rx_start = 0;
+                self.rx_end = 0;
+            } else if self.rx.len() - self.rx_start < need {
                 self.rx.copy_within(self.rx_start..self.rx_end, 0);
                 self.rx_end -= self.rx_start;
                 self.rx_start = 0;
@@ -767,12 +772,14 @@ impl TcpQueue {
         timeout: Duration,
         other: &mut dyn FnMut(u32, &Cqe),
     ) -> Result<Cqe, NvmeError> {
-        let (iov, dir) = match &data {
+        // The pointers come from the unique borrows `data` holds, which live to the end of
+        // this call.
+        let mut data = data;
+        let (iov, dir) = match &mut data {
             AdminData::None => (None, Dir::None),
-            AdminData::FromDevice(b) => (
-                Some(libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }),
-                Dir::FromDevice,
-            ),
+            AdminData::FromDevice(b) => {
+                (Some(libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }), Dir::FromDevice)
+            }
             AdminData::ToDevice(b) => (
                 Some(libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }),
                 Dir::ToDevice,
