@@ -12,6 +12,8 @@
 //! * [`a_config_file_attaches_controllers_before_the_bdevs`]: a second daemon attaches the
 //!   first's subsystem from `[[nvme_controller]]` and stacks a delay bdev on it from `[[bdev]]`.
 //! * [`the_cli_attaches_lists_resets_and_detaches`]: `flashpath nvme ...`.
+//! * [`namespace_changes_reach_the_registry`]: a namespace resized, removed and added back on
+//!   the target reaches the attached side's bdevs through asynchronous events.
 
 mod common;
 
@@ -316,4 +318,45 @@ fn the_cli_attaches_lists_resets_and_detaches() {
     let (ok, out, _) = cli(&d.rpc, &["--json", "nvme", "list"]);
     assert!(ok);
     assert_eq!(serde_json::from_str::<Value>(&out).unwrap(), json!([]));
+}
+
+/// Waits until `check` holds, for up to 10 s.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A namespace resized or removed on the target reaches the attached side through the
+/// controller's asynchronous events: the bdev is resized (its export told), then deleted.
+#[test]
+fn namespace_changes_reach_the_registry() {
+    let d = Daemon::start("0");
+    d.call("bdev_null_create", json!({"name": "n0", "num_blocks": 8192, "block_size": 512}));
+    d.call("nvmf_create_transport", json!({"trtype": "TCP"}));
+    d.call("nvmf_create_subsystem", json!({"nqn": NQN, "allow_any_host": true}));
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "n0"}}));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen =
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()});
+    d.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": listen}));
+    assert_eq!(d.call("bdev_nvme_attach_controller", attach_params("Nvme0", port)), json!(["Nvme0n1"]));
+    let blocks = || d.try_call("bdev_get_bdevs", json!({"name": "Nvme0n1"})).ok()?[0]["num_blocks"].as_u64();
+    assert_eq!(blocks(), Some(8192));
+
+    d.call("bdev_null_resize", json!({"name": "n0", "new_size": 8}));
+    eventually("Nvme0n1 did not grow to 8 MiB", || blocks() == Some(16384));
+
+    d.call("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 1}));
+    eventually("Nvme0n1 was not deleted with its namespace", || {
+        d.try_call("bdev_get_bdevs", json!({"name": "Nvme0n1"})).is_err()
+    });
+    // The controller itself stays, with no namespace, until detached.
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
+    assert_eq!(c[0]["ctrlrs"][0]["namespaces"], json!([]), "{c}");
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "n0", "nsid": 1}}));
+    eventually("Nvme0n1 did not come back with its namespace", || blocks() == Some(16384));
+    assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
 }
