@@ -669,3 +669,31 @@ write("nvmf_admin", {
     + cmd(sqe(0x7F, 21, fctype=0x01), bytes(200)) + cmd(sqe(0xC0, 22)) + cmd(sqe(0x08, 23, cdw={10: 5 << 16}))
     + NS_CHANGED(1) + NS_CHANGED(3) + PASS(40) + prop_set(24, 0x14, 0) + identify(25, 1),
 })
+
+# nvme_tcp_host: see the table at the top of fuzz_targets/nvme_tcp_host.rs. Commands in flight:
+# cid 0 a 4 KiB read, 1 an 8 KiB write, 2 a Flush, 3 a 1 KiB read.
+def resp(cid, status=0, hd=False):
+    return nvmf_pdu(5, struct.pack("<IIHHHH", 0, 0, 0, 1, cid, status), hd=hd)
+
+
+def c2h(cid, offset, data, flags=0, hd=False, dd=False):
+    return nvmf_pdu(7, struct.pack("<HHII", cid, 0, offset, len(data)) + bytes(4), data, hd, dd, flags)
+
+
+def r2t(cid, offset, length, ttag=1, hd=False):
+    return nvmf_pdu(9, struct.pack("<HHII", cid, ttag, offset, length) + bytes(4), hd=hd)
+
+
+LAST, SUCCESS = 0x04, 0x08
+write("nvme_tcp_host", {
+    # Everything completes: the 4 KiB read in two C2HData (SUCCESS on the last), the write in
+    # capsule, the Flush, the 1 KiB read then its response.
+    "seed-complete": bytes([0x30]) + c2h(0, 0, b"\x01" * 2048) + c2h(0, 2048, b"\x02" * 2048, LAST | SUCCESS)
+    + resp(1) + resp(2) + c2h(3, 0, b"\x03" * 1024, LAST) + resp(3),
+    # Digests on, the write by R2T (two H2CData at MAXH2CDATA 4 KiB), an error status.
+    "seed-digests-r2t": bytes([0x07]) + r2t(1, 0, 8192, hd=True) + c2h(0, 0, b"\x05" * 4096, LAST, True, True)
+    + resp(0, hd=True) + resp(1, hd=True) + resp(2, 0x4 << 1, hd=True) + resp(3, 0x80 << 1, hd=True),
+    # Lies: data for a command not in flight, then past a command's end, then a term request.
+    "seed-hostile": bytes([0x04]) + c2h(5, 0, b"\x07" * 16) + c2h(3, 0, b"\x08" * 2048, LAST)
+    + r2t(1, 4096, 8192) + nvmf_pdu(3, struct.pack("<HI", 1, 2) + bytes(10)),
+})

@@ -25,4 +25,7 @@ pub mod rpc;
 pub mod tcp;
 pub mod transport;
 
+#[cfg(test)]
+mod tests;
+
 pub use error::NvmeError;

@@ -49,10 +49,11 @@ pub trait Transport: Send + Sync + 'static {
         HostId::default()
     }
 
-    /// The transport's own bound on one command's transfer in bytes (a bounce buffer's size,
-    /// a PRP list's reach), below Identify Controller's MDTS; `None`: MDTS alone.
-    fn max_transfer(&self) -> Option<u32> {
-        None
+    /// The transport's own bound on one command's data in bytes, besides the controller's
+    /// MDTS (PCIe: what one PRP list page and one bounce buffer hold). The channel splits
+    /// requests above the smaller of the two.
+    fn max_transfer(&self) -> u32 {
+        u32::MAX
     }
 
     /// Connects the admin queue (`depth` entries) and enables the controller: afterwards
@@ -70,7 +71,9 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Deletes I/O queue pair `qid` on the controller (PCIe: Delete I/O Submission Queue, then
     /// Completion Queue; TCP: nothing, closing the queue's connection is enough). The queue
-    /// itself must have been drained and dropped by its reactor first.
+    /// has been drained by its reactor (nothing in flight) and handed back to the controller
+    /// thread, which drops it only after this returns: the device stops using the queue's
+    /// memory before that memory is freed.
     fn disconnect_io(&self, admin: &mut Self::Admin, qid: u16) -> Result<(), NvmeError>;
 
     /// Shuts the controller down cleanly (CC.SHN normal, wait for CSTS.SHST complete) before

@@ -18,7 +18,7 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::Arc;
 
 use fp_bdev::clock::ticks;
-use fp_bdev::{request_iovecs, BdevError, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{iov_total_len, request_iovecs, BdevError, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 use fp_nvmf::spec::{Sqe, Status};
 
 use crate::cmd;
@@ -29,7 +29,7 @@ use crate::transport::{IoQueue, QueueStats, Transport, TransportId};
 use crate::NvmeError;
 
 use super::namespace::{NamespaceBackend, NsParams};
-use super::status::{io_status, TIMED_OUT};
+use super::status::{io_status, retryable, MAX_RETRIES, TIMED_OUT};
 
 /// Blocks one Write Zeroes or deallocate command covers at most (NLB is 16 bits, 0-based).
 const MAX_BLOCKS_NO_DATA: u64 = 1 << 16;
@@ -67,6 +67,8 @@ struct Cmd {
     aborted_at: u64,
     /// A timeout was logged for it (`action_on_timeout` none).
     warned: bool,
+    /// Times it was sent again after a transient failure.
+    retries: u8,
 }
 
 /// A namespace's channel over transport `T`.
@@ -258,7 +260,8 @@ impl<T: Transport> NvmeChannel<T> {
                 IoOp::Read | IoOp::Write => left.min(self.max_data),
                 IoOp::WriteZeroes | IoOp::Discard => left.min(MAX_BLOCKS_NO_DATA << self.block_shift),
             };
-            self.cmds[c as usize] = Cmd { req: r, off: req.cut, len, aborted_at: 0, warned: false };
+            self.cmds[c as usize] =
+                Cmd { req: r, off: req.cut, len, aborted_at: 0, warned: false, retries: 0 };
             req.cut += len;
             req.outstanding += 1;
             if req.cut >= req.req.len {
@@ -285,7 +288,6 @@ impl<T: Transport> NvmeChannel<T> {
         if req.outstanding == 0 && req.all_cut {
             out.push((req.req.tag, req.status));
             self.free_reqs.push(r);
-            self.in_flight -= 1;
         }
     }
 
@@ -302,7 +304,6 @@ impl<T: Transport> NvmeChannel<T> {
             if req.outstanding == 0 {
                 out.push((req.req.tag, req.status));
                 self.free_reqs.push(r);
-                self.in_flight -= 1;
             }
         }
         self.done = out;
@@ -458,16 +459,29 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
             Some(end) if end <= self.capacity.blocks() << self.block_shift => {}
             _ => return Err(SubmitError::OutOfRange),
         }
+        // What completes without a command: a flush with no cache to flush, an empty range,
+        // iovecs that do not add up to the length.
         let immediate = match req.op {
             IoOp::Discard if !self.dsm => return Err(SubmitError::Unsupported),
             IoOp::WriteZeroes if !self.write_zeroes => return Err(SubmitError::Unsupported),
-            IoOp::Flush => !self.volatile_cache,
-            _ => req.len == 0,
+            IoOp::Flush => (!self.volatile_cache).then_some(IoStatus::Success),
+            IoOp::Read | IoOp::Write => {
+                // SAFETY: the caller guarantees `iovcnt` readable iovecs.
+                if unsafe { iov_total_len(req.iov, req.iovcnt) } != req.len {
+                    Some(IoStatus::Error(libc::EINVAL))
+                } else {
+                    (req.len == 0).then_some(IoStatus::Success)
+                }
+            }
+            _ => (req.len == 0).then_some(IoStatus::Success),
         };
         let r = self.free_reqs.pop().ok_or(SubmitError::Busy)?;
         self.in_flight += 1;
-        if immediate || self.fail.is_some() {
-            let status = self.fail.map_or(IoStatus::Success, IoStatus::Error);
+        // Failing: unless the controller moved on since the last poll (back from a reconnect),
+        // which the next poll sees; the request then waits for it.
+        let fail = self.fail.filter(|_| self.shared.state() == self.state);
+        if immediate.is_some() || fail.is_some() {
+            let status = fail.map_or(immediate.unwrap_or(IoStatus::Success), IoStatus::Error);
             self.done.push((req.tag, status));
             self.free_reqs.push(r);
             return Ok(());
@@ -481,7 +495,8 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
                 q.cut = req.len;
                 q.all_cut = true;
                 q.outstanding = 1;
-                self.cmds[c as usize] = Cmd { req: r, off: 0, len: req.len, aborted_at: 0, warned: false };
+                self.cmds[c as usize] =
+                    Cmd { req: r, off: 0, len: req.len, aborted_at: 0, warned: false, retries: 0 };
                 self.send(c);
                 return Ok(());
             }
@@ -510,25 +525,32 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
         }
         if let Some(q) = self.queue.as_mut() {
             self.cq.clear();
-            match q.poll(&mut self.cq) {
-                Ok(_) => {
-                    let cq = std::mem::take(&mut self.cq);
-                    for &(c, status) in &cq {
-                        let s = if self.cmds[c as usize].aborted_at != 0 && !status.is_success() {
-                            TIMED_OUT
-                        } else {
-                            io_status(status)
-                        };
-                        self.complete(c, s, out);
+            let result = q.poll(&mut self.cq);
+            // Completions reaped before a queue fails are real: their IDs are no longer in
+            // flight, and a drain would not return them.
+            let cq = std::mem::take(&mut self.cq);
+            for &(c, status) in &cq {
+                if !status.is_success() && retryable(status) {
+                    let cmd = &mut self.cmds[c as usize];
+                    if cmd.retries < MAX_RETRIES && cmd.aborted_at == 0 {
+                        cmd.retries += 1;
+                        self.resend.push_back(c);
+                        continue;
                     }
-                    self.cq = cq;
                 }
-                Err(error) => {
-                    log::warn!("nvme {}n{}: I/O queue failed: {error}", self.shared.opts.name, self.nsid);
-                    let state = self.state;
-                    if let Some(queue) = self.take_queue() {
-                        self.shared.send(Msg::QueueFailed { state, queue, error });
-                    }
+                let s = if self.cmds[c as usize].aborted_at != 0 && !status.is_success() {
+                    TIMED_OUT
+                } else {
+                    io_status(status)
+                };
+                self.complete(c, s, out);
+            }
+            self.cq = cq;
+            if let Err(error) = result {
+                log::warn!("nvme {}n{}: I/O queue failed: {error}", self.shared.opts.name, self.nsid);
+                let state = self.state;
+                if let Some(queue) = self.take_queue() {
+                    self.shared.send(Msg::QueueFailed { state, queue, error });
                 }
             }
         }
@@ -544,16 +566,16 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
                 self.scan_timeouts(now);
             }
         }
+        out.append(&mut self.done);
+        let n = out.len() - first;
+        self.in_flight -= n;
+        // Counters go out every 64 rounds, and when the channel runs dry (its reactor may
+        // sleep next, and the last rounds would not be seen until the next I/O).
         self.polls = self.polls.wrapping_add(1);
-        if self.polls & 63 == 0 {
+        if self.polls & 63 == 0 || (n != 0 && self.in_flight == 0) {
             self.publish_stats();
         }
-        if !self.done.is_empty() {
-            let n = self.done.len();
-            out.append(&mut self.done);
-            self.in_flight -= n;
-        }
-        out.len() - first
+        n
     }
 
     fn in_flight(&self) -> usize {
@@ -564,10 +586,8 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
 impl<T: Transport> Drop for NvmeChannel<T> {
     fn drop(&mut self) {
         let state = self.state;
-        if let Some(q) = self.take_queue() {
-            let qid = q.qid();
-            drop(q);
-            self.shared.send(Msg::DisconnectIo { qid, state });
+        if let Some(queue) = self.take_queue() {
+            self.shared.send(Msg::DisconnectIo { queue, state });
         }
         self.shared.channel_closed(self.stats_base);
     }

@@ -30,6 +30,25 @@ pub(crate) fn io_status(s: Status) -> IoStatus {
     IoStatus::Error(errno)
 }
 
+/// Times a command failing with a transient status is sent again before its failure stands
+/// (SPDK's `bdev_retry_count` default).
+pub(crate) const MAX_RETRIES: u8 = 3;
+
+/// Whether a failure is worth sending the command again: the controller did not set Do Not
+/// Retry and the status says the condition passes (a path error, an interrupted command, a
+/// namespace not ready yet, a transient transport error; Base 2.0 4.6.1.2).
+#[inline]
+pub(crate) fn retryable(s: Status) -> bool {
+    !s.dnr
+        && matches!(
+            (s.sct, s.sc),
+            (spec::SCT_PATH, _)
+                | (spec::SCT_GENERIC, spec::SC_COMMAND_INTERRUPTED)
+                | (spec::SCT_GENERIC, spec::SC_TRANSIENT_TRANSPORT_ERROR)
+                | (spec::SCT_GENERIC, spec::SC_NAMESPACE_NOT_READY)
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,5 +65,8 @@ mod tests {
         assert_eq!(io_status(Status::generic(spec::SC_INVALID_NAMESPACE)), IoStatus::Error(libc::ENODEV));
         assert_eq!(io_status(Status::media(spec::SC_UNRECOVERED_READ_ERROR)), IoStatus::Error(libc::EIO));
         assert_eq!(io_status(Status::command_specific(0x80)), IoStatus::Error(libc::EIO));
+        assert!(retryable(Status::generic(spec::SC_NAMESPACE_NOT_READY).retryable()));
+        assert!(!retryable(Status::generic(spec::SC_NAMESPACE_NOT_READY)), "DNR set");
+        assert!(!retryable(Status::generic(spec::SC_CAPACITY_EXCEEDED).retryable()));
     }
 }

@@ -60,8 +60,9 @@ pub(crate) type GrantReply<T> = SyncSender<Result<IoGrant<T>, NvmeError>>;
 pub(crate) enum Msg<T: Transport> {
     /// Make an I/O queue pair (now, or once the controller is back).
     ConnectIo { reply: GrantReply<T> },
-    /// A channel closed its queue `qid` (drained and dropped) of state word `state`.
-    DisconnectIo { qid: u16, state: u64 },
+    /// A channel closed: its queue (drained) of state word `state`, deleted on the
+    /// controller and then dropped (the device stops using its memory before it is freed).
+    DisconnectIo { queue: T::Io, state: u64 },
     /// A queue of an older generation, drained, for the controller thread to drop (after the
     /// device stopped using it).
     Retire { queue: T::Io },

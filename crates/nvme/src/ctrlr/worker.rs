@@ -9,7 +9,7 @@
 //! and its namespaces removed. `fast_io_fail_timeout_sec` after the loss, channels fail the
 //! I/O they hold instead of keeping it for the controller's return.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,7 +20,7 @@ use fp_nvmf::spec::Cqe;
 use crate::bdev::{NamespaceBackend, NvmeNamespace};
 use crate::cmd;
 use crate::regs;
-use crate::transport::{AdminData, AdminQueue, Transport};
+use crate::transport::{AdminData, AdminQueue, IoQueue, Transport};
 use crate::NvmeError;
 
 use super::identify::{nsid_list, ControllerData, NamespaceData};
@@ -55,8 +55,10 @@ pub(crate) struct Worker<T: Transport> {
     admin: Option<T::Admin>,
     namespaces: NsMap,
     events: Events,
-    /// I/O queue IDs not in use.
-    free_qids: Vec<u16>,
+    /// I/O queue IDs not in use, least recently used first: an ID is taken again as late as
+    /// possible, so nothing of a deleted queue (a late completion, a doorbell value a device
+    /// keeps) meets its successor.
+    free_qids: VecDeque<u16>,
     /// Channels waiting for a queue until the controller is back.
     waiting: Vec<GrantReply<T>>,
     /// RPC resets waiting for the outcome of the next attempt.
@@ -82,7 +84,7 @@ impl<T: Transport> Worker<T> {
             admin: None,
             namespaces,
             events,
-            free_qids: Vec::new(),
+            free_qids: VecDeque::new(),
             waiting: Vec::new(),
             reset_replies: Vec::new(),
             lost_at: None,
@@ -169,24 +171,18 @@ impl<T: Transport> Worker<T> {
                     self.waiting.push(reply);
                 }
             }
-            Msg::DisconnectIo { qid, state } => {
+            Msg::DisconnectIo { queue, state } => {
+                let qid = queue.qid();
                 if generation(state) == generation(self.shared.state()) && self.enabled() {
-                    if let Some(admin) = self.admin.as_mut() {
-                        if let Err(e) = self.shared.transport.disconnect_io(admin, qid) {
-                            log::warn!("nvme {}: deleting I/O queue {qid}: {e}", self.shared.opts.name);
-                        }
-                    }
-                    self.free_qids.push(qid);
-                    self.shared.snapshot().io_queues -= 1;
+                    self.delete_queue(qid);
                 }
+                // Only now: the controller no longer uses the queue's memory.
+                drop(queue);
             }
             Msg::Retire { queue } => drop(queue),
             Msg::QueueFailed { state, queue, error } => {
                 if generation(state) == generation(self.shared.state()) {
-                    log::warn!("nvme {}: I/O queue {} failed: {error}", self.shared.opts.name, {
-                        use crate::transport::IoQueue;
-                        queue.qid()
-                    });
+                    log::warn!("nvme {}: I/O queue {} failed: {error}", self.shared.opts.name, queue.qid());
                     self.reset();
                 }
                 drop(queue);
@@ -357,6 +353,9 @@ impl<T: Transport> Worker<T> {
             timeout,
         )?;
         let granted = (cqe.dw0 & 0xffff).min(cqe.dw0 >> 16).min(want) as u16 + 1;
+        // Namespace Attribute Notices when offered (OAES bit 8); the requests go out either
+        // way (errors and health events come through them too, and some controllers send
+        // notices they do not advertise).
         if cdata.namespace_notices() {
             let r = run_admin(
                 &mut admin,
@@ -366,16 +365,15 @@ impl<T: Transport> Worker<T> {
                 timeout,
             );
             match r {
-                Ok(_) => {
-                    for _ in 0..(cdata.aerl + 1).min(MAX_AERS) {
-                        admin.submit_async_event_request()?;
-                    }
-                }
+                Ok(_) => {}
                 Err(NvmeError::Command { status, .. }) => {
                     log::warn!("nvme {name}: asynchronous event configuration refused: {status:?}")
                 }
                 Err(e) => return Err(e),
             }
+        }
+        for _ in 0..(cdata.aerl + 1).min(MAX_AERS) {
+            admin.submit_async_event_request()?;
         }
         let kato = self.shared.global.keep_alive_timeout_ms;
         let fabrics = t.trtype() != "PCIe";
@@ -394,10 +392,8 @@ impl<T: Transport> Worker<T> {
             self.next_keep_alive = Some(Instant::now() + self.keep_alive_interval());
         }
         let page = 1u32 << (12 + regs::cap_mpsmin(cap));
-        let mut max_transfer = cdata.max_transfer(page).unwrap_or(u32::MAX).min(MAX_TRANSFER_DEFAULT);
-        if let Some(m) = t.max_transfer() {
-            max_transfer = max_transfer.min(m);
-        }
+        let max_transfer =
+            cdata.max_transfer(page).unwrap_or(u32::MAX).min(MAX_TRANSFER_DEFAULT).min(t.max_transfer());
         let depth = self.shared.opts.io_queue_depth.min(regs::cap_mqes(cap).saturating_add(1)).max(2);
         {
             let mut s = self.shared.snapshot();
@@ -409,7 +405,7 @@ impl<T: Transport> Worker<T> {
             s.max_io_queues = granted;
             s.io_queues = 0;
         }
-        self.free_qids = (1..=granted).rev().collect();
+        self.free_qids = (1..=granted).collect();
         let old = self.admin.replace(admin);
         // The old admin queue (of before a reset) goes only now: the controller was disabled
         // by `connect_admin`, so it no longer writes into its memory.
@@ -506,7 +502,7 @@ impl<T: Transport> Worker<T> {
 
     /// Makes an I/O queue pair for a channel.
     fn grant(&mut self, reply: GrantReply<T>) {
-        let Some(qid) = self.free_qids.pop() else {
+        let Some(qid) = self.free_qids.pop_front() else {
             let _ = reply.send(Err(NvmeError::Unsupported(format!(
                 "the controller gives {} I/O queue pairs; all are in use",
                 self.shared.snapshot().max_io_queues
@@ -519,13 +515,14 @@ impl<T: Transport> Worker<T> {
             Ok(queue) => {
                 self.shared.snapshot().io_queues += 1;
                 let state = self.shared.state();
-                if reply.send(Ok(IoGrant { queue, state })).is_err() {
-                    // The channel gave up waiting; its queue came back with the error.
-                    self.free_qids.push(qid);
+                if let Err(back) = reply.send(Ok(IoGrant { queue, state })) {
+                    // The channel went away meanwhile: delete the queue again.
+                    self.delete_queue(qid);
+                    drop(back);
                 }
             }
             Err(e) => {
-                self.free_qids.push(qid);
+                self.free_qids.push_back(qid);
                 log::warn!("nvme {}: making I/O queue {qid}: {e}", self.shared.opts.name);
                 let fatal = !matches!(e, NvmeError::Command { .. } | NvmeError::Unsupported(_));
                 let _ = reply.send(Err(e));
@@ -534,6 +531,18 @@ impl<T: Transport> Worker<T> {
                 }
             }
         }
+    }
+
+    /// Deletes I/O queue `qid` on the controller and frees the ID (the caller drops the queue
+    /// afterwards).
+    fn delete_queue(&mut self, qid: u16) {
+        if let Some(admin) = self.admin.as_mut() {
+            if let Err(e) = self.shared.transport.disconnect_io(admin, qid) {
+                log::warn!("nvme {}: deleting I/O queue {qid}: {e}", self.shared.opts.name);
+            }
+        }
+        self.free_qids.push_back(qid);
+        self.shared.snapshot().io_queues -= 1;
     }
 
     /// The error channels get once the controller is failed.
@@ -588,9 +597,7 @@ impl<T: Transport> Worker<T> {
         let at = *self.lost_at.get_or_insert(now);
         let gone = matches!(e, NvmeError::Gone(_));
         self.shared.snapshot().last_error = Some(e.to_string());
-        for r in self.reset_replies.drain(..) {
-            let _ = r.send(Err(NvmeError::Gone(format!("reset of {name} failed: {e}"))));
-        }
+        self.admin = None;
         let opts = &self.shared.opts;
         let give_up = match opts.ctrlr_loss_timeout_sec {
             -1 => false,
@@ -599,11 +606,14 @@ impl<T: Transport> Worker<T> {
         };
         if give_up {
             self.fail(gone);
-            return;
+        } else {
+            self.next_attempt = Some(now + opts.seconds(u64::from(opts.reconnect_delay_sec)));
+            let keep = self.shared.state() & ST_FAST_FAIL;
+            self.shared.set_flags(ST_RESETTING | keep | if gone { ST_GONE } else { 0 });
         }
-        self.next_attempt = Some(now + opts.seconds(u64::from(opts.reconnect_delay_sec)));
-        let keep = self.shared.state() & ST_FAST_FAIL;
-        self.shared.set_flags(ST_RESETTING | keep | if gone { ST_GONE } else { 0 });
+        for r in self.reset_replies.drain(..) {
+            let _ = r.send(Err(NvmeError::Gone(format!("reset of {name} failed: {e}"))));
+        }
     }
 
     /// Gives the controller up: I/O fails, waiting channels are told, namespaces removed.

@@ -164,10 +164,10 @@ impl<F: PciFunction> Transport for PcieTransport<F> {
         self.function.address()
     }
 
-    fn max_transfer(&self) -> Option<u32> {
+    fn max_transfer(&self) -> u32 {
         // One PRP list page after PRP1: 513 pages, of which a transfer starting mid-page
         // uses all; so 512 whole pages. And a bounce buffer must hold it.
-        Some(((PRP_LIST_ENTRIES * PAGE) as u32).min(self.opts.bounce_size))
+        ((PRP_LIST_ENTRIES * PAGE) as u32).min(self.opts.bounce_size)
     }
 
     fn connect_admin(&self, depth: u16, timeout: Duration) -> Result<PcieAdmin<F>, NvmeError> {
@@ -232,7 +232,7 @@ impl<F: PciFunction> Transport for PcieTransport<F> {
                 shadow: admin.shadow.clone(),
                 sgl: admin.facts.sgl,
                 bounce_buffers: self.opts.bounce_buffers,
-                bounce_len: self.max_transfer().unwrap_or(u32::MAX) as usize,
+                bounce_len: self.max_transfer() as usize,
             },
         )
     }

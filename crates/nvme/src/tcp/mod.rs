@@ -7,12 +7,14 @@
 //! * `admin`, `io`: the queue as the controller's admin queue and as a reactor's I/O queue.
 
 mod admin;
+#[doc(hidden)]
+pub mod fuzz;
 mod io;
 mod queue;
 mod transport;
 
 pub use admin::TcpAdmin;
-pub use queue::TcpQueue;
+pub use queue::{DataStats, TcpQueue};
 pub use transport::{Adrfam, TcpTarget, TcpTransport};
 
 #[cfg(test)]

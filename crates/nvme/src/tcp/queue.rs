@@ -21,6 +21,7 @@ use fp_bdev::SubmitError;
 use fp_nvmf::pdu::{self, CommonHeader, DataHeader, Digests, Layout, CH_LEN, DIGEST_LEN, HEADER_ROOM};
 use fp_nvmf::spec::{Cqe, Sqe, Status, CQE_LEN, SGL_IN_CAPSULE, SGL_TRANSPORT};
 
+use crate::cid::CidTable;
 use crate::cmd::SqeExt;
 use crate::transport::{AdminData, QueueStats};
 use crate::NvmeError;
@@ -65,11 +66,8 @@ pub(crate) enum Dir {
     FromDevice,
 }
 
-/// A command in flight, indexed by its command ID.
+/// The transport's state of a command in flight, beside its [`CidTable`] slot.
 struct Slot {
-    busy: bool,
-    tag: u32,
-    submitted: u64,
     dir: Dir,
     len: u32,
     iov: Vec<libc::iovec>,
@@ -87,8 +85,8 @@ struct Slot {
 enum Piece {
     /// Bytes in the queue's own arena (headers, digests).
     Arena { at: usize, len: usize },
-    /// A caller's bytes (in-capsule or H2C data) of command `cid`.
-    Data { ptr: *const u8, len: usize, cid: u16 },
+    /// A caller's bytes (in-capsule or H2C data) of the command in slot `slot`.
+    Data { ptr: *const u8, len: usize, slot: u16 },
 }
 
 /// Where the receive side is within the stream.
@@ -96,19 +94,19 @@ enum Piece {
 enum Rx {
     /// At a PDU's first byte.
     Header,
-    /// Inside a C2HData's data: `left` bytes still to come for command `cid`, at `offset`.
-    Data { cid: u16, offset: u32, left: u32, crc: u32, digest: bool, last: bool, success: bool },
+    /// Inside a C2HData's data: `left` bytes still to come for command `cid` (in slot
+    /// `slot`), at `offset`.
+    Data { cid: u16, slot: u16, offset: u32, left: u32, crc: u32, digest: bool, success: bool },
     /// After a C2HData's data: its 4-byte data digest.
-    Digest { cid: u16, crc: u32, last: bool, success: bool },
+    Digest { cid: u16, crc: u32, success: bool },
 }
 
 /// One NVMe/TCP queue pair on a connected stream socket.
 pub struct TcpQueue {
     fd: OwnedFd,
     p: Params,
+    cids: CidTable,
     slots: Box<[Slot]>,
-    free: Vec<u16>,
-    in_flight: usize,
     arena: Vec<u8>,
     pieces: VecDeque<Piece>,
     /// Bytes of the first piece already sent.
@@ -119,6 +117,17 @@ pub struct TcpQueue {
     rx_state: Rx,
     dead: Option<NvmeError>,
     stats: QueueStats,
+    data: DataStats,
+}
+
+/// Where a queue's C2HData bytes went: straight into the caller's buffers, or copied out of the
+/// staging buffer (they came in the same receive as a header).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DataStats {
+    /// Bytes received straight into the caller's buffers.
+    pub direct: u64,
+    /// Bytes copied from the staging buffer.
+    pub copied: u64,
 }
 
 // SAFETY: the raw pointers in `pieces` and `slots[].iov` point into buffers the submitter keeps
@@ -172,9 +181,6 @@ impl TcpQueue {
         let n = p.slots.max(1);
         let slots = (0..n)
             .map(|_| Slot {
-                busy: false,
-                tag: 0,
-                submitted: 0,
                 dir: Dir::None,
                 len: 0,
                 iov: Vec::with_capacity(16),
@@ -186,9 +192,8 @@ impl TcpQueue {
         TcpQueue {
             fd,
             p,
+            cids: CidTable::new(n),
             slots,
-            free: (0..n).rev().collect(),
-            in_flight: 0,
             arena: Vec::with_capacity(usize::from(n) * 96),
             pieces: VecDeque::with_capacity(usize::from(n) * 4),
             sent: 0,
@@ -198,6 +203,7 @@ impl TcpQueue {
             rx_state: Rx::Header,
             dead: None,
             stats: QueueStats::default(),
+            data: DataStats::default(),
         }
     }
 
@@ -214,8 +220,13 @@ impl TcpQueue {
         self.stats
     }
 
+    /// Where received read data went (zero copy, or copied from staging).
+    pub fn data_stats(&self) -> DataStats {
+        self.data
+    }
+
     pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight
+        self.cids.in_flight()
     }
 
     /// The queue's error if it died.
@@ -240,8 +251,8 @@ impl TcpQueue {
 
     fn drop_send_list(&mut self) {
         for p in self.pieces.drain(..) {
-            if let Piece::Data { cid, .. } = p {
-                self.slots[usize::from(cid)].tx_pending -= 1;
+            if let Piece::Data { slot, .. } = p {
+                self.slots[usize::from(slot)].tx_pending -= 1;
             }
         }
         self.sent = 0;
@@ -254,10 +265,10 @@ impl TcpQueue {
         self.pieces.push_back(Piece::Arena { at, len: bytes.len() });
     }
 
-    /// Queues the data `[offset, offset + len)` of command `cid` (its digest too when data
-    /// digests are on).
-    fn push_data(&mut self, cid: u16, offset: usize, len: usize) {
-        let s = &mut self.slots[usize::from(cid)];
+    /// Queues the data `[offset, offset + len)` of the command in slot `slot` (its digest too
+    /// when data digests are on).
+    fn push_data(&mut self, slot: u16, offset: usize, len: usize) {
+        let s = &mut self.slots[usize::from(slot)];
         let mut crc = 0u32;
         let digest = self.p.digests.data;
         let pieces = &mut self.pieces;
@@ -267,7 +278,7 @@ impl TcpQueue {
                 // completion (submit's contract).
                 crc = pdu::crc32c_append(crc, unsafe { std::slice::from_raw_parts(ptr, n) });
             }
-            pieces.push_back(Piece::Data { ptr: ptr.cast_const(), len: n, cid });
+            pieces.push_back(Piece::Data { ptr: ptr.cast_const(), len: n, slot });
             s.tx_pending += 1;
         });
         if digest {
@@ -297,18 +308,17 @@ impl TcpQueue {
         if len > 0 && dir == Dir::None {
             return Err(SubmitError::Unsupported);
         }
-        let Some(cid) = self.free.pop() else { return Err(SubmitError::Busy) };
-        let s = &mut self.slots[usize::from(cid)];
-        s.busy = true;
-        s.tag = tag;
-        s.submitted = fp_bdev::clock::ticks::now();
+        let Some(cid) = self.cids.alloc(tag, fp_bdev::clock::ticks::now()) else {
+            return Err(SubmitError::Busy);
+        };
+        let slot = self.cids.slot(cid) as u16;
+        let s = &mut self.slots[usize::from(slot)];
         s.dir = dir;
         s.len = len32;
         s.iov.clear();
         s.iov.extend_from_slice(iov);
         s.done = 0;
         s.orphan = false;
-        self.in_flight += 1;
         self.stats.submitted += 1;
 
         let mut cmd = *sqe;
@@ -322,8 +332,8 @@ impl TcpQueue {
         let n = pdu::write_capsule_cmd(&mut h, &cmd, data, self.p.digests, self.p.cpda);
         self.push_arena(&h[..n]);
         if in_capsule {
-            self.slots[usize::from(cid)].done = len32;
-            self.push_data(cid, 0, len);
+            self.slots[usize::from(slot)].done = len32;
+            self.push_data(slot, 0, len);
         }
         Ok(cid)
     }
@@ -375,8 +385,8 @@ impl TcpQueue {
             }
             n -= left;
             self.sent = 0;
-            if let Some(Piece::Data { cid, .. }) = self.pieces.pop_front() {
-                self.slots[usize::from(cid)].tx_pending -= 1;
+            if let Some(Piece::Data { slot, .. }) = self.pieces.pop_front() {
+                self.slots[usize::from(slot)].tx_pending -= 1;
             }
         }
     }
@@ -419,7 +429,7 @@ impl TcpQueue {
             let progressed = match self.rx_state {
                 Rx::Header => self.rx_header(done, count)?,
                 Rx::Data { .. } => self.rx_data(done, count)?,
-                Rx::Digest { cid, crc, last, success } => {
+                Rx::Digest { cid, crc, success } => {
                     if !self.stage(DIGEST_LEN)? {
                         false
                     } else {
@@ -429,7 +439,7 @@ impl TcpQueue {
                         }
                         self.rx_start += DIGEST_LEN;
                         self.rx_state = Rx::Header;
-                        self.c2h_done(cid, last, success, done, count)?;
+                        self.c2h_done(cid, success, done, count)?;
                         true
                     }
                 }
@@ -486,12 +496,13 @@ impl TcpQueue {
         Ok(true)
     }
 
+    /// The slot of command `cid`, which the controller named in a PDU: in flight, or the
+    /// queue dies.
     fn busy_slot(&mut self, cid: u16, what: &str) -> Result<usize, NvmeError> {
-        let i = usize::from(cid);
-        if self.slots.get(i).is_some_and(|s| s.busy) {
-            return Ok(i);
+        match self.cids.lookup(cid) {
+            Ok((i, _)) => Ok(i),
+            Err(e) => Err(self.die(protocol(format!("{what} names a command not in flight ({e})")))),
         }
-        Err(self.die(protocol(format!("{what} for command id {cid}, not in flight"))))
     }
 
     fn c2h_header(&mut self, l: &Layout, h: &[u8]) -> Result<(), NvmeError> {
@@ -521,11 +532,11 @@ impl TcpQueue {
         }
         self.rx_state = Rx::Data {
             cid: d.cccid,
+            slot: i as u16,
             offset: d.offset,
             left: d.length,
             crc: 0,
             digest: l.data_digest,
-            last,
             success,
         };
         Ok(())
@@ -534,10 +545,10 @@ impl TcpQueue {
     /// Moves C2HData's data into the command's buffers: what is staged by copy, the rest by a
     /// receive straight into them.
     fn rx_data(&mut self, done: &mut dyn FnMut(u32, &Cqe), count: &mut usize) -> Result<bool, NvmeError> {
-        let Rx::Data { cid, mut offset, mut left, mut crc, digest, last, success } = self.rx_state else {
+        let Rx::Data { cid, slot: si, mut offset, mut left, mut crc, digest, success } = self.rx_state else {
             unreachable!("rx_data outside data")
         };
-        let slot = &self.slots[usize::from(cid)];
+        let slot = &self.slots[usize::from(si)];
         let orphan = slot.orphan;
         let staged = (self.rx_end - self.rx_start).min(left as usize);
         let mut progressed = false;
@@ -557,6 +568,9 @@ impl TcpQueue {
                 });
             }
             self.rx_start += staged;
+            if !orphan {
+                self.data.copied += staged as u64;
+            }
             offset += staged as u32;
             left -= staged as u32;
             progressed = true;
@@ -590,6 +604,7 @@ impl TcpQueue {
                         });
                     }
                     self.rx_end = got - into_buf;
+                    self.data.direct += into_buf as u64;
                     offset += into_buf as u32;
                     left -= into_buf as u32;
                     progressed = true;
@@ -603,16 +618,16 @@ impl TcpQueue {
             progressed = self.stage(1)?;
         }
         if left == 0 {
-            self.slots[usize::from(cid)].done = offset;
+            self.slots[usize::from(si)].done = offset;
             if digest {
-                self.rx_state = Rx::Digest { cid, crc, last, success };
+                self.rx_state = Rx::Digest { cid, crc, success };
             } else {
                 self.rx_state = Rx::Header;
-                self.c2h_done(cid, last, success, done, count)?;
+                self.c2h_done(cid, success, done, count)?;
             }
             return Ok(true);
         }
-        self.rx_state = Rx::Data { cid, offset, left, crc, digest, last, success };
+        self.rx_state = Rx::Data { cid, slot: si, offset, left, crc, digest, success };
         Ok(progressed)
     }
 
@@ -621,12 +636,10 @@ impl TcpQueue {
     fn c2h_done(
         &mut self,
         cid: u16,
-        last: bool,
         success: bool,
         done: &mut dyn FnMut(u32, &Cqe),
         count: &mut usize,
     ) -> Result<(), NvmeError> {
-        let _ = last;
         if success {
             self.complete(Cqe::new(cid, Status::SUCCESS), done, count)?;
         }
@@ -653,7 +666,8 @@ impl TcpQueue {
                 cqe.cid, s.done, s.len
             ))));
         }
-        let (tag, orphan) = (s.tag, s.orphan);
+        let orphan = s.orphan;
+        let tag = self.cids.complete(cqe.cid).expect("looked up above");
         self.release(i);
         self.stats.completed += 1;
         if !orphan {
@@ -665,11 +679,8 @@ impl TcpQueue {
 
     fn release(&mut self, i: usize) {
         let s = &mut self.slots[i];
-        s.busy = false;
         s.orphan = false;
         s.iov.clear();
-        self.free.push(i as u16);
-        self.in_flight -= 1;
     }
 
     /// An R2T: queue H2CData PDUs for the range it asks, from the caller's buffers.
@@ -701,7 +712,7 @@ impl TcpQueue {
             let mut b = [0u8; HEADER_ROOM];
             let hl = pdu::write_h2c_data(&mut b, &dh, last, self.p.digests, self.p.cpda);
             self.push_arena(&b[..hl]);
-            self.push_data(d.cccid, off as usize, n as usize);
+            self.push_data(i as u16, off as usize, n as usize);
             off += n;
         }
         Ok(())
@@ -709,9 +720,16 @@ impl TcpQueue {
 
     /// Commands in flight submitted before tick `before`: their IDs and tags.
     pub(crate) fn expired(&self, before: u64, out: &mut Vec<(u16, u32)>) {
-        for (cid, s) in self.slots.iter().enumerate() {
-            if s.busy && !s.orphan && s.submitted < before && s.tag != AER_TAG {
-                out.push((cid as u16, s.tag));
+        let first = out.len();
+        self.cids.expired(before, out);
+        // Not the queue's own waits: outstanding AERs, commands nobody waits for.
+        let mut i = first;
+        while i < out.len() {
+            let (cid, tag) = out[i];
+            if tag == AER_TAG || self.slots[self.cids.slot(cid)].orphan {
+                out.swap_remove(i);
+            } else {
+                i += 1;
             }
         }
     }
@@ -722,12 +740,18 @@ impl TcpQueue {
             self.die(NvmeError::Gone("the queue was drained".into()));
         }
         self.drop_send_list();
+        let first = out.len();
+        self.cids.drain(out);
         for i in 0..self.slots.len() {
-            if self.slots[i].busy {
-                if !self.slots[i].orphan {
-                    out.push(self.slots[i].tag);
-                }
-                self.release(i);
+            self.release(i);
+        }
+        // The queue's own synchronous commands have no owner to give back to.
+        let mut i = first;
+        while i < out.len() {
+            if out[i] == SYNC_TAG {
+                out.remove(i);
+            } else {
+                i += 1;
             }
         }
     }
@@ -797,7 +821,7 @@ impl TcpQueue {
     /// Stops waiting for command `cid`: its data, if it comes, is dropped, and its buffer is
     /// never touched again.
     fn orphan(&mut self, cid: u16) {
-        let s = &mut self.slots[usize::from(cid)];
+        let s = &mut self.slots[self.cids.slot(cid)];
         s.orphan = true;
         s.iov.clear();
         if s.tx_pending > 0 {

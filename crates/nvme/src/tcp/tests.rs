@@ -120,6 +120,14 @@ fn admin_queue_connects_enables_and_identifies() {
     let tr = transport(tg.port, false);
     assert_eq!((tr.trtype(), tr.traddr()), ("TCP", "127.0.0.1".to_string()));
     let mut admin = tr.connect_admin(32, T).unwrap();
+    let trid = tr.trid();
+    assert_eq!(trid.adrfam.as_deref(), Some("IPv4"));
+    assert_eq!(trid.trsvcid, Some(tg.port.to_string()));
+    assert_eq!(trid.subnqn.as_deref(), Some(NQN));
+    let host = tr.host();
+    assert_eq!(host.addr, "127.0.0.1");
+    assert_ne!(host.svcid, "");
+    assert!(host.nqn.starts_with("nqn.2014-08.org.nvmexpress:uuid:"));
     let csts = admin.get_property(crate::regs::CSTS, false).unwrap();
     assert_eq!(csts & 1, 1, "enabled by connect_admin");
     let cap = admin.get_property(crate::regs::CAP, true).unwrap();
@@ -185,6 +193,9 @@ fn io_paths(digests: bool) {
     unsafe { q.submit(&sqe, &[iov(a), iov(b), iov(c)], 2) }.unwrap();
     assert!(reap(&mut q, 1).unwrap()[0].1.is_success());
     assert_eq!(r, w);
+    let d = q.data_stats();
+    assert!(d.direct > 0, "large reads go straight into the buffers: {d:?}");
+    assert_eq!(d.direct + d.copied, (4096 + 65536 + 131072 + 512 + 131072) as u64);
 
     // Many in flight, one flush: writes of both kinds, then reads, then verify.
     let bufs: Vec<Vec<u8>> =

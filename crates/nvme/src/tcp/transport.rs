@@ -8,6 +8,7 @@
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fp_nvmf::connect::{Connect, CNTLID_DYNAMIC};
@@ -17,7 +18,7 @@ use fp_nvmf::spec::{Sqe, CONNECT_DATA_LEN, SQE_LEN};
 
 use super::admin::TcpAdmin;
 use super::queue::{Params, TcpQueue};
-use crate::transport::{ready_timeout, AdminData, AdminQueue, Transport};
+use crate::transport::{ready_timeout, AdminData, AdminQueue, HostId, Transport, TransportId};
 use crate::{cmd, regs, NvmeError};
 
 /// In-capsule data on the admin queue (TCP 3.3.1: 8 KiB).
@@ -62,15 +63,17 @@ pub struct TcpTarget {
 }
 
 /// The NVMe/TCP transport to one controller.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct TcpTransport {
     target: TcpTarget,
+    /// The local address of the last admin connection (`bdev_nvme_get_controllers`' host).
+    local: Mutex<Option<SocketAddr>>,
 }
 
 impl TcpTransport {
     /// A transport to `target`; nothing is connected until the controller code asks.
     pub fn new(target: TcpTarget) -> TcpTransport {
-        TcpTransport { target }
+        TcpTransport { target, local: Mutex::new(None) }
     }
 
     /// Where it connects.
@@ -97,7 +100,7 @@ impl TcpTransport {
     }
 
     /// A connection past ICReq/ICResp, in `timeout`.
-    fn open(&self, timeout: Duration) -> Result<(OwnedFd, IcResp), NvmeError> {
+    fn open(&self, timeout: Duration) -> Result<(OwnedFd, IcResp, Option<SocketAddr>), NvmeError> {
         let addr = self.socket_addr()?;
         let what = |step: &str| format!("NVMe/TCP {step} {addr}");
         let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| match e.kind() {
@@ -106,6 +109,7 @@ impl TcpTransport {
         })?;
         s.set_nodelay(true).map_err(|e| NvmeError::io(what("TCP_NODELAY on"), e))?;
         s.set_read_timeout(Some(timeout)).map_err(|e| NvmeError::io(what("timeout on"), e))?;
+        let local = s.local_addr().ok();
         let asked = Digests { header: self.target.hdgst, data: self.target.ddgst };
         let mut b = [0u8; IC_LEN];
         // HPDA 0: C2HData at any 4-byte offset; MAXR2T 0: one R2T outstanding per command.
@@ -120,7 +124,7 @@ impl TcpTransport {
         let ch = CommonHeader::parse(b[..pdu::CH_LEN].try_into().expect("eight bytes"));
         pdu::check_header(&ch, Digests::default(), 0, IC_LEN as u32)
             .and_then(|_| IcResp::parse_checked(&b, asked))
-            .map(|r| (OwnedFd::from(s), r))
+            .map(|r| (OwnedFd::from(s), r, local))
             .map_err(|e| NvmeError::Protocol(format!("{}: {e}", what("ICResp from"))))
     }
 
@@ -136,7 +140,10 @@ impl TcpTransport {
         if depth < 2 {
             return Err(NvmeError::InvalidParam { field: "io_queue_depth", reason: "at least 2".into() });
         }
-        let (fd, ic) = self.open(timeout)?;
+        let (fd, ic, local) = self.open(timeout)?;
+        if qid == 0 {
+            *self.local.lock().unwrap_or_else(|e| e.into_inner()) = local;
+        }
         let p = Params {
             qid,
             digests: ic.digests,
@@ -206,6 +213,29 @@ impl Transport for TcpTransport {
 
     fn traddr(&self) -> String {
         self.target.traddr.clone()
+    }
+
+    fn trid(&self) -> TransportId {
+        let t = &self.target;
+        TransportId {
+            trtype: "TCP".into(),
+            adrfam: Some(match t.adrfam {
+                Adrfam::IPv4 => "IPv4".into(),
+                Adrfam::IPv6 => "IPv6".into(),
+            }),
+            traddr: t.traddr.clone(),
+            trsvcid: Some(t.trsvcid.to_string()),
+            subnqn: Some(t.subnqn.clone()),
+        }
+    }
+
+    fn host(&self) -> HostId {
+        let local = *self.local.lock().unwrap_or_else(|e| e.into_inner());
+        HostId {
+            nqn: self.target.hostnqn.clone(),
+            addr: local.map(|a| a.ip().to_string()).unwrap_or_default(),
+            svcid: local.map(|a| a.port().to_string()).unwrap_or_default(),
+        }
     }
 
     fn connect_admin(&self, depth: u16, timeout: Duration) -> Result<TcpAdmin, NvmeError> {

@@ -1,0 +1,306 @@
+//! The emulated controller's handle: its BAR0 (ordinary memory), the state its device thread
+//! shares with the tests (namespaces' RAM, faults, counters), and the thread's life.
+
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::config::{EmuConfig, EmuCounters, EmuNamespace, Fault};
+use super::device;
+use crate::pcie::{Bar, PciFunction};
+use crate::regs;
+use crate::NvmeError;
+
+/// BAR0's size: the registers' page and the doorbells (stride 4) of up to 1023 queues.
+pub(crate) const BAR_LEN: usize = 0x2000;
+
+/// One namespace's RAM.
+pub(crate) struct Namespace {
+    pub(crate) nsid: u32,
+    pub(crate) block_size: u32,
+    pub(crate) data: Vec<u8>,
+}
+
+impl Namespace {
+    pub(crate) fn num_blocks(&self) -> u64 {
+        self.data.len() as u64 / u64::from(self.block_size)
+    }
+}
+
+/// What the device thread and the handle share.
+pub(crate) struct Shared {
+    pub(crate) cfg: EmuConfig,
+    pub(crate) address: String,
+    bar: Box<[AtomicU64]>,
+    pub(crate) fault: AtomicU8,
+    pub(crate) namespaces: Mutex<Vec<Namespace>>,
+    /// Namespaces changed since the host last read the Changed Namespace List log.
+    pub(crate) changed: Mutex<Vec<u32>>,
+    /// A namespace change not yet reported by an Asynchronous Event.
+    pub(crate) aer_pending: AtomicBool,
+    pub(crate) sq_doorbells: Box<[AtomicU64]>,
+    pub(crate) cq_doorbells: Box<[AtomicU64]>,
+    pub(crate) io_commands: AtomicU64,
+    pub(crate) admin_commands: AtomicU64,
+    pub(crate) keep_alives: AtomicU64,
+    pub(crate) aborts: AtomicU64,
+    pub(crate) dbbuf_configs: AtomicU64,
+    pub(crate) enables: AtomicU64,
+    pub(crate) stop: AtomicBool,
+    pub(crate) sleeping: AtomicBool,
+    pub(crate) thread: OnceLock<std::thread::Thread>,
+    /// Raw completions to post (queue ID, 16 bytes), for [`Fault::Scripted`].
+    pub(crate) inject: Mutex<VecDeque<(u16, [u8; 16])>>,
+    /// A function-level reset asked for; the device clears it when done.
+    pub(crate) flr: AtomicBool,
+}
+
+impl Shared {
+    /// The 4-byte register at `offset`.
+    pub(crate) fn reg(&self, offset: u32) -> &AtomicU32 {
+        let off = offset as usize;
+        assert!(off % 4 == 0 && off + 4 <= BAR_LEN, "register {off:#x} outside BAR0");
+        // SAFETY: inside the BAR's memory (checked), 4-aligned; an AtomicU64 array has the
+        // layout of twice as many AtomicU32s.
+        unsafe { &*(self.bar.as_ptr() as *const AtomicU32).add(off / 4) }
+    }
+
+    pub(crate) fn fault(&self) -> Fault {
+        Fault::from_u8(self.fault.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn wake(&self) {
+        if self.sleeping.load(Ordering::SeqCst) {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+}
+
+/// An NVMe controller emulated in this process: BAR0 is memory, a thread is the device. It
+/// reaches the host's memory only through the DMA map ([`fp_bdev::dma::MemoryMap::vaddr_of`]),
+/// as an IOMMU would let it.
+pub struct EmulatedController {
+    shared: Arc<Shared>,
+    bar: Bar,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EmulatedController {
+    /// A controller made of `cfg`, disabled (CC.EN = 0), its device thread running.
+    pub fn new(cfg: EmuConfig) -> Arc<EmulatedController> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let queues = cfg.io_queues as usize + 1;
+        let namespaces = cfg
+            .namespaces
+            .iter()
+            .map(|n| Namespace {
+                nsid: n.nsid,
+                block_size: n.block_size,
+                data: vec![0; (n.num_blocks * u64::from(n.block_size)) as usize],
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            address: format!("emu:{}", NEXT.fetch_add(1, Ordering::Relaxed)),
+            bar: (0..BAR_LEN / 8).map(|_| AtomicU64::new(0)).collect(),
+            fault: AtomicU8::new(Fault::None as u8),
+            namespaces: Mutex::new(namespaces),
+            changed: Mutex::new(Vec::new()),
+            aer_pending: AtomicBool::new(false),
+            sq_doorbells: (0..queues).map(|_| AtomicU64::new(0)).collect(),
+            cq_doorbells: (0..queues).map(|_| AtomicU64::new(0)).collect(),
+            io_commands: AtomicU64::new(0),
+            admin_commands: AtomicU64::new(0),
+            keep_alives: AtomicU64::new(0),
+            aborts: AtomicU64::new(0),
+            dbbuf_configs: AtomicU64::new(0),
+            enables: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            thread: OnceLock::new(),
+            inject: Mutex::new(VecDeque::new()),
+            flr: AtomicBool::new(false),
+            cfg,
+        });
+        device::reset_registers(&shared);
+        // SAFETY: the BAR's memory lives in `shared`, which the controller keeps as long as
+        // any `Bar` copy may be used (the transport keeps the controller's `Arc`); it is
+        // 8-aligned (AtomicU64).
+        let bar =
+            unsafe { Bar::new(NonNull::new(shared.bar.as_ptr() as *mut u8).expect("non-null"), BAR_LEN) };
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("nvme-{}", shared.address))
+            .spawn(move || device::run(sh))
+            .expect("spawning the emulated controller's thread");
+        let _ = shared.thread.set(thread.thread().clone());
+        Arc::new(EmulatedController { shared, bar, thread: Some(thread) })
+    }
+
+    /// Sets the fault to commit from now on ([`Fault::None`]: behave again).
+    pub fn set_fault(&self, f: Fault) {
+        self.shared.fault.store(f as u8, Ordering::Release);
+        if f == Fault::Disappear {
+            // A removed function: every read of BAR0 completes with all ones.
+            for w in self.shared.bar.iter() {
+                w.store(u64::MAX, Ordering::Release);
+            }
+        }
+        self.shared.wake();
+    }
+
+    /// The counters now.
+    pub fn counters(&self) -> EmuCounters {
+        let all = |v: &[AtomicU64]| v.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let sh = &self.shared;
+        EmuCounters {
+            sq_doorbells: all(&sh.sq_doorbells),
+            cq_doorbells: all(&sh.cq_doorbells),
+            io_commands: sh.io_commands.load(Ordering::Relaxed),
+            admin_commands: sh.admin_commands.load(Ordering::Relaxed),
+            keep_alives: sh.keep_alives.load(Ordering::Relaxed),
+            aborts: sh.aborts.load(Ordering::Relaxed),
+            doorbell_buffer_configs: sh.dbbuf_configs.load(Ordering::Relaxed),
+            enables: sh.enables.load(Ordering::Relaxed),
+        }
+    }
+
+    /// `len` bytes of namespace `nsid` from byte `offset`, as the controller holds them.
+    pub fn read_namespace(&self, nsid: u32, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let ns = self.shared.namespaces.lock().unwrap_or_else(|e| e.into_inner());
+        let n = ns.iter().find(|n| n.nsid == nsid)?;
+        let start = usize::try_from(offset).ok()?;
+        n.data.get(start..start.checked_add(len)?).map(<[u8]>::to_vec)
+    }
+
+    /// Writes `data` into namespace `nsid` at byte `offset` (behind the host's back).
+    pub fn write_namespace(&self, nsid: u32, offset: u64, data: &[u8]) -> bool {
+        let mut ns = self.shared.namespaces.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(n) = ns.iter_mut().find(|n| n.nsid == nsid) else { return false };
+        let start = offset as usize;
+        match n.data.get_mut(start..start + data.len()) {
+            Some(d) => {
+                d.copy_from_slice(data);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn changed(&self, nsid: u32) {
+        let mut c = self.shared.changed.lock().unwrap_or_else(|e| e.into_inner());
+        if !c.contains(&nsid) {
+            c.push(nsid);
+        }
+        self.shared.aer_pending.store(true, Ordering::Release);
+        self.shared.wake();
+    }
+
+    /// Adds a namespace (its blocks zero) and raises a Namespace Attribute Changed event.
+    pub fn add_namespace(&self, n: EmuNamespace) {
+        self.shared.namespaces.lock().unwrap_or_else(|e| e.into_inner()).push(Namespace {
+            nsid: n.nsid,
+            block_size: n.block_size,
+            data: vec![0; (n.num_blocks * u64::from(n.block_size)) as usize],
+        });
+        self.changed(n.nsid);
+    }
+
+    /// Resizes namespace `nsid` to `num_blocks` (kept data stays) and raises the event.
+    pub fn resize_namespace(&self, nsid: u32, num_blocks: u64) -> bool {
+        let mut ns = self.shared.namespaces.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(n) = ns.iter_mut().find(|n| n.nsid == nsid) else { return false };
+        n.data.resize((num_blocks * u64::from(n.block_size)) as usize, 0);
+        drop(ns);
+        self.changed(nsid);
+        true
+    }
+
+    /// Removes namespace `nsid` and raises the event.
+    pub fn remove_namespace(&self, nsid: u32) -> bool {
+        let mut ns = self.shared.namespaces.lock().unwrap_or_else(|e| e.into_inner());
+        let before = ns.len();
+        ns.retain(|n| n.nsid != nsid);
+        let removed = ns.len() != before;
+        drop(ns);
+        if removed {
+            self.changed(nsid);
+        }
+        removed
+    }
+
+    /// Under [`Fault::Scripted`]: posts `cqe` (16 raw bytes, phase tag included, exactly as
+    /// given) at the tail of I/O completion queue `qid`.
+    pub fn inject_completion(&self, qid: u16, cqe: [u8; 16]) {
+        self.shared.inject.lock().unwrap_or_else(|e| e.into_inner()).push_back((qid, cqe));
+        self.shared.wake();
+    }
+
+    /// Waits until the device posted every injected completion (at most `timeout`); whether
+    /// it did.
+    pub fn wait_injected(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while !self.shared.inject.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            self.shared.wake();
+            std::thread::yield_now();
+        }
+        true
+    }
+
+    /// Writes a register as the device (CSTS, CAP: hostile values for the fuzz target).
+    pub fn write_register(&self, offset: u32, value: u32) {
+        self.shared.reg(offset).store(value, Ordering::Release);
+    }
+}
+
+impl PciFunction for EmulatedController {
+    fn address(&self) -> String {
+        self.shared.address.clone()
+    }
+
+    fn bar0(&self) -> Bar {
+        self.bar
+    }
+
+    /// Resets the controller as a function-level reset would: every queue gone, CC and CSTS
+    /// zero (CSTS.CFS stays while [`Fault::FatalStatus`] does).
+    fn reset_function(&self) -> Result<bool, NvmeError> {
+        self.shared.flr.store(true, Ordering::Release);
+        self.shared.wake();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.shared.flr.load(Ordering::Acquire) {
+            if Instant::now() >= deadline {
+                return Err(NvmeError::Timeout(format!("{}: function-level reset", self.shared.address)));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(true)
+    }
+
+    #[inline]
+    fn doorbell_rung(&self, offset: u32, _value: u32) {
+        let index = (offset.wrapping_sub(regs::DOORBELLS) / 4) as usize;
+        let counters = if index % 2 == 0 { &self.shared.sq_doorbells } else { &self.shared.cq_doorbells };
+        if let Some(c) = counters.get(index / 2) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        self.shared.wake();
+    }
+}
+
+impl Drop for EmulatedController {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
