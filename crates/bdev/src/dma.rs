@@ -266,7 +266,7 @@ impl MemoryMap {
 
     /// A translator for one thread's hot path.
     pub fn translator(&'static self) -> Translator {
-        Translator { map: self, generation: u64::MAX, regions: Arc::new(Vec::new()) }
+        Translator { map: self, generation: u64::MAX, regions: Arc::new(Vec::new()), last: 0 }
     }
 
     fn publish(&self, st: &State) {
@@ -304,11 +304,13 @@ impl State {
 }
 
 /// One thread's view of the map: a copy of the regions, reloaded when the map changed (one
-/// atomic load per call otherwise) and searched by bisection.
+/// atomic load per call otherwise) and searched by bisection, the region of the last hit
+/// first (a queue's requests mostly land in one region: a guest's RAM, a buffer pool).
 pub struct Translator {
     map: &'static MemoryMap,
     generation: u64,
     regions: Arc<Vec<DmaRegion>>,
+    last: usize,
 }
 
 impl Translator {
@@ -317,13 +319,26 @@ impl Translator {
     #[inline]
     pub fn translate(&mut self, vaddr: usize, len: usize) -> Option<u64> {
         let generation = self.map.generation.load(Ordering::Acquire);
+        if generation == self.generation {
+            if let Some(iova) = self.regions.get(self.last).and_then(|g| g.iova_of(vaddr, len)) {
+                return Some(iova);
+            }
+        }
+        self.search(vaddr, len, generation)
+    }
+
+    /// Reloads the regions if the map changed, and bisects them.
+    #[inline(never)]
+    fn search(&mut self, vaddr: usize, len: usize, generation: u64) -> Option<u64> {
         if generation != self.generation {
             self.regions = self.map.regions();
             self.generation = generation;
         }
         let r = &self.regions;
         let at = r.partition_point(|g| g.vaddr + g.len <= vaddr);
-        r.get(at)?.iova_of(vaddr, len)
+        let iova = r.get(at)?.iova_of(vaddr, len)?;
+        self.last = at;
+        Some(iova)
     }
 }
 

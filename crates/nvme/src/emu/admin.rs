@@ -139,7 +139,7 @@ impl Device {
 
     fn queue_params(&self, sqe: &Sqe) -> Result<(u16, u16, u64), Outcome> {
         let qid = sqe.cdw(10) as u16;
-        let size = (sqe.cdw(10) >> 16) as u32 + 1;
+        let size = (sqe.cdw(10) >> 16) + 1;
         let iova = u64::from_le_bytes(sqe.0[24..32].try_into().expect("eight bytes"));
         if qid == 0 || qid as usize >= self.sqs.len() {
             return Err(done(Status::command_specific(spec::SC_INVALID_QUEUE_IDENTIFIER)));

@@ -107,4 +107,6 @@ pub struct EmuCounters {
     pub doorbell_buffer_configs: u64,
     /// Controller enables (CC.EN 0 to 1).
     pub enables: u64,
+    /// Completions posted (all queues, injected ones too).
+    pub completions: u64,
 }

@@ -49,6 +49,7 @@ pub(crate) struct Shared {
     pub(crate) aborts: AtomicU64,
     pub(crate) dbbuf_configs: AtomicU64,
     pub(crate) enables: AtomicU64,
+    pub(crate) completions: AtomicU64,
     pub(crate) stop: AtomicBool,
     pub(crate) sleeping: AtomicBool,
     pub(crate) thread: OnceLock<std::thread::Thread>,
@@ -119,6 +120,7 @@ impl EmulatedController {
             aborts: AtomicU64::new(0),
             dbbuf_configs: AtomicU64::new(0),
             enables: AtomicU64::new(0),
+            completions: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             thread: OnceLock::new(),
@@ -166,7 +168,13 @@ impl EmulatedController {
             aborts: sh.aborts.load(Ordering::Relaxed),
             doorbell_buffer_configs: sh.dbbuf_configs.load(Ordering::Relaxed),
             enables: sh.enables.load(Ordering::Relaxed),
+            completions: sh.completions.load(Ordering::Relaxed),
         }
+    }
+
+    /// Completions posted so far (all queues), without the rest of [`EmulatedController::counters`].
+    pub fn completions(&self) -> u64 {
+        self.shared.completions.load(Ordering::Acquire)
     }
 
     /// `len` bytes of namespace `nsid` from byte `offset`, as the controller holds them.

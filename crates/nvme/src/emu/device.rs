@@ -74,9 +74,10 @@ pub(crate) fn reset_registers(sh: &Shared) {
     for off in (0..super::controller::BAR_LEN as u32).step_by(4) {
         sh.reg(off).store(0, Ordering::Relaxed);
     }
-    // CAP: MQES, CQR (contiguous queues required), TO = 1 (500 ms), DSTRD 0, CSS NVM,
+    // CAP: MQES, CQR (contiguous queues required), TO = 10 (5 s: a loaded test machine may
+    // not run the thread for a while), DSTRD 0, CSS NVM,
     // MPSMIN = MPSMAX = 0 (4 KiB).
-    let cap = u64::from(sh.cfg.max_queue_entries.max(2) - 1) | (1 << 16) | (1 << 24) | (1 << 37);
+    let cap = u64::from(sh.cfg.max_queue_entries.max(2) - 1) | (1 << 16) | (10 << 24) | (1 << 37);
     sh.reg(regs::CAP).store(cap as u32, Ordering::Relaxed);
     sh.reg(regs::CAP + 4).store((cap >> 32) as u32, Ordering::Relaxed);
     // VS 2.0.0.
@@ -139,7 +140,12 @@ impl Device {
         match sh.fault() {
             Fault::Disappear => return false,
             Fault::FatalStatus => {
-                sh.reg(regs::CSTS).fetch_or(regs::CSTS_CFS, Ordering::AcqRel);
+                // A reset (CC.EN = 0) still clears RDY, but the controller never gets ready.
+                let csts = sh.reg(regs::CSTS);
+                if sh.reg(regs::CC).load(Ordering::Acquire) & regs::CC_EN == 0 && self.enabled {
+                    self.disable();
+                }
+                csts.fetch_or(regs::CSTS_CFS, Ordering::AcqRel);
                 return false;
             }
             _ => {}
@@ -286,6 +292,7 @@ impl Device {
             cq.tail = 0;
             cq.phase = !cq.phase;
         }
+        self.sh.completions.fetch_add(1, Ordering::Release);
     }
 
     /// Posts a completion of `cid` from `sqid` with this lap's phase (or the wrong one).

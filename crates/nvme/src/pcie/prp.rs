@@ -49,6 +49,17 @@ pub fn build_prps(
     list: &mut [u64; PRP_LIST_ENTRIES],
     list_iova: u64,
 ) -> Result<(u64, u64), Unfit> {
+    // The common request: one piece of at most two pages, no list.
+    if let [v] = iov {
+        let len = v.iov_len as u64;
+        if len != 0 {
+            let iova = tr.translate(v.iov_base as usize, v.iov_len).ok_or(Unfit::NotRegistered)?;
+            let first = PAGE as u64 - (iova & PAGE_MASK);
+            if iova & 3 == 0 && len <= first + PAGE as u64 {
+                return Ok((iova, if len <= first { 0 } else { iova + first }));
+            }
+        }
+    }
     let mut n = 0usize;
     let mut prp1 = 0u64;
     let last = iov.len().saturating_sub(1);

@@ -109,6 +109,16 @@ pub struct PcieIoQueue<F: PciFunction> {
     orphaned: Vec<u32>,
     bar: Bar,
     idle_polls: u32,
+    /// The submission time of the batch being built ([`ticks::now`]), read at its first submit.
+    stamp: u64,
+    stamp_fresh: bool,
+}
+
+/// A command's data pointer: PRP1 and PRP2, or one SGL descriptor.
+#[derive(Clone, Copy)]
+enum DataPointer {
+    Prp(u64, u64),
+    Sgl([u8; 16]),
 }
 
 impl<F: PciFunction> PcieIoQueue<F> {
@@ -141,13 +151,15 @@ impl<F: PciFunction> PcieIoQueue<F> {
             dead: None,
             orphaned: Vec::with_capacity(cids),
             idle_polls: 0,
+            stamp: 0,
+            stamp_fresh: false,
         })
     }
 
-    /// Builds the data pointer of command `cid` into `entry` from the caller's memory, or
-    /// returns why it must be bounced.
+    /// Builds the data pointer of command `cid` from the caller's memory, or returns why it
+    /// must be bounced.
     #[inline]
-    fn describe(&mut self, entry: &mut Sqe, cid: u16, iov: &[libc::iovec]) -> Result<(), Unfit> {
+    fn describe(&mut self, cid: u16, iov: &[libc::iovec]) -> Result<DataPointer, Unfit> {
         let off = cid as usize * PAGE;
         let page_iova = self.lists.iova() + off as u64;
         // SAFETY: page `cid` of the list memory is this command's alone while it is in
@@ -156,18 +168,11 @@ impl<F: PciFunction> PcieIoQueue<F> {
         // SAFETY: as above.
         let list = unsafe { &mut *(page as *mut [u64; PRP_LIST_ENTRIES]) };
         match prp::build_prps(iov, &mut self.translator, list, page_iova) {
-            Ok((p1, p2)) => {
-                entry.set_psdt(0);
-                entry.set_prp(p1, p2);
-                Ok(())
-            }
+            Ok((p1, p2)) => Ok(DataPointer::Prp(p1, p2)),
             Err(Unfit::Shape) if self.sgl => {
                 // SAFETY: as above.
                 let seg = unsafe { &mut *(page as *mut [[u8; 16]; SGL_SEGMENT_DESCRIPTORS]) };
-                let d = prp::build_sgl(iov, &mut self.translator, seg, page_iova)?;
-                entry.set_psdt(1);
-                entry.set_sgl(d);
-                Ok(())
+                Ok(DataPointer::Sgl(prp::build_sgl(iov, &mut self.translator, seg, page_iova)?))
             }
             Err(e) => Err(e),
         }
@@ -179,10 +184,10 @@ impl<F: PciFunction> PcieIoQueue<F> {
     /// As [`IoQueue::submit`]'s.
     unsafe fn bounce_in(
         &mut self,
-        entry: &mut Sqe,
+        opcode: u8,
         cid: u16,
         iov: &[libc::iovec],
-    ) -> Result<u16, SubmitError> {
+    ) -> Result<(DataPointer, u16), SubmitError> {
         let total: usize = iov.iter().map(|v| v.iov_len).sum();
         if total > self.bounce.slot_len {
             return Err(SubmitError::Unsupported);
@@ -191,7 +196,6 @@ impl<F: PciFunction> PcieIoQueue<F> {
         let off = b as usize * self.bounce.slot_len;
         // SAFETY: buffer `b` is this request's alone until its completion.
         let dst = unsafe { self.bounce.mem.as_ptr().add(off) };
-        let opcode = entry.opcode();
         let copy_back = &mut self.bounce.copy_back[b as usize];
         copy_back.clear();
         let mut at = 0;
@@ -209,13 +213,13 @@ impl<F: PciFunction> PcieIoQueue<F> {
             at += v.iov_len;
         }
         let one = [libc::iovec { iov_base: dst as *mut libc::c_void, iov_len: total }];
-        if self.describe(entry, cid, &one).is_err() {
+        let Ok(d) = self.describe(cid, &one) else {
             // The bounce memory is registered and contiguous: PRPs always describe it.
             self.bounce.free.push(b);
             return Err(SubmitError::Unsupported);
-        }
+        };
         self.stats.bounced += 1;
-        Ok(b)
+        Ok((d, b))
     }
 
     fn release_bounce(&mut self, b: u16, copy: bool) {
@@ -297,16 +301,31 @@ impl<F: PciFunction> IoQueue for PcieIoQueue<F> {
         if self.dead.is_some() || self.sq.full() {
             return Err(SubmitError::Busy);
         }
-        // Built on a copy: the ring entry is written only once the command is sure to go.
-        let mut entry = *sqe;
-        entry.set_cid(cid);
-        let bounce = match self.describe(&mut entry, cid, iov) {
-            Ok(()) => NO_BOUNCE,
+        let (dptr, bounce) = match self.describe(cid, iov) {
+            Ok(d) => (d, NO_BOUNCE),
             // SAFETY: forwarded from the caller.
-            Err(_) => unsafe { self.bounce_in(&mut entry, cid, iov)? },
+            Err(_) => unsafe { self.bounce_in(sqe.opcode(), cid, iov)? },
         };
-        let (_, pos) = self.sq.push(&entry);
-        self.slots[cid as usize] = Slot { tag, submitted: ticks::now(), sq_pos: pos, bounce, busy: true };
+        // The ring entry is written only once the command is sure to go.
+        let (entry, pos) = self.sq.push(sqe);
+        entry.set_cid(cid);
+        match dptr {
+            DataPointer::Prp(p1, p2) => {
+                entry.set_psdt(0);
+                entry.set_prp(p1, p2);
+            }
+            DataPointer::Sgl(d) => {
+                entry.set_psdt(1);
+                entry.set_sgl(d);
+            }
+        }
+        // One clock read per batch: a command's submission time is its batch's first submit
+        // (the same poll round), ample for timeouts of milliseconds and more.
+        if !self.stamp_fresh {
+            self.stamp = ticks::now();
+            self.stamp_fresh = true;
+        }
+        self.slots[cid as usize] = Slot { tag, submitted: self.stamp, sq_pos: pos, bounce, busy: true };
         self.free.pop();
         self.in_flight += 1;
         self.stats.submitted += 1;
@@ -315,6 +334,7 @@ impl<F: PciFunction> IoQueue for PcieIoQueue<F> {
 
     #[inline]
     fn flush(&mut self) {
+        self.stamp_fresh = false;
         if let Some((old, new)) = self.sq.pending() {
             if self.dead.is_none() && self.sq_db.ring(old, new, self.sq.size()) {
                 self.stats.doorbells += 1;

@@ -135,12 +135,21 @@ pub struct SqRing {
     tail: u16,
     rung: u16,
     head: u16,
+    /// Entries the controller was told of and has not reported fetched: from head to rung.
+    given: u16,
 }
 
 impl SqRing {
     /// A ring of `size` entries.
     pub fn new(size: u16) -> Result<SqRing, NvmeError> {
-        Ok(SqRing { mem: DmaMemory::new(size as usize * SQE_LEN)?, size, tail: 0, rung: 0, head: 0 })
+        Ok(SqRing {
+            mem: DmaMemory::new(size as usize * SQE_LEN)?,
+            size,
+            tail: 0,
+            rung: 0,
+            head: 0,
+            given: 0,
+        })
     }
 
     /// The ring's IOVA.
@@ -195,23 +204,33 @@ impl SqRing {
     /// Records that the controller was told the tail.
     #[inline]
     pub fn mark_rung(&mut self) {
+        self.given += self.dist(self.rung, self.tail);
         self.rung = self.tail;
+    }
+
+    /// Entries from `from` forward to `to` around the ring.
+    #[inline]
+    fn dist(&self, from: u16, to: u16) -> u16 {
+        if to >= from {
+            to - from
+        } else {
+            to + (self.size - from)
+        }
     }
 
     /// Takes the controller's new head from a completion: it must lie between the known head
     /// and the tail the controller was told (it cannot fetch what it was not given).
     #[inline]
     pub fn update_head(&mut self, sqhd: u16) -> Result<(), NvmeError> {
-        let s = self.size as u32;
-        let fetched = (sqhd as u32 + s - self.head as u32) % s;
-        let given = (self.rung as u32 + s - self.head as u32) % s;
-        if sqhd >= self.size || fetched > given {
+        let fetched = self.dist(self.head, sqhd);
+        if sqhd >= self.size || fetched > self.given {
             return Err(NvmeError::Protocol(format!(
                 "SQ head {sqhd} outside the fetchable window {}..={} of a {}-entry queue",
                 self.head, self.rung, self.size
             )));
         }
         self.head = sqhd;
+        self.given -= fetched;
         Ok(())
     }
 
@@ -219,8 +238,7 @@ impl SqRing {
     /// tail): a completion for it means the controller made it up.
     #[inline]
     pub fn unfetched(&self, pos: u16) -> bool {
-        let s = self.size as u32;
-        (pos as u32 + s - self.head as u32) % s < (self.rung as u32 + s - self.head as u32) % s
+        self.dist(self.head, pos) < self.given
     }
 }
 
