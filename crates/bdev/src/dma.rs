@@ -17,10 +17,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// Registration granularity: a page. Regions are widened to whole pages.
 pub const DMA_PAGE: usize = 4096;
-/// The first IOVA handed out (0 is never a valid DMA address to a careful driver).
-const IOVA_BASE: u64 = 1 << 20;
-/// The IOVA space handed out: 39 bits, the narrowest IOMMU width a driver here meets.
-const IOVA_LIMIT: u64 = 1 << 39;
+/// The first IOVA handed out: 4 GiB. Below it an IOMMU reserves windows a mapping may not use
+/// (x86's MSI range at 0xfee00000, firmware's RMRRs), so a large region (a guest's memory)
+/// starting low would cross one and be refused; above 4 GiB the window is free on x86.
+pub const IOVA_BASE: u64 = 1 << 32;
+/// The end of the IOVA space handed out: 39 bits, the narrowest IOMMU width a driver here
+/// meets (QEMU's intel-iommu by default).
+pub const IOVA_LIMIT: u64 = 1 << 39;
 
 /// One registered range: `len` bytes at `vaddr`, visible to devices at `iova`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,11 +206,11 @@ impl MemoryMap {
     pub fn unregister(&self, vaddr: usize, len: usize) -> Result<(), DmaError> {
         let (start, span) = page_span(vaddr, len);
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let at = st
-            .entries
-            .iter()
-            .position(|e| e.region.vaddr == start && e.region.len == span)
-            .ok_or(DmaError::NotRegistered { vaddr, len })?;
+        // Sorted by vaddr: a bisection, not a scan (thousands of slot buffers come and go).
+        let at = st.entries.partition_point(|e| e.region.vaddr < start);
+        if st.entries.get(at).is_none_or(|e| e.region.vaddr != start || e.region.len != span) {
+            return Err(DmaError::NotRegistered { vaddr, len });
+        }
         st.entries[at].refs -= 1;
         if st.entries[at].refs > 0 {
             return Ok(());

@@ -62,6 +62,7 @@ const VFIO_GROUP_GET_DEVICE_FD: u64 = vfio_io(6);
 const VFIO_DEVICE_GET_INFO: u64 = vfio_io(7);
 const VFIO_DEVICE_GET_REGION_INFO: u64 = vfio_io(8);
 const VFIO_DEVICE_RESET: u64 = vfio_io(11);
+const VFIO_IOMMU_GET_INFO: u64 = vfio_io(12);
 const VFIO_IOMMU_MAP_DMA: u64 = vfio_io(13);
 const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
 
@@ -95,6 +96,26 @@ struct RegionInfoRaw {
     size: u64,
     offset: u64,
 }
+
+/// `struct vfio_iommu_type1_info` (its capability chain follows when `argsz` allows).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct IommuInfoRaw {
+    argsz: u32,
+    flags: u32,
+    iova_pgsizes: u64,
+    cap_offset: u32,
+    pad: u32,
+}
+
+/// `VFIO_IOMMU_INFO_PGSIZES`: `iova_pgsizes` is filled in.
+const IOMMU_INFO_PGSIZES: u32 = 1 << 0;
+/// `VFIO_IOMMU_INFO_CAPS`: a capability chain starts at `cap_offset`.
+const IOMMU_INFO_CAPS: u32 = 1 << 1;
+/// `VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE`: the valid IOVA ranges.
+const CAP_IOVA_RANGE: u16 = 1;
+/// `VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL`: how many more mappings the container takes.
+const CAP_DMA_AVAIL: u16 = 3;
 
 /// `struct vfio_iommu_type1_dma_map`.
 #[repr(C)]
@@ -189,6 +210,47 @@ impl VfioContainer {
         ioctl_val(&self.fd, VFIO_SET_IOMMU, model as libc::c_ulong).map(drop)
     }
 
+    /// `VFIO_IOMMU_GET_INFO` (type1, after [`VfioContainer::set_iommu`]): page sizes, valid
+    /// IOVA ranges, how many more mappings.
+    pub fn iommu_info(&self) -> io::Result<IommuInfo> {
+        let mut raw = IommuInfoRaw { argsz: argsz::<IommuInfoRaw>(), ..Default::default() };
+        ioctl_ptr(&self.fd, VFIO_IOMMU_GET_INFO, &mut raw)?;
+        let mut want = raw.argsz as usize;
+        if want <= std::mem::size_of::<IommuInfoRaw>() {
+            // SAFETY: IommuInfoRaw is plain integers; viewing them as bytes is sound.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    (&raw as *const IommuInfoRaw).cast::<u8>(),
+                    std::mem::size_of_val(&raw),
+                )
+            };
+            return parse_iommu_info(bytes);
+        }
+        // The capabilities need room: ask again with a buffer of the size the kernel named
+        // (8-byte aligned for the 64-bit fields). Tries a few times in case it grew.
+        for _ in 0..4 {
+            let mut buf = vec![0u64; want.div_ceil(8)];
+            let first = buf.as_mut_ptr().cast::<IommuInfoRaw>();
+            // SAFETY: `buf` has `want` (>= 24) writable, 8-aligned bytes: room for an
+            // IommuInfoRaw and the capabilities after it, as `argsz` tells the kernel.
+            unsafe { (*first).argsz = want as u32 };
+            // SAFETY: as above; the kernel writes at most `argsz` bytes.
+            let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), VFIO_IOMMU_GET_INFO as _, first) };
+            if rc < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: the first 24 bytes are an IommuInfoRaw the kernel just filled.
+            let got = unsafe { (*first).argsz } as usize;
+            if got <= want {
+                // SAFETY: `buf` is `buf.len() * 8` initialised bytes.
+                let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), want) };
+                return parse_iommu_info(bytes);
+            }
+            want = got;
+        }
+        Err(io::Error::other("VFIO IOMMU info kept growing"))
+    }
+
     /// `VFIO_IOMMU_MAP_DMA`: lets the container's devices reach `[vaddr, vaddr + size)` at
     /// `iova`, with `flags` ([`DMA_MAP_FLAG_READ`] | [`DMA_MAP_FLAG_WRITE`]). The kernel pins
     /// the pages (counted against `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`).
@@ -209,6 +271,67 @@ impl VfioContainer {
         ioctl_ptr(&self.fd, VFIO_IOMMU_UNMAP_DMA, &mut u)?;
         Ok(u.size)
     }
+}
+
+/// What a type1 container's IOMMU accepts (`VFIO_IOMMU_GET_INFO`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IommuInfo {
+    /// Bitmap of the page sizes it maps (bit 12: 4 KiB); 0 when not reported.
+    pub page_sizes: u64,
+    /// The IOVA ranges a mapping may use, `(first, last)` inclusive, reserved windows (the
+    /// x86 MSI range at 0xfee00000) left out; empty when the kernel does not report them.
+    pub iova_ranges: Vec<(u64, u64)>,
+    /// How many more mappings it takes (type1 limits their number: module parameter
+    /// `dma_entry_limit`), when reported.
+    pub dma_avail: Option<u32>,
+}
+
+impl IommuInfo {
+    /// Whether `[start, end)` lies in one valid range (true when no ranges are reported).
+    pub fn allows(&self, start: u64, end: u64) -> bool {
+        self.iova_ranges.is_empty()
+            || self.iova_ranges.iter().any(|&(a, b)| a <= start && end.saturating_sub(1) <= b)
+    }
+}
+
+/// Reads `VFIO_IOMMU_GET_INFO`'s answer: the fixed part and the capabilities it knows.
+fn parse_iommu_info(buf: &[u8]) -> io::Result<IommuInfo> {
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("VFIO IOMMU info: {what}"));
+    let u16_at = |o: usize| buf.get(o..o + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
+    let u32_at = |o: usize| buf.get(o..o + 4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")));
+    let u64_at = |o: usize| buf.get(o..o + 8).map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")));
+    let flags = u32_at(4).ok_or_else(|| bad("short"))?;
+    let mut info = IommuInfo::default();
+    if flags & IOMMU_INFO_PGSIZES != 0 {
+        info.page_sizes = u64_at(8).ok_or_else(|| bad("short"))?;
+    }
+    if flags & IOMMU_INFO_CAPS == 0 {
+        return Ok(info);
+    }
+    let mut at = u32_at(16).ok_or_else(|| bad("short"))? as usize;
+    let mut seen = 0;
+    while at != 0 {
+        seen += 1;
+        if seen > 64 || at < std::mem::size_of::<IommuInfoRaw>() {
+            return Err(bad("capability chain loops or points backwards"));
+        }
+        let id = u16_at(at).ok_or_else(|| bad("capability outside the buffer"))?;
+        let next = u32_at(at + 4).ok_or_else(|| bad("capability outside the buffer"))? as usize;
+        match id {
+            CAP_IOVA_RANGE => {
+                let n = u32_at(at + 8).ok_or_else(|| bad("IOVA range capability cut short"))?;
+                for i in 0..n as usize {
+                    let o = at + 16 + i * 16;
+                    let (a, b) = u64_at(o).zip(u64_at(o + 8)).ok_or_else(|| bad("IOVA range cut short"))?;
+                    info.iova_ranges.push((a, b));
+                }
+            }
+            CAP_DMA_AVAIL => info.dma_avail = Some(u32_at(at + 8).ok_or_else(|| bad("DMA avail cut short"))?),
+            _ => {}
+        }
+        at = next;
+    }
+    Ok(info)
 }
 
 /// A group's state (`VFIO_GROUP_GET_STATUS`).
@@ -445,6 +568,7 @@ mod tests {
         assert_eq!(VFIO_DEVICE_GET_INFO, 0x3b6b);
         assert_eq!(VFIO_DEVICE_GET_REGION_INFO, 0x3b6c);
         assert_eq!(VFIO_DEVICE_RESET, 0x3b6f);
+        assert_eq!(VFIO_IOMMU_GET_INFO, 0x3b70);
         assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
         assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
     }
@@ -456,11 +580,64 @@ mod tests {
         assert_eq!(size_of::<RegionInfoRaw>(), 32);
         assert_eq!(offset_of!(RegionInfoRaw, size), 16);
         assert_eq!(offset_of!(RegionInfoRaw, offset), 24);
+        assert_eq!(size_of::<IommuInfoRaw>(), 24);
+        assert_eq!(offset_of!(IommuInfoRaw, cap_offset), 16);
         assert_eq!(size_of::<DmaMapRaw>(), 32);
         assert_eq!(offset_of!(DmaMapRaw, vaddr), 8);
         assert_eq!(offset_of!(DmaMapRaw, size), 24);
         assert_eq!(size_of::<DmaUnmapRaw>(), 24);
         assert_eq!(offset_of!(DmaUnmapRaw, iova), 8);
+    }
+
+    /// An answer as the kernel lays it out: the fixed part, then capabilities at `cap_offset`.
+    fn info_bytes(flags: u32, caps: &[(u16, Vec<u8>)]) -> Vec<u8> {
+        let mut b = vec![0u8; 24];
+        b[4..8].copy_from_slice(&flags.to_ne_bytes());
+        b[8..16].copy_from_slice(&0x4020_1000u64.to_ne_bytes());
+        if !caps.is_empty() {
+            b[16..20].copy_from_slice(&24u32.to_ne_bytes());
+        }
+        for (i, (id, body)) in caps.iter().enumerate() {
+            let at = b.len();
+            let next = if i + 1 < caps.len() { (at + 8 + body.len()) as u32 } else { 0 };
+            b.extend_from_slice(&id.to_ne_bytes());
+            b.extend_from_slice(&1u16.to_ne_bytes());
+            b.extend_from_slice(&next.to_ne_bytes());
+            b.extend_from_slice(body);
+        }
+        let len = b.len() as u32;
+        b[0..4].copy_from_slice(&len.to_ne_bytes());
+        b
+    }
+
+    #[test]
+    fn iommu_info_capabilities_are_read() {
+        let mut ranges = Vec::new();
+        ranges.extend_from_slice(&2u32.to_ne_bytes());
+        ranges.extend_from_slice(&0u32.to_ne_bytes());
+        for (a, b) in [(0u64, 0xfedf_ffffu64), (0xfef0_0000, (1 << 39) - 1)] {
+            ranges.extend_from_slice(&a.to_ne_bytes());
+            ranges.extend_from_slice(&b.to_ne_bytes());
+        }
+        let avail = [65535u32.to_ne_bytes(), [0; 4]].concat();
+        let b = info_bytes(IOMMU_INFO_PGSIZES | IOMMU_INFO_CAPS, &[(9, vec![0; 8]), (1, ranges), (3, avail)]);
+        let info = parse_iommu_info(&b).unwrap();
+        assert_eq!(info.page_sizes, 0x4020_1000);
+        assert_eq!(info.iova_ranges, vec![(0, 0xfedf_ffff), (0xfef0_0000, (1 << 39) - 1)]);
+        assert_eq!(info.dma_avail, Some(65535));
+        assert!(info.allows(1 << 32, 1 << 39));
+        assert!(!info.allows(1 << 20, 1 << 39), "crosses the MSI window");
+        assert!(!info.allows(1 << 32, (1 << 39) + 1));
+        // No capabilities: no ranges, everything allowed.
+        let plain = parse_iommu_info(&info_bytes(IOMMU_INFO_PGSIZES, &[])).unwrap();
+        assert!(plain.iova_ranges.is_empty() && plain.dma_avail.is_none() && plain.allows(0, u64::MAX));
+        // A chain cut short or pointing back is an error, not a wild read.
+        let mut cut = b.clone();
+        cut.truncate(b.len() - 10);
+        assert!(parse_iommu_info(&cut).is_err());
+        let mut looped = info_bytes(IOMMU_INFO_CAPS, &[(9, vec![0; 8])]);
+        looped[28..32].copy_from_slice(&24u32.to_ne_bytes());
+        assert!(parse_iommu_info(&looped).is_err());
     }
 
     #[test]

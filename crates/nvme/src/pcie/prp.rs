@@ -185,8 +185,12 @@ mod tests {
         // Odd addresses break dword alignment.
         assert_eq!(build_prps(&[iov(r.at(3), 8)], &mut tr, &mut list, 0), Err(Unfit::Shape));
         // Memory outside the map.
-        let other = AlignedBuf::zeroed(PAGE);
-        assert_eq!(build_prps(&[iov(other.as_ptr(), 8)], &mut tr, &mut list, 0), Err(Unfit::NotRegistered));
+        // (Plain heap memory: an AlignedBuf registers itself.)
+        let other = vec![0u64; PAGE / 8];
+        assert_eq!(
+            build_prps(&[iov(other.as_ptr().cast(), 8)], &mut tr, &mut list, 0),
+            Err(Unfit::NotRegistered)
+        );
     }
 
     #[test]

@@ -7,11 +7,11 @@
 //! Errors name the fix: a function still on the kernel's `nvme` driver gets the rebinding
 //! steps (docs/nvme.md, "PCIe devices").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use fp_bdev::dma::{memory_map, DmaListener, DmaRegion, ListenerId};
+use fp_bdev::dma::{memory_map, DmaListener, DmaRegion, ListenerId, DMA_PAGE, IOVA_BASE, IOVA_LIMIT};
 use fp_sys::vfio::{
     MappedRegion, RegionInfo, VfioContainer, VfioDevice, VfioGroup, DEVICE_FLAGS_PCI, DEVICE_FLAGS_RESET,
     DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE, PCI_BAR0_REGION_INDEX, PCI_CONFIG_REGION_INDEX,
@@ -53,10 +53,16 @@ impl Default for VfioPaths {
 /// unmaps all DMA (the listener goes) and leaves the container.
 struct GroupContainer {
     number: u32,
-    group: VfioGroup,
-    /// Also held by the DMA map while the listener is in: closed only after the group left.
-    _container: Arc<ContainerMapper>,
+    /// The group, and the container (also held by the DMA map while the listener is in);
+    /// `None` only inside `drop`, which closes them in that order.
+    fds: Option<(VfioGroup, Arc<ContainerMapper>)>,
     listener: ListenerId,
+}
+
+impl GroupContainer {
+    fn group(&self) -> &VfioGroup {
+        &self.fds.as_ref().expect("open until dropped").0
+    }
 }
 
 /// The container as the DMA map's listener.
@@ -90,9 +96,16 @@ impl DmaListener for ContainerMapper {
 
 impl Drop for GroupContainer {
     fn drop(&mut self) {
+        // Held through the teardown: an open of this group meanwhile waits, rather than find
+        // the group's fd still open (the kernel lets one open at a time: EBUSY).
+        let _table = groups().lock().unwrap_or_else(|e| e.into_inner());
         memory_map().remove_listener(self.listener);
-        if let Err(e) = self.group.unset_container() {
-            log::warn!("VFIO group {}: leaving its container: {e}", self.number);
+        if let Some((group, container)) = self.fds.take() {
+            if let Err(e) = group.unset_container() {
+                log::warn!("VFIO group {}: leaving its container: {e}", self.number);
+            }
+            drop(group);
+            drop(container);
         }
     }
 }
@@ -106,12 +119,14 @@ fn groups() -> &'static Mutex<HashMap<u32, Weak<GroupContainer>>> {
 pub struct VfioFunction {
     address: String,
     // Field order is drop order: BAR unmapped, then the device fd closed, then the group
-    // leaves its container (when this was its last function).
+    // leaves its container (when this was its last function), and only then may the
+    // function be opened again.
     bar0_map: MappedRegion,
     bar0: Bar,
     device: VfioDevice,
     resettable: bool,
     _group: Arc<GroupContainer>,
+    _claim: Claim,
 }
 
 impl std::fmt::Debug for VfioFunction {
@@ -135,9 +150,11 @@ impl VfioFunction {
     /// [`VfioFunction::open`] with sysfs and `/dev/vfio` elsewhere.
     pub fn open_in(paths: &VfioPaths, address: &str) -> Result<Arc<VfioFunction>, NvmeError> {
         let address = canonical_address(address)?;
+        // Two drivers of one controller in a process would fight over its queues.
+        let claim = Claim::new(&address)?;
         let group_number = check_sysfs(paths, &address)?;
         let group = shared_group(paths, group_number)?;
-        let device = group.group.device(&address).map_err(|e| io(format!("VFIO device {address}"), e))?;
+        let device = group.group().device(&address).map_err(|e| io(format!("VFIO device {address}"), e))?;
         let info = device.info().map_err(|e| io(format!("VFIO device info of {address}"), e))?;
         if info.flags & DEVICE_FLAGS_PCI == 0 {
             return Err(NvmeError::Unsupported(format!("VFIO device {address} is not a PCI function")));
@@ -167,6 +184,7 @@ impl VfioFunction {
             device,
             resettable: info.flags & DEVICE_FLAGS_RESET != 0,
             _group: group,
+            _claim: claim,
         }))
     }
 }
@@ -195,6 +213,32 @@ impl PciFunction for VfioFunction {
         enable_bus_master(&self.device, &config)
             .map_err(|e| io(format!("enabling bus mastering on {}", self.address), e))?;
         Ok(true)
+    }
+}
+
+/// A function's address held in the process-wide set of open functions; released on drop.
+struct Claim(String);
+
+fn claimed() -> &'static Mutex<HashSet<String>> {
+    static OPEN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    OPEN.get_or_init(Default::default)
+}
+
+impl Claim {
+    fn new(address: &str) -> Result<Claim, NvmeError> {
+        if !claimed().lock().unwrap_or_else(|e| e.into_inner()).insert(address.to_owned()) {
+            return Err(NvmeError::InvalidParam {
+                field: "traddr",
+                reason: format!("PCI function {address} is already open in this process"),
+            });
+        }
+        Ok(Claim(address.to_owned()))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        claimed().lock().unwrap_or_else(|e| e.into_inner()).remove(&self.0);
     }
 }
 
@@ -333,6 +377,7 @@ fn shared_group(paths: &VfioPaths, number: u32) -> Result<Arc<GroupContainer>, N
         let _ = group.unset_container();
         return Err(io(format!("VFIO group {number}: setting IOMMU type {model}"), e));
     }
+    check_iommu(&container, number)?;
     let mapper = Arc::new(ContainerMapper { container });
     let listener = match memory_map().add_listener(mapper.clone()) {
         Ok(id) => id,
@@ -344,10 +389,47 @@ fn shared_group(paths: &VfioPaths, number: u32) -> Result<Arc<GroupContainer>, N
             ));
         }
     };
-    let g = Arc::new(GroupContainer { number, group, _container: mapper, listener });
+    let g = Arc::new(GroupContainer { number, fds: Some((group, mapper)), listener });
     table.retain(|_, w| w.strong_count() > 0);
     table.insert(number, Arc::downgrade(&g));
     Ok(g)
+}
+
+/// The IOMMU must map 4 KiB pages; the DMA map's IOVA window should lie in one of its valid
+/// ranges (else regions there fail to map and their I/O is bounced: said once, here).
+fn check_iommu(container: &VfioContainer, number: u32) -> Result<(), NvmeError> {
+    let info = match container.iommu_info() {
+        Ok(i) => i,
+        Err(e) => {
+            log::warn!(
+                "VFIO group {number}: no IOMMU info ({e}); assuming 4 KiB pages and the whole IOVA space"
+            );
+            return Ok(());
+        }
+    };
+    if info.page_sizes != 0 && info.page_sizes & DMA_PAGE as u64 == 0 {
+        return Err(NvmeError::Unsupported(format!(
+            "VFIO group {number}: the IOMMU maps no 4 KiB pages (page sizes {:#x})",
+            info.page_sizes
+        )));
+    }
+    let ranges: Vec<String> = info.iova_ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect();
+    if info.allows(IOVA_BASE, IOVA_LIMIT) {
+        log::info!(
+            "VFIO group {number}: IOMMU page sizes {:#x}, IOVA ranges [{}], mappings available {:?}",
+            info.page_sizes,
+            ranges.join(", "),
+            info.dma_avail
+        );
+    } else {
+        log::warn!(
+            "VFIO group {number}: the IOMMU takes IOVAs [{}] only, the DMA map hands out {IOVA_BASE:#x}-{:#x}: \
+             memory registered outside fails to map and its I/O is bounced",
+            ranges.join(", "),
+            IOVA_LIMIT - 1
+        );
+    }
+    Ok(())
 }
 
 /// Sets Memory Space and Bus Master Enable in the Command register (read, modify, write).
@@ -428,8 +510,22 @@ mod tests {
     }
 
     #[test]
+    fn a_function_is_open_once_per_process() {
+        let a = Claim::new("0000:7f:00.0").unwrap();
+        let e = Claim::new("0000:7f:00.0").err().expect("second claim refused");
+        assert!(e.to_string().contains("already open"), "{e}");
+        drop(a);
+        let _again = Claim::new("0000:7f:00.0").unwrap();
+        // A failed open releases its claim.
+        let t = sysfs("0000:00:08.0", "0x010802", Some("nvme"), &[]);
+        for _ in 0..2 {
+            assert!(matches!(open_err(&t, "0000:00:08.0"), NvmeError::Unsupported(_)));
+        }
+    }
+
+    #[test]
     fn a_missing_function_names_the_address() {
-        let t = sysfs("0000:00:04.0", "0x010802", Some("vfio-pci"), &[]);
+        let t = sysfs("0000:00:09.0", "0x010802", Some("vfio-pci"), &[]);
         let e = open_err(&t, "0000:00:05.0");
         assert!(matches!(e, NvmeError::InvalidParam { field: "traddr", .. }), "{e}");
         assert!(e.to_string().contains("0000:00:05.0"), "{e}");
@@ -462,8 +558,8 @@ mod tests {
     fn a_group_with_a_device_on_another_driver_is_not_viable() {
         let others =
             [("0000:00:04.1", Some("e1000e")), ("0000:00:04.2", None), ("0000:00:00.0", Some("pcieport"))];
-        let t = sysfs("0000:00:04.0", "0x010802", Some("vfio-pci"), &others);
-        let msg = open_err(&t, "0000:00:04.0").to_string();
+        let t = sysfs("0000:00:06.0", "0x010802", Some("vfio-pci"), &others);
+        let msg = open_err(&t, "0000:00:06.0").to_string();
         assert!(msg.contains("group 5") && msg.contains("not viable"), "{msg}");
         assert!(msg.contains("0000:00:04.1 (driver e1000e)"), "{msg}");
         assert!(
@@ -474,8 +570,8 @@ mod tests {
 
     #[test]
     fn a_viable_group_without_its_device_node_fails_naming_it() {
-        let t = sysfs("0000:00:04.0", "0x010802", Some("vfio-pci"), &[("0000:00:04.1", Some("vfio-pci"))]);
-        let e = open_err(&t, "0000:00:04.0");
+        let t = sysfs("0000:00:07.0", "0x010802", Some("vfio-pci"), &[("0000:00:04.1", Some("vfio-pci"))]);
+        let e = open_err(&t, "0000:00:07.0");
         let msg = e.to_string();
         assert!(
             matches!(&e, NvmeError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
