@@ -18,6 +18,8 @@ pub use queue::{DataStats, TcpQueue};
 pub use transport::{Adrfam, TcpTarget, TcpTransport};
 
 #[cfg(test)]
+mod ctrlr_tests;
+#[cfg(test)]
 mod hostile;
 #[cfg(test)]
 mod tests;
