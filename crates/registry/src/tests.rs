@@ -408,14 +408,17 @@ fn module_methods_are_dispatched_by_name() {
 }
 
 /// The configuration file maps `type = "<name>"` to `bdev_<name>_create`, and methods are found
-/// by name across modules: every module needs the create method, and no name may repeat.
+/// by name across modules: every module a `[[bdev]]` table may name needs the create method
+/// (the nvme module's bdevs come from `bdev_nvme_attach_controller`), and no name may repeat.
 #[test]
 fn every_module_has_its_create_method_and_names_are_unique() {
     let mut names = std::collections::BTreeSet::new();
     for m in modules::MODULES {
         let methods: Vec<&str> = m.methods().iter().map(|(n, _)| *n).collect();
         let create = format!("bdev_{}_create", m.name());
-        assert!(methods.contains(&create.as_str()), "{}: {methods:?}", m.name());
+        if m.configurable() {
+            assert!(methods.contains(&create.as_str()), "{}: {methods:?}", m.name());
+        }
         assert!(names.insert(m.name()), "module {} twice", m.name());
         for n in methods {
             assert!(names.insert(n), "method {n} twice");
