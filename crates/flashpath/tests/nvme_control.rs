@@ -12,6 +12,7 @@
 //! * [`a_config_file_attaches_controllers_before_the_bdevs`]: a second daemon attaches the
 //!   first's subsystem from `[[nvme_controller]]` and stacks a delay bdev on it from `[[bdev]]`.
 //! * [`the_cli_attaches_lists_resets_and_detaches`]: `flashpath nvme ...`.
+//! * [`the_daemon_stops_with_a_controller_attached`]: SIGTERM detaches it, promptly.
 //! * [`namespace_changes_reach_the_registry`]: a namespace resized, removed and added back on
 //!   the target reaches the attached side's bdevs through asynchronous events.
 
@@ -359,4 +360,22 @@ fn namespace_changes_reach_the_registry() {
     d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "n0", "nsid": 1}}));
     eventually("Nvme0n1 did not come back with its namespace", || blocks() == Some(16384));
     assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
+}
+
+/// SIGTERM with a controller attached to the daemon's own subsystem (whose target stops first)
+/// still stops the daemon promptly: the controller is detached without waiting on the target.
+#[test]
+fn the_daemon_stops_with_a_controller_attached() {
+    let mut d = Daemon::start("0");
+    let port = serve_target(&d);
+    d.call("bdev_nvme_attach_controller", attach_params("Nvme0", port));
+    d.controller("vhost.0", "Nvme0n1", Some(1), false);
+    let started = std::time::Instant::now();
+    d.assert_stops_on_sigterm();
+    assert!(started.elapsed() < Duration::from_secs(5), "stopping took {:?}", started.elapsed());
+    let log = std::fs::read_to_string(&d.stderr_path).unwrap();
+    assert!(
+        log.contains("bdev 'Nvme0n1' deleted") && log.contains("nvme Nvme0: detached at shutdown"),
+        "{log}"
+    );
 }

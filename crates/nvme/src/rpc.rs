@@ -211,6 +211,7 @@ impl BdevModule for NvmeModule {
                 }
             }
             a.ctrlr.detach();
+            log::info!("nvme {name}: detached at shutdown");
         }
     }
 }
