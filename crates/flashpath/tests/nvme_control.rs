@@ -13,6 +13,7 @@
 //!   first's subsystem from `[[nvme_controller]]` and stacks a delay bdev on it from `[[bdev]]`.
 //! * [`the_cli_attaches_lists_resets_and_detaches`]: `flashpath nvme ...`.
 //! * [`the_daemon_stops_with_a_controller_attached`]: SIGTERM detaches it, promptly.
+//! * [`a_lost_tcp_controller_reconnects_by_its_timeouts`]: SPDK's reconnect policy over RPC.
 //! * [`namespace_changes_reach_the_registry`]: a namespace resized, removed and added back on
 //!   the target reaches the attached side's bdevs through asynchronous events.
 
@@ -378,4 +379,36 @@ fn the_daemon_stops_with_a_controller_attached() {
         log.contains("bdev 'Nvme0n1' deleted") && log.contains("nvme Nvme0: detached at shutdown"),
         "{log}"
     );
+}
+
+/// A TCP controller whose connections are lost (its subsystem deleted on the target)
+/// reconnects every `reconnect_delay_sec` while `ctrlr_loss_timeout_sec` lasts, and serves the
+/// same data once the subsystem is back; the bdev stays through it.
+#[test]
+fn a_lost_tcp_controller_reconnects_by_its_timeouts() {
+    let d = Daemon::start("0");
+    let port = serve_target(&d);
+    let mut params = attach_params("Nvme0", port);
+    params["ctrlr_loss_timeout_sec"] = json!(-1);
+    params["reconnect_delay_sec"] = json!(1);
+    d.call("bdev_nvme_attach_controller", params);
+    let sock = d.controller("vhost.0", "Nvme0n1", Some(1), false);
+    let mut client = BlkClient::open(&sock, 1);
+    assert_eq!(client.write(0, 4096, &[0x5a; 4096]), 0);
+
+    d.call("nvmf_delete_subsystem", json!({"nqn": NQN}));
+    let state = || d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}))[0]["ctrlrs"][0].clone();
+    eventually("the controller did not notice its lost connections", || state()["state"] != "enabled");
+    assert_eq!(d.call("bdev_get_bdevs", json!({"name": "Nvme0n1"}))[0]["name"], "Nvme0n1");
+
+    d.call("nvmf_create_subsystem", json!({"nqn": NQN, "allow_any_host": true}));
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "m0"}}));
+    let listen =
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()});
+    d.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": listen}));
+    eventually("the controller did not reconnect", || state()["state"] == "enabled");
+    assert!(state()["reconnect_attempts"].as_u64() >= Some(1), "{}", state());
+    assert_eq!(client.read(0, 4096, 4096).unwrap(), [0x5a; 4096]);
+    assert_eq!(client.write(0, 8192, &[0xa5; 4096]), 0);
+    assert_eq!(client.read(0, 8192, 4096).unwrap(), [0xa5; 4096]);
 }
