@@ -15,7 +15,8 @@
 //! * [`the_daemon_stops_with_a_controller_attached`]: SIGTERM detaches it, promptly.
 //! * [`a_lost_tcp_controller_reconnects_by_its_timeouts`]: SPDK's reconnect policy over RPC.
 //! * [`namespace_changes_reach_the_registry`]: a namespace resized, removed and added back on
-//!   the target reaches the attached side's bdevs through asynchronous events.
+//!   the target reaches the attached side's bdevs through asynchronous events; removed while
+//!   exported, its bdev stays (its I/O fails) until detach deletes it.
 
 mod common;
 
@@ -360,7 +361,20 @@ fn namespace_changes_reach_the_registry() {
     assert_eq!(c[0]["ctrlrs"][0]["namespaces"], json!([]), "{c}");
     d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "n0", "nsid": 1}}));
     eventually("Nvme0n1 did not come back with its namespace", || blocks() == Some(16384));
+    // Removed while exported: the bdev stays, its I/O fails, and detach deletes it once the
+    // export is gone.
+    let sock = d.controller("vhost.0", "Nvme0n1", Some(1), false);
+    let mut client = BlkClient::open(&sock, 1);
+    assert_eq!(client.write(0, 0, &[1; 4096]), 0);
+    d.call("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 1}));
+    eventually("the removed namespace's I/O still succeeds", || client.write(0, 0, &[2; 4096]) != 0);
+    assert_eq!(blocks(), Some(16384), "the exported bdev stays");
+    let e = d.try_call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})).unwrap_err();
+    assert_eq!(e.code, -16, "{e:?}");
+    drop(client);
+    d.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));
     assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
+    assert_eq!(blocks(), None, "detach deleted the orphaned bdev");
 }
 
 /// SIGTERM with a controller attached to the daemon's own subsystem (whose target stops first)
