@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use fp_bdev::clock::ticks;
 use fp_bdev::{iov_total_len, request_iovecs, BdevError, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
-use fp_nvmf::spec::{Sqe, Status};
+use fp_nvmf::spec::Status;
 
 use crate::cmd;
 use crate::ctrlr::shared::*;
@@ -105,6 +105,8 @@ pub(crate) struct NvmeChannel<T: Transport> {
     /// Completions made outside a queue (failures, flushes with nothing to flush).
     done: Vec<(u32, IoStatus)>,
     cq: Vec<(u32, Status)>,
+    /// `poll`'s completions, kept between calls.
+    batch: Vec<(u32, IoStatus)>,
     scratch: Vec<libc::iovec>,
     drained: Vec<u32>,
     /// One deallocate range per command slot, where the controller can read it.
@@ -171,6 +173,7 @@ impl<T: Transport> NvmeChannel<T> {
             in_flight: 0,
             done: Vec::with_capacity(requests),
             cq: Vec::with_capacity(commands),
+            batch: Vec::with_capacity(requests),
             scratch: Vec::with_capacity(64),
             drained: Vec::with_capacity(commands),
             dsm_ranges,
@@ -185,43 +188,58 @@ impl<T: Transport> NvmeChannel<T> {
     }
 
     /// Sends command `c` to the queue (not flushed); a full queue keeps it for later.
+    #[inline(always)]
     fn send(&mut self, c: u32) {
         let Some(q) = self.queue.as_mut() else {
             self.resend.push_back(c);
             return;
         };
-        let cmd = self.cmds[c as usize];
+        let cmd = &self.cmds[c as usize];
         let req = &self.reqs[cmd.req as usize].req;
         let slba = (req.offset + cmd.off) >> self.block_shift;
         let nlb = (cmd.len >> self.block_shift) as u32;
-        let (sqe, iov): (Sqe, &[libc::iovec]) = match req.op {
+        // SAFETY (all three submits): the data buffers are the request's, valid until its
+        // completion is returned (the `IoChannel::submit` contract), or this channel's range
+        // memory, which outlives its queue; the queue returns or drains every command before
+        // either goes.
+        let result = match req.op {
+            // Reads and writes: the command built in place, whole requests on their own
+            // iovecs.
             IoOp::Read | IoOp::Write => {
                 let sqe = cmd::read_write(req.op == IoOp::Write, self.nsid, slba, nlb, false);
                 // SAFETY: the caller of `submit` keeps the iovec array valid until the
                 // request's completion is returned.
                 let all = unsafe { request_iovecs(req) };
                 if cmd.off == 0 && cmd.len == req.len {
-                    (sqe, all)
+                    // SAFETY: see above.
+                    unsafe { q.submit(&sqe, all, c) }
                 } else {
                     slice_iovecs(all, cmd.off, cmd.len, &mut self.scratch);
-                    (sqe, &self.scratch[..])
+                    // SAFETY: see above.
+                    unsafe { q.submit(&sqe, &self.scratch, c) }
                 }
             }
-            IoOp::Flush => (cmd::flush(self.nsid), &[]),
-            IoOp::WriteZeroes => (cmd::write_zeroes(self.nsid, slba, nlb, false), &[]),
+            IoOp::Flush => {
+                let sqe = cmd::flush(self.nsid);
+                // SAFETY: no data.
+                unsafe { q.submit(&sqe, &[], c) }
+            }
+            IoOp::WriteZeroes => {
+                let sqe = cmd::write_zeroes(self.nsid, slba, nlb, false);
+                // SAFETY: no data.
+                unsafe { q.submit(&sqe, &[], c) }
+            }
             IoOp::Discard => {
                 let at = c as usize * 16;
                 self.dsm_ranges.as_mut_slice()[at..at + 16].copy_from_slice(&cmd::dsm_range(slba, nlb));
                 let range = self.dsm_ranges.as_mut_slice()[at..at + 16].as_mut_ptr();
                 self.scratch.clear();
                 self.scratch.push(libc::iovec { iov_base: range as *mut libc::c_void, iov_len: 16 });
-                (cmd::deallocate(self.nsid, 1), &self.scratch[..])
+                // SAFETY: see above.
+                unsafe { q.submit(&cmd::deallocate(self.nsid, 1), &self.scratch, c) }
             }
         };
-        // SAFETY: the data buffers are the request's, valid until its completion is returned
-        // (the `IoChannel::submit` contract), or this channel's range memory, which outlives
-        // its queue; the queue returns or drains every command before either goes.
-        match unsafe { q.submit(&sqe, iov, c) } {
+        match result {
             Ok(()) => {}
             Err(SubmitError::Busy) => self.resend.push_back(c),
             Err(e) => {
@@ -276,7 +294,7 @@ impl<T: Transport> NvmeChannel<T> {
     }
 
     /// Command `c` ended with `status`: when it was its request's last, the request completes.
-    #[inline]
+    #[inline(always)]
     fn complete(&mut self, c: u32, status: IoStatus, out: &mut Vec<(u32, IoStatus)>) {
         let r = self.cmds[c as usize].req;
         self.free_cmds.push(c);
@@ -466,8 +484,16 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
             IoOp::WriteZeroes if !self.write_zeroes => return Err(SubmitError::Unsupported),
             IoOp::Flush => (!self.volatile_cache).then_some(IoStatus::Success),
             IoOp::Read | IoOp::Write => {
-                // SAFETY: the caller guarantees `iovcnt` readable iovecs.
-                if unsafe { iov_total_len(req.iov, req.iovcnt) } != req.len {
+                // SAFETY: the caller guarantees `iovcnt` readable iovecs (one, the common case,
+                // read without a loop).
+                let total = unsafe {
+                    if req.iovcnt == 1 {
+                        (*req.iov).iov_len as u64
+                    } else {
+                        iov_total_len(req.iov, req.iovcnt)
+                    }
+                };
+                if total != req.len {
                     Some(IoStatus::Error(libc::EINVAL))
                 } else {
                     (req.len == 0).then_some(IoStatus::Success)
@@ -486,32 +512,33 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
             self.free_reqs.push(r);
             return Ok(());
         }
-        self.reqs[r as usize] = Req::new(*req);
         // The common case: one command, nothing waiting before it.
         if self.split.is_empty() && self.resend.is_empty() && self.queue.is_some() && req.len <= self.max_data
         {
             if let Some(c) = self.free_cmds.pop() {
-                let q = &mut self.reqs[r as usize];
-                q.cut = req.len;
-                q.all_cut = true;
-                q.outstanding = 1;
+                self.reqs[r as usize] =
+                    Req { req: *req, cut: req.len, all_cut: true, outstanding: 1, status: IoStatus::Success };
                 self.cmds[c as usize] =
                     Cmd { req: r, off: 0, len: req.len, aborted_at: 0, warned: false, retries: 0 };
                 self.send(c);
                 return Ok(());
             }
         }
+        self.reqs[r as usize] = Req::new(*req);
         self.split.push_back(r);
         self.pump();
         Ok(())
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
-        let mut out = Vec::new();
+        // A list kept between calls: no allocation per poll.
+        let mut out = std::mem::take(&mut self.batch);
+        out.clear();
         let n = self.poll_batch(&mut out);
-        for (tag, status) in out {
+        for &(tag, status) in &out {
             done(tag, status);
         }
+        self.batch = out;
         n
     }
 
@@ -538,7 +565,7 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
                         continue;
                     }
                 }
-                let s = if self.cmds[c as usize].aborted_at != 0 && !status.is_success() {
+                let s = if !status.is_success() && self.cmds[c as usize].aborted_at != 0 {
                     TIMED_OUT
                 } else {
                     io_status(status)
