@@ -697,3 +697,35 @@ write("nvme_tcp_host", {
     "seed-hostile": bytes([0x04]) + c2h(5, 0, b"\x07" * 16) + c2h(3, 0, b"\x08" * 2048, LAST)
     + r2t(1, 4096, 8192) + nvmf_pdu(3, struct.pack("<HI", 1, 2) + bytes(10)),
 })
+
+# nvme_device: see the table at the top of fuzz_targets/nvme_device.rs. The setup byte is the
+# queue's entries - 2 (and 32: shadow doorbells, 64: SGLs offered); the device's completions
+# follow the driver's command IDs, which it hands out from 0 up.
+ND_SUBMIT = lambda kind: bytes([0, kind])
+ND_FLUSH, ND_POLL, ND_EXPIRED = bytes([1]), bytes([2]), bytes([6])
+ND_CQE = lambda cid, sqhd, sc=0, flags=0: bytes([3, cid, sqhd, sc, flags])
+ND_RAW = lambda b: bytes([4]) + b
+ND_CSTS = lambda v: bytes([5, v])
+
+write("nvme_device", {
+    # Eight entries, shadows and SGLs: each kind of command completed in order, a wrap of the
+    # ring (the phase flips), an error status, a timeout scan.
+    "seed-healthy": bytes([6 | 32 | 64]) + ND_SUBMIT(0) + ND_SUBMIT(1) + ND_SUBMIT(2) + ND_SUBMIT(3) + ND_FLUSH
+    + ND_CQE(0, 1) + ND_CQE(1, 2) + ND_POLL + ND_CQE(2, 3, 0x81) + ND_CQE(3, 4) + ND_POLL
+    + b"".join(ND_SUBMIT(1) + ND_FLUSH + ND_EXPIRED + ND_CQE(4 + i, (5 + i) % 8) + ND_POLL for i in range(6))
+    + ND_EXPIRED,
+    # The hostile cases: an unknown CID, a duplicate, an SQ head past the tail, a wrong SQ ID,
+    # a wrong phase, raw bytes, a removed device, a fatal one.
+    "seed-unknown-cid": bytes([6]) + ND_SUBMIT(1) + ND_SUBMIT(0) + ND_FLUSH + ND_CQE(7, 1) + ND_POLL + ND_POLL,
+    "seed-duplicate": bytes([6]) + ND_SUBMIT(1) + ND_SUBMIT(2) + ND_FLUSH + ND_CQE(0, 1) + ND_POLL
+    + ND_CQE(0, 2) + ND_POLL + ND_SUBMIT(0),
+    "seed-sqhd": bytes([2]) + ND_SUBMIT(3) + ND_FLUSH + ND_CQE(0, 3) + ND_POLL,
+    "seed-unfetched": bytes([6]) + ND_SUBMIT(1) + ND_SUBMIT(1) + ND_FLUSH + ND_CQE(1, 0) + ND_POLL,
+    "seed-sqid-phase": bytes([6]) + ND_SUBMIT(0) + ND_FLUSH + ND_CQE(0, 1, 0, 1) + ND_POLL + ND_EXPIRED
+    + ND_CQE(0, 1, 0, 2) + ND_POLL,
+    "seed-raw": bytes([0]) + ND_SUBMIT(2) + ND_FLUSH + ND_RAW(bytes(range(16))) + ND_POLL
+    + ND_RAW(b"\xff" * 16) + ND_POLL,
+    "seed-gone": bytes([6]) + ND_SUBMIT(1) + ND_FLUSH + ND_CSTS(0) + b"".join(ND_POLL for _ in range(300)),
+    "seed-fatal": bytes([6]) + ND_SUBMIT(3) + ND_FLUSH + ND_CSTS(1) + b"".join(ND_POLL for _ in range(300))
+    + ND_SUBMIT(1),
+})

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use fp_bdev::dma::{memory_map, DmaListener, DmaRegion, ListenerId};
+
 use super::config::{EmuConfig, EmuCounters, EmuNamespace, Fault};
 use super::device;
 use crate::pcie::{Bar, PciFunction};
@@ -27,6 +29,23 @@ pub(crate) struct Namespace {
 impl Namespace {
     pub(crate) fn num_blocks(&self) -> u64 {
         self.data.len() as u64 / u64::from(self.block_size)
+    }
+}
+
+/// The emulation's IOMMU unmap: the device thread holds the gate while it touches host memory
+/// (pointers from [`fp_bdev::dma::MemoryMap::vaddr_of`]), and unregistering memory waits for it
+/// before the memory is freed. Afterwards the region is no longer in the map, so the thread's
+/// next access fails as a real device's DMA to an unmapped address does.
+#[derive(Default)]
+pub(crate) struct DmaGate(pub(crate) Mutex<()>);
+
+impl DmaListener for DmaGate {
+    fn map(&self, _region: &DmaRegion) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn unmap(&self, _region: &DmaRegion) {
+        drop(self.0.lock().unwrap_or_else(|e| e.into_inner()));
     }
 }
 
@@ -57,6 +76,7 @@ pub(crate) struct Shared {
     pub(crate) inject: Mutex<VecDeque<(u16, [u8; 16])>>,
     /// A function-level reset asked for; the device clears it when done.
     pub(crate) flr: AtomicBool,
+    pub(crate) gate: Arc<DmaGate>,
 }
 
 impl Shared {
@@ -89,6 +109,7 @@ pub struct EmulatedController {
     shared: Arc<Shared>,
     bar: Bar,
     thread: Option<JoinHandle<()>>,
+    listener: Option<ListenerId>,
 }
 
 impl EmulatedController {
@@ -126,9 +147,13 @@ impl EmulatedController {
             thread: OnceLock::new(),
             inject: Mutex::new(VecDeque::new()),
             flr: AtomicBool::new(false),
+            gate: Arc::new(DmaGate::default()),
             cfg,
         });
         device::reset_registers(&shared);
+        // Mapping nothing fails, so this cannot; without it the device would only be unsafe
+        // for memory freed while in use, so carry on regardless.
+        let listener = memory_map().add_listener(shared.gate.clone()).ok();
         // SAFETY: the BAR's memory lives in `shared`, which the controller keeps as long as
         // any `Bar` copy may be used (the transport keeps the controller's `Arc`); it is
         // 8-aligned (AtomicU64).
@@ -140,7 +165,7 @@ impl EmulatedController {
             .spawn(move || device::run(sh))
             .expect("spawning the emulated controller's thread");
         let _ = shared.thread.set(thread.thread().clone());
-        Arc::new(EmulatedController { shared, bar, thread: Some(thread) })
+        Arc::new(EmulatedController { shared, bar, thread: Some(thread), listener })
     }
 
     /// Sets the fault to commit from now on ([`Fault::None`]: behave again).
@@ -309,6 +334,9 @@ impl Drop for EmulatedController {
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
             let _ = t.join();
+        }
+        if let Some(id) = self.listener.take() {
+            memory_map().remove_listener(id);
         }
     }
 }

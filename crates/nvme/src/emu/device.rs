@@ -98,8 +98,11 @@ pub(crate) fn run(sh: Arc<Shared>) {
         features: [0; 256],
     };
     let mut last_work = Instant::now();
+    let gate = d.sh.gate.clone();
+    // Host memory is touched only with the gate held (see `DmaGate`).
+    let locked = || gate.0.lock().unwrap_or_else(|e| e.into_inner());
     while !d.sh.stop.load(Ordering::Acquire) {
-        if d.step() {
+        if d.step_gated(locked()) {
             last_work = Instant::now();
             continue;
         }
@@ -109,13 +112,17 @@ pub(crate) fn run(sh: Arc<Shared>) {
         }
         // Ask to be told of the next submission, then look once more: a doorbell written
         // before the event index was would otherwise go unnoticed until the nap ends.
+        let g = locked();
         d.set_event_indexes(true);
         d.sh.sleeping.store(true, Ordering::SeqCst);
-        if !d.step() {
+        let worked = d.step_gated(g);
+        if !worked {
             std::thread::park_timeout(NAP);
         }
         d.sh.sleeping.store(false, Ordering::SeqCst);
+        let g = locked();
         d.set_event_indexes(false);
+        drop(g);
         last_work = Instant::now() - SPIN / 2;
     }
 }
@@ -126,6 +133,11 @@ pub(crate) fn host(iova: u64, len: usize) -> Option<*mut u8> {
 }
 
 impl Device {
+    /// One round with the DMA gate held (`_gate` is its guard, released on return).
+    fn step_gated(&mut self, _gate: std::sync::MutexGuard<'_, ()>) -> bool {
+        self.step()
+    }
+
     fn step(&mut self) -> bool {
         let sh = self.sh.clone();
         if sh.flr.load(Ordering::Acquire) {

@@ -216,6 +216,12 @@ impl<F: PciFunction> AdminQueue for PcieAdmin<F> {
             }
             if Instant::now() >= deadline {
                 self.cids[cid as usize] = CidState::Abandoned;
+                if len > 0 {
+                    // The controller may still write the abandoned command's data: a fresh page
+                    // for the next command, and the old one unregistered (unmapped), so a late
+                    // transfer faults rather than lands in another command's data.
+                    self.data = DmaMemory::new(ADMIN_DATA_MAX)?;
+                }
                 self.gone_check()?;
                 return Err(NvmeError::Timeout(format!("admin command {:#04x}", sqe.opcode())));
             }
