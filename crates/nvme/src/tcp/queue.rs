@@ -299,7 +299,8 @@ impl TcpQueue {
         tag: u32,
     ) -> Result<u16, SubmitError> {
         if self.dead.is_some() {
-            // Accepted and failed at the next poll, as any command in flight on a dead queue.
+            // Refused for now: the owner's next poll reports the queue dead, and it drains it
+            // and retries on the controller's next queue.
             return Err(SubmitError::Busy);
         }
         let len: usize = iov.iter().map(|v| v.iov_len).sum();
