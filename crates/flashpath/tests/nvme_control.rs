@@ -14,6 +14,7 @@
 //! * [`the_cli_attaches_lists_resets_and_detaches`]: `flashpath nvme ...`.
 //! * [`the_daemon_stops_with_a_controller_attached`]: SIGTERM detaches it, promptly.
 //! * [`a_lost_tcp_controller_reconnects_by_its_timeouts`]: SPDK's reconnect policy over RPC.
+//! * [`the_host_nqn_is_the_one_the_target_checks`]: `hostnqn` against a host list.
 //! * [`namespace_changes_reach_the_registry`]: a namespace resized, removed and added back on
 //!   the target reaches the attached side's bdevs through asynchronous events; removed while
 //!   exported, its bdev stays (its I/O fails) until detach deletes it.
@@ -425,4 +426,23 @@ fn a_lost_tcp_controller_reconnects_by_its_timeouts() {
     assert_eq!(client.read(0, 4096, 4096).unwrap(), [0x5a; 4096]);
     assert_eq!(client.write(0, 8192, &[0xa5; 4096]), 0);
     assert_eq!(client.read(0, 8192, 4096).unwrap(), [0xa5; 4096]);
+}
+
+/// `hostnqn` is the NQN the target checks: a subsystem that admits only one host refuses the
+/// daemon's default NQN (nothing is left attached) and takes the one it lists.
+#[test]
+fn the_host_nqn_is_the_one_the_target_checks() {
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6a1f0c2e-5b7d-4c8e-9f10-2b3c4d5e6f70";
+    let d = Daemon::start("0");
+    let port = serve_target(&d);
+    d.call("nvmf_subsystem_allow_any_host", json!({"nqn": NQN, "allow_any_host": false}));
+    d.call("nvmf_subsystem_add_host", json!({"nqn": NQN, "host": HOST}));
+    assert!(d.try_call("bdev_nvme_attach_controller", attach_params("Nvme0", port)).is_err());
+    assert_eq!(d.call("bdev_nvme_get_controllers", json!({})), json!([]));
+    let mut params = attach_params("Nvme0", port);
+    params["hostnqn"] = json!(HOST);
+    assert_eq!(d.call("bdev_nvme_attach_controller", params), json!(["Nvme0n1"]));
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
+    assert_eq!(c[0]["ctrlrs"][0]["host"]["nqn"], HOST, "{c}");
+    assert_eq!(d.call("nvmf_subsystem_get_controllers", json!({"nqn": NQN}))[0]["hostnqn"], HOST);
 }
