@@ -446,3 +446,22 @@ fn an_nbd_export_without_a_device_gets_the_first_free_socket() {
     assert!(matches!(e, RegistryError::LimitReached { setting: "limits.max_exports", .. }), "{e}");
     f.registry.stop_nbd(&first).unwrap();
 }
+
+/// A module's thread reaches the registry through `weak_handle` while it lives, and not after:
+/// the handle does not keep it alive.
+#[test]
+fn the_weak_handle_reaches_the_registry_while_it_lives() {
+    use fp_bdev::ModuleHost;
+    let f = fixture(Limits::default());
+    f.registry.create_bdev(null("n0")).unwrap();
+    let weak = f.registry.weak_handle().expect("the registry gives a handle");
+    let host = weak.upgrade().expect("the registry lives");
+    assert!(host.bdev_exists("n0"));
+    host.delete_bdev("n0", "null").unwrap();
+    assert!(!f.registry.bdev_exists("n0"));
+    drop(host);
+    let Fixture { registry, dir, _reactor } = f;
+    drop(registry);
+    assert!(weak.upgrade().is_none(), "the handle kept the registry alive");
+    drop(dir);
+}
