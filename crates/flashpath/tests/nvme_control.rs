@@ -12,6 +12,12 @@
 //! * [`a_config_file_attaches_controllers_before_the_bdevs`]: a second daemon attaches the
 //!   first's subsystem from `[[nvme_controller]]` and stacks a delay bdev on it from `[[bdev]]`.
 //! * [`the_cli_attaches_lists_resets_and_detaches`]: `flashpath nvme ...`.
+//! * [`the_daemon_stops_with_a_controller_attached`]: SIGTERM detaches it, promptly.
+//! * [`a_lost_tcp_controller_reconnects_by_its_timeouts`]: SPDK's reconnect policy over RPC.
+//! * [`the_host_nqn_is_the_one_the_target_checks`]: `hostnqn` against a host list.
+//! * [`namespace_changes_reach_the_registry`]: a namespace resized, removed and added back on
+//!   the target reaches the attached side's bdevs through asynchronous events; removed while
+//!   exported, its bdev stays (its I/O fails) until detach deletes it.
 
 mod common;
 
@@ -316,4 +322,127 @@ fn the_cli_attaches_lists_resets_and_detaches() {
     let (ok, out, _) = cli(&d.rpc, &["--json", "nvme", "list"]);
     assert!(ok);
     assert_eq!(serde_json::from_str::<Value>(&out).unwrap(), json!([]));
+}
+
+/// Waits until `check` holds, for up to 10 s.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A namespace resized or removed on the target reaches the attached side through the
+/// controller's asynchronous events: the bdev is resized (its export told), then deleted.
+#[test]
+fn namespace_changes_reach_the_registry() {
+    let d = Daemon::start("0");
+    d.call("bdev_null_create", json!({"name": "n0", "num_blocks": 8192, "block_size": 512}));
+    d.call("nvmf_create_transport", json!({"trtype": "TCP"}));
+    d.call("nvmf_create_subsystem", json!({"nqn": NQN, "allow_any_host": true}));
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "n0"}}));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen =
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()});
+    d.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": listen}));
+    assert_eq!(d.call("bdev_nvme_attach_controller", attach_params("Nvme0", port)), json!(["Nvme0n1"]));
+    let blocks = || d.try_call("bdev_get_bdevs", json!({"name": "Nvme0n1"})).ok()?[0]["num_blocks"].as_u64();
+    assert_eq!(blocks(), Some(8192));
+
+    d.call("bdev_null_resize", json!({"name": "n0", "new_size": 8}));
+    eventually("Nvme0n1 did not grow to 8 MiB", || blocks() == Some(16384));
+
+    d.call("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 1}));
+    eventually("Nvme0n1 was not deleted with its namespace", || {
+        d.try_call("bdev_get_bdevs", json!({"name": "Nvme0n1"})).is_err()
+    });
+    // The controller itself stays, with no namespace, until detached.
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
+    assert_eq!(c[0]["ctrlrs"][0]["namespaces"], json!([]), "{c}");
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "n0", "nsid": 1}}));
+    eventually("Nvme0n1 did not come back with its namespace", || blocks() == Some(16384));
+    // Removed while exported: the bdev stays, its I/O fails, and detach deletes it once the
+    // export is gone.
+    let sock = d.controller("vhost.0", "Nvme0n1", Some(1), false);
+    let mut client = BlkClient::open(&sock, 1);
+    assert_eq!(client.write(0, 0, &[1; 4096]), 0);
+    d.call("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 1}));
+    eventually("the removed namespace's I/O still succeeds", || client.write(0, 0, &[2; 4096]) != 0);
+    assert_eq!(blocks(), Some(16384), "the exported bdev stays");
+    let e = d.try_call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})).unwrap_err();
+    assert_eq!(e.code, -16, "{e:?}");
+    drop(client);
+    d.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));
+    assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
+    assert_eq!(blocks(), None, "detach deleted the orphaned bdev");
+}
+
+/// SIGTERM with a controller attached to the daemon's own subsystem (whose target stops first)
+/// still stops the daemon promptly: the controller is detached without waiting on the target.
+#[test]
+fn the_daemon_stops_with_a_controller_attached() {
+    let mut d = Daemon::start("0");
+    let port = serve_target(&d);
+    d.call("bdev_nvme_attach_controller", attach_params("Nvme0", port));
+    d.controller("vhost.0", "Nvme0n1", Some(1), false);
+    let started = std::time::Instant::now();
+    d.assert_stops_on_sigterm();
+    assert!(started.elapsed() < Duration::from_secs(5), "stopping took {:?}", started.elapsed());
+    let log = std::fs::read_to_string(&d.stderr_path).unwrap();
+    assert!(
+        log.contains("bdev 'Nvme0n1' deleted") && log.contains("nvme Nvme0: detached at shutdown"),
+        "{log}"
+    );
+}
+
+/// A TCP controller whose connections are lost (its subsystem deleted on the target)
+/// reconnects every `reconnect_delay_sec` while `ctrlr_loss_timeout_sec` lasts, and serves the
+/// same data once the subsystem is back; the bdev stays through it.
+#[test]
+fn a_lost_tcp_controller_reconnects_by_its_timeouts() {
+    let d = Daemon::start("0");
+    let port = serve_target(&d);
+    let mut params = attach_params("Nvme0", port);
+    params["ctrlr_loss_timeout_sec"] = json!(-1);
+    params["reconnect_delay_sec"] = json!(1);
+    d.call("bdev_nvme_attach_controller", params);
+    let sock = d.controller("vhost.0", "Nvme0n1", Some(1), false);
+    let mut client = BlkClient::open(&sock, 1);
+    assert_eq!(client.write(0, 4096, &[0x5a; 4096]), 0);
+
+    d.call("nvmf_delete_subsystem", json!({"nqn": NQN}));
+    let state = || d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}))[0]["ctrlrs"][0].clone();
+    eventually("the controller did not notice its lost connections", || state()["state"] != "enabled");
+    assert_eq!(d.call("bdev_get_bdevs", json!({"name": "Nvme0n1"}))[0]["name"], "Nvme0n1");
+
+    d.call("nvmf_create_subsystem", json!({"nqn": NQN, "allow_any_host": true}));
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "m0"}}));
+    let listen =
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()});
+    d.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": listen}));
+    eventually("the controller did not reconnect", || state()["state"] == "enabled");
+    assert!(state()["reconnect_attempts"].as_u64() >= Some(1), "{}", state());
+    assert_eq!(client.read(0, 4096, 4096).unwrap(), [0x5a; 4096]);
+    assert_eq!(client.write(0, 8192, &[0xa5; 4096]), 0);
+    assert_eq!(client.read(0, 8192, 4096).unwrap(), [0xa5; 4096]);
+}
+
+/// `hostnqn` is the NQN the target checks: a subsystem that admits only one host refuses the
+/// daemon's default NQN (nothing is left attached) and takes the one it lists.
+#[test]
+fn the_host_nqn_is_the_one_the_target_checks() {
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6a1f0c2e-5b7d-4c8e-9f10-2b3c4d5e6f70";
+    let d = Daemon::start("0");
+    let port = serve_target(&d);
+    d.call("nvmf_subsystem_allow_any_host", json!({"nqn": NQN, "allow_any_host": false}));
+    d.call("nvmf_subsystem_add_host", json!({"nqn": NQN, "host": HOST}));
+    assert!(d.try_call("bdev_nvme_attach_controller", attach_params("Nvme0", port)).is_err());
+    assert_eq!(d.call("bdev_nvme_get_controllers", json!({})), json!([]));
+    let mut params = attach_params("Nvme0", port);
+    params["hostnqn"] = json!(HOST);
+    assert_eq!(d.call("bdev_nvme_attach_controller", params), json!(["Nvme0n1"]));
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
+    assert_eq!(c[0]["ctrlrs"][0]["host"]["nqn"], HOST, "{c}");
+    assert_eq!(d.call("nvmf_subsystem_get_controllers", json!({"nqn": NQN}))[0]["hostnqn"], HOST);
 }

@@ -15,7 +15,7 @@
 pub mod params;
 
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 
@@ -65,6 +65,10 @@ struct State {
     /// This daemon's host identifier (NVMe-oF Connect's HOSTID), and the default host NQN's
     /// UUID: made once, as SPDK makes one per process.
     hostid: [u8; 16],
+    /// Each controller's bdevs in the registry, by controller name: those of its namespaces
+    /// now, and those of namespaces gone while their bdev was in use, which stay until the
+    /// controller is detached.
+    bdevs: Mutex<BTreeMap<String, BTreeSet<String>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -77,6 +81,7 @@ fn state(host: &dyn ModuleHost) -> Arc<State> {
             options: Mutex::new(Options::default()),
             controllers: Mutex::new(BTreeMap::new()),
             hostid: random_uuid(),
+            bdevs: Mutex::new(BTreeMap::new()),
         })
     });
     any.downcast::<State>().unwrap_or_else(|_| panic!("the {MODULE} module's state"))
@@ -124,6 +129,26 @@ fn nvme_error(e: NvmeError) -> ModuleError {
     match e {
         NvmeError::InvalidParam { field, reason } => ParamError::new(field, reason).into(),
         other => ModuleError::Host(Box::new(other)),
+    }
+}
+
+impl State {
+    /// Notes (or, with `present` false, forgets) bdev `bdev` of controller `ctrlr`.
+    fn note_bdev(&self, ctrlr: &str, bdev: &str, present: bool) {
+        let mut map = lock(&self.bdevs);
+        let set = map.entry(ctrlr.to_string()).or_default();
+        if present {
+            set.insert(bdev.to_string());
+        } else {
+            set.remove(bdev);
+        }
+    }
+
+    /// Controller `ctrlr`'s bdevs that exist now: those noted and those of its namespaces.
+    fn bdevs_of(&self, host: &dyn ModuleHost, ctrlr: &str, namespaces: &[Arc<NvmeNamespace>]) -> Vec<String> {
+        let mut names = lock(&self.bdevs).get(ctrlr).cloned().unwrap_or_default();
+        names.extend(namespaces.iter().map(|ns| ns.name().to_string()));
+        names.into_iter().filter(|n| host.bdev(n).is_some_and(|(_, driver)| driver == MODULE)).collect()
     }
 }
 
@@ -205,12 +230,14 @@ impl BdevModule for NvmeModule {
         let all = std::mem::take(&mut *lock(&st.controllers));
         for (name, slot) in all {
             let Slot::Attached(a) = slot else { continue };
-            for ns in a.ctrlr.namespaces() {
-                if let Err(e) = host.delete_bdev(ns.name(), MODULE) {
-                    log::warn!("nvme {name}: bdev {} not deleted at shutdown: {e}", ns.name());
+            for bdev in st.bdevs_of(host, &name, &a.ctrlr.namespaces()) {
+                if let Err(e) = host.delete_bdev(&bdev, MODULE) {
+                    log::warn!("nvme {name}: bdev {bdev} not deleted at shutdown: {e}");
                 }
             }
+            lock(&st.bdevs).remove(&name);
             a.ctrlr.detach();
+            log::info!("nvme {name}: detached at shutdown");
         }
     }
 }
@@ -261,6 +288,9 @@ fn attach_controller(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleEr
     let mut map = lock(&st.controllers);
     match r {
         Ok((attached, names)) => {
+            for n in &names {
+                st.note_bdev(&a.name, n, true);
+            }
             map.insert(a.name.clone(), Slot::Attached(attached));
             Ok(json!(names))
         }
@@ -348,7 +378,7 @@ fn event_sink(
                 log::warn!("nvme {ctrlr}: namespace event {event:?} with no registry to apply it to");
                 continue;
             };
-            apply_event(host.as_ref(), &ctrlr, event);
+            apply_event(host.as_ref(), &state(host.as_ref()), &ctrlr, event);
         }
     });
     if let Err(e) = spawned {
@@ -364,7 +394,7 @@ fn event_sink(
 /// One namespace change, as registry calls: a bdev added, resized (its users are told) or
 /// deleted. A namespace that went away while its bdev is in use keeps the bdev, whose I/O
 /// fails, until its users let it go and the controller is detached.
-fn apply_event(host: &(dyn ModuleHost + Send + Sync), ctrlr: &str, event: NamespaceEvent) {
+fn apply_event(host: &(dyn ModuleHost + Send + Sync), st: &State, ctrlr: &str, event: NamespaceEvent) {
     match event {
         NamespaceEvent::Added(ns) => {
             let name = ns.name().to_string();
@@ -372,7 +402,10 @@ fn apply_event(host: &(dyn ModuleHost + Send + Sync), ctrlr: &str, event: Namesp
                 return;
             }
             match host.add_bdev(MODULE, NewBdev::new(ns)) {
-                Ok(_) => log::info!("nvme {ctrlr}: namespace bdev {name} added"),
+                Ok(_) => {
+                    st.note_bdev(ctrlr, &name, true);
+                    log::info!("nvme {ctrlr}: namespace bdev {name} added");
+                }
                 Err(e) => log::warn!("nvme {ctrlr}: namespace bdev {name} not added: {e}"),
             }
         }
@@ -388,7 +421,10 @@ fn apply_event(host: &(dyn ModuleHost + Send + Sync), ctrlr: &str, event: Namesp
                 return;
             }
             match host.delete_bdev(&name, MODULE) {
-                Ok(()) => log::info!("nvme {ctrlr}: namespace {nsid} gone, bdev {name} deleted"),
+                Ok(()) => {
+                    st.note_bdev(ctrlr, &name, false);
+                    log::info!("nvme {ctrlr}: namespace {nsid} gone, bdev {name} deleted");
+                }
                 Err(e) => log::warn!(
                     "nvme {ctrlr}: namespace {nsid} gone; bdev {name} stays while in use (its I/O fails): {e}"
                 ),
@@ -448,12 +484,9 @@ fn detach_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
                         .into());
                     }
                 }
-                let ctrlr = a.ctrlr.clone();
-                // Check before taking: a claimed namespace leaves everything as it was.
-                for ns in ctrlr.namespaces() {
-                    if host.bdev_exists(ns.name()) {
-                        host.claimable(ns.name(), ClaimType::ExclusiveWrite)?;
-                    }
+                // Check before taking: a claimed bdev leaves everything as it was.
+                for bdev in st.bdevs_of(host, &name, &a.ctrlr.namespaces()) {
+                    host.claimable(&bdev, ClaimType::ExclusiveWrite)?;
                 }
                 match map.insert(name.clone(), Slot::Busy) {
                     Some(Slot::Attached(a)) => a,
@@ -470,11 +503,8 @@ fn detach_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
             None => return Err(no_controller(&name)),
         }
     };
-    for ns in taken.ctrlr.namespaces() {
-        if !host.bdev_exists(ns.name()) {
-            continue;
-        }
-        if let Err(e) = host.delete_bdev(ns.name(), MODULE) {
+    for bdev in st.bdevs_of(host, &name, &taken.ctrlr.namespaces()) {
+        if let Err(e) = host.delete_bdev(&bdev, MODULE) {
             // Claimed since the check: put the controller back as it was (less the bdevs
             // already deleted, which a reset or a detach does not bring back).
             lock(&st.controllers).insert(name, Slot::Attached(taken));
@@ -482,6 +512,7 @@ fn detach_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
         }
     }
     taken.ctrlr.detach();
+    lock(&st.bdevs).remove(&name);
     lock(&st.controllers).remove(&name);
     log::info!("nvme {name}: detached");
     Ok(Value::Bool(true))
