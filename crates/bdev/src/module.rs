@@ -11,7 +11,7 @@
 use std::any::Any;
 use std::fs::File;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use fp_rpc::{ParamError, Params};
 use serde_json::{Map, Value};
@@ -169,6 +169,14 @@ pub trait ModuleHost {
 
     /// Refuses a RAM-backed bdev of this geometry above the configured memory limit.
     fn check_memory_size(&self, name: &str, block_size: u32, num_blocks: u64) -> Result<(), ModuleError>;
+
+    /// The host itself as a weak, owned handle, for a module whose own threads must reach it
+    /// later, outside any method call: an NVMe controller's thread reporting that a namespace
+    /// was resized or removed. Weak, so that what the module keeps in its state does not keep
+    /// the host alive; `None` from a host that cannot give one (the module then only logs).
+    fn weak_handle(&self) -> Option<Weak<dyn ModuleHost + Send + Sync>> {
+        None
+    }
 
     /// How to open `filename` for a file-backed bdev; refuses it when it is outside the
     /// configured export directories.

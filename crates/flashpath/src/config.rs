@@ -22,6 +22,17 @@
 //! [stats]                              # optional
 //! iostat = true                        # per-disk I/O statistics; false (or --no-iostat) skips them
 //!
+//! [nvme_options]                       # bdev_nvme_set_options (docs/nvme.md)
+//! timeout_us = 5000000
+//! action_on_timeout = "abort"
+//!
+//! [[nvme_controller]]                  # an NVMe controller; its namespaces are bdevs Nvme0n1, ...
+//! name = "Nvme0"
+//! trtype = "TCP"                       # or "PCIe" with traddr = "0000:00:04.0"
+//! traddr = "127.0.0.1"
+//! trsvcid = "4420"
+//! subnqn = "nqn.2016-06.io.spdk:cnode1"
+//!
 //! [[rbd_cluster]]                      # a shared Ceph connection (SPDK's names)
 //! name = "ceph"
 //! config_file = "/etc/ceph/ceph.conf"
@@ -86,7 +97,10 @@
 //! namespace = { bdev_name = "ram0", nsid = 1 }
 //! ```
 //!
-//! Each `[[rbd_cluster]]` table is the params of `bdev_rbd_register_cluster`, each `[[bdev]]`
+//! `[nvme_options]` is the params of `bdev_nvme_set_options` (applied first, as it must come
+//! before any controller), each `[[nvme_controller]]` those of `bdev_nvme_attach_controller`
+//! (before the `[[bdev]]` tables, which may stack on its namespaces' bdevs),
+//! each `[[rbd_cluster]]` table the params of `bdev_rbd_register_cluster`, each `[[bdev]]`
 //! table (less `type`) those of `bdev_<type>_create`, each
 //! `[[qos_limit]]` those of `bdev_set_qos_limit`, each `[[qos_group]]` (less `members`) those of
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
@@ -158,6 +172,9 @@ pub enum ConfigError {
     /// starts `members[i]` for a group member's.
     #[error("{table}[{index}]{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
     Entry { table: &'static str, index: usize, field: String, reason: String },
+    /// The single `[nvme_options]` table was refused.
+    #[error("{table}{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
+    Table { table: &'static str, field: String, reason: String },
     #[error("reactor.cpus: {0}")]
     Cpus(String),
     #[error("limits.{key}: {reason}")]
@@ -183,6 +200,10 @@ pub struct ConfigFile {
     pub stats: StatsSection,
     /// Kept as raw tables: their keys are checked by the RPC methods themselves.
     #[serde(default)]
+    pub nvme_options: Option<toml::Table>,
+    #[serde(default)]
+    pub nvme_controller: Vec<toml::Table>,
+    #[serde(default)]
     pub rbd_cluster: Vec<toml::Table>,
     #[serde(default)]
     pub bdev: Vec<toml::Table>,
@@ -206,7 +227,7 @@ pub struct ConfigFile {
 
 /// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the export
 /// kinds' tables follow them there.
-const FILE_KEYS: [&str; 12] = [
+const FILE_KEYS: [&str; 14] = [
     "rpc",
     "vhost_dir",
     "metrics",
@@ -214,6 +235,8 @@ const FILE_KEYS: [&str; 12] = [
     "limits",
     "security",
     "stats",
+    "nvme_options",
+    "nvme_controller",
     "rbd_cluster",
     "bdev",
     "qos_limit",
@@ -231,6 +254,8 @@ pub struct ConfigCall {
     /// For a `[[qos_group]]` member: its index in `members`, which its errors are placed under
     /// (`members[1].weight`).
     pub member: Option<usize>,
+    /// The entry is a single table (`[nvme_options]`), whose errors have no index.
+    pub single: bool,
 }
 
 impl ConfigCall {
@@ -240,7 +265,14 @@ impl ConfigCall {
         table: &'static str,
         index: usize,
     ) -> ConfigCall {
-        ConfigCall { method: method.into(), params: Value::Object(params), table, index, member: None }
+        ConfigCall {
+            method: method.into(),
+            params: Value::Object(params),
+            table,
+            index,
+            member: None,
+            single: false,
+        }
     }
 
     /// `e`, placed at this call's entry.
@@ -254,6 +286,13 @@ impl ConfigCall {
             Some(i) if field != "name" => member_field(i, &field),
             _ => field,
         };
+        if self.single {
+            return ConfigError::Table {
+                table: self.table,
+                field: one_line(&field),
+                reason: one_line(&reason),
+            };
+        }
         ConfigError::Entry {
             table: self.table,
             index: self.index,
@@ -424,6 +463,15 @@ impl ConfigFile {
     /// call is made; what the methods check is left to them.
     pub fn calls(&self) -> Result<Vec<ConfigCall>, ConfigError> {
         let mut calls = Vec::new();
+        if let Some(table) = &self.nvme_options {
+            let mut call = ConfigCall::new("bdev_nvme_set_options", table_to_json(table), "nvme_options", 0);
+            call.single = true;
+            calls.push(call);
+        }
+        for (index, table) in self.nvme_controller.iter().enumerate() {
+            let params = table_to_json(table);
+            calls.push(ConfigCall::new("bdev_nvme_attach_controller", params, "nvme_controller", index));
+        }
         for (index, table) in self.rbd_cluster.iter().enumerate() {
             let params = table_to_json(table);
             calls.push(ConfigCall::new("bdev_rbd_register_cluster", params, "rbd_cluster", index));
@@ -476,7 +524,8 @@ impl ConfigFile {
         Ok(calls)
     }
 
-    /// Makes the calls of [`ConfigFile::calls`]: registers the Ceph clusters, creates the
+    /// Makes the calls of [`ConfigFile::calls`]: sets the NVMe options, attaches the NVMe
+    /// controllers, registers the Ceph clusters, creates the
     /// declared bdevs, sets their limits, creates the groups and adds their members, creates
     /// then starts each export kind's exports, stopping at the first failure.
     pub fn apply(&self, registry: &Registry) -> Result<(), ConfigError> {
@@ -1137,6 +1186,81 @@ mod tests {
                 apply(&format!("{TWO_DISKS}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
             assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
             assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn nvme_tables_become_calls_before_the_clusters_and_bdevs() {
+        let text = r#"
+            [[bdev]]
+            type = "delay"
+            name = "d0"
+            base_bdev_name = "Nvme0n1"
+            [[nvme_controller]]
+            name = "Nvme0"
+            trtype = "TCP"
+            traddr = "127.0.0.1"
+            subnqn = "nqn.2016-06.io.spdk:cnode1"
+            [[rbd_cluster]]
+            name = "ceph"
+            [nvme_options]
+            timeout_us = 1000000
+            action_on_timeout = "reset"
+            [[nvme_controller]]
+            name = "Nvme1"
+            trtype = "PCIe"
+            traddr = "0000:00:04.0"
+        "#;
+        let calls = parse(text).unwrap().calls().unwrap();
+        let got: Vec<(&str, &str, usize, bool)> =
+            calls.iter().map(|c| (c.method.as_str(), c.table, c.index, c.single)).collect();
+        assert_eq!(
+            got,
+            [
+                ("bdev_nvme_set_options", "nvme_options", 0, true),
+                ("bdev_nvme_attach_controller", "nvme_controller", 0, false),
+                ("bdev_nvme_attach_controller", "nvme_controller", 1, false),
+                ("bdev_rbd_register_cluster", "rbd_cluster", 0, false),
+                ("bdev_delay_create", "bdev", 0, false),
+            ]
+        );
+        assert_eq!(calls[0].params, json!({"timeout_us": 1000000, "action_on_timeout": "reset"}));
+        assert_eq!(
+            calls[1].params,
+            json!({"name": "Nvme0", "trtype": "TCP", "traddr": "127.0.0.1", "subnqn": "nqn.2016-06.io.spdk:cnode1"})
+        );
+        let e = parse("nvme_options = 3\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.toml:1:1") && e.contains("invalid type"), "{e}");
+    }
+
+    /// The NVMe tables' refusals are the methods' own, placed at the table (the single
+    /// `[nvme_options]` without an index); none of these reaches a controller.
+    #[test]
+    fn nvme_entry_errors_name_table_index_and_field() {
+        let cases = [
+            ("[nvme_options]\naction_on_timeout = \"panic\"\n", "nvme_options.action_on_timeout: 'panic' is not one of none, abort, reset"),
+            ("[nvme_options]\ntimeout_admin_us = 5\n", "nvme_options.timeout_admin_us: needs timeout_us too"),
+            ("[nvme_options]\nio_queue_depth = 5\n", "nvme_options.io_queue_depth: unknown parameter; accepted: "),
+            (
+                "[[nvme_controller]]\nname = \"N\"\ntrtype = \"rdma\"\ntraddr = \"127.0.0.1\"\n",
+                "nvme_controller[0].trtype: 'rdma' is not supported: PCIe or TCP",
+            ),
+            (
+                "[[nvme_controller]]\nname = \"N\"\ntrtype = \"tcp\"\ntraddr = \"127.0.0.1\"\n",
+                "nvme_controller[0].subnqn: required for trtype TCP",
+            ),
+            (
+                "[[nvme_controller]]\nname = \"N\"\ntrtype = \"tcp\"\ntraddr = \"127.0.0.1\"\nsubnqn = \"nqn.a\"\ntrsvcid = 4420\n",
+                "nvme_controller[0].trsvcid: expected a string",
+            ),
+            (
+                "[[nvme_controller]]\nname = \"N\"\ntrtype = \"pcie\"\ntraddr = \"0000:00:04.0\"\nreconnect_delay_sec = 2\n",
+                "nvme_controller[0].reconnect_delay_sec: must be 0 when ctrlr_loss_timeout_sec is 0",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = apply(text).err().expect("refused");
+            assert!(e.starts_with(want), "{e:?} does not start with {want:?}");
         }
     }
 

@@ -603,3 +603,45 @@ fn an_nvmf_namespace_counts_a_hosts_commands() {
     }
     assert_eq!(ns(), want);
 }
+
+/// An NVMe controller (the daemon's own NVMe/TCP subsystem attached back) has its series:
+/// up while enabled, its resets, and its I/O queues' commands and sends, as
+/// `bdev_nvme_get_controllers` reports them.
+#[test]
+fn an_nvme_controller_counts_its_commands_and_resets() {
+    const NQN: &str = "nqn.2016-06.io.spdk:metrics";
+    let daemon = Daemon::start_with_args("0", &["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&daemon);
+    daemon.malloc("m0", 8192, 512);
+    daemon.call("nvmf_create_transport", json!({"trtype": "TCP"}));
+    daemon.call("nvmf_create_subsystem", json!({"nqn": NQN, "allow_any_host": true}));
+    daemon.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "m0"}}));
+    let port = free_port().to_string();
+    let listen = json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port});
+    daemon.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": listen}));
+    let attach =
+        json!({"name": "Nvme0", "trtype": "TCP", "traddr": "127.0.0.1", "trsvcid": port, "subnqn": NQN});
+    assert_eq!(daemon.call("bdev_nvme_attach_controller", attach), json!(["Nvme0n1"]));
+    let sock = daemon.controller("c0", "Nvme0n1", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    for i in 0..8 {
+        assert_eq!(c.write(0, i * 4096, &[i as u8; 4096]), 0, "write {i}");
+    }
+    assert_eq!(daemon.call("bdev_nvme_reset_controller", json!({"name": "Nvme0"})), true);
+    assert_eq!(c.read(0, 0, 4096).unwrap(), [0u8; 4096]);
+
+    let (status, text) = get_tcp(&addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let labels = "{controller=\"Nvme0\",trtype=\"TCP\",traddr=\"127.0.0.1\"}";
+    let at = |family: &str| {
+        sample(&text, &format!("{family}{labels}")).unwrap_or_else(|| panic!("{family} missing:\n{text}"))
+    };
+    let path = &daemon.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}))[0]["ctrlrs"][0];
+    assert_eq!(at("flashpath_nvme_controller_up"), 1.0);
+    assert!(at("flashpath_nvme_resets_total") >= 1.0, "{text}");
+    assert_eq!(at("flashpath_nvme_resets_total"), path["resets"].as_f64().unwrap());
+    let submitted = at("flashpath_nvme_commands_submitted_total");
+    assert!(submitted >= 9.0 && submitted == path["stats"]["submitted"].as_f64().unwrap(), "{text}\n{path}");
+    assert!(at("flashpath_nvme_doorbells_total") >= 1.0, "{text}");
+    assert_eq!(at("flashpath_nvme_bounced_total"), path["stats"]["bounced"].as_f64().unwrap());
+}

@@ -133,11 +133,21 @@ const CASES: &[(&str, &[&str])] = &[
             "nvmf_delete_subsystem",
         ],
     ),
+    (
+        "nvme_controllers",
+        &[
+            "bdev_nvme_set_options",
+            "bdev_nvme_attach_controller",
+            "bdev_nvme_get_controllers",
+            "bdev_nvme_reset_controller",
+            "bdev_nvme_detach_controller",
+        ],
+    ),
 ];
 
 /// Fewer shared methods than this means the intersection itself is broken (48 when written, 64
-/// with the nvmf methods).
-const MIN_SHARED: usize = 56;
+/// with the nvmf methods, 69 with the nvme ones).
+const MIN_SHARED: usize = 61;
 
 /// Upper bound for one spdk-rpc run (its own `-t` is per read, in CPU time).
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -572,6 +582,98 @@ fn nvmf_target() {
     rpc.ok(&["bdev_malloc_delete", "Malloc0"]);
     rpc.ok(&["bdev_malloc_delete", "Malloc1"]);
     rpc.assert_case_covered("nvmf_target");
+}
+
+/// The NVMe driver's methods with SPDK's syntax: the daemon's own NVMe/TCP subsystem attached
+/// back as a controller, the parameters rpc.py sends unasked accepted, the rest refused by name.
+#[test]
+fn nvme_controllers() {
+    const NQN: &str = "nqn.2016-06.io.spdk:cnode7";
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "16", "512"]);
+    rpc.ok(&["nvmf_create_transport", "-t", "TCP"]);
+    rpc.ok(&["nvmf_create_subsystem", NQN, "-a"]);
+    rpc.ok(&["nvmf_subsystem_add_ns", NQN, "Malloc0"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    rpc.ok(&["nvmf_subsystem_add_listener", NQN, "-t", "tcp", "-a", "127.0.0.1", "-s", &port, "-f", "ipv4"]);
+
+    // rpc.py sends delay_cmd_submit, the failback and statistics flags with their defaults.
+    rpc.ok(&[
+        "bdev_nvme_set_options",
+        "-t",
+        "3000000",
+        "--timeout-admin-us",
+        "6000000",
+        "-a",
+        "abort",
+        "-k",
+        "5000",
+        "-s",
+        "2048",
+        "-p",
+        "2000",
+    ]);
+    let e = rpc.fails(&["bdev_nvme_set_options", "-d"]);
+    assert!(e["message"].as_str().unwrap().starts_with("delay_cmd_submit: not supported"), "{e}");
+    let e = rpc.fails(&["bdev_nvme_set_options", "-r", "5"]);
+    assert!(e["message"].as_str().unwrap().starts_with("bdev_retry_count: not supported"), "{e}");
+
+    let attach = [
+        "bdev_nvme_attach_controller",
+        "-b",
+        "Nvme0",
+        "-t",
+        "tcp",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port,
+        "-f",
+        "ipv4",
+        "-n",
+        NQN,
+    ];
+    assert_eq!(rpc.ok(&attach), "Nvme0n1");
+    let b = rpc.bdev("Nvme0n1");
+    assert_eq!(
+        (b["num_blocks"].as_u64(), b["block_size"].as_u64()),
+        (Some(16 * MIB / 512), Some(512)),
+        "{b}"
+    );
+    assert_eq!(b["driver_specific"]["nvme"]["controller"], "Nvme0", "{b}");
+    let c = rpc.json(&["bdev_nvme_get_controllers", "-n", "Nvme0"]);
+    assert_eq!(c[0]["name"], "Nvme0", "{c}");
+    let path = &c[0]["ctrlrs"][0];
+    assert_eq!(path["state"], "enabled", "{c}");
+    assert_eq!(path["trid"]["trsvcid"], port.as_str(), "{c}");
+    assert_eq!(path["trid"]["subnqn"], NQN, "{c}");
+    let cntlid = path["cntlid"].as_u64().expect("a cntlid").to_string();
+    rpc.ok(&["bdev_nvme_reset_controller", "Nvme0", "-c", &cntlid]);
+    // Options are the process's, refused once a controller is attached (as SPDK does).
+    let e = rpc.fails(&["bdev_nvme_set_options", "-t", "1000"]);
+    assert!(e["message"].as_str().unwrap().contains("refused once a controller is attached"), "{e}");
+    // A second path under the same name (SPDK's multipath) is refused naming the parameter.
+    let e = rpc.fails(&[&attach[..], &["-x", "multipath"]].concat());
+    assert!(e["message"].as_str().unwrap().starts_with("multipath: "), "{e}");
+    let e = rpc.fails(&[
+        "bdev_nvme_attach_controller",
+        "-b",
+        "Nvme1",
+        "-t",
+        "rdma",
+        "-a",
+        "127.0.0.1",
+        "-n",
+        NQN,
+    ]);
+    assert!(e["message"].as_str().unwrap().starts_with("trtype: 'rdma' is not supported"), "{e}");
+
+    // rpc.py's detach sends every path selector, null when not given.
+    rpc.ok(&["bdev_nvme_detach_controller", "Nvme0", "-t", "tcp", "-a", "127.0.0.1", "-s", &port]);
+    assert!(!rpc.bdev_names().contains(&"Nvme0n1".to_string()));
+    assert_eq!(rpc.json(&["bdev_nvme_get_controllers"]), Value::Array(vec![]));
+    rpc.assert_case_covered("nvme_controllers");
 }
 
 #[test]

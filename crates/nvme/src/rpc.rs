@@ -1,1 +1,591 @@
-//! The bdev_nvme module and its methods (control).
+//! The bdev_nvme module: SPDK's `bdev_nvme_attach_controller`, `bdev_nvme_detach_controller`,
+//! `bdev_nvme_get_controllers`, `bdev_nvme_reset_controller` and `bdev_nvme_set_options`, with
+//! SPDK's parameters (docs/nvme.md).
+//!
+//! Attaching, resetting and detaching block the control plane's RPC thread until the
+//! controller answers (its admin timeouts bound that), never a reactor. The module keeps its
+//! controllers by name in its registry state; each namespace is a bdev `<name>n<nsid>` added
+//! through the [`ModuleHost`]. Namespace changes found later (asynchronous events, resets) come
+//! from the controller's thread; they are handed to a thread of the module's own, which reaches
+//! the registry through [`ModuleHost::weak_handle`]: adding a bdev runs every module's examine,
+//! which reads the new namespace, and that read needs the controller thread free.
+//!
+//! * [`params`]: the methods' parameters, decoded and checked before anything is connected.
+
+pub mod params;
+
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
+
+use fp_bdev::module::{BdevModule, ModuleError, ModuleHost, ModuleMethodFn, NewBdev};
+use fp_bdev::{BdevInfo, ClaimType};
+use fp_rpc::{ParamError, Params};
+use serde_json::{json, Map, Value};
+
+use crate::bdev::NvmeNamespace;
+use crate::ctrlr::{attach, Controller, GlobalOptions, NamespaceEvent, TimeoutAction};
+use crate::pcie::vfio::VfioFunction;
+use crate::pcie::{PcieOptions, PcieTransport};
+use crate::tcp::{Adrfam, TcpTarget, TcpTransport};
+use crate::NvmeError;
+
+pub use params::{
+    Address, AddressFamily, AttachParams, OnTimeout, Options, OptionsParams, Reconnect, Trtype,
+};
+
+/// The module's name: its bdevs' `driver`.
+pub const MODULE: &str = "nvme";
+
+/// The bdev_nvme module.
+pub struct NvmeModule;
+
+/// One controller in the module's list.
+enum Slot {
+    /// Being attached or detached by an RPC thread now: the name is taken, nothing else may
+    /// act on it.
+    Busy,
+    /// Attached.
+    Attached(Attached),
+}
+
+/// An attached controller and how it was reached.
+struct Attached {
+    ctrlr: Arc<dyn Controller>,
+    address: Address,
+    /// The host NQN it was connected with (TCP).
+    hostnqn: Option<String>,
+}
+
+/// The module's state in one registry.
+struct State {
+    options: Mutex<Options>,
+    controllers: Mutex<BTreeMap<String, Slot>>,
+    /// This daemon's host identifier (NVMe-oF Connect's HOSTID), and the default host NQN's
+    /// UUID: made once, as SPDK makes one per process.
+    hostid: [u8; 16],
+    /// Each controller's bdevs in the registry, by controller name: those of its namespaces
+    /// now, and those of namespaces gone while their bdev was in use, which stay until the
+    /// controller is detached.
+    bdevs: Mutex<BTreeMap<String, BTreeSet<String>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn state(host: &dyn ModuleHost) -> Arc<State> {
+    let any = host.module_state(MODULE, &|| {
+        Arc::new(State {
+            options: Mutex::new(Options::default()),
+            controllers: Mutex::new(BTreeMap::new()),
+            hostid: random_uuid(),
+            bdevs: Mutex::new(BTreeMap::new()),
+        })
+    });
+    any.downcast::<State>().unwrap_or_else(|_| panic!("the {MODULE} module's state"))
+}
+
+/// A random (version 4) UUID from the kernel's generator; without /dev/urandom, one from the
+/// clock and the process ID, which still differs between daemons.
+fn random_uuid() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut id));
+    if read.is_err() {
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        id[..12].copy_from_slice(&nanos.to_le_bytes()[..12]);
+        id[12..].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    id[6] = (id[6] & 0x0f) | 0x40;
+    id[8] = (id[8] & 0x3f) | 0x80;
+    id
+}
+
+fn uuid_text(id: &[u8; 16]) -> String {
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+}
+
+/// The UUID at the end of a host NQN of the UUID form (`nqn.2014-08.org.nvmexpress:uuid:...`),
+/// which the host identifier then matches, as Linux's host does.
+fn uuid_of_nqn(nqn: &str) -> Option<[u8; 16]> {
+    let text = nqn.strip_prefix("nqn.2014-08.org.nvmexpress:uuid:")?;
+    let hex: String = text.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 || text.len() != 36 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(id)
+}
+
+/// A driver error as the RPC reports it: a parameter's refusal names the field ("invalid
+/// params"); the rest keep their errno ([`NvmeError::errno`]).
+fn nvme_error(e: NvmeError) -> ModuleError {
+    match e {
+        NvmeError::InvalidParam { field, reason } => ParamError::new(field, reason).into(),
+        other => ModuleError::Host(Box::new(other)),
+    }
+}
+
+impl State {
+    /// Notes (or, with `present` false, forgets) bdev `bdev` of controller `ctrlr`.
+    fn note_bdev(&self, ctrlr: &str, bdev: &str, present: bool) {
+        let mut map = lock(&self.bdevs);
+        let set = map.entry(ctrlr.to_string()).or_default();
+        if present {
+            set.insert(bdev.to_string());
+        } else {
+            set.remove(bdev);
+        }
+    }
+
+    /// Controller `ctrlr`'s bdevs that exist now: those noted and those of its namespaces.
+    fn bdevs_of(&self, host: &dyn ModuleHost, ctrlr: &str, namespaces: &[Arc<NvmeNamespace>]) -> Vec<String> {
+        let mut names = lock(&self.bdevs).get(ctrlr).cloned().unwrap_or_default();
+        names.extend(namespaces.iter().map(|ns| ns.name().to_string()));
+        names.into_iter().filter(|n| host.bdev(n).is_some_and(|(_, driver)| driver == MODULE)).collect()
+    }
+}
+
+fn no_controller(name: &str) -> ModuleError {
+    ParamError::new("name", format!("no NVMe controller '{name}'")).into()
+}
+
+impl Options {
+    /// The driver's options these stand for.
+    fn global(&self) -> GlobalOptions {
+        let mut g = GlobalOptions {
+            timeout_us: self.timeout_us,
+            timeout_admin_us: self.timeout_admin_us,
+            action_on_timeout: match self.action_on_timeout {
+                OnTimeout::None => TimeoutAction::None,
+                OnTimeout::Abort => TimeoutAction::Abort,
+                OnTimeout::Reset => TimeoutAction::Reset,
+            },
+            keep_alive_timeout_ms: self.keep_alive_timeout_ms,
+            ctrlr_loss_timeout_sec: self.reconnect.ctrlr_loss_timeout_sec,
+            reconnect_delay_sec: self.reconnect.reconnect_delay_sec,
+            fast_io_fail_timeout_sec: self.reconnect.fast_io_fail_timeout_sec,
+            nvme_adminq_poll_period_us: self.nvme_adminq_poll_period_us,
+            ..GlobalOptions::default()
+        };
+        if self.io_queue_requests != 0 {
+            g.io_queue_requests = self.io_queue_requests;
+        }
+        g
+    }
+}
+
+impl BdevModule for NvmeModule {
+    fn name(&self) -> &'static str {
+        MODULE
+    }
+
+    fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)] {
+        &[
+            ("bdev_nvme_set_options", set_options),
+            ("bdev_nvme_attach_controller", attach_controller),
+            ("bdev_nvme_detach_controller", detach_controller),
+            ("bdev_nvme_get_controllers", get_controllers),
+            ("bdev_nvme_reset_controller", reset_controller),
+        ]
+    }
+
+    /// Namespaces come from `[[nvme_controller]]` tables, not `[[bdev]]` ones.
+    fn configurable(&self) -> bool {
+        false
+    }
+
+    /// SPDK's `nvme` entry of the namespace (transport ID, controller and namespace data) as
+    /// an object rather than SPDK's one-element array, with the controller's name and the
+    /// queues' counters.
+    fn driver_specific(&self, info: &BdevInfo, device: &(dyn Any + Send + Sync)) -> Map<String, Value> {
+        let Some(ns) = device.downcast_ref::<NvmeNamespace>() else {
+            return Map::new();
+        };
+        let mut m = match ns.driver_specific().remove("nvme") {
+            Some(Value::Array(mut paths)) if !paths.is_empty() => match paths.swap_remove(0) {
+                Value::Object(m) => m,
+                _ => Map::new(),
+            },
+            _ => Map::new(),
+        };
+        let suffix = format!("n{}", ns.nsid());
+        if let Some(ctrlr) = info.name.strip_suffix(&suffix) {
+            m.insert("controller".into(), json!(ctrlr));
+        }
+        m
+    }
+
+    /// Deletes every controller's bdevs (the exports on them are gone by now) and detaches it:
+    /// a clean shutdown (CC.SHN) tells a PCIe device to flush, a TCP target that the host is
+    /// leaving.
+    fn shutdown(&self, host: &dyn ModuleHost) {
+        let st = state(host);
+        let all = std::mem::take(&mut *lock(&st.controllers));
+        for (name, slot) in all {
+            let Slot::Attached(a) = slot else { continue };
+            for bdev in st.bdevs_of(host, &name, &a.ctrlr.namespaces()) {
+                if let Err(e) = host.delete_bdev(&bdev, MODULE) {
+                    log::warn!("nvme {name}: bdev {bdev} not deleted at shutdown: {e}");
+                }
+            }
+            lock(&st.bdevs).remove(&name);
+            a.ctrlr.detach();
+            log::info!("nvme {name}: detached at shutdown");
+        }
+    }
+}
+
+/// `bdev_nvme_set_options`: refused once a controller is attached, as in SPDK (they apply
+/// at attach).
+fn set_options(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleError> {
+    let given = OptionsParams::decode(p)?;
+    let st = state(host);
+    let controllers = lock(&st.controllers);
+    if let Some(name) = controllers.keys().next() {
+        return Err(ParamError::new(
+            given.first_field.unwrap_or(""),
+            format!(
+                "bdev_nvme_set_options is refused once a controller is attached (as in SPDK); \
+                 detach '{name}' first, or set the options before attaching"
+            ),
+        )
+        .into());
+    }
+    let mut options = lock(&st.options);
+    *options = given.over(*options)?;
+    Ok(Value::Bool(true))
+}
+
+/// `bdev_nvme_attach_controller`: returns the namespaces' bdev names.
+fn attach_controller(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleError> {
+    let a = AttachParams::decode(p)?;
+    let st = state(host);
+    let options = *lock(&st.options);
+    let reconnect = a.reconnect.over(options.reconnect)?;
+    {
+        let mut map = lock(&st.controllers);
+        if map.contains_key(&a.name) {
+            return Err(ParamError::new(
+                "name",
+                format!(
+                    "NVMe controller '{}' already exists (flashpath keeps one path per controller: \
+                     no multipath)",
+                    a.name
+                ),
+            )
+            .into());
+        }
+        map.insert(a.name.clone(), Slot::Busy);
+    }
+    let r = attach_reserved(host, &st, &a, &options, reconnect);
+    let mut map = lock(&st.controllers);
+    match r {
+        Ok((attached, names)) => {
+            for n in &names {
+                st.note_bdev(&a.name, n, true);
+            }
+            map.insert(a.name.clone(), Slot::Attached(attached));
+            Ok(json!(names))
+        }
+        Err(e) => {
+            map.remove(&a.name);
+            Err(e)
+        }
+    }
+}
+
+/// Attaches the controller whose name `a.name` is reserved, and adds its bdevs (all or none).
+fn attach_reserved(
+    host: &dyn ModuleHost,
+    st: &State,
+    a: &AttachParams,
+    options: &Options,
+    reconnect: Reconnect,
+) -> Result<(Attached, Vec<String>), ModuleError> {
+    let global = options.global();
+    let mut opts = global.controller_options(&a.name);
+    opts.ctrlr_loss_timeout_sec = reconnect.ctrlr_loss_timeout_sec;
+    opts.reconnect_delay_sec = reconnect.reconnect_delay_sec;
+    opts.fast_io_fail_timeout_sec = reconnect.fast_io_fail_timeout_sec;
+    let events = event_sink(host.weak_handle(), a.name.clone());
+    let (ctrlr, hostnqn) = match &a.address {
+        Address::Pcie { traddr } => {
+            let function = VfioFunction::open(traddr).map_err(nvme_error)?;
+            let transport = PcieTransport::new(function, PcieOptions::default());
+            (attach(transport, opts, global, events), None)
+        }
+        Address::Tcp { traddr, trsvcid, subnqn, hostnqn, hdgst, ddgst } => {
+            let hostnqn = hostnqn
+                .clone()
+                .unwrap_or_else(|| format!("nqn.2014-08.org.nvmexpress:uuid:{}", uuid_text(&st.hostid)));
+            let target = TcpTarget {
+                traddr: traddr.to_string(),
+                trsvcid: *trsvcid,
+                adrfam: match params::family_of(traddr) {
+                    AddressFamily::IPv4 => Adrfam::IPv4,
+                    AddressFamily::IPv6 => Adrfam::IPv6,
+                },
+                subnqn: subnqn.clone(),
+                hostid: uuid_of_nqn(&hostnqn).unwrap_or(st.hostid),
+                hostnqn: hostnqn.clone(),
+                hdgst: *hdgst,
+                ddgst: *ddgst,
+                kato_ms: global.keep_alive_timeout_ms,
+            };
+            (attach(TcpTransport::new(target), opts, global, events), Some(hostnqn))
+        }
+    };
+    let ctrlr = ctrlr.map_err(nvme_error)?;
+    let mut names = Vec::new();
+    for ns in ctrlr.namespaces() {
+        // An asynchronous event may have added it already.
+        if host.bdev(ns.name()).is_some_and(|(_, driver)| driver == MODULE) {
+            names.push(ns.name().to_string());
+            continue;
+        }
+        match host.add_bdev(MODULE, NewBdev::new(ns)) {
+            Ok(name) => names.push(name),
+            Err(e) => {
+                for n in &names {
+                    let _ = host.delete_bdev(n, MODULE);
+                }
+                ctrlr.detach();
+                return Err(e);
+            }
+        }
+    }
+    Ok((Attached { ctrlr, address: a.address.clone(), hostnqn }, names))
+}
+
+/// The controller's namespace events, applied to the registry on a thread of their own (in
+/// order; see the module docs), which ends when the controller drops the sink.
+fn event_sink(
+    host: Option<Weak<dyn ModuleHost + Send + Sync>>,
+    ctrlr: String,
+) -> Box<dyn Fn(NamespaceEvent) + Send + Sync> {
+    let (tx, rx) = mpsc::channel::<NamespaceEvent>();
+    let thread_name = format!("nvme-{ctrlr}-ns");
+    let spawned = std::thread::Builder::new().name(thread_name).spawn(move || {
+        for event in rx {
+            let Some(host) = host.as_ref().and_then(Weak::upgrade) else {
+                log::warn!("nvme {ctrlr}: namespace event {event:?} with no registry to apply it to");
+                continue;
+            };
+            apply_event(host.as_ref(), &state(host.as_ref()), &ctrlr, event);
+        }
+    });
+    if let Err(e) = spawned {
+        log::error!("nvme: no thread for namespace events ({e}); they will only be logged");
+    }
+    Box::new(move |event| {
+        if let Err(mpsc::SendError(event)) = tx.send(event) {
+            log::warn!("nvme: namespace event {event:?} dropped (no thread to apply it)");
+        }
+    })
+}
+
+/// One namespace change, as registry calls: a bdev added, resized (its users are told) or
+/// deleted. A namespace that went away while its bdev is in use keeps the bdev, whose I/O
+/// fails, until its users let it go and the controller is detached.
+fn apply_event(host: &(dyn ModuleHost + Send + Sync), st: &State, ctrlr: &str, event: NamespaceEvent) {
+    match event {
+        NamespaceEvent::Added(ns) => {
+            let name = ns.name().to_string();
+            if host.bdev_exists(&name) {
+                return;
+            }
+            match host.add_bdev(MODULE, NewBdev::new(ns)) {
+                Ok(_) => {
+                    st.note_bdev(ctrlr, &name, true);
+                    log::info!("nvme {ctrlr}: namespace bdev {name} added");
+                }
+                Err(e) => log::warn!("nvme {ctrlr}: namespace bdev {name} not added: {e}"),
+            }
+        }
+        NamespaceEvent::Resized { nsid, num_blocks } => {
+            let name = format!("{ctrlr}n{nsid}");
+            if let Err(e) = host.resize_bdev(&name, MODULE, num_blocks) {
+                log::warn!("nvme {ctrlr}: bdev {name} not resized to {num_blocks} blocks: {e}");
+            }
+        }
+        NamespaceEvent::Removed { nsid } => {
+            let name = format!("{ctrlr}n{nsid}");
+            if !host.bdev_exists(&name) {
+                return;
+            }
+            match host.delete_bdev(&name, MODULE) {
+                Ok(()) => {
+                    st.note_bdev(ctrlr, &name, false);
+                    log::info!("nvme {ctrlr}: namespace {nsid} gone, bdev {name} deleted");
+                }
+                Err(e) => log::warn!(
+                    "nvme {ctrlr}: namespace {nsid} gone; bdev {name} stays while in use (its I/O fails): {e}"
+                ),
+            }
+        }
+    }
+}
+
+/// The attached controller `name`.
+fn attached(st: &State, name: &str) -> Result<Arc<dyn Controller>, ModuleError> {
+    match lock(&st.controllers).get(name) {
+        Some(Slot::Attached(a)) => Ok(a.ctrlr.clone()),
+        Some(Slot::Busy) => Err(ParamError::new(
+            "name",
+            format!("NVMe controller '{name}' is being attached or detached; try again"),
+        )
+        .into()),
+        None => Err(no_controller(name)),
+    }
+}
+
+/// SPDK's transport ID fields of an address.
+fn trid_fields(address: &Address) -> Vec<(&'static str, String)> {
+    let mut f = vec![("trtype", address.trtype().as_str().to_string()), ("traddr", address.traddr())];
+    if let Address::Tcp { traddr, trsvcid, subnqn, .. } = address {
+        f.push(("adrfam", params::family_of(traddr).as_str().to_string()));
+        f.push(("trsvcid", trsvcid.to_string()));
+        f.push(("subnqn", subnqn.clone()));
+    }
+    f
+}
+
+/// `bdev_nvme_detach_controller`: deletes the bdevs, then detaches. Refused while a bdev is
+/// claimed. SPDK's path selectors must name the controller's one path when given.
+fn detach_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    let mut selectors = Vec::new();
+    for field in ["trtype", "traddr", "adrfam", "trsvcid", "subnqn", "hostaddr", "hostsvcid"] {
+        if let Some(v) = p.optional_str(field)? {
+            selectors.push((field, v));
+        }
+    }
+    p.finish()?;
+    let st = state(host);
+    let taken = {
+        let mut map = lock(&st.controllers);
+        match map.get(&name) {
+            Some(Slot::Attached(a)) => {
+                let trid = trid_fields(&a.address);
+                for (field, given) in &selectors {
+                    let ours = trid.iter().find(|(f, _)| f == field).map(|(_, v)| v.as_str());
+                    if !ours.is_some_and(|v| v.eq_ignore_ascii_case(given)) {
+                        return Err(ParamError::new(
+                            *field,
+                            format!("'{given}' is not a path of NVMe controller '{name}' (it has one path)"),
+                        )
+                        .into());
+                    }
+                }
+                // Check before taking: a claimed bdev leaves everything as it was.
+                for bdev in st.bdevs_of(host, &name, &a.ctrlr.namespaces()) {
+                    host.claimable(&bdev, ClaimType::ExclusiveWrite)?;
+                }
+                match map.insert(name.clone(), Slot::Busy) {
+                    Some(Slot::Attached(a)) => a,
+                    _ => unreachable!("checked above"),
+                }
+            }
+            Some(Slot::Busy) => {
+                return Err(ParamError::new(
+                    "name",
+                    format!("NVMe controller '{name}' is being attached or detached; try again"),
+                )
+                .into())
+            }
+            None => return Err(no_controller(&name)),
+        }
+    };
+    for bdev in st.bdevs_of(host, &name, &taken.ctrlr.namespaces()) {
+        if let Err(e) = host.delete_bdev(&bdev, MODULE) {
+            // Claimed since the check: put the controller back as it was (less the bdevs
+            // already deleted, which a reset or a detach does not bring back).
+            lock(&st.controllers).insert(name, Slot::Attached(taken));
+            return Err(e);
+        }
+    }
+    taken.ctrlr.detach();
+    lock(&st.bdevs).remove(&name);
+    lock(&st.controllers).remove(&name);
+    log::info!("nvme {name}: detached");
+    Ok(Value::Bool(true))
+}
+
+/// One controller's entry: the driver's (state, controller ID, counters) with the transport
+/// ID and host as the attach gave them.
+fn controller_info(a: &Attached) -> Value {
+    let mut v = serde_json::to_value(a.ctrlr.info()).unwrap_or_else(|_| json!({}));
+    let trid: Map<String, Value> =
+        trid_fields(&a.address).into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+    if let Some(path) = v.get_mut("ctrlrs").and_then(|c| c.get_mut(0)) {
+        path["trid"] = Value::Object(trid);
+        if let Some(nqn) = &a.hostnqn {
+            path["host"]["nqn"] = json!(nqn);
+        }
+    }
+    v
+}
+
+/// `bdev_nvme_get_controllers`: all, or the one named.
+fn get_controllers(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.optional_str("name")?;
+    p.finish()?;
+    let st = state(host);
+    let map = lock(&st.controllers);
+    let attached = map.iter().filter_map(|(n, slot)| match slot {
+        Slot::Attached(a) => Some((n, a)),
+        Slot::Busy => None,
+    });
+    match name {
+        Some(name) => {
+            let (_, a) =
+                attached.into_iter().find(|(n, _)| **n == name).ok_or_else(|| no_controller(&name))?;
+            Ok(json!([controller_info(a)]))
+        }
+        None => Ok(Value::Array(attached.map(|(_, a)| controller_info(a)).collect())),
+    }
+}
+
+/// `bdev_nvme_reset_controller`: waits for the outcome.
+fn reset_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    let cntlid = p.optional_uint("cntlid", u64::from(u16::MAX))?;
+    p.finish()?;
+    let ctrlr = attached(&state(host), &name)?;
+    if let Some(c) = cntlid {
+        let ours = ctrlr.info().ctrlrs.first().map(|p| u64::from(p.cntlid));
+        if ours != Some(c) {
+            return Err(ParamError::new(
+                "cntlid",
+                format!("{c} is not NVMe controller '{name}''s controller ID"),
+            )
+            .into());
+        }
+    }
+    ctrlr.reset().map_err(nvme_error)?;
+    Ok(Value::Bool(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ids_are_version_4_uuids_and_follow_a_uuid_host_nqn() {
+        let id = random_uuid();
+        assert_eq!((id[6] >> 4, id[8] >> 6), (4, 2));
+        assert_ne!(id, random_uuid());
+        let text = uuid_text(&id);
+        assert_eq!(text.len(), 36);
+        assert_eq!(uuid_of_nqn(&format!("nqn.2014-08.org.nvmexpress:uuid:{text}")), Some(id));
+        assert_eq!(uuid_of_nqn("nqn.2014-08.org.nvmexpress:uuid:12"), None);
+        assert_eq!(uuid_of_nqn("nqn.2016-06.io.spdk:host1"), None);
+    }
+}

@@ -77,7 +77,10 @@ impl RegistryError {
             RegistryError::Bdev(BdevError::Unsupported(_)) => -libc::EOPNOTSUPP,
             RegistryError::Param(_) => -libc::EINVAL,
             RegistryError::Vhost(e) => -e.errno(),
-            RegistryError::Other(_) => -libc::EIO,
+            // The NVMe driver's errors carry their own (ETIMEDOUT, ENODEV for a controller gone).
+            RegistryError::Other(e) => {
+                e.downcast_ref::<fp_nvme::NvmeError>().map_or(-libc::EIO, |n| n.errno())
+            }
         }
     }
 

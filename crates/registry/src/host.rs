@@ -3,7 +3,7 @@
 
 use std::any::Any;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use fp_bdev::module::{FileOpener, ModuleError, ModuleHost, NewBdev};
 use fp_bdev::{Bdev, BdevError, ClaimType};
@@ -244,6 +244,11 @@ impl ModuleHost for Registry {
 
     fn check_memory_size(&self, name: &str, block_size: u32, num_blocks: u64) -> Result<(), ModuleError> {
         check_malloc_size(name, block_size, num_blocks, &self.options.limits).map_err(host)
+    }
+
+    fn weak_handle(&self) -> Option<Weak<dyn ModuleHost + Send + Sync>> {
+        let me: Weak<dyn ModuleHost + Send + Sync> = self.me.clone();
+        Some(me)
     }
 
     fn file_opener(&self, filename: &Path) -> Result<FileOpener, ModuleError> {

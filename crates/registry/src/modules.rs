@@ -6,11 +6,20 @@ use fp_bdev::modules::{delay::DelayModule, malloc::MallocModule, null::NullModul
 use fp_bdev::BdevModule;
 use fp_lvol::bdev::LvolModule;
 use fp_nbd::client::NbdClientModule;
+use fp_nvme::rpc::NvmeModule;
 use fp_rbd::RbdModule;
 
 /// Every module, in the order `rpc_get_methods` and configuration errors list them.
-pub static MODULES: &[&dyn BdevModule] =
-    &[&NullModule, &MallocModule, &UringModule, &DelayModule, &LvolModule, &RbdModule, &NbdClientModule];
+pub static MODULES: &[&dyn BdevModule] = &[
+    &NullModule,
+    &MallocModule,
+    &UringModule,
+    &DelayModule,
+    &LvolModule,
+    &RbdModule,
+    &NbdClientModule,
+    &NvmeModule,
+];
 
 /// The module named `name` ("null", "malloc", ...).
 pub fn find(name: &str) -> Option<&'static dyn BdevModule> {

@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use fp_reactor::ReactorHandle;
@@ -125,6 +125,8 @@ pub struct Registry {
     pub(crate) nvmf: fp_nvmf::NvmfTarget,
     /// When it was made: the daemon's uptime (`flashpath_get_stats`).
     started: Instant,
+    /// Itself, for modules whose threads report back later ([`fp_bdev::ModuleHost::weak_handle`]).
+    pub(crate) me: Weak<Registry>,
 }
 
 impl Registry {
@@ -142,7 +144,8 @@ impl Registry {
             reactors.clone(),
             fp_nvmf::TargetOptions { allow_remote_listeners: options.nvmf_allow_remote },
         );
-        Arc::new(Registry {
+        Arc::new_cyclic(|me| Registry {
+            me: me.clone(),
             reactors,
             vhost_dir: vhost_dir.to_path_buf(),
             options,

@@ -198,6 +198,23 @@ impl Params {
         }
     }
 
+    /// A signed integer from `min` to `max` (SPDK's `-1` for "forever").
+    pub fn optional_int(
+        &mut self,
+        field: &'static str,
+        min: i64,
+        max: i64,
+    ) -> Result<Option<i64>, ParamError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::Number(n)) if n.as_i64().is_some_and(|x| (min..=max).contains(&x)) => Ok(n.as_i64()),
+            Some(v) => Err(ParamError::new(
+                field,
+                format!("expected an integer between {min} and {max}, got {}", describe(&v)),
+            )),
+        }
+    }
+
     pub fn required_uint(&mut self, field: &'static str, max: u64) -> Result<u64, ParamError> {
         self.optional_uint(field, max)?
             .ok_or_else(|| Self::missing(field, &format!("an integer between 0 and {max}")))
@@ -297,6 +314,18 @@ mod tests {
             p.optional_bool("ro").unwrap_err().to_string(),
             "ro: expected true or false, got number 1"
         );
+    }
+
+    #[test]
+    fn signed_integers_are_bounded_both_ways() {
+        let mut p = Params::new(Some(json!({"a": -1, "b": -2, "c": 1.5}))).unwrap();
+        assert_eq!(p.optional_int("a", -1, 10).unwrap(), Some(-1));
+        assert_eq!(
+            p.optional_int("b", -1, 10).unwrap_err().to_string(),
+            "b: expected an integer between -1 and 10, got number -2"
+        );
+        assert_eq!(p.optional_int("c", -1, 10).unwrap_err().field, "c");
+        assert_eq!(p.optional_int("absent", -1, 10).unwrap(), None);
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod disk;
 mod mirror;
 mod nbd;
 mod nbd_client;
+mod nvme;
 mod nvmf;
 mod qos;
 mod rbd;
@@ -73,6 +74,10 @@ pub(crate) enum Command {
     /// NVMe over TCP: subsystems, listeners, namespaces, allowed hosts (docs/nvmf.md)
     #[command(subcommand)]
     Nvmf(nvmf::NvmfCommand),
+    /// NVMe controllers driven from user space (PCIe through VFIO, NVMe/TCP) as disks
+    /// (docs/nvme.md)
+    #[command(subcommand)]
+    Nvme(nvme::NvmeCommand),
     /// Logical volumes: stores on a disk, thin volumes, snapshots, clones
     #[command(subcommand)]
     Volume(volume::VolumeCommand),
@@ -153,6 +158,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Nbd(c) => nbd::run(rpc, json, c),
         Command::NbdClient(c) => nbd_client::run(rpc, json, c),
         Command::Nvmf(c) => nvmf::run(rpc, json, c),
+        Command::Nvme(c) => nvme::run(rpc, json, c),
         Command::Volume(c) => volume::run(rpc, json, c),
         Command::Qos(c) => qos::run(rpc, json, c),
         Command::Mirror(c) => mirror::run(rpc, json, c),

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use serde_json::{json, Map, Value};
 
-use super::session::{cell, one_call, out, print_json, table, usage, CliError, Session};
+use super::session::{cell, disks_with, one_call, out, print_json, table, usage, CliError, Session};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum RbdCommand {
@@ -117,20 +117,6 @@ fn rbd_cluster_list(rpc: &Path, json: bool, name: Option<String>) -> Result<(), 
         other => return Err(CliError::Unexpected { method: "bdev_rbd_get_clusters_info", result: other }),
     };
     let bdevs = s.call("bdev_get_bdevs", None)?;
-    let disks_on = |cluster: &Value| {
-        let names: Vec<String> = bdevs
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|b| b["driver_specific"]["rbd"]["cluster_name"] == *cluster)
-            .map(|b| cell(b, "name"))
-            .collect();
-        if names.is_empty() {
-            "-".into()
-        } else {
-            names.join(",")
-        }
-    };
     let rows: Vec<Vec<String>> = clusters
         .iter()
         .map(|c| {
@@ -145,7 +131,7 @@ fn rbd_cluster_list(rpc: &Path, json: bool, name: Option<String>) -> Result<(), 
                 cell(c, "config_file"),
                 cell(c, "key_file"),
                 cell(c, "core_mask"),
-                disks_on(&c["cluster_name"]),
+                disks_with(&bdevs, "rbd", "cluster_name", &c["cluster_name"]),
                 if params.is_empty() { "-".into() } else { params },
             ]
         })

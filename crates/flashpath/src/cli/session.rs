@@ -106,6 +106,24 @@ impl Session {
     }
 }
 
+/// The names of the bdevs in `bdevs` (`bdev_get_bdevs`' answer) whose `driver_specific.<driver>`
+/// has `key` equal to `value`, comma-separated ("-" for none): a cluster's or a controller's
+/// disks.
+pub(crate) fn disks_with(bdevs: &Value, driver: &str, key: &str, value: &Value) -> String {
+    let names: Vec<String> = bdevs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["driver_specific"][driver][key] == *value)
+        .map(|b| cell(b, "name"))
+        .collect();
+    if names.is_empty() {
+        "-".into()
+    } else {
+        names.join(",")
+    }
+}
+
 /// Writes to stdout, ignoring a closed pipe (`flashpath disk list | head -1`).
 pub(crate) fn out(text: &str) {
     let mut stdout = std::io::stdout().lock();

@@ -1,0 +1,319 @@
+//! `nvme attach|detach|list|reset|options`: NVMe controllers driven by the daemon itself (PCIe
+//! through VFIO, NVMe/TCP), through SPDK's `bdev_nvme_*` methods (docs/nvme.md).
+
+use std::path::Path;
+
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+
+use super::session::{cell, disks_with, out, print_json, table, CliError, Session};
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum NvmeCommand {
+    /// Attach a controller; prints the disks made of its namespaces (NAMEn1, ...)
+    Attach(AttachArgs),
+    /// Detach a controller: its disks are deleted (refused while one is in use)
+    Detach {
+        /// The controller's name
+        name: String,
+    },
+    /// List controllers (or show one) and their disks
+    List { name: Option<String> },
+    /// Reset a controller; I/O in flight is retried once it is back
+    Reset {
+        /// The controller's name
+        name: String,
+    },
+    /// Set the driver's options for controllers attached afterwards (SPDK's
+    /// bdev_nvme_set_options; refused once a controller is attached)
+    Options(OptionsArgs),
+}
+
+/// The reconnect policy, shared by `attach` and `options`.
+#[derive(Debug, Args)]
+pub(crate) struct ReconnectArgs {
+    /// After losing the controller, seconds to keep reconnecting before deleting it; -1
+    /// forever [default: 0, no reconnect]
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    ctrlr_loss_timeout_sec: Option<i64>,
+    /// Seconds between reconnect attempts [default: 0]
+    #[arg(long, value_name = "SECONDS")]
+    reconnect_delay_sec: Option<u64>,
+    /// Seconds without the controller after which waiting I/O fails [default: 0, never]
+    #[arg(long, value_name = "SECONDS")]
+    fast_io_fail_timeout_sec: Option<u64>,
+}
+
+impl ReconnectArgs {
+    fn add_to(&self, params: &mut Value) {
+        if let Some(v) = self.ctrlr_loss_timeout_sec {
+            params["ctrlr_loss_timeout_sec"] = json!(v);
+        }
+        for (field, v) in [
+            ("reconnect_delay_sec", self.reconnect_delay_sec),
+            ("fast_io_fail_timeout_sec", self.fast_io_fail_timeout_sec),
+        ] {
+            if let Some(v) = v {
+                params[field] = json!(v);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AttachArgs {
+    /// The controller's name, its disks' prefix (e.g. Nvme0 makes Nvme0n1)
+    name: String,
+    /// pcie or tcp
+    #[arg(long, value_name = "TYPE")]
+    trtype: String,
+    /// PCIe: the function's address (0000:00:04.0); TCP: the target's IP address
+    #[arg(long, value_name = "ADDRESS")]
+    traddr: String,
+    /// TCP: the target's port [default: 4420]
+    #[arg(long, value_name = "PORT")]
+    trsvcid: Option<String>,
+    /// TCP: ipv4 or ipv6 [default: the address's]
+    #[arg(long, value_name = "FAMILY")]
+    adrfam: Option<String>,
+    /// TCP: the subsystem's NQN
+    #[arg(long, value_name = "NQN")]
+    subnqn: Option<String>,
+    /// TCP: this host's NQN [default: one per daemon]
+    #[arg(long, value_name = "NQN")]
+    hostnqn: Option<String>,
+    /// TCP: header digests
+    #[arg(long)]
+    hdgst: bool,
+    /// TCP: data digests
+    #[arg(long)]
+    ddgst: bool,
+    #[command(flatten)]
+    reconnect: ReconnectArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct OptionsArgs {
+    /// An I/O command's timeout in microseconds; 0 none [default: 0]
+    #[arg(long, value_name = "US")]
+    timeout_us: Option<u64>,
+    /// An admin command's timeout in microseconds [default: --timeout-us]
+    #[arg(long, value_name = "US")]
+    timeout_admin_us: Option<u64>,
+    /// What a timeout does: none, abort or reset [default: none]
+    #[arg(long, value_name = "ACTION")]
+    action_on_timeout: Option<String>,
+    /// The keep-alive timeout asked of controllers in ms; 0 none [default: 10000]
+    #[arg(long, value_name = "MS")]
+    keep_alive_timeout_ms: Option<u64>,
+    #[command(flatten)]
+    reconnect: ReconnectArgs,
+}
+
+/// Parameters whose option is not `--` plus the parameter's name with dashes.
+const NVME_FLAGS: &[(&str, &str)] = &[("name", "NAME")];
+
+/// Parameters set by the option of the same name with dashes.
+const NVME_DASHED: &[&str] = &[
+    "trtype",
+    "traddr",
+    "trsvcid",
+    "adrfam",
+    "subnqn",
+    "hostnqn",
+    "hdgst",
+    "ddgst",
+    "ctrlr_loss_timeout_sec",
+    "reconnect_delay_sec",
+    "fast_io_fail_timeout_sec",
+    "timeout_us",
+    "timeout_admin_us",
+    "action_on_timeout",
+    "keep_alive_timeout_ms",
+];
+
+fn session(rpc: &Path) -> Result<Session, CliError> {
+    Ok(Session::connect(rpc, NVME_FLAGS)?.dashed(NVME_DASHED))
+}
+
+/// The `bdev_nvme_attach_controller` parameters of `a`.
+fn attach_params(a: &AttachArgs) -> Value {
+    let mut params = json!({ "name": a.name, "trtype": a.trtype, "traddr": a.traddr });
+    for (field, v) in
+        [("trsvcid", &a.trsvcid), ("adrfam", &a.adrfam), ("subnqn", &a.subnqn), ("hostnqn", &a.hostnqn)]
+    {
+        if let Some(v) = v {
+            params[field] = json!(v);
+        }
+    }
+    // Only when asked: a PCIe attach refuses the TCP fields, even false.
+    if a.hdgst {
+        params["hdgst"] = json!(true);
+    }
+    if a.ddgst {
+        params["ddgst"] = json!(true);
+    }
+    a.reconnect.add_to(&mut params);
+    params
+}
+
+/// The `bdev_nvme_set_options` parameters of `a`.
+fn options_params(a: &OptionsArgs) -> Value {
+    let mut params = json!({});
+    for (field, v) in [
+        ("timeout_us", a.timeout_us),
+        ("timeout_admin_us", a.timeout_admin_us),
+        ("keep_alive_timeout_ms", a.keep_alive_timeout_ms),
+    ] {
+        if let Some(v) = v {
+            params[field] = json!(v);
+        }
+    }
+    if let Some(action) = &a.action_on_timeout {
+        params["action_on_timeout"] = json!(action);
+    }
+    a.reconnect.add_to(&mut params);
+    params
+}
+
+pub(crate) fn run(rpc: &Path, json: bool, cmd: NvmeCommand) -> Result<(), CliError> {
+    match cmd {
+        NvmeCommand::Attach(a) => {
+            let names = session(rpc)?.call("bdev_nvme_attach_controller", Some(attach_params(&a)))?;
+            if json {
+                print_json(&names);
+            } else {
+                let list = names.as_array().ok_or_else(|| CliError::Unexpected {
+                    method: "bdev_nvme_attach_controller",
+                    result: names.clone(),
+                })?;
+                for n in list {
+                    out(n.as_str().unwrap_or_default());
+                }
+            }
+            Ok(())
+        }
+        NvmeCommand::Detach { name } => {
+            call(rpc, json, "bdev_nvme_detach_controller", json!({ "name": name }))
+        }
+        NvmeCommand::Reset { name } => call(rpc, json, "bdev_nvme_reset_controller", json!({ "name": name })),
+        NvmeCommand::Options(a) => call(rpc, json, "bdev_nvme_set_options", options_params(&a)),
+        NvmeCommand::List { name } => list(rpc, json, name),
+    }
+}
+
+/// Calls a method that answers `true`: prints nothing unless `--json`.
+fn call(rpc: &Path, json: bool, method: &str, params: Value) -> Result<(), CliError> {
+    let r = session(rpc)?.call(method, Some(params))?;
+    if json {
+        print_json(&r);
+    }
+    Ok(())
+}
+
+/// One row per controller: its state, where it is, and its disks.
+fn list(rpc: &Path, json: bool, name: Option<String>) -> Result<(), CliError> {
+    let mut s = session(rpc)?;
+    let ctrlrs = s.call("bdev_nvme_get_controllers", name.map(|n| json!({ "name": n })))?;
+    if json {
+        print_json(&ctrlrs);
+        return Ok(());
+    }
+    let bdevs = s.call("bdev_get_bdevs", None)?;
+    let rows: Vec<Vec<String>> = ctrlrs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let path = &c["ctrlrs"][0];
+            let trid = &path["trid"];
+            let address = match trid["trsvcid"].as_str() {
+                Some(port) if trid["adrfam"] == "IPv6" => format!("[{}]:{port}", cell(trid, "traddr")),
+                Some(port) => format!("{}:{port}", cell(trid, "traddr")),
+                None => cell(trid, "traddr"),
+            };
+            vec![
+                cell(c, "name"),
+                cell(path, "state"),
+                cell(trid, "trtype"),
+                address,
+                cell(trid, "subnqn"),
+                cell(path, "cntlid"),
+                disks_with(&bdevs, "nvme", "controller", &c["name"]),
+            ]
+        })
+        .collect();
+    out(&table(&["NAME", "STATE", "TRTYPE", "ADDRESS", "SUBNQN", "CNTLID", "DISKS"], &rows));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct T {
+        #[command(subcommand)]
+        cmd: NvmeCommand,
+    }
+
+    fn parse(args: &[&str]) -> NvmeCommand {
+        T::try_parse_from([&["t"], args].concat()).unwrap().cmd
+    }
+
+    #[test]
+    fn attach_options_become_spdks_parameters() {
+        let NvmeCommand::Attach(a) = parse(&[
+            "attach",
+            "Nvme0",
+            "--trtype",
+            "tcp",
+            "--traddr",
+            "127.0.0.1",
+            "--trsvcid",
+            "4421",
+            "--subnqn",
+            "nqn.2016-06.io.spdk:cnode1",
+            "--ddgst",
+            "--ctrlr-loss-timeout-sec",
+            "-1",
+            "--reconnect-delay-sec",
+            "2",
+        ]) else {
+            panic!("not attach")
+        };
+        assert_eq!(
+            attach_params(&a),
+            json!({
+                "name": "Nvme0", "trtype": "tcp", "traddr": "127.0.0.1", "trsvcid": "4421",
+                "subnqn": "nqn.2016-06.io.spdk:cnode1", "ddgst": true,
+                "ctrlr_loss_timeout_sec": -1, "reconnect_delay_sec": 2,
+            })
+        );
+        let NvmeCommand::Attach(a) = parse(&["attach", "N", "--trtype", "pcie", "--traddr", "0000:00:04.0"])
+        else {
+            panic!("not attach")
+        };
+        assert_eq!(attach_params(&a), json!({"name": "N", "trtype": "pcie", "traddr": "0000:00:04.0"}));
+    }
+
+    #[test]
+    fn options_options_become_spdks_parameters() {
+        let NvmeCommand::Options(a) = parse(&[
+            "options",
+            "--timeout-us",
+            "1000000",
+            "--action-on-timeout",
+            "abort",
+            "--keep-alive-timeout-ms",
+            "0",
+        ]) else {
+            panic!("not options")
+        };
+        assert_eq!(
+            options_params(&a),
+            json!({"timeout_us": 1000000, "action_on_timeout": "abort", "keep_alive_timeout_ms": 0})
+        );
+    }
+}
