@@ -40,8 +40,9 @@ struct Slot {
     submitted: u64,
     /// The caller's tag.
     tag: u32,
-    /// The generation the slot's next (or current) command id carries.
-    generation: u16,
+    /// The command id of the slot's current (or next) command: its index with its
+    /// generation, kept whole so that checking a completion is one comparison.
+    cid: u16,
     /// A command is in flight in this slot.
     busy: bool,
 }
@@ -52,12 +53,11 @@ pub struct CidTable {
     slots: Box<[Slot]>,
     /// Free slot indexes, a stack (most recently freed on top).
     free: Vec<u16>,
-    /// Bits of a command id that index the slot.
-    index_bits: u32,
-    /// `(1 << index_bits) - 1`.
+    /// `(1 << index bits) - 1`: the bits of a command id that index the slot.
     index_mask: u16,
-    /// The largest generation (`u16::MAX >> index_bits`); 0 when the index takes all 16 bits.
-    generation_mask: u16,
+    /// `1 << index bits`: what moves a command id to the next generation of its slot (as a
+    /// `u32`, so that an index of all 16 bits moves nothing).
+    generation_step: u32,
 }
 
 impl CidTable {
@@ -71,16 +71,15 @@ impl CidTable {
         // Index bits: enough for the largest index (at least one, so that slot 0 and a
         // generation never make 0xFFFF alone).
         let index_bits = (16 - (capacity - 1).leading_zeros()).max(1);
-        let index_mask = if index_bits >= 16 { u16::MAX } else { (1u16 << index_bits) - 1 };
-        let generation_mask = if index_bits >= 16 { 0 } else { u16::MAX >> index_bits };
+        let generation_step = 1u32 << index_bits;
         CidTable {
-            slots: vec![Slot::default(); usize::from(capacity)].into_boxed_slice(),
+            // Generation 0: the id of slot i is i.
+            slots: (0..capacity).map(|cid| Slot { cid, ..Slot::default() }).collect(),
             // Reversed, so slot 0 is popped first: ids start small, as a reader of a trace
             // expects.
             free: (0..capacity).rev().collect(),
-            index_bits,
-            index_mask,
-            generation_mask,
+            index_mask: (generation_step - 1) as u16,
+            generation_step,
         }
     }
 
@@ -112,8 +111,7 @@ impl CidTable {
         slot.busy = true;
         slot.tag = tag;
         slot.submitted = now;
-        let generation = slot.generation;
-        Some(self.cid_of(index, generation))
+        Some(slot.cid)
     }
 
     /// The slot index of command id `cid`, for per-slot memory a transport keeps beside the
@@ -131,7 +129,7 @@ impl CidTable {
     pub fn lookup(&self, cid: u16) -> Result<(usize, u32), CidError> {
         let index = self.slot(cid);
         let slot = self.slots.get(index).ok_or(CidError::Unknown(cid))?;
-        if slot.generation != self.generation_bits(cid) {
+        if slot.cid != cid {
             return Err(CidError::Unknown(cid));
         }
         if !slot.busy {
@@ -146,18 +144,19 @@ impl CidTable {
     #[inline]
     pub fn complete(&mut self, cid: u16) -> Result<u32, CidError> {
         let index = self.slot(cid);
-        let generation = self.generation_bits(cid);
+        let step = self.generation_step;
         let Some(slot) = self.slots.get_mut(index) else { return Err(CidError::Unknown(cid)) };
-        if slot.generation != generation {
+        if slot.cid != cid {
             return Err(CidError::Unknown(cid));
         }
         if !slot.busy {
             return Err(CidError::NotInFlight(cid));
         }
         slot.busy = false;
-        slot.generation = next_generation(generation, self.generation_mask, index as u16, self.index_mask);
+        slot.cid = next_cid(cid, step);
+        let tag = slot.tag;
         self.free.push(index as u16);
-        Ok(slot.tag)
+        Ok(tag)
     }
 
     /// The submission tick of command id `cid` when it is in flight.
@@ -169,9 +168,9 @@ impl CidTable {
     /// `submitted_before`, for the timeout path ([`crate::transport::IoQueue::expired`]). A
     /// scan of the table: called at most every few milliseconds, not per I/O.
     pub fn expired(&self, submitted_before: u64, out: &mut Vec<(u16, u32)>) {
-        for (index, slot) in self.slots.iter().enumerate() {
+        for slot in self.slots.iter() {
             if slot.busy && slot.submitted < submitted_before {
-                out.push((self.cid_of(index as u16, slot.generation), slot.tag));
+                out.push((slot.cid, slot.tag));
             }
         }
     }
@@ -202,37 +201,20 @@ impl CidTable {
             let slot = &mut self.slots[usize::from(index)];
             out.push(slot.tag);
             slot.busy = false;
-            slot.generation = next_generation(slot.generation, self.generation_mask, index, self.index_mask);
+            slot.cid = next_cid(slot.cid, self.generation_step);
             self.free.push(index);
-        }
-    }
-
-    #[inline]
-    fn cid_of(&self, index: u16, generation: u16) -> u16 {
-        if self.index_bits >= 16 {
-            index
-        } else {
-            (generation << self.index_bits) | index
-        }
-    }
-
-    #[inline]
-    fn generation_bits(&self, cid: u16) -> u16 {
-        if self.index_bits >= 16 {
-            0
-        } else {
-            cid >> self.index_bits
         }
     }
 }
 
-/// The generation after `generation` for slot `index`, skipping the one that would make the
-/// command id FFFFh.
+/// The command id after `cid` for its slot: the next generation (wrapping), skipping FFFFh.
+/// With an index of all 16 bits (`step` 1 << 16) the id stays as it is: no generation bits.
 #[inline]
-fn next_generation(generation: u16, generation_mask: u16, index: u16, index_mask: u16) -> u16 {
-    let next = generation.wrapping_add(1) & generation_mask;
-    if next == generation_mask && index == index_mask {
-        0
+fn next_cid(cid: u16, step: u32) -> u16 {
+    let next = (u32::from(cid) + step) as u16;
+    if next == u16::MAX {
+        // Generation 0 of the same slot.
+        (u32::from(next) & (step - 1)) as u16
     } else {
         next
     }
@@ -290,7 +272,7 @@ mod tests {
             for i in 0..cap - 1 {
                 t.alloc(u32::from(i), 0).unwrap();
             }
-            let rounds = 2 * (u32::from(t.generation_mask) + 1) + 1;
+            let rounds = 2 * ((1u32 << 16) / t.generation_step) + 1;
             for _ in 0..rounds {
                 let id = t.alloc(7, 0).unwrap();
                 assert_eq!(t.slot(id), usize::from(cap - 1));
