@@ -730,8 +730,8 @@ write("nvme_tcp_host", {
 })
 
 # nvme_device: see the table at the top of fuzz_targets/nvme_device.rs. The setup byte is the
-# queue's entries - 2 (and 32: shadow doorbells, 64: SGLs offered); the device's completions
-# follow the driver's command IDs, which it hands out from 0 up.
+# queue's entries - 2 (and 32: shadow doorbells, 64: SGLs offered); a completion's CID byte
+# below 128 picks a command in flight, 128 + n is the raw ID n (the first command's is 0).
 ND_SUBMIT = lambda kind: bytes([0, kind])
 ND_FLUSH, ND_POLL, ND_EXPIRED = bytes([1]), bytes([2]), bytes([6])
 ND_CQE = lambda cid, sqhd, sc=0, flags=0: bytes([3, cid, sqhd, sc, flags])
@@ -747,9 +747,9 @@ write("nvme_device", {
     + ND_EXPIRED,
     # The hostile cases: an unknown CID, a duplicate, an SQ head past the tail, a wrong SQ ID,
     # a wrong phase, raw bytes, a removed device, a fatal one.
-    "seed-unknown-cid": bytes([6]) + ND_SUBMIT(1) + ND_SUBMIT(0) + ND_FLUSH + ND_CQE(7, 1) + ND_POLL + ND_POLL,
-    "seed-duplicate": bytes([6]) + ND_SUBMIT(1) + ND_SUBMIT(2) + ND_FLUSH + ND_CQE(0, 1) + ND_POLL
-    + ND_CQE(0, 2) + ND_POLL + ND_SUBMIT(0),
+    "seed-unknown-cid": bytes([6]) + ND_SUBMIT(1) + ND_SUBMIT(0) + ND_FLUSH + ND_CQE(128 + 7, 1) + ND_POLL + ND_POLL,
+    "seed-duplicate": bytes([6]) + ND_SUBMIT(1) + ND_SUBMIT(2) + ND_FLUSH + ND_CQE(128, 1) + ND_POLL
+    + ND_CQE(128, 2) + ND_POLL + ND_SUBMIT(0),
     "seed-sqhd": bytes([2]) + ND_SUBMIT(3) + ND_FLUSH + ND_CQE(0, 3) + ND_POLL,
     "seed-unfetched": bytes([6]) + ND_SUBMIT(1) + ND_SUBMIT(1) + ND_FLUSH + ND_CQE(1, 0) + ND_POLL,
     "seed-sqid-phase": bytes([6]) + ND_SUBMIT(0) + ND_FLUSH + ND_CQE(0, 1, 0, 1) + ND_POLL + ND_EXPIRED

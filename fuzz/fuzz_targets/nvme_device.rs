@@ -17,7 +17,7 @@
 //! | 0 | 1: `k` | submit: `k & 3` = 0 flush, 1 a 4 KiB write from registered memory, 2 a read into two pieces PRPs cannot describe (SGL or bounce), 3 a read into unregistered memory (bounce) |
 //! | 1 | 0 | flush (the SQ doorbell) |
 //! | 2 | 0 | poll |
-//! | 3 | 4: `cid`, `sqhd`, `status`, `flags` | a completion: CID `cid % (entries + 2)`, SQ head `sqhd % (entries + 1)`, status code `status`, `flags & 1` wrong phase, `flags & 2` wrong SQ ID |
+//! | 3 | 4: `cid`, `sqhd`, `status`, `flags` | a completion: for `cid < 128` the command ID of the `cid % n`-th of the `n` commands in flight (slot order; raw `cid` when none is), else the raw ID `cid & 127` (with the table's generation bits, mostly stale); SQ head `sqhd % (entries + 1)`, status code `status`, `flags & 1` wrong phase, `flags & 2` wrong SQ ID |
 //! | 4 | 16 | a completion of 16 raw bytes (phase tag included) |
 //! | 5 | 1: `v` | CSTS := all ones (`v % 3 == 0`), RDY + CFS (1), RDY (2) |
 //! | 6 | 0 | the timeout scan (`expired`) |
@@ -132,7 +132,13 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             3 => {
-                let cid = u16::from(input.byte()) % (entries + 2);
+                let b = input.byte();
+                expired.clear();
+                q.expired(u64::MAX, &mut expired);
+                let cid = match expired.len() {
+                    n if b < 128 && n > 0 => expired[usize::from(b) % n].0,
+                    _ => u16::from(b & 127),
+                };
                 let sqhd = u16::from(input.byte()) % (entries + 1);
                 let sc = input.byte();
                 let flags = input.byte();

@@ -90,13 +90,16 @@ fn main() {
         assert!(out.iter().all(|c| c.1.is_success()));
     }
     let s = q.stats();
+    let c = emu.counters();
     println!(
-        "{} I/Os at QD{QD} in {:.2?} (shadow doorbells {shadow}, {}); doorbell writes {} ({:.3} per I/O), bounced {}",
+        "{} I/Os at QD{QD} in {:.2?} (shadow doorbells {shadow}, {}); doorbell writes {} ({:.3} per I/O: SQ {}, CQ {}), bounced {}",
         rounds * QD,
         start.elapsed(),
         if unaligned { "SGLs" } else { "PRPs" },
         s.doorbells,
         s.doorbells as f64 / (rounds * QD).max(1) as f64,
+        c.sq_doorbells[1],
+        c.cq_doorbells[1],
         s.bounced
     );
 }

@@ -443,3 +443,43 @@ fn namespaces_of_other_block_sizes() {
     assert!(run(&mut q, &cmd::read_write(true, 1, 10, 2, true), &[iov(buf.0.as_ptr(), 8192)]).is_success());
     assert_eq!(emu.read_namespace(1, 40960, 8192).unwrap(), data);
 }
+
+#[test]
+fn a_stale_completion_is_refused_after_its_slot_was_reused() {
+    let (emu, t, mut admin) = setup(EmuConfig::default(), PcieOptions::default());
+    let mut q = t.connect_io(&mut admin, 1, 8).unwrap();
+    emu.set_fault(Fault::Scripted);
+    // A completion as the device writes it, first lap (phase tag 1).
+    let cqe = |cid: u16, sqhd: u16| {
+        let mut b = [0u8; 16];
+        b[8..10].copy_from_slice(&sqhd.to_le_bytes());
+        b[10..12].copy_from_slice(&1u16.to_le_bytes());
+        b[12..14].copy_from_slice(&cid.to_le_bytes());
+        b[14..16].copy_from_slice(&1u16.to_le_bytes());
+        b
+    };
+    let submit = |q: &mut PcieIoQueue<EmulatedController>, tag: u32| {
+        // SAFETY: no data.
+        unsafe { q.submit(&cmd::flush(1), &[], tag).unwrap() };
+        q.flush();
+        let mut e = Vec::new();
+        q.expired(u64::MAX, &mut e);
+        e.iter().find(|c| c.1 == tag).unwrap().0
+    };
+    let first = submit(&mut q, 1);
+    emu.inject_completion(1, cqe(first, 1));
+    assert!(emu.wait_injected(T));
+    assert_eq!(reap(&mut q, 1).unwrap(), vec![(1, Status::SUCCESS)]);
+    // The slot is used again, under another command id; the old id completing again is a
+    // duplicate, not the new command's completion.
+    let second = submit(&mut q, 2);
+    assert_ne!(first, second);
+    emu.inject_completion(1, cqe(first, 2));
+    assert!(emu.wait_injected(T));
+    let (e, completed) = poll_until_err(&mut q);
+    assert!(matches!(e, NvmeError::Protocol(_)), "{e}");
+    assert!(completed.is_empty());
+    let mut tags = Vec::new();
+    q.drain(&mut tags);
+    assert_eq!(tags, vec![2]);
+}

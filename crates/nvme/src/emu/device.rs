@@ -247,17 +247,24 @@ impl Device {
     /// (the host need not write BAR0); before it sleeps, its position (the next submission
     /// writes BAR0, which wakes it).
     fn set_event_indexes(&self, sleeping: bool) {
-        let Some((_, events)) = self.dbbuf else { return };
-        for (qid, sq) in self.sqs.iter().enumerate() {
-            let Some(sq) = sq.as_ref().filter(|s| s.shadow) else { continue };
-            let v = if sleeping { sq.head } else { (sq.head + sq.size - 1) % sq.size };
-            if let Some(p) = host(events + qid as u64 * 8, 4) {
-                // SAFETY: reachable host memory, 4-aligned.
-                unsafe { (*(p as *const AtomicU32)).store(u32::from(v), Ordering::Release) };
-            }
+        for qid in 0..self.sqs.len() {
+            self.set_sq_event(qid as u16, sleeping);
         }
         // Pairs with the host's fence between its shadow write and its event index read.
         fence(Ordering::SeqCst);
+    }
+
+    /// The event index of shadowed SQ `qid`, as [`Device::set_event_indexes`] says.
+    fn set_sq_event(&self, qid: u16, sleeping: bool) {
+        let Some((_, events)) = self.dbbuf else { return };
+        let Some(sq) = self.sqs.get(qid as usize).and_then(Option::as_ref).filter(|s| s.shadow) else {
+            return;
+        };
+        let v = if sleeping { sq.head } else { (sq.head + sq.size - 1) % sq.size };
+        if let Some(p) = host(events + u64::from(qid) * 8, 4) {
+            // SAFETY: reachable host memory, 4-aligned.
+            unsafe { (*(p as *const AtomicU32)).store(u32::from(v), Ordering::Release) };
+        }
     }
 
     /// The event index of shadowed CQ `cqid`: one behind the host's head, so the host never
@@ -405,6 +412,9 @@ impl Device {
             }
         }
         if n > 0 {
+            // Still polling: keep both event indexes just behind, so the host writes neither
+            // register while the thread is awake.
+            self.set_sq_event(qid, false);
             self.quiet_cq_event(cqid);
         }
         n > 0

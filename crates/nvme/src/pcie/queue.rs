@@ -19,6 +19,7 @@ use fp_nvmf::spec::{Sqe, Status};
 use super::function::{Bar, DmaMemory, PciFunction};
 use super::prp::{self, Unfit, PAGE, PRP_LIST_ENTRIES, SGL_SEGMENT_DESCRIPTORS};
 use super::ring::{CqRing, Doorbell, ShadowPages, SqRing};
+use crate::cid::CidTable;
 use crate::cmd::SqeExt;
 use crate::regs;
 use crate::transport::{IoQueue, QueueStats};
@@ -29,13 +30,12 @@ const NO_BOUNCE: u16 = u16::MAX;
 /// ones; a BAR read costs a round trip to the device, so not on every poll).
 const CSTS_CHECK_EVERY: u32 = 256;
 
+/// What the queue keeps per command slot beside the command-id table: where the command sits
+/// in the submission ring and its bounce buffer.
 #[derive(Clone, Copy)]
-struct Slot {
-    tag: u32,
-    submitted: u64,
+struct Side {
     sq_pos: u16,
     bounce: u16,
-    busy: bool,
 }
 
 /// Buffers of the queue's own DMA memory for requests whose memory the device cannot reach.
@@ -96,9 +96,8 @@ pub struct PcieIoQueue<F: PciFunction> {
     sq_db: Doorbell<F>,
     cq_db: Doorbell<F>,
     cq_told: u16,
-    slots: Box<[Slot]>,
-    free: Vec<u16>,
-    in_flight: usize,
+    cids: CidTable,
+    side: Box<[Side]>,
     lists: DmaMemory,
     translator: Translator,
     sgl: bool,
@@ -134,10 +133,8 @@ impl<F: PciFunction> PcieIoQueue<F> {
             sq: mem.sq,
             cq: mem.cq,
             cq_told: 0,
-            slots: vec![Slot { tag: 0, submitted: 0, sq_pos: 0, bounce: NO_BOUNCE, busy: false }; cids]
-                .into(),
-            free: (0..cids as u16).rev().collect(),
-            in_flight: 0,
+            cids: CidTable::new(cids as u16),
+            side: vec![Side { sq_pos: 0, bounce: NO_BOUNCE }; cids].into(),
             lists: DmaMemory::new(cids * PAGE)?,
             translator: memory_map().translator(),
             sgl: p.sgl,
@@ -156,13 +153,13 @@ impl<F: PciFunction> PcieIoQueue<F> {
         })
     }
 
-    /// Builds the data pointer of command `cid` from the caller's memory, or returns why it
+    /// Builds the data pointer of the command in slot `slot` from the caller's memory, or returns why it
     /// must be bounced.
     #[inline]
-    fn describe(&mut self, cid: u16, iov: &[libc::iovec]) -> Result<DataPointer, Unfit> {
-        let off = cid as usize * PAGE;
+    fn describe(&mut self, slot: usize, iov: &[libc::iovec]) -> Result<DataPointer, Unfit> {
+        let off = slot * PAGE;
         let page_iova = self.lists.iova() + off as u64;
-        // SAFETY: page `cid` of the list memory is this command's alone while it is in
+        // SAFETY: page `slot` of the list memory is this command's alone while it is in
         // flight; u64 and 16-byte arrays fit its alignment and size.
         let page = unsafe { self.lists.as_ptr().add(off) };
         // SAFETY: as above.
@@ -185,7 +182,7 @@ impl<F: PciFunction> PcieIoQueue<F> {
     unsafe fn bounce_in(
         &mut self,
         opcode: u8,
-        cid: u16,
+        slot: usize,
         iov: &[libc::iovec],
     ) -> Result<(DataPointer, u16), SubmitError> {
         let total: usize = iov.iter().map(|v| v.iov_len).sum();
@@ -213,7 +210,7 @@ impl<F: PciFunction> PcieIoQueue<F> {
             at += v.iov_len;
         }
         let one = [libc::iovec { iov_base: dst as *mut libc::c_void, iov_len: total }];
-        let Ok(d) = self.describe(cid, &one) else {
+        let Ok(d) = self.describe(slot, &one) else {
             // The bounce memory is registered and contiguous: PRPs always describe it.
             self.bounce.free.push(b);
             return Err(SubmitError::Unsupported);
@@ -254,24 +251,21 @@ impl<F: PciFunction> PcieIoQueue<F> {
             return Err(NvmeError::Protocol(format!("completion for SQ {} on queue {}", c.sqid, self.qid)));
         }
         self.sq.update_head(c.sqhd)?;
-        let Some(slot) = self.slots.get(c.cid as usize).copied().filter(|s| s.busy) else {
+        // Unknown, of an old generation, or completed already: refused by the table.
+        let side = self.side.get(self.cids.slot(c.cid)).copied();
+        let tag = self.cids.complete(c.cid)?;
+        let side = side.unwrap_or(Side { sq_pos: 0, bounce: NO_BOUNCE });
+        if self.sq.unfetched(side.sq_pos) {
+            // The queue dies; the command goes back with the others through `drain`.
+            self.orphaned.push(tag);
             return Err(NvmeError::Protocol(format!(
-                "completion for command {} not in flight on queue {}",
-                c.cid, self.qid
-            )));
-        };
-        if self.sq.unfetched(slot.sq_pos) {
-            return Err(NvmeError::Protocol(format!(
-                "completion for command {} the controller has not fetched (queue {})",
+                "completion for command {:#x} the controller has not fetched (queue {})",
                 c.cid, self.qid
             )));
         }
-        self.slots[c.cid as usize].busy = false;
-        self.free.push(c.cid);
-        self.in_flight -= 1;
         self.stats.completed += 1;
-        self.release_bounce(slot.bounce, c.status.is_success());
-        out.push((slot.tag, c.status));
+        self.release_bounce(side.bounce, c.status.is_success());
+        out.push((tag, c.status));
         Ok(())
     }
 
@@ -295,16 +289,28 @@ impl<F: PciFunction> IoQueue for PcieIoQueue<F> {
     /// A dead queue answers [`SubmitError::Busy`] (its owner drains it on the poll error).
     #[inline]
     unsafe fn submit(&mut self, sqe: &Sqe, iov: &[libc::iovec], tag: u32) -> Result<(), SubmitError> {
-        let Some(&cid) = self.free.last() else {
-            return Err(SubmitError::Busy);
-        };
-        if self.dead.is_some() || self.sq.full() {
+        if self.dead.is_some() || self.sq.full() || self.cids.is_full() {
             return Err(SubmitError::Busy);
         }
-        let (dptr, bounce) = match self.describe(cid, iov) {
+        // One clock read per batch: a command's submission time is its batch's first submit
+        // (the same poll round), ample for timeouts of milliseconds and more.
+        if !self.stamp_fresh {
+            self.stamp = ticks::now();
+            self.stamp_fresh = true;
+        }
+        let cid = self.cids.alloc(tag, self.stamp).ok_or(SubmitError::Busy)?;
+        let slot = self.cids.slot(cid);
+        let (dptr, bounce) = match self.describe(slot, iov) {
             Ok(d) => (d, NO_BOUNCE),
             // SAFETY: forwarded from the caller.
-            Err(_) => unsafe { self.bounce_in(sqe.opcode(), cid, iov)? },
+            Err(_) => match unsafe { self.bounce_in(sqe.opcode(), slot, iov) } {
+                Ok(b) => b,
+                Err(e) => {
+                    // Not sent: the slot goes back (its next id has a new generation).
+                    let _ = self.cids.complete(cid);
+                    return Err(e);
+                }
+            },
         };
         // The ring entry is written only once the command is sure to go.
         let (entry, pos) = self.sq.push(sqe);
@@ -319,15 +325,7 @@ impl<F: PciFunction> IoQueue for PcieIoQueue<F> {
                 entry.set_sgl(d);
             }
         }
-        // One clock read per batch: a command's submission time is its batch's first submit
-        // (the same poll round), ample for timeouts of milliseconds and more.
-        if !self.stamp_fresh {
-            self.stamp = ticks::now();
-            self.stamp_fresh = true;
-        }
-        self.slots[cid as usize] = Slot { tag, submitted: self.stamp, sq_pos: pos, bounce, busy: true };
-        self.free.pop();
-        self.in_flight += 1;
+        self.side[slot] = Side { sq_pos: pos, bounce };
         self.stats.submitted += 1;
         Ok(())
     }
@@ -368,7 +366,7 @@ impl<F: PciFunction> IoQueue for PcieIoQueue<F> {
             }
             self.cq_told = new;
         }
-        if n == 0 && self.in_flight > 0 {
+        if n == 0 && self.cids.in_flight() > 0 {
             self.idle_polls += 1;
             if self.idle_polls % CSTS_CHECK_EVERY == 0 {
                 self.check_status()?;
@@ -380,29 +378,18 @@ impl<F: PciFunction> IoQueue for PcieIoQueue<F> {
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight
+        self.cids.in_flight()
     }
 
     fn expired(&self, submitted_before: u64, out: &mut Vec<(u16, u32)>) {
-        for (cid, s) in self.slots.iter().enumerate() {
-            if s.busy && s.submitted < submitted_before {
-                out.push((cid as u16, s.tag));
-            }
-        }
+        self.cids.expired(submitted_before, out);
     }
 
+    /// Bounce buffers of drained commands are not handed out again (the device may still
+    /// write them): a drained queue is not used again.
     fn drain(&mut self, out: &mut Vec<u32>) {
-        for cid in 0..self.slots.len() {
-            let s = self.slots[cid];
-            if s.busy {
-                self.slots[cid].busy = false;
-                // Its bounce buffer is not handed out again: the device may still write it.
-                out.push(s.tag);
-            }
-        }
+        self.cids.drain(out);
         out.append(&mut self.orphaned);
-        self.in_flight = 0;
-        self.free.clear();
         if self.dead.is_none() {
             self.dead = Some(Dead::Protocol("the queue was drained".into()));
         }
