@@ -496,6 +496,18 @@ impl IcResp {
     }
 }
 
+/// Writes an H2CTermReq (a host's answer to a fatal transport error, TCP 3.6.2.3): as
+/// [`write_c2h_term_req`], of the host's type.
+pub fn write_h2c_term_req(
+    b: &mut [u8; DATA_HLEN + TERM_REQ_MAX_DATA],
+    err: &PduError,
+    offending: &[u8],
+) -> usize {
+    let n = write_c2h_term_req(b, err, offending);
+    b[0] = PDU_H2C_TERM_REQ;
+    n
+}
+
 /// A command capsule's SGL descriptor (Base 4.1.2, TCP 3.3.2): `kind` [`crate::spec::SGL_IN_CAPSULE`]
 /// (offset 0 into the capsule's data) or [`crate::spec::SGL_TRANSPORT`] (data in H2CData or
 /// C2HData PDUs), for `len` bytes.
@@ -658,6 +670,11 @@ mod tests {
         assert_eq!(IcResp::parse_checked(&b, NO).unwrap_err().fes, FES_UNSUPPORTED_PARAMETER);
         b[0] = PDU_IC_REQ;
         assert_eq!(IcResp::parse_checked(&b, NO).unwrap_err().fei, 0);
+        let mut t = [0u8; DATA_HLEN + TERM_REQ_MAX_DATA];
+        let n = write_h2c_term_req(&mut t, &bad_field(3, "x"), &[1; 8]);
+        assert_eq!((t[0], n), (PDU_H2C_TERM_REQ, DATA_HLEN + 8));
+        assert!(check_header(&ch(&t), NO, 0, 4096).is_ok());
+        assert_eq!(TermReq::parse(&t).unwrap(), TermReq { fes: FES_INVALID_HEADER_FIELD, fei: 3 });
         let d = sgl_descriptor(crate::spec::SGL_TRANSPORT, 8192);
         let mut sqe = Sqe([0; SQE_LEN]);
         sqe.0[24..40].copy_from_slice(&d);

@@ -123,6 +123,22 @@ mod gather_tests {
         assert_eq!(gather([a, c], 1, &mut one), 1);
         assert_eq!(&*one[0], b"bc");
     }
+
+    #[test]
+    fn vectored_receive_fills_the_pieces_in_order() {
+        use std::io::Write;
+        use std::os::fd::AsFd;
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (mut x, mut y) = ([0u8; 3], [0u8; 8]);
+        let mut bufs = [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)];
+        let e = recv_vectored_nonblocking(a.as_fd(), &mut bufs).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        b.write_all(b"abcdefg").unwrap();
+        assert_eq!(recv_vectored_nonblocking(a.as_fd(), &mut bufs).unwrap(), 7);
+        assert_eq!((&x, &y[..4]), (b"abc", &b"defg"[..]));
+        drop(b);
+        assert_eq!(recv_vectored_nonblocking(a.as_fd(), &mut [IoSliceMut::new(&mut x)]).unwrap(), 0);
+    }
 }
 
 /// Sets the priority of the packets the socket `fd` sends (`SO_PRIORITY`: 0 to 6 for anyone,

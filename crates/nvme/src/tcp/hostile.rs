@@ -142,8 +142,8 @@ fn protocol_error(e: NvmeError) -> String {
 }
 
 /// Queues one command of `buf` (a read or a write by `opcode`) with `tag`.
-fn submit(q: &mut TcpQueue, write: bool, buf: &[u8], tag: u32) {
-    let v = libc::iovec { iov_base: buf.as_ptr() as *mut libc::c_void, iov_len: buf.len() };
+fn submit(q: &mut TcpQueue, write: bool, buf: &mut [u8], tag: u32) {
+    let v = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let sqe = cmd::read_write(write, 1, 0, (buf.len() / 512) as u32, false);
     // SAFETY: every caller's buffer outlives the queue (`case` drops it before returning).
     unsafe { q.submit(&sqe, &[v], tag) }.unwrap();
@@ -152,8 +152,8 @@ fn submit(q: &mut TcpQueue, write: bool, buf: &[u8], tag: u32) {
 /// A 4 KiB read into the first 4 KiB of an 8 KiB buffer of 0xAA; runs `script` and expects the
 /// queue to die with a protocol error without the buffer's second half touched.
 fn read_case(script: impl FnOnce(&mut Peer) + Send + 'static) -> String {
-    let buf = vec![0xAAu8; 8192];
-    let (e, done, tags) = case(NO, script, |q| submit(q, false, &buf[..4096], 77));
+    let mut buf = vec![0xAAu8; 8192];
+    let (e, done, tags) = case(NO, script, |q| submit(q, false, &mut buf[..4096], 77));
     assert!(done.is_empty(), "{done:?}");
     assert!(buf[4096..].iter().all(|&b| b == 0xAA), "written past the command's buffer");
     assert_eq!(tags, [77]);
@@ -286,8 +286,8 @@ fn r2t_out_of_range_and_twice() {
             let n = write_r2t(&mut b, &DataHeader { cccid: cid, ttag: 1, offset, length }, NO);
             p.send(&b[..n]);
         };
-        let w = vec![1u8; 16384];
-        let (e, _, tags) = case(NO, script, |q| submit(q, true, &w, 4));
+        let mut w = vec![1u8; 16384];
+        let (e, _, tags) = case(NO, script, |q| submit(q, true, &mut w, 4));
         assert!(protocol_error(e).contains("R2T"), "{offset} {length}");
         assert_eq!(tags, [4]);
     }
@@ -318,8 +318,8 @@ fn bad_digests() {
         v.extend_from_slice(&0u32.to_le_bytes());
         p.send(&v);
     };
-    let r = vec![0u8; 512];
-    let (e, done, _) = case(both, script, |q| submit(q, false, &r, 1));
+    let mut r = vec![0u8; 512];
+    let (e, done, _) = case(both, script, |q| submit(q, false, &mut r, 1));
     assert!(done.is_empty());
     assert!(protocol_error(e).contains("data digest"));
 }
@@ -335,8 +335,8 @@ fn closed_mid_pdu_is_gone_and_a_stall_is_left_to_the_timeout() {
         p.send(&[1; 100]);
         let _ = p.s.shutdown(std::net::Shutdown::Both);
     };
-    let r = vec![0u8; 4096];
-    let (e, _, tags) = case(NO, script, |q| submit(q, false, &r, 1));
+    let mut r = vec![0u8; 4096];
+    let (e, _, tags) = case(NO, script, |q| submit(q, false, &mut r, 1));
     assert!(matches!(e, NvmeError::Gone(_)), "{e}");
     assert_eq!(&r[..100], &[1; 100][..]);
     assert_eq!(tags, [1]);
@@ -425,4 +425,26 @@ fn a_command_waited_for_too_long_is_orphaned() {
     assert_eq!(q.in_flight(), 0);
     drop(q);
     h.join().unwrap();
+}
+
+#[test]
+fn the_host_says_why_it_ends_the_connection() {
+    // A C2HData past the read's end: the host answers with an H2CTermReq (Data Transfer Out of
+    // Range, echoing the offending header) before it closes.
+    let e = read_case(|p| {
+        let cid = p.command();
+        let mut b = [0u8; HEADER_ROOM];
+        let n =
+            write_c2h_data(&mut b, &DataHeader { cccid: cid, ttag: 0, offset: 0, length: 8192 }, 0, NO, 0);
+        let sent = b[..CH_LEN].to_vec();
+        let mut v = b[..n].to_vec();
+        v.extend_from_slice(&[1; 8192]);
+        p.send(&v);
+        let mut t = [0u8; DATA_HLEN + CH_LEN];
+        p.s.read_exact(&mut t).unwrap();
+        assert_eq!(t[0], PDU_H2C_TERM_REQ);
+        assert_eq!(TermReq::parse(&t).unwrap().fes, FES_DATA_OUT_OF_RANGE);
+        assert_eq!(&t[DATA_HLEN..], &sent[..]);
+    });
+    assert!(e.contains("beyond"), "{e}");
 }

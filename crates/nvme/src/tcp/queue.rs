@@ -118,6 +118,8 @@ pub struct TcpQueue {
     dead: Option<NvmeError>,
     stats: QueueStats,
     data: DataStats,
+    /// The common header of the last PDU received, echoed by a termination request.
+    last_ch: [u8; CH_LEN],
 }
 
 /// Where a queue's C2HData bytes went: straight into the caller's buffers, or copied out of the
@@ -204,6 +206,7 @@ impl TcpQueue {
             dead: None,
             stats: QueueStats::default(),
             data: DataStats::default(),
+            last_ch: [0; CH_LEN],
         }
     }
 
@@ -247,6 +250,24 @@ impl TcpQueue {
             self.dead = Some(e);
         }
         copy
+    }
+
+    /// A fatal transport error the controller made (TCP 3.6.2.3): an H2CTermReq saying which
+    /// (FES, FEI, the offending PDU's common header), best effort, then the queue dies.
+    fn violation(&mut self, fes: u16, fei: u32, what: impl Into<String>) -> NvmeError {
+        // Not in the middle of a PDU of ours: the request would not be read as one.
+        if self.dead.is_none() && self.sent == 0 {
+            self.drop_send_list();
+            let mut b = [0u8; pdu::DATA_HLEN + pdu::TERM_REQ_MAX_DATA];
+            let n = pdu::write_h2c_term_req(&mut b, &pdu::PduError { fes, fei, what: "" }, &self.last_ch);
+            let _ = fp_sys::send_vectored_nonblocking(self.fd.as_fd(), &[IoSlice::new(&b[..n])]);
+        }
+        self.die(protocol(what))
+    }
+
+    /// A PDU out of sequence (a command not in flight, data or an R2T it cannot have).
+    fn sequence(&mut self, what: String) -> NvmeError {
+        self.violation(pdu::FES_PDU_SEQUENCE_ERROR, 0, what)
     }
 
     fn drop_send_list(&mut self) {
@@ -396,7 +417,11 @@ impl TcpQueue {
     /// more now.
     fn stage(&mut self, need: usize) -> Result<bool, NvmeError> {
         while self.rx_end - self.rx_start < need {
-            if self.rx.len() - self.rx_start < need {
+            if self.rx_start == self.rx_end {
+                // Empty: the whole buffer for the next receive.
+                self.rx_start = 0;
+                self.rx_end = 0;
+            } else if self.rx.len() - self.rx_start < need {
                 self.rx.copy_within(self.rx_start..self.rx_end, 0);
                 self.rx_end -= self.rx_start;
                 self.rx_start = 0;
@@ -460,13 +485,14 @@ impl TcpQueue {
         if !self.stage(CH_LEN)? {
             return Ok(false);
         }
-        let ch = CommonHeader::parse(
-            self.rx[self.rx_start..self.rx_start + CH_LEN].try_into().expect("eight bytes"),
-        );
+        self.last_ch.copy_from_slice(&self.rx[self.rx_start..self.rx_start + CH_LEN]);
+        let ch = CommonHeader::parse(&self.last_ch);
         // HPDA 0 was asked: data at any multiple of 4.
         let l = match pdu::check_header(&ch, self.p.digests, 0, u32::MAX) {
             Ok(l) => l,
-            Err(e) => return Err(self.die(protocol(format!("bad PDU header from the controller: {e}")))),
+            Err(e) => {
+                return Err(self.violation(e.fes, e.fei, format!("bad PDU header from the controller: {e}")))
+            }
         };
         // Header, its digest, and the padding up to the data: all staged (at most 255 + 4).
         let head = if l.data_len > 0 { l.data_offset } else { l.header_len };
@@ -476,7 +502,7 @@ impl TcpQueue {
         let hlen = usize::from(ch.hlen);
         let hb = &self.rx[self.rx_start..self.rx_start + head];
         if l.header_len > hlen && !pdu::header_digest_ok(&hb[..l.header_len], hlen) {
-            return Err(self.die(protocol("header digest mismatch")));
+            return Err(self.violation(pdu::FES_HEADER_DIGEST_ERROR, 0, "header digest mismatch"));
         }
         let mut h = [0u8; HEADER_ROOM];
         h[..hlen].copy_from_slice(&hb[..hlen]);
@@ -492,7 +518,10 @@ impl TcpQueue {
                 let t = pdu::TermReq::parse(&h);
                 return Err(self.die(protocol(format!("the controller ended the connection: {t:?}"))));
             }
-            t => return Err(self.die(protocol(format!("unexpected PDU type {t:#x} from the controller")))),
+            t => {
+                let what = format!("unexpected PDU type {t:#x} from the controller");
+                return Err(self.violation(pdu::FES_INVALID_HEADER_FIELD, 0, what));
+            }
         }
         Ok(true)
     }
@@ -502,7 +531,7 @@ impl TcpQueue {
     fn busy_slot(&mut self, cid: u16, what: &str) -> Result<usize, NvmeError> {
         match self.cids.lookup(cid) {
             Ok((i, _)) => Ok(i),
-            Err(e) => Err(self.die(protocol(format!("{what} names a command not in flight ({e})")))),
+            Err(e) => Err(self.sequence(format!("{what} names a command not in flight ({e})"))),
         }
     }
 
@@ -511,25 +540,31 @@ impl TcpQueue {
         let i = self.busy_slot(d.cccid, "C2HData")?;
         let s = &self.slots[i];
         if s.dir != Dir::FromDevice {
-            return Err(self.die(protocol(format!("C2HData for command {}, which reads no data", d.cccid))));
+            return Err(self.sequence(format!("C2HData for command {}, which reads no data", d.cccid)));
         }
         if d.offset != s.done || d.length as usize != l.data_len {
-            return Err(self.die(protocol(format!(
+            let what = format!(
                 "C2HData at {} of {} bytes (PDU data {}) where {} were received",
                 d.offset, d.length, l.data_len, s.done
-            ))));
+            );
+            return Err(self.violation(pdu::FES_DATA_OUT_OF_RANGE, 0, what));
         }
         if u64::from(d.offset) + u64::from(d.length) > u64::from(s.len) {
-            return Err(self.die(protocol(format!(
+            let what = format!(
                 "C2HData to {} beyond the command's {} bytes",
                 u64::from(d.offset) + u64::from(d.length),
                 s.len
-            ))));
+            );
+            return Err(self.violation(pdu::FES_DATA_OUT_OF_RANGE, 0, what));
         }
         let last = l.ch.flags & pdu::FLAG_LAST_PDU != 0;
         let success = l.ch.flags & pdu::FLAG_SUCCESS != 0;
         if success && !last {
-            return Err(self.die(protocol("C2HData with SUCCESS but not LAST_PDU")));
+            return Err(self.violation(
+                pdu::FES_INVALID_HEADER_FIELD,
+                1,
+                "C2HData with SUCCESS but not LAST_PDU",
+            ));
         }
         self.rx_state = Rx::Data {
             cid: d.cccid,
@@ -657,9 +692,7 @@ impl TcpQueue {
         let i = self.busy_slot(cqe.cid, "a completion")?;
         let s = &self.slots[i];
         if s.tx_pending > 0 {
-            return Err(
-                self.die(protocol(format!("completion of command {} before its data was sent", cqe.cid)))
-            );
+            return Err(self.sequence(format!("completion of command {} before its data was sent", cqe.cid)));
         }
         if self.p.strict_reads && s.dir == Dir::FromDevice && cqe.status.is_success() && s.done != s.len {
             return Err(self.die(protocol(format!(
@@ -690,18 +723,17 @@ impl TcpQueue {
         let i = self.busy_slot(d.cccid, "R2T")?;
         let s = &self.slots[i];
         if s.dir != Dir::ToDevice || s.len <= self.p.icd {
-            return Err(
-                self.die(protocol(format!("R2T for command {}, which sends no data by R2T", d.cccid)))
-            );
+            return Err(self.sequence(format!("R2T for command {}, which sends no data by R2T", d.cccid)));
         }
         // One R2T outstanding per command (MAXR2T 0): the next one comes after the data of the
         // last, in order, and within the command.
         let end = u64::from(d.offset) + u64::from(d.length);
         if s.tx_pending > 0 || d.offset != s.done || d.length == 0 || end > u64::from(s.len) {
-            return Err(self.die(protocol(format!(
+            let what = format!(
                 "R2T for {} bytes at {} of command {} ({} bytes, {} asked before)",
                 d.length, d.offset, d.cccid, s.len, s.done
-            ))));
+            );
+            return Err(self.violation(pdu::FES_DATA_OUT_OF_RANGE, 0, what));
         }
         self.slots[i].done = end as u32;
         let mut off = d.offset;
@@ -768,12 +800,14 @@ impl TcpQueue {
         timeout: Duration,
         other: &mut dyn FnMut(u32, &Cqe),
     ) -> Result<Cqe, NvmeError> {
-        let (iov, dir) = match &data {
+        // The pointers come from the unique borrows `data` holds, which live to the end of
+        // this call.
+        let mut data = data;
+        let (iov, dir) = match &mut data {
             AdminData::None => (None, Dir::None),
-            AdminData::FromDevice(b) => (
-                Some(libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }),
-                Dir::FromDevice,
-            ),
+            AdminData::FromDevice(b) => {
+                (Some(libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }), Dir::FromDevice)
+            }
             AdminData::ToDevice(b) => (
                 Some(libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }),
                 Dir::ToDevice,

@@ -81,6 +81,12 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed).wrapping_add((i >> 9) as u8)).collect()
 }
 
+/// An iovec the controller's data may be written through (a read's).
+fn iov_mut(b: &mut [u8]) -> libc::iovec {
+    libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }
+}
+
+/// An iovec of data to send (a write's).
 fn iov(b: &[u8]) -> libc::iovec {
     libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }
 }
@@ -101,7 +107,7 @@ fn reap(q: &mut TcpQueue, n: usize) -> Result<Vec<(u32, Status)>, NvmeError> {
 fn rw(q: &mut TcpQueue, write: bool, slba: u64, buf: &mut [u8]) -> Status {
     let sqe = cmd::read_write(write, 1, slba, (buf.len() / 512) as u32, false);
     // SAFETY: `buf` outlives the command: reaped below.
-    unsafe { q.submit(&sqe, &[iov(buf)], 9) }.unwrap();
+    unsafe { q.submit(&sqe, &[iov_mut(buf)], 9) }.unwrap();
     let c = reap(q, 1).unwrap();
     assert_eq!(c[0].0, 9);
     c[0].1
@@ -190,7 +196,7 @@ fn io_paths(digests: bool) {
     let (b, c) = rest.split_at_mut(1000 * 4);
     let sqe = cmd::read_write(false, 1, 4000, 256, false);
     // SAFETY: as above.
-    unsafe { q.submit(&sqe, &[iov(a), iov(b), iov(c)], 2) }.unwrap();
+    unsafe { q.submit(&sqe, &[iov_mut(a), iov_mut(b), iov_mut(c)], 2) }.unwrap();
     assert!(reap(&mut q, 1).unwrap()[0].1.is_success());
     assert_eq!(r, w);
     let d = q.data_stats();
@@ -214,7 +220,7 @@ fn io_paths(digests: bool) {
     for (i, b) in reads.iter_mut().enumerate() {
         let sqe = cmd::read_write(false, 1, i as u64 * 32, (b.len() / 512) as u32, false);
         // SAFETY: `reads` outlives the commands.
-        unsafe { q.submit(&sqe, &[iov(b)], i as u32) }.unwrap();
+        unsafe { q.submit(&sqe, &[iov_mut(b)], i as u32) }.unwrap();
     }
     reap(&mut q, 40).unwrap();
     assert_eq!(reads, bufs);
@@ -245,13 +251,13 @@ fn full_queue_is_busy_and_flush_batches() {
     let tr = transport(tg.port, false);
     let mut admin = tr.connect_admin(32, T).unwrap();
     let mut q = tr.connect_io(&mut admin, 1, 8).unwrap();
-    let bufs: Vec<Vec<u8>> = (0..7).map(|_| vec![0u8; 512]).collect();
-    for (i, b) in bufs.iter().enumerate() {
+    let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 512]).collect();
+    for (i, b) in bufs[..7].iter_mut().enumerate() {
         // SAFETY: `bufs` outlives the commands.
-        unsafe { q.submit(&cmd::read_write(false, 1, i as u64, 1, false), &[iov(b)], i as u32) }.unwrap();
+        unsafe { q.submit(&cmd::read_write(false, 1, i as u64, 1, false), &[iov_mut(b)], i as u32) }.unwrap();
     }
     // SAFETY: refused, nothing kept.
-    let r = unsafe { q.submit(&cmd::read_write(false, 1, 0, 1, false), &[iov(&bufs[0])], 99) };
+    let r = unsafe { q.submit(&cmd::read_write(false, 1, 0, 1, false), &[iov_mut(&mut bufs[7])], 99) };
     assert_eq!(r, Err(SubmitError::Busy));
     let d = q.stats().doorbells;
     q.flush();
@@ -270,13 +276,13 @@ fn full_queue_is_busy_and_flush_batches() {
 fn target_gone_fails_the_queues() {
     let tg = target(TransportOptions::default());
     let (tr, mut admin, mut q) = attach(tg.port, false);
-    let r = vec![0u8; 4096];
+    let mut r = vec![0u8; 4096];
     let sqe = cmd::read_write(false, 1, 0, 8, false);
     let port = tg.port;
     // The target closes every connection (its reactors still running to do so).
     tg.t.stop();
     // SAFETY: `r` outlives the command (drained below).
-    let _ = unsafe { q.submit(&sqe, &[iov(&r)], 5) };
+    let _ = unsafe { q.submit(&sqe, &[iov_mut(&mut r)], 5) };
     let end = Instant::now() + T;
     let err = loop {
         q.flush();
@@ -332,4 +338,46 @@ fn async_events_stay_outstanding_and_complete_when_a_namespace_changes() {
         .unwrap();
     assert!(cqe.status.is_success());
     assert_eq!(u32::from_le_bytes(log[0..4].try_into().unwrap()), 1);
+}
+
+#[test]
+fn addresses_checked_and_ipv6_connects() {
+    let bad = |traddr: &str, adrfam, trsvcid| {
+        let t = TcpTarget { traddr: traddr.into(), adrfam, trsvcid, ..transport(1, false).target().clone() };
+        match TcpTransport::new(t).connect_admin(8, T) {
+            Err(NvmeError::InvalidParam { field, .. }) => field,
+            other => panic!("{traddr}: {:?}", other.map(|_| ())),
+        }
+    };
+    assert_eq!(bad("localhost", Adrfam::IPv4, 4420), "traddr");
+    assert_eq!(bad("::1", Adrfam::IPv4, 4420), "adrfam");
+    assert_eq!(bad("127.0.0.1", Adrfam::IPv6, 4420), "adrfam");
+    assert_eq!(bad("127.0.0.1", Adrfam::IPv4, 0), "trsvcid");
+
+    // The same subsystem reached over IPv6 loopback, when the machine has it.
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        return;
+    }
+    let tg = target(TransportOptions::default());
+    let port = std::net::TcpListener::bind("[::1]:0").unwrap().local_addr().unwrap().port();
+    let addr = ListenAddress {
+        trtype: "TCP".into(),
+        adrfam: "IPv6".into(),
+        traddr: "::1".into(),
+        trsvcid: port.to_string(),
+    };
+    tg.t.add_listener(NQN, addr).unwrap();
+    let t = TcpTarget {
+        traddr: "::1".into(),
+        adrfam: Adrfam::IPv6,
+        trsvcid: port,
+        ..transport(1, false).target().clone()
+    };
+    let tr = TcpTransport::new(t);
+    let mut admin = tr.connect_admin(8, T).unwrap();
+    let mut q = tr.connect_io(&mut admin, 1, 8).unwrap();
+    let mut w = pattern(3, 4096);
+    assert!(rw(&mut q, true, 7, &mut w).is_success());
+    assert_eq!(tr.trid().adrfam.as_deref(), Some("IPv6"));
+    assert_eq!(tr.host().addr, "::1");
 }
