@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the boot image of the guest tests: an uncompressed kernel (vmlinux, booted
 # directly through PVH) and an initramfs holding static busybox, virtio_blk.ko, the modules of a
-# virtio-net NIC and of the kernel's NVMe/TCP host, the fpio data tool, mke2fs, fio and nvme-cli
-# (with their shared libraries) and the scenario script `init`.
+# virtio-net NIC and of the kernel's NVMe/TCP host, of VFIO, of the kernel's NVMe/TCP target
+# (nvmet) and NBD, the fpio data tool, mke2fs, fio and nvme-cli (with their shared libraries),
+# libgcc_s for flashpath's binaries (which a test adds in a second cpio) and the scenario script
+# `init`.
 #
 #   tests/guest/build-image.sh        prints "image: DIR" as its last line; DIR holds
 #                                     vmlinux, initramfs.cpio and manifest.txt
@@ -51,7 +53,7 @@ if ldd "$BUSYBOX" >/dev/null 2>&1; then
 fi
 
 # The host packages whose files are copied into the image: their versions are part of the key.
-COPIED_PKGS="busybox-static fio e2fsprogs libc6 nvme-cli libnvme1"
+COPIED_PKGS="busybox-static fio e2fsprogs libc6 nvme-cli libnvme1 libgcc-s1"
 pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
 key_input() {
     cat "$0" "$HERE/init" "$HERE/fpio.c"
@@ -144,6 +146,19 @@ add_module net_failover failover
 add_module virtio_net net_failover
 add_module nvme-fabrics ""
 add_module nvme-tcp nvme-fabrics
+# The nvme scenario: VFIO, to hand the emulated NVMe function to flashpath's user-space driver
+# (the guest boots with intel_iommu=on; iommufd is not in this kernel), and the kernel's NVMe/TCP
+# target (nvmet over configfs) for flashpath's TCP initiator on the host; NBD, whose export of
+# the attached namespace the guest's fio verifies.
+add_module irqbypass ""
+add_module vfio ""
+add_module vfio_iommu_type1 vfio
+add_module vfio-pci-core vfio,irqbypass
+add_module vfio-pci vfio-pci-core,vfio
+add_module configfs ""
+add_module nvmet configfs
+add_module nvmet-tcp nvmet
+add_module nbd ""
 
 cp "$BUSYBOX" "$R/bin/busybox"
 cp "$HERE/init" "$R/init"
@@ -170,6 +185,13 @@ add_dynamic "$(command -v mke2fs)"
 # /etc/nvme/hostnqn, which init writes.
 add_dynamic "$(command -v nvme)"
 [ -f /etc/mke2fs.conf ] && cp /etc/mke2fs.conf "$R/etc/"
+# flashpath's binaries need libgcc_s (unwinding) besides libc. They change with every build, so
+# they are not in this cached image: the nvme test packs them into a second cpio that QEMU loads
+# after this one (crates/flashpath/tests/common/guest.rs, VmConfig::extra_files).
+libgcc=$(ldconfig -p | awk '/libgcc_s\.so\.1 .*x86-64/ && !found { print $NF; found = 1 }')
+[ -n "$libgcc" ] || die "no libgcc_s.so.1 on the host (package libgcc-s1)"
+mkdir -p "$R$(dirname "$libgcc")"
+cp -L "$libgcc" "$R$libgcc"
 # The copied programs must start inside the image (checked with chroot, which needs root).
 if [ "$(id -u)" -eq 0 ]; then
     for prog in "/usr/bin/fio --version" "/usr/sbin/mke2fs -V" "/usr/sbin/nvme version" "/bin/busybox true" "/bin/fpio -b verify /init 0 8 0"; do

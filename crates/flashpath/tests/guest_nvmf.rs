@@ -26,7 +26,7 @@ mod guest_vm {
     use serde_json::{json, Value};
 
     use super::common::guest::ext4::{assert_e2fsck_clean, debugfs_cat};
-    use super::common::guest::{self, DiskOp, GuestResult, Vm, VmConfig, BOOT_TIMEOUT, EXIT_TIMEOUT};
+    use super::common::guest::{self, DiskOp, Vm, VmConfig, BOOT_TIMEOUT, EXIT_TIMEOUT};
     use super::common::{assert_same, bounded, pattern, BlkClient, ClientOpts, Daemon};
 
     const MIB: u64 = 1 << 20;
@@ -56,17 +56,6 @@ mod guest_vm {
     /// A TCP port on 127.0.0.1 that was free a moment ago.
     fn free_port() -> u16 {
         TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("binding 127.0.0.1:0").port()
-    }
-
-    /// The `key=value` words of the INFO line that starts with `word`.
-    fn fields(r: &GuestResult, word: &str) -> HashMap<String, String> {
-        let lines = r.info_after(word);
-        assert_eq!(lines.len(), 1, "one '{word}' line expected: {:?}", r.info);
-        lines[0]
-            .split_whitespace()
-            .filter_map(|w| w.split_once('='))
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect()
     }
 
     /// `nvmf_subsystem_get_controllers` and `_get_qpairs` for [`NQN`].
@@ -202,16 +191,16 @@ mod guest_vm {
         ] {
             assert_eq!(entry.get(k), Some(&v), "discovery entry {k}: {entry:?}");
         }
-        let ctrl = fields(&r, "nvmf ctrl");
+        let ctrl = r.fields("nvmf ctrl");
         for (k, v) in [("transport", "tcp"), ("queue_count", "3"), ("serial", SERIAL)] {
             assert_eq!(ctrl.get(k).map(String::as_str), Some(v), "controller {k} in the guest: {ctrl:?}");
         }
         assert_eq!(ctrl.get("cntlid").map(String::as_str), Some(cntlid.to_string().as_str()), "{ctrl:?}");
-        let disk = fields(&r, "nvmf disk");
+        let disk = r.fields("nvmf disk");
         for (k, v) in [("size", size.to_string()), ("lbs", "512".into()), ("ro", "0".into())] {
             assert_eq!(disk.get(k), Some(&v), "namespace {k} in the guest: {disk:?}");
         }
-        let fio = fields(&r, "nvmf fio");
+        let fio = r.fields("nvmf fio");
         for (k, v) in [("status", "0"), ("errors", "0"), ("write_kib", "8192"), ("read_kib", "8192")] {
             assert_eq!(fio.get(k).map(String::as_str), Some(v), "fio {k}: {fio:?}");
         }

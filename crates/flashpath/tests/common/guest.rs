@@ -22,7 +22,13 @@
 //!   [`Vm::send_line`]); [`migrate`] drives a migration between two of them and [`stamp`] speaks
 //!   the `migrate` scenario's console protocol and checks its stamped blocks from the host.
 //! * A VM can have a NIC whose one destination is a port on the host's loopback
-//!   ([`VmConfig::netdev`]), for the kernel's NVMe/TCP host against the daemon's target.
+//!   ([`VmConfig::netdev`]), for the kernel's NVMe/TCP host against the daemon's target, and
+//!   one port on the host's loopback forwarded to the guest's NVMe/TCP port
+//!   ([`VmConfig::hostfwd`]), for a host-side initiator against the kernel's target.
+//! * A VM can have an emulated NVMe controller on a raw image behind an emulated IOMMU
+//!   ([`VmConfig::nvme`]: q35, `intel-iommu`, guest `intel_iommu=on`), with QEMU's doorbell
+//!   trace events in a file, and files of the test's own (freshly built binaries) in a second
+//!   cpio after the cached initramfs ([`VmConfig::extra_files`]).
 
 pub mod ext4;
 pub mod migrate;
@@ -31,7 +37,7 @@ pub mod stamp;
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
@@ -113,13 +119,59 @@ pub fn image() -> &'static Image {
 /// loopback (the guest itself is 10.0.2.15).
 pub const NVMF_GUEST_ADDR: &str = "10.0.2.100";
 
-/// QEMU's `-netdev` of [`VmConfig::netdev`]: user networking without a route out
-/// (`restrict=on`), and one `guestfwd` that runs `socat` for each connection the guest opens to
-/// [`NVMF_GUEST_ADDR`]`:port`, joining it to `127.0.0.1:port` on the host.
-fn forward_netdev(port: u16) -> String {
-    format!(
-        "user,id=n0,restrict=on,guestfwd=tcp:{NVMF_GUEST_ADDR}:{port}-cmd:socat STDIO TCP:127.0.0.1:{port}"
-    )
+/// The guest's NVMe/TCP port that [`VmConfig::hostfwd`] forwards a host port to.
+pub const NVME_TCP_GUEST_PORT: u16 = 4420;
+
+/// QEMU's `-netdev` of [`VmConfig::netdev`] and [`VmConfig::hostfwd`]: user networking without
+/// a route out (`restrict=on`); a `guestfwd` that runs `socat` for each connection the guest
+/// opens to [`NVMF_GUEST_ADDR`]`:port`, joining it to `127.0.0.1:port` on the host; a
+/// `hostfwd` from `127.0.0.1:port` on the host to the guest's [`NVME_TCP_GUEST_PORT`].
+fn forward_netdev(guestfwd: Option<u16>, hostfwd: Option<u16>) -> String {
+    let mut s = "user,id=n0,restrict=on".to_string();
+    if let Some(port) = guestfwd {
+        s.push_str(&format!(",guestfwd=tcp:{NVMF_GUEST_ADDR}:{port}-cmd:socat STDIO TCP:127.0.0.1:{port}"));
+    }
+    if let Some(port) = hostfwd {
+        s.push_str(&format!(",hostfwd=tcp:127.0.0.1:{port}-:{NVME_TCP_GUEST_PORT}"));
+    }
+    s
+}
+
+/// An emulated NVMe controller (QEMU's `-device nvme`) on a raw image, behind an emulated
+/// IOMMU: the VM becomes q35 with `kernel-irqchip=split` and `-device intel-iommu,intremap=on`,
+/// and the guest boots with `intel_iommu=on`, so the function can be handed to VFIO.
+#[derive(Debug, Clone)]
+pub struct NvmeDevice {
+    /// The namespace's backing file (raw; its size is the namespace's).
+    pub image: PathBuf,
+    /// The controller's serial number (the guest finds the function by it).
+    pub serial: String,
+    /// QEMU's `pci_nvme_mmio_doorbell_sq` / `_cq` trace events go to this file, one line per
+    /// doorbell write (see [`count_doorbells`]).
+    pub trace: Option<PathBuf>,
+}
+
+/// The doorbell writes in a trace file of [`NvmeDevice::trace`]: (submission queue tail writes,
+/// completion queue head writes), I/O queues only (the admin queue, 0, is left out).
+pub fn count_doorbells(trace: &Path) -> (u64, u64) {
+    let text = std::fs::read_to_string(trace).unwrap_or_else(|e| panic!("reading {}: {e}", trace.display()));
+    let (mut sq, mut cq) = (0, 0);
+    for line in text.lines() {
+        // "pci_nvme_mmio_doorbell_sq sqid 1 new_tail 5" (the log backend's format, after a
+        // pid/time prefix).
+        let count = if line.contains("pci_nvme_mmio_doorbell_sq") {
+            &mut sq
+        } else if line.contains("pci_nvme_mmio_doorbell_cq") {
+            &mut cq
+        } else {
+            continue;
+        };
+        let qid = line.split_whitespace().skip_while(|w| *w != "sqid" && *w != "cqid").nth(1);
+        if qid.and_then(|q| q.parse::<u32>().ok()).is_some_and(|q| q != 0) {
+            *count += 1;
+        }
+    }
+    (sq, cq)
 }
 
 /// What to boot.
@@ -154,6 +206,16 @@ pub struct VmConfig {
     /// socat per TCP connection (the nvmf scenario's target). Loopback only: nothing else is
     /// reachable, and nothing here can name another host address.
     pub netdev: Option<u16>,
+    /// `hostfwd` of `127.0.0.1:PORT` on the host to the guest's [`NVME_TCP_GUEST_PORT`] on the
+    /// same `restrict=on` user network (a NIC is added if [`VmConfig::netdev`] is `None`).
+    pub hostfwd: Option<u16>,
+    /// An emulated NVMe controller behind an emulated IOMMU (see [`NvmeDevice`]).
+    pub nvme: Option<NvmeDevice>,
+    /// Files the test adds to the guest's root file system: (host file, absolute path in the
+    /// guest). They go into a second cpio, stripped when they are ELF binaries, which the
+    /// kernel unpacks after the cached initramfs (the two are concatenated into the VM's
+    /// directory); [`VmConfig::mem_mib`] must hold both.
+    pub extra_files: Vec<(PathBuf, String)>,
 }
 
 impl VmConfig {
@@ -173,6 +235,9 @@ impl VmConfig {
             incoming: false,
             console_input: false,
             netdev: None,
+            hostfwd: None,
+            nvme: None,
+            extra_files: Vec::new(),
         }
     }
 
@@ -180,6 +245,39 @@ impl VmConfig {
     pub fn name(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.scenario)
     }
+}
+
+/// `base` followed by a cpio (newc) of `files` (see [`VmConfig::extra_files`]), written to
+/// `out.cpio`; the staging tree is `out/`. Returns the cpio's path.
+fn initramfs_with(base: &Path, files: &[(PathBuf, String)], out: &Path) -> PathBuf {
+    let _ = std::fs::remove_dir_all(out);
+    for (src, dest) in files {
+        let rel = dest.strip_prefix('/').unwrap_or_else(|| panic!("{dest}: not an absolute guest path"));
+        let to = out.join(rel);
+        std::fs::create_dir_all(to.parent().expect("a file has a parent"))
+            .expect("creating the staging tree");
+        std::fs::copy(src, &to)
+            .unwrap_or_else(|e| panic!("copying {} into the guest's files: {e}", src.display()));
+        let mut magic = [0u8; 4];
+        let elf = File::open(&to).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"\x7fELF";
+        if elf {
+            // Debug binaries are mostly debug info: 120 MiB of flashpath strips to about 20.
+            let ok = Command::new("strip").arg(&to).status().is_ok_and(|s| s.success());
+            assert!(ok, "strip {} failed", to.display());
+        }
+    }
+    let cpio = out.with_extension("cpio");
+    std::fs::copy(base, &cpio).expect("copying the initramfs");
+    // The kernel unpacks concatenated archives one after the other; paths are relative to the
+    // root, and the files keep their modes (executables stay executable).
+    let script = format!(
+        "cd '{}' && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0 >> '{}'",
+        out.display(),
+        cpio.display()
+    );
+    let ok = Command::new("sh").args(["-c", &script]).status().is_ok_and(|s| s.success());
+    assert!(ok, "packing the guest's extra files failed: {script}");
+    cpio
 }
 
 /// A running QEMU and its console.
@@ -216,8 +314,22 @@ impl Vm {
             .arg(format!("{mem}M"))
             // vhost-user needs the guest's RAM in shared memory the daemon can map.
             .arg("-object")
-            .arg(format!("memory-backend-memfd,id=mem,size={mem}M,share=on"))
-            .args(["-machine", "memory-backend=mem"]);
+            .arg(format!("memory-backend-memfd,id=mem,size={mem}M,share=on"));
+        if let Some(nvme) = &cfg.nvme {
+            // The IOMMU comes first, before the PCI devices it translates for; interrupt
+            // remapping needs the split irqchip.
+            cmd.args(["-machine", "q35,kernel-irqchip=split,memory-backend=mem"])
+                .args(["-device", "intel-iommu,intremap=on"])
+                .arg("-drive")
+                .arg(format!("if=none,id=nv0,file={},format=raw,cache=writeback", nvme.image.display()))
+                .arg("-device")
+                .arg(format!("nvme,serial={},drive=nv0", nvme.serial));
+            if let Some(trace) = &nvme.trace {
+                cmd.arg("-trace").arg(format!("enable=pci_nvme_mmio_doorbell_*,file={}", trace.display()));
+            }
+        } else {
+            cmd.args(["-machine", "memory-backend=mem"]);
+        }
         for (i, sock) in cfg.disks.iter().enumerate() {
             let mut device = format!("vhost-user-blk-pci,chardev=disk{i}");
             if let Some(n) = cfg.num_queues {
@@ -231,10 +343,15 @@ impl Vm {
                 .arg("-device")
                 .arg(device);
         }
-        if let Some(port) = cfg.netdev {
-            cmd.arg("-netdev").arg(forward_netdev(port)).args(["-device", "virtio-net-pci,netdev=n0"]);
+        if cfg.netdev.is_some() || cfg.hostfwd.is_some() {
+            cmd.arg("-netdev")
+                .arg(forward_netdev(cfg.netdev, cfg.hostfwd))
+                .args(["-device", "virtio-net-pci,netdev=n0"]);
         }
         let mut append = format!("{KERNEL_ARGS} fp.scenario={}", cfg.scenario);
+        if cfg.nvme.is_some() {
+            append.push_str(" intel_iommu=on");
+        }
         for a in &cfg.kernel_args {
             append.push(' ');
             append.push_str(a);
@@ -242,7 +359,15 @@ impl Vm {
         cmd.args(["-display", "none", "-nodefaults", "-serial", "stdio", "-no-reboot", "-kernel"])
             .arg(&img.vmlinux)
             .arg("-initrd")
-            .arg(&img.initramfs)
+            .arg(if cfg.extra_files.is_empty() {
+                img.initramfs.clone()
+            } else {
+                initramfs_with(
+                    &img.initramfs,
+                    &cfg.extra_files,
+                    &dir.join(format!("initramfs-{}", cfg.name())),
+                )
+            })
             .arg("-append")
             .arg(append);
         let name = cfg.name();
@@ -492,6 +617,18 @@ impl GuestResult {
     /// The INFO lines that start with `word`, without it.
     pub fn info_after(&self, word: &str) -> Vec<&str> {
         self.info.iter().filter_map(|l| l.strip_prefix(word)).map(str::trim).collect()
+    }
+
+    /// The `key=value` words of the one INFO line that starts with `word`; panics unless
+    /// exactly one does.
+    pub fn fields(&self, word: &str) -> HashMap<String, String> {
+        let lines = self.info_after(word);
+        assert_eq!(lines.len(), 1, "one '{word}' line expected: {:?}", self.info);
+        lines[0]
+            .split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect()
     }
 
     /// The `disk` line of the disk with this serial, as key=value pairs (plus "dev").

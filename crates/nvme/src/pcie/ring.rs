@@ -42,6 +42,23 @@ impl ShadowPages {
         (self.shadow.iova(), self.eventidx.iova())
     }
 
+    /// Zeroes the shadow and event-index entries of queue `qid`'s two doorbells, before the
+    /// queue is created: a queue made again with the ID of a deleted one must not inherit its
+    /// tail and event index (with a stale event index ahead of the new tail, no register write
+    /// would ever be due and the controller would never fetch the commands).
+    pub fn clear_queue(&self, qid: u16) {
+        for index in [2 * u32::from(qid), 2 * u32::from(qid) + 1] {
+            if let Some((shadow, event)) = self.entry(index) {
+                // SAFETY: valid entries (`entry`); the controller does not use them for a queue
+                // that does not exist yet.
+                unsafe {
+                    std::ptr::write_volatile(shadow.as_ptr(), 0);
+                    std::ptr::write_volatile(event.as_ptr(), 0);
+                }
+            }
+        }
+    }
+
     /// The shadow and event-index entries of doorbell `index` (2y: SQ y tail, 2y+1: CQ y
     /// head), if the pages hold it.
     fn entry(&self, index: u32) -> Option<(NonNull<u32>, NonNull<u32>)> {

@@ -213,6 +213,9 @@ impl<F: PciFunction> Transport for PcieTransport<F> {
         let cap = admin.facts.cap;
         let depth = depth.clamp(2, regs::cap_mqes(cap).saturating_add(1).max(2));
         let mem = QueueMemory::new(depth)?;
+        if let Some(shadow) = &admin.shadow {
+            shadow.clear_queue(qid);
+        }
         let t = ATTACH_COMMAND_TIMEOUT;
         check(
             "Create I/O Completion Queue",

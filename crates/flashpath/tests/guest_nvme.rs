@@ -1,0 +1,380 @@
+//! NVMe in the TCG guest (tests/guest/, docs/guest-tests.md): QEMU's emulated NVMe controller
+//! on a raw image, behind an emulated IOMMU (q35, `intel-iommu`, the guest's `intel_iommu=on`),
+//! and the Linux kernel's NVMe/TCP target (nvmet over configfs) reached from the host's
+//! loopback through a `hostfwd` on a `restrict=on` user network. The guest's `nvme` scenario
+//! (tests/guest/init) writes a pattern through the kernel's nvme driver, hands the function to
+//! vfio-pci (its IOMMU group's /dev/vfio/N appears), runs flashpath's driver on it (fp-nvme's
+//! examples `nvme_guest` and `vfio_bdev`, which this test puts in the guest: the kernel's
+//! pattern found, the bdev conformance suite, I/O from registered buffers without a bounce, two
+//! controller resets under verified I/O, a pattern region across a detach and a second
+//! attach), configures nvmet-tcp on a file in its RAM and then takes the host's commands on the
+//! console. Before that, flashpath itself runs in the guest on the function: `flashpath serve`,
+//! `flashpath nvme attach` (PCIe), the namespace over vhost-user to fp-load writing at random
+//! at QD32 while the controller is reset (no request fails), detach, attach again, and fp-load's
+//! random reads at QD32 with nothing bounced (the client's memory is mapped for the device). At
+//! QD32 the doorbell writes per I/O of the kernel's driver (fio) and of flashpath's (fp-load
+//! through the daemon) are counted from QEMU's trace between console handshakes and printed.
+//!
+//! The guest's binaries are this build's (`flashpath`, `target/<profile>/fp-load` and
+//! `examples/`), which `cargo test --workspace` builds; run alone, the test needs
+//! `cargo build -p fp-loadgen --bin fp-load -p fp-nvme --example nvme_guest --example vfio_bdev`
+//! first.
+//!
+//! The host checks that the guest's NVMe/TCP target answers an Initialize Connection Request
+//! on the forwarded port, then connects to it with the tests' minimal NVMe/TCP host
+//! (common/nvme_tcp.rs), reads the pattern the guest put in the namespace's file and writes
+//! one the guest then finds there; then flashpath's own initiator (a daemon on the host,
+//! `bdev_nvme_attach_controller` over TCP) serves the namespace over vhost-user to a libblkio
+//! client: verified random I/O, a pattern region read again after
+//! `bdev_nvme_reset_controller`, a detach, and the guest finds the region in the file. After
+//! QEMU exited: flashpath's driver's pattern region in the raw image, and QEMU's doorbell trace
+//! events against the driver's own doorbell count.
+//!
+//! One boot in this binary. It runs with the other guest tests (`./run test`, one at a time);
+//! the module is `guest_vm` so that the step running everything else skips it. Without QEMU it
+//! fails under `CI=true` and is skipped elsewhere.
+
+mod common;
+
+mod guest_vm {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    use super::common::guest::{self, count_doorbells, DiskOp, NvmeDevice, Vm, VmConfig, EXIT_TIMEOUT};
+    use super::common::nbd::free_port;
+    use super::common::nvme_tcp::Host;
+    use super::common::{assert_same, bounded, pattern, random_write_verify, rpc_call, BlkClient, Daemon};
+    use serde_json::json;
+
+    const MIB: u64 = 1 << 20;
+    const SERIAL: &str = "FPNVME0001";
+    const NQN: &str = "nqn.2016-06.io.flashpath:guest-nvmet";
+    const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:f1a5c0de-0000-4000-8000-000000000025";
+    /// The guest's `op` lines for the emulated controller's namespace.
+    const OPS: &str = "nvme";
+    /// The pattern region flashpath's driver writes in the guest (init's `nvme` scenario).
+    const DRIVER_REGION: (u64, u64, u64) = (8 * MIB, MIB, 63);
+    /// The region flashpath's NVMe/TCP initiator writes on the guest's nvmet namespace.
+    const TCP_REGION: (u64, u64, u64) = (12 * MIB, MIB, 64);
+    /// The size of the file the guest's nvmet namespace is on.
+    const NVMET_SIZE: u64 = 16 * MIB;
+
+    /// An NVMe/TCP Initialize Connection Request (NVMe/TCP transport spec 1.0, 3.6.2.2): the
+    /// common header (PDU type 00h, no flags, HLEN = PLEN = 128, PDO 0), PFV 0, HPDA 0, no
+    /// digests, MAXR2T 0 (one R2T outstanding); the rest reserved.
+    fn ic_req() -> [u8; 128] {
+        let mut pdu = [0u8; 128];
+        pdu[2] = 128; // HLEN
+        pdu[4..8].copy_from_slice(&128u32.to_le_bytes()); // PLEN
+        pdu
+    }
+
+    /// Connects to the guest's nvmet-tcp through the forwarded port and checks its
+    /// Initialize Connection Response (3.6.2.3): PDU type 01h, HLEN = PLEN = 128, PFV 0, no
+    /// digests (none asked for), and MAXH2CDATA at least 4096 (the spec's minimum). Returns
+    /// MAXH2CDATA. QEMU's user network accepts the connection before the guest has answered,
+    /// so an early refusal shows as a closed stream: retried for a while.
+    fn ic_exchange(port: u16) -> u32 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let attempt = || -> std::io::Result<[u8; 128]> {
+                let mut s = TcpStream::connect(("127.0.0.1", port))?;
+                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                s.write_all(&ic_req())?;
+                let mut resp = [0u8; 128];
+                s.read_exact(&mut resp)?;
+                Ok(resp)
+            };
+            match attempt() {
+                Ok(resp) => {
+                    assert_eq!(resp[0], 0x01, "PDU type of the answer to ICReq: {resp:02x?}");
+                    assert_eq!(resp[2], 128, "ICResp HLEN: {resp:02x?}");
+                    assert_eq!(u32::from_le_bytes(resp[4..8].try_into().unwrap()), 128, "ICResp PLEN");
+                    assert_eq!(u16::from_le_bytes([resp[8], resp[9]]), 0, "ICResp PFV");
+                    assert_eq!(resp[11], 0, "ICResp DGST: digests nobody asked for");
+                    let maxh2cdata = u32::from_le_bytes(resp[12..16].try_into().unwrap());
+                    assert!(maxh2cdata >= 4096, "ICResp MAXH2CDATA {maxh2cdata} < 4096");
+                    return maxh2cdata;
+                }
+                Err(e) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "no ICResp from the guest's nvmet-tcp: {e}"
+                    );
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    /// A binary of this build: `target/<profile>/<rel>` (the test runs from
+    /// `target/<profile>/deps`).
+    fn built(rel: &str, how: &str) -> std::path::PathBuf {
+        let exe = std::env::current_exe().expect("the test's path");
+        let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>/deps/<test>");
+        let path = profile_dir.join(rel);
+        assert!(path.is_file(), "{} is missing: build it with `{how}`", path.display());
+        path
+    }
+
+    #[test]
+    fn emulated_nvme_behind_the_iommu_goes_to_vfio_pci_and_the_kernel_nvmet_tcp_answers() {
+        if !guest::available() {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Small: the conformance suite reads the whole namespace back, slowly under TCG.
+        let size = 16 * MIB;
+        let image = dir.path().join("nvme.img");
+        std::fs::File::create(&image).and_then(|f| f.set_len(size)).expect("creating the NVMe image");
+        let trace = dir.path().join("nvme-trace.log");
+        let port = free_port();
+        let cfg = VmConfig {
+            nvme: Some(NvmeDevice {
+                image: image.clone(),
+                serial: SERIAL.into(),
+                trace: Some(trace.clone()),
+            }),
+            hostfwd: Some(port),
+            console_input: true,
+            // The driver's part takes about 30 s under TCG.
+            timeout: Duration::from_secs(240),
+            kernel_args: vec![
+                format!("fp.nvme.serial={SERIAL}"),
+                format!("fp.nvme.nqn={NQN}"),
+                "fp.nvme.driver=1".into(),
+            ],
+            extra_files: ["nvme_guest", "vfio_bdev"]
+                .iter()
+                .map(|e| {
+                    let how = format!("cargo build -p fp-nvme --example {e}");
+                    (built(&format!("examples/{e}"), &how), format!("/usr/bin/{e}"))
+                })
+                .chain([
+                    (env!("CARGO_BIN_EXE_flashpath").into(), "/usr/bin/flashpath".into()),
+                    (built("fp-load", "cargo build -p fp-loadgen --bin fp-load"), "/usr/bin/fp-load".into()),
+                ])
+                .collect(),
+            ..VmConfig::new("nvme", Vec::new())
+        };
+        let mut vm = Vm::boot(&cfg, dir.path());
+        // Until the target is ready, the guest stops at each bench mark until told "go", and
+        // the doorbell writes QEMU traced are counted there.
+        let mut marks: Vec<(String, (u64, u64))> = Vec::new();
+        let mut bench = Vec::new();
+        loop {
+            let line = vm.wait_for(
+                "nvmet-tcp",
+                |l| l.contains("nvme bench ") || l.contains("nvme nvmet ready"),
+                guest::BOOT_TIMEOUT,
+            );
+            let Some(i) = line.find("nvme bench ") else { break };
+            let words: Vec<&str> = line[i + "nvme bench ".len()..].split_whitespace().collect();
+            let now = count_doorbells(&trace);
+            match words[..] {
+                [name, "begin"] => marks.push((name.to_string(), now)),
+                [name, "end", ios] => {
+                    let (begun, (sq0, cq0)) = marks.pop().expect("an end without a begin");
+                    assert_eq!(begun, name, "{line}");
+                    let ios: u64 = ios
+                        .strip_prefix("ios=")
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or_else(|| panic!("{line}"));
+                    assert!(ios > 0, "{line}");
+                    bench.push((name.to_string(), ios, now.0 - sq0, now.1 - cq0));
+                }
+                _ => panic!("a bench line of another shape: {line}"),
+            }
+            vm.send_line("go");
+        }
+        // Doorbell writes per I/O at QD32 (4 KiB random reads): figures, not assertions.
+        for (name, ios, sq, cq) in &bench {
+            eprintln!(
+                "guest 'nvme': bench {name}: {ios} I/Os at QD32, {sq} SQ and {cq} CQ doorbell writes: {:.3} per I/O",
+                (sq + cq) as f64 / *ios as f64
+            );
+        }
+        assert_eq!(bench.iter().map(|b| b.0.as_str()).collect::<Vec<_>>(), ["kernel", "flashpath"]);
+
+        let maxh2cdata = ic_exchange(port);
+        eprintln!("guest 'nvme': the kernel's nvmet-tcp answered ICReq on 127.0.0.1:{port} (MAXH2CDATA {maxh2cdata})");
+        // An NVMe/TCP host on the host's loopback: the namespace's block size from Identify,
+        // the guest's pattern read back, a pattern of ours written, read back, and found by the
+        // guest in the namespace's file.
+        let addr = format!("127.0.0.1:{port}");
+        let mut host = Host::connect(&addr, NQN, HOSTNQN).expect("connecting to the guest's nvmet-tcp");
+        let (c, id) = host.admin.identify_namespace(1).expect("Identify Namespace 1");
+        assert_eq!(c.status, 0, "Identify Namespace 1: {c:?}");
+        // NVM Command Set 1.0, Identify Namespace: NSZE at 0, FLBAS at 26 (format index in bits
+        // 3:0), the LBA formats from 128, four bytes each, LBADS (log2 of the block size) the
+        // third byte.
+        let nsze = u64::from_le_bytes(id[0..8].try_into().unwrap());
+        let lbads = id[128 + 4 * (id[26] & 0xf) as usize + 2];
+        let bs = 1usize << lbads;
+        assert_eq!(
+            nsze * bs as u64,
+            NVMET_SIZE,
+            "the nvmet namespace's size (NSZE {nsze}, {bs}-byte blocks)"
+        );
+        let blocks_per_io = (4096 / bs).max(1) as u16;
+        let io = bs * blocks_per_io as usize;
+        let mut got = Vec::new();
+        for lba in (0..MIB / bs as u64).step_by(blocks_per_io as usize) {
+            let (c, data) = host.io.read(1, lba, bs, blocks_per_io).expect("read over NVMe/TCP");
+            assert_eq!(c.status, 0, "read of LBA {lba}: {c:?}");
+            got.extend_from_slice(&data);
+        }
+        assert_same("the guest's pattern read over NVMe/TCP", 0, &got, &pattern(61, 0, MIB as usize));
+        let (off, len) = (2 * MIB, 256 * 1024u64);
+        let want = pattern(62, off, len as usize);
+        for (i, chunk) in want.chunks(io).enumerate() {
+            let lba = (off as usize + i * io) / bs;
+            let c = host.io.write(1, lba as u64, bs, chunk).expect("write over NVMe/TCP");
+            assert_eq!(c.status, 0, "write of LBA {lba}: {c:?}");
+        }
+        let (c, back) = host.io.read(1, off / bs as u64, bs, blocks_per_io).expect("read back");
+        assert_eq!(c.status, 0, "read back: {c:?}");
+        assert_same("a block written over NVMe/TCP, read back", off, &back, &want[..io]);
+        drop(host);
+
+        // flashpath's own initiator: a daemon on the host attaches the guest's subsystem
+        // (bdev_nvme_attach_controller over TCP) and serves the namespace over vhost-user; a
+        // libblkio client writes and reads back at random, writes a pattern region, and reads
+        // it again after bdev_nvme_reset_controller. Then the guest finds the region in the file.
+        let d = Daemon::start("0");
+        let attach = json!({
+            "name": "Guest0", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+            "trsvcid": port.to_string(), "subnqn": NQN, "hostnqn": HOSTNQN
+        });
+        assert_eq!(d.call("bdev_nvme_attach_controller", attach), json!(["Guest0n1"]));
+        let c = d.call("bdev_nvme_get_controllers", json!({"name": "Guest0"}));
+        assert_eq!(c[0]["ctrlrs"][0]["state"], "enabled", "{c}");
+        assert_eq!(c[0]["ctrlrs"][0]["trid"]["subnqn"], NQN, "{c}");
+        let sock = d.controller("vhost.nvmet", "Guest0n1", Some(1), false);
+        let (rpc, (roff, rlen, rseed)) = (d.rpc.clone(), TCP_REGION);
+        let compared =
+            bounded(Duration::from_secs(120), "I/O through flashpath's NVMe/TCP initiator", move || {
+                let mut c = BlkClient::open(&sock, 1);
+                assert_eq!(c.capacity, NVMET_SIZE, "the namespace's size through the initiator");
+                let compared = random_write_verify(&mut c, 71, 4, 4 * MIB, 4 * MIB, None);
+                let want = pattern(rseed, roff, rlen as usize);
+                c.write_all(roff, &want);
+                let r =
+                    rpc_call(&rpc, "bdev_nvme_reset_controller", Some(json!({"name": "Guest0"}))).unwrap();
+                assert_eq!(r.unwrap(), json!(true), "bdev_nvme_reset_controller");
+                assert_same("the region read after a reset", roff, &c.read_all(roff, rlen as usize), &want);
+                compared
+            });
+        eprintln!("guest 'nvme': flashpath's NVMe/TCP initiator: {compared} bytes compared, a reset, the region read back");
+        d.call("vhost_delete_controller", json!({"ctrlr": "vhost.nvmet"}));
+        assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Guest0"})), json!(true));
+        vm.send_line(&format!("verify {roff} {rlen} {rseed}"));
+        vm.wait_for(
+            "the guest's verify",
+            |l| l.contains(&format!("nvme nvmet verified {roff} ")),
+            guest::BOOT_TIMEOUT,
+        );
+        vm.send_line(&format!("verify 0 {MIB} 61"));
+        vm.wait_for("the guest's verify", |l| l.contains("nvme nvmet verified 0 "), guest::BOOT_TIMEOUT);
+        vm.send_line(&format!("verify {off} {len} 62"));
+        vm.wait_for(
+            "the guest's verify",
+            |l| l.contains(&format!("nvme nvmet verified {off} ")),
+            guest::BOOT_TIMEOUT,
+        );
+        vm.send_line("done");
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        eprintln!("guest 'nvme': PASS after {:.1?}", r.time);
+        let r = vm.whole_result(&r);
+        for l in &r.info {
+            eprintln!("guest 'nvme': {l}");
+        }
+
+        // The kernel's driver had the function first, and the namespace is the image.
+        let k = r.fields("nvme kernel");
+        assert_eq!(k.get("class").map(String::as_str), Some("0x010802"), "the function's class: {k:?}");
+        assert_eq!(k.get("driver").map(String::as_str), Some("nvme"), "{k:?}");
+        assert_eq!(k.get("size"), Some(&size.to_string()), "the namespace's size: {k:?}");
+        // Then vfio-pci, with its group's character device.
+        let v = r.fields("nvme vfio-pci");
+        assert_eq!(v.get("addr"), k.get("addr"), "{v:?} vs {k:?}");
+        assert_eq!(v.get("driver").map(String::as_str), Some("vfio-pci"), "{v:?}");
+        let addr = k.get("addr").expect("addr");
+        let members = v.get("group_devices").expect("group_devices");
+        assert!(members.split(',').any(|m| m == addr), "{addr} is not in its own IOMMU group: {v:?}");
+        // flashpath itself in the guest: attached, I/O under a reset with no error, detached.
+        let w = r.fields("nvme daemon wrote under a reset");
+        assert_eq!(w.get("errors").map(String::as_str), Some("0"), "{w:?}");
+        assert!(w.get("ios").and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n > 0), "{w:?}");
+        assert_eq!(r.info_after("nvme daemon attached"), ["state=enabled"], "{:?}", r.info);
+        assert_eq!(r.info_after("nvme daemon stopped").len(), 1, "{:?}", r.info);
+        // Zero copy: the vhost-user client's memory is in the DMA map (registered when its
+        // memory table arrived), so nothing of the benchmark's reads was bounced.
+        let ds = r.fields("nvme daemon stats");
+        assert_eq!(ds.get("bounced").map(String::as_str), Some("0"), "{ds:?}");
+        assert!(ds.get("completed").and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n >= 2048), "{ds:?}");
+        // flashpath's driver on the function, through VFIO.
+        let attached = r.info_after("nvme nvme_guest attached");
+        assert_eq!(attached.len(), 3, "attached to find, to write, and after the detach: {:?}", r.info);
+        assert!(
+            attached.iter().all(|l| l.starts_with(addr.as_str()) && l.contains("namespaces=1")),
+            "{attached:?}"
+        );
+        let want = format!("block_size=512 num_blocks={}", size / 512);
+        assert_eq!(r.info_after("nvme nvme_guest namespace 1"), [want.as_str(), &want], "{:?}", r.info);
+        // It read what the kernel's driver wrote before it had the function.
+        assert_eq!(
+            r.info_after("nvme written by the kernel's driver:"),
+            [format!("{MIB} {MIB} 60")],
+            "{:?}",
+            r.info
+        );
+        assert_eq!(r.info_after("nvme nvme_guest found"), [format!("{MIB} {MIB} 60")], "{:?}", r.info);
+        assert_eq!(r.info_after("nvme vfio_bdev conformance suite passed").len(), 1, "{:?}", r.info);
+        assert_eq!(r.info_after("nvme vfio_bdev PASS").len(), 1, "{:?}", r.info);
+        assert_eq!(r.info_after("nvme nvme_guest reset twice under I/O").len(), 1, "{:?}", r.info);
+        let stats = r.fields("nvme nvme_guest stats");
+        let stat = |k: &str| -> u64 {
+            stats.get(k).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{k}: {stats:?}"))
+        };
+        // Commands in flight at a reset are drained and resubmitted: counted as submitted twice,
+        // completed once.
+        assert!(stat("completed") > 0 && stat("completed") <= stat("submitted"), "{stats:?}");
+        assert!(stat("doorbells") > 0, "{stats:?}");
+        eprintln!("guest 'nvme': flashpath's driver: {stats:?}");
+        let t = r.fields("nvme nvmet ready");
+        assert_eq!(t.get("nqn").map(String::as_str), Some(NQN), "{t:?}");
+
+        // The region flashpath's driver wrote last (after the suite, which overwrote the
+        // kernel's pattern) is in the raw image, as the re-attached driver read it back.
+        let ops = r.ops(OPS);
+        let (offset, len, seed) = DRIVER_REGION;
+        assert_eq!(ops, [DiskOp::Write { offset, len, seed }]);
+        let img = std::fs::read(&image).expect("reading the NVMe image");
+        assert_eq!(img.len() as u64, size);
+        let got = &img[offset as usize..][..len as usize];
+        assert_same(
+            "flashpath's pattern region, in the raw image",
+            offset,
+            got,
+            &pattern(seed, offset, len as usize),
+        );
+
+        // QEMU traced the I/O queues' doorbell writes of both drivers: the kernel's (at least
+        // one per command it sent: the boot's partition scan, the write and its read-back) and
+        // flashpath's, whose own count (BAR0 writes; the shadow ones skipped) cannot exceed
+        // what the device saw.
+        let (sq, cq) = count_doorbells(&trace);
+        eprintln!(
+            "guest 'nvme': QEMU traced {sq} submission and {cq} completion doorbell writes on I/O queues"
+        );
+        assert!(
+            sq + cq >= stat("doorbells"),
+            "QEMU saw {sq} + {cq} doorbell writes, flashpath counted {stats:?}"
+        );
+        assert!(sq >= 2 && cq >= 2, "doorbells in {}: sq {sq} cq {cq}", trace.display());
+    }
+}
