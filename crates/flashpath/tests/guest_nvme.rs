@@ -305,10 +305,15 @@ mod guest_vm {
         let addr = k.get("addr").expect("addr");
         let members = v.get("group_devices").expect("group_devices");
         assert!(members.split(',').any(|m| m == addr), "{addr} is not in its own IOMMU group: {v:?}");
-        // flashpath itself in the guest: attached, I/O under a reset with no error, detached.
-        let w = r.fields("nvme daemon wrote under a reset");
+        // flashpath itself in the guest: attached, verified random reads and writes under a
+        // reset with no error and no read that differed from its block's last write, detached.
+        let w = r.fields("nvme daemon verified under a reset");
+        let count = |k: &str| w.get(k).and_then(|n| n.parse::<u64>().ok());
         assert_eq!(w.get("errors").map(String::as_str), Some("0"), "{w:?}");
-        assert!(w.get("ios").and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n > 0), "{w:?}");
+        assert_eq!(w.get("mismatches").map(String::as_str), Some("0"), "{w:?}");
+        assert!(count("ios").is_some_and(|n| n > 0), "{w:?}");
+        assert!(count("writes").is_some_and(|n| n > 0), "{w:?}");
+        assert!(count("verified").is_some_and(|n| n > 0), "no read was checked: {w:?}");
         assert_eq!(r.info_after("nvme daemon attached"), ["state=enabled"], "{:?}", r.info);
         assert_eq!(r.info_after("nvme daemon stopped").len(), 1, "{:?}", r.info);
         // Zero copy: the vhost-user client's memory is in the DMA map (registered when its

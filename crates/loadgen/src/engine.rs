@@ -18,6 +18,7 @@ use std::os::fd::{BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use crate::rng::SplitMix64;
+use crate::verify::Verifier;
 use crate::{Counts, Histogram, LoadError, LoadResult, LoadSpec, Pattern, Timeline, Wakeups};
 use backend::{round_up, Backend, Done, IoQueue, BUF_ALIGN};
 
@@ -203,18 +204,26 @@ impl Drop for Waiter {
 }
 
 impl<Q: IoQueue> QueueState<Q> {
+    /// Submits slot `slot`'s next request; with `verify`, at a block of the verifier's choice
+    /// for the disk-wide slot `global`, and a write's data stamped.
     #[inline]
     fn submit(
         &mut self,
         slot: usize,
         gen: &mut OpGen,
+        verify: Option<(&mut Verifier, usize)>,
         stride: usize,
         bs: usize,
         now: Instant,
     ) -> Result<(), LoadError> {
-        let (write, offset) = gen.next();
+        let (write, mut offset) = gen.next();
         // The slot's buffer lies inside the mapped region: slot < queue depth.
         let buf = self.buf.wrapping_add(slot * stride);
+        if let Some((v, global)) = verify {
+            // SAFETY: `bs` bytes at `buf` are this slot's buffer in the mapped region, and the
+            // slot has no request in flight, so the device does not touch them now.
+            offset = v.submit(global, write, unsafe { std::slice::from_raw_parts_mut(buf, bs) });
+        }
         self.slots[slot] = Slot { submitted: now, write };
         self.q.enqueue(write, offset, buf, bs, slot)
     }
@@ -299,6 +308,8 @@ struct Disk<B: Backend> {
     stats: Stats,
     /// With [`LoadSpec::timeline`]: completions per interval since `started`.
     timeline: Option<Timeline>,
+    /// With [`LoadSpec::verify`]: which blocks each slot uses and what they should hold.
+    verify: Option<Verifier>,
     /// When the measured run started (set by `fill`).
     started: Instant,
     /// Set when the duration has elapsed or `max_ios` requests completed: from then on
@@ -341,6 +352,14 @@ impl<B: Backend> Disk<B> {
         } else {
             (region_len - bs as u64) / step + 1
         };
+        let verify = if spec.verify {
+            let unit = if spec.pattern.is_random() { bs as u64 } else { step };
+            let slots = spec.queue_depth * spec.num_queues;
+            let v = Verifier::new(region_offset, unit, blocks, slots, spec.pattern.is_random(), spec.seed);
+            Some(v.map_err(LoadError::InvalidSpec)?)
+        } else {
+            None
+        };
         let gen = OpGen {
             pattern: spec.pattern,
             read_percent: u64::from(spec.read_percent),
@@ -367,6 +386,7 @@ impl<B: Backend> Disk<B> {
             }),
             stats: Stats { counts: Counts::default(), hist: Histogram::new() },
             timeline: spec.timeline.map(|step| Timeline::new(step, spec.duration)),
+            verify,
             started: Instant::now(),
             stopped_at: None,
         })
@@ -383,13 +403,14 @@ impl<B: Backend> Disk<B> {
             }
             return self.release_due(now);
         }
-        for qs in self.dev.queues.iter_mut() {
+        for (q, qs) in self.dev.queues.iter_mut().enumerate() {
             for slot in 0..self.queue_depth {
                 if self.left == 0 {
                     return Ok(());
                 }
                 self.left -= 1;
-                qs.submit(slot, &mut self.gen, self.stride, self.bs, now)?;
+                let verify = self.verify.as_mut().map(|v| (v, q * self.queue_depth + slot));
+                qs.submit(slot, &mut self.gen, verify, self.stride, self.bs, now)?;
                 self.in_flight += 1;
             }
         }
@@ -403,7 +424,8 @@ impl<B: Backend> Disk<B> {
             let Some((q, slot)) = self.waiting.pop() else { break };
             self.left -= 1;
             p.issued += 1;
-            self.dev.queues[q].submit(slot, &mut self.gen, self.stride, self.bs, now)?;
+            let verify = self.verify.as_mut().map(|v| (v, q * self.queue_depth + slot));
+            self.dev.queues[q].submit(slot, &mut self.gen, verify, self.stride, self.bs, now)?;
             self.in_flight += 1;
         }
         Ok(())
@@ -447,9 +469,26 @@ impl<B: Backend> Disk<B> {
             for c in &completions[..n] {
                 let slot = c.slot;
                 let s = qs.slots[slot];
-                if c.ret < 0 {
+                let global = q * self.queue_depth + slot;
+                let ret = match self.verify.as_mut() {
+                    Some(v) => {
+                        // SAFETY: the slot's `bs`-byte buffer in the mapped region; its request
+                        // completed, so the device no longer writes it.
+                        let data = unsafe {
+                            std::slice::from_raw_parts(qs.buf.wrapping_add(slot * self.stride), bs)
+                        };
+                        // A read that did not return the block's last write is an error too.
+                        if v.complete(global, c.ret >= 0, data) {
+                            c.ret
+                        } else {
+                            -libc::EILSEQ
+                        }
+                    }
+                    None => c.ret,
+                };
+                if ret < 0 {
                     stats.errors += 1;
-                    stats.first_error.get_or_insert(c.ret);
+                    stats.first_error.get_or_insert(ret);
                 } else {
                     stats.ios += 1;
                     stats.bytes += bs as u64;
@@ -467,7 +506,8 @@ impl<B: Backend> Disk<B> {
                         continue;
                     }
                     self.left -= 1;
-                    qs.submit(slot, &mut self.gen, self.stride, bs, now)?;
+                    let verify = self.verify.as_mut().map(|v| (v, global));
+                    qs.submit(slot, &mut self.gen, verify, self.stride, bs, now)?;
                     self.in_flight += 1;
                 }
             }
@@ -492,6 +532,7 @@ impl<B: Backend> Disk<B> {
         r.dirty_log = dirty_log;
         r.hugetlb = self.dev.backend.hugetlb();
         r.kicks = self.dev.queues.iter().map(|q| q.q.kicks()).sum();
+        r.verify = self.verify.as_ref().map(Verifier::report);
         r
     }
 }

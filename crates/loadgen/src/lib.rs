@@ -33,6 +33,9 @@
 //! has its own pinned thread, and the threads start together once every disk is connected.
 //! The [`MultiResult`] has each disk's [`LoadResult`] and their total.
 //!
+//! With [`LoadSpec::verify`] every write is stamped and every read of a block written earlier
+//! in the run is checked against that block's last completed write ([`VerifyReport`]).
+//!
 //! With [`LoadSpec::timeline`] each disk also counts its completions per interval from the
 //! start ([`Timeline`]): the delivered rate second by second, to check a rate limit over short
 //! windows or watch a burst fall back to its average.
@@ -48,6 +51,7 @@ mod result;
 pub mod rng;
 mod spec;
 pub mod timeline;
+mod verify;
 
 pub use args::{parse_duration, parse_size};
 pub use client::{hold, pin_current_thread, run};
@@ -59,6 +63,7 @@ pub(crate) use result::Counts;
 pub use result::{LoadResult, Wakeups};
 pub use spec::{LoadSpec, Pattern, Region};
 pub use timeline::Timeline;
+pub use verify::VerifyReport;
 
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 #[cfg(doc)]
 use crate::LoadSpec;
-use crate::{DirtyLogReport, Histogram, Timeline};
+use crate::{DirtyLogReport, Histogram, Timeline, VerifyReport};
 
 /// What a run measured.
 #[derive(Debug, Clone)]
@@ -58,6 +58,9 @@ pub struct LoadResult {
     /// With completion fds, in a run of one disk: how often the client slept and was woken,
     /// counted up to the end of the measured interval.
     pub wakeups: Option<Wakeups>,
+    /// With [`LoadSpec::verify`]: the reads compared and the mismatches found (each also
+    /// counted in `errors`, as `-EILSEQ`).
+    pub verify: Option<VerifyReport>,
 }
 
 /// What a client sleeping on completion fds counted: a measure of how a server batches its
@@ -134,6 +137,7 @@ impl LoadResult {
             hugetlb: false,
             kicks: None,
             wakeups: None,
+            verify: None,
         }
     }
 
@@ -163,6 +167,9 @@ impl LoadResult {
             "hugetlb": self.hugetlb,
             "kicks": self.kicks,
             "wakeups": self.wakeups.map(|w| w.to_json(self.ios)),
+            "verified": self.verify.map(|v| v.verified),
+            "mismatches": self.verify.map(|v| v.mismatches),
+            "first_mismatch": self.verify.and_then(|v| v.first_mismatch),
         })
     }
 

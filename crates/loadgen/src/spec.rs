@@ -143,6 +143,12 @@ pub struct LoadSpec {
     /// ([`LoadResult::timeline`]), e.g. 1 s to see a rate limit per second; `None`: no
     /// timeline.
     pub timeline: Option<Duration>,
+    /// Stamp every write's data (each 512-byte sector with its offset and the write's
+    /// sequence number) and check every read of a block written earlier in the run against
+    /// its last completed write ([`LoadResult::verify`]); a mismatch counts as an error. Each
+    /// request slot gets its own blocks (block `b` only for slot `b % slots`), so the region
+    /// needs at least `queue_depth * num_queues` blocks. libblkio split queues only.
+    pub verify: bool,
 }
 
 impl LoadSpec {
@@ -170,6 +176,7 @@ impl LoadSpec {
             dirty_log: false,
             hugetlb: false,
             timeline: None,
+            verify: false,
         }
     }
 
@@ -233,6 +240,12 @@ impl LoadSpec {
         if self.hugetlb && !(self.frontend || self.dirty_log) {
             return bad(
                 "huge-page memory (--hugetlb) is a choice of fp-load's own frontend (--frontend)".into()
+            );
+        }
+        if self.verify && (self.packed || self.frontend || self.dirty_log) {
+            return bad(
+                "--verify runs on the libblkio client only, not with --packed, --frontend or --dirty-log"
+                    .into(),
             );
         }
         if self.max_ios == Some(0) {

@@ -15,7 +15,8 @@
 //! Global options (`--pattern`, `--bs`, `--qd`, ...) are the defaults of the disks' keys.
 //!
 //! Exit status: 0 on success, 1 when the run could not be set up or stalled, 2 on bad arguments
-//! (clap), 3 when the run finished but some requests completed with an error.
+//! (clap), 3 when the run finished but some requests completed with an error (with `--verify`,
+//! a read that did not return what was written counts as one).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -128,6 +129,13 @@ struct Args {
     /// attached, idle disk), and exit.
     #[arg(long, conflicts_with_all = ["brief", "hist_out", "client_busy", "disk", "job", "timeline"])]
     idle: bool,
+    /// Check the data: stamp every write (each 512-byte sector with its offset and the write's
+    /// sequence number) and compare every read of a block written earlier in the run with its
+    /// last completed write; each request slot gets its own blocks, so the region needs
+    /// qd x queues blocks. The JSON output gets "verified", "mismatches" and
+    /// "first_mismatch"; a mismatch counts as an error (exit status 3). libblkio client only.
+    #[arg(long, conflicts_with_all = ["disk", "job", "packed", "frontend", "dirty_log", "hugetlb", "idle"])]
+    verify: bool,
     /// A name printed with the results.
     #[arg(long)]
     label: Option<String>,
@@ -276,6 +284,7 @@ fn base_spec(args: &Args, socket: PathBuf) -> LoadSpec {
     spec.max_ios = args.max_ios;
     spec.rate_iops = args.rate_iops;
     spec.timeline = args.timeline;
+    spec.verify = args.verify;
     if let Some(s) = args.seed {
         spec.seed = s;
     }
@@ -548,6 +557,10 @@ fn print_human(spec: &LoadSpec, label: Option<&str>, r: &LoadResult) {
             d.ring_pages,
             d.other_pages
         );
+    }
+    if let Some(v) = r.verify {
+        let first = v.first_mismatch.map(|o| format!(" (first at byte {o})")).unwrap_or_default();
+        println!("  verified {} reads: {} mismatches{first}", v.verified, v.mismatches);
     }
     if r.errors > 0 {
         println!("  ERRORS: {} requests failed (first: errno {})", r.errors, -r.first_error.unwrap_or(0));
