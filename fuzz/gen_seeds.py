@@ -221,6 +221,37 @@ pool_name = "rbd"
 rbd_name = "vm1"
 cluster_name = "ceph"
 """,
+    # NVMe controllers: the target points TCP ones at a closed loopback port and PCIe ones at a
+    # function no machine has, so an attach fails at its place; the options' refusals come first.
+    "seed-nvme": b"""[nvme_options]
+timeout_us = 1000000
+action_on_timeout = "abort"
+keep_alive_timeout_ms = 5000
+io_queue_requests = 256
+[[nvme_controller]]
+name = "Nvme0"
+trtype = "tcp"
+traddr = "127.0.0.1"
+adrfam = "ipv4"
+trsvcid = "4420"
+subnqn = "nqn.2016-06.io.spdk:cnode1"
+hostnqn = "nqn.2014-08.org.nvmexpress:uuid:6a1f0c2e-5b7d-4c8e-9f10-2b3c4d5e6f70"
+ctrlr_loss_timeout_sec = -1
+reconnect_delay_sec = 1
+fast_io_fail_timeout_sec = 2
+[[nvme_controller]]
+name = "Nvme1"
+trtype = "PCIe"
+traddr = "0000:00:04.0"
+[[bdev]]
+type = "delay"
+name = "slow"
+base_bdev_name = "Nvme0n1"
+avg_read_latency = 1
+p99_read_latency = 1
+avg_write_latency = 1
+p99_write_latency = 1
+""",
     "seed-rbd": b"""[[bdev]]
 type = "null"
 name = "n0"

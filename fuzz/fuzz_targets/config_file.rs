@@ -35,12 +35,19 @@
 //! holds `garbage.pem`, not PEM, and `empty.pem`); any other is replaced by `tls/absent.pem`, so
 //! an input cannot make the target read an arbitrary file (`/dev/zero` would never end).
 //!
+//! NVMe controllers: every `[[nvme_controller]]`'s `traddr` that is an IP address becomes
+//! loopback (`127.0.0.1` or `::1`) and its `trsvcid` (when a string) `9`, where nothing
+//! listens; any other `traddr` becomes the PCI function `ffff:ff:1f.7`, which no machine has:
+//! an input can neither reach another host nor take a device bound to vfio-pci on the
+//! fuzzing machine, and still reaches the parameter checks and a failing attach.
+//!
 //! NVMe-oF: the `[[nvmf_*]]` tables run as written, with `nvmf_allow_remote` always off, so a
 //! listener binds a loopback address or is refused; `shutdown` stops the target, closing its
 //! listeners before the next input.
 //!
 //! Checked: no panic; every error's message is one line and starts with its place
-//! (`fuzz.toml:LINE:COLUMN: ` with a line inside the text, `rbd_cluster[i]` / `bdev[i]` /
+//! (`fuzz.toml:LINE:COLUMN: ` with a line inside the text, `nvme_options`,
+//! `nvme_controller[i]` / `rbd_cluster[i]` / `bdev[i]` /
 //! `vhost_blk[i]` / `qos_limit[i]` / `qos_group[i]` / `nbd_disk[i]` / `nvmf_*[i]` with `i` an existing entry,
 //! `reactor.cpus: `, `limits.KEY: `, `security.KEY: `) followed by a non-empty reason; no `uring`
 //! bdev opened `outside.img` (its size gives it away: 3 MiB or more, whatever the block size);
@@ -136,6 +143,23 @@ fn no_real_clusters(config: &mut ConfigFile) {
     }
 }
 
+/// Points every NVMe controller at a closed loopback port or at a PCI function that does not
+/// exist (module docs).
+fn no_real_nvme(config: &mut ConfigFile) {
+    for table in &mut config.nvme_controller {
+        if let Some(toml::Value::String(traddr)) = table.get_mut("traddr") {
+            *traddr = match traddr.parse::<std::net::IpAddr>() {
+                Ok(std::net::IpAddr::V4(_)) => "127.0.0.1".into(),
+                Ok(std::net::IpAddr::V6(_)) => "::1".into(),
+                Err(_) => "ffff:ff:1f.7".into(),
+            };
+        }
+        if let Some(toml::Value::String(port)) = table.get_mut("trsvcid") {
+            *port = "9".into();
+        }
+    }
+}
+
 /// A socket path inside the scratch `nbd` directory standing for `path` (module docs).
 fn nbd_socket(env: &Env, path: &str) -> String {
     let file: String = path.chars().map(|c| if c == '/' || c == '%' { '_' } else { c }).collect();
@@ -200,6 +224,7 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
         ConfigError::Entry { table, index, reason, .. } => {
             let config = config.expect("entry errors come from apply");
             let entries = match *table {
+                "nvme_controller" => config.nvme_controller.len(),
                 "rbd_cluster" => config.rbd_cluster.len(),
                 "bdev" => config.bdev.len(),
                 "qos_limit" => config.qos_limit.len(),
@@ -211,6 +236,11 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
             };
             assert!(*index < entries, "{table}[{index}] but only {entries} entries: {msg:?}");
             (format!("{table}[{index}]"), reason)
+        }
+        ConfigError::Table { table, reason, .. } => {
+            let config = config.expect("table errors come from apply");
+            assert!(*table == "nvme_options" && config.nvme_options.is_some(), "{msg:?}");
+            (table.to_string(), reason)
         }
         ConfigError::Cpus(reason) => ("reactor.cpus: ".to_string(), reason),
         ConfigError::Limit { key, reason } => (format!("limits.{key}: "), reason),
@@ -236,6 +266,7 @@ fuzz_target!(|data: &[u8]| {
     let env = env();
     expand_filenames(&mut config, env);
     no_real_clusters(&mut config);
+    no_real_nvme(&mut config);
     confine_nbd(&mut config, env);
     let options = RegistryOptions {
         limits: config.limits.limits(),
