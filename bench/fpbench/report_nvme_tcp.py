@@ -38,19 +38,20 @@ def nvme_tcp_markdown(res):
              f"{c['reps']} round(s) of {c['secs']:g} s per point, the initiators interleaved (flashpath, SPDK, "
              "flashpath, ...), SPDK's vhost frozen (SIGSTOP) outside its own runs (its reactor polls whether or "
              "not there is work); medians; spread: (max - min) / median of the rounds' IOPS. CPU/IO: the "
-             "initiator's CPU time (schedstat, all threads) per I/O; busy/IO: its reactor busy time per I/O "
+             "initiator's CPU time (schedstat, all threads) per I/O; wait: the share of the run the initiator was runnable while another process had its CPU (schedstat; more than a few % means the run measured the machine's other load too); busy/IO: its reactor busy time per I/O "
              "(flashpath's busy ns, SPDK's busy ticks / tick_rate from `framework_get_reactors`); tgt busy/IO: the "
              "target reactor's busy time per I/O (its CPU is the whole core: it polls); other: CPU time of "
              "everything but the initiator during the run, in cores (the target's spinning included, so about "
              "one core at least). fp/SPDK: ratio of the medians.", "",
-             "| workload | initiator | IOPS | spread | p50 µs | p99 µs | CPU/IO ns | busy/IO ns | tgt busy/IO ns |",
-             "|" + "---|" * 9]
+             "| workload | initiator | IOPS | spread | p50 µs | p99 µs | CPU/IO ns | wait | busy/IO ns | tgt busy/IO ns |",
+             "|" + "---|" * 10]
     for p in e["points"]:
         for kind in INITIATORS:
             md = p["servers"][kind]["median"]
             lines.append(f"| {_label(p)} | {kind} | {_iops(md.get('iops'))} | {_pct(md.get('iops_spread'))} | "
                          f"{_us(md.get('p50_ns'))} | {_us(md.get('p99_ns'))} | "
-                         f"{_ns(md.get('server_cpu_ns_per_io'))} | {_ns(md.get('reactor_busy_ns_per_io'))} | "
+                         f"{_ns(md.get('server_cpu_ns_per_io'))} | {_pct(md.get('server_wait_share'))} | "
+                         f"{_ns(md.get('reactor_busy_ns_per_io'))} | "
                          f"{_ns(md.get('target_busy_ns_per_io'))} |")
     lines += ["", "| workload | IOPS fp/SPDK | p50 fp/SPDK | p99 fp/SPDK | CPU/IO fp/SPDK | busy/IO fp/SPDK | "
               "tgt busy/IO fp/SPDK |", "|" + "---|" * 7]

@@ -55,7 +55,7 @@ def attach_params(port, nqn):
 
 def summarize_nvme_tcp(runs):
     out = summarize(runs)
-    for k in ("target_cpu_ns_per_io", "target_busy_ns_per_io"):
+    for k in ("target_cpu_ns_per_io", "target_busy_ns_per_io", "server_wait_share"):
         out[k] = median([r.get(k) for r in runs])
     xs = [r["iops"] for r in runs]
     out["iops_spread"] = (max(xs) - min(xs)) / out["iops"] if out.get("iops") else None
@@ -134,9 +134,9 @@ class NvmeTcpSection:
         if server.kind == "spdk":
             server.resume()
         try:
-            c0, b0 = proc_cpu(tgt.pid), tgt.reactors()
+            w0, c0, b0 = proc_cpu(server.pid)["wait_ns"], proc_cpu(tgt.pid), tgt.reactors()
             r = measure(server, self.loader, sock, point, secs, False, extra=CLIENT)
-            c1, b1 = proc_cpu(tgt.pid), tgt.reactors()
+            w1, c1, b1 = proc_cpu(server.pid)["wait_ns"], proc_cpu(tgt.pid), tgt.reactors()
         finally:
             if server.kind == "spdk":
                 server.pause()
@@ -144,4 +144,7 @@ class NvmeTcpSection:
         busy = sum(b1[k]["busy"] - b0[k]["busy"] for k in b1)
         r["target_cpu_ns_per_io"] = (c1["sched_ns"] - c0["sched_ns"]) / ios if ios else None
         r["target_busy_ns_per_io"] = busy / ios if ios else None
+        # The share of the run the initiator was runnable while something else had its CPU:
+        # more than a few % means the run measured the machine's other load too.
+        r["server_wait_share"] = (w1 - w0) / 1e9 / r["elapsed_s"] if r["elapsed_s"] else None
         return r
