@@ -191,7 +191,8 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             log("=== NVMe/TCP initiator: flashpath's bdev_nvme vs SPDK's, both to one SPDK nvmf_tgt")
             self.run_nvme_tcp()
         else:
-            log("=== NVMe/TCP vs SPDK's nvmf_tgt: skipped (it needs --spdk DIR, a built SPDK)")
+            log("=== NVMe/TCP vs SPDK's nvmf_tgt, NVMe/TCP initiator vs SPDK's: skipped (they need --spdk DIR, a "
+                "built SPDK)")
         log("=== flashpath with two reactors (scaling)")
         self.run_scaling()
         if self.cfg["packed_points"]:

@@ -41,8 +41,8 @@ def nvme_tcp_markdown(res):
              "initiator's CPU time (schedstat, all threads) per I/O; wait: the share of the run the initiator was runnable while another process had its CPU (schedstat; more than a few % means the run measured the machine's other load too); busy/IO: its reactor busy time per I/O "
              "(flashpath's busy ns, SPDK's busy ticks / tick_rate from `framework_get_reactors`); tgt busy/IO: the "
              "target reactor's busy time per I/O (its CPU is the whole core: it polls); other: CPU time of "
-             "everything but the initiator during the run, in cores (the target's spinning included, so about "
-             "one core at least). fp/SPDK: ratio of the medians.", "",
+             "everything but the initiator during the run, in cores (the target's polling included: it shares "
+             "the client CPU with the client, so it gets less than a core). fp/SPDK: ratio of the medians.", "",
              "| workload | initiator | IOPS | spread | p50 µs | p99 µs | CPU/IO ns | wait | busy/IO ns | tgt busy/IO ns |",
              "|" + "---|" * 10]
     for p in e["points"]:
