@@ -3,6 +3,7 @@ one SPDK nvmf_tgt) in results.md, its target and the check of its outputs."""
 
 from fpbench.common import MIB
 from fpbench.load import point_key, point_label
+from fpbench.report_nvmf import _top_calls
 
 INITIATORS = ("flashpath", "spdk")
 
@@ -60,6 +61,23 @@ def nvme_tcp_markdown(res):
         lines.append(f"| {_label(p)} | **{_x(r['iops'])}** | {_x(r['p50'])} | {_x(r['p99'])} | "
                      f"{_x(r['server_cpu_per_io'])} | {_x(r['reactor_busy_per_io'])} | "
                      f"{_x(r['target_busy_per_io'])} |")
+    traced = [p for p in e["points"] if all(p["servers"][k].get("traced") for k in INITIATORS)]
+    if traced:
+        lines += ["", f"System calls per I/O, from one more run per point and initiator with the target's and the "
+                      f"initiator's calls counted ({e.get('syscall_method')}; the window includes the client's "
+                      "connect, when the polling target makes only epoll_wait calls), the calls seen most beside "
+                      "each total:", "",
+                  "| workload | initiator | IOPS (traced) | target calls/IO | target's most frequent | "
+                  "initiator calls/IO | initiator's most frequent |", "|" + "---|" * 7]
+        for p in traced:
+            for kind in INITIATORS:
+                t = p["servers"][kind]["traced"]
+                lines.append(f"| {_label(p)} | {kind} | {_iops(t.get('iops'))} | "
+                             f"{t['target_syscalls_per_io']:.2f} | {_top_calls({'syscalls': t['target_syscalls']}, t['ios'])} | "
+                             f"{t['initiator_syscalls_per_io']:.2f} | "
+                             f"{_top_calls({'syscalls': t['initiator_syscalls']}, t['ios'])} |")
+    elif e.get("syscall_note"):
+        lines += ["", f"System calls: not counted ({e['syscall_note']})."]
     others = [run.get("other_cpu_cores") for p in e["points"] for k in INITIATORS
               for run in p["servers"][k]["runs"]]
     others = [o for o in others if o is not None]
@@ -108,6 +126,9 @@ def validate_nvme_tcp(res, c):
                 v = x["median"].get(m)
                 if not isinstance(v, (int, float)) or v <= 0:
                     problems.append(f"nvme-tcp {point_label(pk)} {kind}: {m} = {v!r}")
+            t = x.get("traced") or {}
+            if e.get("syscall_method") and not (t.get("target_syscalls_per_io") and t.get("initiator_syscalls_per_io")):
+                problems.append(f"nvme-tcp {point_label(pk)} {kind}: no system call counts")
         if not isinstance(p.get("ratios", {}).get("iops"), (int, float)):
             problems.append(f"nvme-tcp {point_label(pk)}: no IOPS ratio")
     return problems

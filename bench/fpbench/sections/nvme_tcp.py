@@ -13,6 +13,8 @@ from fpbench.load import measure, point_key, point_label, summarize
 from fpbench.sections.nvmf import NvmfTgt, free_port, serve_disk
 from fpbench.sections.spdk import CLIENT, HugePages
 from fpbench.servers import Flashpath, Spdk, wait_for
+from fpbench.syscalls import SyscallCounter
+from fpbench.syscalls import method as syscall_method
 
 INITIATORS = ("flashpath", "spdk")
 # The controller's name on both initiators (its namespace's bdev is "<name>n1") and the vhost
@@ -77,8 +79,10 @@ class NvmeTcpSection:
         c = dict(nvme_tcp_config(self.args.mode))
         # --time and --reps override the mode's, as they do for the matrix.
         c.update({k: v for k, v in (("secs", self.args.time), ("reps", self.args.reps)) if v})
+        how, why = syscall_method()
         out = {"dir": self.args.spdk, "config": c, "client": "fp-load " + " ".join(CLIENT), "points": [],
-               "target_mode": TARGET_MODE, "loadavg_before": os.getloadavg()}
+               "target_mode": TARGET_MODE, "loadavg_before": os.getloadavg(), "syscall_method": how,
+               "syscall_note": why}
         self.results["nvme_tcp"] = out
         with HugePages():
             self.nvme_tcp_rounds(c, out)
@@ -117,6 +121,12 @@ class NvmeTcpSection:
                         runs[kind].append(self.nvme_tcp_measure(servers[kind], tgt, socks[kind], point, c["secs"]))
                 e = dict(pk, servers={k: {"runs": runs[k], "median": summarize_nvme_tcp(runs[k])}
                                       for k in INITIATORS})
+                if out["syscall_method"]:
+                    # One more run per initiator with the target's and the initiator's system
+                    # calls counted (not in the medians: counting slows every call a little).
+                    for kind in INITIATORS:
+                        e["servers"][kind]["traced"] = self.nvme_tcp_measure(
+                            servers[kind], tgt, socks[kind], point, c["secs"], out["syscall_method"])
                 e["ratios"] = nvme_tcp_ratios(e)
                 out["points"].append(e)
                 md = {k: e["servers"][k]["median"] for k in INITIATORS}
@@ -128,19 +138,30 @@ class NvmeTcpSection:
                 s.stop()
             tgt.stop()
 
-    def nvme_tcp_measure(self, server, tgt, sock, point, secs):
+    def nvme_tcp_measure(self, server, tgt, sock, point, secs, trace=None):
         """`measure` with the SPDK section's client (SPDK's vhost thawed for its run), plus the
-        target's CPU time and reactor busy time per I/O over the run."""
+        target's CPU time and reactor busy time per I/O over the run; `trace` ("perf" or
+        "strace"): the target's and the initiator's system calls counted over the run too."""
         if server.kind == "spdk":
             server.resume()
+        counters = {}
         try:
+            if trace:
+                counters = {"target": SyscallCounter(tgt.pid, trace, self.work),
+                            "initiator": SyscallCounter(server.pid, trace, self.work)}
+            for x in counters.values():
+                x.start()
             w0, c0, b0 = proc_cpu(server.pid)["wait_ns"], proc_cpu(tgt.pid), tgt.reactors()
             r = measure(server, self.loader, sock, point, secs, False, extra=CLIENT)
             w1, c1, b1 = proc_cpu(server.pid)["wait_ns"], proc_cpu(tgt.pid), tgt.reactors()
+            calls = {k: x.stop() for k, x in counters.items()}
         finally:
             if server.kind == "spdk":
                 server.pause()
         ios = r["ios"]
+        for k, v in calls.items():
+            r[f"{k}_syscalls"] = v
+            r[f"{k}_syscalls_per_io"] = v["total"] / ios if ios else None
         busy = sum(b1[k]["busy"] - b0[k]["busy"] for k in b1)
         r["target_cpu_ns_per_io"] = (c1["sched_ns"] - c0["sched_ns"]) / ios if ios else None
         r["target_busy_ns_per_io"] = busy / ios if ios else None
