@@ -36,6 +36,7 @@ from fpbench.sections.iostat import IostatSection
 from fpbench.sections.lvol import LvolSection
 from fpbench.sections.migration import MigrationSection
 from fpbench.sections.nbd import NbdSection
+from fpbench.sections.nvme_tcp import NvmeTcpSection, nvme_tcp_missing
 from fpbench.sections.nvmf import NvmfSection, nvmf_missing
 from fpbench.sections.null_ram_file import NullRamFileSection
 from fpbench.sections.qos import QosSection
@@ -46,7 +47,7 @@ from fpbench.validate import validate
 
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
-            NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection):
+            NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -167,6 +168,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
                      f"{self.client_cpu})", self.run_spdk),
             "nvmf": (f"NVMe/TCP, flashpath vs SPDK's nvmf_tgt, spdk_nvme_perf ({self.args.spdk}; server CPU "
                      f"{self.server_cpu}, client CPU {self.client_cpu})", self.run_nvmf),
+            "nvme-tcp": (f"NVMe/TCP initiator, flashpath's bdev_nvme vs SPDK's vhost + bdev_nvme, one SPDK nvmf_tgt "
+                         f"({self.args.spdk}; initiators CPU {self.server_cpu}, target and client CPU "
+                         f"{self.client_cpu})", self.run_nvme_tcp),
         }
         if self.args.only:
             what, section = only[self.args.only]
@@ -184,8 +188,11 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             self.run_spdk()
             log("=== NVMe/TCP: flashpath vs SPDK's nvmf_tgt, spdk_nvme_perf as the client")
             self.run_nvmf()
+            log("=== NVMe/TCP initiator: flashpath's bdev_nvme vs SPDK's, both to one SPDK nvmf_tgt")
+            self.run_nvme_tcp()
         else:
-            log("=== NVMe/TCP vs SPDK's nvmf_tgt: skipped (it needs --spdk DIR, a built SPDK)")
+            log("=== NVMe/TCP vs SPDK's nvmf_tgt, NVMe/TCP initiator vs SPDK's: skipped (they need --spdk DIR, a "
+                "built SPDK)")
         log("=== flashpath with two reactors (scaling)")
         self.run_scaling()
         if self.cfg["packed_points"]:
@@ -233,7 +240,7 @@ def main():
                     help="a built SPDK tree (build/bin/vhost): its vhost target runs beside flashpath and qsd "
                          "(sets up 1024 huge pages; root)")
     ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk",
-                                       "nvmf"],
+                                       "nvmf", "nvme-tcp"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -292,7 +299,12 @@ def main():
         print(f"bench: the NVMe/TCP section needs {', '.join(missing)} (../shared/spdk-build.sh builds them)",
               file=sys.stderr)
         return 1
-    if args.spdk and args.only != "nvmf" and not os.access(os.path.join(args.spdk, "build", "bin", "vhost"), os.X_OK):
+    missing = nvme_tcp_missing(args.spdk) if args.only == "nvme-tcp" or (args.spdk and not args.only) else []
+    if missing:
+        print(f"bench: the NVMe/TCP initiator section needs {', '.join(missing)} (../shared/spdk-build.sh builds "
+              "them)", file=sys.stderr)
+        return 1
+    if args.spdk and args.only not in ("nvmf", "nvme-tcp") and not os.access(os.path.join(args.spdk, "build", "bin", "vhost"), os.X_OK):
         print(f"bench: --spdk {args.spdk}: no build/bin/vhost there (../shared/spdk-build.sh builds it)",
               file=sys.stderr)
         return 1
@@ -345,6 +357,7 @@ def main():
         "guest_notify": bench.with_guest_notify,
         "spdk": args.spdk,
         "nvmf": bool(bench.results.get("nvmf")),
+        "nvme_tcp": bool(bench.results.get("nvme_tcp")),
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

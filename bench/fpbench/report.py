@@ -12,6 +12,7 @@ from fpbench.load import point_label
 from fpbench.machine import nbd_label
 from fpbench.report_guest_notify import guest_notify_markdown, guest_notify_targets
 from fpbench.report_migration import migration_markdown, migration_targets
+from fpbench.report_nvme_tcp import nvme_tcp_markdown, nvme_tcp_targets
 from fpbench.report_nvmf import nvmf_markdown, nvmf_targets
 from fpbench.report_spdk import spdk_markdown, spdk_targets
 from fpbench.servers import NBD_SERVERS
@@ -161,6 +162,7 @@ def targets(res):
     guest_notify_targets(res, add)
     spdk_targets(res, add)
     nvmf_targets(res, add)
+    nvme_tcp_targets(res, add)
     return out
 
 
@@ -265,7 +267,8 @@ def markdown(res):
              "guest-notify": ("flashpath vs qemu-storage-daemon: notifications in a real guest",
                               guest_notify_markdown),
              "spdk": ("flashpath vs qemu-storage-daemon vs SPDK's vhost target", spdk_markdown),
-             "nvmf": ("flashpath vs SPDK's nvmf_tgt over NVMe/TCP", nvmf_markdown)}
+             "nvmf": ("flashpath vs SPDK's nvmf_tgt over NVMe/TCP", nvmf_markdown),
+             "nvme-tcp": ("flashpath vs SPDK as NVMe/TCP initiators", nvme_tcp_markdown)}
     if m.get("only") in alone:
         title, section = alone[m["only"]]
         lines = [f"# {title} ({m['mode']} run, {m['date']})", "",
@@ -411,6 +414,8 @@ def markdown(res):
         lines += spdk_markdown(res)
     if res.get("nvmf"):
         lines += nvmf_markdown(res)
+    if res.get("nvme_tcp"):
+        lines += nvme_tcp_markdown(res)
     return "\n".join(lines + targets_table(res))
 
 

@@ -9,6 +9,7 @@ import os
 from fpbench.load import point_id, point_key, point_label
 from fpbench.machine import nbd_label
 from fpbench.modes import mode_config
+from fpbench.report_nvme_tcp import validate_nvme_tcp
 from fpbench.report_nvmf import validate_nvmf
 from fpbench.sections.guest_notify import SERVERS as GN_SERVERS
 from fpbench.sections.guest_notify import guest_notify_config
@@ -248,6 +249,10 @@ def validate(out_dir, mode):
         problems += validate_nvmf(res, res["nvmf"]["config"])  # --time/--reps may override the mode's
         if "## NVMe over TCP" not in md:
             problems.append("results.md has no '## NVMe over TCP'")
+    if res.get("nvme_tcp"):
+        problems += validate_nvme_tcp(res, res["nvme_tcp"]["config"])  # --time/--reps may override the mode's
+        if "## NVMe/TCP initiator" not in md:
+            problems.append("results.md has no '## NVMe/TCP initiator'")
     if cfg.get("iostat_reps"):
         ios = res.get("iostat", [])
         if len(ios) != 1:

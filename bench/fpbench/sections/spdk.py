@@ -28,8 +28,14 @@ class HugePages:
         if self.before < HUGEPAGES:
             with open("/proc/sys/vm/nr_hugepages", "w") as f:
                 f.write(str(HUGEPAGES))
-        with open("/proc/sys/vm/nr_hugepages") as f:
-            got = int(f.read())
+        got = self._reserved()
+        if got < HUGEPAGES:
+            # Free memory in 2 MiB pieces may be scattered: compact it once and ask again.
+            with open("/proc/sys/vm/compact_memory", "w") as f:
+                f.write("1")
+            with open("/proc/sys/vm/nr_hugepages", "w") as f:
+                f.write(str(HUGEPAGES))
+            got = self._reserved()
         self.mounted = False
         if subprocess.run(["mountpoint", "-q", HUGE_MOUNT]).returncode != 0:
             os.makedirs(HUGE_MOUNT, exist_ok=True)
@@ -37,8 +43,14 @@ class HugePages:
             self.mounted = True
         if got < HUGEPAGES:
             self.__exit__()
-            raise RuntimeError(f"--spdk: only {got} of {HUGEPAGES} huge pages could be reserved")
+            raise RuntimeError(f"--spdk: only {got} of {HUGEPAGES} huge pages could be reserved (memory held "
+                               "by the page cache: `sync; echo 1 > /proc/sys/vm/drop_caches` frees it)")
         return self
+
+    @staticmethod
+    def _reserved():
+        with open("/proc/sys/vm/nr_hugepages") as f:
+            return int(f.read())
 
     def __exit__(self, *exc):
         if self.mounted:
