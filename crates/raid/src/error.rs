@@ -1,0 +1,23 @@
+//! Why a raid operation failed.
+
+use fp_bdev::BdevError;
+
+/// A raid refusal or failure. `InvalidParam` names the RPC field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum RaidError {
+    /// A parameter was refused; `field` is the RPC field.
+    #[error("{field}: {reason}")]
+    InvalidParam { field: &'static str, reason: String },
+    /// The raid or base is in a state that does not allow this now (-16, EBUSY).
+    #[error("{0}")]
+    Busy(String),
+    /// No such raid or base (-19, ENODEV).
+    #[error("{0}")]
+    NotFound(String),
+    /// Metadata on a base is not usable: a bad superblock, a corrupted bitmap page.
+    #[error("{0}")]
+    Metadata(String),
+    /// A base's I/O failed.
+    #[error(transparent)]
+    Bdev(#[from] BdevError),
+}

@@ -1,0 +1,32 @@
+//! Raid bdevs (SPDK's bdev_raid): raid0 (striping), concat and raid1 (mirroring) over any
+//! bdevs: local disks, Ceph RBD images, or other daemons' disks through the NBD client or the
+//! NVMe/TCP initiator.
+//!
+//! raid1 keeps a superblock and a write-intent bitmap on every base (after Linux md's), so a
+//! replica that comes back after an outage is rebuilt from the regions written meanwhile, not
+//! in full, and a daemon that crashed mid-rebuild resumes it. docs/raid.md is the reference.
+//!
+//! * [`format`]: the superblock and bitmap pages as bytes (pure, fuzzed);
+//! * [`sim`]: the crash simulator for superblock and bitmap updates;
+//! * [`intent`]: the in-memory write-intent map the channels and the owner share;
+//! * [`shared`]: what a raid's channels and its owner share (layout, slots, counters);
+//! * [`owner`]: the thread per raid that persists metadata, handles failures and rebuilds;
+//! * [`device`], [`channel`]: the bdev and its per-core channels;
+//! * [`rpc`], [`examine`]: SPDK's `bdev_raid_*` methods and assembly from superblocks.
+
+pub mod channel;
+pub mod device;
+mod error;
+pub mod examine;
+pub mod format;
+pub mod intent;
+pub mod meta_io;
+pub mod owner;
+pub mod rebuild;
+pub mod rpc;
+pub mod shared;
+pub mod sim;
+
+pub use error::RaidError;
+// `pub use rpc::RaidModule;` comes with the io helper's rpc.rs.
+pub use shared::{RaidLevel, SlotState};

@@ -1,0 +1,1 @@
+//! (placeholder: replaced by its owner; see /work/wt/briefs26)

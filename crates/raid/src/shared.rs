@@ -1,0 +1,189 @@
+//! What a raid's channels (one per reactor) and its owner thread share.
+//!
+//! The owner alone changes the layout: it builds a new [`Layout`] (slot states, the bases'
+//! devices), makes it durable in the superblocks when the raid has them, then publishes it and
+//! bumps `epoch`. A channel compares `epoch` with its own at every submit (one load), and on a
+//! change reloads the layout and opens channels of bases it has none for (cold path).
+//!
+//! Channels tell the owner about a failed base through `failures` and [`RaidShared::wake_owner`];
+//! the owner takes the base out, persists, publishes. A write that failed on a base completes
+//! upward only once the published layout no longer counts that base as in sync (see
+//! docs/raid.md, "Failures"), so an acknowledged write is never missing from a base a restart
+//! could trust.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::Thread;
+
+use arc_swap::ArcSwap;
+use crossbeam_queue::ArrayQueue;
+use fp_bdev::{Bdev, BdevInfo};
+use fp_lvol::Uuid;
+
+use crate::intent::IntentMap;
+
+/// SPDK's raid levels that flashpath has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaidLevel {
+    /// Striping, `strip_size_kb` per base in turn.
+    Raid0,
+    /// Bases one after the other.
+    Concat,
+    /// Every base holds all the data.
+    Raid1,
+}
+
+impl RaidLevel {
+    /// SPDK's name (`raid_level` in RPCs and `bdev_raid_get_bdevs`).
+    pub fn name(self) -> &'static str {
+        match self {
+            RaidLevel::Raid0 => "raid0",
+            RaidLevel::Concat => "concat",
+            RaidLevel::Raid1 => "raid1",
+        }
+    }
+
+    /// Parses SPDK's names, including its aliases "0" and "1".
+    pub fn parse(s: &str) -> Option<RaidLevel> {
+        match s {
+            "raid0" | "0" => Some(RaidLevel::Raid0),
+            "concat" => Some(RaidLevel::Concat),
+            "raid1" | "1" => Some(RaidLevel::Raid1),
+            _ => None,
+        }
+    }
+}
+
+/// A slot's state, as the superblock records it and the layout publishes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    /// No base: removed, or never found (a degraded raid's missing replica).
+    Empty,
+    /// In sync: reads may come from it, writes go to it.
+    Active,
+    /// Taken out after an I/O error; kept claimed until `bdev_raid_remove_base_bdev`.
+    Failed,
+    /// Being rebuilt: writes go to it, reads never come from it.
+    Rebuilding,
+}
+
+impl SlotState {
+    /// Whether writes go to a base in this state.
+    #[inline]
+    pub fn takes_writes(self) -> bool {
+        matches!(self, SlotState::Active | SlotState::Rebuilding)
+    }
+}
+
+/// One slot of the published layout.
+#[derive(Clone)]
+pub struct SlotView {
+    pub state: SlotState,
+    /// The base's bdev name (as configured), if a base is in the slot.
+    pub name: Option<String>,
+    /// The base's device, when the slot has one (any state but `Empty`).
+    pub bdev: Option<Bdev>,
+    /// The base's identity in the superblock (nil without one).
+    pub uuid: Uuid,
+}
+
+/// The raid's layout as the channels see it. Immutable once published.
+#[derive(Clone)]
+pub struct Layout {
+    pub slots: Vec<SlotView>,
+    /// Where the data starts on every base, in bytes (0 without a superblock).
+    pub data_offset: u64,
+}
+
+/// A channel's report that `slot`'s base failed a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure {
+    pub slot: usize,
+    /// The positive errno the base returned.
+    pub errno: i32,
+}
+
+/// Progress of the background process (rebuild or resync), for `bdev_raid_get_bdevs`
+/// (`process`) and metrics. Written by the owner, read by anyone.
+#[derive(Default)]
+pub struct ProcessStats {
+    /// The slot being rebuilt, plus one; 0 when no process runs.
+    pub target_slot: AtomicU64,
+    /// 1 partial (bitmap), 2 full, 3 resync after an unclean stop; 0 none.
+    pub kind: AtomicU64,
+    /// Blocks of the data region the process has walked past.
+    pub blocks_done: AtomicU64,
+    /// Blocks it has to walk in all (the data region's size).
+    pub blocks_total: AtomicU64,
+}
+
+/// Counters since the raid was assembled (metrics, `driver_specific.raid`).
+#[derive(Default)]
+pub struct RaidCounters {
+    /// Bytes the rebuild or resync copied to a base.
+    pub rebuild_bytes_copied: AtomicU64,
+    /// Bytes of guest writes acknowledged while the raid was degraded (a slot not Active).
+    pub degraded_bytes_written: AtomicU64,
+    /// Rebuilds completed.
+    pub rebuilds_completed: AtomicU64,
+    /// Bases taken out after an error.
+    pub base_failures: AtomicU64,
+    /// Bitmap pages written, and bitmap pages found corrupt at assembly (treated as all dirty).
+    pub bitmap_writes: AtomicU64,
+    pub bitmap_pages_corrupt: AtomicU64,
+    /// Superblock writes.
+    pub superblock_writes: AtomicU64,
+}
+
+/// Everything a raid's channels and owner share.
+pub struct RaidShared {
+    /// The raid bdev's description (name, block size, the data size as capacity).
+    pub info: BdevInfo,
+    pub level: RaidLevel,
+    /// Strip size in bytes (raid0; 0 for the others).
+    pub strip_bytes: u64,
+    /// Bytes of each base a concat or raid0 uses (the data region, all bases the same for
+    /// raid0; per slot for concat). raid1: the data size.
+    pub base_data_bytes: Vec<u64>,
+    /// The published layout; replaced only by the owner.
+    pub layout: ArcSwap<Layout>,
+    /// Bumped (SeqCst) after each new layout is stored.
+    pub epoch: AtomicU64,
+    /// The write-intent map: raid1 only (`None` for raid0 and concat).
+    pub intent: Option<IntentMap>,
+    /// Channels' failure reports (bounded; a channel that finds it full retries next poll).
+    pub failures: ArrayQueue<Failure>,
+    /// The owner thread, for [`RaidShared::wake_owner`]; stored once it runs.
+    pub owner_waker: arc_swap::ArcSwapOption<Thread>,
+    pub process: ProcessStats,
+    pub counters: RaidCounters,
+}
+
+impl RaidShared {
+    /// The layout now (one atomic load; cache it with `epoch` on the hot path).
+    #[inline]
+    pub fn layout(&self) -> Arc<Layout> {
+        self.layout.load_full()
+    }
+
+    /// The epoch now.
+    #[inline]
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Publishes `layout` (the owner only) and bumps the epoch.
+    pub fn publish(&self, layout: Layout) {
+        self.layout.store(Arc::new(layout));
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Wakes the owner (a failure reported, a bitmap bit to persist). Cheap and lock free:
+    /// `Thread::unpark`.
+    #[inline]
+    pub fn wake_owner(&self) {
+        if let Some(t) = self.owner_waker.load().as_ref() {
+            t.unpark();
+        }
+    }
+}
