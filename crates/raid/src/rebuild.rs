@@ -40,6 +40,21 @@ impl ProcessKind {
     }
 }
 
+/// The bases by slot, as the copier reaches them.
+pub trait SlotIo {
+    /// The base in `slot`, if there is one.
+    fn slot_io(&mut self, slot: usize) -> Option<&mut dyn BaseIo>;
+}
+
+impl SlotIo for Vec<Option<Box<dyn BaseIo>>> {
+    fn slot_io(&mut self, slot: usize) -> Option<&mut dyn BaseIo> {
+        match self.get_mut(slot) {
+            Some(Some(b)) => Some(b.as_mut()),
+            _ => None,
+        }
+    }
+}
+
 /// What one step did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -149,17 +164,17 @@ impl Copier {
     }
 
     /// Copies one claimed chunk from the source to every target.
-    fn copy_chunk(&mut self, bases: &mut [Option<Box<dyn BaseIo>>], chunk: u64) -> Result<u64, (usize, i32)> {
+    fn copy_chunk(&mut self, bases: &mut dyn SlotIo, chunk: u64) -> Result<u64, (usize, i32)> {
         let start = chunk * self.chunk_bytes;
         let end = (start + self.chunk_bytes).min(self.geo.data_bytes);
         let mut at = start;
         while at < end {
             let n = (end - at).min(self.buf.len() as u64) as usize;
             let off = self.geo.data_offset + at;
-            let src = bases[self.source].as_mut().ok_or((self.source, libc::ENODEV))?;
+            let src = bases.slot_io(self.source).ok_or((self.source, libc::ENODEV))?;
             src.read_at(off, &mut self.buf.as_mut_slice()[..n]).map_err(|e| (self.source, e))?;
             for &t in &self.targets {
-                let dst = bases[t].as_mut().ok_or((t, libc::ENODEV))?;
+                let dst = bases.slot_io(t).ok_or((t, libc::ENODEV))?;
                 dst.write_at(off, &self.buf.as_slice()[..n]).map_err(|e| (t, e))?;
             }
             at += n as u64;
@@ -170,7 +185,7 @@ impl Copier {
     /// Claims and copies `chunk`; `Ok(None)` when a write holds it.
     fn try_chunk(
         &mut self,
-        bases: &mut [Option<Box<dyn BaseIo>>],
+        bases: &mut dyn SlotIo,
         intent: &IntentMap,
         chunk: u64,
     ) -> Result<Option<u64>, (usize, i32)> {
@@ -185,7 +200,7 @@ impl Copier {
 
     /// One window's worth of work. `bases` are the owner's, by slot. Returns how many bytes
     /// were copied with the step's outcome.
-    pub fn step(&mut self, bases: &mut [Option<Box<dyn BaseIo>>], intent: &IntentMap) -> (u64, Step) {
+    pub fn step(&mut self, bases: &mut dyn SlotIo, intent: &IntentMap) -> (u64, Step) {
         if self.geo.max_mb_sec > 0 {
             let allowed = self.geo.max_mb_sec * 1_000_000;
             let due = Duration::from_secs_f64(self.copied as f64 / allowed as f64);
@@ -273,7 +288,7 @@ mod tests {
         CopyGeometry { data_offset: 0, data_bytes: bytes, window_bytes: 256 << 10, max_mb_sec: 0 }
     }
 
-    fn run(c: &mut Copier, b: &mut [Option<Box<dyn BaseIo>>], m: &IntentMap) -> u64 {
+    fn run(c: &mut Copier, b: &mut Vec<Option<Box<dyn BaseIo>>>, m: &IntentMap) -> u64 {
         let mut total = 0;
         loop {
             let (n, s) = c.step(b, m);
