@@ -467,3 +467,28 @@ fn dropping_the_owner_mid_rebuild_resumes_at_the_checkpoint_on_respawn() {
     let off = newest.data_offset;
     assert!(read_all(&b0, off, raid) == read_all(&b1, off, raid));
 }
+
+#[test]
+fn a_missing_rebuild_target_at_assembly_is_failed_with_a_valid_superblock() {
+    let bytes = 16 * MIB;
+    let mut o = mem_raid(2, bytes);
+    o.shared().failures.push(Failure { slot: 1, errno: libc::EIO }).unwrap();
+    o.tick();
+    o.remove_base("m1").unwrap();
+    write(&mut o, 0, &vec![1; 4 * MIB as usize]);
+    o.add_base(Member { name: "new".into(), bdev: None, io: Box::new(MemBase::new(bytes)) }).unwrap();
+    o.tick();
+    let sb = o.superblock().clone();
+    assert_eq!(sb.slots[1].state, SlotState::Rebuilding);
+    // Assembled without the target: it is Failed, with a new identity (a full target), and
+    // the superblock written says so and decodes.
+    let m0 = o.members[0].take();
+    drop(o);
+    let shared = new_shared(info("r", &sb), &sb, true);
+    let mut o = Owner::new(shared, vec![m0, None], sb.clone(), true, fast());
+    o.start().unwrap();
+    let on_disk = read_superblock(io(&mut o, 0)).unwrap().unwrap();
+    assert_eq!(on_disk.slots[1].state, SlotState::Failed);
+    assert_ne!(on_disk.slots[1].uuid, sb.slots[1].uuid);
+    assert!(!on_disk.slots[1].rebuild_partial);
+}
