@@ -195,16 +195,21 @@ fn a_new_base_gets_everything_and_foreign_or_small_bases_are_refused() {
     assert!(data(&mut o, 0) == data(&mut o, 1));
 }
 
+/// Slot `slot`'s base fails and is removed; `mib` MiB are written degraded; a new base (a
+/// full rebuild) is added in its place.
+fn replace_with_new_base(o: &mut Owner, slot: usize, mib: u64, bytes: u64) {
+    o.shared().failures.push(Failure { slot, errno: libc::EIO }).unwrap();
+    o.tick();
+    o.remove_base(&format!("m{slot}")).unwrap();
+    write(o, 0, &vec![4; (mib * MIB) as usize]);
+    o.add_base(Member { name: "new".into(), bdev: None, io: Box::new(MemBase::new(bytes)) }).unwrap();
+}
+
 #[test]
 fn a_rebuild_resumes_from_its_checkpoint_after_a_crash() {
     let bytes = 16 * MIB;
     let mut o = mem_raid(2, bytes);
-    o.shared().failures.push(Failure { slot: 1, errno: libc::EIO }).unwrap();
-    o.tick();
-    o.remove_base("m1").unwrap();
-    write(&mut o, 0, &vec![4; 12 * MIB as usize]);
-    // A new base: a full rebuild.
-    o.add_base(Member { name: "new".into(), bdev: None, io: Box::new(MemBase::new(bytes)) }).unwrap();
+    replace_with_new_base(&mut o, 1, 12, bytes);
     // Copy a few windows (the checkpoint is persisted every MiB), then "crash".
     for _ in 0..14 {
         o.tick();
@@ -407,11 +412,7 @@ fn writers_on_threads_during_a_full_rebuild_end_identical() {
 fn a_rebuild_whose_source_fails_continues_from_another_in_sync_base() {
     let bytes = 16 * MIB;
     let mut o = mem_raid(3, bytes);
-    write(&mut o, 0, &vec![6; 8 * MIB as usize]);
-    o.shared().failures.push(Failure { slot: 2, errno: libc::EIO }).unwrap();
-    o.tick();
-    o.remove_base("m2").unwrap();
-    o.add_base(Member { name: "new".into(), bdev: None, io: Box::new(MemBase::new(bytes)) }).unwrap();
+    replace_with_new_base(&mut o, 2, 8, bytes);
     for _ in 0..6 {
         o.tick();
     }
@@ -472,11 +473,7 @@ fn dropping_the_owner_mid_rebuild_resumes_at_the_checkpoint_on_respawn() {
 fn a_missing_rebuild_target_at_assembly_is_failed_with_a_valid_superblock() {
     let bytes = 16 * MIB;
     let mut o = mem_raid(2, bytes);
-    o.shared().failures.push(Failure { slot: 1, errno: libc::EIO }).unwrap();
-    o.tick();
-    o.remove_base("m1").unwrap();
-    write(&mut o, 0, &vec![1; 4 * MIB as usize]);
-    o.add_base(Member { name: "new".into(), bdev: None, io: Box::new(MemBase::new(bytes)) }).unwrap();
+    replace_with_new_base(&mut o, 1, 4, bytes);
     o.tick();
     let sb = o.superblock().clone();
     assert_eq!(sb.slots[1].state, SlotState::Rebuilding);
