@@ -625,6 +625,11 @@ impl Owner {
                     }
                     return true;
                 }
+                if bytes == 0 && copier.first_pass_done() {
+                    // Only chunks with writes in flight are left: wait for them a little
+                    // instead of spinning a core.
+                    self.throttled_until = Some(now + Duration::from_millis(1));
+                }
                 self.process = Some((copier, plan));
                 true
             }
