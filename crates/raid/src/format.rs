@@ -14,6 +14,12 @@ use crate::{RaidLevel, SlotState};
 /// Bytes per metadata page.
 pub const PAGE_SIZE: usize = 4096;
 
+/// Bytes at the start of a bitmap page before its bits (magic, CRC, raid uuid, seq, index).
+pub const BITMAP_HEADER: usize = 64;
+
+/// Chunks one bitmap page covers.
+pub const BITMAP_BITS_PER_PAGE: u64 = ((PAGE_SIZE - BITMAP_HEADER) * 8) as u64;
+
 /// Most slots a raid has (SPDK allows 255; the superblock page bounds it).
 pub const MAX_SLOTS: usize = 32;
 
