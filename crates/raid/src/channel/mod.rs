@@ -19,3 +19,6 @@ pub use split::{SplitChannel, SplitMap};
 
 /// Requests one channel keeps in flight upward (the parent slab's size).
 pub const MAX_PARENTS: usize = 256;
+
+#[cfg(test)]
+mod tests;
