@@ -466,7 +466,7 @@ impl BitmapPage {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn sample() -> Superblock {
