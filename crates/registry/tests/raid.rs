@@ -54,6 +54,19 @@ fn raid(m: &Registry, name: &str) -> Value {
     raids(m, "all").into_iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("no raid {name}"))
 }
 
+/// Waits (10 s at most) until the raid's slots are `want`.
+fn wait_slots(m: &Registry, name: &str, want: Value) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = raid(m, name);
+        if r["flashpath"]["slots"] == want {
+            return r;
+        }
+        assert!(std::time::Instant::now() < deadline, "slots stay {}", r["flashpath"]["slots"]);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
 }
@@ -323,9 +336,22 @@ fn another_raids_superblock_is_refused_and_a_stale_replica_is_rebuilt() {
     let r = raid(&m, "r");
     assert_eq!(r["state"], "online");
     assert_eq!(r["flashpath"]["slots"], json!(["active", "failed"]));
-    // The stale replica returns: it joins its slot as a rebuild target, never as a source.
+    // Written while d1 is away: only that chunk is dirty.
+    let data = pattern(3, 16 << 10);
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    write_range(&mut *ch, 1 << 20, &data);
+    drop(ch);
+    assert_eq!(raid(&m, "r")["flashpath"]["degraded_bytes_written"], 16 << 10);
+    // The stale replica returns: it joins its slot as a rebuild target, never as a source,
+    // and gets only what it missed.
     delay(&m, "d1", "m1");
-    assert_eq!(raid(&m, "r")["flashpath"]["slots"], json!(["active", "rebuilding"]));
+    let r = wait_slots(&m, "r", json!(["active", "active"]));
+    let chunk = r["flashpath"]["bitmap_chunk_bytes"].as_u64().unwrap();
+    assert_eq!(r["flashpath"]["rebuild_bytes_copied"], chunk, "a partial rebuild of one chunk");
+    let offset = r["base_bdevs_list"][1]["data_offset"].as_u64().unwrap() * 512;
+    let mut ch = m.disk("m1").unwrap().open().unwrap();
+    assert!(read_range(&mut *ch, offset + (1 << 20), data.len()) == data);
+    drop(ch);
     // The cleared bases carry no superblock any more: nothing is assembled from them.
     ok(&m, "bdev_delay_delete", json!({"name": "d2"}));
     delay(&m, "d2", "m2");
