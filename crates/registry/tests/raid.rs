@@ -267,7 +267,7 @@ fn examine_assembles_from_superblocks_and_create_is_idempotent() {
     let uuid = info["uuid"].clone();
     assert_eq!(info["superblock"], true);
     let offset = info["base_bdevs_list"][0]["data_offset"].as_u64().unwrap();
-    assert!(offset > 0 && (offset * 512) % (1 << 20) == 0, "data_offset {offset}");
+    assert!(offset > 0 && (offset * 512).is_multiple_of(1 << 20), "data_offset {offset}");
     let data = pattern(8, 32 << 10);
     let mut ch = m.disk("r").unwrap().open().unwrap();
     write_range(&mut *ch, 0, &data);
