@@ -357,3 +357,27 @@ fn another_raids_superblock_is_refused_and_a_stale_replica_is_rebuilt() {
     delay(&m, "d2", "m2");
     assert_eq!(raids(&m, "all").len(), 1);
 }
+
+/// A corrupted bitmap page is never trusted: its chunks count as dirty (and are counted), so
+/// the next rebuild copies them rather than skipping what it cannot know.
+#[test]
+fn a_corrupted_bitmap_page_is_treated_as_all_dirty() {
+    let (m, _dir) = registry();
+    for i in 0..2 {
+        malloc(&m, &format!("m{i}"), 8, 512);
+        delay(&m, &format!("d{i}"), &format!("m{i}"));
+    }
+    create_sb(&m, "r", &["d0", "d1"]);
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d0"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d1"}));
+    // Garbage over the first bitmap page (page 2) of m0.
+    let mut ch = m.disk("m0").unwrap().open().unwrap();
+    write_range(&mut *ch, 2 * 4096, &pattern(99, 4096));
+    drop(ch);
+    delay(&m, "d0", "m0");
+    delay(&m, "d1", "m1");
+    let r = raid(&m, "r");
+    assert_eq!(r["state"], "online");
+    assert_eq!(r["flashpath"]["bitmap_pages_corrupt"], 1);
+}
