@@ -381,3 +381,25 @@ fn a_corrupted_bitmap_page_is_treated_as_all_dirty() {
     assert_eq!(r["state"], "online");
     assert_eq!(r["flashpath"]["bitmap_pages_corrupt"], 1);
 }
+
+/// `bdev_raid_add_base_bdev` refuses a base that carries another raid's superblock: its data
+/// belongs elsewhere, and it is never overwritten by surprise.
+#[test]
+fn a_base_of_another_raid_is_refused_by_add() {
+    let (m, _dir) = registry();
+    for i in 0..4 {
+        malloc(&m, &format!("m{i}"), 8, 512);
+        delay(&m, &format!("d{i}"), &format!("m{i}"));
+    }
+    create_sb(&m, "x", &["d0", "d1"]);
+    create_sb(&m, "y", &["d2", "d3"]);
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d3"}));
+    assert_param(
+        &err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "y", "base_bdev": "d1"})),
+        "base_bdev",
+    );
+    // Refused and released: its own raid takes it back.
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "x", "base_bdev": "d1"}));
+    wait_slots(&m, "x", json!(["active", "active"]));
+}
