@@ -46,6 +46,14 @@ fn delay(m: &Registry, name: &str, base: &str) {
     );
 }
 
+/// `n` replicas: delay bdevs `d<i>` over 8 MiB RAM disks `m<i>`.
+fn replicas(m: &Registry, n: usize) {
+    for i in 0..n {
+        malloc(m, &format!("m{i}"), 8, 512);
+        delay(m, &format!("d{i}"), &format!("m{i}"));
+    }
+}
+
 fn raids(m: &Registry, category: &str) -> Vec<Value> {
     ok(m, "bdev_raid_get_bdevs", json!({"category": category})).as_array().unwrap().clone()
 }
@@ -313,10 +321,7 @@ fn examine_assembles_from_superblocks_and_create_is_idempotent() {
 #[test]
 fn another_raids_superblock_is_refused_and_a_stale_replica_is_rebuilt() {
     let (m, _dir) = registry();
-    for i in 0..4 {
-        malloc(&m, &format!("m{i}"), 8, 512);
-        delay(&m, &format!("d{i}"), &format!("m{i}"));
-    }
+    replicas(&m, 4);
     create_sb(&m, "r", &["d0", "d1"]);
     // d1 leaves (its superblock stays at the old seq), then the raid stops.
     ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
@@ -363,10 +368,7 @@ fn another_raids_superblock_is_refused_and_a_stale_replica_is_rebuilt() {
 #[test]
 fn a_corrupted_bitmap_page_is_treated_as_all_dirty() {
     let (m, _dir) = registry();
-    for i in 0..2 {
-        malloc(&m, &format!("m{i}"), 8, 512);
-        delay(&m, &format!("d{i}"), &format!("m{i}"));
-    }
+    replicas(&m, 2);
     create_sb(&m, "r", &["d0", "d1"]);
     ok(&m, "bdev_raid_delete", json!({"name": "r"}));
     ok(&m, "bdev_delay_delete", json!({"name": "d0"}));
@@ -387,10 +389,7 @@ fn a_corrupted_bitmap_page_is_treated_as_all_dirty() {
 #[test]
 fn a_base_of_another_raid_is_refused_by_add() {
     let (m, _dir) = registry();
-    for i in 0..4 {
-        malloc(&m, &format!("m{i}"), 8, 512);
-        delay(&m, &format!("d{i}"), &format!("m{i}"));
-    }
+    replicas(&m, 4);
     create_sb(&m, "x", &["d0", "d1"]);
     create_sb(&m, "y", &["d2", "d3"]);
     ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
