@@ -295,6 +295,15 @@ fn examine_assembles_from_superblocks_and_create_is_idempotent() {
         -libc::EBUSY,
         "claimed while configuring"
     );
+    // Its only base removed, the configuring raid is forgotten; the base comes back.
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    assert!(raids(&m, "all").is_empty());
+    ok(&m, "bdev_delay_delete", json!({"name": "d1"}));
+    delay(&m, "d1", "m1");
+    assert_eq!(raid(&m, "r")["state"], "configuring");
+    // A configuration file creating it now: accepted, still configuring.
+    create_sb(&m, "r", &["d0", "d1"]);
+    assert_eq!(raid(&m, "r")["state"], "configuring");
     delay(&m, "d0", "m0");
     let r = raid(&m, "r");
     assert_eq!(r["state"], "online");
