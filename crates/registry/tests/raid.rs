@@ -246,9 +246,12 @@ fn every_refusal_names_its_field() {
         "bdev_raid_set_options",
         json!({"process_window_size_kb": 2048, "process_max_bandwidth_mb_sec": 100}),
     );
-    // A removed base is free again; it rejoins as a rebuild target.
+    // A removed base is free again; it rejoins, rebuilt in full (no superblock), and the
+    // slot is taken.
     ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "m1"}));
-    assert_eq!(raid(&m, "r")["flashpath"]["slots"], json!(["active", "rebuilding"]));
+    let r = wait_slots(&m, "r", json!(["active", "active"]));
+    assert_eq!(r["flashpath"]["rebuilds_completed"], 1);
+    assert_eq!(r["flashpath"]["rebuild_bytes_copied"], 4 << 20);
     assert_eq!(
         err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "m2"})).code,
         -libc::EBUSY
