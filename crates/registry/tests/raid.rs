@@ -414,3 +414,31 @@ fn a_base_of_another_raid_is_refused_by_add() {
     ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "x", "base_bdev": "d1"}));
     wait_slots(&m, "x", json!(["active", "active"]));
 }
+
+/// A rebuild shows as SPDK's `process` while it runs; `bdev_raid_set_options` reaches the
+/// running raids (a speed limit holds it back, lifting it lets it finish).
+#[test]
+fn a_rebuild_shows_its_progress_and_follows_set_options() {
+    let (m, _dir) = registry();
+    replicas(&m, 2);
+    ok(&m, "bdev_raid_set_options", json!({"process_window_size_kb": 64, "process_max_bandwidth_mb_sec": 1}));
+    ok(&m, "bdev_raid_create", json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["d0", "d1"]}));
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "d1"}));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let p = loop {
+        let r = raid(&m, "r");
+        if r["process"]["progress"]["blocks"].as_u64().is_some_and(|b| b > 0) {
+            break r["process"].clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "no progress: {r}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert_eq!(p["type"], "rebuild");
+    assert_eq!(p["target"], "d1");
+    assert!(p["progress"]["percent"].as_u64().unwrap() < 100, "{p}");
+    assert_eq!(raid(&m, "r")["flashpath"]["slots"], json!(["active", "rebuilding"]));
+    ok(&m, "bdev_raid_set_options", json!({"process_max_bandwidth_mb_sec": 0}));
+    let r = wait_slots(&m, "r", json!(["active", "active"]));
+    assert!(r.get("process").is_none(), "{r}");
+}
