@@ -321,6 +321,16 @@ impl Raid1Channel {
 impl IoChannel for Raid1Channel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
+        // Refused here rather than passed to bases that may differ: a write-zeroes done on one
+        // replica and not the other would leave them diverging.
+        let supported = match req.op {
+            IoOp::Discard => self.info.io_types.unmap,
+            IoOp::WriteZeroes => self.info.io_types.write_zeroes,
+            _ => true,
+        };
+        if !supported {
+            return Err(SubmitError::Unsupported);
+        }
         if self.done.len() == self.done.capacity() {
             return Err(SubmitError::Busy);
         }

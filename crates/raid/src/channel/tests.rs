@@ -21,13 +21,22 @@ fn ram(name: &str, bytes: u64) -> Bdev {
 /// A RAM disk whose reads or writes fail (EIO) while a switch is on.
 pub(crate) struct Flaky {
     inner: Bdev,
+    info: BdevInfo,
     pub fail_writes: Arc<AtomicBool>,
     pub fail_reads: Arc<AtomicBool>,
 }
 
 impl Flaky {
     pub(crate) fn new(name: &str, bytes: u64) -> Arc<Flaky> {
-        Arc::new(Flaky { inner: ram(name, bytes), fail_writes: Arc::default(), fail_reads: Arc::default() })
+        Flaky::with_info(name, bytes, |_| {})
+    }
+
+    /// The same with its description changed by `f` (fewer operations supported, say).
+    pub(crate) fn with_info(name: &str, bytes: u64, f: impl FnOnce(&mut BdevInfo)) -> Arc<Flaky> {
+        let inner = ram(name, bytes);
+        let mut info = inner.info().clone();
+        f(&mut info);
+        Arc::new(Flaky { inner, info, fail_writes: Arc::default(), fail_reads: Arc::default() })
     }
 }
 
@@ -40,7 +49,7 @@ struct FlakyChannel {
 
 impl BlockDevice for Flaky {
     fn info(&self) -> &BdevInfo {
-        self.inner.info()
+        &self.info
     }
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
         Ok(Box::new(FlakyChannel {
@@ -375,4 +384,20 @@ fn the_owner_takes_a_failing_replica_out_and_io_continues() {
     assert_eq!(shared.counters.degraded_bytes_written.load(Ordering::Relaxed), 2 * 8192);
     drop(ch);
     owner.shutdown().unwrap();
+}
+
+/// An operation one replica lacks is refused at submit, never done on the other alone.
+#[test]
+fn raid1_refuses_what_a_replica_cannot_do() {
+    let lacking = Flaky::with_info("b", 64 << 10, |i| i.io_types.write_zeroes = false);
+    let r = raid(RaidLevel::Raid1, vec![ram("a", 64 << 10), lacking], 0);
+    assert!(!r.info().io_types.write_zeroes && r.info().io_types.unmap);
+    let mut ch = r.open_channel().unwrap();
+    // SAFETY: no buffers.
+    let refused = unsafe { ch.submit(&conformance::cmd(1, IoOp::WriteZeroes, 0, 512)) };
+    assert_eq!(refused, Err(SubmitError::Unsupported));
+    assert_eq!(ch.in_flight(), 0);
+    // SAFETY: as above.
+    unsafe { ch.submit(&conformance::cmd(2, IoOp::Discard, 0, 512)).unwrap() };
+    assert_eq!(poll_until(&mut *ch, 1), vec![(2, IoStatus::Success)]);
 }
