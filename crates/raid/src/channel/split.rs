@@ -113,6 +113,11 @@ impl<M: SplitMap> SplitChannel<M> {
             }
             let op = parent.op;
             let (slot, child) = if op == IoOp::Flush {
+                // A base without a volatile cache has nothing to flush.
+                if self.bases.masks.flushable & (1 << parent.next) == 0 {
+                    parent.next += 1;
+                    continue;
+                }
                 let slot = parent.next as usize;
                 (slot, IoRequest { tag: p, op, offset: 0, len: 0, iov: std::ptr::null(), iovcnt: 0 })
             } else {

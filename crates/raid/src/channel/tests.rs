@@ -401,3 +401,19 @@ fn raid1_refuses_what_a_replica_cannot_do() {
     unsafe { ch.submit(&conformance::cmd(2, IoOp::Discard, 0, 512)).unwrap() };
     assert_eq!(poll_until(&mut *ch, 1), vec![(2, IoStatus::Success)]);
 }
+
+/// A flush skips the bases that have no cache to flush (here: one that would fail it).
+#[test]
+fn flush_skips_bases_without_a_cache() {
+    for level in [RaidLevel::Raid0, RaidLevel::Raid1] {
+        let nocache = Flaky::with_info("b", 64 << 10, |i| i.io_types.flush = false);
+        nocache.fail_writes.store(true, Ordering::Relaxed);
+        let strip = if level == RaidLevel::Raid0 { 4096 } else { 0 };
+        let r = raid(level, vec![ram("a", 64 << 10), nocache], strip);
+        let mut ch = r.open_channel().unwrap();
+        // SAFETY: no buffers.
+        unsafe { ch.submit(&conformance::cmd(3, IoOp::Flush, 0, 0)).unwrap() };
+        assert_eq!(poll_until(&mut *ch, 1), vec![(3, IoStatus::Success)], "{level:?}");
+        assert!(r.shared().failures.is_empty());
+    }
+}
