@@ -199,8 +199,30 @@ fn rejoin(
             dev.shared().info.name
         )));
     }
+    forget_unfinished_copy(&dev.shared().info.name, name, &bdev, sb)?;
     let slot = owner.add_base(name.to_string(), bdev)?;
     log::info!("raid '{}': '{name}' is back, in slot {slot}", dev.shared().info.name);
+    Ok(())
+}
+
+/// A full rebuild's target that never finished must not come back as a partial rebuild: the
+/// bitmap does not cover what it lacks (its copy stopped part way). When `sb` (the base's own
+/// superblock) says so, it is erased: the owner then sees a new base and rebuilds it in full.
+pub(crate) fn forget_unfinished_copy(
+    raid: &str,
+    name: &str,
+    bdev: &Bdev,
+    sb: &Superblock,
+) -> Result<(), RaidError> {
+    let own = sb.slots.get(usize::from(sb.slot));
+    if !own.is_some_and(|r| r.state == SlotState::Rebuilding && !r.rebuild_partial) {
+        return Ok(());
+    }
+    ChannelIo::open(bdev.clone()).and_then(|mut io| {
+        meta_io::wipe_superblock(&mut io)
+            .map_err(|e| RaidError::Metadata(format!("erasing its stale superblock: errno {e}")))
+    })?;
+    log::info!("raid '{raid}': '{name}' was a full rebuild's target: rebuilt in full");
     Ok(())
 }
 

@@ -442,3 +442,28 @@ fn a_rebuild_shows_its_progress_and_follows_set_options() {
     let r = wait_slots(&m, "r", json!(["active", "active"]));
     assert!(r.get("process").is_none(), "{r}");
 }
+
+/// A full rebuild's target that appears only after the raid assembled without it resumes a
+/// full rebuild, not a partial one: its copy was never complete, so the bitmap does not cover
+/// what it lacks.
+#[test]
+fn a_full_rebuild_target_returning_late_is_rebuilt_in_full() {
+    let (m, _dir) = registry();
+    replicas(&m, 3);
+    ok(&m, "bdev_raid_set_options", json!({"process_window_size_kb": 64, "process_max_bandwidth_mb_sec": 1}));
+    create_sb(&m, "r", &["d0", "d1"]);
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "d2"}));
+    assert_eq!(raid(&m, "r")["flashpath"]["rebuild_kind"], "full");
+    // Stopped mid-rebuild; d0 comes back first, the raid assembles without d2.
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d0"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d2"}));
+    delay(&m, "d0", "m0");
+    assert_eq!(raid(&m, "r")["state"], "online");
+    ok(&m, "bdev_raid_set_options", json!({"process_max_bandwidth_mb_sec": 0}));
+    delay(&m, "d2", "m2");
+    let r = wait_slots(&m, "r", json!(["active", "active"]));
+    let data = r["base_bdevs_list"][0]["data_size"].as_u64().unwrap() * 512;
+    assert_eq!(r["flashpath"]["rebuild_bytes_copied"], data, "{r:#}");
+}
