@@ -24,6 +24,8 @@ pub(crate) struct Flaky {
     info: BdevInfo,
     pub fail_writes: Arc<AtomicBool>,
     pub fail_reads: Arc<AtomicBool>,
+    /// Submits still to refuse as busy.
+    pub busy: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Flaky {
@@ -36,7 +38,13 @@ impl Flaky {
         let inner = ram(name, bytes);
         let mut info = inner.info().clone();
         f(&mut info);
-        Arc::new(Flaky { inner, info, fail_writes: Arc::default(), fail_reads: Arc::default() })
+        Arc::new(Flaky {
+            inner,
+            info,
+            fail_writes: Arc::default(),
+            fail_reads: Arc::default(),
+            busy: Arc::default(),
+        })
     }
 }
 
@@ -44,6 +52,7 @@ struct FlakyChannel {
     inner: Box<dyn IoChannel>,
     fail_writes: Arc<AtomicBool>,
     fail_reads: Arc<AtomicBool>,
+    busy: Arc<std::sync::atomic::AtomicU32>,
     failed: Vec<(u32, IoStatus)>,
 }
 
@@ -56,6 +65,7 @@ impl BlockDevice for Flaky {
             inner: self.inner.open_channel()?,
             fail_writes: self.fail_writes.clone(),
             fail_reads: self.fail_reads.clone(),
+            busy: self.busy.clone(),
             failed: Vec::new(),
         }))
     }
@@ -63,6 +73,9 @@ impl BlockDevice for Flaky {
 
 impl IoChannel for FlakyChannel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        if self.busy.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1)).is_ok() {
+            return Err(SubmitError::Busy);
+        }
         let fail = if req.op == IoOp::Read { &self.fail_reads } else { &self.fail_writes };
         if fail.load(Ordering::Relaxed) {
             self.failed.push((req.tag, IoStatus::Error(libc::EIO)));
@@ -415,5 +428,27 @@ fn flush_skips_bases_without_a_cache() {
         unsafe { ch.submit(&conformance::cmd(3, IoOp::Flush, 0, 0)).unwrap() };
         assert_eq!(poll_until(&mut *ch, 1), vec![(3, IoStatus::Success)], "{level:?}");
         assert!(r.shared().failures.is_empty());
+    }
+}
+
+/// A base that is busy for a while gets its part of a request later; reads move on too.
+#[test]
+fn busy_bases_get_their_requests_later() {
+    for level in [RaidLevel::Raid1, RaidLevel::Raid0] {
+        let busy = Flaky::new("b", 64 << 10);
+        let strip = if level == RaidLevel::Raid0 { 4096 } else { 0 };
+        let r = raid(level, vec![ram("a", 64 << 10), busy.clone()], strip);
+        let mut ch = r.open_channel().unwrap();
+        let data = pattern(4, 16 << 10);
+        busy.busy.store(3, Ordering::Relaxed);
+        write_range(&mut *ch, 0, &data);
+        assert_eq!(busy.busy.load(Ordering::Relaxed), 0, "{level:?}: the busy base was asked again");
+        if level == RaidLevel::Raid1 {
+            assert!(read_range(&mut *busy.open_channel().unwrap(), 0, data.len()) == data);
+        }
+        busy.busy.store(3, Ordering::Relaxed);
+        for _ in 0..4 {
+            assert!(read_range(&mut *ch, 0, data.len()) == data, "{level:?}");
+        }
     }
 }
