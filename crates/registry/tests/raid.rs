@@ -484,3 +484,33 @@ fn full_rebuild_target_returns_late(assemble_with_it: bool) {
     let data = r["base_bdevs_list"][0]["data_size"].as_u64().unwrap() * 512;
     assert_eq!(r["flashpath"]["rebuild_bytes_copied"], data, "{r:#}");
 }
+
+/// raid0 and concat keep a superblock too (no bitmap): they come back by examine with their
+/// data where it was.
+#[test]
+fn raid0_and_concat_with_a_superblock_come_back() {
+    let (m, _dir) = registry();
+    replicas(&m, 4);
+    let data = pattern(5, 256 << 10);
+    for (name, level, bases) in [("z", "raid0", ["d0", "d1"]), ("c", "concat", ["d2", "d3"])] {
+        ok(
+            &m,
+            "bdev_raid_create",
+            json!({"name": name, "raid_level": level, "base_bdevs": bases, "strip_size_kb": 64, "superblock": true}),
+        );
+        let mut ch = m.disk(name).unwrap().open().unwrap();
+        write_range(&mut *ch, 64 << 10, &data);
+        drop(ch);
+        ok(&m, "bdev_raid_delete", json!({"name": name}));
+        for (i, b) in bases.iter().enumerate() {
+            ok(&m, "bdev_delay_delete", json!({"name": b}));
+            delay(&m, b, &format!("m{}", &b[1..]));
+            let want = if i == 0 { "configuring" } else { "online" };
+            assert_eq!(raid(&m, name)["state"], want, "{name} after {b}");
+        }
+        let r = raid(&m, name);
+        assert_eq!((r["raid_level"].clone(), r["superblock"].clone()), (json!(level), json!(true)));
+        let mut ch = m.disk(name).unwrap().open().unwrap();
+        assert!(read_range(&mut *ch, 64 << 10, data.len()) == data, "{name}");
+    }
+}
