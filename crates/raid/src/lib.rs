@@ -28,8 +28,8 @@ pub mod shared;
 pub mod sim;
 
 pub use error::RaidError;
-// `pub use rpc::RaidModule;` comes with the io helper's rpc.rs.
 pub use format::{SlotRecord, Superblock};
 pub use intent::{IntentMap, WriteTicket};
 pub use owner::{BaseSpec, OwnerHandle, OwnerOptions};
+pub use rpc::RaidModule;
 pub use shared::{RaidLevel, SlotState};

@@ -7,6 +7,7 @@ use fp_bdev::BdevModule;
 use fp_lvol::bdev::LvolModule;
 use fp_nbd::client::NbdClientModule;
 use fp_nvme::rpc::NvmeModule;
+use fp_raid::RaidModule;
 use fp_rbd::RbdModule;
 
 /// Every module, in the order `rpc_get_methods` and configuration errors list them.
@@ -16,6 +17,9 @@ pub static MODULES: &[&dyn BdevModule] = &[
     &UringModule,
     &DelayModule,
     &LvolModule,
+    // Before the remote bases' modules: at shutdown a raid writes its clean superblocks
+    // while its bases (Ceph, NBD, NVMe/TCP) are still connected.
+    &RaidModule,
     &RbdModule,
     &NbdClientModule,
     &NvmeModule,

@@ -1,0 +1,516 @@
+//! The raid module through the registry, as the RPC server drives it: SPDK's methods and
+//! shapes, I/O through the raid's disk landing on every replica, the refusals (each naming
+//! its field), and assembly from superblocks by examine (delay bdevs over RAM disks stand for
+//! replicas that go and come back: deleting and recreating a delay bdev re-examines it).
+
+use std::sync::Arc;
+
+use fp_bdev::conformance::{read_range, write_range};
+use fp_registry::Registry;
+use fp_rpc::codes;
+use serde_json::{json, Value};
+
+fn registry() -> (Arc<Registry>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Registry::new(vec![], &dir.path().join("vhost"));
+    (m, dir)
+}
+
+fn ok(m: &Registry, method: &str, params: Value) -> Value {
+    m.call(method, (!params.is_null()).then_some(params)).unwrap_or_else(|e| panic!("{method}: {e}"))
+}
+
+fn err(m: &Registry, method: &str, params: Value) -> fp_rpc::RpcError {
+    m.call(method, (!params.is_null()).then_some(params))
+        .map(|v| panic!("{method} gave {v}"))
+        .unwrap_err()
+        .to_rpc()
+}
+
+fn assert_param(e: &fp_rpc::RpcError, field: &str) {
+    assert_eq!(e.code, codes::INVALID_PARAMS, "{e:?}");
+    assert!(e.message.starts_with(&format!("{field}: ")), "{e:?} does not name {field}");
+}
+
+fn malloc(m: &Registry, name: &str, mib: u64, block_size: u64) {
+    let blocks = (mib << 20) / block_size;
+    ok(m, "bdev_malloc_create", json!({"name": name, "num_blocks": blocks, "block_size": block_size}));
+}
+
+fn delay(m: &Registry, name: &str, base: &str) {
+    ok(
+        m,
+        "bdev_delay_create",
+        json!({"name": name, "base_bdev_name": base, "avg_read_latency": 0, "p99_read_latency": 0,
+               "avg_write_latency": 0, "p99_write_latency": 0}),
+    );
+}
+
+/// `n` replicas: delay bdevs `d<i>` over 8 MiB RAM disks `m<i>`.
+fn replicas(m: &Registry, n: usize) {
+    for i in 0..n {
+        malloc(m, &format!("m{i}"), 8, 512);
+        delay(m, &format!("d{i}"), &format!("m{i}"));
+    }
+}
+
+fn raids(m: &Registry, category: &str) -> Vec<Value> {
+    ok(m, "bdev_raid_get_bdevs", json!({"category": category})).as_array().unwrap().clone()
+}
+
+fn raid(m: &Registry, name: &str) -> Value {
+    raids(m, "all").into_iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("no raid {name}"))
+}
+
+/// Waits (10 s at most) until the raid's slots are `want`.
+fn wait_slots(m: &Registry, name: &str, want: Value) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = raid(m, name);
+        if r["flashpath"]["slots"] == want {
+            return r;
+        }
+        assert!(std::time::Instant::now() < deadline, "slots stay {}", r["flashpath"]["slots"]);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
+}
+
+#[test]
+fn raid1_by_rpc_in_spdk_shapes_with_data_on_both_replicas() {
+    let (m, _dir) = registry();
+    malloc(&m, "m0", 4, 512);
+    malloc(&m, "m1", 5, 512);
+    let r =
+        ok(&m, "bdev_raid_create", json!({"name": "r1", "raid_level": "raid1", "base_bdevs": ["m0", "m1"]}));
+    assert_eq!(r, json!(true));
+    let info = raid(&m, "r1");
+    assert_eq!(info["state"], "online");
+    assert_eq!(info["raid_level"], "raid1");
+    assert_eq!(info["strip_size_kb"], 0);
+    assert_eq!(info["superblock"], false);
+    assert_eq!(info["num_base_bdevs"], 2);
+    assert_eq!(info["num_base_bdevs_discovered"], 2);
+    assert_eq!(info["num_base_bdevs_operational"], 2);
+    assert_eq!(info["base_bdevs_list"][1]["name"], "m1");
+    assert_eq!(info["base_bdevs_list"][0]["is_configured"], true);
+    // The smaller base decides (SPDK-like).
+    assert_eq!(info["base_bdevs_list"][0]["data_size"], 4 * 2048);
+    assert_eq!(info["flashpath"]["slots"], json!(["active", "active"]));
+    assert_eq!(raids(&m, "online").len(), 1);
+    assert!(raids(&m, "configuring").is_empty());
+    let b = ok(&m, "bdev_get_bdevs", json!({"name": "r1"}));
+    assert_eq!(b[0]["num_blocks"], 4 * 2048);
+    assert_eq!(b[0]["driver_specific"]["raid"]["raid_level"], "raid1");
+    // Both bases are claimed by the raid.
+    assert_eq!(err(&m, "bdev_malloc_delete", json!({"name": "m0"})).code, -libc::EBUSY);
+
+    let data = pattern(4, 64 << 10);
+    let mut ch = m.disk("r1").unwrap().open().unwrap();
+    write_range(&mut *ch, 1 << 20, &data);
+    assert!(read_range(&mut *ch, 1 << 20, data.len()) == data);
+    drop(ch);
+    for base in ["m0", "m1"] {
+        let mut ch = m.disk(base).unwrap().open().unwrap();
+        assert!(read_range(&mut *ch, 1 << 20, data.len()) == data, "{base}");
+    }
+
+    ok(&m, "bdev_raid_delete", json!({"name": "r1"}));
+    assert!(raids(&m, "all").is_empty());
+    ok(&m, "bdev_malloc_delete", json!({"name": "m0"}));
+    assert_eq!(err(&m, "bdev_raid_delete", json!({"name": "r1"})).code, -libc::ENODEV);
+}
+
+#[test]
+fn raid0_and_concat_take_spdk_parameters_and_old_names() {
+    let (m, _dir) = registry();
+    for n in ["a", "b", "c", "d"] {
+        malloc(&m, n, 2, 512);
+    }
+    // rpc.py sends a list; older clients one space-separated string; `strip_size` is the old name.
+    ok(
+        &m,
+        "bdev_raid_create",
+        json!({"name": "r0", "raid_level": "0", "base_bdevs": "a b", "strip_size": 64}),
+    );
+    ok(
+        &m,
+        "bdev_raid_create",
+        json!({"name": "cc", "raid_level": "concat", "base_bdevs": ["c", "d"], "strip_size_kb": 4, "superblock": false}),
+    );
+    let r0 = raid(&m, "r0");
+    assert_eq!((r0["raid_level"].clone(), r0["strip_size_kb"].clone()), (json!("raid0"), json!(64)));
+    let b = ok(&m, "bdev_get_bdevs", json!({"name": "r0"}));
+    assert_eq!(b[0]["num_blocks"], 2 * 4096);
+    let data = pattern(1, 192 << 10);
+    for name in ["r0", "cc"] {
+        let mut ch = m.disk(name).unwrap().open().unwrap();
+        write_range(&mut *ch, (2 << 20) - (64 << 10), &data);
+        assert!(read_range(&mut *ch, (2 << 20) - (64 << 10), data.len()) == data, "{name}");
+    }
+    // No redundancy: no base leaves, none joins.
+    assert_param(&err(&m, "bdev_raid_remove_base_bdev", json!({"name": "a"})), "name");
+    malloc(&m, "e", 2, 512);
+    assert_param(
+        &err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r0", "base_bdev": "e"})),
+        "raid_bdev",
+    );
+}
+
+#[test]
+fn every_refusal_names_its_field() {
+    let (m, _dir) = registry();
+    malloc(&m, "m0", 4, 512);
+    malloc(&m, "m1", 4, 512);
+    malloc(&m, "k", 4, 4096);
+    malloc(&m, "tiny", 1, 512);
+    let create = |p: Value| err(&m, "bdev_raid_create", p);
+    assert_param(
+        &create(
+            json!({"name": "r", "raid_level": "raid5f", "base_bdevs": ["m0", "m1"], "strip_size_kb": 64}),
+        ),
+        "raid_level",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["m0", "m1"], "strip_size_kb": 48})),
+        "strip_size_kb",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["m0", "m1"]})),
+        "strip_size_kb",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m1"], "strip_size_kb": 64})),
+        "strip_size_kb",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m0"]})),
+        "base_bdevs",
+    );
+    assert_param(&create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0"]})), "base_bdevs");
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "k"]})),
+        "base_bdevs",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m1"], "uuid": "nope"})),
+        "uuid",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m1"], "bogus": 1})),
+        "bogus",
+    );
+    assert_eq!(
+        create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "nosuch"]})).code,
+        -libc::ENODEV
+    );
+    // Every refusal left the bases unclaimed.
+    ok(&m, "bdev_raid_create", json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m1"]}));
+    // A base claimed elsewhere (here: by the raid just made).
+    malloc(&m, "m2", 4, 512);
+    assert_eq!(
+        create(json!({"name": "s", "raid_level": "raid1", "base_bdevs": ["m2", "m1"]})).code,
+        -libc::EBUSY
+    );
+    assert_eq!(
+        create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m2", "tiny"]})).code,
+        -libc::EEXIST
+    );
+    // The last active replica never leaves; a too small or mismatched one never joins.
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "m1"}));
+    assert_eq!(raid(&m, "r")["flashpath"]["slots"], json!(["active", "failed"]));
+    assert_eq!(raid(&m, "r")["num_base_bdevs_operational"], 1);
+    assert_param(&err(&m, "bdev_raid_remove_base_bdev", json!({"name": "m0"})), "name");
+    assert_param(
+        &err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "tiny"})),
+        "base_bdev",
+    );
+    assert_param(
+        &err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "k"})),
+        "base_bdev",
+    );
+    assert_param(
+        &err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "m0"})),
+        "base_bdev",
+    );
+    assert_param(&err(&m, "bdev_raid_get_bdevs", json!({"category": "some"})), "category");
+    assert_param(
+        &err(&m, "bdev_raid_set_options", json!({"process_window_size_kb": 0})),
+        "process_window_size_kb",
+    );
+    ok(
+        &m,
+        "bdev_raid_set_options",
+        json!({"process_window_size_kb": 2048, "process_max_bandwidth_mb_sec": 100}),
+    );
+    // A removed base is free again; it rejoins, rebuilt in full (no superblock), and the
+    // slot is taken.
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "m1"}));
+    let r = wait_slots(&m, "r", json!(["active", "active"]));
+    assert_eq!(r["flashpath"]["rebuilds_completed"], 1);
+    assert_eq!(r["flashpath"]["rebuild_bytes_copied"], 4 << 20);
+    assert_eq!(
+        err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "m2"})).code,
+        -libc::EBUSY
+    );
+}
+
+fn create_sb(m: &Registry, name: &str, bases: &[&str]) {
+    ok(
+        m,
+        "bdev_raid_create",
+        json!({"name": name, "raid_level": "raid1", "base_bdevs": bases, "superblock": true}),
+    );
+}
+
+#[test]
+fn examine_assembles_from_superblocks_and_create_is_idempotent() {
+    let (m, _dir) = registry();
+    malloc(&m, "m0", 8, 512);
+    malloc(&m, "m1", 8, 512);
+    delay(&m, "d0", "m0");
+    delay(&m, "d1", "m1");
+    create_sb(&m, "r", &["d0", "d1"]);
+    let info = raid(&m, "r");
+    let uuid = info["uuid"].clone();
+    assert_eq!(info["superblock"], true);
+    let offset = info["base_bdevs_list"][0]["data_offset"].as_u64().unwrap();
+    assert!(offset > 0 && (offset * 512).is_multiple_of(1 << 20), "data_offset {offset}");
+    let data = pattern(8, 32 << 10);
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    write_range(&mut *ch, 0, &data);
+    drop(ch);
+    // The daemon "restarts": the raid goes, the replicas go and come back one by one.
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d0"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d1"}));
+    delay(&m, "d1", "m1");
+    let c = raid(&m, "r");
+    assert_eq!(c["state"], "configuring");
+    assert_eq!(c["uuid"], uuid);
+    assert_eq!(c["num_base_bdevs_discovered"], 1);
+    assert_eq!(raids(&m, "configuring").len(), 1);
+    assert_eq!(
+        err(&m, "bdev_delay_delete", json!({"name": "d1"})).code,
+        -libc::EBUSY,
+        "claimed while configuring"
+    );
+    // Its only base removed, the configuring raid is forgotten; the base comes back.
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    assert!(raids(&m, "all").is_empty());
+    ok(&m, "bdev_delay_delete", json!({"name": "d1"}));
+    delay(&m, "d1", "m1");
+    assert_eq!(raid(&m, "r")["state"], "configuring");
+    // A configuration file creating it now: accepted, still configuring.
+    create_sb(&m, "r", &["d0", "d1"]);
+    assert_eq!(raid(&m, "r")["state"], "configuring");
+    delay(&m, "d0", "m0");
+    let r = raid(&m, "r");
+    assert_eq!(r["state"], "online");
+    assert_eq!(r["uuid"], uuid);
+    assert_eq!(r["flashpath"]["slots"], json!(["active", "active"]));
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    assert!(read_range(&mut *ch, 0, data.len()) == data);
+    drop(ch);
+    // A configuration file creating it again: accepted, unchanged.
+    create_sb(&m, "r", &["d0", "d1"]);
+    assert_eq!(raid(&m, "r")["uuid"], uuid);
+    // Not the same raid: refused.
+    assert_eq!(
+        err(
+            &m,
+            "bdev_raid_create",
+            json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["d1", "d0"], "superblock": true})
+        )
+        .code,
+        -libc::EEXIST
+    );
+}
+
+#[test]
+fn another_raids_superblock_is_refused_and_a_stale_replica_is_rebuilt() {
+    let (m, _dir) = registry();
+    replicas(&m, 4);
+    create_sb(&m, "r", &["d0", "d1"]);
+    // d1 leaves (its superblock stays at the old seq), then the raid stops.
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    for d in ["d0", "d1"] {
+        ok(&m, "bdev_delay_delete", json!({"name": d}));
+    }
+    // Another raid of the same name takes the name first.
+    create_sb(&m, "r", &["d2", "d3"]);
+    let other = raid(&m, "r")["uuid"].clone();
+    delay(&m, "d0", "m0");
+    assert_eq!(raid(&m, "r")["uuid"], other);
+    ok(&m, "bdev_delay_delete", json!({"name": "d0"})); // not claimed: refused by the raid
+    ok(&m, "bdev_raid_delete", json!({"name": "r", "clear_sb": true}));
+    // The first raid comes back: d0 alone is enough (d1 is Failed in the newest superblock).
+    delay(&m, "d0", "m0");
+    let r = raid(&m, "r");
+    assert_eq!(r["state"], "online");
+    assert_eq!(r["flashpath"]["slots"], json!(["active", "failed"]));
+    // Written while d1 is away: only that chunk is dirty.
+    let data = pattern(3, 16 << 10);
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    write_range(&mut *ch, 1 << 20, &data);
+    drop(ch);
+    assert_eq!(raid(&m, "r")["flashpath"]["degraded_bytes_written"], 16 << 10);
+    // The stale replica returns: it joins its slot as a rebuild target, never as a source,
+    // and gets only what it missed.
+    delay(&m, "d1", "m1");
+    let r = wait_slots(&m, "r", json!(["active", "active"]));
+    let chunk = r["flashpath"]["bitmap_chunk_bytes"].as_u64().unwrap();
+    assert_eq!(r["flashpath"]["rebuild_bytes_copied"], chunk, "a partial rebuild of one chunk");
+    let offset = r["base_bdevs_list"][1]["data_offset"].as_u64().unwrap() * 512;
+    let mut ch = m.disk("m1").unwrap().open().unwrap();
+    assert!(read_range(&mut *ch, offset + (1 << 20), data.len()) == data);
+    drop(ch);
+    // The cleared bases carry no superblock any more: nothing is assembled from them.
+    ok(&m, "bdev_delay_delete", json!({"name": "d2"}));
+    delay(&m, "d2", "m2");
+    assert_eq!(raids(&m, "all").len(), 1);
+}
+
+/// A corrupted bitmap page is never trusted: its chunks count as dirty (and are counted), so
+/// the next rebuild copies them rather than skipping what it cannot know.
+#[test]
+fn a_corrupted_bitmap_page_is_treated_as_all_dirty() {
+    let (m, _dir) = registry();
+    replicas(&m, 2);
+    create_sb(&m, "r", &["d0", "d1"]);
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d0"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d1"}));
+    // Garbage over the first bitmap page (page 2) of m0.
+    let mut ch = m.disk("m0").unwrap().open().unwrap();
+    write_range(&mut *ch, 2 * 4096, &pattern(99, 4096));
+    drop(ch);
+    delay(&m, "d0", "m0");
+    delay(&m, "d1", "m1");
+    let r = raid(&m, "r");
+    assert_eq!(r["state"], "online");
+    assert_eq!(r["flashpath"]["bitmap_pages_corrupt"], 1);
+}
+
+/// `bdev_raid_add_base_bdev` refuses a base that carries another raid's superblock: its data
+/// belongs elsewhere, and it is never overwritten by surprise.
+#[test]
+fn a_base_of_another_raid_is_refused_by_add() {
+    let (m, _dir) = registry();
+    replicas(&m, 4);
+    create_sb(&m, "x", &["d0", "d1"]);
+    create_sb(&m, "y", &["d2", "d3"]);
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d3"}));
+    assert_param(
+        &err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "y", "base_bdev": "d1"})),
+        "base_bdev",
+    );
+    // Refused and released: its own raid takes it back.
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "x", "base_bdev": "d1"}));
+    wait_slots(&m, "x", json!(["active", "active"]));
+}
+
+/// A rebuild shows as SPDK's `process` while it runs; `bdev_raid_set_options` reaches the
+/// running raids (a speed limit holds it back, lifting it lets it finish).
+#[test]
+fn a_rebuild_shows_its_progress_and_follows_set_options() {
+    let (m, _dir) = registry();
+    replicas(&m, 2);
+    ok(&m, "bdev_raid_set_options", json!({"process_window_size_kb": 64, "process_max_bandwidth_mb_sec": 1}));
+    ok(&m, "bdev_raid_create", json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["d0", "d1"]}));
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "d1"}));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let p = loop {
+        let r = raid(&m, "r");
+        if r["process"]["progress"]["blocks"].as_u64().is_some_and(|b| b > 0) {
+            break r["process"].clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "no progress: {r}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert_eq!(p["type"], "rebuild");
+    assert_eq!(p["target"], "d1");
+    assert!(p["progress"]["percent"].as_u64().unwrap() < 100, "{p}");
+    assert_eq!(raid(&m, "r")["flashpath"]["slots"], json!(["active", "rebuilding"]));
+    ok(&m, "bdev_raid_set_options", json!({"process_max_bandwidth_mb_sec": 0}));
+    let r = wait_slots(&m, "r", json!(["active", "active"]));
+    assert!(r.get("process").is_none(), "{r}");
+}
+
+/// A full rebuild's target that appears only after the raid assembled without it resumes a
+/// full rebuild, not a partial one: its copy was never complete, so the bitmap does not cover
+/// what it lacks.
+#[test]
+fn a_full_rebuild_target_returning_late_is_rebuilt_in_full() {
+    for assemble_with_it in [false, true] {
+        full_rebuild_target_returns_late(assemble_with_it);
+    }
+}
+
+fn full_rebuild_target_returns_late(assemble_with_it: bool) {
+    let (m, _dir) = registry();
+    replicas(&m, 3);
+    ok(&m, "bdev_raid_set_options", json!({"process_window_size_kb": 64, "process_max_bandwidth_mb_sec": 1}));
+    create_sb(&m, "r", &["d0", "d1"]);
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "d2"}));
+    assert_eq!(raid(&m, "r")["flashpath"]["rebuild_kind"], "full");
+    // Stopped mid-rebuild; d0 comes back first, the raid assembles without d2.
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d0"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d2"}));
+    delay(&m, "d0", "m0");
+    assert_eq!(raid(&m, "r")["state"], "online");
+    assert_eq!(raid(&m, "r")["flashpath"]["slots"], json!(["active", "failed"]));
+    ok(&m, "bdev_raid_set_options", json!({"process_max_bandwidth_mb_sec": 0}));
+    if assemble_with_it {
+        // Stopped again, the slot now Failed in d0's superblock; d2 appears first this time,
+        // and joins at assembly.
+        ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+        ok(&m, "bdev_delay_delete", json!({"name": "d0"}));
+        delay(&m, "d2", "m2");
+        assert_eq!(raid(&m, "r")["state"], "configuring");
+        delay(&m, "d0", "m0");
+    } else {
+        delay(&m, "d2", "m2");
+    }
+    let r = wait_slots(&m, "r", json!(["active", "active"]));
+    let data = r["base_bdevs_list"][0]["data_size"].as_u64().unwrap() * 512;
+    assert_eq!(r["flashpath"]["rebuild_bytes_copied"], data, "{r:#}");
+}
+
+/// raid0 and concat keep a superblock too (no bitmap): they come back by examine with their
+/// data where it was.
+#[test]
+fn raid0_and_concat_with_a_superblock_come_back() {
+    let (m, _dir) = registry();
+    replicas(&m, 4);
+    let data = pattern(5, 256 << 10);
+    for (name, level, bases) in [("z", "raid0", ["d0", "d1"]), ("c", "concat", ["d2", "d3"])] {
+        ok(
+            &m,
+            "bdev_raid_create",
+            json!({"name": name, "raid_level": level, "base_bdevs": bases, "strip_size_kb": 64, "superblock": true}),
+        );
+        let mut ch = m.disk(name).unwrap().open().unwrap();
+        write_range(&mut *ch, 64 << 10, &data);
+        drop(ch);
+        ok(&m, "bdev_raid_delete", json!({"name": name}));
+        for (i, b) in bases.iter().enumerate() {
+            ok(&m, "bdev_delay_delete", json!({"name": b}));
+            delay(&m, b, &format!("m{}", &b[1..]));
+            let want = if i == 0 { "configuring" } else { "online" };
+            assert_eq!(raid(&m, name)["state"], want, "{name} after {b}");
+        }
+        let r = raid(&m, name);
+        assert_eq!((r["raid_level"].clone(), r["superblock"].clone()), (json!(level), json!(true)));
+        let mut ch = m.disk(name).unwrap().open().unwrap();
+        assert!(read_range(&mut *ch, 64 << 10, data.len()) == data, "{name}");
+    }
+}
