@@ -379,6 +379,21 @@ impl LvStore {
         call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.decouple_parent(&vol))))
     }
 
+    /// SPDK's set_parent: `snapshot` becomes the parent of the thin volume `uuid`. Writes are
+    /// held while the parent changes, and the volume's view is republished with the new
+    /// parent's layers.
+    pub fn set_parent(&self, uuid: &Uuid, snapshot: &Uuid) -> Result<(), LvolError> {
+        let (vol, snap) = (*uuid, *snapshot);
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.store.set_parent(&vol, &snap)))
+    }
+
+    /// The clusters of `[offset, offset + size)` (bytes, whole clusters) the volume owns, as
+    /// [`Store::owned_bitmap`] gives them.
+    pub fn owned_bitmap(&self, uuid: &Uuid, offset: u64, size: u64) -> Result<(Vec<u8>, u64), LvolError> {
+        let (vol, shift) = (*uuid, self.geo.cluster_shift);
+        call(&self.tx, move |o| o.store.owned_bitmap(&vol, offset >> shift, size >> shift))
+    }
+
     /// Takes the clusters a grown base now has room for; `false` when there are none.
     pub fn grow(&self) -> Result<bool, LvolError> {
         call(&self.tx, |o| {

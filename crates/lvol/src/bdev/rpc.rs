@@ -1,7 +1,7 @@
 //! SPDK's `bdev_lvol_*` methods, and examine: a bdev that appears carrying an lvstore has it
 //! loaded, its volumes added as bdevs named by UUID with the alias `lvs/lvol`.
 //!
-//! Where SPDK rounds a size up to whole clusters, flashpath refuses it naming `size_in_mib`
+//! Where SPDK rounds `size_in_mib` up to whole clusters, flashpath refuses it naming the field
 //! (a volume is never silently larger than asked). `clear_method` is accepted and checked, but
 //! clusters are zeroed (or copied) when allocated, so no method ever exposes old data.
 
@@ -83,6 +83,8 @@ impl BdevModule for LvolModule {
             ("bdev_lvol_inflate", inflate),
             ("bdev_lvol_decouple_parent", decouple_parent),
             ("bdev_lvol_grow_lvstore", grow_lvstore),
+            ("bdev_lvol_set_parent", set_parent),
+            ("bdev_lvol_get_fragmap", get_fragmap),
         ]
     }
 
@@ -205,31 +207,59 @@ fn find_volume(
     Ok((lvs, dev))
 }
 
-/// `size_in_mib` as bytes: a non-zero whole number of the store's clusters.
-fn size_of(p: &mut Params, lvs: &LvStore) -> Result<u64, ModuleError> {
-    let mib = p.required_uint("size_in_mib", u64::MAX / MIB)?;
-    let bytes = mib * MIB;
+/// The volume size: `size_in_mib`, a non-zero whole number of the store's clusters, or the
+/// byte-sized `size` clients before SPDK 23.05 send, rounded up to whole clusters as SPDK did
+/// then. Both at once is refused naming `size`. Returns the bytes and the field they came from.
+fn size_of(p: &mut Params, lvs: &LvStore) -> Result<(u64, &'static str), ModuleError> {
+    let mib = p.optional_uint("size_in_mib", u64::MAX / MIB)?;
+    let bytes = p.optional_uint("size", u64::MAX)?;
     let cs = lvs.cluster_size();
-    if bytes == 0 || bytes % cs != 0 {
-        return Err(ParamError::new(
-            "size_in_mib",
-            format!(
-                "{mib} MiB is not a non-zero multiple of the cluster size ({} MiB)",
-                cs as f64 / MIB as f64
-            ),
-        )
-        .into());
-    }
+    let (bytes, field) = match (mib, bytes) {
+        (Some(_), Some(_)) => {
+            return Err(ParamError::new(
+                "size",
+                "give size_in_mib, or size in bytes (clients before SPDK 23.05), not both",
+            )
+            .into())
+        }
+        (None, None) => {
+            return Err(ParamError::new("size_in_mib", "required (or size, in bytes)").into());
+        }
+        (Some(mib), None) => {
+            let bytes = mib * MIB;
+            if bytes == 0 || bytes % cs != 0 {
+                return Err(ParamError::new(
+                    "size_in_mib",
+                    format!(
+                        "{mib} MiB is not a non-zero multiple of the cluster size ({} MiB)",
+                        cs as f64 / MIB as f64
+                    ),
+                )
+                .into());
+            }
+            (bytes, "size_in_mib")
+        }
+        (None, Some(b)) => {
+            let clusters = b.div_ceil(cs);
+            if clusters == 0 {
+                return Err(ParamError::new("size", "must not be 0").into());
+            }
+            let rounded = clusters
+                .checked_mul(cs)
+                .ok_or_else(|| ParamError::new("size", format!("{b} bytes is too large")))?;
+            (rounded, "size")
+        }
+    };
     let info = lvs.info().map_err(lvol_error)?;
     let total = info.total_data_clusters * cs;
     if bytes > total {
         return Err(ParamError::new(
-            "size_in_mib",
-            format!("{mib} MiB is larger than the lvstore's {} MiB of data clusters", total / MIB),
+            field,
+            format!("{bytes} bytes is larger than the lvstore's {total} bytes of data clusters"),
         )
         .into());
     }
-    Ok(bytes)
+    Ok((bytes, field))
 }
 
 /// Checks `clear_method` against `methods` (SPDK's names for the call).
@@ -348,14 +378,14 @@ fn get_lvstores(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleError> 
 fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let lvs = find_store(host, &mut p, "uuid", "lvs_name", true)?.expect("required");
     let name = p.required_str("lvol_name")?;
-    let size = size_of(&mut p, &lvs)?;
+    let (size, size_field) = size_of(&mut p, &lvs)?;
     let thin = p.optional_bool("thin_provision")?.unwrap_or(false);
     clear_method(&mut p, &VOLUME_CLEAR_METHODS)?;
     p.finish()?;
     let free = lvs.info().map_err(lvol_error)?.free_clusters * lvs.cluster_size();
     if !thin && size > free {
         return Err(ParamError::new(
-            "size_in_mib",
+            size_field,
             format!("a thick volume of {} MiB needs more than the {} MiB free", size / MIB, free / MIB),
         )
         .into());
@@ -396,7 +426,7 @@ fn volume_info(lvs: &LvStore, uuid: &Uuid) -> Result<super::VolumeInfo, ModuleEr
 fn resize(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
     let (lvs, dev) = find_volume(host, "name", &name)?;
-    let size = size_of(&mut p, &lvs)?;
+    let (size, _) = size_of(&mut p, &lvs)?;
     p.finish()?;
     if volume_info(&lvs, &dev.uuid())?.snapshot {
         return Err(
@@ -546,4 +576,64 @@ fn grow_lvstore(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleErr
     let grew = lvs.grow().map_err(lvol_error)?;
     log::info!("lvstore '{}': {}", lvs.name(), if grew { "grown" } else { "already fills its base" });
     Ok(Value::Bool(true))
+}
+
+/// SPDK's `bdev_lvol_set_parent`: `lvol_name` (a thin volume) becomes a clone of the snapshot
+/// `parent_name` of the same store and size.
+fn set_parent(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let lvol = p.required_str("lvol_name")?;
+    let parent = p.required_str("parent_name")?;
+    p.finish()?;
+    let (lvs, dev) = find_volume(host, "lvol_name", &lvol)?;
+    let (plvs, snap) = find_volume(host, "parent_name", &parent)?;
+    if !Arc::ptr_eq(&lvs, &plvs) {
+        return Err(ParamError::new(
+            "parent_name",
+            format!("'{parent}' is in lvstore '{}', '{lvol}' in '{}'", plvs.name(), lvs.name()),
+        )
+        .into());
+    }
+    lvs.set_parent(&dev.uuid(), &snap.uuid()).map_err(lvol_error)?;
+    Ok(Value::Bool(true))
+}
+
+/// Longhorn's `bdev_lvol_get_fragmap` (its SPDK fork, module/bdev/lvol/vbdev_lvol_rpc.c): which
+/// clusters of `[offset, offset + size)` the volume `name` owns itself (not through a parent),
+/// a bit each, least significant first, base64. `offset` and `size` are bytes, whole clusters;
+/// `size` 0 or absent means to the end of the volume.
+fn get_fragmap(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    let offset = p.optional_uint("offset", u64::MAX)?.unwrap_or(0);
+    let size = p.optional_uint("size", u64::MAX)?.unwrap_or(0);
+    p.finish()?;
+    let (lvs, dev) = find_volume(host, "name", &name)?;
+    let cs = lvs.cluster_size();
+    let vol_size = dev.info().size_bytes();
+    if offset % cs != 0 || offset > vol_size {
+        return Err(ParamError::new(
+            "offset",
+            format!(
+                "{offset} is not a multiple of the cluster size {cs} inside the volume's {vol_size} bytes"
+            ),
+        )
+        .into());
+    }
+    let size = if size == 0 { vol_size - offset } else { size };
+    if size % cs != 0 || size > vol_size - offset {
+        return Err(ParamError::new(
+            "size",
+            format!(
+                "{size} bytes from {offset} is not a multiple of the cluster size {cs} inside the \
+                 volume's {vol_size} bytes"
+            ),
+        )
+        .into());
+    }
+    let (bits, allocated) = lvs.owned_bitmap(&dev.uuid(), offset, size).map_err(lvol_error)?;
+    Ok(json!({
+        "cluster_size": cs,
+        "num_clusters": size / cs,
+        "num_allocated_clusters": allocated,
+        "fragmap": fp_bdev::disk::base64_encode(&bits),
+    }))
 }
