@@ -208,3 +208,53 @@ fn byte_sized_size_is_rounded_up_to_clusters() {
         "size",
     );
 }
+
+/// Polls `bdev_lvol_check_shallow_copy` until the copy is no longer in progress.
+fn wait_copy(f: &Fixture, id: &Value) -> Value {
+    let start = Instant::now();
+    loop {
+        let s = f.ok("bdev_lvol_check_shallow_copy", json!({"operation_id": id}));
+        if s["state"] != "in progress" {
+            return s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "copy {id} still running: {s}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Only the clusters the read-only volume owns itself land on the destination, at their own
+/// offsets; the rest of the destination is untouched.
+#[test]
+fn shallow_copy_copies_only_the_volumes_own_clusters() {
+    let f = Fixture::new();
+    f.thin("v", 4);
+    f.write("lvs/v", 0, 0x11, MIB);
+    f.ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/v", "snapshot_name": "s"}));
+    f.write("lvs/v", 2 * MIB, 0x22, MIB);
+    f.ok("bdev_malloc_create", json!({"name": "d", "num_blocks": 16384, "block_size": 512}));
+    f.write("d", 0, 0xff, 8 * MIB);
+    let start = |src: &str, dst: &str| {
+        f.m.call("bdev_lvol_start_shallow_copy", Some(json!({"src_lvol_name": src, "dst_bdev_name": dst})))
+    };
+    assert_param(&start("lvs/v", "d").unwrap_err().to_rpc(), "src_lvol_name");
+    f.ok("bdev_lvol_set_read_only", json!({"name": "lvs/v"}));
+    let id = start("lvs/v", "d").unwrap()["operation_id"].clone();
+    let done = wait_copy(&f, &id);
+    assert_eq!(done, json!({"state": "complete", "copied_clusters": 1, "total_clusters": 1}));
+    assert_eq!(f.bytes("d", 8), [0xff, 0xff, 0x22, 0xff, 0xff, 0xff, 0xff, 0xff]);
+    // The claim went with the copy: the same destination takes the snapshot's clusters next.
+    let id2 = start("lvs/s", "d").unwrap()["operation_id"].clone();
+    assert_ne!(id, id2);
+    assert_eq!(wait_copy(&f, &id2)["state"], "complete");
+    assert_eq!(f.bytes("d", 4), [0x11, 0xff, 0x22, 0xff]);
+    // Refusals: a destination smaller than the volume, unknown names and operations.
+    f.ok("bdev_malloc_create", json!({"name": "small", "num_blocks": 2048, "block_size": 512}));
+    assert_param(&start("lvs/v", "small").unwrap_err().to_rpc(), "dst_bdev_name");
+    assert_param(&start("lvs/v", "nope").unwrap_err().to_rpc(), "dst_bdev_name");
+    assert_param(&start("lvs/v", "lvs/v").unwrap_err().to_rpc(), "dst_bdev_name");
+    assert_param(&start("lvs/nope", "d").unwrap_err().to_rpc(), "src_lvol_name");
+    assert_param(&f.err("bdev_lvol_check_shallow_copy", json!({"operation_id": 99})), "operation_id");
+    assert_param(&f.err("bdev_lvol_check_shallow_copy", json!({"operation_id": "x"})), "operation_id");
+    // The lvstore's own base is claimed by the store: a copy cannot overwrite it.
+    assert!(start("lvs/v", "m0").is_err());
+}

@@ -13,10 +13,12 @@ use std::sync::{Arc, Mutex};
 use fp_bdev::{Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, Capacity, IoChannel};
 
 mod channel;
+mod copy;
 mod owner;
 mod rpc;
 mod shared;
 
+pub use copy::{CopyState, ShallowCopy};
 pub use rpc::LvolModule;
 
 use owner::{Msg, Owner};
@@ -213,6 +215,11 @@ impl LvStore {
         self.geo.cluster_size()
     }
 
+    /// The base under its statistics layer: what the store's own background I/O uses.
+    fn raw_base(&self) -> Bdev {
+        self.base.as_disk().map_or_else(|| self.base.clone(), |d| d.bdev().clone())
+    }
+
     /// Every volume's device, in UUID order.
     pub fn devices(&self) -> Vec<Arc<LvolDevice>> {
         self.devices.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
@@ -313,6 +320,7 @@ impl LvStore {
         let vol = *uuid;
         call(&self.tx, move |o| {
             o.check_usable()?;
+            o.check_not_copying(&vol)?;
             o.store.delete_volume(&vol)?;
             o.commit()?;
             o.vols.remove(&vol);
@@ -328,6 +336,7 @@ impl LvStore {
         let vol = *uuid;
         call(&self.tx, move |o| {
             o.check_usable()?;
+            o.check_not_copying(&vol)?;
             o.store.check_delete(&vol).map(|_| ())
         })
     }
@@ -495,8 +504,11 @@ impl BlockDevice for LvolDevice {
             });
         }
         let vol = self.uuid;
-        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.store.resize_volume(&vol, bytes)))
-            .map_err(lvol_to_bdev)?;
+        call(&self.tx, move |o| {
+            o.check_not_copying(&vol)?;
+            o.change_held(&vol, &vol, |o| o.store.resize_volume(&vol, bytes))
+        })
+        .map_err(lvol_to_bdev)?;
         self.info.capacity.set(num_blocks);
         Ok(())
     }

@@ -6,6 +6,7 @@
 //! clusters are zeroed (or copied) when allocated, so no method ever exposes old data.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fp_bdev::module::{BdevModule, ModuleError, ModuleHost, ModuleMethodFn, NewBdev};
@@ -13,6 +14,7 @@ use fp_bdev::{BdevInfo, BlockDevice, ClaimType};
 use fp_rpc::{Neutral, ParamError, Params};
 use serde_json::{json, Map, Value};
 
+use super::copy::{self, CopyState, ShallowCopy};
 use super::{new_uuid, LvStore, LvolDevice};
 use crate::{check_name, LvolError, StoreOptions, Uuid};
 
@@ -29,9 +31,10 @@ const VOLUME_CLEAR_METHODS: [&str; 4] = ["none", "unmap", "write_zeroes", "defau
 /// The lvol module.
 pub struct LvolModule;
 
-/// The open stores of one registry.
+/// The open stores of one registry, and its shallow copies (kept for their status, as SPDK
+/// keeps them; each is a few words).
 #[derive(Default)]
-struct Stores(Mutex<Vec<Arc<LvStore>>>);
+struct Stores(Mutex<Vec<Arc<LvStore>>>, Mutex<Vec<Arc<ShallowCopy>>>, AtomicU32);
 
 fn stores(host: &dyn ModuleHost) -> Arc<dyn Any + Send + Sync> {
     host.module_state(MODULE, &|| Arc::new(Stores::default()))
@@ -41,6 +44,19 @@ fn with_stores<R>(host: &dyn ModuleHost, f: impl FnOnce(&mut Vec<Arc<LvStore>>) 
     let state = stores(host);
     let s = state.downcast_ref::<Stores>().expect("the lvol module's state");
     let mut list = s.0.lock().unwrap_or_else(|p| p.into_inner());
+    f(&mut list)
+}
+
+/// The next shallow copy's id.
+fn next_copy_id(host: &dyn ModuleHost) -> u32 {
+    let state = stores(host);
+    state.downcast_ref::<Stores>().expect("the lvol module's state").2.fetch_add(1, Ordering::Relaxed)
+}
+
+fn with_copies<R>(host: &dyn ModuleHost, f: impl FnOnce(&mut Vec<Arc<ShallowCopy>>) -> R) -> R {
+    let state = stores(host);
+    let s = state.downcast_ref::<Stores>().expect("the lvol module's state");
+    let mut list = s.1.lock().unwrap_or_else(|p| p.into_inner());
     f(&mut list)
 }
 
@@ -85,6 +101,8 @@ impl BdevModule for LvolModule {
             ("bdev_lvol_grow_lvstore", grow_lvstore),
             ("bdev_lvol_set_parent", set_parent),
             ("bdev_lvol_get_fragmap", get_fragmap),
+            ("bdev_lvol_start_shallow_copy", start_shallow_copy),
+            ("bdev_lvol_check_shallow_copy", check_shallow_copy),
         ]
     }
 
@@ -636,4 +654,64 @@ fn get_fragmap(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleErro
         "num_allocated_clusters": allocated,
         "fragmap": fp_bdev::disk::base64_encode(&bits),
     }))
+}
+
+/// SPDK's `bdev_lvol_start_shallow_copy`: the clusters the read-only volume `src_lvol_name`
+/// owns, copied to the same offsets of `dst_bdev_name` (claimed for the copy's duration) in the
+/// background. Returns the `operation_id` for `bdev_lvol_check_shallow_copy`.
+fn start_shallow_copy(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let src = p.required_str("src_lvol_name")?;
+    let dst = p.required_str("dst_bdev_name")?;
+    p.finish()?;
+    let (lvs, dev) = find_volume(host, "src_lvol_name", &src)?;
+    let dst_name =
+        host.bdev_name(&dst).ok_or_else(|| ParamError::new("dst_bdev_name", format!("no bdev '{dst}'")))?;
+    if dst_name == dev.uuid().to_string() {
+        return Err(ParamError::new("dst_bdev_name", "the volume itself").into());
+    }
+    let (vol_bs, dst_bs) = (dev.info().block_size, host.block_size(&dst_name)?);
+    if vol_bs % dst_bs != 0 {
+        return Err(ParamError::new(
+            "dst_bdev_name",
+            format!("block size {dst_bs} does not divide the volume's {vol_bs}"),
+        )
+        .into());
+    }
+    let id = next_copy_id(host);
+    let holder = format!("{}#{id}", dev.uuid());
+    let bdev = host.claim(&dst_name, copy::HOLDER, &holder, ClaimType::ExclusiveWrite)?;
+    let release = copy::releaser(host, dst_name.clone(), holder.clone());
+    match lvs.start_shallow_copy(id, &dev.uuid(), bdev, release) {
+        Ok(op) => {
+            with_copies(host, |l| l.push(op));
+            Ok(json!({ "operation_id": id }))
+        }
+        Err(e) => {
+            host.release_claim(&dst_name, copy::HOLDER, &holder);
+            Err(lvol_error(e))
+        }
+    }
+}
+
+/// SPDK's `bdev_lvol_check_shallow_copy`: `state` ("in progress", "complete", "error"),
+/// `copied_clusters`, `total_clusters`, and `error` when it failed.
+fn check_shallow_copy(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let id = p.required_uint("operation_id", u64::from(u32::MAX))?;
+    p.finish()?;
+    let op = with_copies(host, |l| l.iter().find(|o| u64::from(o.id) == id).cloned())
+        .ok_or_else(|| ParamError::new("operation_id", format!("no shallow copy {id}")))?;
+    let mut out = json!({
+        "copied_clusters": op.copied_clusters(),
+        "total_clusters": op.total_clusters(),
+    });
+    let state = match op.state() {
+        CopyState::InProgress => "in progress",
+        CopyState::Complete => "complete",
+        CopyState::Error(e) => {
+            out["error"] = Value::from(e);
+            "error"
+        }
+    };
+    out["state"] = Value::from(state);
+    Ok(out)
 }
