@@ -335,6 +335,8 @@ fn set_parent_bdev_makes_a_thin_volume_an_esnap_clone() {
     assert_param(&set("lvs/w", "lvs/thick"), "parent_name");
     assert_param(&set("lvs/nope", "golden"), "lvol_name");
     assert_param(&set("lvs/w", "m0"), "parent_name"); // the store's base: claimed for writing
+    f.ok("bdev_malloc_create", json!({"name": "big_blocks", "num_blocks": 1024, "block_size": 4096}));
+    assert_param(&set("lvs/w", "big_blocks"), "parent_name"); // 4 KiB blocks under 512-byte ones
     let clone = |p: Value| f.err("bdev_lvol_clone_bdev", p);
     assert_param(&clone(json!({"bdev": "golden", "lvs_name": "nope", "clone_name": "c"})), "lvs_name");
     assert_param(&clone(json!({"bdev": "nope", "lvs_name": "lvs", "clone_name": "c"})), "bdev");
