@@ -351,3 +351,46 @@ fn set_parent_bdev_makes_a_thin_volume_an_esnap_clone() {
     assert_eq!(f.bytes("lvs/w", 4), [0x5a, 0x5a, 0x5a, 0x77]);
     f.ok("bdev_malloc_delete", json!({"name": "golden"}));
 }
+
+/// Inflate and decouple copy what an esnap clone reads from its external snapshot: afterwards
+/// it reads the same without it, and the external snapshot is let go.
+#[test]
+fn inflate_and_decouple_copy_from_the_external_snapshot() {
+    let f = Fixture::new();
+    golden(&f);
+    let clone = |name: &str| {
+        f.ok("bdev_lvol_clone_bdev", json!({"bdev": "golden", "lvs_name": "lvs", "clone_name": name}));
+        f.write(&format!("lvs/{name}"), 2 * MIB, 0x99, MIB);
+    };
+    let want = [0x10, 0x20, 0x99, 0x40];
+    clone("a");
+    clone("b");
+    clone("c");
+    // c's snapshot takes the external parent; decoupling c makes it an esnap clone again.
+    f.ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/c", "snapshot_name": "cs"}));
+    f.ok("bdev_lvol_decouple_parent", json!({"name": "lvs/c"}));
+    let lvols = f.ok("bdev_lvol_get_lvols", json!({}));
+    let c = lvol(&lvols, "c");
+    assert_eq!((c["is_clone"].as_bool(), c["is_esnap_clone"].as_bool()), (Some(false), Some(true)));
+    assert_eq!(c["num_allocated_clusters"], 1, "the snapshot's cluster copied in");
+    assert_eq!(f.bytes("lvs/c", 4), want);
+    f.ok("bdev_lvol_inflate", json!({"name": "lvs/a"}));
+    f.ok("bdev_lvol_decouple_parent", json!({"name": "lvs/b"}));
+    for name in ["c", "cs"] {
+        f.ok("bdev_lvol_decouple_parent", json!({"name": format!("lvs/{name}")}));
+    }
+    let lvols = f.ok("bdev_lvol_get_lvols", json!({}));
+    let a = lvol(&lvols, "a");
+    assert_eq!(
+        (a["is_esnap_clone"].as_bool(), a["is_thin_provisioned"].as_bool()),
+        (Some(false), Some(false))
+    );
+    let b = lvol(&lvols, "b");
+    assert_eq!((b["is_esnap_clone"].as_bool(), b["num_allocated_clusters"].as_u64()), (Some(false), Some(4)));
+    assert_param(&f.err("bdev_lvol_decouple_parent", json!({"name": "lvs/b"})), "name");
+    // Nothing reads the external snapshot any more: it can go, and the volumes read the same.
+    f.ok("bdev_malloc_delete", json!({"name": "golden"}));
+    for name in ["a", "b", "c"] {
+        assert_eq!(f.bytes(&format!("lvs/{name}"), 4), want, "{name}");
+    }
+}

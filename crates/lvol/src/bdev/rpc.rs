@@ -599,6 +599,7 @@ fn inflate(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     p.finish()?;
     let (lvs, dev) = find_volume(host, "name", &name)?;
     lvs.inflate(&dev.uuid()).map_err(as_name_field)?;
+    sync_externals(host, &lvs);
     Ok(Value::Bool(true))
 }
 
@@ -607,6 +608,7 @@ fn decouple_parent(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Module
     p.finish()?;
     let (lvs, dev) = find_volume(host, "name", &name)?;
     lvs.decouple_parent(&dev.uuid()).map_err(as_name_field)?;
+    sync_externals(host, &lvs);
     Ok(Value::Bool(true))
 }
 

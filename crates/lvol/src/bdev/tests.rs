@@ -415,6 +415,9 @@ fn an_esnap_clone_is_degraded_until_its_external_snapshot_returns() {
     let before = free(&lvs);
     assert_eq!(write_status(&mut *ch, 4096, &own), IoStatus::Error(libc::EIO));
     assert_eq!(free(&lvs), before, "a failed copy from the external snapshot allocates nothing");
+    let e = lvs.inflate(&cu).unwrap_err().to_string();
+    assert!(e.contains("missing"), "{e}");
+    assert_eq!(free(&lvs), before, "nor does an inflate refused for it");
     lvs.attach_external("golden", golden).unwrap();
     assert!(!lvs.volumes().unwrap().into_iter().find(|v| v.uuid == cu).unwrap().degraded);
     assert_eq!(read_range(&mut *ch, 0, 4096), g[..4096]);
