@@ -394,3 +394,39 @@ fn inflate_and_decouple_copy_from_the_external_snapshot() {
         assert_eq!(f.bytes(&format!("lvs/{name}"), 4), want, "{name}");
     }
 }
+
+/// The external parent persists: a daemon that loads the store without the bdev reports the
+/// clone degraded and fails the reads that need it; when a bdev of that name appears it is
+/// claimed and attached, and the clone reads everything again.
+#[test]
+fn a_missing_external_snapshot_is_attached_when_it_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("store.img");
+    std::fs::File::create(&file).unwrap().set_len(16 * MIB).unwrap();
+    let uring = json!({"name": "u", "filename": file, "direct": false});
+    {
+        let f = Fixture::new();
+        f.ok("bdev_uring_create", uring.clone());
+        f.ok("bdev_lvol_create_lvstore", json!({"bdev_name": "u", "lvs_name": "disk", "cluster_sz": MIB}));
+        golden(&f);
+        f.ok("bdev_lvol_clone_bdev", json!({"bdev": "golden", "lvs_name": "disk", "clone_name": "c"}));
+        f.write("disk/c", 0, 0x66, MIB);
+        f.m.shutdown();
+    }
+    let f = Fixture::new();
+    f.ok("bdev_uring_create", uring);
+    let c = lvol(&f.ok("bdev_lvol_get_lvols", json!({"lvs_name": "disk"})), "c").clone();
+    assert_eq!((c["is_esnap_clone"].as_bool(), c["is_degraded"].as_bool()), (Some(true), Some(true)));
+    assert_eq!(c["external_snapshot_name"], "golden");
+    let mut ch = f.m.disk("disk/c").unwrap().open().unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(run(&mut *ch, IoOp::Read, 0, &mut buf), Ok(()), "the clone's own cluster");
+    assert!(buf.iter().all(|&b| b == 0x66));
+    assert_eq!(run(&mut *ch, IoOp::Read, MIB, &mut buf), Err(libc::EIO), "the external snapshot's");
+    golden(&f);
+    let c = lvol(&f.ok("bdev_lvol_get_lvols", json!({"lvs_name": "disk"})), "c").clone();
+    assert_eq!(c["is_degraded"], false);
+    assert_eq!(f.bytes("disk/c", 4), [0x66, 0x20, 0x30, 0x40]);
+    let e = f.err("bdev_malloc_delete", json!({"name": "golden"}));
+    assert_eq!(e.code, -libc::EBUSY, "claimed again: {e:?}");
+}
