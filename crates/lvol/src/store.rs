@@ -1376,6 +1376,31 @@ mod tests {
         assert!(e.starts_with("parent_name: ") && e.contains("already"), "{e}");
     }
 
+    /// An esnap clone reads its external parent up to the parent's size and zeroes past it
+    /// (after a resize); a write there copies from the external parent; a whole-cluster unmap
+    /// keeps a cluster the external parent would show through.
+    #[test]
+    fn external_parents_end_where_the_bdev_ended() {
+        let mut s = empty_on(&mut MemDevice::new(2560));
+        let c = Uuid([2; 16]);
+        s.clone_external(c, "c", ExternalParent { name: "golden".into(), clusters: 2 }).unwrap();
+        s.resize_volume(&c, 3 << 20).unwrap();
+        let sources: Vec<ReadSource> = (0..3).map(|j| s.read_source(&c, j).unwrap()).collect();
+        assert_eq!(sources, [ReadSource::External, ReadSource::External, ReadSource::Zeroes]);
+        assert!(matches!(s.allocate_for_write(&c, 1).unwrap(), WriteTarget::AllocatedFromExternal { .. }));
+        assert!(matches!(
+            s.allocate_for_write(&c, 2).unwrap(),
+            WriteTarget::Allocated { copy_from: None, .. }
+        ));
+        assert!(!s.release_cluster(&c, 1).unwrap(), "the external parent would show through");
+        assert!(s.release_cluster(&c, 2).unwrap());
+        let e = s.set_external_parent(&c, ExternalParent { name: "golden".into(), clusters: 2 }).unwrap_err();
+        assert!(e.to_string().starts_with("parent_name: "), "{e}");
+        let e = s.clone_external(Uuid([3; 16]), "d", ExternalParent { name: String::new(), clusters: 1 });
+        assert!(e.unwrap_err().to_string().starts_with("parent_name: "));
+        s.check_consistency().unwrap();
+    }
+
     /// The checker finds each kind of damage to the in-memory state.
     #[test]
     fn check_consistency_finds_damage() {
