@@ -25,6 +25,31 @@ pub struct Volume {
     /// Physical cluster of each of the volume's clusters, or [`UNALLOCATED`]. Its length is the
     /// volume's size in clusters.
     pub map: Vec<u32>,
+    /// An external snapshot (SPDK's esnap): a bdev outside the store read where neither the
+    /// volume nor a parent has a cluster. Only a volume without `parent` has one; a snapshot of
+    /// it takes it over, as it takes the parent.
+    pub external: Option<ExternalParent>,
+}
+
+/// A bdev as the last layer of a volume's chain, named as the module finds it again at load
+/// (when it is missing, reads that need it fail until it appears, as SPDK's "missing esnap").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalParent {
+    /// The bdev's name (1 to 255 bytes).
+    pub name: String,
+    /// Its size in clusters when it became the parent: clusters past it read zeroes.
+    pub clusters: u64,
+}
+
+/// Where a read of one of a volume's clusters comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadSource {
+    /// A data cluster of the store (the volume's own or an ancestor's).
+    Cluster(u32),
+    /// The same cluster of the chain's external parent.
+    External,
+    /// Nothing: zeroes.
+    Zeroes,
 }
 
 impl Volume {
@@ -32,6 +57,7 @@ impl Volume {
         (if self.thin { format::FLAG_THIN } else { 0 })
             | (if self.read_only { format::FLAG_READ_ONLY } else { 0 })
             | (if self.snapshot { format::FLAG_SNAPSHOT } else { 0 })
+            | (if self.external.is_some() { format::FLAG_EXTERNAL } else { 0 })
     }
 
     pub fn size_clusters(&self) -> u64 {
@@ -43,8 +69,10 @@ impl Volume {
         self.map.iter().filter(|&&c| c != UNALLOCATED).count() as u64
     }
 
-    fn record_len(&self) -> u64 {
+    /// Bytes of the volume's record in the stream.
+    pub fn record_len(&self) -> u64 {
         format::record_len(self.name.len(), self.map.len() as u64)
+            + self.external.as_ref().map_or(0, |e| format::external_len(e.name.len()))
     }
 }
 
@@ -58,13 +86,15 @@ pub enum WriteTarget {
     /// with the write applied over it, durably, before the commit that maps it
     /// (docs/lvol-format.md, "Data before metadata").
     Allocated { cluster: u32, copy_from: Option<u32> },
+    /// As `Allocated`, the data to copy being the same cluster of the chain's external parent.
+    AllocatedFromExternal { cluster: u32 },
 }
 
 /// A cluster that [`Store::inflate`] or [`Store::decouple_parent`] gave a volume: (the volume's
-/// cluster index, the new data cluster, where its contents come from: a data cluster to copy, or
-/// `None` for zeroes). As for [`WriteTarget::Allocated`], the caller fills every one of them
-/// durably before the commit that maps them.
-pub type NewCluster = (u64, u32, Option<u32>);
+/// cluster index, the new data cluster, where its contents come from: a data cluster to copy,
+/// the same cluster of the external parent, or zeroes). As for [`WriteTarget::Allocated`], the
+/// caller fills every one of them durably before the commit that maps them.
+pub type NewCluster = (u64, u32, ReadSource);
 
 /// How to create a store.
 #[derive(Debug, Clone)]
@@ -322,8 +352,11 @@ impl Store {
             if v.snapshot && !v.read_only {
                 return Err(format!("{}: a snapshot that is not read-only", what(i)));
             }
-            if !v.thin && (v.parent.is_some() || v.map.contains(&UNALLOCATED)) {
+            if !v.thin && (v.parent.is_some() || v.external.is_some() || v.map.contains(&UNALLOCATED)) {
                 return Err(format!("{}: thick, but with a parent or unallocated clusters", what(i)));
+            }
+            if v.parent.is_some() && v.external.is_some() {
+                return Err(format!("{}: both a parent and an external parent", what(i)));
             }
         }
         let mut parent = Vec::with_capacity(volumes.len());
@@ -365,6 +398,14 @@ impl Store {
             }
             for i in path {
                 mark[i] = Mark::Done;
+            }
+        }
+        // Every writer keeps parents before their clones; the owner builds views in that order.
+        for (i, p) in parent.iter().enumerate() {
+            if let Some(pi) = *p {
+                if pi > i {
+                    return Err(format!("{}: listed before its parent {}", what(i), what(pi)));
+                }
             }
         }
         for (i, v) in volumes.iter().enumerate() {
@@ -481,17 +522,54 @@ impl Store {
         Ok(self.resolve(&self.volumes[i], index))
     }
 
+    /// Where a read of the volume's cluster `index` comes from, the external parent included.
+    pub fn read_source(&self, uuid: &Uuid, index: u64) -> Result<ReadSource, LvolError> {
+        let (i, _) = self.entry(uuid, index, false)?;
+        Ok(self.source(&self.volumes[i], index))
+    }
+
     fn resolve(&self, v: &Volume, index: u64) -> Option<u32> {
+        match self.source(v, index) {
+            ReadSource::Cluster(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    fn source(&self, v: &Volume, index: u64) -> ReadSource {
         let mut at = Some(v);
         while let Some(w) = at {
             match w.map.get(index as usize) {
-                Some(&c) if c != UNALLOCATED => return Some(c),
+                Some(&c) if c != UNALLOCATED => return ReadSource::Cluster(c),
                 // Past this ancestor's end there is nothing further up either.
-                None => return None,
-                _ => at = w.parent.and_then(|p| self.volume(&p)),
+                None => return ReadSource::Zeroes,
+                _ => match (&w.external, w.parent) {
+                    (Some(e), _) if index < e.clusters => return ReadSource::External,
+                    (_, p) => at = p.and_then(|p| self.volume(&p)),
+                },
             }
         }
+        ReadSource::Zeroes
+    }
+
+    /// The external parent at the end of the volume's chain, if any.
+    pub fn chain_external(&self, uuid: &Uuid) -> Option<&ExternalParent> {
+        let mut at = self.volume(uuid);
+        while let Some(w) = at {
+            if w.external.is_some() {
+                return w.external.as_ref();
+            }
+            at = w.parent.and_then(|p| self.volume(&p));
+        }
         None
+    }
+
+    /// The external parents the store's volumes name (each once).
+    pub fn external_names(&self) -> Vec<String> {
+        let mut names: Vec<String> =
+            self.volumes.iter().filter_map(|v| v.external.as_ref().map(|e| e.name.clone())).collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
     // ---- volume operations ----
@@ -519,6 +597,7 @@ impl Store {
             read_only: false,
             snapshot: false,
             map,
+            external: None,
         });
         Ok(())
     }
@@ -579,7 +658,9 @@ impl Store {
                 reason: format!("'{}' is a snapshot; a snapshot of a snapshot is refused", v.name),
             });
         }
-        self.check_room(format::record_len(snap_name.len(), v.size_clusters()))?;
+        // The external field moves to the snapshot: the stream grows by a record the size of
+        // the volume's.
+        self.check_room(v.record_len() - v.name.len() as u64 + snap_name.len() as u64)?;
         let v = &mut self.volumes[i];
         let len = v.map.len();
         let snap = Volume {
@@ -590,6 +671,7 @@ impl Store {
             read_only: true,
             snapshot: true,
             map: std::mem::replace(&mut v.map, vec![UNALLOCATED; len]),
+            external: v.external.take(),
         };
         v.parent = Some(snap_uuid);
         v.thin = true;
@@ -619,6 +701,7 @@ impl Store {
             read_only: false,
             snapshot: false,
             map: vec![UNALLOCATED; len],
+            external: None,
         });
         Ok(())
     }
@@ -655,10 +738,25 @@ impl Store {
             return Ok(WriteTarget::Mapped(c));
         }
         self.check_allocatable(1)?;
-        let copy_from = self.resolve(&self.volumes[i], index);
+        let source = self.source(&self.volumes[i], index);
         let cluster = self.allocate().expect("room checked");
         self.volumes[i].map[index as usize] = cluster;
-        Ok(WriteTarget::Allocated { cluster, copy_from })
+        Ok(match source {
+            ReadSource::Cluster(c) => WriteTarget::Allocated { cluster, copy_from: Some(c) },
+            ReadSource::Zeroes => WriteTarget::Allocated { cluster, copy_from: None },
+            ReadSource::External => WriteTarget::AllocatedFromExternal { cluster },
+        })
+    }
+
+    /// Takes back the cluster [`Store::allocate_for_write`] just gave the volume's cluster
+    /// `index` (its data could not be prepared); it is free once the next commit is durable.
+    pub fn undo_allocation(&mut self, uuid: &Uuid, index: u64) {
+        if let Some(i) = self.volumes.iter().position(|v| v.uuid == *uuid) {
+            if let Some(e) = self.volumes[i].map.get_mut(index as usize) {
+                let c = std::mem::replace(e, UNALLOCATED);
+                self.release(c);
+            }
+        }
     }
 
     /// Unmaps the thin volume's cluster `index` (unmap or write-zeroes of the whole cluster),
@@ -668,8 +766,12 @@ impl Store {
     pub fn release_cluster(&mut self, uuid: &Uuid, index: u64) -> Result<bool, LvolError> {
         let (i, c) = self.entry(uuid, index, true)?;
         let v = &self.volumes[i];
-        let parent_data = v.parent.and_then(|p| self.volume(&p)).and_then(|p| self.resolve(p, index));
-        if !v.thin || c == UNALLOCATED || parent_data.is_some() {
+        let parent_data = match (&v.external, v.parent) {
+            (Some(e), _) => index < e.clusters,
+            (None, Some(p)) => self.volume(&p).is_some_and(|p| self.source(p, index) != ReadSource::Zeroes),
+            (None, None) => false,
+        };
+        if !v.thin || c == UNALLOCATED || parent_data {
             return Ok(false);
         }
         self.volumes[i].map[index as usize] = UNALLOCATED;
@@ -678,8 +780,8 @@ impl Store {
     }
 
     /// SPDK's `bdev_lvol_inflate`: every unallocated cluster of the volume gets a cluster of its
-    /// own, holding what reads saw there (the nearest ancestor's data, or zeroes), and the volume
-    /// leaves its parent chain as a thick volume. A snapshot is refused (its clones read through
+    /// own, holding what reads saw there (the nearest ancestor's data, the external parent's, or
+    /// zeroes), and the volume leaves its parent chain as a thick volume. A snapshot is refused (its clones read through
     /// it). Returns the new clusters, which the caller fills durably before the next commit.
     pub fn inflate(&mut self, uuid: &Uuid) -> Result<Vec<NewCluster>, LvolError> {
         let i = self.index("lvol", uuid)?;
@@ -692,39 +794,190 @@ impl Store {
         }
         let fills = (0..v.size_clusters())
             .filter(|&j| v.map[j as usize] == UNALLOCATED)
-            .map(|j| (j, self.resolve(v, j)))
+            .map(|j| (j, self.source(v, j)))
             .collect();
         let new = self.fill(i, fills)?;
         let v = &mut self.volumes[i];
         v.parent = None;
+        v.external = None;
         v.thin = false;
         Ok(new)
     }
 
     /// SPDK's `bdev_lvol_decouple_parent`: the volume stops depending on its parent, which is
-    /// replaced by the parent's parent. The clusters whose data came from the parent itself get
-    /// a copy of it; the volume stays thin, reading the rest through the new parent. Refused for
-    /// a volume without a parent. A snapshot may be decoupled: what it reads is unchanged, so
-    /// its clones read the same. Returns the new clusters, as [`Store::inflate`].
+    /// replaced by the parent's parent (or the parent's external parent). The clusters whose data
+    /// came from the parent itself get a copy of it; the volume stays thin, reading the rest
+    /// through the new parent. An esnap clone (an external parent and no parent) gets a copy of
+    /// every cluster it read from the external bdev and no parent. Refused for a volume without
+    /// either. A snapshot may be decoupled: what it reads is unchanged, so its clones read the
+    /// same. Returns the new clusters, as [`Store::inflate`].
     pub fn decouple_parent(&mut self, uuid: &Uuid) -> Result<Vec<NewCluster>, LvolError> {
         let i = self.index("lvol", uuid)?;
         let v = &self.volumes[i];
-        let Some(parent) = v.parent.and_then(|p| self.volume(&p)) else {
-            return Err(LvolError::State { field: "lvol", reason: format!("'{}' has no parent", v.name) });
+        let (new_parent, new_external) = match (v.parent.and_then(|p| self.volume(&p)), &v.external) {
+            (Some(parent), _) => (parent.parent, parent.external.clone()),
+            (None, Some(_)) => (None, None),
+            (None, None) => {
+                return Err(LvolError::State { field: "lvol", reason: format!("'{}' has no parent", v.name) })
+            }
         };
-        let grandparent = parent.parent.and_then(|g| self.volume(&g));
+        let grandparent = new_parent.and_then(|g| self.volume(&g));
+        let new_source = |j: u64| match (grandparent, &new_external) {
+            (Some(g), _) => self.source(g, j),
+            (None, Some(e)) if j < e.clusters => ReadSource::External,
+            _ => ReadSource::Zeroes,
+        };
         // A cluster needs a copy wherever the new chain would read something else than the old
         // one: the parent's own clusters, and also (past the end of a parent shorter than the
         // grandparent) zeroes the grandparent's data would replace.
         let fills = (0..v.size_clusters())
             .filter(|&j| v.map[j as usize] == UNALLOCATED)
-            .map(|j| (j, self.resolve(v, j)))
-            .filter(|&(j, old)| old != grandparent.and_then(|g| self.resolve(g, j)))
+            .map(|j| (j, self.source(v, j)))
+            .filter(|&(j, old)| old != new_source(j))
             .collect();
-        let new_parent = parent.parent;
         let new = self.fill(i, fills)?;
-        self.volumes[i].parent = new_parent;
+        let v = &mut self.volumes[i];
+        v.parent = new_parent;
+        v.external = new_external;
         Ok(new)
+    }
+
+    /// SPDK's `bdev_lvol_set_parent`: the thin volume `uuid` reads its unallocated clusters
+    /// through snapshot `snap` from now on (a thin volume without parent becomes its clone; a
+    /// clone changes parent). Clusters the volume owns keep priority; nothing is copied. As in
+    /// SPDK the volume must be thin and the parent a snapshot of exactly the volume's size; a
+    /// snapshot as the volume is refused here (its clones would silently see other data), and
+    /// so is a parent that is already the volume's.
+    pub fn set_parent(&mut self, uuid: &Uuid, snap: &Uuid) -> Result<(), LvolError> {
+        let i = self.index("lvol_name", uuid)?;
+        let s = self.find("parent_name", snap)?;
+        let v = &self.volumes[i];
+        let refuse = |field, reason: String| Err(LvolError::State { field, reason });
+        if uuid == snap {
+            return refuse("parent_name", format!("'{}' cannot be its own parent", v.name));
+        }
+        if v.snapshot {
+            return refuse("lvol_name", format!("'{}' is a snapshot; its clones read through it", v.name));
+        }
+        if !v.thin {
+            return refuse("lvol_name", format!("'{}' is not thin-provisioned", v.name));
+        }
+        if !s.snapshot {
+            return refuse("parent_name", format!("'{}' is not a snapshot", s.name));
+        }
+        if v.parent == Some(*snap) {
+            return refuse("parent_name", format!("'{}' is already the parent of '{}'", s.name, v.name));
+        }
+        if s.map.len() != v.map.len() {
+            return Err(LvolError::Invalid {
+                field: "parent_name",
+                reason: format!(
+                    "'{}' has {} clusters, '{}' {}: the sizes must be the same",
+                    s.name,
+                    s.map.len(),
+                    v.name,
+                    v.map.len()
+                ),
+            });
+        }
+        // A volume that is not a snapshot has no clones, so no cycle can form, and the list
+        // keeps parents before their clones (what a load and the owner's views rely on) by
+        // moving the volume after its new parent.
+        let mut v = self.volumes.remove(i);
+        v.parent = Some(*snap);
+        // An esnap clone stops reading its external parent (SPDK drops it too).
+        v.external = None;
+        let at = self.volumes.iter().position(|w| w.uuid == *snap).expect("found above") + 1;
+        self.volumes.insert(at, v);
+        Ok(())
+    }
+
+    /// SPDK's `bdev_lvol_set_parent_bdev`: the thin volume `uuid` reads its unallocated clusters
+    /// from the external bdev `external` from now on (it leaves any parent snapshot). As in SPDK
+    /// the volume must be thin and the bdev a whole number of clusters (the caller checks the
+    /// bdev); a snapshot is refused here, as for [`Store::set_parent`].
+    pub fn set_external_parent(&mut self, uuid: &Uuid, external: ExternalParent) -> Result<(), LvolError> {
+        check_external(&external)?;
+        let i = self.index("lvol_name", uuid)?;
+        let v = &self.volumes[i];
+        let refuse = |field, reason: String| Err(LvolError::State { field, reason });
+        if v.snapshot {
+            return refuse("lvol_name", format!("'{}' is a snapshot; its clones read through it", v.name));
+        }
+        if !v.thin {
+            return refuse("lvol_name", format!("'{}' is not thin-provisioned", v.name));
+        }
+        if v.external.as_ref().is_some_and(|e| e.name == external.name) {
+            return refuse(
+                "parent_name",
+                format!("'{}' is already the parent of '{}'", external.name, v.name),
+            );
+        }
+        let old = v.external.as_ref().map_or(0, |e| format::external_len(e.name.len()));
+        self.check_room(format::external_len(external.name.len()).saturating_sub(old))?;
+        let v = &mut self.volumes[i];
+        v.parent = None;
+        v.external = Some(external);
+        Ok(())
+    }
+
+    /// SPDK's `bdev_lvol_clone_bdev`: a thin volume of the external bdev's size reading all of
+    /// it through, owning nothing yet.
+    pub fn clone_external(
+        &mut self,
+        uuid: Uuid,
+        name: &str,
+        external: ExternalParent,
+    ) -> Result<(), LvolError> {
+        check_external(&external)?;
+        self.check_new("clone_name", uuid, name)?;
+        let clusters = external.clusters;
+        if clusters > UNALLOCATED as u64 {
+            return Err(LvolError::Invalid {
+                field: "bdev",
+                reason: format!("{clusters} clusters is too many"),
+            });
+        }
+        self.check_room(
+            format::record_len(name.len(), clusters) + format::external_len(external.name.len()),
+        )?;
+        self.volumes.push(Volume {
+            uuid,
+            name: name.to_string(),
+            parent: None,
+            thin: true,
+            read_only: false,
+            snapshot: false,
+            map: vec![UNALLOCATED; clusters as usize],
+            external: Some(external),
+        });
+        Ok(())
+    }
+
+    /// The clusters `[first, first + count)` of the volume that it owns itself (not through a
+    /// parent), one bit each, least significant bit first (SPDK's bit arrays, as Longhorn's
+    /// `bdev_lvol_get_fragmap` encodes them), and how many are set.
+    pub fn owned_bitmap(&self, uuid: &Uuid, first: u64, count: u64) -> Result<(Vec<u8>, u64), LvolError> {
+        let v = self.find("name", uuid)?;
+        let end = first.checked_add(count).filter(|&e| e <= v.size_clusters()).ok_or_else(|| {
+            LvolError::Invalid {
+                field: "size",
+                reason: format!(
+                    "clusters {first}..{} past the volume's {}",
+                    first.saturating_add(count),
+                    v.size_clusters()
+                ),
+            }
+        })?;
+        let mut bits = vec![0u8; count.div_ceil(8) as usize];
+        let mut set = 0;
+        for (k, &c) in v.map[first as usize..end as usize].iter().enumerate() {
+            if c != UNALLOCATED {
+                bits[k / 8] |= 1 << (k % 8);
+                set += 1;
+            }
+        }
+        Ok((bits, set))
     }
 
     /// SPDK's `bdev_lvol_grow_lvstore` after the base device grew: the store counts
@@ -765,6 +1018,7 @@ impl Store {
     pub fn check_consistency(&self) -> Result<(), String> {
         let mut seen = vec![0u64; self.used.len()];
         let mut owned = 0u64;
+        let mut listed = HashSet::new();
         let mut mark = |c: u32, what: &dyn Fn() -> String| {
             if c as u64 >= self.total_clusters {
                 return Err(format!("{}: cluster {c} past the store's {}", what(), self.total_clusters));
@@ -785,9 +1039,17 @@ impl Store {
                 if !self.volume(&p).is_some_and(|p| p.snapshot) {
                     return Err(format!("volume '{}': parent {p} is not a snapshot of the store", v.name));
                 }
+                // The owner builds views in list order, each on its parent's.
+                if !listed.contains(&p) {
+                    return Err(format!("volume '{}': listed before its parent {p}", v.name));
+                }
             }
-            if !v.thin && (v.parent.is_some() || v.map.contains(&UNALLOCATED)) {
+            listed.insert(v.uuid);
+            if !v.thin && (v.parent.is_some() || v.external.is_some() || v.map.contains(&UNALLOCATED)) {
                 return Err(format!("volume '{}': thick, but with a parent or a hole", v.name));
+            }
+            if v.parent.is_some() && v.external.is_some() {
+                return Err(format!("volume '{}': both a parent and an external parent", v.name));
             }
         }
         for &c in &self.pending_free {
@@ -989,7 +1251,7 @@ impl Store {
 
     /// Allocates a cluster for each `(index, copy_from)` of volume `i`, or none if there are not
     /// enough.
-    fn fill(&mut self, i: usize, fills: Vec<(u64, Option<u32>)>) -> Result<Vec<NewCluster>, LvolError> {
+    fn fill(&mut self, i: usize, fills: Vec<(u64, ReadSource)>) -> Result<Vec<NewCluster>, LvolError> {
         self.check_allocatable(fills.len() as u64)?;
         let mut new = Vec::with_capacity(fills.len());
         for (j, copy_from) in fills {
@@ -1007,6 +1269,20 @@ impl Store {
             self.pending_free.push(c);
         }
     }
+}
+
+/// An external parent's name fits its length byte; it has at least a cluster.
+fn check_external(e: &ExternalParent) -> Result<(), LvolError> {
+    if e.name.is_empty() || e.name.len() > u8::MAX as usize {
+        return Err(LvolError::Invalid {
+            field: "parent_name",
+            reason: format!("a bdev name of {} bytes; 1 to 255 are recorded", e.name.len()),
+        });
+    }
+    if e.clusters == 0 {
+        return Err(LvolError::Invalid { field: "parent_name", reason: "smaller than a cluster".into() });
+    }
+    Ok(())
 }
 
 /// Data clusters a device of `size_pages` pages holds, at most as many as a map can name.
@@ -1055,7 +1331,8 @@ mod tests {
     use super::*;
     use crate::MemDevice;
 
-    fn store() -> Store {
+    /// An empty store of 1 MiB clusters on `dev`.
+    fn empty_on(dev: &mut MemDevice) -> Store {
         let opts = StoreOptions {
             name: "lvs".into(),
             uuid: Uuid([1; 16]),
@@ -1063,12 +1340,65 @@ mod tests {
             block_size: 512,
             area_pages: Some(4),
         };
-        let mut s = Store::create(&mut MemDevice::new(2560), &opts).unwrap();
+        Store::create(dev, &opts).unwrap()
+    }
+
+    fn store() -> Store {
+        let mut s = empty_on(&mut MemDevice::new(2560));
         s.create_volume(Uuid([2; 16]), "a", 3 << 20, false).unwrap();
         s.create_volume(Uuid([3; 16]), "b", 2 << 20, true).unwrap();
         s.allocate_for_write(&Uuid([3; 16]), 1).unwrap();
         s.release_cluster(&Uuid([3; 16]), 1).unwrap();
         s
+    }
+
+    /// set_parent makes a thin volume a clone, keeps parents listed first, and loads back.
+    #[test]
+    fn set_parent_is_durable_and_keeps_the_order() {
+        let mut dev = MemDevice::new(2560);
+        let mut s = empty_on(&mut dev);
+        let (w, v, snap) = (Uuid([2; 16]), Uuid([3; 16]), Uuid([4; 16]));
+        s.create_volume(w, "w", 2 << 20, true).unwrap();
+        s.create_volume(v, "v", 2 << 20, true).unwrap();
+        let c = match s.allocate_for_write(&v, 0).unwrap() {
+            WriteTarget::Allocated { cluster, .. } => cluster,
+            other => panic!("{other:?}"),
+        };
+        s.snapshot(&v, snap, "s").unwrap();
+        s.set_parent(&w, &snap).unwrap();
+        assert_eq!(s.cluster_for_read(&w, 0).unwrap(), Some(c));
+        s.check_consistency().unwrap();
+        s.commit(&mut dev).unwrap();
+        let loaded = Store::load(&mut dev).unwrap();
+        assert_eq!(loaded.volumes(), s.volumes());
+        assert_eq!(loaded.volume(&w).unwrap().parent, Some(snap));
+        let e = s.set_parent(&w, &snap).unwrap_err().to_string();
+        assert!(e.starts_with("parent_name: ") && e.contains("already"), "{e}");
+    }
+
+    /// An esnap clone reads its external parent up to the parent's size and zeroes past it
+    /// (after a resize); a write there copies from the external parent; a whole-cluster unmap
+    /// keeps a cluster the external parent would show through.
+    #[test]
+    fn external_parents_end_where_the_bdev_ended() {
+        let mut s = empty_on(&mut MemDevice::new(2560));
+        let c = Uuid([2; 16]);
+        s.clone_external(c, "c", ExternalParent { name: "golden".into(), clusters: 2 }).unwrap();
+        s.resize_volume(&c, 3 << 20).unwrap();
+        let sources: Vec<ReadSource> = (0..3).map(|j| s.read_source(&c, j).unwrap()).collect();
+        assert_eq!(sources, [ReadSource::External, ReadSource::External, ReadSource::Zeroes]);
+        assert!(matches!(s.allocate_for_write(&c, 1).unwrap(), WriteTarget::AllocatedFromExternal { .. }));
+        assert!(matches!(
+            s.allocate_for_write(&c, 2).unwrap(),
+            WriteTarget::Allocated { copy_from: None, .. }
+        ));
+        assert!(!s.release_cluster(&c, 1).unwrap(), "the external parent would show through");
+        assert!(s.release_cluster(&c, 2).unwrap());
+        let e = s.set_external_parent(&c, ExternalParent { name: "golden".into(), clusters: 2 }).unwrap_err();
+        assert!(e.to_string().starts_with("parent_name: "), "{e}");
+        let e = s.clone_external(Uuid([3; 16]), "d", ExternalParent { name: String::new(), clusters: 1 });
+        assert!(e.unwrap_err().to_string().starts_with("parent_name: "));
+        s.check_consistency().unwrap();
     }
 
     /// The checker finds each kind of damage to the in-memory state.

@@ -83,7 +83,7 @@ fn random_op(s: &mut Store, rng: &mut SmallRng, names: &mut u32, base_clusters: 
         }
     };
     let clones: Vec<&Volume> = vols.iter().filter(|v| v.parent.is_some()).collect();
-    let _ = match rng.gen_range(0..115) {
+    let _ = match rng.gen_range(0..128) {
         0..=14 => {
             let thin = rng.gen_bool(0.7);
             // Thin volumes larger than the store, or small enough to inflate.
@@ -132,6 +132,44 @@ fn random_op(s: &mut Store, rng: &mut SmallRng, names: &mut u32, base_clusters: 
             None => Ok(()),
         },
         111..=114 => s.grow(base_clusters).map(|grew| note("grow", grew)),
+        // A thin volume re-parented onto a snapshot of its size (most pairs are refused: the
+        // refusals must change nothing either).
+        115..=121 => {
+            let snaps: Vec<&Volume> = vols.iter().filter(|v| v.snapshot).collect();
+            match snaps.choose(rng) {
+                Some(p) => {
+                    let fits: Vec<&Volume> = vols
+                        .iter()
+                        .filter(|w| {
+                            w.thin && !w.snapshot && w.map.len() == p.map.len() && w.parent != Some(p.uuid)
+                        })
+                        .collect();
+                    let any: Vec<&Volume> = vols.iter().filter(|w| !w.snapshot).collect();
+                    match if rng.gen_bool(0.8) { fits.choose(rng) } else { any.choose(rng) } {
+                        Some(v) => s.set_parent(&v.uuid, &p.uuid).map(|()| note("set_parent", true)),
+                        None => Ok(()),
+                    }
+                }
+                None => Ok(()),
+            }
+        }
+        // External snapshots: a clone of one, or a thin volume given one (the record grows by
+        // the optional field), most by the same name so that snapshots move it around.
+        122..=127 => {
+            let external = fp_lvol::ExternalParent {
+                name: if rng.gen_bool(0.8) { "golden".into() } else { format!("esnap{names}") },
+                clusters: rng.gen_range(1..8),
+            };
+            // Volumes without a parent only, so that clones stay for inflate and decouple.
+            let plain: Vec<&Volume> =
+                vols.iter().filter(|v| v.thin && !v.snapshot && v.parent.is_none()).collect();
+            match plain.choose(rng) {
+                Some(v) if rng.gen_bool(0.7) => {
+                    s.set_external_parent(&v.uuid, external).map(|()| note("set_external_parent", true))
+                }
+                _ => s.clone_external(new_uuid(rng), &name, external).map(|()| note("clone_external", true)),
+            }
+        }
         _ => match pick(rng) {
             Some((u, _)) => s.set_read_only(&u),
             None => s.rename_store(&name),
@@ -230,9 +268,13 @@ fn run(seed: u64, commits: usize, crash_points: usize) {
     // The workload must reach what the test is about: multi-page commits, snapshots and clones.
     assert!(multi_page > commits / 10, "only {multi_page} commits wrote more than 2 stream pages");
     assert!(history.iter().any(|c| c.state.3.iter().any(|v| v.parent.is_some())), "no clone ever");
-    for what in ["inflate", "decouple", "grow"] {
+    for what in ["inflate", "decouple", "grow", "set_parent"] {
         assert!(reached.contains_key(what), "no {what} ever changed the store: {reached:?}");
     }
+    assert!(
+        history.iter().any(|c| c.state.3.iter().any(|v| v.external.is_some())),
+        "no external parent ever committed: {reached:?}"
+    );
     let by_gen: HashMap<u64, &Commit> = history.iter().map(|c| (c.generation, c)).collect();
 
     let log_len = dev.log().len();

@@ -13,10 +13,12 @@ use std::sync::{Arc, Mutex};
 use fp_bdev::{Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, Capacity, IoChannel};
 
 mod channel;
+mod copy;
 mod owner;
 mod rpc;
 mod shared;
 
+pub use copy::{CopyState, ShallowCopy};
 pub use rpc::LvolModule;
 
 use owner::{Msg, Owner};
@@ -99,6 +101,10 @@ pub struct VolumeInfo {
     pub parent: Option<Uuid>,
     pub clones: Vec<Uuid>,
     pub allocated_clusters: u64,
+    /// The volume's own external parent (SPDK's `is_esnap_clone`).
+    pub external: Option<String>,
+    /// Its chain's external parent is missing: reads needing it fail (SPDK's `is_degraded`).
+    pub degraded: bool,
 }
 
 /// An open lvstore: its owner thread and its volumes' devices.
@@ -213,6 +219,11 @@ impl LvStore {
         self.geo.cluster_size()
     }
 
+    /// The base under its statistics layer: what the store's own background I/O uses.
+    fn raw_base(&self) -> Bdev {
+        self.base.as_disk().map_or_else(|| self.base.clone(), |d| d.bdev().clone())
+    }
+
     /// Every volume's device, in UUID order.
     pub fn devices(&self) -> Vec<Arc<LvolDevice>> {
         self.devices.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
@@ -254,6 +265,11 @@ impl LvStore {
                     parent: v.parent,
                     clones: all.iter().filter(|c| c.parent == Some(v.uuid)).map(|c| c.uuid).collect(),
                     allocated_clusters: v.allocated_clusters(),
+                    external: v.external.as_ref().map(|e| e.name.clone()),
+                    degraded: o
+                        .store
+                        .chain_external(&v.uuid)
+                        .is_some_and(|e| !o.externals.contains_key(&e.name)),
                 })
                 .collect())
         })
@@ -313,6 +329,7 @@ impl LvStore {
         let vol = *uuid;
         call(&self.tx, move |o| {
             o.check_usable()?;
+            o.check_not_copying(&vol)?;
             o.store.delete_volume(&vol)?;
             o.commit()?;
             o.vols.remove(&vol);
@@ -328,6 +345,7 @@ impl LvStore {
         let vol = *uuid;
         call(&self.tx, move |o| {
             o.check_usable()?;
+            o.check_not_copying(&vol)?;
             o.store.check_delete(&vol).map(|_| ())
         })
     }
@@ -369,14 +387,107 @@ impl LvStore {
     /// parent's data copied, or zeroes) and leaves its parent. Writes are held meanwhile.
     pub fn inflate(&self, uuid: &Uuid) -> Result<(), LvolError> {
         let vol = *uuid;
-        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.inflate(&vol))))
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(&vol, |s| s.inflate(&vol))))
     }
 
     /// SPDK's decouple_parent: the clusters the parent itself holds are copied in, and the
     /// parent's parent becomes the volume's.
     pub fn decouple_parent(&self, uuid: &Uuid) -> Result<(), LvolError> {
         let vol = *uuid;
-        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.decouple_parent(&vol))))
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(&vol, |s| s.decouple_parent(&vol))))
+    }
+
+    /// SPDK's set_parent: `snapshot` becomes the parent of the thin volume `uuid`. Writes are
+    /// held while the parent changes, and the volume's view is republished with the new
+    /// parent's layers.
+    pub fn set_parent(&self, uuid: &Uuid, snapshot: &Uuid) -> Result<(), LvolError> {
+        let (vol, snap) = (*uuid, *snapshot);
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.store.set_parent(&vol, &snap)))
+    }
+
+    /// The clusters of `[offset, offset + size)` (bytes, whole clusters) the volume owns, as
+    /// [`Store::owned_bitmap`] gives them.
+    pub fn owned_bitmap(&self, uuid: &Uuid, offset: u64, size: u64) -> Result<(Vec<u8>, u64), LvolError> {
+        let (vol, shift) = (*uuid, self.geo.cluster_shift);
+        call(&self.tx, move |o| o.store.owned_bitmap(&vol, offset >> shift, size >> shift))
+    }
+
+    /// SPDK's clone_bdev: a thin volume reading everything from the external bdev `external`
+    /// (named `external_name`; attach it with [`LvStore::attach_external`]).
+    pub fn clone_external(
+        &self,
+        clone_name: &str,
+        external_name: &str,
+        external_bytes: u64,
+    ) -> Result<Arc<LvolDevice>, LvolError> {
+        let (uuid, name) = (new_uuid(), clone_name.to_string());
+        let ext = self.external_parent(external_name, external_bytes, "bdev")?;
+        let size = ext.clusters * self.geo.cluster_size();
+        let shared = call(&self.tx, move |o| {
+            o.check_usable()?;
+            o.store.clone_external(uuid, &name, ext)?;
+            o.commit()?;
+            o.publish_tree(&uuid);
+            Ok(o.vols[&uuid].clone())
+        })?;
+        Ok(self.add_device(uuid, shared, size))
+    }
+
+    /// SPDK's set_parent_bdev: the thin volume `uuid` reads its unallocated clusters from the
+    /// external bdev `external_name` (attach it with [`LvStore::attach_external`]).
+    pub fn set_external_parent(
+        &self,
+        uuid: &Uuid,
+        external_name: &str,
+        external_bytes: u64,
+    ) -> Result<(), LvolError> {
+        let vol = *uuid;
+        let ext = self.external_parent(external_name, external_bytes, "parent_name")?;
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.store.set_external_parent(&vol, ext)))
+    }
+
+    /// An external parent of `bytes`, a whole number of clusters as SPDK requires.
+    fn external_parent(
+        &self,
+        name: &str,
+        bytes: u64,
+        field: &'static str,
+    ) -> Result<crate::ExternalParent, LvolError> {
+        let cs = self.geo.cluster_size();
+        if bytes == 0 || bytes % cs != 0 {
+            return Err(LvolError::Invalid {
+                field,
+                reason: format!(
+                    "'{name}' is {bytes} bytes, not a non-zero multiple of the cluster size {cs}"
+                ),
+            });
+        }
+        Ok(crate::ExternalParent { name: name.to_string(), clusters: bytes / cs })
+    }
+
+    /// The external parents the volumes name, and which of them are attached.
+    pub fn externals(&self) -> Result<(Vec<String>, Vec<String>), LvolError> {
+        call(&self.tx, |o| Ok((o.store.external_names(), o.externals.keys().cloned().collect())))
+    }
+
+    /// The external parent `name` is present as `bdev`: reads and copies that need it work from
+    /// now on (views need no change: they only know a chain has an external parent).
+    pub fn attach_external(&self, name: &str, bdev: Bdev) -> Result<(), LvolError> {
+        let name = name.to_string();
+        call(&self.tx, move |o| {
+            let io = owner::BaseIo::open(bdev)?;
+            o.externals.insert(name, io);
+            Ok(())
+        })
+    }
+
+    /// Stops reading the external parent `name` (no volume names it any more).
+    pub fn detach_external(&self, name: &str) -> Result<(), LvolError> {
+        let name = name.to_string();
+        call(&self.tx, move |o| {
+            o.externals.remove(&name);
+            Ok(())
+        })
     }
 
     /// Takes the clusters a grown base now has room for; `false` when there are none.
@@ -480,8 +591,11 @@ impl BlockDevice for LvolDevice {
             });
         }
         let vol = self.uuid;
-        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.store.resize_volume(&vol, bytes)))
-            .map_err(lvol_to_bdev)?;
+        call(&self.tx, move |o| {
+            o.check_not_copying(&vol)?;
+            o.change_held(&vol, &vol, |o| o.store.resize_volume(&vol, bytes))
+        })
+        .map_err(lvol_to_bdev)?;
         self.info.capacity.set(num_blocks);
         Ok(())
     }
@@ -501,8 +615,10 @@ impl BlockDevice for LvolDevice {
             let index = pos >> self.geo.cluster_shift;
             let next = ((index + 1) << self.geo.cluster_shift).min(end);
             let run = next - pos;
-            let extent =
-                if view.resolve(index).is_some() { BlockExtent::data(run) } else { BlockExtent::hole(run) };
+            let extent = match view.source(index) {
+                crate::ReadSource::Zeroes => BlockExtent::hole(run),
+                _ => BlockExtent::data(run),
+            };
             extent.append_to(out, first);
             pos = next;
         }

@@ -18,7 +18,7 @@ use arc_swap::ArcSwap;
 use crossbeam_queue::SegQueue;
 use fp_bdev::{IoRequest, IoStatus};
 
-use crate::UNALLOCATED;
+use crate::{ReadSource, UNALLOCATED};
 
 /// One volume's own cluster map, as the data path reads it.
 pub(crate) struct Layer(Box<[AtomicU32]>);
@@ -42,9 +42,11 @@ impl Layer {
     }
 }
 
-/// A volume's layer and its ancestors', nearest first.
+/// A volume's layer and its ancestors', nearest first, and the size in clusters of the chain's
+/// external parent (0: none), read where no layer maps a cluster.
 pub(crate) struct View {
     pub(crate) layers: Vec<Arc<Layer>>,
+    pub(crate) external: u64,
 }
 
 impl View {
@@ -58,14 +60,27 @@ impl View {
     /// when none does, or past a layer's end (nothing further up either, as in the store).
     #[inline]
     pub(crate) fn resolve(&self, index: u64) -> Option<u32> {
+        match self.source(index) {
+            ReadSource::Cluster(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Where a read of cluster `index` comes from, the external parent included.
+    #[inline]
+    pub(crate) fn source(&self, index: u64) -> ReadSource {
         for layer in &self.layers {
             match layer.get(index) {
-                None => return None,
+                None => return ReadSource::Zeroes,
                 Some(UNALLOCATED) => continue,
-                Some(c) => return Some(c),
+                Some(c) => return ReadSource::Cluster(c),
             }
         }
-        None
+        if index < self.external {
+            ReadSource::External
+        } else {
+            ReadSource::Zeroes
+        }
     }
 }
 
@@ -75,6 +90,9 @@ pub(crate) struct VolumeShared {
     /// Writes are held while set (a snapshot, resize, inflate is being made).
     pub(crate) frozen: AtomicBool,
     pub(crate) read_only: AtomicBool,
+    /// Shallow copies reading the volume's clusters: while non-zero the owner refuses to delete
+    /// or shrink the volume.
+    pub(crate) busy: AtomicU32,
     /// The open channels, for the owner to wait on their writes. Touched at channel open and
     /// close and during a quiesce, never per request.
     pub(crate) channels: Mutex<Vec<Weak<ChannelShared>>>,
@@ -86,6 +104,7 @@ impl VolumeShared {
             view: Arc::new(ArcSwap::from_pointee(view)),
             frozen: AtomicBool::new(false),
             read_only: AtomicBool::new(read_only),
+            busy: AtomicU32::new(0),
             channels: Mutex::new(Vec::new()),
         })
     }
