@@ -139,6 +139,8 @@ class RaidSection:
             e = self.raid_info(fp)
             proc = e.get("process")
             if proc:
+                if not seen:
+                    self.raid_first_process = e  # what the raid said while its process ran
                 seen.add(str(proc.get("type")))
             if pred(e):
                 return e, time.monotonic() - t0, sorted(seen)
@@ -288,10 +290,12 @@ class RaidSection:
             log(f"raid partial: {res['bytes'] / MIB:.0f} MiB written, {e['unique_bytes'] / MIB:.1f} MiB of it "
                 "unique; adding BaseB back")
             t = time.monotonic()
+            self.raid_first_process = None
             fp.rpc("bdev_raid_add_base_bdev", {"raid_bdev": "Raid0", "base_bdev": "BaseB"})
             done, secs, kinds = self.raid_wait(fp, self.raid_rebuilt(degraded), "the partial rebuild", 600)
             e["rebuild_s"] = time.monotonic() - t
             e["process_types"] = kinds
+            e["during_rebuild"] = getattr(self, "raid_first_process", None)
             e["after_rebuild"] = done
             c2 = self.counters(done)
             copied = (c2["rebuild_bytes_copied"] or 0) - (c1["rebuild_bytes_copied"] or 0) \
