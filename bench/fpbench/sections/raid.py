@@ -125,6 +125,12 @@ class RaidSection:
         raise RuntimeError(f"{fp.name}: bdev_raid_get_bdevs does not list {name}")
 
     @staticmethod
+    def bdev_geometry(fp, name="Raid0"):
+        """(block size, bytes) of bdev `name` (`bdev_get_bdevs`: SPDK's raid entry has neither)."""
+        b = jsonrpc(fp.rpc_sock, "bdev_get_bdevs", {"name": name})[0]
+        return b["block_size"], b["block_size"] * b["num_blocks"]
+
+    @staticmethod
     def raid_create(fp, bases, superblock, name="Raid0"):
         fp.rpc("bdev_raid_create", {"name": name, "raid_level": "raid1", "base_bdevs": bases,
                                     "superblock": superblock})
@@ -195,7 +201,8 @@ class RaidSection:
                 out.setdefault("cost_raid", {})[v] = self.raid_info(fp)
             for v in c["variants"]:
                 log(f"raid: filling {v}")
-                self.fill_ram(socks[v], size)
+                # The raid's data region is a little larger than the single disk: all of it.
+                self.fill_ram(socks[v], size if v == "single" else self.bdev_geometry(servers[v])[1])
             for point in c["points"]:
                 runs = {v: [] for v in c["variants"]}
                 order = list(c["variants"])
@@ -261,12 +268,15 @@ class RaidSection:
             sock = fp.export("vhost.raid", "Raid0")
             info = self.raid_info(fp)
             e["raid_created"] = info
-            bs = info.get("block_size") or 512
+            bs, raid_bytes = self.bdev_geometry(fp)
             # SPDK gives a base's data_offset and data_size in blocks of the raid.
             b0 = (info.get("base_bdevs_list") or [{}])[0]
             off = (b0.get("data_offset") or 0) * bs
-            length = (b0.get("data_size") or (size // bs)) * bs
+            length = (b0.get("data_size") or (raid_bytes // bs)) * bs
             e["data_offset"], e["data_bytes"] = off, length
+            if off + length > base or length < raid_bytes:
+                raise RuntimeError(f"raid partial: data region {off} + {length} bytes does not fit the {base}-byte "
+                                   f"bases or the {raid_bytes}-byte raid (data_offset/data_size not in blocks?)")
             fp.rpc("bdev_raid_remove_base_bdev", {"name": "BaseB"})
             removed, _, _ = self.raid_wait(fp, self.raid_degraded, "removing BaseB", 30)
             e["after_remove"] = removed
@@ -429,9 +439,7 @@ class RaidSection:
         t1 = time.monotonic()
         c1 = proc_cpu(fp.pid)
         if kind == "rebuild":
-            bytes_ = find_key(state, "data_size")
-            bs = state.get("block_size") or 512
-            bytes_ = bytes_ * bs if bytes_ else (c["full_size"])
+            bytes_ = self.bdev_geometry(fp)[1]  # raid1: every byte of the data region
         r = {"kind": kind, "loaded": bool(sock), "seconds": t1 - t0, "bytes": bytes_,
              "mb_per_s": bytes_ / (t1 - t0) / 1e6, "server_cpu_s": (c1["sched_ns"] - c0["sched_ns"]) / 1e9,
              "process_types": sorted(seen)}
