@@ -57,6 +57,8 @@ class Predicates(unittest.TestCase):
         self.assertFalse(pred({"flashpath": {"rebuilds_completed": 1}}))
         self.assertFalse(pred({"flashpath": {"rebuilds_completed": 2}, "process": {"type": "rebuild"}}))
         self.assertTrue(pred({"flashpath": {"rebuilds_completed": 2}}))
+        self.assertFalse(pred({"flashpath": {"rebuilds_completed": 2, "slots": ["active", "rebuilding"]}}))
+        self.assertTrue(pred({"flashpath": {"rebuilds_completed": 2, "slots": ["active", "active"]}}))
 
     def test_rebuilt_without_the_counter_reads_spdk_fields(self):
         pred = RaidSection.raid_rebuilt({})

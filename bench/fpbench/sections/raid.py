@@ -147,7 +147,7 @@ class RaidSection:
             if proc:
                 if not seen:
                     self.raid_first_process = e  # what the raid said while its process ran
-                seen.add(str(proc.get("type")))
+                seen.add(f"{proc.get('type')} ({find_key(e, 'rebuild_kind')})")
             if pred(e):
                 return e, time.monotonic() - t0, sorted(seen)
             if time.monotonic() - t0 > timeout:
@@ -161,8 +161,9 @@ class RaidSection:
 
         def pred(e):
             done = find_key(e, "rebuilds_completed")
+            slots = find_key(e, "slots")
             if done is not None:
-                return done > done0 and not e.get("process")
+                return done > done0 and not e.get("process") and (slots is None or all(x == "active" for x in slots))
             bases = e.get("base_bdevs_list") or []
             return not e.get("process") and bases and all(b.get("is_configured") for b in bases) and \
                 e.get("num_base_bdevs_operational") == e.get("num_base_bdevs")
@@ -176,7 +177,7 @@ class RaidSection:
     @staticmethod
     def counters(e):
         keys = ("rebuild_bytes_copied", "degraded_bytes_written", "rebuilds_completed", "bitmap_writes",
-                "superblock_writes", "base_failures", "bitmap_chunk")
+                "superblock_writes", "base_failures", "bitmap_chunk_bytes", "slots")
         return {k: find_key(e, k) for k in keys}
 
     # -- 1. the cost of a mirrored write ---------------------------------------------------------
@@ -288,7 +289,7 @@ class RaidSection:
             e["writes"] = {k: res[k] for k in ("ios", "bytes", "iops", "elapsed_s", "p50_ns", "p99_ns")}
             degraded = self.raid_info(fp)
             c1 = self.counters(degraded)
-            chunk = c1.get("bitmap_chunk")
+            chunk = c1.get("bitmap_chunk_bytes")
             e["bitmap_chunk"] = chunk
             t = time.monotonic()
             blocks, chunks = differing_blocks(paths[0], paths[1], off, length, chunk=chunk)
@@ -428,7 +429,7 @@ class RaidSection:
         while True:
             ok, state = done()
             if state and state.get("process"):
-                seen.add(str(state["process"].get("type")))
+                seen.add(f"{state['process'].get('type')} ({find_key(state, 'rebuild_kind')})")
             if load and load.ended is None and load.poll() is not None:
                 load.ended = time.monotonic()
             if ok:
