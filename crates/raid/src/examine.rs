@@ -20,7 +20,8 @@ use serde_json::{json, Map, Value};
 use crate::device::{RaidDevice, RaidSpec};
 use crate::format::Superblock;
 use crate::meta_io::{self, ChannelIo};
-use crate::rpc::{owner_link, with_raids, OwnerLink, RaidEntry, MODULE};
+use crate::owner::{BaseSpec, OwnerHandle};
+use crate::rpc::{with_raids, RaidEntry, RaidModule, MODULE};
 use crate::shared::SlotView;
 use crate::{RaidError, SlotState};
 
@@ -126,7 +127,7 @@ fn take(host: &dyn ModuleHost, name: &str, sb: Superblock) -> Result<(), RaidErr
     enum Known {
         None,
         Other,
-        Assembled(Arc<RaidDevice>, Arc<OwnerLink>),
+        Assembled(Arc<RaidDevice>, Arc<OwnerHandle>),
         Configuring,
     }
     let known = with_raids(host, |l| match l.iter().find(|r| r.name == raid) {
@@ -155,7 +156,7 @@ fn take(host: &dyn ModuleHost, name: &str, sb: Superblock) -> Result<(), RaidErr
         .claim(name, MODULE, &raid, ClaimType::ExclusiveWrite)
         .map_err(|e| RaidError::Busy(format!("raid '{raid}' cannot claim it: {e}")))?;
     if let Known::Assembled(dev, owner) = known {
-        return rejoin(host, &dev, &owner, name, bdev, &sb)
+        return rejoin(&dev, &owner, name, bdev, &sb)
             .inspect_err(|_| host.release_claim(name, MODULE, &raid));
     }
     let found = Found { name: name.to_string(), bdev, sb };
@@ -178,11 +179,11 @@ fn take(host: &dyn ModuleHost, name: &str, sb: Superblock) -> Result<(), RaidErr
     Ok(())
 }
 
-/// A base of the assembled raid `dev` appeared: it joins the free slot that names it.
+/// A base of the assembled raid `dev` appeared: it joins the free slot that names it; the
+/// owner decides partial or full from its superblock.
 fn rejoin(
-    _host: &dyn ModuleHost,
     dev: &RaidDevice,
-    owner: &OwnerLink,
+    owner: &OwnerHandle,
     name: &str,
     bdev: Bdev,
     sb: &Superblock,
@@ -190,24 +191,21 @@ fn rejoin(
     let layout = dev.shared().layout();
     let slot = usize::from(sb.slot);
     let mine = sb.slots.get(slot).map(|r| r.uuid);
-    let view = layout.slots.get(slot).filter(|v| v.bdev.is_none() && Some(v.uuid) == mine);
-    let Some(view) = view else {
+    if !layout.slots.get(slot).is_some_and(|v| v.bdev.is_none() && Some(v.uuid) == mine) {
         return Err(RaidError::Busy(format!(
             "raid '{}' is assembled and has no free slot for it",
             dev.shared().info.name
         )));
-    };
-    let partial = view.state == SlotState::Failed && sb.seq > 0;
-    let join =
-        SlotView { state: SlotState::Rebuilding, name: Some(name.into()), bdev: Some(bdev), uuid: view.uuid };
-    owner_link::add_base(owner, slot, join, partial)?;
-    log::info!("raid '{}': '{name}' is back in slot {slot}", dev.shared().info.name);
+    }
+    let slot = owner.add_base(name.to_string(), bdev)?;
+    log::info!("raid '{}': '{name}' is back, in slot {slot}", dev.shared().info.name);
     Ok(())
 }
 
-/// Assembles the configuring raid `raid`: builds the device from the newest superblock with
-/// its current bases Active, adds it, then lets stale or returning bases join as rebuild
-/// targets.
+/// Assembles the configuring raid `raid`: the device from the newest superblock, the owner
+/// over the bases found current (and the returning ones: Failed or Rebuilding in the newest
+/// superblock, which it rebuilds), then the bdev; bases with an older superblock that the
+/// newest lists Active join afterwards as full rebuild targets, never as sources.
 fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
     let Some(c) =
         with_raids(host, |l| l.iter_mut().find(|r| r.name == raid).and_then(|r| r.configuring.take()))
@@ -215,37 +213,31 @@ fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
         return Ok(());
     };
     let sb = c.newest().clone();
-    let mut slots: Vec<SlotView> = sb
-        .slots
-        .iter()
-        .map(|r| SlotView {
-            state: if r.state == SlotState::Empty { SlotState::Empty } else { SlotState::Failed },
-            name: None,
-            bdev: None,
-            uuid: r.uuid,
-        })
-        .collect();
-    let mut joiners = Vec::new();
+    let mut members: Vec<Option<BaseSpec>> = vec![None; sb.slots.len()];
+    let mut later = Vec::new();
     let mut strays = Vec::new();
     for f in c.found {
         let i = usize::from(f.sb.slot);
         let rec = &sb.slots[i];
-        if f.sb.slots.get(i).map(|r| r.uuid) != Some(rec.uuid) || slots[i].bdev.is_some() {
+        if f.sb.slots.get(i).map(|r| r.uuid) != Some(rec.uuid) || members[i].is_some() {
             strays.push(f.name);
-        } else if rec.state == SlotState::Active && f.sb.seq == sb.seq {
-            slots[i] =
-                SlotView { state: SlotState::Active, name: Some(f.name), bdev: Some(f.bdev), uuid: rec.uuid };
+        } else if rec.state == SlotState::Active && f.sb.seq != sb.seq {
+            later.push(f);
         } else {
-            let partial =
-                rec.state == SlotState::Failed || (rec.state == SlotState::Rebuilding && rec.rebuild_partial);
-            joiners.push((i, f, partial));
+            members[i] = Some(BaseSpec { name: f.name, bdev: f.bdev });
         }
     }
     for n in strays {
-        log::warn!("raid '{raid}': '{n}' claims a slot that names another base; released");
+        log::warn!("raid '{raid}': a base claims a slot that names another; '{n}' released");
         host.release_claim(&n, MODULE, raid);
     }
-    let found_active: Vec<String> = slots.iter().filter_map(|v| v.name.clone()).collect();
+    let mut claimed: Vec<String> = members.iter().flatten().map(|m| m.name.clone()).collect();
+    claimed.extend(later.iter().map(|f| f.name.clone()));
+    let release = |names: &[String]| {
+        for n in names {
+            host.release_claim(n, MODULE, raid);
+        }
+    };
     let spec = RaidSpec {
         name: sb.name.clone(),
         uuid: sb.raid_uuid,
@@ -254,79 +246,59 @@ fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
         superblock: true,
         block_size: sb.block_size,
         data_offset: sb.data_offset,
-        slots,
+        slots: members
+            .iter()
+            .zip(&sb.slots)
+            .map(|(m, r)| SlotView {
+                state: if m.is_some() { r.state } else { SlotState::Failed },
+                name: m.as_ref().map(|m| m.name.clone()),
+                bdev: m.as_ref().map(|m| m.bdev.clone()),
+                uuid: r.uuid,
+            })
+            .collect(),
         base_data_bytes: sb.slots.iter().map(|r| r.data_bytes).collect(),
         chunk_bytes: sb.bitmap_chunk_bytes,
     };
+    let options = RaidModule::state(host).options.owner_options();
     let built = RaidDevice::new(spec).and_then(|dev| {
-        if fp_bdev::BlockDevice::info(&dev).num_blocks() != sb.raid_blocks {
+        let blocks = fp_bdev::BlockDevice::info(&dev).num_blocks();
+        if blocks != sb.raid_blocks {
             return Err(RaidError::Metadata(format!(
-                "the superblock says {} blocks, its slots make {}",
-                sb.raid_blocks,
-                fp_bdev::BlockDevice::info(&dev).num_blocks()
+                "the superblock says {} blocks, its slots make {blocks}",
+                sb.raid_blocks
             )));
         }
-        Ok(Arc::new(dev))
+        let dev = Arc::new(dev);
+        let owner = OwnerHandle::spawn(dev.shared().clone(), members, Some(sb.clone()), options)?;
+        Ok((dev, owner))
     });
-    let release = |names: Vec<String>| {
-        for n in names {
-            host.release_claim(&n, MODULE, raid);
-        }
-    };
-    let dev = match built {
-        Ok(d) => d,
+    let (dev, owner) = match built {
+        Ok(x) => x,
         Err(e) => {
-            release(joiners.iter().map(|(_, f, _)| f.name.clone()).collect());
-            release(found_active);
+            release(&claimed);
             with_raids(host, |l| l.retain(|r| r.name != raid));
             return Err(e);
         }
     };
-    // The bitmap: the union of the Active bases' pages; a corrupt page counts as all dirty.
-    if let Some(intent) = dev.shared().intent.as_ref() {
-        for v in dev.shared().layout().slots.iter().filter(|v| v.state == SlotState::Active) {
-            let b = v.bdev.clone().expect("an Active slot has its base");
-            let loaded = ChannelIo::open(b).and_then(|mut io| meta_io::load_bitmap(&mut io, &sb, intent));
-            match loaded {
-                Ok(corrupt) => {
-                    dev.shared()
-                        .counters
-                        .bitmap_pages_corrupt
-                        .fetch_add(corrupt, std::sync::atomic::Ordering::Relaxed);
-                }
-                Err(e) => {
-                    log::warn!("raid '{raid}': bitmap of {:?} not read ({e}): rebuilds will be full", v.name)
-                }
-            }
-        }
-    }
-    let active: Vec<String> =
-        dev.shared().layout().slots.iter().filter_map(|v| v.bdev.as_ref().and(v.name.clone())).collect();
-    if let Err(e) = host
-        .add_bdev(MODULE, NewBdev { bdev: dev.clone(), device: dev.clone(), claims: vec![], aliases: vec![] })
-    {
-        release(active);
-        release(joiners.iter().map(|(_, f, _)| f.name.clone()).collect());
+    let new = NewBdev { bdev: dev.clone(), device: dev.clone(), claims: vec![], aliases: vec![] };
+    if let Err(e) = host.add_bdev(MODULE, new) {
+        // Stopped without the clean mark: nothing was written through it.
+        drop(owner);
+        release(&claimed);
         with_raids(host, |l| l.retain(|r| r.name != raid));
         return Err(RaidError::Busy(format!("raid '{raid}' not added: {e}")));
     }
-    let owner = OwnerLink::start(&dev, Some(sb.clone()));
+    let owner = Arc::new(owner);
     with_raids(host, |l| {
         if let Some(r) = l.iter_mut().find(|r| r.name == raid) {
             r.device = Some(dev.clone());
             r.owner = Some(owner.clone());
         }
     });
-    log::info!("raid '{raid}' assembled from its superblocks ({} active)", active.len());
-    for (slot, f, partial) in joiners {
-        let join = SlotView {
-            state: SlotState::Rebuilding,
-            name: Some(f.name.clone()),
-            bdev: Some(f.bdev),
-            uuid: sb.slots[slot].uuid,
-        };
-        if let Err(e) = owner_link::add_base(&owner, slot, join, partial) {
-            log::warn!("raid '{raid}': '{}' cannot join slot {slot}: {e}", f.name);
+    log::info!("raid '{raid}' assembled from its superblocks");
+    for f in later {
+        if let Err(e) = owner.add_base(f.name.clone(), f.bdev) {
+            log::warn!("raid '{raid}': stale base '{}' cannot join: {e}", f.name);
             host.release_claim(&f.name, MODULE, raid);
         }
     }

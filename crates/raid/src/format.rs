@@ -590,7 +590,8 @@ pub(crate) mod tests {
 
     #[test]
     fn inconsistent_superblocks_are_refused_with_a_reason() {
-        let cases: Vec<(Box<dyn Fn(&mut Superblock)>, &str)> = vec![
+        type Change = Box<dyn Fn(&mut Superblock)>;
+        let cases: Vec<(Change, &str)> = vec![
             (Box::new(|s| s.block_size = 1000), "block size"),
             (Box::new(|s| s.bitmap_pages += 1), "bitmap pages"),
             (Box::new(|s| s.data_offset = 4096), "data offset"),

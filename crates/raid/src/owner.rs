@@ -675,7 +675,9 @@ impl Owner {
                 reason: format!("a {} raid takes no base while online", self.sb.level.name()),
             });
         }
-        if self.members.iter().flatten().any(|m| m.name == member.name) {
+        let held = (0..self.members.len())
+            .find(|&s| self.members[s].as_ref().is_some_and(|m| m.name == member.name));
+        if held.is_some_and(|s| self.state(s) != SlotState::Failed) {
             return Err(invalid(format!("{} is already a base of this raid", member.name)));
         }
         let need = self.sb.data_offset + self.sb.raid_bytes();
@@ -708,17 +710,23 @@ impl Owner {
             }
         }
         let slot = match partial_slot {
-            Some(slot) => {
-                if self.present(slot) {
-                    // The failed base is still claimed in its slot: this is it coming back.
-                    self.members[slot] = None;
-                }
-                slot
-            }
-            None => self.sb.slots.iter().position(|s| s.state == SlotState::Empty).ok_or_else(|| {
-                RaidError::Busy(format!("raid {}: no empty slot (remove a failed base first)", self.sb.name))
-            })?,
+            // Its own slot; the failed base still held there (the same device coming back
+            // under the same name, say) gives way.
+            Some(slot) => slot,
+            None => (0..self.sb.slots.len())
+                .find(|&s| self.state(s) == SlotState::Empty)
+                .or_else(|| {
+                    (0..self.sb.slots.len()).find(|&s| self.state(s) == SlotState::Failed && !self.present(s))
+                })
+                .or(held)
+                .ok_or_else(|| {
+                    RaidError::Busy(format!(
+                        "raid {}: no free slot (remove a failed base first)",
+                        self.sb.name
+                    ))
+                })?,
         };
+        self.members[slot] = None;
         let partial = partial_slot.is_some();
         let data_bytes = self.sb.raid_bytes();
         let rec = &mut self.sb.slots[slot];
@@ -752,8 +760,10 @@ impl Owner {
         Ok(slot)
     }
 
-    /// Removes a base (`bdev_raid_remove_base_bdev`): its slot becomes empty. Refused for
-    /// raid0 and concat, and for the last in-sync base of a raid1.
+    /// Removes a base (`bdev_raid_remove_base_bdev`) and returns it. Its slot keeps its
+    /// record as Failed, so the same base added again later is rebuilt partially; a different
+    /// base added takes the slot with a full rebuild. Refused for raid0 and concat, and for the
+    /// last in-sync base of a raid1.
     pub fn remove_base(&mut self, name: &str) -> Result<Member, RaidError> {
         let slot = (0..self.members.len())
             .find(|&s| self.members[s].as_ref().is_some_and(|m| m.name == name))
@@ -773,13 +783,11 @@ impl Owner {
         }
         if self.state(slot).takes_writes() {
             self.take_out(slot);
+            // Not a failure: the user asked.
             self.shared.counters.base_failures.fetch_sub(1, Ordering::Relaxed);
+            self.write_superblocks()?;
         }
-        let rec = &mut self.sb.slots[slot];
-        rec.state = SlotState::Empty;
-        rec.uuid = Uuid::NIL;
         let member = self.members[slot].take().expect("found above");
-        self.write_superblocks()?;
         self.publish();
         Ok(member)
     }
@@ -1065,3 +1073,6 @@ fn run(mut owner: Owner, rx: Receiver<Msg>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

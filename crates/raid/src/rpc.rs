@@ -10,7 +10,6 @@
 
 mod create;
 mod info;
-pub(crate) mod owner_link;
 mod slots;
 
 use std::any::Any;
@@ -24,10 +23,10 @@ use serde_json::{Map, Value};
 
 use crate::device::RaidDevice;
 use crate::examine::Configuring;
+use crate::owner::{OwnerHandle, OwnerOptions};
 use crate::RaidError;
 
 pub use create::RaidConfig;
-pub use owner_link::OwnerLink;
 
 /// The module's name: its bdevs' driver, its claims' holder kind.
 pub const MODULE: &str = "raid";
@@ -47,8 +46,8 @@ pub struct RaidEntry {
     pub name: String,
     /// The bdev, once assembled.
     pub device: Option<Arc<RaidDevice>>,
-    /// Its owner, once assembled.
-    pub owner: Option<Arc<OwnerLink>>,
+    /// Its owner thread, once assembled (shared with control calls in progress).
+    pub owner: Option<Arc<OwnerHandle>>,
     /// A raid found by examine and not assembled yet.
     pub configuring: Option<Configuring>,
 }
@@ -57,6 +56,32 @@ pub struct RaidEntry {
 pub struct RaidState {
     pub raids: Mutex<Vec<RaidEntry>>,
     pub options: Arc<ProcessOptions>,
+}
+
+impl ProcessOptions {
+    /// The owner's options now.
+    pub fn owner_options(&self) -> OwnerOptions {
+        OwnerOptions {
+            process_window_bytes: self.window_kb.load(Ordering::Relaxed) << 10,
+            process_max_bandwidth_mb_sec: self.max_bandwidth_mb_sec.load(Ordering::Relaxed),
+            ..OwnerOptions::default()
+        }
+    }
+}
+
+/// Stops an owner: an orderly stop (clean superblocks), `clear_sb` also erasing them. A
+/// handle still shared by a call in progress is dropped instead (a stop without the clean
+/// mark: the next assembly resyncs, which is safe).
+pub(crate) fn stop_owner(raid: &str, owner: Arc<OwnerHandle>, clear_sb: bool) {
+    match Arc::try_unwrap(owner) {
+        Ok(h) => {
+            let r = if clear_sb { h.delete() } else { h.shutdown() };
+            if let Err(e) = r {
+                log::warn!("raid '{raid}': its owner did not stop cleanly: {e}");
+            }
+        }
+        Err(_) => log::warn!("raid '{raid}': its owner is busy; stopped without marking it clean"),
+    }
 }
 
 impl RaidState {
@@ -153,6 +178,16 @@ fn set_options(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleErro
     }
     if let Some(b) = bw {
         state.options.max_bandwidth_mb_sec.store(b, Ordering::Relaxed);
+    }
+    // Running raids follow at their next window.
+    let owners: Vec<Arc<OwnerHandle>> =
+        with_raids(host, |l| l.iter().filter_map(|r| r.owner.clone()).collect());
+    let (w, b) = (
+        state.options.window_kb.load(Ordering::Relaxed),
+        state.options.max_bandwidth_mb_sec.load(Ordering::Relaxed),
+    );
+    for o in owners {
+        o.set_process_options(w, b).map_err(module_error)?;
     }
     Ok(Value::Bool(true))
 }

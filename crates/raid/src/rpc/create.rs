@@ -8,10 +8,10 @@ use fp_lvol::Uuid;
 use fp_rpc::{ParamError, Params};
 use serde_json::Value;
 
-use super::{module_error, with_raids, OwnerLink, RaidEntry, MODULE};
+use super::{module_error, stop_owner, with_raids, RaidEntry, RaidModule, MODULE};
 use crate::device::{new_uuid, RaidDevice, RaidSpec};
 use crate::format::{self, SlotRecord, Superblock};
-use crate::meta_io::{self, ChannelIo};
+use crate::owner::{BaseSpec, OwnerHandle};
 use crate::shared::SlotView;
 use crate::{RaidError, RaidLevel, SlotState};
 
@@ -136,7 +136,7 @@ pub(crate) fn release_all(host: &dyn ModuleHost, raid: &str, names: impl IntoIte
     }
 }
 
-/// Builds the superblock of a new raid for slot 0 (callers set `slot` per base).
+/// The superblock of a new raid (`seq` 0: the owner formats the bases with it).
 pub(crate) fn new_superblock(cfg: &RaidConfig, dev: &RaidDevice) -> Superblock {
     let shared = dev.shared();
     let layout = shared.layout();
@@ -145,7 +145,8 @@ pub(crate) fn new_superblock(cfg: &RaidConfig, dev: &RaidDevice) -> Superblock {
         None => (0, 0),
     };
     Superblock {
-        seq: 1,
+        // 0: a new raid, which the owner formats.
+        seq: 0,
         raid_uuid: dev.uuid(),
         name: cfg.name.clone(),
         level: cfg.level,
@@ -230,24 +231,8 @@ fn build(cfg: &RaidConfig, bases: &[Bdev]) -> Result<(Arc<RaidDevice>, Option<Su
         chunk_bytes: 0,
     };
     let dev = Arc::new(RaidDevice::new(spec)?);
-    if !cfg.superblock {
-        return Ok((dev, None));
-    }
-    let mut sb = new_superblock(cfg, &dev);
-    {
-        for (slot, b) in bases.iter().enumerate() {
-            sb.slot = slot as u8;
-            let mut io = ChannelIo::open(b.clone())?;
-            meta_io::format_base(&mut io, &sb, dev.shared().intent.as_ref()).map_err(|e| {
-                RaidError::Metadata(format!(
-                    "writing the superblock to '{}': {}",
-                    cfg.base_bdevs[slot],
-                    std::io::Error::from_raw_os_error(e)
-                ))
-            })?;
-        }
-    }
-    Ok((dev, Some(sb)))
+    let sb = cfg.superblock.then(|| new_superblock(cfg, &dev));
+    Ok((dev, sb))
 }
 
 /// Whether the assembled raid `dev` is what `cfg` asks for (level, strip, bases in order):
@@ -283,21 +268,39 @@ pub(crate) fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
     }
     cfg.check().map_err(module_error)?;
     let bases = claim_all(host, &cfg.name, &cfg.base_bdevs)?;
-    let added = build(&cfg, &bases).map_err(module_error).and_then(|(dev, sb)| {
-        host.add_bdev(
-            MODULE,
-            NewBdev { bdev: dev.clone(), device: dev.clone(), claims: Vec::new(), aliases: Vec::new() },
-        )?;
-        Ok((dev, sb))
-    });
-    let (dev, sb) = match added {
-        Ok(dev) => dev,
+    let options = RaidModule::state(host).options.owner_options();
+    let specs: Vec<Option<BaseSpec>> = cfg
+        .base_bdevs
+        .iter()
+        .zip(&bases)
+        .map(|(name, bdev)| Some(BaseSpec { name: name.clone(), bdev: bdev.clone() }))
+        .collect();
+    // The owner formats the bases (with a superblock) and publishes the first layout before
+    // the bdev is added: nothing reaches the raid before it is whole.
+    let added = build(&cfg, &bases)
+        .and_then(|(dev, sb)| {
+            Ok((dev.clone(), OwnerHandle::spawn(dev.shared().clone(), specs, sb, options)?))
+        })
+        .map_err(module_error)
+        .and_then(|(dev, owner)| {
+            let new =
+                NewBdev { bdev: dev.clone(), device: dev.clone(), claims: Vec::new(), aliases: Vec::new() };
+            match host.add_bdev(MODULE, new) {
+                Ok(_) => Ok((dev, Arc::new(owner))),
+                Err(e) => {
+                    // Never used: the superblocks just written go with it.
+                    let _ = owner.delete();
+                    Err(e)
+                }
+            }
+        });
+    let (dev, owner) = match added {
+        Ok(x) => x,
         Err(e) => {
             release_all(host, &cfg.name, cfg.base_bdevs.clone());
             return Err(e);
         }
     };
-    let owner = OwnerLink::start(&dev, sb);
     log::info!(
         "bdev '{}' is a {} over {} (superblock {})",
         cfg.name,
@@ -328,25 +331,11 @@ pub(crate) fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
     let entry = with_raids(host, |l| l.iter().position(|r| r.name == name).map(|i| l.remove(i)));
     let Some(entry) = entry else { return Ok(Value::Bool(true)) };
     let mut names = Vec::new();
-    if let Some(owner) = &entry.owner {
-        owner.stop();
-    }
     if let Some(dev) = &entry.device {
-        for s in dev.shared().layout().slots.iter() {
-            if let (Some(n), Some(b)) = (&s.name, &s.bdev) {
-                if clear_sb && dev.superblock() {
-                    match ChannelIo::open(b.clone()) {
-                        Ok(mut io) => {
-                            if let Err(e) = meta_io::wipe_superblock(&mut io) {
-                                log::warn!("raid '{name}': cannot clear the superblock of '{n}': errno {e}");
-                            }
-                        }
-                        Err(e) => log::warn!("raid '{name}': cannot clear the superblock of '{n}': {e}"),
-                    }
-                }
-                names.push(n.clone());
-            }
-        }
+        names.extend(dev.shared().layout().slots.iter().filter_map(|s| s.name.clone()));
+    }
+    if let Some(owner) = entry.owner {
+        stop_owner(&name, owner, clear_sb);
     }
     if let Some(c) = &entry.configuring {
         names.extend(c.claimed_names());
@@ -359,8 +348,8 @@ pub(crate) fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
 /// The daemon stops: every raid's owner stops (marking its superblocks clean).
 pub(crate) fn shutdown(host: &dyn ModuleHost) {
     for r in with_raids(host, std::mem::take) {
-        if let Some(owner) = &r.owner {
-            owner.stop();
+        if let Some(owner) = r.owner {
+            stop_owner(&r.name, owner, false);
         }
     }
 }

@@ -1,18 +1,17 @@
 //! `bdev_raid_add_base_bdev` and `bdev_raid_remove_base_bdev` (raid1 only: raid0 and concat
 //! have no redundancy to lose or rebuild).
 //!
-//! A removed base leaves its slot Failed with the base's identity kept (the superblock keeps
-//! it too): when the same replica comes back, `bdev_raid_add_base_bdev` finds its slot by the
-//! identity in the replica's own superblock and rebuilds only the chunks written meanwhile.
-//! Any other base takes a free slot and is rebuilt in full.
+//! Both are control calls to the raid's owner (owner.rs). A removed base leaves its slot
+//! Failed with the base's identity kept in the superblock: when the same replica comes back,
+//! `bdev_raid_add_base_bdev` returns it to its slot by the identity in its own superblock and
+//! rebuilds only the chunks written meanwhile. Any other base takes a free slot and is
+//! rebuilt in full.
 
 use fp_bdev::module::{ClaimType, ModuleError, ModuleHost};
 use fp_rpc::Params;
 use serde_json::Value;
 
-use super::{module_error, owner_link, with_raids, MODULE};
-use crate::meta_io::{self, ChannelIo};
-use crate::shared::SlotView;
+use super::{module_error, with_raids, MODULE};
 use crate::{RaidError, RaidLevel, SlotState};
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ModuleError {
@@ -50,66 +49,24 @@ pub(crate) fn add_base_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<Valu
         ))));
     }
     let bdev = host.claim(&base, MODULE, &raid, ClaimType::ExclusiveWrite)?;
-    let placed = (|| {
-        let info = bdev.info();
-        if info.block_size != shared.info.block_size {
-            return Err(invalid(
-                "base_bdev",
-                format!("block size {} differs from the raid's {}", info.block_size, shared.info.block_size),
-            ));
-        }
-        let need = layout.data_offset + shared.info.size_bytes();
-        if info.size_bytes() < need {
-            return Err(invalid(
-                "base_bdev",
-                format!(
-                    "'{base}' has {} bytes; the raid needs {need} (data offset included)",
-                    info.size_bytes()
-                ),
-            ));
-        }
-        // The replica's own superblock says whether it was here before.
-        let known = if dev.superblock() {
-            let sb = ChannelIo::open(bdev.clone()).and_then(|mut io| meta_io::read_superblock(&mut io));
-            match sb {
-                Ok(Some(sb)) if sb.raid_uuid == dev.uuid() => sb.slots.get(sb.slot as usize).map(|r| r.uuid),
-                Ok(_) => None,
-                Err(e) => {
-                    log::warn!(
-                        "raid '{raid}': the superblock of '{base}' cannot be read ({e}): full rebuild"
-                    );
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let free = |s: &SlotView| s.bdev.is_none();
-        let (slot, partial) = match known
-            .and_then(|u| layout.slots.iter().position(|s| free(s) && !u.is_nil() && s.uuid == u))
-        {
-            Some(i) => (i, layout.slots[i].state == SlotState::Failed),
-            None => {
-                let i = layout.slots.iter().position(free).expect("checked above");
-                (i, false)
-            }
-        };
-        let uuid =
-            if partial || !dev.superblock() { layout.slots[slot].uuid } else { crate::device::new_uuid() };
-        let view = SlotView {
-            state: SlotState::Rebuilding,
-            name: Some(base.clone()),
-            bdev: Some(bdev.clone()),
-            uuid,
-        };
-        owner_link::add_base(&owner, slot, view, partial).map_err(module_error)?;
-        Ok((slot, partial))
-    })();
+    let info = bdev.info();
+    let placed = if info.block_size != shared.info.block_size {
+        Err(invalid(
+            "base_bdev",
+            format!("block size {} differs from the raid's {}", info.block_size, shared.info.block_size),
+        ))
+    } else {
+        // The owner reads the base's own superblock: the replica that left comes back to its
+        // slot (partial rebuild), any other base takes a free one (full).
+        owner.add_base(base.clone(), bdev.clone()).map_err(module_error)
+    };
     match placed {
-        Ok((slot, partial)) => {
+        Ok(slot) => {
+            let partial = shared.layout().slots[slot].state == SlotState::Rebuilding
+                && shared.process.kind.load(std::sync::atomic::Ordering::Relaxed) == 1;
             log::info!(
-                "raid '{raid}': '{base}' joins slot {slot}, {} rebuild",
-                if partial { "partial" } else { "full" }
+                "raid '{raid}': '{base}' joins slot {slot}{}",
+                if partial { " (partial rebuild)" } else { "" }
             );
             Ok(Value::Bool(true))
         }
@@ -155,13 +112,8 @@ pub(crate) fn remove_base_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<V
             format!("'{raid}' is a {}: without redundancy its bases cannot be removed", shared.level.name()),
         ));
     }
-    let layout = shared.layout();
-    let others_active =
-        layout.slots.iter().enumerate().filter(|&(i, s)| i != slot && s.state == SlotState::Active).count();
-    if layout.slots[slot].state == SlotState::Active && others_active == 0 {
-        return Err(invalid("name", format!("'{name}' is the last active base of '{raid}'")));
-    }
-    owner_link::remove_base(&owner, slot).map_err(module_error)?;
+    // The owner refuses the last in-sync base, and takes the base out durably first.
+    owner.remove_base(&name).map_err(module_error)?;
     host.release_claim(&name, MODULE, &raid);
     log::info!("raid '{raid}': '{name}' removed from slot {slot}");
     Ok(Value::Bool(true))
