@@ -318,7 +318,6 @@ class RaidSection:
             # Both replicas hold the same data now (the metadata pages differ by design).
             left, _ = differing_blocks(paths[0], paths[1], off, length)
             e["blocks_differing_after"] = left
-            fp.rpc("bdev_raid_delete", {"name": "Raid0"})
             log(f"raid partial: copied {(copied or 0) / MIB:.1f} MiB in {e['rebuild_s']:.2f} s ({kinds}): "
                 f"{e['copied_per_unique'] or 0:.3f}x the unique bytes, {e['copied_per_written'] or 0:.3f}x the "
                 f"bytes written; {left} blocks differ afterwards")
