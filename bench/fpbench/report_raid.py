@@ -59,28 +59,37 @@ def raid_markdown(res):
                          f"{_ns(md.get('other_threads_ns_per_io'))} | {_ns(md.get('work_ns_per_io'))} | "
                          f"{_ns(md.get('server_cpu_ns_per_io'))} | {_x(r.get('work_ns_per_io'))} | "
                          f"{_x(r.get('iops'))} |")
-    pa = e.get("partial")
-    if pa:
+    parts = [x for x in (e.get("partial"), e.get("partial_ram")) if x]
+    if parts:
+        pa = parts[0]
         lines += ["", "### Partial rebuild", "",
-                  f"raid1 with a superblock over two files of {pa['base_size'] // MIB} MiB on {pa['dir']} "
-                  "(`bdev_uring_create`, O_DIRECT), identical to start with; `bdev_raid_remove_base_bdev` of the "
-                  f"second; {pa['write_secs']:g} s of QD32 4 KiB randwrite (polled client) on the raid; the two "
-                  "files compared 4 KiB block by block over the data region (**unique bytes**: blocks written "
-                  "meanwhile); `bdev_raid_add_base_bdev` of the same base; the rebuild waited for "
-                  "(`bdev_raid_get_bdevs` every 20 ms); **copied**: the raid's `rebuild_bytes_copied` counter over the "
-                  "rebuild; the files compared again afterwards. dirty chunks: the bitmap chunks (of the raid's "
-                  "chunk size) holding a block written meanwhile, the least a bitmap of that chunk copies.", "",
-                  "| data MiB | written MiB | unique MiB | dirty chunks MiB (chunk) | copied MiB | copied / unique | "
-                  "copied / written | rebuild s | process | blocks differing after |", "|" + "---|" * 10]
-        w = pa.get("writes", {})
-        chunk = pa.get("bitmap_chunk")
-        lines.append(f"| {_mib(pa.get('data_bytes'))} | {_mib(w.get('bytes'))} | {_mib(pa.get('unique_bytes'))} | "
-                     f"{_mib(pa.get('dirty_chunk_bytes'))} ({'-' if not chunk else f'{chunk // 1024} KiB'}) | "
-                     f"{_mib(pa.get('bytes_copied'))} | **{_x(pa.get('copied_per_unique'))}** | "
-                     f"{_x(pa.get('copied_per_written'))} | {pa.get('rebuild_s', 0):.2f} | "
-                     f"{', '.join(pa.get('process_types') or []) or '-'} | {pa.get('blocks_differing_after')} |")
-        lines += ["", f"The writes: {_iops(w.get('iops'))} IOPS, {w.get('ios')} of them; the raid counted "
-                      f"{_mib(pa.get('degraded_bytes_written'))} MiB written while degraded."]
+                  f"raid1 with a superblock over two bases of {pa['base_size'] // MIB} MiB, identical to start with: "
+                  "**file**: two files on tmpfs (`bdev_uring_create`, O_DIRECT; random data), which the bench can "
+                  "read; **ram**: two malloc bdevs (the raid written in full first). `bdev_raid_remove_base_bdev` of "
+                  f"the second; {pa['write_secs']:g} s of QD32 4 KiB randwrite (polled client, `--seed {pa['seed']}`) "
+                  "on the raid; `bdev_raid_add_base_bdev` of the same base; the rebuild waited for "
+                  "(`bdev_raid_get_bdevs` every 20 ms). **unique**: the 4 KiB blocks the writes hit, from fp-load's "
+                  "offsets replayed (its SplitMix64 with the same seed; the 32 writes in flight when it stops are "
+                  "drained, not counted, and included here); on the files also compared block by block "
+                  "(**replay = compare**: the replay's check). **copied**: the raid's `rebuild_bytes_copied` over the "
+                  "rebuild. **dirty chunks**: the bitmap chunks (the raid's chunk size) holding a block written "
+                  "meanwhile, the least a bitmap with that chunk copies. blocks differing after: the files compared "
+                  "again once the rebuild ended (must be 0).", "",
+                  "| bases | data MiB | write IOPS | written MiB | unique MiB | replay = compare | dirty chunks MiB "
+                  "(chunk) | copied MiB | copied / unique | copied / written | copied / dirty chunks | rebuild s | "
+                  "process | blocks differing after |", "|" + "---|" * 14]
+        for pa in parts:
+            w = pa.get("writes", {})
+            chunk = pa.get("bitmap_chunk")
+            agree = pa.get("replay_agrees")
+            lines.append(f"| {pa.get('kind', 'file')} | {_mib(pa.get('data_bytes'))} | {_iops(w.get('iops'))} | "
+                         f"{_mib(w.get('bytes'))} | {_mib(pa.get('unique_bytes'))} | "
+                         f"{'-' if agree is None else ('yes' if agree else 'NO')} | "
+                         f"{_mib(pa.get('dirty_chunk_bytes'))} ({'-' if not chunk else f'{chunk // 1024} KiB'}) | "
+                         f"{_mib(pa.get('bytes_copied'))} | **{_x(pa.get('copied_per_unique'))}** | "
+                         f"{_x(pa.get('copied_per_written'))} | {_x(pa.get('copied_per_dirty_chunks'))} | "
+                         f"{pa.get('rebuild_s', 0):.2f} | {', '.join(pa.get('process_types') or []) or '-'} | "
+                         f"{_num(pa.get('blocks_differing_after'), '{}')} |")
     fu = e.get("full")
     if fu and fu.get("summary"):
         s = fu["summary"]
@@ -143,14 +152,16 @@ def raid_targets(res, add):
             x = q.get("iops")
             add(f"raid1 (superblock) over two RAM disks, {_label(p)}: read IOPS vs a single RAM disk", ">= 1.00x",
                 f"{_iops(r.get('iops'))} vs {_iops(s.get('iops'))} = {_x(x)}x", None if x is None else x >= 1.0)
-    pa = e.get("partial")
-    if pa:
+    for pa in (x for x in (e.get("partial"), e.get("partial_ram")) if x):
         x = pa.get("copied_per_unique")
-        add(f"partial rebuild after {pa['write_secs']:g} s of QD32 4K randwrite on a {_mib(pa.get('data_bytes'))} MiB "
-            "raid1: bytes copied / unique bytes written",
+        after = pa.get("blocks_differing_after")
+        add(f"partial rebuild ({pa.get('kind', 'file')} bases) after {pa['write_secs']:g} s of QD32 4K randwrite on a "
+            f"{_mib(pa.get('data_bytes'))} MiB raid1: bytes copied / unique bytes written",
             "<= 1.10x", f"{_mib(pa.get('bytes_copied'))} / {_mib(pa.get('unique_bytes'))} MiB = {_x(x)}x; per total "
-            f"written ({_mib((pa.get('writes') or {}).get('bytes'))} MiB) {_x(pa.get('copied_per_written'))}x",
-            None if x is None else x <= 1.1, f"replicas identical after: {pa.get('blocks_differing_after') == 0}")
+            f"written ({_mib((pa.get('writes') or {}).get('bytes'))} MiB) {_x(pa.get('copied_per_written'))}x; per "
+            f"dirty chunk {_x(pa.get('copied_per_dirty_chunks'))}x",
+            None if x is None else x <= 1.1,
+            "" if after is None else f"replicas identical after: {after == 0}")
     s = (e.get("full") or {}).get("summary")
     if s:
         x = s.get("rebuild_loaded_vs_copy_alone")
@@ -182,12 +193,16 @@ def validate_raid(res, c):
                 x = p["median"].get(v, {}).get(k)
                 if not isinstance(x, (int, float)) or x <= 0:
                     problems.append(f"raid {point_label(pk)} {v}: {k} = {x!r}")
+    for key in ("partial", "partial_ram"):
+        pa = e.get(key) or {}
+        for k in ("unique_bytes", "bytes_copied", "copied_per_unique", "copied_per_written"):
+            if not isinstance(pa.get(k), (int, float)) or pa[k] <= 0:
+                problems.append(f"raid {key}: {k} = {pa.get(k)!r}")
     pa = e.get("partial") or {}
-    for k in ("unique_bytes", "bytes_copied", "copied_per_unique", "copied_per_written"):
-        if not isinstance(pa.get(k), (int, float)) or pa[k] <= 0:
-            problems.append(f"raid partial: {k} = {pa.get(k)!r}")
     if pa.get("blocks_differing_after") != 0:
         problems.append(f"raid partial: {pa.get('blocks_differing_after')!r} blocks differ after the rebuild")
+    if pa.get("replay_agrees") is not True:
+        problems.append("raid partial: the replayed offsets do not match the blocks the files differ in")
     fu = e.get("full") or {}
     for kind in ("copies", "rebuilds"):
         rs = fu.get(kind) or []

@@ -7,7 +7,7 @@ import unittest
 
 from fpbench.common import MIB
 from fpbench.report_raid import raid_markdown, raid_targets, validate_raid
-from fpbench.sections.raid import BLOCK, CONFIG, RaidSection, differing_blocks, find_key, window_rate
+from fpbench.sections.raid import BLOCK, CONFIG, RaidSection, differing_blocks, find_key, splitmix64, window_rate, written_blocks
 
 
 class FindKey(unittest.TestCase):
@@ -38,6 +38,20 @@ class Compare(unittest.TestCase):
             self.assertEqual(differing_blocks(a, b, offset, 8 * MIB, chunk=64 * 1024), (3, 2))
             self.assertEqual(differing_blocks(a, b, offset, 8 * MIB), (3, 0))
             self.assertEqual(differing_blocks(a, a, 0, 9 * MIB), (0, 0))
+
+
+class Replay(unittest.TestCase):
+    def test_replays_splitmix64_and_counts_distinct_blocks(self):
+        # SplitMix64's published first outputs from seed 0.
+        rng = splitmix64(0)
+        self.assertEqual([next(rng) for _ in range(2)], [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4])
+        self.assertEqual(written_blocks(0, 1 << 64, 1, 0), (1, 1, 0))
+        # 1000 draws over 10 blocks hit all 10; the chunks of 2 blocks: 5.
+        self.assertEqual(written_blocks(26, 10, 1000, 32, 2 * BLOCK), (10, 10, 5))
+        # One block: every draw is block 0.
+        self.assertEqual(written_blocks(7, 1, 50, 32), (1, 1, 0))
+        lo, hi, _ = written_blocks(26, 1 << 20, 100, 32)
+        self.assertTrue(lo <= 100 and lo <= hi <= 132)
 
 
 class Window(unittest.TestCase):
@@ -105,10 +119,12 @@ def _result():
                "writes": {"bytes": 32 * MIB, "ios": 8192, "iops": 8192.0}, "unique_bytes": 20 * MIB,
                "dirty_chunk_bytes": 21 * MIB, "bitmap_chunk": 65536, "bytes_copied": 21 * MIB,
                "copied_per_unique": 1.05, "copied_per_written": 21 / 32, "rebuild_s": 0.1,
-               "process_types": ["rebuild"], "blocks_differing_after": 0, "degraded_bytes_written": 32 * MIB}
+               "process_types": ["rebuild"], "blocks_differing_after": 0, "degraded_bytes_written": 32 * MIB,
+               "seed": 26, "kind": "file", "replay_agrees": True}
+    ram = dict(partial, kind="ram", blocks_differing_after=None, replay_agrees=None, copied_per_unique=1.2)
     return {"meta": {"server_cpu": 0, "client_cpu": 1},
             "raid": {"config": {k: v for k, v in c.items() if k != "points"}, "points": pts,
-                     "loadavg_before": [0.5, 0, 0], "loadavg_after": [0.7, 0, 0], "partial": partial, "full": full}}
+                     "loadavg_before": [0.5, 0, 0], "loadavg_after": [0.7, 0, 0], "partial": partial, "partial_ram": ram, "full": full}}
 
 
 class Report(unittest.TestCase):
@@ -119,10 +135,11 @@ class Report(unittest.TestCase):
         self.assertIn("**1.05**", md)
         got = []
         raid_targets(res, lambda *a, **k: got.append(a))
-        # Two writes and two reads, the partial rebuild, the rebuild's speed and the guest's share.
-        self.assertEqual(len(got), 7)
+        # Two writes and two reads, two partial rebuilds, the rebuild's speed and the guest's share.
+        self.assertEqual(len(got), 8)
         met = {a[0].split(":")[0]: a[3] for a in got}
-        self.assertTrue(met["partial rebuild after 1 s of QD32 4K randwrite on a 64.0 MiB raid1"])
+        self.assertTrue(met["partial rebuild (file bases) after 1 s of QD32 4K randwrite on a 64.0 MiB raid1"])
+        self.assertFalse(met["partial rebuild (ram bases) after 1 s of QD32 4K randwrite on a 64.0 MiB raid1"])
         self.assertEqual(full_summary(res)["guest_during_vs_degraded"], 0.8)
         self.assertEqual(full_summary(res)["rebuild_loaded_vs_copy_alone"], 1.0)
         self.assertEqual(validate_raid(res, dict(CONFIG["smoke"])), [])

@@ -39,6 +39,8 @@ POLL_S = 0.02
 # when it lies wholly inside it, with one bucket of margin at each end for the alignment.
 BUCKET_S = 0.1
 BLOCK = 4096
+# fp-load's seed for the partial rebuild's writes (replayed to know which blocks they hit).
+SEED = 26
 # Where the full-rebuild part keeps each kind's timed runs.
 LISTS = {"copy": "copies", "rebuild": "rebuilds"}
 
@@ -88,6 +90,31 @@ def differing_blocks(path_a, path_b, offset, length, block=BLOCK, chunk=None):
     return blocks, len(chunks)
 
 
+def splitmix64(seed):
+    """SplitMix64's numbers from `seed`, as crates/loadgen/src/rng.rs makes them."""
+    mask = (1 << 64) - 1
+    state = seed
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        yield z ^ (z >> 31)
+
+
+def written_blocks(seed, blocks, ios, qd, chunk=None):
+    """The blocks fp-load's randwrite (one queue, `--seed seed`) wrote over a region of `blocks`
+    4 KiB blocks when it reported `ios` completions: its offsets replayed (rng.rs's `below`, a
+    multiply-high). (distinct blocks among the first `ios` offsets, among the first `ios + qd`
+    (the drained ones included), chunks of `chunk` bytes the latter touch)."""
+    rng = splitmix64(seed)
+    seen = {(next(rng) * blocks) >> 64 for _ in range(ios)}
+    lo = len(seen)
+    seen.update((next(rng) * blocks) >> 64 for _ in range(qd))
+    chunks = len({b * BLOCK // chunk for b in seen}) if chunk else 0
+    return lo, len(seen), chunks
+
+
 def window_rate(timeline, run_start, lo, hi):
     """The mean I/O rate of `timeline`'s buckets lying wholly inside [lo, hi] (seconds on the
     bench's clock; bucket i starts at run_start + i * interval), and how many there were."""
@@ -107,7 +134,8 @@ class RaidSection:
                "loadavg_before": os.getloadavg()}
         self.results["raid"] = out
         self.raid_cost(c, out)
-        self.raid_partial(c, out)
+        self.raid_partial(c, out, "file")
+        self.raid_partial(c, out, "ram")
         self.raid_full(c, out)
         out["loadavg_after"] = os.getloadavg()
 
@@ -245,26 +273,33 @@ class RaidSection:
 
     # -- 2. partial rebuild ----------------------------------------------------------------------
 
-    def raid_partial(self, c, out):
-        """raid1 with a superblock over two files on tmpfs (bdev_uring), identical to start with;
-        one replica removed; `write_secs` of QD32 4 KiB randwrite; then the files compared block
-        by block (what was written meanwhile: the unique bytes), the replica added back, the
-        rebuild waited for, its bytes copied read from the raid's counters, and the files
-        compared again (they must be identical)."""
+    def raid_partial(self, c, out, kind):
+        """raid1 with a superblock over two bases, identical to start with; one replica removed;
+        `write_secs` of QD32 4 KiB randwrite (a known seed); the replica added back, the rebuild
+        waited for, its bytes copied read from the raid's counters. The unique bytes written
+        meanwhile: fp-load's offsets replayed (`written_blocks`); with `kind` "file" (two files on
+        tmpfs through bdev_uring, readable by the bench) also the files compared block by block,
+        before (the replay's check) and after the rebuild (they must be identical). With "ram"
+        (malloc bases) the writes run at the RAM disks' rate."""
         size = c["partial_size"]
         base = size + META
         shm = tempfile.mkdtemp(prefix="fp-bench-raid.", dir="/dev/shm")
-        e = {"size": size, "base_size": base, "write_secs": c["write_secs"], "dir": "tmpfs (/dev/shm)"}
-        out["partial"] = e
+        e = {"kind": kind, "size": size, "base_size": base, "write_secs": c["write_secs"], "seed": SEED,
+             "dir": "tmpfs (/dev/shm), bdev_uring O_DIRECT" if kind == "file" else "malloc"}
+        out["partial" if kind == "file" else "partial_ram"] = e
         fp = None
         try:
+            fp = self.raid_daemon(f"flashpath-raid-partial-{kind}")
             paths = [os.path.join(shm, n) for n in ("a.img", "b.img")]
-            log(f"raid partial: two {base // MIB} MiB base files of random data on tmpfs")
-            write_random_file(paths[0], base)
-            shutil.copyfile(paths[0], paths[1])
-            fp = self.raid_daemon("flashpath-raid-partial")
+            if kind == "file":
+                log(f"raid partial: two {base // MIB} MiB base files of random data on tmpfs")
+                write_random_file(paths[0], base)
+                shutil.copyfile(paths[0], paths[1])
             for name, path in zip(("BaseA", "BaseB"), paths):
-                fp.rpc("bdev_uring_create", {"name": name, "filename": path, "block_size": 512, "direct": True})
+                if kind == "file":
+                    fp.rpc("bdev_uring_create", {"name": name, "filename": path, "block_size": 512, "direct": True})
+                else:
+                    fp.rpc("bdev_malloc_create", {"name": name, "num_blocks": base // 512, "block_size": 512})
             self.raid_create(fp, ["BaseA", "BaseB"], True)
             sock = fp.export("vhost.raid", "Raid0")
             info = self.raid_info(fp)
@@ -278,12 +313,15 @@ class RaidSection:
             if off + length > base or length < raid_bytes:
                 raise RuntimeError(f"raid partial: data region {off} + {length} bytes does not fit the {base}-byte "
                                    f"bases or the {raid_bytes}-byte raid (data_offset/data_size not in blocks?)")
+            if kind == "ram":
+                log(f"raid partial (RAM): filling the raid ({raid_bytes // MIB} MiB)")
+                self.fill_ram(sock, raid_bytes)
             fp.rpc("bdev_raid_remove_base_bdev", {"name": "BaseB"})
             removed, _, _ = self.raid_wait(fp, self.raid_degraded, "removing BaseB", 30)
             e["after_remove"] = removed
             c0 = self.counters(removed)
-            log(f"raid partial: BaseB removed; {c['write_secs']:g} s of QD32 4 KiB randwrite")
-            res = self.loader.run(sock, "randwrite", BLOCK, 32, 1, True, c["write_secs"])
+            log(f"raid partial ({kind}): BaseB removed; {c['write_secs']:g} s of QD32 4 KiB randwrite")
+            res = self.loader.run(sock, "randwrite", BLOCK, 32, 1, True, c["write_secs"], extra=["--seed", str(SEED)])
             if res["errors"]:
                 raise RuntimeError(f"raid partial: {res['errors']} writes failed ({res['first_error']})")
             e["writes"] = {k: res[k] for k in ("ios", "bytes", "iops", "elapsed_s", "p50_ns", "p99_ns")}
@@ -291,14 +329,25 @@ class RaidSection:
             c1 = self.counters(degraded)
             chunk = c1.get("bitmap_chunk_bytes")
             e["bitmap_chunk"] = chunk
-            t = time.monotonic()
-            blocks, chunks = differing_blocks(paths[0], paths[1], off, length, chunk=chunk)
-            e["compare_s"] = time.monotonic() - t
-            e["unique_bytes"] = blocks * BLOCK
+            # fp-load drains what is in flight when the run ends without counting it: the
+            # blocks written are those of the first `ios` offsets and the `qd` after them.
+            lo, hi, chunks = written_blocks(SEED, raid_bytes // BLOCK, res["ios"], 32, chunk)
+            e["unique_bytes_replay"] = [lo * BLOCK, hi * BLOCK]
+            # The drained writes reached the disk too: the larger count is the one the file
+            # comparison finds (the check below).
+            e["unique_bytes"] = hi * BLOCK
             e["dirty_chunk_bytes"] = chunks * chunk if chunk else None
+            if kind == "file":
+                t = time.monotonic()
+                blocks, _ = differing_blocks(paths[0], paths[1], off, length)
+                e["compare_s"] = time.monotonic() - t
+                e["unique_bytes_compared"] = blocks * BLOCK
+                # The replay is right when the files say the same (a write may rewrite a block
+                # with the data it had only by chance: never with random data).
+                e["replay_agrees"] = lo <= blocks <= hi
             e["degraded_bytes_written"] = (c1["degraded_bytes_written"] or 0) - (c0["degraded_bytes_written"] or 0) \
                 if c1["degraded_bytes_written"] is not None else None
-            log(f"raid partial: {res['bytes'] / MIB:.0f} MiB written, {e['unique_bytes'] / MIB:.1f} MiB of it "
+            log(f"raid partial ({kind}): {res['bytes'] / MIB:.0f} MiB written, {e['unique_bytes'] / MIB:.1f} MiB of it "
                 "unique; adding BaseB back")
             t = time.monotonic()
             self.raid_first_process = None
@@ -315,12 +364,14 @@ class RaidSection:
             e["copied_per_unique"] = ratio(copied, e["unique_bytes"])
             e["copied_per_written"] = ratio(copied, res["bytes"])
             e["copied_per_dirty_chunks"] = ratio(copied, e["dirty_chunk_bytes"])
-            # Both replicas hold the same data now (the metadata pages differ by design).
-            left, _ = differing_blocks(paths[0], paths[1], off, length)
+            left = None
+            if kind == "file":
+                # Both replicas hold the same data now (the metadata pages differ by design).
+                left, _ = differing_blocks(paths[0], paths[1], off, length)
             e["blocks_differing_after"] = left
-            log(f"raid partial: copied {(copied or 0) / MIB:.1f} MiB in {e['rebuild_s']:.2f} s ({kinds}): "
+            log(f"raid partial ({kind}): copied {(copied or 0) / MIB:.1f} MiB in {e['rebuild_s']:.2f} s ({kinds}): "
                 f"{e['copied_per_unique'] or 0:.3f}x the unique bytes, {e['copied_per_written'] or 0:.3f}x the "
-                f"bytes written; {left} blocks differ afterwards")
+                f"bytes written" + (f"; {left} blocks differ afterwards" if kind == "file" else ""))
         finally:
             if fp:
                 fp.stop()
