@@ -47,14 +47,17 @@ def raid_markdown(res):
              "reactor busy time per I/O; other/IO: CPU time of the daemon's non-reactor threads (the raid's owner "
              "thread: bitmap and superblock writes) per I/O; **work/IO** = busy/IO + other/IO (the CPU a write "
              "costs, the figure the target is judged on); CPU/IO: all threads' CPU time per I/O (a polling "
-             "reactor counts its idle polls there too).", "",
-             "| workload | variant | IOPS | spread | p50 µs | p99 µs | busy/IO ns | other/IO ns | work/IO ns | "
-             "CPU/IO ns | work/IO vs single | IOPS vs single |", "|" + "---|" * 12]
+             "reactor counts its idle polls there too); wait: the share of the run the daemon was runnable while "
+             "something else had its CPU (schedstat): above a few %, the machine's other load is in the figures "
+             "(busy time then includes time the reactor was preempted).", "",
+             "| workload | variant | IOPS | spread | wait | p50 µs | p99 µs | busy/IO ns | other/IO ns | work/IO ns | "
+             "CPU/IO ns | work/IO vs single | IOPS vs single |", "|" + "---|" * 13]
     for p in e["points"]:
         for v in variants:
             md = p["median"][v]
             r = p["ratios"].get(v, {})
             lines.append(f"| {_label(p)} | {v} | {_iops(md.get('iops'))} | {_num(md.get('iops_spread'), '{:.0%}')} | "
+                         f"{_num(md.get('server_wait_share'), '{:.0%}')} | "
                          f"{_us(md.get('p50_ns'))} | {_us(md.get('p99_ns'))} | {_ns(md.get('reactor_busy_ns_per_io'))} | "
                          f"{_ns(md.get('other_threads_ns_per_io'))} | {_ns(md.get('work_ns_per_io'))} | "
                          f"{_ns(md.get('server_cpu_ns_per_io'))} | {_x(r.get('work_ns_per_io'))} | "
@@ -105,8 +108,8 @@ def raid_markdown(res):
                   "copy (one bucket of margin each side). The guest's IOPS without a copy: the degraded raid (reads "
                   "from the source alone, as in a rebuild) and the healthy raid after the last rebuild. The raid's "
                   "owner thread (the rebuild's copier) and the reactor share the server CPU.", "",
-                  "| kind | guest load | MB/s (runs) | s | server CPU s | guest IOPS before | guest IOPS during |",
-                  "|" + "---|" * 7]
+                  "| kind | guest load | MB/s (runs) | s | server CPU s | server wait | load avg | guest IOPS before | "
+                  "guest IOPS during |", "|" + "---|" * 9]
         for kind in ("copy", "rebuild"):
             for loaded in (False, True):
                 rs = [r for r in fu[LISTS[kind]] if r["loaded"] == loaded]
@@ -114,7 +117,8 @@ def raid_markdown(res):
                     continue
                 lines.append(f"| {kind} | {'yes' if loaded else 'no'} | "
                              f"{_join(rs, 'mb_per_s', '{:.0f}')} | {_join(rs, 'seconds', '{:.2f}')} | "
-                             f"{_join(rs, 'server_cpu_s', '{:.2f}')} | "
+                             f"{_join(rs, 'server_cpu_s', '{:.2f}')} | {_join(rs, 'server_wait_share', '{:.0%}')} | "
+                             f"{_join(rs, 'loadavg', '{:.1f}')} | "
                              f"{', '.join(_iops(r.get('guest_before_iops')) for r in rs) if loaded else '-'} | "
                              f"{', '.join(_iops(r.get('guest_during_iops')) for r in rs) if loaded else '-'} |")
         lines += ["", f"Guest IOPS without a copy: degraded {_iops(s.get('guest_degraded_iops'))}, healthy "

@@ -105,7 +105,8 @@ def _result():
                     "ratios": {v: {"iops": 0.5, "work_ns_per_io": 1.2} for v in c["variants"] if v != "single"}})
 
     def copy(kind, loaded):
-        r = {"kind": kind, "loaded": loaded, "seconds": 1.0, "bytes": 64 * MIB, "mb_per_s": 67.1, "server_cpu_s": 0.5}
+        r = {"kind": kind, "loaded": loaded, "seconds": 1.0, "bytes": 64 * MIB, "mb_per_s": 67.1, "server_cpu_s": 0.5,
+             "server_wait_share": 0.01, "loadavg": 0.5}
         if loaded:
             r.update(guest_before_iops=1000.0, guest_during_iops=800.0)
         return r

@@ -244,6 +244,7 @@ class RaidSection:
                     md = summarize(rs)
                     md["work_ns_per_io"] = median([r["work_ns_per_io"] for r in rs])
                     md["other_threads_ns_per_io"] = median([r["other_threads_ns_per_io"] for r in rs])
+                    md["server_wait_share"] = median([r["server_wait_share"] for r in rs])
                     xs = [r["iops"] for r in rs]
                     md["iops_spread"] = (max(xs) - min(xs)) / md["iops"] if md.get("iops") else None
                     p["median"][v] = md
@@ -262,9 +263,12 @@ class RaidSection:
     def raid_measure(self, server, sock, point, secs):
         """`measure`, plus the CPU of the daemon's threads other than its reactors per I/O (the raid
         owner's bitmap writes run there) and the work per I/O: reactor busy time plus that."""
-        t0 = thread_cpu(server.pid)
+        t0, w0 = thread_cpu(server.pid), proc_cpu(server.pid)["wait_ns"]
         r = measure(server, self.loader, sock, point, secs, False)
-        t1 = thread_cpu(server.pid)
+        t1, w1 = thread_cpu(server.pid), proc_cpu(server.pid)["wait_ns"]
+        # The share of the run the daemon was runnable while something else had its CPU: more
+        # than a few % means the run measured the machine's other load too.
+        r["server_wait_share"] = (w1 - w0) / 1e9 / r["elapsed_s"] if r["elapsed_s"] else None
         other = sum(t1[k] - t0.get(k, 0) for k in t1 if not k.startswith("reactor"))
         r["threads_ns"] = {k: t1[k] - t0.get(k, 0) for k in t1}
         r["other_threads_ns_per_io"] = other / r["ios"] if r["ios"] else None
@@ -474,6 +478,7 @@ class RaidSection:
             time.sleep(c["lead_s"])
         t0 = time.monotonic()
         c0 = proc_cpu(fp.pid)
+        load0 = os.getloadavg()[0]
         start()
         seen = set()
         while True:
@@ -493,6 +498,7 @@ class RaidSection:
             bytes_ = self.bdev_geometry(fp)[1]  # raid1: every byte of the data region
         r = {"kind": kind, "loaded": bool(sock), "seconds": t1 - t0, "bytes": bytes_,
              "mb_per_s": bytes_ / (t1 - t0) / 1e6, "server_cpu_s": (c1["sched_ns"] - c0["sched_ns"]) / 1e9,
+             "server_wait_share": (c1["wait_ns"] - c0["wait_ns"]) / 1e9 / (t1 - t0), "loadavg": load0,
              "process_types": sorted(seen)}
         if load:
             res = self.loader.reap(load)
