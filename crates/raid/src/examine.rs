@@ -95,9 +95,11 @@ impl Configuring {
     fn complete(&self) -> bool {
         let sb = self.newest();
         sb.slots.iter().enumerate().filter(|(_, r)| r.state == SlotState::Active).all(|(i, r)| {
-            self.found
-                .iter()
-                .any(|f| usize::from(f.sb.slot) == i && f.sb.seq == sb.seq && f.sb.slots[i].uuid == r.uuid)
+            self.found.iter().any(|f| {
+                usize::from(f.sb.slot) == i
+                    && f.sb.seq == sb.seq
+                    && f.sb.slots.get(i).is_some_and(|o| o.uuid == r.uuid)
+            })
         })
     }
 }
@@ -218,7 +220,11 @@ fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
     let mut strays = Vec::new();
     for f in c.found {
         let i = usize::from(f.sb.slot);
-        let rec = &sb.slots[i];
+        // A slot the newest superblock does not have, or that names another base: a stray.
+        let Some(rec) = sb.slots.get(i) else {
+            strays.push(f.name);
+            continue;
+        };
         if f.sb.slots.get(i).map(|r| r.uuid) != Some(rec.uuid) || members[i].is_some() {
             strays.push(f.name);
         } else if rec.state == SlotState::Active && f.sb.seq != sb.seq {

@@ -94,8 +94,12 @@ pub(crate) fn remove_base_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<V
     let Some((raid, dev, owner, slot)) = found else {
         // A base found by examine for a raid still configuring.
         let released = with_raids(host, |l| {
-            l.iter_mut()
-                .find_map(|r| r.configuring.as_mut().and_then(|c| c.forget(&name)).map(|()| r.name.clone()))
+            let raid = l.iter_mut().find_map(|r| {
+                r.configuring.as_mut().and_then(|c| c.forget(&name)).map(|()| r.name.clone())
+            })?;
+            // Its last base gone, a configuring raid is forgotten: nothing of it is left here.
+            l.retain(|r| r.configuring.as_ref().is_none_or(|c| !c.found.is_empty()));
+            Some(raid)
         });
         return match released {
             Some(raid) => {
