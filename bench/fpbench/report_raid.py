@@ -17,7 +17,7 @@ def _label(p):
 
 
 def _num(v, form, scale=1):
-    return "-" if v is None else form.format(v / scale)
+    return "-" if v is None else form.format(v / scale if scale != 1 else v)
 
 
 def _mib(v):
@@ -110,11 +110,11 @@ def raid_markdown(res):
                   "owner thread (the rebuild's copier) and the reactor share the server CPU.", "",
                   "| kind | guest load | MB/s (runs) | s | server CPU s | server wait | load avg | guest IOPS before | "
                   "guest IOPS during |", "|" + "---|" * 9]
-        for kind in ("copy", "rebuild"):
-            for loaded in (False, True):
-                rs = [r for r in fu[LISTS[kind]] if r["loaded"] == loaded]
-                if not rs:
-                    continue
+        groups = [(kind, loaded, [r for r in fu[LISTS[kind]] if r["loaded"] == loaded])
+                  for kind in ("copy", "rebuild") for loaded in (False, True)]
+        groups.append((f"rebuild limited to {fu.get('limit_mb_s')} MB/s", True, fu.get("rebuilds_limited") or []))
+        for kind, loaded, rs in groups:
+            if rs:
                 lines.append(f"| {kind} | {'yes' if loaded else 'no'} | "
                              f"{_join(rs, 'mb_per_s', '{:.0f}')} | {_join(rs, 'seconds', '{:.2f}')} | "
                              f"{_join(rs, 'server_cpu_s', '{:.2f}')} | {_join(rs, 'server_wait_share', '{:.0%}')} | "
@@ -129,6 +129,12 @@ def raid_markdown(res):
                       f"{_x(s.get('guest_during_vs_degraded'))}x (vs the same run before the rebuild "
                       f"{_x(s.get('guest_during_vs_before'))}x; during the plain copy "
                       f"{_x(s.get('guest_during_copy_vs_degraded'))}x)."]
+        if s.get("limited_mb_per_s"):
+            lines += ["", f"Limited (`bdev_raid_set_options` `process_max_bandwidth_mb_sec` {fu.get('limit_mb_s')}, "
+                          f"0.85x the copy alone): {s['limited_mb_per_s']:.0f} MB/s = "
+                          f"{_x(s.get('limited_vs_copy_alone'))}x the copy alone; the guest during it "
+                          f"{_iops(s.get('guest_during_limited_iops'))} = {_x(s.get('guest_during_limited_vs_before'))}x "
+                          f"the same run before, {_x(s.get('guest_during_limited_vs_degraded'))}x the degraded raid."]
     return lines
 
 
@@ -172,10 +178,20 @@ def raid_targets(res, add):
         add("full rebuild under guest QD32 randread vs a plain copy (mirror job) alone", ">= 0.80x",
             f"{_num(s.get('rebuild_loaded_mb_per_s'), '{:,.0f}')} vs {_num(s.get('copy_alone_mb_per_s'), '{:,.0f}')} MB/s = {_x(x)}x "
             f"(alone {_x(s.get('rebuild_alone_vs_copy_alone'))}x)", None if x is None else x >= 0.8)
-        x = s.get("guest_during_vs_degraded")
-        add("guest QD32 randread IOPS during the full rebuild vs without", ">= 0.70x",
-            f"{_iops(s.get('guest_during_rebuild_iops'))} vs {_iops(s.get('guest_degraded_iops'))} = {_x(x)}x",
-            None if x is None else x >= 0.7)
+        # Judged on the stricter of the two baselines: the degraded raid's own runs, and the same
+        # run's seconds before the rebuild (adjacent in time: the machine's drift falls out).
+        xs = [v for v in (s.get("guest_during_vs_degraded"), s.get("guest_during_vs_before")) if v is not None]
+        x = min(xs) if xs else None
+        add("guest QD32 randread IOPS during the full rebuild vs without (the stricter baseline)", ">= 0.70x",
+            f"{_iops(s.get('guest_during_rebuild_iops'))} vs {_iops(s.get('guest_degraded_iops'))} (degraded raid) = "
+            f"{_x(s.get('guest_during_vs_degraded'))}x, vs {_iops(s.get('guest_before_rebuild_iops'))} (the same run "
+            f"before the rebuild) = {_x(s.get('guest_during_vs_before'))}x", None if x is None else x >= 0.7)
+        if s.get("limited_mb_per_s"):
+            xs = [v for v in (s.get("guest_during_limited_vs_degraded"), s.get("guest_during_limited_vs_before"))
+                  if v is not None]
+            add("the same with the rebuild limited to 0.85x the plain copy: rebuild speed; guest IOPS (stricter "
+                "baseline)", "reported", f"{_x(s.get('limited_vs_copy_alone'))}x the copy alone; guest "
+                f"{_x(min(xs) if xs else None)}x", None)
 
 
 def validate_raid(res, c):

@@ -393,7 +393,8 @@ class RaidSection:
         removed again between rounds. The guest's IOPS without a copy: the degraded raid (reads
         come from MallocA alone, as during the rebuild) and the healthy one after."""
         size = c["full_size"] + META
-        e = {"base_size": size, "guest": point_key("ram", GUEST), "copies": [], "rebuilds": [], "guest_runs": {}}
+        e = {"base_size": size, "guest": point_key("ram", GUEST), "copies": [], "rebuilds": [], "rebuilds_limited": [],
+             "guest_runs": {}}
         out["full"] = e
         fp = self.raid_daemon("flashpath-raid-full")
         try:
@@ -419,21 +420,29 @@ class RaidSection:
             self.raid_wait(fp, self.raid_degraded, "removing MallocB", 30)
             e["guest_runs"]["degraded"] = [measure(fp, self.loader, sock, GUEST, c["secs"], False)
                                            for _ in range(c["reps"])]
-            for loaded in (False, True):
-                for i in range(c["copy_reps"]):
-                    last = loaded and i == c["copy_reps"] - 1
-                    self.fresh_target(fp)
-                    before = self.raid_info(fp)
-                    r = self.timed_copy(fp, c, sock if loaded else None, "rebuild",
-                                        lambda: fp.rpc("bdev_raid_add_base_bdev",
-                                                       {"raid_bdev": "Raid0", "base_bdev": "MallocC"}),
-                                        self.rebuild_done(fp, before))
-                    r["counters"] = self.counters(self.raid_info(fp))
-                    r["counters_before"] = self.counters(before)
-                    e["rebuilds"].append(r)
-                    if not last:
-                        fp.rpc("bdev_raid_remove_base_bdev", {"name": "MallocC"})
-                        self.raid_wait(fp, self.raid_degraded, "removing MallocC", 30)
+            # Alone, under the load, and under the load with the rebuild limited
+            # (`process_max_bandwidth_mb_sec`) to a little over 0.8x the plain copy alone: what the
+            # guest keeps when the rebuild runs just fast enough for the speed target.
+            copy_alone = median([r["mb_per_s"] for r in e["copies"] if not r["loaded"]])
+            limit = int(copy_alone * 0.85) + 1
+            e["limit_mb_s"] = limit
+            rounds = [(False, 0)] * c["copy_reps"] + [(True, 0)] * c["copy_reps"] + [(True, limit)] * c["copy_reps"]
+            for i, (loaded, cap) in enumerate(rounds):
+                fp.rpc("bdev_raid_set_options", {"process_max_bandwidth_mb_sec": cap})
+                self.fresh_target(fp)
+                before = self.raid_info(fp)
+                r = self.timed_copy(fp, c, sock if loaded else None, "rebuild",
+                                    lambda: fp.rpc("bdev_raid_add_base_bdev",
+                                                   {"raid_bdev": "Raid0", "base_bdev": "MallocC"}),
+                                    self.rebuild_done(fp, before))
+                r["counters"] = self.counters(self.raid_info(fp))
+                r["counters_before"] = self.counters(before)
+                r["limit_mb_s"] = cap
+                e["rebuilds_limited" if cap else "rebuilds"].append(r)
+                if i < len(rounds) - 1:
+                    fp.rpc("bdev_raid_remove_base_bdev", {"name": "MallocC"})
+                    self.raid_wait(fp, self.raid_degraded, "removing MallocC", 30)
+            fp.rpc("bdev_raid_set_options", {"process_max_bandwidth_mb_sec": 0})
             e["guest_runs"]["healthy"] = [measure(fp, self.loader, sock, GUEST, c["secs"], False)
                                           for _ in range(c["reps"])]
             self.raid_full_summary(e)
@@ -533,5 +542,13 @@ class RaidSection:
         s["guest_during_vs_degraded"] = ratio(s["guest_during_rebuild_iops"], s["guest_degraded_iops"])
         s["guest_during_vs_before"] = ratio(s["guest_during_rebuild_iops"], s["guest_before_rebuild_iops"])
         s["guest_during_copy_vs_degraded"] = ratio(s["guest_during_copy_iops"], s["guest_degraded_iops"])
+        lim = e.get("rebuilds_limited") or []
+        if lim:
+            s["limited_mb_per_s"] = median([r["mb_per_s"] for r in lim])
+            s["limited_vs_copy_alone"] = ratio(s["limited_mb_per_s"], s["copy_alone_mb_per_s"])
+            s["guest_during_limited_iops"] = median([r.get("guest_during_iops") for r in lim])
+            s["guest_during_limited_vs_before"] = ratio(s["guest_during_limited_iops"],
+                                                        median([r.get("guest_before_iops") for r in lim]))
+            s["guest_during_limited_vs_degraded"] = ratio(s["guest_during_limited_iops"], s["guest_degraded_iops"])
         e["summary"] = s
 
