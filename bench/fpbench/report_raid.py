@@ -24,6 +24,10 @@ def _mib(v):
     return _num(v, "{:,.1f}", MIB)
 
 
+# A run whose daemon waited for its CPU less than this share of the time: the machine left it alone.
+CLEAN_WAIT = 0.05
+
+
 def _join(rs, key, form):
     return ", ".join(form.format(r[key]) for r in rs)
 
@@ -62,6 +66,15 @@ def raid_markdown(res):
                          f"{_ns(md.get('other_threads_ns_per_io'))} | {_ns(md.get('work_ns_per_io'))} | "
                          f"{_ns(md.get('server_cpu_ns_per_io'))} | {_x(r.get('work_ns_per_io'))} | "
                          f"{_x(r.get('iops'))} |")
+    clean = [(p, v, rs) for p in e["points"] for v in variants
+             for rs in [[r for r in p["runs"][v] if r.get("server_wait_share", 1) < CLEAN_WAIT]] if rs]
+    if clean:
+        lines += ["", f"Only the runs the machine left alone (the daemon's wait under {CLEAN_WAIT:.0%}), each run "
+                      "listed (IOPS / work per I/O in ns); on a loaded machine these are the figures to read:", "",
+                  "| workload | variant | runs | IOPS | work/IO ns |", "|" + "---|" * 5]
+        for p, v, rs in clean:
+            lines.append(f"| {_label(p)} | {v} | {len(rs)} | {_join(rs, 'iops', '{:,.0f}')} | "
+                         f"{_join(rs, 'work_ns_per_io', '{:,.0f}')} |")
     parts = [x for x in (e.get("partial"), e.get("partial_ram")) if x]
     if parts:
         pa = parts[0]
