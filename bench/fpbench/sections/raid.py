@@ -26,11 +26,14 @@ GUEST = ("randread", 4096, 32, 1, False)
 META = 8 * MIB
 CONFIG = {
     "full": {"secs": 3.0, "reps": 3, "cost_size": 256 * MIB, "points": POINTS, "variants": VARIANTS,
-             "partial_size": GIB, "write_secs": 10.0, "full_size": GIB, "copy_reps": 3, "lead_s": 2.0},
+             "partial_size": GIB, "write_secs": 10.0, "region": 64 * MIB, "full_size": GIB, "copy_reps": 3,
+             "lead_s": 2.0},
     "quick": {"secs": 2.0, "reps": 2, "cost_size": 256 * MIB, "points": POINTS, "variants": VARIANTS,
-              "partial_size": GIB, "write_secs": 10.0, "full_size": GIB, "copy_reps": 2, "lead_s": 1.5},
+              "partial_size": GIB, "write_secs": 10.0, "region": 64 * MIB, "full_size": GIB, "copy_reps": 2,
+              "lead_s": 1.5},
     "smoke": {"secs": 1.0, "reps": 1, "cost_size": 32 * MIB, "points": POINTS, "variants": VARIANTS,
-              "partial_size": 64 * MIB, "write_secs": 1.0, "full_size": 64 * MIB, "copy_reps": 1, "lead_s": 0.5},
+              "partial_size": 64 * MIB, "write_secs": 1.0, "region": 8 * MIB, "full_size": 64 * MIB, "copy_reps": 1,
+              "lead_s": 0.5},
 }
 # How often the bench asks the daemon for a process's progress (direct JSON-RPC on its socket:
 # no CLI process per poll on the machine being measured).
@@ -136,6 +139,7 @@ class RaidSection:
         self.raid_cost(c, out)
         self.raid_partial(c, out, "file")
         self.raid_partial(c, out, "ram")
+        self.raid_partial(c, out, "ram", c["region"])
         self.raid_full(c, out)
         out["loadavg_after"] = os.getloadavg()
 
@@ -277,23 +281,25 @@ class RaidSection:
 
     # -- 2. partial rebuild ----------------------------------------------------------------------
 
-    def raid_partial(self, c, out, kind):
+    def raid_partial(self, c, out, kind, region=None):
         """raid1 with a superblock over two bases, identical to start with; one replica removed;
         `write_secs` of QD32 4 KiB randwrite (a known seed); the replica added back, the rebuild
         waited for, its bytes copied read from the raid's counters. The unique bytes written
         meanwhile: fp-load's offsets replayed (`written_blocks`); with `kind` "file" (two files on
         tmpfs through bdev_uring, readable by the bench) also the files compared block by block,
         before (the replay's check) and after the rebuild (they must be identical). With "ram"
-        (malloc bases) the writes run at the RAM disks' rate."""
+        (malloc bases) the writes run at the RAM disks' rate. `region`: the writes confined to the
+        raid's first `region` bytes (an outage during which the guest wrote one part of its disk:
+        what a partial rebuild saves), reported beside the issue's target."""
         size = c["partial_size"]
         base = size + META
         shm = tempfile.mkdtemp(prefix="fp-bench-raid.", dir="/dev/shm")
         e = {"kind": kind, "size": size, "base_size": base, "write_secs": c["write_secs"], "seed": SEED,
-             "dir": "tmpfs (/dev/shm), bdev_uring O_DIRECT" if kind == "file" else "malloc"}
-        out["partial" if kind == "file" else "partial_ram"] = e
+             "dir": "tmpfs (/dev/shm), bdev_uring O_DIRECT" if kind == "file" else "malloc", "region": region}
+        out["partial" if kind == "file" else "partial_region" if region else "partial_ram"] = e
         fp = None
         try:
-            fp = self.raid_daemon(f"flashpath-raid-partial-{kind}")
+            fp = self.raid_daemon(f"flashpath-raid-partial-{kind}{'-region' if region else ''}")
             paths = [os.path.join(shm, n) for n in ("a.img", "b.img")]
             if kind == "file":
                 log(f"raid partial: two {base // MIB} MiB base files of random data on tmpfs")
@@ -320,12 +326,16 @@ class RaidSection:
             if kind == "ram":
                 log(f"raid partial (RAM): filling the raid ({raid_bytes // MIB} MiB)")
                 self.fill_ram(sock, raid_bytes)
+                # The fill's bits would make the rebuild copy the whole disk: wait for the
+                # owner's lazy clearing (two idle passes, 5 s apart) to write them back clean.
+                e["settle_s"], e["settled"] = self.raid_settle(fp)
             fp.rpc("bdev_raid_remove_base_bdev", {"name": "BaseB"})
             removed, _, _ = self.raid_wait(fp, self.raid_degraded, "removing BaseB", 30)
             e["after_remove"] = removed
             c0 = self.counters(removed)
             log(f"raid partial ({kind}): BaseB removed; {c['write_secs']:g} s of QD32 4 KiB randwrite")
-            res = self.loader.run(sock, "randwrite", BLOCK, 32, 1, True, c["write_secs"], extra=["--seed", str(SEED)])
+            extra = ["--seed", str(SEED)] + (["--size", str(region)] if region else [])
+            res = self.loader.run(sock, "randwrite", BLOCK, 32, 1, True, c["write_secs"], extra=extra)
             if res["errors"]:
                 raise RuntimeError(f"raid partial: {res['errors']} writes failed ({res['first_error']})")
             e["writes"] = {k: res[k] for k in ("ios", "bytes", "iops", "elapsed_s", "p50_ns", "p99_ns")}
@@ -335,7 +345,7 @@ class RaidSection:
             e["bitmap_chunk"] = chunk
             # fp-load drains what is in flight when the run ends without counting it: the
             # blocks written are those of the first `ios` offsets and the `qd` after them.
-            lo, hi, chunks = written_blocks(SEED, raid_bytes // BLOCK, res["ios"], 32, chunk)
+            lo, hi, chunks = written_blocks(SEED, (region or raid_bytes) // BLOCK, res["ios"], 32, chunk)
             e["unique_bytes_replay"] = [lo * BLOCK, hi * BLOCK]
             # The drained writes reached the disk too: the larger count is the one the file
             # comparison finds (the check below).
@@ -380,6 +390,21 @@ class RaidSection:
             if fp:
                 fp.stop()
             shutil.rmtree(shm, ignore_errors=True)
+
+    def raid_settle(self, fp, quiet_s=6.0, timeout=40.0):
+        """Waits until the raid's bitmap writes moved and then stayed still for `quiet_s` (the
+        clearing pass wrote the idle chunks' bits back); (seconds waited, whether it settled)."""
+        t0 = time.monotonic()
+        first = last = find_key(self.raid_info(fp), "bitmap_writes")
+        since = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            time.sleep(0.5)
+            now = find_key(self.raid_info(fp), "bitmap_writes")
+            if now != last:
+                last, since = now, time.monotonic()
+            elif last != first and time.monotonic() - since >= quiet_s:
+                return time.monotonic() - t0, True
+        return time.monotonic() - t0, False
 
     # -- 3. full rebuild against a plain copy ----------------------------------------------------
 
