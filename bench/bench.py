@@ -40,6 +40,7 @@ from fpbench.sections.nvme_tcp import NvmeTcpSection, nvme_tcp_missing
 from fpbench.sections.nvmf import NvmfSection, nvmf_missing
 from fpbench.sections.null_ram_file import NullRamFileSection
 from fpbench.sections.qos import QosSection
+from fpbench.sections.raid import RaidSection
 from fpbench.sections.rbd import RbdSection
 from fpbench.sections.spdk import SpdkSection
 from fpbench.servers import CephCluster, kill_all_children
@@ -47,7 +48,7 @@ from fpbench.validate import validate
 
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
-            NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection):
+            NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection, RaidSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -171,6 +172,8 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             "nvme-tcp": (f"NVMe/TCP initiator, flashpath's bdev_nvme vs SPDK's vhost + bdev_nvme, one SPDK nvmf_tgt "
                          f"({self.args.spdk}; initiators CPU {self.server_cpu}, target and client CPU "
                          f"{self.client_cpu})", self.run_nvme_tcp),
+            "raid": (f"raid1: a mirrored write's cost, partial and full rebuilds (server CPU {self.server_cpu}, "
+                     f"client CPU {self.client_cpu}, scratch {self.work})", self.run_raid),
         }
         if self.args.only:
             what, section = only[self.args.only]
@@ -240,7 +243,7 @@ def main():
                     help="a built SPDK tree (build/bin/vhost): its vhost target runs beside flashpath and qsd "
                          "(sets up 1024 huge pages; root)")
     ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk",
-                                       "nvmf", "nvme-tcp"],
+                                       "nvmf", "nvme-tcp", "raid"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -358,6 +361,7 @@ def main():
         "spdk": args.spdk,
         "nvmf": bool(bench.results.get("nvmf")),
         "nvme_tcp": bool(bench.results.get("nvme_tcp")),
+        "raid": bool(bench.results.get("raid")),
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

@@ -6,6 +6,7 @@ runs, and the per-point summaries (medians over repetitions).
 import json
 import os
 import subprocess
+import time
 
 from fpbench.common import machine_busy_ns, median, own_cpu_ns, proc_cpu, run
 from fpbench.servers import CHILDREN
@@ -40,6 +41,29 @@ class Loader:
                 res["histogram"] = json.load(f)
             os.unlink(hist_path)
         return res
+
+    def popen(self, sock, point, secs, extra=()):
+        """fp-load on `point` for `secs` in the background (a load beside something the bench
+        times); `reap` gives its result. `ended`: when the bench saw it exit (set by the caller
+        while it polls, else by `reap`)."""
+        pattern, bs, qd, queues, poll = point
+        cmd = [self.bin, "--socket", sock, "--pattern", pattern, "--bs", str(bs), "--qd", str(qd),
+               "--queues", str(queues), "--time", f"{secs}s", "--cpu", str(self.cpu), "--json", *extra]
+        if poll:
+            cmd.append("--poll")
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p.secs = secs
+        p.ended = None
+        CHILDREN.append(p)
+        return p
+
+    def reap(self, p):
+        out, err = p.communicate(timeout=p.secs + 90)
+        if p.ended is None:
+            p.ended = time.monotonic()
+        if p.returncode != 0:
+            raise RuntimeError(f"fp-load {' '.join(p.args)}: exit {p.returncode}: {err.strip()}")
+        return json.loads(out)
 
     def hold(self, sock, queues, secs):
         cmd = [self.bin, "--socket", sock, "--idle", "--queues", str(queues), "--time", f"{secs}s",

@@ -13,6 +13,7 @@ from fpbench.machine import nbd_label
 from fpbench.report_guest_notify import guest_notify_markdown, guest_notify_targets
 from fpbench.report_migration import migration_markdown, migration_targets
 from fpbench.report_nvme_tcp import nvme_tcp_markdown, nvme_tcp_targets
+from fpbench.report_raid import raid_markdown, raid_targets
 from fpbench.report_nvmf import nvmf_markdown, nvmf_targets
 from fpbench.report_spdk import spdk_markdown, spdk_targets
 from fpbench.servers import NBD_SERVERS
@@ -163,6 +164,7 @@ def targets(res):
     spdk_targets(res, add)
     nvmf_targets(res, add)
     nvme_tcp_targets(res, add)
+    raid_targets(res, add)
     return out
 
 
@@ -268,7 +270,8 @@ def markdown(res):
                               guest_notify_markdown),
              "spdk": ("flashpath vs qemu-storage-daemon vs SPDK's vhost target", spdk_markdown),
              "nvmf": ("flashpath vs SPDK's nvmf_tgt over NVMe/TCP", nvmf_markdown),
-             "nvme-tcp": ("flashpath vs SPDK as NVMe/TCP initiators", nvme_tcp_markdown)}
+             "nvme-tcp": ("flashpath vs SPDK as NVMe/TCP initiators", nvme_tcp_markdown),
+             "raid": ("flashpath: raid1, its cost and its rebuilds", raid_markdown)}
     if m.get("only") in alone:
         title, section = alone[m["only"]]
         lines = [f"# {title} ({m['mode']} run, {m['date']})", "",

@@ -10,9 +10,11 @@ from fpbench.load import point_id, point_key, point_label
 from fpbench.machine import nbd_label
 from fpbench.modes import mode_config
 from fpbench.report_nvme_tcp import validate_nvme_tcp
+from fpbench.report_raid import validate_raid
 from fpbench.report_nvmf import validate_nvmf
 from fpbench.sections.guest_notify import SERVERS as GN_SERVERS
 from fpbench.sections.guest_notify import guest_notify_config
+from fpbench.sections.raid import raid_config
 from fpbench.servers import NBD_SERVERS
 
 
@@ -158,6 +160,13 @@ def validate(out_dir, mode):
     problems = []
     with open(os.path.join(out_dir, "results.json")) as f:
         res = json.load(f)
+    if res.get("meta", {}).get("only") == "raid":
+        # The section alone: no matrix.
+        problems = validate_raid(res, dict(raid_config(mode), **res["raid"]["config"]))
+        with open(os.path.join(out_dir, "results.md")) as f:
+            if "## raid1" not in f.read():
+                problems.append("results.md has no '## raid1'")
+        return problems
     for k in ("meta", "points", "ratios", "idle", "fio", "scaling", "targets", "wall_s"):
         if k not in res:
             problems.append(f"results.json has no '{k}'")
@@ -253,6 +262,10 @@ def validate(out_dir, mode):
         problems += validate_nvme_tcp(res, res["nvme_tcp"]["config"])  # --time/--reps may override the mode's
         if "## NVMe/TCP initiator" not in md:
             problems.append("results.md has no '## NVMe/TCP initiator'")
+    if res.get("raid"):
+        problems += validate_raid(res, dict(raid_config(mode), **res["raid"]["config"]))
+        if "## raid1" not in md:
+            problems.append("results.md has no '## raid1'")
     if cfg.get("iostat_reps"):
         ios = res.get("iostat", [])
         if len(ios) != 1:
