@@ -33,6 +33,10 @@
 //! trsvcid = "4420"
 //! subnqn = "nqn.2016-06.io.spdk:cnode1"
 //!
+//! [raid_options]                       # bdev_raid_set_options: how rebuilds run (docs/raid.md)
+//! process_window_size_kb = 1024
+//! process_max_bandwidth_mb_sec = 200
+//!
 //! [[rbd_cluster]]                      # a shared Ceph connection (SPDK's names)
 //! name = "ceph"
 //! config_file = "/etc/ceph/ceph.conf"
@@ -50,6 +54,13 @@
 //! pool_name = "rbd"
 //! rbd_name = "vm1"
 //! cluster_name = "ceph"
+//!
+//! [[bdev]]                             # after its bases (docs/raid.md)
+//! type = "raid"
+//! name = "r1"
+//! raid_level = "raid1"
+//! base_bdevs = ["ram0", "vm1"]
+//! superblock = true
 //!
 //! [[qos_limit]]                        # per-disk limits (SPDK's units; MB = MiB)
 //! name = "ram0"
@@ -100,7 +111,9 @@
 //! `[nvme_options]` is the params of `bdev_nvme_set_options` (applied first, as it must come
 //! before any controller), each `[[nvme_controller]]` those of `bdev_nvme_attach_controller`
 //! (before the `[[bdev]]` tables, which may stack on its namespaces' bdevs),
-//! each `[[rbd_cluster]]` table the params of `bdev_rbd_register_cluster`, each `[[bdev]]`
+//! `[raid_options]` those of `bdev_raid_set_options` (before any bdev, so a rebuild that
+//! starts when examine assembles a raid from its bases' superblocks already runs at the
+//! configured speed), each `[[rbd_cluster]]` table the params of `bdev_rbd_register_cluster`, each `[[bdev]]`
 //! table (less `type`) those of `bdev_<type>_create`, each
 //! `[[qos_limit]]` those of `bdev_set_qos_limit`, each `[[qos_group]]` (less `members`) those of
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
@@ -172,7 +185,7 @@ pub enum ConfigError {
     /// starts `members[i]` for a group member's.
     #[error("{table}[{index}]{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
     Entry { table: &'static str, index: usize, field: String, reason: String },
-    /// The single `[nvme_options]` table was refused.
+    /// A single table (`[nvme_options]`, `[raid_options]`) was refused.
     #[error("{table}{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
     Table { table: &'static str, field: String, reason: String },
     #[error("reactor.cpus: {0}")]
@@ -204,6 +217,8 @@ pub struct ConfigFile {
     #[serde(default)]
     pub nvme_controller: Vec<toml::Table>,
     #[serde(default)]
+    pub raid_options: Option<toml::Table>,
+    #[serde(default)]
     pub rbd_cluster: Vec<toml::Table>,
     #[serde(default)]
     pub bdev: Vec<toml::Table>,
@@ -227,7 +242,7 @@ pub struct ConfigFile {
 
 /// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the export
 /// kinds' tables follow them there.
-const FILE_KEYS: [&str; 14] = [
+const FILE_KEYS: [&str; 15] = [
     "rpc",
     "vhost_dir",
     "metrics",
@@ -237,6 +252,7 @@ const FILE_KEYS: [&str; 14] = [
     "stats",
     "nvme_options",
     "nvme_controller",
+    "raid_options",
     "rbd_cluster",
     "bdev",
     "qos_limit",
@@ -254,7 +270,8 @@ pub struct ConfigCall {
     /// For a `[[qos_group]]` member: its index in `members`, which its errors are placed under
     /// (`members[1].weight`).
     pub member: Option<usize>,
-    /// The entry is a single table (`[nvme_options]`), whose errors have no index.
+    /// The entry is a single table (`[nvme_options]`, `[raid_options]`), whose errors have no
+    /// index.
     pub single: bool,
 }
 
@@ -471,6 +488,11 @@ impl ConfigFile {
         for (index, table) in self.nvme_controller.iter().enumerate() {
             let params = table_to_json(table);
             calls.push(ConfigCall::new("bdev_nvme_attach_controller", params, "nvme_controller", index));
+        }
+        if let Some(table) = &self.raid_options {
+            let mut call = ConfigCall::new("bdev_raid_set_options", table_to_json(table), "raid_options", 0);
+            call.single = true;
+            calls.push(call);
         }
         for (index, table) in self.rbd_cluster.iter().enumerate() {
             let params = table_to_json(table);
@@ -1230,6 +1252,35 @@ mod tests {
             json!({"name": "Nvme0", "trtype": "TCP", "traddr": "127.0.0.1", "subnqn": "nqn.2016-06.io.spdk:cnode1"})
         );
         let e = parse("nvme_options = 3\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.toml:1:1") && e.contains("invalid type"), "{e}");
+    }
+
+    /// `[raid_options]` is applied before any bdev: a raid that examine assembles from the
+    /// config's bases starts its rebuild at the configured speed.
+    #[test]
+    fn raid_options_come_before_the_bdevs() {
+        let text = r#"
+            [[bdev]]
+            type = "malloc"
+            name = "m0"
+            num_blocks = 64
+            block_size = 512
+            [raid_options]
+            process_window_size_kb = 512
+            process_max_bandwidth_mb_sec = 8
+        "#;
+        let calls = parse(text).unwrap().calls().unwrap();
+        let got: Vec<(&str, &str, bool)> =
+            calls.iter().map(|c| (c.method.as_str(), c.table, c.single)).collect();
+        assert_eq!(
+            got,
+            [("bdev_raid_set_options", "raid_options", true), ("bdev_malloc_create", "bdev", false)]
+        );
+        assert_eq!(
+            calls[0].params,
+            json!({"process_window_size_kb": 512, "process_max_bandwidth_mb_sec": 8})
+        );
+        let e = parse("raid_options = 3\n").unwrap_err().to_string();
         assert!(e.starts_with("test.toml:1:1") && e.contains("invalid type"), "{e}");
     }
 
