@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use common::ceph::CephCluster;
 use common::{BlkClient, Daemon};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// The methods each case exercises through spdk-rpc (its test function's name first).
 const CASES: &[(&str, &[&str])] = &[
@@ -143,11 +143,22 @@ const CASES: &[(&str, &[&str])] = &[
             "bdev_nvme_detach_controller",
         ],
     ),
+    (
+        "raid_levels_and_replicas",
+        &[
+            "bdev_raid_create",
+            "bdev_raid_get_bdevs",
+            "bdev_raid_set_options",
+            "bdev_raid_remove_base_bdev",
+            "bdev_raid_add_base_bdev",
+            "bdev_raid_delete",
+        ],
+    ),
 ];
 
 /// Fewer shared methods than this means the intersection itself is broken (48 when written, 64
-/// with the nvmf methods, 69 with the nvme ones).
-const MIN_SHARED: usize = 61;
+/// with the nvmf methods, 69 with the nvme ones, 75 with the raid ones).
+const MIN_SHARED: usize = 67;
 
 /// Upper bound for one spdk-rpc run (its own `-t` is per read, in CPU time).
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -674,6 +685,85 @@ fn nvme_controllers() {
     assert!(!rpc.bdev_names().contains(&"Nvme0n1".to_string()));
     assert_eq!(rpc.json(&["bdev_nvme_get_controllers"]), Value::Array(vec![]));
     rpc.assert_case_covered("nvme_controllers");
+}
+
+/// `bdev_raid_get_bdevs all`'s entry for `name`.
+fn raid_entry(rpc: &SpdkRpc, name: &str) -> Value {
+    let all = rpc.json(&["bdev_raid_get_bdevs", "all"]);
+    all.as_array()
+        .and_then(|l| l.iter().find(|r| r["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("raid {name} not listed: {all}"))
+}
+
+#[test]
+fn raid_levels_and_replicas() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    for m in ["M0", "M1", "M2", "M3", "M4"] {
+        rpc.ok(&["bdev_malloc_create", "-b", m, "32", "4096"]);
+    }
+
+    // raid1 with a superblock: rpc.py splits `-b` at whitespace and sends a list.
+    assert_eq!(rpc.ok(&["bdev_raid_create", "-n", "r1", "-r", "raid1", "-b", "M0 M1", "-s"]), "true");
+    let r = raid_entry(&rpc, "r1");
+    assert_eq!(
+        (&r["raid_level"], &r["state"], &r["superblock"]),
+        (&json!("raid1"), &json!("online"), &json!(true)),
+        "{r}"
+    );
+    assert_eq!(
+        (r["num_base_bdevs"].as_u64(), r["num_base_bdevs_operational"].as_u64()),
+        (Some(2), Some(2)),
+        "{r}"
+    );
+    let names: Vec<&str> =
+        r["base_bdevs_list"].as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["M0", "M1"], "{r}");
+    // The superblock and bitmap take the start of each base; the raid is the rest.
+    let data_blocks = r["base_bdevs_list"][0]["data_size"].as_u64().unwrap();
+    assert!(r["base_bdevs_list"][0]["data_offset"].as_u64() > Some(0), "{r}");
+    assert_eq!(rpc.bdev("r1")["num_blocks"].as_u64(), Some(data_blocks));
+
+    // raid0 by SPDK's alias "0", strip size in KiB; no superblock: the whole bases.
+    rpc.ok(&["bdev_raid_create", "-n", "r0", "-r", "0", "-z", "64", "-b", "M2 M3"]);
+    assert_eq!(rpc.bdev("r0")["num_blocks"].as_u64(), Some(2 * 32 * MIB / 4096));
+    let online = rpc.json(&["bdev_raid_get_bdevs", "online"]);
+    assert_eq!(online.as_array().map(Vec::len), Some(2), "{online}");
+    assert_eq!(rpc.json(&["bdev_raid_get_bdevs", "configuring"]), json!([]));
+
+    // Refusals name the field: a strip size that is not a power of two, a claimed base.
+    let e = rpc.fails(&["bdev_raid_create", "-n", "bad", "-r", "raid0", "-z", "3", "-b", "M4 M0"]);
+    assert_eq!(e["code"], -22, "{e}");
+    assert!(e["message"].as_str().unwrap().starts_with("strip_size_kb"), "{e}");
+    assert!(!rpc.run(&["bdev_raid_create", "-n", "bad", "-r", "raid1", "-b", "M4 M0"]).success);
+    assert!(!rpc.run(&["bdev_raid_remove_base_bdev", "M2"]).success, "a raid0 base cannot be removed");
+
+    // A replica out and back: the raid1 stays online, degraded, and rebuilds.
+    rpc.ok(&["bdev_raid_set_options", "-w", "512", "-b", "1000"]);
+    rpc.ok(&["bdev_raid_remove_base_bdev", "M1"]);
+    let r = raid_entry(&rpc, "r1");
+    assert_eq!((&r["state"], r["num_base_bdevs_operational"].as_u64()), (&json!("online"), Some(1)), "{r}");
+    assert!(!rpc.run(&["bdev_raid_remove_base_bdev", "M0"]).success, "the last replica cannot be removed");
+    rpc.ok(&["bdev_raid_add_base_bdev", "r1", "M1"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = raid_entry(&rpc, "r1");
+        if r["num_base_bdevs_operational"] == 2 && r["process"].is_null() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the rebuild did not finish: {r}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    rpc.ok(&["bdev_raid_delete", "r0"]);
+    rpc.ok(&["bdev_raid_delete", "r1"]);
+    assert_eq!(rpc.json(&["bdev_raid_get_bdevs", "all"]), json!([]));
+    // The bases are free again.
+    for m in ["M0", "M1", "M2", "M3", "M4"] {
+        rpc.ok(&["bdev_malloc_delete", m]);
+    }
+    rpc.assert_case_covered("raid_levels_and_replicas");
 }
 
 #[test]
