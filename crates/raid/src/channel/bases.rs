@@ -1,0 +1,135 @@
+//! A channel's view of the raid's bases: the layout it last loaded (with that layout's epoch)
+//! and one channel per slot, opened on first use on the calling thread. A new epoch reloads
+//! the layout; a slot whose base changed gets a new channel, and the old one, if it still has
+//! requests in flight, is kept and polled until it drains (cold path, may allocate).
+
+use std::sync::Arc;
+
+use fp_bdev::{Bdev, IoChannel, IoStatus};
+
+use crate::shared::{Layout, RaidShared};
+
+/// One slot's channel and the device it belongs to (by address, to notice a replaced base).
+struct Open {
+    dev: usize,
+    ch: Box<dyn IoChannel>,
+}
+
+/// The layout a channel works with and its bases' channels.
+pub struct Bases {
+    pub shared: Arc<RaidShared>,
+    epoch: u64,
+    pub layout: Arc<Layout>,
+    open: Vec<Option<Open>>,
+    /// Channels of bases that left their slot with requests still in flight.
+    retired: Vec<(usize, Box<dyn IoChannel>)>,
+}
+
+fn dev_id(b: &Bdev) -> usize {
+    Arc::as_ptr(b) as *const () as usize
+}
+
+impl Bases {
+    /// The bases of `shared` as published now; no channel is opened yet.
+    pub fn new(shared: Arc<RaidShared>) -> Bases {
+        // Epoch before layout: the layout is then at least as new as the epoch noted.
+        let epoch = shared.epoch();
+        let layout = shared.layout();
+        let open = (0..layout.slots.len()).map(|_| None).collect();
+        Bases { shared, epoch, layout, open, retired: Vec::new() }
+    }
+
+    /// Reloads the layout when the epoch moved (one load when it did not). Returns whether
+    /// it moved.
+    #[inline]
+    pub fn refresh(&mut self) -> bool {
+        let e = self.shared.epoch();
+        if e == self.epoch {
+            return false;
+        }
+        self.reload(e);
+        true
+    }
+
+    #[cold]
+    fn reload(&mut self, epoch: u64) {
+        self.epoch = epoch;
+        self.layout = self.shared.layout();
+        if self.open.len() < self.layout.slots.len() {
+            self.open.resize_with(self.layout.slots.len(), || None);
+        }
+        for (slot, entry) in self.open.iter_mut().enumerate() {
+            let want = self.layout.slots.get(slot).and_then(|s| s.bdev.as_ref()).map(dev_id);
+            let keep = matches!((&*entry, want), (Some(o), Some(w)) if o.dev == w);
+            if !keep {
+                if let Some(old) = entry.take() {
+                    if old.ch.in_flight() > 0 {
+                        self.retired.push((slot, old.ch));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The channel of `slot`'s base, opened now if it has none; `None` when the slot has no
+    /// base or its channel cannot be opened (logged: the caller treats it as an I/O error).
+    #[inline]
+    pub fn channel(&mut self, slot: usize) -> Option<&mut (dyn IoChannel + 'static)> {
+        if self.open[slot].is_none() {
+            self.open_slot(slot)?;
+        }
+        self.open[slot].as_mut().map(|o| &mut *o.ch)
+    }
+
+    #[cold]
+    fn open_slot(&mut self, slot: usize) -> Option<()> {
+        let bdev = self.layout.slots.get(slot)?.bdev.as_ref()?;
+        match bdev.open_channel() {
+            Ok(ch) => {
+                self.open[slot] = Some(Open { dev: dev_id(bdev), ch });
+                Some(())
+            }
+            Err(e) => {
+                log::warn!("raid '{}': cannot open a channel of slot {slot}: {e}", self.shared.info.name);
+                None
+            }
+        }
+    }
+
+    /// Slots with an open channel, in order (for polling).
+    pub fn slots(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Polls the channel of `slot`, if open, appending `(tag, status)` to `out`.
+    #[inline]
+    pub fn poll_slot(&mut self, slot: usize, out: &mut Vec<(u32, IoStatus)>) -> usize {
+        match self.open[slot].as_mut() {
+            Some(o) if o.ch.in_flight() > 0 => o.ch.poll_batch(out),
+            _ => 0,
+        }
+    }
+
+    /// Polls the retired channels: `f(slot, tag, status)` for each completion; a drained one
+    /// is closed.
+    pub fn poll_retired(&mut self, out: &mut Vec<(u32, IoStatus)>, f: &mut dyn FnMut(usize, u32, IoStatus)) {
+        if self.retired.is_empty() {
+            return;
+        }
+        for (slot, ch) in self.retired.iter_mut() {
+            out.clear();
+            ch.poll_batch(out);
+            for &(tag, status) in out.iter() {
+                f(*slot, tag, status);
+            }
+        }
+        out.clear();
+        self.retired.retain(|(_, ch)| ch.in_flight() > 0);
+    }
+
+    /// Requests in flight on every base channel.
+    pub fn in_flight(&self) -> usize {
+        let open: usize = self.open.iter().flatten().map(|o| o.ch.in_flight()).sum();
+        open + self.retired.iter().map(|(_, c)| c.in_flight()).sum::<usize>()
+    }
+}

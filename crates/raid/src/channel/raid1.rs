@@ -1,0 +1,474 @@
+//! raid1's channel: writes (and discards, write-zeroes, flushes) go to every slot that takes
+//! writes, with the same iovecs; a read goes to one Active slot, round robin, and is retried on
+//! another when it fails.
+//!
+//! Write order (docs/raid.md, "Write-intent bitmap"): the write registers in the intent map
+//! first, then loads the layout; if its chunks' bits are not durable yet it waits in a list
+//! until the owner has written them. A base that fails a write is reported to the owner, and
+//! the write's completion is held until the published layout no longer has that base taking
+//! writes: the owner publishes that only once the superblocks say so, so a write acknowledged
+//! is on every base a restart would trust.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fp_bdev::{iov_total_len, BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+
+use super::bases::Bases;
+use super::slab::Slab;
+use super::MAX_PARENTS;
+use crate::intent::WriteTicket;
+use crate::shared::{Failure, Layout, RaidShared};
+use crate::SlotState;
+
+/// Where a parent is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Its bits are not durable yet: in `waiting`.
+    Waiting,
+    /// Submitted (some bases may still be busy: then in `pending`).
+    Running,
+    /// Every base answered, one failed, and the layout still has it taking writes: in `held`.
+    Held,
+}
+
+struct Parent {
+    tag: u32,
+    op: IoOp,
+    offset: u64,
+    len: u64,
+    iov: *const libc::iovec,
+    iovcnt: u32,
+    ticket: Option<WriteTicket>,
+    phase: Phase,
+    /// Slots still to submit to (a base was busy), in flight, answered well, failed, and
+    /// failed and told to the owner.
+    to_submit: u32,
+    outstanding: u32,
+    ok: u32,
+    failed: u32,
+    reported: u32,
+    /// A base does not support the operation.
+    unsupported: bool,
+    /// On the `pending` list.
+    queued: bool,
+}
+
+impl Default for Parent {
+    fn default() -> Parent {
+        Parent {
+            tag: 0,
+            op: IoOp::Read,
+            offset: 0,
+            len: 0,
+            iov: std::ptr::null(),
+            iovcnt: 0,
+            ticket: None,
+            phase: Phase::Running,
+            to_submit: 0,
+            outstanding: 0,
+            ok: 0,
+            failed: 0,
+            reported: 0,
+            unsupported: false,
+            queued: false,
+        }
+    }
+}
+
+/// A raid1 bdev's channel.
+pub struct Raid1Channel {
+    info: BdevInfo,
+    bases: Bases,
+    parents: Slab<Parent>,
+    waiting: Vec<u32>,
+    pending: Vec<u32>,
+    held: Vec<u32>,
+    done: Vec<(u32, IoStatus)>,
+    reaped: Vec<(u32, IoStatus)>,
+    /// The next read's first choice (round robin over the Active slots).
+    next_read: usize,
+}
+
+fn bit(slot: usize) -> u32 {
+    1 << slot
+}
+
+/// Slots of `layout` in a state for which `f` holds, as a mask.
+fn mask(layout: &Layout, f: impl Fn(SlotState) -> bool) -> u32 {
+    layout
+        .slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.bdev.is_some() && f(s.state))
+        .fold(0, |m, (i, _)| m | bit(i))
+}
+
+fn slots_of(m: u32) -> impl Iterator<Item = usize> {
+    (0..32).filter(move |i| m & bit(*i) != 0)
+}
+
+impl Raid1Channel {
+    /// A channel of the raid1 `shared`.
+    pub fn new(shared: Arc<RaidShared>) -> Raid1Channel {
+        Raid1Channel {
+            info: shared.info.clone(),
+            bases: Bases::new(shared),
+            parents: Slab::new(MAX_PARENTS),
+            waiting: Vec::with_capacity(MAX_PARENTS),
+            pending: Vec::with_capacity(MAX_PARENTS),
+            held: Vec::with_capacity(MAX_PARENTS),
+            done: Vec::with_capacity(2 * MAX_PARENTS),
+            reaped: Vec::with_capacity(MAX_PARENTS),
+            next_read: 0,
+        }
+    }
+
+    /// Starts a write-like parent whose bits are durable: every slot taking writes.
+    fn start_write(&mut self, p: u32) {
+        self.bases.refresh();
+        let layout = &self.bases.layout;
+        let op = self.parents.get_mut(p).op;
+        let targets = if op == IoOp::Flush {
+            mask(layout, |s| s.takes_writes())
+                & layout
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.bdev.as_ref().is_some_and(|b| b.info().io_types.flush))
+                    .fold(0, |m, (i, _)| m | bit(i))
+        } else {
+            mask(layout, |s| s.takes_writes())
+        };
+        let parent = self.parents.get_mut(p);
+        parent.phase = Phase::Running;
+        // No target at all (no slot takes writes) ends in finish_write with EIO, or, for a
+        // flush with no base that has a cache to flush, success.
+        parent.to_submit = targets;
+        self.submit_targets(p);
+    }
+
+    /// Submits parent `p` to the slots left in `to_submit`.
+    fn submit_targets(&mut self, p: u32) {
+        let data_offset = self.bases.layout.data_offset;
+        let parent = self.parents.get_mut(p);
+        let req = IoRequest {
+            tag: p,
+            op: parent.op,
+            offset: data_offset + parent.offset,
+            len: parent.len,
+            iov: parent.iov,
+            iovcnt: parent.iovcnt,
+        };
+        let req = if req.op == IoOp::Flush { IoRequest { offset: 0, ..req } } else { req };
+        for slot in slots_of(parent.to_submit) {
+            let r = match self.bases.channel(slot) {
+                // SAFETY: the parent's iovecs are valid until it completes, after every child.
+                Some(ch) => unsafe { ch.submit(&req) },
+                None => Err(SubmitError::OutOfRange),
+            };
+            let parent = self.parents.get_mut(p);
+            match r {
+                Ok(()) => {
+                    parent.to_submit &= !bit(slot);
+                    parent.outstanding |= bit(slot);
+                }
+                Err(SubmitError::Busy) => {}
+                Err(SubmitError::Unsupported) => {
+                    parent.to_submit &= !bit(slot);
+                    parent.unsupported = true;
+                }
+                Err(SubmitError::OutOfRange) => {
+                    parent.to_submit &= !bit(slot);
+                    self.base_failed(p, slot, libc::EIO);
+                }
+            }
+        }
+        let parent = self.parents.get_mut(p);
+        if parent.to_submit != 0 {
+            if !parent.queued {
+                parent.queued = true;
+                self.pending.push(p);
+            }
+        } else if parent.outstanding == 0 {
+            self.finish_write(p);
+        }
+    }
+
+    /// Slot `slot` failed parent `p` with `errno`: tell the owner (again later if its queue is
+    /// full).
+    fn base_failed(&mut self, p: u32, slot: usize, errno: i32) {
+        let parent = self.parents.get_mut(p);
+        parent.failed |= bit(slot);
+        if self.bases.shared.failures.push(Failure { slot, errno }).is_ok() {
+            self.parents.get_mut(p).reported |= bit(slot);
+        }
+        self.bases.shared.wake_owner();
+    }
+
+    /// Every base answered parent `p` (a write, flush, discard or write-zeroes): completes it,
+    /// or holds it while a failed base still takes writes in the published layout.
+    fn finish_write(&mut self, p: u32) {
+        let parent = self.parents.get_mut(p);
+        let unreported = parent.failed & !parent.reported;
+        for slot in slots_of(unreported) {
+            if self.bases.shared.failures.push(Failure { slot, errno: libc::EIO }).is_ok() {
+                self.parents.get_mut(p).reported |= bit(slot);
+            }
+        }
+        if unreported != 0 {
+            self.bases.shared.wake_owner();
+        }
+        let layout = &self.bases.layout;
+        let parent = self.parents.get_mut(p);
+        let writing = mask(layout, |s| s.takes_writes());
+        if parent.failed & writing != 0 || parent.failed & !parent.reported != 0 {
+            if parent.phase != Phase::Held {
+                parent.phase = Phase::Held;
+                self.held.push(p);
+            }
+            return;
+        }
+        let active = mask(layout, |s| s == SlotState::Active);
+        let status = if parent.op == IoOp::Flush && parent.failed == 0 {
+            IoStatus::Success
+        } else if parent.unsupported && parent.failed == 0 && parent.ok == 0 {
+            IoStatus::Unsupported
+        } else if parent.ok & active != 0 {
+            IoStatus::Success
+        } else {
+            IoStatus::Error(libc::EIO)
+        };
+        let degraded = layout.slots.iter().any(|s| s.state != SlotState::Active);
+        let (tag, len, ticket, op) = (parent.tag, parent.len, parent.ticket, parent.op);
+        if let (Some(t), Some(intent)) = (ticket, self.bases.shared.intent.as_ref()) {
+            intent.end_write(&t);
+        }
+        if degraded && status == IoStatus::Success && op != IoOp::Flush {
+            self.bases.shared.counters.degraded_bytes_written.fetch_add(len, Ordering::Relaxed);
+        }
+        self.done.push((tag, status));
+        self.parents.remove(p);
+    }
+
+    /// Sends read `p` to an Active slot it has not tried; EIO when none is left.
+    fn submit_read(&mut self, p: u32) {
+        self.bases.refresh();
+        loop {
+            let layout = &self.bases.layout;
+            let mut candidates = mask(layout, |s| s == SlotState::Active);
+            if self.bases.shared.process.kind.load(Ordering::Relaxed) == 3 {
+                // Resync after an unclean stop: only the lowest Active slot is the truth.
+                candidates &= candidates.wrapping_neg();
+            }
+            let parent = self.parents.get_mut(p);
+            candidates &= !parent.failed;
+            if candidates == 0 {
+                let tag = parent.tag;
+                self.done.push((tag, IoStatus::Error(libc::EIO)));
+                self.parents.remove(p);
+                return;
+            }
+            // Round robin: the first candidate at or after `next_read`.
+            let n = self.bases.layout.slots.len().max(1);
+            let start = self.next_read % n;
+            let slot = (0..n).map(|i| (start + i) % n).find(|&s| candidates & bit(s) != 0).unwrap_or(0);
+            self.next_read = slot + 1;
+            let req = IoRequest {
+                tag: p,
+                op: IoOp::Read,
+                offset: self.bases.layout.data_offset + parent.offset,
+                len: parent.len,
+                iov: parent.iov,
+                iovcnt: parent.iovcnt,
+            };
+            let r = match self.bases.channel(slot) {
+                // SAFETY: the parent's iovecs are valid until it completes.
+                Some(ch) => unsafe { ch.submit(&req) },
+                None => Err(SubmitError::OutOfRange),
+            };
+            let parent = self.parents.get_mut(p);
+            match r {
+                Ok(()) => {
+                    parent.outstanding = bit(slot);
+                    return;
+                }
+                Err(SubmitError::Busy) => {
+                    if !parent.queued {
+                        parent.queued = true;
+                        self.pending.push(p);
+                    }
+                    return;
+                }
+                Err(SubmitError::Unsupported) => {
+                    let tag = parent.tag;
+                    self.done.push((tag, IoStatus::Unsupported));
+                    self.parents.remove(p);
+                    return;
+                }
+                Err(SubmitError::OutOfRange) => self.base_failed(p, slot, libc::EIO),
+            }
+        }
+    }
+
+    /// A base's answer for parent `p` from `slot`.
+    fn complete(&mut self, slot: usize, p: u32, status: IoStatus) {
+        let parent = self.parents.get_mut(p);
+        parent.outstanding &= !bit(slot);
+        if parent.op == IoOp::Read {
+            match status {
+                IoStatus::Success | IoStatus::Unsupported => {
+                    let tag = parent.tag;
+                    self.done.push((tag, status));
+                    self.parents.remove(p);
+                }
+                IoStatus::Error(e) => {
+                    self.base_failed(p, slot, e);
+                    self.submit_read(p);
+                }
+            }
+            return;
+        }
+        match status {
+            IoStatus::Success => parent.ok |= bit(slot),
+            IoStatus::Unsupported => parent.unsupported = true,
+            IoStatus::Error(e) => self.base_failed(p, slot, e),
+        }
+        let parent = self.parents.get_mut(p);
+        if parent.outstanding == 0 && parent.to_submit == 0 {
+            self.finish_write(p);
+        }
+    }
+}
+
+impl IoChannel for Raid1Channel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.info.check_range(req.offset, req.len)?;
+        if self.done.len() == self.done.capacity() {
+            return Err(SubmitError::Busy);
+        }
+        let rw = matches!(req.op, IoOp::Read | IoOp::Write);
+        // SAFETY: the caller's contract for `req.iov`.
+        if rw && unsafe { iov_total_len(req.iov, req.iovcnt) } != req.len {
+            self.done.push((req.tag, IoStatus::Error(libc::EINVAL)));
+            return Ok(());
+        }
+        if req.len == 0 && req.op != IoOp::Flush {
+            self.done.push((req.tag, IoStatus::Success));
+            return Ok(());
+        }
+        let parent = Parent {
+            tag: req.tag,
+            op: req.op,
+            offset: req.offset,
+            len: req.len,
+            iov: if rw { req.iov } else { std::ptr::null() },
+            iovcnt: if rw { req.iovcnt } else { 0 },
+            ..Parent::default()
+        };
+        let p = self.parents.insert(parent).ok_or(SubmitError::Busy)?;
+        match req.op {
+            IoOp::Read => self.submit_read(p),
+            IoOp::Flush => self.start_write(p),
+            IoOp::Write | IoOp::Discard | IoOp::WriteZeroes => {
+                // Register first, then (in start_write) load the layout: see intent.rs.
+                let ticket = self.bases.shared.intent.as_ref().map(|i| i.begin_write(req.offset, req.len));
+                let parent = self.parents.get_mut(p);
+                parent.ticket = ticket;
+                let wait = match (ticket, self.bases.shared.intent.as_ref()) {
+                    (Some(t), Some(i)) => t.wait_seq != 0 && !i.is_durable(&t),
+                    _ => false,
+                };
+                if wait {
+                    parent.phase = Phase::Waiting;
+                    if self.waiting.is_empty() {
+                        self.bases.shared.wake_owner();
+                    }
+                    self.waiting.push(p);
+                } else {
+                    self.start_write(p);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        self.bases.refresh();
+        let mut reaped = std::mem::take(&mut self.reaped);
+        for slot in 0..self.bases.slots() {
+            reaped.clear();
+            self.bases.poll_slot(slot, &mut reaped);
+            for &(p, status) in reaped.iter() {
+                self.complete(slot, p, status);
+            }
+        }
+        let mut retired = Vec::new();
+        self.bases.poll_retired(&mut reaped, &mut |slot, p, status| retired.push((slot, p, status)));
+        for (slot, p, status) in retired {
+            self.complete(slot, p, status);
+        }
+        reaped.clear();
+        self.reaped = reaped;
+        if !self.waiting.is_empty() {
+            let shared = self.bases.shared.clone();
+            let intent = shared.intent.as_ref();
+            let mut i = 0;
+            let mut woke = false;
+            while i < self.waiting.len() {
+                let p = self.waiting[i];
+                let durable = match (self.parents.get_mut(p).ticket, intent) {
+                    (Some(t), Some(m)) => m.is_durable(&t),
+                    _ => true,
+                };
+                if durable {
+                    self.waiting.swap_remove(i);
+                    self.start_write(p);
+                } else {
+                    if !woke {
+                        shared.wake_owner();
+                        woke = true;
+                    }
+                    i += 1;
+                }
+            }
+        }
+        if !self.pending.is_empty() {
+            let pending = std::mem::take(&mut self.pending);
+            for &p in &pending {
+                let parent = self.parents.get_mut(p);
+                parent.queued = false;
+                if parent.op == IoOp::Read {
+                    self.submit_read(p);
+                } else {
+                    self.submit_targets(p);
+                }
+            }
+            // Keep the list's capacity: parents queued again meanwhile move into it.
+            let mut pending = pending;
+            pending.clear();
+            pending.append(&mut self.pending);
+            self.pending = pending;
+        }
+        if !self.held.is_empty() {
+            let held = std::mem::take(&mut self.held);
+            for &p in &held {
+                self.parents.get_mut(p).phase = Phase::Running;
+                self.finish_write(p);
+            }
+            let mut held = held;
+            held.clear();
+            held.append(&mut self.held);
+            self.held = held;
+        }
+        let n = self.done.len();
+        for (tag, status) in self.done.drain(..) {
+            done(tag, status);
+        }
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.parents.used() + self.done.len()
+    }
+}

@@ -1,0 +1,334 @@
+//! The channel of raid0 and concat: a request is cut at strip (raid0) or base (concat)
+//! boundaries into children, one per piece, each carrying a slice of the parent's iovecs
+//! (zero copy: the slices point into the caller's buffers). The slices live in a per-parent
+//! region of one pool made with the channel; a parent whose pieces need more room than its
+//! region submits what fits and the rest once those children are back. Errors of the bases
+//! pass up as they are: these levels have no redundancy.
+
+use std::sync::Arc;
+
+use fp_bdev::{request_iovecs, BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+
+use super::bases::Bases;
+use super::slab::Slab;
+use super::MAX_PARENTS;
+use crate::shared::RaidShared;
+
+/// iovec slices one parent may have in flight at once.
+pub const IOV_PER_PARENT: usize = 64;
+
+/// Where a byte of the raid lives: which base, where in the base's data region, and how many
+/// bytes from there on stay on that base contiguously.
+pub trait SplitMap {
+    /// `(slot, offset in the slot's data region, bytes before the next boundary)` for the
+    /// raid offset `offset` (inside the raid).
+    fn map(&self, offset: u64) -> (usize, u64, u64);
+}
+
+struct Parent {
+    tag: u32,
+    op: IoOp,
+    /// The next byte (or, for a flush, base) to submit, and the end.
+    next: u64,
+    end: u64,
+    iov: *const libc::iovec,
+    iovcnt: u32,
+    /// Where `next` is in the parent's iovecs.
+    iov_idx: u32,
+    iov_off: u64,
+    /// Slices of this parent's pool region in use by children in flight.
+    scratch_used: u32,
+    /// Children in flight.
+    remaining: u32,
+    status: IoStatus,
+    /// On the pending list (something left to submit).
+    queued: bool,
+}
+
+impl Default for Parent {
+    fn default() -> Parent {
+        Parent {
+            tag: 0,
+            op: IoOp::Read,
+            next: 0,
+            end: 0,
+            iov: std::ptr::null(),
+            iovcnt: 0,
+            iov_idx: 0,
+            iov_off: 0,
+            scratch_used: 0,
+            remaining: 0,
+            status: IoStatus::Success,
+            queued: false,
+        }
+    }
+}
+
+/// The channel of a raid0 or concat bdev over `M`'s mapping.
+pub struct SplitChannel<M> {
+    info: BdevInfo,
+    map: M,
+    bases: Bases,
+    parents: Slab<Parent>,
+    pool: Box<[libc::iovec]>,
+    /// Parents with children still to submit (a base was busy, or their pool region full).
+    pending: Vec<u32>,
+    /// Completions for the next poll.
+    done: Vec<(u32, IoStatus)>,
+    /// The bases' completions, reused every poll.
+    reaped: Vec<(u32, IoStatus)>,
+}
+
+/// What submitting a parent's children came to.
+enum Advance {
+    /// Everything is submitted (or the parent failed and stops).
+    Submitted,
+    /// Something is left; try again after the next completions.
+    Blocked,
+}
+
+impl<M: SplitMap> SplitChannel<M> {
+    /// A channel of the raid `shared`, cutting requests with `map`.
+    pub fn new(shared: Arc<RaidShared>, map: M) -> SplitChannel<M> {
+        let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+        SplitChannel {
+            info: shared.info.clone(),
+            map,
+            bases: Bases::new(shared),
+            parents: Slab::new(MAX_PARENTS),
+            pool: vec![empty; MAX_PARENTS * IOV_PER_PARENT].into_boxed_slice(),
+            pending: Vec::with_capacity(MAX_PARENTS),
+            done: Vec::with_capacity(2 * MAX_PARENTS),
+            reaped: Vec::with_capacity(MAX_PARENTS),
+        }
+    }
+
+    /// Submits what it can of parent `p`'s children.
+    fn advance(&mut self, p: u32) -> Advance {
+        let data_offset = self.bases.layout.data_offset;
+        loop {
+            let parent = self.parents.get_mut(p);
+            if parent.next >= parent.end {
+                return Advance::Submitted;
+            }
+            let op = parent.op;
+            let (slot, child) = if op == IoOp::Flush {
+                let slot = parent.next as usize;
+                (slot, IoRequest { tag: p, op, offset: 0, len: 0, iov: std::ptr::null(), iovcnt: 0 })
+            } else {
+                let (slot, base_off, avail) = self.map.map(parent.next);
+                let len = avail.min(parent.end - parent.next);
+                let mut req = IoRequest {
+                    tag: p,
+                    op,
+                    offset: data_offset + base_off,
+                    len,
+                    iov: std::ptr::null(),
+                    iovcnt: 0,
+                };
+                if matches!(op, IoOp::Read | IoOp::Write) {
+                    let region = p as usize * IOV_PER_PARENT;
+                    let start = parent.scratch_used as usize;
+                    // SAFETY: the submitter's contract keeps the parent's iovecs valid until it
+                    // completes, which is after all of its children.
+                    let src = unsafe {
+                        request_iovecs(&IoRequest { iov: parent.iov, iovcnt: parent.iovcnt, ..req })
+                    };
+                    let (mut idx, mut off, mut need, mut n) =
+                        (parent.iov_idx as usize, parent.iov_off, len, 0);
+                    while need > 0 {
+                        if start + n == IOV_PER_PARENT {
+                            if parent.remaining == 0 && start == 0 {
+                                // One piece needs more slices than a whole region: never fits.
+                                parent.status = IoStatus::Error(libc::EINVAL);
+                                parent.next = parent.end;
+                                return Advance::Submitted;
+                            }
+                            return Advance::Blocked;
+                        }
+                        let v = src[idx];
+                        let take = (v.iov_len as u64 - off).min(need);
+                        // SAFETY: `off < iov_len`, so the pointer stays inside the caller's buffer.
+                        let base = unsafe { (v.iov_base as *mut u8).add(off as usize) };
+                        self.pool[region + start + n] =
+                            libc::iovec { iov_base: base.cast(), iov_len: take as usize };
+                        n += 1;
+                        need -= take;
+                        off += take;
+                        if off == v.iov_len as u64 {
+                            idx += 1;
+                            off = 0;
+                        }
+                    }
+                    req.iov = self.pool[region + start..].as_ptr();
+                    req.iovcnt = n as u32;
+                    let parent = self.parents.get_mut(p);
+                    parent.iov_idx = idx as u32;
+                    parent.iov_off = off;
+                    parent.scratch_used += n as u32;
+                }
+                (slot, req)
+            };
+            let Some(ch) = self.bases.channel(slot) else {
+                return self.stop(p, IoStatus::Error(libc::EIO));
+            };
+            // SAFETY: the child's iovecs are slices of the parent's buffers, valid until the
+            // parent completes; the slices themselves live in the pool until then.
+            match unsafe { ch.submit(&child) } {
+                Ok(()) => {
+                    let parent = self.parents.get_mut(p);
+                    parent.remaining += 1;
+                    parent.next += if op == IoOp::Flush { 1 } else { child.len };
+                }
+                Err(SubmitError::Busy) => {
+                    // Give the slices back: the same child is made again next time.
+                    let parent = self.parents.get_mut(p);
+                    if matches!(op, IoOp::Read | IoOp::Write) {
+                        parent.scratch_used -= child.iovcnt;
+                        self.rewind(p, child.len);
+                    }
+                    return Advance::Blocked;
+                }
+                Err(SubmitError::Unsupported) => return self.stop(p, IoStatus::Unsupported),
+                Err(SubmitError::OutOfRange) => return self.stop(p, IoStatus::Error(libc::EIO)),
+            }
+        }
+    }
+
+    /// Moves parent `p`'s iovec cursor back by `len` bytes (a child the base refused as busy).
+    fn rewind(&mut self, p: u32, mut len: u64) {
+        let parent = self.parents.get_mut(p);
+        // SAFETY: as in `advance`.
+        let src = unsafe {
+            request_iovecs(&IoRequest {
+                tag: 0,
+                op: IoOp::Read,
+                offset: 0,
+                len: 0,
+                iov: parent.iov,
+                iovcnt: parent.iovcnt,
+            })
+        };
+        while len > 0 {
+            if parent.iov_off == 0 {
+                parent.iov_idx -= 1;
+                parent.iov_off = src[parent.iov_idx as usize].iov_len as u64;
+            }
+            let back = parent.iov_off.min(len);
+            parent.iov_off -= back;
+            len -= back;
+        }
+    }
+
+    /// Stops submitting parent `p`'s children: it ends with `status` once those in flight are
+    /// back.
+    fn stop(&mut self, p: u32, status: IoStatus) -> Advance {
+        let parent = self.parents.get_mut(p);
+        if parent.status == IoStatus::Success {
+            parent.status = status;
+        }
+        parent.next = parent.end;
+        Advance::Submitted
+    }
+
+    /// Completes parent `p` upward when nothing of it is in flight or left.
+    fn maybe_finish(&mut self, p: u32) {
+        let parent = self.parents.get_mut(p);
+        if parent.remaining == 0 && parent.next >= parent.end && !parent.queued {
+            self.done.push((parent.tag, parent.status));
+            self.parents.remove(p);
+        }
+    }
+
+    fn queue(&mut self, p: u32) {
+        let parent = self.parents.get_mut(p);
+        if !parent.queued {
+            parent.queued = true;
+            self.pending.push(p);
+        }
+    }
+
+    fn retry_pending(&mut self) {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = self.pending[i];
+            if let Advance::Submitted = self.advance(p) {
+                self.pending.swap_remove(i);
+                self.parents.get_mut(p).queued = false;
+                self.maybe_finish(p);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+impl<M: SplitMap> IoChannel for SplitChannel<M> {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.info.check_range(req.offset, req.len)?;
+        if self.done.len() == self.done.capacity() {
+            return Err(SubmitError::Busy);
+        }
+        let rw = matches!(req.op, IoOp::Read | IoOp::Write);
+        // SAFETY: the caller's contract for `req.iov`.
+        if rw && unsafe { fp_bdev::iov_total_len(req.iov, req.iovcnt) } != req.len {
+            self.done.push((req.tag, IoStatus::Error(libc::EINVAL)));
+            return Ok(());
+        }
+        let end =
+            if req.op == IoOp::Flush { self.bases.layout.slots.len() as u64 } else { req.offset + req.len };
+        if end == req.offset && req.op != IoOp::Flush {
+            self.done.push((req.tag, IoStatus::Success));
+            return Ok(());
+        }
+        let parent = Parent {
+            tag: req.tag,
+            op: req.op,
+            next: if req.op == IoOp::Flush { 0 } else { req.offset },
+            end,
+            iov: if rw { req.iov } else { std::ptr::null() },
+            iovcnt: if rw { req.iovcnt } else { 0 },
+            ..Parent::default()
+        };
+        let p = self.parents.insert(parent).ok_or(SubmitError::Busy)?;
+        match self.advance(p) {
+            Advance::Submitted => self.maybe_finish(p),
+            Advance::Blocked => self.queue(p),
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        let mut reaped = std::mem::take(&mut self.reaped);
+        for slot in 0..self.bases.slots() {
+            reaped.clear();
+            self.bases.poll_slot(slot, &mut reaped);
+            for &(p, status) in reaped.iter() {
+                let parent = self.parents.get_mut(p);
+                parent.remaining -= 1;
+                if status != IoStatus::Success && parent.status == IoStatus::Success {
+                    parent.status = status;
+                }
+                if parent.remaining == 0 {
+                    // Every slice of its region is back: the rest may use all of it.
+                    parent.scratch_used = 0;
+                }
+                self.maybe_finish(p);
+            }
+        }
+        reaped.clear();
+        self.reaped = reaped;
+        if !self.pending.is_empty() {
+            self.retry_pending();
+        }
+        let n = self.done.len();
+        for (tag, status) in self.done.drain(..) {
+            done(tag, status);
+        }
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.parents.used() + self.done.len()
+    }
+}

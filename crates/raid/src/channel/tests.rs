@@ -1,0 +1,300 @@
+//! The data path of every level over RAM bases: the conformance suite, raid1's copies, a base
+//! failing under writes (held until the layout says so) and under reads (retried elsewhere).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use fp_bdev::conformance::{self, poll_until, read_range, write_range, IoBuf, Storage};
+use fp_bdev::{
+    Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, RamDevice, SubmitError,
+};
+use fp_lvol::Uuid;
+
+use crate::device::{RaidDevice, RaidSpec};
+use crate::shared::{Layout, SlotView};
+use crate::{RaidLevel, SlotState};
+
+fn ram(name: &str, bytes: u64) -> Bdev {
+    Arc::new(RamDevice::new(name, 512, bytes / 512).unwrap())
+}
+
+/// A RAM disk whose reads or writes fail (EIO) while a switch is on.
+pub(crate) struct Flaky {
+    inner: Bdev,
+    pub fail_writes: Arc<AtomicBool>,
+    pub fail_reads: Arc<AtomicBool>,
+}
+
+impl Flaky {
+    pub(crate) fn new(name: &str, bytes: u64) -> Arc<Flaky> {
+        Arc::new(Flaky { inner: ram(name, bytes), fail_writes: Arc::default(), fail_reads: Arc::default() })
+    }
+}
+
+struct FlakyChannel {
+    inner: Box<dyn IoChannel>,
+    fail_writes: Arc<AtomicBool>,
+    fail_reads: Arc<AtomicBool>,
+    failed: Vec<(u32, IoStatus)>,
+}
+
+impl BlockDevice for Flaky {
+    fn info(&self) -> &BdevInfo {
+        self.inner.info()
+    }
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        Ok(Box::new(FlakyChannel {
+            inner: self.inner.open_channel()?,
+            fail_writes: self.fail_writes.clone(),
+            fail_reads: self.fail_reads.clone(),
+            failed: Vec::new(),
+        }))
+    }
+}
+
+impl IoChannel for FlakyChannel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        let fail = if req.op == IoOp::Read { &self.fail_reads } else { &self.fail_writes };
+        if fail.load(Ordering::Relaxed) {
+            self.failed.push((req.tag, IoStatus::Error(libc::EIO)));
+            return Ok(());
+        }
+        // SAFETY: passed through under the caller's contract.
+        unsafe { self.inner.submit(req) }
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        let n = self.failed.len();
+        for (t, s) in self.failed.drain(..) {
+            done(t, s);
+        }
+        n + self.inner.poll(done)
+    }
+    fn in_flight(&self) -> usize {
+        self.failed.len() + self.inner.in_flight()
+    }
+}
+
+fn slot(b: Bdev) -> SlotView {
+    SlotView { state: SlotState::Active, name: Some(b.info().name.clone()), bdev: Some(b), uuid: Uuid::NIL }
+}
+
+fn raid(level: RaidLevel, bases: Vec<Bdev>, strip_bytes: u64) -> Arc<RaidDevice> {
+    let sizes = bases.iter().map(|b| b.info().size_bytes()).collect();
+    let spec = RaidSpec {
+        name: "r".into(),
+        uuid: crate::device::new_uuid(),
+        level,
+        strip_bytes,
+        superblock: false,
+        block_size: 512,
+        data_offset: 0,
+        slots: bases.into_iter().map(slot).collect(),
+        base_data_bytes: sizes,
+        chunk_bytes: 4096,
+    };
+    Arc::new(RaidDevice::new(spec).unwrap())
+}
+
+fn suite(make: &dyn Fn() -> Arc<RaidDevice>) {
+    conformance::run_suite(&|| -> Arc<dyn BlockDevice> { make() }, Storage::Keeps);
+}
+
+#[test]
+fn raid0_passes_the_conformance_suite() {
+    suite(&|| raid(RaidLevel::Raid0, vec![ram("a", 64 << 10), ram("b", 64 << 10)], 4096));
+    // Strips of one block over three bases: every multi-block request is cut.
+    suite(&|| raid(RaidLevel::Raid0, vec![ram("a", 32 << 10), ram("b", 32 << 10), ram("c", 40 << 10)], 512));
+}
+
+#[test]
+fn concat_passes_the_conformance_suite() {
+    suite(&|| raid(RaidLevel::Concat, vec![ram("a", 8 << 10), ram("b", 20 << 10), ram("c", 64 << 10)], 0));
+}
+
+#[test]
+fn raid1_passes_the_conformance_suite() {
+    suite(&|| raid(RaidLevel::Raid1, vec![ram("a", 64 << 10), ram("b", 64 << 10)], 0));
+    suite(&|| raid(RaidLevel::Raid1, vec![ram("a", 64 << 10), ram("b", 64 << 10), ram("c", 96 << 10)], 0));
+}
+
+#[test]
+fn sizes_follow_the_level() {
+    let r = raid(RaidLevel::Raid0, vec![ram("a", 64 << 10), ram("b", 70 << 10)], 8192);
+    assert_eq!(r.info().size_bytes(), 2 * (64 << 10));
+    let r = raid(RaidLevel::Concat, vec![ram("a", 64 << 10), ram("b", 70 << 10)], 0);
+    assert_eq!(r.info().size_bytes(), 134 << 10);
+    let r = raid(RaidLevel::Raid1, vec![ram("a", 64 << 10), ram("b", 70 << 10)], 0);
+    assert_eq!(r.info().size_bytes(), 64 << 10);
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed)).collect()
+}
+
+#[test]
+fn raid0_and_concat_put_each_byte_where_the_level_says() {
+    let (a, b) = (ram("a", 32 << 10), ram("b", 32 << 10));
+    let r = raid(RaidLevel::Raid0, vec![a.clone(), b.clone()], 4096);
+    let data = pattern(3, 16 << 10);
+    write_range(&mut *r.open_channel().unwrap(), 0, &data);
+    let (mut ca, mut cb) = (a.open_channel().unwrap(), b.open_channel().unwrap());
+    assert!(read_range(&mut *ca, 0, 4096) == data[..4096]);
+    assert!(read_range(&mut *cb, 0, 4096) == data[4096..8192]);
+    assert!(read_range(&mut *ca, 4096, 4096) == data[8192..12288]);
+    assert!(read_range(&mut *cb, 4096, 4096) == data[12288..]);
+
+    let (a, b) = (ram("a", 8 << 10), ram("b", 32 << 10));
+    let r = raid(RaidLevel::Concat, vec![a.clone(), b.clone()], 0);
+    write_range(&mut *r.open_channel().unwrap(), 4096, &data);
+    assert!(read_range(&mut *a.open_channel().unwrap(), 4096, 4096) == data[..4096]);
+    assert!(read_range(&mut *b.open_channel().unwrap(), 0, 12288) == data[4096..]);
+}
+
+/// A request of more iovec pieces than a parent's region holds goes in several rounds.
+#[test]
+fn raid0_takes_requests_of_many_small_iovecs() {
+    let r = raid(RaidLevel::Raid0, vec![ram("a", 256 << 10), ram("b", 256 << 10)], 4096);
+    let mut ch = r.open_channel().unwrap();
+    let data = pattern(9, 200 * 512);
+    let mut buf = IoBuf::new(data.len(), true);
+    buf.bytes_mut().copy_from_slice(&data);
+    let whole = buf.iovec();
+    let iov: Vec<libc::iovec> = (0..200)
+        .map(|i| libc::iovec {
+            // SAFETY: inside the buffer.
+            iov_base: unsafe { (whole.iov_base as *mut u8).add(i * 512) }.cast(),
+            iov_len: 512,
+        })
+        .collect();
+    // SAFETY: the iovecs describe `buf`, alive until the request is polled back.
+    unsafe { ch.submit(&conformance::rw(1, IoOp::Write, 1024, &iov)).unwrap() };
+    assert_eq!(poll_until(&mut *ch, 1), vec![(1, IoStatus::Success)]);
+    assert!(read_range(&mut *ch, 1024, data.len()) == data);
+}
+
+#[test]
+fn raid1_writes_every_base_and_reads_from_each() {
+    let (a, b) = (ram("a", 64 << 10), ram("b", 64 << 10));
+    let r = raid(RaidLevel::Raid1, vec![a.clone(), b.clone()], 0);
+    let mut ch = r.open_channel().unwrap();
+    let data = pattern(5, 32 << 10);
+    write_range(&mut *ch, 8192, &data);
+    for base in [&a, &b] {
+        assert!(read_range(&mut *base.open_channel().unwrap(), 8192, data.len()) == data);
+    }
+    // Reads alternate between the bases: both give the same bytes.
+    for _ in 0..4 {
+        assert!(read_range(&mut *ch, 8192, 4096) == data[..4096]);
+    }
+    assert_eq!(r.shared().counters.degraded_bytes_written.load(Ordering::Relaxed), 0);
+}
+
+/// Plays the owner: takes the reported failures, publishes the slots Failed.
+fn owner_takes_out(r: &RaidDevice) -> Vec<usize> {
+    let shared = r.shared();
+    let mut slots = Vec::new();
+    while let Some(f) = shared.failures.pop() {
+        slots.push(f.slot);
+    }
+    let mut layout: Layout = (*shared.layout()).clone();
+    for &s in &slots {
+        layout.slots[s].state = SlotState::Failed;
+    }
+    shared.publish(layout);
+    slots
+}
+
+#[test]
+fn a_failed_write_is_held_until_the_layout_takes_the_base_out() {
+    let flaky = Flaky::new("b", 64 << 10);
+    let a = ram("a", 64 << 10);
+    let r = raid(RaidLevel::Raid1, vec![a.clone(), flaky.clone()], 0);
+    let mut ch = r.open_channel().unwrap();
+    flaky.fail_writes.store(true, Ordering::Relaxed);
+    let data = pattern(7, 4096);
+    let mut buf = IoBuf::new(data.len(), true);
+    buf.bytes_mut().copy_from_slice(&data);
+    let iov = [buf.iovec()];
+    // SAFETY: `buf` outlives the request.
+    unsafe { ch.submit(&conformance::rw(4, IoOp::Write, 0, &iov)).unwrap() };
+    for _ in 0..100 {
+        assert_eq!(ch.poll(&mut |t, s| panic!("completed before the layout changed: {t} {s:?}")), 0);
+    }
+    assert_eq!(ch.in_flight(), 1);
+    assert_eq!(owner_takes_out(&r), vec![1]);
+    assert_eq!(poll_until(&mut *ch, 1), vec![(4, IoStatus::Success)]);
+    assert!(read_range(&mut *a.open_channel().unwrap(), 0, 4096) == data);
+    // Degraded now: I/O continues on the survivor and is counted.
+    write_range(&mut *ch, 4096, &data);
+    assert!(read_range(&mut *ch, 4096, 4096) == data);
+    assert_eq!(r.shared().counters.degraded_bytes_written.load(Ordering::Relaxed), 8192);
+    assert!(r.shared().failures.is_empty(), "a base out of the layout gets no more requests");
+}
+
+#[test]
+fn a_write_failing_on_every_base_is_an_error() {
+    let (x, y) = (Flaky::new("x", 64 << 10), Flaky::new("y", 64 << 10));
+    let r = raid(RaidLevel::Raid1, vec![x.clone(), y.clone()], 0);
+    let mut ch = r.open_channel().unwrap();
+    x.fail_writes.store(true, Ordering::Relaxed);
+    y.fail_writes.store(true, Ordering::Relaxed);
+    // SAFETY: no buffers.
+    unsafe { ch.submit(&conformance::cmd(2, IoOp::WriteZeroes, 0, 512)).unwrap() };
+    for _ in 0..10 {
+        assert_eq!(ch.poll(&mut |_, _| panic!("completed while held")), 0);
+    }
+    let mut out = owner_takes_out(&r);
+    out.sort();
+    assert_eq!(out, vec![0, 1]);
+    assert_eq!(poll_until(&mut *ch, 1), vec![(2, IoStatus::Error(libc::EIO))]);
+}
+
+#[test]
+fn a_failed_read_is_retried_on_another_base() {
+    let flaky = Flaky::new("a", 64 << 10);
+    let b = ram("b", 64 << 10);
+    let r = raid(RaidLevel::Raid1, vec![flaky.clone(), b], 0);
+    let mut ch = r.open_channel().unwrap();
+    let data = pattern(1, 8192);
+    write_range(&mut *ch, 0, &data);
+    flaky.fail_reads.store(true, Ordering::Relaxed);
+    for _ in 0..4 {
+        assert!(read_range(&mut *ch, 0, 8192) == data);
+    }
+    let f = r.shared().failures.pop().expect("the failed read is reported");
+    assert_eq!((f.slot, f.errno), (0, libc::EIO));
+    // With the other base out too, a read has nowhere left to go.
+    let mut layout: Layout = (*r.shared().layout()).clone();
+    layout.slots[1].state = SlotState::Failed;
+    r.shared().publish(layout);
+    let mut buf = IoBuf::new(512, true);
+    let iov = [buf.iovec()];
+    // SAFETY: `buf` outlives the request.
+    unsafe { ch.submit(&conformance::rw(3, IoOp::Read, 0, &iov)).unwrap() };
+    assert_eq!(poll_until(&mut *ch, 1), vec![(3, IoStatus::Error(libc::EIO))]);
+}
+
+/// A slot that becomes Rebuilding gets writes (its channel opened at the new epoch) but no
+/// reads.
+#[test]
+fn a_rebuilding_slot_gets_writes_but_no_reads() {
+    let (a, b) = (ram("a", 64 << 10), ram("b", 64 << 10));
+    let r = raid(RaidLevel::Raid1, vec![a.clone(), b.clone()], 0);
+    let mut layout: Layout = (*r.shared().layout()).clone();
+    layout.slots[1].state = SlotState::Empty;
+    layout.slots[1].bdev = None;
+    r.shared().publish(layout.clone());
+    let mut ch = r.open_channel().unwrap();
+    let data = pattern(2, 4096);
+    write_range(&mut *ch, 0, &data);
+    assert!(read_range(&mut *b.open_channel().unwrap(), 0, 4096) == vec![0; 4096]);
+    layout.slots[1].state = SlotState::Rebuilding;
+    layout.slots[1].bdev = Some(b.clone());
+    r.shared().publish(layout);
+    write_range(&mut *ch, 4096, &data);
+    assert!(read_range(&mut *b.open_channel().unwrap(), 4096, 4096) == data);
+    // Every read from `a`: `b` never served the unwritten block 0 (zeroes there).
+    for _ in 0..4 {
+        assert!(read_range(&mut *ch, 0, 4096) == data);
+    }
+}
