@@ -335,6 +335,10 @@ impl Store {
                     Some(&pi) if !volumes[pi].snapshot => {
                         return Err(format!("{}: parent {} is not a snapshot", what(i), what(pi)))
                     }
+                    // Every writer keeps parents before their clones; the owner relies on it.
+                    Some(&pi) if pi > i => {
+                        return Err(format!("{}: listed before its parent {}", what(i), what(pi)))
+                    }
                     Some(&pi) => Some(pi),
                 },
             };
@@ -727,6 +731,80 @@ impl Store {
         Ok(new)
     }
 
+    /// SPDK's `bdev_lvol_set_parent`: the thin volume `uuid` reads its unallocated clusters
+    /// through snapshot `snap` from now on (a thin volume without parent becomes its clone; a
+    /// clone changes parent). Clusters the volume owns keep priority; nothing is copied. As in
+    /// SPDK the volume must be thin and the parent a snapshot of exactly the volume's size; a
+    /// snapshot as the volume is refused here (its clones would silently see other data), and
+    /// so is a parent that is already the volume's.
+    pub fn set_parent(&mut self, uuid: &Uuid, snap: &Uuid) -> Result<(), LvolError> {
+        let i = self.index("lvol_name", uuid)?;
+        let s = self.find("parent_name", snap)?;
+        let v = &self.volumes[i];
+        let refuse = |field, reason: String| Err(LvolError::State { field, reason });
+        if uuid == snap {
+            return refuse("parent_name", format!("'{}' cannot be its own parent", v.name));
+        }
+        if v.snapshot {
+            return refuse("lvol_name", format!("'{}' is a snapshot; its clones read through it", v.name));
+        }
+        if !v.thin {
+            return refuse("lvol_name", format!("'{}' is not thin-provisioned", v.name));
+        }
+        if !s.snapshot {
+            return refuse("parent_name", format!("'{}' is not a snapshot", s.name));
+        }
+        if v.parent == Some(*snap) {
+            return refuse("parent_name", format!("'{}' is already the parent of '{}'", s.name, v.name));
+        }
+        if s.map.len() != v.map.len() {
+            return Err(LvolError::Invalid {
+                field: "parent_name",
+                reason: format!(
+                    "'{}' has {} clusters, '{}' {}: the sizes must be the same",
+                    s.name,
+                    s.map.len(),
+                    v.name,
+                    v.map.len()
+                ),
+            });
+        }
+        // A volume that is not a snapshot has no clones, so no cycle can form, and the list
+        // keeps parents before their clones (what a load and the owner's views rely on) by
+        // moving the volume after its new parent.
+        let mut v = self.volumes.remove(i);
+        v.parent = Some(*snap);
+        let at = self.volumes.iter().position(|w| w.uuid == *snap).expect("found above") + 1;
+        self.volumes.insert(at, v);
+        Ok(())
+    }
+
+    /// The clusters `[first, first + count)` of the volume that it owns itself (not through a
+    /// parent), one bit each, least significant bit first (SPDK's bit arrays, as Longhorn's
+    /// `bdev_lvol_get_fragmap` encodes them), and how many are set.
+    pub fn owned_bitmap(&self, uuid: &Uuid, first: u64, count: u64) -> Result<(Vec<u8>, u64), LvolError> {
+        let v = self.find("name", uuid)?;
+        let end = first.checked_add(count).filter(|&e| e <= v.size_clusters()).ok_or_else(|| {
+            LvolError::Invalid {
+                field: "size",
+                reason: format!(
+                    "clusters {first}..{} past the volume's {}",
+                    first.saturating_add(count),
+                    v.size_clusters()
+                ),
+            }
+        })?;
+        let mut bits = vec![0u8; count.div_ceil(8) as usize];
+        let mut set = 0;
+        for (k, &c) in v.map[first as usize..end as usize].iter().enumerate() {
+            if c != UNALLOCATED {
+                bits[k / 8] |= 1 << (k % 8);
+                set += 1;
+            }
+        }
+        Ok((bits, set))
+    }
+
     /// SPDK's `bdev_lvol_grow_lvstore` after the base device grew: the store counts
     /// `total_clusters` data clusters from now on (see [`Store::clusters_for_device`]). Nothing
     /// moves and no metadata room is needed: the free set is derived from the maps, so only the
@@ -765,6 +843,7 @@ impl Store {
     pub fn check_consistency(&self) -> Result<(), String> {
         let mut seen = vec![0u64; self.used.len()];
         let mut owned = 0u64;
+        let mut listed = HashSet::new();
         let mut mark = |c: u32, what: &dyn Fn() -> String| {
             if c as u64 >= self.total_clusters {
                 return Err(format!("{}: cluster {c} past the store's {}", what(), self.total_clusters));
@@ -785,7 +864,12 @@ impl Store {
                 if !self.volume(&p).is_some_and(|p| p.snapshot) {
                     return Err(format!("volume '{}': parent {p} is not a snapshot of the store", v.name));
                 }
+                // The owner builds views in list order, each on its parent's.
+                if !listed.contains(&p) {
+                    return Err(format!("volume '{}': listed before its parent {p}", v.name));
+                }
             }
+            listed.insert(v.uuid);
             if !v.thin && (v.parent.is_some() || v.map.contains(&UNALLOCATED)) {
                 return Err(format!("volume '{}': thick, but with a parent or a hole", v.name));
             }
@@ -1055,7 +1139,8 @@ mod tests {
     use super::*;
     use crate::MemDevice;
 
-    fn store() -> Store {
+    /// An empty store of 1 MiB clusters on `dev`.
+    fn empty_on(dev: &mut MemDevice) -> Store {
         let opts = StoreOptions {
             name: "lvs".into(),
             uuid: Uuid([1; 16]),
@@ -1063,12 +1148,40 @@ mod tests {
             block_size: 512,
             area_pages: Some(4),
         };
-        let mut s = Store::create(&mut MemDevice::new(2560), &opts).unwrap();
+        Store::create(dev, &opts).unwrap()
+    }
+
+    fn store() -> Store {
+        let mut s = empty_on(&mut MemDevice::new(2560));
         s.create_volume(Uuid([2; 16]), "a", 3 << 20, false).unwrap();
         s.create_volume(Uuid([3; 16]), "b", 2 << 20, true).unwrap();
         s.allocate_for_write(&Uuid([3; 16]), 1).unwrap();
         s.release_cluster(&Uuid([3; 16]), 1).unwrap();
         s
+    }
+
+    /// set_parent makes a thin volume a clone, keeps parents listed first, and loads back.
+    #[test]
+    fn set_parent_is_durable_and_keeps_the_order() {
+        let mut dev = MemDevice::new(2560);
+        let mut s = empty_on(&mut dev);
+        let (w, v, snap) = (Uuid([2; 16]), Uuid([3; 16]), Uuid([4; 16]));
+        s.create_volume(w, "w", 2 << 20, true).unwrap();
+        s.create_volume(v, "v", 2 << 20, true).unwrap();
+        let c = match s.allocate_for_write(&v, 0).unwrap() {
+            WriteTarget::Allocated { cluster, .. } => cluster,
+            other => panic!("{other:?}"),
+        };
+        s.snapshot(&v, snap, "s").unwrap();
+        s.set_parent(&w, &snap).unwrap();
+        assert_eq!(s.cluster_for_read(&w, 0).unwrap(), Some(c));
+        s.check_consistency().unwrap();
+        s.commit(&mut dev).unwrap();
+        let loaded = Store::load(&mut dev).unwrap();
+        assert_eq!(loaded.volumes(), s.volumes());
+        assert_eq!(loaded.volume(&w).unwrap().parent, Some(snap));
+        let e = s.set_parent(&w, &snap).unwrap_err().to_string();
+        assert!(e.starts_with("parent_name: ") && e.contains("already"), "{e}");
     }
 
     /// The checker finds each kind of damage to the in-memory state.

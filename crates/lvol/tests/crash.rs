@@ -83,7 +83,7 @@ fn random_op(s: &mut Store, rng: &mut SmallRng, names: &mut u32, base_clusters: 
         }
     };
     let clones: Vec<&Volume> = vols.iter().filter(|v| v.parent.is_some()).collect();
-    let _ = match rng.gen_range(0..115) {
+    let _ = match rng.gen_range(0..122) {
         0..=14 => {
             let thin = rng.gen_bool(0.7);
             // Thin volumes larger than the store, or small enough to inflate.
@@ -132,6 +132,22 @@ fn random_op(s: &mut Store, rng: &mut SmallRng, names: &mut u32, base_clusters: 
             None => Ok(()),
         },
         111..=114 => s.grow(base_clusters).map(|grew| note("grow", grew)),
+        // A thin volume re-parented onto a snapshot of its size (most pairs are refused: the
+        // refusals must change nothing either).
+        115..=121 => {
+            let snaps: Vec<&Volume> = vols.iter().filter(|v| v.snapshot).collect();
+            match (
+                vols.iter().filter(|v| v.thin && !v.snapshot).collect::<Vec<_>>().choose(rng),
+                snaps.choose(rng),
+            ) {
+                (Some(v), Some(p)) => {
+                    let fit = vols.iter().find(|w| w.thin && !w.snapshot && w.map.len() == p.map.len());
+                    let v = if rng.gen_bool(0.7) { fit.unwrap_or(v) } else { v };
+                    s.set_parent(&v.uuid, &p.uuid).map(|()| note("set_parent", true))
+                }
+                _ => Ok(()),
+            }
+        }
         _ => match pick(rng) {
             Some((u, _)) => s.set_read_only(&u),
             None => s.rename_store(&name),
@@ -230,7 +246,7 @@ fn run(seed: u64, commits: usize, crash_points: usize) {
     // The workload must reach what the test is about: multi-page commits, snapshots and clones.
     assert!(multi_page > commits / 10, "only {multi_page} commits wrote more than 2 stream pages");
     assert!(history.iter().any(|c| c.state.3.iter().any(|v| v.parent.is_some())), "no clone ever");
-    for what in ["inflate", "decouple", "grow"] {
+    for what in ["inflate", "decouple", "grow", "set_parent"] {
         assert!(reached.contains_key(what), "no {what} ever changed the store: {reached:?}");
     }
     let by_gen: HashMap<u64, &Commit> = history.iter().map(|c| (c.generation, c)).collect();

@@ -163,6 +163,11 @@ fn bad_input_names_the_field_or_the_bdev() {
     );
     assert_param(&err(&m, "bdev_get_histogram", Value::Null), "name");
     assert_param(&err(&m, "bdev_get_iostat", json!({"name": "n0", "names": ["n0"]})), "names");
+    // An unknown bdev among `names`: SPDK's -ENODEV, the field named.
+    let e = err(&m, "bdev_get_iostat", json!({"names": ["n0", "nope"]}));
+    assert_eq!(e.code, -19, "{e:?}");
+    assert!(e.message.starts_with("names: ") && e.message.contains("'nope'"), "{e:?}");
+    assert_param(&err(&m, "bdev_get_iostat", json!({"names": "n0"})), "names");
     // Nothing changed: still off, SPDK's neutral values accepted.
     assert_eq!(err(&m, "bdev_get_histogram", json!({"name": "n0"})).code, -libc::EFAULT);
     ok(&m, "bdev_enable_histogram", json!({"name": "n0", "enable": true, "granularity": 7}));

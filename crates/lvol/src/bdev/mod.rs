@@ -13,10 +13,12 @@ use std::sync::{Arc, Mutex};
 use fp_bdev::{Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, Capacity, IoChannel};
 
 mod channel;
+mod copy;
 mod owner;
 mod rpc;
 mod shared;
 
+pub use copy::{CopyState, ShallowCopy};
 pub use rpc::LvolModule;
 
 use owner::{Msg, Owner};
@@ -213,6 +215,11 @@ impl LvStore {
         self.geo.cluster_size()
     }
 
+    /// The base under its statistics layer: what the store's own background I/O uses.
+    fn raw_base(&self) -> Bdev {
+        self.base.as_disk().map_or_else(|| self.base.clone(), |d| d.bdev().clone())
+    }
+
     /// Every volume's device, in UUID order.
     pub fn devices(&self) -> Vec<Arc<LvolDevice>> {
         self.devices.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
@@ -313,6 +320,7 @@ impl LvStore {
         let vol = *uuid;
         call(&self.tx, move |o| {
             o.check_usable()?;
+            o.check_not_copying(&vol)?;
             o.store.delete_volume(&vol)?;
             o.commit()?;
             o.vols.remove(&vol);
@@ -328,6 +336,7 @@ impl LvStore {
         let vol = *uuid;
         call(&self.tx, move |o| {
             o.check_usable()?;
+            o.check_not_copying(&vol)?;
             o.store.check_delete(&vol).map(|_| ())
         })
     }
@@ -377,6 +386,21 @@ impl LvStore {
     pub fn decouple_parent(&self, uuid: &Uuid) -> Result<(), LvolError> {
         let vol = *uuid;
         call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.decouple_parent(&vol))))
+    }
+
+    /// SPDK's set_parent: `snapshot` becomes the parent of the thin volume `uuid`. Writes are
+    /// held while the parent changes, and the volume's view is republished with the new
+    /// parent's layers.
+    pub fn set_parent(&self, uuid: &Uuid, snapshot: &Uuid) -> Result<(), LvolError> {
+        let (vol, snap) = (*uuid, *snapshot);
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.store.set_parent(&vol, &snap)))
+    }
+
+    /// The clusters of `[offset, offset + size)` (bytes, whole clusters) the volume owns, as
+    /// [`Store::owned_bitmap`] gives them.
+    pub fn owned_bitmap(&self, uuid: &Uuid, offset: u64, size: u64) -> Result<(Vec<u8>, u64), LvolError> {
+        let (vol, shift) = (*uuid, self.geo.cluster_shift);
+        call(&self.tx, move |o| o.store.owned_bitmap(&vol, offset >> shift, size >> shift))
     }
 
     /// Takes the clusters a grown base now has room for; `false` when there are none.
@@ -480,8 +504,11 @@ impl BlockDevice for LvolDevice {
             });
         }
         let vol = self.uuid;
-        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.store.resize_volume(&vol, bytes)))
-            .map_err(lvol_to_bdev)?;
+        call(&self.tx, move |o| {
+            o.check_not_copying(&vol)?;
+            o.change_held(&vol, &vol, |o| o.store.resize_volume(&vol, bytes))
+        })
+        .map_err(lvol_to_bdev)?;
         self.info.capacity.set(num_blocks);
         Ok(())
     }

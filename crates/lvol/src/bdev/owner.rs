@@ -146,6 +146,19 @@ impl BaseIo {
         Ok(())
     }
 
+    /// Copies `len` bytes at `from` to `to` on another device (a shallow copy's destination).
+    pub(crate) fn copy_to(&mut self, from: u64, dst: &mut BaseIo, to: u64, len: u64) -> Result<(), i32> {
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(CHUNK as u64) as usize;
+            self.read_into_buf(from + done, n)?;
+            let p = self.buf.as_mut_ptr();
+            dst.run(IoOp::Write, to + done, n as u64, p)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
     /// Makes `len` bytes at `offset` read back as zeroes.
     pub(crate) fn zero(&mut self, offset: u64, len: u64) -> Result<(), i32> {
         if self.bdev.info().io_types.write_zeroes {
@@ -398,6 +411,18 @@ impl Owner {
                 Err(LvolError::State { field: "lvs", reason: format!("the store is broken: {why}") })
             }
             None => Ok(()),
+        }
+    }
+
+    /// Refuses a change that could give the volume's clusters away while a shallow copy reads
+    /// them.
+    pub(crate) fn check_not_copying(&self, vol: &Uuid) -> Result<(), LvolError> {
+        match self.vols.get(vol) {
+            Some(s) if s.busy.load(Ordering::SeqCst) > 0 => Err(LvolError::State {
+                field: "name",
+                reason: "a shallow copy of the volume is in progress".into(),
+            }),
+            _ => Ok(()),
         }
     }
 

@@ -1,11 +1,12 @@
 //! SPDK's `bdev_lvol_*` methods, and examine: a bdev that appears carrying an lvstore has it
 //! loaded, its volumes added as bdevs named by UUID with the alias `lvs/lvol`.
 //!
-//! Where SPDK rounds a size up to whole clusters, flashpath refuses it naming `size_in_mib`
+//! Where SPDK rounds `size_in_mib` up to whole clusters, flashpath refuses it naming the field
 //! (a volume is never silently larger than asked). `clear_method` is accepted and checked, but
 //! clusters are zeroed (or copied) when allocated, so no method ever exposes old data.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fp_bdev::module::{BdevModule, ModuleError, ModuleHost, ModuleMethodFn, NewBdev};
@@ -13,6 +14,7 @@ use fp_bdev::{BdevInfo, BlockDevice, ClaimType};
 use fp_rpc::{Neutral, ParamError, Params};
 use serde_json::{json, Map, Value};
 
+use super::copy::{self, CopyState, ShallowCopy};
 use super::{new_uuid, LvStore, LvolDevice};
 use crate::{check_name, LvolError, StoreOptions, Uuid};
 
@@ -29,9 +31,10 @@ const VOLUME_CLEAR_METHODS: [&str; 4] = ["none", "unmap", "write_zeroes", "defau
 /// The lvol module.
 pub struct LvolModule;
 
-/// The open stores of one registry.
+/// The open stores of one registry, and its shallow copies (kept for their status, as SPDK
+/// keeps them; each is a few words).
 #[derive(Default)]
-struct Stores(Mutex<Vec<Arc<LvStore>>>);
+struct Stores(Mutex<Vec<Arc<LvStore>>>, Mutex<Vec<Arc<ShallowCopy>>>, AtomicU32);
 
 fn stores(host: &dyn ModuleHost) -> Arc<dyn Any + Send + Sync> {
     host.module_state(MODULE, &|| Arc::new(Stores::default()))
@@ -41,6 +44,19 @@ fn with_stores<R>(host: &dyn ModuleHost, f: impl FnOnce(&mut Vec<Arc<LvStore>>) 
     let state = stores(host);
     let s = state.downcast_ref::<Stores>().expect("the lvol module's state");
     let mut list = s.0.lock().unwrap_or_else(|p| p.into_inner());
+    f(&mut list)
+}
+
+/// The next shallow copy's id.
+fn next_copy_id(host: &dyn ModuleHost) -> u32 {
+    let state = stores(host);
+    state.downcast_ref::<Stores>().expect("the lvol module's state").2.fetch_add(1, Ordering::Relaxed)
+}
+
+fn with_copies<R>(host: &dyn ModuleHost, f: impl FnOnce(&mut Vec<Arc<ShallowCopy>>) -> R) -> R {
+    let state = stores(host);
+    let s = state.downcast_ref::<Stores>().expect("the lvol module's state");
+    let mut list = s.1.lock().unwrap_or_else(|p| p.into_inner());
     f(&mut list)
 }
 
@@ -83,6 +99,10 @@ impl BdevModule for LvolModule {
             ("bdev_lvol_inflate", inflate),
             ("bdev_lvol_decouple_parent", decouple_parent),
             ("bdev_lvol_grow_lvstore", grow_lvstore),
+            ("bdev_lvol_set_parent", set_parent),
+            ("bdev_lvol_get_fragmap", get_fragmap),
+            ("bdev_lvol_start_shallow_copy", start_shallow_copy),
+            ("bdev_lvol_check_shallow_copy", check_shallow_copy),
         ]
     }
 
@@ -205,31 +225,59 @@ fn find_volume(
     Ok((lvs, dev))
 }
 
-/// `size_in_mib` as bytes: a non-zero whole number of the store's clusters.
-fn size_of(p: &mut Params, lvs: &LvStore) -> Result<u64, ModuleError> {
-    let mib = p.required_uint("size_in_mib", u64::MAX / MIB)?;
-    let bytes = mib * MIB;
+/// The volume size: `size_in_mib`, a non-zero whole number of the store's clusters, or the
+/// byte-sized `size` clients before SPDK 23.05 send, rounded up to whole clusters as SPDK did
+/// then. Both at once is refused naming `size`. Returns the bytes and the field they came from.
+fn size_of(p: &mut Params, lvs: &LvStore) -> Result<(u64, &'static str), ModuleError> {
+    let mib = p.optional_uint("size_in_mib", u64::MAX / MIB)?;
+    let bytes = p.optional_uint("size", u64::MAX)?;
     let cs = lvs.cluster_size();
-    if bytes == 0 || bytes % cs != 0 {
-        return Err(ParamError::new(
-            "size_in_mib",
-            format!(
-                "{mib} MiB is not a non-zero multiple of the cluster size ({} MiB)",
-                cs as f64 / MIB as f64
-            ),
-        )
-        .into());
-    }
+    let (bytes, field) = match (mib, bytes) {
+        (Some(_), Some(_)) => {
+            return Err(ParamError::new(
+                "size",
+                "give size_in_mib, or size in bytes (clients before SPDK 23.05), not both",
+            )
+            .into())
+        }
+        (None, None) => {
+            return Err(ParamError::new("size_in_mib", "required (or size, in bytes)").into());
+        }
+        (Some(mib), None) => {
+            let bytes = mib * MIB;
+            if bytes == 0 || bytes % cs != 0 {
+                return Err(ParamError::new(
+                    "size_in_mib",
+                    format!(
+                        "{mib} MiB is not a non-zero multiple of the cluster size ({} MiB)",
+                        cs as f64 / MIB as f64
+                    ),
+                )
+                .into());
+            }
+            (bytes, "size_in_mib")
+        }
+        (None, Some(b)) => {
+            let clusters = b.div_ceil(cs);
+            if clusters == 0 {
+                return Err(ParamError::new("size", "must not be 0").into());
+            }
+            let rounded = clusters
+                .checked_mul(cs)
+                .ok_or_else(|| ParamError::new("size", format!("{b} bytes is too large")))?;
+            (rounded, "size")
+        }
+    };
     let info = lvs.info().map_err(lvol_error)?;
     let total = info.total_data_clusters * cs;
     if bytes > total {
         return Err(ParamError::new(
-            "size_in_mib",
-            format!("{mib} MiB is larger than the lvstore's {} MiB of data clusters", total / MIB),
+            field,
+            format!("{bytes} bytes is larger than the lvstore's {total} bytes of data clusters"),
         )
         .into());
     }
-    Ok(bytes)
+    Ok((bytes, field))
 }
 
 /// Checks `clear_method` against `methods` (SPDK's names for the call).
@@ -348,14 +396,14 @@ fn get_lvstores(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleError> 
 fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let lvs = find_store(host, &mut p, "uuid", "lvs_name", true)?.expect("required");
     let name = p.required_str("lvol_name")?;
-    let size = size_of(&mut p, &lvs)?;
+    let (size, size_field) = size_of(&mut p, &lvs)?;
     let thin = p.optional_bool("thin_provision")?.unwrap_or(false);
     clear_method(&mut p, &VOLUME_CLEAR_METHODS)?;
     p.finish()?;
     let free = lvs.info().map_err(lvol_error)?.free_clusters * lvs.cluster_size();
     if !thin && size > free {
         return Err(ParamError::new(
-            "size_in_mib",
+            size_field,
             format!("a thick volume of {} MiB needs more than the {} MiB free", size / MIB, free / MIB),
         )
         .into());
@@ -396,7 +444,7 @@ fn volume_info(lvs: &LvStore, uuid: &Uuid) -> Result<super::VolumeInfo, ModuleEr
 fn resize(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
     let (lvs, dev) = find_volume(host, "name", &name)?;
-    let size = size_of(&mut p, &lvs)?;
+    let (size, _) = size_of(&mut p, &lvs)?;
     p.finish()?;
     if volume_info(&lvs, &dev.uuid())?.snapshot {
         return Err(
@@ -546,4 +594,124 @@ fn grow_lvstore(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleErr
     let grew = lvs.grow().map_err(lvol_error)?;
     log::info!("lvstore '{}': {}", lvs.name(), if grew { "grown" } else { "already fills its base" });
     Ok(Value::Bool(true))
+}
+
+/// SPDK's `bdev_lvol_set_parent`: `lvol_name` (a thin volume) becomes a clone of the snapshot
+/// `parent_name` of the same store and size.
+fn set_parent(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let lvol = p.required_str("lvol_name")?;
+    let parent = p.required_str("parent_name")?;
+    p.finish()?;
+    let (lvs, dev) = find_volume(host, "lvol_name", &lvol)?;
+    let (plvs, snap) = find_volume(host, "parent_name", &parent)?;
+    if !Arc::ptr_eq(&lvs, &plvs) {
+        return Err(ParamError::new(
+            "parent_name",
+            format!("'{parent}' is in lvstore '{}', '{lvol}' in '{}'", plvs.name(), lvs.name()),
+        )
+        .into());
+    }
+    lvs.set_parent(&dev.uuid(), &snap.uuid()).map_err(lvol_error)?;
+    Ok(Value::Bool(true))
+}
+
+/// Longhorn's `bdev_lvol_get_fragmap` (its SPDK fork, module/bdev/lvol/vbdev_lvol_rpc.c): which
+/// clusters of `[offset, offset + size)` the volume `name` owns itself (not through a parent),
+/// a bit each, least significant first, base64. `offset` and `size` are bytes, whole clusters;
+/// `size` 0 or absent means to the end of the volume.
+fn get_fragmap(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    let offset = p.optional_uint("offset", u64::MAX)?.unwrap_or(0);
+    let size = p.optional_uint("size", u64::MAX)?.unwrap_or(0);
+    p.finish()?;
+    let (lvs, dev) = find_volume(host, "name", &name)?;
+    let cs = lvs.cluster_size();
+    let vol_size = dev.info().size_bytes();
+    if offset % cs != 0 || offset > vol_size {
+        return Err(ParamError::new(
+            "offset",
+            format!(
+                "{offset} is not a multiple of the cluster size {cs} inside the volume's {vol_size} bytes"
+            ),
+        )
+        .into());
+    }
+    let size = if size == 0 { vol_size - offset } else { size };
+    if size % cs != 0 || size > vol_size - offset {
+        return Err(ParamError::new(
+            "size",
+            format!(
+                "{size} bytes from {offset} is not a multiple of the cluster size {cs} inside the \
+                 volume's {vol_size} bytes"
+            ),
+        )
+        .into());
+    }
+    let (bits, allocated) = lvs.owned_bitmap(&dev.uuid(), offset, size).map_err(lvol_error)?;
+    Ok(json!({
+        "cluster_size": cs,
+        "num_clusters": size / cs,
+        "num_allocated_clusters": allocated,
+        "fragmap": fp_bdev::disk::base64_encode(&bits),
+    }))
+}
+
+/// SPDK's `bdev_lvol_start_shallow_copy`: the clusters the read-only volume `src_lvol_name`
+/// owns, copied to the same offsets of `dst_bdev_name` (claimed for the copy's duration) in the
+/// background. Returns the `operation_id` for `bdev_lvol_check_shallow_copy`.
+fn start_shallow_copy(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let src = p.required_str("src_lvol_name")?;
+    let dst = p.required_str("dst_bdev_name")?;
+    p.finish()?;
+    let (lvs, dev) = find_volume(host, "src_lvol_name", &src)?;
+    let dst_name =
+        host.bdev_name(&dst).ok_or_else(|| ParamError::new("dst_bdev_name", format!("no bdev '{dst}'")))?;
+    if dst_name == dev.uuid().to_string() {
+        return Err(ParamError::new("dst_bdev_name", "the volume itself").into());
+    }
+    let (vol_bs, dst_bs) = (dev.info().block_size, host.block_size(&dst_name)?);
+    if vol_bs % dst_bs != 0 {
+        return Err(ParamError::new(
+            "dst_bdev_name",
+            format!("block size {dst_bs} does not divide the volume's {vol_bs}"),
+        )
+        .into());
+    }
+    let id = next_copy_id(host);
+    let holder = format!("{}#{id}", dev.uuid());
+    let bdev = host.claim(&dst_name, copy::HOLDER, &holder, ClaimType::ExclusiveWrite)?;
+    let release = copy::releaser(host, dst_name.clone(), holder.clone());
+    match lvs.start_shallow_copy(id, &dev.uuid(), bdev, release) {
+        Ok(op) => {
+            with_copies(host, |l| l.push(op));
+            Ok(json!({ "operation_id": id }))
+        }
+        Err(e) => {
+            host.release_claim(&dst_name, copy::HOLDER, &holder);
+            Err(lvol_error(e))
+        }
+    }
+}
+
+/// SPDK's `bdev_lvol_check_shallow_copy`: `state` ("in progress", "complete", "error"),
+/// `copied_clusters`, `total_clusters`, and `error` when it failed.
+fn check_shallow_copy(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let id = p.required_uint("operation_id", u64::from(u32::MAX))?;
+    p.finish()?;
+    let op = with_copies(host, |l| l.iter().find(|o| u64::from(o.id) == id).cloned())
+        .ok_or_else(|| ParamError::new("operation_id", format!("no shallow copy {id}")))?;
+    let mut out = json!({
+        "copied_clusters": op.copied_clusters(),
+        "total_clusters": op.total_clusters(),
+    });
+    let state = match op.state() {
+        CopyState::InProgress => "in progress",
+        CopyState::Complete => "complete",
+        CopyState::Error(e) => {
+            out["error"] = Value::from(e);
+            "error"
+        }
+    };
+    out["state"] = Value::from(state);
+    Ok(out)
 }

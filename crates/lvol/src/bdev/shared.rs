@@ -75,6 +75,9 @@ pub(crate) struct VolumeShared {
     /// Writes are held while set (a snapshot, resize, inflate is being made).
     pub(crate) frozen: AtomicBool,
     pub(crate) read_only: AtomicBool,
+    /// Shallow copies reading the volume's clusters: while non-zero the owner refuses to delete
+    /// or shrink the volume.
+    pub(crate) busy: AtomicU32,
     /// The open channels, for the owner to wait on their writes. Touched at channel open and
     /// close and during a quiesce, never per request.
     pub(crate) channels: Mutex<Vec<Weak<ChannelShared>>>,
@@ -86,6 +89,7 @@ impl VolumeShared {
             view: Arc::new(ArcSwap::from_pointee(view)),
             frozen: AtomicBool::new(false),
             read_only: AtomicBool::new(read_only),
+            busy: AtomicU32::new(0),
             channels: Mutex::new(Vec::new()),
         })
     }

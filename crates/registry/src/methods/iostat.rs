@@ -29,18 +29,27 @@ pub(crate) fn bdev_get_iostat(registry: &Registry, mut p: Params) -> Result<Valu
     let per_channel = p.optional_bool("per_channel")?.unwrap_or(false);
     let reset = reset_mode(&mut p, "reset_mode", None)?;
     p.finish()?;
+    let list = names.is_some();
     let names = match (name, names) {
         (Some(_), Some(_)) => return Err(ParamError::new("names", "give name or names, not both").into()),
         (Some(n), None) => Some(vec![n]),
         (None, names) => names,
     };
     let rate = ticks::tick_rate();
-    let disks = match &names {
-        Some(names) => names
+    let disks = match (&names, list) {
+        (Some(names), false) => names
             .iter()
             .map(|n| Ok((n.clone(), registry.disk(n)?)))
             .collect::<Result<Vec<_>, MethodError>>()?,
-        None => registry.disks(),
+        // An unknown bdev in `names` keeps SPDK's code (-ENODEV) and names the field.
+        (Some(names), true) => names
+            .iter()
+            .map(|n| match registry.disk(n) {
+                Ok(d) => Ok((n.clone(), d)),
+                Err(e) => Err(MethodError::Failed { code: e.errno(), message: format!("names: {e}") }),
+            })
+            .collect::<Result<Vec<_>, MethodError>>()?,
+        (None, _) => registry.disks(),
     };
     let result = if per_channel {
         let (Some([_]), [(name, disk)]) = (names.as_deref(), disks.as_slice()) else {

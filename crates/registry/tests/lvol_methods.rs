@@ -1,0 +1,260 @@
+//! The lvol methods issue 26 added, through the registry as the RPC server calls them: data seen
+//! through a new parent (`bdev_lvol_set_parent`), the fragment map, shallow copies, clones of
+//! external snapshots, byte-sized `size`, and the refusals, each naming its field.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fp_bdev::{IoChannel, IoOp, IoRequest, IoStatus};
+use fp_registry::Registry;
+use fp_rpc::codes;
+use serde_json::{json, Value};
+
+const MIB: u64 = 1 << 20;
+
+struct Fixture {
+    m: Arc<Registry>,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    /// A 32 MiB malloc bdev `m0` holding lvstore `lvs` of 1 MiB clusters.
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Registry::new(vec![], &dir.path().join("vhost"));
+        let f = Fixture { m, _dir: dir };
+        f.ok("bdev_malloc_create", json!({"name": "m0", "num_blocks": 65536, "block_size": 512}));
+        f.ok("bdev_lvol_create_lvstore", json!({"bdev_name": "m0", "lvs_name": "lvs", "cluster_sz": MIB}));
+        f
+    }
+
+    fn ok(&self, method: &str, params: Value) -> Value {
+        self.m.call(method, Some(params)).unwrap_or_else(|e| panic!("{method}: {e}"))
+    }
+
+    fn err(&self, method: &str, params: Value) -> fp_rpc::RpcError {
+        self.m.call(method, Some(params)).map(|v| panic!("{method} gave {v}")).unwrap_err().to_rpc()
+    }
+
+    /// A thin volume of `mib` MiB.
+    fn thin(&self, name: &str, mib: u64) -> String {
+        let p = json!({"lvs_name": "lvs", "lvol_name": name, "size_in_mib": mib, "thin_provision": true});
+        self.ok("bdev_lvol_create", p).as_str().unwrap().to_string()
+    }
+
+    fn io(&self, bdev: &str, op: IoOp, offset: u64, buf: &mut [u8]) {
+        let mut ch = self.m.disk(bdev).unwrap().open().unwrap();
+        run(&mut *ch, op, offset, buf)
+            .unwrap_or_else(|e| panic!("{op:?} of '{bdev}' at {offset}: errno {e}"));
+    }
+
+    fn write(&self, bdev: &str, offset: u64, fill: u8, len: u64) {
+        self.io(bdev, IoOp::Write, offset, &mut vec![fill; len as usize]);
+    }
+
+    /// The first byte of each MiB of `bdev`'s first `mib` MiB (each is filled with one value).
+    fn bytes(&self, bdev: &str, mib: u64) -> Vec<u8> {
+        let mut buf = vec![0xee; (mib * MIB) as usize];
+        self.io(bdev, IoOp::Read, 0, &mut buf);
+        buf.chunks(MIB as usize)
+            .map(|c| {
+                assert!(c.iter().all(|&b| b == c[0]), "a MiB of '{bdev}' is not uniform");
+                c[0]
+            })
+            .collect()
+    }
+}
+
+/// One request on `ch`, waited for.
+fn run(ch: &mut dyn IoChannel, op: IoOp, offset: u64, buf: &mut [u8]) -> Result<(), i32> {
+    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let req = IoRequest { tag: 7, op, offset, len: buf.len() as u64, iov: &iov, iovcnt: 1 };
+    // SAFETY: `iov` and `buf` outlive the request: this function waits for its completion.
+    unsafe { ch.submit(&req) }.map_err(|_| libc::EINVAL)?;
+    let start = Instant::now();
+    let mut status = None;
+    while status.is_none() {
+        ch.poll(&mut |_, s| status = Some(s));
+        assert!(start.elapsed() < Duration::from_secs(10), "request never completed");
+        std::thread::yield_now();
+    }
+    match status {
+        Some(IoStatus::Success) => Ok(()),
+        Some(IoStatus::Error(e)) => Err(e),
+        _ => Err(libc::EOPNOTSUPP),
+    }
+}
+
+fn assert_param(e: &fp_rpc::RpcError, field: &str) {
+    assert_eq!(e.code, codes::INVALID_PARAMS, "{e:?}");
+    assert!(e.message.starts_with(&format!("{field}: ")), "{e:?} does not name {field}");
+}
+
+fn lvol<'a>(lvols: &'a Value, name: &str) -> &'a Value {
+    lvols.as_array().unwrap().iter().find(|v| v["name"] == name).unwrap()
+}
+
+/// A thin volume made the clone of a snapshot reads the snapshot's data where it owns nothing,
+/// its own data where it does; re-parenting a clone switches what shows through.
+#[test]
+fn set_parent_shows_the_snapshot_through_unowned_clusters() {
+    let f = Fixture::new();
+    f.thin("v", 4);
+    f.write("lvs/v", 0, 0xa1, 2 * MIB);
+    f.ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/v", "snapshot_name": "s1"}));
+    f.write("lvs/v", 0, 0xb1, 3 * MIB);
+    f.ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/v", "snapshot_name": "s2"}));
+    let w = f.thin("w", 4);
+    f.write("lvs/w", MIB, 0x77, MIB);
+    assert_eq!(f.bytes("lvs/w", 4), [0, 0x77, 0, 0]);
+
+    f.ok("bdev_lvol_set_parent", json!({"lvol_name": "lvs/w", "parent_name": "lvs/s1"}));
+    assert_eq!(f.bytes("lvs/w", 4), [0xa1, 0x77, 0, 0], "the parent's data, the clone's own first");
+    let lvols = f.ok("bdev_lvol_get_lvols", json!({}));
+    assert_eq!(lvol(&lvols, "w")["is_clone"], true);
+    // Re-parenting a clone (by UUID this time); a write goes on copying from the new parent.
+    f.ok("bdev_lvol_set_parent", json!({"lvol_name": w, "parent_name": "lvs/s2"}));
+    assert_eq!(f.bytes("lvs/w", 4), [0xb1, 0x77, 0xb1, 0]);
+    f.write("lvs/w", 2 * MIB, 0x55, 4096);
+    let mut buf = vec![0u8; 8192];
+    f.io("lvs/w", IoOp::Read, 2 * MIB, &mut buf);
+    assert!(buf[..4096].iter().all(|&b| b == 0x55) && buf[4096..].iter().all(|&b| b == 0xb1));
+    // The snapshots themselves are unchanged.
+    assert_eq!(f.bytes("lvs/s1", 4), [0xa1, 0xa1, 0, 0]);
+}
+
+#[test]
+fn set_parent_refusals_name_the_field() {
+    let f = Fixture::new();
+    f.thin("v", 4);
+    f.ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/v", "snapshot_name": "s"}));
+    f.thin("small", 2);
+    f.ok("bdev_lvol_create", json!({"lvs_name": "lvs", "lvol_name": "thick", "size_in_mib": 4}));
+    let set = |lvol: &str, parent: &str| {
+        f.err("bdev_lvol_set_parent", json!({"lvol_name": lvol, "parent_name": parent}))
+    };
+    assert_param(&set("lvs/thick", "lvs/s"), "lvol_name");
+    assert_param(&set("lvs/small", "lvs/s"), "parent_name");
+    assert_param(&set("lvs/small", "lvs/v"), "parent_name");
+    assert_param(&set("lvs/v", "lvs/s"), "parent_name"); // already its parent
+    assert_param(&set("lvs/s", "lvs/s"), "parent_name");
+    assert_param(&set("lvs/nope", "lvs/s"), "lvol_name");
+    assert_param(&set("lvs/v", "lvs/nope"), "parent_name");
+    assert_param(&f.err("bdev_lvol_set_parent", json!({"lvol_name": "lvs/v"})), "parent_name");
+    // A snapshot in another store.
+    f.ok("bdev_malloc_create", json!({"name": "m1", "num_blocks": 32768, "block_size": 512}));
+    f.ok("bdev_lvol_create_lvstore", json!({"bdev_name": "m1", "lvs_name": "other", "cluster_sz": MIB}));
+    let p = json!({"lvs_name": "other", "lvol_name": "o", "size_in_mib": 4, "thin_provision": true});
+    f.ok("bdev_lvol_create", p);
+    f.ok("bdev_lvol_snapshot", json!({"lvol_name": "other/o", "snapshot_name": "os"}));
+    f.thin("x", 4);
+    assert_param(&set("lvs/x", "other/os"), "parent_name");
+    let lvols = f.ok("bdev_lvol_get_lvols", json!({"lvs_name": "lvs"}));
+    assert_eq!(lvol(&lvols, "x")["is_clone"], false, "nothing changed");
+}
+
+/// Longhorn's fragment map: the clusters the volume owns itself, a bit each, LSB first.
+#[test]
+fn fragmap_lists_the_clusters_the_volume_owns() {
+    let f = Fixture::new();
+    f.thin("v", 10);
+    f.write("lvs/v", 0, 1, 4096);
+    f.ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/v", "snapshot_name": "s"}));
+    // After the snapshot, cluster 0 is the snapshot's: only the clone's own writes count.
+    f.write("lvs/v", MIB, 2, 4096);
+    f.write("lvs/v", 9 * MIB, 3, 4096);
+    let m = f.ok("bdev_lvol_get_fragmap", json!({"name": "lvs/v"}));
+    assert_eq!(m["cluster_size"], MIB);
+    assert_eq!(m["num_clusters"], 10);
+    assert_eq!(m["num_allocated_clusters"], 2);
+    // Bits 1 and 9: bytes 0x02, 0x02.
+    assert_eq!(m["fragmap"], "AgI=");
+    let m = f.ok("bdev_lvol_get_fragmap", json!({"name": "lvs/s"}));
+    assert_eq!((m["num_allocated_clusters"].as_u64(), m["fragmap"].as_str()), (Some(1), Some("AQA=")));
+    let m = f.ok("bdev_lvol_get_fragmap", json!({"name": "lvs/v", "offset": MIB, "size": 2 * MIB}));
+    assert_eq!((m["num_clusters"].as_u64(), m["fragmap"].as_str()), (Some(2), Some("AQ==")));
+    let m = f.ok("bdev_lvol_get_fragmap", json!({"name": "lvs/v", "offset": 8 * MIB}));
+    assert_eq!((m["num_clusters"].as_u64(), m["fragmap"].as_str()), (Some(2), Some("Ag==")));
+    let frag = |p: Value| f.err("bdev_lvol_get_fragmap", p);
+    assert_param(&frag(json!({"name": "lvs/v", "offset": 4096})), "offset");
+    assert_param(&frag(json!({"name": "lvs/v", "offset": 11 * MIB})), "offset");
+    assert_param(&frag(json!({"name": "lvs/v", "size": 4096})), "size");
+    assert_param(&frag(json!({"name": "lvs/v", "offset": MIB, "size": 10 * MIB})), "size");
+    assert_param(&frag(json!({"name": "lvs/nope"})), "name");
+    assert_param(&frag(json!({"name": "m0"})), "name");
+}
+
+/// Clients before SPDK 23.05 send `size` in bytes; SPDK rounded it up to whole clusters.
+#[test]
+fn byte_sized_size_is_rounded_up_to_clusters() {
+    let f = Fixture::new();
+    let p = json!({"lvs_name": "lvs", "lvol_name": "b", "size": 3 * MIB - 512, "thin_provision": true});
+    f.ok("bdev_lvol_create", p);
+    let bdev = f.ok("bdev_get_bdevs", json!({"name": "lvs/b"}));
+    assert_eq!(bdev[0]["num_blocks"], 3 * MIB / 512);
+    f.ok("bdev_lvol_resize", json!({"name": "lvs/b", "size": 4 * MIB + 1}));
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "lvs/b"}))[0]["num_blocks"], 5 * MIB / 512);
+    f.ok("bdev_lvol_resize", json!({"name": "lvs/b", "size_in_mib": 2}));
+    assert_eq!(f.ok("bdev_get_bdevs", json!({"name": "lvs/b"}))[0]["num_blocks"], 2 * MIB / 512);
+    let both = json!({"lvs_name": "lvs", "lvol_name": "c", "size": MIB, "size_in_mib": 1});
+    assert_param(&f.err("bdev_lvol_create", both), "size");
+    assert_param(&f.err("bdev_lvol_create", json!({"lvs_name": "lvs", "lvol_name": "c", "size": 0})), "size");
+    assert_param(&f.err("bdev_lvol_create", json!({"lvs_name": "lvs", "lvol_name": "c"})), "size_in_mib");
+    let big = json!({"lvs_name": "lvs", "lvol_name": "c", "size": 1u64 << 40, "thin_provision": true});
+    assert_param(&f.err("bdev_lvol_create", big), "size");
+    assert_param(&f.err("bdev_lvol_resize", json!({"name": "lvs/b", "size": MIB, "size_in_mib": 1})), "size");
+    assert_param(
+        &f.err("bdev_lvol_create", json!({"lvs_name": "lvs", "lvol_name": "c", "size": -1})),
+        "size",
+    );
+}
+
+/// Polls `bdev_lvol_check_shallow_copy` until the copy is no longer in progress.
+fn wait_copy(f: &Fixture, id: &Value) -> Value {
+    let start = Instant::now();
+    loop {
+        let s = f.ok("bdev_lvol_check_shallow_copy", json!({"operation_id": id}));
+        if s["state"] != "in progress" {
+            return s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "copy {id} still running: {s}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Only the clusters the read-only volume owns itself land on the destination, at their own
+/// offsets; the rest of the destination is untouched.
+#[test]
+fn shallow_copy_copies_only_the_volumes_own_clusters() {
+    let f = Fixture::new();
+    f.thin("v", 4);
+    f.write("lvs/v", 0, 0x11, MIB);
+    f.ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/v", "snapshot_name": "s"}));
+    f.write("lvs/v", 2 * MIB, 0x22, MIB);
+    f.ok("bdev_malloc_create", json!({"name": "d", "num_blocks": 16384, "block_size": 512}));
+    f.write("d", 0, 0xff, 8 * MIB);
+    let start = |src: &str, dst: &str| {
+        f.m.call("bdev_lvol_start_shallow_copy", Some(json!({"src_lvol_name": src, "dst_bdev_name": dst})))
+    };
+    assert_param(&start("lvs/v", "d").unwrap_err().to_rpc(), "src_lvol_name");
+    f.ok("bdev_lvol_set_read_only", json!({"name": "lvs/v"}));
+    let id = start("lvs/v", "d").unwrap()["operation_id"].clone();
+    let done = wait_copy(&f, &id);
+    assert_eq!(done, json!({"state": "complete", "copied_clusters": 1, "total_clusters": 1}));
+    assert_eq!(f.bytes("d", 8), [0xff, 0xff, 0x22, 0xff, 0xff, 0xff, 0xff, 0xff]);
+    // The claim went with the copy: the same destination takes the snapshot's clusters next.
+    let id2 = start("lvs/s", "d").unwrap()["operation_id"].clone();
+    assert_ne!(id, id2);
+    assert_eq!(wait_copy(&f, &id2)["state"], "complete");
+    assert_eq!(f.bytes("d", 4), [0x11, 0xff, 0x22, 0xff]);
+    // Refusals: a destination smaller than the volume, unknown names and operations.
+    f.ok("bdev_malloc_create", json!({"name": "small", "num_blocks": 2048, "block_size": 512}));
+    assert_param(&start("lvs/v", "small").unwrap_err().to_rpc(), "dst_bdev_name");
+    assert_param(&start("lvs/v", "nope").unwrap_err().to_rpc(), "dst_bdev_name");
+    assert_param(&start("lvs/v", "lvs/v").unwrap_err().to_rpc(), "dst_bdev_name");
+    assert_param(&start("lvs/nope", "d").unwrap_err().to_rpc(), "src_lvol_name");
+    assert_param(&f.err("bdev_lvol_check_shallow_copy", json!({"operation_id": 99})), "operation_id");
+    assert_param(&f.err("bdev_lvol_check_shallow_copy", json!({"operation_id": "x"})), "operation_id");
+    // The lvstore's own base is claimed by the store: a copy cannot overwrite it.
+    assert!(start("lvs/v", "m0").is_err());
+}
