@@ -144,6 +144,10 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "lvol_parents_and_shallow_copy",
+        &["bdev_lvol_set_parent", "bdev_lvol_start_shallow_copy", "bdev_lvol_check_shallow_copy"],
+    ),
+    (
         "raid_levels_and_replicas",
         &[
             "bdev_raid_create",
@@ -685,6 +689,74 @@ fn nvme_controllers() {
     assert!(!rpc.bdev_names().contains(&"Nvme0n1".to_string()));
     assert_eq!(rpc.json(&["bdev_nvme_get_controllers"]), Value::Array(vec![]));
     rpc.assert_case_covered("nvme_controllers");
+}
+
+/// Issue 26's lvol methods: a thin volume given a snapshot as its parent reads the snapshot's
+/// data where it owns nothing; a read-only volume's own clusters (only those) are copied to
+/// another bdev in the background, polled until complete.
+#[test]
+fn lvol_parents_and_shallow_copy() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Base", "64", "4096"]);
+    rpc.ok(&["bdev_lvol_create_lvstore", "Base", "lvs0", "-c", &MIB.to_string()]);
+    rpc.ok(&["bdev_lvol_create", "-l", "lvs0", "-t", "v", "4"]);
+    rpc.ok(&["bdev_lvol_create", "-l", "lvs0", "-t", "w", "4"]);
+    rpc.ok(&["bdev_lvol_create", "-l", "lvs0", "thick", "4"]);
+    let fill = |bdev: &str, offset: u64, byte: u8| {
+        let sock = d.controller("fill", bdev, Some(1), false);
+        let mut c = BlkClient::open(&sock, 1);
+        c.write_all(offset, &vec![byte; MIB as usize]);
+        drop(c);
+        d.call("vhost_delete_controller", json!({"ctrlr": "fill"}));
+    };
+    let first_bytes = |bdev: &str, mibs: u64| -> Vec<u8> {
+        let sock = d.controller("peek", bdev, Some(1), true);
+        let mut c = BlkClient::connect(&sock, common::ClientOpts { read_only: true, ..Default::default() })
+            .expect("read-only client");
+        let got = (0..mibs).map(|i| c.read_all(i * MIB, 4096)[0]).collect();
+        drop(c);
+        d.call("vhost_delete_controller", json!({"ctrlr": "peek"}));
+        got
+    };
+
+    // v: 0x11 in its first MiB, snapshot s, then 0x22 in its third MiB (v's own cluster).
+    fill("lvs0/v", 0, 0x11);
+    rpc.ok(&["bdev_lvol_snapshot", "lvs0/v", "s"]);
+    fill("lvs0/v", 2 * MIB, 0x22);
+
+    // w becomes s's child: s's data shows through where w owns nothing.
+    assert_eq!(first_bytes("lvs0/w", 4), [0, 0, 0, 0]);
+    rpc.ok(&["bdev_lvol_set_parent", "lvs0/w", "lvs0/s"]);
+    assert_eq!(first_bytes("lvs0/w", 4), [0x11, 0, 0, 0]);
+    let lvols = rpc.json(&["bdev_lvol_get_lvols", "-l", "lvs0"]);
+    let w = lvols.as_array().unwrap().iter().find(|l| l["name"] == "w").unwrap();
+    assert_eq!(w["is_clone"], true, "{lvols}");
+    // Only a thin volume takes a parent; the error names the field.
+    let e = rpc.fails(&["bdev_lvol_set_parent", "lvs0/thick", "lvs0/s"]);
+    assert!(e["message"].as_str().unwrap().starts_with("lvol_name"), "{e}");
+
+    // A shallow copy of v copies its one own cluster, at its own offset, and nothing else.
+    rpc.ok(&["bdev_malloc_create", "-b", "Dst", "8", "4096"]);
+    fill("Dst", 0, 0xff);
+    let e = rpc.fails(&["bdev_lvol_start_shallow_copy", "lvs0/v", "Dst"]);
+    assert!(e["message"].as_str().unwrap().starts_with("src_lvol_name"), "the volume must be read-only: {e}");
+    rpc.ok(&["bdev_lvol_set_read_only", "lvs0/v"]);
+    let op = rpc.json(&["bdev_lvol_start_shallow_copy", "lvs0/v", "Dst"]);
+    let id = op["operation_id"].as_u64().unwrap_or_else(|| panic!("no operation_id: {op}")).to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let done = loop {
+        let s = rpc.json(&["bdev_lvol_check_shallow_copy", &id]);
+        if s["state"] != "in progress" {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "shallow copy {id} still running: {s}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!((&done["state"], done["copied_clusters"].as_u64()), (&json!("complete"), Some(1)), "{done}");
+    assert_eq!(done["total_clusters"].as_u64(), Some(1), "{done}");
+    assert_eq!(first_bytes("Dst", 4), [0xff, 0, 0x22, 0]);
+    rpc.assert_case_covered("lvol_parents_and_shallow_copy");
 }
 
 /// `bdev_raid_get_bdevs all`'s entry for `name`.
