@@ -470,9 +470,10 @@ fn raids(r: &Value) -> [Family; 12] {
         bases.push(labels.clone(), u64_at(raid, "num_base_bdevs"));
         operational.push(labels.clone(), u64_at(raid, "num_base_bdevs_operational"));
         let extra = &raid["flashpath"];
+        // `slots` holds each slot's state, `base_bdevs_list` its base, in slot order.
         for (i, s) in array(&extra["slots"]).iter().enumerate() {
-            let base = s["name"].as_str().unwrap_or("").to_string();
-            let now = str_at(s, "state");
+            let base = raid["base_bdevs_list"][i]["name"].as_str().unwrap_or("").to_string();
+            let now = s.as_str().unwrap_or("");
             for state in ["active", "rebuilding", "failed", "empty"] {
                 let l = vec![
                     ("raid", name.clone()),
@@ -622,8 +623,9 @@ mod tests {
                     "name": "r1", "raid_level": "raid1", "state": "online", "num_base_bdevs": 2,
                     "num_base_bdevs_operational": 1,
                     "process": {"type": "rebuild", "target": "b", "progress": {"blocks": 5, "percent": 25.0}},
+                    "base_bdevs_list": [{"name": "a"}, {"name": "b"}],
                     "flashpath": {
-                        "slots": [{"name": "a", "state": "active"}, {"name": "b", "state": "rebuilding"}],
+                        "slots": ["active", "rebuilding"],
                         "rebuild_bytes_copied": 65536, "degraded_bytes_written": 4096, "base_failures": 1,
                     },
                 }, {"name": "r0", "raid_level": "raid0", "state": "configuring", "num_base_bdevs": 2}]))

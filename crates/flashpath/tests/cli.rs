@@ -503,7 +503,8 @@ fn raid_commands_and_config_tables() {
     assert_eq!(row[4], "1/2", "{row:?}");
     ok(&["raid", "add", "r1", "m1"]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while cols(ok(&["raid", "list", "r1"]).lines().nth(1).unwrap())[4] != "2/2" {
+    // In sync again: both slots active and no rebuild left.
+    while cols(ok(&["raid", "list", "r1"]).lines().nth(1).unwrap())[5..] != ["m0(active),m1(active)", "-"] {
         assert!(std::time::Instant::now() < deadline, "{}", ok(&["raid", "list"]));
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

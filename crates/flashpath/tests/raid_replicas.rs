@@ -279,7 +279,7 @@ fn wait_raid(d: &Daemon, what: &str, done: impl Fn(&Value) -> bool) -> Value {
 }
 
 fn slot_state(r: &Value, slot: usize) -> &str {
-    r["flashpath"]["slots"][slot]["state"].as_str().unwrap_or("?")
+    r["flashpath"]["slots"][slot].as_str().unwrap_or("?")
 }
 
 fn in_sync(r: &Value) -> bool {

@@ -177,7 +177,7 @@ fn row(r: &Value) -> Vec<String> {
         .enumerate()
         .map(|(i, b)| {
             let name = b["name"].as_str().unwrap_or("-");
-            let state = states.and_then(|s| s.get(i)).and_then(|s| s["state"].as_str());
+            let state = states.and_then(|s| s.get(i)).and_then(Value::as_str);
             match state {
                 Some(state) => format!("{name}({state})"),
                 None if b["is_configured"] == true => name.to_string(),
@@ -216,7 +216,7 @@ mod tests {
             "num_base_bdevs": 2, "num_base_bdevs_operational": 1,
             "base_bdevs_list": [{"name": "a", "is_configured": true}, {"name": "b", "is_configured": true}],
             "process": {"type": "rebuild", "target": "b", "progress": {"blocks": 10, "percent": 42.04}},
-            "flashpath": {"slots": [{"state": "active"}, {"state": "rebuilding"}]}
+            "flashpath": {"slots": ["active", "rebuilding"]}
         });
         assert_eq!(
             row(&r),
