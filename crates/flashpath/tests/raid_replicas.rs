@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{bounded, pattern, BlkClient, Daemon, Op, OpKind};
+use common::{bounded, BlkClient, Daemon, Op, OpKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -51,14 +51,7 @@ const MAGIC: u64 = 0x5241_4944_5245_5031;
 const PHASE_TIMEOUT: Duration = Duration::from_secs(90);
 
 fn block(slot: usize, generation: u64) -> Vec<u8> {
-    if generation == 0 {
-        return vec![0; BLOCK];
-    }
-    let mut b = pattern(generation, (slot * BLOCK) as u64, BLOCK);
-    b[..8].copy_from_slice(&MAGIC.to_le_bytes());
-    b[8..16].copy_from_slice(&(slot as u64).to_le_bytes());
-    b[16..24].copy_from_slice(&generation.to_le_bytes());
-    b
+    common::stamped_block(MAGIC, slot, generation, BLOCK)
 }
 
 /// What each block may hold: the last acknowledged generation, and generations whose write
