@@ -8,7 +8,7 @@
 //! checked by the store's load.
 
 use crate::crc::crc32c;
-use crate::{Page, Uuid, Volume, NAME_MAX, PAGE_SIZE, UNALLOCATED};
+use crate::{ExternalParent, Page, Uuid, Volume, NAME_MAX, PAGE_SIZE, UNALLOCATED};
 
 pub const LABEL_MAGIC: [u8; 8] = *b"FPLVLABL";
 pub const SUPER_MAGIC: [u8; 8] = *b"FPLVSUPR";
@@ -28,7 +28,14 @@ pub const MAX_AREA_PAGES: u32 = MAX_STREAM_PAGES as u32 + 1;
 pub const FLAG_THIN: u32 = 1;
 pub const FLAG_READ_ONLY: u32 = 2;
 pub const FLAG_SNAPSHOT: u32 = 4;
-const KNOWN_FLAGS: u32 = FLAG_THIN | FLAG_READ_ONLY | FLAG_SNAPSHOT;
+/// The record ends with an external parent (an esnap: any bdev as the chain's last layer). A
+/// store without one is byte for byte what version 1 wrote; a build that predates the flag
+/// refuses a record carrying it ("unknown flags") rather than misreading it.
+pub const FLAG_EXTERNAL: u32 = 8;
+const KNOWN_FLAGS: u32 = FLAG_THIN | FLAG_READ_ONLY | FLAG_SNAPSHOT | FLAG_EXTERNAL;
+
+/// Bytes of an external parent's field besides its name: its size in clusters, the name length.
+pub const EXTERNAL_FIXED: u64 = 8 + 1;
 
 /// Bytes of a volume record besides its name and map: uuid, parent, flags, name length, size.
 pub const RECORD_FIXED: u64 = 16 + 16 + 4 + 1 + 8;
@@ -242,16 +249,21 @@ impl SuperBlock {
     }
 }
 
-/// Length of `v`'s record in the stream.
+/// Length of a record in the stream without an external parent.
 pub fn record_len(name_len: usize, clusters: u64) -> u64 {
     RECORD_FIXED + name_len as u64 + 4 * clusters
 }
 
+/// Length of an external parent's field (after the map).
+pub fn external_len(name_len: usize) -> u64 {
+    EXTERNAL_FIXED + name_len as u64
+}
+
 /// The stream: the volume count, then each volume's record (uuid, parent uuid or nil, flags,
-/// name, size in clusters, cluster map).
+/// name, size in clusters, cluster map, and with [`FLAG_EXTERNAL`] the external parent: its
+/// size in clusters, name length, name).
 pub fn encode_stream(volumes: &[Volume]) -> Vec<u8> {
-    let len =
-        STREAM_FIXED + volumes.iter().map(|v| record_len(v.name.len(), v.map.len() as u64)).sum::<u64>();
+    let len = STREAM_FIXED + volumes.iter().map(Volume::record_len).sum::<u64>();
     let mut out = Vec::with_capacity(len as usize);
     out.extend_from_slice(&(volumes.len() as u32).to_le_bytes());
     for v in volumes {
@@ -263,6 +275,11 @@ pub fn encode_stream(volumes: &[Volume]) -> Vec<u8> {
         out.extend_from_slice(&(v.map.len() as u64).to_le_bytes());
         for &c in &v.map {
             out.extend_from_slice(&c.to_le_bytes());
+        }
+        if let Some(e) = &v.external {
+            out.extend_from_slice(&e.clusters.to_le_bytes());
+            out.push(e.name.len() as u8);
+            out.extend_from_slice(e.name.as_bytes());
         }
     }
     debug_assert_eq!(out.len() as u64, len);
@@ -296,6 +313,19 @@ pub fn decode_stream(bytes: &[u8]) -> Result<Vec<Volume>, String> {
         if flags & !KNOWN_FLAGS != 0 {
             return Err(format!("volume {i}: unknown flags {flags:#x}"));
         }
+        let external = if flags & FLAG_EXTERNAL != 0 {
+            let clusters = r.u64()?;
+            let len = r.u8()? as usize;
+            let name = std::str::from_utf8(r.take(len)?)
+                .map_err(|_| format!("volume {i}: external parent's name is not UTF-8"))?
+                .to_string();
+            if name.is_empty() || clusters == 0 {
+                return Err(format!("volume {i}: external parent with an empty name or no clusters"));
+            }
+            Some(ExternalParent { name, clusters })
+        } else {
+            None
+        };
         volumes.push(Volume {
             uuid,
             name,
@@ -304,6 +334,7 @@ pub fn decode_stream(bytes: &[u8]) -> Result<Vec<Volume>, String> {
             read_only: flags & FLAG_READ_ONLY != 0,
             snapshot: flags & FLAG_SNAPSHOT != 0,
             map,
+            external,
         });
     }
     if r.left() != 0 {
@@ -419,6 +450,7 @@ mod tests {
             read_only: false,
             snapshot: false,
             map,
+            external: None,
         }
     }
 
@@ -472,10 +504,26 @@ mod tests {
 
     #[test]
     fn stream_round_trip() {
-        let vols = vec![vol("a", vec![0, UNALLOCATED, 5]), vol("bb", vec![])];
+        let mut esnap = vol("e", vec![UNALLOCATED, 3]);
+        esnap.parent = None;
+        esnap.external = Some(ExternalParent { name: "golden".into(), clusters: 2 });
+        let vols = vec![vol("a", vec![0, UNALLOCATED, 5]), vol("bb", vec![]), esnap];
         let s = encode_stream(&vols);
+        assert_eq!(s.len() as u64, STREAM_FIXED + vols.iter().map(Volume::record_len).sum::<u64>());
         assert_eq!(decode_stream(&s).unwrap(), vols);
         assert!(decode_stream(&[]).is_err());
+        // Every cut of the external field is an error, not a shorter record.
+        for cut in s.len() - 15..s.len() {
+            assert!(decode_stream(&s[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    /// A stream without external parents is what version 1 wrote: the flag's field is absent.
+    #[test]
+    fn streams_without_external_parents_keep_the_version_1_layout() {
+        let s = encode_stream(&[vol("a", vec![1, 2])]);
+        assert_eq!(s.len() as u64, STREAM_FIXED + record_len(1, 2));
+        assert_eq!(u32::from_le_bytes(s[36..40].try_into().unwrap()) & FLAG_EXTERNAL, 0);
     }
 
     #[test]

@@ -19,7 +19,9 @@ mod uuid;
 
 pub use device::{DeviceError, MemDevice, MetaDevice, Page};
 pub use error::{check_name, LvolError};
-pub use store::{CommitPlan, NewCluster, Store, StoreOptions, Volume, WriteTarget};
+pub use store::{
+    CommitPlan, ExternalParent, NewCluster, ReadSource, Store, StoreOptions, Volume, WriteTarget,
+};
 pub use uuid::Uuid;
 
 /// Size of a metadata page: the unit of every metadata read and write (the atomic write unit

@@ -25,6 +25,31 @@ pub struct Volume {
     /// Physical cluster of each of the volume's clusters, or [`UNALLOCATED`]. Its length is the
     /// volume's size in clusters.
     pub map: Vec<u32>,
+    /// An external snapshot (SPDK's esnap): a bdev outside the store read where neither the
+    /// volume nor a parent has a cluster. Only a volume without `parent` has one; a snapshot of
+    /// it takes it over, as it takes the parent.
+    pub external: Option<ExternalParent>,
+}
+
+/// A bdev as the last layer of a volume's chain, named as the module finds it again at load
+/// (when it is missing, reads that need it fail until it appears, as SPDK's "missing esnap").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalParent {
+    /// The bdev's name (1 to 255 bytes).
+    pub name: String,
+    /// Its size in clusters when it became the parent: clusters past it read zeroes.
+    pub clusters: u64,
+}
+
+/// Where a read of one of a volume's clusters comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadSource {
+    /// A data cluster of the store (the volume's own or an ancestor's).
+    Cluster(u32),
+    /// The same cluster of the chain's external parent.
+    External,
+    /// Nothing: zeroes.
+    Zeroes,
 }
 
 impl Volume {
@@ -32,6 +57,7 @@ impl Volume {
         (if self.thin { format::FLAG_THIN } else { 0 })
             | (if self.read_only { format::FLAG_READ_ONLY } else { 0 })
             | (if self.snapshot { format::FLAG_SNAPSHOT } else { 0 })
+            | (if self.external.is_some() { format::FLAG_EXTERNAL } else { 0 })
     }
 
     pub fn size_clusters(&self) -> u64 {
@@ -43,8 +69,10 @@ impl Volume {
         self.map.iter().filter(|&&c| c != UNALLOCATED).count() as u64
     }
 
-    fn record_len(&self) -> u64 {
+    /// Bytes of the volume's record in the stream.
+    pub fn record_len(&self) -> u64 {
         format::record_len(self.name.len(), self.map.len() as u64)
+            + self.external.as_ref().map_or(0, |e| format::external_len(e.name.len()))
     }
 }
 
@@ -58,6 +86,8 @@ pub enum WriteTarget {
     /// with the write applied over it, durably, before the commit that maps it
     /// (docs/lvol-format.md, "Data before metadata").
     Allocated { cluster: u32, copy_from: Option<u32> },
+    /// As `Allocated`, the data to copy being the same cluster of the chain's external parent.
+    AllocatedFromExternal { cluster: u32 },
 }
 
 /// A cluster that [`Store::inflate`] or [`Store::decouple_parent`] gave a volume: (the volume's
@@ -322,8 +352,11 @@ impl Store {
             if v.snapshot && !v.read_only {
                 return Err(format!("{}: a snapshot that is not read-only", what(i)));
             }
-            if !v.thin && (v.parent.is_some() || v.map.contains(&UNALLOCATED)) {
+            if !v.thin && (v.parent.is_some() || v.external.is_some() || v.map.contains(&UNALLOCATED)) {
                 return Err(format!("{}: thick, but with a parent or unallocated clusters", what(i)));
+            }
+            if v.parent.is_some() && v.external.is_some() {
+                return Err(format!("{}: both a parent and an external parent", what(i)));
             }
         }
         let mut parent = Vec::with_capacity(volumes.len());
@@ -334,10 +367,6 @@ impl Store {
                     None => return Err(format!("{}: parent {p} is not in the store", what(i))),
                     Some(&pi) if !volumes[pi].snapshot => {
                         return Err(format!("{}: parent {} is not a snapshot", what(i), what(pi)))
-                    }
-                    // Every writer keeps parents before their clones; the owner relies on it.
-                    Some(&pi) if pi > i => {
-                        return Err(format!("{}: listed before its parent {}", what(i), what(pi)))
                     }
                     Some(&pi) => Some(pi),
                 },
@@ -369,6 +398,14 @@ impl Store {
             }
             for i in path {
                 mark[i] = Mark::Done;
+            }
+        }
+        // Every writer keeps parents before their clones; the owner builds views in that order.
+        for (i, p) in parent.iter().enumerate() {
+            if let Some(pi) = *p {
+                if pi > i {
+                    return Err(format!("{}: listed before its parent {}", what(i), what(pi)));
+                }
             }
         }
         for (i, v) in volumes.iter().enumerate() {
@@ -485,17 +522,54 @@ impl Store {
         Ok(self.resolve(&self.volumes[i], index))
     }
 
+    /// Where a read of the volume's cluster `index` comes from, the external parent included.
+    pub fn read_source(&self, uuid: &Uuid, index: u64) -> Result<ReadSource, LvolError> {
+        let (i, _) = self.entry(uuid, index, false)?;
+        Ok(self.source(&self.volumes[i], index))
+    }
+
     fn resolve(&self, v: &Volume, index: u64) -> Option<u32> {
+        match self.source(v, index) {
+            ReadSource::Cluster(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    fn source(&self, v: &Volume, index: u64) -> ReadSource {
         let mut at = Some(v);
         while let Some(w) = at {
             match w.map.get(index as usize) {
-                Some(&c) if c != UNALLOCATED => return Some(c),
+                Some(&c) if c != UNALLOCATED => return ReadSource::Cluster(c),
                 // Past this ancestor's end there is nothing further up either.
-                None => return None,
-                _ => at = w.parent.and_then(|p| self.volume(&p)),
+                None => return ReadSource::Zeroes,
+                _ => match (&w.external, w.parent) {
+                    (Some(e), _) if index < e.clusters => return ReadSource::External,
+                    (_, p) => at = p.and_then(|p| self.volume(&p)),
+                },
             }
         }
+        ReadSource::Zeroes
+    }
+
+    /// The external parent at the end of the volume's chain, if any.
+    pub fn chain_external(&self, uuid: &Uuid) -> Option<&ExternalParent> {
+        let mut at = self.volume(uuid);
+        while let Some(w) = at {
+            if w.external.is_some() {
+                return w.external.as_ref();
+            }
+            at = w.parent.and_then(|p| self.volume(&p));
+        }
         None
+    }
+
+    /// The external parents the store's volumes name (each once).
+    pub fn external_names(&self) -> Vec<String> {
+        let mut names: Vec<String> =
+            self.volumes.iter().filter_map(|v| v.external.as_ref().map(|e| e.name.clone())).collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
     // ---- volume operations ----
@@ -523,6 +597,7 @@ impl Store {
             read_only: false,
             snapshot: false,
             map,
+            external: None,
         });
         Ok(())
     }
@@ -583,7 +658,9 @@ impl Store {
                 reason: format!("'{}' is a snapshot; a snapshot of a snapshot is refused", v.name),
             });
         }
-        self.check_room(format::record_len(snap_name.len(), v.size_clusters()))?;
+        // The external field moves to the snapshot: the stream grows by a record the size of
+        // the volume's.
+        self.check_room(v.record_len() - v.name.len() as u64 + snap_name.len() as u64)?;
         let v = &mut self.volumes[i];
         let len = v.map.len();
         let snap = Volume {
@@ -594,6 +671,7 @@ impl Store {
             read_only: true,
             snapshot: true,
             map: std::mem::replace(&mut v.map, vec![UNALLOCATED; len]),
+            external: v.external.take(),
         };
         v.parent = Some(snap_uuid);
         v.thin = true;
@@ -623,6 +701,7 @@ impl Store {
             read_only: false,
             snapshot: false,
             map: vec![UNALLOCATED; len],
+            external: None,
         });
         Ok(())
     }
@@ -659,10 +738,25 @@ impl Store {
             return Ok(WriteTarget::Mapped(c));
         }
         self.check_allocatable(1)?;
-        let copy_from = self.resolve(&self.volumes[i], index);
+        let source = self.source(&self.volumes[i], index);
         let cluster = self.allocate().expect("room checked");
         self.volumes[i].map[index as usize] = cluster;
-        Ok(WriteTarget::Allocated { cluster, copy_from })
+        Ok(match source {
+            ReadSource::Cluster(c) => WriteTarget::Allocated { cluster, copy_from: Some(c) },
+            ReadSource::Zeroes => WriteTarget::Allocated { cluster, copy_from: None },
+            ReadSource::External => WriteTarget::AllocatedFromExternal { cluster },
+        })
+    }
+
+    /// Takes back the cluster [`Store::allocate_for_write`] just gave the volume's cluster
+    /// `index` (its data could not be prepared); it is free once the next commit is durable.
+    pub fn undo_allocation(&mut self, uuid: &Uuid, index: u64) {
+        if let Some(i) = self.volumes.iter().position(|v| v.uuid == *uuid) {
+            if let Some(e) = self.volumes[i].map.get_mut(index as usize) {
+                let c = std::mem::replace(e, UNALLOCATED);
+                self.release(c);
+            }
+        }
     }
 
     /// Unmaps the thin volume's cluster `index` (unmap or write-zeroes of the whole cluster),
@@ -672,8 +766,12 @@ impl Store {
     pub fn release_cluster(&mut self, uuid: &Uuid, index: u64) -> Result<bool, LvolError> {
         let (i, c) = self.entry(uuid, index, true)?;
         let v = &self.volumes[i];
-        let parent_data = v.parent.and_then(|p| self.volume(&p)).and_then(|p| self.resolve(p, index));
-        if !v.thin || c == UNALLOCATED || parent_data.is_some() {
+        let parent_data = match (&v.external, v.parent) {
+            (Some(e), _) => index < e.clusters,
+            (None, Some(p)) => self.volume(&p).is_some_and(|p| self.source(p, index) != ReadSource::Zeroes),
+            (None, None) => false,
+        };
+        if !v.thin || c == UNALLOCATED || parent_data {
             return Ok(false);
         }
         self.volumes[i].map[index as usize] = UNALLOCATED;
@@ -694,6 +792,7 @@ impl Store {
                 reason: format!("'{}' is a snapshot, which cannot be inflated", v.name),
             });
         }
+        self.refuse_external(uuid)?;
         let fills = (0..v.size_clusters())
             .filter(|&j| v.map[j as usize] == UNALLOCATED)
             .map(|j| (j, self.resolve(v, j)))
@@ -712,6 +811,7 @@ impl Store {
     /// its clones read the same. Returns the new clusters, as [`Store::inflate`].
     pub fn decouple_parent(&mut self, uuid: &Uuid) -> Result<Vec<NewCluster>, LvolError> {
         let i = self.index("lvol", uuid)?;
+        self.refuse_external(uuid)?;
         let v = &self.volumes[i];
         let Some(parent) = v.parent.and_then(|p| self.volume(&p)) else {
             return Err(LvolError::State { field: "lvol", reason: format!("'{}' has no parent", v.name) });
@@ -774,9 +874,87 @@ impl Store {
         // moving the volume after its new parent.
         let mut v = self.volumes.remove(i);
         v.parent = Some(*snap);
+        // An esnap clone stops reading its external parent (SPDK drops it too).
+        v.external = None;
         let at = self.volumes.iter().position(|w| w.uuid == *snap).expect("found above") + 1;
         self.volumes.insert(at, v);
         Ok(())
+    }
+
+    /// SPDK's `bdev_lvol_set_parent_bdev`: the thin volume `uuid` reads its unallocated clusters
+    /// from the external bdev `external` from now on (it leaves any parent snapshot). As in SPDK
+    /// the volume must be thin and the bdev a whole number of clusters (the caller checks the
+    /// bdev); a snapshot is refused here, as for [`Store::set_parent`].
+    pub fn set_external_parent(&mut self, uuid: &Uuid, external: ExternalParent) -> Result<(), LvolError> {
+        check_external(&external)?;
+        let i = self.index("lvol_name", uuid)?;
+        let v = &self.volumes[i];
+        let refuse = |field, reason: String| Err(LvolError::State { field, reason });
+        if v.snapshot {
+            return refuse("lvol_name", format!("'{}' is a snapshot; its clones read through it", v.name));
+        }
+        if !v.thin {
+            return refuse("lvol_name", format!("'{}' is not thin-provisioned", v.name));
+        }
+        if v.external.as_ref().is_some_and(|e| e.name == external.name) {
+            return refuse(
+                "parent_name",
+                format!("'{}' is already the parent of '{}'", external.name, v.name),
+            );
+        }
+        let old = v.external.as_ref().map_or(0, |e| format::external_len(e.name.len()));
+        self.check_room(format::external_len(external.name.len()).saturating_sub(old))?;
+        let v = &mut self.volumes[i];
+        v.parent = None;
+        v.external = Some(external);
+        Ok(())
+    }
+
+    /// SPDK's `bdev_lvol_clone_bdev`: a thin volume of the external bdev's size reading all of
+    /// it through, owning nothing yet.
+    pub fn clone_external(
+        &mut self,
+        uuid: Uuid,
+        name: &str,
+        external: ExternalParent,
+    ) -> Result<(), LvolError> {
+        check_external(&external)?;
+        self.check_new("clone_name", uuid, name)?;
+        let clusters = external.clusters;
+        if clusters > UNALLOCATED as u64 {
+            return Err(LvolError::Invalid {
+                field: "bdev",
+                reason: format!("{clusters} clusters is too many"),
+            });
+        }
+        self.check_room(
+            format::record_len(name.len(), clusters) + format::external_len(external.name.len()),
+        )?;
+        self.volumes.push(Volume {
+            uuid,
+            name: name.to_string(),
+            parent: None,
+            thin: true,
+            read_only: false,
+            snapshot: false,
+            map: vec![UNALLOCATED; clusters as usize],
+            external: Some(external),
+        });
+        Ok(())
+    }
+
+    /// Inflate and decouple do not copy from an external parent yet: refused with a reason.
+    fn refuse_external(&self, uuid: &Uuid) -> Result<(), LvolError> {
+        match self.chain_external(uuid) {
+            Some(e) => Err(LvolError::State {
+                field: "lvol",
+                reason: format!(
+                    "the volume reads through the external snapshot '{}'; not supported yet",
+                    e.name
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The clusters `[first, first + count)` of the volume that it owns itself (not through a
@@ -870,8 +1048,11 @@ impl Store {
                 }
             }
             listed.insert(v.uuid);
-            if !v.thin && (v.parent.is_some() || v.map.contains(&UNALLOCATED)) {
+            if !v.thin && (v.parent.is_some() || v.external.is_some() || v.map.contains(&UNALLOCATED)) {
                 return Err(format!("volume '{}': thick, but with a parent or a hole", v.name));
+            }
+            if v.parent.is_some() && v.external.is_some() {
+                return Err(format!("volume '{}': both a parent and an external parent", v.name));
             }
         }
         for &c in &self.pending_free {
@@ -1091,6 +1272,20 @@ impl Store {
             self.pending_free.push(c);
         }
     }
+}
+
+/// An external parent's name fits its length byte; it has at least a cluster.
+fn check_external(e: &ExternalParent) -> Result<(), LvolError> {
+    if e.name.is_empty() || e.name.len() > u8::MAX as usize {
+        return Err(LvolError::Invalid {
+            field: "parent_name",
+            reason: format!("a bdev name of {} bytes; 1 to 255 are recorded", e.name.len()),
+        });
+    }
+    if e.clusters == 0 {
+        return Err(LvolError::Invalid { field: "parent_name", reason: "smaller than a cluster".into() });
+    }
+    Ok(())
 }
 
 /// Data clusters a device of `size_pages` pages holds, at most as many as a map can name.

@@ -83,7 +83,7 @@ fn random_op(s: &mut Store, rng: &mut SmallRng, names: &mut u32, base_clusters: 
         }
     };
     let clones: Vec<&Volume> = vols.iter().filter(|v| v.parent.is_some()).collect();
-    let _ = match rng.gen_range(0..122) {
+    let _ = match rng.gen_range(0..128) {
         0..=14 => {
             let thin = rng.gen_bool(0.7);
             // Thin volumes larger than the store, or small enough to inflate.
@@ -136,16 +136,38 @@ fn random_op(s: &mut Store, rng: &mut SmallRng, names: &mut u32, base_clusters: 
         // refusals must change nothing either).
         115..=121 => {
             let snaps: Vec<&Volume> = vols.iter().filter(|v| v.snapshot).collect();
-            match (
-                vols.iter().filter(|v| v.thin && !v.snapshot).collect::<Vec<_>>().choose(rng),
-                snaps.choose(rng),
-            ) {
-                (Some(v), Some(p)) => {
-                    let fit = vols.iter().find(|w| w.thin && !w.snapshot && w.map.len() == p.map.len());
-                    let v = if rng.gen_bool(0.7) { fit.unwrap_or(v) } else { v };
-                    s.set_parent(&v.uuid, &p.uuid).map(|()| note("set_parent", true))
+            match snaps.choose(rng) {
+                Some(p) => {
+                    let fits: Vec<&Volume> = vols
+                        .iter()
+                        .filter(|w| {
+                            w.thin && !w.snapshot && w.map.len() == p.map.len() && w.parent != Some(p.uuid)
+                        })
+                        .collect();
+                    let any: Vec<&Volume> = vols.iter().filter(|w| !w.snapshot).collect();
+                    match if rng.gen_bool(0.8) { fits.choose(rng) } else { any.choose(rng) } {
+                        Some(v) => s.set_parent(&v.uuid, &p.uuid).map(|()| note("set_parent", true)),
+                        None => Ok(()),
+                    }
                 }
-                _ => Ok(()),
+                None => Ok(()),
+            }
+        }
+        // External snapshots: a clone of one, or a thin volume given one (the record grows by
+        // the optional field), most by the same name so that snapshots move it around.
+        122..=127 => {
+            let external = fp_lvol::ExternalParent {
+                name: if rng.gen_bool(0.8) { "golden".into() } else { format!("esnap{names}") },
+                clusters: rng.gen_range(1..8),
+            };
+            // Volumes without a parent only, so that clones stay for inflate and decouple.
+            let plain: Vec<&Volume> =
+                vols.iter().filter(|v| v.thin && !v.snapshot && v.parent.is_none()).collect();
+            match plain.choose(rng) {
+                Some(v) if rng.gen_bool(0.7) => {
+                    s.set_external_parent(&v.uuid, external).map(|()| note("set_external_parent", true))
+                }
+                _ => s.clone_external(new_uuid(rng), &name, external).map(|()| note("clone_external", true)),
             }
         }
         _ => match pick(rng) {
@@ -249,6 +271,10 @@ fn run(seed: u64, commits: usize, crash_points: usize) {
     for what in ["inflate", "decouple", "grow", "set_parent"] {
         assert!(reached.contains_key(what), "no {what} ever changed the store: {reached:?}");
     }
+    assert!(
+        history.iter().any(|c| c.state.3.iter().any(|v| v.external.is_some())),
+        "no external parent ever committed: {reached:?}"
+    );
     let by_gen: HashMap<u64, &Commit> = history.iter().map(|c| (c.generation, c)).collect();
 
     let log_len = dev.log().len();

@@ -414,6 +414,7 @@ fn record(n: u32, parent: Option<u32>, snapshot: bool, map: Vec<u32>) -> Volume 
         read_only: snapshot,
         snapshot,
         map,
+        external: None,
     }
 }
 

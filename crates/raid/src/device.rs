@@ -11,6 +11,7 @@ use fp_bdev::{BdevError, BdevInfo, BlockDevice, Capacity, IoChannel, IoTypes};
 use fp_lvol::Uuid;
 
 use crate::channel::{ConcatMap, Raid0Map, Raid1Channel, SplitChannel};
+use crate::format;
 use crate::intent::IntentMap;
 use crate::shared::{Layout, ProcessStats, RaidCounters, RaidShared, SlotView};
 use crate::{RaidError, RaidLevel, SlotState};
@@ -34,31 +35,8 @@ pub struct RaidSpec {
     /// The slots, in order; the bases' data region sizes (bytes past `data_offset`).
     pub slots: Vec<SlotView>,
     pub base_data_bytes: Vec<u64>,
-    /// raid1's bitmap chunk in bytes (0 picks [`default_chunk`]).
+    /// raid1's bitmap chunk in bytes (0 picks [`crate::format::bitmap_chunk_bytes`]).
     pub chunk_bytes: u64,
-}
-
-/// The raid's size in bytes for `level` over bases of `sizes` bytes of data each (design:
-/// raid1 the smallest, raid0 `n` times the smallest in whole strips, concat the sum), in
-/// whole blocks of `block_size`.
-pub fn raid_bytes(level: RaidLevel, sizes: &[u64], block_size: u32, strip_bytes: u64) -> u64 {
-    let bs = u64::from(block_size);
-    let min = sizes.iter().copied().min().unwrap_or(0);
-    match level {
-        RaidLevel::Raid1 => min / bs * bs,
-        RaidLevel::Raid0 => sizes.len() as u64 * (min / strip_bytes.max(1) * strip_bytes.max(1)),
-        RaidLevel::Concat => sizes.iter().map(|s| s / bs * bs).sum(),
-    }
-}
-
-/// The bitmap chunk for `data_bytes` (design.md): at least 64 KiB, doubled until the map has
-/// at most 8 Mi chunks.
-pub fn default_chunk(data_bytes: u64) -> u64 {
-    let mut chunk = 64 << 10;
-    while data_bytes.div_ceil(chunk) > 8 << 20 {
-        chunk *= 2;
-    }
-    chunk
 }
 
 /// Makes a fresh raid id (random, RFC 4122 version 4).
@@ -80,17 +58,23 @@ impl RaidDevice {
     /// Builds the shared state and the device of `spec`; the layout published is `spec.slots`.
     pub fn new(spec: RaidSpec) -> Result<RaidDevice, RaidError> {
         let n = spec.slots.len();
-        if n == 0 || n > crate::format::MAX_SLOTS || spec.base_data_bytes.len() != n {
+        if n == 0 || n > format::MAX_SLOTS || spec.base_data_bytes.len() != n {
             return Err(RaidError::InvalidParam {
                 field: "base_bdevs",
-                reason: format!("{n} bases: a raid has 1 to {}", crate::format::MAX_SLOTS),
+                reason: format!("{n} bases: a raid has 1 to {}", format::MAX_SLOTS),
             });
         }
         if spec.level == RaidLevel::Raid0 && !spec.strip_bytes.is_power_of_two() {
             let reason = format!("{} bytes is not a power of two", spec.strip_bytes);
             return Err(RaidError::InvalidParam { field: "strip_size_kb", reason });
         }
-        let bytes = raid_bytes(spec.level, &spec.base_data_bytes, spec.block_size, spec.strip_bytes);
+        let mut spec = spec;
+        if spec.level == RaidLevel::Concat && spec.strip_bytes > 0 {
+            // As SPDK: each base contributes whole strips.
+            let strip = spec.strip_bytes;
+            spec.base_data_bytes.iter_mut().for_each(|b| *b = *b / strip * strip);
+        }
+        let bytes = format::raid_bytes(spec.level, &spec.base_data_bytes, spec.block_size, spec.strip_bytes);
         let bs = u64::from(spec.block_size);
         fp_bdev::validate_geometry(&spec.name, spec.block_size, bytes / bs).map_err(|e| match e {
             BdevError::InvalidParam { field: "num_blocks", .. } => RaidError::InvalidParam {
@@ -118,14 +102,15 @@ impl RaidDevice {
             driver_specific: None,
         };
         let intent = (spec.level == RaidLevel::Raid1).then(|| {
-            let chunk = if spec.chunk_bytes == 0 { default_chunk(bytes) } else { spec.chunk_bytes };
+            let chunk =
+                if spec.chunk_bytes == 0 { format::bitmap_chunk_bytes(bytes) } else { spec.chunk_bytes };
             IntentMap::new(bytes, chunk, spec.superblock)
         });
         let layout = Layout { slots: spec.slots, data_offset: spec.data_offset };
         let shared = RaidShared {
             info,
             level: spec.level,
-            strip_bytes: if spec.level == RaidLevel::Raid0 { spec.strip_bytes } else { 0 },
+            strip_bytes: if spec.level == RaidLevel::Raid1 { 0 } else { spec.strip_bytes },
             base_data_bytes: spec.base_data_bytes,
             layout: ArcSwap::from_pointee(layout),
             epoch: AtomicU64::new(1),

@@ -21,3 +21,15 @@ pub enum RaidError {
     #[error(transparent)]
     Bdev(#[from] BdevError),
 }
+
+impl RaidError {
+    /// The negative errno a JSON-RPC error reports, as SPDK's raid methods do.
+    pub fn errno(&self) -> i32 {
+        match self {
+            RaidError::InvalidParam { .. } | RaidError::Metadata(_) => -libc::EINVAL,
+            RaidError::Busy(_) => -libc::EBUSY,
+            RaidError::NotFound(_) => -libc::ENODEV,
+            RaidError::Bdev(_) => -libc::EIO,
+        }
+    }
+}

@@ -1,1 +1,306 @@
-//! (placeholder: replaced by its owner; see /work/wt/briefs26)
+//! Assembly from superblocks (SPDK's examine): every new bdev is read for a raid superblock;
+//! a base that has one is claimed for its raid, which is listed as `configuring` until every
+//! slot the newest superblock (highest `seq` among the bases found) lists Active is present,
+//! then assembled (docs/raid.md, "Slot states and trust").
+//!
+//! * a base whose raid uuid differs from the raid of that name already known is refused
+//!   ("superblock from another raid") and left unclaimed;
+//! * a base with an older `seq` than the newest is never trusted as a source: it joins as a
+//!   rebuild target once the raid is assembled (full, unless its slot is Failed or
+//!   Rebuilding-partial in the newest superblock with its identity: partial);
+//! * a base that appears for a raid already assembled, in a free slot that names it, joins
+//!   the same way (a replica coming back).
+
+use std::sync::Arc;
+
+use fp_bdev::module::{ClaimType, ModuleHost, NewBdev};
+use fp_bdev::Bdev;
+use serde_json::{json, Map, Value};
+
+use crate::device::{RaidDevice, RaidSpec};
+use crate::format::Superblock;
+use crate::meta_io::{self, ChannelIo};
+use crate::owner::{BaseSpec, OwnerHandle};
+use crate::rpc::{with_raids, RaidEntry, RaidModule, MODULE};
+use crate::shared::SlotView;
+use crate::{RaidError, SlotState};
+
+/// A base examine found and claimed for a raid not assembled yet.
+pub struct Found {
+    pub name: String,
+    pub bdev: Bdev,
+    pub sb: Superblock,
+}
+
+/// What examine has found of a raid not assembled yet.
+pub struct Configuring {
+    pub found: Vec<Found>,
+}
+
+impl Configuring {
+    /// The newest superblock among the bases found.
+    pub fn newest(&self) -> &Superblock {
+        &self.found.iter().max_by_key(|f| f.sb.seq).expect("a configuring raid has a base").sb
+    }
+
+    /// The names of the bases claimed so far.
+    pub fn claimed_names(&self) -> Vec<String> {
+        self.found.iter().map(|f| f.name.clone()).collect()
+    }
+
+    /// Forgets base `name` (removed before assembly); `None` when it is not one of these.
+    pub fn forget(&mut self, name: &str) -> Option<()> {
+        let i = self.found.iter().position(|f| f.name == name)?;
+        self.found.remove(i);
+        Some(())
+    }
+
+    /// The `bdev_raid_get_bdevs` entry of the raid `name` while configuring.
+    pub fn json(&self, name: &str) -> Map<String, Value> {
+        let sb = self.newest();
+        let bs = u64::from(sb.block_size.max(1));
+        let bases: Vec<Value> = sb
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, rec)| {
+                let f = self.found.iter().find(|f| usize::from(f.sb.slot) == i);
+                json!({
+                    "name": f.map(|f| f.name.clone()),
+                    "uuid": rec.uuid.to_string(),
+                    "is_configured": f.is_some(),
+                    "data_offset": sb.data_offset / bs,
+                    "data_size": rec.data_bytes / bs,
+                })
+            })
+            .collect();
+        let mut m = Map::new();
+        m.insert("name".into(), json!(name));
+        m.insert("uuid".into(), json!(sb.raid_uuid.to_string()));
+        m.insert("strip_size_kb".into(), json!(sb.strip_size_kb));
+        m.insert("state".into(), json!("configuring"));
+        m.insert("raid_level".into(), json!(sb.level.name()));
+        m.insert("superblock".into(), json!(true));
+        m.insert("num_base_bdevs".into(), json!(sb.slots.len()));
+        m.insert("num_base_bdevs_discovered".into(), json!(self.found.len()));
+        m.insert(
+            "num_base_bdevs_operational".into(),
+            json!(sb.slots.iter().filter(|r| r.state == SlotState::Active).count()),
+        );
+        m.insert("base_bdevs_list".into(), Value::Array(bases));
+        m
+    }
+
+    /// Whether every slot the newest superblock lists Active has its base, current.
+    fn complete(&self) -> bool {
+        let sb = self.newest();
+        sb.slots.iter().enumerate().filter(|(_, r)| r.state == SlotState::Active).all(|(i, r)| {
+            self.found
+                .iter()
+                .any(|f| usize::from(f.sb.slot) == i && f.sb.seq == sb.seq && f.sb.slots[i].uuid == r.uuid)
+        })
+    }
+}
+
+/// The module's examine of the new bdev `name`.
+pub fn examine(host: &dyn ModuleHost, name: &str, driver: &'static str) {
+    if driver == "null" {
+        return;
+    }
+    let Some((bdev, _)) = host.bdev(name) else { return };
+    let sb = match ChannelIo::open(bdev).and_then(|mut io| meta_io::read_superblock(&mut io)) {
+        Ok(Some(sb)) => sb,
+        Ok(None) => return,
+        Err(e) => {
+            log::debug!("bdev '{name}': no raid superblock read: {e}");
+            return;
+        }
+    };
+    if let Err(e) = take(host, name, sb) {
+        log::warn!("bdev '{name}': {e}");
+    }
+}
+
+/// Takes base `name` carrying `sb` for its raid.
+fn take(host: &dyn ModuleHost, name: &str, sb: Superblock) -> Result<(), RaidError> {
+    let raid = sb.name.clone();
+    enum Known {
+        None,
+        Other,
+        Assembled(Arc<RaidDevice>, Arc<OwnerHandle>),
+        Configuring,
+    }
+    let known = with_raids(host, |l| match l.iter().find(|r| r.name == raid) {
+        None => Known::None,
+        Some(r) => match (&r.device, &r.owner, &r.configuring) {
+            (Some(d), Some(o), _) if d.uuid() == sb.raid_uuid => Known::Assembled(d.clone(), o.clone()),
+            (None, _, Some(c)) if c.newest().raid_uuid == sb.raid_uuid => Known::Configuring,
+            _ => Known::Other,
+        },
+    });
+    match known {
+        Known::Other => {
+            return Err(RaidError::Metadata(format!(
+                "superblock from another raid: '{raid}' ({}) is not the raid of that name here; not taken",
+                sb.raid_uuid
+            )))
+        }
+        Known::None if host.bdev_exists(&raid) => {
+            return Err(RaidError::Busy(format!(
+                "its raid '{raid}' is named like another bdev; not assembled"
+            )))
+        }
+        _ => {}
+    }
+    let bdev = host
+        .claim(name, MODULE, &raid, ClaimType::ExclusiveWrite)
+        .map_err(|e| RaidError::Busy(format!("raid '{raid}' cannot claim it: {e}")))?;
+    if let Known::Assembled(dev, owner) = known {
+        return rejoin(&dev, &owner, name, bdev, &sb)
+            .inspect_err(|_| host.release_claim(name, MODULE, &raid));
+    }
+    let found = Found { name: name.to_string(), bdev, sb };
+    let ready = with_raids(host, |l| {
+        if let Some(r) = l.iter_mut().find(|r| r.name == raid) {
+            let c = r.configuring.as_mut().expect("checked above");
+            c.found.push(found);
+            c.complete()
+        } else {
+            let c = Configuring { found: vec![found] };
+            let ready = c.complete();
+            l.push(RaidEntry { name: raid.clone(), device: None, owner: None, configuring: Some(c) });
+            ready
+        }
+    });
+    log::info!("bdev '{name}': a base of raid '{raid}'");
+    if ready {
+        assemble(host, &raid)?;
+    }
+    Ok(())
+}
+
+/// A base of the assembled raid `dev` appeared: it joins the free slot that names it; the
+/// owner decides partial or full from its superblock.
+fn rejoin(
+    dev: &RaidDevice,
+    owner: &OwnerHandle,
+    name: &str,
+    bdev: Bdev,
+    sb: &Superblock,
+) -> Result<(), RaidError> {
+    let layout = dev.shared().layout();
+    let slot = usize::from(sb.slot);
+    let mine = sb.slots.get(slot).map(|r| r.uuid);
+    if !layout.slots.get(slot).is_some_and(|v| v.bdev.is_none() && Some(v.uuid) == mine) {
+        return Err(RaidError::Busy(format!(
+            "raid '{}' is assembled and has no free slot for it",
+            dev.shared().info.name
+        )));
+    }
+    let slot = owner.add_base(name.to_string(), bdev)?;
+    log::info!("raid '{}': '{name}' is back, in slot {slot}", dev.shared().info.name);
+    Ok(())
+}
+
+/// Assembles the configuring raid `raid`: the device from the newest superblock, the owner
+/// over the bases found current (and the returning ones: Failed or Rebuilding in the newest
+/// superblock, which it rebuilds), then the bdev; bases with an older superblock that the
+/// newest lists Active join afterwards as full rebuild targets, never as sources.
+fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
+    let Some(c) =
+        with_raids(host, |l| l.iter_mut().find(|r| r.name == raid).and_then(|r| r.configuring.take()))
+    else {
+        return Ok(());
+    };
+    let sb = c.newest().clone();
+    let mut members: Vec<Option<BaseSpec>> = vec![None; sb.slots.len()];
+    let mut later = Vec::new();
+    let mut strays = Vec::new();
+    for f in c.found {
+        let i = usize::from(f.sb.slot);
+        let rec = &sb.slots[i];
+        if f.sb.slots.get(i).map(|r| r.uuid) != Some(rec.uuid) || members[i].is_some() {
+            strays.push(f.name);
+        } else if rec.state == SlotState::Active && f.sb.seq != sb.seq {
+            later.push(f);
+        } else {
+            members[i] = Some(BaseSpec { name: f.name, bdev: f.bdev });
+        }
+    }
+    for n in strays {
+        log::warn!("raid '{raid}': a base claims a slot that names another; '{n}' released");
+        host.release_claim(&n, MODULE, raid);
+    }
+    let mut claimed: Vec<String> = members.iter().flatten().map(|m| m.name.clone()).collect();
+    claimed.extend(later.iter().map(|f| f.name.clone()));
+    let release = |names: &[String]| {
+        for n in names {
+            host.release_claim(n, MODULE, raid);
+        }
+    };
+    let spec = RaidSpec {
+        name: sb.name.clone(),
+        uuid: sb.raid_uuid,
+        level: sb.level,
+        strip_bytes: u64::from(sb.strip_size_kb) * 1024,
+        superblock: true,
+        block_size: sb.block_size,
+        data_offset: sb.data_offset,
+        slots: members
+            .iter()
+            .zip(&sb.slots)
+            .map(|(m, r)| SlotView {
+                state: if m.is_some() { r.state } else { SlotState::Failed },
+                name: m.as_ref().map(|m| m.name.clone()),
+                bdev: m.as_ref().map(|m| m.bdev.clone()),
+                uuid: r.uuid,
+            })
+            .collect(),
+        base_data_bytes: sb.slots.iter().map(|r| r.data_bytes).collect(),
+        chunk_bytes: sb.bitmap_chunk_bytes,
+    };
+    let options = RaidModule::state(host).options.owner_options();
+    let built = RaidDevice::new(spec).and_then(|dev| {
+        let blocks = fp_bdev::BlockDevice::info(&dev).num_blocks();
+        if blocks != sb.raid_blocks {
+            return Err(RaidError::Metadata(format!(
+                "the superblock says {} blocks, its slots make {blocks}",
+                sb.raid_blocks
+            )));
+        }
+        let dev = Arc::new(dev);
+        let owner = OwnerHandle::spawn(dev.shared().clone(), members, Some(sb.clone()), options)?;
+        Ok((dev, owner))
+    });
+    let (dev, owner) = match built {
+        Ok(x) => x,
+        Err(e) => {
+            release(&claimed);
+            with_raids(host, |l| l.retain(|r| r.name != raid));
+            return Err(e);
+        }
+    };
+    let new = NewBdev { bdev: dev.clone(), device: dev.clone(), claims: vec![], aliases: vec![] };
+    if let Err(e) = host.add_bdev(MODULE, new) {
+        // Stopped without the clean mark: nothing was written through it.
+        drop(owner);
+        release(&claimed);
+        with_raids(host, |l| l.retain(|r| r.name != raid));
+        return Err(RaidError::Busy(format!("raid '{raid}' not added: {e}")));
+    }
+    let owner = Arc::new(owner);
+    with_raids(host, |l| {
+        if let Some(r) = l.iter_mut().find(|r| r.name == raid) {
+            r.device = Some(dev.clone());
+            r.owner = Some(owner.clone());
+        }
+    });
+    log::info!("raid '{raid}' assembled from its superblocks");
+    for f in later {
+        if let Err(e) = owner.add_base(f.name.clone(), f.bdev) {
+            log::warn!("raid '{raid}': stale base '{}' cannot join: {e}", f.name);
+            host.release_claim(&f.name, MODULE, raid);
+        }
+    }
+    Ok(())
+}

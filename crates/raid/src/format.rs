@@ -196,6 +196,75 @@ pub fn raid_bytes(level: RaidLevel, base_data_bytes: &[u64], block_size: u32, st
 }
 
 impl Superblock {
+    /// A new raid's superblock, not yet written (`seq` 0: the owner formats the bases), with
+    /// every present base Active under `base_uuids` (nil: an Empty slot). `base_bytes`: each
+    /// slot's base size (0 for an empty slot). `with_metadata`: false for a raid without a
+    /// superblock (the record is then kept in memory only and data starts at 0).
+    #[allow(clippy::too_many_arguments)]
+    pub fn create(
+        name: &str,
+        level: RaidLevel,
+        strip_size_kb: u32,
+        block_size: u32,
+        raid_uuid: Uuid,
+        base_uuids: &[Uuid],
+        base_bytes: &[u64],
+        with_metadata: bool,
+    ) -> Result<Superblock, crate::RaidError> {
+        let invalid = |field, reason: String| Err(crate::RaidError::InvalidParam { field, reason });
+        if name.len() > NAME_MAX {
+            return invalid("name", format!("longer than {NAME_MAX} bytes"));
+        }
+        if base_bytes.is_empty() || base_bytes.len() > MAX_SLOTS || base_uuids.len() != base_bytes.len() {
+            return invalid("base_bdevs", format!("{} bases (1 to {MAX_SLOTS})", base_bytes.len()));
+        }
+        let largest = base_bytes.iter().copied().max().unwrap_or(0);
+        let offset = if with_metadata { data_offset(largest) } else { 0 };
+        let data: Vec<u64> = base_bytes
+            .iter()
+            .zip(base_uuids)
+            .filter(|(_, u)| !u.is_nil())
+            .map(|(&b, _)| b.saturating_sub(offset))
+            .collect();
+        let strip = u64::from(strip_size_kb) << 10;
+        let bytes = raid_bytes(level, &data, block_size, strip);
+        if bytes == 0 {
+            return invalid("base_bdevs", format!("no room for data after {offset} bytes of metadata"));
+        }
+        let chunk = bitmap_chunk_bytes(bytes);
+        let per_base = if level == RaidLevel::Raid1 { bytes } else { 0 };
+        Ok(Superblock {
+            seq: 0,
+            raid_uuid,
+            name: name.to_string(),
+            level,
+            strip_size_kb,
+            block_size,
+            raid_blocks: bytes / u64::from(block_size),
+            data_offset: offset,
+            bitmap_chunk_bytes: if with_metadata && level == RaidLevel::Raid1 { chunk } else { 0 },
+            bitmap_first_page: if with_metadata && level == RaidLevel::Raid1 { BITMAP_FIRST_PAGE } else { 0 },
+            bitmap_pages: if with_metadata && level == RaidLevel::Raid1 {
+                bitmap_pages(bytes, chunk)
+            } else {
+                0
+            },
+            clean: true,
+            slot: 0,
+            slots: base_uuids
+                .iter()
+                .zip(base_bytes)
+                .map(|(u, &b)| SlotRecord {
+                    state: if u.is_nil() { SlotState::Empty } else { SlotState::Active },
+                    uuid: *u,
+                    data_bytes: if per_base > 0 { per_base } else { b.saturating_sub(offset) },
+                    rebuild_offset: 0,
+                    rebuild_partial: false,
+                })
+                .collect(),
+        })
+    }
+
     /// The data region's size in bytes.
     pub fn raid_bytes(&self) -> u64 {
         self.raid_blocks * u64::from(self.block_size)
@@ -521,7 +590,8 @@ pub(crate) mod tests {
 
     #[test]
     fn inconsistent_superblocks_are_refused_with_a_reason() {
-        let cases: Vec<(Box<dyn Fn(&mut Superblock)>, &str)> = vec![
+        type Change = Box<dyn Fn(&mut Superblock)>;
+        let cases: Vec<(Change, &str)> = vec![
             (Box::new(|s| s.block_size = 1000), "block size"),
             (Box::new(|s| s.bitmap_pages += 1), "bitmap pages"),
             (Box::new(|s| s.data_offset = 4096), "data offset"),

@@ -28,5 +28,5 @@ pub mod shared;
 pub mod sim;
 
 pub use error::RaidError;
-// `pub use rpc::RaidModule;` comes with the io helper's rpc.rs.
+pub use rpc::RaidModule;
 pub use shared::{RaidLevel, SlotState};

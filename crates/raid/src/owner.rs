@@ -1,1 +1,1078 @@
-//! (placeholder: replaced by its owner; see /work/wt/briefs26)
+//! The owner: one control-plane thread per raid that alone changes its metadata and layout.
+//!
+//! It holds its own channels of the bases and the in-memory superblock, and does every
+//! metadata write: the bitmap pages before guest writes may go (one pass, one flush per base,
+//! serves every waiting write), the superblock when a base fails, joins, or a rebuild makes
+//! progress, the lazy clearing of bits, and the rebuild copy ([`crate::rebuild`]). It parks when
+//! idle; channels wake it ([`RaidShared::wake_owner`]). Control calls arrive as closures over a
+//! channel and the caller waits for the reply, as lvol's owner does.
+//!
+//! Ordering rules (docs/raid-format.md): a superblock that takes a base out is durable on the
+//! remaining bases before the layout without it is published; a joining base is published as
+//! Rebuilding before its first chunk is copied; bitmap pages are flushed before their sequence
+//! is declared durable.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use fp_bdev::{Bdev, BdevInfo};
+use fp_lvol::Uuid;
+
+use crate::format::{SlotRecord, Superblock};
+use crate::intent::IntentMap;
+use crate::meta_io::{self, BaseIo, ChannelIo};
+use crate::rebuild::{Copier, CopyGeometry, ProcessKind, SlotIo, Step};
+use crate::shared::RaidShared;
+use crate::shared::{Layout, ProcessStats, RaidCounters, SlotView};
+use crate::{RaidError, RaidLevel, SlotState};
+
+/// Tunables of the owner (SPDK's `bdev_raid_set_options` plus flashpath's).
+#[derive(Debug, Clone)]
+pub struct OwnerOptions {
+    /// How often the clearing pass runs (md's daemon sleep; a bit is cleared after two idle
+    /// passes). 5 s by default; tests shorten it.
+    pub clear_period: Duration,
+    /// `process_window_size_kb` in bytes: copied per step.
+    pub process_window_bytes: u64,
+    /// `process_max_bandwidth_mb_sec`; 0: no limit.
+    pub process_max_bandwidth_mb_sec: u64,
+    /// The rebuild checkpoint is persisted after this many bytes or this long, whichever first.
+    pub checkpoint_bytes: u64,
+    pub checkpoint_interval: Duration,
+    /// The longest the owner parks with nothing to do.
+    pub idle_park: Duration,
+}
+
+impl Default for OwnerOptions {
+    fn default() -> OwnerOptions {
+        OwnerOptions {
+            clear_period: Duration::from_secs(5),
+            process_window_bytes: 1 << 20,
+            process_max_bandwidth_mb_sec: 0,
+            checkpoint_bytes: 64 << 20,
+            checkpoint_interval: Duration::from_secs(1),
+            idle_park: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A base for a slot: its name as configured and the bdev.
+#[derive(Clone)]
+pub struct BaseSpec {
+    pub name: String,
+    pub bdev: Bdev,
+}
+
+/// A base as the owner holds it: the I/O path (a channel on the owner's thread, or a base in
+/// memory for tests) and, for the layout, the bdev.
+pub struct Member {
+    pub name: String,
+    pub bdev: Option<Bdev>,
+    pub io: Box<dyn BaseIo>,
+}
+
+/// Builds the state a raid's channels and owner share from its (new or newest) superblock.
+/// `info`: the raid bdev's description (its capacity is the superblock's size). The layout
+/// is empty until the owner publishes its first.
+pub fn new_shared(info: BdevInfo, sb: &Superblock, persistent: bool) -> Arc<RaidShared> {
+    let bytes = sb.raid_bytes();
+    let intent = (sb.level == RaidLevel::Raid1).then(|| {
+        let chunk = if sb.bitmap_chunk_bytes > 0 {
+            sb.bitmap_chunk_bytes
+        } else {
+            crate::format::bitmap_chunk_bytes(bytes)
+        };
+        IntentMap::new(bytes, chunk, persistent && sb.bitmap_pages > 0)
+    });
+    Arc::new(RaidShared {
+        info,
+        level: sb.level,
+        strip_bytes: u64::from(sb.strip_size_kb) << 10,
+        base_data_bytes: sb.slots.iter().map(|s| s.data_bytes).collect(),
+        layout: arc_swap::ArcSwap::from_pointee(Layout { slots: Vec::new(), data_offset: sb.data_offset }),
+        epoch: std::sync::atomic::AtomicU64::new(0),
+        intent,
+        failures: crossbeam_queue::ArrayQueue::new(256),
+        owner_waker: arc_swap::ArcSwapOption::empty(),
+        process: ProcessStats::default(),
+        counters: RaidCounters::default(),
+    })
+}
+
+/// A fresh identity for a base joining a slot.
+pub fn random_uuid() -> Uuid {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    Uuid(b)
+}
+
+/// A process waiting to run, or running.
+struct Planned {
+    kind: ProcessKind,
+    /// Rebuild: the target; resync: unused.
+    target: usize,
+    start: u64,
+}
+
+/// The owner's state; control closures get `&mut Owner` on the owner's thread.
+pub struct Owner {
+    shared: Arc<RaidShared>,
+    members: Vec<Option<Member>>,
+    /// The superblock as it is (or would be, without one) on the bases.
+    sb: Superblock,
+    /// Whether the raid has a superblock on its bases.
+    persist: bool,
+    options: OwnerOptions,
+    process: Option<(Copier, Planned)>,
+    queue: VecDeque<Planned>,
+    /// Resync targets: Active in the superblock, published Rebuilding (not read from).
+    resync_targets: Vec<usize>,
+    last_clear: Instant,
+    last_checkpoint: Instant,
+    since_checkpoint: u64,
+    throttled_until: Option<Instant>,
+}
+
+impl Owner {
+    /// An owner over `members` (by slot, as `sb.slots`). `sb.seq == 0`: a new raid whose
+    /// bases are formatted by [`Owner::start`]; otherwise the newest superblock found.
+    pub fn new(
+        shared: Arc<RaidShared>,
+        members: Vec<Option<Member>>,
+        sb: Superblock,
+        persist: bool,
+        options: OwnerOptions,
+    ) -> Owner {
+        Owner {
+            shared,
+            members,
+            sb,
+            persist,
+            options,
+            process: None,
+            queue: VecDeque::new(),
+            resync_targets: Vec::new(),
+            last_clear: Instant::now(),
+            last_checkpoint: Instant::now(),
+            since_checkpoint: 0,
+            throttled_until: None,
+        }
+    }
+
+    /// The superblock as the owner holds it.
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// The shared state.
+    pub fn shared(&self) -> &Arc<RaidShared> {
+        &self.shared
+    }
+
+    /// Whether a rebuild or resync runs or waits.
+    pub fn process_running(&self) -> bool {
+        self.process.is_some() || !self.queue.is_empty()
+    }
+
+    /// The member in `slot` (tests: the simulator reaches its bases through it).
+    pub fn member_mut(&mut self, slot: usize) -> Option<&mut Member> {
+        self.members.get_mut(slot).and_then(Option::as_mut)
+    }
+
+    /// Changes the process options (`bdev_raid_set_options`); a running process follows.
+    pub fn set_process_options(&mut self, window_bytes: u64, max_mb_sec: u64) {
+        self.options.process_window_bytes = window_bytes;
+        self.options.process_max_bandwidth_mb_sec = max_mb_sec;
+        if let Some((c, _)) = self.process.as_mut() {
+            c.set_options(window_bytes, max_mb_sec);
+        }
+        self.throttled_until = None;
+    }
+
+    fn intent(&self) -> Option<&IntentMap> {
+        self.shared.intent.as_ref()
+    }
+
+    fn state(&self, slot: usize) -> SlotState {
+        self.sb.slots[slot].state
+    }
+
+    fn present(&self, slot: usize) -> bool {
+        self.members.get(slot).is_some_and(Option::is_some)
+    }
+
+    /// Brings the raid up: formats a new raid's bases, or, assembling, loads the bitmaps,
+    /// plans the resync after an unclean stop and the rebuilds of returning bases, marks the
+    /// raid unclean; then publishes the first layout.
+    pub fn start(&mut self) -> Result<(), RaidError> {
+        let fresh = self.sb.seq == 0;
+        for slot in 0..self.sb.slots.len() {
+            if !self.present(slot) && self.state(slot).takes_writes() {
+                // Listed in sync but not here: the raid runs degraded without it.
+                log::warn!("raid {}: slot {slot}'s base is missing: marked failed", self.sb.name);
+                self.sb.slots[slot].state = SlotState::Failed;
+            }
+        }
+        if !fresh && self.persist {
+            self.load_bitmaps()?;
+            if !self.sb.clean && self.sb.level == RaidLevel::Raid1 {
+                self.plan_resync();
+            }
+            for slot in 0..self.sb.slots.len() {
+                let rec = &self.sb.slots[slot];
+                if !self.present(slot) {
+                    continue;
+                }
+                match rec.state {
+                    SlotState::Failed => {
+                        self.sb.slots[slot].state = SlotState::Rebuilding;
+                        self.sb.slots[slot].rebuild_partial = true;
+                        self.sb.slots[slot].rebuild_offset = 0;
+                        self.queue_rebuild(slot, true, 0);
+                    }
+                    SlotState::Rebuilding => {
+                        let (partial, start) = (rec.rebuild_partial, rec.rebuild_offset);
+                        self.queue_rebuild(slot, partial, start);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.sb.clean = false;
+        if self.persist {
+            if fresh {
+                self.sb.seq = 1;
+                for slot in 0..self.members.len() {
+                    let sb = Superblock { slot: slot as u8, ..self.sb.clone() };
+                    if let Some(m) = self.members[slot].as_mut() {
+                        meta_io::format_base(m.io.as_mut(), &sb, None).map_err(|e| {
+                            RaidError::Metadata(format!("formatting base {}: {}", m.name, errno_text(e)))
+                        })?;
+                    }
+                }
+                self.shared
+                    .counters
+                    .superblock_writes
+                    .fetch_add(self.members.len() as u64, Ordering::Relaxed);
+            } else {
+                // Returning bases get the current bitmap before they take writes.
+                let joining: Vec<usize> = (0..self.sb.slots.len())
+                    .filter(|&s| self.present(s) && self.state(s) == SlotState::Rebuilding)
+                    .collect();
+                self.sb.seq += 1;
+                for slot in joining {
+                    self.format_member(slot)?;
+                }
+                self.sb.seq -= 1;
+                self.write_superblocks()?;
+            }
+        } else if self.sb.seq == 0 {
+            self.sb.seq = 1;
+        }
+        self.publish();
+        self.next_process();
+        Ok(())
+    }
+
+    fn errno_of(&self, slot: usize, e: i32) -> RaidError {
+        let name = self.members[slot].as_ref().map_or("?", |m| m.name.as_str());
+        RaidError::Metadata(format!("base {name}: {}", errno_text(e)))
+    }
+
+    /// The union of the in-sync bases' bitmaps; a corrupt page counts as all dirty.
+    fn load_bitmaps(&mut self) -> Result<(), RaidError> {
+        let Some(map) = self.shared.intent.as_ref() else { return Ok(()) };
+        if self.sb.bitmap_pages == 0 {
+            return Ok(());
+        }
+        for slot in 0..self.sb.slots.len() {
+            if self.sb.slots[slot].state != SlotState::Active {
+                continue;
+            }
+            if let Some(m) = self.members[slot].as_mut() {
+                let sb = Superblock { slot: slot as u8, ..self.sb.clone() };
+                let corrupt = meta_io::load_bitmap(m.io.as_mut(), &sb, map)?;
+                self.shared.counters.bitmap_pages_corrupt.fetch_add(corrupt, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// After an unclean stop: copy the set chunks from the lowest in-sync base to the others
+    /// (and to bases being rebuilt, whose copied part may have missed writes in flight).
+    fn plan_resync(&mut self) {
+        let takers: Vec<usize> =
+            (0..self.sb.slots.len()).filter(|&s| self.present(s) && self.state(s).takes_writes()).collect();
+        let Some(&source) = takers.iter().find(|&&s| self.state(s) == SlotState::Active) else { return };
+        let targets: Vec<usize> = takers.into_iter().filter(|&s| s != source).collect();
+        if targets.is_empty() || self.intent().is_none_or(|m| m.set_count() == 0) {
+            return;
+        }
+        self.resync_targets = targets;
+        self.queue.push_front(Planned { kind: ProcessKind::Resync, target: source, start: 0 });
+    }
+
+    fn queue_rebuild(&mut self, slot: usize, partial: bool, start: u64) {
+        let kind = if partial { ProcessKind::Partial } else { ProcessKind::Full };
+        self.queue.push_back(Planned { kind, target: slot, start });
+    }
+
+    /// Writes a joining member's bitmap pages (the map now) and its superblock.
+    fn format_member(&mut self, slot: usize) -> Result<(), RaidError> {
+        let sb = Superblock { slot: slot as u8, ..self.sb.clone() };
+        let map = self.shared.intent.as_ref().filter(|_| sb.bitmap_pages > 0);
+        let m = self.members[slot].as_mut().expect("member present");
+        meta_io::format_base(m.io.as_mut(), &sb, map).map_err(|e| self.errno_of(slot, e))?;
+        self.shared.counters.bitmap_writes.fetch_add(sb.bitmap_pages, Ordering::Relaxed);
+        self.shared.counters.superblock_writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes the superblock (sequence + 1) to every base that takes writes and flushes them.
+    /// A base that fails is taken out and the write repeated for the others, so all the
+    /// remaining bases agree. Err only when no base could be written.
+    fn write_superblocks(&mut self) -> Result<(), RaidError> {
+        if !self.persist {
+            return Ok(());
+        }
+        loop {
+            self.sb.seq += 1;
+            let mut failed = Vec::new();
+            let mut written = 0;
+            for slot in 0..self.sb.slots.len() {
+                if !self.state(slot).takes_writes() {
+                    continue;
+                }
+                let sb = Superblock { slot: slot as u8, ..self.sb.clone() };
+                let Some(m) = self.members[slot].as_mut() else { continue };
+                match meta_io::write_superblock(m.io.as_mut(), &sb).and_then(|_| m.io.flush()) {
+                    Ok(()) => written += 1,
+                    Err(e) => failed.push((slot, e)),
+                }
+            }
+            self.shared.counters.superblock_writes.fetch_add(written, Ordering::Relaxed);
+            if failed.is_empty() {
+                return Ok(());
+            }
+            for (slot, e) in failed {
+                log::error!(
+                    "raid {}: superblock write to slot {slot} failed: {}",
+                    self.sb.name,
+                    errno_text(e)
+                );
+                self.take_out(slot);
+            }
+            if written == 0 {
+                return Err(RaidError::Metadata(format!(
+                    "raid {}: no base took the superblock",
+                    self.sb.name
+                )));
+            }
+        }
+    }
+
+    /// Marks a slot failed in memory (its superblock write follows). A full rebuild's target
+    /// gets a new identity: it must not come back as a partial one.
+    fn take_out(&mut self, slot: usize) {
+        let rec = &mut self.sb.slots[slot];
+        if rec.state == SlotState::Rebuilding && !rec.rebuild_partial {
+            rec.uuid = random_uuid();
+        }
+        let was_resync_source = self.process.as_ref().is_some_and(|(c, p)| {
+            p.kind == ProcessKind::Resync && c.source == slot
+                || p.kind != ProcessKind::Resync && p.target == slot
+        });
+        rec.state = SlotState::Failed;
+        rec.rebuild_offset = 0;
+        rec.rebuild_partial = false;
+        self.resync_targets.retain(|&s| s != slot);
+        if was_resync_source {
+            self.process = None;
+            self.resync_targets.clear();
+        } else if let Some((c, _)) = self.process.as_mut() {
+            c.targets.retain(|&s| s != slot);
+        }
+        self.queue.retain(|p| p.kind == ProcessKind::Resync || p.target != slot);
+        self.shared.counters.base_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Publishes the layout from the superblock's slots.
+    fn publish(&self) {
+        let slots = (0..self.sb.slots.len())
+            .map(|slot| {
+                let rec = &self.sb.slots[slot];
+                let m = self.members[slot].as_ref();
+                let mut state = rec.state;
+                if state == SlotState::Active && self.resync_targets.contains(&slot) {
+                    state = SlotState::Rebuilding;
+                }
+                if m.is_none() && state != SlotState::Empty {
+                    state = SlotState::Failed;
+                }
+                SlotView {
+                    state,
+                    name: m.map(|m| m.name.clone()),
+                    bdev: m.and_then(|m| m.bdev.clone()),
+                    uuid: rec.uuid,
+                }
+            })
+            .collect();
+        self.shared.publish(Layout { slots, data_offset: self.sb.data_offset });
+    }
+
+    /// Takes out the bases the channels reported failed: superblock first, then the layout.
+    pub fn handle_failures(&mut self) {
+        let mut any = false;
+        while let Some(f) = self.shared.failures.pop() {
+            if self.sb.level != RaidLevel::Raid1 {
+                // raid0 and concat pass errors up; there is nothing to take out.
+                continue;
+            }
+            if f.slot < self.sb.slots.len() && self.state(f.slot).takes_writes() {
+                log::error!("raid {}: slot {} failed (errno {}): degraded", self.sb.name, f.slot, f.errno);
+                self.take_out(f.slot);
+                any = true;
+            }
+        }
+        if any {
+            if let Err(e) = self.write_superblocks() {
+                log::error!("{e}");
+            }
+            self.publish();
+        }
+    }
+
+    /// Writes the bitmap pages waiting, flushes, declares their sequence durable.
+    pub fn persist_bitmap(&mut self) {
+        let Some(batch) = self.intent().and_then(IntentMap::take_dirty) else { return };
+        let mut failed = Vec::new();
+        let mut writes = 0;
+        for slot in 0..self.sb.slots.len() {
+            if !self.state(slot).takes_writes() {
+                continue;
+            }
+            let sb = Superblock { slot: slot as u8, ..self.sb.clone() };
+            let Some(m) = self.members[slot].as_mut() else { continue };
+            let r = batch
+                .pages
+                .iter()
+                .try_for_each(|(index, words)| meta_io::write_bitmap_page(m.io.as_mut(), &sb, *index, words))
+                .and_then(|_| m.io.flush());
+            match r {
+                Ok(()) => writes += batch.pages.len() as u64,
+                Err(e) => failed.push((slot, e)),
+            }
+        }
+        self.shared.counters.bitmap_writes.fetch_add(writes, Ordering::Relaxed);
+        if !failed.is_empty() {
+            for (slot, e) in failed {
+                log::error!("raid {}: bitmap write to slot {slot} failed: {}", self.sb.name, errno_text(e));
+                self.take_out(slot);
+            }
+            if let Err(e) = self.write_superblocks() {
+                log::error!("{e}");
+            }
+            self.publish();
+        }
+        let map = self.intent().expect("a batch comes from the map");
+        map.mark_durable(&batch);
+    }
+
+    /// The lazy clearing pass, when due and allowed: no base out of sync, no process.
+    pub fn maybe_clear(&mut self, now: Instant) {
+        if now.duration_since(self.last_clear) < self.options.clear_period {
+            return;
+        }
+        self.last_clear = now;
+        let all_in_sync =
+            self.sb.slots.iter().all(|s| matches!(s.state, SlotState::Active | SlotState::Empty));
+        if all_in_sync && !self.process_running() {
+            if let Some(map) = self.intent() {
+                map.clear_pass();
+            }
+        }
+    }
+
+    fn geometry(&self) -> CopyGeometry {
+        CopyGeometry {
+            data_offset: self.sb.data_offset,
+            data_bytes: self.sb.raid_bytes(),
+            window_bytes: self.options.process_window_bytes,
+            max_mb_sec: self.options.process_max_bandwidth_mb_sec,
+        }
+    }
+
+    /// Starts the next planned process, if none runs.
+    fn next_process(&mut self) {
+        if self.process.is_some() {
+            return;
+        }
+        let Some(map) = self.shared.intent.as_ref() else {
+            self.queue.clear();
+            return;
+        };
+        while let Some(p) = self.queue.pop_front() {
+            let (source, targets) = if p.kind == ProcessKind::Resync {
+                (p.target, self.resync_targets.clone())
+            } else {
+                let source = (0..self.sb.slots.len()).find(|&s| {
+                    self.present(s) && self.state(s) == SlotState::Active && !self.resync_targets.contains(&s)
+                });
+                match source {
+                    Some(s) if self.present(p.target) && self.state(p.target) == SlotState::Rebuilding => {
+                        (s, vec![p.target])
+                    }
+                    _ => continue,
+                }
+            };
+            if targets.is_empty() {
+                continue;
+            }
+            let stats = &self.shared.process;
+            stats.kind.store(p.kind.code(), Ordering::Relaxed);
+            stats.target_slot.store(targets[0] as u64 + 1, Ordering::Relaxed);
+            stats.blocks_total.store(self.sb.raid_blocks, Ordering::Relaxed);
+            stats.blocks_done.store(p.start / u64::from(self.sb.block_size), Ordering::Relaxed);
+            log::info!(
+                "raid {}: {:?} of slots {targets:?} from slot {source}, from byte {}",
+                self.sb.name,
+                p.kind,
+                p.start
+            );
+            let copier = Copier::new(p.kind, source, targets, p.start, map, self.geometry());
+            self.process = Some((copier, p));
+            self.last_checkpoint = Instant::now();
+            self.since_checkpoint = 0;
+            return;
+        }
+        let stats = &self.shared.process;
+        stats.kind.store(0, Ordering::Relaxed);
+        stats.target_slot.store(0, Ordering::Relaxed);
+    }
+
+    /// One window of the running process. Returns whether there is more to do right away.
+    pub fn step_process(&mut self, now: Instant) -> bool {
+        if self.throttled_until.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.throttled_until = None;
+        let Some((mut copier, plan)) = self.process.take() else { return false };
+        let shared = self.shared.clone();
+        let Some(map) = shared.intent.as_ref() else { return false };
+        let (bytes, step) = copier.step(&mut self.members, map);
+        let c = &self.shared.counters;
+        c.rebuild_bytes_copied.fetch_add(bytes * copier.targets.len() as u64, Ordering::Relaxed);
+        self.shared
+            .process
+            .blocks_done
+            .store(copier.progress_bytes() / u64::from(self.sb.block_size), Ordering::Relaxed);
+        self.since_checkpoint += bytes;
+        match step {
+            Step::Working => {
+                if plan.kind != ProcessKind::Resync
+                    && (self.since_checkpoint >= self.options.checkpoint_bytes
+                        || now.duration_since(self.last_checkpoint) >= self.options.checkpoint_interval)
+                {
+                    self.sb.slots[plan.target].rebuild_offset = copier.checkpoint(map);
+                    self.since_checkpoint = 0;
+                    self.last_checkpoint = now;
+                    self.process = Some((copier, plan));
+                    if let Err(e) = self.write_superblocks() {
+                        log::error!("{e}");
+                    }
+                    return true;
+                }
+                self.process = Some((copier, plan));
+                true
+            }
+            Step::Throttled(until) => {
+                self.throttled_until = Some(until);
+                self.process = Some((copier, plan));
+                false
+            }
+            Step::Done => {
+                self.finish(copier, plan);
+                true
+            }
+            Step::Failed { slot, errno } => {
+                log::error!(
+                    "raid {}: {:?} failed on slot {slot}: {}",
+                    self.sb.name,
+                    plan.kind,
+                    errno_text(errno)
+                );
+                let is_source = slot == copier.source;
+                self.process = Some((copier, plan));
+                self.take_out(slot);
+                if let Some((copier, plan)) = self.process.take() {
+                    if is_source {
+                        // Another in-sync base may serve: start again from the checkpoint.
+                        let start = copier.checkpoint(map);
+                        self.queue.push_front(Planned { start, ..plan });
+                    } else if !copier.targets.is_empty() {
+                        self.process = Some((copier, plan));
+                    }
+                }
+                if let Err(e) = self.write_superblocks() {
+                    log::error!("{e}");
+                }
+                self.publish();
+                self.next_process();
+                true
+            }
+        }
+    }
+
+    fn finish(&mut self, copier: Copier, plan: Planned) {
+        log::info!("raid {}: {:?} of slots {:?} done", self.sb.name, plan.kind, copier.targets);
+        if plan.kind == ProcessKind::Resync {
+            self.resync_targets.clear();
+        } else {
+            let rec = &mut self.sb.slots[plan.target];
+            rec.state = SlotState::Active;
+            rec.rebuild_offset = 0;
+            rec.rebuild_partial = false;
+            self.shared.counters.rebuilds_completed.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.write_superblocks() {
+                log::error!("{e}");
+            }
+        }
+        self.publish();
+        self.next_process();
+    }
+
+    /// Whether the owner has work it should do without parking.
+    pub fn busy(&self) -> bool {
+        self.intent().is_some_and(IntentMap::needs_persist)
+            || !self.shared.failures.is_empty()
+            || (self.process.is_some() && self.throttled_until.is_none())
+    }
+
+    /// Everything due now, once: failures, bitmap persistence, clearing, a process window.
+    pub fn tick(&mut self) {
+        let now = Instant::now();
+        self.handle_failures();
+        self.persist_bitmap();
+        self.maybe_clear(now);
+        self.step_process(now);
+        // Bits a window's writes set are persisted before the next window, not after it.
+        self.persist_bitmap();
+    }
+
+    /// Adds a base to a running raid1 (`bdev_raid_add_base_bdev`): a base that left this
+    /// raid returns to its slot with a partial rebuild; any other takes an empty slot with a
+    /// full rebuild. Returns the slot.
+    pub fn add_base(&mut self, mut member: Member) -> Result<usize, RaidError> {
+        let invalid = |reason: String| RaidError::InvalidParam { field: "base_bdev", reason };
+        if self.sb.level != RaidLevel::Raid1 {
+            return Err(RaidError::InvalidParam {
+                field: "raid_bdev",
+                reason: format!("a {} raid takes no base while online", self.sb.level.name()),
+            });
+        }
+        let held = (0..self.members.len())
+            .find(|&s| self.members[s].as_ref().is_some_and(|m| m.name == member.name));
+        if held.is_some_and(|s| self.state(s) != SlotState::Failed) {
+            return Err(invalid(format!("{} is already a base of this raid", member.name)));
+        }
+        let need = self.sb.data_offset + self.sb.raid_bytes();
+        if member.io.size_bytes() < need {
+            return Err(invalid(format!(
+                "{} has {} bytes; the raid needs {need} (data offset {} + {} data)",
+                member.name,
+                member.io.size_bytes(),
+                self.sb.data_offset,
+                self.sb.raid_bytes()
+            )));
+        }
+        let own = if self.persist { meta_io::read_superblock(member.io.as_mut())? } else { None };
+        let mut partial_slot = None;
+        if let Some(own) = &own {
+            if own.raid_uuid != self.sb.raid_uuid {
+                return Err(invalid(format!(
+                    "{}: superblock from another raid ({})",
+                    member.name, own.raid_uuid
+                )));
+            }
+            let slot = own.slot as usize;
+            let rec = self.sb.slots.get(slot);
+            let same = rec.is_some_and(|r| own.slots.get(slot).is_some_and(|o| o.uuid == r.uuid));
+            let returning = rec.is_some_and(|r| {
+                r.state == SlotState::Failed || (r.state == SlotState::Rebuilding && r.rebuild_partial)
+            });
+            if same && returning && own.seq <= self.sb.seq {
+                partial_slot = Some(slot);
+            }
+        }
+        let slot = match partial_slot {
+            // Its own slot; the failed base still held there (the same device coming back
+            // under the same name, say) gives way.
+            Some(slot) => slot,
+            None => (0..self.sb.slots.len())
+                .find(|&s| self.state(s) == SlotState::Empty)
+                .or_else(|| {
+                    (0..self.sb.slots.len()).find(|&s| self.state(s) == SlotState::Failed && !self.present(s))
+                })
+                .or(held)
+                .ok_or_else(|| {
+                    RaidError::Busy(format!(
+                        "raid {}: no free slot (remove a failed base first)",
+                        self.sb.name
+                    ))
+                })?,
+        };
+        self.members[slot] = None;
+        let partial = partial_slot.is_some();
+        let data_bytes = self.sb.raid_bytes();
+        let rec = &mut self.sb.slots[slot];
+        if !partial {
+            rec.uuid = random_uuid();
+        }
+        rec.state = SlotState::Rebuilding;
+        rec.rebuild_partial = partial;
+        rec.rebuild_offset = 0;
+        rec.data_bytes = data_bytes;
+        member.bdev = member.bdev.take();
+        self.members[slot] = Some(member);
+        if self.persist {
+            // The base's own bitmap and superblock first, then the others' superblocks: from
+            // then on an assembly finds it Rebuilding.
+            self.sb.seq += 1;
+            let formatted = self.format_member(slot);
+            self.sb.seq -= 1;
+            if let Err(e) = formatted {
+                self.members[slot] = None;
+                self.sb.slots[slot] =
+                    SlotRecord { state: SlotState::Empty, uuid: Uuid::NIL, ..self.sb.slots[slot].clone() };
+                return Err(e);
+            }
+            self.write_superblocks()?;
+        }
+        // Published before the first copy: writes reach the new base from here on.
+        self.publish();
+        self.queue_rebuild(slot, partial, 0);
+        self.next_process();
+        Ok(slot)
+    }
+
+    /// Removes a base (`bdev_raid_remove_base_bdev`) and returns it. Its slot keeps its
+    /// record as Failed, so the same base added again later is rebuilt partially; a different
+    /// base added takes the slot with a full rebuild. Refused for raid0 and concat, and for the
+    /// last in-sync base of a raid1.
+    pub fn remove_base(&mut self, name: &str) -> Result<Member, RaidError> {
+        let slot = (0..self.members.len())
+            .find(|&s| self.members[s].as_ref().is_some_and(|m| m.name == name))
+            .ok_or_else(|| RaidError::NotFound(format!("{name} is not a base of raid {}", self.sb.name)))?;
+        if self.sb.level != RaidLevel::Raid1 {
+            return Err(RaidError::InvalidParam {
+                field: "name",
+                reason: format!("a base of a {} raid cannot be removed", self.sb.level.name()),
+            });
+        }
+        let active = |s: usize| self.state(s) == SlotState::Active && !self.resync_targets.contains(&s);
+        if active(slot) && !(0..self.sb.slots.len()).any(|s| s != slot && active(s)) {
+            return Err(RaidError::InvalidParam {
+                field: "name",
+                reason: format!("{name} is the last in-sync base of raid {}", self.sb.name),
+            });
+        }
+        if self.state(slot).takes_writes() {
+            self.take_out(slot);
+            // Not a failure: the user asked.
+            self.shared.counters.base_failures.fetch_sub(1, Ordering::Relaxed);
+            self.write_superblocks()?;
+        }
+        let member = self.members[slot].take().expect("found above");
+        self.publish();
+        Ok(member)
+    }
+
+    /// An orderly stop (the caller drained the raid's I/O): bitmap out, the running rebuild's
+    /// checkpoint kept, and the superblock marked clean so the next assembly needs no resync.
+    pub fn stop(&mut self) -> Result<(), RaidError> {
+        self.persist_bitmap();
+        if let Some((copier, plan)) = self.process.take() {
+            if plan.kind != ProcessKind::Resync {
+                if let Some(map) = self.intent() {
+                    self.sb.slots[plan.target].rebuild_offset = copier.checkpoint(map);
+                }
+            }
+            if plan.kind == ProcessKind::Resync {
+                // Not finished: the next assembly must resync again.
+                self.publish();
+                return Ok(());
+            }
+        }
+        if !self.resync_targets.is_empty() || self.queue.iter().any(|p| p.kind == ProcessKind::Resync) {
+            return Ok(());
+        }
+        self.sb.clean = true;
+        self.write_superblocks()
+    }
+
+    /// `bdev_raid_delete`: stops, then erases the superblocks so the bases are not assembled
+    /// into this raid again.
+    pub fn delete(&mut self) -> Result<(), RaidError> {
+        self.stop()?;
+        if self.persist {
+            for m in self.members.iter_mut().flatten() {
+                if let Err(e) = meta_io::wipe_superblock(m.io.as_mut()) {
+                    log::warn!("raid {}: erasing {}'s superblock: {}", self.sb.name, m.name, errno_text(e));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SlotIo for Vec<Option<Member>> {
+    fn slot_io(&mut self, slot: usize) -> Option<&mut dyn BaseIo> {
+        match self.get_mut(slot) {
+            Some(Some(m)) => Some(m.io.as_mut()),
+            _ => None,
+        }
+    }
+}
+
+fn errno_text(errno: i32) -> String {
+    std::io::Error::from_raw_os_error(errno).to_string()
+}
+
+type Call = Box<dyn FnOnce(&mut Owner) + Send>;
+
+enum Msg {
+    Call(Call),
+    /// An orderly stop; `delete` also erases the superblocks.
+    Stop {
+        delete: bool,
+        reply: mpsc::SyncSender<Result<(), RaidError>>,
+    },
+}
+
+/// The handle the raid bdev and the RPC methods hold. Dropping it stops the thread *without*
+/// marking the raid clean (as a crash would: the next assembly resyncs); call
+/// [`OwnerHandle::shutdown`] or [`OwnerHandle::delete`] for an orderly stop.
+pub struct OwnerHandle {
+    tx: Sender<Msg>,
+    shared: Arc<RaidShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl OwnerHandle {
+    /// Starts the owner thread of a raid: opens its channels of the bases (by slot, as the
+    /// superblock's slots), then [`Owner::start`] (formatting a new raid's bases when
+    /// `superblock.seq == 0`), and publishes the first layout before returning. `superblock`:
+    /// `None` for a raid without one (the record is then built from `shared` and the bases).
+    pub fn spawn(
+        shared: Arc<RaidShared>,
+        bases: Vec<Option<BaseSpec>>,
+        superblock: Option<Superblock>,
+        options: OwnerOptions,
+    ) -> Result<OwnerHandle, RaidError> {
+        let persist = superblock.is_some();
+        let sb = match superblock {
+            Some(sb) => sb,
+            None => in_memory_record(&shared, &bases),
+        };
+        if sb.slots.len() != bases.len() {
+            return Err(RaidError::InvalidParam {
+                field: "base_bdevs",
+                reason: format!("{} bases for {} slots", bases.len(), sb.slots.len()),
+            });
+        }
+        let (tx, rx) = mpsc::channel::<Msg>();
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("raid-{}", sb.name))
+            .spawn(move || {
+                thread_shared.owner_waker.store(Some(Arc::new(std::thread::current())));
+                let opened: Result<Vec<Option<Member>>, RaidError> = bases
+                    .into_iter()
+                    .map(|b| {
+                        b.map(|b| {
+                            let io = ChannelIo::open(b.bdev.clone())?;
+                            Ok(Member { name: b.name, bdev: Some(b.bdev), io: Box::new(io) })
+                        })
+                        .transpose()
+                    })
+                    .collect();
+                let mut owner = match opened {
+                    Ok(members) => Owner::new(thread_shared, members, sb, persist, options),
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                match owner.start() {
+                    Ok(()) => {
+                        let _ = ready_tx.send(Ok(()));
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                }
+                run(owner, rx);
+            })
+            .map_err(|e| RaidError::Busy(format!("cannot start the raid's owner thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(OwnerHandle { tx, shared, thread: Some(thread) }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(RaidError::Busy("the raid's owner thread died while starting".into()))
+            }
+        }
+    }
+
+    /// Runs `f` on the owner's thread and returns its result.
+    pub fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Owner) -> R + Send + 'static,
+    ) -> Result<R, RaidError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let call: Call = Box::new(move |o| {
+            let _ = tx.send(f(o));
+        });
+        self.tx.send(Msg::Call(call)).map_err(|_| gone())?;
+        self.shared.wake_owner();
+        rx.recv().map_err(|_| gone())
+    }
+
+    /// The shared state.
+    pub fn shared(&self) -> &Arc<RaidShared> {
+        &self.shared
+    }
+
+    /// `bdev_raid_add_base_bdev`: the owner opens its channel of `bdev` and adds it (see
+    /// [`Owner::add_base`]). Returns the slot.
+    pub fn add_base(&self, name: String, bdev: Bdev) -> Result<usize, RaidError> {
+        self.call(move |o| {
+            let io = ChannelIo::open(bdev.clone())?;
+            o.add_base(Member { name, bdev: Some(bdev), io: Box::new(io) })
+        })?
+    }
+
+    /// `bdev_raid_remove_base_bdev`: returns the removed base's bdev (to release its claim).
+    pub fn remove_base(&self, name: &str) -> Result<Option<Bdev>, RaidError> {
+        let name = name.to_string();
+        self.call(move |o| o.remove_base(&name).map(|m| m.bdev))?
+    }
+
+    /// `bdev_raid_set_options`: window and speed limit of rebuilds, now and later.
+    pub fn set_process_options(&self, window_kb: u64, max_bandwidth_mb_sec: u64) -> Result<(), RaidError> {
+        self.call(move |o| o.set_process_options(window_kb << 10, max_bandwidth_mb_sec))
+    }
+
+    /// The superblock as the owner holds it (`bdev_raid_get_bdevs`'s per-base data).
+    pub fn superblock(&self) -> Result<Superblock, RaidError> {
+        self.call(|o| o.superblock().clone())
+    }
+
+    /// An orderly stop after the raid's I/O drained: clean superblocks, thread joined.
+    pub fn shutdown(mut self) -> Result<(), RaidError> {
+        self.stop(false)
+    }
+
+    /// `bdev_raid_delete`: an orderly stop that also erases the superblocks.
+    pub fn delete(mut self) -> Result<(), RaidError> {
+        self.stop(true)
+    }
+
+    fn stop(&mut self, delete: bool) -> Result<(), RaidError> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        self.tx.send(Msg::Stop { delete, reply }).map_err(|_| gone())?;
+        self.shared.wake_owner();
+        let r = rx.recv().map_err(|_| gone())?;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        r
+    }
+}
+
+impl Drop for OwnerHandle {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            // Closing the channel stops the thread at its next look, as a crash would.
+            let (tx, _) = mpsc::channel();
+            drop(std::mem::replace(&mut self.tx, tx));
+            self.shared.wake_owner();
+            let _ = t.join();
+        }
+    }
+}
+
+fn gone() -> RaidError {
+    RaidError::Busy("the raid's owner thread is gone".into())
+}
+
+/// The slot record of a raid without a superblock (kept in memory only).
+fn in_memory_record(shared: &RaidShared, bases: &[Option<BaseSpec>]) -> Superblock {
+    let info = &shared.info;
+    Superblock {
+        seq: 0,
+        raid_uuid: Uuid::NIL,
+        name: info.name.clone(),
+        level: shared.level,
+        strip_size_kb: (shared.strip_bytes >> 10) as u32,
+        block_size: info.block_size,
+        raid_blocks: info.num_blocks(),
+        data_offset: 0,
+        bitmap_chunk_bytes: 0,
+        bitmap_first_page: 0,
+        bitmap_pages: 0,
+        clean: true,
+        slot: 0,
+        slots: bases
+            .iter()
+            .enumerate()
+            .map(|(i, b)| SlotRecord {
+                state: if b.is_some() { SlotState::Active } else { SlotState::Empty },
+                uuid: if b.is_some() { random_uuid() } else { Uuid::NIL },
+                data_bytes: shared.base_data_bytes.get(i).copied().unwrap_or(0),
+                rebuild_offset: 0,
+                rebuild_partial: false,
+            })
+            .collect(),
+    }
+}
+
+/// The owner thread's loop.
+fn run(mut owner: Owner, rx: Receiver<Msg>) {
+    loop {
+        loop {
+            match rx.try_recv() {
+                Ok(Msg::Call(f)) => f(&mut owner),
+                Ok(Msg::Stop { delete, reply }) => {
+                    let r = if delete { owner.delete() } else { owner.stop() };
+                    let _ = reply.send(r);
+                    return;
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return,
+            }
+        }
+        owner.tick();
+        if !owner.busy() {
+            let now = Instant::now();
+            let mut park = owner.options.idle_park.min(owner.options.clear_period);
+            if let Some(t) = owner.throttled_until {
+                park = park.min(t.saturating_duration_since(now));
+            }
+            std::thread::park_timeout(park);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,362 @@
-//! (placeholder: replaced by its owner; see /work/wt/briefs26)
+//! The copier: brings one or more bases in line with a source base, chunk by chunk, beside
+//! guest writes. The owner thread drives it one window per step (between steps it persists
+//! bitmap bits and serves control calls, so guests never wait behind a whole rebuild).
+//!
+//! * partial rebuild: only chunks whose intent bit is set (the writes the base missed);
+//! * full rebuild: every chunk (a new or unknown base);
+//! * resync after an unclean stop: the set chunks, from the lowest Active base to the others.
+//!
+//! Each chunk goes through the intent map's interlock: claimed only with no write in flight
+//! ([`IntentMap::try_start_copy`]), skipped and retried while busy, copied again when a write
+//! overlapped the copy. The checkpoint (the offset below which everything is copied) is what
+//! the owner persists, so a restarted daemon resumes instead of starting over.
+
+use std::time::{Duration, Instant};
+
+use fp_bdev::AlignedBuf;
+
+use crate::intent::IntentMap;
+use crate::meta_io::BaseIo;
+
+/// What a process copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessKind {
+    /// The bitmap's chunks, to a returning base.
+    Partial,
+    /// Everything, to a new base.
+    Full,
+    /// The bitmap's chunks, across the in-sync bases after an unclean stop.
+    Resync,
+}
+
+impl ProcessKind {
+    /// The code in [`crate::shared::ProcessStats::kind`].
+    pub fn code(self) -> u64 {
+        match self {
+            ProcessKind::Partial => 1,
+            ProcessKind::Full => 2,
+            ProcessKind::Resync => 3,
+        }
+    }
+}
+
+/// The bases by slot, as the copier reaches them.
+pub trait SlotIo {
+    /// The base in `slot`, if there is one.
+    fn slot_io(&mut self, slot: usize) -> Option<&mut dyn BaseIo>;
+}
+
+impl SlotIo for Vec<Option<Box<dyn BaseIo>>> {
+    fn slot_io(&mut self, slot: usize) -> Option<&mut dyn BaseIo> {
+        match self.get_mut(slot) {
+            Some(Some(b)) => Some(b.as_mut()),
+            _ => None,
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Copied (or skipped) some chunks; more to do.
+    Working,
+    /// Waiting for the speed limit until then.
+    Throttled(Instant),
+    /// Every chunk is copied and none is marked for a re-copy.
+    Done,
+    /// A base failed (`slot`, errno): the owner takes it out and decides what follows.
+    Failed { slot: usize, errno: i32 },
+}
+
+/// Where the copier's bytes go and how fast.
+#[derive(Debug, Clone, Copy)]
+pub struct CopyGeometry {
+    /// Where data starts on every base.
+    pub data_offset: u64,
+    /// The data region's size.
+    pub data_bytes: u64,
+    /// Bytes copied per step at most (`process_window_size_kb`).
+    pub window_bytes: u64,
+    /// `process_max_bandwidth_mb_sec`; 0: no limit.
+    pub max_mb_sec: u64,
+}
+
+/// One running process.
+pub struct Copier {
+    pub kind: ProcessKind,
+    pub source: usize,
+    pub targets: Vec<usize>,
+    geo: CopyGeometry,
+    chunk_bytes: u64,
+    chunks: u64,
+    /// Next chunk the first pass looks at.
+    cursor: u64,
+    /// Chunks below the cursor skipped because a write was in flight.
+    retry: Vec<u64>,
+    buf: AlignedBuf,
+    /// Bytes copied, and since when (the speed limit).
+    copied: u64,
+    started: Instant,
+}
+
+/// Chunks the first pass looks at per step at most, copied or not (a partial rebuild of a
+/// mostly clean bitmap skips quickly but still yields to the owner's other duties).
+const SCAN_PER_STEP: u64 = 1 << 16;
+
+impl Copier {
+    /// A process from byte `start` of the data region (a checkpoint, or 0).
+    pub fn new(
+        kind: ProcessKind,
+        source: usize,
+        targets: Vec<usize>,
+        start: u64,
+        intent: &IntentMap,
+        geo: CopyGeometry,
+    ) -> Copier {
+        let chunk_bytes = intent.chunk_bytes();
+        let window = geo.window_bytes.clamp(4096, 16 << 20).next_multiple_of(4096);
+        Copier {
+            kind,
+            source,
+            targets,
+            geo,
+            chunk_bytes,
+            chunks: geo.data_bytes.div_ceil(chunk_bytes),
+            cursor: (start / chunk_bytes).min(geo.data_bytes.div_ceil(chunk_bytes)),
+            retry: Vec::new(),
+            buf: AlignedBuf::zeroed(window as usize),
+            copied: 0,
+            started: Instant::now(),
+        }
+    }
+
+    /// Changes the window and the speed limit (`bdev_raid_set_options`).
+    pub fn set_options(&mut self, window_bytes: u64, max_mb_sec: u64) {
+        let window = window_bytes.clamp(4096, 16 << 20).next_multiple_of(4096);
+        if window as usize != self.buf.len() {
+            self.buf = AlignedBuf::zeroed(window as usize);
+        }
+        self.geo.window_bytes = window;
+        self.geo.max_mb_sec = max_mb_sec;
+        self.started = Instant::now();
+        self.copied = 0;
+    }
+
+    /// Bytes of the data region walked past by the first pass.
+    pub fn progress_bytes(&self) -> u64 {
+        (self.cursor * self.chunk_bytes).min(self.geo.data_bytes)
+    }
+
+    /// The offset to persist: every chunk below it is copied and not due again.
+    pub fn checkpoint(&self, intent: &IntentMap) -> u64 {
+        let mut c = self.cursor;
+        if let Some(&r) = self.retry.iter().min() {
+            c = c.min(r);
+        }
+        if let Some(r) = intent.next_recopy(0) {
+            c = c.min(r);
+        }
+        (c * self.chunk_bytes).min(self.geo.data_bytes)
+    }
+
+    fn wanted(&self, intent: &IntentMap, chunk: u64) -> bool {
+        self.kind == ProcessKind::Full || intent.is_set(chunk)
+    }
+
+    /// Copies one claimed chunk from the source to every target.
+    fn copy_chunk(&mut self, bases: &mut dyn SlotIo, chunk: u64) -> Result<u64, (usize, i32)> {
+        let start = chunk * self.chunk_bytes;
+        let end = (start + self.chunk_bytes).min(self.geo.data_bytes);
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(self.buf.len() as u64) as usize;
+            let off = self.geo.data_offset + at;
+            let src = bases.slot_io(self.source).ok_or((self.source, libc::ENODEV))?;
+            src.read_at(off, &mut self.buf.as_mut_slice()[..n]).map_err(|e| (self.source, e))?;
+            for &t in &self.targets {
+                let dst = bases.slot_io(t).ok_or((t, libc::ENODEV))?;
+                dst.write_at(off, &self.buf.as_slice()[..n]).map_err(|e| (t, e))?;
+            }
+            at += n as u64;
+        }
+        Ok(end - start)
+    }
+
+    /// Claims and copies `chunk`; `Ok(None)` when a write holds it.
+    fn try_chunk(
+        &mut self,
+        bases: &mut dyn SlotIo,
+        intent: &IntentMap,
+        chunk: u64,
+    ) -> Result<Option<u64>, (usize, i32)> {
+        if !intent.try_start_copy(chunk) {
+            return Ok(None);
+        }
+        let r = self.copy_chunk(bases, chunk);
+        // A failed copy still releases the chunk; a write that overlapped marks it again.
+        intent.end_copy(chunk);
+        r.map(Some)
+    }
+
+    /// One window's worth of work. `bases` are the owner's, by slot. Returns how many bytes
+    /// were copied with the step's outcome.
+    pub fn step(&mut self, bases: &mut dyn SlotIo, intent: &IntentMap) -> (u64, Step) {
+        if self.geo.max_mb_sec > 0 {
+            let allowed = self.geo.max_mb_sec * 1_000_000;
+            let due = Duration::from_secs_f64(self.copied as f64 / allowed as f64);
+            let now = Instant::now();
+            if self.started + due > now {
+                return (0, Step::Throttled(self.started + due));
+            }
+        }
+        let budget = self.buf.len() as u64;
+        let mut bytes = 0;
+        let mut scanned = 0;
+        let fail = |(slot, errno)| Step::Failed { slot, errno };
+        // First pass: from the cursor on.
+        while self.cursor < self.chunks && bytes < budget && scanned < SCAN_PER_STEP {
+            let c = self.cursor;
+            self.cursor += 1;
+            scanned += 1;
+            if !self.wanted(intent, c) {
+                continue;
+            }
+            match self.try_chunk(bases, intent, c) {
+                Ok(Some(n)) => bytes += n,
+                Ok(None) => self.retry.push(c),
+                Err(e) => return (bytes, fail(e)),
+            }
+        }
+        if self.cursor < self.chunks {
+            self.copied += bytes;
+            return (bytes, Step::Working);
+        }
+        // Then the chunks that were busy, and those a write overlapped.
+        let mut still = Vec::new();
+        for c in std::mem::take(&mut self.retry) {
+            if bytes >= budget {
+                still.push(c);
+                continue;
+            }
+            match self.try_chunk(bases, intent, c) {
+                Ok(Some(n)) => bytes += n,
+                Ok(None) => still.push(c),
+                Err(e) => {
+                    self.retry = still;
+                    return (bytes, fail(e));
+                }
+            }
+        }
+        self.retry = still;
+        let mut from = 0;
+        while bytes < budget {
+            let Some(c) = intent.next_recopy(from) else { break };
+            from = c + 1;
+            match self.try_chunk(bases, intent, c) {
+                Ok(Some(n)) => bytes += n,
+                Ok(None) => {}
+                Err(e) => return (bytes, fail(e)),
+            }
+        }
+        self.copied += bytes;
+        if self.retry.is_empty() && intent.next_recopy(0).is_none() {
+            (bytes, Step::Done)
+        } else {
+            (bytes, Step::Working)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta_io::MemBase;
+
+    const K64: u64 = 64 << 10;
+
+    fn bases(n: usize, bytes: u64) -> Vec<Option<Box<dyn BaseIo>>> {
+        (0..n).map(|_| Some(Box::new(MemBase::new(bytes)) as Box<dyn BaseIo>)).collect()
+    }
+
+    fn image(b: &mut Option<Box<dyn BaseIo>>, len: u64) -> Vec<u8> {
+        let mut v = vec![0; len as usize];
+        b.as_mut().unwrap().read_at(0, &mut v).unwrap();
+        v
+    }
+
+    fn geo(bytes: u64) -> CopyGeometry {
+        CopyGeometry { data_offset: 0, data_bytes: bytes, window_bytes: 256 << 10, max_mb_sec: 0 }
+    }
+
+    fn run(c: &mut Copier, b: &mut Vec<Option<Box<dyn BaseIo>>>, m: &IntentMap) -> u64 {
+        let mut total = 0;
+        loop {
+            let (n, s) = c.step(b, m);
+            total += n;
+            match s {
+                Step::Done => return total,
+                Step::Working => {}
+                s => panic!("{s:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn partial_copies_only_marked_chunks_and_full_copies_everything() {
+        let bytes = 4 << 20;
+        let mut b = bases(2, bytes);
+        b[0].as_mut().unwrap().write_at(0, &vec![7u8; bytes as usize]).unwrap();
+        let m = IntentMap::new(bytes, K64, false);
+        m.mark_chunks(3, 2);
+        m.mark_chunks(40, 1);
+        let mut c = Copier::new(ProcessKind::Partial, 0, vec![1], 0, &m, geo(bytes));
+        assert_eq!(run(&mut c, &mut b, &m), 3 * K64);
+        let img = image(&mut b[1], bytes);
+        assert!(img[3 * K64 as usize..5 * K64 as usize].iter().all(|&x| x == 7));
+        assert!(img[..3 * K64 as usize].iter().all(|&x| x == 0));
+        let mut f = Copier::new(ProcessKind::Full, 0, vec![1], 0, &m, geo(bytes));
+        assert_eq!(run(&mut f, &mut b, &m), bytes);
+        assert_eq!(image(&mut b[0], bytes), image(&mut b[1], bytes));
+    }
+
+    #[test]
+    fn busy_chunks_are_retried_and_a_failed_target_is_reported() {
+        let bytes = 1 << 20;
+        let mut b = bases(3, bytes);
+        b[0].as_mut().unwrap().write_at(0, &vec![1u8; bytes as usize]).unwrap();
+        let m = IntentMap::new(bytes, K64, false);
+        let t = m.begin_write(2 * K64, 512);
+        let mut c = Copier::new(ProcessKind::Full, 0, vec![1, 2], 0, &m, geo(bytes));
+        for _ in 0..4 {
+            assert_eq!(c.step(&mut b, &m).1, Step::Working, "chunk 2 is busy");
+        }
+        assert_eq!(c.progress_bytes(), bytes);
+        assert_eq!(c.checkpoint(&m), 2 * K64, "the busy chunk holds the checkpoint back");
+        m.end_write(&t);
+        assert_eq!(c.step(&mut b, &m), (K64, Step::Done));
+        assert_eq!(image(&mut b[0], bytes), image(&mut b[2], bytes));
+        let mut c = Copier::new(ProcessKind::Full, 0, vec![1, 2], 0, &m, geo(bytes));
+        b[2] = Some(Box::new(MemBase { fail: true, ..MemBase::new(bytes) }));
+        assert_eq!(c.step(&mut b, &m).1, Step::Failed { slot: 2, errno: libc::EIO });
+        assert_eq!(m.writers(0), 0);
+        assert!(m.try_start_copy(0), "a failed copy releases its chunk");
+    }
+
+    #[test]
+    fn the_speed_limit_spaces_the_windows() {
+        let bytes = 4 << 20;
+        let mut b = bases(2, bytes);
+        let m = IntentMap::new(bytes, K64, false);
+        let mut g = geo(bytes);
+        g.max_mb_sec = 1;
+        let mut c = Copier::new(ProcessKind::Full, 0, vec![1], 0, &m, g);
+        assert_eq!(c.step(&mut b, &m), (256 << 10, Step::Working));
+        match c.step(&mut b, &m) {
+            (0, Step::Throttled(until)) => {
+                let wait = until - Instant::now();
+                assert!(wait > Duration::from_millis(150) && wait < Duration::from_millis(300), "{wait:?}");
+            }
+            s => panic!("{s:?}"),
+        }
+    }
+}

@@ -79,6 +79,9 @@ impl RegistryError {
             RegistryError::Vhost(e) => -e.errno(),
             // The NVMe driver's errors carry their own (ETIMEDOUT, ENODEV for a controller gone).
             RegistryError::Other(e) => {
+                if let Some(r) = e.downcast_ref::<fp_raid::RaidError>() {
+                    return r.errno();
+                }
                 e.downcast_ref::<fp_nvme::NvmeError>().map_or(-libc::EIO, |n| n.errno())
             }
         }

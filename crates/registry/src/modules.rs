@@ -7,6 +7,7 @@ use fp_bdev::BdevModule;
 use fp_lvol::bdev::LvolModule;
 use fp_nbd::client::NbdClientModule;
 use fp_nvme::rpc::NvmeModule;
+use fp_raid::RaidModule;
 use fp_rbd::RbdModule;
 
 /// Every module, in the order `rpc_get_methods` and configuration errors list them.
@@ -19,6 +20,7 @@ pub static MODULES: &[&dyn BdevModule] = &[
     &RbdModule,
     &NbdClientModule,
     &NvmeModule,
+    &RaidModule,
 ];
 
 /// The module named `name` ("null", "malloc", ...).

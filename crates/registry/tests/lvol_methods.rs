@@ -258,3 +258,94 @@ fn shallow_copy_copies_only_the_volumes_own_clusters() {
     // The lvstore's own base is claimed by the store: a copy cannot overwrite it.
     assert!(start("lvs/v", "m0").is_err());
 }
+
+/// A 4 MiB malloc bdev `golden` whose MiBs hold 0x10, 0x20, 0x30, 0x40.
+fn golden(f: &Fixture) {
+    f.ok("bdev_malloc_create", json!({"name": "golden", "num_blocks": 8192, "block_size": 512}));
+    for (i, b) in [0x10u8, 0x20, 0x30, 0x40].into_iter().enumerate() {
+        f.write("golden", i as u64 * MIB, b, MIB);
+    }
+}
+
+/// A clone of an external snapshot reads it where it owns nothing, copies from it on the first
+/// write to a cluster, and keeps it claimed read-many-write-none while any volume reads it.
+#[test]
+fn clone_bdev_reads_the_external_snapshot_and_copies_on_write() {
+    let f = Fixture::new();
+    golden(&f);
+    let uuid = f.ok("bdev_lvol_clone_bdev", json!({"bdev": "golden", "lvs_name": "lvs", "clone_name": "c"}));
+    assert!(uuid.as_str().unwrap().len() == 36, "{uuid}");
+    assert_eq!(f.bytes("lvs/c", 4), [0x10, 0x20, 0x30, 0x40]);
+    f.write("lvs/c", MIB, 0x99, 4096);
+    let mut buf = vec![0u8; 8192];
+    f.io("lvs/c", IoOp::Read, MIB, &mut buf);
+    assert!(buf[..4096].iter().all(|&b| b == 0x99) && buf[4096..].iter().all(|&b| b == 0x20));
+    assert_eq!(f.bytes("golden", 4), [0x10, 0x20, 0x30, 0x40], "the external snapshot is never written");
+    let lvols = f.ok("bdev_lvol_get_lvols", json!({}));
+    let c = lvol(&lvols, "c");
+    assert_eq!((c["is_esnap_clone"].as_bool(), c["is_degraded"].as_bool()), (Some(true), Some(false)));
+    assert_eq!(c["external_snapshot_name"], "golden");
+    let m = f.ok("bdev_lvol_get_fragmap", json!({"name": "lvs/c"}));
+    assert_eq!((m["num_allocated_clusters"].as_u64(), m["fragmap"].as_str()), (Some(1), Some("Ag==")));
+    // Nobody may write it now: an lvstore on it is refused, and so is deleting it.
+    let on_golden = json!({"bdev_name": "golden", "lvs_name": "g", "cluster_sz": MIB});
+    let e = f.err("bdev_lvol_create_lvstore", on_golden.clone());
+    assert!(e.code == -libc::EBUSY && e.message.contains("in use"), "{e:?}");
+    let e = f.err("bdev_malloc_delete", json!({"name": "golden"}));
+    assert!(e.message.contains("lvol_esnap") || e.code == -libc::EBUSY, "{e:?}");
+    // A snapshot of the clone takes the external parent over; the clone reads the same.
+    f.ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/c", "snapshot_name": "s"}));
+    let mut after = vec![0u8; 8192];
+    f.io("lvs/c", IoOp::Read, MIB, &mut after);
+    assert_eq!(after, buf);
+    let mut snap = vec![0u8; 8192];
+    f.io("lvs/s", IoOp::Read, MIB, &mut snap);
+    assert_eq!(snap, buf, "the snapshot holds the clone's cluster, the rest from the external");
+    f.io("lvs/s", IoOp::Read, 3 * MIB, &mut snap);
+    assert!(snap.iter().all(|&b| b == 0x40));
+    let lvols = f.ok("bdev_lvol_get_lvols", json!({}));
+    assert_eq!(lvol(&lvols, "s")["is_esnap_clone"], true);
+    assert_eq!(
+        (lvol(&lvols, "c")["is_esnap_clone"].as_bool(), lvol(&lvols, "c")["is_clone"].as_bool()),
+        (Some(false), Some(true))
+    );
+    // Once no volume reads it, the claim goes.
+    f.ok("bdev_lvol_delete", json!({"name": "lvs/c"}));
+    f.ok("bdev_lvol_delete", json!({"name": "lvs/s"}));
+    f.ok("bdev_lvol_create_lvstore", on_golden);
+}
+
+#[test]
+fn set_parent_bdev_makes_a_thin_volume_an_esnap_clone() {
+    let f = Fixture::new();
+    golden(&f);
+    f.thin("w", 4);
+    f.write("lvs/w", 3 * MIB, 0x77, MIB);
+    f.ok("bdev_lvol_set_parent_bdev", json!({"lvol_name": "lvs/w", "parent_name": "golden"}));
+    assert_eq!(f.bytes("lvs/w", 4), [0x10, 0x20, 0x30, 0x77]);
+    let set = |lvol: &str, parent: &str| {
+        f.err("bdev_lvol_set_parent_bdev", json!({"lvol_name": lvol, "parent_name": parent}))
+    };
+    assert_param(&set("lvs/w", "golden"), "parent_name"); // already its parent
+    f.ok("bdev_lvol_create", json!({"lvs_name": "lvs", "lvol_name": "thick", "size_in_mib": 4}));
+    assert_param(&set("lvs/thick", "golden"), "lvol_name");
+    f.ok("bdev_malloc_create", json!({"name": "odd", "num_blocks": 3000, "block_size": 512}));
+    assert_param(&set("lvs/w", "odd"), "parent_name");
+    assert_param(&set("lvs/w", "nope"), "parent_name");
+    assert_param(&set("lvs/w", "lvs/thick"), "parent_name");
+    assert_param(&set("lvs/nope", "golden"), "lvol_name");
+    assert_param(&set("lvs/w", "m0"), "parent_name"); // the store's base: claimed for writing
+    let clone = |p: Value| f.err("bdev_lvol_clone_bdev", p);
+    assert_param(&clone(json!({"bdev": "golden", "lvs_name": "nope", "clone_name": "c"})), "lvs_name");
+    assert_param(&clone(json!({"bdev": "nope", "lvs_name": "lvs", "clone_name": "c"})), "bdev");
+    assert_param(&clone(json!({"bdev": "odd", "lvs_name": "lvs", "clone_name": "c"})), "bdev");
+    assert_param(&clone(json!({"bdev": "golden", "lvs_name": "lvs", "clone_name": "w"})), "clone_name");
+    assert_param(&clone(json!({"bdev": "golden", "lvs_name": "lvs", "clone_name": "a/b"})), "clone_name");
+    // Back to a snapshot parent: the external snapshot is let go.
+    f.thin("v", 4);
+    f.write("lvs/v", 0, 0x5a, 4 * MIB);
+    f.ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/v", "snapshot_name": "s"}));
+    f.ok("bdev_lvol_set_parent", json!({"lvol_name": "lvs/w", "parent_name": "lvs/s"}));
+    assert_eq!(f.bytes("lvs/w", 4), [0x5a, 0x5a, 0x5a, 0x77]);
+    f.ok("bdev_malloc_delete", json!({"name": "golden"}));
+}

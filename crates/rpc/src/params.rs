@@ -147,6 +147,19 @@ impl Params {
     }
 
     /// An object, left for the method to decode (SPDK's nested `listen_address`, `namespace`).
+    /// A list of names given either as a list of strings or as one string of names separated
+    /// by whitespace (SPDK's `base_bdevs` is sent both ways by its clients over the years).
+    pub fn optional_names(&mut self, field: &'static str) -> Result<Option<Vec<String>>, ParamError> {
+        match self.map.get(field) {
+            Some(Value::String(s)) => {
+                let names = s.split_whitespace().map(str::to_string).collect();
+                self.take(field);
+                Ok(Some(names))
+            }
+            _ => self.optional_str_list(field),
+        }
+    }
+
     pub fn optional_object(&mut self, field: &'static str) -> Result<Option<Map<String, Value>>, ParamError> {
         match self.take(field) {
             None => Ok(None),

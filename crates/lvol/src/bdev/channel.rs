@@ -21,7 +21,7 @@ use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 use super::owner::{Msg, ZeroPiece};
 use super::shared::{ChannelShared, Piece, Reply, View, VolumeShared};
 use super::Geometry;
-use crate::{Uuid, UNALLOCATED};
+use crate::{ReadSource, Uuid, UNALLOCATED};
 
 /// A base tag with this bit is a slot's (a request cut into pieces, or waiting for the owner);
 /// without it, the caller's own tag of a request passed straight through.
@@ -244,12 +244,21 @@ impl LvolChannel {
                 piece.iovcnt = (iovs.len() - start) as u32;
             }
             match req.op {
-                IoOp::Read => match view.resolve(index) {
-                    Some(c) => {
+                IoOp::Read => match view.source(index) {
+                    ReadSource::Cluster(c) => {
                         self.slots.add_piece(slot);
                         self.send_base(piece, self.geo.phys(c) + within);
                     }
-                    None => zero_fill(&piece),
+                    ReadSource::External => {
+                        self.slots.add_piece(slot);
+                        let msg = Msg::ExternalRead {
+                            vol: self.uuid,
+                            piece: Piece { slot, req: piece, index },
+                            chan: self.me.clone(),
+                        };
+                        self.send_owner(msg, slot);
+                    }
+                    ReadSource::Zeroes => zero_fill(&piece),
                 },
                 IoOp::Write => {
                     self.slots.add_piece(slot);

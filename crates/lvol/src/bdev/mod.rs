@@ -101,6 +101,10 @@ pub struct VolumeInfo {
     pub parent: Option<Uuid>,
     pub clones: Vec<Uuid>,
     pub allocated_clusters: u64,
+    /// The volume's own external parent (SPDK's `is_esnap_clone`).
+    pub external: Option<String>,
+    /// Its chain's external parent is missing: reads needing it fail (SPDK's `is_degraded`).
+    pub degraded: bool,
 }
 
 /// An open lvstore: its owner thread and its volumes' devices.
@@ -261,6 +265,11 @@ impl LvStore {
                     parent: v.parent,
                     clones: all.iter().filter(|c| c.parent == Some(v.uuid)).map(|c| c.uuid).collect(),
                     allocated_clusters: v.allocated_clusters(),
+                    external: v.external.as_ref().map(|e| e.name.clone()),
+                    degraded: o
+                        .store
+                        .chain_external(&v.uuid)
+                        .is_some_and(|e| !o.externals.contains_key(&e.name)),
                 })
                 .collect())
         })
@@ -403,6 +412,84 @@ impl LvStore {
         call(&self.tx, move |o| o.store.owned_bitmap(&vol, offset >> shift, size >> shift))
     }
 
+    /// SPDK's clone_bdev: a thin volume reading everything from the external bdev `external`
+    /// (named `external_name`; attach it with [`LvStore::attach_external`]).
+    pub fn clone_external(
+        &self,
+        clone_name: &str,
+        external_name: &str,
+        external_bytes: u64,
+    ) -> Result<Arc<LvolDevice>, LvolError> {
+        let (uuid, name) = (new_uuid(), clone_name.to_string());
+        let ext = self.external_parent(external_name, external_bytes, "bdev")?;
+        let size = ext.clusters * self.geo.cluster_size();
+        let shared = call(&self.tx, move |o| {
+            o.check_usable()?;
+            o.store.clone_external(uuid, &name, ext)?;
+            o.commit()?;
+            o.publish_tree(&uuid);
+            Ok(o.vols[&uuid].clone())
+        })?;
+        Ok(self.add_device(uuid, shared, size))
+    }
+
+    /// SPDK's set_parent_bdev: the thin volume `uuid` reads its unallocated clusters from the
+    /// external bdev `external_name` (attach it with [`LvStore::attach_external`]).
+    pub fn set_external_parent(
+        &self,
+        uuid: &Uuid,
+        external_name: &str,
+        external_bytes: u64,
+    ) -> Result<(), LvolError> {
+        let vol = *uuid;
+        let ext = self.external_parent(external_name, external_bytes, "parent_name")?;
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.store.set_external_parent(&vol, ext)))
+    }
+
+    /// An external parent of `bytes`, a whole number of clusters as SPDK requires.
+    fn external_parent(
+        &self,
+        name: &str,
+        bytes: u64,
+        field: &'static str,
+    ) -> Result<crate::ExternalParent, LvolError> {
+        let cs = self.geo.cluster_size();
+        if bytes == 0 || bytes % cs != 0 {
+            return Err(LvolError::Invalid {
+                field,
+                reason: format!(
+                    "'{name}' is {bytes} bytes, not a non-zero multiple of the cluster size {cs}"
+                ),
+            });
+        }
+        Ok(crate::ExternalParent { name: name.to_string(), clusters: bytes / cs })
+    }
+
+    /// The external parents the volumes name, and which of them are attached.
+    pub fn externals(&self) -> Result<(Vec<String>, Vec<String>), LvolError> {
+        call(&self.tx, |o| Ok((o.store.external_names(), o.externals.keys().cloned().collect())))
+    }
+
+    /// The external parent `name` is present as `bdev`: reads and copies that need it work from
+    /// now on (views need no change: they only know a chain has an external parent).
+    pub fn attach_external(&self, name: &str, bdev: Bdev) -> Result<(), LvolError> {
+        let name = name.to_string();
+        call(&self.tx, move |o| {
+            let io = owner::BaseIo::open(bdev)?;
+            o.externals.insert(name, io);
+            Ok(())
+        })
+    }
+
+    /// Stops reading the external parent `name` (no volume names it any more).
+    pub fn detach_external(&self, name: &str) -> Result<(), LvolError> {
+        let name = name.to_string();
+        call(&self.tx, move |o| {
+            o.externals.remove(&name);
+            Ok(())
+        })
+    }
+
     /// Takes the clusters a grown base now has room for; `false` when there are none.
     pub fn grow(&self) -> Result<bool, LvolError> {
         call(&self.tx, |o| {
@@ -528,8 +615,10 @@ impl BlockDevice for LvolDevice {
             let index = pos >> self.geo.cluster_shift;
             let next = ((index + 1) << self.geo.cluster_shift).min(end);
             let run = next - pos;
-            let extent =
-                if view.resolve(index).is_some() { BlockExtent::data(run) } else { BlockExtent::hole(run) };
+            let extent = match view.source(index) {
+                crate::ReadSource::Zeroes => BlockExtent::hole(run),
+                _ => BlockExtent::data(run),
+            };
             extent.append_to(out, first);
             pos = next;
         }

@@ -22,7 +22,9 @@ use fp_bdev::{AlignedBuf, Bdev, IoChannel, IoOp, IoRequest, IoStatus, SubmitErro
 
 use super::shared::{ChannelShared, Layer, Piece, Reply, View, VolumeShared};
 use super::Geometry;
-use crate::{DeviceError, LvolError, MetaDevice, Page, Store, Uuid, WriteTarget, PAGE_SIZE, UNALLOCATED};
+use crate::{
+    DeviceError, LvolError, MetaDevice, Page, ReadSource, Store, Uuid, WriteTarget, PAGE_SIZE, UNALLOCATED,
+};
 
 /// What the owner is sent.
 pub(crate) enum Msg {
@@ -36,6 +38,13 @@ pub(crate) enum Msg {
     Zero {
         vol: Uuid,
         piece: ZeroPiece,
+    },
+    /// A read piece of a cluster only the chain's external parent holds: the owner reads it
+    /// from that bdev straight into the piece's buffers.
+    ExternalRead {
+        vol: Uuid,
+        piece: Piece,
+        chan: Arc<ChannelShared>,
     },
     /// A control operation.
     Call(Box<dyn FnOnce(&mut Owner) + Send>),
@@ -88,9 +97,18 @@ impl BaseIo {
         let iov = libc::iovec { iov_base: data.cast(), iov_len: len as usize };
         let with_data = matches!(op, IoOp::Read | IoOp::Write);
         let req = IoRequest { tag: 0, op, offset, len, iov: &iov, iovcnt: u32::from(with_data) };
+        // SAFETY: `iov` and its buffer (the caller's) outlive the wait.
+        unsafe { self.run_req(&req) }
+    }
+
+    /// A request with the caller's buffers, waited for.
+    ///
+    /// # Safety
+    /// `req`'s iovecs and their buffers stay valid until this returns.
+    unsafe fn run_req(&mut self, req: &IoRequest) -> Result<(), i32> {
         loop {
-            // SAFETY: `iov` and its buffer outlive the request: this function waits for it.
-            match unsafe { self.chan.submit(&req) } {
+            // SAFETY: the caller keeps the buffers valid; this function waits for the request.
+            match unsafe { self.chan.submit(req) } {
                 Ok(()) => break,
                 Err(SubmitError::Busy) => self.wait(),
                 Err(SubmitError::OutOfRange) => return Err(libc::EINVAL),
@@ -144,6 +162,14 @@ impl BaseIo {
             done += n as u64;
         }
         Ok(())
+    }
+
+    /// Reads into a channel's piece (its own buffers) at `offset`.
+    fn read_piece(&mut self, piece: &Piece, offset: u64) -> Result<(), i32> {
+        let req = IoRequest { tag: 0, offset, ..piece.req };
+        // SAFETY: the piece's buffers are the caller's, valid until its request completes, which
+        // waits for this piece's reply.
+        unsafe { self.run_req(&req) }
     }
 
     /// Copies `len` bytes at `from` to `to` on another device (a shallow copy's destination).
@@ -226,16 +252,21 @@ pub(crate) struct Owner {
     /// Set when a commit failed: what is durable is no longer known, so every later change is
     /// refused (the store must be reloaded).
     pub(crate) broken: Option<String>,
+    /// The external parents present, by name (a missing one's reads fail until it appears).
+    pub(crate) externals: HashMap<String, BaseIo>,
 }
 
 /// The published view of volume `uuid`, from the store's maps and its parent's view.
 pub(crate) fn build_view(store: &Store, vols: &HashMap<Uuid, Arc<VolumeShared>>, uuid: &Uuid) -> View {
     let v = store.volume(uuid).expect("the volume exists");
     let mut layers = vec![Layer::from_map(&v.map)];
+    let mut external = v.external.as_ref().map_or(0, |e| e.clusters);
     if let Some(parent) = v.parent.and_then(|p| vols.get(&p)) {
-        layers.extend(parent.view.load().layers.iter().cloned());
+        let pv = parent.view.load();
+        layers.extend(pv.layers.iter().cloned());
+        external = pv.external;
     }
-    View { layers }
+    View { layers, external }
 }
 
 impl Owner {
@@ -247,7 +278,7 @@ impl Owner {
             let view = build_view(&store, &vols, &v.uuid);
             vols.insert(v.uuid, VolumeShared::new(view, v.read_only));
         }
-        Owner { store, io, vols, geo, rx, deferred: VecDeque::new(), broken: None }
+        Owner { store, io, vols, geo, rx, deferred: VecDeque::new(), broken: None, externals: HashMap::new() }
     }
 
     pub(crate) fn run(mut self) {
@@ -270,7 +301,7 @@ impl Owner {
             }
             while let Ok(m) = self.rx.try_recv() {
                 match m {
-                    Msg::Write { .. } | Msg::Zero { .. } => io.push(m),
+                    Msg::Write { .. } | Msg::Zero { .. } | Msg::ExternalRead { .. } => io.push(m),
                     other => self.deferred.push_back(other),
                 }
             }
@@ -430,6 +461,10 @@ impl Owner {
     /// zeroing) it when needed: `(cluster, newly allocated)`. `whole`: the caller overwrites all
     /// of it, so no copy is needed.
     fn cluster_for_write(&mut self, vol: &Uuid, index: u64, whole: bool) -> Result<(u32, bool), i32> {
+        // A copy from a missing external parent fails before anything is allocated.
+        if !whole && matches!(self.store.read_source(vol, index), Ok(ReadSource::External)) {
+            self.external_of(vol)?;
+        }
         match self.store.allocate_for_write(vol, index) {
             Ok(WriteTarget::Mapped(c)) => Ok((c, false)),
             Ok(WriteTarget::Allocated { cluster, copy_from }) => {
@@ -445,11 +480,49 @@ impl Owner {
                 }
                 Ok((cluster, true))
             }
+            Ok(WriteTarget::AllocatedFromExternal { cluster }) => {
+                let (to, cs) = (self.geo.phys(cluster), self.geo.cluster_size());
+                // `whole`: a write-zeroes of the whole cluster, which the zeroing is.
+                let r = match whole {
+                    true => self.io.zero(to, cs),
+                    false => match self.store.chain_external(vol).map(|e| e.name.clone()) {
+                        Some(name) => match self.externals.get_mut(&name) {
+                            Some(ext) => ext.copy_to(index * cs, &mut self.io, to, cs),
+                            None => Err(libc::EIO),
+                        },
+                        None => Err(libc::EIO),
+                    },
+                };
+                if let Err(e) = r {
+                    // The external bdev failed, not the store: the cluster goes back unmapped
+                    // (never durable, so nothing else changed) and the write fails.
+                    log::warn!("lvol {vol}: copying cluster {index} from its external parent: errno {e}");
+                    self.store.undo_allocation(vol, index);
+                    return Err(libc::EIO);
+                }
+                Ok((cluster, true))
+            }
             Err(LvolError::NoSpace { .. }) => Err(libc::ENOSPC),
             Err(e) => {
                 log::warn!("lvol {vol}: cluster {index}: {e}");
                 Err(libc::EIO)
             }
+        }
+    }
+
+    /// The present external parent of the volume's chain; EIO when it has none or it is
+    /// missing.
+    fn external_of(&mut self, vol: &Uuid) -> Result<&mut BaseIo, i32> {
+        let name = self.store.chain_external(vol).map(|e| e.name.clone()).ok_or(libc::EIO)?;
+        self.externals.get_mut(&name).ok_or(libc::EIO)
+    }
+
+    /// A read piece from the external parent (its own offsets: the volume's cluster `index`).
+    fn external_read(&mut self, vol: &Uuid, piece: &Piece) -> IoStatus {
+        let offset = (piece.index << self.geo.cluster_shift) + piece.req.offset;
+        match self.external_of(vol).and_then(|ext| ext.read_piece(piece, offset)) {
+            Ok(()) => IoStatus::Success,
+            Err(e) => IoStatus::Error(e),
         }
     }
 
@@ -516,7 +589,7 @@ impl Owner {
             }
             return status(self.io.discard(self.geo.phys(own) + within, len));
         }
-        if own == UNALLOCATED && matches!(self.store.cluster_for_read(vol, index), Ok(None)) {
+        if own == UNALLOCATED && matches!(self.store.read_source(vol, index), Ok(ReadSource::Zeroes)) {
             // Reads zeroes already.
             return IoStatus::Success;
         }
@@ -543,6 +616,11 @@ impl Owner {
         let mut zeroes: Vec<(Uuid, ZeroPiece)> = Vec::new();
         for m in msgs {
             match m {
+                // Reads change nothing: a broken store still serves them.
+                Msg::ExternalRead { vol, piece, chan } => {
+                    let status = self.external_read(&vol, &piece);
+                    replies.push((chan, Reply::Done { slot: piece.slot, status }));
+                }
                 _ if self.broken.is_some() => {
                     let (chan, slot) = match m {
                         Msg::Write { piece, chan, .. } => (chan, piece.slot),

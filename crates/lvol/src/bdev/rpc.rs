@@ -23,6 +23,9 @@ const MODULE: &str = "lvol";
 const HOLDER: &str = "lvstore";
 const MIB: u64 = 1 << 20;
 const DEFAULT_CLUSTER: u64 = 4 * MIB;
+/// The claim holder kind a store takes its external parents with (one claim per store and
+/// bdev, the store's UUID the holder).
+const ESNAP_HOLDER: &str = "lvol_esnap";
 const CLEAR_METHODS: [&str; 3] = ["none", "unmap", "write_zeroes"];
 
 /// A volume's clear methods: the store's, and SPDK's `default` (the store's method).
@@ -101,6 +104,8 @@ impl BdevModule for LvolModule {
             ("bdev_lvol_grow_lvstore", grow_lvstore),
             ("bdev_lvol_set_parent", set_parent),
             ("bdev_lvol_get_fragmap", get_fragmap),
+            ("bdev_lvol_set_parent_bdev", set_parent_bdev),
+            ("bdev_lvol_clone_bdev", clone_bdev),
             ("bdev_lvol_start_shallow_copy", start_shallow_copy),
             ("bdev_lvol_check_shallow_copy", check_shallow_copy),
         ]
@@ -121,6 +126,10 @@ impl BdevModule for LvolModule {
     }
 
     fn examine(&self, host: &dyn ModuleHost, name: &str, driver: &'static str) {
+        // Any bdev may be an external parent a store waits for.
+        for lvs in with_stores(host, |l| l.clone()) {
+            sync_externals(host, &lvs);
+        }
         // A volume is never a base here, and a null bdev holds nothing.
         if driver == MODULE || driver == "null" {
             return;
@@ -151,6 +160,7 @@ impl BdevModule for LvolModule {
             }
         }
         log::info!("bdev '{name}': lvstore '{lvs_name}' ({}) loaded", lvs.uuid());
+        sync_externals(host, &lvs);
         with_stores(host, |l| l.push(lvs));
     }
 
@@ -345,7 +355,11 @@ fn delete_lvstore(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleE
     for dev in lvs.devices() {
         host.delete_bdev(&dev.uuid().to_string(), MODULE)?;
     }
+    let (_, attached) = lvs.externals().map_err(lvol_error)?;
     lvs.destroy().map_err(lvol_error)?;
+    for name in attached {
+        host.release_claim(&name, ESNAP_HOLDER, &lvs.uuid().to_string());
+    }
     host.release_claim(lvs.base_name(), HOLDER, &lvs.uuid().to_string());
     with_stores(host, |l| l.retain(|s| !Arc::ptr_eq(s, &lvs)));
     log::info!("lvstore '{}' deleted", lvs.name());
@@ -430,6 +444,7 @@ fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     lvs.check_delete(&dev.uuid()).map_err(as_name_field)?;
     host.delete_bdev(&dev.uuid().to_string(), MODULE)?;
     lvs.delete_volume(&dev.uuid()).map_err(lvol_error)?;
+    sync_externals(host, &lvs);
     Ok(Value::Bool(true))
 }
 
@@ -552,11 +567,14 @@ fn get_lvols(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleError> {
                 "is_thin_provisioned": v.thin,
                 "is_snapshot": v.snapshot,
                 "is_clone": v.parent.is_some(),
-                "is_esnap_clone": false,
-                "is_degraded": false,
+                "is_esnap_clone": v.external.is_some(),
+                "is_degraded": v.degraded,
                 "num_allocated_clusters": v.allocated_clusters,
                 "lvs": { "name": lvs_name, "uuid": s.uuid().to_string() },
             }));
+            if let (Some(e), Some(last)) = (&v.external, out.last_mut()) {
+                last["external_snapshot_name"] = Value::from(e.clone());
+            }
         }
     }
     Ok(Value::Array(out))
@@ -612,6 +630,7 @@ fn set_parent(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError
         .into());
     }
     lvs.set_parent(&dev.uuid(), &snap.uuid()).map_err(lvol_error)?;
+    sync_externals(host, &lvs);
     Ok(Value::Bool(true))
 }
 
@@ -714,4 +733,95 @@ fn check_shallow_copy(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Mod
     };
     out["state"] = Value::from(state);
     Ok(out)
+}
+
+/// Claims and attaches the external parents the store's volumes name and that are present,
+/// and lets go of those no volume names any more. A missing one is left for later: examine
+/// calls this again whenever a bdev appears (SPDK's "missing esnap" until then).
+fn sync_externals(host: &dyn ModuleHost, lvs: &LvStore) {
+    let Ok((wanted, attached)) = lvs.externals() else { return };
+    let holder = lvs.uuid().to_string();
+    for name in wanted.iter().filter(|n| !attached.contains(n)) {
+        if !host.bdev_exists(name) {
+            continue;
+        }
+        match host.claim(name, ESNAP_HOLDER, &holder, ClaimType::ReadManyWriteNone) {
+            Ok(bdev) => {
+                if let Err(e) = lvs.attach_external(name, bdev) {
+                    host.release_claim(name, ESNAP_HOLDER, &holder);
+                    log::warn!("lvstore '{}': external snapshot '{name}' not attached: {e}", lvs.name());
+                } else {
+                    log::info!("lvstore '{}': external snapshot '{name}' attached", lvs.name());
+                }
+            }
+            Err(e) => {
+                log::warn!("lvstore '{}': external snapshot '{name}' cannot be claimed: {e}", lvs.name())
+            }
+        }
+    }
+    for name in attached.iter().filter(|n| !wanted.contains(n)) {
+        let _ = lvs.detach_external(name);
+        host.release_claim(name, ESNAP_HOLDER, &holder);
+    }
+}
+
+/// The bdev `name` (`field`) as an external parent for `lvs`: its canonical name and size. Not
+/// one of the store's own volumes (the store's owner would wait on itself), and claimable
+/// read-many-write-none (nobody writes it) unless the store holds it already.
+fn external_bdev(
+    host: &dyn ModuleHost,
+    lvs: &LvStore,
+    field: &'static str,
+    name: &str,
+) -> Result<(String, u64), ModuleError> {
+    let canonical =
+        host.bdev_name(name).ok_or_else(|| ParamError::new(field, format!("no bdev '{name}'")))?;
+    if Uuid::parse(&canonical).is_some_and(|u| lvs.device(&u).is_some()) {
+        return Err(ParamError::new(field, format!("'{name}' is a volume of the same lvstore")).into());
+    }
+    let (bdev, _) =
+        host.bdev(&canonical).ok_or_else(|| ParamError::new(field, format!("no bdev '{name}'")))?;
+    let (_, attached) = lvs.externals().map_err(lvol_error)?;
+    if !attached.contains(&canonical) {
+        host.claimable(&canonical, ClaimType::ReadManyWriteNone)
+            .map_err(|e| ParamError::new(field, format!("'{name}' cannot be claimed read-only: {e}")))?;
+    }
+    Ok((canonical, bdev.info().size_bytes()))
+}
+
+/// SPDK's `bdev_lvol_set_parent_bdev`: the thin volume `lvol_name` reads its unallocated
+/// clusters from the bdev `parent_name` (an external snapshot, claimed read-many-write-none).
+fn set_parent_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let lvol = p.required_str("lvol_name")?;
+    let parent = p.required_str("parent_name")?;
+    p.finish()?;
+    let (lvs, dev) = find_volume(host, "lvol_name", &lvol)?;
+    let (canonical, bytes) = external_bdev(host, &lvs, "parent_name", &parent)?;
+    lvs.set_external_parent(&dev.uuid(), &canonical, bytes).map_err(lvol_error)?;
+    sync_externals(host, &lvs);
+    Ok(Value::Bool(true))
+}
+
+/// SPDK's `bdev_lvol_clone_bdev`: a thin clone `clone_name` in `lvs_name` of the bdev `bdev`
+/// (an external snapshot, claimed read-many-write-none as SPDK does). Returns its UUID.
+fn clone_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let bdev = p.required_str("bdev")?;
+    let lvs_name = p.required_str("lvs_name")?;
+    let name = p.required_str("clone_name")?;
+    p.finish()?;
+    let lvs = with_stores(host, |l| l.iter().find(|s| s.name() == lvs_name).cloned())
+        .ok_or_else(|| ParamError::new("lvs_name", format!("no lvstore named '{lvs_name}'")))?;
+    check_name("clone_name", &name).map_err(lvol_error)?;
+    let (canonical, bytes) = external_bdev(host, &lvs, "bdev", &bdev)?;
+    let a = alias(&lvs.name(), &name);
+    host.check_new_bdev(&a).map_err(|_| ParamError::new("clone_name", format!("bdev '{a}' exists")))?;
+    let c = lvs.clone_external(&name, &canonical, bytes).map_err(lvol_error)?;
+    let uuid = c.uuid();
+    sync_externals(host, &lvs);
+    if let Err(e) = host.add_bdev(MODULE, NewBdev::new(c).alias(a)) {
+        let _ = lvs.delete_volume(&uuid);
+        sync_externals(host, &lvs);
+        return Err(e);
+    }
+    Ok(Value::from(uuid.to_string()))
 }

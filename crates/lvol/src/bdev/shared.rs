@@ -18,7 +18,7 @@ use arc_swap::ArcSwap;
 use crossbeam_queue::SegQueue;
 use fp_bdev::{IoRequest, IoStatus};
 
-use crate::UNALLOCATED;
+use crate::{ReadSource, UNALLOCATED};
 
 /// One volume's own cluster map, as the data path reads it.
 pub(crate) struct Layer(Box<[AtomicU32]>);
@@ -42,9 +42,11 @@ impl Layer {
     }
 }
 
-/// A volume's layer and its ancestors', nearest first.
+/// A volume's layer and its ancestors', nearest first, and the size in clusters of the chain's
+/// external parent (0: none), read where no layer maps a cluster.
 pub(crate) struct View {
     pub(crate) layers: Vec<Arc<Layer>>,
+    pub(crate) external: u64,
 }
 
 impl View {
@@ -58,14 +60,27 @@ impl View {
     /// when none does, or past a layer's end (nothing further up either, as in the store).
     #[inline]
     pub(crate) fn resolve(&self, index: u64) -> Option<u32> {
+        match self.source(index) {
+            ReadSource::Cluster(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Where a read of cluster `index` comes from, the external parent included.
+    #[inline]
+    pub(crate) fn source(&self, index: u64) -> ReadSource {
         for layer in &self.layers {
             match layer.get(index) {
-                None => return None,
+                None => return ReadSource::Zeroes,
                 Some(UNALLOCATED) => continue,
-                Some(c) => return Some(c),
+                Some(c) => return ReadSource::Cluster(c),
             }
         }
-        None
+        if index < self.external {
+            ReadSource::External
+        } else {
+            ReadSource::Zeroes
+        }
     }
 }
 

@@ -378,3 +378,48 @@ fn a_fragmented_volume_is_described_a_prefix_at_a_time() {
     // The caller carries on where the answer stopped.
     assert_eq!(status(&v, MIB, 48 * KIB), [data(16 * KIB), hole(16 * KIB), data(16 * KIB)]);
 }
+
+/// A store reloaded without its external snapshot: the esnap clone is degraded (reads that need
+/// the external bdev and first writes to its clusters fail, its own clusters read fine) until
+/// the bdev is attached again, when everything reads as before.
+#[test]
+fn an_esnap_clone_is_degraded_until_its_external_snapshot_returns() {
+    let base = ram(16 * MIB);
+    let golden = ram(MIB);
+    let g = pattern(3, MIB as usize);
+    write_range(&mut *golden.open_channel().unwrap(), 0, &g);
+    let (cu, own);
+    {
+        let lvs = store_on(base.clone(), 64 * KIB);
+        let c = lvs.clone_external("c", "golden", MIB).unwrap();
+        lvs.attach_external("golden", golden.clone()).unwrap();
+        let mut ch = c.open_channel().unwrap();
+        assert_eq!(read_range(&mut *ch, 0, MIB as usize), g);
+        own = pattern(8, 4096);
+        write_range(&mut *ch, 64 * KIB, &own);
+        assert_eq!(read_range(&mut *ch, 64 * KIB + 4096, 4096), g[(64 * KIB + 4096) as usize..][..4096]);
+        assert!(lvs.clone_external("d", "golden", MIB + 1).is_err(), "not whole clusters");
+        cu = c.uuid();
+        lvs.close();
+    }
+    let lvs = LvStore::load(base, "base").unwrap().expect("a store");
+    let v = lvs.volumes().unwrap().into_iter().find(|v| v.uuid == cu).unwrap();
+    assert_eq!((v.external.as_deref(), v.degraded), (Some("golden"), true));
+    let mut ch = lvs.device(&cu).unwrap().open_channel().unwrap();
+    assert_eq!(read_range(&mut *ch, 64 * KIB, 4096), own, "its own cluster reads");
+    let mut buf = conformance::IoBuf::new(4096, true);
+    let iov = [buf.iovec()];
+    // SAFETY: `buf` and `iov` outlive the request, polled to its end here.
+    unsafe { ch.submit(&conformance::rw(3, IoOp::Read, 0, &iov)).unwrap() };
+    assert_eq!(conformance::poll_until(&mut *ch, 1)[0].1, IoStatus::Error(libc::EIO));
+    let before = free(&lvs);
+    assert_eq!(write_status(&mut *ch, 4096, &own), IoStatus::Error(libc::EIO));
+    assert_eq!(free(&lvs), before, "a failed copy from the external snapshot allocates nothing");
+    lvs.attach_external("golden", golden).unwrap();
+    assert!(!lvs.volumes().unwrap().into_iter().find(|v| v.uuid == cu).unwrap().degraded);
+    assert_eq!(read_range(&mut *ch, 0, 4096), g[..4096]);
+    assert_eq!(write_status(&mut *ch, 4096, &own), IoStatus::Success);
+    let mut expect = g[..64 * KIB as usize].to_vec();
+    expect[4096..8192].copy_from_slice(&own);
+    assert_eq!(read_range(&mut *ch, 0, expect.len()), expect);
+}

@@ -1,0 +1,391 @@
+//! The owner over bases in memory (synchronous, step by step) and over RAM bdevs (its thread,
+//! with writer threads doing raid1's write path as the channels do).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fp_bdev::{Bdev, BdevInfo, Capacity, IoTypes, RamDevice};
+use fp_lvol::Uuid;
+
+use super::*;
+use crate::meta_io::{read_superblock, MemBase};
+use crate::shared::Failure;
+
+const MIB: u64 = 1 << 20;
+
+fn info(name: &str, sb: &Superblock) -> BdevInfo {
+    BdevInfo {
+        name: name.into(),
+        product_name: "Raid Volume".into(),
+        block_size: sb.block_size,
+        capacity: Capacity::new(sb.raid_blocks),
+        io_types: IoTypes { read: true, write: true, flush: true, unmap: false, write_zeroes: false },
+        driver: "raid",
+        driver_specific: None,
+    }
+}
+
+fn new_sb(n: usize, base_bytes: u64) -> Superblock {
+    let uuids: Vec<Uuid> = (0..n).map(|_| random_uuid()).collect();
+    Superblock::create("r", RaidLevel::Raid1, 0, 512, random_uuid(), &uuids, &vec![base_bytes; n], true)
+        .unwrap()
+}
+
+fn fast() -> OwnerOptions {
+    OwnerOptions {
+        clear_period: Duration::from_millis(20),
+        process_window_bytes: 256 << 10,
+        checkpoint_bytes: MIB,
+        checkpoint_interval: Duration::from_secs(60),
+        idle_park: Duration::from_millis(5),
+        ..OwnerOptions::default()
+    }
+}
+
+fn mem_member(i: usize, bytes: u64) -> Option<Member> {
+    Some(Member { name: format!("m{i}"), bdev: None, io: Box::new(MemBase::new(bytes)) })
+}
+
+/// A raid1 of `n` bases in memory, started (formatted).
+fn mem_raid(n: usize, base_bytes: u64) -> Owner {
+    let sb = new_sb(n, base_bytes);
+    let shared = new_shared(info("r", &sb), &sb, true);
+    let members = (0..n).map(|i| mem_member(i, base_bytes)).collect();
+    let mut o = Owner::new(shared, members, sb, true, fast());
+    o.start().unwrap();
+    o
+}
+
+fn io(o: &mut Owner, slot: usize) -> &mut dyn BaseIo {
+    o.member_mut(slot).unwrap().io.as_mut()
+}
+
+/// raid1's write path, synchronously: intent, durable bits, every base taking writes.
+fn write(o: &mut Owner, offset: u64, data: &[u8]) {
+    let map = o.shared().clone();
+    let map = map.intent.as_ref().unwrap();
+    let t = map.begin_write(offset, data.len() as u64);
+    if !map.is_durable(&t) {
+        o.persist_bitmap();
+    }
+    assert!(map.is_durable(&t));
+    let layout = o.shared().layout();
+    for (slot, v) in layout.slots.iter().enumerate() {
+        if v.state.takes_writes() {
+            io(o, slot).write_at(layout.data_offset + offset, data).unwrap();
+        }
+    }
+    map.end_write(&t);
+}
+
+fn data(o: &mut Owner, slot: usize) -> Vec<u8> {
+    let sb = o.superblock().clone();
+    let mut v = vec![0; sb.raid_bytes() as usize];
+    io(o, slot).read_at(sb.data_offset, &mut v).unwrap();
+    v
+}
+
+fn run_process(o: &mut Owner) {
+    let mut n = 0;
+    while o.process_running() {
+        o.tick();
+        n += 1;
+        assert!(n < 100_000, "process does not end");
+    }
+}
+
+#[test]
+fn a_new_raid_is_formatted_unclean_and_stops_clean() {
+    let mut o = mem_raid(2, 8 * MIB);
+    for slot in 0..2 {
+        let sb = read_superblock(io(&mut o, slot)).unwrap().unwrap();
+        assert_eq!((sb.seq, sb.slot as usize, sb.clean), (1, slot, false));
+    }
+    assert_eq!(o.shared().layout().slots.iter().filter(|s| s.state == SlotState::Active).count(), 2);
+    assert_eq!(o.shared().epoch(), 1);
+    write(&mut o, 3 * 65536, &[5; 4096]);
+    assert_eq!(o.shared().counters.bitmap_writes.load(Ordering::Relaxed), 2);
+    o.stop().unwrap();
+    for slot in 0..2 {
+        let sb = read_superblock(io(&mut o, slot)).unwrap().unwrap();
+        assert!(sb.clean && sb.seq == 2);
+        let map = IntentMap::new(sb.raid_bytes(), sb.bitmap_chunk_bytes, true);
+        assert_eq!(meta_io::load_bitmap(io(&mut o, slot), &sb, &map).unwrap(), 0);
+        assert!(map.is_set(3) && map.set_count() == 1, "the bit is on every base");
+    }
+}
+
+#[test]
+fn a_failure_is_durable_before_the_layout_drops_the_base() {
+    let mut o = mem_raid(2, 8 * MIB);
+    let epoch = o.shared().epoch();
+    o.shared().failures.push(Failure { slot: 1, errno: libc::EIO }).unwrap();
+    o.handle_failures();
+    assert_eq!(o.shared().layout().slots[1].state, SlotState::Failed);
+    assert!(o.shared().epoch() > epoch);
+    let sb = read_superblock(io(&mut o, 0)).unwrap().unwrap();
+    assert_eq!(sb.slots[1].state, SlotState::Failed);
+    assert_eq!(o.shared().counters.base_failures.load(Ordering::Relaxed), 1);
+    // Slot 1's own superblock was not written: it still says Active, with an older sequence.
+    let old = read_superblock(io(&mut o, 1)).unwrap().unwrap();
+    assert!(old.seq < sb.seq && old.slots[1].state == SlotState::Active);
+    // The last in-sync base cannot be removed; the failed one can.
+    assert!(matches!(o.remove_base("m0"), Err(RaidError::InvalidParam { field: "name", .. })));
+    o.remove_base("m1").unwrap();
+}
+
+#[test]
+fn a_returning_base_copies_only_what_it_missed() {
+    let bytes = 16 * MIB;
+    let mut o = mem_raid(2, bytes);
+    write(&mut o, 0, &vec![1; 2 * MIB as usize]);
+    // Idle for two passes: the bits clear, so they do not count as missed later.
+    std::thread::sleep(Duration::from_millis(25));
+    o.tick();
+    std::thread::sleep(Duration::from_millis(25));
+    o.tick();
+    assert_eq!(o.shared().intent.as_ref().unwrap().set_count(), 0);
+    o.shared().failures.push(Failure { slot: 1, errno: libc::EIO }).unwrap();
+    o.tick();
+    let returning = o.remove_base("m1").unwrap();
+    // Degraded writes: three chunks' worth of 4 KiB writes plus one 128 KiB write.
+    for off in [0, 5 * 65536, 9 * 65536 + 4096] {
+        write(&mut o, off, &[2; 4096]);
+    }
+    write(&mut o, 4 * MIB, &[3; 131072]);
+    std::thread::sleep(Duration::from_millis(45));
+    o.tick();
+    assert_eq!(o.shared().intent.as_ref().unwrap().set_count(), 5, "no clearing while degraded");
+    let slot = o.add_base(returning).unwrap();
+    assert_eq!(slot, 1);
+    assert_eq!(o.shared().layout().slots[1].state, SlotState::Rebuilding);
+    assert_eq!(o.shared().process.kind.load(Ordering::Relaxed), 1, "partial");
+    run_process(&mut o);
+    assert_eq!(o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed), 5 * 65536);
+    assert_eq!(o.shared().counters.rebuilds_completed.load(Ordering::Relaxed), 1);
+    assert_eq!(o.shared().layout().slots[1].state, SlotState::Active);
+    assert!(data(&mut o, 0) == data(&mut o, 1));
+    let sb = read_superblock(io(&mut o, 1)).unwrap().unwrap();
+    assert_eq!(sb.slots[1].state, SlotState::Active);
+}
+
+#[test]
+fn a_new_base_gets_everything_and_foreign_or_small_bases_are_refused() {
+    let bytes = 8 * MIB;
+    let mut o = mem_raid(2, bytes);
+    write(&mut o, MIB, &[9; 8192]);
+    o.shared().failures.push(Failure { slot: 0, errno: libc::EIO }).unwrap();
+    o.tick();
+    o.remove_base("m0").unwrap();
+    let small = Member { name: "s".into(), bdev: None, io: Box::new(MemBase::new(4 * MIB)) };
+    let e = o.add_base(small).err().unwrap();
+    assert!(matches!(e, RaidError::InvalidParam { field: "base_bdev", .. }), "{e}");
+    // A base of another raid is refused.
+    let mut other = mem_raid(2, bytes);
+    let foreign = other.members[0].take().unwrap();
+    let e = o.add_base(Member { name: "f".into(), ..foreign }).err().unwrap();
+    assert!(e.to_string().contains("another raid"), "{e}");
+    let fresh = Member { name: "n".into(), bdev: None, io: Box::new(MemBase::new(bytes)) };
+    assert_eq!(o.add_base(fresh).unwrap(), 0);
+    assert_eq!(o.shared().process.kind.load(Ordering::Relaxed), 2, "full");
+    run_process(&mut o);
+    let raid = o.superblock().raid_bytes();
+    assert_eq!(o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed), raid);
+    assert!(data(&mut o, 0) == data(&mut o, 1));
+}
+
+#[test]
+fn a_rebuild_resumes_from_its_checkpoint_after_a_crash() {
+    let bytes = 16 * MIB;
+    let mut o = mem_raid(2, bytes);
+    o.shared().failures.push(Failure { slot: 1, errno: libc::EIO }).unwrap();
+    o.tick();
+    o.remove_base("m1").unwrap();
+    write(&mut o, 0, &vec![4; 12 * MIB as usize]);
+    // A new base: a full rebuild.
+    o.add_base(Member { name: "new".into(), bdev: None, io: Box::new(MemBase::new(bytes)) }).unwrap();
+    // Copy a few windows (the checkpoint is persisted every MiB), then "crash".
+    for _ in 0..14 {
+        o.tick();
+    }
+    let mut bases: Vec<MemBase> = Vec::new();
+    for slot in 0..2 {
+        let mut m = MemBase::new(bytes);
+        io(&mut o, slot).read_at(0, &mut m.image).unwrap();
+        bases.push(m);
+    }
+    drop(o);
+    let sbs: Vec<Superblock> = bases.iter_mut().map(|b| read_superblock(b).unwrap().unwrap()).collect();
+    let newest = sbs.iter().max_by_key(|s| s.seq).unwrap().clone();
+    let rec = &newest.slots[1];
+    assert_eq!(rec.state, SlotState::Rebuilding);
+    assert!(!rec.rebuild_partial);
+    let resumed_at = rec.rebuild_offset;
+    assert!(resumed_at >= 2 * MIB && resumed_at < newest.raid_bytes(), "{resumed_at}");
+    assert!(!newest.clean);
+    // Reassembly: the bases by slot, the newest superblock.
+    let shared = new_shared(info("r", &newest), &newest, true);
+    let members = bases
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| Some(Member { name: format!("m{i}"), bdev: None, io: Box::new(b) as Box<dyn BaseIo> }))
+        .collect();
+    let mut o = Owner::new(shared, members, newest, true, fast());
+    o.start().unwrap();
+    run_process(&mut o);
+    let copied = o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed);
+    let raid = o.superblock().raid_bytes();
+    // The resync of the unclean stop copies the set chunks (12 MiB written) to slot 1 too;
+    // the rebuild itself only what lies past the checkpoint.
+    assert_eq!(copied, 12 * MIB + (raid - resumed_at));
+    assert!(data(&mut o, 0) == data(&mut o, 1));
+    assert_eq!(o.superblock().slots[1].state, SlotState::Active);
+}
+
+#[test]
+fn an_unclean_stop_resyncs_the_set_chunks_from_the_first_base() {
+    let bytes = 8 * MIB;
+    let mut o = mem_raid(3, bytes);
+    write(&mut o, 0, &[1; 4096]);
+    // A crash with a write in flight: it reached base 0 only.
+    let map = o.shared().clone();
+    let t = map.intent.as_ref().unwrap().begin_write(2 * MIB, 4096);
+    o.persist_bitmap();
+    let off = o.superblock().data_offset + 2 * MIB;
+    io(&mut o, 0).write_at(off, &[7; 4096]).unwrap();
+    let _ = t;
+    let sb = o.superblock().clone();
+    let members: Vec<Option<Member>> = o.members.iter_mut().map(|m| m.take()).collect();
+    drop(o);
+    let shared = new_shared(info("r", &sb), &sb, true);
+    let mut o = Owner::new(shared, members, sb, true, fast());
+    o.start().unwrap();
+    assert_eq!(o.shared().process.kind.load(Ordering::Relaxed), 3);
+    let l = o.shared().layout();
+    assert_eq!(l.slots[0].state, SlotState::Active);
+    assert!(l.slots[1..].iter().all(|s| s.state == SlotState::Rebuilding), "reads only from the source");
+    run_process(&mut o);
+    assert_eq!(o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed), 2 * 2 * 65536);
+    assert!(o.shared().layout().slots.iter().all(|s| s.state == SlotState::Active));
+    let d0 = data(&mut o, 0);
+    assert!(d0 == data(&mut o, 1) && d0 == data(&mut o, 2));
+    assert_eq!(d0[2 * MIB as usize], 7);
+}
+
+/// raid1's write path as a channel does it, over the layout's bdevs, on this thread.
+struct Writer {
+    shared: Arc<RaidShared>,
+    chans: Vec<Option<Box<dyn fp_bdev::IoChannel>>>,
+}
+
+impl Writer {
+    fn new(shared: Arc<RaidShared>) -> Writer {
+        Writer { shared, chans: Vec::new() }
+    }
+
+    fn write(&mut self, offset: u64, buf: &mut [u8]) {
+        let map = self.shared.intent.as_ref().unwrap();
+        let t = map.begin_write(offset, buf.len() as u64);
+        while !map.is_durable(&t) {
+            self.shared.wake_owner();
+            std::thread::yield_now();
+        }
+        let layout = self.shared.layout();
+        self.chans.resize_with(layout.slots.len(), || None);
+        for (slot, v) in layout.slots.iter().enumerate() {
+            if !v.state.takes_writes() {
+                continue;
+            }
+            // Opened when first needed (the bases' bdevs do not change in this test).
+            let bdev = v.bdev.as_ref().unwrap();
+            let ch = self.chans[slot].get_or_insert_with(|| bdev.open_channel().unwrap());
+            let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+            let req = fp_bdev::IoRequest {
+                tag: 0,
+                op: fp_bdev::IoOp::Write,
+                offset: layout.data_offset + offset,
+                len: buf.len() as u64,
+                iov: &iov,
+                iovcnt: 1,
+            };
+            // SAFETY: `buf` outlives the request: it is polled to completion below.
+            unsafe { ch.submit(&req) }.unwrap();
+            let mut done = false;
+            while !done {
+                ch.poll(&mut |_, s| {
+                    assert_eq!(s, fp_bdev::IoStatus::Success);
+                    done = true;
+                });
+            }
+        }
+        map.end_write(&t);
+    }
+}
+
+fn ram(name: &str, bytes: u64) -> Bdev {
+    Arc::new(RamDevice::new(name, 512, bytes / 512).unwrap())
+}
+
+fn read_all(b: &Bdev, offset: u64, len: u64) -> Vec<u8> {
+    let mut io = ChannelIo::open(b.clone()).unwrap();
+    let mut v = vec![0; len as usize];
+    io.read_at(offset, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn writers_on_threads_during_a_full_rebuild_end_identical() {
+    let bytes = 32 * MIB;
+    let b0 = ram("b0", bytes);
+    let b1 = ram("b1", bytes);
+    let uuids = [random_uuid(), Uuid::NIL];
+    let sb = Superblock::create("t", RaidLevel::Raid1, 0, 512, random_uuid(), &uuids, &[bytes, bytes], true)
+        .unwrap();
+    let shared = new_shared(info("t", &sb), &sb, true);
+    let bases = vec![Some(BaseSpec { name: "b0".into(), bdev: b0.clone() }), None];
+    let h = OwnerHandle::spawn(shared.clone(), bases, Some(sb.clone()), fast()).unwrap();
+    let raid = sb.raid_bytes();
+    let mut w = Writer::new(shared.clone());
+    for i in 0..raid / MIB {
+        w.write(i * MIB, &mut vec![i as u8 + 1; MIB as usize]);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (shared, stop, written) = (shared.clone(), stop.clone(), written.clone());
+            std::thread::spawn(move || {
+                let mut w = Writer::new(shared);
+                let mut x = t + 1;
+                while !stop.load(Ordering::Relaxed) {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    // Each thread its own half: overlapping writes are unordered on a mirror.
+                    let off = ((x >> 20) % (raid / 2 / 4096)) * 4096 + t * (raid / 2);
+                    w.write(off, &mut vec![(x >> 56) as u8; 4096]);
+                    written.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    h.set_process_options(128, 0).unwrap();
+    assert_eq!(h.add_base("b1".into(), b1.clone()).unwrap(), 1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while shared.counters.rebuilds_completed.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "rebuild did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(written.load(Ordering::Relaxed) > 0);
+    let off = sb.data_offset;
+    assert!(read_all(&b0, off, raid) == read_all(&b1, off, raid), "replicas differ after the rebuild");
+    assert_eq!(shared.layout().slots[1].state, SlotState::Active);
+    let sbh = h.superblock().unwrap();
+    h.shutdown().unwrap();
+    let mut io0 = ChannelIo::open(b0.clone()).unwrap();
+    let on_disk = read_superblock(&mut io0).unwrap().unwrap();
+    assert!(on_disk.clean && on_disk.seq == sbh.seq + 1);
+}

@@ -1,0 +1,359 @@
+//! The raid module through the registry, as the RPC server drives it: SPDK's methods and
+//! shapes, I/O through the raid's disk landing on every replica, the refusals (each naming
+//! its field), and assembly from superblocks by examine (delay bdevs over RAM disks stand for
+//! replicas that go and come back: deleting and recreating a delay bdev re-examines it).
+
+use std::sync::Arc;
+
+use fp_bdev::conformance::{read_range, write_range};
+use fp_registry::Registry;
+use fp_rpc::codes;
+use serde_json::{json, Value};
+
+fn registry() -> (Arc<Registry>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Registry::new(vec![], &dir.path().join("vhost"));
+    (m, dir)
+}
+
+fn ok(m: &Registry, method: &str, params: Value) -> Value {
+    m.call(method, (!params.is_null()).then_some(params)).unwrap_or_else(|e| panic!("{method}: {e}"))
+}
+
+fn err(m: &Registry, method: &str, params: Value) -> fp_rpc::RpcError {
+    m.call(method, (!params.is_null()).then_some(params))
+        .map(|v| panic!("{method} gave {v}"))
+        .unwrap_err()
+        .to_rpc()
+}
+
+fn assert_param(e: &fp_rpc::RpcError, field: &str) {
+    assert_eq!(e.code, codes::INVALID_PARAMS, "{e:?}");
+    assert!(e.message.starts_with(&format!("{field}: ")), "{e:?} does not name {field}");
+}
+
+fn malloc(m: &Registry, name: &str, mib: u64, block_size: u64) {
+    let blocks = (mib << 20) / block_size;
+    ok(m, "bdev_malloc_create", json!({"name": name, "num_blocks": blocks, "block_size": block_size}));
+}
+
+fn delay(m: &Registry, name: &str, base: &str) {
+    ok(
+        m,
+        "bdev_delay_create",
+        json!({"name": name, "base_bdev_name": base, "avg_read_latency": 0, "p99_read_latency": 0,
+               "avg_write_latency": 0, "p99_write_latency": 0}),
+    );
+}
+
+fn raids(m: &Registry, category: &str) -> Vec<Value> {
+    ok(m, "bdev_raid_get_bdevs", json!({"category": category})).as_array().unwrap().clone()
+}
+
+fn raid(m: &Registry, name: &str) -> Value {
+    raids(m, "all").into_iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("no raid {name}"))
+}
+
+/// Waits (10 s at most) until the raid's slots are `want`.
+fn wait_slots(m: &Registry, name: &str, want: Value) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = raid(m, name);
+        if r["flashpath"]["slots"] == want {
+            return r;
+        }
+        assert!(std::time::Instant::now() < deadline, "slots stay {}", r["flashpath"]["slots"]);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
+}
+
+#[test]
+fn raid1_by_rpc_in_spdk_shapes_with_data_on_both_replicas() {
+    let (m, _dir) = registry();
+    malloc(&m, "m0", 4, 512);
+    malloc(&m, "m1", 5, 512);
+    let r =
+        ok(&m, "bdev_raid_create", json!({"name": "r1", "raid_level": "raid1", "base_bdevs": ["m0", "m1"]}));
+    assert_eq!(r, json!(true));
+    let info = raid(&m, "r1");
+    assert_eq!(info["state"], "online");
+    assert_eq!(info["raid_level"], "raid1");
+    assert_eq!(info["strip_size_kb"], 0);
+    assert_eq!(info["superblock"], false);
+    assert_eq!(info["num_base_bdevs"], 2);
+    assert_eq!(info["num_base_bdevs_discovered"], 2);
+    assert_eq!(info["num_base_bdevs_operational"], 2);
+    assert_eq!(info["base_bdevs_list"][1]["name"], "m1");
+    assert_eq!(info["base_bdevs_list"][0]["is_configured"], true);
+    // The smaller base decides (SPDK-like).
+    assert_eq!(info["base_bdevs_list"][0]["data_size"], 4 * 2048);
+    assert_eq!(info["flashpath"]["slots"], json!(["active", "active"]));
+    assert_eq!(raids(&m, "online").len(), 1);
+    assert!(raids(&m, "configuring").is_empty());
+    let b = ok(&m, "bdev_get_bdevs", json!({"name": "r1"}));
+    assert_eq!(b[0]["num_blocks"], 4 * 2048);
+    assert_eq!(b[0]["driver_specific"]["raid"]["raid_level"], "raid1");
+    // Both bases are claimed by the raid.
+    assert_eq!(err(&m, "bdev_malloc_delete", json!({"name": "m0"})).code, -libc::EBUSY);
+
+    let data = pattern(4, 64 << 10);
+    let mut ch = m.disk("r1").unwrap().open().unwrap();
+    write_range(&mut *ch, 1 << 20, &data);
+    assert!(read_range(&mut *ch, 1 << 20, data.len()) == data);
+    drop(ch);
+    for base in ["m0", "m1"] {
+        let mut ch = m.disk(base).unwrap().open().unwrap();
+        assert!(read_range(&mut *ch, 1 << 20, data.len()) == data, "{base}");
+    }
+
+    ok(&m, "bdev_raid_delete", json!({"name": "r1"}));
+    assert!(raids(&m, "all").is_empty());
+    ok(&m, "bdev_malloc_delete", json!({"name": "m0"}));
+    assert_eq!(err(&m, "bdev_raid_delete", json!({"name": "r1"})).code, -libc::ENODEV);
+}
+
+#[test]
+fn raid0_and_concat_take_spdk_parameters_and_old_names() {
+    let (m, _dir) = registry();
+    for n in ["a", "b", "c", "d"] {
+        malloc(&m, n, 2, 512);
+    }
+    // rpc.py sends a list; older clients one space-separated string; `strip_size` is the old name.
+    ok(
+        &m,
+        "bdev_raid_create",
+        json!({"name": "r0", "raid_level": "0", "base_bdevs": "a b", "strip_size": 64}),
+    );
+    ok(
+        &m,
+        "bdev_raid_create",
+        json!({"name": "cc", "raid_level": "concat", "base_bdevs": ["c", "d"], "strip_size_kb": 4, "superblock": false}),
+    );
+    let r0 = raid(&m, "r0");
+    assert_eq!((r0["raid_level"].clone(), r0["strip_size_kb"].clone()), (json!("raid0"), json!(64)));
+    let b = ok(&m, "bdev_get_bdevs", json!({"name": "r0"}));
+    assert_eq!(b[0]["num_blocks"], 2 * 4096);
+    let data = pattern(1, 192 << 10);
+    for name in ["r0", "cc"] {
+        let mut ch = m.disk(name).unwrap().open().unwrap();
+        write_range(&mut *ch, (2 << 20) - (64 << 10), &data);
+        assert!(read_range(&mut *ch, (2 << 20) - (64 << 10), data.len()) == data, "{name}");
+    }
+    // No redundancy: no base leaves, none joins.
+    assert_param(&err(&m, "bdev_raid_remove_base_bdev", json!({"name": "a"})), "name");
+    malloc(&m, "e", 2, 512);
+    assert_param(
+        &err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r0", "base_bdev": "e"})),
+        "raid_bdev",
+    );
+}
+
+#[test]
+fn every_refusal_names_its_field() {
+    let (m, _dir) = registry();
+    malloc(&m, "m0", 4, 512);
+    malloc(&m, "m1", 4, 512);
+    malloc(&m, "k", 4, 4096);
+    malloc(&m, "tiny", 1, 512);
+    let create = |p: Value| err(&m, "bdev_raid_create", p);
+    assert_param(
+        &create(
+            json!({"name": "r", "raid_level": "raid5f", "base_bdevs": ["m0", "m1"], "strip_size_kb": 64}),
+        ),
+        "raid_level",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["m0", "m1"], "strip_size_kb": 48})),
+        "strip_size_kb",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["m0", "m1"]})),
+        "strip_size_kb",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m1"], "strip_size_kb": 64})),
+        "strip_size_kb",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m0"]})),
+        "base_bdevs",
+    );
+    assert_param(&create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0"]})), "base_bdevs");
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "k"]})),
+        "base_bdevs",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m1"], "uuid": "nope"})),
+        "uuid",
+    );
+    assert_param(
+        &create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m1"], "bogus": 1})),
+        "bogus",
+    );
+    assert_eq!(
+        create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "nosuch"]})).code,
+        -libc::ENODEV
+    );
+    // Every refusal left the bases unclaimed.
+    ok(&m, "bdev_raid_create", json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m1"]}));
+    // A base claimed elsewhere (here: by the raid just made).
+    malloc(&m, "m2", 4, 512);
+    assert_eq!(
+        create(json!({"name": "s", "raid_level": "raid1", "base_bdevs": ["m2", "m1"]})).code,
+        -libc::EBUSY
+    );
+    assert_eq!(
+        create(json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m2", "tiny"]})).code,
+        -libc::EEXIST
+    );
+    // The last active replica never leaves; a too small or mismatched one never joins.
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "m1"}));
+    assert_eq!(raid(&m, "r")["flashpath"]["slots"], json!(["active", "failed"]));
+    assert_eq!(raid(&m, "r")["num_base_bdevs_operational"], 1);
+    assert_param(&err(&m, "bdev_raid_remove_base_bdev", json!({"name": "m0"})), "name");
+    assert_param(
+        &err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "tiny"})),
+        "base_bdev",
+    );
+    assert_param(
+        &err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "k"})),
+        "base_bdev",
+    );
+    assert_param(
+        &err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "m0"})),
+        "base_bdev",
+    );
+    assert_param(&err(&m, "bdev_raid_get_bdevs", json!({"category": "some"})), "category");
+    assert_param(
+        &err(&m, "bdev_raid_set_options", json!({"process_window_size_kb": 0})),
+        "process_window_size_kb",
+    );
+    ok(
+        &m,
+        "bdev_raid_set_options",
+        json!({"process_window_size_kb": 2048, "process_max_bandwidth_mb_sec": 100}),
+    );
+    // A removed base is free again; it rejoins as a rebuild target.
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "m1"}));
+    assert_eq!(raid(&m, "r")["flashpath"]["slots"], json!(["active", "rebuilding"]));
+    assert_eq!(
+        err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "m2"})).code,
+        -libc::EBUSY
+    );
+}
+
+fn create_sb(m: &Registry, name: &str, bases: &[&str]) {
+    ok(
+        m,
+        "bdev_raid_create",
+        json!({"name": name, "raid_level": "raid1", "base_bdevs": bases, "superblock": true}),
+    );
+}
+
+#[test]
+fn examine_assembles_from_superblocks_and_create_is_idempotent() {
+    let (m, _dir) = registry();
+    malloc(&m, "m0", 8, 512);
+    malloc(&m, "m1", 8, 512);
+    delay(&m, "d0", "m0");
+    delay(&m, "d1", "m1");
+    create_sb(&m, "r", &["d0", "d1"]);
+    let info = raid(&m, "r");
+    let uuid = info["uuid"].clone();
+    assert_eq!(info["superblock"], true);
+    let offset = info["base_bdevs_list"][0]["data_offset"].as_u64().unwrap();
+    assert!(offset > 0 && (offset * 512) % (1 << 20) == 0, "data_offset {offset}");
+    let data = pattern(8, 32 << 10);
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    write_range(&mut *ch, 0, &data);
+    drop(ch);
+    // The daemon "restarts": the raid goes, the replicas go and come back one by one.
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d0"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d1"}));
+    delay(&m, "d1", "m1");
+    let c = raid(&m, "r");
+    assert_eq!(c["state"], "configuring");
+    assert_eq!(c["uuid"], uuid);
+    assert_eq!(c["num_base_bdevs_discovered"], 1);
+    assert_eq!(raids(&m, "configuring").len(), 1);
+    assert_eq!(
+        err(&m, "bdev_delay_delete", json!({"name": "d1"})).code,
+        -libc::EBUSY,
+        "claimed while configuring"
+    );
+    delay(&m, "d0", "m0");
+    let r = raid(&m, "r");
+    assert_eq!(r["state"], "online");
+    assert_eq!(r["uuid"], uuid);
+    assert_eq!(r["flashpath"]["slots"], json!(["active", "active"]));
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    assert!(read_range(&mut *ch, 0, data.len()) == data);
+    drop(ch);
+    // A configuration file creating it again: accepted, unchanged.
+    create_sb(&m, "r", &["d0", "d1"]);
+    assert_eq!(raid(&m, "r")["uuid"], uuid);
+    // Not the same raid: refused.
+    assert_eq!(
+        err(
+            &m,
+            "bdev_raid_create",
+            json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["d1", "d0"], "superblock": true})
+        )
+        .code,
+        -libc::EEXIST
+    );
+}
+
+#[test]
+fn another_raids_superblock_is_refused_and_a_stale_replica_is_rebuilt() {
+    let (m, _dir) = registry();
+    for i in 0..4 {
+        malloc(&m, &format!("m{i}"), 8, 512);
+        delay(&m, &format!("d{i}"), &format!("m{i}"));
+    }
+    create_sb(&m, "r", &["d0", "d1"]);
+    // d1 leaves (its superblock stays at the old seq), then the raid stops.
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    for d in ["d0", "d1"] {
+        ok(&m, "bdev_delay_delete", json!({"name": d}));
+    }
+    // Another raid of the same name takes the name first.
+    create_sb(&m, "r", &["d2", "d3"]);
+    let other = raid(&m, "r")["uuid"].clone();
+    delay(&m, "d0", "m0");
+    assert_eq!(raid(&m, "r")["uuid"], other);
+    ok(&m, "bdev_delay_delete", json!({"name": "d0"})); // not claimed: refused by the raid
+    ok(&m, "bdev_raid_delete", json!({"name": "r", "clear_sb": true}));
+    // The first raid comes back: d0 alone is enough (d1 is Failed in the newest superblock).
+    delay(&m, "d0", "m0");
+    let r = raid(&m, "r");
+    assert_eq!(r["state"], "online");
+    assert_eq!(r["flashpath"]["slots"], json!(["active", "failed"]));
+    // Written while d1 is away: only that chunk is dirty.
+    let data = pattern(3, 16 << 10);
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    write_range(&mut *ch, 1 << 20, &data);
+    drop(ch);
+    assert_eq!(raid(&m, "r")["flashpath"]["degraded_bytes_written"], 16 << 10);
+    // The stale replica returns: it joins its slot as a rebuild target, never as a source,
+    // and gets only what it missed.
+    delay(&m, "d1", "m1");
+    let r = wait_slots(&m, "r", json!(["active", "active"]));
+    let chunk = r["flashpath"]["bitmap_chunk_bytes"].as_u64().unwrap();
+    assert_eq!(r["flashpath"]["rebuild_bytes_copied"], chunk, "a partial rebuild of one chunk");
+    let offset = r["base_bdevs_list"][1]["data_offset"].as_u64().unwrap() * 512;
+    let mut ch = m.disk("m1").unwrap().open().unwrap();
+    assert!(read_range(&mut *ch, offset + (1 << 20), data.len()) == data);
+    drop(ch);
+    // The cleared bases carry no superblock any more: nothing is assembled from them.
+    ok(&m, "bdev_delay_delete", json!({"name": "d2"}));
+    delay(&m, "d2", "m2");
+    assert_eq!(raids(&m, "all").len(), 1);
+}
