@@ -145,7 +145,13 @@ const CASES: &[(&str, &[&str])] = &[
     ),
     (
         "lvol_parents_and_shallow_copy",
-        &["bdev_lvol_set_parent", "bdev_lvol_start_shallow_copy", "bdev_lvol_check_shallow_copy"],
+        &[
+            "bdev_lvol_set_parent",
+            "bdev_lvol_set_parent_bdev",
+            "bdev_lvol_clone_bdev",
+            "bdev_lvol_start_shallow_copy",
+            "bdev_lvol_check_shallow_copy",
+        ],
     ),
     (
         "raid_levels_and_replicas",
@@ -692,8 +698,9 @@ fn nvme_controllers() {
 }
 
 /// Issue 26's lvol methods: a thin volume given a snapshot as its parent reads the snapshot's
-/// data where it owns nothing; a read-only volume's own clusters (only those) are copied to
-/// another bdev in the background, polled until complete.
+/// data where it owns nothing, and so does one given another bdev (an external snapshot) or
+/// cloned from one; a read-only volume's own clusters (only those) are copied to another bdev
+/// in the background, polled until complete.
 #[test]
 fn lvol_parents_and_shallow_copy() {
     let d = daemon();
@@ -736,6 +743,21 @@ fn lvol_parents_and_shallow_copy() {
     let e = rpc.fails(&["bdev_lvol_set_parent", "lvs0/thick", "lvs0/s"]);
     assert!(e["message"].as_str().unwrap().starts_with("lvol_name"), "{e}");
 
+    // External snapshots: a RAM disk `Golden` as the parent of a thin volume, and cloned.
+    rpc.ok(&["bdev_malloc_create", "-b", "Golden", "4", "4096"]);
+    fill("Golden", MIB, 0x33);
+    rpc.ok(&["bdev_lvol_create", "-l", "lvs0", "-t", "e", "4"]);
+    rpc.ok(&["bdev_lvol_set_parent_bdev", "lvs0/e", "Golden"]);
+    assert_eq!(first_bytes("lvs0/e", 4), [0, 0x33, 0, 0]);
+    let clone = rpc.ok(&["bdev_lvol_clone_bdev", "Golden", "lvs0", "gc"]);
+    assert_eq!(rpc.bdev("lvs0/gc")["name"], clone.trim_matches('"'), "the clone's UUID is its name");
+    assert_eq!(first_bytes("lvs0/gc", 4), [0, 0x33, 0, 0]);
+    let lvols = rpc.json(&["bdev_lvol_get_lvols", "-l", "lvs0"]);
+    let gc = lvols.as_array().unwrap().iter().find(|l| l["name"] == "gc").unwrap();
+    assert_eq!(gc["is_esnap_clone"], true, "{lvols}");
+    let e = rpc.fails(&["bdev_lvol_clone_bdev", "Nope", "lvs0", "gc2"]);
+    assert!(e["message"].as_str().unwrap().starts_with("bdev"), "{e}");
+
     // A shallow copy of v copies its one own cluster, at its own offset, and nothing else.
     rpc.ok(&["bdev_malloc_create", "-b", "Dst", "8", "4096"]);
     fill("Dst", 0, 0xff);
@@ -777,7 +799,8 @@ fn raid_levels_and_replicas() {
     }
 
     // raid1 with a superblock: rpc.py splits `-b` at whitespace and sends a list.
-    assert_eq!(rpc.ok(&["bdev_raid_create", "-n", "r1", "-r", "raid1", "-b", "M0 M1", "-s"]), "true");
+    // rpc.py prints nothing for bdev_raid_create.
+    assert_eq!(rpc.ok(&["bdev_raid_create", "-n", "r1", "-r", "raid1", "-b", "M0 M1", "-s"]), "");
     let r = raid_entry(&rpc, "r1");
     assert_eq!(
         (&r["raid_level"], &r["state"], &r["superblock"]),
@@ -806,7 +829,7 @@ fn raid_levels_and_replicas() {
 
     // Refusals name the field: a strip size that is not a power of two, a claimed base.
     let e = rpc.fails(&["bdev_raid_create", "-n", "bad", "-r", "raid0", "-z", "3", "-b", "M4 M0"]);
-    assert_eq!(e["code"], -22, "{e}");
+    assert_eq!(e["code"], -32602, "{e}");
     assert!(e["message"].as_str().unwrap().starts_with("strip_size_kb"), "{e}");
     assert!(!rpc.run(&["bdev_raid_create", "-n", "bad", "-r", "raid1", "-b", "M4 M0"]).success);
     assert!(!rpc.run(&["bdev_raid_remove_base_bdev", "M2"]).success, "a raid0 base cannot be removed");
