@@ -214,19 +214,33 @@ fn seed() -> u64 {
     seed
 }
 
-/// A replica daemon: `disk.img` in its directory as uring bdev `disk`, exported over NBD at
-/// `disk.nbd`; its config file brings both back after a restart.
+/// A replica daemon: `disk.img` in its directory as uring bdev `disk` (its config file brings
+/// it back after a restart), exported over NBD at `disk.nbd` by [`export`].
 fn replica() -> Daemon {
-    Daemon::start_with_config("0", |dir| {
+    let d = Daemon::start_with_config("0", |dir| {
         let img = dir.join("disk.img");
         std::fs::File::create(&img).unwrap().set_len(DISK_BYTES).unwrap();
         format!(
-            "[[bdev]]\ntype = \"uring\"\nname = \"disk\"\nfilename = \"{}\"\nblock_size = {BLOCK}\n\n\
-             [[nbd_disk]]\nbdev_name = \"disk\"\nnbd_device = \"{}\"\n",
-            img.display(),
-            dir.join("disk.nbd").display()
+            "[[bdev]]\ntype = \"uring\"\nname = \"disk\"\nfilename = \"{}\"\nblock_size = {BLOCK}\n",
+            img.display()
         )
-    })
+    });
+    export(&d);
+    d
+}
+
+/// Exports the replica's disk. Once the disk holds the raid's superblock, the replica's own
+/// raid module finds it at start-up (examine) and holds it for a raid it cannot assemble: the
+/// replica lets go of that configuring raid first (without touching the disk), which is what
+/// an operator does on a replica host (docs/raid.md, "Replicating a disk across hosts").
+fn export(replica: &Daemon) {
+    let raids = replica.call("bdev_raid_get_bdevs", json!({"category": "all"}));
+    for r in raids.as_array().unwrap() {
+        assert_eq!(r["state"], "configuring", "a replica assembles no raid: {r:#}");
+        replica.call("bdev_raid_delete", json!({"name": r["name"]}));
+    }
+    let sock = replica.dir.path().join("disk.nbd");
+    replica.call("nbd_start_disk", json!({"bdev_name": "disk", "nbd_device": sock}));
 }
 
 fn nbd_address(replica: &Daemon) -> String {
@@ -285,10 +299,10 @@ fn in_sync(r: &Value) -> bool {
 
 /// The bitmap's chunk in bytes, from the raid's `flashpath` object.
 fn chunk_bytes(r: &Value) -> u64 {
-    let kb =
-        r["flashpath"]["bitmap_chunk_kb"].as_u64().unwrap_or_else(|| panic!("no bitmap_chunk_kb: {r:#}"));
-    assert!(kb.is_power_of_two(), "bitmap chunk {kb} KiB: {r:#}");
-    kb * 1024
+    let c = r["flashpath"]["bitmap_chunk_bytes"].as_u64();
+    let c = c.unwrap_or_else(|| panic!("no bitmap_chunk_bytes: {r:#}"));
+    assert!(c.is_power_of_two() && c >= 4096, "bitmap chunk {c} B: {r:#}");
+    c
 }
 
 /// Asserts the two replicas' files hold the same data region (the superblock pages differ:
@@ -369,6 +383,7 @@ fn a_replica_killed_and_readded_gets_a_partial_rebuild() {
 
     // B comes back on its own file; it is removed, attached again and re-added: partial.
     b.restart();
+    export(&b);
     readd_n1(&r_daemon, &b);
     let r = bounded(PHASE_TIMEOUT + Duration::from_secs(5), "the partial rebuild", {
         let rpc = r_daemon.rpc.clone();
@@ -431,6 +446,7 @@ fn the_raid_daemon_killed_mid_rebuild_resumes_it() {
     let (model, client, _) = w.stop();
     std::fs::File::create(image(&b)).unwrap().set_len(DISK_BYTES).unwrap();
     b.restart();
+    export(&b);
     readd_n1(&r_daemon, &b);
     let r = wait_raid(&r_daemon, "the rebuild under way", |r| r["process"]["type"] == "rebuild");
     assert_eq!(r["process"]["target"], "n1", "{r:#}");
