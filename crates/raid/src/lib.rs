@@ -6,7 +6,7 @@
 //! replica that comes back after an outage is rebuilt from the regions written meanwhile, not
 //! in full, and a daemon that crashed mid-rebuild resumes it. docs/raid.md is the reference.
 //!
-//! * [`format`]: the superblock and bitmap pages as bytes (pure, fuzzed);
+//! * [`format`](mod@format): the superblock and bitmap pages as bytes (pure, fuzzed);
 //! * [`sim`]: the crash simulator for superblock and bitmap updates;
 //! * [`intent`]: the in-memory write-intent map the channels and the owner share;
 //! * [`shared`]: what a raid's channels and its owner share (layout, slots, counters);
@@ -28,5 +28,8 @@ pub mod shared;
 pub mod sim;
 
 pub use error::RaidError;
+pub use format::{SlotRecord, Superblock};
+pub use intent::{IntentMap, WriteTicket};
+pub use owner::{BaseSpec, OwnerHandle, OwnerOptions};
 pub use rpc::RaidModule;
 pub use shared::{RaidLevel, SlotState};

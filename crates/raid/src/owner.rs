@@ -469,16 +469,7 @@ impl Owner {
             }
         }
         self.shared.counters.bitmap_writes.fetch_add(writes, Ordering::Relaxed);
-        if !failed.is_empty() {
-            for (slot, e) in failed {
-                log::error!("raid {}: bitmap write to slot {slot} failed: {}", self.sb.name, errno_text(e));
-                self.take_out(slot);
-            }
-            if let Err(e) = self.write_superblocks() {
-                log::error!("{e}");
-            }
-            self.publish();
-        }
+        self.fail_slots("bitmap write", failed);
         let map = self.intent().expect("a batch comes from the map");
         map.mark_durable(&batch);
     }
@@ -491,11 +482,43 @@ impl Owner {
         self.last_clear = now;
         let all_in_sync =
             self.sb.slots.iter().all(|s| matches!(s.state, SlotState::Active | SlotState::Empty));
-        if all_in_sync && !self.process_running() {
-            if let Some(map) = self.intent() {
-                map.clear_pass();
+        if !all_in_sync || self.process_running() {
+            return;
+        }
+        if self.intent().is_some_and(|m| m.clear_pass() > 0) && self.persist {
+            // The writes of the chunks just cleared completed, but a base may still hold them
+            // in a volatile cache: make them durable before a page without their bits lands.
+            self.flush_all();
+        }
+    }
+
+    /// Flushes every base that takes writes; one that fails is taken out.
+    fn flush_all(&mut self) {
+        let mut failed = Vec::new();
+        for slot in 0..self.sb.slots.len() {
+            if !self.state(slot).takes_writes() {
+                continue;
+            }
+            if let Some(Err(e)) = self.members[slot].as_mut().map(|m| m.io.flush()) {
+                failed.push((slot, e));
             }
         }
+        self.fail_slots("flush", failed);
+    }
+
+    /// Takes out the bases whose metadata I/O failed: superblock, then layout.
+    fn fail_slots(&mut self, what: &str, failed: Vec<(usize, i32)>) {
+        if failed.is_empty() {
+            return;
+        }
+        for (slot, e) in failed {
+            log::error!("raid {}: {what} on slot {slot} failed: {}", self.sb.name, errno_text(e));
+            self.take_out(slot);
+        }
+        if let Err(e) = self.write_superblocks() {
+            log::error!("{e}");
+        }
+        self.publish();
     }
 
     fn geometry(&self) -> CopyGeometry {

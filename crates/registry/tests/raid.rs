@@ -46,6 +46,14 @@ fn delay(m: &Registry, name: &str, base: &str) {
     );
 }
 
+/// `n` replicas: delay bdevs `d<i>` over 8 MiB RAM disks `m<i>`.
+fn replicas(m: &Registry, n: usize) {
+    for i in 0..n {
+        malloc(m, &format!("m{i}"), 8, 512);
+        delay(m, &format!("d{i}"), &format!("m{i}"));
+    }
+}
+
 fn raids(m: &Registry, category: &str) -> Vec<Value> {
     ok(m, "bdev_raid_get_bdevs", json!({"category": category})).as_array().unwrap().clone()
 }
@@ -267,7 +275,7 @@ fn examine_assembles_from_superblocks_and_create_is_idempotent() {
     let uuid = info["uuid"].clone();
     assert_eq!(info["superblock"], true);
     let offset = info["base_bdevs_list"][0]["data_offset"].as_u64().unwrap();
-    assert!(offset > 0 && (offset * 512) % (1 << 20) == 0, "data_offset {offset}");
+    assert!(offset > 0 && (offset * 512).is_multiple_of(1 << 20), "data_offset {offset}");
     let data = pattern(8, 32 << 10);
     let mut ch = m.disk("r").unwrap().open().unwrap();
     write_range(&mut *ch, 0, &data);
@@ -313,10 +321,7 @@ fn examine_assembles_from_superblocks_and_create_is_idempotent() {
 #[test]
 fn another_raids_superblock_is_refused_and_a_stale_replica_is_rebuilt() {
     let (m, _dir) = registry();
-    for i in 0..4 {
-        malloc(&m, &format!("m{i}"), 8, 512);
-        delay(&m, &format!("d{i}"), &format!("m{i}"));
-    }
+    replicas(&m, 4);
     create_sb(&m, "r", &["d0", "d1"]);
     // d1 leaves (its superblock stays at the old seq), then the raid stops.
     ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
@@ -356,4 +361,44 @@ fn another_raids_superblock_is_refused_and_a_stale_replica_is_rebuilt() {
     ok(&m, "bdev_delay_delete", json!({"name": "d2"}));
     delay(&m, "d2", "m2");
     assert_eq!(raids(&m, "all").len(), 1);
+}
+
+/// A corrupted bitmap page is never trusted: its chunks count as dirty (and are counted), so
+/// the next rebuild copies them rather than skipping what it cannot know.
+#[test]
+fn a_corrupted_bitmap_page_is_treated_as_all_dirty() {
+    let (m, _dir) = registry();
+    replicas(&m, 2);
+    create_sb(&m, "r", &["d0", "d1"]);
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d0"}));
+    ok(&m, "bdev_delay_delete", json!({"name": "d1"}));
+    // Garbage over the first bitmap page (page 2) of m0.
+    let mut ch = m.disk("m0").unwrap().open().unwrap();
+    write_range(&mut *ch, 2 * 4096, &pattern(99, 4096));
+    drop(ch);
+    delay(&m, "d0", "m0");
+    delay(&m, "d1", "m1");
+    let r = raid(&m, "r");
+    assert_eq!(r["state"], "online");
+    assert_eq!(r["flashpath"]["bitmap_pages_corrupt"], 1);
+}
+
+/// `bdev_raid_add_base_bdev` refuses a base that carries another raid's superblock: its data
+/// belongs elsewhere, and it is never overwritten by surprise.
+#[test]
+fn a_base_of_another_raid_is_refused_by_add() {
+    let (m, _dir) = registry();
+    replicas(&m, 4);
+    create_sb(&m, "x", &["d0", "d1"]);
+    create_sb(&m, "y", &["d2", "d3"]);
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d3"}));
+    assert_param(
+        &err(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "y", "base_bdev": "d1"})),
+        "base_bdev",
+    );
+    // Refused and released: its own raid takes it back.
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "x", "base_bdev": "d1"}));
+    wait_slots(&m, "x", json!(["active", "active"]));
 }

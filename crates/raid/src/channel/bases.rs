@@ -8,6 +8,7 @@ use std::sync::Arc;
 use fp_bdev::{Bdev, IoChannel, IoStatus};
 
 use crate::shared::{Layout, RaidShared};
+use crate::SlotState;
 
 /// One slot's channel and the device it belongs to (by address, to notice a replaced base).
 struct Open {
@@ -15,11 +16,50 @@ struct Open {
     ch: Box<dyn IoChannel>,
 }
 
+/// Slot masks of a layout (bit `i`: slot `i`), worked out once per epoch so a request tests
+/// a word instead of walking the slots.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Masks {
+    /// Slots with a base that takes writes (Active, Rebuilding).
+    pub writing: u32,
+    /// Slots with an Active base.
+    pub active: u32,
+    /// Slots taking writes whose base has a cache to flush.
+    pub flushable: u32,
+    /// Some slot is not Active (missing, failed, rebuilding).
+    pub degraded: bool,
+}
+
+impl Masks {
+    fn of(layout: &Layout) -> Masks {
+        let mut m = Masks::default();
+        for (i, s) in layout.slots.iter().enumerate().take(32) {
+            let Some(b) = s.bdev.as_ref() else {
+                m.degraded = true;
+                continue;
+            };
+            if s.state.takes_writes() {
+                m.writing |= 1 << i;
+                if b.info().io_types.flush {
+                    m.flushable |= 1 << i;
+                }
+            }
+            if s.state == SlotState::Active {
+                m.active |= 1 << i;
+            } else {
+                m.degraded = true;
+            }
+        }
+        m
+    }
+}
+
 /// The layout a channel works with and its bases' channels.
 pub struct Bases {
     pub shared: Arc<RaidShared>,
     epoch: u64,
     pub layout: Arc<Layout>,
+    pub masks: Masks,
     open: Vec<Option<Open>>,
     /// Channels of bases that left their slot with requests still in flight.
     retired: Vec<(usize, Box<dyn IoChannel>)>,
@@ -36,7 +76,8 @@ impl Bases {
         let epoch = shared.epoch();
         let layout = shared.layout();
         let open = (0..layout.slots.len()).map(|_| None).collect();
-        Bases { shared, epoch, layout, open, retired: Vec::new() }
+        let masks = Masks::of(&layout);
+        Bases { shared, epoch, layout, masks, open, retired: Vec::new() }
     }
 
     /// Reloads the layout when the epoch moved (one load when it did not). Returns whether
@@ -55,6 +96,7 @@ impl Bases {
     fn reload(&mut self, epoch: u64) {
         self.epoch = epoch;
         self.layout = self.shared.layout();
+        self.masks = Masks::of(&self.layout);
         if self.open.len() < self.layout.slots.len() {
             self.open.resize_with(self.layout.slots.len(), || None);
         }

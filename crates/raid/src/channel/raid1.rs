@@ -18,8 +18,7 @@ use super::bases::Bases;
 use super::slab::Slab;
 use super::MAX_PARENTS;
 use crate::intent::WriteTicket;
-use crate::shared::{Failure, Layout, RaidShared};
-use crate::SlotState;
+use crate::shared::{Failure, RaidShared};
 
 /// Where a parent is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,16 +93,6 @@ fn bit(slot: usize) -> u32 {
     1 << slot
 }
 
-/// Slots of `layout` in a state for which `f` holds, as a mask.
-fn mask(layout: &Layout, f: impl Fn(SlotState) -> bool) -> u32 {
-    layout
-        .slots
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.bdev.is_some() && f(s.state))
-        .fold(0, |m, (i, _)| m | bit(i))
-}
-
 fn slots_of(m: u32) -> impl Iterator<Item = usize> {
     (0..32).filter(move |i| m & bit(*i) != 0)
 }
@@ -127,19 +116,9 @@ impl Raid1Channel {
     /// Starts a write-like parent whose bits are durable: every slot taking writes.
     fn start_write(&mut self, p: u32) {
         self.bases.refresh();
-        let layout = &self.bases.layout;
         let op = self.parents.get_mut(p).op;
-        let targets = if op == IoOp::Flush {
-            mask(layout, |s| s.takes_writes())
-                & layout
-                    .slots
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| s.bdev.as_ref().is_some_and(|b| b.info().io_types.flush))
-                    .fold(0, |m, (i, _)| m | bit(i))
-        } else {
-            mask(layout, |s| s.takes_writes())
-        };
+        let masks = &self.bases.masks;
+        let targets = if op == IoOp::Flush { masks.flushable } else { masks.writing };
         let parent = self.parents.get_mut(p);
         parent.phase = Phase::Running;
         // No target at all (no slot takes writes) ends in finish_write with EIO, or, for a
@@ -219,17 +198,16 @@ impl Raid1Channel {
         if unreported != 0 {
             self.bases.shared.wake_owner();
         }
-        let layout = &self.bases.layout;
+        let masks = self.bases.masks;
         let parent = self.parents.get_mut(p);
-        let writing = mask(layout, |s| s.takes_writes());
-        if parent.failed & writing != 0 || parent.failed & !parent.reported != 0 {
+        if parent.failed & masks.writing != 0 || parent.failed & !parent.reported != 0 {
             if parent.phase != Phase::Held {
                 parent.phase = Phase::Held;
                 self.held.push(p);
             }
             return;
         }
-        let active = mask(layout, |s| s == SlotState::Active);
+        let active = masks.active;
         let status = if parent.op == IoOp::Flush && parent.failed == 0 {
             IoStatus::Success
         } else if parent.unsupported && parent.failed == 0 && parent.ok == 0 {
@@ -239,7 +217,7 @@ impl Raid1Channel {
         } else {
             IoStatus::Error(libc::EIO)
         };
-        let degraded = layout.slots.iter().any(|s| s.state != SlotState::Active);
+        let degraded = masks.degraded;
         let (tag, len, ticket, op) = (parent.tag, parent.len, parent.ticket, parent.op);
         if let (Some(t), Some(intent)) = (ticket, self.bases.shared.intent.as_ref()) {
             intent.end_write(&t);
@@ -255,8 +233,7 @@ impl Raid1Channel {
     fn submit_read(&mut self, p: u32) {
         self.bases.refresh();
         loop {
-            let layout = &self.bases.layout;
-            let mut candidates = mask(layout, |s| s == SlotState::Active);
+            let mut candidates = self.bases.masks.active;
             if self.bases.shared.process.kind.load(Ordering::Relaxed) == 3 {
                 // Resync after an unclean stop: only the lowest Active slot is the truth.
                 candidates &= candidates.wrapping_neg();

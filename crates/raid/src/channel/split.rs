@@ -266,6 +266,8 @@ impl<M: SplitMap> SplitChannel<M> {
 impl<M: SplitMap> IoChannel for SplitChannel<M> {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
+        // One load: the layout of these levels changes only when the owner first publishes.
+        self.bases.refresh();
         if self.done.len() == self.done.capacity() {
             return Err(SubmitError::Busy);
         }

@@ -298,3 +298,81 @@ fn a_rebuilding_slot_gets_writes_but_no_reads() {
         assert!(read_range(&mut *ch, 0, 4096) == data);
     }
 }
+
+/// With the real owner: a replica that fails writes is taken out durably (the survivor's
+/// superblock says so before the write completes), and I/O goes on degraded.
+#[test]
+fn the_owner_takes_a_failing_replica_out_and_io_continues() {
+    use crate::format::{self, SlotRecord, Superblock};
+    use crate::meta_io::{self, ChannelIo};
+    use crate::owner::{BaseSpec, OwnerHandle, OwnerOptions};
+
+    let size = 4u64 << 20;
+    let flaky = Flaky::new("b", size);
+    let a = ram("a", size);
+    let bases: Vec<Bdev> = vec![a.clone(), flaky.clone()];
+    let data_offset = format::data_offset(size);
+    let uuids = [crate::device::new_uuid(), crate::device::new_uuid()];
+    let spec = RaidSpec {
+        name: "r".into(),
+        uuid: crate::device::new_uuid(),
+        level: RaidLevel::Raid1,
+        strip_bytes: 0,
+        superblock: true,
+        block_size: 512,
+        data_offset,
+        slots: bases.iter().zip(uuids).map(|(b, uuid)| SlotView { uuid, ..slot(b.clone()) }).collect(),
+        base_data_bytes: vec![size - data_offset; 2],
+        chunk_bytes: 0,
+    };
+    let dev = Arc::new(RaidDevice::new(spec).unwrap());
+    let shared = dev.shared().clone();
+    let chunk = shared.intent.as_ref().unwrap().chunk_bytes();
+    let sb = Superblock {
+        seq: 0,
+        raid_uuid: dev.uuid(),
+        name: "r".into(),
+        level: RaidLevel::Raid1,
+        strip_size_kb: 0,
+        block_size: 512,
+        raid_blocks: shared.info.num_blocks(),
+        data_offset,
+        bitmap_chunk_bytes: chunk,
+        bitmap_first_page: format::BITMAP_FIRST_PAGE,
+        bitmap_pages: format::bitmap_pages(shared.info.size_bytes(), chunk),
+        clean: true,
+        slot: 0,
+        slots: uuids
+            .iter()
+            .map(|&uuid| SlotRecord {
+                state: SlotState::Active,
+                uuid,
+                data_bytes: size - data_offset,
+                rebuild_offset: 0,
+                rebuild_partial: false,
+            })
+            .collect(),
+    };
+    let specs = vec![
+        Some(BaseSpec { name: "a".into(), bdev: a.clone() }),
+        Some(BaseSpec { name: "b".into(), bdev: flaky.clone() }),
+    ];
+    let owner = OwnerHandle::spawn(shared.clone(), specs, Some(sb), OwnerOptions::default()).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    let data = pattern(6, 8192);
+    write_range(&mut *ch, 0, &data);
+    flaky.fail_writes.store(true, Ordering::Relaxed);
+    write_range(&mut *ch, 1 << 20, &data);
+    let layout = shared.layout();
+    assert_eq!(layout.slots[1].state, SlotState::Failed);
+    assert_eq!(shared.counters.base_failures.load(Ordering::Relaxed), 1);
+    let on_a = meta_io::read_superblock(&mut ChannelIo::open(a.clone()).unwrap()).unwrap().unwrap();
+    assert_eq!(on_a.slots[1].state, SlotState::Failed, "durable before the write completed");
+    // Degraded: writes and reads go on, counted.
+    write_range(&mut *ch, 2 << 20, &data);
+    assert!(read_range(&mut *ch, 1 << 20, data.len()) == data);
+    assert!(read_range(&mut *ch, 2 << 20, data.len()) == data);
+    assert_eq!(shared.counters.degraded_bytes_written.load(Ordering::Relaxed), 2 * 8192);
+    drop(ch);
+    owner.shutdown().unwrap();
+}

@@ -247,17 +247,34 @@ fn same_raid(cfg: &RaidConfig, dev: &RaidDevice) -> bool {
         && names == cfg.base_bdevs.iter().map(String::as_str).collect::<Vec<_>>()
 }
 
+/// Whether the raid examine is assembling is what `cfg` asks for: level, strip, a
+/// superblock, and every base found so far listed by `cfg` in its slot.
+fn same_configuring(cfg: &RaidConfig, c: &crate::examine::Configuring) -> bool {
+    let sb = c.newest();
+    cfg.superblock
+        && sb.level == cfg.level
+        && sb.strip_size_kb == cfg.strip_size_kb
+        && sb.slots.len() == cfg.base_bdevs.len()
+        && c.found.iter().all(|f| cfg.base_bdevs.get(usize::from(f.sb.slot)) == Some(&f.name))
+}
+
 /// `bdev_raid_create`: returns `true` as SPDK does.
 pub(crate) fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let mut cfg = RaidConfig::from_params(&mut p)?;
     p.finish()?;
-    if let Some(dev) =
-        with_raids(host, |l| l.iter().find(|r| r.name == cfg.name).and_then(|r| r.device.clone()))
-    {
-        if same_raid(&cfg, &dev) {
-            log::info!("raid '{}' is already assembled as asked; unchanged", cfg.name);
-            return Ok(Value::Bool(true));
-        }
+    let known = with_raids(host, |l| {
+        l.iter().find(|r| r.name == cfg.name).map(|r| match (&r.device, &r.configuring) {
+            (Some(dev), _) => same_raid(&cfg, dev),
+            (None, Some(c)) => same_configuring(&cfg, c),
+            (None, None) => false,
+        })
+    });
+    if known == Some(true) {
+        // Examine found it first (a restart with a configuration file): nothing to do. A
+        // raid still configuring stays so until its bases appear; it is never assembled from
+        // fewer bases than its newest superblock lists in sync.
+        log::info!("raid '{}' is already known from its superblocks as asked; unchanged", cfg.name);
+        return Ok(Value::Bool(true));
     }
     host.check_new_bdev(&cfg.name)?;
     // Aliases name the same bdev: resolve them so "listed twice" sees through them.
