@@ -252,7 +252,7 @@ const PATTERN_FROM: u64 = REGION + 4 * MIB;
 /// anything leaves the replicas different (zeroes on both would hide it).
 fn fill_image(path: &std::path::Path) {
     let mut bytes = vec![0u8; PATTERN_FROM as usize];
-    bytes.extend_from_slice(&pattern(0x5ee_d0f_f11e, PATTERN_FROM, (DISK_BYTES - PATTERN_FROM) as usize));
+    bytes.extend_from_slice(&pattern(0x005e_ed0f_f11e, PATTERN_FROM, (DISK_BYTES - PATTERN_FROM) as usize));
     std::fs::write(path, bytes).unwrap();
 }
 
