@@ -214,33 +214,23 @@ fn seed() -> u64 {
     seed
 }
 
-/// A replica daemon: `disk.img` in its directory as uring bdev `disk` (its config file brings
-/// it back after a restart), exported over NBD at `disk.nbd` by [`export`].
+/// A replica daemon: `disk.img` in its directory as uring bdev `disk`, exported over NBD at
+/// `disk.nbd`, from a config file that brings both back after a restart. Auto-examine is off:
+/// once the disk holds the raid's superblock, the replica's own raid module would otherwise
+/// claim it at start-up for a raid it cannot assemble (docs/raid.md, "Replicating a disk
+/// across hosts").
 fn replica() -> Daemon {
-    let d = Daemon::start_with_config("0", |dir| {
+    Daemon::start_with_config("0", |dir| {
         let img = dir.join("disk.img");
         fill_image(&img);
         format!(
-            "[[bdev]]\ntype = \"uring\"\nname = \"disk\"\nfilename = \"{}\"\nblock_size = {BLOCK}\n",
-            img.display()
+            "[bdev_options]\nbdev_auto_examine = false\n\n\
+             [[bdev]]\ntype = \"uring\"\nname = \"disk\"\nfilename = \"{}\"\nblock_size = {BLOCK}\n\n\
+             [[nbd_disk]]\nbdev_name = \"disk\"\nnbd_device = \"{}\"\n",
+            img.display(),
+            dir.join("disk.nbd").display()
         )
-    });
-    export(&d);
-    d
-}
-
-/// Exports the replica's disk. Once the disk holds the raid's superblock, the replica's own
-/// raid module finds it at start-up (examine) and holds it for a raid it cannot assemble: the
-/// replica lets go of that configuring raid first (without touching the disk), which is what
-/// an operator does on a replica host (docs/raid.md, "Replicating a disk across hosts").
-fn export(replica: &Daemon) {
-    let raids = replica.call("bdev_raid_get_bdevs", json!({"category": "all"}));
-    for r in raids.as_array().unwrap() {
-        assert_eq!(r["state"], "configuring", "a replica assembles no raid: {r:#}");
-        replica.call("bdev_raid_delete", json!({"name": r["name"]}));
-    }
-    let sock = replica.dir.path().join("disk.nbd");
-    replica.call("nbd_start_disk", json!({"bdev_name": "disk", "nbd_device": sock}));
+    })
 }
 
 /// Where the replicas' files start to hold a pattern; before it they are zeroes (the raid's
@@ -397,7 +387,6 @@ fn a_replica_killed_and_readded_gets_a_partial_rebuild() {
 
     // B comes back on its own file; it is removed, attached again and re-added: partial.
     b.restart();
-    export(&b);
     readd_n1(&r_daemon, &b);
     let r = bounded(PHASE_TIMEOUT + Duration::from_secs(5), "the partial rebuild", {
         let rpc = r_daemon.rpc.clone();
@@ -460,7 +449,6 @@ fn the_raid_daemon_killed_mid_rebuild_resumes_it() {
     let (model, client, _) = w.stop();
     std::fs::File::create(image(&b)).unwrap().set_len(DISK_BYTES).unwrap();
     b.restart();
-    export(&b);
     readd_n1(&r_daemon, &b);
     let r = wait_raid(&r_daemon, "the rebuild under way", |r| r["process"]["type"] == "rebuild");
     assert_eq!(r["process"]["target"], "n1", "{r:#}");

@@ -162,6 +162,8 @@ const CASES: &[(&str, &[&str])] = &[
             "bdev_raid_remove_base_bdev",
             "bdev_raid_add_base_bdev",
             "bdev_raid_delete",
+            "bdev_set_options",
+            "bdev_examine",
         ],
     ),
 ];
@@ -854,6 +856,22 @@ fn raid_levels_and_replicas() {
     rpc.ok(&["bdev_raid_delete", "r0"]);
     rpc.ok(&["bdev_raid_delete", "r1"]);
     assert_eq!(rpc.json(&["bdev_raid_get_bdevs", "all"]), json!([]));
+
+    // M0 still carries r1's superblock. With auto-examine off (a replica host), a new bdev
+    // over it is left alone until bdev_examine names it; then the raid module finds r1.
+    let e = rpc.fails(&["bdev_examine", "-b", "M0"]);
+    assert!(e["message"].as_str().unwrap().starts_with("name: bdev_auto_examine is on"), "{e}");
+    rpc.ok(&["bdev_set_options", "--no-auto-examine"]);
+    rpc.ok(&["bdev_delay_create", "-b", "M0", "-d", "D0", "-r", "0", "-t", "0", "-w", "0", "-n", "0"]);
+    assert_eq!(rpc.json(&["bdev_raid_get_bdevs", "all"]), json!([]));
+    rpc.ok(&["bdev_examine", "-b", "D0"]);
+    let r = raid_entry(&rpc, "r1");
+    assert_eq!(r["state"], "configuring", "one of two replicas found: {r}");
+    rpc.ok(&["bdev_raid_delete", "r1"]);
+    rpc.ok(&["bdev_set_options", "--auto-examine"]);
+    let e = rpc.fails(&["bdev_set_options", "-p", "1024"]);
+    assert!(e["message"].as_str().unwrap().starts_with("bdev_io_pool_size: not supported"), "{e}");
+    rpc.ok(&["bdev_delay_delete", "D0"]);
     // The bases are free again.
     for m in ["M0", "M1", "M2", "M3", "M4"] {
         rpc.ok(&["bdev_malloc_delete", m]);
