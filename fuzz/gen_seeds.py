@@ -468,9 +468,12 @@ UNMAPPED = 0xFFFFFFFF
 
 def lvs_stream(vols):
     out = struct.pack("<I", len(vols))
-    for uuid, parent, flags, name, cmap in vols:
+    for uuid, parent, flags, name, cmap, *external in vols:
         out += uuid + parent + struct.pack("<IB", flags, len(name)) + name + struct.pack("<Q", len(cmap))
         out += b"".join(struct.pack("<I", c) for c in cmap)
+        # Flag 8: the external parent (its size in clusters, its bdev's name).
+        for clusters, bdev in external:
+            out += struct.pack("<QB", clusters, len(bdev)) + bdev
     return out
 
 
@@ -493,7 +496,7 @@ def lvs_image(areas, pages=10, area_pages=2):
 
 SNAP, VOL, CLONE = b"\x51" * 16, b"\x52" * 16, b"\x53" * 16
 NIL = bytes(16)
-THIN, RO, SNAPSHOT = 1, 2, 4
+THIN, RO, SNAPSHOT, EXTERNAL = 1, 2, 4, 8
 # 10 pages: label, two areas of 2 pages, 5 data clusters of 4 KiB.
 lvs_vols = [
     (SNAP, NIL, RO | SNAPSHOT, b"snap", [0, 1]),
@@ -511,6 +514,11 @@ write("lvol_metadata", {
     "seed-torn": bytes([0]) + bytes(lvs_torn),
     # Re-sealed by the target: parents that form a cycle, refused by the store's checks.
     "seed-cycle": bytes([1]) + lvs_image([lvs_area(1, 5, []), lvs_area(3, 5, lvs_cycle)]),
+    # A snapshot reading through an external parent (an esnap), with a clone on it.
+    "seed-esnap": bytes([0]) + lvs_image([lvs_area(1, 5, []), lvs_area(2, 5, [
+        (SNAP, NIL, THIN | RO | SNAPSHOT | EXTERNAL, b"snap", [0, UNMAPPED], (2, b"golden")),
+        (CLONE, SNAP, THIN, b"clone", [UNMAPPED, 3]),
+    ])]),
     # Re-sealed noise after a label.
     "seed-noise": bytes([1]) + lvs_good[:4096] + bytes((i * 37 + 11) % 256 for i in range(9 * 4096)),
 })

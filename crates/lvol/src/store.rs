@@ -91,10 +91,10 @@ pub enum WriteTarget {
 }
 
 /// A cluster that [`Store::inflate`] or [`Store::decouple_parent`] gave a volume: (the volume's
-/// cluster index, the new data cluster, where its contents come from: a data cluster to copy, or
-/// `None` for zeroes). As for [`WriteTarget::Allocated`], the caller fills every one of them
-/// durably before the commit that maps them.
-pub type NewCluster = (u64, u32, Option<u32>);
+/// cluster index, the new data cluster, where its contents come from: a data cluster to copy,
+/// the same cluster of the external parent, or zeroes). As for [`WriteTarget::Allocated`], the
+/// caller fills every one of them durably before the commit that maps them.
+pub type NewCluster = (u64, u32, ReadSource);
 
 /// How to create a store.
 #[derive(Debug, Clone)]
@@ -780,8 +780,8 @@ impl Store {
     }
 
     /// SPDK's `bdev_lvol_inflate`: every unallocated cluster of the volume gets a cluster of its
-    /// own, holding what reads saw there (the nearest ancestor's data, or zeroes), and the volume
-    /// leaves its parent chain as a thick volume. A snapshot is refused (its clones read through
+    /// own, holding what reads saw there (the nearest ancestor's data, the external parent's, or
+    /// zeroes), and the volume leaves its parent chain as a thick volume. A snapshot is refused (its clones read through
     /// it). Returns the new clusters, which the caller fills durably before the next commit.
     pub fn inflate(&mut self, uuid: &Uuid) -> Result<Vec<NewCluster>, LvolError> {
         let i = self.index("lvol", uuid)?;
@@ -792,42 +792,53 @@ impl Store {
                 reason: format!("'{}' is a snapshot, which cannot be inflated", v.name),
             });
         }
-        self.refuse_external(uuid)?;
         let fills = (0..v.size_clusters())
             .filter(|&j| v.map[j as usize] == UNALLOCATED)
-            .map(|j| (j, self.resolve(v, j)))
+            .map(|j| (j, self.source(v, j)))
             .collect();
         let new = self.fill(i, fills)?;
         let v = &mut self.volumes[i];
         v.parent = None;
+        v.external = None;
         v.thin = false;
         Ok(new)
     }
 
     /// SPDK's `bdev_lvol_decouple_parent`: the volume stops depending on its parent, which is
-    /// replaced by the parent's parent. The clusters whose data came from the parent itself get
-    /// a copy of it; the volume stays thin, reading the rest through the new parent. Refused for
-    /// a volume without a parent. A snapshot may be decoupled: what it reads is unchanged, so
-    /// its clones read the same. Returns the new clusters, as [`Store::inflate`].
+    /// replaced by the parent's parent (or the parent's external parent). The clusters whose data
+    /// came from the parent itself get a copy of it; the volume stays thin, reading the rest
+    /// through the new parent. An esnap clone (an external parent and no parent) gets a copy of
+    /// every cluster it read from the external bdev and no parent. Refused for a volume without
+    /// either. A snapshot may be decoupled: what it reads is unchanged, so its clones read the
+    /// same. Returns the new clusters, as [`Store::inflate`].
     pub fn decouple_parent(&mut self, uuid: &Uuid) -> Result<Vec<NewCluster>, LvolError> {
         let i = self.index("lvol", uuid)?;
-        self.refuse_external(uuid)?;
         let v = &self.volumes[i];
-        let Some(parent) = v.parent.and_then(|p| self.volume(&p)) else {
-            return Err(LvolError::State { field: "lvol", reason: format!("'{}' has no parent", v.name) });
+        let (new_parent, new_external) = match (v.parent.and_then(|p| self.volume(&p)), &v.external) {
+            (Some(parent), _) => (parent.parent, parent.external.clone()),
+            (None, Some(_)) => (None, None),
+            (None, None) => {
+                return Err(LvolError::State { field: "lvol", reason: format!("'{}' has no parent", v.name) })
+            }
         };
-        let grandparent = parent.parent.and_then(|g| self.volume(&g));
+        let grandparent = new_parent.and_then(|g| self.volume(&g));
+        let new_source = |j: u64| match (grandparent, &new_external) {
+            (Some(g), _) => self.source(g, j),
+            (None, Some(e)) if j < e.clusters => ReadSource::External,
+            _ => ReadSource::Zeroes,
+        };
         // A cluster needs a copy wherever the new chain would read something else than the old
         // one: the parent's own clusters, and also (past the end of a parent shorter than the
         // grandparent) zeroes the grandparent's data would replace.
         let fills = (0..v.size_clusters())
             .filter(|&j| v.map[j as usize] == UNALLOCATED)
-            .map(|j| (j, self.resolve(v, j)))
-            .filter(|&(j, old)| old != grandparent.and_then(|g| self.resolve(g, j)))
+            .map(|j| (j, self.source(v, j)))
+            .filter(|&(j, old)| old != new_source(j))
             .collect();
-        let new_parent = parent.parent;
         let new = self.fill(i, fills)?;
-        self.volumes[i].parent = new_parent;
+        let v = &mut self.volumes[i];
+        v.parent = new_parent;
+        v.external = new_external;
         Ok(new)
     }
 
@@ -941,20 +952,6 @@ impl Store {
             external: Some(external),
         });
         Ok(())
-    }
-
-    /// Inflate and decouple do not copy from an external parent yet: refused with a reason.
-    fn refuse_external(&self, uuid: &Uuid) -> Result<(), LvolError> {
-        match self.chain_external(uuid) {
-            Some(e) => Err(LvolError::State {
-                field: "lvol",
-                reason: format!(
-                    "the volume reads through the external snapshot '{}'; not supported yet",
-                    e.name
-                ),
-            }),
-            None => Ok(()),
-        }
     }
 
     /// The clusters `[first, first + count)` of the volume that it owns itself (not through a
@@ -1254,7 +1251,7 @@ impl Store {
 
     /// Allocates a cluster for each `(index, copy_from)` of volume `i`, or none if there are not
     /// enough.
-    fn fill(&mut self, i: usize, fills: Vec<(u64, Option<u32>)>) -> Result<Vec<NewCluster>, LvolError> {
+    fn fill(&mut self, i: usize, fills: Vec<(u64, ReadSource)>) -> Result<Vec<NewCluster>, LvolError> {
         self.check_allocatable(fills.len() as u64)?;
         let mut new = Vec::with_capacity(fills.len());
         for (j, copy_from) in fills {
@@ -1377,6 +1374,31 @@ mod tests {
         assert_eq!(loaded.volume(&w).unwrap().parent, Some(snap));
         let e = s.set_parent(&w, &snap).unwrap_err().to_string();
         assert!(e.starts_with("parent_name: ") && e.contains("already"), "{e}");
+    }
+
+    /// An esnap clone reads its external parent up to the parent's size and zeroes past it
+    /// (after a resize); a write there copies from the external parent; a whole-cluster unmap
+    /// keeps a cluster the external parent would show through.
+    #[test]
+    fn external_parents_end_where_the_bdev_ended() {
+        let mut s = empty_on(&mut MemDevice::new(2560));
+        let c = Uuid([2; 16]);
+        s.clone_external(c, "c", ExternalParent { name: "golden".into(), clusters: 2 }).unwrap();
+        s.resize_volume(&c, 3 << 20).unwrap();
+        let sources: Vec<ReadSource> = (0..3).map(|j| s.read_source(&c, j).unwrap()).collect();
+        assert_eq!(sources, [ReadSource::External, ReadSource::External, ReadSource::Zeroes]);
+        assert!(matches!(s.allocate_for_write(&c, 1).unwrap(), WriteTarget::AllocatedFromExternal { .. }));
+        assert!(matches!(
+            s.allocate_for_write(&c, 2).unwrap(),
+            WriteTarget::Allocated { copy_from: None, .. }
+        ));
+        assert!(!s.release_cluster(&c, 1).unwrap(), "the external parent would show through");
+        assert!(s.release_cluster(&c, 2).unwrap());
+        let e = s.set_external_parent(&c, ExternalParent { name: "golden".into(), clusters: 2 }).unwrap_err();
+        assert!(e.to_string().starts_with("parent_name: "), "{e}");
+        let e = s.clone_external(Uuid([3; 16]), "d", ExternalParent { name: String::new(), clusters: 1 });
+        assert!(e.unwrap_err().to_string().starts_with("parent_name: "));
+        s.check_consistency().unwrap();
     }
 
     /// The checker finds each kind of damage to the in-memory state.

@@ -1,8 +1,8 @@
 //! The store's operations, commit and load, against an in-memory device.
 
 use fp_lvol::{
-    LvolError, MemDevice, MetaDevice, Page, Store, StoreOptions, Uuid, Volume, WriteTarget, PAGE_SIZE,
-    UNALLOCATED,
+    LvolError, MemDevice, MetaDevice, Page, ReadSource, Store, StoreOptions, Uuid, Volume, WriteTarget,
+    PAGE_SIZE, UNALLOCATED,
 };
 
 const MIB: u64 = 1 << 20;
@@ -471,7 +471,8 @@ fn reads(s: &Store, u: Uuid) -> Vec<Option<u32>> {
 fn after_fill(before: &[Option<u32>], new: &[fp_lvol::NewCluster]) -> Vec<Option<u32>> {
     let mut want = before.to_vec();
     for &(j, c, from) in new {
-        assert_eq!(from, before[j as usize], "cluster {j} is filled from what it read");
+        let read = before[j as usize].map_or(ReadSource::Zeroes, ReadSource::Cluster);
+        assert_eq!(from, read, "cluster {j} is filled from what it read");
         want[j as usize] = Some(c);
     }
     want
@@ -487,7 +488,10 @@ fn inflate_gives_a_volume_all_its_clusters_and_drops_its_parent() {
     let before = reads(&s, uuid(1));
     assert_eq!(before, vec![Some(0), Some(3), Some(2), None]);
     let new = s.inflate(&uuid(1)).unwrap();
-    assert_eq!(new, vec![(0, 4, Some(0)), (2, 5, Some(2)), (3, 6, None)]);
+    assert_eq!(
+        new,
+        vec![(0, 4, ReadSource::Cluster(0)), (2, 5, ReadSource::Cluster(2)), (3, 6, ReadSource::Zeroes)]
+    );
     assert_eq!(reads(&s, uuid(1)), after_fill(&before, &new));
     let v = s.volume(&uuid(1)).unwrap();
     assert!(v.parent.is_none() && !v.thin && v.map == vec![4, 3, 5, 6]);
@@ -500,7 +504,7 @@ fn inflate_gives_a_volume_all_its_clusters_and_drops_its_parent() {
     // A thin volume without a parent becomes thick, zero-filled; a thick one has nothing to do.
     s.create_volume(uuid(3), "thin", 2 * MIB, true).unwrap();
     s.allocate_for_write(&uuid(3), 1).unwrap();
-    assert_eq!(s.inflate(&uuid(3)).unwrap(), vec![(0, 8, None)]);
+    assert_eq!(s.inflate(&uuid(3)).unwrap(), vec![(0, 8, ReadSource::Zeroes)]);
     assert!(!s.volume(&uuid(3)).unwrap().thin);
     assert_eq!(s.inflate(&uuid(3)).unwrap(), vec![]);
     s.commit(&mut dev).unwrap();
@@ -534,7 +538,7 @@ fn decouple_copies_only_the_parents_own_clusters() {
     let before = reads(&s, uuid(1));
     let new = s.decouple_parent(&uuid(1)).unwrap();
     // Index 0 reads snap1's cluster through either chain; index 1 was snap2's own.
-    assert_eq!(new, vec![(1, 3, Some(2))]);
+    assert_eq!(new, vec![(1, 3, ReadSource::Cluster(2))]);
     assert_eq!(reads(&s, uuid(1)), after_fill(&before, &new));
     let v = s.volume(&uuid(1)).unwrap();
     assert!(v.parent == Some(uuid(2)) && v.thin && v.map == vec![UNALLOCATED, 3]);
@@ -543,7 +547,7 @@ fn decouple_copies_only_the_parents_own_clusters() {
     // Again: snap1 has no parent, so everything it holds is copied and vol stands alone, thin.
     let before = reads(&s, uuid(1));
     let new = s.decouple_parent(&uuid(1)).unwrap();
-    assert_eq!(new, vec![(0, 4, Some(0))]);
+    assert_eq!(new, vec![(0, 4, ReadSource::Cluster(0))]);
     assert_eq!(reads(&s, uuid(1)), after_fill(&before, &new));
     assert!(s.volume(&uuid(1)).unwrap().parent.is_none() && s.volume(&uuid(1)).unwrap().thin);
     // Without a parent: refused, naming the volume.
@@ -553,7 +557,7 @@ fn decouple_copies_only_the_parents_own_clusters() {
     // A snapshot can be decoupled too: snap2 stops depending on snap1.
     let before = reads(&s, uuid(3));
     let new = s.decouple_parent(&uuid(3)).unwrap();
-    assert_eq!(new, vec![(0, 5, Some(0))]);
+    assert_eq!(new, vec![(0, 5, ReadSource::Cluster(0))]);
     assert_eq!(reads(&s, uuid(3)), after_fill(&before, &new));
     s.check_delete(&uuid(2)).unwrap();
     s.commit(&mut dev).unwrap();
@@ -573,7 +577,7 @@ fn decouple_keeps_zeroes_past_a_shorter_parent() {
     let before = reads(&s, uuid(1));
     assert_eq!(before, vec![Some(0), None]);
     let new = s.decouple_parent(&uuid(1)).unwrap();
-    assert_eq!(new, vec![(1, 2, None)]);
+    assert_eq!(new, vec![(1, 2, ReadSource::Zeroes)]);
     assert_eq!(reads(&s, uuid(1)), after_fill(&before, &new));
     assert_eq!(s.volume(&uuid(1)).unwrap().parent, Some(uuid(2)));
     s.commit(&mut dev).unwrap();
@@ -663,4 +667,23 @@ fn destroy_leaves_no_store_at_any_crash_point() {
     let mut image = dev.crash_image(end, &[]);
     Store::create(&mut image, &opts()).unwrap();
     assert!(Store::load(&mut image).unwrap().volumes().is_empty());
+}
+
+/// The fuzz seed of a store with an external parent (written by fuzz/gen_seeds.py from
+/// docs/lvol-format.md's tables, independently of this crate's encoder) loads, and reads resolve
+/// through the external parent where no map has a cluster.
+#[test]
+fn the_esnap_fuzz_seed_loads_as_documented() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/regressions/lvol_metadata/seed-esnap");
+    let seed = std::fs::read(path).unwrap();
+    let mut dev = MemDevice::from_image(seed[1..].to_vec());
+    let s = Store::load(&mut dev).unwrap();
+    let snap = s.volume_by_name("snap").unwrap();
+    let ext = snap.external.as_ref().unwrap();
+    assert_eq!((ext.name.as_str(), ext.clusters), ("golden", 2));
+    let clone = s.volume_by_name("clone").unwrap().uuid;
+    assert_eq!(s.chain_external(&clone), Some(ext));
+    assert_eq!(s.read_source(&clone, 0).unwrap(), ReadSource::Cluster(0));
+    assert_eq!(s.read_source(&clone, 1).unwrap(), ReadSource::Cluster(3));
+    assert_eq!(s.read_source(&snap.uuid, 1).unwrap(), ReadSource::External);
 }

@@ -95,9 +95,11 @@ impl Configuring {
     fn complete(&self) -> bool {
         let sb = self.newest();
         sb.slots.iter().enumerate().filter(|(_, r)| r.state == SlotState::Active).all(|(i, r)| {
-            self.found
-                .iter()
-                .any(|f| usize::from(f.sb.slot) == i && f.sb.seq == sb.seq && f.sb.slots[i].uuid == r.uuid)
+            self.found.iter().any(|f| {
+                usize::from(f.sb.slot) == i
+                    && f.sb.seq == sb.seq
+                    && f.sb.slots.get(i).is_some_and(|o| o.uuid == r.uuid)
+            })
         })
     }
 }
@@ -197,8 +199,34 @@ fn rejoin(
             dev.shared().info.name
         )));
     }
+    forget_unfinished_copy(&dev.shared().info.name, name, &bdev, sb)?;
     let slot = owner.add_base(name.to_string(), bdev)?;
     log::info!("raid '{}': '{name}' is back, in slot {slot}", dev.shared().info.name);
+    Ok(())
+}
+
+/// Whether a base's own superblock says it is a full rebuild's target (its copy unfinished).
+fn unfinished(sb: &Superblock) -> bool {
+    sb.slots.get(usize::from(sb.slot)).is_some_and(|r| r.state == SlotState::Rebuilding && !r.rebuild_partial)
+}
+
+/// A full rebuild's target that never finished must not come back as a partial rebuild: the
+/// bitmap does not cover what it lacks (its copy stopped part way). When `sb` (the base's own
+/// superblock) says so, it is erased: the owner then sees a new base and rebuilds it in full.
+pub(crate) fn forget_unfinished_copy(
+    raid: &str,
+    name: &str,
+    bdev: &Bdev,
+    sb: &Superblock,
+) -> Result<(), RaidError> {
+    if !unfinished(sb) {
+        return Ok(());
+    }
+    ChannelIo::open(bdev.clone()).and_then(|mut io| {
+        meta_io::wipe_superblock(&mut io)
+            .map_err(|e| RaidError::Metadata(format!("erasing its stale superblock: errno {e}")))
+    })?;
+    log::info!("raid '{raid}': '{name}' was a full rebuild's target: rebuilt in full");
     Ok(())
 }
 
@@ -218,10 +246,18 @@ fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
     let mut strays = Vec::new();
     for f in c.found {
         let i = usize::from(f.sb.slot);
-        let rec = &sb.slots[i];
+        // A slot the newest superblock does not have, or that names another base: a stray.
+        let Some(rec) = sb.slots.get(i) else {
+            strays.push(f.name);
+            continue;
+        };
         if f.sb.slots.get(i).map(|r| r.uuid) != Some(rec.uuid) || members[i].is_some() {
             strays.push(f.name);
-        } else if rec.state == SlotState::Active && f.sb.seq != sb.seq {
+        } else if (rec.state == SlotState::Active && f.sb.seq != sb.seq)
+            || (rec.state == SlotState::Failed && unfinished(&f.sb))
+        {
+            // Stale, or a full copy cut short that the raid since marked Failed: never a
+            // member as it is (the owner would resume a Failed slot's base partially).
             later.push(f);
         } else {
             members[i] = Some(BaseSpec { name: f.name, bdev: f.bdev });
@@ -297,7 +333,9 @@ fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
     });
     log::info!("raid '{raid}' assembled from its superblocks");
     for f in later {
-        if let Err(e) = owner.add_base(f.name.clone(), f.bdev) {
+        let joined = forget_unfinished_copy(raid, &f.name, &f.bdev, &f.sb)
+            .and_then(|()| owner.add_base(f.name.clone(), f.bdev.clone()));
+        if let Err(e) = joined {
             log::warn!("raid '{raid}': stale base '{}' cannot join: {e}", f.name);
             host.release_claim(&f.name, MODULE, raid);
         }

@@ -383,19 +383,26 @@ impl Owner {
         if rec.state == SlotState::Rebuilding && !rec.rebuild_partial {
             rec.uuid = random_uuid();
         }
-        let was_resync_source = self.process.as_ref().is_some_and(|(c, p)| {
-            p.kind == ProcessKind::Resync && c.source == slot
-                || p.kind != ProcessKind::Resync && p.target == slot
-        });
         rec.state = SlotState::Failed;
         rec.rebuild_offset = 0;
         rec.rebuild_partial = false;
         self.resync_targets.retain(|&s| s != slot);
-        if was_resync_source {
-            self.process = None;
-            self.resync_targets.clear();
-        } else if let Some((c, _)) = self.process.as_mut() {
-            c.targets.retain(|&s| s != slot);
+        if let Some((mut copier, plan)) = self.process.take() {
+            copier.targets.retain(|&s| s != slot);
+            if copier.source == slot && plan.kind != ProcessKind::Resync {
+                // Never copy from a base that stopped taking writes: start again from the
+                // checkpoint with another source (`next_process` picks it).
+                let start = self.shared.intent.as_ref().map_or(0, |m| copier.checkpoint(m));
+                self.queue.push_front(Planned { start, ..plan });
+            } else if copier.source == slot || copier.targets.is_empty() {
+                // A resync without its source (or anything left to copy to) ends; its other
+                // targets are readable again, as md leaves them.
+                if plan.kind == ProcessKind::Resync {
+                    self.resync_targets.clear();
+                }
+            } else {
+                self.process = Some((copier, plan));
+            }
         }
         self.queue.retain(|p| p.kind == ProcessKind::Resync || p.target != slot);
         self.shared.counters.base_failures.fetch_add(1, Ordering::Relaxed);
@@ -444,6 +451,7 @@ impl Owner {
                 log::error!("{e}");
             }
             self.publish();
+            self.next_process();
         }
     }
 
@@ -519,6 +527,7 @@ impl Owner {
             log::error!("{e}");
         }
         self.publish();
+        self.next_process();
     }
 
     fn geometry(&self) -> CopyGeometry {
@@ -629,18 +638,8 @@ impl Owner {
                     plan.kind,
                     errno_text(errno)
                 );
-                let is_source = slot == copier.source;
                 self.process = Some((copier, plan));
                 self.take_out(slot);
-                if let Some((copier, plan)) = self.process.take() {
-                    if is_source {
-                        // Another in-sync base may serve: start again from the checkpoint.
-                        let start = copier.checkpoint(map);
-                        self.queue.push_front(Planned { start, ..plan });
-                    } else if !copier.targets.is_empty() {
-                        self.process = Some((copier, plan));
-                    }
-                }
                 if let Err(e) = self.write_superblocks() {
                     log::error!("{e}");
                 }
@@ -682,6 +681,9 @@ impl Owner {
         self.handle_failures();
         self.persist_bitmap();
         self.maybe_clear(now);
+        if self.process.is_none() && !self.queue.is_empty() {
+            self.next_process();
+        }
         self.step_process(now);
         // Bits a window's writes set are persisted before the next window, not after it.
         self.persist_bitmap();

@@ -17,10 +17,12 @@ pub static MODULES: &[&dyn BdevModule] = &[
     &UringModule,
     &DelayModule,
     &LvolModule,
+    // Before the remote bases' modules: at shutdown a raid writes its clean superblocks
+    // while its bases (Ceph, NBD, NVMe/TCP) are still connected.
+    &RaidModule,
     &RbdModule,
     &NbdClientModule,
     &NvmeModule,
-    &RaidModule,
 ];
 
 /// The module named `name` ("null", "malloc", ...).

@@ -335,6 +335,8 @@ fn set_parent_bdev_makes_a_thin_volume_an_esnap_clone() {
     assert_param(&set("lvs/w", "lvs/thick"), "parent_name");
     assert_param(&set("lvs/nope", "golden"), "lvol_name");
     assert_param(&set("lvs/w", "m0"), "parent_name"); // the store's base: claimed for writing
+    f.ok("bdev_malloc_create", json!({"name": "big_blocks", "num_blocks": 1024, "block_size": 4096}));
+    assert_param(&set("lvs/w", "big_blocks"), "parent_name"); // 4 KiB blocks under 512-byte ones
     let clone = |p: Value| f.err("bdev_lvol_clone_bdev", p);
     assert_param(&clone(json!({"bdev": "golden", "lvs_name": "nope", "clone_name": "c"})), "lvs_name");
     assert_param(&clone(json!({"bdev": "nope", "lvs_name": "lvs", "clone_name": "c"})), "bdev");
@@ -348,4 +350,83 @@ fn set_parent_bdev_makes_a_thin_volume_an_esnap_clone() {
     f.ok("bdev_lvol_set_parent", json!({"lvol_name": "lvs/w", "parent_name": "lvs/s"}));
     assert_eq!(f.bytes("lvs/w", 4), [0x5a, 0x5a, 0x5a, 0x77]);
     f.ok("bdev_malloc_delete", json!({"name": "golden"}));
+}
+
+/// Inflate and decouple copy what an esnap clone reads from its external snapshot: afterwards
+/// it reads the same without it, and the external snapshot is let go.
+#[test]
+fn inflate_and_decouple_copy_from_the_external_snapshot() {
+    let f = Fixture::new();
+    golden(&f);
+    let clone = |name: &str| {
+        f.ok("bdev_lvol_clone_bdev", json!({"bdev": "golden", "lvs_name": "lvs", "clone_name": name}));
+        f.write(&format!("lvs/{name}"), 2 * MIB, 0x99, MIB);
+    };
+    let want = [0x10, 0x20, 0x99, 0x40];
+    clone("a");
+    clone("b");
+    clone("c");
+    // c's snapshot takes the external parent; decoupling c makes it an esnap clone again.
+    f.ok("bdev_lvol_snapshot", json!({"lvol_name": "lvs/c", "snapshot_name": "cs"}));
+    f.ok("bdev_lvol_decouple_parent", json!({"name": "lvs/c"}));
+    let lvols = f.ok("bdev_lvol_get_lvols", json!({}));
+    let c = lvol(&lvols, "c");
+    assert_eq!((c["is_clone"].as_bool(), c["is_esnap_clone"].as_bool()), (Some(false), Some(true)));
+    assert_eq!(c["num_allocated_clusters"], 1, "the snapshot's cluster copied in");
+    assert_eq!(f.bytes("lvs/c", 4), want);
+    f.ok("bdev_lvol_inflate", json!({"name": "lvs/a"}));
+    f.ok("bdev_lvol_decouple_parent", json!({"name": "lvs/b"}));
+    for name in ["c", "cs"] {
+        f.ok("bdev_lvol_decouple_parent", json!({"name": format!("lvs/{name}")}));
+    }
+    let lvols = f.ok("bdev_lvol_get_lvols", json!({}));
+    let a = lvol(&lvols, "a");
+    assert_eq!(
+        (a["is_esnap_clone"].as_bool(), a["is_thin_provisioned"].as_bool()),
+        (Some(false), Some(false))
+    );
+    let b = lvol(&lvols, "b");
+    assert_eq!((b["is_esnap_clone"].as_bool(), b["num_allocated_clusters"].as_u64()), (Some(false), Some(4)));
+    assert_param(&f.err("bdev_lvol_decouple_parent", json!({"name": "lvs/b"})), "name");
+    // Nothing reads the external snapshot any more: it can go, and the volumes read the same.
+    f.ok("bdev_malloc_delete", json!({"name": "golden"}));
+    for name in ["a", "b", "c"] {
+        assert_eq!(f.bytes(&format!("lvs/{name}"), 4), want, "{name}");
+    }
+}
+
+/// The external parent persists: a daemon that loads the store without the bdev reports the
+/// clone degraded and fails the reads that need it; when a bdev of that name appears it is
+/// claimed and attached, and the clone reads everything again.
+#[test]
+fn a_missing_external_snapshot_is_attached_when_it_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("store.img");
+    std::fs::File::create(&file).unwrap().set_len(16 * MIB).unwrap();
+    let uring = json!({"name": "u", "filename": file, "direct": false});
+    {
+        let f = Fixture::new();
+        f.ok("bdev_uring_create", uring.clone());
+        f.ok("bdev_lvol_create_lvstore", json!({"bdev_name": "u", "lvs_name": "disk", "cluster_sz": MIB}));
+        golden(&f);
+        f.ok("bdev_lvol_clone_bdev", json!({"bdev": "golden", "lvs_name": "disk", "clone_name": "c"}));
+        f.write("disk/c", 0, 0x66, MIB);
+        f.m.shutdown();
+    }
+    let f = Fixture::new();
+    f.ok("bdev_uring_create", uring);
+    let c = lvol(&f.ok("bdev_lvol_get_lvols", json!({"lvs_name": "disk"})), "c").clone();
+    assert_eq!((c["is_esnap_clone"].as_bool(), c["is_degraded"].as_bool()), (Some(true), Some(true)));
+    assert_eq!(c["external_snapshot_name"], "golden");
+    let mut ch = f.m.disk("disk/c").unwrap().open().unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(run(&mut *ch, IoOp::Read, 0, &mut buf), Ok(()), "the clone's own cluster");
+    assert!(buf.iter().all(|&b| b == 0x66));
+    assert_eq!(run(&mut *ch, IoOp::Read, MIB, &mut buf), Err(libc::EIO), "the external snapshot's");
+    golden(&f);
+    let c = lvol(&f.ok("bdev_lvol_get_lvols", json!({"lvs_name": "disk"})), "c").clone();
+    assert_eq!(c["is_degraded"], false);
+    assert_eq!(f.bytes("disk/c", 4), [0x66, 0x20, 0x30, 0x40]);
+    let e = f.err("bdev_malloc_delete", json!({"name": "golden"}));
+    assert_eq!(e.code, -libc::EBUSY, "claimed again: {e:?}");
 }

@@ -387,14 +387,14 @@ impl LvStore {
     /// parent's data copied, or zeroes) and leaves its parent. Writes are held meanwhile.
     pub fn inflate(&self, uuid: &Uuid) -> Result<(), LvolError> {
         let vol = *uuid;
-        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.inflate(&vol))))
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(&vol, |s| s.inflate(&vol))))
     }
 
     /// SPDK's decouple_parent: the clusters the parent itself holds are copied in, and the
     /// parent's parent becomes the volume's.
     pub fn decouple_parent(&self, uuid: &Uuid) -> Result<(), LvolError> {
         let vol = *uuid;
-        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(|s| s.decouple_parent(&vol))))
+        call(&self.tx, move |o| o.change_held(&vol, &vol, |o| o.fill(&vol, |s| s.decouple_parent(&vol))))
     }
 
     /// SPDK's set_parent: `snapshot` becomes the parent of the thin volume `uuid`. Writes are

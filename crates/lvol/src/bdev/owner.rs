@@ -386,19 +386,33 @@ impl Owner {
         r
     }
 
-    /// Runs a store operation that hands out new clusters (inflate, decouple) and fills each
-    /// (copy or zeroes), then flushes: their data is durable before the commit maps them.
+    /// Runs a store operation on volume `vol` that hands out new clusters (inflate, decouple)
+    /// and fills each (copy from the store or the external parent, or zeroes), then flushes:
+    /// their data is durable before the commit maps them. Refused, changing nothing, when the
+    /// volume's external parent is missing.
     pub(crate) fn fill(
         &mut self,
+        vol: &Uuid,
         op: impl FnOnce(&mut Store) -> Result<Vec<crate::NewCluster>, LvolError>,
     ) -> Result<(), LvolError> {
+        let external = self.store.chain_external(vol).map(|e| e.name.clone());
+        if let Some(name) = external.as_ref().filter(|n| !self.externals.contains_key(*n)) {
+            return Err(LvolError::State {
+                field: "lvol",
+                reason: format!("its external snapshot '{name}' is missing"),
+            });
+        }
         let new = op(&mut self.store)?;
         let cs = self.geo.cluster_size();
-        for (_, cluster, from) in new {
+        for (index, cluster, from) in new {
             let to = self.geo.phys(cluster);
             let r = match from {
-                Some(src) => self.io.copy(self.geo.phys(src), to, cs),
-                None => self.io.zero(to, cs),
+                ReadSource::Cluster(src) => self.io.copy(self.geo.phys(src), to, cs),
+                ReadSource::Zeroes => self.io.zero(to, cs),
+                ReadSource::External => match external.as_ref().and_then(|n| self.externals.get_mut(n)) {
+                    Some(ext) => ext.copy_to(index * cs, &mut self.io, to, cs),
+                    None => Err(libc::EIO),
+                },
             };
             if let Err(e) = r {
                 let why = format!("filling cluster {cluster} failed: errno {e}");

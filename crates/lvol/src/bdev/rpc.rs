@@ -351,6 +351,10 @@ fn delete_lvstore(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleE
     // All or nothing: every volume must be free before any goes.
     for dev in lvs.devices() {
         host.claimable(&dev.uuid().to_string(), ClaimType::ExclusiveWrite)?;
+        if dev.shared.busy.load(Ordering::SeqCst) > 0 {
+            let reason = format!("a shallow copy of volume {} is in progress", dev.uuid());
+            return Err(ParamError::new("lvs_name", reason).into());
+        }
     }
     for dev in lvs.devices() {
         host.delete_bdev(&dev.uuid().to_string(), MODULE)?;
@@ -595,6 +599,7 @@ fn inflate(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     p.finish()?;
     let (lvs, dev) = find_volume(host, "name", &name)?;
     lvs.inflate(&dev.uuid()).map_err(as_name_field)?;
+    sync_externals(host, &lvs);
     Ok(Value::Bool(true))
 }
 
@@ -603,6 +608,7 @@ fn decouple_parent(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Module
     p.finish()?;
     let (lvs, dev) = find_volume(host, "name", &name)?;
     lvs.decouple_parent(&dev.uuid()).map_err(as_name_field)?;
+    sync_externals(host, &lvs);
     Ok(Value::Bool(true))
 }
 
@@ -781,6 +787,13 @@ fn external_bdev(
     }
     let (bdev, _) =
         host.bdev(&canonical).ok_or_else(|| ParamError::new(field, format!("no bdev '{name}'")))?;
+    // The owner reads it in the volumes' blocks.
+    let (ext_bs, bs) = (bdev.info().block_size, lvs.info().map_err(lvol_error)?.block_size);
+    if ext_bs > bs {
+        return Err(
+            ParamError::new(field, format!("block size {ext_bs} is larger than the lvstore's {bs}")).into()
+        );
+    }
     let (_, attached) = lvs.externals().map_err(lvol_error)?;
     if !attached.contains(&canonical) {
         host.claimable(&canonical, ClaimType::ReadManyWriteNone)

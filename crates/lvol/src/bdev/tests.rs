@@ -415,6 +415,9 @@ fn an_esnap_clone_is_degraded_until_its_external_snapshot_returns() {
     let before = free(&lvs);
     assert_eq!(write_status(&mut *ch, 4096, &own), IoStatus::Error(libc::EIO));
     assert_eq!(free(&lvs), before, "a failed copy from the external snapshot allocates nothing");
+    let e = lvs.inflate(&cu).unwrap_err().to_string();
+    assert!(e.contains("missing"), "{e}");
+    assert_eq!(free(&lvs), before, "nor does an inflate refused for it");
     lvs.attach_external("golden", golden).unwrap();
     assert!(!lvs.volumes().unwrap().into_iter().find(|v| v.uuid == cu).unwrap().degraded);
     assert_eq!(read_range(&mut *ch, 0, 4096), g[..4096]);
@@ -422,4 +425,20 @@ fn an_esnap_clone_is_degraded_until_its_external_snapshot_returns() {
     let mut expect = g[..64 * KIB as usize].to_vec();
     expect[4096..8192].copy_from_slice(&own);
     assert_eq!(read_range(&mut *ch, 0, expect.len()), expect);
+}
+
+/// While a shallow copy reads a volume's clusters, the volume cannot be deleted or resized
+/// (its clusters could go to another volume under the copy).
+#[test]
+fn a_volume_being_copied_is_neither_deleted_nor_resized() {
+    let lvs = store_on(ram(8 * MIB), 64 * KIB);
+    let v = lvs.create_volume("v", MIB, true).unwrap();
+    v.shared.busy.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let e = lvs.check_delete(&v.uuid()).unwrap_err().to_string();
+    assert!(e.contains("shallow copy"), "{e}");
+    assert!(lvs.delete_volume(&v.uuid()).is_err());
+    assert!(v.resize(2 * MIB / 512).is_err());
+    v.shared.busy.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    v.resize(2 * MIB / 512).unwrap();
+    lvs.delete_volume(&v.uuid()).unwrap();
 }

@@ -83,6 +83,8 @@ pub struct Raid1Channel {
     waiting: Vec<u32>,
     pending: Vec<u32>,
     held: Vec<u32>,
+    /// The list `pending` or `held` is swapped with while it is walked.
+    spare: Vec<u32>,
     done: Vec<(u32, IoStatus)>,
     reaped: Vec<(u32, IoStatus)>,
     /// The next read's first choice (round robin over the Active slots).
@@ -107,6 +109,7 @@ impl Raid1Channel {
             waiting: Vec::with_capacity(MAX_PARENTS),
             pending: Vec::with_capacity(MAX_PARENTS),
             held: Vec::with_capacity(MAX_PARENTS),
+            spare: Vec::with_capacity(MAX_PARENTS),
             done: Vec::with_capacity(2 * MAX_PARENTS),
             reaped: Vec::with_capacity(MAX_PARENTS),
             next_read: 0,
@@ -321,6 +324,16 @@ impl Raid1Channel {
 impl IoChannel for Raid1Channel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
+        // Refused here rather than passed to bases that may differ: a write-zeroes done on one
+        // replica and not the other would leave them diverging.
+        let supported = match req.op {
+            IoOp::Discard => self.info.io_types.unmap,
+            IoOp::WriteZeroes => self.info.io_types.write_zeroes,
+            _ => true,
+        };
+        if !supported {
+            return Err(SubmitError::Unsupported);
+        }
         if self.done.len() == self.done.capacity() {
             return Err(SubmitError::Busy);
         }
@@ -410,9 +423,12 @@ impl IoChannel for Raid1Channel {
                 }
             }
         }
+        // Each list is walked from the spare one it is swapped with (both sized for every
+        // parent): parents queued again meanwhile go to the fresh list, with no allocation.
         if !self.pending.is_empty() {
-            let pending = std::mem::take(&mut self.pending);
-            for &p in &pending {
+            std::mem::swap(&mut self.pending, &mut self.spare);
+            for i in 0..self.spare.len() {
+                let p = self.spare[i];
                 let parent = self.parents.get_mut(p);
                 parent.queued = false;
                 if parent.op == IoOp::Read {
@@ -421,22 +437,16 @@ impl IoChannel for Raid1Channel {
                     self.submit_targets(p);
                 }
             }
-            // Keep the list's capacity: parents queued again meanwhile move into it.
-            let mut pending = pending;
-            pending.clear();
-            pending.append(&mut self.pending);
-            self.pending = pending;
+            self.spare.clear();
         }
         if !self.held.is_empty() {
-            let held = std::mem::take(&mut self.held);
-            for &p in &held {
+            std::mem::swap(&mut self.held, &mut self.spare);
+            for i in 0..self.spare.len() {
+                let p = self.spare[i];
                 self.parents.get_mut(p).phase = Phase::Running;
                 self.finish_write(p);
             }
-            let mut held = held;
-            held.clear();
-            held.append(&mut self.held);
-            self.held = held;
+            self.spare.clear();
         }
         let n = self.done.len();
         for (tag, status) in self.done.drain(..) {

@@ -113,6 +113,11 @@ impl<M: SplitMap> SplitChannel<M> {
             }
             let op = parent.op;
             let (slot, child) = if op == IoOp::Flush {
+                // A base without a volatile cache has nothing to flush.
+                if self.bases.masks.flushable & (1 << parent.next) == 0 {
+                    parent.next += 1;
+                    continue;
+                }
                 let slot = parent.next as usize;
                 (slot, IoRequest { tag: p, op, offset: 0, len: 0, iov: std::ptr::null(), iovcnt: 0 })
             } else {
@@ -266,6 +271,16 @@ impl<M: SplitMap> SplitChannel<M> {
 impl<M: SplitMap> IoChannel for SplitChannel<M> {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
+        // Refused here rather than passed to bases that may differ: a write-zeroes done on one
+        // replica and not the other would leave them diverging.
+        let supported = match req.op {
+            IoOp::Discard => self.info.io_types.unmap,
+            IoOp::WriteZeroes => self.info.io_types.write_zeroes,
+            _ => true,
+        };
+        if !supported {
+            return Err(SubmitError::Unsupported);
+        }
         // One load: the layout of these levels changes only when the owner first publishes.
         self.bases.refresh();
         if self.done.len() == self.done.capacity() {

@@ -21,13 +21,30 @@ fn ram(name: &str, bytes: u64) -> Bdev {
 /// A RAM disk whose reads or writes fail (EIO) while a switch is on.
 pub(crate) struct Flaky {
     inner: Bdev,
+    info: BdevInfo,
     pub fail_writes: Arc<AtomicBool>,
     pub fail_reads: Arc<AtomicBool>,
+    /// Submits still to refuse as busy.
+    pub busy: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Flaky {
     pub(crate) fn new(name: &str, bytes: u64) -> Arc<Flaky> {
-        Arc::new(Flaky { inner: ram(name, bytes), fail_writes: Arc::default(), fail_reads: Arc::default() })
+        Flaky::with_info(name, bytes, |_| {})
+    }
+
+    /// The same with its description changed by `f` (fewer operations supported, say).
+    pub(crate) fn with_info(name: &str, bytes: u64, f: impl FnOnce(&mut BdevInfo)) -> Arc<Flaky> {
+        let inner = ram(name, bytes);
+        let mut info = inner.info().clone();
+        f(&mut info);
+        Arc::new(Flaky {
+            inner,
+            info,
+            fail_writes: Arc::default(),
+            fail_reads: Arc::default(),
+            busy: Arc::default(),
+        })
     }
 }
 
@@ -35,18 +52,20 @@ struct FlakyChannel {
     inner: Box<dyn IoChannel>,
     fail_writes: Arc<AtomicBool>,
     fail_reads: Arc<AtomicBool>,
+    busy: Arc<std::sync::atomic::AtomicU32>,
     failed: Vec<(u32, IoStatus)>,
 }
 
 impl BlockDevice for Flaky {
     fn info(&self) -> &BdevInfo {
-        self.inner.info()
+        &self.info
     }
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
         Ok(Box::new(FlakyChannel {
             inner: self.inner.open_channel()?,
             fail_writes: self.fail_writes.clone(),
             fail_reads: self.fail_reads.clone(),
+            busy: self.busy.clone(),
             failed: Vec::new(),
         }))
     }
@@ -54,6 +73,9 @@ impl BlockDevice for Flaky {
 
 impl IoChannel for FlakyChannel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        if self.busy.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1)).is_ok() {
+            return Err(SubmitError::Busy);
+        }
         let fail = if req.op == IoOp::Read { &self.fail_reads } else { &self.fail_writes };
         if fail.load(Ordering::Relaxed) {
             self.failed.push((req.tag, IoStatus::Error(libc::EIO)));
@@ -375,4 +397,58 @@ fn the_owner_takes_a_failing_replica_out_and_io_continues() {
     assert_eq!(shared.counters.degraded_bytes_written.load(Ordering::Relaxed), 2 * 8192);
     drop(ch);
     owner.shutdown().unwrap();
+}
+
+/// An operation one replica lacks is refused at submit, never done on the other alone.
+#[test]
+fn raid1_refuses_what_a_replica_cannot_do() {
+    let lacking = Flaky::with_info("b", 64 << 10, |i| i.io_types.write_zeroes = false);
+    let r = raid(RaidLevel::Raid1, vec![ram("a", 64 << 10), lacking], 0);
+    assert!(!r.info().io_types.write_zeroes && r.info().io_types.unmap);
+    let mut ch = r.open_channel().unwrap();
+    // SAFETY: no buffers.
+    let refused = unsafe { ch.submit(&conformance::cmd(1, IoOp::WriteZeroes, 0, 512)) };
+    assert_eq!(refused, Err(SubmitError::Unsupported));
+    assert_eq!(ch.in_flight(), 0);
+    // SAFETY: as above.
+    unsafe { ch.submit(&conformance::cmd(2, IoOp::Discard, 0, 512)).unwrap() };
+    assert_eq!(poll_until(&mut *ch, 1), vec![(2, IoStatus::Success)]);
+}
+
+/// A flush skips the bases that have no cache to flush (here: one that would fail it).
+#[test]
+fn flush_skips_bases_without_a_cache() {
+    for level in [RaidLevel::Raid0, RaidLevel::Raid1] {
+        let nocache = Flaky::with_info("b", 64 << 10, |i| i.io_types.flush = false);
+        nocache.fail_writes.store(true, Ordering::Relaxed);
+        let strip = if level == RaidLevel::Raid0 { 4096 } else { 0 };
+        let r = raid(level, vec![ram("a", 64 << 10), nocache], strip);
+        let mut ch = r.open_channel().unwrap();
+        // SAFETY: no buffers.
+        unsafe { ch.submit(&conformance::cmd(3, IoOp::Flush, 0, 0)).unwrap() };
+        assert_eq!(poll_until(&mut *ch, 1), vec![(3, IoStatus::Success)], "{level:?}");
+        assert!(r.shared().failures.is_empty());
+    }
+}
+
+/// A base that is busy for a while gets its part of a request later; reads move on too.
+#[test]
+fn busy_bases_get_their_requests_later() {
+    for level in [RaidLevel::Raid1, RaidLevel::Raid0] {
+        let busy = Flaky::new("b", 64 << 10);
+        let strip = if level == RaidLevel::Raid0 { 4096 } else { 0 };
+        let r = raid(level, vec![ram("a", 64 << 10), busy.clone()], strip);
+        let mut ch = r.open_channel().unwrap();
+        let data = pattern(4, 16 << 10);
+        busy.busy.store(3, Ordering::Relaxed);
+        write_range(&mut *ch, 0, &data);
+        assert_eq!(busy.busy.load(Ordering::Relaxed), 0, "{level:?}: the busy base was asked again");
+        if level == RaidLevel::Raid1 {
+            assert!(read_range(&mut *busy.open_channel().unwrap(), 0, data.len()) == data);
+        }
+        busy.busy.store(3, Ordering::Relaxed);
+        for _ in 0..4 {
+            assert!(read_range(&mut *ch, 0, data.len()) == data, "{level:?}");
+        }
+    }
 }

@@ -389,3 +389,26 @@ fn writers_on_threads_during_a_full_rebuild_end_identical() {
     let on_disk = read_superblock(&mut io0).unwrap().unwrap();
     assert!(on_disk.clean && on_disk.seq == sbh.seq + 1);
 }
+
+#[test]
+fn a_rebuild_whose_source_fails_continues_from_another_in_sync_base() {
+    let bytes = 16 * MIB;
+    let mut o = mem_raid(3, bytes);
+    write(&mut o, 0, &vec![6; 8 * MIB as usize]);
+    o.shared().failures.push(Failure { slot: 2, errno: libc::EIO }).unwrap();
+    o.tick();
+    o.remove_base("m2").unwrap();
+    o.add_base(Member { name: "new".into(), bdev: None, io: Box::new(MemBase::new(bytes)) }).unwrap();
+    for _ in 0..6 {
+        o.tick();
+    }
+    // The source (slot 0) fails mid-rebuild; slot 1 takes over from the checkpoint.
+    o.shared().failures.push(Failure { slot: 0, errno: libc::EIO }).unwrap();
+    run_process(&mut o);
+    assert_eq!(o.superblock().slots[0].state, SlotState::Failed);
+    assert_eq!(o.superblock().slots[2].state, SlotState::Active);
+    assert!(data(&mut o, 1) == data(&mut o, 2));
+    let raid = o.superblock().raid_bytes();
+    let copied = o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed);
+    assert!(copied >= raid && copied < raid + 4 * MIB, "{copied}");
+}

@@ -140,9 +140,14 @@ pub(crate) fn release_all(host: &dyn ModuleHost, raid: &str, names: impl IntoIte
 pub(crate) fn new_superblock(cfg: &RaidConfig, dev: &RaidDevice) -> Superblock {
     let shared = dev.shared();
     let layout = shared.layout();
-    let (chunk, pages) = match shared.intent.as_ref() {
-        Some(m) => (m.chunk_bytes(), format::bitmap_pages(shared.info.size_bytes(), m.chunk_bytes())),
-        None => (0, 0),
+    // raid0 and concat have no bitmap: no chunk, no pages, no first page.
+    let (chunk, first, pages) = match shared.intent.as_ref() {
+        Some(m) => (
+            m.chunk_bytes(),
+            format::BITMAP_FIRST_PAGE,
+            format::bitmap_pages(shared.info.size_bytes(), m.chunk_bytes()),
+        ),
+        None => (0, 0, 0),
     };
     Superblock {
         // 0: a new raid, which the owner formats.
@@ -155,7 +160,7 @@ pub(crate) fn new_superblock(cfg: &RaidConfig, dev: &RaidDevice) -> Superblock {
         raid_blocks: shared.info.num_blocks(),
         data_offset: layout.data_offset,
         bitmap_chunk_bytes: chunk,
-        bitmap_first_page: format::BITMAP_FIRST_PAGE,
+        bitmap_first_page: first,
         bitmap_pages: pages,
         clean: true,
         slot: 0,

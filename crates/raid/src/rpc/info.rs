@@ -93,7 +93,8 @@ pub fn raid_json(dev: &RaidDevice) -> Map<String, Value> {
             json!({
                 "type": if kind == 3 { "resync" } else { "rebuild" },
                 "target": target_name,
-                "progress": { "blocks": done, "percent": (done as f64 * 100.0 / total as f64) },
+                // SPDK's percent is a whole number.
+                "progress": { "blocks": done, "percent": done.min(total) * 100 / total },
             }),
         );
     }

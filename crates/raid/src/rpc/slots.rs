@@ -12,6 +12,8 @@ use fp_rpc::Params;
 use serde_json::Value;
 
 use super::{module_error, with_raids, MODULE};
+use crate::examine::forget_unfinished_copy;
+use crate::meta_io::{self, ChannelIo};
 use crate::{RaidError, RaidLevel, SlotState};
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ModuleError {
@@ -56,9 +58,22 @@ pub(crate) fn add_base_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<Valu
             format!("block size {} differs from the raid's {}", info.block_size, shared.info.block_size),
         ))
     } else {
+        // Its own superblock, if of this raid, may say it was an unfinished full copy.
+        let own = match dev.superblock() {
+            true => ChannelIo::open(bdev.clone())
+                .and_then(|mut io| meta_io::read_superblock(&mut io))
+                .ok()
+                .flatten(),
+            false => None,
+        };
+        match own.filter(|own| own.raid_uuid == dev.uuid()) {
+            Some(own) => forget_unfinished_copy(&raid, &base, &bdev, &own),
+            None => Ok(()),
+        }
         // The owner reads the base's own superblock: the replica that left comes back to its
         // slot (partial rebuild), any other base takes a free one (full).
-        owner.add_base(base.clone(), bdev.clone()).map_err(module_error)
+        .and_then(|()| owner.add_base(base.clone(), bdev.clone()))
+        .map_err(module_error)
     };
     match placed {
         Ok(slot) => {
@@ -94,8 +109,12 @@ pub(crate) fn remove_base_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<V
     let Some((raid, dev, owner, slot)) = found else {
         // A base found by examine for a raid still configuring.
         let released = with_raids(host, |l| {
-            l.iter_mut()
-                .find_map(|r| r.configuring.as_mut().and_then(|c| c.forget(&name)).map(|()| r.name.clone()))
+            let raid = l.iter_mut().find_map(|r| {
+                r.configuring.as_mut().and_then(|c| c.forget(&name)).map(|()| r.name.clone())
+            })?;
+            // Its last base gone, a configuring raid is forgotten: nothing of it is left here.
+            l.retain(|r| r.configuring.as_ref().is_none_or(|c| !c.found.is_empty()));
+            Some(raid)
         });
         return match released {
             Some(raid) => {
