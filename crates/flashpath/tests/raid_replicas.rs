@@ -26,7 +26,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -96,6 +96,12 @@ impl Model {
     }
 }
 
+/// The blocks the writer picks from: `first << 32 | count`, changed by the test between
+/// phases.
+fn window(first: usize, count: usize) -> u64 {
+    ((first as u64) << 32) | count as u64
+}
+
 /// What the writer did, shared with the test thread.
 #[derive(Default)]
 struct Written {
@@ -115,14 +121,17 @@ fn writer(
     seed: u64,
     chunk_bytes: u64,
     written: Arc<Mutex<Written>>,
+    blocks: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     abort: Arc<AtomicBool>,
 ) -> (Model, Option<BlkClient>) {
     let mut rng = StdRng::seed_from_u64(seed);
     while !stop.load(Ordering::Acquire) && !abort.load(Ordering::Acquire) {
+        let w = blocks.load(Ordering::Acquire);
+        let (first, count) = ((w >> 32) as usize, (w & u64::from(u32::MAX)) as usize);
         let mut slots = BTreeSet::new();
         while slots.len() < BATCH {
-            slots.insert(rng.gen_range(0..SLOTS));
+            slots.insert(first + rng.gen_range(0..count));
         }
         let mut ops = Vec::with_capacity(BATCH);
         for (i, &slot) in slots.iter().enumerate() {
@@ -159,6 +168,8 @@ fn writer(
 
 /// A running writer thread.
 struct Writer {
+    /// Which blocks it writes ([`window`]).
+    blocks: Arc<AtomicU64>,
     thread: std::thread::JoinHandle<(Model, Option<BlkClient>)>,
     written: Arc<Mutex<Written>>,
     stop: Arc<AtomicBool>,
@@ -170,9 +181,10 @@ impl Writer {
         let written = Arc::new(Mutex::new(Written::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let abort = Arc::new(AtomicBool::new(false));
-        let (w, s, a) = (written.clone(), stop.clone(), abort.clone());
-        let thread = std::thread::spawn(move || writer(c, model, seed, chunk_bytes, w, s, a));
-        Writer { thread, written, stop, abort }
+        let blocks = Arc::new(AtomicU64::new(window(0, SLOTS)));
+        let (w, b, s, a) = (written.clone(), blocks.clone(), stop.clone(), abort.clone());
+        let thread = std::thread::spawn(move || writer(c, model, seed, chunk_bytes, w, b, s, a));
+        Writer { blocks, thread, written, stop, abort }
     }
 
     /// What was written since the last call (and starts counting again).
@@ -364,8 +376,14 @@ fn a_replica_killed_and_readded_gets_a_partial_rebuild() {
     let data_blocks = raid(&r_daemon)["base_bdevs_list"][0]["data_size"].as_u64().unwrap();
 
     let client = BlkClient::open(&sock, 1);
+    // In sync, the writer keeps to the first quarter of its region; from B's death on, to the
+    // third quarter. The second and fourth quarters are written by nobody: a partial rebuild
+    // must leave them alone.
+    let quarter = SLOTS / 4;
     let w = Writer::start(client, Model::new(), seed, chunk);
+    w.blocks.store(window(0, quarter), Ordering::Release);
     w.wait_batches(20);
+    w.blocks.store(window(2 * quarter, quarter), Ordering::Release);
     let healthy = w.take();
 
     // B dies under the writer: no write fails, the slot goes failed.
@@ -422,6 +440,10 @@ fn a_replica_killed_and_readded_gets_a_partial_rebuild() {
     assert!(copied <= touched, "copied {copied} B, more than the chunks written in the whole run: {r:#}");
     assert!(degraded <= after_kill.bytes, "degraded {degraded} B, more than written since the kill: {r:#}");
     assert!(copied * 4 <= data_blocks * BLOCK as u64, "copied {copied} B: not far below the disk: {r:#}");
+    assert!(
+        copied <= REGION / 2 + chunk,
+        "copied {copied} B: the quarters nobody wrote were copied too: {r:#}"
+    );
 
     // Reads now come from either replica: every acknowledged write is there, and the data
     // regions are byte-identical.
