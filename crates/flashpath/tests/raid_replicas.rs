@@ -120,14 +120,12 @@ fn writer(
     mut model: Model,
     seed: u64,
     chunk_bytes: u64,
-    written: Arc<Mutex<Written>>,
-    blocks: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    abort: Arc<AtomicBool>,
+    ctl: Arc<WriterControl>,
 ) -> (Model, Option<BlkClient>) {
+    let (written, stop, abort) = (&ctl.written, &ctl.stop, &ctl.abort);
     let mut rng = StdRng::seed_from_u64(seed);
     while !stop.load(Ordering::Acquire) && !abort.load(Ordering::Acquire) {
-        let w = blocks.load(Ordering::Acquire);
+        let w = ctl.blocks.load(Ordering::Acquire);
         let (first, count) = ((w >> 32) as usize, (w & u64::from(u32::MAX)) as usize);
         let mut slots = BTreeSet::new();
         while slots.len() < BATCH {
@@ -147,7 +145,7 @@ fn writer(
                 buf: i * BLOCK,
             });
         }
-        let Some(rets) = c.run_until(&ops, &abort) else {
+        let Some(rets) = c.run_until(&ops, abort) else {
             // The daemon died under the batch: its writes stay undecided in `maybe`.
             return (model, None);
         };
@@ -168,35 +166,42 @@ fn writer(
 
 /// A running writer thread.
 struct Writer {
-    /// Which blocks it writes ([`window`]).
-    blocks: Arc<AtomicU64>,
     thread: std::thread::JoinHandle<(Model, Option<BlkClient>)>,
-    written: Arc<Mutex<Written>>,
-    stop: Arc<AtomicBool>,
-    abort: Arc<AtomicBool>,
+    ctl: Arc<WriterControl>,
+}
+
+/// What the test and the writer thread share.
+struct WriterControl {
+    /// Which blocks it writes ([`window`]).
+    blocks: AtomicU64,
+    written: Mutex<Written>,
+    stop: AtomicBool,
+    abort: AtomicBool,
 }
 
 impl Writer {
     fn start(c: BlkClient, model: Model, seed: u64, chunk_bytes: u64) -> Writer {
-        let written = Arc::new(Mutex::new(Written::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let abort = Arc::new(AtomicBool::new(false));
-        let blocks = Arc::new(AtomicU64::new(window(0, SLOTS)));
-        let (w, b, s, a) = (written.clone(), blocks.clone(), stop.clone(), abort.clone());
-        let thread = std::thread::spawn(move || writer(c, model, seed, chunk_bytes, w, b, s, a));
-        Writer { blocks, thread, written, stop, abort }
+        let ctl = Arc::new(WriterControl {
+            blocks: AtomicU64::new(window(0, SLOTS)),
+            written: Mutex::new(Written::default()),
+            stop: AtomicBool::new(false),
+            abort: AtomicBool::new(false),
+        });
+        let shared = ctl.clone();
+        let thread = std::thread::spawn(move || writer(c, model, seed, chunk_bytes, shared));
+        Writer { thread, ctl }
     }
 
     /// What was written since the last call (and starts counting again).
     fn take(&self) -> Written {
-        std::mem::take(&mut *self.written.lock().unwrap())
+        std::mem::take(&mut *self.ctl.written.lock().unwrap())
     }
 
     /// Waits until at least `batches` more batches completed.
     fn wait_batches(&self, batches: u64) {
-        let start = self.written.lock().unwrap().batches;
+        let start = self.ctl.written.lock().unwrap().batches;
         let deadline = Instant::now() + PHASE_TIMEOUT;
-        while self.written.lock().unwrap().batches < start + batches {
+        while self.ctl.written.lock().unwrap().batches < start + batches {
             assert!(!self.thread.is_finished(), "the writer stopped early");
             assert!(Instant::now() < deadline, "the writer made no progress for {PHASE_TIMEOUT:?}");
             std::thread::sleep(Duration::from_millis(5));
@@ -205,17 +210,17 @@ impl Writer {
 
     /// Stops it; returns the model, the client and what was written since the last `take`.
     fn stop(self) -> (Model, BlkClient, Written) {
-        self.stop.store(true, Ordering::Release);
+        self.ctl.stop.store(true, Ordering::Release);
         let (model, client) =
             bounded(PHASE_TIMEOUT, "stopping the writer", move || self.thread.join().unwrap());
-        let written = std::mem::take(&mut *self.written.lock().unwrap());
+        let written = std::mem::take(&mut *self.ctl.written.lock().unwrap());
         (model, client.expect("an orderly stop keeps the client"), written)
     }
 
     /// Before killing the raid daemon: the batch in flight will be abandoned. Returns the
     /// thread, to be joined once the daemon is gone.
     fn abort(self) -> std::thread::JoinHandle<(Model, Option<BlkClient>)> {
-        self.abort.store(true, Ordering::Release);
+        self.ctl.abort.store(true, Ordering::Release);
         self.thread
     }
 }
@@ -381,9 +386,9 @@ fn a_replica_killed_and_readded_gets_a_partial_rebuild() {
     // must leave them alone.
     let quarter = SLOTS / 4;
     let w = Writer::start(client, Model::new(), seed, chunk);
-    w.blocks.store(window(0, quarter), Ordering::Release);
+    w.ctl.blocks.store(window(0, quarter), Ordering::Release);
     w.wait_batches(20);
-    w.blocks.store(window(2 * quarter, quarter), Ordering::Release);
+    w.ctl.blocks.store(window(2 * quarter, quarter), Ordering::Release);
     let healthy = w.take();
 
     // B dies under the writer: no write fails, the slot goes failed.
