@@ -768,3 +768,71 @@ write("nvme_device", {
     "seed-fatal": bytes([6]) + ND_SUBMIT(3) + ND_FLUSH + ND_CSTS(1) + b"".join(ND_POLL for _ in range(300))
     + ND_SUBMIT(1),
 })
+
+
+# raid_superblock: superblock copies A and B and a bitmap page (layout: docs/raid-format.md;
+# input: the top of the target). Pages are sealed here, and the flag byte is 0 (no re-seal), so
+# the seeds start from exactly what a raid writes.
+RAID_UUID = bytes(range(0x40, 0x50))
+RAID_ACTIVE, RAID_FAILED, RAID_REBUILDING = 1, 2, 3
+
+
+def raid_sealed(page, crc_at):
+    page = bytearray(page.ljust(4096, b"\0"))
+    page[crc_at:crc_at + 4] = b"\0\0\0\0"
+    page[crc_at:crc_at + 4] = struct.pack("<I", crc32c(page))
+    return bytes(page)
+
+
+def raid_sb(seq, slot, slots, clean=0, gib=1, uuid=RAID_UUID):
+    blocks = gib << 21  # 512-byte blocks
+    chunk = 64 << 10
+    pages = -(-(-(-(gib << 30) // chunk)) // 32256)
+    p = bytearray(4096)
+    p[0:8] = b"FPRAIDSB"
+    p[8:12] = struct.pack("<I", 1)
+    p[16:24] = struct.pack("<Q", seq)
+    p[24:40] = uuid
+    p[40] = 2
+    p[41:43] = b"r1"
+    p[104:108] = bytes([2, slot, clean, len(slots)])
+    p[108:116] = struct.pack("<II", 0, 512)
+    p[120:160] = struct.pack("<QQQQQ", blocks, 1 << 20, chunk, 2, pages)
+    for i, (state, partial, offset) in enumerate(slots):
+        at = 256 + 64 * i
+        p[at] = state
+        p[at + 1] = partial
+        p[at + 8:at + 24] = bytes([i + 1] * 16)
+        p[at + 24:at + 40] = struct.pack("<QQ", gib << 30, offset)
+    return raid_sealed(p, 12)
+
+
+def raid_bitmap(seq, words, uuid=RAID_UUID, index=0):
+    p = bytearray(4096)
+    p[0:8] = b"FPRAIDBM"
+    p[12:16] = struct.pack("<I", 1)
+    p[16:32] = uuid
+    p[32:48] = struct.pack("<QQ", seq, index)
+    for i, w in enumerate(words):
+        p[64 + 8 * i:72 + 8 * i] = struct.pack("<Q", w)
+    return raid_sealed(p, 8)
+
+
+RAID_TWO = [(RAID_ACTIVE, 0, 0), (RAID_FAILED, 0, 0)]
+raid_torn = bytearray(raid_sb(8, 0, RAID_TWO))
+raid_torn[300:] = bytes(4096 - 300)  # copy A torn inside its slot records: copy B (seq 7) wins
+write("raid_superblock", {
+    # Copy B newer than A, one failed slot, bits set (a degraded raid1's base).
+    "seed-degraded": bytes([0]) + raid_sb(6, 0, RAID_TWO) + raid_sb(7, 0, RAID_TWO)
+    + raid_bitmap(7, [0b1011, 0, 1 << 63]),
+    "seed-torn": bytes([0]) + bytes(raid_torn) + raid_sb(7, 0, RAID_TWO) + raid_bitmap(7, [1]),
+    # Three slots, one being rebuilt partially from 64 MiB, an unclean stop.
+    "seed-rebuilding": bytes([0]) + raid_sb(12, 2, [(RAID_ACTIVE, 0, 0), (RAID_ACTIVE, 0, 0), (RAID_REBUILDING, 1, 64 << 20)])
+    + raid_sb(11, 2, [(RAID_ACTIVE, 0, 0)] * 3) + raid_bitmap(12, [0xFF] * 8),
+    # A bitmap page of another raid, and one newer than its superblock: both refused.
+    "seed-foreign-bitmap": bytes([0]) + raid_sb(3, 1, RAID_TWO, clean=1) + bytes(4096)
+    + raid_bitmap(3, [5], uuid=bytes(16 * [9])),
+    "seed-future-bitmap": bytes([4]) + raid_sb(3, 1, RAID_TWO) + bytes(4096) + raid_bitmap(9, [5]),
+    # Noise with every page re-sealed: field checks only.
+    "seed-noise": bytes([7]) + bytes((i * 7919 + 13) % 256 for i in range(3 * 4096)),
+})

@@ -215,7 +215,7 @@ impl Owner {
             if !self.present(slot) && self.state(slot).takes_writes() {
                 // Listed in sync but not here: the raid runs degraded without it.
                 log::warn!("raid {}: slot {slot}'s base is missing: marked failed", self.sb.name);
-                self.sb.slots[slot].state = SlotState::Failed;
+                self.mark_failed(slot);
             }
         }
         if !fresh && self.persist {
@@ -376,16 +376,10 @@ impl Owner {
         }
     }
 
-    /// Marks a slot failed in memory (its superblock write follows). A full rebuild's target
-    /// gets a new identity: it must not come back as a partial one.
+    /// Takes a base out in memory (its superblock write follows): the slot Failed, the process
+    /// adjusted (a lost target dropped, a lost source replaced from the checkpoint).
     fn take_out(&mut self, slot: usize) {
-        let rec = &mut self.sb.slots[slot];
-        if rec.state == SlotState::Rebuilding && !rec.rebuild_partial {
-            rec.uuid = random_uuid();
-        }
-        rec.state = SlotState::Failed;
-        rec.rebuild_offset = 0;
-        rec.rebuild_partial = false;
+        self.mark_failed(slot);
         self.resync_targets.retain(|&s| s != slot);
         if let Some((mut copier, plan)) = self.process.take() {
             copier.targets.retain(|&s| s != slot);
@@ -406,6 +400,18 @@ impl Owner {
         }
         self.queue.retain(|p| p.kind == ProcessKind::Resync || p.target != slot);
         self.shared.counters.base_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The slot's record as Failed. A full rebuild's target also gets a new identity: it has
+    /// only part of the data, so it may come back only with a full rebuild.
+    fn mark_failed(&mut self, slot: usize) {
+        let rec = &mut self.sb.slots[slot];
+        if rec.state == SlotState::Rebuilding && !rec.rebuild_partial {
+            rec.uuid = random_uuid();
+        }
+        rec.state = SlotState::Failed;
+        rec.rebuild_offset = 0;
+        rec.rebuild_partial = false;
     }
 
     /// Publishes the layout from the superblock's slots.
@@ -618,6 +624,11 @@ impl Owner {
                         log::error!("{e}");
                     }
                     return true;
+                }
+                if bytes == 0 && copier.first_pass_done() {
+                    // Only chunks with writes in flight are left: wait for them a little
+                    // instead of spinning a core.
+                    self.throttled_until = Some(now + Duration::from_millis(1));
                 }
                 self.process = Some((copier, plan));
                 true

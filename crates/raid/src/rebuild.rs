@@ -147,6 +147,11 @@ impl Copier {
         (self.cursor * self.chunk_bytes).min(self.geo.data_bytes)
     }
 
+    /// Whether the first pass reached the end (only busy or re-marked chunks are left).
+    pub fn first_pass_done(&self) -> bool {
+        self.cursor >= self.chunks
+    }
+
     /// The offset to persist: every chunk below it is copied and not due again.
     pub fn checkpoint(&self, intent: &IntentMap) -> u64 {
         let mut c = self.cursor;

@@ -195,16 +195,21 @@ fn a_new_base_gets_everything_and_foreign_or_small_bases_are_refused() {
     assert!(data(&mut o, 0) == data(&mut o, 1));
 }
 
+/// Slot `slot`'s base fails and is removed; `mib` MiB are written degraded; a new base (a
+/// full rebuild) is added in its place.
+fn replace_with_new_base(o: &mut Owner, slot: usize, mib: u64, bytes: u64) {
+    o.shared().failures.push(Failure { slot, errno: libc::EIO }).unwrap();
+    o.tick();
+    o.remove_base(&format!("m{slot}")).unwrap();
+    write(o, 0, &vec![4; (mib * MIB) as usize]);
+    o.add_base(Member { name: "new".into(), bdev: None, io: Box::new(MemBase::new(bytes)) }).unwrap();
+}
+
 #[test]
 fn a_rebuild_resumes_from_its_checkpoint_after_a_crash() {
     let bytes = 16 * MIB;
     let mut o = mem_raid(2, bytes);
-    o.shared().failures.push(Failure { slot: 1, errno: libc::EIO }).unwrap();
-    o.tick();
-    o.remove_base("m1").unwrap();
-    write(&mut o, 0, &vec![4; 12 * MIB as usize]);
-    // A new base: a full rebuild.
-    o.add_base(Member { name: "new".into(), bdev: None, io: Box::new(MemBase::new(bytes)) }).unwrap();
+    replace_with_new_base(&mut o, 1, 12, bytes);
     // Copy a few windows (the checkpoint is persisted every MiB), then "crash".
     for _ in 0..14 {
         o.tick();
@@ -334,17 +339,30 @@ fn read_all(b: &Bdev, offset: u64, len: u64) -> Vec<u8> {
     v
 }
 
+/// A raid1 over two RAM bdevs named `n0` and `n1`, started degraded on the first only.
+struct RamRaid {
+    b0: Bdev,
+    b1: Bdev,
+    sb: Superblock,
+    shared: Arc<RaidShared>,
+    handle: OwnerHandle,
+}
+
+fn ram_raid(n: &str, bytes: u64, opts: OwnerOptions) -> RamRaid {
+    let (b0, b1) = (ram(&format!("{n}0"), bytes), ram(&format!("{n}1"), bytes));
+    let uuids = [random_uuid(), Uuid::NIL];
+    let sb = Superblock::create(n, RaidLevel::Raid1, 0, 512, random_uuid(), &uuids, &[bytes, bytes], true)
+        .unwrap();
+    let shared = new_shared(info(n, &sb), &sb, true);
+    let bases = vec![Some(BaseSpec { name: format!("{n}0"), bdev: b0.clone() }), None];
+    let handle = OwnerHandle::spawn(shared.clone(), bases, Some(sb.clone()), opts).unwrap();
+    RamRaid { b0, b1, sb, shared, handle }
+}
+
 #[test]
 fn writers_on_threads_during_a_full_rebuild_end_identical() {
     let bytes = 32 * MIB;
-    let b0 = ram("b0", bytes);
-    let b1 = ram("b1", bytes);
-    let uuids = [random_uuid(), Uuid::NIL];
-    let sb = Superblock::create("t", RaidLevel::Raid1, 0, 512, random_uuid(), &uuids, &[bytes, bytes], true)
-        .unwrap();
-    let shared = new_shared(info("t", &sb), &sb, true);
-    let bases = vec![Some(BaseSpec { name: "b0".into(), bdev: b0.clone() }), None];
-    let h = OwnerHandle::spawn(shared.clone(), bases, Some(sb.clone()), fast()).unwrap();
+    let RamRaid { b0, b1, sb, shared, handle: h } = ram_raid("b", bytes, fast());
     let raid = sb.raid_bytes();
     let mut w = Writer::new(shared.clone());
     for i in 0..raid / MIB {
@@ -394,11 +412,7 @@ fn writers_on_threads_during_a_full_rebuild_end_identical() {
 fn a_rebuild_whose_source_fails_continues_from_another_in_sync_base() {
     let bytes = 16 * MIB;
     let mut o = mem_raid(3, bytes);
-    write(&mut o, 0, &vec![6; 8 * MIB as usize]);
-    o.shared().failures.push(Failure { slot: 2, errno: libc::EIO }).unwrap();
-    o.tick();
-    o.remove_base("m2").unwrap();
-    o.add_base(Member { name: "new".into(), bdev: None, io: Box::new(MemBase::new(bytes)) }).unwrap();
+    replace_with_new_base(&mut o, 2, 8, bytes);
     for _ in 0..6 {
         o.tick();
     }
@@ -411,4 +425,67 @@ fn a_rebuild_whose_source_fails_continues_from_another_in_sync_base() {
     let raid = o.superblock().raid_bytes();
     let copied = o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed);
     assert!(copied >= raid && copied < raid + 4 * MIB, "{copied}");
+}
+
+#[test]
+fn dropping_the_owner_mid_rebuild_resumes_at_the_checkpoint_on_respawn() {
+    let bytes = 24 * MIB;
+    // Slow enough to stop halfway: 64 KiB windows at 40 MB/s, a checkpoint every 1 MiB.
+    let opts = OwnerOptions { process_window_bytes: 64 << 10, process_max_bandwidth_mb_sec: 40, ..fast() };
+    let RamRaid { b0, b1, sb, shared, handle: h } = ram_raid("d", bytes, opts);
+    let mut w = Writer::new(shared.clone());
+    let raid = sb.raid_bytes();
+    w.write(0, &mut vec![3; raid as usize]);
+    h.add_base("d1".into(), b1.clone()).unwrap();
+    while shared.process.blocks_done.load(Ordering::Relaxed) * 512 < raid / 2 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(h); // as a crash: no clean mark
+    let newest = [&b0, &b1]
+        .iter()
+        .map(|b| read_superblock(&mut ChannelIo::open((*b).clone()).unwrap()).unwrap().unwrap())
+        .max_by_key(|s| s.seq)
+        .unwrap();
+    let rec = newest.slots[1].clone();
+    assert_eq!(rec.state, SlotState::Rebuilding);
+    assert!(rec.rebuild_offset >= 2 * MIB && rec.rebuild_offset < raid, "{}", rec.rebuild_offset);
+    assert!(!newest.clean);
+    let shared = new_shared(info("d", &newest), &newest, true);
+    let bases = vec![
+        Some(BaseSpec { name: "d0".into(), bdev: b0.clone() }),
+        Some(BaseSpec { name: "d1".into(), bdev: b1.clone() }),
+    ];
+    let h = OwnerHandle::spawn(shared.clone(), bases, Some(newest.clone()), fast()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while shared.counters.rebuilds_completed.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the resumed rebuild did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let copied = shared.counters.rebuild_bytes_copied.load(Ordering::Relaxed);
+    // The unclean stop's resync (the chunks written) plus the rest of the rebuild.
+    assert_eq!(copied, raid + (raid - rec.rebuild_offset), "resumed at {}", rec.rebuild_offset);
+    h.shutdown().unwrap();
+    let off = newest.data_offset;
+    assert!(read_all(&b0, off, raid) == read_all(&b1, off, raid));
+}
+
+#[test]
+fn a_missing_rebuild_target_at_assembly_is_failed_with_a_valid_superblock() {
+    let bytes = 16 * MIB;
+    let mut o = mem_raid(2, bytes);
+    replace_with_new_base(&mut o, 1, 4, bytes);
+    o.tick();
+    let sb = o.superblock().clone();
+    assert_eq!(sb.slots[1].state, SlotState::Rebuilding);
+    // Assembled without the target: it is Failed, with a new identity (a full target), and
+    // the superblock written says so and decodes.
+    let m0 = o.members[0].take();
+    drop(o);
+    let shared = new_shared(info("r", &sb), &sb, true);
+    let mut o = Owner::new(shared, vec![m0, None], sb.clone(), true, fast());
+    o.start().unwrap();
+    let on_disk = read_superblock(io(&mut o, 0)).unwrap().unwrap();
+    assert_eq!(on_disk.slots[1].state, SlotState::Failed);
+    assert_ne!(on_disk.slots[1].uuid, sb.slots[1].uuid);
+    assert!(!on_disk.slots[1].rebuild_partial);
 }
