@@ -294,13 +294,18 @@ fn raid(d: &Daemon) -> Value {
 
 /// Polls raid `r` until `done` holds, for at most [`PHASE_TIMEOUT`].
 fn wait_raid(d: &Daemon, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + PHASE_TIMEOUT;
+    wait_raid_for(d, what, PHASE_TIMEOUT, done)
+}
+
+/// Polls raid `r` until `done` holds, for at most `limit`.
+fn wait_raid_for(d: &Daemon, what: &str, limit: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + limit;
     loop {
         let r = raid(d);
         if done(&r) {
             return r;
         }
-        assert!(Instant::now() < deadline, "{what}: not within {PHASE_TIMEOUT:?}; last: {r:#}");
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}; last: {r:#}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -493,6 +498,15 @@ fn the_raid_daemon_killed_mid_rebuild_resumes_it() {
 
     r_daemon.restart();
     let r = wait_raid(&r_daemon, "the raid assembled again", |r| r["state"] == "online");
+    // Both bases are back (the config file attached them): the target must rejoin by itself.
+    let member =
+        |r: &Value| r["base_bdevs_list"].as_array().is_some_and(|l| l.iter().any(|b| b["name"] == "n1"));
+    wait_raid_for(
+        &r_daemon,
+        "the rebuild's target n1 rejoining after the restart",
+        Duration::from_secs(10),
+        member,
+    );
     eprintln!("raid_replicas: killed at {percent_at_kill:.1}%; after the restart: {}", r["process"]);
     let r = wait_raid(&r_daemon, "the resumed rebuild completes", in_sync);
     // The counters start at assembly: what the restarted daemon copied. Resumed from a
