@@ -91,6 +91,10 @@ pub struct Copier {
     chunks: u64,
     /// Next chunk the first pass looks at.
     cursor: u64,
+    /// Full: the first chunk copied whatever the bitmap says (a resumed rebuild's checkpoint);
+    /// below it only the bitmap's chunks, when the pass starts below it at all
+    /// ([`Copier::catch_up_below_start`]).
+    full_from: u64,
     /// Chunks below the cursor skipped because a write was in flight.
     retry: Vec<u64>,
     buf: AlignedBuf,
@@ -123,11 +127,22 @@ impl Copier {
             chunk_bytes,
             chunks: geo.data_bytes.div_ceil(chunk_bytes),
             cursor: (start / chunk_bytes).min(geo.data_bytes.div_ceil(chunk_bytes)),
+            full_from: match kind {
+                ProcessKind::Full => start / chunk_bytes,
+                _ => 0,
+            },
             retry: Vec::new(),
             buf: AlignedBuf::zeroed(window as usize),
             copied: 0,
             started: Instant::now(),
         }
+    }
+
+    /// A full rebuild resumed for a target that was away: the first pass starts at 0 and,
+    /// below the checkpoint, copies the chunks the bitmap marks (every write since the target
+    /// left, as no bit is cleared while a slot is out of sync).
+    pub fn catch_up_below_start(&mut self) {
+        self.cursor = 0;
     }
 
     /// Changes the window and the speed limit (`bdev_raid_set_options`).
@@ -144,7 +159,7 @@ impl Copier {
 
     /// Bytes of the data region walked past by the first pass.
     pub fn progress_bytes(&self) -> u64 {
-        (self.cursor * self.chunk_bytes).min(self.geo.data_bytes)
+        (self.cursor.max(self.full_from) * self.chunk_bytes).min(self.geo.data_bytes)
     }
 
     /// Whether the first pass reached the end (only busy or re-marked chunks are left).
@@ -161,11 +176,13 @@ impl Copier {
         if let Some(r) = intent.next_recopy(0) {
             c = c.min(r);
         }
-        (c * self.chunk_bytes).min(self.geo.data_bytes)
+        // Below `full_from` a resumed full rebuild needs only the bitmap's chunks, and their
+        // bits stay set until every slot is in sync: a crash there resumes from `full_from`.
+        (c.max(self.full_from) * self.chunk_bytes).min(self.geo.data_bytes)
     }
 
     fn wanted(&self, intent: &IntentMap, chunk: u64) -> bool {
-        self.kind == ProcessKind::Full || intent.is_set(chunk)
+        (self.kind == ProcessKind::Full && chunk >= self.full_from) || intent.is_set(chunk)
     }
 
     /// Copies one claimed chunk from the source to every target.
