@@ -235,25 +235,10 @@ impl Copier {
         let mut bytes = 0;
         let mut scanned = 0;
         let fail = |(slot, errno)| Step::Failed { slot, errno };
-        // First pass: from the cursor on.
-        while self.cursor < self.chunks && bytes < budget && scanned < SCAN_PER_STEP {
-            let c = self.cursor;
-            self.cursor += 1;
-            scanned += 1;
-            if !self.wanted(intent, c) {
-                continue;
-            }
-            match self.try_chunk(bases, intent, c) {
-                Ok(Some(n)) => bytes += n,
-                Ok(None) => self.retry.push(c),
-                Err(e) => return (bytes, fail(e)),
-            }
-        }
-        if self.cursor < self.chunks {
-            self.copied += bytes;
-            return (bytes, Step::Working);
-        }
-        // Then the chunks that were busy, and those a write overlapped.
+        // First the chunks behind the cursor that were busy, and those a write overlapped:
+        // they hold the checkpoint back, so they are not left until the end of the pass (a
+        // guest writing one region throughout would pin the checkpoint there, and a restart
+        // would copy everything again).
         let mut still = Vec::new();
         for c in std::mem::take(&mut self.retry) {
             if bytes >= budget {
@@ -279,6 +264,24 @@ impl Copier {
                 Ok(None) => {}
                 Err(e) => return (bytes, fail(e)),
             }
+        }
+        // Then the pass, from the cursor on.
+        while self.cursor < self.chunks && bytes < budget && scanned < SCAN_PER_STEP {
+            let c = self.cursor;
+            self.cursor += 1;
+            scanned += 1;
+            if !self.wanted(intent, c) {
+                continue;
+            }
+            match self.try_chunk(bases, intent, c) {
+                Ok(Some(n)) => bytes += n,
+                Ok(None) => self.retry.push(c),
+                Err(e) => return (bytes, fail(e)),
+            }
+        }
+        if self.cursor < self.chunks {
+            self.copied += bytes;
+            return (bytes, Step::Working);
         }
         self.copied += bytes;
         if self.retry.is_empty() && intent.next_recopy(0).is_none() {
@@ -362,6 +365,27 @@ mod tests {
         assert_eq!(c.step(&mut b, &m).1, Step::Failed { slot: 2, errno: libc::EIO });
         assert_eq!(m.writers(0), 0);
         assert!(m.try_start_copy(0), "a failed copy releases its chunk");
+    }
+
+    #[test]
+    fn a_chunk_a_write_overlapped_is_copied_again_at_once_and_the_checkpoint_moves_on() {
+        let bytes = 4 << 20;
+        let mut b = bases(2, bytes);
+        let m = IntentMap::new(bytes, K64, false);
+        let mut c = Copier::new(ProcessKind::Full, 0, vec![1], 0, &m, geo(bytes));
+        assert_eq!(c.step(&mut b, &m), (4 * K64, Step::Working));
+        // A write that overlapped the copy of chunk 1 (as if it had started mid-copy).
+        assert!(m.try_start_copy(1));
+        let t = m.begin_write(K64, 4096);
+        assert!(t.remark);
+        m.end_copy(1);
+        m.end_write(&t);
+        assert_eq!(m.next_recopy(0), Some(1));
+        assert_eq!(c.checkpoint(&m), K64, "the re-marked chunk holds the checkpoint");
+        // The next step copies it again before going on, and the checkpoint follows the cursor.
+        assert_eq!(c.step(&mut b, &m), (4 * K64, Step::Working));
+        assert_eq!(m.next_recopy(0), None);
+        assert_eq!(c.checkpoint(&m), 7 * K64);
     }
 
     #[test]
