@@ -22,6 +22,9 @@
 //! [stats]                              # optional
 //! iostat = true                        # per-disk I/O statistics; false (or --no-iostat) skips them
 //!
+//! [bdev_options]                       # bdev_set_options, first of all
+//! bdev_auto_examine = false            # e.g. a raid1 replica host (docs/raid.md)
+//!
 //! [nvme_options]                       # bdev_nvme_set_options (docs/nvme.md)
 //! timeout_us = 5000000
 //! action_on_timeout = "abort"
@@ -32,6 +35,10 @@
 //! traddr = "127.0.0.1"
 //! trsvcid = "4420"
 //! subnqn = "nqn.2016-06.io.spdk:cnode1"
+//!
+//! [raid_options]                       # bdev_raid_set_options: how rebuilds run (docs/raid.md)
+//! process_window_size_kb = 1024
+//! process_max_bandwidth_mb_sec = 200
 //!
 //! [[rbd_cluster]]                      # a shared Ceph connection (SPDK's names)
 //! name = "ceph"
@@ -50,6 +57,13 @@
 //! pool_name = "rbd"
 //! rbd_name = "vm1"
 //! cluster_name = "ceph"
+//!
+//! [[bdev]]                             # after its bases (docs/raid.md)
+//! type = "raid"
+//! name = "r1"
+//! raid_level = "raid1"
+//! base_bdevs = ["ram0", "vm1"]
+//! superblock = true
 //!
 //! [[qos_limit]]                        # per-disk limits (SPDK's units; MB = MiB)
 //! name = "ram0"
@@ -97,10 +111,15 @@
 //! namespace = { bdev_name = "ram0", nsid = 1 }
 //! ```
 //!
-//! `[nvme_options]` is the params of `bdev_nvme_set_options` (applied first, as it must come
+//! `[bdev_options]` is the params of `bdev_set_options` (applied first of all: with
+//! `bdev_auto_examine = false` no module examines the bdevs the file creates, so a raid1
+//! replica host keeps its disk, which carries the raid's superblock, to export it),
+//! `[nvme_options]` those of `bdev_nvme_set_options` (applied next, as it must come
 //! before any controller), each `[[nvme_controller]]` those of `bdev_nvme_attach_controller`
 //! (before the `[[bdev]]` tables, which may stack on its namespaces' bdevs),
-//! each `[[rbd_cluster]]` table the params of `bdev_rbd_register_cluster`, each `[[bdev]]`
+//! `[raid_options]` those of `bdev_raid_set_options` (before any bdev, so a rebuild that
+//! starts when examine assembles a raid from its bases' superblocks already runs at the
+//! configured speed), each `[[rbd_cluster]]` table the params of `bdev_rbd_register_cluster`, each `[[bdev]]`
 //! table (less `type`) those of `bdev_<type>_create`, each
 //! `[[qos_limit]]` those of `bdev_set_qos_limit`, each `[[qos_group]]` (less `members`) those of
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
@@ -172,7 +191,7 @@ pub enum ConfigError {
     /// starts `members[i]` for a group member's.
     #[error("{table}[{index}]{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
     Entry { table: &'static str, index: usize, field: String, reason: String },
-    /// The single `[nvme_options]` table was refused.
+    /// A single table (`[bdev_options]`, `[nvme_options]`, `[raid_options]`) was refused.
     #[error("{table}{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
     Table { table: &'static str, field: String, reason: String },
     #[error("reactor.cpus: {0}")]
@@ -200,9 +219,13 @@ pub struct ConfigFile {
     pub stats: StatsSection,
     /// Kept as raw tables: their keys are checked by the RPC methods themselves.
     #[serde(default)]
+    pub bdev_options: Option<toml::Table>,
+    #[serde(default)]
     pub nvme_options: Option<toml::Table>,
     #[serde(default)]
     pub nvme_controller: Vec<toml::Table>,
+    #[serde(default)]
+    pub raid_options: Option<toml::Table>,
     #[serde(default)]
     pub rbd_cluster: Vec<toml::Table>,
     #[serde(default)]
@@ -227,7 +250,7 @@ pub struct ConfigFile {
 
 /// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the export
 /// kinds' tables follow them there.
-const FILE_KEYS: [&str; 14] = [
+const FILE_KEYS: [&str; 16] = [
     "rpc",
     "vhost_dir",
     "metrics",
@@ -235,8 +258,10 @@ const FILE_KEYS: [&str; 14] = [
     "limits",
     "security",
     "stats",
+    "bdev_options",
     "nvme_options",
     "nvme_controller",
+    "raid_options",
     "rbd_cluster",
     "bdev",
     "qos_limit",
@@ -254,7 +279,8 @@ pub struct ConfigCall {
     /// For a `[[qos_group]]` member: its index in `members`, which its errors are placed under
     /// (`members[1].weight`).
     pub member: Option<usize>,
-    /// The entry is a single table (`[nvme_options]`), whose errors have no index.
+    /// The entry is a single table (`[nvme_options]`, `[raid_options]`), whose errors have no
+    /// index.
     pub single: bool,
 }
 
@@ -463,6 +489,11 @@ impl ConfigFile {
     /// call is made; what the methods check is left to them.
     pub fn calls(&self) -> Result<Vec<ConfigCall>, ConfigError> {
         let mut calls = Vec::new();
+        if let Some(table) = &self.bdev_options {
+            let mut call = ConfigCall::new("bdev_set_options", table_to_json(table), "bdev_options", 0);
+            call.single = true;
+            calls.push(call);
+        }
         if let Some(table) = &self.nvme_options {
             let mut call = ConfigCall::new("bdev_nvme_set_options", table_to_json(table), "nvme_options", 0);
             call.single = true;
@@ -471,6 +502,11 @@ impl ConfigFile {
         for (index, table) in self.nvme_controller.iter().enumerate() {
             let params = table_to_json(table);
             calls.push(ConfigCall::new("bdev_nvme_attach_controller", params, "nvme_controller", index));
+        }
+        if let Some(table) = &self.raid_options {
+            let mut call = ConfigCall::new("bdev_raid_set_options", table_to_json(table), "raid_options", 0);
+            call.single = true;
+            calls.push(call);
         }
         for (index, table) in self.rbd_cluster.iter().enumerate() {
             let params = table_to_json(table);
@@ -778,15 +814,15 @@ mod tests {
             ),
             (
                 "[[bdev]]\nname = \"b\"\n",
-                "bdev[1].type: required (one of null, malloc, uring, delay, rbd, nbd_client)",
+                "bdev[1].type: required (one of null, malloc, uring, delay, rbd, nbd_client, raid)",
             ),
             (
                 "[[bdev]]\ntype = \"ram\"\n",
-                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, rbd, nbd_client",
+                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, rbd, nbd_client, raid",
             ),
             (
                 "[[bdev]]\ntype = 3\n",
-                "bdev[1].type: expected a string: one of null, malloc, uring, delay, rbd, nbd_client",
+                "bdev[1].type: expected a string: one of null, malloc, uring, delay, rbd, nbd_client, raid",
             ),
             (
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 512\nsize = 1\n",
@@ -1233,6 +1269,69 @@ mod tests {
         assert!(e.starts_with("test.toml:1:1") && e.contains("invalid type"), "{e}");
     }
 
+    /// `[bdev_options]` comes first of all, `[raid_options]` before any bdev: a raid that
+    /// examine assembles from the config's bases starts its rebuild at the configured speed.
+    #[test]
+    fn raid_options_come_before_the_bdevs() {
+        let text = r#"
+            [[bdev]]
+            type = "malloc"
+            name = "m0"
+            num_blocks = 64
+            block_size = 512
+            [raid_options]
+            process_window_size_kb = 512
+            process_max_bandwidth_mb_sec = 8
+            [bdev_options]
+            bdev_auto_examine = false
+        "#;
+        let calls = parse(text).unwrap().calls().unwrap();
+        let got: Vec<(&str, &str, bool)> =
+            calls.iter().map(|c| (c.method.as_str(), c.table, c.single)).collect();
+        assert_eq!(
+            got,
+            [
+                ("bdev_set_options", "bdev_options", true),
+                ("bdev_raid_set_options", "raid_options", true),
+                ("bdev_malloc_create", "bdev", false)
+            ]
+        );
+        assert_eq!(calls[0].params, json!({"bdev_auto_examine": false}));
+        assert_eq!(
+            calls[1].params,
+            json!({"process_window_size_kb": 512, "process_max_bandwidth_mb_sec": 8})
+        );
+        let e = parse("raid_options = 3\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.toml:1:1") && e.contains("invalid type"), "{e}");
+    }
+
+    /// A raid is a `[[bdev]]` of type "raid" with `bdev_raid_create`'s keys, made after its
+    /// bases; its refusals name the table, index and field.
+    #[test]
+    fn a_raid_bdev_table_is_bdev_raid_create() {
+        // Room for the superblock area (1 MiB) and some data.
+        let disks = TWO_DISKS.replace("num_blocks = 64", "num_blocks = 8192");
+        let text = format!(
+            "{disks}[[bdev]]\ntype = \"raid\"\nname = \"r\"\nraid_level = \"raid1\"\n\
+             base_bdevs = [\"a\", \"b\"]\nsuperblock = true\n"
+        );
+        let calls = parse(&text).unwrap().calls().unwrap();
+        assert_eq!(calls[2].method, "bdev_raid_create");
+        assert_eq!(
+            calls[2].params,
+            json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["a", "b"], "superblock": true})
+        );
+        let r = apply(&text).unwrap();
+        let raids = r.call("bdev_raid_get_bdevs", Some(json!({"category": "online"}))).unwrap();
+        assert_eq!(raids[0]["name"], "r", "{raids}");
+        let bad = format!(
+            "{disks}[[bdev]]\ntype = \"raid\"\nname = \"r\"\nraid_level = \"raid0\"\n\
+             base_bdevs = [\"a\", \"b\"]\nstrip_size_kb = 3\n"
+        );
+        let e = apply(&bad).err().expect("refused");
+        assert!(e.starts_with("bdev[2].strip_size_kb: "), "{e}");
+    }
+
     /// The NVMe tables' refusals are the methods' own, placed at the table (the single
     /// `[nvme_options]` without an index); none of these reaches a controller.
     #[test]
@@ -1383,7 +1482,7 @@ mod tests {
         let e = apply("[[bdev]]\ntype = \"mal\\nloc\\u001b[2J\"\nname = \"x\"\n").err().unwrap();
         assert_eq!(
             e,
-            "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, rbd, nbd_client"
+            "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, rbd, nbd_client, raid"
         );
         // A controller over a bdev whose name holds a newline: the not-found error quotes it.
         let e = apply("[[vhost_blk]]\nctrlr = \"v0\"\nnum_queues = 1\ndev_name = \"no\\nsuch\"\n")

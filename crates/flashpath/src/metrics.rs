@@ -257,6 +257,9 @@ fn collect(source: &Source) -> Vec<MetricFamily> {
     if let Some(c) = source("bdev_nvme_get_controllers", None) {
         families.extend(nvme_controllers(&c));
     }
+    if let Some(r) = source("bdev_raid_get_bdevs", Some(serde_json::json!({ "category": "all" }))) {
+        families.extend(raids(&r));
+    }
     // Each export kind's, read through the same methods.
     for kind in EXPORT_KINDS {
         families.extend(kind.metrics(&|method: &str, params: Option<Value>| source(method, params)));
@@ -418,6 +421,83 @@ fn nvme_controllers(c: &Value) -> [Family; 8] {
     [up, a, b, c, d, e, f, g]
 }
 
+/// `bdev_raid_get_bdevs`: each raid's state, its replicas, the rebuild in progress and the
+/// counters of its `flashpath` object (docs/raid.md, "Metrics").
+fn raids(r: &Value) -> [Family; 12] {
+    let mut online = Family::gauge(
+        "flashpath_raid_online",
+        "Whether a raid bdev is online (0 while configuring or offline)",
+    );
+    let mut bases = Family::gauge("flashpath_raid_base_bdevs", "Slots (base bdevs) a raid has");
+    let mut operational = Family::gauge(
+        "flashpath_raid_base_bdevs_operational",
+        "Bases of a raid that are in sync (a raid1 with fewer than its slots is degraded)",
+    );
+    let mut slot = Family::gauge(
+        "flashpath_raid_slot_state",
+        "A raid slot's state: 1 on the series of its current state (active, rebuilding, failed, empty)",
+    );
+    let mut progress = Family::gauge(
+        "flashpath_raid_process_progress_ratio",
+        "How far a raid's rebuild or resync got, from 0 to 1 (no series when none runs)",
+    );
+    let mut counters = [
+        (
+            "flashpath_raid_rebuild_bytes_copied_total",
+            "Bytes a raid's rebuilds and resyncs copied",
+            "rebuild_bytes_copied",
+        ),
+        (
+            "flashpath_raid_degraded_bytes_written_total",
+            "Bytes of writes a raid acknowledged while a slot was not in sync",
+            "degraded_bytes_written",
+        ),
+        ("flashpath_raid_rebuilds_completed_total", "Rebuilds a raid completed", "rebuilds_completed"),
+        ("flashpath_raid_base_failures_total", "Bases a raid took out after an I/O error", "base_failures"),
+        ("flashpath_raid_bitmap_writes_total", "Write-intent bitmap pages a raid wrote", "bitmap_writes"),
+        (
+            "flashpath_raid_bitmap_pages_corrupt_total",
+            "Bitmap pages found corrupt at assembly (their chunks are treated as dirty)",
+            "bitmap_pages_corrupt",
+        ),
+        ("flashpath_raid_superblock_writes_total", "Superblock writes of a raid", "superblock_writes"),
+    ]
+    .map(|(name, help, key)| (Family::counter(name, help), key));
+    for raid in array(r) {
+        let name = str_at(raid, "name");
+        let labels = vec![("raid", name.clone()), ("level", str_at(raid, "raid_level"))];
+        online.push(labels.clone(), u64::from(raid["state"] == "online"));
+        bases.push(labels.clone(), u64_at(raid, "num_base_bdevs"));
+        operational.push(labels.clone(), u64_at(raid, "num_base_bdevs_operational"));
+        let extra = &raid["flashpath"];
+        // `slots` holds each slot's state, `base_bdevs_list` its base, in slot order.
+        for (i, s) in array(&extra["slots"]).iter().enumerate() {
+            let base = raid["base_bdevs_list"][i]["name"].as_str().unwrap_or("").to_string();
+            let now = s.as_str().unwrap_or("");
+            for state in ["active", "rebuilding", "failed", "empty"] {
+                let l = vec![
+                    ("raid", name.clone()),
+                    ("slot", i.to_string()),
+                    ("base", base.clone()),
+                    ("state", state.to_string()),
+                ];
+                slot.push(l, u64::from(now == state));
+            }
+        }
+        let p = &raid["process"];
+        if let Some(kind) = p["type"].as_str() {
+            let l = vec![("raid", name.clone()), ("type", kind.to_string()), ("target", str_at(p, "target"))];
+            let percent = p["progress"]["percent"].as_f64().unwrap_or(0.0);
+            progress.push(l, (percent / 100.0).clamp(0.0, 1.0));
+        }
+        for (family, key) in &mut counters {
+            family.push(labels.clone(), u64_at(extra, key));
+        }
+    }
+    let [a, b, c, d, e, f, g] = counters.map(|(f, _)| f);
+    [online, bases, operational, slot, progress, a, b, c, d, e, f, g]
+}
+
 /// `bdev_get_iostat` (SPDK's shape): the generic bdev layer's per-disk counters, and what the
 /// disk's QoS limits held back.
 fn bdevs(io: &Value) -> [Family; 9] {
@@ -530,6 +610,44 @@ mod tests {
         );
         assert!(families.iter().all(|f| f.samples.len() == 1 && f.samples[0].0 == labels));
         assert!(nvme_controllers(&json!([])).iter().all(|f| f.samples.is_empty()));
+    }
+
+    /// A raid1 mid-rebuild: one series per slot and state, the progress as a ratio, the
+    /// counters of its `flashpath` object.
+    #[test]
+    fn raids_become_per_raid_families() {
+        let source: Source = Arc::new(|method, params| match method {
+            "bdev_raid_get_bdevs" => {
+                assert_eq!(params, Some(json!({"category": "all"})));
+                Some(json!([{
+                    "name": "r1", "raid_level": "raid1", "state": "online", "num_base_bdevs": 2,
+                    "num_base_bdevs_operational": 1,
+                    "process": {"type": "rebuild", "target": "b", "progress": {"blocks": 5, "percent": 25.0}},
+                    "base_bdevs_list": [{"name": "a"}, {"name": "b"}],
+                    "flashpath": {
+                        "slots": ["active", "rebuilding"],
+                        "rebuild_bytes_copied": 65536, "degraded_bytes_written": 4096, "base_failures": 1,
+                    },
+                }, {"name": "r0", "raid_level": "raid0", "state": "configuring", "num_base_bdevs": 2}]))
+            }
+            _ => None,
+        });
+        let text = render(&source).unwrap();
+        for line in [
+            "flashpath_raid_online{raid=\"r1\",level=\"raid1\"} 1\n",
+            "flashpath_raid_online{raid=\"r0\",level=\"raid0\"} 0\n",
+            "flashpath_raid_base_bdevs_operational{raid=\"r1\",level=\"raid1\"} 1\n",
+            "flashpath_raid_slot_state{raid=\"r1\",slot=\"1\",base=\"b\",state=\"rebuilding\"} 1\n",
+            "flashpath_raid_slot_state{raid=\"r1\",slot=\"1\",base=\"b\",state=\"active\"} 0\n",
+            "flashpath_raid_process_progress_ratio{raid=\"r1\",type=\"rebuild\",target=\"b\"} 0.25\n",
+            "flashpath_raid_rebuild_bytes_copied_total{raid=\"r1\",level=\"raid1\"} 65536\n",
+            "flashpath_raid_degraded_bytes_written_total{raid=\"r1\",level=\"raid1\"} 4096\n",
+            "flashpath_raid_base_failures_total{raid=\"r1\",level=\"raid1\"} 1\n",
+            "flashpath_raid_rebuilds_completed_total{raid=\"r0\",level=\"raid0\"} 0\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        assert!(!text.contains("progress_ratio{raid=\"r0\""), "{text}");
     }
 
     /// The per-disk families follow `bdev_get_iostat`'s SPDK shape, latency and QoS ticks

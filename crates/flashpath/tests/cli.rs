@@ -446,6 +446,98 @@ fn serve_config_with_nbd_disk_tables() {
     assert_eq!(bdev[0]["claim_type"], "read_many_write_none", "{bdev}");
 }
 
+/// The raid commands against a daemon whose config file made a raid1 over two RAM disks:
+/// the list's rows, a replica removed and added back until the raid is in sync again,
+/// options, refusals that name the option, and delete freeing the bases.
+#[test]
+fn raid_commands_and_config_tables() {
+    let d = common::Daemon::start_with_config("0", |_| {
+        "[raid_options]\nprocess_window_size_kb = 256\n\n\
+         [[bdev]]\ntype = \"malloc\"\nname = \"m0\"\nnum_blocks = 4096\nblock_size = 4096\n\n\
+         [[bdev]]\ntype = \"malloc\"\nname = \"m1\"\nnum_blocks = 4096\nblock_size = 4096\n\n\
+         [[bdev]]\ntype = \"raid\"\nname = \"r1\"\nraid_level = \"raid1\"\nbase_bdevs = [\"m0\", \"m1\"]\n\
+         superblock = true\n"
+            .to_string()
+    });
+    let ok = |args: &[&str]| succeeds(&d.rpc, args);
+    let refused = |args: &[&str]| refused_by(&d.rpc, args);
+    let cols = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let list = ok(&["raid", "list"]);
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(cols(lines[0]), ["RAID", "LEVEL", "STATE", "SUPERBLOCK", "OPERATIONAL", "BASES", "PROCESS"]);
+    assert_eq!(
+        cols(lines[1]),
+        ["r1", "raid1", "online", "yes", "2/2", "m0(active),m1(active)", "-"],
+        "{list}"
+    );
+
+    ok(&["disk", "create", "--type", "ram", "--name", "m2", "--size", "16MiB", "--block-size", "4096"]);
+    ok(&["disk", "create", "--type", "ram", "--name", "m3", "--size", "16MiB", "--block-size", "4096"]);
+    assert_eq!(
+        ok(&[
+            "raid",
+            "create",
+            "r0",
+            "--level",
+            "raid0",
+            "--base",
+            "m2",
+            "--base",
+            "m3",
+            "--strip-size-kb",
+            "64"
+        ]),
+        ""
+    );
+    let one: serde_json::Value = serde_json::from_str(&ok(&["raid", "list", "r0", "--json"])).unwrap();
+    assert_eq!(
+        (&one[0]["raid_level"], &one[0]["strip_size_kb"]),
+        (&serde_json::json!("raid0"), &serde_json::json!(64)),
+        "{one}"
+    );
+
+    // A replica out and back in.
+    ok(&["raid", "options", "--process-max-bandwidth-mb-sec", "1000"]);
+    ok(&["raid", "remove", "m1"]);
+    let row = cols(ok(&["raid", "list", "r1"]).lines().nth(1).unwrap());
+    assert_eq!(row[4], "1/2", "{row:?}");
+    ok(&["raid", "add", "r1", "m1"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // In sync again: both slots active and no rebuild left.
+    while cols(ok(&["raid", "list", "r1"]).lines().nth(1).unwrap())[5..] != ["m0(active),m1(active)", "-"] {
+        assert!(std::time::Instant::now() < deadline, "{}", ok(&["raid", "list"]));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    // Refusals name the option or argument.
+    ok(&["disk", "create", "--type", "ram", "--name", "m4", "--size", "16MiB", "--block-size", "4096"]);
+    let e = refused(&[
+        "raid",
+        "create",
+        "bad",
+        "--level",
+        "raid0",
+        "--base",
+        "m4",
+        "--base",
+        "m0",
+        "--strip-size-kb",
+        "3",
+    ]);
+    assert!(e.starts_with("error: --strip-size-kb: "), "{e}");
+    let e = refused(&["raid", "create", "bad", "--level", "raid6", "--base", "m4"]);
+    assert!(e.starts_with("error: --level: "), "{e}");
+    let e = refused(&["raid", "list", "nope"]);
+    assert!(e.starts_with("error: no raid bdev named 'nope'"), "{e}");
+
+    ok(&["raid", "delete", "r0"]);
+    ok(&["raid", "delete", "r1", "--clear-superblock"]);
+    assert_eq!(ok(&["raid", "list"]).lines().count(), 1);
+    for m in ["m0", "m1", "m2", "m3", "m4"] {
+        ok(&["disk", "delete", m]);
+    }
+}
+
 /// The rbd commands against a daemon and a real cluster: a shared connection, disks on it
 /// (read-write and read-only), a resize that reaches the image, refusals that name the option,
 /// and the clean-up order the daemon enforces.

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{pattern, rpc_call, BlkClient, ClientOpts, Daemon, Op, OpKind};
+use common::{rpc_call, BlkClient, ClientOpts, Daemon, Op, OpKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -65,14 +65,7 @@ fn alias() -> String {
 
 /// The contents of `slot` at `generation` (0 is the zeroes of a never-written block).
 fn block(slot: usize, generation: u64) -> Vec<u8> {
-    if generation == 0 {
-        return vec![0; SLOT];
-    }
-    let mut b = pattern(generation, (slot * SLOT) as u64, SLOT);
-    b[..8].copy_from_slice(&MAGIC.to_le_bytes());
-    b[8..16].copy_from_slice(&(slot as u64).to_le_bytes());
-    b[16..24].copy_from_slice(&generation.to_le_bytes());
-    b
+    common::stamped_block(MAGIC, slot, generation, SLOT)
 }
 
 /// What a block read back holds, for checking and for messages.

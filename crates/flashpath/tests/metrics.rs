@@ -645,3 +645,60 @@ fn an_nvme_controller_counts_its_commands_and_resets() {
     assert!(at("flashpath_nvme_doorbells_total") >= 1.0, "{text}");
     assert_eq!(at("flashpath_nvme_bounced_total"), path["stats"]["bounced"].as_f64().unwrap());
 }
+
+/// A raid1 with one replica taken out and put back: the exposition follows
+/// `bdev_raid_get_bdevs` (degraded, then in sync with a rebuild counted), and promtool accepts
+/// the raid families.
+#[test]
+fn a_raid1_shows_its_replicas_and_rebuild() {
+    let daemon = Daemon::start_with_args("0", &["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&daemon);
+    daemon.malloc("m0", 4096, 4096);
+    daemon.malloc("m1", 4096, 4096);
+    let create = json!({"name": "r1", "raid_level": "raid1", "base_bdevs": ["m0", "m1"], "superblock": true});
+    assert_eq!(daemon.call("bdev_raid_create", create), true);
+    let sock = daemon.controller("c0", "r1", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    assert_eq!(c.write(0, 0, &[7; 4096]), 0);
+    let raid = "{raid=\"r1\",level=\"raid1\"}";
+    let scrape = || {
+        let (status, text) = get_tcp(&addr, "/metrics");
+        assert_eq!(status, 200, "{text}");
+        text
+    };
+    let at = |text: &str, series: &str| {
+        sample(text, series).unwrap_or_else(|| panic!("{series} missing:\n{text}"))
+    };
+    let text = scrape();
+    assert_eq!(at(&text, &format!("flashpath_raid_online{raid}")), 1.0);
+    assert_eq!(at(&text, &format!("flashpath_raid_base_bdevs{raid}")), 2.0);
+    assert_eq!(at(&text, &format!("flashpath_raid_base_bdevs_operational{raid}")), 2.0);
+    let slot1 = |state: &str| {
+        format!("flashpath_raid_slot_state{{raid=\"r1\",slot=\"1\",base=\"m1\",state=\"{state}\"}}")
+    };
+    assert_eq!(at(&text, &slot1("active")), 1.0);
+
+    daemon.call("bdev_raid_remove_base_bdev", json!({"name": "m1"}));
+    assert_eq!(c.write(0, 4096, &[8; 4096]), 0);
+    let text = scrape();
+    assert_eq!(at(&text, &format!("flashpath_raid_base_bdevs_operational{raid}")), 1.0);
+    assert!(at(&text, &format!("flashpath_raid_degraded_bytes_written_total{raid}")) >= 4096.0, "{text}");
+
+    daemon.call("bdev_raid_add_base_bdev", json!({"raid_bdev": "r1", "base_bdev": "m1"}));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = scrape();
+        if sample(&text, &format!("flashpath_raid_rebuilds_completed_total{raid}")) == Some(1.0)
+            && sample(&text, &slot1("active")) == Some(1.0)
+        {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no completed rebuild:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(at(&text, &format!("flashpath_raid_rebuild_bytes_copied_total{raid}")) >= 4096.0, "{text}");
+    assert!(at(&text, &format!("flashpath_raid_superblock_writes_total{raid}")) >= 1.0, "{text}");
+    if let Some(promtool) = tool("promtool") {
+        assert_promtool_accepts(&promtool, &text);
+    }
+}

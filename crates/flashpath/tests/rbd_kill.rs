@@ -18,7 +18,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use common::ceph::CephCluster;
-use common::{bounded, pattern, BlkClient, Daemon, Op, OpKind};
+use common::{bounded, BlkClient, Daemon, Op, OpKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -43,14 +43,7 @@ const WATCH_TIMEOUT: Duration = Duration::from_secs(5);
 const LOCK_SLACK: Duration = Duration::from_secs(10);
 
 fn block(slot: usize, generation: u64) -> Vec<u8> {
-    if generation == 0 {
-        return vec![0; SLOT];
-    }
-    let mut b = pattern(generation, (slot * SLOT) as u64, SLOT);
-    b[..8].copy_from_slice(&MAGIC.to_le_bytes());
-    b[8..16].copy_from_slice(&(slot as u64).to_le_bytes());
-    b[16..24].copy_from_slice(&generation.to_le_bytes());
-    b
+    common::stamped_block(MAGIC, slot, generation, SLOT)
 }
 
 /// What each slot may hold.

@@ -7,7 +7,8 @@
 //!   ("superblock from another raid") and left unclaimed;
 //! * a base with an older `seq` than the newest is never trusted as a source: it joins as a
 //!   rebuild target once the raid is assembled (full, unless its slot is Failed or
-//!   Rebuilding-partial in the newest superblock with its identity: partial);
+//!   Rebuilding in the newest superblock with its identity: partial, or a full rebuild
+//!   resumed from its checkpoint);
 //! * a base that appears for a raid already assembled, in a free slot that names it, joins
 //!   the same way (a replica coming back).
 
@@ -199,34 +200,8 @@ fn rejoin(
             dev.shared().info.name
         )));
     }
-    forget_unfinished_copy(&dev.shared().info.name, name, &bdev, sb)?;
     let slot = owner.add_base(name.to_string(), bdev)?;
     log::info!("raid '{}': '{name}' is back, in slot {slot}", dev.shared().info.name);
-    Ok(())
-}
-
-/// Whether a base's own superblock says it is a full rebuild's target (its copy unfinished).
-fn unfinished(sb: &Superblock) -> bool {
-    sb.slots.get(usize::from(sb.slot)).is_some_and(|r| r.state == SlotState::Rebuilding && !r.rebuild_partial)
-}
-
-/// A full rebuild's target that never finished must not come back as a partial rebuild: the
-/// bitmap does not cover what it lacks (its copy stopped part way). When `sb` (the base's own
-/// superblock) says so, it is erased: the owner then sees a new base and rebuilds it in full.
-pub(crate) fn forget_unfinished_copy(
-    raid: &str,
-    name: &str,
-    bdev: &Bdev,
-    sb: &Superblock,
-) -> Result<(), RaidError> {
-    if !unfinished(sb) {
-        return Ok(());
-    }
-    ChannelIo::open(bdev.clone()).and_then(|mut io| {
-        meta_io::wipe_superblock(&mut io)
-            .map_err(|e| RaidError::Metadata(format!("erasing its stale superblock: errno {e}")))
-    })?;
-    log::info!("raid '{raid}': '{name}' was a full rebuild's target: rebuilt in full");
     Ok(())
 }
 
@@ -253,11 +228,10 @@ fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
         };
         if f.sb.slots.get(i).map(|r| r.uuid) != Some(rec.uuid) || members[i].is_some() {
             strays.push(f.name);
-        } else if (rec.state == SlotState::Active && f.sb.seq != sb.seq)
-            || (rec.state == SlotState::Failed && unfinished(&f.sb))
-        {
-            // Stale, or a full copy cut short that the raid since marked Failed: never a
-            // member as it is (the owner would resume a Failed slot's base partially).
+        } else if rec.state == SlotState::Active && f.sb.seq != sb.seq {
+            // Stale: never a member as it is; it joins afterwards as a rebuild target. (A full
+            // copy cut short keeps its Rebuilding record, or was given a new identity when it
+            // failed: the owner tells which from the newest superblock.)
             later.push(f);
         } else {
             members[i] = Some(BaseSpec { name: f.name, bdev: f.bdev });
@@ -333,8 +307,7 @@ fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
     });
     log::info!("raid '{raid}' assembled from its superblocks");
     for f in later {
-        let joined = forget_unfinished_copy(raid, &f.name, &f.bdev, &f.sb)
-            .and_then(|()| owner.add_base(f.name.clone(), f.bdev.clone()));
+        let joined = owner.add_base(f.name.clone(), f.bdev.clone());
         if let Err(e) = joined {
             log::warn!("raid '{raid}': stale base '{}' cannot join: {e}", f.name);
             host.release_claim(&f.name, MODULE, raid);

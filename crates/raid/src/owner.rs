@@ -117,6 +117,9 @@ struct Planned {
     /// Rebuild: the target; resync: unused.
     target: usize,
     start: u64,
+    /// A full rebuild resumed for a target that was away: below `start` it also copies the
+    /// bitmap's chunks (the writes it missed meanwhile).
+    catch_up: bool,
 }
 
 /// The owner's state; control closures get `&mut Owner` on the owner's thread.
@@ -213,6 +216,18 @@ impl Owner {
         let fresh = self.sb.seq == 0;
         for slot in 0..self.sb.slots.len() {
             if !self.present(slot) && self.state(slot).takes_writes() {
+                let rec = &self.sb.slots[slot];
+                if rec.state == SlotState::Rebuilding && !rec.rebuild_partial {
+                    // A full rebuild's target keeps its record (identity, checkpoint): when it
+                    // comes back it resumes, and the bitmap, never cleared while it is away,
+                    // covers what was written below the checkpoint meanwhile.
+                    log::warn!(
+                        "raid {}: slot {slot}'s base (a full rebuild's target) is missing: the rebuild \
+                         resumes when it returns",
+                        self.sb.name
+                    );
+                    continue;
+                }
                 // Listed in sync but not here: the raid runs degraded without it.
                 log::warn!("raid {}: slot {slot}'s base is missing: marked failed", self.sb.name);
                 self.mark_failed(slot);
@@ -314,12 +329,23 @@ impl Owner {
             return;
         }
         self.resync_targets = targets;
-        self.queue.push_front(Planned { kind: ProcessKind::Resync, target: source, start: 0 });
+        self.queue.push_front(Planned {
+            kind: ProcessKind::Resync,
+            target: source,
+            start: 0,
+            catch_up: false,
+        });
     }
 
     fn queue_rebuild(&mut self, slot: usize, partial: bool, start: u64) {
         let kind = if partial { ProcessKind::Partial } else { ProcessKind::Full };
-        self.queue.push_back(Planned { kind, target: slot, start });
+        self.queue.push_back(Planned { kind, target: slot, start, catch_up: false });
+    }
+
+    /// Queues the full rebuild of a target that comes back after being away from an assembly:
+    /// from its checkpoint, catching up below it from the bitmap.
+    fn queue_resumed_rebuild(&mut self, slot: usize, start: u64) {
+        self.queue.push_back(Planned { kind: ProcessKind::Full, target: slot, start, catch_up: true });
     }
 
     /// Writes a joining member's bitmap pages (the map now) and its superblock.
@@ -582,7 +608,10 @@ impl Owner {
                 p.kind,
                 p.start
             );
-            let copier = Copier::new(p.kind, source, targets, p.start, map, self.geometry());
+            let mut copier = Copier::new(p.kind, source, targets, p.start, map, self.geometry());
+            if p.catch_up {
+                copier.catch_up_below_start();
+            }
             self.process = Some((copier, p));
             self.last_checkpoint = Instant::now();
             self.since_checkpoint = 0;
@@ -738,10 +767,10 @@ impl Owner {
             let slot = own.slot as usize;
             let rec = self.sb.slots.get(slot);
             let same = rec.is_some_and(|r| own.slots.get(slot).is_some_and(|o| o.uuid == r.uuid));
-            let returning = rec.is_some_and(|r| {
-                r.state == SlotState::Failed || (r.state == SlotState::Rebuilding && r.rebuild_partial)
-            });
-            if same && returning && own.seq <= self.sb.seq {
+            // A replica that left, or a full rebuild's target that was away (its record kept
+            // at assembly, `start`): back to its slot.
+            let returning = rec.is_some_and(|r| matches!(r.state, SlotState::Failed | SlotState::Rebuilding));
+            if same && returning && own.seq <= self.sb.seq && !self.present(slot) {
                 partial_slot = Some(slot);
             }
         }
@@ -763,15 +792,20 @@ impl Owner {
                 })?,
         };
         self.members[slot] = None;
-        let partial = partial_slot.is_some();
         let data_bytes = self.sb.raid_bytes();
         let rec = &mut self.sb.slots[slot];
-        if !partial {
+        // A full rebuild's target resumes from its checkpoint (the copier also takes the
+        // bitmap's chunks below it); any other returning base is rebuilt partially; a new one
+        // in full, under a new identity.
+        let resumed = partial_slot.is_some() && rec.state == SlotState::Rebuilding && !rec.rebuild_partial;
+        let partial = partial_slot.is_some() && !resumed;
+        let start = if resumed { rec.rebuild_offset } else { 0 };
+        if partial_slot.is_none() {
             rec.uuid = random_uuid();
         }
         rec.state = SlotState::Rebuilding;
         rec.rebuild_partial = partial;
-        rec.rebuild_offset = 0;
+        rec.rebuild_offset = start;
         rec.data_bytes = data_bytes;
         member.bdev = member.bdev.take();
         self.members[slot] = Some(member);
@@ -791,7 +825,11 @@ impl Owner {
         }
         // Published before the first copy: writes reach the new base from here on.
         self.publish();
-        self.queue_rebuild(slot, partial, 0);
+        if resumed {
+            self.queue_resumed_rebuild(slot, start);
+        } else {
+            self.queue_rebuild(slot, partial, 0);
+        }
         self.next_process();
         Ok(slot)
     }

@@ -91,6 +91,10 @@ pub struct Copier {
     chunks: u64,
     /// Next chunk the first pass looks at.
     cursor: u64,
+    /// Full: the first chunk copied whatever the bitmap says (a resumed rebuild's checkpoint);
+    /// below it only the bitmap's chunks, when the pass starts below it at all
+    /// ([`Copier::catch_up_below_start`]).
+    full_from: u64,
     /// Chunks below the cursor skipped because a write was in flight.
     retry: Vec<u64>,
     buf: AlignedBuf,
@@ -123,11 +127,22 @@ impl Copier {
             chunk_bytes,
             chunks: geo.data_bytes.div_ceil(chunk_bytes),
             cursor: (start / chunk_bytes).min(geo.data_bytes.div_ceil(chunk_bytes)),
+            full_from: match kind {
+                ProcessKind::Full => start / chunk_bytes,
+                _ => 0,
+            },
             retry: Vec::new(),
             buf: AlignedBuf::zeroed(window as usize),
             copied: 0,
             started: Instant::now(),
         }
+    }
+
+    /// A full rebuild resumed for a target that was away: the first pass starts at 0 and,
+    /// below the checkpoint, copies the chunks the bitmap marks (every write since the target
+    /// left, as no bit is cleared while a slot is out of sync).
+    pub fn catch_up_below_start(&mut self) {
+        self.cursor = 0;
     }
 
     /// Changes the window and the speed limit (`bdev_raid_set_options`).
@@ -144,7 +159,7 @@ impl Copier {
 
     /// Bytes of the data region walked past by the first pass.
     pub fn progress_bytes(&self) -> u64 {
-        (self.cursor * self.chunk_bytes).min(self.geo.data_bytes)
+        (self.cursor.max(self.full_from) * self.chunk_bytes).min(self.geo.data_bytes)
     }
 
     /// Whether the first pass reached the end (only busy or re-marked chunks are left).
@@ -161,11 +176,13 @@ impl Copier {
         if let Some(r) = intent.next_recopy(0) {
             c = c.min(r);
         }
-        (c * self.chunk_bytes).min(self.geo.data_bytes)
+        // Below `full_from` a resumed full rebuild needs only the bitmap's chunks, and their
+        // bits stay set until every slot is in sync: a crash there resumes from `full_from`.
+        (c.max(self.full_from) * self.chunk_bytes).min(self.geo.data_bytes)
     }
 
     fn wanted(&self, intent: &IntentMap, chunk: u64) -> bool {
-        self.kind == ProcessKind::Full || intent.is_set(chunk)
+        (self.kind == ProcessKind::Full && chunk >= self.full_from) || intent.is_set(chunk)
     }
 
     /// Copies one claimed chunk from the source to every target.
@@ -218,25 +235,10 @@ impl Copier {
         let mut bytes = 0;
         let mut scanned = 0;
         let fail = |(slot, errno)| Step::Failed { slot, errno };
-        // First pass: from the cursor on.
-        while self.cursor < self.chunks && bytes < budget && scanned < SCAN_PER_STEP {
-            let c = self.cursor;
-            self.cursor += 1;
-            scanned += 1;
-            if !self.wanted(intent, c) {
-                continue;
-            }
-            match self.try_chunk(bases, intent, c) {
-                Ok(Some(n)) => bytes += n,
-                Ok(None) => self.retry.push(c),
-                Err(e) => return (bytes, fail(e)),
-            }
-        }
-        if self.cursor < self.chunks {
-            self.copied += bytes;
-            return (bytes, Step::Working);
-        }
-        // Then the chunks that were busy, and those a write overlapped.
+        // First the chunks behind the cursor that were busy, and those a write overlapped:
+        // they hold the checkpoint back, so they are not left until the end of the pass (a
+        // guest writing one region throughout would pin the checkpoint there, and a restart
+        // would copy everything again).
         let mut still = Vec::new();
         for c in std::mem::take(&mut self.retry) {
             if bytes >= budget {
@@ -262,6 +264,24 @@ impl Copier {
                 Ok(None) => {}
                 Err(e) => return (bytes, fail(e)),
             }
+        }
+        // Then the pass, from the cursor on.
+        while self.cursor < self.chunks && bytes < budget && scanned < SCAN_PER_STEP {
+            let c = self.cursor;
+            self.cursor += 1;
+            scanned += 1;
+            if !self.wanted(intent, c) {
+                continue;
+            }
+            match self.try_chunk(bases, intent, c) {
+                Ok(Some(n)) => bytes += n,
+                Ok(None) => self.retry.push(c),
+                Err(e) => return (bytes, fail(e)),
+            }
+        }
+        if self.cursor < self.chunks {
+            self.copied += bytes;
+            return (bytes, Step::Working);
         }
         self.copied += bytes;
         if self.retry.is_empty() && intent.next_recopy(0).is_none() {
@@ -345,6 +365,27 @@ mod tests {
         assert_eq!(c.step(&mut b, &m).1, Step::Failed { slot: 2, errno: libc::EIO });
         assert_eq!(m.writers(0), 0);
         assert!(m.try_start_copy(0), "a failed copy releases its chunk");
+    }
+
+    #[test]
+    fn a_chunk_a_write_overlapped_is_copied_again_at_once_and_the_checkpoint_moves_on() {
+        let bytes = 4 << 20;
+        let mut b = bases(2, bytes);
+        let m = IntentMap::new(bytes, K64, false);
+        let mut c = Copier::new(ProcessKind::Full, 0, vec![1], 0, &m, geo(bytes));
+        assert_eq!(c.step(&mut b, &m), (4 * K64, Step::Working));
+        // A write that overlapped the copy of chunk 1 (as if it had started mid-copy).
+        assert!(m.try_start_copy(1));
+        let t = m.begin_write(K64, 4096);
+        assert!(t.remark);
+        m.end_copy(1);
+        m.end_write(&t);
+        assert_eq!(m.next_recopy(0), Some(1));
+        assert_eq!(c.checkpoint(&m), K64, "the re-marked chunk holds the checkpoint");
+        // The next step copies it again before going on, and the checkpoint follows the cursor.
+        assert_eq!(c.step(&mut b, &m), (4 * K64, Step::Working));
+        assert_eq!(m.next_recopy(0), None);
+        assert_eq!(c.checkpoint(&m), 7 * K64);
     }
 
     #[test]

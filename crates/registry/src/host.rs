@@ -85,6 +85,7 @@ impl ModuleHost for Registry {
         for alias in &new.aliases {
             st.aliases.insert(alias.clone(), name.clone());
         }
+        let aliases = new.aliases.clone();
         let entry = BdevEntry {
             bdev: new.bdev,
             disk,
@@ -97,9 +98,11 @@ impl ModuleHost for Registry {
         st.bdevs.insert(name.clone(), entry);
         drop(st);
         // Outside the lock: a module that finds its metadata on the new bdev adds bdevs of its
-        // own (an lvstore's volumes).
-        for m in modules::MODULES {
-            m.examine(self, &name, module);
+        // own (an lvstore's volumes). Unless auto-examine is off (crate::examine).
+        if self.examine_gate().examines(&name, aliases.iter()) {
+            for m in modules::MODULES {
+                m.examine(self, &name, module);
+            }
         }
         Ok(name)
     }

@@ -14,6 +14,7 @@
 mod bdevs;
 mod disks;
 mod error;
+mod examine;
 mod export_dirs;
 pub mod exports;
 mod host;

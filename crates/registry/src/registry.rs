@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use fp_reactor::ReactorHandle;
 
 use crate::bdevs::BdevEntry;
+use crate::examine::ExamineGate;
 use crate::exports::Export;
 use crate::{modules, ExportDirs, Limits, RegistryError};
 
@@ -127,6 +128,8 @@ pub struct Registry {
     started: Instant,
     /// Itself, for modules whose threads report back later ([`fp_bdev::ModuleHost::weak_handle`]).
     pub(crate) me: Weak<Registry>,
+    /// Which new bdevs the modules examine (`bdev_set_options`' `bdev_auto_examine`).
+    pub(crate) examine: Mutex<ExamineGate>,
 }
 
 impl Registry {
@@ -160,7 +163,13 @@ impl Registry {
             nbd: fp_nbd::NbdServer::new(),
             nvmf,
             started: Instant::now(),
+            examine: Mutex::new(ExamineGate::default()),
         })
+    }
+
+    /// The examine policy (`bdev_set_options`, `bdev_examine`).
+    pub(crate) fn examine_gate(&self) -> std::sync::MutexGuard<'_, ExamineGate> {
+        self.examine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn limits(&self) -> &Limits {

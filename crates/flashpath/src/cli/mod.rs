@@ -14,6 +14,7 @@ mod nbd_client;
 mod nvme;
 mod nvmf;
 mod qos;
+mod raid;
 mod rbd;
 mod reactor;
 mod rpc;
@@ -87,6 +88,9 @@ pub(crate) enum Command {
     /// Mirror jobs: copy a live disk to another (docs/mirror.md)
     #[command(subcommand)]
     Mirror(mirror::MirrorCommand),
+    /// Raid bdevs: raid0, concat, and raid1 replicas with partial rebuild (docs/raid.md)
+    #[command(subcommand)]
+    Raid(raid::RaidCommand),
     /// Ceph RBD: shared cluster connections for `disk create --type rbd --cluster`
     #[command(subcommand)]
     Rbd(rbd::RbdCommand),
@@ -162,6 +166,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Volume(c) => volume::run(rpc, json, c),
         Command::Qos(c) => qos::run(rpc, json, c),
         Command::Mirror(c) => mirror::run(rpc, json, c),
+        Command::Raid(c) => raid::run(rpc, json, c),
         Command::Rbd(c) => rbd::run(rpc, json, c),
         Command::Reactor(c) => reactor::run(rpc, json, c),
         Command::Version => rpc::version(rpc, json),

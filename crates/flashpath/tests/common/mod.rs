@@ -632,6 +632,21 @@ pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// A block of `size` bytes stamped for the kill tests' models: `magic`, the block's index
+/// `slot` and `generation` in its first three words, then `pattern(generation, offset)`; all
+/// zeroes for generation 0 (never written). A block read back from the wrong place or from
+/// another write does not compare equal.
+pub fn stamped_block(magic: u64, slot: usize, generation: u64, size: usize) -> Vec<u8> {
+    if generation == 0 {
+        return vec![0; size];
+    }
+    let mut b = pattern(generation, (slot * size) as u64, size);
+    b[..8].copy_from_slice(&magic.to_le_bytes());
+    b[8..16].copy_from_slice(&(slot as u64).to_le_bytes());
+    b[16..24].copy_from_slice(&generation.to_le_bytes());
+    b
+}
+
 /// Asserts two byte strings are equal, reporting the first difference by disk offset.
 pub fn assert_same(what: &str, base: u64, got: &[u8], want: &[u8]) {
     assert_eq!(got.len(), want.len(), "{what}: length");

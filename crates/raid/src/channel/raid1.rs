@@ -1,6 +1,6 @@
 //! raid1's channel: writes (and discards, write-zeroes, flushes) go to every slot that takes
-//! writes, with the same iovecs; a read goes to one Active slot, round robin, and is retried on
-//! another when it fails.
+//! writes, with the same iovecs; a read goes to the Active slot with the fewest reads in
+//! flight, and is retried on another when it fails.
 //!
 //! Write order (docs/raid.md, "Write-intent bitmap"): the write registers in the intent map
 //! first, then loads the layout; if its chunks' bits are not durable yet it waits in a list
@@ -17,6 +17,7 @@ use fp_bdev::{iov_total_len, BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, Sub
 use super::bases::Bases;
 use super::slab::Slab;
 use super::MAX_PARENTS;
+use crate::format::MAX_SLOTS;
 use crate::intent::WriteTicket;
 use crate::shared::{Failure, RaidShared};
 
@@ -87,16 +88,25 @@ pub struct Raid1Channel {
     spare: Vec<u32>,
     done: Vec<(u32, IoStatus)>,
     reaped: Vec<(u32, IoStatus)>,
-    /// The next read's first choice (round robin over the Active slots).
-    next_read: usize,
+    /// Reads in flight per slot: a read goes to the Active slot with the fewest (SPDK's
+    /// raid1 does the same), the lowest on a tie, so a lightly loaded raid reads from one
+    /// replica (warm caches) and a busy one spreads over all.
+    reads_out: [u32; MAX_SLOTS],
 }
 
 fn bit(slot: usize) -> u32 {
     1 << slot
 }
 
-fn slots_of(m: u32) -> impl Iterator<Item = usize> {
-    (0..32).filter(move |i| m & bit(*i) != 0)
+/// The slots of a mask, lowest first (one step per slot in it, not per possible slot).
+fn slots_of(mut m: u32) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (m != 0).then(|| {
+            let s = m.trailing_zeros() as usize;
+            m &= m - 1;
+            s
+        })
+    })
 }
 
 impl Raid1Channel {
@@ -112,7 +122,7 @@ impl Raid1Channel {
             spare: Vec::with_capacity(MAX_PARENTS),
             done: Vec::with_capacity(2 * MAX_PARENTS),
             reaped: Vec::with_capacity(MAX_PARENTS),
-            next_read: 0,
+            reads_out: [0; MAX_SLOTS],
         }
     }
 
@@ -249,11 +259,7 @@ impl Raid1Channel {
                 self.parents.remove(p);
                 return;
             }
-            // Round robin: the first candidate at or after `next_read`.
-            let n = self.bases.layout.slots.len().max(1);
-            let start = self.next_read % n;
-            let slot = (0..n).map(|i| (start + i) % n).find(|&s| candidates & bit(s) != 0).unwrap_or(0);
-            self.next_read = slot + 1;
+            let slot = slots_of(candidates).min_by_key(|&s| self.reads_out[s]).unwrap_or(0);
             let req = IoRequest {
                 tag: p,
                 op: IoOp::Read,
@@ -271,6 +277,7 @@ impl Raid1Channel {
             match r {
                 Ok(()) => {
                     parent.outstanding = bit(slot);
+                    self.reads_out[slot] += 1;
                     return;
                 }
                 Err(SubmitError::Busy) => {
@@ -296,6 +303,7 @@ impl Raid1Channel {
         let parent = self.parents.get_mut(p);
         parent.outstanding &= !bit(slot);
         if parent.op == IoOp::Read {
+            self.reads_out[slot] -= 1;
             match status {
                 IoStatus::Success | IoStatus::Unsupported => {
                     let tag = parent.tag;

@@ -204,11 +204,36 @@ fn raid1_writes_every_base_and_reads_from_each() {
     for base in [&a, &b] {
         assert!(read_range(&mut *base.open_channel().unwrap(), 8192, data.len()) == data);
     }
-    // Reads alternate between the bases: both give the same bytes.
+    // Reads come back right, from whichever base they go to.
     for _ in 0..4 {
         assert!(read_range(&mut *ch, 8192, 4096) == data[..4096]);
     }
     assert_eq!(r.shared().counters.degraded_bytes_written.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_read_goes_to_the_replica_with_the_fewest_reads_in_flight() {
+    let (a, b) = (Flaky::new("a", 64 << 10), Flaky::new("b", 64 << 10));
+    // Replica b fails reads, which makes every read sent to it visible as a failure report.
+    b.fail_reads.store(true, Ordering::Relaxed);
+    let r = raid(RaidLevel::Raid1, vec![a.clone() as Bdev, b.clone() as Bdev], 0);
+    let mut ch = r.open_channel().unwrap();
+    for _ in 0..8 {
+        read_range(&mut *ch, 0, 4096);
+    }
+    assert!(r.shared().failures.is_empty(), "one at a time, every read went to the first replica");
+    // Two in flight at once: the second goes to the other replica.
+    let mut bufs = [vec![0u8; 4096], vec![0u8; 4096]];
+    let iovs: Vec<libc::iovec> =
+        bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
+    for (tag, iov) in iovs.iter().enumerate() {
+        let req = IoRequest { tag: tag as u32, op: IoOp::Read, offset: 0, len: 4096, iov, iovcnt: 1 };
+        // SAFETY: the buffers and iovecs outlive the requests, which are polled to the end below.
+        unsafe { ch.submit(&req) }.unwrap();
+    }
+    let done = poll_until(&mut *ch, 2);
+    assert!(done.iter().all(|&(_, s)| s == IoStatus::Success), "{done:?}");
+    assert_eq!(r.shared().failures.pop().map(|f| f.slot), Some(1), "the second read went to replica b");
 }
 
 /// Plays the owner: takes the reported failures, publishes the slots Failed.

@@ -470,22 +470,39 @@ fn dropping_the_owner_mid_rebuild_resumes_at_the_checkpoint_on_respawn() {
 }
 
 #[test]
-fn a_missing_rebuild_target_at_assembly_is_failed_with_a_valid_superblock() {
+fn a_full_rebuild_target_missing_at_assembly_resumes_when_it_returns() {
     let bytes = 16 * MIB;
     let mut o = mem_raid(2, bytes);
     replace_with_new_base(&mut o, 1, 4, bytes);
-    o.tick();
-    let sb = o.superblock().clone();
-    assert_eq!(sb.slots[1].state, SlotState::Rebuilding);
-    // Assembled without the target: it is Failed, with a new identity (a full target), and
-    // the superblock written says so and decodes.
-    let m0 = o.members[0].take();
+    for _ in 0..14 {
+        o.tick();
+    }
+    assert!(o.process_running(), "stopped mid-rebuild");
+    // "Crash", and assemble from the in-sync base alone: the target keeps its record.
+    let sb = read_superblock(io(&mut o, 0)).unwrap().unwrap();
+    let (m0, m1) = (o.members[0].take(), o.members[1].take());
     drop(o);
+    let rec = sb.slots[1].clone();
+    assert_eq!((rec.state, rec.rebuild_partial), (SlotState::Rebuilding, false));
+    let at = rec.rebuild_offset;
+    assert!(at >= 2 * MIB && at < sb.raid_bytes(), "{at}");
     let shared = new_shared(info("r", &sb), &sb, true);
     let mut o = Owner::new(shared, vec![m0, None], sb.clone(), true, fast());
     o.start().unwrap();
     let on_disk = read_superblock(io(&mut o, 0)).unwrap().unwrap();
-    assert_eq!(on_disk.slots[1].state, SlotState::Failed);
-    assert_ne!(on_disk.slots[1].uuid, sb.slots[1].uuid);
-    assert!(!on_disk.slots[1].rebuild_partial);
+    assert_eq!(on_disk.slots[1], rec, "the away target's record (identity, checkpoint) is kept");
+    // Written while it is away: below its checkpoint (inside the 4 MiB already marked) and
+    // above it.
+    write(&mut o, 0, &vec![9; MIB as usize]);
+    write(&mut o, 12 * MIB, &vec![8; MIB as usize]);
+    let slot = o.add_base(m1.unwrap()).unwrap();
+    assert_eq!(slot, 1);
+    run_process(&mut o);
+    let copied = o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed);
+    let raid = o.superblock().raid_bytes();
+    // The marked chunks below the checkpoint (the 4 MiB written since slot 1 was replaced),
+    // then everything past it: not the whole raid again.
+    assert_eq!(copied, (4 * MIB).min(at) + (raid - at), "resumed at {at}");
+    assert!(data(&mut o, 0) == data(&mut o, 1));
+    assert_eq!(o.superblock().slots[1].state, SlotState::Active);
 }

@@ -12,8 +12,6 @@ use fp_rpc::Params;
 use serde_json::Value;
 
 use super::{module_error, with_raids, MODULE};
-use crate::examine::forget_unfinished_copy;
-use crate::meta_io::{self, ChannelIo};
 use crate::{RaidError, RaidLevel, SlotState};
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ModuleError {
@@ -58,22 +56,10 @@ pub(crate) fn add_base_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<Valu
             format!("block size {} differs from the raid's {}", info.block_size, shared.info.block_size),
         ))
     } else {
-        // Its own superblock, if of this raid, may say it was an unfinished full copy.
-        let own = match dev.superblock() {
-            true => ChannelIo::open(bdev.clone())
-                .and_then(|mut io| meta_io::read_superblock(&mut io))
-                .ok()
-                .flatten(),
-            false => None,
-        };
-        match own.filter(|own| own.raid_uuid == dev.uuid()) {
-            Some(own) => forget_unfinished_copy(&raid, &base, &bdev, &own),
-            None => Ok(()),
-        }
         // The owner reads the base's own superblock: the replica that left comes back to its
-        // slot (partial rebuild), any other base takes a free one (full).
-        .and_then(|()| owner.add_base(base.clone(), bdev.clone()))
-        .map_err(module_error)
+        // slot (partial rebuild; a full rebuild's target resumes), any other base takes a free
+        // one (full).
+        owner.add_base(base.clone(), bdev.clone()).map_err(module_error)
     };
     match placed {
         Ok(slot) => {

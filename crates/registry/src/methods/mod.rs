@@ -17,6 +17,7 @@ use crate::exports::EXPORT_KINDS;
 use crate::{Registry, RegistryError};
 
 mod bdev;
+mod examine;
 mod framework;
 mod iostat;
 mod mirror;
@@ -80,6 +81,8 @@ pub type MethodFn = fn(&Registry, Params) -> Result<Value, MethodError>;
 /// own tables. `rpc_get_methods` lists all three.
 pub const METHODS: &[(&str, MethodFn)] = &[
     ("bdev_get_bdevs", bdev::bdev_get_bdevs),
+    ("bdev_set_options", examine::bdev_set_options),
+    ("bdev_examine", examine::bdev_examine),
     ("framework_get_reactors", framework::framework_get_reactors),
     ("rpc_get_methods", framework::rpc_get_methods),
     ("spdk_get_version", framework::spdk_get_version),
