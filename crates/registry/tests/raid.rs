@@ -443,11 +443,11 @@ fn a_rebuild_shows_its_progress_and_follows_set_options() {
     assert!(r.get("process").is_none(), "{r}");
 }
 
-/// A full rebuild's target that appears only after the raid assembled without it resumes a
-/// full rebuild, not a partial one: its copy was never complete, so the bitmap does not cover
-/// what it lacks.
+/// A full rebuild's target that appears only after the raid assembled without it resumes its
+/// full rebuild from the checkpoint (catching up below it from the bitmap), never as a partial
+/// one: its copy was never complete, so the bitmap alone does not cover what it lacks.
 #[test]
-fn a_full_rebuild_target_returning_late_is_rebuilt_in_full() {
+fn a_full_rebuild_target_returning_late_resumes_in_full() {
     for assemble_with_it in [false, true] {
         full_rebuild_target_returns_late(assemble_with_it);
     }
@@ -458,6 +458,10 @@ fn full_rebuild_target_returns_late(assemble_with_it: bool) {
     replicas(&m, 3);
     ok(&m, "bdev_raid_set_options", json!({"process_window_size_kb": 64, "process_max_bandwidth_mb_sec": 1}));
     create_sb(&m, "r", &["d0", "d1"]);
+    let data = pattern(7, 1 << 20);
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    write_range(&mut *ch, 0, &data);
+    drop(ch);
     ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
     ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "d2"}));
     assert_eq!(raid(&m, "r")["flashpath"]["rebuild_kind"], "full");
@@ -470,8 +474,8 @@ fn full_rebuild_target_returns_late(assemble_with_it: bool) {
     assert_eq!(raid(&m, "r")["flashpath"]["slots"], json!(["active", "failed"]));
     ok(&m, "bdev_raid_set_options", json!({"process_max_bandwidth_mb_sec": 0}));
     if assemble_with_it {
-        // Stopped again, the slot now Failed in d0's superblock; d2 appears first this time,
-        // and joins at assembly.
+        // Stopped again, d2's record (still Rebuilding, its checkpoint) in d0's superblock; d2
+        // appears first this time, and joins at assembly.
         ok(&m, "bdev_raid_delete", json!({"name": "r"}));
         ok(&m, "bdev_delay_delete", json!({"name": "d0"}));
         delay(&m, "d2", "m2");
@@ -481,8 +485,16 @@ fn full_rebuild_target_returns_late(assemble_with_it: bool) {
         delay(&m, "d2", "m2");
     }
     let r = wait_slots(&m, "r", json!(["active", "active"]));
-    let data = r["base_bdevs_list"][0]["data_size"].as_u64().unwrap() * 512;
-    assert_eq!(r["flashpath"]["rebuild_bytes_copied"], data, "{r:#}");
+    assert_eq!(r["flashpath"]["rebuild_kind"], "none", "{r:#}");
+    let size = r["base_bdevs_list"][0]["data_size"].as_u64().unwrap() * 512;
+    let copied = r["flashpath"]["rebuild_bytes_copied"].as_u64().unwrap();
+    assert!(copied > 0 && copied <= size, "copied {copied} of {size}: {r:#}");
+    // Both replicas hold the same data region, the written megabyte included.
+    let offset = r["base_bdevs_list"][0]["data_offset"].as_u64().unwrap() * 512;
+    let region = |b: &str| read_range(&mut *m.disk(b).unwrap().open().unwrap(), offset, size as usize);
+    let (a, b) = (region("m0"), region("m2"));
+    assert!(a == b, "the replicas differ after the resumed rebuild");
+    assert!(a[..data.len()] == data[..]);
 }
 
 /// raid0 and concat keep a superblock too (no bitmap): they come back by examine with their
