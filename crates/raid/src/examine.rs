@@ -111,7 +111,10 @@ pub fn examine(host: &dyn ModuleHost, name: &str, driver: &'static str) {
         return;
     }
     let Some((bdev, _)) = host.bdev(name) else { return };
-    let sb = match ChannelIo::open(bdev).and_then(|mut io| meta_io::read_superblock(&mut io)) {
+    // Probed through the device under the bdev's statistics layer: examine reads every new
+    // bdev, and those reads are nobody's I/O (as the lvstore's probe).
+    let raw = bdev.as_disk().map_or_else(|| bdev.clone(), |d| d.bdev().clone());
+    let sb = match ChannelIo::open(raw).and_then(|mut io| meta_io::read_superblock(&mut io)) {
         Ok(Some(sb)) => sb,
         Ok(None) => return,
         Err(e) => {
