@@ -17,8 +17,47 @@ pub use raid0::Raid0Map;
 pub use raid1::Raid1Channel;
 pub use split::{SplitChannel, SplitMap};
 
+use fp_bdev::{iov_total_len, BdevInfo, IoOp, IoRequest, IoStatus, SubmitError};
+
 /// Requests one channel keeps in flight upward (the parent slab's size).
 pub const MAX_PARENTS: usize = 256;
+
+/// What every level's `submit` decides before it takes a parent.
+pub(crate) enum Admit {
+    /// Goes to the bases.
+    Take,
+    /// Ends at once, without a base: iovecs that do not add up to the length (EINVAL), or an
+    /// empty read or write (success).
+    Done(IoStatus),
+}
+
+/// Refuses a request outside the raid, or of an operation it does not offer: discard and
+/// write-zeroes are refused here rather than passed to bases that may differ (done on one
+/// replica and not the other, they would leave them diverging).
+///
+/// # Safety
+/// As for `IoChannel::submit`: `req.iov` points to `req.iovcnt` readable iovecs for a read or
+/// write.
+pub(crate) unsafe fn admit(info: &BdevInfo, req: &IoRequest) -> Result<Admit, SubmitError> {
+    info.check_range(req.offset, req.len)?;
+    let supported = match req.op {
+        IoOp::Discard => info.io_types.unmap,
+        IoOp::WriteZeroes => info.io_types.write_zeroes,
+        _ => true,
+    };
+    if !supported {
+        return Err(SubmitError::Unsupported);
+    }
+    let rw = matches!(req.op, IoOp::Read | IoOp::Write);
+    // SAFETY: the caller's contract for `req.iov`.
+    if rw && unsafe { iov_total_len(req.iov, req.iovcnt) } != req.len {
+        return Ok(Admit::Done(IoStatus::Error(libc::EINVAL)));
+    }
+    if req.len == 0 && req.op != IoOp::Flush {
+        return Ok(Admit::Done(IoStatus::Success));
+    }
+    Ok(Admit::Take)
+}
 
 #[cfg(test)]
 mod tests;

@@ -12,11 +12,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fp_bdev::{iov_total_len, BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
 use super::bases::Bases;
 use super::slab::Slab;
-use super::MAX_PARENTS;
+use super::{admit, Admit, MAX_PARENTS};
 use crate::format::MAX_SLOTS;
 use crate::intent::WriteTicket;
 use crate::shared::{Failure, RaidShared};
@@ -331,30 +331,16 @@ impl Raid1Channel {
 
 impl IoChannel for Raid1Channel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
-        self.info.check_range(req.offset, req.len)?;
-        // Refused here rather than passed to bases that may differ: a write-zeroes done on one
-        // replica and not the other would leave them diverging.
-        let supported = match req.op {
-            IoOp::Discard => self.info.io_types.unmap,
-            IoOp::WriteZeroes => self.info.io_types.write_zeroes,
-            _ => true,
-        };
-        if !supported {
-            return Err(SubmitError::Unsupported);
-        }
+        // SAFETY: the caller's contract, passed on.
+        let admit = unsafe { admit(&self.info, req) }?;
         if self.done.len() == self.done.capacity() {
             return Err(SubmitError::Busy);
         }
+        if let Admit::Done(status) = admit {
+            self.done.push((req.tag, status));
+            return Ok(());
+        }
         let rw = matches!(req.op, IoOp::Read | IoOp::Write);
-        // SAFETY: the caller's contract for `req.iov`.
-        if rw && unsafe { iov_total_len(req.iov, req.iovcnt) } != req.len {
-            self.done.push((req.tag, IoStatus::Error(libc::EINVAL)));
-            return Ok(());
-        }
-        if req.len == 0 && req.op != IoOp::Flush {
-            self.done.push((req.tag, IoStatus::Success));
-            return Ok(());
-        }
         let parent = Parent {
             tag: req.tag,
             op: req.op,

@@ -11,7 +11,7 @@ use fp_bdev::{request_iovecs, BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, Su
 
 use super::bases::Bases;
 use super::slab::Slab;
-use super::MAX_PARENTS;
+use super::{admit, Admit, MAX_PARENTS};
 use crate::shared::RaidShared;
 
 /// iovec slices one parent may have in flight at once.
@@ -270,34 +270,20 @@ impl<M: SplitMap> SplitChannel<M> {
 
 impl<M: SplitMap> IoChannel for SplitChannel<M> {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
-        self.info.check_range(req.offset, req.len)?;
-        // Refused here rather than passed to bases that may differ: a write-zeroes done on one
-        // replica and not the other would leave them diverging.
-        let supported = match req.op {
-            IoOp::Discard => self.info.io_types.unmap,
-            IoOp::WriteZeroes => self.info.io_types.write_zeroes,
-            _ => true,
-        };
-        if !supported {
-            return Err(SubmitError::Unsupported);
-        }
+        // SAFETY: the caller's contract, passed on.
+        let admit = unsafe { admit(&self.info, req) }?;
         // One load: the layout of these levels changes only when the owner first publishes.
         self.bases.refresh();
         if self.done.len() == self.done.capacity() {
             return Err(SubmitError::Busy);
         }
-        let rw = matches!(req.op, IoOp::Read | IoOp::Write);
-        // SAFETY: the caller's contract for `req.iov`.
-        if rw && unsafe { fp_bdev::iov_total_len(req.iov, req.iovcnt) } != req.len {
-            self.done.push((req.tag, IoStatus::Error(libc::EINVAL)));
+        if let Admit::Done(status) = admit {
+            self.done.push((req.tag, status));
             return Ok(());
         }
+        let rw = matches!(req.op, IoOp::Read | IoOp::Write);
         let end =
             if req.op == IoOp::Flush { self.bases.layout.slots.len() as u64 } else { req.offset + req.len };
-        if end == req.offset && req.op != IoOp::Flush {
-            self.done.push((req.tag, IoStatus::Success));
-            return Ok(());
-        }
         let parent = Parent {
             tag: req.tag,
             op: req.op,
