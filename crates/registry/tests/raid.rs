@@ -526,3 +526,26 @@ fn raid0_and_concat_with_a_superblock_come_back() {
         assert!(read_range(&mut *ch, 64 << 10, data.len()) == data, "{name}");
     }
 }
+
+/// A raid1 without a superblock keeps its write-intent bitmap in memory: the guest's block 0
+/// on every base stays the guest's (the owner once wrote a bitmap page there after a write).
+#[test]
+fn raid1_without_a_superblock_writes_no_bitmap_over_data() {
+    let (m, _dir) = registry();
+    malloc(&m, "m0", 4, 512);
+    malloc(&m, "m1", 4, 512);
+    ok(&m, "bdev_raid_create", json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m1"]}));
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    let data = pattern(7, 8 << 10);
+    write_range(&mut *ch, 0, &data);
+    write_range(&mut *ch, 1 << 20, &data);
+    // The owner persists bitmaps within milliseconds of a write; give it time to.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(read_range(&mut *ch, 0, data.len()) == data);
+    drop(ch);
+    for base in ["m0", "m1"] {
+        let mut ch = m.disk(base).unwrap().open().unwrap();
+        assert!(read_range(&mut *ch, 0, data.len()) == data, "{base}");
+    }
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+}
