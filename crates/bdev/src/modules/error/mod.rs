@@ -263,7 +263,6 @@ impl BlockDevice for ErrorDevice {
             base: self.base.open_channel()?,
             info: self.info.clone(),
             shared: self.shared.clone(),
-            resume_seen: self.shared.resume.load(Ordering::Acquire),
             held: Vec::with_capacity(64),
             failed: Vec::with_capacity(64),
             corrupt_reads: Vec::with_capacity(64),
@@ -292,10 +291,9 @@ struct ErrorChannel {
     base: Box<dyn IoChannel>,
     info: BdevInfo,
     shared: Arc<Shared>,
-    /// The value of `shared.resume` when held requests were last passed down.
-    resume_seen: u64,
-    /// Requests held by a `pending` injection.
-    held: Vec<IoRequest>,
+    /// Requests held by a `pending` injection, each with the value of `shared.resume` when it
+    /// was held: a clear or resume releases the requests held before it, not those after.
+    held: Vec<(u64, IoRequest)>,
     /// Completions of our own (`failure`, or a submission the base refused) for the next poll.
     failed: Vec<(u32, IoStatus)>,
     /// Reads in flight below whose data is corrupted when they complete.
@@ -331,19 +329,17 @@ fn submit_error_status(e: SubmitError) -> IoStatus {
 impl ErrorChannel {
     /// Passes held requests down (a clear or resume), or fails them (a delete).
     fn release_held(&mut self) {
-        let resume = self.shared.resume.load(Ordering::Acquire);
         if self.shared.deleted.load(Ordering::Acquire) != 0 {
-            for req in self.held.drain(..) {
+            for (_, req) in self.held.drain(..) {
                 self.failed.push((req.tag, IoStatus::Error(libc::ENXIO)));
             }
-            self.resume_seen = resume;
             return;
         }
-        if resume == self.resume_seen || self.held.is_empty() {
-            self.resume_seen = resume;
-            return;
-        }
-        while let Some(req) = self.held.first().copied() {
+        let resume = self.shared.resume.load(Ordering::Acquire);
+        while let Some(&(held_at, req)) = self.held.first() {
+            if held_at >= resume {
+                return;
+            }
             // SAFETY: our caller gave the guarantee for `req` when submitting it to us, and
             // it holds until the completion we forward.
             match unsafe { self.base.submit(&req) } {
@@ -353,7 +349,6 @@ impl ErrorChannel {
             }
             self.held.remove(0);
         }
-        self.resume_seen = resume;
     }
 }
 
@@ -372,7 +367,7 @@ impl IoChannel for ErrorChannel {
                 Ok(())
             }
             ErrorType::Pending => {
-                self.held.push(*req);
+                self.held.push((self.shared.resume.load(Ordering::Acquire), *req));
                 Ok(())
             }
             ErrorType::Nomem => Err(SubmitError::Busy),

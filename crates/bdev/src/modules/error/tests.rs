@@ -179,6 +179,19 @@ fn pending_holds_until_cleared_then_completes_from_the_base() {
     ch.poll(&mut |t, s| done.push((t, s)));
     assert_eq!(done, vec![(2, IoStatus::Success), (1, IoStatus::Success)]);
     assert_eq!(ch.in_flight(), 0);
+    // A request held after a clear (this one with nothing held) stays held until the next.
+    dev.clear();
+    dev.inject(&[1], inj(ErrorType::Pending, 1)).unwrap();
+    // SAFETY: as above.
+    unsafe { ch.submit(&write(3)) }.unwrap();
+    for _ in 0..10 {
+        ch.poll(&mut |t, s| done.push((t, s)));
+    }
+    assert_eq!((done.len(), ch.in_flight()), (2, 1));
+    dev.resume_pending();
+    ch.poll(&mut |t, s| done.push((t, s)));
+    ch.poll(&mut |t, s| done.push((t, s)));
+    assert_eq!(done[2..], [(3, IoStatus::Success)]);
 }
 
 #[test]
