@@ -24,7 +24,7 @@ pub(crate) enum ErrorCommand {
     },
     /// Inject errors into the next requests of a kind, or clear every injection
     Inject(InjectArgs),
-    /// Pass the requests a pending injection holds to the disk below (the injection stays)
+    /// End the pending injections and pass the requests they hold to the disk below
     Resume {
         /// The error disk's name
         name: String,
@@ -44,7 +44,7 @@ pub(crate) struct InjectArgs {
     /// How many requests it takes
     #[arg(long, short = 'n', value_name = "N", value_parser = u64_arg, default_value = "1")]
     num: u64,
-    /// Only requests submitted while their queue holds at least this many (0: any)
+    /// Only requests submitted while at least this many are in flight below them (0: any)
     #[arg(long, short = 'q', value_name = "DEPTH", value_parser = u64_arg)]
     queue_depth: Option<u64>,
     /// corrupt_data: the byte offset in the request's data

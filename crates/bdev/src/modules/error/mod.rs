@@ -4,17 +4,18 @@
 //!
 //! An injection, per request kind (read, write, unmap, flush, write-zeroes), is one of:
 //! * `failure`: the request completes with `EIO` without reaching the base;
-//! * `pending`: the request is held and completes only when the injection is cleared (it is
-//!   then passed to the base), or when the bdev is deleted (it then fails with `ENXIO`);
+//! * `pending`: the request is held and completes only when the injections are cleared or
+//!   the held requests resumed (it is then passed to the base), or when the bdev is deleted
+//!   (it then fails with `ENXIO`);
 //! * `corrupt_data`: a write's data is xored at `corrupt_offset` with `corrupt_value` before
-//!   it goes down (in the caller's buffer, as in SPDK); a read's data after it comes back.
+//!   it goes down (in the caller's buffer: SPDK copies it first); a read's after it comes back.
 //!   Requests without data (unmap, flush, write-zeroes) pass untouched and do not count;
 //! * `nomem`: the submission is refused with [`SubmitError::Busy`], which callers retry after
 //!   a poll (SPDK's `NOMEM` status, which its bdev layer retries, maps to this).
 //!
 //! Each injection applies to the next `num` requests of its kind (across all channels), then
-//! ends; with `queue_depth` > 0 only to requests submitted while their channel holds at least
-//! that many requests (the new one included). The state is atomics shared by the control plane
+//! ends; with `queue_depth` > 0 only to requests submitted while their channel has at least
+//! that many requests in flight on the base (as SPDK counts). The state is atomics shared by the control plane
 //! and every channel: a request loads one counter and, when it is not zero, takes one with a
 //! compare-and-swap; no lock is taken on the I/O path.
 
@@ -90,7 +91,8 @@ pub struct Injection {
     pub error_type: ErrorType,
     /// How many requests it takes yet; 0 = none (no injection).
     pub num: u64,
-    /// Only requests submitted while their channel holds at least this many (0: any).
+    /// Only requests submitted while their channel has at least this many in flight on the
+    /// base (0: any).
     pub queue_depth: u64,
     /// For `corrupt_data`: the byte offset in the request's data.
     pub corrupt_offset: u64,
@@ -118,8 +120,8 @@ struct Taken {
 }
 
 impl Slot {
-    /// Takes one of the injection's requests for a request that will have `depth` requests
-    /// in flight on its channel, or `None` when the request passes.
+    /// Takes one of the injection's requests for a request submitted while its channel has
+    /// `depth` requests in flight on the base, or `None` when the request passes.
     fn take(&self, depth: u64, has_data: bool) -> Option<Taken> {
         let mut n = self.num.load(Ordering::Acquire);
         if n == 0 {
@@ -234,9 +236,15 @@ impl ErrorDevice {
         self.shared.resume.fetch_add(1, Ordering::Release);
     }
 
-    /// Passes held requests to the base at each channel's next poll, leaving the injections
-    /// (`bdev_error_resume_pending`).
+    /// Ends the `pending` injections and passes held requests to the base at each channel's
+    /// next poll (`bdev_error_resume_pending`, as SPDK does); other injections stay.
     pub fn resume_pending(&self) {
+        let _serialised = self.setting.lock().unwrap_or_else(|p| p.into_inner());
+        for slot in &self.shared.slots {
+            if slot.error_type.load(Ordering::Relaxed) == ErrorType::Pending.code() {
+                slot.num.store(0, Ordering::Release);
+            }
+        }
         self.shared.resume.fetch_add(1, Ordering::Release);
     }
 
@@ -356,7 +364,8 @@ impl IoChannel for ErrorChannel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
         let has_data = matches!(req.op, IoOp::Read | IoOp::Write);
-        let depth = self.in_flight() as u64 + 1;
+        // As SPDK counts: the requests this channel has passed down and not seen complete.
+        let depth = self.base.in_flight() as u64;
         let Some(t) = self.shared.slots[kind_index(req.op)].take(depth, has_data) else {
             // SAFETY: our caller's guarantee for `req` is the one the base needs.
             return unsafe { self.base.submit(req) };
@@ -372,8 +381,8 @@ impl IoChannel for ErrorChannel {
             }
             ErrorType::Nomem => Err(SubmitError::Busy),
             ErrorType::CorruptData if req.op == IoOp::Write => {
-                // SAFETY: the caller's buffers are valid until completion; SPDK's error bdev
-                // also changes the caller's data of a corrupted write.
+                // SAFETY: the caller's buffers are valid until completion (and changed: see
+                // the module docs).
                 unsafe { corrupt(req.iov, req.iovcnt, t.corrupt_offset, t.corrupt_value) };
                 // SAFETY: as for any request passed down.
                 unsafe { self.base.submit(req) }

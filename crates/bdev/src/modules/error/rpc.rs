@@ -136,7 +136,7 @@ fn inject_error(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleErr
     Ok(Value::Bool(true))
 }
 
-/// `name`: held requests go to the base; the injections stay.
+/// `name`: the `pending` injections end and held requests go to the base.
 fn resume_pending(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
     p.finish()?;

@@ -195,30 +195,50 @@ fn pending_holds_until_cleared_then_completes_from_the_base() {
 }
 
 #[test]
-fn queue_depth_takes_only_requests_at_that_depth() {
+fn queue_depth_takes_only_requests_submitted_at_that_depth() {
     let (_base, dev) = setup();
     let mut ch = dev.open_channel().unwrap();
     let mut buf = vec![0u8; 512];
-    // Hold one write, then fail reads only while two are in flight (the held one and the read).
-    dev.inject(&[1], inj(ErrorType::Pending, 1)).unwrap();
     dev.inject(&[0], Injection { queue_depth: 2, ..inj(ErrorType::Failure, 5) }).unwrap();
     assert_eq!(io(&mut *ch, IoOp::Read, &mut buf), Ok(IoStatus::Success));
+    // Two writes passed down and not yet polled: the read submitted now is at depth 2.
+    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 };
+    let req = |tag, op| IoRequest { tag, op, offset: 0, len: 512, iov: &iov, iovcnt: 1 };
+    let mut done = Vec::new();
+    for (n, want) in [(1, IoStatus::Success), (2, IoStatus::Error(libc::EIO))] {
+        done.clear();
+        for tag in 0..n {
+            // SAFETY: `buf` and `iov` outlive the requests, which complete in the polls below.
+            unsafe { ch.submit(&req(tag, IoOp::Write)) }.unwrap();
+        }
+        // SAFETY: as above.
+        unsafe { ch.submit(&req(9, IoOp::Read)) }.unwrap();
+        while ch.in_flight() > 0 {
+            ch.poll(&mut |t, s| done.push((t, s)));
+        }
+        assert_eq!(done.iter().find(|d| d.0 == 9), Some(&(9, want)), "{n} in flight: {done:?}");
+    }
+    assert_eq!(dev.injections()[0].unwrap().num, 4);
+}
+
+#[test]
+fn resume_ends_pending_injections_only() {
+    let (_base, dev) = setup();
+    let mut ch = dev.open_channel().unwrap();
+    let mut buf = vec![0u8; 512];
+    dev.inject(&[1], inj(ErrorType::Pending, 5)).unwrap();
+    dev.inject(&[0], inj(ErrorType::Failure, 5)).unwrap();
     let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 };
     let w = IoRequest { tag: 1, op: IoOp::Write, offset: 0, len: 512, iov: &iov, iovcnt: 1 };
-    // SAFETY: `buf` and `iov` live until the end of the test; the write is completed by the
-    // resume below before they go.
+    // SAFETY: `buf` and `iov` outlive the write, which the resume below completes.
     unsafe { ch.submit(&w) }.unwrap();
-    let mut other = vec![0u8; 512];
-    assert_eq!(io(&mut *ch, IoOp::Read, &mut other), Ok(IoStatus::Error(libc::EIO)));
-    assert_eq!(dev.injections()[0].unwrap().num, 4);
     dev.resume_pending();
     let mut done = Vec::new();
     ch.poll(&mut |t, s| done.push((t, s)));
     ch.poll(&mut |t, s| done.push((t, s)));
     assert_eq!(done, vec![(1, IoStatus::Success)]);
-    // The read injection stays (resume is not clear) but depth 1 is below it.
-    assert_eq!(io(&mut *ch, IoOp::Read, &mut other), Ok(IoStatus::Success));
-    assert_eq!(dev.injections()[0].unwrap().num, 4);
+    assert_eq!(dev.injections()[1], None);
+    assert_eq!(dev.injections()[0].unwrap().num, 5);
 }
 
 #[test]
