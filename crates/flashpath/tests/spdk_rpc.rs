@@ -1174,6 +1174,12 @@ fn error_injection_reaches_a_vhost_client() {
     want[9] = 0xee;
     assert_eq!(client.read(0, 0, 4096), Ok(want));
     assert_eq!(client.read(0, 0, 4096), Ok(vec![0x11; 4096]));
+    // A write corrupted on its way down: the disk has one byte changed.
+    rpc.ok(&["bdev_error_inject_error", "EE_Malloc0", "write", "corrupt_data", "-o", "4095", "-v", "1"]);
+    assert_eq!(client.write(0, 0, &[0x22; 4096]), 0);
+    let mut want = vec![0x22; 4096];
+    want[4095] = 0x23;
+    assert_eq!(client.read(0, 0, 4096), Ok(want));
     // Nothing held: resuming is a no-op that succeeds.
     rpc.ok(&["bdev_error_resume_pending", "EE_Malloc0"]);
     let e = rpc.fails(&["bdev_error_inject_error", "EE_Malloc0", "read", "nvme_failure"]);

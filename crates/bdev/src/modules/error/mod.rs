@@ -8,7 +8,8 @@
 //!   the held requests resumed (it is then passed to the base), or when the bdev is deleted
 //!   (it then fails with `ENXIO`);
 //! * `corrupt_data`: a write's data is xored at `corrupt_offset` with `corrupt_value` before
-//!   it goes down (in the caller's buffer: SPDK copies it first); a read's after it comes back.
+//!   it goes down (in a copy, as in SPDK: the caller's buffer is never changed); a read's
+//!   after it comes back.
 //!   Requests without data (unmap, flush, write-zeroes) pass untouched and do not count;
 //! * `nomem`: the submission is refused with [`SubmitError::Busy`], which callers retry after
 //!   a poll (SPDK's `NOMEM` status, which its bdev layer retries, maps to this).
@@ -274,6 +275,8 @@ impl BlockDevice for ErrorDevice {
             held: Vec::with_capacity(64),
             failed: Vec::with_capacity(64),
             corrupt_reads: Vec::with_capacity(64),
+            bounce_writes: Vec::with_capacity(8),
+            spare_bounces: Vec::new(),
         }))
     }
 
@@ -295,6 +298,13 @@ struct CorruptRead {
     value: u8,
 }
 
+/// The copy a corrupted write goes down from. Boxed: the base holds a pointer to `iov`.
+struct Bounce {
+    tag: u32,
+    data: Vec<u8>,
+    iov: libc::iovec,
+}
+
 struct ErrorChannel {
     base: Box<dyn IoChannel>,
     info: BdevInfo,
@@ -306,6 +316,15 @@ struct ErrorChannel {
     failed: Vec<(u32, IoStatus)>,
     /// Reads in flight below whose data is corrupted when they complete.
     corrupt_reads: Vec<CorruptRead>,
+    /// Corrupted writes in flight below, from copies of their data: the caller's buffer is
+    /// never changed (as in SPDK). Returned to `spare_bounces` at completion and reused, so
+    /// a run of corrupted writes allocates only while the runs grow.
+    // Boxed, not inline: the base may read a request's iovec until it completes, and an
+    // inline one would move when the list does.
+    #[allow(clippy::vec_box)]
+    bounce_writes: Vec<Box<Bounce>>,
+    #[allow(clippy::vec_box)]
+    spare_bounces: Vec<Box<Bounce>>,
 }
 
 /// Xors the byte at `offset` of the data `iov` describes with `value`; nothing when the data
@@ -381,11 +400,39 @@ impl IoChannel for ErrorChannel {
             }
             ErrorType::Nomem => Err(SubmitError::Busy),
             ErrorType::CorruptData if req.op == IoOp::Write => {
-                // SAFETY: the caller's buffers are valid until completion (and changed: see
-                // the module docs).
-                unsafe { corrupt(req.iov, req.iovcnt, t.corrupt_offset, t.corrupt_value) };
-                // SAFETY: as for any request passed down.
-                unsafe { self.base.submit(req) }
+                let mut b = self.spare_bounces.pop().unwrap_or_else(|| {
+                    Box::new(Bounce {
+                        tag: 0,
+                        data: Vec::new(),
+                        iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
+                    })
+                });
+                b.tag = req.tag;
+                b.data.clear();
+                for i in 0..req.iovcnt as usize {
+                    // SAFETY: the caller guarantees `iovcnt` valid iovecs with readable buffers.
+                    let v = unsafe { *req.iov.add(i) };
+                    // SAFETY: as above.
+                    b.data.extend_from_slice(unsafe {
+                        std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
+                    });
+                }
+                b.iov = libc::iovec { iov_base: b.data.as_mut_ptr().cast(), iov_len: b.data.len() };
+                // SAFETY: `b.iov` describes `b.data`, ours and writable.
+                unsafe { corrupt(&b.iov, 1, t.corrupt_offset, t.corrupt_value) };
+                let copy = IoRequest { iov: &b.iov, iovcnt: 1, ..*req };
+                // SAFETY: the box (and the iovec and data in it) stays in `bounce_writes`
+                // until the base completes the write.
+                match unsafe { self.base.submit(&copy) } {
+                    Ok(()) => {
+                        self.bounce_writes.push(b);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.spare_bounces.push(b);
+                        Err(e)
+                    }
+                }
             }
             ErrorType::CorruptData => {
                 // SAFETY: as for any request passed down.
@@ -410,11 +457,15 @@ impl IoChannel for ErrorChannel {
         for (tag, status) in self.failed.drain(..) {
             done(tag, status);
         }
-        if self.corrupt_reads.is_empty() {
+        if self.corrupt_reads.is_empty() && self.bounce_writes.is_empty() {
             return n + self.base.poll(done);
         }
         let reads = &mut self.corrupt_reads;
+        let (bounces, spare) = (&mut self.bounce_writes, &mut self.spare_bounces);
         n += self.base.poll(&mut |tag, status| {
+            if let Some(i) = bounces.iter().position(|b| b.tag == tag) {
+                spare.push(bounces.swap_remove(i));
+            }
             if let Some(i) = reads.iter().position(|r| r.tag == tag) {
                 let r = reads.swap_remove(i);
                 if status == IoStatus::Success {

@@ -127,6 +127,8 @@ fn corrupt_data_xors_writes_before_and_reads_after() {
     assert!(e.to_string().contains("corrupt_value"), "{e}");
     dev.inject(&[1], corrupt(7, 0xff)).unwrap();
     assert_eq!(io(&mut *ch, IoOp::Write, &mut buf), Ok(IoStatus::Success));
+    // The caller's buffer is not changed: the write went down from a copy.
+    assert_eq!(buf, vec![0x11u8; 512]);
     // On the base: byte 7 changed, the rest not.
     let mut below = base.open_channel().unwrap();
     let mut back = vec![0u8; 512];
