@@ -45,6 +45,7 @@ pub use disk::{Disk, DiskEvent};
 pub use error::BdevError;
 pub use module::{BdevModule, ClaimType, ModuleError, ModuleHost, NewBdev};
 pub use modules::delay::{DelayDevice, DelayLatency, LatencyKind};
+pub use modules::error::{ErrorDevice, ErrorType, Injection};
 pub use modules::malloc::RamDevice;
 pub use modules::null::NullDevice;
 pub use modules::uring::UringDevice;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fp_bdev::conformance::{run_suite, Storage};
-use fp_bdev::{BlockDevice, DelayDevice, DelayLatency, NullDevice, RamDevice, UringDevice};
+use fp_bdev::{BlockDevice, DelayDevice, DelayLatency, ErrorDevice, NullDevice, RamDevice, UringDevice};
 
 fn ram() -> Arc<dyn BlockDevice> {
     Arc::new(RamDevice::new("malloc0", 512, 2048).unwrap())
@@ -50,6 +50,12 @@ fn delay_over_malloc() {
         let latency = DelayLatency { avg_read: d, p99_read: d * 2, avg_write: d, p99_write: d * 2 };
         run_suite(&|| Arc::new(DelayDevice::new("delay0", ram(), latency).unwrap()), Storage::Keeps);
     }
+}
+
+/// An error bdev with no injection is its base, request for request.
+#[test]
+fn error_over_malloc() {
+    run_suite(&|| Arc::new(ErrorDevice::new("EE_malloc0", ram()).unwrap()), Storage::Keeps);
 }
 
 /// The disk layer keeps every guarantee of the channel it wraps, accounting on and off.

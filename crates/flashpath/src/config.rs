@@ -46,7 +46,7 @@
 //! config_param = { rados_osd_op_timeout = "30" }
 //!
 //! [[bdev]]
-//! type = "malloc"                      # null | malloc | uring | delay | rbd
+//! type = "malloc"                      # null | malloc | uring | delay | error | rbd
 //! name = "ram0"
 //! num_blocks = 262144
 //! block_size = 4096
@@ -814,15 +814,15 @@ mod tests {
             ),
             (
                 "[[bdev]]\nname = \"b\"\n",
-                "bdev[1].type: required (one of null, malloc, uring, delay, raid, rbd, nbd_client)",
+                "bdev[1].type: required (one of null, malloc, uring, delay, error, raid, rbd, nbd_client)",
             ),
             (
                 "[[bdev]]\ntype = \"ram\"\n",
-                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, raid, rbd, nbd_client",
+                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, error, raid, rbd, nbd_client",
             ),
             (
                 "[[bdev]]\ntype = 3\n",
-                "bdev[1].type: expected a string: one of null, malloc, uring, delay, raid, rbd, nbd_client",
+                "bdev[1].type: expected a string: one of null, malloc, uring, delay, error, raid, rbd, nbd_client",
             ),
             (
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 512\nsize = 1\n",
@@ -1305,6 +1305,24 @@ mod tests {
         assert!(e.starts_with("test.toml:1:1") && e.contains("invalid type"), "{e}");
     }
 
+    /// An error bdev is a `[[bdev]]` of type "error" with `bdev_error_create`'s keys: it is
+    /// `EE_<base_name>`, and its refusals name the table, index and field.
+    #[test]
+    fn an_error_bdev_table_is_bdev_error_create() {
+        let text = format!("{TWO_DISKS}[[bdev]]\ntype = \"error\"\nbase_name = \"a\"\n");
+        let calls = parse(&text).unwrap().calls().unwrap();
+        assert_eq!(
+            (calls[2].method.as_str(), &calls[2].params),
+            ("bdev_error_create", &json!({"base_name": "a"}))
+        );
+        let r = apply(&text).unwrap();
+        let b = &r.call("bdev_get_bdevs", Some(json!({"name": "EE_a"}))).unwrap()[0];
+        assert_eq!(b["driver_specific"]["error"]["base_bdev_name"], "a", "{b}");
+        let e = apply(&format!("{TWO_DISKS}[[bdev]]\ntype = \"error\"\nbase_name = \"a\"\nuuid = \"u\"\n"));
+        let e = e.err().expect("refused");
+        assert!(e.starts_with("bdev[2].uuid: "), "{e}");
+    }
+
     /// A raid is a `[[bdev]]` of type "raid" with `bdev_raid_create`'s keys, made after its
     /// bases; its refusals name the table, index and field.
     #[test]
@@ -1482,7 +1500,7 @@ mod tests {
         let e = apply("[[bdev]]\ntype = \"mal\\nloc\\u001b[2J\"\nname = \"x\"\n").err().unwrap();
         assert_eq!(
             e,
-            "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, raid, rbd, nbd_client"
+            "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, error, raid, rbd, nbd_client"
         );
         // A controller over a bdev whose name holds a newline: the not-found error quotes it.
         let e = apply("[[vhost_blk]]\nctrlr = \"v0\"\nnum_queues = 1\ndev_name = \"no\\nsuch\"\n")

@@ -838,3 +838,57 @@ fn nvmf_commands_on_a_daemon() {
     ok(&["disk", "delete", "d0"]);
     ok(&["disk", "delete", "d1"]);
 }
+
+/// The error commands against a daemon whose config file made an error disk over a RAM disk:
+/// injections shown by `disk list --json`'s driver_specific, clear, resume, refusals that name
+/// the argument, and delete freeing the base.
+#[test]
+fn error_commands_and_config_tables() {
+    let d = common::Daemon::start_with_config("0", |_| {
+        "[[bdev]]\ntype = \"malloc\"\nname = \"m0\"\nnum_blocks = 1024\nblock_size = 512\n\n\
+         [[bdev]]\ntype = \"error\"\nbase_name = \"m0\"\n"
+            .to_string()
+    });
+    let ok = |args: &[&str]| succeeds(&d.rpc, args);
+    let refused = |args: &[&str]| refused_by(&d.rpc, args);
+    let injections = || -> serde_json::Value {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(&["rpc", "bdev_get_bdevs", r#"{"name":"EE_m0"}"#])).unwrap();
+        v[0]["driver_specific"]["error"]["injections"].clone()
+    };
+    assert_eq!(injections(), serde_json::json!({}));
+    ok(&["error", "inject", "EE_m0", "read", "failure", "-n", "3", "-q", "2"]);
+    ok(&[
+        "error",
+        "inject",
+        "EE_m0",
+        "write",
+        "corrupt_data",
+        "--corrupt-offset",
+        "7",
+        "--corrupt-value",
+        "9",
+    ]);
+    let i = injections();
+    assert_eq!(
+        (&i["read"]["num"], &i["read"]["queue_depth"]),
+        (&serde_json::json!(3), &serde_json::json!(2))
+    );
+    assert_eq!(
+        (&i["write"]["corrupt_offset"], &i["write"]["corrupt_value"]),
+        (&serde_json::json!(7), &serde_json::json!(9))
+    );
+    ok(&["error", "resume", "EE_m0"]);
+    ok(&["error", "inject", "EE_m0", "clear", "failure"]);
+    assert_eq!(injections(), serde_json::json!({}));
+    let e = refused(&["error", "inject", "EE_m0", "reed", "failure"]);
+    assert!(e.starts_with("error: IO_TYPE: "), "{e}");
+    let e = refused(&["error", "inject", "EE_m0", "write", "corrupt_data"]);
+    assert!(e.starts_with("error: --corrupt-value: "), "{e}");
+    let e = refused(&["disk", "delete", "m0"]);
+    assert!(e.contains("m0"), "{e}");
+    ok(&["error", "delete", "EE_m0"]);
+    assert_eq!(ok(&["error", "create", "m0"]).trim_end(), "EE_m0");
+    ok(&["error", "delete", "EE_m0"]);
+    ok(&["disk", "delete", "m0"]);
+}

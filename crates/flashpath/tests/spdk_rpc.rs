@@ -102,6 +102,10 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "error_injection_reaches_a_vhost_client",
+        &["bdev_error_create", "bdev_error_inject_error", "bdev_error_resume_pending", "bdev_error_delete"],
+    ),
+    (
         "rbd_on_a_real_cluster",
         &[
             "bdev_rbd_register_cluster",
@@ -1136,6 +1140,57 @@ fn rbd_on_a_real_cluster() {
     rpc.ok(&["bdev_rbd_unregister_cluster", "c2"]);
     assert_eq!(rpc.json(&["bdev_rbd_get_clusters_info"]), Value::Array(vec![]));
     rpc.assert_case_covered("rbd_on_a_real_cluster");
+}
+
+/// SPDK's error bdev: errors injected through spdk-rpc reach a vhost client as I/O errors, `num`
+/// of them, and the data path is whole again once they are used up or cleared.
+#[test]
+fn error_injection_reaches_a_vhost_client() {
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    assert_eq!(rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "8", "512"]), "Malloc0");
+    // bdev_error_create BASE: SPDK names it EE_<BASE> and answers true.
+    assert_eq!(rpc.ok(&["bdev_error_create", "Malloc0"]), "true");
+    assert_eq!(rpc.bdev("EE_Malloc0")["driver_specific"]["error"]["base_bdev_name"], "Malloc0");
+    assert_eq!(rpc.bdev("Malloc0")["claimed"], true);
+    rpc.ok(&["vhost_create_blk_controller", "vhost.e", "EE_Malloc0"]);
+    let mut client = BlkClient::open(&d.dir.path().join("vhost.e"), 1);
+    assert_eq!(client.write(0, 0, &[0x3c; 4096]), 0);
+
+    // bdev_error_inject_error NAME IO_TYPE ERROR_TYPE -n NUM: two reads fail, then they pass.
+    rpc.ok(&["bdev_error_inject_error", "EE_Malloc0", "read", "failure", "-n", "2"]);
+    assert_eq!(client.read(0, 0, 4096), Err(-libc::EIO));
+    assert_eq!(client.read(0, 0, 4096), Err(-libc::EIO));
+    assert_eq!(client.read(0, 0, 4096), Ok(vec![0x3c; 4096]));
+    // Writes too, until cleared.
+    rpc.ok(&["bdev_error_inject_error", "EE_Malloc0", "write", "failure", "-n", "1000"]);
+    assert_eq!(client.write(0, 0, &[0x11; 4096]), -libc::EIO);
+    assert_eq!(rpc.bdev("EE_Malloc0")["driver_specific"]["error"]["injections"]["write"]["num"], 999);
+    rpc.ok(&["bdev_error_inject_error", "EE_Malloc0", "clear", "failure"]);
+    assert_eq!(client.write(0, 0, &[0x11; 4096]), 0);
+    // A read corrupted on its way back: one byte xored, the disk keeps its data.
+    rpc.ok(&["bdev_error_inject_error", "EE_Malloc0", "read", "corrupt_data", "-o", "9", "-v", "255"]);
+    let mut want = vec![0x11; 4096];
+    want[9] = 0xee;
+    assert_eq!(client.read(0, 0, 4096), Ok(want));
+    assert_eq!(client.read(0, 0, 4096), Ok(vec![0x11; 4096]));
+    // A write corrupted on its way down: the disk has one byte changed.
+    rpc.ok(&["bdev_error_inject_error", "EE_Malloc0", "write", "corrupt_data", "-o", "4095", "-v", "1"]);
+    assert_eq!(client.write(0, 0, &[0x22; 4096]), 0);
+    let mut want = vec![0x22; 4096];
+    want[4095] = 0x23;
+    assert_eq!(client.read(0, 0, 4096), Ok(want));
+    // Nothing held: resuming is a no-op that succeeds.
+    rpc.ok(&["bdev_error_resume_pending", "EE_Malloc0"]);
+    let e = rpc.fails(&["bdev_error_inject_error", "EE_Malloc0", "read", "nvme_failure"]);
+    assert!(e["message"].as_str().unwrap().starts_with("error_type: "), "{e}");
+    drop(client);
+
+    rpc.ok(&["vhost_delete_controller", "vhost.e"]);
+    rpc.ok(&["bdev_error_delete", "EE_Malloc0"]);
+    assert_eq!(rpc.bdev("Malloc0")["claimed"], false);
+    rpc.ok(&["bdev_malloc_delete", "Malloc0"]);
+    rpc.assert_case_covered("error_injection_reaches_a_vhost_client");
 }
 
 #[test]

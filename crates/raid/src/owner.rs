@@ -490,6 +490,12 @@ impl Owner {
     /// Writes the bitmap pages waiting, flushes, declares their sequence durable.
     pub fn persist_bitmap(&mut self) {
         let Some(batch) = self.intent().and_then(IntentMap::take_dirty) else { return };
+        if self.sb.bitmap_pages == 0 {
+            // No bitmap on the bases (a raid without a superblock): the map lives in memory
+            // only, and page 0 of a base is the guest's data, not a bitmap page.
+            self.intent().expect("a batch comes from the map").mark_durable(&batch);
+            return;
+        }
         let mut failed = Vec::new();
         let mut writes = 0;
         for slot in 0..self.sb.slots.len() {

@@ -526,3 +526,73 @@ fn raid0_and_concat_with_a_superblock_come_back() {
         assert!(read_range(&mut *ch, 64 << 10, data.len()) == data, "{name}");
     }
 }
+
+/// SPDK's error bdev as a failing replica: write failures injected on one raid1 base through
+/// `EE_<base>` take that base out, and I/O goes on, landing on the other replica.
+#[test]
+fn raid1_takes_out_a_replica_whose_writes_fail_by_injection() {
+    let (m, _dir) = registry();
+    malloc(&m, "m0", 4, 512);
+    malloc(&m, "m1", 4, 512);
+    assert_eq!(ok(&m, "bdev_error_create", json!({"base_name": "m1"})), json!(true));
+    ok(&m, "bdev_raid_create", json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "EE_m1"]}));
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    let before = pattern(1, 16 << 10);
+    write_range(&mut *ch, 0, &before);
+    ok(
+        &m,
+        "bdev_error_inject_error",
+        json!({"name": "EE_m1", "io_type": "write", "error_type": "failure", "num": 1000}),
+    );
+    let b = ok(&m, "bdev_get_bdevs", json!({"name": "EE_m1"}));
+    assert_eq!(b[0]["driver_specific"]["error"]["injections"]["write"]["num"], 1000);
+    // The write succeeds on the raid (one replica took it) and the failing one is taken out.
+    let after = pattern(2, 16 << 10);
+    write_range(&mut *ch, 64 << 10, &after);
+    wait_slots(&m, "r", json!(["active", "failed"]));
+    assert_eq!(raid(&m, "r")["state"], "online");
+    // I/O goes on: more writes, and reads of everything.
+    let more = pattern(3, 16 << 10);
+    write_range(&mut *ch, 128 << 10, &more);
+    // Block 0 too: a raid without a superblock once wrote its in-memory bitmap there.
+    assert!(read_range(&mut *ch, 0, before.len()) == before);
+    assert!(read_range(&mut *ch, 64 << 10, after.len()) == after);
+    assert!(read_range(&mut *ch, 128 << 10, more.len()) == more);
+    drop(ch);
+    let mut m0 = m.disk("m0").unwrap().open().unwrap();
+    assert!(read_range(&mut *m0, 128 << 10, more.len()) == more);
+    drop(m0);
+    // Taken out, the error bdev is free again and may be deleted; the injection count shows
+    // what the raid sent it before giving up on it.
+    let left = ok(&m, "bdev_get_bdevs", json!({"name": "EE_m1"}))[0]["driver_specific"]["error"]
+        ["injections"]["write"]["num"]
+        .as_u64()
+        .unwrap();
+    assert!(left < 1000, "{left}");
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    ok(&m, "bdev_error_delete", json!({"name": "EE_m1"}));
+    ok(&m, "bdev_malloc_delete", json!({"name": "m1"}));
+}
+
+/// A raid1 without a superblock keeps its write-intent bitmap in memory: the guest's block 0
+/// on every base stays the guest's (the owner once wrote a bitmap page there after a write).
+#[test]
+fn raid1_without_a_superblock_writes_no_bitmap_over_data() {
+    let (m, _dir) = registry();
+    malloc(&m, "m0", 4, 512);
+    malloc(&m, "m1", 4, 512);
+    ok(&m, "bdev_raid_create", json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["m0", "m1"]}));
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    let data = pattern(7, 8 << 10);
+    write_range(&mut *ch, 0, &data);
+    write_range(&mut *ch, 1 << 20, &data);
+    // The owner persists bitmaps within milliseconds of a write; give it time to.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(read_range(&mut *ch, 0, data.len()) == data);
+    drop(ch);
+    for base in ["m0", "m1"] {
+        let mut ch = m.disk(base).unwrap().open().unwrap();
+        assert!(read_range(&mut *ch, 0, data.len()) == data, "{base}");
+    }
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+}

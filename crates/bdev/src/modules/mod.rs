@@ -2,6 +2,7 @@
 //! their parameter decoding in `rpc.rs`. `fp_registry::modules` registers them.
 
 pub mod delay;
+pub mod error;
 pub mod malloc;
 pub mod null;
 pub mod uring;

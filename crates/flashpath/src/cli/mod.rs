@@ -8,6 +8,7 @@
 
 mod args;
 mod disk;
+mod error;
 mod mirror;
 mod nbd;
 mod nbd_client;
@@ -91,6 +92,9 @@ pub(crate) enum Command {
     /// Raid bdevs: raid0, concat, and raid1 replicas with partial rebuild (docs/raid.md)
     #[command(subcommand)]
     Raid(raid::RaidCommand),
+    /// Error disks: fail, hold, corrupt or refuse requests on demand, for tests (docs/error.md)
+    #[command(subcommand)]
+    Error(error::ErrorCommand),
     /// Ceph RBD: shared cluster connections for `disk create --type rbd --cluster`
     #[command(subcommand)]
     Rbd(rbd::RbdCommand),
@@ -167,6 +171,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Qos(c) => qos::run(rpc, json, c),
         Command::Mirror(c) => mirror::run(rpc, json, c),
         Command::Raid(c) => raid::run(rpc, json, c),
+        Command::Error(c) => error::run(rpc, json, c),
         Command::Rbd(c) => rbd::run(rpc, json, c),
         Command::Reactor(c) => reactor::run(rpc, json, c),
         Command::Version => rpc::version(rpc, json),
