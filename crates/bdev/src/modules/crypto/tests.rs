@@ -1,0 +1,176 @@
+//! The crypto bdev against Python's `cryptography` (an independent AES-XTS), both ways, and the
+//! key rules.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::sync::Arc;
+
+use super::*;
+use crate::conformance::{read_range, write_range};
+use crate::RamDevice;
+
+const K1: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+const K2: &str = "ffeeddccbbaa99887766554433221100f0e1d2c3b4a5968778695a4b3c2d1e0f";
+
+/// Encrypts (`enc`) or decrypts (`dec`) `input` as dm-crypt's aes-xts-plain64 with units of
+/// `unit` bytes starting at 512-byte sector `first`, in Python.
+fn python_xts(mode: &str, key: &str, key2: &str, unit: usize, first: u64, input: &[u8]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let (inp, out) = (dir.path().join("in"), dir.path().join("out"));
+    std::fs::write(&inp, input).unwrap();
+    let script = r#"
+import sys
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+mode, key, unit, first, inp, out = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+data = open(inp, 'rb').read()
+res = bytearray()
+for i in range(0, len(data), unit):
+    tweak = (first + i // 512).to_bytes(16, 'little')
+    c = Cipher(algorithms.AES(key), modes.XTS(tweak))
+    op = c.encryptor() if mode == 'enc' else c.decryptor()
+    res += op.update(data[i:i + unit]) + op.finalize()
+open(out, 'wb').write(bytes(res))
+"#;
+    let status = Command::new("python3")
+        .args(["-c", script, mode, &format!("{key}{key2}"), &unit.to_string(), &first.to_string()])
+        .arg(&inp)
+        .arg(&out)
+        .status()
+        .expect("python3 (with the cryptography package) runs");
+    assert!(status.success(), "python3 failed");
+    std::fs::read(&out).unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8).collect()
+}
+
+#[test]
+fn ciphertext_matches_an_independent_aes_xts_both_ways() {
+    for (bs, k1, k2) in
+        [(512u32, &K1[..32], &K2[..32]), (512, K1, K2), (4096, &K1[..32], &K2[..32]), (4096, K1, K2)]
+    {
+        let base: Bdev = Arc::new(RamDevice::new("ram", bs, 64).unwrap());
+        let key = Arc::new(CryptoKey::from_hex("k", k1, k2).unwrap());
+        let dev = CryptoDevice::new("c", base.clone(), key).unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut below = base.open_channel().unwrap();
+        let bsz = bs as usize;
+        // flashpath writes blocks 3..11; Python decrypts what the base holds.
+        let plain = pattern(8 * bsz, bs as u8);
+        write_range(&mut *ch, 3 * bsz as u64, &plain);
+        let stored = read_range(&mut *below, 3 * bsz as u64, plain.len());
+        assert_ne!(stored, plain, "{bs}: the base holds plaintext");
+        let first = 3 * u64::from(bs) / 512;
+        assert_eq!(
+            python_xts("dec", k1, k2, bsz, first, &stored),
+            plain,
+            "{bs}-byte blocks, decrypted by Python"
+        );
+        // Python encrypts blocks 20..24; flashpath reads them back.
+        let plain2 = pattern(4 * bsz, 77);
+        let first = 20 * u64::from(bs) / 512;
+        let cipher = python_xts("enc", k1, k2, bsz, first, &plain2);
+        write_range(&mut *below, 20 * bsz as u64, &cipher);
+        assert_eq!(
+            read_range(&mut *ch, 20 * bsz as u64, plain2.len()),
+            plain2,
+            "{bs}: Python's ciphertext read"
+        );
+    }
+}
+
+#[test]
+fn writes_leave_the_callers_buffer_and_split_blocks_decrypt() {
+    let base: Bdev = Arc::new(RamDevice::new("ram", 4096, 2048).unwrap());
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let dev = CryptoDevice::new("c", base, key).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    // A write longer than the whole buffer pool goes down in pieces; the source is unchanged.
+    let data = pattern(CHUNK * CHUNKS + 3 * 4096, 5);
+    let copy = data.clone();
+    write_range(&mut *ch, 0, &data);
+    assert_eq!(data, copy);
+    // Read through iovecs that cut blocks at odd bytes.
+    let len = 3 * 4096;
+    let mut buf = vec![0u8; len];
+    let cuts = [0, 100, 4097, 9000, len];
+    let iov: Vec<libc::iovec> = cuts
+        .windows(2)
+        // SAFETY: every cut is inside `buf`.
+        .map(|w| libc::iovec { iov_base: unsafe { buf.as_mut_ptr().add(w[0]) }.cast(), iov_len: w[1] - w[0] })
+        .collect();
+    let req = crate::conformance::rw(0, IoOp::Read, 4096, &iov);
+    // SAFETY: `buf` and `iov` outlive the request, run to completion here.
+    assert_eq!(unsafe { crate::conformance::run(&mut *ch, req) }, IoStatus::Success);
+    assert_eq!(buf, data[4096..4096 + len]);
+}
+
+#[test]
+fn key_sizes_and_equal_halves_are_refused_naming_the_field() {
+    let field = |r: Result<CryptoKey, BdevError>| match r {
+        Err(BdevError::InvalidParam { field, reason }) => {
+            assert!(!reason.contains(&K1[..8]) && !reason.contains(&K2[..8]), "key material in '{reason}'");
+            field
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(field(CryptoKey::from_hex("k", &K1[..30], &K2[..30])), "key");
+    assert_eq!(field(CryptoKey::from_hex("k", &K1[..48], &K2[..48])), "key");
+    assert_eq!(field(CryptoKey::from_hex("k", K1, &K2[..32])), "key2");
+    assert_eq!(field(CryptoKey::from_hex("k", K1, K1)), "key2");
+    assert_eq!(field(CryptoKey::from_hex("k", "zz112233445566778899aabbccddeeff", &K2[..32])), "key");
+    assert_eq!(field(CryptoKey::from_hex("k", &K1[..31], &K2[..32])), "key");
+    let k = CryptoKey::from_hex("k", K1, K2).unwrap();
+    assert_eq!(k.bits(), 512);
+    let shown = format!("{k:?}");
+    assert!(!shown.contains("0011") && shown.contains("512"), "{shown}");
+}
+
+#[test]
+fn a_key_in_use_is_not_destroyed() {
+    let store = KeyStore::default();
+    store.add_accel(CryptoKey::from_hex("k", K1, K2).unwrap()).unwrap();
+    assert!(store.add_accel(CryptoKey::from_hex("k", K1, K2).unwrap()).is_err());
+    let base: Bdev = Arc::new(RamDevice::new("ram", 512, 64).unwrap());
+    let dev = CryptoDevice::new("c", base, store.accel_key("k").unwrap()).unwrap();
+    let e = store.destroy_accel("k").unwrap_err();
+    assert!(e.to_string().contains("key_name") && e.to_string().contains("in use"), "{e}");
+    drop(dev);
+    store.destroy_accel("k").unwrap();
+    assert!(store.accel_key("k").unwrap_err().to_string().contains("key_name"));
+}
+
+#[test]
+fn key_files_must_be_owner_only_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("key");
+    std::fs::write(&path, b"NVMeTLSkey-1:01:secret:").unwrap();
+    let p = path.to_str().unwrap();
+    for mode in [0o644, 0o640, 0o604] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let e = FileKey::read(p).err().unwrap();
+        assert!(e.to_string().contains("path") && e.to_string().contains("owner-only"), "{e}");
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = FileKey::read(p).unwrap();
+    assert_eq!(key.len(), 23);
+    let e = FileKey::read(dir.path().to_str().unwrap()).err().unwrap();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    assert!(FileKey::read(link.to_str().unwrap()).err().unwrap().to_string().contains("path"));
+    assert!(FileKey::read("relative/key").err().unwrap().to_string().contains("absolute"));
+    let store = KeyStore::default();
+    store.add_file_key("tls", key).unwrap();
+    assert!(store.remove_file_key("tls").is_ok());
+    assert!(store.remove_file_key("tls").unwrap_err().to_string().contains("name"));
+}
+
+#[test]
+fn block_sizes_above_4096_are_refused() {
+    let base: Bdev = Arc::new(RamDevice::new("ram", 8192, 64).unwrap());
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let e = CryptoDevice::new("c", base, key).err().unwrap();
+    assert!(e.to_string().contains("base_bdev_name") && e.to_string().contains("8192"), "{e}");
+}
