@@ -814,15 +814,15 @@ mod tests {
             ),
             (
                 "[[bdev]]\nname = \"b\"\n",
-                "bdev[1].type: required (one of null, malloc, uring, delay, raid, rbd, nbd_client)",
+                "bdev[1].type: required (one of null, malloc, uring, delay, crypto, raid, rbd, nbd_client)",
             ),
             (
                 "[[bdev]]\ntype = \"ram\"\n",
-                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, raid, rbd, nbd_client",
+                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, crypto, raid, rbd, nbd_client",
             ),
             (
                 "[[bdev]]\ntype = 3\n",
-                "bdev[1].type: expected a string: one of null, malloc, uring, delay, raid, rbd, nbd_client",
+                "bdev[1].type: expected a string: one of null, malloc, uring, delay, crypto, raid, rbd, nbd_client",
             ),
             (
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 512\nsize = 1\n",
@@ -1482,7 +1482,7 @@ mod tests {
         let e = apply("[[bdev]]\ntype = \"mal\\nloc\\u001b[2J\"\nname = \"x\"\n").err().unwrap();
         assert_eq!(
             e,
-            "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, raid, rbd, nbd_client"
+            "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, crypto, raid, rbd, nbd_client"
         );
         // A controller over a bdev whose name holds a newline: the not-found error quotes it.
         let e = apply("[[vhost_blk]]\nctrlr = \"v0\"\nnum_queues = 1\ndev_name = \"no\\nsuch\"\n")

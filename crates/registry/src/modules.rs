@@ -2,7 +2,9 @@
 //! is added here too, and its crate to this one's dependencies; see docs/architecture.md,
 //! "Adding a bdev module".
 
-use fp_bdev::modules::{delay::DelayModule, malloc::MallocModule, null::NullModule, uring::UringModule};
+use fp_bdev::modules::{
+    crypto::CryptoModule, delay::DelayModule, malloc::MallocModule, null::NullModule, uring::UringModule,
+};
 use fp_bdev::BdevModule;
 use fp_lvol::bdev::LvolModule;
 use fp_nbd::client::NbdClientModule;
@@ -16,6 +18,7 @@ pub static MODULES: &[&dyn BdevModule] = &[
     &MallocModule,
     &UringModule,
     &DelayModule,
+    &CryptoModule,
     &LvolModule,
     // Before the remote bases' modules: at shutdown a raid writes its clean superblocks
     // while its bases (Ceph, NBD, NVMe/TCP) are still connected.

@@ -92,8 +92,9 @@ const SHOWN: &[Shown] = &[
 /// latencies this command has no options for (`flashpath rpc bdev_delay_create` makes one).
 /// Modules that are not configurable (logical volumes: `volume create`) are left out too, and
 /// so are remote NBD exports, which `nbd-client attach` makes (they take an address, not a size),
-/// and raids, which are made of other disks (`flashpath rpc bdev_raid_create`).
-const NOT_OFFERED: &[&str] = &["delay", "nbd_client", "raid"];
+/// and raids, which are made of other disks (`flashpath rpc bdev_raid_create`), and crypto
+/// disks, which stack on another disk with a key (`flashpath rpc bdev_crypto_create`).
+const NOT_OFFERED: &[&str] = &["delay", "crypto", "nbd_client", "raid"];
 
 /// The modules `disk create --type` offers, in [`MODULES`]' order.
 fn offered() -> impl Iterator<Item = &'static str> {

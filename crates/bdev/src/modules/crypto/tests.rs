@@ -12,27 +12,18 @@ use crate::RamDevice;
 const K1: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 const K2: &str = "ffeeddccbbaa99887766554433221100f0e1d2c3b4a5968778695a4b3c2d1e0f";
 
+/// The independent AES-XTS (Python's `cryptography`), shared with the other crypto tests.
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/xts_plain64.py");
+
 /// Encrypts (`enc`) or decrypts (`dec`) `input` as dm-crypt's aes-xts-plain64 with units of
 /// `unit` bytes starting at 512-byte sector `first`, in Python.
 fn python_xts(mode: &str, key: &str, key2: &str, unit: usize, first: u64, input: &[u8]) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let (inp, out) = (dir.path().join("in"), dir.path().join("out"));
     std::fs::write(&inp, input).unwrap();
-    let script = r#"
-import sys
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-mode, key, unit, first, inp, out = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
-data = open(inp, 'rb').read()
-res = bytearray()
-for i in range(0, len(data), unit):
-    tweak = (first + i // 512).to_bytes(16, 'little')
-    c = Cipher(algorithms.AES(key), modes.XTS(tweak))
-    op = c.encryptor() if mode == 'enc' else c.decryptor()
-    res += op.update(data[i:i + unit]) + op.finalize()
-open(out, 'wb').write(bytes(res))
-"#;
     let status = Command::new("python3")
-        .args(["-c", script, mode, &format!("{key}{key2}"), &unit.to_string(), &first.to_string()])
+        .arg(SCRIPT)
+        .args([mode, &format!("{key}{key2}"), &unit.to_string(), &first.to_string()])
         .arg(&inp)
         .arg(&out)
         .status()
