@@ -165,3 +165,38 @@ fn block_sizes_above_4096_are_refused() {
     let e = CryptoDevice::new("c", base, key).err().unwrap();
     assert!(e.to_string().contains("base_bdev_name") && e.to_string().contains("8192"), "{e}");
 }
+
+#[test]
+fn a_full_channel_says_busy_and_takes_more_once_writes_complete() {
+    use crate::{DelayDevice, DelayLatency};
+    use std::time::Duration;
+    // A base that holds every request 20 ms, so nothing completes while we fill the channel.
+    let d = Duration::from_millis(20);
+    let latency = DelayLatency { avg_read: d, p99_read: d, avg_write: d, p99_write: d };
+    let ram: Bdev = Arc::new(RamDevice::new("ram", 512, 1024).unwrap());
+    let base: Bdev = Arc::new(DelayDevice::new("slow", ram, latency).unwrap());
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let dev = CryptoDevice::new("c", base, key).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    let mut buf = vec![9u8; 512];
+    let iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 }];
+    let mut taken = 0u32;
+    loop {
+        let req = crate::conformance::rw(taken, IoOp::Write, u64::from(taken % 1024) * 512, &iov);
+        // SAFETY: `buf` and `iov` outlive every request, all reaped below.
+        match unsafe { ch.submit(&req) } {
+            Ok(()) => taken += 1,
+            Err(SubmitError::Busy) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(taken <= 4096, "never Busy");
+    }
+    assert_eq!(taken as usize, WRITES, "writes accepted before Busy");
+    assert_eq!(ch.in_flight(), WRITES);
+    let done = crate::conformance::poll_until(&mut *ch, WRITES);
+    assert!(done.iter().all(|&(_, s)| s == IoStatus::Success));
+    assert_eq!(ch.in_flight(), 0);
+    // The source buffer was never encrypted in place.
+    assert_eq!(buf, vec![9u8; 512]);
+    assert_eq!(read_range(&mut *ch, 0, 512), vec![9u8; 512]);
+}
