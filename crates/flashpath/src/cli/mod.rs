@@ -7,6 +7,7 @@
 //! and output) and `args` (value parsers); `stats` on `top`; this file on all of them.
 
 mod args;
+mod crypto;
 mod disk;
 mod mirror;
 mod nbd;
@@ -91,6 +92,10 @@ pub(crate) enum Command {
     /// Raid bdevs: raid0, concat, and raid1 replicas with partial rebuild (docs/raid.md)
     #[command(subcommand)]
     Raid(raid::RaidCommand),
+    /// Encrypted disks (AES-XTS over another disk, readable by dm-crypt) and their keys
+    /// (docs/crypto.md)
+    #[command(subcommand)]
+    Crypto(crypto::CryptoCommand),
     /// Ceph RBD: shared cluster connections for `disk create --type rbd --cluster`
     #[command(subcommand)]
     Rbd(rbd::RbdCommand),
@@ -167,6 +172,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Qos(c) => qos::run(rpc, json, c),
         Command::Mirror(c) => mirror::run(rpc, json, c),
         Command::Raid(c) => raid::run(rpc, json, c),
+        Command::Crypto(c) => crypto::run(rpc, json, c),
         Command::Rbd(c) => rbd::run(rpc, json, c),
         Command::Reactor(c) => reactor::run(rpc, json, c),
         Command::Version => rpc::version(rpc, json),
