@@ -200,3 +200,23 @@ fn a_full_channel_says_busy_and_takes_more_once_writes_complete() {
     assert_eq!(buf, vec![9u8; 512]);
     assert_eq!(read_range(&mut *ch, 0, 512), vec![9u8; 512]);
 }
+
+#[test]
+fn a_grown_base_grows_the_crypto_bdev_and_keeps_its_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.img");
+    std::fs::File::create(&path).unwrap().set_len(64 * 512).unwrap();
+    let base: Bdev = Arc::new(crate::UringDevice::new("u", &path, None, false).unwrap());
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let dev = CryptoDevice::new("c", base.clone(), key).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    let data = pattern(4 * 512, 3);
+    write_range(&mut *ch, 60 * 512, &data);
+    std::fs::File::options().write(true).open(&path).unwrap().set_len(128 * 512).unwrap();
+    base.resize(128).unwrap();
+    assert_eq!(dev.info().num_blocks(), 128);
+    // The tweak is the absolute sector: old blocks read back, new ones are writable.
+    assert_eq!(read_range(&mut *ch, 60 * 512, data.len()), data);
+    write_range(&mut *ch, 120 * 512, &data);
+    assert_eq!(read_range(&mut *ch, 120 * 512, data.len()), data);
+}
