@@ -34,6 +34,8 @@ cmd_test() {
     # the TLS test's CA.
     apt_install libnbd-bin nbdkit python3-libnbd gnutls-bin
     command -v qemu-img >/dev/null 2>&1 || apt_install qemu-utils
+    # The crypto bdev's ciphertext is checked against Python's AES-XTS (fp-bdev's crypto tests).
+    apt_install python3-cryptography
     # The SPDK compatibility test drives flashpath through SPDK's published client.
     ensure_spdk_rpc || die "could not install SPDK's RPC client (pip install spdk==26.9)"
     export FLASHPATH_SPDK_RPC

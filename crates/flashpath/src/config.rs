@@ -45,8 +45,18 @@
 //! config_file = "/etc/ceph/ceph.conf"
 //! config_param = { rados_osd_op_timeout = "30" }
 //!
+//! [[accel_crypto_key]]                 # an AES-XTS key (docs/crypto.md): the file must then
+//! name = "key0"                        # be owner-only (mode & 077 == 0)
+//! cipher = "AES_XTS"
+//! key = "<32 or 64 hex digits>"
+//! key2 = "<as many, different>"
+//!
+//! [[keyring_file_key]]                 # keyring_file_add_key: an owner-only key file
+//! name = "tls0"
+//! path = "/etc/flashpath/tls0.key"
+//!
 //! [[bdev]]
-//! type = "malloc"                      # null | malloc | uring | delay | error | rbd
+//! type = "malloc"                      # null | malloc | uring | delay | error | crypto | rbd
 //! name = "ram0"
 //! num_blocks = 262144
 //! block_size = 4096
@@ -119,7 +129,9 @@
 //! (before the `[[bdev]]` tables, which may stack on its namespaces' bdevs),
 //! `[raid_options]` those of `bdev_raid_set_options` (before any bdev, so a rebuild that
 //! starts when examine assembles a raid from its bases' superblocks already runs at the
-//! configured speed), each `[[rbd_cluster]]` table the params of `bdev_rbd_register_cluster`, each `[[bdev]]`
+//! configured speed), each `[[rbd_cluster]]` table the params of `bdev_rbd_register_cluster`, each
+//! `[[keyring_file_key]]` those of `keyring_file_add_key`, each `[[accel_crypto_key]]` those of
+//! `accel_crypto_key_create` (a file with such a table is refused unless owner-only), each `[[bdev]]`
 //! table (less `type`) those of `bdev_<type>_create`, each
 //! `[[qos_limit]]` those of `bdev_set_qos_limit`, each `[[qos_group]]` (less `members`) those of
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
@@ -228,6 +240,12 @@ pub struct ConfigFile {
     pub raid_options: Option<toml::Table>,
     #[serde(default)]
     pub rbd_cluster: Vec<toml::Table>,
+    /// `keyring_file_add_key` tables.
+    #[serde(default)]
+    pub keyring_file_key: Vec<toml::Table>,
+    /// `accel_crypto_key_create` tables: key material, so the file must be owner-only.
+    #[serde(default)]
+    pub accel_crypto_key: Vec<toml::Table>,
     #[serde(default)]
     pub bdev: Vec<toml::Table>,
     #[serde(default)]
@@ -250,7 +268,7 @@ pub struct ConfigFile {
 
 /// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the export
 /// kinds' tables follow them there.
-const FILE_KEYS: [&str; 16] = [
+const FILE_KEYS: [&str; 18] = [
     "rpc",
     "vhost_dir",
     "metrics",
@@ -263,6 +281,8 @@ const FILE_KEYS: [&str; 16] = [
     "nvme_controller",
     "raid_options",
     "rbd_cluster",
+    "keyring_file_key",
+    "accel_crypto_key",
     "bdev",
     "qos_limit",
     "qos_group",
@@ -418,7 +438,26 @@ impl ConfigFile {
     pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-        ConfigFile::parse(&text, path)
+        let config = ConfigFile::parse(&text, path)?;
+        if !config.accel_crypto_key.is_empty() {
+            use std::os::unix::fs::MetadataExt;
+            let mode = std::fs::metadata(path)
+                .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?
+                .mode();
+            if mode & 0o077 != 0 {
+                return Err(ConfigError::Entry {
+                    table: "accel_crypto_key",
+                    index: 0,
+                    field: String::new(),
+                    reason: format!(
+                        "{} holds key material and has mode {:o}: it must be owner-only (chmod 600)",
+                        path.display(),
+                        mode & 0o777
+                    ),
+                });
+            }
+        }
+        Ok(config)
     }
 
     /// Parses `text`; `path` is only for messages.
@@ -511,6 +550,18 @@ impl ConfigFile {
         for (index, table) in self.rbd_cluster.iter().enumerate() {
             let params = table_to_json(table);
             calls.push(ConfigCall::new("bdev_rbd_register_cluster", params, "rbd_cluster", index));
+        }
+        for (index, table) in self.keyring_file_key.iter().enumerate() {
+            calls.push(ConfigCall::new(
+                "keyring_file_add_key",
+                table_to_json(table),
+                "keyring_file_key",
+                index,
+            ));
+        }
+        for (index, table) in self.accel_crypto_key.iter().enumerate() {
+            let params = table_to_json(table);
+            calls.push(ConfigCall::new("accel_crypto_key_create", params, "accel_crypto_key", index));
         }
         for (index, table) in self.bdev.iter().enumerate() {
             let entry = |field: &str, reason: String| ConfigError::Entry {
@@ -814,15 +865,15 @@ mod tests {
             ),
             (
                 "[[bdev]]\nname = \"b\"\n",
-                "bdev[1].type: required (one of null, malloc, uring, delay, error, raid, rbd, nbd_client)",
+                "bdev[1].type: required (one of null, malloc, uring, delay, error, crypto, raid, rbd, nbd_client)",
             ),
             (
                 "[[bdev]]\ntype = \"ram\"\n",
-                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, error, raid, rbd, nbd_client",
+                "bdev[1].type: 'ram' is not one of null, malloc, uring, delay, error, crypto, raid, rbd, nbd_client",
             ),
             (
                 "[[bdev]]\ntype = 3\n",
-                "bdev[1].type: expected a string: one of null, malloc, uring, delay, error, raid, rbd, nbd_client",
+                "bdev[1].type: expected a string: one of null, malloc, uring, delay, error, crypto, raid, rbd, nbd_client",
             ),
             (
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 512\nsize = 1\n",
@@ -1382,6 +1433,63 @@ mod tests {
     }
 
     #[test]
+    fn crypto_keys_come_before_the_crypto_bdevs_and_need_an_owner_only_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("tls.key");
+        std::fs::write(&key_file, "secret").unwrap();
+        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let text = format!(
+            r#"
+            [[bdev]]
+            type = "malloc"
+            name = "m0"
+            num_blocks = 64
+            block_size = 4096
+            [[bdev]]
+            type = "crypto"
+            name = "c0"
+            base_bdev_name = "m0"
+            key_name = "k0"
+            [[accel_crypto_key]]
+            name = "k0"
+            cipher = "AES_XTS"
+            key = "00112233445566778899aabbccddeeff"
+            key2 = "ffeeddccbbaa99887766554433221100"
+            [[keyring_file_key]]
+            name = "tls0"
+            path = "{}"
+            "#,
+            key_file.display()
+        );
+        let calls: Vec<(String, &str)> =
+            parse(&text).unwrap().calls().unwrap().into_iter().map(|c| (c.method, c.table)).collect();
+        let methods: Vec<&str> = calls.iter().map(|(m, _)| m.as_str()).collect();
+        assert_eq!(
+            methods,
+            ["keyring_file_add_key", "accel_crypto_key_create", "bdev_malloc_create", "bdev_crypto_create"]
+        );
+        let registry = apply(&text).unwrap();
+        let b = registry.call("bdev_get_bdevs", Some(json!({"name": "c0"}))).unwrap();
+        assert_eq!(b[0]["driver_specific"]["crypto"]["key_name"], "k0", "{b}");
+        // A file holding keys must be owner-only; a bad key names its table and field, and
+        // never shows the key.
+        let file = dir.path().join("flashpath.toml");
+        std::fs::write(&file, &text).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = ConfigFile::load(&file).unwrap_err().to_string();
+        assert!(e.starts_with("accel_crypto_key[0]: ") && e.contains("owner-only"), "{e}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(ConfigFile::load(&file).is_ok());
+        let e = apply(&text.replace("ffeeddccbbaa99887766554433221100", "00112233445566778899aabbccddeeff"))
+            .err()
+            .unwrap();
+        assert!(e.starts_with("accel_crypto_key[0].key2: "), "{e}");
+        let e = apply(&text.replace("ffeeddccbbaa99887766554433221100", "ffeeddcc")).err().unwrap();
+        assert!(e.starts_with("accel_crypto_key[0].key2: ") && !e.contains("ffeeddcc"), "{e}");
+    }
+
+    #[test]
     fn rbd_cluster_tables_become_calls_before_the_bdevs() {
         // Written after the bdev that names the cluster: the loader registers it first.
         let c = parse(
@@ -1500,7 +1608,7 @@ mod tests {
         let e = apply("[[bdev]]\ntype = \"mal\\nloc\\u001b[2J\"\nname = \"x\"\n").err().unwrap();
         assert_eq!(
             e,
-            "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, error, raid, rbd, nbd_client"
+            "bdev[0].type: 'mal\\nloc\\u{1b}[2J' is not one of null, malloc, uring, delay, error, crypto, raid, rbd, nbd_client"
         );
         // A controller over a bdev whose name holds a newline: the not-found error quotes it.
         let e = apply("[[vhost_blk]]\nctrlr = \"v0\"\nnum_queues = 1\ndev_name = \"no\\nsuch\"\n")

@@ -892,3 +892,43 @@ fn error_commands_and_config_tables() {
     ok(&["error", "delete", "EE_m0"]);
     ok(&["disk", "delete", "m0"]);
 }
+
+#[test]
+fn crypto_commands_on_a_daemon() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = common::Daemon::start("0");
+    let ok = |args: &[&str]| succeeds(&d.rpc, args);
+    let refused = |args: &[&str]| refused_by(&d.rpc, args);
+    let hex = "603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4\n\
+               0f1e2d3c4b5a69788796a5b4c3d2e1f000112233445566778899aabbccddeeff\n";
+    let file = d.dir.path().join("xts.key");
+    std::fs::write(&file, hex).unwrap();
+    let f = file.to_str().unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    // Checked before the daemon is asked: a usage error (exit 2), one line.
+    let out = flashpath(&["crypto", "key", "create", "k0", "--key-file", f], &d.rpc);
+    let e = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{e}");
+    assert!(
+        e.starts_with("error: --key-file: ") && e.contains("owner-only") && e.lines().count() == 1,
+        "{e}"
+    );
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    ok(&["crypto", "key", "create", "k0", "--key-file", f]);
+    let keys = ok(&["crypto", "key", "list"]);
+    assert_eq!(keys.lines().nth(1).unwrap().split_whitespace().collect::<Vec<_>>(), ["k0", "AES_XTS", "512"]);
+    assert!(!keys.contains("603deb"), "{keys}");
+
+    ok(&["disk", "create", "--type", "ram", "--name", "d0", "--size", "1MiB"]);
+    assert_eq!(ok(&["crypto", "create", "c0", "d0", "--key", "k0"]), "c0\n");
+    let list = ok(&["crypto", "list"]);
+    let row: Vec<&str> = list.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row, ["c0", "d0", "k0", "1048576", "512"], "{list}");
+    let e = refused(&["crypto", "key", "destroy", "k0"]);
+    assert!(e.contains("in use"), "{e}");
+    let e = refused(&["crypto", "create", "c1", "d0", "--key", "nokey"]);
+    assert!(e.contains("--key"), "{e}");
+    ok(&["crypto", "delete", "c0"]);
+    ok(&["crypto", "key", "destroy", "k0"]);
+    assert_eq!(ok(&["crypto", "key", "list"]).lines().count(), 1);
+}

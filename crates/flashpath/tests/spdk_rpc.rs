@@ -106,6 +106,19 @@ const CASES: &[(&str, &[&str])] = &[
         &["bdev_error_create", "bdev_error_inject_error", "bdev_error_resume_pending", "bdev_error_delete"],
     ),
     (
+        "crypto_and_keys",
+        &[
+            "keyring_file_add_key",
+            "keyring_get_keys",
+            "keyring_file_remove_key",
+            "accel_crypto_key_create",
+            "accel_crypto_keys_get",
+            "accel_crypto_key_destroy",
+            "bdev_crypto_create",
+            "bdev_crypto_delete",
+        ],
+    ),
+    (
         "rbd_on_a_real_cluster",
         &[
             "bdev_rbd_register_cluster",
@@ -1094,6 +1107,93 @@ fn uring_and_delay() {
     rpc.ok(&["bdev_uring_delete", "Uring0"]);
     assert!(rpc.bdev_names().is_empty());
     rpc.assert_case_covered("uring_and_delay");
+}
+
+#[test]
+fn crypto_and_keys() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    let k1 = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    let k2 = "ffeeddccbbaa99887766554433221100f0e1d2c3b4a5968778695a4b3c2d1e0f";
+
+    // keyring_file_add_key NAME PATH: owner-only files only, refused naming `path`.
+    let key_file = d.backing_file("tls.key", 0);
+    std::fs::write(&key_file, "NVMeTLSkey-1:01:c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0:").unwrap();
+    let path = key_file.to_str().unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = rpc.fails(&["keyring_file_add_key", "tls0", path]);
+    assert!(e["message"].as_str().unwrap().starts_with("path:"), "{e}");
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    rpc.ok(&["keyring_file_add_key", "tls0", path]);
+    let keys = rpc.json(&["keyring_get_keys"]);
+    assert_eq!(keys[0]["name"], "tls0", "{keys}");
+    assert_eq!(keys[0]["path"], path, "{keys}");
+    assert!(!keys.to_string().contains("c2Vj"), "key material returned: {keys}");
+    rpc.ok(&["keyring_file_remove_key", "tls0"]);
+    assert_eq!(rpc.json(&["keyring_get_keys"]), json!([]));
+
+    // accel_crypto_key_create -c AES_XTS -k KEY -e KEY2 -n NAME.
+    let e = rpc.fails(&[
+        "accel_crypto_key_create",
+        "-c",
+        "AES_XTS",
+        "-k",
+        &k1[..40],
+        "-e",
+        &k2[..40],
+        "-n",
+        "bad",
+    ]);
+    assert!(e["message"].as_str().unwrap().starts_with("key:"), "{e}");
+    let e = rpc.fails(&["accel_crypto_key_create", "-c", "AES_XTS", "-k", k1, "-e", k1, "-n", "bad"]);
+    assert!(e["message"].as_str().unwrap().starts_with("key2:"), "{e}");
+    assert!(!e.to_string().contains(&k1[..16]), "key material in the error: {e}");
+    rpc.ok(&["accel_crypto_key_create", "-c", "AES_XTS", "-k", k1, "-e", k2, "-n", "key0"]);
+    rpc.ok(&[
+        "accel_crypto_key_create",
+        "-c",
+        "AES_XTS",
+        "-k",
+        &k1[..32],
+        "-e",
+        &k2[..32],
+        "-t",
+        "SIMPLE_LBA",
+        "-n",
+        "key1",
+    ]);
+    let keys = rpc.json(&["accel_crypto_keys_get"]);
+    assert_eq!(keys.as_array().unwrap().len(), 2, "{keys}");
+    assert!(!keys.to_string().contains(&k1[..16]) && !keys.to_string().contains(&k2[..16]), "{keys}");
+    let one = rpc.json(&["accel_crypto_keys_get", "-k", "key0"]);
+    assert_eq!(
+        (one[0]["name"].as_str(), one[0]["cipher"].as_str()),
+        (Some("key0"), Some("AES_XTS")),
+        "{one}"
+    );
+
+    // bdev_crypto_create BASE NAME -n KEY_NAME.
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "8", "4096"]);
+    assert_eq!(rpc.ok(&["bdev_crypto_create", "Malloc0", "Crypto0", "-n", "key0"]), "Crypto0");
+    let b = rpc.bdev("Crypto0");
+    assert_eq!((b["block_size"].as_u64(), b["num_blocks"].as_u64()), (Some(4096), Some(8 * MIB / 4096)));
+    let ds = &b["driver_specific"]["crypto"];
+    assert_eq!(
+        (ds["base_bdev_name"].as_str(), ds["key_name"].as_str()),
+        (Some("Malloc0"), Some("key0")),
+        "{b}"
+    );
+    assert_eq!(rpc.bdev("Malloc0")["claimed"], true);
+    let e = rpc.fails(&["accel_crypto_key_destroy", "-n", "key0"]);
+    assert!(e["message"].as_str().unwrap().contains("in use"), "{e}");
+
+    rpc.ok(&["bdev_crypto_delete", "Crypto0"]);
+    assert_eq!(rpc.bdev("Malloc0")["claimed"], false);
+    rpc.ok(&["accel_crypto_key_destroy", "-n", "key0"]);
+    rpc.ok(&["accel_crypto_key_destroy", "-n", "key1"]);
+    assert_eq!(rpc.json(&["accel_crypto_keys_get"]), json!([]));
+    rpc.assert_case_covered("crypto_and_keys");
 }
 
 #[test]

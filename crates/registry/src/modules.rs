@@ -3,7 +3,8 @@
 //! "Adding a bdev module".
 
 use fp_bdev::modules::{
-    delay::DelayModule, error::ErrorModule, malloc::MallocModule, null::NullModule, uring::UringModule,
+    crypto::CryptoModule, delay::DelayModule, error::ErrorModule, malloc::MallocModule, null::NullModule,
+    uring::UringModule,
 };
 use fp_bdev::BdevModule;
 use fp_lvol::bdev::LvolModule;
@@ -19,6 +20,7 @@ pub static MODULES: &[&dyn BdevModule] = &[
     &UringModule,
     &DelayModule,
     &ErrorModule,
+    &CryptoModule,
     &LvolModule,
     // Before the remote bases' modules: at shutdown a raid writes its clean superblocks
     // while its bases (Ceph, NBD, NVMe/TCP) are still connected.

@@ -92,8 +92,9 @@ const SHOWN: &[Shown] = &[
 /// latencies this command has no options for (`flashpath rpc bdev_delay_create` makes one).
 /// Modules that are not configurable (logical volumes: `volume create`) are left out too, and
 /// so are remote NBD exports, which `nbd-client attach` makes (they take an address, not a size),
-/// and raids and error disks, which are made of other disks (`raid create`, `error create`).
-const NOT_OFFERED: &[&str] = &["delay", "error", "nbd_client", "raid"];
+/// and raids, error disks and crypto disks, which are made of other disks (`raid create`,
+/// `error create`, `crypto create`).
+const NOT_OFFERED: &[&str] = &["delay", "crypto", "error", "nbd_client", "raid"];
 
 /// The modules `disk create --type` offers, in [`MODULES`]' order.
 fn offered() -> impl Iterator<Item = &'static str> {

@@ -7,6 +7,7 @@
 //! and output) and `args` (value parsers); `stats` on `top`; this file on all of them.
 
 mod args;
+mod crypto;
 mod disk;
 mod error;
 mod mirror;
@@ -95,6 +96,10 @@ pub(crate) enum Command {
     /// Error disks: fail, hold, corrupt or refuse requests on demand, for tests (docs/error.md)
     #[command(subcommand)]
     Error(error::ErrorCommand),
+    /// Encrypted disks (AES-XTS over another disk, readable by dm-crypt) and their keys
+    /// (docs/crypto.md)
+    #[command(subcommand)]
+    Crypto(crypto::CryptoCommand),
     /// Ceph RBD: shared cluster connections for `disk create --type rbd --cluster`
     #[command(subcommand)]
     Rbd(rbd::RbdCommand),
@@ -172,6 +177,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Mirror(c) => mirror::run(rpc, json, c),
         Command::Raid(c) => raid::run(rpc, json, c),
         Command::Error(c) => error::run(rpc, json, c),
+        Command::Crypto(c) => crypto::run(rpc, json, c),
         Command::Rbd(c) => rbd::run(rpc, json, c),
         Command::Reactor(c) => reactor::run(rpc, json, c),
         Command::Version => rpc::version(rpc, json),

@@ -1,0 +1,261 @@
+//! Keys: AES-XTS data keys (SPDK's accel crypto keys) and file keys (SPDK's `keyring_file`).
+//!
+//! Key material lives only in [`Zeroizing`] buffers and in the AES key schedules (the `aes`
+//! crate's `zeroize` feature clears them on drop). Nothing here implements a `Debug` that shows
+//! it, no error message quotes it, and the RPC results list names and attributes only.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use aes::cipher::KeyInit;
+use aes::{Aes128, Aes256};
+use xts_mode::Xts128;
+use zeroize::Zeroizing;
+
+use crate::BdevError;
+
+/// The cipher of an accel crypto key (SPDK's `cipher`); AES-XTS only.
+pub const CIPHER: &str = "AES_XTS";
+/// The one tweak mode: the 512-byte sector number (see the module docs).
+pub const TWEAK_MODE: &str = "SIMPLE_LBA";
+
+/// The largest key file accepted (a key, not a document).
+const MAX_KEY_FILE: u64 = 4096;
+
+// One per key, behind an `Arc`: the size difference costs nothing, a box would cost an
+// indirection per block.
+#[allow(clippy::large_enum_variant)]
+enum Xts {
+    Aes128(Xts128<Aes128>),
+    Aes256(Xts128<Aes256>),
+}
+
+/// An AES-XTS key: two AES keys of 128 or 256 bits each (XTS-AES-256 or XTS-AES-512 in
+/// dm-crypt's count of the whole key).
+pub struct CryptoKey {
+    name: String,
+    xts: Xts,
+    bits: u32,
+}
+
+impl std::fmt::Debug for CryptoKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CryptoKey")
+            .field("name", &self.name)
+            .field("bits", &self.bits)
+            .finish_non_exhaustive()
+    }
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> BdevError {
+    BdevError::InvalidParam { field, reason: reason.into() }
+}
+
+/// Decodes hex into a buffer zeroed on drop. The error never quotes the input.
+pub fn decode_hex(field: &'static str, hex: &str) -> Result<Zeroizing<Vec<u8>>, BdevError> {
+    let bytes = hex.as_bytes();
+    if !bytes.len().is_multiple_of(2) {
+        return Err(invalid(
+            field,
+            format!("{} hex digits: an odd number (the value is not shown)", bytes.len()),
+        ));
+    }
+    let mut out = Zeroizing::new(Vec::with_capacity(bytes.len() / 2));
+    let digit = |c: u8| (c as char).to_digit(16);
+    for pair in bytes.chunks(2) {
+        match (digit(pair[0]), digit(pair[1])) {
+            (Some(h), Some(l)) => out.push((h * 16 + l) as u8),
+            _ => return Err(invalid(field, "not a hex string (the value is not shown)")),
+        }
+    }
+    Ok(out)
+}
+
+impl CryptoKey {
+    /// An AES-XTS key named `name` from its two halves, each 16 or 32 bytes (`key`, `key2` in
+    /// the errors). Equal halves are refused, as XTS (IEEE 1619) requires.
+    pub fn new(name: &str, key: &[u8], key2: &[u8]) -> Result<CryptoKey, BdevError> {
+        if key.len() != 16 && key.len() != 32 {
+            return Err(invalid(
+                "key",
+                format!("{} bytes: AES-XTS takes 16 or 32 (32 or 64 hex digits)", key.len()),
+            ));
+        }
+        if key2.len() != key.len() {
+            return Err(invalid(
+                "key2",
+                format!("{} bytes: must be as long as key ({} bytes)", key2.len(), key.len()),
+            ));
+        }
+        if key == key2 {
+            return Err(invalid("key2", "must differ from key (XTS refuses equal halves)"));
+        }
+        let xts = if key.len() == 16 {
+            Xts::Aes128(Xts128::new(
+                Aes128::new_from_slice(key).expect("16 bytes"),
+                Aes128::new_from_slice(key2).expect("16 bytes"),
+            ))
+        } else {
+            Xts::Aes256(Xts128::new(
+                Aes256::new_from_slice(key).expect("32 bytes"),
+                Aes256::new_from_slice(key2).expect("32 bytes"),
+            ))
+        };
+        Ok(CryptoKey { name: name.to_string(), xts, bits: key.len() as u32 * 16 })
+    }
+
+    /// From hex strings, as `accel_crypto_key_create` takes them.
+    pub fn from_hex(name: &str, key: &str, key2: &str) -> Result<CryptoKey, BdevError> {
+        let k1 = decode_hex("key", key)?;
+        let k2 = decode_hex("key2", key2)?;
+        CryptoKey::new(name, &k1, &k2)
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The whole XTS key's size in bits: 256 or 512.
+    pub fn bits(&self) -> u32 {
+        self.bits
+    }
+
+    /// Encrypts one data unit in place; `sector` is its first 512-byte sector's number.
+    #[inline]
+    pub fn encrypt(&self, unit: &mut [u8], sector: u64) {
+        let tweak = u128::from(sector).to_le_bytes();
+        match &self.xts {
+            Xts::Aes128(x) => x.encrypt_sector(unit, tweak),
+            Xts::Aes256(x) => x.encrypt_sector(unit, tweak),
+        }
+    }
+
+    /// Decrypts one data unit in place; `sector` as for [`CryptoKey::encrypt`].
+    #[inline]
+    pub fn decrypt(&self, unit: &mut [u8], sector: u64) {
+        let tweak = u128::from(sector).to_le_bytes();
+        match &self.xts {
+            Xts::Aes128(x) => x.decrypt_sector(unit, tweak),
+            Xts::Aes256(x) => x.decrypt_sector(unit, tweak),
+        }
+    }
+}
+
+/// A key read from a file by `keyring_file_add_key`.
+pub struct FileKey {
+    /// The file it was read from.
+    pub path: String,
+    material: Zeroizing<Vec<u8>>,
+}
+
+impl FileKey {
+    /// Reads `path`: absolute, a regular file (not through a symlink), owner-only
+    /// (`mode & 0o077 == 0`), at most 4 KiB. Errors name `path`.
+    pub fn read(path: &str) -> Result<FileKey, BdevError> {
+        if !Path::new(path).is_absolute() {
+            return Err(invalid("path", "must be an absolute path"));
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| invalid("path", format!("cannot open {path}: {e}")))?;
+        // The open file's own metadata: what is read is what was checked.
+        let meta = file.metadata().map_err(|e| invalid("path", format!("cannot stat {path}: {e}")))?;
+        if !meta.is_file() {
+            return Err(invalid("path", format!("{path} is not a regular file")));
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(invalid(
+                "path",
+                format!(
+                    "{path} has mode {:o}: a key file must be owner-only (chmod 600)",
+                    meta.mode() & 0o777
+                ),
+            ));
+        }
+        if meta.len() == 0 || meta.len() > MAX_KEY_FILE {
+            return Err(invalid(
+                "path",
+                format!("{path} holds {} bytes: 1 to {MAX_KEY_FILE} expected", meta.len()),
+            ));
+        }
+        let mut material = Zeroizing::new(Vec::with_capacity(meta.len() as usize));
+        file.read_to_end(&mut material).map_err(|e| invalid("path", format!("cannot read {path}: {e}")))?;
+        Ok(FileKey { path: path.to_string(), material })
+    }
+
+    /// The key's length in bytes.
+    pub fn len(&self) -> usize {
+        self.material.len()
+    }
+
+    /// Whether the key is empty (never: an empty file is refused).
+    pub fn is_empty(&self) -> bool {
+        self.material.is_empty()
+    }
+}
+
+/// One daemon's keys: the crypto module's state.
+#[derive(Default)]
+pub struct KeyStore {
+    /// Accel crypto keys by name.
+    pub accel: Mutex<BTreeMap<String, Arc<CryptoKey>>>,
+    /// Keyring file keys by name.
+    pub keyring: Mutex<BTreeMap<String, FileKey>>,
+}
+
+impl KeyStore {
+    /// Adds an accel key; refuses a name taken (naming `name`).
+    pub fn add_accel(&self, key: CryptoKey) -> Result<(), BdevError> {
+        let mut keys = self.accel.lock().unwrap_or_else(|p| p.into_inner());
+        if keys.contains_key(key.name()) {
+            return Err(invalid("name", format!("a crypto key named '{}' exists", key.name())));
+        }
+        keys.insert(key.name().to_string(), Arc::new(key));
+        Ok(())
+    }
+
+    /// The accel key `name`, for a crypto bdev (field `key_name`).
+    pub fn accel_key(&self, name: &str) -> Result<Arc<CryptoKey>, BdevError> {
+        let keys = self.accel.lock().unwrap_or_else(|p| p.into_inner());
+        keys.get(name).cloned().ok_or_else(|| invalid("key_name", format!("no crypto key named '{name}'")))
+    }
+
+    /// Destroys the accel key `name`; refused while a crypto bdev holds it.
+    pub fn destroy_accel(&self, name: &str) -> Result<(), BdevError> {
+        let mut keys = self.accel.lock().unwrap_or_else(|p| p.into_inner());
+        let key =
+            keys.get(name).ok_or_else(|| invalid("key_name", format!("no crypto key named '{name}'")))?;
+        if Arc::strong_count(key) > 1 {
+            return Err(invalid(
+                "key_name",
+                format!("crypto key '{name}' is in use by a crypto bdev: delete the bdev first"),
+            ));
+        }
+        keys.remove(name);
+        Ok(())
+    }
+
+    /// Adds a keyring file key; refuses a name taken.
+    pub fn add_file_key(&self, name: &str, key: FileKey) -> Result<(), BdevError> {
+        let mut keys = self.keyring.lock().unwrap_or_else(|p| p.into_inner());
+        if keys.contains_key(name) {
+            return Err(invalid("name", format!("a key named '{name}' is in the keyring")));
+        }
+        keys.insert(name.to_string(), key);
+        Ok(())
+    }
+
+    /// Removes a keyring file key.
+    pub fn remove_file_key(&self, name: &str) -> Result<(), BdevError> {
+        let mut keys = self.keyring.lock().unwrap_or_else(|p| p.into_inner());
+        keys.remove(name)
+            .map(drop)
+            .ok_or_else(|| invalid("name", format!("no key named '{name}' in the keyring")))
+    }
+}

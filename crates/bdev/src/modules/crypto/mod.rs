@@ -1,0 +1,491 @@
+//! The crypto bdev (SPDK's `bdev_crypto`): a block device stacked on another that stores every
+//! block encrypted with AES-XTS, readable by dm-crypt.
+//!
+//! Format: each block of the crypto bdev is one XTS data unit, encrypted with the tweak
+//! dm-crypt's `aes-xts-plain64` uses: the number of the unit's first 512-byte sector, as a
+//! 64-bit little-endian number zero-padded to 16 bytes. With 512-byte blocks that is the block
+//! number; with 4096-byte blocks it is the block number times 8, which is what
+//! `cryptsetup open --type plain --cipher aes-xts-plain64 --sector-size 4096` reads (without
+//! `--iv-large-sectors`). Keys are 2×128 or 2×256 bits (`--key-size 256` or `512`).
+//!
+//! Writes are encrypted into the channel's own buffers (a fixed pool; a write longer than a
+//! buffer goes down in pieces; `Busy` when the pool has no request slot left), so the caller's
+//! buffer never changes. Reads go down into the caller's buffer and are decrypted there once
+//! the base completes them. Write-zeroes writes encrypted zeroes; a discard is completed
+//! without reaching the base (its blocks keep their data, which a discard allows), so the base
+//! never learns which blocks are free. The size follows the base's.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+mod keys;
+mod rpc;
+
+pub use keys::{decode_hex, CryptoKey, FileKey, KeyStore, CIPHER, TWEAK_MODE};
+pub use rpc::CryptoModule;
+
+use crate::{
+    iov_total_len, request_iovecs, AlignedBuf, Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, DoneList,
+    IoChannel, IoOp, IoRequest, IoStatus, IoTypes, SubmitError,
+};
+
+/// Bytes of one write buffer; a longer write goes down in pieces of this size.
+pub const CHUNK: usize = 64 << 10;
+/// Write buffers per channel (4 MiB).
+pub const CHUNKS: usize = 64;
+/// Reads and flushes in flight per channel.
+const OPS: usize = 256;
+/// Writes (and write-zeroes) accepted per channel, in flight or waiting for buffers.
+const WRITES: usize = 256;
+/// Completions held for the next poll (discards, refused requests).
+const READY: usize = 1024;
+
+/// A bdev that encrypts every block of its base with AES-XTS (SPDK's crypto bdev).
+pub struct CryptoDevice {
+    info: BdevInfo,
+    base: Bdev,
+    key: Arc<CryptoKey>,
+}
+
+impl CryptoDevice {
+    /// A crypto bdev `name` over `base` with `key`. The base's block size must be 512 to 4096
+    /// bytes (dm-crypt's sector sizes), and it must take reads and writes.
+    pub fn new(name: &str, base: Bdev, key: Arc<CryptoKey>) -> Result<Self, BdevError> {
+        let b = base.info();
+        crate::validate_geometry(name, b.block_size, b.num_blocks())?;
+        if b.block_size > 4096 {
+            return Err(BdevError::InvalidParam {
+                field: "base_bdev_name",
+                reason: format!(
+                    "'{}' has {}-byte blocks: a crypto bdev takes 512 to 4096 (dm-crypt's sector sizes)",
+                    b.name, b.block_size
+                ),
+            });
+        }
+        if !b.io_types.read || !b.io_types.write {
+            return Err(BdevError::InvalidParam {
+                field: "base_bdev_name",
+                reason: format!("'{}' does not take both reads and writes", b.name),
+            });
+        }
+        let info = BdevInfo {
+            name: name.to_string(),
+            product_name: "crypto".into(),
+            block_size: b.block_size,
+            // The base's own: a resized base resizes the crypto bdev with it (the tweak is the
+            // absolute sector number, so blocks that exist keep their encryption).
+            capacity: b.capacity.clone(),
+            io_types: IoTypes {
+                read: true,
+                write: true,
+                flush: b.io_types.flush,
+                unmap: true,
+                write_zeroes: true,
+            },
+            driver: "crypto",
+            driver_specific: Some(("base_bdev_name".into(), b.name.clone())),
+        };
+        Ok(CryptoDevice { info, base, key })
+    }
+
+    /// The device below.
+    pub fn base(&self) -> &Bdev {
+        &self.base
+    }
+
+    /// The key's name.
+    pub fn key_name(&self) -> &str {
+        self.key.name()
+    }
+}
+
+impl BlockDevice for CryptoDevice {
+    fn info(&self) -> &BdevInfo {
+        &self.info
+    }
+
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        let mut pool = AlignedBuf::zeroed(CHUNK * CHUNKS);
+        let base_ptr = pool.as_mut_ptr();
+        let chunk_iov = (0..CHUNKS)
+            .map(|c| libc::iovec {
+                // SAFETY: `c * CHUNK` is inside the pool of `CHUNK * CHUNKS` bytes.
+                iov_base: unsafe { base_ptr.add(c * CHUNK) }.cast(),
+                iov_len: CHUNK,
+            })
+            .collect();
+        Ok(Box::new(CryptoChannel {
+            base: self.base.open_channel()?,
+            info: self.info.clone(),
+            key: self.key.clone(),
+            _pool: pool,
+            chunk_iov,
+            chunk_job: vec![0; CHUNKS],
+            free_chunks: (0..CHUNKS as u16).rev().collect(),
+            ops: vec![Op::EMPTY; OPS],
+            free_ops: (0..OPS as u16).rev().collect(),
+            jobs: vec![WriteJob::EMPTY; WRITES],
+            free_jobs: (0..WRITES as u16).rev().collect(),
+            queue: VecDeque::with_capacity(WRITES),
+            ready: DoneList::new(),
+            scratch: vec![0; 4096],
+        }))
+    }
+
+    /// The base's: a hole there reads back as ciphertext of nothing, so it is reported as
+    /// data, never as zeroes.
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<BlockExtent>) -> Result<(), BdevError> {
+        self.info.check_status_range(offset, len)?;
+        out.push(BlockExtent::data(len));
+        Ok(())
+    }
+}
+
+/// A read or flush passed down.
+#[derive(Clone, Copy)]
+struct Op {
+    tag: u32,
+    offset: u64,
+    iov: *const libc::iovec,
+    iovcnt: u32,
+    read: bool,
+}
+
+impl Op {
+    const EMPTY: Op = Op { tag: 0, offset: 0, iov: std::ptr::null(), iovcnt: 0, read: false };
+}
+
+/// A write (or write-zeroes, `iov` null) going down in pieces.
+#[derive(Clone, Copy)]
+struct WriteJob {
+    tag: u32,
+    offset: u64,
+    len: u64,
+    iov: *const libc::iovec,
+    iovcnt: u32,
+    /// Bytes handed to the base so far.
+    next: u64,
+    /// Pieces at the base.
+    outstanding: u32,
+    status: IoStatus,
+}
+
+impl WriteJob {
+    const EMPTY: WriteJob = WriteJob {
+        tag: 0,
+        offset: 0,
+        len: 0,
+        iov: std::ptr::null(),
+        iovcnt: 0,
+        next: 0,
+        outstanding: 0,
+        status: IoStatus::Success,
+    };
+}
+
+struct CryptoChannel {
+    base: Box<dyn IoChannel>,
+    info: BdevInfo,
+    key: Arc<CryptoKey>,
+    /// The write buffers, `CHUNKS` of `CHUNK` bytes; reached through `chunk_iov`.
+    _pool: AlignedBuf,
+    chunk_iov: Vec<libc::iovec>,
+    chunk_job: Vec<u16>,
+    free_chunks: Vec<u16>,
+    ops: Vec<Op>,
+    free_ops: Vec<u16>,
+    jobs: Vec<WriteJob>,
+    free_jobs: Vec<u16>,
+    /// Jobs with pieces not yet handed down, oldest first.
+    queue: VecDeque<u16>,
+    ready: DoneList,
+    /// One block, for a block split across iovecs.
+    scratch: Vec<u8>,
+}
+
+/// Copies between `len` bytes at byte `pos` of the iovecs and `buf` (`to_buf`: from the
+/// iovecs into `buf`).
+///
+/// # Safety
+/// The iovecs must describe at least `pos + buf.len()` valid bytes, writable unless `to_buf`.
+unsafe fn copy_iov(iov: &[libc::iovec], mut pos: usize, buf: &mut [u8], to_buf: bool) {
+    let mut done = 0;
+    for v in iov {
+        if done == buf.len() {
+            break;
+        }
+        if pos >= v.iov_len {
+            pos -= v.iov_len;
+            continue;
+        }
+        let n = (v.iov_len - pos).min(buf.len() - done);
+        // SAFETY: `pos + n <= v.iov_len`, inside the iovec, which the caller vouches for.
+        let p = unsafe { v.iov_base.cast::<u8>().add(pos) };
+        if to_buf {
+            // SAFETY: as above; `buf` is ours and does not overlap the caller's memory.
+            unsafe { std::ptr::copy_nonoverlapping(p, buf[done..].as_mut_ptr(), n) };
+        } else {
+            // SAFETY: as above.
+            unsafe { std::ptr::copy_nonoverlapping(buf[done..].as_ptr(), p, n) };
+        }
+        done += n;
+        pos = 0;
+    }
+}
+
+/// Decrypts a completed read in place, block by block; a block split across iovecs goes
+/// through `scratch`.
+///
+/// # Safety
+/// `op`'s iovecs are valid and writable, and add up to a whole number of blocks.
+unsafe fn decrypt_read(key: &CryptoKey, bs: usize, op: &Op, scratch: &mut [u8]) {
+    // SAFETY: the caller's guarantee.
+    let iov = unsafe {
+        request_iovecs(&IoRequest {
+            tag: 0,
+            op: IoOp::Read,
+            offset: 0,
+            len: 0,
+            iov: op.iov,
+            iovcnt: op.iovcnt,
+        })
+    };
+    let mut sector = op.offset / 512;
+    let per_block = (bs / 512) as u64;
+    let mut pos = 0; // bytes of the request done
+    let (mut i, mut in_v) = (0, 0); // iovec index and offset inside it
+    let total: usize = iov.iter().map(|v| v.iov_len).sum();
+    while pos < total {
+        while in_v == iov[i].iov_len {
+            i += 1;
+            in_v = 0;
+        }
+        if iov[i].iov_len - in_v >= bs {
+            // SAFETY: `bs` bytes from `in_v` are inside this iovec.
+            let unit = unsafe { std::slice::from_raw_parts_mut(iov[i].iov_base.cast::<u8>().add(in_v), bs) };
+            key.decrypt(unit, sector);
+            in_v += bs;
+        } else {
+            let unit = &mut scratch[..bs];
+            // SAFETY: the block lies inside the iovecs.
+            unsafe { copy_iov(iov, pos, unit, true) };
+            key.decrypt(unit, sector);
+            // SAFETY: as above.
+            unsafe { copy_iov(iov, pos, unit, false) };
+            // Move the cursor past the block.
+            let mut left = bs;
+            while left > 0 {
+                let n = (iov[i].iov_len - in_v).min(left);
+                left -= n;
+                in_v += n;
+                if left > 0 {
+                    i += 1;
+                    in_v = 0;
+                }
+            }
+        }
+        pos += bs;
+        sector += per_block;
+    }
+}
+
+impl CryptoChannel {
+    /// Hands queued write pieces to the base while buffers are free and the base takes them.
+    fn pump(&mut self) {
+        let bs = self.info.block_size as usize;
+        while let Some(&j) = self.queue.front() {
+            let Some(c) = self.free_chunks.pop() else { return };
+            let job = &mut self.jobs[j as usize];
+            let n = (job.len - job.next).min(CHUNK as u64) as usize;
+            let iov = &mut self.chunk_iov[c as usize];
+            iov.iov_len = n;
+            // SAFETY: the chunk is ours, `n <= CHUNK` bytes, and not at the base (it was free).
+            let buf = unsafe { std::slice::from_raw_parts_mut(iov.iov_base.cast::<u8>(), n) };
+            if job.iov.is_null() {
+                buf.fill(0);
+            } else {
+                let req = IoRequest {
+                    tag: 0,
+                    op: IoOp::Write,
+                    offset: 0,
+                    len: 0,
+                    iov: job.iov,
+                    iovcnt: job.iovcnt,
+                };
+                // SAFETY: the submitter vouched for the iovecs until completion, which has not
+                // been given; they add up to `len` (checked at submit).
+                unsafe { copy_iov(request_iovecs(&req), job.next as usize, buf, true) };
+            }
+            let first = (job.offset + job.next) / 512;
+            for (k, unit) in buf.chunks_exact_mut(bs).enumerate() {
+                self.key.encrypt(unit, first + (k * bs / 512) as u64);
+            }
+            let req = IoRequest {
+                tag: (OPS + c as usize) as u32,
+                op: IoOp::Write,
+                offset: job.offset + job.next,
+                len: n as u64,
+                iov: iov as *const libc::iovec,
+                iovcnt: 1,
+            };
+            // SAFETY: the chunk and its iovec stay valid and untouched until the base
+            // completes the piece (the chunk goes back to the free list only then).
+            match unsafe { self.base.submit(&req) } {
+                Ok(()) => {
+                    self.chunk_job[c as usize] = j;
+                    job.outstanding += 1;
+                    job.next += n as u64;
+                }
+                Err(SubmitError::Busy) => {
+                    self.free_chunks.push(c);
+                    return;
+                }
+                Err(e) => {
+                    self.free_chunks.push(c);
+                    job.status = if e == SubmitError::Unsupported {
+                        IoStatus::Unsupported
+                    } else {
+                        IoStatus::Error(libc::EINVAL)
+                    };
+                    job.next = job.len;
+                    if job.outstanding == 0 {
+                        self.ready.push(job.tag, job.status);
+                        self.free_jobs.push(j);
+                    }
+                }
+            }
+            if self.jobs[j as usize].next == self.jobs[j as usize].len {
+                self.queue.pop_front();
+            }
+        }
+    }
+
+    fn in_use(&self) -> usize {
+        (OPS - self.free_ops.len()) + (WRITES - self.free_jobs.len())
+    }
+}
+
+impl IoChannel for CryptoChannel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.info.check_range(req.offset, req.len)?;
+        if self.ready.len() >= READY {
+            return Err(SubmitError::Busy);
+        }
+        match req.op {
+            IoOp::Read | IoOp::Write => {
+                // SAFETY: the caller's guarantee for `iov`.
+                if unsafe { iov_total_len(req.iov, req.iovcnt) } != req.len {
+                    self.ready.push(req.tag, IoStatus::Error(libc::EINVAL));
+                    return Ok(());
+                }
+            }
+            IoOp::Discard => {
+                self.ready.push(req.tag, IoStatus::Success);
+                return Ok(());
+            }
+            IoOp::Flush | IoOp::WriteZeroes => {}
+        }
+        match req.op {
+            IoOp::Read | IoOp::Flush => {
+                let Some(o) = self.free_ops.pop() else { return Err(SubmitError::Busy) };
+                let down = IoRequest { tag: u32::from(o), ..*req };
+                // SAFETY: passed on from our caller: the buffers stay valid until we complete
+                // the request, which is after the base completes it.
+                match unsafe { self.base.submit(&down) } {
+                    Ok(()) => {
+                        self.ops[o as usize] = Op {
+                            tag: req.tag,
+                            offset: req.offset,
+                            iov: req.iov,
+                            iovcnt: req.iovcnt,
+                            read: req.op == IoOp::Read,
+                        };
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.free_ops.push(o);
+                        Err(e)
+                    }
+                }
+            }
+            IoOp::Write | IoOp::WriteZeroes => {
+                if req.len == 0 {
+                    self.ready.push(req.tag, IoStatus::Success);
+                    return Ok(());
+                }
+                let Some(j) = self.free_jobs.pop() else { return Err(SubmitError::Busy) };
+                let iov = if req.op == IoOp::Write { req.iov } else { std::ptr::null() };
+                self.jobs[j as usize] = WriteJob {
+                    tag: req.tag,
+                    offset: req.offset,
+                    len: req.len,
+                    iov,
+                    iovcnt: req.iovcnt,
+                    next: 0,
+                    outstanding: 0,
+                    status: IoStatus::Success,
+                };
+                self.queue.push_back(j);
+                self.pump();
+                Ok(())
+            }
+            IoOp::Discard => unreachable!("completed above"),
+        }
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        self.pump();
+        let mut n = self.ready.deliver(done);
+        let CryptoChannel {
+            base,
+            info,
+            key,
+            chunk_job,
+            free_chunks,
+            ops,
+            free_ops,
+            jobs,
+            free_jobs,
+            scratch,
+            ..
+        } = self;
+        let bs = info.block_size as usize;
+        base.poll(&mut |tag, status| {
+            let tag = tag as usize;
+            if tag < OPS {
+                let op = ops[tag];
+                free_ops.push(tag as u16);
+                if op.read && status == IoStatus::Success {
+                    // SAFETY: the submitter's buffers are valid until this completion, checked
+                    // to add up to the request's whole blocks.
+                    unsafe { decrypt_read(key, bs, &op, scratch) };
+                }
+                done(op.tag, status);
+                n += 1;
+            } else {
+                let c = tag - OPS;
+                free_chunks.push(c as u16);
+                let j = chunk_job[c] as usize;
+                let job = &mut jobs[j];
+                job.outstanding -= 1;
+                if status != IoStatus::Success && job.status == IoStatus::Success {
+                    job.status = status;
+                }
+                if job.outstanding == 0 && job.next == job.len {
+                    done(job.tag, job.status);
+                    free_jobs.push(j as u16);
+                    n += 1;
+                }
+            }
+        });
+        self.pump();
+        n + self.ready.deliver(done)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.ready.len() + self.in_use()
+    }
+}
+
+#[cfg(test)]
+mod tests;

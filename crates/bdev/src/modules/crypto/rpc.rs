@@ -1,0 +1,180 @@
+//! `bdev_crypto_create` / `bdev_crypto_delete`, the accel crypto key methods and the
+//! `keyring_file` methods, SPDK's names and parameters. Results never carry key material.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use fp_rpc::{Neutral, ParamError, Params};
+use serde_json::{json, Map, Value};
+use zeroize::Zeroizing;
+
+use super::{CryptoDevice, CryptoKey, FileKey, KeyStore, CIPHER, TWEAK_MODE};
+use crate::module::{delete_method, BdevModule, ClaimType, ModuleError, ModuleHost, ModuleMethodFn, NewBdev};
+use crate::BdevInfo;
+
+const MODULE: &str = "crypto";
+
+/// The crypto module: AES-XTS bdevs over another bdev, and the keys they use.
+pub struct CryptoModule;
+
+impl BdevModule for CryptoModule {
+    fn name(&self) -> &'static str {
+        MODULE
+    }
+
+    fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)] {
+        &[
+            ("bdev_crypto_create", create),
+            ("bdev_crypto_delete", |h, p| delete_method(h, p, MODULE)),
+            ("accel_crypto_key_create", key_create),
+            ("accel_crypto_key_destroy", key_destroy),
+            ("accel_crypto_keys_get", keys_get),
+            ("keyring_file_add_key", keyring_add),
+            ("keyring_file_remove_key", keyring_remove),
+            ("keyring_get_keys", keyring_get),
+        ]
+    }
+
+    /// SPDK's: the base, the bdev's name and its key's name.
+    fn driver_specific(&self, info: &BdevInfo, device: &(dyn Any + Send + Sync)) -> Map<String, Value> {
+        let mut out: Map<String, Value> =
+            info.driver_specific.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
+        out.insert("name".into(), Value::from(info.name.as_str()));
+        if let Some(dev) = device.downcast_ref::<CryptoDevice>() {
+            out.insert("key_name".into(), Value::from(dev.key_name()));
+        }
+        out
+    }
+}
+
+/// The module's keys, one store per registry.
+fn store(host: &dyn ModuleHost) -> Arc<dyn Any + Send + Sync> {
+    host.module_state(MODULE, &|| Arc::new(KeyStore::default()))
+}
+
+fn with_store<R>(host: &dyn ModuleHost, f: impl FnOnce(&KeyStore) -> R) -> R {
+    let state = store(host);
+    f(state.downcast_ref::<KeyStore>().expect("the crypto module's state"))
+}
+
+/// Claims the base exclusively. SPDK's obsolete inline key parameters are refused: keys come
+/// from `accel_crypto_key_create`.
+fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let base = p.required_str("base_bdev_name")?;
+    let name = p.required_str("name")?;
+    let key_name = p.required_str("key_name")?;
+    p.spdk_only(&[
+        ("crypto_pmd", Neutral::Absent),
+        ("key", Neutral::Absent),
+        ("cipher", Neutral::Absent),
+        ("key2", Neutral::Absent),
+    ])?;
+    p.finish()?;
+    let key = with_store(host, |s| s.accel_key(&key_name))?;
+    host.check_new_bdev(&name)?;
+    let base_bdev = host.claimable(&base, ClaimType::ExclusiveWrite)?;
+    let dev = Arc::new(CryptoDevice::new(&name, base_bdev, key)?);
+    let name = host.add_bdev(MODULE, NewBdev::new(dev).claiming(&base, ClaimType::ExclusiveWrite))?;
+    log::info!("bdev '{name}' is a crypto bdev over '{base}' with key '{key_name}'");
+    Ok(Value::from(name))
+}
+
+/// `cipher` AES_XTS, `key` and `key2` in hex, `tweak_mode` SIMPLE_LBA if given, `name`.
+fn key_create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let cipher = p.required_str("cipher")?;
+    let key = Zeroizing::new(p.required_str("key")?);
+    let key2 = Zeroizing::new(p.optional_str("key2")?.unwrap_or_default());
+    let tweak = p.optional_str("tweak_mode")?;
+    let name = p.required_str("name")?;
+    p.finish()?;
+    if cipher != CIPHER {
+        return Err(ParamError::new("cipher", format!("only {CIPHER} is supported")).into());
+    }
+    if key2.is_empty() {
+        return Err(
+            ParamError::new("key2", "required for AES_XTS (the second half of the key, in hex)").into()
+        );
+    }
+    if let Some(t) = tweak.filter(|t| t != TWEAK_MODE) {
+        return Err(ParamError::new(
+            "tweak_mode",
+            format!(
+                "'{}': only {TWEAK_MODE} (the 512-byte sector number, as dm-crypt's plain64)",
+                t.escape_debug()
+            ),
+        )
+        .into());
+    }
+    if name.is_empty() {
+        return Err(ParamError::new("name", "must not be empty").into());
+    }
+    let k = CryptoKey::from_hex(&name, &key, &key2)?;
+    let bits = k.bits();
+    with_store(host, |s| s.add_accel(k))?;
+    log::info!("crypto key '{name}' created ({CIPHER}, {bits} bits)");
+    Ok(Value::Bool(true))
+}
+
+fn key_destroy(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("key_name")?;
+    p.finish()?;
+    with_store(host, |s| s.destroy_accel(&name))?;
+    log::info!("crypto key '{name}' destroyed");
+    Ok(Value::Bool(true))
+}
+
+/// Names, cipher, tweak mode and size; never the key.
+fn keys_get(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let only = p.optional_str("key_name")?;
+    p.finish()?;
+    with_store(host, |s| {
+        let keys = s.accel.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = &only {
+            if !keys.contains_key(n) {
+                return Err(ParamError::new("key_name", format!("no crypto key named '{n}'")).into());
+            }
+        }
+        let list: Vec<Value> = keys
+            .values()
+            .filter(|k| only.as_deref().is_none_or(|n| n == k.name()))
+            .map(|k| json!({"name": k.name(), "cipher": CIPHER, "tweak_mode": TWEAK_MODE, "key_bits": k.bits()}))
+            .collect();
+        Ok(Value::Array(list))
+    })
+}
+
+fn keyring_add(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    let path = p.required_str("path")?;
+    p.finish()?;
+    if name.is_empty() {
+        return Err(ParamError::new("name", "must not be empty").into());
+    }
+    let key = FileKey::read(&path)?;
+    with_store(host, |s| s.add_file_key(&name, key))?;
+    log::info!("key '{name}' added to the keyring from {path}");
+    Ok(Value::Bool(true))
+}
+
+fn keyring_remove(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    p.finish()?;
+    with_store(host, |s| s.remove_file_key(&name))?;
+    log::info!("key '{name}' removed from the keyring");
+    Ok(Value::Bool(true))
+}
+
+/// SPDK's shape for file keys: name, module, path; never the key.
+fn keyring_get(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleError> {
+    p.finish()?;
+    with_store(host, |s| {
+        let keys = s.keyring.lock().unwrap_or_else(|p| p.into_inner());
+        let list: Vec<Value> = keys
+            .iter()
+            .map(
+                |(name, k)| json!({"name": name, "module": "keyring_file", "path": k.path, "removed": false}),
+            )
+            .collect();
+        Ok(Value::Array(list))
+    })
+}

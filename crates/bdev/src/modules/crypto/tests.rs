@@ -1,0 +1,222 @@
+//! The crypto bdev against Python's `cryptography` (an independent AES-XTS), both ways, and the
+//! key rules.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::sync::Arc;
+
+use super::*;
+use crate::conformance::{read_range, write_range};
+use crate::RamDevice;
+
+const K1: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+const K2: &str = "ffeeddccbbaa99887766554433221100f0e1d2c3b4a5968778695a4b3c2d1e0f";
+
+/// The independent AES-XTS (Python's `cryptography`), shared with the other crypto tests.
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/xts_plain64.py");
+
+/// Encrypts (`enc`) or decrypts (`dec`) `input` as dm-crypt's aes-xts-plain64 with units of
+/// `unit` bytes starting at 512-byte sector `first`, in Python.
+fn python_xts(mode: &str, key: &str, key2: &str, unit: usize, first: u64, input: &[u8]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let (inp, out) = (dir.path().join("in"), dir.path().join("out"));
+    std::fs::write(&inp, input).unwrap();
+    let status = Command::new("python3")
+        .arg(SCRIPT)
+        .args([mode, &format!("{key}{key2}"), &unit.to_string(), &first.to_string()])
+        .arg(&inp)
+        .arg(&out)
+        .status()
+        .expect("python3 (with the cryptography package) runs");
+    assert!(status.success(), "python3 failed");
+    std::fs::read(&out).unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8).collect()
+}
+
+#[test]
+fn ciphertext_matches_an_independent_aes_xts_both_ways() {
+    for (bs, k1, k2) in
+        [(512u32, &K1[..32], &K2[..32]), (512, K1, K2), (4096, &K1[..32], &K2[..32]), (4096, K1, K2)]
+    {
+        let base: Bdev = Arc::new(RamDevice::new("ram", bs, 64).unwrap());
+        let key = Arc::new(CryptoKey::from_hex("k", k1, k2).unwrap());
+        let dev = CryptoDevice::new("c", base.clone(), key).unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut below = base.open_channel().unwrap();
+        let bsz = bs as usize;
+        // flashpath writes blocks 3..11; Python decrypts what the base holds.
+        let plain = pattern(8 * bsz, bs as u8);
+        write_range(&mut *ch, 3 * bsz as u64, &plain);
+        let stored = read_range(&mut *below, 3 * bsz as u64, plain.len());
+        assert_ne!(stored, plain, "{bs}: the base holds plaintext");
+        let first = 3 * u64::from(bs) / 512;
+        assert_eq!(
+            python_xts("dec", k1, k2, bsz, first, &stored),
+            plain,
+            "{bs}-byte blocks, decrypted by Python"
+        );
+        // Python encrypts blocks 20..24; flashpath reads them back.
+        let plain2 = pattern(4 * bsz, 77);
+        let first = 20 * u64::from(bs) / 512;
+        let cipher = python_xts("enc", k1, k2, bsz, first, &plain2);
+        write_range(&mut *below, 20 * bsz as u64, &cipher);
+        assert_eq!(
+            read_range(&mut *ch, 20 * bsz as u64, plain2.len()),
+            plain2,
+            "{bs}: Python's ciphertext read"
+        );
+    }
+}
+
+#[test]
+fn writes_leave_the_callers_buffer_and_split_blocks_decrypt() {
+    let base: Bdev = Arc::new(RamDevice::new("ram", 4096, 2048).unwrap());
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let dev = CryptoDevice::new("c", base, key).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    // A write longer than the whole buffer pool goes down in pieces; the source is unchanged.
+    let data = pattern(CHUNK * CHUNKS + 3 * 4096, 5);
+    let copy = data.clone();
+    write_range(&mut *ch, 0, &data);
+    assert_eq!(data, copy);
+    // Read through iovecs that cut blocks at odd bytes.
+    let len = 3 * 4096;
+    let mut buf = vec![0u8; len];
+    let cuts = [0, 100, 4097, 9000, len];
+    let iov: Vec<libc::iovec> = cuts
+        .windows(2)
+        // SAFETY: every cut is inside `buf`.
+        .map(|w| libc::iovec { iov_base: unsafe { buf.as_mut_ptr().add(w[0]) }.cast(), iov_len: w[1] - w[0] })
+        .collect();
+    let req = crate::conformance::rw(0, IoOp::Read, 4096, &iov);
+    // SAFETY: `buf` and `iov` outlive the request, run to completion here.
+    assert_eq!(unsafe { crate::conformance::run(&mut *ch, req) }, IoStatus::Success);
+    assert_eq!(buf, data[4096..4096 + len]);
+}
+
+#[test]
+fn key_sizes_and_equal_halves_are_refused_naming_the_field() {
+    let field = |r: Result<CryptoKey, BdevError>| match r {
+        Err(BdevError::InvalidParam { field, reason }) => {
+            assert!(!reason.contains(&K1[..8]) && !reason.contains(&K2[..8]), "key material in '{reason}'");
+            field
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(field(CryptoKey::from_hex("k", &K1[..30], &K2[..30])), "key");
+    assert_eq!(field(CryptoKey::from_hex("k", &K1[..48], &K2[..48])), "key");
+    assert_eq!(field(CryptoKey::from_hex("k", K1, &K2[..32])), "key2");
+    assert_eq!(field(CryptoKey::from_hex("k", K1, K1)), "key2");
+    assert_eq!(field(CryptoKey::from_hex("k", "zz112233445566778899aabbccddeeff", &K2[..32])), "key");
+    assert_eq!(field(CryptoKey::from_hex("k", &K1[..31], &K2[..32])), "key");
+    let k = CryptoKey::from_hex("k", K1, K2).unwrap();
+    assert_eq!(k.bits(), 512);
+    let shown = format!("{k:?}");
+    assert!(!shown.contains("0011") && shown.contains("512"), "{shown}");
+}
+
+#[test]
+fn a_key_in_use_is_not_destroyed() {
+    let store = KeyStore::default();
+    store.add_accel(CryptoKey::from_hex("k", K1, K2).unwrap()).unwrap();
+    assert!(store.add_accel(CryptoKey::from_hex("k", K1, K2).unwrap()).is_err());
+    let base: Bdev = Arc::new(RamDevice::new("ram", 512, 64).unwrap());
+    let dev = CryptoDevice::new("c", base, store.accel_key("k").unwrap()).unwrap();
+    let e = store.destroy_accel("k").unwrap_err();
+    assert!(e.to_string().contains("key_name") && e.to_string().contains("in use"), "{e}");
+    drop(dev);
+    store.destroy_accel("k").unwrap();
+    assert!(store.accel_key("k").unwrap_err().to_string().contains("key_name"));
+}
+
+#[test]
+fn key_files_must_be_owner_only_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("key");
+    std::fs::write(&path, b"NVMeTLSkey-1:01:secret:").unwrap();
+    let p = path.to_str().unwrap();
+    for mode in [0o644, 0o640, 0o604] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let e = FileKey::read(p).err().unwrap();
+        assert!(e.to_string().contains("path") && e.to_string().contains("owner-only"), "{e}");
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = FileKey::read(p).unwrap();
+    assert_eq!(key.len(), 23);
+    let e = FileKey::read(dir.path().to_str().unwrap()).err().unwrap();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    assert!(FileKey::read(link.to_str().unwrap()).err().unwrap().to_string().contains("path"));
+    assert!(FileKey::read("relative/key").err().unwrap().to_string().contains("absolute"));
+    let store = KeyStore::default();
+    store.add_file_key("tls", key).unwrap();
+    assert!(store.remove_file_key("tls").is_ok());
+    assert!(store.remove_file_key("tls").unwrap_err().to_string().contains("name"));
+}
+
+#[test]
+fn block_sizes_above_4096_are_refused() {
+    let base: Bdev = Arc::new(RamDevice::new("ram", 8192, 64).unwrap());
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let e = CryptoDevice::new("c", base, key).err().unwrap();
+    assert!(e.to_string().contains("base_bdev_name") && e.to_string().contains("8192"), "{e}");
+}
+
+#[test]
+fn a_full_channel_says_busy_and_takes_more_once_writes_complete() {
+    use crate::{DelayDevice, DelayLatency};
+    use std::time::Duration;
+    // A base that holds every request 20 ms, so nothing completes while we fill the channel.
+    let d = Duration::from_millis(20);
+    let latency = DelayLatency { avg_read: d, p99_read: d, avg_write: d, p99_write: d };
+    let ram: Bdev = Arc::new(RamDevice::new("ram", 512, 1024).unwrap());
+    let base: Bdev = Arc::new(DelayDevice::new("slow", ram, latency).unwrap());
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let dev = CryptoDevice::new("c", base, key).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    let mut buf = vec![9u8; 512];
+    let iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 }];
+    let mut taken = 0u32;
+    loop {
+        let req = crate::conformance::rw(taken, IoOp::Write, u64::from(taken % 1024) * 512, &iov);
+        // SAFETY: `buf` and `iov` outlive every request, all reaped below.
+        match unsafe { ch.submit(&req) } {
+            Ok(()) => taken += 1,
+            Err(SubmitError::Busy) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(taken <= 4096, "never Busy");
+    }
+    assert_eq!(taken as usize, WRITES, "writes accepted before Busy");
+    assert_eq!(ch.in_flight(), WRITES);
+    let done = crate::conformance::poll_until(&mut *ch, WRITES);
+    assert!(done.iter().all(|&(_, s)| s == IoStatus::Success));
+    assert_eq!(ch.in_flight(), 0);
+    // The source buffer was never encrypted in place.
+    assert_eq!(buf, vec![9u8; 512]);
+    assert_eq!(read_range(&mut *ch, 0, 512), vec![9u8; 512]);
+}
+
+#[test]
+fn a_grown_base_grows_the_crypto_bdev_and_keeps_its_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.img");
+    std::fs::File::create(&path).unwrap().set_len(64 * 512).unwrap();
+    let base: Bdev = Arc::new(crate::UringDevice::new("u", &path, None, false).unwrap());
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let dev = CryptoDevice::new("c", base.clone(), key).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    let data = pattern(4 * 512, 3);
+    write_range(&mut *ch, 60 * 512, &data);
+    std::fs::File::options().write(true).open(&path).unwrap().set_len(128 * 512).unwrap();
+    base.resize(128).unwrap();
+    assert_eq!(dev.info().num_blocks(), 128);
+    // The tweak is the absolute sector: old blocks read back, new ones are writable.
+    assert_eq!(read_range(&mut *ch, 60 * 512, data.len()), data);
+    write_range(&mut *ch, 120 * 512, &data);
+    assert_eq!(read_range(&mut *ch, 120 * 512, data.len()), data);
+}
