@@ -1,0 +1,63 @@
+//! AES-XTS throughput of the crypto bdev's cipher on one core, for `bench.py --only crypto`,
+//! which compares it with `openssl speed -evp aes-256-xts` (docs/crypto.md#performance).
+//!
+//! `xts_speed [--bytes N[,N...]] [--seconds S] [--key-bits 256|512]` encrypts and then decrypts
+//! one buffer of N bytes (a whole number of data units of `--unit` bytes, 512 or 4096, default
+//! the smaller of N and 4096) over and over for S seconds each, and prints one JSON line per
+//! operation and size: `{"op":"encrypt","bytes":4096,"unit":4096,"key_bits":512,
+//! "bytes_per_sec":…,"ns_per_buffer":…}`.
+
+use std::time::Instant;
+
+use fp_bdev::modules::crypto::CryptoKey;
+
+fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let sizes: Vec<usize> = arg(&args, "--bytes")
+        .unwrap_or("512,4096,16384")
+        .split(',')
+        .map(|s| s.parse().expect("--bytes: a list of sizes in bytes"))
+        .collect();
+    let seconds: f64 = arg(&args, "--seconds").map_or(2.0, |s| s.parse().expect("--seconds: a number"));
+    let bits: usize = arg(&args, "--key-bits").map_or(512, |s| s.parse().expect("--key-bits: 256 or 512"));
+    let half: Vec<u8> = (0..bits / 16).map(|i| i as u8).collect();
+    let half2: Vec<u8> = half.iter().map(|b| b ^ 0x5a).collect();
+    let key = CryptoKey::new("speed", &half, &half2).expect("--key-bits: 256 or 512");
+    for &bytes in &sizes {
+        let unit: usize =
+            arg(&args, "--unit").map_or(bytes.min(4096), |s| s.parse().expect("--unit: 512 or 4096"));
+        assert!(
+            bytes % unit == 0 && (unit == 512 || unit == 4096),
+            "--bytes {bytes} is not whole units of {unit}"
+        );
+        let mut buf = vec![0xa5u8; bytes];
+        for op in ["encrypt", "decrypt"] {
+            let start = Instant::now();
+            let mut rounds = 0u64;
+            while start.elapsed().as_secs_f64() < seconds {
+                for r in 0..256u64 {
+                    let first = (rounds + r) * (bytes / 512) as u64;
+                    for (k, u) in buf.chunks_exact_mut(unit).enumerate() {
+                        let sector = first + (k * unit / 512) as u64;
+                        if op == "encrypt" {
+                            key.encrypt(u, sector);
+                        } else {
+                            key.decrypt(u, sector);
+                        }
+                    }
+                }
+                rounds += 256;
+            }
+            let secs = start.elapsed().as_secs_f64();
+            println!(
+                "{{\"op\":\"{op}\",\"bytes\":{bytes},\"unit\":{unit},\"key_bits\":{bits},\"bytes_per_sec\":{:.0},\"ns_per_buffer\":{:.1}}}",
+                rounds as f64 * bytes as f64 / secs,
+                secs * 1e9 / rounds as f64
+            );
+        }
+    }
+}
