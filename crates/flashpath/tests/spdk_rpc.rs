@@ -1187,7 +1187,7 @@ fn crypto_and_keys() {
     );
     assert_eq!(rpc.bdev("Malloc0")["claimed"], true);
     let e = rpc.fails(&["accel_crypto_key_destroy", "-n", "key0"]);
-    assert!(e["message"].as_str().unwrap().contains("in use"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("in use by 'Crypto0'"), "{e}");
 
     rpc.ok(&["bdev_crypto_delete", "Crypto0"]);
     assert_eq!(rpc.bdev("Malloc0")["claimed"], false);

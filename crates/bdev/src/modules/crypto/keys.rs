@@ -226,6 +226,9 @@ pub struct KeyStore {
     pub accel: Mutex<BTreeMap<String, Arc<CryptoKey>>>,
     /// Keyring file keys by name.
     pub keyring: Mutex<BTreeMap<String, FileKey>>,
+    /// The key each crypto bdev was created with, by bdev name, to name the users of a key in
+    /// an error. Entries of deleted bdevs stay until the name is reused; callers filter them.
+    users: Mutex<BTreeMap<String, String>>,
 }
 
 impl KeyStore {
@@ -246,18 +249,34 @@ impl KeyStore {
     }
 
     /// Destroys the accel key `name`; refused while a crypto bdev holds it.
-    pub fn destroy_accel(&self, name: &str) -> Result<(), BdevError> {
+    pub fn destroy_accel(&self, name: &str, is_crypto_bdev: &dyn Fn(&str) -> bool) -> Result<(), BdevError> {
         let mut keys = self.accel.lock().unwrap_or_else(|p| p.into_inner());
         let key =
             keys.get(name).ok_or_else(|| invalid("key_name", format!("no crypto key named '{name}'")))?;
         if Arc::strong_count(key) > 1 {
+            let users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+            let named: Vec<&str> = users
+                .iter()
+                .filter(|(bdev, k)| k.as_str() == name && is_crypto_bdev(bdev))
+                .map(|(bdev, _)| bdev.as_str())
+                .collect();
+            let by = if named.is_empty() {
+                "a crypto bdev".to_string()
+            } else {
+                format!("'{}'", named.join("', '"))
+            };
             return Err(invalid(
                 "key_name",
-                format!("crypto key '{name}' is in use by a crypto bdev: delete the bdev first"),
+                format!("crypto key '{name}' is in use by {by}: delete the crypto bdev first"),
             ));
         }
         keys.remove(name);
         Ok(())
+    }
+
+    /// Records that crypto bdev `bdev` uses the key `key`.
+    pub fn note_user(&self, bdev: &str, key: &str) {
+        self.users.lock().unwrap_or_else(|p| p.into_inner()).insert(bdev.to_string(), key.to_string());
     }
 
     /// Adds a keyring file key; refuses a name taken.

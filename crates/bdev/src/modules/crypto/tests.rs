@@ -125,10 +125,12 @@ fn a_key_in_use_is_not_destroyed() {
     assert!(store.add_accel(CryptoKey::from_hex("k", K1, K2).unwrap()).is_err());
     let base: Bdev = Arc::new(RamDevice::new("ram", 512, 64).unwrap());
     let dev = CryptoDevice::new("c", base, store.accel_key("k").unwrap()).unwrap();
-    let e = store.destroy_accel("k").unwrap_err();
-    assert!(e.to_string().contains("key_name") && e.to_string().contains("in use"), "{e}");
+    store.note_user("c", "k");
+    store.note_user("gone", "k");
+    let e = store.destroy_accel("k", &|b| b == "c").unwrap_err();
+    assert!(e.to_string().contains("key_name") && e.to_string().contains("in use by 'c'"), "{e}");
     drop(dev);
-    store.destroy_accel("k").unwrap();
+    store.destroy_accel("k", &|_| false).unwrap();
     assert!(store.accel_key("k").unwrap_err().to_string().contains("key_name"));
 }
 
