@@ -59,7 +59,7 @@ ensure_guest_packages() {
         fi
     fi
     qemu-system-x86_64 --version | head -n 1
-    apt_install busybox-static cpio fio e2fsprogs xz-utils zstd libc6-dev nvme-cli socat
+    apt_install busybox-static cpio fio e2fsprogs xz-utils zstd libc6-dev nvme-cli socat cryptsetup-bin
 }
 
 # The benchmark's tools: qemu-storage-daemon 10.x from bookworm-backports (Debian 12's own

@@ -2,7 +2,8 @@
 # Builds (or reuses) the boot image of the guest tests: an uncompressed kernel (vmlinux, booted
 # directly through PVH) and an initramfs holding static busybox, virtio_blk.ko, the modules of a
 # virtio-net NIC and of the kernel's NVMe/TCP host, of VFIO, of the kernel's NVMe/TCP target
-# (nvmet) and NBD, the fpio data tool, mke2fs, fio and nvme-cli (with their shared libraries),
+# (nvmet) and NBD, of dm-crypt, the fpio data tool, mke2fs, e2fsck, fio, nvme-cli and cryptsetup
+# (with their shared libraries),
 # libgcc_s for flashpath's binaries (which a test adds in a second cpio) and the scenario script
 # `init`.
 #
@@ -35,7 +36,7 @@ die() { printf 'build-image: error: %s\n' "$*" >&2; exit 1; }
 need=(
     busybox:busybox-static cpio:cpio zstd:zstd xz:xz-utils fio:fio mke2fs:e2fsprogs
     dpkg-deb:dpkg apt-get:apt cc:build-essential flock:util-linux ldd:libc-bin od:coreutils
-    nvme:nvme-cli
+    nvme:nvme-cli cryptsetup:cryptsetup-bin
 )
 missing=()
 for pair in "${need[@]}"; do
@@ -53,7 +54,7 @@ if ldd "$BUSYBOX" >/dev/null 2>&1; then
 fi
 
 # The host packages whose files are copied into the image: their versions are part of the key.
-COPIED_PKGS="busybox-static fio e2fsprogs libc6 nvme-cli libnvme1 libgcc-s1"
+COPIED_PKGS="busybox-static fio e2fsprogs libc6 nvme-cli libnvme1 libgcc-s1 cryptsetup-bin libcryptsetup12 libdevmapper1.02.1"
 pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
 key_input() {
     cat "$0" "$HERE/init" "$HERE/fpio.c"
@@ -159,6 +160,12 @@ add_module configfs ""
 add_module nvmet configfs
 add_module nvmet-tcp nvmet
 add_module nbd ""
+# The crypto scenario: dm-crypt for `cryptsetup open --type plain --cipher aes-xts-plain64`. AES
+# itself is built into this kernel; the xts template is a module, which init loads before
+# dm-crypt asks for "xts(aes)" (the guest has no modprobe that could load it on demand).
+add_module dm-mod ""
+add_module dm-crypt dm-mod
+add_module xts ""
 
 cp "$BUSYBOX" "$R/bin/busybox"
 cp "$HERE/init" "$R/init"
@@ -184,6 +191,10 @@ add_dynamic "$(command -v mke2fs)"
 # nvme-cli (discover, connect, disconnect) for the nvmf scenario; it reads the host NQN from
 # /etc/nvme/hostnqn, which init writes.
 add_dynamic "$(command -v nvme)"
+# e2fsck and cryptsetup for the crypto scenario: the guest opens the raw disk under dm-crypt and
+# checks the file system it finds there.
+add_dynamic "$(command -v e2fsck)"
+add_dynamic "$(command -v cryptsetup)"
 [ -f /etc/mke2fs.conf ] && cp /etc/mke2fs.conf "$R/etc/"
 # flashpath's binaries need libgcc_s (unwinding) besides libc. They change with every build, so
 # they are not in this cached image: the nvme test packs them into a second cpio that QEMU loads
@@ -194,7 +205,7 @@ mkdir -p "$R$(dirname "$libgcc")"
 cp -L "$libgcc" "$R$libgcc"
 # The copied programs must start inside the image (checked with chroot, which needs root).
 if [ "$(id -u)" -eq 0 ]; then
-    for prog in "/usr/bin/fio --version" "/usr/sbin/mke2fs -V" "/usr/sbin/nvme version" "/bin/busybox true" "/bin/fpio -b verify /init 0 8 0"; do
+    for prog in "/usr/bin/fio --version" "/usr/sbin/mke2fs -V" "/usr/sbin/nvme version" "$(command -v e2fsck) -V" "$(command -v cryptsetup) --version" "/bin/busybox true" "/bin/fpio -b verify /init 0 8 0"; do
         # (fpio compares the first 8 bytes of /init with the pattern: status 1, "differs", means it ran.)
         rc=0
         chroot "$R" $prog >/dev/null 2>&1 || rc=$?

@@ -409,6 +409,250 @@ mod guest_vm {
         }
     }
 
+    /// Size of the file behind the 512-byte crypto pair (`fp-enc`, `fp-raw`).
+    const CRYPTO_SIZE: u64 = 32 * MIB;
+    /// Size of the file behind the 4096-byte pair (`fp-enc4k`, `fp-raw4k`).
+    const CRYPTO4K_SIZE: u64 = 8 * MIB;
+    /// Size of the RAM disk under the error bdev `EE_m` (`fp-err`).
+    const ERR_SIZE: u64 = 16 * MIB;
+    /// Write failures injected before the boot.
+    const WRITE_FAILURES: u64 = 3;
+    /// The 4 KiB writes the guest makes to the error disk (`crypto` in tests/guest/init).
+    const GUEST_ERROR_WRITES: u64 = 5;
+    /// Read failures injected while the guest waits: more than it will consume, so the clear
+    /// (not the count running out) is what ends them.
+    const READ_FAILURES: u64 = 100;
+    /// The reads the guest tries while the read injection holds.
+    const GUEST_FAILED_READS: u64 = 2;
+
+    /// The text files the `crypto` scenario writes (tests/guest/init): plaintext that must not
+    /// reach the backing file.
+    const CRYPTO_MARKERS: [&str; 2] =
+        ["FLASHPATH-PLAINTEXT-MARKER-ext4-via-crypto-bdev", "FLASHPATH-PLAINTEXT-MARKER-ext4-via-dm-crypt"];
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Creates `path` with mode 0600 (key material is never readable by others, even briefly).
+    fn write_owner_only(path: &Path, bytes: &[u8]) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .and_then(|mut f| f.write_all(bytes))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    }
+
+    /// The first 16 bytes of each 512-byte sector of `data`: with the pattern's words naming
+    /// their position, a sector of plaintext stored anywhere in a disk sector shows as one of
+    /// these, and 16 bytes of ciphertext match one by chance with probability 2^-128.
+    fn sector_heads(data: &[u8]) -> std::collections::HashSet<[u8; 16]> {
+        data.chunks(512).map(|s| s[..16].try_into().expect("16 bytes")).collect()
+    }
+
+    /// The sectors of `disk` that start as a sector of `plaintext` does (see [`sector_heads`]).
+    fn plaintext_sectors(disk: &[u8], plaintext: &[Vec<u8>]) -> usize {
+        let heads: std::collections::HashSet<[u8; 16]> =
+            plaintext.iter().flat_map(|p| sector_heads(p)).collect();
+        disk.chunks(512).filter(|s| heads.contains(&s[..16])).count()
+    }
+
+    /// The `injections.<io_type>` left on `EE_m`, as `num` (0 when none is listed).
+    fn injection_left(d: &Daemon, io_type: &str) -> u64 {
+        let b = d.call("bdev_get_bdevs", json!({"name": "EE_m"}));
+        let inj = &b[0]["driver_specific"]["error"]["injections"][io_type];
+        if inj.is_null() {
+            0
+        } else {
+            inj["num"].as_u64().unwrap_or_else(|| panic!("injections.{io_type} without num: {b}"))
+        }
+    }
+
+    /// `bdev_get_iostat`'s `io_error` count of `EIO` for `name`.
+    fn iostat_eio(d: &Daemon, name: &str) -> u64 {
+        let v = d.call("bdev_get_iostat", json!({"name": name}));
+        let errors = &v["bdevs"][0]["io_error"];
+        assert!(errors.is_object(), "{name}: no io_error in {v}");
+        errors.get("EIO").map_or(0, |n| n.as_u64().expect("a count"))
+    }
+
+    /// Issue 27's guest test of the crypto and error bdevs, one boot (`crypto` in
+    /// tests/guest/init). One daemon, started from a configuration file holding the key
+    /// (`[[accel_crypto_key]]`, owner-only), exports two crypto bdevs and, as is, the uring bdevs
+    /// on the same files under them (512- and 4096-byte blocks), and an error bdev over a RAM
+    /// disk. In the guest, Linux's dm-crypt (`cryptsetup open --type plain --cipher
+    /// aes-xts-plain64`, the same key) reads the ext4 the guest made on the crypto disk (e2fsck
+    /// -fn clean, the files intact) and the crypto disk reads what dm-crypt wrote, on both
+    /// block sizes; the host then finds no plaintext in the files. The error disk's first 3
+    /// writes fail with EIO and the next succeed; reads fail with EIO while the host holds a
+    /// read injection and succeed with the right data after it clears it; the daemon counted
+    /// exactly those errors.
+    #[test]
+    fn crypto_disks_match_dm_crypt_and_injected_errors_reach_the_guest() {
+        let Some(_one) = one_at_a_time() else { return };
+        // The configuration holds a key, so it must be owner-only: written here, not by
+        // Daemon::start_with_config.
+        let files =
+            tempfile::Builder::new().prefix("fp-crypto-").tempdir_in("/var/tmp").expect("a directory");
+        let dir = files.path();
+        let key = pattern(0xc0ff_ee27, 0, 64);
+        assert_ne!(key[..32], key[32..], "XTS needs two different halves");
+        let key_file = dir.join("crypto.key");
+        write_owner_only(&key_file, &key);
+        let f = sparse_file(dir, "crypto.img", CRYPTO_SIZE);
+        let f4 = sparse_file(dir, "crypto4k.img", CRYPTO4K_SIZE);
+        let mut config = format!(
+            "[[accel_crypto_key]]\nname = \"k0\"\ncipher = \"AES_XTS\"\nkey = \"{}\"\nkey2 = \"{}\"\n\n\
+             [[bdev]]\ntype = \"uring\"\nname = \"f-enc\"\nfilename = \"{f}\"\n\n\
+             [[bdev]]\ntype = \"crypto\"\nname = \"enc\"\nbase_bdev_name = \"f-enc\"\nkey_name = \"k0\"\n\n\
+             [[bdev]]\ntype = \"uring\"\nname = \"f-raw\"\nfilename = \"{f}\"\n\n\
+             [[bdev]]\ntype = \"uring\"\nname = \"f4k-enc\"\nfilename = \"{f4}\"\nblock_size = 4096\n\n\
+             [[bdev]]\ntype = \"crypto\"\nname = \"enc4k\"\nbase_bdev_name = \"f4k-enc\"\nkey_name = \"k0\"\n\n\
+             [[bdev]]\ntype = \"uring\"\nname = \"f4k-raw\"\nfilename = \"{f4}\"\nblock_size = 4096\n\n\
+             [[bdev]]\ntype = \"malloc\"\nname = \"m\"\nnum_blocks = {}\nblock_size = 512\n\n\
+             [[bdev]]\ntype = \"error\"\nbase_name = \"m\"\n\n",
+            hex(&key[..32]),
+            hex(&key[32..]),
+            ERR_SIZE / 512,
+            f = f.display(),
+            f4 = f4.display(),
+        );
+        let exports = [
+            ("fp-enc", "enc"),
+            ("fp-raw", "f-raw"),
+            ("fp-enc4k", "enc4k"),
+            ("fp-raw4k", "f4k-raw"),
+            ("fp-err", "EE_m"),
+        ];
+        for (ctrlr, bdev) in exports {
+            config.push_str(&format!(
+                "[[vhost_blk]]\nctrlr = \"{ctrlr}\"\ndev_name = \"{bdev}\"\nnum_queues = 2\n\n"
+            ));
+        }
+        let config_path = dir.join("flashpath.toml");
+        write_owner_only(&config_path, config.as_bytes());
+        let d = Daemon::start_with_args("0", &["--config", config_path.to_str().expect("a UTF-8 path")]);
+        d.call(
+            "bdev_error_inject_error",
+            json!({"name": "EE_m", "io_type": "write", "error_type": "failure", "num": WRITE_FAILURES}),
+        );
+
+        let vm_cfg = VmConfig {
+            console_input: true,
+            extra_files: vec![(key_file.clone(), "/crypto.key".into())],
+            ..VmConfig::new("crypto", exports.iter().map(|(c, _)| d.dir.path().join(c)).collect())
+        };
+        let mut vm = Vm::boot(&vm_cfg, d.dir.path());
+        vm.wait_for("the guest's writes to the error disk", |l| l.contains("error read ready"), BOOT_TIMEOUT);
+        let crypto_part = vm.elapsed();
+        let t0 = std::time::Instant::now();
+        assert_eq!(injection_left(&d, "write"), 0, "the guest's writes used up the write injection");
+        d.call(
+            "bdev_error_inject_error",
+            json!({"name": "EE_m", "io_type": "read", "error_type": "failure", "num": READ_FAILURES}),
+        );
+        vm.send_line("go");
+        vm.wait_for("the guest's failed reads", |l| l.contains("error read waiting for clear"), BOOT_TIMEOUT);
+        // Exactly the guest's two reads took an injected failure: nothing else read the disk.
+        assert_eq!(injection_left(&d, "read"), READ_FAILURES - GUEST_FAILED_READS, "reads failed so far");
+        let failed = WRITE_FAILURES + GUEST_FAILED_READS;
+        assert_eq!(iostat_eio(&d, "EE_m"), failed, "EE_m's EIO count before the clear");
+        assert_eq!(counter(&stats(&d, "fp-err"), "io_errors"), failed, "fp-err's io_errors before the clear");
+        d.call(
+            "bdev_error_inject_error",
+            json!({"name": "EE_m", "io_type": "clear", "error_type": "failure"}),
+        );
+        assert_eq!(injection_left(&d, "read"), 0, "the clear ended the read injection");
+        vm.send_line("go");
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        eprintln!(
+            "crypto scenario: boot, crypto and 4 KiB parts {crypto_part:.1?}; error reads to QEMU's exit {:.1?}",
+            t0.elapsed()
+        );
+        let r = vm.whole_result(&r);
+
+        assert_disk(&r, "fp-enc", CRYPTO_SIZE, 512, false);
+        assert_disk(&r, "fp-raw", CRYPTO_SIZE, 512, false);
+        assert_disk(&r, "fp-enc4k", CRYPTO4K_SIZE, 4096, false);
+        assert_disk(&r, "fp-raw4k", CRYPTO4K_SIZE, 4096, false);
+        assert_disk(&r, "fp-err", ERR_SIZE, 512, false);
+        let mappings = r.info_after("crypto dm-crypt plain");
+        assert!(
+            mappings.iter().any(|l| l.contains("lbs=512") && l.contains(&format!("size={CRYPTO_SIZE}"))),
+            "the 512-byte dm-crypt mapping: {mappings:?}"
+        );
+        assert!(
+            mappings.iter().any(|l| l.starts_with("4k ") && l.contains("lbs=4096")),
+            "the 4096-byte dm-crypt mapping: {mappings:?}"
+        );
+
+        // The guest saw the injected errors as EIO, exactly WRITE_FAILURES of its writes and
+        // every read under the read injection; a failed write left the disk as it was.
+        for i in 1..=GUEST_ERROR_WRITES {
+            let fails = i <= WRITE_FAILURES;
+            let status = r.info_after(&format!("error write {i} ")).join(" ");
+            let want = if fails { "status=3 Input/output error" } else { "status=0" };
+            assert!(status.starts_with(want), "write {i}: {status:?}, want {want:?}");
+            let written = r.info_after(&format!("error written {i} ")).join(" ");
+            assert_eq!(written, if fails { "zeroes" } else { "data" }, "what write {i} left");
+        }
+        for i in 1..=GUEST_FAILED_READS {
+            let status = r.info_after(&format!("error read {i} ")).join(" ");
+            assert!(status.starts_with("status=3 Input/output error"), "read {i}: {status:?}");
+        }
+
+        // The plaintext the guest wrote is nowhere in the files; its ciphertext is.
+        // (Files start at file-system blocks, so each text file's first sector starts with its
+        // marker.)
+        let img = std::fs::read(&f).expect("reading the crypto disk's file");
+        let mut plaintext: Vec<Vec<u8>> = CRYPTO_MARKERS.iter().map(|m| m.as_bytes().to_vec()).collect();
+        plaintext.extend([pattern(71, 0, 2 << 20), pattern(72, 0, 1 << 20), pattern(73, 0, 1 << 20)]);
+        let leaked = plaintext_sectors(&img, &plaintext);
+        assert_eq!(leaked, 0, "sectors of the guest's files in plaintext in {}", f.display());
+        let nonzero = img.iter().filter(|&&b| b != 0).count() as u64;
+        assert!(nonzero > 4 * MIB, "only {nonzero} non-zero bytes: the guest's 4 MiB of files are not there");
+        let img4 = std::fs::read(&f4).expect("reading the 4096-byte crypto disk's file");
+        let writes4 = [(0, 262144usize, 81), (3 * MIB + 8192, 65536, 82), (2 * MIB, 131072, 83)];
+        let plaintext4: Vec<Vec<u8>> =
+            writes4.iter().map(|&(off, len, seed)| pattern(seed, off, len)).collect();
+        let leaked = plaintext_sectors(&img4, &plaintext4);
+        assert_eq!(leaked, 0, "sectors of the guest's writes in plaintext in {}", f4.display());
+        for (off, len, seed) in writes4 {
+            let stored = &img4[off as usize..off as usize + len];
+            assert!(stored.iter().any(|&b| b != 0), "nothing stored at {off} for pattern {seed}");
+        }
+
+        for (ctrlr, _) in &exports[..4] {
+            let s = stats(&d, ctrlr);
+            assert_no_errors(&s);
+            assert!(counter(&s, "write_ops") > 0 && counter(&s, "read_ops") > 0, "{ctrlr}: {s}");
+        }
+        // The error disk: the counts stayed at what was injected, and the data is whole
+        // through another client after the guest.
+        assert_eq!(iostat_eio(&d, "EE_m"), failed, "EE_m's EIO count at the end");
+        let s = stats(&d, "fp-err");
+        assert_eq!(counter(&s, "io_errors"), failed, "fp-err's io_errors at the end: {s}");
+        let sock = d.dir.path().join("fp-err");
+        let (first, second) =
+            bounded(std::time::Duration::from_secs(60), "error disk read-back", move || {
+                let mut c = BlkClient::open(&sock, 1);
+                (c.read_all(MIB, MIB as usize), c.read_all(4 * MIB, MIB as usize))
+            });
+        assert_same("EE_m [1 MiB, 2 MiB) after the guest", MIB, &first, &pattern(95, MIB, MIB as usize));
+        assert_same(
+            "EE_m [4 MiB, 5 MiB) after the guest",
+            4 * MIB,
+            &second,
+            &pattern(96, 4 * MIB, MIB as usize),
+        );
+    }
+
     /// Online resize: the file behind a running guest's disk grows, `bdev_uring_rescan` tells
     /// the daemon, and the guest's kernel sees the new capacity through the config-change
     /// notification (VHOST_USER_BACKEND_CONFIG_CHANGE_MSG, then QEMU's config interrupt) without
