@@ -6,7 +6,7 @@ import unittest
 
 from fpbench.report_crypto import crypto_markdown, crypto_targets, validate_crypto
 from fpbench.sections.crypto import (CONFIG, KEY_BITS, OPS, PATTERN_OP, SIZES, VARIANTS, CryptoSection,
-                                     parse_openssl_mr, parse_xts_speed)
+                                     cipher_run, parse_openssl_mr, parse_xts_speed)
 
 # `openssl speed -elapsed -mr -seconds 1 -bytes 4096 -evp aes-256-xts` as OpenSSL 3.0 prints it.
 OPENSSL_MR = """compiler: gcc -fPIC -pthread -m64
@@ -33,22 +33,30 @@ class Parse(unittest.TestCase):
     def test_xts_speed_lines(self):
         lines = [json.dumps({"op": op, "bytes": n, "unit": min(n, 4096), "key_bits": 512,
                              "bytes_per_sec": 1e9, "ns_per_buffer": n}) for n in SIZES for op in OPS]
-        rows = parse_xts_speed("\n".join(lines) + "\n")
+        rows = parse_xts_speed("\n".join(lines) + "\n", len(SIZES))
         self.assertEqual([(r["bytes"], r["op"]) for r in rows], [(n, op) for n in SIZES for op in OPS])
         with self.assertRaisesRegex(RuntimeError, "result lines"):
-            parse_xts_speed("\n".join(lines[:3]))
+            parse_xts_speed("\n".join(lines[:3]), len(SIZES))
+
+    def test_a_run_that_had_half_the_core_counts_twice_per_cpu_second(self):
+        r = cipher_run({"bytes_per_sec": 1e9}, "openssl", 512, 4096, "encrypt", 0, 0.5)
+        self.assertEqual(r["bytes_per_cpu_sec"], 2e9)
+        self.assertEqual((r["tool"], r["bits"], r["bytes"], r["op"]), ("openssl", 512, 4096, "encrypt"))
 
 
 def synthetic(reps=2, cipher_reps=2):
-    """A results dict shaped as run_crypto writes it: openssl at 4 GB/s, flashpath at 1 GB/s; every
+    """A results dict shaped as run_crypto writes it: openssl at 4 GB/s, flashpath at 1 GB/s per CPU
+    second (3 and 0.9 by the wall clock); every
     disk at a made-up IOPS, fp-crypto at 400 K."""
     runs, rows = [], []
     for bits in KEY_BITS:
         for n in SIZES:
             for op in OPS:
                 rows.append({"bits": bits, "cipher": f"aes-{bits // 2}-xts", "bytes": n, "op": op,
-                             "openssl_bytes_per_sec": 4e9, "flashpath_bytes_per_sec": 1e9, "openssl_runs": cipher_reps,
-                             "flashpath_runs": cipher_reps, "min_cpu_share": 0.99, "ratio": 0.25,
+                             "openssl_bytes_per_sec": 3e9, "flashpath_bytes_per_sec": 0.9e9,
+                             "openssl_bytes_per_cpu_sec": 4e9, "flashpath_bytes_per_cpu_sec": 1e9,
+                             "openssl_runs": cipher_reps, "flashpath_runs": cipher_reps, "min_cpu_share": 0.75,
+                             "ratio": 0.25, "ratio_wall": 0.3,
                              "flashpath_ns_per_buffer": n})
     bench = CryptoSection()
     bench.results = {"crypto": {"cipher": {"runs": runs, "rows": rows}}}
@@ -70,12 +78,19 @@ class Report(unittest.TestCase):
     def test_bound_and_ratios(self):
         res = synthetic()
         p = res["crypto"]["points"][0]
-        # openssl's 4 GB/s of 4096-byte buffers: 976,562.5 blocks/s; 400 K IOPS is 0.41x that.
+        # openssl's 4 GB/s (per CPU second, not the wall clock's 3) of 4096-byte buffers: 976,562.5
+        # blocks/s; 400 K IOPS is 0.41x that.
         self.assertAlmostEqual(p["openssl_bound_iops"], 4e9 / 4096)
         self.assertAlmostEqual(p["median"]["fp-crypto"]["vs_openssl_bound"], 400e3 / (4e9 / 4096))
+        # 2,500 ns of server CPU per I/O: 400 K I/Os per CPU second, the same ratio.
+        self.assertAlmostEqual(p["median"]["fp-crypto"]["iops_per_cpu_sec"], 400e3)
+        self.assertAlmostEqual(p["median"]["fp-crypto"]["vs_openssl_bound_cpu"], 400e3 / (4e9 / 4096))
         self.assertAlmostEqual(p["ratios"]["qsd_luks_vs_raw_iops"], 0.5)
         self.assertAlmostEqual(p["cost"]["fp_crypto_busy_ns_per_io"], 1e9 / 400e3 - 1e9 / 900e3)
         self.assertEqual(p["cost"]["xts_speed_ns_per_4k"], 4096)
+        # 1 GB/s per CPU second: 4,096 ns of CPU per 4 KiB buffer.
+        self.assertAlmostEqual(p["cost"]["xts_speed_cpu_ns_per_4k"], 4096)
+        self.assertAlmostEqual(p["cost"]["qsd_luks_cpu_ns_per_io"], 1e9 / 100e3 - 1e9 / 200e3)
 
     def test_targets_judge_the_512_bit_key_and_the_4k_crypto_disk(self):
         res = synthetic()

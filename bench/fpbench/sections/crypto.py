@@ -114,12 +114,20 @@ def parse_openssl_mr(out, size):
             "reported_bytes_per_sec": float(f.group(1)) if f else None}
 
 
-def parse_xts_speed(out):
-    """xts_speed's JSON lines (one per operation and size)."""
+def parse_xts_speed(out, sizes):
+    """xts_speed's JSON lines (one per operation and size) for a run over `sizes` sizes."""
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    if len(rows) != len(SIZES) * len(OPS):
-        raise RuntimeError(f"xts_speed: {len(rows)} result lines, want {len(SIZES) * len(OPS)}: {out.strip()[-500:]}")
+    if len(rows) != sizes * len(OPS):
+        raise RuntimeError(f"xts_speed: {len(rows)} result lines, want {sizes * len(OPS)}: {out.strip()[-500:]}")
     return rows
+
+
+def cipher_run(r, tool, bits, size, op, rep, cpu_share):
+    """One cipher figure: `r` (with `bytes_per_sec` by the wall clock) and where it came from, plus
+    the same per second of CPU the process got (cpu_share: its CPU time over its wall time; the
+    whole process's, both operations for xts_speed)."""
+    return dict(r, tool=tool, bits=bits, bytes=size, op=op, rep=rep, cpu_share=cpu_share,
+                bytes_per_cpu_sec=r["bytes_per_sec"] / cpu_share if cpu_share > 0 else None)
 
 
 class QsdCrypto:
@@ -171,11 +179,13 @@ class CryptoSection:
     # -- 1. the cipher alone -------------------------------------------------------------------
 
     def crypto_cipher(self, c, out):
-        """`openssl speed -elapsed -evp aes-{256,128}-xts` (encrypt, and `-decrypt`) for each size and
-        flashpath's `xts_speed` (both operations and all sizes in one process), both under
-        `taskset -c <server CPU>`, `cipher_reps` rounds with the two tools alternating (the first
-        of a round rotating). `-elapsed`: openssl times by the wall clock as xts_speed does (its
-        default counts user CPU time only); each run's CPU share says whether it had the core."""
+        """`openssl speed -elapsed -evp aes-{256,128}-xts` (encrypt, and `-decrypt`) for each size, and
+        flashpath's `xts_speed` for each size (both operations in one process), both under `taskset -c
+        <server CPU>`, `cipher_reps` rounds with the two tools alternating (the first of a round
+        rotating). Each run's figure two ways: by the wall clock (`-elapsed`: openssl as xts_speed
+        does), and per second of CPU the process got (the wall figure over the run's CPU share, from
+        wait4's rusage): on a machine whose other work takes the core from a run, the second is
+        the one core's worth the target speaks of, and the one judged."""
         secs = c["cipher_secs"]
         cpu = str(self.server_cpu)
         runs = []
@@ -183,25 +193,22 @@ class CryptoSection:
         for rep in range(c["cipher_reps"]):
             for bits in KEY_BITS:
                 for tool in order:
-                    if tool == "openssl":
-                        for size in SIZES:
+                    for size in SIZES:
+                        if tool == "openssl":
                             for op in OPS:
                                 cmd = ["taskset", "-c", cpu, "openssl", "speed", "-elapsed", "-mr", "-seconds",
                                        str(secs), "-bytes", str(size), *(["-decrypt"] if op == "decrypt" else []),
                                        "-evp", openssl_cipher(bits)]
                                 text, wall, cpu_s = run_timed(cmd, secs + 60)
-                                r = parse_openssl_mr(text, size)
-                                runs.append(dict(r, tool="openssl", bits=bits, bytes=size, op=op, rep=rep,
-                                                 cpu_share=cpu_s / wall))
-                    else:
-                        cmd = ["taskset", "-c", cpu, xts_speed_path(self.args.bin_dir), "--bytes",
-                               ",".join(str(s) for s in SIZES), "--seconds", str(secs), "--key-bits", str(bits)]
-                        text, wall, cpu_s = run_timed(cmd, len(SIZES) * len(OPS) * secs + 60)
-                        for row in parse_xts_speed(text):
-                            runs.append({"tool": "flashpath", "bits": bits, "bytes": row["bytes"], "op": row["op"],
-                                         "unit": row["unit"], "bytes_per_sec": row["bytes_per_sec"],
-                                         "ns_per_buffer": row["ns_per_buffer"], "rep": rep,
-                                         "cpu_share": cpu_s / wall})
+                                runs.append(cipher_run(parse_openssl_mr(text, size), "openssl", bits, size, op, rep,
+                                                       cpu_s / wall))
+                        else:
+                            cmd = ["taskset", "-c", cpu, xts_speed_path(self.args.bin_dir), "--bytes", str(size),
+                                   "--seconds", str(secs), "--key-bits", str(bits)]
+                            text, wall, cpu_s = run_timed(cmd, len(OPS) * secs + 60)
+                            for row in parse_xts_speed(text, 1):
+                                r = {k: row[k] for k in ("unit", "bytes_per_sec", "ns_per_buffer")}
+                                runs.append(cipher_run(r, "flashpath", bits, size, row["op"], rep, cpu_s / wall))
             order = order[1:] + order[:1]
         rows = []
         for bits in KEY_BITS:
@@ -212,23 +219,27 @@ class CryptoSection:
                                 and r["op"] == op]
                     o, f = pick("openssl"), pick("flashpath")
                     row = {"bits": bits, "cipher": openssl_cipher(bits), "bytes": size, "op": op,
-                           "openssl_bytes_per_sec": median([r["bytes_per_sec"] for r in o]),
-                           "flashpath_bytes_per_sec": median([r["bytes_per_sec"] for r in f]),
                            "openssl_runs": len(o), "flashpath_runs": len(f),
                            "min_cpu_share": min(r["cpu_share"] for r in o + f)}
-                    row["ratio"] = ratio(row["flashpath_bytes_per_sec"], row["openssl_bytes_per_sec"])
+                    for tool, rs in (("openssl", o), ("flashpath", f)):
+                        row[f"{tool}_bytes_per_sec"] = median([r["bytes_per_sec"] for r in rs])
+                        row[f"{tool}_bytes_per_cpu_sec"] = median([r["bytes_per_cpu_sec"] for r in rs])
+                    row["ratio"] = ratio(row["flashpath_bytes_per_cpu_sec"], row["openssl_bytes_per_cpu_sec"])
+                    row["ratio_wall"] = ratio(row["flashpath_bytes_per_sec"], row["openssl_bytes_per_sec"])
                     row["flashpath_ns_per_buffer"] = median([r["ns_per_buffer"] for r in f])
                     rows.append(row)
-                    log(f"crypto cipher {openssl_cipher(bits)} {size:>5} B {op}: openssl "
-                        f"{row['openssl_bytes_per_sec'] / 1e6:,.0f} MB/s, flashpath "
-                        f"{row['flashpath_bytes_per_sec'] / 1e6:,.0f} MB/s = {row['ratio']:.2f}x")
+                    log(f"crypto cipher {openssl_cipher(bits)} {size:>5} B {op}: per CPU second openssl "
+                        f"{row['openssl_bytes_per_cpu_sec'] / 1e6:,.0f} MB/s, flashpath "
+                        f"{row['flashpath_bytes_per_cpu_sec'] / 1e6:,.0f} MB/s = {row['ratio']:.2f}x "
+                        f"(wall clock {row['ratio_wall']:.2f}x, CPU share >= {row['min_cpu_share']:.0%})")
         out["cipher"] = {"runs": runs, "rows": rows}
 
     def openssl_bound(self, op, bits=512, size=4096):
-        """openssl's `size`-byte buffers per second for `op` (the median of this run's runs)."""
+        """openssl's `size`-byte buffers per second of one core for `op` (the median of this run's runs,
+        per CPU second)."""
         for row in self.results["crypto"]["cipher"]["rows"]:
             if row["bits"] == bits and row["bytes"] == size and row["op"] == op:
-                return row["openssl_bytes_per_sec"] / size
+                return row["openssl_bytes_per_cpu_sec"] / size
         return None
 
     # -- 2. the data path ----------------------------------------------------------------------
@@ -323,6 +334,12 @@ class CryptoSection:
             xs = [r["iops"] for r in rs]
             md["iops_spread"] = (max(xs) - min(xs)) / md["iops"] if md.get("iops") else None
             md["vs_openssl_bound"] = ratio(md.get("iops"), bound)
+            # The server's I/Os per second of CPU it got (all threads, schedstat): one core's worth, as
+            # the bound is, whatever the machine's other work took from it. A polling reactor counts
+            # its empty polls here too, so this never flatters flashpath.
+            cpu_ns = md.get("server_cpu_ns_per_io")
+            md["iops_per_cpu_sec"] = 1e9 / cpu_ns if cpu_ns else None
+            md["vs_openssl_bound_cpu"] = ratio(md["iops_per_cpu_sec"], bound)
             p["median"][v] = md
         m = p["median"]
 
@@ -337,9 +354,12 @@ class CryptoSection:
             "fp_crypto_busy_ns_per_io": extra("fp-crypto", "fp-plain", "reactor_busy_ns_per_io"),
             "fp_crypto_512_busy_ns_per_io": extra("fp-crypto-512", "fp-plain", "reactor_busy_ns_per_io"),
             "fp_crypto_cpu_ns_per_io": extra("fp-crypto", "fp-plain", "server_cpu_ns_per_io"),
+            "fp_crypto_512_cpu_ns_per_io": extra("fp-crypto-512", "fp-plain", "server_cpu_ns_per_io"),
             "qsd_luks_cpu_ns_per_io": extra("qsd-luks", "qsd-raw", "server_cpu_ns_per_io"),
-            # The same cipher alone: xts_speed's time for one 4 KiB buffer.
+            # The same cipher alone: xts_speed's time for one 4 KiB buffer, by the wall clock and per
+            # CPU second (what the CPU/IO differences compare with).
             "xts_speed_ns_per_4k": xts[0]["flashpath_ns_per_buffer"] if xts else None,
+            "xts_speed_cpu_ns_per_4k": 4096e9 / xts[0]["flashpath_bytes_per_cpu_sec"] if xts else None,
         }
         p["ratios"] = {"fp_crypto_vs_plain_iops": ratio(m["fp-crypto"].get("iops"), m["fp-plain"].get("iops")),
                        "fp_crypto_512_vs_plain_iops": ratio(m["fp-crypto-512"].get("iops"), m["fp-plain"].get("iops")),
