@@ -91,6 +91,11 @@ class Report(unittest.TestCase):
         # 1 GB/s per CPU second: 4,096 ns of CPU per 4 KiB buffer.
         self.assertAlmostEqual(p["cost"]["xts_speed_cpu_ns_per_4k"], 4096)
         self.assertAlmostEqual(p["cost"]["qsd_luks_cpu_ns_per_io"], 1e9 / 100e3 - 1e9 / 200e3)
+        # 0.8x of 976,562.5 blocks/s: 1,280 ns per I/O allowed, fp-plain's 1,111 ns leave 169 ns;
+        # openssl's own 1,024 ns per buffer.
+        self.assertAlmostEqual(p["budget"]["target_cpu_ns_per_io"], 1280)
+        self.assertAlmostEqual(p["budget"]["left_for_cipher_ns"], 1280 - 1e9 / 900e3)
+        self.assertAlmostEqual(p["budget"]["openssl_cpu_ns_per_4k"], 1024)
 
     def test_targets_judge_the_512_bit_key_and_the_4k_crypto_disk(self):
         res = synthetic()
