@@ -925,7 +925,7 @@ fn crypto_commands_on_a_daemon() {
     let row: Vec<&str> = list.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row, ["c0", "d0", "k0", "1048576", "512"], "{list}");
     let e = refused(&["crypto", "key", "destroy", "k0"]);
-    assert!(e.contains("in use"), "{e}");
+    assert!(e.contains("in use by 'c0'"), "{e}");
     let e = refused(&["crypto", "create", "c1", "d0", "--key", "nokey"]);
     assert!(e.contains("--key"), "{e}");
     ok(&["crypto", "delete", "c0"]);

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 
 use aes::cipher::KeyInit;
 use aes::{Aes128, Aes256};
-use xts_mode::Xts128;
 use zeroize::Zeroizing;
 
+use super::xts::Xts;
 use crate::BdevError;
 
 /// The cipher of an accel crypto key (SPDK's `cipher`); AES-XTS only.
@@ -28,16 +28,18 @@ const MAX_KEY_FILE: u64 = 4096;
 // One per key, behind an `Arc`: the size difference costs nothing, a box would cost an
 // indirection per block.
 #[allow(clippy::large_enum_variant)]
-enum Xts {
-    Aes128(Xts128<Aes128>),
-    Aes256(Xts128<Aes256>),
+enum Cipher {
+    Aes128(Xts<Aes128>),
+    Aes256(Xts<Aes256>),
 }
 
 /// An AES-XTS key: two AES keys of 128 or 256 bits each (XTS-AES-256 or XTS-AES-512 in
 /// dm-crypt's count of the whole key).
 pub struct CryptoKey {
     name: String,
-    xts: Xts,
+    xts: Cipher,
+    /// Both halves, for the OpenSSL contexts each channel makes (`engine.rs`).
+    material: Zeroizing<Vec<u8>>,
     bits: u32,
 }
 
@@ -94,17 +96,20 @@ impl CryptoKey {
             return Err(invalid("key2", "must differ from key (XTS refuses equal halves)"));
         }
         let xts = if key.len() == 16 {
-            Xts::Aes128(Xts128::new(
+            Cipher::Aes128(Xts::new(
                 Aes128::new_from_slice(key).expect("16 bytes"),
                 Aes128::new_from_slice(key2).expect("16 bytes"),
             ))
         } else {
-            Xts::Aes256(Xts128::new(
+            Cipher::Aes256(Xts::new(
                 Aes256::new_from_slice(key).expect("32 bytes"),
                 Aes256::new_from_slice(key2).expect("32 bytes"),
             ))
         };
-        Ok(CryptoKey { name: name.to_string(), xts, bits: key.len() as u32 * 16 })
+        let mut material = Zeroizing::new(Vec::with_capacity(key.len() * 2));
+        material.extend_from_slice(key);
+        material.extend_from_slice(key2);
+        Ok(CryptoKey { name: name.to_string(), xts, material, bits: key.len() as u32 * 16 })
     }
 
     /// From hex strings, as `accel_crypto_key_create` takes them.
@@ -112,6 +117,11 @@ impl CryptoKey {
         let k1 = decode_hex("key", key)?;
         let k2 = decode_hex("key2", key2)?;
         CryptoKey::new(name, &k1, &k2)
+    }
+
+    /// Runs `f` on both halves of the key, one after the other (never copied out).
+    pub(super) fn with_material<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        f(&self.material)
     }
 
     /// Its name.
@@ -124,23 +134,32 @@ impl CryptoKey {
         self.bits
     }
 
-    /// Encrypts one data unit in place; `sector` is its first 512-byte sector's number.
+    /// Encrypts one data unit (whole 16-byte blocks) in place; `sector` is its first 512-byte
+    /// sector's number, the tweak of `aes-xts-plain64`.
     #[inline]
     pub fn encrypt(&self, unit: &mut [u8], sector: u64) {
-        let tweak = u128::from(sector).to_le_bytes();
         match &self.xts {
-            Xts::Aes128(x) => x.encrypt_sector(unit, tweak),
-            Xts::Aes256(x) => x.encrypt_sector(unit, tweak),
+            Cipher::Aes128(x) => x.encrypt(unit, sector),
+            Cipher::Aes256(x) => x.encrypt(unit, sector),
+        }
+    }
+
+    /// Encrypts one data unit from `src` into `dst` (the same length), leaving `src` alone;
+    /// `sector` as for [`CryptoKey::encrypt`].
+    #[inline]
+    pub fn encrypt_to(&self, src: &[u8], dst: &mut [u8], sector: u64) {
+        match &self.xts {
+            Cipher::Aes128(x) => x.encrypt_to(src, dst, sector),
+            Cipher::Aes256(x) => x.encrypt_to(src, dst, sector),
         }
     }
 
     /// Decrypts one data unit in place; `sector` as for [`CryptoKey::encrypt`].
     #[inline]
     pub fn decrypt(&self, unit: &mut [u8], sector: u64) {
-        let tweak = u128::from(sector).to_le_bytes();
         match &self.xts {
-            Xts::Aes128(x) => x.decrypt_sector(unit, tweak),
-            Xts::Aes256(x) => x.decrypt_sector(unit, tweak),
+            Cipher::Aes128(x) => x.decrypt(unit, sector),
+            Cipher::Aes256(x) => x.decrypt(unit, sector),
         }
     }
 }
@@ -207,6 +226,9 @@ pub struct KeyStore {
     pub accel: Mutex<BTreeMap<String, Arc<CryptoKey>>>,
     /// Keyring file keys by name.
     pub keyring: Mutex<BTreeMap<String, FileKey>>,
+    /// The key each crypto bdev was created with, by bdev name, to name the users of a key in
+    /// an error. Entries of deleted bdevs stay until the name is reused; callers filter them.
+    users: Mutex<BTreeMap<String, String>>,
 }
 
 impl KeyStore {
@@ -227,18 +249,34 @@ impl KeyStore {
     }
 
     /// Destroys the accel key `name`; refused while a crypto bdev holds it.
-    pub fn destroy_accel(&self, name: &str) -> Result<(), BdevError> {
+    pub fn destroy_accel(&self, name: &str, is_crypto_bdev: &dyn Fn(&str) -> bool) -> Result<(), BdevError> {
         let mut keys = self.accel.lock().unwrap_or_else(|p| p.into_inner());
         let key =
             keys.get(name).ok_or_else(|| invalid("key_name", format!("no crypto key named '{name}'")))?;
         if Arc::strong_count(key) > 1 {
+            let users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+            let named: Vec<&str> = users
+                .iter()
+                .filter(|(bdev, k)| k.as_str() == name && is_crypto_bdev(bdev))
+                .map(|(bdev, _)| bdev.as_str())
+                .collect();
+            let by = if named.is_empty() {
+                "a crypto bdev".to_string()
+            } else {
+                format!("'{}'", named.join("', '"))
+            };
             return Err(invalid(
                 "key_name",
-                format!("crypto key '{name}' is in use by a crypto bdev: delete the bdev first"),
+                format!("crypto key '{name}' is in use by {by}: delete the crypto bdev first"),
             ));
         }
         keys.remove(name);
         Ok(())
+    }
+
+    /// Records that crypto bdev `bdev` uses the key `key`.
+    pub fn note_user(&self, bdev: &str, key: &str) {
+        self.users.lock().unwrap_or_else(|p| p.into_inner()).insert(bdev.to_string(), key.to_string());
     }
 
     /// Adds a keyring file key; refuses a name taken.

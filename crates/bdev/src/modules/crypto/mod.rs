@@ -18,10 +18,15 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+mod engine;
 mod keys;
+mod openssl;
 mod rpc;
+mod xts;
 
+pub use engine::XtsEngine;
 pub use keys::{decode_hex, CryptoKey, FileKey, KeyStore, CIPHER, TWEAK_MODE};
+pub use openssl::available as openssl_available;
 pub use rpc::CryptoModule;
 
 use crate::{
@@ -117,7 +122,7 @@ impl BlockDevice for CryptoDevice {
         Ok(Box::new(CryptoChannel {
             base: self.base.open_channel()?,
             info: self.info.clone(),
-            key: self.key.clone(),
+            xts: XtsEngine::new(self.key.clone()),
             _pool: pool,
             chunk_iov,
             chunk_job: vec![0; CHUNKS],
@@ -186,7 +191,7 @@ impl WriteJob {
 struct CryptoChannel {
     base: Box<dyn IoChannel>,
     info: BdevInfo,
-    key: Arc<CryptoKey>,
+    xts: XtsEngine,
     /// The write buffers, `CHUNKS` of `CHUNK` bytes; reached through `chunk_iov`.
     _pool: AlignedBuf,
     chunk_iov: Vec<libc::iovec>,
@@ -233,12 +238,91 @@ unsafe fn copy_iov(iov: &[libc::iovec], mut pos: usize, buf: &mut [u8], to_buf: 
     }
 }
 
+/// Encrypts `buf.len()` bytes from byte `pos` of the iovecs into `buf`, block by block, the
+/// first block being sector `first`: straight from the caller's memory when a block lies in
+/// one iovec (the usual case), through a copy into `buf` when it spans two.
+///
+/// # Safety
+/// The iovecs must describe at least `pos + buf.len()` valid bytes.
+unsafe fn encrypt_from_iov(
+    xts: &mut XtsEngine,
+    iov: &[libc::iovec],
+    pos: usize,
+    buf: &mut [u8],
+    bs: usize,
+    first: u64,
+) {
+    let mut cursor = IovCursor::at(iov, pos);
+    let per_block = (bs / 512) as u64;
+    for (k, unit) in buf.chunks_exact_mut(bs).enumerate() {
+        let sector = first + k as u64 * per_block;
+        match cursor.next_block(iov, bs) {
+            Some(p) => {
+                // SAFETY: `next_block` found `bs` bytes inside one iovec, which the caller
+                // vouches for; the caller's memory is never our buffer.
+                let src = unsafe { std::slice::from_raw_parts(p, bs) };
+                xts.encrypt_to(src, unit, sector);
+            }
+            None => {
+                // SAFETY: the block lies inside the iovecs.
+                unsafe { copy_iov(iov, pos + k * bs, unit, true) };
+                xts.encrypt(unit, sector);
+            }
+        }
+    }
+}
+
+/// A place in a list of iovecs, moved a block at a time.
+struct IovCursor {
+    /// The iovec, and the offset inside it.
+    i: usize,
+    in_v: usize,
+}
+
+impl IovCursor {
+    /// At byte `pos` of the iovecs.
+    fn at(iov: &[libc::iovec], mut pos: usize) -> IovCursor {
+        let mut i = 0;
+        while i < iov.len() && pos >= iov[i].iov_len {
+            pos -= iov[i].iov_len;
+            i += 1;
+        }
+        IovCursor { i, in_v: pos }
+    }
+
+    /// Moves past the next `bs` bytes, which the iovecs must hold; gives their start when they
+    /// lie inside one iovec, `None` when they span several (the caller copies them).
+    fn next_block(&mut self, iov: &[libc::iovec], bs: usize) -> Option<*mut u8> {
+        while self.in_v == iov[self.i].iov_len {
+            self.i += 1;
+            self.in_v = 0;
+        }
+        if iov[self.i].iov_len - self.in_v >= bs {
+            // Inside the iovec: `in_v + bs <= iov_len`.
+            let p = iov[self.i].iov_base.cast::<u8>().wrapping_add(self.in_v);
+            self.in_v += bs;
+            return Some(p);
+        }
+        let mut left = bs;
+        while left > 0 {
+            let n = (iov[self.i].iov_len - self.in_v).min(left);
+            left -= n;
+            self.in_v += n;
+            if left > 0 {
+                self.i += 1;
+                self.in_v = 0;
+            }
+        }
+        None
+    }
+}
+
 /// Decrypts a completed read in place, block by block; a block split across iovecs goes
 /// through `scratch`.
 ///
 /// # Safety
 /// `op`'s iovecs are valid and writable, and add up to a whole number of blocks.
-unsafe fn decrypt_read(key: &CryptoKey, bs: usize, op: &Op, scratch: &mut [u8]) {
+unsafe fn decrypt_read(xts: &mut XtsEngine, bs: usize, op: &Op, scratch: &mut [u8]) {
     // SAFETY: the caller's guarantee.
     let iov = unsafe {
         request_iovecs(&IoRequest {
@@ -252,39 +336,24 @@ unsafe fn decrypt_read(key: &CryptoKey, bs: usize, op: &Op, scratch: &mut [u8]) 
     };
     let mut sector = op.offset / 512;
     let per_block = (bs / 512) as u64;
-    let mut pos = 0; // bytes of the request done
-    let (mut i, mut in_v) = (0, 0); // iovec index and offset inside it
+    let mut cursor = IovCursor::at(iov, 0);
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
-    while pos < total {
-        while in_v == iov[i].iov_len {
-            i += 1;
-            in_v = 0;
-        }
-        if iov[i].iov_len - in_v >= bs {
-            // SAFETY: `bs` bytes from `in_v` are inside this iovec.
-            let unit = unsafe { std::slice::from_raw_parts_mut(iov[i].iov_base.cast::<u8>().add(in_v), bs) };
-            key.decrypt(unit, sector);
-            in_v += bs;
-        } else {
-            let unit = &mut scratch[..bs];
-            // SAFETY: the block lies inside the iovecs.
-            unsafe { copy_iov(iov, pos, unit, true) };
-            key.decrypt(unit, sector);
-            // SAFETY: as above.
-            unsafe { copy_iov(iov, pos, unit, false) };
-            // Move the cursor past the block.
-            let mut left = bs;
-            while left > 0 {
-                let n = (iov[i].iov_len - in_v).min(left);
-                left -= n;
-                in_v += n;
-                if left > 0 {
-                    i += 1;
-                    in_v = 0;
-                }
+    for pos in (0..total).step_by(bs) {
+        match cursor.next_block(iov, bs) {
+            Some(p) => {
+                // SAFETY: `next_block` found `bs` bytes inside one iovec, valid and writable.
+                let unit = unsafe { std::slice::from_raw_parts_mut(p, bs) };
+                xts.decrypt(unit, sector);
+            }
+            None => {
+                let unit = &mut scratch[..bs];
+                // SAFETY: the block lies inside the iovecs.
+                unsafe { copy_iov(iov, pos, unit, true) };
+                xts.decrypt(unit, sector);
+                // SAFETY: as above.
+                unsafe { copy_iov(iov, pos, unit, false) };
             }
         }
-        pos += bs;
         sector += per_block;
     }
 }
@@ -301,8 +370,12 @@ impl CryptoChannel {
             iov.iov_len = n;
             // SAFETY: the chunk is ours, `n <= CHUNK` bytes, and not at the base (it was free).
             let buf = unsafe { std::slice::from_raw_parts_mut(iov.iov_base.cast::<u8>(), n) };
+            let first = (job.offset + job.next) / 512;
             if job.iov.is_null() {
                 buf.fill(0);
+                for (k, unit) in buf.chunks_exact_mut(bs).enumerate() {
+                    self.xts.encrypt(unit, first + (k * bs / 512) as u64);
+                }
             } else {
                 let req = IoRequest {
                     tag: 0,
@@ -314,11 +387,9 @@ impl CryptoChannel {
                 };
                 // SAFETY: the submitter vouched for the iovecs until completion, which has not
                 // been given; they add up to `len` (checked at submit).
-                unsafe { copy_iov(request_iovecs(&req), job.next as usize, buf, true) };
-            }
-            let first = (job.offset + job.next) / 512;
-            for (k, unit) in buf.chunks_exact_mut(bs).enumerate() {
-                self.key.encrypt(unit, first + (k * bs / 512) as u64);
+                let src = unsafe { request_iovecs(&req) };
+                // SAFETY: as above.
+                unsafe { encrypt_from_iov(&mut self.xts, src, job.next as usize, buf, bs, first) };
             }
             let req = IoRequest {
                 tag: (OPS + c as usize) as u32,
@@ -439,7 +510,7 @@ impl IoChannel for CryptoChannel {
         let CryptoChannel {
             base,
             info,
-            key,
+            xts,
             chunk_job,
             free_chunks,
             ops,
@@ -458,7 +529,7 @@ impl IoChannel for CryptoChannel {
                 if op.read && status == IoStatus::Success {
                     // SAFETY: the submitter's buffers are valid until this completion, checked
                     // to add up to the request's whole blocks.
-                    unsafe { decrypt_read(key, bs, &op, scratch) };
+                    unsafe { decrypt_read(xts, bs, &op, scratch) };
                 }
                 done(op.tag, status);
                 n += 1;

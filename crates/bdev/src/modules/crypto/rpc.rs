@@ -75,6 +75,7 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let base_bdev = host.claimable(&base, ClaimType::ExclusiveWrite)?;
     let dev = Arc::new(CryptoDevice::new(&name, base_bdev, key)?);
     let name = host.add_bdev(MODULE, NewBdev::new(dev).claiming(&base, ClaimType::ExclusiveWrite))?;
+    with_store(host, |s| s.note_user(&name, &key_name));
     log::info!("bdev '{name}' is a crypto bdev over '{base}' with key '{key_name}'");
     Ok(Value::from(name))
 }
@@ -118,7 +119,8 @@ fn key_create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError
 fn key_destroy(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("key_name")?;
     p.finish()?;
-    with_store(host, |s| s.destroy_accel(&name))?;
+    let is_crypto_bdev = |bdev: &str| host.bdev(bdev).is_some_and(|(_, driver)| driver == MODULE);
+    with_store(host, |s| s.destroy_accel(&name, &is_crypto_bdev))?;
     log::info!("crypto key '{name}' destroyed");
     Ok(Value::Bool(true))
 }
