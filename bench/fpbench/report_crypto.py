@@ -3,7 +3,7 @@ outputs."""
 
 from fpbench.common import MIB
 from fpbench.load import point_key, point_label
-from fpbench.sections.crypto import (CLEAN_CPU_SHARE, FP_VARIANTS, KEY_BITS, OPS, PATTERN_OP, SIZES, TARGET,
+from fpbench.sections.crypto import (CLEAN_CPU_SHARE, ENGINES, FP_VARIANTS, KEY_BITS, OPS, PATTERN_OP, SIZES, TARGET,
                                      VARIANTS)
 
 
@@ -25,6 +25,12 @@ def _label(p):
     return f"{p['pattern']} 4K QD{p['qd']} {p['client']}"
 
 
+def engine_names(e):
+    """The engines xts_speed reported in this run's judged runs (its `engine` field)."""
+    names = sorted({r.get("engine") or "-" for r in e["cipher"]["runs"] if r["tool"] == "flashpath"})
+    return ", ".join(f"`{n}`" for n in names) or "-"
+
+
 def crypto_markdown(res):
     _iops, _ns, _x, _us = _fmt()
     e, m = res["crypto"], res["meta"]
@@ -35,21 +41,24 @@ def crypto_markdown(res):
              f"{e.get('openssl_version', '')}; CPU features: {', '.join(e.get('cpu_flags') or []) or '-'}.", "",
              "### The cipher on one core", "",
              f"`openssl speed -elapsed -mr -seconds {c['cipher_secs']} -bytes N [-decrypt] -evp aes-256-xts` (and "
-             "aes-128-xts) against flashpath's `xts_speed --bytes 512,4096,16384 --seconds "
+             "aes-128-xts) against flashpath's `xts_speed --bytes N --seconds "
              f"{c['cipher_secs']} --key-bits 512|256` (crates/bdev/examples/xts_speed.rs: the crypto bdev's "
-             f"`CryptoKey` on one buffer, 4 KiB data units from 4096 bytes up), both under `taskset -c {e['cpu']}`; "
-             f"{c['cipher_reps']} rounds, the two tools alternating; medians. MB/s per CPU second: each run's "
-             "bytes over the CPU time its process got (its wall-clock figure, `-elapsed` for openssl, over its "
-             "CPU share from wait4's rusage; for xts_speed the share of the process, both operations): one "
-             "core's worth, judged. wall: the wall-clock figures' ratio. min CPU share: the lowest share of a core "
-             f"any of the row's runs got (under {CLEAN_CPU_SHARE:.0%}: the run shared the core with other work, "
-             "and the wall figures are low by as much).", "",
+             "cipher engine on one buffer, 4 KiB data units from 4096 bytes up; **flashpath**: the engine its "
+             f"channels use on this host ({engine_names(e)}), judged; **fallback**: `--engine rust`, the XTS over "
+             f"the `aes` crate used where libcrypto does not load, reported), all under `taskset -c {e['cpu']}`; "
+             f"{c['cipher_reps']} rounds, the tools alternating; medians. MB/s per CPU second: bytes over the CPU "
+             "time the run got (xts_speed's own per-operation figure; openssl's wall-clock figure, `-elapsed`, over "
+             "its process's CPU share from wait4's rusage): one core's worth, judged. wall: the same by the wall "
+             "clock. min CPU share: the lowest share of a core any of the row's openssl and flashpath runs got "
+             f"(under {CLEAN_CPU_SHARE:.0%}: the run shared the core with other work, and its wall figure is low by "
+             "as much).", "",
              "| cipher | bytes | op | openssl MB/s per CPU s | flashpath MB/s per CPU s | flashpath / openssl | "
-             "wall: openssl MB/s | wall: flashpath MB/s | wall: flashpath / openssl | flashpath ns per buffer (wall) "
-             "| min CPU share |", "|" + "---|" * 11]
+             "fallback MB/s per CPU s | fallback / openssl | wall: openssl MB/s | wall: flashpath MB/s | "
+             "wall: flashpath / openssl | flashpath ns per buffer (wall) | min CPU share |", "|" + "---|" * 13]
     for row in e["cipher"]["rows"]:
         lines.append(f"| {row['cipher']} | {row['bytes']} | {row['op']} | {_mbs(row['openssl_bytes_per_cpu_sec'])} | "
                      f"{_mbs(row['flashpath_bytes_per_cpu_sec'])} | **{_x(row['ratio'])}** | "
+                     f"{_mbs(row.get('fallback_bytes_per_cpu_sec'))} | {_x(row.get('fallback_ratio'))} | "
                      f"{_mbs(row['openssl_bytes_per_sec'])} | {_mbs(row['flashpath_bytes_per_sec'])} | "
                      f"{_x(row['ratio_wall'])} | "
                      f"{_num(row.get('flashpath_ns_per_buffer'), '{:,.0f}')} | {row['min_cpu_share']:.0%} |")
@@ -131,7 +140,8 @@ def crypto_targets(res, add):
         add(f"AES-XTS on one core, aes-256-xts, {row['bytes']} bytes, {row['op']}: flashpath vs openssl speed",
             f">= {TARGET:.2f}x", f"{_mbs(row['flashpath_bytes_per_cpu_sec'])} vs "
             f"{_mbs(row['openssl_bytes_per_cpu_sec'])} MB/s per CPU second = {_x(x)}x", None if x is None else x >= TARGET,
-            f"wall clock {_x(row['ratio_wall'])}x, CPU share >= {row['min_cpu_share']:.0%}")
+            f"engine {row.get('flashpath_engine') or '-'}; wall clock {_x(row['ratio_wall'])}x, CPU share >= "
+            f"{row['min_cpu_share']:.0%}; fallback engine {_x(row.get('fallback_ratio'))}x")
     for p in e.get("points") or []:
         md = p["median"]["fp-crypto"]
         x = md.get("vs_openssl_bound_cpu")
@@ -160,9 +170,9 @@ def validate_crypto(res, c):
                 if r is None:
                     problems.append(f"crypto cipher: no row for {bits}-bit {size} bytes {op}")
                     continue
-                for tool in ("openssl", "flashpath"):
-                    if r[f"{tool}_runs"] != c["cipher_reps"]:
-                        problems.append(f"crypto cipher {bits}-bit {size} {op}: {r[f'{tool}_runs']} {tool} runs, "
+                for tool in ("openssl", *ENGINES):
+                    if r.get(f"{tool}_runs") != c["cipher_reps"]:
+                        problems.append(f"crypto cipher {bits}-bit {size} {op}: {r.get(f'{tool}_runs')} {tool} runs, "
                                         f"want {c['cipher_reps']}")
                     for k in (f"{tool}_bytes_per_sec", f"{tool}_bytes_per_cpu_sec"):
                         v = r.get(k)

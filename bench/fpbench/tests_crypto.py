@@ -6,7 +6,7 @@ import unittest
 
 from fpbench.report_crypto import crypto_markdown, crypto_targets, validate_crypto
 from fpbench.sections.crypto import (CONFIG, KEY_BITS, OPS, PATTERN_OP, SIZES, VARIANTS, CryptoSection,
-                                     cipher_run, parse_openssl_mr, parse_xts_speed)
+                                     cipher_run, parse_openssl_mr, parse_xts_speed, xts_run)
 
 # `openssl speed -elapsed -mr -seconds 1 -bytes 4096 -evp aes-256-xts` as OpenSSL 3.0 prints it.
 OPENSSL_MR = """compiler: gcc -fPIC -pthread -m64
@@ -38,6 +38,17 @@ class Parse(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "result lines"):
             parse_xts_speed("\n".join(lines[:3]), len(SIZES))
 
+    def test_xts_speed_per_cpu_second_figure_wins_over_the_process_share(self):
+        row = {"engine": "openssl", "op": "decrypt", "bytes": 4096, "unit": 4096, "key_bits": 512,
+               "bytes_per_sec": 3e9, "ns_per_buffer": 1365.3, "bytes_per_cpu_sec": 6e9}
+        r = xts_run(row, "flashpath", 512, 4096, 0, 0.4)
+        self.assertEqual((r["bytes_per_cpu_sec"], r["engine"], r["cpu_figure"], r["op"]),
+                         (6e9, "openssl", "xts_speed", "decrypt"))
+        # An xts_speed without its own CPU figure (before the engines): the process's share.
+        del row["bytes_per_cpu_sec"], row["engine"]
+        r = xts_run(row, "flashpath", 512, 4096, 0, 0.5)
+        self.assertEqual((r["bytes_per_cpu_sec"], r["engine"], r["cpu_figure"]), (6e9, "xts-mode", "process share"))
+
     def test_a_run_that_had_half_the_core_counts_twice_per_cpu_second(self):
         r = cipher_run({"bytes_per_sec": 1e9}, "openssl", 512, 4096, "encrypt", 0, 0.5)
         self.assertEqual(r["bytes_per_cpu_sec"], 2e9)
@@ -55,10 +66,13 @@ def synthetic(reps=2, cipher_reps=2):
                 rows.append({"bits": bits, "cipher": f"aes-{bits // 2}-xts", "bytes": n, "op": op,
                              "openssl_bytes_per_sec": 3e9, "flashpath_bytes_per_sec": 0.9e9,
                              "openssl_bytes_per_cpu_sec": 4e9, "flashpath_bytes_per_cpu_sec": 1e9,
-                             "openssl_runs": cipher_reps, "flashpath_runs": cipher_reps, "min_cpu_share": 0.75,
-                             "ratio": 0.25, "ratio_wall": 0.3,
+                             "fallback_bytes_per_sec": 0.5e9, "fallback_bytes_per_cpu_sec": 0.6e9,
+                             "openssl_runs": cipher_reps, "flashpath_runs": cipher_reps, "fallback_runs": cipher_reps,
+                             "min_cpu_share": 0.75, "ratio": 0.25, "ratio_wall": 0.3, "fallback_ratio": 0.15,
+                             "flashpath_engine": "openssl",
                              "flashpath_ns_per_buffer": n})
     bench = CryptoSection()
+    runs.append({"tool": "flashpath", "engine": "openssl"})
     bench.results = {"crypto": {"cipher": {"runs": runs, "rows": rows}}}
     iops = {"fp-plain": 900e3, "fp-crypto": 400e3, "fp-crypto-512": 300e3, "qsd-raw": 200e3, "qsd-luks": 100e3}
     points = []
@@ -116,12 +130,14 @@ class Report(unittest.TestCase):
         res = synthetic()
         c = res["crypto"]["config"]
         self.assertEqual(validate_crypto(res, c), [])
+        res["crypto"]["cipher"]["rows"][0]["fallback_runs"] = 1
         res["crypto"]["cipher"]["rows"].pop()
         res["crypto"]["points"][1]["runs"]["qsd-luks"].pop()
         res["crypto"]["points"][0]["median"]["fp-crypto"]["reactor_busy_ns_per_io"] = None
         probs = validate_crypto(res, c)
-        self.assertEqual(len(probs), 3, probs)
-        self.assertIn("no row for 256-bit 16384 bytes decrypt", probs[0])
+        self.assertEqual(len(probs), 4, probs)
+        self.assertIn("1 fallback runs, want 2", probs[0])
+        self.assertIn("no row for 256-bit 16384 bytes decrypt", probs[1])
         self.assertTrue(any("qsd-luks: 1 runs, want 2" in p for p in probs))
         self.assertTrue(any("fp-crypto: reactor_busy_ns_per_io = None" in p for p in probs))
 

@@ -24,6 +24,10 @@ SIZES = (512, 4096, 16384)
 # 256 bits AES-128-XTS.
 KEY_BITS = (512, 256)
 OPS = ("encrypt", "decrypt")
+# xts_speed's runs: "flashpath", the engine the crypto bdev's channels use on this host (OpenSSL's
+# libcrypto where it loads; judged), and "fallback", the XTS over the `aes` crate that they use where
+# it does not (`--engine rust`; reported).
+ENGINES = {"flashpath": [], "fallback": ["--engine", "rust"]}
 # The data path's points: (pattern, bs, qd, queues, poll) as the other sections write them.
 POINTS = [(pattern, 4096, 32, 1, True) for pattern in ("randread", "randwrite")]
 # The cipher operation each pattern's I/O needs: a read is decrypted, a write encrypted.
@@ -124,6 +128,21 @@ def parse_xts_speed(out, sizes):
     return rows
 
 
+def xts_run(row, tool, bits, size, rep, cpu_share):
+    """One of xts_speed's lines as a cipher figure. Per CPU second: its own figure where it gives
+    one (`bytes_per_cpu_sec`: the operation's own CPU time, clock_gettime of the process's CPU clock),
+    else the wall figure over the process's CPU share (both operations together)."""
+    r = cipher_run({k: row[k] for k in ("unit", "bytes_per_sec", "ns_per_buffer")}, tool, bits, size, row["op"], rep,
+                   cpu_share)
+    r["engine"] = row.get("engine", "xts-mode")
+    if row.get("bytes_per_cpu_sec"):
+        r["bytes_per_cpu_sec"] = row["bytes_per_cpu_sec"]
+        r["cpu_figure"] = "xts_speed"
+    else:
+        r["cpu_figure"] = "process share"
+    return r
+
+
 def cipher_run(r, tool, bits, size, op, rep, cpu_share):
     """One cipher figure: `r` (with `bytes_per_sec` by the wall clock) and where it came from, plus
     the same per second of CPU the process got (cpu_share: its CPU time over its wall time; the
@@ -191,7 +210,7 @@ class CryptoSection:
         secs = c["cipher_secs"]
         cpu = str(self.server_cpu)
         runs = []
-        order = ["openssl", "flashpath"]
+        order = ["openssl", *ENGINES]
         for rep in range(c["cipher_reps"]):
             for bits in KEY_BITS:
                 for tool in order:
@@ -206,11 +225,10 @@ class CryptoSection:
                                                        cpu_s / wall))
                         else:
                             cmd = ["taskset", "-c", cpu, xts_speed_path(self.args.bin_dir), "--bytes", str(size),
-                                   "--seconds", str(secs), "--key-bits", str(bits)]
+                                   "--seconds", str(secs), "--key-bits", str(bits), *ENGINES[tool]]
                             text, wall, cpu_s = run_timed(cmd, len(OPS) * secs + 60)
                             for row in parse_xts_speed(text, 1):
-                                r = {k: row[k] for k in ("unit", "bytes_per_sec", "ns_per_buffer")}
-                                runs.append(cipher_run(r, "flashpath", bits, size, row["op"], rep, cpu_s / wall))
+                                runs.append(xts_run(row, tool, bits, size, rep, cpu_s / wall))
             order = order[1:] + order[:1]
         rows = []
         for bits in KEY_BITS:
@@ -221,13 +239,16 @@ class CryptoSection:
                                 and r["op"] == op]
                     o, f = pick("openssl"), pick("flashpath")
                     row = {"bits": bits, "cipher": openssl_cipher(bits), "bytes": size, "op": op,
-                           "openssl_runs": len(o), "flashpath_runs": len(f),
-                           "min_cpu_share": min(r["cpu_share"] for r in o + f)}
-                    for tool, rs in (("openssl", o), ("flashpath", f)):
+                           "min_cpu_share": min(r["cpu_share"] for r in o + f),
+                           "flashpath_engine": f[0].get("engine") if f else None}
+                    for tool in ("openssl", *ENGINES):
+                        rs = pick(tool)
+                        row[f"{tool}_runs"] = len(rs)
                         row[f"{tool}_bytes_per_sec"] = median([r["bytes_per_sec"] for r in rs])
                         row[f"{tool}_bytes_per_cpu_sec"] = median([r["bytes_per_cpu_sec"] for r in rs])
                     row["ratio"] = ratio(row["flashpath_bytes_per_cpu_sec"], row["openssl_bytes_per_cpu_sec"])
                     row["ratio_wall"] = ratio(row["flashpath_bytes_per_sec"], row["openssl_bytes_per_sec"])
+                    row["fallback_ratio"] = ratio(row["fallback_bytes_per_cpu_sec"], row["openssl_bytes_per_cpu_sec"])
                     row["flashpath_ns_per_buffer"] = median([r["ns_per_buffer"] for r in f])
                     rows.append(row)
                     log(f"crypto cipher {openssl_cipher(bits)} {size:>5} B {op}: per CPU second openssl "
