@@ -81,14 +81,19 @@ def crypto_markdown(res):
                   "operation the pattern needs (decrypt for reads, encrypt for writes), from the cipher part "
                   "above: by the wall clock (IOPS), and per CPU second (**IOPS per CPU s**: 1 s / CPU/IO, the I/Os "
                   "one whole core of the server's would do at this cost; judged, as the cipher part is: on a "
-                  "loaded machine the wall-clock IOPS measure the other work too).", "",
-                  "| workload | disk | IOPS | MB/s | spread | wait | p50 µs | p99 µs | busy/IO ns | CPU/IO ns | "
-                  "vs openssl | IOPS per CPU s | vs openssl per CPU s |", "|" + "---|" * 13]
+                  "loaded machine the wall-clock IOPS measure the other work too). **server cores**: the server's "
+                  "CPU time over the run's length: well under 1, the server was not what limited the IOPS (the "
+                  "client's CPU, shared with the machine's other work, was), and flashpath's reactor slept or "
+                  "polled empty part of the time, which its CPU/IO counts. **other cores**: the CPU time everything "
+                  "else on the machine used meanwhile (other processes, the idle daemon), in cores.", "",
+                  "| workload | disk | IOPS | MB/s | spread | wait | server cores | other cores | p50 µs | p99 µs | "
+                  "busy/IO ns | CPU/IO ns | vs openssl | IOPS per CPU s | vs openssl per CPU s |", "|" + "---|" * 15]
         for p in pts:
             for v in VARIANTS:
                 md = p["median"][v]
                 lines.append(f"| {_label(p)} | {v} | {_iops(md.get('iops'))} | {_num(md.get('mbps'), '{:,.0f}')} | "
                              f"{_num(md.get('iops_spread'), '{:.0%}')} | {_num(md.get('server_wait_share'), '{:.0%}')} | "
+                             f"{_num(md.get('server_cores'), '{:.2f}')} | {_num(md.get('other_cpu_cores'), '{:.2f}')} | "
                              f"{_us(md.get('p50_ns'))} | {_us(md.get('p99_ns'))} | "
                              f"{_ns(md.get('reactor_busy_ns_per_io'))} | {_ns(md.get('server_cpu_ns_per_io'))} | "
                              f"{_x(md.get('vs_openssl_bound'))} | {_iops(md.get('iops_per_cpu_sec'))} | "

@@ -354,6 +354,7 @@ class CryptoSection:
         for v, rs in runs.items():
             md = summarize(rs)
             md["server_wait_share"] = median([r["server_wait_share"] for r in rs])
+            md["other_cpu_cores"] = median([r.get("other_cpu_cores") for r in rs])
             xs = [r["iops"] for r in rs]
             md["iops_spread"] = (max(xs) - min(xs)) / md["iops"] if md.get("iops") else None
             md["vs_openssl_bound"] = ratio(md.get("iops"), bound)
