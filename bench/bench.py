@@ -31,6 +31,7 @@ from fpbench.machine import (machine_info, migration_missing, nbd_missing, rbd_m
 from fpbench.modes import mode_config
 from fpbench.report import write_outputs
 from fpbench.sections.callgrind import CallgrindSection
+from fpbench.sections.crypto import CryptoSection, crypto_missing
 from fpbench.sections.guest_notify import GuestNotifySection, guest_notify_config, guest_notify_missing
 from fpbench.sections.iostat import IostatSection
 from fpbench.sections.lvol import LvolSection
@@ -48,7 +49,8 @@ from fpbench.validate import validate
 
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
-            NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection, RaidSection):
+            NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection, RaidSection,
+            CryptoSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -174,6 +176,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
                          f"{self.client_cpu})", self.run_nvme_tcp),
             "raid": (f"raid1: a mirrored write's cost, partial and full rebuilds (server CPU {self.server_cpu}, "
                      f"client CPU {self.client_cpu}, scratch {self.work})", self.run_raid),
+            "crypto": (f"AES-XTS: the cipher vs openssl speed, encrypted RAM disks vs plain and vs qsd's LUKS "
+                       f"(server CPU {self.server_cpu}, client CPU {self.client_cpu}, scratch {self.work})",
+                       self.run_crypto),
         }
         if self.args.only:
             what, section = only[self.args.only]
@@ -243,7 +248,7 @@ def main():
                     help="a built SPDK tree (build/bin/vhost): its vhost target runs beside flashpath and qsd "
                          "(sets up 1024 huge pages; root)")
     ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk",
-                                       "nvmf", "nvme-tcp", "raid"],
+                                       "nvmf", "nvme-tcp", "raid", "crypto"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -293,6 +298,10 @@ def main():
     missing = guest_notify_missing() if args.only == "guest-notify" else []
     if missing:
         print(f"bench: the guest-notify section needs {', '.join(missing)}", file=sys.stderr)
+        return 1
+    missing = crypto_missing(args.bin_dir) if args.only == "crypto" else []
+    if missing:
+        print(f"bench: the crypto section needs {', '.join(missing)}", file=sys.stderr)
         return 1
     if args.only == "spdk" and not args.spdk:
         print("bench: --only spdk needs --spdk DIR", file=sys.stderr)
@@ -362,6 +371,7 @@ def main():
         "nvmf": bool(bench.results.get("nvmf")),
         "nvme_tcp": bool(bench.results.get("nvme_tcp")),
         "raid": bool(bench.results.get("raid")),
+        "crypto": bool(bench.results.get("crypto")),
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

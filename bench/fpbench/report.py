@@ -10,6 +10,7 @@ import statistics
 from fpbench.common import MIB, median, ratio
 from fpbench.load import point_label
 from fpbench.machine import nbd_label
+from fpbench.report_crypto import crypto_markdown, crypto_targets
 from fpbench.report_guest_notify import guest_notify_markdown, guest_notify_targets
 from fpbench.report_migration import migration_markdown, migration_targets
 from fpbench.report_nvme_tcp import nvme_tcp_markdown, nvme_tcp_targets
@@ -165,6 +166,7 @@ def targets(res):
     nvmf_targets(res, add)
     nvme_tcp_targets(res, add)
     raid_targets(res, add)
+    crypto_targets(res, add)
     return out
 
 
@@ -271,7 +273,8 @@ def markdown(res):
              "spdk": ("flashpath vs qemu-storage-daemon vs SPDK's vhost target", spdk_markdown),
              "nvmf": ("flashpath vs SPDK's nvmf_tgt over NVMe/TCP", nvmf_markdown),
              "nvme-tcp": ("flashpath vs SPDK as NVMe/TCP initiators", nvme_tcp_markdown),
-             "raid": ("flashpath: raid1, its cost and its rebuilds", raid_markdown)}
+             "raid": ("flashpath: raid1, its cost and its rebuilds", raid_markdown),
+             "crypto": ("flashpath vs openssl and qemu-storage-daemon: AES-XTS", crypto_markdown)}
     if m.get("only") in alone:
         title, section = alone[m["only"]]
         lines = [f"# {title} ({m['mode']} run, {m['date']})", "",

@@ -9,9 +9,11 @@ import os
 from fpbench.load import point_id, point_key, point_label
 from fpbench.machine import nbd_label
 from fpbench.modes import mode_config
+from fpbench.report_crypto import validate_crypto
 from fpbench.report_nvme_tcp import validate_nvme_tcp
 from fpbench.report_raid import validate_raid
 from fpbench.report_nvmf import validate_nvmf
+from fpbench.sections.crypto import crypto_config
 from fpbench.sections.guest_notify import SERVERS as GN_SERVERS
 from fpbench.sections.guest_notify import guest_notify_config
 from fpbench.sections.raid import raid_config
@@ -155,17 +157,28 @@ def validate_spdk(res, sc):
     return problems
 
 
+# Sections run alone (`--only`) that validate.py checks by themselves: (their check, the heading
+# results.md must have). --time/--reps may override the mode's settings: the run's own config wins.
+ALONE = {
+    "raid": (lambda res, mode: validate_raid(res, dict(raid_config(mode), **res["raid"]["config"])), "## raid1"),
+    "crypto": (lambda res, mode: validate_crypto(res, dict(crypto_config(mode), **res["crypto"]["config"])),
+               "## AES-XTS"),
+}
+
+
 def validate(out_dir, mode):
     """Checks the outputs are well formed; asserts no absolute number."""
     problems = []
     with open(os.path.join(out_dir, "results.json")) as f:
         res = json.load(f)
-    if res.get("meta", {}).get("only") == "raid":
+    alone = ALONE.get(res.get("meta", {}).get("only"))
+    if alone:
         # The section alone: no matrix.
-        problems = validate_raid(res, dict(raid_config(mode), **res["raid"]["config"]))
+        check, heading = alone
+        problems = check(res, mode)
         with open(os.path.join(out_dir, "results.md")) as f:
-            if "## raid1" not in f.read():
-                problems.append("results.md has no '## raid1'")
+            if heading not in f.read():
+                problems.append(f"results.md has no '{heading}'")
         return problems
     for k in ("meta", "points", "ratios", "idle", "fio", "scaling", "targets", "wall_s"):
         if k not in res:
@@ -262,10 +275,11 @@ def validate(out_dir, mode):
         problems += validate_nvme_tcp(res, res["nvme_tcp"]["config"])  # --time/--reps may override the mode's
         if "## NVMe/TCP initiator" not in md:
             problems.append("results.md has no '## NVMe/TCP initiator'")
-    if res.get("raid"):
-        problems += validate_raid(res, dict(raid_config(mode), **res["raid"]["config"]))
-        if "## raid1" not in md:
-            problems.append("results.md has no '## raid1'")
+    for key, (check, heading) in ALONE.items():
+        if res.get(key):
+            problems += check(res, mode)
+            if heading not in md:
+                problems.append(f"results.md has no '{heading}'")
     if cfg.get("iostat_reps"):
         ios = res.get("iostat", [])
         if len(ios) != 1:
