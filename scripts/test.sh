@@ -120,6 +120,15 @@ cmd_test() {
         rc=1
         failed=$((failed + 1))
     fi
+    # The benchmark's own unit tests (parsing of openssl and xts_speed output, the per-CPU
+    # figures, targets and --validate of the raid and crypto sections): one test, under a second.
+    say "bench: the sections' unit tests (python3 -m unittest fpbench.tests_*)"
+    if (cd bench && /usr/bin/python3 -m unittest -q fpbench.tests_crypto fpbench.tests_raid); then
+        passed=$((passed + 1))
+    else
+        rc=1
+        failed=$((failed + 1))
+    fi
     printf '\ntotal: %d passed, %d failed, %d skipped\n' "$passed" "$failed" "$skipped"
     return "$rc"
 }
