@@ -10,6 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use fp_bdev::conformance::{read_range, run_batch, rw, write_range};
 use fp_bdev::{IoChannel, IoOp, IoStatus};
@@ -287,6 +288,13 @@ fn a_failed_metadata_write_fails_the_method_and_a_reload_shows_what_was_durable(
             .map(|v| panic!("{what}: a change on a broken store gave {v}"))
             .unwrap_err();
         assert!(e.message.starts_with("lvs: the store is broken"), "{what}: {e:?}");
+        // Nor does it allocate: a first write to a thin volume's cluster fails (unless the
+        // failed change was the delete of that volume, whose bdev went first).
+        if what != "delete" {
+            let mut ch = d.channel("lvs/t");
+            let status = submit(&mut *ch, IoOp::Write, 0, &mut fill(5, 4096));
+            assert_eq!(status, IoStatus::Error(libc::EIO), "{what}");
+        }
         // A volume's own clusters still read and write.
         let mut ch = d.channel("lvs/v");
         write_range(&mut *ch, 4096, &fill(8, 4096));
@@ -368,5 +376,51 @@ fn a_metadata_page_corrupted_on_its_way_down_loads_the_previous_generation() {
     d.close();
     let d = Daemonless::open(&file, true);
     assert_eq!(d.volumes(), owned(&[("t", 0), ("v", 2), ("w", 1)]));
+    d.close();
+}
+
+/// A metadata write held by a `pending` injection holds the method that commits (and the
+/// store's other methods, which its owner serves one at a time), and nothing else: the registry
+/// is not locked meanwhile, so `bdev_error_resume_pending` answers and lets the commit finish;
+/// the change is then durable.
+#[test]
+fn a_held_metadata_write_holds_its_method_until_resume_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, d) = store_with_volumes(dir.path());
+    d.inject("write", "pending", 1000);
+    let d = Arc::new(d);
+    let creating = {
+        let d = d.clone();
+        std::thread::spawn(move || create(&d, "w", 1, false))
+    };
+    let held_since = std::time::Instant::now();
+    while !d.injected("write")
+        || d.ok("bdev_get_iostat", json!({"name": BASE}))["bdevs"][0]["queue_depth"] == 0
+    {
+        assert!(held_since.elapsed() < Duration::from_secs(10), "the commit's write was not held");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!creating.is_finished(), "bdev_lvol_create returned with its commit held");
+    // No bdev for the volume before its commit is durable. (The store's own methods, such as
+    // bdev_lvol_get_lvols, wait for its owner, which waits for the write.)
+    assert!(d.m.disk("lvs/w").is_err(), "a bdev for a volume whose commit is held");
+    // Other methods answer meanwhile, from another thread than the one waiting.
+    let resume = {
+        let d = d.clone();
+        std::thread::spawn(move || d.ok("bdev_error_resume_pending", json!({"name": BASE})))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !(resume.is_finished() && creating.is_finished()) {
+        assert!(std::time::Instant::now() < deadline, "resume_pending or the create never returned");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(resume.join().unwrap(), json!(true));
+    creating.join().unwrap().expect("the create once its write was resumed");
+    let d = Arc::into_inner(d).unwrap();
+    assert_eq!(d.volumes(), owned(&[("t", 0), ("v", 2), ("w", 1)]));
+    d.close();
+    let d = Daemonless::open(&file, true);
+    assert_eq!(d.volumes(), owned(&[("t", 0), ("v", 2), ("w", 1)]), "after a reload");
     d.close();
 }
