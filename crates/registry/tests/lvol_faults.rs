@@ -277,11 +277,7 @@ fn a_failed_metadata_write_fails_the_method_and_a_reload_shows_what_was_durable(
             e.message.starts_with("metadata write of page") && e.message.contains("Input/output error"),
             "{what}: {e:?}"
         );
-        // Resize answers -EOPNOTSUPP for the same failure (its error goes through the bdev's
-        // resize, whose error type has no I/O error): not asserted, reported.
-        if what != "resize" {
-            assert_eq!(e.code, -libc::EIO, "{what}: {e:?}");
-        }
+        assert_eq!(e.code, -libc::EIO, "{what}: {e:?}");
         d.inject("clear", "failure", 0);
         // Broken until reloaded: a change is refused, naming the store and why.
         let e = create(&d, "x", 1, true)
