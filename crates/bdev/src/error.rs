@@ -30,4 +30,8 @@ pub enum BdevError {
     /// The device cannot do what was asked (resize a device of a fixed size, say).
     #[error("{0}")]
     Unsupported(String),
+    /// The change needed I/O on an underlying device, which failed (an lvol resize whose
+    /// metadata write failed, say).
+    #[error("{0}")]
+    Io(String),
 }

@@ -75,6 +75,7 @@ impl RegistryError {
             RegistryError::Bdev(BdevError::NoMemory(_)) => -libc::ENOMEM,
             RegistryError::Bdev(BdevError::Uring(_)) => -libc::EIO,
             RegistryError::Bdev(BdevError::Unsupported(_)) => -libc::EOPNOTSUPP,
+            RegistryError::Bdev(BdevError::Io(_)) => -libc::EIO,
             RegistryError::Param(_) => -libc::EINVAL,
             RegistryError::Vhost(e) => -e.errno(),
             // The NVMe driver's errors carry their own (ETIMEDOUT, ENODEV for a controller gone).

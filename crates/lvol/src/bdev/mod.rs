@@ -638,6 +638,7 @@ pub(crate) fn lvol_to_bdev(e: LvolError) -> BdevError {
         LvolError::Invalid { field, reason } | LvolError::State { field, reason } => {
             BdevError::InvalidParam { field, reason }
         }
+        e @ LvolError::Device(_) => BdevError::Io(e.to_string()),
         other => BdevError::Unsupported(other.to_string()),
     }
 }

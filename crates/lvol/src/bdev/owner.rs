@@ -489,7 +489,12 @@ impl Owner {
                     _ => self.io.zero(to, cs),
                 };
                 if let Err(e) = r {
-                    self.broken = Some(format!("preparing cluster {cluster} failed: errno {e}"));
+                    // The base failed one write: the cluster goes back unmapped (no commit has
+                    // mapped it, so nothing durable changed) and only this write fails. Breaking
+                    // the store here would turn one transient error into a store that refuses
+                    // every change until it is reloaded.
+                    log::warn!("lvol {vol}: preparing cluster {cluster} for cluster {index}: errno {e}");
+                    self.store.undo_allocation(vol, index);
                     return Err(e);
                 }
                 Ok((cluster, true))
@@ -694,7 +699,12 @@ impl Owner {
             let durable = match self.io.flush() {
                 Ok(()) => self.commit().is_ok(),
                 Err(e) => {
-                    self.broken = Some(format!("flushing copied clusters failed: errno {e}"));
+                    // Nothing was committed: the round's new clusters go back unmapped and only
+                    // its writes fail, as when preparing one cluster fails.
+                    log::warn!("lvstore '{}': flushing new clusters failed: errno {e}", self.store.name());
+                    for (vol, index, _) in &publish {
+                        self.store.undo_allocation(vol, *index);
+                    }
                     false
                 }
             };
