@@ -10,7 +10,8 @@ ensure_toolchain() {
     command -v cargo >/dev/null 2>&1 ||
         die "cargo not found: install Rust 1.85 or newer (https://rustup.rs) and re-run"
     # Rust links through the system C compiler. No crate here needs pkg-config or C libraries:
-    # libblkio and io_uring are used through pure-Rust crates.
+    # libblkio and io_uring are used through pure-Rust crates, and librbd and libcrypto (the
+    # crypto bdev's OpenSSL engine) are opened at run time.
     if ! command -v cc >/dev/null 2>&1; then
         apt_install build-essential
     fi
