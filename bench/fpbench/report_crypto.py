@@ -82,9 +82,9 @@ def crypto_markdown(res):
                   "above: by the wall clock (IOPS), and per CPU second (**IOPS per CPU s**: 1 s / CPU/IO, the I/Os "
                   "one whole core of the server's would do at this cost; judged, as the cipher part is: on a "
                   "loaded machine the wall-clock IOPS measure the other work too). **server cores**: the server's "
-                  "CPU time over the run's length: well under 1, the server was not what limited the IOPS (the "
-                  "client's CPU, shared with the machine's other work, was), and flashpath's reactor slept or "
-                  "polled empty part of the time, which its CPU/IO counts. **other cores**: the CPU time everything "
+                  "CPU time over the run's length: near 1, the server was busy all the run; well under 1, the server "
+                  "was not what limited the IOPS (the client's CPU, shared with the machine's other work, was), and "
+                  "flashpath's reactor slept or polled empty part of the time, which its CPU/IO counts. **other cores**: the CPU time everything "
                   "else on the machine used meanwhile (other processes, the idle daemon), in cores.", "",
                   "| workload | disk | IOPS | MB/s | spread | wait | server cores | other cores | p50 µs | p99 µs | "
                   "busy/IO ns | CPU/IO ns | vs openssl | IOPS per CPU s | vs openssl per CPU s |", "|" + "---|" * 15]
