@@ -556,6 +556,25 @@ impl IoChannel for CryptoChannel {
     fn in_flight(&self) -> usize {
         self.ready.len() + self.in_use()
     }
+
+    /// The base's: every request here is at the base, waits for a buffer that only a base
+    /// completion frees, or sits in `ready` (which `arm_completion_fd` reports).
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.base.completion_fd()
+    }
+
+    fn disarm_completion_fd(&mut self) {
+        self.base.disarm_completion_fd()
+    }
+
+    fn arm_completion_fd(&mut self) -> bool {
+        self.ready.len() == 0 && self.base.arm_completion_fd()
+    }
+
+    /// As the base: a write waiting for a buffer moves on when a base completion frees one.
+    fn sleeps_in_flight(&self) -> bool {
+        self.base.sleeps_in_flight()
+    }
 }
 
 #[cfg(test)]

@@ -286,3 +286,84 @@ fn channels_use_openssl_where_libcrypto_is_installed() {
     assert_eq!(XtsEngine::new(key.clone()).name(), "openssl");
     assert_eq!(XtsEngine::rust(key).name(), "rust");
 }
+
+/// Sleeps until `fd` is readable, at most 5 s; whether it was.
+fn sleep_on(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, 5000) == 1 }
+}
+
+/// Polls `ch` until `tag` completes, sleeping on `fd` whenever the channel says it may; whether
+/// it slept (a request that completes during the first poll never does).
+fn complete_sleeping(ch: &mut Box<dyn IoChannel>, fd: std::os::fd::RawFd, tag: u32) -> bool {
+    let mut done = Vec::new();
+    let mut slept = false;
+    loop {
+        ch.poll(&mut |t, s| done.push((t, s)));
+        if !done.is_empty() {
+            assert_eq!(done, [(tag, IoStatus::Success)]);
+            return slept;
+        }
+        if ch.arm_completion_fd() {
+            slept = true;
+            assert!(sleep_on(fd), "request {tag} completed without signalling the fd");
+        }
+    }
+}
+
+/// Stacked on a device whose completions signal an fd (io_uring with O_DIRECT, so requests
+/// take a trip through the block layer), the crypto channel offers that fd: a caller arms it,
+/// sleeps on it with a write or a read in flight, wakes when the base completes it, and the
+/// read comes back decrypted. With a completion held in its own list (a discard), arming says
+/// "poll first".
+#[test]
+fn a_caller_may_sleep_on_the_bases_completion_fd() {
+    // Not /tmp, which may be a tmpfs without O_DIRECT.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = dir.path().join("f");
+    std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
+    let base: Bdev = Arc::new(crate::UringDevice::new("u", &path, Some(4096), true).unwrap());
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let dev = CryptoDevice::new("c", base, key).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    let fd = ch.completion_fd().expect("io_uring's eventfd, passed up");
+    assert!(!ch.sleeps_in_flight(), "io_uring's own choice: poll while in flight");
+
+    let mut buf = crate::AlignedBuf::zeroed(8192);
+    let mut slept = 0;
+    for round in 0..16u8 {
+        let data = pattern(8192, round);
+        let offset = u64::from(round) * 8192;
+        // SAFETY: our buffer of 8192 bytes.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), 8192) };
+        bytes.copy_from_slice(&data);
+        let iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 8192 }];
+        let write = IoRequest { tag: 1, op: IoOp::Write, offset, len: 8192, iov: iov.as_ptr(), iovcnt: 1 };
+        // SAFETY: the buffer and iovec outlive the request, which is waited for below.
+        unsafe { ch.submit(&write) }.unwrap();
+        slept += usize::from(complete_sleeping(&mut ch, fd, 1));
+        // SAFETY: as above.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), 8192) };
+        assert_eq!(&bytes[..], &data[..], "the caller's buffer is never changed");
+        bytes.fill(0);
+        let read = IoRequest { tag: 2, op: IoOp::Read, offset, len: 8192, iov: iov.as_ptr(), iovcnt: 1 };
+        // SAFETY: as above.
+        unsafe { ch.submit(&read) }.unwrap();
+        slept += usize::from(complete_sleeping(&mut ch, fd, 2));
+        // SAFETY: as above.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_mut_ptr(), 8192) };
+        assert_eq!(bytes, &data[..], "decrypted in place");
+    }
+    assert!(slept > 0, "no request was still in flight after a poll: nothing slept");
+
+    // A discard completes from the channel's own list: not a time to sleep.
+    let discard =
+        IoRequest { tag: 3, op: IoOp::Discard, offset: 0, len: 4096, iov: std::ptr::null(), iovcnt: 0 };
+    // SAFETY: no buffers.
+    unsafe { ch.submit(&discard) }.unwrap();
+    assert!(!ch.arm_completion_fd(), "a ready completion must be polled, not slept on");
+    let mut done = Vec::new();
+    ch.poll(&mut |t, s| done.push((t, s)));
+    assert_eq!(done, [(3, IoStatus::Success)]);
+}

@@ -482,6 +482,25 @@ impl IoChannel for ErrorChannel {
     fn in_flight(&self) -> usize {
         self.held.len() + self.failed.len() + self.base.in_flight()
     }
+
+    /// The base's. Held requests are released by a clear or resume on the control plane,
+    /// which signals nothing: a caller sleeping on the fd wakes only for the base, so
+    /// `sleeps_in_flight` is false while any is held and the caller keeps polling.
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.base.completion_fd()
+    }
+
+    fn disarm_completion_fd(&mut self) {
+        self.base.disarm_completion_fd()
+    }
+
+    fn arm_completion_fd(&mut self) -> bool {
+        self.failed.is_empty() && self.base.arm_completion_fd()
+    }
+
+    fn sleeps_in_flight(&self) -> bool {
+        self.held.is_empty() && self.base.sleeps_in_flight()
+    }
 }
 
 #[cfg(test)]

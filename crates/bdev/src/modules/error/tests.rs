@@ -282,3 +282,91 @@ fn the_error_bdev_reports_its_base() {
     assert_eq!(ErrorType::from_name("corrupt_data"), Some(ErrorType::CorruptData));
     assert_eq!(ErrorType::from_name("nvme_failure"), None);
 }
+
+/// A RAM disk whose channels say they complete on other threads and signal an fd (as Ceph
+/// RBD's do), so a caller may sleep with requests in flight: the base the error channel must
+/// pass those properties up from, except while it holds requests itself.
+struct SleepyRam {
+    ram: RamDevice,
+}
+
+struct SleepyChannel {
+    inner: Box<dyn IoChannel>,
+    fd: std::os::fd::OwnedFd,
+}
+
+impl BlockDevice for SleepyRam {
+    fn info(&self) -> &BdevInfo {
+        self.ram.info()
+    }
+
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        // SAFETY: a plain eventfd; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a descriptor we just opened and own.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Ok(Box::new(SleepyChannel { inner: self.ram.open_channel()?, fd }))
+    }
+}
+
+impl IoChannel for SleepyChannel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        // SAFETY: passed on with the caller's guarantee.
+        unsafe { self.inner.submit(req) }
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        self.inner.poll(done)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(&self.fd))
+    }
+
+    fn sleeps_in_flight(&self) -> bool {
+        true
+    }
+}
+
+/// The error channel offers its base's completion fd and its base's leave to sleep with
+/// requests in flight, but not while a completion of its own is queued (`arm` says "poll
+/// first") nor while it holds a request (a clear signals no fd).
+#[test]
+fn the_bases_completion_fd_passes_up_except_for_what_the_error_bdev_holds() {
+    let base: Bdev = Arc::new(SleepyRam { ram: RamDevice::new("ram", 512, 64).unwrap() });
+    let dev = ErrorDevice::new("EE_ram", base).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    assert!(ch.completion_fd().is_some(), "the base's fd, passed up");
+    assert!(ch.sleeps_in_flight() && ch.arm_completion_fd());
+
+    let mut buf = vec![1u8; 512];
+    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 };
+    let write = |tag| IoRequest { tag, op: IoOp::Write, offset: 0, len: 512, iov: &iov, iovcnt: 1 };
+    // A failure completes from the channel's own list at the next poll.
+    dev.inject(&[1], inj(ErrorType::Failure, 1)).unwrap();
+    // SAFETY: `buf` and `iov` outlive the requests, all completed or released below.
+    unsafe { ch.submit(&write(1)) }.unwrap();
+    assert!(!ch.arm_completion_fd(), "a failure is queued: poll, do not sleep");
+    let mut done = Vec::new();
+    ch.poll(&mut |t, s| done.push((t, s)));
+    assert_eq!(done, [(1, IoStatus::Error(libc::EIO))]);
+    assert!(ch.arm_completion_fd());
+
+    // A held request: the caller must keep polling to see the clear.
+    dev.inject(&[1], inj(ErrorType::Pending, 1)).unwrap();
+    // SAFETY: as above.
+    unsafe { ch.submit(&write(2)) }.unwrap();
+    ch.poll(&mut |t, s| done.push((t, s)));
+    assert_eq!((done.len(), ch.in_flight()), (1, 1));
+    assert!(!ch.sleeps_in_flight(), "a held request is released by polling, never by the fd");
+    dev.clear();
+    ch.poll(&mut |t, s| done.push((t, s)));
+    ch.poll(&mut |t, s| done.push((t, s)));
+    assert_eq!(done[1..], [(2, IoStatus::Success)]);
+    assert!(ch.sleeps_in_flight(), "nothing held: the base's leave again");
+}
