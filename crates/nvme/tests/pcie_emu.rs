@@ -242,10 +242,13 @@ fn shadow_doorbells_skip_register_writes_the_controller_does_not_need() {
     }
     let c = emu.counters();
     // The controller polls the shadow page while busy and asks for a register write only
-    // before it sleeps; the completion queue's head never needs one. How many rounds found it
-    // asleep depends on the scheduler, so only the bounds are certain.
+    // before it sleeps; the completion queue's head almost never needs one. The emulator sets
+    // the CQ's event index from the shadow head it last read, so when the host's head update
+    // races its post, the next update crosses the index and the host rightly writes the
+    // register (seen once in 2,000 rounds on a loaded 2-core CI run). How many rounds found
+    // the controller asleep depends on the scheduler, so only the bounds are certain.
     assert!(c.sq_doorbells[1] <= u64::from(rounds));
-    assert_eq!(c.cq_doorbells[1], 0, "CQ heads go to the shadow only");
+    assert!(c.cq_doorbells[1] <= u64::from(rounds / 100), "CQ heads go to the shadow: {c:?}");
     assert_eq!(q.stats().doorbells, c.sq_doorbells[1]);
     assert_eq!(c.io_commands, u64::from(rounds));
     // Without shadows every round writes both registers.
