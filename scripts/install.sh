@@ -45,11 +45,14 @@ ensure_miri() {
     fi
 }
 
-# The guest tests' tools (docs/guest-tests.md): QEMU 9.1 or newer (for reconnect-ms), from
-# bookworm-backports on Debian 12, what tests/guest/build-image.sh puts in the image, and
-# socat, which QEMU runs for each connection the nvmf guest forwards to the host's loopback.
-ensure_guest_packages() {
-    if ! qemu-system-x86_64 --version 2>/dev/null | grep -Eq 'version (9\.[1-9]|[1-9][0-9])\.'; then
+# ensure_qemu: QEMU 10 from bookworm-backports on Debian 12 (Debian's own is 7.2):
+# qemu-system-x86 for the guest tests and qemu-utils, whose qemu-storage-daemon and qemu-img
+# the workspace tests run (the NBD client's interop test, the benchmark's peer). Both come from
+# one build, so both are installed together whenever either is older than 9.1.
+ensure_qemu() {
+    local want='version (9\.[1-9]|[1-9][0-9])\.'
+    if ! qemu-system-x86_64 --version 2>/dev/null | grep -Eq "$want" ||
+        ! qemu-storage-daemon --version 2>/dev/null | grep -Eq "$want"; then
         if ensure_bookworm_backports; then
             say "installing qemu-system-x86 and qemu-utils from bookworm-backports"
             as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -59,28 +62,25 @@ ensure_guest_packages() {
             apt_install qemu-system-x86 qemu-utils
         fi
     fi
+    qemu-storage-daemon --version >/dev/null 2>&1 || die "qemu-storage-daemon is not installed"
     qemu-system-x86_64 --version | head -n 1
+    qemu-storage-daemon --version | head -n 1
+}
+
+# The guest tests' tools (docs/guest-tests.md): QEMU 9.1 or newer (for reconnect-ms), what
+# tests/guest/build-image.sh puts in the image, and socat, which QEMU runs for each connection
+# the nvmf guest forwards to the host's loopback.
+ensure_guest_packages() {
+    ensure_qemu
     apt_install busybox-static cpio fio e2fsprogs xz-utils zstd libc6-dev nvme-cli socat cryptsetup-bin
 }
 
-# The benchmark's tools: qemu-storage-daemon 10.x from bookworm-backports (Debian 12's own
-# qemu-utils is 7.2), fio, valgrind (callgrind, for instructions per I/O), matplotlib for
-# /usr/bin/python3, for the RBD section a single-node Ceph cluster (tests/ceph/cluster.sh)
+# The benchmark's tools: qemu-storage-daemon 10.x (ensure_qemu), fio, valgrind (callgrind, for
+# instructions per I/O), matplotlib for /usr/bin/python3, for the RBD section a single-node Ceph cluster (tests/ceph/cluster.sh)
 # and qsd's rbd driver, and for the NBD section nbdkit and libnbd-bin.
 ensure_bench_tools() {
     command -v taskset >/dev/null 2>&1 || apt_install util-linux
-    if ! qemu-storage-daemon --version 2>/dev/null | grep -Eq 'version (9|[1-9][0-9])\.'; then
-        if ensure_bookworm_backports; then
-            say "installing qemu-utils from bookworm-backports"
-            as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-                -t bookworm-backports qemu-utils
-        else
-            apt_install qemu-utils
-        fi
-    fi
-    qemu-storage-daemon --version >/dev/null 2>&1 || die "qemu-storage-daemon is not installed"
-    qemu-storage-daemon --version | head -n 1
+    ensure_qemu
     # qsd loads its rbd driver from qemu-block-extra, whose modules must be the same build as
     # qsd itself: the same version as the installed qemu-utils (from backports on Debian 12).
     apt_install ceph-mon ceph-osd ceph-common uuid-runtime

@@ -2,15 +2,34 @@
 # Sourced by ./run: ./run test (docs/testing.md). Needs scripts/lib.sh, scripts/install.sh and,
 # for the closing benchmark smoke run, scripts/bench.sh.
 
+# ci_refuses_skips: under CI=true every step runs; a FLASHPATH_SKIP_* variable fails the run
+# rather than hiding a step.
+ci_refuses_skips() {
+    [ "${CI:-}" = true ] || return 0
+    local v
+    for v in LINT GUEST FUZZ MIRI BENCH_SMOKE; do
+        local name=FLASHPATH_SKIP_$v
+        [ "${!name:-0}" = 1 ] && die "$name=1 is set, but under CI=true every step runs"
+    done
+    return 0
+}
+
+# missing_tool WHAT: outside CI, says that a step is skipped; under CI=true, fails the run.
+missing_tool() {
+    [ "${CI:-}" = true ] && die "$1 is not installed (under CI=true no step may be skipped)"
+    echo "run: $1 is not installed; skipping its step"
+}
+
 cmd_test() {
     ensure_toolchain
+    ci_refuses_skips
     if [ "${FLASHPATH_SKIP_LINT:-0}" != 1 ]; then
         if cargo fmt --version >/dev/null 2>&1; then
             say "cargo fmt --check"
             cargo fmt --all -- --check -l || die "the files above are not rustfmt-formatted (cargo fmt --all fixes them)"
             echo "all files are formatted"
         else
-            echo "run: rustfmt is not installed; skipping the formatting check"
+            missing_tool "rustfmt (rustup component add rustfmt)"
         fi
         if cargo clippy --version >/dev/null 2>&1; then
             say "cargo clippy (warnings are errors)"
@@ -18,7 +37,7 @@ cmd_test() {
             say "cargo doc (warnings are errors: broken intra-doc links)"
             RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
         else
-            echo "run: clippy is not installed; skipping lints"
+            missing_tool "clippy (rustup component add clippy)"
         fi
     fi
     # The metrics test scrapes the daemon with a real Prometheus and lints with promtool; the
@@ -33,7 +52,10 @@ cmd_test() {
     # version: the guest step below upgrades it where it must) and certtool (gnutls-bin) for
     # the TLS test's CA.
     apt_install libnbd-bin nbdkit python3-libnbd gnutls-bin
-    command -v qemu-img >/dev/null 2>&1 || apt_install qemu-utils
+    # qemu-img and qemu-storage-daemon (the NBD client's interop test) from QEMU 10, installed
+    # here with the guest tests' QEMU, before any test needs them: Debian 12's own qemu-utils
+    # (7.2) has no qemu-storage-daemon.
+    ensure_qemu
     # The crypto bdev's ciphertext is checked against Python's AES-XTS (fp-bdev's crypto tests).
     apt_install python3-cryptography
     # The SPDK compatibility test drives flashpath through SPDK's published client.
@@ -50,7 +72,7 @@ cmd_test() {
     # The guest tests (crates/flashpath/tests/guest.rs, guest_nvmf.rs, guest_nvme.rs,
     # migration.rs, migration_rbd.rs) boot QEMU guests whose two vCPUs and daemons fill the machine: they run
     # alone, after the others, one at a time.
-    if [ "${FLASHPATH_SKIP_GUEST:-0}" = 1 ] && [ "${CI:-}" != true ]; then
+    if [ "${FLASHPATH_SKIP_GUEST:-0}" = 1 ]; then
         echo "run: FLASHPATH_SKIP_GUEST=1: not running the guest tests"
     else
         ensure_guest_packages
@@ -80,7 +102,7 @@ cmd_test() {
     read -r passed failed skipped <<<"$totals"
     # The fuzz step counts as one test. It runs even when tests failed: a fuzz regression is
     # independent news, and the step's length is fixed (about 30 s per target plus the build).
-    if [ "${FLASHPATH_SKIP_FUZZ:-0}" = 1 ] && [ "${CI:-}" != true ]; then
+    if [ "${FLASHPATH_SKIP_FUZZ:-0}" = 1 ]; then
         echo "run: FLASHPATH_SKIP_FUZZ=1: not running the fuzz step"
         skipped=$((skipped + 1))
     else
@@ -96,7 +118,7 @@ cmd_test() {
     # undefined behaviour; it counts as one test. The other crates' unsafe code talks to the
     # kernel (memfd, mmap of files, epoll, io_uring), which Miri cannot run; ASan covers it in
     # the fuzz step.
-    if [ "${FLASHPATH_SKIP_MIRI:-0}" = 1 ] && [ "${CI:-}" != true ]; then
+    if [ "${FLASHPATH_SKIP_MIRI:-0}" = 1 ]; then
         echo "run: FLASHPATH_SKIP_MIRI=1: not running Miri"
         skipped=$((skipped + 1))
     else
@@ -111,7 +133,7 @@ cmd_test() {
     # The benchmark smoke run counts as one more test.
     if [ "$rc" -ne 0 ]; then
         skipped=$((skipped + 1))
-    elif [ "${FLASHPATH_SKIP_BENCH_SMOKE:-0}" = 1 ] && [ "${CI:-}" != true ]; then
+    elif [ "${FLASHPATH_SKIP_BENCH_SMOKE:-0}" = 1 ]; then
         echo "run: FLASHPATH_SKIP_BENCH_SMOKE=1: not running the benchmark smoke run"
         skipped=$((skipped + 1))
     elif cmd_bench --smoke; then
