@@ -55,8 +55,8 @@ ensure_qemu() {
         ! qemu-storage-daemon --version 2>/dev/null | grep -Eq "$want"; then
         if ensure_bookworm_backports; then
             say "installing qemu-system-x86 and qemu-utils from bookworm-backports"
-            as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            apt_get update -qq
+            apt_get install -y -qq --no-install-recommends \
                 -t bookworm-backports qemu-system-x86 qemu-utils
         else
             apt_install qemu-system-x86 qemu-utils
@@ -88,8 +88,8 @@ ensure_bench_tools() {
     qver=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
     if [ -n "$qver" ] && [ "$(dpkg-query -W -f='${Version}' qemu-block-extra 2>/dev/null || true)" != "$qver" ]; then
         say "installing qemu-block-extra $qver (qsd's rbd driver)"
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        apt_get update -qq
+        apt_get install -y -qq --no-install-recommends \
             "qemu-block-extra=$qver"
     fi
     command -v fio >/dev/null 2>&1 || apt_install fio

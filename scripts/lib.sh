@@ -15,6 +15,12 @@ as_root() {
     fi
 }
 
+# apt_get ARGS...: apt-get as root, non-interactive, waiting up to 10 minutes for the package
+# database's lock (another apt-get, or unattended-upgrades on a fresh machine) instead of failing.
+apt_get() {
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 "$@"
+}
+
 # apt_install PKG...: installs the packages that are not installed yet; runs apt-get update
 # only when something is missing.
 apt_install() {
@@ -25,8 +31,8 @@ apt_install() {
     [ ${#missing[@]} -eq 0 ] && return 0
     command -v apt-get >/dev/null 2>&1 || die "missing ${missing[*]} and no apt-get to install them"
     say "installing ${missing[*]}"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    apt_get update -qq
+    apt_get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
 target_dir() {
