@@ -143,7 +143,6 @@ fn held_requests_complete_after_resume_pending() {
     let (mut daemon, sock) = error_disk();
     inject(&daemon, "read", "pending", 3);
     let hold = Duration::from_millis(400);
-    let started = Instant::now();
     let run = std::thread::spawn(move || run_n(&sock, Pattern::RandRead, 200));
     // The first three reads are held, the other slots go on until only those three are left.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -151,14 +150,16 @@ fn held_requests_complete_after_resume_pending() {
         assert!(Instant::now() < deadline, "the reads were not held: {}", injections(&daemon));
         std::thread::sleep(Duration::from_millis(10));
     }
-    std::thread::sleep(hold.saturating_sub(started.elapsed()));
+    // Counted from when all three are known to be held, so each waits at least `hold`
+    // however late the run started.
+    std::thread::sleep(hold);
     assert!(!run.is_finished(), "the run ended with requests held");
     let s = &daemon.call("bdev_get_iostat", json!({"name": EE}))["bdevs"][0];
     assert_eq!(s["queue_depth"], 3, "held requests in flight: {s}");
     assert_eq!(daemon.call("bdev_error_resume_pending", json!({"name": EE})), true);
     let r = bounded(Duration::from_secs(60), "resumed run", move || run.join().unwrap());
     assert_eq!((r.ios, r.errors), (200, 0), "{r:?}");
-    assert!(r.lat_max_ns >= hold.as_nanos() as u64 / 2, "no request waited for the resume: {r:?}");
+    assert!(r.lat_max_ns >= hold.as_nanos() as u64, "no request waited for the resume: {r:?}");
     daemon.assert_alive();
 }
 

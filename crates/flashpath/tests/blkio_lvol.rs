@@ -53,6 +53,9 @@ fn snapshots_under_writes_fail_nothing_and_the_volume_in_use_is_protected() {
     volume(&daemon, 8 * MIB);
     let sock = daemon.controller("vhost.0", "lvs/v", Some(1), false);
     let (tx, rx) = std::sync::mpsc::channel::<()>();
+    // The writer reports each round it finishes, so that every snapshot comes after one more
+    // whole round, however fast the machine runs.
+    let (round_tx, round_rx) = std::sync::mpsc::channel::<u64>();
     let writer = std::thread::spawn(move || {
         let mut c = BlkClient::open(&sock, 1);
         let mut round = 0u64;
@@ -64,6 +67,7 @@ fn snapshots_under_writes_fail_nothing_and_the_volume_in_use_is_protected() {
             }
             assert_eq!(c.flush(0), 0);
             round += 1;
+            let _ = round_tx.send(round);
             if rx.try_recv().is_ok() {
                 break;
             }
@@ -73,12 +77,13 @@ fn snapshots_under_writes_fail_nothing_and_the_volume_in_use_is_protected() {
         round
     });
     for i in 0..5 {
-        std::thread::sleep(Duration::from_millis(150));
+        // Generous: a round is 8 MiB in 128 writes.
+        round_rx.recv_timeout(Duration::from_secs(60)).expect("the writer finished no round in 60 s");
         daemon.call("bdev_lvol_snapshot", json!({"lvol_name": "lvs/v", "snapshot_name": format!("s{i}")}));
     }
     tx.send(()).unwrap();
     let rounds = bounded(Duration::from_secs(120), "writer", move || writer.join().unwrap());
-    assert!(rounds >= 2, "the writer made only {rounds} rounds");
+    assert!(rounds >= 5, "the writer made only {rounds} rounds");
     // A snapshot holds a consistent state: each 64 KiB piece is one round's data, written in
     // order, so the rounds seen never increase along the volume... and are all real rounds.
     let snap_sock = daemon.controller("vhost.s4", "lvs/s4", Some(1), true);

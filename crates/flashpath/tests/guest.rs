@@ -461,14 +461,15 @@ mod guest_vm {
         disk.chunks(512).filter(|s| heads.contains(&s[..16])).count()
     }
 
-    /// The `injections.<io_type>` left on `EE_m`, as `num` (0 when none is listed).
-    fn injection_left(d: &Daemon, io_type: &str) -> u64 {
-        let b = d.call("bdev_get_bdevs", json!({"name": "EE_m"}));
+    /// The `injections.<io_type>` left on the error bdev `name`, as `num` (0 when none is
+    /// listed).
+    fn injection_left(d: &Daemon, name: &str, io_type: &str) -> u64 {
+        let b = d.call("bdev_get_bdevs", json!({"name": name}));
         let inj = &b[0]["driver_specific"]["error"]["injections"][io_type];
         if inj.is_null() {
             0
         } else {
-            inj["num"].as_u64().unwrap_or_else(|| panic!("injections.{io_type} without num: {b}"))
+            inj["num"].as_u64().unwrap_or_else(|| panic!("{name}: injections.{io_type} without num: {b}"))
         }
     }
 
@@ -550,7 +551,7 @@ mod guest_vm {
         vm.wait_for("the guest's writes to the error disk", |l| l.contains("error read ready"), BOOT_TIMEOUT);
         let crypto_part = vm.elapsed();
         let t0 = std::time::Instant::now();
-        assert_eq!(injection_left(&d, "write"), 0, "the guest's writes used up the write injection");
+        assert_eq!(injection_left(&d, "EE_m", "write"), 0, "the guest's writes used up the write injection");
         d.call(
             "bdev_error_inject_error",
             json!({"name": "EE_m", "io_type": "read", "error_type": "failure", "num": READ_FAILURES}),
@@ -558,7 +559,11 @@ mod guest_vm {
         vm.send_line("go");
         vm.wait_for("the guest's failed reads", |l| l.contains("error read waiting for clear"), BOOT_TIMEOUT);
         // Exactly the guest's two reads took an injected failure: nothing else read the disk.
-        assert_eq!(injection_left(&d, "read"), READ_FAILURES - GUEST_FAILED_READS, "reads failed so far");
+        assert_eq!(
+            injection_left(&d, "EE_m", "read"),
+            READ_FAILURES - GUEST_FAILED_READS,
+            "reads failed so far"
+        );
         let failed = WRITE_FAILURES + GUEST_FAILED_READS;
         assert_eq!(iostat_eio(&d, "EE_m"), failed, "EE_m's EIO count before the clear");
         assert_eq!(counter(&stats(&d, "fp-err"), "io_errors"), failed, "fp-err's io_errors before the clear");
@@ -566,7 +571,7 @@ mod guest_vm {
             "bdev_error_inject_error",
             json!({"name": "EE_m", "io_type": "clear", "error_type": "failure"}),
         );
-        assert_eq!(injection_left(&d, "read"), 0, "the clear ended the read injection");
+        assert_eq!(injection_left(&d, "EE_m", "read"), 0, "the clear ended the read injection");
         vm.send_line("go");
         let r = vm.wait_result();
         assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
@@ -798,8 +803,13 @@ mod guest_vm {
     const LVOL_SIZE: u64 = 64 * MIB;
     /// Rounds the `lvol` scenario writes (`rounds` in tests/guest/init).
     const LVOL_ROUNDS: u32 = 30;
-    /// The round after which the host takes the snapshot of the clone.
+    /// The round after which the guest waits for the host (`fp.lvol.hold=`), which then holds
+    /// the guest's writes and snapshots the clone while the next round's are held.
     const LVOL_SNAPSHOT_AFTER: u32 = 5;
+    /// The writes the `pending` injection on the clone's error bdev holds: more than the guest
+    /// can issue while it lasts, so `bdev_error_resume_pending` (not the count running out) is
+    /// what ends it.
+    const LVOL_HELD_WRITES: u64 = 1_000_000;
 
     /// The files the host puts in the golden image, as (path, contents); the `lvol` scenario
     /// checks the same names and contents in the guest.
@@ -919,13 +929,16 @@ mod guest_vm {
 
     /// Issue 11's guest test. The host makes an ext4 image with known files and copies it into
     /// a thin "golden" volume (only its non-zero clusters); snapshots it; clones the snapshot
-    /// and exports the clone. The guest mounts the clone, checks the golden files and writes
-    /// new ones on both vCPUs; after its fifth synced round the host snapshots the clone, and
-    /// the guest must go on without an I/O error. Afterwards the host reads every volume back
-    /// through libblkio: the golden volume and its snapshot equal the image byte for byte; the
-    /// clone checks clean with e2fsck and holds the old and the new files; the clone's
-    /// snapshot, once its journal is replayed as a mount would, checks clean, holds the golden
-    /// files and every round synced before the snapshot, and nothing written after it.
+    /// and exports the clone through an error bdev. The guest mounts the clone, checks the golden
+    /// files and writes new ones on both vCPUs. After its fifth synced round it waits; the host
+    /// makes the error bdev hold every write, lets the guest go on, and once a write is held
+    /// snapshots the clone, then releases the writes (which land on the clone after the
+    /// snapshot, copying the clusters it now shares). The guest must go on without an I/O
+    /// error. Afterwards the host reads every volume back through libblkio: the golden volume
+    /// and its snapshot equal the image byte for byte; the clone checks clean with e2fsck and
+    /// holds the old and the new files; the clone's snapshot, once its journal is replayed as a
+    /// mount would, checks clean, holds the golden files and every round synced before it, and
+    /// nothing of the rounds after.
     #[test]
     fn guest_writes_a_clone_of_a_golden_volume_while_it_is_snapshotted() {
         let Some(_one) = one_at_a_time() else { return };
@@ -966,29 +979,60 @@ mod guest_vm {
         eprintln!("golden image: {copied} of {} clusters hold data", LVOL_SIZE / LVOL_CLUSTER);
 
         d.call("bdev_lvol_snapshot", json!({"lvol_name": "lvs/golden", "snapshot_name": "golden-snap"}));
-        d.call("bdev_lvol_clone", json!({"snapshot_name": "lvs/golden-snap", "clone_name": "vm"}));
-        let vm_sock = d.controller("fp-lvol", "lvs/vm", Some(2), false);
+        let clone =
+            d.call("bdev_lvol_clone", json!({"snapshot_name": "lvs/golden-snap", "clone_name": "vm"}));
+        let clone = clone
+            .as_str()
+            .unwrap_or_else(|| panic!("bdev_lvol_clone returns the clone's bdev name: {clone}"));
+        // The guest's writes go through an error bdev over the clone, so that the host can hold
+        // them while it takes the snapshot: what the snapshot holds then does not depend on how
+        // fast the guest runs.
+        assert_eq!(d.call("bdev_error_create", json!({"base_name": clone})), json!(true));
+        let ee = format!("EE_{clone}");
+        let vm_sock = d.controller("fp-lvol", &ee, Some(2), false);
 
-        let mut vm = Vm::boot(&VmConfig::new("lvol", vec![vm_sock.clone()]), &dir);
+        let vm_cfg = VmConfig {
+            console_input: true,
+            kernel_args: vec![format!("fp.lvol.hold={LVOL_SNAPSHOT_AFTER}")],
+            ..VmConfig::new("lvol", vec![vm_sock.clone()])
+        };
+        let mut vm = Vm::boot(&vm_cfg, &dir);
         let marker = format!("lvol round {LVOL_SNAPSHOT_AFTER} ok");
         vm.wait_for("the guest's synced rounds before the snapshot", |l| l.contains(&marker), BOOT_TIMEOUT);
+        d.call(
+            "bdev_error_inject_error",
+            json!({"name": ee, "io_type": "write", "error_type": "pending", "num": LVOL_HELD_WRITES}),
+        );
+        vm.send_line("go");
+        // The next round's writes come after the "go", so they will be held; wait until one
+        // write (of that round, or the 24 MiB file's or the journal's) is.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while injection_left(&d, &ee, "write") == LVOL_HELD_WRITES {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no write of the guest was held within 120 s of its go\n{}",
+                vm.console()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let t0 = std::time::Instant::now();
         let snap = d.call("bdev_lvol_snapshot", json!({"lvol_name": "lvs/vm", "snapshot_name": "vm-snap"}));
         let took = t0.elapsed();
         assert!(snap.is_string(), "bdev_lvol_snapshot returns the snapshot's bdev name: {snap}");
-        // The last round the guest had announced half a second after the snapshot: any line
-        // printed before the snapshot has reached the console by then, so a round that began
-        // before it is at most one after this (the check below allows two); later rounds'
-        // files may not be in the snapshot.
-        std::thread::sleep(std::time::Duration::from_millis(500));
+        let held = LVOL_HELD_WRITES - injection_left(&d, &ee, "write");
+        let iostat = d.call("bdev_get_iostat", json!({"name": ee}));
+        let in_flight = iostat["bdevs"][0]["queue_depth"].as_u64().unwrap_or(0);
+        assert!(in_flight >= 1, "the held writes are in flight on {ee} after the snapshot: {iostat}");
+        // The next round ends with a sync, which cannot complete while its writes are held.
+        let next = LVOL_SNAPSHOT_AFTER + 1;
         let console = vm.console();
         assert!(
-            !console.contains("lvol writes done"),
-            "the guest finished writing within 0.5 s of the snapshot ({took:?}): the snapshot was not taken under I/O"
+            !console.contains(&format!("lvol round {next} ok")),
+            "the guest announced round {next} while its writes were held:\n{console}"
         );
-        let last_seen =
-            (1..=LVOL_ROUNDS).filter(|n| console.contains(&format!("lvol round {n} ok"))).max().unwrap_or(0);
-        eprintln!("snapshot of the clone took {took:?}; the guest had announced round {last_seen}");
+        eprintln!("snapshot of the clone took {took:?}, with {held} of the guest's writes held");
+        assert_eq!(d.call("bdev_error_resume_pending", json!({"name": ee})), json!(true));
+        assert_eq!(injection_left(&d, &ee, "write"), 0, "the resume ended the pending injection");
         let r = vm.wait_result();
         assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
         vm.wait_exit(EXIT_TIMEOUT);
@@ -1051,29 +1095,27 @@ mod guest_vm {
         let new: std::collections::HashMap<String, u64> =
             debugfs_files(&snap_img, "/new").into_iter().collect();
         eprintln!("the clone's snapshot holds {} new files: {new:?}", new.len());
+        // Every write the guest made after the host's "go" was held until after the snapshot,
+        // and its files of a round are created only in that round: the rounds synced before
+        // are there whole, and nothing of the later ones, not even a directory entry.
         for n in 1..=LVOL_ROUNDS {
             let (bin, txt) = (format!("r{n}.bin"), format!("t{n}.txt"));
-            let want = pattern(100 + u64::from(n), 0, 256 << 10);
             if n <= LVOL_SNAPSHOT_AFTER {
+                let want = pattern(100 + u64::from(n), 0, 256 << 10);
                 let f = debugfs_cat(&snap_img, &format!("/new/{bin}"));
                 assert_same(&format!("the clone's snapshot: /new/{bin} (synced before it)"), 0, &f, &want);
                 assert_eq!(debugfs_cat(&snap_img, &format!("/new/{txt}")), format!("round {n}\n").as_bytes());
-            } else if n > last_seen + 2 {
+            } else {
                 assert!(
                     !new.contains_key(&bin) && !new.contains_key(&txt),
                     "round {n} (after the snapshot) is in it: {new:?}"
                 );
-            } else if new.contains_key(&bin) {
-                let f = debugfs_cat(&snap_img, &format!("/new/{bin}"));
-                assert_pattern_or_zero(&format!("the clone's snapshot: /new/{bin}"), &f, &want);
             }
         }
         if new.contains_key("big.bin") {
             let f = debugfs_cat(&snap_img, "/new/big.bin");
             assert_pattern_or_zero("the clone's snapshot: /new/big.bin", &f, &pattern(99, 0, 24 << 20));
         }
-        if last_seen + 2 < LVOL_ROUNDS {
-            assert!(!new.contains_key("done.txt"), "done.txt, written after every round, is in the snapshot");
-        }
+        assert!(!new.contains_key("done.txt"), "done.txt, written after every round, is in the snapshot");
     }
 }

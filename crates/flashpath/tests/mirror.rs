@@ -30,6 +30,15 @@ fn until_ready_and_written(daemon: &Daemon, id: &str, written: &AtomicU64, more:
     }
 }
 
+/// Waits (60 s at most) until `written` reaches `n`.
+fn wait_for_writes(written: &AtomicU64, n: u64, what: &str) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while written.load(Ordering::SeqCst) < n {
+        assert!(Instant::now() < until, "{what}: {} writes in 60 s, not {n}", written.load(Ordering::SeqCst));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn job(daemon: &Daemon, id: &str) -> Value {
     daemon.call("bdev_mirror_get_jobs", json!({ "job_id": id }))[0].clone()
 }
@@ -218,6 +227,9 @@ fn a_target_that_disappears_fails_the_job_never_the_source() {
     // write ends it at once.
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
+    // The guest's completed writes, so that the test waits for its progress, not for a time.
+    let written = Arc::new(AtomicU64::new(0));
+    let w = written.clone();
     let guest = std::thread::spawn(move || {
         let mut c = BlkClient::open(&vsock, 1);
         let mut n = 0u64;
@@ -228,6 +240,7 @@ fn a_target_that_disappears_fails_the_job_never_the_source() {
                 return Err(format!("write {n} at {off} failed: {r}"));
             }
             n += 1;
+            w.store(n, Ordering::SeqCst);
         }
         // The last round of blocks reads back as written.
         for i in n.saturating_sub(256)..n {
@@ -239,7 +252,7 @@ fn a_target_that_disappears_fails_the_job_never_the_source() {
         }
         Ok(n)
     });
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for_writes(&written, 1, "before the kill");
     b.kill9();
     let until = Instant::now() + Duration::from_secs(60);
     let failed = loop {
@@ -251,11 +264,12 @@ fn a_target_that_disappears_fails_the_job_never_the_source() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(failed["error"].as_str().is_some_and(|e| !e.is_empty()), "the job says why: {failed}");
-    // The guest goes on writing for a while after the failure.
-    std::thread::sleep(Duration::from_millis(300));
+    // The guest goes on writing after the failure.
+    let at_failure = written.load(Ordering::SeqCst);
+    wait_for_writes(&written, at_failure + 16, "after the job failed");
     stop.store(true, Ordering::SeqCst);
     let writes = bounded(Duration::from_secs(60), "guest", move || guest.join().unwrap()).unwrap();
-    assert!(writes > 0);
+    assert!(writes >= at_failure + 16, "{writes} writes, {at_failure} when the job failed");
     // The target is released; the remote disk goes; the source is served on.
     assert_eq!(a.call("bdev_mirror_cancel", json!({ "job_id": "src" })), json!(true));
     assert_eq!(a.call("bdev_nbd_client_delete", json!({ "name": "remote" })), json!(true));

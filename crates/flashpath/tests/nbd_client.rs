@@ -93,6 +93,9 @@ fn the_source_dying_mid_io_fails_requests_not_the_daemon() {
     assert_eq!(client.write(0, 0, &[0x5a; 4096]), 0);
     // A writer keeps 1 MiB writes going while A is killed under it; it stops at the first
     // failure. Every request ends, with an error, in bounded time.
+    // The kill waits for the writer's first write, rather than a time, so that it comes
+    // mid-I/O however slow the machine is.
+    let (first_tx, first_rx) = std::sync::mpsc::channel::<()>();
     let writer = std::thread::spawn(move || {
         let data = vec![0x33u8; MIB as usize];
         for i in 0.. {
@@ -101,10 +104,13 @@ fn the_source_dying_mid_io_fails_requests_not_the_daemon() {
                 let after = [client.read(0, 0, 4096).err().unwrap_or(0), client.flush(0)];
                 return (i, r, after);
             }
+            let _ = first_tx.send(());
         }
         unreachable!()
     });
-    std::thread::sleep(Duration::from_millis(300));
+    first_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the writer's first 1 MiB write did not complete in 60 s");
     a.kill9();
     let (writes, failed, after) =
         bounded(Duration::from_secs(30), "I/O after the source died", move || writer.join().unwrap());

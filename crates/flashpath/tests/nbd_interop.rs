@@ -866,23 +866,31 @@ fn nbd_stop_disk_disconnects_busy_clients_and_releases_the_bdev() {
     assert!(e.message.contains("in use"), "{e:?}");
     // Two clients writing and reading as fast as they can, and one stalled in its handshake.
     let ep = Endpoint::Unix(sock.clone());
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // `stopped` is set once nbd_stop_disk has returned: it shuts each connection down before
+    // it answers, so a write sent after that must fail (one sent before may still be
+    // answered). `writes` counts the writes done, so that the stop comes after each worker's
+    // first one however slow the machine is.
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stopped = std::sync::Arc::new(AtomicBool::new(false));
+    let writes: std::sync::Arc<[AtomicU64; 2]> = std::sync::Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
     let workers: Vec<_> = (0..2u64)
         .map(|i| {
-            let (ep, stop) = (ep.clone(), stop.clone());
+            let (ep, stopped, writes) = (ep.clone(), stopped.clone(), writes.clone());
             std::thread::spawn(move || {
                 let mut c = NbdConn::connect(&ep, "m").expect("connect");
                 let data = pattern(i, i * MIB, 64 << 10);
                 let mut done = 0u64;
                 loop {
+                    let after_stop = stopped.load(Ordering::SeqCst);
                     match c.write(i * MIB, &data, 0) {
+                        Ok(0) if after_stop => {
+                            panic!("worker {i} was still connected after nbd_stop_disk returned")
+                        }
                         Ok(0) => done += 1,
                         Ok(e) => panic!("worker {i}: write error {e}"),
                         Err(_) => return done, // disconnected by nbd_stop_disk
                     }
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        panic!("worker {i} was still connected after nbd_stop_disk returned");
-                    }
+                    writes[i as usize].store(done, Ordering::SeqCst);
                 }
             })
         })
@@ -890,13 +898,15 @@ fn nbd_stop_disk_disconnects_busy_clients_and_releases_the_bdev() {
     let mut stalled = Sock::connect(&ep).unwrap();
     let mut hello = [0u8; 18];
     std::io::Read::read_exact(&mut stalled, &mut hello).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while writes.iter().any(|w| w.load(Ordering::SeqCst) == 0) {
+        assert!(std::time::Instant::now() < until, "a worker wrote nothing in 60 s: {writes:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let started = std::time::Instant::now();
     assert_eq!(daemon.call("nbd_stop_disk", json!({"nbd_device": dev})), json!(true));
+    stopped.store(true, Ordering::SeqCst);
     assert!(started.elapsed() < Duration::from_secs(10), "nbd_stop_disk took {:?}", started.elapsed());
-    // Give the workers' last replies a moment to arrive before they count as "still connected".
-    std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for w in workers {
         let done = bounded(Duration::from_secs(10), "worker", move || w.join().expect("worker"));
         assert!(done > 0, "a worker wrote nothing before the stop");

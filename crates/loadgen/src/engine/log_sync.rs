@@ -177,7 +177,14 @@ mod tests {
         let ptr = log.as_mut_ptr().cast::<u8>();
         // SAFETY: `log` outlives the sync, which `finish` joins below.
         let mut s = unsafe { LogSync::start(ptr, 32, Duration::from_millis(5), None, map) }.unwrap();
-        std::thread::sleep(Duration::from_millis(30));
+        // Until the thread's first scan has cleared word 2, the last set one (a scan clears the
+        // words in order): waiting for that, not for a time, holds on a loaded machine too.
+        let until = Instant::now() + Duration::from_secs(10);
+        // SAFETY: as below.
+        while unsafe { &*ptr.cast::<AtomicU64>().add(2) }.load(Ordering::Acquire) != 0 {
+            assert!(Instant::now() < until, "the sync thread did not scan in 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         // Page 0 dirtied again after a scan: counted again in bits_seen, once in the union.
         // SAFETY: the word is only touched atomically while the thread runs.
         unsafe { &*ptr.cast::<AtomicU64>() }.fetch_or(1, Ordering::AcqRel);
