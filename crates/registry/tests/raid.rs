@@ -596,3 +596,53 @@ fn raid1_without_a_superblock_writes_no_bitmap_over_data() {
     }
     ok(&m, "bdev_raid_delete", json!({"name": "r"}));
 }
+
+/// Whether the first `bytes` of bdev `name` are all zero (an erased superblock area).
+fn zeroed(m: &Registry, name: &str, bytes: usize) -> bool {
+    let mut ch = m.disk(name).unwrap().open().unwrap();
+    read_range(&mut *ch, 0, bytes).iter().all(|&b| b == 0)
+}
+
+/// `clear_sb` answers an error naming each base whose superblock it could not erase (a base
+/// failing writes), and still erases the others; the raid is deleted either way.
+#[test]
+fn delete_with_clear_sb_names_a_base_it_could_not_erase() {
+    let (m, _dir) = registry();
+    malloc(&m, "m0", 8, 512);
+    malloc(&m, "m1", 8, 512);
+    ok(&m, "bdev_error_create", json!({"base_name": "m1"}));
+    create_sb(&m, "r", &["m0", "EE_m1"]);
+    assert!(!zeroed(&m, "m1", 8192), "a superblock was written");
+    ok(
+        &m,
+        "bdev_error_inject_error",
+        json!({"name": "EE_m1", "io_type": "write", "error_type": "failure", "num": 1000}),
+    );
+    let e = err(&m, "bdev_raid_delete", json!({"name": "r", "clear_sb": true}));
+    assert_eq!(e.code, -libc::EIO, "{e:?}");
+    assert!(e.message.contains("'EE_m1'") && !e.message.contains("'m0'"), "{e:?}");
+    assert!(raids(&m, "all").is_empty());
+    assert!(zeroed(&m, "m0", 8192), "m0's superblock erased");
+    assert!(!zeroed(&m, "m1", 8192), "m1's superblock kept, as the answer says");
+    ok(&m, "bdev_error_delete", json!({"name": "EE_m1"}));
+}
+
+/// `clear_sb` on a raid still configuring erases the superblocks of the bases examine found:
+/// the base coming back is not taken for the deleted raid again.
+#[test]
+fn delete_with_clear_sb_erases_a_configuring_raids_bases() {
+    let (m, _dir) = registry();
+    replicas(&m, 2);
+    create_sb(&m, "r", &["d0", "d1"]);
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    for d in ["d0", "d1"] {
+        ok(&m, "bdev_delay_delete", json!({"name": d}));
+    }
+    delay(&m, "d1", "m1");
+    assert_eq!(raid(&m, "r")["state"], "configuring");
+    ok(&m, "bdev_raid_delete", json!({"name": "r", "clear_sb": true}));
+    assert!(zeroed(&m, "m1", 8192), "the configuring base's superblock erased");
+    ok(&m, "bdev_delay_delete", json!({"name": "d1"}));
+    delay(&m, "d1", "m1");
+    assert!(raids(&m, "all").is_empty());
+}
