@@ -114,7 +114,7 @@ pub fn examine(host: &dyn ModuleHost, name: &str, driver: &'static str) {
     // Probed through the device under the bdev's statistics layer: examine reads every new
     // bdev, and those reads are nobody's I/O (as the lvstore's probe).
     let raw = bdev.as_disk().map_or_else(|| bdev.clone(), |d| d.bdev().clone());
-    let sb = match ChannelIo::open(raw).and_then(|mut io| meta_io::read_superblock(&mut io)) {
+    let sb = match ChannelIo::open(raw.clone()).and_then(|mut io| meta_io::read_superblock(&mut io)) {
         Ok(Some(sb)) => sb,
         Ok(None) => return,
         Err(e) => {
@@ -122,6 +122,12 @@ pub fn examine(host: &dyn ModuleHost, name: &str, driver: &'static str) {
             return;
         }
     };
+    // A base shrunk since the superblock was written, or a crafted superblock, would send the
+    // raid's I/O past the base's end: refused before anything is claimed.
+    if let Err(e) = sb.check_base_size(usize::from(sb.slot), raw.info().size_bytes()) {
+        log::warn!("bdev '{name}': not taken for raid '{}': {e}", sb.name);
+        return;
+    }
     if let Err(e) = take(host, name, sb) {
         log::warn!("bdev '{name}': {e}");
     }
@@ -230,6 +236,10 @@ fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
             continue;
         };
         if f.sb.slots.get(i).map(|r| r.uuid) != Some(rec.uuid) || members[i].is_some() {
+            strays.push(f.name);
+        } else if let Err(e) = sb.check_base_size(i, f.bdev.info().size_bytes()) {
+            // Its own superblock fit it (examine checked); the newest one's record must too.
+            log::warn!("raid '{raid}': base '{}' refused: {e}", f.name);
             strays.push(f.name);
         } else if rec.state == SlotState::Active && f.sb.seq != sb.seq {
             // Stale: never a member as it is; it joins afterwards as a rebuild target. (A full

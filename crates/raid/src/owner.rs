@@ -751,7 +751,7 @@ impl Owner {
         if held.is_some_and(|s| self.state(s) != SlotState::Failed) {
             return Err(invalid(format!("{} is already a base of this raid", member.name)));
         }
-        let need = self.sb.data_offset + self.sb.raid_bytes();
+        let need = self.sb.data_offset.saturating_add(self.sb.raid_bytes());
         if member.io.size_bytes() < need {
             return Err(invalid(format!(
                 "{} has {} bytes; the raid needs {need} (data offset {} + {} data)",

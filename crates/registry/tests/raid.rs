@@ -646,3 +646,31 @@ fn delete_with_clear_sb_erases_a_configuring_raids_bases() {
     delay(&m, "d1", "m1");
     assert!(raids(&m, "all").is_empty());
 }
+
+/// A base smaller than the data region its superblock records (a shrunk disk, or a crafted
+/// superblock) is refused by examine and left unclaimed: the raid's I/O would run past its end.
+#[test]
+fn examine_refuses_a_base_smaller_than_its_superblock_says() {
+    let (m, _dir) = registry();
+    replicas(&m, 2);
+    create_sb(&m, "r", &["d0", "d1"]);
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    // m1's superblock copies on a 2 MiB disk: it records about 7 MiB of data past 1 MiB.
+    let mut ch = m.disk("m1").unwrap().open().unwrap();
+    let pages = read_range(&mut *ch, 0, 8192);
+    drop(ch);
+    malloc(&m, "small", 2, 512);
+    let mut ch = m.disk("small").unwrap().open().unwrap();
+    write_range(&mut *ch, 0, &pages);
+    drop(ch);
+    for d in ["d0", "d1"] {
+        ok(&m, "bdev_delay_delete", json!({"name": d}));
+    }
+    delay(&m, "ds", "small");
+    assert!(raids(&m, "all").is_empty(), "a base too small was taken: {:?}", raids(&m, "all"));
+    ok(&m, "bdev_delay_delete", json!({"name": "ds"}));
+    // The real bases still assemble the raid.
+    delay(&m, "d0", "m0");
+    delay(&m, "d1", "m1");
+    assert_eq!(raid(&m, "r")["state"], "online");
+}
