@@ -784,7 +784,7 @@ def raid_sealed(page, crc_at):
     return bytes(page)
 
 
-def raid_sb(seq, slot, slots, clean=0, gib=1, uuid=RAID_UUID):
+def raid_sb(seq, slot, slots, clean=0, gib=1, uuid=RAID_UUID, data_offset=1 << 20):
     blocks = gib << 21  # 512-byte blocks
     chunk = 64 << 10
     pages = -(-(-(-(gib << 30) // chunk)) // 32256)
@@ -797,7 +797,7 @@ def raid_sb(seq, slot, slots, clean=0, gib=1, uuid=RAID_UUID):
     p[41:43] = b"r1"
     p[104:108] = bytes([2, slot, clean, len(slots)])
     p[108:116] = struct.pack("<II", 0, 512)
-    p[120:160] = struct.pack("<QQQQQ", blocks, 1 << 20, chunk, 2, pages)
+    p[120:160] = struct.pack("<QQQQQ", blocks, data_offset, chunk, 2, pages)
     for i, (state, partial, offset) in enumerate(slots):
         at = 256 + 64 * i
         p[at] = state
@@ -833,6 +833,10 @@ write("raid_superblock", {
     "seed-foreign-bitmap": bytes([0]) + raid_sb(3, 1, RAID_TWO, clean=1) + bytes(4096)
     + raid_bitmap(3, [5], uuid=bytes(16 * [9])),
     "seed-future-bitmap": bytes([4]) + raid_sb(3, 1, RAID_TWO) + bytes(4096) + raid_bitmap(9, [5]),
+    # A crafted data offset (aligned, past the bitmap) whose data end wraps past 2^64: refused,
+    # and a raid's I/O could otherwise land over the base's own superblock.
+    "seed-offset-wraps": bytes([0]) + raid_sb(5, 0, RAID_TWO, data_offset=(1 << 64) - (1 << 20))
+    + raid_sb(4, 0, RAID_TWO) + raid_bitmap(4, [1]),
     # Noise with every page re-sealed: field checks only.
     "seed-noise": bytes([7]) + bytes((i * 7919 + 13) % 256 for i in range(3 * 4096)),
 })

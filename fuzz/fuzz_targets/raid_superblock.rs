@@ -18,7 +18,8 @@
 //! the value decodes again to itself; `newest` takes a valid copy with the highest sequence;
 //! a bitmap page accepted for a superblock belongs to its raid and is not newer than it; the
 //! base read through `meta_io` gives the same superblock, and loading its bitmap (when the map
-//! is small enough to build) either trusts the page or marks its whole range dirty.
+//! is small enough to build) either trusts the page or marks its whole range dirty; the
+//! base-size check never overflows, and passes only when the slot's data lies in the base.
 #![no_main]
 
 use fp_raid::format::{newest, BitmapPage, Superblock, BITMAP_BITS_PER_PAGE, PAGE_SIZE};
@@ -69,6 +70,14 @@ fuzz_target!(|data: &[u8]| {
     let read = meta_io::read_superblock(&mut base).expect("reads inside the image succeed");
     assert_eq!(read, best);
     let Some(sb) = best else { return };
+    // The base-size check examine makes: checked arithmetic, and a pass means the own slot's
+    // data lies inside the base (the image's size stands for it, and the largest base).
+    for base_bytes in [base.image.len() as u64, u64::MAX] {
+        if sb.check_base_size(usize::from(sb.slot), base_bytes).is_ok() {
+            let rec = &sb.slots[usize::from(sb.slot)];
+            assert!(sb.data_offset.checked_add(rec.data_bytes).is_some_and(|end| end <= base_bytes));
+        }
+    }
     if let Ok(bp) = BitmapPage::decode_for(bitmap, &sb, 0) {
         assert!(bp.raid_uuid == sb.raid_uuid && bp.seq <= sb.seq && bp.index == 0);
     }

@@ -17,6 +17,10 @@ pub enum RaidError {
     /// Metadata on a base is not usable: a bad superblock, a corrupted bitmap page.
     #[error("{0}")]
     Metadata(String),
+    /// `bdev_raid_delete` with `clear_sb`: the raid is gone, but these bases keep their
+    /// superblock (examine may assemble them again).
+    #[error("{0}")]
+    NotErased(String),
     /// A base's I/O failed.
     #[error(transparent)]
     Bdev(#[from] BdevError),
@@ -29,7 +33,7 @@ impl RaidError {
             RaidError::InvalidParam { .. } | RaidError::Metadata(_) => -libc::EINVAL,
             RaidError::Busy(_) => -libc::EBUSY,
             RaidError::NotFound(_) => -libc::ENODEV,
-            RaidError::Bdev(_) => -libc::EIO,
+            RaidError::Bdev(_) | RaidError::NotErased(_) => -libc::EIO,
         }
     }
 }

@@ -13,6 +13,7 @@
 //!   the same way (a replica coming back).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fp_bdev::module::{ClaimType, ModuleHost, NewBdev};
 use fp_bdev::Bdev;
@@ -114,7 +115,7 @@ pub fn examine(host: &dyn ModuleHost, name: &str, driver: &'static str) {
     // Probed through the device under the bdev's statistics layer: examine reads every new
     // bdev, and those reads are nobody's I/O (as the lvstore's probe).
     let raw = bdev.as_disk().map_or_else(|| bdev.clone(), |d| d.bdev().clone());
-    let sb = match ChannelIo::open(raw).and_then(|mut io| meta_io::read_superblock(&mut io)) {
+    let sb = match ChannelIo::open(raw.clone()).and_then(|mut io| meta_io::read_superblock(&mut io)) {
         Ok(Some(sb)) => sb,
         Ok(None) => return,
         Err(e) => {
@@ -122,35 +123,59 @@ pub fn examine(host: &dyn ModuleHost, name: &str, driver: &'static str) {
             return;
         }
     };
+    // A base shrunk since the superblock was written, or a crafted superblock, would send the
+    // raid's I/O past the base's end: refused before anything is claimed.
+    if let Err(e) = sb.check_base_size(usize::from(sb.slot), raw.info().size_bytes()) {
+        log::warn!("bdev '{name}': not taken for raid '{}': {e}", sb.name);
+        return;
+    }
     if let Err(e) = take(host, name, sb) {
         log::warn!("bdev '{name}': {e}");
     }
 }
 
+/// How long examine waits for another examine that is assembling the same raid (owner thread
+/// started, metadata read, bdev registered) before it gives up on the base it found.
+pub const ASSEMBLY_WAIT: Duration = Duration::from_secs(10);
+
+/// What the module knows of a raid, seen by one examine.
+enum Known {
+    /// Not known: the base starts a configuring raid.
+    None,
+    /// A raid of that name but another uuid (or not one examine can join).
+    Other,
+    Assembled(Arc<RaidDevice>, Arc<OwnerHandle>),
+    Configuring,
+    /// Another examine took the raid's configuring list and is assembling it.
+    Assembling,
+}
+
+fn known(entry: Option<&RaidEntry>, sb: &Superblock) -> Known {
+    let Some(r) = entry else { return Known::None };
+    match (&r.device, &r.owner, &r.configuring) {
+        (Some(d), Some(o), _) if d.uuid() == sb.raid_uuid => Known::Assembled(d.clone(), o.clone()),
+        (None, _, Some(c)) if c.newest().raid_uuid == sb.raid_uuid => Known::Configuring,
+        (None, None, None) => Known::Assembling,
+        _ => Known::Other,
+    }
+}
+
+fn another_raid(raid: &str, sb: &Superblock) -> RaidError {
+    RaidError::Metadata(format!(
+        "superblock from another raid: '{raid}' ({}) is not the raid of that name here; not taken",
+        sb.raid_uuid
+    ))
+}
+
 /// Takes base `name` carrying `sb` for its raid.
+///
+/// Examines run concurrently (each bdev's on the thread that created it), and so do deletes:
+/// what the module knows is read again, and acted on, in the one lock section that adds the
+/// base to a configuring raid, after the claim (which cannot be taken under that lock).
 fn take(host: &dyn ModuleHost, name: &str, sb: Superblock) -> Result<(), RaidError> {
     let raid = sb.name.clone();
-    enum Known {
-        None,
-        Other,
-        Assembled(Arc<RaidDevice>, Arc<OwnerHandle>),
-        Configuring,
-    }
-    let known = with_raids(host, |l| match l.iter().find(|r| r.name == raid) {
-        None => Known::None,
-        Some(r) => match (&r.device, &r.owner, &r.configuring) {
-            (Some(d), Some(o), _) if d.uuid() == sb.raid_uuid => Known::Assembled(d.clone(), o.clone()),
-            (None, _, Some(c)) if c.newest().raid_uuid == sb.raid_uuid => Known::Configuring,
-            _ => Known::Other,
-        },
-    });
-    match known {
-        Known::Other => {
-            return Err(RaidError::Metadata(format!(
-                "superblock from another raid: '{raid}' ({}) is not the raid of that name here; not taken",
-                sb.raid_uuid
-            )))
-        }
+    match with_raids(host, |l| known(l.iter().find(|r| r.name == raid), &sb)) {
+        Known::Other => return Err(another_raid(&raid, &sb)),
         Known::None if host.bdev_exists(&raid) => {
             return Err(RaidError::Busy(format!(
                 "its raid '{raid}' is named like another bdev; not assembled"
@@ -161,28 +186,61 @@ fn take(host: &dyn ModuleHost, name: &str, sb: Superblock) -> Result<(), RaidErr
     let bdev = host
         .claim(name, MODULE, &raid, ClaimType::ExclusiveWrite)
         .map_err(|e| RaidError::Busy(format!("raid '{raid}' cannot claim it: {e}")))?;
-    if let Known::Assembled(dev, owner) = known {
-        return rejoin(&dev, &owner, name, bdev, &sb)
-            .inspect_err(|_| host.release_claim(name, MODULE, &raid));
-    }
-    let found = Found { name: name.to_string(), bdev, sb };
-    let ready = with_raids(host, |l| {
-        if let Some(r) = l.iter_mut().find(|r| r.name == raid) {
-            let c = r.configuring.as_mut().expect("checked above");
-            c.found.push(found);
-            c.complete()
-        } else {
-            let c = Configuring { found: vec![found] };
-            let ready = c.complete();
-            l.push(RaidEntry { name: raid.clone(), device: None, owner: None, configuring: Some(c) });
-            ready
+    let release = || host.release_claim(name, MODULE, &raid);
+    let deadline = Instant::now() + ASSEMBLY_WAIT;
+    let mut found = Some(Found { name: name.to_string(), bdev, sb: sb.clone() });
+    loop {
+        enum Step {
+            Added { ready: bool },
+            Join(Arc<RaidDevice>, Arc<OwnerHandle>),
+            Wait,
+            Refused,
         }
-    });
-    log::info!("bdev '{name}': a base of raid '{raid}'");
-    if ready {
-        assemble(host, &raid)?;
+        let step = with_raids(host, |l| {
+            let entry = l.iter_mut().find(|r| r.name == raid);
+            match known(entry.as_deref(), &sb) {
+                Known::None => {
+                    let c = Configuring { found: found.take().into_iter().collect() };
+                    let ready = c.complete();
+                    l.push(RaidEntry { name: raid.clone(), device: None, owner: None, configuring: Some(c) });
+                    Step::Added { ready }
+                }
+                Known::Configuring => {
+                    let c = entry.and_then(|r| r.configuring.as_mut()).expect("known() saw it configuring");
+                    c.found.extend(found.take());
+                    Step::Added { ready: c.complete() }
+                }
+                Known::Assembled(dev, owner) => Step::Join(dev, owner),
+                Known::Assembling => Step::Wait,
+                Known::Other => Step::Refused,
+            }
+        });
+        match step {
+            Step::Added { ready } => {
+                log::info!("bdev '{name}': a base of raid '{raid}'");
+                if ready {
+                    assemble(host, &raid)?;
+                }
+                return Ok(());
+            }
+            Step::Join(dev, owner) => {
+                let bdev = found.take().expect("not added").bdev;
+                return rejoin(&dev, &owner, name, bdev, &sb).inspect_err(|_| release());
+            }
+            Step::Wait if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            Step::Wait => {
+                release();
+                return Err(RaidError::Busy(format!(
+                    "raid '{raid}' stayed in assembly for {} s; not taken (recreate the bdev to examine it again)",
+                    ASSEMBLY_WAIT.as_secs()
+                )));
+            }
+            Step::Refused => {
+                release();
+                return Err(another_raid(&raid, &sb));
+            }
+        }
     }
-    Ok(())
 }
 
 /// A base of the assembled raid `dev` appeared: it joins the free slot that names it; the
@@ -230,6 +288,10 @@ fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
             continue;
         };
         if f.sb.slots.get(i).map(|r| r.uuid) != Some(rec.uuid) || members[i].is_some() {
+            strays.push(f.name);
+        } else if let Err(e) = sb.check_base_size(i, f.bdev.info().size_bytes()) {
+            // Its own superblock fit it (examine checked); the newest one's record must too.
+            log::warn!("raid '{raid}': base '{}' refused: {e}", f.name);
             strays.push(f.name);
         } else if rec.state == SlotState::Active && f.sb.seq != sb.seq {
             // Stale: never a member as it is; it joins afterwards as a rebuild target. (A full

@@ -270,6 +270,31 @@ impl Superblock {
         self.raid_blocks * u64::from(self.block_size)
     }
 
+    /// Whether slot `slot`'s data region (from `data_offset`, `data_bytes` long, as this
+    /// superblock records it) lies inside a base of `base_bytes`: a base shrunk since, or a
+    /// crafted superblock, must not send the raid's I/O past the base's end (or, wrapping,
+    /// over its own superblock). The arithmetic is checked.
+    pub fn check_base_size(&self, slot: usize, base_bytes: u64) -> Result<(), FormatError> {
+        const W: &str = "superblock";
+        let Some(rec) = self.slots.get(slot) else {
+            return bad(W, format!("no slot {slot} (it has {})", self.slots.len()));
+        };
+        match self.data_offset.checked_add(rec.data_bytes) {
+            Some(end) if end <= base_bytes => Ok(()),
+            Some(end) => bad(
+                W,
+                format!(
+                    "slot {slot}'s data ends at byte {end} (offset {} + {} bytes), past the base's {base_bytes} bytes",
+                    self.data_offset, rec.data_bytes
+                ),
+            ),
+            None => bad(
+                W,
+                format!("slot {slot}: data offset {} + {} data bytes overflows", self.data_offset, rec.data_bytes),
+            ),
+        }
+    }
+
     /// The page holding this superblock (copy A or B): copies alternate with the sequence,
     /// so the write of `seq` never overwrites the copy of `seq - 1`.
     pub fn page(&self) -> u64 {
@@ -421,6 +446,15 @@ impl Superblock {
             }
         }
         for (i, s) in self.slots.iter().enumerate() {
+            if self.data_offset.checked_add(s.data_bytes).is_none() {
+                return bad(
+                    W,
+                    format!(
+                        "slot {i}: data offset {} + {} data bytes overflows",
+                        self.data_offset, s.data_bytes
+                    ),
+                );
+            }
             if s.rebuild_offset > s.data_bytes.max(bytes) {
                 return bad(W, format!("slot {i}: rebuild offset past the data"));
             }
@@ -606,6 +640,8 @@ pub(crate) mod tests {
             ),
             (Box::new(|s| s.slots[0].uuid = Uuid::NIL), "without a uuid"),
             (Box::new(|s| s.seq = 0), "sequence 0"),
+            // A crafted offset whose data end wraps (a multiple of the alignment, past the bitmap).
+            (Box::new(|s| s.data_offset = u64::MAX - DATA_ALIGN + 1), "overflows"),
         ];
         for (change, reason) in cases {
             let mut sb = sample();
@@ -613,6 +649,19 @@ pub(crate) mod tests {
             let err = Superblock::decode(&sb.encode()[..]).unwrap_err();
             assert!(err.reason.contains(reason), "{err} (wanted {reason})");
         }
+    }
+
+    #[test]
+    fn a_slots_data_must_lie_inside_its_base() {
+        let sb = sample();
+        let end = sb.data_offset + sb.slots[1].data_bytes;
+        sb.check_base_size(1, end).unwrap();
+        let err = sb.check_base_size(1, end - 512).unwrap_err();
+        assert!(err.reason.contains("past the base's"), "{err}");
+        assert!(sb.check_base_size(2, u64::MAX).unwrap_err().reason.contains("no slot 2"));
+        // Decoded superblocks cannot carry it, but the check stands alone.
+        let wrapped = Superblock { data_offset: u64::MAX - DATA_ALIGN + 1, ..sample() };
+        assert!(wrapped.check_base_size(0, u64::MAX).unwrap_err().reason.contains("overflows"));
     }
 
     #[test]

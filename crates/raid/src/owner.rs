@@ -751,7 +751,7 @@ impl Owner {
         if held.is_some_and(|s| self.state(s) != SlotState::Failed) {
             return Err(invalid(format!("{} is already a base of this raid", member.name)));
         }
-        let need = self.sb.data_offset + self.sb.raid_bytes();
+        let need = self.sb.data_offset.saturating_add(self.sb.raid_bytes());
         if member.io.size_bytes() < need {
             return Err(invalid(format!(
                 "{} has {} bytes; the raid needs {need} (data offset {} + {} data)",
@@ -897,16 +897,30 @@ impl Owner {
 
     /// `bdev_raid_delete`: stops, then erases the superblocks so the bases are not assembled
     /// into this raid again.
+    /// Every base the raid holds is erased, a failed one included, even when the stop's clean
+    /// mark could not be written (it is moot once erased). The error names each base whose
+    /// superblock is still there. A slot without a base has nothing here to erase.
     pub fn delete(&mut self) -> Result<(), RaidError> {
-        self.stop()?;
-        if self.persist {
-            for m in self.members.iter_mut().flatten() {
-                if let Err(e) = meta_io::wipe_superblock(m.io.as_mut()) {
-                    log::warn!("raid {}: erasing {}'s superblock: {}", self.sb.name, m.name, errno_text(e));
-                }
+        if let Err(e) = self.stop() {
+            log::warn!("raid {}: stopping before erasing its superblocks: {e}", self.sb.name);
+        }
+        if !self.persist {
+            return Ok(());
+        }
+        let mut not_erased = Vec::new();
+        for m in self.members.iter_mut().flatten() {
+            if let Err(e) = meta_io::wipe_superblock(m.io.as_mut()) {
+                not_erased.push(format!("'{}' ({})", m.name, errno_text(e)));
             }
         }
-        Ok(())
+        if not_erased.is_empty() {
+            return Ok(());
+        }
+        Err(RaidError::NotErased(format!(
+            "raid '{}': the superblock of {} was not erased",
+            self.sb.name,
+            not_erased.join(", ")
+        )))
     }
 }
 

@@ -15,6 +15,7 @@ mod slots;
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use fp_bdev::module::{BdevModule, ModuleError, ModuleHost, ModuleMethodFn};
 use fp_bdev::BdevInfo;
@@ -69,19 +70,46 @@ impl ProcessOptions {
     }
 }
 
+/// How long `bdev_raid_delete` with `clear_sb` waits for control calls still holding the
+/// raid's owner (an add, a remove, `bdev_raid_set_options`) before it answers that the
+/// superblocks were not erased.
+pub const CLEAR_SB_WAIT: Duration = Duration::from_secs(5);
+
 /// Stops an owner: an orderly stop (clean superblocks), `clear_sb` also erasing them. A
 /// handle still shared by a call in progress is dropped instead (a stop without the clean
-/// mark: the next assembly resyncs, which is safe).
-pub(crate) fn stop_owner(raid: &str, owner: Arc<OwnerHandle>, clear_sb: bool) {
-    match Arc::try_unwrap(owner) {
-        Ok(h) => {
-            let r = if clear_sb { h.delete() } else { h.shutdown() };
-            if let Err(e) = r {
-                log::warn!("raid '{raid}': its owner did not stop cleanly: {e}");
+/// mark: the next assembly resyncs, which is safe); with `clear_sb` it is first waited for
+/// ([`CLEAR_SB_WAIT`] at most), since erasing needs the owner. The error of a `clear_sb`
+/// names the bases whose superblock was not erased; without `clear_sb` nothing fails.
+pub(crate) fn stop_owner(raid: &str, owner: Arc<OwnerHandle>, clear_sb: bool) -> Result<(), RaidError> {
+    let deadline = Instant::now() + CLEAR_SB_WAIT;
+    let mut owner = owner;
+    let handle = loop {
+        match Arc::try_unwrap(owner) {
+            Ok(h) => break Some(h),
+            Err(shared) if clear_sb && Instant::now() < deadline => {
+                owner = shared;
+                std::thread::sleep(Duration::from_millis(1));
             }
+            Err(_) => break None,
         }
-        Err(_) => log::warn!("raid '{raid}': its owner is busy; stopped without marking it clean"),
+    };
+    let Some(h) = handle else {
+        log::warn!("raid '{raid}': its owner is busy; stopped without marking it clean");
+        if clear_sb {
+            return Err(RaidError::NotErased(format!(
+                "raid '{raid}': its owner stayed busy for {} s; no superblock was erased",
+                CLEAR_SB_WAIT.as_secs()
+            )));
+        }
+        return Ok(());
+    };
+    if clear_sb {
+        return h.delete();
     }
+    if let Err(e) = h.shutdown() {
+        log::warn!("raid '{raid}': its owner did not stop cleanly: {e}");
+    }
+    Ok(())
 }
 
 impl RaidState {

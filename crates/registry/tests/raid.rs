@@ -596,3 +596,230 @@ fn raid1_without_a_superblock_writes_no_bitmap_over_data() {
     }
     ok(&m, "bdev_raid_delete", json!({"name": "r"}));
 }
+
+/// Whether the first `bytes` of bdev `name` are all zero (an erased superblock area).
+fn zeroed(m: &Registry, name: &str, bytes: usize) -> bool {
+    let mut ch = m.disk(name).unwrap().open().unwrap();
+    read_range(&mut *ch, 0, bytes).iter().all(|&b| b == 0)
+}
+
+/// `clear_sb` answers an error naming each base whose superblock it could not erase (a base
+/// failing writes), and still erases the others; the raid is deleted either way.
+#[test]
+fn delete_with_clear_sb_names_a_base_it_could_not_erase() {
+    let (m, _dir) = registry();
+    malloc(&m, "m0", 8, 512);
+    malloc(&m, "m1", 8, 512);
+    ok(&m, "bdev_error_create", json!({"base_name": "m1"}));
+    create_sb(&m, "r", &["m0", "EE_m1"]);
+    assert!(!zeroed(&m, "m1", 8192), "a superblock was written");
+    ok(
+        &m,
+        "bdev_error_inject_error",
+        json!({"name": "EE_m1", "io_type": "write", "error_type": "failure", "num": 1000}),
+    );
+    let e = err(&m, "bdev_raid_delete", json!({"name": "r", "clear_sb": true}));
+    assert_eq!(e.code, -libc::EIO, "{e:?}");
+    assert!(e.message.contains("'EE_m1'") && !e.message.contains("'m0'"), "{e:?}");
+    assert!(raids(&m, "all").is_empty());
+    assert!(zeroed(&m, "m0", 8192), "m0's superblock erased");
+    assert!(!zeroed(&m, "m1", 8192), "m1's superblock kept, as the answer says");
+    ok(&m, "bdev_error_delete", json!({"name": "EE_m1"}));
+}
+
+/// `clear_sb` on a raid still configuring erases the superblocks of the bases examine found:
+/// the base coming back is not taken for the deleted raid again.
+#[test]
+fn delete_with_clear_sb_erases_a_configuring_raids_bases() {
+    let (m, _dir) = registry();
+    replicas(&m, 2);
+    create_sb(&m, "r", &["d0", "d1"]);
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    for d in ["d0", "d1"] {
+        ok(&m, "bdev_delay_delete", json!({"name": d}));
+    }
+    delay(&m, "d1", "m1");
+    assert_eq!(raid(&m, "r")["state"], "configuring");
+    ok(&m, "bdev_raid_delete", json!({"name": "r", "clear_sb": true}));
+    assert!(zeroed(&m, "m1", 8192), "the configuring base's superblock erased");
+    ok(&m, "bdev_delay_delete", json!({"name": "d1"}));
+    delay(&m, "d1", "m1");
+    assert!(raids(&m, "all").is_empty());
+}
+
+/// A base smaller than the data region its superblock records (a shrunk disk, or a crafted
+/// superblock) is refused by examine and left unclaimed: the raid's I/O would run past its end.
+#[test]
+fn examine_refuses_a_base_smaller_than_its_superblock_says() {
+    let (m, _dir) = registry();
+    replicas(&m, 2);
+    create_sb(&m, "r", &["d0", "d1"]);
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    // m1's superblock copies on a 2 MiB disk: it records about 7 MiB of data past 1 MiB.
+    let mut ch = m.disk("m1").unwrap().open().unwrap();
+    let pages = read_range(&mut *ch, 0, 8192);
+    drop(ch);
+    malloc(&m, "small", 2, 512);
+    let mut ch = m.disk("small").unwrap().open().unwrap();
+    write_range(&mut *ch, 0, &pages);
+    drop(ch);
+    for d in ["d0", "d1"] {
+        ok(&m, "bdev_delay_delete", json!({"name": d}));
+    }
+    delay(&m, "ds", "small");
+    assert!(raids(&m, "all").is_empty(), "a base too small was taken: {:?}", raids(&m, "all"));
+    ok(&m, "bdev_delay_delete", json!({"name": "ds"}));
+    // The real bases still assemble the raid.
+    delay(&m, "d0", "m0");
+    delay(&m, "d1", "m1");
+    assert_eq!(raid(&m, "r")["state"], "online");
+}
+
+/// The registry as a module host, with a hook run right after one claim is taken: what a
+/// concurrent examine (on another thread) may do between an examine's look at the raid list
+/// and the moment it adds its base, made deterministic.
+struct ClaimHook {
+    reg: Arc<Registry>,
+    base: &'static str,
+    hook: std::sync::Mutex<Option<Hook>>,
+}
+
+/// What [`ClaimHook`] runs once, on the registry.
+type Hook = Box<dyn FnOnce(&Registry) + Send>;
+
+impl fp_bdev::module::ModuleHost for ClaimHook {
+    fn check_new_bdev(&self, name: &str) -> Result<(), fp_bdev::module::ModuleError> {
+        self.reg.check_new_bdev(name)
+    }
+    fn add_bdev(
+        &self,
+        module: &'static str,
+        new: fp_bdev::module::NewBdev,
+    ) -> Result<String, fp_bdev::module::ModuleError> {
+        self.reg.add_bdev(module, new)
+    }
+    fn claimable(
+        &self,
+        name: &str,
+        claim: fp_bdev::module::ClaimType,
+    ) -> Result<fp_bdev::Bdev, fp_bdev::module::ModuleError> {
+        self.reg.claimable(name, claim)
+    }
+    fn bdev_exists(&self, name: &str) -> bool {
+        self.reg.bdev_exists(name)
+    }
+    fn bdev_name(&self, name: &str) -> Option<String> {
+        fp_bdev::module::ModuleHost::bdev_name(&*self.reg, name)
+    }
+    fn set_aliases(&self, name: &str, aliases: Vec<String>) -> Result<(), fp_bdev::module::ModuleError> {
+        self.reg.set_aliases(name, aliases)
+    }
+    fn bdev(&self, name: &str) -> Option<(fp_bdev::Bdev, &'static str)> {
+        fp_bdev::module::ModuleHost::bdev(&*self.reg, name)
+    }
+    fn claim(
+        &self,
+        name: &str,
+        holder_kind: &'static str,
+        holder: &str,
+        claim: fp_bdev::module::ClaimType,
+    ) -> Result<fp_bdev::Bdev, fp_bdev::module::ModuleError> {
+        let got = self.reg.claim(name, holder_kind, holder, claim);
+        if name == self.base {
+            if let Some(hook) = self.hook.lock().unwrap().take() {
+                hook(&self.reg);
+            }
+        }
+        got
+    }
+    fn release_claim(&self, name: &str, holder_kind: &'static str, holder: &str) {
+        self.reg.release_claim(name, holder_kind, holder)
+    }
+    fn module_state(
+        &self,
+        module: &'static str,
+        init: &dyn Fn() -> Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Arc<dyn std::any::Any + Send + Sync> {
+        self.reg.module_state(module, init)
+    }
+    fn block_size(&self, name: &str) -> Result<u32, fp_bdev::module::ModuleError> {
+        self.reg.block_size(name)
+    }
+    fn module_device(
+        &self,
+        name: &str,
+        module: &'static str,
+        kind: &'static str,
+    ) -> Result<Arc<dyn std::any::Any + Send + Sync>, fp_bdev::module::ModuleError> {
+        self.reg.module_device(name, module, kind)
+    }
+    fn resize_bdev(
+        &self,
+        name: &str,
+        module: &'static str,
+        num_blocks: u64,
+    ) -> Result<(), fp_bdev::module::ModuleError> {
+        self.reg.resize_bdev(name, module, num_blocks)
+    }
+    fn delete_bdev(&self, name: &str, module: &'static str) -> Result<(), fp_bdev::module::ModuleError> {
+        fp_bdev::module::ModuleHost::delete_bdev(&*self.reg, name, module)
+    }
+    fn memory_limit(&self) -> u64 {
+        self.reg.memory_limit()
+    }
+    fn check_memory_size(
+        &self,
+        name: &str,
+        block_size: u32,
+        num_blocks: u64,
+    ) -> Result<(), fp_bdev::module::ModuleError> {
+        self.reg.check_memory_size(name, block_size, num_blocks)
+    }
+    fn file_opener(
+        &self,
+        filename: &std::path::Path,
+    ) -> Result<fp_bdev::module::FileOpener, fp_bdev::module::ModuleError> {
+        self.reg.file_opener(filename)
+    }
+}
+
+/// Two examines of one raid's bases at once: while one has looked at the raid (configuring)
+/// and is claiming its base, the other completes and assembles the raid. The first must then
+/// join the assembled raid, not trip over its configuring list being gone.
+#[test]
+fn an_examine_whose_raid_was_assembled_meanwhile_joins_it() {
+    let (m, _dir) = registry();
+    replicas(&m, 3);
+    create_sb(&m, "r", &["d0", "d1", "d2"]);
+    // d0 leaves: slot 0 is Failed (its identity kept) in the newest superblock of d1 and d2.
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d0"}));
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    for d in ["d0", "d1", "d2"] {
+        ok(&m, "bdev_delay_delete", json!({"name": d}));
+    }
+    ok(&m, "bdev_set_options", json!({"bdev_auto_examine": false}));
+    replicas_back(&m);
+    ok(&m, "bdev_examine", json!({"name": "d2"}));
+    assert_eq!(raid(&m, "r")["state"], "configuring");
+    let hooked = ClaimHook {
+        reg: m.clone(),
+        base: "d0",
+        hook: std::sync::Mutex::new(Some(Box::new(|reg: &Registry| {
+            // The other examine: d1 completes the raid (d0 is not needed: Failed), which is
+            // assembled at once.
+            fp_raid::examine::examine(reg, "d1", "delay");
+            assert_eq!(raid(reg, "r")["state"], "online");
+        }))),
+    };
+    fp_raid::examine::examine(&hooked, "d0", "delay");
+    // d0 joined its slot back (partial rebuild) rather than being lost or crashing examine.
+    wait_slots(&m, "r", json!(["active", "active", "active"]));
+    assert_eq!(raid(&m, "r")["base_bdevs_list"][0]["name"], "d0");
+}
+
+/// The delay bdevs of `replicas` created again over their RAM disks.
+fn replicas_back(m: &Registry) {
+    for i in 0..3 {
+        delay(m, &format!("d{i}"), &format!("m{i}"));
+    }
+}

@@ -13,7 +13,9 @@
 //! * Blocking (the job is ready): writes and flushes go to the source and the target with the
 //!   same tag and complete upward when both are done, with the source's status. A write holds
 //!   its chunks' writer counts meanwhile, so no copy starts under it; one that found a copy
-//!   running marks its chunks at the end. A target failure fails the job, never the request.
+//!   running, or that the source failed, marks its chunks at the end (the copier then brings
+//!   the source's content over the target's half). A target failure fails the job, never the
+//!   request.
 //! * Detached: the channel stops mirroring new requests, keeps the target channel until its
 //!   mirrored requests are done, then drops it and acknowledges.
 //!
@@ -334,7 +336,7 @@ impl DiskChannel {
                     m.waiting += 1;
                     return;
                 }
-                finish_dual(m, e);
+                finish_dual(m, e, status);
             } else if !m.draining {
                 let writes = changes_data(e.op);
                 if writes {
@@ -369,8 +371,8 @@ impl DiskChannel {
                 if e.mflags & SRC_DONE != 0 {
                     waiting -= 1;
                     duals -= 1;
-                    finish_dual_chunks(job, e);
                     let status = decode(src_status[tag as usize]);
+                    finish_dual_chunks(job, e, status);
                     account(slot, e, status, &mut now, &record);
                     upward += 1;
                     done.complete(tag, status);
@@ -383,20 +385,23 @@ impl DiskChannel {
     }
 }
 
-/// Both halves of a mirrored request are done (the source's last).
-fn finish_dual(m: &mut ChannelMirror, e: &InFlight) {
+/// Both halves of a mirrored request are done (the source's last, with `source`).
+fn finish_dual(m: &mut ChannelMirror, e: &InFlight, source: IoStatus) {
     m.duals -= 1;
-    finish_dual_chunks(&m.job, e);
+    finish_dual_chunks(&m.job, e, source);
 }
 
-/// Lets go of a mirrored write's chunks, marking them first if a copy ran under it.
-fn finish_dual_chunks(job: &MirrorShared, e: &InFlight) {
+/// Lets go of a mirrored write's chunks (the source's half ended with `source`), marking them
+/// first if a copy ran under it, or if the source failed it: the target's half may have landed
+/// where the source kept its old data (or part of the new), and the copier must bring the
+/// source's content over again. Marked before the write stops counting in `dual_in_flight`:
+/// a completion that sees none in flight finds every such mark.
+fn finish_dual_chunks(job: &MirrorShared, e: &InFlight, source: IoStatus) {
+    if e.op == 1 {
+        if e.mflags & SAW_COPY != 0 || source != IoStatus::Success {
+            job.map.mark(e.offset, e.len);
+        }
+        job.map.writer_leave(job.map.chunk_range(e.offset, e.len));
+    }
     job.dual_in_flight.fetch_sub(1, Ordering::SeqCst);
-    if e.op != 1 {
-        return;
-    }
-    if e.mflags & SAW_COPY != 0 {
-        job.map.mark(e.offset, e.len);
-    }
-    job.map.writer_leave(job.map.chunk_range(e.offset, e.len));
 }

@@ -177,10 +177,12 @@ impl MirrorCopier {
             }
             READY => {
                 busy |= self.start_copies();
-                // Order: writes on the source alone mark before they stop counting, so with
-                // none counted, the bitmap read after holds all they did.
+                // Order: writes on the source alone, and blocking writes (which mark when a
+                // copy ran under them or the source failed them), mark before they stop
+                // counting, so with none counted, the bitmap read after holds all they did.
                 if job.complete_asked.load(Ordering::SeqCst)
                     && job.source_only.load(Ordering::SeqCst) <= 0
+                    && job.dual_in_flight.load(Ordering::SeqCst) <= 0
                     && self.in_flight == 0
                     && job.map.dirty_chunks() == 0
                 {

@@ -520,3 +520,35 @@ fn a_speed_limit_paces_the_copy_and_can_be_lifted() {
     job.cancel().unwrap();
     drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state().is_final());
 }
+
+/// A blocking write that fails on the source but lands on the target leaves the two
+/// different: its chunk is marked, so the copier brings the source's content over again, and
+/// the job completes with equal disks. The source is an error bdev failing one write.
+#[test]
+fn a_blocking_write_the_source_fails_is_copied_again_from_the_source() {
+    use crate::modules::error::{ErrorDevice, ErrorType, Injection};
+    let ee = Arc::new(ErrorDevice::new("EE_src", ram("src", 2048)).unwrap());
+    let src = Disk::new(ee.clone(), true);
+    let tgt = ram("tgt", 2048);
+    let (job, mut copier, mut ch) = ready_job(&src, tgt.clone());
+    let fail_write = Injection {
+        error_type: ErrorType::Failure,
+        num: 1,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    ee.inject(&[1], fail_write).unwrap();
+    let mut data = vec![0x3Cu8; 8192];
+    assert_eq!(run_io(&mut ch, IoOp::Write, 64 << 10, &mut data, &mut || {}), IoStatus::Error(libc::EIO));
+    assert!(ee.injections()[1].is_none(), "the source failed it");
+    let mut got = vec![0u8; 8192];
+    let mut tch = tgt.open_channel().unwrap();
+    assert_eq!(run_io(&mut *tch, IoOp::Read, 64 << 10, &mut got, &mut || {}), IoStatus::Success);
+    assert_eq!(got, data, "the target's half landed (the error bdev fails only the source)");
+    assert!(job.status().dirty_bytes > 0, "the failed write's chunk is dirty");
+    job.complete().unwrap();
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state().is_final()));
+    assert_eq!(job.state(), MirrorState::Completed);
+    assert!(read_all(src.bdev().as_ref()) == read_all(tgt.as_ref()), "target differs from source");
+}

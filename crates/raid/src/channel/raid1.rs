@@ -140,10 +140,14 @@ impl Raid1Channel {
         self.submit_targets(p);
     }
 
-    /// Submits parent `p` to the slots left in `to_submit`.
+    /// Submits parent `p` to the slots left in `to_submit`. A slot that stopped taking writes
+    /// since (its base removed, or taken out, while this waited for it to be less busy) is
+    /// dropped: the write does not need it, and it is no failure of the base.
     fn submit_targets(&mut self, p: u32) {
         let data_offset = self.bases.layout.data_offset;
+        let masks = self.bases.masks;
         let parent = self.parents.get_mut(p);
+        parent.to_submit &= if parent.op == IoOp::Flush { masks.flushable } else { masks.writing };
         let req = IoRequest {
             tag: p,
             op: parent.op,

@@ -477,3 +477,33 @@ fn busy_bases_get_their_requests_later() {
         }
     }
 }
+
+/// A write waiting for a busy base that is then removed from the raid (its slot published
+/// without a base) completes on the others: the removed base is not asked again, nor
+/// reported failed to the owner.
+#[test]
+fn a_write_waiting_for_a_busy_base_that_is_removed_completes_without_it() {
+    let busy = Flaky::new("b", 64 << 10);
+    let a = ram("a", 64 << 10);
+    let r = raid(RaidLevel::Raid1, vec![a.clone(), busy.clone()], 0);
+    let mut ch = r.open_channel().unwrap();
+    busy.busy.store(u32::MAX, Ordering::Relaxed);
+    let data = pattern(9, 4096);
+    let mut buf = IoBuf::new(data.len(), true);
+    buf.bytes_mut().copy_from_slice(&data);
+    let iov = [buf.iovec()];
+    // SAFETY: `buf` outlives the request, polled to its end below.
+    unsafe { ch.submit(&conformance::rw(6, IoOp::Write, 0, &iov)).unwrap() };
+    for _ in 0..10 {
+        assert_eq!(ch.poll(&mut |t, s| panic!("completed while a base is busy: {t} {s:?}")), 0);
+    }
+    // `bdev_raid_remove_base_bdev`: the owner publishes the slot without its base.
+    let mut layout: Layout = (*r.shared().layout()).clone();
+    layout.slots[1] = SlotView { state: SlotState::Failed, name: None, bdev: None, uuid: Uuid::NIL };
+    r.shared().publish(layout);
+    let asked = busy.busy.load(Ordering::Relaxed);
+    assert_eq!(poll_until(&mut *ch, 1), vec![(6, IoStatus::Success)]);
+    assert_eq!(busy.busy.load(Ordering::Relaxed), asked, "the removed base was asked again");
+    assert!(r.shared().failures.is_empty(), "the removed base was reported failed");
+    assert!(read_range(&mut *a.open_channel().unwrap(), 0, 4096) == data);
+}

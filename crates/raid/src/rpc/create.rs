@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::{module_error, stop_owner, with_raids, RaidEntry, RaidModule, MODULE};
 use crate::device::{new_uuid, RaidDevice, RaidSpec};
 use crate::format::{self, SlotRecord, Superblock};
+use crate::meta_io::{self, ChannelIo};
 use crate::owner::{BaseSpec, OwnerHandle};
 use crate::shared::SlotView;
 use crate::{RaidError, RaidLevel, SlotState};
@@ -356,22 +357,50 @@ pub(crate) fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
     if let Some(dev) = &entry.device {
         names.extend(dev.shared().layout().slots.iter().filter_map(|s| s.name.clone()));
     }
+    let mut erased = Ok(());
     if let Some(owner) = entry.owner {
-        stop_owner(&name, owner, clear_sb);
+        erased = stop_owner(&name, owner, clear_sb);
     }
     if let Some(c) = &entry.configuring {
         names.extend(c.claimed_names());
+        if clear_sb {
+            erased = erase_found(&name, c);
+        }
     }
     release_all(host, &name, names);
     log::info!("raid '{name}' deleted");
+    // The raid is gone either way; the answer says whether examine can find it again.
+    erased.map_err(module_error)?;
     Ok(Value::Bool(true))
+}
+
+/// `clear_sb` on a raid still configuring: the bases examine found (and claimed) are
+/// erased here, as the owner erases an assembled raid's. The error names those not erased.
+fn erase_found(raid: &str, c: &crate::examine::Configuring) -> Result<(), RaidError> {
+    let mut not_erased = Vec::new();
+    for f in &c.found {
+        let wiped = ChannelIo::open(f.bdev.clone()).map_err(|e| e.to_string()).and_then(|mut io| {
+            meta_io::wipe_superblock(&mut io).map_err(|e| std::io::Error::from_raw_os_error(e).to_string())
+        });
+        if let Err(e) = wiped {
+            not_erased.push(format!("'{}' ({e})", f.name));
+        }
+    }
+    if not_erased.is_empty() {
+        return Ok(());
+    }
+    Err(RaidError::NotErased(format!(
+        "raid '{raid}': the superblock of {} was not erased",
+        not_erased.join(", ")
+    )))
 }
 
 /// The daemon stops: every raid's owner stops (marking its superblocks clean).
 pub(crate) fn shutdown(host: &dyn ModuleHost) {
     for r in with_raids(host, std::mem::take) {
         if let Some(owner) = r.owner {
-            stop_owner(&r.name, owner, false);
+            // Without `clear_sb` a stop answers no error (it logs what went wrong).
+            let _ = stop_owner(&r.name, owner, false);
         }
     }
 }

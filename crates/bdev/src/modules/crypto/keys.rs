@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -172,17 +172,14 @@ pub struct FileKey {
 }
 
 impl FileKey {
-    /// Reads `path`: absolute, a regular file (not through a symlink), owner-only
-    /// (`mode & 0o077 == 0`), at most 4 KiB. Errors name `path`.
+    /// Reads `path`: absolute, reached without a symlink in any component, a regular file,
+    /// owner-only (`mode & 0o077 == 0`), 1 byte to 4 KiB (what is read is bounded too, not
+    /// only what the file's size says). Errors name `path`.
     pub fn read(path: &str) -> Result<FileKey, BdevError> {
         if !Path::new(path).is_absolute() {
             return Err(invalid("path", "must be an absolute path"));
         }
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| invalid("path", format!("cannot open {path}: {e}")))?;
+        let mut file = open_without_symlinks(path)?;
         // The open file's own metadata: what is read is what was checked.
         let meta = file.metadata().map_err(|e| invalid("path", format!("cannot stat {path}: {e}")))?;
         if !meta.is_file() {
@@ -203,8 +200,7 @@ impl FileKey {
                 format!("{path} holds {} bytes: 1 to {MAX_KEY_FILE} expected", meta.len()),
             ));
         }
-        let mut material = Zeroizing::new(Vec::with_capacity(meta.len() as usize));
-        file.read_to_end(&mut material).map_err(|e| invalid("path", format!("cannot read {path}: {e}")))?;
+        let material = read_key_material(&mut file, path)?;
         Ok(FileKey { path: path.to_string(), material })
     }
 
@@ -217,6 +213,72 @@ impl FileKey {
     pub fn is_empty(&self) -> bool {
         self.material.is_empty()
     }
+}
+
+/// Reads a key file's content, at most [`MAX_KEY_FILE`] bytes: a file that grew since its
+/// size was checked (or whose size says less than it holds) is refused, not read to its end.
+/// Errors name `path`.
+pub(super) fn read_key_material(from: &mut dyn Read, path: &str) -> Result<Zeroizing<Vec<u8>>, BdevError> {
+    let mut material = Zeroizing::new(Vec::with_capacity(MAX_KEY_FILE as usize + 1));
+    from.take(MAX_KEY_FILE + 1)
+        .read_to_end(&mut material)
+        .map_err(|e| invalid("path", format!("cannot read {path}: {e}")))?;
+    match material.len() as u64 {
+        0 => Err(invalid("path", format!("{path} is empty: 1 to {MAX_KEY_FILE} bytes expected"))),
+        n if n > MAX_KEY_FILE => Err(invalid(
+            "path",
+            format!("{path} holds more than {MAX_KEY_FILE} bytes: 1 to {MAX_KEY_FILE} expected"),
+        )),
+        _ => Ok(material),
+    }
+}
+
+/// Opens the absolute `path` for reading one component at a time from `/`, each with
+/// `openat(O_NOFOLLOW)` (directories as `O_PATH`): a symlink anywhere in the path, a
+/// directory's included, is refused rather than followed (what `openat2`'s
+/// `RESOLVE_NO_SYMLINKS` does, with calls every kernel allows). `..` steps back to the
+/// directory already opened, never through a link. The file is opened non-blocking, so a FIFO
+/// put there does not hang the call (it is then refused as not a regular file).
+fn open_without_symlinks(path: &str) -> Result<std::fs::File, BdevError> {
+    use std::os::fd::AsFd;
+    use std::path::Component;
+    let cannot = |e: std::io::Error| invalid("path", format!("cannot open {path}: {e}"));
+    let names: Vec<&std::ffi::OsStr> = Path::new(path)
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            Component::ParentDir => Some(std::ffi::OsStr::new("..")),
+            _ => None,
+        })
+        .collect();
+    let Some((last, dirs)) = names.split_last() else {
+        return Err(invalid("path", format!("{path} names no file")));
+    };
+    let dir_flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let mut dir = fp_sys::openat(None, std::ffi::OsStr::new("/"), dir_flags).map_err(cannot)?;
+    let mut walked = std::path::PathBuf::from("/");
+    let symlink = |walked: &Path, e: std::io::Error| {
+        // ELOOP (the last component) or ENOTDIR (a directory's): say which when it is a link.
+        if walked.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) {
+            invalid(
+                "path",
+                format!(
+                    "{path}: {} is a symbolic link; key files are not read through one",
+                    walked.display()
+                ),
+            )
+        } else {
+            cannot(e)
+        }
+    };
+    for name in dirs {
+        walked.push(name);
+        dir = fp_sys::openat(Some(dir.as_fd()), name, dir_flags).map_err(|e| symlink(&walked, e))?;
+    }
+    walked.push(last);
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
+    let fd = fp_sys::openat(Some(dir.as_fd()), last, flags).map_err(|e| symlink(&walked, e))?;
+    Ok(std::fs::File::from(fd))
 }
 
 /// One daemon's keys: the crypto module's state.

@@ -160,6 +160,37 @@ fn key_files_must_be_owner_only_regular_files() {
     assert!(store.remove_file_key("tls").unwrap_err().to_string().contains("name"));
 }
 
+/// A key file is not read through a symlink anywhere in its path (a linked directory
+/// included), nor past the size limit, whatever the file's size says.
+#[test]
+fn key_files_are_not_read_through_a_symlinked_directory_nor_without_a_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    let path = real.join("key");
+    std::fs::write(&path, b"0123456789abcdef").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(FileKey::read(path.to_str().unwrap()).unwrap().len(), 16);
+    let linked = dir.path().join("linked");
+    std::os::unix::fs::symlink(&real, &linked).unwrap();
+    let through = linked.join("key");
+    let e = FileKey::read(through.to_str().unwrap()).err().unwrap().to_string();
+    assert!(e.contains("parameter path: ") && e.contains("symbolic link") && e.contains("linked"), "{e}");
+    // `..` is resolved component by component too: it cannot reach back through the link.
+    let dotdot = real.join("..").join("linked").join("key");
+    let e = FileKey::read(dotdot.to_str().unwrap()).err().unwrap().to_string();
+    assert!(e.contains("symbolic link"), "{e}");
+    // A huge (sparse) file is refused, naming the limit; so is a source that never ends.
+    let huge = real.join("huge");
+    let f = std::fs::File::create(&huge).unwrap();
+    f.set_len(1 << 30).unwrap();
+    std::fs::set_permissions(&huge, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let e = FileKey::read(huge.to_str().unwrap()).err().unwrap().to_string();
+    assert!(e.contains("parameter path: ") && e.contains("4096"), "{e}");
+    let e = super::keys::read_key_material(&mut std::io::repeat(7), "/endless").err().unwrap().to_string();
+    assert!(e.contains("parameter path: ") && e.contains("more than 4096"), "{e}");
+}
+
 #[test]
 fn block_sizes_above_4096_are_refused() {
     let base: Bdev = Arc::new(RamDevice::new("ram", 8192, 64).unwrap());

@@ -105,6 +105,9 @@ pub struct Injection {
 /// first (acquire): a channel that sees a count sees the parameters that go with it.
 #[derive(Default)]
 struct Slot {
+    /// Bumped by the control plane whenever it ends or replaces the injection: a count taken
+    /// from one injection is never given back to another.
+    generation: AtomicU64,
     error_type: AtomicU8,
     num: AtomicU64,
     queue_depth: AtomicU64,
@@ -115,6 +118,7 @@ struct Slot {
 /// What a request must have done to it, once it has taken an injection.
 #[derive(Debug, Clone, Copy)]
 struct Taken {
+    generation: u64,
     error_type: ErrorType,
     corrupt_offset: u64,
     corrupt_value: u8,
@@ -124,6 +128,7 @@ impl Slot {
     /// Takes one of the injection's requests for a request submitted while its channel has
     /// `depth` requests in flight on the base, or `None` when the request passes.
     fn take(&self, depth: u64, has_data: bool) -> Option<Taken> {
+        let generation = self.generation.load(Ordering::Acquire);
         let mut n = self.num.load(Ordering::Acquire);
         if n == 0 {
             return None;
@@ -137,6 +142,7 @@ impl Slot {
             return None;
         }
         let taken = Taken {
+            generation,
             error_type,
             corrupt_offset: self.corrupt_offset.load(Ordering::Relaxed),
             corrupt_value: self.corrupt_value.load(Ordering::Relaxed),
@@ -148,6 +154,32 @@ impl Slot {
                 Err(now) => n = now,
             }
         }
+    }
+
+    /// Gives back the count `taken` took, for a request the base refused as busy (its caller
+    /// retries it, and the retry is the one the injection takes), unless the control plane
+    /// ended or replaced the injection meanwhile. A clear racing with this can leave a count
+    /// of one, but with no error type (see [`ErrorDevice::clear`]), which takes nothing.
+    fn give_back(&self, taken: &Taken) {
+        let mut n = self.num.load(Ordering::Acquire);
+        loop {
+            if self.generation.load(Ordering::Acquire) != taken.generation {
+                return;
+            }
+            match self.num.compare_exchange_weak(n, n.saturating_add(1), Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(now) => n = now,
+            }
+        }
+    }
+
+    /// Ends the injection (control plane, serialised).
+    fn end(&self) {
+        self.num.store(0, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        // A count given back across this (see `give_back`) takes nothing without a type.
+        self.error_type.store(0, Ordering::Relaxed);
     }
 
     fn snapshot(&self) -> Option<Injection> {
@@ -217,7 +249,7 @@ impl ErrorDevice {
         let _serialised = self.setting.lock().unwrap_or_else(|p| p.into_inner());
         for &k in kinds {
             let slot = &self.shared.slots[k];
-            slot.num.store(0, Ordering::Release);
+            slot.end();
             slot.error_type.store(injection.error_type.code(), Ordering::Relaxed);
             slot.queue_depth.store(injection.queue_depth, Ordering::Relaxed);
             slot.corrupt_offset.store(injection.corrupt_offset, Ordering::Relaxed);
@@ -232,7 +264,7 @@ impl ErrorDevice {
     pub fn clear(&self) {
         let _serialised = self.setting.lock().unwrap_or_else(|p| p.into_inner());
         for slot in &self.shared.slots {
-            slot.num.store(0, Ordering::Release);
+            slot.end();
         }
         self.shared.resume.fetch_add(1, Ordering::Release);
     }
@@ -243,7 +275,7 @@ impl ErrorDevice {
         let _serialised = self.setting.lock().unwrap_or_else(|p| p.into_inner());
         for slot in &self.shared.slots {
             if slot.error_type.load(Ordering::Relaxed) == ErrorType::Pending.code() {
-                slot.num.store(0, Ordering::Release);
+                slot.end();
             }
         }
         self.shared.resume.fetch_add(1, Ordering::Release);
@@ -385,7 +417,8 @@ impl IoChannel for ErrorChannel {
         let has_data = matches!(req.op, IoOp::Read | IoOp::Write);
         // As SPDK counts: the requests this channel has passed down and not seen complete.
         let depth = self.base.in_flight() as u64;
-        let Some(t) = self.shared.slots[kind_index(req.op)].take(depth, has_data) else {
+        let slot = &self.shared.slots[kind_index(req.op)];
+        let Some(t) = slot.take(depth, has_data) else {
             // SAFETY: our caller's guarantee for `req` is the one the base needs.
             return unsafe { self.base.submit(req) };
         };
@@ -430,13 +463,22 @@ impl IoChannel for ErrorChannel {
                     }
                     Err(e) => {
                         self.spare_bounces.push(b);
+                        if e == SubmitError::Busy {
+                            slot.give_back(&t);
+                        }
                         Err(e)
                     }
                 }
             }
             ErrorType::CorruptData => {
                 // SAFETY: as for any request passed down.
-                unsafe { self.base.submit(req) }?;
+                if let Err(e) = unsafe { self.base.submit(req) } {
+                    // Not taken: the retry is the request to corrupt.
+                    if e == SubmitError::Busy {
+                        slot.give_back(&t);
+                    }
+                    return Err(e);
+                }
                 self.corrupt_reads.push(CorruptRead {
                     tag: req.tag,
                     iov: req.iov,

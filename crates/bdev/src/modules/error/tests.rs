@@ -370,3 +370,40 @@ fn the_bases_completion_fd_passes_up_except_for_what_the_error_bdev_holds() {
     assert_eq!(done[1..], [(2, IoStatus::Success)]);
     assert!(ch.sleeps_in_flight(), "nothing held: the base's leave again");
 }
+
+/// A `corrupt_data` request the base refuses as busy keeps its count: the retried request is
+/// the one corrupted (an error bdev over another with `nomem` stands for a busy base).
+#[test]
+fn corrupt_data_is_counted_only_once_the_base_accepts_the_request() {
+    let (base, inner) = setup();
+    let inner = Arc::new(inner);
+    let outer = ErrorDevice::new("EE_EE_ram", inner.clone()).unwrap();
+    let mut ch = outer.open_channel().unwrap();
+    let corrupt =
+        |num| Injection { corrupt_offset: 3, corrupt_value: 0x5a, ..inj(ErrorType::CorruptData, num) };
+    for (k, op) in [(1, IoOp::Write), (0, IoOp::Read)] {
+        outer.inject(&[k], corrupt(1)).unwrap();
+        inner.inject(&[k], inj(ErrorType::Nomem, 1)).unwrap();
+        let mut buf = vec![0x11u8; 512];
+        assert_eq!(io(&mut *ch, op, &mut buf), Err(SubmitError::Busy), "{op:?}");
+        assert_eq!(outer.injections()[k].map(|i| i.num), Some(1), "{op:?}: the count is kept");
+        assert_eq!(io(&mut *ch, op, &mut buf), Ok(IoStatus::Success), "{op:?} retried");
+        assert_eq!(outer.injections()[k], None, "{op:?}: taken by the retry");
+        let mut stored = vec![0u8; 512];
+        let mut raw = base.open_channel().unwrap();
+        assert_eq!(io(&mut *raw, IoOp::Read, &mut stored), Ok(IoStatus::Success));
+        match op {
+            // The write went down corrupted; the caller's buffer is untouched.
+            IoOp::Write => {
+                assert_eq!(stored[3], 0x11 ^ 0x5a);
+                assert!(buf.iter().all(|&b| b == 0x11));
+            }
+            // The read came back corrupted from the base's (corrupted) data.
+            _ => assert_eq!(buf[3], stored[3] ^ 0x5a),
+        }
+    }
+    // A clear while nothing is taken leaves no count behind.
+    outer.inject(&[1], corrupt(1)).unwrap();
+    outer.clear();
+    assert_eq!(outer.injections(), [None; 5]);
+}
