@@ -190,6 +190,7 @@ fuzz_target!(|data: &[u8]| {
         read_only: setup & 4 != 0,
         num_queues: 1 + u16::from(setup & 3),
         handoff: fp_vhost_blk::HandOff::new(),
+        stop_timeout: fp_vhost_blk::DEFAULT_STOP_TIMEOUT,
     };
     let conn = Arc::new(Mutex::new(connection_for_fuzzing(config).expect("connection")));
     let (mut frontend_sock, backend_sock) = UnixStream::pair().expect("socketpair");

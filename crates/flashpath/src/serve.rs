@@ -180,6 +180,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         export_dirs,
         iostat: settings.iostat,
         nvmf_allow_remote: settings.nvmf_allow_remote,
+        ..RegistryOptions::default()
     };
     let registry = Registry::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
     let started = config.apply(&registry).map_err(ServeError::from).and_then(|_| {

@@ -200,7 +200,7 @@ fn serve_config_errors_stop_start_up() {
     std::fs::write(&config, "[[vhost_blk]]\nctrlr = \"v\"\ndev_name = \"a\"\nqueues = 2\n").unwrap();
     assert_eq!(
         one_line(&serve(&config)),
-        "config error: vhost_blk[0].queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues, migrate_from, packed_ring, packed_ring_recovery"
+        "config error: vhost_blk[0].queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues, migrate_from, stop_timeout_ms, packed_ring, packed_ring_recovery"
     );
 
     // A group member's error names the group, the member and the field.

@@ -91,6 +91,9 @@ pub struct RegistryOptions {
     /// NVMe-oF listeners may bind any address; off (the default), only loopback ones, so that
     /// exposing disks to the network is a deliberate setting (`security.nvmf_allow_remote`).
     pub nvmf_allow_remote: bool,
+    /// How long stopping a vhost-user queue may take, for controllers created without
+    /// `stop_timeout_ms` ([`fp_vhost_blk::DEFAULT_STOP_TIMEOUT`] by default).
+    pub vhost_stop_timeout: std::time::Duration,
 }
 
 /// Default for [`RegistryOptions::socket_mode`]: only the daemon's user may connect.
@@ -108,6 +111,7 @@ impl Default for RegistryOptions {
             export_dirs: None,
             iostat: true,
             nvmf_allow_remote: false,
+            vhost_stop_timeout: fp_vhost_blk::DEFAULT_STOP_TIMEOUT,
         }
     }
 }

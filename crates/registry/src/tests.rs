@@ -63,6 +63,7 @@ fn vhost(ctrlr: &str, dev: &str, num_queues: Option<u16>) -> VhostBlkSpec {
         readonly: false,
         num_queues,
         migrate_from: None,
+        stop_timeout: None,
     }
 }
 

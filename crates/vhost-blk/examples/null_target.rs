@@ -32,6 +32,7 @@ fn main() {
         read_only: false,
         num_queues: queues,
         handoff: fp_vhost_blk::HandOff::new(),
+        stop_timeout: fp_vhost_blk::DEFAULT_STOP_TIMEOUT,
     })
     .unwrap();
     let _ = std::io::stdin().read_to_end(&mut Vec::new());

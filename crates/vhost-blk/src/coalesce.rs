@@ -70,7 +70,7 @@ pub enum Clock {
 }
 
 impl Clock {
-    fn now_ns(&self) -> u64 {
+    pub(crate) fn now_ns(&self) -> u64 {
         match self {
             Clock::Monotonic => {
                 // One process-wide origin, so values from different queues compare.

@@ -18,9 +18,9 @@
 
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
-use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{sync_channel, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fp_reactor::{PollerId, ReactorHandle};
 use fp_virtio_blk::config::{config_space, device_features};
@@ -38,15 +38,17 @@ use vm_memory::ByteValued;
 use crate::inflight::InflightArea;
 use crate::log::{log_bytes_for, map_log, QueueLog};
 use crate::memory::{MemoryMap, MAX_MEM_REGIONS};
-use crate::queue::{QueuePoller, QueueSetup, StopMode, Stopped};
+use crate::queue::{QueuePoller, QueueSetup, StopMode, StopReply};
 use crate::state::ControllerState;
 use fp_virtq::{DirtyLog, RingLog, LOG_PAGE};
 
 /// Largest ring the device accepts (libblkio asks for 256, QEMU for 128 or 256).
 pub const MAX_QUEUE_SIZE: u32 = 1024;
 
-/// How long the control plane waits for a queue to drain before giving up on the connection.
-const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long past a stop's bound the control plane waits for the queue's answer: the queue
+/// answers at the bound itself, in its reactor's next round; only a reactor that no longer runs
+/// would not.
+const STOP_REPLY_MARGIN: Duration = Duration::from_secs(2);
 
 /// The feature bits the connection itself looks at, as masks.
 const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
@@ -293,28 +295,71 @@ impl Connection {
 
     /// Stops the queue if running; its ring position becomes the vring base.
     fn stop(&mut self, index: usize) -> VuResult<()> {
-        let Some((_, id)) = self.vrings[index].running.take() else { return Ok(()) };
-        let reactor = self.reactor_for(index).clone();
-        let (tx, rx) = sync_channel::<Stopped>(1);
-        reactor.send(move |r| match r.poller_mut::<QueuePoller>(id) {
-            Some(p) => p.request_stop(StopMode::Drain, tx),
-            // Already gone: nothing in flight. Dropping tx tells the waiter.
-            None => drop(tx),
-        });
-        match rx.recv_timeout(STOP_TIMEOUT) {
-            Ok(stopped) => {
-                self.vrings[index].base = stopped.base;
-                // Nothing of this queue touches the disk any more. (A queue that does not stop
-                // in time keeps its hold: the other controller must not write beside it.)
-                self.shared.handoff.stop_queue(&self.shared.name);
-                log::info!("{} queue {index}: stopped at {:#x}", self.shared.name, stopped.base);
-                Ok(())
-            }
-            Err(_) => {
-                log::error!("{} queue {index}: did not stop within {STOP_TIMEOUT:?}", self.shared.name);
-                Err(invalid("queue did not stop"))
+        self.stop_queues(&[index])
+    }
+
+    /// Stops the running queues among `indices`, all at once, each bounded by the controller's
+    /// stop timeout (docs/architecture.md, "Stopping a queue"); each one's ring position
+    /// becomes its vring base. A queue the bdev still holds requests of at the bound fails the
+    /// stop (and so the connection): it stays on its reactor, taking nothing, with the guest
+    /// memory mapped, until the bdev gives them back.
+    fn stop_queues(&mut self, indices: &[usize]) -> VuResult<()> {
+        let bound = self.shared.stop_timeout;
+        let mut waiting = Vec::new();
+        for &index in indices {
+            let Some((_, id)) = self.vrings[index].running.take() else { continue };
+            let (tx, rx) = sync_channel::<StopReply>(1);
+            self.reactor_for(index).send(move |r| match r.poller_mut::<QueuePoller>(id) {
+                Some(p) => p.request_stop(StopMode::Drain, bound, tx),
+                // Already gone: nothing in flight. Dropping tx tells the waiter.
+                None => drop(tx),
+            });
+            waiting.push((index, rx));
+        }
+        let deadline = Instant::now() + bound + STOP_REPLY_MARGIN;
+        let name = &self.shared.name;
+        let mut result = Ok(());
+        for (index, rx) in waiting {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(Ok(stopped)) => {
+                    self.vrings[index].base = stopped.base;
+                    // Nothing of this queue touches the disk any more. (A queue that does not
+                    // stop in time keeps its hold: the other controller must not write beside
+                    // it.)
+                    self.shared.handoff.stop_queue(name);
+                    if stopped.failed_at_bound + stopped.left_in_flight_area > 0 {
+                        log::warn!(
+                            "{name} queue {index}: stopped at {:#x} after {:?}, at its bound of {bound:?}: \
+                             {} requests refused as busy failed with IOERR, {} left in the in-flight area",
+                            stopped.base,
+                            stopped.took,
+                            stopped.failed_at_bound,
+                            stopped.left_in_flight_area
+                        );
+                    } else {
+                        log::info!("{name} queue {index}: stopped at {:#x}", stopped.base);
+                    }
+                }
+                Ok(Err(stuck)) => {
+                    // The queue logged the details; the front-end learns it by the error.
+                    log::error!("{name}: {stuck}");
+                    result = Err(invalid("queue did not stop"));
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    log::error!(
+                        "{name} queue {index}: no answer to its stop within {:?} (its reactor does \
+                         not run)",
+                        bound + STOP_REPLY_MARGIN
+                    );
+                    result = Err(invalid("queue did not stop"));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    log::error!("{name} queue {index}: gone from its reactor before it was stopped");
+                    result = Err(invalid("queue did not stop"));
+                }
             }
         }
+        result
     }
 
     fn running_queues(&self) -> Vec<usize> {
@@ -324,9 +369,7 @@ impl Connection {
     /// Stops running queues around a memory change and restarts them on the new snapshot.
     fn with_queues_stopped(&mut self, change: impl FnOnce(&mut MemoryMap) -> VuResult<()>) -> VuResult<()> {
         let running = self.running_queues();
-        for &i in &running {
-            self.stop(i)?;
-        }
+        self.stop_queues(&running)?;
         change(&mut self.memory)?;
         for i in running {
             self.try_start(i)?;
@@ -336,9 +379,7 @@ impl Connection {
 
     /// Stops every queue (disconnect, reset).
     pub fn stop_all(&mut self) {
-        for i in self.running_queues() {
-            let _ = self.stop(i);
-        }
+        let _ = self.stop_queues(&self.running_queues());
     }
 
     fn reset(&mut self) {

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use fp_bdev::Bdev;
 use fp_reactor::ReactorHandle;
@@ -23,6 +24,9 @@ pub struct ControllerConfig {
     /// Shared with the controller this one takes the disk over from in a migration (a new
     /// gate otherwise): see [`HandOff`].
     pub handoff: Arc<HandOff>,
+    /// How long stopping a queue may take ([`crate::DEFAULT_STOP_TIMEOUT`] unless the operator
+    /// says otherwise; docs/architecture.md, "Stopping a queue").
+    pub stop_timeout: Duration,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -32,6 +36,8 @@ pub struct ControllerInfo {
     pub bdev_name: String,
     pub read_only: bool,
     pub num_queues: u16,
+    /// The bound of one queue stop.
+    pub stop_timeout: Duration,
     pub cores: Vec<usize>,
     pub connected: bool,
     /// Notification coalescing: `(delay_base_us, iops_threshold)`.
@@ -88,6 +94,7 @@ impl BlkController {
             bdev_name: s.bdev.info().name.clone(),
             read_only: self.read_only,
             num_queues: s.num_queues,
+            stop_timeout: s.stop_timeout,
             cores,
             connected: s.connected.load(Ordering::Relaxed),
             coalescing: s.coalescing.get(),

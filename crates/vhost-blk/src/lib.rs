@@ -51,3 +51,10 @@ pub use crate::stats::{ControllerStats, QueueStats};
 /// of any VM that one disk on one daemon serves in practice, while what a frontend can make the
 /// daemon allocate stays bounded (docs/architecture.md, "Queues").
 pub const MAX_QUEUES: u16 = 64;
+
+/// How long stopping a queue may take unless the operator sets another bound
+/// (docs/architecture.md, "Stopping a queue"): long enough for any healthy disk to complete
+/// what a queue holds (a ring's worth of requests) and for a Busy refusal to clear, short
+/// enough that a front-end waiting on GET_VRING_BASE (QEMU stopping a VM, the end of a
+/// migration) is answered before it gives up.
+pub const DEFAULT_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

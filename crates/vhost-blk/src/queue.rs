@@ -13,13 +13,20 @@
 //! most once.
 //!
 //! Stopping (GET_VRING_BASE, a memory-table change, disconnect) is a message that sets
-//! `stop`; the poller stops taking requests, waits for in-flight ones, replies with the ring
-//! position and removes itself.
+//! `stop`; the poller stops taking requests, keeps retrying a request the bdev refused as Busy
+//! (and resubmitting what a previous back-end left in flight), waits for in-flight ones,
+//! replies with the ring position and removes itself. A stop has a bound (docs/architecture.md,
+//! "Stopping a queue"): at the bound a request still refused as Busy is completed with
+//! VIRTIO_BLK_S_IOERR, or left recorded in the in-flight area for the next back-end when the
+//! front-end keeps one; a request the bdev holds cannot be completed by us, so the stop reports
+//! it ([`StopStuck`]) and the poller stays, keeping guest memory mapped, until the bdev
+//! completes it.
 //!
 //! While a live migration logs dirty pages ([`crate::log`]), every completion also marks the
 //! pages it wrote before the used ring publishes it; with logging off that is one branch on
 //! an `Option` per completion.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::io::{AsRawFd, RawFd};
@@ -144,6 +151,58 @@ pub struct Stopped {
     /// The vring base to resume from (GET_VRING_BASE's answer, in [`QueueSetup::base`]'s
     /// encoding).
     pub base: u32,
+    /// How long the stop took, by the queue's clock.
+    pub took: Duration,
+    /// Requests the bdev still refused as Busy at the bound, completed with
+    /// VIRTIO_BLK_S_IOERR.
+    pub failed_at_bound: u32,
+    /// Requests not accepted by the bdev at the bound and left recorded in the in-flight area,
+    /// for the next back-end to resubmit.
+    pub left_in_flight_area: u32,
+}
+
+/// A stop that reached its bound with requests the bdev holds (submitted, not completed): they
+/// cannot be completed while the bdev owns their buffers. The queue takes nothing more, keeps
+/// the guest memory mapped and removes itself once the bdev has completed them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "queue {index} did not stop within {bound:?} (waited {waited:?}): {in_bdev} requests still held by \
+     the bdev{}",
+    parked_note(*failed_at_bound, *left_in_flight_area)
+)]
+pub struct StopStuck {
+    pub index: u16,
+    pub bound: Duration,
+    pub waited: Duration,
+    /// Requests submitted to the bdev and not completed.
+    pub in_bdev: usize,
+    /// As in [`Stopped`].
+    pub failed_at_bound: u32,
+    pub left_in_flight_area: u32,
+}
+
+fn parked_note(failed: u32, left: u32) -> String {
+    match (failed, left) {
+        (0, 0) => String::new(),
+        _ => format!(
+            "; of the requests still refused as busy, {failed} were failed with IOERR and {left} left \
+             in the in-flight area"
+        ),
+    }
+}
+
+/// What a stop answers: the ring position, or why the queue could not stop in time.
+pub type StopReply = Result<Stopped, StopStuck>;
+
+/// A stop in progress.
+struct Stop {
+    /// `None` once the bound has passed and the caller was told (the poller then only waits
+    /// for the bdev to give back what it holds).
+    reply: Option<SyncSender<StopReply>>,
+    since_ns: u64,
+    bound: Duration,
+    failed_at_bound: u32,
+    left_in_flight_area: u32,
 }
 
 struct Slot {
@@ -179,9 +238,15 @@ pub struct QueuePoller {
     serial: [u8; VIRTIO_BLK_ID_BYTES],
     slots: Box<[Slot]>,
     free: Vec<u16>,
-    /// A request the channel refused as busy, retried before anything new is taken.
+    /// A request the channel refused as busy, retried before anything new is taken (and
+    /// while the queue stops).
     retry: Option<u16>,
-    stop: Option<SyncSender<Stopped>>,
+    /// Requests a previous back-end left in flight, not yet resubmitted because the bdev
+    /// refused one of them as busy (it waits in `retry`); they go before anything new.
+    resubmits: VecDeque<Pending>,
+    stop: Option<Stop>,
+    /// The stop bound's time source (the coalescer's clock).
+    clock: Clock,
     failed: bool,
     counters: Counters,
     stats: Arc<QueueStats>,
@@ -345,7 +410,9 @@ impl QueuePoller {
             slots,
             free,
             retry: None,
+            resubmits: VecDeque::from(resubmit),
             stop: None,
+            clock: s.clock.clone(),
             failed: false,
             counters,
             stats: s.stats,
@@ -355,7 +422,7 @@ impl QueuePoller {
         };
         // Before resubmitting: a request taken over from the in-flight area is logged too.
         poller.set_log(s.log);
-        poller.resubmit(&resubmit).map_err(|reason| StartError::Resubmit { index, reason })?;
+        poller.resubmit().map_err(|reason| StartError::Resubmit { index, reason })?;
         // Start in polling mode: the driver need not kick while we poll, nor the back-end
         // signal its completions.
         poller.ring.disable_notification();
@@ -364,10 +431,29 @@ impl QueuePoller {
     }
 
     /// Asks the queue to stop; `reply` receives the ring position once in-flight I/O is done
-    /// (the only [`StopMode`] today).
-    pub fn request_stop(&mut self, mode: StopMode, reply: SyncSender<Stopped>) {
+    /// (the only [`StopMode`] today), or at `bound` what is still outstanding (see the
+    /// module docs).
+    pub fn request_stop(&mut self, mode: StopMode, bound: Duration, reply: SyncSender<StopReply>) {
         match mode {
-            StopMode::Drain => self.stop = Some(reply),
+            StopMode::Drain => {
+                if self.outstanding() > 0 {
+                    log::info!(
+                        "{} queue {}: stopping with {} requests outstanding ({} not accepted by the bdev \
+                         yet), within {bound:?}",
+                        self.controller,
+                        self.index,
+                        self.outstanding(),
+                        usize::from(self.retry.is_some()) + self.resubmits.len()
+                    );
+                }
+                self.stop = Some(Stop {
+                    reply: Some(reply),
+                    since_ns: self.clock.now_ns(),
+                    bound,
+                    failed_at_bound: 0,
+                    left_in_flight_area: 0,
+                })
+            }
         }
     }
 
@@ -551,13 +637,16 @@ impl QueuePoller {
     /// Resubmits requests a previous back-end left in flight (see [`crate::inflight`]), oldest
     /// first, before anything new is taken from the ring: split heads are walked through the
     /// same ring code as a fresh request; packed lists from their recorded descriptors, since
-    /// the driver may have reused their ring slots.
-    fn resubmit(&mut self, pending: &[Pending]) -> Result<(), String> {
-        for p in pending {
+    /// the driver may have reused their ring slots. A request the bdev refuses as busy waits in
+    /// `retry` and the rest in `resubmits`, retried every round (`poll`): a busy bdev delays
+    /// them, it does not fail the queue start. Returns whether all were submitted.
+    fn resubmit(&mut self) -> Result<bool, String> {
+        while self.retry.is_none() {
+            let Some(p) = self.resubmits.pop_front() else { return Ok(true) };
             let Some(&slot_idx) = self.free.last() else {
                 return Err("more requests in flight than ring entries".into());
             };
-            let head = match *p {
+            let head = match p {
                 Pending::Head(head) => {
                     let Ring::Split(q) = &self.ring else {
                         return Err("split heads recorded for a packed ring".into());
@@ -566,7 +655,7 @@ impl QueuePoller {
                         .map_err(|e| ParseError::from_walk(head, e).to_string())?;
                     Head { id: head, slots: 1 }
                 }
-                Pending::List(ref r) => {
+                Pending::List(r) => {
                     self.chain = Chain::from_packed(&self.table, &r.descs)
                         .map_err(|e| ParseError::from_walk(r.id, e).to_string())?;
                     Head { id: r.id, slots: r.slots }
@@ -574,13 +663,31 @@ impl QueuePoller {
             };
             match self.start(head, slot_idx) {
                 Flow::Next => {}
-                // At queue start every slot is free and nothing is queued: a busy channel here
-                // would have to hold more than a ring's worth of requests.
-                Flow::Busy => return Err("backend refused a resubmitted request".into()),
+                Flow::Busy => return Ok(false),
                 Flow::Fail(why) => return Err(why),
             }
         }
-        Ok(())
+        Ok(false)
+    }
+
+    /// Goes on with resubmissions a busy bdev held up; true once none is left. Out of line:
+    /// only after a restart with requests in flight.
+    #[cold]
+    #[inline(never)]
+    fn resubmit_rest(&mut self) -> bool {
+        match self.resubmit() {
+            Ok(done) => done,
+            Err(why) => {
+                self.fail(&format!("cannot resubmit in-flight requests: {why}"));
+                self.resubmits.clear();
+                true
+            }
+        }
+    }
+
+    /// Requests the queue answers for: taken and not completed, or still to be resubmitted.
+    fn outstanding(&self) -> usize {
+        self.in_flight() + self.resubmits.len()
     }
 
     fn retry_busy(&mut self) -> bool {
@@ -642,6 +749,120 @@ impl QueuePoller {
     }
 }
 
+impl QueuePoller {
+    /// A round of a stopping queue: nothing new is taken; within the bound a request refused
+    /// as busy is retried and resubmissions go on (they count as in flight, so the stop waits
+    /// for them); completions are reaped and published. See the module docs for the bound.
+    #[cold]
+    #[inline(never)]
+    fn poll_stopping(&mut self) -> PollStatus {
+        let before_bound = self.stop.as_ref().is_some_and(|s| s.reply.is_some());
+        let mut busy = false;
+        if before_bound {
+            let parked = (self.retry.is_some(), self.resubmits.len());
+            if self.retry_busy() && !self.resubmits.is_empty() {
+                self.resubmit_rest();
+            }
+            busy |= parked != (self.retry.is_some(), self.resubmits.len());
+        }
+        busy |= self.reap() > 0;
+        if busy {
+            self.publish_counters();
+            self.stats.in_flight.store(self.in_flight() as u64, Ordering::Relaxed);
+            self.notify(false);
+        }
+        let Some(stop) = self.stop.as_ref() else { return PollStatus::Idle };
+        let waited = Duration::from_nanos(self.clock.now_ns().saturating_sub(stop.since_ns));
+        let past_bound = waited >= stop.bound;
+        if before_bound && past_bound && (self.retry.is_some() || !self.resubmits.is_empty()) {
+            self.give_up_parked(waited);
+        }
+        if self.outstanding() == 0 {
+            self.publish_counters();
+            self.stats.in_flight.store(0, Ordering::Relaxed);
+            self.notify(true);
+            if let Some(stop) = self.stop.take() {
+                match stop.reply {
+                    Some(reply) => {
+                        let _ = reply.send(Ok(Stopped {
+                            base: self.ring.base(),
+                            took: waited,
+                            failed_at_bound: stop.failed_at_bound,
+                            left_in_flight_area: stop.left_in_flight_area,
+                        }));
+                    }
+                    None => log::warn!(
+                        "{} queue {}: the bdev completed the last request it held {waited:?} after the \
+                         stop began; the queue's guest memory is released",
+                        self.controller,
+                        self.index
+                    ),
+                }
+            }
+            return PollStatus::Finished;
+        }
+        if before_bound && past_bound {
+            let in_bdev = self.in_flight();
+            if let Some(stop) = self.stop.as_mut() {
+                let stuck = StopStuck {
+                    index: self.index,
+                    bound: stop.bound,
+                    waited,
+                    in_bdev,
+                    failed_at_bound: stop.failed_at_bound,
+                    left_in_flight_area: stop.left_in_flight_area,
+                };
+                log::error!(
+                    "{} {stuck}; the queue takes nothing more and keeps the guest memory mapped until \
+                     the bdev completes them",
+                    self.controller
+                );
+                if let Some(reply) = stop.reply.take() {
+                    let _ = reply.send(Err(stuck));
+                }
+            }
+        }
+        if busy {
+            PollStatus::Busy
+        } else {
+            PollStatus::Idle
+        }
+    }
+
+    /// The stop's bound passed with requests the bdev never accepted (refused as busy, or not
+    /// yet resubmitted): with an in-flight area they stay recorded there, taken and not
+    /// completed, for the next back-end to resubmit; without one the guest gets
+    /// VIRTIO_BLK_S_IOERR for them.
+    fn give_up_parked(&mut self, waited: Duration) {
+        let (mut failed, mut left) = (0u32, 0u32);
+        if let Some(slot_idx) = self.retry.take() {
+            let slot = &mut self.slots[usize::from(slot_idx)];
+            let (head, status) = (slot.head, slot.status.take());
+            self.free.push(slot_idx);
+            if self.tracker.is_some() {
+                left += 1;
+            } else if let Some(st) = status {
+                self.complete_now(head, st, VIRTIO_BLK_S_IOERR);
+                failed += 1;
+            }
+        }
+        // Still recorded as taken: resubmitted by whoever starts the queue next.
+        left += self.resubmits.len() as u32;
+        self.resubmits.clear();
+        let Some(stop) = self.stop.as_mut() else { return };
+        stop.failed_at_bound += failed;
+        stop.left_in_flight_area += left;
+        log::warn!(
+            "{} queue {}: stop reached its bound of {:?} after {waited:?} with requests the bdev still \
+             refused as busy: {failed} completed with IOERR, {left} left in the in-flight area for the \
+             next back-end",
+            self.controller,
+            self.index,
+            stop.bound
+        );
+    }
+}
+
 /// Reads an eventfd's counter if it is readable, without blocking on an fd we do not own the
 /// flags of (the VMM shares the file description). Returns the count read (the writes since
 /// the last read), 0 when there was none.
@@ -660,8 +881,11 @@ fn drain_eventfd(f: &File) -> u64 {
 
 impl Poller for QueuePoller {
     fn poll(&mut self) -> PollStatus {
+        if self.stop.is_some() {
+            return self.poll_stopping();
+        }
         let mut busy = false;
-        if !self.failed && self.stop.is_none() && self.retry_busy() {
+        if !self.failed && self.retry_busy() && (self.resubmits.is_empty() || self.resubmit_rest()) {
             // A round takes at most two parts and publishes after each (docs/architecture.md,
             // "Guest notifications"). The first is small when the driver waits for its next
             // completion (everything before was completed and announced, and it asked to hear),
@@ -698,15 +922,6 @@ impl Poller for QueuePoller {
             // A coalesced signal waits for its time.
             self.notify(false);
         }
-        if self.stop.is_some() && self.in_flight() == 0 {
-            self.publish_counters();
-            self.stats.in_flight.store(0, Ordering::Relaxed);
-            self.notify(true);
-            if let Some(reply) = self.stop.take() {
-                let _ = reply.send(Stopped { base: self.ring.base() });
-            }
-            return PollStatus::Finished;
-        }
         if busy {
             PollStatus::Busy
         } else {
@@ -716,9 +931,14 @@ impl Poller for QueuePoller {
 
     fn has_pending(&self) -> bool {
         // A held (coalesced) signal keeps the reactor polling until it goes out. Requests in
-        // flight do too, unless the back-end signals their completions (RBD).
+        // flight do too, unless the back-end signals their completions (RBD); a request it
+        // refused as busy, or one still to be resubmitted, has no completion to signal and is
+        // only retried by polling. A stop polls until its bound; past it, only what the bdev
+        // still holds keeps the reactor up, as any request in flight.
         (self.in_flight() > 0 && !self.channel.sleeps_in_flight())
-            || self.stop.is_some()
+            || self.retry.is_some()
+            || !self.resubmits.is_empty()
+            || self.stop.as_ref().is_some_and(|s| s.reply.is_some())
             || self.signal_pending
     }
 
@@ -774,3 +994,7 @@ mod test_guest;
 #[cfg(test)]
 #[path = "queue_notify_tests.rs"]
 mod notify_tests;
+
+#[cfg(test)]
+#[path = "queue_stop_tests.rs"]
+mod stop_tests;

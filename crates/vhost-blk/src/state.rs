@@ -5,6 +5,7 @@
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use fp_bdev::Bdev;
 use fp_reactor::ReactorHandle;
@@ -42,6 +43,8 @@ pub struct ControllerState {
     pub coalescing: Arc<CoalescingSettings>,
     /// Which controller on this disk may run queues ([`HandOff`]).
     pub handoff: Arc<HandOff>,
+    /// The bound of one queue stop (GET_VRING_BASE, a memory change, a disconnect).
+    pub stop_timeout: Duration,
 }
 
 impl ControllerState {
@@ -79,6 +82,7 @@ impl ControllerState {
             stop: StopSignal::new().map_err(|e| Error::Other(format!("cannot create eventfd: {e}")))?,
             coalescing: Arc::new(CoalescingSettings::default()),
             handoff: config.handoff,
+            stop_timeout: config.stop_timeout,
         }))
     }
 }

@@ -17,6 +17,7 @@ fn controller(dir: &std::path::Path, reactors: &ReactorSet, bdev: Bdev, num_queu
         read_only: false,
         num_queues,
         handoff: fp_vhost_blk::HandOff::new(),
+        stop_timeout: fp_vhost_blk::DEFAULT_STOP_TIMEOUT,
     })
     .unwrap()
 }

@@ -24,6 +24,7 @@ fn controller(
         read_only: false,
         num_queues: 1,
         handoff: gate.clone(),
+        stop_timeout: fp_vhost_blk::DEFAULT_STOP_TIMEOUT,
     })
     .unwrap()
 }

@@ -14,7 +14,7 @@ use fp_bdev::{BdevError, BdevInfo, BlockDevice, IoChannel, IoRequest, IoStatus, 
 use fp_reactor::{Reactor, ReactorConfig};
 use fp_vhost_blk::coalesce::{Clock, CoalescingSettings, RATE_WINDOW_NS};
 use fp_vhost_blk::inflight::InflightArea;
-use fp_vhost_blk::queue::{QueuePoller, QueueSetup, StopMode, Stopped};
+use fp_vhost_blk::queue::{QueuePoller, QueueSetup, StopMode, StopReply};
 use fp_vhost_blk::QueueStats;
 use fp_virtio_blk::{DiskParams, GuestMemory, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
 use vm_memory::{Address, Bytes, GuestAddress};
@@ -206,17 +206,18 @@ fn two_reactors_share_a_disk_and_a_broken_queue_stays_contained() {
     assert_eq!(stats_a.io_errors.load(std::sync::atomic::Ordering::Relaxed), 1);
 
     // Stopping reports the ring position and removes the poller.
-    let (tx, rx) = sync_channel::<Stopped>(1);
-    a.poller_mut::<QueuePoller>(id_a).unwrap().request_stop(StopMode::Drain, tx);
+    let bound = fp_vhost_blk::DEFAULT_STOP_TIMEOUT;
+    let (tx, rx) = sync_channel::<StopReply>(1);
+    a.poller_mut::<QueuePoller>(id_a).unwrap().request_stop(StopMode::Drain, bound, tx);
     assert!(a.poll_once());
-    assert_eq!(rx.try_recv().unwrap(), Stopped { base: 2 });
+    assert_eq!(rx.try_recv().unwrap().map(|s| s.base), Ok(2));
     assert_eq!(a.poller_count(), 0);
-    let (tx, rx) = sync_channel::<Stopped>(1);
-    b.poller_mut::<QueuePoller>(id_b).unwrap().request_stop(StopMode::Drain, tx);
+    let (tx, rx) = sync_channel::<StopReply>(1);
+    b.poller_mut::<QueuePoller>(id_b).unwrap().request_stop(StopMode::Drain, bound, tx);
     b.poll_once();
     assert_eq!(
-        rx.try_recv().unwrap(),
-        Stopped { base: 2 },
+        rx.try_recv().unwrap().map(|s| s.base),
+        Ok(2),
         "a failed queue reports its position; the request posted after the failure was never taken"
     );
 }

@@ -298,8 +298,19 @@ fn vhost_create_errors() {
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "queues": 2}));
     assert_eq!(
         e.message,
-        "queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues, migrate_from, packed_ring, packed_ring_recovery"
+        "queues: unknown parameter; accepted: ctrlr, dev_name, cpumask, readonly, num_queues, migrate_from, stop_timeout_ms, packed_ring, packed_ring_recovery"
     );
+    // A stop bound of 0 would fail every request in flight at once; above 10 min is refused by
+    // the decoder.
+    let e =
+        f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "stop_timeout_ms": 0}));
+    assert_param(&e, "stop_timeout_ms");
+    assert_eq!(e.message, "stop_timeout_ms: 0 is not between 1 and 600000");
+    let e = f.err(
+        "vhost_create_blk_controller",
+        json!({"ctrlr": "v0", "dev_name": "d0", "stop_timeout_ms": 600_001}),
+    );
+    assert_param(&e, "stop_timeout_ms");
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "d0", "transport": "x"}));
     assert_eq!(e.message, "transport: not supported by flashpath (only \"vhost_user_blk\")");
     let e = f.err("vhost_create_blk_controller", json!({"ctrlr": "v0", "dev_name": "nope", "num_queues": 1}));

@@ -28,6 +28,7 @@ impl Fixture {
             read_only: false,
             num_queues: 1,
             handoff: fp_vhost_blk::HandOff::new(),
+            stop_timeout: fp_vhost_blk::DEFAULT_STOP_TIMEOUT,
         })
         .unwrap();
         Fixture { _dir: dir, sock, ctrl: Some(ctrl), reactors: Some(reactors) }

@@ -132,6 +132,7 @@ impl BlockDevice for CryptoDevice {
             jobs: vec![WriteJob::EMPTY; WRITES],
             free_jobs: (0..WRITES as u16).rev().collect(),
             queue: VecDeque::with_capacity(WRITES),
+            refused: false,
             ready: DoneList::new(),
             scratch: vec![0; 4096],
         }))
@@ -203,6 +204,9 @@ struct CryptoChannel {
     free_jobs: Vec<u16>,
     /// Jobs with pieces not yet handed down, oldest first.
     queue: VecDeque<u16>,
+    /// The base refused the front job's next piece as busy: only a `poll` hands it down (no
+    /// base completion will signal for it), so the caller must not sleep.
+    refused: bool,
     ready: DoneList,
     /// One block, for a block split across iovecs.
     scratch: Vec<u8>,
@@ -361,6 +365,7 @@ unsafe fn decrypt_read(xts: &mut XtsEngine, bs: usize, op: &Op, scratch: &mut [u
 impl CryptoChannel {
     /// Hands queued write pieces to the base while buffers are free and the base takes them.
     fn pump(&mut self) {
+        self.refused = false;
         let bs = self.info.block_size as usize;
         while let Some(&j) = self.queue.front() {
             let Some(c) = self.free_chunks.pop() else { return };
@@ -409,6 +414,7 @@ impl CryptoChannel {
                 }
                 Err(SubmitError::Busy) => {
                     self.free_chunks.push(c);
+                    self.refused = true;
                     return;
                 }
                 Err(e) => {
@@ -572,8 +578,10 @@ impl IoChannel for CryptoChannel {
     }
 
     /// As the base: a write waiting for a buffer moves on when a base completion frees one.
+    /// Not while the base refused a piece as busy: nothing at the base may complete to wake
+    /// the caller, whose polls retry it.
     fn sleeps_in_flight(&self) -> bool {
-        self.base.sleeps_in_flight()
+        !self.refused && self.base.sleeps_in_flight()
     }
 }
 

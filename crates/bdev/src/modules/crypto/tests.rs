@@ -398,3 +398,72 @@ fn a_caller_may_sleep_on_the_bases_completion_fd() {
     ch.poll(&mut |t, s| done.push((t, s)));
     assert_eq!(done, [(3, IoStatus::Success)]);
 }
+
+/// A RAM disk that lets its caller sleep with requests in flight (as RBD does) and refuses
+/// submissions as busy while `busy` is set (as the error bdev's `nomem` does).
+struct SleepyBase {
+    inner: RamDevice,
+    busy: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct SleepyChannel {
+    inner: Box<dyn IoChannel>,
+    busy: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl BlockDevice for SleepyBase {
+    fn info(&self) -> &BdevInfo {
+        self.inner.info()
+    }
+    fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
+        Ok(Box::new(SleepyChannel { inner: self.inner.open_channel()?, busy: self.busy.clone() }))
+    }
+}
+
+impl IoChannel for SleepyChannel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        if self.busy.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(SubmitError::Busy);
+        }
+        // SAFETY: our caller's guarantee, passed on.
+        unsafe { self.inner.submit(req) }
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        self.inner.poll(done)
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+    fn sleeps_in_flight(&self) -> bool {
+        true
+    }
+}
+
+/// A write whose pieces the base refused as busy waits in the crypto channel, with nothing at
+/// the base to signal a completion: its caller must keep polling, not sleep on the fd.
+#[test]
+fn a_write_the_base_refused_as_busy_keeps_its_caller_polling() {
+    let busy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let base: Bdev =
+        Arc::new(SleepyBase { inner: RamDevice::new("ram", 512, 1024).unwrap(), busy: busy.clone() });
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let dev = CryptoDevice::new("c", base, key).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    assert!(ch.sleeps_in_flight(), "as its base, while nothing waits");
+    let mut buf = vec![7u8; 4096];
+    let iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 4096 }];
+    let req = crate::conformance::rw(3, IoOp::Write, 8192, &iov);
+    // SAFETY: `buf` and `iov` outlive the request, reaped below.
+    unsafe { ch.submit(&req) }.expect("the write is taken and waits for the base");
+    assert_eq!(ch.poll(&mut |_, _| panic!("nothing reached the base")), 0);
+    assert_eq!(ch.in_flight(), 1);
+    assert!(
+        !(ch.sleeps_in_flight() && ch.arm_completion_fd()),
+        "the caller may sleep with a write that only a poll hands to the base"
+    );
+    busy.store(false, std::sync::atomic::Ordering::Relaxed);
+    let done = crate::conformance::poll_until(&mut *ch, 1);
+    assert_eq!(done, [(3, IoStatus::Success)]);
+    assert!(ch.sleeps_in_flight());
+    assert_eq!(read_range(&mut *ch, 8192, 4096), vec![7u8; 4096]);
+}

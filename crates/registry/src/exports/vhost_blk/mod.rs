@@ -41,7 +41,14 @@ pub struct VhostBlkSpec {
     /// daemon (a vhost-blk controller, or the NBD export a mirror writes through); the two
     /// share the bdev and, between controllers, the rule of [`fp_vhost_blk::HandOff`].
     pub migrate_from: Option<String>,
+    /// How long stopping one of its queues may take (GET_VRING_BASE, a memory change, a
+    /// disconnect); `None` means [`crate::RegistryOptions::vhost_stop_timeout`].
+    pub stop_timeout: Option<std::time::Duration>,
 }
+
+/// The longest stop bound a controller accepts (`stop_timeout_ms`): a front-end waiting on
+/// GET_VRING_BASE longer than this has given up on us anyway.
+pub const MAX_STOP_TIMEOUT_MS: u64 = 600_000;
 
 /// A running controller with what [`Export`] reports of it.
 struct VhostBlk {
@@ -116,6 +123,13 @@ impl Registry {
         // per vCPU unless its device line says otherwise, and refuses to start when offered
         // fewer. Queue i runs on reactor i % n, so any count is spread over the mask; a queue
         // the frontend never starts costs a few hundred bytes (docs/architecture.md, "Queues").
+        let stop_timeout = spec.stop_timeout.unwrap_or(self.options.vhost_stop_timeout);
+        if stop_timeout.is_zero() || stop_timeout.as_millis() > u128::from(MAX_STOP_TIMEOUT_MS) {
+            return Err(RegistryError::Invalid {
+                field: "stop_timeout_ms",
+                reason: format!("{} is not between 1 and {MAX_STOP_TIMEOUT_MS}", stop_timeout.as_millis()),
+            });
+        }
         let num_queues = spec.num_queues.unwrap_or(fp_vhost_blk::MAX_QUEUES);
         if num_queues == 0 || num_queues > fp_vhost_blk::MAX_QUEUES {
             return Err(RegistryError::Invalid {
@@ -154,6 +168,7 @@ impl Registry {
                 read_only: spec.readonly,
                 num_queues,
                 handoff,
+                stop_timeout,
             };
             let socket_path = config.socket_path.clone();
             let ctrl = BlkController::start(config)?;

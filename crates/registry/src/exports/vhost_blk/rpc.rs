@@ -1,7 +1,8 @@
 //! vhost-user-blk controller methods, with SPDK's names, parameters and result shapes:
 //! `vhost_create_blk_controller`, `vhost_get_controllers`, `vhost_delete_controller`,
 //! `vhost_controller_set_coalescing`. flashpath adds `num_queues`, `migrate_from` (a migration
-//! destination beside its source, docs/migration.md) and per-queue counters.
+//! destination beside its source, docs/migration.md), `stop_timeout_ms` (the bound of a queue
+//! stop, docs/architecture.md) and per-queue counters.
 
 use fp_rpc::{Neutral, Params};
 use fp_vhost_blk::{ControllerInfo, ControllerStats};
@@ -30,6 +31,9 @@ fn vhost_create_blk_controller(registry: &Registry, mut p: Params) -> Result<Val
         readonly: p.optional_bool("readonly")?.unwrap_or(false),
         num_queues: p.optional_uint("num_queues", u16::MAX as u64)?.map(|q| q as u16),
         migrate_from: p.optional_str("migrate_from")?,
+        stop_timeout: p
+            .optional_uint("stop_timeout_ms", super::MAX_STOP_TIMEOUT_MS)?
+            .map(std::time::Duration::from_millis),
     };
     // SPDK offers packed rings (and recovers them after a crash) only when asked; flashpath
     // offers both ring layouts to every frontend and recovers either from the in-flight
@@ -76,6 +80,7 @@ fn controller_json(c: &ControllerInfo) -> Value {
         "iops_threshold": c.coalescing.1,
         "backend_specific": { "block": { "readonly": c.read_only, "bdev": c.bdev_name } },
         "num_queues": c.num_queues,
+        "stop_timeout_ms": c.stop_timeout.as_millis() as u64,
         "cores": c.cores,
         "connected": c.connected,
         "stats": stats_json(&c.stats),

@@ -1,0 +1,169 @@
+//! Back-pressure (Busy) on the vhost-user stop paths, with the error bdev's `nomem` injection
+//! (docs/error.md) refusing every read: a client that goes away with a read refused as busy
+//! does not wedge its controller (the stop keeps retrying the read, and ends at its bound
+//! whatever the disk does), the next client is served, and SIGTERM stops the daemon.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{assert_same, bounded, pattern, BlkClient, Daemon, Op, OpKind};
+use serde_json::{json, Value};
+
+const EE: &str = "EE_M0";
+const CTRLR: &str = "vhost.bp";
+/// Refusals enough to last the whole test: the queue retries a refused read every round.
+const FOREVER: u64 = 100_000_000;
+const DATA_LEN: usize = 64 << 10;
+
+/// A daemon with a RAM disk `M0`, its error bdev and a one-queue controller on it (with
+/// `stop_timeout_ms` when given), holding `pattern(5, 0, DATA_LEN)` at offset 0.
+fn error_disk(stop_timeout_ms: Option<u64>) -> (Daemon, PathBuf) {
+    let daemon = Daemon::start("0");
+    daemon.malloc("M0", 8192, 512);
+    assert_eq!(daemon.call("bdev_error_create", json!({"base_name": "M0"})), true);
+    let mut params = json!({"ctrlr": CTRLR, "dev_name": EE, "num_queues": 1});
+    if let Some(ms) = stop_timeout_ms {
+        params["stop_timeout_ms"] = json!(ms);
+    }
+    daemon.call("vhost_create_blk_controller", params);
+    let sock = daemon.dir.path().join(CTRLR);
+    let s = sock.clone();
+    bounded(Duration::from_secs(60), "initial write", move || {
+        BlkClient::open(&s, 1).write_all(0, &pattern(5, 0, DATA_LEN));
+    });
+    (daemon, sock)
+}
+
+fn inject_nomem(daemon: &Daemon) {
+    let p = json!({"name": EE, "io_type": "read", "error_type": "nomem", "num": FOREVER});
+    assert_eq!(daemon.call("bdev_error_inject_error", p), true);
+}
+
+fn clear(daemon: &Daemon) {
+    let p = json!({"name": EE, "io_type": "clear", "error_type": "nomem", "num": 0});
+    assert_eq!(daemon.call("bdev_error_inject_error", p), true);
+}
+
+fn controller(daemon: &Daemon) -> Value {
+    daemon.call("vhost_get_controllers", json!({"name": CTRLR}))[0].clone()
+}
+
+/// A client thread that puts 8 reads in flight (QD 8) and, once `abort` is set, gives up on
+/// them and goes away (disconnects) with them outstanding. Returns when the reads are refused
+/// as busy: one waits in the queue, refused on every retry.
+fn client_with_parked_reads(daemon: &Daemon, sock: &Path) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+    let abort = Arc::new(AtomicBool::new(false));
+    let (a, s) = (abort.clone(), sock.to_path_buf());
+    let client = std::thread::spawn(move || {
+        let mut c = BlkClient::open(&s, 1);
+        let ops: Vec<Op> = (0..8)
+            .map(|i| Op { queue: 0, kind: OpKind::Read, offset: i * 4096, len: 4096, buf: i as usize * 4096 })
+            .collect();
+        assert!(c.run_until(&ops, &a).is_none(), "reads completed while the disk refuses them all");
+        drop(c);
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let refused = daemon.call("bdev_get_bdevs", json!({"name": EE}))[0]["driver_specific"]["error"]
+            ["injections"]["read"]["num"]
+            .as_u64()
+            .is_some_and(|left| left < FOREVER - 100);
+        if refused && controller(daemon)["stats"]["in_flight"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reads were not refused: {}", controller(daemon));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (abort, client)
+}
+
+fn wait_for_log(daemon: &Daemon, line: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !daemon.stderr().contains(line) {
+        assert!(Instant::now() < deadline, "no '{line}' in the log:\n{}", daemon.stderr());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A new client reads back what was written and writes and reads its own data.
+fn next_client_is_served(sock: &Path, what: &str) {
+    let s = sock.to_path_buf();
+    bounded(Duration::from_secs(20), what, move || {
+        let mut c = BlkClient::open(&s, 1);
+        assert_same("data before the wedge", 0, &c.read_all(0, DATA_LEN), &pattern(5, 0, DATA_LEN));
+        let fresh = pattern(6, 1 << 20, 16 << 10);
+        c.write_all(1 << 20, &fresh);
+        assert_same("data after the wedge", 1 << 20, &c.read_all(1 << 20, fresh.len()), &fresh);
+    });
+}
+
+#[test]
+fn a_client_gone_with_reads_refused_as_busy_does_not_wedge_the_controller() {
+    // A bound far beyond the test's own: the stop must end by retrying the read, not by
+    // failing it at the bound.
+    let (mut daemon, sock) = error_disk(Some(120_000));
+    inject_nomem(&daemon);
+    let (abort, client) = client_with_parked_reads(&daemon, &sock);
+    abort.store(true, Ordering::Release);
+    // The client's teardown stops the queue with the read still refused; then the disk
+    // takes reads again.
+    wait_for_log(&daemon, "queue 0: stopping with 1 requests outstanding (1 not accepted by the bdev yet)");
+    clear(&daemon);
+    bounded(Duration::from_secs(20), "client teardown", move || client.join().unwrap());
+    next_client_is_served(&sock, "client after the wedge");
+    assert_eq!(controller(&daemon)["stats"]["in_flight"], 0);
+    // (The queue restarted after the client's memory change and failed the other seven reads,
+    // whose buffers were gone: those are not the parked one.)
+    assert!(
+        !daemon.stderr().contains("stop reached its bound"),
+        "the parked read was failed:\n{}",
+        daemon.stderr()
+    );
+    daemon.assert_alive();
+}
+
+#[test]
+fn a_stop_ends_at_its_bound_while_the_disk_refuses_and_fails_the_parked_read() {
+    let bound = Duration::from_millis(1000);
+    let (mut daemon, sock) = error_disk(Some(bound.as_millis() as u64));
+    assert_eq!(controller(&daemon)["stop_timeout_ms"], 1000);
+    inject_nomem(&daemon);
+    let (abort, client) = client_with_parked_reads(&daemon, &sock);
+    let started = Instant::now();
+    abort.store(true, Ordering::Release);
+    bounded(Duration::from_secs(20), "client teardown", move || client.join().unwrap());
+    // The disconnect stops the queue: it retries the read until the bound, then fails it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while controller(&daemon)["connected"] == true || controller(&daemon)["stats"]["in_flight"] != 0 {
+        assert!(Instant::now() < deadline, "the stop did not end: {}", controller(&daemon));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = started.elapsed();
+    assert!(took >= bound, "the stop ended after {took:?}, before its bound, with the disk refusing");
+    // The read refused as busy got IOERR at the bound (libblkio keeps no in-flight area).
+    let c = controller(&daemon);
+    assert!(c["stats"]["io_errors"].as_u64().unwrap() >= 1, "{c}");
+    let log = daemon.stderr();
+    assert!(
+        log.contains("stop reached its bound of 1s after")
+            && log.contains("still refused as busy: 1 completed with IOERR, 0 left in the in-flight area"),
+        "the bound is logged:\n{log}"
+    );
+    clear(&daemon);
+    next_client_is_served(&sock, "client after the bounded stop");
+    daemon.assert_alive();
+}
+
+#[test]
+fn sigterm_stops_the_daemon_with_a_read_refused_as_busy() {
+    let (mut daemon, sock) = error_disk(Some(1000));
+    inject_nomem(&daemon);
+    let (abort, client) = client_with_parked_reads(&daemon, &sock);
+    daemon.assert_stops_on_sigterm();
+    abort.store(true, Ordering::Release);
+    bounded(Duration::from_secs(20), "client teardown", move || client.join().unwrap());
+}
