@@ -291,8 +291,9 @@ fn a_flooded_limited_disk_counts_what_qos_held_back() {
     spec.duration = Duration::from_millis(600);
     let r = bounded(Duration::from_secs(60), "the flood", move || fp_loadgen::run(&spec).expect("fp-load"));
     assert_eq!(r.errors, 0, "{r:?}");
-    // Far below what a RAM disk does unlimited; the QoS tests measure the accuracy.
-    assert!(r.iops > 500.0 && r.iops < 1500.0, "{} IOPS under a 1,000 IOPS limit", r.iops);
+    // The limit is an upper bound; how close a loaded machine comes to it is not this test's
+    // business (blkio_qos.rs): that the limiter held requests back is checked in its counters.
+    assert!(r.ios > 0 && r.iops < 1500.0, "{} IOPS under a 1,000 IOPS limit", r.iops);
 
     let io = daemon.call("bdev_get_iostat", json!({"name": "d0"}));
     let since_limit = limited.elapsed().as_secs_f64();

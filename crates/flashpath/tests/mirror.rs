@@ -25,9 +25,7 @@ fn until_ready_and_written(daemon: &Daemon, id: &str, written: &AtomicU64, more:
         std::thread::sleep(Duration::from_millis(5));
     }
     let ready_at = written.load(Ordering::SeqCst);
-    while written.load(Ordering::SeqCst) < ready_at + more {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_writes(written, ready_at + more, &format!("after job {id} was ready"));
 }
 
 /// Waits (60 s at most) until `written` reaches `n`.
@@ -83,9 +81,7 @@ fn a_disk_written_by_a_guest_is_mirrored_to_a_ram_disk_and_completes_equal() {
             c.read_all(0, DISK as usize)
         })
     });
-    while written.load(Ordering::SeqCst) == 0 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_writes(&written, 1, "the guest filling the disk");
 
     let id = daemon.call("bdev_mirror_start", json!({ "source": "src", "target": "dst", "job_id": "move" }));
     assert_eq!(id, "move");
@@ -181,9 +177,7 @@ fn a_disk_written_over_nbd_is_mirrored_and_completes_equal() {
             all
         })
     });
-    while written.load(Ordering::SeqCst) < 100 {
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for_writes(&written, 100, "the nbd client before the job");
     daemon.call("bdev_mirror_start", json!({ "source": "src", "target": "dst", "granularity": 4096 }));
     until_ready_and_written(&daemon, "src", &written, 300);
     stop.store(true, Ordering::SeqCst);

@@ -213,12 +213,14 @@ fn resized_namespace_reaches_a_parked_aer() {
 
 #[test]
 fn remove_namespace_waits_for_its_io_in_flight() {
-    use fp_bdev::{Bdev, DelayDevice, DelayLatency, RamDevice};
+    use fp_bdev::{Bdev, DelayDevice, DelayLatency, Disk, RamDevice};
     let tg = target();
     let slow = Duration::from_millis(300);
     let base: Bdev = std::sync::Arc::new(RamDevice::new("ram2", 512, 1024).unwrap());
     let latency = DelayLatency { avg_read: slow, p99_read: slow, avg_write: slow, p99_write: slow };
-    let bdev: Bdev = std::sync::Arc::new(DelayDevice::new("slow", base, latency).unwrap());
+    // Counted, so the test sees when the write is in flight and when it completed.
+    let disk = Disk::new(std::sync::Arc::new(DelayDevice::new("slow", base, latency).unwrap()), true);
+    let bdev: Bdev = std::sync::Arc::new(disk.clone());
     let spec = NamespaceSpec {
         nsid: 2,
         bdev,
@@ -235,11 +237,18 @@ fn remove_namespace_waits_for_its_io_in_flight() {
     let mut s = q.rw_sqe(NVM_WRITE, 2, 0, 8);
     set_sgl(&mut s, SGL_IN_CAPSULE, 4096);
     q.send_capsule(&s, &pattern(9, 4096));
-    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        wait_for(|| disk.stats().queue_depth == 1),
+        "the write never reached the bdev: {:?}",
+        disk.stats()
+    );
     let start = Instant::now();
     tg.t.remove_namespace(NQN, 2).unwrap();
     let waited = start.elapsed();
-    assert!(waited >= Duration::from_millis(150), "returned after {waited:?}, with the write in flight");
+    // Had it not waited, the write (300 ms at the bdev) would still be in flight here.
+    let after = disk.stats();
+    let write = after.ops[fp_bdev::disk::op_index(fp_bdev::IoOp::Write)].ops;
+    assert_eq!((after.queue_depth, write), (0, 1), "returned after {waited:?}, with the write in flight");
     // The write finished (successfully) before the namespace went; later commands: Invalid Namespace.
     let cqe = q.response();
     assert_eq!((cqe.cid, cqe.status), (s.cid(), Status::SUCCESS));
