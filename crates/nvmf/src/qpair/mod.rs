@@ -670,8 +670,9 @@ pub(crate) fn notify_discovery(discovery: &Subsystem) {
 }
 
 /// Waits until no queue pair has I/O in flight to `nsid` (they stopped taking new commands
-/// for it when it was detached). False at the deadline.
-pub(crate) fn drain_namespace(qpairs: &[QpairRef], nsid: u32, deadline: Instant) -> bool {
+/// for it when it was detached). At the deadline, how many commands are still in flight (0:
+/// drained).
+pub(crate) fn drain_namespace(qpairs: &[QpairRef], nsid: u32, deadline: Instant) -> u32 {
     loop {
         let mut busy = 0;
         for q in qpairs {
@@ -681,11 +682,8 @@ pub(crate) fn drain_namespace(qpairs: &[QpairRef], nsid: u32, deadline: Instant)
                 .call(move |r| r.poller_mut::<QpairPoller>(id).map_or(0, |p| p.namespace_in_flight(nsid)))
                 .unwrap_or(0);
         }
-        if busy == 0 {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
+        if busy == 0 || Instant::now() >= deadline {
+            return busy;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
