@@ -48,6 +48,10 @@ const KEEP_BUF: usize = 1 << 20;
 /// How long a host may leave our PDUs unread before the connection is dropped (shorter under
 /// test, so the test of it runs in seconds).
 const SEND_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 3 } else { 30 });
+/// How long a closing queue keeps retrying the commands its namespaces' devices refused as
+/// busy (and waits for their flushes and further ranges) before it answers them Command
+/// Aborted due to SQ Deletion (shorter under test).
+pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
 /// The socket send buffer asked for (the kernel caps it at net.core.wmem_max).
 const SEND_BUFFER: libc::c_int = 4 << 20;
 /// The epoll token of the timer (the socket's is 0, channels' their nsid + 1 << 32).
@@ -241,6 +245,8 @@ pub(crate) struct QpairPoller {
     /// A C2HTermReq to send before closing.
     term: Option<([u8; DATA_HLEN + TERM_REQ_MAX_DATA], usize)>,
     closing: Option<String>,
+    /// When a closing queue stops retrying commands refused as busy ([`CLOSE_TIMEOUT`]).
+    close_deadline: Option<Instant>,
     broken: bool,
     misbehaved: bool,
     /// The admin queue answered a Disconnect or a shutdown: close once sent.
@@ -326,6 +332,7 @@ impl QpairPoller {
             completions: Vec::with_capacity(n),
             term: None,
             closing: None,
+            close_deadline: None,
             broken: false,
             misbehaved: false,
             teardown: false,
@@ -376,22 +383,48 @@ impl QpairPoller {
 
     // ---- messages from the control plane ----
 
-    /// Closes the queue once its commands in flight are done.
+    /// The host is gone (or broke the protocol): closes the queue once its commands in
+    /// flight are done. Commands not started are dropped (nobody is there to answer).
     pub(crate) fn close_after(&mut self, why: &str) {
+        self.close_answering(why);
+        while let Some(i) = self.ready.pop_front() {
+            self.release(i);
+        }
+    }
+
+    /// Closes the queue once every command it took is answered: those in flight finish,
+    /// those waiting to start (a device that answered busy) are retried until
+    /// [`CLOSE_TIMEOUT`], then answered Command Aborted due to SQ Deletion. No new command is
+    /// read.
+    pub(crate) fn close_answering(&mut self, why: &str) {
         if self.closing.is_none() {
             self.closing = Some(why.to_string());
+            self.close_deadline = Some(Instant::now() + CLOSE_TIMEOUT);
         }
         self.h2c = None;
         self.h2c_digest = None;
-        // Commands not started are dropped; those in flight finish first. (A command waiting
-        // for H2CData stays as it is: its R2T may still be in the send queue, half sent.)
+        // A parked AER has nothing to wait for any more. (A command waiting for H2CData stays
+        // as it is: its R2T may still be in the send queue, half sent.)
         for i in 0..self.slots.len() as u16 {
             if self.slots[i as usize].phase == Phase::Parked {
                 self.release(i);
             }
         }
+    }
+
+    /// At the close deadline, answers the commands still waiting to start.
+    fn abort_waiting(&mut self, now: Instant) {
+        if self.ready.is_empty() || self.close_deadline.is_none_or(|d| now < d) {
+            return;
+        }
+        log::warn!(
+            "nvmf: {}: {} commands the device kept refusing as busy answered aborted at close",
+            self.what(),
+            self.ready.len()
+        );
         while let Some(i) = self.ready.pop_front() {
-            self.release(i);
+            self.count_error(i);
+            self.complete(i, Status::generic(SC_ABORTED_SQ_DELETION));
         }
     }
 
@@ -580,7 +613,11 @@ impl Poller for QpairPoller {
             self.tick(Instant::now());
         }
         if self.teardown && self.tx.is_empty() && self.closing.is_none() {
-            self.close_after("the host disconnected the controller");
+            self.close_answering("the host disconnected the controller");
+        }
+        if self.closing.is_some() {
+            self.abort_waiting(Instant::now());
+            busy |= self.send();
         }
         if self.closing.is_some() && self.drained() {
             self.finish_queue();
@@ -637,7 +674,7 @@ pub(crate) fn close_qpairs(qpairs: &[QpairRef], why: &'static str) {
         let id = q.id;
         q.reactor.send(move |r| {
             if let Some(p) = r.poller_mut::<QpairPoller>(id) {
-                p.close_after(why);
+                p.close_answering(why);
             }
         });
     }
