@@ -15,6 +15,10 @@ use crate::qpair::CLOSE_TIMEOUT;
 use crate::spec::*;
 use crate::*;
 
+/// An injection count no test uses up: a reactor retries a busy command millions of times a
+/// second.
+const NOMEM_FOREVER: u64 = 1 << 60;
+
 struct BusyTarget {
     t: NvmfTarget,
     port: u16,
@@ -55,7 +59,7 @@ fn busy_target() -> BusyTarget {
     t.add_namespace(NQN, ns).unwrap();
     let nomem = Injection {
         error_type: ErrorType::Nomem,
-        num: 1_000_000,
+        num: NOMEM_FOREVER,
         queue_depth: 0,
         corrupt_offset: 0,
         corrupt_value: 0,
@@ -69,7 +73,7 @@ fn send_refused_write(tg: &BusyTarget, q: &mut Host) -> u16 {
     let mut s = q.rw_sqe(NVM_WRITE, 1, 0, 8);
     set_sgl(&mut s, SGL_IN_CAPSULE, 4096);
     q.send_capsule(&s, &pattern(9, 4096));
-    let refused = || tg.ee.injections()[1].is_some_and(|i| i.num < 1_000_000);
+    let refused = || tg.ee.injections()[1].is_some_and(|i| i.num < NOMEM_FOREVER);
     assert!(wait_for(refused), "the write never reached the device");
     s.cid()
 }
