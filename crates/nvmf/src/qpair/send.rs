@@ -77,7 +77,10 @@ impl QpairPoller {
 
     /// Nothing in flight, nothing waiting to start (see `close_answering`), nothing to send.
     pub(super) fn drained(&self) -> bool {
-        !self.in_flight() && self.ready.is_empty() && (self.broken || self.tx.is_empty())
+        !self.in_flight()
+            && self.ready.is_empty()
+            && self.await_buf.is_empty()
+            && (self.broken || self.tx.is_empty())
     }
 
     /// Timers: keep-alive on the admin queue, a host that stopped reading.

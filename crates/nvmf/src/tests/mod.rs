@@ -2,6 +2,7 @@
 //! a target with RAM disks on real reactors.
 
 mod api;
+mod buffers;
 mod busy;
 mod host;
 mod hostile;
