@@ -13,7 +13,6 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -301,7 +300,6 @@ pub(crate) struct ConnPoller {
     broken: bool,
     /// The client broke the protocol (or vanished mid-request): logged as a warning.
     misbehaved: bool,
-    stop_reply: Option<SyncSender<()>>,
 }
 
 fn event_set_err(e: io::Error) -> BdevError {
@@ -352,14 +350,13 @@ impl ConnPoller {
             close_deadline: None,
             broken: false,
             misbehaved: false,
-            stop_reply: None,
         })
     }
 
-    /// The export is stopping: finish what was asked, then close; `reply` hears when done.
-    pub(crate) fn request_stop(&mut self, reply: SyncSender<()>) {
+    /// The export is stopping: finish what was asked, then close (the export sees it by
+    /// the connection's `alive` flag).
+    pub(crate) fn request_stop(&mut self) {
         self.close_after("the export was stopped".into());
-        self.stop_reply = Some(reply);
     }
 
     fn close_after(&mut self, why: String) {
@@ -838,9 +835,6 @@ impl ConnPoller {
         }
         // The fd itself closes when the poller is dropped.
         let _ = fp_sys::shutdown(self.sock.fd.as_fd());
-        if let Some(reply) = self.stop_reply.take() {
-            let _ = reply.send(());
-        }
     }
 
     fn set_interest(&mut self, want: EventSet) {
