@@ -13,9 +13,8 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fp_bdev::disk::DiskIo;
 use fp_bdev::{AlignedBuf, BdevError, BlockExtent, IoOp, IoRequest, IoStatus, SubmitError};
@@ -43,6 +42,9 @@ const READS_PER_ROUND: usize = 8;
 const IOV_PER_WRITE: usize = 64;
 /// Extents one block status reply describes at most.
 const MAX_EXTENTS: usize = 1024;
+/// How long a closing connection keeps retrying the requests its device refused as busy (and
+/// FUA flushes it refused) before it answers them `EIO` (shorter under test).
+pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
 
 /// What the handshake hands over.
 pub(crate) struct ConnSetup {
@@ -292,11 +294,12 @@ pub(crate) struct ConnPoller {
     extents: Vec<BlockExtent>,
     /// Why the connection is ending: no new requests; it finishes those it has, then closes.
     closing: Option<String>,
+    /// When a closing connection stops retrying requests refused as busy ([`CLOSE_TIMEOUT`]).
+    close_deadline: Option<Instant>,
     /// The socket failed: replies are dropped; it waits for the device and closes.
     broken: bool,
     /// The client broke the protocol (or vanished mid-request): logged as a warning.
     misbehaved: bool,
-    stop_reply: Option<SyncSender<()>>,
 }
 
 fn event_set_err(e: io::Error) -> BdevError {
@@ -344,24 +347,41 @@ impl ConnPoller {
             completions: Vec::with_capacity(MAX_IN_FLIGHT),
             extents: Vec::with_capacity(MAX_EXTENTS),
             closing: None,
+            close_deadline: None,
             broken: false,
             misbehaved: false,
-            stop_reply: None,
         })
     }
 
-    /// The export is stopping: finish what was asked, then close; `reply` hears when done.
-    pub(crate) fn request_stop(&mut self, reply: SyncSender<()>) {
+    /// The export is stopping: finish what was asked, then close (the export sees it by
+    /// the connection's `alive` flag).
+    pub(crate) fn request_stop(&mut self) {
         self.close_after("the export was stopped".into());
-        self.stop_reply = Some(reply);
     }
 
     fn close_after(&mut self, why: String) {
         if self.closing.is_none() {
             self.closing = Some(why);
+            self.close_deadline = Some(Instant::now() + CLOSE_TIMEOUT);
         }
         if let Some((i, _)) = self.receiving.take() {
             self.release(i);
+        }
+    }
+
+    /// At the close deadline, answers `EIO` to the requests the device still refuses as busy.
+    fn abort_waiting(&mut self, now: Instant) {
+        if self.ready.is_empty() || self.close_deadline.is_none_or(|d| now < d) {
+            return;
+        }
+        log::warn!(
+            "nbd export '{}': {}: {} requests the device kept refusing as busy answered EIO at close",
+            self.export.name,
+            self.peer,
+            self.ready.len()
+        );
+        while let Some(i) = self.ready.pop_front() {
+            self.reply(i, EIO, "the device stayed busy while the connection closed");
         }
     }
 
@@ -815,9 +835,6 @@ impl ConnPoller {
         }
         // The fd itself closes when the poller is dropped.
         let _ = fp_sys::shutdown(self.sock.fd.as_fd());
-        if let Some(reply) = self.stop_reply.take() {
-            let _ = reply.send(());
-        }
     }
 
     fn set_interest(&mut self, want: EventSet) {
@@ -869,6 +886,9 @@ impl Poller for ConnPoller {
         busy |= self.reap() > 0;
         // Requests that finished at once (errors, block status, FUA flushes) go out this round.
         busy |= self.start_ready();
+        if self.closing.is_some() {
+            self.abort_waiting(Instant::now());
+        }
         busy |= self.send();
         if self.counted {
             self.stats.publish(&self.counters);

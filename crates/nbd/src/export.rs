@@ -32,6 +32,8 @@ pub(crate) type LiveConn = (ReactorHandle, PollerId, Arc<ConnStats>);
 pub(crate) struct Conns {
     pub(crate) stopping: bool,
     live: Vec<LiveConn>,
+    /// Those asked to close (the export stopping), until they have.
+    closing: Vec<LiveConn>,
     /// What the connections that ended counted.
     closed: NbdStats,
 }
@@ -87,18 +89,27 @@ impl ExportShared {
     }
 
     /// Marks the export stopping (no connection is added after) and hands back those served
-    /// now, for the caller to close.
+    /// now and not asked to close yet, for the caller to ask; they are kept to count.
     pub(crate) fn stop_conns(&self) -> Vec<LiveConn> {
         let mut c = lock(&self.conns);
         c.stopping = true;
-        std::mem::take(&mut c.live)
+        let new = std::mem::take(&mut c.live);
+        c.closing.extend(new.iter().cloned());
+        new
+    }
+
+    /// Connections asked to close that are still open.
+    pub(crate) fn closing_conns(&self) -> usize {
+        let mut c = lock(&self.conns);
+        c.closing.retain(|l| l.2.alive.load(Ordering::Relaxed));
+        c.closing.len()
     }
 
     /// What its connections counted, live and closed.
     pub(crate) fn stats(&self) -> NbdStats {
         let c = lock(&self.conns);
         let mut total = c.closed;
-        for (_, _, s) in c.live.iter().filter(|l| l.2.alive.load(Ordering::Relaxed)) {
+        for (_, _, s) in c.live.iter().chain(&c.closing).filter(|l| l.2.alive.load(Ordering::Relaxed)) {
             total.add(&s.load());
         }
         total

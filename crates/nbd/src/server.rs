@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -37,8 +37,10 @@ const MAX_HANDSHAKES: usize = 64;
 /// How long a client may take over a handshake step before it is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long stopping an export waits for one connection's requests to finish.
-const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long stopping an export waits for its connections' requests to finish (requests the
+/// disk refuses as busy are answered `EIO` after `conn::CLOSE_TIMEOUT`, so what is left is
+/// requests the disk took and has not completed).
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why an export cannot start; `field` names the `nbd_start_disk` parameter to blame.
 #[derive(Debug, thiserror::Error)]
@@ -141,7 +143,8 @@ pub struct NbdServer {
     listeners: Arc<Mutex<BTreeMap<Address, Listener>>>,
 }
 
-/// A running export; [`ExportHandle::stop`] ends it.
+/// A running export; [`ExportHandle::stop`] ends it. Clones stand for the same export.
+#[derive(Clone)]
 pub struct ExportHandle {
     server: NbdServer,
     address: Address,
@@ -168,8 +171,10 @@ impl ExportHandle {
     }
 
     /// Takes the export off its listener (new clients no longer find it), closes the listener
-    /// if it was the last, and closes its connections once their requests are answered.
-    pub fn stop(self) {
+    /// if it was the last, and closes its connections once their requests are answered,
+    /// waiting for that at most `timeout`. `Err(n)`: `n` connections still wait for requests
+    /// their disk has not completed (they close when it does); calling again waits again.
+    pub fn close(&self, timeout: Duration) -> Result<(), usize> {
         let listener = {
             let mut ls = lock(&self.server.listeners);
             let empty = match ls.get(&self.address) {
@@ -189,31 +194,43 @@ impl ExportHandle {
         if let Some(l) = listener {
             l.close();
         }
-        stop_connections(&self.shared);
+        stop_connections(&self.shared, timeout)
+    }
+
+    /// [`ExportHandle::close`] with [`STOP_TIMEOUT`], for a daemon going down: connections
+    /// still open after it are logged and left to close when their disk answers.
+    pub fn stop(self) {
+        if let Err(n) = self.close(STOP_TIMEOUT) {
+            log::warn!(
+                "nbd export '{}': {n} connections still wait for their disk after {STOP_TIMEOUT:?}",
+                self.shared.name
+            );
+        }
     }
 }
 
-/// Closes every connection of `export` once its requests are answered.
-fn stop_connections(export: &ExportShared) {
-    let live = export.stop_conns();
-    let (tx, rx) = mpsc::sync_channel(live.len().max(1));
-    let mut waiting = 0;
-    for (reactor, id, _) in live {
-        let tx = tx.clone();
-        let asked = reactor.call(move |r| match r.poller_mut::<ConnPoller>(id) {
-            Some(p) => {
-                p.request_stop(tx);
-                true
+/// Asks every connection of `export` to close once its requests are answered and waits for
+/// them (those asked by an earlier call too) at most `timeout`; `Err` with how many are left.
+fn stop_connections(export: &ExportShared, timeout: Duration) -> Result<(), usize> {
+    let asked = export.stop_conns();
+    for (reactor, id, _) in &asked {
+        let id = *id;
+        reactor.call(move |r| {
+            if let Some(p) = r.poller_mut::<ConnPoller>(id) {
+                p.request_stop();
             }
-            None => false,
         });
-        waiting += usize::from(asked == Some(true));
     }
-    for _ in 0..waiting {
-        if rx.recv_timeout(STOP_TIMEOUT).is_err() {
-            log::warn!("nbd export '{}': a connection did not finish its requests in time", export.name);
-            break;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = export.closing_conns();
+        if left == 0 {
+            return Ok(());
         }
+        if std::time::Instant::now() >= deadline {
+            return Err(left);
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

@@ -21,10 +21,13 @@ struct Setup {
 }
 
 fn export(readonly: bool) -> (Setup, crate::ExportHandle) {
+    export_of(readonly, Arc::new(RamDevice::new("ram", 512, 8192).unwrap()))
+}
+
+fn export_of(readonly: bool, bdev: Bdev) -> (Setup, crate::ExportHandle) {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("d.sock");
     let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
-    let bdev: Bdev = Arc::new(RamDevice::new("ram", 512, 8192).unwrap());
     let server = NbdServer::new();
     let spec = ExportSpec {
         name: "ram".into(),
@@ -266,4 +269,71 @@ fn c_err(err: u32, msg: &str) -> Vec<u8> {
     p.extend_from_slice(&(msg.len() as u16).to_be_bytes());
     p.extend_from_slice(msg.as_bytes());
     p
+}
+
+/// An injection count no test uses up: a reactor retries a busy request millions of times a
+/// second.
+const NOMEM_FOREVER: u64 = 1 << 60;
+
+#[test]
+fn a_request_the_device_keeps_refusing_as_busy_is_answered_eio_at_the_close_bound() {
+    use fp_bdev::{ErrorDevice, ErrorType, Injection};
+    let ram: Bdev = Arc::new(RamDevice::new("ram", 512, 8192).unwrap());
+    let ee = Arc::new(ErrorDevice::new("ee", ram).unwrap());
+    let nomem = Injection {
+        error_type: ErrorType::Nomem,
+        num: NOMEM_FOREVER,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    ee.inject(&[1], nomem).unwrap();
+    let (s, handle) = export_of(false, ee.clone());
+    let mut c = Client::connect(&s.sock);
+    c.0.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    c.send(CMD_WRITE, 0, 7, 0, 4096, &pattern(1, 4096));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while ee.injections()[1].is_some_and(|i| i.num == NOMEM_FOREVER) {
+        assert!(std::time::Instant::now() < deadline, "the write never reached the device");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let start = std::time::Instant::now();
+    let stopper = std::thread::spawn(move || handle.stop());
+    let (cookie, err, _) = c.reply();
+    assert_eq!((cookie, err), (7, EIO), "the parked write is answered EIO");
+    assert!(start.elapsed() >= crate::conn::CLOSE_TIMEOUT, "answered before the bound");
+    stopper.join().unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(c.0.read_to_end(&mut rest).unwrap(), 0, "then the connection closes");
+}
+
+#[test]
+fn closing_with_a_request_held_by_the_disk_says_so_and_can_be_waited_for_again() {
+    use fp_bdev::{ErrorDevice, ErrorType, Injection};
+    let ram: Bdev = Arc::new(RamDevice::new("ram", 512, 8192).unwrap());
+    let ee = Arc::new(ErrorDevice::new("ee", ram).unwrap());
+    let pending = Injection {
+        error_type: ErrorType::Pending,
+        num: 1,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    ee.inject(&[1], pending).unwrap();
+    let (s, handle) = export_of(false, ee.clone());
+    let mut c = Client::connect(&s.sock);
+    c.0.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    c.send(CMD_WRITE, 0, 7, 0, 4096, &pattern(1, 4096));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while ee.injections()[1].is_some() {
+        assert!(std::time::Instant::now() < deadline, "the write never reached the disk");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // The disk holds the write: the close ends at its bound and says one connection is left.
+    assert_eq!(handle.close(std::time::Duration::from_millis(200)), Err(1));
+    ee.resume_pending();
+    assert_eq!(c.reply().1, 0, "the held write completes and is answered");
+    assert_eq!(handle.close(std::time::Duration::from_secs(5)), Ok(()));
+    let mut rest = Vec::new();
+    assert_eq!(c.0.read_to_end(&mut rest).unwrap(), 0, "the connection closed");
 }

@@ -172,6 +172,7 @@ impl Options {
             reconnect_delay_sec: self.reconnect.reconnect_delay_sec,
             fast_io_fail_timeout_sec: self.reconnect.fast_io_fail_timeout_sec,
             nvme_adminq_poll_period_us: self.nvme_adminq_poll_period_us,
+            enable_flush: self.enable_flush,
             ..GlobalOptions::default()
         };
         if self.io_queue_requests != 0 {

@@ -241,6 +241,7 @@ pub const SC_INVALID_FIELD: u8 = 0x02;
 pub const SC_DATA_TRANSFER_ERROR: u8 = 0x04;
 pub const SC_INTERNAL_ERROR: u8 = 0x06;
 pub const SC_ABORT_REQUESTED: u8 = 0x07;
+pub const SC_ABORTED_SQ_DELETION: u8 = 0x08;
 pub const SC_INVALID_NAMESPACE: u8 = 0x0B;
 pub const SC_COMMAND_SEQUENCE_ERROR: u8 = 0x0C;
 pub const SC_SGL_DATA_LENGTH_INVALID: u8 = 0x0F;

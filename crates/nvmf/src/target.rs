@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -167,6 +167,16 @@ pub enum NvmfError {
     AlreadyExists { what: &'static str, name: String },
     #[error("invalid {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
+    /// A removed namespace's commands did not all finish within the drain bound: it is
+    /// detached (hosts no longer reach it) but its bdev is still in use.
+    #[error(
+        "namespace {nsid} of {nqn} is detached, but {in_flight} command(s) are still in flight on \
+         bdev '{bdev}' after {}.{:03} s; the bdev stays claimed until they finish \
+         (remove the namespace again to wait for them)",
+        waited.as_secs(),
+        waited.subsec_millis()
+    )]
+    Draining { nqn: String, nsid: u32, bdev: String, in_flight: u32, waited: Duration },
 }
 
 pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> NvmfError {
@@ -177,8 +187,9 @@ fn not_found(what: &'static str, name: &str) -> NvmfError {
     NvmfError::NotFound { what, name: name.to_string() }
 }
 
-/// How long `remove_namespace` waits for the namespace's I/O in flight.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `remove_namespace` waits for the namespace's I/O in flight before it answers
+/// [`NvmfError::Draining`] (changed with [`NvmfTarget::set_drain_timeout`]).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A listener, the subsystems on it and its port ID (in the discovery log).
 pub(crate) type OpenListener = (Listener, BTreeSet<String>, u16);
@@ -192,6 +203,8 @@ pub(crate) struct TargetInner {
     pub discovery: Arc<Subsystem>,
     /// Open listeners, each with the subsystems on it and its port ID.
     pub listeners: Mutex<BTreeMap<ListenAddress, OpenListener>>,
+    /// [`DRAIN_TIMEOUT`] or what [`NvmfTarget::set_drain_timeout`] set, in milliseconds.
+    pub drain_timeout_ms: AtomicU64,
 }
 
 impl TargetInner {
@@ -289,8 +302,19 @@ impl NvmfTarget {
                 subsystems: Mutex::new(BTreeMap::new()),
                 discovery: Arc::new(discovery),
                 listeners: Mutex::new(BTreeMap::new()),
+                drain_timeout_ms: AtomicU64::new(DRAIN_TIMEOUT.as_millis() as u64),
             }),
         }
+    }
+
+    /// How long removing a namespace waits for its commands in flight (default
+    /// [`DRAIN_TIMEOUT`]).
+    pub fn set_drain_timeout(&self, t: Duration) {
+        self.inner.drain_timeout_ms.store(t.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.inner.drain_timeout_ms.load(Ordering::Relaxed))
     }
 
     /// Creates the TCP transport; a second one: AlreadyExists.
@@ -552,25 +576,38 @@ impl NvmfTarget {
         Ok(ns.nsid)
     }
 
-    /// Detaches a namespace once its I/O in flight is done; later commands to it get Invalid
-    /// Namespace. Connected hosts hear of it (AER).
+    /// Detaches a namespace, then waits (at most the drain timeout) for its commands in flight;
+    /// later commands to it get Invalid Namespace. Connected hosts hear of it (AER) at once.
+    /// [`NvmfError::Draining`] when commands are still in flight at the bound: the namespace
+    /// stays detached and its bdev in use; [`NvmfTarget::drain_namespace`] waits again.
     pub fn remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), NvmfError> {
         let sub = self.nvm_subsystem(nqn)?;
-        let (qpairs, admins) = {
+        let (admins, bdev) = {
             let mut st = lock(&sub.state);
-            if st.namespaces.remove(&nsid).is_none() {
+            let Some(ns) = st.namespaces.remove(&nsid) else {
                 return Err(not_found("namespace", &nsid.to_string()));
-            }
-            (st.qpairs(), admin_qpairs(&st))
+            };
+            (admin_qpairs(&st), ns.bdev_name.clone())
         };
         sub.ns_generation.fetch_add(1, Ordering::Release);
         sub.refresh_view(None);
-        let deadline = Instant::now() + DRAIN_TIMEOUT;
-        if !crate::qpair::drain_namespace(&qpairs, nsid, deadline) {
-            log::warn!("nvmf: {nqn}: namespace {nsid}: I/O still in flight after {DRAIN_TIMEOUT:?}");
-        }
         crate::qpair::notify_namespace(&admins, nsid);
-        Ok(())
+        self.drain_namespace(nqn, nsid, &bdev)
+    }
+
+    /// Waits (at most the drain timeout) until no queue pair of `nqn` has commands in flight
+    /// to the detached namespace `nsid` (whose bdev is `bdev`, to name in the error).
+    pub fn drain_namespace(&self, nqn: &str, nsid: u32, bdev: &str) -> Result<(), NvmfError> {
+        // A subsystem deleted since has no queue pairs left to wait for.
+        let Ok(sub) = self.nvm_subsystem(nqn) else { return Ok(()) };
+        let qpairs = lock(&sub.state).qpairs();
+        let waited = self.drain_timeout();
+        let in_flight = crate::qpair::drain_namespace(&qpairs, nsid, Instant::now() + waited);
+        if in_flight == 0 {
+            return Ok(());
+        }
+        log::warn!("nvmf: {nqn}: namespace {nsid}: {in_flight} commands still in flight after {waited:?}");
+        Err(NvmfError::Draining { nqn: nqn.into(), nsid, bdev: bdev.into(), in_flight, waited })
     }
 
     /// The namespace's bdev changed size: hosts hear of it (AER).

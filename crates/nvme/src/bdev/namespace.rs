@@ -21,8 +21,9 @@ pub(crate) struct NsParams {
     pub(crate) capacity: Capacity,
     /// The most bytes of data one command moves (MDTS, the transport's bound).
     pub(crate) max_transfer: u32,
-    /// A volatile write cache is present: Flush goes to the controller (otherwise it completes
-    /// at once: written data is already durable).
+    /// A volatile write cache is present and `enable_flush` is on: Flush goes to the
+    /// controller (otherwise it completes at once: without a cache written data is already
+    /// durable; with one, the operator chose to leave it to the controller).
     pub(crate) volatile_cache: bool,
     /// Dataset Management (deallocate) is supported.
     pub(crate) dsm: bool,
@@ -58,21 +59,24 @@ pub struct NvmeNamespace {
 
 impl NvmeNamespace {
     /// Makes the bdev of namespace `nsid` described by `data` (usable: checked by the
-    /// caller), on a controller whose transfer limit is `max_transfer` bytes.
+    /// caller), on a controller whose transfer limit is `max_transfer` bytes; `enable_flush`
+    /// is `bdev_nvme_set_options`' (SPDK's meaning: flush a volatile write cache or not).
     pub(crate) fn new(
         backend: Arc<dyn NamespaceBackend>,
         nsid: u32,
         data: NamespaceData,
         cdata: &ControllerData,
         max_transfer: u32,
+        enable_flush: bool,
     ) -> NvmeNamespace {
+        let cache = cdata.volatile_write_cache();
         let capacity = Capacity::new(data.nsze);
         let params = NsParams {
             nsid,
             block_size: data.block_size,
             capacity: capacity.clone(),
             max_transfer: max_transfer.max(data.block_size),
-            volatile_cache: cdata.volatile_write_cache(),
+            volatile_cache: cache && enable_flush,
             dsm: cdata.dsm(),
             write_zeroes: cdata.write_zeroes(),
         };
@@ -84,7 +88,10 @@ impl NvmeNamespace {
             io_types: IoTypes {
                 read: true,
                 write: !data.write_protected,
-                flush: true,
+                // Without a cache a flush is reported and completes at once (nothing to lose);
+                // with one, it is reported only when it is done, so a frontend does not tell
+                // its host that a flush made the data durable when it was not sent.
+                flush: !cache || enable_flush,
                 unmap: params.dsm && !data.write_protected,
                 write_zeroes: params.write_zeroes && !data.write_protected,
             },

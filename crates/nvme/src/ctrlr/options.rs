@@ -46,7 +46,7 @@ pub struct GlobalOptions {
     /// An I/O command in flight longer than this (µs) is timed out; 0: never.
     pub timeout_us: u64,
     /// An admin command in flight longer than this (µs) fails and the controller is reset;
-    /// 0: [`GlobalOptions::DEFAULT_ADMIN_TIMEOUT`].
+    /// 0: `timeout_us`, as in SPDK (see [`GlobalOptions::admin_timeout`]).
     pub timeout_admin_us: u64,
     /// What a timed-out I/O command gets.
     pub action_on_timeout: TimeoutAction,
@@ -67,18 +67,25 @@ pub struct GlobalOptions {
     pub reconnect_delay_sec: u32,
     /// `bdev_nvme_attach_controller`'s `fast_io_fail_timeout_sec` when it does not say.
     pub fast_io_fail_timeout_sec: u32,
+    /// SPDK's `enable_flush`: on a controller with a volatile write cache, the namespaces
+    /// report flush and send Flush to the controller. Off, they report no flush and a flush
+    /// completes at once without a command (the cache is left to the controller).
+    pub enable_flush: bool,
 }
 
 impl GlobalOptions {
-    /// The admin command timeout when `timeout_admin_us` is 0.
+    /// The bound on the driver's own admin commands when timeouts are off (`timeout_us` 0):
+    /// SPDK then has no admin timeout at all, but the controller thread waits for each admin
+    /// command it sends, and every wait here has a bound.
     pub const DEFAULT_ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-    /// The admin command timeout.
+    /// The admin command timeout, as SPDK derives it: `timeout_admin_us`, or `timeout_us`
+    /// when that is 0; with both 0 (timeouts off), [`GlobalOptions::DEFAULT_ADMIN_TIMEOUT`].
     pub fn admin_timeout(&self) -> Duration {
-        if self.timeout_admin_us == 0 {
-            GlobalOptions::DEFAULT_ADMIN_TIMEOUT
-        } else {
-            Duration::from_micros(self.timeout_admin_us)
+        match (self.timeout_admin_us, self.timeout_us) {
+            (0, 0) => GlobalOptions::DEFAULT_ADMIN_TIMEOUT,
+            (0, io) => Duration::from_micros(io),
+            (admin, _) => Duration::from_micros(admin),
         }
     }
 
@@ -115,7 +122,25 @@ impl Default for GlobalOptions {
             ctrlr_loss_timeout_sec: 0,
             reconnect_delay_sec: 0,
             fast_io_fail_timeout_sec: 0,
+            enable_flush: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_timeout_follows_timeout_us_when_zero() {
+        let opts = |timeout_us, timeout_admin_us| GlobalOptions {
+            timeout_us,
+            timeout_admin_us,
+            ..GlobalOptions::default()
+        };
+        assert_eq!(opts(2_000_000, 0).admin_timeout(), Duration::from_secs(2));
+        assert_eq!(opts(2_000_000, 5_000_000).admin_timeout(), Duration::from_secs(5));
+        assert_eq!(opts(0, 0).admin_timeout(), GlobalOptions::DEFAULT_ADMIN_TIMEOUT);
     }
 }
 

@@ -105,7 +105,14 @@ impl<T: Transport> Worker<T> {
         for (nsid, data) in found {
             map.insert(
                 nsid,
-                Arc::new(NvmeNamespace::new(backend.clone(), nsid, data, &snap.cdata, snap.max_transfer)),
+                Arc::new(NvmeNamespace::new(
+                    backend.clone(),
+                    nsid,
+                    data,
+                    &snap.cdata,
+                    snap.max_transfer,
+                    self.shared.global.enable_flush,
+                )),
             );
         }
         drop(map);
@@ -488,8 +495,14 @@ impl<T: Transport> Worker<T> {
                 if map.remove(&nsid).is_some() {
                     events.push(NamespaceEvent::Removed { nsid });
                 }
-                let ns =
-                    Arc::new(NvmeNamespace::new(backend.clone(), nsid, data, &snap.cdata, snap.max_transfer));
+                let ns = Arc::new(NvmeNamespace::new(
+                    backend.clone(),
+                    nsid,
+                    data,
+                    &snap.cdata,
+                    snap.max_transfer,
+                    self.shared.global.enable_flush,
+                ));
                 map.insert(nsid, ns.clone());
                 events.push(NamespaceEvent::Added(ns));
             }

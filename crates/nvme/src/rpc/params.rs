@@ -424,6 +424,9 @@ pub struct Options {
     pub io_queue_requests: u32,
     /// How often a controller's thread looks for asynchronous events, in microseconds.
     pub nvme_adminq_poll_period_us: u64,
+    /// SPDK's `enable_flush`: a controller's volatile write cache is flushed (namespaces report
+    /// flush and send Flush); off, flush is neither reported nor sent.
+    pub enable_flush: bool,
 }
 
 /// SPDK's default admin queue poll period (10 ms).
@@ -440,7 +443,8 @@ pub const MAX_ADMINQ_POLL_PERIOD_US: u64 = 10_000_000;
 pub const DEFAULT_KEEP_ALIVE_TIMEOUT_MS: u32 = 10_000;
 
 impl Default for Options {
-    /// SPDK's defaults: no timeouts, 10 s keep-alive, no reconnect.
+    /// SPDK's defaults: no timeouts, 10 s keep-alive, no reconnect; except `enable_flush`,
+    /// which is on (SPDK's is off): a daemon that was never told otherwise flushes caches.
     fn default() -> Options {
         Options {
             timeout_us: 0,
@@ -450,6 +454,7 @@ impl Default for Options {
             reconnect: Reconnect::default(),
             io_queue_requests: 0,
             nvme_adminq_poll_period_us: DEFAULT_ADMINQ_POLL_PERIOD_US,
+            enable_flush: true,
         }
     }
 }
@@ -464,7 +469,6 @@ const OPTIONS_SPDK_ONLY: &[(&str, Neutral)] = &[
     ("nvme_error_stat", Neutral::Bool(false)),
     ("io_path_stat", Neutral::Bool(false)),
     ("allow_accel_sequence", Neutral::Bool(false)),
-    ("enable_flush", Neutral::Bool(false)),
     ("arbitration_burst", Neutral::Int(0)),
     ("low_priority_weight", Neutral::Int(0)),
     ("medium_priority_weight", Neutral::Int(0)),
@@ -496,6 +500,7 @@ pub struct OptionsParams {
     reconnect: ReconnectParams,
     io_queue_requests: Option<u32>,
     nvme_adminq_poll_period_us: Option<u64>,
+    enable_flush: Option<bool>,
     /// The first field given, to name in a refusal that is about the call as a whole.
     pub first_field: Option<&'static str>,
 }
@@ -530,6 +535,7 @@ impl OptionsParams {
             p.optional_uint("io_queue_requests", MAX_IO_QUEUE_REQUESTS)?.map(|v| v as u32);
         let nvme_adminq_poll_period_us =
             p.optional_uint("nvme_adminq_poll_period_us", MAX_ADMINQ_POLL_PERIOD_US)?;
+        let enable_flush = p.optional_bool("enable_flush")?;
         p.spdk_only(OPTIONS_SPDK_ONLY)?;
         p.finish()?;
         let given = [
@@ -542,6 +548,7 @@ impl OptionsParams {
             ("fast_io_fail_timeout_sec", reconnect.fast_io_fail_timeout_sec.is_some()),
             ("io_queue_requests", io_queue_requests.is_some()),
             ("nvme_adminq_poll_period_us", nvme_adminq_poll_period_us.is_some()),
+            ("enable_flush", enable_flush.is_some()),
         ];
         let first_field = given.iter().find(|(_, g)| *g).map(|(f, _)| *f);
         Ok(OptionsParams {
@@ -552,6 +559,7 @@ impl OptionsParams {
             reconnect,
             io_queue_requests,
             nvme_adminq_poll_period_us,
+            enable_flush,
             first_field,
         })
     }
@@ -568,6 +576,7 @@ impl OptionsParams {
             nvme_adminq_poll_period_us: self
                 .nvme_adminq_poll_period_us
                 .unwrap_or(current.nvme_adminq_poll_period_us),
+            enable_flush: self.enable_flush.unwrap_or(current.enable_flush),
         };
         if o.timeout_us == 0 && o.timeout_admin_us != 0 {
             return Err(ParamError::new(
@@ -738,6 +747,7 @@ mod tests {
             "enable_flush": false,
         }))
         .unwrap();
+        // enable_flush is honoured, not merely accepted: false turns the flush off.
         assert_eq!(
             o,
             Options {
@@ -752,8 +762,11 @@ mod tests {
                 },
                 io_queue_requests: 2048,
                 nvme_adminq_poll_period_us: 2000,
+                enable_flush: false,
             }
         );
+        assert!(Options::default().enable_flush);
+        assert!(options(json!({"enable_flush": true})).unwrap().enable_flush);
         assert_eq!(options(json!({})).unwrap(), Options::default());
         let p =
             OptionsParams::decode(Params::new(Some(json!({"keep_alive_timeout_ms": 0}))).unwrap()).unwrap();

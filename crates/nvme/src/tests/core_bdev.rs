@@ -174,6 +174,38 @@ fn flush_discard_and_write_zeroes_become_their_commands() {
 }
 
 #[test]
+fn enable_flush_off_leaves_a_volatile_cache_unflushed_and_unreported() {
+    // The fake controller has a volatile write cache (VWC 1).
+    let dev = FakeDevice::new(&[(1, 512, 256)]);
+    let (opts, mut global) = test_options("c0");
+    global.enable_flush = false;
+    let (c, _) = attach(&dev, "PCIe", opts, global);
+    let ns = c.namespaces()[0].clone();
+    assert!(!ns.info().io_types.flush, "enable_flush false: flush is not reported");
+    let mut ch = ns.open_channel().unwrap();
+    dev.lock().seen.clear();
+    // SAFETY: no buffers.
+    unsafe { ch.submit(&cmd(1, IoOp::Flush, 0, 0)) }.unwrap();
+    assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Success)]);
+    assert!(dev.lock().seen.is_empty(), "enable_flush false: no Flush command is sent");
+    drop(ch);
+    drop(c);
+
+    let (opts, mut global) = test_options("c1");
+    global.enable_flush = true;
+    let (c, _) = attach(&dev, "PCIe", opts, global);
+    let ns = c.namespaces()[0].clone();
+    assert!(ns.info().io_types.flush);
+    let mut ch = ns.open_channel().unwrap();
+    dev.lock().seen.clear();
+    // SAFETY: no buffers.
+    unsafe { ch.submit(&cmd(1, IoOp::Flush, 0, 0)) }.unwrap();
+    assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Success)]);
+    let ops: Vec<u8> = dev.lock().seen.iter().map(|s| s.opcode).collect();
+    assert_eq!(ops, [spec::NVM_FLUSH]);
+}
+
+#[test]
 fn nvme_statuses_become_errnos() {
     let dev = FakeDevice::new(&[(1, 512, 64)]);
     let (opts, global) = test_options("c0");

@@ -8,6 +8,15 @@ impl QpairPoller {
     /// Starts the ready commands; true when it started or answered any.
     pub(super) fn start_ready(&mut self) -> bool {
         let mut moved = false;
+        while let Some(&i) = self.await_buf.front() {
+            let len = self.slots[i as usize].len;
+            if !self.take_buffer(i, len) {
+                break;
+            }
+            self.await_buf.pop_front();
+            self.send_r2t(i);
+            moved = true;
+        }
         while let Some(&i) = self.ready.front() {
             let r = if self.admin.is_some() { self.admin_command(i) } else { self.io_command(i) };
             match r {
@@ -128,7 +137,10 @@ impl QpairPoller {
         let (offset, len) = (sqe.slba() * bs, u64::from(sqe.nlb()) * bs);
         match sqe.opcode() {
             NVM_READ => {
-                self.slots[i as usize].buffer(len as usize);
+                if !self.take_buffer(i, len as usize) {
+                    // Every large buffer is in use: tried again from the ready queue.
+                    return Err(SubmitError::Busy);
+                }
                 self.slots[i as usize].len = len as usize;
                 self.submit(i, nsid, IoOp::Read, offset, len)
             }

@@ -43,11 +43,20 @@ mod send;
 const READS_PER_ROUND: usize = 8;
 /// PDU pieces gathered into one vectored write.
 const IOV_PER_WRITE: usize = 64;
-/// Slot buffers up to this size are kept for the next command.
+/// Slot buffers up to this size are kept for the next command; larger transfers take one of
+/// the queue's large buffers.
 const KEEP_BUF: usize = 1 << 20;
+/// The memory a queue may hold in large buffers (each `max_io_size` bytes, made on first use
+/// and kept): at least one, so any transfer up to MDTS goes through; a command finding them
+/// all in use waits for one, as a command the device refuses as busy.
+const LARGE_BUDGET: usize = 32 << 20;
 /// How long a host may leave our PDUs unread before the connection is dropped (shorter under
 /// test, so the test of it runs in seconds).
 const SEND_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 3 } else { 30 });
+/// How long a closing queue keeps retrying the commands its namespaces' devices refused as
+/// busy (and waits for their flushes and further ranges) before it answers them Command
+/// Aborted due to SQ Deletion (shorter under test).
+pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
 /// The socket send buffer asked for (the kernel caps it at net.core.wmem_max).
 const SEND_BUFFER: libc::c_int = 4 << 20;
 /// The epoll token of the timer (the socket's is 0, channels' their nsid + 1 << 32).
@@ -82,6 +91,8 @@ enum Phase {
     Free,
     /// An R2T is out (or queued); the host's H2CData fills the buffer.
     AwaitData,
+    /// Its R2T waits for a large buffer to receive the data into.
+    AwaitBuffer,
     /// Ready to start (its data, if any, is here).
     Ready,
     /// Requests in flight on a channel.
@@ -97,7 +108,10 @@ enum Phase {
 struct Slot {
     sqe: Sqe,
     phase: Phase,
+    /// The data buffer in use: the slot's own, or while a large command runs one of the
+    /// queue's large buffers (the slot's own then waits in `own`).
     buf: Option<AlignedBuf>,
+    own: Option<AlignedBuf>,
     iov: libc::iovec,
     /// Bytes the command moves (to or from the host).
     len: usize,
@@ -121,6 +135,9 @@ struct Slot {
     ddgst_len: usize,
     resp: [u8; HEADER_ROOM],
     resp_len: usize,
+    /// Data buffers allocated for it (the tests' `QpairPoller::buffer_allocations`).
+    #[cfg_attr(not(test), allow(dead_code))]
+    allocations: u32,
 }
 
 impl Slot {
@@ -129,6 +146,7 @@ impl Slot {
             sqe: Sqe([0; SQE_LEN]),
             phase: Phase::Free,
             buf: None,
+            own: None,
             iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
             len: 0,
             received: 0,
@@ -144,6 +162,7 @@ impl Slot {
             ddgst_len: 0,
             resp: [0; HEADER_ROOM],
             resp_len: 0,
+            allocations: 0,
         }
     }
 
@@ -151,6 +170,7 @@ impl Slot {
     fn buffer(&mut self, len: usize) -> &mut AlignedBuf {
         if self.buf.as_ref().is_none_or(|b| b.len() < len) {
             self.buf = Some(AlignedBuf::zeroed(len.max(512)));
+            self.allocations += 1;
         }
         let b = self.buf.as_mut().expect("just made");
         self.iov = libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: len };
@@ -224,6 +244,12 @@ pub(crate) struct QpairPoller {
     slots: Box<[Slot]>,
     free: Vec<u16>,
     ready: VecDeque<u16>,
+    /// Writes whose R2T waits for a large buffer, in arrival order.
+    await_buf: VecDeque<u16>,
+    /// Large buffers not in use; `large_made` of at most `large_max` were made.
+    large_free: Vec<AlignedBuf>,
+    large_made: usize,
+    large_max: usize,
     tx: VecDeque<u16>,
     tx_sent: usize,
     tx_blocked: bool,
@@ -241,6 +267,8 @@ pub(crate) struct QpairPoller {
     /// A C2HTermReq to send before closing.
     term: Option<([u8; DATA_HLEN + TERM_REQ_MAX_DATA], usize)>,
     closing: Option<String>,
+    /// When a closing queue stops retrying commands refused as busy ([`CLOSE_TIMEOUT`]).
+    close_deadline: Option<Instant>,
     broken: bool,
     misbehaved: bool,
     /// The admin queue answered a Disconnect or a shutdown: close once sent.
@@ -311,6 +339,10 @@ impl QpairPoller {
             slots: (0..n).map(|_| Slot::new()).collect(),
             free: (0..n as u16).rev().collect(),
             ready: VecDeque::with_capacity(n),
+            await_buf: VecDeque::with_capacity(n),
+            large_free: Vec::new(),
+            large_made: 0,
+            large_max: if max_io > KEEP_BUF { (LARGE_BUDGET / max_io).clamp(1, n) } else { 0 },
             tx: VecDeque::with_capacity(n + 1),
             tx_sent: 0,
             tx_blocked: false,
@@ -326,6 +358,7 @@ impl QpairPoller {
             completions: Vec::with_capacity(n),
             term: None,
             closing: None,
+            close_deadline: None,
             broken: false,
             misbehaved: false,
             teardown: false,
@@ -376,22 +409,56 @@ impl QpairPoller {
 
     // ---- messages from the control plane ----
 
-    /// Closes the queue once its commands in flight are done.
+    /// The host is gone (or broke the protocol): closes the queue once its commands in
+    /// flight are done. Commands not started are dropped (nobody is there to answer).
     pub(crate) fn close_after(&mut self, why: &str) {
+        while let Some(i) = self.await_buf.pop_front() {
+            self.release(i);
+        }
+        self.close_answering(why);
+        while let Some(i) = self.ready.pop_front() {
+            self.release(i);
+        }
+    }
+
+    /// Closes the queue once every command it took is answered: those in flight finish,
+    /// those waiting to start (a device that answered busy) are retried until
+    /// [`CLOSE_TIMEOUT`], then answered Command Aborted due to SQ Deletion. No new command is
+    /// read.
+    pub(crate) fn close_answering(&mut self, why: &str) {
         if self.closing.is_none() {
             self.closing = Some(why.to_string());
+            self.close_deadline = Some(Instant::now() + CLOSE_TIMEOUT);
         }
         self.h2c = None;
         self.h2c_digest = None;
-        // Commands not started are dropped; those in flight finish first. (A command waiting
-        // for H2CData stays as it is: its R2T may still be in the send queue, half sent.)
+        // A parked AER has nothing to wait for any more. (A command waiting for H2CData stays
+        // as it is: its R2T may still be in the send queue, half sent.)
         for i in 0..self.slots.len() as u16 {
             if self.slots[i as usize].phase == Phase::Parked {
                 self.release(i);
             }
         }
+        // A write still waiting for a buffer to take its data in never gets it now (no data
+        // is read any more).
+        while let Some(i) = self.await_buf.pop_front() {
+            self.complete(i, Status::generic(SC_ABORTED_SQ_DELETION));
+        }
+    }
+
+    /// At the close deadline, answers the commands still waiting to start.
+    fn abort_waiting(&mut self, now: Instant) {
+        if self.ready.is_empty() || self.close_deadline.is_none_or(|d| now < d) {
+            return;
+        }
+        log::warn!(
+            "nvmf: {}: {} commands the device kept refusing as busy answered aborted at close",
+            self.what(),
+            self.ready.len()
+        );
         while let Some(i) = self.ready.pop_front() {
-            self.release(i);
+            self.count_error(i);
+            self.complete(i, Status::generic(SC_ABORTED_SQ_DELETION));
         }
     }
 
@@ -420,6 +487,44 @@ impl QpairPoller {
             Some(i) => self.respond(i as u16, cqe),
             None => log::debug!("{}: an event completion for no parked request", self.what()),
         }
+    }
+
+    /// Data buffers the queue allocated since it started: a few when it starts, then none
+    /// per command.
+    #[cfg(test)]
+    pub(crate) fn buffer_allocations(&self) -> u64 {
+        self.slots.iter().map(|s| u64::from(s.allocations)).sum::<u64>() + self.large_made as u64
+    }
+
+    /// Points slot `i`'s iovec at a data buffer of `len` bytes: its own (kept between commands)
+    /// up to [`KEEP_BUF`], else one of the queue's large buffers. False when every large buffer
+    /// is in use (the command waits for one).
+    fn take_buffer(&mut self, i: u16, len: usize) -> bool {
+        if len <= KEEP_BUF {
+            self.slots[i as usize].buffer(len);
+            return true;
+        }
+        let s = &mut self.slots[i as usize];
+        if s.buf.as_ref().is_none_or(|b| b.len() <= KEEP_BUF) {
+            let b = match self.large_free.pop() {
+                Some(b) => b,
+                None if self.large_made < self.large_max => {
+                    self.large_made += 1;
+                    // Zeroed once, when made; each command then overwrites what it uses.
+                    AlignedBuf::zeroed(self.max_io)
+                }
+                None => return false,
+            };
+            s.own = s.buf.replace(b);
+        }
+        let b = s.buf.as_mut().expect("just set");
+        s.iov = libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: len };
+        true
+    }
+
+    /// Whether a write waiting for a large buffer can have one now.
+    fn large_buffer_available(&self) -> bool {
+        !self.large_free.is_empty() || self.large_made < self.large_max
     }
 
     /// Reloads the namespaces now and says how many commands of `nsid` are in flight.
@@ -514,7 +619,8 @@ impl QpairPoller {
         s.ddgst_len = 0;
         s.resp_len = 0;
         if s.buf.as_ref().is_some_and(|b| b.len() > KEEP_BUF) {
-            s.buf = None;
+            let large = std::mem::replace(&mut s.buf, s.own.take());
+            self.large_free.extend(large);
         }
         self.free.push(i);
     }
@@ -580,7 +686,11 @@ impl Poller for QpairPoller {
             self.tick(Instant::now());
         }
         if self.teardown && self.tx.is_empty() && self.closing.is_none() {
-            self.close_after("the host disconnected the controller");
+            self.close_answering("the host disconnected the controller");
+        }
+        if self.closing.is_some() {
+            self.abort_waiting(Instant::now());
+            busy |= self.send();
         }
         if self.closing.is_some() && self.drained() {
             self.finish_queue();
@@ -596,6 +706,7 @@ impl Poller for QpairPoller {
     fn has_pending(&self) -> bool {
         (self.in_flight() && !self.ns.iter().flatten().any(|n| n.chan.sleeps_in_flight()))
             || !self.ready.is_empty()
+            || (!self.await_buf.is_empty() && self.large_buffer_available())
             || (!self.tx.is_empty() && !self.tx_blocked && !self.broken)
             || ((self.rx_stalled || self.rx_more) && self.can_accept())
             || (self.closing.is_some() && self.drained())
@@ -637,7 +748,7 @@ pub(crate) fn close_qpairs(qpairs: &[QpairRef], why: &'static str) {
         let id = q.id;
         q.reactor.send(move |r| {
             if let Some(p) = r.poller_mut::<QpairPoller>(id) {
-                p.close_after(why);
+                p.close_answering(why);
             }
         });
     }
@@ -670,8 +781,9 @@ pub(crate) fn notify_discovery(discovery: &Subsystem) {
 }
 
 /// Waits until no queue pair has I/O in flight to `nsid` (they stopped taking new commands
-/// for it when it was detached). False at the deadline.
-pub(crate) fn drain_namespace(qpairs: &[QpairRef], nsid: u32, deadline: Instant) -> bool {
+/// for it when it was detached). At the deadline, how many commands are still in flight (0:
+/// drained).
+pub(crate) fn drain_namespace(qpairs: &[QpairRef], nsid: u32, deadline: Instant) -> u32 {
     loop {
         let mut busy = 0;
         for q in qpairs {
@@ -681,11 +793,8 @@ pub(crate) fn drain_namespace(qpairs: &[QpairRef], nsid: u32, deadline: Instant)
                 .call(move |r| r.poller_mut::<QpairPoller>(id).map_or(0, |p| p.namespace_in_flight(nsid)))
                 .unwrap_or(0);
         }
-        if busy == 0 {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
+        if busy == 0 || Instant::now() >= deadline {
+            return busy;
         }
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -308,6 +308,15 @@ impl QpairPoller {
         }
     }
 
+    /// Asks the host for slot `i`'s data (its buffer is set).
+    pub(super) fn send_r2t(&mut self, i: u16) {
+        let s = &mut self.slots[i as usize];
+        s.phase = Phase::AwaitData;
+        let r2t = DataHeader { cccid: s.sqe.cid(), ttag: i, offset: 0, length: s.len as u32 };
+        s.hdr_len = write_r2t(&mut s.hdr, &r2t, self.digests);
+        self.tx.push_back(i);
+    }
+
     /// A command capsule arrived in slot `i`; its in-capsule data is `rx[data..data + len]`.
     pub(super) fn capsule(&mut self, i: u16, sqe: Sqe, data: usize, data_len: usize) {
         self.sqhd = (self.sqhd + 1) % self.sq_entries;
@@ -356,13 +365,14 @@ impl QpairPoller {
                             return self.complete(i, st);
                         }
                     }
-                    let s = &mut self.slots[i as usize];
-                    s.buffer(len);
-                    s.len = len;
-                    s.phase = Phase::AwaitData;
-                    let r2t = DataHeader { cccid: sqe.cid(), ttag: i, offset: 0, length: len as u32 };
-                    s.hdr_len = write_r2t(&mut s.hdr, &r2t, self.digests);
-                    self.tx.push_back(i);
+                    self.slots[i as usize].len = len;
+                    if self.await_buf.is_empty() && self.take_buffer(i, len) {
+                        self.send_r2t(i);
+                    } else {
+                        // Every large buffer is in use: the R2T goes once one is free.
+                        self.slots[i as usize].phase = Phase::AwaitBuffer;
+                        self.await_buf.push_back(i);
+                    }
                     return;
                 }
                 _ => return self.complete(i, Status::generic(SC_SGL_DESCRIPTOR_TYPE_INVALID)),

@@ -75,8 +75,12 @@ impl QpairPoller {
         self.ns.iter().flatten().any(|n| n.in_flight > 0)
     }
 
+    /// Nothing in flight, nothing waiting to start (see `close_answering`), nothing to send.
     pub(super) fn drained(&self) -> bool {
-        !self.in_flight() && (self.broken || self.tx.is_empty())
+        !self.in_flight()
+            && self.ready.is_empty()
+            && self.await_buf.is_empty()
+            && (self.broken || self.tx.is_empty())
     }
 
     /// Timers: keep-alive on the admin queue, a host that stopped reading.
@@ -93,7 +97,7 @@ impl QpairPoller {
             if self.closing.is_none() && c.keep_alive_expired(now) {
                 log::warn!("{}: keep-alive timeout expired", self.what());
                 self.teardown = true;
-                self.close_after("keep-alive timeout");
+                self.close_answering("keep-alive timeout");
             }
         }
         if self.blocked_since.is_some_and(|t| now.duration_since(t) > SEND_TIMEOUT) {

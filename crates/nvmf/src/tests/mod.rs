@@ -2,6 +2,8 @@
 //! a target with RAM disks on real reactors.
 
 mod api;
+mod buffers;
+mod busy;
 mod host;
 mod hostile;
 mod io;

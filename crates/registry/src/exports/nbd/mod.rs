@@ -14,6 +14,8 @@ use crate::metrics::{array, str_at, u64_at, Family};
 use crate::{Registry, RegistryError};
 
 mod rpc;
+#[cfg(test)]
+mod tests;
 
 /// [`Export::kind`] of an NBD export.
 pub const KIND: &str = "nbd";
@@ -177,8 +179,23 @@ impl Registry {
         })
     }
 
-    /// Stops an NBD export: its clients are disconnected once their requests are answered.
+    /// Stops an NBD export: it leaves its listener, its clients are disconnected once their
+    /// requests are answered, then the bdev is released. When requests the disk took are
+    /// still unanswered after `fp_nbd::STOP_TIMEOUT`, the export stays (no longer reachable,
+    /// its bdev still claimed) and the error says how many connections wait; calling again
+    /// waits for them again.
     pub fn stop_nbd(&self, nbd_device: &str) -> Result<(), RegistryError> {
+        let (handle, bdev) =
+            self.with_export(nbd_device, LABEL, |e: &NbdExport| (e.handle.clone(), e.bdev_name.clone()))?;
+        if let Err(n) = handle.close(fp_nbd::STOP_TIMEOUT) {
+            return Err(RegistryError::NotNow(format!(
+                "nbd export '{nbd_device}' is closed to new clients, but {n} connection(s) still \
+                 wait for requests bdev '{}' has not completed after {} s; the bdev stays claimed \
+                 until they finish (stop the export again to wait for them)",
+                bdev,
+                fp_nbd::STOP_TIMEOUT.as_secs()
+            )));
+        }
         self.delete_export(nbd_device, Some((KIND, LABEL)))
     }
 

@@ -5,6 +5,8 @@
 //! bdev's holder). docs/nvmf.md.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use fp_bdev::ClaimType;
 use fp_nvmf::{NamespaceSpec, NvmfError, NvmfTarget};
@@ -53,6 +55,7 @@ impl From<NvmfError> for RegistryError {
             NvmfError::NotFound { what, name } => RegistryError::NotFound { kind: what, name },
             NvmfError::AlreadyExists { what, name } => RegistryError::AlreadyExists { kind: what, name },
             NvmfError::Invalid { field, reason } => RegistryError::Invalid { field, reason },
+            e @ NvmfError::Draining { .. } => RegistryError::NotNow(e.to_string()),
         }
     }
 }
@@ -74,6 +77,9 @@ struct NvmfNamespace {
     nsid: u32,
     bdev_name: String,
     read_only: bool,
+    /// Taken out of its subsystem by a removal whose drain ran out of time: the export (and
+    /// its claim on the bdev) stays until a later removal sees its commands finished.
+    detached: Arc<AtomicBool>,
 }
 
 impl Export for NvmfNamespace {
@@ -101,8 +107,12 @@ impl Export for NvmfNamespace {
         self.target.namespace_resized(&self.nqn, self.nsid);
     }
 
-    /// Detaches the namespace (hosts get the event) once its in-flight I/O is answered.
+    /// Detaches the namespace (hosts get the event) once its in-flight I/O is answered (the
+    /// removal methods drained it already; this is the daemon's shutdown).
     fn stop(self: Box<Self>) {
+        if self.detached.load(Ordering::Acquire) {
+            return;
+        }
         if let Err(e) = self.target.remove_namespace(&self.nqn, self.nsid) {
             // Its subsystem went first (daemon shutdown stops the target before the exports).
             log::debug!("nvmf namespace '{}': {e}", self.name);
@@ -154,26 +164,39 @@ impl Registry {
                 nsid,
                 bdev_name: spec.bdev_name.clone(),
                 read_only: spec.read_only,
+                detached: Arc::default(),
             }))
         })?;
         Ok(nsid)
     }
 
-    /// Removes a namespace: its hosts are told, its in-flight I/O is answered, the bdev is
-    /// released.
+    /// Removes a namespace: it leaves its subsystem (its hosts are told), its commands in
+    /// flight are waited for, then the bdev is released. When they do not finish within the
+    /// target's drain timeout the namespace stays detached, its export keeps the bdev claimed
+    /// and the error says how many commands are left; calling again waits for them again.
     pub fn nvmf_remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), RegistryError> {
         // An unknown subsystem is reported as such rather than as a missing namespace.
         self.nvmf.controllers(nqn)?;
-        self.delete_export(&namespace_name(nqn, nsid), Some((KIND, LABEL)))
+        let name = namespace_name(nqn, nsid);
+        let (target, bdev, detached) = self.with_export(&name, LABEL, |ns: &NvmfNamespace| {
+            (ns.target.clone(), ns.bdev_name.clone(), ns.detached.clone())
+        })?;
+        if detached.swap(true, Ordering::AcqRel) {
+            target.drain_namespace(nqn, nsid, &bdev)?;
+        } else {
+            target.remove_namespace(nqn, nsid)?;
+        }
+        self.delete_export(&name, Some((KIND, LABEL)))
     }
 
-    /// Deletes a subsystem: its namespaces first (releasing their bdevs), then the subsystem
-    /// with its listeners, disconnecting its hosts.
+    /// Deletes a subsystem: its namespaces first (each as [`Registry::nvmf_remove_namespace`]:
+    /// a namespace whose commands do not drain in time fails the call and leaves the subsystem
+    /// in place), then the subsystem with its listeners, disconnecting its hosts.
     pub fn nvmf_delete_subsystem(&self, nqn: &str) -> Result<(), RegistryError> {
         self.nvmf.controllers(nqn)?;
-        let names = self.map_exports(|ns: &NvmfNamespace| (ns.nqn == nqn).then(|| ns.name.clone()));
-        for name in names.into_iter().flatten() {
-            self.delete_export(&name, Some((KIND, LABEL)))?;
+        let nsids = self.map_exports(|ns: &NvmfNamespace| (ns.nqn == nqn).then_some(ns.nsid));
+        for nsid in nsids.into_iter().flatten() {
+            self.nvmf_remove_namespace(nqn, nsid)?;
         }
         Ok(self.nvmf.delete_subsystem(nqn)?)
     }

@@ -360,3 +360,77 @@ fn a_namespace_bdev_grows_but_does_not_shrink() {
     assert!(e.to_string().contains(&format!("{NQN}/1")), "{e}");
     assert_eq!(f.bdev("n0")["num_blocks"], 4096);
 }
+
+/// A registry on a running reactor, so queue pairs are served.
+fn running_fixture() -> (Arc<Registry>, tempfile::TempDir, fp_reactor::ReactorSet) {
+    let dir = tempfile::tempdir().unwrap();
+    let reactors = fp_reactor::ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
+    let registry =
+        Registry::with_options(reactors.handles().to_vec(), dir.path(), RegistryOptions::default());
+    (registry, dir, reactors)
+}
+
+#[test]
+fn a_namespace_with_io_in_flight_is_not_released_when_its_drain_times_out() {
+    let (registry, _dir, reactors) = running_fixture();
+    let call =
+        |m: &str, p: Value| registry.call(m, Some(p.clone())).unwrap_or_else(|e| panic!("{m} {p}: {e}"));
+    registry.nvmf().set_drain_timeout(std::time::Duration::from_millis(300));
+    call("nvmf_create_transport", json!({ "trtype": "tcp" }));
+    call("nvmf_create_subsystem", json!({ "nqn": NQN, "allow_any_host": true }));
+    let port = free_port();
+    call("nvmf_subsystem_add_listener", json!({ "nqn": NQN, "listen_address": listen_address(port) }));
+    call("bdev_malloc_create", json!({ "name": "m0", "num_blocks": 256, "block_size": 512 }));
+    call("bdev_error_create", json!({ "base_name": "m0" }));
+    call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "EE_m0", "nsid": 1 } }));
+    call(
+        "bdev_nvme_attach_controller",
+        json!({ "name": "host", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+                "trsvcid": port.to_string(), "subnqn": NQN }),
+    );
+    // One write held by the error bdev: in flight on the namespace until resumed.
+    call("bdev_error_inject_error", json!({ "name": "EE_m0", "io_type": "write", "error_type": "pending" }));
+    let (nvme, _) = fp_bdev::ModuleHost::bdev(&*registry, "hostn1").expect("the host's namespace bdev");
+    // The host's write, on a thread of its own: it returns once the write completed.
+    let writer = std::thread::spawn(move || {
+        let mut ch = nvme.open_channel().unwrap();
+        fp_bdev::conformance::write_range(&mut *ch, 0, &[0x5a; 512]);
+    });
+    let held = |registry: &Registry| {
+        let b = registry.call("bdev_get_bdevs", Some(json!({ "name": "EE_m0" }))).unwrap();
+        let inj = &b[0]["driver_specific"]["error"]["injections"];
+        assert!(inj.is_object(), "{b}");
+        inj.get("write").is_none()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !held(&registry) {
+        assert!(std::time::Instant::now() < deadline, "the write never reached the error bdev");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+
+    // The drain times out: an error that says so and by how much; the bdev stays claimed.
+    let e = registry.call("nvmf_subsystem_remove_ns", Some(json!({ "nqn": NQN, "nsid": 1 }))).unwrap_err();
+    assert_eq!(e.to_rpc().code, -libc::EBUSY, "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("1 command(s) are still in flight") && msg.contains("EE_m0"), "{msg}");
+    let b = call("bdev_get_bdevs", json!({ "name": "EE_m0" }));
+    assert_eq!(b[0]["claimed_by"], format!("{NQN}/1"), "{b}");
+    let e = registry.call("bdev_error_delete", Some(json!({ "name": "EE_m0" }))).unwrap_err();
+    assert_eq!(e.to_rpc().code, -libc::EBUSY, "{e}");
+    // Hosts no longer see the namespace.
+    let subs = call("nvmf_get_subsystems", json!({ "nqn": NQN }));
+    assert_eq!(subs[0]["namespaces"], json!([]), "{subs}");
+    // The subsystem cannot be deleted under it either.
+    let e = registry.call("nvmf_delete_subsystem", Some(json!({ "nqn": NQN }))).unwrap_err();
+    assert_eq!(e.to_rpc().code, -libc::EBUSY, "{e}");
+
+    // Once the write finishes, removing again completes and releases the bdev.
+    call("bdev_error_resume_pending", json!({ "name": "EE_m0" }));
+    writer.join().expect("the write completed");
+    assert_eq!(call("nvmf_subsystem_remove_ns", json!({ "nqn": NQN, "nsid": 1 })), true);
+    assert_eq!(call("bdev_get_bdevs", json!({ "name": "EE_m0" }))[0]["claimed"], false);
+    call("bdev_nvme_detach_controller", json!({ "name": "host" }));
+    call("nvmf_delete_subsystem", json!({ "nqn": NQN }));
+    drop(registry);
+    reactors.shutdown();
+}

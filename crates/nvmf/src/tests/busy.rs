@@ -1,0 +1,111 @@
+//! Back-pressure at close: a command the device refused as busy is retried while its queue
+//! closes, and answered (aborted) at the close bound rather than dropped unanswered.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fp_bdev::{Bdev, ErrorDevice, ErrorType, Injection, RamDevice};
+use fp_reactor::{ReactorConfig, ReactorSet};
+
+use super::api::{free_port, listen};
+use super::host::*;
+use super::io::{pattern, wait_for, NQN};
+use crate::pdu::Digests;
+use crate::qpair::CLOSE_TIMEOUT;
+use crate::spec::*;
+use crate::*;
+
+/// An injection count no test uses up: a reactor retries a busy command millions of times a
+/// second.
+const NOMEM_FOREVER: u64 = 1 << 60;
+
+struct BusyTarget {
+    t: NvmfTarget,
+    port: u16,
+    ee: Arc<ErrorDevice>,
+    reactors: Option<ReactorSet>,
+}
+
+impl Drop for BusyTarget {
+    fn drop(&mut self) {
+        self.t.stop();
+        if let Some(r) = self.reactors.take() {
+            r.shutdown();
+        }
+    }
+}
+
+/// A target whose namespace 1 is an error bdev refusing every write as busy.
+fn busy_target() -> BusyTarget {
+    let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
+    let t = NvmfTarget::new(reactors.handles().to_vec(), TargetOptions::default());
+    t.create_transport(TransportOptions::default()).unwrap();
+    t.create_subsystem(SubsystemSpec { nqn: NQN.into(), allow_any_host: true, ..Default::default() })
+        .unwrap();
+    let port = free_port();
+    t.add_listener(NQN, listen(port)).unwrap();
+    let ram: Bdev = Arc::new(RamDevice::new("ram0", 512, 8192).unwrap());
+    let ee = Arc::new(ErrorDevice::new("ee0", ram).unwrap());
+    let bdev: Bdev = ee.clone();
+    let ns = NamespaceSpec {
+        nsid: 1,
+        bdev,
+        bdev_name: "ee0".into(),
+        uuid: None,
+        nguid: None,
+        eui64: None,
+        read_only: false,
+    };
+    t.add_namespace(NQN, ns).unwrap();
+    let nomem = Injection {
+        error_type: ErrorType::Nomem,
+        num: NOMEM_FOREVER,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    ee.inject(&[1], nomem).unwrap();
+    BusyTarget { t, port, ee, reactors: Some(reactors) }
+}
+
+/// Sends a 4 KiB in-capsule write and waits until the device has refused it at least once.
+fn send_refused_write(tg: &BusyTarget, q: &mut Host) -> u16 {
+    let mut s = q.rw_sqe(NVM_WRITE, 1, 0, 8);
+    set_sgl(&mut s, SGL_IN_CAPSULE, 4096);
+    q.send_capsule(&s, &pattern(9, 4096));
+    let refused = || tg.ee.injections()[1].is_some_and(|i| i.num < NOMEM_FOREVER);
+    assert!(wait_for(refused), "the write never reached the device");
+    s.cid()
+}
+
+#[test]
+fn a_command_refused_as_busy_is_retried_while_its_queue_closes() {
+    let tg = busy_target();
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    let cid = send_refused_write(&tg, &mut q);
+    // The target closes every queue; once the queue's reactor has taken that message (the
+    // call below runs after it), the device takes requests again.
+    tg.t.stop();
+    tg.reactors.as_ref().unwrap().handles()[0].call(|_| ()).expect("the reactor answers");
+    tg.ee.clear();
+    let cqe = q.response();
+    assert_eq!((cqe.cid, cqe.status), (cid, Status::SUCCESS));
+    q.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(q.closed().0, "the queue closes once the write is answered");
+}
+
+#[test]
+fn a_command_still_refused_at_the_close_bound_is_answered_aborted() {
+    let tg = busy_target();
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    let cid = send_refused_write(&tg, &mut q);
+    let start = Instant::now();
+    tg.t.stop();
+    let cqe = q.response();
+    assert_eq!((cqe.cid, cqe.status), (cid, Status::generic(SC_ABORTED_SQ_DELETION)));
+    assert!(start.elapsed() >= CLOSE_TIMEOUT, "answered before the bound: {:?}", start.elapsed());
+    q.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(q.closed().0);
+}
