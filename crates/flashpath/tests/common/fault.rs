@@ -578,7 +578,7 @@ impl Rig {
                     );
                     d.call(
                         "bdev_lvol_create",
-                        json!({"lvs_name": "lvs", "lvol_name": "v", "size_in_mib": DISK_BLOCKS * BS as u64 >> 20}),
+                        json!({"lvs_name": "lvs", "lvol_name": "v", "size_in_mib": (DISK_BLOCKS * BS as u64) >> 20}),
                     );
                 } else {
                     d.call("bdev_examine", json!({"name": "EE_u0"}));
