@@ -26,6 +26,8 @@ cmd_soak() {
     [[ "$minutes" =~ ^[0-9]+$ ]] && [ "$minutes" -gt 0 ] || die "soak: --minutes must be a whole number above 0, not '$minutes'"
     [[ "$seed" =~ ^[0-9]+$ ]] || die "soak: --seed must be a whole number, not '$seed'"
     ensure_toolchain
+    # The NBD cases read the export back with libnbd's nbdcopy.
+    apt_install libnbd-bin
     say "soak: $minutes min, seed $seed"
     FP_SOAK_SECONDS=$((minutes * 60)) FP_SOAK_SEED=$seed \
         cargo test -p flashpath --test fault_matrix -- --ignored --exact soak --nocapture

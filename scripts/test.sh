@@ -131,8 +131,8 @@ cmd_test() {
         fi
     fi
     # A one-minute soak (docs/testing.md, "Soak"): matrix cases on a seeded schedule beside a
-    # long-lived daemon whose RSS, fds and threads are sampled; one test. It needs no tool
-    # beyond the build (its clients are the tests' own libblkio, NBD and NVMe/TCP clients).
+    # long-lived daemon whose RSS, fds and threads are sampled; one test. Its NBD cases use
+    # nbdcopy (libnbd-bin, installed above for the NBD tests; cmd_soak installs it if missing).
     say "soak: 60 s (./run soak --minutes 1)"
     # shellcheck source=scripts/soak.sh
     . scripts/soak.sh

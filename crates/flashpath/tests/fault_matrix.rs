@@ -228,6 +228,7 @@ fn run_case(c: Case) {
     }
     drop(first);
     let mut baseline = settled_counts(rig.local.pid());
+    let mut baseline_fds = fd_list(rig.local.pid());
     let mut by = Some(Bystander::start(&rig.local));
     by.as_ref().unwrap().assert_progress(10, &what);
 
@@ -453,6 +454,7 @@ fn run_case(c: Case) {
         rig.export_top();
         Bystander::prepare(&rig.local);
         baseline = settled_counts(rig.local.pid());
+        baseline_fds = fd_list(rig.local.pid());
         by = Some(Bystander::start(&rig.local));
         by.as_ref().unwrap().assert_progress(10, &what);
     } else {
@@ -494,6 +496,26 @@ fn run_case(c: Case) {
     );
     assert_eq!(next.read(30, &never), Outcome::Done(block_data(30, 3)), "{what}: the next client's read");
     drop(next);
+    if c.export == Export::Nbd {
+        // libnbd too (nbdcopy) reads the acknowledged blocks back through the export.
+        let out = rig.local.dir.path().join("nbdcopy.raw");
+        let uri = rig.nbd_uri();
+        common::nbd::tool_ok(std::process::Command::new("nbdcopy").arg(&uri).arg(&out));
+        let disk = std::fs::read(&out).expect("nbdcopy's copy");
+        let mut want: Vec<(u64, u64)> = vec![(30, 3)];
+        if check_data {
+            want.extend(model.acked.iter().map(|(&b, &g)| (b, g)));
+        }
+        for (b, g) in want {
+            let at = (b * 4096) as usize;
+            common::assert_same(
+                &format!("{what}: block {b} through nbdcopy"),
+                at as u64,
+                &disk[at..at + 4096],
+                &block_data(b, g),
+            );
+        }
+    }
     if rig.ctrlr == "v2" {
         let r = common::bounded(EVENT_BOUND, "deleting the source controller", move || {
             rpc(&sock, "vhost_delete_controller", json!({"ctrlr": "v"}))
@@ -505,7 +527,17 @@ fn run_case(c: Case) {
     let by_ops = by.take().unwrap().finish();
     assert!(by_ops > 0);
     // The bystander's client has left too: the count is the one before any client came.
-    assert_settles(rig.local.pid(), baseline, &what);
+    let pid = rig.local.pid();
+    let r = std::panic::catch_unwind(|| assert_settles(pid, baseline, &what));
+    if let Err(e) = r {
+        let now = fd_list(pid);
+        eprintln!("{what}: fds before the case: {baseline_fds:?}");
+        eprintln!(
+            "{what}: fds not there before: {:?}",
+            now.iter().filter(|f| !baseline_fds.contains(f)).collect::<Vec<_>>()
+        );
+        std::panic::resume_unwind(e);
+    }
     rig.local.assert_alive();
     eprintln!("{what}: passed in {:?}", started.elapsed());
 }

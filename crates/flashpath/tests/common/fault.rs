@@ -274,6 +274,23 @@ pub fn fds_and_threads(pid: u32) -> (usize, usize) {
     (count("fd"), count("task"))
 }
 
+/// `pid`'s open fds: number and what each one is.
+pub fn fd_list(pid: u32) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| {
+                    let to =
+                        std::fs::read_link(e.path()).map(|p| p.display().to_string()).unwrap_or_default();
+                    format!("{}={to}", e.file_name().to_string_lossy())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// `pid`'s fds and threads once they hold still for a moment (an RPC's connection and its
 /// thread end shortly after the answer).
 pub fn settled_counts(pid: u32) -> (usize, usize) {
@@ -299,7 +316,8 @@ pub fn assert_settles(pid: u32, baseline: (usize, usize), what: &str) {
             return;
         }
         if Instant::now() > deadline {
-            panic!("{what}: the daemon's (fds, threads) are {now:?}, were {baseline:?} before the case");
+            let fds = fd_list(pid);
+            panic!("{what}: the daemon's (fds, threads) are {now:?}, were {baseline:?} before the case; fds now: {fds:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -642,6 +660,11 @@ impl Rig {
     /// The NBD export's socket.
     fn nbd_sock(&self) -> PathBuf {
         self.local.dir.path().join("x.nbd")
+    }
+
+    /// The NBD export's URI.
+    pub fn nbd_uri(&self) -> String {
+        unix_uri(&self.top, &self.nbd_sock())
     }
 
     /// Exports `top` (again).
