@@ -130,6 +130,18 @@ cmd_test() {
             failed=$((failed + 1))
         fi
     fi
+    # A one-minute soak (docs/testing.md, "Soak"): matrix cases on a seeded schedule beside a
+    # long-lived daemon whose RSS, fds and threads are sampled; one test. Its NBD cases use
+    # nbdcopy (libnbd-bin, installed above for the NBD tests; cmd_soak installs it if missing).
+    say "soak: 60 s (./run soak --minutes 1)"
+    # shellcheck source=scripts/soak.sh
+    . scripts/soak.sh
+    if (cmd_soak --minutes 1 --seed "${SOAK_SEED:-1}"); then
+        passed=$((passed + 1))
+    else
+        rc=1
+        failed=$((failed + 1))
+    fi
     # The benchmark smoke run counts as one more test.
     if [ "$rc" -ne 0 ]; then
         skipped=$((skipped + 1))

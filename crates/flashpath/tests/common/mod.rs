@@ -25,6 +25,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod ceph;
+pub mod fault;
 pub mod guest;
 pub mod load;
 pub mod nbd;
