@@ -292,3 +292,86 @@ impl RaidShared {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use fp_bdev::conformance::{poll_until, rw, IoBuf};
+    use fp_bdev::{Bdev, ErrorDevice, ErrorType, Injection, IoOp, IoStatus, RamDevice};
+    use fp_lvol::Uuid;
+
+    use super::{DrainState, SlotView};
+    use crate::device::{RaidDevice, RaidSpec};
+    use crate::{RaidLevel, SlotState};
+
+    fn active(b: Bdev) -> SlotView {
+        SlotView {
+            state: SlotState::Active,
+            name: Some(b.info().name.clone()),
+            bdev: Some(b),
+            uuid: Uuid::NIL,
+        }
+    }
+
+    /// What a removal reads, step by step on one thread: an idle channel counts as done with
+    /// any layout; a busy one is not until it takes the new layout up (at its next poll), and
+    /// then counts its requests to the base that left until they end.
+    #[test]
+    fn channels_acknowledge_a_layout_and_count_their_requests_to_a_base_that_left() {
+        let ram = |name: &str| -> Bdev { Arc::new(RamDevice::new(name, 512, 2048).unwrap()) };
+        let holder = Arc::new(ErrorDevice::new("e1", ram("m1")).unwrap());
+        let bases: Vec<Bdev> = vec![ram("m0"), holder.clone()];
+        let dev = RaidDevice::new(RaidSpec {
+            name: "r".into(),
+            uuid: crate::device::new_uuid(),
+            level: RaidLevel::Raid1,
+            strip_bytes: 0,
+            superblock: false,
+            block_size: 512,
+            data_offset: 0,
+            slots: bases.into_iter().map(active).collect(),
+            base_data_bytes: vec![1 << 20; 2],
+            chunk_bytes: 4096,
+        })
+        .unwrap();
+        let shared = dev.shared().clone();
+        let idle = fp_bdev::BlockDevice::open_channel(&dev).unwrap();
+        let mut ch = fp_bdev::BlockDevice::open_channel(&dev).unwrap();
+        assert_eq!(shared.channels.lock().unwrap().len(), 2);
+        let pending = Injection {
+            error_type: ErrorType::Pending,
+            num: 1,
+            queue_depth: 0,
+            corrupt_offset: 0,
+            corrupt_value: 0,
+        };
+        holder.inject(&[1], pending).unwrap();
+        let mut buf = IoBuf::new(4096, true);
+        let iov = [buf.iovec()];
+        // SAFETY: `buf` and `iov` outlive the request, polled to its end below.
+        unsafe { ch.submit(&rw(3, IoOp::Write, 0, &iov)) }.unwrap();
+        for _ in 0..10 {
+            ch.poll(&mut |t, s| panic!("the write is held on e1, yet completed: {t} {s:?}"));
+        }
+
+        // Slot 1's base leaves.
+        let mut layout = (*shared.layout()).clone();
+        layout.slots[1] = SlotView { state: SlotState::Failed, name: None, bdev: None, uuid: Uuid::NIL };
+        shared.publish(layout);
+        let epoch = shared.epoch();
+        assert_eq!(shared.drain_state(1, epoch), DrainState { unacknowledged: 1, in_flight: 0 });
+        ch.poll(&mut |t, s| panic!("the write is held on e1, yet completed: {t} {s:?}"));
+        assert_eq!(shared.drain_state(1, epoch), DrainState { unacknowledged: 0, in_flight: 1 });
+        assert_eq!(shared.drain_state(0, epoch), DrainState::default(), "nothing left slot 0");
+
+        holder.resume_pending();
+        assert_eq!(poll_until(&mut *ch, 1), [(3, IoStatus::Success)]);
+        assert!(shared.drain_state(1, epoch).drained());
+        // A later layout finds the channel idle: done with it before its reactor wakes.
+        shared.publish((*shared.layout()).clone());
+        assert!(shared.drain_state(1, shared.epoch()).drained());
+        drop((ch, idle));
+        assert!(shared.channels.lock().unwrap().is_empty());
+    }
+}
