@@ -119,6 +119,7 @@ impl RaidDevice {
             owner_waker: ArcSwapOption::empty(),
             process: ProcessStats::default(),
             counters: RaidCounters::default(),
+            channels: std::sync::Mutex::new(Vec::new()),
         };
         Ok(RaidDevice { shared: Arc::new(shared), uuid: spec.uuid, superblock: spec.superblock })
     }

@@ -100,6 +100,7 @@ pub fn new_shared(info: BdevInfo, sb: &Superblock, persistent: bool) -> Arc<Raid
         owner_waker: arc_swap::ArcSwapOption::empty(),
         process: ProcessStats::default(),
         counters: RaidCounters::default(),
+        channels: std::sync::Mutex::new(Vec::new()),
     })
 }
 

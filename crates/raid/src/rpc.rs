@@ -28,6 +28,7 @@ use crate::owner::{OwnerHandle, OwnerOptions};
 use crate::RaidError;
 
 pub use create::RaidConfig;
+pub use slots::REMOVE_DRAIN_WAIT;
 
 /// The module's name: its bdevs' driver, its claims' holder kind.
 pub const MODULE: &str = "raid";

@@ -5,14 +5,19 @@
 //! bumps `epoch`. A channel compares `epoch` with its own at every submit (one load), and on a
 //! change reloads the layout and opens channels of bases it has none for (cold path).
 //!
+//! Each channel also acknowledges the epoch it works with in a [`ChannelAck`] the raid lists,
+//! and says there how many requests it still has in flight to bases that left their slot;
+//! `bdev_raid_remove_base_bdev` reads them ([`RaidShared::drain_state`]) to release a base only
+//! once no channel can send it anything more (docs/raid.md, "Removing a base").
+//!
 //! Channels tell the owner about a failed base through `failures` and [`RaidShared::wake_owner`];
 //! the owner takes the base out, persists, publishes. A write that failed on a base completes
 //! upward only once the published layout no longer counts that base as in sync (see
 //! docs/raid.md, "Failures"), so an acknowledged write is never missing from a base a restart
 //! could trust.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::Thread;
 
 use arc_swap::ArcSwap;
@@ -20,6 +25,7 @@ use crossbeam_queue::ArrayQueue;
 use fp_bdev::{Bdev, BdevInfo};
 use fp_lvol::Uuid;
 
+use crate::format::MAX_SLOTS;
 use crate::intent::IntentMap;
 
 /// SPDK's raid levels that flashpath has.
@@ -135,6 +141,73 @@ pub struct RaidCounters {
     pub superblock_writes: AtomicU64,
 }
 
+/// Set in [`ChannelAck`]'s word while the channel has nothing in flight and is not inside a
+/// call: it looks at the epoch again before it next touches a base, so it cannot use a layout
+/// older than one published before it left the mark (its submit clears the mark, SeqCst, and
+/// only then loads the epoch, SeqCst; a reader that loads the mark after a publish thus sees
+/// it cleared whenever that submit could still see the old epoch).
+const IDLE: u64 = 1 << 63;
+
+/// One channel's acknowledgement, written by that channel only (its reactor), read by
+/// removals. Allocated when the channel opens; the channel's hot path stores to it only when
+/// it goes idle or leaves idle, and in its cold paths (a new layout, retired base channels).
+pub struct ChannelAck {
+    /// The epoch of the layout the channel works with, or'ed with [`IDLE`].
+    word: AtomicU64,
+    /// Requests in flight, by slot, on the channel's channels of bases that left the slot.
+    retired: [AtomicU32; MAX_SLOTS],
+}
+
+impl ChannelAck {
+    fn new() -> ChannelAck {
+        // Idle until its first submit: it has nothing in flight, and that submit loads the
+        // epoch after clearing the mark.
+        ChannelAck { word: AtomicU64::new(IDLE), retired: std::array::from_fn(|_| AtomicU32::new(0)) }
+    }
+
+    /// The channel works with the layout of `epoch`; `idle`: it has nothing in flight.
+    #[inline]
+    pub fn store(&self, epoch: u64, idle: bool) {
+        if idle {
+            // Going idle needs no fence: the channel's next submit clears the mark (SeqCst)
+            // before it looks at anything.
+            self.word.store(epoch | IDLE, Ordering::Release);
+        } else {
+            self.word.store(epoch, Ordering::SeqCst);
+        }
+    }
+
+    /// Requests the channel has in flight to the base that left `slot` (cold path).
+    pub fn set_retired(&self, slot: usize, n: u32) {
+        if let Some(c) = self.retired.get(slot) {
+            c.store(n, Ordering::Release);
+        }
+    }
+
+    /// Whether the channel can send nothing more under a layout older than `epoch`.
+    fn acknowledged(&self, epoch: u64) -> bool {
+        let w = self.word.load(Ordering::SeqCst);
+        w & IDLE != 0 || w >= epoch
+    }
+}
+
+/// What keeps a removed base from being released: see [`RaidShared::drain_state`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainState {
+    /// Channels that have not taken up the layout without the base yet (they are busy and
+    /// have not polled since it was published).
+    pub unacknowledged: usize,
+    /// Requests to the base that acknowledging channels still have in flight.
+    pub in_flight: u64,
+}
+
+impl DrainState {
+    /// Nothing can reach the base any more.
+    pub fn drained(&self) -> bool {
+        self.unacknowledged == 0 && self.in_flight == 0
+    }
+}
+
 /// Everything a raid's channels and owner share.
 pub struct RaidShared {
     /// The raid bdev's description (name, block size, the data size as capacity).
@@ -157,6 +230,9 @@ pub struct RaidShared {
     pub owner_waker: arc_swap::ArcSwapOption<Thread>,
     pub process: ProcessStats,
     pub counters: RaidCounters,
+    /// Every open channel's acknowledgement (a control-plane lock: taken when a channel opens
+    /// or closes and by removals, never by I/O).
+    pub channels: Mutex<Vec<Arc<ChannelAck>>>,
 }
 
 impl RaidShared {
@@ -178,6 +254,35 @@ impl RaidShared {
         self.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// Lists a new channel's acknowledgement. The channel loads the epoch only after this, so
+    /// a removal that does not find it published its layout before the channel looked.
+    pub fn register_channel(&self) -> Arc<ChannelAck> {
+        let ack = Arc::new(ChannelAck::new());
+        self.channels.lock().unwrap_or_else(|p| p.into_inner()).push(ack.clone());
+        ack
+    }
+
+    /// A channel closes: its acknowledgement no longer counts.
+    pub fn unregister_channel(&self, ack: &Arc<ChannelAck>) {
+        self.channels.lock().unwrap_or_else(|p| p.into_inner()).retain(|a| !Arc::ptr_eq(a, ack));
+    }
+
+    /// How far the channels are from being done with the base that left `slot` in the layout
+    /// of `epoch` (published, the base no longer in it): each channel must have acknowledged
+    /// `epoch` (or be idle), and have nothing left in flight to that base.
+    pub fn drain_state(&self, slot: usize, epoch: u64) -> DrainState {
+        let list = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = DrainState::default();
+        for ack in list.iter() {
+            if ack.acknowledged(epoch) {
+                st.in_flight += ack.retired.get(slot).map_or(0, |c| u64::from(c.load(Ordering::Acquire)));
+            } else {
+                st.unacknowledged += 1;
+            }
+        }
+        st
+    }
+
     /// Wakes the owner (a failure reported, a bitmap bit to persist). Cheap and lock free:
     /// `Thread::unpark`.
     #[inline]
@@ -185,5 +290,88 @@ impl RaidShared {
         if let Some(t) = self.owner_waker.load().as_ref() {
             t.unpark();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use fp_bdev::conformance::{poll_until, rw, IoBuf};
+    use fp_bdev::{Bdev, ErrorDevice, ErrorType, Injection, IoOp, IoStatus, RamDevice};
+    use fp_lvol::Uuid;
+
+    use super::{DrainState, SlotView};
+    use crate::device::{RaidDevice, RaidSpec};
+    use crate::{RaidLevel, SlotState};
+
+    fn active(b: Bdev) -> SlotView {
+        SlotView {
+            state: SlotState::Active,
+            name: Some(b.info().name.clone()),
+            bdev: Some(b),
+            uuid: Uuid::NIL,
+        }
+    }
+
+    /// What a removal reads, step by step on one thread: an idle channel counts as done with
+    /// any layout; a busy one is not until it takes the new layout up (at its next poll), and
+    /// then counts its requests to the base that left until they end.
+    #[test]
+    fn channels_acknowledge_a_layout_and_count_their_requests_to_a_base_that_left() {
+        let ram = |name: &str| -> Bdev { Arc::new(RamDevice::new(name, 512, 2048).unwrap()) };
+        let holder = Arc::new(ErrorDevice::new("e1", ram("m1")).unwrap());
+        let bases: Vec<Bdev> = vec![ram("m0"), holder.clone()];
+        let dev = RaidDevice::new(RaidSpec {
+            name: "r".into(),
+            uuid: crate::device::new_uuid(),
+            level: RaidLevel::Raid1,
+            strip_bytes: 0,
+            superblock: false,
+            block_size: 512,
+            data_offset: 0,
+            slots: bases.into_iter().map(active).collect(),
+            base_data_bytes: vec![1 << 20; 2],
+            chunk_bytes: 4096,
+        })
+        .unwrap();
+        let shared = dev.shared().clone();
+        let idle = fp_bdev::BlockDevice::open_channel(&dev).unwrap();
+        let mut ch = fp_bdev::BlockDevice::open_channel(&dev).unwrap();
+        assert_eq!(shared.channels.lock().unwrap().len(), 2);
+        let pending = Injection {
+            error_type: ErrorType::Pending,
+            num: 1,
+            queue_depth: 0,
+            corrupt_offset: 0,
+            corrupt_value: 0,
+        };
+        holder.inject(&[1], pending).unwrap();
+        let mut buf = IoBuf::new(4096, true);
+        let iov = [buf.iovec()];
+        // SAFETY: `buf` and `iov` outlive the request, polled to its end below.
+        unsafe { ch.submit(&rw(3, IoOp::Write, 0, &iov)) }.unwrap();
+        for _ in 0..10 {
+            ch.poll(&mut |t, s| panic!("the write is held on e1, yet completed: {t} {s:?}"));
+        }
+
+        // Slot 1's base leaves.
+        let mut layout = (*shared.layout()).clone();
+        layout.slots[1] = SlotView { state: SlotState::Failed, name: None, bdev: None, uuid: Uuid::NIL };
+        shared.publish(layout);
+        let epoch = shared.epoch();
+        assert_eq!(shared.drain_state(1, epoch), DrainState { unacknowledged: 1, in_flight: 0 });
+        ch.poll(&mut |t, s| panic!("the write is held on e1, yet completed: {t} {s:?}"));
+        assert_eq!(shared.drain_state(1, epoch), DrainState { unacknowledged: 0, in_flight: 1 });
+        assert_eq!(shared.drain_state(0, epoch), DrainState::default(), "nothing left slot 0");
+
+        holder.resume_pending();
+        assert_eq!(poll_until(&mut *ch, 1), [(3, IoStatus::Success)]);
+        assert!(shared.drain_state(1, epoch).drained());
+        // A later layout finds the channel idle: done with it before its reactor wakes.
+        shared.publish((*shared.layout()).clone());
+        assert!(shared.drain_state(1, shared.epoch()).drained());
+        drop((ch, idle));
+        assert!(shared.channels.lock().unwrap().is_empty());
     }
 }

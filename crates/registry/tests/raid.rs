@@ -823,3 +823,134 @@ fn replicas_back(m: &Registry) {
         delay(m, &format!("d{i}"), &format!("m{i}"));
     }
 }
+
+/// Whether the bdev `name` is claimed (by anything).
+fn claimed(m: &Registry, name: &str) -> bool {
+    ok(m, "bdev_get_bdevs", json!({"name": name}))[0]["claimed"].as_bool().unwrap()
+}
+
+/// `bdev_raid_remove_base_bdev` of a base with a write still in flight to it (held by a
+/// `pending` injection, while the raid's channel keeps being polled as a reactor would) waits
+/// for it at most `REMOVE_DRAIN_WAIT`, then answers an error saying how long it waited and
+/// how many requests are outstanding, and keeps the base claimed: never released under I/O.
+/// Once the write ends, the base is released; the raid goes on degraded and every
+/// acknowledged write reads back.
+#[test]
+fn removing_a_base_with_a_write_in_flight_keeps_it_claimed_until_the_write_ends() {
+    use fp_bdev::conformance::{rw, IoBuf};
+    use fp_bdev::{IoOp, IoStatus};
+    use std::time::{Duration, Instant};
+
+    let (m, _dir) = registry();
+    for i in 0..2 {
+        malloc(&m, &format!("m{i}"), 4, 512);
+        ok(&m, "bdev_error_create", json!({"base_name": format!("m{i}")}));
+    }
+    ok(&m, "bdev_raid_create", json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["EE_m0", "EE_m1"]}));
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    let first = pattern(1, 16 << 10);
+    write_range(&mut *ch, 0, &first);
+
+    // The next write reaches EE_m1 and is held there.
+    ok(
+        &m,
+        "bdev_error_inject_error",
+        json!({"name": "EE_m1", "io_type": "write", "error_type": "pending", "num": 1}),
+    );
+    let held = pattern(2, 16 << 10);
+    let mut buf = IoBuf::new(held.len(), true);
+    buf.bytes_mut().copy_from_slice(&held);
+    let iov = [buf.iovec()];
+    // SAFETY: `buf` and `iov` outlive the request (it is polled to its end below).
+    unsafe { ch.submit(&rw(7, IoOp::Write, 64 << 10, &iov)) }.unwrap();
+    let mut done = Vec::new();
+    for _ in 0..100 {
+        ch.poll(&mut |t, s| done.push((t, s)));
+    }
+    assert!(done.is_empty(), "the write is held on EE_m1");
+    // Its one `pending` injection is spent: EE_m1 holds the write.
+    let left = ok(&m, "bdev_get_bdevs", json!({"name": "EE_m1"}))[0]["driver_specific"]["error"]
+        ["injections"]["write"]["num"]
+        .as_u64();
+    assert!(left.is_none_or(|n| n == 0), "EE_m1 holds the write: {left:?}");
+
+    // The removal runs on another thread (an RPC thread) while this one polls the raid's
+    // channel (its reactor).
+    let remover = {
+        let m = m.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let r = m.call("bdev_raid_remove_base_bdev", Some(json!({"name": "EE_m1"})));
+            (r.map_err(|e| e.to_rpc()), start.elapsed())
+        })
+    };
+    while !remover.is_finished() {
+        ch.poll(&mut |t, s| done.push((t, s)));
+        std::thread::yield_now();
+    }
+    let (answer, took) = remover.join().unwrap();
+    assert!(done.is_empty(), "the write is still held: {done:?}");
+    let e = answer.expect_err("the removal cannot finish with a write in flight to the base");
+    assert_eq!(e.code, -libc::EBUSY, "{e:?}");
+    assert!(e.message.contains("EE_m1") && e.message.contains("5 s"), "{e:?}");
+    assert!(e.message.contains("1 request"), "{e:?}");
+    // The bound (5 s), plus a generous margin for a loaded machine.
+    assert!(took >= Duration::from_secs(5) && took < Duration::from_secs(30), "{took:?}");
+
+    // The base left the raid but stays claimed: not deleted, not reused, not added back.
+    wait_slots(&m, "r", json!(["active", "failed"]));
+    assert!(claimed(&m, "EE_m1"));
+    assert_eq!(err(&m, "bdev_error_delete", json!({"name": "EE_m1"})).code, -libc::EBUSY);
+    assert!(m
+        .call("bdev_raid_add_base_bdev", Some(json!({"raid_bdev": "r", "base_bdev": "EE_m1"})))
+        .is_err());
+    assert!(claimed(&m, "EE_m1"));
+
+    // The write ends: the raid completes it (EE_m0 took it too) and the base is released.
+    ok(&m, "bdev_error_resume_pending", json!({"name": "EE_m1"}));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while done.is_empty() {
+        ch.poll(&mut |t, s| done.push((t, s)));
+        assert!(Instant::now() < deadline, "the held write never completed");
+        std::thread::yield_now();
+    }
+    assert_eq!(done, [(7, IoStatus::Success)]);
+    while claimed(&m, "EE_m1") {
+        ch.poll(&mut |_, _| {});
+        assert!(Instant::now() < deadline, "EE_m1 stays claimed after its write ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    // Degraded, the raid goes on; every acknowledged write reads back.
+    let last = pattern(3, 16 << 10);
+    write_range(&mut *ch, 128 << 10, &last);
+    assert!(read_range(&mut *ch, 0, first.len()) == first);
+    assert!(read_range(&mut *ch, 64 << 10, held.len()) == held);
+    assert!(read_range(&mut *ch, 128 << 10, last.len()) == last);
+    assert_eq!(raid(&m, "r")["num_base_bdevs_operational"], 1);
+    drop(ch);
+    ok(&m, "bdev_error_delete", json!({"name": "EE_m1"}));
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+}
+
+/// A removal with the raid's channels open but idle (nothing in flight, never polled again,
+/// as on a sleeping reactor) answers at once and releases the base.
+#[test]
+fn removing_a_base_under_idle_channels_answers_at_once() {
+    use std::time::{Duration, Instant};
+
+    let (m, _dir) = registry();
+    replicas(&m, 2);
+    ok(&m, "bdev_raid_create", json!({"name": "r", "raid_level": "raid1", "base_bdevs": ["d0", "d1"]}));
+    let mut busy = m.disk("r").unwrap().open().unwrap();
+    let never_used = m.disk("r").unwrap().open().unwrap();
+    let data = pattern(5, 8 << 10);
+    write_range(&mut *busy, 0, &data);
+    let start = Instant::now();
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "d1"}));
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert!(!claimed(&m, "d1"));
+    assert!(read_range(&mut *busy, 0, data.len()) == data);
+    drop((busy, never_used));
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+}

@@ -2,12 +2,17 @@
 //! and one channel per slot, opened on first use on the calling thread. A new epoch reloads
 //! the layout; a slot whose base changed gets a new channel, and the old one, if it still has
 //! requests in flight, is kept and polled until it drains (cold path, may allocate).
+//!
+//! The channel acknowledges each layout it takes up, and says how many requests it still has
+//! on retired channels, in its [`ChannelAck`]; it marks itself idle there when it has nothing
+//! in flight (see [`Bases::enter`], [`Bases::settle`]), so a removal need not wait for an idle
+//! channel's reactor to wake.
 
 use std::sync::Arc;
 
 use fp_bdev::{Bdev, IoChannel, IoStatus};
 
-use crate::shared::{Layout, RaidShared};
+use crate::shared::{ChannelAck, Layout, RaidShared};
 use crate::SlotState;
 
 /// One slot's channel and the device it belongs to (by address, to notice a replaced base).
@@ -63,6 +68,10 @@ pub struct Bases {
     open: Vec<Option<Open>>,
     /// Channels of bases that left their slot with requests still in flight.
     retired: Vec<(usize, Box<dyn IoChannel>)>,
+    /// This channel's acknowledgement, listed in `shared.channels`.
+    ack: Arc<ChannelAck>,
+    /// Whether `ack` has the idle mark.
+    idle: bool,
 }
 
 fn dev_id(b: &Bdev) -> usize {
@@ -72,12 +81,48 @@ fn dev_id(b: &Bdev) -> usize {
 impl Bases {
     /// The bases of `shared` as published now; no channel is opened yet.
     pub fn new(shared: Arc<RaidShared>) -> Bases {
+        // Listed before the epoch is loaded: see `RaidShared::register_channel`.
+        let ack = shared.register_channel();
         // Epoch before layout: the layout is then at least as new as the epoch noted.
         let epoch = shared.epoch();
         let layout = shared.layout();
         let open = (0..layout.slots.len()).map(|_| None).collect();
         let masks = Masks::of(&layout);
-        Bases { shared, epoch, layout, masks, open, retired: Vec::new() }
+        ack.store(epoch, true);
+        Bases { shared, epoch, layout, masks, open, retired: Vec::new(), ack, idle: true }
+    }
+
+    /// Called first by every submit: a channel leaving idle clears its mark before it looks
+    /// at the epoch (one branch when it was not idle).
+    #[inline]
+    pub fn enter(&mut self) {
+        if self.idle {
+            self.leave_idle();
+        }
+    }
+
+    #[cold]
+    fn leave_idle(&mut self) {
+        self.idle = false;
+        self.ack.store(self.epoch, false);
+    }
+
+    /// Called last by every poll with the channel's requests in flight: with none, the
+    /// channel marks itself idle.
+    #[inline]
+    pub fn settle(&mut self, in_flight: usize) {
+        if in_flight == 0 && !self.idle {
+            self.idle = true;
+            self.ack.store(self.epoch, true);
+        }
+    }
+
+    /// Publishes the requests in flight on retired channels, by slot (cold path).
+    fn publish_retired(&self) {
+        for slot in 0..self.open.len() {
+            let n: usize = self.retired.iter().filter(|(s, _)| *s == slot).map(|(_, c)| c.in_flight()).sum();
+            self.ack.set_retired(slot, u32::try_from(n).unwrap_or(u32::MAX));
+        }
     }
 
     /// Reloads the layout when the epoch moved (one load when it did not). Returns whether
@@ -111,6 +156,10 @@ impl Bases {
                 }
             }
         }
+        // What is still in flight to the bases that left, then the acknowledgement: a removal
+        // that sees the epoch acknowledged sees those counts too.
+        self.publish_retired();
+        self.ack.store(epoch, self.idle);
     }
 
     /// The channel of `slot`'s base, opened now if it has none; `None` when the slot has no
@@ -167,11 +216,18 @@ impl Bases {
         }
         out.clear();
         self.retired.retain(|(_, ch)| ch.in_flight() > 0);
+        self.publish_retired();
     }
 
     /// Requests in flight on every base channel.
     pub fn in_flight(&self) -> usize {
         let open: usize = self.open.iter().flatten().map(|o| o.ch.in_flight()).sum();
         open + self.retired.iter().map(|(_, c)| c.in_flight()).sum::<usize>()
+    }
+}
+
+impl Drop for Bases {
+    fn drop(&mut self) {
+        self.shared.unregister_channel(&self.ack);
     }
 }

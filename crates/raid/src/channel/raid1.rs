@@ -337,6 +337,9 @@ impl IoChannel for Raid1Channel {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         // SAFETY: the caller's contract, passed on.
         let admit = unsafe { admit(&self.info, req) }?;
+        // Before anything looks at the layout; a request refused above leaves the channel
+        // as it was (idle, when it had nothing in flight).
+        self.bases.enter();
         if self.done.len() == self.done.capacity() {
             return Err(SubmitError::Busy);
         }
@@ -450,6 +453,7 @@ impl IoChannel for Raid1Channel {
         for (tag, status) in self.done.drain(..) {
             done(tag, status);
         }
+        self.bases.settle(self.parents.used());
         n
     }
 

@@ -272,6 +272,9 @@ impl<M: SplitMap> IoChannel for SplitChannel<M> {
     unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         // SAFETY: the caller's contract, passed on.
         let admit = unsafe { admit(&self.info, req) }?;
+        // Before anything looks at the layout; a request refused above leaves the channel
+        // as it was (idle, when it had nothing in flight).
+        self.bases.enter();
         // One load: the layout of these levels changes only when the owner first publishes.
         self.bases.refresh();
         if self.done.len() == self.done.capacity() {
@@ -328,6 +331,7 @@ impl<M: SplitMap> IoChannel for SplitChannel<M> {
         for (tag, status) in self.done.drain(..) {
             done(tag, status);
         }
+        self.bases.settle(self.parents.used());
         n
     }
 

@@ -6,13 +6,32 @@
 //! `bdev_raid_add_base_bdev` returns it to its slot by the identity in its own superblock and
 //! rebuilds only the chunks written meanwhile. Any other base takes a free slot and is
 //! rebuilt in full.
+//!
+//! A removal answers once the base is out of reach: every channel of the raid has taken up the
+//! layout without it and none has a request to it in flight ([`REMOVE_DRAIN_WAIT`] at most;
+//! past it the base stays claimed until they end).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fp_bdev::module::{ClaimType, ModuleError, ModuleHost};
 use fp_rpc::Params;
 use serde_json::Value;
 
 use super::{module_error, with_raids, MODULE};
+use crate::shared::RaidShared;
 use crate::{RaidError, RaidLevel, SlotState};
+
+/// How long `bdev_raid_remove_base_bdev` waits for the raid's channels to be done with the
+/// base (every channel on the layout without it, no request to it left in flight) before it
+/// answers an error and leaves the base claimed until they are.
+pub const REMOVE_DRAIN_WAIT: Duration = Duration::from_secs(5);
+
+/// How often the removal looks at the channels meanwhile.
+const DRAIN_POLL: Duration = Duration::from_millis(1);
+
+/// How often a base left claimed past [`REMOVE_DRAIN_WAIT`] is looked at.
+const RELEASE_POLL: Duration = Duration::from_millis(10);
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ModuleError {
     module_error(RaidError::InvalidParam { field, reason: reason.into() })
@@ -119,7 +138,79 @@ pub(crate) fn remove_base_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<V
     }
     // The owner refuses the last in-sync base, and takes the base out durably first.
     owner.remove_base(&name).map_err(module_error)?;
-    host.release_claim(&name, MODULE, &raid);
-    log::info!("raid '{raid}': '{name}' removed from slot {slot}");
-    Ok(Value::Bool(true))
+    // Published: from here on no channel that acknowledges this epoch sends the base anything.
+    let epoch = shared.epoch();
+    let deadline = Instant::now() + REMOVE_DRAIN_WAIT;
+    let state = loop {
+        let state = shared.drain_state(slot, epoch);
+        if state.drained() || Instant::now() >= deadline {
+            break state;
+        }
+        std::thread::sleep(DRAIN_POLL);
+    };
+    if state.drained() {
+        host.release_claim(&name, MODULE, &raid);
+        log::info!("raid '{raid}': '{name}' removed from slot {slot}");
+        return Ok(Value::Bool(true));
+    }
+    // Never released under I/O: a thread of its own releases the base once it drained.
+    release_when_drained(host, shared.clone(), raid.clone(), name.clone(), slot, epoch);
+    let what = match (state.in_flight, state.unacknowledged) {
+        (n, 0) => format!("{n} request{} to it still in flight", plural(n)),
+        (n, c) => format!(
+            "{n} request{} to it still in flight and {c} channel{} that had not taken up the new \
+             layout (their requests to it unknown)",
+            plural(n),
+            plural(c as u64)
+        ),
+    };
+    Err(module_error(RaidError::Busy(format!(
+        "'{name}' left raid '{raid}' (slot {slot}), but after waiting {} s there were {what}; it stays \
+         claimed until they end",
+        REMOVE_DRAIN_WAIT.as_secs()
+    ))))
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// Releases the removed base `name` once nothing can reach it any more (see
+/// [`RaidShared::drain_state`]): a thread that looks every [`RELEASE_POLL`]. It has no bound:
+/// the base's requests end when the base answers them, or fail when it is deleted (which its
+/// claim prevents meanwhile), and the raid's channels close with the raid. It ends without
+/// releasing when the registry is gone.
+fn release_when_drained(
+    host: &dyn ModuleHost,
+    shared: Arc<RaidShared>,
+    raid: String,
+    name: String,
+    slot: usize,
+    epoch: u64,
+) {
+    let Some(weak) = host.weak_handle() else {
+        log::warn!("raid '{raid}': '{name}' stays claimed: nothing here can release it once it drains");
+        return;
+    };
+    let thread_name = format!("raid-release-{name}");
+    let spawned = std::thread::Builder::new().name(thread_name).spawn(move || loop {
+        if shared.drain_state(slot, epoch).drained() {
+            if let Some(h) = weak.upgrade() {
+                h.release_claim(&name, MODULE, &raid);
+                log::info!("raid '{raid}': '{name}' released: its last request ended");
+            }
+            return;
+        }
+        if weak.strong_count() == 0 {
+            return;
+        }
+        std::thread::sleep(RELEASE_POLL);
+    });
+    if let Err(e) = spawned {
+        log::warn!("raid: a removed base stays claimed: cannot start the thread that releases it: {e}");
+    }
 }
