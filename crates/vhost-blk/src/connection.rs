@@ -186,8 +186,16 @@ impl Connection {
         self.acked_features & VIRTIO_F_RING_PACKED != 0
     }
 
-    fn protocol_features_negotiated(&self) -> bool {
+    /// Whether the front-end acked VHOST_USER_F_PROTOCOL_FEATURES (rings then start disabled
+    /// and SET_VRING_ENABLE is allowed).
+    pub(crate) fn protocol_features_negotiated(&self) -> bool {
         self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
+    }
+
+    /// Whether a request with NEED_REPLY gets an acknowledgement (VHOST_USER_PROTOCOL_F_REPLY_ACK).
+    pub(crate) fn reply_ack_negotiated(&self) -> bool {
+        self.protocol_features_negotiated()
+            && self.protocol_features & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0
     }
 
     fn vring(&mut self, index: u32) -> VuResult<&mut Vring> {
