@@ -636,6 +636,10 @@ impl VhostUserBackendReqHandlerMut for Connection {
             // Frontends may read a larger struct than this device version defines: pad with
             // zeroes up to the vhost-user config limit (256 bytes), refuse beyond.
             if end > 256 {
+                log::warn!(
+                    "{}: GET_CONFIG of {size} bytes at offset {offset} refused: past the 256-byte config space",
+                    self.shared.name
+                );
                 return Err(VuError::InvalidParam);
             }
             let mut out = vec![0u8; size as usize];
