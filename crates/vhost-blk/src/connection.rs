@@ -188,8 +188,16 @@ impl Connection {
         self.acked_features & VIRTIO_F_RING_PACKED != 0
     }
 
-    fn protocol_features_negotiated(&self) -> bool {
+    /// Whether the front-end acked VHOST_USER_F_PROTOCOL_FEATURES (rings then start disabled
+    /// and SET_VRING_ENABLE is allowed).
+    pub(crate) fn protocol_features_negotiated(&self) -> bool {
         self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
+    }
+
+    /// Whether a request with NEED_REPLY gets an acknowledgement (VHOST_USER_PROTOCOL_F_REPLY_ACK).
+    pub(crate) fn reply_ack_negotiated(&self) -> bool {
+        self.protocol_features_negotiated()
+            && self.protocol_features & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0
     }
 
     fn vring(&mut self, index: u32) -> VuResult<&mut Vring> {
@@ -669,6 +677,10 @@ impl VhostUserBackendReqHandlerMut for Connection {
             // Frontends may read a larger struct than this device version defines: pad with
             // zeroes up to the vhost-user config limit (256 bytes), refuse beyond.
             if end > 256 {
+                log::warn!(
+                    "{}: GET_CONFIG of {size} bytes at offset {offset} refused: past the 256-byte config space",
+                    self.shared.name
+                );
                 return Err(VuError::InvalidParam);
             }
             let mut out = vec![0u8; size as usize];

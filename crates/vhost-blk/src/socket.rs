@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vhost::vhost_user::message::VhostUserLog;
+use vhost::vhost_user::message::{FrontendReq, VhostUserLog};
 use vhost::vhost_user::{BackendReqHandler, VhostUserBackendReqHandlerMut};
 
 use crate::connection::Connection;
@@ -258,12 +258,21 @@ fn serve_message(
             }
         }
         SET_LOG_BASE => return serve_set_log_base(fd, conn),
+        SET_VRING_ENABLE => return serve_set_vring_enable(fd, conn),
         _ => {}
     }
     match handler.handle_request() {
         Ok(()) => Ok(()),
         Err(vhost::vhost_user::Error::Disconnected) => Err("frontend closed the connection".into()),
-        Err(e) => Err(format!("protocol error: {e}")),
+        Err(e) => Err(format!("protocol error in {}: {e}", request_name(request))),
+    }
+}
+
+/// The request's name for a log line (vhost-user.rst's, without the VHOST_USER_ prefix).
+fn request_name(request: u32) -> String {
+    match FrontendReq::try_from(request) {
+        Ok(r) => format!("{r:?}"),
+        Err(_) => format!("unknown request {request}"),
     }
 }
 
@@ -325,6 +334,55 @@ fn serve_set_log_base(fd: i32, conn: &Mutex<Connection>) -> Result<(), String> {
     reply[0..4].copy_from_slice(&SET_LOG_BASE.to_le_bytes());
     reply[4..8].copy_from_slice(&HEADER_FLAGS_REPLY.to_le_bytes());
     std::io::Write::write_all(&mut stream, &reply).map_err(|e| format!("socket error: {e}"))
+}
+
+/// VHOST_USER_SET_VRING_ENABLE's request code.
+const SET_VRING_ENABLE: u32 = 18;
+/// `VhostUserVringState`: index and num, two u32.
+const VRING_STATE_SIZE: usize = 8;
+/// A request's NEED_REPLY header flag (vhost-user.rst, "Header").
+const HEADER_FLAG_NEED_REPLY: u32 = 0x8;
+
+/// Serves SET_VRING_ENABLE here rather than in `vhost`, whose handler (0.18) refuses any value
+/// but 0 and 1 before the message reaches [`Connection`], and closes the connection.
+/// vhost-user.rst says "1 to enable, 0 to disable"; the deployed back-ends (DPDK's and SPDK's
+/// rte_vhost, QEMU's libvhost-user) read any non-zero value as enable, and SPDK's virtio-user
+/// front-end depends on it: it enables each ring with the ring's size as the value. So does
+/// this back-end: non-zero enables, zero disables. The acknowledgement is `vhost`'s: with
+/// REPLY_ACK negotiated and NEED_REPLY set, a u64 that is 0 on success.
+fn serve_set_vring_enable(fd: i32, conn: &Mutex<Connection>) -> Result<(), String> {
+    let mut msg = [0u8; HEADER_SIZE + VRING_STATE_SIZE];
+    let (n, fds) = recv_with_fds(fd, &mut msg[..HEADER_SIZE], 0).map_err(|e| format!("socket error: {e}"))?;
+    let word = |m: &[u8], i: usize| u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
+    let (flags, size) = (word(&msg, 4), word(&msg, 8) as usize);
+    if n != HEADER_SIZE || flags & 0x3 != 0x1 || size != VRING_STATE_SIZE {
+        return Err(format!("protocol error: malformed SET_VRING_ENABLE (flags {flags:#x}, size {size})"));
+    }
+    if !fds.is_empty() {
+        return Err("protocol error: SET_VRING_ENABLE carries no fds".into());
+    }
+    // The whole message is queued (`wait_for_message`); the body follows the header.
+    let mut stream = BorrowedStream(fd);
+    std::io::Read::read_exact(&mut stream, &mut msg[HEADER_SIZE..])
+        .map_err(|e| format!("socket error: {e}"))?;
+    let (index, num) = (word(&msg, HEADER_SIZE), word(&msg, HEADER_SIZE + 4));
+    let (result, ack) = {
+        let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+        if !conn.protocol_features_negotiated() {
+            return Err("protocol error: SET_VRING_ENABLE without VHOST_USER_F_PROTOCOL_FEATURES".into());
+        }
+        let ack = flags & HEADER_FLAG_NEED_REPLY != 0 && conn.reply_ack_negotiated();
+        (conn.set_vring_enable(index, num != 0), ack)
+    };
+    if ack {
+        let mut reply = [0u8; HEADER_SIZE + 8];
+        reply[0..4].copy_from_slice(&SET_VRING_ENABLE.to_le_bytes());
+        reply[4..8].copy_from_slice(&HEADER_FLAGS_REPLY.to_le_bytes());
+        reply[8..12].copy_from_slice(&8u32.to_le_bytes());
+        reply[12..20].copy_from_slice(&u64::from(result.is_err()).to_le_bytes());
+        std::io::Write::write_all(&mut stream, &reply).map_err(|e| format!("socket error: {e}"))?;
+    }
+    result.map_err(|e| format!("SET_VRING_ENABLE of queue {index} ({num}) refused: {e}"))
 }
 
 /// Reads and writes an fd the caller keeps open, without owning it.
