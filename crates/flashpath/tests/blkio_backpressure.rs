@@ -167,3 +167,34 @@ fn sigterm_stops_the_daemon_with_a_read_refused_as_busy() {
     abort.store(true, Ordering::Release);
     bounded(Duration::from_secs(20), "client teardown", move || client.join().unwrap());
 }
+
+#[test]
+fn the_daemon_wide_stop_bound_reaches_controllers_created_without_one() {
+    let stop_timeout_ms = |daemon: &Daemon, name: &str| {
+        daemon.call("vhost_get_controllers", json!({"name": name}))[0]["stop_timeout_ms"].clone()
+    };
+    // From the config file, for a controller of the file and one created by RPC.
+    let daemon = Daemon::start_with_config("0", |_| {
+        "[vhost]\nstop_timeout_ms = 1500\n\n[[bdev]]\ntype = \"null\"\nname = \"n0\"\nnum_blocks = 64\n\
+         block_size = 512\n\n[[vhost_blk]]\nctrlr = \"from_file\"\ndev_name = \"n0\"\n"
+            .to_string()
+    });
+    assert_eq!(stop_timeout_ms(&daemon, "from_file"), 1500);
+    for n in ["n1", "n2"] {
+        daemon.call("bdev_null_create", json!({"name": n, "num_blocks": 64, "block_size": 512}));
+    }
+    daemon.call("vhost_create_blk_controller", json!({"ctrlr": "by_rpc", "dev_name": "n1"}));
+    assert_eq!(stop_timeout_ms(&daemon, "by_rpc"), 1500);
+    // A controller's own bound wins over the daemon's.
+    daemon.call(
+        "vhost_create_blk_controller",
+        json!({"ctrlr": "own", "dev_name": "n2", "stop_timeout_ms": 40}),
+    );
+    assert_eq!(stop_timeout_ms(&daemon, "own"), 40);
+    drop(daemon);
+    // From the command line.
+    let daemon = Daemon::start_with_args("0", &["--vhost-stop-timeout-ms", "2500"]);
+    daemon.call("bdev_null_create", json!({"name": "n0", "num_blocks": 64, "block_size": 512}));
+    daemon.call("vhost_create_blk_controller", json!({"ctrlr": "by_rpc", "dev_name": "n0"}));
+    assert_eq!(stop_timeout_ms(&daemon, "by_rpc"), 2500);
+}
