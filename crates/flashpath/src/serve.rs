@@ -247,7 +247,10 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         e.stop();
     }
     registry.shutdown();
-    reactors.shutdown();
+    // A queue that did not stop in time (its disk still holds requests) waits on its reactor
+    // for them, up to the daemon's stop bound once more, so that guest memory is not unmapped
+    // under the disk.
+    reactors.shutdown_within(settings.vhost_stop_timeout);
     log::info!("stopped");
     outcome.map(|_| ()).map_err(ServeError::Signals)
 }

@@ -963,6 +963,12 @@ impl Poller for QueuePoller {
         self.channel.sleeps_in_flight().then_some(REMOTE_IDLE_WINDOW)
     }
 
+    fn held_by_backend(&self) -> usize {
+        // Their buffers are the guest's memory, which the queue keeps mapped; one refused as
+        // busy is not the bdev's.
+        self.in_flight() - usize::from(self.retry.is_some())
+    }
+
     fn prepare_sleep(&mut self) -> bool {
         if self.failed {
             return true;
@@ -997,6 +1003,21 @@ impl Poller for QueuePoller {
             fds.push(fd);
         }
         fds
+    }
+}
+
+impl Drop for QueuePoller {
+    fn drop(&mut self) {
+        let held = self.held_by_backend();
+        if held > 0 {
+            // Only at daemon shutdown, after its reactor waited its bound for them.
+            log::error!(
+                "{} queue {}: dropped with {held} requests still held by the bdev; their guest memory \
+                 is unmapped",
+                self.controller,
+                self.index
+            );
+        }
     }
 }
 

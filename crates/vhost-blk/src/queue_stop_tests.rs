@@ -354,3 +354,23 @@ fn a_stopped_queue_releases_the_disk_hand_off_before_it_answers() {
     let _dst = HandOff::hold(&handoff, &dst).expect("the stopped queue holds the disk no more");
     drop(q);
 }
+
+#[test]
+fn shutdown_waits_for_a_request_the_bdev_holds_not_for_one_refused_as_busy() {
+    let mut g = Guest::new(false);
+    let (bdev, state) = gate(false);
+    let mut q = start(&g, &bdev);
+    state.busy.store(true, Ordering::Relaxed);
+    post_read(&mut g, 0);
+    q.poll();
+    assert_eq!(q.held_by_backend(), 0, "a request refused as busy is not the bdev's");
+    state.busy.store(false, Ordering::Relaxed);
+    state.hold.store(true, Ordering::Relaxed);
+    q.poll();
+    assert_eq!(q.held_by_backend(), 1, "the bdev took it and holds it");
+    state.hold.store(false, Ordering::Relaxed);
+    for _ in 0..5 {
+        q.poll();
+    }
+    assert_eq!((q.held_by_backend(), status(&g, 0)), (0, VIRTIO_BLK_S_OK));
+}
