@@ -19,6 +19,10 @@
 //! export_dirs = ["/srv/disks"]         # where uring bdevs may open files; --export-dir wins
 //! nvmf_allow_remote = false            # NVMe/TCP listeners off loopback too (docs/nvmf.md)
 //!
+//! [vhost]                              # optional; vhost-user-blk controllers
+//! stop_timeout_ms = 5000               # a queue stop's bound (the default) for controllers created
+//!                                      # without their own; --vhost-stop-timeout-ms wins
+//!
 //! [stats]                              # optional
 //! iostat = true                        # per-disk I/O statistics; false (or --no-iostat) skips them
 //!
@@ -169,6 +173,12 @@
 //! group or others if `socket_mode` grants them anything; an existing directory is left
 //! as it is (with a warning if others may replace sockets in it).
 //!
+//! `[vhost]`: `stop_timeout_ms` is how long stopping a vhost-user queue may take (GET_VRING_BASE,
+//! a disconnect, a memory-table change; docs/architecture.md, "Stopping a queue") for every
+//! controller created without its own `stop_timeout_ms`, from this file or by RPC: 1 to 600000,
+//! 5000 by default. At daemon shutdown it is also how long each reactor waits, after the queues
+//! were stopped, for requests a bdev still holds before it lets go of their guest memory.
+//!
 //! `export_dirs`, when present, confines `bdev_uring_create` (the only bdev type that opens a
 //! host path) to files inside those directories, which must exist when `serve` starts. A
 //! filename is resolved first (symlinks, `..`) and must lead inside one of them, or the call
@@ -182,6 +192,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use fp_registry::exports::config_tables;
+use fp_registry::exports::vhost_blk::MAX_STOP_TIMEOUT_MS;
 use fp_registry::{Limits, MethodError, Registry};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -212,6 +223,8 @@ pub enum ConfigError {
     Limit { key: &'static str, reason: String },
     #[error("security.{key}: {reason}")]
     Security { key: &'static str, reason: String },
+    #[error("vhost.{key}: {reason}")]
+    Vhost { key: &'static str, reason: String },
 }
 
 /// The file as written. See the module docs.
@@ -229,6 +242,8 @@ pub struct ConfigFile {
     pub security: SecuritySection,
     #[serde(default)]
     pub stats: StatsSection,
+    #[serde(default)]
+    pub vhost: VhostSection,
     /// Kept as raw tables: their keys are checked by the RPC methods themselves.
     #[serde(default)]
     pub bdev_options: Option<toml::Table>,
@@ -268,7 +283,7 @@ pub struct ConfigFile {
 
 /// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the export
 /// kinds' tables follow them there.
-const FILE_KEYS: [&str; 18] = [
+const FILE_KEYS: [&str; 19] = [
     "rpc",
     "vhost_dir",
     "metrics",
@@ -276,6 +291,7 @@ const FILE_KEYS: [&str; 18] = [
     "limits",
     "security",
     "stats",
+    "vhost",
     "bdev_options",
     "nvme_options",
     "nvme_controller",
@@ -374,6 +390,31 @@ pub struct ReactorSection {
 #[serde(deny_unknown_fields)]
 pub struct StatsSection {
     pub iostat: Option<bool>,
+}
+
+/// `[vhost]`: daemon-wide defaults of the vhost-user-blk controllers.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VhostSection {
+    /// The stop bound of controllers created without `stop_timeout_ms`.
+    pub stop_timeout_ms: Option<u64>,
+}
+
+impl VhostSection {
+    fn check(&self) -> Result<(), ConfigError> {
+        match self.stop_timeout_ms {
+            Some(ms) if !stop_timeout_ms_in_range(ms) => Err(ConfigError::Vhost {
+                key: "stop_timeout_ms",
+                reason: format!("{ms} is not between 1 and {MAX_STOP_TIMEOUT_MS}"),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Whether `ms` is a stop bound a controller accepts.
+pub fn stop_timeout_ms_in_range(ms: u64) -> bool {
+    (1..=MAX_STOP_TIMEOUT_MS).contains(&ms)
 }
 
 /// `[limits]`; an absent key keeps the default of [`Limits`].
@@ -480,6 +521,7 @@ impl ConfigFile {
         }
         config.limits.check()?;
         config.security.check()?;
+        config.vhost.check()?;
         Ok(config)
     }
 

@@ -34,6 +34,8 @@ pub struct ServeOptions {
     pub metrics: Option<String>,
     /// `--no-iostat`.
     pub no_iostat: bool,
+    /// `--vhost-stop-timeout-ms`.
+    pub vhost_stop_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +71,8 @@ pub enum ServeError {
     Rpc(#[source] io::Error),
     #[error("cannot set up signal handling: {0}")]
     Signals(#[source] io::Error),
+    #[error("--vhost-stop-timeout-ms: {0} is not between 1 and {max}", max = fp_registry::exports::vhost_blk::MAX_STOP_TIMEOUT_MS)]
+    StopTimeout(u64),
 }
 
 /// What `serve` ends up running with.
@@ -87,6 +91,10 @@ pub struct Settings {
     /// NVMe-oF listeners may bind non-loopback addresses
     /// (`fp_registry::RegistryOptions::nvmf_allow_remote`).
     pub nvmf_allow_remote: bool,
+    /// The stop bound of vhost-user-blk controllers created without `stop_timeout_ms`
+    /// (`fp_registry::RegistryOptions::vhost_stop_timeout`), and how long each reactor waits at
+    /// shutdown for requests a bdev still holds.
+    pub vhost_stop_timeout: Duration,
 }
 
 /// Merges flags over the config file over defaults.
@@ -100,6 +108,14 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
         .idle_window_us
         .or(config.reactor.idle_window_us)
         .map_or(fp_reactor::DEFAULT_IDLE_WINDOW, Duration::from_micros);
+    // The file's value was checked when it was read.
+    if let Some(ms) = opts.vhost_stop_timeout_ms.filter(|&ms| !crate::config::stop_timeout_ms_in_range(ms)) {
+        return Err(ServeError::StopTimeout(ms));
+    }
+    let vhost_stop_timeout = opts
+        .vhost_stop_timeout_ms
+        .or(config.vhost.stop_timeout_ms)
+        .map_or_else(|| RegistryOptions::default().vhost_stop_timeout, Duration::from_millis);
     Ok(Settings {
         cpus,
         rpc: opts.rpc.clone().or_else(|| config.rpc.clone()).unwrap_or_else(|| DEFAULT_RPC_SOCKET.into()),
@@ -118,6 +134,7 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
         },
         iostat: !opts.no_iostat && config.stats.iostat.unwrap_or(true),
         nvmf_allow_remote: config.security.nvmf_allow_remote.unwrap_or(false),
+        vhost_stop_timeout,
     })
 }
 
@@ -174,7 +191,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
 
     let reactors = ReactorSet::start(&settings.cpus, ReactorConfig { idle_window: settings.idle_window })
         .map_err(|source| ServeError::Reactors { cpus: format_cpus(&settings.cpus), source })?;
-    let options = RegistryOptions {
+    let mut options = RegistryOptions {
         limits: settings.limits.clone(),
         socket_mode: settings.socket_mode,
         export_dirs,
@@ -182,6 +199,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         nvmf_allow_remote: settings.nvmf_allow_remote,
         ..RegistryOptions::default()
     };
+    options.vhost_stop_timeout = settings.vhost_stop_timeout;
     let registry = Registry::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
     let started = config.apply(&registry).map_err(ServeError::from).and_then(|_| {
         let m = registry.clone();
@@ -229,7 +247,10 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         e.stop();
     }
     registry.shutdown();
-    reactors.shutdown();
+    // A queue that did not stop in time (its disk still holds requests) waits on its reactor
+    // for them, up to the daemon's stop bound once more, so that guest memory is not unmapped
+    // under the disk.
+    reactors.shutdown_within(settings.vhost_stop_timeout);
     log::info!("stopped");
     outcome.map(|_| ()).map_err(ServeError::Signals)
 }
@@ -299,6 +320,7 @@ mod tests {
                 export_dirs: None,
                 iostat: true,
                 nvmf_allow_remote: false,
+                vhost_stop_timeout: RegistryOptions::default().vhost_stop_timeout,
             }
         );
         let opts = ServeOptions {
@@ -310,6 +332,7 @@ mod tests {
             export_dirs: None,
             metrics: None,
             no_iostat: true,
+            vhost_stop_timeout_ms: None,
         };
         let from_flags = resolve(&opts, &config).unwrap();
         assert_eq!(from_flags.cpus, [0]);
@@ -364,6 +387,31 @@ mod tests {
         create_vhost_dir(&new, 0o600).unwrap();
         assert_eq!(mode(&new), 0o755);
         assert_eq!(vhost_dir_mode(0o606), 0o701);
+    }
+
+    #[test]
+    fn the_vhost_stop_bound_comes_from_the_flag_over_the_vhost_table() {
+        let config = ConfigFile::parse("[vhost]\nstop_timeout_ms = 750\n", Path::new("c.toml")).unwrap();
+        assert_eq!(config.vhost.stop_timeout_ms, Some(750));
+        assert_eq!(
+            resolve(&ServeOptions::default(), &config).unwrap().vhost_stop_timeout,
+            Duration::from_millis(750)
+        );
+        let opts = ServeOptions { vhost_stop_timeout_ms: Some(20_000), ..ServeOptions::default() };
+        assert_eq!(resolve(&opts, &config).unwrap().vhost_stop_timeout, Duration::from_secs(20));
+        let none = resolve(&ServeOptions::default(), &ConfigFile::default()).unwrap();
+        assert_eq!(none.vhost_stop_timeout, RegistryOptions::default().vhost_stop_timeout);
+        for ms in [0, 600_001] {
+            let text = format!("[vhost]\nstop_timeout_ms = {ms}\n");
+            let e = ConfigFile::parse(&text, Path::new("c.toml")).unwrap_err().to_string();
+            assert_eq!(e, format!("vhost.stop_timeout_ms: {ms} is not between 1 and 600000"));
+            let opts = ServeOptions { vhost_stop_timeout_ms: Some(ms), ..ServeOptions::default() };
+            let e = resolve(&opts, &ConfigFile::default()).unwrap_err().to_string();
+            assert_eq!(e, format!("--vhost-stop-timeout-ms: {ms} is not between 1 and 600000"));
+        }
+        let e =
+            ConfigFile::parse("[vhost]\nstop_timeout = 5\n", Path::new("c.toml")).unwrap_err().to_string();
+        assert!(e.starts_with("c.toml:2:1: unknown field `stop_timeout`"), "{e}");
     }
 
     #[test]

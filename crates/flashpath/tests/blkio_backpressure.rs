@@ -56,6 +56,22 @@ fn controller(daemon: &Daemon) -> Value {
 /// them and goes away (disconnects) with them outstanding. Returns when the reads are refused
 /// as busy: one waits in the queue, refused on every retry.
 fn client_with_parked_reads(daemon: &Daemon, sock: &Path) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+    client_with_reads(daemon, sock, |daemon| {
+        let refused = daemon.call("bdev_get_bdevs", json!({"name": EE}))[0]["driver_specific"]["error"]
+            ["injections"]["read"]["num"]
+            .as_u64()
+            .is_some_and(|left| left < FOREVER - 100);
+        refused && controller(daemon)["stats"]["in_flight"].as_u64() == Some(1)
+    })
+}
+
+/// A client thread as [`client_with_parked_reads`], returning once `ready` says the reads are
+/// where the test wants them.
+fn client_with_reads(
+    daemon: &Daemon,
+    sock: &Path,
+    ready: impl Fn(&Daemon) -> bool,
+) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
     let abort = Arc::new(AtomicBool::new(false));
     let (a, s) = (abort.clone(), sock.to_path_buf());
     let client = std::thread::spawn(move || {
@@ -68,14 +84,10 @@ fn client_with_parked_reads(daemon: &Daemon, sock: &Path) -> (Arc<AtomicBool>, s
     });
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let refused = daemon.call("bdev_get_bdevs", json!({"name": EE}))[0]["driver_specific"]["error"]
-            ["injections"]["read"]["num"]
-            .as_u64()
-            .is_some_and(|left| left < FOREVER - 100);
-        if refused && controller(daemon)["stats"]["in_flight"].as_u64() == Some(1) {
+        if ready(daemon) {
             break;
         }
-        assert!(Instant::now() < deadline, "the reads were not refused: {}", controller(daemon));
+        assert!(Instant::now() < deadline, "the reads did not get there: {}", controller(daemon));
         std::thread::sleep(Duration::from_millis(10));
     }
     (abort, client)
@@ -166,4 +178,69 @@ fn sigterm_stops_the_daemon_with_a_read_refused_as_busy() {
     daemon.assert_stops_on_sigterm();
     abort.store(true, Ordering::Release);
     bounded(Duration::from_secs(20), "client teardown", move || client.join().unwrap());
+}
+
+#[test]
+fn sigterm_waits_its_bound_for_reads_the_disk_holds_and_says_what_is_left() {
+    // The daemon's bound, for the controller (created without its own) and for shutdown.
+    let bound = Duration::from_millis(500);
+    let mut daemon = Daemon::start_with_args("0", &["--vhost-stop-timeout-ms", "500"]);
+    daemon.malloc("M0", 8192, 512);
+    assert_eq!(daemon.call("bdev_error_create", json!({"base_name": "M0"})), true);
+    daemon.call("vhost_create_blk_controller", json!({"ctrlr": CTRLR, "dev_name": EE, "num_queues": 1}));
+    assert_eq!(controller(&daemon)["stop_timeout_ms"], 500);
+    let sock = daemon.dir.path().join(CTRLR);
+    // Held until resumed, which nobody does: the disk owns the reads' buffers to the end.
+    let p = json!({"name": EE, "io_type": "read", "error_type": "pending", "num": FOREVER});
+    assert_eq!(daemon.call("bdev_error_inject_error", p), true);
+    let (abort, client) =
+        client_with_reads(&daemon, &sock, |d| controller(d)["stats"]["in_flight"].as_u64() == Some(8));
+    let started = Instant::now();
+    daemon.assert_stops_on_sigterm();
+    let took = started.elapsed();
+    abort.store(true, Ordering::Release);
+    bounded(Duration::from_secs(20), "client teardown", move || client.join().unwrap());
+    let log = daemon.stderr();
+    // The queue's stop ends at its bound, then the reactor waits its own for the held reads
+    // before it drops the queue (and unmaps the guest memory they point into).
+    assert!(took >= 2 * bound, "SIGTERM took {took:?}: it did not wait for the held reads\n{log}");
+    assert!(log.contains("queue 0 did not stop within 500ms"), "{log}");
+    assert!(
+        log.contains("reactor 0: shutdown waited")
+            && log.contains("past its bound of 500ms by")
+            && log.contains("8 requests still held by the backends of 1 pollers"),
+        "{log}"
+    );
+    assert!(log.contains("queue 0: dropped with 8 requests still held by the bdev"), "{log}");
+}
+
+#[test]
+fn the_daemon_wide_stop_bound_reaches_controllers_created_without_one() {
+    let stop_timeout_ms = |daemon: &Daemon, name: &str| {
+        daemon.call("vhost_get_controllers", json!({"name": name}))[0]["stop_timeout_ms"].clone()
+    };
+    // From the config file, for a controller of the file and one created by RPC.
+    let daemon = Daemon::start_with_config("0", |_| {
+        "[vhost]\nstop_timeout_ms = 1500\n\n[[bdev]]\ntype = \"null\"\nname = \"n0\"\nnum_blocks = 64\n\
+         block_size = 512\n\n[[vhost_blk]]\nctrlr = \"from_file\"\ndev_name = \"n0\"\n"
+            .to_string()
+    });
+    assert_eq!(stop_timeout_ms(&daemon, "from_file"), 1500);
+    for n in ["n1", "n2"] {
+        daemon.call("bdev_null_create", json!({"name": n, "num_blocks": 64, "block_size": 512}));
+    }
+    daemon.call("vhost_create_blk_controller", json!({"ctrlr": "by_rpc", "dev_name": "n1"}));
+    assert_eq!(stop_timeout_ms(&daemon, "by_rpc"), 1500);
+    // A controller's own bound wins over the daemon's.
+    daemon.call(
+        "vhost_create_blk_controller",
+        json!({"ctrlr": "own", "dev_name": "n2", "stop_timeout_ms": 40}),
+    );
+    assert_eq!(stop_timeout_ms(&daemon, "own"), 40);
+    drop(daemon);
+    // From the command line.
+    let daemon = Daemon::start_with_args("0", &["--vhost-stop-timeout-ms", "2500"]);
+    daemon.call("bdev_null_create", json!({"name": "n0", "num_blocks": 64, "block_size": 512}));
+    daemon.call("vhost_create_blk_controller", json!({"ctrlr": "by_rpc", "dev_name": "n0"}));
+    assert_eq!(stop_timeout_ms(&daemon, "by_rpc"), 2500);
 }

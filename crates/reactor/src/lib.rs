@@ -25,7 +25,9 @@ mod stats;
 
 pub use cpus::{parse_cpu_list, parse_cpumask, MAX_CPUMASK_LEN};
 pub use poller::{PollStatus, Poller, PollerId};
-pub use reactor::{Message, Reactor, ReactorConfig, ReactorHandle, DEFAULT_IDLE_WINDOW};
+pub use reactor::{
+    Message, Reactor, ReactorConfig, ReactorHandle, DEFAULT_IDLE_WINDOW, DEFAULT_SHUTDOWN_BOUND,
+};
 pub use set::ReactorSet;
 pub use stats::{mono_ns, ReactorStats, ReactorStatsSnapshot};
 

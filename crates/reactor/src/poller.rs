@@ -29,6 +29,14 @@ pub trait Poller: Any {
         false
     }
 
+    /// Requests this poller handed to a backend that has not given them back yet, when the
+    /// poller owns memory the backend may still write (a guest's buffers): at shutdown the
+    /// reactor keeps polling, within its shutdown bound, until none is left before it drops its
+    /// pollers ([`crate::ReactorSet::shutdown_within`]).
+    fn held_by_backend(&self) -> usize {
+        0
+    }
+
     /// Re-arms notifications before the reactor sleeps. Returns `false` when work turned up while
     /// re-arming, in which case the reactor does not sleep.
     fn prepare_sleep(&mut self) -> bool {

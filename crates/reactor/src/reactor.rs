@@ -104,7 +104,17 @@ pub struct Reactor {
     pub(crate) last_work: Instant,
     last_round_busy: bool,
     stop: bool,
+    /// How long [`Reactor::drain_held`] may wait at shutdown ([`Reactor::request_shutdown`]).
+    shutdown_bound: Duration,
 }
+
+/// How long a reactor waits at shutdown, by default, for requests backends still hold
+/// ([`Reactor::drain_held`]): as long as a vhost-user queue's default stop bound.
+pub const DEFAULT_SHUTDOWN_BOUND: Duration = Duration::from_secs(5);
+
+/// The longest a draining reactor sleeps before it checks its bound again (it wakes earlier
+/// for any completion signalled through a poller's fd).
+const DRAIN_SLEEP: Duration = Duration::from_millis(50);
 
 const INBOX_TOKEN: u64 = u64::MAX;
 
@@ -133,6 +143,7 @@ impl Reactor {
             last_work: now,
             last_round_busy: true,
             stop: false,
+            shutdown_bound: DEFAULT_SHUTDOWN_BOUND,
         })
     }
 
@@ -195,6 +206,62 @@ impl Reactor {
     /// Makes [`Reactor::run`] return after the current round.
     pub fn request_stop(&mut self) {
         self.stop = true;
+    }
+
+    /// Makes [`Reactor::run`] return after the current round; the thread that runs it then
+    /// waits up to `bound` for what backends still hold ([`Reactor::drain_held`]).
+    pub fn request_shutdown(&mut self, bound: Duration) {
+        self.shutdown_bound = bound;
+        self.stop = true;
+    }
+
+    /// The bound [`Reactor::request_shutdown`] set ([`DEFAULT_SHUTDOWN_BOUND`] otherwise).
+    pub fn shutdown_bound(&self) -> Duration {
+        self.shutdown_bound
+    }
+
+    /// Requests the pollers handed to backends that have not come back
+    /// ([`Poller::held_by_backend`]).
+    pub fn held_by_backends(&self) -> usize {
+        self.pollers.iter().map(|s| s.poller.held_by_backend()).sum()
+    }
+
+    /// Shutdown, before the pollers are dropped: runs rounds (sleeping when the reactor may)
+    /// until no poller has a request a backend holds, or until `bound` has passed. A poller
+    /// dropped with such a request would free memory the backend may still write (a guest's
+    /// buffers unmapped under a disk). Returns how many are still held at the bound (0 when all
+    /// came back), and logs how long it waited and what is left.
+    pub fn drain_held(&mut self, bound: Duration) -> usize {
+        let start = Instant::now();
+        let at_start = self.held_by_backends();
+        loop {
+            let held = self.held_by_backends();
+            let waited = start.elapsed();
+            if held == 0 {
+                if at_start > 0 {
+                    log::info!(
+                        "reactor {}: shutdown waited {waited:?} for {at_start} requests the backends held",
+                        self.id
+                    );
+                }
+                return 0;
+            }
+            if waited >= bound {
+                let pollers = self.pollers.iter().filter(|s| s.poller.held_by_backend() > 0).count();
+                log::error!(
+                    "reactor {}: shutdown waited {waited:?}, past its bound of {bound:?} by {:?}: {held} \
+                     requests still held by the backends of {pollers} pollers (of {at_start} at the \
+                     start); dropping them with their memory",
+                    self.id,
+                    waited - bound
+                );
+                return held;
+            }
+            self.poll_once();
+            if self.may_sleep() {
+                self.sleep(Some((bound - waited).min(DRAIN_SLEEP)));
+            }
+        }
     }
 
     /// Whether [`Reactor::request_stop`] was called.

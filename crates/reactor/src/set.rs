@@ -2,9 +2,10 @@
 
 use std::io;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::cpus::pin_to_core;
-use crate::reactor::{Reactor, ReactorConfig, ReactorHandle};
+use crate::reactor::{Reactor, ReactorConfig, ReactorHandle, DEFAULT_SHUTDOWN_BOUND};
 
 /// The running reactors of a process, one thread each, pinned.
 pub struct ReactorSet {
@@ -28,7 +29,12 @@ impl ReactorSet {
                         // silently unserved while the process looks healthy. Fail fast instead:
                         // a supervisor restarts the daemon, and vhost-user frontends reconnect
                         // and have their in-flight requests resubmitted.
-                        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reactor.run()));
+                        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            reactor.run();
+                            // Pollers may own memory a backend still writes: wait for it.
+                            let bound = reactor.shutdown_bound();
+                            reactor.drain_held(bound);
+                        }));
                         if run.is_err() {
                             log::error!("reactor on cpu {core} panicked: aborting the process");
                             std::process::abort();
@@ -58,14 +64,22 @@ impl ReactorSet {
         &self.handles
     }
 
-    /// Stops every reactor after its current round and joins the threads.
-    pub fn shutdown(mut self) {
-        self.stop_all();
+    /// [`ReactorSet::shutdown_within`] the [`DEFAULT_SHUTDOWN_BOUND`].
+    pub fn shutdown(self) {
+        self.shutdown_within(DEFAULT_SHUTDOWN_BOUND);
     }
 
-    fn stop_all(&mut self) {
+    /// Stops every reactor after its current round; each then keeps polling, up to `bound`,
+    /// while its pollers have requests a backend holds ([`crate::Poller::held_by_backend`]),
+    /// logs what is left at the bound, drops its pollers and ends. Joins the threads: this
+    /// returns within about `bound` of the last round.
+    pub fn shutdown_within(mut self, bound: Duration) {
+        self.stop_all(bound);
+    }
+
+    fn stop_all(&mut self, bound: Duration) {
         for h in &self.handles {
-            h.send(|r| r.request_stop());
+            h.send(move |r| r.request_shutdown(bound));
         }
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -75,6 +89,6 @@ impl ReactorSet {
 
 impl Drop for ReactorSet {
     fn drop(&mut self) {
-        self.stop_all();
+        self.stop_all(DEFAULT_SHUTDOWN_BOUND);
     }
 }

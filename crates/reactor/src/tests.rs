@@ -244,3 +244,98 @@ fn a_panicking_poller_aborts_the_process() {
     assert_eq!(out.status.signal(), Some(libc::SIGABRT), "child ended with {:?}", out.status);
     assert!(String::from_utf8_lossy(&out.stderr).contains("a poller bug"));
 }
+
+/// A backend request the poller's memory is lent to: held until `release` is set, then given
+/// back at the next poll. Records that a drain asked about it and whether it was dropped while
+/// the request was still held.
+struct HeldRequest {
+    release: Arc<std::sync::atomic::AtomicBool>,
+    held: bool,
+    drain_asked: Arc<std::sync::atomic::AtomicBool>,
+    dropped: Arc<std::sync::Mutex<Option<bool>>>,
+}
+
+impl HeldRequest {
+    fn new() -> (HeldRequest, Arc<std::sync::atomic::AtomicBool>, Arc<std::sync::Mutex<Option<bool>>>) {
+        let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let dropped = Arc::new(std::sync::Mutex::new(None));
+        let p = HeldRequest {
+            release: release.clone(),
+            held: true,
+            drain_asked: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            dropped: dropped.clone(),
+        };
+        (p, release, dropped)
+    }
+}
+
+impl Poller for HeldRequest {
+    fn poll(&mut self) -> PollStatus {
+        if self.held && self.release.load(std::sync::atomic::Ordering::Acquire) {
+            self.held = false;
+            return PollStatus::Busy;
+        }
+        PollStatus::Idle
+    }
+
+    fn has_pending(&self) -> bool {
+        self.held
+    }
+
+    fn held_by_backend(&self) -> usize {
+        self.drain_asked.store(true, std::sync::atomic::Ordering::Release);
+        usize::from(self.held)
+    }
+}
+
+impl Drop for HeldRequest {
+    fn drop(&mut self) {
+        *self.dropped.lock().unwrap() = Some(self.held);
+    }
+}
+
+#[test]
+fn a_drain_polls_until_the_backend_gives_the_request_back() {
+    let mut r = reactor(0);
+    let (p, release, dropped) = HeldRequest::new();
+    r.add_poller(Box::new(p));
+    // Given back once the drain has started: a message run by the drain's first round.
+    r.handle().send(move |_| release.store(true, std::sync::atomic::Ordering::Release));
+    assert_eq!(r.held_by_backends(), 1);
+    assert_eq!(r.drain_held(Duration::from_secs(60)), 0);
+    assert_eq!(*dropped.lock().unwrap(), None, "the drain drops nothing itself");
+}
+
+#[test]
+fn a_drain_ends_at_its_bound_with_what_is_still_held() {
+    let mut r = reactor(0);
+    let (p, _release, _dropped) = HeldRequest::new();
+    r.add_poller(Box::new(p));
+    let bound = Duration::from_millis(30);
+    let started = Instant::now();
+    assert_eq!(r.drain_held(bound), 1, "the backend never gave it back");
+    let took = started.elapsed();
+    assert!(took >= bound && took < Duration::from_secs(10), "{took:?}");
+}
+
+#[test]
+fn shutdown_waits_for_a_request_a_backend_holds_before_dropping_its_poller() {
+    let set = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
+    let (p, release, dropped) = HeldRequest::new();
+    let drain_asked = p.drain_asked.clone();
+    set.handles()[0].call(move |r| r.add_poller(Box::new(p))).unwrap();
+    let shutdown = std::thread::spawn(move || set.shutdown_within(Duration::from_secs(120)));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !drain_asked.load(std::sync::atomic::Ordering::Acquire) {
+        assert!(
+            dropped.lock().unwrap().is_none(),
+            "the poller was dropped without waiting for its held request"
+        );
+        assert!(Instant::now() < deadline, "the shutdown never asked what backends hold");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(*dropped.lock().unwrap(), None, "dropped while its request is held");
+    release.store(true, std::sync::atomic::Ordering::Release);
+    shutdown.join().unwrap();
+    assert_eq!(*dropped.lock().unwrap(), Some(false), "dropped once the backend gave the request back");
+}

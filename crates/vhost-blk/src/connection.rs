@@ -40,6 +40,7 @@ use crate::log::{log_bytes_for, map_log, QueueLog};
 use crate::memory::{MemoryMap, MAX_MEM_REGIONS};
 use crate::queue::{QueuePoller, QueueSetup, StopMode, StopReply};
 use crate::state::ControllerState;
+use crate::HandOff;
 use fp_virtq::{DirtyLog, RingLog, LOG_PAGE};
 
 /// Largest ring the device accepts (libblkio asks for 256, QEMU for 128 or 256).
@@ -246,14 +247,17 @@ impl Connection {
         self.vrings[index].ring_gpa = (desc_gpa.0, used_gpa.0);
         // During a migration within this daemon the disk may have a second controller; only
         // one of them writes at a time (crate::HandOff).
-        if let Err(holder) = self.shared.handoff.start_queue(&self.shared.name) {
-            log::warn!(
-                "{} queue {index}: not started: the disk is served by controller '{holder}', whose \
-                 queues still run (a migration hand-off stops them first)",
-                self.shared.name
-            );
-            return Err(invalid("the disk is served by another controller"));
-        }
+        let hold = match HandOff::hold(&self.shared.handoff, &self.shared.name) {
+            Ok(hold) => hold,
+            Err(holder) => {
+                log::warn!(
+                    "{} queue {index}: not started: the disk is served by controller '{holder}', whose \
+                     queues still run (a migration hand-off stops them first)",
+                    self.shared.name
+                );
+                return Err(invalid("the disk is served by another controller"));
+            }
+        };
         let setup = QueueSetup {
             controller: self.shared.name.clone(),
             index: index as u16,
@@ -276,14 +280,13 @@ impl Connection {
             coalescing: self.shared.coalescing.clone(),
             clock: crate::coalesce::Clock::Monotonic,
             log: self.queue_log(index),
+            // A queue that does not start drops it with the setup.
+            hold: Some(hold),
         };
         let reactor = self.reactor_for(index).clone();
         let started = reactor
             .call(move |r| QueuePoller::new(setup).map(|p| r.add_poller(Box::new(p))))
             .ok_or(invalid("reactor is gone"));
-        if !matches!(started, Ok(Ok(_))) {
-            self.shared.handoff.stop_queue(&self.shared.name);
-        }
         match started? {
             Ok(id) => {
                 log::info!(
@@ -331,10 +334,9 @@ impl Connection {
             match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(Ok(stopped)) => {
                     self.vrings[index].base = stopped.base;
-                    // Nothing of this queue touches the disk any more. (A queue that does not
-                    // stop in time keeps its hold: the other controller must not write beside
-                    // it.)
-                    self.shared.handoff.stop_queue(name);
+                    // The queue released its hold on the disk before answering. (A queue that
+                    // does not stop in time keeps it until the bdev completes what it holds:
+                    // the other controller must not write beside it.)
                     if stopped.failed_at_bound + stopped.left_in_flight_area > 0 {
                         log::warn!(
                             "{name} queue {index}: stopped at {:#x} after {:?}, at its bound of {bound:?}: \

@@ -9,6 +9,10 @@
 //! rule is refused with a message naming the controller that holds the disk. When the source
 //! resumes after a failed migration, the destination never started and the source takes the
 //! disk back the same way.
+//!
+//! A running queue holds its controller's share of the gate as a [`HandOffHold`], released
+//! when the queue no longer touches the disk: when its stop ends, or, for a queue still
+//! waiting past its stop's bound for requests the bdev holds, when the last of them completes.
 
 use std::sync::{Arc, Mutex};
 
@@ -43,6 +47,12 @@ impl HandOff {
         Ok(())
     }
 
+    /// [`HandOff::start_queue`], released when the returned hold is dropped.
+    pub fn hold(gate: &Arc<HandOff>, controller: &Arc<str>) -> Result<HandOffHold, Arc<str>> {
+        gate.start_queue(controller)?;
+        Ok(HandOffHold { gate: gate.clone(), controller: controller.clone() })
+    }
+
     /// One queue of `controller` stopped; the disk is free once none runs.
     pub fn stop_queue(&self, controller: &Arc<str>) {
         let mut h = self.holder.lock().unwrap_or_else(|p| p.into_inner());
@@ -54,6 +64,19 @@ impl HandOff {
                 }
             }
         }
+    }
+}
+
+/// One running queue's share of a [`HandOff`]; dropping it stops the queue on the gate.
+#[derive(Debug)]
+pub struct HandOffHold {
+    gate: Arc<HandOff>,
+    controller: Arc<str>,
+}
+
+impl Drop for HandOffHold {
+    fn drop(&mut self) {
+        self.gate.stop_queue(&self.controller);
     }
 }
 
@@ -76,5 +99,18 @@ mod tests {
         assert_eq!(gate.start_queue(&src).unwrap_err(), dst, "the destination holds the disk now");
         gate.stop_queue(&dst);
         gate.start_queue(&src).unwrap();
+    }
+
+    #[test]
+    fn a_hold_releases_its_share_when_dropped() {
+        let gate = HandOff::new();
+        let (src, dst): (Arc<str>, Arc<str>) = ("src".into(), "dst".into());
+        let first = HandOff::hold(&gate, &src).unwrap();
+        let second = HandOff::hold(&gate, &src).unwrap();
+        assert_eq!(HandOff::hold(&gate, &dst).unwrap_err(), src);
+        drop(first);
+        assert!(HandOff::hold(&gate, &dst).is_err(), "one source queue still holds the disk");
+        drop(second);
+        let _dst = HandOff::hold(&gate, &dst).unwrap();
     }
 }

@@ -37,7 +37,7 @@ pub use crate::coalesce::CoalescingSettings;
 pub use crate::controller::connection_for_fuzzing;
 pub use crate::controller::{BlkController, ControllerConfig, ControllerInfo};
 pub use crate::error::Error;
-pub use crate::handoff::HandOff;
+pub use crate::handoff::{HandOff, HandOffHold};
 #[doc(hidden)]
 pub use crate::socket::serve_message_for_fuzzing;
 pub use crate::socket::validate_name;

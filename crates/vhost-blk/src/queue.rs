@@ -46,6 +46,7 @@ use fp_virtq::{Chain, MemTable, RingError};
 use vm_memory::GuestAddress;
 
 use crate::coalesce::{Clock, Coalescer, CoalescingSettings};
+use crate::handoff::HandOffHold;
 use crate::inflight::{InflightArea, Pending, Tracker};
 use crate::log::{DataLog, QueueLog};
 use crate::ring::{open, Head, Ring};
@@ -101,6 +102,9 @@ pub struct QueueSetup {
     pub clock: Clock,
     /// What the queue logs for live migration (nothing by default).
     pub log: QueueLog,
+    /// The controller's share of its disk's migration gate ([`crate::HandOff`]), released when
+    /// nothing of the queue touches the disk any more (`None`: no gate, as in tests).
+    pub hold: Option<HandOffHold>,
 }
 
 /// Why a queue could not start.
@@ -255,6 +259,9 @@ pub struct QueuePoller {
     coalescer: Coalescer,
     /// Live-migration logging of the data path's writes (`None` while not migrating).
     data_log: Option<DataLog>,
+    /// Released ([`QueuePoller::release_disk`]) when the queue's stop ends, and with the poller
+    /// in any case.
+    hold: Option<HandOffHold>,
 }
 
 fn empty_iov() -> libc::iovec {
@@ -419,6 +426,7 @@ impl QueuePoller {
             signal_pending: false,
             coalescer: Coalescer::new(s.coalescing, s.clock),
             data_log: None,
+            hold: s.hold,
         };
         // Before resubmitting: a request taken over from the in-flight area is logged too.
         poller.set_log(s.log);
@@ -781,6 +789,10 @@ impl QueuePoller {
             self.publish_counters();
             self.stats.in_flight.store(0, Ordering::Relaxed);
             self.notify(true);
+            // Before the reply: whoever learns the queue stopped may start the other
+            // controller's queues on the disk at once. Past the bound nobody is told, and only
+            // this lets the other controller go on.
+            self.release_disk();
             if let Some(stop) = self.stop.take() {
                 match stop.reply {
                     Some(reply) => {
@@ -793,7 +805,7 @@ impl QueuePoller {
                     }
                     None => log::warn!(
                         "{} queue {}: the bdev completed the last request it held {waited:?} after the \
-                         stop began; the queue's guest memory is released",
+                         stop began; the queue's guest memory and its hold on the disk are released",
                         self.controller,
                         self.index
                     ),
@@ -827,6 +839,11 @@ impl QueuePoller {
         } else {
             PollStatus::Idle
         }
+    }
+
+    /// Gives up the queue's share of the migration gate: nothing of it touches the disk now.
+    fn release_disk(&mut self) {
+        self.hold = None;
     }
 
     /// The stop's bound passed with requests the bdev never accepted (refused as busy, or not
@@ -946,6 +963,12 @@ impl Poller for QueuePoller {
         self.channel.sleeps_in_flight().then_some(REMOTE_IDLE_WINDOW)
     }
 
+    fn held_by_backend(&self) -> usize {
+        // Their buffers are the guest's memory, which the queue keeps mapped; one refused as
+        // busy is not the bdev's.
+        self.in_flight() - usize::from(self.retry.is_some())
+    }
+
     fn prepare_sleep(&mut self) -> bool {
         if self.failed {
             return true;
@@ -980,6 +1003,21 @@ impl Poller for QueuePoller {
             fds.push(fd);
         }
         fds
+    }
+}
+
+impl Drop for QueuePoller {
+    fn drop(&mut self) {
+        let held = self.held_by_backend();
+        if held > 0 {
+            // Only at daemon shutdown, after its reactor waited its bound for them.
+            log::error!(
+                "{} queue {}: dropped with {held} requests still held by the bdev; their guest memory \
+                 is unmapped",
+                self.controller,
+                self.index
+            );
+        }
     }
 }
 

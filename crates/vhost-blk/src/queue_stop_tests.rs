@@ -21,7 +21,7 @@ use super::{QueuePoller, StopMode, StopReply};
 use crate::coalesce::Clock;
 use crate::inflight::InflightArea;
 use crate::log::QueueLog;
-use crate::QueueStats;
+use crate::{HandOff, QueueStats};
 
 /// What the test makes the disk do with the next submissions.
 #[derive(Default)]
@@ -300,4 +300,77 @@ fn a_request_the_bdev_holds_at_the_bound_is_reported_and_waited_for() {
     state.hold.store(false, Ordering::Relaxed);
     assert!(poll_until_finished(&mut q, 5));
     assert_eq!((g.used_idx(), status(&g, 0)), (1, VIRTIO_BLK_S_OK));
+}
+
+#[test]
+fn a_queue_stuck_past_its_bound_releases_the_disk_hand_off_when_the_bdev_completes() {
+    let (mut g, now) = guest_on_manual_clock(false);
+    let (bdev, state) = gate(false);
+    let handoff = HandOff::new();
+    let (src, dst): (Arc<str>, Arc<str>) = ("src".into(), "dst".into());
+    let stats = Arc::new(QueueStats::default());
+    let mut setup = g.setup(&bdev, &stats, QueueLog::default());
+    setup.hold = Some(HandOff::hold(&handoff, &src).unwrap());
+    let mut q = QueuePoller::new(setup).unwrap();
+    state.hold.store(true, Ordering::Relaxed);
+    post_read(&mut g, 0);
+    q.poll();
+    let rx = stop(&mut q);
+    step(&now, BOUND);
+    assert_ne!(q.poll(), PollStatus::Finished);
+    rx.try_recv().unwrap().expect_err("the bdev holds the read at the bound");
+    assert_eq!(
+        HandOff::hold(&handoff, &dst).unwrap_err(),
+        src,
+        "the other controller must not write beside a request the bdev still holds"
+    );
+    state.hold.store(false, Ordering::Relaxed);
+    let mut finished = false;
+    for _ in 0..5 {
+        if q.poll() == PollStatus::Finished {
+            finished = true;
+            break;
+        }
+    }
+    assert!(finished);
+    // Still on its reactor (not dropped yet), the queue has already let go of the disk.
+    let _dst = HandOff::hold(&handoff, &dst).expect("the last held request completed: the disk is free");
+    drop(q);
+}
+
+#[test]
+fn a_stopped_queue_releases_the_disk_hand_off_before_it_answers() {
+    let g = Guest::new(false);
+    let (bdev, _state) = gate(false);
+    let handoff = HandOff::new();
+    let (src, dst): (Arc<str>, Arc<str>) = ("src".into(), "dst".into());
+    let stats = Arc::new(QueueStats::default());
+    let mut setup = g.setup(&bdev, &stats, QueueLog::default());
+    setup.hold = Some(HandOff::hold(&handoff, &src).unwrap());
+    let mut q = QueuePoller::new(setup).unwrap();
+    let rx = stop(&mut q);
+    assert_eq!(q.poll(), PollStatus::Finished);
+    rx.try_recv().unwrap().expect("nothing outstanding");
+    let _dst = HandOff::hold(&handoff, &dst).expect("the stopped queue holds the disk no more");
+    drop(q);
+}
+
+#[test]
+fn shutdown_waits_for_a_request_the_bdev_holds_not_for_one_refused_as_busy() {
+    let mut g = Guest::new(false);
+    let (bdev, state) = gate(false);
+    let mut q = start(&g, &bdev);
+    state.busy.store(true, Ordering::Relaxed);
+    post_read(&mut g, 0);
+    q.poll();
+    assert_eq!(q.held_by_backend(), 0, "a request refused as busy is not the bdev's");
+    state.busy.store(false, Ordering::Relaxed);
+    state.hold.store(true, Ordering::Relaxed);
+    q.poll();
+    assert_eq!(q.held_by_backend(), 1, "the bdev took it and holds it");
+    state.hold.store(false, Ordering::Relaxed);
+    for _ in 0..5 {
+        q.poll();
+    }
+    assert_eq!((q.held_by_backend(), status(&g, 0)), (0, VIRTIO_BLK_S_OK));
 }

@@ -136,6 +136,7 @@ impl Guest {
             coalescing: self.coalescing.clone(),
             clock: self.clock.clone(),
             log,
+            hold: None,
         }
     }
 

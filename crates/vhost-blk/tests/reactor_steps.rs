@@ -123,6 +123,7 @@ impl Driver {
             coalescing: Arc::new(CoalescingSettings::default()),
             clock: Clock::Monotonic,
             log: Default::default(),
+            hold: None,
         };
         (setup, call_reader)
     }

@@ -35,6 +35,11 @@ pub(crate) struct ServeArgs {
     /// backends' channels directly (replaces the config file's stats.iostat)
     #[arg(long)]
     no_iostat: bool,
+    /// How long stopping a vhost-user queue may take for controllers created without
+    /// stop_timeout_ms, 1 to 600000; also how long shutdown waits for requests a disk still
+    /// holds (replaces the config file's vhost.stop_timeout_ms) [default: 5000]
+    #[arg(long, value_name = "MS", value_parser = u64_arg)]
+    vhost_stop_timeout_ms: Option<u64>,
 }
 
 /// Runs the daemon until it is told to stop; `rpc` is the global `--rpc`.
@@ -48,6 +53,7 @@ pub(crate) fn run(args: ServeArgs, rpc: Option<PathBuf>) -> ExitCode {
         export_dirs: (!args.export_dirs.is_empty()).then_some(args.export_dirs),
         metrics: args.metrics,
         no_iostat: args.no_iostat,
+        vhost_stop_timeout_ms: args.vhost_stop_timeout_ms,
     };
     match serve::run(&opts) {
         Ok(()) => ExitCode::SUCCESS,
