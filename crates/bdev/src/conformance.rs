@@ -172,12 +172,18 @@ pub fn read_range(ch: &mut dyn IoChannel, offset: u64, len: usize) -> Vec<u8> {
 
 /// Writes `data` at `offset`.
 pub fn write_range(ch: &mut dyn IoChannel, offset: u64, data: &[u8]) {
+    let status = write_status(ch, offset, data);
+    assert_eq!(status, IoStatus::Success, "write of {} bytes at {offset}", data.len());
+}
+
+/// Writes `data` at `offset` and returns how the write ended (for tests of failing writes in
+/// crates that allow no unsafe code).
+pub fn write_status(ch: &mut dyn IoChannel, offset: u64, data: &[u8]) -> IoStatus {
     let mut buf = IoBuf::new(data.len(), true);
     buf.bytes_mut().copy_from_slice(data);
     let iov = [buf.iovec()];
     // SAFETY: `buf` and `iov` outlive the call.
-    let status = unsafe { run(ch, rw(0, IoOp::Write, offset, &iov)) };
-    assert_eq!(status, IoStatus::Success, "write of {} bytes at {offset}", data.len());
+    unsafe { run(ch, rw(0, IoOp::Write, offset, &iov)) }
 }
 
 /// Rounds of concurrent writes to random, non-overlapping ranges through multi-iovec buffers,

@@ -100,3 +100,61 @@ fn deleting_a_subsystem_under_a_connected_host_releases_the_disk() {
     assert!(std::net::TcpStream::connect(&addr).is_err(), "the listener outlived its subsystem");
     d.call("bdev_null_delete", json!({"name": "n0"}));
 }
+
+/// SIGTERM while three hosts' writes are held by three disks (error bdevs' `pending`, never
+/// resumed): the daemon exits within its documented bound, one drain timeout (5 s) for all
+/// namespaces together (docs/nvmf.md, "Stopping the daemon"), having logged each command still
+/// outstanding.
+#[test]
+fn the_daemon_stops_within_one_drain_bound_with_writes_stuck_on_its_disks() {
+    let mut d = Daemon::start("0");
+    d.call("nvmf_create_transport", json!({"trtype": "TCP"}));
+    d.call("nvmf_create_subsystem", json!({"nqn": NQN, "allow_any_host": true}));
+    let disks = ["m1", "m2", "m3"];
+    for m in disks {
+        d.call("bdev_malloc_create", json!({"name": m, "num_blocks": 8192, "block_size": 512}));
+        d.call("bdev_error_create", json!({"base_name": m}));
+        d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": format!("EE_{m}")}}));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen =
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()});
+    d.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": listen}));
+    let mut writers = Vec::new();
+    for (i, m) in disks.iter().enumerate() {
+        let host = connect(&format!("127.0.0.1:{port}"));
+        let ee = format!("EE_{m}");
+        d.call("bdev_error_inject_error", json!({"name": ee, "io_type": "write", "error_type": "pending"}));
+        writers.push(std::thread::spawn(move || {
+            // The whole host: its admin queue must stay connected (keeping the controller).
+            let mut host = host;
+            host.io.stream().set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            host.io.write(i as u32 + 1, 0, 512, &[7; 512])
+        }));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let b = d.call("bdev_get_bdevs", json!({"name": ee}));
+            if b[0]["driver_specific"]["error"]["injections"].get("write").is_none() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the write never reached {ee}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let started = Instant::now();
+    // Daemon::stop kills the daemon 10 s after SIGTERM; one bound per namespace is 15 s.
+    let status = d.stop().expect("the daemon's exit status");
+    let took = started.elapsed();
+    let stderr = d.stderr();
+    use std::os::unix::process::ExitStatusExt;
+    assert!(status.success() || status.signal() == Some(libc::SIGTERM), "{status} after {took:?}\n{stderr}");
+    for m in disks {
+        let said =
+            format!("(bdev 'EE_{m}'): 1 command(s) still outstanding on the device as the target stops");
+        assert!(stderr.contains(&said), "nothing said about EE_{m}'s held write:\n{stderr}");
+    }
+    // The hosts are not left hanging either: each write ends (aborted) or its connection closes.
+    for w in writers {
+        let _ = w.join().expect("the writer ended");
+    }
+}

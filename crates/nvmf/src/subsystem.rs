@@ -177,6 +177,10 @@ pub(crate) struct SubState {
     pub next_cntlid: u16,
     /// Deleted: Connects are refused, its queue pairs are closing.
     pub deleted: bool,
+    /// I/O queues whose controller went away (its admin queue closed) while they close:
+    /// they may still hold commands on a namespace's device, so drains wait for them too.
+    /// Each leaves the list when it finishes (by controller ID, queue ID and poller).
+    pub orphans: Vec<(u16, u16, QpairRef)>,
 }
 
 impl SubState {
@@ -204,6 +208,7 @@ impl SubState {
             v.extend(c.admin.iter().cloned());
             v.extend(c.io.values().cloned());
         }
+        v.extend(self.orphans.iter().map(|(_, _, q)| q.clone()));
         v
     }
 }

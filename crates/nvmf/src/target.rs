@@ -205,6 +205,9 @@ pub(crate) struct TargetInner {
     pub listeners: Mutex<BTreeMap<ListenAddress, OpenListener>>,
     /// [`DRAIN_TIMEOUT`] or what [`NvmfTarget::set_drain_timeout`] set, in milliseconds.
     pub drain_timeout_ms: AtomicU64,
+    /// Set by [`NvmfTarget::stop`]: every drain after it ends by then, so a daemon going down
+    /// with several namespaces whose I/O is stuck waits one drain bound, not one each.
+    pub stop_deadline: Mutex<Option<Instant>>,
 }
 
 impl TargetInner {
@@ -292,6 +295,7 @@ impl NvmfTarget {
                 controllers: BTreeMap::new(),
                 next_cntlid: 1,
                 deleted: false,
+                orphans: Vec::new(),
             },
         );
         NvmfTarget {
@@ -303,6 +307,7 @@ impl NvmfTarget {
                 discovery: Arc::new(discovery),
                 listeners: Mutex::new(BTreeMap::new()),
                 drain_timeout_ms: AtomicU64::new(DRAIN_TIMEOUT.as_millis() as u64),
+                stop_deadline: Mutex::new(None),
             }),
         }
     }
@@ -367,6 +372,7 @@ impl NvmfTarget {
             controllers: BTreeMap::new(),
             next_cntlid: min,
             deleted: false,
+            orphans: Vec::new(),
         };
         let sub = Arc::new(Subsystem::new(spec.nqn.clone(), SubsystemKind::Nvme, state));
         sub.refresh_view(None);
@@ -601,12 +607,28 @@ impl NvmfTarget {
         // A subsystem deleted since has no queue pairs left to wait for.
         let Ok(sub) = self.nvm_subsystem(nqn) else { return Ok(()) };
         let qpairs = lock(&sub.state).qpairs();
-        let waited = self.drain_timeout();
-        let in_flight = crate::qpair::drain_namespace(&qpairs, nsid, Instant::now() + waited);
+        let start = Instant::now();
+        let stop_deadline = *lock(&self.inner.stop_deadline);
+        let deadline = match stop_deadline {
+            Some(d) => d.min(start + self.drain_timeout()),
+            None => start + self.drain_timeout(),
+        };
+        let in_flight = crate::qpair::drain_namespace(&qpairs, nsid, deadline);
         if in_flight == 0 {
             return Ok(());
         }
-        log::warn!("nvmf: {nqn}: namespace {nsid}: {in_flight} commands still in flight after {waited:?}");
+        // Said as the bound it waited (the stop's share of it when the target is stopping).
+        let waited = if stop_deadline.is_some() { start.elapsed() } else { self.drain_timeout() };
+        if stop_deadline.is_some() {
+            log::warn!(
+                "nvmf: {nqn}: namespace {nsid} (bdev '{bdev}'): {in_flight} command(s) still outstanding on the \
+                 device as the target stops (waited {waited:?}); they are abandoned"
+            );
+        } else {
+            log::warn!(
+                "nvmf: {nqn}: namespace {nsid}: {in_flight} commands still in flight after {waited:?}"
+            );
+        }
         Err(NvmfError::Draining { nqn: nqn.into(), nsid, bdev: bdev.into(), in_flight, waited })
     }
 
@@ -717,8 +739,10 @@ impl NvmfTarget {
             .collect()
     }
 
-    /// Daemon shutdown: closes the listeners and disconnects every host.
+    /// Daemon shutdown: closes the listeners and disconnects every host. Every namespace
+    /// drain from now on ends at one deadline, the drain timeout from now.
     pub fn stop(&self) {
+        *lock(&self.inner.stop_deadline) = Some(Instant::now() + self.drain_timeout());
         let listeners = std::mem::take(&mut *lock(&self.inner.listeners));
         for (_, (l, _, _)) in listeners {
             l.close();

@@ -7,16 +7,25 @@
 //! socket takes more of a request that did not fit. A private set rather than the socket itself,
 //! because a dead socket is readable for ever and would keep waking the reactor: on a dead
 //! connection the socket leaves the set, and the set stays quiet.
+//!
+//! A request waits for its reply [`DEFAULT_IO_TIMEOUT`] at most (`io_timeout_ms` at create):
+//! a server that stops answering, or stops reading so the socket's send buffer fills, then
+//! has its connection killed and every request on it completes with `EIO`, so nothing stacked
+//! on the bdev (or exporting it) waits for ever. A timerfd in the epoll set wakes a reactor
+//! sleeping on the channel at the deadline.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use fp_bdev::clock::ticks;
 use fp_bdev::{
     validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, IoChannel, IoOp, IoRequest, IoStatus,
     IoTypes, SubmitError,
 };
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::timerfd::TimerFd;
 
 use crate::address::Address;
 use crate::client::handshake::Negotiated;
@@ -34,6 +43,13 @@ pub struct NbdClientDetail {
     /// Writes refused: the server's read-only flag, or asked for at create.
     pub read_only: bool,
 }
+
+/// How long a request waits for its reply before its connection is declared dead, unless
+/// `io_timeout_ms` says otherwise (Linux's nbd driver waits as long by default).
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The epoll token of a channel's timer (the socket's is 0).
+const TIMER_TOKEN: u64 = 1;
 
 /// Counters all channels of one device share (control-plane reads only).
 #[derive(Debug, Default)]
@@ -53,6 +69,8 @@ pub struct NbdClientDevice {
     /// The create-time connection, for the first channel.
     spare: Mutex<Option<OwnedFd>>,
     pub stats: Arc<ClientStats>,
+    /// How long a request waits for its reply (zero: for ever).
+    io_timeout: Duration,
 }
 
 impl NbdClientDevice {
@@ -126,7 +144,20 @@ impl NbdClientDevice {
             detail,
             spare: Mutex::new(Some(fd)),
             stats: Arc::new(ClientStats::default()),
+            io_timeout: DEFAULT_IO_TIMEOUT,
         })
+    }
+
+    /// Sets how long a request waits for its reply on channels opened from now on; zero
+    /// waits for ever.
+    pub fn with_io_timeout(mut self, timeout: Duration) -> NbdClientDevice {
+        self.io_timeout = timeout;
+        self
+    }
+
+    /// How long a request waits for its reply.
+    pub fn io_timeout(&self) -> Duration {
+        self.io_timeout
     }
 
     /// What the server told at create: size, flags, block sizes.
@@ -209,6 +240,10 @@ impl Drop for NbdClientDevice {
 pub struct NbdClientChannel {
     wire: Wire<SocketIo>,
     epoll: Epoll,
+    /// Fires at the wire's deadline, so a reactor asleep on the epoll set checks it.
+    timer: TimerFd,
+    /// The tick the timer is set for (0: disarmed).
+    timer_at: u64,
     /// The epoll set's interest in the socket; empty once the socket left the set.
     interest: EventSet,
     info: BdevInfo,
@@ -221,10 +256,19 @@ impl NbdClientChannel {
     fn new(dev: &NbdClientDevice, fd: OwnedFd, flags: u16) -> std::io::Result<NbdClientChannel> {
         let epoll = Epoll::new()?;
         epoll.ctl(ControlOperation::Add, fd.as_raw_fd(), EpollEvent::new(EventSet::IN, 0))?;
+        let timer = TimerFd::new().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+        epoll.ctl(ControlOperation::Add, timer.as_raw_fd(), EpollEvent::new(EventSet::IN, TIMER_TOKEN))?;
+        let mut wire = Wire::new(SocketIo(fd), flags, dev.export.max_payload());
+        let rate = u128::from(ticks::tick_rate());
+        let timeout = (dev.io_timeout.as_nanos() * rate / 1_000_000_000).min(u128::from(u64::MAX)) as u64;
+        // A non-zero timeout of less than a tick still bounds the wait.
+        wire.set_timeout(if dev.io_timeout.is_zero() { 0 } else { timeout.max(1) });
         dev.stats.connections.fetch_add(1, Ordering::Relaxed);
         Ok(NbdClientChannel {
-            wire: Wire::new(SocketIo(fd), flags, dev.export.max_payload()),
+            wire,
             epoll,
+            timer,
+            timer_at: 0,
             interest: EventSet::IN,
             info: dev.info.clone(),
             address: dev.detail.address.clone(),
@@ -250,6 +294,29 @@ impl NbdClientChannel {
         let fd = self.wire.transport().fd();
         let _ = self.epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
         self.interest = EventSet::empty();
+        // The server learns at once that nothing more comes (a request cut off by a full send
+        // buffer would otherwise leave it waiting for the rest). Nothing reads or writes the
+        // socket again, so the callers' buffers are no longer touched.
+        // SAFETY: shutdown on our own socket; no memory is involved.
+        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        self.set_timer(0);
+    }
+
+    /// Sets the timer to fire at tick `at` (0: disarms it). Setting it also clears an expiry
+    /// already signalled, so the epoll set is readable only for news.
+    fn set_timer(&mut self, at: u64) {
+        let now = ticks::now();
+        if at == self.timer_at && (at == 0 || at > now) {
+            return;
+        }
+        let wait = if at == 0 {
+            Duration::ZERO
+        } else {
+            // A deadline already past still needs a non-zero time (zero disarms).
+            Duration::from_nanos(ticks::ticks_to_ns(at.saturating_sub(now), ticks::tick_rate()).max(1))
+        };
+        let result = if at == 0 { self.timer.clear() } else { self.timer.reset(wait, None) };
+        self.timer_at = if result.is_ok() { at } else { 0 };
     }
 }
 
@@ -263,6 +330,9 @@ impl IoChannel for NbdClientChannel {
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        if self.wire.deadline().is_some() {
+            self.wire.expire(ticks::now());
+        }
         let n = self.wire.poll(done);
         if self.wire.dead().is_some() {
             self.check_dead();
@@ -283,6 +353,15 @@ impl IoChannel for NbdClientChannel {
         self.check_dead();
         if self.wire.has_done() {
             return false;
+        }
+        if let Some(at) = self.wire.deadline() {
+            if at <= ticks::now() {
+                // Due now: the next poll kills the connection.
+                return false;
+            }
+            self.set_timer(at);
+        } else if self.timer_at != 0 {
+            self.set_timer(0);
         }
         if self.wire.dead().is_none() {
             let want = if self.wire.wants_write() { EventSet::IN | EventSet::OUT } else { EventSet::IN };

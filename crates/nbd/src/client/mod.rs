@@ -18,8 +18,10 @@ pub mod wire;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod timeout_tests;
 
-pub use device::{ClientStats, NbdClientChannel, NbdClientDetail, NbdClientDevice};
+pub use device::{ClientStats, NbdClientChannel, NbdClientDetail, NbdClientDevice, DEFAULT_IO_TIMEOUT};
 pub use handshake::{negotiate, BlockSize, HandshakeError, Negotiated};
 pub use memory::MemoryTransport;
 pub use rpc::NbdClientModule;

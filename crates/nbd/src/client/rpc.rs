@@ -8,6 +8,7 @@
 use std::any::Any;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use fp_bdev::module::{delete_method, BdevModule, ModuleError, ModuleHost, ModuleMethodFn, NewBdev, U32_MAX};
 use fp_bdev::BdevInfo;
@@ -19,6 +20,9 @@ use crate::client::{NbdClientDetail, NbdClientDevice};
 
 /// The module's name: its bdevs' `driver`, the `type` of its `[[bdev]]` tables.
 pub const MODULE: &str = "nbd_client";
+
+/// The largest `io_timeout_ms` taken: one day (0 waits for ever).
+const MAX_IO_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
 
 /// The nbd_client module.
 pub struct NbdClientModule;
@@ -42,6 +46,7 @@ impl BdevModule for NbdClientModule {
         m.insert("read_only".into(), json!(dev.detail.read_only));
         m.insert("export_size".into(), json!(dev.export().size));
         m.insert("max_transfer".into(), json!(dev.max_transfer()));
+        m.insert("io_timeout_ms".into(), json!(dev.io_timeout().as_millis() as u64));
         m.insert("connections".into(), json!(dev.stats.connections.load(Ordering::Relaxed)));
         m.insert("connections_lost".into(), json!(dev.stats.connections_lost.load(Ordering::Relaxed)));
         m
@@ -55,6 +60,7 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let export_name = p.optional_str("export_name")?;
     let block_size = p.optional_uint("block_size", U32_MAX)?.map(|b| b as u32);
     let read_only = p.optional_bool("read_only")?.unwrap_or(false);
+    let io_timeout_ms = p.optional_uint("io_timeout_ms", MAX_IO_TIMEOUT_MS)?;
     p.finish()?;
     let device = parse_device(&address).map_err(|e| ParamError::new("address", e))?;
     let export_name = match (export_name, device.name) {
@@ -70,7 +76,10 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     };
     host.check_new_bdev(&name)?;
     let detail = NbdClientDetail { address, export_name, read_only };
-    let dev = NbdClientDevice::connect(&name, device.address, detail, block_size)?;
+    let mut dev = NbdClientDevice::connect(&name, device.address, detail, block_size)?;
+    if let Some(ms) = io_timeout_ms {
+        dev = dev.with_io_timeout(Duration::from_millis(ms));
+    }
     let name = host.add_bdev(MODULE, NewBdev::new(Arc::new(dev)))?;
     Ok(Value::from(name))
 }

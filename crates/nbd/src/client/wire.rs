@@ -72,6 +72,8 @@ struct Slot {
     /// Bumped each time the slot is reused: a cookie carries it, so a late or repeated reply
     /// cannot complete the slot's next request.
     generation: u32,
+    /// The tick the request was taken at (every part of it carries the same).
+    since: u64,
     hdr: [u8; REQUEST_LEN],
 }
 
@@ -88,6 +90,7 @@ impl Slot {
         parts_left: 0,
         status: IoStatus::Success,
         generation: 0,
+        since: 0,
         hdr: [0; REQUEST_LEN],
     };
 
@@ -145,6 +148,11 @@ pub struct Wire<T> {
     flush: bool,
     trim: bool,
     write_zeroes: bool,
+    /// How long a request may wait for its reply, in ticks (0: for ever).
+    timeout: u64,
+    /// No request can have waited its timeout out before this tick; `u64::MAX` while nothing
+    /// is in flight.
+    next_check: u64,
 }
 
 /// Why the connection died, for the log line.
@@ -177,6 +185,51 @@ impl<T: Transport> Wire<T> {
             flush: has(TFLAG_SEND_FLUSH),
             trim: has(TFLAG_SEND_TRIM),
             write_zeroes: has(TFLAG_SEND_WRITE_ZEROES),
+            timeout: 0,
+            next_check: u64::MAX,
+        }
+    }
+
+    /// Bounds how long a request may wait for its reply: `ticks` after it was taken, a request
+    /// not answered yet (unsent because the server stopped reading, or sent and unanswered)
+    /// kills the connection in [`Wire::expire`]. 0 waits for ever.
+    pub fn set_timeout(&mut self, ticks: u64) {
+        self.timeout = ticks;
+    }
+
+    /// The tick at which [`Wire::expire`] has something to check: the earliest a request in
+    /// flight can time out. `None` with nothing in flight, no timeout or a dead connection.
+    pub fn deadline(&self) -> Option<u64> {
+        (self.dead.is_none() && self.requests > 0 && self.timeout > 0).then_some(self.next_check)
+    }
+
+    /// Kills the connection when a request taken by tick `now - timeout` is still unanswered:
+    /// a server that stops reading or answering would otherwise hold its requests, and
+    /// whatever waits for them, for ever. Returns whether it did. Cheap until the deadline:
+    /// the slots are walked only then.
+    pub fn expire(&mut self, now: u64) -> bool {
+        if self.timeout == 0 || now < self.next_check || self.dead.is_some() {
+            return false;
+        }
+        let oldest = self.slots.iter().filter(|s| s.state != State::Free).map(|s| s.since).min();
+        match oldest {
+            Some(since) if now.saturating_sub(since) >= self.timeout => {
+                let waiting = self.requests;
+                let unsent = self.tx.len();
+                self.die(format!(
+                    "no reply to a request within its timeout; {waiting} request(s) waited, \
+                     {unsent} part(s) of them not sent because the server stopped reading"
+                ));
+                true
+            }
+            Some(since) => {
+                self.next_check = since.saturating_add(self.timeout);
+                false
+            }
+            None => {
+                self.next_check = u64::MAX;
+                false
+            }
         }
     }
 
@@ -271,6 +324,10 @@ impl<T: Transport> Wire<T> {
             return Err(SubmitError::Busy);
         }
         let mut leader = 0;
+        let since = if self.timeout > 0 { fp_bdev::clock::ticks::now() } else { 0 };
+        if self.timeout > 0 && self.next_check == u64::MAX {
+            self.next_check = since.saturating_add(self.timeout);
+        }
         for i in 0..parts {
             let index = self.free.pop().expect("counted") as usize;
             if i == 0 {
@@ -295,6 +352,7 @@ impl<T: Transport> Wire<T> {
                 parts_left: parts as u16,
                 status: IoStatus::Success,
                 generation,
+                since,
                 hdr: r.encode(),
             };
             self.tx.push_back(index as u16);

@@ -120,16 +120,18 @@ impl QpairPoller {
             let cntlid = self.ctrl.cntlid;
             if self.admin.is_some() {
                 self.ctrl.gone.store(true, Ordering::Release);
-                st.controllers
-                    .remove(&cntlid)
-                    .map(|e| e.io.into_values().collect::<Vec<_>>())
-                    .unwrap_or_default()
+                let io: Vec<(u16, QpairRef)> =
+                    st.controllers.remove(&cntlid).map(|e| e.io.into_iter().collect()).unwrap_or_default();
+                st.orphans.extend(io.iter().map(|(qid, q)| (cntlid, *qid, q.clone())));
+                io.into_iter().map(|(_, q)| q).collect()
             } else {
                 if let Some(e) = st.controllers.get_mut(&cntlid) {
                     if e.io.get(&self.qid).is_some_and(|q| Some(q.id) == self.id) {
                         e.io.remove(&self.qid);
                     }
                 }
+                let me = (cntlid, self.qid, self.id);
+                st.orphans.retain(|(c, qid, q)| (*c, *qid, Some(q.id)) != me);
                 Vec::new()
             }
         };

@@ -51,3 +51,64 @@ fn stopping_an_export_whose_disk_holds_a_request_fails_and_keeps_the_bdev_claime
     drop(registry);
     reactors.shutdown();
 }
+
+/// An nbd_client bdev whose server stops answering (its disk holds the write): with
+/// `io_timeout_ms`, the write fails with EIO at the timeout, and an export stacked on the
+/// client bdev, whose stop gave up at its own bound while the write was out, then stops.
+#[test]
+fn an_nbd_client_request_the_server_never_answers_fails_at_io_timeout_ms() {
+    let dir = tempfile::tempdir().unwrap();
+    let reactors = fp_reactor::ReactorSet::start(&[0], fp_reactor::ReactorConfig::default()).unwrap();
+    let registry =
+        Registry::with_options(reactors.handles().to_vec(), dir.path(), RegistryOptions::default());
+    let call =
+        |m: &str, p: Value| registry.call(m, Some(p.clone())).unwrap_or_else(|e| panic!("{m} {p}: {e}"));
+    let remote = dir.path().join("remote.nbd");
+    let remote = remote.to_str().unwrap();
+    let upper = dir.path().join("upper.nbd");
+    let upper = upper.to_str().unwrap();
+    call("bdev_malloc_create", json!({ "name": "m0", "num_blocks": 256, "block_size": 512 }));
+    call("bdev_error_create", json!({ "base_name": "m0" }));
+    call("nbd_start_disk", json!({ "bdev_name": "EE_m0", "nbd_device": remote }));
+    let too_long = json!({ "name": "c", "address": remote, "io_timeout_ms": 86_400_001u64 });
+    let e = registry.call("bdev_nbd_client_create", Some(too_long)).unwrap_err();
+    assert!(e.to_string().contains("io_timeout_ms"), "{e}");
+    call("bdev_nbd_client_create", json!({ "name": "client", "address": remote, "io_timeout_ms": 2000 }));
+    let b = call("bdev_get_bdevs", json!({ "name": "client" }));
+    assert_eq!(b[0]["driver_specific"]["nbd_client"]["io_timeout_ms"], 2000, "{b}");
+    // The upper export's connection opens the client bdev's channel on the reactor.
+    call("nbd_start_disk", json!({ "bdev_name": "client", "nbd_device": upper }));
+    call("bdev_nbd_client_create", json!({ "name": "top", "address": upper }));
+    call("bdev_error_inject_error", json!({ "name": "EE_m0", "io_type": "write", "error_type": "pending" }));
+    let (top, _) = fp_bdev::ModuleHost::bdev(&*registry, "top").expect("the top bdev");
+    let writer = std::thread::spawn(move || {
+        let mut ch = top.open_channel().unwrap();
+        let start = std::time::Instant::now();
+        let status = fp_bdev::conformance::write_status(&mut *ch, 0, &[0x5a; 512]);
+        (status, start.elapsed())
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let b = call("bdev_get_bdevs", json!({ "name": "EE_m0" }));
+        if b[0]["driver_specific"]["error"]["injections"].get("write").is_none() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the write never reached the error bdev");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // The write is held two layers down; the upper export's stop waits its bound. Whether it
+    // gives up (the write still out) or succeeds (the timeout came first) depends on when the
+    // 2 s timeout ran out, so only the write's end is asserted, then a stop that must succeed.
+    let (status, waited) = writer.join().expect("the write completed");
+    assert_eq!(status, fp_bdev::IoStatus::Error(libc::EIO));
+    assert!(waited >= std::time::Duration::from_millis(1900), "failed before the timeout: {waited:?}");
+    let b = call("bdev_get_bdevs", json!({ "name": "client" }));
+    assert_eq!(b[0]["driver_specific"]["nbd_client"]["connections_lost"], 1, "{b}");
+    call("bdev_nbd_client_delete", json!({ "name": "top" }));
+    assert_eq!(call("nbd_stop_disk", json!({ "nbd_device": upper })), true);
+    call("bdev_nbd_client_delete", json!({ "name": "client" }));
+    call("bdev_error_resume_pending", json!({ "name": "EE_m0" }));
+    assert_eq!(call("nbd_stop_disk", json!({ "nbd_device": remote })), true);
+    drop(registry);
+    reactors.shutdown();
+}
