@@ -437,6 +437,9 @@ fn run_case(c: Case) {
         drop(cl);
     }
     drop(returned.take());
+    // The faulted client is done: its connection ends with the severer's clone of its socket
+    // (events that do not sever it leave that clone open until here).
+    drop(severer);
 
     // Clear the fault and bring the export back.
     if c.fault == Fault::RemoteKilled {

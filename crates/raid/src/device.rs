@@ -120,6 +120,7 @@ impl RaidDevice {
             process: ProcessStats::default(),
             counters: RaidCounters::default(),
             channels: std::sync::Mutex::new(Vec::new()),
+            leaving: std::sync::Mutex::new(Vec::new()),
         };
         Ok(RaidDevice { shared: Arc::new(shared), uuid: spec.uuid, superblock: spec.superblock })
     }

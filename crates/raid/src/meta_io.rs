@@ -5,13 +5,19 @@
 //!
 //! Control path only: one request at a time, waited for; the owner's thread is not a reactor.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use fp_bdev::{AlignedBuf, Bdev, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
 use crate::format::{newest, BitmapPage, FormatError, PageBuf, Superblock, PAGE_SIZE};
 use crate::intent::IntentMap;
+use crate::shared::RaidShared;
 use crate::RaidError;
+
+/// The errno of a request [`ChannelIo`] gave up while its base answered Busy, because the
+/// base is leaving its raid (see [`ChannelIo::give_up_when_leaving`]). Nothing was sent.
+pub const GIVEN_UP: i32 = libc::ECANCELED;
 
 /// A base as the owner drives it. Errors are positive errnos.
 pub trait BaseIo {
@@ -31,6 +37,9 @@ pub struct ChannelIo {
     chan: Box<dyn IoChannel>,
     /// Bounce buffer: callers' slices need not be aligned for the device.
     bounce: AlignedBuf,
+    /// The raid this base is a member of, and its name there: a Busy is given up once a
+    /// removal marks it leaving.
+    leaving: Option<(Arc<RaidShared>, String)>,
 }
 
 /// The bounce buffer's size: the largest single request.
@@ -40,7 +49,20 @@ impl ChannelIo {
     /// Opens a channel of `bdev` on this thread.
     pub fn open(bdev: Bdev) -> Result<ChannelIo, RaidError> {
         let chan = bdev.open_channel()?;
-        Ok(ChannelIo { bdev, chan, bounce: AlignedBuf::zeroed(BOUNCE) })
+        Ok(ChannelIo { bdev, chan, bounce: AlignedBuf::zeroed(BOUNCE), leaving: None })
+    }
+
+    /// A Busy answer is retried until `shared` marks the base `name` leaving
+    /// ([`RaidShared::set_leaving`]); then the request fails with [`GIVEN_UP`] instead. The
+    /// owner's metadata I/O: a base that stays busy must not keep the owner from taking up
+    /// the removal that ends it.
+    pub fn give_up_when_leaving(mut self, shared: Arc<RaidShared>, name: String) -> ChannelIo {
+        self.leaving = Some((shared, name));
+        self
+    }
+
+    fn is_leaving(&self) -> bool {
+        self.leaving.as_ref().is_some_and(|(shared, name)| shared.is_leaving(name))
     }
 
     /// The bdev.
@@ -58,6 +80,8 @@ impl ChannelIo {
             // function polls until it completes.
             match unsafe { self.chan.submit(&req) } {
                 Ok(()) => break,
+                // Nothing in flight yet: giving up leaves nothing behind on the base.
+                Err(SubmitError::Busy) if self.is_leaving() => return Err(GIVEN_UP),
                 Err(SubmitError::Busy) => self.idle(),
                 Err(SubmitError::OutOfRange) => return Err(libc::EINVAL),
                 Err(SubmitError::Unsupported) => return Err(libc::EOPNOTSUPP),

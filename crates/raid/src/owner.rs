@@ -13,7 +13,7 @@
 //! is declared durable.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -101,6 +101,7 @@ pub fn new_shared(info: BdevInfo, sb: &Superblock, persistent: bool) -> Arc<Raid
         process: ProcessStats::default(),
         counters: RaidCounters::default(),
         channels: std::sync::Mutex::new(Vec::new()),
+        leaving: std::sync::Mutex::new(Vec::new()),
     })
 }
 
@@ -387,12 +388,7 @@ impl Owner {
                 return Ok(());
             }
             for (slot, e) in failed {
-                log::error!(
-                    "raid {}: superblock write to slot {slot} failed: {}",
-                    self.sb.name,
-                    errno_text(e)
-                );
-                self.take_out(slot);
+                self.take_out_after(slot, "superblock write", e);
             }
             if written == 0 {
                 return Err(RaidError::Metadata(format!(
@@ -400,6 +396,23 @@ impl Owner {
                     self.sb.name
                 )));
             }
+        }
+    }
+
+    /// Takes `slot`'s base out after its metadata I/O `what` failed with `errno`. A request
+    /// given up because a removal marked the base leaving while it answered Busy
+    /// ([`meta_io::GIVEN_UP`]) is no failure of the base: the user asked it out.
+    fn take_out_after(&mut self, slot: usize, what: &str, errno: i32) {
+        self.take_out(slot);
+        if errno == meta_io::GIVEN_UP {
+            self.shared.counters.base_failures.fetch_sub(1, Ordering::Relaxed);
+            log::info!(
+                "raid {}: slot {slot} is being removed and its base answered the {what} Busy: \
+                 taken out without it",
+                self.sb.name
+            );
+        } else {
+            log::error!("raid {}: {what} on slot {slot} failed: {}", self.sb.name, errno_text(errno));
         }
     }
 
@@ -559,8 +572,7 @@ impl Owner {
             return;
         }
         for (slot, e) in failed {
-            log::error!("raid {}: {what} on slot {slot} failed: {}", self.sb.name, errno_text(e));
-            self.take_out(slot);
+            self.take_out_after(slot, what, e);
         }
         if let Err(e) = self.write_superblocks() {
             log::error!("{e}");
@@ -679,14 +691,9 @@ impl Owner {
                 true
             }
             Step::Failed { slot, errno } => {
-                log::error!(
-                    "raid {}: {:?} failed on slot {slot}: {}",
-                    self.sb.name,
-                    plan.kind,
-                    errno_text(errno)
-                );
+                let what = format!("{:?} copy", plan.kind);
                 self.process = Some((copier, plan));
-                self.take_out(slot);
+                self.take_out_after(slot, &what, errno);
                 if let Err(e) = self.write_superblocks() {
                     log::error!("{e}");
                 }
@@ -940,6 +947,17 @@ fn errno_text(errno: i32) -> String {
 
 type Call = Box<dyn FnOnce(&mut Owner) + Send>;
 
+/// A removal the owner was asked for, after the caller's bound ([`OwnerHandle::remove_base`]).
+pub enum RemoveWait {
+    /// Done: the removed base's bdev, or why the owner refused.
+    Answered(Result<Option<Bdev>, RaidError>),
+    /// Not taken up within the bound (the owner was busy with other metadata I/O): withdrawn,
+    /// nothing changed.
+    Withdrawn,
+    /// Under way past the bound: the receiver gets the answer when it is done.
+    UnderWay(mpsc::Receiver<Result<Option<Bdev>, RaidError>>),
+}
+
 enum Msg {
     Call(Call),
     /// An orderly stop; `delete` also erases the superblocks.
@@ -991,7 +1009,8 @@ impl OwnerHandle {
                     .into_iter()
                     .map(|b| {
                         b.map(|b| {
-                            let io = ChannelIo::open(b.bdev.clone())?;
+                            let io = ChannelIo::open(b.bdev.clone())?
+                                .give_up_when_leaving(thread_shared.clone(), b.name.clone());
                             Ok(Member { name: b.name, bdev: Some(b.bdev), io: Box::new(io) })
                         })
                         .transpose()
@@ -1052,15 +1071,51 @@ impl OwnerHandle {
     /// [`Owner::add_base`]). Returns the slot.
     pub fn add_base(&self, name: String, bdev: Bdev) -> Result<usize, RaidError> {
         self.call(move |o| {
-            let io = ChannelIo::open(bdev.clone())?;
+            let io = ChannelIo::open(bdev.clone())?.give_up_when_leaving(o.shared.clone(), name.clone());
             o.add_base(Member { name, bdev: Some(bdev), io: Box::new(io) })
         })?
     }
 
-    /// `bdev_raid_remove_base_bdev`: returns the removed base's bdev (to release its claim).
-    pub fn remove_base(&self, name: &str) -> Result<Option<Bdev>, RaidError> {
-        let name = name.to_string();
-        self.call(move |o| o.remove_base(&name).map(|m| m.bdev))?
+    /// `bdev_raid_remove_base_bdev`: [`Owner::remove_base`] on the owner's thread, waited for
+    /// `wait` at most. The answer is the removed base's bdev (to release its claim). A removal
+    /// the owner has not taken up by then is withdrawn (nothing changed); one it is working
+    /// on goes on, and the caller gets the receiver of its answer.
+    ///
+    /// The owner's metadata I/O to `name` gives a Busy up meanwhile (see
+    /// [`RaidShared::leaving`]), so a base that stays busy cannot hold the owner up; the caller
+    /// marks it leaving first, and the owner clears the mark once it has answered.
+    pub fn remove_base(&self, name: &str, wait: Duration) -> Result<RemoveWait, RaidError> {
+        const QUEUED: u8 = 0;
+        const STARTED: u8 = 1;
+        const WITHDRAWN: u8 = 2;
+        let stage = Arc::new(AtomicU8::new(QUEUED));
+        let (tx, rx) = mpsc::sync_channel(1);
+        let call: Call = {
+            let name = name.to_string();
+            let stage = stage.clone();
+            Box::new(move |o| {
+                if stage.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    return;
+                }
+                let r = o.remove_base(&name).map(|m| m.bdev);
+                o.shared.set_leaving(&name, false);
+                let _ = tx.send(r);
+            })
+        };
+        self.tx.send(Msg::Call(call)).map_err(|_| gone())?;
+        self.shared.wake_owner();
+        match rx.recv_timeout(wait) {
+            Ok(r) => Ok(RemoveWait::Answered(r)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(gone()),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if stage.compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    self.shared.set_leaving(name, false);
+                    Ok(RemoveWait::Withdrawn)
+                } else {
+                    Ok(RemoveWait::UnderWay(rx))
+                }
+            }
+        }
     }
 
     /// `bdev_raid_set_options`: window and speed limit of rebuilds, now and later.

@@ -233,6 +233,11 @@ pub struct RaidShared {
     /// Every open channel's acknowledgement (a control-plane lock: taken when a channel opens
     /// or closes and by removals, never by I/O).
     pub channels: Mutex<Vec<Arc<ChannelAck>>>,
+    /// Bases (by name) that `bdev_raid_remove_base_bdev` is taking out: the owner's metadata
+    /// I/O to them gives a Busy up instead of retrying it, so a base that stays busy cannot
+    /// keep the owner from taking the removal up (a control-plane lock: taken by removals and
+    /// when a base answers the owner's own I/O Busy, never by guest I/O).
+    pub leaving: Mutex<Vec<String>>,
 }
 
 impl RaidShared {
@@ -281,6 +286,20 @@ impl RaidShared {
             }
         }
         st
+    }
+
+    /// Marks the base `name` as leaving (or no longer: the removal was answered).
+    pub fn set_leaving(&self, name: &str, leaving: bool) {
+        let mut list = self.leaving.lock().unwrap_or_else(|p| p.into_inner());
+        list.retain(|n| n != name);
+        if leaving {
+            list.push(name.to_string());
+        }
+    }
+
+    /// Whether a removal is taking the base `name` out (see [`RaidShared::leaving`]).
+    pub fn is_leaving(&self, name: &str) -> bool {
+        self.leaving.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|n| n == name)
     }
 
     /// Wakes the owner (a failure reported, a bitmap bit to persist). Cheap and lock free:

@@ -954,3 +954,95 @@ fn removing_a_base_under_idle_channels_answers_at_once() {
     drop((busy, never_used));
     ok(&m, "bdev_raid_delete", json!({"name": "r"}));
 }
+
+/// `bdev_raid_remove_base_bdev` of a base that answers every write Busy (`nomem`, kept on
+/// through the removal) while a guest write waits on it: the raid's owner was retrying its
+/// bitmap write to that base and never took the removal up. The owner gives the leaving
+/// base's Busy up, so the removal answers (well within its bound), the base is released, and
+/// the guest write completes on the other replica.
+#[test]
+fn removing_a_base_that_stays_busy_answers_and_the_write_waiting_on_it_completes() {
+    use fp_bdev::conformance::{rw, IoBuf};
+    use fp_bdev::{IoOp, IoStatus};
+    use std::time::{Duration, Instant};
+
+    let (m, _dir) = registry();
+    for i in 0..2 {
+        malloc(&m, &format!("m{i}"), 8, 512);
+        ok(&m, "bdev_error_create", json!({"base_name": format!("m{i}")}));
+    }
+    create_sb(&m, "r", &["EE_m0", "EE_m1"]);
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    let first = pattern(1, 16 << 10);
+    write_range(&mut *ch, 0, &first);
+
+    ok(
+        &m,
+        "bdev_error_inject_error",
+        json!({"name": "EE_m0", "io_type": "write", "error_type": "nomem", "num": 1_000_000_000u64}),
+    );
+    // A write to a chunk far from the first: its bitmap bit must be made durable on both
+    // bases first, and EE_m0 answers Busy to the bitmap write and to the write itself.
+    let held = pattern(2, 16 << 10);
+    let mut buf = IoBuf::new(held.len(), true);
+    buf.bytes_mut().copy_from_slice(&held);
+    let iov = [buf.iovec()];
+    // SAFETY: `buf` and `iov` outlive the request (it is polled to its end below, or the
+    // test fails and the process ends).
+    unsafe { ch.submit(&rw(7, IoOp::Write, 2 << 20, &iov)) }.unwrap();
+    let mut done = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        ch.poll(&mut |t, s| done.push((t, s)));
+        let left = ok(&m, "bdev_get_bdevs", json!({"name": "EE_m0"}))[0]["driver_specific"]["error"]
+            ["injections"]["write"]["num"]
+            .as_u64()
+            .unwrap();
+        if left < 1_000_000_000 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "EE_m0 was never sent a write");
+        std::thread::yield_now();
+    }
+    assert!(done.is_empty(), "the write waits on the busy EE_m0: {done:?}");
+
+    // The removal runs on another thread (an RPC thread) while this one polls the raid's
+    // channel (its reactor). The thread keeps the registry alive if it never answers.
+    let remover = {
+        let m = m.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let r = m.call("bdev_raid_remove_base_bdev", Some(json!({"name": "EE_m0"})));
+            (r.map_err(|e| e.to_rpc()), start.elapsed())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !remover.is_finished() {
+        ch.poll(&mut |t, s| done.push((t, s)));
+        assert!(Instant::now() < deadline, "bdev_raid_remove_base_bdev never answered (EE_m0 stays busy)");
+        std::thread::yield_now();
+    }
+    let (answer, took) = remover.join().unwrap();
+    assert_eq!(answer.unwrap(), json!(true));
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(!claimed(&m, "EE_m0"), "the removed base is released");
+    while done.is_empty() {
+        ch.poll(&mut |t, s| done.push((t, s)));
+        assert!(Instant::now() < deadline, "the write waiting on EE_m0 never completed");
+        std::thread::yield_now();
+    }
+    assert_eq!(done, [(7, IoStatus::Success)]);
+    let r = wait_slots(&m, "r", json!(["failed", "active"]));
+    // Asked for, not a failure of the base.
+    assert_eq!(r["flashpath"]["base_failures"], 0, "{r}");
+
+    assert!(read_range(&mut *ch, 0, first.len()) == first);
+    assert!(read_range(&mut *ch, 2 << 20, held.len()) == held);
+    drop(ch);
+    let mut m1 = m.disk("m1").unwrap().open().unwrap();
+    let data_offset = raid(&m, "r")["base_bdevs_list"][1]["data_offset"].as_u64().unwrap() * 512;
+    assert!(read_range(&mut *m1, data_offset + (2 << 20), held.len()) == held);
+    drop(m1);
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    ok(&m, "bdev_error_delete", json!({"name": "EE_m0"}));
+}

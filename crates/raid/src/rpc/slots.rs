@@ -11,14 +11,17 @@
 //! layout without it and none has a request to it in flight ([`REMOVE_DRAIN_WAIT`] at most;
 //! past it the base stays claimed until they end).
 
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::module::{ClaimType, ModuleError, ModuleHost};
+use fp_bdev::Bdev;
 use fp_rpc::Params;
 use serde_json::Value;
 
 use super::{module_error, with_raids, MODULE};
+use crate::owner::RemoveWait;
 use crate::shared::RaidShared;
 use crate::{RaidError, RaidLevel, SlotState};
 
@@ -136,8 +139,41 @@ pub(crate) fn remove_base_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<V
             format!("'{raid}' is a {}: without redundancy its bases cannot be removed", shared.level.name()),
         ));
     }
-    // The owner refuses the last in-sync base, and takes the base out durably first.
-    owner.remove_base(&name).map_err(module_error)?;
+    // The owner refuses the last in-sync base. Any other is marked leaving first: the owner's
+    // metadata I/O to it then gives a Busy up instead of retrying it, so a base that stays
+    // busy cannot keep the owner from taking the removal up (the owner clears the mark).
+    let layout = shared.layout();
+    let active = |i: usize| layout.slots[i].state == SlotState::Active;
+    let last_in_sync = active(slot) && !(0..layout.slots.len()).any(|i| i != slot && active(i));
+    if !last_in_sync {
+        shared.set_leaving(&name, true);
+    }
+    // The owner takes the base out durably (the other bases' superblocks) and publishes.
+    match owner.remove_base(&name, REMOVE_DRAIN_WAIT) {
+        Err(e) => {
+            shared.set_leaving(&name, false);
+            return Err(module_error(e));
+        }
+        Ok(RemoveWait::Answered(r)) => {
+            r.map_err(module_error)?;
+        }
+        Ok(RemoveWait::Withdrawn) => {
+            return Err(module_error(RaidError::Busy(format!(
+                "raid '{raid}' did not take up the removal of '{name}' within {} s: its owner is \
+                 still writing metadata to a base that answers Busy; nothing changed",
+                REMOVE_DRAIN_WAIT.as_secs()
+            ))));
+        }
+        Ok(RemoveWait::UnderWay(answer)) => {
+            release_when_drained(host, shared.clone(), raid.clone(), name.clone(), slot, Some(answer));
+            return Err(module_error(RaidError::Busy(format!(
+                "'{name}' is leaving raid '{raid}' (slot {slot}), but after {} s its owner was still \
+                 writing the other bases' superblocks; it stays claimed until that and its \
+                 requests end",
+                REMOVE_DRAIN_WAIT.as_secs()
+            ))));
+        }
+    }
     // Published: from here on no channel that acknowledges this epoch sends the base anything.
     let epoch = shared.epoch();
     let deadline = Instant::now() + REMOVE_DRAIN_WAIT;
@@ -154,7 +190,7 @@ pub(crate) fn remove_base_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<V
         return Ok(Value::Bool(true));
     }
     // Never released under I/O: a thread of its own releases the base once it drained.
-    release_when_drained(host, shared.clone(), raid.clone(), name.clone(), slot, epoch);
+    release_when_drained(host, shared.clone(), raid.clone(), name.clone(), slot, None);
     let what = match (state.in_flight, state.unacknowledged) {
         (n, 0) => format!("{n} request{} to it still in flight", plural(n)),
         (n, c) => format!(
@@ -180,27 +216,58 @@ fn plural(n: u64) -> &'static str {
 }
 
 /// Releases the removed base `name` once nothing can reach it any more (see
-/// [`RaidShared::drain_state`]): a thread that looks every [`RELEASE_POLL`]. It has no bound:
-/// the base's requests end when the base answers them, or fail when it is deleted (which its
-/// claim prevents meanwhile), and the raid's channels close with the raid. It ends without
-/// releasing when the registry is gone.
+/// [`RaidShared::drain_state`]): a thread that looks every [`RELEASE_POLL`]. `removal`: the
+/// owner's answer still to come (a removal under way past the bound); the base is released
+/// only if the owner took it out. It has no bound: the base's requests end when the base
+/// answers them, or fail when it is deleted (which its claim prevents meanwhile), and the
+/// raid's channels close with the raid. It ends without releasing when the registry is gone.
 fn release_when_drained(
     host: &dyn ModuleHost,
     shared: Arc<RaidShared>,
     raid: String,
     name: String,
     slot: usize,
-    epoch: u64,
+    removal: Option<Receiver<Result<Option<Bdev>, RaidError>>>,
 ) {
+    // Published before the owner answered: the layout without the base is this epoch's or
+    // an older one's.
+    let epoch = shared.epoch();
     let Some(weak) = host.weak_handle() else {
         log::warn!("raid '{raid}': '{name}' stays claimed: nothing here can release it once it drains");
         return;
     };
     let thread_name = format!("raid-release-{name}");
-    let spawned = std::thread::Builder::new().name(thread_name).spawn(move || loop {
+    let spawned = std::thread::Builder::new().name(thread_name).spawn(move || {
+        let epoch = match removal {
+            None => epoch,
+            Some(answer) => match answer.recv() {
+                Ok(Ok(_)) => shared.epoch(),
+                Ok(Err(e)) => {
+                    log::warn!("raid '{raid}': the removal of '{name}' was refused after all: {e}");
+                    return;
+                }
+                Err(_) => return,
+            },
+        };
+        release_drained(&shared, &weak, &raid, &name, slot, epoch);
+    });
+    if let Err(e) = spawned {
+        log::warn!("raid: a removed base stays claimed: cannot start the thread that releases it: {e}");
+    }
+}
+
+fn release_drained(
+    shared: &RaidShared,
+    weak: &std::sync::Weak<dyn ModuleHost + Send + Sync>,
+    raid: &str,
+    name: &str,
+    slot: usize,
+    epoch: u64,
+) {
+    loop {
         if shared.drain_state(slot, epoch).drained() {
             if let Some(h) = weak.upgrade() {
-                h.release_claim(&name, MODULE, &raid);
+                h.release_claim(name, MODULE, raid);
                 log::info!("raid '{raid}': '{name}' released: its last request ended");
             }
             return;
@@ -209,8 +276,5 @@ fn release_when_drained(
             return;
         }
         std::thread::sleep(RELEASE_POLL);
-    });
-    if let Err(e) = spawned {
-        log::warn!("raid: a removed base stays claimed: cannot start the thread that releases it: {e}");
     }
 }
