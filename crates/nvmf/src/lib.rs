@@ -37,6 +37,7 @@ pub use info::{
 };
 pub use target::{
     ListenAddress, NamespaceSpec, NvmfError, NvmfTarget, SubsystemSpec, TargetOptions, TransportOptions,
+    DRAIN_TIMEOUT,
 };
 
 #[cfg(test)]
