@@ -186,6 +186,30 @@ fn signal(pid: u32, sig: i32) {
     unsafe { libc::kill(pid as libc::pid_t, sig) };
 }
 
+/// SIGSTOPs `pid` and waits (bounded) until every one of its threads is stopped: kill(2)
+/// returns before the signal takes effect, and a reactor still running could answer the request
+/// that is meant to hang.
+fn stop_process(pid: u32, what: &str) {
+    signal(pid, libc::SIGSTOP);
+    let deadline = Instant::now() + EVENT_BOUND;
+    loop {
+        let states: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| {
+                d.filter_map(|t| t.ok())
+                    .map(|t| std::fs::read_to_string(t.path().join("stat")).unwrap_or_default())
+                    .collect()
+            })
+            .unwrap_or_default();
+        // A thread's state follows its name, which is in parentheses.
+        let stopped = |stat: &String| stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'));
+        if !states.is_empty() && states.iter().all(stopped) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: pid {pid} not stopped by SIGSTOP: {states:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// The error bdevs that take the injection (both replicas for a corrupted raid1 read, so the
 /// raid's choice of replica does not matter).
 fn fault_bdevs(c: Case) -> Vec<&'static str> {
@@ -271,7 +295,7 @@ fn run_case(c: Case) {
         Fault::RemoteKilled => {
             rig.remote.as_mut().expect("remote").kill9();
         }
-        Fault::RemoteStalled => signal(rig.remote.as_ref().expect("remote").pid(), libc::SIGSTOP),
+        Fault::RemoteStalled => stop_process(rig.remote.as_ref().expect("remote").pid(), &what),
     }
 
     // The faulted request, on a thread of its own so a hold can last through the event.
@@ -535,10 +559,11 @@ fn run_case(c: Case) {
     if let Err(e) = r {
         let now = fd_list(pid);
         eprintln!("{what}: fds before the case: {baseline_fds:?}");
-        eprintln!(
-            "{what}: fds not there before: {:?}",
-            now.iter().filter(|f| !baseline_fds.contains(f)).collect::<Vec<_>>()
-        );
+        let extra: Vec<&String> = now.iter().filter(|f| !baseline_fds.contains(f)).collect();
+        eprintln!("{what}: fds not there before: {extra:?}");
+        for p in socket_peers(&extra) {
+            eprintln!("{what}: {p}");
+        }
         std::panic::resume_unwind(e);
     }
     rig.local.assert_alive();

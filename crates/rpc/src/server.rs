@@ -231,15 +231,19 @@ fn wait_readable(fds: &[RawFd; 2]) -> io::Result<[bool; 2]> {
     Ok([ready[0], ready[1]])
 }
 
-struct Connection {
-    /// A second handle on the socket, to shut it down (which unblocks the thread's read).
-    stream: UnixStream,
-    thread: JoinHandle<()>,
+/// Second handles on the open connections' sockets, by connection id, to shut them down at
+/// stop (which unblocks their threads' reads). A connection's thread removes its own entry as
+/// it ends, so the socket is closed as soon as the client is done, not whenever the accept loop
+/// next wakes (an idle server would keep it open for as long as it is idle).
+type Shutters = Arc<Mutex<HashMap<u64, UnixStream>>>;
+
+fn lock(shutters: &Shutters) -> std::sync::MutexGuard<'_, HashMap<u64, UnixStream>> {
+    shutters.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn accept_loop(listener: UnixListener, wake: UnixStream, handler: Handler, config: ServerConfig) {
-    let mut conns: HashMap<u64, Connection> = HashMap::new();
-    let finished: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(Vec::new()));
+    let mut threads: HashMap<u64, JoinHandle<()>> = HashMap::new();
+    let shutters: Shutters = Arc::new(Mutex::new(HashMap::new()));
     let mut next_id = 0u64;
     loop {
         let ready = match wait_readable(&[listener.as_raw_fd(), wake.as_raw_fd()]) {
@@ -252,12 +256,9 @@ fn accept_loop(listener: UnixListener, wake: UnixStream, handler: Handler, confi
         if ready[1] {
             break;
         }
-        // Join threads that are done so the connection cap counts live clients only.
-        for id in std::mem::take(&mut *finished.lock().unwrap_or_else(|p| p.into_inner())) {
-            if let Some(c) = conns.remove(&id) {
-                let _ = c.thread.join();
-            }
-        }
+        // Join threads that are done so the connection cap counts live clients only. Their
+        // sockets are already closed; a finished thread holds no fd.
+        threads.retain(|_, t| !t.is_finished());
         let stream = match listener.accept() {
             Ok((s, _)) => s,
             Err(e)
@@ -275,40 +276,48 @@ fn accept_loop(listener: UnixListener, wake: UnixStream, handler: Handler, confi
                 continue;
             }
         };
-        if conns.len() >= config.max_connections {
+        if threads.len() >= config.max_connections {
             refuse(stream, config.max_connections);
             continue;
         }
         let id = next_id;
         next_id += 1;
-        let spawned = stream.try_clone().and_then(|second| {
+        // The shutter is registered before the thread starts, so a thread that ends at once
+        // still finds (and drops) it.
+        match stream.try_clone() {
+            Ok(second) => {
+                lock(&shutters).insert(id, second);
+            }
+            Err(e) => {
+                log::warn!("RPC server: cannot start a connection: {e}");
+                continue;
+            }
+        }
+        let spawned = {
             let handler = handler.clone();
             let config = config.clone();
-            let finished = finished.clone();
-            let thread = std::thread::Builder::new().name(format!("rpc-conn-{id}")).spawn(move || {
-                let closer = stream.try_clone();
+            let shutters = shutters.clone();
+            std::thread::Builder::new().name(format!("rpc-conn-{id}")).spawn(move || {
                 serve_connection(stream, &handler, &config);
-                // This loop keeps a clone of the socket until it reaps the thread (at the next
-                // accept); shut the socket down now so the client sees the connection end.
-                if let Ok(c) = closer {
-                    let _ = c.shutdown(std::net::Shutdown::Both);
-                }
-                finished.lock().unwrap_or_else(|p| p.into_inner()).push(id);
-            })?;
-            Ok(Connection { stream: second, thread })
-        });
+                // The thread's own handles are closed; this was the last one.
+                drop(lock(&shutters).remove(&id));
+            })
+        };
         match spawned {
-            Ok(c) => {
-                conns.insert(id, c);
+            Ok(t) => {
+                threads.insert(id, t);
             }
-            Err(e) => log::warn!("RPC server: cannot start a connection thread: {e}"),
+            Err(e) => {
+                drop(lock(&shutters).remove(&id));
+                log::warn!("RPC server: cannot start a connection thread: {e}");
+            }
         }
     }
-    for c in conns.values() {
-        let _ = c.stream.shutdown(std::net::Shutdown::Both);
+    for s in lock(&shutters).values() {
+        let _ = s.shutdown(std::net::Shutdown::Both);
     }
-    for (_, c) in conns.drain() {
-        let _ = c.thread.join();
+    for (_, t) in threads.drain() {
+        let _ = t.join();
     }
 }
 

@@ -291,6 +291,50 @@ pub fn fd_list(pid: u32) -> Vec<String> {
     v
 }
 
+/// What is at the other end of each socket among `fds` (entries of [`fd_list`]): the `ss`
+/// lines of the socket and of its peer, with the processes holding them. A socket that stays
+/// open names the connection that was not closed, and whose side let it linger.
+pub fn socket_peers(fds: &[&String]) -> Vec<String> {
+    let ss = |args: &[&str]| {
+        std::process::Command::new("ss")
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let unix = ss(&["-xanp"]);
+    let tcp = ss(&["-tanpe"]);
+    let mut out = Vec::new();
+    for f in fds {
+        let Some(inode) = f.split("socket:[").nth(1).and_then(|s| s.strip_suffix(']')) else { continue };
+        // Unix: "u_str STATE rq sq PATH INODE PEERPATH PEERINODE users:(...)".
+        let by_local =
+            |ino: &str| unix.lines().find(|l| l.split_whitespace().nth(5) == Some(ino)).map(str::to_string);
+        if let Some(line) = by_local(inode) {
+            let peer = line.split_whitespace().nth(7).unwrap_or("").to_string();
+            let peer_line = by_local(&peer).unwrap_or_else(|| format!("(peer {peer} not found)"));
+            out.push(format!("{f}: unix {line} <-> {peer_line}"));
+            continue;
+        }
+        let tag = format!("ino:{inode} ");
+        if let Some(line) = tcp.lines().find(|l| l.contains(&tag)) {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            let (local, remote) = (w.get(3).copied().unwrap_or(""), w.get(4).copied().unwrap_or(""));
+            let peer_line = tcp
+                .lines()
+                .find(|l| {
+                    let v: Vec<&str> = l.split_whitespace().collect();
+                    v.get(3) == Some(&remote) && v.get(4) == Some(&local)
+                })
+                .unwrap_or("(peer not found)");
+            out.push(format!("{f}: tcp {line} <-> {peer_line}"));
+            continue;
+        }
+        out.push(format!("{f}: not in ss's lists"));
+    }
+    out
+}
+
 /// `pid`'s fds and threads once they hold still for a moment (an RPC's connection and its
 /// thread end shortly after the answer).
 pub fn settled_counts(pid: u32) -> (usize, usize) {
