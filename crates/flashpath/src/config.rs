@@ -176,8 +176,9 @@
 //! `[vhost]`: `stop_timeout_ms` is how long stopping a vhost-user queue may take (GET_VRING_BASE,
 //! a disconnect, a memory-table change; docs/architecture.md, "Stopping a queue") for every
 //! controller created without its own `stop_timeout_ms`, from this file or by RPC: 1 to 600000,
-//! 5000 by default. At daemon shutdown it is also how long each reactor waits, after the queues
-//! were stopped, for requests a bdev still holds before it lets go of their guest memory.
+//! 5000 by default. At daemon shutdown it is also the bound every export's stop shares (an NBD
+//! export's wait for its connections among them), and how long each reactor waits, after the
+//! exports were stopped, for requests a bdev still holds before it lets go of their guest memory.
 //!
 //! `export_dirs`, when present, confines `bdev_uring_create` (the only bdev type that opens a
 //! host path) to files inside those directories, which must exist when `serve` starts. A

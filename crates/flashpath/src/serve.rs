@@ -246,11 +246,16 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
     if let Some(e) = exporter {
         e.stop();
     }
-    registry.shutdown();
+    // Every export stops at once, within about one stop bound however many are stuck
+    // (Registry::shutdown); those still stopping at its deadline are logged and left behind.
+    let left = registry.shutdown();
     // A queue that did not stop in time (its disk still holds requests) waits on its reactor
     // for them, up to the daemon's stop bound once more, so that guest memory is not unmapped
-    // under the disk.
+    // under the disk. Shutdown so ends within about two bounds of the signal.
     reactors.shutdown_within(settings.vhost_stop_timeout);
+    if !left.is_empty() {
+        log::warn!("exiting with the stop of {} export(s) unfinished: {}", left.len(), left.join(", "));
+    }
     log::info!("stopped");
     outcome.map(|_| ()).map_err(ServeError::Signals)
 }

@@ -1,7 +1,8 @@
 //! Back-pressure (Busy) on the vhost-user stop paths, with the error bdev's `nomem` injection
 //! (docs/error.md) refusing every read: a client that goes away with a read refused as busy
 //! does not wedge its controller (the stop keeps retrying the read, and ends at its bound
-//! whatever the disk does), the next client is served, and SIGTERM stops the daemon.
+//! whatever the disk does), the next client is served, and SIGTERM stops the daemon, in bounded
+//! time however many exports have requests their disks hold.
 
 mod common;
 
@@ -87,7 +88,11 @@ fn client_with_reads(
         if ready(daemon) {
             break;
         }
-        assert!(Instant::now() < deadline, "the reads did not get there: {}", controller(daemon));
+        assert!(
+            Instant::now() < deadline,
+            "the reads did not get there: {}",
+            daemon.call("vhost_get_controllers", Value::Null)
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     (abort, client)
@@ -243,4 +248,88 @@ fn the_daemon_wide_stop_bound_reaches_controllers_created_without_one() {
     daemon.call("bdev_null_create", json!({"name": "n0", "num_blocks": 64, "block_size": 512}));
     daemon.call("vhost_create_blk_controller", json!({"ctrlr": "by_rpc", "dev_name": "n0"}));
     assert_eq!(stop_timeout_ms(&daemon, "by_rpc"), 2500);
+}
+
+/// SIGTERM with three controllers and two NBD exports, each with requests its disk holds
+/// (error bdevs' `pending`, never resumed): every export stops at once, against one deadline,
+/// so the daemon exits in about two stop bounds (the exports' stops, then the reactors' wait
+/// for the held requests), not one per export, and logs each stuck export.
+#[test]
+fn sigterm_stops_every_stuck_export_at_once_within_one_bound() {
+    use common::nbd::{start_export, Endpoint, NbdConn, CMD_READ};
+    // Long enough that a busy machine's scheduling hiccups stay well inside the assertion's
+    // margin (5 bounds against the 2 it takes).
+    let bound = Duration::from_millis(1500);
+    let mut daemon = Daemon::start_with_args("0", &["--vhost-stop-timeout-ms", "1500"]);
+    let mut clients = Vec::new();
+    for i in 0..3 {
+        let (disk, ctrlr) = (format!("M{i}"), format!("vhost.stuck{i}"));
+        daemon.malloc(&disk, 8192, 512);
+        assert_eq!(daemon.call("bdev_error_create", json!({"base_name": disk})), true);
+        let ee = format!("EE_{disk}");
+        daemon.call("vhost_create_blk_controller", json!({"ctrlr": ctrlr, "dev_name": ee, "num_queues": 1}));
+        let p = json!({"name": ee, "io_type": "read", "error_type": "pending", "num": FOREVER});
+        assert_eq!(daemon.call("bdev_error_inject_error", p), true);
+        let sock = daemon.dir.path().join(&ctrlr);
+        clients.push(client_with_reads(&daemon, &sock, |d| {
+            d.call("vhost_get_controllers", json!({"name": ctrlr}))[0]["stats"]["in_flight"].as_u64()
+                == Some(8)
+        }));
+    }
+    let mut nbd_conns = Vec::new();
+    for j in 0..2 {
+        let disk = format!("N{j}");
+        daemon.malloc(&disk, 8192, 512);
+        assert_eq!(daemon.call("bdev_error_create", json!({"base_name": disk})), true);
+        let ee = format!("EE_{disk}");
+        let sock = daemon.dir.path().join(format!("{disk}.nbd"));
+        start_export(&daemon, &ee, sock.to_str().unwrap(), false);
+        let mut conn = NbdConn::connect(&Endpoint::Unix(sock.clone()), &ee).expect("NBD connect");
+        let p = json!({"name": ee, "io_type": "read", "error_type": "pending", "num": 1});
+        assert_eq!(daemon.call("bdev_error_inject_error", p), true);
+        conn.send(0, CMD_READ, 0, 4096, &[]).expect("sending the read");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // The injection is used up once the read reached the disk, which holds it.
+        while daemon.call("bdev_get_bdevs", json!({"name": ee}))[0]["driver_specific"]["error"]["injections"]
+            .get("read")
+            .is_some()
+        {
+            assert!(Instant::now() < deadline, "the NBD read never reached {ee}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        nbd_conns.push((sock, ee, conn));
+    }
+    let stuck_exports = 5;
+
+    let started = Instant::now();
+    // Daemon::stop kills the daemon 10 s after SIGTERM; stopping the exports one after another
+    // took 3 bounds and 5 s per NBD export.
+    let status = daemon.stop().expect("the daemon's exit status");
+    let took = started.elapsed();
+    let log = daemon.stderr();
+    use std::os::unix::process::ExitStatusExt;
+    assert!(status.success() || status.signal() == Some(libc::SIGTERM), "{status} after {took:?}\n{log}");
+    for (abort, client) in clients {
+        abort.store(true, Ordering::Release);
+        bounded(Duration::from_secs(20), "client teardown", move || client.join().unwrap());
+    }
+    // The exports' stops, in parallel, end at the bound; the reactor then waits a bound for the
+    // held reads before it drops the queues. One bound per export would be 5 s and more.
+    assert!(took >= 2 * bound, "SIGTERM took {took:?}: it did not wait for the held reads\n{log}");
+    assert!(
+        took < stuck_exports * bound,
+        "SIGTERM took {took:?}, not one bound for all {stuck_exports} stuck exports\n{log}"
+    );
+    for i in 0..3 {
+        let said = format!("vhost.stuck{i}: queue 0 did not stop within 1.5s");
+        assert!(log.contains(&said), "nothing said about vhost.stuck{i}'s held reads:\n{log}");
+    }
+    for (sock, ee, _conn) in &nbd_conns {
+        let said = format!(
+            "nbd export '{}' (bdev '{ee}'): 1 connection(s) still wait for requests the disk has not \
+             completed at the shutdown bound of 1.5s",
+            sock.display()
+        );
+        assert!(log.contains(&said), "nothing said about {ee}'s held read:\n{log}");
+    }
 }

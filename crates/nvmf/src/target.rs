@@ -318,7 +318,9 @@ impl NvmfTarget {
         self.inner.drain_timeout_ms.store(t.as_millis() as u64, Ordering::Relaxed);
     }
 
-    fn drain_timeout(&self) -> Duration {
+    /// How long removing a namespace waits for its commands in flight; [`NvmfTarget::stop`]
+    /// ends every drain by this long after it.
+    pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.inner.drain_timeout_ms.load(Ordering::Relaxed))
     }
 

@@ -25,6 +25,7 @@ mod mirror;
 pub mod modules;
 mod qos;
 mod registry;
+mod shutdown;
 
 pub use bdevs::{BdevSummary, Claim};
 pub use error::RegistryError;

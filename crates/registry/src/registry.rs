@@ -212,16 +212,31 @@ impl Registry {
 
     /// Stops every export, then lets every module close what it holds open (an lvstore's
     /// metadata owner commits and stops). Bdevs are dropped with the registry.
-    pub fn shutdown(&self) {
+    ///
+    /// The exports stop all at once, against one deadline: the daemon's stop bound
+    /// ([`RegistryOptions::vhost_stop_timeout`]), or the NVMe-oF drain timeout when longer, from
+    /// now (and a margin for the stops to report). An NBD export waits the daemon's bound for its
+    /// connections, a vhost-user queue its controller's, a namespace the target's drain; what
+    /// still holds requests then is logged by each, and an export whose stop has not ended by
+    /// the deadline by this. So the daemon stops in about one bound, however many exports are
+    /// stuck. Returns the exports whose stop had not ended by the deadline.
+    pub fn shutdown(&self) -> Vec<String> {
         // NVMe-oF first: its listeners close and its hosts are disconnected, so no new
         // connection races the namespaces' removal below.
         self.nvmf.stop();
-        let names: Vec<String> = self.lock().exports.keys().cloned().collect();
-        for n in names {
-            let _ = self.delete_export(&n, None);
-        }
+        let exports: Vec<Box<dyn Export>> = {
+            let mut st = self.lock();
+            let all = std::mem::take(&mut st.exports);
+            for (name, export) in &all {
+                st.release(export.bdev_name(), export.kind(), name);
+            }
+            all.into_values().collect()
+        };
+        let stop_bound = self.options.vhost_stop_timeout;
+        let left = crate::shutdown::stop_all(exports, stop_bound, stop_bound.max(self.nvmf.drain_timeout()));
         for m in modules::MODULES {
             m.shutdown(self);
         }
+        left
     }
 }

@@ -84,6 +84,15 @@ pub trait Export: Send + Sync {
     /// Disconnects its clients and releases what it holds; waits for in-flight requests.
     fn stop(self: Box<Self>);
 
+    /// [`Export::stop`] as the daemon shuts down, every export at once ([`Registry::shutdown`]):
+    /// what it waits for ends by `bound`, the daemon's stop bound, and what is left then is
+    /// logged, naming the export. By default `stop`, for kinds whose stop has its own bound (a
+    /// vhost-user queue's `stop_timeout_ms`, the NVMe-oF target's drain timeout).
+    fn stop_at_shutdown(self: Box<Self>, bound: std::time::Duration) {
+        let _ = bound;
+        self.stop();
+    }
+
     /// For the kind's own methods ([`Registry::with_export`]).
     fn as_any(&self) -> &dyn Any;
 }

@@ -110,6 +110,19 @@ impl Export for NbdExport {
         self.handle.stop();
     }
 
+    /// Its connections close once their requests are answered, waited for up to `bound`
+    /// rather than [`fp_nbd::STOP_TIMEOUT`]: the daemon's stop bound covers every export.
+    fn stop_at_shutdown(self: Box<Self>, bound: std::time::Duration) {
+        if let Err(n) = self.handle.close(bound) {
+            log::warn!(
+                "nbd export '{}' (bdev '{}'): {n} connection(s) still wait for requests the disk has \
+                 not completed at the shutdown bound of {bound:?}; they are abandoned",
+                self.nbd_device,
+                self.bdev_name
+            );
+        }
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }
