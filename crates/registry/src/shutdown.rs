@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 use crate::exports::Export;
 
 /// How long past the bound the shutdown waits for a stop to report back. A stop ends at its
-/// bound by itself; only one whose thread is held elsewhere misses this.
-pub(crate) const REPORT_MARGIN: Duration = Duration::from_secs(1);
+/// bound by itself; only one whose thread is held elsewhere misses this. It is longer than the
+/// margin a vhost-user controller's own stop allows its queues' answers, so that a controller
+/// giving up on a reactor that no longer runs reports that itself before the shutdown names it.
+pub(crate) const REPORT_MARGIN: Duration =
+    Duration::from_secs(fp_vhost_blk::connection::STOP_REPLY_MARGIN.as_secs() + 1);
 
 /// What the shutdown knows of an export whose stop runs on a thread of its own.
 struct Stopping {

@@ -49,7 +49,7 @@ pub const MAX_QUEUE_SIZE: u32 = 1024;
 /// How long past a stop's bound the control plane waits for the queue's answer: the queue
 /// answers at the bound itself, in its reactor's next round; only a reactor that no longer runs
 /// would not.
-const STOP_REPLY_MARGIN: Duration = Duration::from_secs(2);
+pub const STOP_REPLY_MARGIN: Duration = Duration::from_secs(2);
 
 /// The feature bits the connection itself looks at, as masks.
 const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
