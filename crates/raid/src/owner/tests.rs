@@ -387,7 +387,7 @@ fn writers_on_threads_during_a_full_rebuild_end_identical() {
         })
         .collect();
     h.set_process_options(128, 0).unwrap();
-    assert_eq!(h.add_base("b1".into(), b1.clone()).unwrap(), 1);
+    assert_eq!(h.add_base("b1".into(), b1.clone(), OWNER_WAIT).unwrap().answered().unwrap().unwrap(), 1);
     let deadline = Instant::now() + Duration::from_secs(60);
     while shared.counters.rebuilds_completed.load(Ordering::Relaxed) == 0 {
         assert!(Instant::now() < deadline, "rebuild did not finish");
@@ -402,7 +402,7 @@ fn writers_on_threads_during_a_full_rebuild_end_identical() {
     assert!(read_all(&b0, off, raid) == read_all(&b1, off, raid), "replicas differ after the rebuild");
     assert_eq!(shared.layout().slots[1].state, SlotState::Active);
     let sbh = h.superblock().unwrap();
-    h.shutdown().unwrap();
+    h.shutdown(OWNER_WAIT).unwrap().stopped().unwrap().unwrap();
     let mut io0 = ChannelIo::open(b0.clone()).unwrap();
     let on_disk = read_superblock(&mut io0).unwrap().unwrap();
     assert!(on_disk.clean && on_disk.seq == sbh.seq + 1);
@@ -436,7 +436,7 @@ fn dropping_the_owner_mid_rebuild_resumes_at_the_checkpoint_on_respawn() {
     let mut w = Writer::new(shared.clone());
     let raid = sb.raid_bytes();
     w.write(0, &mut vec![3; raid as usize]);
-    h.add_base("d1".into(), b1.clone()).unwrap();
+    h.add_base("d1".into(), b1.clone(), OWNER_WAIT).unwrap().answered().unwrap().unwrap();
     while shared.process.blocks_done.load(Ordering::Relaxed) * 512 < raid / 2 {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -464,7 +464,7 @@ fn dropping_the_owner_mid_rebuild_resumes_at_the_checkpoint_on_respawn() {
     let copied = shared.counters.rebuild_bytes_copied.load(Ordering::Relaxed);
     // The unclean stop's resync (the chunks written) plus the rest of the rebuild.
     assert_eq!(copied, raid + (raid - rec.rebuild_offset), "resumed at {}", rec.rebuild_offset);
-    h.shutdown().unwrap();
+    h.shutdown(OWNER_WAIT).unwrap().stopped().unwrap().unwrap();
     let off = newest.data_offset;
     assert!(read_all(&b0, off, raid) == read_all(&b1, off, raid));
 }
