@@ -121,6 +121,7 @@ impl RaidDevice {
             counters: RaidCounters::default(),
             channels: std::sync::Mutex::new(Vec::new()),
             leaving: std::sync::Mutex::new(Vec::new()),
+            stopping: std::sync::Mutex::new(None),
         };
         Ok(RaidDevice { shared: Arc::new(shared), uuid: spec.uuid, superblock: spec.superblock })
     }

@@ -23,7 +23,7 @@ use crate::device::{RaidDevice, RaidSpec};
 use crate::format::Superblock;
 use crate::meta_io::{self, ChannelIo};
 use crate::owner::{BaseSpec, OwnerHandle};
-use crate::rpc::{with_raids, RaidEntry, RaidModule, MODULE};
+use crate::rpc::{with_raids, Added, RaidEntry, RaidModule, MODULE};
 use crate::shared::SlotView;
 use crate::{RaidError, SlotState};
 
@@ -225,7 +225,7 @@ fn take(host: &dyn ModuleHost, name: &str, sb: Superblock) -> Result<(), RaidErr
             }
             Step::Join(dev, owner) => {
                 let bdev = found.take().expect("not added").bdev;
-                return rejoin(&dev, &owner, name, bdev, &sb).inspect_err(|_| release());
+                return rejoin(host, &dev, &owner, name, bdev, &sb).inspect_err(|_| release());
             }
             Step::Wait if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
             Step::Wait => {
@@ -246,6 +246,7 @@ fn take(host: &dyn ModuleHost, name: &str, sb: Superblock) -> Result<(), RaidErr
 /// A base of the assembled raid `dev` appeared: it joins the free slot that names it; the
 /// owner decides partial or full from its superblock.
 fn rejoin(
+    host: &dyn ModuleHost,
     dev: &RaidDevice,
     owner: &OwnerHandle,
     name: &str,
@@ -261,9 +262,19 @@ fn rejoin(
             dev.shared().info.name
         )));
     }
-    let slot = owner.add_base(name.to_string(), bdev)?;
-    log::info!("raid '{}': '{name}' is back, in slot {slot}", dev.shared().info.name);
-    Ok(())
+    let raid = &dev.shared().info.name;
+    match crate::rpc::add_to_owner(host, owner, raid, name, bdev) {
+        Added::Slot(slot) => {
+            log::info!("raid '{raid}': '{name}' is back, in slot {slot}");
+            Ok(())
+        }
+        Added::Refused(e) => Err(e),
+        // Stays claimed until the owner answers.
+        Added::UnderWay(e) => {
+            log::warn!("{e}");
+            Ok(())
+        }
+    }
 }
 
 /// Assembles the configuring raid `raid`: the device from the newest superblock, the owner
@@ -372,10 +383,13 @@ fn assemble(host: &dyn ModuleHost, raid: &str) -> Result<(), RaidError> {
     });
     log::info!("raid '{raid}' assembled from its superblocks");
     for f in later {
-        let joined = owner.add_base(f.name.clone(), f.bdev.clone());
-        if let Err(e) = joined {
-            log::warn!("raid '{raid}': stale base '{}' cannot join: {e}", f.name);
-            host.release_claim(&f.name, MODULE, raid);
+        match crate::rpc::add_to_owner(host, &owner, raid, &f.name, f.bdev.clone()) {
+            Added::Slot(_) => {}
+            Added::Refused(e) => {
+                log::warn!("raid '{raid}': stale base '{}' cannot join: {e}", f.name);
+                host.release_claim(&f.name, MODULE, raid);
+            }
+            Added::UnderWay(e) => log::warn!("{e}"),
         }
     }
     Ok(())

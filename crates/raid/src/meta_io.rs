@@ -16,7 +16,8 @@ use crate::shared::RaidShared;
 use crate::RaidError;
 
 /// The errno of a request [`ChannelIo`] gave up while its base answered Busy, because the
-/// base is leaving its raid (see [`ChannelIo::give_up_when_leaving`]). Nothing was sent.
+/// base is leaving its raid or the raid is stopping (see [`ChannelIo::give_up_when_leaving`]).
+/// Nothing was sent.
 pub const GIVEN_UP: i32 = libc::ECANCELED;
 
 /// A base as the owner drives it. Errors are positive errnos.
@@ -38,7 +39,7 @@ pub struct ChannelIo {
     /// Bounce buffer: callers' slices need not be aligned for the device.
     bounce: AlignedBuf,
     /// The raid this base is a member of, and its name there: a Busy is given up once a
-    /// removal marks it leaving.
+    /// removal marks it leaving or the raid stops.
     leaving: Option<(Arc<RaidShared>, String)>,
 }
 
@@ -53,16 +54,17 @@ impl ChannelIo {
     }
 
     /// A Busy answer is retried until `shared` marks the base `name` leaving
-    /// ([`RaidShared::set_leaving`]); then the request fails with [`GIVEN_UP`] instead. The
-    /// owner's metadata I/O: a base that stays busy must not keep the owner from taking up
-    /// the removal that ends it.
+    /// ([`RaidShared::set_leaving`]) or the raid stopping ([`RaidShared::set_stopping`], after
+    /// its grace); then the request fails with [`GIVEN_UP`] instead. The owner's metadata I/O:
+    /// a base that stays busy must not keep the owner from taking up the removal that ends
+    /// it, nor the raid from stopping.
     pub fn give_up_when_leaving(mut self, shared: Arc<RaidShared>, name: String) -> ChannelIo {
         self.leaving = Some((shared, name));
         self
     }
 
-    fn is_leaving(&self) -> bool {
-        self.leaving.as_ref().is_some_and(|(shared, name)| shared.is_leaving(name))
+    fn gives_up_busy(&self) -> bool {
+        self.leaving.as_ref().is_some_and(|(shared, name)| shared.gives_up_busy(name))
     }
 
     /// The bdev.
@@ -81,7 +83,7 @@ impl ChannelIo {
             match unsafe { self.chan.submit(&req) } {
                 Ok(()) => break,
                 // Nothing in flight yet: giving up leaves nothing behind on the base.
-                Err(SubmitError::Busy) if self.is_leaving() => return Err(GIVEN_UP),
+                Err(SubmitError::Busy) if self.gives_up_busy() => return Err(GIVEN_UP),
                 Err(SubmitError::Busy) => self.idle(),
                 Err(SubmitError::OutOfRange) => return Err(libc::EINVAL),
                 Err(SubmitError::Unsupported) => return Err(libc::EOPNOTSUPP),

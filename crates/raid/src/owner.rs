@@ -102,6 +102,7 @@ pub fn new_shared(info: BdevInfo, sb: &Superblock, persistent: bool) -> Arc<Raid
         counters: RaidCounters::default(),
         channels: std::sync::Mutex::new(Vec::new()),
         leaving: std::sync::Mutex::new(Vec::new()),
+        stopping: std::sync::Mutex::new(None),
     })
 }
 
@@ -407,8 +408,8 @@ impl Owner {
         if errno == meta_io::GIVEN_UP {
             self.shared.counters.base_failures.fetch_sub(1, Ordering::Relaxed);
             log::info!(
-                "raid {}: slot {slot} is being removed and its base answered the {what} Busy: \
-                 taken out without it",
+                "raid {}: slot {slot}'s base answered the {what} Busy while it was being removed or \
+                 the raid stopping: taken out without it",
                 self.sb.name
             );
         } else {
@@ -917,8 +918,12 @@ impl Owner {
         }
         let mut not_erased = Vec::new();
         for m in self.members.iter_mut().flatten() {
-            if let Err(e) = meta_io::wipe_superblock(m.io.as_mut()) {
-                not_erased.push(format!("'{}' ({})", m.name, errno_text(e)));
+            match meta_io::wipe_superblock(m.io.as_mut()) {
+                Ok(()) => {}
+                Err(meta_io::GIVEN_UP) => {
+                    not_erased.push(format!("'{}' (it answered Busy while the raid was deleted)", m.name))
+                }
+                Err(e) => not_erased.push(format!("'{}' ({})", m.name, errno_text(e))),
             }
         }
         if not_erased.is_empty() {
@@ -947,15 +952,57 @@ fn errno_text(errno: i32) -> String {
 
 type Call = Box<dyn FnOnce(&mut Owner) + Send>;
 
-/// A removal the owner was asked for, after the caller's bound ([`OwnerHandle::remove_base`]).
-pub enum RemoveWait {
-    /// Done: the removed base's bdev, or why the owner refused.
-    Answered(Result<Option<Bdev>, RaidError>),
+/// How long a control call waits for the owner (an addition, a removal, the superblock, a
+/// stop) before it answers without it: the owner may be retrying a metadata write on a base
+/// that answers Busy, which it does for as long as the base does (back-pressure), unless the
+/// base is leaving or the raid stopping.
+pub const OWNER_WAIT: Duration = Duration::from_secs(5);
+
+/// A call the owner was asked for, after the caller's bound ([`OwnerHandle::call_within`]).
+#[derive(Debug)]
+pub enum CallWait<R> {
+    /// Done: the call's result.
+    Answered(R),
     /// Not taken up within the bound (the owner was busy with other metadata I/O): withdrawn,
-    /// nothing changed.
+    /// it will not run.
     Withdrawn,
-    /// Under way past the bound: the receiver gets the answer when it is done.
-    UnderWay(mpsc::Receiver<Result<Option<Bdev>, RaidError>>),
+    /// Under way past the bound: the receiver gets the result when it is done.
+    UnderWay(mpsc::Receiver<R>),
+}
+
+impl<R> CallWait<R> {
+    /// The result, if the call answered within its bound.
+    pub fn answered(self) -> Option<R> {
+        match self {
+            CallWait::Answered(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+impl StopWait {
+    /// The result, if the owner stopped within the bound.
+    pub fn stopped(self) -> Option<Result<(), RaidError>> {
+        match self {
+            StopWait::Stopped(r) => Some(r),
+            StopWait::UnderWay(_) => None,
+        }
+    }
+}
+
+/// A removal after its bound ([`OwnerHandle::remove_base`]): the removed base's bdev, or why
+/// the owner refused.
+pub type RemoveWait = CallWait<Result<Option<Bdev>, RaidError>>;
+
+/// A stop after its bound ([`OwnerHandle::delete`], [`OwnerHandle::shutdown`]).
+#[derive(Debug)]
+pub enum StopWait {
+    /// The owner stopped (its thread ended): whether its last metadata writes succeeded.
+    Stopped(Result<(), RaidError>),
+    /// Still at its metadata I/O past the bound (a request a base has not answered): the
+    /// thread goes on alone, holding what that request uses; the receiver gets its result
+    /// when it ends.
+    UnderWay(mpsc::Receiver<Result<(), RaidError>>),
 }
 
 enum Msg {
@@ -1048,18 +1095,71 @@ impl OwnerHandle {
         }
     }
 
-    /// Runs `f` on the owner's thread and returns its result.
+    /// Runs `f` on the owner's thread and returns its result, waiting [`OWNER_WAIT`] at most:
+    /// past it, a call not taken up is withdrawn and `what` (what was asked, as "the addition
+    /// of 'm2'") named in the error; one under way goes on, its result dropped.
     pub fn call<R: Send + 'static>(
         &self,
+        what: &str,
         f: impl FnOnce(&mut Owner) -> R + Send + 'static,
     ) -> Result<R, RaidError> {
+        match self.call_within(OWNER_WAIT, f)? {
+            CallWait::Answered(r) => Ok(r),
+            CallWait::Withdrawn => Err(self.not_taken_up(what, OWNER_WAIT)),
+            CallWait::UnderWay(_) => Err(RaidError::Busy(format!(
+                "raid '{}': {what} was still under way after {} s: its owner is writing metadata \
+                 to a base that answers Busy",
+                self.shared.info.name,
+                OWNER_WAIT.as_secs()
+            ))),
+        }
+    }
+
+    /// The error of a call `what` the owner did not take up within `wait`.
+    pub fn not_taken_up(&self, what: &str, wait: Duration) -> RaidError {
+        RaidError::Busy(format!(
+            "raid '{}' did not take up {what} within {} s: its owner is still writing metadata to \
+             a base that answers Busy; nothing changed",
+            self.shared.info.name,
+            wait.as_secs()
+        ))
+    }
+
+    /// Runs `f` on the owner's thread, waited for `wait` at most. A call the owner has not
+    /// taken up by then is withdrawn (it never runs); one it is working on goes on, and the
+    /// caller gets the receiver of its result.
+    pub fn call_within<R: Send + 'static>(
+        &self,
+        wait: Duration,
+        f: impl FnOnce(&mut Owner) -> R + Send + 'static,
+    ) -> Result<CallWait<R>, RaidError> {
+        const QUEUED: u8 = 0;
+        const STARTED: u8 = 1;
+        const WITHDRAWN: u8 = 2;
+        let stage = Arc::new(AtomicU8::new(QUEUED));
         let (tx, rx) = mpsc::sync_channel(1);
-        let call: Call = Box::new(move |o| {
-            let _ = tx.send(f(o));
-        });
+        let call: Call = {
+            let stage = stage.clone();
+            Box::new(move |o| {
+                if stage.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    return;
+                }
+                let _ = tx.send(f(o));
+            })
+        };
         self.tx.send(Msg::Call(call)).map_err(|_| gone())?;
         self.shared.wake_owner();
-        rx.recv().map_err(|_| gone())
+        match rx.recv_timeout(wait) {
+            Ok(r) => Ok(CallWait::Answered(r)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(gone()),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if stage.compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    Ok(CallWait::Withdrawn)
+                } else {
+                    Ok(CallWait::UnderWay(rx))
+                }
+            }
+        }
     }
 
     /// The shared state.
@@ -1068,12 +1168,18 @@ impl OwnerHandle {
     }
 
     /// `bdev_raid_add_base_bdev`: the owner opens its channel of `bdev` and adds it (see
-    /// [`Owner::add_base`]). Returns the slot.
-    pub fn add_base(&self, name: String, bdev: Bdev) -> Result<usize, RaidError> {
-        self.call(move |o| {
+    /// [`Owner::add_base`]), waited for `wait` at most (see [`OwnerHandle::call_within`]).
+    /// The answer is the slot.
+    pub fn add_base(
+        &self,
+        name: String,
+        bdev: Bdev,
+        wait: Duration,
+    ) -> Result<CallWait<Result<usize, RaidError>>, RaidError> {
+        self.call_within(wait, move |o| {
             let io = ChannelIo::open(bdev.clone())?.give_up_when_leaving(o.shared.clone(), name.clone());
             o.add_base(Member { name, bdev: Some(bdev), io: Box::new(io) })
-        })?
+        })
     }
 
     /// `bdev_raid_remove_base_bdev`: [`Owner::remove_base`] on the owner's thread, waited for
@@ -1085,79 +1191,100 @@ impl OwnerHandle {
     /// [`RaidShared::leaving`]), so a base that stays busy cannot hold the owner up; the caller
     /// marks it leaving first, and the owner clears the mark once it has answered.
     pub fn remove_base(&self, name: &str, wait: Duration) -> Result<RemoveWait, RaidError> {
-        const QUEUED: u8 = 0;
-        const STARTED: u8 = 1;
-        const WITHDRAWN: u8 = 2;
-        let stage = Arc::new(AtomicU8::new(QUEUED));
-        let (tx, rx) = mpsc::sync_channel(1);
-        let call: Call = {
+        let call = {
             let name = name.to_string();
-            let stage = stage.clone();
-            Box::new(move |o| {
-                if stage.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire).is_err() {
-                    return;
-                }
+            move |o: &mut Owner| {
                 let r = o.remove_base(&name).map(|m| m.bdev);
                 o.shared.set_leaving(&name, false);
-                let _ = tx.send(r);
-            })
+                r
+            }
         };
+        let r = self.call_within(wait, call);
+        if matches!(r, Ok(CallWait::Withdrawn)) {
+            self.shared.set_leaving(name, false);
+        }
+        r
+    }
+
+    /// `bdev_raid_set_options`: window and speed limit of rebuilds, now and later. Queued,
+    /// not waited for: the owner takes it up when it is next free, and nothing here can fail
+    /// but the owner being gone.
+    pub fn set_process_options(&self, window_kb: u64, max_bandwidth_mb_sec: u64) -> Result<(), RaidError> {
+        let call: Call = Box::new(move |o| o.set_process_options(window_kb << 10, max_bandwidth_mb_sec));
         self.tx.send(Msg::Call(call)).map_err(|_| gone())?;
         self.shared.wake_owner();
-        match rx.recv_timeout(wait) {
-            Ok(r) => Ok(RemoveWait::Answered(r)),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(gone()),
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                if stage.compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                    self.shared.set_leaving(name, false);
-                    Ok(RemoveWait::Withdrawn)
-                } else {
-                    Ok(RemoveWait::UnderWay(rx))
-                }
-            }
-        }
+        Ok(())
     }
 
-    /// `bdev_raid_set_options`: window and speed limit of rebuilds, now and later.
-    pub fn set_process_options(&self, window_kb: u64, max_bandwidth_mb_sec: u64) -> Result<(), RaidError> {
-        self.call(move |o| o.set_process_options(window_kb << 10, max_bandwidth_mb_sec))
-    }
-
-    /// The superblock as the owner holds it (`bdev_raid_get_bdevs`'s per-base data).
+    /// The superblock as the owner holds it, waited for [`OWNER_WAIT`] at most (RPCs answer
+    /// from the published layout instead: [`RaidShared::layout`]).
     pub fn superblock(&self) -> Result<Superblock, RaidError> {
-        self.call(|o| o.superblock().clone())
+        self.call("reading its superblock", |o| o.superblock().clone())
     }
 
-    /// An orderly stop after the raid's I/O drained: clean superblocks, thread joined.
-    pub fn shutdown(mut self) -> Result<(), RaidError> {
-        self.stop(false)
+    /// An orderly stop after the raid's I/O drained: clean superblocks, thread joined;
+    /// waited for `wait` at most (see [`OwnerHandle::stop`]).
+    pub fn shutdown(mut self, wait: Duration) -> Result<StopWait, RaidError> {
+        self.stop(false, wait)
     }
 
-    /// `bdev_raid_delete`: an orderly stop that also erases the superblocks.
-    pub fn delete(mut self) -> Result<(), RaidError> {
-        self.stop(true)
+    /// `bdev_raid_delete`: an orderly stop that also erases the superblocks; waited for `wait`
+    /// at most (see [`OwnerHandle::stop`]).
+    pub fn delete(mut self, wait: Duration) -> Result<StopWait, RaidError> {
+        self.stop(true, wait)
     }
 
-    fn stop(&mut self, delete: bool) -> Result<(), RaidError> {
+    /// Marks the raid stopping (its owner gives a busy base's metadata writes up after
+    /// [`crate::shared::STOP_BUSY_GRACE`]), asks the owner to stop and waits `wait` at most.
+    /// Past it the thread is left to end alone, never joined here: it may hold a request a
+    /// base has not answered, whose buffer must outlive it.
+    fn stop(&mut self, delete: bool, wait: Duration) -> Result<StopWait, RaidError> {
+        self.shared.set_stopping();
         let (reply, rx) = mpsc::sync_channel(1);
         self.tx.send(Msg::Stop { delete, reply }).map_err(|_| gone())?;
         self.shared.wake_owner();
-        let r = rx.recv().map_err(|_| gone())?;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        match rx.recv_timeout(wait) {
+            Ok(r) => {
+                if let Some(t) = self.thread.take() {
+                    // It answered as it ends: the join is immediate.
+                    let _ = t.join();
+                }
+                Ok(StopWait::Stopped(r))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(gone()),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                self.thread = None;
+                Ok(StopWait::UnderWay(rx))
+            }
         }
-        r
     }
 }
 
 impl Drop for OwnerHandle {
+    /// Stops the thread without the clean mark, as a crash would: closing the channel stops it
+    /// at its next look, and the raid stopping makes a busy base's metadata writes give up.
+    /// Joined for [`OWNER_WAIT`] at most; past it the thread ends alone (it may hold a request
+    /// a base has not answered).
     fn drop(&mut self) {
         if let Some(t) = self.thread.take() {
-            // Closing the channel stops the thread at its next look, as a crash would.
+            self.shared.set_stopping();
             let (tx, _) = mpsc::channel();
             drop(std::mem::replace(&mut self.tx, tx));
             self.shared.wake_owner();
-            let _ = t.join();
+            let deadline = Instant::now() + OWNER_WAIT;
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                log::warn!(
+                    "raid '{}': its owner thread did not stop within {} s (a base has not answered its \
+                     metadata I/O); it ends on its own once the base answers",
+                    self.shared.info.name,
+                    OWNER_WAIT.as_secs()
+                );
+            }
         }
     }
 }

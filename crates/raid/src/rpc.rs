@@ -24,11 +24,12 @@ use serde_json::{Map, Value};
 
 use crate::device::RaidDevice;
 use crate::examine::Configuring;
-use crate::owner::{OwnerHandle, OwnerOptions};
+use crate::owner::{OwnerHandle, OwnerOptions, StopWait, OWNER_WAIT};
 use crate::RaidError;
 
 pub use create::RaidConfig;
 pub use slots::REMOVE_DRAIN_WAIT;
+pub(crate) use slots::{add_to_owner, Added};
 
 /// The module's name: its bdevs' driver, its claims' holder kind.
 pub const MODULE: &str = "raid";
@@ -71,18 +72,17 @@ impl ProcessOptions {
     }
 }
 
-/// How long `bdev_raid_delete` with `clear_sb` waits for control calls still holding the
-/// raid's owner (an add, a remove, `bdev_raid_set_options`) before it answers that the
-/// superblocks were not erased.
-pub const CLEAR_SB_WAIT: Duration = Duration::from_secs(5);
-
-/// Stops an owner: an orderly stop (clean superblocks), `clear_sb` also erasing them. A
-/// handle still shared by a call in progress is dropped instead (a stop without the clean
-/// mark: the next assembly resyncs, which is safe); with `clear_sb` it is first waited for
-/// ([`CLEAR_SB_WAIT`] at most), since erasing needs the owner. The error of a `clear_sb`
-/// names the bases whose superblock was not erased; without `clear_sb` nothing fails.
-pub(crate) fn stop_owner(raid: &str, owner: Arc<OwnerHandle>, clear_sb: bool) -> Result<(), RaidError> {
-    let deadline = Instant::now() + CLEAR_SB_WAIT;
+/// Stops an owner: an orderly stop (clean superblocks), `clear_sb` also erasing them, within
+/// [`OWNER_WAIT`] in all. The raid is marked stopping first, so its owner gives a busy base's
+/// metadata writes up (after a short grace) and control calls in progress end. A handle
+/// still shared by a call in progress is dropped instead (a stop without the clean mark: the
+/// next assembly resyncs, which is safe); with `clear_sb` it is first waited for, since
+/// erasing needs the owner. The error of a `clear_sb` names the bases whose superblock was not
+/// erased; without `clear_sb` nothing fails. [`StopWait::UnderWay`]: the owner was still
+/// waiting for a base to answer a request at the bound; it ends alone.
+pub(crate) fn stop_owner(raid: &str, owner: Arc<OwnerHandle>, clear_sb: bool) -> StopWait {
+    owner.shared().set_stopping();
+    let deadline = Instant::now() + OWNER_WAIT;
     let mut owner = owner;
     let handle = loop {
         match Arc::try_unwrap(owner) {
@@ -97,20 +97,27 @@ pub(crate) fn stop_owner(raid: &str, owner: Arc<OwnerHandle>, clear_sb: bool) ->
     let Some(h) = handle else {
         log::warn!("raid '{raid}': its owner is busy; stopped without marking it clean");
         if clear_sb {
-            return Err(RaidError::NotErased(format!(
-                "raid '{raid}': its owner stayed busy for {} s; no superblock was erased",
-                CLEAR_SB_WAIT.as_secs()
-            )));
+            return StopWait::Stopped(Err(RaidError::NotErased(format!(
+                "raid '{raid}': its owner stayed busy with another call for {} s; no superblock was erased",
+                OWNER_WAIT.as_secs()
+            ))));
         }
-        return Ok(());
+        return StopWait::Stopped(Ok(()));
     };
-    if clear_sb {
-        return h.delete();
+    let wait = deadline.saturating_duration_since(Instant::now());
+    let stopped = if clear_sb { h.delete(wait) } else { h.shutdown(wait) };
+    match stopped {
+        Ok(StopWait::Stopped(Err(e))) if !clear_sb => {
+            log::warn!("raid '{raid}': its owner did not stop cleanly: {e}");
+            StopWait::Stopped(Ok(()))
+        }
+        Ok(w) => w,
+        Err(e) if clear_sb => StopWait::Stopped(Err(e)),
+        Err(e) => {
+            log::warn!("raid '{raid}': {e}");
+            StopWait::Stopped(Ok(()))
+        }
     }
-    if let Err(e) = h.shutdown() {
-        log::warn!("raid '{raid}': its owner did not stop cleanly: {e}");
-    }
-    Ok(())
 }
 
 impl RaidState {

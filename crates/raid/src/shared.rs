@@ -19,6 +19,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
@@ -238,7 +239,16 @@ pub struct RaidShared {
     /// keep the owner from taking the removal up (a control-plane lock: taken by removals and
     /// when a base answers the owner's own I/O Busy, never by guest I/O).
     pub leaving: Mutex<Vec<String>>,
+    /// When the raid began to stop (deleted, the daemon stopping, or its handle dropped):
+    /// from [`STOP_BUSY_GRACE`] after it, the owner's metadata I/O gives every base's Busy up,
+    /// so a base that stays busy cannot keep the stop from ending (a control-plane lock:
+    /// taken by the stop and when a base answers the owner's own I/O Busy).
+    pub stopping: Mutex<Option<Instant>>,
 }
+
+/// How long a stopping raid's owner still retries a base's Busy (ordinary back-pressure that
+/// passes) before it gives the request up.
+pub const STOP_BUSY_GRACE: Duration = Duration::from_millis(500);
 
 impl RaidShared {
     /// The layout now (one atomic load; cache it with `epoch` on the hot path).
@@ -300,6 +310,19 @@ impl RaidShared {
     /// Whether a removal is taking the base `name` out (see [`RaidShared::leaving`]).
     pub fn is_leaving(&self, name: &str) -> bool {
         self.leaving.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|n| n == name)
+    }
+
+    /// The raid begins to stop (see [`RaidShared::stopping`]); a later call keeps the first
+    /// time.
+    pub fn set_stopping(&self) {
+        self.stopping.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(Instant::now);
+    }
+
+    /// Whether the owner's metadata I/O to the base `name` gives a Busy up: the base is
+    /// leaving, or the raid has been stopping for [`STOP_BUSY_GRACE`].
+    pub fn gives_up_busy(&self, name: &str) -> bool {
+        let stopping = *self.stopping.lock().unwrap_or_else(|p| p.into_inner());
+        stopping.is_some_and(|t| t.elapsed() >= STOP_BUSY_GRACE) || self.is_leaving(name)
     }
 
     /// Wakes the owner (a failure reported, a bitmap bit to persist). Cheap and lock free:

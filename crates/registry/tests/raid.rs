@@ -1046,3 +1046,208 @@ fn removing_a_base_that_stays_busy_answers_and_the_write_waiting_on_it_completes
     ok(&m, "bdev_raid_delete", json!({"name": "r"}));
     ok(&m, "bdev_error_delete", json!({"name": "EE_m0"}));
 }
+
+/// The memory of the write `owner_stuck_on_a_busy_base` leaves waiting.
+struct HeldWrite {
+    _buf: fp_bdev::conformance::IoBuf,
+    _iov: Box<[libc::iovec; 1]>,
+}
+
+/// A raid1 "r" with a superblock whose owner is stuck on a busy base: "r" over EE_m0 and m1
+/// (and a third slot, left free by removing m2, when `free_slot`); EE_m0 answers every write
+/// Busy (`nomem`) and a guest write (tag 7, `buf`) to a chunk not written before waits for
+/// its bitmap bit, which the owner keeps retrying on EE_m0. Returns once EE_m0 was sent the
+/// owner's first write. The write's buffer and iovec are returned with the channel: they
+/// must outlive the write.
+fn owner_stuck_on_a_busy_base(m: &Registry, free_slot: bool) -> (Box<dyn fp_bdev::IoChannel>, HeldWrite) {
+    use fp_bdev::conformance::{rw, IoBuf};
+    use fp_bdev::IoOp;
+    use std::time::{Duration, Instant};
+
+    malloc(m, "m0", 8, 512);
+    ok(m, "bdev_error_create", json!({"base_name": "m0"}));
+    malloc(m, "m1", 8, 512);
+    malloc(m, "m2", 8, 512);
+    if free_slot {
+        create_sb(m, "r", &["EE_m0", "m1", "m2"]);
+        ok(m, "bdev_raid_remove_base_bdev", json!({"name": "m2"}));
+    } else {
+        create_sb(m, "r", &["EE_m0", "m1"]);
+    }
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    write_range(&mut *ch, 0, &pattern(1, 16 << 10));
+    ok(
+        m,
+        "bdev_error_inject_error",
+        json!({"name": "EE_m0", "io_type": "write", "error_type": "nomem", "num": 1_000_000_000u64}),
+    );
+    let mut buf = IoBuf::new(16 << 10, true);
+    buf.bytes_mut().copy_from_slice(&pattern(2, 16 << 10));
+    let iov = Box::new([buf.iovec()]);
+    // SAFETY: `buf` and `iov` (returned with the channel) outlive the request: callers poll
+    // it to its end or drop the channel first.
+    unsafe { ch.submit(&rw(7, IoOp::Write, 2 << 20, &iov[..])) }.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        ch.poll(&mut |t, s| panic!("the write waits on the busy EE_m0, yet {t} ended: {s:?}"));
+        let left = ok(m, "bdev_get_bdevs", json!({"name": "EE_m0"}))[0]["driver_specific"]["error"]
+            ["injections"]["write"]["num"]
+            .as_u64()
+            .unwrap();
+        if left < 1_000_000_000 {
+            return (ch, HeldWrite { _buf: buf, _iov: iov });
+        }
+        assert!(Instant::now() < deadline, "EE_m0 was never sent a write");
+        std::thread::yield_now();
+    }
+}
+
+/// Runs `method` on another thread (an RPC thread) while this one polls `ch` (the raid's
+/// reactor; completions go to `done`); fails if it does not answer within 20 s. Returns the
+/// answer and how long it took.
+fn call_while_polling(
+    m: &Arc<Registry>,
+    ch: &mut dyn fp_bdev::IoChannel,
+    done: &mut Vec<(u32, fp_bdev::IoStatus)>,
+    method: &'static str,
+    params: Value,
+) -> (Result<Value, fp_rpc::RpcError>, std::time::Duration) {
+    use std::time::{Duration, Instant};
+    let caller = {
+        let m = m.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let r = m.call(method, Some(params));
+            (r.map_err(|e| e.to_rpc()), start.elapsed())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !caller.is_finished() {
+        ch.poll(&mut |t, s| done.push((t, s)));
+        assert!(Instant::now() < deadline, "{method} never answered (EE_m0 stays busy)");
+        std::thread::yield_now();
+    }
+    caller.join().unwrap()
+}
+
+/// Clears EE_m0's injections and polls `ch` until the write `owner_stuck_on_a_busy_base`
+/// started has ended (in `done`, or later); returns its status.
+fn finish_the_held_write(
+    m: &Registry,
+    ch: &mut dyn fp_bdev::IoChannel,
+    mut done: Vec<(u32, fp_bdev::IoStatus)>,
+) -> fp_bdev::IoStatus {
+    use std::time::{Duration, Instant};
+    ok(m, "bdev_error_inject_error", json!({"name": "EE_m0", "io_type": "clear", "error_type": "nomem"}));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while done.is_empty() {
+        ch.poll(&mut |t, s| done.push((t, s)));
+        assert!(Instant::now() < deadline, "the held write never ended");
+        std::thread::yield_now();
+    }
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(done[0].0, 7);
+    done[0].1
+}
+
+/// While the owner retries its bitmap write on a base that stays Busy, `bdev_raid_get_bdevs`
+/// answers at once (from the layout the owner published), and `bdev_raid_add_base_bdev`
+/// answers within its bound with an error saying what it waited for: the owner never took
+/// the addition up, nothing changed and the base is released. Once the base answers again,
+/// the same addition succeeds.
+#[test]
+fn get_bdevs_and_add_base_answer_while_the_owner_retries_a_busy_base() {
+    use std::time::Duration;
+    let (m, _dir) = registry();
+    let (mut ch, _buf) = owner_stuck_on_a_busy_base(&m, true);
+
+    let mut done = Vec::new();
+    let (answer, took) =
+        call_while_polling(&m, &mut *ch, &mut done, "bdev_raid_get_bdevs", json!({"category": "all"}));
+    let answer = answer.unwrap();
+    assert_eq!(answer[0]["flashpath"]["slots"], json!(["active", "active", "failed"]), "{answer}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+
+    let (answer, took) = call_while_polling(
+        &m,
+        &mut *ch,
+        &mut done,
+        "bdev_raid_add_base_bdev",
+        json!({"raid_bdev": "r", "base_bdev": "m2"}),
+    );
+    let e = answer.unwrap_err();
+    assert_eq!(e.code, -libc::EBUSY, "{e:?}");
+    assert!(e.message.contains("'m2'") && e.message.contains("5 s") && e.message.contains("Busy"), "{e:?}");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    assert!(!claimed(&m, "m2"), "an addition not taken up leaves the base free");
+    assert_eq!(raid(&m, "r")["flashpath"]["slots"], json!(["active", "active", "failed"]));
+
+    assert!(done.is_empty(), "the write waits on the owner: {done:?}");
+    assert_eq!(finish_the_held_write(&m, &mut *ch, done), fp_bdev::IoStatus::Success);
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "m2"}));
+    wait_slots(&m, "r", json!(["active", "active", "active"]));
+    assert!(read_range(&mut *ch, 2 << 20, 16 << 10) == pattern(2, 16 << 10));
+    drop(ch);
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+}
+
+/// `bdev_raid_delete` of a raid whose owner retries a metadata write on a base that stays
+/// Busy answers within a few seconds: the stop gives the busy base's writes up. With
+/// `clear_sb`, the answer names the base whose superblock was not erased and why; the other
+/// base is erased. The write that waited on the owner ends, and the raid is gone.
+#[test]
+fn delete_answers_while_the_owner_retries_a_busy_base() {
+    use std::time::Duration;
+    let (m, _dir) = registry();
+    let (mut ch, _buf) = owner_stuck_on_a_busy_base(&m, false);
+    let mut done = Vec::new();
+    let (answer, took) = call_while_polling(
+        &m,
+        &mut *ch,
+        &mut done,
+        "bdev_raid_delete",
+        json!({"name": "r", "clear_sb": true}),
+    );
+    let e = answer.unwrap_err();
+    assert!(
+        e.message.contains("'EE_m0'") && !e.message.contains("'m1'") && e.message.contains("Busy"),
+        "{e:?}"
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(raids(&m, "all").is_empty());
+    assert!(!claimed(&m, "EE_m0") && !claimed(&m, "m1"));
+    assert!(zeroed(&m, "m1", 8192), "m1's superblock erased");
+    // The owner gave the bitmap write to EE_m0 up: the write went to m1 alone.
+    assert_eq!(finish_the_held_write(&m, &mut *ch, done), fp_bdev::IoStatus::Success);
+    drop(ch);
+    ok(&m, "bdev_error_delete", json!({"name": "EE_m0"}));
+}
+
+/// The daemon's shutdown stops a raid whose owner retries a metadata write on a base that
+/// stays Busy in bounded time: the stop gives the busy base's writes up.
+#[test]
+fn shutdown_ends_while_the_owner_retries_a_busy_base() {
+    use std::time::{Duration, Instant};
+    let (m, _dir) = registry();
+    let (mut ch, _buf) = owner_stuck_on_a_busy_base(&m, false);
+    let stopper = {
+        let m = m.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            m.shutdown();
+            start.elapsed()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut done = Vec::new();
+    while !stopper.is_finished() {
+        ch.poll(&mut |t, s| done.push((t, s)));
+        assert!(Instant::now() < deadline, "shutdown never ended (EE_m0 stays busy)");
+        std::thread::yield_now();
+    }
+    let took = stopper.join().unwrap();
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(raids(&m, "all").is_empty());
+    assert_eq!(finish_the_held_write(&m, &mut *ch, done), fp_bdev::IoStatus::Success);
+    drop(ch);
+}

@@ -421,7 +421,7 @@ fn the_owner_takes_a_failing_replica_out_and_io_continues() {
     assert!(read_range(&mut *ch, 2 << 20, data.len()) == data);
     assert_eq!(shared.counters.degraded_bytes_written.load(Ordering::Relaxed), 2 * 8192);
     drop(ch);
-    owner.shutdown().unwrap();
+    owner.shutdown(crate::owner::OWNER_WAIT).unwrap().stopped().unwrap().unwrap();
 }
 
 /// An operation one replica lacks is refused at submit, never done on the other alone.

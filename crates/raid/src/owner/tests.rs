@@ -387,7 +387,7 @@ fn writers_on_threads_during_a_full_rebuild_end_identical() {
         })
         .collect();
     h.set_process_options(128, 0).unwrap();
-    assert_eq!(h.add_base("b1".into(), b1.clone()).unwrap(), 1);
+    assert_eq!(h.add_base("b1".into(), b1.clone(), OWNER_WAIT).unwrap().answered().unwrap().unwrap(), 1);
     let deadline = Instant::now() + Duration::from_secs(60);
     while shared.counters.rebuilds_completed.load(Ordering::Relaxed) == 0 {
         assert!(Instant::now() < deadline, "rebuild did not finish");
@@ -402,7 +402,7 @@ fn writers_on_threads_during_a_full_rebuild_end_identical() {
     assert!(read_all(&b0, off, raid) == read_all(&b1, off, raid), "replicas differ after the rebuild");
     assert_eq!(shared.layout().slots[1].state, SlotState::Active);
     let sbh = h.superblock().unwrap();
-    h.shutdown().unwrap();
+    h.shutdown(OWNER_WAIT).unwrap().stopped().unwrap().unwrap();
     let mut io0 = ChannelIo::open(b0.clone()).unwrap();
     let on_disk = read_superblock(&mut io0).unwrap().unwrap();
     assert!(on_disk.clean && on_disk.seq == sbh.seq + 1);
@@ -436,7 +436,7 @@ fn dropping_the_owner_mid_rebuild_resumes_at_the_checkpoint_on_respawn() {
     let mut w = Writer::new(shared.clone());
     let raid = sb.raid_bytes();
     w.write(0, &mut vec![3; raid as usize]);
-    h.add_base("d1".into(), b1.clone()).unwrap();
+    h.add_base("d1".into(), b1.clone(), OWNER_WAIT).unwrap().answered().unwrap().unwrap();
     while shared.process.blocks_done.load(Ordering::Relaxed) * 512 < raid / 2 {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -464,7 +464,7 @@ fn dropping_the_owner_mid_rebuild_resumes_at_the_checkpoint_on_respawn() {
     let copied = shared.counters.rebuild_bytes_copied.load(Ordering::Relaxed);
     // The unclean stop's resync (the chunks written) plus the rest of the rebuild.
     assert_eq!(copied, raid + (raid - rec.rebuild_offset), "resumed at {}", rec.rebuild_offset);
-    h.shutdown().unwrap();
+    h.shutdown(OWNER_WAIT).unwrap().stopped().unwrap().unwrap();
     let off = newest.data_offset;
     assert!(read_all(&b0, off, raid) == read_all(&b1, off, raid));
 }
@@ -505,4 +505,99 @@ fn a_full_rebuild_target_missing_at_assembly_resumes_when_it_returns() {
     assert_eq!(copied, (4 * MIB).min(at) + (raid - at), "resumed at {at}");
     assert!(data(&mut o, 0) == data(&mut o, 1));
     assert_eq!(o.superblock().slots[1].state, SlotState::Active);
+}
+
+/// A raid1 "w" over two bases in sync, "w0" (an error bdev over RAM, for injections) and
+/// "w1", with its owner thread.
+fn two_in_sync() -> (Arc<fp_bdev::ErrorDevice>, Arc<RaidShared>, OwnerHandle) {
+    let bytes = 8 * MIB;
+    let w0 = Arc::new(fp_bdev::ErrorDevice::new("w0", ram("m0", bytes)).unwrap());
+    let w1 = ram("w1", bytes);
+    let uuids = [random_uuid(), random_uuid()];
+    let sb = Superblock::create("w", RaidLevel::Raid1, 0, 512, random_uuid(), &uuids, &[bytes, bytes], true)
+        .unwrap();
+    let shared = new_shared(info("w", &sb), &sb, true);
+    let bases = vec![
+        Some(BaseSpec { name: "w0".into(), bdev: w0.clone() }),
+        Some(BaseSpec { name: "w1".into(), bdev: w1 }),
+    ];
+    let h = OwnerHandle::spawn(shared.clone(), bases, Some(sb), fast()).unwrap();
+    (w0, shared, h)
+}
+
+/// Holds the owner in a call until the returned sender is dropped; returns once it does.
+fn hold_owner(h: &OwnerHandle) -> mpsc::Sender<()> {
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let (held_tx, held_rx) = mpsc::channel();
+    let call: Call = Box::new(move |_| {
+        held_tx.send(()).unwrap();
+        let _ = release_rx.recv();
+    });
+    h.tx.send(Msg::Call(call)).unwrap();
+    h.shared.wake_owner();
+    held_rx.recv().unwrap();
+    release_tx
+}
+
+/// A removal the owner does not take up within its bound (it is busy with another call) is
+/// withdrawn: its leaving mark is cleared, and it never runs, even once the owner is free.
+#[test]
+fn a_removal_not_taken_up_within_its_bound_is_withdrawn_and_never_runs() {
+    let (_w0, shared, h) = two_in_sync();
+    let hold = hold_owner(&h);
+    shared.set_leaving("w1", true);
+    let r = h.remove_base("w1", Duration::from_millis(20)).unwrap();
+    assert!(matches!(r, CallWait::Withdrawn), "the owner was held: the removal cannot have run");
+    assert!(!shared.is_leaving("w1"));
+    drop(hold);
+    // Taken up after the withdrawn call: the removal did not run.
+    let sb = h.superblock().unwrap();
+    assert_eq!(sb.slots[1].state, SlotState::Active);
+    assert_eq!(shared.layout().slots[1].name.as_deref(), Some("w1"));
+    h.shutdown(OWNER_WAIT).unwrap().stopped().unwrap().unwrap();
+}
+
+/// A removal the owner took up but has not finished within its bound (its superblock write
+/// to the other base is held, not Busy) is under way: the caller gets the receiver of its
+/// answer, which comes with the removed base once the write ends.
+#[test]
+fn a_removal_still_in_progress_at_its_bound_answers_later() {
+    let (w0, shared, h) = two_in_sync();
+    let write = 1;
+    let pending = fp_bdev::Injection {
+        error_type: fp_bdev::ErrorType::Pending,
+        num: u64::MAX,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    w0.inject(&[write], pending).unwrap();
+    // The bound only decides between the two answers; the owner taking the removal up late
+    // (a loaded machine) gives a withdrawn one, with nothing changed: asked again then.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        shared.set_leaving("w1", true);
+        match h.remove_base("w1", Duration::from_millis(200)).unwrap() {
+            CallWait::UnderWay(rx) => break rx,
+            CallWait::Withdrawn => {
+                assert_eq!(shared.layout().slots[1].state, SlotState::Active);
+                assert!(Instant::now() < deadline, "the owner never took the removal up");
+            }
+            CallWait::Answered(r) => {
+                panic!("answered while its superblock write is held: {:?}", r.map(|_| ()))
+            }
+        }
+    };
+    // Held on w0's superblock write: not done, the layout unchanged.
+    assert!(matches!(answer.try_recv(), Err(mpsc::TryRecvError::Empty)));
+    assert_eq!(shared.layout().slots[1].name.as_deref(), Some("w1"));
+    w0.clear();
+    w0.resume_pending();
+    let removed = answer.recv_timeout(Duration::from_secs(30)).unwrap().unwrap();
+    assert_eq!(removed.unwrap().info().name, "w1");
+    assert!(!shared.is_leaving("w1"));
+    let layout = shared.layout();
+    assert_eq!((layout.slots[1].state, layout.slots[1].name.as_deref()), (SlotState::Failed, None));
+    assert_eq!(shared.counters.base_failures.load(Ordering::Relaxed), 0, "asked for, not a failure");
+    h.shutdown(OWNER_WAIT).unwrap().stopped().unwrap().unwrap();
 }

@@ -12,7 +12,7 @@ use super::{module_error, stop_owner, with_raids, RaidEntry, RaidModule, MODULE}
 use crate::device::{new_uuid, RaidDevice, RaidSpec};
 use crate::format::{self, SlotRecord, Superblock};
 use crate::meta_io::{self, ChannelIo};
-use crate::owner::{BaseSpec, OwnerHandle};
+use crate::owner::{BaseSpec, OwnerHandle, StopWait, OWNER_WAIT};
 use crate::shared::SlotView;
 use crate::{RaidError, RaidLevel, SlotState};
 
@@ -312,7 +312,7 @@ pub(crate) fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
                 Ok(_) => Ok((dev, Arc::new(owner))),
                 Err(e) => {
                     // Never used: the superblocks just written go with it.
-                    let _ = owner.delete();
+                    let _ = owner.delete(OWNER_WAIT);
                     Err(e)
                 }
             }
@@ -358,8 +358,12 @@ pub(crate) fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
         names.extend(dev.shared().layout().slots.iter().filter_map(|s| s.name.clone()));
     }
     let mut erased = Ok(());
+    let mut still_stopping = None;
     if let Some(owner) = entry.owner {
-        erased = stop_owner(&name, owner, clear_sb);
+        match stop_owner(&name, owner, clear_sb) {
+            StopWait::Stopped(r) => erased = r,
+            StopWait::UnderWay(rx) => still_stopping = Some(rx),
+        }
     }
     if let Some(c) = &entry.configuring {
         names.extend(c.claimed_names());
@@ -367,7 +371,19 @@ pub(crate) fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
             erased = erase_found(&name, c);
         }
     }
-    release_all(host, &name, names);
+    if let Some(stopping) = still_stopping {
+        // Its owner may still have a request on a base: the bases stay claimed until it ends.
+        erased = Err(RaidError::Busy(format!(
+            "raid '{name}' is deleted, but after {} s its owner was still waiting for a base to \
+             answer its metadata I/O; its bases ({}) stay claimed until it ends{}",
+            OWNER_WAIT.as_secs(),
+            names.join(", "),
+            if clear_sb { ", and their superblocks may not be erased" } else { "" }
+        )));
+        release_when_stopped(host, name.clone(), names, stopping);
+    } else {
+        release_all(host, &name, names);
+    }
     log::info!("raid '{name}' deleted");
     // The raid is gone either way; the answer says whether examine can find it again.
     erased.map_err(module_error)?;
@@ -395,12 +411,50 @@ fn erase_found(raid: &str, c: &crate::examine::Configuring) -> Result<(), RaidEr
     )))
 }
 
-/// The daemon stops: every raid's owner stops (marking its superblocks clean).
+/// Releases the bases `names` of the deleted raid `raid` once its owner, still at its
+/// metadata I/O when the deletion answered, has stopped: a thread of its own.
+fn release_when_stopped(
+    host: &dyn ModuleHost,
+    raid: String,
+    names: Vec<String>,
+    stopping: std::sync::mpsc::Receiver<Result<(), RaidError>>,
+) {
+    let Some(weak) = host.weak_handle() else {
+        log::warn!(
+            "raid '{raid}': its bases stay claimed: nothing here can release them once its owner stops"
+        );
+        return;
+    };
+    let spawned = std::thread::Builder::new().name(format!("raid-stop-{raid}")).spawn(move || {
+        match stopping.recv() {
+            Ok(Err(e)) => log::warn!("raid '{raid}': its owner stopped late: {e}"),
+            Ok(Ok(())) | Err(_) => log::info!("raid '{raid}': its owner stopped late"),
+        }
+        if let Some(h) = weak.upgrade() {
+            release_all(&*h, &raid, names);
+        }
+    });
+    if let Err(e) = spawned {
+        log::warn!(
+            "raid: a deleted raid's bases stay claimed: cannot start the thread that releases them: {e}"
+        );
+    }
+}
+
+/// The daemon stops: every raid's owner stops (marking its superblocks clean), each within
+/// [`OWNER_WAIT`]; one still waiting for a base then is left to end alone.
 pub(crate) fn shutdown(host: &dyn ModuleHost) {
     for r in with_raids(host, std::mem::take) {
         if let Some(owner) = r.owner {
             // Without `clear_sb` a stop answers no error (it logs what went wrong).
-            let _ = stop_owner(&r.name, owner, false);
+            if let StopWait::UnderWay(_) = stop_owner(&r.name, owner, false) {
+                log::warn!(
+                    "raid '{}': its owner was still waiting for a base to answer its metadata I/O after {} s; \
+                     left to end alone",
+                    r.name,
+                    OWNER_WAIT.as_secs()
+                );
+            }
         }
     }
 }

@@ -21,7 +21,7 @@ use fp_rpc::Params;
 use serde_json::Value;
 
 use super::{module_error, with_raids, MODULE};
-use crate::owner::RemoveWait;
+use crate::owner::{CallWait, OwnerHandle, RemoveWait, OWNER_WAIT};
 use crate::shared::RaidShared;
 use crate::{RaidError, RaidLevel, SlotState};
 
@@ -81,7 +81,12 @@ pub(crate) fn add_base_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<Valu
         // The owner reads the base's own superblock: the replica that left comes back to its
         // slot (partial rebuild; a full rebuild's target resumes), any other base takes a free
         // one (full).
-        owner.add_base(base.clone(), bdev.clone()).map_err(module_error)
+        match add_to_owner(host, &owner, &raid, &base, bdev.clone()) {
+            Added::Slot(slot) => Ok(slot),
+            Added::Refused(e) => Err(module_error(e)),
+            // Claimed until the owner answers: released then if it refused the base.
+            Added::UnderWay(e) => return Err(module_error(e)),
+        }
     };
     match placed {
         Ok(slot) => {
@@ -98,6 +103,67 @@ pub(crate) fn add_base_bdev(host: &dyn ModuleHost, mut p: Params) -> Result<Valu
             Err(e)
         }
     }
+}
+
+/// How an addition the owner was asked for ([`add_to_owner`]) stands when the call answers.
+pub(crate) enum Added {
+    /// Added, in this slot.
+    Slot(usize),
+    /// Refused, or not taken up within [`OWNER_WAIT`] (nothing changed): the caller releases
+    /// the base's claim.
+    Refused(RaidError),
+    /// Still under way past [`OWNER_WAIT`]: the base stays claimed, and is released if the
+    /// owner refuses it in the end.
+    UnderWay(RaidError),
+}
+
+/// Asks the owner of raid `raid` to add the claimed base `base` ([`OwnerHandle::add_base`]),
+/// waited for [`OWNER_WAIT`] at most: a base that answers the owner's metadata writes Busy
+/// holds it up for as long as it does.
+pub(crate) fn add_to_owner(
+    host: &dyn ModuleHost,
+    owner: &OwnerHandle,
+    raid: &str,
+    base: &str,
+    bdev: Bdev,
+) -> Added {
+    let answer = match owner.add_base(base.to_string(), bdev, OWNER_WAIT) {
+        Err(e) => return Added::Refused(e),
+        Ok(CallWait::Answered(Ok(slot))) => return Added::Slot(slot),
+        Ok(CallWait::Answered(Err(e))) => return Added::Refused(e),
+        Ok(CallWait::Withdrawn) => {
+            return Added::Refused(owner.not_taken_up(&format!("the addition of '{base}'"), OWNER_WAIT))
+        }
+        Ok(CallWait::UnderWay(answer)) => answer,
+    };
+    let (raid, base) = (raid.to_string(), base.to_string());
+    let weak = host.weak_handle();
+    let spawned = std::thread::Builder::new().name(format!("raid-add-{base}")).spawn({
+        let (raid, base) = (raid.clone(), base.clone());
+        move || match answer.recv() {
+            Ok(Ok(slot)) => log::info!("raid '{raid}': '{base}' joins slot {slot} (late)"),
+            Ok(Err(e)) => {
+                log::warn!("raid '{raid}': '{base}' was refused after all: {e}; released");
+                if let Some(h) = weak.and_then(|w| w.upgrade()) {
+                    h.release_claim(&base, MODULE, &raid);
+                }
+            }
+            Err(_) => {
+                log::warn!("raid '{raid}': its owner ended before it answered the addition of '{base}'")
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        log::warn!(
+            "raid '{raid}': '{base}' stays claimed whatever the owner answers: no thread to wait for it: {e}"
+        );
+    }
+    Added::UnderWay(RaidError::Busy(format!(
+        "'{base}' is joining raid '{raid}', but after {} s its owner was still writing metadata to a base \
+         that answers Busy; it stays claimed, and is released if the owner refuses it \
+         (bdev_raid_get_bdevs shows its slot once it joined)",
+        OWNER_WAIT.as_secs()
+    )))
 }
 
 /// `bdev_raid_remove_base_bdev {name}`: the base `name` leaves its raid (raid1; never its
