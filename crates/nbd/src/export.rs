@@ -105,6 +105,13 @@ impl ExportShared {
         c.closing.len()
     }
 
+    /// The connections asked to close that are still open.
+    pub(crate) fn closing_list(&self) -> Vec<LiveConn> {
+        let mut c = lock(&self.conns);
+        c.closing.retain(|l| l.2.alive.load(Ordering::Relaxed));
+        c.closing.clone()
+    }
+
     /// What its connections counted, live and closed.
     pub(crate) fn stats(&self) -> NbdStats {
         let c = lock(&self.conns);

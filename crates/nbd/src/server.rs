@@ -210,27 +210,42 @@ impl ExportHandle {
 }
 
 /// Asks every connection of `export` to close once its requests are answered and waits for
-/// them (those asked by an earlier call too) at most `timeout`; `Err` with how many are left.
+/// them (those asked by an earlier call too) at most `timeout`. Requests parked on Busy are
+/// retried until then; at the bound this call gives them up itself (answered `EIO`, on the
+/// connections' reactors, so no second timer races it) and counts what the device still
+/// holds: `Err` with how many connections wait for such requests.
 fn stop_connections(export: &ExportShared, timeout: Duration) -> Result<(), usize> {
+    let deadline = std::time::Instant::now() + timeout;
     let asked = export.stop_conns();
     for (reactor, id, _) in &asked {
         let id = *id;
         reactor.call(move |r| {
             if let Some(p) = r.poller_mut::<ConnPoller>(id) {
-                p.request_stop();
+                p.request_stop(deadline);
             }
         });
     }
-    let deadline = std::time::Instant::now() + timeout;
     loop {
-        let left = export.closing_conns();
-        if left == 0 {
+        if export.closing_conns() == 0 {
             return Ok(());
         }
         if std::time::Instant::now() >= deadline {
-            return Err(left);
+            break;
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut held = 0;
+    for (reactor, id, _) in export.closing_list() {
+        let on_device = reactor
+            .call(move |r| r.poller_mut::<ConnPoller>(id).map_or(0, |p| p.give_up_at_stop()))
+            .unwrap_or(0);
+        held += usize::from(on_device > 0);
+    }
+    if held == 0 {
+        // What is left answers the requests it gave up and closes by itself.
+        Ok(())
+    } else {
+        Err(held)
     }
 }
 
