@@ -43,8 +43,9 @@ const IOV_PER_WRITE: usize = 64;
 /// Extents one block status reply describes at most.
 const MAX_EXTENTS: usize = 1024;
 /// How long a closing connection keeps retrying the requests its device refused as busy (and
-/// FUA flushes it refused) before it answers them `EIO` (shorter under test).
-pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
+/// FUA flushes it refused) before it answers them `EIO`, unless the server says otherwise
+/// ([`crate::NbdServer::set_close_timeout`]; shorter under test).
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
 
 /// What the handshake hands over.
 pub(crate) struct ConnSetup {
@@ -294,7 +295,8 @@ pub(crate) struct ConnPoller {
     extents: Vec<BlockExtent>,
     /// Why the connection is ending: no new requests; it finishes those it has, then closes.
     closing: Option<String>,
-    /// When a closing connection stops retrying requests refused as busy ([`CLOSE_TIMEOUT`]).
+    /// When a closing connection stops retrying requests refused as busy (the export's close
+    /// bound, [`CLOSE_TIMEOUT`] by default, after it began closing).
     close_deadline: Option<Instant>,
     /// The socket failed: replies are dropped; it waits for the device and closes.
     broken: bool,
@@ -374,7 +376,7 @@ impl ConnPoller {
     fn close_after(&mut self, why: String) {
         if self.closing.is_none() {
             self.closing = Some(why);
-            self.close_deadline = Some(Instant::now() + CLOSE_TIMEOUT);
+            self.close_deadline = Some(Instant::now() + self.export.close_timeout);
         }
         if let Some((i, _)) = self.receiving.take() {
             self.release(i);

@@ -25,10 +25,20 @@ fn export(readonly: bool) -> (Setup, crate::ExportHandle) {
 }
 
 fn export_of(readonly: bool, bdev: Bdev) -> (Setup, crate::ExportHandle) {
+    export_with(readonly, bdev, |_| ())
+}
+
+/// [`export_of`] from a server `configure` set up first.
+fn export_with(
+    readonly: bool,
+    bdev: Bdev,
+    configure: impl FnOnce(&NbdServer),
+) -> (Setup, crate::ExportHandle) {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("d.sock");
     let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
     let server = NbdServer::new();
+    configure(&server);
     let spec = ExportSpec {
         name: "ram".into(),
         bdev,
@@ -408,4 +418,30 @@ fn a_stop_as_long_as_the_connection_close_bound_succeeds_with_a_request_parked_o
     send_refused_write(&mut c, &ee);
     assert_eq!(handle.close(crate::conn::CLOSE_TIMEOUT), Ok(()));
     assert_eq!(c.reply().1, EIO);
+}
+
+#[test]
+fn a_closing_connection_retries_for_the_close_bound_the_server_was_given() {
+    use fp_bdev::{ErrorDevice, ErrorType, Injection};
+    let ram: Bdev = Arc::new(RamDevice::new("ram", 512, 8192).unwrap());
+    let ee = Arc::new(ErrorDevice::new("ee", ram).unwrap());
+    let nomem = Injection {
+        error_type: ErrorType::Nomem,
+        num: NOMEM_FOREVER,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    ee.inject(&[1], nomem).unwrap();
+    let bound = crate::conn::CLOSE_TIMEOUT * 2;
+    let (s, handle) = export_with(false, ee.clone(), |server| server.set_close_timeout(bound));
+    let mut c = Client::connect(&s.sock);
+    send_refused_write(&mut c, &ee);
+    let start = std::time::Instant::now();
+    // The client's NBD_CMD_DISC closes the connection: its own bound applies.
+    c.send(CMD_DISC, 0, 8, 0, 0, &[]);
+    let (cookie, err, _) = c.reply();
+    assert_eq!((cookie, err), (7, EIO));
+    assert!(start.elapsed() >= bound, "answered at the default bound: {:?}", start.elapsed());
+    assert_eq!(handle.close(std::time::Duration::from_secs(5)), Ok(()));
 }

@@ -55,8 +55,9 @@ const LARGE_BUDGET: usize = 32 << 20;
 const SEND_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 3 } else { 30 });
 /// How long a closing queue keeps retrying the commands its namespaces' devices refused as
 /// busy (and waits for their flushes and further ranges) before it answers them Command
-/// Aborted due to SQ Deletion (shorter under test).
-pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
+/// Aborted due to SQ Deletion, unless the target says otherwise
+/// ([`crate::NvmfTarget::set_close_timeout`]; shorter under test).
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
 /// The socket send buffer asked for (the kernel caps it at net.core.wmem_max).
 const SEND_BUFFER: libc::c_int = 4 << 20;
 /// The epoll token of the timer (the socket's is 0, channels' their nsid + 1 << 32).
@@ -84,6 +85,8 @@ pub(crate) struct QpairSetup {
     pub digests: Digests,
     pub hpda: u8,
     pub transport: TransportOptions,
+    /// The target's close bound ([`crate::NvmfTarget::set_close_timeout`]).
+    pub close_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,8 +270,10 @@ pub(crate) struct QpairPoller {
     /// A C2HTermReq to send before closing.
     term: Option<([u8; DATA_HLEN + TERM_REQ_MAX_DATA], usize)>,
     closing: Option<String>,
-    /// When a closing queue stops retrying commands refused as busy ([`CLOSE_TIMEOUT`]).
+    /// When a closing queue stops retrying commands refused as busy (`close_timeout` after
+    /// it began closing).
     close_deadline: Option<Instant>,
+    close_timeout: Duration,
     broken: bool,
     misbehaved: bool,
     /// The admin queue answered a Disconnect or a shutdown: close once sent.
@@ -359,6 +364,7 @@ impl QpairPoller {
             term: None,
             closing: None,
             close_deadline: None,
+            close_timeout: s.close_timeout,
             broken: false,
             misbehaved: false,
             teardown: false,
@@ -423,12 +429,12 @@ impl QpairPoller {
 
     /// Closes the queue once every command it took is answered: those in flight finish,
     /// those waiting to start (a device that answered busy) are retried until
-    /// [`CLOSE_TIMEOUT`], then answered Command Aborted due to SQ Deletion. No new command is
+    /// the target's close bound ([`CLOSE_TIMEOUT`] by default), then answered Command Aborted due to SQ Deletion. No new command is
     /// read.
     pub(crate) fn close_answering(&mut self, why: &str) {
         if self.closing.is_none() {
             self.closing = Some(why.to_string());
-            self.close_deadline = Some(Instant::now() + CLOSE_TIMEOUT);
+            self.close_deadline = Some(Instant::now() + self.close_timeout);
         }
         self.h2c = None;
         self.h2c_digest = None;

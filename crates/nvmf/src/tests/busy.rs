@@ -176,3 +176,19 @@ fn a_closing_queue_gives_up_a_command_parked_below_at_its_bound() {
     assert!(start.elapsed() >= CLOSE_TIMEOUT, "answered before the bound: {:?}", start.elapsed());
     assert!(q.closed().0, "the queue closes once the write is answered");
 }
+
+#[test]
+fn a_closing_queue_retries_for_the_close_bound_the_target_was_given() {
+    let tg = busy_target();
+    let bound = CLOSE_TIMEOUT * 2;
+    tg.t.set_close_timeout(bound);
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    let cid = send_refused_write(&tg, &mut q);
+    let start = Instant::now();
+    tg.t.stop();
+    q.s.set_read_timeout(Some(bound + Duration::from_secs(5))).unwrap();
+    let cqe = q.response();
+    assert_eq!((cqe.cid, cqe.status), (cid, Status::generic(SC_ABORTED_SQ_DELETION)));
+    assert!(start.elapsed() >= bound, "answered at the default bound: {:?}", start.elapsed());
+}
