@@ -239,6 +239,23 @@ pub trait IoChannel {
     /// Requests submitted and not yet returned by `poll`.
     fn in_flight(&self) -> usize;
 
+    /// Requests counted in [`IoChannel::in_flight`] that the channel holds back, retrying them
+    /// at each `poll`, because a device under it refused them as busy: nothing of them is on
+    /// a device yet. A frontend going away waits for these only up to its bound (then
+    /// [`IoChannel::abort_parked`]), and for the others as long as they take. The default, for
+    /// a channel that hands every `Busy` back to its caller: none.
+    fn parked(&self) -> usize {
+        0
+    }
+
+    /// Gives up retrying what [`IoChannel::parked`] counts, in this channel and the ones under
+    /// it: each such request completes at the next `poll` with `ECANCELED` and never reaches a
+    /// device. A request split in pieces, some on a device, completes with that error once
+    /// those pieces do. Returns how many requests (or pieces) it gave up.
+    fn abort_parked(&mut self) -> usize {
+        0
+    }
+
     /// An fd that becomes readable when a completion is ready, for a reactor that wants to sleep
     /// with requests in flight. `None` when completions only come from `poll` itself.
     fn completion_fd(&self) -> Option<RawFd> {

@@ -23,6 +23,16 @@
 //! stop_timeout_ms = 5000               # a queue stop's bound (the default) for controllers created
 //!                                      # without their own; --vhost-stop-timeout-ms wins
 //!
+//! [nvmf]                               # optional; flashpath's own bounds (SPDK has none)
+//! drain_timeout_ms = 5000              # nvmf_subsystem_remove_ns's wait; --nvmf-drain-timeout-ms wins
+//! close_timeout_ms = 5000              # a closing queue pair's retries of busy commands;
+//!                                      # --nvmf-close-timeout-ms wins
+//!
+//! [nbd]                                # optional; flashpath's own bounds (SPDK has none)
+//! stop_timeout_ms = 5000               # nbd_stop_disk's wait; --nbd-stop-timeout-ms wins
+//! close_timeout_ms = 5000              # a closing connection's retries of busy requests;
+//!                                      # --nbd-close-timeout-ms wins
+//!
 //! [stats]                              # optional
 //! iostat = true                        # per-disk I/O statistics; false (or --no-iostat) skips them
 //!
@@ -180,6 +190,13 @@
 //! export's wait for its connections among them), and how long each reactor waits, after the
 //! exports were stopped, for requests a bdev still holds before it lets go of their guest memory.
 //!
+//! `[nvmf]` and `[nbd]` (docs/nvmf.md, docs/nbd.md): how long removing a namespace waits for
+//! its commands (`drain_timeout_ms`; at daemon shutdown every namespace's drain shares one such
+//! bound), how long `nbd_stop_disk` (and the shutdown, per export) waits for its connections
+//! (`stop_timeout_ms`), and how long a closing NVMe/TCP queue pair or NBD connection keeps
+//! retrying requests its disk refuses as busy before answering them with an error
+//! (`close_timeout_ms`). Each 1 to 600000, 5000 by default.
+//!
 //! `export_dirs`, when present, confines `bdev_uring_create` (the only bdev type that opens a
 //! host path) to files inside those directories, which must exist when `serve` starts. A
 //! filename is resolved first (symlinks, `..`) and must lead inside one of them, or the call
@@ -226,6 +243,8 @@ pub enum ConfigError {
     Security { key: &'static str, reason: String },
     #[error("vhost.{key}: {reason}")]
     Vhost { key: &'static str, reason: String },
+    #[error("{table}.{key}: {ms} is not between 1 and {MAX_STOP_TIMEOUT_MS}")]
+    Bound { table: &'static str, key: &'static str, ms: u64 },
 }
 
 /// The file as written. See the module docs.
@@ -245,6 +264,10 @@ pub struct ConfigFile {
     pub stats: StatsSection,
     #[serde(default)]
     pub vhost: VhostSection,
+    #[serde(default)]
+    pub nvmf: NvmfSection,
+    #[serde(default)]
+    pub nbd: NbdSection,
     /// Kept as raw tables: their keys are checked by the RPC methods themselves.
     #[serde(default)]
     pub bdev_options: Option<toml::Table>,
@@ -284,7 +307,7 @@ pub struct ConfigFile {
 
 /// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the export
 /// kinds' tables follow them there.
-const FILE_KEYS: [&str; 19] = [
+const FILE_KEYS: [&str; 21] = [
     "rpc",
     "vhost_dir",
     "metrics",
@@ -293,6 +316,8 @@ const FILE_KEYS: [&str; 19] = [
     "security",
     "stats",
     "vhost",
+    "nvmf",
+    "nbd",
     "bdev_options",
     "nvme_options",
     "nvme_controller",
@@ -413,6 +438,48 @@ impl VhostSection {
     }
 }
 
+/// `[nvmf]`: the NVMe/TCP target's bounds.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NvmfSection {
+    /// How long removing a namespace waits for its commands.
+    pub drain_timeout_ms: Option<u64>,
+    /// How long a closing queue pair retries commands refused as busy.
+    pub close_timeout_ms: Option<u64>,
+}
+
+/// `[nbd]`: the NBD server's bounds.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NbdSection {
+    /// How long stopping an export waits for its connections.
+    pub stop_timeout_ms: Option<u64>,
+    /// How long a closing connection retries requests refused as busy.
+    pub close_timeout_ms: Option<u64>,
+}
+
+/// Refuses a bound outside 1..=[`MAX_STOP_TIMEOUT_MS`].
+fn check_bound(table: &'static str, key: &'static str, ms: Option<u64>) -> Result<(), ConfigError> {
+    match ms {
+        Some(ms) if !stop_timeout_ms_in_range(ms) => Err(ConfigError::Bound { table, key, ms }),
+        _ => Ok(()),
+    }
+}
+
+impl NvmfSection {
+    fn check(&self) -> Result<(), ConfigError> {
+        check_bound("nvmf", "drain_timeout_ms", self.drain_timeout_ms)?;
+        check_bound("nvmf", "close_timeout_ms", self.close_timeout_ms)
+    }
+}
+
+impl NbdSection {
+    fn check(&self) -> Result<(), ConfigError> {
+        check_bound("nbd", "stop_timeout_ms", self.stop_timeout_ms)?;
+        check_bound("nbd", "close_timeout_ms", self.close_timeout_ms)
+    }
+}
+
 /// Whether `ms` is a stop bound a controller accepts.
 pub fn stop_timeout_ms_in_range(ms: u64) -> bool {
     (1..=MAX_STOP_TIMEOUT_MS).contains(&ms)
@@ -523,6 +590,8 @@ impl ConfigFile {
         config.limits.check()?;
         config.security.check()?;
         config.vhost.check()?;
+        config.nvmf.check()?;
+        config.nbd.check()?;
         Ok(config)
     }
 

@@ -36,6 +36,14 @@ pub struct ServeOptions {
     pub no_iostat: bool,
     /// `--vhost-stop-timeout-ms`.
     pub vhost_stop_timeout_ms: Option<u64>,
+    /// `--nvmf-drain-timeout-ms`.
+    pub nvmf_drain_timeout_ms: Option<u64>,
+    /// `--nvmf-close-timeout-ms`.
+    pub nvmf_close_timeout_ms: Option<u64>,
+    /// `--nbd-stop-timeout-ms`.
+    pub nbd_stop_timeout_ms: Option<u64>,
+    /// `--nbd-close-timeout-ms`.
+    pub nbd_close_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +81,8 @@ pub enum ServeError {
     Signals(#[source] io::Error),
     #[error("--vhost-stop-timeout-ms: {0} is not between 1 and {max}", max = fp_registry::exports::vhost_blk::MAX_STOP_TIMEOUT_MS)]
     StopTimeout(u64),
+    #[error("--{flag}: {ms} is not between 1 and {max}", max = fp_registry::exports::vhost_blk::MAX_STOP_TIMEOUT_MS)]
+    Bound { flag: &'static str, ms: u64 },
 }
 
 /// What `serve` ends up running with.
@@ -95,6 +105,28 @@ pub struct Settings {
     /// (`fp_registry::RegistryOptions::vhost_stop_timeout`), and how long each reactor waits at
     /// shutdown for requests a bdev still holds.
     pub vhost_stop_timeout: Duration,
+    /// `fp_registry::RegistryOptions::nvmf_drain_timeout`.
+    pub nvmf_drain_timeout: Duration,
+    /// `fp_registry::RegistryOptions::nvmf_close_timeout`.
+    pub nvmf_close_timeout: Duration,
+    /// `fp_registry::RegistryOptions::nbd_stop_timeout`.
+    pub nbd_stop_timeout: Duration,
+    /// `fp_registry::RegistryOptions::nbd_close_timeout`.
+    pub nbd_close_timeout: Duration,
+}
+
+/// A bound in milliseconds: the flag's (checked here), else the file's (checked when it was
+/// read), else `default`.
+fn bound_ms(
+    flag: &'static str,
+    from_flag: Option<u64>,
+    from_file: Option<u64>,
+    default: Duration,
+) -> Result<Duration, ServeError> {
+    if let Some(ms) = from_flag.filter(|&ms| !crate::config::stop_timeout_ms_in_range(ms)) {
+        return Err(ServeError::Bound { flag, ms });
+    }
+    Ok(from_flag.or(from_file).map_or(default, Duration::from_millis))
 }
 
 /// Merges flags over the config file over defaults.
@@ -116,6 +148,31 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
         .vhost_stop_timeout_ms
         .or(config.vhost.stop_timeout_ms)
         .map_or_else(|| RegistryOptions::default().vhost_stop_timeout, Duration::from_millis);
+    let defaults = RegistryOptions::default();
+    let nvmf_drain_timeout = bound_ms(
+        "nvmf-drain-timeout-ms",
+        opts.nvmf_drain_timeout_ms,
+        config.nvmf.drain_timeout_ms,
+        defaults.nvmf_drain_timeout,
+    )?;
+    let nvmf_close_timeout = bound_ms(
+        "nvmf-close-timeout-ms",
+        opts.nvmf_close_timeout_ms,
+        config.nvmf.close_timeout_ms,
+        defaults.nvmf_close_timeout,
+    )?;
+    let nbd_stop_timeout = bound_ms(
+        "nbd-stop-timeout-ms",
+        opts.nbd_stop_timeout_ms,
+        config.nbd.stop_timeout_ms,
+        defaults.nbd_stop_timeout,
+    )?;
+    let nbd_close_timeout = bound_ms(
+        "nbd-close-timeout-ms",
+        opts.nbd_close_timeout_ms,
+        config.nbd.close_timeout_ms,
+        defaults.nbd_close_timeout,
+    )?;
     Ok(Settings {
         cpus,
         rpc: opts.rpc.clone().or_else(|| config.rpc.clone()).unwrap_or_else(|| DEFAULT_RPC_SOCKET.into()),
@@ -135,6 +192,10 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
         iostat: !opts.no_iostat && config.stats.iostat.unwrap_or(true),
         nvmf_allow_remote: config.security.nvmf_allow_remote.unwrap_or(false),
         vhost_stop_timeout,
+        nvmf_drain_timeout,
+        nvmf_close_timeout,
+        nbd_stop_timeout,
+        nbd_close_timeout,
     })
 }
 
@@ -200,6 +261,10 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         ..RegistryOptions::default()
     };
     options.vhost_stop_timeout = settings.vhost_stop_timeout;
+    options.nvmf_drain_timeout = settings.nvmf_drain_timeout;
+    options.nvmf_close_timeout = settings.nvmf_close_timeout;
+    options.nbd_stop_timeout = settings.nbd_stop_timeout;
+    options.nbd_close_timeout = settings.nbd_close_timeout;
     let registry = Registry::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
     let started = config.apply(&registry).map_err(ServeError::from).and_then(|_| {
         let m = registry.clone();
@@ -326,6 +391,10 @@ mod tests {
                 iostat: true,
                 nvmf_allow_remote: false,
                 vhost_stop_timeout: RegistryOptions::default().vhost_stop_timeout,
+                nvmf_drain_timeout: RegistryOptions::default().nvmf_drain_timeout,
+                nvmf_close_timeout: RegistryOptions::default().nvmf_close_timeout,
+                nbd_stop_timeout: RegistryOptions::default().nbd_stop_timeout,
+                nbd_close_timeout: RegistryOptions::default().nbd_close_timeout,
             }
         );
         let opts = ServeOptions {
@@ -338,6 +407,7 @@ mod tests {
             metrics: None,
             no_iostat: true,
             vhost_stop_timeout_ms: None,
+            ..ServeOptions::default()
         };
         let from_flags = resolve(&opts, &config).unwrap();
         assert_eq!(from_flags.cpus, [0]);
@@ -416,6 +486,56 @@ mod tests {
         }
         let e =
             ConfigFile::parse("[vhost]\nstop_timeout = 5\n", Path::new("c.toml")).unwrap_err().to_string();
+        assert!(e.starts_with("c.toml:2:1: unknown field `stop_timeout`"), "{e}");
+    }
+
+    #[test]
+    fn the_nvmf_and_nbd_bounds_come_from_their_flags_over_their_tables() {
+        let text = "[nvmf]\ndrain_timeout_ms = 700\nclose_timeout_ms = 800\n\
+                    [nbd]\nstop_timeout_ms = 900\nclose_timeout_ms = 1000\n";
+        let config = ConfigFile::parse(text, Path::new("c.toml")).unwrap();
+        let s = resolve(&ServeOptions::default(), &config).unwrap();
+        let ms = Duration::from_millis;
+        assert_eq!(
+            (s.nvmf_drain_timeout, s.nvmf_close_timeout, s.nbd_stop_timeout, s.nbd_close_timeout),
+            (ms(700), ms(800), ms(900), ms(1000))
+        );
+        let opts = ServeOptions {
+            nvmf_drain_timeout_ms: Some(70),
+            nvmf_close_timeout_ms: Some(80),
+            nbd_stop_timeout_ms: Some(90),
+            nbd_close_timeout_ms: Some(100),
+            ..ServeOptions::default()
+        };
+        let s = resolve(&opts, &config).unwrap();
+        assert_eq!(
+            (s.nvmf_drain_timeout, s.nvmf_close_timeout, s.nbd_stop_timeout, s.nbd_close_timeout),
+            (ms(70), ms(80), ms(90), ms(100))
+        );
+        let d = resolve(&ServeOptions::default(), &ConfigFile::default()).unwrap();
+        assert_eq!(
+            (d.nvmf_drain_timeout, d.nvmf_close_timeout, d.nbd_stop_timeout, d.nbd_close_timeout),
+            (ms(5000), ms(5000), ms(5000), ms(5000))
+        );
+        for ms in [0, 600_001] {
+            for (table, key) in [
+                ("nvmf", "drain_timeout_ms"),
+                ("nvmf", "close_timeout_ms"),
+                ("nbd", "stop_timeout_ms"),
+                ("nbd", "close_timeout_ms"),
+            ] {
+                let text = format!("[{table}]\n{key} = {ms}\n");
+                let e = ConfigFile::parse(&text, Path::new("c.toml")).unwrap_err().to_string();
+                assert_eq!(e, format!("{table}.{key}: {ms} is not between 1 and 600000"));
+            }
+            let opts = ServeOptions { nbd_close_timeout_ms: Some(ms), ..ServeOptions::default() };
+            let e = resolve(&opts, &ConfigFile::default()).unwrap_err().to_string();
+            assert_eq!(e, format!("--nbd-close-timeout-ms: {ms} is not between 1 and 600000"));
+            let opts = ServeOptions { nvmf_drain_timeout_ms: Some(ms), ..ServeOptions::default() };
+            let e = resolve(&opts, &ConfigFile::default()).unwrap_err().to_string();
+            assert_eq!(e, format!("--nvmf-drain-timeout-ms: {ms} is not between 1 and 600000"));
+        }
+        let e = ConfigFile::parse("[nbd]\nstop_timeout = 5\n", Path::new("c.toml")).unwrap_err().to_string();
         assert!(e.starts_with("c.toml:2:1: unknown field `stop_timeout`"), "{e}");
     }
 

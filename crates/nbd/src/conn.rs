@@ -43,8 +43,9 @@ const IOV_PER_WRITE: usize = 64;
 /// Extents one block status reply describes at most.
 const MAX_EXTENTS: usize = 1024;
 /// How long a closing connection keeps retrying the requests its device refused as busy (and
-/// FUA flushes it refused) before it answers them `EIO` (shorter under test).
-pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
+/// FUA flushes it refused) before it answers them `EIO`, unless the server says otherwise
+/// ([`crate::NbdServer::set_close_timeout`]; shorter under test).
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
 
 /// What the handshake hands over.
 pub(crate) struct ConnSetup {
@@ -294,7 +295,8 @@ pub(crate) struct ConnPoller {
     extents: Vec<BlockExtent>,
     /// Why the connection is ending: no new requests; it finishes those it has, then closes.
     closing: Option<String>,
-    /// When a closing connection stops retrying requests refused as busy ([`CLOSE_TIMEOUT`]).
+    /// When a closing connection stops retrying requests refused as busy (the export's close
+    /// bound, [`CLOSE_TIMEOUT`] by default, after it began closing).
     close_deadline: Option<Instant>,
     /// The socket failed: replies are dropped; it waits for the device and closes.
     broken: bool,
@@ -355,30 +357,48 @@ impl ConnPoller {
 
     /// The export is stopping: finish what was asked, then close (the export sees it by
     /// the connection's `alive` flag).
-    pub(crate) fn request_stop(&mut self) {
+    /// The stop's `deadline` is also the connection's bound for requests refused as busy (one
+    /// deadline, so the two never race).
+    pub(crate) fn request_stop(&mut self, deadline: Instant) {
         self.close_after("the export was stopped".into());
+        self.close_deadline = self.close_deadline.map(|d| d.min(deadline));
+    }
+
+    /// The stop's bound passed: gives up every request parked on Busy (answered `EIO`) now,
+    /// and says how many requests the device still holds.
+    pub(crate) fn give_up_at_stop(&mut self) -> usize {
+        self.close_deadline = Some(Instant::now());
+        self.abort_waiting(Instant::now());
+        self.reap();
+        self.channel.in_flight()
     }
 
     fn close_after(&mut self, why: String) {
         if self.closing.is_none() {
             self.closing = Some(why);
-            self.close_deadline = Some(Instant::now() + CLOSE_TIMEOUT);
+            self.close_deadline = Some(Instant::now() + self.export.close_timeout);
         }
         if let Some((i, _)) = self.receiving.take() {
             self.release(i);
         }
     }
 
-    /// At the close deadline, answers `EIO` to the requests the device still refuses as busy.
+    /// At the close deadline, answers `EIO` to the requests the device still refuses as busy:
+    /// those waiting here, and those the bdev stack took and keeps retrying (they complete
+    /// `ECANCELED`, answered `EIO`, at the next reap).
     fn abort_waiting(&mut self, now: Instant) {
-        if self.ready.is_empty() || self.close_deadline.is_none_or(|d| now < d) {
+        if self.close_deadline.is_none_or(|d| now < d) {
+            return;
+        }
+        let parked = if self.channel.parked() > 0 { self.channel.abort_parked() } else { 0 };
+        if self.ready.is_empty() && parked == 0 {
             return;
         }
         log::warn!(
             "nbd export '{}': {}: {} requests the device kept refusing as busy answered EIO at close",
             self.export.name,
             self.peer,
-            self.ready.len()
+            self.ready.len() + parked
         );
         while let Some(i) = self.ready.pop_front() {
             self.reply(i, EIO, "the device stayed busy while the connection closed");

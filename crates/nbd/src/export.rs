@@ -22,6 +22,8 @@ pub(crate) struct ExportShared {
     /// Its connections' pollers; touched when a connection starts or ends and on stop.
     conns: Mutex<Conns>,
     pub(crate) connections: AtomicUsize,
+    /// How long a closing connection keeps retrying requests the disk refuses as busy.
+    pub(crate) close_timeout: std::time::Duration,
 }
 
 /// A connection being served: its reactor, its poller there and its counters, which say
@@ -65,6 +67,7 @@ impl ExportShared {
         bdev: Bdev,
         readonly: bool,
         reactors: Vec<ReactorHandle>,
+        close_timeout: std::time::Duration,
     ) -> ExportShared {
         ExportShared {
             name,
@@ -74,6 +77,7 @@ impl ExportShared {
             next_reactor: AtomicUsize::new(0),
             conns: Mutex::new(Conns::default()),
             connections: AtomicUsize::new(0),
+            close_timeout,
         }
     }
 
@@ -103,6 +107,13 @@ impl ExportShared {
         let mut c = lock(&self.conns);
         c.closing.retain(|l| l.2.alive.load(Ordering::Relaxed));
         c.closing.len()
+    }
+
+    /// The connections asked to close that are still open.
+    pub(crate) fn closing_list(&self) -> Vec<LiveConn> {
+        let mut c = lock(&self.conns);
+        c.closing.retain(|l| l.2.alive.load(Ordering::Relaxed));
+        c.closing.clone()
     }
 
     /// What its connections counted, live and closed.

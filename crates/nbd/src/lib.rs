@@ -25,6 +25,7 @@ pub mod tls;
 mod tests;
 
 pub use address::{parse_device, Address, Device};
+pub use conn::CLOSE_TIMEOUT;
 pub use server::{ExportHandle, ExportSpec, NbdError, NbdServer, STOP_TIMEOUT};
 pub use stats::NbdStats;
 pub use tls::TlsFiles;

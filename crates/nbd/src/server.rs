@@ -11,7 +11,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -37,9 +37,9 @@ const MAX_HANDSHAKES: usize = 64;
 /// How long a client may take over a handshake step before it is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long stopping an export waits for its connections' requests to finish (requests the
-/// disk refuses as busy are answered `EIO` after `conn::CLOSE_TIMEOUT`, so what is left is
-/// requests the disk took and has not completed).
+/// How long stopping an export waits for its connections' requests to finish, by default
+/// ([`NbdServer::set_stop_timeout`]): requests the disk refuses as busy are retried until then
+/// and answered `EIO` at it, so what is left is requests the disk took and has not completed.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why an export cannot start; `field` names the `nbd_start_disk` parameter to blame.
@@ -141,6 +141,22 @@ impl Listener {
 #[derive(Default, Clone)]
 pub struct NbdServer {
     listeners: Arc<Mutex<BTreeMap<Address, Listener>>>,
+    bounds: Arc<Bounds>,
+}
+
+/// The server's stop and close bounds, in milliseconds.
+struct Bounds {
+    stop_ms: AtomicU64,
+    close_ms: AtomicU64,
+}
+
+impl Default for Bounds {
+    fn default() -> Bounds {
+        Bounds {
+            stop_ms: AtomicU64::new(STOP_TIMEOUT.as_millis() as u64),
+            close_ms: AtomicU64::new(crate::CLOSE_TIMEOUT.as_millis() as u64),
+        }
+    }
 }
 
 /// A running export; [`ExportHandle::stop`] ends it. Clones stand for the same export.
@@ -197,12 +213,13 @@ impl ExportHandle {
         stop_connections(&self.shared, timeout)
     }
 
-    /// [`ExportHandle::close`] with [`STOP_TIMEOUT`], for a daemon going down: connections
-    /// still open after it are logged and left to close when their disk answers.
+    /// [`ExportHandle::close`] with the server's stop bound, for a daemon going down:
+    /// connections still open after it are logged and left to close when their disk answers.
     pub fn stop(self) {
-        if let Err(n) = self.close(STOP_TIMEOUT) {
+        let bound = self.server.stop_timeout();
+        if let Err(n) = self.close(bound) {
             log::warn!(
-                "nbd export '{}': {n} connections still wait for their disk after {STOP_TIMEOUT:?}",
+                "nbd export '{}': {n} connections still wait for their disk after {bound:?}",
                 self.shared.name
             );
         }
@@ -210,33 +227,63 @@ impl ExportHandle {
 }
 
 /// Asks every connection of `export` to close once its requests are answered and waits for
-/// them (those asked by an earlier call too) at most `timeout`; `Err` with how many are left.
+/// them (those asked by an earlier call too) at most `timeout`. Requests parked on Busy are
+/// retried until then; at the bound this call gives them up itself (answered `EIO`, on the
+/// connections' reactors, so no second timer races it) and counts what the device still
+/// holds: `Err` with how many connections wait for such requests.
 fn stop_connections(export: &ExportShared, timeout: Duration) -> Result<(), usize> {
+    let deadline = std::time::Instant::now() + timeout;
     let asked = export.stop_conns();
     for (reactor, id, _) in &asked {
         let id = *id;
         reactor.call(move |r| {
             if let Some(p) = r.poller_mut::<ConnPoller>(id) {
-                p.request_stop();
+                p.request_stop(deadline);
             }
         });
     }
-    let deadline = std::time::Instant::now() + timeout;
     loop {
-        let left = export.closing_conns();
-        if left == 0 {
+        if export.closing_conns() == 0 {
             return Ok(());
         }
         if std::time::Instant::now() >= deadline {
-            return Err(left);
+            break;
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut held = 0;
+    for (reactor, id, _) in export.closing_list() {
+        let on_device = reactor
+            .call(move |r| r.poller_mut::<ConnPoller>(id).map_or(0, |p| p.give_up_at_stop()))
+            .unwrap_or(0);
+        held += usize::from(on_device > 0);
+    }
+    if held == 0 {
+        // What is left answers the requests it gave up and closes by itself.
+        Ok(())
+    } else {
+        Err(held)
     }
 }
 
 impl NbdServer {
     pub fn new() -> NbdServer {
         NbdServer::default()
+    }
+
+    /// How long stopping an export waits for its connections (default [`STOP_TIMEOUT`]).
+    pub fn set_stop_timeout(&self, t: Duration) {
+        self.bounds.stop_ms.store(t.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn stop_timeout(&self) -> Duration {
+        Duration::from_millis(self.bounds.stop_ms.load(Ordering::Relaxed))
+    }
+
+    /// How long a closing connection keeps retrying requests its disk refuses as busy before
+    /// answering them `EIO` (default [`crate::CLOSE_TIMEOUT`]); for exports started from now on.
+    pub fn set_close_timeout(&self, t: Duration) {
+        self.bounds.close_ms.store(t.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// The addresses listened on now.
@@ -259,7 +306,14 @@ impl NbdServer {
                 format!("{} is reachable from other hosts: it needs tls_cert and tls_key", spec.address),
             ));
         }
-        let export = Arc::new(ExportShared::new(spec.name.clone(), spec.bdev, spec.readonly, spec.reactors));
+        let close_timeout = Duration::from_millis(self.bounds.close_ms.load(Ordering::Relaxed));
+        let export = Arc::new(ExportShared::new(
+            spec.name.clone(),
+            spec.bdev,
+            spec.readonly,
+            spec.reactors,
+            close_timeout,
+        ));
         let mut ls = lock(&self.listeners);
         if let Some(l) = ls.get(&spec.address) {
             if l.shared.tls.as_ref().map(|t| &t.0) != spec.tls.as_ref() {

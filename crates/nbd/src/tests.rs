@@ -25,10 +25,20 @@ fn export(readonly: bool) -> (Setup, crate::ExportHandle) {
 }
 
 fn export_of(readonly: bool, bdev: Bdev) -> (Setup, crate::ExportHandle) {
+    export_with(readonly, bdev, |_| ())
+}
+
+/// [`export_of`] from a server `configure` set up first.
+fn export_with(
+    readonly: bool,
+    bdev: Bdev,
+    configure: impl FnOnce(&NbdServer),
+) -> (Setup, crate::ExportHandle) {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("d.sock");
     let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
     let server = NbdServer::new();
+    configure(&server);
     let spec = ExportSpec {
         name: "ram".into(),
         bdev,
@@ -336,4 +346,102 @@ fn closing_with_a_request_held_by_the_disk_says_so_and_can_be_waited_for_again()
     assert_eq!(handle.close(std::time::Duration::from_secs(5)), Ok(()));
     let mut rest = Vec::new();
     assert_eq!(c.0.read_to_end(&mut rest).unwrap(), 0, "the connection closed");
+}
+
+/// A crypto bdev over an error bdev refusing every write as busy: the crypto bdev takes the
+/// write and retries its refused piece itself (parked on Busy inside the bdev stack).
+fn crypto_over_busy() -> (Bdev, Arc<fp_bdev::ErrorDevice>) {
+    use fp_bdev::modules::crypto::{CryptoDevice, CryptoKey};
+    use fp_bdev::{ErrorDevice, ErrorType, Injection};
+    let ram: Bdev = Arc::new(RamDevice::new("ram", 512, 8192).unwrap());
+    let ee = Arc::new(ErrorDevice::new("ee", ram).unwrap());
+    let nomem = Injection {
+        error_type: ErrorType::Nomem,
+        num: NOMEM_FOREVER,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    ee.inject(&[1], nomem).unwrap();
+    let key = CryptoKey::new("k", &[1; 32], &[2; 32]).unwrap();
+    let c: Bdev = Arc::new(CryptoDevice::new("c", ee.clone(), Arc::new(key)).unwrap());
+    (c, ee)
+}
+
+/// Sends a 4 KiB write and waits until the device under `ee` refused it at least once.
+fn send_refused_write(c: &mut Client, ee: &fp_bdev::ErrorDevice) {
+    c.0.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    c.send(CMD_WRITE, 0, 7, 0, 4096, &pattern(1, 4096));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while ee.injections()[1].is_some_and(|i| i.num == NOMEM_FOREVER) {
+        assert!(std::time::Instant::now() < deadline, "the write never reached the device");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_stop_gives_up_a_request_parked_on_busy_below_at_its_bound_and_succeeds() {
+    let (bdev, ee) = crypto_over_busy();
+    let (s, handle) = export_of(false, bdev);
+    let mut c = Client::connect(&s.sock);
+    send_refused_write(&mut c, &ee);
+    let bound = std::time::Duration::from_millis(300);
+    let start = std::time::Instant::now();
+    // Nothing is on the device: the write is not waited for past the bound, and the stop
+    // succeeds (the bdev may be released).
+    assert_eq!(handle.close(bound), Ok(()));
+    assert!(start.elapsed() >= bound, "given up before the bound: {:?}", start.elapsed());
+    let (cookie, err, _) = c.reply();
+    assert_eq!((cookie, err), (7, EIO), "the parked write is answered EIO");
+    let mut rest = Vec::new();
+    assert_eq!(c.0.read_to_end(&mut rest).unwrap(), 0, "then the connection closes");
+    assert!(ee.injections()[1].is_some_and(|i| i.num < NOMEM_FOREVER), "it never reached the device");
+}
+
+#[test]
+fn a_stop_as_long_as_the_connection_close_bound_succeeds_with_a_request_parked_on_busy() {
+    // The stop's bound and the connection's are one deadline: the stop never sees the
+    // request still waiting because the connection had not given it up yet.
+    use fp_bdev::{ErrorDevice, ErrorType, Injection};
+    let ram: Bdev = Arc::new(RamDevice::new("ram", 512, 8192).unwrap());
+    let ee = Arc::new(ErrorDevice::new("ee", ram).unwrap());
+    let nomem = Injection {
+        error_type: ErrorType::Nomem,
+        num: NOMEM_FOREVER,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    ee.inject(&[1], nomem).unwrap();
+    let (s, handle) = export_of(false, ee.clone());
+    let mut c = Client::connect(&s.sock);
+    send_refused_write(&mut c, &ee);
+    assert_eq!(handle.close(crate::conn::CLOSE_TIMEOUT), Ok(()));
+    assert_eq!(c.reply().1, EIO);
+}
+
+#[test]
+fn a_closing_connection_retries_for_the_close_bound_the_server_was_given() {
+    use fp_bdev::{ErrorDevice, ErrorType, Injection};
+    let ram: Bdev = Arc::new(RamDevice::new("ram", 512, 8192).unwrap());
+    let ee = Arc::new(ErrorDevice::new("ee", ram).unwrap());
+    let nomem = Injection {
+        error_type: ErrorType::Nomem,
+        num: NOMEM_FOREVER,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    ee.inject(&[1], nomem).unwrap();
+    let bound = crate::conn::CLOSE_TIMEOUT * 2;
+    let (s, handle) = export_with(false, ee.clone(), |server| server.set_close_timeout(bound));
+    let mut c = Client::connect(&s.sock);
+    send_refused_write(&mut c, &ee);
+    let start = std::time::Instant::now();
+    // The client's NBD_CMD_DISC closes the connection: its own bound applies.
+    c.send(CMD_DISC, 0, 8, 0, 0, &[]);
+    let (cookie, err, _) = c.reply();
+    assert_eq!((cookie, err), (7, EIO));
+    assert!(start.elapsed() >= bound, "answered at the default bound: {:?}", start.elapsed());
+    assert_eq!(handle.close(std::time::Duration::from_secs(5)), Ok(()));
 }

@@ -35,6 +35,7 @@ pub use controller::{AdminResult, Controller, ControllerConfig};
 pub use info::{
     ControllerInfo, HostInfo, NamespaceEntry, NamespaceStats, QpairInfo, SubsystemInfo, SubsystemStats,
 };
+pub use qpair::CLOSE_TIMEOUT;
 pub use target::{
     ListenAddress, NamespaceSpec, NvmfError, NvmfTarget, SubsystemSpec, TargetOptions, TransportOptions,
     DRAIN_TIMEOUT,

@@ -254,6 +254,7 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         digests,
         hpda: req.hpda,
         transport,
+        close_timeout: Duration::from_millis(target.close_timeout_ms.load(Ordering::Relaxed)),
     };
     hand_over(reactor, setup);
     Ok(())

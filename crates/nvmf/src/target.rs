@@ -205,6 +205,9 @@ pub(crate) struct TargetInner {
     pub listeners: Mutex<BTreeMap<ListenAddress, OpenListener>>,
     /// [`DRAIN_TIMEOUT`] or what [`NvmfTarget::set_drain_timeout`] set, in milliseconds.
     pub drain_timeout_ms: AtomicU64,
+    /// [`crate::CLOSE_TIMEOUT`] or what [`NvmfTarget::set_close_timeout`] set, in
+    /// milliseconds: taken by each queue pair when it connects.
+    pub close_timeout_ms: AtomicU64,
     /// Set by [`NvmfTarget::stop`]: every drain after it ends by then, so a daemon going down
     /// with several namespaces whose I/O is stuck waits one drain bound, not one each.
     pub stop_deadline: Mutex<Option<Instant>>,
@@ -307,6 +310,7 @@ impl NvmfTarget {
                 discovery: Arc::new(discovery),
                 listeners: Mutex::new(BTreeMap::new()),
                 drain_timeout_ms: AtomicU64::new(DRAIN_TIMEOUT.as_millis() as u64),
+                close_timeout_ms: AtomicU64::new(crate::CLOSE_TIMEOUT.as_millis() as u64),
                 stop_deadline: Mutex::new(None),
             }),
         }
@@ -316,6 +320,13 @@ impl NvmfTarget {
     /// [`DRAIN_TIMEOUT`]).
     pub fn set_drain_timeout(&self, t: Duration) {
         self.inner.drain_timeout_ms.store(t.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long a closing queue pair keeps retrying the commands its devices refuse as busy
+    /// before it answers them aborted (default [`crate::CLOSE_TIMEOUT`]); for queue pairs
+    /// connecting from now on.
+    pub fn set_close_timeout(&self, t: Duration) {
+        self.inner.close_timeout_ms.store(t.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// How long removing a namespace waits for its commands in flight; [`NvmfTarget::stop`]

@@ -94,6 +94,18 @@ pub struct RegistryOptions {
     /// How long stopping a vhost-user queue may take, for controllers created without
     /// `stop_timeout_ms` ([`fp_vhost_blk::DEFAULT_STOP_TIMEOUT`] by default).
     pub vhost_stop_timeout: std::time::Duration,
+    /// How long removing an NVMe-oF namespace waits for its commands
+    /// ([`fp_nvmf::DRAIN_TIMEOUT`] by default).
+    pub nvmf_drain_timeout: std::time::Duration,
+    /// How long a closing NVMe/TCP queue pair retries commands refused as busy
+    /// ([`fp_nvmf::CLOSE_TIMEOUT`] by default).
+    pub nvmf_close_timeout: std::time::Duration,
+    /// How long `nbd_stop_disk` (and the daemon's shutdown, per export) waits for its
+    /// connections ([`fp_nbd::STOP_TIMEOUT`] by default).
+    pub nbd_stop_timeout: std::time::Duration,
+    /// How long a closing NBD connection retries requests refused as busy
+    /// ([`fp_nbd::CLOSE_TIMEOUT`] by default).
+    pub nbd_close_timeout: std::time::Duration,
 }
 
 /// Default for [`RegistryOptions::socket_mode`]: only the daemon's user may connect.
@@ -112,6 +124,10 @@ impl Default for RegistryOptions {
             iostat: true,
             nvmf_allow_remote: false,
             vhost_stop_timeout: fp_vhost_blk::DEFAULT_STOP_TIMEOUT,
+            nvmf_drain_timeout: fp_nvmf::DRAIN_TIMEOUT,
+            nvmf_close_timeout: fp_nvmf::CLOSE_TIMEOUT,
+            nbd_stop_timeout: fp_nbd::STOP_TIMEOUT,
+            nbd_close_timeout: fp_nbd::CLOSE_TIMEOUT,
         }
     }
 }
@@ -151,6 +167,11 @@ impl Registry {
             reactors.clone(),
             fp_nvmf::TargetOptions { allow_remote_listeners: options.nvmf_allow_remote },
         );
+        nvmf.set_drain_timeout(options.nvmf_drain_timeout);
+        nvmf.set_close_timeout(options.nvmf_close_timeout);
+        let nbd = fp_nbd::NbdServer::new();
+        nbd.set_stop_timeout(options.nbd_stop_timeout);
+        nbd.set_close_timeout(options.nbd_close_timeout);
         Arc::new_cyclic(|me| Registry {
             me: me.clone(),
             reactors,
@@ -164,7 +185,7 @@ impl Registry {
                 mirrors: BTreeMap::new(),
             }),
             module_states: Mutex::new(BTreeMap::new()),
-            nbd: fp_nbd::NbdServer::new(),
+            nbd,
             nvmf,
             started: Instant::now(),
             examine: Mutex::new(ExamineGate::default()),

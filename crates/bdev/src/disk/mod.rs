@@ -797,6 +797,16 @@ impl DiskIo {
         self.channel().in_flight()
     }
 
+    /// See [`IoChannel::parked`].
+    pub fn parked(&self) -> usize {
+        self.channel().parked()
+    }
+
+    /// See [`IoChannel::abort_parked`].
+    pub fn abort_parked(&mut self) -> usize {
+        self.channel_mut().abort_parked()
+    }
+
     /// See [`IoChannel::completion_fd`].
     pub fn completion_fd(&self) -> Option<RawFd> {
         self.channel().completion_fd()
@@ -853,6 +863,15 @@ impl IoChannel for DiskChannel {
         // A mirrored write whose target half is out is still in flight for the caller.
         let mirrored = self.mirror.as_ref().map_or(0, |m| m.waiting());
         self.inner.in_flight() + self.qos.held() + mirrored
+    }
+
+    /// What the device channel parked (requests QoS holds are not refused, only paced).
+    fn parked(&self) -> usize {
+        self.inner.parked()
+    }
+
+    fn abort_parked(&mut self) -> usize {
+        self.inner.abort_parked()
     }
 
     fn completion_fd(&self) -> Option<RawFd> {

@@ -40,6 +40,23 @@ pub(crate) struct ServeArgs {
     /// holds (replaces the config file's vhost.stop_timeout_ms) [default: 5000]
     #[arg(long, value_name = "MS", value_parser = u64_arg)]
     vhost_stop_timeout_ms: Option<u64>,
+    /// How long nvmf_subsystem_remove_ns waits for the namespace's commands on the device before
+    /// answering EBUSY, 1 to 600000 (replaces the config file's nvmf.drain_timeout_ms)
+    /// [default: 5000]
+    #[arg(long, value_name = "MS", value_parser = u64_arg)]
+    nvmf_drain_timeout_ms: Option<u64>,
+    /// How long a closing NVMe/TCP queue pair retries commands its disk refuses as busy before
+    /// answering them aborted, 1 to 600000 (replaces nvmf.close_timeout_ms) [default: 5000]
+    #[arg(long, value_name = "MS", value_parser = u64_arg)]
+    nvmf_close_timeout_ms: Option<u64>,
+    /// How long nbd_stop_disk (and shutdown, per export) waits for the export's connections
+    /// before answering EBUSY, 1 to 600000 (replaces nbd.stop_timeout_ms) [default: 5000]
+    #[arg(long, value_name = "MS", value_parser = u64_arg)]
+    nbd_stop_timeout_ms: Option<u64>,
+    /// How long a closing NBD connection retries requests its disk refuses as busy before
+    /// answering them EIO, 1 to 600000 (replaces nbd.close_timeout_ms) [default: 5000]
+    #[arg(long, value_name = "MS", value_parser = u64_arg)]
+    nbd_close_timeout_ms: Option<u64>,
 }
 
 /// Runs the daemon until it is told to stop; `rpc` is the global `--rpc`.
@@ -54,6 +71,10 @@ pub(crate) fn run(args: ServeArgs, rpc: Option<PathBuf>) -> ExitCode {
         metrics: args.metrics,
         no_iostat: args.no_iostat,
         vhost_stop_timeout_ms: args.vhost_stop_timeout_ms,
+        nvmf_drain_timeout_ms: args.nvmf_drain_timeout_ms,
+        nvmf_close_timeout_ms: args.nvmf_close_timeout_ms,
+        nbd_stop_timeout_ms: args.nbd_stop_timeout_ms,
+        nbd_close_timeout_ms: args.nbd_close_timeout_ms,
     };
     match serve::run(&opts) {
         Ok(()) => ExitCode::SUCCESS,

@@ -408,4 +408,18 @@ impl IoChannel for LvolChannel {
     fn in_flight(&self) -> usize {
         self.slots.in_use + self.slots.direct + self.held.len() + self.slots.done.len()
     }
+
+    /// The pieces the base refused as busy, and what the base parked.
+    fn parked(&self) -> usize {
+        self.retry.len() + self.base.parked()
+    }
+
+    fn abort_parked(&mut self) -> usize {
+        let mut n = self.base.abort_parked();
+        while let Some(r) = self.retry.pop_front() {
+            self.refused(r.tag, IoStatus::Error(libc::ECANCELED));
+            n += 1;
+        }
+        n
+    }
 }

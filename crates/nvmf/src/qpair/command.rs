@@ -302,6 +302,10 @@ impl QpairPoller {
         if st != IoStatus::Success && s.status.is_success() {
             s.status = match st {
                 IoStatus::Unsupported => Status::generic(SC_INVALID_OPCODE),
+                // Given up at a closing queue's bound: as a command that never started there.
+                IoStatus::Error(libc::ECANCELED) if self.closing.is_some() => {
+                    Status::generic(SC_ABORTED_SQ_DELETION)
+                }
                 IoStatus::Error(e) => status_of_errno(e, op),
                 IoStatus::Success => Status::SUCCESS,
             };
@@ -378,6 +382,11 @@ fn status_of_errno(e: i32, op: u8) -> Status {
             Status::media(SC_UNRECOVERED_READ_ERROR)
         }
         libc::EIO if op == NVM_WRITE || op == NVM_WRITE_ZEROES => Status::media(SC_WRITE_FAULT),
+        // A request given up while parked on Busy (its namespace or queue went away): what
+        // SPDK answers for the bdev I/O it aborts from a channel's busy (nomem) queue when the
+        // channel goes (bdev_channel_destroy; spdk_bdev_io_get_nvme_status maps ABORTED to the
+        // generic Command Abort Requested, NVMe Base 2.0 figure 102, 07h).
+        libc::ECANCELED => Status::generic(SC_ABORT_REQUESTED),
         libc::EAGAIN | libc::EBUSY | libc::ENOMEM | libc::ETIMEDOUT => {
             Status::generic(SC_TRANSIENT_TRANSPORT_ERROR).retryable()
         }

@@ -55,8 +55,9 @@ const LARGE_BUDGET: usize = 32 << 20;
 const SEND_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 3 } else { 30 });
 /// How long a closing queue keeps retrying the commands its namespaces' devices refused as
 /// busy (and waits for their flushes and further ranges) before it answers them Command
-/// Aborted due to SQ Deletion (shorter under test).
-pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
+/// Aborted due to SQ Deletion, unless the target says otherwise
+/// ([`crate::NvmfTarget::set_close_timeout`]; shorter under test).
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
 /// The socket send buffer asked for (the kernel caps it at net.core.wmem_max).
 const SEND_BUFFER: libc::c_int = 4 << 20;
 /// The epoll token of the timer (the socket's is 0, channels' their nsid + 1 << 32).
@@ -84,6 +85,8 @@ pub(crate) struct QpairSetup {
     pub digests: Digests,
     pub hpda: u8,
     pub transport: TransportOptions,
+    /// The target's close bound ([`crate::NvmfTarget::set_close_timeout`]).
+    pub close_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,8 +270,10 @@ pub(crate) struct QpairPoller {
     /// A C2HTermReq to send before closing.
     term: Option<([u8; DATA_HLEN + TERM_REQ_MAX_DATA], usize)>,
     closing: Option<String>,
-    /// When a closing queue stops retrying commands refused as busy ([`CLOSE_TIMEOUT`]).
+    /// When a closing queue stops retrying commands refused as busy (`close_timeout` after
+    /// it began closing).
     close_deadline: Option<Instant>,
+    close_timeout: Duration,
     broken: bool,
     misbehaved: bool,
     /// The admin queue answered a Disconnect or a shutdown: close once sent.
@@ -359,6 +364,7 @@ impl QpairPoller {
             term: None,
             closing: None,
             close_deadline: None,
+            close_timeout: s.close_timeout,
             broken: false,
             misbehaved: false,
             teardown: false,
@@ -423,12 +429,12 @@ impl QpairPoller {
 
     /// Closes the queue once every command it took is answered: those in flight finish,
     /// those waiting to start (a device that answered busy) are retried until
-    /// [`CLOSE_TIMEOUT`], then answered Command Aborted due to SQ Deletion. No new command is
+    /// the target's close bound ([`CLOSE_TIMEOUT`] by default), then answered Command Aborted due to SQ Deletion. No new command is
     /// read.
     pub(crate) fn close_answering(&mut self, why: &str) {
         if self.closing.is_none() {
             self.closing = Some(why.to_string());
-            self.close_deadline = Some(Instant::now() + CLOSE_TIMEOUT);
+            self.close_deadline = Some(Instant::now() + self.close_timeout);
         }
         self.h2c = None;
         self.h2c_digest = None;
@@ -446,20 +452,50 @@ impl QpairPoller {
         }
     }
 
-    /// At the close deadline, answers the commands still waiting to start.
+    /// At the close deadline, answers the commands still waiting to start, and gives up the
+    /// ones the bdev stack took but keeps refused as busy (they complete Command Abort
+    /// Requested at the next reap, as every command parked on Busy at a bound).
     fn abort_waiting(&mut self, now: Instant) {
-        if self.ready.is_empty() || self.close_deadline.is_none_or(|d| now < d) {
+        if self.close_deadline.is_none_or(|d| now < d) {
             return;
         }
-        log::warn!(
-            "nvmf: {}: {} commands the device kept refusing as busy answered aborted at close",
-            self.what(),
-            self.ready.len()
-        );
-        while let Some(i) = self.ready.pop_front() {
-            self.count_error(i);
-            self.complete(i, Status::generic(SC_ABORTED_SQ_DELETION));
+        if !self.ready.is_empty() {
+            log::warn!(
+                "nvmf: {}: {} commands the device kept refusing as busy answered aborted at close",
+                self.what(),
+                self.ready.len()
+            );
+            while let Some(i) = self.ready.pop_front() {
+                self.count_error(i);
+                self.complete(i, Status::generic(SC_ABORTED_SQ_DELETION));
+            }
         }
+        let nsids: Vec<u32> = self
+            .ns
+            .iter()
+            .flatten()
+            .filter(|n| n.in_flight > 0 && n.chan.parked() > 0)
+            .map(|n| n.ns.nsid)
+            .collect();
+        for nsid in nsids {
+            self.give_up_parked(nsid, "its queue closed");
+        }
+    }
+
+    /// Gives up the commands to `nsid` that its bdev stack holds parked on Busy: each is
+    /// answered Command Abort Requested at the next reap.
+    fn give_up_parked(&mut self, nsid: u32, why: &str) -> usize {
+        let what = self.what();
+        let Some(n) = self.ns.get_mut(nsid as usize).and_then(|n| n.as_mut()) else { return 0 };
+        let given_up = n.chan.abort_parked();
+        if given_up > 0 {
+            log::warn!(
+                "nvmf: {what}: namespace {nsid} (bdev '{}'): {given_up} request(s) the device kept refusing \
+                 as busy answered aborted as {why}",
+                n.ns.bdev_name
+            );
+        }
+        given_up
     }
 
     /// A namespace was attached, detached or resized: the parked AER (if any) completes.
@@ -527,10 +563,18 @@ impl QpairPoller {
         !self.large_free.is_empty() || self.large_made < self.large_max
     }
 
-    /// Reloads the namespaces now and says how many commands of `nsid` are in flight.
-    pub(crate) fn namespace_in_flight(&mut self, nsid: u32) -> u32 {
+    /// Reloads the namespaces now and says how many commands to `nsid` are in flight:
+    /// `(on the device, parked on Busy in its bdev stack)`. With `give_up`, the parked ones are
+    /// given up first and reaped at once (answered Command Abort Requested), so what is left
+    /// is on the device.
+    pub(crate) fn namespace_in_flight(&mut self, nsid: u32, give_up: bool) -> (u32, u32) {
         self.reload_namespaces();
-        self.ns.get(nsid as usize).and_then(|n| n.as_ref()).map_or(0, |n| n.in_flight)
+        if give_up && self.give_up_parked(nsid, "the namespace was removed") > 0 {
+            self.reap();
+        }
+        let Some(n) = self.ns.get(nsid as usize).and_then(|n| n.as_ref()) else { return (0, 0) };
+        let parked = (n.chan.parked() as u32).min(n.in_flight);
+        (n.in_flight - parked, parked)
     }
 
     fn refresh_view(&mut self) {
@@ -781,20 +825,28 @@ pub(crate) fn notify_discovery(discovery: &Subsystem) {
 }
 
 /// Waits until no queue pair has I/O in flight to `nsid` (they stopped taking new commands
-/// for it when it was detached). At the deadline, how many commands are still in flight (0:
-/// drained).
+/// for it when it was detached). Commands parked on Busy in the bdev stack are retried until
+/// the deadline and then given up (answered Command Abort Requested); at the deadline, how
+/// many commands are still on the device (0: drained).
 pub(crate) fn drain_namespace(qpairs: &[QpairRef], nsid: u32, deadline: Instant) -> u32 {
     loop {
-        let mut busy = 0;
+        // One deadline for both: the parked commands are given up by this very call, on the
+        // queues' reactors, before what is left is counted.
+        let give_up = Instant::now() >= deadline;
+        let (mut on_device, mut parked) = (0, 0);
         for q in qpairs {
             let id = q.id;
-            busy += q
+            let (d, p) = q
                 .reactor
-                .call(move |r| r.poller_mut::<QpairPoller>(id).map_or(0, |p| p.namespace_in_flight(nsid)))
-                .unwrap_or(0);
+                .call(move |r| {
+                    r.poller_mut::<QpairPoller>(id).map_or((0, 0), |p| p.namespace_in_flight(nsid, give_up))
+                })
+                .unwrap_or((0, 0));
+            on_device += d;
+            parked += p;
         }
-        if busy == 0 || Instant::now() >= deadline {
-            return busy;
+        if on_device + parked == 0 || give_up {
+            return on_device + parked;
         }
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -37,6 +37,13 @@ impl Drop for BusyTarget {
 
 /// A target whose namespace 1 is an error bdev refusing every write as busy.
 fn busy_target() -> BusyTarget {
+    busy_target_over(false)
+}
+
+/// [`busy_target`], or with `crypto` its namespace a crypto bdev over that error bdev: a
+/// stacked bdev that takes the write and retries its refused piece itself (parked on Busy
+/// inside the bdev stack, not in the queue).
+fn busy_target_over(crypto: bool) -> BusyTarget {
     let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
     let t = NvmfTarget::new(reactors.handles().to_vec(), TargetOptions::default());
     t.create_transport(TransportOptions::default()).unwrap();
@@ -46,11 +53,16 @@ fn busy_target() -> BusyTarget {
     t.add_listener(NQN, listen(port)).unwrap();
     let ram: Bdev = Arc::new(RamDevice::new("ram0", 512, 8192).unwrap());
     let ee = Arc::new(ErrorDevice::new("ee0", ram).unwrap());
-    let bdev: Bdev = ee.clone();
+    let bdev: Bdev = if crypto {
+        let key = fp_bdev::modules::crypto::CryptoKey::new("k", &[1; 32], &[2; 32]).unwrap();
+        Arc::new(fp_bdev::modules::crypto::CryptoDevice::new("c0", ee.clone(), Arc::new(key)).unwrap())
+    } else {
+        ee.clone()
+    };
     let ns = NamespaceSpec {
         nsid: 1,
         bdev,
-        bdev_name: "ee0".into(),
+        bdev_name: if crypto { "c0" } else { "ee0" }.into(),
         uuid: None,
         nguid: None,
         eui64: None,
@@ -108,4 +120,75 @@ fn a_command_still_refused_at_the_close_bound_is_answered_aborted() {
     assert!(start.elapsed() >= CLOSE_TIMEOUT, "answered before the bound: {:?}", start.elapsed());
     q.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     assert!(q.closed().0);
+}
+
+#[test]
+fn removing_a_namespace_retries_a_command_parked_below_until_the_bound_then_answers_it_aborted() {
+    let tg = busy_target_over(true);
+    let bound = Duration::from_millis(400);
+    tg.t.set_drain_timeout(bound);
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    let cid = send_refused_write(&tg, &mut q);
+    let start = Instant::now();
+    // Nothing is on the device: the crypto bdev holds the write refused as busy. It is not
+    // counted as in flight there; it is given up at the bound and the removal succeeds.
+    tg.t.remove_namespace(NQN, 1).expect("a command parked on Busy does not hold the namespace");
+    assert!(start.elapsed() >= bound, "given up before the bound: {:?}", start.elapsed());
+    q.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let cqe = q.response();
+    assert_eq!((cqe.cid, cqe.status), (cid, Status::generic(SC_ABORT_REQUESTED)));
+    // It never reached the device: refused every time.
+    assert!(tg.ee.injections()[1].is_some_and(|i| i.num < NOMEM_FOREVER));
+}
+
+#[test]
+fn a_command_parked_below_that_the_device_takes_before_the_bound_completes() {
+    let tg = busy_target_over(true);
+    tg.t.set_drain_timeout(Duration::from_secs(30));
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    let cid = send_refused_write(&tg, &mut q);
+    let ee = tg.ee.clone();
+    let remove = {
+        let t = tg.t.clone();
+        std::thread::spawn(move || t.remove_namespace(NQN, 1))
+    };
+    // The drain retries it: once the device takes requests again, the write completes and
+    // the removal answers long before its bound.
+    ee.clear();
+    let cqe = q.response();
+    assert_eq!((cqe.cid, cqe.status), (cid, Status::SUCCESS));
+    remove.join().unwrap().expect("drained");
+}
+
+#[test]
+fn a_closing_queue_gives_up_a_command_parked_below_at_its_bound() {
+    let tg = busy_target_over(true);
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    let cid = send_refused_write(&tg, &mut q);
+    let start = Instant::now();
+    tg.t.stop();
+    q.s.set_read_timeout(Some(CLOSE_TIMEOUT + Duration::from_secs(5))).unwrap();
+    let cqe = q.response();
+    assert_eq!((cqe.cid, cqe.status), (cid, Status::generic(SC_ABORTED_SQ_DELETION)));
+    assert!(start.elapsed() >= CLOSE_TIMEOUT, "answered before the bound: {:?}", start.elapsed());
+    assert!(q.closed().0, "the queue closes once the write is answered");
+}
+
+#[test]
+fn a_closing_queue_retries_for_the_close_bound_the_target_was_given() {
+    let tg = busy_target();
+    let bound = CLOSE_TIMEOUT * 2;
+    tg.t.set_close_timeout(bound);
+    let admin = Host::admin(tg.port, NQN, 0);
+    let mut q = Host::io(tg.port, NQN, admin.cntlid, 1, Digests::default());
+    let cid = send_refused_write(&tg, &mut q);
+    let start = Instant::now();
+    tg.t.stop();
+    q.s.set_read_timeout(Some(bound + Duration::from_secs(5))).unwrap();
+    let cqe = q.response();
+    assert_eq!((cqe.cid, cqe.status), (cid, Status::generic(SC_ABORTED_SQ_DELETION)));
+    assert!(start.elapsed() >= bound, "answered at the default bound: {:?}", start.elapsed());
 }

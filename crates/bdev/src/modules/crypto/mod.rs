@@ -563,6 +563,37 @@ impl IoChannel for CryptoChannel {
         self.ready.len() + self.in_use()
     }
 
+    /// While the base refuses writes as busy: the queued writes none of whose pieces is at
+    /// the base yet (a write behind the refused one waits on the same refusal), and what the
+    /// base parked.
+    fn parked(&self) -> usize {
+        let own = if self.refused {
+            self.queue.iter().filter(|&&j| self.jobs[j as usize].outstanding == 0).count()
+        } else {
+            0
+        };
+        own + self.base.parked()
+    }
+
+    fn abort_parked(&mut self) -> usize {
+        let mut n = self.base.abort_parked();
+        if !self.refused {
+            return n;
+        }
+        while let Some(j) = self.queue.pop_front() {
+            let job = &mut self.jobs[j as usize];
+            job.next = job.len;
+            job.status = IoStatus::Error(libc::ECANCELED);
+            if job.outstanding == 0 {
+                self.ready.push(job.tag, job.status);
+                self.free_jobs.push(j);
+            }
+            n += 1;
+        }
+        self.refused = false;
+        n
+    }
+
     /// The base's: every request here is at the base, waits for a buffer that only a base
     /// completion frees, or sits in `ready` (which `arm_completion_fd` reports).
     fn completion_fd(&self) -> Option<std::os::fd::RawFd> {

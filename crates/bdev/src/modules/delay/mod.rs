@@ -277,6 +277,14 @@ impl IoChannel for DelayChannel {
     fn in_flight(&self) -> usize {
         self.waiting.len() + self.base.in_flight()
     }
+
+    fn parked(&self) -> usize {
+        self.base.parked()
+    }
+
+    fn abort_parked(&mut self) -> usize {
+        self.base.abort_parked()
+    }
 }
 
 #[cfg(test)]

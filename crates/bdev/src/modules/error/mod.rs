@@ -525,6 +525,14 @@ impl IoChannel for ErrorChannel {
         self.held.len() + self.failed.len() + self.base.in_flight()
     }
 
+    fn parked(&self) -> usize {
+        self.base.parked()
+    }
+
+    fn abort_parked(&mut self) -> usize {
+        self.base.abort_parked()
+    }
+
     /// The base's. Held requests are released by a clear or resume on the control plane,
     /// which signals nothing: a caller sleeping on the fd wakes only for the base, so
     /// `sleeps_in_flight` is false while any is held and the caller keeps polling.

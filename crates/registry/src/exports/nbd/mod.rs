@@ -194,19 +194,21 @@ impl Registry {
 
     /// Stops an NBD export: it leaves its listener, its clients are disconnected once their
     /// requests are answered, then the bdev is released. When requests the disk took are
-    /// still unanswered after `fp_nbd::STOP_TIMEOUT`, the export stays (no longer reachable,
+    /// still unanswered after the stop bound (`RegistryOptions::nbd_stop_timeout`), the export stays (no longer reachable,
     /// its bdev still claimed) and the error says how many connections wait; calling again
     /// waits for them again.
     pub fn stop_nbd(&self, nbd_device: &str) -> Result<(), RegistryError> {
         let (handle, bdev) =
             self.with_export(nbd_device, LABEL, |e: &NbdExport| (e.handle.clone(), e.bdev_name.clone()))?;
-        if let Err(n) = handle.close(fp_nbd::STOP_TIMEOUT) {
+        let bound = self.nbd.stop_timeout();
+        if let Err(n) = handle.close(bound) {
             return Err(RegistryError::NotNow(format!(
                 "nbd export '{nbd_device}' is closed to new clients, but {n} connection(s) still \
-                 wait for requests bdev '{}' has not completed after {} s; the bdev stays claimed \
+                 wait for requests bdev '{}' has not completed after {}.{:03} s; the bdev stays claimed \
                  until they finish (stop the export again to wait for them)",
                 bdev,
-                fp_nbd::STOP_TIMEOUT.as_secs()
+                bound.as_secs(),
+                bound.subsec_millis()
             )));
         }
         self.delete_export(nbd_device, Some((KIND, LABEL)))

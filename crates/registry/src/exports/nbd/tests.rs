@@ -112,3 +112,64 @@ fn an_nbd_client_request_the_server_never_answers_fails_at_io_timeout_ms() {
     drop(registry);
     reactors.shutdown();
 }
+
+/// A write a crypto bdev took and keeps retrying against its busy base is not on the device:
+/// `nbd_stop_disk` retries it until the daemon's stop bound (`nbd_stop_timeout`, here 300 ms,
+/// which also ends the connection's own longer close bound), then answers it EIO and succeeds,
+/// releasing the bdev.
+#[test]
+fn stopping_an_export_gives_up_a_write_parked_on_busy_at_the_configured_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let reactors = fp_reactor::ReactorSet::start(&[0], fp_reactor::ReactorConfig::default()).unwrap();
+    let bound = std::time::Duration::from_millis(300);
+    let options = RegistryOptions {
+        nbd_stop_timeout: bound,
+        nbd_close_timeout: std::time::Duration::from_secs(600),
+        ..RegistryOptions::default()
+    };
+    let registry = Registry::with_options(reactors.handles().to_vec(), dir.path(), options);
+    let call =
+        |m: &str, p: Value| registry.call(m, Some(p.clone())).unwrap_or_else(|e| panic!("{m} {p}: {e}"));
+    let sock = dir.path().join("c.nbd");
+    let sock = sock.to_str().unwrap();
+    call("bdev_malloc_create", json!({ "name": "m0", "num_blocks": 256, "block_size": 512 }));
+    call("bdev_error_create", json!({ "base_name": "m0" }));
+    call(
+        "accel_crypto_key_create",
+        json!({ "name": "k", "cipher": "AES_XTS", "key": "11".repeat(32), "key2": "22".repeat(32) }),
+    );
+    call("bdev_crypto_create", json!({ "base_bdev_name": "EE_m0", "name": "c", "key_name": "k" }));
+    call("nbd_start_disk", json!({ "bdev_name": "c", "nbd_device": sock }));
+    call("bdev_nbd_client_create", json!({ "name": "client", "address": sock }));
+    call(
+        "bdev_error_inject_error",
+        json!({ "name": "EE_m0", "io_type": "write", "error_type": "nomem", "num": 1u64 << 40 }),
+    );
+    let (client, _) = fp_bdev::ModuleHost::bdev(&*registry, "client").expect("the client bdev");
+    let writer = std::thread::spawn(move || {
+        let mut ch = client.open_channel().unwrap();
+        fp_bdev::conformance::write_status(&mut *ch, 0, &[0x5a; 512])
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let b = call("bdev_get_bdevs", json!({ "name": "EE_m0" }));
+        let left = b[0]["driver_specific"]["error"]["injections"]["write"]["num"].as_u64();
+        if left.is_some_and(|n| n < 1 << 40) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the write never reached the error bdev");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+
+    let start = std::time::Instant::now();
+    assert_eq!(call("nbd_stop_disk", json!({ "nbd_device": sock })), true);
+    let took = start.elapsed();
+    // The configured bound, not the 5 s default, nor the connection's 600 s.
+    assert!(took >= bound && took < fp_nbd::STOP_TIMEOUT, "{took:?}");
+    assert_eq!(call("bdev_get_bdevs", json!({ "name": "c" }))[0]["claimed"], false);
+    let status = writer.join().expect("the write was answered");
+    assert_ne!(status, fp_bdev::IoStatus::Success, "the parked write failed");
+    call("bdev_nbd_client_delete", json!({ "name": "client" }));
+    drop(registry);
+    reactors.shutdown();
+}

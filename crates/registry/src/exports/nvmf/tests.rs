@@ -434,3 +434,67 @@ fn a_namespace_with_io_in_flight_is_not_released_when_its_drain_times_out() {
     drop(registry);
     reactors.shutdown();
 }
+
+/// A write a crypto bdev took and keeps retrying against its busy base is not in flight on
+/// the device: `nvmf_subsystem_remove_ns` retries it until the daemon's drain bound
+/// (`nvmf_drain_timeout`, here 300 ms), then answers it Command Abort Requested, answers
+/// `true` and releases the bdev.
+#[test]
+fn removing_a_namespace_gives_up_a_write_parked_on_busy_at_the_configured_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let reactors = fp_reactor::ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
+    let bound = std::time::Duration::from_millis(300);
+    let options = RegistryOptions { nvmf_drain_timeout: bound, ..RegistryOptions::default() };
+    let registry = Registry::with_options(reactors.handles().to_vec(), dir.path(), options);
+    let call =
+        |m: &str, p: Value| registry.call(m, Some(p.clone())).unwrap_or_else(|e| panic!("{m} {p}: {e}"));
+    call("nvmf_create_transport", json!({ "trtype": "tcp" }));
+    call("nvmf_create_subsystem", json!({ "nqn": NQN, "allow_any_host": true }));
+    let port = free_port();
+    call("nvmf_subsystem_add_listener", json!({ "nqn": NQN, "listen_address": listen_address(port) }));
+    call("bdev_malloc_create", json!({ "name": "m0", "num_blocks": 256, "block_size": 512 }));
+    call("bdev_error_create", json!({ "base_name": "m0" }));
+    call(
+        "accel_crypto_key_create",
+        json!({ "name": "k", "cipher": "AES_XTS", "key": "11".repeat(32), "key2": "22".repeat(32) }),
+    );
+    call("bdev_crypto_create", json!({ "base_bdev_name": "EE_m0", "name": "c", "key_name": "k" }));
+    call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "c", "nsid": 1 } }));
+    call(
+        "bdev_nvme_attach_controller",
+        json!({ "name": "host", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+                "trsvcid": port.to_string(), "subnqn": NQN }),
+    );
+    call(
+        "bdev_error_inject_error",
+        json!({ "name": "EE_m0", "io_type": "write", "error_type": "nomem", "num": 1u64 << 40 }),
+    );
+    let (nvme, _) = fp_bdev::ModuleHost::bdev(&*registry, "hostn1").expect("the host's namespace bdev");
+    let writer = std::thread::spawn(move || {
+        let mut ch = nvme.open_channel().unwrap();
+        fp_bdev::conformance::write_status(&mut *ch, 0, &[0x5a; 512])
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let b = call("bdev_get_bdevs", json!({ "name": "EE_m0" }));
+        let left = b[0]["driver_specific"]["error"]["injections"]["write"]["num"].as_u64();
+        if left.is_some_and(|n| n < 1 << 40) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the write never reached the error bdev");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+
+    let start = std::time::Instant::now();
+    assert_eq!(call("nvmf_subsystem_remove_ns", json!({ "nqn": NQN, "nsid": 1 })), true);
+    let took = start.elapsed();
+    // The configured bound, not the 5 s default.
+    assert!(took >= bound && took < fp_nvmf::DRAIN_TIMEOUT, "{took:?}");
+    assert_eq!(call("bdev_get_bdevs", json!({ "name": "c" }))[0]["claimed"], false);
+    let status = writer.join().expect("the write was answered");
+    assert_ne!(status, fp_bdev::IoStatus::Success, "the parked write failed");
+    call("bdev_nvme_detach_controller", json!({ "name": "host" }));
+    call("nvmf_delete_subsystem", json!({ "nqn": NQN }));
+    drop(registry);
+    reactors.shutdown();
+}
