@@ -1223,13 +1223,13 @@ impl OwnerHandle {
     }
 
     /// An orderly stop after the raid's I/O drained: clean superblocks, thread joined;
-    /// waited for `wait` at most (see [`OwnerHandle::stop`]).
+    /// waited for `wait` at most (see `OwnerHandle::stop`).
     pub fn shutdown(mut self, wait: Duration) -> Result<StopWait, RaidError> {
         self.stop(false, wait)
     }
 
     /// `bdev_raid_delete`: an orderly stop that also erases the superblocks; waited for `wait`
-    /// at most (see [`OwnerHandle::stop`]).
+    /// at most (see `OwnerHandle::stop`).
     pub fn delete(mut self, wait: Duration) -> Result<StopWait, RaidError> {
         self.stop(true, wait)
     }
