@@ -18,9 +18,11 @@
 //! replies with the ring position and removes itself. A stop has a bound (docs/architecture.md,
 //! "Stopping a queue"): at the bound a request still refused as Busy is completed with
 //! VIRTIO_BLK_S_IOERR, or left recorded in the in-flight area for the next back-end when the
-//! front-end keeps one; a request the bdev holds cannot be completed by us, so the stop reports
-//! it ([`StopStuck`]) and the poller stays, keeping guest memory mapped, until the bdev
-//! completes it.
+//! front-end keeps one. So is a request a stacked bdev (crypto, lvol, raid) parked because its
+//! own base refused it as busy: the channel gives it up (`IoChannel::abort_parked`), it
+//! completes with `ECANCELED` and is failed or left recorded the same way. A request a device
+//! holds cannot be completed by us, so the stop reports it ([`StopStuck`]) and the poller stays,
+//! keeping guest memory mapped, until the bdev completes it.
 //!
 //! While a live migration logs dirty pages ([`crate::log`]), every completion also marks the
 //! pages it wrote before the used ring publishes it; with logging off that is one branch on
@@ -198,6 +200,21 @@ fn parked_note(failed: u32, left: u32) -> String {
 /// What a stop answers: the ring position, or why the queue could not stop in time.
 pub type StopReply = Result<Stopped, StopStuck>;
 
+/// Requests the bdev stack parked on Busy and gave up ([`IoChannel::abort_parked`]) at a
+/// stop's bound: they complete with `ECANCELED`, counted here as they do.
+///
+/// [`IoChannel::abort_parked`]: fp_bdev::IoChannel::abort_parked
+#[derive(Default)]
+struct GivenUp {
+    /// Set at the bound once the channel was told to give its parked requests up; from then
+    /// on an `ECANCELED` completion is one of them.
+    active: bool,
+    /// Completed with VIRTIO_BLK_S_IOERR.
+    failed: u32,
+    /// Left recorded in the in-flight area (not completed to the guest).
+    left: u32,
+}
+
 /// A stop in progress.
 struct Stop {
     /// `None` once the bound has passed and the caller was told (the poller then only waits
@@ -249,6 +266,8 @@ pub struct QueuePoller {
     /// refused one of them as busy (it waits in `retry`); they go before anything new.
     resubmits: VecDeque<Pending>,
     stop: Option<Stop>,
+    /// What the bdev stack gave up at the stop's bound.
+    given_up: GivenUp,
     /// The stop bound's time source (the coalescer's clock).
     clock: Clock,
     failed: bool,
@@ -282,6 +301,7 @@ enum Flow {
 /// completion rather than two.
 struct Reaper<'a> {
     table: &'a MemTable,
+    given_up: &'a mut GivenUp,
     log: Option<&'a DataLog>,
     slots: &'a mut [Slot],
     free: &'a mut Vec<u16>,
@@ -310,6 +330,20 @@ impl Completion for Reaper<'_> {
                     IoOp::WriteZeroes => self.counters.write_zeroes_ops += 1,
                 }
                 VIRTIO_BLK_S_OK
+            }
+            IoStatus::Error(libc::ECANCELED) if self.given_up.active => {
+                // Given up at the stop's bound while parked in the bdev stack: as a request
+                // parked here (`give_up_parked`), left recorded in the in-flight area when
+                // there is one, else failed.
+                if self.tracker.is_some() {
+                    self.given_up.left += 1;
+                    slot.status = None;
+                    self.free.push(tag as u16);
+                    return;
+                }
+                self.given_up.failed += 1;
+                self.counters.io_errors += 1;
+                VIRTIO_BLK_S_IOERR
             }
             IoStatus::Error(errno) => {
                 log::debug!("bdev error {errno} on {:?} at {}", slot.op, slot.req.offset);
@@ -419,6 +453,7 @@ impl QueuePoller {
             retry: None,
             resubmits: VecDeque::from(resubmit),
             stop: None,
+            given_up: GivenUp::default(),
             clock: s.clock.clone(),
             failed: false,
             counters,
@@ -722,8 +757,17 @@ impl QueuePoller {
     }
 
     fn reap(&mut self) -> usize {
-        let Self { channel, table, data_log, slots, free, ring, tracker, counters, .. } = self;
-        channel.poll(&mut Reaper { table, log: data_log.as_ref(), slots, free, ring, tracker, counters })
+        let Self { channel, table, given_up, data_log, slots, free, ring, tracker, counters, .. } = self;
+        channel.poll(&mut Reaper {
+            table,
+            given_up,
+            log: data_log.as_ref(),
+            slots,
+            free,
+            ring,
+            tracker,
+            counters,
+        })
     }
 
     /// Stores the counters for the control plane, with the pages the ring logged.
@@ -784,6 +828,9 @@ impl QueuePoller {
         let past_bound = waited >= stop.bound;
         if before_bound && past_bound && (self.retry.is_some() || !self.resubmits.is_empty()) {
             self.give_up_parked(waited);
+        }
+        if before_bound && past_bound && self.channel.parked() > 0 {
+            self.give_up_parked_below(waited);
         }
         if self.outstanding() == 0 {
             self.publish_counters();
@@ -880,6 +927,35 @@ impl QueuePoller {
     }
 }
 
+impl QueuePoller {
+    /// The stop's bound passed with requests a bdev under the channel parked because its own
+    /// base refused them as busy (crypto or lvol over a busy disk): nothing of them is on a
+    /// device, so they are given up as the queue's own parked request is. They complete with
+    /// `ECANCELED` at once (a piece already on a device first finishes); `Reaper` then leaves
+    /// them in the in-flight area or fails them.
+    #[cold]
+    #[inline(never)]
+    fn give_up_parked_below(&mut self, waited: Duration) {
+        self.given_up.active = true;
+        let aborted = self.channel.abort_parked();
+        let (failed, left) = (self.given_up.failed, self.given_up.left);
+        self.reap();
+        self.publish_counters();
+        self.stats.in_flight.store(self.in_flight() as u64, Ordering::Relaxed);
+        self.notify(false);
+        let (failed, left) = (self.given_up.failed - failed, self.given_up.left - left);
+        let Some(stop) = self.stop.as_mut() else { return };
+        stop.failed_at_bound += failed;
+        stop.left_in_flight_area += left;
+        log::warn!(
+            "{} queue {}: stop reached its bound of {:?} after {waited:?} with {aborted} requests the bdev              stack kept retrying against a busy device: given up, {failed} completed with IOERR and {left}              left in the in-flight area for the next back-end so far",
+            self.controller,
+            self.index,
+            stop.bound
+        );
+    }
+}
+
 /// Reads an eventfd's counter if it is readable, without blocking on an fd we do not own the
 /// flags of (the VMM shares the file description). Returns the count read (the writes since
 /// the last read), 0 when there was none.
@@ -965,8 +1041,9 @@ impl Poller for QueuePoller {
 
     fn held_by_backend(&self) -> usize {
         // Their buffers are the guest's memory, which the queue keeps mapped; one refused as
-        // busy is not the bdev's.
-        self.in_flight() - usize::from(self.retry.is_some())
+        // busy is not the bdev's, nor one a stacked bdev parked on its base's Busy (no device
+        // has it: it is retried only by our polls).
+        (self.in_flight() - usize::from(self.retry.is_some())).saturating_sub(self.channel.parked())
     }
 
     fn prepare_sleep(&mut self) -> bool {

@@ -30,6 +30,9 @@ struct GateState {
     busy: AtomicBool,
     /// Take submissions but complete none (a request the bdev holds) until cleared.
     hold: AtomicBool,
+    /// Take submissions and park them, as a stacked bdev does whose base refuses them as busy
+    /// (crypto or lvol over a busy disk): `parked` counts them, `abort_parked` gives them up.
+    park: AtomicBool,
 }
 
 struct Gate {
@@ -44,6 +47,8 @@ struct GateChannel {
     state: Arc<GateState>,
     sleeps: bool,
     held: Vec<IoRequest>,
+    parked: Vec<IoRequest>,
+    cancelled: Vec<u32>,
 }
 
 impl BlockDevice for Gate {
@@ -56,6 +61,8 @@ impl BlockDevice for Gate {
             state: self.state.clone(),
             sleeps: self.sleeps,
             held: Vec::new(),
+            parked: Vec::new(),
+            cancelled: Vec::new(),
         }))
     }
 }
@@ -69,6 +76,10 @@ impl IoChannel for GateChannel {
             self.held.push(*req);
             return Ok(());
         }
+        if self.state.park.load(Ordering::Relaxed) {
+            self.parked.push(*req);
+            return Ok(());
+        }
         // SAFETY: our caller's guarantee, passed on.
         unsafe { self.inner.submit(req) }
     }
@@ -80,10 +91,28 @@ impl IoChannel for GateChannel {
                 unsafe { self.inner.submit(&req) }.expect("the RAM disk takes a held request");
             }
         }
-        self.inner.poll(done)
+        if !self.state.park.load(Ordering::Relaxed) {
+            for req in std::mem::take(&mut self.parked) {
+                // SAFETY: as for a held request.
+                unsafe { self.inner.submit(&req) }.expect("the RAM disk takes a parked request");
+            }
+        }
+        let cancelled = self.cancelled.len();
+        for tag in self.cancelled.drain(..) {
+            done(tag, IoStatus::Error(libc::ECANCELED));
+        }
+        cancelled + self.inner.poll(done)
     }
     fn in_flight(&self) -> usize {
-        self.held.len() + self.inner.in_flight()
+        self.held.len() + self.parked.len() + self.cancelled.len() + self.inner.in_flight()
+    }
+    fn parked(&self) -> usize {
+        self.parked.len()
+    }
+    fn abort_parked(&mut self) -> usize {
+        let n = self.parked.len();
+        self.cancelled.extend(self.parked.drain(..).map(|r| r.tag));
+        n
     }
     fn sleeps_in_flight(&self) -> bool {
         self.sleeps
@@ -373,4 +402,48 @@ fn shutdown_waits_for_a_request_the_bdev_holds_not_for_one_refused_as_busy() {
         q.poll();
     }
     assert_eq!((q.held_by_backend(), status(&g, 0)), (0, VIRTIO_BLK_S_OK));
+}
+
+#[test]
+fn at_its_bound_a_stop_gives_up_a_request_parked_in_the_bdev_stack_with_ioerr() {
+    let (mut g, now) = guest_on_manual_clock(false);
+    let (bdev, state) = gate(false);
+    let mut q = start(&g, &bdev);
+    state.park.store(true, Ordering::Relaxed);
+    post_read(&mut g, 0);
+    q.poll();
+    assert_eq!(q.held_by_backend(), 0, "parked below: no device has it");
+    let rx = stop(&mut q);
+    step(&now, BOUND - Duration::from_millis(1));
+    q.poll();
+    assert!(rx.try_recv().is_err(), "within the bound the stop waits");
+    step(&now, Duration::from_millis(1));
+    assert_eq!(q.poll(), PollStatus::Finished, "the stop ends at its bound");
+    let stopped = rx.try_recv().expect("the stop replied").expect("nothing is on a device");
+    assert_eq!((stopped.failed_at_bound, stopped.left_in_flight_area), (1, 0));
+    assert_eq!((g.used_idx(), status(&g, 0)), (1, VIRTIO_BLK_S_IOERR), "the guest got IOERR");
+}
+
+#[test]
+fn at_its_bound_a_stop_leaves_a_request_parked_in_the_bdev_stack_in_the_inflight_area() {
+    let (mut g, now) = guest_on_manual_clock(false);
+    let (area, _file, _) = InflightArea::create(1, SIZE).unwrap();
+    let stats = Arc::new(QueueStats::default());
+    let (bdev, state) = gate(false);
+    let mut q =
+        QueuePoller::new(g.setup_with(&bdev, &stats, QueueLog::default(), Some(area.clone()))).unwrap();
+    state.park.store(true, Ordering::Relaxed);
+    post_read(&mut g, 0);
+    q.poll();
+    let rx = stop(&mut q);
+    step(&now, BOUND);
+    assert_eq!(q.poll(), PollStatus::Finished);
+    let stopped = rx.try_recv().unwrap().expect("nothing is on a device");
+    assert_eq!((stopped.failed_at_bound, stopped.left_in_flight_area), (0, 1));
+    assert_eq!((g.used_idx(), status(&g, 0)), (0, UNTOUCHED), "not completed: still recorded");
+    drop(q);
+    state.park.store(false, Ordering::Relaxed);
+    let mut q = QueuePoller::new(g.setup_with(&bdev, &stats, QueueLog::default(), Some(area))).unwrap();
+    q.poll();
+    assert_eq!((g.used_idx(), status(&g, 0)), (1, VIRTIO_BLK_S_OK), "resubmitted and completed");
 }
