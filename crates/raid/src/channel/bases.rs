@@ -219,6 +219,17 @@ impl Bases {
         self.publish_retired();
     }
 
+    /// What the open base channels park on Busy below them ([`IoChannel::parked`]).
+    pub fn parked(&self) -> usize {
+        self.open.iter().flatten().map(|o| o.ch.parked()).sum()
+    }
+
+    /// Gives up what the open base channels park ([`IoChannel::abort_parked`]): each such
+    /// child completes with `ECANCELED` at the next poll.
+    pub fn abort_parked(&mut self) -> usize {
+        self.open.iter_mut().flatten().map(|o| o.ch.abort_parked()).sum()
+    }
+
     /// Requests in flight on every base channel.
     pub fn in_flight(&self) -> usize {
         let open: usize = self.open.iter().flatten().map(|o| o.ch.in_flight()).sum();

@@ -460,4 +460,45 @@ impl IoChannel for Raid1Channel {
     fn in_flight(&self) -> usize {
         self.parents.used() + self.done.len()
     }
+
+    /// Parents waiting for a busy base that no base has taken yet: a read, or a write none
+    /// of whose copies was submitted. A write already on some base and waiting for a busy
+    /// other is not counted: given up, it would leave the copies different under a clean
+    /// intent bit, so it waits for the base (or for its removal). Requests the bases park
+    /// below themselves are not counted either: given up, they would come back as a base's
+    /// error, which takes the base out of the raid.
+    fn parked(&self) -> usize {
+        self.pending.iter().filter(|&&p| untouched(self.parents.get(p))).count()
+    }
+
+    /// Completes what [`Raid1Channel::parked`] counts with `ECANCELED` at the next poll; a
+    /// write gives its intent registration back (nothing of it was written).
+    fn abort_parked(&mut self) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = self.pending[i];
+            let parent = self.parents.get(p);
+            if !untouched(parent) {
+                i += 1;
+                continue;
+            }
+            self.pending.swap_remove(i);
+            let (tag, ticket) = (parent.tag, parent.ticket);
+            if let (Some(t), Some(intent)) = (ticket, self.bases.shared.intent.as_ref()) {
+                intent.end_write(&t);
+            }
+            self.done.push((tag, IoStatus::Error(libc::ECANCELED)));
+            self.parents.remove(p);
+            n += 1;
+        }
+        n
+    }
+}
+
+/// A parent on the pending list that no base holds and none wrote: a read (at most failed
+/// elsewhere before), or a write with every target still to submit.
+fn untouched(parent: &Parent) -> bool {
+    parent.outstanding == 0
+        && (parent.op == IoOp::Read || (parent.ok == 0 && parent.failed == 0 && !parent.unsupported))
 }

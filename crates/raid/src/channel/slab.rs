@@ -33,6 +33,12 @@ impl<T> Slab<T> {
         self.free.push(i);
     }
 
+    /// Entry `i`, to read.
+    #[inline]
+    pub fn get(&self, i: u32) -> &T {
+        &self.entries[i as usize]
+    }
+
     /// Entry `i`.
     #[inline]
     pub fn get_mut(&mut self, i: u32) -> &mut T {

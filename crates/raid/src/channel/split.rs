@@ -43,6 +43,8 @@ struct Parent {
     status: IoStatus,
     /// On the pending list (something left to submit).
     queued: bool,
+    /// Its last child was refused as busy by a base (not merely waiting for pool room).
+    refused: bool,
 }
 
 impl Default for Parent {
@@ -60,6 +62,7 @@ impl Default for Parent {
             remaining: 0,
             status: IoStatus::Success,
             queued: false,
+            refused: false,
         }
     }
 }
@@ -182,12 +185,14 @@ impl<M: SplitMap> SplitChannel<M> {
             match unsafe { ch.submit(&child) } {
                 Ok(()) => {
                     let parent = self.parents.get_mut(p);
+                    parent.refused = false;
                     parent.remaining += 1;
                     parent.next += if op == IoOp::Flush { 1 } else { child.len };
                 }
                 Err(SubmitError::Busy) => {
                     // Give the slices back: the same child is made again next time.
                     let parent = self.parents.get_mut(p);
+                    parent.refused = true;
                     if matches!(op, IoOp::Read | IoOp::Write) {
                         parent.scratch_used -= child.iovcnt;
                         self.rewind(p, child.len);
@@ -337,5 +342,40 @@ impl<M: SplitMap> IoChannel for SplitChannel<M> {
 
     fn in_flight(&self) -> usize {
         self.parents.used() + self.done.len()
+    }
+
+    /// Parents waiting for a base that refused their next child as busy, none of whose
+    /// children is at a base.
+    fn parked(&self) -> usize {
+        let own = self
+            .pending
+            .iter()
+            .filter(|&&p| {
+                let parent = self.parents.get(p);
+                parent.refused && parent.remaining == 0
+            })
+            .count();
+        own + self.bases.parked()
+    }
+
+    /// Every parent waiting on a base's Busy stops there: it completes with `ECANCELED` at the
+    /// next poll, or once its children already at a base are back (these levels keep no
+    /// copies, so a write cut short is as any failed one).
+    fn abort_parked(&mut self) -> usize {
+        let mut n = self.bases.abort_parked();
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = self.pending[i];
+            if !self.parents.get_mut(p).refused {
+                i += 1;
+                continue;
+            }
+            self.pending.swap_remove(i);
+            self.stop(p, IoStatus::Error(libc::ECANCELED));
+            self.parents.get_mut(p).queued = false;
+            self.maybe_finish(p);
+            n += 1;
+        }
+        n
     }
 }

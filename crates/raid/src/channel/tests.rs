@@ -507,3 +507,53 @@ fn a_write_waiting_for_a_busy_base_that_is_removed_completes_without_it() {
     assert!(r.shared().failures.is_empty(), "the removed base was reported failed");
     assert!(read_range(&mut *a.open_channel().unwrap(), 0, 4096) == data);
 }
+
+/// Submits a request of `op` at 0 over `iov` and polls once: nothing completes while the
+/// bases refuse it as busy.
+fn submit_refused(ch: &mut dyn IoChannel, tag: u32, op: IoOp, iov: &[libc::iovec]) {
+    // SAFETY: the caller keeps `iov` and its buffers until the request ends, polled to it.
+    unsafe { ch.submit(&conformance::rw(tag, op, 0, iov)).unwrap() };
+    assert_eq!(ch.poll(&mut |t, s| panic!("completed while the bases are busy: {t} {s:?}")), 0);
+}
+
+/// Requests every base refused as busy are parked in the raid's channel: counted, and given
+/// up with ECANCELED when asked, without counting as a base's failure.
+#[test]
+fn requests_refused_by_every_base_are_parked_and_given_up_when_asked() {
+    for level in [RaidLevel::Raid1, RaidLevel::Raid0, RaidLevel::Concat] {
+        let (a, b) = (Flaky::new("a", 64 << 10), Flaky::new("b", 64 << 10));
+        let strip = if level == RaidLevel::Raid0 { 4096 } else { 0 };
+        let r = raid(level, vec![a.clone(), b.clone()], strip);
+        let mut ch = r.open_channel().unwrap();
+        a.busy.store(u32::MAX, Ordering::Relaxed);
+        b.busy.store(u32::MAX, Ordering::Relaxed);
+        let (mut rbuf, mut wbuf) = (IoBuf::new(4096, true), IoBuf::new(4096, true));
+        let (riov, wiov) = ([rbuf.iovec()], [wbuf.iovec()]);
+        submit_refused(&mut *ch, 1, IoOp::Read, &riov);
+        submit_refused(&mut *ch, 2, IoOp::Write, &wiov);
+        assert_eq!((ch.parked(), ch.in_flight()), (2, 2), "{level:?}");
+        assert_eq!(ch.abort_parked(), 2, "{level:?}");
+        let mut done = poll_until(&mut *ch, 2);
+        done.sort_by_key(|&(t, _)| t);
+        let cancelled = IoStatus::Error(libc::ECANCELED);
+        assert_eq!(done, vec![(1, cancelled), (2, cancelled)], "{level:?}");
+        assert_eq!((ch.parked(), ch.in_flight()), (0, 0), "{level:?}");
+        assert!(r.shared().failures.is_empty(), "{level:?}: a given-up request is no base's failure");
+    }
+}
+
+/// A raid1 write one base took and another refuses as busy is not parked: giving it up would
+/// leave the copies different, so it waits for the busy base.
+#[test]
+fn a_raid1_write_on_one_base_waiting_for_a_busy_other_is_not_parked() {
+    let busy = Flaky::new("b", 64 << 10);
+    let r = raid(RaidLevel::Raid1, vec![ram("a", 64 << 10), busy.clone()], 0);
+    let mut ch = r.open_channel().unwrap();
+    busy.busy.store(u32::MAX, Ordering::Relaxed);
+    let mut buf = IoBuf::new(4096, true);
+    let iov = [buf.iovec()];
+    submit_refused(&mut *ch, 3, IoOp::Write, &iov);
+    assert_eq!((ch.parked(), ch.abort_parked()), (0, 0));
+    busy.busy.store(0, Ordering::Relaxed);
+    assert_eq!(poll_until(&mut *ch, 1), vec![(3, IoStatus::Success)]);
+}
