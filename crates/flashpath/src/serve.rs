@@ -302,6 +302,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
     }
 
     let outcome = wait_stop_signal(&signals);
+    let signalled = std::time::Instant::now();
     match &outcome {
         Ok(name) => log::info!("{name} received, shutting down"),
         Err(e) => log::error!("waiting for signals failed ({e}), shutting down"),
@@ -315,9 +316,12 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
     // (Registry::shutdown); those still stopping at its deadline are logged and left behind.
     let left = registry.shutdown();
     // A queue that did not stop in time (its disk still holds requests) waits on its reactor
-    // for them, up to the daemon's stop bound once more, so that guest memory is not unmapped
-    // under the disk. Shutdown so ends within about two bounds of the signal.
-    reactors.shutdown_within(settings.vhost_stop_timeout);
+    // for them, so that guest memory is not unmapped under the disk: up to the stop bound once
+    // more, but never past the one shutdown deadline. The floor lets every reactor finish the
+    // round it is in and log what it drops.
+    let left_of_deadline =
+        (signalled + registry.shutdown_bound()).saturating_duration_since(std::time::Instant::now());
+    reactors.shutdown_within(settings.vhost_stop_timeout.min(left_of_deadline).max(REACTOR_DRAIN_FLOOR));
     if !left.is_empty() {
         log::warn!("exiting with the stop of {} export(s) unfinished: {}", left.len(), left.join(", "));
     }
@@ -326,6 +330,10 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
 }
 
 /// Creates the vhost directory (and missing parents) with [`vhost_dir_mode`]; an existing one is
+/// The least the reactors wait at shutdown for requests a disk still holds, when the exports'
+/// stops used up the shutdown's deadline.
+const REACTOR_DRAIN_FLOOR: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// the operator's and keeps its mode.
 fn create_vhost_dir(path: &Path, socket_mode: u32) -> Result<(), ServeError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};

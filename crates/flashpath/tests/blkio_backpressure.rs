@@ -206,9 +206,14 @@ fn sigterm_waits_its_bound_for_reads_the_disk_holds_and_says_what_is_left() {
     abort.store(true, Ordering::Release);
     bounded(Duration::from_secs(20), "client teardown", move || client.join().unwrap());
     let log = daemon.stderr();
-    // The queue's stop ends at its bound, then the reactor waits its own for the held reads
-    // before it drops the queue (and unmaps the guest memory they point into).
+    // The queue's stop ends at its bound, then the reactor waits the bound once more (within the
+    // shutdown's one deadline) for the held reads before it drops the queue (and unmaps the
+    // guest memory they point into).
     assert!(took >= 2 * bound, "SIGTERM took {took:?}: it did not wait for the held reads\n{log}");
+    assert!(
+        took < bound + Duration::from_secs(8),
+        "SIGTERM took {took:?}: more than one shutdown deadline\n{log}"
+    );
     assert!(log.contains("queue 0 did not stop within 500ms"), "{log}");
     assert!(
         log.contains("reactor 0: shutdown waited")

@@ -231,11 +231,26 @@ impl Registry {
             .collect()
     }
 
+    /// The longest an export's stop may take at shutdown: the daemon's stop bound
+    /// ([`RegistryOptions::vhost_stop_timeout`]), or the NVMe-oF drain timeout when longer. The
+    /// daemon's whole shutdown is bounded by this plus the margin [`Registry::shutdown`] allows
+    /// the stops to report back ([`Registry::shutdown_bound`]).
+    pub fn export_stop_bound(&self) -> Duration {
+        self.options.vhost_stop_timeout.max(self.nvmf.drain_timeout())
+    }
+
+    /// How long the daemon's shutdown may take in all: [`Registry::export_stop_bound`] and the
+    /// margin for the stops to report. The reactors' wait for requests a disk still holds gets
+    /// what is left of it, so a stuck disk is waited for once, not once per layer.
+    pub fn shutdown_bound(&self) -> Duration {
+        self.export_stop_bound() + crate::shutdown::REPORT_MARGIN
+    }
+
     /// Stops every export, then lets every module close what it holds open (an lvstore's
     /// metadata owner commits and stops). Bdevs are dropped with the registry.
     ///
     /// The exports stop all at once, against one deadline: the daemon's stop bound
-    /// ([`RegistryOptions::vhost_stop_timeout`]), or the NVMe-oF drain timeout when longer, from
+    /// ([`Registry::export_stop_bound`]) from
     /// now (and a margin for the stops to report). An NBD export waits the daemon's bound for its
     /// connections, a vhost-user queue its controller's, a namespace the target's drain; what
     /// still holds requests then is logged by each, and an export whose stop has not ended by
@@ -254,7 +269,7 @@ impl Registry {
             all.into_values().collect()
         };
         let stop_bound = self.options.vhost_stop_timeout;
-        let left = crate::shutdown::stop_all(exports, stop_bound, stop_bound.max(self.nvmf.drain_timeout()));
+        let left = crate::shutdown::stop_all(exports, stop_bound, self.export_stop_bound());
         for m in modules::MODULES {
             m.shutdown(self);
         }
