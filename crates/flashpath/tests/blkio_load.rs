@@ -146,12 +146,16 @@ fn a_strided_run_of_n_requests_writes_exactly_those_blocks() {
     daemon.assert_alive();
 }
 
-/// A verified `randrw` run: 4 KiB requests in 1 MiB (256 blocks) at `qd` x 2 queues.
+/// A verified `randrw` run: 4,096 requests of 4 KiB in 1 MiB (256 blocks) at `qd` x 2 queues.
+/// A count, not a duration: how many reads find a block written before must not depend on how
+/// fast the machine is.
 fn verified(sock: &std::path::Path, qd: usize, poll: bool) -> LoadSpec {
     let mut s = spec(sock, Pattern::RandRw, qd, 2, poll);
     s.verify = true;
     s.block_size = 4096;
     s.region = Some(Region { offset: 1 << 20, len: 1 << 20 });
+    s.max_ios = Some(4096);
+    s.duration = Duration::from_secs(40);
     s
 }
 
