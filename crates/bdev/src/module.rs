@@ -164,6 +164,14 @@ pub trait ModuleHost {
     /// Refused while the bdev is claimed.
     fn delete_bdev(&self, name: &str, module: &'static str) -> Result<(), ModuleError>;
 
+    /// While the daemon shuts down, the instant by which the whole shutdown is to end: a
+    /// module's [`BdevModule::shutdown`] waits for nothing past it (what is still under way
+    /// then is logged and left to end alone). `None` outside a shutdown, or for a host without
+    /// one.
+    fn shutdown_deadline(&self) -> Option<std::time::Instant> {
+        None
+    }
+
     /// The most bytes one RAM-backed bdev may hold (`limits.max_malloc_bytes`).
     fn memory_limit(&self) -> u64;
 

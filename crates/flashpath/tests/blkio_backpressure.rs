@@ -307,8 +307,7 @@ fn sigterm_stops_every_stuck_export_at_once_within_one_bound() {
     let stuck_exports = 5;
 
     let started = Instant::now();
-    // Daemon::stop kills the daemon 10 s after SIGTERM; stopping the exports one after another
-    // took 3 bounds and 5 s per NBD export.
+    // Stopping the exports one after another took 3 bounds and 5 s per NBD export.
     let status = daemon.stop().expect("the daemon's exit status");
     let took = started.elapsed();
     let log = daemon.stderr();

@@ -225,7 +225,8 @@ impl BdevModule for NvmeModule {
 
     /// Deletes every controller's bdevs (the exports on them are gone by now) and detaches it:
     /// a clean shutdown (CC.SHN) tells a PCIe device to flush, a TCP target that the host is
-    /// leaving.
+    /// leaving. A detach still waiting for the controller at the daemon's shutdown deadline
+    /// (a target that stopped answering) is logged and left to end alone.
     fn shutdown(&self, host: &dyn ModuleHost) {
         let st = state(host);
         let all = std::mem::take(&mut *lock(&st.controllers));
@@ -237,8 +238,7 @@ impl BdevModule for NvmeModule {
                 }
             }
             lock(&st.bdevs).remove(&name);
-            a.ctrlr.detach();
-            log::info!("nvme {name}: detached at shutdown");
+            detach_by(&name, a.ctrlr, host.shutdown_deadline());
         }
     }
 }
@@ -573,6 +573,36 @@ fn reset_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modul
     ctrlr.reset().map_err(nvme_error)?;
     Ok(Value::Bool(true))
 }
+
+/// Detaches `ctrlr` at the daemon's shutdown, waiting for it until `deadline` at most (at least
+/// [`SHUTDOWN_DETACH_FLOOR`]); without a deadline, until it ends.
+fn detach_by(name: &str, ctrlr: Arc<dyn Controller>, deadline: Option<std::time::Instant>) {
+    let Some(deadline) = deadline else {
+        ctrlr.detach();
+        log::info!("nvme {name}: detached at shutdown");
+        return;
+    };
+    let (done, detached) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new().name(format!("nvme-detach-{name}")).spawn(move || {
+        ctrlr.detach();
+        let _ = done.send(());
+    });
+    if spawned.is_err() {
+        log::warn!("nvme {name}: no thread for its detach at shutdown; not waited for");
+        return;
+    }
+    let bound = deadline.saturating_duration_since(std::time::Instant::now()).max(SHUTDOWN_DETACH_FLOOR);
+    match detached.recv_timeout(bound) {
+        Ok(()) => log::info!("nvme {name}: detached at shutdown"),
+        Err(_) => log::warn!(
+            "nvme {name}: its detach still waited for the controller after {bound:?}, at the shutdown's deadline; left to end alone"
+        ),
+    }
+}
+
+/// The least a controller's detach is waited for at the daemon's shutdown, when the shutdown's
+/// deadline has passed: a target that answers gets its clean shutdown (CC.SHN).
+const SHUTDOWN_DETACH_FLOOR: std::time::Duration = std::time::Duration::from_millis(200);
 
 #[cfg(test)]
 mod tests {

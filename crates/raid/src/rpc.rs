@@ -24,7 +24,7 @@ use serde_json::{Map, Value};
 
 use crate::device::RaidDevice;
 use crate::examine::Configuring;
-use crate::owner::{OwnerHandle, OwnerOptions, StopWait, OWNER_WAIT};
+use crate::owner::{OwnerHandle, OwnerOptions, StopWait};
 use crate::RaidError;
 
 pub use create::RaidConfig;
@@ -73,16 +73,16 @@ impl ProcessOptions {
 }
 
 /// Stops an owner: an orderly stop (clean superblocks), `clear_sb` also erasing them, within
-/// [`OWNER_WAIT`] in all. The raid is marked stopping first, so its owner gives a busy base's
+/// `bound` in all ([`crate::owner::OWNER_WAIT`], or less at the daemon's shutdown). The raid is marked stopping first, so its owner gives a busy base's
 /// metadata writes up (after a short grace) and control calls in progress end. A handle
 /// still shared by a call in progress is dropped instead (a stop without the clean mark: the
 /// next assembly resyncs, which is safe); with `clear_sb` it is first waited for, since
 /// erasing needs the owner. The error of a `clear_sb` names the bases whose superblock was not
 /// erased; without `clear_sb` nothing fails. [`StopWait::UnderWay`]: the owner was still
 /// waiting for a base to answer a request at the bound; it ends alone.
-pub(crate) fn stop_owner(raid: &str, owner: Arc<OwnerHandle>, clear_sb: bool) -> StopWait {
+pub(crate) fn stop_owner(raid: &str, owner: Arc<OwnerHandle>, clear_sb: bool, bound: Duration) -> StopWait {
     owner.shared().set_stopping();
-    let deadline = Instant::now() + OWNER_WAIT;
+    let deadline = Instant::now() + bound;
     let mut owner = owner;
     let handle = loop {
         match Arc::try_unwrap(owner) {
@@ -98,8 +98,8 @@ pub(crate) fn stop_owner(raid: &str, owner: Arc<OwnerHandle>, clear_sb: bool) ->
         log::warn!("raid '{raid}': its owner is busy; stopped without marking it clean");
         if clear_sb {
             return StopWait::Stopped(Err(RaidError::NotErased(format!(
-                "raid '{raid}': its owner stayed busy with another call for {} s; no superblock was erased",
-                OWNER_WAIT.as_secs()
+                "raid '{raid}': its owner stayed busy with another call for {:?}; no superblock was erased",
+                bound
             ))));
         }
         return StopWait::Stopped(Ok(()));

@@ -46,6 +46,10 @@ fn host(e: RegistryError) -> ModuleError {
 }
 
 impl ModuleHost for Registry {
+    fn shutdown_deadline(&self) -> Option<std::time::Instant> {
+        *self.shutdown_deadline.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn check_new_bdev(&self, name: &str) -> Result<(), ModuleError> {
         let st = self.lock();
         if st.name_taken(name) {

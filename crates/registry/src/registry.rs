@@ -146,6 +146,9 @@ pub struct Registry {
     pub(crate) nvmf: fp_nvmf::NvmfTarget,
     /// When it was made: the daemon's uptime (`flashpath_get_stats`).
     started: Instant,
+    /// Set when [`Registry::shutdown`] starts: when the whole shutdown is to end
+    /// ([`fp_bdev::ModuleHost::shutdown_deadline`]).
+    pub(crate) shutdown_deadline: Mutex<Option<Instant>>,
     /// Itself, for modules whose threads report back later ([`fp_bdev::ModuleHost::weak_handle`]).
     pub(crate) me: Weak<Registry>,
     /// Which new bdevs the modules examine (`bdev_set_options`' `bdev_auto_examine`).
@@ -188,6 +191,7 @@ impl Registry {
             nbd,
             nvmf,
             started: Instant::now(),
+            shutdown_deadline: Mutex::new(None),
             examine: Mutex::new(ExamineGate::default()),
         })
     }
@@ -257,6 +261,8 @@ impl Registry {
     /// the deadline by this. So the daemon stops in about one bound, however many exports are
     /// stuck. Returns the exports whose stop had not ended by the deadline.
     pub fn shutdown(&self) -> Vec<String> {
+        *self.shutdown_deadline.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Instant::now() + self.shutdown_bound());
         // NVMe-oF first: its listeners close and its hosts are disconnected, so no new
         // connection races the namespaces' removal below.
         self.nvmf.stop();

@@ -46,8 +46,10 @@ use serde_json::{json, Value};
 
 /// How long the daemon gets to start answering RPCs.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long the daemon gets to exit after SIGTERM before it is killed.
-const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the daemon gets to exit after SIGTERM before it is killed: its shutdown deadline
+/// with the default bounds (the 5 s stop bound and 3 s for the stops to report, 8 s; see
+/// docs/architecture.md) and room for a loaded machine. An upper limit, not a speed check.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Upper bound for one batch of requests to complete.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -296,12 +298,13 @@ impl Daemon {
         sock
     }
 
-    /// Sends SIGTERM and asserts the daemon exits within 10 s, with status 0 or by the signal.
+    /// Sends SIGTERM and asserts the daemon exits within [`STOP_TIMEOUT`], with status 0 or by
+    /// the signal.
     pub fn assert_stops_on_sigterm(&mut self) {
         use std::os::unix::process::ExitStatusExt;
         let started = Instant::now();
         let status = self.stop().expect("daemon status");
-        assert!(started.elapsed() < Duration::from_secs(10), "SIGTERM took {:?}", started.elapsed());
+        assert!(started.elapsed() < STOP_TIMEOUT, "SIGTERM took {:?}", started.elapsed());
         assert!(
             status.success() || status.signal() == Some(libc::SIGTERM),
             "the daemon did not exit cleanly on SIGTERM: {status}\n{}",

@@ -360,7 +360,7 @@ pub(crate) fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
     let mut erased = Ok(());
     let mut still_stopping = None;
     if let Some(owner) = entry.owner {
-        match stop_owner(&name, owner, clear_sb) {
+        match stop_owner(&name, owner, clear_sb, OWNER_WAIT) {
             StopWait::Stopped(r) => erased = r,
             StopWait::UnderWay(rx) => still_stopping = Some(rx),
         }
@@ -442,19 +442,30 @@ fn release_when_stopped(
 }
 
 /// The daemon stops: every raid's owner stops (marking its superblocks clean), each within
-/// [`OWNER_WAIT`]; one still waiting for a base then is left to end alone.
+/// [`OWNER_WAIT`] and none past the daemon's shutdown deadline
+/// ([`ModuleHost::shutdown_deadline`]; at least [`SHUTDOWN_STOP_FLOOR`] each); one still
+/// waiting for a base then is left to end alone.
 pub(crate) fn shutdown(host: &dyn ModuleHost) {
     for r in with_raids(host, std::mem::take) {
         if let Some(owner) = r.owner {
+            let bound = host
+                .shutdown_deadline()
+                .map_or(OWNER_WAIT, |d| {
+                    d.saturating_duration_since(std::time::Instant::now()).min(OWNER_WAIT)
+                })
+                .max(SHUTDOWN_STOP_FLOOR);
             // Without `clear_sb` a stop answers no error (it logs what went wrong).
-            if let StopWait::UnderWay(_) = stop_owner(&r.name, owner, false) {
+            if let StopWait::UnderWay(_) = stop_owner(&r.name, owner, false, bound) {
                 log::warn!(
-                    "raid '{}': its owner was still waiting for a base to answer its metadata I/O after {} s; \
+                    "raid '{}': its owner was still waiting for a base to answer its metadata I/O after {bound:?}; \
                      left to end alone",
                     r.name,
-                    OWNER_WAIT.as_secs()
                 );
             }
         }
     }
 }
+
+/// The least a raid's owner is given to stop at the daemon's shutdown, when the shutdown's
+/// deadline has passed: enough to mark its superblocks clean when its bases answer.
+const SHUTDOWN_STOP_FLOOR: std::time::Duration = std::time::Duration::from_millis(200);
