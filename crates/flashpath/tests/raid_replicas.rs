@@ -394,7 +394,23 @@ fn a_replica_killed_and_readded_gets_a_partial_rebuild() {
     w.ctl.blocks.store(window(0, quarter), Ordering::Release);
     w.wait_batches(20);
     w.ctl.blocks.store(window(2 * quarter, quarter), Ordering::Release);
-    let healthy = w.take();
+    let mut healthy = w.take();
+    // The owner clears the first quarter's bits lazily (after two idle clearing passes): wait
+    // until only the third quarter's chunks (and one straggler) are set, so the partial
+    // rebuild's bound below does not depend on how fast this machine got there.
+    let (third_start, third_end) = ((2 * quarter * BLOCK) as u64, (3 * quarter * BLOCK) as u64);
+    let third_quarter_chunks = (third_end - 1) / chunk - third_start / chunk + 1;
+    wait_raid_for(
+        &r_daemon,
+        "the first quarter's write-intent bits cleared after the writer left it",
+        Duration::from_secs(60),
+        |r| {
+            let set = r["flashpath"]["intent_bits_set"].as_u64();
+            set.unwrap_or_else(|| panic!("no intent_bits_set: {r:#}")) <= third_quarter_chunks + 1
+        },
+    );
+    // What was written while waiting was written in sync: count it with the healthy phase.
+    healthy.chunks.extend(w.take().chunks);
 
     // B dies under the writer: no write fails, the slot goes failed.
     b.kill9();

@@ -105,6 +105,8 @@ pub fn raid_json(dev: &RaidDevice) -> Map<String, Value> {
         json!({
             "slots": layout.slots.iter().map(|s| state_name(s.state)).collect::<Vec<_>>(),
             "bitmap_chunk_bytes": shared.intent.as_ref().map_or(0, |i| i.chunk_bytes()),
+            // A popcount of the map's words when asked: nothing on the I/O path.
+            "intent_bits_set": shared.intent.as_ref().map_or(0, |i| i.set_count()),
             "rebuild_kind": match p.kind.load(Ordering::Relaxed) { 1 => "partial", 2 => "full", 3 => "resync", _ => "none" },
             "rebuild_bytes_copied": load(&c.rebuild_bytes_copied),
             "degraded_bytes_written": load(&c.degraded_bytes_written),
