@@ -144,12 +144,16 @@ mod guest_vm {
         m.cancel(&mut vm1, &mut vmx);
         check_and_resume(&mut vm1, 1, "after the cancelled migration", || file.clone());
 
-        // Two daemons on one file.
-        let mut vm2 = Vm::boot(&vm_config("vm2", q2.socket.clone(), serial, true), dir.path());
+        // Two daemons on one file. The destination is a qsd that served no frontend before:
+        // qemu-storage-daemon 10.0 once panicked ("vu_panic: Error writing eventfd: Bad file
+        // descriptor") serving a second frontend after the first one's migration was cancelled
+        // and its QEMU gone, a bug of the reference, not of what this test checks.
+        let q3 = Qsd::start(&file, dir.path().join("qsd3.sock"));
+        let mut vm2 = Vm::boot(&vm_config("vm2", q3.socket.clone(), serial, true), dir.path());
         std::thread::sleep(WRITE_PHASE);
-        let m = Migration::start(&mut vm1, &mut vm2, dir.path(), "qsd1-to-qsd2", &MigrationOpts::default());
+        let m = Migration::start(&mut vm1, &mut vm2, dir.path(), "qsd1-to-qsd3", &MigrationOpts::default());
         m.finish(&mut vm1, &mut vm2);
-        check_and_resume(&mut vm2, 2, "after qsd1 -> qsd2", || file.clone());
+        check_and_resume(&mut vm2, 2, "after qsd1 -> qsd3", || file.clone());
         let last = stamp::check(&mut vm2, 3);
         stamp::assert_image_matches(&file, &last, "at the end");
         stamp::done(&mut vm2);
