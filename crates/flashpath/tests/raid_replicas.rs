@@ -526,11 +526,14 @@ fn the_raid_daemon_killed_mid_rebuild_resumes_it() {
     eprintln!("raid_replicas: killed at {percent_at_kill:.1}%; after the restart: {}", r["process"]);
     let r = wait_raid(&r_daemon, "the resumed rebuild completes", in_sync);
     // The counters start at assembly: what the restarted daemon copied. Resumed from a
-    // checkpoint at most ~1 s (8 MiB, 13 %) behind the kill, plus a resync of the chunks the
-    // writer had in flight (all within REGION); started over, it would be the whole region.
+    // checkpoint behind the kill, plus a resync of the chunks the writer had in flight (all
+    // within REGION); started over, it would be the whole region. The checkpoint is written
+    // about every second (8 MiB, 13 % here), but a loaded machine has been seen to leave it 27 %
+    // behind: the bound allows 40 %, which still tells a resumed rebuild from one started over.
     let data = r["base_bdevs_list"][0]["data_size"].as_u64().unwrap() * BLOCK as u64;
     let copied = r["flashpath"]["rebuild_bytes_copied"].as_u64().expect("rebuild_bytes_copied");
-    let bound = (data as f64 * (1.0 - (percent_at_kill - 13.0) / 100.0)) as u64 + REGION;
+    let bound = (data as f64 * (1.0 - (percent_at_kill - 40.0) / 100.0)) as u64 + REGION;
+    assert!(bound < data, "the bound ({bound} B) must be below a rebuild started over ({data} B)");
     eprintln!("raid_replicas: copied after the restart {copied} B of {data} B (bound {bound} B)");
     assert!(
         copied <= bound,
