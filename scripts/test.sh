@@ -52,6 +52,8 @@ cmd_test() {
     # version: the guest step below upgrades it where it must) and certtool (gnutls-bin) for
     # the TLS test's CA.
     apt_install libnbd-bin nbdkit python3-libnbd gnutls-bin
+    # The fault matrix names a leaked socket's peer with ss (iproute2) when its fd check fails.
+    command -v ss >/dev/null 2>&1 || apt_install iproute2
     # qemu-img and qemu-storage-daemon (the NBD client's interop test) from QEMU 10, installed
     # here with the guest tests' QEMU, before any test needs them: Debian 12's own qemu-utils
     # (7.2) has no qemu-storage-daemon.
