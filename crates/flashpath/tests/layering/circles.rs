@@ -26,15 +26,6 @@ const KNOWN_RUST_CIRCLES: &[&[&str]] = &[
         "crates/bdev/src/mirror/copier.rs",
         "crates/bdev/src/mirror/job.rs",
     ],
-    // The controller's configuration lives in the controller, which its state imports.
-    &[
-        "crates/vhost-blk/src/connection.rs",
-        "crates/vhost-blk/src/controller.rs",
-        "crates/vhost-blk/src/socket.rs",
-        "crates/vhost-blk/src/state.rs",
-    ],
-    // The ring's setup type lives in the queue.
-    &["crates/vhost-blk/src/queue.rs", "crates/vhost-blk/src/ring.rs"],
     // `impl Registry` spread over files whose types the registry's state holds; the export kinds
     // and methods reach back for `Registry`, `MethodFn` and `ConfigTable`.
     &[
@@ -125,7 +116,6 @@ const OVERSIZED: &[&str] = &[
     "crates/lvol/src/store.rs",
     "crates/nbd/src/conn.rs",
     "crates/raid/src/owner.rs",
-    "crates/vhost-blk/src/queue.rs",
 ];
 
 fn workspace() -> PathBuf {
