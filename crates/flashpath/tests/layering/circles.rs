@@ -17,14 +17,14 @@ use super::rust_source::{circles, ModuleTree};
 /// list only shrinks: a circle found that is not here fails the test, and so does an entry that
 /// is no longer found (delete it).
 const KNOWN_RUST_CIRCLES: &[&[&str]] = &[
-    // A plain type in the upper file: the mirror job's start and shared state, the disk's
-    // accounting helper.
+    // A design circle: the device trait's `as_disk` names the `Disk`, the mirror's shared state
+    // holds its source `Disk` which holds it back; and the disk's accounting helper lives in the
+    // disk's mod.rs, which its mirror half uses.
     &[
         "crates/bdev/src/device.rs",
         "crates/bdev/src/disk/mirror.rs",
         "crates/bdev/src/disk/mod.rs",
-        "crates/bdev/src/mirror/copier.rs",
-        "crates/bdev/src/mirror/job.rs",
+        "crates/bdev/src/mirror/shared.rs",
     ],
     // `impl Registry` spread over files whose types the registry's state holds; the export kinds
     // and methods reach back for `Registry`, `MethodFn` and `ConfigTable`.
@@ -112,11 +112,8 @@ const MAX_CODE_LINES: usize = 800;
 
 /// Files over [`MAX_CODE_LINES`] still to split by role. Only shrinks: a listed file that fits
 /// fails the test until its entry is deleted.
-const OVERSIZED: &[&str] = &[
-    "crates/lvol/src/store.rs",
-    "crates/nbd/src/conn.rs",
-    "crates/raid/src/owner.rs",
-];
+const OVERSIZED: &[&str] =
+    &["crates/lvol/src/store.rs", "crates/nbd/src/conn.rs", "crates/raid/src/owner.rs"];
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("the workspace root")
