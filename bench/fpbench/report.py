@@ -12,6 +12,7 @@ from fpbench.load import point_label
 from fpbench.machine import nbd_label
 from fpbench.report_crypto import crypto_markdown, crypto_targets
 from fpbench.report_guest_notify import guest_notify_markdown, guest_notify_targets
+from fpbench.report_format import fmt_iops, fmt_ns, fmt_ratio, fmt_us
 from fpbench.report_migration import migration_markdown, migration_targets
 from fpbench.report_nvme_tcp import nvme_tcp_markdown, nvme_tcp_targets
 from fpbench.report_raid import raid_markdown, raid_targets
@@ -168,26 +169,6 @@ def targets(res):
     raid_targets(res, add)
     crypto_targets(res, add)
     return out
-
-
-def fmt_iops(v):
-    if v is None:
-        return "-"
-    if v >= 1e6:
-        return f"{v / 1e6:.2f} M"
-    return f"{v / 1e3:.1f} K"
-
-
-def fmt_us(ns):
-    return "-" if ns is None else f"{ns / 1000:.2f}"
-
-
-def fmt_ns(ns):
-    return "-" if ns is None else f"{ns:.0f}"
-
-
-def fmt_ratio(r):
-    return "-" if r is None else f"{r:.2f}"
 
 
 def spread(res, r, server):

@@ -3,14 +3,9 @@ outputs."""
 
 from fpbench.common import MIB
 from fpbench.load import point_key, point_label
+from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
 from fpbench.sections.crypto import (CLEAN_CPU_SHARE, ENGINES, FP_VARIANTS, KEY_BITS, OPS, PATTERN_OP, SIZES, TARGET,
                                      VARIANTS)
-
-
-def _fmt():
-    """report.py's formatters (imported here: report.py imports this module)."""
-    from fpbench.report import fmt_iops, fmt_ns, fmt_ratio, fmt_us
-    return fmt_iops, fmt_ns, fmt_ratio, fmt_us
 
 
 def _num(v, form):
@@ -32,7 +27,6 @@ def engine_names(e):
 
 
 def crypto_markdown(res):
-    _iops, _ns, _x, _us = _fmt()
     e, m = res["crypto"], res["meta"]
     c = e["config"]
     lines = ["", "## AES-XTS: the crypto bdev's cipher and data path (issue 27)", "",
@@ -134,7 +128,6 @@ def crypto_targets(res, add):
     """Issue 27's targets: AES-XTS throughput on one core >= 0.8x openssl's aes-256-xts (each size and
     operation); 4 KiB randread and randwrite QD32 on an encrypted RAM disk >= 0.8x openssl's
     4096-byte buffers per second (for the operation the pattern needs)."""
-    _iops, _ns, _x, _us = _fmt()
     e = res.get("crypto")
     if not e:
         return

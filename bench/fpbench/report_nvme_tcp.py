@@ -3,15 +3,10 @@ one SPDK nvmf_tgt) in results.md, its target and the check of its outputs."""
 
 from fpbench.common import MIB
 from fpbench.load import point_key, point_label
+from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
 from fpbench.report_nvmf import _top_calls
 
 INITIATORS = ("flashpath", "spdk")
-
-
-def _fmt():
-    """report.py's formatters (imported here: report.py imports this module)."""
-    from fpbench.report import fmt_iops, fmt_ns, fmt_ratio, fmt_us
-    return fmt_iops, fmt_ns, fmt_ratio, fmt_us
 
 
 def _label(p):
@@ -23,7 +18,6 @@ def _pct(v):
 
 
 def nvme_tcp_markdown(res):
-    _iops, _ns, _x, _us = _fmt()
     e, m = res["nvme_tcp"], res["meta"]
     c = e["config"]
     scpu, ccpu = m["server_cpu"], m["client_cpu"]
@@ -92,7 +86,6 @@ def nvme_tcp_targets(res, add):
     """Issue 25's target: >= 1.2x SPDK's IOPS at QD32, the same client for both. Judged on the
     completion-fd client; the polled one is reported only: it and the polling target share one
     CPU, so its runs measure the scheduler's time slices more than either initiator."""
-    _iops, _ns, _x, _us = _fmt()
     for p in (res.get("nvme_tcp") or {}).get("points", []):
         if p["qd"] != 32:
             continue

@@ -3,12 +3,7 @@ the check of its outputs."""
 
 from fpbench.common import MIB
 from fpbench.load import point_key, point_label
-
-
-def _fmt():
-    """report.py's formatters (imported here: report.py imports this module)."""
-    from fpbench.report import fmt_iops, fmt_ns, fmt_ratio, fmt_us
-    return fmt_iops, fmt_ns, fmt_ratio, fmt_us
+from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
 
 
 def _label(p):
@@ -27,7 +22,6 @@ def _top_calls(traced, ios, n=4):
 
 
 def nvmf_markdown(res):
-    _iops, _ns, _x, _us = _fmt()
     e, m = res["nvmf"], res["meta"]
     c = e["config"]
     cpu = m["server_cpu"]
@@ -88,7 +82,6 @@ def nvmf_markdown(res):
 
 def nvmf_targets(res, add):
     """Issue 24's targets on the null disk's points."""
-    _iops, _ns, _x, _us = _fmt()
     e = res.get("nvmf") or {}
     if not all(k in e.get("targets", ()) for k in ("flashpath", "spdk")):
         return

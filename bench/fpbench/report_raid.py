@@ -3,13 +3,8 @@ outputs."""
 
 from fpbench.common import MIB, ratio
 from fpbench.load import point_key, point_label
+from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
 from fpbench.sections.raid import BUCKET_S, LISTS
-
-
-def _fmt():
-    """report.py's formatters (imported here: report.py imports this module)."""
-    from fpbench.report import fmt_iops, fmt_ns, fmt_ratio, fmt_us
-    return fmt_iops, fmt_ns, fmt_ratio, fmt_us
 
 
 def _label(p):
@@ -33,7 +28,6 @@ def _join(rs, key, form):
 
 
 def raid_markdown(res):
-    _iops, _ns, _x, _us = _fmt()
     e, m = res["raid"], res["meta"]
     c = e["config"]
     scpu, ccpu = m["server_cpu"], m["client_cpu"]
@@ -160,7 +154,6 @@ def raid_targets(res, add):
     bytes, the total reported); a full rebuild >= 0.8x a plain copy while the guest keeps >= 0.7x
     its IOPS (judged on the rebuild under load against the copy alone and the degraded raid's
     guest IOPS)."""
-    _iops, _ns, _x, _us = _fmt()
     e = res.get("raid")
     if not e:
         return

@@ -1,12 +1,7 @@
 """The SPDK-as-a-peer section (`--spdk DIR`, issue 23) in results.md, and its targets."""
 
 from fpbench.common import MIB
-
-
-def _fmt():
-    """report.py's formatters (imported here: report.py imports this module)."""
-    from fpbench.report import fmt_iops, fmt_ns, fmt_ratio, fmt_us
-    return fmt_iops, fmt_ns, fmt_ratio, fmt_us
+from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
 
 
 def _per(v):
@@ -22,7 +17,6 @@ def _label(p):
 
 
 def spdk_markdown(res):
-    _iops, _ns, _x, _us = _fmt()
     e, m = res["spdk"], res["meta"]
     c = e["config"]
     servers = ("flashpath", "qsd", "spdk")
@@ -61,7 +55,6 @@ def spdk_markdown(res):
 
 def spdk_targets(res, add):
     """Issue 23's targets against SPDK, on this section's null points."""
-    _iops, _ns, _x, _us = _fmt()
     pts = {(p["backend"], p["qd"], p["client"]): p for p in (res.get("spdk") or {}).get("points", [])}
 
     def both(qd, client):

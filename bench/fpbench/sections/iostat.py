@@ -3,7 +3,7 @@
 
 from fpbench.common import GIB, log, ratio
 from fpbench.load import measure, point_key, summarize
-from fpbench.report import fmt_ratio
+from fpbench.report_format import fmt_ratio
 from fpbench.servers import Flashpath
 
 

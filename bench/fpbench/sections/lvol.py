@@ -4,7 +4,7 @@ and the lvol layer's path length.
 
 from fpbench.common import MIB, log, median, ratio
 from fpbench.load import lvol_spdk_note, measure, merge_hists, point_key, point_label, summarize
-from fpbench.report import fmt_ratio
+from fpbench.report_format import fmt_ratio
 from fpbench.servers import Flashpath
 
 

@@ -7,7 +7,7 @@ import tempfile
 from fpbench.common import MIB, log, machine_busy_ns, median, own_cpu_ns, proc_cpu, ratio
 from fpbench.load import fio_nbd, summarize
 from fpbench.machine import nbd_label, nbd_version
-from fpbench.report import fmt_iops, fmt_ratio
+from fpbench.report_format import fmt_iops, fmt_ratio
 from fpbench.servers import FlashpathNbd, NBD_SERVERS, Nbdkit, QsdNbd
 
 

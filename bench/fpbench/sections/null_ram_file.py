@@ -4,7 +4,7 @@ flashpath with two reactors (scaling), and packed vs split rings.
 
 from fpbench.common import GIB, log, median, ratio
 from fpbench.load import fio_run, measure, merge_hists, point_key, point_label, summarize
-from fpbench.report import fmt_ratio
+from fpbench.report_format import fmt_ratio
 from fpbench.servers import Flashpath, Qsd
 
 

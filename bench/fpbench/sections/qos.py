@@ -9,7 +9,8 @@ import statistics
 from fpbench.common import (
     GIB, MIB, log, machine_busy_ns, median, own_cpu_ns, proc_cpu, ratio, run, steal_share, steal_ticks)
 from fpbench.load import measure, merge_hists, point_key, summarize
-from fpbench.report import fmt_limit, fmt_ratio, fmt_units, hist_percentile, qos_delta
+from fpbench.report import fmt_limit, fmt_units, hist_percentile, qos_delta
+from fpbench.report_format import fmt_ratio
 from fpbench.servers import Flashpath, QsdMulti
 
 

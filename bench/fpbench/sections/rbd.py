@@ -8,7 +8,7 @@ import time
 
 from fpbench.common import MIB, log, median, ratio, thread_cpu
 from fpbench.load import measure, merge_hists, point_key, point_label, summarize
-from fpbench.report import fmt_iops, fmt_ratio
+from fpbench.report_format import fmt_iops, fmt_ratio
 from fpbench.servers import CephCluster, Flashpath, Qsd, RBD_CONFIG_PARAM, RBD_IMAGE, RBD_POOL
 
 

@@ -8,7 +8,7 @@ import subprocess
 
 from fpbench.common import log, ratio
 from fpbench.load import measure, merge_hists, point_key, point_label, summarize
-from fpbench.report import fmt_ratio
+from fpbench.report_format import fmt_ratio
 from fpbench.servers import Flashpath, Qsd, Spdk
 
 SPDK_SERVERS = ("flashpath", "qsd", "spdk")

@@ -45,3 +45,10 @@ fn the_daemon_depends_on_registry_rpc_and_reactor_only() {
     // A target-specific table would be a way around the check.
     assert!(crate_manifest.get("target").is_none(), "target-specific dependencies: check them here");
 }
+
+#[path = "layering/circles.rs"]
+mod circles;
+#[path = "layering/python_source.rs"]
+mod python_source;
+#[path = "layering/rust_source.rs"]
+mod rust_source;

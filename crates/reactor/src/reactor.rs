@@ -3,7 +3,7 @@
 
 use std::any::Any;
 use std::io;
-use std::os::unix::io::RawFd;
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -126,7 +126,7 @@ impl Reactor {
         let epoll = Epoll::new()?;
         epoll.ctl(
             ControlOperation::Add,
-            inbox.wake.as_raw_fd_checked(),
+            inbox.wake.as_raw_fd(),
             EpollEvent::new(EventSet::IN, INBOX_TOKEN),
         )?;
         let now = Instant::now();
@@ -404,15 +404,5 @@ impl Reactor {
                 self.sleep(None);
             }
         }
-    }
-}
-
-trait EventFdExt {
-    fn as_raw_fd_checked(&self) -> RawFd;
-}
-
-impl EventFdExt for EventFd {
-    fn as_raw_fd_checked(&self) -> RawFd {
-        std::os::unix::io::AsRawFd::as_raw_fd(self)
     }
 }

@@ -1,4 +1,5 @@
-//! [`BlkController`]: one running export, its configuration and what `info()` reports.
+//! [`BlkController`]: one running export and what `info()` reports ([`ControllerConfig`] says what
+//! it serves).
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -6,28 +7,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use fp_bdev::Bdev;
-use fp_reactor::ReactorHandle;
-
+use crate::config::ControllerConfig;
 use crate::connection::Connection;
 use crate::socket::{bind, notify_config_change, serve};
 use crate::state::ControllerState;
 use crate::{coalesce, ControllerStats, Error, HandOff};
-
-pub struct ControllerConfig {
-    pub name: String,
-    pub socket_path: PathBuf,
-    pub bdev: Bdev,
-    pub reactors: Vec<ReactorHandle>,
-    pub read_only: bool,
-    pub num_queues: u16,
-    /// Shared with the controller this one takes the disk over from in a migration (a new
-    /// gate otherwise): see [`HandOff`].
-    pub handoff: Arc<HandOff>,
-    /// How long stopping a queue may take ([`crate::DEFAULT_STOP_TIMEOUT`] unless the operator
-    /// says otherwise; docs/architecture.md, "Stopping a queue").
-    pub stop_timeout: Duration,
-}
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ControllerInfo {

@@ -19,6 +19,7 @@
 //! VMM restart) and the disk keeps serving.
 
 pub mod coalesce;
+mod config;
 pub mod connection;
 mod controller;
 mod error;
@@ -27,15 +28,18 @@ pub mod inflight;
 pub mod log;
 pub mod memory;
 pub mod queue;
+mod queue_setup;
+mod queue_stop;
 mod ring;
 mod socket;
 pub mod state;
 pub mod stats;
 
 pub use crate::coalesce::CoalescingSettings;
+pub use crate::config::ControllerConfig;
 #[doc(hidden)]
 pub use crate::controller::connection_for_fuzzing;
-pub use crate::controller::{BlkController, ControllerConfig, ControllerInfo};
+pub use crate::controller::{BlkController, ControllerInfo};
 pub use crate::error::Error;
 pub use crate::handoff::{HandOff, HandOffHold};
 #[doc(hidden)]

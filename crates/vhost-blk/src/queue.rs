@@ -38,19 +38,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fp_bdev::disk::{Completion, DiskIo};
-use fp_bdev::{Bdev, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{IoOp, IoRequest, IoStatus, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
-    parse_chain, validate, write_id, DiskParams, GuestMemory, ParseError, RequestType, StatusPtr, MAX_IOVECS,
-    SECTOR_SIZE, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
+    parse_chain, validate, write_id, DiskParams, ParseError, RequestType, StatusPtr, MAX_IOVECS, SECTOR_SIZE,
+    VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
-use fp_virtq::{Chain, MemTable, RingError};
-use vm_memory::GuestAddress;
+use fp_virtq::{Chain, MemTable};
 
-use crate::coalesce::{Clock, Coalescer, CoalescingSettings};
+use crate::coalesce::{Clock, Coalescer};
 use crate::handoff::HandOffHold;
-use crate::inflight::{InflightArea, Pending, Tracker};
+use crate::inflight::{Pending, Tracker};
 use crate::log::{DataLog, QueueLog};
+pub use crate::queue_setup::{QueueSetup, StartError};
+pub use crate::queue_stop::{StopMode, StopReply, StopStuck, Stopped};
 use crate::ring::{open, Head, Ring};
 use crate::stats::{Counters, QueueStats};
 
@@ -69,136 +70,6 @@ pub(crate) const FIRST_SIGNAL_BATCH: usize = 8;
 /// so that a driver consuming as we complete finds completions in a stream rather than a
 /// queue's worth at once. Both values measured (docs/bench/history.md, issue 23).
 pub(crate) const PUBLISH_EVERY: usize = 24;
-
-/// Everything needed to start a queue on a reactor. `Send`; built on the control plane.
-pub struct QueueSetup {
-    pub controller: Arc<str>,
-    pub index: u16,
-    pub size: u16,
-    /// Descriptor table (split) or descriptor ring (packed).
-    pub desc: GuestAddress,
-    /// Available ring (split) or driver event suppression area (packed).
-    pub avail: GuestAddress,
-    /// Used ring (split) or device event suppression area (packed).
-    pub used: GuestAddress,
-    /// Ring position to continue from, as SET_VRING_BASE carries it: the next available index
-    /// (split), or [`fp_virtq::PackedState::to_vring_base`]'s encoding (packed).
-    pub base: u32,
-    pub event_idx: bool,
-    /// VIRTIO_F_RING_PACKED was negotiated.
-    pub packed: bool,
-    pub mem: Arc<GuestMemory>,
-    pub kick: File,
-    pub call: File,
-    pub bdev: Bdev,
-    pub disk: DiskParams,
-    /// The disk's capacity now, in sectors (it changes when the disk is resized).
-    pub capacity_sectors: Arc<AtomicU64>,
-    pub serial: [u8; VIRTIO_BLK_ID_BYTES],
-    pub stats: Arc<QueueStats>,
-    /// The connection's in-flight area, when the front-end negotiated INFLIGHT_SHMFD.
-    pub inflight: Option<Arc<InflightArea>>,
-    /// The controller's notification coalescing settings ([`crate::coalesce`]).
-    pub coalescing: Arc<CoalescingSettings>,
-    /// The queue's time source (tests step it by hand).
-    pub clock: Clock,
-    /// What the queue logs for live migration (nothing by default).
-    pub log: QueueLog,
-    /// The controller's share of its disk's migration gate ([`crate::HandOff`]), released when
-    /// nothing of the queue touches the disk any more (`None`: no gate, as in tests).
-    pub hold: Option<HandOffHold>,
-}
-
-/// Why a queue could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("queue {index}: {source}")]
-    Ring {
-        index: u16,
-        #[source]
-        source: RingError,
-    },
-    #[error("queue {index}: no guest memory mapped")]
-    NoMemory { index: u16 },
-    #[error("queue {index}: {source}")]
-    Inflight {
-        index: u16,
-        #[source]
-        source: crate::inflight::InflightError,
-    },
-    #[error("queue {index}: cannot resubmit in-flight requests: {reason}")]
-    Resubmit { index: u16, reason: String },
-    #[error("queue {index}: cannot open a channel to the bdev: {source}")]
-    Channel {
-        index: u16,
-        #[source]
-        source: fp_bdev::BdevError,
-    },
-}
-
-/// How a queue stops.
-///
-/// Today only [`StopMode::Drain`]: GET_VRING_BASE, at the end of a migration too, waits for
-/// every request in flight, so the vring base it answers leaves nothing behind. QEMU 11.1's
-/// GET_VRING_BASE_INFLIGHT would add a mode that stops taking requests and returns at once,
-/// leaving the requests still in flight recorded in the in-flight area (`crate::inflight`)
-/// for the destination to resubmit: the poller would then reply before `in_flight() == 0` and
-/// keep the tracker's records instead of completing them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StopMode {
-    /// Stop taking requests, complete everything in flight, then report the position.
-    #[default]
-    Drain,
-}
-
-/// What a stopped queue reports back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stopped {
-    /// The vring base to resume from (GET_VRING_BASE's answer, in [`QueueSetup::base`]'s
-    /// encoding).
-    pub base: u32,
-    /// How long the stop took, by the queue's clock.
-    pub took: Duration,
-    /// Requests the bdev still refused as Busy at the bound, completed with
-    /// VIRTIO_BLK_S_IOERR.
-    pub failed_at_bound: u32,
-    /// Requests not accepted by the bdev at the bound and left recorded in the in-flight area,
-    /// for the next back-end to resubmit.
-    pub left_in_flight_area: u32,
-}
-
-/// A stop that reached its bound with requests the bdev holds (submitted, not completed): they
-/// cannot be completed while the bdev owns their buffers. The queue takes nothing more, keeps
-/// the guest memory mapped and removes itself once the bdev has completed them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "queue {index} did not stop within {bound:?} (waited {waited:?}): {in_bdev} requests still held by \
-     the bdev{}",
-    parked_note(*failed_at_bound, *left_in_flight_area)
-)]
-pub struct StopStuck {
-    pub index: u16,
-    pub bound: Duration,
-    pub waited: Duration,
-    /// Requests submitted to the bdev and not completed.
-    pub in_bdev: usize,
-    /// As in [`Stopped`].
-    pub failed_at_bound: u32,
-    pub left_in_flight_area: u32,
-}
-
-fn parked_note(failed: u32, left: u32) -> String {
-    match (failed, left) {
-        (0, 0) => String::new(),
-        _ => format!(
-            "; of the requests still refused as busy, {failed} were failed with IOERR and {left} left \
-             in the in-flight area"
-        ),
-    }
-}
-
-/// What a stop answers: the ring position, or why the queue could not stop in time.
-pub type StopReply = Result<Stopped, StopStuck>;
 
 /// Requests the bdev stack parked on Busy and gave up ([`IoChannel::abort_parked`]) at a
 /// stop's bound: they complete with `ECANCELED`, counted here as they do.

@@ -6,7 +6,7 @@ use fp_virtq::{Chain, MemTable, PackedQueue, RingError, RingLog, SplitQueue};
 use vm_memory::{Address, Bytes};
 
 use crate::inflight::{Pending, Position, RingNow, Tracker};
-use crate::queue::{QueueSetup, StartError};
+use crate::queue_setup::{QueueSetup, StartError};
 
 /// What the used ring needs to return a request: the head index (split) or buffer id (packed),
 /// and how many ring slots the request took (packed; 1 for split).

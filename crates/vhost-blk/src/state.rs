@@ -11,7 +11,7 @@ use fp_bdev::Bdev;
 use fp_reactor::ReactorHandle;
 use fp_virtio_blk::{DiskParams, VIRTIO_BLK_ID_BYTES};
 
-use crate::controller::ControllerConfig;
+use crate::config::ControllerConfig;
 use crate::{CoalescingSettings, Error, HandOff, QueueStats};
 
 /// The largest discard / write-zeroes request we accept, in sectors (2 GiB): large enough that

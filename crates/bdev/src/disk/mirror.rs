@@ -25,8 +25,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::channel::{account, take_sparse, DiskChannel, InFlight, DENSE_TAGS};
 use super::histogram::ChannelHistogram;
-use super::{account, take_sparse, Completion, Disk, DiskChannel, InFlight, DENSE_TAGS};
+use super::{Completion, Disk};
 use crate::mirror::{MirrorError, MirrorShared};
 use crate::{BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 

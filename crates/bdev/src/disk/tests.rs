@@ -5,8 +5,9 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::channel::DENSE_TAGS;
 use super::*;
-use crate::{IoOp, NullDevice};
+use crate::{IoOp, IoRequest, IoStatus, NullDevice, SubmitError};
 
 /// How the scripted device treats requests.
 #[derive(Default)]

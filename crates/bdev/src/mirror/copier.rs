@@ -8,8 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::job::{MirrorShared, ATTACHING, COPYING, DETACHING, DONE, READY, SWITCHING};
-use super::MirrorState;
+use super::shared::{MirrorShared, MirrorState, ATTACHING, COPYING, DETACHING, DONE, READY, SWITCHING};
 use crate::{AlignedBuf, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
 /// Copy buffers per job.

@@ -10,13 +10,15 @@ mod bitmap;
 mod copier;
 mod error;
 mod job;
+mod shared;
 
 pub use bitmap::{DEFAULT_GRANULARITY, MAX_BITMAP_BYTES, MAX_GRANULARITY};
 pub use copier::{CopierPoll, MirrorCopier, MirrorStart};
 pub use error::MirrorError;
-pub use job::{MirrorJob, MirrorOptions, MirrorState, MirrorStatus};
+pub use job::{MirrorJob, MirrorOptions, MirrorStatus};
+pub use shared::MirrorState;
 
-pub(crate) use job::MirrorShared;
+pub(crate) use shared::MirrorShared;
 
 #[cfg(test)]
 mod tests;

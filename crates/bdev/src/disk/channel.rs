@@ -1,0 +1,426 @@
+//! A [`DiskChannel`]: the device's channel plus accounting, timing each request in a slab
+//! indexed by the caller's tag and counting into its own slot (the module docs of `disk`), and
+//! the [`Completion`] a frontend hands its polls.
+
+use std::os::unix::io::RawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::histogram::ChannelHistogram;
+use super::mirror::{self, ChannelMirror};
+use super::qos::{Admission, ChannelQosState};
+use super::stats::{errno_slot, op_index, ChannelSlot};
+use super::{Disk, DiskShared, ALL_EPOCH};
+use crate::clock::ticks;
+use crate::{IoChannel, IoRequest, IoStatus, SubmitError};
+
+/// Slab entries made when a channel opens (tags below this need no growth).
+pub(super) const SLAB_START: usize = 256;
+
+/// Room for completions in a channel's batch when it opens (a poll that returns more grows it
+/// once; the device's own list may hand over a larger one).
+pub(super) const BATCH_START: usize = 256;
+
+/// Tags below this index the dense slab directly (vhost-blk's tags are its slot indices,
+/// bounded by the virtqueue size, at most 32768); larger tags, which the trait allows but no
+/// frontend uses, are kept in a short list searched by tag, out of line.
+pub(super) const DENSE_TAGS: u32 = 1 << 16;
+
+/// A request in flight through a [`DiskChannel`], indexed by the caller's tag.
+#[derive(Clone, Copy)]
+pub(super) struct InFlight {
+    pub(super) start: u64,
+    /// Where it goes: a mirror marks the chunks of writes when they complete.
+    pub(super) offset: u64,
+    pub(super) len: u64,
+    pub(super) op: u8,
+    /// The mirror attachment it was submitted under (0: none; `disk/mirror.rs`).
+    pub(super) gen: u8,
+    /// A mirrored request's progress (`disk/mirror.rs`).
+    pub(super) mflags: u8,
+}
+
+pub(super) const EMPTY: InFlight = InFlight { start: 0, offset: 0, len: 0, op: 0, gen: 0, mflags: 0 };
+
+/// What a frontend holding a [`DiskIo`](super::DiskIo) does with each completion. Any
+/// `FnMut(tag, status)` is one; a frontend may implement it on its own type with
+/// `#[inline(always)]` so that its handling is compiled into the layer's completion loop (a
+/// closure there is inlined only when the compiler's cost model agrees).
+pub trait Completion {
+    /// Called once per completed request with its tag and status.
+    fn complete(&mut self, tag: u32, status: IoStatus);
+}
+
+impl<F: FnMut(u32, IoStatus)> Completion for F {
+    #[inline(always)]
+    fn complete(&mut self, tag: u32, status: IoStatus) {
+        self(tag, status)
+    }
+}
+
+/// A channel of a [`Disk`]: the device's channel plus accounting. See the module docs.
+///
+/// Requests keep the caller's tag on their way down: the entry of tag `t` is `slab[t]`, written
+/// at each submit, so there is no free list and no tag to translate. A caller's tags must be
+/// unique among its requests in flight (as they must be for it to tell completions apart).
+/// A refused request leaves nothing in flight: its dense entry is stale until the tag's next
+/// submit, and no completion reads it.
+pub struct DiskChannel {
+    pub(super) inner: Box<dyn IoChannel>,
+    pub(super) slot: Arc<ChannelSlot>,
+    pub(super) disk: Arc<DiskShared>,
+    pub(super) slab: Vec<InFlight>,
+    /// Entries of tags of [`DENSE_TAGS`] and above.
+    pub(super) sparse: Vec<(u32, InFlight)>,
+    /// The reset epochs applied to `slot`.
+    pub(super) seen_epochs: u64,
+    /// Accepted by the device and not yet completed.
+    pub(super) in_flight: u64,
+    /// What `slot` last showed of `in_flight` plus the held requests.
+    pub(super) in_flight_reported: u64,
+    pub(super) qos: ChannelQosState,
+    /// What `slot` last showed of the held requests.
+    pub(super) qos_reported: u64,
+    /// The disk's mirror epoch this channel applied.
+    pub(super) mirror_epoch: u64,
+    /// The mirror job this channel feeds, if any (boxed: cold, and the channel stays small).
+    pub(super) mirror: Option<Box<ChannelMirror>>,
+    /// The last attachment number handed out (requests carry it in `InFlight::gen`).
+    pub(super) next_gen: u8,
+    /// The device's completions of one poll ([`IoChannel::poll_batch`]), empty between polls.
+    pub(super) batch: Vec<(u32, IoStatus)>,
+}
+
+impl DiskChannel {
+    /// Applies resets the control plane asked for since the last look.
+    #[inline]
+    pub(super) fn apply_resets(&mut self) {
+        let epochs = self.disk.epochs.load(Ordering::Relaxed);
+        if epochs != self.seen_epochs {
+            self.apply_resets_slow(epochs);
+        }
+    }
+
+    #[cold]
+    pub(super) fn apply_resets_slow(&mut self, epochs: u64) {
+        if epochs / ALL_EPOCH != self.seen_epochs / ALL_EPOCH {
+            self.slot.clear();
+        } else {
+            self.slot.clear_maxmin();
+        }
+        self.seen_epochs = epochs;
+        // Release: a reader that sees the new epoch sees the cleared counters.
+        self.slot.seen_epochs.store(epochs, Ordering::Release);
+    }
+
+    /// Records the entry of a tag beyond the slab: grows the slab up to [`DENSE_TAGS`], or
+    /// keeps the entry in `sparse`.
+    #[cold]
+    pub(super) fn record_beyond(&mut self, tag: u32, e: InFlight) {
+        if tag < DENSE_TAGS {
+            let want = (tag as usize + 1).max(self.slab.len() * 2).min(DENSE_TAGS as usize);
+            self.slab.resize(want, EMPTY);
+            self.slab[tag as usize] = e;
+        } else if let Some(s) = self.sparse.iter_mut().find(|s| s.0 == tag) {
+            s.1 = e;
+        } else {
+            self.sparse.push((tag, e));
+        }
+    }
+
+    /// A request the device refused: nothing of it stays in flight; all but Busy count as
+    /// errors. (A dense entry needs no undoing: it is only read for a tag the device returns.)
+    #[cold]
+    pub(super) fn refused(&mut self, req: &IoRequest, e: SubmitError) -> SubmitError {
+        if req.tag >= DENSE_TAGS {
+            self.sparse.retain(|s| s.0 != req.tag);
+        }
+        let op = op_index(req.op);
+        match e {
+            SubmitError::Busy => {}
+            SubmitError::OutOfRange => self.slot.failure(op, errno_slot(libc::EINVAL)),
+            SubmitError::Unsupported => self.slot.failure(op, 0),
+        }
+        e
+    }
+
+    /// Submits `req` to the device, timing it ([`IoChannel::submit`] without the dynamic call,
+    /// for a frontend that holds the channel by type).
+    ///
+    /// # Safety
+    /// As for [`IoChannel::submit`].
+    #[inline]
+    pub unsafe fn submit_request(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        // The entry is filled before the call, so nothing of `req` need survive it. Its start
+        // is the arrival: a wait for QoS counts in the request's latency, as the guest sees it.
+        let now = ticks::now();
+        let e = InFlight {
+            start: now,
+            offset: req.offset,
+            len: req.len,
+            op: op_index(req.op) as u8,
+            gen: 0,
+            mflags: 0,
+        };
+        match self.slab.get_mut(req.tag as usize) {
+            Some(slot) => *slot = e,
+            None => self.record_beyond(req.tag, e),
+        }
+        if self.qos.on {
+            if let Admission::Held = self.qos.admit_new(&self.disk.qos, req, now) {
+                // The caller's guarantees for `req` hold until its completion, which `poll`
+                // returns after submitting it: holding the copy is within them.
+                return Ok(());
+            }
+        }
+        let submitted = if self.mirror.is_none() {
+            // SAFETY: the caller's guarantees for `req` are passed on with it, unchanged.
+            unsafe { self.inner.submit(req) }
+        } else {
+            // SAFETY: as above.
+            unsafe { self.submit_mirrored(req) }
+        };
+        match submitted {
+            Ok(()) => {
+                self.in_flight += 1;
+                Ok(())
+            }
+            Err(SubmitError::Busy) if self.qos.on => {
+                // Its limits are paid: it goes first at the next poll rather than back to the
+                // caller, who would pay them again.
+                self.qos.hold_admitted(req, now);
+                Ok(())
+            }
+            Err(e) => Err(self.refused(req, e)),
+        }
+    }
+
+    /// Submits the held requests whose limits now allow them; one that the device refuses
+    /// for good completes through `done` with its error. Returns how many completed so.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn release_held(&mut self, done: &mut impl Completion) -> usize {
+        let now = ticks::now();
+        let Self { inner, qos, disk, slot, in_flight, sparse, slab, mirror, .. } = self;
+        let mut failed = 0;
+        qos.release(&disk.qos, now, slot, |req| {
+            let submitted = match mirror {
+                // SAFETY: the frontend's guarantees for `req` hold until its completion, which
+                // has not been returned (see `submit_request`).
+                None => unsafe { inner.submit(req) },
+                // SAFETY: as above.
+                Some(m) => unsafe { mirror::submit_down(&mut **inner, m, slab, sparse, req) },
+            };
+            match submitted {
+                Ok(()) => {
+                    *in_flight += 1;
+                    true
+                }
+                Err(SubmitError::Busy) => false,
+                Err(e) => {
+                    if req.tag >= DENSE_TAGS {
+                        sparse.retain(|s| s.0 != req.tag);
+                    }
+                    let op = op_index(req.op);
+                    let status = match e {
+                        SubmitError::OutOfRange | SubmitError::Busy => {
+                            slot.failure(op, errno_slot(libc::EINVAL));
+                            IoStatus::Error(libc::EINVAL)
+                        }
+                        SubmitError::Unsupported => {
+                            slot.failure(op, 0);
+                            IoStatus::Unsupported
+                        }
+                    };
+                    done.complete(req.tag, status);
+                    failed += 1;
+                    true
+                }
+            }
+        });
+        failed
+    }
+
+    /// Polls the device, counting each completion before `done` sees it
+    /// ([`IoChannel::poll`] with `done` inlined, for a frontend that holds the channel by type).
+    #[inline]
+    pub fn poll_with(&mut self, done: &mut impl Completion) -> usize {
+        self.apply_resets();
+        // A mirror job attached, switched or detached: cold, once per change.
+        if self.disk.mirror_epoch.load(Ordering::Relaxed) != self.mirror_epoch {
+            self.refresh_mirror();
+        }
+        self.qos.refresh(&self.disk.qos);
+        let failed = if self.qos.held() > 0 { self.release_held(done) } else { 0 };
+        // Whether to record latencies in a histogram is decided once per poll, not per request.
+        let histogram_on = self.disk.histogram_on.load(Ordering::Relaxed);
+        if self.mirror.is_some() {
+            let (reaped, upward) = self.reap_mirrored(done, histogram_on);
+            self.in_flight = self.in_flight.saturating_sub(reaped as u64);
+            self.report_in_flight();
+            return upward + failed;
+        }
+        let Self { inner, slot, slab, sparse, batch, .. } = &mut *self;
+        let slot: &ChannelSlot = slot;
+        inner.poll_batch(batch);
+        let n = if histogram_on {
+            // Allocated once per channel, the first time histograms are on.
+            let h = slot.hist.get_or_init(ChannelHistogram::new);
+            reap(batch, slab, sparse, slot, done, |ticks| h.record(ticks))
+        } else {
+            reap(batch, slab, sparse, slot, done, |_| {})
+        };
+        batch.clear();
+        self.in_flight = self.in_flight.saturating_sub(n as u64);
+        self.report_in_flight();
+        n + failed
+    }
+
+    /// Shows the requests in flight and held in the channel's slot, when they changed.
+    #[inline]
+    pub(super) fn report_in_flight(&mut self) {
+        let held = self.qos.held() as u64;
+        if self.in_flight + held != self.in_flight_reported {
+            self.in_flight_reported = self.in_flight + held;
+            self.slot.set_in_flight(self.in_flight_reported);
+        }
+        if held != self.qos_reported {
+            self.qos_reported = held;
+            self.slot.set_qos_queued(held);
+        }
+    }
+}
+
+/// The completion loop of [`DiskChannel::poll_with`] over one poll's batch: counts each
+/// completion in `slot`, passes its latency to `record`, then hands it to `done` with the
+/// caller's tag. One loop with everything inlined, no call per completion.
+#[inline(always)]
+pub(super) fn reap(
+    batch: &[(u32, IoStatus)],
+    slab: &[InFlight],
+    sparse: &mut Vec<(u32, InFlight)>,
+    slot: &ChannelSlot,
+    done: &mut impl Completion,
+    record: impl Fn(u64),
+) -> usize {
+    // One clock read per poll round, at its first success: the requests reaped in one round
+    // had all completed by then (those that completed earlier waited for this poll, which is
+    // when the frontend learns of them).
+    let mut now = 0;
+    for &(tag, status) in batch {
+        let e = match slab.get(tag as usize) {
+            Some(e) => *e,
+            None => match take_sparse(sparse, tag) {
+                Some(e) => e,
+                // Not a tag of ours: the device broke its contract; pass it on unchanged.
+                None => {
+                    done.complete(tag, status);
+                    continue;
+                }
+            },
+        };
+        account(slot, &e, status, &mut now, &record);
+        done.complete(tag, status);
+    }
+    batch.len()
+}
+
+/// Counts one completion in `slot`, passing its latency to `record`. `now` is read once per
+/// poll round, at its first success (see [`reap`]).
+#[inline(always)]
+pub(super) fn account(
+    slot: &ChannelSlot,
+    e: &InFlight,
+    status: IoStatus,
+    now: &mut u64,
+    record: &impl Fn(u64),
+) {
+    let op = usize::from(e.op);
+    match status {
+        IoStatus::Success => {
+            if *now == 0 {
+                *now = ticks::now();
+            }
+            let ticks = now.saturating_sub(e.start);
+            slot.success(op, e.len, ticks);
+            record(ticks);
+        }
+        IoStatus::Error(errno) => slot.failure(op, errno_slot(errno)),
+        IoStatus::Unsupported => slot.failure(op, 0),
+    }
+}
+
+/// Removes and returns the entry of a tag beyond the dense slab.
+#[cold]
+pub(super) fn take_sparse(sparse: &mut Vec<(u32, InFlight)>, tag: u32) -> Option<InFlight> {
+    let i = sparse.iter().position(|s| s.0 == tag)?;
+    Some(sparse.swap_remove(i).1)
+}
+
+impl IoChannel for DiskChannel {
+    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { self.submit_request(req) }
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+        self.poll_with(&mut |tag, status| done(tag, status))
+    }
+
+    fn in_flight(&self) -> usize {
+        // A mirrored write whose target half is out is still in flight for the caller.
+        let mirrored = self.mirror.as_ref().map_or(0, |m| m.waiting());
+        self.inner.in_flight() + self.qos.held() + mirrored
+    }
+
+    /// What the device channel parked (requests QoS holds are not refused, only paced).
+    fn parked(&self) -> usize {
+        self.inner.parked()
+    }
+
+    fn abort_parked(&mut self) -> usize {
+        self.inner.abort_parked()
+    }
+
+    fn completion_fd(&self) -> Option<RawFd> {
+        self.inner.completion_fd()
+    }
+
+    fn disarm_completion_fd(&mut self) {
+        self.inner.disarm_completion_fd()
+    }
+
+    fn arm_completion_fd(&mut self) -> bool {
+        self.inner.arm_completion_fd()
+    }
+
+    /// Requests held by QoS are released only by `poll`, so not while any is held.
+    fn sleeps_in_flight(&self) -> bool {
+        // The mirror's target may not signal the completion fd: keep polling while attached.
+        self.qos.held() == 0 && self.mirror.is_none() && self.inner.sleeps_in_flight()
+    }
+}
+
+impl Drop for DiskChannel {
+    /// Folds this channel's counters into the disk's retired totals, so closing a queue loses
+    /// nothing.
+    fn drop(&mut self) {
+        if let Some(m) = self.mirror.take() {
+            m.release();
+        }
+        let disk = Disk(self.disk.clone());
+        let mut book = disk.book();
+        // Under the lock no reset can slip between applying and folding.
+        self.apply_resets();
+        let mut s = self.slot.snapshot();
+        s.queue_depth = 0;
+        s.qos.queued = 0;
+        book.retired.merge(&s, true);
+        if self.disk.histogram_on.load(Ordering::Relaxed) {
+            if let Some(h) = self.slot.hist.get() {
+                h.add_to(&mut book.retired_hist);
+            }
+        }
+        book.live.retain(|s| !Arc::ptr_eq(s, &self.slot));
+    }
+}

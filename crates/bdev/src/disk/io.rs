@@ -1,0 +1,91 @@
+//! [`DiskIo`]: a channel from [`Disk::open_typed`](super::Disk::open_typed), dispatched by
+//! type rather than through a vtable.
+
+use std::os::unix::io::RawFd;
+
+use super::{Completion, DiskChannel};
+use crate::{IoChannel, IoRequest, SubmitError};
+
+/// A channel from [`Disk::open_typed`](super::Disk::open_typed): the layer's own when the disk counts, the device's
+/// otherwise. Its methods are [`IoChannel`]'s, dispatched by a match rather than a vtable.
+// Unboxed on purpose: a channel is made once and lives in its poller, and a box would cost an
+// indirection per request.
+#[allow(clippy::large_enum_variant)]
+pub enum DiskIo {
+    /// The layer's own channel: counted, timed, QoS applied.
+    Counted(DiskChannel),
+    /// The device's channel, untouched (accounting off).
+    Device(Box<dyn IoChannel>),
+}
+
+impl DiskIo {
+    /// # Safety
+    /// As for [`IoChannel::submit`].
+    #[inline]
+    pub unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        match self {
+            // SAFETY: the caller's guarantees, passed on.
+            DiskIo::Counted(ch) => unsafe { ch.submit_request(req) },
+            // SAFETY: the caller's guarantees, passed on.
+            DiskIo::Device(ch) => unsafe { ch.submit(req) },
+        }
+    }
+
+    #[inline]
+    /// Reaps completions, handing each to `done`; returns how many.
+    pub fn poll(&mut self, done: &mut impl Completion) -> usize {
+        match self {
+            DiskIo::Counted(ch) => ch.poll_with(done),
+            DiskIo::Device(ch) => ch.poll(&mut |tag, status| done.complete(tag, status)),
+        }
+    }
+
+    /// Requests submitted and not yet reaped.
+    pub fn in_flight(&self) -> usize {
+        self.channel().in_flight()
+    }
+
+    /// See [`IoChannel::parked`].
+    pub fn parked(&self) -> usize {
+        self.channel().parked()
+    }
+
+    /// See [`IoChannel::abort_parked`].
+    pub fn abort_parked(&mut self) -> usize {
+        self.channel_mut().abort_parked()
+    }
+
+    /// See [`IoChannel::completion_fd`].
+    pub fn completion_fd(&self) -> Option<RawFd> {
+        self.channel().completion_fd()
+    }
+
+    /// See [`IoChannel::disarm_completion_fd`].
+    pub fn disarm_completion_fd(&mut self) {
+        self.channel_mut().disarm_completion_fd()
+    }
+
+    /// See [`IoChannel::arm_completion_fd`].
+    pub fn arm_completion_fd(&mut self) -> bool {
+        self.channel_mut().arm_completion_fd()
+    }
+
+    /// See [`IoChannel::sleeps_in_flight`].
+    pub fn sleeps_in_flight(&self) -> bool {
+        self.channel().sleeps_in_flight()
+    }
+
+    fn channel(&self) -> &dyn IoChannel {
+        match self {
+            DiskIo::Counted(ch) => ch,
+            DiskIo::Device(ch) => &**ch,
+        }
+    }
+
+    fn channel_mut(&mut self) -> &mut dyn IoChannel {
+        match self {
+            DiskIo::Counted(ch) => ch,
+            DiskIo::Device(ch) => &mut **ch,
+        }
+    }
+}
