@@ -23,8 +23,9 @@ def pathlen_markdown(res):
              "NBD: fio's nbd engine (libnbd, one connection) on the export's Unix socket. NVMe/TCP: flashpath A "
              "serves the null disk over NVMe/TCP on 127.0.0.1, flashpath B attaches to it "
              "(`bdev_nvme_attach_controller`, TCP) and exports the namespace over vhost-user-blk to fp-load "
-             f"(sleeping on its completion fd); target: A measured, B native on CPU {ccpu}; host: B measured, "
-             f"A native on CPU {ccpu}. spread: (max − min) / median. See docs/benchmarks.md.", "",
+             f"(sleeping on its completion fd); target: A measured, B native on CPU {ccpu}; host: B measured, A "
+             f"native on CPU {scpu}; the native one with `serve {' '.join(e.get('peer_serve_args', []))}` (it "
+             "sleeps whenever a round finds no work). spread: (max − min) / median. See docs/benchmarks.md.", "",
              "| export | workload | client | measured | instructions/IO | range | repetitions | spread |",
              "|---|---|---|---|---|---|---|---|"]
     for p in e["points"]:
