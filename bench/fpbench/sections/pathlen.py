@@ -6,10 +6,10 @@ docs/benchmarks.md, "Path length of every export", describes every step.
 
 import os
 import shutil
-import subprocess
 
 from fpbench.common import GIB, log, wait_for
 from fpbench.load import fio_nbd
+from fpbench.machine import fio_nbd_missing
 from fpbench.modes import pathlen_config
 from fpbench.sections.callgrind import ir_summary, long_minus_short
 from fpbench.sections.nvme_tcp import NVME_NAME, VHOST_CTRLR, attach_params
@@ -42,11 +42,7 @@ MEASURED = {"vhost-user": "flashpath (vhost-user-blk export)", "nbd": "flashpath
 
 def pathlen_missing():
     """What the section needs and this machine lacks: valgrind and fio's nbd engine."""
-    missing = ["valgrind"] if shutil.which("valgrind") is None else []
-    engines = subprocess.run(["fio", "--enghelp"], capture_output=True, text=True, timeout=20).stdout
-    if "nbd" not in engines.split():
-        missing.append("fio's nbd engine (fio built with libnbd)")
-    return missing
+    return (["valgrind"] if shutil.which("valgrind") is None else []) + fio_nbd_missing()
 
 
 class PathlenSection:
