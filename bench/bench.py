@@ -40,6 +40,7 @@ from fpbench.sections.nbd import NbdSection
 from fpbench.sections.nvme_tcp import NvmeTcpSection, nvme_tcp_missing
 from fpbench.sections.nvmf import NvmfSection, nvmf_missing
 from fpbench.sections.null_ram_file import NullRamFileSection
+from fpbench.sections.pathlen import PathlenSection, pathlen_missing
 from fpbench.sections.qos import QosSection
 from fpbench.sections.raid import RaidSection
 from fpbench.sections.rbd import RbdSection
@@ -50,7 +51,7 @@ from fpbench.validate import validate
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
             NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection, RaidSection,
-            CryptoSection):
+            CryptoSection, PathlenSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -179,6 +180,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             "crypto": (f"AES-XTS: the cipher vs openssl speed, encrypted RAM disks vs plain and vs qsd's LUKS "
                        f"(server CPU {self.server_cpu}, client CPU {self.client_cpu}, scratch {self.work})",
                        self.run_crypto),
+            "pathlen": (f"the path length of every export: instructions per I/O under callgrind (measured server "
+                        f"CPU {self.server_cpu}, clients and peers CPU {self.client_cpu}, scratch {self.work})",
+                        self.run_pathlen),
         }
         if self.args.only:
             what, section = only[self.args.only]
@@ -212,6 +216,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
         self.run_ceiling()
         log("=== path length: instructions per I/O under callgrind")
         self.run_callgrind()
+        if self.cfg.get("pathlen"):
+            log("=== path length of every export: vhost-user, NBD, NVMe/TCP target and host under callgrind")
+            self.run_pathlen()
         if self.with_rbd:
             log("=== Ceph RBD: qsd's rbd driver vs flashpath's rbd bdev, one server at a time")
             self.run_rbd()
@@ -248,7 +255,7 @@ def main():
                     help="a built SPDK tree (build/bin/vhost): its vhost target runs beside flashpath and qsd "
                          "(sets up 1024 huge pages; root)")
     ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk",
-                                       "nvmf", "nvme-tcp", "raid", "crypto"],
+                                       "nvmf", "nvme-tcp", "raid", "crypto", "pathlen"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -302,6 +309,12 @@ def main():
     missing = crypto_missing(args.bin_dir) if args.only == "crypto" else []
     if missing:
         print(f"bench: the crypto section needs {', '.join(missing)}", file=sys.stderr)
+        return 1
+    wants_pathlen = args.only == "pathlen" or (not args.only and mode_config(args.mode).get("pathlen"))
+    missing = pathlen_missing() if wants_pathlen else []
+    if missing:
+        print(f"bench: the path-length section needs {', '.join(missing)} (./run bench installs them)",
+              file=sys.stderr)
         return 1
     if args.only == "spdk" and not args.spdk:
         print("bench: --only spdk needs --spdk DIR", file=sys.stderr)
@@ -372,6 +385,7 @@ def main():
         "nvme_tcp": bool(bench.results.get("nvme_tcp")),
         "raid": bool(bench.results.get("raid")),
         "crypto": bool(bench.results.get("crypto")),
+        "pathlen": bool(bench.results.get("pathlen")),
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

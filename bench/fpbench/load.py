@@ -148,7 +148,7 @@ def fio_run(path, size, point, secs, cpu):
     cmd = ["taskset", "-c", str(cpu), "fio", "--name=baseline", f"--filename={path}",
            "--ioengine=io_uring", "--direct=1", f"--rw={pattern}", f"--bs={bs}",
            f"--iodepth={qd}", "--numjobs=1", f"--size={size}", "--time_based",
-           f"--runtime={secs}s", f"--cpus_allowed={cpu}", "--norandommap", "--randrepeat=0",
+           f"--runtime={round(secs * 1000)}ms", f"--cpus_allowed={cpu}", "--norandommap", "--randrepeat=0",
            "--percentile_list=50:99:99.9", "--output-format=json"]
     out = run(cmd, secs + 90).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
@@ -180,7 +180,8 @@ def fio_nbd(uri, pattern, bs, qd, cpu, secs=None):
            f"--rw={pattern}", f"--bs={bs}", f"--iodepth={qd}", "--numjobs=1", "--norandommap",
            "--randrepeat=0", "--lat_percentiles=1", "--percentile_list=50:99:99.9", "--output-format=json"]
     if secs:
-        cmd += ["--time_based", f"--runtime={secs}s"]
+        # In milliseconds: fio reads "0.5s" as 0 s (and then runs over the whole disk once).
+        cmd += ["--time_based", f"--runtime={round(secs * 1000)}ms"]
     out = run(cmd, (secs or 600) + 90).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job["write"] if "write" in pattern else job["read"]

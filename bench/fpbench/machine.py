@@ -41,10 +41,13 @@ def nbd_missing():
     """What the NBD section needs and this machine lacks: nbdkit (Debian nbdkit, whose memory
     plugin is built in) and fio's nbd engine (fio built with libnbd, as Debian's fio 3.33 is)."""
     missing = ["nbdkit"] if shutil.which("nbdkit") is None else []
+    return missing + fio_nbd_missing()
+
+
+def fio_nbd_missing():
+    """fio's nbd engine, if this machine's fio lacks it."""
     engines = subprocess.run(["fio", "--enghelp"], capture_output=True, text=True, timeout=20).stdout
-    if "nbd" not in engines.split():
-        missing.append("fio's nbd engine (fio built with libnbd)")
-    return missing
+    return [] if "nbd" in engines.split() else ["fio's nbd engine (fio built with libnbd)"]
 
 
 def nbd_version(tool):

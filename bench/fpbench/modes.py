@@ -4,6 +4,20 @@
 from fpbench.common import GIB, MIB
 
 
+# Path length of every export (`pathlen`): the short and long server lives' seconds, the
+# repetitions and the queue depths (4 KiB randread, null disk). Part of full and quick runs;
+# smoke runs have it only with `--only pathlen` (two servers under valgrind per NVMe/TCP run).
+PATHLEN = {
+    "full": {"short_s": 2.0, "long_s": 8.0, "reps": 3, "qds": [32, 1]},
+    "quick": {"short_s": 1.0, "long_s": 4.0, "reps": 3, "qds": [32]},
+    "smoke": {"short_s": 0.5, "long_s": 1.5, "reps": 1, "qds": [32]},
+}
+
+
+def pathlen_config(mode):
+    return PATHLEN[mode]
+
+
 def mode_config(mode):
     """What a mode measures. `points` lists (pattern, bs, qd, queues, poll) per backend;
     `callgrind` gives the path-length runs (null backend): the short and long run's seconds,
@@ -38,6 +52,7 @@ def mode_config(mode):
         "ceiling_reps": 3,
         "sizes": {"null": GIB, "ram": 512 * MIB, "file": GIB},
         "callgrind": {"short_s": 2.0, "long_s": 8.0, "reps": 3, "points": cg_points},
+        "pathlen": PATHLEN["full"],
         # Logical volumes (`--only lvol`): raw malloc vs a thick volume on the same size of
         # malloc, `pairs` runs of each point; first-write and copy-on-write latency on `fw_reps`
         # fresh thin volumes; instructions per I/O with the callgrind settings above.
@@ -97,6 +112,7 @@ def mode_config(mode):
         return dict(full, time=1.0, points=pts, scaling_points=[(32, True)], ceiling_reps=1,
                     sizes={"null": GIB, "ram": 256 * MIB, "file": 256 * MIB},
                     callgrind=dict(full["callgrind"], short_s=1.0, long_s=4.0),
+                    pathlen=PATHLEN["quick"],
                     lvol=dict(full["lvol"], pairs=3, fw_reps=2),
                     qos=dict(full["qos"], acc_secs=2.0, ceiling_secs=1.0,
                              burst=dict(full["qos"]["burst"], avg=2000, max=8000, length=2, secs=4.0),

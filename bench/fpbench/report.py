@@ -17,6 +17,7 @@ from fpbench.report_migration import migration_markdown, migration_targets
 from fpbench.report_nvme_tcp import nvme_tcp_markdown, nvme_tcp_targets
 from fpbench.report_raid import raid_markdown, raid_targets
 from fpbench.report_nvmf import nvmf_markdown, nvmf_targets
+from fpbench.report_pathlen import pathlen_markdown
 from fpbench.report_spdk import spdk_markdown, spdk_targets
 from fpbench.servers import NBD_SERVERS
 
@@ -255,7 +256,8 @@ def markdown(res):
              "nvmf": ("flashpath vs SPDK's nvmf_tgt over NVMe/TCP", nvmf_markdown),
              "nvme-tcp": ("flashpath vs SPDK as NVMe/TCP initiators", nvme_tcp_markdown),
              "raid": ("flashpath: raid1, its cost and its rebuilds", raid_markdown),
-             "crypto": ("flashpath vs openssl and qemu-storage-daemon: AES-XTS", crypto_markdown)}
+             "crypto": ("flashpath vs openssl and qemu-storage-daemon: AES-XTS", crypto_markdown),
+             "pathlen": ("flashpath: the path length of every export", pathlen_markdown)}
     if m.get("only") in alone:
         title, section = alone[m["only"]]
         lines = [f"# {title} ({m['mode']} run, {m['date']})", "",
@@ -387,6 +389,8 @@ def markdown(res):
             lines.append(f"| {e['backend']} {e['pattern']} {e['bs'] // 1024}K, QD{e['qd']} × "
                          f"{e['queues']} | {e['client']} | {e['server']} | {e['ir_per_io']:,.0f} | "
                          f"{len(e['runs'])} | {100 * e['spread']:.1f} % |")
+    if res.get("pathlen"):
+        lines += pathlen_markdown(res)
     if res.get("lvol"):
         lines += lvol_markdown(res)
     if res.get("rbd"):

@@ -13,6 +13,8 @@ from fpbench.report_crypto import validate_crypto
 from fpbench.report_nvme_tcp import validate_nvme_tcp
 from fpbench.report_raid import validate_raid
 from fpbench.report_nvmf import validate_nvmf
+from fpbench.report_pathlen import HEADING as PATHLEN_HEADING
+from fpbench.report_pathlen import validate_pathlen
 from fpbench.sections.crypto import crypto_config
 from fpbench.sections.guest_notify import SERVERS as GN_SERVERS
 from fpbench.sections.guest_notify import guest_notify_config
@@ -163,6 +165,8 @@ ALONE = {
     "raid": (lambda res, mode: validate_raid(res, dict(raid_config(mode), **res["raid"]["config"])), "## raid1"),
     "crypto": (lambda res, mode: validate_crypto(res, dict(crypto_config(mode), **res["crypto"]["config"])),
                "## AES-XTS"),
+    # The run's own config: --reps may override the mode's.
+    "pathlen": (lambda res, mode: validate_pathlen(res, res["pathlen"]["config"]), PATHLEN_HEADING),
 }
 
 
@@ -225,6 +229,8 @@ def validate(out_dir, mode):
                 problems.append(f"callgrind {point_label(e)} {e['server']}: {len(e['runs'])} runs")
         if want_cg - got_cg:
             problems.append(f"missing callgrind figures: {sorted(want_cg - got_cg)}")
+    if cfg.get("pathlen") and not res.get("pathlen"):
+        problems.append("results.json has no 'pathlen'")  # checked below when present (ALONE)
     with open(os.path.join(out_dir, "results.md")) as f:
         md = f.read()
     rows = [ln for ln in md.splitlines() if ln.startswith("| ") and not ln.startswith("| backend")]

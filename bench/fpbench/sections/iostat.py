@@ -46,9 +46,7 @@ class IostatSection:
                 # instructions less a short run's, over the difference in I/Os).
                 e["ir_per_io"] = {}
                 for k in runs:
-                    short = self.callgrind_run("flashpath", point, cg["short_s"], variant=k)
-                    long_ = self.callgrind_run("flashpath", point, cg["long_s"], variant=k)
-                    e["ir_per_io"][k] = (long_["ir"] - short["ir"]) / max(1, long_["ios"] - short["ios"])
+                    e["ir_per_io"][k] = self.callgrind_ir_per_io("flashpath", point, cg, variant=k)["ir_per_io"]
                 log("iostat path length (instructions/IO): " +
                     ", ".join(f"{k} {v:.0f}" for k, v in e["ir_per_io"].items()))
             log(f"iostat cost: off {base:>10.0f}  counters {e['variants']['counters']['median']['iops']:>10.0f} "

@@ -143,13 +143,7 @@ class LvolSection:
             runs = {"raw": [], "lvol": []}
             for _ in range(cg["reps"]):
                 for kind, disk in disks.items():
-                    short = self.callgrind_run("flashpath", point, cg["short_s"], disk=disk)
-                    long_ = self.callgrind_run("flashpath", point, cg["long_s"], disk=disk)
-                    if long_["ios"] <= short["ios"]:
-                        raise RuntimeError(f"lvol callgrind {kind}: the long run did {long_['ios']} I/Os, "
-                                           f"the short one {short['ios']}")
-                    runs[kind].append({"short": short, "long": long_,
-                                       "ir_per_io": (long_["ir"] - short["ir"]) / (long_["ios"] - short["ios"])})
+                    runs[kind].append(self.callgrind_ir_per_io("flashpath", point, cg, disk=disk))
             x = dict(point_key("ram", point), short_s=cg["short_s"], long_s=cg["long_s"], size=size, runs=runs)
             x["ir_per_io"] = {k: median([r["ir_per_io"] for r in v]) for k, v in runs.items()}
             x["range"] = {k: [min(r["ir_per_io"] for r in v), max(r["ir_per_io"] for r in v)]
