@@ -3,7 +3,7 @@
 //! commands, shadow doorbells, keep-alive and asynchronous events, and each namespace's
 //! geometry. The offsets are `fp_nvmf::identify`'s (the target writes the same structures).
 
-use fp_nvmf::identify as id;
+use fp_nvme_spec::identify as id;
 
 /// ONCS bit 2: Dataset Management.
 const ONCS_DSM: u16 = 1 << 2;

@@ -4,11 +4,10 @@
 
 use std::sync::atomic::Ordering;
 
-use fp_nvmf::spec::{self, Sqe, Status};
+use fp_nvme_spec::{self as spec, Sqe, Status};
 
 use super::device::{Cq, Device, Outcome, Sq, PAGE};
 use super::io::{segments, to_host};
-use crate::cmd;
 
 /// At most this many Asynchronous Event Requests outstanding (AERL + 1).
 const AER_LIMIT: usize = 4;
@@ -35,10 +34,10 @@ impl Device {
         match sqe.opcode() {
             spec::ADMIN_IDENTIFY => self.identify(sqe),
             spec::ADMIN_SET_FEATURES | spec::ADMIN_GET_FEATURES => self.features(sqe),
-            cmd::ADMIN_CREATE_IO_CQ => self.create_cq(sqe),
-            cmd::ADMIN_CREATE_IO_SQ => self.create_sq(sqe),
-            cmd::ADMIN_DELETE_IO_SQ => self.delete_sq(sqe),
-            cmd::ADMIN_DELETE_IO_CQ => self.delete_cq(sqe),
+            spec::ADMIN_CREATE_IO_CQ => self.create_cq(sqe),
+            spec::ADMIN_CREATE_IO_SQ => self.create_sq(sqe),
+            spec::ADMIN_DELETE_IO_SQ => self.delete_sq(sqe),
+            spec::ADMIN_DELETE_IO_CQ => self.delete_cq(sqe),
             spec::ADMIN_ASYNC_EVENT_REQUEST => {
                 if self.aers.len() >= AER_LIMIT {
                     return done(Status::command_specific(spec::SC_ASYNC_EVENT_LIMIT_EXCEEDED));
@@ -51,7 +50,7 @@ impl Device {
                 ok(0)
             }
             spec::ADMIN_ABORT => self.abort(sqe),
-            cmd::ADMIN_DOORBELL_BUFFER_CONFIG => self.doorbell_buffer_config(sqe),
+            spec::ADMIN_DOORBELL_BUFFER_CONFIG => self.doorbell_buffer_config(sqe),
             spec::ADMIN_GET_LOG_PAGE => self.log_page(sqe),
             _ => done(Status::generic(spec::SC_INVALID_OPCODE)),
         }
@@ -74,7 +73,7 @@ impl Device {
             cfg.namespaces.iter().map(|n| n.nsid).chain(namespaces.iter().map(|n| n.nsid)).max().unwrap_or(1);
         let mut d = vec![0u8; 4096];
         match (sqe.cdw(10) & 0xff) as u8 {
-            cmd::CNS_CONTROLLER => {
+            spec::identify::CNS_CONTROLLER => {
                 d[0..2].copy_from_slice(&0x1b36u16.to_le_bytes());
                 d[4..24].copy_from_slice(b"FLASHPATH-EMU       ");
                 d[24..64].copy_from_slice(format!("{:<40}", "flashpath emulated controller").as_bytes());
@@ -96,7 +95,7 @@ impl Device {
                 }
                 d[768..768 + 30].copy_from_slice(b"nqn.2026-11.io.flashpath:emu00");
             }
-            cmd::CNS_NAMESPACE => {
+            spec::identify::CNS_NAMESPACE => {
                 let nsid = sqe.nsid();
                 if nsid == 0 || nsid > nn {
                     return done(Status::generic(spec::SC_INVALID_NAMESPACE));
@@ -110,7 +109,7 @@ impl Device {
                     d[128 + 2] = n.block_size.trailing_zeros() as u8;
                 }
             }
-            cmd::CNS_ACTIVE_NAMESPACES => {
+            spec::identify::CNS_ACTIVE_NS_LIST => {
                 let mut ids: Vec<u32> =
                     namespaces.iter().map(|n| n.nsid).filter(|&i| i > sqe.nsid()).collect();
                 ids.sort_unstable();
@@ -127,7 +126,7 @@ impl Device {
     fn features(&mut self, sqe: &Sqe) -> Outcome {
         let fid = (sqe.cdw(10) & 0xff) as u8;
         let set = sqe.opcode() == spec::ADMIN_SET_FEATURES;
-        if fid == cmd::FEAT_NUMBER_OF_QUEUES {
+        if fid == spec::features::FID_NUMBER_OF_QUEUES {
             let n = u32::from(self.sh.cfg.io_queues.max(1) - 1);
             return ok(n | (n << 16));
         }
@@ -247,9 +246,9 @@ impl Device {
             return done(Status::generic(spec::SC_INVALID_FIELD));
         }
         let mut page = match lid {
-            cmd::LOG_ERROR => vec![0u8; 64],
-            cmd::LOG_HEALTH => vec![0u8; 512],
-            cmd::LOG_CHANGED_NAMESPACES => {
+            spec::log_page::LID_ERROR => vec![0u8; 64],
+            spec::log_page::LID_SMART => vec![0u8; 512],
+            spec::log_page::LID_CHANGED_NS => {
                 let mut changed = self.sh.changed.lock().unwrap_or_else(|e| e.into_inner());
                 let mut p = vec![0u8; 4096];
                 for (i, id) in changed.iter().take(1024).enumerate() {
