@@ -501,7 +501,8 @@ pub fn write_c2h_term_req(
     plen
 }
 
-// ---- host side: what an NVMe/TCP host needs beyond the target's encoders above: the ICResp checked, and the data pointer of a command capsule.
+// ---- host side: what an NVMe/TCP host needs beyond the target's encoders above: the ICResp
+// checked, and its own termination request (a capsule's data pointer is `crate::sgl_descriptor`).
 
 /// The smallest MAXH2CDATA a controller may offer (TCP 3.6.2.2: at least 4096).
 pub const MIN_MAXH2CDATA: u32 = 4096;
