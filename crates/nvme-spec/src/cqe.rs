@@ -28,11 +28,13 @@ pub struct Cqe {
 
 impl Cqe {
     /// A completion of `cid` with `status` and nothing command-specific.
+    #[inline]
     pub fn new(cid: u16, status: Status) -> Cqe {
         Cqe { dw0: 0, dw1: 0, sqhd: 0, sqid: 0, cid, status }
     }
 
     /// The entry's 16 bytes, phase tag zero.
+    #[inline]
     pub fn to_bytes(&self) -> [u8; CQE_LEN] {
         let mut b = [0u8; CQE_LEN];
         b[0..4].copy_from_slice(&self.dw0.to_le_bytes());
@@ -45,6 +47,7 @@ impl Cqe {
     }
 
     /// Decodes an entry's 16 bytes (the phase tag is dropped).
+    #[inline]
     pub fn from_bytes(b: &[u8; CQE_LEN]) -> Cqe {
         let dw = |i: usize| u32::from_le_bytes(b[i * 4..i * 4 + 4].try_into().expect("four bytes"));
         Cqe::from_dwords(dw(0), dw(1), dw(2), dw(3))

@@ -19,31 +19,37 @@ impl Status {
     pub const SUCCESS: Status = Status { sct: SCT_GENERIC, sc: 0x00, dnr: false };
 
     /// A generic command status (SCT 0) that the host should not retry.
+    #[inline]
     pub const fn generic(sc: u8) -> Status {
         Status { sct: SCT_GENERIC, sc, dnr: true }
     }
 
     /// A command-specific status (SCT 1) that the host should not retry.
+    #[inline]
     pub const fn command_specific(sc: u8) -> Status {
         Status { sct: SCT_COMMAND_SPECIFIC, sc, dnr: true }
     }
 
     /// A media or data integrity error (SCT 2).
+    #[inline]
     pub const fn media(sc: u8) -> Status {
         Status { sct: SCT_MEDIA, sc, dnr: false }
     }
 
     /// The same status with Do Not Retry cleared: the host may try again.
+    #[inline]
     pub const fn retryable(self) -> Status {
         Status { dnr: false, ..self }
     }
 
     /// Generic status 0: the command succeeded.
+    #[inline]
     pub fn is_success(&self) -> bool {
         self.sct == SCT_GENERIC && self.sc == 0
     }
 
     /// The 15 bits above the phase bit.
+    #[inline]
     pub fn field(&self) -> u16 {
         (u16::from(self.sc) << 1) | (u16::from(self.sct & 0x7) << 9) | (u16::from(self.dnr) << 15)
     }

@@ -96,6 +96,7 @@ pub struct CommonHeader {
 
 impl CommonHeader {
     /// Decodes the first 8 bytes of a PDU.
+    #[inline]
     pub fn parse(b: &[u8; CH_LEN]) -> CommonHeader {
         CommonHeader {
             pdu_type: b[0],
@@ -107,6 +108,7 @@ impl CommonHeader {
     }
 
     /// Writes the header into the first 8 bytes of `b`.
+    #[inline]
     pub fn write(&self, b: &mut [u8]) {
         b[0] = self.pdu_type;
         b[1] = self.flags;
@@ -150,12 +152,14 @@ pub struct Layout {
 
 impl Layout {
     /// The whole PDU's length.
+    #[inline]
     pub fn plen(&self) -> usize {
         self.ch.plen as usize
     }
 }
 
 /// The fixed header length of a PDU type, and whether it may carry a header digest and data.
+#[inline]
 fn shape(pdu_type: u8) -> Option<(usize, bool, bool)> {
     Some(match pdu_type {
         PDU_IC_REQ | PDU_IC_RESP => (IC_LEN, false, false),
@@ -171,6 +175,7 @@ fn shape(pdu_type: u8) -> Option<(usize, bool, bool)> {
 /// Checks a common header against its type's layout (TCP 3.6.1): the fixed HLEN, the digest
 /// flags against what was negotiated, PDO aligned to `(pda + 1) * 4` (the receiver's CPDA or
 /// HPDA) and past the header, and PLEN between the header and `max_plen`.
+#[inline]
 pub fn check_header(ch: &CommonHeader, digests: Digests, pda: u8, max_plen: u32) -> Result<Layout, PduError> {
     let Some((hlen, may_hdgst, may_data)) = shape(ch.pdu_type) else {
         return Err(bad_field(0, "unknown PDU type"));
@@ -218,25 +223,30 @@ pub fn check_header(ch: &CommonHeader, digests: Digests, pda: u8, max_plen: u32)
 }
 
 /// CRC32C of `bytes`, the digest both kinds use (TCP 3.6.3.2).
+#[inline]
 pub fn crc32c(bytes: &[u8]) -> u32 {
     ::crc32c::crc32c(bytes)
 }
 
 /// Continues a CRC32C over more bytes (a data digest over a buffer filled in pieces).
+#[inline]
 pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
     ::crc32c::crc32c_append(crc, bytes)
 }
 
 /// Checks a PDU's header digest: `header` is the header followed by its digest.
+#[inline]
 pub fn header_digest_ok(header_and_digest: &[u8], hlen: usize) -> bool {
     let Some(d) = header_and_digest.get(hlen..hlen + DIGEST_LEN) else { return false };
     crc32c(&header_and_digest[..hlen]).to_le_bytes() == d
 }
 
+#[inline]
 fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
+#[inline]
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
@@ -257,6 +267,7 @@ pub struct IcReq {
 impl IcReq {
     /// Decodes an ICReq's header (after [`check_header`]). Refuses what the target cannot do:
     /// another PDU format version, an HPDA above 31.
+    #[inline]
     pub fn parse(h: &[u8; IC_LEN]) -> Result<IcReq, PduError> {
         let pfv = u16_at(h, 8);
         if pfv != PFV {
@@ -280,6 +291,7 @@ impl IcReq {
     }
 
     /// Writes an ICReq (a host's; the tests' and fuzzers' host uses it).
+    #[inline]
     pub fn write(&self, b: &mut [u8; IC_LEN]) {
         b.fill(0);
         CommonHeader { pdu_type: PDU_IC_REQ, flags: 0, hlen: IC_LEN as u8, pdo: 0, plen: IC_LEN as u32 }
@@ -304,6 +316,7 @@ pub struct IcResp {
 
 impl IcResp {
     /// Writes an ICResp (PDU format version 0).
+    #[inline]
     pub fn write(&self, b: &mut [u8; IC_LEN]) {
         b.fill(0);
         CommonHeader { pdu_type: PDU_IC_RESP, flags: 0, hlen: IC_LEN as u8, pdo: 0, plen: IC_LEN as u32 }
@@ -315,6 +328,7 @@ impl IcResp {
     }
 
     /// Decodes an ICResp's fields, unchecked ([`IcResp::parse_checked`] checks them).
+    #[inline]
     pub fn parse(h: &[u8; IC_LEN]) -> IcResp {
         IcResp {
             cpda: h[10],
@@ -325,6 +339,7 @@ impl IcResp {
 }
 
 /// The command of a CapsuleCmd header (TCP 3.6.2.5): bytes 8..72.
+#[inline]
 pub fn capsule_sqe(h: &[u8]) -> Option<Sqe> {
     let b: &[u8; SQE_LEN] = h.get(CH_LEN..CAPSULE_CMD_HLEN)?.try_into().ok()?;
     Some(Sqe::from_bytes(b))
@@ -346,6 +361,7 @@ pub struct DataHeader {
 
 impl DataHeader {
     /// Decodes a data PDU's or R2T's fields (`None` if `h` is shorter than the header).
+    #[inline]
     pub fn parse(h: &[u8]) -> Option<DataHeader> {
         let h = h.get(..DATA_HLEN)?;
         Some(DataHeader {
@@ -356,6 +372,7 @@ impl DataHeader {
         })
     }
 
+    #[inline]
     fn write_fields(&self, b: &mut [u8]) {
         b[8..10].copy_from_slice(&self.cccid.to_le_bytes());
         b[10..12].copy_from_slice(&self.ttag.to_le_bytes());
@@ -366,12 +383,14 @@ impl DataHeader {
 }
 
 /// The data offset a PDU gets for a receiver asking `pda` alignment, after `header_len` bytes.
+#[inline]
 pub fn data_offset(header_len: usize, pda: u8) -> usize {
     header_len.next_multiple_of((usize::from(pda) + 1) * 4)
 }
 
 /// Writes the header of a PDU and returns the bytes written (header, digest, zero padding up to
 /// the data); `data_len` bytes of data (and a data digest if `ddgst`) are the caller's to send.
+#[inline]
 fn write_pdu_header(
     b: &mut [u8],
     pdu_type: u8,
@@ -410,6 +429,7 @@ fn write_pdu_header(
 pub const HEADER_ROOM: usize = 128;
 
 /// Writes a CapsuleResp carrying `cqe`; returns its length.
+#[inline]
 pub fn write_capsule_resp(b: &mut [u8; HEADER_ROOM], cqe: &Cqe, digests: Digests) -> usize {
     b[CH_LEN..CAPSULE_RESP_HLEN].copy_from_slice(&cqe.to_bytes());
     write_pdu_header(b, PDU_CAPSULE_RESP, 0, CAPSULE_RESP_HLEN, digests, 0, 0)
@@ -417,6 +437,7 @@ pub fn write_capsule_resp(b: &mut [u8; HEADER_ROOM], cqe: &Cqe, digests: Digests
 
 /// Writes a C2HData header for `h.length` bytes of data at `h.offset` of command `h.cccid`;
 /// returns the bytes up to the data.
+#[inline]
 pub fn write_c2h_data(
     b: &mut [u8; HEADER_ROOM],
     h: &DataHeader,
@@ -429,12 +450,14 @@ pub fn write_c2h_data(
 }
 
 /// Writes an R2T asking for `h.length` bytes at `h.offset`; returns its length.
+#[inline]
 pub fn write_r2t(b: &mut [u8; HEADER_ROOM], h: &DataHeader, digests: Digests) -> usize {
     h.write_fields(b);
     write_pdu_header(b, PDU_R2T, 0, DATA_HLEN, digests, 0, 0)
 }
 
 /// Writes an H2CData header (a host's); returns the bytes up to the data.
+#[inline]
 pub fn write_h2c_data(
     b: &mut [u8; HEADER_ROOM],
     h: &DataHeader,
@@ -449,6 +472,7 @@ pub fn write_h2c_data(
 
 /// Writes a CapsuleCmd header (a host's) for `sqe` with `data_len` bytes of in-capsule data to
 /// follow; returns the bytes up to the data.
+#[inline]
 pub fn write_capsule_cmd(
     b: &mut [u8; HEADER_ROOM],
     sqe: &Sqe,
@@ -471,6 +495,7 @@ pub struct TermReq {
 
 impl TermReq {
     /// Decodes a termination request's fields (`None` if `h` is shorter than the header).
+    #[inline]
     pub fn parse(h: &[u8]) -> Option<TermReq> {
         let h = h.get(..DATA_HLEN)?;
         Some(TermReq { fes: u16_at(h, 8), fei: u32_at(h, 10) })
