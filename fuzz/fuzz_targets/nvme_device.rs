@@ -36,7 +36,7 @@ use fp_bdev::AlignedBuf;
 use fp_nvme::cmd;
 use fp_nvme::emu::{EmuConfig, EmulatedController, Fault};
 use fp_nvme::pcie::{PcieOptions, PcieTransport};
-use fp_nvme::regs;
+use fp_nvme_spec::registers;
 use fp_nvme::transport::{IoQueue, Transport};
 use libfuzzer_sys::fuzz_target;
 
@@ -165,10 +165,10 @@ fuzz_target!(|data: &[u8]| {
             5 => {
                 let v = match input.byte() % 3 {
                     0 => u32::MAX,
-                    1 => regs::CSTS_RDY | regs::CSTS_CFS,
-                    _ => regs::CSTS_RDY,
+                    1 => registers::CSTS_RDY | registers::CSTS_CFS,
+                    _ => registers::CSTS_RDY,
                 };
-                emu.write_register(regs::CSTS, v);
+                emu.write_register(registers::CSTS, v);
             }
             _ => {
                 expired.clear();

@@ -31,9 +31,10 @@
 use std::time::{Duration, Instant};
 
 use fp_nvmf::identify::AERL;
-use fp_nvmf::log_page::LogRequest;
+use fp_nvme_spec::fabrics::DISCOVERY_NQN;
+use fp_nvme_spec::log_page::LogRequest;
 use fp_nvmf::model::{DiscoveryEntry, NamespaceInfo, SubsystemKind, SubsystemView};
-use fp_nvmf::spec::*;
+use fp_nvme_spec::*;
 use fp_nvmf::{AdminResult, Controller, ControllerConfig};
 use libfuzzer_sys::fuzz_target;
 

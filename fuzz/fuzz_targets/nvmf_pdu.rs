@@ -1,7 +1,7 @@
 //! Fuzz the NVMe/TCP target's PDU decoding as a connection drives it: common headers through
-//! `fp_nvmf::pdu::check_header` (digests and the data alignment from the first byte), then
+//! `fp_nvme_spec::tcp::check_header` (digests and the data alignment from the first byte), then
 //! each accepted PDU's fields (ICReq, CapsuleCmd's SQE, H2CData, a term request), header
-//! digests, and a Connect's command and data through `fp_nvmf::connect::Connect::parse`.
+//! digests, and a Connect's command and data through `fp_nvme_spec::fabrics::Connect::parse`.
 //!
 //! Input encoding:
 //!
@@ -17,9 +17,9 @@
 //! with the same SQE and data length is accepted with the same layout.
 #![no_main]
 
-use fp_nvmf::connect::Connect;
-use fp_nvmf::pdu::*;
-use fp_nvmf::spec::{Sqe, CONNECT_DATA_LEN, FCTYPE_CONNECT, OPC_FABRICS, SQE_LEN};
+use fp_nvme_spec::fabrics::{Connect, CONNECT_DATA_LEN};
+use fp_nvme_spec::tcp::*;
+use fp_nvme_spec::{Sqe, FCTYPE_CONNECT, OPC_FABRICS, SQE_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,7 +1,12 @@
-//! The daemon crate is wiring: among the workspace's crates its (non-dev) dependencies name only
-//! the registry, the RPC transport and the reactors. Everything a bdev module or an export kind
-//! brings reaches it through the registry, so adding one never touches this crate
-//! (docs/architecture.md, "Adding an export").
+//! The workspace's layering, read from the manifests:
+//!
+//! * the daemon crate is wiring: among the workspace's crates its (non-dev) dependencies name
+//!   only the registry, the RPC transport and the reactors. Everything a bdev module or an export
+//!   kind brings reaches it through the registry, so adding one never touches this crate
+//!   (docs/architecture.md, "Adding an export");
+//! * the NVMe facts live below both NVMe crates: fp-nvme-spec depends on no workspace crate and
+//!   has no unsafe code, and no crate but the registry builds on the NVMe/TCP target (fp-nvmf);
+//!   tests may start one (dev-dependencies).
 
 use std::path::Path;
 
@@ -44,6 +49,69 @@ fn the_daemon_depends_on_registry_rpc_and_reactor_only() {
     }
     // A target-specific table would be a way around the check.
     assert!(crate_manifest.get("target").is_none(), "target-specific dependencies: check them here");
+}
+
+/// The workspace's own crates and their manifest directories.
+fn workspace_crate_dirs(root_dir: &Path) -> Vec<(String, std::path::PathBuf)> {
+    let root = manifest(&root_dir.join("Cargo.toml"));
+    let deps = root["workspace"]["dependencies"].as_table().expect("[workspace.dependencies]");
+    deps.iter()
+        .filter_map(|(name, d)| Some((name.clone(), root_dir.join(d.get("path")?.as_str()?))))
+        .collect()
+}
+
+/// The workspace crates `crate_manifest` names in its non-dev dependency tables.
+fn non_dev_workspace_deps(crate_manifest: &toml::Table, ours: &[String]) -> Vec<String> {
+    assert!(crate_manifest.get("target").is_none(), "target-specific dependencies: check them here");
+    ["dependencies", "build-dependencies"]
+        .iter()
+        .filter_map(|section| crate_manifest.get(*section).and_then(|d| d.as_table()))
+        .flat_map(|deps| deps.keys().filter(|d| ours.contains(d)).cloned())
+        .collect()
+}
+
+#[test]
+fn only_the_registry_builds_on_the_nvme_tcp_target() {
+    let root_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let crates = workspace_crate_dirs(&root_dir);
+    let ours: Vec<String> = crates.iter().map(|(name, _)| name.clone()).collect();
+    for expected in ["fp-nvmf", "fp-nvme", "fp-nvme-spec", "fp-registry"] {
+        assert!(ours.iter().any(|c| c == expected), "{expected} is not a workspace crate: {ours:?}");
+    }
+    let mut users = Vec::new();
+    for (name, dir) in &crates {
+        if non_dev_workspace_deps(&manifest(&dir.join("Cargo.toml")), &ours).iter().any(|d| d == "fp-nvmf") {
+            users.push(name.as_str());
+        }
+    }
+    assert_eq!(
+        users,
+        ["fp-registry"],
+        "only fp-registry may depend on fp-nvmf (the NVMe/TCP target); the NVMe facts both sides \
+         share are fp-nvme-spec's, and a test that starts a target names fp-nvmf in \
+         [dev-dependencies]"
+    );
+}
+
+#[test]
+fn the_nvme_spec_crate_stands_alone_without_unsafe_code() {
+    let root_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let crates = workspace_crate_dirs(&root_dir);
+    let ours: Vec<String> = crates.iter().map(|(name, _)| name.clone()).collect();
+    let (_, dir) =
+        crates.iter().find(|(name, _)| name == "fp-nvme-spec").expect("fp-nvme-spec is a workspace crate");
+    let deps = non_dev_workspace_deps(&manifest(&dir.join("Cargo.toml")), &ours);
+    assert!(
+        deps.is_empty(),
+        "fp-nvme-spec depends on workspace crates {deps:?}: it sits below both NVMe crates"
+    );
+    let lib = dir.join("src/lib.rs");
+    let text = std::fs::read_to_string(&lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
+    assert!(
+        text.lines().any(|l| l.trim() == "#![forbid(unsafe_code)]"),
+        "{} lacks #![forbid(unsafe_code)]",
+        lib.display()
+    );
 }
 
 #[path = "layering/circles.rs"]

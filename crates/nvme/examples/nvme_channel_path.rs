@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use fp_bdev::{BlockDevice, IoOp, IoRequest, IoStatus, SubmitError};
 use fp_nvme::cid::CidTable;
-use fp_nvme::cmd::{self, SqeExt};
 use fp_nvme::ctrlr::{self, GlobalOptions};
 use fp_nvme::transport::{AdminData, AdminQueue, IoQueue, QueueStats, Transport};
-use fp_nvme::{regs, NvmeError};
-use fp_nvmf::identify as id;
-use fp_nvmf::spec::{self, Cqe, Sqe, Status};
+use fp_nvme::NvmeError;
+use fp_nvme_spec::identify as id;
+use fp_nvme_spec::registers;
+use fp_nvme_spec::{self as spec, Cqe, Sqe, Status};
 
 /// Queue depth of the run.
 const QD: usize = 32;
@@ -66,19 +66,21 @@ impl AdminQueue for NullAdmin {
         if let AdminData::FromDevice(b) = data {
             b.fill(0);
             match (sqe.opcode(), sqe.cdw(10) as u8) {
-                (spec::ADMIN_IDENTIFY, cmd::CNS_CONTROLLER) => {
+                (spec::ADMIN_IDENTIFY, spec::identify::CNS_CONTROLLER) => {
                     b[id::IDC_MDTS] = 5;
                     b[id::IDC_NN] = 1;
                 }
-                (spec::ADMIN_IDENTIFY, cmd::CNS_ACTIVE_NAMESPACES) if sqe.nsid() == 0 => b[0] = 1,
-                (spec::ADMIN_IDENTIFY, cmd::CNS_NAMESPACE) => {
+                (spec::ADMIN_IDENTIFY, spec::identify::CNS_ACTIVE_NS_LIST) if sqe.nsid() == 0 => b[0] = 1,
+                (spec::ADMIN_IDENTIFY, spec::identify::CNS_NAMESPACE) => {
                     b[id::IDN_NSZE..id::IDN_NSZE + 8].copy_from_slice(&(1u64 << 20).to_le_bytes());
                     b[id::IDN_LBAF0 + 2] = 12;
                 }
                 _ => {}
             }
         }
-        if sqe.opcode() == spec::ADMIN_SET_FEATURES && sqe.cdw(10) as u8 == cmd::FEAT_NUMBER_OF_QUEUES {
+        if sqe.opcode() == spec::ADMIN_SET_FEATURES
+            && sqe.cdw(10) as u8 == spec::features::FID_NUMBER_OF_QUEUES
+        {
             cqe.dw0 = 3 | (3 << 16);
         }
         Ok(cqe)
@@ -90,7 +92,7 @@ impl AdminQueue for NullAdmin {
         Ok(())
     }
     fn get_property(&mut self, offset: u32, _eight_bytes: bool) -> Result<u64, NvmeError> {
-        Ok(if offset == regs::CAP { 1023 | (1 << 24) } else { 0 })
+        Ok(if offset == registers::CAP { 1023 | (1 << 24) } else { 0 })
     }
     fn set_property(&mut self, _offset: u32, _value: u64, _eight_bytes: bool) -> Result<(), NvmeError> {
         Ok(())

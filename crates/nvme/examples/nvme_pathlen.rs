@@ -21,7 +21,7 @@ use fp_nvme::cmd;
 use fp_nvme::emu::{EmuConfig, EmulatedController};
 use fp_nvme::pcie::{PcieIoQueue, PcieOptions, PcieTransport};
 use fp_nvme::transport::{IoQueue, Transport};
-use fp_nvmf::spec::{Sqe, Status};
+use fp_nvme_spec::{Sqe, Status};
 
 const QD: usize = 32;
 

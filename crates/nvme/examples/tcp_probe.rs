@@ -43,25 +43,27 @@ fn main() {
         kato_ms: 0,
     });
     let mut admin = tr.connect_admin(32, T).expect("admin queue");
-    let cap = admin.get_property(fp_nvme::regs::CAP, true).expect("CAP");
-    let vs = admin.get_property(fp_nvme::regs::VS, false).expect("VS");
+    let cap = admin.get_property(fp_nvme_spec::registers::CAP, true).expect("CAP");
+    let vs = admin.get_property(fp_nvme_spec::registers::VS, false).expect("VS");
     println!(
         "connected: cntlid {} CAP.MQES {} VS {:#x} IOCCSZ data {} max transfer {}",
         admin.cntlid(),
-        fp_nvme::regs::cap_mqes(cap),
+        fp_nvme_spec::registers::cap_mqes(cap),
         vs,
         admin.io_in_capsule_data(),
         admin.max_transfer()
     );
     let mut id = vec![0u8; 4096];
-    let cqe = admin.execute(cmd::identify(cmd::CNS_NAMESPACE, 1), AdminData::FromDevice(&mut id), T).unwrap();
+    let cqe = admin
+        .execute(cmd::identify(fp_nvme_spec::identify::CNS_NAMESPACE, 1), AdminData::FromDevice(&mut id), T)
+        .unwrap();
     assert!(cqe.status.is_success(), "Identify Namespace 1: {cqe:?}");
     let nsze = u64::from_le_bytes(id[0..8].try_into().unwrap());
     let flbas = usize::from(id[26] & 0xf);
     let lbads = id[128 + flbas * 4 + 2];
     let bs = 1usize << lbads;
     println!("namespace 1: {nsze} blocks of {bs} bytes");
-    let depth = (qd + 1).min(usize::from(fp_nvme::regs::cap_mqes(cap)) + 1) as u16;
+    let depth = (qd + 1).min(usize::from(fp_nvme_spec::registers::cap_mqes(cap)) + 1) as u16;
     let mut q = tr.connect_io(&mut admin, 1, depth).expect("I/O queue");
 
     let run = |q: &mut fp_nvme::tcp::TcpQueue, write: bool, slba: u64, buf: &mut [u8]| {

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use fp_bdev::dma::memory_map;
 use fp_bdev::AlignedBuf;
-use fp_nvme::cmd::{self, SqeExt};
+use fp_nvme::cmd;
 use fp_nvme::pcie::vfio::VfioFunction;
 use fp_nvme::pcie::{Bar, DmaMemory, PciFunction};
-use fp_nvme::regs;
 use fp_nvme::transport::{IoQueue, Transport};
+use fp_nvme_spec::registers;
 
 const ENTRIES: u16 = 8;
 
@@ -83,9 +83,9 @@ fn run(addrs: &[String]) -> Result<(), String> {
 
 fn wait(bar: &Bar, what: &str, ok: impl Fn(u32) -> bool) -> Result<(), String> {
     let start = Instant::now();
-    while !ok(bar.read32(regs::CSTS)) {
+    while !ok(bar.read32(registers::CSTS)) {
         if start.elapsed() > Duration::from_secs(10) {
-            return Err(format!("{what}: CSTS {:#x} after 10 s", bar.read32(regs::CSTS)));
+            return Err(format!("{what}: CSTS {:#x} after 10 s", bar.read32(registers::CSTS)));
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -105,13 +105,13 @@ struct Admin {
 
 impl Admin {
     /// Submits `sqe` and polls its completion; returns (status field, dword 0).
-    fn run(&mut self, mut sqe: fp_nvmf::spec::Sqe) -> Result<(u16, u32), String> {
+    fn run(&mut self, mut sqe: fp_nvme_spec::Sqe) -> Result<(u16, u32), String> {
         self.cid += 1;
         sqe.set_cid(self.cid);
         let at = usize::from(self.tail) * 64;
         self.sq.as_mut_slice()[at..at + 64].copy_from_slice(&sqe.0);
         self.tail = (self.tail + 1) % ENTRIES;
-        self.bar.write32(regs::DOORBELLS, u32::from(self.tail));
+        self.bar.write32(registers::DOORBELLS, u32::from(self.tail));
         let start = Instant::now();
         loop {
             let at = usize::from(self.head) * 16;
@@ -123,8 +123,8 @@ impl Admin {
                 if self.head == 0 {
                     self.phase = !self.phase;
                 }
-                let stride = 4 << regs::cap_dstrd(self.bar.read64(regs::CAP));
-                self.bar.write32(regs::DOORBELLS + stride, u32::from(self.head));
+                let stride = 4 << registers::cap_dstrd(self.bar.read64(registers::CAP));
+                self.bar.write32(registers::DOORBELLS + stride, u32::from(self.head));
                 let cid = u16::from_le_bytes([cqe[12], cqe[13]]);
                 if cid != self.cid {
                     return Err(format!("completion for cid {cid}, expected {}", self.cid));
@@ -149,7 +149,7 @@ impl Admin {
 type Queue = fp_nvme::pcie::PcieIoQueue<VfioFunction>;
 
 /// Submits `cmds` (command, iovecs) in one batch (one doorbell) and waits for them all.
-fn batch(q: &mut Queue, cmds: &[(fp_nvmf::spec::Sqe, Vec<libc::iovec>)]) -> Result<(), String> {
+fn batch(q: &mut Queue, cmds: &[(fp_nvme_spec::Sqe, Vec<libc::iovec>)]) -> Result<(), String> {
     for (i, (sqe, iov)) in cmds.iter().enumerate() {
         // SAFETY: the buffers outlive the completions awaited below.
         unsafe { q.submit(sqe, iov, i as u32) }.map_err(|e| format!("submit: {e:?}"))?;
@@ -225,7 +225,7 @@ fn io_check(f: std::sync::Arc<VfioFunction>) -> Result<(), String> {
     t.shutdown(&mut admin, Duration::from_secs(5));
     println!(
         "VFIO-PROBE: io: queue deleted, controller shut down (CSTS {:#x})",
-        t.function().bar0().read32(regs::CSTS)
+        t.function().bar0().read32(registers::CSTS)
     );
     Ok(())
 }
@@ -236,40 +236,40 @@ fn text(b: &[u8]) -> String {
 
 fn probe(f: &VfioFunction, early: &mut AlignedBuf) -> Result<(), String> {
     let bar = f.bar0();
-    let cap = bar.read64(regs::CAP);
-    let vs = bar.read32(regs::VS);
+    let cap = bar.read64(registers::CAP);
+    let vs = bar.read32(registers::VS);
     println!(
         "VFIO-PROBE: open {} BAR0 {:#x} bytes CAP {cap:#018x} (MQES {}, DSTRD {}) VS {}.{}.{} CSTS {:#x}",
         f.address(),
         bar.len(),
-        regs::cap_mqes(cap),
-        regs::cap_dstrd(cap),
+        registers::cap_mqes(cap),
+        registers::cap_dstrd(cap),
         vs >> 16,
         (vs >> 8) & 0xff,
         vs & 0xff,
-        bar.read32(regs::CSTS)
+        bar.read32(registers::CSTS)
     );
     if vs == u32::MAX || vs >> 16 == 0 {
         return Err(format!("VS {vs:#x} is no NVMe version"));
     }
 
     // Controller initialisation (Base 3.5.1): disable, admin queue registers, enable.
-    bar.write32(regs::CC, 0);
-    wait(&bar, "disable", |c| c & regs::CSTS_RDY == 0)?;
+    bar.write32(registers::CC, 0);
+    wait(&bar, "disable", |c| c & registers::CSTS_RDY == 0)?;
     let sq = DmaMemory::new(usize::from(ENTRIES) * 64).map_err(|e| e.to_string())?;
     let cq = DmaMemory::new(usize::from(ENTRIES) * 16).map_err(|e| e.to_string())?;
     let q = u32::from(ENTRIES - 1);
-    bar.write32(regs::AQA, q | (q << 16));
-    bar.write64(regs::ASQ, sq.iova());
-    bar.write64(regs::ACQ, cq.iova());
-    bar.write32(regs::CC, regs::CC_EN | regs::CC_CSS_NVM | regs::CC_IOQES);
-    wait(&bar, "enable", |c| c & regs::CSTS_RDY != 0)?;
+    bar.write32(registers::AQA, q | (q << 16));
+    bar.write64(registers::ASQ, sq.iova());
+    bar.write64(registers::ACQ, cq.iova());
+    bar.write32(registers::CC, registers::CC_EN | registers::CC_CSS_NVM | registers::CC_IOQES);
+    wait(&bar, "enable", |c| c & registers::CSTS_RDY != 0)?;
     println!("VFIO-PROBE: enabled, admin SQ at iova {:#x}, CQ at {:#x}", sq.iova(), cq.iova());
     let mut admin = Admin { bar, sq, cq, tail: 0, head: 0, phase: true, cid: 0 };
 
     // 1. Driver memory.
     let data = DmaMemory::new(4096).map_err(|e| e.to_string())?;
-    let st = admin.identify(cmd::CNS_CONTROLLER, 0, data.iova())?;
+    let st = admin.identify(fp_nvme_spec::identify::CNS_CONTROLLER, 0, data.iova())?;
     let id = data.as_slice();
     println!(
         "VFIO-PROBE: identify into DmaMemory status {st:#x}: vid {:#06x} serial {:?} model {:?}",
@@ -287,7 +287,7 @@ fn probe(f: &VfioFunction, early: &mut AlignedBuf) -> Result<(), String> {
     let buf = early;
     buf.as_mut_slice().fill(0);
     let iova = buf.iova().ok_or("an AlignedBuf is not in the DMA map")?;
-    let st = admin.identify(cmd::CNS_CONTROLLER, 0, iova)?;
+    let st = admin.identify(fp_nvme_spec::identify::CNS_CONTROLLER, 0, iova)?;
     println!("VFIO-PROBE: identify into AlignedBuf (iova {iova:#x}) status {st:#x}");
     if st != 0 || buf.as_slice()[24..64] != model[..] {
         return Err("Identify Controller into an AlignedBuf differs".into());
@@ -310,7 +310,7 @@ fn probe(f: &VfioFunction, early: &mut AlignedBuf) -> Result<(), String> {
         return Err(format!("mmap: {}", std::io::Error::last_os_error()));
     }
     let base = memory_map().register(p as usize, len).map_err(|e| e.to_string())?;
-    let st = admin.identify(cmd::CNS_NAMESPACE, 1, base + 0x1000)?;
+    let st = admin.identify(fp_nvme_spec::identify::CNS_NAMESPACE, 1, base + 0x1000)?;
     // SAFETY: 4 KiB inside the 2 MiB mapping, written by the device before the completion.
     let ns = unsafe { std::slice::from_raw_parts((p as *const u8).add(0x1000), 4096) };
     let nsze = u64::from_le_bytes(ns[0..8].try_into().unwrap());
@@ -330,7 +330,7 @@ fn probe(f: &VfioFunction, early: &mut AlignedBuf) -> Result<(), String> {
     // SAFETY: the 4 KiB written above, still mapped; the device is idle.
     unsafe { std::ptr::write_bytes((p as *mut u8).add(0x1000), 0, 4096) };
     memory_map().unregister(p as usize, len).map_err(|e| e.to_string())?;
-    let st = admin.identify(cmd::CNS_NAMESPACE, 1, base + 0x1000)?;
+    let st = admin.identify(fp_nvme_spec::identify::CNS_NAMESPACE, 1, base + 0x1000)?;
     // SAFETY: the same 4 KiB, still mapped; read after the completion.
     let arrived =
         unsafe { std::slice::from_raw_parts((p as *const u8).add(0x1000), 4096) }.iter().any(|&b| b != 0);
@@ -346,9 +346,9 @@ fn probe(f: &VfioFunction, early: &mut AlignedBuf) -> Result<(), String> {
 
     // 5. Function-level reset: the controller comes back disabled.
     let reset = f.reset_function().map_err(|e| e.to_string())?;
-    let (cc, csts) = (bar.read32(regs::CC), bar.read32(regs::CSTS));
+    let (cc, csts) = (bar.read32(registers::CC), bar.read32(registers::CSTS));
     println!("VFIO-PROBE: reset_function {reset}: CC {cc:#x} CSTS {csts:#x}");
-    if reset && (cc & regs::CC_EN != 0 || csts & regs::CSTS_RDY != 0) {
+    if reset && (cc & registers::CC_EN != 0 || csts & registers::CSTS_RDY != 0) {
         return Err("the controller is still enabled after the function reset".into());
     }
     drop(admin);

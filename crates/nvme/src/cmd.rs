@@ -1,89 +1,9 @@
-//! The commands the driver sends, built as [`Sqe`]s (the 64 bytes `fp_nvmf::spec` reads) with
-//! the command ID and data pointer left zero: the queue that sends one fills those. Sections
-//! are the NVMe Base Specification 2.0's and the NVM Command Set Specification 1.0's ("NVM").
+//! The commands the driver sends, built as [`Sqe`]s with the command ID and data pointer left
+//! zero: the queue that sends one fills those. Sections are the NVMe Base Specification 2.0's
+//! and the NVM Command Set Specification 1.0's ("NVM"); the opcodes and codes are
+//! `fp_nvme_spec`'s.
 
-use fp_nvmf::spec::{self, Sqe};
-
-/// Admin opcodes the driver sends beyond those `fp_nvmf::spec` names (Base 5, Figure 138).
-pub const ADMIN_DELETE_IO_SQ: u8 = 0x00;
-/// Create I/O Submission Queue.
-pub const ADMIN_CREATE_IO_SQ: u8 = 0x01;
-/// Delete I/O Completion Queue.
-pub const ADMIN_DELETE_IO_CQ: u8 = 0x04;
-/// Create I/O Completion Queue.
-pub const ADMIN_CREATE_IO_CQ: u8 = 0x05;
-/// Doorbell Buffer Config (shadow doorbells, Base 5.8).
-pub const ADMIN_DOORBELL_BUFFER_CONFIG: u8 = 0x7C;
-
-/// Identify CNS values (Base 5.17.2, Figure 273).
-pub const CNS_NAMESPACE: u8 = 0x00;
-/// Identify Controller.
-pub const CNS_CONTROLLER: u8 = 0x01;
-/// Active Namespace ID list.
-pub const CNS_ACTIVE_NAMESPACES: u8 = 0x02;
-
-/// Feature identifiers (Base 5.27.1, Figure 317).
-pub const FEAT_NUMBER_OF_QUEUES: u8 = 0x07;
-/// Asynchronous Event Configuration.
-pub const FEAT_ASYNC_EVENT_CONFIG: u8 = 0x0B;
-/// Keep Alive Timer.
-pub const FEAT_KEEP_ALIVE_TIMER: u8 = 0x0F;
-/// Volatile Write Cache.
-pub const FEAT_VOLATILE_WRITE_CACHE: u8 = 0x06;
-
-/// Log page identifiers (Base 5.16.1).
-pub const LOG_ERROR: u8 = 0x01;
-/// SMART / Health Information.
-pub const LOG_HEALTH: u8 = 0x02;
-/// Changed Namespace List.
-pub const LOG_CHANGED_NAMESPACES: u8 = 0x04;
-
-/// Writes into an [`Sqe`]'s bytes: the setters `fp_nvmf::spec`'s read-only view lacks.
-pub trait SqeExt {
-    /// A command with `opcode` and everything else zero.
-    fn command(opcode: u8) -> Sqe;
-    /// Sets the command ID (dword 0, bits 31:16).
-    fn set_cid(&mut self, cid: u16);
-    /// Sets PSDT (dword 0, bits 15:14): 0 for PRPs, 1 for SGLs (PCIe).
-    fn set_psdt(&mut self, psdt: u8);
-    /// Sets the namespace ID.
-    fn set_nsid(&mut self, nsid: u32);
-    /// Sets command dword `n` (10..=15).
-    fn set_cdw(&mut self, n: usize, value: u32);
-    /// Sets the data pointer as PRP entries 1 and 2 (Base 4.1.1).
-    fn set_prp(&mut self, prp1: u64, prp2: u64);
-    /// Sets the data pointer's 16 bytes as an SGL descriptor (Base 4.1.2).
-    fn set_sgl(&mut self, descriptor: [u8; 16]);
-}
-
-impl SqeExt for Sqe {
-    fn command(opcode: u8) -> Sqe {
-        let mut s = Sqe([0; spec::SQE_LEN]);
-        s.0[0] = opcode;
-        s
-    }
-    fn set_cid(&mut self, cid: u16) {
-        self.0[2..4].copy_from_slice(&cid.to_le_bytes());
-    }
-    fn set_psdt(&mut self, psdt: u8) {
-        self.0[1] = (self.0[1] & 0x3f) | (psdt << 6);
-    }
-    fn set_nsid(&mut self, nsid: u32) {
-        self.0[4..8].copy_from_slice(&nsid.to_le_bytes());
-    }
-    fn set_cdw(&mut self, n: usize, value: u32) {
-        assert!((10..=15).contains(&n), "command dword {n} is not command-specific");
-        let at = 40 + (n - 10) * 4;
-        self.0[at..at + 4].copy_from_slice(&value.to_le_bytes());
-    }
-    fn set_prp(&mut self, prp1: u64, prp2: u64) {
-        self.0[24..32].copy_from_slice(&prp1.to_le_bytes());
-        self.0[32..40].copy_from_slice(&prp2.to_le_bytes());
-    }
-    fn set_sgl(&mut self, descriptor: [u8; 16]) {
-        self.0[24..40].copy_from_slice(&descriptor);
-    }
-}
+use fp_nvme_spec::{self as spec, Sqe};
 
 /// Identify (Base 5.17): `cns` for namespace `nsid` (0 when not about one); 4 KiB of data.
 pub fn identify(cns: u8, nsid: u32) -> Sqe {
@@ -123,7 +43,7 @@ pub fn get_log_page(lid: u8, nsid: u32, len: u32, offset: u64) -> Sqe {
 /// Create I/O Completion Queue (Base 5.4): `qid` of `size` entries at `iova` (physically
 /// contiguous), interrupts off or on `vector`.
 pub fn create_io_cq(qid: u16, size: u16, iova: u64, vector: Option<u16>) -> Sqe {
-    let mut s = Sqe::command(ADMIN_CREATE_IO_CQ);
+    let mut s = Sqe::command(spec::ADMIN_CREATE_IO_CQ);
     s.set_prp(iova, 0);
     s.set_cdw(10, u32::from(qid) | (u32::from(size - 1) << 16));
     // PC (physically contiguous) and IEN with the vector.
@@ -135,7 +55,7 @@ pub fn create_io_cq(qid: u16, size: u16, iova: u64, vector: Option<u16>) -> Sqe 
 /// Create I/O Submission Queue (Base 5.5): `qid` of `size` entries at `iova`, completing to
 /// completion queue `cqid`.
 pub fn create_io_sq(qid: u16, size: u16, iova: u64, cqid: u16) -> Sqe {
-    let mut s = Sqe::command(ADMIN_CREATE_IO_SQ);
+    let mut s = Sqe::command(spec::ADMIN_CREATE_IO_SQ);
     s.set_prp(iova, 0);
     s.set_cdw(10, u32::from(qid) | (u32::from(size - 1) << 16));
     s.set_cdw(11, 1 | (u32::from(cqid) << 16));
@@ -144,14 +64,14 @@ pub fn create_io_sq(qid: u16, size: u16, iova: u64, cqid: u16) -> Sqe {
 
 /// Delete I/O Submission Queue (Base 5.7).
 pub fn delete_io_sq(qid: u16) -> Sqe {
-    let mut s = Sqe::command(ADMIN_DELETE_IO_SQ);
+    let mut s = Sqe::command(spec::ADMIN_DELETE_IO_SQ);
     s.set_cdw(10, u32::from(qid));
     s
 }
 
 /// Delete I/O Completion Queue (Base 5.6).
 pub fn delete_io_cq(qid: u16) -> Sqe {
-    let mut s = Sqe::command(ADMIN_DELETE_IO_CQ);
+    let mut s = Sqe::command(spec::ADMIN_DELETE_IO_CQ);
     s.set_cdw(10, u32::from(qid));
     s
 }
@@ -176,7 +96,7 @@ pub fn keep_alive() -> Sqe {
 /// Doorbell Buffer Config (Base 5.8): the shadow doorbell page at `shadow` and the event
 /// index page at `eventidx` (both one page, IOVAs).
 pub fn doorbell_buffer_config(shadow: u64, eventidx: u64) -> Sqe {
-    let mut s = Sqe::command(ADMIN_DOORBELL_BUFFER_CONFIG);
+    let mut s = Sqe::command(spec::ADMIN_DOORBELL_BUFFER_CONFIG);
     s.set_prp(shadow, eventidx);
     s
 }
@@ -242,7 +162,7 @@ mod tests {
         assert_eq!(s.slba(), 0x1_2345_6789);
         assert_eq!(s.nlb(), 8);
         assert!(s.fua());
-        let g = get_log_page(LOG_CHANGED_NAMESPACES, 0xffff_ffff, 4096, 0);
+        let g = get_log_page(spec::log_page::LID_CHANGED_NS, 0xffff_ffff, 4096, 0);
         assert_eq!(g.cdw(10), 0x04 | (1023 << 16));
         let cq = create_io_cq(2, 128, 0x20_0000, None);
         assert_eq!(cq.cdw(10), 2 | (127 << 16));

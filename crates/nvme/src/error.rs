@@ -1,6 +1,6 @@
 //! The driver's error: what failed, with a small stable kind for RPC errors.
 
-use fp_nvmf::spec::Status;
+use fp_nvme_spec::Status;
 
 /// Why a driver operation failed (control plane, or a queue that died).
 #[derive(Debug, thiserror::Error)]

@@ -2,12 +2,13 @@
 //! shared by two transports, and each namespace a bdev. See docs/nvme.md.
 //!
 //! * [`transport`]: what a transport gives the controller (an admin queue, I/O queues) and
-//!   [`cmd`] the commands built for them, [`regs`] the controller registers, [`cid`] the
-//!   command-id table every queue keeps (timeouts, hostile completions);
+//!   [`cmd`] the commands built for them (the layouts, codes and registers are `fp_nvme_spec`'s,
+//!   which the NVMe/TCP target shares), [`cid`] the command-id table every queue keeps
+//!   (timeouts, hostile completions);
 //! * [`pcie`]: the PCIe transport: submission and completion rings in DMA memory, PRP lists,
 //!   batched and shadow doorbells, over a [`pcie::PciFunction`]: a VFIO-bound device
 //!   ([`pcie::vfio`]) or the emulated controller ([`emu`]) the tests and fuzz targets use;
-//! * [`tcp`]: the NVMe/TCP transport (the host side of `fp_nvmf`'s protocol code);
+//! * [`tcp`]: the NVMe/TCP transport (the host side of `fp_nvme_spec::tcp`'s PDUs);
 //! * [`ctrlr`]: a controller's life (attach, Identify, namespaces, asynchronous events,
 //!   keep-alive, timeouts, abort, reset, reconnect, detach) on its own control-plane thread;
 //! * [`bdev`]: namespaces as block devices, one I/O queue pair per channel;
@@ -20,7 +21,6 @@ pub mod ctrlr;
 pub mod emu;
 mod error;
 pub mod pcie;
-pub mod regs;
 pub mod rpc;
 pub mod tcp;
 pub mod transport;

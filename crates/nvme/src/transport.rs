@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use fp_bdev::SubmitError;
-use fp_nvmf::spec::{Cqe, Sqe, Status};
+use fp_nvme_spec::{Cqe, Sqe, Status};
 
 use crate::NvmeError;
 
@@ -128,7 +128,7 @@ pub trait AdminQueue: Send {
     fn poll_async_events(&mut self, out: &mut Vec<Cqe>) -> Result<(), NvmeError>;
 
     /// Reads a controller register (PCIe: BAR0; TCP: the Fabrics Property Get command): 4 or
-    /// 8 bytes at `offset` ([`crate::regs`]).
+    /// 8 bytes at `offset` ([`fp_nvme_spec::registers`]).
     fn get_property(&mut self, offset: u32, eight_bytes: bool) -> Result<u64, NvmeError>;
 
     /// Writes a controller register (PCIe: BAR0; TCP: Property Set).

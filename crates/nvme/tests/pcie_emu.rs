@@ -10,10 +10,10 @@ use fp_bdev::AlignedBuf;
 use fp_nvme::cmd;
 use fp_nvme::emu::{EmuConfig, EmuNamespace, EmulatedController, Fault};
 use fp_nvme::pcie::{PciFunction, PcieAdmin, PcieIoQueue, PcieOptions, PcieTransport};
-use fp_nvme::regs;
 use fp_nvme::transport::{AdminData, AdminQueue, IoQueue, Transport};
 use fp_nvme::NvmeError;
-use fp_nvmf::spec::Status;
+use fp_nvme_spec::registers;
+use fp_nvme_spec::Status;
 
 const T: Duration = Duration::from_secs(5);
 
@@ -64,7 +64,7 @@ fn reap(q: &mut PcieIoQueue<EmulatedController>, n: usize) -> Result<Vec<(u32, S
 }
 
 /// Submits one command and waits for it.
-fn run(q: &mut PcieIoQueue<EmulatedController>, sqe: &fp_nvmf::spec::Sqe, iov: &[libc::iovec]) -> Status {
+fn run(q: &mut PcieIoQueue<EmulatedController>, sqe: &fp_nvme_spec::Sqe, iov: &[libc::iovec]) -> Status {
     // SAFETY: the buffers outlive the completion awaited below.
     unsafe { q.submit(sqe, iov, 7).unwrap() };
     q.flush();
@@ -80,21 +80,27 @@ fn enable_identify_and_queue_lifecycle() {
     assert!(t.traddr().starts_with("emu:"));
     assert_eq!(admin.cntlid(), 1);
     let mut id = vec![0u8; 4096];
-    let c = admin.execute(cmd::identify(cmd::CNS_NAMESPACE, 1), AdminData::FromDevice(&mut id), T).unwrap();
+    let c = admin
+        .execute(cmd::identify(fp_nvme_spec::identify::CNS_NAMESPACE, 1), AdminData::FromDevice(&mut id), T)
+        .unwrap();
     assert!(c.status.is_success());
     assert_eq!(u64::from_le_bytes(id[0..8].try_into().unwrap()), 2048);
     assert_eq!(id[130], 9, "512-byte blocks");
     let c = admin
-        .execute(cmd::set_features(cmd::FEAT_NUMBER_OF_QUEUES, 0x000f_000f), AdminData::None, T)
+        .execute(
+            cmd::set_features(fp_nvme_spec::features::FID_NUMBER_OF_QUEUES, 0x000f_000f),
+            AdminData::None,
+            T,
+        )
         .unwrap();
     assert_eq!(c.dw0, 15 | (15 << 16));
-    assert_eq!(admin.get_property(regs::VS, false).unwrap(), 0x0002_0000);
+    assert_eq!(admin.get_property(registers::VS, false).unwrap(), 0x0002_0000);
     let q = t.connect_io(&mut admin, 1, 64).unwrap();
     assert_eq!(q.qid(), 1);
     // A queue ID the controller does not have is refused with its status.
     match t.connect_io(&mut admin, 200, 64) {
         Err(NvmeError::Command { status, .. }) => {
-            assert_eq!(status.sc, fp_nvmf::spec::SC_INVALID_QUEUE_IDENTIFIER)
+            assert_eq!(status.sc, fp_nvme_spec::SC_INVALID_QUEUE_IDENTIFIER)
         }
         other => panic!("{:?}", other.err()),
     }
@@ -106,8 +112,8 @@ fn enable_identify_and_queue_lifecycle() {
     assert_eq!(emu.counters().enables, 2);
     assert!(emu.counters().doorbell_buffer_configs >= 2);
     t.shutdown(&mut admin, T);
-    let csts = admin.get_property(regs::CSTS, false).unwrap() as u32;
-    assert_eq!(csts & regs::CSTS_SHST_MASK, regs::CSTS_SHST_COMPLETE);
+    let csts = admin.get_property(registers::CSTS, false).unwrap() as u32;
+    assert_eq!(csts & registers::CSTS_SHST_MASK, registers::CSTS_SHST_COMPLETE);
 }
 
 #[test]
@@ -139,9 +145,9 @@ fn prp_lists_carry_data_both_ways() {
     // Errors come back as statuses: past the end, a namespace that is not there.
     assert_eq!(
         run(&mut q, &cmd::read_write(false, 1, 2047, 2, false), &[iov(b, 1024)]).sc,
-        fp_nvmf::spec::SC_LBA_OUT_OF_RANGE
+        fp_nvme_spec::SC_LBA_OUT_OF_RANGE
     );
-    assert_eq!(run(&mut q, &cmd::flush(9), &[]).sc, fp_nvmf::spec::SC_INVALID_NAMESPACE);
+    assert_eq!(run(&mut q, &cmd::flush(9), &[]).sc, fp_nvme_spec::SC_INVALID_NAMESPACE);
     // Write Zeroes and Deallocate clear blocks.
     assert!(run(&mut q, &cmd::write_zeroes(1, 16, 8, false), &[]).is_success());
     assert_eq!(emu.read_namespace(1, 16 * 512, 4096).unwrap(), vec![0; 4096]);
@@ -194,11 +200,10 @@ fn unregistered_memory_is_bounced_and_unreachable_to_the_device() {
     // The device itself cannot reach memory outside the map: a command pointing there by
     // hand (PRPs set, as a buggy driver might) fails with Data Transfer Error. Sent through
     // the admin queue's Identify with a raw PRP.
-    let mut sqe = cmd::identify(cmd::CNS_CONTROLLER, 0);
-    use fp_nvme::cmd::SqeExt;
+    let mut sqe = cmd::identify(fp_nvme_spec::identify::CNS_CONTROLLER, 0);
     sqe.set_prp(0x7fff_0000_0000, 0);
     let c = admin.execute(sqe, AdminData::None, T).unwrap();
-    assert_eq!(c.status.sc, fp_nvmf::spec::SC_DATA_TRANSFER_ERROR);
+    assert_eq!(c.status.sc, fp_nvme_spec::SC_DATA_TRANSFER_ERROR);
 }
 
 #[test]
@@ -305,7 +310,7 @@ fn namespace_changes_raise_an_async_event() {
     let mut log = vec![0u8; 4096];
     let c = admin
         .execute(
-            cmd::get_log_page(cmd::LOG_CHANGED_NAMESPACES, 0xffff_ffff, 4096, 0),
+            cmd::get_log_page(fp_nvme_spec::log_page::LID_CHANGED_NS, 0xffff_ffff, 4096, 0),
             AdminData::FromDevice(&mut log),
             T,
         )
@@ -314,7 +319,9 @@ fn namespace_changes_raise_an_async_event() {
     assert_eq!(u32::from_le_bytes(log[0..4].try_into().unwrap()), 1);
     assert_eq!(u32::from_le_bytes(log[4..8].try_into().unwrap()), 0);
     let mut id = vec![0u8; 4096];
-    admin.execute(cmd::identify(cmd::CNS_NAMESPACE, 1), AdminData::FromDevice(&mut id), T).unwrap();
+    admin
+        .execute(cmd::identify(fp_nvme_spec::identify::CNS_NAMESPACE, 1), AdminData::FromDevice(&mut id), T)
+        .unwrap();
     assert_eq!(u64::from_le_bytes(id[0..8].try_into().unwrap()), 4096);
     // A commands' completion in between does not disturb the outstanding request count.
     let c = admin.execute(cmd::keep_alive(), AdminData::None, T).unwrap();
@@ -396,7 +403,7 @@ fn a_silent_or_phase_confused_controller_leaves_commands_to_the_timeout_path() {
             let c = admin.execute(cmd::abort(1, expired[0].0), AdminData::None, T).unwrap();
             assert_eq!(c.dw0 & 1, 0, "aborted");
             let done = reap(&mut q, 1).unwrap();
-            assert_eq!(done[0], (100, Status::generic(fp_nvmf::spec::SC_ABORT_REQUESTED)));
+            assert_eq!(done[0], (100, Status::generic(fp_nvme_spec::SC_ABORT_REQUESTED)));
             assert_eq!(emu.counters().aborts, 1);
         }
         let mut tags = Vec::new();
@@ -422,7 +429,7 @@ fn a_removed_or_failed_device_fails_the_queue_as_gone() {
         assert!(matches!(r, Err(NvmeError::Gone(_))), "{fault:?}: {:?}", r.err());
         assert!(matches!(t.connect_admin(32, T), Err(NvmeError::Gone(_))));
         if fault == Fault::Disappear {
-            assert!(matches!(admin.get_property(regs::CSTS, false), Err(NvmeError::Gone(_))));
+            assert!(matches!(admin.get_property(registers::CSTS, false), Err(NvmeError::Gone(_))));
         }
     }
 }
@@ -433,7 +440,7 @@ fn a_controller_back_from_a_fault_works_after_a_reset() {
     let q = t.connect_io(&mut admin, 1, 16).unwrap();
     emu.set_fault(Fault::FatalStatus);
     let deadline = Instant::now() + T;
-    while admin.get_property(regs::CSTS, false).unwrap() as u32 & regs::CSTS_CFS == 0 {
+    while admin.get_property(registers::CSTS, false).unwrap() as u32 & registers::CSTS_CFS == 0 {
         assert!(Instant::now() < deadline);
         std::thread::yield_now();
     }
@@ -456,7 +463,13 @@ fn namespaces_of_other_block_sizes() {
     };
     let (emu, t, mut admin) = setup(cfg, PcieOptions::default());
     let mut list = vec![0u8; 4096];
-    admin.execute(cmd::identify(cmd::CNS_ACTIVE_NAMESPACES, 0), AdminData::FromDevice(&mut list), T).unwrap();
+    admin
+        .execute(
+            cmd::identify(fp_nvme_spec::identify::CNS_ACTIVE_NS_LIST, 0),
+            AdminData::FromDevice(&mut list),
+            T,
+        )
+        .unwrap();
     assert_eq!(&list[..12], &[1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0]);
     let mut q = t.connect_io(&mut admin, 2, 8).unwrap();
     let buf = Registered::new(8192);

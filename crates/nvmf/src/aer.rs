@@ -5,9 +5,10 @@
 
 use std::collections::VecDeque;
 
+use fp_nvme_spec::log_page::{LID_CHANGED_NS, LID_DISCOVERY};
+use fp_nvme_spec::{Cqe, Status};
+
 use crate::identify::AERL;
-use crate::log_page::{LID_CHANGED_NS, LID_DISCOVERY};
-use crate::spec::{Cqe, Status};
 
 /// Asynchronous Event Type 010b: Notice (Base 5.2, Figure 146).
 const TYPE_NOTICE: u32 = 0b010;

@@ -5,19 +5,23 @@
 
 use std::time::{Duration, Instant};
 
+use fp_nvme_spec::fabrics::PropertyAccess;
+
 use crate::aer::{AsyncEvent, AsyncEvents};
 use crate::features::{FeatureEffect, FeatureError, FeatureLimits, Features};
-use crate::identify::{
-    self, CNS_ACTIVE_NS_LIST, CNS_CONTROLLER, CNS_IO_COMMAND_SET_CONTROLLER, CNS_NAMESPACE,
-    CNS_NS_DESCRIPTORS, CSI_NVM, OAES_DISCOVERY_CHANGE, OAES_NS_ATTRIBUTE,
+use fp_nvme_spec::identify::{
+    CNS_ACTIVE_NS_LIST, CNS_CONTROLLER, CNS_IO_COMMAND_SET_CONTROLLER, CNS_NAMESPACE, CNS_NS_DESCRIPTORS,
+    CSI_NVM, OAES_DISCOVERY_CHANGE, OAES_NS_ATTRIBUTE,
 };
-use crate::log_page::{
-    self, ChangedNamespaces, LogRequest, LID_CHANGED_NS, LID_DISCOVERY, LID_ERROR, LID_FIRMWARE_SLOT,
-    LID_SMART,
+use fp_nvme_spec::log_page::{
+    LogRequest, LID_CHANGED_NS, LID_DISCOVERY, LID_ERROR, LID_FIRMWARE_SLOT, LID_SMART,
 };
+
+use crate::identify;
+use crate::log_page::{self, ChangedNamespaces};
 use crate::model::{SubsystemKind, SubsystemView};
-use crate::properties::{Properties, PropertyAccess, PropertyEffect};
-use crate::spec::{
+use crate::properties::{Properties, PropertyEffect};
+use fp_nvme_spec::{
     Cqe, Sqe, Status, ADMIN_ABORT, ADMIN_ASYNC_EVENT_REQUEST, ADMIN_GET_FEATURES, ADMIN_GET_LOG_PAGE,
     ADMIN_IDENTIFY, ADMIN_KEEP_ALIVE, ADMIN_SET_FEATURES, FCTYPE_CONNECT, FCTYPE_DISCONNECT,
     FCTYPE_PROPERTY_GET, FCTYPE_PROPERTY_SET, OPC_FABRICS, SC_ASYNC_EVENT_LIMIT_EXCEEDED,
@@ -258,7 +262,7 @@ impl Controller {
             (SubsystemKind::Nvme, LID_CHANGED_NS) => self.changed.page(),
             _ => return complete(cid, Status::command_specific(SC_INVALID_LOG_PAGE)),
         };
-        let Some(data) = req.cut(&page, self.cfg.max_transfer_bytes) else {
+        let Some(data) = log_page::cut(&req, &page, self.cfg.max_transfer_bytes) else {
             return invalid_field(cid);
         };
         // The list holds what changed since it was last read (Base 5.16.1.5), whatever RAE says;
@@ -384,7 +388,7 @@ impl Controller {
 pub(crate) mod tests {
     use super::*;
     use crate::model::{DiscoveryEntry, NamespaceInfo};
-    use crate::spec::DISCOVERY_NQN;
+    use fp_nvme_spec::fabrics::DISCOVERY_NQN;
 
     pub(crate) fn config(kind: SubsystemKind) -> ControllerConfig {
         ControllerConfig {

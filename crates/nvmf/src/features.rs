@@ -1,42 +1,13 @@
 //! Set Features and Get Features (Base 5.27 and 5.15): the features a fabrics controller keeps,
-//! their current values, defaults and capabilities. Nothing is saveable (ONCS bit 4 cleared), so
+//! their current values, defaults and capabilities (the codes are `fp_nvme_spec::features`'s). Nothing is saveable (ONCS bit 4 cleared), so
 //! Set with SV is refused and Get of the saved value answers the default (Base 5.15.1).
 
-use crate::spec::Sqe;
-
-// Feature identifiers (Base 5.27.1, Figure 317).
-pub const FID_ARBITRATION: u8 = 0x01;
-pub const FID_POWER_MANAGEMENT: u8 = 0x02;
-pub const FID_TEMPERATURE_THRESHOLD: u8 = 0x04;
-pub const FID_ERROR_RECOVERY: u8 = 0x05;
-pub const FID_VOLATILE_WRITE_CACHE: u8 = 0x06;
-pub const FID_NUMBER_OF_QUEUES: u8 = 0x07;
-pub const FID_ASYNC_EVENT_CONFIG: u8 = 0x0B;
-pub const FID_KEEP_ALIVE_TIMER: u8 = 0x0F;
-pub const FID_HOST_IDENTIFIER: u8 = 0x81;
-
-/// Set Features dword 10 bit 31: save the value across power cycles.
-const SET_SV: u32 = 1 << 31;
-/// Get Features dword 10 bits 10:8: which value (Base 5.15, Figure 190).
-const SEL_SHIFT: u32 = 8;
-const SEL_CURRENT: u32 = 0;
-const SEL_DEFAULT: u32 = 1;
-const SEL_SAVED: u32 = 2;
-const SEL_SUPPORTED: u32 = 3;
-/// Get Features with SEL 011b: capabilities in dword 0 (Base 5.15.1, Figure 193).
-const CAP_CHANGEABLE: u32 = 1 << 2;
-const CAP_NAMESPACE_SPECIFIC: u32 = 1 << 1;
+use fp_nvme_spec::features::*;
+use fp_nvme_spec::Sqe;
 
 /// The over temperature threshold reported by default: 343 K (70 °C). There is no sensor
 /// (the SMART page's temperature is 0), so no threshold is ever crossed.
 const DEFAULT_OVER_TEMPERATURE: u16 = 343;
-/// Temperature Threshold dword 11: TMPSEL bits 19:16 (0 = composite, Fh = all), THSEL 21:20.
-const TMPSEL_COMPOSITE: u32 = 0x0;
-const TMPSEL_ALL: u32 = 0xF;
-/// Error Recovery dword 11 bit 16: DULBE, which needs NSFEAT bit 2 (not reported).
-const ERROR_RECOVERY_DULBE: u32 = 1 << 16;
-/// Host Identifier dword 11 bit 0: EXHID, the 128-bit identifier fabrics use.
-const HOST_ID_EXHID: u32 = 1 << 0;
 /// The Keep Alive Timer's granularity (KAS = 1: 100 ms).
 const KATO_GRANULARITY_MS: u32 = 100;
 
@@ -161,6 +132,7 @@ impl Features {
                     _ => return Err(FeatureError::InvalidField),
                 }
             }
+            // DULBE needs NSFEAT bit 2, which the namespaces do not report.
             FID_ERROR_RECOVERY if v & ERROR_RECOVERY_DULBE != 0 => return Err(FeatureError::InvalidField),
             FID_ERROR_RECOVERY => self.error_recovery = v & 0xFFFF,
             // The bdevs' caches cannot be switched off from here: write back (WCE 1) only.

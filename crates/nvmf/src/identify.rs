@@ -1,84 +1,16 @@
 //! Identify (Base 5.17): the controller data structure (CNS 01h), a namespace's (CNS 00h), the
 //! active namespace ID list (CNS 02h) and a namespace's identification descriptors (CNS 03h),
 //! each a 4096-byte structure built from the controller's configuration and the subsystem view.
-//! Every offset below is the spec's, named after the field, so a test can check each against
-//! the figure it comes from.
+//! The offsets and codes are `fp_nvme_spec::identify`'s; what this controller chooses to report
+//! is here.
+
+use fp_nvme_spec::identify::*;
+use fp_nvme_spec::registers::{IOCQES, IOSQES};
 
 use crate::controller::ControllerConfig;
 use crate::model::{NamespaceInfo, SubsystemKind, SubsystemView};
-use crate::properties::{IOCQES, IOSQES, VERSION_1_3};
+use crate::properties::VERSION_1_3;
 
-/// Every Identify data structure is 4096 bytes (Base 5.17).
-pub const IDENTIFY_LEN: usize = 4096;
-
-// CNS values (Base 5.17.1, Figure 273).
-pub const CNS_NAMESPACE: u8 = 0x00;
-pub const CNS_CONTROLLER: u8 = 0x01;
-pub const CNS_ACTIVE_NS_LIST: u8 = 0x02;
-pub const CNS_NS_DESCRIPTORS: u8 = 0x03;
-/// The I/O Command Set specific Identify Controller data structure (Base 5.17.2.6): Linux asks
-/// for the NVM command set's (CSI 0) of any controller reporting version 1.2 or later.
-pub const CNS_IO_COMMAND_SET_CONTROLLER: u8 = 0x06;
-/// Command Set Identifier 0: the NVM command set (dword 11 bits 31:24).
-pub const CSI_NVM: u8 = 0x00;
-
-// Identify Controller data structure offsets (Base 5.17.2.1, Figure 275; the fabrics fields at
-// 1792.. are Fabrics 4.1 Figure 28).
-pub const IDC_VID: usize = 0;
-pub const IDC_SSVID: usize = 2;
-pub const IDC_SN: usize = 4;
-pub const IDC_MN: usize = 24;
-pub const IDC_FR: usize = 64;
-pub const IDC_RAB: usize = 72;
-pub const IDC_IEEE: usize = 73;
-pub const IDC_CMIC: usize = 76;
-pub const IDC_MDTS: usize = 77;
-pub const IDC_CNTLID: usize = 78;
-pub const IDC_VER: usize = 80;
-pub const IDC_OAES: usize = 92;
-pub const IDC_CTRATT: usize = 96;
-pub const IDC_CNTRLTYPE: usize = 111;
-pub const IDC_OACS: usize = 256;
-pub const IDC_ACL: usize = 258;
-pub const IDC_AERL: usize = 259;
-pub const IDC_FRMW: usize = 260;
-pub const IDC_LPA: usize = 261;
-pub const IDC_ELPE: usize = 262;
-pub const IDC_NPSS: usize = 263;
-pub const IDC_KAS: usize = 320;
-pub const IDC_SQES: usize = 512;
-pub const IDC_CQES: usize = 513;
-pub const IDC_MAXCMD: usize = 514;
-pub const IDC_NN: usize = 516;
-pub const IDC_ONCS: usize = 520;
-pub const IDC_FUSES: usize = 522;
-pub const IDC_VWC: usize = 525;
-pub const IDC_SGLS: usize = 536;
-pub const IDC_SUBNQN: usize = 768;
-pub const IDC_IOCCSZ: usize = 1792;
-pub const IDC_IORCSZ: usize = 1796;
-pub const IDC_ICDOFF: usize = 1800;
-pub const IDC_FCATT: usize = 1802;
-pub const IDC_MSDBD: usize = 1803;
-
-/// SN, MN, FR and SUBNQN field widths.
-const SN_LEN: usize = 20;
-const MN_LEN: usize = 40;
-const FR_LEN: usize = 8;
-const SUBNQN_LEN: usize = 256;
-
-/// CMIC bit 1: the subsystem may have two or more controllers (every host that connects gets
-/// its own), which with NMIC bit 0 lets Linux treat the namespaces as shared (multipath).
-const CMIC_MULTI_CONTROLLER: u8 = 1 << 1;
-/// OAES bit 8: Namespace Attribute Notices.
-pub const OAES_NS_ATTRIBUTE: u32 = 1 << 8;
-/// OAES bit 31: Discovery Log Page Change Notifications (Fabrics 5.1).
-pub const OAES_DISCOVERY_CHANGE: u32 = 1 << 31;
-/// CTRATT bit 0: 128-bit host identifiers, which fabrics require (Fabrics 3.3).
-const CTRATT_HOST_ID_128: u32 = 1 << 0;
-/// CNTRLTYPE: an I/O controller, a discovery controller (Base 5.17.2.1).
-const CNTRLTYPE_IO: u8 = 1;
-const CNTRLTYPE_DISCOVERY: u8 = 2;
 /// Recommended arbitration burst: 2^6 commands.
 const RAB: u8 = 6;
 /// Abort Command Limit, zero-based: 4 Aborts at once.
@@ -87,57 +19,18 @@ pub const ACL: u8 = 3;
 pub const AERL: u8 = 3;
 /// FRMW: one firmware slot (bits 3:1), read only (bit 0); there is nothing to download.
 const FRMW: u8 = 0b0000_0011;
-/// LPA bit 2: extended data for Get Log Page (NUMDU and a 64-bit LPO).
-const LPA_EXTENDED_DATA: u8 = 1 << 2;
 /// ELPE, zero-based: one Error Information log entry.
 pub const ELPE: u8 = 0;
 /// KAS: the Keep Alive Timer granularity, in 100 ms units.
 pub const KAS_100MS: u16 = 1;
-/// ONCS bit 2: Dataset Management; bit 3: Write Zeroes (Base 5.17.2.1).
-const ONCS_DSM: u16 = 1 << 2;
-const ONCS_WRITE_ZEROES: u16 = 1 << 3;
-/// VWC bit 0: a volatile write cache is present.
-const VWC_PRESENT: u8 = 1 << 0;
-/// SGLS (Base 5.17.2.1, Figure 275): bits 1:0 = 01b, SGLs supported with no alignment
-/// requirement (which Linux's fabrics host checks); bit 20, the address of an SGL data block
-/// descriptor may be an offset (in-capsule data, NVMe/TCP 3.3.3); bit 21, the transport SGL data
-/// block descriptor (data moved by H2CData / C2HData PDUs). Keyed SGLs (bit 2) are RDMA's.
-pub const SGLS: u32 = 0b01 | (1 << 20) | (1 << 21);
+/// SGLS: SGLs with no alignment requirement (which Linux's fabrics host checks), in-capsule
+/// data at an offset (NVMe/TCP 3.3.3) and the transport data block (data moved by H2CData /
+/// C2HData PDUs). Keyed SGLs (bit 2) are RDMA's.
+pub const SGLS: u32 = SGLS_SUPPORTED | SGLS_OFFSET | SGLS_TRANSPORT_DATA_BLOCK;
 /// IORCSZ: a response capsule is one 16-byte completion, no in-capsule data.
 const IORCSZ: u32 = 1;
 /// MSDBD: one SGL descriptor per command.
 const MSDBD: u8 = 1;
-
-// Identify Namespace data structure offsets (NVM Command Set Specification 1.0, 4.1.5.1
-// Figure 97).
-pub const IDN_NSZE: usize = 0;
-pub const IDN_NCAP: usize = 8;
-pub const IDN_NUSE: usize = 16;
-pub const IDN_NSFEAT: usize = 24;
-pub const IDN_NLBAF: usize = 25;
-pub const IDN_FLBAS: usize = 26;
-pub const IDN_NMIC: usize = 30;
-pub const IDN_DLFEAT: usize = 33;
-pub const IDN_NSATTR: usize = 99;
-pub const IDN_NGUID: usize = 104;
-pub const IDN_EUI64: usize = 120;
-pub const IDN_LBAF0: usize = 128;
-/// NMIC bit 0: the namespace may be attached to two or more controllers.
-const NMIC_SHARED: u8 = 1 << 0;
-/// NSATTR bit 0: the namespace is write protected.
-const NSATTR_WRITE_PROTECTED: u8 = 1 << 0;
-/// LBA format bits 23:16: LBADS, the block size as a power of two.
-const LBAF_LBADS_SHIFT: u32 = 16;
-
-// Namespace Identification Descriptor types (Base 5.17.2.3, Figure 278).
-pub const NIDT_EUI64: u8 = 0x1;
-pub const NIDT_NGUID: u8 = 0x2;
-pub const NIDT_UUID: u8 = 0x3;
-/// Bytes before a descriptor's NID: NIDT, NIDL, two reserved.
-const NID_HEADER: usize = 4;
-
-/// The Active Namespace ID list holds at most 1024 NSIDs (Base 5.17.2.2).
-const ACTIVE_LIST_MAX: usize = IDENTIFY_LEN / 4;
 
 fn put_u16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_le_bytes());
@@ -188,6 +81,8 @@ pub fn controller(cfg: &ControllerConfig, view: &SubsystemView) -> Vec<u8> {
     b[IDC_FR..IDC_FR + FR_LEN].copy_from_slice(&firmware_revision());
     b[IDC_RAB] = RAB;
     b[IDC_IEEE..IDC_IEEE + 3].fill(0);
+    // Every host that connects gets its own controller; with NMIC bit 0 this lets Linux treat
+    // the namespaces as shared (multipath).
     b[IDC_CMIC] = if discovery { 0 } else { CMIC_MULTI_CONTROLLER };
     b[IDC_MDTS] = mdts(cfg.max_transfer_bytes);
     put_u16(&mut b, IDC_CNTLID, cfg.cntlid);

@@ -2,32 +2,28 @@
 //! hosts (the Linux kernel's initiator, SPDK's), its queue pairs polled on the reactors. See
 //! docs/nvmf.md.
 //!
-//! * [`spec`]: the NVMe base specification's command and completion layouts, opcodes and status
-//!   codes that every other part uses;
+//! The NVMe facts (command and completion layouts, codes, registers, the fabrics commands and the
+//! NVMe/TCP PDUs) are `fp_nvme_spec`'s, which the host driver shares.
+//!
 //! * [`model`]: plain descriptions of subsystems and namespaces that the control plane hands to
 //!   controllers;
 //! * [`controller`]: one controller's admin queue (properties, Identify, log pages, features,
 //!   asynchronous events, keep-alive), with [`identify`], [`log_page`], [`features`],
 //!   [`properties`] and [`aer`] building what it answers;
-//! * [`pdu`]: the NVMe/TCP transport's PDUs and digests;
-//! * [`connect`]: the Fabrics Connect command and its data;
 //! * [`NvmfTarget`] (`target`, `info`): the control API and what it reports; `subsystem` its
 //!   shared state, `server` the listeners and handshakes, `qpair` the queue pairs on the
 //!   reactors.
 
 pub mod aer;
-pub mod connect;
 pub mod controller;
 pub mod features;
 pub mod identify;
 mod info;
 pub mod log_page;
 pub mod model;
-pub mod pdu;
 pub mod properties;
 mod qpair;
 mod server;
-pub mod spec;
 mod subsystem;
 mod target;
 

@@ -1,116 +1,32 @@
 //! Get Log Page (Base 5.16): the pages a controller serves, each built whole and then cut to the
 //! command's offset (LPOL/LPOU) and length (NUMDL/NUMDU): Error Information, SMART / Health
 //! Information, Changed Namespace List, and on discovery controllers the Discovery log page
-//! (Fabrics 5.3).
+//! (Fabrics 5.3). The layouts and codes are `fp_nvme_spec::log_page`'s.
+
+use fp_nvme_spec::fabrics::CNTLID_DYNAMIC;
+use fp_nvme_spec::log_page::*;
 
 use crate::identify::ELPE;
 use crate::model::SubsystemView;
-use crate::spec::Sqe;
-
-// Log page identifiers (Base 5.16, Figure 202; Fabrics 5.3).
-pub const LID_ERROR: u8 = 0x01;
-pub const LID_SMART: u8 = 0x02;
-pub const LID_FIRMWARE_SLOT: u8 = 0x03;
-pub const LID_CHANGED_NS: u8 = 0x04;
-pub const LID_DISCOVERY: u8 = 0x70;
-
-/// Bytes of one Error Information log entry (Base 5.16.1.2, Figure 205).
-pub const ERROR_ENTRY_LEN: usize = 64;
-/// Bytes of the SMART / Health Information log page (Base 5.16.1.3, Figure 207).
-pub const SMART_LEN: usize = 512;
-// SMART / Health Information fields (Base 5.16.1.3, Figure 207).
-pub const SMART_AVAILABLE_SPARE: usize = 3;
-pub const SMART_SPARE_THRESHOLD: usize = 4;
-/// Bytes of the Firmware Slot Information log page (Base 5.16.1.4, Figure 210).
-pub const FIRMWARE_SLOT_LEN: usize = 512;
-// Firmware Slot Information fields: AFI (bits 2:0, the active slot) and FRS1, slot 1's
-// revision.
-pub const FW_AFI: usize = 0;
-pub const FW_FRS1: usize = 8;
-/// Bytes of the Changed Namespace List log page: 1024 NSIDs (Base 5.16.1.5, Figure 211).
-pub const CHANGED_NS_LEN: usize = 4096;
-/// More than 1024 namespaces changed: the list's first entry is FFFFFFFFh, the rest zero.
-const CHANGED_NS_OVERFLOW: u32 = 0xFFFF_FFFF;
-
-// Discovery log page header (Fabrics 5.3, Figure 37) and entry (Figure 38).
-pub const DISC_GENCTR: usize = 0;
-pub const DISC_NUMREC: usize = 8;
-pub const DISC_RECFMT: usize = 16;
-/// Bytes of the header; entries follow it.
-pub const DISC_HEADER_LEN: usize = 1024;
-/// Bytes of one entry.
-pub const DISC_ENTRY_LEN: usize = 1024;
-pub const DE_TRTYPE: usize = 0;
-pub const DE_ADRFAM: usize = 1;
-pub const DE_SUBTYPE: usize = 2;
-pub const DE_TREQ: usize = 3;
-pub const DE_PORTID: usize = 4;
-pub const DE_CNTLID: usize = 6;
-pub const DE_ASQSZ: usize = 8;
-pub const DE_TRSVCID: usize = 32;
-pub const DE_SUBNQN: usize = 256;
-pub const DE_TRADDR: usize = 512;
-pub const DE_TSAS: usize = 768;
-const TRSVCID_LEN: usize = 32;
-const SUBNQN_LEN: usize = 256;
-const TRADDR_LEN: usize = 256;
-/// TRTYPE 3: TCP (Fabrics 5.3 Figure 38; NVMe/TCP 8.1).
-pub const TRTYPE_TCP: u8 = 3;
-/// TREQ bits 1:0 = 10b: a secure channel is not required.
-pub const TREQ_SECURE_CHANNEL_NOT_REQUIRED: u8 = 0b10;
-/// CNTLID FFFFh: the dynamic controller model, any controller ID (Fabrics 5.3).
-const CNTLID_DYNAMIC: u16 = 0xFFFF;
-/// TSAS for TCP, byte 0: SECTYPE 0, no security (NVMe/TCP 8.1.2).
-pub const TSAS_SECTYPE_NONE: u8 = 0;
 
 /// The largest page a host may read past a log's end (zero-filled, Base 5.16): the rest of a
 /// long NUMD is not answered, so a hostile NUMD cannot make the controller allocate gigabytes.
 const PAD_MAX: usize = 1 << 20;
 
-/// A Get Log Page command's fields (Base 5.16, Figures 197-200).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogRequest {
-    pub lid: u8,
-    /// Log Specific Field (dword 10 bits 14:8).
-    pub lsp: u8,
-    /// Retain Asynchronous Event (dword 10 bit 15): a read with RAE cleared re-arms the
-    /// page's event.
-    pub rae: bool,
-    /// Dwords to return (NUMDU:NUMDL is zero-based; this is one-based).
-    pub numd: u64,
-    /// Byte offset into the page (LPOU:LPOL).
-    pub offset: u64,
-}
-
-impl LogRequest {
-    pub fn from_sqe(sqe: &Sqe) -> LogRequest {
-        let cdw10 = sqe.cdw(10);
-        let numdl = u64::from(cdw10 >> 16);
-        let numdu = u64::from(sqe.cdw(11) & 0xFFFF);
-        LogRequest {
-            lid: cdw10 as u8,
-            lsp: ((cdw10 >> 8) & 0x7F) as u8,
-            rae: cdw10 & (1 << 15) != 0,
-            numd: ((numdu << 16) | numdl) + 1,
-            offset: (u64::from(sqe.cdw(13)) << 32) | u64::from(sqe.cdw(12)),
-        }
+/// The part of `page` that `req` asks for: from the offset (dword aligned, inside the page,
+/// else `None`: Invalid Field), NUMD dwords, zero-filled past the page's end up to
+/// `max_transfer` (or the page's rest if that is longer).
+pub fn cut(req: &LogRequest, page: &[u8], max_transfer: u32) -> Option<Vec<u8>> {
+    if !req.offset.is_multiple_of(4) || req.offset > page.len() as u64 {
+        return None;
     }
-
-    /// The part of `page` this request asks for: from the offset (dword aligned, inside the
-    /// page, else `None`: Invalid Field), NUMD dwords, zero-filled past the page's end up to
-    /// `max_transfer` (or the page's rest if that is longer).
-    pub fn cut(&self, page: &[u8], max_transfer: u32) -> Option<Vec<u8>> {
-        if !self.offset.is_multiple_of(4) || self.offset > page.len() as u64 {
-            return None;
-        }
-        let rest = &page[self.offset as usize..];
-        let cap = rest.len().max((max_transfer as usize).min(PAD_MAX)) as u64;
-        let want = self.numd.saturating_mul(4).min(cap) as usize;
-        let mut data = vec![0u8; want];
-        let n = want.min(rest.len());
-        data[..n].copy_from_slice(&rest[..n]);
-        Some(data)
-    }
+    let rest = &page[req.offset as usize..];
+    let cap = rest.len().max((max_transfer as usize).min(PAD_MAX)) as u64;
+    let want = req.numd.saturating_mul(4).min(cap) as usize;
+    let mut data = vec![0u8; want];
+    let n = want.min(rest.len());
+    data[..n].copy_from_slice(&rest[..n]);
+    Some(data)
 }
 
 /// The Error Information log: ELPE + 1 entries. The controller keeps no error history (every
@@ -234,27 +150,15 @@ mod tests {
     }
 
     #[test]
-    fn request_fields_from_dwords_10_to_13() {
-        let mut sqe = Sqe([0; 64]);
-        // LID 70h, RAE, NUMDL 0x00FF; NUMDU 1; LPOL 0x400; LPOU 1.
-        sqe.0[40..44].copy_from_slice(&(0x70 | (1 << 15) | (0x00FF << 16) as u32).to_le_bytes());
-        sqe.0[44..48].copy_from_slice(&1u32.to_le_bytes());
-        sqe.0[48..52].copy_from_slice(&0x400u32.to_le_bytes());
-        sqe.0[52..56].copy_from_slice(&1u32.to_le_bytes());
-        let r = LogRequest::from_sqe(&sqe);
-        assert_eq!(r, LogRequest { lid: 0x70, lsp: 0, rae: true, numd: 0x1_0100, offset: (1 << 32) | 0x400 });
-    }
-
-    #[test]
     fn cut_honours_offset_and_length() {
         let page: Vec<u8> = (0..64u8).collect();
-        assert_eq!(request(2, 8).cut(&page, 4096).unwrap(), vec![8, 9, 10, 11, 12, 13, 14, 15]);
-        let tail = request(4, 60).cut(&page, 4096).unwrap();
+        assert_eq!(cut(&request(2, 8), &page, 4096).unwrap(), vec![8, 9, 10, 11, 12, 13, 14, 15]);
+        let tail = cut(&request(4, 60), &page, 4096).unwrap();
         assert_eq!(tail, vec![60, 61, 62, 63, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "zero past the end");
-        assert_eq!(request(1, 64).cut(&page, 4096).unwrap(), vec![0, 0, 0, 0]);
-        assert_eq!(request(1, 68).cut(&page, 4096), None, "offset past the page");
-        assert_eq!(request(1, 2).cut(&page, 4096), None, "offset not dword aligned");
-        assert_eq!(request(1 << 32, 0).cut(&page, 4096).unwrap().len(), 4096, "NUMD capped");
+        assert_eq!(cut(&request(1, 64), &page, 4096).unwrap(), vec![0, 0, 0, 0]);
+        assert_eq!(cut(&request(1, 68), &page, 4096), None, "offset past the page");
+        assert_eq!(cut(&request(1, 2), &page, 4096), None, "offset not dword aligned");
+        assert_eq!(cut(&request(1 << 32, 0), &page, 4096).unwrap().len(), 4096, "NUMD capped");
     }
 
     #[test]

@@ -3,21 +3,12 @@
 //! the admin queue's base and size properties (AQA, ASQ, ACQ) are reserved (Fabrics 3.5), so
 //! only the four the host's bring-up and shutdown use exist here.
 
-use crate::spec::Sqe;
+use fp_nvme_spec::fabrics::PropertyAccess;
+use fp_nvme_spec::registers::*;
 
-// Property offsets and sizes (Base 3.1.3, Figure 33).
-/// Controller Capabilities, 8 bytes, read only.
-pub const PROP_CAP: u32 = 0x00;
-/// Version, 4 bytes, read only.
-pub const PROP_VS: u32 = 0x08;
-/// Controller Configuration, 4 bytes.
-pub const PROP_CC: u32 = 0x14;
-/// Controller Status, 4 bytes, read only.
-pub const PROP_CSTS: u32 = 0x1C;
 /// Optional capabilities this controller lacks, read as 0 ("not supported") rather than
-/// refused, because SPDK's host reads them to print them (Base 3.1.3: CMBLOC, CMBSZ, BPINFO,
-/// PMRCAP).
-const PROPS_ABSENT: [u32; 4] = [0x38, 0x3C, 0x40, 0xE00];
+/// refused, because SPDK's host reads them to print them.
+const PROPS_ABSENT: [u32; 4] = [CMBLOC, CMBSZ, BPINFO, PMRCAP];
 
 /// The version the controller reports: NVMe 1.3.0. Linux (drivers/nvme/host) reads the
 /// namespace descriptor list (CNS 03h) and the subsystem NQN from Identify from 1.2.1 / 1.3 on,
@@ -25,39 +16,10 @@ const PROPS_ABSENT: [u32; 4] = [0x38, 0x3C, 0x40, 0xE00];
 /// that 2.0 would oblige the controller to answer and this one does not.
 pub const VERSION_1_3: u32 = 0x0001_0300;
 
-// CAP fields (Base 3.1.3.1, Figure 36).
-const CAP_CQR: u64 = 1 << 16;
-const CAP_TO_SHIFT: u32 = 24;
 /// CAP.TO in 500 ms units: enabling and shutting down complete within the Property Set, so the
-/// host never waits; 1 s only leaves room for a slow admin queue.
+/// host never waits; 1 s only leaves room for a slow admin queue. CAP.MPSMIN (bits 51:48) and
+/// CAP.MPSMAX (55:52) are both 0: memory pages of 4 KiB only.
 const CAP_TO_500MS: u64 = 2;
-/// CAP.CSS bit 37: the NVM command set.
-const CAP_CSS_NVM: u64 = 1 << 37;
-// CAP.MPSMIN (bits 51:48) and CAP.MPSMAX (55:52) are both 0: memory pages of 4 KiB only.
-
-// CC fields (Base 3.1.3.5, Figure 46).
-const CC_EN: u32 = 1 << 0;
-const CC_CSS_SHIFT: u32 = 4;
-const CC_MPS_SHIFT: u32 = 7;
-const CC_AMS_SHIFT: u32 = 11;
-const CC_SHN_SHIFT: u32 = 14;
-const CC_IOSQES_SHIFT: u32 = 16;
-const CC_IOCQES_SHIFT: u32 = 20;
-/// The I/O submission queue entry size as a power of two: 64 bytes (SQES in Identify).
-pub const IOSQES: u32 = 6;
-/// The I/O completion queue entry size as a power of two: 16 bytes (CQES in Identify).
-pub const IOCQES: u32 = 4;
-
-// CSTS fields (Base 3.1.3.6, Figure 47).
-const CSTS_RDY: u32 = 1 << 0;
-const CSTS_SHST_SHIFT: u32 = 2;
-/// CSTS.SHST 10b: shutdown processing complete.
-const SHST_COMPLETE: u32 = 0b10;
-
-// Property Get / Set fields (Fabrics 6.5.1 Figure 41, 6.5.2 Figure 43).
-const ATTRIB_AT: usize = 40;
-const OFST_AT: usize = 44;
-const VALUE_AT: usize = 48;
 
 /// What a Property Set did, beyond storing the value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,27 +42,6 @@ pub enum PropertyError {
     ReadOnly(u32),
     #[error("controller configuration {0:#x} asks for what the controller does not do")]
     BadConfiguration(u32),
-}
-
-/// A Property Get or Set command's fields.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PropertyAccess {
-    /// ATTRIB bits 2:0 = 1: an 8-byte property, else 4 bytes.
-    pub eight_bytes: bool,
-    pub offset: u32,
-    /// Property Set's value (the low 4 bytes for a 4-byte property).
-    pub value: u64,
-}
-
-impl PropertyAccess {
-    pub fn from_sqe(sqe: &Sqe) -> PropertyAccess {
-        let b = &sqe.0;
-        PropertyAccess {
-            eight_bytes: b[ATTRIB_AT] & 0x7 == 1,
-            offset: u32::from_le_bytes(b[OFST_AT..OFST_AT + 4].try_into().expect("four bytes")),
-            value: u64::from_le_bytes(b[VALUE_AT..VALUE_AT + 8].try_into().expect("eight bytes")),
-        }
-    }
 }
 
 /// CAP, VS, CC and CSTS of one controller.
@@ -140,19 +81,19 @@ impl Properties {
 
     /// CC.EN = 1 and CSTS.RDY = 1, and no shutdown asked for.
     pub fn ready(&self) -> bool {
-        self.cc & CC_EN != 0 && self.csts & CSTS_RDY != 0 && (self.cc >> CC_SHN_SHIFT) & 0x3 == 0
+        self.cc & CC_EN != 0 && self.csts & CSTS_RDY != 0 && self.cc & CC_SHN_MASK == 0
     }
 
     /// Property Get: the value (the high half is zero for 4-byte properties).
     pub fn get(&self, access: &PropertyAccess) -> Result<u64, PropertyError> {
         match (access.offset, access.eight_bytes) {
-            (PROP_CAP, true) => Ok(self.cap),
+            (CAP, true) => Ok(self.cap),
             // CAP's halves read as two 4-byte properties, as a PCIe host would read them.
-            (PROP_CAP, false) => Ok(self.cap & 0xFFFF_FFFF),
-            (0x04, false) => Ok(self.cap >> 32),
-            (PROP_VS, false) => Ok(u64::from(VERSION_1_3)),
-            (PROP_CC, false) => Ok(u64::from(self.cc)),
-            (PROP_CSTS, false) => Ok(u64::from(self.csts)),
+            (CAP, false) => Ok(self.cap & 0xFFFF_FFFF),
+            (CAP_HIGH, false) => Ok(self.cap >> 32),
+            (VS, false) => Ok(u64::from(VERSION_1_3)),
+            (CC, false) => Ok(u64::from(self.cc)),
+            (CSTS, false) => Ok(u64::from(self.csts)),
             (offset, false) if PROPS_ABSENT.contains(&offset) => Ok(0),
             (offset, _) => Err(PropertyError::Unknown(offset)),
         }
@@ -162,8 +103,8 @@ impl Properties {
     /// CAP.NSSRS = 0).
     pub fn set(&mut self, access: &PropertyAccess) -> Result<PropertyEffect, PropertyError> {
         match (access.offset, access.eight_bytes) {
-            (PROP_CC, false) => self.set_cc(access.value as u32),
-            (PROP_CAP | 0x04 | PROP_VS | PROP_CSTS, _) => Err(PropertyError::ReadOnly(access.offset)),
+            (CC, false) => self.set_cc(access.value as u32),
+            (CAP | CAP_HIGH | VS | CSTS, _) => Err(PropertyError::ReadOnly(access.offset)),
             (offset, _) => Err(PropertyError::Unknown(offset)),
         }
     }
@@ -171,7 +112,7 @@ impl Properties {
     fn set_cc(&mut self, new: u32) -> Result<PropertyEffect, PropertyError> {
         let was_enabled = self.cc & CC_EN != 0;
         let enable = new & CC_EN != 0;
-        let shn = (new >> CC_SHN_SHIFT) & 0x3;
+        let shn = new & CC_SHN_MASK;
         if enable && !was_enabled {
             self.check_enable(new)?;
         }
@@ -184,7 +125,7 @@ impl Properties {
         if shn != 0 && enable {
             // Nothing is cached here: the bdevs complete what they acknowledged, so the
             // shutdown is complete as soon as it is asked for (Base 3.6.2).
-            self.csts = (self.csts & !(0x3 << CSTS_SHST_SHIFT)) | (SHST_COMPLETE << CSTS_SHST_SHIFT);
+            self.csts = (self.csts & !CSTS_SHST_MASK) | CSTS_SHST_COMPLETE;
             return Ok(PropertyEffect::Shutdown);
         }
         if enable && !was_enabled {
@@ -227,16 +168,16 @@ mod tests {
     #[test]
     fn cap_fields_per_figure_36() {
         let p = Properties::new(128, true);
-        let cap = p.get(&access(PROP_CAP, true, 0)).unwrap();
+        let cap = p.get(&access(CAP, true, 0)).unwrap();
         assert_eq!(cap & 0xFFFF, 127, "MQES is zero-based");
         assert_eq!((cap >> 16) & 1, 1, "CQR");
         assert_eq!((cap >> 24) & 0xFF, 2, "TO");
         assert_eq!((cap >> 37) & 0xFF, 1, "CSS: NVM only");
         assert_eq!((cap >> 48) & 0xFF, 0, "MPSMIN = MPSMAX = 4 KiB");
-        assert_eq!(p.get(&access(PROP_CAP, false, 0)).unwrap(), cap & 0xFFFF_FFFF);
+        assert_eq!(p.get(&access(CAP, false, 0)).unwrap(), cap & 0xFFFF_FFFF);
         assert_eq!(p.get(&access(0x04, false, 0)).unwrap(), cap >> 32);
-        assert_eq!(p.get(&access(PROP_VS, false, 0)).unwrap(), 0x0001_0300);
-        assert_eq!(p.get(&access(PROP_VS, true, 0)), Err(PropertyError::Unknown(PROP_VS)));
+        assert_eq!(p.get(&access(VS, false, 0)).unwrap(), 0x0001_0300);
+        assert_eq!(p.get(&access(VS, true, 0)), Err(PropertyError::Unknown(VS)));
         assert_eq!(p.get(&access(0x24, false, 0)), Err(PropertyError::Unknown(0x24)), "AQA is reserved");
         assert_eq!(p.get(&access(0x3C, false, 0)), Ok(0), "no controller memory buffer");
         assert_eq!(p.get(&access(0xE00, false, 0)), Ok(0), "no persistent memory region");
@@ -246,14 +187,14 @@ mod tests {
     fn enable_then_shutdown_then_reset() {
         let mut p = Properties::new(128, true);
         assert!(!p.ready());
-        assert_eq!(p.set(&access(PROP_CC, false, u64::from(CC_ENABLE_LINUX))), Ok(PropertyEffect::Enabled));
+        assert_eq!(p.set(&access(CC, false, u64::from(CC_ENABLE_LINUX))), Ok(PropertyEffect::Enabled));
         assert!(p.ready());
-        assert_eq!(p.get(&access(PROP_CSTS, false, 0)).unwrap(), 1);
+        assert_eq!(p.get(&access(CSTS, false, 0)).unwrap(), 1);
         let shn_normal = CC_ENABLE_LINUX | (0b01 << CC_SHN_SHIFT);
-        assert_eq!(p.set(&access(PROP_CC, false, u64::from(shn_normal))), Ok(PropertyEffect::Shutdown));
+        assert_eq!(p.set(&access(CC, false, u64::from(shn_normal))), Ok(PropertyEffect::Shutdown));
         assert_eq!((p.csts() >> 2) & 3, 0b10, "SHST complete");
         assert!(!p.ready());
-        assert_eq!(p.set(&access(PROP_CC, false, 0)), Ok(PropertyEffect::Reset));
+        assert_eq!(p.set(&access(CC, false, 0)), Ok(PropertyEffect::Reset));
         assert_eq!(p.csts(), 0);
     }
 
@@ -262,23 +203,23 @@ mod tests {
         let mut p = Properties::new(128, true);
         let bad_sqes = CC_EN | (7 << CC_IOSQES_SHIFT) | (IOCQES << CC_IOCQES_SHIFT);
         assert!(matches!(
-            p.set(&access(PROP_CC, false, u64::from(bad_sqes))),
+            p.set(&access(CC, false, u64::from(bad_sqes))),
             Err(PropertyError::BadConfiguration(_))
         ));
-        assert!(p.set(&access(PROP_CC, false, u64::from(CC_EN))).is_err(), "I/O controller needs sizes");
+        assert!(p.set(&access(CC, false, u64::from(CC_EN))).is_err(), "I/O controller needs sizes");
         let bad_mps = CC_ENABLE_LINUX | (1 << CC_MPS_SHIFT);
-        assert!(p.set(&access(PROP_CC, false, u64::from(bad_mps))).is_err());
+        assert!(p.set(&access(CC, false, u64::from(bad_mps))).is_err());
         assert!(!p.ready());
         // A discovery controller may leave the I/O entry sizes at 0.
         let mut d = Properties::new(128, false);
-        assert_eq!(d.set(&access(PROP_CC, false, u64::from(CC_EN))), Ok(PropertyEffect::Enabled));
+        assert_eq!(d.set(&access(CC, false, u64::from(CC_EN))), Ok(PropertyEffect::Enabled));
     }
 
     #[test]
     fn read_only_properties_refuse_writes() {
         let mut p = Properties::new(32, true);
-        assert_eq!(p.set(&access(PROP_CAP, true, 0)), Err(PropertyError::ReadOnly(PROP_CAP)));
-        assert_eq!(p.set(&access(PROP_CSTS, false, 1)), Err(PropertyError::ReadOnly(PROP_CSTS)));
+        assert_eq!(p.set(&access(CAP, true, 0)), Err(PropertyError::ReadOnly(CAP)));
+        assert_eq!(p.set(&access(CSTS, false, 1)), Err(PropertyError::ReadOnly(CSTS)));
         assert_eq!(p.set(&access(0x40, false, 1)), Err(PropertyError::Unknown(0x40)));
     }
 }

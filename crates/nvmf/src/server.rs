@@ -15,14 +15,14 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use fp_nvme_spec::fabrics::{Connect, ConnectRefusal, CNTLID_DYNAMIC, CONNECT_DATA_LEN};
+use fp_nvme_spec::tcp::*;
+use fp_nvme_spec::*;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::connect::{Connect, ConnectRefusal, CNTLID_DYNAMIC};
 use crate::controller::ControllerConfig;
 use crate::model::SubsystemKind;
-use crate::pdu::*;
 use crate::qpair::{QpairPoller, QpairSetup, Role};
-use crate::spec::*;
 use crate::subsystem::{lock, CtrlEntry, CtrlShared, QpairRef, Subsystem};
 use crate::target::{ListenAddress, TargetInner, TransportOptions};
 
@@ -275,7 +275,7 @@ fn accept(
     transport: &TransportOptions,
     c: &Connect,
 ) -> Result<Accepted, ConnectRefusal> {
-    use crate::connect::{CMD_QID, CMD_SQSIZE, DATA_CNTLID, DATA_HOSTNQN, DATA_SUBNQN};
+    use fp_nvme_spec::fabrics::{CMD_QID, CMD_SQSIZE, DATA_CNTLID, DATA_HOSTNQN, DATA_SUBNQN};
     let no_subsystem = ConnectRefusal::invalid_parameter(true, DATA_SUBNQN, "no such subsystem here");
     let sub = t.subsystem(&c.subnqn).ok_or(no_subsystem)?;
     let mut st = lock(&sub.state);

@@ -9,13 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fp_bdev::Bdev;
+use fp_nvme_spec::fabrics::{DISCOVERY_NQN, NQN_MAX_LEN};
+use fp_nvme_spec::log_page::{ADRFAM_IPV4, ADRFAM_IPV6, SUBTYPE_NVME};
 use fp_reactor::ReactorHandle;
 use serde::{Deserialize, Serialize};
 
 use crate::info::*;
 use crate::model::{DiscoveryEntry, SubsystemKind};
 use crate::server::Listener;
-use crate::spec::{DISCOVERY_NQN, NQN_MAX_LEN};
 use crate::subsystem::{lock, Namespace, SubState, Subsystem};
 
 /// How the target may be reached.
@@ -232,8 +233,8 @@ impl TargetInner {
             for a in &st.listeners {
                 hosts.push((!st.allow_any_host).then(|| st.hosts.clone()));
                 log.push(DiscoveryEntry {
-                    adrfam: if a.adrfam == "IPv6" { 2 } else { 1 },
-                    subtype: 2,
+                    adrfam: if a.adrfam == "IPv6" { ADRFAM_IPV6 } else { ADRFAM_IPV4 },
+                    subtype: SUBTYPE_NVME,
                     port_id: ports.get(a).copied().unwrap_or(0),
                     traddr: a.traddr.clone(),
                     trsvcid: a.trsvcid.clone(),
@@ -268,11 +269,11 @@ fn check_nqn(nqn: &str) -> Result<(), NvmfError> {
 fn derived_id<const N: usize>(salt: &str, parts: &[&str]) -> [u8; N] {
     let mut out = [0u8; N];
     for (i, chunk) in out.chunks_mut(4).enumerate() {
-        let mut crc = crate::pdu::crc32c(salt.as_bytes());
-        crc = crate::pdu::crc32c_append(crc, &(i as u32).to_le_bytes());
+        let mut crc = fp_nvme_spec::tcp::crc32c(salt.as_bytes());
+        crc = fp_nvme_spec::tcp::crc32c_append(crc, &(i as u32).to_le_bytes());
         for p in parts {
-            crc = crate::pdu::crc32c_append(crc, p.as_bytes());
-            crc = crate::pdu::crc32c_append(crc, &[0]);
+            crc = fp_nvme_spec::tcp::crc32c_append(crc, p.as_bytes());
+            crc = fp_nvme_spec::tcp::crc32c_append(crc, &[0]);
         }
         chunk.copy_from_slice(&crc.to_le_bytes()[..chunk.len()]);
     }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use fp_bdev::clock::ticks;
 use fp_bdev::{iov_total_len, request_iovecs, BdevError, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
-use fp_nvmf::spec::Status;
+use fp_nvme_spec::Status;
 
 use crate::cmd;
 use crate::ctrlr::shared::*;

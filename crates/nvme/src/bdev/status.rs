@@ -2,7 +2,7 @@
 //! errnos the channel itself gives.
 
 use fp_bdev::IoStatus;
-use fp_nvmf::spec::{self, Status};
+use fp_nvme_spec::{self as spec, Status};
 
 /// The status of a command the channel aborted after a timeout, or that the controller
 /// aborted (Abort Requested): ETIMEDOUT.

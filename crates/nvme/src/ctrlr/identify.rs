@@ -1,20 +1,12 @@
 //! What the driver reads from Identify (Base 2.0 5.17.2.1, Identify Controller; NVM Command
 //! Set 1.0 4.1.5.1, Identify Namespace): the fields that decide transfer sizes, supported
 //! commands, shadow doorbells, keep-alive and asynchronous events, and each namespace's
-//! geometry. The offsets are `fp_nvmf::identify`'s (the target writes the same structures).
+//! geometry. The offsets and bits are `fp_nvme_spec::identify`'s (the target writes the same structures).
 
-use fp_nvmf::identify as id;
-
-/// ONCS bit 2: Dataset Management.
-const ONCS_DSM: u16 = 1 << 2;
-/// ONCS bit 3: Write Zeroes.
-const ONCS_WRITE_ZEROES: u16 = 1 << 3;
-/// OACS bit 8: Doorbell Buffer Config.
-const OACS_DOORBELL_BUFFER_CONFIG: u16 = 1 << 8;
-/// OAES bit 8: Namespace Attribute Notices.
-const OAES_NS_ATTRIBUTE: u32 = 1 << 8;
-/// NSATTR bit 0: write protected.
-const NSATTR_WRITE_PROTECTED: u8 = 1;
+use fp_nvme_spec::identify::{
+    self as id, NSATTR_WRITE_PROTECTED, OACS_DOORBELL_BUFFER_CONFIG, OAES_NS_ATTRIBUTE, ONCS_DSM,
+    ONCS_WRITE_ZEROES,
+};
 
 fn le16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])

@@ -15,11 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fp_bdev::BlockDevice;
-use fp_nvmf::spec::Cqe;
+use fp_nvme_spec::registers;
+use fp_nvme_spec::Cqe;
 
 use crate::bdev::{NamespaceBackend, NvmeNamespace};
 use crate::cmd;
-use crate::regs;
 use crate::transport::{AdminData, AdminQueue, IoQueue, Transport};
 use crate::NvmeError;
 
@@ -269,7 +269,7 @@ impl<T: Transport> Worker<T> {
     fn admin_cmd(
         &mut self,
         what: &'static str,
-        sqe: fp_nvmf::spec::Sqe,
+        sqe: fp_nvme_spec::Sqe,
         data: AdminData<'_>,
     ) -> Result<Cqe, NvmeError> {
         let timeout = self.shared.global.admin_timeout();
@@ -307,7 +307,8 @@ impl<T: Transport> Worker<T> {
             // report the next one; then the request is re-armed.
             if log_page != 0 {
                 let mut page = vec![0u8; 4096];
-                let len = if log_page == u32::from(cmd::LOG_CHANGED_NAMESPACES) { 4096 } else { 512 };
+                let len =
+                    if log_page == u32::from(fp_nvme_spec::log_page::LID_CHANGED_NS) { 4096 } else { 512 };
                 let sqe = cmd::get_log_page(log_page as u8, 0xffff_ffff, len, 0);
                 if let Err(e) =
                     self.admin_cmd("Get Log Page", sqe, AdminData::FromDevice(&mut page[..len as usize]))
@@ -340,13 +341,13 @@ impl<T: Transport> Worker<T> {
         let timeout = self.shared.global.admin_timeout();
         let t = &self.shared.transport;
         let mut admin = t.connect_admin(ADMIN_DEPTH, timeout)?;
-        let cap = admin.get_property(regs::CAP, true)?;
-        let vs = admin.get_property(regs::VS, false)? as u32;
+        let cap = admin.get_property(registers::CAP, true)?;
+        let vs = admin.get_property(registers::VS, false)? as u32;
         let mut buf = vec![0u8; 4096];
         run_admin(
             &mut admin,
             "Identify Controller",
-            cmd::identify(cmd::CNS_CONTROLLER, 0),
+            cmd::identify(fp_nvme_spec::identify::CNS_CONTROLLER, 0),
             AdminData::FromDevice(&mut buf),
             timeout,
         )?;
@@ -355,7 +356,7 @@ impl<T: Transport> Worker<T> {
         let cqe = run_admin(
             &mut admin,
             "Set Features (Number of Queues)",
-            cmd::set_features(cmd::FEAT_NUMBER_OF_QUEUES, want | (want << 16)),
+            cmd::set_features(fp_nvme_spec::features::FID_NUMBER_OF_QUEUES, want | (want << 16)),
             AdminData::None,
             timeout,
         )?;
@@ -367,7 +368,7 @@ impl<T: Transport> Worker<T> {
             let r = run_admin(
                 &mut admin,
                 "Set Features (Asynchronous Event Configuration)",
-                cmd::set_features(cmd::FEAT_ASYNC_EVENT_CONFIG, 1 << 8),
+                cmd::set_features(fp_nvme_spec::features::FID_ASYNC_EVENT_CONFIG, 1 << 8),
                 AdminData::None,
                 timeout,
             );
@@ -391,17 +392,17 @@ impl<T: Transport> Worker<T> {
                 run_admin(
                     &mut admin,
                     "Set Features (Keep Alive Timer)",
-                    cmd::set_features(cmd::FEAT_KEEP_ALIVE_TIMER, kato),
+                    cmd::set_features(fp_nvme_spec::features::FID_KEEP_ALIVE_TIMER, kato),
                     AdminData::None,
                     timeout,
                 )?;
             }
             self.next_keep_alive = Some(Instant::now() + self.keep_alive_interval());
         }
-        let page = 1u32 << (12 + regs::cap_mpsmin(cap));
+        let page = 1u32 << (12 + registers::cap_mpsmin(cap));
         let max_transfer =
             cdata.max_transfer(page).unwrap_or(u32::MAX).min(MAX_TRANSFER_DEFAULT).min(t.max_transfer());
-        let depth = self.shared.opts.io_queue_depth.min(regs::cap_mqes(cap).saturating_add(1)).max(2);
+        let depth = self.shared.opts.io_queue_depth.min(registers::cap_mqes(cap).saturating_add(1)).max(2);
         {
             let mut s = self.shared.snapshot();
             s.cntlid = admin.cntlid();
@@ -432,7 +433,7 @@ impl<T: Transport> Worker<T> {
             buf.fill(0);
             let r = self.admin_cmd(
                 "Identify (Active Namespace ID list)",
-                cmd::identify(cmd::CNS_ACTIVE_NAMESPACES, after),
+                cmd::identify(fp_nvme_spec::identify::CNS_ACTIVE_NS_LIST, after),
                 AdminData::FromDevice(&mut buf),
             );
             match r {
@@ -457,7 +458,7 @@ impl<T: Transport> Worker<T> {
             buf.fill(0);
             self.admin_cmd(
                 "Identify Namespace",
-                cmd::identify(cmd::CNS_NAMESPACE, nsid),
+                cmd::identify(fp_nvme_spec::identify::CNS_NAMESPACE, nsid),
                 AdminData::FromDevice(&mut buf),
             )?;
             let data = NamespaceData::parse(&buf);
@@ -670,7 +671,7 @@ const MAX_TRANSFER_DEFAULT: u32 = 1 << 20;
 pub(crate) fn run_admin<A: AdminQueue>(
     admin: &mut A,
     what: &'static str,
-    sqe: fp_nvmf::spec::Sqe,
+    sqe: fp_nvme_spec::Sqe,
     data: AdminData<'_>,
     timeout: Duration,
 ) -> Result<Cqe, NvmeError> {

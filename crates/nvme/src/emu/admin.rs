@@ -4,18 +4,14 @@
 
 use std::sync::atomic::Ordering;
 
-use fp_nvmf::spec::{self, Sqe, Status};
+use fp_nvme_spec::identify as id;
+use fp_nvme_spec::{self as spec, Sqe, Status};
 
 use super::device::{Cq, Device, Outcome, Sq, PAGE};
 use super::io::{segments, to_host};
-use crate::cmd;
 
 /// At most this many Asynchronous Event Requests outstanding (AERL + 1).
 const AER_LIMIT: usize = 4;
-/// Completion Queue Invalid (Base Figure 97).
-const SC_COMPLETION_QUEUE_INVALID: u8 = 0x00;
-/// Invalid Queue Deletion.
-const SC_INVALID_QUEUE_DELETION: u8 = 0x0C;
 
 fn done(status: Status) -> Outcome {
     Outcome::Done(status, 0)
@@ -35,10 +31,10 @@ impl Device {
         match sqe.opcode() {
             spec::ADMIN_IDENTIFY => self.identify(sqe),
             spec::ADMIN_SET_FEATURES | spec::ADMIN_GET_FEATURES => self.features(sqe),
-            cmd::ADMIN_CREATE_IO_CQ => self.create_cq(sqe),
-            cmd::ADMIN_CREATE_IO_SQ => self.create_sq(sqe),
-            cmd::ADMIN_DELETE_IO_SQ => self.delete_sq(sqe),
-            cmd::ADMIN_DELETE_IO_CQ => self.delete_cq(sqe),
+            spec::ADMIN_CREATE_IO_CQ => self.create_cq(sqe),
+            spec::ADMIN_CREATE_IO_SQ => self.create_sq(sqe),
+            spec::ADMIN_DELETE_IO_SQ => self.delete_sq(sqe),
+            spec::ADMIN_DELETE_IO_CQ => self.delete_cq(sqe),
             spec::ADMIN_ASYNC_EVENT_REQUEST => {
                 if self.aers.len() >= AER_LIMIT {
                     return done(Status::command_specific(spec::SC_ASYNC_EVENT_LIMIT_EXCEEDED));
@@ -51,7 +47,7 @@ impl Device {
                 ok(0)
             }
             spec::ADMIN_ABORT => self.abort(sqe),
-            cmd::ADMIN_DOORBELL_BUFFER_CONFIG => self.doorbell_buffer_config(sqe),
+            spec::ADMIN_DOORBELL_BUFFER_CONFIG => self.doorbell_buffer_config(sqe),
             spec::ADMIN_GET_LOG_PAGE => self.log_page(sqe),
             _ => done(Status::generic(spec::SC_INVALID_OPCODE)),
         }
@@ -72,31 +68,34 @@ impl Device {
         let namespaces = self.sh.namespaces.lock().unwrap_or_else(|e| e.into_inner());
         let nn =
             cfg.namespaces.iter().map(|n| n.nsid).chain(namespaces.iter().map(|n| n.nsid)).max().unwrap_or(1);
-        let mut d = vec![0u8; 4096];
+        let mut d = vec![0u8; id::IDENTIFY_LEN];
         match (sqe.cdw(10) & 0xff) as u8 {
-            cmd::CNS_CONTROLLER => {
-                d[0..2].copy_from_slice(&0x1b36u16.to_le_bytes());
-                d[4..24].copy_from_slice(b"FLASHPATH-EMU       ");
-                d[24..64].copy_from_slice(format!("{:<40}", "flashpath emulated controller").as_bytes());
-                d[64..72].copy_from_slice(b"1.0     ");
-                d[77] = cfg.mdts;
-                d[78..80].copy_from_slice(&1u16.to_le_bytes());
-                d[80..84].copy_from_slice(&0x0002_0000u32.to_le_bytes());
-                let oacs: u16 = if cfg.shadow_doorbells { 1 << 8 } else { 0 };
-                d[256..258].copy_from_slice(&oacs.to_le_bytes());
-                d[258] = 3; // ACL: 4 aborts
-                d[259] = (AER_LIMIT - 1) as u8;
-                d[261] = 1 << 2; // LPA: extended data for Get Log Page
-                d[512] = 0x66; // SQES
-                d[513] = 0x44; // CQES
-                d[516..520].copy_from_slice(&nn.to_le_bytes());
-                d[520..522].copy_from_slice(&((1u16 << 2) | (1 << 3)).to_le_bytes()); // ONCS: DSM, Write Zeroes
+            id::CNS_CONTROLLER => {
+                let put16 = |d: &mut [u8], at: usize, v: u16| d[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                let put32 = |d: &mut [u8], at: usize, v: u32| d[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                put16(&mut d, id::IDC_VID, 0x1b36);
+                d[id::IDC_SN..id::IDC_SN + id::SN_LEN].copy_from_slice(b"FLASHPATH-EMU       ");
+                d[id::IDC_MN..id::IDC_MN + id::MN_LEN]
+                    .copy_from_slice(format!("{:<40}", "flashpath emulated controller").as_bytes());
+                d[id::IDC_FR..id::IDC_FR + id::FR_LEN].copy_from_slice(b"1.0     ");
+                d[id::IDC_MDTS] = cfg.mdts;
+                put16(&mut d, id::IDC_CNTLID, 1);
+                put32(&mut d, id::IDC_VER, 0x0002_0000);
+                let oacs = if cfg.shadow_doorbells { id::OACS_DOORBELL_BUFFER_CONFIG } else { 0 };
+                put16(&mut d, id::IDC_OACS, oacs);
+                d[id::IDC_ACL] = 3; // 4 aborts
+                d[id::IDC_AERL] = (AER_LIMIT - 1) as u8;
+                d[id::IDC_LPA] = id::LPA_EXTENDED_DATA;
+                d[id::IDC_SQES] = 0x66;
+                d[id::IDC_CQES] = 0x44;
+                put32(&mut d, id::IDC_NN, nn);
+                put16(&mut d, id::IDC_ONCS, id::ONCS_DSM | id::ONCS_WRITE_ZEROES);
                 if cfg.sgl {
-                    d[536..540].copy_from_slice(&1u32.to_le_bytes());
+                    put32(&mut d, id::IDC_SGLS, id::SGLS_SUPPORTED);
                 }
-                d[768..768 + 30].copy_from_slice(b"nqn.2026-11.io.flashpath:emu00");
+                d[id::IDC_SUBNQN..id::IDC_SUBNQN + 30].copy_from_slice(b"nqn.2026-11.io.flashpath:emu00");
             }
-            cmd::CNS_NAMESPACE => {
+            id::CNS_NAMESPACE => {
                 let nsid = sqe.nsid();
                 if nsid == 0 || nsid > nn {
                     return done(Status::generic(spec::SC_INVALID_NAMESPACE));
@@ -104,18 +103,19 @@ impl Device {
                 // An inactive namespace reads as zeroes (Base 5.17.2.1).
                 if let Some(n) = namespaces.iter().find(|n| n.nsid == nsid) {
                     let blocks = n.num_blocks();
-                    for at in [0, 8, 16] {
+                    for at in [id::IDN_NSZE, id::IDN_NCAP, id::IDN_NUSE] {
                         d[at..at + 8].copy_from_slice(&blocks.to_le_bytes());
                     }
-                    d[128 + 2] = n.block_size.trailing_zeros() as u8;
+                    // LBADS, bits 23:16 of LBA format 0.
+                    d[id::IDN_LBAF0 + 2] = n.block_size.trailing_zeros() as u8;
                 }
             }
-            cmd::CNS_ACTIVE_NAMESPACES => {
+            id::CNS_ACTIVE_NS_LIST => {
                 let mut ids: Vec<u32> =
                     namespaces.iter().map(|n| n.nsid).filter(|&i| i > sqe.nsid()).collect();
                 ids.sort_unstable();
-                for (i, id) in ids.iter().take(1024).enumerate() {
-                    d[i * 4..i * 4 + 4].copy_from_slice(&id.to_le_bytes());
+                for (i, nsid) in ids.iter().take(id::ACTIVE_LIST_MAX).enumerate() {
+                    d[i * 4..i * 4 + 4].copy_from_slice(&nsid.to_le_bytes());
                 }
             }
             _ => return done(Status::generic(spec::SC_INVALID_FIELD)),
@@ -127,7 +127,7 @@ impl Device {
     fn features(&mut self, sqe: &Sqe) -> Outcome {
         let fid = (sqe.cdw(10) & 0xff) as u8;
         let set = sqe.opcode() == spec::ADMIN_SET_FEATURES;
-        if fid == cmd::FEAT_NUMBER_OF_QUEUES {
+        if fid == spec::features::FID_NUMBER_OF_QUEUES {
             let n = u32::from(self.sh.cfg.io_queues.max(1) - 1);
             return ok(n | (n << 16));
         }
@@ -174,7 +174,7 @@ impl Device {
         };
         let cqid = (sqe.cdw(11) >> 16) as u16;
         if cqid == 0 || self.cqs.get(cqid as usize).and_then(Option::as_ref).is_none() {
-            return done(Status::command_specific(SC_COMPLETION_QUEUE_INVALID));
+            return done(Status::command_specific(spec::SC_COMPLETION_QUEUE_INVALID));
         }
         if self.sqs[qid as usize].is_some() {
             return done(Status::command_specific(spec::SC_INVALID_QUEUE_IDENTIFIER));
@@ -198,7 +198,7 @@ impl Device {
     fn delete_cq(&mut self, sqe: &Sqe) -> Outcome {
         let qid = sqe.cdw(10) as u16;
         if self.sqs.iter().flatten().any(|s| s.cqid == qid) && qid != 0 {
-            return done(Status::command_specific(SC_INVALID_QUEUE_DELETION));
+            return done(Status::command_specific(spec::SC_INVALID_QUEUE_DELETION));
         }
         match self.cqs.get_mut(qid as usize) {
             Some(q @ Some(_)) if qid != 0 => {
@@ -247,13 +247,13 @@ impl Device {
             return done(Status::generic(spec::SC_INVALID_FIELD));
         }
         let mut page = match lid {
-            cmd::LOG_ERROR => vec![0u8; 64],
-            cmd::LOG_HEALTH => vec![0u8; 512],
-            cmd::LOG_CHANGED_NAMESPACES => {
+            spec::log_page::LID_ERROR => vec![0u8; spec::log_page::ERROR_ENTRY_LEN],
+            spec::log_page::LID_SMART => vec![0u8; spec::log_page::SMART_LEN],
+            spec::log_page::LID_CHANGED_NS => {
                 let mut changed = self.sh.changed.lock().unwrap_or_else(|e| e.into_inner());
-                let mut p = vec![0u8; 4096];
-                for (i, id) in changed.iter().take(1024).enumerate() {
-                    p[i * 4..i * 4 + 4].copy_from_slice(&id.to_le_bytes());
+                let mut p = vec![0u8; spec::log_page::CHANGED_NS_LEN];
+                for (i, nsid) in changed.iter().take(spec::log_page::CHANGED_NS_LEN / 4).enumerate() {
+                    p[i * 4..i * 4 + 4].copy_from_slice(&nsid.to_le_bytes());
                 }
                 // Reading the log clears it (Retain Asynchronous Event is not kept here).
                 changed.clear();

@@ -9,11 +9,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fp_bdev::dma::{memory_map, DmaListener, DmaRegion, ListenerId};
+use fp_nvme_spec::registers;
 
 use super::config::{EmuConfig, EmuCounters, EmuNamespace, Fault};
 use super::device;
 use crate::pcie::{Bar, PciFunction};
-use crate::regs;
 use crate::NvmeError;
 
 /// BAR0's size: the registers' page and the doorbells (stride 4) of up to 1023 queues.
@@ -319,7 +319,7 @@ impl PciFunction for EmulatedController {
 
     #[inline]
     fn doorbell_rung(&self, offset: u32, _value: u32) {
-        let index = (offset.wrapping_sub(regs::DOORBELLS) / 4) as usize;
+        let index = (offset.wrapping_sub(registers::DOORBELLS) / 4) as usize;
         let counters = if index % 2 == 0 { &self.shared.sq_doorbells } else { &self.shared.cq_doorbells };
         if let Some(c) = counters.get(index / 2) {
             c.fetch_add(1, Ordering::Relaxed);

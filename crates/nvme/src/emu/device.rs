@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::dma::memory_map;
-use fp_nvmf::spec::{Sqe, Status, SQE_LEN};
+use fp_nvme_spec::registers;
+use fp_nvme_spec::{Sqe, Status, SQE_LEN};
 
 use super::config::Fault;
 use super::controller::Shared;
-use crate::regs;
 
 /// How long the thread spins after its last work before sleeping.
 const SPIN: Duration = Duration::from_micros(30);
@@ -78,10 +78,10 @@ pub(crate) fn reset_registers(sh: &Shared) {
     // not run the thread for a while), DSTRD 0, CSS NVM,
     // MPSMIN = MPSMAX = 0 (4 KiB).
     let cap = u64::from(sh.cfg.max_queue_entries.max(2) - 1) | (1 << 16) | (10 << 24) | (1 << 37);
-    sh.reg(regs::CAP).store(cap as u32, Ordering::Relaxed);
-    sh.reg(regs::CAP + 4).store((cap >> 32) as u32, Ordering::Relaxed);
+    sh.reg(registers::CAP).store(cap as u32, Ordering::Relaxed);
+    sh.reg(registers::CAP + 4).store((cap >> 32) as u32, Ordering::Relaxed);
     // VS 2.0.0.
-    sh.reg(regs::VS).store(0x0002_0000, Ordering::Release);
+    sh.reg(registers::VS).store(0x0002_0000, Ordering::Release);
 }
 
 /// The thread's body.
@@ -144,7 +144,7 @@ impl Device {
             self.disable();
             reset_registers(&sh);
             if sh.fault() == Fault::FatalStatus {
-                sh.reg(regs::CSTS).store(regs::CSTS_CFS, Ordering::Release);
+                sh.reg(registers::CSTS).store(registers::CSTS_CFS, Ordering::Release);
             }
             sh.flr.store(false, Ordering::Release);
             return true;
@@ -153,33 +153,33 @@ impl Device {
             Fault::Disappear => return false,
             Fault::FatalStatus => {
                 // A reset (CC.EN = 0) still clears RDY, but the controller never gets ready.
-                let csts = sh.reg(regs::CSTS);
-                if sh.reg(regs::CC).load(Ordering::Acquire) & regs::CC_EN == 0 && self.enabled {
+                let csts = sh.reg(registers::CSTS);
+                if sh.reg(registers::CC).load(Ordering::Acquire) & registers::CC_EN == 0 && self.enabled {
                     self.disable();
                 }
-                csts.fetch_or(regs::CSTS_CFS, Ordering::AcqRel);
+                csts.fetch_or(registers::CSTS_CFS, Ordering::AcqRel);
                 return false;
             }
             _ => {}
         }
-        let cc = sh.reg(regs::CC).load(Ordering::Acquire);
+        let cc = sh.reg(registers::CC).load(Ordering::Acquire);
         let mut work = false;
-        if cc & regs::CC_EN != 0 && !self.enabled {
+        if cc & registers::CC_EN != 0 && !self.enabled {
             self.enable();
             work = true;
-        } else if cc & regs::CC_EN == 0 && self.enabled {
+        } else if cc & registers::CC_EN == 0 && self.enabled {
             self.disable();
             work = true;
         }
         if !self.enabled {
             return work;
         }
-        let shn = cc & regs::CC_SHN_MASK != 0;
+        let shn = cc & registers::CC_SHN_MASK != 0;
         if shn != self.shutdown {
             self.shutdown = shn;
-            let csts = sh.reg(regs::CSTS);
-            let v = csts.load(Ordering::Acquire) & !regs::CSTS_SHST_MASK;
-            csts.store(if shn { v | regs::CSTS_SHST_COMPLETE } else { v }, Ordering::Release);
+            let csts = sh.reg(registers::CSTS);
+            let v = csts.load(Ordering::Acquire) & !registers::CSTS_SHST_MASK;
+            csts.store(if shn { v | registers::CSTS_SHST_COMPLETE } else { v }, Ordering::Release);
             work = true;
         }
         work |= self.post_injected();
@@ -192,16 +192,16 @@ impl Device {
 
     fn enable(&mut self) {
         let sh = &self.sh;
-        let aqa = sh.reg(regs::AQA).load(Ordering::Acquire);
+        let aqa = sh.reg(registers::AQA).load(Ordering::Acquire);
         let read64 = |off: u32| {
             u64::from(sh.reg(off).load(Ordering::Acquire))
                 | (u64::from(sh.reg(off + 4).load(Ordering::Acquire)) << 32)
         };
-        let (asq, acq) = (read64(regs::ASQ), read64(regs::ACQ));
+        let (asq, acq) = (read64(registers::ASQ), read64(registers::ACQ));
         let sq_size = (aqa & 0xfff) as u16 + 1;
         let cq_size = ((aqa >> 16) & 0xfff) as u16 + 1;
         if sq_size < 2 || cq_size < 2 || asq % PAGE != 0 || acq % PAGE != 0 {
-            sh.reg(regs::CSTS).store(regs::CSTS_CFS, Ordering::Release);
+            sh.reg(registers::CSTS).store(registers::CSTS_CFS, Ordering::Release);
             return;
         }
         let queues = self.sh.cfg.io_queues as usize + 1;
@@ -212,7 +212,7 @@ impl Device {
         self.enabled = true;
         self.shutdown = false;
         sh.enables.fetch_add(1, Ordering::Relaxed);
-        sh.reg(regs::CSTS).store(regs::CSTS_RDY, Ordering::Release);
+        sh.reg(registers::CSTS).store(registers::CSTS_RDY, Ordering::Release);
     }
 
     /// CC.EN = 0: a controller reset (Base 3.7.2): queues deleted, doorbells zero, RDY = 0.
@@ -224,10 +224,10 @@ impl Device {
         self.dbbuf = None;
         self.aers.clear();
         self.held.clear();
-        for off in (regs::DOORBELLS..super::controller::BAR_LEN as u32).step_by(4) {
+        for off in (registers::DOORBELLS..super::controller::BAR_LEN as u32).step_by(4) {
             self.sh.reg(off).store(0, Ordering::Relaxed);
         }
-        self.sh.reg(regs::CSTS).store(0, Ordering::Release);
+        self.sh.reg(registers::CSTS).store(0, Ordering::Release);
     }
 
     /// Doorbell `index`'s value: BAR0, or the shadow entry.
@@ -240,7 +240,7 @@ impl Device {
                 None => 0,
             };
         }
-        self.sh.reg(regs::DOORBELLS + index * 4).load(Ordering::Acquire)
+        self.sh.reg(registers::DOORBELLS + index * 4).load(Ordering::Acquire)
     }
 
     /// The event indexes of shadowed SQs: while the thread polls, one behind its position
@@ -376,7 +376,7 @@ impl Device {
             }
             let Some(p) = host(iova + u64::from(head) * SQE_LEN as u64, SQE_LEN) else {
                 // The ring is unreachable: the host broke it; stop, as a real device faults.
-                self.sh.reg(regs::CSTS).fetch_or(regs::CSTS_CFS, Ordering::AcqRel);
+                self.sh.reg(registers::CSTS).fetch_or(registers::CSTS_CFS, Ordering::AcqRel);
                 return false;
             };
             let mut raw = [0u8; SQE_LEN];

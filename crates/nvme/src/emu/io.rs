@@ -2,7 +2,7 @@
 //! 4.1.2) into host memory reachable through the DMA map, and the NVM commands (read, write,
 //! flush, write zeroes, dataset management) on the namespaces' RAM.
 
-use fp_nvmf::spec::{self, Sqe, Status};
+use fp_nvme_spec::{self as spec, Sqe, Status};
 
 use super::device::{host, Device, Outcome, PAGE};
 use crate::pcie::prp::{SGL_DATA_BLOCK, SGL_LAST_SEGMENT, SGL_SEGMENT};

@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_nvmf::spec::{Cqe, Sqe};
+use fp_nvme_spec::registers;
+use fp_nvme_spec::{Cqe, Sqe};
 
 use super::function::{Bar, DmaMemory, PciFunction};
 use super::prp::PAGE;
-use super::ring::{CqRing, Doorbell, RawCqe, ShadowPages, SqRing};
-use crate::cmd::{self, SqeExt};
-use crate::regs;
+use super::ring::{CqRing, Doorbell, ShadowPages, SqRing};
+use crate::cmd;
 use crate::transport::{AdminData, AdminQueue};
 use crate::NvmeError;
 
@@ -65,7 +65,7 @@ pub struct PcieAdmin<F: PciFunction> {
 impl<F: PciFunction> PcieAdmin<F> {
     /// An admin queue on rings the controller was given (AQA, ASQ, ACQ) before it was enabled.
     pub(crate) fn new(function: Arc<F>, sq: SqRing, cq: CqRing, cap: u64) -> Result<Self, NvmeError> {
-        let dstrd = regs::cap_dstrd(cap);
+        let dstrd = registers::cap_dstrd(cap);
         Ok(PcieAdmin {
             bar: function.bar0(),
             sq_db: Doorbell::new(function.clone(), dstrd, 0, None),
@@ -87,7 +87,7 @@ impl<F: PciFunction> PcieAdmin<F> {
 
     /// Uses shadow doorbells from now on (after a successful Doorbell Buffer Config).
     pub(crate) fn use_shadow(&mut self, pages: Arc<ShadowPages>) {
-        let dstrd = regs::cap_dstrd(self.facts.cap);
+        let dstrd = registers::cap_dstrd(self.facts.cap);
         self.sq_db = Doorbell::new(self.function.clone(), dstrd, 0, Some(&pages));
         self.cq_db = Doorbell::new(self.function.clone(), dstrd, 1, Some(&pages));
         // The shadow entries start where the registers are.
@@ -108,14 +108,14 @@ impl<F: PciFunction> PcieAdmin<F> {
     }
 
     fn gone_check(&mut self) -> Result<(), NvmeError> {
-        let csts = self.bar.read32(regs::CSTS);
-        if regs::is_gone(csts) {
+        let csts = self.bar.read32(registers::CSTS);
+        if registers::is_gone(csts) {
             return Err(NvmeError::Gone(format!(
                 "{}: the device reads all ones (removed)",
                 self.function.address()
             )));
         }
-        if csts & regs::CSTS_CFS != 0 {
+        if csts & registers::CSTS_CFS != 0 {
             return Err(NvmeError::Gone(format!(
                 "{}: controller fatal status (CSTS.CFS)",
                 self.function.address()
@@ -149,7 +149,7 @@ impl<F: PciFunction> PcieAdmin<F> {
         Ok(cid as u16)
     }
 
-    fn take(&mut self, c: RawCqe) -> Result<(), NvmeError> {
+    fn take(&mut self, c: Cqe) -> Result<(), NvmeError> {
         self.sq.update_head(c.sqhd)?;
         let cqe = Cqe { dw0: c.dw0, dw1: c.dw1, sqhd: c.sqhd, sqid: c.sqid, cid: c.cid, status: c.status };
         match self.cids.get(c.cid as usize).copied() {
@@ -255,7 +255,7 @@ impl<F: PciFunction> AdminQueue for PcieAdmin<F> {
     /// [`NvmeError::Gone`] when that is all ones too.
     fn get_property(&mut self, offset: u32, eight_bytes: bool) -> Result<u64, NvmeError> {
         let v = if eight_bytes { self.bar.read64(offset) } else { u64::from(self.bar.read32(offset)) };
-        if regs::is_gone(v as u32) && regs::is_gone(self.bar.read32(regs::CSTS)) {
+        if registers::is_gone(v as u32) && registers::is_gone(self.bar.read32(registers::CSTS)) {
             return Err(NvmeError::Gone(format!(
                 "{}: the device reads all ones (removed)",
                 self.function.address()

@@ -14,14 +14,13 @@ use std::sync::Arc;
 use fp_bdev::clock::ticks;
 use fp_bdev::dma::{memory_map, Translator};
 use fp_bdev::SubmitError;
-use fp_nvmf::spec::{Sqe, Status};
+use fp_nvme_spec::registers;
+use fp_nvme_spec::{Cqe, Sqe, Status};
 
 use super::function::{Bar, DmaMemory, PciFunction};
 use super::prp::{self, Unfit, PAGE, PRP_LIST_ENTRIES, SGL_SEGMENT_DESCRIPTORS};
 use super::ring::{CqRing, Doorbell, ShadowPages, SqRing};
 use crate::cid::CidTable;
-use crate::cmd::SqeExt;
-use crate::regs;
 use crate::transport::{IoQueue, QueueStats};
 use crate::NvmeError;
 
@@ -246,7 +245,7 @@ impl<F: PciFunction> PcieIoQueue<F> {
     }
 
     #[inline]
-    fn complete(&mut self, c: super::ring::RawCqe, out: &mut Vec<(u32, Status)>) -> Result<(), NvmeError> {
+    fn complete(&mut self, c: Cqe, out: &mut Vec<(u32, Status)>) -> Result<(), NvmeError> {
         if c.sqid != self.qid {
             return Err(NvmeError::Protocol(format!("completion for SQ {} on queue {}", c.sqid, self.qid)));
         }
@@ -270,11 +269,11 @@ impl<F: PciFunction> PcieIoQueue<F> {
     }
 
     fn check_status(&mut self) -> Result<(), NvmeError> {
-        let csts = self.bar.read32(regs::CSTS);
-        if regs::is_gone(csts) {
+        let csts = self.bar.read32(registers::CSTS);
+        if registers::is_gone(csts) {
             return Err(self.die(Dead::Gone("the device reads all ones (removed)".into())));
         }
-        if csts & regs::CSTS_CFS != 0 {
+        if csts & registers::CSTS_CFS != 0 {
             return Err(self.die(Dead::Gone("controller fatal status (CSTS.CFS)".into())));
         }
         Ok(())

@@ -7,10 +7,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-use fp_nvmf::spec::{Sqe, Status, CQE_LEN, SQE_LEN};
+use fp_nvme_spec::registers;
+use fp_nvme_spec::{Cqe, Sqe, CQE_LEN, SQE_LEN};
 
 use super::function::{Bar, DmaMemory, PciFunction};
-use crate::regs;
 use crate::NvmeError;
 
 /// The shadow doorbell page and the event index page given to the controller by Doorbell
@@ -114,7 +114,7 @@ impl<F: PciFunction> Doorbell<F> {
         Doorbell {
             function,
             bar,
-            offset: regs::DOORBELLS + index * (4 << dstrd),
+            offset: registers::DOORBELLS + index * (4 << dstrd),
             shadow,
             always_mmio: index < 2,
         }
@@ -259,23 +259,6 @@ impl SqRing {
     }
 }
 
-/// One completion as the queue reads it.
-#[derive(Debug, Clone, Copy)]
-pub struct RawCqe {
-    /// Dword 0.
-    pub dw0: u32,
-    /// Dword 1.
-    pub dw1: u32,
-    /// SQ head pointer.
-    pub sqhd: u16,
-    /// SQ identifier.
-    pub sqid: u16,
-    /// Command identifier.
-    pub cid: u16,
-    /// Status without the phase bit.
-    pub status: Status,
-}
-
 /// A completion ring read by phase bit.
 pub struct CqRing {
     mem: DmaMemory,
@@ -305,7 +288,7 @@ impl CqRing {
     /// The next completion if the controller posted it (its phase tag is this lap's), and
     /// moves past it.
     #[inline]
-    pub fn pop(&mut self) -> Option<RawCqe> {
+    pub fn pop(&mut self) -> Option<Cqe> {
         // SAFETY: `head < size`, inside the ring; the device writes entries concurrently,
         // so they are read with volatile loads, dword 3 (with the phase tag) first.
         let base = unsafe { self.mem.as_ptr().add(self.head as usize * CQE_LEN) as *const u32 };
@@ -324,25 +307,13 @@ impl CqRing {
                 u32::from_le(std::ptr::read_volatile(base.add(2))),
             )
         };
-        let field = (dw3 >> 16) as u16;
         self.head += 1;
         if self.head == self.size {
             self.head = 0;
             self.phase = !self.phase;
         }
         self.reaped = true;
-        Some(RawCqe {
-            dw0,
-            dw1,
-            sqhd: dw2 as u16,
-            sqid: (dw2 >> 16) as u16,
-            cid: dw3 as u16,
-            status: Status {
-                sc: (field >> 1) as u8,
-                sct: ((field >> 9) & 0x7) as u8,
-                dnr: field & (1 << 15) != 0,
-            },
-        })
+        Some(Cqe::from_dwords(dw0, dw1, dw2, dw3))
     }
 
     /// If completions were reaped since the last call: the head to tell the controller, and

@@ -9,13 +9,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fp_nvme_spec::registers;
+
 use super::admin::PcieAdmin;
 use super::function::PciFunction;
 use super::prp::{PAGE, PRP_LIST_ENTRIES};
 use super::queue::{PcieIoQueue, QueueMemory, QueueParams};
 use super::ring::{CqRing, ShadowPages, SqRing};
 use crate::cmd;
-use crate::regs;
 use crate::transport::{AdminData, AdminQueue, Transport};
 use crate::NvmeError;
 
@@ -67,17 +68,17 @@ impl<F: PciFunction> PcieTransport<F> {
         let deadline = Instant::now() + timeout;
         let mut spins = 0u32;
         loop {
-            let csts = bar.read32(regs::CSTS);
-            if regs::is_gone(csts) {
+            let csts = bar.read32(registers::CSTS);
+            if registers::is_gone(csts) {
                 return Err(NvmeError::Gone(format!(
                     "{}: the device reads all ones (removed)",
                     self.function.address()
                 )));
             }
-            if (csts & regs::CSTS_RDY != 0) == ready {
+            if (csts & registers::CSTS_RDY != 0) == ready {
                 return Ok(());
             }
-            if ready && csts & regs::CSTS_CFS != 0 {
+            if ready && csts & registers::CSTS_CFS != 0 {
                 return Err(NvmeError::Gone(format!(
                     "{}: controller fatal status (CSTS.CFS)",
                     self.function.address()
@@ -103,21 +104,24 @@ impl<F: PciFunction> PcieTransport<F> {
     /// (EN = 1, RDY = 0) is let finish first: clearing EN then is undefined.
     fn disable(&self, timeout: Duration) -> Result<(), NvmeError> {
         let bar = self.function.bar0();
-        let cc = bar.read32(regs::CC);
-        if cc & regs::CC_EN != 0 {
-            if bar.read32(regs::CSTS) & regs::CSTS_RDY == 0 {
+        let cc = bar.read32(registers::CC);
+        if cc & registers::CC_EN != 0 {
+            if bar.read32(registers::CSTS) & registers::CSTS_RDY == 0 {
                 // A controller that never gets ready is disabled all the same.
                 let _ = self.wait_ready(true, timeout);
             }
-            bar.write32(regs::CC, cc & !(regs::CC_EN | regs::CC_SHN_MASK));
+            bar.write32(registers::CC, cc & !(registers::CC_EN | registers::CC_SHN_MASK));
         }
         self.wait_ready(false, timeout)
     }
 
     fn identify(&self, admin: &mut PcieAdmin<F>, timeout: Duration) -> Result<(), NvmeError> {
         let mut id = vec![0u8; 4096];
-        let c =
-            admin.execute(cmd::identify(cmd::CNS_CONTROLLER, 0), AdminData::FromDevice(&mut id), timeout)?;
+        let c = admin.execute(
+            cmd::identify(fp_nvme_spec::identify::CNS_CONTROLLER, 0),
+            AdminData::FromDevice(&mut id),
+            timeout,
+        )?;
         if !c.status.is_success() {
             return Err(NvmeError::Command { what: "Identify Controller", status: c.status });
         }
@@ -126,7 +130,7 @@ impl<F: PciFunction> PcieTransport<F> {
         admin.facts.sgl = self.opts.sgl && id[536] & 3 == 1;
         let oacs = u16::from_le_bytes([id[256], id[257]]);
         if self.opts.shadow_doorbells && oacs & OACS_DOORBELL_BUFFER != 0 {
-            let pages = Arc::new(ShadowPages::new(regs::cap_dstrd(admin.facts.cap))?);
+            let pages = Arc::new(ShadowPages::new(registers::cap_dstrd(admin.facts.cap))?);
             let (shadow, eventidx) = pages.iovas();
             let c = admin.execute(cmd::doorbell_buffer_config(shadow, eventidx), AdminData::None, timeout)?;
             if c.status.is_success() {
@@ -144,7 +148,7 @@ impl<F: PciFunction> PcieTransport<F> {
     }
 }
 
-fn check(what: &'static str, c: fp_nvmf::spec::Cqe) -> Result<(), NvmeError> {
+fn check(what: &'static str, c: fp_nvme_spec::Cqe) -> Result<(), NvmeError> {
     if c.status.is_success() {
         Ok(())
     } else {
@@ -173,17 +177,17 @@ impl<F: PciFunction> Transport for PcieTransport<F> {
     fn connect_admin(&self, depth: u16, timeout: Duration) -> Result<PcieAdmin<F>, NvmeError> {
         let bar = self.function.bar0();
         let address = self.function.address();
-        if regs::is_gone(bar.read32(regs::CSTS)) {
+        if registers::is_gone(bar.read32(registers::CSTS)) {
             return Err(NvmeError::Gone(format!("{address}: the device reads all ones (removed)")));
         }
-        let cap = bar.read64(regs::CAP);
-        if regs::cap_mpsmin(cap) != 0 {
+        let cap = bar.read64(registers::CAP);
+        if registers::cap_mpsmin(cap) != 0 {
             return Err(NvmeError::Unsupported(format!(
                 "{address}: the controller's smallest memory page is {} KiB; the driver uses 4 KiB",
-                4 << regs::cap_mpsmin(cap)
+                4 << registers::cap_mpsmin(cap)
             )));
         }
-        if !regs::cap_css_nvm(cap) {
+        if !registers::cap_css_nvm(cap) {
             return Err(NvmeError::Unsupported(format!(
                 "{address}: the controller lacks the NVM command set"
             )));
@@ -191,14 +195,14 @@ impl<F: PciFunction> Transport for PcieTransport<F> {
         let ready = crate::transport::ready_timeout(cap);
         self.disable(ready)?;
         // Admin queues hold at most 4096 entries (AQA's 12-bit fields), I/O ones CAP.MQES + 1.
-        let depth = depth.clamp(2, 4096).min(regs::cap_mqes(cap).saturating_add(1).max(2));
+        let depth = depth.clamp(2, 4096).min(registers::cap_mqes(cap).saturating_add(1).max(2));
         let sq = SqRing::new(depth)?;
         let cq = CqRing::new(depth)?;
-        bar.write32(regs::AQA, u32::from(depth - 1) | (u32::from(depth - 1) << 16));
-        bar.write64(regs::ASQ, sq.iova());
-        bar.write64(regs::ACQ, cq.iova());
+        bar.write32(registers::AQA, u32::from(depth - 1) | (u32::from(depth - 1) << 16));
+        bar.write64(registers::ASQ, sq.iova());
+        bar.write64(registers::ACQ, cq.iova());
         let mut admin = PcieAdmin::new(self.function.clone(), sq, cq, cap)?;
-        bar.write32(regs::CC, regs::CC_EN | regs::CC_IOQES | regs::CC_CSS_NVM);
+        bar.write32(registers::CC, registers::CC_EN | registers::CC_IOQES | registers::CC_CSS_NVM);
         self.wait_ready(true, ready)?;
         self.identify(&mut admin, timeout)?;
         Ok(admin)
@@ -211,7 +215,7 @@ impl<F: PciFunction> Transport for PcieTransport<F> {
         depth: u16,
     ) -> Result<PcieIoQueue<F>, NvmeError> {
         let cap = admin.facts.cap;
-        let depth = depth.clamp(2, regs::cap_mqes(cap).saturating_add(1).max(2));
+        let depth = depth.clamp(2, registers::cap_mqes(cap).saturating_add(1).max(2));
         let mem = QueueMemory::new(depth)?;
         if let Some(shadow) = &admin.shadow {
             shadow.clear_queue(qid);
@@ -231,7 +235,7 @@ impl<F: PciFunction> Transport for PcieTransport<F> {
             QueueParams {
                 function: self.function.clone(),
                 qid,
-                dstrd: regs::cap_dstrd(cap),
+                dstrd: registers::cap_dstrd(cap),
                 shadow: admin.shadow.clone(),
                 sgl: admin.facts.sgl,
                 bounce_buffers: self.opts.bounce_buffers,
@@ -248,15 +252,15 @@ impl<F: PciFunction> Transport for PcieTransport<F> {
 
     fn shutdown(&self, _admin: &mut PcieAdmin<F>, timeout: Duration) {
         let bar = self.function.bar0();
-        let cc = bar.read32(regs::CC);
-        if regs::is_gone(cc) {
+        let cc = bar.read32(registers::CC);
+        if registers::is_gone(cc) {
             return;
         }
-        bar.write32(regs::CC, (cc & !regs::CC_SHN_MASK) | regs::CC_SHN_NORMAL);
+        bar.write32(registers::CC, (cc & !registers::CC_SHN_MASK) | registers::CC_SHN_NORMAL);
         let deadline = Instant::now() + timeout;
         loop {
-            let csts = bar.read32(regs::CSTS);
-            if regs::is_gone(csts) || csts & regs::CSTS_SHST_MASK == regs::CSTS_SHST_COMPLETE {
+            let csts = bar.read32(registers::CSTS);
+            if registers::is_gone(csts) || csts & registers::CSTS_SHST_MASK == registers::CSTS_SHST_COMPLETE {
                 return;
             }
             if Instant::now() >= deadline {

@@ -348,7 +348,9 @@ pub fn family_of(ip: &IpAddr) -> AddressFamily {
 
 /// An NQN as the Connect command carries it (Base 4.5): "nqn." and at most 223 bytes.
 fn check_nqn(field: &'static str, nqn: &str) -> Result<(), ParamError> {
-    if !nqn.starts_with("nqn.") || nqn.len() > fp_nvmf::spec::NQN_MAX_LEN || nqn.chars().any(char::is_control)
+    if !nqn.starts_with("nqn.")
+        || nqn.len() > fp_nvme_spec::fabrics::NQN_MAX_LEN
+        || nqn.chars().any(char::is_control)
     {
         return Err(ParamError::new(
             field,

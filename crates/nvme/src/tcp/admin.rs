@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use fp_nvmf::connect::{property_get, property_set};
-use fp_nvmf::spec::{Cqe, Sqe};
+use fp_nvme_spec::fabrics::{property_get, property_set};
+use fp_nvme_spec::{Cqe, Sqe};
 
 use super::queue::{Dir, TcpQueue, AER_TAG};
 use crate::cmd;

@@ -12,8 +12,8 @@ use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
-use fp_nvmf::pdu::Digests;
-use fp_nvmf::spec::Status;
+use fp_nvme_spec::tcp::Digests;
+use fp_nvme_spec::Status;
 
 use super::queue::{Params, TcpQueue};
 use crate::cmd;
@@ -108,8 +108,8 @@ pub fn receive_path(input: &[u8]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use fp_nvmf::pdu::*;
-    use fp_nvmf::spec::Cqe;
+    use fp_nvme_spec::tcp::*;
+    use fp_nvme_spec::Cqe;
 
     use super::*;
 

@@ -8,8 +8,9 @@ use std::net::{TcpListener, TcpStream};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fp_nvmf::pdu::*;
-use fp_nvmf::spec::{Cqe, Status, CONNECT_DATA_LEN};
+use fp_nvme_spec::fabrics::CONNECT_DATA_LEN;
+use fp_nvme_spec::tcp::*;
+use fp_nvme_spec::{Cqe, Status};
 
 use super::tests::transport;
 use super::*;

@@ -2,7 +2,7 @@
 //! opcode says the data's direction (Base 3, Figure 83); the rest is the queue's.
 
 use fp_bdev::SubmitError;
-use fp_nvmf::spec::{Cqe, Sqe, Status};
+use fp_nvme_spec::{Cqe, Sqe, Status};
 
 use super::queue::{direction, TcpQueue};
 use crate::transport::{IoQueue, QueueStats};

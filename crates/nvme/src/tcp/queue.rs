@@ -18,11 +18,12 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use fp_bdev::SubmitError;
-use fp_nvmf::pdu::{self, CommonHeader, DataHeader, Digests, Layout, CH_LEN, DIGEST_LEN, HEADER_ROOM};
-use fp_nvmf::spec::{Cqe, Sqe, Status, CQE_LEN, SGL_IN_CAPSULE, SGL_TRANSPORT};
+use fp_nvme_spec::tcp::{
+    self as pdu, CommonHeader, DataHeader, Digests, Layout, CH_LEN, DIGEST_LEN, HEADER_ROOM,
+};
+use fp_nvme_spec::{Cqe, Sqe, Status, CQE_LEN, SGL_IN_CAPSULE, SGL_TRANSPORT};
 
 use crate::cid::CidTable;
-use crate::cmd::SqeExt;
 use crate::transport::{AdminData, QueueStats};
 use crate::NvmeError;
 
@@ -348,7 +349,7 @@ impl TcpQueue {
         cmd.set_psdt(1);
         let in_capsule = dir == Dir::ToDevice && len32 <= self.p.icd;
         let kind = if in_capsule { SGL_IN_CAPSULE } else { SGL_TRANSPORT };
-        cmd.set_sgl(pdu::sgl_descriptor(kind, len32));
+        cmd.set_sgl(fp_nvme_spec::sgl_descriptor(kind, len32));
         let mut h = [0u8; HEADER_ROOM];
         let data = if in_capsule { len } else { 0 };
         let n = pdu::write_capsule_cmd(&mut h, &cmd, data, self.p.digests, self.p.cpda);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::{Bdev, RamDevice, SubmitError};
-use fp_nvmf::spec::{Status, SC_LBA_OUT_OF_RANGE};
+use fp_nvme_spec::{Status, SC_LBA_OUT_OF_RANGE};
 use fp_nvmf::{ListenAddress, NamespaceSpec, NvmfTarget, SubsystemSpec, TargetOptions, TransportOptions};
 use fp_reactor::{ReactorConfig, ReactorSet};
 
@@ -134,27 +134,39 @@ fn admin_queue_connects_enables_and_identifies() {
     assert_eq!(host.addr, "127.0.0.1");
     assert_ne!(host.svcid, "");
     assert!(host.nqn.starts_with("nqn.2014-08.org.nvmexpress:uuid:"));
-    let csts = admin.get_property(crate::regs::CSTS, false).unwrap();
+    let csts = admin.get_property(fp_nvme_spec::registers::CSTS, false).unwrap();
     assert_eq!(csts & 1, 1, "enabled by connect_admin");
-    let cap = admin.get_property(crate::regs::CAP, true).unwrap();
-    assert_eq!(crate::regs::cap_mqes(cap), 127, "the target's max_queue_depth 128");
+    let cap = admin.get_property(fp_nvme_spec::registers::CAP, true).unwrap();
+    assert_eq!(fp_nvme_spec::registers::cap_mqes(cap), 127, "the target's max_queue_depth 128");
     let mut id = vec![0u8; 4096];
-    let cqe =
-        admin.execute(cmd::identify(cmd::CNS_CONTROLLER, 0), AdminData::FromDevice(&mut id), T).unwrap();
+    let cqe = admin
+        .execute(cmd::identify(fp_nvme_spec::identify::CNS_CONTROLLER, 0), AdminData::FromDevice(&mut id), T)
+        .unwrap();
     assert!(cqe.status.is_success());
     assert_eq!(u16::from_le_bytes([id[78], id[79]]), admin.cntlid());
     assert_eq!(admin.io_in_capsule_data(), 4096);
     assert_eq!(admin.max_transfer(), 131072);
     let mut idns = vec![0u8; 4096];
-    admin.execute(cmd::identify(cmd::CNS_NAMESPACE, 1), AdminData::FromDevice(&mut idns), T).unwrap();
+    admin
+        .execute(cmd::identify(fp_nvme_spec::identify::CNS_NAMESPACE, 1), AdminData::FromDevice(&mut idns), T)
+        .unwrap();
     assert_eq!(u64::from_le_bytes(idns[0..8].try_into().unwrap()), BLOCKS);
     // Set Features with no data, and an error status returned as the completion.
     let cqe = admin
-        .execute(cmd::set_features(cmd::FEAT_NUMBER_OF_QUEUES, 0x0003_0003), AdminData::None, T)
+        .execute(
+            cmd::set_features(fp_nvme_spec::features::FID_NUMBER_OF_QUEUES, 0x0003_0003),
+            AdminData::None,
+            T,
+        )
         .unwrap();
     assert!(cqe.status.is_success(), "{cqe:?}");
-    let cqe =
-        admin.execute(cmd::identify(cmd::CNS_NAMESPACE, 99), AdminData::FromDevice(&mut idns), T).unwrap();
+    let cqe = admin
+        .execute(
+            cmd::identify(fp_nvme_spec::identify::CNS_NAMESPACE, 99),
+            AdminData::FromDevice(&mut idns),
+            T,
+        )
+        .unwrap();
     assert!(!cqe.status.is_success());
     // A wrong subsystem: Connect refused.
     let mut bad = transport(tg.port, false);
@@ -167,8 +179,8 @@ fn admin_queue_connects_enables_and_identifies() {
         other => panic!("Connect to an unknown subsystem: {:?}", other.map(|_| ())),
     }
     tr.shutdown(&mut admin, T);
-    let csts = admin.get_property(crate::regs::CSTS, false).unwrap() as u32;
-    assert_eq!(csts & crate::regs::CSTS_SHST_MASK, crate::regs::CSTS_SHST_COMPLETE);
+    let csts = admin.get_property(fp_nvme_spec::registers::CSTS, false).unwrap() as u32;
+    assert_eq!(csts & fp_nvme_spec::registers::CSTS_SHST_MASK, fp_nvme_spec::registers::CSTS_SHST_COMPLETE);
 }
 
 fn io_paths(digests: bool) {
@@ -296,7 +308,7 @@ fn target_gone_fails_the_queues() {
     q.drain(&mut tags);
     assert!(tags.is_empty() || tags == [5]);
     assert_eq!(q.in_flight(), 0);
-    assert!(admin.get_property(crate::regs::CSTS, false).is_err());
+    assert!(admin.get_property(fp_nvme_spec::registers::CSTS, false).is_err());
     drop(tg);
     // Reconnecting to nothing is refused.
     assert!(matches!(transport(port, false).connect_admin(32, T), Err(NvmeError::Gone(_))));
@@ -308,8 +320,13 @@ fn async_events_stay_outstanding_and_complete_when_a_namespace_changes() {
     let tg = target(TransportOptions::default());
     let tr = transport(tg.port, false);
     let mut admin = tr.connect_admin(32, T).unwrap();
-    let cqe =
-        admin.execute(cmd::set_features(cmd::FEAT_ASYNC_EVENT_CONFIG, 1 << 8), AdminData::None, T).unwrap();
+    let cqe = admin
+        .execute(
+            cmd::set_features(fp_nvme_spec::features::FID_ASYNC_EVENT_CONFIG, 1 << 8),
+            AdminData::None,
+            T,
+        )
+        .unwrap();
     assert!(cqe.status.is_success());
     admin.submit_async_event_request().unwrap();
     let mut events = Vec::new();
@@ -317,12 +334,16 @@ fn async_events_stay_outstanding_and_complete_when_a_namespace_changes() {
     assert!(events.is_empty());
     // Other commands run while it is outstanding; an event that comes during one is kept.
     let mut id = vec![0u8; 4096];
-    admin.execute(cmd::identify(cmd::CNS_CONTROLLER, 0), AdminData::FromDevice(&mut id), T).unwrap();
+    admin
+        .execute(cmd::identify(fp_nvme_spec::identify::CNS_CONTROLLER, 0), AdminData::FromDevice(&mut id), T)
+        .unwrap();
     tg.t.namespace_resized(NQN, 1);
     let end = Instant::now() + T;
     while events.is_empty() {
         assert!(Instant::now() < end, "no AER completion");
-        admin.execute(cmd::get_features(cmd::FEAT_NUMBER_OF_QUEUES), AdminData::None, T).unwrap();
+        admin
+            .execute(cmd::get_features(fp_nvme_spec::features::FID_NUMBER_OF_QUEUES), AdminData::None, T)
+            .unwrap();
         admin.poll_async_events(&mut events).unwrap();
     }
     // Notice, namespace attribute changed, Changed Namespace List.
@@ -331,7 +352,7 @@ fn async_events_stay_outstanding_and_complete_when_a_namespace_changes() {
     let mut log = vec![0u8; 4096];
     let cqe = admin
         .execute(
-            cmd::get_log_page(cmd::LOG_CHANGED_NAMESPACES, 0xFFFF_FFFF, 4096, 0),
+            cmd::get_log_page(fp_nvme_spec::log_page::LID_CHANGED_NS, 0xFFFF_FFFF, 4096, 0),
             AdminData::FromDevice(&mut log),
             T,
         )

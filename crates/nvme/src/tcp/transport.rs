@@ -11,15 +11,17 @@ use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use fp_nvmf::connect::{Connect, CNTLID_DYNAMIC};
-use fp_nvmf::identify::{IDC_IOCCSZ, IDC_MDTS};
-use fp_nvmf::pdu::{self, CommonHeader, Digests, IcReq, IcResp, IC_LEN};
-use fp_nvmf::spec::{Sqe, CONNECT_DATA_LEN, SQE_LEN};
+use fp_nvme_spec::fabrics::CONNECT_DATA_LEN;
+use fp_nvme_spec::fabrics::{Connect, CNTLID_DYNAMIC};
+use fp_nvme_spec::identify::{IDC_IOCCSZ, IDC_MDTS};
+use fp_nvme_spec::registers;
+use fp_nvme_spec::tcp::{self as pdu, CommonHeader, Digests, IcReq, IcResp, IC_LEN};
+use fp_nvme_spec::{Sqe, SQE_LEN};
 
 use super::admin::TcpAdmin;
 use super::queue::{Params, TcpQueue};
 use crate::transport::{ready_timeout, AdminData, AdminQueue, HostId, Transport, TransportId};
-use crate::{cmd, regs, NvmeError};
+use crate::{cmd, NvmeError};
 
 /// In-capsule data on the admin queue (TCP 3.3.1: 8 KiB).
 const ADMIN_ICD: u32 = 8192;
@@ -189,8 +191,8 @@ fn wait_csts(
 ) -> Result<(), NvmeError> {
     let end = Instant::now() + timeout;
     loop {
-        let csts = admin.get_property(regs::CSTS, false)? as u32;
-        if csts & regs::CSTS_CFS != 0 {
+        let csts = admin.get_property(registers::CSTS, false)? as u32;
+        if csts & registers::CSTS_CFS != 0 {
             return Err(NvmeError::Gone(format!("controller fatal status while waiting for {what}")));
         }
         if done(csts) {
@@ -242,13 +244,13 @@ impl Transport for TcpTransport {
         let (q, cntlid) = self.connect_queue(0, depth, CNTLID_DYNAMIC, ADMIN_ICD, timeout)?;
         let mut admin = TcpAdmin::new(q, cntlid);
         // Enable (Base 3.5.1, through properties on fabrics: NVMe-oF 1.1 3.5, 3.6).
-        let cap = admin.get_property(regs::CAP, true)?;
-        let cc = regs::CC_EN | regs::CC_CSS_NVM | regs::CC_IOQES;
-        admin.set_property(regs::CC, u64::from(cc), false)?;
-        wait_csts(&mut admin, ready_timeout(cap), "CSTS.RDY", |c| c & regs::CSTS_RDY != 0)?;
+        let cap = admin.get_property(registers::CAP, true)?;
+        let cc = registers::CC_EN | registers::CC_CSS_NVM | registers::CC_IOQES;
+        admin.set_property(registers::CC, u64::from(cc), false)?;
+        wait_csts(&mut admin, ready_timeout(cap), "CSTS.RDY", |c| c & registers::CSTS_RDY != 0)?;
         let mut id = vec![0u8; 4096];
         let cqe = admin.execute(
-            cmd::identify(cmd::CNS_CONTROLLER, 0),
+            cmd::identify(fp_nvme_spec::identify::CNS_CONTROLLER, 0),
             AdminData::FromDevice(&mut id),
             IDENTIFY_TIMEOUT,
         )?;
@@ -259,7 +261,7 @@ impl Transport for TcpTransport {
         let ioccsz = u32::from_le_bytes(id[IDC_IOCCSZ..IDC_IOCCSZ + 4].try_into().expect("four bytes"));
         admin.io_icd = (ioccsz.saturating_mul(16)).saturating_sub(SQE_LEN as u32);
         let mdts = id[IDC_MDTS];
-        let page = 4096u64 << regs::cap_mpsmin(cap);
+        let page = 4096u64 << registers::cap_mpsmin(cap);
         admin.max_transfer =
             if mdts == 0 { u32::MAX } else { (page << mdts).min(u64::from(u32::MAX)) as u32 };
         Ok(admin)
@@ -282,10 +284,12 @@ impl Transport for TcpTransport {
     }
 
     fn shutdown(&self, admin: &mut TcpAdmin, timeout: Duration) {
-        let r = admin.get_property(regs::CC, false).and_then(|cc| {
-            let cc = (cc as u32 & !regs::CC_SHN_MASK) | regs::CC_SHN_NORMAL;
-            admin.set_property(regs::CC, u64::from(cc), false)?;
-            wait_csts(admin, timeout, "shutdown", |c| c & regs::CSTS_SHST_MASK == regs::CSTS_SHST_COMPLETE)
+        let r = admin.get_property(registers::CC, false).and_then(|cc| {
+            let cc = (cc as u32 & !registers::CC_SHN_MASK) | registers::CC_SHN_NORMAL;
+            admin.set_property(registers::CC, u64::from(cc), false)?;
+            wait_csts(admin, timeout, "shutdown", |c| {
+                c & registers::CSTS_SHST_MASK == registers::CSTS_SHST_COMPLETE
+            })
         });
         if let Err(e) = r {
             log::info!("nvme tcp {}: shutdown: {e}", self.target.traddr);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use fp_bdev::conformance::{self, cmd, read_range, rw, write_range, IoBuf};
 use fp_bdev::{BlockDevice, IoChannel, IoOp, IoStatus, SubmitError};
-use fp_nvmf::spec::{self, Status};
+use fp_nvme_spec::{self as spec, Status};
 
 use super::core_fake::*;
 use crate::ctrlr::{Controller, TimeoutAction};

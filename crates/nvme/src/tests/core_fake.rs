@@ -9,12 +9,11 @@ use std::time::Duration;
 
 use fp_bdev::clock::ticks;
 use fp_bdev::SubmitError;
-use fp_nvmf::identify as id;
-use fp_nvmf::spec::{self, Cqe, Sqe, Status};
+use fp_nvme_spec::identify as id;
+use fp_nvme_spec::registers;
+use fp_nvme_spec::{self as spec, Cqe, Sqe, Status};
 
 use crate::cid::CidTable;
-use crate::cmd::{self, SqeExt};
-use crate::regs;
 use crate::transport::{AdminData, AdminQueue, IoQueue, QueueStats, Transport};
 use crate::NvmeError;
 
@@ -237,7 +236,7 @@ impl AdminQueue for FakeAdmin {
                 let b = out.expect("Identify has data");
                 b.fill(0);
                 match sqe.cdw(10) as u8 {
-                    cmd::CNS_CONTROLLER => {
+                    spec::identify::CNS_CONTROLLER => {
                         put(b, id::IDC_SN, b"FAKE0001");
                         put(b, id::IDC_MN, b"fake controller");
                         b[id::IDC_MDTS] = d.mdts;
@@ -251,13 +250,13 @@ impl AdminQueue for FakeAdmin {
                         put(b, id::IDC_ONCS, &d.oncs.to_le_bytes());
                         b[id::IDC_VWC] = d.vwc;
                     }
-                    cmd::CNS_ACTIVE_NAMESPACES => {
+                    spec::identify::CNS_ACTIVE_NS_LIST => {
                         let after = sqe.nsid();
                         for (i, n) in d.namespaces.keys().filter(|&&n| n > after).take(1024).enumerate() {
                             put(b, i * 4, &n.to_le_bytes());
                         }
                     }
-                    cmd::CNS_NAMESPACE => {
+                    spec::identify::CNS_NAMESPACE => {
                         if let Some(ns) = d.namespaces.get(&sqe.nsid()) {
                             let blocks = ns.data.len() as u64 / u64::from(ns.block_size);
                             put(b, id::IDN_NSZE, &blocks.to_le_bytes());
@@ -270,7 +269,7 @@ impl AdminQueue for FakeAdmin {
                 }
             }
             spec::ADMIN_SET_FEATURES => {
-                if sqe.cdw(10) as u8 == cmd::FEAT_NUMBER_OF_QUEUES {
+                if sqe.cdw(10) as u8 == spec::features::FID_NUMBER_OF_QUEUES {
                     let n = u32::from(d.max_queues - 1);
                     cqe.dw0 = n | (n << 16);
                 }
@@ -319,9 +318,9 @@ impl AdminQueue for FakeAdmin {
         let d = self.dev.lock();
         self.live(&d)?;
         Ok(match offset {
-            regs::CAP => u64::from(d.mqes) | (1 << 24) | (1 << 37),
-            regs::VS => 0x10400,
-            regs::CSTS => u64::from(regs::CSTS_RDY),
+            registers::CAP => u64::from(d.mqes) | (1 << 24) | (1 << 37),
+            registers::VS => 0x10400,
+            registers::CSTS => u64::from(registers::CSTS_RDY),
             _ => 0,
         })
     }

@@ -23,15 +23,15 @@ use std::time::{Duration, Instant};
 
 use fp_bdev::disk::DiskIo;
 use fp_bdev::{AlignedBuf, BdevError, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_nvme_spec::tcp::*;
+use fp_nvme_spec::*;
 use fp_reactor::{PollStatus, Poller, PollerId};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::controller::{AdminResult, Controller, ControllerConfig};
 use crate::model::SubsystemView;
-use crate::pdu::*;
 use crate::server::{ADMIN_ICD, MAX_H2C_DATA};
-use crate::spec::*;
 use crate::subsystem::{lock, CtrlShared, Namespace, NsCounters, QpairRef, Subsystem};
 use crate::target::{ListenAddress, TransportOptions};
 

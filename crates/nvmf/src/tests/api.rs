@@ -66,7 +66,7 @@ fn bookkeeping_and_spdk_shapes() {
     assert!(t.add_namespace(NQN, ns(1, "ram1", 2048)).is_err());
 
     let v = serde_json::to_value(t.subsystems()).unwrap();
-    assert_eq!(v[0]["nqn"], crate::spec::DISCOVERY_NQN);
+    assert_eq!(v[0]["nqn"], fp_nvme_spec::fabrics::DISCOVERY_NQN);
     assert_eq!(v[0]["subtype"], "Discovery");
     assert!(v[0].get("namespaces").is_none());
     assert_eq!(v[0]["listen_addresses"][0]["trsvcid"], port.to_string());

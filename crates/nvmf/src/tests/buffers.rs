@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
+use fp_nvme_spec::tcp::*;
+use fp_nvme_spec::*;
 use fp_reactor::{ReactorConfig, ReactorSet};
 
 use super::api::{free_port, listen, ns};
 use super::host::*;
 use super::io::{pattern, NQN};
-use crate::pdu::*;
 use crate::qpair::QpairPoller;
-use crate::spec::*;
 use crate::subsystem::lock;
 use crate::*;
 

@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::{Bdev, ErrorDevice, ErrorType, Injection, RamDevice};
+use fp_nvme_spec::tcp::Digests;
+use fp_nvme_spec::*;
 use fp_reactor::{ReactorConfig, ReactorSet};
 
 use super::api::{free_port, listen};
 use super::host::*;
 use super::io::{pattern, wait_for, NQN};
-use crate::pdu::Digests;
 use crate::qpair::CLOSE_TIMEOUT;
-use crate::spec::*;
 use crate::*;
 
 /// An injection count no test uses up: a reactor retries a busy command millions of times a

@@ -6,9 +6,10 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use crate::connect::{Connect, CNTLID_DYNAMIC};
-use crate::pdu::*;
-use crate::spec::*;
+use fp_nvme_spec::fabrics::CONNECT_DATA_LEN;
+use fp_nvme_spec::fabrics::{Connect, CNTLID_DYNAMIC};
+use fp_nvme_spec::tcp::*;
+use fp_nvme_spec::*;
 
 pub(crate) const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
 pub(crate) const HOSTID: [u8; 16] = [0x11; 16];

@@ -5,11 +5,13 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
+use fp_nvme_spec::fabrics::CNTLID_DYNAMIC;
+use fp_nvme_spec::fabrics::{CONNECT_DATA_LEN, DISCOVERY_NQN};
+use fp_nvme_spec::tcp::*;
+use fp_nvme_spec::*;
+
 use super::host::*;
 use super::io::{pattern, target, wait_for, Target, NQN};
-use crate::connect::CNTLID_DYNAMIC;
-use crate::pdu::*;
-use crate::spec::*;
 use crate::*;
 
 /// A well-behaved host still connects and its data reads back.
@@ -310,7 +312,7 @@ fn a_host_that_stops_reading_is_dropped() {
     stuck.s.write_all(&ic).unwrap();
     let p = stuck.read_pdu().unwrap();
     assert_eq!(p.ch.pdu_type, PDU_IC_RESP);
-    let c = crate::connect::Connect {
+    let c = fp_nvme_spec::fabrics::Connect {
         cid: 0,
         qid: 1,
         sq_entries: 32,

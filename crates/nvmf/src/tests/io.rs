@@ -4,12 +4,13 @@
 
 use std::time::{Duration, Instant};
 
+use fp_nvme_spec::fabrics::DISCOVERY_NQN;
+use fp_nvme_spec::tcp::Digests;
+use fp_nvme_spec::*;
 use fp_reactor::{ReactorConfig, ReactorSet};
 
 use super::api::{free_port, listen, ns};
 use super::host::*;
-use crate::pdu::Digests;
-use crate::spec::*;
 use crate::*;
 
 pub(crate) const NQN: &str = "nqn.2016-06.io.flashpath:test";
@@ -299,7 +300,7 @@ fn stop_closes_listeners_and_hosts() {
 /// the port.
 #[test]
 fn discovery_listens_alone() {
-    use crate::log_page::*;
+    use fp_nvme_spec::log_page::*;
     let tg = target();
     let dport = free_port();
     tg.t.add_listener(DISCOVERY_NQN, listen(dport)).unwrap();
@@ -330,8 +331,15 @@ fn discovery_listens_alone() {
     assert_eq!(field(DE_TRSVCID, 32), tg.port.to_string());
 
     // Only discovery controllers connect on the discovery subsystem's own listener.
-    let (_, cqe) =
-        Host::connect_raw(dport, Digests::default(), 0, NQN, HOSTNQN, crate::connect::CNTLID_DYNAMIC, 0);
+    let (_, cqe) = Host::connect_raw(
+        dport,
+        Digests::default(),
+        0,
+        NQN,
+        HOSTNQN,
+        fp_nvme_spec::fabrics::CNTLID_DYNAMIC,
+        0,
+    );
     assert!(!cqe.status.is_success(), "{cqe:?}");
 
     drop(d);

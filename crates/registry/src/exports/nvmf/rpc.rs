@@ -6,7 +6,7 @@
 //! flashpath has one target: `tgt_name` may only name SPDK's default, `nvmf_tgt`.
 //! docs/nvmf.md lists every difference.
 
-use fp_nvmf::spec::DISCOVERY_NQN;
+use fp_nvme_spec::fabrics::DISCOVERY_NQN;
 use fp_nvmf::{ListenAddress, SubsystemSpec, TransportOptions};
 use fp_rpc::{Neutral, ParamError, Params};
 use serde_json::{json, Value};

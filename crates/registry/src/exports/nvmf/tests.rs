@@ -5,7 +5,7 @@
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 
-use fp_nvmf::spec::DISCOVERY_NQN;
+use fp_nvme_spec::fabrics::DISCOVERY_NQN;
 use fp_reactor::{Reactor, ReactorConfig};
 use serde_json::{json, Value};
 

@@ -1,19 +1,29 @@
 //! NVMe/TCP PDUs (NVMe/TCP Transport Specification 1.0, "TCP" below): the 8-byte common header
-//! checked against each type's fixed layout, the fields of each PDU the target reads or writes,
-//! and the CRC32C header and data digests. Pure: no I/O, no allocation, and no input makes it
-//! panic; encoders write into buffers the caller owns (the connection's slot table).
+//! checked against each type's fixed layout, the fields of each PDU a host or a target reads or
+//! writes, and the CRC32C header and data digests. Pure: no I/O, no allocation, and no input
+//! makes it panic; encoders write into buffers the caller owns (a connection's slot table).
 
-use crate::spec::{Cqe, Sqe, CQE_LEN, SQE_LEN};
+use crate::cqe::{Cqe, CQE_LEN};
+use crate::sqe::{Sqe, SQE_LEN};
 
 // PDU types (TCP 3.6.1, Figure 11).
+/// ICReq: the host opens the connection.
 pub const PDU_IC_REQ: u8 = 0x00;
+/// ICResp: the controller answers it.
 pub const PDU_IC_RESP: u8 = 0x01;
+/// H2CTermReq: the host ends the connection on a fatal error.
 pub const PDU_H2C_TERM_REQ: u8 = 0x02;
+/// C2HTermReq: the controller ends the connection on a fatal error.
 pub const PDU_C2H_TERM_REQ: u8 = 0x03;
+/// CapsuleCmd: a command, with in-capsule data if any.
 pub const PDU_CAPSULE_CMD: u8 = 0x04;
+/// CapsuleResp: a completion.
 pub const PDU_CAPSULE_RESP: u8 = 0x05;
+/// H2CData: data from host to controller.
 pub const PDU_H2C_DATA: u8 = 0x06;
+/// C2HData: data from controller to host.
 pub const PDU_C2H_DATA: u8 = 0x07;
+/// R2T: the controller is ready for data.
 pub const PDU_R2T: u8 = 0x09;
 
 // Common header flags (TCP 3.6.1).
@@ -47,25 +57,34 @@ pub const TERM_REQ_MAX_DATA: usize = 128;
 pub const PFV: u16 = 0;
 
 // Fatal error status of a termination request (TCP 3.6.2.3 and 3.6.2.4, Figure 21).
+/// Invalid PDU Header Field (FEI: the field's byte offset).
 pub const FES_INVALID_HEADER_FIELD: u16 = 0x01;
+/// PDU Sequence Error.
 pub const FES_PDU_SEQUENCE_ERROR: u16 = 0x02;
+/// Header Digest Error.
 pub const FES_HEADER_DIGEST_ERROR: u16 = 0x03;
+/// Data Transfer Out of Range.
 pub const FES_DATA_OUT_OF_RANGE: u16 = 0x04;
 /// R2T limit exceeded (H2CTermReq) or data transfer limit exceeded (C2HTermReq).
 pub const FES_DATA_LIMIT_EXCEEDED: u16 = 0x05;
+/// Unsupported Parameter.
 pub const FES_UNSUPPORTED_PARAMETER: u16 = 0x06;
 
 /// What was negotiated by ICReq/ICResp: digests on or off, the host's data alignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Digests {
+    /// Header digests (HDGST).
     pub header: bool,
+    /// Data digests (DDGST).
     pub data: bool,
 }
 
 /// The 8-byte common header (TCP 3.6.1, Figure 10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommonHeader {
+    /// PDU type ([`PDU_IC_REQ`], ...).
     pub pdu_type: u8,
+    /// Flags ([`FLAG_HDGSTF`], ...).
     pub flags: u8,
     /// Header length (without the header digest).
     pub hlen: u8,
@@ -76,6 +95,8 @@ pub struct CommonHeader {
 }
 
 impl CommonHeader {
+    /// Decodes the first 8 bytes of a PDU.
+    #[inline]
     pub fn parse(b: &[u8; CH_LEN]) -> CommonHeader {
         CommonHeader {
             pdu_type: b[0],
@@ -86,6 +107,8 @@ impl CommonHeader {
         }
     }
 
+    /// Writes the header into the first 8 bytes of `b`.
+    #[inline]
     pub fn write(&self, b: &mut [u8]) {
         b[0] = self.pdu_type;
         b[1] = self.flags;
@@ -100,8 +123,11 @@ impl CommonHeader {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{what} (FES {fes:#x}, FEI {fei})")]
 pub struct PduError {
+    /// Fatal Error Status ([`FES_INVALID_HEADER_FIELD`], ...).
     pub fes: u16,
+    /// Fatal Error Information.
     pub fei: u32,
+    /// What was wrong, for the log.
     pub what: &'static str,
 }
 
@@ -112,23 +138,28 @@ fn bad_field(fei: u32, what: &'static str) -> PduError {
 /// A PDU's shape once its common header checked out: where its parts are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
+    /// The common header it was checked from.
     pub ch: CommonHeader,
     /// Bytes of header plus header digest.
     pub header_len: usize,
     /// Where the data starts (== header_len plus padding); meaningless when `data_len` is 0.
     pub data_offset: usize,
+    /// Bytes of data (without padding or digest).
     pub data_len: usize,
     /// A data digest follows the data.
     pub data_digest: bool,
 }
 
 impl Layout {
+    /// The whole PDU's length.
+    #[inline]
     pub fn plen(&self) -> usize {
         self.ch.plen as usize
     }
 }
 
 /// The fixed header length of a PDU type, and whether it may carry a header digest and data.
+#[inline]
 fn shape(pdu_type: u8) -> Option<(usize, bool, bool)> {
     Some(match pdu_type {
         PDU_IC_REQ | PDU_IC_RESP => (IC_LEN, false, false),
@@ -144,6 +175,7 @@ fn shape(pdu_type: u8) -> Option<(usize, bool, bool)> {
 /// Checks a common header against its type's layout (TCP 3.6.1): the fixed HLEN, the digest
 /// flags against what was negotiated, PDO aligned to `(pda + 1) * 4` (the receiver's CPDA or
 /// HPDA) and past the header, and PLEN between the header and `max_plen`.
+#[inline]
 pub fn check_header(ch: &CommonHeader, digests: Digests, pda: u8, max_plen: u32) -> Result<Layout, PduError> {
     let Some((hlen, may_hdgst, may_data)) = shape(ch.pdu_type) else {
         return Err(bad_field(0, "unknown PDU type"));
@@ -180,7 +212,7 @@ pub fn check_header(ch: &CommonHeader, digests: Digests, pda: u8, max_plen: u32)
     }
     let data_offset = if is_term { header_len } else { usize::from(ch.pdo) };
     let align = (usize::from(pda) + 1) * 4;
-    if !is_term && (data_offset < header_len || !data_offset.is_multiple_of(align)) {
+    if !is_term && (data_offset < header_len || data_offset % align != 0) {
         return Err(bad_field(3, "data offset inside the header or not aligned"));
     }
     let tail = if ddgst { DIGEST_LEN } else { 0 };
@@ -191,25 +223,30 @@ pub fn check_header(ch: &CommonHeader, digests: Digests, pda: u8, max_plen: u32)
 }
 
 /// CRC32C of `bytes`, the digest both kinds use (TCP 3.6.3.2).
+#[inline]
 pub fn crc32c(bytes: &[u8]) -> u32 {
     ::crc32c::crc32c(bytes)
 }
 
 /// Continues a CRC32C over more bytes (a data digest over a buffer filled in pieces).
+#[inline]
 pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
     ::crc32c::crc32c_append(crc, bytes)
 }
 
 /// Checks a PDU's header digest: `header` is the header followed by its digest.
+#[inline]
 pub fn header_digest_ok(header_and_digest: &[u8], hlen: usize) -> bool {
     let Some(d) = header_and_digest.get(hlen..hlen + DIGEST_LEN) else { return false };
     crc32c(&header_and_digest[..hlen]).to_le_bytes() == d
 }
 
+#[inline]
 fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
+#[inline]
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
@@ -217,9 +254,11 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 /// An initialize connection request (TCP 3.6.2.1, Figure 13).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IcReq {
+    /// PDU Format Version.
     pub pfv: u16,
     /// Host PDU data alignment: C2HData data starts at a multiple of `(hpda + 1) * 4`.
     pub hpda: u8,
+    /// The digests the host asks for.
     pub digests: Digests,
     /// Outstanding R2Ts per command the host accepts, zero-based.
     pub maxr2t: u32,
@@ -228,6 +267,7 @@ pub struct IcReq {
 impl IcReq {
     /// Decodes an ICReq's header (after [`check_header`]). Refuses what the target cannot do:
     /// another PDU format version, an HPDA above 31.
+    #[inline]
     pub fn parse(h: &[u8; IC_LEN]) -> Result<IcReq, PduError> {
         let pfv = u16_at(h, 8);
         if pfv != PFV {
@@ -251,6 +291,7 @@ impl IcReq {
     }
 
     /// Writes an ICReq (a host's; the tests' and fuzzers' host uses it).
+    #[inline]
     pub fn write(&self, b: &mut [u8; IC_LEN]) {
         b.fill(0);
         CommonHeader { pdu_type: PDU_IC_REQ, flags: 0, hlen: IC_LEN as u8, pdo: 0, plen: IC_LEN as u32 }
@@ -267,12 +308,15 @@ impl IcReq {
 pub struct IcResp {
     /// Controller PDU data alignment: H2C data starts at a multiple of `(cpda + 1) * 4`.
     pub cpda: u8,
+    /// The digests the connection uses.
     pub digests: Digests,
     /// The most data one H2CData PDU may carry.
     pub maxh2cdata: u32,
 }
 
 impl IcResp {
+    /// Writes an ICResp (PDU format version 0).
+    #[inline]
     pub fn write(&self, b: &mut [u8; IC_LEN]) {
         b.fill(0);
         CommonHeader { pdu_type: PDU_IC_RESP, flags: 0, hlen: IC_LEN as u8, pdo: 0, plen: IC_LEN as u32 }
@@ -283,6 +327,8 @@ impl IcResp {
         b[12..16].copy_from_slice(&self.maxh2cdata.to_le_bytes());
     }
 
+    /// Decodes an ICResp's fields, unchecked ([`IcResp::parse_checked`] checks them).
+    #[inline]
     pub fn parse(h: &[u8; IC_LEN]) -> IcResp {
         IcResp {
             cpda: h[10],
@@ -293,6 +339,7 @@ impl IcResp {
 }
 
 /// The command of a CapsuleCmd header (TCP 3.6.2.5): bytes 8..72.
+#[inline]
 pub fn capsule_sqe(h: &[u8]) -> Option<Sqe> {
     let b: &[u8; SQE_LEN] = h.get(CH_LEN..CAPSULE_CMD_HLEN)?.try_into().ok()?;
     Some(Sqe::from_bytes(b))
@@ -302,13 +349,19 @@ pub fn capsule_sqe(h: &[u8]) -> Option<Sqe> {
 /// the transfer tag (H2CData, R2T), the offset and length of the data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataHeader {
+    /// Command Capsule CID: the command the data belongs to.
     pub cccid: u16,
+    /// Transfer Tag: the R2T an H2CData answers.
     pub ttag: u16,
+    /// Where the data goes in the command's transfer.
     pub offset: u32,
+    /// Bytes of data.
     pub length: u32,
 }
 
 impl DataHeader {
+    /// Decodes a data PDU's or R2T's fields (`None` if `h` is shorter than the header).
+    #[inline]
     pub fn parse(h: &[u8]) -> Option<DataHeader> {
         let h = h.get(..DATA_HLEN)?;
         Some(DataHeader {
@@ -319,6 +372,7 @@ impl DataHeader {
         })
     }
 
+    #[inline]
     fn write_fields(&self, b: &mut [u8]) {
         b[8..10].copy_from_slice(&self.cccid.to_le_bytes());
         b[10..12].copy_from_slice(&self.ttag.to_le_bytes());
@@ -329,12 +383,14 @@ impl DataHeader {
 }
 
 /// The data offset a PDU gets for a receiver asking `pda` alignment, after `header_len` bytes.
+#[inline]
 pub fn data_offset(header_len: usize, pda: u8) -> usize {
     header_len.next_multiple_of((usize::from(pda) + 1) * 4)
 }
 
 /// Writes the header of a PDU and returns the bytes written (header, digest, zero padding up to
 /// the data); `data_len` bytes of data (and a data digest if `ddgst`) are the caller's to send.
+#[inline]
 fn write_pdu_header(
     b: &mut [u8],
     pdu_type: u8,
@@ -373,6 +429,7 @@ fn write_pdu_header(
 pub const HEADER_ROOM: usize = 128;
 
 /// Writes a CapsuleResp carrying `cqe`; returns its length.
+#[inline]
 pub fn write_capsule_resp(b: &mut [u8; HEADER_ROOM], cqe: &Cqe, digests: Digests) -> usize {
     b[CH_LEN..CAPSULE_RESP_HLEN].copy_from_slice(&cqe.to_bytes());
     write_pdu_header(b, PDU_CAPSULE_RESP, 0, CAPSULE_RESP_HLEN, digests, 0, 0)
@@ -380,6 +437,7 @@ pub fn write_capsule_resp(b: &mut [u8; HEADER_ROOM], cqe: &Cqe, digests: Digests
 
 /// Writes a C2HData header for `h.length` bytes of data at `h.offset` of command `h.cccid`;
 /// returns the bytes up to the data.
+#[inline]
 pub fn write_c2h_data(
     b: &mut [u8; HEADER_ROOM],
     h: &DataHeader,
@@ -392,12 +450,14 @@ pub fn write_c2h_data(
 }
 
 /// Writes an R2T asking for `h.length` bytes at `h.offset`; returns its length.
+#[inline]
 pub fn write_r2t(b: &mut [u8; HEADER_ROOM], h: &DataHeader, digests: Digests) -> usize {
     h.write_fields(b);
     write_pdu_header(b, PDU_R2T, 0, DATA_HLEN, digests, 0, 0)
 }
 
 /// Writes an H2CData header (a host's); returns the bytes up to the data.
+#[inline]
 pub fn write_h2c_data(
     b: &mut [u8; HEADER_ROOM],
     h: &DataHeader,
@@ -412,6 +472,7 @@ pub fn write_h2c_data(
 
 /// Writes a CapsuleCmd header (a host's) for `sqe` with `data_len` bytes of in-capsule data to
 /// follow; returns the bytes up to the data.
+#[inline]
 pub fn write_capsule_cmd(
     b: &mut [u8; HEADER_ROOM],
     sqe: &Sqe,
@@ -426,11 +487,15 @@ pub fn write_capsule_cmd(
 /// A termination request's fields (TCP 3.6.2.3, Figure 16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TermReq {
+    /// Fatal Error Status.
     pub fes: u16,
+    /// Fatal Error Information.
     pub fei: u32,
 }
 
 impl TermReq {
+    /// Decodes a termination request's fields (`None` if `h` is shorter than the header).
+    #[inline]
     pub fn parse(h: &[u8]) -> Option<TermReq> {
         let h = h.get(..DATA_HLEN)?;
         Some(TermReq { fes: u16_at(h, 8), fei: u32_at(h, 10) })
@@ -461,8 +526,8 @@ pub fn write_c2h_term_req(
     plen
 }
 
-// ---- host side: what an NVMe/TCP host (fp-nvme's TCP transport) needs beyond the target's
-// encoders above: the ICResp checked, and the data pointer of a command capsule.
+// ---- host side: what an NVMe/TCP host needs beyond the target's encoders above: the ICResp
+// checked, and its own termination request (a capsule's data pointer is `crate::sgl_descriptor`).
 
 /// The smallest MAXH2CDATA a controller may offer (TCP 3.6.2.2: at least 4096).
 pub const MIN_MAXH2CDATA: u32 = 4096;
@@ -489,7 +554,7 @@ impl IcResp {
         if (r.digests.header && !asked.header) || (r.digests.data && !asked.data) {
             return Err(bad_field(11, "a digest the host did not ask for"));
         }
-        if r.maxh2cdata < MIN_MAXH2CDATA || !r.maxh2cdata.is_multiple_of(4) {
+        if r.maxh2cdata < MIN_MAXH2CDATA || r.maxh2cdata % 4 != 0 {
             return Err(bad_field(12, "MAXH2CDATA below 4096 or not a multiple of 4"));
         }
         Ok(r)
@@ -506,16 +571,6 @@ pub fn write_h2c_term_req(
     let n = write_c2h_term_req(b, err, offending);
     b[0] = PDU_H2C_TERM_REQ;
     n
-}
-
-/// A command capsule's SGL descriptor (Base 4.1.2, TCP 3.3.2): `kind` [`crate::spec::SGL_IN_CAPSULE`]
-/// (offset 0 into the capsule's data) or [`crate::spec::SGL_TRANSPORT`] (data in H2CData or
-/// C2HData PDUs), for `len` bytes.
-pub fn sgl_descriptor(kind: u8, len: u32) -> [u8; 16] {
-    let mut d = [0u8; 16];
-    d[8..12].copy_from_slice(&len.to_le_bytes());
-    d[15] = kind;
-    d
 }
 
 #[cfg(test)]
@@ -615,7 +670,7 @@ mod tests {
         assert_eq!((l.data_offset, l.data_len), (32, 8192));
         assert_eq!(DataHeader::parse(&b).unwrap(), h);
         assert_eq!(b[1], FLAG_LAST_PDU | FLAG_SUCCESS | FLAG_HDGSTF | FLAG_DDGSTF);
-        let cqe = Cqe { dw0: 5, dw1: 6, sqhd: 1, sqid: 2, cid: 3, status: crate::spec::Status::SUCCESS };
+        let cqe = Cqe { dw0: 5, dw1: 6, sqhd: 1, sqid: 2, cid: 3, status: crate::Status::SUCCESS };
         let n = write_capsule_resp(&mut b, &cqe, NO);
         assert_eq!(n, CAPSULE_RESP_HLEN);
         assert_eq!(Cqe::from_bytes(b[8..24].try_into().unwrap()), cqe);
@@ -675,7 +730,7 @@ mod tests {
         assert_eq!((t[0], n), (PDU_H2C_TERM_REQ, DATA_HLEN + 8));
         assert!(check_header(&ch(&t), NO, 0, 4096).is_ok());
         assert_eq!(TermReq::parse(&t).unwrap(), TermReq { fes: FES_INVALID_HEADER_FIELD, fei: 3 });
-        let d = sgl_descriptor(crate::spec::SGL_TRANSPORT, 8192);
+        let d = crate::sgl_descriptor(crate::SGL_TRANSPORT, 8192);
         let mut sqe = Sqe([0; SQE_LEN]);
         sqe.0[24..40].copy_from_slice(&d);
         assert_eq!((sqe.sgl().type_byte(), sqe.sgl().length(), sqe.sgl().address()), (0x5A, 8192, 0));

@@ -1,19 +1,40 @@
-//! The Fabrics Connect command (NVMe-oF 1.1 3.3, "Fabrics" below): its command fields (Figure
-//! 19) and its 1024 bytes of data (Figure 20), decoded and checked, and the completion a
-//! refused Connect gets (Figure 21: IATTR and IPO name the offending field). Pure.
+//! The fabrics commands (Fabrics 3 and 6): Connect, its command fields (Figure 19) and its 1024
+//! bytes of data (Figure 20), decoded and checked, and the completion a refused Connect gets
+//! (Figure 21: IATTR and IPO name the offending field); Property Get and Property Set; the
+//! NVMe Qualified Names both sides check. Pure.
 
-use crate::spec::*;
+use crate::cqe::Cqe;
+use crate::opcode::*;
+use crate::sqe::*;
+use crate::status::*;
 
-/// Offsets into the Connect data (Fabrics Figure 20).
+/// Bytes of the Connect command's data (Fabrics 3.3, Figure 20): host identifier, controller
+/// ID, subsystem NQN and host NQN.
+pub const CONNECT_DATA_LEN: usize = 1024;
+/// An NQN is at most 223 bytes (Base 4.5).
+pub const NQN_MAX_LEN: usize = 223;
+/// The well-known discovery subsystem's NQN (Base 4.5).
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+
+// Offsets into the Connect data (Fabrics Figure 20).
+/// Host Identifier, 16 bytes.
 pub const DATA_HOSTID: usize = 0;
+/// Controller ID, 2 bytes.
 pub const DATA_CNTLID: usize = 16;
+/// Subsystem NQN, 256 bytes, NUL-terminated.
 pub const DATA_SUBNQN: usize = 256;
+/// Host NQN, 256 bytes, NUL-terminated.
 pub const DATA_HOSTNQN: usize = 512;
-/// Offsets into the Connect command (Fabrics Figure 19).
+// Offsets into the Connect command (Fabrics Figure 19).
+/// Record Format, 2 bytes.
 pub const CMD_RECFMT: usize = 40;
+/// Queue ID, 2 bytes.
 pub const CMD_QID: usize = 42;
+/// Submission Queue Size, zero-based, 2 bytes.
 pub const CMD_SQSIZE: usize = 44;
+/// Connect Attributes.
 pub const CMD_CATTR: usize = 46;
+/// Keep Alive Timeout in milliseconds, 4 bytes.
 pub const CMD_KATO: usize = 48;
 
 /// The dynamic controller ID: "allocate one for me" (Fabrics 3.3).
@@ -22,26 +43,34 @@ pub const CNTLID_DYNAMIC: u16 = 0xFFFF;
 /// A decoded Connect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Connect {
+    /// The command's identifier.
     pub cid: u16,
     /// 0: the admin queue (a new controller); otherwise an I/O queue of `cntlid`.
     pub qid: u16,
     /// Entries in the submission queue (SQSIZE is zero-based; this is one more).
     pub sq_entries: u32,
+    /// Connect Attributes.
     pub cattr: u8,
     /// Keep-alive timeout in milliseconds (admin queue only); 0 = none.
     pub kato_ms: u32,
+    /// The host's 128-bit identifier.
     pub hostid: [u8; 16],
+    /// The controller an I/O queue joins; [`CNTLID_DYNAMIC`] on the admin queue.
     pub cntlid: u16,
+    /// The subsystem the host connects to.
     pub subnqn: String,
+    /// The host's NQN (may be empty: SPDK's host sends none unless told one).
     pub hostnqn: String,
 }
 
 /// Why a Connect is refused: the completion to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectRefusal {
+    /// The completion's status.
     pub status: Status,
     /// IATTR and IPO (dword 0) for Connect Invalid Parameters.
     pub dw0: u32,
+    /// What was wrong, for the log.
     pub why: &'static str,
 }
 
@@ -56,6 +85,7 @@ impl ConnectRefusal {
         }
     }
 
+    /// A refusal with `status` alone.
     pub fn status(status: Status, why: &'static str) -> ConnectRefusal {
         ConnectRefusal { status, dw0: 0, why }
     }
@@ -150,8 +180,37 @@ impl Connect {
     }
 }
 
-// ---- host side: the other fabrics commands a host sends on its admin queue (Fabrics 3.5 and
-// 3.6): Property Get and Property Set, as `crate::properties` reads them.
+// ---- Property Get and Property Set (Fabrics 3.5 and 3.6), the other fabrics commands a host
+// sends on its admin queue: the controller's properties are the registers of
+// `crate::registers`.
+
+// Property Get / Set fields (Fabrics 6.5.1 Figure 41, 6.5.2 Figure 43).
+const ATTRIB_AT: usize = 40;
+const OFST_AT: usize = 44;
+const VALUE_AT: usize = 48;
+
+/// A Property Get or Set command's fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PropertyAccess {
+    /// ATTRIB bits 2:0 = 1: an 8-byte property, else 4 bytes.
+    pub eight_bytes: bool,
+    /// The property's offset ([`crate::registers`]).
+    pub offset: u32,
+    /// Property Set's value (the low 4 bytes for a 4-byte property).
+    pub value: u64,
+}
+
+impl PropertyAccess {
+    /// Decodes a Property Get or Set.
+    pub fn from_sqe(sqe: &Sqe) -> PropertyAccess {
+        let b = &sqe.0;
+        PropertyAccess {
+            eight_bytes: b[ATTRIB_AT] & 0x7 == 1,
+            offset: u32::from_le_bytes(b[OFST_AT..OFST_AT + 4].try_into().expect("four bytes")),
+            value: u64::from_le_bytes(b[VALUE_AT..VALUE_AT + 8].try_into().expect("eight bytes")),
+        }
+    }
+}
 
 /// Property Get (Fabrics 3.6, Figure 27) of the property at `offset`, 8 bytes if `eight`.
 /// The completion carries the value in dwords 0 and 1.
@@ -160,8 +219,8 @@ pub fn property_get(offset: u32, eight: bool) -> Sqe {
     s.0[0] = OPC_FABRICS;
     s.0[1] = 0x40; // PSDT: SGL
     s.0[4] = FCTYPE_PROPERTY_GET;
-    s.0[40] = u8::from(eight); // ATTRIB: size
-    s.0[44..48].copy_from_slice(&offset.to_le_bytes());
+    s.0[ATTRIB_AT] = u8::from(eight); // ATTRIB: size
+    s.0[OFST_AT..OFST_AT + 4].copy_from_slice(&offset.to_le_bytes());
     s
 }
 
@@ -169,7 +228,7 @@ pub fn property_get(offset: u32, eight: bool) -> Sqe {
 pub fn property_set(offset: u32, value: u64, eight: bool) -> Sqe {
     let mut s = property_get(offset, eight);
     s.0[4] = FCTYPE_PROPERTY_SET;
-    s.0[48..56].copy_from_slice(&value.to_le_bytes());
+    s.0[VALUE_AT..VALUE_AT + 8].copy_from_slice(&value.to_le_bytes());
     s
 }
 
@@ -241,7 +300,6 @@ mod tests {
 
     #[test]
     fn host_property_commands_read_back() {
-        use crate::properties::PropertyAccess;
         let s = property_set(0x14, 0x46_0001, false);
         assert_eq!((s.opcode(), s.fctype()), (OPC_FABRICS, FCTYPE_PROPERTY_SET));
         let a = PropertyAccess::from_sqe(&s);
