@@ -167,14 +167,12 @@ pub(super) unsafe fn submit_down(
     req: &IoRequest,
 ) -> Result<(), SubmitError> {
     let Some(e) = entry_mut(slab, sparse, req.tag) else {
-        // SAFETY: the caller's guarantees, passed on.
-        return unsafe { inner.submit(req) };
+        return inner.submit(req);
     };
     e.mflags = 0;
     if m.draining {
         e.gen = 0;
-        // SAFETY: the caller's guarantees, passed on.
-        return unsafe { inner.submit(req) };
+        return inner.submit(req);
     }
     e.gen = m.gen;
     let writes = changes_data(e.op);
@@ -188,15 +186,12 @@ pub(super) unsafe fn submit_down(
             _ => 0..0,
         };
         let saw_copy = m.job.map.writer_enter(chunks.clone());
-        // SAFETY: the caller's guarantees, passed on.
-        if let Err(err) = unsafe { inner.submit(req) } {
+        if let Err(err) = inner.submit(req) {
             m.job.map.writer_leave(chunks);
             return Err(err);
         }
         let target = m.target.as_mut().expect("checked above");
-        // SAFETY: the caller's guarantees hold until the completion goes up, which waits for
-        // the target's half too.
-        match unsafe { target.submit(req) } {
+        match target.submit(req) {
             Ok(()) => {
                 e.mflags = DUAL | if saw_copy { SAW_COPY } else { 0 };
                 if m.src_status.len() <= req.tag as usize {
@@ -222,8 +217,7 @@ pub(super) unsafe fn submit_down(
     if writes {
         m.count(1);
     }
-    // SAFETY: the caller's guarantees, passed on.
-    let r = unsafe { inner.submit(req) };
+    let r = inner.submit(req);
     if r.is_err() && writes {
         m.count(-1);
     }

@@ -572,8 +572,7 @@ impl DiskChannel {
             }
         }
         let submitted = if self.mirror.is_none() {
-            // SAFETY: the caller's guarantees for `req` are passed on with it, unchanged.
-            unsafe { self.inner.submit(req) }
+            self.inner.submit(req)
         } else {
             // SAFETY: as above.
             unsafe { self.submit_mirrored(req) }
@@ -603,9 +602,7 @@ impl DiskChannel {
         let mut failed = 0;
         qos.release(&disk.qos, now, slot, |req| {
             let submitted = match mirror {
-                // SAFETY: the frontend's guarantees for `req` hold until its completion, which
-                // has not been returned (see `submit_request`).
-                None => unsafe { inner.submit(req) },
+                None => inner.submit(req),
                 // SAFETY: as above.
                 Some(m) => unsafe { mirror::submit_down(&mut **inner, m, slab, sparse, req) },
             };
@@ -771,15 +768,13 @@ pub enum DiskIo {
 }
 
 impl DiskIo {
-    /// # Safety
-    /// As for [`IoChannel::submit`].
+    /// As [`IoChannel::submit`].
     #[inline]
-    pub unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    pub fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         match self {
             // SAFETY: the caller's guarantees, passed on.
             DiskIo::Counted(ch) => unsafe { ch.submit_request(req) },
-            // SAFETY: the caller's guarantees, passed on.
-            DiskIo::Device(ch) => unsafe { ch.submit(req) },
+            DiskIo::Device(ch) => ch.submit(req),
         }
     }
 
@@ -850,7 +845,7 @@ fn take_sparse(sparse: &mut Vec<(u32, InFlight)>, tag: u32) -> Option<InFlight> 
 }
 
 impl IoChannel for DiskChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         // SAFETY: the caller's guarantees, passed on.
         unsafe { self.submit_request(req) }
     }
