@@ -1,7 +1,8 @@
 //! The daemon crate is wiring: among the workspace's crates its (non-dev) dependencies name only
 //! the registry, the RPC transport and the reactors. Everything a bdev module or an export kind
 //! brings reaches it through the registry, so adding one never touches this crate
-//! (docs/architecture.md, "Adding an export").
+//! (docs/architecture.md, "Adding an export"). And the stacked bdev modules that need no unsafe
+//! code forbid it.
 
 use std::path::Path;
 
@@ -44,4 +45,27 @@ fn the_daemon_depends_on_registry_rpc_and_reactor_only() {
     }
     // A target-specific table would be a way around the check.
     assert!(crate_manifest.get("target").is_none(), "target-specific dependencies: check them here");
+}
+
+/// Files whose code may not use `unsafe`: stacked bdevs work on requests whose buffers were
+/// vouched for where they were described (`fp_bdev::Iovecs::from_raw`), so they need none.
+/// Each carries `#![forbid(unsafe_code)]` (or, where its tests describe buffers of their own,
+/// `#![cfg_attr(not(test), forbid(unsafe_code))]`).
+const FORBID_UNSAFE: [&str; 3] = [
+    "crates/bdev/src/modules/error/mod.rs",
+    "crates/bdev/src/modules/delay/mod.rs",
+    "crates/bdev/src/modules/null/mod.rs",
+];
+
+#[test]
+fn stacked_bdev_modules_forbid_unsafe_code() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for file in FORBID_UNSAFE {
+        let text = std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let forbids =
+            text.lines().map(str::trim).filter(|l| l.starts_with("#![")).any(|l| {
+                l == "#![forbid(unsafe_code)]" || l == "#![cfg_attr(not(test), forbid(unsafe_code))]"
+            });
+        assert!(forbids, "{file} does not carry #![forbid(unsafe_code)] among its inner attributes");
+    }
 }
