@@ -24,7 +24,7 @@
 
 use std::io::{self, Cursor, Read, Write};
 
-use fp_bdev::{IoOp, IoRequest, IoStatus};
+use fp_bdev::{IoOp, IoRequest, IoStatus, Iovecs};
 use fp_nbd::client::{negotiate, MemoryTransport, Wire};
 use fp_nbd::proto::*;
 use libfuzzer_sys::fuzz_target;
@@ -111,11 +111,10 @@ fuzz_target!(|data: &[u8]| {
             op: *op,
             offset: *offset,
             len: *len as u64,
-            iov: if data { iovs[tag].as_ptr() } else { std::ptr::null() },
-            iovcnt: if data { 2 } else { 0 },
+            // SAFETY: `bufs` and `iovs` outlive every request (all answered below).
+            iov: if data { unsafe { Iovecs::from_slice(&iovs[tag]) } } else { Iovecs::NONE },
         };
-        // SAFETY: `bufs` and `iovs` outlive `wire`'s use of them (it is polled to the end).
-        unsafe { wire.submit(&req) }.expect("six requests fit");
+        wire.submit(&req).expect("six requests fit");
     }
     let mut status: [Option<IoStatus>; 6] = [None; 6];
     let mut record = |tag: u32, s: IoStatus| {

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::{BdevError, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use crate::{BdevError, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -95,14 +95,18 @@ impl IoBuf {
 }
 
 /// A read or write over `iov`, whose lengths give `len`.
-pub fn rw(tag: u32, op: IoOp, offset: u64, iov: &[libc::iovec]) -> IoRequest {
+///
+/// # Safety
+/// As for [`Iovecs::from_slice`]: `iov` and the buffers it describes outlive the request.
+pub unsafe fn rw(tag: u32, op: IoOp, offset: u64, iov: &[libc::iovec]) -> IoRequest {
     let len = iov.iter().map(|v| v.iov_len as u64).sum();
-    IoRequest { tag, op, offset, len, iov: iov.as_ptr(), iovcnt: iov.len() as u32 }
+    // SAFETY: passed on from our caller.
+    IoRequest { tag, op, offset, len, iov: unsafe { Iovecs::from_slice(iov) } }
 }
 
 /// A request without data (flush, discard, write zeroes).
 pub fn cmd(tag: u32, op: IoOp, offset: u64, len: u64) -> IoRequest {
-    IoRequest { tag, op, offset, len, iov: std::ptr::null(), iovcnt: 0 }
+    IoRequest { tag, op, offset, len, iov: Iovecs::NONE }
 }
 
 /// Polls until `want` completions arrived; fails after 20 s.
@@ -122,19 +126,14 @@ pub fn poll_until(ch: &mut dyn IoChannel, want: usize) -> Vec<(u32, IoStatus)> {
 
 /// Submits every request (tag `i` at index `i`), retrying on `Busy` after a poll, and returns
 /// their statuses once all completed.
-///
-/// # Safety
-/// The requests' iovecs and buffers must stay valid until this returns.
-pub unsafe fn run_batch(ch: &mut dyn IoChannel, reqs: &[IoRequest]) -> Vec<IoStatus> {
+pub fn run_batch(ch: &mut dyn IoChannel, reqs: &[IoRequest]) -> Vec<IoStatus> {
     let mut status: Vec<Option<IoStatus>> = vec![None; reqs.len()];
     let deadline = Instant::now() + Duration::from_secs(20);
     let (mut next, mut done) = (0, 0);
     while done < reqs.len() {
         while next < reqs.len() {
             assert_eq!(reqs[next].tag as usize, next, "tags must be indexes");
-            // SAFETY: the caller keeps the buffers valid until we return, which is after every
-            // completion has been reaped.
-            match unsafe { ch.submit(&reqs[next]) } {
+            match ch.submit(&reqs[next]) {
                 Ok(()) => next += 1,
                 Err(SubmitError::Busy) => break,
                 Err(e) => panic!("request {next} rejected: {e}"),
@@ -151,12 +150,8 @@ pub unsafe fn run_batch(ch: &mut dyn IoChannel, reqs: &[IoRequest]) -> Vec<IoSta
 }
 
 /// Runs one request to completion.
-///
-/// # Safety
-/// As for [`run_batch`].
-pub unsafe fn run(ch: &mut dyn IoChannel, req: IoRequest) -> IoStatus {
-    // SAFETY: passed on from the caller.
-    let status = unsafe { run_batch(ch, &[IoRequest { tag: 0, ..req }]) };
+pub fn run(ch: &mut dyn IoChannel, req: IoRequest) -> IoStatus {
+    let status = run_batch(ch, &[IoRequest { tag: 0, ..req }]);
     status[0]
 }
 
@@ -260,10 +255,10 @@ unsafe fn batch_ok(
         .iter()
         .zip(iovs)
         .enumerate()
-        .map(|(i, (&(offset, _, _), iov))| rw(i as u32, op, offset, iov))
+        // SAFETY: passed on from the caller.
+        .map(|(i, (&(offset, _, _), iov))| unsafe { rw(i as u32, op, offset, iov) })
         .collect();
-    // SAFETY: passed on from the caller.
-    let status = unsafe { run_batch(ch, &reqs) };
+    let status = run_batch(ch, &reqs);
     assert!(status.iter().all(|s| *s == IoStatus::Success), "round {round} {op:?}: {status:?}");
 }
 
@@ -286,9 +281,9 @@ pub fn check_range_rejected(dev: &dyn BlockDevice) {
         for &(offset, len) in &bad {
             // The iovec describes all of `buf`, not `len`: the range is refused before any
             // iovec is looked at.
-            let req = IoRequest { len, ..rw(9, op, offset, &iov) };
-            // SAFETY: the iovec describes `buf`, which outlives the channel.
-            let r = unsafe { ch.submit(&req) };
+            // SAFETY: nothing moves data: the request is refused.
+            let req = IoRequest { len, ..unsafe { rw(9, op, offset, &iov) } };
+            let r = ch.submit(&req);
             assert_eq!(r, Err(SubmitError::OutOfRange), "{op:?} {offset}+{len}");
         }
     }
@@ -309,17 +304,18 @@ pub fn check_completion_via_poll(dev: &dyn BlockDevice) {
     let mut reqs: Vec<IoRequest> = iovs
         .iter()
         .enumerate()
-        .map(|(i, iov)| rw(100 + i as u32, IoOp::Write, (i * bs) as u64, iov))
+        // SAFETY: `bufs` and `iovs` outlive the requests, all completed below.
+        .map(|(i, iov)| unsafe { rw(100 + i as u32, IoOp::Write, (i * bs) as u64, iov) })
         .collect();
     reqs.push(cmd(200, IoOp::Flush, 0, 0));
     reqs.push(cmd(201, IoOp::WriteZeroes, 4 * bs as u64, bs as u64));
     reqs.push(cmd(202, IoOp::Discard, 5 * bs as u64, bs as u64));
-    reqs.push(rw(203, IoOp::Read, 0, &iovs[0]));
+    // SAFETY: as above.
+    reqs.push(unsafe { rw(203, IoOp::Read, 0, &iovs[0]) });
 
     assert_eq!(ch.in_flight(), 0);
     for (n, req) in reqs.iter().enumerate() {
-        // SAFETY: `bufs` and `iovs` outlive the channel's use of them (we poll to the end).
-        unsafe { ch.submit(req) }.unwrap();
+        ch.submit(req).unwrap();
         assert_eq!(ch.in_flight(), n + 1);
     }
     let mut seen = HashSet::new();
@@ -351,18 +347,16 @@ pub fn check_flush_discard_write_zeroes(dev: &dyn BlockDevice) {
         rng.fill(&mut data[..]);
         write_range(&mut *ch, 0, &data);
         let old = data.clone();
-        // SAFETY: no buffers involved.
-        assert_eq!(unsafe { run(&mut *ch, cmd(0, IoOp::Flush, 0, 0)) }, IoStatus::Success);
+        assert_eq!(run(&mut *ch, cmd(0, IoOp::Flush, 0, 0)), IoStatus::Success);
         let mut hit = [false; 64];
         for (first, blocks) in [(1, 1), (5, 3), (16, 24), (63, 1)] {
             let req = cmd(0, op, (first * bs) as u64, (blocks * bs) as u64);
-            // SAFETY: no buffers involved.
-            assert_eq!(unsafe { run(&mut *ch, req) }, IoStatus::Success, "{op:?}");
+            assert_eq!(run(&mut *ch, req), IoStatus::Success, "{op:?}");
             data[first * bs..(first + blocks) * bs].fill(0);
             hit[first..first + blocks].fill(true);
         }
-        // SAFETY: as above; an empty range is a no-op.
-        assert_eq!(unsafe { run(&mut *ch, cmd(0, op, 0, 0)) }, IoStatus::Success);
+        // An empty range is a no-op.
+        assert_eq!(run(&mut *ch, cmd(0, op, 0, 0)), IoStatus::Success);
         let got = read_range(&mut *ch, 0, data.len());
         for (block, &hit) in hit.iter().enumerate() {
             let range = block * bs..(block + 1) * bs;
@@ -383,9 +377,9 @@ pub fn check_iov_len_mismatch(dev: &dyn BlockDevice) {
     let mut buf = IoBuf::new(bs, true);
     let iov = [libc::iovec { iov_len: bs / 2, ..buf.iovec() }];
     for op in [IoOp::Write, IoOp::Read] {
-        let req = IoRequest { len: bs as u64, ..rw(0, op, 0, &iov) };
         // SAFETY: the iovec describes half of `buf`, which outlives the call.
-        assert_eq!(unsafe { run(&mut *ch, req) }, IoStatus::Error(libc::EINVAL), "{op:?}");
+        let req = IoRequest { len: bs as u64, ..unsafe { rw(0, op, 0, &iov) } };
+        assert_eq!(run(&mut *ch, req), IoStatus::Error(libc::EINVAL), "{op:?}");
     }
     assert_eq!(read_range(&mut *ch, 0, bs), vec![0x11; bs]);
 }

@@ -216,11 +216,9 @@ pub trait IoChannel {
     /// Backends may batch: a submitted request is only guaranteed to reach the device when
     /// [`IoChannel::poll`] runs next.
     ///
-    /// # Safety
-    /// For `Read` and `Write`, `req.iov` must point to `req.iovcnt` valid iovecs whose buffers
-    /// stay valid (and, for reads, writable and not otherwise accessed) until this request's
-    /// completion is returned by `poll`. The iovec array itself must stay valid until then too.
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError>;
+    /// Safe: the buffers were vouched for when the request's [`Iovecs`](crate::Iovecs) were
+    /// built; the channel uses them until it returns the request's completion from `poll`.
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError>;
 
     /// Pushes queued requests to the device (at most one system call) and reaps completions,
     /// calling `done(tag, status)` for each. Returns how many completed.

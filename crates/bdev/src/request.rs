@@ -1,5 +1,7 @@
 //! A request as a channel takes it: the operation, its buffers, how it ended, why it was not
-//! taken; and the helpers backends share to read its iovecs and hold completions.
+//! taken; and the list backends hold completions in.
+
+use crate::Iovecs;
 
 /// What a request asks the device to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,8 +20,8 @@ pub enum IoOp {
 
 /// One I/O request as handed to a channel.
 ///
-/// `iov`/`iovcnt` describe the data buffers for `Read` and `Write` (their total length equals
-/// `len`); they are ignored for the other operations.
+/// `iov` describes the data buffers for `Read` and `Write` (their total length equals `len`);
+/// it is ignored for the other operations.
 #[derive(Debug, Clone, Copy)]
 pub struct IoRequest {
     /// The caller's tag, handed back with the completion.
@@ -30,10 +32,8 @@ pub struct IoRequest {
     pub offset: u64,
     /// Length in bytes; a multiple of the block size.
     pub len: u64,
-    /// The data buffers (`Read`, `Write`).
-    pub iov: *const libc::iovec,
-    /// Number of iovecs at `iov`.
-    pub iovcnt: u32,
+    /// The data buffers (`Read`, `Write`); [`Iovecs::NONE`] otherwise.
+    pub iov: Iovecs,
 }
 
 /// How a request ended.
@@ -59,34 +59,6 @@ pub enum SubmitError {
     /// The device does not support this operation.
     #[error("operation not supported by this device")]
     Unsupported,
-}
-
-/// Total bytes described by an iovec array.
-///
-/// # Safety
-/// `iov` must point to `iovcnt` readable iovecs.
-pub unsafe fn iov_total_len(iov: *const libc::iovec, iovcnt: u32) -> u64 {
-    let mut total = 0u64;
-    for i in 0..iovcnt as usize {
-        // SAFETY: the caller guarantees `iovcnt` readable elements.
-        total += unsafe { (*iov.add(i)).iov_len } as u64;
-    }
-    total
-}
-
-/// The iovecs of a `Read` or `Write` request as a slice (empty when `iovcnt` is 0, whatever
-/// `iov` holds, so a null pointer is fine then).
-///
-/// # Safety
-/// As for [`IoChannel::submit`](crate::IoChannel::submit): when `req.iovcnt` is non-zero, `req.iov` points to that many
-/// readable iovecs that stay valid and unmodified for `'a`.
-pub unsafe fn request_iovecs<'a>(req: &IoRequest) -> &'a [libc::iovec] {
-    if req.iovcnt == 0 || req.iov.is_null() {
-        return &[];
-    }
-    // SAFETY: non-null and, by the caller's contract, `iovcnt` initialised iovecs valid for 'a;
-    // iovec's alignment is guaranteed by the pointer's type.
-    unsafe { std::slice::from_raw_parts(req.iov, req.iovcnt as usize) }
 }
 
 /// Completions of requests a backend carried out inside `submit`, held for the next `poll`
@@ -127,5 +99,28 @@ impl DoneList {
 
     pub(crate) fn len(&self) -> usize {
         self.0.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The request as it was with a raw pointer and a count: wrapping the buffers costs
+    /// nothing per request.
+    #[allow(dead_code)]
+    struct RawRequest {
+        tag: u32,
+        op: IoOp,
+        offset: u64,
+        len: u64,
+        iov: *const libc::iovec,
+        iovcnt: u32,
+    }
+
+    #[test]
+    fn describing_the_buffers_keeps_the_request_size() {
+        assert_eq!(std::mem::size_of::<IoRequest>(), std::mem::size_of::<RawRequest>());
+        assert_eq!(std::mem::size_of::<Iovecs>(), 16);
     }
 }

@@ -93,10 +93,8 @@ fn crypto_over_malloc() {
                 Arc::new(CryptoDevice::new("crypto0", base, key.clone()).unwrap());
             let mut ch = dev.open_channel().unwrap();
             let size = dev.info().size_bytes();
-            // SAFETY: no buffers.
-            let zeroed = unsafe {
-                fp_bdev::conformance::run(&mut *ch, fp_bdev::conformance::cmd(0, IoOp::WriteZeroes, 0, size))
-            };
+            let zeroed =
+                fp_bdev::conformance::run(&mut *ch, fp_bdev::conformance::cmd(0, IoOp::WriteZeroes, 0, size));
             assert_eq!(zeroed, IoStatus::Success);
             dev
         };

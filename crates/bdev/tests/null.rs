@@ -55,8 +55,7 @@ fn channel_per_thread() {
             std::thread::spawn(move || {
                 let mut ch = dev.open_channel().unwrap();
                 let reqs: Vec<_> = (0..64).map(|i| cmd(i, IoOp::Flush, 0, 0)).collect();
-                // SAFETY: no buffers involved.
-                let status = unsafe { run_batch(&mut *ch, &reqs) };
+                let status = run_batch(&mut *ch, &reqs);
                 assert!(status.iter().all(|s| *s == IoStatus::Success));
             })
         })

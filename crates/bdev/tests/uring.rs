@@ -166,8 +166,7 @@ fn data_reaches_the_file() {
     let mut ch = dev.open_channel().unwrap();
     let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
     write_range(&mut *ch, 4096, &data);
-    // SAFETY: no buffers involved.
-    assert_eq!(unsafe { run(&mut *ch, cmd(0, IoOp::Flush, 0, 0)) }, IoStatus::Success);
+    assert_eq!(run(&mut *ch, cmd(0, IoOp::Flush, 0, 0)), IoStatus::Success);
     let on_disk = std::fs::read(file.path()).unwrap();
     assert!(on_disk[4096..4096 + 8192] == data[..]);
     assert!(on_disk[..4096].iter().all(|&b| b == 0));
@@ -216,13 +215,16 @@ fn full_queue_is_busy_until_polled() {
     let mut ch = dev.open_channel().unwrap();
     let mut bufs: Vec<IoBuf> = (0..32).map(|_| IoBuf::new(4096, true)).collect();
     let iovs: Vec<[libc::iovec; 1]> = bufs.iter_mut().map(|b| [b.iovec()]).collect();
-    let reqs: Vec<_> =
-        iovs.iter().enumerate().map(|(i, iov)| rw(i as u32, IoOp::Write, i as u64 * 4096, iov)).collect();
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let reqs: Vec<_> = iovs
+        .iter()
+        .enumerate()
+        .map(|(i, iov)| unsafe { rw(i as u32, IoOp::Write, i as u64 * 4096, iov) })
+        .collect();
 
     let mut accepted = 0;
     for req in &reqs {
-        // SAFETY: the buffers outlive the channel's use (everything is polled to the end).
-        match unsafe { ch.submit(req) } {
+        match ch.submit(req) {
             Ok(()) => accepted += 1,
             Err(SubmitError::Busy) => break,
             Err(e) => panic!("{e}"),
@@ -235,8 +237,7 @@ fn full_queue_is_busy_until_polled() {
     assert_eq!(ch.in_flight(), 0);
 
     // All of them, retrying on Busy, in one go.
-    // SAFETY: as above.
-    let status = unsafe { run_batch(&mut *ch, &reqs) };
+    let status = run_batch(&mut *ch, &reqs);
     assert!(status.iter().all(|s| *s == IoStatus::Success));
 }
 
@@ -302,9 +303,9 @@ fn completion_fd_signals_completions() {
         let mut buf = IoBuf::new(1 << 20, true);
         buf.bytes_mut().fill(0x21);
         let iov = [buf.iovec()];
-        let req = if op == IoOp::Flush { cmd(1, op, 0, 0) } else { rw(1, op, 0, &iov) };
-        // SAFETY: `buf` outlives the request, which is polled to completion below.
-        unsafe { ch.submit(&req) }.unwrap();
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        let req = if op == IoOp::Flush { cmd(1, op, 0, 0) } else { unsafe { rw(1, op, 0, &iov) } };
+        ch.submit(&req).unwrap();
         // The first poll hands the request to the kernel; then sleep on the fd. The completion
         // may first interrupt the sleep (EINTR: the kernel runs io_uring's deferred completion
         // work on the way out), after which the fd is readable.

@@ -7,6 +7,7 @@
 //! * the NVMe facts live below both NVMe crates: fp-nvme-spec depends on no workspace crate and
 //!   has no unsafe code, and no crate but the registry builds on the NVMe/TCP target (fp-nvmf);
 //!   tests may start one (dev-dependencies).
+//! * the stacked bdev modules that need no unsafe code forbid it.
 
 use std::path::Path;
 
@@ -120,3 +121,26 @@ mod circles;
 mod python_source;
 #[path = "layering/rust_source.rs"]
 mod rust_source;
+
+/// Files whose code may not use `unsafe`: stacked bdevs work on requests whose buffers were
+/// vouched for where they were described (`fp_bdev::Iovecs::from_raw`), so they need none.
+/// Each carries `#![forbid(unsafe_code)]` (or, where its tests describe buffers of their own,
+/// `#![cfg_attr(not(test), forbid(unsafe_code))]`).
+const FORBID_UNSAFE: [&str; 3] = [
+    "crates/bdev/src/modules/error/mod.rs",
+    "crates/bdev/src/modules/delay/mod.rs",
+    "crates/bdev/src/modules/null/mod.rs",
+];
+
+#[test]
+fn stacked_bdev_modules_forbid_unsafe_code() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for file in FORBID_UNSAFE {
+        let text = std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let forbids =
+            text.lines().map(str::trim).filter(|l| l.starts_with("#![")).any(|l| {
+                l == "#![forbid(unsafe_code)]" || l == "#![cfg_attr(not(test), forbid(unsafe_code))]"
+            });
+        assert!(forbids, "{file} does not carry #![forbid(unsafe_code)] among its inner attributes");
+    }
+}

@@ -271,8 +271,7 @@ impl Workload {
         };
         let submitted = self.base.position();
         // SAFETY: write-zeroes has no buffers.
-        let status =
-            unsafe { conformance::run(&mut *self.vols[v].ch, cmd(0, IoOp::WriteZeroes, offset, len)) };
+        let status = conformance::run(&mut *self.vols[v].ch, cmd(0, IoOp::WriteZeroes, offset, len));
         let write = self.writes.len();
         self.writes.push(Write { id: 0, submitted, durable_at: None });
         let vol = &mut self.vols[v];
@@ -285,8 +284,7 @@ impl Workload {
     }
 
     fn flush(&mut self, v: usize) {
-        // SAFETY: a flush has no buffers.
-        let status = unsafe { conformance::run(&mut *self.vols[v].ch, cmd(0, IoOp::Flush, 0, 0)) };
+        let status = conformance::run(&mut *self.vols[v].ch, cmd(0, IoOp::Flush, 0, 0));
         assert_eq!(status, IoStatus::Success);
         let at = self.base.position();
         for w in std::mem::take(&mut self.vols[v].unflushed) {
@@ -300,8 +298,7 @@ impl Workload {
         let offset = self.rng.gen_range(0..clusters) * CLUSTER;
         let submitted = self.base.position();
         // SAFETY: a discard has no buffers.
-        let status =
-            unsafe { conformance::run(&mut *self.vols[v].ch, cmd(0, IoOp::Discard, offset, CLUSTER)) };
+        let status = conformance::run(&mut *self.vols[v].ch, cmd(0, IoOp::Discard, offset, CLUSTER));
         assert_eq!(status, IoStatus::Success, "discard of a whole cluster");
         self.vols[v].history.push(Change::Discard { offset, len: CLUSTER, submitted });
     }

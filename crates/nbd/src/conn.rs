@@ -672,12 +672,15 @@ impl ConnPoller {
             op,
             offset,
             len,
-            iov: if data { &slot.iov } else { std::ptr::null() },
-            iovcnt: u32::from(data),
+            iov: if data {
+                // SAFETY: the slot's iovec and the buffer it points at belong to the slot, which
+                // is neither moved nor reused until this request's completion comes back.
+                unsafe { fp_bdev::Iovecs::from_raw(&slot.iov, 1) }
+            } else {
+                fp_bdev::Iovecs::NONE
+            },
         };
-        // SAFETY: the iovec lives in the slot table (a boxed slice that never moves) and points
-        // at the slot's buffer; neither changes until the slot's completion is reaped.
-        unsafe { self.channel.submit(&req) }?;
+        self.channel.submit(&req)?;
         slot.phase = if slot.flush_due { Phase::Flushing } else { Phase::Submitted };
         Ok(())
     }

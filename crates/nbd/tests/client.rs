@@ -164,8 +164,7 @@ fn data_crosses_both_ways_through_qemu_nbd() {
     // Through the bdev, then in the file.
     let data: Vec<u8> = (0..(2 << 20)).map(|i: u32| (i % 251) as u8).collect();
     write_range(&mut *ch, 1 << 20, &data);
-    // SAFETY: no buffers.
-    assert_eq!(unsafe { conformance::run(&mut *ch, cmd(0, IoOp::Flush, 0, 0)) }, IoStatus::Success);
+    assert_eq!(conformance::run(&mut *ch, cmd(0, IoOp::Flush, 0, 0)), IoStatus::Success);
     let mut back = vec![0u8; data.len()];
     std::fs::File::open(&img).unwrap().read_exact_at(&mut back, 1 << 20).unwrap();
     assert!(back == data, "the file holds what went through the bdev");
@@ -186,10 +185,13 @@ fn data_crosses_both_ways_through_qemu_nbd() {
     // 64 requests in flight at once.
     let mut bufs: Vec<IoBuf> = (0..64).map(|_| IoBuf::new(65536, true)).collect();
     let iovs: Vec<[libc::iovec; 1]> = bufs.iter_mut().map(|b| [b.iovec()]).collect();
-    let reqs: Vec<_> =
-        iovs.iter().enumerate().map(|(i, v)| rw(i as u32, IoOp::Read, (i as u64 % 8) << 20, v)).collect();
-    // SAFETY: the buffers outlive the batch.
-    let st = unsafe { conformance::run_batch(&mut *ch, &reqs) };
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let reqs: Vec<_> = iovs
+        .iter()
+        .enumerate()
+        .map(|(i, v)| unsafe { rw(i as u32, IoOp::Read, (i as u64 % 8) << 20, v) })
+        .collect();
+    let st = conformance::run_batch(&mut *ch, &reqs);
     assert!(st.iter().all(|s| *s == IoStatus::Success));
 }
 
@@ -215,8 +217,7 @@ fn qemu_storage_daemon_exports_work_too() {
     let mut ch = dev.open_channel().unwrap();
     let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
     write_range(&mut *ch, 1 << 20, &data);
-    // SAFETY: no buffers.
-    assert_eq!(unsafe { conformance::run(&mut *ch, cmd(0, IoOp::Flush, 0, 0)) }, IoStatus::Success);
+    assert_eq!(conformance::run(&mut *ch, cmd(0, IoOp::Flush, 0, 0)), IoStatus::Success);
     let mut back = vec![0u8; data.len()];
     std::fs::File::open(&img).unwrap().read_exact_at(&mut back, 1 << 20).unwrap();
     assert!(back == data, "the file holds what went through the bdev");

@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use fp_bdev::Iovecs;
 use fp_bdev::{BlockDevice, IoOp, IoRequest, IoStatus, SubmitError};
 use fp_nvme::cid::CidTable;
 use fp_nvme::ctrlr::{self, GlobalOptions};
@@ -156,16 +157,16 @@ fn main() {
     let mut next = 0usize;
     // Keep QD in flight: resubmit each completion's slot.
     for (slot, iov) in iovs.iter().enumerate() {
+        // SAFETY: the buffers and their iovecs outlive the requests, all reaped below.
         let req = IoRequest {
             tag: slot as u32,
             op: IoOp::Read,
             offset: 4096 * slot as u64,
             len: 4096,
-            iov,
-            iovcnt: 1,
+            // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+            iov: unsafe { Iovecs::from_raw(iov, 1) },
         };
-        // SAFETY: `buf` and `iovs` outlive every request (the loop reaps them all).
-        unsafe { ch.submit(&req) }.expect("submit");
+        ch.submit(&req).expect("submit");
         next += 1;
     }
     while done < ios {
@@ -177,9 +178,16 @@ fn main() {
             if next < ios {
                 let slot = tag as usize;
                 let offset = 4096 * ((next * 7) % 4096) as u64;
-                let req = IoRequest { tag, op: IoOp::Read, offset, len: 4096, iov: &iovs[slot], iovcnt: 1 };
-                // SAFETY: as above.
-                unsafe { ch.submit(&req) }.expect("submit");
+                // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+                let req = IoRequest {
+                    tag,
+                    op: IoOp::Read,
+                    offset,
+                    len: 4096,
+                    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+                    iov: unsafe { Iovecs::from_raw(&iovs[slot], 1) },
+                };
+                ch.submit(&req).expect("submit");
                 next += 1;
             }
         }

@@ -20,8 +20,7 @@ use fp_nvme::pcie::{PcieOptions, PcieTransport};
 fn zero(dev: &dyn BlockDevice) {
     let len = dev.info().num_blocks() * u64::from(dev.info().block_size);
     let mut ch = dev.open_channel().expect("channel");
-    // SAFETY: no buffers.
-    let st = unsafe { run(&mut *ch, cmd(0, IoOp::WriteZeroes, 0, len)) };
+    let st = run(&mut *ch, cmd(0, IoOp::WriteZeroes, 0, len));
     assert_eq!(st, IoStatus::Success, "Write Zeroes over {len} bytes");
 }
 

@@ -8,7 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fp_bdev::{AlignedBuf, Bdev, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::iov::BounceBuf;
+use fp_bdev::{Bdev, IoChannel, IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 
 use crate::format::{newest, BitmapPage, FormatError, PageBuf, Superblock, PAGE_SIZE};
 use crate::intent::IntentMap;
@@ -37,7 +38,7 @@ pub struct ChannelIo {
     bdev: Bdev,
     chan: Box<dyn IoChannel>,
     /// Bounce buffer: callers' slices need not be aligned for the device.
-    bounce: AlignedBuf,
+    bounce: BounceBuf,
     /// The raid this base is a member of, and its name there: a Busy is given up once a
     /// removal marks it leaving or the raid stops.
     leaving: Option<(Arc<RaidShared>, String)>,
@@ -50,7 +51,7 @@ impl ChannelIo {
     /// Opens a channel of `bdev` on this thread.
     pub fn open(bdev: Bdev) -> Result<ChannelIo, RaidError> {
         let chan = bdev.open_channel()?;
-        Ok(ChannelIo { bdev, chan, bounce: AlignedBuf::zeroed(BOUNCE), leaving: None })
+        Ok(ChannelIo { bdev, chan, bounce: BounceBuf::zeroed(BOUNCE), leaving: None })
     }
 
     /// A Busy answer is retried until `shared` marks the base `name` leaving
@@ -74,13 +75,11 @@ impl ChannelIo {
 
     /// One request on the bounce buffer's first `len` bytes, waited for.
     fn run(&mut self, op: IoOp, offset: u64, len: usize) -> Result<(), i32> {
-        let iov = libc::iovec { iov_base: self.bounce.as_mut_ptr().cast(), iov_len: len };
         let data = matches!(op, IoOp::Read | IoOp::Write);
-        let req = IoRequest { tag: 0, op, offset, len: len as u64, iov: &iov, iovcnt: u32::from(data) };
+        let iov = if data { self.bounce.iovecs(len) } else { Iovecs::NONE };
+        let req = IoRequest { tag: 0, op, offset, len: len as u64, iov };
         loop {
-            // SAFETY: `iov` points into `self.bounce`, which outlives the request: this
-            // function polls until it completes.
-            match unsafe { self.chan.submit(&req) } {
+            match self.chan.submit(&req) {
                 Ok(()) => break,
                 // Nothing in flight yet: giving up leaves nothing behind on the base.
                 Err(SubmitError::Busy) if self.gives_up_busy() => return Err(GIVEN_UP),
@@ -121,14 +120,14 @@ impl BaseIo for ChannelIo {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), i32> {
         for (i, piece) in buf.chunks_mut(BOUNCE).enumerate() {
             self.run(IoOp::Read, offset + (i * BOUNCE) as u64, piece.len())?;
-            piece.copy_from_slice(&self.bounce.as_slice()[..piece.len()]);
+            piece.copy_from_slice(&self.bounce.bytes()[..piece.len()]);
         }
         Ok(())
     }
 
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> Result<(), i32> {
         for (i, piece) in buf.chunks(BOUNCE).enumerate() {
-            self.bounce.as_mut_slice()[..piece.len()].copy_from_slice(piece);
+            self.bounce.bytes_mut()[..piece.len()].copy_from_slice(piece);
             self.run(IoOp::Write, offset + (i * BOUNCE) as u64, piece.len())?;
         }
         Ok(())

@@ -142,12 +142,16 @@ impl RbdChannel {
         unsafe { Arc::increment_strong_count(Arc::as_ptr(&self.shared)) };
         let image = self.image.handle;
         // SAFETY: `image` is open while `self.image` lives, which outlives every request (drop
-        // waits); the caller keeps the iovecs and their buffers valid until completion; `c` is
+        // waits); the request's `Iovecs` vouch for the iovecs and buffers until completion; `c` is
         // the fresh completion, handed to librbd here.
         let ret = unsafe {
             match req.op {
-                IoOp::Read => (lib.rbd_aio_readv)(image, req.iov, req.iovcnt as c_int, req.offset, c),
-                IoOp::Write => (lib.rbd_aio_writev)(image, req.iov, req.iovcnt as c_int, req.offset, c),
+                IoOp::Read => {
+                    (lib.rbd_aio_readv)(image, req.iov.as_ptr(), req.iov.count() as c_int, req.offset, c)
+                }
+                IoOp::Write => {
+                    (lib.rbd_aio_writev)(image, req.iov.as_ptr(), req.iov.count() as c_int, req.offset, c)
+                }
                 IoOp::Flush => (lib.rbd_aio_flush)(image, c),
                 IoOp::Discard => (lib.rbd_aio_discard)(image, req.offset, req.len, c),
                 IoOp::WriteZeroes => (lib.rbd_aio_write_zeroes)(image, req.offset, req.len as usize, c, 0, 0),
@@ -167,7 +171,7 @@ impl RbdChannel {
 }
 
 impl IoChannel for RbdChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if req.op != IoOp::Flush {
             self.info.check_range(req.offset, req.len)?;
         }
@@ -175,10 +179,7 @@ impl IoChannel for RbdChannel {
         if mutates && self.read_only {
             return Err(SubmitError::Unsupported);
         }
-        if matches!(req.op, IoOp::Read | IoOp::Write)
-            // SAFETY: the caller guarantees `iovcnt` readable iovecs.
-            && unsafe { fp_bdev::iov_total_len(req.iov, req.iovcnt) } != req.len
-        {
+        if matches!(req.op, IoOp::Read | IoOp::Write) && req.iov.total_len() != req.len {
             self.failed.push((req.tag, IoStatus::Error(libc::EINVAL)));
             return Ok(());
         }

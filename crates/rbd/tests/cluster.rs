@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use fp_bdev::conformance::{self, Storage};
+use fp_bdev::Iovecs;
 use fp_bdev::{BlockDevice, IoOp, IoRequest, IoStatus};
 use fp_rbd::{Cluster, ClusterConfig, RbdDetail, RbdDevice, RbdError};
 
@@ -79,8 +80,7 @@ fn device(cluster: &Arc<Cluster>, image: &str, block_size: u32) -> Arc<RbdDevice
 
 /// One request, waited for by sleeping on the channel's completion fd (not by spinning).
 fn run_sleeping(ch: &mut dyn fp_bdev::IoChannel, req: IoRequest) -> IoStatus {
-    // SAFETY: the callers' iovecs outlive this call, which waits for the completion.
-    unsafe { ch.submit(&req) }.unwrap();
+    ch.submit(&req).unwrap();
     let fd = ch.completion_fd().expect("an rbd channel has a completion fd");
     let mut status = None;
     loop {
@@ -126,14 +126,30 @@ fn rbd_device_against_a_real_cluster() {
     ch.disarm_completion_fd();
     let data = vec![0x5au8; 8192];
     let iov = [libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() }];
-    let write = IoRequest { tag: 7, op: IoOp::Write, offset: 4096, len: 8192, iov: iov.as_ptr(), iovcnt: 1 };
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let write = IoRequest {
+        tag: 7,
+        op: IoOp::Write,
+        offset: 4096,
+        len: 8192,
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        iov: unsafe { Iovecs::from_raw(iov.as_ptr(), 1) },
+    };
     assert_eq!(run_sleeping(&mut *ch, write), IoStatus::Success);
     let mut back = vec![0u8; 8192];
     let riov = [libc::iovec { iov_base: back.as_mut_ptr().cast(), iov_len: back.len() }];
-    let read = IoRequest { tag: 8, op: IoOp::Read, offset: 4096, len: 8192, iov: riov.as_ptr(), iovcnt: 1 };
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let read = IoRequest {
+        tag: 8,
+        op: IoOp::Read,
+        offset: 4096,
+        len: 8192,
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        iov: unsafe { Iovecs::from_raw(riov.as_ptr(), 1) },
+    };
     assert_eq!(run_sleeping(&mut *ch, read), IoStatus::Success);
     assert_eq!(back, data);
-    let flush = IoRequest { tag: 9, op: IoOp::Flush, offset: 0, len: 0, iov: std::ptr::null(), iovcnt: 0 };
+    let flush = IoRequest { tag: 9, op: IoOp::Flush, offset: 0, len: 0, iov: Iovecs::NONE };
     assert_eq!(run_sleeping(&mut *ch, flush), IoStatus::Success);
     drop(ch);
 
@@ -172,8 +188,7 @@ fn rbd_device_against_a_real_cluster() {
     let ro = RbdDevice::new("ro", 4096, img, detail).unwrap();
     assert!(!ro.info().io_types.write);
     let mut ch = ro.open_channel().unwrap();
-    // SAFETY: the iovec describes `data`, alive for the call.
-    assert_eq!(unsafe { ch.submit(&write) }, Err(fp_bdev::SubmitError::Unsupported));
+    assert_eq!(ch.submit(&write), Err(fp_bdev::SubmitError::Unsupported));
     assert_eq!(run_sleeping(&mut *ch, read), IoStatus::Success);
     drop(ch);
 

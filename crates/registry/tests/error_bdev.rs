@@ -3,6 +3,7 @@
 //! base, refusals naming their field, and a delete that fails the requests an injection holds.
 
 use fp_bdev::conformance::{read_range, write_range};
+use fp_bdev::Iovecs;
 use fp_bdev::{IoOp, IoRequest, IoStatus};
 use fp_registry::Registry;
 use fp_rpc::codes;
@@ -60,10 +61,11 @@ fn error_bdev_by_rpc_in_spdk_shapes() {
     write_range(&mut *ch, 0, &[5u8; 512]);
     let mut buf = vec![0u8; 512];
     let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 };
-    let read = IoRequest { tag: 3, op: IoOp::Read, offset: 0, len: 512, iov: &iov, iovcnt: 1 };
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let iovs = unsafe { Iovecs::from_raw(&iov, 1) };
+    let read = IoRequest { tag: 3, op: IoOp::Read, offset: 0, len: 512, iov: iovs };
     let run = |ch: &mut Box<dyn fp_bdev::IoChannel>, req: &IoRequest| {
-        // SAFETY: `buf` and `iov` outlive every request, which completes in the loop.
-        unsafe { ch.submit(req) }.unwrap();
+        ch.submit(req).unwrap();
         let mut got = None;
         while got.is_none() {
             ch.poll(&mut |_, s| got = Some(s));
@@ -76,8 +78,7 @@ fn error_bdev_by_rpc_in_spdk_shapes() {
     // A held request is failed by the delete, so its user can drain and close.
     let p = json!({"name": "EE_M", "io_type": "all", "error_type": "pending", "num": 5});
     call(&m, "bdev_error_inject_error", p).unwrap();
-    // SAFETY: as above; the request completes in the poll loop below.
-    unsafe { ch.submit(&read) }.unwrap();
+    ch.submit(&read).unwrap();
     for _ in 0..100 {
         ch.poll(&mut |t, s| panic!("{t} completed with {s:?} while held"));
     }

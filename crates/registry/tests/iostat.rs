@@ -4,6 +4,7 @@ use fp_bdev::disk::Histogram;
 use fp_bdev::{IoChannel, IoOp, IoRequest};
 use std::sync::Arc;
 
+use fp_bdev::Iovecs;
 use fp_registry::Registry;
 use fp_rpc::codes;
 use serde_json::{json, Value};
@@ -43,9 +44,8 @@ fn io(m: &Methods, name: &str, op: IoOp, len: u64, n: u32) -> Box<dyn IoChannel>
 
 fn drive(ch: &mut Box<dyn IoChannel>, op: IoOp, len: u64, n: u32) {
     for tag in 0..n {
-        let r = IoRequest { tag, op, offset: 0, len, iov: std::ptr::null(), iovcnt: 0 };
-        // SAFETY: the null device never touches buffers.
-        unsafe { ch.submit(&r) }.unwrap();
+        let r = IoRequest { tag, op, offset: 0, len, iov: Iovecs::NONE };
+        ch.submit(&r).unwrap();
     }
     let mut done = 0;
     ch.poll(&mut |_, _| done += 1);

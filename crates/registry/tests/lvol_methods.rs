@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fp_bdev::Iovecs;
 use fp_bdev::{IoChannel, IoOp, IoRequest, IoStatus};
 use fp_registry::Registry;
 use fp_rpc::codes;
@@ -68,9 +69,10 @@ impl Fixture {
 /// One request on `ch`, waited for.
 fn run(ch: &mut dyn IoChannel, op: IoOp, offset: u64, buf: &mut [u8]) -> Result<(), i32> {
     let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let req = IoRequest { tag: 7, op, offset, len: buf.len() as u64, iov: &iov, iovcnt: 1 };
-    // SAFETY: `iov` and `buf` outlive the request: this function waits for its completion.
-    unsafe { ch.submit(&req) }.map_err(|_| libc::EINVAL)?;
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let iovs = unsafe { Iovecs::from_raw(&iov, 1) };
+    let req = IoRequest { tag: 7, op, offset, len: buf.len() as u64, iov: iovs };
+    ch.submit(&req).map_err(|_| libc::EINVAL)?;
     let start = Instant::now();
     let mut status = None;
     while status.is_none() {

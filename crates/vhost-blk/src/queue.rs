@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fp_bdev::disk::{Completion, DiskIo};
-use fp_bdev::{IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
     parse_chain, validate, write_id, DiskParams, ParseError, RequestType, StatusPtr, MAX_IOVECS, SECTOR_SIZE,
@@ -247,7 +247,7 @@ impl Completion for Reaper<'_> {
 #[inline]
 fn log_completion(log: &DataLog, table: &MemTable, slot: &Slot, counters: &mut Counters) {
     if slot.op == IoOp::Read {
-        let pages = log.iovecs(table, &slot.iov[..slot.req.iovcnt as usize], u64::MAX);
+        let pages = log.iovecs(table, slot.req.iov.as_slice(), u64::MAX);
         counters.logged_data_pages += pages;
         counters.logged_pages += pages;
     }
@@ -293,14 +293,7 @@ impl QueuePoller {
                 used_len: 0,
                 op: IoOp::Read,
                 bytes: 0,
-                req: IoRequest {
-                    tag: 0,
-                    op: IoOp::Read,
-                    offset: 0,
-                    len: 0,
-                    iov: std::ptr::null(),
-                    iovcnt: 0,
-                },
+                req: IoRequest { tag: 0, op: IoOp::Read, offset: 0, len: 0, iov: Iovecs::NONE },
                 iov: vec![empty_iov(); MAX_IOVECS].into_boxed_slice(),
             })
             .collect();
@@ -489,14 +482,13 @@ impl QueuePoller {
             op,
             offset,
             len,
-            iov: slot.iov.as_ptr(),
-            iovcnt: req.iovcnt,
+            // SAFETY: the iovecs point into guest memory kept mapped by the poller's memory
+            // table, which outlives every request (the queue drains before the table goes);
+            // the iovec array lives in the slot, which is not reused before completion.
+            iov: unsafe { Iovecs::from_raw(slot.iov.as_ptr(), req.iovcnt) },
         };
         self.free.pop();
-        // SAFETY: the iovecs point into guest memory kept mapped by the poller's memory table,
-        // which it holds until every in-flight request has completed (stop waits for them), and
-        // the iovec array lives in the slot, which is not reused before completion.
-        match unsafe { self.channel.submit(&slot.req) } {
+        match self.channel.submit(&slot.req) {
             Ok(()) => Flow::Next,
             Err(SubmitError::Busy) => {
                 self.retry = Some(slot_idx);
@@ -607,8 +599,7 @@ impl QueuePoller {
     fn retry_busy(&mut self) -> bool {
         let Some(slot_idx) = self.retry else { return true };
         let slot = &self.slots[usize::from(slot_idx)];
-        // SAFETY: see `start`; the slot still holds the request and its iovecs.
-        match unsafe { self.channel.submit(&slot.req) } {
+        match self.channel.submit(&slot.req) {
             Ok(()) => {
                 self.retry = None;
                 true

@@ -55,7 +55,7 @@ impl BlockDevice for OddDevice {
 }
 
 impl IoChannel for OddChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         match self.mode {
             Mode::Hold => {
                 self.held.push(*req);
@@ -65,8 +65,7 @@ impl IoChannel for OddChannel {
                 if req.op == fp_bdev::IoOp::Read {
                     self.failing.lock().unwrap().push(req.tag);
                 }
-                // SAFETY: our caller's guarantee, passed on.
-                unsafe { self.inner.submit(req) }
+                self.inner.submit(req)
             }
         }
     }

@@ -107,11 +107,10 @@ impl BlockDevice for Probe {
 }
 
 impl IoChannel for ProbeChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         let used = self.mem.read_obj(GuestAddress(USED + 2)).unwrap();
         self.seen.lock().unwrap().push(Seen { signalled: readable(&self.call), used });
-        // SAFETY: our caller's guarantee, passed on.
-        unsafe { self.inner.submit(req) }
+        self.inner.submit(req)
     }
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
         self.inner.poll(done)
@@ -339,12 +338,11 @@ impl BlockDevice for Small {
 }
 
 impl IoChannel for SmallChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if self.inner.in_flight() >= self.cap {
             return Err(SubmitError::Busy);
         }
-        // SAFETY: our caller's guarantee, passed on.
-        unsafe { self.inner.submit(req) }
+        self.inner.submit(req)
     }
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
         self.inner.poll(done)

@@ -68,7 +68,7 @@ impl BlockDevice for Gate {
 }
 
 impl IoChannel for GateChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if self.state.busy.load(Ordering::Relaxed) {
             return Err(SubmitError::Busy);
         }
@@ -80,21 +80,17 @@ impl IoChannel for GateChannel {
             self.parked.push(*req);
             return Ok(());
         }
-        // SAFETY: our caller's guarantee, passed on.
-        unsafe { self.inner.submit(req) }
+        self.inner.submit(req)
     }
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
         if !self.state.hold.load(Ordering::Relaxed) {
             for req in std::mem::take(&mut self.held) {
-                // SAFETY: the request was submitted to us under our caller's guarantee, which
-                // lasts until it completes.
-                unsafe { self.inner.submit(&req) }.expect("the RAM disk takes a held request");
+                self.inner.submit(&req).expect("the RAM disk takes a held request");
             }
         }
         if !self.state.park.load(Ordering::Relaxed) {
             for req in std::mem::take(&mut self.parked) {
-                // SAFETY: as for a held request.
-                unsafe { self.inner.submit(&req) }.expect("the RAM disk takes a parked request");
+                self.inner.submit(&req).expect("the RAM disk takes a parked request");
             }
         }
         let cancelled = self.cancelled.len();

@@ -283,7 +283,7 @@ impl BlockDevice for HoldDevice {
 }
 
 impl IoChannel for HoldChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.ctl.lock().unwrap().submitted.push((req.offset, req.op));
         self.held.push(*req);
         Ok(())
@@ -295,8 +295,7 @@ impl IoChannel for HoldChannel {
         drop(ctl);
         self.held = keep;
         for r in go {
-            // SAFETY: the caller of our `submit` guaranteed the iovecs stay valid until completion.
-            unsafe { self.inner.submit(&r) }.unwrap();
+            self.inner.submit(&r).unwrap();
         }
         self.inner.poll(done)
     }

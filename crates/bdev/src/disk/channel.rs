@@ -147,10 +147,8 @@ impl DiskChannel {
     /// Submits `req` to the device, timing it ([`IoChannel::submit`] without the dynamic call,
     /// for a frontend that holds the channel by type).
     ///
-    /// # Safety
-    /// As for [`IoChannel::submit`].
     #[inline]
-    pub unsafe fn submit_request(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    pub fn submit_request(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         // The entry is filled before the call, so nothing of `req` need survive it. Its start
         // is the arrival: a wait for QoS counts in the request's latency, as the guest sees it.
         let now = ticks::now();
@@ -173,13 +171,8 @@ impl DiskChannel {
                 return Ok(());
             }
         }
-        let submitted = if self.mirror.is_none() {
-            // SAFETY: the caller's guarantees for `req` are passed on with it, unchanged.
-            unsafe { self.inner.submit(req) }
-        } else {
-            // SAFETY: as above.
-            unsafe { self.submit_mirrored(req) }
-        };
+        let submitted =
+            if self.mirror.is_none() { self.inner.submit(req) } else { self.submit_mirrored(req) };
         match submitted {
             Ok(()) => {
                 self.in_flight += 1;
@@ -205,11 +198,8 @@ impl DiskChannel {
         let mut failed = 0;
         qos.release(&disk.qos, now, slot, |req| {
             let submitted = match mirror {
-                // SAFETY: the frontend's guarantees for `req` hold until its completion, which
-                // has not been returned (see `submit_request`).
-                None => unsafe { inner.submit(req) },
-                // SAFETY: as above.
-                Some(m) => unsafe { mirror::submit_down(&mut **inner, m, slab, sparse, req) },
+                None => inner.submit(req),
+                Some(m) => mirror::submit_down(&mut **inner, m, slab, sparse, req),
             };
             match submitted {
                 Ok(()) => {
@@ -358,9 +348,8 @@ pub(super) fn take_sparse(sparse: &mut Vec<(u32, InFlight)>, tag: u32) -> Option
 }
 
 impl IoChannel for DiskChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
-        // SAFETY: the caller's guarantees, passed on.
-        unsafe { self.submit_request(req) }
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.submit_request(req)
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {

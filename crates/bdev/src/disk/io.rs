@@ -19,15 +19,12 @@ pub enum DiskIo {
 }
 
 impl DiskIo {
-    /// # Safety
-    /// As for [`IoChannel::submit`].
+    /// As [`IoChannel::submit`].
     #[inline]
-    pub unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    pub fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         match self {
-            // SAFETY: the caller's guarantees, passed on.
-            DiskIo::Counted(ch) => unsafe { ch.submit_request(req) },
-            // SAFETY: the caller's guarantees, passed on.
-            DiskIo::Device(ch) => unsafe { ch.submit(req) },
+            DiskIo::Counted(ch) => ch.submit_request(req),
+            DiskIo::Device(ch) => ch.submit(req),
         }
     }
 

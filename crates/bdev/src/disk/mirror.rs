@@ -158,9 +158,7 @@ fn entry_mut<'a>(
 /// Submits `req` with a job attached: to both disks when blocking, else to the source with its
 /// chunks to mark at completion.
 ///
-/// # Safety
-/// As for [`IoChannel::submit`].
-pub(super) unsafe fn submit_down(
+pub(super) fn submit_down(
     inner: &mut dyn IoChannel,
     m: &mut ChannelMirror,
     slab: &mut [InFlight],
@@ -168,14 +166,12 @@ pub(super) unsafe fn submit_down(
     req: &IoRequest,
 ) -> Result<(), SubmitError> {
     let Some(e) = entry_mut(slab, sparse, req.tag) else {
-        // SAFETY: the caller's guarantees, passed on.
-        return unsafe { inner.submit(req) };
+        return inner.submit(req);
     };
     e.mflags = 0;
     if m.draining {
         e.gen = 0;
-        // SAFETY: the caller's guarantees, passed on.
-        return unsafe { inner.submit(req) };
+        return inner.submit(req);
     }
     e.gen = m.gen;
     let writes = changes_data(e.op);
@@ -189,15 +185,12 @@ pub(super) unsafe fn submit_down(
             _ => 0..0,
         };
         let saw_copy = m.job.map.writer_enter(chunks.clone());
-        // SAFETY: the caller's guarantees, passed on.
-        if let Err(err) = unsafe { inner.submit(req) } {
+        if let Err(err) = inner.submit(req) {
             m.job.map.writer_leave(chunks);
             return Err(err);
         }
         let target = m.target.as_mut().expect("checked above");
-        // SAFETY: the caller's guarantees hold until the completion goes up, which waits for
-        // the target's half too.
-        match unsafe { target.submit(req) } {
+        match target.submit(req) {
             Ok(()) => {
                 e.mflags = DUAL | if saw_copy { SAW_COPY } else { 0 };
                 if m.src_status.len() <= req.tag as usize {
@@ -223,8 +216,7 @@ pub(super) unsafe fn submit_down(
     if writes {
         m.count(1);
     }
-    // SAFETY: the caller's guarantees, passed on.
-    let r = unsafe { inner.submit(req) };
+    let r = inner.submit(req);
     if r.is_err() && writes {
         m.count(-1);
     }
@@ -233,16 +225,12 @@ pub(super) unsafe fn submit_down(
 
 impl DiskChannel {
     /// Submits with a job attached (see [`submit_down`]).
-    ///
-    /// # Safety
-    /// As for [`IoChannel::submit`].
     #[cold]
     #[inline(never)]
-    pub(super) unsafe fn submit_mirrored(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    pub(super) fn submit_mirrored(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         let Self { inner, mirror, slab, sparse, .. } = self;
         let m = mirror.as_mut().expect("called with a mirror attached");
-        // SAFETY: the caller's guarantees, passed on.
-        unsafe { submit_down(&mut **inner, m, slab, sparse, req) }
+        submit_down(&mut **inner, m, slab, sparse, req)
     }
 
     /// Applies the disk's mirror change: attach, open the target, let go.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::channel::DENSE_TAGS;
 use super::*;
-use crate::{IoOp, IoRequest, IoStatus, NullDevice, SubmitError};
+use crate::{IoOp, IoRequest, IoStatus, Iovecs, NullDevice, SubmitError};
 
 /// How the scripted device treats requests.
 #[derive(Default)]
@@ -43,7 +43,7 @@ impl BlockDevice for ScriptDevice {
 }
 
 impl IoChannel for ScriptChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if self.script.lock().unwrap().busy {
             return Err(SubmitError::Busy);
         }
@@ -80,12 +80,11 @@ fn scripted() -> (Disk, Arc<Mutex<Script>>) {
 }
 
 fn req(tag: u32, op: IoOp, len: u64) -> IoRequest {
-    IoRequest { tag, op, offset: 0, len, iov: std::ptr::null(), iovcnt: 0 }
+    IoRequest { tag, op, offset: 0, len, iov: Iovecs::NONE }
 }
 
 fn submit(ch: &mut Box<dyn IoChannel>, r: IoRequest) -> Result<(), SubmitError> {
-    // SAFETY: no iovecs; the scripted and null devices never touch buffers.
-    unsafe { ch.submit(&r) }
+    ch.submit(&r)
 }
 
 /// Polls once, returning the caller tags completed.
@@ -389,16 +388,14 @@ fn tags_beyond_the_dense_slab_are_counted_and_busy_leaves_none() {
     let big = [DENSE_TAGS, u32::MAX, DENSE_TAGS - 1];
     script.lock().unwrap().busy = true;
     for t in big {
-        // SAFETY: no iovecs; the scripted device never touches buffers.
-        assert_eq!(unsafe { ch.submit(&req(t, IoOp::Read, 512)) }, Err(SubmitError::Busy));
+        assert_eq!(ch.submit(&req(t, IoOp::Read, 512)), Err(SubmitError::Busy));
     }
     let DiskIo::Counted(inner) = &ch else { unreachable!() };
     assert!(inner.sparse.is_empty(), "a refused request leaves no entry");
     script.lock().unwrap().busy = false;
     script.lock().unwrap().hold = true;
     for t in big {
-        // SAFETY: as above.
-        unsafe { ch.submit(&req(t, IoOp::Write, 1024)) }.unwrap();
+        ch.submit(&req(t, IoOp::Write, 1024)).unwrap();
     }
     assert_eq!(ch.poll(&mut |t, _| panic!("{t} is held")), 0);
     assert_eq!(disk.stats().queue_depth, 3, "reported at each poll");
@@ -419,13 +416,11 @@ fn a_tag_reused_after_completion_is_timed_afresh() {
     let (disk, script) = scripted();
     let mut ch = disk.open_typed().unwrap();
     script.lock().unwrap().hold = true;
-    // SAFETY: no iovecs; the scripted device never touches buffers.
-    unsafe { ch.submit(&req(3, IoOp::Read, 512)) }.unwrap();
+    ch.submit(&req(3, IoOp::Read, 512)).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     script.lock().unwrap().hold = false;
     assert_eq!(ch.poll(&mut |_, _| {}), 1);
-    // SAFETY: as above.
-    unsafe { ch.submit(&req(3, IoOp::Read, 512)) }.unwrap();
+    ch.submit(&req(3, IoOp::Read, 512)).unwrap();
     assert_eq!(ch.poll(&mut |_, _| {}), 1);
     let r = *disk.stats().op(IoOp::Read);
     let ms = |t: u64| ticks::ticks_to_ns(t, ticks::tick_rate()) as f64 / 1e6;
@@ -438,8 +433,7 @@ fn typed_channel_without_accounting_is_the_devices() {
     let disk = Disk::new(Arc::new(NullDevice::new("n", 512, 1024).unwrap()), false);
     let mut ch = disk.open_typed().unwrap();
     assert!(matches!(ch, DiskIo::Device(_)));
-    // SAFETY: no iovecs; the null device never touches buffers.
-    unsafe { ch.submit(&req(7, IoOp::Flush, 0)) }.unwrap();
+    ch.submit(&req(7, IoOp::Flush, 0)).unwrap();
     let mut got = Vec::new();
     ch.poll(&mut |t, s| got.push((t, s)));
     assert_eq!(got, [(7, IoStatus::Success)]);

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::shared::{MirrorShared, MirrorState, ATTACHING, COPYING, DETACHING, DONE, READY, SWITCHING};
-use crate::{AlignedBuf, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use crate::iov::BounceBuf;
+use crate::{IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
 /// Copy buffers per job.
 const BUFFERS: usize = 16;
@@ -68,8 +69,7 @@ impl MirrorStart {
         let buf_len = BUFFER_BYTES.max(job.map.granularity());
         let slots = (0..BUFFERS)
             .map(|_| CopySlot {
-                buf: AlignedBuf::zeroed(buf_len as usize),
-                iov: Box::new(libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }),
+                buf: BounceBuf::zeroed(buf_len as usize),
                 first: 0,
                 chunks: 0,
                 offset: 0,
@@ -96,9 +96,7 @@ impl MirrorStart {
 }
 
 struct CopySlot {
-    buf: AlignedBuf,
-    /// Boxed: its address is handed to the channels and must not move.
-    iov: Box<libc::iovec>,
+    buf: BounceBuf,
     first: u64,
     chunks: u64,
     offset: u64,
@@ -297,13 +295,9 @@ impl MirrorCopier {
             s.chunks = n;
             s.offset = offset;
             s.len = len;
-            *s.iov = libc::iovec { iov_base: s.buf.as_mut_ptr().cast(), iov_len: len as usize };
-            let req = IoRequest { tag: slot, op: IoOp::Read, offset, len, iov: &*s.iov, iovcnt: 1 };
+            let req = IoRequest { tag: slot, op: IoOp::Read, offset, len, iov: s.buf.iovecs(len as usize) };
             let src = self.src.as_mut().expect("checked above");
-            // SAFETY: the buffer and its iovec belong to the slot, which is neither reused nor
-            // dropped until this read's completion is reaped (the copier drops its channels
-            // only with nothing in flight).
-            match unsafe { src.submit(&req) } {
+            match src.submit(&req) {
                 Ok(()) => {
                     self.free.pop();
                     self.in_flight += 1;
@@ -396,12 +390,12 @@ impl MirrorCopier {
             self.end_slot(slot);
             return;
         }
-        let s = &self.slots[slot as usize];
+        let s = &mut self.slots[slot as usize];
         let offset = s.offset;
-        let req = IoRequest { tag: slot, op: IoOp::Write, offset, len: s.len, iov: &*s.iov, iovcnt: 1 };
+        let req =
+            IoRequest { tag: slot, op: IoOp::Write, offset, len: s.len, iov: s.buf.iovecs(s.len as usize) };
         let tgt = self.tgt.as_mut().expect("a read completed, so both channels are open");
-        // SAFETY: as for the read: the slot's buffer and iovec outlive the request.
-        match unsafe { tgt.submit(&req) } {
+        match tgt.submit(&req) {
             Ok(()) => {}
             Err(SubmitError::Busy) => self.retry.push(slot),
             Err(e) => {

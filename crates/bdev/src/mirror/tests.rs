@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::disk::{DiskChannel, DiskIo};
+use crate::Iovecs;
 use crate::{
     Bdev, BdevError, BdevInfo, BlockDevice, Disk, IoChannel, IoOp, IoRequest, IoStatus, RamDevice,
     SubmitError,
@@ -53,13 +54,12 @@ impl BlockDevice for Flaky {
 }
 
 impl IoChannel for FlakyChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if req.op == IoOp::Write && self.budget.fetch_sub(1, Ordering::SeqCst) <= 0 {
             self.failed.push(req.tag);
             return Ok(());
         }
-        // SAFETY: the caller's guarantees, passed on.
-        unsafe { self.inner.submit(req) }
+        self.inner.submit(req)
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
@@ -90,10 +90,11 @@ fn opts(granularity: Option<u64>) -> MirrorOptions {
 /// Runs one request to completion on `ch`, polling `also` meanwhile.
 fn run_io(ch: &mut dyn IoChannel, op: IoOp, offset: u64, buf: &mut [u8], also: &mut dyn FnMut()) -> IoStatus {
     let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let req = IoRequest { tag: 7, op, offset, len: buf.len() as u64, iov: &iov, iovcnt: 1 };
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let iovs = unsafe { Iovecs::from_raw(&iov, 1) };
+    let req = IoRequest { tag: 7, op, offset, len: buf.len() as u64, iov: iovs };
     loop {
-        // SAFETY: `buf` and `iov` outlive the request, which completes before this returns.
-        match unsafe { ch.submit(&req) } {
+        match ch.submit(&req) {
             Ok(()) => break,
             Err(SubmitError::Busy) => also(),
             Err(e) => panic!("submit: {e}"),
@@ -188,11 +189,10 @@ fn racing_writer(disk: Disk, stop: Arc<AtomicBool>, seed: u64) -> std::thread::J
                     op: IoOp::Write,
                     offset,
                     len: 4096,
-                    iov: &iovs[tag as usize],
-                    iovcnt: 1,
+                    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+                    iov: unsafe { Iovecs::from_raw(&iovs[tag as usize], 1) },
                 };
-                // SAFETY: the buffer and iovec of `tag` are not touched until it completes.
-                match unsafe { ch.submit_request(&req) } {
+                match ch.submit_request(&req) {
                     Ok(()) => {
                         free.pop();
                     }
@@ -381,21 +381,18 @@ impl BlockDevice for Held {
 }
 
 impl IoChannel for HeldChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if req.op == IoOp::Write && self.hold.load(Ordering::SeqCst) {
             self.held.push(*req);
             return Ok(());
         }
-        // SAFETY: the caller's guarantees, passed on.
-        unsafe { self.inner.submit(req) }
+        self.inner.submit(req)
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
         if !self.hold.load(Ordering::SeqCst) {
             for req in self.held.drain(..) {
-                // SAFETY: the caller's guarantees for `req` hold until its completion, which
-                // this poll or a later one returns.
-                unsafe { self.inner.submit(&req) }.unwrap();
+                self.inner.submit(&req).unwrap();
             }
         }
         self.inner.poll(done)
@@ -415,9 +412,16 @@ fn a_write_submitted_before_the_job_and_landing_after_its_copy_is_carried_over()
     let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!() };
     let mut data = vec![0xC3u8; 4096];
     let iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: 4096 };
-    let w = IoRequest { tag: 3, op: IoOp::Write, offset: 65536, len: 4096, iov: &iov, iovcnt: 1 };
-    // SAFETY: `data` and `iov` outlive the request, reaped below.
-    unsafe { ch.submit_request(&w) }.unwrap();
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let w = IoRequest {
+        tag: 3,
+        op: IoOp::Write,
+        offset: 65536,
+        len: 4096,
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        iov: unsafe { Iovecs::from_raw(&iov, 1) },
+    };
+    ch.submit_request(&w).unwrap();
 
     let (job, start) = MirrorJob::start(&src, tgt.clone(), opts(Some(4096))).unwrap();
     let mut copier = start.open(None);
@@ -462,9 +466,8 @@ fn a_blocking_write_under_a_running_copy_marks_its_chunk_again() {
     let (job, mut copier, mut ch) = ready_job(&src, tgt.clone());
     let at = 5 * 65536;
     // A discard goes to the source alone and marks its chunk when it completes.
-    let d = IoRequest { tag: 1, op: IoOp::Discard, offset: at, len: 4096, iov: std::ptr::null(), iovcnt: 0 };
-    // SAFETY: no buffers.
-    unsafe { ch.submit_request(&d) }.unwrap();
+    let d = IoRequest { tag: 1, op: IoOp::Discard, offset: at, len: 4096, iov: Iovecs::NONE };
+    ch.submit_request(&d).unwrap();
     poll_quiet(&mut ch);
     assert_eq!(job.status().dirty_bytes, 65536);
     // The copier reads the chunk (a RAM disk copies at submission: the old data).
@@ -473,9 +476,16 @@ fn a_blocking_write_under_a_running_copy_marks_its_chunk_again() {
     // A blocking write lands on both disks while that copy is out...
     let mut data = vec![0x77u8; 4096];
     let iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: 4096 };
-    let w = IoRequest { tag: 2, op: IoOp::Write, offset: at, len: 4096, iov: &iov, iovcnt: 1 };
-    // SAFETY: `data` and `iov` outlive the request, reaped below.
-    unsafe { ch.submit_request(&w) }.unwrap();
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let w = IoRequest {
+        tag: 2,
+        op: IoOp::Write,
+        offset: at,
+        len: 4096,
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        iov: unsafe { Iovecs::from_raw(&iov, 1) },
+    };
+    ch.submit_request(&w).unwrap();
     // ... and the copy then writes the old data over it on the target.
     copier.poll();
     let mut acked = Vec::new();

@@ -174,9 +174,7 @@ impl LvolChannel {
     /// Sends a piece to the base at byte `offset` of the base.
     fn send_base(&mut self, mut r: IoRequest, offset: u64) {
         r.offset = offset;
-        // SAFETY: the iovecs are the caller's (valid until its completion, which comes after
-        // this piece's) or a slot's, which stay put until the slot is freed.
-        match unsafe { self.base.submit(&r) } {
+        match self.base.submit(&r) {
             Ok(()) => {}
             Err(SubmitError::Busy) => self.retry.push_back(r),
             Err(SubmitError::Unsupported) => self.refused(r.tag, IoStatus::Unsupported),
@@ -219,8 +217,7 @@ impl LvolChannel {
         let last = (req.offset + req.len - 1) >> shift;
         let data = matches!(req.op, IoOp::Read | IoOp::Write);
         if data && first != last {
-            // SAFETY: IoChannel::submit's contract: `iovcnt` valid iovecs.
-            let src = unsafe { fp_bdev::request_iovecs(req) };
+            let src = req.iov.as_slice();
             let iovs = &mut self.slots.slots[slot as usize].iovs;
             iovs.clear();
             iovs.reserve(src.len() + (last - first + 1) as usize);
@@ -233,15 +230,14 @@ impl LvolChannel {
             let len = ((index + 1) << shift).min(end) - at;
             let mut piece = IoRequest { tag: slot | SLOT_TAG, offset: within, len, ..*req };
             if data && first != last {
-                // SAFETY: as above; the slot's vector was reserved for every piece, so the
-                // pointers of earlier pieces stay valid while later ones are pushed.
-                let src = unsafe { fp_bdev::request_iovecs(req) };
+                let src = req.iov.as_slice();
                 let iovs = &mut self.slots.slots[slot as usize].iovs;
                 let start = iovs.len();
                 push_sub_iovecs(src, at - req.offset, len, iovs);
-                // SAFETY: `start` is within the vector (or its end, for an empty piece).
-                piece.iov = unsafe { iovs.as_ptr().add(start) };
-                piece.iovcnt = (iovs.len() - start) as u32;
+                // SAFETY: slices of the request's buffers, which its `Iovecs` vouch for until it
+                // completes, after every piece; the slot's vector was reserved for every piece, so
+                // the pointers of earlier pieces stay valid while later ones are pushed.
+                piece.iov = unsafe { fp_bdev::Iovecs::from_slice(&iovs[start..]) };
             }
             match req.op {
                 IoOp::Read => match view.source(index) {
@@ -350,15 +346,11 @@ fn push_sub_iovecs(src: &[libc::iovec], mut skip: u64, mut len: u64, out: &mut V
 
 /// A read of clusters nobody mapped: zeroes.
 fn zero_fill(piece: &IoRequest) {
-    // SAFETY: IoChannel::submit's contract: writable buffers of the given lengths.
-    for v in unsafe { fp_bdev::request_iovecs(piece) } {
-        // SAFETY: as above.
-        unsafe { std::ptr::write_bytes(v.iov_base as *mut u8, 0, v.iov_len) };
-    }
+    fp_bdev::iov::zero(&piece.iov, 0, piece.len);
 }
 
 impl IoChannel for LvolChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if req.op != IoOp::Flush {
             self.info.check_range(req.offset, req.len)?;
             if req.len == 0 {

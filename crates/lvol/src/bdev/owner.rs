@@ -96,8 +96,14 @@ impl BaseIo {
     fn run(&mut self, op: IoOp, offset: u64, len: u64, data: *mut u8) -> Result<(), i32> {
         let iov = libc::iovec { iov_base: data.cast(), iov_len: len as usize };
         let with_data = matches!(op, IoOp::Read | IoOp::Write);
-        let req = IoRequest { tag: 0, op, offset, len, iov: &iov, iovcnt: u32::from(with_data) };
-        // SAFETY: `iov` and its buffer (the caller's) outlive the wait.
+        let iov = if with_data {
+            // SAFETY: `iov` and its buffer (the caller's) outlive the wait.
+            unsafe { fp_bdev::Iovecs::from_raw(&iov, 1) }
+        } else {
+            fp_bdev::Iovecs::NONE
+        };
+        let req = IoRequest { tag: 0, op, offset, len, iov };
+        // SAFETY: as above.
         unsafe { self.run_req(&req) }
     }
 
@@ -107,8 +113,7 @@ impl BaseIo {
     /// `req`'s iovecs and their buffers stay valid until this returns.
     unsafe fn run_req(&mut self, req: &IoRequest) -> Result<(), i32> {
         loop {
-            // SAFETY: the caller keeps the buffers valid; this function waits for the request.
-            match unsafe { self.chan.submit(req) } {
+            match self.chan.submit(req) {
                 Ok(()) => break,
                 Err(SubmitError::Busy) => self.wait(),
                 Err(SubmitError::OutOfRange) => return Err(libc::EINVAL),

@@ -114,8 +114,7 @@ fn write_status(ch: &mut dyn fp_bdev::IoChannel, offset: u64, data: &[u8]) -> Io
 }
 
 fn command(ch: &mut dyn fp_bdev::IoChannel, op: IoOp, offset: u64, len: u64) -> IoStatus {
-    // SAFETY: no buffers.
-    unsafe { ch.submit(&conformance::cmd(5, op, offset, len)).unwrap() };
+    ch.submit(&conformance::cmd(5, op, offset, len)).unwrap();
     conformance::poll_until(ch, 1)[0].1
 }
 

@@ -195,17 +195,11 @@ impl RecordingChannel {
 }
 
 impl IoChannel for RecordingChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
         let at = req.offset as usize;
         let len = req.len as usize;
-        let iov: &[libc::iovec] = if req.iovcnt == 0 || req.iov.is_null() {
-            &[]
-        } else {
-            // SAFETY: the caller's contract for `submit`: `iovcnt` valid iovecs at `iov`, valid
-            // until the completion is returned.
-            unsafe { std::slice::from_raw_parts(req.iov, req.iovcnt as usize) }
-        };
+        let iov: &[libc::iovec] = req.iov.as_slice();
         let mut flush = None;
         let status = match req.op {
             IoOp::Read | IoOp::Write if iov.iter().map(|v| v.iov_len).sum::<usize>() != len => {

@@ -321,12 +321,11 @@ impl NbdClientChannel {
 }
 
 impl IoChannel for NbdClientChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if req.op != IoOp::Flush {
             self.info.check_range(req.offset, req.len)?;
         }
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.wire.submit(req) }
+        self.wire.submit(req)
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {

@@ -6,6 +6,7 @@ use fp_bdev::{IoOp, IoRequest, IoStatus, SubmitError};
 use super::memory::MemoryTransport as Script;
 use super::wire::{Wire, MAX_IN_FLIGHT};
 use crate::proto::*;
+use fp_bdev::Iovecs;
 
 const ALL: u16 = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES;
 
@@ -15,7 +16,8 @@ fn wire(chunk: usize, flags: u16) -> Wire<Script> {
 
 fn req(tag: u32, op: IoOp, offset: u64, iov: &[libc::iovec]) -> IoRequest {
     let len = iov.iter().map(|v| v.iov_len as u64).sum();
-    IoRequest { tag, op, offset, len, iov: iov.as_ptr(), iovcnt: iov.len() as u32 }
+    // SAFETY: every test keeps its buffers and their iovecs until its requests complete.
+    IoRequest { tag, op, offset, len, iov: unsafe { Iovecs::from_slice(iov) } }
 }
 
 fn iov_of(buf: &mut [u8]) -> libc::iovec {
@@ -60,21 +62,10 @@ fn reads_land_in_their_iovecs_whatever_the_order_and_the_cuts() {
         let iov_b = [iov_of(&mut b)];
         let mut wdata: Vec<u8> = (0..2048).map(|i| (i * 7) as u8).collect();
         let iov_w = [iov_of(&mut wdata)];
-        // SAFETY: every buffer outlives the polls below.
-        unsafe {
-            w.submit(&req(1, IoOp::Read, 8192, &iov_a)).unwrap();
-            w.submit(&req(2, IoOp::Read, 0, &iov_b)).unwrap();
-            w.submit(&req(3, IoOp::Write, 512, &iov_w)).unwrap();
-            w.submit(&IoRequest {
-                tag: 4,
-                op: IoOp::Flush,
-                offset: 0,
-                len: 0,
-                iov: std::ptr::null(),
-                iovcnt: 0,
-            })
-            .unwrap();
-        }
+        w.submit(&req(1, IoOp::Read, 8192, &iov_a)).unwrap();
+        w.submit(&req(2, IoOp::Read, 0, &iov_b)).unwrap();
+        w.submit(&req(3, IoOp::Write, 512, &iov_w)).unwrap();
+        w.submit(&IoRequest { tag: 4, op: IoOp::Flush, offset: 0, len: 0, iov: Iovecs::NONE }).unwrap();
         for _ in 0..10_000 {
             w.poll(&mut |_, _| panic!("nothing answered yet"));
         }
@@ -112,11 +103,8 @@ fn reads_land_in_their_iovecs_whatever_the_order_and_the_cuts() {
 /// The caller keeps `iov`'s buffer until the wire is done.
 fn read_then_write(iov: &[libc::iovec]) -> (Wire<Script>, Vec<(Request, Vec<u8>)>) {
     let mut w = wire(1 << 20, ALL);
-    // SAFETY: the caller keeps the buffer until its polls are over.
-    unsafe {
-        w.submit(&req(1, IoOp::Read, 0, iov)).unwrap();
-        w.submit(&req(2, IoOp::Write, 0, iov)).unwrap();
-    }
+    w.submit(&req(1, IoOp::Read, 0, iov)).unwrap();
+    w.submit(&req(2, IoOp::Write, 0, iov)).unwrap();
     w.poll(&mut |_, _| {});
     let reqs = sent_requests(&w.transport().from_client);
     (w, reqs)
@@ -157,8 +145,7 @@ fn a_broken_server_fails_everything_with_eio_and_later_requests_too() {
         // The write may have been answered before the breach; the rest fail with EIO.
         assert!(got.iter().any(|g| g.1 == IoStatus::Error(libc::EIO)), "{what}: {got:?}");
         assert_eq!(got.len(), 2, "{what}");
-        // SAFETY: as above.
-        unsafe { w.submit(&req(3, IoOp::Read, 0, &iov)).unwrap() };
+        w.submit(&req(3, IoOp::Read, 0, &iov)).unwrap();
         assert_eq!(poll_all(&mut w), [(3, IoStatus::Error(libc::EIO))], "{what}");
     }
 }
@@ -168,8 +155,7 @@ fn a_closed_stream_fails_requests_and_an_idle_probe_notices_it() {
     let mut w = wire(1 << 20, ALL);
     let mut buf = vec![0u8; 4096];
     let iov = [iov_of(&mut buf)];
-    // SAFETY: `buf` outlives the polls.
-    unsafe { w.submit(&req(1, IoOp::Read, 0, &iov)).unwrap() };
+    w.submit(&req(1, IoOp::Read, 0, &iov)).unwrap();
     w.poll(&mut |_, _| {});
     let cookie = sent_requests(&w.transport().from_client)[0].0.cookie;
     // Half the data, then the server goes away.
@@ -196,28 +182,21 @@ fn a_closed_stream_fails_requests_and_an_idle_probe_notices_it() {
 fn what_the_export_cannot_take_is_refused() {
     let mut buf = vec![0u8; 1024];
     let iov = [iov_of(&mut buf)];
-    let cmd = |tag, op, len| IoRequest { tag, op, offset: 0, len, iov: std::ptr::null(), iovcnt: 0 };
+    let cmd = |tag, op, len| IoRequest { tag, op, offset: 0, len, iov: Iovecs::NONE };
     // A read-only export with no trim, flush or zeroes.
     let mut w = wire(1 << 20, TFLAG_HAS_FLAGS | TFLAG_READ_ONLY);
-    // SAFETY: `buf` outlives the polls; nothing reaches the server.
-    unsafe {
-        assert_eq!(w.submit(&cmd(1, IoOp::Flush, 0)), Err(SubmitError::Unsupported));
-        assert_eq!(w.submit(&cmd(1, IoOp::Discard, 512)), Err(SubmitError::Unsupported));
-        assert_eq!(w.submit(&cmd(1, IoOp::WriteZeroes, 512)), Err(SubmitError::Unsupported));
-        w.submit(&req(2, IoOp::Write, 0, &iov)).unwrap();
-        // iovecs that do not add up to the length, and a read over the maximum.
-        w.submit(&IoRequest { len: 512, ..req(3, IoOp::Read, 0, &iov) }).unwrap();
-    }
+    assert_eq!(w.submit(&cmd(1, IoOp::Flush, 0)), Err(SubmitError::Unsupported));
+    assert_eq!(w.submit(&cmd(1, IoOp::Discard, 512)), Err(SubmitError::Unsupported));
+    assert_eq!(w.submit(&cmd(1, IoOp::WriteZeroes, 512)), Err(SubmitError::Unsupported));
+    w.submit(&req(2, IoOp::Write, 0, &iov)).unwrap();
+    // iovecs that do not add up to the length, and a read over the maximum.
+    w.submit(&IoRequest { len: 512, ..req(3, IoOp::Read, 0, &iov) }).unwrap();
     let mut small = Wire::new(Script::new(64), ALL, 512);
     let huge = IoRequest { len: 129 * 512, ..req(4, IoOp::Read, 0, &iov) };
-    // SAFETY: as above; the huge read is refused before its iovecs are used (they do not add
-    // up, which is checked first and also fails it).
-    unsafe {
-        small.submit(&huge).unwrap();
-        small.submit(&cmd(5, IoOp::WriteZeroes, 0)).unwrap();
-        // More parts than the table holds: 129 trims of 2 GiB.
-        small.submit(&cmd(6, IoOp::Discard, 129 << 31)).unwrap();
-    }
+    small.submit(&huge).unwrap();
+    small.submit(&cmd(5, IoOp::WriteZeroes, 0)).unwrap();
+    // More parts than the table holds: 129 trims of 2 GiB.
+    small.submit(&cmd(6, IoOp::Discard, 129 << 31)).unwrap();
     assert_eq!(poll_all(&mut w), [(2, IoStatus::Error(libc::EROFS)), (3, IoStatus::Error(libc::EINVAL))]);
     assert_eq!(
         poll_all(&mut small),
@@ -237,14 +216,10 @@ fn requests_over_the_servers_maximum_go_out_in_parts() {
     let mut wbuf: Vec<u8> = (0..1280u32).map(|i| (i * 7) as u8).collect();
     let (w1, w2) = wbuf.split_at_mut(700);
     let wiov = [iov_of(w1), iov_of(w2)];
-    let trim =
-        IoRequest { tag: 3, op: IoOp::Discard, offset: 4096, len: 5 << 30, iov: std::ptr::null(), iovcnt: 0 };
-    // SAFETY: the buffers outlive the polls.
-    unsafe {
-        w.submit(&req(1, IoOp::Read, 8192, &riov)).unwrap();
-        w.submit(&req(2, IoOp::Write, 1024, &wiov)).unwrap();
-        w.submit(&trim).unwrap();
-    }
+    let trim = IoRequest { tag: 3, op: IoOp::Discard, offset: 4096, len: 5 << 30, iov: Iovecs::NONE };
+    w.submit(&req(1, IoOp::Read, 8192, &riov)).unwrap();
+    w.submit(&req(2, IoOp::Write, 1024, &wiov)).unwrap();
+    w.submit(&trim).unwrap();
     assert_eq!(w.in_flight(), 3, "three requests, whatever their parts");
     for _ in 0..1000 {
         w.poll(&mut |_, _| panic!("nothing answered yet"));
@@ -289,27 +264,23 @@ fn requests_over_the_servers_maximum_go_out_in_parts() {
 
     // Not enough free slots for all parts: busy, nothing taken.
     let mut w = Wire::new(Script::new(1 << 20), ALL, 512);
-    let flush = |tag| IoRequest { tag, op: IoOp::Flush, offset: 0, len: 0, iov: std::ptr::null(), iovcnt: 0 };
+    let flush = |tag| IoRequest { tag, op: IoOp::Flush, offset: 0, len: 0, iov: Iovecs::NONE };
     for t in 0..MAX_IN_FLIGHT as u32 - 2 {
-        // SAFETY: no buffers.
-        unsafe { w.submit(&flush(t)) }.unwrap();
+        w.submit(&flush(t)).unwrap();
     }
-    // SAFETY: `rbuf` outlives the wire.
-    assert_eq!(unsafe { w.submit(&req(999, IoOp::Read, 0, &riov)) }, Err(SubmitError::Busy));
+    assert_eq!(w.submit(&req(999, IoOp::Read, 0, &riov)), Err(SubmitError::Busy));
     assert_eq!(w.in_flight(), MAX_IN_FLIGHT - 2);
 }
 
 #[test]
 fn the_table_bounds_requests_in_flight_and_slots_are_reused() {
     let mut w = wire(1 << 20, ALL);
-    let flush = |tag| IoRequest { tag, op: IoOp::Flush, offset: 0, len: 0, iov: std::ptr::null(), iovcnt: 0 };
+    let flush = |tag| IoRequest { tag, op: IoOp::Flush, offset: 0, len: 0, iov: Iovecs::NONE };
     for round in 0..3u32 {
         for t in 0..MAX_IN_FLIGHT as u32 {
-            // SAFETY: no buffers.
-            unsafe { w.submit(&flush(t)) }.unwrap();
+            w.submit(&flush(t)).unwrap();
         }
-        // SAFETY: as above.
-        assert_eq!(unsafe { w.submit(&flush(999)) }, Err(SubmitError::Busy));
+        assert_eq!(w.submit(&flush(999)), Err(SubmitError::Busy));
         w.poll(&mut |_, _| {});
         let reqs = sent_requests(&std::mem::take(&mut w.transport_mut().from_client));
         assert_eq!(reqs.len(), MAX_IN_FLIGHT, "round {round}");

@@ -4,6 +4,7 @@
 //! completion fd must be woken for it, and a request refused as busy (all slots taken) must be
 //! taken again once they ended.
 
+use fp_bdev::Iovecs;
 use std::io::{Read, Write};
 use std::os::fd::RawFd;
 use std::os::unix::net::UnixListener;
@@ -93,7 +94,9 @@ fn sleep_and_poll(ch: &mut dyn IoChannel, got: &mut Vec<(u32, IoStatus)>, bound:
 }
 
 fn read_req(tag: u32, iov: &libc::iovec) -> IoRequest {
-    IoRequest { tag, op: IoOp::Read, offset: u64::from(tag) * 4096, len: iov.iov_len as u64, iov, iovcnt: 1 }
+    // SAFETY: every test keeps its buffers and their iovecs until its requests complete.
+    let iovs = unsafe { Iovecs::from_raw(iov, 1) };
+    IoRequest { tag, op: IoOp::Read, offset: u64::from(tag) * 4096, len: iov.iov_len as u64, iov: iovs }
 }
 
 const TIMEOUT: Duration = Duration::from_millis(300);
@@ -111,12 +114,10 @@ fn a_server_that_stops_answering_fails_every_request_at_the_timeout_and_busy_one
         bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
     let start = Instant::now();
     for (tag, iov) in iovs.iter().enumerate().take(MAX_IN_FLIGHT) {
-        // SAFETY: the buffers outlive the channel's use of them (checked: all complete below).
-        unsafe { ch.submit(&read_req(tag as u32, iov)).unwrap() };
+        ch.submit(&read_req(tag as u32, iov)).unwrap();
     }
     let extra = read_req(MAX_IN_FLIGHT as u32, &iovs[MAX_IN_FLIGHT]);
-    // SAFETY: as above.
-    assert_eq!(unsafe { ch.submit(&extra) }, Err(SubmitError::Busy), "every slot is taken");
+    assert_eq!(ch.submit(&extra), Err(SubmitError::Busy), "every slot is taken");
     let mut got = Vec::new();
     sleep_and_poll(ch.as_mut(), &mut got, BOUND);
     assert!(start.elapsed() >= TIMEOUT, "failed before the timeout: {:?}", start.elapsed());
@@ -124,8 +125,7 @@ fn a_server_that_stops_answering_fails_every_request_at_the_timeout_and_busy_one
     assert!(got.iter().all(|&(_, s)| s == IoStatus::Error(libc::EIO)), "{got:?}");
     assert_eq!(dev.stats.connections_lost.load(std::sync::atomic::Ordering::Relaxed), 1);
     // The request refused as busy is taken now, and fails at once: the connection is dead.
-    // SAFETY: as above.
-    unsafe { ch.submit(&extra).unwrap() };
+    ch.submit(&extra).unwrap();
     got.clear();
     sleep_and_poll(ch.as_mut(), &mut got, BOUND);
     assert_eq!(got, vec![(MAX_IN_FLIGHT as u32, IoStatus::Error(libc::EIO))]);
@@ -150,11 +150,10 @@ fn a_server_that_stops_reading_fails_the_writes_stuck_in_a_full_send_buffer() {
             op: IoOp::Write,
             offset: u64::from(tag) << 20,
             len: 1 << 20,
-            iov: &iov,
-            iovcnt: 1,
+            // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+            iov: unsafe { Iovecs::from_raw(&iov, 1) },
         };
-        // SAFETY: `data` and `iov` outlive every request (all complete below).
-        unsafe { ch.submit(&req).unwrap() };
+        ch.submit(&req).unwrap();
     }
     let mut got = Vec::new();
     sleep_and_poll(ch.as_mut(), &mut got, BOUND);

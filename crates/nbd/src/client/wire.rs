@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::io;
 
-use fp_bdev::{IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 
 use crate::proto::*;
 
@@ -60,8 +60,7 @@ struct Slot {
     command: u16,
     /// The caller's iovecs (a read's destination, a write's source), where this part's payload
     /// starts in them, and its length.
-    iov: *const libc::iovec,
-    iovcnt: u32,
+    iov: Iovecs,
     start: usize,
     payload: usize,
     /// The slot of the request's first part (itself, unless the request was split), which
@@ -82,8 +81,7 @@ impl Slot {
         state: State::Free,
         tag: 0,
         command: 0,
-        iov: std::ptr::null(),
-        iovcnt: 0,
+        iov: Iovecs::NONE,
         start: 0,
         payload: 0,
         leader: 0,
@@ -100,12 +98,7 @@ impl Slot {
     }
 
     fn iovecs(&self) -> &[libc::iovec] {
-        if self.iovcnt == 0 || self.iov.is_null() {
-            return &[];
-        }
-        // SAFETY: the submitter keeps `iovcnt` iovecs at `iov` valid until the request
-        // completes (IoChannel::submit's contract), and the slot is in use until then.
-        unsafe { std::slice::from_raw_parts(self.iov, self.iovcnt as usize) }
+        self.iov.as_slice()
     }
 }
 
@@ -274,7 +267,7 @@ impl<T: Transport> Wire<T> {
     /// # Safety
     /// As [`fp_bdev::IoChannel::submit`]: a read's or write's iovecs and their buffers stay
     /// valid until the request completes.
-    pub unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    pub fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         let (command, supported, writes) = match req.op {
             IoOp::Read => (CMD_READ, true, false),
             IoOp::Write => (CMD_WRITE, true, true),
@@ -300,8 +293,7 @@ impl<T: Transport> Wire<T> {
         }
         let data = matches!(req.op, IoOp::Read | IoOp::Write);
         if data {
-            // SAFETY: the caller's contract.
-            let total = unsafe { fp_bdev::iov_total_len(req.iov, req.iovcnt) };
+            let total = req.iov.total_len();
             if total != req.len {
                 return fail(self, libc::EINVAL);
             }
@@ -344,8 +336,7 @@ impl<T: Transport> Wire<T> {
                 state: State::Queued,
                 tag: req.tag,
                 command,
-                iov: if data { req.iov } else { std::ptr::null() },
-                iovcnt: if data { req.iovcnt } else { 0 },
+                iov: if data { req.iov } else { Iovecs::NONE },
                 start: if data { at as usize } else { 0 },
                 payload: if data { length as usize } else { 0 },
                 leader,
@@ -388,7 +379,7 @@ impl<T: Transport> Wire<T> {
                     self.done.push((slot.tag, IoStatus::Error(libc::EIO)));
                 }
                 slot.state = State::Free;
-                slot.iov = std::ptr::null();
+                slot.iov = Iovecs::NONE;
                 self.free.push(index as u16);
             }
         }
@@ -614,7 +605,7 @@ impl<T: Transport> Wire<T> {
             slot.state = State::Answered;
         } else {
             slot.state = State::Free;
-            slot.iov = std::ptr::null();
+            slot.iov = Iovecs::NONE;
             self.free.push(index as u16);
         }
         let leader = &mut self.slots[lead];
@@ -624,7 +615,7 @@ impl<T: Transport> Wire<T> {
         leader.parts_left -= 1;
         if leader.parts_left == 0 {
             leader.state = State::Free;
-            leader.iov = std::ptr::null();
+            leader.iov = Iovecs::NONE;
             self.done.push((leader.tag, leader.status));
             self.free.push(lead as u16);
             self.requests -= 1;

@@ -18,7 +18,7 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::Arc;
 
 use fp_bdev::clock::ticks;
-use fp_bdev::{iov_total_len, request_iovecs, BdevError, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{BdevError, IoChannel, IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 use fp_nvme_spec::Status;
 
 use crate::cmd;
@@ -154,14 +154,7 @@ impl<T: Transport> NvmeChannel<T> {
             pending: None,
             ask_after: 0,
             reqs: vec![
-                Req::new(IoRequest {
-                    tag: 0,
-                    op: IoOp::Read,
-                    offset: 0,
-                    len: 0,
-                    iov: std::ptr::null(),
-                    iovcnt: 0
-                });
+                Req::new(IoRequest { tag: 0, op: IoOp::Read, offset: 0, len: 0, iov: Iovecs::NONE });
                 requests
             ]
             .into_boxed_slice(),
@@ -199,7 +192,7 @@ impl<T: Transport> NvmeChannel<T> {
         let slba = (req.offset + cmd.off) >> self.block_shift;
         let nlb = (cmd.len >> self.block_shift) as u32;
         // SAFETY (all three submits): the data buffers are the request's, valid until its
-        // completion is returned (the `IoChannel::submit` contract), or this channel's range
+        // completion is returned (what its `Iovecs` vouch for), or this channel's range
         // memory, which outlives its queue; the queue returns or drains every command before
         // either goes.
         let result = match req.op {
@@ -207,9 +200,7 @@ impl<T: Transport> NvmeChannel<T> {
             // iovecs.
             IoOp::Read | IoOp::Write => {
                 let sqe = cmd::read_write(req.op == IoOp::Write, self.nsid, slba, nlb, false);
-                // SAFETY: the caller of `submit` keeps the iovec array valid until the
-                // request's completion is returned.
-                let all = unsafe { request_iovecs(req) };
+                let all = req.iov.as_slice();
                 if cmd.off == 0 && cmd.len == req.len {
                     // SAFETY: see above.
                     unsafe { q.submit(&sqe, all, c) }
@@ -468,7 +459,7 @@ fn slice_iovecs(all: &[libc::iovec], mut off: u64, mut len: u64, out: &mut Vec<l
 }
 
 impl<T: Transport> IoChannel for NvmeChannel<T> {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         let mask = (1u64 << self.block_shift) - 1;
         if (req.offset | req.len) & mask != 0 {
             return Err(SubmitError::OutOfRange);
@@ -484,14 +475,10 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
             IoOp::WriteZeroes if !self.write_zeroes => return Err(SubmitError::Unsupported),
             IoOp::Flush => (!self.volatile_cache).then_some(IoStatus::Success),
             IoOp::Read | IoOp::Write => {
-                // SAFETY: the caller guarantees `iovcnt` readable iovecs (one, the common case,
-                // read without a loop).
-                let total = unsafe {
-                    if req.iovcnt == 1 {
-                        (*req.iov).iov_len as u64
-                    } else {
-                        iov_total_len(req.iov, req.iovcnt)
-                    }
+                // One iovec, the common case, read without a loop.
+                let total = match req.iov.as_slice() {
+                    [v] => v.iov_len as u64,
+                    _ => req.iov.total_len(),
                 };
                 if total != req.len {
                     Some(IoStatus::Error(libc::EINVAL))

@@ -38,9 +38,10 @@ fn reset_under_io_reconnects_and_resubmits() {
     }
     let iovs: Vec<libc::iovec> = bufs.iter_mut().map(|b| b.iovec()).collect();
     for (i, v) in iovs.iter().enumerate() {
-        let req = conformance::rw(i as u32, IoOp::Write, i as u64 * 16384, std::slice::from_ref(v));
-        // SAFETY: `bufs` outlives the requests (all polled below).
-        unsafe { ch.submit(&req) }.unwrap();
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        let req =
+            unsafe { conformance::rw(i as u32, IoOp::Write, i as u64 * 16384, std::slice::from_ref(v)) };
+        ch.submit(&req).unwrap();
     }
     let reset = {
         let c = c.clone();

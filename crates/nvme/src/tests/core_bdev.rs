@@ -129,12 +129,9 @@ fn flush_discard_and_write_zeroes_become_their_commands() {
     let mut ch = c.namespaces()[0].open_channel().unwrap();
     write_range(&mut *ch, 0, &[0xaa; 512 * 8]);
     dev.lock().seen.clear();
-    // SAFETY: no buffers.
-    unsafe {
-        ch.submit(&cmd(1, IoOp::Discard, 512, 1024)).unwrap();
-        ch.submit(&cmd(2, IoOp::WriteZeroes, 512 * 4, 512)).unwrap();
-        ch.submit(&cmd(3, IoOp::Flush, 0, 0)).unwrap();
-    }
+    ch.submit(&cmd(1, IoOp::Discard, 512, 1024)).unwrap();
+    ch.submit(&cmd(2, IoOp::WriteZeroes, 512 * 4, 512)).unwrap();
+    ch.submit(&cmd(3, IoOp::Flush, 0, 0)).unwrap();
     assert_eq!(poll_n(&mut *ch, 3).len(), 3);
     let ops: Vec<(u8, u64, u32)> = dev.lock().seen.iter().map(|s| (s.opcode, s.slba, s.nlb)).collect();
     // The deallocate's range travels in data, not in the command.
@@ -163,12 +160,9 @@ fn flush_discard_and_write_zeroes_become_their_commands() {
     assert!(!ns.info().io_types.unmap && !ns.info().io_types.write_zeroes);
     let mut ch = ns.open_channel().unwrap();
     dev.lock().seen.clear();
-    // SAFETY: no buffers.
-    unsafe {
-        ch.submit(&cmd(1, IoOp::Flush, 0, 0)).unwrap();
-        assert_eq!(ch.submit(&cmd(2, IoOp::Discard, 0, 512)), Err(SubmitError::Unsupported));
-        assert_eq!(ch.submit(&cmd(3, IoOp::WriteZeroes, 0, 512)), Err(SubmitError::Unsupported));
-    }
+    ch.submit(&cmd(1, IoOp::Flush, 0, 0)).unwrap();
+    assert_eq!(ch.submit(&cmd(2, IoOp::Discard, 0, 512)), Err(SubmitError::Unsupported));
+    assert_eq!(ch.submit(&cmd(3, IoOp::WriteZeroes, 0, 512)), Err(SubmitError::Unsupported));
     assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Success)]);
     assert!(dev.lock().seen.is_empty());
 }
@@ -184,8 +178,7 @@ fn enable_flush_off_leaves_a_volatile_cache_unflushed_and_unreported() {
     assert!(!ns.info().io_types.flush, "enable_flush false: flush is not reported");
     let mut ch = ns.open_channel().unwrap();
     dev.lock().seen.clear();
-    // SAFETY: no buffers.
-    unsafe { ch.submit(&cmd(1, IoOp::Flush, 0, 0)) }.unwrap();
+    ch.submit(&cmd(1, IoOp::Flush, 0, 0)).unwrap();
     assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Success)]);
     assert!(dev.lock().seen.is_empty(), "enable_flush false: no Flush command is sent");
     drop(ch);
@@ -198,8 +191,7 @@ fn enable_flush_off_leaves_a_volatile_cache_unflushed_and_unreported() {
     assert!(ns.info().io_types.flush);
     let mut ch = ns.open_channel().unwrap();
     dev.lock().seen.clear();
-    // SAFETY: no buffers.
-    unsafe { ch.submit(&cmd(1, IoOp::Flush, 0, 0)) }.unwrap();
+    ch.submit(&cmd(1, IoOp::Flush, 0, 0)).unwrap();
     assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Success)]);
     let ops: Vec<u8> = dev.lock().seen.iter().map(|s| s.opcode).collect();
     assert_eq!(ops, [spec::NVM_FLUSH]);
@@ -238,8 +230,7 @@ fn nvme_statuses_become_errnos() {
         assert_eq!(dev.lock().seen.len(), 4);
     }
     dev.lock().io_status = None;
-    // SAFETY: no buffers.
-    unsafe { ch.submit(&cmd(5, IoOp::Read, 0, 512)) }.unwrap();
+    ch.submit(&cmd(5, IoOp::Read, 0, 512)).unwrap();
     assert_eq!(poll_n(&mut *ch, 1), [(5, IoStatus::Error(libc::EINVAL))], "iovecs short of the length");
     // Outside the namespace: refused at submit.
     // SAFETY: as above.
@@ -256,13 +247,10 @@ fn a_full_channel_answers_busy() {
     opts.io_queue_depth = 5;
     let (c, _) = attach(&dev, "PCIe", opts, global);
     let mut ch = c.namespaces()[0].open_channel().unwrap();
-    // SAFETY: no buffers.
-    unsafe {
-        for t in 0..4 {
-            ch.submit(&cmd(t, IoOp::WriteZeroes, 0, 512)).unwrap();
-        }
-        assert_eq!(ch.submit(&cmd(9, IoOp::WriteZeroes, 0, 512)), Err(SubmitError::Busy));
+    for t in 0..4 {
+        ch.submit(&cmd(t, IoOp::WriteZeroes, 0, 512)).unwrap();
     }
+    assert_eq!(ch.submit(&cmd(9, IoOp::WriteZeroes, 0, 512)), Err(SubmitError::Busy));
     assert_eq!(ch.in_flight(), 4);
     poll_nothing(&mut *ch, Duration::from_millis(5));
     dev.lock().stall = false;
@@ -290,8 +278,7 @@ fn a_timed_out_command_is_aborted_and_fails_with_etimedout() {
     let mut ch = c.namespaces()[0].open_channel().unwrap();
     dev.lock().stall = true;
     let start = Instant::now();
-    // SAFETY: no buffers.
-    unsafe { ch.submit(&cmd(1, IoOp::WriteZeroes, 0, 512)) }.unwrap();
+    ch.submit(&cmd(1, IoOp::WriteZeroes, 0, 512)).unwrap();
     assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Error(libc::ETIMEDOUT))]);
     assert!(start.elapsed() >= Duration::from_millis(20));
     assert_eq!(dev.lock().aborts.len(), 1);
@@ -336,8 +323,7 @@ fn timeout_action_reset_resets_at_once() {
     let c = with_timeouts(&dev, TimeoutAction::Reset);
     let mut ch = c.namespaces()[0].open_channel().unwrap();
     dev.lock().stall = true;
-    // SAFETY: no buffers.
-    unsafe { ch.submit(&cmd(1, IoOp::WriteZeroes, 0, 512)) }.unwrap();
+    ch.submit(&cmd(1, IoOp::WriteZeroes, 0, 512)).unwrap();
     wait_for("the reset", || {
         ch.poll_batch(&mut Vec::new());
         c.info().ctrlrs[0].resets == 1
@@ -400,8 +386,7 @@ fn one_stuck_command(
     let (c, _) = attach(&dev, trtype, opts, global);
     let mut ch = c.namespaces()[0].open_channel().unwrap();
     dev.lock().stall = true;
-    // SAFETY: no buffers.
-    unsafe { ch.submit(&cmd(1, IoOp::WriteZeroes, 0, 512)) }.unwrap();
+    ch.submit(&cmd(1, IoOp::WriteZeroes, 0, 512)).unwrap();
     poll_nothing(&mut *ch, Duration::from_millis(2));
     dev.lock().stall = false;
     (dev, c, ch)
@@ -412,8 +397,7 @@ fn io_waits_through_a_lost_connection_and_is_resubmitted_after_the_reconnect() {
     let (dev, c, mut ch) = one_stuck_command("TCP", -1, 0);
     dev.drop_connections(true);
     // New I/O while the target is away waits too.
-    // SAFETY: as above.
-    unsafe { ch.submit(&cmd(2, IoOp::Flush, 0, 0)) }.unwrap();
+    ch.submit(&cmd(2, IoOp::Flush, 0, 0)).unwrap();
     poll_nothing(&mut *ch, Duration::from_millis(50));
     assert_ne!(c.info().ctrlrs[0].state, "enabled");
     dev.up();
@@ -439,8 +423,7 @@ fn fast_io_fail_fails_held_and_new_io_while_reconnecting_goes_on() {
     assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Error(libc::EIO))]);
     assert!(start.elapsed() >= Duration::from_millis(40), "{:?}", start.elapsed());
     // New I/O fails at once.
-    // SAFETY: as above.
-    unsafe { ch.submit(&cmd(2, IoOp::Flush, 0, 0)) }.unwrap();
+    ch.submit(&cmd(2, IoOp::Flush, 0, 0)).unwrap();
     assert_eq!(poll_n(&mut *ch, 1), [(2, IoStatus::Error(libc::EIO))]);
     // Back: I/O works again.
     dev.up();
@@ -457,8 +440,7 @@ fn a_controller_given_up_fails_held_io_and_a_gone_device_says_enodev() {
         dev.drop_connections(true);
         assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Error(errno))], "{trtype}");
         assert_eq!(c.info().ctrlrs[0].state, "failed");
-        // SAFETY: as above.
-        unsafe { ch.submit(&cmd(2, IoOp::Flush, 0, 0)) }.unwrap();
+        ch.submit(&cmd(2, IoOp::Flush, 0, 0)).unwrap();
         assert_eq!(poll_n(&mut *ch, 1), [(2, IoStatus::Error(errno))]);
     }
 }

@@ -143,8 +143,7 @@ fn a_command_the_device_sits_on_is_aborted() {
     let (c, _) = attach_emu(&e, PcieOptions::default(), opts, global);
     let mut ch = c.namespaces()[0].open_channel().unwrap();
     e.set_fault(Fault::StopAnswering);
-    // SAFETY: no buffers.
-    unsafe { ch.submit(&cmd(1, IoOp::WriteZeroes, 0, 512)) }.unwrap();
+    ch.submit(&cmd(1, IoOp::WriteZeroes, 0, 512)).unwrap();
     assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Error(libc::ETIMEDOUT))]);
     assert_eq!(e.counters().aborts, 1);
     e.set_fault(Fault::None);
@@ -192,8 +191,7 @@ fn a_device_that_disappears_fails_io_with_enodev() {
     let (c, log) = attach_emu(&e, PcieOptions::default(), opts, global);
     let mut ch = c.namespaces()[0].open_channel().unwrap();
     e.set_fault(Fault::Disappear);
-    // SAFETY: no buffers.
-    unsafe { ch.submit(&cmd(1, IoOp::WriteZeroes, 0, 512)) }.unwrap();
+    ch.submit(&cmd(1, IoOp::WriteZeroes, 0, 512)).unwrap();
     assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Error(libc::ENODEV))]);
     assert_eq!(c.info().ctrlrs[0].state, "failed");
     wait_for("the removal", || !log.lock().unwrap().is_empty());

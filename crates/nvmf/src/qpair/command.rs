@@ -232,13 +232,12 @@ impl QpairPoller {
             op,
             offset,
             len,
-            iov: if data { &s.iov } else { std::ptr::null() },
-            iovcnt: u32::from(data),
+            // SAFETY: the slot's iovec and the buffer it points at belong to the slot, which
+            // is neither moved nor reused until this command's completion comes back.
+            iov: if data { unsafe { fp_bdev::Iovecs::from_raw(&s.iov, 1) } } else { fp_bdev::Iovecs::NONE },
         };
         let ns = self.ns[nsid as usize].as_mut().expect("checked");
-        // SAFETY: the iovec lives in the slot table (a boxed slice that never moves) and points
-        // at the slot's buffer; neither changes until the slot's completions are reaped.
-        match unsafe { ns.chan.submit(&req) } {
+        match ns.chan.submit(&req) {
             Ok(()) => {
                 ns.in_flight += 1;
                 s.pending += 1;

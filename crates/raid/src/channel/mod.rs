@@ -17,7 +17,7 @@ pub use raid0::Raid0Map;
 pub use raid1::Raid1Channel;
 pub use split::{SplitChannel, SplitMap};
 
-use fp_bdev::{iov_total_len, BdevInfo, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{BdevInfo, IoOp, IoRequest, IoStatus, SubmitError};
 
 /// Requests one channel keeps in flight upward (the parent slab's size).
 pub const MAX_PARENTS: usize = 256;
@@ -34,11 +34,7 @@ pub(crate) enum Admit {
 /// Refuses a request outside the raid, or of an operation it does not offer: discard and
 /// write-zeroes are refused here rather than passed to bases that may differ (done on one
 /// replica and not the other, they would leave them diverging).
-///
-/// # Safety
-/// As for `IoChannel::submit`: `req.iov` points to `req.iovcnt` readable iovecs for a read or
-/// write.
-pub(crate) unsafe fn admit(info: &BdevInfo, req: &IoRequest) -> Result<Admit, SubmitError> {
+pub(crate) fn admit(info: &BdevInfo, req: &IoRequest) -> Result<Admit, SubmitError> {
     info.check_range(req.offset, req.len)?;
     let supported = match req.op {
         IoOp::Discard => info.io_types.unmap,
@@ -49,8 +45,7 @@ pub(crate) unsafe fn admit(info: &BdevInfo, req: &IoRequest) -> Result<Admit, Su
         return Err(SubmitError::Unsupported);
     }
     let rw = matches!(req.op, IoOp::Read | IoOp::Write);
-    // SAFETY: the caller's contract for `req.iov`.
-    if rw && unsafe { iov_total_len(req.iov, req.iovcnt) } != req.len {
+    if rw && req.iov.total_len() != req.len {
         return Ok(Admit::Done(IoStatus::Error(libc::EINVAL)));
     }
     if req.len == 0 && req.op != IoOp::Flush {

@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 
 use super::bases::Bases;
 use super::slab::Slab;
@@ -37,8 +37,7 @@ struct Parent {
     op: IoOp,
     offset: u64,
     len: u64,
-    iov: *const libc::iovec,
-    iovcnt: u32,
+    iov: Iovecs,
     ticket: Option<WriteTicket>,
     phase: Phase,
     /// Slots still to submit to (a base was busy), in flight, answered well, failed, and
@@ -61,8 +60,7 @@ impl Default for Parent {
             op: IoOp::Read,
             offset: 0,
             len: 0,
-            iov: std::ptr::null(),
-            iovcnt: 0,
+            iov: Iovecs::NONE,
             ticket: None,
             phase: Phase::Running,
             to_submit: 0,
@@ -154,13 +152,11 @@ impl Raid1Channel {
             offset: data_offset + parent.offset,
             len: parent.len,
             iov: parent.iov,
-            iovcnt: parent.iovcnt,
         };
         let req = if req.op == IoOp::Flush { IoRequest { offset: 0, ..req } } else { req };
         for slot in slots_of(parent.to_submit) {
             let r = match self.bases.channel(slot) {
-                // SAFETY: the parent's iovecs are valid until it completes, after every child.
-                Some(ch) => unsafe { ch.submit(&req) },
+                Some(ch) => ch.submit(&req),
                 None => Err(SubmitError::OutOfRange),
             };
             let parent = self.parents.get_mut(p);
@@ -270,11 +266,9 @@ impl Raid1Channel {
                 offset: self.bases.layout.data_offset + parent.offset,
                 len: parent.len,
                 iov: parent.iov,
-                iovcnt: parent.iovcnt,
             };
             let r = match self.bases.channel(slot) {
-                // SAFETY: the parent's iovecs are valid until it completes.
-                Some(ch) => unsafe { ch.submit(&req) },
+                Some(ch) => ch.submit(&req),
                 None => Err(SubmitError::OutOfRange),
             };
             let parent = self.parents.get_mut(p);
@@ -334,9 +328,8 @@ impl Raid1Channel {
 }
 
 impl IoChannel for Raid1Channel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
-        // SAFETY: the caller's contract, passed on.
-        let admit = unsafe { admit(&self.info, req) }?;
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        let admit = admit(&self.info, req)?;
         // Before anything looks at the layout; a request refused above leaves the channel
         // as it was (idle, when it had nothing in flight).
         self.bases.enter();
@@ -353,8 +346,7 @@ impl IoChannel for Raid1Channel {
             op: req.op,
             offset: req.offset,
             len: req.len,
-            iov: if rw { req.iov } else { std::ptr::null() },
-            iovcnt: if rw { req.iovcnt } else { 0 },
+            iov: if rw { req.iov } else { Iovecs::NONE },
             ..Parent::default()
         };
         let p = self.parents.insert(parent).ok_or(SubmitError::Busy)?;

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use fp_bdev::{request_iovecs, BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 
 use super::bases::Bases;
 use super::slab::Slab;
@@ -31,8 +31,7 @@ struct Parent {
     /// The next byte (or, for a flush, base) to submit, and the end.
     next: u64,
     end: u64,
-    iov: *const libc::iovec,
-    iovcnt: u32,
+    iov: Iovecs,
     /// Where `next` is in the parent's iovecs.
     iov_idx: u32,
     iov_off: u64,
@@ -54,8 +53,7 @@ impl Default for Parent {
             op: IoOp::Read,
             next: 0,
             end: 0,
-            iov: std::ptr::null(),
-            iovcnt: 0,
+            iov: Iovecs::NONE,
             iov_idx: 0,
             iov_off: 0,
             scratch_used: 0,
@@ -122,26 +120,17 @@ impl<M: SplitMap> SplitChannel<M> {
                     continue;
                 }
                 let slot = parent.next as usize;
-                (slot, IoRequest { tag: p, op, offset: 0, len: 0, iov: std::ptr::null(), iovcnt: 0 })
+                (slot, IoRequest { tag: p, op, offset: 0, len: 0, iov: Iovecs::NONE })
             } else {
                 let (slot, base_off, avail) = self.map.map(parent.next);
                 let len = avail.min(parent.end - parent.next);
-                let mut req = IoRequest {
-                    tag: p,
-                    op,
-                    offset: data_offset + base_off,
-                    len,
-                    iov: std::ptr::null(),
-                    iovcnt: 0,
-                };
+                let mut req =
+                    IoRequest { tag: p, op, offset: data_offset + base_off, len, iov: Iovecs::NONE };
                 if matches!(op, IoOp::Read | IoOp::Write) {
                     let region = p as usize * IOV_PER_PARENT;
                     let start = parent.scratch_used as usize;
-                    // SAFETY: the submitter's contract keeps the parent's iovecs valid until it
-                    // completes, which is after all of its children.
-                    let src = unsafe {
-                        request_iovecs(&IoRequest { iov: parent.iov, iovcnt: parent.iovcnt, ..req })
-                    };
+                    let parent_iov = parent.iov;
+                    let src = parent_iov.as_slice();
                     let (mut idx, mut off, mut need, mut n) =
                         (parent.iov_idx as usize, parent.iov_off, len, 0);
                     while need > 0 {
@@ -168,8 +157,10 @@ impl<M: SplitMap> SplitChannel<M> {
                             off = 0;
                         }
                     }
-                    req.iov = self.pool[region + start..].as_ptr();
-                    req.iovcnt = n as u32;
+                    // SAFETY: slices of the parent's buffers, which its `Iovecs` vouch for until
+                    // it completes, after all of its children; the pool region stays the
+                    // parent's, unchanged, until those children are back.
+                    req.iov = unsafe { Iovecs::from_slice(&self.pool[region + start..region + start + n]) };
                     let parent = self.parents.get_mut(p);
                     parent.iov_idx = idx as u32;
                     parent.iov_off = off;
@@ -180,9 +171,7 @@ impl<M: SplitMap> SplitChannel<M> {
             let Some(ch) = self.bases.channel(slot) else {
                 return self.stop(p, IoStatus::Error(libc::EIO));
             };
-            // SAFETY: the child's iovecs are slices of the parent's buffers, valid until the
-            // parent completes; the slices themselves live in the pool until then.
-            match unsafe { ch.submit(&child) } {
+            match ch.submit(&child) {
                 Ok(()) => {
                     let parent = self.parents.get_mut(p);
                     parent.refused = false;
@@ -194,7 +183,7 @@ impl<M: SplitMap> SplitChannel<M> {
                     let parent = self.parents.get_mut(p);
                     parent.refused = true;
                     if matches!(op, IoOp::Read | IoOp::Write) {
-                        parent.scratch_used -= child.iovcnt;
+                        parent.scratch_used -= child.iov.count();
                         self.rewind(p, child.len);
                     }
                     return Advance::Blocked;
@@ -208,17 +197,8 @@ impl<M: SplitMap> SplitChannel<M> {
     /// Moves parent `p`'s iovec cursor back by `len` bytes (a child the base refused as busy).
     fn rewind(&mut self, p: u32, mut len: u64) {
         let parent = self.parents.get_mut(p);
-        // SAFETY: as in `advance`.
-        let src = unsafe {
-            request_iovecs(&IoRequest {
-                tag: 0,
-                op: IoOp::Read,
-                offset: 0,
-                len: 0,
-                iov: parent.iov,
-                iovcnt: parent.iovcnt,
-            })
-        };
+        let parent_iov = parent.iov;
+        let src = parent_iov.as_slice();
         while len > 0 {
             if parent.iov_off == 0 {
                 parent.iov_idx -= 1;
@@ -274,9 +254,8 @@ impl<M: SplitMap> SplitChannel<M> {
 }
 
 impl<M: SplitMap> IoChannel for SplitChannel<M> {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
-        // SAFETY: the caller's contract, passed on.
-        let admit = unsafe { admit(&self.info, req) }?;
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        let admit = admit(&self.info, req)?;
         // Before anything looks at the layout; a request refused above leaves the channel
         // as it was (idle, when it had nothing in flight).
         self.bases.enter();
@@ -297,8 +276,7 @@ impl<M: SplitMap> IoChannel for SplitChannel<M> {
             op: req.op,
             next: if req.op == IoOp::Flush { 0 } else { req.offset },
             end,
-            iov: if rw { req.iov } else { std::ptr::null() },
-            iovcnt: if rw { req.iovcnt } else { 0 },
+            iov: if rw { req.iov } else { Iovecs::NONE },
             ..Parent::default()
         };
         let p = self.parents.insert(parent).ok_or(SubmitError::Busy)?;

@@ -13,6 +13,7 @@ use fp_lvol::Uuid;
 use crate::device::{RaidDevice, RaidSpec};
 use crate::shared::{Layout, SlotView};
 use crate::{RaidLevel, SlotState};
+use fp_bdev::Iovecs;
 
 fn ram(name: &str, bytes: u64) -> Bdev {
     Arc::new(RamDevice::new(name, 512, bytes / 512).unwrap())
@@ -72,7 +73,7 @@ impl BlockDevice for Flaky {
 }
 
 impl IoChannel for FlakyChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if self.busy.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1)).is_ok() {
             return Err(SubmitError::Busy);
         }
@@ -81,8 +82,7 @@ impl IoChannel for FlakyChannel {
             self.failed.push((req.tag, IoStatus::Error(libc::EIO)));
             return Ok(());
         }
-        // SAFETY: passed through under the caller's contract.
-        unsafe { self.inner.submit(req) }
+        self.inner.submit(req)
     }
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
         let n = self.failed.len();
@@ -227,9 +227,10 @@ fn a_read_goes_to_the_replica_with_the_fewest_reads_in_flight() {
     let iovs: Vec<libc::iovec> =
         bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
     for (tag, iov) in iovs.iter().enumerate() {
-        let req = IoRequest { tag: tag as u32, op: IoOp::Read, offset: 0, len: 4096, iov, iovcnt: 1 };
-        // SAFETY: the buffers and iovecs outlive the requests, which are polled to the end below.
-        unsafe { ch.submit(&req) }.unwrap();
+        // SAFETY: the buffers and their iovecs outlive the requests, all reaped below.
+        let iov = unsafe { Iovecs::from_raw(iov, 1) };
+        let req = IoRequest { tag: tag as u32, op: IoOp::Read, offset: 0, len: 4096, iov };
+        ch.submit(&req).unwrap();
     }
     let done = poll_until(&mut *ch, 2);
     assert!(done.iter().all(|&(_, s)| s == IoStatus::Success), "{done:?}");
@@ -285,8 +286,7 @@ fn a_write_failing_on_every_base_is_an_error() {
     let mut ch = r.open_channel().unwrap();
     x.fail_writes.store(true, Ordering::Relaxed);
     y.fail_writes.store(true, Ordering::Relaxed);
-    // SAFETY: no buffers.
-    unsafe { ch.submit(&conformance::cmd(2, IoOp::WriteZeroes, 0, 512)).unwrap() };
+    ch.submit(&conformance::cmd(2, IoOp::WriteZeroes, 0, 512)).unwrap();
     for _ in 0..10 {
         assert_eq!(ch.poll(&mut |_, _| panic!("completed while held")), 0);
     }
@@ -431,12 +431,10 @@ fn raid1_refuses_what_a_replica_cannot_do() {
     let r = raid(RaidLevel::Raid1, vec![ram("a", 64 << 10), lacking], 0);
     assert!(!r.info().io_types.write_zeroes && r.info().io_types.unmap);
     let mut ch = r.open_channel().unwrap();
-    // SAFETY: no buffers.
-    let refused = unsafe { ch.submit(&conformance::cmd(1, IoOp::WriteZeroes, 0, 512)) };
+    let refused = ch.submit(&conformance::cmd(1, IoOp::WriteZeroes, 0, 512));
     assert_eq!(refused, Err(SubmitError::Unsupported));
     assert_eq!(ch.in_flight(), 0);
-    // SAFETY: as above.
-    unsafe { ch.submit(&conformance::cmd(2, IoOp::Discard, 0, 512)).unwrap() };
+    ch.submit(&conformance::cmd(2, IoOp::Discard, 0, 512)).unwrap();
     assert_eq!(poll_until(&mut *ch, 1), vec![(2, IoStatus::Success)]);
 }
 
@@ -449,8 +447,7 @@ fn flush_skips_bases_without_a_cache() {
         let strip = if level == RaidLevel::Raid0 { 4096 } else { 0 };
         let r = raid(level, vec![ram("a", 64 << 10), nocache], strip);
         let mut ch = r.open_channel().unwrap();
-        // SAFETY: no buffers.
-        unsafe { ch.submit(&conformance::cmd(3, IoOp::Flush, 0, 0)).unwrap() };
+        ch.submit(&conformance::cmd(3, IoOp::Flush, 0, 0)).unwrap();
         assert_eq!(poll_until(&mut *ch, 1), vec![(3, IoStatus::Success)], "{level:?}");
         assert!(r.shared().failures.is_empty());
     }

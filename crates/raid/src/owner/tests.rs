@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_bdev::{Bdev, BdevInfo, Capacity, IoTypes, RamDevice};
+use fp_bdev::{Bdev, BdevInfo, Capacity, IoTypes, Iovecs, RamDevice};
 use fp_lvol::Uuid;
 
 use super::*;
@@ -311,11 +311,10 @@ impl Writer {
                 op: fp_bdev::IoOp::Write,
                 offset: layout.data_offset + offset,
                 len: buf.len() as u64,
-                iov: &iov,
-                iovcnt: 1,
+                // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+                iov: unsafe { Iovecs::from_raw(&iov, 1) },
             };
-            // SAFETY: `buf` outlives the request: it is polled to completion below.
-            unsafe { ch.submit(&req) }.unwrap();
+            ch.submit(&req).unwrap();
             let mut done = false;
             while !done {
                 ch.poll(&mut |_, s| {

@@ -30,8 +30,8 @@ pub use openssl::available as openssl_available;
 pub use rpc::CryptoModule;
 
 use crate::{
-    iov_total_len, request_iovecs, AlignedBuf, Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, DoneList,
-    IoChannel, IoOp, IoRequest, IoStatus, IoTypes, SubmitError,
+    AlignedBuf, Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, DoneList, IoChannel, IoOp, IoRequest,
+    IoStatus, IoTypes, Iovecs, SubmitError,
 };
 
 /// Bytes of one write buffer; a longer write goes down in pieces of this size.
@@ -152,23 +152,21 @@ impl BlockDevice for CryptoDevice {
 struct Op {
     tag: u32,
     offset: u64,
-    iov: *const libc::iovec,
-    iovcnt: u32,
+    iov: Iovecs,
     read: bool,
 }
 
 impl Op {
-    const EMPTY: Op = Op { tag: 0, offset: 0, iov: std::ptr::null(), iovcnt: 0, read: false };
+    const EMPTY: Op = Op { tag: 0, offset: 0, iov: Iovecs::NONE, read: false };
 }
 
-/// A write (or write-zeroes, `iov` null) going down in pieces.
+/// A write (or write-zeroes, `iov` empty) going down in pieces.
 #[derive(Clone, Copy)]
 struct WriteJob {
     tag: u32,
     offset: u64,
     len: u64,
-    iov: *const libc::iovec,
-    iovcnt: u32,
+    iov: Iovecs,
     /// Bytes handed to the base so far.
     next: u64,
     /// Pieces at the base.
@@ -181,8 +179,7 @@ impl WriteJob {
         tag: 0,
         offset: 0,
         len: 0,
-        iov: std::ptr::null(),
-        iovcnt: 0,
+        iov: Iovecs::NONE,
         next: 0,
         outstanding: 0,
         status: IoStatus::Success,
@@ -327,17 +324,7 @@ impl IovCursor {
 /// # Safety
 /// `op`'s iovecs are valid and writable, and add up to a whole number of blocks.
 unsafe fn decrypt_read(xts: &mut XtsEngine, bs: usize, op: &Op, scratch: &mut [u8]) {
-    // SAFETY: the caller's guarantee.
-    let iov = unsafe {
-        request_iovecs(&IoRequest {
-            tag: 0,
-            op: IoOp::Read,
-            offset: 0,
-            len: 0,
-            iov: op.iov,
-            iovcnt: op.iovcnt,
-        })
-    };
+    let iov = op.iov.as_slice();
     let mut sector = op.offset / 512;
     let per_block = (bs / 512) as u64;
     let mut cursor = IovCursor::at(iov, 0);
@@ -376,24 +363,15 @@ impl CryptoChannel {
             // SAFETY: the chunk is ours, `n <= CHUNK` bytes, and not at the base (it was free).
             let buf = unsafe { std::slice::from_raw_parts_mut(iov.iov_base.cast::<u8>(), n) };
             let first = (job.offset + job.next) / 512;
-            if job.iov.is_null() {
+            if job.iov.is_empty() {
                 buf.fill(0);
                 for (k, unit) in buf.chunks_exact_mut(bs).enumerate() {
                     self.xts.encrypt(unit, first + (k * bs / 512) as u64);
                 }
             } else {
-                let req = IoRequest {
-                    tag: 0,
-                    op: IoOp::Write,
-                    offset: 0,
-                    len: 0,
-                    iov: job.iov,
-                    iovcnt: job.iovcnt,
-                };
+                let src = job.iov.as_slice();
                 // SAFETY: the submitter vouched for the iovecs until completion, which has not
                 // been given; they add up to `len` (checked at submit).
-                let src = unsafe { request_iovecs(&req) };
-                // SAFETY: as above.
                 unsafe { encrypt_from_iov(&mut self.xts, src, job.next as usize, buf, bs, first) };
             }
             let req = IoRequest {
@@ -401,12 +379,11 @@ impl CryptoChannel {
                 op: IoOp::Write,
                 offset: job.offset + job.next,
                 len: n as u64,
-                iov: iov as *const libc::iovec,
-                iovcnt: 1,
+                // SAFETY: the chunk's iovec and bytes are ours (in `chunk_iov` and `_pool`, which
+                // live as long as the channel) and left alone until this piece completes.
+                iov: unsafe { Iovecs::from_raw(iov, 1) },
             };
-            // SAFETY: the chunk and its iovec stay valid and untouched until the base
-            // completes the piece (the chunk goes back to the free list only then).
-            match unsafe { self.base.submit(&req) } {
+            match self.base.submit(&req) {
                 Ok(()) => {
                     self.chunk_job[c as usize] = j;
                     job.outstanding += 1;
@@ -443,15 +420,14 @@ impl CryptoChannel {
 }
 
 impl IoChannel for CryptoChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
         if self.ready.len() >= READY {
             return Err(SubmitError::Busy);
         }
         match req.op {
             IoOp::Read | IoOp::Write => {
-                // SAFETY: the caller's guarantee for `iov`.
-                if unsafe { iov_total_len(req.iov, req.iovcnt) } != req.len {
+                if req.iov.total_len() != req.len {
                     self.ready.push(req.tag, IoStatus::Error(libc::EINVAL));
                     return Ok(());
                 }
@@ -466,17 +442,10 @@ impl IoChannel for CryptoChannel {
             IoOp::Read | IoOp::Flush => {
                 let Some(o) = self.free_ops.pop() else { return Err(SubmitError::Busy) };
                 let down = IoRequest { tag: u32::from(o), ..*req };
-                // SAFETY: passed on from our caller: the buffers stay valid until we complete
-                // the request, which is after the base completes it.
-                match unsafe { self.base.submit(&down) } {
+                match self.base.submit(&down) {
                     Ok(()) => {
-                        self.ops[o as usize] = Op {
-                            tag: req.tag,
-                            offset: req.offset,
-                            iov: req.iov,
-                            iovcnt: req.iovcnt,
-                            read: req.op == IoOp::Read,
-                        };
+                        self.ops[o as usize] =
+                            Op { tag: req.tag, offset: req.offset, iov: req.iov, read: req.op == IoOp::Read };
                         Ok(())
                     }
                     Err(e) => {
@@ -491,13 +460,12 @@ impl IoChannel for CryptoChannel {
                     return Ok(());
                 }
                 let Some(j) = self.free_jobs.pop() else { return Err(SubmitError::Busy) };
-                let iov = if req.op == IoOp::Write { req.iov } else { std::ptr::null() };
+                let iov = if req.op == IoOp::Write { req.iov } else { Iovecs::NONE };
                 self.jobs[j as usize] = WriteJob {
                     tag: req.tag,
                     offset: req.offset,
                     len: req.len,
                     iov,
-                    iovcnt: req.iovcnt,
                     next: 0,
                     outstanding: 0,
                     status: IoStatus::Success,

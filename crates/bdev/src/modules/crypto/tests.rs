@@ -91,9 +91,9 @@ fn writes_leave_the_callers_buffer_and_split_blocks_decrypt() {
         // SAFETY: every cut is inside `buf`.
         .map(|w| libc::iovec { iov_base: unsafe { buf.as_mut_ptr().add(w[0]) }.cast(), iov_len: w[1] - w[0] })
         .collect();
-    let req = crate::conformance::rw(0, IoOp::Read, 4096, &iov);
-    // SAFETY: `buf` and `iov` outlive the request, run to completion here.
-    assert_eq!(unsafe { crate::conformance::run(&mut *ch, req) }, IoStatus::Success);
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let req = unsafe { crate::conformance::rw(0, IoOp::Read, 4096, &iov) };
+    assert_eq!(crate::conformance::run(&mut *ch, req), IoStatus::Success);
     assert_eq!(buf, data[4096..4096 + len]);
 }
 
@@ -215,9 +215,9 @@ fn a_full_channel_says_busy_and_takes_more_once_writes_complete() {
     let iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 }];
     let mut taken = 0u32;
     loop {
-        let req = crate::conformance::rw(taken, IoOp::Write, u64::from(taken % 1024) * 512, &iov);
-        // SAFETY: `buf` and `iov` outlive every request, all reaped below.
-        match unsafe { ch.submit(&req) } {
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        let req = unsafe { crate::conformance::rw(taken, IoOp::Write, u64::from(taken % 1024) * 512, &iov) };
+        match ch.submit(&req) {
             Ok(()) => taken += 1,
             Err(SubmitError::Busy) => break,
             Err(e) => panic!("{e}"),
@@ -370,17 +370,31 @@ fn a_caller_may_sleep_on_the_bases_completion_fd() {
         let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), 8192) };
         bytes.copy_from_slice(&data);
         let iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 8192 }];
-        let write = IoRequest { tag: 1, op: IoOp::Write, offset, len: 8192, iov: iov.as_ptr(), iovcnt: 1 };
-        // SAFETY: the buffer and iovec outlive the request, which is waited for below.
-        unsafe { ch.submit(&write) }.unwrap();
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        let write = IoRequest {
+            tag: 1,
+            op: IoOp::Write,
+            offset,
+            len: 8192,
+            // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+            iov: unsafe { Iovecs::from_raw(iov.as_ptr(), 1) },
+        };
+        ch.submit(&write).unwrap();
         slept += usize::from(complete_sleeping(&mut ch, fd, 1));
         // SAFETY: as above.
         let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), 8192) };
         assert_eq!(&bytes[..], &data[..], "the caller's buffer is never changed");
         bytes.fill(0);
-        let read = IoRequest { tag: 2, op: IoOp::Read, offset, len: 8192, iov: iov.as_ptr(), iovcnt: 1 };
-        // SAFETY: as above.
-        unsafe { ch.submit(&read) }.unwrap();
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        let read = IoRequest {
+            tag: 2,
+            op: IoOp::Read,
+            offset,
+            len: 8192,
+            // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+            iov: unsafe { Iovecs::from_raw(iov.as_ptr(), 1) },
+        };
+        ch.submit(&read).unwrap();
         slept += usize::from(complete_sleeping(&mut ch, fd, 2));
         // SAFETY: as above.
         let bytes = unsafe { std::slice::from_raw_parts(buf.as_mut_ptr(), 8192) };
@@ -389,10 +403,8 @@ fn a_caller_may_sleep_on_the_bases_completion_fd() {
     assert!(slept > 0, "no request was still in flight after a poll: nothing slept");
 
     // A discard completes from the channel's own list: not a time to sleep.
-    let discard =
-        IoRequest { tag: 3, op: IoOp::Discard, offset: 0, len: 4096, iov: std::ptr::null(), iovcnt: 0 };
-    // SAFETY: no buffers.
-    unsafe { ch.submit(&discard) }.unwrap();
+    let discard = IoRequest { tag: 3, op: IoOp::Discard, offset: 0, len: 4096, iov: Iovecs::NONE };
+    ch.submit(&discard).unwrap();
     assert!(!ch.arm_completion_fd(), "a ready completion must be polled, not slept on");
     let mut done = Vec::new();
     ch.poll(&mut |t, s| done.push((t, s)));
@@ -421,12 +433,11 @@ impl BlockDevice for SleepyBase {
 }
 
 impl IoChannel for SleepyChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if self.busy.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(SubmitError::Busy);
         }
-        // SAFETY: our caller's guarantee, passed on.
-        unsafe { self.inner.submit(req) }
+        self.inner.submit(req)
     }
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
         self.inner.poll(done)
@@ -452,9 +463,9 @@ fn a_write_the_base_refused_as_busy_keeps_its_caller_polling() {
     assert!(ch.sleeps_in_flight(), "as its base, while nothing waits");
     let mut buf = vec![7u8; 4096];
     let iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 4096 }];
-    let req = crate::conformance::rw(3, IoOp::Write, 8192, &iov);
-    // SAFETY: `buf` and `iov` outlive the request, reaped below.
-    unsafe { ch.submit(&req) }.expect("the write is taken and waits for the base");
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let req = unsafe { crate::conformance::rw(3, IoOp::Write, 8192, &iov) };
+    ch.submit(&req).expect("the write is taken and waits for the base");
     assert_eq!(ch.poll(&mut |_, _| panic!("nothing reached the base")), 0);
     assert_eq!(ch.in_flight(), 1);
     assert!(

@@ -11,6 +11,8 @@
 //! and write-zeroes use the write latencies. Latencies may be changed while the bdev serves
 //! (`bdev_delay_update_latency`); a change applies to requests submitted after it.
 
+#![forbid(unsafe_code)]
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -226,7 +228,7 @@ struct DelayChannel {
 }
 
 impl IoChannel for DelayChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
         self.count += 1;
         let slow = self.count.is_multiple_of(100);
@@ -250,9 +252,7 @@ impl IoChannel for DelayChannel {
                     continue;
                 }
                 let req = self.waiting[i].1;
-                // SAFETY: our caller gave the same guarantee for `req` when submitting it to
-                // us, and it holds until the completion we forward from the device below.
-                match unsafe { self.base.submit(&req) } {
+                match self.base.submit(&req) {
                     Ok(()) => {
                         self.waiting.remove(i);
                     }
@@ -290,6 +290,7 @@ impl IoChannel for DelayChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::iov::BounceBuf;
     use crate::RamDevice;
     use std::sync::Arc;
 
@@ -305,12 +306,11 @@ mod tests {
         assert_eq!(dev.info().num_blocks(), 64);
         assert_eq!(dev.info().driver, "delay");
         let mut ch = dev.open_channel().unwrap();
-        let mut buf = vec![7u8; 512];
-        let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 };
-        let req = IoRequest { tag: 9, op: IoOp::Write, offset: 512, len: 512, iov: &iov, iovcnt: 1 };
+        let mut buf = BounceBuf::zeroed(512);
+        buf.bytes_mut().fill(7);
+        let req = IoRequest { tag: 9, op: IoOp::Write, offset: 512, len: 512, iov: buf.iovecs(512) };
         let start = Instant::now();
-        // SAFETY: `buf` and `iov` outlive the request, which completes in the loop below.
-        unsafe { ch.submit(&req) }.unwrap();
+        ch.submit(&req).unwrap();
         let mut got = Vec::new();
         while got.is_empty() {
             assert!(start.elapsed() < Duration::from_secs(5));
@@ -322,13 +322,11 @@ mod tests {
         assert_eq!(ch.in_flight(), 0);
         // The write reached the RAM disk below.
         let mut below = base.open_channel().unwrap();
-        let mut back = vec![0u8; 512];
-        let iov = libc::iovec { iov_base: back.as_mut_ptr().cast(), iov_len: 512 };
-        let read = IoRequest { tag: 1, op: IoOp::Read, offset: 512, len: 512, iov: &iov, iovcnt: 1 };
-        // SAFETY: as above.
-        unsafe { below.submit(&read) }.unwrap();
+        let mut back = BounceBuf::zeroed(512);
+        let read = IoRequest { tag: 1, op: IoOp::Read, offset: 512, len: 512, iov: back.iovecs(512) };
+        below.submit(&read).unwrap();
         below.poll(&mut |_, s| assert_eq!(s, IoStatus::Success));
-        assert_eq!(back, vec![7u8; 512]);
+        assert_eq!(back.bytes(), vec![7u8; 512]);
     }
 
     #[test]
@@ -347,11 +345,11 @@ mod tests {
         let base: Bdev = Arc::new(RamDevice::new("ram", 512, 64).unwrap());
         let dev = DelayDevice::new("slow", base, lat(0, 0)).unwrap();
         let mut ch = dev.open_channel().unwrap();
-        let mut buf = vec![1u8; 512];
-        let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 };
-        let write = |tag| IoRequest { tag, op: IoOp::Write, offset: 0, len: 512, iov: &iov, iovcnt: 1 };
-        // SAFETY: `buf` and `iov` outlive both requests, which complete in this test.
-        unsafe { ch.submit(&write(1)) }.unwrap();
+        let mut buf = BounceBuf::zeroed(512);
+        buf.bytes_mut().fill(1);
+        let iov = buf.iovecs(512);
+        let write = |tag| IoRequest { tag, op: IoOp::Write, offset: 0, len: 512, iov };
+        ch.submit(&write(1)).unwrap();
         // Raising the average above the p99 is refused, naming the field; nothing changes.
         let e = dev.set_latency(LatencyKind::AvgWrite, Duration::from_millis(40)).unwrap_err();
         assert!(e.to_string().contains("latency_us") && e.to_string().contains("p99"), "{e}");
@@ -360,8 +358,7 @@ mod tests {
         dev.set_latency(LatencyKind::AvgWrite, Duration::from_millis(40)).unwrap();
         assert_eq!(dev.latency().avg_write, Duration::from_millis(40));
         let start = Instant::now();
-        // SAFETY: as above.
-        unsafe { ch.submit(&write(2)) }.unwrap();
+        ch.submit(&write(2)).unwrap();
         let mut done = Vec::new();
         // The first request, submitted before the change, goes at once; the second waits.
         ch.poll(&mut |t, _| done.push((t, start.elapsed())));

@@ -20,6 +20,11 @@
 //! and every channel: a request loads one counter and, when it is not zero, takes one with a
 //! compare-and-swap; no lock is taken on the I/O path.
 
+// The tests build requests over their own buffers and open an eventfd: unsafe stays there.
+#![cfg_attr(not(test), forbid(unsafe_code))]
+
+use crate::iov::{self, BounceBuf};
+use crate::Iovecs;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -324,17 +329,15 @@ impl BlockDevice for ErrorDevice {
 /// A read that takes a `corrupt_data` injection once the base has filled it.
 struct CorruptRead {
     tag: u32,
-    iov: *const libc::iovec,
-    iovcnt: u32,
+    iov: Iovecs,
     offset: u64,
     value: u8,
 }
 
-/// The copy a corrupted write goes down from. Boxed: the base holds a pointer to `iov`.
+/// The copy a corrupted write goes down from.
 struct Bounce {
     tag: u32,
-    data: Vec<u8>,
-    iov: libc::iovec,
+    data: BounceBuf,
 }
 
 struct ErrorChannel {
@@ -350,30 +353,17 @@ struct ErrorChannel {
     corrupt_reads: Vec<CorruptRead>,
     /// Corrupted writes in flight below, from copies of their data: the caller's buffer is
     /// never changed (as in SPDK). Returned to `spare_bounces` at completion and reused, so
-    /// a run of corrupted writes allocates only while the runs grow.
-    // Boxed, not inline: the base may read a request's iovec until it completes, and an
-    // inline one would move when the list does.
-    #[allow(clippy::vec_box)]
-    bounce_writes: Vec<Box<Bounce>>,
-    #[allow(clippy::vec_box)]
-    spare_bounces: Vec<Box<Bounce>>,
+    /// a run of corrupted writes allocates only while the runs grow (or a write is longer).
+    bounce_writes: Vec<Bounce>,
+    spare_bounces: Vec<Bounce>,
 }
 
 /// Xors the byte at `offset` of the data `iov` describes with `value`; nothing when the data
 /// is shorter.
-///
-/// # Safety
-/// `iov` must point to `iovcnt` iovecs whose buffers are writable and not otherwise accessed.
-unsafe fn corrupt(iov: *const libc::iovec, iovcnt: u32, mut offset: u64, value: u8) {
-    for i in 0..iovcnt as usize {
-        // SAFETY: the caller guarantees `iovcnt` valid iovecs.
-        let v = unsafe { *iov.add(i) };
-        if offset < v.iov_len as u64 {
-            // SAFETY: `offset` is inside this buffer, which the caller lets us write.
-            unsafe { *v.iov_base.cast::<u8>().add(offset as usize) ^= value };
-            return;
-        }
-        offset -= v.iov_len as u64;
+fn corrupt(iov: &Iovecs, offset: u64, value: u8) {
+    let mut byte = [0u8];
+    if iov::copy_to_slice(iov, offset, &mut byte) == 1 {
+        iov::copy_from_slice(iov, offset, &[byte[0] ^ value]);
     }
 }
 
@@ -399,9 +389,7 @@ impl ErrorChannel {
             if held_at >= resume {
                 return;
             }
-            // SAFETY: our caller gave the guarantee for `req` when submitting it to us, and
-            // it holds until the completion we forward.
-            match unsafe { self.base.submit(&req) } {
+            match self.base.submit(&req) {
                 Ok(()) => {}
                 Err(SubmitError::Busy) => return, // the rest at the next poll
                 Err(e) => self.failed.push((req.tag, submit_error_status(e))),
@@ -412,15 +400,14 @@ impl ErrorChannel {
 }
 
 impl IoChannel for ErrorChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
         let has_data = matches!(req.op, IoOp::Read | IoOp::Write);
         // As SPDK counts: the requests this channel has passed down and not seen complete.
         let depth = self.base.in_flight() as u64;
         let slot = &self.shared.slots[kind_index(req.op)];
         let Some(t) = slot.take(depth, has_data) else {
-            // SAFETY: our caller's guarantee for `req` is the one the base needs.
-            return unsafe { self.base.submit(req) };
+            return self.base.submit(req);
         };
         match t.error_type {
             ErrorType::Failure => {
@@ -433,30 +420,17 @@ impl IoChannel for ErrorChannel {
             }
             ErrorType::Nomem => Err(SubmitError::Busy),
             ErrorType::CorruptData if req.op == IoOp::Write => {
-                let mut b = self.spare_bounces.pop().unwrap_or_else(|| {
-                    Box::new(Bounce {
-                        tag: 0,
-                        data: Vec::new(),
-                        iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
-                    })
-                });
+                let len = req.iov.total_len() as usize;
+                let mut b = match self.spare_bounces.pop() {
+                    Some(b) if b.data.len() >= len => b,
+                    _ => Bounce { tag: 0, data: BounceBuf::zeroed(len) },
+                };
                 b.tag = req.tag;
-                b.data.clear();
-                for i in 0..req.iovcnt as usize {
-                    // SAFETY: the caller guarantees `iovcnt` valid iovecs with readable buffers.
-                    let v = unsafe { *req.iov.add(i) };
-                    // SAFETY: as above.
-                    b.data.extend_from_slice(unsafe {
-                        std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
-                    });
-                }
-                b.iov = libc::iovec { iov_base: b.data.as_mut_ptr().cast(), iov_len: b.data.len() };
-                // SAFETY: `b.iov` describes `b.data`, ours and writable.
-                unsafe { corrupt(&b.iov, 1, t.corrupt_offset, t.corrupt_value) };
-                let copy = IoRequest { iov: &b.iov, iovcnt: 1, ..*req };
-                // SAFETY: the box (and the iovec and data in it) stays in `bounce_writes`
-                // until the base completes the write.
-                match unsafe { self.base.submit(&copy) } {
+                iov::copy_to_slice(&req.iov, 0, &mut b.data.bytes_mut()[..len]);
+                let copy_iov = b.data.iovecs(len);
+                corrupt(&copy_iov, t.corrupt_offset, t.corrupt_value);
+                let copy = IoRequest { iov: copy_iov, ..*req };
+                match self.base.submit(&copy) {
                     Ok(()) => {
                         self.bounce_writes.push(b);
                         Ok(())
@@ -471,8 +445,7 @@ impl IoChannel for ErrorChannel {
                 }
             }
             ErrorType::CorruptData => {
-                // SAFETY: as for any request passed down.
-                if let Err(e) = unsafe { self.base.submit(req) } {
+                if let Err(e) = self.base.submit(req) {
                     // Not taken: the retry is the request to corrupt.
                     if e == SubmitError::Busy {
                         slot.give_back(&t);
@@ -482,7 +455,6 @@ impl IoChannel for ErrorChannel {
                 self.corrupt_reads.push(CorruptRead {
                     tag: req.tag,
                     iov: req.iov,
-                    iovcnt: req.iovcnt,
                     offset: t.corrupt_offset,
                     value: t.corrupt_value,
                 });
@@ -511,9 +483,8 @@ impl IoChannel for ErrorChannel {
             if let Some(i) = reads.iter().position(|r| r.tag == tag) {
                 let r = reads.swap_remove(i);
                 if status == IoStatus::Success {
-                    // SAFETY: the read's buffers were writable until this completion, which
-                    // we have not yet handed back.
-                    unsafe { corrupt(r.iov, r.iovcnt, r.offset, r.value) };
+                    // The read is still ours: its completion goes up only below.
+                    corrupt(&r.iov, r.offset, r.value);
                 }
             }
             done(tag, status)

@@ -15,9 +15,9 @@ fn inj(error_type: ErrorType, num: u64) -> Injection {
 fn io(ch: &mut dyn IoChannel, op: IoOp, buf: &mut [u8]) -> Result<IoStatus, SubmitError> {
     let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let len = if op == IoOp::Flush { 0 } else { buf.len() as u64 };
-    let req = IoRequest { tag: 5, op, offset: 0, len, iov: &iov, iovcnt: 1 };
-    // SAFETY: `buf` and `iov` outlive the request, which completes below (or is refused).
-    unsafe { ch.submit(&req) }?;
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let req = IoRequest { tag: 5, op, offset: 0, len, iov: unsafe { Iovecs::from_raw(&iov, 1) } };
+    ch.submit(&req)?;
     let mut got = None;
     ch.poll(&mut |t, s| {
         assert_eq!(t, 5);
@@ -165,11 +165,17 @@ fn pending_holds_until_cleared_then_completes_from_the_base() {
     let mut buf = vec![9u8; 512];
     let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 };
     dev.inject(&[1], inj(ErrorType::Pending, 1)).unwrap();
-    let write = |tag| IoRequest { tag, op: IoOp::Write, offset: 0, len: 512, iov: &iov, iovcnt: 1 };
-    // SAFETY: `buf` and `iov` outlive both requests, which complete in this test.
-    unsafe { ch.submit(&write(1)) }.unwrap();
-    // SAFETY: as above.
-    unsafe { ch.submit(&write(2)) }.unwrap();
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let write = |tag| IoRequest {
+        tag,
+        op: IoOp::Write,
+        offset: 0,
+        len: 512,
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        iov: unsafe { Iovecs::from_raw(&iov, 1) },
+    };
+    ch.submit(&write(1)).unwrap();
+    ch.submit(&write(2)).unwrap();
     let mut done = Vec::new();
     for _ in 0..10 {
         ch.poll(&mut |t, s| done.push((t, s)));
@@ -184,8 +190,7 @@ fn pending_holds_until_cleared_then_completes_from_the_base() {
     // A request held after a clear (this one with nothing held) stays held until the next.
     dev.clear();
     dev.inject(&[1], inj(ErrorType::Pending, 1)).unwrap();
-    // SAFETY: as above.
-    unsafe { ch.submit(&write(3)) }.unwrap();
+    ch.submit(&write(3)).unwrap();
     for _ in 0..10 {
         ch.poll(&mut |t, s| done.push((t, s)));
     }
@@ -205,16 +210,15 @@ fn queue_depth_takes_only_requests_submitted_at_that_depth() {
     assert_eq!(io(&mut *ch, IoOp::Read, &mut buf), Ok(IoStatus::Success));
     // Two writes passed down and not yet polled: the read submitted now is at depth 2.
     let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 };
-    let req = |tag, op| IoRequest { tag, op, offset: 0, len: 512, iov: &iov, iovcnt: 1 };
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let req = |tag, op| IoRequest { tag, op, offset: 0, len: 512, iov: unsafe { Iovecs::from_raw(&iov, 1) } };
     let mut done = Vec::new();
     for (n, want) in [(1, IoStatus::Success), (2, IoStatus::Error(libc::EIO))] {
         done.clear();
         for tag in 0..n {
-            // SAFETY: `buf` and `iov` outlive the requests, which complete in the polls below.
-            unsafe { ch.submit(&req(tag, IoOp::Write)) }.unwrap();
+            ch.submit(&req(tag, IoOp::Write)).unwrap();
         }
-        // SAFETY: as above.
-        unsafe { ch.submit(&req(9, IoOp::Read)) }.unwrap();
+        ch.submit(&req(9, IoOp::Read)).unwrap();
         while ch.in_flight() > 0 {
             ch.poll(&mut |t, s| done.push((t, s)));
         }
@@ -231,9 +235,10 @@ fn resume_ends_pending_injections_only() {
     dev.inject(&[1], inj(ErrorType::Pending, 5)).unwrap();
     dev.inject(&[0], inj(ErrorType::Failure, 5)).unwrap();
     let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 };
-    let w = IoRequest { tag: 1, op: IoOp::Write, offset: 0, len: 512, iov: &iov, iovcnt: 1 };
-    // SAFETY: `buf` and `iov` outlive the write, which the resume below completes.
-    unsafe { ch.submit(&w) }.unwrap();
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let iovs = unsafe { Iovecs::from_raw(&iov, 1) };
+    let w = IoRequest { tag: 1, op: IoOp::Write, offset: 0, len: 512, iov: iovs };
+    ch.submit(&w).unwrap();
     dev.resume_pending();
     let mut done = Vec::new();
     ch.poll(&mut |t, s| done.push((t, s)));
@@ -254,9 +259,9 @@ fn delete_fails_held_requests_so_that_none_leaks() {
     for (on_a, op) in [(true, IoOp::Read), (false, IoOp::Write), (true, IoOp::Flush)] {
         let ch = if on_a { &mut a } else { &mut b };
         let len = if op == IoOp::Flush { 0 } else { 512 };
-        let req = IoRequest { tag: op as u32, op, offset: 0, len, iov: &iov, iovcnt: 1 };
-        // SAFETY: `buf` and `iov` outlive the requests, which fail below.
-        unsafe { ch.submit(&req) }.unwrap();
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        let req = IoRequest { tag: op as u32, op, offset: 0, len, iov: unsafe { Iovecs::from_raw(&iov, 1) } };
+        ch.submit(&req).unwrap();
     }
     assert_eq!((a.in_flight(), b.in_flight()), (2, 1));
     dev.fail_pending();
@@ -311,9 +316,8 @@ impl BlockDevice for SleepyRam {
 }
 
 impl IoChannel for SleepyChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
-        // SAFETY: passed on with the caller's guarantee.
-        unsafe { self.inner.submit(req) }
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.inner.submit(req)
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
@@ -346,11 +350,18 @@ fn the_bases_completion_fd_passes_up_except_for_what_the_error_bdev_holds() {
 
     let mut buf = vec![1u8; 512];
     let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 512 };
-    let write = |tag| IoRequest { tag, op: IoOp::Write, offset: 0, len: 512, iov: &iov, iovcnt: 1 };
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let write = |tag| IoRequest {
+        tag,
+        op: IoOp::Write,
+        offset: 0,
+        len: 512,
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        iov: unsafe { Iovecs::from_raw(&iov, 1) },
+    };
     // A failure completes from the channel's own list at the next poll.
     dev.inject(&[1], inj(ErrorType::Failure, 1)).unwrap();
-    // SAFETY: `buf` and `iov` outlive the requests, all completed or released below.
-    unsafe { ch.submit(&write(1)) }.unwrap();
+    ch.submit(&write(1)).unwrap();
     assert!(!ch.arm_completion_fd(), "a failure is queued: poll, do not sleep");
     let mut done = Vec::new();
     ch.poll(&mut |t, s| done.push((t, s)));
@@ -359,8 +370,7 @@ fn the_bases_completion_fd_passes_up_except_for_what_the_error_bdev_holds() {
 
     // A held request: the caller must keep polling to see the clear.
     dev.inject(&[1], inj(ErrorType::Pending, 1)).unwrap();
-    // SAFETY: as above.
-    unsafe { ch.submit(&write(2)) }.unwrap();
+    ch.submit(&write(2)).unwrap();
     ch.poll(&mut |t, s| done.push((t, s)));
     assert_eq!((done.len(), ch.in_flight()), (1, 1));
     assert!(!ch.sleeps_in_flight(), "a held request is released by polling, never by the fd");

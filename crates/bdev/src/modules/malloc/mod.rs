@@ -38,8 +38,8 @@ mod rpc;
 pub use rpc::MallocModule;
 
 use crate::{
-    request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, DoneList, IoChannel, IoOp,
-    IoRequest, IoStatus, SubmitError, ALL_IO_TYPES,
+    validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, DoneList, IoChannel, IoOp, IoRequest,
+    IoStatus, SubmitError, ALL_IO_TYPES,
 };
 
 /// A RAM disk (SPDK's malloc bdev): its blocks live in this process's memory.
@@ -300,20 +300,19 @@ struct RamChannel {
 }
 
 impl IoChannel for RamChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
         // `check_range` keeps the range inside the mapping, whose length fits `usize`.
         let offset = req.offset as usize;
         let status = match req.op {
             IoOp::Read | IoOp::Write => {
-                // SAFETY: the caller's contract for `submit` covers the iovec array.
-                let iov = unsafe { request_iovecs(req) };
+                let iov = req.iov.as_slice();
                 let total = iov.iter().try_fold(0u64, |t, v| t.checked_add(v.iov_len as u64));
                 if total != Some(req.len) {
                     IoStatus::Error(libc::EINVAL)
                 } else if req.op == IoOp::Read {
                     // SAFETY: the range is inside the disk (checked above, and the iovecs add up
-                    // to `len`); the caller guarantees the buffers are writable and unshared.
+                    // to `len`); the request's `Iovecs` vouch for writable, unshared buffers.
                     unsafe { self.mem.read_into(offset, iov) };
                     IoStatus::Success
                 } else {
@@ -345,6 +344,7 @@ impl IoChannel for RamChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Iovecs;
 
     /// Pages of the mapping the kernel currently backs with memory.
     fn resident_pages(mem: &RamMemory) -> usize {
@@ -357,8 +357,7 @@ mod tests {
     }
 
     fn run(ch: &mut dyn IoChannel, req: IoRequest) -> IoStatus {
-        // SAFETY: the tests keep every buffer alive until the poll below returns it.
-        unsafe { ch.submit(&req) }.unwrap();
+        ch.submit(&req).unwrap();
         let mut status = None;
         assert_eq!(ch.poll(&mut |_, s| status = Some(s)), 1);
         status.unwrap()
@@ -378,8 +377,8 @@ mod tests {
             op: IoOp::Write,
             offset: 512 << 20,
             len: buf.len() as u64,
-            iov: &iov,
-            iovcnt: 1,
+            // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+            iov: unsafe { Iovecs::from_raw(&iov, 1) },
         };
         assert_eq!(run(&mut *ch, write), IoStatus::Success);
         // 256 pages of 4 KiB, or up to one 2 MiB huge page with transparent huge pages "always".
@@ -403,9 +402,16 @@ mod tests {
         let mut ch = dev.open_channel().unwrap();
         let mut buf = vec![0x77u8; 4096];
         let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        let at = |offset| IoRequest { tag: 1, op: IoOp::Write, offset, len: 4096, iov: &iov, iovcnt: 1 };
-        // SAFETY: nothing is submitted: the request is refused before any data moves.
-        assert_eq!(unsafe { ch.submit(&at(8192)) }, Err(SubmitError::OutOfRange));
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        let at = |offset| IoRequest {
+            tag: 1,
+            op: IoOp::Write,
+            offset,
+            len: 4096,
+            // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+            iov: unsafe { Iovecs::from_raw(&iov, 1) },
+        };
+        assert_eq!(ch.submit(&at(8192)), Err(SubmitError::OutOfRange));
         dev.resize(32).unwrap();
         // The channel opened before the resize sees the new size at once.
         assert_eq!(run(&mut *ch, at(8192)), IoStatus::Success);
@@ -416,8 +422,7 @@ mod tests {
         assert_eq!(dev.info().num_blocks(), 32);
         // Shrink, grow again: the dropped blocks come back as zeroes.
         dev.resize(16).unwrap();
-        // SAFETY: refused before any data moves.
-        assert_eq!(unsafe { ch.submit(&at(8192)) }, Err(SubmitError::OutOfRange));
+        assert_eq!(ch.submit(&at(8192)), Err(SubmitError::OutOfRange));
         dev.resize(128).unwrap();
         buf.fill(0xee);
         assert_eq!(run(&mut *ch, IoRequest { op: IoOp::Read, ..at(8192) }), IoStatus::Success);
@@ -434,8 +439,15 @@ mod tests {
         let mut ch = dev.open_channel().unwrap();
         let mut buf = vec![0x5au8; 64 * 512];
         let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        let all =
-            IoRequest { tag: 7, op: IoOp::Write, offset: 0, len: buf.len() as u64, iov: &iov, iovcnt: 1 };
+        // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+        let all = IoRequest {
+            tag: 7,
+            op: IoOp::Write,
+            offset: 0,
+            len: buf.len() as u64,
+            // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+            iov: unsafe { Iovecs::from_raw(&iov, 1) },
+        };
         assert_eq!(run(&mut *ch, all), IoStatus::Success);
         // Blocks 3..=20: a partial page at each end and a whole page in the middle.
         let zeroes = IoRequest { op: IoOp::WriteZeroes, offset: 3 * 512, len: 18 * 512, ..all };

@@ -134,8 +134,8 @@ mod status;
 pub use rpc::UringModule;
 
 use crate::{
-    request_iovecs, validate_geometry, BdevError, BdevInfo, BlockDevice, BlockExtent, Capacity, IoChannel,
-    IoOp, IoRequest, IoStatus, SubmitError, ALL_IO_TYPES,
+    validate_geometry, BdevError, BdevInfo, BlockDevice, BlockExtent, Capacity, IoChannel, IoOp, IoRequest,
+    IoStatus, SubmitError, ALL_IO_TYPES,
 };
 
 /// Submission queue size used unless [`UringDevice::with_ring_entries`] says otherwise.
@@ -584,15 +584,11 @@ impl UringChannel {
     }
 
     /// Builds the SQE for `req`, or the status it completes with at once.
-    ///
-    /// # Safety
-    /// As for [`IoChannel::submit`].
-    unsafe fn prepare(&self, req: &IoRequest) -> Result<squeue::Entry, IoStatus> {
+    fn prepare(&self, req: &IoRequest) -> Result<squeue::Entry, IoStatus> {
         let shared = &*self.shared;
         match req.op {
             IoOp::Read | IoOp::Write => {
-                // SAFETY: the caller's contract for `submit` covers the iovec array.
-                let iov = unsafe { request_iovecs(req) };
+                let iov = req.iov.as_slice();
                 let (total, aligned) = shared.align.scan(req.offset, iov);
                 if total != Some(req.len) {
                     return Err(IoStatus::Error(libc::EINVAL));
@@ -601,12 +597,12 @@ impl UringChannel {
                     return Err(IoStatus::Success);
                 }
                 let file = if aligned && shared.direct.is_some() { FILE_DIRECT } else { FILE_BUFFERED };
-                // The iovec pointer goes to the kernel as is: the caller keeps the array and its
-                // buffers valid until completion.
+                // The iovec pointer goes to the kernel as is: the request's `Iovecs` vouch for
+                // the array and its buffers until completion.
                 Ok(if req.op == IoOp::Read {
-                    opcode::Readv::new(file, req.iov, req.iovcnt).offset(req.offset).build()
+                    opcode::Readv::new(file, req.iov.as_ptr(), req.iov.count()).offset(req.offset).build()
                 } else {
-                    opcode::Writev::new(file, req.iov, req.iovcnt).offset(req.offset).build()
+                    opcode::Writev::new(file, req.iov.as_ptr(), req.iov.count()).offset(req.offset).build()
                 })
             }
             IoOp::Flush => Ok(opcode::Fsync::new(FILE_BUFFERED).flags(types::FsyncFlags::DATASYNC).build()),
@@ -704,17 +700,16 @@ fn completion_status(slot: &Slot, res: i32) -> IoStatus {
 }
 
 impl IoChannel for UringChannel {
-    unsafe fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.shared.info.check_range(req.offset, req.len)?;
         let Some(&slot) = self.free.last() else {
             return Err(SubmitError::Busy);
         };
         let mut state = Slot { tag: req.tag, op: req.op, len: req.len, status: IoStatus::Success };
-        // SAFETY: passed on from our caller.
-        match unsafe { self.prepare(req) } {
+        match self.prepare(req) {
             Ok(entry) => {
-                // SAFETY: the caller keeps the iovecs and buffers valid until the completion is
-                // returned by `poll`, which is after the kernel is done with them.
+                // SAFETY: the request's `Iovecs` vouch for the iovecs and buffers until its
+                // completion is returned by `poll`, which is after the kernel is done with them.
                 if !unsafe { self.queue(entry.user_data(u64::from(slot))) } {
                     return Err(SubmitError::Busy);
                 }
