@@ -58,6 +58,23 @@ pub enum ModuleError {
     /// it takes back, with its errno, when the method returns.
     #[error(transparent)]
     Host(Box<dyn std::error::Error + Send + Sync>),
+    /// The module's own failure (a controller that timed out, a raid without its bases), with
+    /// the negative errno the JSON-RPC error reports for it: the host passes both on without
+    /// knowing the module's error type.
+    #[error("{source}")]
+    Module {
+        /// A negative errno (`-libc::ETIMEDOUT`), SPDK's JSON-RPC error code for it.
+        errno: i32,
+        /// What failed; its message is the JSON-RPC error's.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl ModuleError {
+    /// The module's own error `source`, reported as `errno` (negative, as SPDK's codes are).
+    pub fn module(errno: i32, source: impl std::error::Error + Send + Sync + 'static) -> ModuleError {
+        ModuleError::Module { errno, source: Box::new(source) }
+    }
 }
 
 /// A bdev a module hands to [`ModuleHost::add_bdev`].

@@ -128,7 +128,7 @@ fn uuid_of_nqn(nqn: &str) -> Option<[u8; 16]> {
 fn nvme_error(e: NvmeError) -> ModuleError {
     match e {
         NvmeError::InvalidParam { field, reason } => ParamError::new(field, reason).into(),
-        other => ModuleError::Host(Box::new(other)),
+        other => ModuleError::module(other.errno(), other),
     }
 }
 

@@ -151,13 +151,12 @@ pub(crate) fn with_raids<R>(host: &dyn ModuleHost, f: impl FnOnce(&mut Vec<RaidE
 }
 
 /// A raid error as a module error: refusals name their field (invalid params), the rest keep
-/// their errno through the host (the registry maps a boxed `RaidError` with
-/// [`RaidError::errno`]).
+/// their errno ([`RaidError::errno`]).
 pub fn module_error(e: RaidError) -> ModuleError {
     match e {
         RaidError::InvalidParam { field, reason } => ParamError::new(field, reason).into(),
         RaidError::Bdev(b) => ModuleError::Bdev(b),
-        other => ModuleError::Host(Box::new(other)),
+        other => ModuleError::module(other.errno(), other),
     }
 }
 

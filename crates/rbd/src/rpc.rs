@@ -60,7 +60,8 @@ fn rbd_error(e: RbdError) -> ModuleError {
         RbdError::Invalid { field, reason } | RbdError::NotFound { field, reason } => {
             ParamError::new(field, reason).into()
         }
-        other => ModuleError::Host(Box::new(other)),
+        // The JSON-RPC code stays EIO (`RbdError::errno` is what the data path reports).
+        other => ModuleError::module(-libc::EIO, other),
     }
 }
 

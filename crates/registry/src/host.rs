@@ -35,8 +35,10 @@ impl From<ModuleError> for RegistryError {
             ModuleError::Bdev(b) => RegistryError::Bdev(b),
             ModuleError::Host(h) => match h.downcast::<RegistryError>() {
                 Ok(e) => *e,
-                Err(other) => RegistryError::Other(other),
+                // Only the registry makes host errors; anything else is reported as an I/O error.
+                Err(other) => RegistryError::Module { errno: -libc::EIO, source: other },
             },
+            ModuleError::Module { errno, source } => RegistryError::Module { errno, source },
         }
     }
 }
