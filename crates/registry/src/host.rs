@@ -234,8 +234,8 @@ impl ModuleHost for Registry {
                 continue;
             }
             log::info!("bdev '{bdev}' resized from {was} to {} blocks", info.num_blocks());
-            for export in st.exports.values().filter(|x| st.canonical(x.bdev_name()) == Some(bdev)) {
-                export.resized(info.size_bytes());
+            for export in st.exports.values().filter(|x| st.canonical(&x.bdev) == Some(bdev)) {
+                export.export.resized(info.size_bytes());
             }
             resized.push((e.disk.clone(), info.num_blocks()));
         }

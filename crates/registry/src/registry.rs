@@ -11,7 +11,7 @@ use fp_reactor::ReactorHandle;
 
 use crate::bdevs::BdevEntry;
 use crate::examine::ExamineGate;
-use crate::exports::Export;
+use crate::exports::ExportEntry;
 use crate::{modules, ExportDirs, Limits, RegistryError};
 
 /// A reactor as `framework_get_reactors` reports it.
@@ -26,7 +26,7 @@ pub(crate) struct State {
     pub(crate) bdevs: BTreeMap<String, BdevEntry>,
     /// Alias to bdev name.
     pub(crate) aliases: BTreeMap<String, String>,
-    pub(crate) exports: BTreeMap<String, Box<dyn Export>>,
+    pub(crate) exports: BTreeMap<String, ExportEntry>,
     /// QoS groups by name (their members are the bdevs whose disks joined them).
     pub(crate) qos_groups: BTreeMap<String, Arc<fp_bdev::qos::QosGroup>>,
     /// Mirror jobs by id (`mirror.rs`).
@@ -266,11 +266,11 @@ impl Registry {
         // NVMe-oF first: its listeners close and its hosts are disconnected, so no new
         // connection races the namespaces' removal below.
         self.nvmf.stop();
-        let exports: Vec<Box<dyn Export>> = {
+        let exports: Vec<ExportEntry> = {
             let mut st = self.lock();
             let all = std::mem::take(&mut st.exports);
             for (name, export) in &all {
-                st.release(export.bdev_name(), export.kind(), name);
+                st.release(&export.bdev, export.kind, name);
             }
             all.into_values().collect()
         };

@@ -64,19 +64,9 @@ pub fn find_kind(name: &str) -> Option<&'static dyn ExportKind> {
     EXPORT_KINDS.iter().copied().find(|k| k.name() == name)
 }
 
-/// A running export.
+/// A running export: only what differs between kinds. Its name, kind, bdev and claim are the
+/// registry's ([`ExportEntry`]), given once to [`Registry::add_export`].
 pub trait Export: Send + Sync {
-    fn name(&self) -> &str;
-
-    /// "vhost-blk", ...: its kind, also the claim holder's kind in `bdev_get_bdevs`.
-    fn kind(&self) -> &'static str;
-
-    /// The bdev it serves.
-    fn bdev_name(&self) -> &str;
-
-    /// How it claims that bdev.
-    fn claim_type(&self) -> ClaimType;
-
     /// Its bdev changed size (now `size_bytes`): offer the new size to its clients and tell
     /// them if the protocol can.
     fn resized(&self, size_bytes: u64);
@@ -97,10 +87,20 @@ pub trait Export: Send + Sync {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// A running export as the registry keeps it: what every kind has, beside the kind's own part.
+pub(crate) struct ExportEntry {
+    pub(crate) name: String,
+    /// [`ExportKind::name`], also the claim holder's kind in `bdev_get_bdevs`.
+    pub(crate) kind: &'static str,
+    /// The bdev it serves, as the creating call named it (a name or an alias).
+    pub(crate) bdev: String,
+    pub(crate) export: Box<dyn Export>,
+}
+
 /// What [`Registry::add_export`] checks before starting an export.
 pub struct NewExport<'a> {
     pub name: &'a str,
-    /// [`Export::kind`].
+    /// [`ExportKind::name`].
     pub kind: &'static str,
     /// What errors call it ("controller").
     pub label: &'static str,
@@ -148,7 +148,7 @@ impl Registry {
         }
         // One limit per kind: `limits.max_exports` vhost-blk controllers, and as many NBD exports.
         let max = self.options.limits.max_exports;
-        if st.exports.values().filter(|e| e.kind() == kind).count() >= max {
+        if st.exports.values().filter(|e| e.kind == kind).count() >= max {
             return Err(RegistryError::LimitReached {
                 kind: label,
                 name: name.into(),
@@ -167,7 +167,8 @@ impl Registry {
         let export = start(Arc::new(entry.disk.clone()))?;
         entry.claims.push(Claim { holder: name.into(), holder_kind: kind, claim_type });
         log::info!("{kind} export '{name}' serving bdev '{bdev_name}' ({})", claim_type.name());
-        st.exports.insert(name.into(), export);
+        st.exports
+            .insert(name.into(), ExportEntry { name: name.into(), kind, bdev: bdev_name.into(), export });
         Ok(())
     }
 
@@ -178,16 +179,16 @@ impl Registry {
             let mut st = self.lock();
             let label = kind.map_or("export", |(_, label)| label);
             match st.exports.get(name) {
-                Some(e) if kind.is_none_or(|(k, _)| e.kind() == k) => {}
+                Some(e) if kind.is_none_or(|(k, _)| e.kind == k) => {}
                 _ => return Err(RegistryError::NotFound { kind: label, name: name.into() }),
             }
             let export = st.exports.remove(name).expect("looked up under the same lock");
-            st.release(export.bdev_name(), export.kind(), name);
+            st.release(&export.bdev, export.kind, name);
             export
         };
         // Stopping waits for the queues to drain: do it without holding the registry lock.
-        let kind = export.kind();
-        export.stop();
+        let kind = export.kind;
+        export.export.stop();
         log::info!("{kind} export '{name}' deleted");
         Ok(())
     }
@@ -203,7 +204,7 @@ impl Registry {
         let st = self.lock();
         st.exports
             .get(name)
-            .and_then(|e| e.as_any().downcast_ref::<T>())
+            .and_then(|e| e.export.as_any().downcast_ref::<T>())
             .map(f)
             .ok_or_else(|| RegistryError::NotFound { kind: label, name: name.into() })
     }
@@ -211,6 +212,6 @@ impl Registry {
     /// `f` of every export of type `T`, in name order.
     pub fn map_exports<T: 'static, R>(&self, f: impl Fn(&T) -> R) -> Vec<R> {
         let st = self.lock();
-        st.exports.values().filter_map(|e| e.as_any().downcast_ref::<T>()).map(f).collect()
+        st.exports.values().filter_map(|e| e.export.as_any().downcast_ref::<T>()).map(f).collect()
     }
 }

@@ -77,26 +77,6 @@ impl NbdExport {
 }
 
 impl Export for NbdExport {
-    fn name(&self) -> &str {
-        &self.nbd_device
-    }
-
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
-    fn bdev_name(&self) -> &str {
-        &self.bdev_name
-    }
-
-    fn claim_type(&self) -> ClaimType {
-        if self.readonly {
-            ClaimType::ReadManyWriteNone
-        } else {
-            ClaimType::ExclusiveWrite
-        }
-    }
-
     /// Connected clients see the new size in their range checks at once; new ones are told it
     /// in the handshake. The protocol has no message to tell a connected client.
     fn resized(&self, size_bytes: u64) {

@@ -76,29 +76,12 @@ struct NvmfNamespace {
     nqn: String,
     nsid: u32,
     bdev_name: String,
-    read_only: bool,
     /// Taken out of its subsystem by a removal whose drain ran out of time: the export (and
     /// its claim on the bdev) stays until a later removal sees its commands finished.
     detached: Arc<AtomicBool>,
 }
 
 impl Export for NvmfNamespace {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
-    fn bdev_name(&self) -> &str {
-        &self.bdev_name
-    }
-
-    fn claim_type(&self) -> ClaimType {
-        claim_type(self.read_only)
-    }
-
     /// The namespace's size is read from the bdev's shared capacity; the target sends the
     /// subsystem's hosts a Namespace Attribute Changed event so they read Identify Namespace
     /// again (Linux then updates the disk's size).
@@ -163,7 +146,6 @@ impl Registry {
                 nqn: spec.nqn.clone(),
                 nsid,
                 bdev_name: spec.bdev_name.clone(),
-                read_only: spec.read_only,
                 detached: Arc::default(),
             }))
         })?;
