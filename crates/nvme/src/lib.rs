@@ -19,6 +19,7 @@ pub mod cmd;
 pub mod ctrlr;
 pub mod emu;
 mod error;
+mod metrics;
 pub mod pcie;
 pub mod regs;
 pub mod rpc;

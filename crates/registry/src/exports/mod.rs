@@ -12,10 +12,9 @@ use std::any::Any;
 use std::sync::Arc;
 
 use fp_bdev::{Bdev, ClaimType};
-use serde_json::Value;
 
 use crate::methods::MethodFn;
-use crate::metrics::Family;
+use crate::metrics::{Family, MetricsCall};
 use crate::{Claim, Registry, RegistryError};
 
 pub mod nbd;
@@ -42,17 +41,10 @@ pub trait ExportKind: Sync {
 
     /// Its metric families for one scrape, read through `call` (a method and its parameters),
     /// the same methods the RPC answers, so the endpoint and the RPC cannot disagree.
-    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family>;
+    fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family>;
 }
 
-/// A configuration file table that stands for calls of one method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConfigTable {
-    /// The array of tables' name (`[[nbd_disk]]`).
-    pub table: &'static str,
-    /// The method each table is the parameters of (`nbd_start_disk`).
-    pub method: &'static str,
-}
+pub use fp_bdev::ConfigTable;
 
 /// Every kind's configuration tables, in the order the configuration file applies them.
 pub fn config_tables() -> impl Iterator<Item = ConfigTable> {

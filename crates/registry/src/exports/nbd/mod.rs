@@ -6,11 +6,10 @@ use std::any::Any;
 
 use fp_bdev::ClaimType;
 use fp_nbd::{ExportHandle, ExportSpec, NbdStats, TlsFiles};
-use serde_json::Value;
 
 use super::{ConfigTable, Export, ExportKind, NewExport};
 use crate::methods::MethodFn;
-use crate::metrics::{array, str_at, u64_at, Family};
+use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
 
 mod rpc;
@@ -216,11 +215,12 @@ impl ExportKind for NbdKind {
     }
 
     fn config_tables(&self) -> &'static [ConfigTable] {
-        &[ConfigTable { table: "nbd_disk", method: "nbd_start_disk" }]
+        const TABLES: &[ConfigTable] = &[ConfigTable::array("nbd_disk", "nbd_start_disk")];
+        TABLES
     }
 
     /// From `nbd_get_disks`: what each export's clients asked, and how many are connected.
-    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family> {
+    fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family> {
         let Some(disks) = call("nbd_get_disks", None) else { return Vec::new() };
         let mut requests =
             Family::counter("flashpath_nbd_requests_total", "Requests an NBD export answered, by command");

@@ -10,11 +10,10 @@ use std::sync::Arc;
 
 use fp_bdev::ClaimType;
 use fp_nvmf::{NamespaceSpec, NvmfError, NvmfTarget};
-use serde_json::Value;
 
 use super::{ConfigTable, Export, ExportKind, NewExport};
 use crate::methods::MethodFn;
-use crate::metrics::{array, str_at, u64_at, Family};
+use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
 
 mod rpc;
@@ -219,11 +218,11 @@ pub struct NvmfKind;
 /// Its configuration tables, applied in this order: the transport before the subsystems,
 /// a subsystem before its listeners, hosts and namespaces.
 const CONFIG_TABLES: &[ConfigTable] = &[
-    ConfigTable { table: "nvmf_transport", method: "nvmf_create_transport" },
-    ConfigTable { table: "nvmf_subsystem", method: "nvmf_create_subsystem" },
-    ConfigTable { table: "nvmf_listener", method: "nvmf_subsystem_add_listener" },
-    ConfigTable { table: "nvmf_host", method: "nvmf_subsystem_add_host" },
-    ConfigTable { table: "nvmf_ns", method: "nvmf_subsystem_add_ns" },
+    ConfigTable::array("nvmf_transport", "nvmf_create_transport"),
+    ConfigTable::array("nvmf_subsystem", "nvmf_create_subsystem"),
+    ConfigTable::array("nvmf_listener", "nvmf_subsystem_add_listener"),
+    ConfigTable::array("nvmf_host", "nvmf_subsystem_add_host"),
+    ConfigTable::array("nvmf_ns", "nvmf_subsystem_add_ns"),
 ];
 
 impl ExportKind for NvmfKind {
@@ -241,7 +240,7 @@ impl ExportKind for NvmfKind {
 
     /// From `nvmf_get_stats`: each namespace's commands, bytes and errors, and each
     /// subsystem's connected controllers and queue pairs.
-    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family> {
+    fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family> {
         let Some(stats) = call("nvmf_get_stats", None) else { return Vec::new() };
         let mut requests = Family::counter(
             "flashpath_nvmf_requests_total",

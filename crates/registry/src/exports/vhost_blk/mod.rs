@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::{ConfigTable, Export, ExportKind, NewExport};
 use crate::methods::MethodFn;
-use crate::metrics::{array, str_at, u64_at, Family};
+use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
 
 pub(crate) mod rpc;
@@ -214,11 +214,12 @@ impl ExportKind for VhostBlkKind {
     }
 
     fn config_tables(&self) -> &'static [ConfigTable] {
-        &[ConfigTable { table: "vhost_blk", method: "vhost_create_blk_controller" }]
+        const TABLES: &[ConfigTable] = &[ConfigTable::array("vhost_blk", "vhost_create_blk_controller")];
+        TABLES
     }
 
     /// From `vhost_get_controllers`: what each guest-facing controller did, and holds now.
-    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family> {
+    fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family> {
         call("vhost_get_controllers", None).map(|c| controller_families(&c).into()).unwrap_or_default()
     }
 }
