@@ -10,6 +10,7 @@
 
 use std::any::Any;
 use std::sync::Arc;
+use std::time::Duration;
 
 use fp_bdev::{Bdev, ClaimType};
 
@@ -42,6 +43,37 @@ pub trait ExportKind: Sync {
     /// Its metric families for one scrape, read through `call` (a method and its parameters),
     /// the same methods the RPC answers, so the endpoint and the RPC cannot disagree.
     fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family>;
+
+    /// Makes the kind's daemon-wide state (a server with its listeners, a target with its
+    /// subsystems) as the registry is made, from the registry's options; its methods find it
+    /// again with [`Registry::kind_state`]. `None` (the default) for a kind with no state
+    /// beyond its exports.
+    fn init(&self, init: &KindInit<'_>) -> Option<Arc<dyn Any + Send + Sync>> {
+        let _ = init;
+        None
+    }
+
+    /// The daemon is stopping, before its exports stop: close what would let new clients in
+    /// (listeners) and disconnect the ones the kind holds beside its exports.
+    fn shutdown(&self, registry: &Registry) {
+        let _ = registry;
+    }
+
+    /// The longest the stop of one of its exports may take at shutdown, when its own bound
+    /// is longer than the daemon's stop bound (an NVMe-oF namespace's drain):
+    /// [`Registry::export_stop_bound`] is the longest of them.
+    fn stop_bound(&self, registry: &Registry) -> Option<Duration> {
+        let _ = registry;
+        None
+    }
+}
+
+/// What an export kind's [`ExportKind::init`] builds its state from.
+pub struct KindInit<'a> {
+    /// The daemon's reactors, where its connections run.
+    pub reactors: &'a [fp_reactor::ReactorHandle],
+    /// The registry's options (the kind's bounds among them).
+    pub options: &'a crate::RegistryOptions,
 }
 
 pub use fp_bdev::ConfigTable;

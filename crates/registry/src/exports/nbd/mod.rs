@@ -3,11 +3,12 @@
 //! `nbd_device` string, as SPDK's `nbd_stop_disk` does.
 
 use std::any::Any;
+use std::sync::Arc;
 
 use fp_bdev::ClaimType;
-use fp_nbd::{ExportHandle, ExportSpec, NbdStats, TlsFiles};
+use fp_nbd::{ExportHandle, ExportSpec, NbdServer, NbdStats, TlsFiles};
 
-use super::{ConfigTable, Export, ExportKind, NewExport};
+use super::{ConfigTable, Export, ExportKind, KindInit, NewExport};
 use crate::methods::MethodFn;
 use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
@@ -108,6 +109,11 @@ impl Export for NbdExport {
 }
 
 impl Registry {
+    /// The NBD server (the kind's state, [`NbdKind`]).
+    fn nbd_server(&self) -> &NbdServer {
+        self.kind_state(KIND)
+    }
+
     /// Starts an NBD export of a bdev.
     pub fn start_nbd(&self, spec: NbdSpec) -> Result<(), RegistryError> {
         let device = fp_nbd::parse_device(&spec.nbd_device)
@@ -132,7 +138,7 @@ impl Registry {
                 socket_mode: self.options.socket_mode,
             };
             let handle = self
-                .nbd
+                .nbd_server()
                 .start(export)
                 .map_err(|e| RegistryError::Invalid { field: e.field, reason: e.reason })?;
             Ok(Box::new(NbdExport {
@@ -179,7 +185,7 @@ impl Registry {
     pub fn stop_nbd(&self, nbd_device: &str) -> Result<(), RegistryError> {
         let (handle, bdev) =
             self.with_export(nbd_device, LABEL, |e: &NbdExport| (e.handle.clone(), e.bdev_name.clone()))?;
-        let bound = self.nbd.stop_timeout();
+        let bound = self.nbd_server().stop_timeout();
         if let Err(n) = handle.close(bound) {
             return Err(RegistryError::NotNow(format!(
                 "nbd export '{nbd_device}' is closed to new clients, but {n} connection(s) still \
@@ -208,6 +214,15 @@ pub struct NbdKind;
 impl ExportKind for NbdKind {
     fn name(&self) -> &'static str {
         KIND
+    }
+
+    /// The server: its listeners, shared by the exports on one address, with the daemon's
+    /// bounds.
+    fn init(&self, init: &KindInit<'_>) -> Option<Arc<dyn Any + Send + Sync>> {
+        let server = NbdServer::new();
+        server.set_stop_timeout(init.options.nbd_stop_timeout);
+        server.set_close_timeout(init.options.nbd_close_timeout);
+        Some(Arc::new(server))
     }
 
     fn methods(&self) -> &'static [(&'static str, MethodFn)] {

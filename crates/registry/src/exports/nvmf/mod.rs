@@ -11,7 +11,7 @@ use std::sync::Arc;
 use fp_bdev::ClaimType;
 use fp_nvmf::{NamespaceSpec, NvmfError, NvmfTarget};
 
-use super::{ConfigTable, Export, ExportKind, NewExport};
+use super::{ConfigTable, Export, ExportKind, KindInit, NewExport};
 use crate::methods::MethodFn;
 use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
@@ -107,16 +107,16 @@ impl Export for NvmfNamespace {
 }
 
 impl Registry {
-    /// The daemon's NVMe-oF target.
+    /// The daemon's NVMe-oF target (the kind's state, [`NvmfKind`]).
     pub fn nvmf(&self) -> &NvmfTarget {
-        &self.nvmf
+        self.kind_state(KIND)
     }
 
     /// Adds a namespace backed by a bdev to a subsystem, claiming the bdev; returns its nsid.
     pub fn nvmf_add_namespace(&self, spec: NvmfNamespaceSpec) -> Result<u32, RegistryError> {
         let nsid = match spec.nsid {
             Some(n) => n,
-            None => self.nvmf.free_nsid(&spec.nqn)?,
+            None => self.nvmf().free_nsid(&spec.nqn)?,
         };
         let name = namespace_name(&spec.nqn, nsid);
         let new = NewExport {
@@ -138,9 +138,9 @@ impl Registry {
                 eui64: spec.eui64,
                 read_only: spec.read_only,
             };
-            let nsid = self.nvmf.add_namespace(&spec.nqn, ns)?;
+            let nsid = self.nvmf().add_namespace(&spec.nqn, ns)?;
             Ok(Box::new(NvmfNamespace {
-                target: self.nvmf.clone(),
+                target: self.nvmf().clone(),
                 name: namespace_name(&spec.nqn, nsid),
                 nqn: spec.nqn.clone(),
                 nsid,
@@ -157,7 +157,7 @@ impl Registry {
     /// and the error says how many commands are left; calling again waits for them again.
     pub fn nvmf_remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), RegistryError> {
         // An unknown subsystem is reported as such rather than as a missing namespace.
-        self.nvmf.controllers(nqn)?;
+        self.nvmf().controllers(nqn)?;
         let name = namespace_name(nqn, nsid);
         let (target, bdev, detached) = self.with_export(&name, LABEL, |ns: &NvmfNamespace| {
             (ns.target.clone(), ns.bdev_name.clone(), ns.detached.clone())
@@ -174,12 +174,12 @@ impl Registry {
     /// a namespace whose commands do not drain in time fails the call and leaves the subsystem
     /// in place), then the subsystem with its listeners, disconnecting its hosts.
     pub fn nvmf_delete_subsystem(&self, nqn: &str) -> Result<(), RegistryError> {
-        self.nvmf.controllers(nqn)?;
+        self.nvmf().controllers(nqn)?;
         let nsids = self.map_exports(|ns: &NvmfNamespace| (ns.nqn == nqn).then_some(ns.nsid));
         for nsid in nsids.into_iter().flatten() {
             self.nvmf_remove_namespace(nqn, nsid)?;
         }
-        Ok(self.nvmf.delete_subsystem(nqn)?)
+        Ok(self.nvmf().delete_subsystem(nqn)?)
     }
 }
 
@@ -228,6 +228,30 @@ const CONFIG_TABLES: &[ConfigTable] = &[
 impl ExportKind for NvmfKind {
     fn name(&self) -> &'static str {
         KIND
+    }
+
+    /// The target: its transport, subsystems and listeners, with the daemon's bounds and
+    /// whether listeners may leave loopback.
+    fn init(&self, init: &KindInit<'_>) -> Option<Arc<dyn Any + Send + Sync>> {
+        let options = init.options;
+        let target = NvmfTarget::new(
+            init.reactors.to_vec(),
+            fp_nvmf::TargetOptions { allow_remote_listeners: options.nvmf_allow_remote },
+        );
+        target.set_drain_timeout(options.nvmf_drain_timeout);
+        target.set_close_timeout(options.nvmf_close_timeout);
+        Some(Arc::new(target))
+    }
+
+    /// Its listeners close and its hosts are disconnected, so that no new connection races
+    /// the namespaces' removal.
+    fn shutdown(&self, registry: &Registry) {
+        registry.nvmf().stop();
+    }
+
+    /// Each namespace's stop drains it, up to the target's drain timeout.
+    fn stop_bound(&self, registry: &Registry) -> Option<std::time::Duration> {
+        Some(registry.nvmf().drain_timeout())
     }
 
     fn methods(&self) -> &'static [(&'static str, MethodFn)] {
