@@ -139,7 +139,7 @@
 //! `bdev_auto_examine = false` no module examines the bdevs the file creates, so a raid1
 //! replica host keeps its disk, which carries the raid's superblock, to export it). Then come
 //! the bdev modules' own tables, each module's in the order it names them
-//! ([`fp_bdev::BdevModule::config_tables`]) and the modules in the order of
+//! (`BdevModule::config_tables`) and the modules in the order of
 //! [`fp_registry::modules::MODULES`]: each `[[keyring_file_key]]` the params of
 //! `keyring_file_add_key` and each `[[accel_crypto_key]]` those of `accel_crypto_key_create` (a
 //! file with a table that holds key material is refused unless owner-only), `[raid_options]`

@@ -1,4 +1,4 @@
-//! The command line: [`Cli`] and its [`Command`]s, each subcommand's options beside its
+//! The command line: [`Cli`] and its `Command`s, each subcommand's options beside its
 //! handler in a file of its own. The client commands turn their options into one or two
 //! JSON-RPC calls to the daemon and print the result as a table (or, with `--json`, as the raw
 //! result); `serve` runs the daemon itself.

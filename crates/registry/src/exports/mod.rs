@@ -28,7 +28,7 @@ pub static EXPORT_KINDS: &[&dyn ExportKind] = &[&vhost_blk::VhostBlkKind, &nbd::
 /// A kind of export, as the daemon sees it beside its running exports: a bdev module's
 /// counterpart ([`fp_bdev::BdevModule`]).
 pub trait ExportKind: Sync {
-    /// "vhost-blk", "nbd": [`Export::kind`] of its exports, the claim holder's kind in
+    /// "vhost-blk", "nbd": the kind of its exports, the claim holder's kind in
     /// `bdev_get_bdevs`.
     fn name(&self) -> &'static str;
 
@@ -89,7 +89,7 @@ pub fn find_kind(name: &str) -> Option<&'static dyn ExportKind> {
 }
 
 /// A running export: only what differs between kinds. Its name, kind, bdev and claim are the
-/// registry's ([`ExportEntry`]), given once to [`Registry::add_export`].
+/// registry's, given once to [`Registry::add_export`].
 pub trait Export: Send + Sync {
     /// Its bdev changed size (now `size_bytes`): offer the new size to its clients and tell
     /// them if the protocol can.

@@ -17,7 +17,7 @@ mod rpc;
 #[cfg(test)]
 mod tests;
 
-/// [`Export::kind`] of an NBD export.
+/// The kind ([`ExportKind::name`]) of an NBD export.
 pub const KIND: &str = "nbd";
 
 /// What errors call one.

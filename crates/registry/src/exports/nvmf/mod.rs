@@ -20,7 +20,7 @@ mod rpc;
 #[cfg(test)]
 mod tests;
 
-/// [`Export::kind`] of an NVMe-oF namespace.
+/// The kind ([`ExportKind::name`]) of an NVMe-oF namespace.
 pub const KIND: &str = "nvmf";
 
 /// What errors call one.

@@ -16,7 +16,7 @@ use crate::{Registry, RegistryError};
 
 pub(crate) mod rpc;
 
-/// [`Export::kind`] of a vhost-user-blk controller.
+/// The kind ([`ExportKind::name`]) of a vhost-user-blk controller.
 pub const KIND: &str = "vhost-blk";
 
 /// What errors call one.
