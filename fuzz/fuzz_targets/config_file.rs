@@ -129,7 +129,7 @@ fn no_real_clusters(config: &mut ConfigFile) {
             options.insert("client_mount_timeout".into(), "1".into());
         }
     };
-    for table in &mut config.rbd_cluster {
+    for table in config.tables.get_mut("rbd_cluster").into_iter().flatten() {
         confine(table, "config_param");
     }
     // A bdev on a registered cluster (`cluster_name`) makes no connection of its own, and may
@@ -146,7 +146,7 @@ fn no_real_clusters(config: &mut ConfigFile) {
 /// Points every NVMe controller at a closed loopback port or at a PCI function that does not
 /// exist (module docs).
 fn no_real_nvme(config: &mut ConfigFile) {
-    for table in &mut config.nvme_controller {
+    for table in config.tables.get_mut("nvme_controller").into_iter().flatten() {
         if let Some(toml::Value::String(traddr)) = table.get_mut("traddr") {
             *traddr = match traddr.parse::<std::net::IpAddr>() {
                 Ok(std::net::IpAddr::V4(_)) => "127.0.0.1".into(),
@@ -193,7 +193,7 @@ fn confine_nbd_device(device: &str, env: &Env) -> String {
 
 /// Confines every `[[nbd_disk]]`'s listener and TLS files (module docs).
 fn confine_nbd(config: &mut ConfigFile, env: &Env) {
-    for table in config.exports.get_mut("nbd_disk").into_iter().flatten() {
+    for table in config.tables.get_mut("nbd_disk").into_iter().flatten() {
         if let Some(toml::Value::String(device)) = table.get_mut("nbd_device") {
             *device = confine_nbd_device(device, env);
         }
@@ -224,14 +224,10 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
         ConfigError::Entry { table, index, reason, .. } => {
             let config = config.expect("entry errors come from apply");
             let entries = match *table {
-                "nvme_controller" => config.nvme_controller.len(),
-                "rbd_cluster" => config.rbd_cluster.len(),
                 "bdev" => config.bdev.len(),
                 "qos_limit" => config.qos_limit.len(),
                 "qos_group" => config.qos_group.len(),
-                kind if fp_registry::exports::config_tables().any(|t| t.table == kind) => {
-                    config.export_tables(kind).len()
-                }
+                kind if config.tables.contains_key(kind) => config.tables(kind).len(),
                 other => panic!("unknown table {other:?}: {msg:?}"),
             };
             assert!(*index < entries, "{table}[{index}] but only {entries} entries: {msg:?}");
@@ -239,7 +235,12 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
         }
         ConfigError::Table { table, reason, .. } => {
             let config = config.expect("table errors come from apply");
-            assert!(*table == "nvme_options" && config.nvme_options.is_some(), "{msg:?}");
+            let single = if *table == "bdev_options" {
+                config.bdev_options.is_some()
+            } else {
+                config.tables(table).len() == 1
+            };
+            assert!(single, "{msg:?}");
             (table.to_string(), reason)
         }
         ConfigError::Cpus(reason) => ("reactor.cpus: ".to_string(), reason),

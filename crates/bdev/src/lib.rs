@@ -33,6 +33,7 @@ pub mod disk;
 pub mod dma;
 mod error;
 pub mod iov;
+pub mod metrics;
 pub mod mirror;
 pub mod module;
 pub mod modules;
@@ -45,7 +46,7 @@ pub use device::{validate_geometry, Bdev, BdevInfo, BlockDevice, BlockExtent, Ca
 pub use disk::{Disk, DiskEvent};
 pub use error::BdevError;
 pub use iov::Iovecs;
-pub use module::{BdevModule, ClaimType, ModuleError, ModuleHost, NewBdev};
+pub use module::{BdevModule, ClaimType, ConfigTable, ModuleError, ModuleHost, NewBdev};
 pub use modules::delay::{DelayDevice, DelayLatency, LatencyKind};
 pub use modules::error::{ErrorDevice, ErrorType, Injection};
 pub use modules::malloc::RamDevice;

@@ -6,7 +6,10 @@
 //! registry implements: look a bdev up, claim a base, check the configured limits and export
 //! directories, add and delete bdevs. A module therefore never sees the registry's internals,
 //! and one from another crate (Ceph RBD, say) is added with one line in the registry's module
-//! list, like the built-in ones (`crates/bdev/src/modules/<name>/`).
+//! list, like the built-in ones (`crates/bdev/src/modules/<name>/`). A module with
+//! daemon-wide options or its own objects declares their configuration file tables
+//! ([`BdevModule::config_tables`]), and one with counters of its own its metric families
+//! ([`BdevModule::metrics`]): the daemon finds both here, as it does an export kind's.
 
 use std::any::Any;
 use std::fs::File;
@@ -16,6 +19,7 @@ use std::sync::{Arc, Weak};
 use fp_rpc::{ParamError, Params};
 use serde_json::{Map, Value};
 
+use crate::metrics::{Family, MetricsCall};
 use crate::{Bdev, BdevError, BdevInfo, BlockDevice};
 
 /// How a bdev is claimed by whoever builds on it (an export, a stacked bdev). SPDK's claim
@@ -58,6 +62,56 @@ pub enum ModuleError {
     /// it takes back, with its errno, when the method returns.
     #[error(transparent)]
     Host(Box<dyn std::error::Error + Send + Sync>),
+    /// The module's own failure (a controller that timed out, a raid without its bases), with
+    /// the negative errno the JSON-RPC error reports for it: the host passes both on without
+    /// knowing the module's error type.
+    #[error("{source}")]
+    Module {
+        /// A negative errno (`-libc::ETIMEDOUT`), SPDK's JSON-RPC error code for it.
+        errno: i32,
+        /// What failed; its message is the JSON-RPC error's.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl ModuleError {
+    /// The module's own error `source`, reported as `errno` (negative, as SPDK's codes are).
+    pub fn module(errno: i32, source: impl std::error::Error + Send + Sync + 'static) -> ModuleError {
+        ModuleError::Module { errno, source: Box::new(source) }
+    }
+}
+
+/// A configuration file table that stands for calls of one method: a bdev module's
+/// (`[raid_options]`, `[[nvme_controller]]`) or an export kind's (`[[nbd_disk]]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigTable {
+    /// The table's name (`nbd_disk` for `[[nbd_disk]]`).
+    pub table: &'static str,
+    /// The method each table is the parameters of (`nbd_start_disk`).
+    pub method: &'static str,
+    /// A single table (`[raid_options]`: the module's daemon-wide options, set once) rather than
+    /// an array of tables (one object each).
+    pub single: bool,
+    /// It holds key material: a file with such a table is refused unless only its owner may
+    /// read it.
+    pub secret: bool,
+}
+
+impl ConfigTable {
+    /// An array of tables, `[[table]]`: one call of `method` each.
+    pub const fn array(table: &'static str, method: &'static str) -> ConfigTable {
+        ConfigTable { table, method, single: false, secret: false }
+    }
+
+    /// A single table, `[table]`: one call of `method`.
+    pub const fn single(table: &'static str, method: &'static str) -> ConfigTable {
+        ConfigTable { table, method, single: true, secret: false }
+    }
+
+    /// The same, holding key material ([`ConfigTable::secret`]).
+    pub const fn secret(self) -> ConfigTable {
+        ConfigTable { secret: true, ..self }
+    }
 }
 
 /// A bdev a module hands to [`ModuleHost::add_bdev`].
@@ -201,6 +255,23 @@ pub trait BdevModule: Send + Sync {
 
     /// Its JSON-RPC methods; `bdev_<name>_create` is the one a `[[bdev]]` table calls.
     fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)];
+
+    /// The configuration file's tables for its daemon-wide options and its objects that are
+    /// not bdevs (`[raid_options]`, `[[rbd_cluster]]`), in the order the file applies them:
+    /// every module's, in the module list's order, after `[bdev_options]` and before the
+    /// `[[bdev]]` tables. Its bdevs themselves are `[[bdev]]` tables (`type` its name, the rest
+    /// `bdev_<name>_create`'s parameters) when it is [`BdevModule::configurable`].
+    fn config_tables(&self) -> &'static [ConfigTable] {
+        &[]
+    }
+
+    /// Its metric families for one scrape, read through `call` (a method and its parameters),
+    /// the same methods the RPC answers, so the endpoint and the RPC cannot disagree. None by
+    /// default: every bdev's I/O counters are the disk layer's (`bdev_get_iostat`).
+    fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family> {
+        let _ = call;
+        Vec::new()
+    }
 
     /// Whether a `[[bdev]]` table of the configuration file may name it: false for a module
     /// whose bdevs persist on their base and come back by examine (logical volumes), where

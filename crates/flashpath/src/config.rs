@@ -137,15 +137,18 @@
 //!
 //! `[bdev_options]` is the params of `bdev_set_options` (applied first of all: with
 //! `bdev_auto_examine = false` no module examines the bdevs the file creates, so a raid1
-//! replica host keeps its disk, which carries the raid's superblock, to export it),
-//! `[nvme_options]` those of `bdev_nvme_set_options` (applied next, as it must come
-//! before any controller), each `[[nvme_controller]]` those of `bdev_nvme_attach_controller`
-//! (before the `[[bdev]]` tables, which may stack on its namespaces' bdevs),
-//! `[raid_options]` those of `bdev_raid_set_options` (before any bdev, so a rebuild that
-//! starts when examine assembles a raid from its bases' superblocks already runs at the
-//! configured speed), each `[[rbd_cluster]]` table the params of `bdev_rbd_register_cluster`, each
-//! `[[keyring_file_key]]` those of `keyring_file_add_key`, each `[[accel_crypto_key]]` those of
-//! `accel_crypto_key_create` (a file with such a table is refused unless owner-only), each `[[bdev]]`
+//! replica host keeps its disk, which carries the raid's superblock, to export it). Then come
+//! the bdev modules' own tables, each module's in the order it names them
+//! (`BdevModule::config_tables`) and the modules in the order of
+//! [`fp_registry::modules::MODULES`]: each `[[keyring_file_key]]` the params of
+//! `keyring_file_add_key` and each `[[accel_crypto_key]]` those of `accel_crypto_key_create` (a
+//! file with a table that holds key material is refused unless owner-only), `[raid_options]`
+//! those of `bdev_raid_set_options` (before any bdev, so a rebuild that starts when examine
+//! assembles a raid from its bases' superblocks already runs at the configured speed),
+//! `[nvme_options]` those of `bdev_nvme_set_options` (before any controller), each
+//! `[[nvme_controller]]` those of `bdev_nvme_attach_controller` (before the `[[bdev]]` tables,
+//! which may stack on its namespaces' bdevs), each `[[rbd_cluster]]` those of
+//! `bdev_rbd_register_cluster`. Each `[[bdev]]`
 //! table (less `type`) those of `bdev_<type>_create`, each
 //! `[[qos_limit]]` those of `bdev_set_qos_limit`, each `[[qos_group]]` (less `members`) those of
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
@@ -209,8 +212,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use fp_registry::exports::config_tables;
 use fp_registry::exports::vhost_blk::MAX_STOP_TIMEOUT_MS;
+use fp_registry::exports::ConfigTable;
 use fp_registry::{Limits, MethodError, Registry};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -226,13 +229,13 @@ pub enum ConfigError {
     },
     #[error("{}:{line}:{column}: {message}", path.display())]
     Syntax { path: PathBuf, line: usize, column: usize, message: String },
-    /// A `[[rbd_cluster]]`, `[[bdev]]`, `[[qos_limit]]`, `[[qos_group]]`, `[[mirror]]`, `[[vhost_blk]]` or
-    /// `[[nbd_disk]]` entry was refused;
+    /// An entry of an array of tables (`[[bdev]]`, `[[qos_group]]`, a module's or an export
+    /// kind's) was refused;
     /// `field` is empty when the failure is not about one parameter (a duplicate name, say), and
     /// starts `members[i]` for a group member's.
     #[error("{table}[{index}]{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
     Entry { table: &'static str, index: usize, field: String, reason: String },
-    /// A single table (`[bdev_options]`, `[nvme_options]`, `[raid_options]`) was refused.
+    /// A single table (`[bdev_options]`, a module's options) was refused.
     #[error("{table}{}: {reason}", if field.is_empty() { String::new() } else { format!(".{field}") })]
     Table { table: &'static str, field: String, reason: String },
     #[error("reactor.cpus: {0}")]
@@ -272,20 +275,6 @@ pub struct ConfigFile {
     #[serde(default)]
     pub bdev_options: Option<toml::Table>,
     #[serde(default)]
-    pub nvme_options: Option<toml::Table>,
-    #[serde(default)]
-    pub nvme_controller: Vec<toml::Table>,
-    #[serde(default)]
-    pub raid_options: Option<toml::Table>,
-    #[serde(default)]
-    pub rbd_cluster: Vec<toml::Table>,
-    /// `keyring_file_add_key` tables.
-    #[serde(default)]
-    pub keyring_file_key: Vec<toml::Table>,
-    /// `accel_crypto_key_create` tables: key material, so the file must be owner-only.
-    #[serde(default)]
-    pub accel_crypto_key: Vec<toml::Table>,
-    #[serde(default)]
     pub bdev: Vec<toml::Table>,
     #[serde(default)]
     pub qos_limit: Vec<toml::Table>,
@@ -294,20 +283,21 @@ pub struct ConfigFile {
     /// Mirror jobs, started once the bdevs exist.
     #[serde(default)]
     pub mirror: Vec<toml::Table>,
-    /// Each export kind's tables, by its table's name (`vhost_blk`, `nbd_disk`).
+    /// The bdev modules' and export kinds' tables, by name (`raid_options`, `nbd_disk`): an
+    /// array of tables as written, a single table as an array of one.
     #[serde(skip)]
-    pub exports: BTreeMap<&'static str, Vec<toml::Table>>,
-    /// Every other top-level key, sorted out by [`ConfigFile::parse`]: the export kinds'
-    /// tables go to `exports`, anything else is an unknown field. (Those keys come from
-    /// [`fp_registry::EXPORT_KINDS`], so serde cannot list them as fields, and `deny_unknown_fields` does
-    /// not combine with `flatten`.)
+    pub tables: BTreeMap<&'static str, Vec<toml::Table>>,
+    /// Every other top-level key, sorted out by [`ConfigFile::parse`]: the modules' and export
+    /// kinds' tables go to `tables`, anything else is an unknown field. (Those keys come from
+    /// [`fp_registry::modules::MODULES`] and [`fp_registry::EXPORT_KINDS`], so serde cannot list
+    /// them as fields, and `deny_unknown_fields` does not combine with `flatten`.)
     #[serde(flatten)]
     other: BTreeMap<String, toml::Value>,
 }
 
-/// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the export
-/// kinds' tables follow them there.
-const FILE_KEYS: [&str; 21] = [
+/// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the modules' and
+/// export kinds' tables follow them there.
+const FILE_KEYS: [&str; 15] = [
     "rpc",
     "vhost_dir",
     "metrics",
@@ -319,12 +309,6 @@ const FILE_KEYS: [&str; 21] = [
     "nvmf",
     "nbd",
     "bdev_options",
-    "nvme_options",
-    "nvme_controller",
-    "raid_options",
-    "rbd_cluster",
-    "keyring_file_key",
-    "accel_crypto_key",
     "bdev",
     "qos_limit",
     "qos_group",
@@ -341,7 +325,7 @@ pub struct ConfigCall {
     /// For a `[[qos_group]]` member: its index in `members`, which its errors are placed under
     /// (`members[1].weight`).
     pub member: Option<usize>,
-    /// The entry is a single table (`[nvme_options]`, `[raid_options]`), whose errors have no
+    /// The entry is a single table (`[bdev_options]`, `[raid_options]`), whose errors have no
     /// index.
     pub single: bool,
 }
@@ -548,14 +532,14 @@ impl ConfigFile {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         let config = ConfigFile::parse(&text, path)?;
-        if !config.accel_crypto_key.is_empty() {
+        if let Some(secret) = plugin_tables().find(|t| t.secret && !config.tables(t.table).is_empty()) {
             use std::os::unix::fs::MetadataExt;
             let mode = std::fs::metadata(path)
                 .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?
                 .mode();
             if mode & 0o077 != 0 {
                 return Err(ConfigError::Entry {
-                    table: "accel_crypto_key",
+                    table: secret.table,
                     index: 0,
                     field: String::new(),
                     reason: format!(
@@ -583,7 +567,7 @@ impl ConfigFile {
             }
             ConfigError::Syntax { path: path.to_path_buf(), line, column, message }
         })?;
-        config.sort_out_exports(text, path)?;
+        config.sort_out_tables(text, path)?;
         if let Some(cpus) = &config.reactor.cpus {
             fp_reactor::parse_cpu_list(cpus).map_err(|e| ConfigError::Cpus(one_line(&e)))?;
         }
@@ -595,18 +579,18 @@ impl ConfigFile {
         Ok(config)
     }
 
-    /// Moves the export kinds' tables from `other` to `exports`; refuses any other key, at its
-    /// place in `text`, as serde would have.
-    fn sort_out_exports(&mut self, text: &str, path: &Path) -> Result<(), ConfigError> {
+    /// Moves the modules' and export kinds' tables from `other` to `tables`; refuses any other
+    /// key, at its place in `text`, as serde would have.
+    fn sort_out_tables(&mut self, text: &str, path: &Path) -> Result<(), ConfigError> {
         for (key, value) in std::mem::take(&mut self.other) {
             let (line, column) = locate_key(text, &key);
             let syntax =
                 |message: String| ConfigError::Syntax { path: path.to_path_buf(), line, column, message };
-            let Some(table) = config_tables().map(|t| t.table).find(|t| *t == key) else {
+            let Some(declared) = plugin_tables().find(|t| t.table == key) else {
                 let expected: Vec<String> = FILE_KEYS
                     .iter()
                     .copied()
-                    .chain(config_tables().map(|t| t.table))
+                    .chain(plugin_tables().map(|t| t.table))
                     .map(|k| format!("`{k}`"))
                     .collect();
                 let key = one_line(&key);
@@ -615,7 +599,13 @@ impl ConfigFile {
                     expected.join(", ")
                 )));
             };
+            let table = declared.table;
             let tables = match value {
+                toml::Value::Table(t) if declared.single => vec![t],
+                other if declared.single => {
+                    let found = other.type_str();
+                    return Err(syntax(format!("invalid type: {found}, expected a table ([{table}])")));
+                }
                 toml::Value::Array(items) => items
                     .into_iter()
                     .map(|item| match item {
@@ -625,14 +615,15 @@ impl ConfigFile {
                     .collect::<Result<Vec<_>, _>>()?,
                 _ => return Err(syntax(format!("`{table}` must be an array of tables ([[{table}]])"))),
             };
-            self.exports.insert(table, tables);
+            self.tables.insert(table, tables);
         }
         Ok(())
     }
 
-    /// The `[[table]]` entries of an export kind (none when the file has none).
-    pub fn export_tables(&self, table: &str) -> &[toml::Table] {
-        self.exports.get(table).map_or(&[], Vec::as_slice)
+    /// The entries of a module's or export kind's table (none when the file has none; one for
+    /// a single table).
+    pub fn tables(&self, table: &str) -> &[toml::Table] {
+        self.tables.get(table).map_or(&[], Vec::as_slice)
     }
 
     /// The RPC calls the file stands for, in the order [`ConfigFile::apply`] makes them. Fails
@@ -645,36 +636,9 @@ impl ConfigFile {
             call.single = true;
             calls.push(call);
         }
-        if let Some(table) = &self.nvme_options {
-            let mut call = ConfigCall::new("bdev_nvme_set_options", table_to_json(table), "nvme_options", 0);
-            call.single = true;
-            calls.push(call);
-        }
-        for (index, table) in self.nvme_controller.iter().enumerate() {
-            let params = table_to_json(table);
-            calls.push(ConfigCall::new("bdev_nvme_attach_controller", params, "nvme_controller", index));
-        }
-        if let Some(table) = &self.raid_options {
-            let mut call = ConfigCall::new("bdev_raid_set_options", table_to_json(table), "raid_options", 0);
-            call.single = true;
-            calls.push(call);
-        }
-        for (index, table) in self.rbd_cluster.iter().enumerate() {
-            let params = table_to_json(table);
-            calls.push(ConfigCall::new("bdev_rbd_register_cluster", params, "rbd_cluster", index));
-        }
-        for (index, table) in self.keyring_file_key.iter().enumerate() {
-            calls.push(ConfigCall::new(
-                "keyring_file_add_key",
-                table_to_json(table),
-                "keyring_file_key",
-                index,
-            ));
-        }
-        for (index, table) in self.accel_crypto_key.iter().enumerate() {
-            let params = table_to_json(table);
-            calls.push(ConfigCall::new("accel_crypto_key_create", params, "accel_crypto_key", index));
-        }
+        // The modules' own tables (their options, keys, clusters, controllers) come before the
+        // bdevs, which may name what they declare.
+        calls.extend(self.table_calls(fp_registry::modules::config_tables()));
         for (index, table) in self.bdev.iter().enumerate() {
             let entry = |field: &str, reason: String| ConfigError::Entry {
                 table: "bdev",
@@ -715,24 +679,38 @@ impl ConfigFile {
         for (index, table) in self.mirror.iter().enumerate() {
             calls.push(ConfigCall::new("bdev_mirror_start", table_to_json(table), "mirror", index));
         }
-        for t in config_tables() {
-            for (index, table) in self.export_tables(t.table).iter().enumerate() {
-                calls.push(ConfigCall::new(t.method, table_to_json(table), t.table, index));
-            }
-        }
+        calls.extend(self.table_calls(fp_registry::exports::config_tables()));
         Ok(calls)
     }
 
-    /// Makes the calls of [`ConfigFile::calls`]: sets the NVMe options, attaches the NVMe
-    /// controllers, registers the Ceph clusters, creates the
-    /// declared bdevs, sets their limits, creates the groups and adds their members, creates
-    /// then starts each export kind's exports, stopping at the first failure.
+    /// The calls of `declared`'s tables, in that order.
+    fn table_calls(&self, declared: impl Iterator<Item = ConfigTable>) -> Vec<ConfigCall> {
+        let mut calls = Vec::new();
+        for t in declared {
+            for (index, table) in self.tables(t.table).iter().enumerate() {
+                let mut call = ConfigCall::new(t.method, table_to_json(table), t.table, index);
+                call.single = t.single;
+                calls.push(call);
+            }
+        }
+        calls
+    }
+
+    /// Makes the calls of [`ConfigFile::calls`]: sets the bdev options, makes each module's
+    /// tables' calls (its options, keys, clusters, controllers), creates the declared bdevs,
+    /// sets their limits, creates the groups and adds their members, starts the mirror jobs,
+    /// then each export kind's tables' calls, stopping at the first failure.
     pub fn apply(&self, registry: &Registry) -> Result<(), ConfigError> {
         for call in self.calls()? {
             registry.call(&call.method, Some(call.params.clone())).map_err(|e| call.error(&e))?;
         }
         Ok(())
     }
+}
+
+/// Every table a bdev module or an export kind declares.
+fn plugin_tables() -> impl Iterator<Item = ConfigTable> {
+    fp_registry::modules::config_tables().chain(fp_registry::exports::config_tables())
 }
 
 /// A `[[qos_group]]` entry: `bdev_qos_group_create` with the table less `members`, then one
@@ -938,7 +916,7 @@ mod tests {
     fn export_tables_come_from_the_export_kinds() {
         let c =
             parse("[[vhost_blk]]\nctrlr = \"v\"\n[[nbd_disk]]\nbdev_name = \"a\"\n[[nbd_disk]]\n").unwrap();
-        assert_eq!((c.export_tables("vhost_blk").len(), c.export_tables("nbd_disk").len()), (1, 2));
+        assert_eq!((c.tables("vhost_blk").len(), c.tables("nbd_disk").len()), (1, 2));
         let e = parse("rpc = \"/x\"\n\n  [[nbd_disks]]\nbdev_name = \"a\"\n").unwrap_err().to_string();
         assert!(e.starts_with("test.toml:3:3: unknown field `nbd_disks`, expected one of `rpc`"), "{e}");
         assert!(e.contains("`vhost_blk`, `nbd_disk`"), "{e}");
@@ -964,7 +942,7 @@ mod tests {
     #[test]
     fn empty_file_is_fine() {
         let c = parse("").unwrap();
-        assert!(c.bdev.is_empty() && c.export_tables("vhost_blk").is_empty() && c.rpc.is_none());
+        assert!(c.bdev.is_empty() && c.tables("vhost_blk").is_empty() && c.rpc.is_none());
     }
 
     #[test]

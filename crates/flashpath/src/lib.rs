@@ -1,12 +1,15 @@
-//! The daemon's library half: its wiring. `serve` starts the reactors, the registry (which
-//! answers every JSON-RPC method: crates/registry), the RPC server, the start-up config file
-//! and the metrics endpoint. It is a library (rather than modules of the binary) so that the
-//! fuzz targets in `fuzz/` and the integration tests can drive the config parser directly; the
-//! binary (`src/main.rs`) adds only the command line and the client commands.
+//! The daemon and its command line as a library: `serve` starts the reactors, the registry
+//! (which answers every JSON-RPC method: crates/registry), the RPC server, the start-up config
+//! file and the metrics endpoint; [`cli`] is the command line (its parser and the client
+//! commands). It is a library so that the fuzz targets in `fuzz/` and the integration tests
+//! drive the config parser and the command-line parser directly; the binary (`src/main.rs`)
+//! only parses the command line, sets up logging and runs it.
 
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod config;
+pub mod logger;
 pub mod metrics;
 pub mod serve;
 pub mod size;

@@ -40,12 +40,10 @@
 //! Errors are one line on stderr naming the offending option and what it accepts. Exit status:
 //! 0 on success, 1 when the operation failed, 2 for a malformed command line.
 
-mod cli;
-mod logger;
-
 use std::process::ExitCode;
 
-use cli::Cli;
+use flashpath::cli::Cli;
+use flashpath::logger;
 
 fn main() -> ExitCode {
     let cli = match Cli::parse_or_exit() {

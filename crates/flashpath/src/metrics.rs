@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use fp_registry::metrics::{array, str_at, u64_at, Family, Labels, MetricKind};
+use fp_registry::modules::MODULES;
 use fp_registry::EXPORT_KINDS;
 use prometheus::proto::{self, MetricFamily};
 use prometheus::Encoder;
@@ -254,15 +255,13 @@ fn collect(source: &Source) -> Vec<MetricFamily> {
     if let Some(r) = source("framework_get_reactors", None) {
         families.extend(reactors(&r));
     }
-    if let Some(c) = source("bdev_nvme_get_controllers", None) {
-        families.extend(nvme_controllers(&c));
+    // Each bdev module's and export kind's, read through the same methods.
+    let call = |method: &str, params: Option<Value>| source(method, params);
+    for module in MODULES {
+        families.extend(module.metrics(&call));
     }
-    if let Some(r) = source("bdev_raid_get_bdevs", Some(serde_json::json!({ "category": "all" }))) {
-        families.extend(raids(&r));
-    }
-    // Each export kind's, read through the same methods.
     for kind in EXPORT_KINDS {
-        families.extend(kind.metrics(&|method: &str, params: Option<Value>| source(method, params)));
+        families.extend(kind.metrics(&call));
     }
     let mut histograms = Vec::new();
     if let Some(io) = source("bdev_get_iostat", None) {
@@ -359,145 +358,6 @@ fn reactors(r: &Value) -> [Family; 4] {
     [busy, idle, sleep, sleeps]
 }
 
-/// `bdev_nvme_get_controllers`: each NVMe controller's state, its recovery counters and its I/O
-/// queues' counters (docs/nvme.md, "Metrics").
-fn nvme_controllers(c: &Value) -> [Family; 8] {
-    let mut up = Family::gauge(
-        "flashpath_nvme_controller_up",
-        "Whether an NVMe controller is enabled (0 while resetting, reconnecting or failed)",
-    );
-    let mut counters = [
-        ("flashpath_nvme_resets_total", "Resets of an NVMe controller (and reconnect attempts)", "resets"),
-        (
-            "flashpath_nvme_reconnect_attempts_total",
-            "Reconnect attempts after an NVMe controller was lost",
-            "reconnect_attempts",
-        ),
-        ("flashpath_nvme_aborts_total", "Abort commands sent for timed-out I/O", "aborts"),
-        (
-            "flashpath_nvme_async_events_total",
-            "Asynchronous events an NVMe controller reported",
-            "async_events",
-        ),
-    ]
-    .map(|(name, help, key)| (Family::counter(name, help), key));
-    let mut queues = [
-        (
-            "flashpath_nvme_commands_submitted_total",
-            "I/O commands submitted to an NVMe controller",
-            "submitted",
-        ),
-        (
-            "flashpath_nvme_doorbells_total",
-            "Doorbell writes (PCIe) or sends (TCP) of an NVMe controller's I/O queues",
-            "doorbells",
-        ),
-        (
-            "flashpath_nvme_bounced_total",
-            "I/O requests copied through DMA memory because their buffer was not registered",
-            "bounced",
-        ),
-    ]
-    .map(|(name, help, key)| (Family::counter(name, help), key));
-    for ctrlr in array(c) {
-        let name = str_at(ctrlr, "name");
-        for path in array(&ctrlr["ctrlrs"]) {
-            let labels = vec![
-                ("controller", name.clone()),
-                ("trtype", str_at(&path["trid"], "trtype")),
-                ("traddr", str_at(&path["trid"], "traddr")),
-            ];
-            up.push(labels.clone(), u64::from(path["state"] == "enabled"));
-            for (family, key) in &mut counters {
-                family.push(labels.clone(), u64_at(path, key));
-            }
-            for (family, key) in &mut queues {
-                family.push(labels.clone(), u64_at(&path["stats"], key));
-            }
-        }
-    }
-    let [a, b, c, d] = counters.map(|(f, _)| f);
-    let [e, f, g] = queues.map(|(f, _)| f);
-    [up, a, b, c, d, e, f, g]
-}
-
-/// `bdev_raid_get_bdevs`: each raid's state, its replicas, the rebuild in progress and the
-/// counters of its `flashpath` object (docs/raid.md, "Metrics").
-fn raids(r: &Value) -> [Family; 12] {
-    let mut online = Family::gauge(
-        "flashpath_raid_online",
-        "Whether a raid bdev is online (0 while configuring or offline)",
-    );
-    let mut bases = Family::gauge("flashpath_raid_base_bdevs", "Slots (base bdevs) a raid has");
-    let mut operational = Family::gauge(
-        "flashpath_raid_base_bdevs_operational",
-        "Bases of a raid that are in sync (a raid1 with fewer than its slots is degraded)",
-    );
-    let mut slot = Family::gauge(
-        "flashpath_raid_slot_state",
-        "A raid slot's state: 1 on the series of its current state (active, rebuilding, failed, empty)",
-    );
-    let mut progress = Family::gauge(
-        "flashpath_raid_process_progress_ratio",
-        "How far a raid's rebuild or resync got, from 0 to 1 (no series when none runs)",
-    );
-    let mut counters = [
-        (
-            "flashpath_raid_rebuild_bytes_copied_total",
-            "Bytes a raid's rebuilds and resyncs copied",
-            "rebuild_bytes_copied",
-        ),
-        (
-            "flashpath_raid_degraded_bytes_written_total",
-            "Bytes of writes a raid acknowledged while a slot was not in sync",
-            "degraded_bytes_written",
-        ),
-        ("flashpath_raid_rebuilds_completed_total", "Rebuilds a raid completed", "rebuilds_completed"),
-        ("flashpath_raid_base_failures_total", "Bases a raid took out after an I/O error", "base_failures"),
-        ("flashpath_raid_bitmap_writes_total", "Write-intent bitmap pages a raid wrote", "bitmap_writes"),
-        (
-            "flashpath_raid_bitmap_pages_corrupt_total",
-            "Bitmap pages found corrupt at assembly (their chunks are treated as dirty)",
-            "bitmap_pages_corrupt",
-        ),
-        ("flashpath_raid_superblock_writes_total", "Superblock writes of a raid", "superblock_writes"),
-    ]
-    .map(|(name, help, key)| (Family::counter(name, help), key));
-    for raid in array(r) {
-        let name = str_at(raid, "name");
-        let labels = vec![("raid", name.clone()), ("level", str_at(raid, "raid_level"))];
-        online.push(labels.clone(), u64::from(raid["state"] == "online"));
-        bases.push(labels.clone(), u64_at(raid, "num_base_bdevs"));
-        operational.push(labels.clone(), u64_at(raid, "num_base_bdevs_operational"));
-        let extra = &raid["flashpath"];
-        // `slots` holds each slot's state, `base_bdevs_list` its base, in slot order.
-        for (i, s) in array(&extra["slots"]).iter().enumerate() {
-            let base = raid["base_bdevs_list"][i]["name"].as_str().unwrap_or("").to_string();
-            let now = s.as_str().unwrap_or("");
-            for state in ["active", "rebuilding", "failed", "empty"] {
-                let l = vec![
-                    ("raid", name.clone()),
-                    ("slot", i.to_string()),
-                    ("base", base.clone()),
-                    ("state", state.to_string()),
-                ];
-                slot.push(l, u64::from(now == state));
-            }
-        }
-        let p = &raid["process"];
-        if let Some(kind) = p["type"].as_str() {
-            let l = vec![("raid", name.clone()), ("type", kind.to_string()), ("target", str_at(p, "target"))];
-            let percent = p["progress"]["percent"].as_f64().unwrap_or(0.0);
-            progress.push(l, (percent / 100.0).clamp(0.0, 1.0));
-        }
-        for (family, key) in &mut counters {
-            family.push(labels.clone(), u64_at(extra, key));
-        }
-    }
-    let [a, b, c, d, e, f, g] = counters.map(|(f, _)| f);
-    [online, bases, operational, slot, progress, a, b, c, d, e, f, g]
-}
-
 /// `bdev_get_iostat` (SPDK's shape): the generic bdev layer's per-disk counters, and what the
 /// disk's QoS limits held back.
 fn bdevs(io: &Value) -> [Family; 9] {
@@ -581,35 +441,6 @@ mod tests {
         let e = parse_addr("10.0.0.1:9111", "--metrics").unwrap_err().to_string();
         assert!(e.starts_with("--metrics: '10.0.0.1:9111': 10.0.0.1 is not a loopback address"), "{e}");
         assert!(parse_addr("9111", "metrics").unwrap_err().to_string().contains("not a host:port"));
-    }
-
-    /// Each NVMe controller path is one sample per family, labelled with its transport ID.
-    #[test]
-    fn nvme_controllers_become_per_controller_families() {
-        let c = json!([{"name": "Nvme0", "ctrlrs": [{
-            "state": "resetting", "trid": {"trtype": "TCP", "traddr": "127.0.0.1"}, "cntlid": 1,
-            "resets": 3, "reconnect_attempts": 1, "aborts": 2, "async_events": 4,
-            "stats": {"submitted": 100, "completed": 99, "doorbells": 20, "bounced": 5},
-        }]}]);
-        let families = nvme_controllers(&c);
-        let labels: Labels =
-            vec![("controller", "Nvme0".into()), ("trtype", "TCP".into()), ("traddr", "127.0.0.1".into())];
-        let got: Vec<(&str, f64)> = families.iter().map(|f| (f.name, f.samples[0].1)).collect();
-        assert_eq!(
-            got,
-            [
-                ("flashpath_nvme_controller_up", 0.0),
-                ("flashpath_nvme_resets_total", 3.0),
-                ("flashpath_nvme_reconnect_attempts_total", 1.0),
-                ("flashpath_nvme_aborts_total", 2.0),
-                ("flashpath_nvme_async_events_total", 4.0),
-                ("flashpath_nvme_commands_submitted_total", 100.0),
-                ("flashpath_nvme_doorbells_total", 20.0),
-                ("flashpath_nvme_bounced_total", 5.0),
-            ]
-        );
-        assert!(families.iter().all(|f| f.samples.len() == 1 && f.samples[0].0 == labels));
-        assert!(nvme_controllers(&json!([])).iter().all(|f| f.samples.is_empty()));
     }
 
     /// A raid1 mid-rebuild: one series per slot and state, the progress as a ratio, the

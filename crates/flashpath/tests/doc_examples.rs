@@ -12,23 +12,12 @@
 //! The `./run <command>` mentions anywhere in those files are checked against the commands
 //! `./run` dispatches.
 
-// The command line lives in the binary (`src/main.rs` declares `mod cli`), which an
-// integration test cannot link, so the test compiles the same source files as its own
-// modules. What the binary uses and this test does not (the handlers) is dead code here; the
-// modules' own unit tests also run in this binary.
-#[allow(dead_code, unused_imports)]
-#[path = "../src/cli/mod.rs"]
-mod cli;
-#[allow(dead_code)]
-#[path = "../src/logger.rs"]
-mod logger;
-
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser};
 
-use cli::Cli;
+use flashpath::cli::Cli;
 
 /// The files whose examples are checked: README.md and every docs/*.md (not the benchmark
 /// run files under docs/bench/, which record commands as they were run).

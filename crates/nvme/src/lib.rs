@@ -20,6 +20,7 @@ pub mod cmd;
 pub mod ctrlr;
 pub mod emu;
 mod error;
+mod metrics;
 pub mod pcie;
 pub mod rpc;
 pub mod tcp;

@@ -19,7 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 
-use fp_bdev::module::{BdevModule, ModuleError, ModuleHost, ModuleMethodFn, NewBdev};
+use fp_bdev::metrics::{Family, MetricsCall};
+use fp_bdev::module::{BdevModule, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn, NewBdev};
 use fp_bdev::{BdevInfo, ClaimType};
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Map, Value};
@@ -128,7 +129,7 @@ fn uuid_of_nqn(nqn: &str) -> Option<[u8; 16]> {
 fn nvme_error(e: NvmeError) -> ModuleError {
     match e {
         NvmeError::InvalidParam { field, reason } => ParamError::new(field, reason).into(),
-        other => ModuleError::Host(Box::new(other)),
+        other => ModuleError::module(other.errno(), other),
     }
 }
 
@@ -182,9 +183,29 @@ impl Options {
     }
 }
 
+/// The module's configuration file tables ([`BdevModule::config_tables`]).
+const CONFIG_TABLES: &[ConfigTable] = &[
+    ConfigTable::single("nvme_options", "bdev_nvme_set_options"),
+    ConfigTable::array("nvme_controller", "bdev_nvme_attach_controller"),
+];
+
 impl BdevModule for NvmeModule {
     fn name(&self) -> &'static str {
         MODULE
+    }
+
+    /// `[nvme_options]` (`bdev_nvme_set_options`, which must come before any controller), then
+    /// each `[[nvme_controller]]` (`bdev_nvme_attach_controller`).
+    fn config_tables(&self) -> &'static [ConfigTable] {
+        CONFIG_TABLES
+    }
+
+    /// From `bdev_nvme_get_controllers`: each controller path's state and counters.
+    fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family> {
+        match call("bdev_nvme_get_controllers", None) {
+            Some(c) => crate::metrics::nvme_controllers(&c).into(),
+            None => Vec::new(),
+        }
     }
 
     fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)] {

@@ -21,6 +21,7 @@ pub mod examine;
 pub mod format;
 pub mod intent;
 pub mod meta_io;
+mod metrics;
 pub mod owner;
 pub mod rebuild;
 pub mod rpc;

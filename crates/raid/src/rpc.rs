@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fp_bdev::module::{BdevModule, ModuleError, ModuleHost, ModuleMethodFn};
+use fp_bdev::metrics::{Family, MetricsCall};
+use fp_bdev::module::{BdevModule, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn};
 use fp_bdev::BdevInfo;
 use fp_rpc::{ParamError, Params};
 use serde_json::{Map, Value};
@@ -151,19 +152,35 @@ pub(crate) fn with_raids<R>(host: &dyn ModuleHost, f: impl FnOnce(&mut Vec<RaidE
 }
 
 /// A raid error as a module error: refusals name their field (invalid params), the rest keep
-/// their errno through the host (the registry maps a boxed `RaidError` with
-/// [`RaidError::errno`]).
+/// their errno ([`RaidError::errno`]).
 pub fn module_error(e: RaidError) -> ModuleError {
     match e {
         RaidError::InvalidParam { field, reason } => ParamError::new(field, reason).into(),
         RaidError::Bdev(b) => ModuleError::Bdev(b),
-        other => ModuleError::Host(Box::new(other)),
+        other => ModuleError::module(other.errno(), other),
     }
 }
+
+/// The module's configuration file tables ([`BdevModule::config_tables`]).
+const CONFIG_TABLES: &[ConfigTable] = &[ConfigTable::single("raid_options", "bdev_raid_set_options")];
 
 impl BdevModule for RaidModule {
     fn name(&self) -> &'static str {
         MODULE
+    }
+
+    /// `[raid_options]`: `bdev_raid_set_options`, before any bdev, so that a rebuild that
+    /// starts when examine assembles a raid already runs at the configured speed.
+    fn config_tables(&self) -> &'static [ConfigTable] {
+        CONFIG_TABLES
+    }
+
+    /// From `bdev_raid_get_bdevs` (every category): each raid's state, slots, rebuild and counters.
+    fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family> {
+        match call("bdev_raid_get_bdevs", Some(serde_json::json!({ "category": "all" }))) {
+            Some(r) => crate::metrics::raids(&r).into(),
+            None => Vec::new(),
+        }
     }
 
     fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)] {

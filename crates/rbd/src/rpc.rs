@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use fp_bdev::module::{
-    delete_method, resize_method, BdevModule, ModuleError, ModuleHost, ModuleMethodFn, NewBdev, U32_MAX,
+    delete_method, resize_method, BdevModule, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn, NewBdev,
+    U32_MAX,
 };
 use fp_bdev::{BdevInfo, BlockDevice};
 use fp_rpc::{Neutral, ParamError, Params};
@@ -60,13 +61,22 @@ fn rbd_error(e: RbdError) -> ModuleError {
         RbdError::Invalid { field, reason } | RbdError::NotFound { field, reason } => {
             ParamError::new(field, reason).into()
         }
-        other => ModuleError::Host(Box::new(other)),
+        // The JSON-RPC code stays EIO (`RbdError::errno` is what the data path reports).
+        other => ModuleError::module(-libc::EIO, other),
     }
 }
+
+/// The module's configuration file tables ([`BdevModule::config_tables`]).
+const CONFIG_TABLES: &[ConfigTable] = &[ConfigTable::array("rbd_cluster", "bdev_rbd_register_cluster")];
 
 impl BdevModule for RbdModule {
     fn name(&self) -> &'static str {
         MODULE
+    }
+
+    /// Each `[[rbd_cluster]]`: `bdev_rbd_register_cluster`, before the bdevs that name it.
+    fn config_tables(&self) -> &'static [ConfigTable] {
+        CONFIG_TABLES
     }
 
     fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)] {

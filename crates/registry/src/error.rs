@@ -46,9 +46,10 @@ pub enum RegistryError {
     Bdev(#[from] BdevError),
     #[error("{0}")]
     Vhost(#[from] fp_vhost_blk::Error),
-    /// A module's failure that is none of the above (a module's own host error type).
-    #[error("{0}")]
-    Other(Box<dyn std::error::Error + Send + Sync>),
+    /// A module's own failure ([`fp_bdev::module::ModuleError::Module`]), with the errno the
+    /// module gave it.
+    #[error("{source}")]
+    Module { errno: i32, source: Box<dyn std::error::Error + Send + Sync> },
 }
 
 impl RegistryError {
@@ -78,13 +79,8 @@ impl RegistryError {
             RegistryError::Bdev(BdevError::Io(_)) => -libc::EIO,
             RegistryError::Param(_) => -libc::EINVAL,
             RegistryError::Vhost(e) => -e.errno(),
-            // The NVMe driver's errors carry their own (ETIMEDOUT, ENODEV for a controller gone).
-            RegistryError::Other(e) => {
-                if let Some(r) = e.downcast_ref::<fp_raid::RaidError>() {
-                    return r.errno();
-                }
-                e.downcast_ref::<fp_nvme::NvmeError>().map_or(-libc::EIO, |n| n.errno())
-            }
+            // A module's errors carry their own (ETIMEDOUT, ENODEV for a controller gone).
+            RegistryError::Module { errno, .. } => *errno,
         }
     }
 

@@ -35,8 +35,10 @@ impl From<ModuleError> for RegistryError {
             ModuleError::Bdev(b) => RegistryError::Bdev(b),
             ModuleError::Host(h) => match h.downcast::<RegistryError>() {
                 Ok(e) => *e,
-                Err(other) => RegistryError::Other(other),
+                // Only the registry makes host errors; anything else is reported as an I/O error.
+                Err(other) => RegistryError::Module { errno: -libc::EIO, source: other },
             },
+            ModuleError::Module { errno, source } => RegistryError::Module { errno, source },
         }
     }
 }
@@ -232,8 +234,8 @@ impl ModuleHost for Registry {
                 continue;
             }
             log::info!("bdev '{bdev}' resized from {was} to {} blocks", info.num_blocks());
-            for export in st.exports.values().filter(|x| st.canonical(x.bdev_name()) == Some(bdev)) {
-                export.resized(info.size_bytes());
+            for export in st.exports.values().filter(|x| st.canonical(&x.bdev) == Some(bdev)) {
+                export.export.resized(info.size_bytes());
             }
             resized.push((e.disk.clone(), info.num_blocks()));
         }

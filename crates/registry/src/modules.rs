@@ -13,7 +13,9 @@ use fp_nvme::rpc::NvmeModule;
 use fp_raid::RaidModule;
 use fp_rbd::RbdModule;
 
-/// Every module, in the order `rpc_get_methods` and configuration errors list them.
+/// Every module, in the order `rpc_get_methods` and configuration errors list them, the
+/// configuration file applies their tables ([`fp_bdev::BdevModule::config_tables`]) and the
+/// daemon's shutdown stops them.
 pub static MODULES: &[&dyn BdevModule] = &[
     &NullModule,
     &MallocModule,
@@ -23,14 +25,22 @@ pub static MODULES: &[&dyn BdevModule] = &[
     &CryptoModule,
     &LvolModule,
     // Before the remote bases' modules: at shutdown a raid writes its clean superblocks
-    // while its bases (Ceph, NBD, NVMe/TCP) are still connected.
+    // while its bases (NVMe/TCP, Ceph, NBD) are still connected; and the configuration file
+    // sets `[raid_options]` before a controller's namespaces appear (and examine may assemble
+    // a raid from them).
     &RaidModule,
+    &NvmeModule,
     &RbdModule,
     &NbdClientModule,
-    &NvmeModule,
 ];
 
 /// The module named `name` ("null", "malloc", ...).
 pub fn find(name: &str) -> Option<&'static dyn BdevModule> {
     MODULES.iter().copied().find(|m| m.name() == name)
+}
+
+/// Every module's configuration tables, in the order the configuration file applies them (the
+/// module list's).
+pub fn config_tables() -> impl Iterator<Item = fp_bdev::ConfigTable> {
+    MODULES.iter().flat_map(|m| m.config_tables().iter().copied())
 }

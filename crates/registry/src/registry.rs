@@ -11,7 +11,7 @@ use fp_reactor::ReactorHandle;
 
 use crate::bdevs::BdevEntry;
 use crate::examine::ExamineGate;
-use crate::exports::Export;
+use crate::exports::{ExportEntry, KindInit, EXPORT_KINDS};
 use crate::{modules, ExportDirs, Limits, RegistryError};
 
 /// A reactor as `framework_get_reactors` reports it.
@@ -26,7 +26,7 @@ pub(crate) struct State {
     pub(crate) bdevs: BTreeMap<String, BdevEntry>,
     /// Alias to bdev name.
     pub(crate) aliases: BTreeMap<String, String>,
-    pub(crate) exports: BTreeMap<String, Box<dyn Export>>,
+    pub(crate) exports: BTreeMap<String, ExportEntry>,
     /// QoS groups by name (their members are the bdevs whose disks joined them).
     pub(crate) qos_groups: BTreeMap<String, Arc<fp_bdev::qos::QosGroup>>,
     /// Mirror jobs by id (`mirror.rs`).
@@ -140,10 +140,9 @@ pub struct Registry {
     pub(crate) state: Mutex<State>,
     /// Each module's own state ([`fp_bdev::ModuleHost::module_state`]: the lvstores, ...).
     pub(crate) module_states: Mutex<BTreeMap<&'static str, Arc<dyn Any + Send + Sync>>>,
-    /// The NBD listeners (exports/nbd/).
-    pub(crate) nbd: fp_nbd::NbdServer,
-    /// The NVMe-oF target: transport, subsystems, listeners (exports/nvmf/).
-    pub(crate) nvmf: fp_nvmf::NvmfTarget,
+    /// Each export kind's daemon-wide state ([`crate::ExportKind::init`]: the NBD listeners,
+    /// the NVMe-oF target), made with the registry and never replaced.
+    pub(crate) kind_states: BTreeMap<&'static str, Arc<dyn Any + Send + Sync>>,
     /// When it was made: the daemon's uptime (`flashpath_get_stats`).
     started: Instant,
     /// Set when [`Registry::shutdown`] starts: when the whole shutdown is to end
@@ -166,15 +165,8 @@ impl Registry {
         vhost_dir: &Path,
         options: RegistryOptions,
     ) -> Arc<Registry> {
-        let nvmf = fp_nvmf::NvmfTarget::new(
-            reactors.clone(),
-            fp_nvmf::TargetOptions { allow_remote_listeners: options.nvmf_allow_remote },
-        );
-        nvmf.set_drain_timeout(options.nvmf_drain_timeout);
-        nvmf.set_close_timeout(options.nvmf_close_timeout);
-        let nbd = fp_nbd::NbdServer::new();
-        nbd.set_stop_timeout(options.nbd_stop_timeout);
-        nbd.set_close_timeout(options.nbd_close_timeout);
+        let init = KindInit { reactors: &reactors, options: &options };
+        let kind_states = EXPORT_KINDS.iter().filter_map(|k| Some((k.name(), k.init(&init)?))).collect();
         Arc::new_cyclic(|me| Registry {
             me: me.clone(),
             reactors,
@@ -188,8 +180,7 @@ impl Registry {
                 mirrors: BTreeMap::new(),
             }),
             module_states: Mutex::new(BTreeMap::new()),
-            nbd,
-            nvmf,
+            kind_states,
             started: Instant::now(),
             shutdown_deadline: Mutex::new(None),
             examine: Mutex::new(ExamineGate::default()),
@@ -218,6 +209,18 @@ impl Registry {
         self.started.elapsed()
     }
 
+    /// The daemon-wide state of the export kind `kind`, as its [`crate::ExportKind::init`]
+    /// made it.
+    ///
+    /// # Panics
+    /// When the kind made no state of type `T`: a kind asks only for its own.
+    pub fn kind_state<T: 'static>(&self, kind: &str) -> &T {
+        self.kind_states
+            .get(kind)
+            .and_then(|s| s.downcast_ref::<T>())
+            .unwrap_or_else(|| panic!("export kind '{kind}' has no state of this type"))
+    }
+
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain maps behind; keep serving.
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -240,7 +243,10 @@ impl Registry {
     /// daemon's whole shutdown is bounded by this plus the margin [`Registry::shutdown`] allows
     /// the stops to report back ([`Registry::shutdown_bound`]).
     pub fn export_stop_bound(&self) -> Duration {
-        self.options.vhost_stop_timeout.max(self.nvmf.drain_timeout())
+        EXPORT_KINDS
+            .iter()
+            .filter_map(|k| k.stop_bound(self))
+            .fold(self.options.vhost_stop_timeout, Duration::max)
     }
 
     /// How long the daemon's shutdown may take in all: [`Registry::export_stop_bound`] and the
@@ -263,14 +269,16 @@ impl Registry {
     pub fn shutdown(&self) -> Vec<String> {
         *self.shutdown_deadline.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(Instant::now() + self.shutdown_bound());
-        // NVMe-oF first: its listeners close and its hosts are disconnected, so no new
-        // connection races the namespaces' removal below.
-        self.nvmf.stop();
-        let exports: Vec<Box<dyn Export>> = {
+        // The kinds first: listeners close and the NVMe-oF target's hosts are disconnected,
+        // so no new connection races the exports' stops below.
+        for kind in EXPORT_KINDS {
+            kind.shutdown(self);
+        }
+        let exports: Vec<ExportEntry> = {
             let mut st = self.lock();
             let all = std::mem::take(&mut st.exports);
             for (name, export) in &all {
-                st.release(export.bdev_name(), export.kind(), name);
+                st.release(&export.bdev, export.kind, name);
             }
             all.into_values().collect()
         };

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::exports::Export;
+use crate::exports::ExportEntry;
 
 /// How long past the bound the shutdown waits for a stop to report back. A stop ends at its
 /// bound by itself; only one whose thread is held elsewhere misses this. It is longer than the
@@ -42,17 +42,13 @@ impl Drop for Report {
 /// for them until `bound` (the longest any of them should take) plus [`REPORT_MARGIN`] from now.
 /// Each still stopping then is logged, with how far past `bound` it is. Returns the names of
 /// those, in order.
-pub(crate) fn stop_all(exports: Vec<Box<dyn Export>>, stop_bound: Duration, bound: Duration) -> Vec<String> {
+pub(crate) fn stop_all(exports: Vec<ExportEntry>, stop_bound: Duration, bound: Duration) -> Vec<String> {
     let started = Instant::now();
     let deadline = started + bound + REPORT_MARGIN;
     let (done, reports) = mpsc::channel();
     let mut stopping = BTreeMap::new();
-    for (index, export) in exports.into_iter().enumerate() {
-        let info = Stopping {
-            kind: export.kind(),
-            name: export.name().to_string(),
-            bdev: export.bdev_name().to_string(),
-        };
+    for (index, ExportEntry { name, kind, bdev, export }) in exports.into_iter().enumerate() {
+        let info = Stopping { kind, name, bdev };
         // The export goes to the thread through this slot, so that it is still here to stop
         // inline when no thread can be started.
         let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(export)));
@@ -111,9 +107,8 @@ mod tests {
     use std::any::Any;
     use std::sync::{Arc, Condvar, Mutex};
 
-    use fp_bdev::ClaimType;
-
     use super::*;
+    use crate::exports::Export;
 
     /// Waits generously; only a broken implementation reaches it.
     const TEST_LIMIT: Duration = Duration::from_secs(30);
@@ -121,24 +116,11 @@ mod tests {
     /// Stops once `needed` stops are under way together (or never, for `needed` above the
     /// number of exports): the stops can only end if they run at the same time.
     struct Rendezvous {
-        name: String,
         arrived: Arc<(Mutex<usize>, Condvar)>,
         needed: usize,
     }
 
     impl Export for Rendezvous {
-        fn name(&self) -> &str {
-            &self.name
-        }
-        fn kind(&self) -> &'static str {
-            "test"
-        }
-        fn bdev_name(&self) -> &str {
-            "b"
-        }
-        fn claim_type(&self) -> ClaimType {
-            ClaimType::ExclusiveWrite
-        }
         fn resized(&self, _: u64) {}
         fn stop(self: Box<Self>) {
             let (count, cv) = &*self.arrived;
@@ -155,12 +137,14 @@ mod tests {
         }
     }
 
-    fn exports(n: usize, needed: usize) -> Vec<Box<dyn Export>> {
+    fn exports(n: usize, needed: usize) -> Vec<ExportEntry> {
         let arrived = Arc::new((Mutex::new(0), Condvar::new()));
         (0..n)
-            .map(|i| {
-                Box::new(Rendezvous { name: format!("e{i}"), arrived: arrived.clone(), needed })
-                    as Box<dyn Export>
+            .map(|i| ExportEntry {
+                name: format!("e{i}"),
+                kind: "test",
+                bdev: "b".into(),
+                export: Box::new(Rendezvous { arrived: arrived.clone(), needed }),
             })
             .collect()
     }

@@ -7,9 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::size::{self, format_size};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Subcommand};
-use flashpath::size::{self, format_size};
 use fp_registry::modules::MODULES;
 use serde_json::{json, Map, Value};
 

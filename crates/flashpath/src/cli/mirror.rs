@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use crate::size::{self, format_size};
 use clap::{Args, Subcommand};
-use flashpath::size::{self, format_size};
 use serde_json::{json, Value};
 
 use super::session::{cell, one_call, out, print_json, table, u64_field, CliError, Session};

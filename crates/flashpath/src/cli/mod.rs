@@ -1,4 +1,4 @@
-//! The command line: [`Cli`] and its [`Command`]s, each subcommand's options beside its
+//! The command line: [`Cli`] and its `Command`s, each subcommand's options beside its
 //! handler in a file of its own. The client commands turn their options into one or two
 //! JSON-RPC calls to the daemon and print the result as a table (or, with `--json`, as the raw
 //! result); `serve` runs the daemon itself.
@@ -30,9 +30,9 @@ mod volume;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::DEFAULT_RPC_SOCKET;
 use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
-use flashpath::DEFAULT_RPC_SOCKET;
 use log::LevelFilter;
 
 use crate::logger;
@@ -40,7 +40,7 @@ use session::CliError;
 
 #[derive(Debug, Parser)]
 #[command(name = "flashpath", version, about = "A polled user-space vhost-user-blk storage target")]
-pub(crate) struct Cli {
+pub struct Cli {
     /// The daemon's JSON-RPC socket [default: /var/tmp/flashpath.sock]
     #[arg(long, global = true, env = "FLASHPATH_RPC", value_name = "PATH")]
     rpc: Option<PathBuf>,
@@ -124,7 +124,7 @@ pub(crate) enum Command {
 impl Cli {
     /// The command line of this process. Help and `--version` are printed and the process
     /// exits; a malformed command line is one line on stderr and exit status 2.
-    pub(crate) fn parse_or_exit() -> Result<Cli, ExitCode> {
+    pub fn parse_or_exit() -> Result<Cli, ExitCode> {
         Cli::try_parse().map_err(|e| match e.kind() {
             ErrorKind::DisplayHelp
             | ErrorKind::DisplayVersion
@@ -138,7 +138,7 @@ impl Cli {
 
     /// The log level asked for, and the one to use without `--log-level` or `RUST_LOG`: the
     /// daemon tells what it does, a client command only what went wrong.
-    pub(crate) fn log_levels(&self) -> (Option<LevelFilter>, LevelFilter) {
+    pub fn log_levels(&self) -> (Option<LevelFilter>, LevelFilter) {
         let default = match self.command {
             Command::Serve(_) => LevelFilter::Info,
             _ => LevelFilter::Warn,
@@ -147,7 +147,7 @@ impl Cli {
     }
 
     /// Runs the command: the daemon, or a client command whose error is one line on stderr.
-    pub(crate) fn run(self) -> ExitCode {
+    pub fn run(self) -> ExitCode {
         if let Command::Serve(args) = self.command {
             return serve::run(args, self.rpc);
         }

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use crate::size::{self, format_size};
 use clap::{Args, Subcommand};
-use flashpath::size::{self, format_size};
 use fp_registry::THROTTLE_FIELDS;
 use serde_json::{json, Value};
 
@@ -316,7 +316,7 @@ fn qos_show(rpc: &Path, json: bool, disk: Option<String>) -> Result<(), CliError
     let Some(bdevs) = bdevs.as_array() else {
         return Err(CliError::Unexpected { method: "bdev_get_bdevs", result: bdevs });
     };
-    let tick_rate = iostat.as_ref().map_or(1.0, flashpath::metrics::tick_rate);
+    let tick_rate = iostat.as_ref().map_or(1.0, crate::metrics::tick_rate);
     let stats_of = |name: &Value| {
         let list = iostat.as_ref().and_then(|io| io["bdevs"].as_array());
         list.and_then(|l| l.iter().find(|b| &b["name"] == name))

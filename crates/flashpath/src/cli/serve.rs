@@ -1,10 +1,10 @@
-//! `serve`: runs the daemon ([`flashpath::serve`]) with the options of its command line.
+//! `serve`: runs the daemon ([`crate::serve`]) with the options of its command line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::serve;
 use clap::Args;
-use flashpath::serve;
 
 use super::args::u64_arg;
 

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use flashpath::size::format_size;
+use crate::size::format_size;
 
 use super::session::{cell, out, print_json, seconds, table, u64_field, CliError, Session};
 use super::top::disk_counters;

@@ -273,7 +273,7 @@ fn percentile(h: &Value, p: &str) -> Option<f64> {
 
 /// Disks from `bdev_get_iostat` (SPDK's shape).
 pub fn disks_from_iostat(io: &Value) -> BTreeMap<String, DiskCounters> {
-    let tick_rate = flashpath::metrics::tick_rate(io);
+    let tick_rate = crate::metrics::tick_rate(io);
     list(&io["bdevs"])
         .iter()
         .map(|b| {
@@ -285,7 +285,7 @@ pub fn disks_from_iostat(io: &Value) -> BTreeMap<String, DiskCounters> {
                 bytes_written: u64_at(b, "bytes_written"),
                 latency_s: Some(ticks as f64 / tick_rate),
                 queue_depth: u64_at(b, "queue_depth"),
-                errors: flashpath::metrics::io_error_total(b),
+                errors: crate::metrics::io_error_total(b),
                 qos_queued: u64_at(b, "qos_queued"),
                 qos_throttled_s: Some(u64_at(b, "qos_throttled_ticks") as f64 / tick_rate),
                 p50_us: None,

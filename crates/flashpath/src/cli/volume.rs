@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use crate::size::{self, format_size};
 use clap::Subcommand;
-use flashpath::size::{self, format_size};
 use serde_json::json;
 
 use super::session::{

@@ -72,7 +72,8 @@ fn lvol_error(e: LvolError) -> ModuleError {
         LvolError::Exists { field, value } => {
             ParamError::new(field, format!("'{value}' already exists")).into()
         }
-        other => ModuleError::Host(Box::new(other)),
+        // Store and volume I/O failures.
+        other => ModuleError::module(-libc::EIO, other),
     }
 }
 

@@ -10,12 +10,12 @@
 
 use std::any::Any;
 use std::sync::Arc;
+use std::time::Duration;
 
 use fp_bdev::{Bdev, ClaimType};
-use serde_json::Value;
 
 use crate::methods::MethodFn;
-use crate::metrics::Family;
+use crate::metrics::{Family, MetricsCall};
 use crate::{Claim, Registry, RegistryError};
 
 pub mod nbd;
@@ -28,7 +28,7 @@ pub static EXPORT_KINDS: &[&dyn ExportKind] = &[&vhost_blk::VhostBlkKind, &nbd::
 /// A kind of export, as the daemon sees it beside its running exports: a bdev module's
 /// counterpart ([`fp_bdev::BdevModule`]).
 pub trait ExportKind: Sync {
-    /// "vhost-blk", "nbd": [`Export::kind`] of its exports, the claim holder's kind in
+    /// "vhost-blk", "nbd": the kind of its exports, the claim holder's kind in
     /// `bdev_get_bdevs`.
     fn name(&self) -> &'static str;
 
@@ -42,17 +42,41 @@ pub trait ExportKind: Sync {
 
     /// Its metric families for one scrape, read through `call` (a method and its parameters),
     /// the same methods the RPC answers, so the endpoint and the RPC cannot disagree.
-    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family>;
+    fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family>;
+
+    /// Makes the kind's daemon-wide state (a server with its listeners, a target with its
+    /// subsystems) as the registry is made, from the registry's options; its methods find it
+    /// again with [`Registry::kind_state`]. `None` (the default) for a kind with no state
+    /// beyond its exports.
+    fn init(&self, init: &KindInit<'_>) -> Option<Arc<dyn Any + Send + Sync>> {
+        let _ = init;
+        None
+    }
+
+    /// The daemon is stopping, before its exports stop: close what would let new clients in
+    /// (listeners) and disconnect the ones the kind holds beside its exports.
+    fn shutdown(&self, registry: &Registry) {
+        let _ = registry;
+    }
+
+    /// The longest the stop of one of its exports may take at shutdown, when its own bound
+    /// is longer than the daemon's stop bound (an NVMe-oF namespace's drain):
+    /// [`Registry::export_stop_bound`] is the longest of them.
+    fn stop_bound(&self, registry: &Registry) -> Option<Duration> {
+        let _ = registry;
+        None
+    }
 }
 
-/// A configuration file table that stands for calls of one method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConfigTable {
-    /// The array of tables' name (`[[nbd_disk]]`).
-    pub table: &'static str,
-    /// The method each table is the parameters of (`nbd_start_disk`).
-    pub method: &'static str,
+/// What an export kind's [`ExportKind::init`] builds its state from.
+pub struct KindInit<'a> {
+    /// The daemon's reactors, where its connections run.
+    pub reactors: &'a [fp_reactor::ReactorHandle],
+    /// The registry's options (the kind's bounds among them).
+    pub options: &'a crate::RegistryOptions,
 }
+
+pub use fp_bdev::ConfigTable;
 
 /// Every kind's configuration tables, in the order the configuration file applies them.
 pub fn config_tables() -> impl Iterator<Item = ConfigTable> {
@@ -64,19 +88,9 @@ pub fn find_kind(name: &str) -> Option<&'static dyn ExportKind> {
     EXPORT_KINDS.iter().copied().find(|k| k.name() == name)
 }
 
-/// A running export.
+/// A running export: only what differs between kinds. Its name, kind, bdev and claim are the
+/// registry's, given once to [`Registry::add_export`].
 pub trait Export: Send + Sync {
-    fn name(&self) -> &str;
-
-    /// "vhost-blk", ...: its kind, also the claim holder's kind in `bdev_get_bdevs`.
-    fn kind(&self) -> &'static str;
-
-    /// The bdev it serves.
-    fn bdev_name(&self) -> &str;
-
-    /// How it claims that bdev.
-    fn claim_type(&self) -> ClaimType;
-
     /// Its bdev changed size (now `size_bytes`): offer the new size to its clients and tell
     /// them if the protocol can.
     fn resized(&self, size_bytes: u64);
@@ -97,10 +111,20 @@ pub trait Export: Send + Sync {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// A running export as the registry keeps it: what every kind has, beside the kind's own part.
+pub(crate) struct ExportEntry {
+    pub(crate) name: String,
+    /// [`ExportKind::name`], also the claim holder's kind in `bdev_get_bdevs`.
+    pub(crate) kind: &'static str,
+    /// The bdev it serves, as the creating call named it (a name or an alias).
+    pub(crate) bdev: String,
+    pub(crate) export: Box<dyn Export>,
+}
+
 /// What [`Registry::add_export`] checks before starting an export.
 pub struct NewExport<'a> {
     pub name: &'a str,
-    /// [`Export::kind`].
+    /// [`ExportKind::name`].
     pub kind: &'static str,
     /// What errors call it ("controller").
     pub label: &'static str,
@@ -148,7 +172,7 @@ impl Registry {
         }
         // One limit per kind: `limits.max_exports` vhost-blk controllers, and as many NBD exports.
         let max = self.options.limits.max_exports;
-        if st.exports.values().filter(|e| e.kind() == kind).count() >= max {
+        if st.exports.values().filter(|e| e.kind == kind).count() >= max {
             return Err(RegistryError::LimitReached {
                 kind: label,
                 name: name.into(),
@@ -167,7 +191,8 @@ impl Registry {
         let export = start(Arc::new(entry.disk.clone()))?;
         entry.claims.push(Claim { holder: name.into(), holder_kind: kind, claim_type });
         log::info!("{kind} export '{name}' serving bdev '{bdev_name}' ({})", claim_type.name());
-        st.exports.insert(name.into(), export);
+        st.exports
+            .insert(name.into(), ExportEntry { name: name.into(), kind, bdev: bdev_name.into(), export });
         Ok(())
     }
 
@@ -178,16 +203,16 @@ impl Registry {
             let mut st = self.lock();
             let label = kind.map_or("export", |(_, label)| label);
             match st.exports.get(name) {
-                Some(e) if kind.is_none_or(|(k, _)| e.kind() == k) => {}
+                Some(e) if kind.is_none_or(|(k, _)| e.kind == k) => {}
                 _ => return Err(RegistryError::NotFound { kind: label, name: name.into() }),
             }
             let export = st.exports.remove(name).expect("looked up under the same lock");
-            st.release(export.bdev_name(), export.kind(), name);
+            st.release(&export.bdev, export.kind, name);
             export
         };
         // Stopping waits for the queues to drain: do it without holding the registry lock.
-        let kind = export.kind();
-        export.stop();
+        let kind = export.kind;
+        export.export.stop();
         log::info!("{kind} export '{name}' deleted");
         Ok(())
     }
@@ -203,7 +228,7 @@ impl Registry {
         let st = self.lock();
         st.exports
             .get(name)
-            .and_then(|e| e.as_any().downcast_ref::<T>())
+            .and_then(|e| e.export.as_any().downcast_ref::<T>())
             .map(f)
             .ok_or_else(|| RegistryError::NotFound { kind: label, name: name.into() })
     }
@@ -211,6 +236,6 @@ impl Registry {
     /// `f` of every export of type `T`, in name order.
     pub fn map_exports<T: 'static, R>(&self, f: impl Fn(&T) -> R) -> Vec<R> {
         let st = self.lock();
-        st.exports.values().filter_map(|e| e.as_any().downcast_ref::<T>()).map(f).collect()
+        st.exports.values().filter_map(|e| e.export.as_any().downcast_ref::<T>()).map(f).collect()
     }
 }

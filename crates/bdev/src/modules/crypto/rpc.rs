@@ -9,7 +9,9 @@ use serde_json::{json, Map, Value};
 use zeroize::Zeroizing;
 
 use super::{CryptoDevice, CryptoKey, FileKey, KeyStore, CIPHER, TWEAK_MODE};
-use crate::module::{delete_method, BdevModule, ClaimType, ModuleError, ModuleHost, ModuleMethodFn, NewBdev};
+use crate::module::{
+    delete_method, BdevModule, ClaimType, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn, NewBdev,
+};
 use crate::BdevInfo;
 
 const MODULE: &str = "crypto";
@@ -17,9 +19,22 @@ const MODULE: &str = "crypto";
 /// The crypto module: AES-XTS bdevs over another bdev, and the keys they use.
 pub struct CryptoModule;
 
+/// The module's configuration file tables ([`BdevModule::config_tables`]).
+const CONFIG_TABLES: &[ConfigTable] = &[
+    ConfigTable::array("keyring_file_key", "keyring_file_add_key"),
+    ConfigTable::array("accel_crypto_key", "accel_crypto_key_create").secret(),
+];
+
 impl BdevModule for CryptoModule {
     fn name(&self) -> &'static str {
         MODULE
+    }
+
+    /// Each `[[keyring_file_key]]` (`keyring_file_add_key`), then each `[[accel_crypto_key]]`
+    /// (`accel_crypto_key_create`, key material: the file must be owner-only), before the
+    /// crypto bdevs that name them.
+    fn config_tables(&self) -> &'static [ConfigTable] {
+        CONFIG_TABLES
     }
 
     fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)] {

@@ -3,21 +3,21 @@
 //! `nbd_device` string, as SPDK's `nbd_stop_disk` does.
 
 use std::any::Any;
+use std::sync::Arc;
 
 use fp_bdev::ClaimType;
-use fp_nbd::{ExportHandle, ExportSpec, NbdStats, TlsFiles};
-use serde_json::Value;
+use fp_nbd::{ExportHandle, ExportSpec, NbdServer, NbdStats, TlsFiles};
 
-use super::{ConfigTable, Export, ExportKind, NewExport};
+use super::{ConfigTable, Export, ExportKind, KindInit, NewExport};
 use crate::methods::MethodFn;
-use crate::metrics::{array, str_at, u64_at, Family};
+use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
 
 mod rpc;
 #[cfg(test)]
 mod tests;
 
-/// [`Export::kind`] of an NBD export.
+/// The kind ([`ExportKind::name`]) of an NBD export.
 pub const KIND: &str = "nbd";
 
 /// What errors call one.
@@ -77,26 +77,6 @@ impl NbdExport {
 }
 
 impl Export for NbdExport {
-    fn name(&self) -> &str {
-        &self.nbd_device
-    }
-
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
-    fn bdev_name(&self) -> &str {
-        &self.bdev_name
-    }
-
-    fn claim_type(&self) -> ClaimType {
-        if self.readonly {
-            ClaimType::ReadManyWriteNone
-        } else {
-            ClaimType::ExclusiveWrite
-        }
-    }
-
     /// Connected clients see the new size in their range checks at once; new ones are told it
     /// in the handshake. The protocol has no message to tell a connected client.
     fn resized(&self, size_bytes: u64) {
@@ -129,6 +109,11 @@ impl Export for NbdExport {
 }
 
 impl Registry {
+    /// The NBD server (the kind's state, [`NbdKind`]).
+    fn nbd_server(&self) -> &NbdServer {
+        self.kind_state(KIND)
+    }
+
     /// Starts an NBD export of a bdev.
     pub fn start_nbd(&self, spec: NbdSpec) -> Result<(), RegistryError> {
         let device = fp_nbd::parse_device(&spec.nbd_device)
@@ -153,7 +138,7 @@ impl Registry {
                 socket_mode: self.options.socket_mode,
             };
             let handle = self
-                .nbd
+                .nbd_server()
                 .start(export)
                 .map_err(|e| RegistryError::Invalid { field: e.field, reason: e.reason })?;
             Ok(Box::new(NbdExport {
@@ -200,7 +185,7 @@ impl Registry {
     pub fn stop_nbd(&self, nbd_device: &str) -> Result<(), RegistryError> {
         let (handle, bdev) =
             self.with_export(nbd_device, LABEL, |e: &NbdExport| (e.handle.clone(), e.bdev_name.clone()))?;
-        let bound = self.nbd.stop_timeout();
+        let bound = self.nbd_server().stop_timeout();
         if let Err(n) = handle.close(bound) {
             return Err(RegistryError::NotNow(format!(
                 "nbd export '{nbd_device}' is closed to new clients, but {n} connection(s) still \
@@ -231,16 +216,26 @@ impl ExportKind for NbdKind {
         KIND
     }
 
+    /// The server: its listeners, shared by the exports on one address, with the daemon's
+    /// bounds.
+    fn init(&self, init: &KindInit<'_>) -> Option<Arc<dyn Any + Send + Sync>> {
+        let server = NbdServer::new();
+        server.set_stop_timeout(init.options.nbd_stop_timeout);
+        server.set_close_timeout(init.options.nbd_close_timeout);
+        Some(Arc::new(server))
+    }
+
     fn methods(&self) -> &'static [(&'static str, MethodFn)] {
         rpc::METHODS
     }
 
     fn config_tables(&self) -> &'static [ConfigTable] {
-        &[ConfigTable { table: "nbd_disk", method: "nbd_start_disk" }]
+        const TABLES: &[ConfigTable] = &[ConfigTable::array("nbd_disk", "nbd_start_disk")];
+        TABLES
     }
 
     /// From `nbd_get_disks`: what each export's clients asked, and how many are connected.
-    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family> {
+    fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family> {
         let Some(disks) = call("nbd_get_disks", None) else { return Vec::new() };
         let mut requests =
             Family::counter("flashpath_nbd_requests_total", "Requests an NBD export answered, by command");

@@ -10,18 +10,17 @@ use std::sync::Arc;
 
 use fp_bdev::ClaimType;
 use fp_nvmf::{NamespaceSpec, NvmfError, NvmfTarget};
-use serde_json::Value;
 
-use super::{ConfigTable, Export, ExportKind, NewExport};
+use super::{ConfigTable, Export, ExportKind, KindInit, NewExport};
 use crate::methods::MethodFn;
-use crate::metrics::{array, str_at, u64_at, Family};
+use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
 
 mod rpc;
 #[cfg(test)]
 mod tests;
 
-/// [`Export::kind`] of an NVMe-oF namespace.
+/// The kind ([`ExportKind::name`]) of an NVMe-oF namespace.
 pub const KIND: &str = "nvmf";
 
 /// What errors call one.
@@ -76,29 +75,12 @@ struct NvmfNamespace {
     nqn: String,
     nsid: u32,
     bdev_name: String,
-    read_only: bool,
     /// Taken out of its subsystem by a removal whose drain ran out of time: the export (and
     /// its claim on the bdev) stays until a later removal sees its commands finished.
     detached: Arc<AtomicBool>,
 }
 
 impl Export for NvmfNamespace {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
-    fn bdev_name(&self) -> &str {
-        &self.bdev_name
-    }
-
-    fn claim_type(&self) -> ClaimType {
-        claim_type(self.read_only)
-    }
-
     /// The namespace's size is read from the bdev's shared capacity; the target sends the
     /// subsystem's hosts a Namespace Attribute Changed event so they read Identify Namespace
     /// again (Linux then updates the disk's size).
@@ -125,16 +107,16 @@ impl Export for NvmfNamespace {
 }
 
 impl Registry {
-    /// The daemon's NVMe-oF target.
+    /// The daemon's NVMe-oF target (the kind's state, [`NvmfKind`]).
     pub fn nvmf(&self) -> &NvmfTarget {
-        &self.nvmf
+        self.kind_state(KIND)
     }
 
     /// Adds a namespace backed by a bdev to a subsystem, claiming the bdev; returns its nsid.
     pub fn nvmf_add_namespace(&self, spec: NvmfNamespaceSpec) -> Result<u32, RegistryError> {
         let nsid = match spec.nsid {
             Some(n) => n,
-            None => self.nvmf.free_nsid(&spec.nqn)?,
+            None => self.nvmf().free_nsid(&spec.nqn)?,
         };
         let name = namespace_name(&spec.nqn, nsid);
         let new = NewExport {
@@ -156,14 +138,13 @@ impl Registry {
                 eui64: spec.eui64,
                 read_only: spec.read_only,
             };
-            let nsid = self.nvmf.add_namespace(&spec.nqn, ns)?;
+            let nsid = self.nvmf().add_namespace(&spec.nqn, ns)?;
             Ok(Box::new(NvmfNamespace {
-                target: self.nvmf.clone(),
+                target: self.nvmf().clone(),
                 name: namespace_name(&spec.nqn, nsid),
                 nqn: spec.nqn.clone(),
                 nsid,
                 bdev_name: spec.bdev_name.clone(),
-                read_only: spec.read_only,
                 detached: Arc::default(),
             }))
         })?;
@@ -176,7 +157,7 @@ impl Registry {
     /// and the error says how many commands are left; calling again waits for them again.
     pub fn nvmf_remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), RegistryError> {
         // An unknown subsystem is reported as such rather than as a missing namespace.
-        self.nvmf.controllers(nqn)?;
+        self.nvmf().controllers(nqn)?;
         let name = namespace_name(nqn, nsid);
         let (target, bdev, detached) = self.with_export(&name, LABEL, |ns: &NvmfNamespace| {
             (ns.target.clone(), ns.bdev_name.clone(), ns.detached.clone())
@@ -193,12 +174,12 @@ impl Registry {
     /// a namespace whose commands do not drain in time fails the call and leaves the subsystem
     /// in place), then the subsystem with its listeners, disconnecting its hosts.
     pub fn nvmf_delete_subsystem(&self, nqn: &str) -> Result<(), RegistryError> {
-        self.nvmf.controllers(nqn)?;
+        self.nvmf().controllers(nqn)?;
         let nsids = self.map_exports(|ns: &NvmfNamespace| (ns.nqn == nqn).then_some(ns.nsid));
         for nsid in nsids.into_iter().flatten() {
             self.nvmf_remove_namespace(nqn, nsid)?;
         }
-        Ok(self.nvmf.delete_subsystem(nqn)?)
+        Ok(self.nvmf().delete_subsystem(nqn)?)
     }
 }
 
@@ -237,16 +218,40 @@ pub struct NvmfKind;
 /// Its configuration tables, applied in this order: the transport before the subsystems,
 /// a subsystem before its listeners, hosts and namespaces.
 const CONFIG_TABLES: &[ConfigTable] = &[
-    ConfigTable { table: "nvmf_transport", method: "nvmf_create_transport" },
-    ConfigTable { table: "nvmf_subsystem", method: "nvmf_create_subsystem" },
-    ConfigTable { table: "nvmf_listener", method: "nvmf_subsystem_add_listener" },
-    ConfigTable { table: "nvmf_host", method: "nvmf_subsystem_add_host" },
-    ConfigTable { table: "nvmf_ns", method: "nvmf_subsystem_add_ns" },
+    ConfigTable::array("nvmf_transport", "nvmf_create_transport"),
+    ConfigTable::array("nvmf_subsystem", "nvmf_create_subsystem"),
+    ConfigTable::array("nvmf_listener", "nvmf_subsystem_add_listener"),
+    ConfigTable::array("nvmf_host", "nvmf_subsystem_add_host"),
+    ConfigTable::array("nvmf_ns", "nvmf_subsystem_add_ns"),
 ];
 
 impl ExportKind for NvmfKind {
     fn name(&self) -> &'static str {
         KIND
+    }
+
+    /// The target: its transport, subsystems and listeners, with the daemon's bounds and
+    /// whether listeners may leave loopback.
+    fn init(&self, init: &KindInit<'_>) -> Option<Arc<dyn Any + Send + Sync>> {
+        let options = init.options;
+        let target = NvmfTarget::new(
+            init.reactors.to_vec(),
+            fp_nvmf::TargetOptions { allow_remote_listeners: options.nvmf_allow_remote },
+        );
+        target.set_drain_timeout(options.nvmf_drain_timeout);
+        target.set_close_timeout(options.nvmf_close_timeout);
+        Some(Arc::new(target))
+    }
+
+    /// Its listeners close and its hosts are disconnected, so that no new connection races
+    /// the namespaces' removal.
+    fn shutdown(&self, registry: &Registry) {
+        registry.nvmf().stop();
+    }
+
+    /// Each namespace's stop drains it, up to the target's drain timeout.
+    fn stop_bound(&self, registry: &Registry) -> Option<std::time::Duration> {
+        Some(registry.nvmf().drain_timeout())
     }
 
     fn methods(&self) -> &'static [(&'static str, MethodFn)] {
@@ -259,7 +264,7 @@ impl ExportKind for NvmfKind {
 
     /// From `nvmf_get_stats`: each namespace's commands, bytes and errors, and each
     /// subsystem's connected controllers and queue pairs.
-    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family> {
+    fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family> {
         let Some(stats) = call("nvmf_get_stats", None) else { return Vec::new() };
         let mut requests = Family::counter(
             "flashpath_nvmf_requests_total",

@@ -11,12 +11,12 @@ use serde_json::Value;
 
 use super::{ConfigTable, Export, ExportKind, NewExport};
 use crate::methods::MethodFn;
-use crate::metrics::{array, str_at, u64_at, Family};
+use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
 
 pub(crate) mod rpc;
 
-/// [`Export::kind`] of a vhost-user-blk controller.
+/// The kind ([`ExportKind::name`]) of a vhost-user-blk controller.
 pub const KIND: &str = "vhost-blk";
 
 /// What errors call one.
@@ -50,31 +50,13 @@ pub struct VhostBlkSpec {
 /// GET_VRING_BASE longer than this has given up on us anyway.
 pub const MAX_STOP_TIMEOUT_MS: u64 = 600_000;
 
-/// A running controller with what [`Export`] reports of it.
+/// A running controller.
 struct VhostBlk {
     ctrl: BlkController,
     name: String,
-    bdev_name: String,
-    claim_type: ClaimType,
 }
 
 impl Export for VhostBlk {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
-    fn bdev_name(&self) -> &str {
-        &self.bdev_name
-    }
-
-    fn claim_type(&self) -> ClaimType {
-        self.claim_type
-    }
-
     /// The guest hears of it through VHOST_USER_BACKEND_CONFIG_CHANGE_MSG when its VMM gave a
     /// backend channel (QEMU does).
     fn resized(&self, size_bytes: u64) {
@@ -179,12 +161,7 @@ impl Registry {
                 ctrl.stop();
                 return Err(RegistryError::SocketMode { path: socket_path, source });
             }
-            Ok(Box::new(VhostBlk {
-                ctrl,
-                name: spec.ctrlr.clone(),
-                bdev_name: spec.dev_name.clone(),
-                claim_type,
-            }))
+            Ok(Box::new(VhostBlk { ctrl, name: spec.ctrlr.clone() }))
         })
     }
 
@@ -237,11 +214,12 @@ impl ExportKind for VhostBlkKind {
     }
 
     fn config_tables(&self) -> &'static [ConfigTable] {
-        &[ConfigTable { table: "vhost_blk", method: "vhost_create_blk_controller" }]
+        const TABLES: &[ConfigTable] = &[ConfigTable::array("vhost_blk", "vhost_create_blk_controller")];
+        TABLES
     }
 
     /// From `vhost_get_controllers`: what each guest-facing controller did, and holds now.
-    fn metrics(&self, call: &dyn Fn(&str, Option<Value>) -> Option<Value>) -> Vec<Family> {
+    fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family> {
         call("vhost_get_controllers", None).map(|c| controller_families(&c).into()).unwrap_or_default()
     }
 }
