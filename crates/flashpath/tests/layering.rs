@@ -9,7 +9,8 @@
 //!   tests may start one (dev-dependencies).
 //! * fp-bdev, which every crate builds on, carries no cipher: AES, XTS and the libcrypto loader
 //!   are fp-crypto's (the crypto bdev and the keyring);
-//! * the stacked bdev modules that need no unsafe code forbid it.
+//! * the stacked bdev modules that need no unsafe code forbid it;
+//! * the plain system calls go through fp-sys's wrappers (`layering/syscalls.rs`).
 
 use std::path::Path;
 
@@ -152,6 +153,8 @@ mod circles;
 mod python_source;
 #[path = "layering/rust_source.rs"]
 mod rust_source;
+#[path = "layering/syscalls.rs"]
+mod syscalls;
 
 /// Files whose code may not use `unsafe`: stacked bdevs work on requests whose buffers were
 /// vouched for where they were described (`fp_bdev::Iovecs::from_raw`), so they need none.
