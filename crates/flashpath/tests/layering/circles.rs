@@ -80,10 +80,6 @@ const KNOWN_RUST_CIRCLES: &[&[&str]] = &[
         "crates/nvmf/src/subsystem.rs",
         "crates/nvmf/src/target.rs",
     ],
-    // `NamespaceEvent` in the handle, `lock_ns` in the worker.
-    &["crates/nvme/src/ctrlr/handle.rs", "crates/nvme/src/ctrlr/worker.rs"],
-    // The emulated device's shared state lives in its controller.
-    &["crates/nvme/src/emu/controller.rs", "crates/nvme/src/emu/device.rs"],
     // `RaidLevel` and the intent map in `shared`, the slot limits in `format`.
     &["crates/raid/src/format.rs", "crates/raid/src/intent.rs", "crates/raid/src/shared.rs"],
     // A design circle: the raid table lives in its RPC file, which examine needs.
