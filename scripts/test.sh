@@ -58,7 +58,7 @@ cmd_test() {
     # here with the guest tests' QEMU, before any test needs them: Debian 12's own qemu-utils
     # (7.2) has no qemu-storage-daemon.
     ensure_qemu
-    # The crypto bdev's ciphertext is checked against Python's AES-XTS (fp-bdev's crypto tests).
+    # The crypto bdev's ciphertext is checked against Python's AES-XTS (fp-crypto's tests).
     apt_install python3-cryptography
     # The SPDK compatibility test drives flashpath through SPDK's published client.
     ensure_spdk_rpc || die "could not install SPDK's RPC client (pip install spdk==26.9)"

@@ -1,4 +1,4 @@
-//! Differential fuzzing of the crypto bdev's AES-XTS (`fp_bdev::modules::crypto`): the batched
+//! Differential fuzzing of the crypto bdev's AES-XTS (`fp_crypto`): the batched
 //! mode over the `aes` crate (`xts.rs`, written for this project), OpenSSL's XTS as the channels
 //! run it (`XtsEngine`), and the `xts-mode` crate (one block per call, no shared code) must give
 //! the same ciphertext for any key, data unit and sector, and decrypt it back.
@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use aes::cipher::KeyInit;
-use fp_bdev::modules::crypto::{CryptoKey, XtsEngine};
+use fp_crypto::{CryptoKey, XtsEngine};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -195,7 +195,8 @@ fuzz_target!(|data: &[u8]| {
     let conn = Arc::new(Mutex::new(connection_for_fuzzing(config).expect("connection")));
     let (mut frontend_sock, backend_sock) = UnixStream::pair().expect("socketpair");
     frontend_sock.set_nonblocking(true).expect("nonblocking");
-    let backend_fd = backend_sock.as_raw_fd();
+    // The handler takes the socket; the connection serves its own messages on a copy.
+    let backend = backend_sock.try_clone().expect("clone the backend socket");
     let mut handler = BackendReqHandler::from_stream(backend_sock, conn.clone());
     let mut frontend = Frontend::default();
 
@@ -223,7 +224,7 @@ fuzz_target!(|data: &[u8]| {
         let fds = frontend.make_fds(fd_spec, memfd_pages);
         let sent = frontend_sock.send_with_fds(&[&msg[..]], &fds).expect("send message");
         assert_eq!(sent, msg.len(), "short send of a {}-byte message", msg.len());
-        let result = serve_message_for_fuzzing(backend_fd, &mut handler, &conn);
+        let result = serve_message_for_fuzzing(&backend, &mut handler, &conn);
         drain(&mut frontend_sock);
         if common::trace() {
             eprintln!("request {code} flags {flags:#x} size {size} fds {}: {result:?}", fds.len());

@@ -68,7 +68,7 @@ def crypto_missing(bin_dir):
     """What the section needs and this machine lacks."""
     missing = [t for t in ("openssl", "qemu-img", "qemu-storage-daemon", "taskset") if shutil.which(t) is None]
     if not os.access(xts_speed_path(bin_dir), os.X_OK):
-        missing.append(f"{xts_speed_path(bin_dir)} (cargo build --release -p fp-bdev --example xts_speed)")
+        missing.append(f"{xts_speed_path(bin_dir)} (cargo build --release -p fp-crypto --example xts_speed)")
     return missing
 
 

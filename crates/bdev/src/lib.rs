@@ -53,5 +53,4 @@ pub use modules::malloc::RamDevice;
 pub use modules::null::NullDevice;
 pub use modules::uring::UringDevice;
 pub use modules::{delay, malloc, null, uring};
-pub(crate) use request::DoneList;
-pub use request::{IoOp, IoRequest, IoStatus, SubmitError};
+pub use request::{DoneList, IoOp, IoRequest, IoStatus, SubmitError};

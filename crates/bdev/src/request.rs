@@ -63,20 +63,29 @@ pub enum SubmitError {
 
 /// Completions of requests a backend carried out inside `submit`, held for the next `poll`
 /// (callers never get a completion from `submit` itself). Grows only to the peak queue depth,
-/// then is reused.
-pub(crate) struct DoneList(Vec<(u32, IoStatus)>);
+/// then is reused. Public for modules in other crates (the crypto bdev's).
+#[derive(Debug)]
+pub struct DoneList(Vec<(u32, IoStatus)>);
+
+impl Default for DoneList {
+    fn default() -> Self {
+        DoneList::new()
+    }
+}
 
 impl DoneList {
-    pub(crate) fn new() -> Self {
+    /// An empty list with room for 1024 completions.
+    pub fn new() -> Self {
         DoneList(Vec::with_capacity(1024))
     }
 
-    pub(crate) fn push(&mut self, tag: u32, status: IoStatus) {
+    /// Holds the completion of request `tag` for the next poll.
+    pub fn push(&mut self, tag: u32, status: IoStatus) {
         self.0.push((tag, status));
     }
 
     /// Hands every held completion to `done`; returns how many.
-    pub(crate) fn deliver(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
+    pub fn deliver(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
         let n = self.0.len();
         for (tag, status) in self.0.drain(..) {
             done(tag, status);
@@ -87,7 +96,7 @@ impl DoneList {
     /// Hands every held completion over by appending it to `out`; returns how many. When `out`
     /// is empty the two lists trade places: no completion is copied, and both keep their
     /// capacity for the next round.
-    pub(crate) fn deliver_batch(&mut self, out: &mut Vec<(u32, IoStatus)>) -> usize {
+    pub fn deliver_batch(&mut self, out: &mut Vec<(u32, IoStatus)>) -> usize {
         let n = self.0.len();
         if out.is_empty() {
             std::mem::swap(out, &mut self.0);
@@ -97,8 +106,14 @@ impl DoneList {
         n
     }
 
-    pub(crate) fn len(&self) -> usize {
+    /// How many completions are held.
+    pub fn len(&self) -> usize {
         self.0.len()
+    }
+
+    /// Whether no completion is held.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 

@@ -16,7 +16,7 @@ const K1: &str = "603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914df
 const K2: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f000112233445566778899aabbccddeeff";
 
 /// The independent AES-XTS (Python's `cryptography`), shared with the other crypto tests.
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../bdev/tests/xts_plain64.py");
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crypto/tests/xts_plain64.py");
 
 /// dm-crypt's aes-xts-plain64 over `data` in units of `unit` bytes from 512-byte sector
 /// `first`, in Python (`enc` or `dec`).

@@ -7,7 +7,10 @@
 //! * the NVMe facts live below both NVMe crates: fp-nvme-spec depends on no workspace crate and
 //!   has no unsafe code, and no crate but the registry builds on the NVMe/TCP target (fp-nvmf);
 //!   tests may start one (dev-dependencies).
-//! * the stacked bdev modules that need no unsafe code forbid it.
+//! * fp-bdev, which every crate builds on, carries no cipher: AES, XTS and the libcrypto loader
+//!   are fp-crypto's (the crypto bdev and the keyring);
+//! * the stacked bdev modules that need no unsafe code forbid it;
+//! * the plain system calls go through fp-sys's wrappers (`layering/syscalls.rs`).
 
 use std::path::Path;
 
@@ -115,12 +118,43 @@ fn the_nvme_spec_crate_stands_alone_without_unsafe_code() {
     );
 }
 
+/// What only the crates that encrypt may depend on.
+const CRYPTO_DEPENDENCIES: [&str; 5] = ["aes", "xts-mode", "libloading", "zeroize", "fp-crypto"];
+
+#[test]
+fn the_bdev_layer_has_no_crypto_dependency() {
+    let root_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let crates = workspace_crate_dirs(&root_dir);
+    let (_, dir) = crates.iter().find(|(name, _)| name == "fp-bdev").expect("fp-bdev is a workspace crate");
+    let bdev = manifest(&dir.join("Cargo.toml"));
+    assert!(bdev.get("target").is_none(), "target-specific dependencies: check them here");
+    for section in ["dependencies", "dev-dependencies", "build-dependencies"] {
+        let Some(deps) = bdev.get(section).and_then(|d| d.as_table()) else { continue };
+        for dep in CRYPTO_DEPENDENCIES {
+            assert!(
+                !deps.contains_key(dep),
+                "crates/bdev [{section}] names {dep}: ciphers and keys live in fp-crypto"
+            );
+        }
+    }
+    assert!(!dir.join("src/modules/crypto").exists(), "crates/bdev/src/modules/crypto is back: fp-crypto's");
+    let (_, crypto) =
+        crates.iter().find(|(name, _)| name == "fp-crypto").expect("fp-crypto is a workspace crate");
+    let crypto = manifest(&crypto.join("Cargo.toml"));
+    assert!(
+        crypto["dependencies"].as_table().is_some_and(|d| d.contains_key("aes")),
+        "fp-crypto has the cipher"
+    );
+}
+
 #[path = "layering/circles.rs"]
 mod circles;
 #[path = "layering/python_source.rs"]
 mod python_source;
 #[path = "layering/rust_source.rs"]
 mod rust_source;
+#[path = "layering/syscalls.rs"]
+mod syscalls;
 
 /// Files whose code may not use `unsafe`: stacked bdevs work on requests whose buffers were
 /// vouched for where they were described (`fp_bdev::Iovecs::from_raw`), so they need none.

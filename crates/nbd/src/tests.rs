@@ -351,8 +351,8 @@ fn closing_with_a_request_held_by_the_disk_says_so_and_can_be_waited_for_again()
 /// A crypto bdev over an error bdev refusing every write as busy: the crypto bdev takes the
 /// write and retries its refused piece itself (parked on Busy inside the bdev stack).
 fn crypto_over_busy() -> (Bdev, Arc<fp_bdev::ErrorDevice>) {
-    use fp_bdev::modules::crypto::{CryptoDevice, CryptoKey};
     use fp_bdev::{ErrorDevice, ErrorType, Injection};
+    use fp_crypto::{CryptoDevice, CryptoKey};
     let ram: Bdev = Arc::new(RamDevice::new("ram", 512, 8192).unwrap());
     let ee = Arc::new(ErrorDevice::new("ee", ram).unwrap());
     let nomem = Injection {

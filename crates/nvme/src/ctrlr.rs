@@ -13,11 +13,13 @@
 pub mod handle;
 pub mod identify;
 pub mod info;
+mod namespaces;
 pub mod options;
 pub(crate) mod shared;
 mod worker;
 
-pub use handle::{attach, Controller, NamespaceEvent};
+pub use handle::{attach, Controller};
 pub use identify::{ControllerData, NamespaceData};
 pub use info::{ControllerInfo, ControllerPath};
+pub use namespaces::NamespaceEvent;
 pub use options::{ControllerOptions, GlobalOptions, TimeoutAction};

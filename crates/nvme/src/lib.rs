@@ -7,7 +7,8 @@
 //!   (timeouts, hostile completions);
 //! * [`pcie`]: the PCIe transport: submission and completion rings in DMA memory, PRP lists,
 //!   batched and shadow doorbells, over a [`pcie::PciFunction`]: a VFIO-bound device
-//!   ([`pcie::vfio`]) or the emulated controller ([`emu`]) the tests and fuzz targets use;
+//!   ([`pcie::vfio`]) or the emulated controller (`emu`, feature `emu`) the tests and fuzz
+//!   targets use;
 //! * [`tcp`]: the NVMe/TCP transport (the host side of `fp_nvme_spec::tcp`'s PDUs);
 //! * [`ctrlr`]: a controller's life (attach, Identify, namespaces, asynchronous events,
 //!   keep-alive, timeouts, abort, reset, reconnect, detach) on its own control-plane thread;
@@ -18,6 +19,7 @@ pub mod bdev;
 pub mod cid;
 pub mod cmd;
 pub mod ctrlr;
+#[cfg(any(test, feature = "emu"))]
 pub mod emu;
 mod error;
 mod metrics;

@@ -3,10 +3,10 @@
 //! "Adding a bdev module".
 
 use fp_bdev::modules::{
-    crypto::CryptoModule, delay::DelayModule, error::ErrorModule, malloc::MallocModule, null::NullModule,
-    uring::UringModule,
+    delay::DelayModule, error::ErrorModule, malloc::MallocModule, null::NullModule, uring::UringModule,
 };
 use fp_bdev::BdevModule;
+use fp_crypto::CryptoModule;
 use fp_lvol::bdev::LvolModule;
 use fp_nbd::client::NbdClientModule;
 use fp_nvme::rpc::NvmeModule;

@@ -42,6 +42,14 @@ pub fn allowed_cpus() -> io::Result<Vec<usize>> {
     Ok((0..CPU_SETSIZE).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
 }
 
+/// The CPU the calling thread is running on now (`sched_getcpu`), `None` if the kernel cannot
+/// say. A hint: the thread may move right after.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes nothing and returns a number or -1.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
 /// The lowest-numbered CPU the calling thread may run on (what `taskset` allows).
 pub fn first_allowed_cpu() -> io::Result<usize> {
     allowed_cpus()?.first().copied().ok_or_else(|| io::Error::other("the affinity mask is empty"))
@@ -50,6 +58,18 @@ pub fn first_allowed_cpu() -> io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_current_cpu_is_one_the_thread_may_run_on() {
+        let cpu = std::thread::spawn(|| {
+            let allowed = first_allowed_cpu().unwrap();
+            pin_thread(&[allowed]).unwrap();
+            (allowed, current_cpu())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(cpu.1, Some(cpu.0), "a thread pinned to one CPU runs on it");
+    }
 
     #[test]
     fn pinning_to_an_allowed_cpu_reads_back() {

@@ -57,6 +57,17 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// A new pipe, close-on-exec: its read end, then its write end.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 just returned both descriptors, and nothing else owns them.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
 /// Puts the open file description of `fd` in non-blocking mode (`O_NONBLOCK`), as every
 /// duplicate of it then is.
 pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
@@ -79,6 +90,16 @@ mod tests {
     use std::os::fd::AsFd;
 
     use super::*;
+
+    #[test]
+    fn a_pipe_carries_bytes_from_its_write_end_to_its_read_end() {
+        use std::io::Write;
+        let (r, w) = pipe().unwrap();
+        File::from(w).write_all(b"through").unwrap();
+        let mut got = String::new();
+        File::from(r).read_to_string(&mut got).unwrap();
+        assert_eq!(got, "through", "the write end closed: the read ends");
+    }
 
     #[test]
     fn set_nonblocking_makes_an_empty_read_fail_at_once() {

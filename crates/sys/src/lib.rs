@@ -17,13 +17,13 @@ mod socket;
 mod sysinfo;
 pub mod vfio;
 
-pub use affinity::{allowed_cpus, first_allowed_cpu, pin_thread, CPU_SETSIZE};
+pub use affinity::{allowed_cpus, current_cpu, first_allowed_cpu, pin_thread, CPU_SETSIZE};
 pub use eventfd::{eventfd, eventfd_clear, eventfd_signal};
-pub use fs::{openat, rename_noreplace, set_nonblocking, set_umask};
-pub use poll::wait_readable;
+pub use fs::{openat, pipe, rename_noreplace, set_nonblocking, set_umask};
+pub use poll::{poll, wait_readable};
 pub use signal::{raise, SignalSet};
 pub use socket::{
-    gather, recv_nonblocking, recv_vectored_nonblocking, send_vectored_nonblocking, send_with_fds,
-    set_priority, set_send_buffer, shutdown, MAX_SEND_FDS,
+    gather, is_unix_stream, peek_nonblocking, recv_nonblocking, recv_vectored_nonblocking, recv_with_fds,
+    send_vectored_nonblocking, send_with_fds, set_priority, set_send_buffer, shutdown, MAX_SEND_FDS,
 };
 pub use sysinfo::total_ram;

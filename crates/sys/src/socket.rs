@@ -3,13 +3,26 @@
 //! attached (`SCM_RIGHTS`), which `std` has no stable call for.
 
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// Receives into `buf` without waiting (`MSG_DONTWAIT`): `Ok(0)` is the end of the stream, a
 /// socket with nothing to read fails with `WouldBlock`.
 pub fn recv_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: `buf` is valid for writes of its length; the descriptor is borrowed, open.
     let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Copies what is queued on `fd` into `buf` without consuming it (`MSG_PEEK`) or waiting
+/// (`MSG_DONTWAIT`): `Ok(0)` is the end of the stream, nothing queued fails with `WouldBlock`.
+pub fn peek_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of its length; the descriptor is borrowed, open.
+    let n = unsafe {
+        libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -202,6 +215,72 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>])
     Ok(n as usize)
 }
 
+/// Receives into `data` from the Unix socket `sock` without waiting (`MSG_DONTWAIT`), leaving
+/// the message queued if `peek`, with the descriptors attached to it (`SCM_RIGHTS`, installed
+/// close-on-exec; Linux installs even peeked descriptors as new ones). Room is made for
+/// [`MAX_SEND_FDS`] descriptors, so a peer attaching more than one is noticed (and all of them
+/// closed with the result) rather than truncated.
+pub fn recv_with_fds(sock: BorrowedFd<'_>, data: &mut [u8], peek: bool) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    // u64 words keep the control buffer aligned for `cmsghdr`.
+    let mut control = [0u64; 8];
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    let flags = libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC | if peek { libc::MSG_PEEK } else { 0 };
+    // SAFETY: `msg` points to live buffers of the lengths it declares, on a borrowed, open
+    // descriptor.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: `msg` was filled by recvmsg; the CMSG macros walk its control buffer within the
+    // length the kernel reported.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !cmsg.is_null() {
+        // SAFETY: a non-null header from CMSG_FIRSTHDR/NXTHDR lies inside the control buffer.
+        let c = unsafe { &*cmsg };
+        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_LEN only computes a size; CMSG_LEN(0) is the header's.
+            let payload = c.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize;
+            for i in 0..payload / std::mem::size_of::<libc::c_int>() {
+                // SAFETY: CMSG_DATA points at `payload` bytes of descriptors, read unaligned.
+                let raw =
+                    unsafe { std::ptr::read_unaligned((libc::CMSG_DATA(cmsg) as *const libc::c_int).add(i)) };
+                // SAFETY: the kernel just installed this descriptor for us; nobody else owns it.
+                fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
+            }
+        }
+        // SAFETY: as above.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
+    }
+    Ok((n as usize, fds))
+}
+
+/// Whether `fd` is an `AF_UNIX` `SOCK_STREAM` socket (a peer may send any descriptor).
+pub fn is_unix_stream(fd: BorrowedFd<'_>) -> bool {
+    let get = |opt| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are valid for getsockopt to write an int into.
+        let r = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (r == 0).then_some(v)
+    };
+    get(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && get(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Read;
@@ -255,6 +334,27 @@ mod tests {
         assert_eq!(s, "passed");
         let too_many = [file.as_fd(); MAX_SEND_FDS + 1];
         assert_eq!(send_with_fds(a.as_fd(), b"x", &too_many).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+    }
+
+    #[test]
+    fn a_peek_leaves_the_message_and_both_receives_get_its_descriptor() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut buf = [0u8; 8];
+        let e = recv_with_fds(b.as_fd(), &mut buf, true).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        let (channel, _other_end) = UnixStream::pair().unwrap();
+        send_with_fds(a.as_fd(), b"header", &[channel.as_fd()]).unwrap();
+        assert_eq!(peek_nonblocking(b.as_fd(), &mut buf).unwrap(), 6);
+        let (n, peeked) = recv_with_fds(b.as_fd(), &mut buf, true).unwrap();
+        assert_eq!((n, peeked.len()), (6, 1));
+        assert!(is_unix_stream(peeked[0].as_fd()), "the attached socket");
+        let (n, taken) = recv_with_fds(b.as_fd(), &mut buf, false).unwrap();
+        assert_eq!((&buf[..n], taken.len()), (&b"header"[..], 1), "the peek left the message queued");
+        let e = peek_nonblocking(b.as_fd(), &mut buf).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "the receive consumed it");
+        assert!(!is_unix_stream(std::fs::File::open("/dev/null").unwrap().as_fd()), "a file is no socket");
+        drop(a);
+        assert_eq!(peek_nonblocking(b.as_fd(), &mut buf).unwrap(), 0, "the end of the stream");
     }
 
     fn tempfile_in_tmp() -> std::fs::File {

@@ -17,7 +17,7 @@
 //! the disk and other connections are unaffected.
 
 use std::fs::File;
-use std::os::unix::io::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -402,13 +402,7 @@ impl Connection {
 }
 
 fn private_eventfd() -> VuResult<File> {
-    // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(VuError::ReqHandlerError(std::io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` is a fresh eventfd owned by nobody else.
-    Ok(unsafe { <File as std::os::unix::io::FromRawFd>::from_raw_fd(fd) })
+    fp_sys::eventfd().map(File::from).map_err(VuError::ReqHandlerError)
 }
 
 /// Checks that a kick, call or err fd is an eventfd and makes sure writing it never blocks.
@@ -425,17 +419,7 @@ fn checked_eventfd(fd: File, what: &'static str) -> VuResult<File> {
         log::warn!("{what} fd is not an eventfd ({})", link.display());
         return Err(VuError::InvalidParam);
     }
-    // SAFETY: fcntl on an fd we own; no memory is involved.
-    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-    if flags < 0 {
-        return Err(VuError::ReqHandlerError(std::io::Error::last_os_error()));
-    }
-    if flags & libc::O_NONBLOCK == 0 {
-        // SAFETY: as above.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-            return Err(VuError::ReqHandlerError(std::io::Error::last_os_error()));
-        }
-    }
+    fp_sys::set_nonblocking(fd.as_fd()).map_err(VuError::ReqHandlerError)?;
     Ok(fd)
 }
 

@@ -180,15 +180,8 @@ mod tests {
         assert!(matches!(map_log(file(4096), 0, 0, None), Err(LogError::BadRange { .. })));
         assert!(matches!(map_log(file(4096), 8, u64::MAX, None), Err(LogError::BadRange { .. })));
         // A pipe cannot be mapped.
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY: both fds are fresh and owned by nobody else.
-        let (r, _w) = unsafe {
-            use std::os::fd::FromRawFd;
-            (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1]))
-        };
-        let e = map_log(r, 4096, 0, None).unwrap_err();
+        let (r, _w) = fp_sys::pipe().unwrap();
+        let e = map_log(File::from(r), 4096, 0, None).unwrap_err();
         assert!(matches!(e, LogError::Map(_)), "{e}");
     }
 

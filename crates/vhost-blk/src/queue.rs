@@ -822,10 +822,9 @@ impl QueuePoller {
 /// flags of (the VMM shares the file description). Returns the count read (the writes since
 /// the last read), 0 when there was none.
 fn drain_eventfd(f: &File) -> u64 {
-    let mut pfd = libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd, zero timeout.
-    let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
-    if ready == 1 && pfd.revents & libc::POLLIN != 0 {
+    let mut pfd = [libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+    let ready = fp_sys::poll(&mut pfd, Some(Duration::ZERO));
+    if matches!(ready, Ok(1)) && pfd[0].revents & libc::POLLIN != 0 {
         let mut buf = [0u8; 8];
         if matches!((&*f).read(&mut buf), Ok(8)) {
             return u64::from_ne_bytes(buf);

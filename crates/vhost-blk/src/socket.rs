@@ -2,7 +2,7 @@
 //! accepting one frontend at a time, framing its messages for `vhost`'s parser, and the backend
 //! channel that carries config-change notifications.
 
-use std::os::unix::io::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -75,23 +75,26 @@ enum Waited {
 
 /// Waits until `fd` has one of `events`, the controller is stopped, or `deadline` (if any)
 /// passes. The control thread waits on nothing else, so an idle controller never wakes up.
-fn wait_fd(fd: i32, events: libc::c_short, stop: &StopSignal, deadline: Option<Instant>) -> Waited {
+fn wait_fd(
+    fd: BorrowedFd<'_>,
+    events: libc::c_short,
+    stop: &StopSignal,
+    deadline: Option<Instant>,
+) -> Waited {
     let mut pfds = [
-        libc::pollfd { fd, events, revents: 0 },
+        libc::pollfd { fd: fd.as_raw_fd(), events, revents: 0 },
         libc::pollfd { fd: stop.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
     ];
     loop {
-        let timeout_ms = match deadline {
-            None => -1,
+        let timeout = match deadline {
+            None => None,
             Some(d) => match d.checked_duration_since(Instant::now()) {
-                Some(left) if !left.is_zero() => left.as_millis().clamp(1, i32::MAX as u128) as i32,
+                Some(left) if !left.is_zero() => Some(left),
                 _ => return Waited::TimedOut,
             },
         };
-        // SAFETY: two valid pollfds for the duration of the call.
-        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, timeout_ms) };
-        if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+        if let Err(e) = fp_sys::poll(&mut pfds, timeout) {
+            if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             // poll only fails on bad arguments or no memory: treat as a stop.
@@ -107,13 +110,13 @@ fn wait_fd(fd: i32, events: libc::c_short, stop: &StopSignal, deadline: Option<I
 }
 
 /// Waits until `fd` is readable or the controller is stopped. Returns false on stop.
-fn wait_readable(fd: i32, stop: &StopSignal) -> bool {
+fn wait_readable(fd: BorrowedFd<'_>, stop: &StopSignal) -> bool {
     wait_fd(fd, libc::POLLIN, stop, None) == Waited::Ready
 }
 
 /// The controller's control-plane thread: one connection at a time.
 pub(crate) fn serve(listener: UnixListener, shared: Arc<ControllerState>) {
-    while wait_readable(listener.as_raw_fd(), &shared.stop) {
+    while wait_readable(listener.as_fd(), &shared.stop) {
         let stream = match listener.accept() {
             Ok((s, _)) => s,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
@@ -151,16 +154,13 @@ const MAX_PEEK: usize = HEADER_SIZE + 4096;
 
 /// Peeks at the socket without consuming anything (file descriptors attached to the message
 /// stay queued for the real read).
-fn peek_queued(fd: i32) -> std::io::Result<Queued> {
+fn peek_queued(sock: &UnixStream) -> std::io::Result<Queued> {
     let mut buf = [0u8; MAX_PEEK];
-    // SAFETY: `buf` is a valid writable buffer of the length passed.
-    let n =
-        unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    if n < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(Queued::Partial) } else { Err(e) };
-    }
-    let n = n as usize;
+    let n = match fp_sys::peek_nonblocking(sock.as_fd(), &mut buf) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Queued::Partial),
+        Err(e) => return Err(e),
+    };
     if n == 0 {
         return Ok(Queued::Closed);
     }
@@ -180,14 +180,14 @@ fn peek_queued(fd: i32) -> std::io::Result<Queued> {
 /// receive time-outs), so it is only called once a whole message is queued; a peer that leaves
 /// a message unfinished for [`MESSAGE_TIMEOUT`] is dropped.
 /// Returns the message's request code.
-fn wait_for_message(fd: i32, stop: &StopSignal) -> Result<u32, String> {
+fn wait_for_message(sock: &UnixStream, stop: &StopSignal) -> Result<u32, String> {
     let mut partial_since: Option<Instant> = None;
     loop {
-        if !wait_readable(fd, stop) {
+        if !wait_readable(sock.as_fd(), stop) {
             return Err("controller is being deleted".into());
         }
-        match peek_queued(fd) {
-            Ok(Queued::Message(request)) => return wait_reply_room(fd, stop).map(|()| request),
+        match peek_queued(sock) {
+            Ok(Queued::Message(request)) => return wait_reply_room(sock, stop).map(|()| request),
             Ok(Queued::Closed) => return Err("frontend closed the connection".into()),
             Ok(Queued::Partial) => {
                 let since = *partial_since.get_or_insert_with(Instant::now);
@@ -209,9 +209,9 @@ fn wait_for_message(fd: i32, stop: &StopSignal) -> Result<u32, String> {
 /// controller could not even be deleted. A frontend that leaves no room for a reply for
 /// [`MESSAGE_TIMEOUT`] is dropped instead. A Unix stream socket reports writable only while at
 /// most a quarter of its send buffer is used, far more room than the largest reply (4 KiB).
-fn wait_reply_room(fd: i32, stop: &StopSignal) -> Result<(), String> {
+fn wait_reply_room(sock: &UnixStream, stop: &StopSignal) -> Result<(), String> {
     // An error or hang-up also counts as ready: the reply's write then reports it.
-    match wait_fd(fd, libc::POLLOUT, stop, Some(Instant::now() + MESSAGE_TIMEOUT)) {
+    match wait_fd(sock.as_fd(), libc::POLLOUT, stop, Some(Instant::now() + MESSAGE_TIMEOUT)) {
         Waited::Ready => Ok(()),
         Waited::Stopped => Err("controller is being deleted".into()),
         Waited::TimedOut => Err(format!("frontend has not read its replies for {MESSAGE_TIMEOUT:?}")),
@@ -222,15 +222,20 @@ fn run_connection(stream: UnixStream, shared: &Arc<ControllerState>) -> String {
     if let Err(e) = stream.set_nonblocking(false) {
         return format!("cannot configure socket: {e}");
     }
-    let fd = stream.as_raw_fd();
+    // `vhost`'s handler takes the stream; this copy of it (the same socket) is how the
+    // connection peeks, waits and serves the messages it answers itself.
+    let sock = match stream.try_clone() {
+        Ok(s) => s,
+        Err(e) => return format!("cannot configure socket: {e}"),
+    };
     let conn = Arc::new(Mutex::new(Connection::new(shared.clone())));
     let mut handler = BackendReqHandler::from_stream(stream, conn.clone());
     let reason = loop {
-        let request = match wait_for_message(fd, &shared.stop) {
+        let request = match wait_for_message(&sock, &shared.stop) {
             Ok(r) => r,
             Err(reason) => break reason,
         };
-        if let Err(reason) = serve_message(fd, request, &mut handler, &conn, shared) {
+        if let Err(reason) = serve_message(&sock, request, &mut handler, &conn, shared) {
             break reason;
         }
     };
@@ -242,7 +247,7 @@ fn run_connection(stream: UnixStream, shared: &Arc<ControllerState>) -> String {
 /// Serves one whole queued message whose request code is `request`. An error (with its reason)
 /// ends the connection.
 fn serve_message(
-    fd: i32,
+    sock: &UnixStream,
     request: u32,
     handler: &mut BackendReqHandler<Mutex<Connection>>,
     conn: &Mutex<Connection>,
@@ -252,13 +257,13 @@ fn serve_message(
         SET_BACKEND_REQ_FD => {
             // `vhost` keeps the channel it builds from this message to itself and cannot send
             // a config change on it, so keep a copy of the fd, peeked before `vhost` reads it.
-            match peek_attached_socket(fd) {
+            match peek_attached_socket(sock) {
                 Ok(channel) => *shared.backend_channel() = channel,
                 Err(e) => log::warn!("{}: cannot keep the backend channel: {e}", shared.name),
             }
         }
-        SET_LOG_BASE => return serve_set_log_base(fd, conn),
-        SET_VRING_ENABLE => return serve_set_vring_enable(fd, conn),
+        SET_LOG_BASE => return serve_set_log_base(sock, conn),
+        SET_VRING_ENABLE => return serve_set_vring_enable(sock, conn),
         _ => {}
     }
     match handler.handle_request() {
@@ -277,19 +282,19 @@ fn request_name(request: u32) -> String {
 }
 
 /// [`serve_message`] for the `vhost_messages` fuzz target, which writes each message whole
-/// into its end of the socket `fd` before calling this. Not API.
+/// into its end of the socket before calling this with (a copy of) the other end. Not API.
 #[doc(hidden)]
 pub fn serve_message_for_fuzzing(
-    fd: i32,
+    sock: &UnixStream,
     handler: &mut BackendReqHandler<Mutex<Connection>>,
     conn: &Mutex<Connection>,
 ) -> Result<(), String> {
-    let request = match peek_queued(fd) {
+    let request = match peek_queued(sock) {
         Ok(Queued::Message(request)) => request,
         other => return Err(format!("no whole message queued: {other:?}")),
     };
     let shared = conn.lock().unwrap_or_else(|p| p.into_inner()).shared().clone();
-    serve_message(fd, request, handler, conn, &shared)
+    serve_message(sock, request, handler, conn, &shared)
 }
 
 /// VHOST_USER_SET_LOG_BASE's request code.
@@ -304,17 +309,17 @@ const HEADER_FLAGS_REPLY: u32 = 0x1 | 0x4;
 /// need a reply when LOG_SHMFD is negotiated, with "reply payload: N/A": a header with size 0,
 /// as QEMU and other back-ends (DPDK) exchange it. QEMU waits for that reply before it frees
 /// the old log, so it is sent only once the queues log into the new one.
-fn serve_set_log_base(fd: i32, conn: &Mutex<Connection>) -> Result<(), String> {
+fn serve_set_log_base(sock: &UnixStream, conn: &Mutex<Connection>) -> Result<(), String> {
     let mut msg = [0u8; HEADER_SIZE + LOG_BODY_SIZE];
-    let (n, mut fds) =
-        recv_with_fds(fd, &mut msg[..HEADER_SIZE], 0).map_err(|e| format!("socket error: {e}"))?;
+    let (n, mut fds) = fp_sys::recv_with_fds(sock.as_fd(), &mut msg[..HEADER_SIZE], false)
+        .map_err(|e| format!("socket error: {e}"))?;
     let word = |i: usize| u32::from_le_bytes([msg[i], msg[i + 1], msg[i + 2], msg[i + 3]]);
     let size = word(8) as usize;
     if n != HEADER_SIZE || word(4) & 0x3 != 0x1 || size != LOG_BODY_SIZE {
         return Err(format!("protocol error: malformed SET_LOG_BASE (flags {:#x}, size {size})", word(4)));
     }
     // The whole message is queued (`wait_for_message`); the body follows the header.
-    let mut stream = BorrowedStream(fd);
+    let mut stream = sock;
     std::io::Read::read_exact(&mut stream, &mut msg[HEADER_SIZE..])
         .map_err(|e| format!("socket error: {e}"))?;
     let (Some(file), true) = (fds.pop(), fds.is_empty()) else {
@@ -350,9 +355,10 @@ const HEADER_FLAG_NEED_REPLY: u32 = 0x8;
 /// front-end depends on it: it enables each ring with the ring's size as the value. So does
 /// this back-end: non-zero enables, zero disables. The acknowledgement is `vhost`'s: with
 /// REPLY_ACK negotiated and NEED_REPLY set, a u64 that is 0 on success.
-fn serve_set_vring_enable(fd: i32, conn: &Mutex<Connection>) -> Result<(), String> {
+fn serve_set_vring_enable(sock: &UnixStream, conn: &Mutex<Connection>) -> Result<(), String> {
     let mut msg = [0u8; HEADER_SIZE + VRING_STATE_SIZE];
-    let (n, fds) = recv_with_fds(fd, &mut msg[..HEADER_SIZE], 0).map_err(|e| format!("socket error: {e}"))?;
+    let (n, fds) = fp_sys::recv_with_fds(sock.as_fd(), &mut msg[..HEADER_SIZE], false)
+        .map_err(|e| format!("socket error: {e}"))?;
     let word = |m: &[u8], i: usize| u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
     let (flags, size) = (word(&msg, 4), word(&msg, 8) as usize);
     if n != HEADER_SIZE || flags & 0x3 != 0x1 || size != VRING_STATE_SIZE {
@@ -362,7 +368,7 @@ fn serve_set_vring_enable(fd: i32, conn: &Mutex<Connection>) -> Result<(), Strin
         return Err("protocol error: SET_VRING_ENABLE carries no fds".into());
     }
     // The whole message is queued (`wait_for_message`); the body follows the header.
-    let mut stream = BorrowedStream(fd);
+    let mut stream = sock;
     std::io::Read::read_exact(&mut stream, &mut msg[HEADER_SIZE..])
         .map_err(|e| format!("socket error: {e}"))?;
     let (index, num) = (word(&msg, HEADER_SIZE), word(&msg, HEADER_SIZE + 4));
@@ -385,36 +391,6 @@ fn serve_set_vring_enable(fd: i32, conn: &Mutex<Connection>) -> Result<(), Strin
     result.map_err(|e| format!("SET_VRING_ENABLE of queue {index} ({num}) refused: {e}"))
 }
 
-/// Reads and writes an fd the caller keeps open, without owning it.
-struct BorrowedStream(i32);
-
-impl std::io::Read for BorrowedStream {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        // SAFETY: `buf` is valid for writes of its length; the fd is open (caller).
-        let n = unsafe { libc::read(self.0, buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
-    }
-}
-
-impl std::io::Write for BorrowedStream {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // SAFETY: `buf` is valid for reads of its length; the fd is open (caller).
-        let n = unsafe { libc::write(self.0, buf.as_ptr().cast(), buf.len()) };
-        if n < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// VHOST_USER_SET_BACKEND_REQ_FD's request code (vhost-user.rst, "Front-end message types").
 const SET_BACKEND_REQ_FD: u32 = 21;
 /// VHOST_USER_BACKEND_CONFIG_CHANGE_MSG's request code ("Back-end message types").
@@ -435,83 +411,17 @@ pub(crate) fn notify_config_change(stream: &mut UnixStream) -> std::io::Result<(
     stream.write_all(&msg)
 }
 
-/// Whether `s` really is an AF_UNIX SOCK_STREAM socket (a frontend may send any fd).
-fn is_unix_stream(s: &UnixStream) -> bool {
-    let get = |opt| {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `v` and `len` are valid for getsockopt to write an int into.
-        let r = unsafe {
-            libc::getsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        (r == 0).then_some(v)
-    };
-    get(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && get(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
-}
-
-/// Receives into `data` from `fd` with `flags` (MSG_PEEK to leave the message queued), and the
-/// descriptors attached (Linux installs even peeked SCM_RIGHTS descriptors as new fds here).
-fn recv_with_fds(
-    fd: i32,
-    data: &mut [u8],
-    flags: libc::c_int,
-) -> std::io::Result<(usize, Vec<std::os::fd::OwnedFd>)> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-    // Room for a few descriptors, so a frontend attaching more than one is noticed (and all of
-    // them closed) rather than truncated.
-    let mut cmsg_buf = [0u64; 8];
-    // SAFETY: msghdr is plain data; every field used is set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg_buf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cmsg_buf);
-    // SAFETY: `msg` points to live buffers of the lengths it declares.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, flags | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut fds = Vec::new();
-    // SAFETY: `msg` was filled by recvmsg; the CMSG macros walk its control buffer within the
-    // length the kernel reported.
-    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    while !cmsg.is_null() {
-        // SAFETY: a non-null header from CMSG_FIRSTHDR/NXTHDR lies inside the control buffer.
-        let c = unsafe { &*cmsg };
-        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
-            // SAFETY: as above; CMSG_LEN(0) is the header's size.
-            let payload = c.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize;
-            for i in 0..payload / std::mem::size_of::<i32>() {
-                // SAFETY: CMSG_DATA points at `payload` bytes of descriptors, read unaligned.
-                let raw = unsafe { std::ptr::read_unaligned((libc::CMSG_DATA(cmsg) as *const i32).add(i)) };
-                // SAFETY: the kernel just installed this descriptor for us; nobody else owns it.
-                fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
-            }
-        }
-        // SAFETY: as above.
-        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
-    }
-    Ok((n as usize, fds))
-}
-
-/// Peeks at the message at the head of `fd` and returns a copy of the single Unix stream
+/// Peeks at the message at the head of `sock` and returns a copy of the single Unix stream
 /// socket attached to it, leaving the message (and its own copy of the descriptor) queued.
-fn peek_attached_socket(fd: i32) -> std::io::Result<Option<UnixStream>> {
+fn peek_attached_socket(sock: &UnixStream) -> std::io::Result<Option<UnixStream>> {
     let mut data = [0u8; HEADER_SIZE];
-    let (_, mut fds) = recv_with_fds(fd, &mut data, libc::MSG_PEEK)?;
+    let (_, mut fds) = fp_sys::recv_with_fds(sock.as_fd(), &mut data, true)?;
     if fds.len() != 1 {
         // `vhost` refuses the message itself; the copies are closed here.
         return Ok(None);
     }
     let stream = UnixStream::from(fds.pop().expect("one fd"));
-    if !is_unix_stream(&stream) {
+    if !fp_sys::is_unix_stream(stream.as_fd()) {
         // `vhost` refuses the message too.
         return Ok(None);
     }

@@ -180,15 +180,10 @@ impl Disk {
         if !self.0.accounting {
             return Ok(DiskIo::Device(inner));
         }
-        // SAFETY: sched_getcpu has no preconditions.
-        let cpu = unsafe { libc::sched_getcpu() };
+        let cpu = fp_sys::current_cpu();
         let (slot, mirror_epoch) = {
             let mut book = self.book();
-            let slot = Arc::new(ChannelSlot::new(
-                book.next_id,
-                usize::try_from(cpu).ok(),
-                self.0.epochs.load(Ordering::Relaxed),
-            ));
+            let slot = Arc::new(ChannelSlot::new(book.next_id, cpu, self.0.epochs.load(Ordering::Relaxed)));
             // A new channel has nothing in flight and looks for a mirror before it reaps
             // anything: it counts as having applied the epoch now. With a job attached it
             // picks the job up at its first poll.

@@ -12,32 +12,10 @@ use crate::NvmeError;
 
 use super::identify::ControllerData;
 use super::info::{ControllerInfo, ControllerPath};
+use super::namespaces::{lock_ns, NamespaceEvent, NsMap};
 use super::options::{ControllerOptions, GlobalOptions};
 use super::shared::*;
-use super::worker::{lock_ns, NsMap, Worker};
-
-/// A change of a controller's namespaces, found by an asynchronous event (Changed Namespace
-/// List) or after a reset. The module turns them into registry calls: `Added` a new bdev,
-/// `Resized` the registry's resize (which calls [`NvmeNamespace`]'s `resize`), `Removed` a
-/// delete. The callback runs on the controller thread: it must not call back into the
-/// controller synchronously (reset, detach).
-#[derive(Debug)]
-pub enum NamespaceEvent {
-    /// A namespace appeared (bdev `<name>n<nsid>`).
-    Added(Arc<NvmeNamespace>),
-    /// A namespace's size changed to `num_blocks`.
-    Resized {
-        /// The namespace.
-        nsid: u32,
-        /// Its size now, in blocks.
-        num_blocks: u64,
-    },
-    /// A namespace went away (or the whole controller was given up).
-    Removed {
-        /// The namespace.
-        nsid: u32,
-    },
-}
+use super::worker::Worker;
 
 /// An attached controller.
 pub trait Controller: Send + Sync {

@@ -9,9 +9,9 @@
 //! and its namespaces removed. `fast_io_fail_timeout_sec` after the loss, channels fail the
 //! I/O they hold instead of keeping it for the controller's return.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::BlockDevice;
@@ -24,8 +24,8 @@ use crate::transport::{AdminData, AdminQueue, IoQueue, Transport};
 use crate::NvmeError;
 
 use super::identify::{nsid_list, ControllerData, NamespaceData};
+use super::namespaces::{lock_ns, Events, NamespaceEvent, NsMap};
 use super::shared::*;
-use super::NamespaceEvent;
 
 /// Entries of the admin queue.
 pub(crate) const ADMIN_DEPTH: u16 = 32;
@@ -37,17 +37,6 @@ const MAX_AERS: u8 = 4;
 /// 5.2.1, Figure 147 and 150).
 const AER_TYPE_NOTICE: u32 = 2;
 const AER_NOTICE_NS_CHANGED: u32 = 0;
-
-/// The namespaces of a controller, shared with its handle.
-pub(crate) type NsMap = Arc<Mutex<BTreeMap<u32, Arc<NvmeNamespace>>>>;
-
-/// Locks a namespace map (a panicked holder left it consistent: entries are whole).
-pub(crate) fn lock_ns(map: &NsMap) -> std::sync::MutexGuard<'_, BTreeMap<u32, Arc<NvmeNamespace>>> {
-    map.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The namespace-event callback.
-pub(crate) type Events = Box<dyn Fn(NamespaceEvent) + Send + Sync>;
 
 pub(crate) struct Worker<T: Transport> {
     shared: Arc<Shared<T>>,

@@ -3,104 +3,19 @@
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fp_bdev::dma::{memory_map, DmaListener, DmaRegion, ListenerId};
+use fp_bdev::dma::{memory_map, ListenerId};
 use fp_nvme_spec::registers;
 
 use super::config::{EmuConfig, EmuCounters, EmuNamespace, Fault};
 use super::device;
+use super::shared::{DmaGate, Namespace, Shared, BAR_LEN};
 use crate::pcie::{Bar, PciFunction};
 use crate::NvmeError;
-
-/// BAR0's size: the registers' page and the doorbells (stride 4) of up to 1023 queues.
-pub(crate) const BAR_LEN: usize = 0x2000;
-
-/// One namespace's RAM.
-pub(crate) struct Namespace {
-    pub(crate) nsid: u32,
-    pub(crate) block_size: u32,
-    pub(crate) data: Vec<u8>,
-}
-
-impl Namespace {
-    pub(crate) fn num_blocks(&self) -> u64 {
-        self.data.len() as u64 / u64::from(self.block_size)
-    }
-}
-
-/// The emulation's IOMMU unmap: the device thread holds the gate while it touches host memory
-/// (pointers from [`fp_bdev::dma::MemoryMap::vaddr_of`]), and unregistering memory waits for it
-/// before the memory is freed. Afterwards the region is no longer in the map, so the thread's
-/// next access fails as a real device's DMA to an unmapped address does.
-#[derive(Default)]
-pub(crate) struct DmaGate(pub(crate) Mutex<()>);
-
-impl DmaListener for DmaGate {
-    fn map(&self, _region: &DmaRegion) -> std::io::Result<()> {
-        Ok(())
-    }
-
-    fn unmap(&self, _region: &DmaRegion) {
-        drop(self.0.lock().unwrap_or_else(|e| e.into_inner()));
-    }
-}
-
-/// What the device thread and the handle share.
-pub(crate) struct Shared {
-    pub(crate) cfg: EmuConfig,
-    pub(crate) address: String,
-    bar: Box<[AtomicU64]>,
-    pub(crate) fault: AtomicU8,
-    pub(crate) namespaces: Mutex<Vec<Namespace>>,
-    /// Namespaces changed since the host last read the Changed Namespace List log.
-    pub(crate) changed: Mutex<Vec<u32>>,
-    /// A namespace change not yet reported by an Asynchronous Event.
-    pub(crate) aer_pending: AtomicBool,
-    pub(crate) sq_doorbells: Box<[AtomicU64]>,
-    pub(crate) cq_doorbells: Box<[AtomicU64]>,
-    pub(crate) io_commands: AtomicU64,
-    pub(crate) admin_commands: AtomicU64,
-    pub(crate) keep_alives: AtomicU64,
-    pub(crate) aborts: AtomicU64,
-    pub(crate) dbbuf_configs: AtomicU64,
-    pub(crate) enables: AtomicU64,
-    pub(crate) completions: AtomicU64,
-    pub(crate) stop: AtomicBool,
-    pub(crate) sleeping: AtomicBool,
-    pub(crate) thread: OnceLock<std::thread::Thread>,
-    /// Raw completions to post (queue ID, 16 bytes), for [`Fault::Scripted`].
-    pub(crate) inject: Mutex<VecDeque<(u16, [u8; 16])>>,
-    /// A function-level reset asked for; the device clears it when done.
-    pub(crate) flr: AtomicBool,
-    pub(crate) gate: Arc<DmaGate>,
-}
-
-impl Shared {
-    /// The 4-byte register at `offset`.
-    pub(crate) fn reg(&self, offset: u32) -> &AtomicU32 {
-        let off = offset as usize;
-        assert!(off % 4 == 0 && off + 4 <= BAR_LEN, "register {off:#x} outside BAR0");
-        // SAFETY: inside the BAR's memory (checked), 4-aligned; an AtomicU64 array has the
-        // layout of twice as many AtomicU32s.
-        unsafe { &*(self.bar.as_ptr() as *const AtomicU32).add(off / 4) }
-    }
-
-    pub(crate) fn fault(&self) -> Fault {
-        Fault::from_u8(self.fault.load(Ordering::Acquire))
-    }
-
-    pub(crate) fn wake(&self) {
-        if self.sleeping.load(Ordering::SeqCst) {
-            if let Some(t) = self.thread.get() {
-                t.unpark();
-            }
-        }
-    }
-}
 
 /// An NVMe controller emulated in this process: BAR0 is memory, a thread is the device. It
 /// reaches the host's memory only through the DMA map ([`fp_bdev::dma::MemoryMap::vaddr_of`]),

@@ -13,7 +13,7 @@ use fp_nvme_spec::registers;
 use fp_nvme_spec::{Sqe, Status, SQE_LEN};
 
 use super::config::Fault;
-use super::controller::Shared;
+use super::shared::{Shared, BAR_LEN};
 
 /// How long the thread spins after its last work before sleeping.
 const SPIN: Duration = Duration::from_micros(30);
@@ -71,7 +71,7 @@ pub(crate) struct Device {
 
 /// Zeroes the registers and writes CAP and VS.
 pub(crate) fn reset_registers(sh: &Shared) {
-    for off in (0..super::controller::BAR_LEN as u32).step_by(4) {
+    for off in (0..BAR_LEN as u32).step_by(4) {
         sh.reg(off).store(0, Ordering::Relaxed);
     }
     // CAP: MQES, CQR (contiguous queues required), TO = 10 (5 s: a loaded test machine may
@@ -224,7 +224,7 @@ impl Device {
         self.dbbuf = None;
         self.aers.clear();
         self.held.clear();
-        for off in (registers::DOORBELLS..super::controller::BAR_LEN as u32).step_by(4) {
+        for off in (registers::DOORBELLS..BAR_LEN as u32).step_by(4) {
             self.sh.reg(off).store(0, Ordering::Relaxed);
         }
         self.sh.reg(registers::CSTS).store(0, Ordering::Release);

@@ -13,6 +13,7 @@ pub mod config;
 pub mod controller;
 mod device;
 mod io;
+mod shared;
 
 pub use config::{EmuConfig, EmuCounters, EmuNamespace, Fault};
 pub use controller::EmulatedController;

@@ -1,6 +1,6 @@
 //! What the PCIe transport needs of a PCI function: its BAR0 (registers and doorbells) mapped
 //! into this process, and DMA memory the function can reach. A VFIO-bound device
-//! ([`super::vfio`]) and the emulated controller ([`crate::emu`]) both give it.
+//! ([`super::vfio`]) and the emulated controller (`crate::emu`, feature `emu`) both give it.
 
 use std::ptr::NonNull;
 

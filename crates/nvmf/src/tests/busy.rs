@@ -54,8 +54,8 @@ fn busy_target_over(crypto: bool) -> BusyTarget {
     let ram: Bdev = Arc::new(RamDevice::new("ram0", 512, 8192).unwrap());
     let ee = Arc::new(ErrorDevice::new("ee0", ram).unwrap());
     let bdev: Bdev = if crypto {
-        let key = fp_bdev::modules::crypto::CryptoKey::new("k", &[1; 32], &[2; 32]).unwrap();
-        Arc::new(fp_bdev::modules::crypto::CryptoDevice::new("c0", ee.clone(), Arc::new(key)).unwrap())
+        let key = fp_crypto::CryptoKey::new("k", &[1; 32], &[2; 32]).unwrap();
+        Arc::new(fp_crypto::CryptoDevice::new("c0", ee.clone(), Arc::new(key)).unwrap())
     } else {
         ee.clone()
     };

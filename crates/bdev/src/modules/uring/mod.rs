@@ -121,7 +121,7 @@
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
@@ -555,13 +555,7 @@ impl UringChannel {
         };
         ring.submitter().register_files(&files[..nfiles]).map_err(BdevError::Uring)?;
 
-        // SAFETY: eventfd takes plain values and returns a new descriptor or -1.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            return Err(BdevError::Uring(io::Error::last_os_error()));
-        }
-        // SAFETY: `efd` was just returned by eventfd and is owned by nothing else.
-        let eventfd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let eventfd = fp_sys::eventfd().map_err(BdevError::Uring)?;
         ring.submitter().register_eventfd(eventfd.as_raw_fd()).map_err(BdevError::Uring)?;
 
         let sq_entries = ring.params().sq_entries() as usize;

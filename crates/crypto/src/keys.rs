@@ -1,29 +1,24 @@
-//! Keys: AES-XTS data keys (SPDK's accel crypto keys) and file keys (SPDK's `keyring_file`).
+//! AES-XTS data keys (SPDK's accel crypto keys), the crypto module's own.
 //!
 //! Key material lives only in [`Zeroizing`] buffers and in the AES key schedules (the `aes`
 //! crate's `zeroize` feature clears them on drop). Nothing here implements a `Debug` that shows
 //! it, no error message quotes it, and the RPC results list names and attributes only.
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use aes::cipher::KeyInit;
 use aes::{Aes128, Aes256};
 use zeroize::Zeroizing;
 
-use super::xts::Xts;
-use crate::BdevError;
+use fp_bdev::BdevError;
+
+use crate::xts::Xts;
 
 /// The cipher of an accel crypto key (SPDK's `cipher`); AES-XTS only.
 pub const CIPHER: &str = "AES_XTS";
 /// The one tweak mode: the 512-byte sector number (see the module docs).
 pub const TWEAK_MODE: &str = "SIMPLE_LBA";
-
-/// The largest key file accepted (a key, not a document).
-const MAX_KEY_FILE: u64 = 4096;
 
 // One per key, behind an `Arc`: the size difference costs nothing, a box would cost an
 // indirection per block.
@@ -52,7 +47,7 @@ impl std::fmt::Debug for CryptoKey {
     }
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>) -> BdevError {
+pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> BdevError {
     BdevError::InvalidParam { field, reason: reason.into() }
 }
 
@@ -120,7 +115,7 @@ impl CryptoKey {
     }
 
     /// Runs `f` on both halves of the key, one after the other (never copied out).
-    pub(super) fn with_material<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+    pub(crate) fn with_material<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         f(&self.material)
     }
 
@@ -164,136 +159,17 @@ impl CryptoKey {
     }
 }
 
-/// A key read from a file by `keyring_file_add_key`.
-pub struct FileKey {
-    /// The file it was read from.
-    pub path: String,
-    material: Zeroizing<Vec<u8>>,
-}
-
-impl FileKey {
-    /// Reads `path`: absolute, reached without a symlink in any component, a regular file,
-    /// owner-only (`mode & 0o077 == 0`), 1 byte to 4 KiB (what is read is bounded too, not
-    /// only what the file's size says). Errors name `path`.
-    pub fn read(path: &str) -> Result<FileKey, BdevError> {
-        if !Path::new(path).is_absolute() {
-            return Err(invalid("path", "must be an absolute path"));
-        }
-        let mut file = open_without_symlinks(path)?;
-        // The open file's own metadata: what is read is what was checked.
-        let meta = file.metadata().map_err(|e| invalid("path", format!("cannot stat {path}: {e}")))?;
-        if !meta.is_file() {
-            return Err(invalid("path", format!("{path} is not a regular file")));
-        }
-        if meta.mode() & 0o077 != 0 {
-            return Err(invalid(
-                "path",
-                format!(
-                    "{path} has mode {:o}: a key file must be owner-only (chmod 600)",
-                    meta.mode() & 0o777
-                ),
-            ));
-        }
-        if meta.len() == 0 || meta.len() > MAX_KEY_FILE {
-            return Err(invalid(
-                "path",
-                format!("{path} holds {} bytes: 1 to {MAX_KEY_FILE} expected", meta.len()),
-            ));
-        }
-        let material = read_key_material(&mut file, path)?;
-        Ok(FileKey { path: path.to_string(), material })
-    }
-
-    /// The key's length in bytes.
-    pub fn len(&self) -> usize {
-        self.material.len()
-    }
-
-    /// Whether the key is empty (never: an empty file is refused).
-    pub fn is_empty(&self) -> bool {
-        self.material.is_empty()
-    }
-}
-
-/// Reads a key file's content, at most [`MAX_KEY_FILE`] bytes: a file that grew since its
-/// size was checked (or whose size says less than it holds) is refused, not read to its end.
-/// Errors name `path`.
-pub(super) fn read_key_material(from: &mut dyn Read, path: &str) -> Result<Zeroizing<Vec<u8>>, BdevError> {
-    let mut material = Zeroizing::new(Vec::with_capacity(MAX_KEY_FILE as usize + 1));
-    from.take(MAX_KEY_FILE + 1)
-        .read_to_end(&mut material)
-        .map_err(|e| invalid("path", format!("cannot read {path}: {e}")))?;
-    match material.len() as u64 {
-        0 => Err(invalid("path", format!("{path} is empty: 1 to {MAX_KEY_FILE} bytes expected"))),
-        n if n > MAX_KEY_FILE => Err(invalid(
-            "path",
-            format!("{path} holds more than {MAX_KEY_FILE} bytes: 1 to {MAX_KEY_FILE} expected"),
-        )),
-        _ => Ok(material),
-    }
-}
-
-/// Opens the absolute `path` for reading one component at a time from `/`, each with
-/// `openat(O_NOFOLLOW)` (directories as `O_PATH`): a symlink anywhere in the path, a
-/// directory's included, is refused rather than followed (what `openat2`'s
-/// `RESOLVE_NO_SYMLINKS` does, with calls every kernel allows). `..` steps back to the
-/// directory already opened, never through a link. The file is opened non-blocking, so a FIFO
-/// put there does not hang the call (it is then refused as not a regular file).
-fn open_without_symlinks(path: &str) -> Result<std::fs::File, BdevError> {
-    use std::os::fd::AsFd;
-    use std::path::Component;
-    let cannot = |e: std::io::Error| invalid("path", format!("cannot open {path}: {e}"));
-    let names: Vec<&std::ffi::OsStr> = Path::new(path)
-        .components()
-        .filter_map(|c| match c {
-            Component::Normal(n) => Some(n),
-            Component::ParentDir => Some(std::ffi::OsStr::new("..")),
-            _ => None,
-        })
-        .collect();
-    let Some((last, dirs)) = names.split_last() else {
-        return Err(invalid("path", format!("{path} names no file")));
-    };
-    let dir_flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-    let mut dir = fp_sys::openat(None, std::ffi::OsStr::new("/"), dir_flags).map_err(cannot)?;
-    let mut walked = std::path::PathBuf::from("/");
-    let symlink = |walked: &Path, e: std::io::Error| {
-        // ELOOP (the last component) or ENOTDIR (a directory's): say which when it is a link.
-        if walked.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) {
-            invalid(
-                "path",
-                format!(
-                    "{path}: {} is a symbolic link; key files are not read through one",
-                    walked.display()
-                ),
-            )
-        } else {
-            cannot(e)
-        }
-    };
-    for name in dirs {
-        walked.push(name);
-        dir = fp_sys::openat(Some(dir.as_fd()), name, dir_flags).map_err(|e| symlink(&walked, e))?;
-    }
-    walked.push(last);
-    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
-    let fd = fp_sys::openat(Some(dir.as_fd()), last, flags).map_err(|e| symlink(&walked, e))?;
-    Ok(std::fs::File::from(fd))
-}
-
-/// One daemon's keys: the crypto module's state.
+/// One daemon's accel crypto keys: the crypto module's state.
 #[derive(Default)]
-pub struct KeyStore {
+pub struct AccelKeys {
     /// Accel crypto keys by name.
     pub accel: Mutex<BTreeMap<String, Arc<CryptoKey>>>,
-    /// Keyring file keys by name.
-    pub keyring: Mutex<BTreeMap<String, FileKey>>,
     /// The key each crypto bdev was created with, by bdev name, to name the users of a key in
     /// an error. Entries of deleted bdevs stay until the name is reused; callers filter them.
     users: Mutex<BTreeMap<String, String>>,
 }
 
-impl KeyStore {
+impl AccelKeys {
     /// Adds an accel key; refuses a name taken (naming `name`).
     pub fn add_accel(&self, key: CryptoKey) -> Result<(), BdevError> {
         let mut keys = self.accel.lock().unwrap_or_else(|p| p.into_inner());
@@ -339,23 +215,5 @@ impl KeyStore {
     /// Records that crypto bdev `bdev` uses the key `key`.
     pub fn note_user(&self, bdev: &str, key: &str) {
         self.users.lock().unwrap_or_else(|p| p.into_inner()).insert(bdev.to_string(), key.to_string());
-    }
-
-    /// Adds a keyring file key; refuses a name taken.
-    pub fn add_file_key(&self, name: &str, key: FileKey) -> Result<(), BdevError> {
-        let mut keys = self.keyring.lock().unwrap_or_else(|p| p.into_inner());
-        if keys.contains_key(name) {
-            return Err(invalid("name", format!("a key named '{name}' is in the keyring")));
-        }
-        keys.insert(name.to_string(), key);
-        Ok(())
-    }
-
-    /// Removes a keyring file key.
-    pub fn remove_file_key(&self, name: &str) -> Result<(), BdevError> {
-        let mut keys = self.keyring.lock().unwrap_or_else(|p| p.into_inner());
-        keys.remove(name)
-            .map(drop)
-            .ok_or_else(|| invalid("name", format!("no key named '{name}' in the keyring")))
     }
 }

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use super::keys::CryptoKey;
-use super::openssl::EvpXts;
+use crate::keys::CryptoKey;
+use crate::openssl::EvpXts;
 
 /// One channel's cipher for one key.
 pub struct XtsEngine {

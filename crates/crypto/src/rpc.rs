@@ -8,15 +8,19 @@ use fp_rpc::{Neutral, ParamError, Params};
 use serde_json::{json, Map, Value};
 use zeroize::Zeroizing;
 
-use super::{CryptoDevice, CryptoKey, FileKey, KeyStore, CIPHER, TWEAK_MODE};
-use crate::module::{
+use fp_bdev::module::{
     delete_method, BdevModule, ClaimType, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn, NewBdev,
 };
-use crate::BdevInfo;
+use fp_bdev::BdevInfo;
+
+use crate::keyring::{keyring, FileKey};
+use crate::{AccelKeys, CryptoDevice, CryptoKey, CIPHER, TWEAK_MODE};
 
 const MODULE: &str = "crypto";
 
-/// The crypto module: AES-XTS bdevs over another bdev, and the keys they use.
+/// The crypto module: AES-XTS bdevs over another bdev, and the keys they use. It serves the
+/// daemon keyring's methods too (the keyring itself is [`crate::keyring()`]'s, shared by every
+/// module and export).
 pub struct CryptoModule;
 
 /// The module's configuration file tables ([`BdevModule::config_tables`]).
@@ -62,14 +66,14 @@ impl BdevModule for CryptoModule {
     }
 }
 
-/// The module's keys, one store per registry.
+/// The module's accel keys, one store per registry.
 fn store(host: &dyn ModuleHost) -> Arc<dyn Any + Send + Sync> {
-    host.module_state(MODULE, &|| Arc::new(KeyStore::default()))
+    host.module_state(MODULE, &|| Arc::new(AccelKeys::default()))
 }
 
-fn with_store<R>(host: &dyn ModuleHost, f: impl FnOnce(&KeyStore) -> R) -> R {
+fn with_store<R>(host: &dyn ModuleHost, f: impl FnOnce(&AccelKeys) -> R) -> R {
     let state = store(host);
-    f(state.downcast_ref::<KeyStore>().expect("the crypto module's state"))
+    f(state.downcast_ref::<AccelKeys>().expect("the crypto module's state"))
 }
 
 /// Claims the base exclusively. SPDK's obsolete inline key parameters are refused: keys come
@@ -168,7 +172,7 @@ fn keyring_add(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleErro
         return Err(ParamError::new("name", "must not be empty").into());
     }
     let key = FileKey::read(&path)?;
-    with_store(host, |s| s.add_file_key(&name, key))?;
+    keyring(host).add_file_key(&name, key)?;
     log::info!("key '{name}' added to the keyring from {path}");
     Ok(Value::Bool(true))
 }
@@ -176,7 +180,7 @@ fn keyring_add(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleErro
 fn keyring_remove(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
     p.finish()?;
-    with_store(host, |s| s.remove_file_key(&name))?;
+    keyring(host).remove_file_key(&name)?;
     log::info!("key '{name}' removed from the keyring");
     Ok(Value::Bool(true))
 }
@@ -184,14 +188,10 @@ fn keyring_remove(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleE
 /// SPDK's shape for file keys: name, module, path; never the key.
 fn keyring_get(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleError> {
     p.finish()?;
-    with_store(host, |s| {
-        let keys = s.keyring.lock().unwrap_or_else(|p| p.into_inner());
-        let list: Vec<Value> = keys
-            .iter()
-            .map(
-                |(name, k)| json!({"name": name, "module": "keyring_file", "path": k.path, "removed": false}),
-            )
-            .collect();
-        Ok(Value::Array(list))
-    })
+    let list: Vec<Value> = keyring(host)
+        .list()
+        .into_iter()
+        .map(|(name, path)| json!({"name": name, "module": "keyring_file", "path": path, "removed": false}))
+        .collect();
+    Ok(Value::Array(list))
 }

@@ -18,21 +18,12 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-mod engine;
-mod keys;
-mod openssl;
-mod rpc;
-mod xts;
-
-pub use engine::XtsEngine;
-pub use keys::{decode_hex, CryptoKey, FileKey, KeyStore, CIPHER, TWEAK_MODE};
-pub use openssl::available as openssl_available;
-pub use rpc::CryptoModule;
-
-use crate::{
+use fp_bdev::{
     AlignedBuf, Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, DoneList, IoChannel, IoOp, IoRequest,
     IoStatus, IoTypes, Iovecs, SubmitError,
 };
+
+use crate::{CryptoKey, XtsEngine};
 
 /// Bytes of one write buffer; a longer write goes down in pieces of this size.
 pub const CHUNK: usize = 64 << 10;
@@ -57,7 +48,7 @@ impl CryptoDevice {
     /// bytes (dm-crypt's sector sizes), and it must take reads and writes.
     pub fn new(name: &str, base: Bdev, key: Arc<CryptoKey>) -> Result<Self, BdevError> {
         let b = base.info();
-        crate::validate_geometry(name, b.block_size, b.num_blocks())?;
+        fp_bdev::validate_geometry(name, b.block_size, b.num_blocks())?;
         if b.block_size > 4096 {
             return Err(BdevError::InvalidParam {
                 field: "base_bdev_name",
@@ -573,7 +564,7 @@ impl IoChannel for CryptoChannel {
     }
 
     fn arm_completion_fd(&mut self) -> bool {
-        self.ready.len() == 0 && self.base.arm_completion_fd()
+        self.ready.is_empty() && self.base.arm_completion_fd()
     }
 
     /// As the base: a write waiting for a buffer moves on when a base completion frees one.
@@ -585,4 +576,5 @@ impl IoChannel for CryptoChannel {
 }
 
 #[cfg(test)]
+#[path = "tests.rs"]
 mod tests;

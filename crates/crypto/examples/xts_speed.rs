@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use std::sync::Arc;
 
-use fp_bdev::modules::crypto::{CryptoKey, XtsEngine};
+use fp_crypto::{CryptoKey, XtsEngine};
 
 fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)

@@ -6,8 +6,10 @@ use std::process::Command;
 use std::sync::Arc;
 
 use super::*;
-use crate::conformance::{read_range, write_range};
-use crate::RamDevice;
+use crate::keyring::Keyring;
+use crate::*;
+use fp_bdev::conformance::{read_range, write_range};
+use fp_bdev::RamDevice;
 
 const K1: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 const K2: &str = "ffeeddccbbaa99887766554433221100f0e1d2c3b4a5968778695a4b3c2d1e0f";
@@ -92,8 +94,8 @@ fn writes_leave_the_callers_buffer_and_split_blocks_decrypt() {
         .map(|w| libc::iovec { iov_base: unsafe { buf.as_mut_ptr().add(w[0]) }.cast(), iov_len: w[1] - w[0] })
         .collect();
     // SAFETY: the test keeps the buffers and their iovecs until the request completes.
-    let req = unsafe { crate::conformance::rw(0, IoOp::Read, 4096, &iov) };
-    assert_eq!(crate::conformance::run(&mut *ch, req), IoStatus::Success);
+    let req = unsafe { fp_bdev::conformance::rw(0, IoOp::Read, 4096, &iov) };
+    assert_eq!(fp_bdev::conformance::run(&mut *ch, req), IoStatus::Success);
     assert_eq!(buf, data[4096..4096 + len]);
 }
 
@@ -120,7 +122,7 @@ fn key_sizes_and_equal_halves_are_refused_naming_the_field() {
 
 #[test]
 fn a_key_in_use_is_not_destroyed() {
-    let store = KeyStore::default();
+    let store = AccelKeys::default();
     store.add_accel(CryptoKey::from_hex("k", K1, K2).unwrap()).unwrap();
     assert!(store.add_accel(CryptoKey::from_hex("k", K1, K2).unwrap()).is_err());
     let base: Bdev = Arc::new(RamDevice::new("ram", 512, 64).unwrap());
@@ -154,7 +156,7 @@ fn key_files_must_be_owner_only_regular_files() {
     std::os::unix::fs::symlink(&path, &link).unwrap();
     assert!(FileKey::read(link.to_str().unwrap()).err().unwrap().to_string().contains("path"));
     assert!(FileKey::read("relative/key").err().unwrap().to_string().contains("absolute"));
-    let store = KeyStore::default();
+    let store = Keyring::default();
     store.add_file_key("tls", key).unwrap();
     assert!(store.remove_file_key("tls").is_ok());
     assert!(store.remove_file_key("tls").unwrap_err().to_string().contains("name"));
@@ -187,7 +189,7 @@ fn key_files_are_not_read_through_a_symlinked_directory_nor_without_a_bound() {
     std::fs::set_permissions(&huge, std::fs::Permissions::from_mode(0o600)).unwrap();
     let e = FileKey::read(huge.to_str().unwrap()).err().unwrap().to_string();
     assert!(e.contains("parameter path: ") && e.contains("4096"), "{e}");
-    let e = super::keys::read_key_material(&mut std::io::repeat(7), "/endless").err().unwrap().to_string();
+    let e = crate::keyring::read_key_material(&mut std::io::repeat(7), "/endless").err().unwrap().to_string();
     assert!(e.contains("parameter path: ") && e.contains("more than 4096"), "{e}");
 }
 
@@ -201,7 +203,7 @@ fn block_sizes_above_4096_are_refused() {
 
 #[test]
 fn a_full_channel_says_busy_and_takes_more_once_writes_complete() {
-    use crate::{DelayDevice, DelayLatency};
+    use fp_bdev::{DelayDevice, DelayLatency};
     use std::time::Duration;
     // A base that holds every request 20 ms, so nothing completes while we fill the channel.
     let d = Duration::from_millis(20);
@@ -216,7 +218,8 @@ fn a_full_channel_says_busy_and_takes_more_once_writes_complete() {
     let mut taken = 0u32;
     loop {
         // SAFETY: the test keeps the buffers and their iovecs until the request completes.
-        let req = unsafe { crate::conformance::rw(taken, IoOp::Write, u64::from(taken % 1024) * 512, &iov) };
+        let req =
+            unsafe { fp_bdev::conformance::rw(taken, IoOp::Write, u64::from(taken % 1024) * 512, &iov) };
         match ch.submit(&req) {
             Ok(()) => taken += 1,
             Err(SubmitError::Busy) => break,
@@ -226,7 +229,7 @@ fn a_full_channel_says_busy_and_takes_more_once_writes_complete() {
     }
     assert_eq!(taken as usize, WRITES, "writes accepted before Busy");
     assert_eq!(ch.in_flight(), WRITES);
-    let done = crate::conformance::poll_until(&mut *ch, WRITES);
+    let done = fp_bdev::conformance::poll_until(&mut *ch, WRITES);
     assert!(done.iter().all(|&(_, s)| s == IoStatus::Success));
     assert_eq!(ch.in_flight(), 0);
     // The source buffer was never encrypted in place.
@@ -239,7 +242,7 @@ fn a_grown_base_grows_the_crypto_bdev_and_keeps_its_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("disk.img");
     std::fs::File::create(&path).unwrap().set_len(64 * 512).unwrap();
-    let base: Bdev = Arc::new(crate::UringDevice::new("u", &path, None, false).unwrap());
+    let base: Bdev = Arc::new(fp_bdev::UringDevice::new("u", &path, None, false).unwrap());
     let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
     let dev = CryptoDevice::new("c", base.clone(), key).unwrap();
     let mut ch = dev.open_channel().unwrap();
@@ -354,14 +357,14 @@ fn a_caller_may_sleep_on_the_bases_completion_fd() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let path = dir.path().join("f");
     std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
-    let base: Bdev = Arc::new(crate::UringDevice::new("u", &path, Some(4096), true).unwrap());
+    let base: Bdev = Arc::new(fp_bdev::UringDevice::new("u", &path, Some(4096), true).unwrap());
     let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
     let dev = CryptoDevice::new("c", base, key).unwrap();
     let mut ch = dev.open_channel().unwrap();
     let fd = ch.completion_fd().expect("io_uring's eventfd, passed up");
     assert!(!ch.sleeps_in_flight(), "io_uring's own choice: poll while in flight");
 
-    let mut buf = crate::AlignedBuf::zeroed(8192);
+    let mut buf = fp_bdev::AlignedBuf::zeroed(8192);
     let mut slept = 0;
     for round in 0..16u8 {
         let data = pattern(8192, round);
@@ -464,7 +467,7 @@ fn a_write_the_base_refused_as_busy_keeps_its_caller_polling() {
     let mut buf = vec![7u8; 4096];
     let iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 4096 }];
     // SAFETY: the test keeps the buffers and their iovecs until the request completes.
-    let req = unsafe { crate::conformance::rw(3, IoOp::Write, 8192, &iov) };
+    let req = unsafe { fp_bdev::conformance::rw(3, IoOp::Write, 8192, &iov) };
     ch.submit(&req).expect("the write is taken and waits for the base");
     assert_eq!(ch.poll(&mut |_, _| panic!("nothing reached the base")), 0);
     assert_eq!(ch.in_flight(), 1);
@@ -473,7 +476,7 @@ fn a_write_the_base_refused_as_busy_keeps_its_caller_polling() {
         "the caller may sleep with a write that only a poll hands to the base"
     );
     busy.store(false, std::sync::atomic::Ordering::Relaxed);
-    let done = crate::conformance::poll_until(&mut *ch, 1);
+    let done = fp_bdev::conformance::poll_until(&mut *ch, 1);
     assert_eq!(done, [(3, IoStatus::Success)]);
     assert!(ch.sleeps_in_flight());
     assert_eq!(read_range(&mut *ch, 8192, 4096), vec![7u8; 4096]);

@@ -1,0 +1,24 @@
+//! Encryption for flashpath: the crypto bdev module (SPDK's `bdev_crypto` and accel crypto
+//! keys: AES-XTS over another bdev, readable by dm-crypt) and the daemon's keyring (SPDK's
+//! `keyring_*`), which any bdev module or export asks for a key ([`keyring()`]).
+//!
+//! The cipher runs on OpenSSL's libcrypto when the host has it (loaded at run time, so the
+//! daemon does not link it) and on the `aes` crate otherwise. Kept out of fp-bdev, which every
+//! crate builds on: only the crates that encrypt carry a cipher.
+
+#![deny(missing_docs)]
+
+mod device;
+mod engine;
+pub mod keyring;
+mod keys;
+mod openssl;
+mod rpc;
+mod xts;
+
+pub use device::{CryptoDevice, CHUNK, CHUNKS};
+pub use engine::XtsEngine;
+pub use keyring::{keyring, FileKey, Keyring};
+pub use keys::{decode_hex, AccelKeys, CryptoKey, CIPHER, TWEAK_MODE};
+pub use openssl::available as openssl_available;
+pub use rpc::CryptoModule;
