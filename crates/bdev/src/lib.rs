@@ -38,6 +38,7 @@ pub mod module;
 pub mod modules;
 pub mod qos;
 mod request;
+pub mod sync_io;
 
 pub use buf::AlignedBuf;
 pub(crate) use device::ALL_IO_TYPES;
