@@ -32,7 +32,8 @@ impl Iovecs {
     /// Until every request carrying this value (or an [`Iovecs`] derived from it) has
     /// completed: `ptr` points to `count` initialised iovecs that nobody modifies; each
     /// describes memory valid for reads and writes of `iov_len` bytes; for a `Read`, nothing
-    /// else reads or writes that memory, and for a `Write`, nothing else writes it.
+    /// else reads or writes that memory, and for a `Write`, nothing else writes it. The
+    /// request may be carried out on another thread than the one that submitted it.
     pub const unsafe fn from_raw(ptr: *const libc::iovec, count: u32) -> Iovecs {
         if count == 0 {
             Iovecs::NONE
@@ -85,6 +86,14 @@ impl Iovecs {
         self.as_slice().iter().fold(0u64, |t, v| t.saturating_add(v.iov_len as u64))
     }
 }
+
+// SAFETY: what `from_raw`'s caller vouches for (valid, unaliased buffers until the request
+// completes) holds whichever thread looks at them: a request may be carried out off the thread
+// that submitted it (an lvstore's owner reads a piece of a volume's read into its buffers).
+// Access to the bytes is through `unsafe` or this module's helpers, bound by the same contract.
+unsafe impl Send for Iovecs {}
+// SAFETY: as for `Send`; `Iovecs` gives only shared reads of the iovec array.
+unsafe impl Sync for Iovecs {}
 
 impl Default for Iovecs {
     fn default() -> Iovecs {

@@ -8,6 +8,10 @@
 //! The bdev module built on it ([`bdev`]: lvstores on base bdevs, volumes as bdevs, SPDK's
 //! `bdev_lvol_*` methods) is the only part that knows of bdevs and RPC.
 
+// Requests arrive with buffers vouched for where they were described (`Iovecs::from_raw`);
+// the tests describe buffers of their own.
+#![cfg_attr(not(test), forbid(unsafe_code))]
+
 pub mod bdev;
 pub mod crc;
 mod device;

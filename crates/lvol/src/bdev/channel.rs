@@ -7,8 +7,8 @@
 //! or zeroing it), commits the metadata durably, and answers with the cluster; the piece then
 //! goes to the base. Discards and write-zeroes go to the owner (they may free clusters).
 //!
-//! Hot path: one lookup in the cached view (a pointer compare when nothing changed), one
-//! atomic load per cluster, no lock, no allocation once the slots have grown to the peak depth.
+//! Hot path: per cluster, one lookup in the cached view (a pointer compare when nothing changed)
+//! and one atomic load; no lock, no allocation once the slots have grown to the peak depth.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -201,12 +201,10 @@ impl LvolChannel {
     fn start(&mut self, req: &IoRequest, slot: u32) {
         let shift = self.geo.cluster_shift;
         let mask = (1u64 << shift) - 1;
-        // Not cloned: an Arc clone per request would bounce the view's reference count between
-        // every core using the volume. The cache keeps this Arc alive until its next `load`,
-        // which only this function calls.
-        let view: *const View = Arc::as_ptr(self.view.load());
-        // SAFETY: see above; `view` is not used after this call returns.
-        let view = unsafe { &*view };
+        // Each piece asks the cached view (a pointer compare when nothing changed) rather than
+        // holding it: an Arc clone per request would bounce the view's reference count between
+        // every core using the volume. A view published meanwhile is as valid as the one before:
+        // a change that takes clusters from a volume (a snapshot) waits for its writes to drain.
         if req.op == IoOp::Flush {
             self.slots.add_piece(slot);
             let r = IoRequest { tag: slot | SLOT_TAG, ..*req };
@@ -250,7 +248,7 @@ impl LvolChannel {
                 used += iov.count() as usize;
             }
             match req.op {
-                IoOp::Read => match view.source(index) {
+                IoOp::Read => match self.view.load().source(index) {
                     ReadSource::Cluster(c) => {
                         self.slots.add_piece(slot);
                         self.send_base(piece, self.geo.phys(c) + within);
@@ -268,7 +266,7 @@ impl LvolChannel {
                 },
                 IoOp::Write => {
                     self.slots.add_piece(slot);
-                    let c = view.own(index);
+                    let c = self.view.load().own(index);
                     if c != UNALLOCATED {
                         self.send_base(piece, self.geo.phys(c) + within);
                     } else {

@@ -140,11 +140,6 @@ pub(crate) struct Piece {
     pub(crate) index: u64,
 }
 
-// SAFETY: the request's iovec pointers travel to the owner and back untouched; only the channel
-// that made the piece dereferences them, on its own thread, while the caller keeps them valid
-// (IoChannel::submit's contract).
-unsafe impl Send for Piece {}
-
 /// The owner's answer to a channel.
 pub(crate) enum Reply {
     /// The piece's cluster is mapped, durably: send it to the base at `cluster`.
