@@ -39,6 +39,7 @@ pub mod modules;
 pub mod qos;
 mod request;
 pub mod sync_io;
+mod uuid;
 
 pub use buf::AlignedBuf;
 pub(crate) use device::ALL_IO_TYPES;
@@ -55,3 +56,4 @@ pub use modules::uring::UringDevice;
 pub use modules::{delay, malloc, null, uring};
 pub(crate) use request::DoneList;
 pub use request::{IoOp, IoRequest, IoStatus, SubmitError};
+pub use uuid::Uuid;

@@ -7,7 +7,8 @@
 //! * the NVMe facts live below both NVMe crates: fp-nvme-spec depends on no workspace crate and
 //!   has no unsafe code, and no crate but the registry builds on the NVMe/TCP target (fp-nvmf);
 //!   tests may start one (dev-dependencies).
-//! * the stacked bdev modules that need no unsafe code forbid it.
+//! * the stacked bdev modules that need no unsafe code forbid it;
+//! * sibling bdev modules (raid, lvol) do not build on each other.
 
 use std::path::Path;
 
@@ -92,6 +93,28 @@ fn only_the_registry_builds_on_the_nvme_tcp_target() {
          share are fp-nvme-spec's, and a test that starts a target names fp-nvmf in \
          [dev-dependencies]"
     );
+}
+
+/// Sibling bdev modules that stand side by side, neither built on the other: what both need
+/// (an identity type, say) lives below them, in fp-bdev.
+const SIBLINGS: [(&str, &str); 1] = [("fp-raid", "fp-lvol")];
+
+#[test]
+fn sibling_bdev_modules_do_not_build_on_each_other() {
+    let root_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let crates = workspace_crate_dirs(&root_dir);
+    let ours: Vec<String> = crates.iter().map(|(name, _)| name.clone()).collect();
+    for (a, b) in SIBLINGS {
+        for (user, used) in [(a, b), (b, a)] {
+            let (_, dir) = crates.iter().find(|(name, _)| name == user).unwrap_or_else(|| panic!("{user}?"));
+            assert!(ours.iter().any(|c| c == used), "{used} is not a workspace crate: {ours:?}");
+            let deps = non_dev_workspace_deps(&manifest(&dir.join("Cargo.toml")), &ours);
+            assert!(
+                !deps.iter().any(|d| d == used),
+                "{user} depends on {used}: move what both use down into fp-bdev"
+            );
+        }
+    }
 }
 
 #[test]

@@ -19,14 +19,13 @@ mod error;
 pub mod format;
 pub mod sim;
 mod store;
-mod uuid;
 
 pub use device::{DeviceError, MemDevice, MetaDevice, Page};
 pub use error::{check_name, LvolError};
+pub use fp_bdev::Uuid;
 pub use store::{
     CommitPlan, ExternalParent, NewCluster, ReadSource, Store, StoreOptions, Volume, WriteTarget,
 };
-pub use uuid::Uuid;
 
 /// Size of a metadata page: the unit of every metadata read and write (the atomic write unit
 /// of NVMe drives, and what SPDK's blobstore uses).

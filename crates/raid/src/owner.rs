@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use fp_bdev::Uuid;
 use fp_bdev::{Bdev, BdevInfo};
-use fp_lvol::Uuid;
 
 use crate::format::{SlotRecord, Superblock};
 use crate::intent::IntentMap;

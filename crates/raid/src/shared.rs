@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
+use fp_bdev::Uuid;
 use fp_bdev::{Bdev, BdevInfo};
-use fp_lvol::Uuid;
 
 use crate::format::MAX_SLOTS;
 use crate::intent::IntentMap;
@@ -340,8 +340,8 @@ mod tests {
     use std::sync::Arc;
 
     use fp_bdev::conformance::{poll_until, rw, IoBuf};
+    use fp_bdev::Uuid;
     use fp_bdev::{Bdev, ErrorDevice, ErrorType, Injection, IoOp, IoStatus, RamDevice};
-    use fp_lvol::Uuid;
 
     use super::{DrainState, SlotView};
     use crate::device::{RaidDevice, RaidSpec};

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fp_bdev::Uuid;
 use fp_bdev::{Bdev, BdevInfo, Capacity, IoTypes, Iovecs, RamDevice};
-use fp_lvol::Uuid;
 
 use super::*;
 use crate::meta_io::{read_superblock, MemBase};

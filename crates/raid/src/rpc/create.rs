@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use fp_bdev::module::{ClaimType, ModuleError, ModuleHost, NewBdev};
 use fp_bdev::Bdev;
-use fp_lvol::Uuid;
+use fp_bdev::Uuid;
 use fp_rpc::{ParamError, Params};
 use serde_json::Value;
 
