@@ -84,16 +84,6 @@ const KNOWN_RUST_CIRCLES: &[&[&str]] = &[
     &["crates/nvme/src/ctrlr/handle.rs", "crates/nvme/src/ctrlr/worker.rs"],
     // The emulated device's shared state lives in its controller.
     &["crates/nvme/src/emu/controller.rs", "crates/nvme/src/emu/device.rs"],
-    // `RaidLevel` and the intent map in `shared`, the slot limits in `format`.
-    &["crates/raid/src/format.rs", "crates/raid/src/intent.rs", "crates/raid/src/shared.rs"],
-    // A design circle: the raid table lives in its RPC file, which examine needs.
-    &[
-        "crates/raid/src/examine.rs",
-        "crates/raid/src/rpc.rs",
-        "crates/raid/src/rpc/create.rs",
-        "crates/raid/src/rpc/info.rs",
-        "crates/raid/src/rpc/slots.rs",
-    ],
 ];
 
 /// The bench's Python import circles still to remove, as module names (sorted); only shrinks.
