@@ -19,13 +19,13 @@ mod error;
 pub mod format;
 pub mod sim;
 mod store;
+mod volume;
 
 pub use device::{DeviceError, MemDevice, MetaDevice, Page};
 pub use error::{check_name, LvolError};
 pub use fp_bdev::Uuid;
-pub use store::{
-    CommitPlan, ExternalParent, NewCluster, ReadSource, Store, StoreOptions, Volume, WriteTarget,
-};
+pub use store::{CommitPlan, Store, StoreOptions};
+pub use volume::{ExternalParent, NewCluster, ReadSource, Volume, WriteTarget};
 
 /// Size of a metadata page: the unit of every metadata read and write (the atomic write unit
 /// of NVMe drives, and what SPDK's blobstore uses).

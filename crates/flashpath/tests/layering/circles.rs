@@ -58,10 +58,6 @@ const KNOWN_RUST_CIRCLES: &[&[&str]] = &[
         "crates/loadgen/src/spec.rs",
         "crates/loadgen/src/verify.rs",
     ],
-    // The on-disk format names the store's `ExternalParent`.
-    &["crates/lvol/src/format.rs", "crates/lvol/src/store.rs"],
-    // `Geometry` lives in the bdev's mod.rs, which holds the owner's messages and the channel.
-    &["crates/lvol/src/bdev/channel.rs", "crates/lvol/src/bdev/mod.rs", "crates/lvol/src/bdev/owner.rs"],
     // The module name lives in the RPC file, which names the device's detail type.
     &["crates/rbd/src/device.rs", "crates/rbd/src/rpc.rs"],
     &["crates/nbd/src/client/device.rs", "crates/nbd/src/client/rpc.rs"],

@@ -19,8 +19,8 @@ use arc_swap::{ArcSwap, Cache};
 use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, IovCursor, IovSlices, SubmitError};
 
 use super::owner::{Msg, ZeroPiece};
+use super::shared::Geometry;
 use super::shared::{ChannelShared, Piece, Reply, View, VolumeShared};
-use super::Geometry;
 use crate::{ReadSource, Uuid, UNALLOCATED};
 
 /// A base tag with this bit is a slot's (a request cut into pieces, or waiting for the owner);

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use fp_bdev::iov::BounceBuf;
 use fp_bdev::{sync_io, Bdev, IoChannel, IoOp, IoRequest, IoStatus, Iovecs};
 
+use super::shared::Geometry;
 use super::shared::{ChannelShared, Layer, Piece, Reply, View, VolumeShared};
-use super::Geometry;
 use crate::{
     DeviceError, LvolError, MetaDevice, Page, ReadSource, Store, Uuid, WriteTarget, PAGE_SIZE, UNALLOCATED,
 };

@@ -18,7 +18,7 @@ use arc_swap::ArcSwap;
 use crossbeam_queue::SegQueue;
 use fp_bdev::{IoRequest, IoStatus};
 
-use crate::{ReadSource, UNALLOCATED};
+use crate::{ReadSource, Store, UNALLOCATED};
 
 /// One volume's own cluster map, as the data path reads it.
 pub(crate) struct Layer(Box<[AtomicU32]>);
@@ -146,4 +146,33 @@ pub(crate) enum Reply {
     Mapped { piece: Piece, cluster: u32 },
     /// The owner carried out (or failed) a piece of a request itself.
     Done { slot: u32, status: IoStatus },
+}
+
+/// Where clusters are on the base.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    pub(crate) cluster_shift: u32,
+    /// Byte offset of cluster 0.
+    pub(crate) data_offset: u64,
+    pub(crate) block_size: u32,
+}
+
+impl Geometry {
+    pub(crate) fn of(store: &Store) -> Geometry {
+        Geometry {
+            cluster_shift: store.cluster_size().trailing_zeros(),
+            data_offset: store.cluster_offset(0),
+            block_size: store.block_size(),
+        }
+    }
+
+    pub(crate) fn cluster_size(&self) -> u64 {
+        1 << self.cluster_shift
+    }
+
+    /// Byte offset of cluster `c` on the base.
+    #[inline]
+    pub(crate) fn phys(&self, c: u32) -> u64 {
+        self.data_offset + (u64::from(c) << self.cluster_shift)
+    }
 }
