@@ -8,8 +8,11 @@ use std::time::{Duration, Instant};
 use fp_bdev::Uuid;
 use fp_bdev::{Bdev, BdevInfo, Capacity, IoTypes, Iovecs, RamDevice};
 
+use std::sync::mpsc;
+
+use super::handle::{Call, Msg};
 use super::*;
-use crate::meta_io::{read_superblock, MemBase};
+use crate::meta_io::{read_superblock, ChannelIo, MemBase};
 use crate::shared::Failure;
 
 const MIB: u64 = 1 << 20;
