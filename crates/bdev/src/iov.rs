@@ -32,7 +32,8 @@ impl Iovecs {
     /// Until every request carrying this value (or an [`Iovecs`] derived from it) has
     /// completed: `ptr` points to `count` initialised iovecs that nobody modifies; each
     /// describes memory valid for reads and writes of `iov_len` bytes; for a `Read`, nothing
-    /// else reads or writes that memory, and for a `Write`, nothing else writes it.
+    /// else reads or writes that memory, and for a `Write`, nothing else writes it. The
+    /// request may be carried out on another thread than the one that submitted it.
     pub const unsafe fn from_raw(ptr: *const libc::iovec, count: u32) -> Iovecs {
         if count == 0 {
             Iovecs::NONE
@@ -85,6 +86,14 @@ impl Iovecs {
         self.as_slice().iter().fold(0u64, |t, v| t.saturating_add(v.iov_len as u64))
     }
 }
+
+// SAFETY: what `from_raw`'s caller vouches for (valid, unaliased buffers until the request
+// completes) holds whichever thread looks at them: a request may be carried out off the thread
+// that submitted it (an lvstore's owner reads a piece of a volume's read into its buffers).
+// Access to the bytes is through `unsafe` or this module's helpers, bound by the same contract.
+unsafe impl Send for Iovecs {}
+// SAFETY: as for `Send`; `Iovecs` gives only shared reads of the iovec array.
+unsafe impl Sync for Iovecs {}
 
 impl Default for Iovecs {
     fn default() -> Iovecs {
@@ -203,11 +212,215 @@ pub fn zero(iov: &Iovecs, offset: u64, len: u64) -> u64 {
     })
 }
 
-/// Appends to `out` the iovecs that describe `len` bytes of `iov` from byte `offset` (cut to
-/// what the iovecs hold); returns how many it appended. The pieces point into the same
-/// buffers, so what `iov` vouches for covers them.
-pub fn push_slice(iov: &Iovecs, offset: u64, len: u64, out: &mut Vec<libc::iovec>) -> usize {
-    let start = out.len();
-    walk(iov, offset, len, |p, n| out.push(libc::iovec { iov_base: p.cast(), iov_len: n }));
-    out.len() - start
+/// A place in a request's iovecs: which iovec, and how far into it. A stacked channel that cuts
+/// a request into pieces keeps one per request and moves it along piece by piece, so cutting
+/// costs one step per iovec, not a walk from the start for every piece; a copy kept before a
+/// piece puts the cursor back when the piece is refused (`Busy`) and made again later.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IovCursor {
+    idx: usize,
+    off: u64,
+}
+
+impl IovCursor {
+    /// The first byte.
+    pub const START: IovCursor = IovCursor { idx: 0, off: 0 };
+
+    /// The cursor at byte `offset` of `iov` (at their end when they hold fewer bytes).
+    pub fn at(iov: &Iovecs, offset: u64) -> IovCursor {
+        let mut c = IovCursor::START;
+        c.skip(iov.as_slice(), offset);
+        c
+    }
+
+    /// Moves past `len` bytes of `src` (to its end when it holds fewer).
+    fn skip(&mut self, src: &[libc::iovec], mut len: u64) {
+        while len > 0 && self.idx < src.len() {
+            let left = src[self.idx].iov_len as u64 - self.off;
+            if len < left {
+                self.off += len;
+                return;
+            }
+            len -= left;
+            self.idx += 1;
+            self.off = 0;
+        }
+    }
+
+    /// Writes to the front of `out` the iovecs that describe the next `len` bytes of `iov`
+    /// (fewer when the iovecs end first: callers check a request's length against its iovecs
+    /// before cutting it) and moves past them; returns how many iovecs it wrote. `None`, with
+    /// the cursor where it was, when `out` has too little room: the slicer never grows
+    /// anything, so a hot path that cuts requests allocates nothing.
+    pub fn slice_into(&mut self, iov: &Iovecs, len: u64, out: &mut [libc::iovec]) -> Option<usize> {
+        let src = iov.as_slice();
+        let (mut idx, mut off, mut left, mut n) = (self.idx, self.off, len, 0);
+        while left > 0 && idx < src.len() {
+            let v = src[idx];
+            let avail = v.iov_len as u64 - off;
+            if avail == 0 {
+                // A zero-length iovec (or the end of one) describes nothing.
+                idx += 1;
+                off = 0;
+                continue;
+            }
+            let slot = out.get_mut(n)?;
+            let take = avail.min(left);
+            // `off < iov_len`: the pointer stays inside the buffer (no dereference here).
+            *slot = libc::iovec {
+                iov_base: v.iov_base.cast::<u8>().wrapping_add(off as usize).cast(),
+                iov_len: take as usize,
+            };
+            n += 1;
+            left -= take;
+            off += take;
+            if off == v.iov_len as u64 {
+                idx += 1;
+                off = 0;
+            }
+        }
+        self.idx = idx;
+        self.off = off;
+        Some(n)
+    }
+}
+
+/// A fixed array of iovecs that a stacked channel cuts its requests' iovecs into: each piece it
+/// sends down carries [`Iovecs`] over a few of its entries, which point into the request's own
+/// buffers (zero copy). Made once with the channel (or the request slot) and never grown, on
+/// the heap so the [`Iovecs`] it hands out stay put when the owner moves.
+///
+/// Its owner leaves the entries a piece carries unchanged, and keeps the array, until that piece
+/// has completed (as for [`BounceBuf`]); the request the pieces were cut from completes after
+/// them, so what its [`Iovecs`] vouch for covers the pieces too.
+pub struct IovSlices {
+    iov: Box<[libc::iovec]>,
+}
+
+impl IovSlices {
+    /// Room for `capacity` iovecs.
+    pub fn new(capacity: usize) -> IovSlices {
+        let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+        IovSlices { iov: vec![empty; capacity].into_boxed_slice() }
+    }
+
+    /// How many iovecs it holds.
+    pub fn capacity(&self) -> usize {
+        self.iov.len()
+    }
+
+    /// Cuts the next `len` bytes of `src` at `cursor` into entries `at..` (see
+    /// [`IovCursor::slice_into`]) and returns them as a piece's buffers, moving the cursor
+    /// past them. `None`, with the cursor where it was, when they need more entries than
+    /// remain from `at` on.
+    pub fn slice(&mut self, at: usize, src: &Iovecs, cursor: &mut IovCursor, len: u64) -> Option<Iovecs> {
+        let room = self.iov.get_mut(at..)?;
+        let n = cursor.slice_into(src, len, room)?;
+        // SAFETY: entries `at..at + n` are this value's heap memory, left unchanged by its owner
+        // until the piece completes (the type's contract); each describes part of one of `src`'s
+        // buffers, which `src` vouches for until the request they belong to completes, after
+        // its pieces.
+        Some(unsafe { Iovecs::from_slice(&self.iov[at..at + n]) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three buffers of 4, 0 and 6 bytes over one array holding 0..10.
+    fn setup(data: &mut [u8; 10]) -> [libc::iovec; 3] {
+        let p = data.as_mut_ptr();
+        [
+            libc::iovec { iov_base: p.cast(), iov_len: 4 },
+            libc::iovec { iov_base: p.wrapping_add(4).cast(), iov_len: 0 },
+            libc::iovec { iov_base: p.wrapping_add(4).cast(), iov_len: 6 },
+        ]
+    }
+
+    /// The bytes `out` describes, in order, and how many entries.
+    fn bytes(out: &[libc::iovec]) -> Vec<u8> {
+        // SAFETY: slices of the test's own live array.
+        let iov = unsafe { Iovecs::from_slice(out) };
+        let mut b = vec![0; iov.total_len() as usize];
+        copy_to_slice(&iov, 0, &mut b);
+        b
+    }
+
+    fn slice(iov: &Iovecs, offset: u64, len: u64, room: usize) -> Option<Vec<Vec<u8>>> {
+        let mut out = vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; room];
+        let n = IovCursor::at(iov, offset).slice_into(iov, len, &mut out)?;
+        Some(out[..n].iter().map(|v| bytes(std::slice::from_ref(v))).collect())
+    }
+
+    #[test]
+    fn a_slice_spans_iovecs_and_stops_at_exact_ends() {
+        let mut data: [u8; 10] = std::array::from_fn(|i| i as u8);
+        let v = setup(&mut data);
+        // SAFETY: the test's own array, alive until the end.
+        let iov = unsafe { Iovecs::from_slice(&v) };
+        assert_eq!(slice(&iov, 2, 5, 4).unwrap(), vec![vec![2, 3], vec![4, 5, 6]]);
+        // Ends exactly at an iovec's end, and starts exactly at one's start (skipping the
+        // empty one between).
+        assert_eq!(slice(&iov, 0, 4, 4).unwrap(), vec![vec![0, 1, 2, 3]]);
+        assert_eq!(slice(&iov, 4, 6, 4).unwrap(), vec![vec![4, 5, 6, 7, 8, 9]]);
+        assert_eq!(slice(&iov, 0, 10, 2).unwrap(), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7, 8, 9]]);
+    }
+
+    #[test]
+    fn zero_length_and_past_the_end_slices_describe_nothing() {
+        let mut data = [0u8; 10];
+        let v = setup(&mut data);
+        // SAFETY: as above.
+        let iov = unsafe { Iovecs::from_slice(&v) };
+        assert_eq!(slice(&iov, 3, 0, 0).unwrap(), Vec::<Vec<u8>>::new());
+        assert_eq!(slice(&iov, 10, 4, 0).unwrap(), Vec::<Vec<u8>>::new());
+        assert_eq!(slice(&Iovecs::NONE, 0, 4, 1).unwrap(), Vec::<Vec<u8>>::new());
+        // Iovecs that end first: the slice is cut to what they hold.
+        assert_eq!(slice(&iov, 8, 4, 4).unwrap().concat().len(), 2);
+    }
+
+    #[test]
+    fn too_little_room_leaves_the_cursor_where_it_was() {
+        let mut data: [u8; 10] = std::array::from_fn(|i| i as u8);
+        let v = setup(&mut data);
+        // SAFETY: as above.
+        let iov = unsafe { Iovecs::from_slice(&v) };
+        let mut c = IovCursor::at(&iov, 3);
+        let mut one = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 1];
+        assert_eq!(c.slice_into(&iov, 2, &mut one), None);
+        assert_eq!(c, IovCursor::at(&iov, 3));
+        // Piece by piece, the cursor walks on.
+        assert_eq!(c.slice_into(&iov, 1, &mut one), Some(1));
+        assert_eq!(bytes(&one), vec![3]);
+        assert_eq!(c.slice_into(&iov, 3, &mut one), Some(1));
+        assert_eq!(bytes(&one), vec![4, 5, 6]);
+        assert_eq!(c, IovCursor::at(&iov, 7));
+    }
+
+    #[test]
+    fn slices_fill_a_fixed_array_from_a_given_entry() {
+        let mut data: [u8; 10] = std::array::from_fn(|i| i as u8);
+        let v = setup(&mut data);
+        // SAFETY: as above.
+        let iov = unsafe { Iovecs::from_slice(&v) };
+        let mut slices = IovSlices::new(3);
+        let mut c = IovCursor::START;
+        let a = slices.slice(0, &iov, &mut c, 3).unwrap();
+        assert_eq!((a.count(), a.total_len()), (1, 3));
+        // One entry left from entry 2: bytes 3..7 span two iovecs, so they don't fit there,
+        // and the cursor stays; past the end there is no room at all.
+        assert!(slices.slice(2, &iov, &mut c, 4).is_none());
+        assert!(slices.slice(4, &iov, &mut c, 1).is_none());
+        assert_eq!(c, IovCursor::at(&iov, 3));
+        let b = slices.slice(1, &iov, &mut c, 7).unwrap();
+        assert_eq!((b.count(), b.total_len()), (2, 7));
+        let mut got = [0u8; 7];
+        copy_to_slice(&b, 0, &mut got);
+        assert_eq!(got, [3, 4, 5, 6, 7, 8, 9]);
+        // The first piece is untouched by the second.
+        let mut first = [0u8; 3];
+        copy_to_slice(&a, 0, &mut first);
+        assert_eq!(first, [0, 1, 2]);
+    }
 }

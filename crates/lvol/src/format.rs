@@ -249,6 +249,23 @@ impl SuperBlock {
     }
 }
 
+// A volume's flags and record length are facts of its on-disk record.
+impl Volume {
+    /// The flags its record carries.
+    pub fn flags(&self) -> u32 {
+        (if self.thin { FLAG_THIN } else { 0 })
+            | (if self.read_only { FLAG_READ_ONLY } else { 0 })
+            | (if self.snapshot { FLAG_SNAPSHOT } else { 0 })
+            | (if self.external.is_some() { FLAG_EXTERNAL } else { 0 })
+    }
+
+    /// Bytes of the volume's record in the stream.
+    pub fn record_len(&self) -> u64 {
+        record_len(self.name.len(), self.map.len() as u64)
+            + self.external.as_ref().map_or(0, |e| external_len(e.name.len()))
+    }
+}
+
 /// Length of a record in the stream without an external parent.
 pub fn record_len(name_len: usize, clusters: u64) -> u64 {
     RECORD_FIXED + name_len as u64 + 4 * clusters

@@ -8,6 +8,10 @@
 //! The bdev module built on it ([`bdev`]: lvstores on base bdevs, volumes as bdevs, SPDK's
 //! `bdev_lvol_*` methods) is the only part that knows of bdevs and RPC.
 
+// Requests arrive with buffers vouched for where they were described (`Iovecs::from_raw`);
+// the tests describe buffers of their own.
+#![cfg_attr(not(test), forbid(unsafe_code))]
+
 pub mod bdev;
 pub mod crc;
 mod device;
@@ -15,14 +19,13 @@ mod error;
 pub mod format;
 pub mod sim;
 mod store;
-mod uuid;
+mod volume;
 
 pub use device::{DeviceError, MemDevice, MetaDevice, Page};
 pub use error::{check_name, LvolError};
-pub use store::{
-    CommitPlan, ExternalParent, NewCluster, ReadSource, Store, StoreOptions, Volume, WriteTarget,
-};
-pub use uuid::Uuid;
+pub use fp_bdev::Uuid;
+pub use store::{CommitPlan, Store, StoreOptions};
+pub use volume::{ExternalParent, NewCluster, ReadSource, Volume, WriteTarget};
 
 /// Size of a metadata page: the unit of every metadata read and write (the atomic write unit
 /// of NVMe drives, and what SPDK's blobstore uses).

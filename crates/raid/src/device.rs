@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use crossbeam_queue::ArrayQueue;
+use fp_bdev::Uuid;
 use fp_bdev::{BdevError, BdevInfo, BlockDevice, Capacity, IoChannel, IoTypes};
-use fp_lvol::Uuid;
 
 use crate::channel::{ConcatMap, Raid0Map, Raid1Channel, SplitChannel};
 use crate::format;

@@ -17,94 +17,16 @@ use std::time::{Duration, Instant};
 
 use fp_bdev::module::{ClaimType, ModuleHost, NewBdev};
 use fp_bdev::Bdev;
-use serde_json::{json, Map, Value};
 
 use crate::device::{RaidDevice, RaidSpec};
 use crate::format::Superblock;
 use crate::meta_io::{self, ChannelIo};
 use crate::owner::{BaseSpec, OwnerHandle};
-use crate::rpc::{with_raids, Added, RaidEntry, RaidModule, MODULE};
+use crate::rpc::Added;
 use crate::shared::SlotView;
+use crate::table::{with_raids, RaidEntry, RaidModule, MODULE};
+pub use crate::table::{Configuring, Found};
 use crate::{RaidError, SlotState};
-
-/// A base examine found and claimed for a raid not assembled yet.
-pub struct Found {
-    pub name: String,
-    pub bdev: Bdev,
-    pub sb: Superblock,
-}
-
-/// What examine has found of a raid not assembled yet.
-pub struct Configuring {
-    pub found: Vec<Found>,
-}
-
-impl Configuring {
-    /// The newest superblock among the bases found.
-    pub fn newest(&self) -> &Superblock {
-        &self.found.iter().max_by_key(|f| f.sb.seq).expect("a configuring raid has a base").sb
-    }
-
-    /// The names of the bases claimed so far.
-    pub fn claimed_names(&self) -> Vec<String> {
-        self.found.iter().map(|f| f.name.clone()).collect()
-    }
-
-    /// Forgets base `name` (removed before assembly); `None` when it is not one of these.
-    pub fn forget(&mut self, name: &str) -> Option<()> {
-        let i = self.found.iter().position(|f| f.name == name)?;
-        self.found.remove(i);
-        Some(())
-    }
-
-    /// The `bdev_raid_get_bdevs` entry of the raid `name` while configuring.
-    pub fn json(&self, name: &str) -> Map<String, Value> {
-        let sb = self.newest();
-        let bs = u64::from(sb.block_size.max(1));
-        let bases: Vec<Value> = sb
-            .slots
-            .iter()
-            .enumerate()
-            .map(|(i, rec)| {
-                let f = self.found.iter().find(|f| usize::from(f.sb.slot) == i);
-                json!({
-                    "name": f.map(|f| f.name.clone()),
-                    "uuid": rec.uuid.to_string(),
-                    "is_configured": f.is_some(),
-                    "data_offset": sb.data_offset / bs,
-                    "data_size": rec.data_bytes / bs,
-                })
-            })
-            .collect();
-        let mut m = Map::new();
-        m.insert("name".into(), json!(name));
-        m.insert("uuid".into(), json!(sb.raid_uuid.to_string()));
-        m.insert("strip_size_kb".into(), json!(sb.strip_size_kb));
-        m.insert("state".into(), json!("configuring"));
-        m.insert("raid_level".into(), json!(sb.level.name()));
-        m.insert("superblock".into(), json!(true));
-        m.insert("num_base_bdevs".into(), json!(sb.slots.len()));
-        m.insert("num_base_bdevs_discovered".into(), json!(self.found.len()));
-        m.insert(
-            "num_base_bdevs_operational".into(),
-            json!(sb.slots.iter().filter(|r| r.state == SlotState::Active).count()),
-        );
-        m.insert("base_bdevs_list".into(), Value::Array(bases));
-        m
-    }
-
-    /// Whether every slot the newest superblock lists Active has its base, current.
-    fn complete(&self) -> bool {
-        let sb = self.newest();
-        sb.slots.iter().enumerate().filter(|(_, r)| r.state == SlotState::Active).all(|(i, r)| {
-            self.found.iter().any(|f| {
-                usize::from(f.sb.slot) == i
-                    && f.sb.seq == sb.seq
-                    && f.sb.slots.get(i).is_some_and(|o| o.uuid == r.uuid)
-            })
-        })
-    }
-}
 
 /// The module's examine of the new bdev `name`.
 pub fn examine(host: &dyn ModuleHost, name: &str, driver: &'static str) {

@@ -6,7 +6,7 @@
 //!
 //! Byte layouts are in docs/raid-format.md; every integer is little endian.
 
-use fp_lvol::Uuid;
+use fp_bdev::Uuid;
 
 use crate::{RaidLevel, SlotState};
 

@@ -6,10 +6,9 @@
 //! Control path only: one request at a time, waited for; the owner's thread is not a reactor.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use fp_bdev::iov::BounceBuf;
-use fp_bdev::{Bdev, IoChannel, IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
+use fp_bdev::{sync_io, Bdev, IoChannel, IoOp, IoRequest, Iovecs};
 
 use crate::format::{newest, BitmapPage, FormatError, PageBuf, Superblock, PAGE_SIZE};
 use crate::intent::IntentMap;
@@ -19,7 +18,7 @@ use crate::RaidError;
 /// The errno of a request [`ChannelIo`] gave up while its base answered Busy, because the
 /// base is leaving its raid or the raid is stopping (see [`ChannelIo::give_up_when_leaving`]).
 /// Nothing was sent.
-pub const GIVEN_UP: i32 = libc::ECANCELED;
+pub const GIVEN_UP: i32 = sync_io::GIVEN_UP;
 
 /// A base as the owner drives it. Errors are positive errnos.
 pub trait BaseIo {
@@ -64,10 +63,6 @@ impl ChannelIo {
         self
     }
 
-    fn gives_up_busy(&self) -> bool {
-        self.leaving.as_ref().is_some_and(|(shared, name)| shared.gives_up_busy(name))
-    }
-
     /// The bdev.
     pub fn bdev(&self) -> &Bdev {
         &self.bdev
@@ -78,37 +73,10 @@ impl ChannelIo {
         let data = matches!(op, IoOp::Read | IoOp::Write);
         let iov = if data { self.bounce.iovecs(len) } else { Iovecs::NONE };
         let req = IoRequest { tag: 0, op, offset, len: len as u64, iov };
-        loop {
-            match self.chan.submit(&req) {
-                Ok(()) => break,
-                // Nothing in flight yet: giving up leaves nothing behind on the base.
-                Err(SubmitError::Busy) if self.gives_up_busy() => return Err(GIVEN_UP),
-                Err(SubmitError::Busy) => self.idle(),
-                Err(SubmitError::OutOfRange) => return Err(libc::EINVAL),
-                Err(SubmitError::Unsupported) => return Err(libc::EOPNOTSUPP),
-            }
-        }
-        loop {
-            let mut status = None;
-            self.chan.poll(&mut |_, s| status = Some(s));
-            match status {
-                Some(IoStatus::Success) => return Ok(()),
-                Some(IoStatus::Error(e)) => return Err(e),
-                Some(IoStatus::Unsupported) => return Err(libc::EOPNOTSUPP),
-                None => self.idle(),
-            }
-        }
-    }
-
-    /// Waits a little for a completion without spinning a core.
-    fn idle(&mut self) {
-        match self.chan.completion_fd() {
-            Some(fd) if self.chan.arm_completion_fd() => {
-                // Bounded: a lost wakeup costs a millisecond, not a hang.
-                let _ = fp_sys::wait_readable(&[fd], Some(Duration::from_millis(1)));
-            }
-            _ => std::thread::yield_now(),
-        }
+        let leaving = &self.leaving;
+        sync_io::run(self.chan.as_mut(), &req, &mut || {
+            leaving.as_ref().is_some_and(|(shared, name)| shared.gives_up_busy(name))
+        })
     }
 }
 

@@ -7,8 +7,8 @@
 //! or zeroing it), commits the metadata durably, and answers with the cluster; the piece then
 //! goes to the base. Discards and write-zeroes go to the owner (they may free clusters).
 //!
-//! Hot path: one lookup in the cached view (a pointer compare when nothing changed), one
-//! atomic load per cluster, no lock, no allocation once the slots have grown to the peak depth.
+//! Hot path: per cluster, one lookup in the cached view (a pointer compare when nothing changed)
+//! and one atomic load; no lock, no allocation once the slots have grown to the peak depth.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -16,11 +16,11 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Cache};
-use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, IovCursor, IovSlices, SubmitError};
 
 use super::owner::{Msg, ZeroPiece};
+use super::shared::Geometry;
 use super::shared::{ChannelShared, Piece, Reply, View, VolumeShared};
-use super::Geometry;
 use crate::{ReadSource, Uuid, UNALLOCATED};
 
 /// A base tag with this bit is a slot's (a request cut into pieces, or waiting for the owner);
@@ -38,8 +38,9 @@ struct Slot {
     status: IoStatus,
     /// Counted in [`ChannelShared::writes`].
     write: bool,
-    /// The pieces' iovecs when the request spans clusters (reused; grows to the peak).
-    iovs: Vec<libc::iovec>,
+    /// The pieces' iovecs when the request spans clusters (reused; replaced by a larger one
+    /// when a request needs more than any before it in this slot).
+    iovs: IovSlices,
 }
 
 /// Request slots, indexed by the tag the base sees.
@@ -63,7 +64,7 @@ impl Slots {
                     pending: 0,
                     status: IoStatus::Success,
                     write: false,
-                    iovs: Vec::new(),
+                    iovs: IovSlices::new(0),
                 });
                 (self.slots.len() - 1) as u32
             }
@@ -200,12 +201,10 @@ impl LvolChannel {
     fn start(&mut self, req: &IoRequest, slot: u32) {
         let shift = self.geo.cluster_shift;
         let mask = (1u64 << shift) - 1;
-        // Not cloned: an Arc clone per request would bounce the view's reference count between
-        // every core using the volume. The cache keeps this Arc alive until its next `load`,
-        // which only this function calls.
-        let view: *const View = Arc::as_ptr(self.view.load());
-        // SAFETY: see above; `view` is not used after this call returns.
-        let view = unsafe { &*view };
+        // Each piece asks the cached view (a pointer compare when nothing changed) rather than
+        // holding it: an Arc clone per request would bounce the view's reference count between
+        // every core using the volume. A view published meanwhile is as valid as the one before:
+        // a change that takes clusters from a volume (a snapshot) waits for its writes to drain.
         if req.op == IoOp::Flush {
             self.slots.add_piece(slot);
             let r = IoRequest { tag: slot | SLOT_TAG, ..*req };
@@ -216,12 +215,19 @@ impl LvolChannel {
         let first = req.offset >> shift;
         let last = (req.offset + req.len - 1) >> shift;
         let data = matches!(req.op, IoOp::Read | IoOp::Write);
-        if data && first != last {
-            let src = req.iov.as_slice();
+        // Each piece's slices follow the previous piece's in the slot's array, which the slot
+        // keeps until its last piece completes; the pieces together need at most one slice per
+        // iovec plus one per cut.
+        let cut = data && first != last;
+        if cut {
+            let need = req.iov.count() as usize + (last - first) as usize;
             let iovs = &mut self.slots.slots[slot as usize].iovs;
-            iovs.clear();
-            iovs.reserve(src.len() + (last - first + 1) as usize);
+            if iovs.capacity() < need {
+                // The slot was just taken: no piece of an earlier request uses the old array.
+                *iovs = IovSlices::new(need.next_power_of_two());
+            }
         }
+        let (mut cursor, mut used) = (IovCursor::START, 0);
         let mut at = req.offset;
         let end = req.offset + req.len;
         while at < end {
@@ -229,18 +235,20 @@ impl LvolChannel {
             let within = at & mask;
             let len = ((index + 1) << shift).min(end) - at;
             let mut piece = IoRequest { tag: slot | SLOT_TAG, offset: within, len, ..*req };
-            if data && first != last {
-                let src = req.iov.as_slice();
+            if cut {
                 let iovs = &mut self.slots.slots[slot as usize].iovs;
-                let start = iovs.len();
-                push_sub_iovecs(src, at - req.offset, len, iovs);
-                // SAFETY: slices of the request's buffers, which its `Iovecs` vouch for until it
-                // completes, after every piece; the slot's vector was reserved for every piece, so
-                // the pointers of earlier pieces stay valid while later ones are pushed.
-                piece.iov = unsafe { fp_bdev::Iovecs::from_slice(&iovs[start..]) };
+                let Some(iov) = iovs.slice(used, &req.iov, &mut cursor, len) else {
+                    // Not reached (the array was sized for every piece above); should it be,
+                    // the request fails rather than the daemon.
+                    self.slots.add_piece(slot);
+                    self.slots.piece_done(slot, IoStatus::Error(libc::EINVAL), &self.me);
+                    break;
+                };
+                piece.iov = iov;
+                used += iov.count() as usize;
             }
             match req.op {
-                IoOp::Read => match view.source(index) {
+                IoOp::Read => match self.view.load().source(index) {
                     ReadSource::Cluster(c) => {
                         self.slots.add_piece(slot);
                         self.send_base(piece, self.geo.phys(c) + within);
@@ -258,7 +266,7 @@ impl LvolChannel {
                 },
                 IoOp::Write => {
                     self.slots.add_piece(slot);
-                    let c = view.own(index);
+                    let c = self.view.load().own(index);
                     if c != UNALLOCATED {
                         self.send_base(piece, self.geo.phys(c) + within);
                     } else {
@@ -321,26 +329,6 @@ impl LvolChannel {
         }
         let slot = self.slots.take(req.tag, write);
         self.start(req, slot);
-    }
-}
-
-/// Appends the iovecs covering bytes `[skip, skip + len)` of `src` to `out`.
-fn push_sub_iovecs(src: &[libc::iovec], mut skip: u64, mut len: u64, out: &mut Vec<libc::iovec>) {
-    for v in src {
-        if len == 0 {
-            break;
-        }
-        let vlen = v.iov_len as u64;
-        if skip >= vlen {
-            skip -= vlen;
-            continue;
-        }
-        let take = (vlen - skip).min(len);
-        // SAFETY: `skip < vlen`, so the pointer stays inside the caller's buffer.
-        let base = unsafe { (v.iov_base as *mut u8).add(skip as usize) };
-        out.push(libc::iovec { iov_base: base.cast(), iov_len: take as usize });
-        len -= take;
-        skip = 0;
     }
 }
 

@@ -127,7 +127,7 @@ impl LvStore {
 fn copy_clusters(
     base: Bdev,
     dst: Bdev,
-    geo: super::Geometry,
+    geo: super::shared::Geometry,
     clusters: &[(u64, u32)],
     copied: &AtomicU64,
 ) -> Result<(), String> {

@@ -22,38 +22,9 @@ pub use copy::{CopyState, ShallowCopy};
 pub use rpc::LvolModule;
 
 use owner::{Msg, Owner};
-use shared::VolumeShared;
+use shared::{Geometry, VolumeShared};
 
 use crate::{LvolError, Store, StoreOptions, Uuid, PAGE_SIZE};
-
-/// Where clusters are on the base.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Geometry {
-    pub(crate) cluster_shift: u32,
-    /// Byte offset of cluster 0.
-    pub(crate) data_offset: u64,
-    pub(crate) block_size: u32,
-}
-
-impl Geometry {
-    fn of(store: &Store) -> Geometry {
-        Geometry {
-            cluster_shift: store.cluster_size().trailing_zeros(),
-            data_offset: store.cluster_offset(0),
-            block_size: store.block_size(),
-        }
-    }
-
-    pub(crate) fn cluster_size(&self) -> u64 {
-        1 << self.cluster_shift
-    }
-
-    /// Byte offset of cluster `c` on the base.
-    #[inline]
-    pub(crate) fn phys(&self, c: u32) -> u64 {
-        self.data_offset + (u64::from(c) << self.cluster_shift)
-    }
-}
 
 /// A fresh random (version 4) UUID.
 pub fn new_uuid() -> Uuid {

@@ -18,10 +18,11 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_bdev::{AlignedBuf, Bdev, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::iov::BounceBuf;
+use fp_bdev::{sync_io, Bdev, IoChannel, IoOp, IoRequest, IoStatus, Iovecs};
 
+use super::shared::Geometry;
 use super::shared::{ChannelShared, Layer, Piece, Reply, View, VolumeShared};
-use super::Geometry;
 use crate::{
     DeviceError, LvolError, MetaDevice, Page, ReadSource, Store, Uuid, WriteTarget, PAGE_SIZE, UNALLOCATED,
 };
@@ -72,8 +73,8 @@ const CHUNK: usize = 1 << 20;
 pub(crate) struct BaseIo {
     bdev: Bdev,
     chan: Box<dyn IoChannel>,
-    buf: AlignedBuf,
-    zeroes: AlignedBuf,
+    buf: BounceBuf,
+    zeroes: BounceBuf,
 }
 
 impl BaseIo {
@@ -85,76 +86,32 @@ impl BaseIo {
                 reason: format!("cannot open a channel of the base bdev: {e}"),
             })
         })?;
-        Ok(BaseIo { bdev, chan, buf: AlignedBuf::zeroed(CHUNK), zeroes: AlignedBuf::zeroed(CHUNK) })
+        Ok(BaseIo { bdev, chan, buf: BounceBuf::zeroed(CHUNK), zeroes: BounceBuf::zeroed(CHUNK) })
     }
 
     pub(crate) fn size_bytes(&self) -> u64 {
         self.bdev.info().size_bytes()
     }
 
-    /// One request, waited for. `data` is the buffer of a read or write.
-    fn run(&mut self, op: IoOp, offset: u64, len: u64, data: *mut u8) -> Result<(), i32> {
-        let iov = libc::iovec { iov_base: data.cast(), iov_len: len as usize };
-        let with_data = matches!(op, IoOp::Read | IoOp::Write);
-        let iov = if with_data {
-            // SAFETY: `iov` and its buffer (the caller's) outlive the wait.
-            unsafe { fp_bdev::Iovecs::from_raw(&iov, 1) }
-        } else {
-            fp_bdev::Iovecs::NONE
-        };
+    /// A request with buffers its maker vouched for (this value's own, or a channel's piece
+    /// whose request waits for this one), waited for; Busy is retried.
+    fn run(&mut self, op: IoOp, offset: u64, len: u64, iov: Iovecs) -> Result<(), i32> {
         let req = IoRequest { tag: 0, op, offset, len, iov };
-        // SAFETY: as above.
-        unsafe { self.run_req(&req) }
-    }
-
-    /// A request with the caller's buffers, waited for.
-    ///
-    /// # Safety
-    /// `req`'s iovecs and their buffers stay valid until this returns.
-    unsafe fn run_req(&mut self, req: &IoRequest) -> Result<(), i32> {
-        loop {
-            match self.chan.submit(req) {
-                Ok(()) => break,
-                Err(SubmitError::Busy) => self.wait(),
-                Err(SubmitError::OutOfRange) => return Err(libc::EINVAL),
-                Err(SubmitError::Unsupported) => return Err(libc::EOPNOTSUPP),
-            }
-        }
-        let mut status = None;
-        loop {
-            self.chan.poll(&mut |_, s| status = Some(s));
-            match status {
-                Some(IoStatus::Success) => return Ok(()),
-                Some(IoStatus::Error(e)) => return Err(e),
-                Some(IoStatus::Unsupported) => return Err(libc::EOPNOTSUPP),
-                None => self.wait(),
-            }
-        }
-    }
-
-    fn wait(&mut self) {
-        match self.chan.completion_fd() {
-            Some(fd) if self.chan.arm_completion_fd() => {
-                // The timeout bounds the wait even if a signal is lost.
-                let _ = fp_sys::wait_readable(&[fd], Some(Duration::from_millis(1)));
-            }
-            Some(_) => {}
-            None => std::thread::yield_now(),
-        }
+        sync_io::run(self.chan.as_mut(), &req, &mut || false)
     }
 
     fn read_into_buf(&mut self, offset: u64, len: usize) -> Result<(), i32> {
-        let p = self.buf.as_mut_ptr();
-        self.run(IoOp::Read, offset, len as u64, p)
+        let iov = self.buf.iovecs(len);
+        self.run(IoOp::Read, offset, len as u64, iov)
     }
 
     fn write_from_buf(&mut self, offset: u64, len: usize) -> Result<(), i32> {
-        let p = self.buf.as_mut_ptr();
-        self.run(IoOp::Write, offset, len as u64, p)
+        let iov = self.buf.iovecs(len);
+        self.run(IoOp::Write, offset, len as u64, iov)
     }
 
     pub(crate) fn flush(&mut self) -> Result<(), i32> {
-        self.run(IoOp::Flush, 0, 0, std::ptr::null_mut())
+        self.run(IoOp::Flush, 0, 0, Iovecs::NONE)
     }
 
     /// Copies `len` bytes (a cluster) from `from` to `to`.
@@ -171,10 +128,7 @@ impl BaseIo {
 
     /// Reads into a channel's piece (its own buffers) at `offset`.
     fn read_piece(&mut self, piece: &Piece, offset: u64) -> Result<(), i32> {
-        let req = IoRequest { tag: 0, offset, ..piece.req };
-        // SAFETY: the piece's buffers are the caller's, valid until its request completes, which
-        // waits for this piece's reply.
-        unsafe { self.run_req(&req) }
+        self.run(piece.req.op, offset, piece.req.len, piece.req.iov)
     }
 
     /// Copies `len` bytes at `from` to `to` on another device (a shallow copy's destination).
@@ -183,8 +137,8 @@ impl BaseIo {
         while done < len {
             let n = (len - done).min(CHUNK as u64) as usize;
             self.read_into_buf(from + done, n)?;
-            let p = self.buf.as_mut_ptr();
-            dst.run(IoOp::Write, to + done, n as u64, p)?;
+            let iov = self.buf.iovecs(n);
+            dst.run(IoOp::Write, to + done, n as u64, iov)?;
             done += n as u64;
         }
         Ok(())
@@ -193,7 +147,7 @@ impl BaseIo {
     /// Makes `len` bytes at `offset` read back as zeroes.
     pub(crate) fn zero(&mut self, offset: u64, len: u64) -> Result<(), i32> {
         if self.bdev.info().io_types.write_zeroes {
-            match self.run(IoOp::WriteZeroes, offset, len, std::ptr::null_mut()) {
+            match self.run(IoOp::WriteZeroes, offset, len, Iovecs::NONE) {
                 Err(libc::EOPNOTSUPP) => {}
                 r => return r,
             }
@@ -201,8 +155,8 @@ impl BaseIo {
         let mut done = 0;
         while done < len {
             let n = (len - done).min(CHUNK as u64);
-            let p = self.zeroes.as_mut_ptr();
-            self.run(IoOp::Write, offset + done, n, p)?;
+            let iov = self.zeroes.iovecs(n as usize);
+            self.run(IoOp::Write, offset + done, n, iov)?;
             done += n;
         }
         Ok(())
@@ -213,7 +167,7 @@ impl BaseIo {
         if !self.bdev.info().io_types.unmap {
             return Ok(());
         }
-        match self.run(IoOp::Discard, offset, len, std::ptr::null_mut()) {
+        match self.run(IoOp::Discard, offset, len, Iovecs::NONE) {
             Err(libc::EOPNOTSUPP) => Ok(()),
             r => r,
         }
@@ -231,12 +185,12 @@ impl MetaDevice for BaseIo {
 
     fn read_page(&mut self, page: u64, buf: &mut Page) -> Result<(), DeviceError> {
         self.read_into_buf(page * PAGE_SIZE as u64, PAGE_SIZE).map_err(|e| device_error("read", page, e))?;
-        buf.copy_from_slice(&self.buf.as_mut_slice()[..PAGE_SIZE]);
+        buf.copy_from_slice(&self.buf.bytes()[..PAGE_SIZE]);
         Ok(())
     }
 
     fn write_page(&mut self, page: u64, buf: &Page) -> Result<(), DeviceError> {
-        self.buf.as_mut_slice()[..PAGE_SIZE].copy_from_slice(buf);
+        self.buf.bytes_mut()[..PAGE_SIZE].copy_from_slice(buf);
         self.write_from_buf(page * PAGE_SIZE as u64, PAGE_SIZE).map_err(|e| device_error("write", page, e))
     }
 

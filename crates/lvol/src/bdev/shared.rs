@@ -18,7 +18,7 @@ use arc_swap::ArcSwap;
 use crossbeam_queue::SegQueue;
 use fp_bdev::{IoRequest, IoStatus};
 
-use crate::{ReadSource, UNALLOCATED};
+use crate::{ReadSource, Store, UNALLOCATED};
 
 /// One volume's own cluster map, as the data path reads it.
 pub(crate) struct Layer(Box<[AtomicU32]>);
@@ -140,15 +140,39 @@ pub(crate) struct Piece {
     pub(crate) index: u64,
 }
 
-// SAFETY: the request's iovec pointers travel to the owner and back untouched; only the channel
-// that made the piece dereferences them, on its own thread, while the caller keeps them valid
-// (IoChannel::submit's contract).
-unsafe impl Send for Piece {}
-
 /// The owner's answer to a channel.
 pub(crate) enum Reply {
     /// The piece's cluster is mapped, durably: send it to the base at `cluster`.
     Mapped { piece: Piece, cluster: u32 },
     /// The owner carried out (or failed) a piece of a request itself.
     Done { slot: u32, status: IoStatus },
+}
+
+/// Where clusters are on the base.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    pub(crate) cluster_shift: u32,
+    /// Byte offset of cluster 0.
+    pub(crate) data_offset: u64,
+    pub(crate) block_size: u32,
+}
+
+impl Geometry {
+    pub(crate) fn of(store: &Store) -> Geometry {
+        Geometry {
+            cluster_shift: store.cluster_size().trailing_zeros(),
+            data_offset: store.cluster_offset(0),
+            block_size: store.block_size(),
+        }
+    }
+
+    pub(crate) fn cluster_size(&self) -> u64 {
+        1 << self.cluster_shift
+    }
+
+    /// Byte offset of cluster `c` on the base.
+    #[inline]
+    pub(crate) fn phys(&self, c: u32) -> u64 {
+        self.data_offset + (u64::from(c) << self.cluster_shift)
+    }
 }

@@ -18,7 +18,7 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::Arc;
 
 use fp_bdev::clock::ticks;
-use fp_bdev::{BdevError, IoChannel, IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
+use fp_bdev::{BdevError, IoChannel, IoOp, IoRequest, IoStatus, IovCursor, Iovecs, SubmitError};
 use fp_nvme_spec::Status;
 
 use crate::cmd;
@@ -31,6 +31,8 @@ use crate::NvmeError;
 use super::namespace::{NamespaceBackend, NsParams};
 use super::status::{io_status, retryable, MAX_RETRIES, TIMED_OUT};
 
+/// An unused entry of [`NvmeChannel::scratch`].
+const EMPTY_IOVEC: libc::iovec = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
 /// Blocks one Write Zeroes or deallocate command covers at most (NLB is 16 bits, 0-based).
 const MAX_BLOCKS_NO_DATA: u64 = 1 << 16;
 /// The longest pause between two timeout scans.
@@ -107,7 +109,10 @@ pub(crate) struct NvmeChannel<T: Transport> {
     cq: Vec<(u32, Status)>,
     /// `poll`'s completions, kept between calls.
     batch: Vec<(u32, IoStatus)>,
-    scratch: Vec<libc::iovec>,
+    /// The iovecs of a command that carries part of a request (sliced from the request's),
+    /// or a deallocate's range: the queue copies them at submission, so one array serves every
+    /// command. Replaced by a larger one only when a request has more iovecs than any before.
+    scratch: Box<[libc::iovec]>,
     drained: Vec<u32>,
     /// One deallocate range per command slot, where the controller can read it.
     dsm_ranges: DmaMemory,
@@ -167,7 +172,7 @@ impl<T: Transport> NvmeChannel<T> {
             done: Vec::with_capacity(requests),
             cq: Vec::with_capacity(commands),
             batch: Vec::with_capacity(requests),
-            scratch: Vec::with_capacity(64),
+            scratch: vec![EMPTY_IOVEC; 64].into_boxed_slice(),
             drained: Vec::with_capacity(commands),
             dsm_ranges,
             timeout_ticks,
@@ -205,9 +210,17 @@ impl<T: Transport> NvmeChannel<T> {
                     // SAFETY: see above.
                     unsafe { q.submit(&sqe, all, c) }
                 } else {
-                    slice_iovecs(all, cmd.off, cmd.len, &mut self.scratch);
+                    let mut at = IovCursor::at(&req.iov, cmd.off);
+                    let n = match at.slice_into(&req.iov, cmd.len, &mut self.scratch) {
+                        Some(n) => n,
+                        None => {
+                            // A slice needs at most one entry per iovec of the request.
+                            self.scratch = vec![EMPTY_IOVEC; all.len()].into_boxed_slice();
+                            at.slice_into(&req.iov, cmd.len, &mut self.scratch).unwrap_or(0)
+                        }
+                    };
                     // SAFETY: see above.
-                    unsafe { q.submit(&sqe, &self.scratch, c) }
+                    unsafe { q.submit(&sqe, &self.scratch[..n], c) }
                 }
             }
             IoOp::Flush => {
@@ -224,10 +237,9 @@ impl<T: Transport> NvmeChannel<T> {
                 let at = c as usize * 16;
                 self.dsm_ranges.as_mut_slice()[at..at + 16].copy_from_slice(&cmd::dsm_range(slba, nlb));
                 let range = self.dsm_ranges.as_mut_slice()[at..at + 16].as_mut_ptr();
-                self.scratch.clear();
-                self.scratch.push(libc::iovec { iov_base: range as *mut libc::c_void, iov_len: 16 });
+                self.scratch[0] = libc::iovec { iov_base: range as *mut libc::c_void, iov_len: 16 };
                 // SAFETY: see above.
-                unsafe { q.submit(&cmd::deallocate(self.nsid, 1), &self.scratch, c) }
+                unsafe { q.submit(&cmd::deallocate(self.nsid, 1), &self.scratch[..1], c) }
             }
         };
         match result {
@@ -435,27 +447,6 @@ impl<T: Transport> NvmeChannel<T> {
 /// `ns` nanoseconds in ticks of `rate` per second.
 fn ticks_of(ns: u64, rate: u64) -> u64 {
     ((u128::from(ns) * u128::from(rate)) / 1_000_000_000).min(u128::from(u64::MAX)) as u64
-}
-
-/// The iovecs of bytes `[off, off + len)` of `all`, into `out`.
-fn slice_iovecs(all: &[libc::iovec], mut off: u64, mut len: u64, out: &mut Vec<libc::iovec>) {
-    out.clear();
-    for v in all {
-        if len == 0 {
-            break;
-        }
-        let vlen = v.iov_len as u64;
-        if off >= vlen {
-            off -= vlen;
-            continue;
-        }
-        let take = (vlen - off).min(len);
-        // SAFETY: `off < vlen`: the pointer stays inside the caller's buffer.
-        let base = unsafe { (v.iov_base as *mut u8).add(off as usize) };
-        out.push(libc::iovec { iov_base: base as *mut libc::c_void, iov_len: take as usize });
-        len -= take;
-        off = 0;
-    }
 }
 
 impl<T: Transport> IoChannel for NvmeChannel<T> {

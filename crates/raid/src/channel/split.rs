@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
+use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, IovCursor, IovSlices, Iovecs, SubmitError};
 
 use super::bases::Bases;
 use super::slab::Slab;
@@ -33,8 +33,7 @@ struct Parent {
     end: u64,
     iov: Iovecs,
     /// Where `next` is in the parent's iovecs.
-    iov_idx: u32,
-    iov_off: u64,
+    cursor: IovCursor,
     /// Slices of this parent's pool region in use by children in flight.
     scratch_used: u32,
     /// Children in flight.
@@ -54,8 +53,7 @@ impl Default for Parent {
             next: 0,
             end: 0,
             iov: Iovecs::NONE,
-            iov_idx: 0,
-            iov_off: 0,
+            cursor: IovCursor::START,
             scratch_used: 0,
             remaining: 0,
             status: IoStatus::Success,
@@ -71,7 +69,8 @@ pub struct SplitChannel<M> {
     map: M,
     bases: Bases,
     parents: Slab<Parent>,
-    pool: Box<[libc::iovec]>,
+    /// Each parent's region: the slices its children carry.
+    pool: Box<[IovSlices]>,
     /// Parents with children still to submit (a base was busy, or their pool region full).
     pending: Vec<u32>,
     /// Completions for the next poll.
@@ -91,13 +90,12 @@ enum Advance {
 impl<M: SplitMap> SplitChannel<M> {
     /// A channel of the raid `shared`, cutting requests with `map`.
     pub fn new(shared: Arc<RaidShared>, map: M) -> SplitChannel<M> {
-        let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         SplitChannel {
             info: shared.info.clone(),
             map,
             bases: Bases::new(shared),
             parents: Slab::new(MAX_PARENTS),
-            pool: vec![empty; MAX_PARENTS * IOV_PER_PARENT].into_boxed_slice(),
+            pool: (0..MAX_PARENTS).map(|_| IovSlices::new(IOV_PER_PARENT)).collect(),
             pending: Vec::with_capacity(MAX_PARENTS),
             done: Vec::with_capacity(2 * MAX_PARENTS),
             reaped: Vec::with_capacity(MAX_PARENTS),
@@ -113,6 +111,8 @@ impl<M: SplitMap> SplitChannel<M> {
                 return Advance::Submitted;
             }
             let op = parent.op;
+            // Where the child's slices start: a child a base refuses is made again from here.
+            let cursor_before = parent.cursor;
             let (slot, child) = if op == IoOp::Flush {
                 // A base without a volatile cache has nothing to flush.
                 if self.bases.masks.flushable & (1 << parent.next) == 0 {
@@ -127,44 +127,20 @@ impl<M: SplitMap> SplitChannel<M> {
                 let mut req =
                     IoRequest { tag: p, op, offset: data_offset + base_off, len, iov: Iovecs::NONE };
                 if matches!(op, IoOp::Read | IoOp::Write) {
-                    let region = p as usize * IOV_PER_PARENT;
                     let start = parent.scratch_used as usize;
-                    let parent_iov = parent.iov;
-                    let src = parent_iov.as_slice();
-                    let (mut idx, mut off, mut need, mut n) =
-                        (parent.iov_idx as usize, parent.iov_off, len, 0);
-                    while need > 0 {
-                        if start + n == IOV_PER_PARENT {
-                            if parent.remaining == 0 && start == 0 {
-                                // One piece needs more slices than a whole region: never fits.
-                                parent.status = IoStatus::Error(libc::EINVAL);
-                                parent.next = parent.end;
-                                return Advance::Submitted;
-                            }
-                            return Advance::Blocked;
+                    let mut cursor = parent.cursor;
+                    let Some(iov) = self.pool[p as usize].slice(start, &parent.iov, &mut cursor, len) else {
+                        if parent.remaining == 0 && start == 0 {
+                            // One piece needs more slices than a whole region: never fits.
+                            parent.status = IoStatus::Error(libc::EINVAL);
+                            parent.next = parent.end;
+                            return Advance::Submitted;
                         }
-                        let v = src[idx];
-                        let take = (v.iov_len as u64 - off).min(need);
-                        // SAFETY: `off < iov_len`, so the pointer stays inside the caller's buffer.
-                        let base = unsafe { (v.iov_base as *mut u8).add(off as usize) };
-                        self.pool[region + start + n] =
-                            libc::iovec { iov_base: base.cast(), iov_len: take as usize };
-                        n += 1;
-                        need -= take;
-                        off += take;
-                        if off == v.iov_len as u64 {
-                            idx += 1;
-                            off = 0;
-                        }
-                    }
-                    // SAFETY: slices of the parent's buffers, which its `Iovecs` vouch for until
-                    // it completes, after all of its children; the pool region stays the
-                    // parent's, unchanged, until those children are back.
-                    req.iov = unsafe { Iovecs::from_slice(&self.pool[region + start..region + start + n]) };
-                    let parent = self.parents.get_mut(p);
-                    parent.iov_idx = idx as u32;
-                    parent.iov_off = off;
-                    parent.scratch_used += n as u32;
+                        return Advance::Blocked;
+                    };
+                    req.iov = iov;
+                    parent.cursor = cursor;
+                    parent.scratch_used += iov.count();
                 }
                 (slot, req)
             };
@@ -184,29 +160,13 @@ impl<M: SplitMap> SplitChannel<M> {
                     parent.refused = true;
                     if matches!(op, IoOp::Read | IoOp::Write) {
                         parent.scratch_used -= child.iov.count();
-                        self.rewind(p, child.len);
+                        parent.cursor = cursor_before;
                     }
                     return Advance::Blocked;
                 }
                 Err(SubmitError::Unsupported) => return self.stop(p, IoStatus::Unsupported),
                 Err(SubmitError::OutOfRange) => return self.stop(p, IoStatus::Error(libc::EIO)),
             }
-        }
-    }
-
-    /// Moves parent `p`'s iovec cursor back by `len` bytes (a child the base refused as busy).
-    fn rewind(&mut self, p: u32, mut len: u64) {
-        let parent = self.parents.get_mut(p);
-        let parent_iov = parent.iov;
-        let src = parent_iov.as_slice();
-        while len > 0 {
-            if parent.iov_off == 0 {
-                parent.iov_idx -= 1;
-                parent.iov_off = src[parent.iov_idx as usize].iov_len as u64;
-            }
-            let back = parent.iov_off.min(len);
-            parent.iov_off -= back;
-            len -= back;
         }
     }
 

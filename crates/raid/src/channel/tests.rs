@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use fp_bdev::conformance::{self, poll_until, read_range, write_range, IoBuf, Storage};
+use fp_bdev::Uuid;
 use fp_bdev::{
     Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, RamDevice, SubmitError,
 };
-use fp_lvol::Uuid;
 
 use crate::device::{RaidDevice, RaidSpec};
 use crate::shared::{Layout, SlotView};

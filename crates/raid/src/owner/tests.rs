@@ -5,11 +5,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fp_bdev::Uuid;
 use fp_bdev::{Bdev, BdevInfo, Capacity, IoTypes, Iovecs, RamDevice};
-use fp_lvol::Uuid;
 
+use std::sync::mpsc;
+
+use super::handle::{Call, Msg};
 use super::*;
-use crate::meta_io::{read_superblock, MemBase};
+use crate::meta_io::{read_superblock, ChannelIo, MemBase};
 use crate::shared::Failure;
 
 const MIB: u64 = 1 << 20;

@@ -4,16 +4,16 @@ use std::sync::Arc;
 
 use fp_bdev::module::{ClaimType, ModuleError, ModuleHost, NewBdev};
 use fp_bdev::Bdev;
-use fp_lvol::Uuid;
+use fp_bdev::Uuid;
 use fp_rpc::{ParamError, Params};
 use serde_json::Value;
 
-use super::{module_error, stop_owner, with_raids, RaidEntry, RaidModule, MODULE};
 use crate::device::{new_uuid, RaidDevice, RaidSpec};
 use crate::format::{self, SlotRecord, Superblock};
 use crate::meta_io::{self, ChannelIo};
 use crate::owner::{BaseSpec, OwnerHandle, StopWait, OWNER_WAIT};
 use crate::shared::SlotView;
+use crate::table::{module_error, stop_owner, with_raids, RaidEntry, RaidModule, MODULE};
 use crate::{RaidError, RaidLevel, SlotState};
 
 /// `bdev_raid_create`'s parameters, checked.
@@ -255,7 +255,7 @@ fn same_raid(cfg: &RaidConfig, dev: &RaidDevice) -> bool {
 
 /// Whether the raid examine is assembling is what `cfg` asks for: level, strip, a
 /// superblock, and every base found so far listed by `cfg` in its slot.
-fn same_configuring(cfg: &RaidConfig, c: &crate::examine::Configuring) -> bool {
+fn same_configuring(cfg: &RaidConfig, c: &crate::table::Configuring) -> bool {
     let sb = c.newest();
     cfg.superblock
         && sb.level == cfg.level
@@ -392,7 +392,7 @@ pub(crate) fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
 
 /// `clear_sb` on a raid still configuring: the bases examine found (and claimed) are
 /// erased here, as the owner erases an assembled raid's. The error names those not erased.
-fn erase_found(raid: &str, c: &crate::examine::Configuring) -> Result<(), RaidError> {
+fn erase_found(raid: &str, c: &crate::table::Configuring) -> Result<(), RaidError> {
     let mut not_erased = Vec::new();
     for f in &c.found {
         let wiped = ChannelIo::open(f.bdev.clone()).map_err(|e| e.to_string()).and_then(|mut io| {

@@ -7,8 +7,8 @@ use fp_bdev::module::{ModuleError, ModuleHost};
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Map, Value};
 
-use super::with_raids;
 use crate::device::RaidDevice;
+use crate::table::with_raids;
 use crate::SlotState;
 
 /// SPDK's categories.

@@ -20,9 +20,9 @@ use fp_bdev::Bdev;
 use fp_rpc::Params;
 use serde_json::Value;
 
-use super::{module_error, with_raids, MODULE};
 use crate::owner::{CallWait, OwnerHandle, RemoveWait, OWNER_WAIT};
 use crate::shared::RaidShared;
+use crate::table::{module_error, with_raids, MODULE};
 use crate::{RaidError, RaidLevel, SlotState};
 
 /// How long `bdev_raid_remove_base_bdev` waits for the raid's channels to be done with the

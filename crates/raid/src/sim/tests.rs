@@ -8,8 +8,8 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
+use fp_bdev::Uuid;
 use fp_bdev::{BdevInfo, Capacity, IoTypes};
-use fp_lvol::Uuid;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 

@@ -1,13 +1,16 @@
-//! Stores' and volumes' identities.
+//! Identities of what the stacked modules keep on disk (an lvstore and its volumes, a raid and
+//! its members).
 
-/// A store's or volume's identity, as 16 raw bytes (RFC 4122 layout; the caller makes them,
-/// so the store stays deterministic for tests).
+/// An identity as 16 raw bytes (RFC 4122 layout; the caller makes them, so the formats stay
+/// deterministic for tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Uuid(pub [u8; 16]);
 
 impl Uuid {
+    /// All zeroes: no identity.
     pub const NIL: Uuid = Uuid([0; 16]);
 
+    /// Whether it is [`Uuid::NIL`].
     pub fn is_nil(&self) -> bool {
         *self == Uuid::NIL
     }
