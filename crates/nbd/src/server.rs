@@ -1,25 +1,20 @@
-//! Listeners and exports, on the control plane. A listener thread accepts connections on one
-//! address and gives each a short-lived thread for the handshake (blocking I/O with a timeout;
-//! the TLS handshake too); once the client picks an export with NBD_OPT_GO or
+//! Listeners and exports, on the control plane. A listener ([`fp_conn::Listener`]) accepts
+//! connections on one address and gives each a short-lived thread for the handshake (blocking
+//! I/O with a timeout; the TLS handshake too); once the client picks an export with NBD_OPT_GO or
 //! NBD_OPT_EXPORT_NAME, the connection (socket, TLS state, what was negotiated) moves to one of
 //! the export's reactors by message and is served there by a [`ConnPoller`]. Several exports
 //! may share a listener; the last one to stop closes it.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use fp_bdev::Bdev;
+use fp_conn::{Bound, ListenerOptions, Stream};
 use fp_reactor::ReactorHandle;
 use rustls::ServerConfig;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::address::Address;
 use crate::conn::{ConnPoller, ConnSetup};
@@ -74,15 +69,6 @@ struct ListenerShared {
     address: Address,
     tls: Option<(TlsFiles, Arc<ServerConfig>)>,
     exports: Mutex<BTreeMap<String, Arc<ExportShared>>>,
-    handshakes: Mutex<Handshakes>,
-}
-
-/// The handshakes running on a listener, oldest first, each with a duplicate of its socket
-/// (to shut it down when it must make room).
-#[derive(Default)]
-struct Handshakes {
-    next_id: u64,
-    running: std::collections::VecDeque<(u64, OwnedFd, String)>,
 }
 
 impl ExportLookup for ListenerShared {
@@ -120,19 +106,12 @@ impl ExportLookup for ListenerShared {
 
 struct Listener {
     shared: Arc<ListenerShared>,
-    stop: EventFd,
-    thread: Option<JoinHandle<()>>,
+    listener: fp_conn::Listener,
 }
 
 impl Listener {
-    fn close(mut self) {
-        let _ = self.stop.write(1);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        if let Address::Unix(path) = &self.shared.address {
-            let _ = std::fs::remove_file(path);
-        }
+    fn close(self) {
+        self.listener.close();
         log::info!("nbd listener {} closed", self.shared.address);
     }
 }
@@ -342,7 +321,6 @@ impl NbdServer {
                 address: spec.address.clone(),
                 tls,
                 exports: Mutex::new(BTreeMap::from([(spec.name.clone(), export.clone())])),
-                handshakes: Mutex::new(Handshakes::default()),
             });
             let l = listen(shared, spec.socket_mode)?;
             ls.insert(spec.address.clone(), l);
@@ -351,188 +329,29 @@ impl NbdServer {
     }
 }
 
-/// A bound listening socket.
-enum Bound {
-    Unix(UnixListener),
-    Tcp(Vec<TcpListener>),
-}
-
-/// A connection's socket during the handshake.
-enum Stream {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
-
-impl Stream {
-    fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => {
-                s.set_read_timeout(t)?;
-                s.set_write_timeout(t)
-            }
-            Stream::Tcp(s) => {
-                s.set_read_timeout(t)?;
-                s.set_write_timeout(t)
-            }
-        }
-    }
-
-    fn dup_fd(&self) -> io::Result<OwnedFd> {
-        Ok(match self {
-            Stream::Unix(s) => s.try_clone()?.into(),
-            Stream::Tcp(s) => s.try_clone()?.into(),
-        })
-    }
-
-    fn into_fd(self) -> io::Result<OwnedFd> {
-        self.set_timeouts(None)?;
-        Ok(match self {
-            Stream::Unix(s) => {
-                s.set_nonblocking(true)?;
-                s.into()
-            }
-            Stream::Tcp(s) => {
-                s.set_nonblocking(true)?;
-                s.into()
-            }
-        })
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.read(buf),
-            Stream::Tcp(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Tcp(s) => s.write(buf),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 fn listen(shared: Arc<ListenerShared>, socket_mode: u32) -> Result<Listener, NbdError> {
-    let bind_err = |e: io::Error| invalid("nbd_device", format!("cannot listen on {}: {e}", shared.address));
     let bound = match &shared.address {
         Address::Unix(path) => {
-            // A socket file left by a daemon that died is replaced; anything else is not.
-            if let Ok(meta) = std::fs::symlink_metadata(path) {
-                use std::os::unix::fs::FileTypeExt;
-                if !meta.file_type().is_socket() || UnixStream::connect(path).is_ok() {
-                    return Err(invalid("nbd_device", format!("{} exists and is in use", path.display())));
-                }
-                let _ = std::fs::remove_file(path);
-            }
-            let l = UnixListener::bind(path).map_err(bind_err)?;
-            if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(socket_mode)) {
-                let _ = std::fs::remove_file(path);
-                return Err(invalid("nbd_device", format!("cannot set the mode of {}: {e}", path.display())));
-            }
-            l.set_nonblocking(true).map_err(bind_err)?;
-            Bound::Unix(l)
+            Bound::unix(path, socket_mode).map_err(|e| invalid("nbd_device", e.to_string()))?
         }
         Address::Tcp { .. } => {
             let addrs = shared.address.resolve().map_err(|e| invalid("nbd_device", e))?;
-            let mut ls = Vec::new();
-            for a in addrs {
-                let l = TcpListener::bind(a).map_err(bind_err)?;
-                l.set_nonblocking(true).map_err(bind_err)?;
-                ls.push(l);
-            }
-            Bound::Tcp(ls)
+            Bound::tcp(&addrs)
+                .map_err(|e| invalid("nbd_device", format!("cannot listen on {}: {e}", shared.address)))?
         }
     };
-    let stop = EventFd::new(EFD_NONBLOCK).map_err(|e| invalid("nbd_device", format!("eventfd: {e}")))?;
-    let stop_fd = stop.try_clone().map_err(|e| invalid("nbd_device", format!("eventfd: {e}")))?;
+    let opts = ListenerOptions {
+        label: format!("nbd listener {}", shared.address),
+        thread_name: "nbd-listen",
+        handshake_thread_name: "nbd-handshake",
+        max_handshakes: MAX_HANDSHAKES,
+        handshake_timeout: HANDSHAKE_TIMEOUT,
+    };
     let s = shared.clone();
-    let thread = std::thread::Builder::new()
-        .name("nbd-listen".into())
-        .spawn(move || accept_loop(bound, stop_fd, s))
+    let listener = fp_conn::Listener::start(bound, opts, move |stream, peer| negotiate(&s, stream, peer))
         .map_err(|e| invalid("nbd_device", format!("cannot start the listener thread: {e}")))?;
     log::info!("nbd listener on {}{}", shared.address, if shared.tls.is_some() { " (TLS)" } else { "" });
-    Ok(Listener { shared, stop, thread: Some(thread) })
-}
-
-fn accept_loop(bound: Bound, stop: EventFd, shared: Arc<ListenerShared>) {
-    let mut fds = vec![stop.as_raw_fd()];
-    match &bound {
-        Bound::Unix(l) => fds.push(l.as_raw_fd()),
-        Bound::Tcp(ls) => fds.extend(ls.iter().map(|l| l.as_raw_fd())),
-    }
-    loop {
-        let ready = match fp_sys::wait_readable(&fds, None) {
-            Ok(ready) => ready,
-            Err(e) => return log::error!("nbd listener {}: poll failed: {e}", shared.address),
-        };
-        if ready[0] {
-            return;
-        }
-        for i in 1..fds.len() {
-            if !ready[i] {
-                continue;
-            }
-            let accepted = match &bound {
-                Bound::Unix(l) => l.accept().map(|(s, _)| (Stream::Unix(s), "unix client".to_string())),
-                Bound::Tcp(ls) => ls[i - 1].accept().map(|(s, peer)| {
-                    let _ = s.set_nodelay(true);
-                    (Stream::Tcp(s), peer.to_string())
-                }),
-            };
-            match accepted {
-                Ok((stream, peer)) => start_handshake(&shared, stream, peer),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => log::warn!("nbd listener {}: accept: {e}", shared.address),
-            }
-        }
-    }
-}
-
-fn start_handshake(shared: &Arc<ListenerShared>, stream: Stream, peer: String) {
-    let dup = match stream.dup_fd() {
-        Ok(fd) => fd,
-        Err(e) => {
-            return log::warn!("nbd listener {}: {peer}: cannot duplicate the socket: {e}", shared.address)
-        }
-    };
-    let id = {
-        let mut h = lock(&shared.handshakes);
-        if h.running.len() >= MAX_HANDSHAKES {
-            if let Some((_, fd, oldest)) = h.running.pop_front() {
-                log::warn!(
-                    "nbd listener {}: {oldest}: handshake closed to make room ({MAX_HANDSHAKES} running)",
-                    shared.address
-                );
-                // Its thread's next read or write on the socket fails and the thread ends.
-                let _ = fp_sys::shutdown(fd.as_fd());
-            }
-        }
-        h.next_id += 1;
-        let id = h.next_id;
-        h.running.push_back((id, dup, peer.clone()));
-        id
-    };
-    let s = shared.clone();
-    let spawned = std::thread::Builder::new().name("nbd-handshake".into()).spawn(move || {
-        let result = negotiate(&s, stream, &peer);
-        lock(&s.handshakes).running.retain(|h| h.0 != id);
-        match result {
-            Ok(()) => {}
-            Err(reason) => log::warn!("nbd listener {}: {peer}: {reason}; connection closed", s.address),
-        }
-    });
-    if let Err(e) = spawned {
-        lock(&shared.handshakes).running.retain(|h| h.0 != id);
-        log::warn!("nbd listener {}: cannot start a handshake thread: {e}", shared.address);
-    }
+    Ok(Listener { shared, listener })
 }
 
 /// The handshake's byte stream: plain, or TLS after NBD_OPT_STARTTLS.
@@ -562,7 +381,6 @@ impl Link {
 }
 
 fn negotiate(shared: &Arc<ListenerShared>, stream: Stream, peer: &str) -> Result<(), String> {
-    stream.set_timeouts(Some(HANDSHAKE_TIMEOUT)).map_err(|e| format!("socket setup: {e}"))?;
     let mut link = Link { stream, tls: None };
     let io = |what: &str, e: io::Error| format!("{what}: {e}");
     link.write_all(&greeting()).map_err(|e| io("sending the greeting", e))?;
@@ -609,7 +427,7 @@ fn negotiate(shared: &Arc<ListenerShared>, stream: Stream, peer: &str) -> Result
 /// Moves a negotiated connection to a reactor of its export.
 fn hand_over(link: Link, t: Transmission<Arc<ExportShared>>, peer: &str) -> Result<(), String> {
     let export = t.export;
-    let fd = link.stream.into_fd().map_err(|e| format!("socket setup: {e}"))?;
+    let fd = link.stream.into_nonblocking_fd().map_err(|e| format!("socket setup: {e}"))?;
     let reactor = export.next_reactor().clone();
     let setup = ConnSetup {
         fd,

@@ -1,24 +1,22 @@
-//! Listeners and the connection handshake, on the control plane. A listener thread per address
-//! accepts; each new connection gets a short-lived thread (at most [`MAX_HANDSHAKES`] per
+//! Listeners and the connection handshake, on the control plane. A listener
+//! ([`fp_conn::Listener`]) per address accepts; each new connection gets a short-lived thread (at most [`MAX_HANDSHAKES`] per
 //! listener, every read bounded by [`HANDSHAKE_TIMEOUT`]) that answers the ICReq and reads the
 //! first capsule, which must be a Connect (TCP 3.3; Fabrics 3.3). It checks the subsystem, the
 //! host and the queue, answers the Connect, and hands the socket by message to a reactor:
 //! an admin queue to reactor `cntlid mod n`, I/O queue `qid` to reactor `qid mod n`, where a
 //! [`QpairPoller`] serves it. The discovery subsystem is reachable on every listener.
 
-use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+
+use fp_conn::{Bound, ListenerOptions, Stream};
 
 use fp_nvme_spec::fabrics::{Connect, ConnectRefusal, CNTLID_DYNAMIC, CONNECT_DATA_LEN};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::controller::ControllerConfig;
 use crate::model::SubsystemKind;
@@ -39,107 +37,47 @@ pub(crate) const ADMIN_ICD: u32 = 8192;
 /// One listening address.
 pub(crate) struct Listener {
     addr: ListenAddress,
-    stop: EventFd,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// What the listener's threads share.
-struct ListenerShared {
-    addr: ListenAddress,
-    target: Weak<TargetInner>,
-    /// Running handshakes, oldest first, each with a duplicate of its socket.
-    handshakes: Mutex<(u64, VecDeque<(u64, OwnedFd)>)>,
+    listener: fp_conn::Listener,
 }
 
 impl Listener {
     pub(crate) fn open(t: &Arc<TargetInner>, addr: ListenAddress, sock: SocketAddr) -> io::Result<Listener> {
-        let l = TcpListener::bind(sock)?;
-        l.set_nonblocking(true)?;
-        let stop = EventFd::new(EFD_NONBLOCK)?;
-        let stop_fd = stop.try_clone()?;
-        let shared = Arc::new(ListenerShared {
-            addr: addr.clone(),
-            target: Arc::downgrade(t),
-            handshakes: Mutex::new((0, VecDeque::new())),
-        });
-        let thread = std::thread::Builder::new()
-            .name("nvmf-listen".into())
-            .spawn(move || accept_loop(l, stop_fd, shared))?;
-        log::info!("nvmf: listening on {}:{}", addr.traddr, addr.trsvcid);
-        Ok(Listener { addr, stop, thread: Some(thread) })
+        let what = format!("{}:{}", addr.traddr, addr.trsvcid);
+        let bound = Bound::tcp(&[sock])?;
+        let opts = ListenerOptions {
+            label: format!("nvmf listener {what}"),
+            thread_name: "nvmf-listen",
+            handshake_thread_name: "nvmf-handshake",
+            max_handshakes: MAX_HANDSHAKES,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+        };
+        let (target, listen) = (Arc::downgrade(t), addr.clone());
+        let listener =
+            fp_conn::Listener::start(bound, opts, move |s, peer| handshake(&target, &listen, s, peer))?;
+        log::info!("nvmf: listening on {what}");
+        Ok(Listener { addr, listener })
     }
 
-    pub(crate) fn close(mut self) {
-        let _ = self.stop.write(1);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+    pub(crate) fn close(self) {
+        self.listener.close();
         log::info!("nvmf: listener {}:{} closed", self.addr.traddr, self.addr.trsvcid);
     }
 }
 
-fn accept_loop(l: TcpListener, stop: EventFd, shared: Arc<ListenerShared>) {
-    let fds = [stop.as_raw_fd(), l.as_raw_fd()];
-    loop {
-        let ready = match fp_sys::wait_readable(&fds, None) {
-            Ok(r) => r,
-            Err(e) => return log::error!("nvmf listener {}: poll failed: {e}", shared.addr.traddr),
-        };
-        if ready[0] {
-            return;
-        }
-        match l.accept() {
-            Ok((s, peer)) => start_handshake(&shared, s, peer),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => log::warn!("nvmf listener {}: accept: {e}", shared.addr.traddr),
-        }
-    }
-}
-
-fn start_handshake(shared: &Arc<ListenerShared>, s: TcpStream, peer: SocketAddr) {
-    let _ = s.set_nodelay(true);
-    let dup: OwnedFd = match s.try_clone() {
-        Ok(d) => d.into(),
-        Err(e) => return log::warn!("nvmf: {peer}: cannot duplicate the socket: {e}"),
-    };
-    let id = {
-        let mut h = lock(&shared.handshakes);
-        if h.1.len() >= MAX_HANDSHAKES {
-            if let Some((_, fd)) = h.1.pop_front() {
-                log::warn!("nvmf: a handshake was closed to make room ({MAX_HANDSHAKES} running)");
-                let _ = fp_sys::shutdown(fd.as_fd());
-            }
-        }
-        h.0 += 1;
-        let id = h.0;
-        h.1.push_back((id, dup));
-        id
-    };
-    let sh = shared.clone();
-    let spawned = std::thread::Builder::new().name("nvmf-handshake".into()).spawn(move || {
-        let r = handshake(&sh, s, peer);
-        lock(&sh.handshakes).1.retain(|h| h.0 != id);
-        if let Err(why) = r {
-            log::warn!("nvmf: {peer}: {why}; connection closed");
-        }
-    });
-    if let Err(e) = spawned {
-        lock(&shared.handshakes).1.retain(|h| h.0 != id);
-        log::warn!("nvmf: cannot start a handshake thread: {e}");
-    }
-}
-
 /// Sends a C2HTermReq for `err` echoing `header`, best effort, and says why.
-fn terminate(s: &mut TcpStream, err: &PduError, header: &[u8]) -> String {
+fn terminate(s: &mut Stream, err: &PduError, header: &[u8]) -> String {
     let mut b = [0u8; DATA_HLEN + TERM_REQ_MAX_DATA];
     let n = write_c2h_term_req(&mut b, err, header);
     let _ = s.write_all(&b[..n]);
     format!("{err}: terminated")
 }
 
-fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Result<(), String> {
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|e| e.to_string())?;
+fn handshake(
+    target: &Weak<TargetInner>,
+    listen: &ListenAddress,
+    mut s: Stream,
+    peer: &str,
+) -> Result<(), String> {
     let io = |what: &str, e: io::Error| format!("{what}: {e}");
     // ICReq (TCP 3.6.2.1).
     let mut ic = [0u8; IC_LEN];
@@ -154,7 +92,7 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
     }
     s.read_exact(&mut ic[CH_LEN..]).map_err(|e| io("reading the ICReq", e))?;
     let req = IcReq::parse(&ic).map_err(|err| terminate(&mut s, &err, &ic))?;
-    let Some(target) = shared.target.upgrade() else { return Err("the target is gone".into()) };
+    let Some(target) = target.upgrade() else { return Err("the target is gone".into()) };
     let Some(transport) = lock(&target.transport).clone() else { return Err("no transport".into()) };
     let resp = IcResp { cpda: 0, digests: req.digests, maxh2cdata: MAX_H2C_DATA };
     resp.write(&mut ic);
@@ -190,12 +128,12 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         }
     }
     let sqe = capsule_sqe(&pdu).expect("a capsule header");
-    let respond = |s: &mut TcpStream, cqe: Cqe| -> Result<(), String> {
+    let respond = |s: &mut Stream, cqe: Cqe| -> Result<(), String> {
         let mut b = [0u8; HEADER_ROOM];
         let n = write_capsule_resp(&mut b, &cqe, digests);
         s.write_all(&b[..n]).map_err(|e| io("sending the Connect response", e))
     };
-    let refuse = |s: &mut TcpStream, r: ConnectRefusal| -> String {
+    let refuse = |s: &mut Stream, r: ConnectRefusal| -> String {
         let _ = respond(s, r.cqe(sqe.cid()));
         format!("Connect refused: {}", r.why)
     };
@@ -215,7 +153,7 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         );
         return Err(refuse(&mut s, r));
     }
-    let accepted = accept(&target, &shared.addr, &transport, &connect).map_err(|r| refuse(&mut s, r))?;
+    let accepted = accept(&target, listen, &transport, &connect).map_err(|r| refuse(&mut s, r))?;
     // SQHD: the Connect took the first entry (0xFFFF when the host disabled SQ flow control).
     let sqhd = if connect.cattr & 0x4 != 0 { 0xFFFF } else { 1 };
     let success = Cqe::new(connect.cid, Status::SUCCESS);
@@ -224,9 +162,7 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         unreserve(&accepted.sub, accepted.cntlid, connect.qid);
         return Err(e);
     }
-    s.set_read_timeout(None).map_err(|e| e.to_string())?;
-    s.set_write_timeout(None).map_err(|e| e.to_string())?;
-    s.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let fd = s.into_nonblocking_fd().map_err(|e| format!("socket setup: {e}"))?;
     let n = target.reactors.len();
     let reactor = if connect.qid == 0 {
         target.reactors[usize::from(accepted.cntlid) % n].clone()
@@ -242,9 +178,9 @@ fn handshake(shared: &ListenerShared, mut s: TcpStream, peer: SocketAddr) -> Res
         if digests.header || digests.data { ", digests" } else { "" }
     );
     let setup = QpairSetup {
-        fd: s.into(),
+        fd,
         peer: peer.to_string(),
-        listen: shared.addr.clone(),
+        listen: listen.clone(),
         sub: accepted.sub,
         ctrl: accepted.ctrl,
         role: accepted.role,

@@ -2,8 +2,9 @@
 //! an admin queue ([`TcpAdmin`]) and I/O queue pairs ([`TcpQueue`]), each its own connection.
 //!
 //! * `transport`: the target's address, connecting, ICReq/ICResp, Connect, enabling;
-//! * `queue`: one connection's queue pair: capsules, R2T and H2CData, C2HData, digests, and
-//!   the checks on everything the controller sends;
+//! * `queue`: one connection's queue pair: capsules and the send list, synchronous commands;
+//!   its `receive` side: R2T and H2CData, C2HData, digests, and the checks on
+//!   everything the controller sends;
 //! * `admin`, `io`: the queue as the controller's admin queue and as a reactor's I/O queue.
 
 mod admin;

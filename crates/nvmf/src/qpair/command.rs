@@ -302,7 +302,7 @@ impl QpairPoller {
             s.status = match st {
                 IoStatus::Unsupported => Status::generic(SC_INVALID_OPCODE),
                 // Given up at a closing queue's bound: as a command that never started there.
-                IoStatus::Error(libc::ECANCELED) if self.closing.is_some() => {
+                IoStatus::Error(libc::ECANCELED) if self.life.is_closing() => {
                     Status::generic(SC_ABORTED_SQ_DELETION)
                 }
                 IoStatus::Error(e) => status_of_errno(e, op),

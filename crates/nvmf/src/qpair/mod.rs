@@ -23,10 +23,11 @@ use std::time::{Duration, Instant};
 
 use fp_bdev::disk::DiskIo;
 use fp_bdev::{AlignedBuf, BdevError, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_conn::{Interest, Life, Recv, RecvBuf, SendQueue, Sent};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
 use fp_reactor::{PollStatus, Poller, PollerId};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::controller::{AdminResult, Controller, ControllerConfig};
@@ -41,8 +42,6 @@ mod send;
 
 /// Socket reads per round, so one busy host cannot hold its reactor.
 const READS_PER_ROUND: usize = 8;
-/// PDU pieces gathered into one vectored write.
-const IOV_PER_WRITE: usize = 64;
 /// Slot buffers up to this size are kept for the next command; larger transfers take one of
 /// the queue's large buffers.
 const KEEP_BUF: usize = 1 << 20;
@@ -219,8 +218,8 @@ fn epoll_err(e: io::Error) -> BdevError {
 /// A queue pair's poller.
 pub(crate) struct QpairPoller {
     fd: OwnedFd,
-    epoll: Epoll,
-    interest: EventSet,
+    /// The socket's epoll set, which the timer and the channels' completion fds join.
+    interest: Interest,
     timer: TimerFd,
     next_tick: Option<Instant>,
     peer: String,
@@ -253,13 +252,9 @@ pub(crate) struct QpairPoller {
     large_free: Vec<AlignedBuf>,
     large_made: usize,
     large_max: usize,
-    tx: VecDeque<u16>,
-    tx_sent: usize,
-    tx_blocked: bool,
+    tx: SendQueue<u16>,
     blocked_since: Option<Instant>,
-    rx: Box<[u8]>,
-    rx_start: usize,
-    rx_end: usize,
+    rx: RecvBuf,
     /// H2C data arriving straight into a slot's buffer.
     h2c: Option<H2c>,
     /// An H2CData's data is in; its digest is still to read.
@@ -269,13 +264,10 @@ pub(crate) struct QpairPoller {
     completions: Vec<(u32, u32, IoStatus)>,
     /// A C2HTermReq to send before closing.
     term: Option<([u8; DATA_HLEN + TERM_REQ_MAX_DATA], usize)>,
-    closing: Option<String>,
-    /// When a closing queue stops retrying commands refused as busy (`close_timeout` after
-    /// it began closing).
-    close_deadline: Option<Instant>,
+    /// Closing (retrying commands refused as busy until `close_timeout` after it began),
+    /// broken (the socket failed), misbehaved (the host broke the protocol).
+    life: Life,
     close_timeout: Duration,
-    broken: bool,
-    misbehaved: bool,
     /// The admin queue answered a Disconnect or a shutdown: close once sent.
     teardown: bool,
 }
@@ -290,16 +282,14 @@ impl QpairPoller {
                 log::warn!("nvmf: {}: SO_PRIORITY {}: {e}", s.peer, s.transport.sock_priority);
             }
         }
-        let epoll = Epoll::new().map_err(epoll_err)?;
-        epoll
-            .ctl(ControlOperation::Add, s.fd.as_raw_fd(), EpollEvent::new(EventSet::IN, 0))
-            .map_err(epoll_err)?;
+        let interest = Interest::new(s.fd.as_fd()).map_err(epoll_err)?;
         let timer = TimerFd::new().map_err(|e| epoll_err(io::Error::from_raw_os_error(e.errno())))?;
         // SAFETY: the timer's fd is open for the duration of the call (`timer` owns it).
         let timer_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(timer.as_raw_fd()) };
         // Non-blocking: the tick drains it without ever waiting.
         fp_sys::set_nonblocking(timer_fd).map_err(epoll_err)?;
-        epoll
+        interest
+            .epoll()
             .ctl(ControlOperation::Add, timer.as_raw_fd(), EpollEvent::new(EventSet::IN, TIMER_TOKEN))
             .map_err(epoll_err)?;
         let (admin, icd) = match s.role {
@@ -317,8 +307,7 @@ impl QpairPoller {
         let view = s.sub.view_for(&s.ctrl.hostnqn);
         let mut p = QpairPoller {
             fd: s.fd,
-            epoll,
-            interest: EventSet::IN,
+            interest,
             timer,
             next_tick: None,
             peer: s.peer,
@@ -348,25 +337,18 @@ impl QpairPoller {
             large_free: Vec::new(),
             large_made: 0,
             large_max: if max_io > KEEP_BUF { (LARGE_BUDGET / max_io).clamp(1, n) } else { 0 },
-            tx: VecDeque::with_capacity(n + 1),
-            tx_sent: 0,
-            tx_blocked: false,
+            tx: SendQueue::with_capacity(n + 1),
             blocked_since: None,
             // Room for the largest capsule with any PDO (a byte: at most 255) and its digest.
-            rx: vec![0u8; (64 << 10).max(icd + 512)].into_boxed_slice(),
-            rx_start: 0,
-            rx_end: 0,
+            rx: RecvBuf::new((64 << 10).max(icd + 512)),
             h2c: None,
             h2c_digest: None,
             rx_stalled: false,
             rx_more: false,
             completions: Vec::with_capacity(n),
             term: None,
-            closing: None,
-            close_deadline: None,
+            life: Life::new(),
             close_timeout: s.close_timeout,
-            broken: false,
-            misbehaved: false,
             teardown: false,
         };
         if p.admin.is_some() {
@@ -432,10 +414,7 @@ impl QpairPoller {
     /// the target's close bound ([`CLOSE_TIMEOUT`] by default), then answered Command Aborted due to SQ Deletion. No new command is
     /// read.
     pub(crate) fn close_answering(&mut self, why: &str) {
-        if self.closing.is_none() {
-            self.closing = Some(why.to_string());
-            self.close_deadline = Some(Instant::now() + self.close_timeout);
-        }
+        self.life.close(why, self.close_timeout);
         self.h2c = None;
         self.h2c_digest = None;
         // A parked AER has nothing to wait for any more. (A command waiting for H2CData stays
@@ -456,7 +435,7 @@ impl QpairPoller {
     /// ones the bdev stack took but keeps refused as busy (they complete Command Abort
     /// Requested at the next reap, as every command parked on Busy at a bound).
     fn abort_waiting(&mut self, now: Instant) {
-        if self.close_deadline.is_none_or(|d| now < d) {
+        if !self.life.past_deadline(now) {
             return;
         }
         if !self.ready.is_empty() {
@@ -603,7 +582,7 @@ impl QpairPoller {
             let gone = slot.as_ref().is_some_and(|n| n.removed && n.in_flight == 0);
             if gone {
                 if let Some(fd) = slot.as_ref().and_then(|n| n.chan.completion_fd()) {
-                    let _ = self.epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
+                    let _ = self.interest.epoll().ctl(ControlOperation::Delete, fd, EpollEvent::default());
                 }
                 *slot = None;
                 log::debug!("nvmf: queue {} let namespace {nsid} go", self.qid);
@@ -632,7 +611,7 @@ impl QpairPoller {
             };
             if let Some(fd) = chan.completion_fd() {
                 let ev = EpollEvent::new(EventSet::IN, (u64::from(ns.nsid) << 32) | 2);
-                let _ = self.epoll.ctl(ControlOperation::Add, fd, ev);
+                let _ = self.interest.epoll().ctl(ControlOperation::Add, fd, ev);
             }
             if self.ns.len() <= i {
                 self.ns.resize_with(i + 1, || None);
@@ -684,11 +663,11 @@ impl QpairPoller {
     }
 
     fn queue_tx(&mut self, i: u16) {
-        if self.broken {
+        if self.life.is_broken() {
             return self.release(i);
         }
         self.slots[i as usize].phase = Phase::Sending;
-        self.tx.push_back(i);
+        self.tx.push(i);
     }
 
     /// Queues `len` bytes of the slot's buffer as one C2HData PDU; `last_success` when the
@@ -721,7 +700,7 @@ impl Poller for QpairPoller {
         busy |= self.reap() > 0;
         busy |= self.start_ready();
         busy |= self.send();
-        if self.tx_blocked && self.next_tick.is_none() {
+        if self.tx.is_blocked() && self.next_tick.is_none() {
             // The host stopped taking our PDUs: tick, so the send timeout is checked even when
             // other queues keep the reactor from sleeping.
             self.set_tick(Duration::from_secs(1));
@@ -729,14 +708,14 @@ impl Poller for QpairPoller {
         if self.next_tick.is_some() {
             self.tick(Instant::now());
         }
-        if self.teardown && self.tx.is_empty() && self.closing.is_none() {
+        if self.teardown && self.tx.is_empty() && !self.life.is_closing() {
             self.close_answering("the host disconnected the controller");
         }
-        if self.closing.is_some() {
+        if self.life.is_closing() {
             self.abort_waiting(Instant::now());
             busy |= self.send();
         }
-        if self.closing.is_some() && self.drained() {
+        if self.life.is_closing() && self.drained() {
             self.finish_queue();
             return PollStatus::Finished;
         }
@@ -751,21 +730,21 @@ impl Poller for QpairPoller {
         (self.in_flight() && !self.ns.iter().flatten().any(|n| n.chan.sleeps_in_flight()))
             || !self.ready.is_empty()
             || (!self.await_buf.is_empty() && self.large_buffer_available())
-            || (!self.tx.is_empty() && !self.tx_blocked && !self.broken)
+            || (!self.tx.is_empty() && !self.tx.is_blocked() && !self.life.is_broken())
             || ((self.rx_stalled || self.rx_more) && self.can_accept())
-            || (self.closing.is_some() && self.drained())
-            || (self.teardown && self.closing.is_none())
+            || (self.life.is_closing() && self.drained())
+            || (self.teardown && !self.life.is_closing())
     }
 
     fn prepare_sleep(&mut self) -> bool {
         let mut want = EventSet::empty();
-        if self.closing.is_none() && self.can_accept() {
+        if !self.life.is_closing() && self.can_accept() {
             want |= EventSet::IN;
         }
-        if self.tx_blocked && !self.broken {
+        if self.tx.is_blocked() && !self.life.is_broken() {
             want |= EventSet::OUT;
         }
-        self.set_interest(want);
+        self.interest.set(want);
         let mut ok = true;
         for n in self.ns.iter_mut().flatten() {
             ok &= n.chan.arm_completion_fd();
@@ -780,7 +759,7 @@ impl Poller for QpairPoller {
     }
 
     fn wake_fds(&self) -> Vec<RawFd> {
-        vec![self.epoll.as_raw_fd()]
+        vec![self.interest.as_raw_fd()]
     }
 }
 

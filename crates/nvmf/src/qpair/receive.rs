@@ -4,36 +4,18 @@
 
 use super::*;
 
-enum Recv {
-    Data(usize),
-    WouldBlock,
-    Eof,
-    Failed(String),
-}
-
-fn recv(fd: BorrowedFd<'_>, dst: &mut [u8]) -> Recv {
-    match fp_sys::recv_nonblocking(fd, dst) {
-        Ok(0) => Recv::Eof,
-        Ok(n) => Recv::Data(n),
-        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
-            Recv::WouldBlock
-        }
-        Err(e) => Recv::Failed(e.to_string()),
-    }
-}
-
 impl QpairPoller {
     pub(super) fn can_accept(&self) -> bool {
-        self.closing.is_none() && !self.free.is_empty()
+        !self.life.is_closing() && !self.free.is_empty()
     }
 
     /// A fatal transport error: a C2HTermReq echoing the offending header, then close.
     pub(super) fn terminate(&mut self, err: PduError, header_len: usize) {
         let mut b = [0u8; DATA_HLEN + TERM_REQ_MAX_DATA];
-        let hdr = &self.rx[self.rx_start..self.rx_start + header_len.min(self.rx_end - self.rx_start)];
+        let hdr = &self.rx.data()[..header_len.min(self.rx.len())];
         let n = write_c2h_term_req(&mut b, &err, hdr);
         self.term = Some((b, n));
-        self.misbehaved = true;
+        self.life.set_misbehaved(true);
         self.close_after(&format!("{err}: terminated"));
     }
 
@@ -42,7 +24,7 @@ impl QpairPoller {
         self.rx_stalled = false;
         self.rx_more = false;
         for _ in 0..READS_PER_ROUND {
-            if self.closing.is_some() {
+            if self.life.is_closing() {
                 return moved;
             }
             if let Some(h) = self.h2c {
@@ -51,7 +33,7 @@ impl QpairPoller {
                 let (start, end) = (s.received, h.offset + h.len);
                 let dst = &mut s.buf.as_mut().expect("a write awaiting data has a buffer").as_mut_slice()
                     [start..end];
-                match recv(self.fd.as_fd(), dst) {
+                match Recv::from_socket(self.fd.as_fd(), dst) {
                     Recv::Data(n) => {
                         moved = true;
                         self.slots[h.slot as usize].received += n;
@@ -63,7 +45,7 @@ impl QpairPoller {
                     }
                     Recv::WouldBlock => return moved,
                     Recv::Eof => {
-                        self.misbehaved = true;
+                        self.life.set_misbehaved(true);
                         self.close_after("host disconnected in the middle of a data PDU");
                         return true;
                     }
@@ -77,25 +59,19 @@ impl QpairPoller {
                 self.rx_stalled = true;
                 return moved;
             }
-            if self.h2c.is_some() || self.closing.is_some() {
+            if self.h2c.is_some() || self.life.is_closing() {
                 moved = true;
                 continue;
             }
-            if self.rx_start > 0 {
-                self.rx.copy_within(self.rx_start..self.rx_end, 0);
-                self.rx_end -= self.rx_start;
-                self.rx_start = 0;
-            }
-            let end = self.rx_end;
-            match recv(self.fd.as_fd(), &mut self.rx[end..]) {
-                Recv::Data(n) => {
-                    self.rx_end += n;
-                    moved = true;
-                }
+            self.rx.compact();
+            let fd = self.fd.as_fd();
+            match self.rx.fill(|dst| Recv::from_socket(fd, dst)) {
+                Recv::Data(_) => moved = true,
                 Recv::WouldBlock => return moved,
                 Recv::Eof => {
-                    self.misbehaved = self.rx_end > self.rx_start;
-                    let why = if self.misbehaved {
+                    let partial = !self.rx.is_empty();
+                    self.life.set_misbehaved(partial);
+                    let why = if partial {
                         "host disconnected in the middle of a PDU"
                     } else {
                         "host disconnected"
@@ -116,33 +92,32 @@ impl QpairPoller {
     /// The socket failed: nothing more is sent; wait for the channels, then close.
     pub(super) fn fail(&mut self, why: &str) {
         self.close_after(why);
-        self.broken = true;
+        self.life.set_broken();
         self.term = None;
-        while let Some(i) = self.tx.pop_front() {
+        while let Some(i) = self.tx.drop_front() {
             self.release(i);
         }
-        self.tx_sent = 0;
     }
 
     /// Takes the complete PDUs out of the receive buffer. False when it stopped for lack of a
     /// slot (the host sent more commands than its queue holds, or we are slow).
     pub(super) fn parse(&mut self) -> bool {
         loop {
-            if self.closing.is_some() {
+            if self.life.is_closing() {
                 return true;
             }
-            let avail = self.rx_end - self.rx_start;
+            let avail = self.rx.len();
             if let Some(h) = self.h2c_digest {
                 if avail < DIGEST_LEN {
                     return true;
                 }
-                let d = &self.rx[self.rx_start..self.rx_start + DIGEST_LEN];
+                let d = &self.rx.data()[..DIGEST_LEN];
                 let b = self.slots[h.slot as usize].buf.as_ref().expect("has a buffer");
                 let ok = crc32c(&b.as_slice()[h.offset..h.offset + h.len]).to_le_bytes() == d;
-                self.rx_start += DIGEST_LEN;
+                self.rx.consume(DIGEST_LEN);
                 self.h2c_digest = None;
                 if !ok {
-                    self.misbehaved = true;
+                    self.life.set_misbehaved(true);
                     self.close_after("H2CData data digest mismatch");
                     return true;
                 }
@@ -152,9 +127,7 @@ impl QpairPoller {
             if avail < CH_LEN {
                 return true;
             }
-            let ch = CommonHeader::parse(
-                self.rx[self.rx_start..self.rx_start + CH_LEN].try_into().expect("eight"),
-            );
+            let ch = CommonHeader::parse(self.rx.data()[..CH_LEN].try_into().expect("eight"));
             let l = match check_header(&ch, self.digests, 0, self.max_plen) {
                 Ok(l) => l,
                 Err(e) => {
@@ -182,20 +155,20 @@ impl QpairPoller {
                     if !self.header_ok(&l) {
                         return true;
                     }
-                    let p = self.rx_start;
+                    let pdu = &self.rx.data()[..l.plen()];
                     if l.data_digest {
-                        let data = &self.rx[p + l.data_offset..p + l.data_offset + l.data_len];
-                        let d = &self.rx[p + l.data_offset + l.data_len..p + l.plen()];
+                        let data = &pdu[l.data_offset..l.data_offset + l.data_len];
+                        let d = &pdu[l.data_offset + l.data_len..];
                         if crc32c(data).to_le_bytes() != d {
-                            self.misbehaved = true;
+                            self.life.set_misbehaved(true);
                             self.close_after("capsule data digest mismatch");
                             return true;
                         }
                     }
-                    let sqe = capsule_sqe(&self.rx[p..p + CAPSULE_CMD_HLEN]).expect("a capsule header");
+                    let sqe = capsule_sqe(&pdu[..CAPSULE_CMD_HLEN]).expect("a capsule header");
                     let i = self.free.pop().expect("can_accept checked");
-                    self.capsule(i, sqe, p + l.data_offset, l.data_len);
-                    self.rx_start += l.plen();
+                    self.capsule(i, sqe, l.data_offset, l.data_len);
+                    self.rx.consume(l.plen());
                 }
                 PDU_H2C_DATA => {
                     if avail < l.data_offset {
@@ -204,16 +177,15 @@ impl QpairPoller {
                     if !self.header_ok(&l) {
                         return true;
                     }
-                    let h = DataHeader::parse(&self.rx[self.rx_start..]).expect("a data header");
+                    let h = DataHeader::parse(self.rx.data()).expect("a data header");
                     let Some(h2c) = self.check_h2c(&h, &l) else { return true };
-                    self.rx_start += l.data_offset;
-                    let have = (self.rx_end - self.rx_start).min(h2c.len);
+                    self.rx.consume(l.data_offset);
+                    let have = self.rx.len().min(h2c.len);
                     let s = &mut self.slots[h2c.slot as usize];
                     let b = s.buf.as_mut().expect("a write awaiting data has a buffer");
-                    b.as_mut_slice()[h2c.offset..h2c.offset + have]
-                        .copy_from_slice(&self.rx[self.rx_start..self.rx_start + have]);
+                    b.as_mut_slice()[h2c.offset..h2c.offset + have].copy_from_slice(&self.rx.data()[..have]);
                     s.received += have;
-                    self.rx_start += have;
+                    self.rx.consume(have);
                     if have == h2c.len {
                         self.h2c_done(h2c);
                     } else {
@@ -225,8 +197,8 @@ impl QpairPoller {
                     if avail < l.plen() {
                         return true;
                     }
-                    let t = TermReq::parse(&self.rx[self.rx_start..]).expect("a term header");
-                    self.misbehaved = true;
+                    let t = TermReq::parse(self.rx.data()).expect("a term header");
+                    self.life.set_misbehaved(true);
                     self.close_after(&format!(
                         "host terminated the connection (FES {:#x}, FEI {})",
                         t.fes, t.fei
@@ -249,9 +221,7 @@ impl QpairPoller {
     /// Checks the header digest of the PDU at the front of the receive buffer.
     pub(super) fn header_ok(&mut self, l: &Layout) -> bool {
         let hlen = usize::from(l.ch.hlen);
-        if l.header_len == hlen
-            || header_digest_ok(&self.rx[self.rx_start..self.rx_start + l.header_len], hlen)
-        {
+        if l.header_len == hlen || header_digest_ok(&self.rx.data()[..l.header_len], hlen) {
             return true;
         }
         let e = PduError { fes: FES_HEADER_DIGEST_ERROR, fei: 0, what: "header digest mismatch" };
@@ -314,10 +284,11 @@ impl QpairPoller {
         s.phase = Phase::AwaitData;
         let r2t = DataHeader { cccid: s.sqe.cid(), ttag: i, offset: 0, length: s.len as u32 };
         s.hdr_len = write_r2t(&mut s.hdr, &r2t, self.digests);
-        self.tx.push_back(i);
+        self.tx.push(i);
     }
 
-    /// A command capsule arrived in slot `i`; its in-capsule data is `rx[data..data + len]`.
+    /// A command capsule arrived in slot `i`; its in-capsule data is `rx.data()[data..data +
+    /// len]`.
     pub(super) fn capsule(&mut self, i: u16, sqe: Sqe, data: usize, data_len: usize) {
         self.sqhd = (self.sqhd + 1) % self.sq_entries;
         let s = &mut self.slots[i as usize];
@@ -352,7 +323,7 @@ impl QpairPoller {
                     }
                     let off = off as usize;
                     let b = s.buffer(len);
-                    b.as_mut_slice()[..len].copy_from_slice(&self.rx[data + off..data + off + len]);
+                    b.as_mut_slice()[..len].copy_from_slice(&self.rx.data()[data + off..data + off + len]);
                     s.len = len;
                     s.received = len;
                 }

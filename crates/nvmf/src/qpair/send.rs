@@ -16,41 +16,27 @@ impl QpairPoller {
     /// Sends queued PDUs; true when it sent anything.
     pub(super) fn send(&mut self) -> bool {
         let mut moved = false;
-        self.tx_blocked = false;
-        while !self.tx.is_empty() && !self.broken {
-            let mut iov = [IoSlice::new(&[]); IOV_PER_WRITE];
-            let pieces = self.tx.iter().flat_map(|&i| self.slots[i as usize].pieces());
-            let n_iov = fp_sys::gather(pieces, self.tx_sent, &mut iov);
-            let sent = match send(self.fd.as_fd(), &iov[..n_iov]) {
-                Ok(0) => {
-                    self.tx_blocked = true;
-                    break;
-                }
-                Ok(n) => n,
-                Err(e) => {
+        self.tx.set_blocked(false);
+        while !self.tx.is_empty() && !self.life.is_broken() {
+            let (slots, fd) = (&self.slots, self.fd.as_fd());
+            match self.tx.write(|i| slots[i as usize].pieces(), |iov| send(fd, iov)) {
+                Sent::Bytes(_) => moved = true,
+                Sent::Blocked => break,
+                Sent::Failed(e) => {
                     self.fail(&format!("sending: {e}"));
                     return true;
                 }
-            };
-            moved = true;
-            let mut left = self.tx_sent + sent;
-            while let Some(&i) = self.tx.front() {
-                let len = self.slots[i as usize].tx_len();
-                if left < len {
-                    break;
-                }
-                left -= len;
-                self.tx.pop_front();
+            }
+            while let Some(i) = self.tx.pop_sent(|i| self.slots[i as usize].tx_len()) {
                 self.sent(i);
             }
-            self.tx_sent = left;
         }
-        if self.tx.is_empty() && !self.broken {
+        if self.tx.is_empty() && !self.life.is_broken() {
             if let Some((b, n)) = self.term.take() {
                 let _ = send(self.fd.as_fd(), &[IoSlice::new(&b[..n])]);
             }
         }
-        if self.tx_blocked {
+        if self.tx.is_blocked() {
             if moved || self.blocked_since.is_none() {
                 self.blocked_since = Some(Instant::now());
             }
@@ -80,7 +66,7 @@ impl QpairPoller {
         !self.in_flight()
             && self.ready.is_empty()
             && self.await_buf.is_empty()
-            && (self.broken || self.tx.is_empty())
+            && (self.life.is_broken() || self.tx.is_empty())
     }
 
     /// Timers: keep-alive on the admin queue, a host that stopped reading.
@@ -94,7 +80,7 @@ impl QpairPoller {
         let every = self.tick_interval();
         self.next_tick = Some(if due + every > now { due + every } else { now + every });
         if let Some(c) = &self.admin {
-            if self.closing.is_none() && c.keep_alive_expired(now) {
+            if !self.life.is_closing() && c.keep_alive_expired(now) {
                 log::warn!("{}: keep-alive timeout expired", self.what());
                 self.teardown = true;
                 self.close_answering("keep-alive timeout");
@@ -108,12 +94,7 @@ impl QpairPoller {
     /// The queue is done: unregister; an admin queue takes its controller down (every I/O
     /// queue, on whatever reactor).
     pub(super) fn finish_queue(&mut self) {
-        let why = self.closing.take().unwrap_or_default();
-        if self.misbehaved || self.broken {
-            log::warn!("nvmf: {}: {why}; connection closed", self.what());
-        } else {
-            log::info!("nvmf: {}: {why}; connection closed", self.what());
-        }
+        self.life.end(&format!("nvmf: {}", self.what()));
         let _ = fp_sys::shutdown(self.fd.as_fd());
         let io = {
             let mut st = lock(&self.sub.state);
@@ -141,16 +122,7 @@ impl QpairPoller {
         close_qpairs(&io, "its controller went away");
         for n in self.ns.iter().flatten() {
             if let Some(fd) = n.chan.completion_fd() {
-                let _ = self.epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
-            }
-        }
-    }
-
-    pub(super) fn set_interest(&mut self, want: EventSet) {
-        if want != self.interest {
-            let ev = EpollEvent::new(want, 0);
-            if self.epoll.ctl(ControlOperation::Modify, self.fd.as_raw_fd(), ev).is_ok() {
-                self.interest = want;
+                let _ = self.interest.epoll().ctl(ControlOperation::Delete, fd, EpollEvent::default());
             }
         }
     }

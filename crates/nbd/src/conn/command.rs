@@ -1,0 +1,249 @@
+//! A connection's requests: checked, submitted to the export's bdev (or answered at once), and
+//! their replies built in their slots.
+
+use fp_bdev::{IoOp, IoRequest, IoStatus, SubmitError};
+
+use super::{ConnPoller, Phase, MAX_EXTENTS};
+use crate::proto::*;
+
+impl ConnPoller {
+    /// Starts the ready requests; true when it started or answered any.
+    pub(super) fn start_ready(&mut self) -> bool {
+        let mut moved = false;
+        while let Some(&i) = self.ready.front() {
+            match self.start(i) {
+                Ok(()) => {
+                    self.ready.pop_front();
+                    moved = true;
+                }
+                Err(SubmitError::Busy) => break,
+                Err(e) => {
+                    self.ready.pop_front();
+                    let err = if e == SubmitError::Unsupported { ENOTSUP } else { EINVAL };
+                    self.reply(i, err, "the device refused the request");
+                    moved = true;
+                }
+            }
+        }
+        moved
+    }
+
+    /// Checks a request and submits it, or answers it at once. `Err` only for what the channel
+    /// refused.
+    fn start(&mut self, i: u16) -> Result<(), SubmitError> {
+        let info = self.export.bdev.info();
+        let (io, readonly) = (info.io_types, self.export.readonly);
+        let slot = &mut self.slots[i as usize];
+        let r = slot.req;
+        if slot.flush_due {
+            return self.submit(i, IoOp::Flush, 0, 0);
+        }
+        let (offset, len) = (r.offset, u64::from(r.length));
+        let in_range = info.check_range(offset, len).is_ok();
+        let writes = matches!(r.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+        let allowed_flags = match r.command {
+            CMD_READ => CMD_FLAG_DF,
+            CMD_WRITE | CMD_TRIM => CMD_FLAG_FUA,
+            CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+            CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
+            _ => 0,
+        };
+        let refuse = |this: &mut Self, err, why: &str| {
+            this.reply(i, err, why);
+            Ok(())
+        };
+        if r.flags & !allowed_flags != 0 {
+            return refuse(self, EINVAL, "flags not valid for this command");
+        }
+        if writes && readonly {
+            return refuse(self, EPERM, "the export is read-only");
+        }
+        if !matches!(r.command, CMD_FLUSH) && r.command <= CMD_BLOCK_STATUS && !in_range {
+            // As QEMU's server: a write past the end is out of space, anything else invalid.
+            let past_end = offset.checked_add(len).is_none_or(|end| end > info.size_bytes());
+            if past_end && matches!(r.command, CMD_WRITE | CMD_WRITE_ZEROES) {
+                return refuse(self, ENOSPC, "write past the end of the export");
+            }
+            return refuse(self, EINVAL, "request outside the export or not aligned to its block size");
+        }
+        match r.command {
+            CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES if len == 0 => refuse(self, 0, ""),
+            CMD_READ => {
+                let slot = &mut self.slots[i as usize];
+                let ptr = slot.buffer(len as usize).as_mut_ptr();
+                slot.iov = libc::iovec { iov_base: ptr.cast(), iov_len: len as usize };
+                self.submit(i, IoOp::Read, offset, len)
+            }
+            CMD_WRITE => {
+                let slot = &mut self.slots[i as usize];
+                let ptr = slot.buf.as_mut().expect("a write has its payload").as_mut_ptr();
+                slot.iov = libc::iovec { iov_base: ptr.cast(), iov_len: len as usize };
+                self.submit(i, IoOp::Write, offset, len)
+            }
+            CMD_FLUSH if !io.flush => refuse(self, 0, ""),
+            CMD_FLUSH => self.submit(i, IoOp::Flush, 0, 0),
+            CMD_TRIM if !io.unmap => refuse(self, EINVAL, "the device cannot trim"),
+            CMD_TRIM => self.submit(i, IoOp::Discard, offset, len),
+            CMD_WRITE_ZEROES if !io.write_zeroes => {
+                let err = if r.flags & CMD_FLAG_FAST_ZERO != 0 { ENOTSUP } else { EINVAL };
+                refuse(self, err, "the device cannot write zeroes")
+            }
+            CMD_WRITE_ZEROES => self.submit(i, IoOp::WriteZeroes, offset, len),
+            // Nothing to warm: no backend keeps a cache of its own (files are opened O_DIRECT,
+            // librbd's cache is off), so the range check above is all a CACHE needs.
+            CMD_CACHE => refuse(self, 0, ""),
+            CMD_BLOCK_STATUS if len == 0 => refuse(self, EINVAL, "block status of zero bytes"),
+            CMD_BLOCK_STATUS => {
+                self.block_status(i);
+                Ok(())
+            }
+            _ => refuse(self, EINVAL, "unknown command"),
+        }
+    }
+
+    fn submit(&mut self, i: u16, op: IoOp, offset: u64, len: u64) -> Result<(), SubmitError> {
+        let slot = &mut self.slots[i as usize];
+        let data = matches!(op, IoOp::Read | IoOp::Write);
+        let req = IoRequest {
+            tag: u32::from(i),
+            op,
+            offset,
+            len,
+            iov: if data {
+                // SAFETY: the slot's iovec and the buffer it points at belong to the slot, which
+                // is neither moved nor reused until this request's completion comes back.
+                unsafe { fp_bdev::Iovecs::from_raw(&slot.iov, 1) }
+            } else {
+                fp_bdev::Iovecs::NONE
+            },
+        };
+        self.channel.submit(&req)?;
+        slot.phase = if slot.flush_due { Phase::Flushing } else { Phase::Submitted };
+        Ok(())
+    }
+
+    /// Answers a BLOCK_STATUS from the device's allocation map.
+    fn block_status(&mut self, i: u16) {
+        let r = self.slots[i as usize].req;
+        if !self.allocation {
+            return self.reply(i, EINVAL, "base:allocation was not negotiated");
+        }
+        let info = self.export.bdev.info();
+        self.extents.clear();
+        if let Err(e) = self.export.bdev.block_status(r.offset, u64::from(r.length), &mut self.extents) {
+            return self.reply(i, EIO, &format!("block status: {e}"));
+        }
+        let bs = u64::from(info.block_size);
+        let slot = &mut self.slots[i as usize];
+        slot.extra.clear();
+        slot.extra.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+        let mut covered = 0u64;
+        let want = if r.flags & CMD_FLAG_REQ_ONE != 0 { 1 } else { MAX_EXTENTS };
+        for e in self.extents.iter().take(want) {
+            // An extent's length is 32 bits on the wire; a longer one is cut at a block.
+            let len = e.len.min(u64::from(u32::MAX) / bs * bs).min(u64::from(r.length) - covered);
+            if len == 0 {
+                break;
+            }
+            let flags = if e.hole { STATE_HOLE } else { 0 } | if e.zero { STATE_ZERO } else { 0 };
+            slot.extra.extend_from_slice(&(len as u32).to_be_bytes());
+            slot.extra.extend_from_slice(&flags.to_be_bytes());
+            covered += len;
+            if len < e.len {
+                break;
+            }
+        }
+        if covered == 0 {
+            return self.reply(i, EIO, "the device described no extent");
+        }
+        slot.set_chunk(REPLY_TYPE_BLOCK_STATUS, slot.extra.len() as u32);
+        slot.data_len = 0;
+        self.queue_reply(i);
+    }
+
+    /// Builds the reply to a finished request (`err` 0 for success) and queues it.
+    pub(super) fn reply(&mut self, i: u16, err: u32, why: &str) {
+        let slot = &mut self.slots[i as usize];
+        let r = slot.req;
+        let data = if err == 0 && r.command == CMD_READ { r.length as usize } else { 0 };
+        self.counters.count(r.command, r.length, err);
+        self.counted = true;
+        slot.extra.clear();
+        if !self.structured {
+            slot.hdr[..SIMPLE_REPLY_LEN].copy_from_slice(&simple_reply(err, r.cookie));
+            slot.hdr_len = SIMPLE_REPLY_LEN;
+        } else if err != 0 {
+            slot.extra.extend_from_slice(&err.to_be_bytes());
+            slot.extra.extend_from_slice(&(why.len() as u16).to_be_bytes());
+            slot.extra.extend_from_slice(why.as_bytes());
+            slot.set_chunk(REPLY_TYPE_ERROR, slot.extra.len() as u32);
+        } else if data > 0 {
+            slot.set_chunk(REPLY_TYPE_OFFSET_DATA, 8 + r.length);
+            slot.hdr[CHUNK_HEADER_LEN..].copy_from_slice(&r.offset.to_be_bytes());
+            slot.hdr_len = CHUNK_HEADER_LEN + 8;
+        } else {
+            slot.set_chunk(REPLY_TYPE_NONE, 0);
+        }
+        slot.data_len = data;
+        if err != 0 && err != EINVAL && err != EPERM {
+            log::debug!(
+                "nbd export '{}': {}: {} failed: {why}",
+                self.export.name,
+                self.peer,
+                command_name(r.command)
+            );
+        }
+        self.queue_reply(i);
+    }
+
+    fn queue_reply(&mut self, i: u16) {
+        if self.life.is_broken() {
+            return self.release(i);
+        }
+        self.slots[i as usize].phase = Phase::Replying;
+        self.tx.push(i);
+    }
+
+    /// Reaps completions; FUA requests go on to their flush.
+    pub(super) fn reap(&mut self) -> usize {
+        let mut done = std::mem::take(&mut self.completions);
+        let n = self.channel.poll(&mut |tag: u32, status: IoStatus| done.push((tag, status)));
+        for &(tag, status) in &done {
+            let i = tag as u16;
+            let slot = &mut self.slots[i as usize];
+            // A device without a flush has no volatile cache: its writes are durable already.
+            let fua = slot.req.flags & CMD_FLAG_FUA != 0
+                && slot.phase == Phase::Submitted
+                && self.export.bdev.info().io_types.flush;
+            if status == IoStatus::Success && fua {
+                slot.flush_due = true;
+                slot.phase = Phase::Ready;
+                self.ready.push_back(i);
+                continue;
+            }
+            let (err, why) = match status {
+                IoStatus::Success => (0, ""),
+                IoStatus::Unsupported => (ENOTSUP, "the device does not support this operation"),
+                IoStatus::Error(e) => (nbd_errno(e), "the device failed the request"),
+            };
+            self.reply(i, err, why);
+        }
+        done.clear();
+        self.completions = done;
+        n
+    }
+}
+
+/// Maps a device's errno to the protocol's few values.
+fn nbd_errno(e: i32) -> u32 {
+    match e {
+        libc::EPERM | libc::EROFS | libc::EACCES => EPERM,
+        libc::ENOMEM => ENOMEM,
+        libc::EINVAL => EINVAL,
+        libc::ENOSPC | libc::EDQUOT => ENOSPC,
+        libc::EOVERFLOW => EOVERFLOW,
+        libc::ENOTSUP => ENOTSUP,
+        libc::ESHUTDOWN => ESHUTDOWN,
+        _ => EIO,
+    }
+}
