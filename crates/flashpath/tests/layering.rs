@@ -203,3 +203,30 @@ fn stacked_bdev_modules_forbid_unsafe_code() {
         assert!(forbids, "{file} does not carry #![forbid(unsafe_code)] among its inner attributes");
     }
 }
+
+/// docs/architecture.md draws every workspace crate in its layer picture (`crates/<dir>`) and
+/// gives each a row of its crate table (`` | `<package>` | ``): a new crate is not done until
+/// a reader can find it there.
+#[test]
+fn the_architecture_page_shows_every_crate() {
+    let root_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let page_path = root_dir.join("docs/architecture.md");
+    let page = std::fs::read_to_string(&page_path).expect("docs/architecture.md");
+    let section = page.split("## Layers and crates").nth(1).expect("a \"Layers and crates\" section");
+    let picture = section.split("```").nth(1).expect("the layer picture, a fenced block");
+    let root = manifest(&root_dir.join("Cargo.toml"));
+    let members = root["workspace"]["members"].as_array().expect("[workspace] members");
+    let mut missing = Vec::new();
+    for member in members {
+        let dir = member.as_str().expect("a member path");
+        let package = manifest(&root_dir.join(dir).join("Cargo.toml"));
+        let name = package["package"]["name"].as_str().expect("package.name").to_string();
+        if !picture.contains(&format!("{dir} ")) && !picture.contains(&format!("{dir}\n")) {
+            missing.push(format!("{dir} is not in the layer picture"));
+        }
+        if !section.contains(&format!("| `{name}` |")) {
+            missing.push(format!("{name} has no row in the crate table"));
+        }
+    }
+    assert!(missing.is_empty(), "{}: {}", page_path.display(), missing.join("; "));
+}
