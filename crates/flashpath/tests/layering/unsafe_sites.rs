@@ -35,6 +35,7 @@ const EDGES: &[&str] = &[
     "crates/bdev/src/buf.rs",
     "crates/bdev/src/dma.rs",
     "crates/bdev/src/iov.rs",
+    "crates/bdev/src/mapping.rs",
 ];
 
 /// Files outside [`EDGES`] that still hold unsafe sites, and how many: to move behind an edge's
@@ -43,7 +44,6 @@ const EDGES: &[&str] = &[
 const TO_MOVE: &[(&str, usize)] = &[
     ("crates/bdev/src/clock/ticks.rs", 2),
     ("crates/bdev/src/conformance.rs", 13),
-    ("crates/bdev/src/modules/malloc/mod.rs", 18),
     ("crates/crypto/src/device.rs", 16),
     ("crates/crypto/src/engine.rs", 3),
     ("crates/loadgen/src/engine.rs", 8),
@@ -78,7 +78,7 @@ const TO_MOVE: &[(&str, usize)] = &[
 
 /// The most non-test unsafe sites the workspace may hold. Only goes down: a total below it fails
 /// until it is lowered to match.
-const CEILING: usize = 412;
+const CEILING: usize = 405;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {
