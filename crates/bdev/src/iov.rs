@@ -159,7 +159,7 @@ impl BounceBuf {
 
 /// Calls `each(buffer start, bytes)` for the pieces of `iov` that hold `len` bytes from byte
 /// `offset` (fewer when the iovecs end first); returns how many bytes it covered.
-fn walk(iov: &Iovecs, mut offset: u64, len: u64, mut each: impl FnMut(*mut u8, usize)) -> u64 {
+pub(crate) fn walk(iov: &Iovecs, mut offset: u64, len: u64, mut each: impl FnMut(*mut u8, usize)) -> u64 {
     let mut left = len;
     for v in iov.as_slice() {
         if left == 0 {

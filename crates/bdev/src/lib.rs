@@ -33,6 +33,7 @@ pub mod disk;
 pub mod dma;
 mod error;
 pub mod iov;
+mod mapping;
 pub mod metrics;
 pub mod mirror;
 pub mod module;

@@ -30,13 +30,15 @@
 //! cores never see the disk move; shrinking zeroes the tail (returning its pages) and leaves it
 //! accessible, so a request checked just before the shrink still touches mapped memory.
 
-use std::ptr::NonNull;
+#![cfg_attr(not(test), forbid(unsafe_code))]
+
 use std::sync::Arc;
 
 mod rpc;
 
 pub use rpc::MallocModule;
 
+use crate::mapping::{OutsideMapping, ReservedMapping};
 use crate::{
     validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, DoneList, IoChannel, IoOp, IoRequest,
     IoStatus, SubmitError, ALL_IO_TYPES,
@@ -45,7 +47,7 @@ use crate::{
 /// A RAM disk (SPDK's malloc bdev): its blocks live in this process's memory.
 pub struct RamDevice {
     info: BdevInfo,
-    mem: Arc<RamMemory>,
+    mem: Arc<ReservedMapping>,
 }
 
 impl RamDevice {
@@ -64,7 +66,7 @@ impl RamDevice {
     ) -> Result<Self, BdevError> {
         validate_geometry(name, block_size, num_blocks)?;
         let size = num_blocks * u64::from(block_size);
-        let mem = RamMemory::new(size, reserve.max(size)).or_else(|_| RamMemory::new(size, size))?;
+        let mem = ram_mapping(size, reserve.max(size)).or_else(|_| ram_mapping(size, size))?;
         Ok(RamDevice {
             info: BdevInfo {
                 name: name.to_string(),
@@ -100,201 +102,53 @@ impl BlockDevice for RamDevice {
         validate_geometry(&info.name, info.block_size, num_blocks)?;
         let old = info.size_bytes() as usize;
         let new = num_blocks.saturating_mul(u64::from(info.block_size));
-        if new > self.mem.len as u64 {
+        if new > self.mem.len() as u64 {
             return Err(BdevError::InvalidParam {
                 field: "new_size",
                 reason: format!(
                     "{new} bytes is more than this RAM disk can grow to ({} bytes, the limit when it \
                      was created: limits.max_malloc_bytes)",
-                    self.mem.len
+                    self.mem.len()
                 ),
             });
         }
-        let new = new as usize;
-        if new > old {
-            self.mem.make_accessible(new)?;
+        if new > old as u64 {
+            self.mem.make_accessible(new as usize).map_err(|e| {
+                log::warn!("malloc bdev {}: cannot grow to {new} bytes: {e}", info.name);
+                BdevError::NoMemory(new)
+            })?;
         } else {
-            // SAFETY: `[new, old)` is inside the accessible part of the mapping.
-            unsafe { self.mem.zero(new, old - new) };
+            // `[new, old)` was accessible: the mapping's accessible part only grows.
+            self.mem.zero(new, old as u64 - new).map_err(|e| BdevError::Io(format!("{}: {e}", info.name)))?;
         }
         info.capacity.set(num_blocks);
         Ok(())
     }
 }
 
-/// The disk's memory: one private anonymous mapping of the most the disk may grow to, unmapped
-/// on drop. Only its first `accessible` bytes may be touched.
-struct RamMemory {
-    base: NonNull<u8>,
-    /// The whole mapping (the reserve).
-    len: usize,
-    /// Bytes from `base` that are readable and writable; only grows (under the registry's
-    /// serialisation of resizes), so a channel's range check against the capacity, which never
-    /// exceeds it, keeps every access inside.
-    accessible: std::sync::atomic::AtomicUsize,
-    page_size: usize,
+/// The disk's memory: `size` bytes, growable in place to `reserve`.
+fn ram_mapping(size: u64, reserve: u64) -> Result<ReservedMapping, BdevError> {
+    let too_big = |n: u64| usize::try_from(n).map_err(|_| BdevError::NoMemory(n));
+    ReservedMapping::new(too_big(size)?, too_big(reserve)?).map_err(|e| {
+        log::warn!("malloc bdev: mapping {reserve} bytes failed: {e}");
+        BdevError::NoMemory(reserve)
+    })
 }
 
-// SAFETY: `RamMemory` is a pointer to a mapping it owns exclusively (nothing else unmaps or
-// remaps it) and which stays mapped until drop, so moving it to another thread is fine.
-unsafe impl Send for RamMemory {}
-
-// SAFETY: shared access only ever goes through raw-pointer copies into and out of the mapping
-// (no references to its bytes are created), and the mapping itself is never changed while shared.
-// Concurrent accesses to *overlapping* bytes race on plain memory the way two DMA engines do on
-// a real disk: the device documents the content of such blocks as unspecified, and the bytes are
-// only ever treated as opaque data (no Rust value with validity invariants lives there).
-// Non-overlapping accesses touch disjoint bytes.
-unsafe impl Sync for RamMemory {}
-
-impl RamMemory {
-    /// `size` bytes accessible in a mapping of `reserve` bytes (at least `size`).
-    fn new(size: u64, reserve: u64) -> Result<Self, BdevError> {
-        let len = usize::try_from(reserve.max(size)).map_err(|_| BdevError::NoMemory(reserve))?;
-        let size = size as usize;
-        // Beyond `size`, nothing is accessible and nothing committed until the disk grows.
-        let (prot, flags) = if len > size {
-            (libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE)
-        } else {
-            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS)
-        };
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases no
-        // existing memory; all arguments are plain values.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
-        if p == libc::MAP_FAILED {
-            log::warn!("malloc bdev: mmap of {len} bytes failed: {}", std::io::Error::last_os_error());
-            return Err(BdevError::NoMemory(len as u64));
+/// A copy's status: an access outside the mapping is a bug, reported rather than done.
+fn outcome(copied: Result<(), OutsideMapping>) -> IoStatus {
+    match copied {
+        Ok(()) => IoStatus::Success,
+        Err(e) => {
+            log::error!("malloc bdev: {e}");
+            IoStatus::Error(libc::EIO)
         }
-        // A fork (a helper process, say) would otherwise make every later write to the disk
-        // copy its page while the child lives. Purely an optimisation, so failure is ignored.
-        // SAFETY: the range is exactly the mapping just created.
-        unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
-        // SAFETY: sysconf has no preconditions.
-        let page_size = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-            n if n > 0 => n as usize,
-            _ => 4096,
-        };
-        let mem = RamMemory {
-            // mmap never returns null on success for a non-fixed mapping.
-            base: NonNull::new(p.cast()).ok_or(BdevError::NoMemory(len as u64))?,
-            len,
-            accessible: std::sync::atomic::AtomicUsize::new(if len > size { 0 } else { len }),
-            page_size,
-        };
-        mem.make_accessible(size)?;
-        Ok(mem)
-    }
-
-    /// Makes the first `size` bytes readable and writable (more of the reserve, never less).
-    fn make_accessible(&self, size: usize) -> Result<(), BdevError> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let want = size.next_multiple_of(self.page_size).min(self.len);
-        let have = self.accessible.load(Relaxed);
-        if want <= have {
-            return Ok(());
-        }
-        // SAFETY: `[have, want)` is inside our mapping and not accessed by anyone (it is beyond
-        // every capacity so far); changing its protection affects nothing else.
-        let rc = unsafe {
-            libc::mprotect(
-                self.base.as_ptr().add(have).cast(),
-                want - have,
-                libc::PROT_READ | libc::PROT_WRITE,
-            )
-        };
-        if rc != 0 {
-            log::warn!("malloc bdev: cannot grow to {size} bytes: {}", std::io::Error::last_os_error());
-            return Err(BdevError::NoMemory(size as u64));
-        }
-        self.accessible.store(want, Relaxed);
-        Ok(())
-    }
-
-    /// Copies `[offset, offset + total length of iov)` of the disk into the iovecs.
-    ///
-    /// # Safety
-    /// The range must be inside the mapping and every iovec must describe writable memory that
-    /// nothing else accesses during the call.
-    unsafe fn read_into(&self, mut offset: usize, iov: &[libc::iovec]) {
-        for v in iov {
-            // SAFETY: the caller guarantees the source range is inside the mapping and the
-            // destination is valid for `iov_len` bytes; guest buffers never alias the disk's
-            // private mapping.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.base.as_ptr().add(offset),
-                    v.iov_base.cast::<u8>(),
-                    v.iov_len,
-                );
-            }
-            offset += v.iov_len;
-        }
-    }
-
-    /// Copies the iovecs to the disk starting at `offset`.
-    ///
-    /// # Safety
-    /// The range must be inside the mapping and every iovec must describe readable memory.
-    unsafe fn write_from(&self, mut offset: usize, iov: &[libc::iovec]) {
-        for v in iov {
-            // SAFETY: as in `read_into`, with source and destination swapped.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    v.iov_base.cast::<u8>().cast_const(),
-                    self.base.as_ptr().add(offset),
-                    v.iov_len,
-                );
-            }
-            offset += v.iov_len;
-        }
-    }
-
-    /// Makes `[offset, offset + len)` read back as zeroes, giving whole pages back to the kernel.
-    ///
-    /// # Safety
-    /// The range must be inside the mapping.
-    unsafe fn zero(&self, offset: usize, len: usize) {
-        let end = offset + len;
-        let page_start = offset.next_multiple_of(self.page_size).min(end);
-        let page_end = (end / self.page_size * self.page_size).max(page_start);
-        let clear = |from: usize, to: usize| {
-            if to > from {
-                // SAFETY: `[from, to)` lies inside `[offset, end)`, inside the mapping by the
-                // caller's contract.
-                unsafe { std::ptr::write_bytes(self.base.as_ptr().add(from), 0, to - from) };
-            }
-        };
-        clear(offset, page_start);
-        clear(page_end, end);
-        if page_end > page_start {
-            // SAFETY: the range is page aligned and inside our private anonymous mapping; after
-            // MADV_DONTNEED such pages read back as zeroes, which is exactly what is asked for.
-            let rc = unsafe {
-                libc::madvise(
-                    self.base.as_ptr().add(page_start).cast(),
-                    page_end - page_start,
-                    libc::MADV_DONTNEED,
-                )
-            };
-            if rc != 0 {
-                // Cannot fail for a valid private anonymous range; stay correct regardless.
-                clear(page_start, page_end);
-            }
-        }
-    }
-}
-
-impl Drop for RamMemory {
-    fn drop(&mut self) {
-        // SAFETY: `base`/`len` are exactly the mapping created in `new`, and nothing can use it
-        // any more: every channel holds the `Arc` this value lives in.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
 
 struct RamChannel {
     info: BdevInfo,
-    mem: Arc<RamMemory>,
+    mem: Arc<ReservedMapping>,
     /// Requests carried out by `submit`, handed back by the next `poll`.
     done: DoneList,
 }
@@ -302,31 +156,14 @@ struct RamChannel {
 impl IoChannel for RamChannel {
     fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.info.check_range(req.offset, req.len)?;
-        // `check_range` keeps the range inside the mapping, whose length fits `usize`.
-        let offset = req.offset as usize;
         let status = match req.op {
-            IoOp::Read | IoOp::Write => {
-                let iov = req.iov.as_slice();
-                let total = iov.iter().try_fold(0u64, |t, v| t.checked_add(v.iov_len as u64));
-                if total != Some(req.len) {
-                    IoStatus::Error(libc::EINVAL)
-                } else if req.op == IoOp::Read {
-                    // SAFETY: the range is inside the disk (checked above, and the iovecs add up
-                    // to `len`); the request's `Iovecs` vouch for writable, unshared buffers.
-                    unsafe { self.mem.read_into(offset, iov) };
-                    IoStatus::Success
-                } else {
-                    // SAFETY: as above, with readable buffers.
-                    unsafe { self.mem.write_from(offset, iov) };
-                    IoStatus::Success
-                }
-            }
+            IoOp::Read | IoOp::Write if req.iov.total_len() != req.len => IoStatus::Error(libc::EINVAL),
+            // `check_range` keeps the range inside the device, which the mapping's accessible
+            // part covers, so these copies only fail on a broken invariant.
+            IoOp::Read => outcome(self.mem.read_into(req.offset, &req.iov)),
+            IoOp::Write => outcome(self.mem.write_from(req.offset, &req.iov)),
             IoOp::Flush => IoStatus::Success,
-            IoOp::Discard | IoOp::WriteZeroes => {
-                // SAFETY: the range was checked against the device size, the mapping's length.
-                unsafe { self.mem.zero(offset, req.len as usize) };
-                IoStatus::Success
-            }
+            IoOp::Discard | IoOp::WriteZeroes => outcome(self.mem.zero(req.offset, req.len)),
         };
         self.done.push(req.tag, status);
         Ok(())
@@ -346,14 +183,8 @@ mod tests {
     use super::*;
     use crate::Iovecs;
 
-    /// Pages of the mapping the kernel currently backs with memory.
-    fn resident_pages(mem: &RamMemory) -> usize {
-        let pages = mem.len.div_ceil(mem.page_size);
-        let mut vec = vec![0u8; pages];
-        // SAFETY: the range is our mapping; `vec` has one byte per page as mincore requires.
-        let rc = unsafe { libc::mincore(mem.base.as_ptr().cast(), mem.len, vec.as_mut_ptr()) };
-        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
-        vec.iter().filter(|&&b| b & 1 != 0).count()
+    fn resident_pages(mem: &ReservedMapping) -> usize {
+        mem.resident_pages()
     }
 
     fn run(ch: &mut dyn IoChannel, req: IoRequest) -> IoStatus {
