@@ -9,7 +9,7 @@
 //!   tests may start one (dev-dependencies).
 //! * fp-bdev, which every crate builds on, carries no cipher: AES, XTS and the libcrypto loader
 //!   are fp-crypto's (the crypto bdev and the keyring);
-//! * the stacked bdev modules that need no unsafe code forbid it;
+//! * the stacked bdev modules and the NVMe/TCP target, which need no unsafe code, forbid it;
 //! * the plain system calls go through fp-sys's wrappers (`layering/syscalls.rs`).
 //! * sibling bdev modules (raid, lvol) do not build on each other.
 
@@ -183,12 +183,13 @@ mod syscalls;
 /// vouched for where they were described (`fp_bdev::Iovecs::from_raw`), so they need none.
 /// Each carries `#![forbid(unsafe_code)]` (or, where its tests describe buffers of their own,
 /// `#![cfg_attr(not(test), forbid(unsafe_code))]`).
-const FORBID_UNSAFE: [&str; 5] = [
+const FORBID_UNSAFE: [&str; 6] = [
     "crates/bdev/src/modules/error/mod.rs",
     "crates/bdev/src/modules/delay/mod.rs",
     "crates/bdev/src/modules/null/mod.rs",
     "crates/raid/src/lib.rs",
     "crates/lvol/src/lib.rs",
+    "crates/nvmf/src/lib.rs",
 ];
 
 #[test]
