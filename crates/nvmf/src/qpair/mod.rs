@@ -32,13 +32,17 @@ use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
 
 use crate::controller::{AdminResult, Controller, ControllerConfig};
 use crate::model::SubsystemView;
-use crate::server::{ADMIN_ICD, MAX_H2C_DATA};
+use crate::options::{ListenAddress, TransportOptions};
 use crate::subsystem::{lock, CtrlShared, Namespace, NsCounters, QpairRef, Subsystem};
-use crate::target::{ListenAddress, TransportOptions};
 
 mod command;
 mod receive;
 mod send;
+
+/// The most data one H2CData PDU may carry (MAXH2CDATA), as SPDK offers.
+pub(crate) const MAX_H2C_DATA: u32 = 131072;
+/// The admin queue's in-capsule data size (TCP 4.1: at least 8 KiB on the admin queue).
+pub(crate) const ADMIN_ICD: u32 = 8192;
 
 /// Socket reads per round, so one busy host cannot hold its reactor.
 const READS_PER_ROUND: usize = 8;
