@@ -12,7 +12,8 @@
 //!   [`properties`] and [`aer`] building what it answers;
 //! * [`NvmfTarget`] (`target`, `info`): the control API and what it reports, with `options`
 //!   and `error` what it is asked and answers; `subsystem` and `state` the state it shares,
-//!   `server` the listeners and handshakes, `qpair` the queue pairs on the reactors.
+//!   `tcp` the NVMe/TCP transport (`server` the listeners and handshakes, `qpair` the queue
+//!   pairs on the reactors).
 
 // The tests' hostile host sets its socket up by hand (a tiny receive window before connect).
 #![cfg_attr(not(test), forbid(unsafe_code))]
@@ -27,11 +28,10 @@ pub mod log_page;
 pub mod model;
 mod options;
 pub mod properties;
-mod qpair;
-mod server;
 mod state;
 mod subsystem;
 mod target;
+mod tcp;
 
 pub use controller::{AdminResult, Controller, ControllerConfig};
 pub use error::NvmfError;
@@ -39,8 +39,8 @@ pub use info::{
     ControllerInfo, HostInfo, NamespaceEntry, NamespaceStats, QpairInfo, SubsystemInfo, SubsystemStats,
 };
 pub use options::{ListenAddress, NamespaceSpec, SubsystemSpec, TargetOptions, TransportOptions};
-pub use qpair::CLOSE_TIMEOUT;
 pub use target::{NvmfTarget, DRAIN_TIMEOUT};
+pub use tcp::qpair::CLOSE_TIMEOUT;
 
 #[cfg(test)]
 mod tests;

@@ -15,9 +15,9 @@ use crate::error::{invalid, NvmfError};
 use crate::info::*;
 use crate::model::{DiscoveryEntry, SubsystemKind};
 use crate::options::*;
-use crate::server::Listener;
 use crate::state::TargetInner;
 use crate::subsystem::{lock, Namespace, SubState, Subsystem};
+use crate::tcp::server::Listener;
 
 fn not_found(what: &'static str, name: &str) -> NvmfError {
     NvmfError::NotFound { what, name: name.to_string() }
@@ -124,7 +124,7 @@ impl NvmfTarget {
         }
         *lock(&self.inner.discovery.discovery_hosts) = hosts;
         self.inner.discovery.refresh_view(Some(log));
-        crate::qpair::notify_discovery(&self.inner.discovery);
+        crate::tcp::qpair::notify_discovery(&self.inner.discovery);
     }
 
     /// How long removing a namespace waits for its commands in flight (default
@@ -227,7 +227,7 @@ impl NvmfTarget {
         for a in &listeners {
             self.release_listener(nqn, a);
         }
-        crate::qpair::close_qpairs(&qpairs, "the subsystem was deleted");
+        crate::tcp::qpair::close_qpairs(&qpairs, "the subsystem was deleted");
         self.refresh_discovery();
         log::info!("nvmf: subsystem {nqn} deleted ({} queue pairs disconnected)", qpairs.len());
         Ok(())
@@ -336,7 +336,7 @@ impl NvmfTarget {
             }
             host_qpairs(&st, |h| h == host_nqn)
         };
-        crate::qpair::close_qpairs(&qpairs, "the host was removed from the subsystem");
+        crate::tcp::qpair::close_qpairs(&qpairs, "the host was removed from the subsystem");
         self.refresh_discovery();
         Ok(())
     }
@@ -355,7 +355,7 @@ impl NvmfTarget {
                 host_qpairs(&st, |h| !hosts.contains(h))
             }
         };
-        crate::qpair::close_qpairs(&qpairs, "the host is no longer allowed");
+        crate::tcp::qpair::close_qpairs(&qpairs, "the host is no longer allowed");
         self.refresh_discovery();
         Ok(())
     }
@@ -402,7 +402,7 @@ impl NvmfTarget {
         };
         sub.ns_generation.fetch_add(1, Ordering::Release);
         sub.refresh_view(None);
-        crate::qpair::notify_namespace(&admins, ns.nsid);
+        crate::tcp::qpair::notify_namespace(&admins, ns.nsid);
         Ok(ns.nsid)
     }
 
@@ -421,7 +421,7 @@ impl NvmfTarget {
         };
         sub.ns_generation.fetch_add(1, Ordering::Release);
         sub.refresh_view(None);
-        crate::qpair::notify_namespace(&admins, nsid);
+        crate::tcp::qpair::notify_namespace(&admins, nsid);
         self.drain_namespace(nqn, nsid, &bdev)
     }
 
@@ -437,7 +437,7 @@ impl NvmfTarget {
             Some(d) => d.min(start + self.drain_timeout()),
             None => start + self.drain_timeout(),
         };
-        let in_flight = crate::qpair::drain_namespace(&qpairs, nsid, deadline);
+        let in_flight = crate::tcp::qpair::drain_namespace(&qpairs, nsid, deadline);
         if in_flight == 0 {
             return Ok(());
         }
@@ -467,7 +467,7 @@ impl NvmfTarget {
             admin_qpairs(&st)
         };
         sub.refresh_view(None);
-        crate::qpair::notify_namespace(&admins, nsid);
+        crate::tcp::qpair::notify_namespace(&admins, nsid);
     }
 
     /// Every subsystem, the discovery one first, as SPDK's `nvmf_get_subsystems`.
@@ -576,7 +576,7 @@ impl NvmfTarget {
         for s in subs.iter().chain(std::iter::once(&self.inner.discovery)) {
             all.extend(lock(&s.state).qpairs());
         }
-        crate::qpair::close_qpairs(&all, "the target is stopping");
+        crate::tcp::qpair::close_qpairs(&all, "the target is stopping");
     }
 }
 

@@ -21,9 +21,9 @@ use fp_nvme_spec::*;
 use crate::controller::ControllerConfig;
 use crate::model::SubsystemKind;
 use crate::options::{ListenAddress, TransportOptions};
-use crate::qpair::{QpairPoller, QpairSetup, Role, ADMIN_ICD, MAX_H2C_DATA};
 use crate::state::TargetInner;
 use crate::subsystem::{lock, CtrlEntry, CtrlShared, QpairRef, Subsystem};
+use crate::tcp::qpair::{QpairPoller, QpairSetup, Role, ADMIN_ICD, MAX_H2C_DATA};
 
 /// Handshakes one listener runs at once; one more closes the oldest (logged), so a flood of
 /// silent connections pins this many threads at most and cannot lock out a real host.
