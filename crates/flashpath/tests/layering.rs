@@ -9,7 +9,7 @@
 //!   tests may start one (dev-dependencies).
 //! * fp-bdev, which every crate builds on, carries no cipher: AES, XTS and the libcrypto loader
 //!   are fp-crypto's (the crypto bdev and the keyring);
-//! * the stacked bdev modules that need no unsafe code forbid it;
+//! * the stacked bdev modules and the NVMe/TCP target, which need no unsafe code, forbid it;
 //! * the plain system calls go through fp-sys's wrappers (`layering/syscalls.rs`);
 //! * unsafe code stays at the edges (`layering/unsafe_sites.rs`).
 //! * sibling bdev modules (raid, lvol) do not build on each other.
@@ -193,6 +193,7 @@ const FORBID_UNSAFE: [&str; 6] = [
     "crates/bdev/src/modules/null/mod.rs",
     "crates/raid/src/lib.rs",
     "crates/lvol/src/lib.rs",
+    "crates/nvmf/src/lib.rs",
 ];
 
 #[test]

@@ -19,6 +19,7 @@ use fp_nvme_spec::log_page::{
 
 use crate::identify;
 use crate::log_page::{self, ChangedNamespaces};
+pub use crate::model::ControllerConfig;
 use crate::model::{SubsystemKind, SubsystemView};
 use crate::properties::{Properties, PropertyEffect};
 use fp_nvme_spec::{
@@ -42,28 +43,6 @@ const NSID_BROADCAST: u32 = 0xFFFF_FFFF;
 const NSID_RESERVED: u32 = 0xFFFF_FFFE;
 /// SMART critical warning events, which an I/O controller may enable (it never raises one).
 const AEC_SMART: u32 = 0xFF;
-
-/// What a controller is set up with at Connect (admin queue, Fabrics 3.3).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ControllerConfig {
-    pub cntlid: u16,
-    pub kind: SubsystemKind,
-    pub subnqn: String,
-    pub hostnqn: String,
-    pub hostid: [u8; 16],
-    /// I/O queue depth (the transport's max_queue_depth); CAP.MQES = this - 1.
-    pub max_queue_entries: u32,
-    /// The transport's max_aq_depth (ASQSZ in the discovery log).
-    pub max_admin_queue_entries: u32,
-    /// The transport's max_io_qpairs_per_ctrlr.
-    pub max_io_queues: u16,
-    /// IOCCSZ = (64 + this) / 16.
-    pub in_capsule_data_size: u32,
-    /// MDTS, in 4 KiB pages as a power of two (rounded down, at least 8 KiB).
-    pub max_transfer_bytes: u32,
-    /// Connect's KATO; 0 = no keep-alive timer.
-    pub kato_ms: u32,
-}
 
 /// What the engine does with an admin command.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 use fp_nvme_spec::identify::*;
 use fp_nvme_spec::registers::{IOCQES, IOSQES};
 
-use crate::controller::ControllerConfig;
+use crate::model::ControllerConfig;
 use crate::model::{NamespaceInfo, SubsystemKind, SubsystemView};
 use crate::properties::VERSION_1_3;
 

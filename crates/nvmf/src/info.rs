@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::target::ListenAddress;
+use crate::options::ListenAddress;
 
 /// An allowed host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

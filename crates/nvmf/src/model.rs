@@ -77,3 +77,25 @@ impl SubsystemView {
         self.namespaces.binary_search_by_key(&nsid, |n| n.nsid).ok().map(|i| &self.namespaces[i])
     }
 }
+
+/// What a controller is set up with at Connect (admin queue, Fabrics 3.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerConfig {
+    pub cntlid: u16,
+    pub kind: SubsystemKind,
+    pub subnqn: String,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    /// I/O queue depth (the transport's max_queue_depth); CAP.MQES = this - 1.
+    pub max_queue_entries: u32,
+    /// The transport's max_aq_depth (ASQSZ in the discovery log).
+    pub max_admin_queue_entries: u32,
+    /// The transport's max_io_qpairs_per_ctrlr.
+    pub max_io_queues: u16,
+    /// IOCCSZ = (64 + this) / 16.
+    pub in_capsule_data_size: u32,
+    /// MDTS, in 4 KiB pages as a power of two (rounded down, at least 8 KiB).
+    pub max_transfer_bytes: u32,
+    /// Connect's KATO; 0 = no keep-alive timer.
+    pub kato_ms: u32,
+}

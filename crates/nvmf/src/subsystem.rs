@@ -12,7 +12,7 @@ use fp_bdev::Bdev;
 use fp_reactor::{PollerId, ReactorHandle};
 
 use crate::model::{NamespaceInfo, SubsystemKind, SubsystemView};
-use crate::target::ListenAddress;
+use crate::options::ListenAddress;
 
 /// Locks, ignoring poison: every critical section leaves the state consistent.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -3,186 +3,21 @@
 //! objects it reports. One per daemon; the discovery subsystem exists from the start.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fp_bdev::Bdev;
 use fp_nvme_spec::fabrics::{DISCOVERY_NQN, NQN_MAX_LEN};
 use fp_nvme_spec::log_page::{ADRFAM_IPV4, ADRFAM_IPV6, SUBTYPE_NVME};
 use fp_reactor::ReactorHandle;
-use serde::{Deserialize, Serialize};
 
+use crate::error::{invalid, NvmfError};
 use crate::info::*;
 use crate::model::{DiscoveryEntry, SubsystemKind};
-use crate::server::Listener;
+use crate::options::*;
+use crate::state::TargetInner;
 use crate::subsystem::{lock, Namespace, SubState, Subsystem};
-
-/// How the target may be reached.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct TargetOptions {
-    /// False: listeners only on loopback addresses.
-    pub allow_remote_listeners: bool,
-}
-
-/// The TCP transport's settings; field names are SPDK's `nvmf_get_transports` keys, defaults
-/// SPDK v23.01's for TCP.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct TransportOptions {
-    pub trtype: String,
-    pub max_queue_depth: u32,
-    pub max_io_qpairs_per_ctrlr: u32,
-    pub in_capsule_data_size: u32,
-    pub max_io_size: u32,
-    pub io_unit_size: u32,
-    pub max_aq_depth: u32,
-    pub c2h_success: bool,
-    pub sock_priority: u32,
-    pub abort_timeout_sec: u32,
-}
-
-impl Default for TransportOptions {
-    fn default() -> Self {
-        TransportOptions {
-            trtype: "TCP".into(),
-            max_queue_depth: 128,
-            max_io_qpairs_per_ctrlr: 127,
-            in_capsule_data_size: 4096,
-            max_io_size: 131072,
-            io_unit_size: 131072,
-            max_aq_depth: 128,
-            c2h_success: true,
-            sock_priority: 0,
-            abort_timeout_sec: 1,
-        }
-    }
-}
-
-impl TransportOptions {
-    fn check(&mut self) -> Result<(), NvmfError> {
-        if !self.trtype.eq_ignore_ascii_case("tcp") {
-            return Err(invalid("trtype", format!("'{}' is not supported (TCP only)", self.trtype)));
-        }
-        self.trtype = "TCP".into();
-        if !(2..=4096).contains(&self.max_queue_depth) {
-            return Err(invalid("max_queue_depth", "must be 2 to 4096"));
-        }
-        if !(2..=4096).contains(&self.max_aq_depth) {
-            return Err(invalid("max_aq_depth", "must be 2 to 4096"));
-        }
-        if !(1..=65534).contains(&self.max_io_qpairs_per_ctrlr) {
-            return Err(invalid("max_io_qpairs_per_ctrlr", "must be 1 to 65534"));
-        }
-        if self.max_io_size < 4096 || !self.max_io_size.is_multiple_of(4096) || self.max_io_size > (8 << 20) {
-            return Err(invalid("max_io_size", "must be a multiple of 4096 from 4096 to 8 MiB"));
-        }
-        if !self.in_capsule_data_size.is_multiple_of(16) || self.in_capsule_data_size > 131072 {
-            return Err(invalid("in_capsule_data_size", "must be a multiple of 16 up to 131072"));
-        }
-        if self.sock_priority > 16 {
-            return Err(invalid("sock_priority", "must be 0 to 16 (above 6 needs CAP_NET_ADMIN)"));
-        }
-        if self.io_unit_size == 0 {
-            return Err(invalid("io_unit_size", "must not be 0"));
-        }
-        Ok(())
-    }
-}
-
-/// What `nvmf_create_subsystem` asks for.
-#[derive(Debug, Clone, Default)]
-pub struct SubsystemSpec {
-    pub nqn: String,
-    pub serial_number: Option<String>,
-    pub model_number: Option<String>,
-    pub allow_any_host: bool,
-    /// 0: the default, 32.
-    pub max_namespaces: u32,
-    pub min_cntlid: u16,
-    pub max_cntlid: u16,
-}
-
-/// A listener's address, as SPDK's `listen_address` objects spell it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct ListenAddress {
-    pub trtype: String,
-    pub adrfam: String,
-    pub traddr: String,
-    pub trsvcid: String,
-}
-
-impl ListenAddress {
-    /// The socket address, checked: TCP, the family matching the address, a port.
-    pub(crate) fn socket_addr(&self) -> Result<std::net::SocketAddr, NvmfError> {
-        if !self.trtype.eq_ignore_ascii_case("tcp") {
-            return Err(invalid("trtype", format!("'{}' is not supported (TCP only)", self.trtype)));
-        }
-        let ip: IpAddr = self
-            .traddr
-            .parse()
-            .map_err(|_| invalid("traddr", format!("'{}' is not an IP address", self.traddr)))?;
-        let family_ok = match self.adrfam.to_ascii_lowercase().as_str() {
-            "ipv4" => ip.is_ipv4(),
-            "ipv6" => ip.is_ipv6(),
-            _ => return Err(invalid("adrfam", format!("'{}' is not IPv4 or IPv6", self.adrfam))),
-        };
-        if !family_ok {
-            return Err(invalid("adrfam", format!("{} is not an {} address", self.traddr, self.adrfam)));
-        }
-        let port: u16 = self
-            .trsvcid
-            .parse()
-            .ok()
-            .filter(|&p| p != 0)
-            .ok_or_else(|| invalid("trsvcid", format!("'{}' is not a port number", self.trsvcid)))?;
-        Ok(std::net::SocketAddr::new(ip, port))
-    }
-
-    /// The same address spelled as SPDK reports it ("TCP", "IPv4"/"IPv6").
-    fn normalized(&self) -> ListenAddress {
-        let adrfam = if self.adrfam.eq_ignore_ascii_case("ipv6") { "IPv6" } else { "IPv4" };
-        ListenAddress { trtype: "TCP".into(), adrfam: adrfam.into(), ..self.clone() }
-    }
-}
-
-/// What `nvmf_subsystem_add_ns` asks for.
-pub struct NamespaceSpec {
-    /// Chosen by the caller (see [`NvmfTarget::free_nsid`]).
-    pub nsid: u32,
-    pub bdev: Bdev,
-    pub bdev_name: String,
-    pub uuid: Option<[u8; 16]>,
-    pub nguid: Option<[u8; 16]>,
-    pub eui64: Option<[u8; 8]>,
-    pub read_only: bool,
-}
-
-/// Why a control call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum NvmfError {
-    #[error("{what} '{name}' not found")]
-    NotFound { what: &'static str, name: String },
-    #[error("{what} '{name}' already exists")]
-    AlreadyExists { what: &'static str, name: String },
-    #[error("invalid {field}: {reason}")]
-    Invalid { field: &'static str, reason: String },
-    /// A removed namespace's commands did not all finish within the drain bound: it is
-    /// detached (hosts no longer reach it) but its bdev is still in use.
-    #[error(
-        "namespace {nsid} of {nqn} is detached, but {in_flight} command(s) are still in flight on \
-         bdev '{bdev}' after {}.{:03} s; the bdev stays claimed until they finish \
-         (remove the namespace again to wait for them)",
-        waited.as_secs(),
-        waited.subsec_millis()
-    )]
-    Draining { nqn: String, nsid: u32, bdev: String, in_flight: u32, waited: Duration },
-}
-
-pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> NvmfError {
-    NvmfError::Invalid { field, reason: reason.into() }
-}
+use crate::tcp::server::Listener;
 
 fn not_found(what: &'static str, name: &str) -> NvmfError {
     NvmfError::NotFound { what, name: name.to_string() }
@@ -195,63 +30,13 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// A listener, the subsystems on it and its port ID (in the discovery log).
 pub(crate) type OpenListener = (Listener, BTreeSet<String>, u16);
 
-/// The target's state, shared with the listener and handshake threads.
-pub(crate) struct TargetInner {
-    pub reactors: Vec<ReactorHandle>,
-    pub options: TargetOptions,
-    pub transport: Mutex<Option<TransportOptions>>,
-    pub subsystems: Mutex<BTreeMap<String, Arc<Subsystem>>>,
-    pub discovery: Arc<Subsystem>,
-    /// Open listeners, each with the subsystems on it and its port ID.
-    pub listeners: Mutex<BTreeMap<ListenAddress, OpenListener>>,
-    /// [`DRAIN_TIMEOUT`] or what [`NvmfTarget::set_drain_timeout`] set, in milliseconds.
-    pub drain_timeout_ms: AtomicU64,
-    /// [`crate::CLOSE_TIMEOUT`] or what [`NvmfTarget::set_close_timeout`] set, in
-    /// milliseconds: taken by each queue pair when it connects.
-    pub close_timeout_ms: AtomicU64,
-    /// Set by [`NvmfTarget::stop`]: every drain after it ends by then, so a daemon going down
-    /// with several namespaces whose I/O is stuck waits one drain bound, not one each.
-    pub stop_deadline: Mutex<Option<Instant>>,
-}
-
-impl TargetInner {
-    pub(crate) fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
-        if nqn == DISCOVERY_NQN {
-            return Some(self.discovery.clone());
-        }
-        lock(&self.subsystems).get(nqn).cloned()
-    }
-
-    /// Rebuilds the discovery log: every NVM subsystem at every one of its listeners.
-    fn refresh_discovery(&self) {
-        let ports: BTreeMap<ListenAddress, u16> =
-            lock(&self.listeners).iter().map(|(a, (_, _, port))| (a.clone(), *port)).collect();
-        let mut log = Vec::new();
-        let mut hosts = Vec::new();
-        for s in lock(&self.subsystems).values() {
-            let st = lock(&s.state);
-            for a in &st.listeners {
-                hosts.push((!st.allow_any_host).then(|| st.hosts.clone()));
-                log.push(DiscoveryEntry {
-                    adrfam: if a.adrfam == "IPv6" { ADRFAM_IPV6 } else { ADRFAM_IPV4 },
-                    subtype: SUBTYPE_NVME,
-                    port_id: ports.get(a).copied().unwrap_or(0),
-                    traddr: a.traddr.clone(),
-                    trsvcid: a.trsvcid.clone(),
-                    subnqn: s.nqn.clone(),
-                });
-            }
-        }
-        *lock(&self.discovery.discovery_hosts) = hosts;
-        self.discovery.refresh_view(Some(log));
-        crate::qpair::notify_discovery(&self.discovery);
-    }
-}
-
 /// The NVMe-oF target of a daemon (cheap to clone).
 #[derive(Clone)]
 pub struct NvmfTarget {
     pub(crate) inner: Arc<TargetInner>,
+    /// Open listeners, each with the subsystems on it and its port ID (the control plane's
+    /// alone: the handshake threads see only [`TargetInner`]).
+    listeners: Arc<Mutex<BTreeMap<ListenAddress, OpenListener>>>,
 }
 
 fn check_nqn(nqn: &str) -> Result<(), NvmfError> {
@@ -309,12 +94,37 @@ impl NvmfTarget {
                 transport: Mutex::new(None),
                 subsystems: Mutex::new(BTreeMap::new()),
                 discovery: Arc::new(discovery),
-                listeners: Mutex::new(BTreeMap::new()),
                 drain_timeout_ms: AtomicU64::new(DRAIN_TIMEOUT.as_millis() as u64),
                 close_timeout_ms: AtomicU64::new(crate::CLOSE_TIMEOUT.as_millis() as u64),
                 stop_deadline: Mutex::new(None),
             }),
+            listeners: Arc::new(Mutex::new(BTreeMap::new())),
         }
+    }
+
+    /// Rebuilds the discovery log: every NVM subsystem at every one of its listeners.
+    fn refresh_discovery(&self) {
+        let ports: BTreeMap<ListenAddress, u16> =
+            lock(&self.listeners).iter().map(|(a, (_, _, port))| (a.clone(), *port)).collect();
+        let mut log = Vec::new();
+        let mut hosts = Vec::new();
+        for s in lock(&self.inner.subsystems).values() {
+            let st = lock(&s.state);
+            for a in &st.listeners {
+                hosts.push((!st.allow_any_host).then(|| st.hosts.clone()));
+                log.push(DiscoveryEntry {
+                    adrfam: if a.adrfam == "IPv6" { ADRFAM_IPV6 } else { ADRFAM_IPV4 },
+                    subtype: SUBTYPE_NVME,
+                    port_id: ports.get(a).copied().unwrap_or(0),
+                    traddr: a.traddr.clone(),
+                    trsvcid: a.trsvcid.clone(),
+                    subnqn: s.nqn.clone(),
+                });
+            }
+        }
+        *lock(&self.inner.discovery.discovery_hosts) = hosts;
+        self.inner.discovery.refresh_view(Some(log));
+        crate::tcp::qpair::notify_discovery(&self.inner.discovery);
     }
 
     /// How long removing a namespace waits for its commands in flight (default
@@ -417,8 +227,8 @@ impl NvmfTarget {
         for a in &listeners {
             self.release_listener(nqn, a);
         }
-        crate::qpair::close_qpairs(&qpairs, "the subsystem was deleted");
-        self.inner.refresh_discovery();
+        crate::tcp::qpair::close_qpairs(&qpairs, "the subsystem was deleted");
+        self.refresh_discovery();
         log::info!("nvmf: subsystem {nqn} deleted ({} queue pairs disconnected)", qpairs.len());
         Ok(())
     }
@@ -426,7 +236,7 @@ impl NvmfTarget {
     /// Takes `nqn` off the listener at `addr`; the last one closes it.
     fn release_listener(&self, nqn: &str, addr: &ListenAddress) {
         let closed = {
-            let mut ls = lock(&self.inner.listeners);
+            let mut ls = lock(&self.listeners);
             let empty = ls.get_mut(addr).map(|l| {
                 l.1.remove(nqn);
                 l.1.is_empty()
@@ -468,7 +278,7 @@ impl NvmfTarget {
             }
         }
         {
-            let mut ls = lock(&self.inner.listeners);
+            let mut ls = lock(&self.listeners);
             match ls.get_mut(&addr) {
                 Some(l) => {
                     l.1.insert(nqn.to_string());
@@ -482,7 +292,7 @@ impl NvmfTarget {
             }
         }
         lock(&sub.state).listeners.push(addr);
-        self.inner.refresh_discovery();
+        self.refresh_discovery();
         Ok(())
     }
 
@@ -498,7 +308,7 @@ impl NvmfTarget {
             }
         }
         self.release_listener(nqn, &addr);
-        self.inner.refresh_discovery();
+        self.refresh_discovery();
         Ok(())
     }
 
@@ -511,7 +321,7 @@ impl NvmfTarget {
                 return Err(NvmfError::AlreadyExists { what: "host", name: host_nqn.to_string() });
             }
         }
-        self.inner.refresh_discovery();
+        self.refresh_discovery();
         Ok(())
     }
 
@@ -526,8 +336,8 @@ impl NvmfTarget {
             }
             host_qpairs(&st, |h| h == host_nqn)
         };
-        crate::qpair::close_qpairs(&qpairs, "the host was removed from the subsystem");
-        self.inner.refresh_discovery();
+        crate::tcp::qpair::close_qpairs(&qpairs, "the host was removed from the subsystem");
+        self.refresh_discovery();
         Ok(())
     }
 
@@ -545,8 +355,8 @@ impl NvmfTarget {
                 host_qpairs(&st, |h| !hosts.contains(h))
             }
         };
-        crate::qpair::close_qpairs(&qpairs, "the host is no longer allowed");
-        self.inner.refresh_discovery();
+        crate::tcp::qpair::close_qpairs(&qpairs, "the host is no longer allowed");
+        self.refresh_discovery();
         Ok(())
     }
 
@@ -592,7 +402,7 @@ impl NvmfTarget {
         };
         sub.ns_generation.fetch_add(1, Ordering::Release);
         sub.refresh_view(None);
-        crate::qpair::notify_namespace(&admins, ns.nsid);
+        crate::tcp::qpair::notify_namespace(&admins, ns.nsid);
         Ok(ns.nsid)
     }
 
@@ -611,7 +421,7 @@ impl NvmfTarget {
         };
         sub.ns_generation.fetch_add(1, Ordering::Release);
         sub.refresh_view(None);
-        crate::qpair::notify_namespace(&admins, nsid);
+        crate::tcp::qpair::notify_namespace(&admins, nsid);
         self.drain_namespace(nqn, nsid, &bdev)
     }
 
@@ -627,7 +437,7 @@ impl NvmfTarget {
             Some(d) => d.min(start + self.drain_timeout()),
             None => start + self.drain_timeout(),
         };
-        let in_flight = crate::qpair::drain_namespace(&qpairs, nsid, deadline);
+        let in_flight = crate::tcp::qpair::drain_namespace(&qpairs, nsid, deadline);
         if in_flight == 0 {
             return Ok(());
         }
@@ -657,7 +467,7 @@ impl NvmfTarget {
             admin_qpairs(&st)
         };
         sub.refresh_view(None);
-        crate::qpair::notify_namespace(&admins, nsid);
+        crate::tcp::qpair::notify_namespace(&admins, nsid);
     }
 
     /// Every subsystem, the discovery one first, as SPDK's `nvmf_get_subsystems`.
@@ -672,7 +482,7 @@ impl NvmfTarget {
 
     /// The discovery subsystem listens wherever any subsystem does, and on its own listeners.
     fn discovery_listeners(&self) -> Vec<ListenAddress> {
-        lock(&self.inner.listeners).keys().cloned().collect()
+        lock(&self.listeners).keys().cloned().collect()
     }
 
     fn any_subsystem(&self, nqn: &str) -> Result<Arc<Subsystem>, NvmfError> {
@@ -757,7 +567,7 @@ impl NvmfTarget {
     /// drain from now on ends at one deadline, the drain timeout from now.
     pub fn stop(&self) {
         *lock(&self.inner.stop_deadline) = Some(Instant::now() + self.drain_timeout());
-        let listeners = std::mem::take(&mut *lock(&self.inner.listeners));
+        let listeners = std::mem::take(&mut *lock(&self.listeners));
         for (_, (l, _, _)) in listeners {
             l.close();
         }
@@ -766,7 +576,7 @@ impl NvmfTarget {
         for s in subs.iter().chain(std::iter::once(&self.inner.discovery)) {
             all.extend(lock(&s.state).qpairs());
         }
-        crate::qpair::close_qpairs(&all, "the target is stopping");
+        crate::tcp::qpair::close_qpairs(&all, "the target is stopping");
     }
 }
 

@@ -15,6 +15,7 @@ mod poll;
 mod signal;
 mod socket;
 mod sysinfo;
+mod timer;
 pub mod vfio;
 
 pub use affinity::{allowed_cpus, current_cpu, first_allowed_cpu, pin_thread, CPU_SETSIZE};
@@ -27,3 +28,4 @@ pub use socket::{
     send_vectored_nonblocking, send_with_fds, set_priority, set_send_buffer, shutdown, MAX_SEND_FDS,
 };
 pub use sysinfo::total_ram;
+pub use timer::Timer;

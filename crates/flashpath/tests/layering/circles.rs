@@ -61,21 +61,6 @@ const KNOWN_RUST_CIRCLES: &[&[&str]] = &[
     // The module name lives in the RPC file, which names the device's detail type.
     &["crates/rbd/src/device.rs", "crates/rbd/src/rpc.rs"],
     &["crates/nbd/src/client/device.rs", "crates/nbd/src/client/rpc.rs"],
-    // Identify/log-page constants and the controller configuration name each other.
-    &[
-        "crates/nvmf/src/aer.rs",
-        "crates/nvmf/src/controller.rs",
-        "crates/nvmf/src/identify.rs",
-        "crates/nvmf/src/log_page.rs",
-    ],
-    // `ListenAddress`, the lock helper and the qpair's constants live in upper files.
-    &[
-        "crates/nvmf/src/info.rs",
-        "crates/nvmf/src/qpair/mod.rs",
-        "crates/nvmf/src/server.rs",
-        "crates/nvmf/src/subsystem.rs",
-        "crates/nvmf/src/target.rs",
-    ],
 ];
 
 /// The bench's Python import circles still to remove, as module names (sorted); only shrinks.

@@ -10,8 +10,8 @@ use fp_reactor::{ReactorConfig, ReactorSet};
 use super::api::{free_port, listen, ns};
 use super::host::*;
 use super::io::{pattern, NQN};
-use crate::qpair::QpairPoller;
 use crate::subsystem::lock;
+use crate::tcp::qpair::QpairPoller;
 use crate::*;
 
 #[test]

@@ -12,7 +12,7 @@ use fp_reactor::{ReactorConfig, ReactorSet};
 use super::api::{free_port, listen};
 use super::host::*;
 use super::io::{pattern, wait_for, NQN};
-use crate::qpair::CLOSE_TIMEOUT;
+use crate::tcp::qpair::CLOSE_TIMEOUT;
 use crate::*;
 
 /// An injection count no test uses up: a reactor retries a busy command millions of times a

@@ -20,20 +20,16 @@ use fp_nvme_spec::*;
 
 use crate::controller::ControllerConfig;
 use crate::model::SubsystemKind;
-use crate::qpair::{QpairPoller, QpairSetup, Role};
+use crate::options::{ListenAddress, TransportOptions};
+use crate::state::TargetInner;
 use crate::subsystem::{lock, CtrlEntry, CtrlShared, QpairRef, Subsystem};
-use crate::target::{ListenAddress, TargetInner, TransportOptions};
+use crate::tcp::qpair::{QpairPoller, QpairSetup, Role, ADMIN_ICD, MAX_H2C_DATA};
 
 /// Handshakes one listener runs at once; one more closes the oldest (logged), so a flood of
 /// silent connections pins this many threads at most and cannot lock out a real host.
 pub(crate) const MAX_HANDSHAKES: usize = 64;
 /// How long a host may take over one step of the handshake.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The most data one H2CData PDU may carry (MAXH2CDATA), as SPDK offers.
-pub(crate) const MAX_H2C_DATA: u32 = 131072;
-/// The admin queue's in-capsule data size (TCP 4.1: at least 8 KiB on the admin queue).
-pub(crate) const ADMIN_ICD: u32 = 8192;
-
 /// One listening address.
 pub(crate) struct Listener {
     addr: ListenAddress,

@@ -75,7 +75,7 @@ impl QpairPoller {
         if now < due {
             return;
         }
-        let _ = self.timer.wait();
+        let _ = self.timer.drain();
         // On the timer's own schedule, so the next check finds it expired.
         let every = self.tick_interval();
         self.next_tick = Some(if due + every > now { due + every } else { now + every });

@@ -22,23 +22,27 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::disk::DiskIo;
-use fp_bdev::{AlignedBuf, BdevError, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::iov::BounceBuf;
+use fp_bdev::{BdevError, IoOp, IoRequest, IoStatus, SubmitError};
 use fp_conn::{Interest, Life, Recv, RecvBuf, SendQueue, Sent};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
 use fp_reactor::{PollStatus, Poller, PollerId};
 use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
-use vmm_sys_util::timerfd::TimerFd;
 
 use crate::controller::{AdminResult, Controller, ControllerConfig};
 use crate::model::SubsystemView;
-use crate::server::{ADMIN_ICD, MAX_H2C_DATA};
+use crate::options::{ListenAddress, TransportOptions};
 use crate::subsystem::{lock, CtrlShared, Namespace, NsCounters, QpairRef, Subsystem};
-use crate::target::{ListenAddress, TransportOptions};
 
 mod command;
 mod receive;
 mod send;
+
+/// The most data one H2CData PDU may carry (MAXH2CDATA), as SPDK offers.
+pub(crate) const MAX_H2C_DATA: u32 = 131072;
+/// The admin queue's in-capsule data size (TCP 4.1: at least 8 KiB on the admin queue).
+pub(crate) const ADMIN_ICD: u32 = 8192;
 
 /// Socket reads per round, so one busy host cannot hold its reactor.
 const READS_PER_ROUND: usize = 8;
@@ -112,9 +116,8 @@ struct Slot {
     phase: Phase,
     /// The data buffer in use: the slot's own, or while a large command runs one of the
     /// queue's large buffers (the slot's own then waits in `own`).
-    buf: Option<AlignedBuf>,
-    own: Option<AlignedBuf>,
-    iov: libc::iovec,
+    buf: Option<BounceBuf>,
+    own: Option<BounceBuf>,
     /// Bytes the command moves (to or from the host).
     len: usize,
     /// H2C bytes received so far.
@@ -149,7 +152,6 @@ impl Slot {
             phase: Phase::Free,
             buf: None,
             own: None,
-            iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
             len: 0,
             received: 0,
             pending: 0,
@@ -168,20 +170,18 @@ impl Slot {
         }
     }
 
-    /// A data buffer of at least `len` bytes, pointed at by the slot's iovec.
-    fn buffer(&mut self, len: usize) -> &mut AlignedBuf {
+    /// A data buffer of at least `len` bytes.
+    fn buffer(&mut self, len: usize) -> &mut BounceBuf {
         if self.buf.as_ref().is_none_or(|b| b.len() < len) {
-            self.buf = Some(AlignedBuf::zeroed(len.max(512)));
+            self.buf = Some(BounceBuf::zeroed(len.max(512)));
             self.allocations += 1;
         }
-        let b = self.buf.as_mut().expect("just made");
-        self.iov = libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: len };
-        b
+        self.buf.as_mut().expect("just made")
     }
 
     fn pieces(&self) -> [&[u8]; 4] {
         let data = match &self.buf {
-            Some(b) => &b.as_slice()[..self.data_len],
+            Some(b) => &b.bytes()[..self.data_len],
             None => &[],
         };
         [&self.hdr[..self.hdr_len], data, &self.ddgst[..self.ddgst_len], &self.resp[..self.resp_len]]
@@ -220,7 +220,7 @@ pub(crate) struct QpairPoller {
     fd: OwnedFd,
     /// The socket's epoll set, which the timer and the channels' completion fds join.
     interest: Interest,
-    timer: TimerFd,
+    timer: fp_sys::Timer,
     next_tick: Option<Instant>,
     peer: String,
     sub: Arc<Subsystem>,
@@ -249,7 +249,7 @@ pub(crate) struct QpairPoller {
     /// Writes whose R2T waits for a large buffer, in arrival order.
     await_buf: VecDeque<u16>,
     /// Large buffers not in use; `large_made` of at most `large_max` were made.
-    large_free: Vec<AlignedBuf>,
+    large_free: Vec<BounceBuf>,
     large_made: usize,
     large_max: usize,
     tx: SendQueue<u16>,
@@ -283,11 +283,8 @@ impl QpairPoller {
             }
         }
         let interest = Interest::new(s.fd.as_fd()).map_err(epoll_err)?;
-        let timer = TimerFd::new().map_err(|e| epoll_err(io::Error::from_raw_os_error(e.errno())))?;
-        // SAFETY: the timer's fd is open for the duration of the call (`timer` owns it).
-        let timer_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(timer.as_raw_fd()) };
         // Non-blocking: the tick drains it without ever waiting.
-        fp_sys::set_nonblocking(timer_fd).map_err(epoll_err)?;
+        let timer = fp_sys::Timer::new().map_err(epoll_err)?;
         interest
             .epoll()
             .ctl(ControlOperation::Add, timer.as_raw_fd(), EpollEvent::new(EventSet::IN, TIMER_TOKEN))
@@ -379,7 +376,7 @@ impl QpairPoller {
 
     /// Arms the timer to fire every `every`.
     fn set_tick(&mut self, every: Duration) {
-        if self.timer.reset(every, Some(every)).is_ok() {
+        if self.timer.every(every).is_ok() {
             self.next_tick = Some(Instant::now() + every);
         }
     }
@@ -511,7 +508,7 @@ impl QpairPoller {
         self.slots.iter().map(|s| u64::from(s.allocations)).sum::<u64>() + self.large_made as u64
     }
 
-    /// Points slot `i`'s iovec at a data buffer of `len` bytes: its own (kept between commands)
+    /// Gives slot `i` a data buffer of `len` bytes: its own (kept between commands)
     /// up to [`KEEP_BUF`], else one of the queue's large buffers. False when every large buffer
     /// is in use (the command waits for one).
     fn take_buffer(&mut self, i: u16, len: usize) -> bool {
@@ -526,14 +523,12 @@ impl QpairPoller {
                 None if self.large_made < self.large_max => {
                     self.large_made += 1;
                     // Zeroed once, when made; each command then overwrites what it uses.
-                    AlignedBuf::zeroed(self.max_io)
+                    BounceBuf::zeroed(self.max_io)
                 }
                 None => return false,
             };
             s.own = s.buf.replace(b);
         }
-        let b = s.buf.as_mut().expect("just set");
-        s.iov = libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: len };
         true
     }
 
@@ -684,7 +679,7 @@ impl QpairPoller {
         s.ddgst_len = 0;
         if self.digests.data && len > 0 {
             let b = s.buf.as_ref().expect("a read has its buffer");
-            s.ddgst = crc32c(&b.as_slice()[..len]).to_le_bytes();
+            s.ddgst = crc32c(&b.bytes()[..len]).to_le_bytes();
             s.ddgst_len = DIGEST_LEN;
         }
     }

@@ -31,8 +31,8 @@ impl QpairPoller {
                 let s = &mut self.slots[h.slot as usize];
                 // The offset was checked to continue what arrived: `received` is where we are.
                 let (start, end) = (s.received, h.offset + h.len);
-                let dst = &mut s.buf.as_mut().expect("a write awaiting data has a buffer").as_mut_slice()
-                    [start..end];
+                let dst =
+                    &mut s.buf.as_mut().expect("a write awaiting data has a buffer").bytes_mut()[start..end];
                 match Recv::from_socket(self.fd.as_fd(), dst) {
                     Recv::Data(n) => {
                         moved = true;
@@ -113,7 +113,7 @@ impl QpairPoller {
                 }
                 let d = &self.rx.data()[..DIGEST_LEN];
                 let b = self.slots[h.slot as usize].buf.as_ref().expect("has a buffer");
-                let ok = crc32c(&b.as_slice()[h.offset..h.offset + h.len]).to_le_bytes() == d;
+                let ok = crc32c(&b.bytes()[h.offset..h.offset + h.len]).to_le_bytes() == d;
                 self.rx.consume(DIGEST_LEN);
                 self.h2c_digest = None;
                 if !ok {
@@ -183,7 +183,7 @@ impl QpairPoller {
                     let have = self.rx.len().min(h2c.len);
                     let s = &mut self.slots[h2c.slot as usize];
                     let b = s.buf.as_mut().expect("a write awaiting data has a buffer");
-                    b.as_mut_slice()[h2c.offset..h2c.offset + have].copy_from_slice(&self.rx.data()[..have]);
+                    b.bytes_mut()[h2c.offset..h2c.offset + have].copy_from_slice(&self.rx.data()[..have]);
                     s.received += have;
                     self.rx.consume(have);
                     if have == h2c.len {
@@ -323,7 +323,7 @@ impl QpairPoller {
                     }
                     let off = off as usize;
                     let b = s.buffer(len);
-                    b.as_mut_slice()[..len].copy_from_slice(&self.rx.data()[data + off..data + off + len]);
+                    b.bytes_mut()[..len].copy_from_slice(&self.rx.data()[data + off..data + off + len]);
                     s.len = len;
                     s.received = len;
                 }

@@ -39,7 +39,7 @@ impl QpairPoller {
         self.refresh_view();
         let s = &self.slots[i as usize];
         let data_in: &[u8] = match (&s.buf, s.len) {
-            (Some(b), n) if n > 0 && s.received == n => &b.as_slice()[..n],
+            (Some(b), n) if n > 0 && s.received == n => &b.bytes()[..n],
             _ => &[],
         };
         let ctrl = self.admin.as_mut().expect("an admin queue");
@@ -67,7 +67,7 @@ impl QpairPoller {
         let n = data.len().min(sgl.length() as usize);
         if n > 0 && cqe.status.is_success() && sgl.type_byte() == SGL_TRANSPORT {
             let s = &mut self.slots[i as usize];
-            s.buffer(n).as_mut_slice()[..n].copy_from_slice(&data[..n]);
+            s.buffer(n).bytes_mut()[..n].copy_from_slice(&data[..n]);
             self.queue_c2h(i, n, false);
         }
         self.respond(i, cqe);
@@ -149,11 +149,7 @@ impl QpairPoller {
                 self.slots[i as usize].phase = Phase::Flushing;
                 self.submit(i, nsid, IoOp::Flush, 0, 0)
             }
-            NVM_WRITE => {
-                let s = &mut self.slots[i as usize];
-                s.iov.iov_len = len as usize;
-                self.submit(i, nsid, IoOp::Write, offset, len)
-            }
+            NVM_WRITE => self.submit(i, nsid, IoOp::Write, offset, len),
             NVM_FLUSH if !info.io_types.flush => {
                 self.finish(i, Status::SUCCESS);
                 Ok(())
@@ -184,7 +180,7 @@ impl QpairPoller {
         let blocks = info.num_blocks();
         while self.slots[i as usize].next_range < ranges {
             let r = self.slots[i as usize].next_range as usize;
-            let b = &self.slots[i as usize].buf.as_ref().expect("DSM data").as_slice()[r * 16..r * 16 + 16];
+            let b = &self.slots[i as usize].buf.as_ref().expect("DSM data").bytes()[r * 16..r * 16 + 16];
             let nlb = u64::from(u32::from_le_bytes(b[4..8].try_into().expect("four")));
             let slba = u64::from_le_bytes(b[8..16].try_into().expect("eight"));
             self.slots[i as usize].next_range += 1;
@@ -232,9 +228,11 @@ impl QpairPoller {
             op,
             offset,
             len,
-            // SAFETY: the slot's iovec and the buffer it points at belong to the slot, which
-            // is neither moved nor reused until this command's completion comes back.
-            iov: if data { unsafe { fp_bdev::Iovecs::from_raw(&s.iov, 1) } } else { fp_bdev::Iovecs::NONE },
+            // The slot keeps its buffer, untouched, until this command's completion comes back.
+            iov: match (&mut s.buf, data) {
+                (Some(b), true) => b.iovecs(len as usize),
+                _ => fp_bdev::Iovecs::NONE,
+            },
         };
         let ns = self.ns[nsid as usize].as_mut().expect("checked");
         match ns.chan.submit(&req) {
