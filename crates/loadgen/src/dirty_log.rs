@@ -1,9 +1,8 @@
 //! What the vhost-user frontend's dirty log saw during a run ([`LoadSpec::dirty_log`]): the
 //! sync thread's scans of the log, as QEMU's `vhost_log_sync` scans it during migration, and
 //! the distinct pages it found dirty, by what they hold.
-
-#[cfg(doc)]
-use crate::LoadSpec;
+//!
+//! [`LoadSpec::dirty_log`]: crate::LoadSpec::dirty_log
 
 /// The dirty log's side of a run with [`LoadSpec::dirty_log`].
 ///
@@ -11,6 +10,8 @@ use crate::LoadSpec;
 /// `bits_seen` counts every set bit each scan cleared, so a page dirtied again after a scan
 /// counts again; the `*_pages` fields count each page once over the whole run (the union of
 /// all scans), split by what the page holds.
+///
+/// [`LoadSpec::dirty_log`]: crate::LoadSpec::dirty_log
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DirtyLogReport {
     /// Size of the log (one bit per page of the region), in bytes.

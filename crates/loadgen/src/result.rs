@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-#[cfg(doc)]
-use crate::LoadSpec;
 use crate::{DirtyLogReport, Histogram, Timeline, VerifyReport};
 
 /// What a run measured.
@@ -43,23 +41,35 @@ pub struct LoadResult {
     /// that completed at least one request (reaping, accounting and resubmitting), in ns; the
     /// rest of the interval it spun or slept with nothing to do. `elapsed / client_busy_ns`
     /// bounds how much faster a device could make this client go.
+    ///
+    /// [`LoadSpec::measure_busy`]: crate::LoadSpec::measure_busy
     pub client_busy_ns: Option<u64>,
     /// With [`LoadSpec::timeline`]: the requests that completed without error in each
     /// interval (they add up to `ios`).
+    ///
+    /// [`LoadSpec::timeline`]: crate::LoadSpec::timeline
     pub timeline: Option<Timeline>,
     /// With [`LoadSpec::dirty_log`]: what the log's sync thread saw.
+    ///
+    /// [`LoadSpec::dirty_log`]: crate::LoadSpec::dirty_log
     pub dirty_log: Option<DirtyLogReport>,
     /// Whether the memory shared with the device was of huge pages ([`LoadSpec::hugetlb`]).
+    ///
+    /// [`LoadSpec::hugetlb`]: crate::LoadSpec::hugetlb
     pub hugetlb: bool,
     /// With [`LoadSpec::frontend`]: the kicks (available-buffer notifications) the client sent
     /// over the whole run (the start probe and the drain included: at most two per queue);
     /// it kicks only when the device's used ring does not say `VRING_USED_F_NO_NOTIFY`.
+    ///
+    /// [`LoadSpec::frontend`]: crate::LoadSpec::frontend
     pub kicks: Option<u64>,
     /// With completion fds, in a run of one disk: how often the client slept and was woken,
     /// counted up to the end of the measured interval.
     pub wakeups: Option<Wakeups>,
     /// With [`LoadSpec::verify`]: the reads compared and the mismatches found (each also
     /// counted in `errors`, as `-EILSEQ`).
+    ///
+    /// [`LoadSpec::verify`]: crate::LoadSpec::verify
     pub verify: Option<VerifyReport>,
 }
 

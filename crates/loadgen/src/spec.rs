@@ -5,8 +5,6 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-#[cfg(doc)]
-use crate::LoadResult;
 use crate::{timeline, LoadError};
 
 /// Deepest queue accepted. A libblkio virtio-blk request takes three descriptors and the
@@ -117,9 +115,13 @@ pub struct LoadSpec {
     /// Open the device read-only (libblkio's `read-only`), as a read-only device requires.
     /// Implied by the read patterns; with a write pattern every write then fails (and is
     /// counted in [`LoadResult::errors`]).
+    ///
+    /// [`LoadResult::errors`]: crate::LoadResult::errors
     pub read_only: bool,
     /// Also measure the client's own busy time ([`LoadResult::client_busy_ns`]): one more
     /// clock read per pass over the queues, so leave it off where latency is measured.
+    ///
+    /// [`LoadResult::client_busy_ns`]: crate::LoadResult::client_busy_ns
     pub measure_busy: bool,
     /// Negotiate packed virtqueues (`VIRTIO_F_RING_PACKED`) through `virtio-driver` instead of
     /// split ones through libblkio; fails with [`LoadError::Unsupported`] if the device does
@@ -133,6 +135,8 @@ pub struct LoadSpec {
     /// `VHOST_F_LOG_ALL`, a memfd log (`SET_LOG_BASE`), used rings logged, and a thread that
     /// scans and clears the log every 100 ms ([`LoadResult::dirty_log`]). Fails with
     /// [`LoadError::Unsupported`] if the device offers no `VHOST_USER_PROTOCOL_F_LOG_SHMFD`.
+    ///
+    /// [`LoadResult::dirty_log`]: crate::LoadResult::dirty_log
     pub dirty_log: bool,
     /// With `frontend`: put the memory shared with the device (rings, headers, buffers) in a
     /// memfd of 2 MiB huge pages (`MFD_HUGETLB`), as SPDK's vhost target needs; also chosen
@@ -142,12 +146,16 @@ pub struct LoadSpec {
     /// Also count completions per interval of this length from the start
     /// ([`LoadResult::timeline`]), e.g. 1 s to see a rate limit per second; `None`: no
     /// timeline.
+    ///
+    /// [`LoadResult::timeline`]: crate::LoadResult::timeline
     pub timeline: Option<Duration>,
     /// Stamp every write's data (each 512-byte sector with its offset and the write's
     /// sequence number) and check every read of a block written earlier in the run against
     /// its last completed write ([`LoadResult::verify`]); a mismatch counts as an error. Each
     /// request slot gets its own blocks (block `b` only for slot `b % slots`), so the region
     /// needs at least `queue_depth * num_queues` blocks. libblkio split queues only.
+    ///
+    /// [`LoadResult::verify`]: crate::LoadResult::verify
     pub verify: bool,
 }
 

@@ -7,10 +7,10 @@
 //! with a torn middle does not compare equal. Blocks are shared out among the request slots
 //! (position `p` is only used by slot `p % slots`), so two requests in flight never touch the
 //! same block and "the last completed write" is always defined.
+//!
+//! [`LoadSpec::verify`]: crate::LoadSpec::verify
 
 use crate::rng::SplitMix64;
-#[cfg(doc)]
-use crate::LoadSpec;
 
 /// Bytes each stamp covers.
 pub(crate) const SECTOR: usize = 512;

@@ -8,6 +8,9 @@ use crate::channel::RbdChannel;
 use crate::image::Image;
 use crate::RbdError;
 
+/// The module's name: its bdevs' `driver`, the `type` of its `[[bdev]]` tables.
+pub const MODULE: &str = "rbd";
+
 /// What `bdev_get_bdevs` reports of an rbd bdev.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RbdDetail {
@@ -51,7 +54,7 @@ impl RbdDevice {
                 unmap: writable,
                 write_zeroes: writable,
             },
-            driver: crate::rpc::MODULE,
+            driver: MODULE,
             driver_specific: Some(("rbd_name".into(), format!("{}/{}", detail.pool_name, detail.rbd_name))),
         };
         Ok(RbdDevice { info, image: Arc::new(image), detail })

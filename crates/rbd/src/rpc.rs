@@ -18,10 +18,9 @@ use fp_bdev::{BdevInfo, BlockDevice};
 use fp_rpc::{Neutral, ParamError, Params};
 use serde_json::{json, Map, Value};
 
+use crate::device::MODULE;
 use crate::{Cluster, ClusterConfig, RbdDetail, RbdDevice, RbdError};
 
-/// The module's name: its bdevs' `driver`, the `type` of its `[[bdev]]` tables.
-pub const MODULE: &str = "rbd";
 /// SPDK's default block size for `bdev_rbd_create`.
 const DEFAULT_BLOCK_SIZE: u64 = 512;
 

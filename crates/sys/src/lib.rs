@@ -24,8 +24,9 @@ pub use fs::{openat, pipe, rename_noreplace, set_nonblocking, set_umask};
 pub use poll::{poll, wait_readable};
 pub use signal::{raise, SignalSet};
 pub use socket::{
-    gather, is_unix_stream, peek_nonblocking, recv_nonblocking, recv_vectored_nonblocking, recv_with_fds,
-    send_vectored_nonblocking, send_with_fds, set_priority, set_send_buffer, shutdown, MAX_SEND_FDS,
+    gather, is_unix_stream, peek_nonblocking, recv_iovecs_nonblocking, recv_nonblocking,
+    recv_vectored_nonblocking, recv_with_fds, send_iovecs_nonblocking, send_vectored_nonblocking,
+    send_with_fds, set_priority, set_send_buffer, shutdown, MAX_SEND_FDS,
 };
 pub use sysinfo::total_ram;
 pub use timer::Timer;

@@ -34,13 +34,25 @@ pub fn peek_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize>
 /// NVMe/TCP host receives a PDU's data straight into the caller's buffers this way, with its
 /// staging buffer last to take the headers that follow.
 pub fn recv_vectored_nonblocking(fd: BorrowedFd<'_>, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    // SAFETY: IoSliceMut is guaranteed ABI-compatible with iovec on Unix; the view lives no
+    // longer than the borrow of `bufs`.
+    let iov: &[libc::iovec] = unsafe { std::slice::from_raw_parts(bufs.as_ptr().cast(), bufs.len()) };
+    // SAFETY: the iovecs are the caller's exclusive slices, writable for the call.
+    unsafe { recv_iovecs_nonblocking(fd, iov) }
+}
+
+/// [`recv_vectored_nonblocking`] into raw iovecs: for buffers described by address and length
+/// (a request's guest or bdev memory) rather than borrowed slices.
+///
+/// # Safety
+/// Every iovec describes memory valid for writes for the call's duration.
+pub unsafe fn recv_iovecs_nonblocking(fd: BorrowedFd<'_>, iov: &[libc::iovec]) -> io::Result<usize> {
     // SAFETY: an all-zero msghdr is a valid empty one.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    // IoSliceMut is guaranteed ABI-compatible with iovec on Unix.
-    msg.msg_iov = bufs.as_mut_ptr().cast::<libc::iovec>();
-    msg.msg_iovlen = bufs.len() as _;
-    // SAFETY: `msg` describes writable buffers for the call's duration, on a borrowed, open
-    // descriptor.
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    // SAFETY: `msg` describes buffers the caller vouches are writable for the call's duration,
+    // on a borrowed, open descriptor; the kernel only writes through the iovecs, never to them.
     let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
     if n < 0 {
         return Err(io::Error::last_os_error());
@@ -76,13 +88,25 @@ pub fn gather<'a>(
 /// when the peer is gone (`MSG_NOSIGNAL`: an `EPIPE` error instead); a full socket fails with
 /// `WouldBlock`.
 pub fn send_vectored_nonblocking(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: IoSlice is guaranteed ABI-compatible with iovec on Unix; the view lives no
+    // longer than the borrow of `bufs`.
+    let iov: &[libc::iovec] = unsafe { std::slice::from_raw_parts(bufs.as_ptr().cast(), bufs.len()) };
+    // SAFETY: the iovecs are the caller's borrowed slices, readable for the call.
+    unsafe { send_iovecs_nonblocking(fd, iov) }
+}
+
+/// [`send_vectored_nonblocking`] from raw iovecs: for buffers described by address and length
+/// (a request's bdev memory, a client's queued headers) rather than borrowed slices.
+///
+/// # Safety
+/// Every iovec describes memory valid for reads for the call's duration.
+pub unsafe fn send_iovecs_nonblocking(fd: BorrowedFd<'_>, iov: &[libc::iovec]) -> io::Result<usize> {
     // SAFETY: an all-zero msghdr is a valid empty one.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    // IoSlice is guaranteed ABI-compatible with iovec on Unix.
-    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = bufs.len() as _;
-    // SAFETY: `msg` describes readable buffers for the call's duration, on a borrowed, open
-    // descriptor.
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    // SAFETY: `msg` describes buffers the caller vouches are readable for the call's duration,
+    // on a borrowed, open descriptor.
     let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
     if n < 0 {
         return Err(io::Error::last_os_error());
@@ -151,6 +175,34 @@ mod gather_tests {
         assert_eq!((&x, &y[..4]), (b"abc", &b"defg"[..]));
         drop(b);
         assert_eq!(recv_vectored_nonblocking(a.as_fd(), &mut [IoSliceMut::new(&mut x)]).unwrap(), 0);
+    }
+
+    #[test]
+    fn raw_iovecs_go_out_and_come_in_in_order() {
+        use std::os::fd::AsFd;
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (head, tail) = (*b"NBD", *b"-reply");
+        let out = [
+            libc::iovec { iov_base: head.as_ptr() as *mut libc::c_void, iov_len: head.len() },
+            libc::iovec { iov_base: tail.as_ptr() as *mut libc::c_void, iov_len: tail.len() },
+        ];
+        // SAFETY: both iovecs describe the arrays above, alive for the call.
+        assert_eq!(unsafe { send_iovecs_nonblocking(b.as_fd(), &out) }.unwrap(), 9);
+        let (mut x, mut y) = ([0u8; 4], [0u8; 8]);
+        let into = [
+            libc::iovec { iov_base: x.as_mut_ptr().cast(), iov_len: x.len() },
+            libc::iovec { iov_base: y.as_mut_ptr().cast(), iov_len: y.len() },
+        ];
+        // SAFETY: both iovecs describe the arrays above, writable and alive for the call.
+        assert_eq!(unsafe { recv_iovecs_nonblocking(a.as_fd(), &into) }.unwrap(), 9);
+        assert_eq!((&x, &y[..5]), (b"NBD-", &b"reply"[..]));
+        // SAFETY: as above.
+        let e = unsafe { recv_iovecs_nonblocking(a.as_fd(), &into) }.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        drop(a);
+        // SAFETY: as above; the peer is gone, so the send fails with EPIPE instead of a SIGPIPE.
+        let e = unsafe { send_iovecs_nonblocking(b.as_fd(), &out) }.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPIPE));
     }
 }
 

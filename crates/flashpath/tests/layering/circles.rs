@@ -51,16 +51,6 @@ const KNOWN_RUST_CIRCLES: &[&[&str]] = &[
         "crates/registry/src/registry.rs",
         "crates/registry/src/shutdown.rs",
     ],
-    // The spec names its result type, whose report types name the spec.
-    &[
-        "crates/loadgen/src/dirty_log.rs",
-        "crates/loadgen/src/result.rs",
-        "crates/loadgen/src/spec.rs",
-        "crates/loadgen/src/verify.rs",
-    ],
-    // The module name lives in the RPC file, which names the device's detail type.
-    &["crates/rbd/src/device.rs", "crates/rbd/src/rpc.rs"],
-    &["crates/nbd/src/client/device.rs", "crates/nbd/src/client/rpc.rs"],
 ];
 
 /// The bench's Python import circles still to remove, as module names (sorted); only shrinks.

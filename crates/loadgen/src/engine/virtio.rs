@@ -24,6 +24,7 @@ use std::ptr::{addr_of, addr_of_mut};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
+use virtio_bindings::virtio_ring as vr;
 use virtio_driver::virtqueue::{Virtqueue, VirtqueueLayout};
 use virtio_driver::{
     virtio_blk_max_queues, EventFd, QueueNotifier, VhostUser, VirtioBlkConfig, VirtioBlkFeatureFlags,
@@ -40,14 +41,14 @@ fn vd(op: &'static str) -> impl FnOnce(io::Error) -> LoadError {
 }
 
 /// Descriptor flags (virtio 1.2 §2.8.1, §2.7.5).
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
-const F_AVAIL: u16 = 1 << 7;
-const F_USED: u16 = 1 << 15;
+const F_NEXT: u16 = vr::VRING_DESC_F_NEXT as u16;
+const F_WRITE: u16 = vr::VRING_DESC_F_WRITE as u16;
+const F_AVAIL: u16 = 1 << vr::VRING_PACKED_DESC_F_AVAIL;
+const F_USED: u16 = 1 << vr::VRING_PACKED_DESC_F_USED;
 /// Event suppression flags (§2.8.10).
-const EV_ENABLE: u16 = 0;
-const EV_DISABLE: u16 = 1;
-const EV_DESC: u16 = 2;
+const EV_ENABLE: u16 = vr::VRING_PACKED_EVENT_FLAG_ENABLE as u16;
+const EV_DISABLE: u16 = vr::VRING_PACKED_EVENT_FLAG_DISABLE as u16;
+const EV_DESC: u16 = vr::VRING_PACKED_EVENT_FLAG_DESC as u16;
 
 /// Descriptors per request: header, data, status.
 const CHAIN: u16 = 3;

@@ -33,6 +33,9 @@ use crate::client::socket::{connect, say_goodbye, still_open, ConnectError, Conn
 use crate::client::wire::Wire;
 use crate::proto::*;
 
+/// The module's name: its bdevs' `driver`, the `type` of its `[[bdev]]` tables.
+pub const MODULE: &str = "nbd_client";
+
 /// What `bdev_get_bdevs` reports of an nbd_client bdev, and what it was made with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NbdClientDetail {
@@ -134,7 +137,7 @@ impl NbdClientDevice {
                 unmap: writable && export.has(TFLAG_SEND_TRIM),
                 write_zeroes: writable && export.has(TFLAG_SEND_WRITE_ZEROES),
             },
-            driver: crate::client::rpc::MODULE,
+            driver: MODULE,
             driver_specific: Some(("address".into(), detail.address.clone())),
         };
         Ok(NbdClientDevice {

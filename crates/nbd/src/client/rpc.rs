@@ -16,10 +16,8 @@ use fp_rpc::{ParamError, Params};
 use serde_json::{json, Map, Value};
 
 use crate::address::parse_device;
+use crate::client::device::MODULE;
 use crate::client::{NbdClientDetail, NbdClientDevice};
-
-/// The module's name: its bdevs' `driver`, the `type` of its `[[bdev]]` tables.
-pub const MODULE: &str = "nbd_client";
 
 /// The largest `io_timeout_ms` taken: one day (0 waits for ever).
 const MAX_IO_TIMEOUT_MS: u64 = 24 * 3600 * 1000;

@@ -1,6 +1,7 @@
 //! Connecting to a server: a Unix socket or TCP (the first address that answers), the
 //! handshake with blocking I/O bounded by [`HANDSHAKE_TIMEOUT`], then the socket goes
-//! non-blocking for the data path, where [`SocketIo`] moves bytes with `readv` and `sendmsg`.
+//! non-blocking for the data path, where [`SocketIo`] moves bytes with fp-sys's vectored
+//! `recvmsg` and `sendmsg`.
 
 use std::io;
 use std::net::TcpStream;
@@ -89,57 +90,28 @@ impl SocketIo {
     }
 }
 
-fn result(n: isize) -> io::Result<usize> {
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
-}
-
 impl Transport for SocketIo {
     unsafe fn readv(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
-        // SAFETY: the caller guarantees the iovecs describe writable memory; the count is at
-        // most IOV_MAX (the wire's batch).
-        result(unsafe { libc::readv(self.fd(), iov.as_ptr(), iov.len() as libc::c_int) })
+        // SAFETY: passed on from the caller; the count is at most IOV_MAX (the wire's batch).
+        unsafe { fp_sys::recv_iovecs_nonblocking(self.0.as_fd(), iov) }
     }
 
     unsafe fn writev(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
-        // SAFETY: passed on from the caller.
-        unsafe { send(self.0.as_fd(), iov) }
+        // SAFETY: passed on from the caller. MSG_NOSIGNAL inside: a server gone away is an
+        // error return, not a SIGPIPE for the daemon.
+        unsafe { fp_sys::send_iovecs_nonblocking(self.0.as_fd(), iov) }
     }
-}
-
-/// `sendmsg` of `iov`, never blocking.
-///
-/// # Safety
-/// Every iovec describes memory valid for reads for the call's duration.
-unsafe fn send(fd: BorrowedFd<'_>, iov: &[libc::iovec]) -> io::Result<usize> {
-    // SAFETY: a zeroed msghdr is valid (no address, no control data).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = iov.len() as _;
-    // SAFETY: `msg` points at the caller's iovecs, readable for the call's duration.
-    // MSG_NOSIGNAL: a server gone away is an error return, not a SIGPIPE for the daemon.
-    result(unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })
 }
 
 /// Whether a connection made earlier and idle since is still usable: nothing to read (a
 /// closed one reads end-of-stream, a confused server may have sent bytes nobody asked for).
 pub fn still_open(fd: BorrowedFd<'_>) -> bool {
-    let mut b = 0u8;
-    // SAFETY: `b` is one writable byte; MSG_PEEK leaves the stream as it is.
-    let n = unsafe {
-        libc::recv(fd.as_raw_fd(), (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-    };
-    n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
+    matches!(fp_sys::peek_nonblocking(fd, &mut [0u8]), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 /// Sends NBD_CMD_DISC, best effort, so the server ends the connection cleanly instead of
 /// logging a client that vanished.
 pub fn say_goodbye(fd: BorrowedFd<'_>) {
     let disc = Request { flags: 0, command: CMD_DISC, cookie: 0, offset: 0, length: 0 }.encode();
-    let iov = [libc::iovec { iov_base: disc.as_ptr() as *mut libc::c_void, iov_len: disc.len() }];
-    // SAFETY: the iovec describes `disc`, readable for the call.
-    let _ = unsafe { send(fd, &iov) };
+    let _ = fp_sys::send_vectored_nonblocking(fd, &[io::IoSlice::new(&disc)]);
 }
