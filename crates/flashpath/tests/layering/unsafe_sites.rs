@@ -54,7 +54,7 @@ const TO_MOVE: &[(&str, usize)] = &[
     ("crates/loadgen/src/engine/virtio.rs", 24),
     ("crates/nbd/src/client/device.rs", 1),
     ("crates/nbd/src/client/memory.rs", 4),
-    ("crates/nbd/src/client/socket.rs", 9),
+    ("crates/nbd/src/client/socket.rs", 4),
     ("crates/nbd/src/client/wire.rs", 7),
     ("crates/nbd/src/conn/command.rs", 1),
     ("crates/nvme/src/bdev/channel.rs", 5),
@@ -74,10 +74,12 @@ const TO_MOVE: &[(&str, usize)] = &[
     ("crates/virtio-blk/src/request.rs", 5),
 ];
 
-/// The most non-test unsafe sites the workspace may hold. Only goes down: a total below it fails
-/// until it is lowered to match. (Raised once, 405 → 407, when fp-nvmf's two sites became
-/// fp-sys's timerfd wrapper: four sites at the edge for two elsewhere.)
-const CEILING: usize = 407;
+/// The most non-test unsafe sites the workspace may hold. [`TO_MOVE`] already keeps every
+/// file outside the edges from growing, so this guards the edges: a total below it fails until
+/// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
+/// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
+/// 405 → 408), the reason in the commit.
+const CEILING: usize = 408;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {
