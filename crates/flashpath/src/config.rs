@@ -189,9 +189,15 @@
 //! `[vhost]`: `stop_timeout_ms` is how long stopping a vhost-user queue may take (GET_VRING_BASE,
 //! a disconnect, a memory-table change; docs/architecture.md, "Stopping a queue") for every
 //! controller created without its own `stop_timeout_ms`, from this file or by RPC: 1 to 600000,
-//! 5000 by default. At daemon shutdown it is also the bound every export's stop shares (an NBD
-//! export's wait for its connections among them), and how long each reactor waits, after the
-//! exports were stopped, for requests a bdev still holds before it lets go of their guest memory.
+//! 5000 by default. It is also the daemon's stop bound unless `[nvmf] drain_timeout_ms` is longer
+//! (the daemon's is the longest of the export kinds' bounds): at shutdown the bound every
+//! export's stop shares (an NBD export's wait for its connections among them), and how long each
+//! reactor waits, after the exports were stopped, for requests a bdev still holds before it lets
+//! go of their guest memory.
+//!
+//! `[vhost]`, `[nvmf]`, `[nbd]` and `[security] nvmf_allow_remote` are the export kinds' options:
+//! each kind declares its keys, their flags, defaults and ranges (`fp_registry::ExportKind::options`),
+//! and this file reads them from those declarations.
 //!
 //! `[nvmf]` and `[nbd]` (docs/nvmf.md, docs/nbd.md): how long removing a namespace waits for
 //! its commands (`drain_timeout_ms`; at daemon shutdown every namespace's drain shares one such
@@ -212,7 +218,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use fp_registry::exports::options::all_options;
+use fp_registry::exports::all_options;
 use fp_registry::exports::{ConfigTable, KindOption, KindOptions, OptionError, OptionType, OptionValue};
 use fp_registry::{Limits, MethodError, Registry};
 use serde::Deserialize;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use fp_reactor::sys::{self, first_allowed_cpu, SignalSet};
 use fp_reactor::{ReactorConfig, ReactorSet};
-use fp_registry::exports::options::all_options;
+use fp_registry::exports::all_options;
 use fp_registry::exports::{KindOptions, OptionError, OptionValue};
 use fp_registry::{ExportDirError, ExportDirs, Limits, Registry, RegistryOptions, DEFAULT_SOCKET_MODE};
 use fp_rpc::{Handler, RpcServer};

@@ -151,7 +151,11 @@ impl Registry {
         let kind_states = EXPORT_KINDS
             .iter()
             .filter_map(|&kind| {
-                let options = OptionValues { kind, given: &options.kind_options };
+                let options = OptionValues {
+                    kind: kind.name(),
+                    declared: kind.options(),
+                    given: &options.kind_options,
+                };
                 Some((kind.name(), kind.init(&KindInit { reactors: &reactors, options })?))
             })
             .collect();

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use crate::serve;
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
-use fp_registry::exports::options::all_options;
+use fp_registry::exports::all_options;
 use fp_registry::exports::{OptionType, OptionValue};
 
 use super::args::u64_arg;

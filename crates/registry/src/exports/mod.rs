@@ -93,6 +93,11 @@ pub fn config_tables() -> impl Iterator<Item = ConfigTable> {
     EXPORT_KINDS.iter().flat_map(|k| k.config_tables().iter().copied())
 }
 
+/// Every kind's options, in the order of [`EXPORT_KINDS`].
+pub fn all_options() -> impl Iterator<Item = &'static KindOption> {
+    EXPORT_KINDS.iter().flat_map(|k| k.options().iter())
+}
+
 /// The export kind called `name`.
 pub fn find_kind(name: &str) -> Option<&'static dyn ExportKind> {
     EXPORT_KINDS.iter().copied().find(|k| k.name() == name)

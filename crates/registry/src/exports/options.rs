@@ -1,6 +1,6 @@
 //! An export kind's daemon-wide options: what it declares ([`KindOption`]), what the daemon
-//! hands it ([`KindOptions`]) and how its [`super::ExportKind::init`] reads them
-//! ([`OptionValues`]).
+//! hands it ([`KindOptions`]) and how its `ExportKind::init` reads them ([`OptionValues`]).
+//! Plain types: the kinds (`exports/mod.rs`) use them, not the other way round.
 //!
 //! The daemon (`flashpath serve`) builds a flag for each declared option that has one, reads
 //! each from its configuration table, checks the range, and fills [`KindOptions`] from the flag,
@@ -9,8 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::time::Duration;
-
-use super::ExportKind;
 
 /// One option of an export kind: a key of a configuration table and, when it has one, a flag
 /// of `flashpath serve`.
@@ -111,21 +109,19 @@ impl KindOptions {
     }
 }
 
-/// Every kind's options, in the order of [`super::EXPORT_KINDS`].
-pub fn all_options() -> impl Iterator<Item = &'static KindOption> {
-    super::EXPORT_KINDS.iter().flat_map(|k| k.options().iter())
-}
-
-/// One kind's options as its [`super::ExportKind::init`] reads them: by key.
+/// One kind's options as its `ExportKind::init` reads them: by key.
 pub struct OptionValues<'a> {
-    pub(crate) kind: &'a dyn ExportKind,
+    /// The kind's name, for the panics.
+    pub(crate) kind: &'static str,
+    /// What the kind declares (`ExportKind::options`).
+    pub(crate) declared: &'static [KindOption],
     pub(crate) given: &'a KindOptions,
 }
 
 impl OptionValues<'_> {
     fn get(&self, key: &str) -> OptionValue {
-        let declared = self.kind.options().iter().find(|o| o.key == key).unwrap_or_else(|| {
-            panic!("export kind '{}' reads option '{key}', which it does not declare", self.kind.name())
+        let declared = self.declared.iter().find(|o| o.key == key).unwrap_or_else(|| {
+            panic!("export kind '{}' reads option '{key}', which it does not declare", self.kind)
         });
         self.given.value_of(declared)
     }
@@ -138,7 +134,7 @@ impl OptionValues<'_> {
         match self.get(key) {
             OptionValue::Millis(ms) => Duration::from_millis(ms),
             other => {
-                panic!("option '{key}' of export kind '{}' is {other:?}, not milliseconds", self.kind.name())
+                panic!("option '{key}' of export kind '{}' is {other:?}, not milliseconds", self.kind)
             }
         }
     }
@@ -151,7 +147,7 @@ impl OptionValues<'_> {
         match self.get(key) {
             OptionValue::Bool(b) => b,
             other => {
-                panic!("option '{key}' of export kind '{}' is {other:?}, not true or false", self.kind.name())
+                panic!("option '{key}' of export kind '{}' is {other:?}, not true or false", self.kind)
             }
         }
     }
