@@ -120,3 +120,25 @@ impl FromArgMatches for KindFlags {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every declared option with a flag is a flag of `serve`, read back as its kind's value.
+    #[test]
+    fn each_declared_flag_is_built_and_read() {
+        let cmd = KindFlags::augment_args(Command::new("serve"));
+        let mut argv = vec!["serve".to_string()];
+        let mut expected = BTreeMap::new();
+        for (n, option) in all_options().enumerate() {
+            let Some(flag) = option.flag else { continue };
+            assert!(cmd.get_arguments().any(|a| a.get_long() == Some(flag)), "--{flag} missing");
+            argv.extend([format!("--{flag}"), (n + 10).to_string()]);
+            expected.insert(flag, OptionValue::Millis(n as u64 + 10));
+        }
+        assert!(expected.len() >= 5, "the vhost, nbd and nvmf flags: {expected:?}");
+        let matches = cmd.try_get_matches_from(argv).unwrap();
+        assert_eq!(KindFlags::from_arg_matches(&matches).unwrap().0, expected);
+    }
+}
