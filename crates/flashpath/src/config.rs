@@ -189,9 +189,15 @@
 //! `[vhost]`: `stop_timeout_ms` is how long stopping a vhost-user queue may take (GET_VRING_BASE,
 //! a disconnect, a memory-table change; docs/architecture.md, "Stopping a queue") for every
 //! controller created without its own `stop_timeout_ms`, from this file or by RPC: 1 to 600000,
-//! 5000 by default. At daemon shutdown it is also the bound every export's stop shares (an NBD
-//! export's wait for its connections among them), and how long each reactor waits, after the
-//! exports were stopped, for requests a bdev still holds before it lets go of their guest memory.
+//! 5000 by default. It is also the daemon's stop bound unless `[nvmf] drain_timeout_ms` is longer
+//! (the daemon's is the longest of the export kinds' bounds): at shutdown the bound every
+//! export's stop shares (an NBD export's wait for its connections among them), and how long each
+//! reactor waits, after the exports were stopped, for requests a bdev still holds before it lets
+//! go of their guest memory.
+//!
+//! `[vhost]`, `[nvmf]`, `[nbd]` and `[security] nvmf_allow_remote` are the export kinds' options:
+//! each kind declares its keys, their flags, defaults and ranges (`fp_registry::ExportKind::options`),
+//! and this file reads them from those declarations.
 //!
 //! `[nvmf]` and `[nbd]` (docs/nvmf.md, docs/nbd.md): how long removing a namespace waits for
 //! its commands (`drain_timeout_ms`; at daemon shutdown every namespace's drain shares one such
@@ -212,8 +218,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use fp_registry::exports::vhost_blk::MAX_STOP_TIMEOUT_MS;
-use fp_registry::exports::ConfigTable;
+use fp_registry::exports::all_options;
+use fp_registry::exports::{ConfigTable, KindOption, KindOptions, OptionError, OptionType, OptionValue};
 use fp_registry::{Limits, MethodError, Registry};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -244,10 +250,14 @@ pub enum ConfigError {
     Limit { key: &'static str, reason: String },
     #[error("security.{key}: {reason}")]
     Security { key: &'static str, reason: String },
-    #[error("vhost.{key}: {reason}")]
-    Vhost { key: &'static str, reason: String },
-    #[error("{table}.{key}: {ms} is not between 1 and {MAX_STOP_TIMEOUT_MS}")]
-    Bound { table: &'static str, key: &'static str, ms: u64 },
+    /// An export kind's option ([`fp_registry::exports::KindOption`]) was refused.
+    #[error("{table}.{key}: {reason}")]
+    KindOption {
+        table: &'static str,
+        key: &'static str,
+        #[source]
+        reason: OptionError,
+    },
 }
 
 /// The file as written. See the module docs.
@@ -265,12 +275,11 @@ pub struct ConfigFile {
     pub security: SecuritySection,
     #[serde(default)]
     pub stats: StatsSection,
-    #[serde(default)]
-    pub vhost: VhostSection,
-    #[serde(default)]
-    pub nvmf: NvmfSection,
-    #[serde(default)]
-    pub nbd: NbdSection,
+    /// The export kinds' options given in their tables (`[vhost]`, `[nbd]`, `[nvmf]`, and
+    /// `[security] nvmf_allow_remote`), checked against their declarations
+    /// ([`fp_registry::ExportKind::options`]).
+    #[serde(skip)]
+    pub kind_options: KindOptions,
     /// Kept as raw tables: their keys are checked by the RPC methods themselves.
     #[serde(default)]
     pub bdev_options: Option<toml::Table>,
@@ -297,7 +306,7 @@ pub struct ConfigFile {
 
 /// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the modules' and
 /// export kinds' tables follow them there.
-const FILE_KEYS: [&str; 15] = [
+const FILE_KEYS: [&str; 12] = [
     "rpc",
     "vhost_dir",
     "metrics",
@@ -305,9 +314,6 @@ const FILE_KEYS: [&str; 15] = [
     "limits",
     "security",
     "stats",
-    "vhost",
-    "nvmf",
-    "nbd",
     "bdev_options",
     "bdev",
     "qos_limit",
@@ -402,73 +408,6 @@ pub struct StatsSection {
     pub iostat: Option<bool>,
 }
 
-/// `[vhost]`: daemon-wide defaults of the vhost-user-blk controllers.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VhostSection {
-    /// The stop bound of controllers created without `stop_timeout_ms`.
-    pub stop_timeout_ms: Option<u64>,
-}
-
-impl VhostSection {
-    fn check(&self) -> Result<(), ConfigError> {
-        match self.stop_timeout_ms {
-            Some(ms) if !stop_timeout_ms_in_range(ms) => Err(ConfigError::Vhost {
-                key: "stop_timeout_ms",
-                reason: format!("{ms} is not between 1 and {MAX_STOP_TIMEOUT_MS}"),
-            }),
-            _ => Ok(()),
-        }
-    }
-}
-
-/// `[nvmf]`: the NVMe/TCP target's bounds.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NvmfSection {
-    /// How long removing a namespace waits for its commands.
-    pub drain_timeout_ms: Option<u64>,
-    /// How long a closing queue pair retries commands refused as busy.
-    pub close_timeout_ms: Option<u64>,
-}
-
-/// `[nbd]`: the NBD server's bounds.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NbdSection {
-    /// How long stopping an export waits for its connections.
-    pub stop_timeout_ms: Option<u64>,
-    /// How long a closing connection retries requests refused as busy.
-    pub close_timeout_ms: Option<u64>,
-}
-
-/// Refuses a bound outside 1..=[`MAX_STOP_TIMEOUT_MS`].
-fn check_bound(table: &'static str, key: &'static str, ms: Option<u64>) -> Result<(), ConfigError> {
-    match ms {
-        Some(ms) if !stop_timeout_ms_in_range(ms) => Err(ConfigError::Bound { table, key, ms }),
-        _ => Ok(()),
-    }
-}
-
-impl NvmfSection {
-    fn check(&self) -> Result<(), ConfigError> {
-        check_bound("nvmf", "drain_timeout_ms", self.drain_timeout_ms)?;
-        check_bound("nvmf", "close_timeout_ms", self.close_timeout_ms)
-    }
-}
-
-impl NbdSection {
-    fn check(&self) -> Result<(), ConfigError> {
-        check_bound("nbd", "stop_timeout_ms", self.stop_timeout_ms)?;
-        check_bound("nbd", "close_timeout_ms", self.close_timeout_ms)
-    }
-}
-
-/// Whether `ms` is a stop bound a controller accepts.
-pub fn stop_timeout_ms_in_range(ms: u64) -> bool {
-    (1..=MAX_STOP_TIMEOUT_MS).contains(&ms)
-}
-
 /// `[limits]`; an absent key keeps the default of [`Limits`].
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -505,15 +444,19 @@ impl LimitsSection {
 
 /// `[security]`.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct SecuritySection {
     /// `vhost_socket_mode` is its name from when vhost-user-blk was the only export.
     #[serde(alias = "vhost_socket_mode")]
     pub socket_mode: Option<u32>,
     pub export_dirs: Option<Vec<PathBuf>>,
-    /// NVMe-oF listeners may bind addresses other than loopback (docs/nvmf.md).
-    pub nvmf_allow_remote: Option<bool>,
+    /// Its other keys: export kinds' options in this table (`nvmf_allow_remote`), sorted out
+    /// by [`ConfigFile::parse`], which refuses any other as an unknown field.
+    #[serde(flatten)]
+    kind_keys: BTreeMap<String, toml::Value>,
 }
+
+/// The keys [`SecuritySection`] declares, for the unknown-field message.
+const SECURITY_KEYS: [&str; 2] = ["socket_mode", "export_dirs"];
 
 impl SecuritySection {
     fn check(&self) -> Result<(), ConfigError> {
@@ -573,23 +516,34 @@ impl ConfigFile {
         }
         config.limits.check()?;
         config.security.check()?;
-        config.vhost.check()?;
-        config.nvmf.check()?;
-        config.nbd.check()?;
         Ok(config)
     }
 
     /// Moves the modules' and export kinds' tables from `other` to `tables`; refuses any other
     /// key, at its place in `text`, as serde would have.
     fn sort_out_tables(&mut self, text: &str, path: &Path) -> Result<(), ConfigError> {
+        for (key, value) in std::mem::take(&mut self.security.kind_keys) {
+            self.read_kind_option("security", &SECURITY_KEYS, &key, value, text, path)?;
+        }
         for (key, value) in std::mem::take(&mut self.other) {
             let (line, column) = locate_key(text, &key);
             let syntax =
                 |message: String| ConfigError::Syntax { path: path.to_path_buf(), line, column, message };
+            if let Some(declared) = option_tables().find(|t| *t == key) {
+                let toml::Value::Table(entries) = value else {
+                    let found = value.type_str();
+                    return Err(syntax(format!("invalid type: {found}, expected a table ([{declared}])")));
+                };
+                for (k, v) in entries {
+                    self.read_kind_option(declared, &[], &k, v, text, path)?;
+                }
+                continue;
+            }
             let Some(declared) = plugin_tables().find(|t| t.table == key) else {
                 let expected: Vec<String> = FILE_KEYS
                     .iter()
                     .copied()
+                    .chain(option_tables())
                     .chain(plugin_tables().map(|t| t.table))
                     .map(|k| format!("`{k}`"))
                     .collect();
@@ -711,6 +665,90 @@ impl ConfigFile {
 /// Every table a bdev module or an export kind declares.
 fn plugin_tables() -> impl Iterator<Item = ConfigTable> {
     fp_registry::modules::config_tables().chain(fp_registry::exports::config_tables())
+}
+
+/// The tables holding only export kinds' options (`vhost`, `nbd`, `nvmf`), each once, in the
+/// order the kinds declare them; a daemon table that also holds some (`security`) is not one.
+fn option_tables() -> impl Iterator<Item = &'static str> {
+    let mut seen = Vec::new();
+    all_options().map(|o| o.table).filter(move |t| {
+        let new = !FILE_KEYS.contains(t) && !seen.contains(t);
+        if new {
+            seen.push(*t);
+        }
+        new
+    })
+}
+
+/// An option's value as the file wrote it, if it is of a type some option takes.
+fn option_value(value: &toml::Value) -> Option<OptionValue> {
+    match value {
+        toml::Value::Integer(n) => u64::try_from(*n).ok().map(OptionValue::Millis),
+        toml::Value::Boolean(b) => Some(OptionValue::Bool(*b)),
+        _ => None,
+    }
+}
+
+impl ConfigFile {
+    /// Checks `table.key = value` against the export kind's option it names and keeps it;
+    /// `table_keys` are the table's other keys, for the unknown-field message.
+    fn read_kind_option(
+        &mut self,
+        table: &'static str,
+        table_keys: &[&str],
+        key: &str,
+        value: toml::Value,
+        text: &str,
+        path: &Path,
+    ) -> Result<(), ConfigError> {
+        let (line, column) = locate_table_key(text, table, key);
+        let syntax =
+            |message: String| ConfigError::Syntax { path: path.to_path_buf(), line, column, message };
+        let declared: Vec<&'static KindOption> = all_options().filter(|o| o.table == table).collect();
+        let Some(option) = declared.iter().find(|o| o.key == key) else {
+            let expected: Vec<String> = table_keys
+                .iter()
+                .copied()
+                .chain(declared.iter().map(|o| o.key))
+                .map(|k| format!("`{k}`"))
+                .collect();
+            let key = one_line(key);
+            return Err(syntax(format!("unknown field `{key}`, expected one of {}", expected.join(", "))));
+        };
+        let wrong_type = || {
+            let expected = match option.value {
+                OptionType::Millis { .. } => "a whole number of milliseconds",
+                OptionType::Bool { .. } => "a boolean",
+            };
+            syntax(format!("invalid type: {}, expected {expected}", value.type_str()))
+        };
+        match option_value(&value).map(|v| option.check(v)) {
+            Some(Ok(v)) => {
+                self.kind_options.set(option.table, option.key, v);
+                Ok(())
+            }
+            None | Some(Err(OptionError::WrongType { .. })) => Err(wrong_type()),
+            Some(Err(reason)) => {
+                Err(ConfigError::KindOption { table: option.table, key: option.key, reason })
+            }
+        }
+    }
+}
+
+/// Where `key` of `[table]` is in `text` (line and column, from 1), or else the table's place.
+fn locate_table_key(text: &str, table: &str, key: &str) -> (usize, usize) {
+    let mut in_table = false;
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if let Some(header) = trimmed.strip_prefix('[') {
+            in_table = header.split(']').next().is_some_and(|h| h.trim() == table);
+        } else if in_table
+            && trimmed.strip_prefix(key).is_some_and(|after| after.trim_start().starts_with(['=', '.']))
+        {
+            return (i + 1, line.len() - trimmed.len() + 1);
+        }
+    }
+    locate_key(text, table)
 }
 
 /// A `[[qos_group]]` entry: `bdev_qos_group_create` with the table less `members`, then one

@@ -5,6 +5,7 @@
 //! signals stay pending until the main thread collects them with `sigwait`: no handler runs on a
 //! reactor, and no extra thread is needed.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,6 +13,8 @@ use std::time::Duration;
 
 use fp_reactor::sys::{self, first_allowed_cpu, SignalSet};
 use fp_reactor::{ReactorConfig, ReactorSet};
+use fp_registry::exports::all_options;
+use fp_registry::exports::{KindOptions, OptionError, OptionValue};
 use fp_registry::{ExportDirError, ExportDirs, Limits, Registry, RegistryOptions, DEFAULT_SOCKET_MODE};
 use fp_rpc::{Handler, RpcServer};
 
@@ -34,16 +37,9 @@ pub struct ServeOptions {
     pub metrics: Option<String>,
     /// `--no-iostat`.
     pub no_iostat: bool,
-    /// `--vhost-stop-timeout-ms`.
-    pub vhost_stop_timeout_ms: Option<u64>,
-    /// `--nvmf-drain-timeout-ms`.
-    pub nvmf_drain_timeout_ms: Option<u64>,
-    /// `--nvmf-close-timeout-ms`.
-    pub nvmf_close_timeout_ms: Option<u64>,
-    /// `--nbd-stop-timeout-ms`.
-    pub nbd_stop_timeout_ms: Option<u64>,
-    /// `--nbd-close-timeout-ms`.
-    pub nbd_close_timeout_ms: Option<u64>,
+    /// The export kinds' option flags given (`--nbd-stop-timeout-ms`), by flag without its
+    /// dashes ([`fp_registry::exports::KindOption::flag`]); not yet checked against the range.
+    pub kind_flags: BTreeMap<&'static str, OptionValue>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,10 +75,13 @@ pub enum ServeError {
     Rpc(#[source] io::Error),
     #[error("cannot set up signal handling: {0}")]
     Signals(#[source] io::Error),
-    #[error("--vhost-stop-timeout-ms: {0} is not between 1 and {max}", max = fp_registry::exports::vhost_blk::MAX_STOP_TIMEOUT_MS)]
-    StopTimeout(u64),
-    #[error("--{flag}: {ms} is not between 1 and {max}", max = fp_registry::exports::vhost_blk::MAX_STOP_TIMEOUT_MS)]
-    Bound { flag: &'static str, ms: u64 },
+    /// An export kind's option flag was refused.
+    #[error("--{flag}: {reason}")]
+    KindOption {
+        flag: &'static str,
+        #[source]
+        reason: OptionError,
+    },
 }
 
 /// What `serve` ends up running with.
@@ -98,35 +97,23 @@ pub struct Settings {
     pub export_dirs: Option<(Vec<PathBuf>, &'static str)>,
     /// Per-disk I/O statistics are counted (`fp_registry::RegistryOptions::iostat`).
     pub iostat: bool,
-    /// NVMe-oF listeners may bind non-loopback addresses
-    /// (`fp_registry::RegistryOptions::nvmf_allow_remote`).
-    pub nvmf_allow_remote: bool,
-    /// The stop bound of vhost-user-blk controllers created without `stop_timeout_ms`
-    /// (`fp_registry::RegistryOptions::vhost_stop_timeout`), and how long each reactor waits at
-    /// shutdown for requests a bdev still holds.
-    pub vhost_stop_timeout: Duration,
-    /// `fp_registry::RegistryOptions::nvmf_drain_timeout`.
-    pub nvmf_drain_timeout: Duration,
-    /// `fp_registry::RegistryOptions::nvmf_close_timeout`.
-    pub nvmf_close_timeout: Duration,
-    /// `fp_registry::RegistryOptions::nbd_stop_timeout`.
-    pub nbd_stop_timeout: Duration,
-    /// `fp_registry::RegistryOptions::nbd_close_timeout`.
-    pub nbd_close_timeout: Duration,
+    /// The export kinds' options given, each from its flag, else its table
+    /// (`fp_registry::RegistryOptions::kind_options`); the others keep their defaults.
+    pub kind_options: KindOptions,
 }
 
-/// A bound in milliseconds: the flag's (checked here), else the file's (checked when it was
-/// read), else `default`.
-fn bound_ms(
-    flag: &'static str,
-    from_flag: Option<u64>,
-    from_file: Option<u64>,
-    default: Duration,
-) -> Result<Duration, ServeError> {
-    if let Some(ms) = from_flag.filter(|&ms| !crate::config::stop_timeout_ms_in_range(ms)) {
-        return Err(ServeError::Bound { flag, ms });
+/// The export kinds' options: each flag given (checked here) over the file's value (checked
+/// when it was read).
+fn kind_options(opts: &ServeOptions, config: &ConfigFile) -> Result<KindOptions, ServeError> {
+    let mut options = config.kind_options.clone();
+    for option in all_options() {
+        let Some(flag) = option.flag else { continue };
+        if let Some(&value) = opts.kind_flags.get(flag) {
+            let value = option.check(value).map_err(|reason| ServeError::KindOption { flag, reason })?;
+            options.set(option.table, option.key, value);
+        }
     }
-    Ok(from_flag.or(from_file).map_or(default, Duration::from_millis))
+    Ok(options)
 }
 
 /// Merges flags over the config file over defaults.
@@ -140,39 +127,7 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
         .idle_window_us
         .or(config.reactor.idle_window_us)
         .map_or(fp_reactor::DEFAULT_IDLE_WINDOW, Duration::from_micros);
-    // The file's value was checked when it was read.
-    if let Some(ms) = opts.vhost_stop_timeout_ms.filter(|&ms| !crate::config::stop_timeout_ms_in_range(ms)) {
-        return Err(ServeError::StopTimeout(ms));
-    }
-    let vhost_stop_timeout = opts
-        .vhost_stop_timeout_ms
-        .or(config.vhost.stop_timeout_ms)
-        .map_or_else(|| RegistryOptions::default().vhost_stop_timeout, Duration::from_millis);
-    let defaults = RegistryOptions::default();
-    let nvmf_drain_timeout = bound_ms(
-        "nvmf-drain-timeout-ms",
-        opts.nvmf_drain_timeout_ms,
-        config.nvmf.drain_timeout_ms,
-        defaults.nvmf_drain_timeout,
-    )?;
-    let nvmf_close_timeout = bound_ms(
-        "nvmf-close-timeout-ms",
-        opts.nvmf_close_timeout_ms,
-        config.nvmf.close_timeout_ms,
-        defaults.nvmf_close_timeout,
-    )?;
-    let nbd_stop_timeout = bound_ms(
-        "nbd-stop-timeout-ms",
-        opts.nbd_stop_timeout_ms,
-        config.nbd.stop_timeout_ms,
-        defaults.nbd_stop_timeout,
-    )?;
-    let nbd_close_timeout = bound_ms(
-        "nbd-close-timeout-ms",
-        opts.nbd_close_timeout_ms,
-        config.nbd.close_timeout_ms,
-        defaults.nbd_close_timeout,
-    )?;
+    let kind_options = kind_options(opts, config)?;
     Ok(Settings {
         cpus,
         rpc: opts.rpc.clone().or_else(|| config.rpc.clone()).unwrap_or_else(|| DEFAULT_RPC_SOCKET.into()),
@@ -190,12 +145,7 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
             (None, None) => None,
         },
         iostat: !opts.no_iostat && config.stats.iostat.unwrap_or(true),
-        nvmf_allow_remote: config.security.nvmf_allow_remote.unwrap_or(false),
-        vhost_stop_timeout,
-        nvmf_drain_timeout,
-        nvmf_close_timeout,
-        nbd_stop_timeout,
-        nbd_close_timeout,
+        kind_options,
     })
 }
 
@@ -252,19 +202,13 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
 
     let reactors = ReactorSet::start(&settings.cpus, ReactorConfig { idle_window: settings.idle_window })
         .map_err(|source| ServeError::Reactors { cpus: format_cpus(&settings.cpus), source })?;
-    let mut options = RegistryOptions {
+    let options = RegistryOptions {
         limits: settings.limits.clone(),
         socket_mode: settings.socket_mode,
         export_dirs,
         iostat: settings.iostat,
-        nvmf_allow_remote: settings.nvmf_allow_remote,
-        ..RegistryOptions::default()
+        kind_options: settings.kind_options.clone(),
     };
-    options.vhost_stop_timeout = settings.vhost_stop_timeout;
-    options.nvmf_drain_timeout = settings.nvmf_drain_timeout;
-    options.nvmf_close_timeout = settings.nvmf_close_timeout;
-    options.nbd_stop_timeout = settings.nbd_stop_timeout;
-    options.nbd_close_timeout = settings.nbd_close_timeout;
     let registry = Registry::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
     let started = config.apply(&registry).map_err(ServeError::from).and_then(|_| {
         let m = registry.clone();
@@ -316,12 +260,13 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
     // (Registry::shutdown); those still stopping at its deadline are logged and left behind.
     let left = registry.shutdown();
     // A queue that did not stop in time (its disk still holds requests) waits on its reactor
-    // for them, so that guest memory is not unmapped under the disk: up to the stop bound once
-    // more, but never past the one shutdown deadline. The floor lets every reactor finish the
-    // round it is in and log what it drops.
+    // for them, so that guest memory is not unmapped under the disk: up to the daemon's stop
+    // bound once more (the longest of the export kinds', `[vhost] stop_timeout_ms` unless the
+    // NVMe-oF drain is longer), but never past the one shutdown deadline. The floor lets every
+    // reactor finish the round it is in and log what it drops.
     let left_of_deadline =
         (signalled + registry.shutdown_bound()).saturating_duration_since(std::time::Instant::now());
-    reactors.shutdown_within(settings.vhost_stop_timeout.min(left_of_deadline).max(REACTOR_DRAIN_FLOOR));
+    reactors.shutdown_within(registry.export_stop_bound().min(left_of_deadline).max(REACTOR_DRAIN_FLOOR));
     if !left.is_empty() {
         log::warn!("exiting with the stop of {} export(s) unfinished: {}", left.len(), left.join(", "));
     }
@@ -378,6 +323,25 @@ fn vhost_dir_mode(socket_mode: u32) -> u32 {
 mod tests {
     use super::*;
 
+    /// The value `options` give `table.key`: as given, else the kind's default.
+    fn value(options: &KindOptions, table: &str, key: &str) -> OptionValue {
+        let declared = all_options().find(|o| o.table == table && o.key == key).expect("a declared option");
+        options.value_of(declared)
+    }
+
+    /// The milliseconds option `table.key` of `settings`.
+    fn millis(settings: &Settings, table: &str, key: &str) -> Duration {
+        match value(&settings.kind_options, table, key) {
+            OptionValue::Millis(ms) => Duration::from_millis(ms),
+            other => panic!("{table}.{key} is {other:?}"),
+        }
+    }
+
+    /// `--FLAG MS` for each of `flags`.
+    fn flags(flags: &[(&'static str, u64)]) -> BTreeMap<&'static str, OptionValue> {
+        flags.iter().map(|&(f, ms)| (f, OptionValue::Millis(ms))).collect()
+    }
+
     #[test]
     fn flags_override_config_over_defaults() {
         let config = ConfigFile::parse(
@@ -397,12 +361,7 @@ mod tests {
                 socket_mode: 0o600,
                 export_dirs: None,
                 iostat: true,
-                nvmf_allow_remote: false,
-                vhost_stop_timeout: RegistryOptions::default().vhost_stop_timeout,
-                nvmf_drain_timeout: RegistryOptions::default().nvmf_drain_timeout,
-                nvmf_close_timeout: RegistryOptions::default().nvmf_close_timeout,
-                nbd_stop_timeout: RegistryOptions::default().nbd_stop_timeout,
-                nbd_close_timeout: RegistryOptions::default().nbd_close_timeout,
+                kind_options: KindOptions::default(),
             }
         );
         let opts = ServeOptions {
@@ -414,7 +373,6 @@ mod tests {
             export_dirs: None,
             metrics: None,
             no_iostat: true,
-            vhost_stop_timeout_ms: None,
             ..ServeOptions::default()
         };
         let from_flags = resolve(&opts, &config).unwrap();
@@ -438,7 +396,8 @@ mod tests {
     fn nvmf_remote_listeners_come_from_the_security_table() {
         let config =
             ConfigFile::parse("[security]\nnvmf_allow_remote = true\n", Path::new("c.toml")).unwrap();
-        assert!(resolve(&ServeOptions::default(), &config).unwrap().nvmf_allow_remote);
+        let settings = resolve(&ServeOptions::default(), &config).unwrap();
+        assert_eq!(value(&settings.kind_options, "security", "nvmf_allow_remote"), OptionValue::Bool(true));
         let e = ConfigFile::parse("[security]\nnvmf_allow_remote = 1\n", Path::new("c.toml")).unwrap_err();
         assert!(e.to_string().starts_with("c.toml:2:"), "{e}");
     }
@@ -475,20 +434,29 @@ mod tests {
     #[test]
     fn the_vhost_stop_bound_comes_from_the_flag_over_the_vhost_table() {
         let config = ConfigFile::parse("[vhost]\nstop_timeout_ms = 750\n", Path::new("c.toml")).unwrap();
-        assert_eq!(config.vhost.stop_timeout_ms, Some(750));
+        assert_eq!(value(&config.kind_options, "vhost", "stop_timeout_ms"), OptionValue::Millis(750));
         assert_eq!(
-            resolve(&ServeOptions::default(), &config).unwrap().vhost_stop_timeout,
+            millis(&resolve(&ServeOptions::default(), &config).unwrap(), "vhost", "stop_timeout_ms"),
             Duration::from_millis(750)
         );
-        let opts = ServeOptions { vhost_stop_timeout_ms: Some(20_000), ..ServeOptions::default() };
-        assert_eq!(resolve(&opts, &config).unwrap().vhost_stop_timeout, Duration::from_secs(20));
+        let opts = ServeOptions {
+            kind_flags: flags(&[("vhost-stop-timeout-ms", 20_000)]),
+            ..ServeOptions::default()
+        };
+        assert_eq!(
+            millis(&resolve(&opts, &config).unwrap(), "vhost", "stop_timeout_ms"),
+            Duration::from_secs(20)
+        );
         let none = resolve(&ServeOptions::default(), &ConfigFile::default()).unwrap();
-        assert_eq!(none.vhost_stop_timeout, RegistryOptions::default().vhost_stop_timeout);
+        assert_eq!(millis(&none, "vhost", "stop_timeout_ms"), Duration::from_millis(5000));
         for ms in [0, 600_001] {
             let text = format!("[vhost]\nstop_timeout_ms = {ms}\n");
             let e = ConfigFile::parse(&text, Path::new("c.toml")).unwrap_err().to_string();
             assert_eq!(e, format!("vhost.stop_timeout_ms: {ms} is not between 1 and 600000"));
-            let opts = ServeOptions { vhost_stop_timeout_ms: Some(ms), ..ServeOptions::default() };
+            let opts = ServeOptions {
+                kind_flags: flags(&[("vhost-stop-timeout-ms", ms)]),
+                ..ServeOptions::default()
+            };
             let e = resolve(&opts, &ConfigFile::default()).unwrap_err().to_string();
             assert_eq!(e, format!("--vhost-stop-timeout-ms: {ms} is not between 1 and 600000"));
         }
@@ -505,24 +473,41 @@ mod tests {
         let s = resolve(&ServeOptions::default(), &config).unwrap();
         let ms = Duration::from_millis;
         assert_eq!(
-            (s.nvmf_drain_timeout, s.nvmf_close_timeout, s.nbd_stop_timeout, s.nbd_close_timeout),
+            (
+                millis(&s, "nvmf", "drain_timeout_ms"),
+                millis(&s, "nvmf", "close_timeout_ms"),
+                millis(&s, "nbd", "stop_timeout_ms"),
+                millis(&s, "nbd", "close_timeout_ms")
+            ),
             (ms(700), ms(800), ms(900), ms(1000))
         );
         let opts = ServeOptions {
-            nvmf_drain_timeout_ms: Some(70),
-            nvmf_close_timeout_ms: Some(80),
-            nbd_stop_timeout_ms: Some(90),
-            nbd_close_timeout_ms: Some(100),
+            kind_flags: flags(&[
+                ("nvmf-drain-timeout-ms", 70),
+                ("nvmf-close-timeout-ms", 80),
+                ("nbd-stop-timeout-ms", 90),
+                ("nbd-close-timeout-ms", 100),
+            ]),
             ..ServeOptions::default()
         };
         let s = resolve(&opts, &config).unwrap();
         assert_eq!(
-            (s.nvmf_drain_timeout, s.nvmf_close_timeout, s.nbd_stop_timeout, s.nbd_close_timeout),
+            (
+                millis(&s, "nvmf", "drain_timeout_ms"),
+                millis(&s, "nvmf", "close_timeout_ms"),
+                millis(&s, "nbd", "stop_timeout_ms"),
+                millis(&s, "nbd", "close_timeout_ms")
+            ),
             (ms(70), ms(80), ms(90), ms(100))
         );
         let d = resolve(&ServeOptions::default(), &ConfigFile::default()).unwrap();
         assert_eq!(
-            (d.nvmf_drain_timeout, d.nvmf_close_timeout, d.nbd_stop_timeout, d.nbd_close_timeout),
+            (
+                millis(&d, "nvmf", "drain_timeout_ms"),
+                millis(&d, "nvmf", "close_timeout_ms"),
+                millis(&d, "nbd", "stop_timeout_ms"),
+                millis(&d, "nbd", "close_timeout_ms")
+            ),
             (ms(5000), ms(5000), ms(5000), ms(5000))
         );
         for ms in [0, 600_001] {
@@ -536,10 +521,16 @@ mod tests {
                 let e = ConfigFile::parse(&text, Path::new("c.toml")).unwrap_err().to_string();
                 assert_eq!(e, format!("{table}.{key}: {ms} is not between 1 and 600000"));
             }
-            let opts = ServeOptions { nbd_close_timeout_ms: Some(ms), ..ServeOptions::default() };
+            let opts = ServeOptions {
+                kind_flags: flags(&[("nbd-close-timeout-ms", ms)]),
+                ..ServeOptions::default()
+            };
             let e = resolve(&opts, &ConfigFile::default()).unwrap_err().to_string();
             assert_eq!(e, format!("--nbd-close-timeout-ms: {ms} is not between 1 and 600000"));
-            let opts = ServeOptions { nvmf_drain_timeout_ms: Some(ms), ..ServeOptions::default() };
+            let opts = ServeOptions {
+                kind_flags: flags(&[("nvmf-drain-timeout-ms", ms)]),
+                ..ServeOptions::default()
+            };
             let e = resolve(&opts, &ConfigFile::default()).unwrap_err().to_string();
             assert_eq!(e, format!("--nvmf-drain-timeout-ms: {ms} is not between 1 and 600000"));
         }

@@ -39,7 +39,7 @@ pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_EXPORTS};
 pub use methods::MethodError;
 pub use mirror::{MirrorSpec, MIRROR_WAIT};
 pub use qos::{QosGroupSummary, QosMember};
-pub use registry::{ReactorSummary, Registry, RegistryOptions, DEFAULT_SOCKET_MODE};
+pub use registry::{ReactorSummary, Registry, RegistryOptions, DEFAULT_SOCKET_MODE, DEFAULT_STOP_BOUND};
 
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,7 @@ use fp_reactor::ReactorHandle;
 
 use crate::bdevs::BdevEntry;
 use crate::examine::ExamineGate;
-use crate::exports::{ExportEntry, KindInit, EXPORT_KINDS};
+use crate::exports::{ExportEntry, KindInit, OptionValues, EXPORT_KINDS};
 use crate::{modules, ExportDirs, Limits, RegistryError};
 
 /// A reactor as `framework_get_reactors` reports it.
@@ -88,24 +88,9 @@ pub struct RegistryOptions {
     /// Count I/O statistics (`bdev_get_iostat`, histograms) in the disk layer; off hands the
     /// exports the backends' channels directly.
     pub iostat: bool,
-    /// NVMe-oF listeners may bind any address; off (the default), only loopback ones, so that
-    /// exposing disks to the network is a deliberate setting (`security.nvmf_allow_remote`).
-    pub nvmf_allow_remote: bool,
-    /// How long stopping a vhost-user queue may take, for controllers created without
-    /// `stop_timeout_ms` ([`fp_vhost_blk::DEFAULT_STOP_TIMEOUT`] by default).
-    pub vhost_stop_timeout: std::time::Duration,
-    /// How long removing an NVMe-oF namespace waits for its commands
-    /// ([`fp_nvmf::DRAIN_TIMEOUT`] by default).
-    pub nvmf_drain_timeout: std::time::Duration,
-    /// How long a closing NVMe/TCP queue pair retries commands refused as busy
-    /// ([`fp_nvmf::CLOSE_TIMEOUT`] by default).
-    pub nvmf_close_timeout: std::time::Duration,
-    /// How long `nbd_stop_disk` (and the daemon's shutdown, per export) waits for its
-    /// connections ([`fp_nbd::STOP_TIMEOUT`] by default).
-    pub nbd_stop_timeout: std::time::Duration,
-    /// How long a closing NBD connection retries requests refused as busy
-    /// ([`fp_nbd::CLOSE_TIMEOUT`] by default).
-    pub nbd_close_timeout: std::time::Duration,
+    /// The export kinds' own options ([`crate::ExportKind::options`]): their bounds, whether
+    /// NVMe-oF listeners may leave loopback. Those not given keep the kind's default.
+    pub kind_options: crate::exports::KindOptions,
 }
 
 /// Default for [`RegistryOptions::socket_mode`]: only the daemon's user may connect.
@@ -122,15 +107,13 @@ impl Default for RegistryOptions {
             socket_mode: DEFAULT_SOCKET_MODE,
             export_dirs: None,
             iostat: true,
-            nvmf_allow_remote: false,
-            vhost_stop_timeout: fp_vhost_blk::DEFAULT_STOP_TIMEOUT,
-            nvmf_drain_timeout: fp_nvmf::DRAIN_TIMEOUT,
-            nvmf_close_timeout: fp_nvmf::CLOSE_TIMEOUT,
-            nbd_stop_timeout: fp_nbd::STOP_TIMEOUT,
-            nbd_close_timeout: fp_nbd::CLOSE_TIMEOUT,
+            kind_options: crate::exports::KindOptions::default(),
         }
     }
 }
+
+/// The daemon's stop bound ([`Registry::export_stop_bound`]) when no export kind declares one.
+pub const DEFAULT_STOP_BOUND: Duration = Duration::from_secs(5);
 
 /// The registry. Cheap to share: wrap it in an `Arc`.
 pub struct Registry {
@@ -165,8 +148,17 @@ impl Registry {
         vhost_dir: &Path,
         options: RegistryOptions,
     ) -> Arc<Registry> {
-        let init = KindInit { reactors: &reactors, options: &options };
-        let kind_states = EXPORT_KINDS.iter().filter_map(|k| Some((k.name(), k.init(&init)?))).collect();
+        let kind_states = EXPORT_KINDS
+            .iter()
+            .filter_map(|&kind| {
+                let options = OptionValues {
+                    kind: kind.name(),
+                    declared: kind.options(),
+                    given: &options.kind_options,
+                };
+                Some((kind.name(), kind.init(&KindInit { reactors: &reactors, options })?))
+            })
+            .collect();
         Arc::new_cyclic(|me| Registry {
             me: me.clone(),
             reactors,
@@ -238,15 +230,13 @@ impl Registry {
             .collect()
     }
 
-    /// The longest an export's stop may take at shutdown: the daemon's stop bound
-    /// ([`RegistryOptions::vhost_stop_timeout`]), or the NVMe-oF drain timeout when longer. The
-    /// daemon's whole shutdown is bounded by this plus the margin [`Registry::shutdown`] allows
-    /// the stops to report back ([`Registry::shutdown_bound`]).
+    /// The daemon's stop bound, the longest an export's stop may take at shutdown: the longest
+    /// of the kinds' [`crate::ExportKind::stop_bound`]s (a vhost-user queue's default stop bound,
+    /// `[vhost] stop_timeout_ms`, and the NVMe-oF drain timeout), or [`DEFAULT_STOP_BOUND`]
+    /// when no kind has one. The daemon's whole shutdown is bounded by this plus the margin
+    /// [`Registry::shutdown`] allows the stops to report back ([`Registry::shutdown_bound`]).
     pub fn export_stop_bound(&self) -> Duration {
-        EXPORT_KINDS
-            .iter()
-            .filter_map(|k| k.stop_bound(self))
-            .fold(self.options.vhost_stop_timeout, Duration::max)
+        EXPORT_KINDS.iter().filter_map(|k| k.stop_bound(self)).max().unwrap_or(DEFAULT_STOP_BOUND)
     }
 
     /// How long the daemon's shutdown may take in all: [`Registry::export_stop_bound`] and the
@@ -282,8 +272,8 @@ impl Registry {
             }
             all.into_values().collect()
         };
-        let stop_bound = self.options.vhost_stop_timeout;
-        let left = crate::shutdown::stop_all(exports, stop_bound, self.export_stop_bound());
+        let bound = self.export_stop_bound();
+        let left = crate::shutdown::stop_all(exports, bound, bound);
         for m in modules::MODULES {
             m.shutdown(self);
         }

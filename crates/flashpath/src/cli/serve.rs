@@ -3,8 +3,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::collections::BTreeMap;
+
 use crate::serve;
-use clap::Args;
+use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
+use fp_registry::exports::all_options;
+use fp_registry::exports::{OptionType, OptionValue};
 
 use super::args::u64_arg;
 
@@ -35,28 +39,9 @@ pub(crate) struct ServeArgs {
     /// backends' channels directly (replaces the config file's stats.iostat)
     #[arg(long)]
     no_iostat: bool,
-    /// How long stopping a vhost-user queue may take for controllers created without
-    /// stop_timeout_ms, 1 to 600000; also how long shutdown waits for requests a disk still
-    /// holds (replaces the config file's vhost.stop_timeout_ms) [default: 5000]
-    #[arg(long, value_name = "MS", value_parser = u64_arg)]
-    vhost_stop_timeout_ms: Option<u64>,
-    /// How long nvmf_subsystem_remove_ns waits for the namespace's commands on the device before
-    /// answering EBUSY, 1 to 600000 (replaces the config file's nvmf.drain_timeout_ms)
-    /// [default: 5000]
-    #[arg(long, value_name = "MS", value_parser = u64_arg)]
-    nvmf_drain_timeout_ms: Option<u64>,
-    /// How long a closing NVMe/TCP queue pair retries commands its disk refuses as busy before
-    /// answering them aborted, 1 to 600000 (replaces nvmf.close_timeout_ms) [default: 5000]
-    #[arg(long, value_name = "MS", value_parser = u64_arg)]
-    nvmf_close_timeout_ms: Option<u64>,
-    /// How long nbd_stop_disk (and shutdown, per export) waits for the export's connections
-    /// before answering EBUSY, 1 to 600000 (replaces nbd.stop_timeout_ms) [default: 5000]
-    #[arg(long, value_name = "MS", value_parser = u64_arg)]
-    nbd_stop_timeout_ms: Option<u64>,
-    /// How long a closing NBD connection retries requests its disk refuses as busy before
-    /// answering them EIO, 1 to 600000 (replaces nbd.close_timeout_ms) [default: 5000]
-    #[arg(long, value_name = "MS", value_parser = u64_arg)]
-    nbd_close_timeout_ms: Option<u64>,
+    /// The export kinds' options (`--nbd-stop-timeout-ms`, ...), built from their declarations.
+    #[command(flatten)]
+    kind_flags: KindFlags,
 }
 
 /// Runs the daemon until it is told to stop; `rpc` is the global `--rpc`.
@@ -70,11 +55,7 @@ pub(crate) fn run(args: ServeArgs, rpc: Option<PathBuf>) -> ExitCode {
         export_dirs: (!args.export_dirs.is_empty()).then_some(args.export_dirs),
         metrics: args.metrics,
         no_iostat: args.no_iostat,
-        vhost_stop_timeout_ms: args.vhost_stop_timeout_ms,
-        nvmf_drain_timeout_ms: args.nvmf_drain_timeout_ms,
-        nvmf_close_timeout_ms: args.nvmf_close_timeout_ms,
-        nbd_stop_timeout_ms: args.nbd_stop_timeout_ms,
-        nbd_close_timeout_ms: args.nbd_close_timeout_ms,
+        kind_flags: args.kind_flags.0,
     };
     match serve::run(&opts) {
         Ok(()) => ExitCode::SUCCESS,
@@ -87,5 +68,77 @@ pub(crate) fn run(args: ServeArgs, rpc: Option<PathBuf>) -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The flags of the export kinds' options ([`fp_registry::ExportKind::options`]), one per
+/// option that declares one, with its help and default: clap derives flags at compile time, so
+/// these are built here from the kinds' list, and a kind's new option needs no change here.
+/// Values are checked against the option's range when the daemon resolves them, so the error
+/// names the flag as the file's names the key.
+#[derive(Debug, Default)]
+struct KindFlags(BTreeMap<&'static str, OptionValue>);
+
+impl Args for KindFlags {
+    fn augment_args(cmd: Command) -> Command {
+        all_options().fold(cmd, |cmd, option| {
+            let Some(flag) = option.flag else { return cmd };
+            let arg = Arg::new(flag).long(flag);
+            cmd.arg(match option.value {
+                OptionType::Millis { default, .. } => arg
+                    .value_name("MS")
+                    .value_parser(u64_arg)
+                    .help(format!("{} [default: {default}]", option.help)),
+                OptionType::Bool { .. } => arg.action(ArgAction::SetTrue).help(option.help),
+            })
+        })
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl FromArgMatches for KindFlags {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut flags = KindFlags::default();
+        flags.update_from_arg_matches(matches)?;
+        Ok(flags)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        for option in all_options() {
+            let Some(flag) = option.flag else { continue };
+            let value = match option.value {
+                OptionType::Millis { .. } => matches.get_one::<u64>(flag).map(|&ms| OptionValue::Millis(ms)),
+                OptionType::Bool { .. } => matches.get_flag(flag).then_some(OptionValue::Bool(true)),
+            };
+            if let Some(value) = value {
+                self.0.insert(flag, value);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every declared option with a flag is a flag of `serve`, read back as its kind's value.
+    #[test]
+    fn each_declared_flag_is_built_and_read() {
+        let cmd = KindFlags::augment_args(Command::new("serve"));
+        let mut argv = vec!["serve".to_string()];
+        let mut expected = BTreeMap::new();
+        for (n, option) in all_options().enumerate() {
+            let Some(flag) = option.flag else { continue };
+            assert!(cmd.get_arguments().any(|a| a.get_long() == Some(flag)), "--{flag} missing");
+            argv.extend([format!("--{flag}"), (n + 10).to_string()]);
+            expected.insert(flag, OptionValue::Millis(n as u64 + 10));
+        }
+        assert!(expected.len() >= 5, "the vhost, nbd and nvmf flags: {expected:?}");
+        let matches = cmd.try_get_matches_from(argv).unwrap();
+        assert_eq!(KindFlags::from_arg_matches(&matches).unwrap().0, expected);
     }
 }

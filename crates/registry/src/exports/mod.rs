@@ -20,7 +20,10 @@ use crate::{Claim, Registry, RegistryError};
 
 pub mod nbd;
 pub mod nvmf;
+pub mod options;
 pub mod vhost_blk;
+
+pub use options::{KindOption, KindOptions, OptionError, OptionType, OptionValue, OptionValues};
 
 /// Every export kind, in the order the configuration file applies their tables.
 pub static EXPORT_KINDS: &[&dyn ExportKind] = &[&vhost_blk::VhostBlkKind, &nbd::NbdKind, &nvmf::NvmfKind];
@@ -40,12 +43,19 @@ pub trait ExportKind: Sync {
     /// NVMe-oF kind has one per object: transport, subsystem, listener, host, namespace).
     fn config_tables(&self) -> &'static [ConfigTable];
 
+    /// Its daemon-wide options (bounds, switches), each a key of a configuration table and
+    /// most a flag of `flashpath serve`, which builds and reads them from this list; its
+    /// [`ExportKind::init`] gets their values by key ([`KindInit::options`]).
+    fn options(&self) -> &'static [KindOption] {
+        &[]
+    }
+
     /// Its metric families for one scrape, read through `call` (a method and its parameters),
     /// the same methods the RPC answers, so the endpoint and the RPC cannot disagree.
     fn metrics(&self, call: MetricsCall<'_>) -> Vec<Family>;
 
     /// Makes the kind's daemon-wide state (a server with its listeners, a target with its
-    /// subsystems) as the registry is made, from the registry's options; its methods find it
+    /// subsystems) as the registry is made, from its options; its methods find it
     /// again with [`Registry::kind_state`]. `None` (the default) for a kind with no state
     /// beyond its exports.
     fn init(&self, init: &KindInit<'_>) -> Option<Arc<dyn Any + Send + Sync>> {
@@ -59,9 +69,9 @@ pub trait ExportKind: Sync {
         let _ = registry;
     }
 
-    /// The longest the stop of one of its exports may take at shutdown, when its own bound
-    /// is longer than the daemon's stop bound (an NVMe-oF namespace's drain):
-    /// [`Registry::export_stop_bound`] is the longest of them.
+    /// The longest the stop of one of its exports may take at shutdown (a vhost-user queue's
+    /// default stop bound, an NVMe-oF namespace's drain): the daemon's stop bound,
+    /// [`Registry::export_stop_bound`], is the longest of the kinds'.
     fn stop_bound(&self, registry: &Registry) -> Option<Duration> {
         let _ = registry;
         None
@@ -72,8 +82,8 @@ pub trait ExportKind: Sync {
 pub struct KindInit<'a> {
     /// The daemon's reactors, where its connections run.
     pub reactors: &'a [fp_reactor::ReactorHandle],
-    /// The registry's options (the kind's bounds among them).
-    pub options: &'a crate::RegistryOptions,
+    /// The kind's own options ([`ExportKind::options`]), by key.
+    pub options: OptionValues<'a>,
 }
 
 pub use fp_bdev::ConfigTable;
@@ -81,6 +91,11 @@ pub use fp_bdev::ConfigTable;
 /// Every kind's configuration tables, in the order the configuration file applies them.
 pub fn config_tables() -> impl Iterator<Item = ConfigTable> {
     EXPORT_KINDS.iter().flat_map(|k| k.config_tables().iter().copied())
+}
+
+/// Every kind's options, in the order of [`EXPORT_KINDS`].
+pub fn all_options() -> impl Iterator<Item = &'static KindOption> {
+    EXPORT_KINDS.iter().flat_map(|k| k.options().iter())
 }
 
 /// The export kind called `name`.

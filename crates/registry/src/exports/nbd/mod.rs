@@ -8,7 +8,7 @@ use std::sync::Arc;
 use fp_bdev::ClaimType;
 use fp_nbd::{ExportHandle, ExportSpec, NbdServer, NbdStats, TlsFiles};
 
-use super::{ConfigTable, Export, ExportKind, KindInit, NewExport};
+use super::{ConfigTable, Export, ExportKind, KindInit, KindOption, NewExport, OptionType};
 use crate::methods::MethodFn;
 use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
@@ -179,7 +179,7 @@ impl Registry {
 
     /// Stops an NBD export: it leaves its listener, its clients are disconnected once their
     /// requests are answered, then the bdev is released. When requests the disk took are
-    /// still unanswered after the stop bound (`RegistryOptions::nbd_stop_timeout`), the export stays (no longer reachable,
+    /// still unanswered after the stop bound (`[nbd] stop_timeout_ms`), the export stays (no longer reachable,
     /// its bdev still claimed) and the error says how many connections wait; calling again
     /// waits for them again.
     pub fn stop_nbd(&self, nbd_device: &str) -> Result<(), RegistryError> {
@@ -211,6 +211,34 @@ impl Registry {
 /// The NBD export kind ([`super::EXPORT_KINDS`]).
 pub struct NbdKind;
 
+/// Its options: the server's bounds (flashpath's own; SPDK has none).
+const OPTIONS: &[KindOption] = &[
+    KindOption {
+        table: "nbd",
+        key: "stop_timeout_ms",
+        flag: Some("nbd-stop-timeout-ms"),
+        value: OptionType::Millis {
+            default: fp_nbd::STOP_TIMEOUT.as_millis() as u64,
+            min: 1,
+            max: super::vhost_blk::MAX_STOP_TIMEOUT_MS,
+        },
+        help: "How long nbd_stop_disk (and shutdown, per export) waits for the export's connections \
+               before answering EBUSY, 1 to 600000 (replaces nbd.stop_timeout_ms)",
+    },
+    KindOption {
+        table: "nbd",
+        key: "close_timeout_ms",
+        flag: Some("nbd-close-timeout-ms"),
+        value: OptionType::Millis {
+            default: fp_nbd::CLOSE_TIMEOUT.as_millis() as u64,
+            min: 1,
+            max: super::vhost_blk::MAX_STOP_TIMEOUT_MS,
+        },
+        help: "How long a closing NBD connection retries requests its disk refuses as busy before \
+               answering them EIO, 1 to 600000 (replaces nbd.close_timeout_ms)",
+    },
+];
+
 impl ExportKind for NbdKind {
     fn name(&self) -> &'static str {
         KIND
@@ -220,9 +248,13 @@ impl ExportKind for NbdKind {
     /// bounds.
     fn init(&self, init: &KindInit<'_>) -> Option<Arc<dyn Any + Send + Sync>> {
         let server = NbdServer::new();
-        server.set_stop_timeout(init.options.nbd_stop_timeout);
-        server.set_close_timeout(init.options.nbd_close_timeout);
+        server.set_stop_timeout(init.options.millis("stop_timeout_ms"));
+        server.set_close_timeout(init.options.millis("close_timeout_ms"));
         Some(Arc::new(server))
+    }
+
+    fn options(&self) -> &'static [KindOption] {
+        OPTIONS
     }
 
     fn methods(&self) -> &'static [(&'static str, MethodFn)] {

@@ -2,6 +2,7 @@
 
 use serde_json::{json, Value};
 
+use crate::exports::{KindOptions, OptionValue};
 use crate::{Registry, RegistryOptions};
 
 #[test]
@@ -114,7 +115,7 @@ fn an_nbd_client_request_the_server_never_answers_fails_at_io_timeout_ms() {
 }
 
 /// A write a crypto bdev took and keeps retrying against its busy base is not on the device:
-/// `nbd_stop_disk` retries it until the daemon's stop bound (`nbd_stop_timeout`, here 300 ms,
+/// `nbd_stop_disk` retries it until the daemon's stop bound (`[nbd] stop_timeout_ms`, here 300 ms,
 /// which also ends the connection's own longer close bound), then answers it EIO and succeeds,
 /// releasing the bdev.
 #[test]
@@ -123,8 +124,9 @@ fn stopping_an_export_gives_up_a_write_parked_on_busy_at_the_configured_bound() 
     let reactors = fp_reactor::ReactorSet::start(&[0], fp_reactor::ReactorConfig::default()).unwrap();
     let bound = std::time::Duration::from_millis(300);
     let options = RegistryOptions {
-        nbd_stop_timeout: bound,
-        nbd_close_timeout: std::time::Duration::from_secs(600),
+        kind_options: KindOptions::default()
+            .with("nbd", "stop_timeout_ms", OptionValue::Millis(bound.as_millis() as u64))
+            .with("nbd", "close_timeout_ms", OptionValue::Millis(600_000)),
         ..RegistryOptions::default()
     };
     let registry = Registry::with_options(reactors.handles().to_vec(), dir.path(), options);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use fp_bdev::ClaimType;
 use fp_nvmf::{NamespaceSpec, NvmfError, NvmfTarget};
 
-use super::{ConfigTable, Export, ExportKind, KindInit, NewExport};
+use super::{ConfigTable, Export, ExportKind, KindInit, KindOption, NewExport, OptionType};
 use crate::methods::MethodFn;
 use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
@@ -225,6 +225,43 @@ const CONFIG_TABLES: &[ConfigTable] = &[
     ConfigTable::array("nvmf_ns", "nvmf_subsystem_add_ns"),
 ];
 
+/// Its options: the target's bounds (flashpath's own; SPDK has none), and whether listeners
+/// may leave loopback, a key of the daemon's `[security]` table since exposing disks to the
+/// network is the operator's deliberate setting (no flag).
+const OPTIONS: &[KindOption] = &[
+    KindOption {
+        table: "nvmf",
+        key: "drain_timeout_ms",
+        flag: Some("nvmf-drain-timeout-ms"),
+        value: OptionType::Millis {
+            default: fp_nvmf::DRAIN_TIMEOUT.as_millis() as u64,
+            min: 1,
+            max: super::vhost_blk::MAX_STOP_TIMEOUT_MS,
+        },
+        help: "How long nvmf_subsystem_remove_ns waits for the namespace's commands on the device before \
+               answering EBUSY, 1 to 600000 (replaces the config file's nvmf.drain_timeout_ms)",
+    },
+    KindOption {
+        table: "nvmf",
+        key: "close_timeout_ms",
+        flag: Some("nvmf-close-timeout-ms"),
+        value: OptionType::Millis {
+            default: fp_nvmf::CLOSE_TIMEOUT.as_millis() as u64,
+            min: 1,
+            max: super::vhost_blk::MAX_STOP_TIMEOUT_MS,
+        },
+        help: "How long a closing NVMe/TCP queue pair retries commands its disk refuses as busy before \
+               answering them aborted, 1 to 600000 (replaces nvmf.close_timeout_ms)",
+    },
+    KindOption {
+        table: "security",
+        key: "nvmf_allow_remote",
+        flag: None,
+        value: OptionType::Bool { default: false },
+        help: "NVMe/TCP listeners may bind addresses other than loopback (docs/nvmf.md)",
+    },
+];
+
 impl ExportKind for NvmfKind {
     fn name(&self) -> &'static str {
         KIND
@@ -233,14 +270,18 @@ impl ExportKind for NvmfKind {
     /// The target: its transport, subsystems and listeners, with the daemon's bounds and
     /// whether listeners may leave loopback.
     fn init(&self, init: &KindInit<'_>) -> Option<Arc<dyn Any + Send + Sync>> {
-        let options = init.options;
+        let options = &init.options;
         let target = NvmfTarget::new(
             init.reactors.to_vec(),
-            fp_nvmf::TargetOptions { allow_remote_listeners: options.nvmf_allow_remote },
+            fp_nvmf::TargetOptions { allow_remote_listeners: options.flag("nvmf_allow_remote") },
         );
-        target.set_drain_timeout(options.nvmf_drain_timeout);
-        target.set_close_timeout(options.nvmf_close_timeout);
+        target.set_drain_timeout(options.millis("drain_timeout_ms"));
+        target.set_close_timeout(options.millis("close_timeout_ms"));
         Some(Arc::new(target))
+    }
+
+    fn options(&self) -> &'static [KindOption] {
+        OPTIONS
     }
 
     /// Its listeners close and its hosts are disconnected, so that no new connection races

@@ -9,7 +9,7 @@ use fp_nvme_spec::fabrics::DISCOVERY_NQN;
 use fp_reactor::{Reactor, ReactorConfig};
 use serde_json::{json, Value};
 
-use crate::exports::ExportKind;
+use crate::exports::{ExportKind, KindOptions, OptionValue};
 use crate::metrics::array;
 use crate::{MethodError, Registry, RegistryOptions};
 
@@ -289,7 +289,10 @@ fn remote_listeners_need_the_setting() {
     let (field, _) = e.bad_param().expect("a parameter error");
     assert_eq!(field, "traddr", "{e}");
 
-    let f = fixture(RegistryOptions { nvmf_allow_remote: true, ..RegistryOptions::default() });
+    let f = fixture(RegistryOptions {
+        kind_options: KindOptions::default().with("security", "nvmf_allow_remote", OptionValue::Bool(true)),
+        ..RegistryOptions::default()
+    });
     f.transport_and_subsystem();
     let port = free_port();
     let any = json!({ "trtype": "TCP", "adrfam": "IPv4", "traddr": "0.0.0.0", "trsvcid": port.to_string() });
@@ -437,14 +440,21 @@ fn a_namespace_with_io_in_flight_is_not_released_when_its_drain_times_out() {
 
 /// A write a crypto bdev took and keeps retrying against its busy base is not in flight on
 /// the device: `nvmf_subsystem_remove_ns` retries it until the daemon's drain bound
-/// (`nvmf_drain_timeout`, here 300 ms), then answers it Command Abort Requested, answers
+/// (`[nvmf] drain_timeout_ms`, here 300 ms), then answers it Command Abort Requested, answers
 /// `true` and releases the bdev.
 #[test]
 fn removing_a_namespace_gives_up_a_write_parked_on_busy_at_the_configured_bound() {
     let dir = tempfile::tempdir().unwrap();
     let reactors = fp_reactor::ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
     let bound = std::time::Duration::from_millis(300);
-    let options = RegistryOptions { nvmf_drain_timeout: bound, ..RegistryOptions::default() };
+    let options = RegistryOptions {
+        kind_options: KindOptions::default().with(
+            "nvmf",
+            "drain_timeout_ms",
+            OptionValue::Millis(bound.as_millis() as u64),
+        ),
+        ..RegistryOptions::default()
+    };
     let registry = Registry::with_options(reactors.handles().to_vec(), dir.path(), options);
     let call =
         |m: &str, p: Value| registry.call(m, Some(p.clone())).unwrap_or_else(|e| panic!("{m} {p}: {e}"));

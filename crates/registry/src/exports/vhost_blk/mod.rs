@@ -3,13 +3,15 @@
 
 use std::any::Any;
 use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Duration;
 
 use fp_bdev::ClaimType;
 use fp_reactor::ReactorHandle;
 use fp_vhost_blk::{BlkController, ControllerConfig, ControllerInfo};
 use serde_json::Value;
 
-use super::{ConfigTable, Export, ExportKind, NewExport};
+use super::{ConfigTable, Export, ExportKind, KindInit, KindOption, NewExport, OptionType};
 use crate::methods::MethodFn;
 use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
@@ -42,13 +44,36 @@ pub struct VhostBlkSpec {
     /// share the bdev and, between controllers, the rule of [`fp_vhost_blk::HandOff`].
     pub migrate_from: Option<String>,
     /// How long stopping one of its queues may take (GET_VRING_BASE, a memory change, a
-    /// disconnect); `None` means [`crate::RegistryOptions::vhost_stop_timeout`].
+    /// disconnect); `None` means the kind's option `[vhost] stop_timeout_ms`
+    /// ([`VhostBlkKind`]'s options).
     pub stop_timeout: Option<std::time::Duration>,
 }
 
 /// The longest stop bound a controller accepts (`stop_timeout_ms`): a front-end waiting on
 /// GET_VRING_BASE longer than this has given up on us anyway.
 pub const MAX_STOP_TIMEOUT_MS: u64 = 600_000;
+
+/// The kind's daemon-wide state: its options' values.
+struct VhostDefaults {
+    /// The stop bound of controllers created without `stop_timeout_ms`.
+    stop_timeout: Duration,
+}
+
+/// Its options: the default stop bound of its queues, which is also the daemon's stop bound
+/// (the longest of the kinds' [`ExportKind::stop_bound`]s; docs/architecture.md, "Shutdown").
+const OPTIONS: &[KindOption] = &[KindOption {
+    table: "vhost",
+    key: "stop_timeout_ms",
+    flag: Some("vhost-stop-timeout-ms"),
+    value: OptionType::Millis {
+        default: fp_vhost_blk::DEFAULT_STOP_TIMEOUT.as_millis() as u64,
+        min: 1,
+        max: MAX_STOP_TIMEOUT_MS,
+    },
+    help: "How long stopping a vhost-user queue may take for controllers created without \
+           stop_timeout_ms, 1 to 600000; also how long shutdown waits for requests a disk still \
+           holds (replaces the config file's vhost.stop_timeout_ms)",
+}];
 
 /// A running controller.
 struct VhostBlk {
@@ -105,7 +130,8 @@ impl Registry {
         // per vCPU unless its device line says otherwise, and refuses to start when offered
         // fewer. Queue i runs on reactor i % n, so any count is spread over the mask; a queue
         // the frontend never starts costs a few hundred bytes (docs/architecture.md, "Queues").
-        let stop_timeout = spec.stop_timeout.unwrap_or(self.options.vhost_stop_timeout);
+        let stop_timeout =
+            spec.stop_timeout.unwrap_or_else(|| self.kind_state::<VhostDefaults>(KIND).stop_timeout);
         if stop_timeout.is_zero() || stop_timeout.as_millis() > u128::from(MAX_STOP_TIMEOUT_MS) {
             return Err(RegistryError::Invalid {
                 field: "stop_timeout_ms",
@@ -216,6 +242,20 @@ impl ExportKind for VhostBlkKind {
     fn config_tables(&self) -> &'static [ConfigTable] {
         const TABLES: &[ConfigTable] = &[ConfigTable::array("vhost_blk", "vhost_create_blk_controller")];
         TABLES
+    }
+
+    fn options(&self) -> &'static [KindOption] {
+        OPTIONS
+    }
+
+    /// Its options' values, which its controllers are created with.
+    fn init(&self, init: &KindInit<'_>) -> Option<Arc<dyn Any + Send + Sync>> {
+        Some(Arc::new(VhostDefaults { stop_timeout: init.options.millis("stop_timeout_ms") }))
+    }
+
+    /// A queue's default stop bound: the daemon's stop bound unless another kind's is longer.
+    fn stop_bound(&self, registry: &Registry) -> Option<Duration> {
+        Some(registry.kind_state::<VhostDefaults>(KIND).stop_timeout)
     }
 
     /// From `vhost_get_controllers`: what each guest-facing controller did, and holds now.
