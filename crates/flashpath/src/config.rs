@@ -189,8 +189,9 @@
 //! `[vhost]`: `stop_timeout_ms` is how long stopping a vhost-user queue may take (GET_VRING_BASE,
 //! a disconnect, a memory-table change; docs/architecture.md, "Stopping a queue") for every
 //! controller created without its own `stop_timeout_ms`, from this file or by RPC: 1 to 600000,
-//! 5000 by default. It is also the daemon's stop bound unless `[nvmf] drain_timeout_ms` is longer
-//! (the daemon's is the longest of the export kinds' bounds): at shutdown the bound every
+//! 5000 by default. It is also the daemon's stop bound unless `[nvmf] drain_timeout_ms` is shorter
+//! (the daemon's is the shortest of the export kinds' bounds; the longest sets the exports'
+//! deadline): at shutdown the bound every
 //! export's stop shares (an NBD export's wait for its connections among them), and how long each
 //! reactor waits, after the exports were stopped, for requests a bdev still holds before it lets
 //! go of their guest memory.

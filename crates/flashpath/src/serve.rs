@@ -261,12 +261,12 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
     let left = registry.shutdown();
     // A queue that did not stop in time (its disk still holds requests) waits on its reactor
     // for them, so that guest memory is not unmapped under the disk: up to the daemon's stop
-    // bound once more (the longest of the export kinds', `[vhost] stop_timeout_ms` unless the
-    // NVMe-oF drain is longer), but never past the one shutdown deadline. The floor lets every
-    // reactor finish the round it is in and log what it drops.
+    // bound once more (Registry::daemon_stop_bound: `[vhost] stop_timeout_ms` unless the NVMe-oF
+    // drain is shorter), but never past the one shutdown deadline. The floor lets every reactor finish the round it
+    // is in and log what it drops.
     let left_of_deadline =
         (signalled + registry.shutdown_bound()).saturating_duration_since(std::time::Instant::now());
-    reactors.shutdown_within(registry.export_stop_bound().min(left_of_deadline).max(REACTOR_DRAIN_FLOOR));
+    reactors.shutdown_within(registry.daemon_stop_bound().min(left_of_deadline).max(REACTOR_DRAIN_FLOOR));
     if !left.is_empty() {
         log::warn!("exiting with the stop of {} export(s) unfinished: {}", left.len(), left.join(", "));
     }

@@ -239,6 +239,16 @@ impl Registry {
         EXPORT_KINDS.iter().filter_map(|k| k.stop_bound(self)).max().unwrap_or(DEFAULT_STOP_BOUND)
     }
 
+    /// The daemon's stop bound: what each export's stop at shutdown is given
+    /// ([`crate::Export::stop_at_shutdown`]), and how long the reactors then wait for requests
+    /// a disk still holds (a queue that did not stop in time keeps the guest memory they point
+    /// into until then). The shortest of the kinds' [`crate::ExportKind::stop_bound`]s, or
+    /// [`DEFAULT_STOP_BOUND`]: `[vhost] stop_timeout_ms` unless the NVMe-oF drain is shorter. A
+    /// longer drain lengthens the exports' deadline ([`Registry::export_stop_bound`]), not this.
+    pub fn daemon_stop_bound(&self) -> Duration {
+        EXPORT_KINDS.iter().filter_map(|k| k.stop_bound(self)).min().unwrap_or(DEFAULT_STOP_BOUND)
+    }
+
     /// How long the daemon's shutdown may take in all: [`Registry::export_stop_bound`] and the
     /// margin for the stops to report. The reactors' wait for requests a disk still holds gets
     /// what is left of it, so a stuck disk is waited for once, not once per layer.
@@ -272,8 +282,7 @@ impl Registry {
             }
             all.into_values().collect()
         };
-        let bound = self.export_stop_bound();
-        let left = crate::shutdown::stop_all(exports, bound, bound);
+        let left = crate::shutdown::stop_all(exports, self.daemon_stop_bound(), self.export_stop_bound());
         for m in modules::MODULES {
             m.shutdown(self);
         }

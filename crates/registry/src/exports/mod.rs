@@ -70,8 +70,9 @@ pub trait ExportKind: Sync {
     }
 
     /// The longest the stop of one of its exports may take at shutdown (a vhost-user queue's
-    /// default stop bound, an NVMe-oF namespace's drain): the daemon's stop bound,
-    /// [`Registry::export_stop_bound`], is the longest of the kinds'.
+    /// default stop bound, an NVMe-oF namespace's drain): the exports' shutdown deadline,
+    /// [`Registry::export_stop_bound`], is the longest of the kinds', the daemon's stop bound,
+    /// [`Registry::daemon_stop_bound`], the shortest.
     fn stop_bound(&self, registry: &Registry) -> Option<Duration> {
         let _ = registry;
         None

@@ -60,7 +60,8 @@ struct VhostDefaults {
 }
 
 /// Its options: the default stop bound of its queues, which is also the daemon's stop bound
-/// (the longest of the kinds' [`ExportKind::stop_bound`]s; docs/architecture.md, "Shutdown").
+/// unless the NVMe-oF drain is shorter ([`Registry::daemon_stop_bound`]; docs/architecture.md,
+/// "Shutdown").
 const OPTIONS: &[KindOption] = &[KindOption {
     table: "vhost",
     key: "stop_timeout_ms",
