@@ -143,6 +143,8 @@ fn a_controller_lost_past_ctrlr_loss_timeout_is_failed_and_its_namespaces_remove
     dev.drop_connections(true);
     wait_for("failed", || c.info().ctrlrs[0].state == "failed");
     assert!(start.elapsed() >= Duration::from_millis(50), "{:?}", start.elapsed());
+    // The controller thread reports the removals after it marks itself failed.
+    wait_for("the namespaces' removal", || log.lock().unwrap().len() >= 2);
     let events = log.lock().unwrap();
     assert_eq!(events.len(), 2);
     assert!(events.iter().all(|e| matches!(e, NamespaceEvent::Removed { .. })));
