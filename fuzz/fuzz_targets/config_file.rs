@@ -246,8 +246,7 @@ fn check_error(e: &ConfigError, text: &str, config: Option<&ConfigFile>) {
         ConfigError::Cpus(reason) => ("reactor.cpus: ".to_string(), reason),
         ConfigError::Limit { key, reason } => (format!("limits.{key}: "), reason),
         ConfigError::Security { key, reason } => (format!("security.{key}: "), reason),
-        ConfigError::Vhost { key, reason } => (format!("vhost.{key}: "), reason),
-        ConfigError::Bound { table, key, .. } => (format!("{table}.{key}: "), &msg),
+        ConfigError::KindOption { table, key, .. } => (format!("{table}.{key}: "), &msg),
         ConfigError::Read { .. } => panic!("parse and apply never read a file: {msg:?}"),
     };
     assert!(msg.starts_with(&place), "error does not start with its place {place:?}: {msg:?}");
@@ -276,10 +275,9 @@ fuzz_target!(|data: &[u8]| {
         socket_mode: config.security.socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
         export_dirs: Some(env.export.clone()),
         iostat: config.stats.iostat.unwrap_or(true),
-        // Whatever `[security] nvmf_allow_remote` says: NVMe/TCP listeners stay on loopback.
-        nvmf_allow_remote: false,
-        // The stop and drain bounds keep their defaults: the file's `[vhost]`, `[nvmf]` and
-        // `[nbd]` tables are checked by `apply`, which `serve` reads them through.
+        // The export kinds' options keep their defaults: whatever `[security] nvmf_allow_remote`
+        // says, NVMe/TCP listeners stay on loopback, and the file's `[vhost]`, `[nvmf]` and
+        // `[nbd]` bounds (checked by `parse`, which `serve` reads them through) are not used.
         ..RegistryOptions::default()
     };
     let target = Registry::with_options(common::reactors().to_vec(), &env.vhost_dir, options);
