@@ -13,6 +13,9 @@
 //!   The split walker reads the common three-descriptor chain in one step and walks anything
 //!   else with the general loop ([`SplitQueue::walk_general`]); both store the same chain.
 //!
+//! * [`driver`]: the other side, for a client that plays the guest: memory shared with the
+//!   device and the driver's split and packed rings.
+//!
 //! Everything here reads memory a guest writes concurrently: loads are volatile and each field
 //! is read once, so a guest changing a descriptor under us can make us see a garbage chain but
 //! never an out-of-bounds access. Why this is not virtio-queue: docs/architecture.md.
@@ -21,6 +24,7 @@
 
 pub mod access;
 mod chain;
+pub mod driver;
 mod log;
 mod mem;
 mod packed;
