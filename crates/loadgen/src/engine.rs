@@ -14,13 +14,14 @@ mod log_sync;
 mod split;
 mod virtio;
 
-use std::os::fd::{BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
+
+use fp_virtq::driver::DriverMem;
 
 use crate::rng::SplitMix64;
 use crate::verify::Verifier;
 use crate::{Counts, Histogram, LoadError, LoadResult, LoadSpec, Pattern, Timeline, Wakeups};
-use backend::{round_up, Backend, Done, IoQueue, BUF_ALIGN};
+use backend::{round_up, Backend, CompletionFd, Done, IoQueue, BUF_ALIGN};
 
 /// How long requests in flight at the end may take to complete before the run is declared
 /// stuck.
@@ -39,8 +40,12 @@ struct Slot {
 struct QueueState<Q> {
     q: Q,
     slots: Box<[Slot]>,
-    /// Buffer of slot 0; slot `i` uses `buf + i * stride`.
-    buf: *mut u8,
+    /// The queue's buffers: slot `i`'s at `i * stride`.
+    data: DriverMem,
+    /// With [`LoadSpec::verify`]: a slot's block, copied out of the shared buffer to stamp or
+    /// check it (the device may write shared memory at any time, so no reference is formed
+    /// into it); empty without.
+    scratch: Vec<u8>,
 }
 
 /// Picks the next request's direction and offset.
@@ -104,12 +109,14 @@ impl<B: Backend> Device<B> {
 
         // Fill the buffers with a seeded non-zero pattern so written data is not all zeroes.
         let mut rng = SplitMix64::new(spec.seed ^ 0xb0f_fe75);
-        // SAFETY: the back end just mapped `buf_len` bytes at `buf` read-write in this process
-        // and has not handed them to the device yet.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(c.buf, c.buf_len) };
-        for chunk in bytes.chunks_mut(8) {
-            let v = rng.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
+        let mut chunk = vec![0u8; 64 * 1024];
+        for at in (0..c.data.len()).step_by(chunk.len()) {
+            let n = chunk.len().min(c.data.len() - at);
+            for word in chunk[..n].chunks_mut(8) {
+                let v = rng.next_u64().to_le_bytes();
+                word.copy_from_slice(&v[..word.len()]);
+            }
+            c.data.write_bytes(at, &chunk[..n]);
         }
 
         let now = Instant::now();
@@ -120,7 +127,8 @@ impl<B: Backend> Device<B> {
             .map(|(i, q)| QueueState {
                 q,
                 slots: vec![Slot { submitted: now, write: false }; spec.queue_depth].into_boxed_slice(),
-                buf: c.buf.wrapping_add(i * per_queue),
+                data: c.data.sub(i * per_queue, per_queue),
+                scratch: if spec.verify { vec![0; spec.block_size] } else { Vec::new() },
             })
             .collect();
         Ok(Device {
@@ -132,11 +140,10 @@ impl<B: Backend> Device<B> {
     }
 }
 
-/// An epoll instance watching the queues' completion fds.
+/// The queues' completion fds, waited for with `poll(2)`.
 struct Waiter {
-    epfd: RawFd,
-    fds: Vec<RawFd>,
-    events: Vec<libc::epoll_event>,
+    fds: Vec<CompletionFd>,
+    polled: Vec<libc::pollfd>,
     counts: Wakeups,
 }
 
@@ -144,25 +151,10 @@ impl Waiter {
     fn new<'a, Q: IoQueue + 'a>(
         queues: impl Iterator<Item = &'a mut QueueState<Q>>,
     ) -> Result<Waiter, LoadError> {
-        let os = |op| move |source| LoadError::Os { op, source };
-        // SAFETY: plain system call, no pointers.
-        let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if epfd < 0 {
-            return Err(os("epoll_create1")(std::io::Error::last_os_error()));
-        }
-        let mut w = Waiter { epfd, fds: Vec::new(), events: Vec::new(), counts: Wakeups::default() };
-        for (i, qs) in queues.enumerate() {
-            let fd = qs.q.enable_completion_fd()?;
-            let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: i as u64 };
-            // SAFETY: `epfd` and `fd` are open descriptors; `ev` is a valid epoll_event.
-            let rc = unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
-            if rc != 0 {
-                return Err(os("epoll_ctl")(std::io::Error::last_os_error()));
-            }
-            w.fds.push(fd);
-        }
-        w.events = vec![libc::epoll_event { events: 0, u64: 0 }; w.fds.len()];
-        Ok(w)
+        let fds = queues.map(|qs| qs.q.enable_completion_fd()).collect::<Result<Vec<_>, _>>()?;
+        let polled =
+            fds.iter().map(|fd| libc::pollfd { fd: fd.raw(), events: libc::POLLIN, revents: 0 }).collect();
+        Ok(Waiter { fds, polled, counts: Wakeups::default() })
     }
 
     /// Sleeps until a completion fd fires or `timeout` passes, then clears the fds that fired.
@@ -170,36 +162,22 @@ impl Waiter {
     /// The caller must have drained every queue (with notifications enabled) since the last
     /// submission: a completion after that drain writes the eventfd, so it is not missed.
     fn wait(&mut self, timeout: Duration) -> Result<(), LoadError> {
-        let ms = timeout.as_micros().div_ceil(1000).min(1000) as i32;
-        // SAFETY: `events` has room for `events.len()` entries, the count passed.
-        let n =
-            unsafe { libc::epoll_wait(self.epfd, self.events.as_mut_ptr(), self.events.len() as i32, ms) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                return Ok(());
-            }
-            return Err(LoadError::Os { op: "epoll_wait", source: e });
-        }
+        let timeout = timeout.min(Duration::from_secs(1));
+        let n = match fp_sys::poll(&mut self.polled, Some(timeout)) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) => return Err(LoadError::Os { op: "poll", source: e }),
+        };
         if n > 0 {
             self.counts.wakeups += 1;
         }
-        for ev in &self.events[..n as usize] {
-            let fd = self.fds[ev.u64 as usize];
-            // SAFETY: `fd` is a non-blocking eventfd owned by the back end and open for the queue's
-            // lifetime, which outlives this borrow.
-            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-            // A failed clear only makes the next wait return at once.
-            self.counts.notifications += fp_sys::eventfd_clear(fd).unwrap_or(0);
+        for (p, fd) in self.polled.iter_mut().zip(&self.fds) {
+            if std::mem::take(&mut p.revents) != 0 {
+                // A failed clear only makes the next wait return at once.
+                self.counts.notifications += fd.clear().unwrap_or(0);
+            }
         }
         Ok(())
-    }
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        // SAFETY: `epfd` is ours and closed exactly once.
-        unsafe { libc::close(self.epfd) };
     }
 }
 
@@ -217,15 +195,16 @@ impl<Q: IoQueue> QueueState<Q> {
         now: Instant,
     ) -> Result<(), LoadError> {
         let (write, mut offset) = gen.next();
-        // The slot's buffer lies inside the mapped region: slot < queue depth.
-        let buf = self.buf.wrapping_add(slot * stride);
+        let at = slot * stride;
         if let Some((v, global)) = verify {
-            // SAFETY: `bs` bytes at `buf` are this slot's buffer in the mapped region, and the
-            // slot has no request in flight, so the device does not touch them now.
-            offset = v.submit(global, write, unsafe { std::slice::from_raw_parts_mut(buf, bs) });
+            // The slot has no request in flight, so the device does not touch its buffer now.
+            let block = &mut self.scratch[..bs];
+            self.data.read_bytes(at, block);
+            offset = v.submit(global, write, block);
+            self.data.write_bytes(at, block);
         }
         self.slots[slot] = Slot { submitted: now, write };
-        self.q.enqueue(write, offset, buf, bs, slot)
+        self.q.enqueue(write, offset, self.data.addr_of(at), bs, slot)
     }
 }
 
@@ -472,11 +451,9 @@ impl<B: Backend> Disk<B> {
                 let global = q * self.queue_depth + slot;
                 let ret = match self.verify.as_mut() {
                     Some(v) => {
-                        // SAFETY: the slot's `bs`-byte buffer in the mapped region; its request
-                        // completed, so the device no longer writes it.
-                        let data = unsafe {
-                            std::slice::from_raw_parts(qs.buf.wrapping_add(slot * self.stride), bs)
-                        };
+                        // The slot's request completed, so the device no longer writes it.
+                        let data = &mut qs.scratch[..bs];
+                        qs.data.read_bytes(slot * self.stride, data);
                         // A read that did not return the block's last write is an error too.
                         if v.complete(global, c.ret >= 0, data) {
                             c.ret

@@ -3,7 +3,11 @@
 //! (`engine.rs`) and each back end (`libblkio.rs`, `virtio.rs`) depend on this file, not on
 //! each other.
 
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::io::RawFd;
+
+use fp_virtq::driver::DriverMem;
 
 use crate::{DirtyLogReport, LoadError, LoadSpec};
 
@@ -20,25 +24,57 @@ pub(crate) struct Done {
 
 /// One virtqueue of a back end.
 pub(crate) trait IoQueue {
-    /// Queues a request for `slot` (the device may not see it before the next [`reap`]).
+    /// Queues a request for `slot` (the device may not see it before the next [`reap`]): `len`
+    /// bytes at device offset `offset`, from or into the buffer at process address `buf`, inside
+    /// [`Connected::data`].
     ///
     /// [`reap`]: IoQueue::reap
     fn enqueue(
         &mut self,
         write: bool,
         offset: u64,
-        buf: *mut u8,
+        buf: u64,
         len: usize,
         slot: usize,
     ) -> Result<(), LoadError>;
     /// Notifies the device of queued requests if it asks for it, then takes up to `out.len()`
     /// completions without waiting.
     fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError>;
-    /// Turns on completion notifications and returns the fd they are signalled on.
-    fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError>;
+    /// Turns on completion notifications and returns the eventfd they are signalled on (its own
+    /// descriptor of it: the waiter keeps it).
+    fn enable_completion_fd(&mut self) -> Result<CompletionFd, LoadError>;
     /// Kicks (notifications to the device) sent so far, where the back end sends them itself.
     fn kicks(&self) -> Option<u64> {
         None
+    }
+}
+
+/// A queue's completion eventfd, as the waiter holds it.
+pub(crate) enum CompletionFd {
+    /// A descriptor of its own.
+    Owned(OwnedFd),
+    /// A duplicate of an eventfd the `vhost` crate takes.
+    Vmm(vmm_sys_util::eventfd::EventFd),
+}
+
+impl CompletionFd {
+    pub(super) fn raw(&self) -> RawFd {
+        match self {
+            CompletionFd::Owned(fd) => fd.as_raw_fd(),
+            CompletionFd::Vmm(e) => e.as_raw_fd(),
+        }
+    }
+
+    /// Resets the (non-blocking) counter; returns what it held (0 when nothing was signalled).
+    pub(super) fn clear(&self) -> io::Result<u64> {
+        match self {
+            CompletionFd::Owned(fd) => fp_sys::eventfd_clear(fd.as_fd()),
+            CompletionFd::Vmm(e) => match e.read() {
+                Ok(n) => Ok(n),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(0),
+                Err(err) => Err(err),
+            },
+        }
     }
 }
 
@@ -63,9 +99,8 @@ pub(crate) trait Backend: Sized {
 pub(crate) struct Connected<B: Backend> {
     pub(super) queues: Vec<B::Queue>,
     pub(super) backend: B,
-    /// The buffer region: `buf_len` bytes at `buf`, mapped read-write and shared with the device.
-    pub(super) buf: *mut u8,
-    pub(super) buf_len: usize,
+    /// The data buffers, shared with the device.
+    pub(super) data: DriverMem,
     pub(super) capacity: u64,
     pub(super) request_alignment: u32,
 }
@@ -119,6 +154,49 @@ pub(super) fn reap_virtio(
         n += 1;
     }
     n
+}
+
+/// Descriptors per virtio-blk request of fp-load's own drivers: header, data, status.
+pub(super) const CHAIN: u16 = 3;
+/// Bytes of shared memory per request slot for its header (16 bytes) and status byte.
+pub(super) const HDR_STRIDE: usize = 32;
+
+/// The request headers and status bytes of one queue's slots (virtio 1.2 §5.2.6,
+/// `struct virtio_blk_req`), `HDR_STRIDE` apart in memory shared with the device.
+pub(super) struct ReqHeaders {
+    mem: DriverMem,
+}
+
+impl ReqHeaders {
+    /// The headers of `depth` slots at the start of `mem`.
+    pub(super) fn new(mem: &DriverMem, depth: usize) -> ReqHeaders {
+        ReqHeaders { mem: mem.sub(0, depth * HDR_STRIDE) }
+    }
+
+    /// Writes slot `slot`'s header (a read or write at `sector`) and marks its status byte
+    /// unwritten; returns the header's process address (the status byte follows 16 bytes on).
+    #[inline]
+    pub(super) fn prepare(&self, slot: u16, write: bool, sector: u64) -> u64 {
+        let at = usize::from(slot) * HDR_STRIDE;
+        self.mem.write_u32(at, u32::from(write));
+        self.mem.write_u32(at + 4, 0);
+        self.mem.write_u64(at + 8, sector);
+        self.mem.write_u8(at + 16, 0xff);
+        self.mem.addr_of(at)
+    }
+
+    /// Process address of slot `slot`'s header.
+    #[inline]
+    pub(super) fn addr(&self, slot: u16) -> u64 {
+        self.mem.addr_of(usize::from(slot) * HDR_STRIDE)
+    }
+
+    /// Slot `slot`'s status byte, as the device wrote it. A slot the device made up (past the
+    /// queue depth) panics naming it, as an index out of bounds.
+    #[inline]
+    pub(super) fn status(&self, slot: u16) -> u8 {
+        self.mem.read_u8(usize::from(slot) * HDR_STRIDE + 16)
+    }
 }
 
 /// Virtqueue entries for `queue_depth` requests: each takes three descriptors (header, data,

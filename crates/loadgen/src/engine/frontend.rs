@@ -29,10 +29,12 @@
 //! in qemu-storage-daemon, with a u64; flashpath with an empty payload) and QEMU accepts any.
 
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::io::RawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::Duration;
+
+use fp_virtq::driver::{DriverMem, SharedMem, SplitLayout};
 
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
@@ -45,10 +47,11 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::backend::{
-    check_geometry, queue_size_for, reap_virtio, round_up, Backend, Connected, Done, IoQueue, BUF_ALIGN,
+    check_geometry, queue_size_for, reap_virtio, round_up, Backend, CompletionFd, Connected, Done, IoQueue,
+    BUF_ALIGN, HDR_STRIDE,
 };
 use super::log_sync::{log_bytes_for, LogSync, PageMap, LOG_PAGE};
-use super::split::{SplitLayout, SplitRing, HDR_STRIDE};
+use super::split::SplitRing;
 use super::virtio::{alloc_shared, HUGE_PAGE};
 use crate::{DirtyLogReport, LoadError, LoadSpec};
 
@@ -113,40 +116,13 @@ impl RegionLayout {
     }
 }
 
-/// The connection, the memory region and the dirty log. Dropped after the queues.
+/// The connection, the memory region and the dirty log (its sync thread holds the log's
+/// mapping). Dropped after the queues.
 pub(super) struct VhostFrontend {
     _frontend: Frontend,
-    buf: *mut u8,
-    len: usize,
-    _memfd: OwnedFd,
-    log: Option<Log>,
+    _mem: Arc<SharedMem>,
+    log: Option<LogSync>,
     hugetlb: bool,
-}
-
-/// The log: its mapping and the thread that scans it. The thread is stopped before the
-/// mapping goes (field order and [`Log::drop`]).
-struct Log {
-    sync: LogSync,
-    ptr: *mut u8,
-    len: usize,
-    _fd: OwnedFd,
-}
-
-impl Drop for Log {
-    fn drop(&mut self) {
-        let _ = self.sync.finish();
-        // SAFETY: the log's own mapping, unmapped once, after its thread is gone.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-impl Drop for VhostFrontend {
-    fn drop(&mut self) {
-        self.log = None;
-        // SAFETY: the region mapped in `connect`, unmapped once; the queues that pointed into
-        // it are gone (they are dropped before the back end).
-        unsafe { libc::munmap(self.buf.cast(), self.len) };
-    }
 }
 
 pub(super) struct FrontendQueue {
@@ -168,7 +144,7 @@ impl IoQueue for FrontendQueue {
         &mut self,
         write: bool,
         offset: u64,
-        buf: *mut u8,
+        buf: u64,
         len: usize,
         slot: usize,
     ) -> Result<(), LoadError> {
@@ -191,9 +167,10 @@ impl IoQueue for FrontendQueue {
         Ok(reap_virtio(out, &mut self.refused, || ring.pop()))
     }
 
-    fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError> {
+    fn enable_completion_fd(&mut self) -> Result<CompletionFd, LoadError> {
+        let fd = self.call.try_clone().map_err(os("dup"))?;
         self.ring.set_used_notifications(true);
-        Ok(self.call.as_raw_fd())
+        Ok(CompletionFd::Vmm(fd))
     }
 
     fn kicks(&self) -> Option<u64> {
@@ -203,14 +180,14 @@ impl IoQueue for FrontendQueue {
 
 /// Sends `SET_LOG_BASE` with the log's memfd on `sock` (a duplicate of the frontend's socket)
 /// and waits for the back end's reply, whatever its payload (see the module docs).
-fn set_log_base(sock: &mut UnixStream, log: &OwnedFd, size: u64) -> Result<(), LoadError> {
+fn set_log_base(sock: &mut UnixStream, log: BorrowedFd<'_>, size: u64) -> Result<(), LoadError> {
     let mut msg = Vec::with_capacity(28);
     for w in [SET_LOG_BASE, HDR_VERSION, 16] {
         msg.extend_from_slice(&w.to_le_bytes());
     }
     msg.extend_from_slice(&size.to_le_bytes()); // mmap_size
     msg.extend_from_slice(&0u64.to_le_bytes()); // mmap_offset
-    let sent = fp_sys::send_with_fds(sock.as_fd(), &msg, &[log.as_fd()]).map_err(os("SET_LOG_BASE"))?;
+    let sent = fp_sys::send_with_fds(sock.as_fd(), &msg, &[log]).map_err(os("SET_LOG_BASE"))?;
     if sent != msg.len() {
         return Err(LoadError::Vhost {
             op: "SET_LOG_BASE",
@@ -232,9 +209,9 @@ fn set_log_base(sock: &mut UnixStream, log: &OwnedFd, size: u64) -> Result<(), L
     Ok(())
 }
 
-/// Sends one read of `len` bytes at sector 0 into `buf` through `q` (slot 0, nothing else in
+/// Sends one read of `len` bytes at sector 0 into process address `buf` through `q` (slot 0, nothing else in
 /// flight) and polls for its completion: the device has started the queue once it answers.
-fn wait_started(q: &mut FrontendQueue, buf: *mut u8, len: usize) -> Result<(), LoadError> {
+fn wait_started(q: &mut FrontendQueue, buf: u64, len: usize) -> Result<(), LoadError> {
     q.ring.push(0, false, 0, buf, len);
     if q.ring.notify_needed() {
         q.kick.write(1).map_err(os("kick"))?;
@@ -340,35 +317,32 @@ impl Backend for VhostFrontend {
         let hugetlb = spec.hugetlb || !pf.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
         let lay = RegionLayout::new(buf_len, n, spec.queue_depth, queue_size, hugetlb);
         let (layout, data_len, hdr_len, len) = (lay.ring, lay.data_len, lay.hdr_len, lay.len);
-        let (memfd, buf) = alloc_shared(len, hugetlb)?;
-        let mut backend = VhostFrontend { _frontend: fe, buf, len, _memfd: memfd, log: None, hugetlb };
+        let mem = Arc::new(alloc_shared(len, hugetlb)?);
+        let region: DriverMem = mem.view();
+        let mut backend = VhostFrontend { _frontend: fe, _mem: mem, log: None, hugetlb };
         let fe = &mut backend._frontend;
-        let region = VhostUserMemoryRegionInfo {
+        let table = VhostUserMemoryRegionInfo {
             guest_phys_addr: 0,
             memory_size: len as u64,
-            userspace_addr: buf as u64,
+            userspace_addr: region.addr_of(0),
             mmap_offset: 0,
-            mmap_handle: backend._memfd.as_raw_fd(),
+            mmap_handle: backend._mem.fd().as_raw_fd(),
         };
-        fe.set_mem_table(&[region]).map_err(vu("SET_MEM_TABLE"))?;
+        fe.set_mem_table(&[table]).map_err(vu("SET_MEM_TABLE"))?;
 
         let mut queues = Vec::with_capacity(n);
         let mut addrs = Vec::with_capacity(n);
         for i in 0..n {
-            // SAFETY: queue `i`'s ring and headers lie inside the `len`-byte region at `buf`
-            // (zeroed by ftruncate), which the back end keeps mapped until after the queues are
-            // dropped; queue_size_for gives at least three entries per slot.
-            let ring = unsafe {
-                SplitRing::new(
-                    buf.add(lay.ring_at(i)),
-                    layout,
-                    queue_size as u16,
-                    spec.queue_depth,
-                    buf.add(lay.hdrs_at(i, spec.queue_depth)),
-                    buf,
-                )
-            };
-            let ring_va = buf as u64 + lay.ring_at(i) as u64;
+            // Queue `i`'s ring and headers in the (zeroed) region; queue_size_for gives at least
+            // three entries per slot.
+            let ring = SplitRing::new(
+                region.sub(lay.ring_at(i), layout.len),
+                queue_size as u16,
+                spec.queue_depth,
+                &region.sub(lay.hdrs_at(i, spec.queue_depth), spec.queue_depth * HDR_STRIDE),
+                &region,
+            );
+            let ring_va = region.addr_of(lay.ring_at(i));
             fe.set_vring_num(i, queue_size as u16).map_err(vu("SET_VRING_NUM"))?;
             fe.set_vring_base(i, 0).map_err(vu("SET_VRING_BASE"))?;
             let addr = VringConfigData {
@@ -405,7 +379,7 @@ impl Backend for VhostFrontend {
         }
         let probe_len = request_alignment as usize;
         for q in queues.iter_mut() {
-            wait_started(q, buf, probe_len)?;
+            wait_started(q, region.addr_of(0), probe_len)?;
         }
 
         // Logging on, as QEMU turns it on for a running device when a migration starts
@@ -413,22 +387,16 @@ impl Backend for VhostFrontend {
         // used-ring logging. No request is in flight yet.
         if spec.dirty_log {
             let log_len = log_bytes_for(len as u64);
-            let (log_fd, log_ptr) = alloc_shared(log_len as usize, false)?;
-            // The log is unmapped by `Log::drop` once it exists; until then by hand.
-            let unmap = |e| {
-                // SAFETY: the mapping just made, unmapped once on this error path.
-                unsafe { libc::munmap(log_ptr.cast(), log_len as usize) };
-                e
-            };
-            set_log_base(&mut raw, &log_fd, log_len).map_err(unmap)?;
-            fe.set_features(features | VHOST_F_LOG_ALL).map_err(vu("SET_FEATURES")).map_err(unmap)?;
+            let log = Arc::new(alloc_shared(log_len as usize, false)?);
+            set_log_base(&mut raw, log.fd(), log_len)?;
+            fe.set_features(features | VHOST_F_LOG_ALL).map_err(vu("SET_FEATURES"))?;
             for (i, a) in addrs.iter().enumerate() {
-                fe.set_vring_addr(i, a).map_err(vu("SET_VRING_ADDR")).map_err(unmap)?;
+                fe.set_vring_addr(i, a).map_err(vu("SET_VRING_ADDR"))?;
             }
             // Neither message has a reply without REPLY_ACK: QEMU then sends GET_FEATURES and
             // waits for its answer (vhost-user.c, `enforce_reply`), so that the back end has
             // taken both in before anything else happens. The same here, before any request.
-            fe.get_features().map_err(vu("GET_FEATURES")).map_err(unmap)?;
+            fe.get_features().map_err(vu("GET_FEATURES"))?;
             let page = |b: usize| b as u64 / LOG_PAGE;
             let slot_pages = (spec.block_size as u64).div_ceil(LOG_PAGE);
             let reads = spec.pattern != crate::Pattern::RandWrite
@@ -440,17 +408,16 @@ impl Backend for VhostFrontend {
                 rings: page(data_len + hdr_len)..page(len),
                 data_pages_expected: if reads { (n * spec.queue_depth) as u64 * slot_pages } else { 0 },
             };
-            // SAFETY: `log_ptr` maps `log_len` bytes (a multiple of 8), unmapped only by
-            // `Log::drop` after the thread has stopped.
-            let sync = unsafe { LogSync::start(log_ptr, log_len as usize, LOG_SYNC_INTERVAL, spec.cpu, map) }
+            let sync = LogSync::start(log.view(), LOG_SYNC_INTERVAL, spec.cpu, map)
                 .map_err(os("starting the log sync thread"))?;
-            backend.log = Some(Log { sync, ptr: log_ptr, len: log_len as usize, _fd: log_fd });
+            backend.log = Some(sync);
         }
-        Ok(Connected { queues, backend, buf, buf_len: data_len, capacity, request_alignment })
+        let data = region.sub(0, data_len);
+        Ok(Connected { queues, backend, data, capacity, request_alignment })
     }
 
     fn dirty_log(&mut self) -> Option<DirtyLogReport> {
-        self.log.as_mut().and_then(|l| l.sync.finish())
+        self.log.as_mut().and_then(|l| l.finish())
     }
 
     fn hugetlb(&self) -> bool {

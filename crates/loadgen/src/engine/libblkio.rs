@@ -2,24 +2,28 @@
 //! virtqueues only.
 
 use std::mem::MaybeUninit;
-use std::os::unix::io::RawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::Arc;
 
 use blkio::{Blkio, Blkioq, Completion, MemoryRegion, ReqFlags};
+use fp_virtq::driver::SharedMem;
 
 use super::backend::{
-    check_geometry, queue_size_for, round_up, Backend, Connected, Done, IoQueue, BUF_ALIGN,
+    check_geometry, queue_size_for, round_up, Backend, CompletionFd, Connected, Done, IoQueue, BUF_ALIGN,
 };
+use super::virtio::alloc_shared;
 use crate::{LoadError, LoadSpec};
 
 fn bk(op: &'static str) -> impl FnOnce(blkio::Error) -> LoadError {
     move |e| LoadError::blkio(op, e)
 }
 
-/// The libblkio instance and the mapped buffer region. Dropped after the queues (see
-/// [`super::Device`]), as libblkio expects.
+/// The libblkio instance and the buffer region, mapped with it. Dropped after the queues (see
+/// [`super::Device`]), as libblkio expects; the memory after libblkio.
 pub(super) struct Libblkio {
     blkio: Blkio,
     region: MemoryRegion,
+    _mem: Arc<SharedMem>,
 }
 
 impl Drop for Libblkio {
@@ -39,10 +43,11 @@ impl IoQueue for LibblkioQueue {
         &mut self,
         write: bool,
         offset: u64,
-        buf: *mut u8,
+        buf: u64,
         len: usize,
         slot: usize,
     ) -> Result<(), LoadError> {
+        let buf = buf as *mut u8;
         if write {
             self.q.write(offset, buf, len, slot, ReqFlags::empty());
         } else {
@@ -63,13 +68,17 @@ impl IoQueue for LibblkioQueue {
         Ok(n)
     }
 
-    fn enable_completion_fd(&mut self) -> Result<RawFd, LoadError> {
+    fn enable_completion_fd(&mut self) -> Result<CompletionFd, LoadError> {
         let fd = self
             .q
             .get_completion_fd()
             .ok_or_else(|| LoadError::InvalidSpec("a completion-fd queue has no completion fd".into()))?;
+        // SAFETY: libblkio's completion eventfd, open for the queue's lifetime, which outlives
+        // this borrow (the duplicate is the waiter's own).
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let fd = fd.try_clone_to_owned().map_err(|source| LoadError::Os { op: "dup", source })?;
         self.q.set_completion_fd_enabled(true);
-        Ok(fd)
+        Ok(CompletionFd::Owned(fd))
     }
 }
 
@@ -117,9 +126,18 @@ impl Backend for Libblkio {
 
         let align = blkio.get_u64("mem-region-alignment").map_err(bk("get mem-region-alignment"))? as usize;
         let len = round_up(buf_len, align.max(BUF_ALIGN));
-        let region = blkio.alloc_mem_region(len).map_err(bk("alloc_mem_region"))?;
+        // The memory libblkio's `alloc_mem_region` makes (a page-aligned memfd mapping at IOVA
+        // 0), but owned here, so that the loop reaches it through safe views.
+        let mem = Arc::new(alloc_shared(len, false)?);
+        let region =
+            MemoryRegion { addr: mem.addr(), iova: 0, len, fd: mem.fd().as_raw_fd(), fd_offset: 0, flags: 0 };
+        if region.addr % align.max(1) != 0 {
+            return Err(LoadError::InvalidSpec(format!(
+                "the buffer region violates mem-region-alignment {align}"
+            )));
+        }
         blkio.map_mem_region(&region).map_err(bk("map_mem_region"))?;
-        let buf = region.addr as *mut u8;
+        let data = mem.view();
 
         let queues = queues
             .into_iter()
@@ -130,9 +148,8 @@ impl Backend for Libblkio {
             .collect();
         Ok(Connected {
             queues,
-            backend: Libblkio { blkio, region },
-            buf,
-            buf_len: len,
+            backend: Libblkio { blkio, region, _mem: mem },
+            data,
             capacity,
             request_alignment,
         })

@@ -4,10 +4,12 @@
 //! "Migration"), and keeps the union of what it saw for the report.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use fp_virtq::driver::DriverMem;
 
 use crate::DirtyLogReport;
 
@@ -32,29 +34,21 @@ pub(super) struct PageMap {
 /// What the thread hands back: scans, bits cleared, ns spent scanning, the union of the scans.
 type Seen = (u64, u64, u64, Vec<u64>);
 
-/// The log mapping the thread scans: `words` 64-bit words at `ptr`.
+/// The log the thread scans: `words` 64-bit words.
 struct LogView {
-    ptr: *const AtomicU64,
+    log: DriverMem,
     words: usize,
 }
-
-// SAFETY: the view is only used through atomics, and the mapping outlives the thread (the owner
-// joins it before unmapping).
-unsafe impl Send for LogView {}
 
 impl LogView {
     /// Clears every set word, adding what it held to `seen` (the union); the bits cleared.
     fn sync(&self, seen: &mut [u64]) -> u64 {
         let mut bits = 0;
         for (i, acc) in seen.iter_mut().enumerate().take(self.words) {
-            // SAFETY: word `i < words` of the mapping (see `Send`).
-            let w = unsafe { &*self.ptr.add(i) };
-            // A plain load first: most words are zero, and an exchange would take the cache line.
-            if w.load(Ordering::Relaxed) != 0 {
-                let v = w.swap(0, Ordering::AcqRel);
-                bits += u64::from(v.count_ones());
-                *acc |= v;
-            }
+            // Most words are zero: `take_u64` only takes the cache line for a set one.
+            let v = self.log.take_u64(8 * i);
+            bits += u64::from(v.count_ones());
+            *acc |= v;
         }
         bits
     }
@@ -70,20 +64,15 @@ pub(super) struct LogSync {
 }
 
 impl LogSync {
-    /// Starts scanning the `bytes`-byte log at `log` every `interval`, on `cpu` if given.
-    ///
-    /// # Safety
-    /// `log` is a shared mapping of `bytes` bytes (a multiple of 8) that stays mapped until
-    /// [`LogSync::finish`] returns or the `LogSync` is dropped.
-    pub(super) unsafe fn start(
-        log: *mut u8,
-        bytes: usize,
+    /// Starts scanning `log` (its whole 64-bit words) every `interval`, on `cpu` if given.
+    pub(super) fn start(
+        log: DriverMem,
         interval: Duration,
         cpu: Option<usize>,
         map: PageMap,
     ) -> std::io::Result<LogSync> {
-        let words = bytes / 8;
-        let view = LogView { ptr: log.cast::<AtomicU64>().cast_const(), words };
+        let words = log.len() / 8;
+        let view = LogView { log, words };
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
         let thread = std::thread::Builder::new().name("fp-load-logsync".into()).spawn(move || {
@@ -168,33 +157,34 @@ mod tests {
     #[test]
     fn the_thread_clears_what_it_sees_and_sorts_the_union() {
         // 200 pages: data 0..100, headers 100..101, rings 101..110, the rest nothing's.
-        let mut log = vec![0u64; 4];
+        let log =
+            std::sync::Arc::new(fp_virtq::driver::SharedMem::new(4096, false).unwrap()).view().sub(0, 32);
         let map = PageMap { data: 0..100, headers: 100..101, rings: 101..110, data_pages_expected: 3 };
         // Pages 0, 1, 99 (data), 100 (header), 105 (ring), 150 (other).
-        log[0] = 0b11;
-        log[1] = 1 << (99 - 64) | 1 << (100 - 64) | 1 << (105 - 64);
-        log[2] = 1 << (150 - 128);
-        let ptr = log.as_mut_ptr().cast::<u8>();
-        // SAFETY: `log` outlives the sync, which `finish` joins below.
-        let mut s = unsafe { LogSync::start(ptr, 32, Duration::from_millis(5), None, map) }.unwrap();
+        log.write_u64(0, 0b11);
+        log.write_u64(8, 1 << (99 - 64) | 1 << (100 - 64) | 1 << (105 - 64));
+        log.write_u64(16, 1 << (150 - 128));
+        let mut s = LogSync::start(log.clone(), Duration::from_millis(5), None, map).unwrap();
         // Until the thread's first scan has cleared word 2, the last set one (a scan clears the
         // words in order): waiting for that, not for a time, holds on a loaded machine too.
         let until = Instant::now() + Duration::from_secs(10);
-        // SAFETY: as below.
-        while unsafe { &*ptr.cast::<AtomicU64>().add(2) }.load(Ordering::Acquire) != 0 {
+        while log.read_u64(16) != 0 {
             assert!(Instant::now() < until, "the sync thread did not scan in 10 s");
             std::thread::sleep(Duration::from_millis(1));
         }
         // Page 0 dirtied again after a scan: counted again in bits_seen, once in the union.
-        // SAFETY: the word is only touched atomically while the thread runs.
-        unsafe { &*ptr.cast::<AtomicU64>() }.fetch_or(1, Ordering::AcqRel);
+        log.or_u64(0, 1);
         let r = s.finish().unwrap();
         assert!(r.syncs >= 2, "{r:?}");
         assert_eq!(r.bits_seen, 7);
         assert_eq!((r.data_pages, r.header_pages, r.ring_pages, r.other_pages), (3, 1, 1, 1));
         assert_eq!(r.data_pages_expected, 3);
         assert_eq!(r.log_bytes, 32);
-        assert_eq!(log, vec![0; 4], "every word was cleared");
+        assert_eq!(
+            (0..4).map(|w| log.read_u64(8 * w)).collect::<Vec<_>>(),
+            vec![0; 4],
+            "every word was cleared"
+        );
         assert!(s.finish().is_none(), "finished once");
     }
 }

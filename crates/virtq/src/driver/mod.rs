@@ -178,6 +178,13 @@ pub struct DriverMem {
     _owner: Option<Arc<SharedMem>>,
 }
 
+// SAFETY: a view only loads and stores through volatile or atomic accesses, which are sound
+// from any thread, and its memory stays mapped while it exists (an `Arc` to the mapping, or the
+// promise made to `new`, which covers every thread).
+unsafe impl Send for DriverMem {}
+// SAFETY: as above; `&DriverMem` offers nothing more than an owned view does.
+unsafe impl Sync for DriverMem {}
+
 impl DriverMem {
     /// A view of `len` bytes at `ptr`.
     ///

@@ -149,3 +149,9 @@ fn packed_notifications_follow_the_event_areas() {
     drv.set_used_notifications(true);
     assert!(dev.driver_waits());
 }
+
+#[test]
+fn the_split_layout_puts_each_area_on_its_own_page() {
+    assert_eq!(SplitLayout::new(256), SplitLayout { avail: 4096, used: 8192, len: 12288 });
+    assert_eq!(SplitLayout::new(1024), SplitLayout { avail: 16384, used: 20480, len: 20480 + 12288 });
+}
