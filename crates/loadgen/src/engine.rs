@@ -21,7 +21,7 @@ use fp_virtq::driver::DriverMem;
 use crate::rng::SplitMix64;
 use crate::verify::Verifier;
 use crate::{Counts, Histogram, LoadError, LoadResult, LoadSpec, Pattern, Timeline, Wakeups};
-use backend::{round_up, Backend, CompletionFd, Done, IoQueue, BUF_ALIGN};
+use backend::{round_up, Backend, CompletionFd, Done, IoQueue, Req, BUF_ALIGN};
 
 /// How long requests in flight at the end may take to complete before the run is declared
 /// stuck.
@@ -204,7 +204,7 @@ impl<Q: IoQueue> QueueState<Q> {
             self.data.write_bytes(at, block);
         }
         self.slots[slot] = Slot { submitted: now, write };
-        self.q.enqueue(write, offset, self.data.addr_of(at), bs, slot)
+        self.q.enqueue(Req { write, offset, buf: self.data.addr_of(at), len: bs, slot })
     }
 }
 

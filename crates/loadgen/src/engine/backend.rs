@@ -22,21 +22,23 @@ pub(crate) struct Done {
     pub(super) ret: i32,
 }
 
+/// One request: `len` bytes at device offset `offset`, from or into the buffer at process
+/// address `buf` (inside [`Connected::data`]), for slot `slot`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Req {
+    pub(super) write: bool,
+    pub(super) offset: u64,
+    pub(super) buf: u64,
+    pub(super) len: usize,
+    pub(super) slot: usize,
+}
+
 /// One virtqueue of a back end.
 pub(crate) trait IoQueue {
-    /// Queues a request for `slot` (the device may not see it before the next [`reap`]): `len`
-    /// bytes at device offset `offset`, from or into the buffer at process address `buf`, inside
-    /// [`Connected::data`].
+    /// Queues `req` (the device may not see it before the next [`reap`]).
     ///
     /// [`reap`]: IoQueue::reap
-    fn enqueue(
-        &mut self,
-        write: bool,
-        offset: u64,
-        buf: u64,
-        len: usize,
-        slot: usize,
-    ) -> Result<(), LoadError>;
+    fn enqueue(&mut self, req: Req) -> Result<(), LoadError>;
     /// Notifies the device of queued requests if it asks for it, then takes up to `out.len()`
     /// completions without waiting.
     fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError>;
@@ -126,12 +128,68 @@ pub(super) fn check_geometry(
     Ok(())
 }
 
+/// What fp-load's own drivers (packed, and split through its frontend) need of a ring that
+/// carries virtio-blk requests.
+pub(super) trait BlkRing {
+    /// Makes request `slot` available: a read or write of `len` bytes at process address
+    /// `buf`, at `sector`.
+    fn push(&mut self, slot: u16, write: bool, sector: u64, buf: u64, len: usize);
+    /// Whether the device wants a notification for what was made available since the last call.
+    fn notify_needed(&mut self) -> bool;
+    /// The next completed request: its slot and virtio-blk status.
+    fn pop(&mut self) -> Option<(u16, u8)>;
+    /// Asks the device for completion notifications (`on`) or for none (a polling driver).
+    fn set_used_notifications(&mut self, on: bool);
+}
+
+/// A queue of fp-load's own drivers over `ring`: writes on a device opened read-only fail with
+/// `EBADF` without reaching the device, as libblkio fails them.
+pub(super) struct BlkQueue<R> {
+    pub(super) ring: R,
+    read_only: bool,
+    /// Requests added since the last notification check.
+    to_notify: bool,
+    /// Writes refused on a read-only device, completed at the next reap.
+    refused: Vec<usize>,
+}
+
+impl<R: BlkRing> BlkQueue<R> {
+    pub(super) fn new(ring: R, read_only: bool, depth: usize) -> BlkQueue<R> {
+        BlkQueue { ring, read_only, to_notify: false, refused: Vec::with_capacity(depth) }
+    }
+
+    #[inline]
+    pub(super) fn enqueue(&mut self, r: Req) {
+        if r.write && self.read_only {
+            self.refused.push(r.slot);
+            return;
+        }
+        self.ring.push(r.slot as u16, r.write, r.offset / 512, r.buf, r.len);
+        self.to_notify = true;
+    }
+
+    /// Notifies the device with `notify` if it wants to hear of what was added since the last
+    /// call, then takes completions into `out` ([`reap_virtio`]).
+    #[inline]
+    pub(super) fn reap(
+        &mut self,
+        out: &mut [Done],
+        notify: impl FnOnce() -> Result<(), LoadError>,
+    ) -> Result<usize, LoadError> {
+        if std::mem::take(&mut self.to_notify) && self.ring.notify_needed() {
+            notify()?;
+        }
+        let ring = &mut self.ring;
+        Ok(reap_virtio(out, &mut self.refused, || ring.pop()))
+    }
+}
+
 /// Fills `out` with the writes refused on a read-only device (`EBADF`, never sent), then with
 /// the completions `pop` returns (a slot and its virtio-blk status, virtio 1.2 §5.2.6); the
 /// count. What both of fp-load's own virtio drivers (packed, and split through its frontend)
 /// do in `reap`.
 #[inline]
-pub(super) fn reap_virtio(
+fn reap_virtio(
     out: &mut [Done],
     refused: &mut Vec<usize>,
     mut pop: impl FnMut() -> Option<(u16, u8)>,

@@ -47,8 +47,8 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::backend::{
-    check_geometry, queue_size_for, reap_virtio, round_up, Backend, CompletionFd, Connected, Done, IoQueue,
-    BUF_ALIGN, HDR_STRIDE,
+    check_geometry, queue_size_for, round_up, Backend, BlkQueue, BlkRing, CompletionFd, Connected, Done,
+    IoQueue, Req, BUF_ALIGN, HDR_STRIDE,
 };
 use super::log_sync::{log_bytes_for, LogSync, PageMap, LOG_PAGE};
 use super::split::SplitRing;
@@ -126,50 +126,37 @@ pub(super) struct VhostFrontend {
 }
 
 pub(super) struct FrontendQueue {
-    ring: SplitRing,
+    q: BlkQueue<SplitRing>,
     kick: EventFd,
     call: EventFd,
-    read_only: bool,
-    /// Requests added since the last notification.
-    to_notify: bool,
     /// Kicks sent.
     kicks: u64,
-    /// Writes refused on a read-only device, completed at the next reap.
-    refused: Vec<usize>,
+}
+
+impl FrontendQueue {
+    fn kick(kick: &EventFd, kicks: &mut u64) -> Result<(), LoadError> {
+        kick.write(1).map_err(os("kick"))?;
+        *kicks += 1;
+        Ok(())
+    }
 }
 
 impl IoQueue for FrontendQueue {
     #[inline]
-    fn enqueue(
-        &mut self,
-        write: bool,
-        offset: u64,
-        buf: u64,
-        len: usize,
-        slot: usize,
-    ) -> Result<(), LoadError> {
-        if write && self.read_only {
-            self.refused.push(slot);
-            return Ok(());
-        }
-        self.ring.push(slot as u16, write, offset / 512, buf, len);
-        self.to_notify = true;
+    fn enqueue(&mut self, r: Req) -> Result<(), LoadError> {
+        self.q.enqueue(r);
         Ok(())
     }
 
     #[inline]
     fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError> {
-        if std::mem::take(&mut self.to_notify) && self.ring.notify_needed() {
-            self.kick.write(1).map_err(os("kick"))?;
-            self.kicks += 1;
-        }
-        let ring = &mut self.ring;
-        Ok(reap_virtio(out, &mut self.refused, || ring.pop()))
+        let (kick, kicks) = (&self.kick, &mut self.kicks);
+        self.q.reap(out, || FrontendQueue::kick(kick, kicks))
     }
 
     fn enable_completion_fd(&mut self) -> Result<CompletionFd, LoadError> {
         let fd = self.call.try_clone().map_err(os("dup"))?;
-        self.ring.set_used_notifications(true);
+        self.q.ring.set_used_notifications(true);
         Ok(CompletionFd::Vmm(fd))
     }
 
@@ -212,13 +199,13 @@ fn set_log_base(sock: &mut UnixStream, log: BorrowedFd<'_>, size: u64) -> Result
 /// Sends one read of `len` bytes at sector 0 into process address `buf` through `q` (slot 0, nothing else in
 /// flight) and polls for its completion: the device has started the queue once it answers.
 fn wait_started(q: &mut FrontendQueue, buf: u64, len: usize) -> Result<(), LoadError> {
-    q.ring.push(0, false, 0, buf, len);
-    if q.ring.notify_needed() {
+    q.q.ring.push(0, false, 0, buf, len);
+    if q.q.ring.notify_needed() {
         q.kick.write(1).map_err(os("kick"))?;
     }
     let start = std::time::Instant::now();
     loop {
-        if let Some((_, status)) = q.ring.pop() {
+        if let Some((_, status)) = q.q.ring.pop() {
             if status != 0 {
                 return Err(LoadError::Vhost {
                     op: "start",
@@ -363,13 +350,10 @@ impl Backend for VhostFrontend {
             let mut ring = ring;
             ring.set_used_notifications(false);
             queues.push(FrontendQueue {
-                ring,
+                q: BlkQueue::new(ring, read_only, spec.queue_depth),
                 kick,
                 call,
-                read_only,
-                to_notify: false,
                 kicks: 0,
-                refused: Vec::with_capacity(spec.queue_depth),
             });
         }
 

@@ -9,7 +9,7 @@ use blkio::{Blkio, Blkioq, Completion, MemoryRegion, ReqFlags};
 use fp_virtq::driver::SharedMem;
 
 use super::backend::{
-    check_geometry, queue_size_for, round_up, Backend, CompletionFd, Connected, Done, IoQueue, BUF_ALIGN,
+    check_geometry, queue_size_for, round_up, Backend, CompletionFd, Connected, Done, IoQueue, Req, BUF_ALIGN,
 };
 use super::virtio::alloc_shared;
 use crate::{LoadError, LoadSpec};
@@ -39,19 +39,12 @@ pub(super) struct LibblkioQueue {
 
 impl IoQueue for LibblkioQueue {
     #[inline]
-    fn enqueue(
-        &mut self,
-        write: bool,
-        offset: u64,
-        buf: u64,
-        len: usize,
-        slot: usize,
-    ) -> Result<(), LoadError> {
-        let buf = buf as *mut u8;
-        if write {
-            self.q.write(offset, buf, len, slot, ReqFlags::empty());
+    fn enqueue(&mut self, r: Req) -> Result<(), LoadError> {
+        let buf = r.buf as *mut u8;
+        if r.write {
+            self.q.write(r.offset, buf, r.len, r.slot, ReqFlags::empty());
         } else {
-            self.q.read(offset, buf, len, slot, ReqFlags::empty());
+            self.q.read(r.offset, buf, r.len, r.slot, ReqFlags::empty());
         }
         Ok(())
     }

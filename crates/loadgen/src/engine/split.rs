@@ -12,7 +12,7 @@
 use fp_virtq::driver::{DriverMem, SplitDriver};
 use fp_virtq::{DESC_F_NEXT, DESC_F_WRITE};
 
-use super::backend::{ReqHeaders, CHAIN};
+use super::backend::{BlkRing, ReqHeaders, CHAIN};
 
 /// The driver side of one split ring carrying virtio-blk requests.
 pub(super) struct SplitRing {
@@ -57,10 +57,17 @@ impl SplitRing {
         addr - self.base
     }
 
+    /// The used ring's guest-physical address, for `SET_VRING_ADDR`'s log address.
+    pub(super) fn used_gpa(&self) -> u64 {
+        self.gpa_of(self.ring.memory().addr_of(self.ring.layout().used))
+    }
+}
+
+impl BlkRing for SplitRing {
     /// Makes request `slot` available: a read or write of `len` bytes at process address
     /// `buf`, at `sector`.
     #[inline]
-    pub(super) fn push(&mut self, slot: u16, write: bool, sector: u64, buf: u64, len: usize) {
+    fn push(&mut self, slot: u16, write: bool, sector: u64, buf: u64, len: usize) {
         self.hdrs.prepare(slot, write, sector);
         let first = slot * CHAIN;
         let flags = if write { DESC_F_NEXT } else { DESC_F_NEXT | DESC_F_WRITE };
@@ -71,26 +78,21 @@ impl SplitRing {
 
     /// Whether the device wants a notification for what was published since the last call.
     #[inline]
-    pub(super) fn notify_needed(&mut self) -> bool {
+    fn notify_needed(&mut self) -> bool {
         self.ring.notify_needed()
     }
 
     /// The next completed request: its slot and virtio-blk status.
     #[inline]
-    pub(super) fn pop(&mut self) -> Option<(u16, u8)> {
+    fn pop(&mut self) -> Option<(u16, u8)> {
         let (head, _) = self.ring.pop_used()?;
         let slot = (head / u32::from(CHAIN)) as u16;
         Some((slot, self.hdrs.status(slot)))
     }
 
     /// Asks the device for completion notifications (`on`) or for none (a polling driver).
-    pub(super) fn set_used_notifications(&mut self, on: bool) {
+    fn set_used_notifications(&mut self, on: bool) {
         self.ring.set_used_notifications(on);
-    }
-
-    /// The used ring's guest-physical address, for `SET_VRING_ADDR`'s log address.
-    pub(super) fn used_gpa(&self) -> u64 {
-        self.gpa_of(self.ring.memory().addr_of(self.ring.layout().used))
     }
 }
 

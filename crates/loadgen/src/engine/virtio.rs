@@ -29,8 +29,8 @@ use virtio_driver::{
 };
 
 use super::backend::{
-    check_geometry, queue_size_for, reap_virtio, round_up, Backend, CompletionFd, Connected, Done, IoQueue,
-    ReqHeaders, BUF_ALIGN, CHAIN, HDR_STRIDE,
+    check_geometry, queue_size_for, round_up, Backend, BlkQueue, BlkRing, CompletionFd, Connected, Done,
+    IoQueue, Req, ReqHeaders, BUF_ALIGN, CHAIN, HDR_STRIDE,
 };
 use crate::{LoadError, LoadSpec};
 
@@ -45,9 +45,7 @@ struct PackedRing {
     hdrs: ReqHeaders,
 }
 
-impl PackedRing {
-    /// Makes request `slot` available: a read or write of `len` bytes at process address `buf`,
-    /// at `sector`. The caller keeps at most `size / 3` requests in flight.
+impl BlkRing for PackedRing {
     #[inline]
     fn push(&mut self, slot: u16, write: bool, sector: u64, buf: u64, len: usize) {
         let hdr = self.hdrs.prepare(slot, write, sector);
@@ -55,11 +53,19 @@ impl PackedRing {
         self.ring.push(slot, &[(hdr, 16, DESC_F_NEXT), (buf, len as u32, data), (hdr + 16, 1, DESC_F_WRITE)]);
     }
 
-    /// The next completed request: its slot and virtio-blk status.
+    #[inline]
+    fn notify_needed(&mut self) -> bool {
+        self.ring.notify_needed()
+    }
+
     #[inline]
     fn pop(&mut self) -> Option<(u16, u8)> {
         let (slot, _) = self.ring.pop_used()?;
         Some((slot, self.hdrs.status(slot)))
+    }
+
+    fn set_used_notifications(&mut self, on: bool) {
+        self.ring.set_used_notifications(on);
     }
 }
 
@@ -77,50 +83,29 @@ impl Drop for VirtioDriver {
 }
 
 pub(super) struct VirtioQueue {
-    ring: PackedRing,
+    q: BlkQueue<PackedRing>,
     notifier: Box<dyn QueueNotifier>,
     call: Arc<EventFd>,
-    read_only: bool,
-    /// Requests added since the last notification.
-    to_notify: bool,
-    /// Writes refused on a read-only device, completed at the next reap.
-    refused: Vec<usize>,
 }
 
 impl IoQueue for VirtioQueue {
     #[inline]
-    fn enqueue(
-        &mut self,
-        write: bool,
-        offset: u64,
-        buf: u64,
-        len: usize,
-        slot: usize,
-    ) -> Result<(), LoadError> {
-        if write && self.read_only {
-            self.refused.push(slot);
-            return Ok(());
-        }
-        self.ring.push(slot as u16, write, offset / 512, buf, len);
-        self.to_notify = true;
+    fn enqueue(&mut self, r: Req) -> Result<(), LoadError> {
+        self.q.enqueue(r);
         Ok(())
     }
 
     #[inline]
     fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError> {
-        if self.to_notify && self.ring.ring.notify_needed() {
-            self.notifier.notify().map_err(vd("notify"))?;
-            self.to_notify = false;
-        }
-        let ring = &mut self.ring;
-        Ok(reap_virtio(out, &mut self.refused, || ring.pop()))
+        let notifier = &self.notifier;
+        self.q.reap(out, || notifier.notify().map_err(vd("notify")))
     }
 
     fn enable_completion_fd(&mut self) -> Result<CompletionFd, LoadError> {
         let os = |op| move |source| LoadError::Os { op, source };
         fp_sys::set_nonblocking(self.call.as_fd()).map_err(os("fcntl O_NONBLOCK"))?;
         let fd = self.call.as_fd().try_clone_to_owned().map_err(os("dup"))?;
-        self.ring.ring.set_used_notifications(true);
+        self.q.ring.set_used_notifications(true);
         Ok(CompletionFd::Owned(fd))
     }
 }
@@ -231,12 +216,9 @@ impl Backend for VirtioDriver {
                     spec.queue_depth,
                 );
                 VirtioQueue {
-                    ring: PackedRing { ring, hdrs },
+                    q: BlkQueue::new(PackedRing { ring, hdrs }, read_only, spec.queue_depth),
                     notifier: backend.transport.get_submission_notifier(i),
                     call: backend.transport.get_completion_fd(i),
-                    read_only,
-                    to_notify: false,
-                    refused: Vec::with_capacity(spec.queue_depth),
                 }
             })
             .collect();

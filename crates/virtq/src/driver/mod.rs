@@ -204,8 +204,8 @@ impl DriverMem {
     /// If they are not all inside it.
     pub fn sub(&self, offset: usize, len: usize) -> DriverMem {
         self.check(offset, len, 1);
-        // SAFETY: `offset + len <= self.len` (checked), so inside the mapping.
-        let ptr = unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(offset)) };
+        // Inside the mapping (checked), which does not start at or wrap to 0.
+        let ptr = NonNull::new(self.ptr.as_ptr().wrapping_add(offset)).expect("a mapped address");
         DriverMem { ptr, len, _owner: self._owner.clone() }
     }
 
@@ -241,64 +241,78 @@ impl DriverMem {
     #[inline(always)]
     fn at<T>(&self, offset: usize) -> *mut T {
         self.check(offset, std::mem::size_of::<T>(), std::mem::align_of::<T>());
-        // SAFETY: inside the view (checked above), which lies inside the mapping.
-        unsafe { self.ptr.as_ptr().add(offset) }.cast()
+        // Inside the view (checked above); the callers dereference it.
+        self.ptr.as_ptr().wrapping_add(offset).cast()
+    }
+
+    /// Loads the `T` at `offset` (aligned for `T`), one volatile access.
+    #[inline(always)]
+    fn load<T: Copy>(&self, offset: usize) -> T {
+        // SAFETY: a mapped, aligned `T` inside the view (`at` checks); `T` is a plain integer.
+        unsafe { self.at::<T>(offset).read_volatile() }
+    }
+
+    /// Stores `v` at `offset` (aligned for `T`), one volatile access.
+    #[inline(always)]
+    fn store<T: Copy>(&self, offset: usize, v: T) {
+        // SAFETY: as in `load`; the view is writable (constructor).
+        unsafe { self.at::<T>(offset).write_volatile(v) }
     }
 
     /// Loads the byte at `offset`.
     #[inline]
     pub fn read_u8(&self, offset: usize) -> u8 {
-        // SAFETY: a mapped, aligned byte of the view (`at` checks).
-        unsafe { self.at::<u8>(offset).read_volatile() }
+        self.load(offset)
     }
 
     /// Loads the little-endian u16 at `offset` (2-aligned).
     #[inline]
     pub fn read_u16(&self, offset: usize) -> u16 {
-        // SAFETY: as in `read_u8`.
-        u16::from_le(unsafe { self.at::<u16>(offset).read_volatile() })
+        u16::from_le(self.load(offset))
     }
 
     /// Loads the little-endian u32 at `offset` (4-aligned).
     #[inline]
     pub fn read_u32(&self, offset: usize) -> u32 {
-        // SAFETY: as in `read_u8`.
-        u32::from_le(unsafe { self.at::<u32>(offset).read_volatile() })
+        u32::from_le(self.load(offset))
     }
 
     /// Loads the little-endian u64 at `offset` (8-aligned).
     #[inline]
     pub fn read_u64(&self, offset: usize) -> u64 {
-        // SAFETY: as in `read_u8`.
-        u64::from_le(unsafe { self.at::<u64>(offset).read_volatile() })
+        u64::from_le(self.load(offset))
     }
 
     /// Stores `v` at `offset`.
     #[inline]
     pub fn write_u8(&self, offset: usize, v: u8) {
-        // SAFETY: as in `read_u8`; the view is writable (constructor).
-        unsafe { self.at::<u8>(offset).write_volatile(v) }
+        self.store(offset, v)
     }
 
     /// Stores `v` little-endian at `offset` (2-aligned).
     #[inline]
     pub fn write_u16(&self, offset: usize, v: u16) {
-        // SAFETY: as in `write_u8`.
-        unsafe { self.at::<u16>(offset).write_volatile(v.to_le()) }
+        self.store(offset, v.to_le())
     }
 
     /// Stores `v` little-endian at `offset` (4-aligned).
     #[inline]
     pub fn write_u32(&self, offset: usize, v: u32) {
-        // SAFETY: as in `write_u8`.
-        unsafe { self.at::<u32>(offset).write_volatile(v.to_le()) }
+        self.store(offset, v.to_le())
     }
 
     /// Stores `v` little-endian at `offset` (8-aligned).
     #[inline]
     pub fn write_u64(&self, offset: usize, v: u64) {
-        // SAFETY: as in `write_u8`.
-        unsafe { self.at::<u64>(offset).write_volatile(v.to_le()) }
+        self.store(offset, v.to_le())
+    }
+
+    /// The u64 at `offset` (8-aligned) as an atomic.
+    #[inline(always)]
+    fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: an 8-aligned, mapped word (`at` checks) that lives as long as `self` and that
+        // every party accesses atomically or volatilely; AtomicU64 has u64's size and alignment.
+        unsafe { AtomicU64::from_ptr(self.at::<u64>(offset)) }
     }
 
     /// Atomically takes the u64 at `offset` (8-aligned) and leaves 0: for bitmaps the device
@@ -306,10 +320,7 @@ impl DriverMem {
     /// word already 0 costs no exclusive cache-line access.
     #[inline]
     pub fn take_u64(&self, offset: usize) -> u64 {
-        let p = self.at::<u64>(offset);
-        // SAFETY: an 8-aligned, mapped word (`at` checks) that every party accesses atomically
-        // or volatilely; AtomicU64 has u64's size and alignment.
-        let w = unsafe { AtomicU64::from_ptr(p) };
+        let w = self.atomic_u64(offset);
         if w.load(Ordering::Relaxed) == 0 {
             return 0;
         }
@@ -319,9 +330,7 @@ impl DriverMem {
     /// Atomically ORs `bits` into the u64 at `offset` (8-aligned), as a device marks a log.
     #[inline]
     pub fn or_u64(&self, offset: usize, bits: u64) {
-        let p = self.at::<u64>(offset);
-        // SAFETY: as in `take_u64`.
-        unsafe { AtomicU64::from_ptr(p) }.fetch_or(bits, Ordering::AcqRel);
+        self.atomic_u64(offset).fetch_or(bits, Ordering::AcqRel);
     }
 
     /// Copies `out.len()` bytes from `offset` into `out`.

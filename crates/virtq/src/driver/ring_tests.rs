@@ -155,3 +155,21 @@ fn the_split_layout_puts_each_area_on_its_own_page() {
     assert_eq!(SplitLayout::new(256), SplitLayout { avail: 4096, used: 8192, len: 12288 });
     assert_eq!(SplitLayout::new(1024), SplitLayout { avail: 16384, used: 20480, len: 20480 + 12288 });
 }
+
+/// Rings are powers of two and chains three descriptors long: a chain straddles the ring's end
+/// and the used position wraps with it (the device skips a chain's slots, §2.8.9).
+#[test]
+fn packed_chains_straddle_the_rings_end() {
+    let (_m, table, mut drv, mut dev) = packed(8, false);
+    let mut chain = Chain::new();
+    let bufs = [(0x8000, 16, DESC_F_NEXT), (0x9000, 512, DESC_F_NEXT), (0x8010, 1, DESC_F_WRITE)];
+    // One chain at a time, over almost five laps of the 8-descriptor ring.
+    for round in 0..13u16 {
+        drv.push(round % 2, &bufs);
+        let head = dev.pop(&table, &mut chain).unwrap().expect("the chain");
+        assert_eq!((head.id, head.slots), (round % 2, 3), "round {round}");
+        dev.push_used(head.id, 0, head.slots);
+        dev.publish();
+        assert_eq!(drv.pop_used(), Some((round % 2, 0)), "round {round}");
+    }
+}
