@@ -178,73 +178,84 @@ fn brief_row(label: &str, pattern: &str, bs: &str, qd: &str, queues: &str, r: &L
     );
 }
 
+/// How a run ends in an error: the exit code (1: the device or the run; 2: the arguments) and
+/// the message.
+struct Failure(u8, String);
+
+impl From<fp_loadgen::LoadError> for Failure {
+    fn from(e: fp_loadgen::LoadError) -> Failure {
+        Failure(1, e.to_string())
+    }
+}
+
 fn main() -> ExitCode {
     if std::env::args().any(|a| a == "--brief-header") {
         println!("{BRIEF_HEADER}");
         return ExitCode::SUCCESS;
     }
     let args = Args::parse();
-    let Some(socket) = args.socket.clone() else {
-        return run_disks(&args);
+    let ran = match args.socket.clone() {
+        Some(socket) => run_one(&args, socket),
+        None => run_disks(&args),
     };
-    let mut spec = base_spec(&args, socket);
+    ran.unwrap_or_else(|Failure(code, message)| {
+        eprintln!("fp-load: {message}");
+        ExitCode::from(code)
+    })
+}
+
+/// Writes the `--hist-out` file.
+fn write_hist(path: &std::path::Path, v: &serde_json::Value) -> Result<(), Failure> {
+    std::fs::write(path, v.to_string() + "\n")
+        .map_err(|e| Failure(1, format!("writing {}: {e}", path.display())))
+}
+
+/// Exit code 3 when requests failed.
+fn exit_for(errors: u64) -> ExitCode {
+    if errors > 0 {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// A run on one disk, `socket`.
+fn run_one(args: &Args, socket: PathBuf) -> Result<ExitCode, Failure> {
+    let mut spec = base_spec(args, socket);
     if args.offset != 0 || args.size.is_some() {
         match args.size {
             Some(len) => spec.region = Some(Region { offset: args.offset, len }),
-            None => match region_to_end(&spec, args.offset) {
-                Ok(r) => spec.region = Some(r),
-                Err(e) => {
-                    eprintln!("fp-load: {e}");
-                    return ExitCode::from(1);
-                }
-            },
+            None => spec.region = Some(region_to_end(&spec, args.offset).map_err(|e| Failure(1, e))?),
         }
     }
 
     if args.idle {
-        return match fp_loadgen::hold(&spec) {
-            Ok(held) => {
-                if args.json {
-                    let v = serde_json::json!({
-                        "label": args.label,
-                        "socket": spec.socket.display().to_string(),
-                        "idle": true,
-                        "num_queues": spec.num_queues,
-                        "poll_queues": spec.poll_queues,
-                        "packed": spec.packed,
-                        "elapsed_s": held.as_secs_f64(),
-                    });
-                    println!("{v}");
-                } else {
-                    println!(
-                        "held {} queue(s) on {} idle for {:.2} s",
-                        spec.num_queues,
-                        spec.socket.display(),
-                        held.as_secs_f64()
-                    );
-                }
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("fp-load: {e}");
-                ExitCode::from(1)
-            }
-        };
+        let held = fp_loadgen::hold(&spec)?;
+        if args.json {
+            let v = serde_json::json!({
+                "label": args.label,
+                "socket": spec.socket.display().to_string(),
+                "idle": true,
+                "num_queues": spec.num_queues,
+                "poll_queues": spec.poll_queues,
+                "packed": spec.packed,
+                "elapsed_s": held.as_secs_f64(),
+            });
+            println!("{v}");
+        } else {
+            println!(
+                "held {} queue(s) on {} idle for {:.2} s",
+                spec.num_queues,
+                spec.socket.display(),
+                held.as_secs_f64()
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
     }
 
-    let result = match fp_loadgen::run(&spec) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("fp-load: {e}");
-            return ExitCode::from(1);
-        }
-    };
+    let result = fp_loadgen::run(&spec)?;
     if let Some(path) = &args.hist_out {
-        let text = result.histogram_json().to_string();
-        if let Err(e) = std::fs::write(path, text + "\n") {
-            eprintln!("fp-load: writing {}: {e}", path.display());
-            return ExitCode::from(1);
-        }
+        write_hist(path, &result.histogram_json())?;
     }
     if args.json {
         let mut v = result.to_json();
@@ -255,11 +266,7 @@ fn main() -> ExitCode {
     } else {
         print_human(&spec, args.label.as_deref(), &result);
     }
-    if result.errors > 0 {
-        ExitCode::from(3)
-    } else {
-        ExitCode::SUCCESS
-    }
+    Ok(exit_for(result.errors))
 }
 
 /// The spec the global options describe, for `socket`; in a multi-disk run, the defaults of
@@ -336,26 +343,15 @@ fn disk_args(args: &Args) -> Result<Vec<DiskArg>, String> {
 }
 
 /// A multi-disk run (`--disk`, `--job`).
-fn run_disks(args: &Args) -> ExitCode {
-    let disks = match disk_args(args) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("fp-load: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let mut disks = disks;
+fn run_disks(args: &Args) -> Result<ExitCode, Failure> {
+    let mut disks = disk_args(args).map_err(|e| Failure(2, e))?;
     for (i, d) in disks.iter_mut().enumerate() {
         if let Some(offset) = d.offset_to_end {
             // Asks the device, like a single disk's --offset without --size: a failure is
             // the device's, not the arguments'.
-            match region_to_end(&d.spec, offset) {
-                Ok(r) => d.spec.region = Some(r),
-                Err(e) => {
-                    eprintln!("fp-load: disk {i} ({}): {}", d.spec.socket.display(), e);
-                    return ExitCode::from(1);
-                }
-            }
+            let r = region_to_end(&d.spec, offset)
+                .map_err(|e| Failure(1, format!("disk {i} ({}): {e}", d.spec.socket.display())))?;
+            d.spec.region = Some(r);
         }
     }
     let spec = MultiSpec {
@@ -367,21 +363,12 @@ fn run_disks(args: &Args) -> ExitCode {
         measure_busy: args.client_busy,
         cpu: args.cpu,
     };
-    let result = match fp_loadgen::run_multi(&spec) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("fp-load: {e}");
-            return ExitCode::from(1);
-        }
-    };
+    let result = fp_loadgen::run_multi(&spec)?;
     if let Some(path) = &args.hist_out {
         let mut v = result.total.histogram_json();
         let per_disk: Vec<_> = result.disks.iter().map(LoadResult::histogram_json).collect();
         v.as_object_mut().expect("an object").insert("disks".into(), per_disk.into());
-        if let Err(e) = std::fs::write(path, v.to_string() + "\n") {
-            eprintln!("fp-load: writing {}: {e}", path.display());
-            return ExitCode::from(1);
-        }
+        write_hist(path, &v)?;
     }
     // The disks' effective specs (the shared options applied), for the output.
     let effective: Vec<LoadSpec> = spec
@@ -422,11 +409,7 @@ fn run_disks(args: &Args) -> ExitCode {
     } else {
         print_disks(args, &spec, &effective, &disks, &result);
     }
-    if result.total.errors > 0 {
-        ExitCode::from(3)
-    } else {
-        ExitCode::SUCCESS
-    }
+    Ok(exit_for(result.total.errors))
 }
 
 /// The multi-disk text output: with --brief one row per disk and the total, otherwise a title,

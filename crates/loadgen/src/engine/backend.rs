@@ -142,10 +142,24 @@ pub(super) trait BlkRing {
     fn set_used_notifications(&mut self, on: bool);
 }
 
-/// A queue of fp-load's own drivers over `ring`: writes on a device opened read-only fail with
-/// `EBADF` without reaching the device, as libblkio fails them.
-pub(super) struct BlkQueue<R> {
+/// How fp-load's own drivers reach the device outside the ring: the kick and the completion
+/// eventfd (vhost-user's vring kick and call fds).
+pub(super) trait VringFds {
+    /// Notifies the device of new requests.
+    fn kick(&mut self) -> Result<(), LoadError>;
+    /// The completion eventfd, as the waiter keeps it.
+    fn completion_fd(&mut self) -> Result<CompletionFd, LoadError>;
+    /// Kicks sent so far, where counted.
+    fn kicks(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// A queue of fp-load's own drivers over `ring`, kicking through `fds`: writes on a device
+/// opened read-only fail with `EBADF` without reaching the device, as libblkio fails them.
+pub(super) struct BlkQueue<R, F> {
     pub(super) ring: R,
+    pub(super) fds: F,
     read_only: bool,
     /// Requests added since the last notification check.
     to_notify: bool,
@@ -153,34 +167,43 @@ pub(super) struct BlkQueue<R> {
     refused: Vec<usize>,
 }
 
-impl<R: BlkRing> BlkQueue<R> {
-    pub(super) fn new(ring: R, read_only: bool, depth: usize) -> BlkQueue<R> {
-        BlkQueue { ring, read_only, to_notify: false, refused: Vec::with_capacity(depth) }
+impl<R: BlkRing, F: VringFds> BlkQueue<R, F> {
+    pub(super) fn new(ring: R, fds: F, read_only: bool, depth: usize) -> BlkQueue<R, F> {
+        BlkQueue { ring, fds, read_only, to_notify: false, refused: Vec::with_capacity(depth) }
     }
+}
 
+impl<R: BlkRing, F: VringFds> IoQueue for BlkQueue<R, F> {
     #[inline]
-    pub(super) fn enqueue(&mut self, r: Req) {
+    fn enqueue(&mut self, r: Req) -> Result<(), LoadError> {
         if r.write && self.read_only {
             self.refused.push(r.slot);
-            return;
+            return Ok(());
         }
         self.ring.push(r.slot as u16, r.write, r.offset / 512, r.buf, r.len);
         self.to_notify = true;
+        Ok(())
     }
 
-    /// Notifies the device with `notify` if it wants to hear of what was added since the last
-    /// call, then takes completions into `out` ([`reap_virtio`]).
+    /// Kicks the device if it wants to hear of what was added since the last call (one check
+    /// per batch), then takes completions ([`reap_virtio`]).
     #[inline]
-    pub(super) fn reap(
-        &mut self,
-        out: &mut [Done],
-        notify: impl FnOnce() -> Result<(), LoadError>,
-    ) -> Result<usize, LoadError> {
+    fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError> {
         if std::mem::take(&mut self.to_notify) && self.ring.notify_needed() {
-            notify()?;
+            self.fds.kick()?;
         }
         let ring = &mut self.ring;
         Ok(reap_virtio(out, &mut self.refused, || ring.pop()))
+    }
+
+    fn enable_completion_fd(&mut self) -> Result<CompletionFd, LoadError> {
+        let fd = self.fds.completion_fd()?;
+        self.ring.set_used_notifications(true);
+        Ok(fd)
+    }
+
+    fn kicks(&self) -> Option<u64> {
+        self.fds.kicks()
     }
 }
 

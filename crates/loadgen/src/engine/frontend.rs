@@ -47,8 +47,8 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::backend::{
-    check_geometry, queue_size_for, round_up, Backend, BlkQueue, BlkRing, CompletionFd, Connected, Done,
-    IoQueue, Req, BUF_ALIGN, HDR_STRIDE,
+    check_geometry, queue_size_for, round_up, Backend, BlkQueue, BlkRing, CompletionFd, Connected, VringFds,
+    BUF_ALIGN, HDR_STRIDE,
 };
 use super::log_sync::{log_bytes_for, LogSync, PageMap, LOG_PAGE};
 use super::split::SplitRing;
@@ -125,45 +125,31 @@ pub(super) struct VhostFrontend {
     hugetlb: bool,
 }
 
-pub(super) struct FrontendQueue {
-    q: BlkQueue<SplitRing>,
+/// A ring's kick and call eventfds, which the back end was given.
+pub(super) struct KickCall {
     kick: EventFd,
     call: EventFd,
     /// Kicks sent.
     kicks: u64,
 }
 
-impl FrontendQueue {
-    fn kick(kick: &EventFd, kicks: &mut u64) -> Result<(), LoadError> {
-        kick.write(1).map_err(os("kick"))?;
-        *kicks += 1;
-        Ok(())
-    }
-}
-
-impl IoQueue for FrontendQueue {
-    #[inline]
-    fn enqueue(&mut self, r: Req) -> Result<(), LoadError> {
-        self.q.enqueue(r);
+impl VringFds for KickCall {
+    fn kick(&mut self) -> Result<(), LoadError> {
+        self.kick.write(1).map_err(os("kick"))?;
+        self.kicks += 1;
         Ok(())
     }
 
-    #[inline]
-    fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError> {
-        let (kick, kicks) = (&self.kick, &mut self.kicks);
-        self.q.reap(out, || FrontendQueue::kick(kick, kicks))
-    }
-
-    fn enable_completion_fd(&mut self) -> Result<CompletionFd, LoadError> {
-        let fd = self.call.try_clone().map_err(os("dup"))?;
-        self.q.ring.set_used_notifications(true);
-        Ok(CompletionFd::Vmm(fd))
+    fn completion_fd(&mut self) -> Result<CompletionFd, LoadError> {
+        Ok(CompletionFd::Vmm(self.call.try_clone().map_err(os("dup"))?))
     }
 
     fn kicks(&self) -> Option<u64> {
         Some(self.kicks)
     }
 }
+
+pub(super) type FrontendQueue = BlkQueue<SplitRing, KickCall>;
 
 /// Sends `SET_LOG_BASE` with the log's memfd on `sock` (a duplicate of the frontend's socket)
 /// and waits for the back end's reply, whatever its payload (see the module docs).
@@ -199,13 +185,13 @@ fn set_log_base(sock: &mut UnixStream, log: BorrowedFd<'_>, size: u64) -> Result
 /// Sends one read of `len` bytes at sector 0 into process address `buf` through `q` (slot 0, nothing else in
 /// flight) and polls for its completion: the device has started the queue once it answers.
 fn wait_started(q: &mut FrontendQueue, buf: u64, len: usize) -> Result<(), LoadError> {
-    q.q.ring.push(0, false, 0, buf, len);
-    if q.q.ring.notify_needed() {
-        q.kick.write(1).map_err(os("kick"))?;
+    q.ring.push(0, false, 0, buf, len);
+    if q.ring.notify_needed() {
+        q.fds.kick.write(1).map_err(os("kick"))?;
     }
     let start = std::time::Instant::now();
     loop {
-        if let Some((_, status)) = q.q.ring.pop() {
+        if let Some((_, status)) = q.ring.pop() {
             if status != 0 {
                 return Err(LoadError::Vhost {
                     op: "start",
@@ -349,12 +335,7 @@ impl Backend for VhostFrontend {
             fe.set_vring_call(i, &call).map_err(vu("SET_VRING_CALL"))?;
             let mut ring = ring;
             ring.set_used_notifications(false);
-            queues.push(FrontendQueue {
-                q: BlkQueue::new(ring, read_only, spec.queue_depth),
-                kick,
-                call,
-                kicks: 0,
-            });
+            queues.push(BlkQueue::new(ring, KickCall { kick, call, kicks: 0 }, read_only, spec.queue_depth));
         }
 
         let fe = &mut backend._frontend;

@@ -29,8 +29,8 @@ use virtio_driver::{
 };
 
 use super::backend::{
-    check_geometry, queue_size_for, round_up, Backend, BlkQueue, BlkRing, CompletionFd, Connected, Done,
-    IoQueue, Req, ReqHeaders, BUF_ALIGN, CHAIN, HDR_STRIDE,
+    check_geometry, queue_size_for, round_up, Backend, BlkQueue, BlkRing, CompletionFd, Connected,
+    ReqHeaders, VringFds, BUF_ALIGN, CHAIN, HDR_STRIDE,
 };
 use crate::{LoadError, LoadSpec};
 
@@ -40,7 +40,7 @@ fn vd(op: &'static str) -> impl FnOnce(io::Error) -> LoadError {
 
 /// The driver side of one packed virtqueue carrying virtio-blk requests of three descriptors
 /// each, with the request's slot as its buffer id.
-struct PackedRing {
+pub(super) struct PackedRing {
     ring: PackedDriver,
     hdrs: ReqHeaders,
 }
@@ -82,33 +82,25 @@ impl Drop for VirtioDriver {
     }
 }
 
-pub(super) struct VirtioQueue {
-    q: BlkQueue<PackedRing>,
+/// The queue's notifier and completion eventfd, as virtio-driver's transport made them.
+pub(super) struct TransportFds {
     notifier: Box<dyn QueueNotifier>,
     call: Arc<EventFd>,
 }
 
-impl IoQueue for VirtioQueue {
-    #[inline]
-    fn enqueue(&mut self, r: Req) -> Result<(), LoadError> {
-        self.q.enqueue(r);
-        Ok(())
+impl VringFds for TransportFds {
+    fn kick(&mut self) -> Result<(), LoadError> {
+        self.notifier.notify().map_err(vd("notify"))
     }
 
-    #[inline]
-    fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError> {
-        let notifier = &self.notifier;
-        self.q.reap(out, || notifier.notify().map_err(vd("notify")))
-    }
-
-    fn enable_completion_fd(&mut self) -> Result<CompletionFd, LoadError> {
+    fn completion_fd(&mut self) -> Result<CompletionFd, LoadError> {
         let os = |op| move |source| LoadError::Os { op, source };
         fp_sys::set_nonblocking(self.call.as_fd()).map_err(os("fcntl O_NONBLOCK"))?;
-        let fd = self.call.as_fd().try_clone_to_owned().map_err(os("dup"))?;
-        self.q.ring.set_used_notifications(true);
-        Ok(CompletionFd::Owned(fd))
+        Ok(CompletionFd::Owned(self.call.as_fd().try_clone_to_owned().map_err(os("dup"))?))
     }
 }
+
+pub(super) type VirtioQueue = BlkQueue<PackedRing, TransportFds>;
 
 /// Shared memory for fp-load's own drivers, as libblkio's `alloc_mem_region` makes it; with
 /// `hugetlb`, of 2 MiB huge pages (`len` a multiple of [`HUGE_PAGE`]).
@@ -215,11 +207,11 @@ impl Backend for VirtioDriver {
                     &region.sub(data_len + i * spec.queue_depth * HDR_STRIDE, hdr_len),
                     spec.queue_depth,
                 );
-                VirtioQueue {
-                    q: BlkQueue::new(PackedRing { ring, hdrs }, read_only, spec.queue_depth),
+                let fds = TransportFds {
                     notifier: backend.transport.get_submission_notifier(i),
                     call: backend.transport.get_completion_fd(i),
-                }
+                };
+                BlkQueue::new(PackedRing { ring, hdrs }, fds, read_only, spec.queue_depth)
             })
             .collect();
         let data: DriverMem = region.sub(0, data_len);
