@@ -5,11 +5,12 @@
 //! the requested depth: each completion is accounted for and immediately replaced by a new
 //! request in the same slot, so the per-I/O work is a clock read shared by a batch of
 //! completions, a few arithmetic operations to pick the next offset, one histogram increment and
-//! libblkio's own enqueue. Buffers live in one libblkio memory region, allocated and mapped once;
+//! libblkio's own enqueue. Buffers live in one region of memory shared with the device, allocated
+//! and mapped once ([`fp_virtq::driver::SharedMem`], reached through bounds-checked views);
 //! latencies go to a preallocated log-bucket [`Histogram`]. Nothing is allocated per I/O.
 //!
 //! Two completion modes, as libblkio offers them:
-//! * **completion-fd queues** (`poll_queues = false`): the thread sleeps in `epoll_wait` on the
+//! * **completion-fd queues** (`poll_queues = false`): the thread sleeps in `poll` on the
 //!   queues' completion eventfds when no completion is ready, like an interrupt-driven guest;
 //! * **poll queues** (`poll_queues = true`): the thread busy-polls the used rings and never
 //!   sleeps, like a polled-mode guest driver.
@@ -28,7 +29,7 @@
 //! **Several disks** ([`run_multi`] with a [`MultiSpec`]; `fp-load --disk ...`): each disk has
 //! its own socket, pattern, block size, depth, queues and request count, and its own
 //! accounting; all run for the same time. By default one client thread drives them all in one
-//! loop (one pass over every disk's queues, one epoll set for all their completion fds), as
+//! loop (one pass over every disk's queues, one `poll` over all their completion fds), as
 //! one vCPU driving many virtual disks would; with [`MultiSpec::thread_per_disk`] each disk
 //! has its own pinned thread, and the threads start together once every disk is connected.
 //! The [`MultiResult`] has each disk's [`LoadResult`] and their total.
@@ -39,6 +40,10 @@
 //! With [`LoadSpec::timeline`] each disk also counts its completions per interval from the
 //! start ([`Timeline`]): the delivered rate second by second, to check a rate limit over short
 //! windows or watch a burst fall back to its average.
+
+// The ring and memory accesses go through `fp_virtq::driver`; what is left is libblkio's API
+// (`engine/libblkio.rs`: its completion buffers and the completion fd it hands out as a number).
+#![deny(unsafe_code)]
 
 mod args;
 mod client;

@@ -77,7 +77,7 @@ pub struct LoadResult {
 /// notifications that does not depend on the server's own counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Wakeups {
-    /// Sleeps (`epoll_wait`) that ended with at least one completion fd ready.
+    /// Sleeps (`poll`) that ended with at least one completion fd ready.
     pub wakeups: u64,
     /// The sum of the completion eventfds' counters read on those wake-ups: the server's
     /// notifications (each a write of 1), those that came while the client was not asleep

@@ -18,6 +18,8 @@
 //! (clap), 3 when the run finished but some requests completed with an error (with `--verify`,
 //! a read that did not return what was written counts as one).
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;

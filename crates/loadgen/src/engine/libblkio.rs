@@ -50,6 +50,7 @@ impl IoQueue for LibblkioQueue {
     }
 
     #[inline]
+    #[allow(unsafe_code)] // libblkio's API: completions in caller-provided `MaybeUninit`s.
     fn reap(&mut self, out: &mut [Done]) -> Result<usize, LoadError> {
         let room = out.len().min(self.completions.len());
         let n = self.q.do_io(&mut self.completions[..room], 0, None, None).map_err(bk("do_io"))?;
@@ -61,6 +62,7 @@ impl IoQueue for LibblkioQueue {
         Ok(n)
     }
 
+    #[allow(unsafe_code)] // libblkio's API: the completion eventfd as a bare number.
     fn enable_completion_fd(&mut self) -> Result<CompletionFd, LoadError> {
         let fd = self
             .q
