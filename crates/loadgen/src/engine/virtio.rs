@@ -3,11 +3,14 @@
 //! its feature set and never negotiates packed rings.
 //!
 //! Mirrors what libblkio's virtio-blk driver does: the same feature set plus `RING_PACKED`, one
-//! memfd-backed buffer region registered with the backend (`map_mem_region`), a notification
-//! only when the device's event suppression asks for one, and writes on a device opened
-//! read-only failed with `EBADF` without reaching the device.
+//! memfd-backed region registered with the backend (`map_mem_region`), a notification only when
+//! the device's event suppression asks for one, and writes on a device opened read-only failed
+//! with `EBADF` without reaching the device. The region holds the data buffers, the request
+//! headers and the rings (virtio-driver lays the rings out in it), so that every access goes
+//! through `fp_virtq::driver`'s views of memory fp-load owns.
 //!
-//! virtio-driver's transport sets up the rings, but the rings are driven here ([`PackedRing`]),
+//! virtio-driver's transport sets up the rings, but the rings are driven here ([`PackedRing`] on
+//! `fp_virtq::driver::PackedDriver`),
 //! not by virtio-driver's own packed virtqueue: its vhost-user transport sends
 //! `SET_VRING_BASE 0` for every ring, which for a packed ring means "both wrap counters 0"
 //! (vhost-user.rst; QEMU sends 0x80008000 for a fresh ring), while its packed virtqueue starts

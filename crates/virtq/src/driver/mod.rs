@@ -69,8 +69,9 @@ pub struct SharedMem {
     fd: OwnedFd,
 }
 
-// SAFETY: the mapping is process-wide memory; `SharedMem` hands out no references into it, only
-// volatile or atomic accesses through `DriverMem`, which are sound from any thread.
+// SAFETY: the mapping has no state tied to a thread (whichever thread drops it unmaps it), and
+// `SharedMem` hands out no shared references into it: `as_mut_slice` borrows it exclusively,
+// views only make volatile or atomic accesses, which are sound from any thread.
 unsafe impl Send for SharedMem {}
 // SAFETY: as above.
 unsafe impl Sync for SharedMem {}
