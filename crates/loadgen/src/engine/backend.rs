@@ -295,6 +295,83 @@ pub(super) fn round_up(v: usize, to: usize) -> usize {
 mod tests {
     use super::*;
 
+    /// A ring that records what it is given and completes what the test says.
+    #[derive(Default)]
+    struct FakeRing {
+        pushed: Vec<(u16, bool, u64, u64, usize)>,
+        wants_kick: bool,
+        checks: usize,
+        done: Vec<(u16, u8)>,
+    }
+
+    impl BlkRing for FakeRing {
+        fn push(&mut self, slot: u16, write: bool, sector: u64, buf: u64, len: usize) {
+            self.pushed.push((slot, write, sector, buf, len));
+        }
+        fn notify_needed(&mut self) -> bool {
+            self.checks += 1;
+            self.wants_kick
+        }
+        fn pop(&mut self) -> Option<(u16, u8)> {
+            self.done.pop()
+        }
+        fn set_used_notifications(&mut self, _on: bool) {}
+    }
+
+    #[derive(Default)]
+    struct CountKicks(u64);
+
+    impl VringFds for CountKicks {
+        fn kick(&mut self) -> Result<(), LoadError> {
+            self.0 += 1;
+            Ok(())
+        }
+        fn completion_fd(&mut self) -> Result<CompletionFd, LoadError> {
+            Err(LoadError::InvalidSpec("no fd in this test".into()))
+        }
+        fn kicks(&self) -> Option<u64> {
+            Some(self.0)
+        }
+    }
+
+    fn req(write: bool, slot: usize) -> Req {
+        Req { write, offset: 4096 * slot as u64, buf: 0x1000 * slot as u64, len: 4096, slot }
+    }
+
+    /// The device hears of a batch once, when its ring asks for it, and is not asked again
+    /// until something new is queued; completions map virtio-blk statuses to errnos.
+    #[test]
+    fn a_batch_is_checked_for_a_kick_once_and_statuses_become_errnos() {
+        let mut q =
+            BlkQueue::new(FakeRing { wants_kick: true, ..FakeRing::default() }, CountKicks(0), false, 4);
+        q.enqueue(req(false, 0)).unwrap();
+        q.enqueue(req(true, 1)).unwrap();
+        assert_eq!(q.ring.pushed, [(0, false, 0, 0, 4096), (1, true, 8, 0x1000, 4096)]);
+        let mut out = [Done::default(); 4];
+        assert_eq!(q.reap(&mut out).unwrap(), 0);
+        assert_eq!((q.kicks(), q.ring.checks), (Some(1), 1));
+        assert_eq!(q.reap(&mut out).unwrap(), 0);
+        assert_eq!((q.kicks(), q.ring.checks), (Some(1), 1), "nothing new: no check, no kick");
+        q.ring.done = vec![(1, 1), (0, 0), (3, 2), (2, 9)];
+        assert_eq!(q.reap(&mut out).unwrap(), 4);
+        let got: Vec<_> = out.iter().map(|d| (d.slot, d.ret)).collect();
+        assert_eq!(got, [(2, -libc::EPROTO), (3, -libc::ENOTSUP), (0, 0), (1, -libc::EIO)]);
+    }
+
+    /// On a read-only device writes never reach the ring: they complete with EBADF at the next
+    /// reap, and a ring that asks for no kick gets none.
+    #[test]
+    fn writes_on_a_read_only_device_fail_with_ebadf_without_the_device() {
+        let mut q = BlkQueue::new(FakeRing::default(), CountKicks(0), true, 4);
+        q.enqueue(req(true, 2)).unwrap();
+        q.enqueue(req(false, 3)).unwrap();
+        assert_eq!(q.ring.pushed.len(), 1, "only the read reached the ring");
+        let mut out = [Done::default(); 4];
+        assert_eq!(q.reap(&mut out).unwrap(), 1);
+        assert_eq!((out[0].slot, out[0].ret), (2, -libc::EBADF));
+        assert_eq!(q.kicks(), Some(0), "the ring asked for no kick");
+    }
+
     #[test]
     fn round_up_works() {
         assert_eq!(round_up(1, 4096), 4096);
