@@ -246,12 +246,13 @@ pub(super) const HDR_STRIDE: usize = 32;
 /// `struct virtio_blk_req`), `HDR_STRIDE` apart in memory shared with the device.
 pub(super) struct ReqHeaders {
     mem: DriverMem,
+    depth: usize,
 }
 
 impl ReqHeaders {
     /// The headers of `depth` slots at the start of `mem`.
     pub(super) fn new(mem: &DriverMem, depth: usize) -> ReqHeaders {
-        ReqHeaders { mem: mem.sub(0, depth * HDR_STRIDE) }
+        ReqHeaders { mem: mem.sub(0, depth * HDR_STRIDE), depth }
     }
 
     /// Writes slot `slot`'s header (a read or write at `sector`) and marks its status byte
@@ -272,11 +273,16 @@ impl ReqHeaders {
         self.mem.addr_of(usize::from(slot) * HDR_STRIDE)
     }
 
-    /// Slot `slot`'s status byte, as the device wrote it. A slot the device made up (past the
-    /// queue depth) panics naming it, as an index out of bounds.
+    /// Slot `slot`'s status byte, as the device wrote it.
+    ///
+    /// # Panics
+    /// If the device completed a slot fp-load never submitted (past the queue depth): the run
+    /// then ends with the client thread's panic (`LoadError::Panicked`), naming the slot.
     #[inline]
     pub(super) fn status(&self, slot: u16) -> u8 {
-        self.mem.read_u8(usize::from(slot) * HDR_STRIDE + 16)
+        let at = usize::from(slot);
+        assert!(at < self.depth, "the device completed request {slot}, past the queue depth {}", self.depth);
+        self.mem.read_u8(at * HDR_STRIDE + 16)
     }
 }
 
@@ -370,6 +376,31 @@ mod tests {
         assert_eq!(q.reap(&mut out).unwrap(), 1);
         assert_eq!((out[0].slot, out[0].ret), (2, -libc::EBADF));
         assert_eq!(q.kicks(), Some(0), "the ring asked for no kick");
+    }
+
+    fn headers(depth: usize) -> (DriverMem, ReqHeaders) {
+        let mem = std::sync::Arc::new(fp_virtq::driver::SharedMem::new(4096, false).unwrap()).view();
+        let h = ReqHeaders::new(&mem.sub(1024, 1024), depth);
+        (mem, h)
+    }
+
+    /// `struct virtio_blk_req`'s header (type, reserved, sector) and an unwritten status byte.
+    #[test]
+    fn a_header_is_written_where_its_address_says() {
+        let (mem, h) = headers(4);
+        let addr = h.prepare(2, true, 77);
+        assert_eq!(addr, mem.addr_of(1024 + 2 * HDR_STRIDE));
+        let at = 1024 + 2 * HDR_STRIDE;
+        assert_eq!((mem.read_u32(at), mem.read_u32(at + 4), mem.read_u64(at + 8)), (1, 0, 77));
+        assert_eq!(h.status(2), 0xff);
+        mem.write_u8(at + 16, 0);
+        assert_eq!(h.status(2), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "the device completed request 4, past the queue depth 4")]
+    fn a_slot_the_device_made_up_is_named() {
+        headers(4).1.status(4);
     }
 
     #[test]
