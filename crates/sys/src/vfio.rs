@@ -219,23 +219,7 @@ impl VfioContainer {
     /// `VFIO_IOMMU_GET_INFO` (type1, after [`VfioContainer::set_iommu`]): page sizes, valid
     /// IOVA ranges, how many more mappings.
     pub fn iommu_info(&self) -> io::Result<IommuInfo> {
-        // The fixed part first; when the kernel names a bigger `argsz`, the capabilities need
-        // room: ask again with a buffer of that size (8-byte words for the 64-bit fields).
-        // Tries a few times in case it grew.
-        let mut want = std::mem::size_of::<IommuInfoRaw>();
-        for _ in 0..5 {
-            let mut buf = vec![0u64; want.div_ceil(8)];
-            // `argsz` is the first 32-bit field, `flags` (0) the second: the first word.
-            buf[0] = words_of_u32s(want as u32, 0);
-            ioctl_ptr(&self.fd, Request::IommuGetInfo, &mut buf[..])?;
-            let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
-            let got = u32::from_ne_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
-            if got <= want {
-                return parse_iommu_info(&bytes[..want]);
-            }
-            want = got;
-        }
-        Err(io::Error::other("VFIO IOMMU info kept growing"))
+        ask_iommu_info(|buf| ioctl_ptr(&self.fd, Request::IommuGetInfo, buf).map(drop))
     }
 
     /// `VFIO_IOMMU_MAP_DMA`: lets the container's devices reach `[vaddr, vaddr + size)` at
@@ -258,6 +242,26 @@ impl VfioContainer {
         ioctl_ptr(&self.fd, Request::IommuUnmapDma, &mut u)?;
         Ok(u.size)
     }
+}
+
+/// `VFIO_IOMMU_GET_INFO`'s exchange, `ioctl` making the call: the fixed part first; when the
+/// kernel names a bigger `argsz`, the capabilities need room, so it asks again with a buffer of
+/// that size (8-byte words for the 64-bit fields), a few times in case it grew.
+fn ask_iommu_info(mut ioctl: impl FnMut(&mut [u64]) -> io::Result<()>) -> io::Result<IommuInfo> {
+    let mut want = std::mem::size_of::<IommuInfoRaw>();
+    for _ in 0..5 {
+        let mut buf = vec![0u64; want.div_ceil(8)];
+        // `argsz` is the first 32-bit field, `flags` (0) the second: the first word.
+        buf[0] = words_of_u32s(want as u32, 0);
+        ioctl(&mut buf)?;
+        let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let got = u32::from_ne_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
+        if got <= want {
+            return parse_iommu_info(&bytes[..want]);
+        }
+        want = got;
+    }
+    Err(io::Error::other("VFIO IOMMU info kept growing"))
 }
 
 /// The 64-bit word whose bytes in memory are those of `first` then `second`.
@@ -626,6 +630,49 @@ mod tests {
         let mut looped = info_bytes(IOMMU_INFO_CAPS, &[(9, vec![0; 8])]);
         looped[28..32].copy_from_slice(&24u32.to_ne_bytes());
         assert!(parse_iommu_info(&looped).is_err());
+    }
+
+    /// A kernel answering `VFIO_IOMMU_GET_INFO` with `answer`: its `argsz` alone when the
+    /// buffer's is smaller, the whole answer otherwise; counts the calls.
+    fn fake_kernel(answer: Vec<u8>, calls: &mut usize) -> impl FnMut(&mut [u64]) -> io::Result<()> + '_ {
+        move |buf: &mut [u64]| {
+            *calls += 1;
+            let mut bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            let argsz = u32::from_ne_bytes(bytes[..4].try_into().unwrap()) as usize;
+            assert_eq!(argsz, bytes.len(), "argsz is the buffer's size");
+            let fits = answer.len() <= argsz;
+            let n = if fits { answer.len() } else { 4 };
+            bytes[..n].copy_from_slice(&answer[..n]);
+            for (w, b) in buf.iter_mut().zip(bytes.chunks_exact(8)) {
+                *w = u64::from_ne_bytes(b.try_into().unwrap());
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn iommu_info_asks_again_with_room_for_the_capabilities() {
+        let mut range = [1u32.to_ne_bytes(), [0; 4]].concat();
+        range.extend_from_slice(&[0x1000u64.to_ne_bytes(), 0xfedf_ffffu64.to_ne_bytes()].concat());
+        let answer = info_bytes(IOMMU_INFO_PGSIZES | IOMMU_INFO_CAPS, &[(1, range)]);
+        assert_eq!(answer.len(), 56, "the fixed 24 bytes and one capability");
+        let mut calls = 0;
+        let info = ask_iommu_info(fake_kernel(answer, &mut calls)).unwrap();
+        assert_eq!(calls, 2, "once for the size, once with room");
+        assert_eq!((info.page_sizes, info.iova_ranges), (0x4020_1000, vec![(0x1000, 0xfedf_ffff)]));
+        let mut calls = 0;
+        let plain = ask_iommu_info(fake_kernel(info_bytes(IOMMU_INFO_PGSIZES, &[]), &mut calls)).unwrap();
+        assert_eq!((calls, plain.page_sizes), (1, 0x4020_1000), "no capabilities: one call");
+        let mut calls = 0;
+        let growing = |buf: &mut [u64]| {
+            calls += 1;
+            buf[0] = words_of_u32s((buf.len() * 8 + 8) as u32, 0);
+            Ok(())
+        };
+        assert!(ask_iommu_info(growing).is_err(), "bounded");
+        assert_eq!(calls, 5);
+        let refused = |_: &mut [u64]| Err(io::Error::from_raw_os_error(libc::EINVAL));
+        assert_eq!(ask_iommu_info(refused).unwrap_err().raw_os_error(), Some(libc::EINVAL));
     }
 
     #[test]
