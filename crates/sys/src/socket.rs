@@ -62,25 +62,26 @@ impl Control {
 unsafe fn message(
     fd: BorrowedFd<'_>,
     iov: &[libc::iovec],
-    control: Option<&mut Control>,
+    mut control: Option<&mut Control>,
     way: Way,
     flags: libc::c_int,
 ) -> io::Result<usize> {
     // SAFETY: an all-zero msghdr is a valid empty one (no name, no control). Filled in, it
-    // points at the iovecs, which the caller vouches for, and at `control`, whose declared
-    // length is within its words, all alive for the call on a borrowed, open descriptor; the
-    // kernel only writes through the iovecs and into the control buffer, never to the iovecs.
+    // points at the iovecs, which the caller vouches for, and at `control`'s bytes (borrowed
+    // exclusively: a receive writes them), its declared length within them, all alive for the
+    // call on a borrowed, open descriptor; the kernel only writes through the iovecs and into
+    // the control bytes, never to the iovecs.
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = iov.as_ptr().cast_mut();
         msg.msg_iovlen = iov.len() as _;
-        if let Some(c) = control.as_deref() {
+        if let Some(c) = control.as_deref_mut() {
             let room = match way {
                 Way::Send => c.len.min(c.bytes.len()),
                 Way::Receive => c.bytes.len(),
             };
             if room > 0 {
-                msg.msg_control = c.bytes.as_ptr().cast_mut().cast();
+                msg.msg_control = c.bytes.as_mut_ptr().cast();
                 msg.msg_controllen = room as _;
             }
         }
@@ -295,7 +296,7 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>])
     let mut control = Control::empty();
     if !fds.is_empty() {
         // One SCM_RIGHTS header and its descriptors: 8 take 16 + 32 of the 64 bytes.
-        let data_len = std::mem::size_of_val(fds);
+        let data_len = fds.len() * INT;
         let c = &mut control.bytes;
         c[..SIZE_T].copy_from_slice(&(CMSG_HEADER + data_len).to_ne_bytes());
         c[SIZE_T..SIZE_T + INT].copy_from_slice(&libc::SOL_SOCKET.to_ne_bytes());
