@@ -125,11 +125,10 @@ impl RbdChannel {
         SLOTS - self.free.len()
     }
 
-    /// Starts `req` in librbd on `slot`; returns librbd's refusal (a negative errno).
-    ///
-    /// # Safety
-    /// As for [`IoChannel::submit`].
-    unsafe fn start(&mut self, slot: u32, req: &IoRequest) -> c_int {
+    /// Starts `req` in librbd on `slot`; returns librbd's refusal (a negative errno). Its
+    /// buffers are vouched for by its `Iovecs`, as for every [`IoChannel::submit`].
+    #[inline]
+    fn start(&mut self, slot: u32, req: &IoRequest) -> c_int {
         let lib = self.shared.lib;
         let arg = &self.shared.args[slot as usize] as *const SlotArg as *mut c_void;
         let mut c: CompletionT = std::ptr::null_mut();
@@ -194,8 +193,7 @@ impl IoChannel for RbdChannel {
             return Err(SubmitError::Busy);
         };
         self.tags[slot as usize] = req.tag;
-        // SAFETY: forwarded from the caller's contract.
-        let ret = unsafe { self.start(slot, req) };
+        let ret = self.start(slot, req);
         if ret < 0 {
             self.free.push(slot);
             log::debug!(
