@@ -35,6 +35,13 @@ unsafe impl Send for ReservedMapping {}
 // with validity invariants lives there). Non-overlapping accesses touch disjoint bytes.
 unsafe impl Sync for ReservedMapping {}
 
+/// Which way [`ReservedMapping::copy`] moves bytes.
+#[derive(Clone, Copy)]
+enum Direction {
+    IntoIovecs,
+    FromIovecs,
+}
+
 /// An access outside the accessible part of a [`ReservedMapping`].
 #[derive(Debug, thiserror::Error)]
 #[error("bytes {offset}..{end} are outside the {accessible} accessible bytes of the mapping")]
@@ -55,15 +62,19 @@ impl ReservedMapping {
             (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS)
         };
         // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases no
-        // existing memory; all arguments are plain values.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
+        // existing memory; all arguments are plain values. The advice is on exactly the mapping
+        // just created: a fork (a helper process, say) would otherwise make every later write
+        // to the disk copy its page while the child lives (an optimisation: failure ignored).
+        let p = unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0);
+            if p != libc::MAP_FAILED {
+                libc::madvise(p, len, libc::MADV_DONTFORK);
+            }
+            p
+        };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        // A fork (a helper process, say) would otherwise make every later write to the disk
-        // copy its page while the child lives. Purely an optimisation, so failure is ignored.
-        // SAFETY: the range is exactly the mapping just created.
-        unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
         // SAFETY: sysconf has no preconditions.
         let page_size = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
             n if n > 0 => n as usize,
@@ -128,24 +139,29 @@ impl ReservedMapping {
 
     /// Copies `[offset, offset + total length of iov)` of the mapping into the iovecs.
     pub(crate) fn read_into(&self, offset: u64, iov: &Iovecs) -> Result<(), OutsideMapping> {
-        let mut at = self.check(offset, iov.total_len())?;
-        walk(iov, 0, iov.total_len(), |p, n| {
-            // SAFETY: `[at, at + n)` is inside the accessible part (checked above, it only
-            // grows); `[p, p + n)` lies inside one iovec, writable and ours while the request is
-            // with us (`Iovecs`' contract); request buffers never alias our private mapping.
-            unsafe { std::ptr::copy_nonoverlapping(self.base.as_ptr().add(at), p, n) };
-            at += n;
-        });
-        Ok(())
+        self.copy(offset, iov, Direction::IntoIovecs)
     }
 
     /// Copies the iovecs into the mapping from `offset`.
     pub(crate) fn write_from(&self, offset: u64, iov: &Iovecs) -> Result<(), OutsideMapping> {
+        self.copy(offset, iov, Direction::FromIovecs)
+    }
+
+    /// The one copy between the mapping, from `offset`, and a request's iovecs.
+    #[inline]
+    fn copy(&self, offset: u64, iov: &Iovecs, direction: Direction) -> Result<(), OutsideMapping> {
         let mut at = self.check(offset, iov.total_len())?;
         walk(iov, 0, iov.total_len(), |p, n| {
-            // SAFETY: as in `read_into`, with source (readable by `Iovecs`' contract) and
-            // destination swapped.
-            unsafe { std::ptr::copy_nonoverlapping(p.cast_const(), self.base.as_ptr().add(at), n) };
+            let here = self.base.as_ptr().wrapping_add(at);
+            let (from, to) = match direction {
+                Direction::IntoIovecs => (here.cast_const(), p),
+                Direction::FromIovecs => (p.cast_const(), here),
+            };
+            // SAFETY: `[at, at + n)` is inside the accessible part (checked above, it only
+            // grows); `[p, p + n)` lies inside one iovec, ours while the request is with us and
+            // writable for a read, readable for a write (`Iovecs`' contract); request buffers
+            // never alias our private mapping.
+            unsafe { std::ptr::copy_nonoverlapping(from, to, n) };
             at += n;
         });
         Ok(())

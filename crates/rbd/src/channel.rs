@@ -56,11 +56,13 @@ unsafe impl Sync for Shared {}
 /// `arg` is a `SlotArg` of a `Shared` whose strong count the submitting channel raised for this
 /// request; `c` is this request's completion.
 unsafe extern "C" fn on_complete(c: CompletionT, arg: *mut c_void) {
-    // SAFETY: per the function's contract, `arg` points into a live `Shared`'s `args`.
-    let slot_arg = unsafe { &*(arg as *const SlotArg) };
+    // SAFETY: per the function's contract, `arg` points into a live `Shared`'s `args`, and
+    // the strong count this request holds keeps that `Shared` alive until the end.
+    let (slot_arg, shared) = unsafe {
+        let slot_arg = &*(arg as *const SlotArg);
+        (slot_arg, &*slot_arg.shared)
+    };
     let shared_ptr = slot_arg.shared;
-    // SAFETY: the strong count this request holds keeps the `Shared` alive.
-    let shared = unsafe { &*shared_ptr };
     // SAFETY: `c` is this request's completion, finished (we are its callback); it is
     // released once, here, after its value is read.
     let ret = unsafe {
@@ -123,23 +125,27 @@ impl RbdChannel {
         SLOTS - self.free.len()
     }
 
-    /// Starts `req` in librbd on `slot`; returns librbd's refusal (a negative errno).
-    ///
-    /// # Safety
-    /// As for [`IoChannel::submit`].
-    unsafe fn start(&mut self, slot: u32, req: &IoRequest) -> c_int {
+    /// Starts `req` in librbd on `slot`; returns librbd's refusal (a negative errno). Its
+    /// buffers are vouched for by its `Iovecs`, as for every [`IoChannel::submit`].
+    #[inline]
+    fn start(&mut self, slot: u32, req: &IoRequest) -> c_int {
         let lib = self.shared.lib;
         let arg = &self.shared.args[slot as usize] as *const SlotArg as *mut c_void;
         let mut c: CompletionT = std::ptr::null_mut();
-        // SAFETY: `arg` stays valid while the request holds its count of `shared` (below);
-        // `on_complete` matches librbd's callback type.
-        let ret = unsafe { (lib.rbd_aio_create_completion)(arg, on_complete, &mut c) };
+        // SAFETY: `on_complete` matches librbd's callback type; `arg` stays valid while the
+        // request holds its count of `shared`, taken here with the completion that will give it
+        // back (its callback may run before the request's call below returns): `shared` is an
+        // Arc owned by this channel, so its count is at least 1.
+        let ret = unsafe {
+            let ret = (lib.rbd_aio_create_completion)(arg, on_complete, &mut c);
+            if ret >= 0 {
+                Arc::increment_strong_count(Arc::as_ptr(&self.shared));
+            }
+            ret
+        };
         if ret < 0 {
             return ret;
         }
-        // The callback gives this back (it may run before the call below returns).
-        // SAFETY: `shared` is an Arc owned by this channel, so its count is at least 1.
-        unsafe { Arc::increment_strong_count(Arc::as_ptr(&self.shared)) };
         let image = self.image.handle;
         // SAFETY: `image` is open while `self.image` lives, which outlives every request (drop
         // waits); the request's `Iovecs` vouch for the iovecs and buffers until completion; `c` is
@@ -187,8 +193,7 @@ impl IoChannel for RbdChannel {
             return Err(SubmitError::Busy);
         };
         self.tags[slot as usize] = req.tag;
-        // SAFETY: forwarded from the caller's contract.
-        let ret = unsafe { self.start(slot, req) };
+        let ret = self.start(slot, req);
         if ret < 0 {
             self.free.push(slot);
             log::debug!(

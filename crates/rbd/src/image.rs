@@ -57,12 +57,6 @@ pub struct Cluster {
     pub(crate) lib: &'static Lib,
 }
 
-// SAFETY: a rados_t may be used from any thread (librados serialises internally); flashpath
-// only opens pools on it, from the control plane.
-unsafe impl Send for Cluster {}
-// SAFETY: as above.
-unsafe impl Sync for Cluster {}
-
 fn cstring(field: &'static str, value: &str) -> Result<CString, RbdError> {
     CString::new(value).map_err(|_| RbdError::Invalid { field, reason: "contains a NUL byte".into() })
 }
@@ -79,7 +73,7 @@ impl Cluster {
     fn connect_here(config: ClusterConfig) -> Result<Arc<Cluster>, RbdError> {
         let lib = sys::lib().map_err(|e| RbdError::Library(e.to_string()))?;
         let user = config.user_id.as_deref().map(|u| cstring("user_id", u)).transpose()?;
-        let mut handle: RadosT = std::ptr::null_mut();
+        let mut handle = RadosT::NULL;
         let user_ptr = user.as_ref().map_or(std::ptr::null(), |u| u.as_ptr());
         // SAFETY: `handle` is a valid out-pointer; `user_ptr` is null or a live C string.
         let ret = unsafe { (lib.rados_create)(&mut handle, user_ptr) };
@@ -168,7 +162,7 @@ impl Cluster {
     ) -> Result<Image, RbdError> {
         let lib = self.lib;
         let pool = cstring("pool_name", pool_name)?;
-        let mut ioctx: IoCtxT = std::ptr::null_mut();
+        let mut ioctx = IoCtxT::NULL;
         // SAFETY: a connected handle, a live C string, a valid out-pointer.
         let ret = unsafe { (lib.rados_ioctx_create)(self.handle, pool.as_ptr(), &mut ioctx) };
         if ret < 0 {
@@ -177,13 +171,13 @@ impl Cluster {
                 reason: format!("cannot open pool '{pool_name}': {}", sys::errno_text(ret.into())),
             });
         }
-        let mut image = Image { handle: std::ptr::null_mut(), ioctx, cluster: self.clone(), lib };
+        let mut image = Image { handle: ImageT::NULL, ioctx, cluster: self.clone(), lib };
         let name = cstring("rbd_name", rbd_name)?;
         let open = if read_only { lib.rbd_open_read_only } else { lib.rbd_open };
         // SAFETY: an open ioctx, a live C string, a valid out-pointer, no snapshot.
         let ret = unsafe { open(ioctx, name.as_ptr(), &mut image.handle, std::ptr::null()) };
         if ret < 0 {
-            image.handle = std::ptr::null_mut();
+            image.handle = ImageT::NULL;
             return Err(RbdError::NotFound {
                 field: "rbd_name",
                 reason: format!(
@@ -229,13 +223,6 @@ pub struct Image {
     pub cluster: Arc<Cluster>,
     pub(crate) lib: &'static Lib,
 }
-
-// SAFETY: librbd's image handles are safe to use from several threads for asynchronous I/O
-// (its own documentation and QEMU and SPDK rely on it); size calls are serialised by the
-// control plane.
-unsafe impl Send for Image {}
-// SAFETY: as above.
-unsafe impl Sync for Image {}
 
 impl Image {
     /// The image's size in bytes.

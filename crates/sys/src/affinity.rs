@@ -3,8 +3,16 @@
 
 use std::io;
 
+use crate::fs::cvt;
+
 /// How many CPUs a `cpu_set_t` can name: the limit on any CPU number given to [`pin_thread`].
 pub const CPU_SETSIZE: usize = libc::CPU_SETSIZE as usize;
+
+/// A `cpu_set_t` as the kernel reads it: a bitmap in words, CPU `c` bit `c % BITS` of word
+/// `c / BITS` (glibc's `CPU_SET` layout), so no macro is needed to fill or read it.
+type CpuMask = [libc::c_ulong; CPU_SETSIZE / libc::c_ulong::BITS as usize];
+
+const WORD_BITS: usize = libc::c_ulong::BITS as usize;
 
 /// Restricts the calling thread to `cores`; threads it creates afterwards inherit that.
 ///
@@ -12,34 +20,25 @@ pub const CPU_SETSIZE: usize = libc::CPU_SETSIZE as usize;
 /// the process may not use (outside its cgroup or `taskset` mask, or offline) is refused by the
 /// kernel (`EINVAL`).
 pub fn pin_thread(cores: &[usize]) -> io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; all zeroes is a valid, empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let mut set: CpuMask = [0; CPU_SETSIZE / WORD_BITS];
     for &core in cores {
         if core >= CPU_SETSIZE {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("cpu {core} is out of range")));
         }
-        // SAFETY: `core` < CPU_SETSIZE, checked above, so CPU_SET writes inside `set`.
-        unsafe { libc::CPU_SET(core, &mut set) };
+        set[core / WORD_BITS] |= 1 << (core % WORD_BITS);
     }
-    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the size passed.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    // SAFETY: pid 0 is the calling thread; the kernel reads the size passed, all of `set` (a
+    // cpu_set_t's size and alignment: an array of the same words).
+    cvt(unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), set.as_ptr().cast()) }).map(drop)
 }
 
 /// The CPUs the calling thread may run on, in ascending order.
 pub fn allowed_cpus() -> io::Result<Vec<usize>> {
-    // SAFETY: cpu_set_t is plain data; all zeroes is a valid, empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; `set` is writable and its size is the size passed.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `c` < CPU_SETSIZE, so CPU_ISSET reads inside `set`.
-    Ok((0..CPU_SETSIZE).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+    let mut set: CpuMask = [0; CPU_SETSIZE / WORD_BITS];
+    // SAFETY: pid 0 is the calling thread; the kernel writes at most the size passed, all of
+    // `set` (a cpu_set_t's size and alignment), and any bits are valid words.
+    cvt(unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), set.as_mut_ptr().cast()) })?;
+    Ok((0..CPU_SETSIZE).filter(|&c| set[c / WORD_BITS] & (1 << (c % WORD_BITS)) != 0).collect())
 }
 
 /// The CPU the calling thread is running on now (`sched_getcpu`), `None` if the kernel cannot

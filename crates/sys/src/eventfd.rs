@@ -2,17 +2,14 @@
 //! reactor sleeping on it clears it.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+
+use crate::fs::{cvt, owned_fd};
 
 /// A new non-blocking, close-on-exec eventfd with a zero count.
 pub fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: eventfd takes plain values and returns a new descriptor or -1.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: eventfd just returned this descriptor, and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    unsafe { owned_fd(libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)) }
 }
 
 /// Adds one to the eventfd's count, making it readable. A full counter (`EAGAIN` on a
@@ -20,28 +17,27 @@ pub fn eventfd() -> io::Result<OwnedFd> {
 pub fn eventfd_signal(fd: BorrowedFd<'_>) -> io::Result<()> {
     let one: u64 = 1;
     // SAFETY: writes 8 bytes from a live u64 to a borrowed, open descriptor.
-    let n = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-    match n {
-        8 => Ok(()),
-        _ => match io::Error::last_os_error() {
-            e if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
-            e => Err(e),
-        },
+    match cvt(unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) }) {
+        Err(e) if e.kind() != io::ErrorKind::WouldBlock => Err(e),
+        _ => Ok(()),
     }
 }
 
 /// Reads and so resets the count of a non-blocking eventfd; returns it (0 if it was already
 /// clear).
 pub fn eventfd_clear(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    read_count(fd)
+}
+
+/// Reads the 8-byte count of an eventfd or timerfd (which resets it); 0 when there is none
+/// (`EAGAIN`: the descriptor is non-blocking).
+pub(crate) fn read_count(fd: BorrowedFd<'_>) -> io::Result<u64> {
     let mut count = 0u64;
-    // SAFETY: reads 8 bytes into a live u64 from a borrowed, open descriptor.
-    let n = unsafe { libc::read(fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
-    match n {
-        8 => Ok(count),
-        _ => match io::Error::last_os_error() {
-            e if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
-            e => Err(e),
-        },
+    // SAFETY: reads at most 8 bytes into a live u64 from a borrowed, open descriptor.
+    match cvt(unsafe { libc::read(fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) }) {
+        Ok(_) => Ok(count),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+        Err(e) => Err(e),
     }
 }
 

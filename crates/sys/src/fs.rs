@@ -1,7 +1,10 @@
 //! File-system calls `std` does not offer: the umask, `openat` relative to a directory
-//! descriptor, and a rename that never replaces.
+//! descriptor, a rename that never replaces, anonymous memory files; and the two steps every
+//! call of this crate shares: [`cvt`] (a -1 return is `errno`) and [`owned_fd`] (a new
+//! descriptor becomes an `OwnedFd`).
 
-use std::ffi::{CString, OsStr};
+use std::ffi::{CStr, CString, OsStr};
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -13,6 +16,28 @@ use std::path::Path;
 pub fn set_umask(mask: u32) -> u32 {
     // SAFETY: umask takes a plain value, has no preconditions and cannot fail.
     unsafe { libc::umask(mask as libc::mode_t) as u32 }
+}
+
+/// A libc return value as a result: a negative one (-1) means the call failed and set the
+/// thread's `errno`.
+#[inline]
+pub(crate) fn cvt<T: Default + PartialOrd>(ret: T) -> io::Result<T> {
+    if ret < T::default() {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Takes ownership of the descriptor a call that creates one (`openat`, `eventfd`, an ioctl
+/// returning a new fd, ...) returned, or its `errno` when it returned -1.
+///
+/// # Safety
+/// A non-negative `fd` is a descriptor the call just created: open, and owned by nothing else.
+pub(crate) unsafe fn owned_fd(fd: libc::c_int) -> io::Result<OwnedFd> {
+    let fd = cvt(fd)?;
+    // SAFETY: as the caller promises.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn c_string(s: &OsStr) -> io::Result<CString> {
@@ -27,12 +52,8 @@ pub fn openat(dir: Option<BorrowedFd<'_>>, name: &OsStr, flags: libc::c_int) -> 
     let dir = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
     // SAFETY: `c_name` is NUL-terminated and outlives the call; `dir` is AT_FDCWD or a borrowed
     // open descriptor; the mode argument is always passed, so O_CREAT reads a valid value.
-    let fd = unsafe { libc::openat(dir, c_name.as_ptr(), flags, 0 as libc::c_uint) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: openat just returned this descriptor, and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    // openat returns a new descriptor or -1.
+    unsafe { owned_fd(libc::openat(dir, c_name.as_ptr(), flags, 0 as libc::c_uint)) }
 }
 
 /// Renames `from` to `to` unless `to` exists (`EEXIST` then), with `renameat2(2)`'s
@@ -42,7 +63,7 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let (from_c, to_c) = (c_string(from.as_os_str())?, c_string(to.as_os_str())?);
     // SAFETY: both paths are NUL-terminated strings that outlive the call; AT_FDCWD makes them
     // relative to the working directory as rename(2) would.
-    let rc = unsafe {
+    cvt(unsafe {
         libc::renameat2(
             libc::AT_FDCWD,
             from_c.as_ptr(),
@@ -50,42 +71,43 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
             to_c.as_ptr(),
             libc::RENAME_NOREPLACE,
         )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    })
+    .map(drop)
 }
 
 /// A new pipe, close-on-exec: its read end, then its write end.
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
+    let mut fds = [-1; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes; on success both are new and
+    // nothing else owns them (on failure neither is written and the first error returns).
+    unsafe {
+        cvt(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC))?;
+        Ok((owned_fd(fds[0])?, owned_fd(fds[1])?))
     }
-    // SAFETY: pipe2 just returned both descriptors, and nothing else owns them.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A new anonymous memory file (`memfd_create(2)`, close-on-exec) named `name` for
+/// `/proc/PID/fd`: memory to share with another process by passing its descriptor.
+pub fn memfd(name: &CStr) -> io::Result<File> {
+    // SAFETY: `name` is NUL-terminated and outlives the call; memfd_create returns a new
+    // descriptor or -1.
+    unsafe { owned_fd(libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC)) }.map(File::from)
 }
 
 /// Puts the open file description of `fd` in non-blocking mode (`O_NONBLOCK`), as every
 /// duplicate of it then is.
 pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: a plain fcntl call on a borrowed, open descriptor.
-    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above; F_SETFL takes an int argument.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    let fcntl = |cmd, arg: libc::c_int| {
+        // SAFETY: F_GETFL and F_SETFL take an int argument (F_GETFL ignores it) and touch no
+        // memory of ours; the descriptor is borrowed, open.
+        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), cmd, arg) })
+    };
+    let flags = fcntl(libc::F_GETFL, 0)?;
+    fcntl(libc::F_SETFL, flags | libc::O_NONBLOCK).map(drop)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::fs::File;
     use std::io::Read;
     use std::os::fd::AsFd;
 
@@ -99,6 +121,24 @@ mod tests {
         let mut got = String::new();
         File::from(r).read_to_string(&mut got).unwrap();
         assert_eq!(got, "through", "the write end closed: the read ends");
+    }
+
+    #[test]
+    fn a_memfd_holds_what_is_written_and_closes_on_exec() {
+        use std::io::{Seek, Write};
+        let mut f = memfd(c"fp-sys-test").unwrap();
+        f.write_all(b"in memory").unwrap();
+        f.rewind().unwrap();
+        let mut got = String::new();
+        f.read_to_string(&mut got).unwrap();
+        assert_eq!(got, "in memory");
+        // SAFETY: F_GETFD on an open descriptor this test owns.
+        let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        assert!(std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
+            .unwrap()
+            .to_string_lossy()
+            .contains("memfd:fp-sys-test"));
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub mod vfio;
 
 pub use affinity::{allowed_cpus, current_cpu, first_allowed_cpu, pin_thread, CPU_SETSIZE};
 pub use eventfd::{eventfd, eventfd_clear, eventfd_signal};
-pub use fs::{openat, pipe, rename_noreplace, set_nonblocking, set_umask};
+pub use fs::{memfd, openat, pipe, rename_noreplace, set_nonblocking, set_umask};
 pub use poll::{poll, wait_readable};
 pub use signal::{raise, SignalSet};
 pub use socket::{

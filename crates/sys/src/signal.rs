@@ -3,6 +3,8 @@
 
 use std::io;
 
+use crate::fs::cvt;
+
 /// A set of signals (`sigset_t`).
 #[derive(Clone, Copy)]
 pub struct SignalSet(libc::sigset_t);
@@ -16,17 +18,17 @@ impl std::fmt::Debug for SignalSet {
 impl SignalSet {
     /// The set of `signals` (`SIGTERM`, ...). An invalid signal number is `EINVAL`.
     pub fn new(signals: &[libc::c_int]) -> io::Result<SignalSet> {
-        // SAFETY: sigset_t is plain data; sigemptyset below initialises it properly.
-        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a valid, writable sigset_t.
-        unsafe { libc::sigemptyset(&mut set) };
-        for &sig in signals {
-            // SAFETY: `set` is an initialised sigset_t; sigaddset checks `sig` itself.
-            if unsafe { libc::sigaddset(&mut set, sig) } != 0 {
-                return Err(io::Error::last_os_error());
+        // SAFETY: sigset_t is plain data (all zeroes is a valid value), which sigemptyset then
+        // initialises properly; sigaddset adds to that initialised, writable set and checks
+        // `sig` itself.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for &sig in signals {
+                cvt(libc::sigaddset(&mut set, sig))?;
             }
+            Ok(SignalSet(set))
         }
-        Ok(SignalSet(set))
     }
 
     /// Blocks the set's signals in the calling thread, and so in every thread it starts
@@ -67,10 +69,7 @@ impl SignalSet {
 /// Sends `sig` to the calling thread (`raise(3)`).
 pub fn raise(sig: libc::c_int) -> io::Result<()> {
     // SAFETY: raise takes plain values; what the signal does is the disposition's business.
-    if unsafe { libc::raise(sig) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    cvt(unsafe { libc::raise(sig) }).map(drop)
 }
 
 #[cfg(test)]

@@ -1,32 +1,99 @@
 //! Socket options and shutdown on descriptors `std`'s socket types do not own, non-blocking
 //! receives and vectored sends on them (a poller's socket), and a send with descriptors
 //! attached (`SCM_RIGHTS`), which `std` has no stable call for.
+//!
+//! Every message goes through [`message`], the one place a `msghdr` is built and handed to
+//! the kernel; the `SCM_RIGHTS` control data is written and read as plain bytes.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
+use crate::fs::cvt;
+
 /// Receives into `buf` without waiting (`MSG_DONTWAIT`): `Ok(0)` is the end of the stream, a
 /// socket with nothing to read fails with `WouldBlock`.
 pub fn recv_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: `buf` is valid for writes of its length; the descriptor is borrowed, open.
-    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    recv(fd, buf, libc::MSG_DONTWAIT)
 }
 
 /// Copies what is queued on `fd` into `buf` without consuming it (`MSG_PEEK`) or waiting
 /// (`MSG_DONTWAIT`): `Ok(0)` is the end of the stream, nothing queued fails with `WouldBlock`.
 pub fn peek_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    recv(fd, buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+}
+
+/// `recv(2)` into one buffer with `flags`: cheaper for the kernel than a one-piece `recvmsg`.
+#[inline]
+fn recv(fd: BorrowedFd<'_>, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: `buf` is valid for writes of its length; the descriptor is borrowed, open.
-    let n = unsafe {
-        libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let n = cvt(unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) })?;
     Ok(n as usize)
+}
+
+/// Which way a [`message`] moves the bytes its iovecs describe.
+#[derive(Clone, Copy)]
+enum Way {
+    Send,
+    Receive,
+}
+
+/// Room for the control data of one message: 64 bytes, aligned for `cmsghdr`, enough for
+/// [`MAX_SEND_FDS`] descriptors. `len` is what is used: set before a send, by a receive.
+#[repr(C, align(8))]
+struct Control {
+    bytes: [u8; 64],
+    len: usize,
+}
+
+impl Control {
+    fn empty() -> Control {
+        Control { bytes: [0; 64], len: 0 }
+    }
+}
+
+/// Sends or receives one message on `fd` with `flags`: the bytes of `iov`, and the control
+/// data of `control` when given (a receive sets its `len` to what arrived). Returns the bytes
+/// moved.
+///
+/// # Safety
+/// Every iovec describes memory valid for reads (`Way::Send`) or writes (`Way::Receive`) for
+/// the call's duration.
+#[inline]
+unsafe fn message(
+    fd: BorrowedFd<'_>,
+    iov: &[libc::iovec],
+    mut control: Option<&mut Control>,
+    way: Way,
+    flags: libc::c_int,
+) -> io::Result<usize> {
+    // SAFETY: an all-zero msghdr is a valid empty one (no name, no control). Filled in, it
+    // points at the iovecs, which the caller vouches for, and at `control`'s bytes (borrowed
+    // exclusively: a receive writes them), its declared length within them, all alive for the
+    // call on a borrowed, open descriptor; the kernel only writes through the iovecs and into
+    // the control bytes, never to the iovecs.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = iov.as_ptr().cast_mut();
+        msg.msg_iovlen = iov.len() as _;
+        if let Some(c) = control.as_deref_mut() {
+            let room = match way {
+                Way::Send => c.len.min(c.bytes.len()),
+                Way::Receive => c.bytes.len(),
+            };
+            if room > 0 {
+                msg.msg_control = c.bytes.as_mut_ptr().cast();
+                msg.msg_controllen = room as _;
+            }
+        }
+        let n = cvt(match way {
+            Way::Send => libc::sendmsg(fd.as_raw_fd(), &msg, flags),
+            Way::Receive => libc::recvmsg(fd.as_raw_fd(), &mut msg, flags),
+        })?;
+        if let (Way::Receive, Some(c)) = (way, control) {
+            c.len = msg.msg_controllen as usize;
+        }
+        Ok(n as usize)
+    }
 }
 
 /// Receives into `bufs` in one vectored read without waiting (`recvmsg`, `MSG_DONTWAIT`):
@@ -34,11 +101,10 @@ pub fn peek_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize>
 /// NVMe/TCP host receives a PDU's data straight into the caller's buffers this way, with its
 /// staging buffer last to take the headers that follow.
 pub fn recv_vectored_nonblocking(fd: BorrowedFd<'_>, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-    // SAFETY: IoSliceMut is guaranteed ABI-compatible with iovec on Unix; the view lives no
-    // longer than the borrow of `bufs`.
-    let iov: &[libc::iovec] = unsafe { std::slice::from_raw_parts(bufs.as_ptr().cast(), bufs.len()) };
-    // SAFETY: the iovecs are the caller's exclusive slices, writable for the call.
-    unsafe { recv_iovecs_nonblocking(fd, iov) }
+    // SAFETY: IoSliceMut is guaranteed ABI-compatible with iovec on Unix, so the view of
+    // `bufs` as iovecs (living no longer than their borrow) describes the caller's exclusive
+    // slices, writable for the call.
+    unsafe { recv_iovecs_nonblocking(fd, std::slice::from_raw_parts(bufs.as_ptr().cast(), bufs.len())) }
 }
 
 /// [`recv_vectored_nonblocking`] into raw iovecs: for buffers described by address and length
@@ -46,18 +112,10 @@ pub fn recv_vectored_nonblocking(fd: BorrowedFd<'_>, bufs: &mut [IoSliceMut<'_>]
 ///
 /// # Safety
 /// Every iovec describes memory valid for writes for the call's duration.
+#[inline]
 pub unsafe fn recv_iovecs_nonblocking(fd: BorrowedFd<'_>, iov: &[libc::iovec]) -> io::Result<usize> {
-    // SAFETY: an all-zero msghdr is a valid empty one.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = iov.len() as _;
-    // SAFETY: `msg` describes buffers the caller vouches are writable for the call's duration,
-    // on a borrowed, open descriptor; the kernel only writes through the iovecs, never to them.
-    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    // SAFETY: as the caller promises.
+    unsafe { message(fd, iov, None, Way::Receive, libc::MSG_DONTWAIT) }
 }
 
 /// Fills `iov` with the bytes of `pieces` that follow the first `skip` (those a vectored send
@@ -88,11 +146,10 @@ pub fn gather<'a>(
 /// when the peer is gone (`MSG_NOSIGNAL`: an `EPIPE` error instead); a full socket fails with
 /// `WouldBlock`.
 pub fn send_vectored_nonblocking(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-    // SAFETY: IoSlice is guaranteed ABI-compatible with iovec on Unix; the view lives no
-    // longer than the borrow of `bufs`.
-    let iov: &[libc::iovec] = unsafe { std::slice::from_raw_parts(bufs.as_ptr().cast(), bufs.len()) };
-    // SAFETY: the iovecs are the caller's borrowed slices, readable for the call.
-    unsafe { send_iovecs_nonblocking(fd, iov) }
+    // SAFETY: IoSlice is guaranteed ABI-compatible with iovec on Unix, so the view of `bufs`
+    // as iovecs (living no longer than their borrow) describes the caller's borrowed slices,
+    // readable for the call.
+    unsafe { send_iovecs_nonblocking(fd, std::slice::from_raw_parts(bufs.as_ptr().cast(), bufs.len())) }
 }
 
 /// [`send_vectored_nonblocking`] from raw iovecs: for buffers described by address and length
@@ -100,47 +157,49 @@ pub fn send_vectored_nonblocking(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io
 ///
 /// # Safety
 /// Every iovec describes memory valid for reads for the call's duration.
+#[inline]
 pub unsafe fn send_iovecs_nonblocking(fd: BorrowedFd<'_>, iov: &[libc::iovec]) -> io::Result<usize> {
-    // SAFETY: an all-zero msghdr is a valid empty one.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = iov.len() as _;
-    // SAFETY: `msg` describes buffers the caller vouches are readable for the call's duration,
-    // on a borrowed, open descriptor.
-    let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    // SAFETY: as the caller promises.
+    unsafe { message(fd, iov, None, Way::Send, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) }
 }
 
 /// Shuts down both directions of the socket `fd`: a thread blocked reading or writing any
 /// duplicate of it returns at once.
 pub fn shutdown(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: a plain call on a borrowed, open descriptor.
-    if unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    cvt(unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) }).map(drop)
+}
+
+/// Sets the integer socket option `level`/`name` of `fd` to `value`.
+fn setsockopt(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    let len = std::mem::size_of_val(&value) as libc::socklen_t;
+    // SAFETY: the kernel reads `len` bytes, the live int `value`, on a borrowed, open
+    // descriptor; an option that is no int is refused (EINVAL), never overrun.
+    cvt(unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, (&value as *const libc::c_int).cast(), len) })
+        .map(drop)
+}
+
+/// The integer socket option `level`/`name` of `fd`.
+fn getsockopt(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of_val(&value) as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes, into the live int `value`, and the length
+    // into `len`, on a borrowed, open descriptor; any bit pattern is a valid int.
+    cvt(unsafe {
+        libc::getsockopt(fd.as_raw_fd(), level, name, (&mut value as *mut libc::c_int).cast(), &mut len)
+    })?;
+    Ok(value)
 }
 
 /// Asks for a send buffer of `bytes` on the socket `fd` (`SO_SNDBUF`; the kernel doubles it for
 /// its bookkeeping and caps it at `net.core.wmem_max`).
 pub fn set_send_buffer(fd: BorrowedFd<'_>, bytes: libc::c_int) -> io::Result<()> {
-    // SAFETY: a valid option value of the size given, on a borrowed, open descriptor.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&bytes as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, bytes)
 }
 
 #[cfg(test)]
@@ -209,24 +268,23 @@ mod gather_tests {
 /// Sets the priority of the packets the socket `fd` sends (`SO_PRIORITY`: 0 to 6 for anyone,
 /// higher with `CAP_NET_ADMIN`), which queueing disciplines and NICs may act on.
 pub fn set_priority(fd: BorrowedFd<'_>, priority: libc::c_int) -> io::Result<()> {
-    // SAFETY: a valid option value of the size given, on a borrowed, open descriptor.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PRIORITY,
-            (&priority as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_PRIORITY, priority)
 }
 
 /// Most descriptors [`send_with_fds`] attaches to one message (vhost-user's own limit is 8).
 pub const MAX_SEND_FDS: usize = 8;
+
+/// `CMSG_ALIGN`: control data is laid out in units of the kernel's `size_t`.
+const fn cmsg_align(len: usize) -> usize {
+    len.next_multiple_of(std::mem::size_of::<usize>())
+}
+
+const SIZE_T: usize = std::mem::size_of::<usize>();
+const INT: usize = std::mem::size_of::<libc::c_int>();
+
+/// The kernel's `struct cmsghdr` (`size_t cmsg_len; int cmsg_level; int cmsg_type;`),
+/// padded: where a header's data starts (`CMSG_DATA`).
+const CMSG_HEADER: usize = cmsg_align(SIZE_T + 2 * INT);
 
 /// Sends `bytes` on the connected Unix socket `sock` as one message with the descriptors `fds`
 /// attached (`SCM_RIGHTS`); returns the bytes sent. Fails with `EINVAL` for more than
@@ -235,36 +293,22 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>])
     if fds.len() > MAX_SEND_FDS || bytes.is_empty() {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
-    let raw: Vec<libc::c_int> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    let fd_bytes = std::mem::size_of_val(raw.as_slice());
-    // u64 words keep the control buffer aligned for `cmsghdr`.
-    let mut control = [0u64; 8];
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
-    // SAFETY: an all-zero msghdr is a valid empty one.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !raw.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: `control` holds `space` bytes (8 descriptors need 56 of its 64), so the first
-        // header and its data lie inside it; the data is `fd_bytes` long.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as _;
-            std::ptr::copy_nonoverlapping(raw.as_ptr().cast::<u8>(), libc::CMSG_DATA(c), fd_bytes);
+    let mut control = Control::empty();
+    if !fds.is_empty() {
+        // One SCM_RIGHTS header and its descriptors: 8 take 16 + 32 of the 64 bytes.
+        let data_len = fds.len() * INT;
+        let c = &mut control.bytes;
+        c[..SIZE_T].copy_from_slice(&(CMSG_HEADER + data_len).to_ne_bytes());
+        c[SIZE_T..SIZE_T + INT].copy_from_slice(&libc::SOL_SOCKET.to_ne_bytes());
+        c[SIZE_T + INT..SIZE_T + 2 * INT].copy_from_slice(&libc::SCM_RIGHTS.to_ne_bytes());
+        for (slot, fd) in c[CMSG_HEADER..].chunks_exact_mut(INT).zip(fds) {
+            slot.copy_from_slice(&fd.as_raw_fd().to_ne_bytes());
         }
+        control.len = cmsg_align(CMSG_HEADER + data_len);
     }
-    // SAFETY: `msg` points at `iov` (over `bytes`) and `control`, all alive for the call.
-    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    let iov = [libc::iovec { iov_base: bytes.as_ptr().cast_mut().cast(), iov_len: bytes.len() }];
+    // SAFETY: the iovec describes `bytes`, readable for the call.
+    unsafe { message(sock, &iov, Some(&mut control), Way::Send, libc::MSG_NOSIGNAL) }
 }
 
 /// Receives into `data` from the Unix socket `sock` without waiting (`MSG_DONTWAIT`), leaving
@@ -273,63 +317,38 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>])
 /// [`MAX_SEND_FDS`] descriptors, so a peer attaching more than one is noticed (and all of them
 /// closed with the result) rather than truncated.
 pub fn recv_with_fds(sock: BorrowedFd<'_>, data: &mut [u8], peek: bool) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-    // u64 words keep the control buffer aligned for `cmsghdr`.
-    let mut control = [0u64; 8];
-    // SAFETY: an all-zero msghdr is a valid empty one.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    let iov = [libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() }];
+    let mut control = Control::empty();
     let flags = libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC | if peek { libc::MSG_PEEK } else { 0 };
-    // SAFETY: `msg` points to live buffers of the lengths it declares, on a borrowed, open
-    // descriptor.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // SAFETY: the iovec describes `data`, an exclusive borrow, writable for the call.
+    let n = unsafe { message(sock, &iov, Some(&mut control), Way::Receive, flags) }?;
     let mut fds = Vec::new();
-    // SAFETY: `msg` was filled by recvmsg; the CMSG macros walk its control buffer within the
-    // length the kernel reported.
-    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    while !cmsg.is_null() {
-        // SAFETY: a non-null header from CMSG_FIRSTHDR/NXTHDR lies inside the control buffer.
-        let c = unsafe { &*cmsg };
-        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
-            // SAFETY: CMSG_LEN only computes a size; CMSG_LEN(0) is the header's.
-            let payload = c.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize;
-            for i in 0..payload / std::mem::size_of::<libc::c_int>() {
-                // SAFETY: CMSG_DATA points at `payload` bytes of descriptors, read unaligned.
-                let raw =
-                    unsafe { std::ptr::read_unaligned((libc::CMSG_DATA(cmsg) as *const libc::c_int).add(i)) };
+    let c = &control.bytes[..control.len.min(control.bytes.len())];
+    let mut at = 0;
+    // The headers as CMSG_FIRSTHDR/CMSG_NXTHDR walk them: each at the aligned end of the last.
+    while at + CMSG_HEADER <= c.len() {
+        let field = |from: usize, len: usize| &c[at + from..at + from + len];
+        let len = usize::from_ne_bytes(field(0, SIZE_T).try_into().expect("a size_t"));
+        let level = libc::c_int::from_ne_bytes(field(SIZE_T, INT).try_into().expect("an int"));
+        let kind = libc::c_int::from_ne_bytes(field(SIZE_T + INT, INT).try_into().expect("an int"));
+        if len < CMSG_HEADER || at + len > c.len() {
+            break;
+        }
+        if level == libc::SOL_SOCKET && kind == libc::SCM_RIGHTS {
+            for raw in field(CMSG_HEADER, len - CMSG_HEADER).chunks_exact(INT) {
+                let raw = libc::c_int::from_ne_bytes(raw.try_into().expect("an int"));
                 // SAFETY: the kernel just installed this descriptor for us; nobody else owns it.
                 fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
             }
         }
-        // SAFETY: as above.
-        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
+        at += cmsg_align(len);
     }
-    Ok((n as usize, fds))
+    Ok((n, fds))
 }
 
 /// Whether `fd` is an `AF_UNIX` `SOCK_STREAM` socket (a peer may send any descriptor).
 pub fn is_unix_stream(fd: BorrowedFd<'_>) -> bool {
-    let get = |opt| {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `v` and `len` are valid for getsockopt to write an int into.
-        let r = unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        (r == 0).then_some(v)
-    };
+    let get = |name| getsockopt(fd, libc::SOL_SOCKET, name).ok();
     get(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && get(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
 }
 
@@ -407,6 +426,39 @@ mod tests {
         assert!(!is_unix_stream(std::fs::File::open("/dev/null").unwrap().as_fd()), "a file is no socket");
         drop(a);
         assert_eq!(peek_nonblocking(b.as_fd(), &mut buf).unwrap(), 0, "the end of the stream");
+    }
+
+    #[test]
+    fn the_most_descriptors_arrive_in_order_and_data_alone_brings_none() {
+        use std::io::Write;
+        let (a, b) = UnixStream::pair().unwrap();
+        let pipes: Vec<_> = (0..MAX_SEND_FDS).map(|_| crate::pipe().unwrap()).collect();
+        let ends: Vec<_> = pipes.iter().map(|(_, w)| w.as_fd()).collect();
+        assert_eq!(send_with_fds(a.as_fd(), b"eight", &ends).unwrap(), 5);
+        let mut buf = [0u8; 8];
+        let (n, got) = recv_with_fds(b.as_fd(), &mut buf, false).unwrap();
+        assert_eq!((&buf[..n], got.len()), (&b"eight"[..], MAX_SEND_FDS));
+        for (i, (fd, (r, _))) in got.into_iter().zip(&pipes).enumerate() {
+            std::fs::File::from(fd).write_all(&[i as u8]).unwrap();
+            let mut one = [0u8; 1];
+            std::fs::File::from(r.try_clone().unwrap()).read_exact(&mut one).unwrap();
+            assert_eq!(one[0], i as u8, "descriptor {i} is the write end of pipe {i}");
+        }
+        assert_eq!(send_with_fds(a.as_fd(), b"bare", &[]).unwrap(), 4);
+        let (n, got) = recv_with_fds(b.as_fd(), &mut buf, false).unwrap();
+        assert_eq!((&buf[..n], got.len()), (&b"bare"[..], 0));
+        let e = send_with_fds(a.as_fd(), b"", &[]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "an empty message carries nothing");
+    }
+
+    #[test]
+    fn options_read_back() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        set_priority(a.as_fd(), 3).unwrap();
+        assert_eq!(getsockopt(a.as_fd(), libc::SOL_SOCKET, libc::SO_PRIORITY).unwrap(), 3);
+        let e =
+            getsockopt(std::fs::File::open("/dev/null").unwrap().as_fd(), libc::SOL_SOCKET, libc::SO_TYPE);
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOTSOCK));
     }
 
     fn tempfile_in_tmp() -> std::fs::File {

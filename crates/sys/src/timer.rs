@@ -2,8 +2,11 @@
 //! timer wakes the reactor, the poller drains it without ever waiting.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
+
+use crate::eventfd::read_count;
+use crate::fs::{cvt, owned_fd};
 
 /// A non-blocking, close-on-exec `CLOCK_MONOTONIC` timerfd, disarmed until [`Timer::every`].
 #[derive(Debug)]
@@ -18,14 +21,10 @@ fn timespec(d: Duration) -> libc::timespec {
 impl Timer {
     /// A new disarmed timer.
     pub fn new() -> io::Result<Timer> {
+        let flags = libc::TFD_NONBLOCK | libc::TFD_CLOEXEC;
         // SAFETY: timerfd_create takes plain values and returns a new descriptor or -1.
-        let fd =
-            unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: timerfd_create just returned this descriptor, and nothing else owns it.
-        Ok(Timer { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        let fd = unsafe { owned_fd(libc::timerfd_create(libc::CLOCK_MONOTONIC, flags)) }?;
+        Ok(Timer { fd })
     }
 
     /// Arms the timer to expire every `period` from now (a zero period is taken as 1 ns, as
@@ -34,26 +33,13 @@ impl Timer {
         let period = period.max(Duration::from_nanos(1));
         let spec = libc::itimerspec { it_interval: timespec(period), it_value: timespec(period) };
         // SAFETY: reads a live itimerspec; the old value is not asked for (null).
-        let r = unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        cvt(unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) }).map(drop)
     }
 
     /// Reads and so resets the count of expirations since the last drain; 0 when none (it
     /// never waits).
     pub fn drain(&self) -> io::Result<u64> {
-        let mut count = 0u64;
-        // SAFETY: reads 8 bytes into a live u64 from the open descriptor this value owns.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
-        match n {
-            8 => Ok(count),
-            _ => match io::Error::last_os_error() {
-                e if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
-                e => Err(e),
-            },
-        }
+        read_count(self.fd.as_fd())
     }
 }
 

@@ -8,10 +8,14 @@
 //! `argsz`, so the kernel checks the size, not the request number.
 
 use std::ffi::CString;
+use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::ptr::NonNull;
+
+use crate::fs::{cvt, owned_fd};
 
 /// `VFIO_API_VERSION`: the only version there has ever been.
 pub const VFIO_API_VERSION: i32 = 0;
@@ -47,24 +51,33 @@ pub const PCI_CONFIG_REGION_INDEX: u32 = 7;
 const VFIO_TYPE: u64 = b';' as u64;
 const VFIO_BASE: u64 = 100;
 
-/// `_IO(VFIO_TYPE, VFIO_BASE + nr)`: no direction or size bits (linux/ioctl.h).
-const fn vfio_io(nr: u64) -> u64 {
-    (VFIO_TYPE << 8) | (VFIO_BASE + nr)
+/// The VFIO requests used here: each is the kernel's `VFIO_` + its name in upper snake case
+/// (`GroupGetDeviceFd`: `VFIO_GROUP_GET_DEVICE_FD`), the ioctl `_IO(VFIO_TYPE, VFIO_BASE + n)`
+/// with `n` its discriminant (linux/vfio.h; no direction or size bits, linux/ioctl.h).
+#[derive(Debug, Clone, Copy)]
+#[repr(u64)]
+enum Request {
+    GetApiVersion,
+    CheckExtension,
+    SetIommu,
+    GroupGetStatus,
+    GroupSetContainer,
+    GroupUnsetContainer,
+    GroupGetDeviceFd,
+    DeviceGetInfo,
+    DeviceGetRegionInfo,
+    DeviceReset = 11,
+    IommuGetInfo,
+    IommuMapDma,
+    IommuUnmapDma,
 }
 
-const VFIO_GET_API_VERSION: u64 = vfio_io(0);
-const VFIO_CHECK_EXTENSION: u64 = vfio_io(1);
-const VFIO_SET_IOMMU: u64 = vfio_io(2);
-const VFIO_GROUP_GET_STATUS: u64 = vfio_io(3);
-const VFIO_GROUP_SET_CONTAINER: u64 = vfio_io(4);
-const VFIO_GROUP_UNSET_CONTAINER: u64 = vfio_io(5);
-const VFIO_GROUP_GET_DEVICE_FD: u64 = vfio_io(6);
-const VFIO_DEVICE_GET_INFO: u64 = vfio_io(7);
-const VFIO_DEVICE_GET_REGION_INFO: u64 = vfio_io(8);
-const VFIO_DEVICE_RESET: u64 = vfio_io(11);
-const VFIO_IOMMU_GET_INFO: u64 = vfio_io(12);
-const VFIO_IOMMU_MAP_DMA: u64 = vfio_io(13);
-const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
+impl Request {
+    /// The request number the ioctl takes.
+    const fn number(self) -> u64 {
+        (VFIO_TYPE << 8) | (VFIO_BASE + self as u64)
+    }
+}
 
 /// `struct vfio_group_status`.
 #[repr(C)]
@@ -143,27 +156,20 @@ fn argsz<T>() -> u32 {
 }
 
 /// An ioctl whose argument is a plain integer; returns the non-negative result.
-fn ioctl_val(fd: &OwnedFd, req: u64, arg: libc::c_ulong) -> io::Result<i32> {
-    // SAFETY: the descriptor is open (borrowed from an OwnedFd); the VFIO requests passed here
+fn ioctl_val(fd: &impl AsRawFd, req: Request, arg: libc::c_ulong) -> io::Result<i32> {
+    // SAFETY: the descriptor is open (borrowed from its owner); the VFIO requests passed here
     // take an integer argument and read or write no memory of ours.
-    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), req.number() as _, arg) })
 }
 
-/// An ioctl whose argument is a pointer to `T`, a VFIO structure starting with `argsz`.
-fn ioctl_ptr<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> io::Result<i32> {
-    // SAFETY: `arg` is a live, writable `T` whose layout is the structure `req` takes (the
-    // kernel reads `argsz` first and touches no more than that many bytes).
-    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg as *mut T) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
+/// An ioctl whose argument points at `arg`: a VFIO structure starting with `argsz` (a fixed
+/// one, or 8-aligned words with room for the capabilities after it), the `int` or the
+/// NUL-terminated name a request takes. Returns the non-negative result.
+fn ioctl_ptr<T: ?Sized>(fd: &impl AsRawFd, req: Request, arg: &mut T) -> io::Result<i32> {
+    // SAFETY: `arg` is live and writable for all its bytes, and its layout is what `req`
+    // takes: the kernel reads `argsz` first and touches no more than that many bytes, which
+    // callers set to at most `arg`'s size (or, for an int or a name, reads just that).
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), req.number() as _, (arg as *mut T).cast::<u8>()) })
 }
 
 fn open_rw(path: &Path) -> io::Result<OwnedFd> {
@@ -196,59 +202,24 @@ impl VfioContainer {
 
     /// `VFIO_GET_API_VERSION`.
     pub fn api_version(&self) -> io::Result<i32> {
-        ioctl_val(&self.fd, VFIO_GET_API_VERSION, 0)
+        ioctl_val(&self.fd, Request::GetApiVersion, 0)
     }
 
     /// `VFIO_CHECK_EXTENSION`: whether the container offers IOMMU model `ext`
     /// ([`VFIO_TYPE1V2_IOMMU`], [`VFIO_TYPE1_IOMMU`]).
     pub fn check_extension(&self, ext: u32) -> io::Result<bool> {
-        Ok(ioctl_val(&self.fd, VFIO_CHECK_EXTENSION, ext as libc::c_ulong)? > 0)
+        Ok(ioctl_val(&self.fd, Request::CheckExtension, ext as libc::c_ulong)? > 0)
     }
 
     /// `VFIO_SET_IOMMU`: selects the IOMMU model; needs a group in the container first.
     pub fn set_iommu(&self, model: u32) -> io::Result<()> {
-        ioctl_val(&self.fd, VFIO_SET_IOMMU, model as libc::c_ulong).map(drop)
+        ioctl_val(&self.fd, Request::SetIommu, model as libc::c_ulong).map(drop)
     }
 
     /// `VFIO_IOMMU_GET_INFO` (type1, after [`VfioContainer::set_iommu`]): page sizes, valid
     /// IOVA ranges, how many more mappings.
     pub fn iommu_info(&self) -> io::Result<IommuInfo> {
-        let mut raw = IommuInfoRaw { argsz: argsz::<IommuInfoRaw>(), ..Default::default() };
-        ioctl_ptr(&self.fd, VFIO_IOMMU_GET_INFO, &mut raw)?;
-        let mut want = raw.argsz as usize;
-        if want <= std::mem::size_of::<IommuInfoRaw>() {
-            // SAFETY: IommuInfoRaw is plain integers; viewing them as bytes is sound.
-            let bytes = unsafe {
-                std::slice::from_raw_parts(
-                    (&raw as *const IommuInfoRaw).cast::<u8>(),
-                    std::mem::size_of_val(&raw),
-                )
-            };
-            return parse_iommu_info(bytes);
-        }
-        // The capabilities need room: ask again with a buffer of the size the kernel named
-        // (8-byte aligned for the 64-bit fields). Tries a few times in case it grew.
-        for _ in 0..4 {
-            let mut buf = vec![0u64; want.div_ceil(8)];
-            let first = buf.as_mut_ptr().cast::<IommuInfoRaw>();
-            // SAFETY: `buf` has `want` (>= 24) writable, 8-aligned bytes: room for an
-            // IommuInfoRaw and the capabilities after it, as `argsz` tells the kernel.
-            unsafe { (*first).argsz = want as u32 };
-            // SAFETY: as above; the kernel writes at most `argsz` bytes.
-            let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), VFIO_IOMMU_GET_INFO as _, first) };
-            if rc < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: the first 24 bytes are an IommuInfoRaw the kernel just filled.
-            let got = unsafe { (*first).argsz } as usize;
-            if got <= want {
-                // SAFETY: `buf` is `buf.len() * 8` initialised bytes.
-                let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), want) };
-                return parse_iommu_info(bytes);
-            }
-            want = got;
-        }
-        Err(io::Error::other("VFIO IOMMU info kept growing"))
+        ask_iommu_info(|buf| ioctl_ptr(&self.fd, Request::IommuGetInfo, buf).map(drop))
     }
 
     /// `VFIO_IOMMU_MAP_DMA`: lets the container's devices reach `[vaddr, vaddr + size)` at
@@ -261,16 +232,44 @@ impl VfioContainer {
     /// contents), and must be unmapped with [`VfioContainer::unmap_dma`] before it is freed.
     pub unsafe fn map_dma(&self, vaddr: usize, iova: u64, size: u64, flags: u32) -> io::Result<()> {
         let mut m = DmaMapRaw { argsz: argsz::<DmaMapRaw>(), flags, vaddr: vaddr as u64, iova, size };
-        ioctl_ptr(&self.fd, VFIO_IOMMU_MAP_DMA, &mut m).map(drop)
+        ioctl_ptr(&self.fd, Request::IommuMapDma, &mut m).map(drop)
     }
 
     /// `VFIO_IOMMU_UNMAP_DMA`: removes the mappings in `[iova, iova + size)`; returns how many
     /// bytes were unmapped.
     pub fn unmap_dma(&self, iova: u64, size: u64) -> io::Result<u64> {
         let mut u = DmaUnmapRaw { argsz: argsz::<DmaUnmapRaw>(), flags: 0, iova, size };
-        ioctl_ptr(&self.fd, VFIO_IOMMU_UNMAP_DMA, &mut u)?;
+        ioctl_ptr(&self.fd, Request::IommuUnmapDma, &mut u)?;
         Ok(u.size)
     }
+}
+
+/// `VFIO_IOMMU_GET_INFO`'s exchange, `ioctl` making the call: the fixed part first; when the
+/// kernel names a bigger `argsz`, the capabilities need room, so it asks again with a buffer of
+/// that size (8-byte words for the 64-bit fields), a few times in case it grew.
+fn ask_iommu_info(mut ioctl: impl FnMut(&mut [u64]) -> io::Result<()>) -> io::Result<IommuInfo> {
+    let mut want = std::mem::size_of::<IommuInfoRaw>();
+    for _ in 0..5 {
+        let mut buf = vec![0u64; want.div_ceil(8)];
+        // `argsz` is the first 32-bit field, `flags` (0) the second: the first word.
+        buf[0] = words_of_u32s(want as u32, 0);
+        ioctl(&mut buf)?;
+        let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let got = u32::from_ne_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
+        if got <= want {
+            return parse_iommu_info(&bytes[..want]);
+        }
+        want = got;
+    }
+    Err(io::Error::other("VFIO IOMMU info kept growing"))
+}
+
+/// The 64-bit word whose bytes in memory are those of `first` then `second`.
+fn words_of_u32s(first: u32, second: u32) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes[..4].copy_from_slice(&first.to_ne_bytes());
+    bytes[4..].copy_from_slice(&second.to_ne_bytes());
+    u64::from_ne_bytes(bytes)
 }
 
 /// What a type1 container's IOMMU accepts (`VFIO_IOMMU_GET_INFO`).
@@ -363,7 +362,7 @@ impl VfioGroup {
     /// `VFIO_GROUP_GET_STATUS`.
     pub fn status(&self) -> io::Result<GroupStatus> {
         let mut s = GroupStatusRaw { argsz: argsz::<GroupStatusRaw>(), flags: 0 };
-        ioctl_ptr(&self.fd, VFIO_GROUP_GET_STATUS, &mut s)?;
+        ioctl_ptr(&self.fd, Request::GroupGetStatus, &mut s)?;
         Ok(GroupStatus {
             viable: s.flags & GROUP_FLAGS_VIABLE != 0,
             container_set: s.flags & GROUP_FLAGS_CONTAINER_SET != 0,
@@ -373,25 +372,21 @@ impl VfioGroup {
     /// `VFIO_GROUP_SET_CONTAINER`: joins `container`.
     pub fn set_container(&self, container: &VfioContainer) -> io::Result<()> {
         let mut fd: i32 = container.fd.as_raw_fd();
-        ioctl_ptr(&self.fd, VFIO_GROUP_SET_CONTAINER, &mut fd).map(drop)
+        ioctl_ptr(&self.fd, Request::GroupSetContainer, &mut fd).map(drop)
     }
 
     /// `VFIO_GROUP_UNSET_CONTAINER`: leaves the container (every device fd closed first).
     pub fn unset_container(&self) -> io::Result<()> {
-        ioctl_val(&self.fd, VFIO_GROUP_UNSET_CONTAINER, 0).map(drop)
+        ioctl_val(&self.fd, Request::GroupUnsetContainer, 0).map(drop)
     }
 
     /// `VFIO_GROUP_GET_DEVICE_FD`: the device named `name` ("0000:00:04.0").
     pub fn device(&self, name: &str) -> io::Result<VfioDevice> {
         let c = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: the argument is a NUL-terminated string that outlives the call; the kernel
-        // only reads it.
-        let fd = unsafe { libc::ioctl(self.fd.as_raw_fd(), VFIO_GROUP_GET_DEVICE_FD as _, c.as_ptr()) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the ioctl returned a new descriptor that nothing else owns.
-        Ok(VfioDevice { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        // The kernel only reads the NUL-terminated name.
+        let fd = ioctl_ptr(&self.fd, Request::GroupGetDeviceFd, &mut c.into_bytes_with_nul()[..])?;
+        // SAFETY: VFIO_GROUP_GET_DEVICE_FD answers with a new descriptor, which nothing else owns.
+        Ok(VfioDevice { fd: File::from(unsafe { owned_fd(fd) }?) })
     }
 }
 
@@ -422,21 +417,22 @@ pub struct RegionInfo {
 /// A VFIO device fd.
 #[derive(Debug)]
 pub struct VfioDevice {
-    fd: OwnedFd,
+    /// A `File` for its positioned reads and writes (config space).
+    fd: File,
 }
 
 impl VfioDevice {
     /// `VFIO_DEVICE_GET_INFO`.
     pub fn info(&self) -> io::Result<DeviceInfo> {
         let mut i = DeviceInfoRaw { argsz: argsz::<DeviceInfoRaw>(), ..Default::default() };
-        ioctl_ptr(&self.fd, VFIO_DEVICE_GET_INFO, &mut i)?;
+        ioctl_ptr(&self.fd, Request::DeviceGetInfo, &mut i)?;
         Ok(DeviceInfo { flags: i.flags, num_regions: i.num_regions, num_irqs: i.num_irqs })
     }
 
     /// `VFIO_DEVICE_GET_REGION_INFO` of region `index`.
     pub fn region_info(&self, index: u32) -> io::Result<RegionInfo> {
         let mut r = RegionInfoRaw { argsz: argsz::<RegionInfoRaw>(), index, ..Default::default() };
-        ioctl_ptr(&self.fd, VFIO_DEVICE_GET_REGION_INFO, &mut r)?;
+        ioctl_ptr(&self.fd, Request::DeviceGetRegionInfo, &mut r)?;
         Ok(RegionInfo { index, flags: r.flags, size: r.size, offset: r.offset })
     }
 
@@ -474,28 +470,25 @@ impl VfioDevice {
     /// Reads `buf.len()` bytes of `region` at `offset` (configuration space: `pread`).
     pub fn read_region(&self, region: &RegionInfo, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let at = region_pos(region, offset, buf.len())?;
-        // SAFETY: writes at most `buf.len()` bytes into `buf`, a live exclusive borrow.
-        let n = unsafe { libc::pread(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), at) };
-        full_transfer(n, buf.len())
+        full_transfer(self.fd.read_at(buf, at), buf.len())
     }
 
     /// Writes `buf` to `region` at `offset` (configuration space: `pwrite`).
     pub fn write_region(&self, region: &RegionInfo, offset: u64, buf: &[u8]) -> io::Result<()> {
         let at = region_pos(region, offset, buf.len())?;
-        // SAFETY: reads `buf.len()` bytes from `buf`, a live borrow.
-        let n = unsafe { libc::pwrite(self.fd.as_raw_fd(), buf.as_ptr().cast(), buf.len(), at) };
-        full_transfer(n, buf.len())
+        full_transfer(self.fd.write_at(buf, at), buf.len())
     }
 
     /// `VFIO_DEVICE_RESET`: a function-level (or equivalent) reset.
     pub fn reset(&self) -> io::Result<()> {
-        ioctl_val(&self.fd, VFIO_DEVICE_RESET, 0).map(drop)
+        ioctl_val(&self.fd, Request::DeviceReset, 0).map(drop)
     }
 }
 
-fn region_pos(region: &RegionInfo, offset: u64, len: usize) -> io::Result<libc::off_t> {
+fn region_pos(region: &RegionInfo, offset: u64, len: usize) -> io::Result<u64> {
     let end = offset.checked_add(len as u64).filter(|&e| e <= region.size);
-    let at = end.and_then(|_| region.offset.checked_add(offset)).and_then(|a| libc::off_t::try_from(a).ok());
+    let at =
+        end.and_then(|_| region.offset.checked_add(offset)).filter(|&a| libc::off_t::try_from(a).is_ok());
     at.ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -504,11 +497,9 @@ fn region_pos(region: &RegionInfo, offset: u64, len: usize) -> io::Result<libc::
     })
 }
 
-fn full_transfer(n: isize, want: usize) -> io::Result<()> {
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if n as usize != want {
+fn full_transfer(n: io::Result<usize>, want: usize) -> io::Result<()> {
+    let n = n?;
+    if n != want {
         return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{n} of {want} bytes transferred")));
     }
     Ok(())
@@ -559,18 +550,19 @@ mod tests {
     #[test]
     fn request_numbers_are_the_kernels() {
         // linux/vfio.h: VFIO_TYPE ';' (0x3b), VFIO_BASE 100 (0x64).
-        assert_eq!(VFIO_GET_API_VERSION, 0x3b64);
-        assert_eq!(VFIO_CHECK_EXTENSION, 0x3b65);
-        assert_eq!(VFIO_SET_IOMMU, 0x3b66);
-        assert_eq!(VFIO_GROUP_GET_STATUS, 0x3b67);
-        assert_eq!(VFIO_GROUP_SET_CONTAINER, 0x3b68);
-        assert_eq!(VFIO_GROUP_GET_DEVICE_FD, 0x3b6a);
-        assert_eq!(VFIO_DEVICE_GET_INFO, 0x3b6b);
-        assert_eq!(VFIO_DEVICE_GET_REGION_INFO, 0x3b6c);
-        assert_eq!(VFIO_DEVICE_RESET, 0x3b6f);
-        assert_eq!(VFIO_IOMMU_GET_INFO, 0x3b70);
-        assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
-        assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
+        // The implicit discriminants count from 0 up to the jump to 11: their ends and the jump.
+        use Request::*;
+        let numbers = [GetApiVersion, GroupGetDeviceFd, DeviceGetRegionInfo, DeviceReset, IommuUnmapDma];
+        assert_eq!(numbers.map(Request::number), [0x3b64, 0x3b6a, 0x3b6c, 0x3b6f, 0x3b72]);
+        assert_eq!(
+            (CheckExtension.number(), SetIommu.number(), GroupGetStatus.number()),
+            (0x3b65, 0x3b66, 0x3b67)
+        );
+        assert_eq!((GroupSetContainer.number(), GroupUnsetContainer.number()), (0x3b68, 0x3b69));
+        assert_eq!(
+            (DeviceGetInfo.number(), IommuGetInfo.number(), IommuMapDma.number()),
+            (0x3b6b, 0x3b70, 0x3b71)
+        );
     }
 
     #[test]
@@ -640,6 +632,49 @@ mod tests {
         assert!(parse_iommu_info(&looped).is_err());
     }
 
+    /// A kernel answering `VFIO_IOMMU_GET_INFO` with `answer`: its `argsz` alone when the
+    /// buffer's is smaller, the whole answer otherwise; counts the calls.
+    fn fake_kernel(answer: Vec<u8>, calls: &mut usize) -> impl FnMut(&mut [u64]) -> io::Result<()> + '_ {
+        move |buf: &mut [u64]| {
+            *calls += 1;
+            let mut bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            let argsz = u32::from_ne_bytes(bytes[..4].try_into().unwrap()) as usize;
+            assert_eq!(argsz, bytes.len(), "argsz is the buffer's size");
+            let fits = answer.len() <= argsz;
+            let n = if fits { answer.len() } else { 4 };
+            bytes[..n].copy_from_slice(&answer[..n]);
+            for (w, b) in buf.iter_mut().zip(bytes.chunks_exact(8)) {
+                *w = u64::from_ne_bytes(b.try_into().unwrap());
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn iommu_info_asks_again_with_room_for_the_capabilities() {
+        let mut range = [1u32.to_ne_bytes(), [0; 4]].concat();
+        range.extend_from_slice(&[0x1000u64.to_ne_bytes(), 0xfedf_ffffu64.to_ne_bytes()].concat());
+        let answer = info_bytes(IOMMU_INFO_PGSIZES | IOMMU_INFO_CAPS, &[(1, range)]);
+        assert_eq!(answer.len(), 56, "the fixed 24 bytes and one capability");
+        let mut calls = 0;
+        let info = ask_iommu_info(fake_kernel(answer, &mut calls)).unwrap();
+        assert_eq!(calls, 2, "once for the size, once with room");
+        assert_eq!((info.page_sizes, info.iova_ranges), (0x4020_1000, vec![(0x1000, 0xfedf_ffff)]));
+        let mut calls = 0;
+        let plain = ask_iommu_info(fake_kernel(info_bytes(IOMMU_INFO_PGSIZES, &[]), &mut calls)).unwrap();
+        assert_eq!((calls, plain.page_sizes), (1, 0x4020_1000), "no capabilities: one call");
+        let mut calls = 0;
+        let growing = |buf: &mut [u64]| {
+            calls += 1;
+            buf[0] = words_of_u32s((buf.len() * 8 + 8) as u32, 0);
+            Ok(())
+        };
+        assert!(ask_iommu_info(growing).is_err(), "bounded");
+        assert_eq!(calls, 5);
+        let refused = |_: &mut [u64]| Err(io::Error::from_raw_os_error(libc::EINVAL));
+        assert_eq!(ask_iommu_info(refused).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+    }
+
     #[test]
     fn a_missing_group_or_container_is_not_found() {
         let dir = tempfile::tempdir().unwrap();
@@ -663,7 +698,7 @@ mod tests {
     fn region_accesses_stay_inside_the_region() {
         let f = tempfile::tempfile().unwrap();
         f.set_len(256).unwrap();
-        let dev = VfioDevice { fd: OwnedFd::from(f) };
+        let dev = VfioDevice { fd: f };
         let cfg = RegionInfo { index: PCI_CONFIG_REGION_INDEX, flags: 3, size: 64, offset: 128 };
         dev.write_region(&cfg, 4, &[0x06, 0x00]).unwrap();
         let mut b = [0u8; 2];

@@ -74,13 +74,7 @@ impl InflightArea {
             return Err(InflightError::Invalid("queue count and size must be non-zero, size a power of two"));
         }
         let size = queue_region_size(queue_size) * usize::from(num_queues);
-        // SAFETY: the name is a valid NUL-terminated string; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"flashpath-inflight".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(InflightError::Map(std::io::Error::last_os_error().to_string()));
-        }
-        // SAFETY: `fd` is a fresh memfd owned by nobody else.
-        let file = unsafe { <File as std::os::unix::io::FromRawFd>::from_raw_fd(fd) };
+        let file = fp_sys::memfd(c"flashpath-inflight").map_err(|e| InflightError::Map(e.to_string()))?;
         file.set_len(size as u64).map_err(|e| InflightError::Map(e.to_string()))?;
         let area = Self::map(&file, size as u64, 0, num_queues, queue_size)?;
         Ok((area, file, size as u64))
@@ -135,8 +129,9 @@ impl InflightArea {
             return Err(InflightError::SizeMismatch { index, ring: ring_size, region: self.queue_size });
         }
         let offset = queue_region_size(self.queue_size) * usize::from(index);
-        // SAFETY: `offset` + the region size is within the mapping (checked in `map`).
-        let base = unsafe { self.map.as_ptr().add(offset) };
+        // In bounds: `offset` + the region size is within the mapping (checked in `map`), so
+        // this is the plain offset `add` would compute, without its unsafe precondition.
+        let base = self.map.as_ptr().wrapping_add(offset);
         let region = Region { _area: self.clone(), base, size: ring_size };
         Ok(InflightQueue { region, counter: 0, batch_len: 0 })
     }
@@ -178,78 +173,54 @@ struct Region {
     size: u16,
 }
 
+/// The integer types the region's fields have: any bits are a valid value, which is what makes
+/// [`Region::read`] of memory the front-end may have written sound. Only integers implement it.
+trait Field: Copy {}
+impl Field for u8 {}
+impl Field for u16 {}
+impl Field for u32 {}
+impl Field for u64 {}
+
 /// Header fields both layouts share.
 const H_VERSION: usize = 8;
 const H_DESC_NUM: usize = 10;
 
 impl Region {
-    // Field access. SAFETY for all: `base` points to this queue's region inside the mapping
-    // held alive by `_area` (checked at construction); callers pass a header field or an entry
-    // field of an entry below `size`, inside the region and naturally aligned (16- or 32-byte
-    // headers and entries in a page-aligned mapping). The front-end only stores the file, so
-    // this thread is the only writer. Volatile accesses keep every store in program order
-    // relative to the used-ring publish, which is what recovery after a crash relies on.
-
+    /// Reads the field of type `T` at `off` in the region.
     #[inline]
-    fn r8(&self, off: usize) -> u8 {
-        // SAFETY: see above.
-        unsafe { std::ptr::read_volatile(self.base.add(off)) }
+    fn read<T: Field>(&self, off: usize) -> T {
+        debug_assert!(off + std::mem::size_of::<T>() <= queue_region_size(self.size));
+        // SAFETY: `base` points to this queue's region inside the mapping held alive by `_area`
+        // (checked at construction); callers pass a header field or an entry field of an entry
+        // below `size`, inside the region and naturally aligned (16- or 32-byte headers and
+        // entries in a page-aligned mapping); `T` is an integer, valid for any bits the
+        // front-end left there.
+        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<T>()) }
     }
 
+    /// Writes `v` to the field of type `T` at `off` in the region. Volatile: every store stays
+    /// in program order relative to the used-ring publish, which recovery after a crash relies
+    /// on.
     #[inline]
-    fn w8(&mut self, off: usize, v: u8) {
-        // SAFETY: see above.
-        unsafe { std::ptr::write_volatile(self.base.add(off), v) }
-    }
-
-    #[inline]
-    fn r16(&self, off: usize) -> u16 {
-        // SAFETY: see above.
-        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u16>()) }
-    }
-
-    #[inline]
-    fn w16(&mut self, off: usize, v: u16) {
-        // SAFETY: see above.
-        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u16>(), v) }
-    }
-
-    #[inline]
-    fn r32(&self, off: usize) -> u32 {
-        // SAFETY: see above.
-        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u32>()) }
-    }
-
-    #[inline]
-    fn w32(&mut self, off: usize, v: u32) {
-        // SAFETY: see above.
-        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u32>(), v) }
-    }
-
-    #[inline]
-    fn r64(&self, off: usize) -> u64 {
-        // SAFETY: see above.
-        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u64>()) }
-    }
-
-    #[inline]
-    fn w64(&mut self, off: usize, v: u64) {
-        // SAFETY: see above.
-        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<u64>(), v) }
+    fn write<T: Field>(&mut self, off: usize, v: T) {
+        debug_assert!(off + std::mem::size_of::<T>() <= queue_region_size(self.size));
+        // SAFETY: as in `read`, for writes: the front-end only stores the file, so this thread
+        // is the only writer.
+        unsafe { std::ptr::write_volatile(self.base.add(off).cast::<T>(), v) }
     }
 
     /// Whether the region holds a record of this queue from a previous back-end. If it does
     /// not (fresh, or foreign: another version or ring size), it is wiped and stamped with
     /// this queue's header, for the layout to initialise the rest.
     fn claim(&mut self) -> bool {
-        if self.r16(H_VERSION) == VERSION && self.r16(H_DESC_NUM) == self.size {
+        if self.read::<u16>(H_VERSION) == VERSION && self.read::<u16>(H_DESC_NUM) == self.size {
             return true;
         }
-        // SAFETY: the region is `queue_region_size(size)` bytes inside the mapping (see the
-        // accessors).
-        unsafe { std::ptr::write_bytes(self.base, 0, queue_region_size(self.size)) };
-        self.w16(H_VERSION, VERSION);
-        self.w16(H_DESC_NUM, self.size);
+        for off in (0..queue_region_size(self.size)).step_by(8) {
+            self.write::<u64>(off, 0);
+        }
+        self.write::<u16>(H_VERSION, VERSION);
+        self.write::<u16>(H_DESC_NUM, self.size);
         false
     }
 }
@@ -286,11 +257,11 @@ pub struct InflightQueue {
 
 impl InflightQueue {
     fn read_u16(&self, off: usize) -> u16 {
-        self.region.r16(off)
+        self.region.read::<u16>(off)
     }
 
     fn write_u16(&mut self, off: usize, v: u16) {
-        self.region.w16(off, v)
+        self.region.write::<u16>(off, v)
     }
 
     fn entry(&self, head: u16) -> usize {
@@ -298,22 +269,22 @@ impl InflightQueue {
     }
 
     fn inflight(&self, head: u16) -> bool {
-        self.region.r8(self.entry(head)) != 0
+        self.region.read::<u8>(self.entry(head)) != 0
     }
 
     fn set_inflight(&mut self, head: u16, v: bool) {
         let off = self.entry(head);
-        self.region.w8(off, u8::from(v))
+        self.region.write::<u8>(off, u8::from(v))
     }
 
     fn counter_of(&self, head: u16) -> u64 {
         // 8-aligned: 16-byte entries after a 16-byte header.
-        self.region.r64(self.entry(head) + 8)
+        self.region.read::<u64>(self.entry(head) + 8)
     }
 
     fn set_counter(&mut self, head: u16, v: u64) {
         let off = self.entry(head) + 8;
-        self.region.w64(off, v)
+        self.region.write::<u64>(off, v)
     }
 
     /// Prepares the region when the queue starts. `ring_used_idx` is the used ring's `idx` as
@@ -492,15 +463,15 @@ impl PackedInflight {
     }
 
     fn write_free_heads(&mut self) {
-        self.region.w16(P_FREE_HEAD, self.free_head);
-        self.region.w16(P_OLD_FREE_HEAD, self.old_free_head);
+        self.region.write::<u16>(P_FREE_HEAD, self.free_head);
+        self.region.write::<u16>(P_OLD_FREE_HEAD, self.old_free_head);
     }
 
     fn write_used(&mut self, used: (u16, bool), old: (u16, bool)) {
-        self.region.w16(P_USED_IDX, used.0);
-        self.region.w8(P_USED_WRAP, u8::from(used.1));
-        self.region.w16(P_OLD_USED_IDX, old.0);
-        self.region.w8(P_OLD_USED_WRAP, u8::from(old.1));
+        self.region.write::<u16>(P_USED_IDX, used.0);
+        self.region.write::<u8>(P_USED_WRAP, u8::from(used.1));
+        self.region.write::<u16>(P_OLD_USED_IDX, old.0);
+        self.region.write::<u8>(P_OLD_USED_WRAP, u8::from(old.1));
     }
 
     /// Prepares the region when the queue starts. `ring` is the position the front-end gave
@@ -516,7 +487,7 @@ impl PackedInflight {
             // Every entry free.
             for e in 0..self.region.size {
                 let next = if e + 1 < self.region.size { e + 1 } else { NONE };
-                self.region.w16(Self::entry(e) + E_NEXT, next);
+                self.region.write::<u16>(Self::entry(e) + E_NEXT, next);
             }
             (self.free_head, self.old_free_head) = (0, 0);
             self.write_free_heads();
@@ -524,10 +495,11 @@ impl PackedInflight {
             self.write_used(self.used, self.used);
             return Ok(PackedRecovered { resubmit: Vec::new(), state: ring, reused: false });
         }
-        let mut free_head = self.region.r16(P_FREE_HEAD);
-        let mut old_free_head = self.region.r16(P_OLD_FREE_HEAD);
-        let mut used = (self.region.r16(P_USED_IDX), self.region.r8(P_USED_WRAP) != 0);
-        let mut old_used = (self.region.r16(P_OLD_USED_IDX), self.region.r8(P_OLD_USED_WRAP) != 0);
+        let mut free_head = self.region.read::<u16>(P_FREE_HEAD);
+        let mut old_free_head = self.region.read::<u16>(P_OLD_FREE_HEAD);
+        let mut used = (self.region.read::<u16>(P_USED_IDX), self.region.read::<u8>(P_USED_WRAP) != 0);
+        let mut old_used =
+            (self.region.read::<u16>(P_OLD_USED_IDX), self.region.read::<u8>(P_OLD_USED_WRAP) != 0);
         if used.0 >= self.region.size || old_used.0 >= self.region.size {
             return Err(InflightError::Corrupt("used index beyond the ring"));
         }
@@ -551,18 +523,21 @@ impl PackedInflight {
         let mut e = free_head;
         while e < self.region.size && !free[usize::from(e)] {
             free[usize::from(e)] = true;
-            self.region.w8(Self::entry(e) + E_INFLIGHT, 0);
-            e = self.region.r16(Self::entry(e) + E_NEXT);
+            self.region.write::<u8>(Self::entry(e) + E_INFLIGHT, 0);
+            e = self.region.read::<u16>(Self::entry(e) + E_NEXT);
         }
         let mut owned = vec![false; n];
         let mut found: Vec<(u64, u16, InflightRequest)> = Vec::new();
         for head in 0..self.region.size {
-            if free[usize::from(head)] || self.region.r8(Self::entry(head) + E_INFLIGHT) == 0 {
+            if free[usize::from(head)] || self.region.read::<u8>(Self::entry(head) + E_INFLIGHT) == 0 {
                 continue;
             }
             let at = Self::entry(head);
-            let (num, last, counter) =
-                (self.region.r16(at + E_NUM), self.region.r16(at + E_LAST), self.region.r64(at + E_COUNTER));
+            let (num, last, counter) = (
+                self.region.read::<u16>(at + E_NUM),
+                self.region.read::<u16>(at + E_LAST),
+                self.region.read::<u64>(at + E_COUNTER),
+            );
             if num == 0 || num > self.region.size {
                 return Err(InflightError::Corrupt("list length"));
             }
@@ -575,13 +550,13 @@ impl PackedInflight {
                 owned[usize::from(e)] = true;
                 let at = Self::entry(e);
                 descs.push(RawDesc {
-                    addr: self.region.r64(at + E_ADDR),
-                    len: self.region.r32(at + E_LEN),
-                    id: self.region.r16(at + E_ID),
-                    flags: self.region.r16(at + E_FLAGS),
+                    addr: self.region.read::<u64>(at + E_ADDR),
+                    len: self.region.read::<u32>(at + E_LEN),
+                    id: self.region.read::<u16>(at + E_ID),
+                    flags: self.region.read::<u16>(at + E_FLAGS),
                 });
                 if i + 1 < num {
-                    e = self.region.r16(at + E_NEXT);
+                    e = self.region.read::<u16>(at + E_NEXT);
                 }
             }
             if e != last {
@@ -598,8 +573,8 @@ impl PackedInflight {
         // behind is clean from here on.
         let mut first = NONE;
         for e in (0..self.region.size).rev().filter(|&e| !owned[usize::from(e)]) {
-            self.region.w8(Self::entry(e) + E_INFLIGHT, 0);
-            self.region.w16(Self::entry(e) + E_NEXT, first);
+            self.region.write::<u8>(Self::entry(e) + E_INFLIGHT, 0);
+            self.region.write::<u16>(Self::entry(e) + E_NEXT, first);
             first = e;
         }
         compiler_fence(Ordering::SeqCst);
@@ -609,7 +584,7 @@ impl PackedInflight {
         self.write_used(used, used);
         self.counter = next_counter(found.iter().map(|&(c, _, _)| c));
         for (_, head, r) in &found {
-            let last = self.region.r16(Self::entry(*head) + E_LAST);
+            let last = self.region.read::<u16>(Self::entry(*head) + E_LAST);
             self.heads[usize::from(*head)] = Some((r.id, last));
             if r.id < self.region.size {
                 self.by_id[usize::from(r.id)] = *head;
@@ -647,13 +622,13 @@ impl PackedInflight {
             return;
         }
         let at = Self::entry(e);
-        self.region.w64(at + E_ADDR, d.addr);
-        self.region.w32(at + E_LEN, d.len);
-        self.region.w16(at + E_ID, d.id);
-        self.region.w16(at + E_FLAGS, d.flags);
+        self.region.write::<u64>(at + E_ADDR, d.addr);
+        self.region.write::<u32>(at + E_LEN, d.len);
+        self.region.write::<u16>(at + E_ID, d.id);
+        self.region.write::<u16>(at + E_FLAGS, d.flags);
         self.rec_last = e;
         self.rec_n += 1;
-        self.rec_cur = self.region.r16(at + E_NEXT);
+        self.rec_cur = self.region.read::<u16>(at + E_NEXT);
     }
 
     /// The recorded list, buffer `id`, was taken: marks it in flight.
@@ -667,17 +642,17 @@ impl PackedInflight {
         let at = Self::entry(head);
         let c = self.counter;
         self.counter = self.counter.wrapping_add(1);
-        self.region.w16(at + E_NUM, n);
-        self.region.w16(at + E_LAST, last);
-        self.region.w64(at + E_COUNTER, c);
+        self.region.write::<u16>(at + E_NUM, n);
+        self.region.write::<u16>(at + E_LAST, last);
+        self.region.write::<u64>(at + E_COUNTER, c);
         compiler_fence(Ordering::SeqCst);
-        self.region.w8(at + E_INFLIGHT, 1);
+        self.region.write::<u8>(at + E_INFLIGHT, 1);
         compiler_fence(Ordering::SeqCst);
         // Commit: the committed free list now starts after the list (and an unpublished
         // batch, linked in front of it, keeps pointing at that start).
         let next_free = self.rec_cur;
         if !self.batch.is_empty() && self.batch_tail < self.region.size {
-            self.region.w16(Self::entry(self.batch_tail) + E_NEXT, next_free);
+            self.region.write::<u16>(Self::entry(self.batch_tail) + E_NEXT, next_free);
         } else if self.batch.is_empty() {
             self.free_head = next_free;
         }
@@ -712,17 +687,17 @@ impl PackedInflight {
             if id < self.region.size && self.by_id[usize::from(id)] == e {
                 self.by_id[usize::from(id)] = NONE;
             }
-            self.region.w16(Self::entry(last) + E_NEXT, self.free_head);
+            self.region.write::<u16>(Self::entry(last) + E_NEXT, self.free_head);
             if self.batch.is_empty() {
                 self.batch_tail = last;
             }
             self.free_head = e;
-            self.region.w16(P_FREE_HEAD, e);
+            self.region.write::<u16>(P_FREE_HEAD, e);
             self.batch.push(e);
         }
         self.used = self.advance(self.used, slots);
-        self.region.w16(P_USED_IDX, self.used.0);
-        self.region.w8(P_USED_WRAP, u8::from(self.used.1));
+        self.region.write::<u16>(P_USED_IDX, self.used.0);
+        self.region.write::<u8>(P_USED_WRAP, u8::from(self.used.1));
     }
 
     /// After the batch was published: clears its marks, then commits the new state.
@@ -730,19 +705,19 @@ impl PackedInflight {
         compiler_fence(Ordering::SeqCst);
         for i in 0..self.batch.len() {
             let e = self.batch[i];
-            self.region.w8(Self::entry(e) + E_INFLIGHT, 0);
+            self.region.write::<u8>(Self::entry(e) + E_INFLIGHT, 0);
         }
         self.batch.clear();
         compiler_fence(Ordering::SeqCst);
         self.old_free_head = self.free_head;
-        self.region.w16(P_OLD_FREE_HEAD, self.free_head);
-        self.region.w16(P_OLD_USED_IDX, self.used.0);
-        self.region.w8(P_OLD_USED_WRAP, u8::from(self.used.1));
+        self.region.write::<u16>(P_OLD_FREE_HEAD, self.free_head);
+        self.region.write::<u16>(P_OLD_USED_IDX, self.used.0);
+        self.region.write::<u8>(P_OLD_USED_WRAP, u8::from(self.used.1));
     }
 
     /// Head entries currently marked in flight (for tests and diagnostics).
     pub fn marked(&self) -> Vec<u16> {
-        (0..self.region.size).filter(|&e| self.region.r8(Self::entry(e) + E_INFLIGHT) != 0).collect()
+        (0..self.region.size).filter(|&e| self.region.read::<u8>(Self::entry(e) + E_INFLIGHT) != 0).collect()
     }
 }
 
@@ -1155,13 +1130,13 @@ mod tests {
         q.recover(START, |_| None).unwrap();
         take(&mut q, 0, 2);
         // The front-end scribbles over the head's list length.
-        q.region.w16(PackedInflight::entry(0) + E_NUM, 200);
+        q.region.write::<u16>(PackedInflight::entry(0) + E_NUM, 200);
         assert!(matches!(
             a.packed_queue(0, 8).unwrap().recover(START, |_| None),
             Err(InflightError::Corrupt(_))
         ));
-        q.region.w16(PackedInflight::entry(0) + E_NUM, 2);
-        q.region.w16(P_OLD_USED_IDX, 8);
+        q.region.write::<u16>(PackedInflight::entry(0) + E_NUM, 2);
+        q.region.write::<u16>(P_OLD_USED_IDX, 8);
         assert!(matches!(
             a.packed_queue(0, 8).unwrap().recover(START, |_| None),
             Err(InflightError::Corrupt(_))
