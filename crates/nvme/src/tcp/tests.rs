@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_bdev::{Bdev, RamDevice, SubmitError};
+use fp_bdev::{Bdev, Iovecs, RamDevice, SubmitError};
 use fp_nvme_spec::{Status, SC_LBA_OUT_OF_RANGE};
 use fp_nvmf::{ListenAddress, NamespaceSpec, NvmfTarget, SubsystemSpec, TargetOptions, TransportOptions};
 use fp_reactor::{ReactorConfig, ReactorSet};
@@ -107,7 +107,7 @@ fn reap(q: &mut TcpQueue, n: usize) -> Result<Vec<(u32, Status)>, NvmeError> {
 fn rw(q: &mut TcpQueue, write: bool, slba: u64, buf: &mut [u8]) -> Status {
     let sqe = cmd::read_write(write, 1, slba, (buf.len() / 512) as u32, false);
     // SAFETY: `buf` outlives the command: reaped below.
-    unsafe { q.submit(&sqe, &[iov_mut(buf)], 9) }.unwrap();
+    q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov_mut(buf)]) }, 9).unwrap();
     let c = reap(q, 1).unwrap();
     assert_eq!(c[0].0, 9);
     c[0].1
@@ -201,14 +201,14 @@ fn io_paths(digests: bool) {
     let (b, c) = rest.split_at_mut(65536);
     let sqe = cmd::read_write(true, 1, 4000, 256, false);
     // SAFETY: the buffers outlive the command (reaped below).
-    unsafe { q.submit(&sqe, &[iov(a), iov(b), iov(c)], 1) }.unwrap();
+    q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov(a), iov(b), iov(c)]) }, 1).unwrap();
     assert!(reap(&mut q, 1).unwrap()[0].1.is_success());
     let mut r = vec![0u8; 131072];
     let (a, rest) = r.split_at_mut(4096);
     let (b, c) = rest.split_at_mut(1000 * 4);
     let sqe = cmd::read_write(false, 1, 4000, 256, false);
     // SAFETY: as above.
-    unsafe { q.submit(&sqe, &[iov_mut(a), iov_mut(b), iov_mut(c)], 2) }.unwrap();
+    q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov_mut(a), iov_mut(b), iov_mut(c)]) }, 2).unwrap();
     assert!(reap(&mut q, 1).unwrap()[0].1.is_success());
     assert_eq!(r, w);
     let d = q.data_stats();
@@ -222,7 +222,7 @@ fn io_paths(digests: bool) {
     for (i, b) in bufs.iter().enumerate() {
         let sqe = cmd::read_write(true, 1, i as u64 * 32, (b.len() / 512) as u32, false);
         // SAFETY: `bufs` outlives the commands.
-        unsafe { q.submit(&sqe, &[iov(b)], i as u32) }.unwrap();
+        q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov(b)]) }, i as u32).unwrap();
     }
     assert_eq!(q.in_flight(), 40);
     let mut c = reap(&mut q, 40).unwrap();
@@ -232,7 +232,7 @@ fn io_paths(digests: bool) {
     for (i, b) in reads.iter_mut().enumerate() {
         let sqe = cmd::read_write(false, 1, i as u64 * 32, (b.len() / 512) as u32, false);
         // SAFETY: `reads` outlives the commands.
-        unsafe { q.submit(&sqe, &[iov_mut(b)], i as u32) }.unwrap();
+        q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov_mut(b)]) }, i as u32).unwrap();
     }
     reap(&mut q, 40).unwrap();
     assert_eq!(reads, bufs);
@@ -266,10 +266,19 @@ fn full_queue_is_busy_and_flush_batches() {
     let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 512]).collect();
     for (i, b) in bufs[..7].iter_mut().enumerate() {
         // SAFETY: `bufs` outlives the commands.
-        unsafe { q.submit(&cmd::read_write(false, 1, i as u64, 1, false), &[iov_mut(b)], i as u32) }.unwrap();
+        q.submit(
+            &cmd::read_write(false, 1, i as u64, 1, false),
+            unsafe { Iovecs::from_slice(&[iov_mut(b)]) },
+            i as u32,
+        )
+        .unwrap();
     }
     // SAFETY: refused, nothing kept.
-    let r = unsafe { q.submit(&cmd::read_write(false, 1, 0, 1, false), &[iov_mut(&mut bufs[7])], 99) };
+    let r = q.submit(
+        &cmd::read_write(false, 1, 0, 1, false),
+        unsafe { Iovecs::from_slice(&[iov_mut(&mut bufs[7])]) },
+        99,
+    );
     assert_eq!(r, Err(SubmitError::Busy));
     let d = q.stats().doorbells;
     q.flush();
@@ -294,7 +303,7 @@ fn target_gone_fails_the_queues() {
     // The target closes every connection (its reactors still running to do so).
     tg.t.stop();
     // SAFETY: `r` outlives the command (drained below).
-    let _ = unsafe { q.submit(&sqe, &[iov_mut(&mut r)], 5) };
+    let _ = q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov_mut(&mut r)]) }, 5);
     let end = Instant::now() + T;
     let err = loop {
         q.flush();
