@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use fp_bdev::{Bdev, Iovecs, RamDevice, SubmitError};
 use fp_nvme_spec::{Status, SC_LBA_OUT_OF_RANGE};
-use fp_nvmf::{ListenAddress, NamespaceSpec, NvmfTarget, SubsystemSpec, TargetOptions, TransportOptions};
-use fp_reactor::{ReactorConfig, ReactorSet};
+use fp_nvmf::testing::LoopbackTarget;
+use fp_nvmf::{ListenAddress, TransportOptions};
 
 use super::*;
 use crate::cmd;
@@ -19,48 +19,13 @@ pub(super) const NQN: &str = "nqn.2016-06.io.flashpath:tcp-host";
 const BLOCKS: u64 = 8192;
 const T: Duration = Duration::from_secs(5);
 
-pub(super) struct Target {
-    pub t: NvmfTarget,
-    pub port: u16,
-    reactors: Option<ReactorSet>,
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        self.t.stop();
-        if let Some(r) = self.reactors.take() {
-            r.shutdown();
-        }
-    }
-}
-
-/// A target with one subsystem (any host) of one 4 MiB RAM namespace of 512-byte blocks.
-pub(super) fn target(opts: TransportOptions) -> Target {
-    let reactors = ReactorSet::start(&[0, 1], ReactorConfig::default()).unwrap();
-    let t = NvmfTarget::new(reactors.handles().to_vec(), TargetOptions::default());
-    t.create_transport(opts).unwrap();
-    t.create_subsystem(SubsystemSpec { nqn: NQN.into(), allow_any_host: true, ..Default::default() })
-        .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let addr = ListenAddress {
-        trtype: "TCP".into(),
-        adrfam: "IPv4".into(),
-        traddr: "127.0.0.1".into(),
-        trsvcid: port.to_string(),
-    };
-    t.add_listener(NQN, addr).unwrap();
+/// A target on two reactors with one subsystem (any host) of one 4 MiB RAM namespace of
+/// 512-byte blocks.
+pub(super) fn target(opts: TransportOptions) -> LoopbackTarget {
+    let t = LoopbackTarget::start(&[0, 1], opts).unwrap();
     let bdev: Bdev = Arc::new(RamDevice::new("ram0", 512, BLOCKS).unwrap());
-    let ns = NamespaceSpec {
-        nsid: 1,
-        bdev,
-        bdev_name: "ram0".into(),
-        uuid: None,
-        nguid: None,
-        eui64: None,
-        read_only: false,
-    };
-    t.add_namespace(NQN, ns).unwrap();
-    Target { t, port, reactors: Some(reactors) }
+    t.add_subsystem(NQN, bdev, "ram0").unwrap();
+    t
 }
 
 pub(super) fn transport(port: u16, digests: bool) -> TcpTransport {
@@ -123,12 +88,12 @@ fn attach(port: u16, digests: bool) -> (TcpTransport, TcpAdmin, TcpQueue) {
 #[test]
 fn admin_queue_connects_enables_and_identifies() {
     let tg = target(TransportOptions::default());
-    let tr = transport(tg.port, false);
+    let tr = transport(tg.port(), false);
     assert_eq!((tr.trtype(), tr.traddr()), ("TCP", "127.0.0.1".to_string()));
     let mut admin = tr.connect_admin(32, T).unwrap();
     let trid = tr.trid();
     assert_eq!(trid.adrfam.as_deref(), Some("IPv4"));
-    assert_eq!(trid.trsvcid, Some(tg.port.to_string()));
+    assert_eq!(trid.trsvcid, Some(tg.port().to_string()));
     assert_eq!(trid.subnqn.as_deref(), Some(NQN));
     let host = tr.host();
     assert_eq!(host.addr, "127.0.0.1");
@@ -169,7 +134,7 @@ fn admin_queue_connects_enables_and_identifies() {
         .unwrap();
     assert!(!cqe.status.is_success());
     // A wrong subsystem: Connect refused.
-    let mut bad = transport(tg.port, false);
+    let mut bad = transport(tg.port(), false);
     bad = TcpTransport::new(TcpTarget {
         subnqn: "nqn.2016-06.io.flashpath:nope".into(),
         ..bad.target().clone()
@@ -185,7 +150,7 @@ fn admin_queue_connects_enables_and_identifies() {
 
 fn io_paths(digests: bool) {
     let tg = target(TransportOptions::default());
-    let (_tr, _admin, mut q) = attach(tg.port, digests);
+    let (_tr, _admin, mut q) = attach(tg.port(), digests);
     assert_eq!(q.qid(), 1);
     // In capsule (4 KiB), by R2T (64 KiB: more than the 4 KiB in-capsule size), and the
     // largest transfer (128 KiB) in three iovecs.
@@ -260,7 +225,7 @@ fn digests_on() {
 #[test]
 fn full_queue_is_busy_and_flush_batches() {
     let tg = target(TransportOptions::default());
-    let tr = transport(tg.port, false);
+    let tr = transport(tg.port(), false);
     let mut admin = tr.connect_admin(32, T).unwrap();
     let mut q = tr.connect_io(&mut admin, 1, 8).unwrap();
     let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 512]).collect();
@@ -296,12 +261,12 @@ fn full_queue_is_busy_and_flush_batches() {
 #[test]
 fn target_gone_fails_the_queues() {
     let tg = target(TransportOptions::default());
-    let (tr, mut admin, mut q) = attach(tg.port, false);
+    let (tr, mut admin, mut q) = attach(tg.port(), false);
     let mut r = vec![0u8; 4096];
     let sqe = cmd::read_write(false, 1, 0, 8, false);
-    let port = tg.port;
+    let port = tg.port();
     // The target closes every connection (its reactors still running to do so).
-    tg.t.stop();
+    tg.target().stop();
     // SAFETY: `r` outlives the command (drained below).
     let _ = q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov_mut(&mut r)]) }, 5);
     let end = Instant::now() + T;
@@ -327,7 +292,7 @@ fn target_gone_fails_the_queues() {
 #[test]
 fn async_events_stay_outstanding_and_complete_when_a_namespace_changes() {
     let tg = target(TransportOptions::default());
-    let tr = transport(tg.port, false);
+    let tr = transport(tg.port(), false);
     let mut admin = tr.connect_admin(32, T).unwrap();
     let cqe = admin
         .execute(
@@ -346,7 +311,7 @@ fn async_events_stay_outstanding_and_complete_when_a_namespace_changes() {
     admin
         .execute(cmd::identify(fp_nvme_spec::identify::CNS_CONTROLLER, 0), AdminData::FromDevice(&mut id), T)
         .unwrap();
-    tg.t.namespace_resized(NQN, 1);
+    tg.target().namespace_resized(NQN, 1);
     let end = Instant::now() + T;
     while events.is_empty() {
         assert!(Instant::now() < end, "no AER completion");
@@ -396,7 +361,7 @@ fn addresses_checked_and_ipv6_connects() {
         traddr: "::1".into(),
         trsvcid: port.to_string(),
     };
-    tg.t.add_listener(NQN, addr).unwrap();
+    tg.target().add_listener(NQN, addr).unwrap();
     let t = TcpTarget {
         traddr: "::1".into(),
         adrfam: Adrfam::IPv6,
