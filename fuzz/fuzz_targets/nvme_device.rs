@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fp_bdev::dma::memory_map;
-use fp_bdev::AlignedBuf;
+use fp_bdev::{AlignedBuf, Iovecs};
 use fp_nvme::cmd;
 use fp_nvme::emu::{EmuConfig, EmulatedController, Fault};
 use fp_nvme::pcie::{PcieOptions, PcieTransport};
@@ -110,7 +110,7 @@ fuzz_target!(|data: &[u8]| {
                     _ => (cmd::read_write(false, 1, 0, 8, false), vec![iov(p, 4096)]),
                 };
                 // SAFETY: the buffers live until after `drain` below.
-                if unsafe { q.submit(&sqe, &iovs, next_tag) }.is_ok() {
+                if q.submit(&sqe, unsafe { Iovecs::from_slice(&iovs) }, next_tag).is_ok() {
                     assert!(!failed, "a failed queue took a command");
                     in_flight.insert(next_tag);
                 }

@@ -12,7 +12,7 @@
 //! IOVAs are handed out here, not taken equal to virtual addresses: user-space addresses run to
 //! 47 bits, and an IOMMU may translate fewer (QEMU's intel-iommu: 39).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Registration granularity: a page. Regions are widened to whole pages.
@@ -267,6 +267,53 @@ impl MemoryMap {
         })
     }
 
+    /// Copies the `dst.len()` bytes at `iova` into `dst`, as a device reads memory handed to
+    /// it (an emulated device, in place of DMA); `false`, with nothing read, when no region
+    /// holds them all.
+    pub fn device_read(&self, iova: u64, dst: &mut [u8]) -> bool {
+        let Some(vaddr) = self.vaddr_of(iova, dst.len()) else { return false };
+        // SAFETY: the range lies in one registered region, which its owner keeps mapped until it
+        // unregisters it (`register`'s contract) and hands to devices, to read and write at any
+        // time, as hardware would; `dst` is the caller's own memory, not a region's.
+        unsafe { std::ptr::copy_nonoverlapping(vaddr as *const u8, dst.as_mut_ptr(), dst.len()) };
+        true
+    }
+
+    /// Copies `src` to the memory at `iova`, as a device writes memory handed to it; `false`,
+    /// with nothing written, when no region holds all of it.
+    pub fn device_write(&self, iova: u64, src: &[u8]) -> bool {
+        let Some(vaddr) = self.vaddr_of(iova, src.len()) else { return false };
+        // SAFETY: as in `device_read`: registered memory, handed to devices to write.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), vaddr as *mut u8, src.len()) };
+        true
+    }
+
+    /// The 4-byte word at `iova` (4-aligned), loaded atomically with `Acquire`, as a device
+    /// reads a word the host updates concurrently (a shadow doorbell); `None` when no region
+    /// holds it or it is not aligned.
+    pub fn device_load_u32(&self, iova: u64) -> Option<u32> {
+        let word = self.device_word(iova)?;
+        // SAFETY: an aligned word of registered memory (see `device_word`), which every party
+        // accesses atomically or by whole stores.
+        Some(unsafe { (*word).load(Ordering::Acquire) })
+    }
+
+    /// Stores `v` atomically with `Release` to the 4-byte word at `iova` (4-aligned), as a
+    /// device publishes a word the host polls (an event index, a completion's last dword);
+    /// `false` when no region holds it or it is not aligned.
+    pub fn device_store_u32(&self, iova: u64, v: u32) -> bool {
+        let Some(word) = self.device_word(iova) else { return false };
+        // SAFETY: as in `device_load_u32`.
+        unsafe { (*word).store(v, Ordering::Release) };
+        true
+    }
+
+    /// The registered, 4-aligned word at `iova`.
+    fn device_word(&self, iova: u64) -> Option<*const AtomicU32> {
+        let vaddr = self.vaddr_of(iova, 4)?;
+        (vaddr % 4 == 0).then_some(vaddr as *const AtomicU32)
+    }
+
     /// A translator for one thread's hot path.
     pub fn translator(&'static self) -> Translator {
         Translator { map: self, generation: u64::MAX, regions: Arc::new(Vec::new()), last: 0 }
@@ -435,5 +482,25 @@ mod tests {
         assert_eq!(ic, ia, "first fit in the freed range");
         // Unaligned ranges are widened to pages.
         map.unregister(c.as_ptr() as usize + 10, 20).unwrap();
+    }
+
+    #[test]
+    fn a_device_reaches_registered_memory_only() {
+        let map: &'static MemoryMap = Box::leak(Box::new(MemoryMap::new()));
+        let mem = buf(1);
+        let iova = map.register(mem.as_ptr() as usize, DMA_PAGE).unwrap();
+        assert!(map.device_write(iova + 8, &[1, 2, 3, 4]));
+        let mut back = [0u8; 6];
+        assert!(map.device_read(iova + 7, &mut back));
+        assert_eq!(back, [0, 1, 2, 3, 4, 0]);
+        assert!(map.device_store_u32(iova + 16, 0xdead_beef));
+        assert_eq!(map.device_load_u32(iova + 16), Some(0xdead_beef));
+        // Unaligned words, ranges past the region and unmapped addresses are refused.
+        assert_eq!(map.device_load_u32(iova + 2), None);
+        assert!(!map.device_store_u32(iova + 2, 1));
+        assert!(!map.device_write(iova + DMA_PAGE as u64 - 2, &[9; 4]));
+        assert!(!map.device_read(iova - 8, &mut back));
+        map.unregister(mem.as_ptr() as usize, DMA_PAGE).unwrap();
+        assert!(!map.device_read(iova, &mut back));
     }
 }

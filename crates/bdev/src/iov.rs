@@ -159,24 +159,12 @@ impl BounceBuf {
 
 /// Calls `each(buffer start, bytes)` for the pieces of `iov` that hold `len` bytes from byte
 /// `offset` (fewer when the iovecs end first); returns how many bytes it covered.
-pub(crate) fn walk(iov: &Iovecs, mut offset: u64, len: u64, mut each: impl FnMut(*mut u8, usize)) -> u64 {
-    let mut left = len;
-    for v in iov.as_slice() {
-        if left == 0 {
-            break;
-        }
-        let vlen = v.iov_len as u64;
-        if offset >= vlen {
-            offset -= vlen;
-            continue;
-        }
-        let take = (vlen - offset).min(left);
-        // `offset < iov_len`: the pointer stays inside the buffer (no dereference here).
-        each(v.iov_base.cast::<u8>().wrapping_add(offset as usize), take as usize);
-        left -= take;
-        offset = 0;
-    }
-    len - left
+pub(crate) fn walk(iov: &Iovecs, offset: u64, len: u64, mut each: impl FnMut(*mut u8, usize)) -> u64 {
+    let all = iov.as_slice();
+    runs(iov, offset, len, |r| {
+        // `off < iov_len`: the pointer stays inside the buffer (no dereference here).
+        each(all[r.idx].iov_base.cast::<u8>().wrapping_add(r.off), r.len);
+    })
 }
 
 /// Copies the bytes of `iov` from byte `offset` into `dst` (as many as both hold); returns how
@@ -322,6 +310,113 @@ impl IovSlices {
         // its pieces.
         Some(unsafe { Iovecs::from_slice(&self.iov[at..at + n]) })
     }
+
+    /// The buffers of `parts`, one after another, as one request's: copied into entries
+    /// `at..` and returned as one [`Iovecs`]. `None` when they need more entries than remain
+    /// from `at` on.
+    pub fn joined(&mut self, at: usize, parts: &[Iovecs]) -> Option<Iovecs> {
+        let mut end = at;
+        for part in parts {
+            let room = self.iov.get_mut(end..)?;
+            let mut from_start = IovCursor::START;
+            end += from_start.slice_into(part, part.total_len(), room)?;
+        }
+        // SAFETY: as in `slice`: entries `at..end` are this value's own, each a piece of a
+        // buffer one of `parts` vouches for; the caller keeps them as the type's contract says.
+        Some(unsafe { Iovecs::from_slice(&self.iov[at..end]) })
+    }
+}
+
+// SAFETY: the entries describe buffers some `Iovecs` vouches for, which may be used from any
+// thread (`Iovecs` is `Send`); the array itself is this value's own heap memory.
+unsafe impl Send for IovSlices {}
+
+// SAFETY: the bytes and the iovec are this value's own heap memory, reached only through it.
+unsafe impl Send for BounceBuf {}
+
+/// A run of bytes inside one buffer of an [`Iovecs`]: which iovec, from where in it, and how
+/// many. Found by [`runs`]; a queue that sends a request's data in pieces keeps these (plain
+/// numbers, no pointers) and reads the bytes with [`IovRun::bytes`] when the socket takes them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IovRun {
+    idx: usize,
+    off: usize,
+    len: usize,
+}
+
+impl IovRun {
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The run's bytes in `iov`, the iovecs [`runs`] found it in (empty when `iov` holds no
+    /// such run: the bounds are checked here).
+    pub fn bytes(self, iov: &Iovecs) -> &[u8] {
+        match iov.as_slice().get(self.idx) {
+            Some(v) if self.off <= v.iov_len && self.len <= v.iov_len - self.off => {
+                if self.len == 0 {
+                    return &[];
+                }
+                // SAFETY: inside one iovec (checked above), readable by `Iovecs`' contract and
+                // written by no one else while the request is in flight, which is when its
+                // holder reads it.
+                unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>().add(self.off), self.len) }
+            }
+            _ => &[],
+        }
+    }
+}
+
+/// Calls `each` with the runs of `iov` that hold `len` bytes from byte `offset` (fewer when the
+/// iovecs end first; empty iovecs give none); returns how many bytes they cover.
+pub fn runs(iov: &Iovecs, mut offset: u64, len: u64, mut each: impl FnMut(IovRun)) -> u64 {
+    let mut left = len;
+    for (idx, v) in iov.as_slice().iter().enumerate() {
+        if left == 0 {
+            break;
+        }
+        let vlen = v.iov_len as u64;
+        if offset >= vlen {
+            offset -= vlen;
+            continue;
+        }
+        let take = (vlen - offset).min(left);
+        each(IovRun { idx, off: offset as usize, len: take as usize });
+        left -= take;
+        offset = 0;
+    }
+    len - left
+}
+
+/// Fills the front of `out` with slices over the `len` bytes of `iov` from byte `offset` (as
+/// many runs as `out` has room for; fewer bytes when the iovecs end first), for a receive
+/// straight into a read's buffers; returns how many slices it wrote.
+///
+/// The holder of a request (a `Read`, whose buffers nobody else touches while it is in flight:
+/// `Iovecs`' contract) makes no other view of these bytes while the slices live.
+pub fn io_slices_mut<'a>(
+    iov: &'a Iovecs,
+    offset: u64,
+    len: u64,
+    out: &mut [std::io::IoSliceMut<'a>],
+) -> usize {
+    let mut n = 0;
+    walk(iov, offset, len, |p, take| {
+        if let Some(slot) = out.get_mut(n) {
+            // SAFETY: `[p, p + take)` lies inside one iovec, writable and accessed by no one
+            // else while the request is in flight (`Iovecs`' contract); the slices live no
+            // longer than the borrow of `iov`, during which its holder makes no other view.
+            *slot = std::io::IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(p, take) });
+            n += 1;
+        }
+    });
+    n
 }
 
 #[cfg(test)]
@@ -422,5 +517,63 @@ mod tests {
         let mut first = [0u8; 3];
         copy_to_slice(&a, 0, &mut first);
         assert_eq!(first, [0, 1, 2]);
+    }
+
+    #[test]
+    fn runs_name_bytes_that_read_back_and_skip_empty_iovecs() {
+        let mut data: [u8; 10] = std::array::from_fn(|i| i as u8);
+        let v = setup(&mut data);
+        // SAFETY: as above.
+        let iov = unsafe { Iovecs::from_slice(&v) };
+        let mut got = Vec::new();
+        assert_eq!(runs(&iov, 2, 5, |r| got.push(r.bytes(&iov).to_vec())), 5);
+        assert_eq!(got, vec![vec![2, 3], vec![4, 5, 6]]);
+        // Past the end: what there is.
+        got.clear();
+        assert_eq!(runs(&iov, 8, 5, |r| got.push(r.bytes(&iov).to_vec())), 2);
+        assert_eq!(got, vec![vec![8, 9]]);
+        // A run read against iovecs that do not hold it gives nothing, never bytes past them.
+        let mut first = IovRun::default();
+        runs(&iov, 4, 6, |r| first = r);
+        assert_eq!(first.len(), 6);
+        // SAFETY: as above.
+        let short = unsafe { Iovecs::from_slice(&v[..1]) };
+        assert!(first.bytes(&short).is_empty());
+        assert!(first.bytes(&Iovecs::NONE).is_empty());
+    }
+
+    #[test]
+    fn mutable_slices_receive_into_the_range_only() {
+        let mut data = [0u8; 10];
+        let v = setup(&mut data);
+        // SAFETY: as above.
+        let iov = unsafe { Iovecs::from_slice(&v) };
+        let mut out: [std::io::IoSliceMut<'_>; 1] =
+            std::array::from_fn(|_| std::io::IoSliceMut::new(&mut []));
+        // Room for one slice: the first run of the range.
+        assert_eq!(io_slices_mut(&iov, 2, 5, &mut out), 1);
+        out[0].fill(7);
+        let mut back = [0u8; 10];
+        copy_to_slice(&iov, 0, &mut back);
+        assert_eq!(back, [0, 0, 7, 7, 0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn joined_parts_read_as_one_request() {
+        let mut data: [u8; 10] = std::array::from_fn(|i| i as u8);
+        let v = setup(&mut data);
+        // SAFETY: as above.
+        let iov = unsafe { Iovecs::from_slice(&v) };
+        let mut slices = IovSlices::new(4);
+        let (mut a, mut b) = (IovCursor::at(&iov, 7), IovCursor::at(&iov, 0));
+        let tail = slices.slice(0, &iov, &mut a, 3).unwrap();
+        let head = slices.slice(1, &iov, &mut b, 2).unwrap();
+        let both = slices.joined(2, &[tail, head]).unwrap();
+        assert_eq!((both.count(), both.total_len()), (2, 5));
+        let mut got = [0u8; 5];
+        copy_to_slice(&both, 0, &mut got);
+        assert_eq!(got, [7, 8, 9, 0, 1]);
+        // No room for a third entry from entry 3 on.
+        assert!(slices.joined(3, &[tail, head]).is_none());
     }
 }

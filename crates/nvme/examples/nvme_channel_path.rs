@@ -107,7 +107,7 @@ impl IoQueue for NullQueue {
     fn qid(&self) -> u16 {
         1
     }
-    unsafe fn submit(&mut self, sqe: &Sqe, _iov: &[libc::iovec], tag: u32) -> Result<(), SubmitError> {
+    fn submit(&mut self, sqe: &Sqe, _iov: Iovecs, tag: u32) -> Result<(), SubmitError> {
         let cid = self.cids.alloc(tag, 0).ok_or(SubmitError::Busy)?;
         let mut s = *sqe;
         s.set_cid(cid);

@@ -16,7 +16,7 @@
 use std::time::Instant;
 
 use fp_bdev::dma::memory_map;
-use fp_bdev::AlignedBuf;
+use fp_bdev::{AlignedBuf, Iovecs};
 use fp_nvme::cmd;
 use fp_nvme::emu::{EmuConfig, EmulatedController};
 use fp_nvme::pcie::{PcieIoQueue, PcieOptions, PcieTransport};
@@ -34,7 +34,7 @@ fn submit_batch(
 ) {
     for (i, (c, v)) in cmds.iter().zip(iovs).enumerate() {
         // SAFETY: the buffers live until the end of main, past every completion.
-        unsafe { q.submit(c, &v[..n_iov], i as u32).expect("a free slot") };
+        q.submit(c, unsafe { Iovecs::from_slice(&v[..n_iov]) }, i as u32).expect("a free slot");
     }
     q.flush();
 }

@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use fp_bdev::Iovecs;
 use fp_nvme::cmd;
 use fp_nvme::tcp::{Adrfam, TcpTarget, TcpTransport};
 use fp_nvme::transport::{AdminData, AdminQueue, IoQueue, Transport};
@@ -70,7 +71,7 @@ fn main() {
         let sqe = cmd::read_write(write, 1, slba, (buf.len() / bs) as u32, false);
         let v = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
         // SAFETY: `buf` outlives the command: reaped before returning.
-        unsafe { q.submit(&sqe, &[v], 0) }.unwrap();
+        q.submit(&sqe, unsafe { Iovecs::from_slice(&[v]) }, 0).unwrap();
         let mut out = Vec::new();
         while out.is_empty() {
             q.flush();
@@ -106,7 +107,7 @@ fn main() {
         let sqe = cmd::read_write(false, 1, blk * (io / bs) as u64, (io / bs) as u32, false);
         let v = libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: io };
         // SAFETY: `bufs` outlives every command (all reaped below).
-        unsafe { q.submit(&sqe, &[v], tag) }.unwrap();
+        q.submit(&sqe, unsafe { Iovecs::from_slice(&[v]) }, tag).unwrap();
     };
     for (t, b) in bufs.iter_mut().enumerate() {
         let blk = next(&mut x);

@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use fp_bdev::dma::memory_map;
-use fp_bdev::AlignedBuf;
+use fp_bdev::{AlignedBuf, Iovecs};
 use fp_nvme::cmd;
 use fp_nvme::pcie::vfio::VfioFunction;
 use fp_nvme::pcie::{Bar, DmaMemory, PciFunction};
@@ -152,7 +152,7 @@ type Queue = fp_nvme::pcie::PcieIoQueue<VfioFunction>;
 fn batch(q: &mut Queue, cmds: &[(fp_nvme_spec::Sqe, Vec<libc::iovec>)]) -> Result<(), String> {
     for (i, (sqe, iov)) in cmds.iter().enumerate() {
         // SAFETY: the buffers outlive the completions awaited below.
-        unsafe { q.submit(sqe, iov, i as u32) }.map_err(|e| format!("submit: {e:?}"))?;
+        q.submit(sqe, unsafe { Iovecs::from_slice(iov) }, i as u32).map_err(|e| format!("submit: {e:?}"))?;
     }
     q.flush();
     let mut out = Vec::new();

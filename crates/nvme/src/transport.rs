@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use fp_bdev::SubmitError;
+use fp_bdev::{Iovecs, SubmitError};
 use fp_nvme_spec::{Cqe, Sqe, Status};
 
 use crate::NvmeError;
@@ -164,11 +164,11 @@ pub trait IoQueue: Send {
     /// transfer) from `iov`, which may be empty. `tag` comes back with the completion. Not
     /// sent before [`IoQueue::flush`]. [`SubmitError::Busy`] when no slot is free.
     ///
-    /// # Safety
-    /// The buffers `iov` describes must stay valid (for a read: writable and not otherwise
-    /// accessed) until the completion is returned by [`IoQueue::poll`] or the tag by
-    /// [`IoQueue::drain`]. `iov` itself need not outlive the call.
-    unsafe fn submit(&mut self, sqe: &Sqe, iov: &[libc::iovec], tag: u32) -> Result<(), SubmitError>;
+    /// The buffers `iov` describes stay valid until the completion is returned by
+    /// [`IoQueue::poll`] or the tag by [`IoQueue::drain`] (what [`Iovecs`] vouch for); the
+    /// iovec array itself is read only during the call (the queue keeps a copy), so a caller
+    /// may reuse the array it cut a command's iovecs into for the next command.
+    fn submit(&mut self, sqe: &Sqe, iov: Iovecs, tag: u32) -> Result<(), SubmitError>;
 
     /// Sends what was queued since the last flush: one doorbell write (PCIe), one `sendmsg`
     /// (TCP). Called once per poll round.

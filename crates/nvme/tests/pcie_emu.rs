@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::dma::memory_map;
-use fp_bdev::AlignedBuf;
+use fp_bdev::{AlignedBuf, Iovecs};
 use fp_nvme::cmd;
 use fp_nvme::emu::{EmuConfig, EmuNamespace, EmulatedController, Fault};
 use fp_nvme::pcie::{PciFunction, PcieAdmin, PcieIoQueue, PcieOptions, PcieTransport};
@@ -66,7 +66,7 @@ fn reap(q: &mut PcieIoQueue<EmulatedController>, n: usize) -> Result<Vec<(u32, S
 /// Submits one command and waits for it.
 fn run(q: &mut PcieIoQueue<EmulatedController>, sqe: &fp_nvme_spec::Sqe, iov: &[libc::iovec]) -> Status {
     // SAFETY: the buffers outlive the completion awaited below.
-    unsafe { q.submit(sqe, iov, 7).unwrap() };
+    q.submit(sqe, unsafe { Iovecs::from_slice(iov) }, 7).unwrap();
     q.flush();
     let c = reap(q, 1).unwrap();
     assert_eq!(c[0].0, 7);
@@ -215,9 +215,8 @@ fn a_batch_rings_one_doorbell() {
     for i in 0..32u32 {
         let p = buf.0.as_ptr().wrapping_add(i as usize * 4096);
         // SAFETY: the buffer outlives the completions.
-        unsafe {
-            q.submit(&cmd::read_write(true, 1, u64::from(i) * 8, 8, false), &[iov(p, 4096)], i).unwrap()
-        };
+        let v = unsafe { Iovecs::from_slice(&[iov(p, 4096)]) };
+        q.submit(&cmd::read_write(true, 1, u64::from(i) * 8, 8, false), v, i).unwrap();
     }
     q.flush();
     q.flush();
@@ -239,9 +238,8 @@ fn shadow_doorbells_skip_register_writes_the_controller_does_not_need() {
     let rounds = 2000u32;
     for i in 0..rounds {
         // SAFETY: the buffer outlives the completion.
-        unsafe {
-            q.submit(&cmd::read_write(i % 2 == 0, 1, 0, 8, false), &[iov(buf.0.as_ptr(), 4096)], i).unwrap()
-        };
+        let v = unsafe { Iovecs::from_slice(&[iov(buf.0.as_ptr(), 4096)]) };
+        q.submit(&cmd::read_write(i % 2 == 0, 1, 0, 8, false), v, i).unwrap();
         q.flush();
         reap(&mut q, 1).unwrap();
     }
@@ -262,8 +260,7 @@ fn shadow_doorbells_skip_register_writes_the_controller_does_not_need() {
     assert_eq!(emu2.counters().doorbell_buffer_configs, 0);
     let mut q2 = t2.connect_io(&mut admin2, 1, 64).unwrap();
     for i in 0..10 {
-        // SAFETY: as above.
-        unsafe { q2.submit(&cmd::flush(1), &[], i).unwrap() };
+        q2.submit(&cmd::flush(1), Iovecs::NONE, i).unwrap();
         q2.flush();
         reap(&mut q2, 1).unwrap();
     }
@@ -339,8 +336,7 @@ fn under_fault(
     assert!(run(&mut q, &cmd::flush(1), &[]).is_success());
     emu.set_fault(fault);
     for i in 0..2 {
-        // SAFETY: no data.
-        unsafe { q.submit(&cmd::flush(1), &[], 100 + i).unwrap() };
+        q.submit(&cmd::flush(1), Iovecs::NONE, 100 + i).unwrap();
     }
     q.flush();
     (emu, q, admin)
@@ -368,8 +364,7 @@ fn hostile_completions_kill_the_queue_and_every_tag_comes_back() {
         assert_eq!(e.errno(), -libc::EPROTO);
         // Dead from now on: polls fail, submits are refused.
         assert!(q.poll(&mut Vec::new()).is_err());
-        // SAFETY: no data.
-        assert!(unsafe { q.submit(&cmd::flush(1), &[], 1) }.is_err());
+        assert!(q.submit(&cmd::flush(1), Iovecs::NONE, 1).is_err());
         // Every tag comes back once: completed before the failure, or drained.
         let mut tags = completed;
         q.drain(&mut tags);
@@ -495,8 +490,7 @@ fn a_stale_completion_is_refused_after_its_slot_was_reused() {
         b
     };
     let submit = |q: &mut PcieIoQueue<EmulatedController>, tag: u32| {
-        // SAFETY: no data.
-        unsafe { q.submit(&cmd::flush(1), &[], tag).unwrap() };
+        q.submit(&cmd::flush(1), Iovecs::NONE, tag).unwrap();
         q.flush();
         let mut e = Vec::new();
         q.expired(u64::MAX, &mut e);

@@ -32,6 +32,8 @@ mod state;
 mod subsystem;
 mod target;
 mod tcp;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use controller::{AdminResult, Controller, ControllerConfig};
 pub use error::NvmfError;

@@ -52,17 +52,7 @@ const TO_MOVE: &[(&str, usize)] = &[
     ("crates/nbd/src/client/socket.rs", 4),
     ("crates/nbd/src/client/wire.rs", 7),
     ("crates/nbd/src/conn/command.rs", 1),
-    ("crates/nvme/src/bdev/channel.rs", 5),
     ("crates/nvme/src/emu/controller.rs", 1),
-    ("crates/nvme/src/emu/device.rs", 5),
-    ("crates/nvme/src/emu/io.rs", 4),
-    ("crates/nvme/src/emu/shared.rs", 1),
-    ("crates/nvme/src/tcp/admin.rs", 1),
-    ("crates/nvme/src/tcp/fuzz.rs", 1),
-    ("crates/nvme/src/tcp/io.rs", 2),
-    ("crates/nvme/src/tcp/queue.rs", 5),
-    ("crates/nvme/src/tcp/queue/receive.rs", 3),
-    ("crates/nvme/src/transport.rs", 1),
     ("crates/vhost-blk/src/queue.rs", 5),
     ("crates/virtio-blk/src/config.rs", 1),
     ("crates/virtio-blk/src/parse.rs", 6),
@@ -74,7 +64,7 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
 /// 405 → 408), the reason in the commit.
-const CEILING: usize = 307;
+const CEILING: usize = 287;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {

@@ -18,21 +18,23 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::Arc;
 
 use fp_bdev::clock::ticks;
-use fp_bdev::{BdevError, IoChannel, IoOp, IoRequest, IoStatus, IovCursor, Iovecs, SubmitError};
+use fp_bdev::iov::BounceBuf;
+use fp_bdev::{BdevError, IoChannel, IoOp, IoRequest, IoStatus, IovCursor, IovSlices, Iovecs, SubmitError};
 use fp_nvme_spec::Status;
 
 use crate::cmd;
 use crate::ctrlr::shared::*;
 use crate::ctrlr::{ControllerData, TimeoutAction};
-use crate::pcie::DmaMemory;
 use crate::transport::{IoQueue, QueueStats, Transport, TransportId};
 use crate::NvmeError;
 
 use super::namespace::{NamespaceBackend, NsParams};
 use super::status::{io_status, retryable, MAX_RETRIES, TIMED_OUT};
 
-/// An unused entry of [`NvmeChannel::scratch`].
-const EMPTY_IOVEC: libc::iovec = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+/// Iovecs [`NvmeChannel::scratch`] has room for at first.
+const SCRATCH_IOVECS: usize = 64;
+/// Bytes of one deallocate range (Base 3, Figure 309).
+const DSM_RANGE: usize = 16;
 /// Blocks one Write Zeroes or deallocate command covers at most (NLB is 16 bits, 0-based).
 const MAX_BLOCKS_NO_DATA: u64 = 1 << 16;
 /// The longest pause between two timeout scans.
@@ -112,10 +114,12 @@ pub(crate) struct NvmeChannel<T: Transport> {
     /// The iovecs of a command that carries part of a request (sliced from the request's),
     /// or a deallocate's range: the queue copies them at submission, so one array serves every
     /// command. Replaced by a larger one only when a request has more iovecs than any before.
-    scratch: Box<[libc::iovec]>,
+    scratch: IovSlices,
     drained: Vec<u32>,
-    /// One deallocate range per command slot, where the controller can read it.
-    dsm_ranges: DmaMemory,
+    /// One deallocate range per command slot, in memory registered for DMA (so the
+    /// controller can read it), and the iovec over all of them.
+    dsm_ranges: BounceBuf,
+    dsm_iov: Iovecs,
     timeout_ticks: u64,
     action: TimeoutAction,
     scan_every: u64,
@@ -138,7 +142,8 @@ impl<T: Transport> NvmeChannel<T> {
         let me = shared.add_channel();
         let bs = u64::from(ns.block_size);
         let max_data = (u64::from(ns.max_transfer) / bs).clamp(1, MAX_BLOCKS_NO_DATA) * bs;
-        let dsm_ranges = DmaMemory::new(commands * 16).map_err(|e| BdevError::Unsupported(e.to_string()))?;
+        let mut dsm_ranges = BounceBuf::zeroed(commands * DSM_RANGE);
+        let dsm_iov = dsm_ranges.iovecs(commands * DSM_RANGE);
         let rate = ticks::tick_rate();
         let timeout_ticks = ticks_of(shared.global.timeout_us.saturating_mul(1000), rate);
         let scan_every = (timeout_ticks / 4).clamp(1, ticks_of(MAX_SCAN_INTERVAL_NS, rate).max(1));
@@ -172,9 +177,10 @@ impl<T: Transport> NvmeChannel<T> {
             done: Vec::with_capacity(requests),
             cq: Vec::with_capacity(commands),
             batch: Vec::with_capacity(requests),
-            scratch: vec![EMPTY_IOVEC; 64].into_boxed_slice(),
+            scratch: IovSlices::new(SCRATCH_IOVECS),
             drained: Vec::with_capacity(commands),
             dsm_ranges,
+            dsm_iov,
             timeout_ticks,
             scan_every,
             next_scan: 0,
@@ -196,50 +202,42 @@ impl<T: Transport> NvmeChannel<T> {
         let req = &self.reqs[cmd.req as usize].req;
         let slba = (req.offset + cmd.off) >> self.block_shift;
         let nlb = (cmd.len >> self.block_shift) as u32;
-        // SAFETY (all three submits): the data buffers are the request's, valid until its
-        // completion is returned (what its `Iovecs` vouch for), or this channel's range
-        // memory, which outlives its queue; the queue returns or drains every command before
-        // either goes.
+        // The data buffers are the request's, valid until its completion is returned (what
+        // its `Iovecs` vouch for), or this channel's range memory, which outlives its queue;
+        // the queue returns or drains every command before either goes.
         let result = match req.op {
             // Reads and writes: the command built in place, whole requests on their own
             // iovecs.
             IoOp::Read | IoOp::Write => {
                 let sqe = cmd::read_write(req.op == IoOp::Write, self.nsid, slba, nlb, false);
-                let all = req.iov.as_slice();
                 if cmd.off == 0 && cmd.len == req.len {
-                    // SAFETY: see above.
-                    unsafe { q.submit(&sqe, all, c) }
+                    q.submit(&sqe, req.iov, c)
                 } else {
+                    // The queue copies the iovecs at submission (`IoQueue::submit`), so the
+                    // next command may reuse the entries.
                     let mut at = IovCursor::at(&req.iov, cmd.off);
-                    let n = match at.slice_into(&req.iov, cmd.len, &mut self.scratch) {
-                        Some(n) => n,
+                    let part = match self.scratch.slice(0, &req.iov, &mut at, cmd.len) {
+                        Some(part) => part,
                         None => {
                             // A slice needs at most one entry per iovec of the request.
-                            self.scratch = vec![EMPTY_IOVEC; all.len()].into_boxed_slice();
-                            at.slice_into(&req.iov, cmd.len, &mut self.scratch).unwrap_or(0)
+                            self.scratch = IovSlices::new(req.iov.count() as usize);
+                            self.scratch.slice(0, &req.iov, &mut at, cmd.len).unwrap_or(Iovecs::NONE)
                         }
                     };
-                    // SAFETY: see above.
-                    unsafe { q.submit(&sqe, &self.scratch[..n], c) }
+                    q.submit(&sqe, part, c)
                 }
             }
-            IoOp::Flush => {
-                let sqe = cmd::flush(self.nsid);
-                // SAFETY: no data.
-                unsafe { q.submit(&sqe, &[], c) }
-            }
-            IoOp::WriteZeroes => {
-                let sqe = cmd::write_zeroes(self.nsid, slba, nlb, false);
-                // SAFETY: no data.
-                unsafe { q.submit(&sqe, &[], c) }
-            }
+            IoOp::Flush => q.submit(&cmd::flush(self.nsid), Iovecs::NONE, c),
+            IoOp::WriteZeroes => q.submit(&cmd::write_zeroes(self.nsid, slba, nlb, false), Iovecs::NONE, c),
             IoOp::Discard => {
-                let at = c as usize * 16;
-                self.dsm_ranges.as_mut_slice()[at..at + 16].copy_from_slice(&cmd::dsm_range(slba, nlb));
-                let range = self.dsm_ranges.as_mut_slice()[at..at + 16].as_mut_ptr();
-                self.scratch[0] = libc::iovec { iov_base: range as *mut libc::c_void, iov_len: 16 };
-                // SAFETY: see above.
-                unsafe { q.submit(&cmd::deallocate(self.nsid, 1), &self.scratch[..1], c) }
+                let at = c as usize * DSM_RANGE;
+                self.dsm_ranges.bytes_mut()[at..at + DSM_RANGE].copy_from_slice(&cmd::dsm_range(slba, nlb));
+                let mut cursor = IovCursor::at(&self.dsm_iov, at as u64);
+                let range = self
+                    .scratch
+                    .slice(0, &self.dsm_iov, &mut cursor, DSM_RANGE as u64)
+                    .unwrap_or(Iovecs::NONE);
+                q.submit(&cmd::deallocate(self.nsid, 1), range, c)
             }
         };
         match result {

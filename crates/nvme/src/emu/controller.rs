@@ -13,7 +13,7 @@ use fp_nvme_spec::registers;
 
 use super::config::{EmuConfig, EmuCounters, EmuNamespace, Fault};
 use super::device;
-use super::shared::{DmaGate, Namespace, Shared, BAR_LEN};
+use super::shared::{DmaGate, Namespace, RegisterPair, Shared, BAR_LEN};
 use crate::pcie::{Bar, PciFunction};
 use crate::NvmeError;
 
@@ -43,7 +43,7 @@ impl EmulatedController {
             .collect();
         let shared = Arc::new(Shared {
             address: format!("emu:{}", NEXT.fetch_add(1, Ordering::Relaxed)),
-            bar: (0..BAR_LEN / 8).map(|_| AtomicU64::new(0)).collect(),
+            bar: (0..BAR_LEN / 8).map(|_| RegisterPair::default()).collect(),
             fault: AtomicU8::new(Fault::None as u8),
             namespaces: Mutex::new(namespaces),
             changed: Mutex::new(Vec::new()),
@@ -71,7 +71,7 @@ impl EmulatedController {
         let listener = memory_map().add_listener(shared.gate.clone()).ok();
         // SAFETY: the BAR's memory lives in `shared`, which the controller keeps as long as
         // any `Bar` copy may be used (the transport keeps the controller's `Arc`); it is
-        // 8-aligned (AtomicU64).
+        // 8-aligned (RegisterPair).
         let bar =
             unsafe { Bar::new(NonNull::new(shared.bar.as_ptr() as *mut u8).expect("non-null"), BAR_LEN) };
         let sh = shared.clone();
@@ -88,8 +88,8 @@ impl EmulatedController {
         self.shared.fault.store(f as u8, Ordering::Release);
         if f == Fault::Disappear {
             // A removed function: every read of BAR0 completes with all ones.
-            for w in self.shared.bar.iter() {
-                w.store(u64::MAX, Ordering::Release);
+            for w in self.shared.bar.iter().flat_map(|pair| &pair.0) {
+                w.store(u32::MAX, Ordering::Release);
             }
         }
         self.shared.wake();

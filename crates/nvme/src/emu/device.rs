@@ -4,7 +4,7 @@
 //! (Base 3.3.1). It spins briefly after work and then sleeps, woken early by a doorbell write
 //! ([`crate::pcie::PciFunction::doorbell_rung`]), so an idle controller costs no core.
 
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -127,11 +127,6 @@ pub(crate) fn run(sh: Arc<Shared>) {
     }
 }
 
-/// The host memory at `iova`, `len` bytes, if the DMA map lets the device reach it.
-pub(crate) fn host(iova: u64, len: usize) -> Option<*mut u8> {
-    memory_map().vaddr_of(iova, len).map(|a| a as *mut u8)
-}
-
 impl Device {
     /// One round with the DMA gate held (`_gate` is its guard, released on return).
     fn step_gated(&mut self, _gate: std::sync::MutexGuard<'_, ()>) -> bool {
@@ -233,12 +228,8 @@ impl Device {
     /// Doorbell `index`'s value: BAR0, or the shadow entry.
     fn doorbell(&self, index: u32, shadow: bool) -> u32 {
         if let (true, Some((page, _))) = (shadow, self.dbbuf) {
-            return match host(page + u64::from(index) * 4, 4) {
-                // SAFETY: reachable host memory, 4-aligned (a page plus 4 * index); the host
-                // writes it concurrently.
-                Some(p) => unsafe { (*(p as *const AtomicU32)).load(Ordering::Acquire) },
-                None => 0,
-            };
+            // The host writes it concurrently: one atomic load.
+            return memory_map().device_load_u32(page + u64::from(index) * 4).unwrap_or(0);
         }
         self.sh.reg(registers::DOORBELLS + index * 4).load(Ordering::Acquire)
     }
@@ -261,10 +252,7 @@ impl Device {
             return;
         };
         let v = if sleeping { sq.head } else { (sq.head + sq.size - 1) % sq.size };
-        if let Some(p) = host(events + u64::from(qid) * 8, 4) {
-            // SAFETY: reachable host memory, 4-aligned.
-            unsafe { (*(p as *const AtomicU32)).store(u32::from(v), Ordering::Release) };
-        }
+        memory_map().device_store_u32(events + u64::from(qid) * 8, u32::from(v));
     }
 
     /// The event index of shadowed CQ `cqid`: one behind the host's head, so the host never
@@ -279,12 +267,10 @@ impl Device {
             return;
         }
         let head = self.doorbell(2 * u32::from(cqid) + 1, true) as u16 % cq.size;
-        if let Some(p) = host(events + (2 * u64::from(cqid) + 1) * 4, 4) {
-            // SAFETY: reachable host memory, 4-aligned.
-            unsafe {
-                (*(p as *const AtomicU32)).store(u32::from((head + cq.size - 1) % cq.size), Ordering::Release)
-            };
-        }
+        memory_map().device_store_u32(
+            events + (2 * u64::from(cqid) + 1) * 4,
+            u32::from((head + cq.size - 1) % cq.size),
+        );
     }
 
     fn cq_has_room(&self, cqid: u16) -> bool {
@@ -296,15 +282,12 @@ impl Device {
     /// Posts 16 raw bytes at `cqid`'s tail (the phase tag is whatever they hold).
     fn post_raw(&mut self, cqid: u16, bytes: [u8; 16]) {
         let Some(cq) = self.cqs.get_mut(cqid as usize).and_then(Option::as_mut) else { return };
-        if let Some(p) = host(cq.iova + u64::from(cq.tail) * 16, 16) {
-            // SAFETY: reachable host memory, 16 bytes, 4-aligned; dword 3 (the phase tag) is
-            // stored last, after the rest is visible.
-            unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, 12);
-                fence(Ordering::Release);
-                let dw3 = u32::from_le_bytes(bytes[12..16].try_into().expect("four bytes"));
-                (*(p.add(12) as *const AtomicU32)).store(dw3.to_le(), Ordering::Release);
-            }
+        let entry = cq.iova + u64::from(cq.tail) * 16;
+        // Dword 3 (the phase tag) is stored last, after the rest is visible.
+        if memory_map().device_write(entry, &bytes[..12]) {
+            fence(Ordering::Release);
+            let dw3 = u32::from_le_bytes(bytes[12..16].try_into().expect("four bytes"));
+            memory_map().device_store_u32(entry + 12, dw3.to_le());
         }
         cq.tail += 1;
         if cq.tail == cq.size {
@@ -374,14 +357,12 @@ impl Device {
             if !self.cq_has_room(cqid) {
                 break;
             }
-            let Some(p) = host(iova + u64::from(head) * SQE_LEN as u64, SQE_LEN) else {
+            let mut raw = [0u8; SQE_LEN];
+            if !memory_map().device_read(iova + u64::from(head) * SQE_LEN as u64, &mut raw) {
                 // The ring is unreachable: the host broke it; stop, as a real device faults.
                 self.sh.reg(registers::CSTS).fetch_or(registers::CSTS_CFS, Ordering::AcqRel);
                 return false;
-            };
-            let mut raw = [0u8; SQE_LEN];
-            // SAFETY: reachable host memory of 64 bytes.
-            unsafe { std::ptr::copy_nonoverlapping(p, raw.as_mut_ptr(), SQE_LEN) };
+            }
             let sqe = Sqe(raw);
             let new_head = (head + 1) % size;
             if let Some(s) = self.sqs.get_mut(qid as usize).and_then(Option::as_mut) {

@@ -2,9 +2,10 @@
 //! 4.1.2) into host memory reachable through the DMA map, and the NVM commands (read, write,
 //! flush, write zeroes, dataset management) on the namespaces' RAM.
 
+use fp_bdev::dma::memory_map;
 use fp_nvme_spec::{self as spec, Sqe, Status};
 
-use super::device::{host, Device, Outcome, PAGE};
+use super::device::{Device, Outcome, PAGE};
 use crate::pcie::prp::{SGL_DATA_BLOCK, SGL_LAST_SEGMENT, SGL_SEGMENT};
 
 /// Invalid PRP Offset (Base Figure 95).
@@ -12,18 +13,25 @@ const SC_INVALID_PRP_OFFSET: u8 = 0x13;
 /// Descriptors or list entries one command may make the device read, so a looping list ends.
 const WALK_LIMIT: usize = 8192;
 
-/// Host memory pieces (addresses in this process) a command's data pointer describes.
-pub(crate) type Segments = Vec<(usize, usize)>;
+/// Host memory pieces (IOVAs the DMA map holds, and lengths) a command's data pointer
+/// describes.
+pub(crate) type Segments = Vec<(u64, usize)>;
+
+fn transfer_error() -> Status {
+    Status::generic(spec::SC_DATA_TRANSFER_ERROR)
+}
 
 fn read_u64(iova: u64) -> Result<u64, Status> {
-    let p = host(iova, 8).ok_or(Status::generic(spec::SC_DATA_TRANSFER_ERROR))?;
-    // SAFETY: reachable host memory of 8 bytes; unaligned read since the host picks it.
-    Ok(u64::from_le(unsafe { std::ptr::read_unaligned(p as *const u64) }))
+    let mut b = [0u8; 8];
+    if !memory_map().device_read(iova, &mut b) {
+        return Err(transfer_error());
+    }
+    Ok(u64::from_le_bytes(b))
 }
 
 fn reach(out: &mut Segments, iova: u64, len: usize) -> Result<(), Status> {
-    let p = host(iova, len).ok_or(Status::generic(spec::SC_DATA_TRANSFER_ERROR))?;
-    out.push((p as usize, len));
+    memory_map().vaddr_of(iova, len).ok_or(transfer_error())?;
+    out.push((iova, len));
     Ok(())
 }
 
@@ -111,9 +119,9 @@ fn sgl_segments(first: [u8; 16], len: usize) -> Result<Segments, Status> {
         }
         match pending {
             Some((at, left)) if left > 0 => {
-                let p = host(at, 16).ok_or(Status::generic(spec::SC_DATA_TRANSFER_ERROR))?;
-                // SAFETY: reachable host memory of 16 bytes.
-                unsafe { std::ptr::copy_nonoverlapping(p, d.as_mut_ptr(), 16) };
+                if !memory_map().device_read(at, &mut d) {
+                    return Err(transfer_error());
+                }
                 pending = Some((at + 16, left - 1));
             }
             _ => return Err(Status::generic(spec::SC_SGL_DATA_LENGTH_INVALID)),
@@ -135,13 +143,13 @@ pub(crate) fn segments(sqe: &Sqe, len: usize) -> Result<Segments, Status> {
     }
 }
 
-/// Copies `data` into the host memory of `segs`.
+/// Copies `data` into the host memory of `segs` (reachable when `segments` made them; the
+/// DMA gate keeps them mapped while the device works).
 pub(crate) fn to_host(segs: &Segments, data: &[u8]) {
     let mut at = 0;
-    for &(p, n) in segs {
+    for &(iova, n) in segs {
         let n = n.min(data.len() - at);
-        // SAFETY: `p` is reachable host memory of at least `n` bytes (`segments`).
-        unsafe { std::ptr::copy_nonoverlapping(data[at..].as_ptr(), p as *mut u8, n) };
+        memory_map().device_write(iova, &data[at..at + n]);
         at += n;
     }
 }
@@ -149,10 +157,9 @@ pub(crate) fn to_host(segs: &Segments, data: &[u8]) {
 /// Copies the host memory of `segs` into `data`.
 pub(crate) fn from_host(segs: &Segments, data: &mut [u8]) {
     let mut at = 0;
-    for &(p, n) in segs {
+    for &(iova, n) in segs {
         let n = n.min(data.len() - at);
-        // SAFETY: as in `to_host`.
-        unsafe { std::ptr::copy_nonoverlapping(p as *const u8, data[at..].as_mut_ptr(), n) };
+        memory_map().device_read(iova, &mut data[at..at + n]);
         at += n;
     }
 }
@@ -233,7 +240,7 @@ mod tests {
     fn prp_lists_chain_across_pages() {
         // Pages: 0 data (PRP1), 1-3 data, 4 and 5 list pages.
         let mut m = DmaMemory::new(6 * PAGE as usize).unwrap();
-        let (base, iova) = (m.as_ptr() as usize, m.iova());
+        let iova = m.iova();
         let page = |i: u64| iova + i * PAGE;
         // The first list starts two entries before its page's end: one data entry, then the
         // pointer to the next list, which holds the last two.
@@ -243,7 +250,7 @@ mod tests {
         put_u64(&mut m, 5 * PAGE as usize, page(2));
         put_u64(&mut m, 5 * PAGE as usize + 8, page(3));
         let segs = prp_segments(page(0), list, 4 * PAGE as usize).unwrap();
-        let want: Segments = (0..4).map(|i| (base + i * PAGE as usize, PAGE as usize)).collect();
+        let want: Segments = (0..4).map(|i| (page(i), PAGE as usize)).collect();
         assert_eq!(segs, want);
         // Two pages: PRP2 is the second page itself, and must be page aligned.
         assert_eq!(prp_segments(page(0) + 512, page(1), 4096).unwrap().len(), 2);
@@ -256,7 +263,7 @@ mod tests {
     #[test]
     fn sgl_segments_chain() {
         let mut m = DmaMemory::new(2 * PAGE as usize).unwrap();
-        let (base, iova) = (m.as_ptr() as usize, m.iova());
+        let iova = m.iova();
         // Segment at 0x100: a 100-byte block at 0x1000, then a Last Segment at 0x200 with a
         // 28-byte block at 0x1800.
         let s = m.as_mut_slice();
@@ -264,7 +271,7 @@ mod tests {
         s[0x110..0x120].copy_from_slice(&sgl_descriptor(iova + 0x200, 16, SGL_LAST_SEGMENT));
         s[0x200..0x210].copy_from_slice(&sgl_descriptor(iova + 0x1800, 28, SGL_DATA_BLOCK));
         let first = sgl_descriptor(iova + 0x100, 32, SGL_SEGMENT);
-        assert_eq!(sgl_segments(first, 128).unwrap(), vec![(base + 0x1000, 100), (base + 0x1800, 28)]);
+        assert_eq!(sgl_segments(first, 128).unwrap(), vec![(iova + 0x1000, 100), (iova + 0x1800, 28)]);
         // Fewer bytes described than the command moves.
         assert_eq!(sgl_segments(first, 200), Err(Status::generic(spec::SC_SGL_DATA_LENGTH_INVALID)));
         // A descriptor type the emulation does not take.

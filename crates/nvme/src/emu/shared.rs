@@ -13,6 +13,12 @@ use super::config::{EmuConfig, Fault};
 /// BAR0's size: the registers' page and the doorbells (stride 4) of up to 1023 queues.
 pub(crate) const BAR_LEN: usize = 0x2000;
 
+/// Two 4-byte registers of BAR0, 8-aligned so the BAR's memory is (the PCIe driver's `Bar`
+/// asks for it) and an 8-byte register is one pair.
+#[derive(Default)]
+#[repr(C, align(8))]
+pub(crate) struct RegisterPair(pub(crate) [AtomicU32; 2]);
+
 /// One namespace's RAM.
 pub(crate) struct Namespace {
     pub(crate) nsid: u32,
@@ -27,7 +33,7 @@ impl Namespace {
 }
 
 /// The emulation's IOMMU unmap: the device thread holds the gate while it touches host memory
-/// (pointers from [`fp_bdev::dma::MemoryMap::vaddr_of`]), and unregistering memory waits for it
+/// ([`fp_bdev::dma::MemoryMap::device_read`] and the like), and unregistering memory waits for it
 /// before the memory is freed. Afterwards the region is no longer in the map, so the thread's
 /// next access fails as a real device's DMA to an unmapped address does.
 #[derive(Default)]
@@ -47,7 +53,7 @@ impl DmaListener for DmaGate {
 pub(crate) struct Shared {
     pub(crate) cfg: EmuConfig,
     pub(crate) address: String,
-    pub(crate) bar: Box<[AtomicU64]>,
+    pub(crate) bar: Box<[RegisterPair]>,
     pub(crate) fault: AtomicU8,
     pub(crate) namespaces: Mutex<Vec<Namespace>>,
     /// Namespaces changed since the host last read the Changed Namespace List log.
@@ -78,9 +84,7 @@ impl Shared {
     pub(crate) fn reg(&self, offset: u32) -> &AtomicU32 {
         let off = offset as usize;
         assert!(off % 4 == 0 && off + 4 <= BAR_LEN, "register {off:#x} outside BAR0");
-        // SAFETY: inside the BAR's memory (checked), 4-aligned; an AtomicU64 array has the
-        // layout of twice as many AtomicU32s.
-        unsafe { &*(self.bar.as_ptr() as *const AtomicU32).add(off / 4) }
+        &self.bar[off / 8].0[off / 4 % 2]
     }
 
     pub(crate) fn fault(&self) -> Fault {

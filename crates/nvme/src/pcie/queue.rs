@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use fp_bdev::clock::ticks;
 use fp_bdev::dma::{memory_map, Translator};
-use fp_bdev::SubmitError;
+use fp_bdev::{Iovecs, SubmitError};
 use fp_nvme_spec::registers;
 use fp_nvme_spec::{Cqe, Sqe, Status};
 
@@ -177,7 +177,8 @@ impl<F: PciFunction> PcieIoQueue<F> {
     /// Copies a request through a bounce buffer: for a write now, for a read on completion.
     ///
     /// # Safety
-    /// As [`IoQueue::submit`]'s.
+    /// The buffers of `iov` stay valid until the completion (what the [`Iovecs`] given to
+    /// [`IoQueue::submit`] vouch for).
     unsafe fn bounce_in(
         &mut self,
         opcode: u8,
@@ -287,7 +288,8 @@ impl<F: PciFunction> IoQueue for PcieIoQueue<F> {
 
     /// A dead queue answers [`SubmitError::Busy`] (its owner drains it on the poll error).
     #[inline]
-    unsafe fn submit(&mut self, sqe: &Sqe, iov: &[libc::iovec], tag: u32) -> Result<(), SubmitError> {
+    fn submit(&mut self, sqe: &Sqe, iov: Iovecs, tag: u32) -> Result<(), SubmitError> {
+        let iov = iov.as_slice();
         if self.dead.is_some() || self.sq.full() || self.cids.is_full() {
             return Err(SubmitError::Busy);
         }
@@ -301,7 +303,7 @@ impl<F: PciFunction> IoQueue for PcieIoQueue<F> {
         let slot = self.cids.slot(cid);
         let (dptr, bounce) = match self.describe(slot, iov) {
             Ok(d) => (d, NO_BOUNCE),
-            // SAFETY: forwarded from the caller.
+            // SAFETY: the buffers stay valid until the completion (what `Iovecs` vouch for).
             Err(_) => match unsafe { self.bounce_in(sqe.opcode(), slot, iov) } {
                 Ok(b) => b,
                 Err(e) => {

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use fp_bdev::Iovecs;
 use fp_nvme_spec::fabrics::{property_get, property_set};
 use fp_nvme_spec::{Cqe, Sqe};
 
@@ -66,8 +67,8 @@ impl AdminQueue for TcpAdmin {
     }
 
     fn submit_async_event_request(&mut self) -> Result<(), NvmeError> {
-        // SAFETY: no data.
-        unsafe { self.q.submit_dir(&cmd::async_event_request(), &[], Dir::None, AER_TAG) }
+        self.q
+            .submit_dir(&cmd::async_event_request(), Iovecs::NONE, Dir::None, AER_TAG)
             .map_err(|e| NvmeError::Gone(format!("no admin slot for an AER: {e}")))?;
         self.q.send()
     }

@@ -8,17 +8,18 @@ use std::time::Duration;
 
 use fp_bdev::conformance::{self, IoBuf};
 use fp_bdev::{BlockDevice, IoOp, IoStatus};
+use fp_nvmf::testing::LoopbackTarget;
 use fp_nvmf::TransportOptions;
 
-use super::tests::{target, transport, Target};
+use super::tests::{target, transport};
 use crate::ctrlr::{attach, Controller, GlobalOptions, NamespaceEvent};
 
-fn attach_tcp(tg: &Target, name: &str) -> Arc<dyn Controller> {
+fn attach_tcp(tg: &LoopbackTarget, name: &str) -> Arc<dyn Controller> {
     let global = GlobalOptions { keep_alive_timeout_ms: 2000, ..GlobalOptions::default() };
     let mut opts = global.controller_options(name);
     opts.io_queue_depth = 64;
     let events: Box<dyn Fn(NamespaceEvent) + Send + Sync> = Box::new(|_| {});
-    attach(transport(tg.port, false), opts, global, events).unwrap()
+    attach(transport(tg.port(), false), opts, global, events).unwrap()
 }
 
 #[test]

@@ -12,6 +12,8 @@ use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
+use fp_bdev::iov::BounceBuf;
+use fp_bdev::{IovCursor, IovSlices, Iovecs};
 use fp_nvme_spec::tcp::Digests;
 use fp_nvme_spec::Status;
 
@@ -40,22 +42,27 @@ pub fn receive_path(input: &[u8]) -> usize {
     // One arena: [guard][read 4096][guard][write 8192][guard][read 512][guard][read 512][guard].
     let sizes = [4096usize, 8192, 512, 512];
     let total = GUARD + sizes.iter().map(|s| s + GUARD).sum::<usize>();
-    let mut arena = vec![FILL; total];
+    let mut arena = BounceBuf::zeroed(total);
+    arena.bytes_mut().fill(FILL);
+    let whole = arena.iovecs(total);
+    let mut slices = IovSlices::new(sizes.len() + 2);
     let mut at = GUARD;
-    let mut iov = Vec::new();
-    for s in sizes {
-        iov.push(libc::iovec { iov_base: arena[at..].as_mut_ptr().cast(), iov_len: s });
+    let mut bufs = Vec::new();
+    for (i, s) in sizes.into_iter().enumerate() {
+        let mut cursor = IovCursor::at(&whole, at as u64);
+        bufs.push(slices.slice(i, &whole, &mut cursor, s as u64).expect("an entry per buffer"));
         at += s + GUARD;
     }
+    let two = slices.joined(sizes.len(), &bufs[2..4]).expect("two entries for the last read");
     let cmds = [
-        (cmd::read_write(false, 1, 0, 8, false), &iov[0..1]),
-        (cmd::read_write(true, 1, 8, 16, false), &iov[1..2]),
-        (cmd::flush(1), &iov[0..0]),
-        (cmd::read_write(false, 1, 24, 2, false), &iov[2..4]),
+        (cmd::read_write(false, 1, 0, 8, false), bufs[0]),
+        (cmd::read_write(true, 1, 8, 16, false), bufs[1]),
+        (cmd::flush(1), Iovecs::NONE),
+        (cmd::read_write(false, 1, 24, 2, false), two),
     ];
+    // `arena` and `slices` outlive the queue (dropped at the end of this function, after `q`).
     for (tag, (sqe, v)) in cmds.iter().enumerate() {
-        // SAFETY: `arena` outlives the queue (dropped at the end of this function, after `q`).
-        unsafe { q.submit(sqe, v, tag as u32) }.expect("room for four commands");
+        q.submit(sqe, *v, tag as u32).expect("room for four commands");
     }
     q.flush();
     let mut done: Vec<(u32, Status)> = Vec::new();
@@ -97,6 +104,7 @@ pub fn receive_path(input: &[u8]) -> usize {
     all.sort_unstable();
     assert_eq!(all, [0, 1, 2, 3], "each command completes or is drained, once");
     drop(q);
+    let arena = arena.bytes();
     let mut at = 0;
     for s in sizes {
         assert!(arena[at..at + GUARD].iter().all(|&b| b == FILL), "a guard was written");

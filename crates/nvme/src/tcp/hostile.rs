@@ -8,6 +8,7 @@ use std::net::{TcpListener, TcpStream};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use fp_bdev::Iovecs;
 use fp_nvme_spec::fabrics::CONNECT_DATA_LEN;
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::{Cqe, Status};
@@ -147,7 +148,7 @@ fn submit(q: &mut TcpQueue, write: bool, buf: &mut [u8], tag: u32) {
     let v = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let sqe = cmd::read_write(write, 1, 0, (buf.len() / 512) as u32, false);
     // SAFETY: every caller's buffer outlives the queue (`case` drops it before returning).
-    unsafe { q.submit(&sqe, &[v], tag) }.unwrap();
+    q.submit(&sqe, unsafe { Iovecs::from_slice(&[v]) }, tag).unwrap();
 }
 
 /// A 4 KiB read into the first 4 KiB of an 8 KiB buffer of 0xAA; runs `script` and expects the
@@ -273,7 +274,7 @@ fn duplicate_completion() {
         p.response(cid, Status::SUCCESS);
     };
     // SAFETY: no data.
-    let (e, done, _) = case(NO, script, |q| unsafe { q.submit(&cmd::flush(1), &[], 3) }.unwrap());
+    let (e, done, _) = case(NO, script, |q| q.submit(&cmd::flush(1), Iovecs::NONE, 3).unwrap());
     assert_eq!(done, [(3, Status::SUCCESS)]);
     assert!(protocol_error(e).contains("not in flight"));
 }
@@ -306,7 +307,7 @@ fn bad_digests() {
         p.send(&b[..n]);
     };
     // SAFETY: no data.
-    let (e, _, _) = case(both, script, |q| unsafe { q.submit(&cmd::flush(1), &[], 3) }.unwrap());
+    let (e, _, _) = case(both, script, |q| q.submit(&cmd::flush(1), Iovecs::NONE, 3).unwrap());
     assert!(protocol_error(e).contains("header digest"));
     // A data digest that does not match.
     let script = |p: &mut Peer| {
@@ -355,7 +356,7 @@ fn closed_mid_pdu_is_gone_and_a_stall_is_left_to_the_timeout() {
     );
     let mut q = queue(port, false).unwrap();
     // SAFETY: no data.
-    unsafe { q.submit(&cmd::flush(1), &[], 42) }.unwrap();
+    q.submit(&cmd::flush(1), Iovecs::NONE, 42).unwrap();
     q.flush();
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(q.poll(&mut Vec::new()).unwrap(), 0);

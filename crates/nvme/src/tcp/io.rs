@@ -1,7 +1,7 @@
 //! The I/O queue pair of the TCP transport: [`TcpQueue`] as a reactor's [`IoQueue`]. The
 //! opcode says the data's direction (Base 3, Figure 83); the rest is the queue's.
 
-use fp_bdev::SubmitError;
+use fp_bdev::{Iovecs, SubmitError};
 use fp_nvme_spec::{Cqe, Sqe, Status};
 
 use super::queue::{direction, TcpQueue};
@@ -13,10 +13,8 @@ impl IoQueue for TcpQueue {
         self.params().qid
     }
 
-    unsafe fn submit(&mut self, sqe: &Sqe, iov: &[libc::iovec], tag: u32) -> Result<(), SubmitError> {
-        // SAFETY: the caller keeps `iov`'s buffers valid until the completion or the drain
-        // (this method's contract, passed on).
-        unsafe { self.submit_dir(sqe, iov, direction(sqe.opcode()), tag) }.map(|_| ())
+    fn submit(&mut self, sqe: &Sqe, iov: Iovecs, tag: u32) -> Result<(), SubmitError> {
+        self.submit_dir(sqe, iov, direction(sqe.opcode()), tag).map(|_| ())
     }
 
     fn flush(&mut self) {

@@ -16,7 +16,8 @@ use std::io::IoSlice;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use fp_bdev::SubmitError;
+use fp_bdev::iov::{self, BounceBuf, IovRun};
+use fp_bdev::{IovCursor, IovSlices, Iovecs, SubmitError};
 use fp_conn::{Recv, RecvBuf, SendQueue, Sent};
 use fp_nvme_spec::tcp::{self as pdu, Digests, CH_LEN, DIGEST_LEN, HEADER_ROOM};
 use fp_nvme_spec::{Cqe, Sqe, SGL_IN_CAPSULE, SGL_TRANSPORT};
@@ -67,7 +68,12 @@ pub(crate) enum Dir {
 struct Slot {
     dir: Dir,
     len: u32,
-    iov: Vec<libc::iovec>,
+    /// The command's buffers, over `entries` (the queue's copy of the caller's iovecs).
+    iov: Iovecs,
+    entries: IovSlices,
+    /// The queue's own buffer for a synchronous command's data ([`TcpQueue::run`]): kept
+    /// until the slot is reused, so an orphaned command's late data has somewhere to go.
+    bounce: Option<BounceBuf>,
     /// FromDevice: bytes received so far (C2HData comes in order). ToDevice by R2T: the end of
     /// the last range asked for.
     done: u32,
@@ -83,14 +89,16 @@ struct Slot {
 enum Piece {
     /// Bytes in the queue's own arena (headers, digests).
     Arena { at: usize, len: usize },
-    /// A caller's bytes (in-capsule or H2C data) of the command in slot `slot`.
-    Data { ptr: *const u8, len: usize, slot: u16 },
+    /// A caller's bytes (in-capsule or H2C data) of the command in slot `slot`: a run of its
+    /// iovecs.
+    Data { run: IovRun, slot: u16 },
 }
 
 impl Piece {
     fn len(self) -> usize {
         match self {
-            Piece::Arena { len, .. } | Piece::Data { len, .. } => len,
+            Piece::Arena { len, .. } => len,
+            Piece::Data { run, .. } => run.len(),
         }
     }
 }
@@ -134,11 +142,6 @@ pub struct DataStats {
     pub copied: u64,
 }
 
-// SAFETY: the raw pointers in `pieces` and `slots[].iov` point into buffers the submitter keeps
-// valid until the completion (IoQueue::submit's contract), wherever the queue runs; the queue
-// is moved whole to the reactor that polls it and never shared.
-unsafe impl Send for TcpQueue {}
-
 fn protocol(what: impl Into<String>) -> NvmeError {
     NvmeError::Protocol(what.into())
 }
@@ -161,24 +164,6 @@ pub(crate) fn direction(opcode: u8) -> Dir {
     }
 }
 
-/// Calls `f` with each piece of `iov`'s bytes `[offset, offset + len)`.
-fn for_range(iov: &[libc::iovec], mut offset: usize, mut len: usize, mut f: impl FnMut(*mut u8, usize)) {
-    for v in iov {
-        if len == 0 {
-            break;
-        }
-        if offset >= v.iov_len {
-            offset -= v.iov_len;
-            continue;
-        }
-        let n = (v.iov_len - offset).min(len);
-        // The pointer stays inside the iovec (offset < iov_len), so the add is in bounds.
-        f(v.iov_base.cast::<u8>().wrapping_add(offset), n);
-        offset = 0;
-        len -= n;
-    }
-}
-
 impl TcpQueue {
     /// A queue on `fd`, a connected stream socket past ICReq/ICResp.
     pub(crate) fn new(fd: OwnedFd, p: Params) -> TcpQueue {
@@ -187,7 +172,9 @@ impl TcpQueue {
             .map(|_| Slot {
                 dir: Dir::None,
                 len: 0,
-                iov: Vec::with_capacity(16),
+                iov: Iovecs::NONE,
+                entries: IovSlices::new(16),
+                bounce: None,
                 done: 0,
                 tx_pending: 0,
                 orphan: false,
@@ -291,13 +278,12 @@ impl TcpQueue {
         let mut crc = 0u32;
         let digest = self.p.digests.data;
         let pieces = &mut self.pieces;
-        for_range(&s.iov, offset, len, |ptr, n| {
+        let data = s.iov;
+        iov::runs(&data, offset as u64, len as u64, |run| {
             if digest {
-                // SAFETY: the range lies in a buffer the submitter keeps readable until the
-                // completion (submit's contract).
-                crc = pdu::crc32c_append(crc, unsafe { std::slice::from_raw_parts(ptr, n) });
+                crc = pdu::crc32c_append(crc, run.bytes(&data));
             }
-            pieces.push(Piece::Data { ptr: ptr.cast_const(), len: n, slot });
+            pieces.push(Piece::Data { run, slot });
             s.tx_pending += 1;
         });
         if digest {
@@ -305,15 +291,13 @@ impl TcpQueue {
         }
     }
 
-    /// Queues a command; `iov` describes its data (if any), `dir` the direction.
-    ///
-    /// # Safety
-    /// As [`crate::transport::IoQueue::submit`]: the buffers stay valid until the completion
-    /// or until the queue is drained.
-    pub(crate) unsafe fn submit_dir(
+    /// Queues a command; `iov` describes its data (if any), `dir` the direction. The iovec
+    /// array is copied (as [`crate::transport::IoQueue::submit`] says); the buffers are used
+    /// until the completion or the drain.
+    pub(crate) fn submit_dir(
         &mut self,
         sqe: &Sqe,
-        iov: &[libc::iovec],
+        iov: Iovecs,
         dir: Dir,
         tag: u32,
     ) -> Result<u16, SubmitError> {
@@ -322,8 +306,8 @@ impl TcpQueue {
             // and retries on the controller's next queue.
             return Err(SubmitError::Busy);
         }
-        let len: usize = iov.iter().map(|v| v.iov_len).sum();
-        let Ok(len32) = u32::try_from(len) else { return Err(SubmitError::OutOfRange) };
+        let Ok(len32) = u32::try_from(iov.total_len()) else { return Err(SubmitError::OutOfRange) };
+        let len = len32 as usize;
         let dir = if len == 0 { Dir::None } else { dir };
         if len > 0 && dir == Dir::None {
             return Err(SubmitError::Unsupported);
@@ -335,8 +319,13 @@ impl TcpQueue {
         let s = &mut self.slots[usize::from(slot)];
         s.dir = dir;
         s.len = len32;
-        s.iov.clear();
-        s.iov.extend_from_slice(iov);
+        if s.entries.capacity() < iov.count() as usize {
+            // More iovecs than any command before: room for them, once.
+            s.entries = IovSlices::new(iov.count() as usize);
+        }
+        let mut from_start = IovCursor::START;
+        s.iov = s.entries.slice(0, &iov, &mut from_start, u64::from(len32)).unwrap_or(Iovecs::NONE);
+        s.bounce = None;
         s.done = 0;
         s.orphan = false;
         self.stats.submitted += 1;
@@ -362,13 +351,13 @@ impl TcpQueue {
     pub(crate) fn send(&mut self) -> Result<(), NvmeError> {
         self.check_alive()?;
         while !self.pieces.is_empty() {
-            let (arena, fd) = (&self.arena, self.fd.as_fd());
+            let (arena, slots, fd) = (&self.arena, &self.slots, self.fd.as_fd());
             let bytes = |p: Piece| -> [&[u8]; 1] {
                 [match p {
                     Piece::Arena { at, len } => &arena[at..at + len],
-                    // SAFETY: a caller's buffer, readable until its command completes (submit's
-                    // contract); a command with pieces unsent does not complete.
-                    Piece::Data { ptr, len, .. } => unsafe { std::slice::from_raw_parts(ptr, len) },
+                    // A caller's buffer, readable until its command completes; a command with
+                    // pieces unsent does not complete.
+                    Piece::Data { run, slot } => run.bytes(&slots[usize::from(slot)].iov),
                 }]
             };
             let r =
@@ -500,25 +489,23 @@ impl TcpQueue {
         timeout: Duration,
         other: &mut dyn FnMut(u32, &Cqe),
     ) -> Result<Cqe, NvmeError> {
-        // The pointers come from the unique borrows `data` holds, which live to the end of
-        // this call.
-        let mut data = data;
-        let (iov, dir) = match &mut data {
+        // The data goes through a buffer of the queue's own: a command that times out is
+        // orphaned, and its late data must not reach `data`, which the caller takes back.
+        let (mut bounce, dir) = match &data {
             AdminData::None => (None, Dir::None),
-            AdminData::FromDevice(b) => {
-                (Some(libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }), Dir::FromDevice)
+            AdminData::FromDevice(b) => (Some(BounceBuf::zeroed(b.len())), Dir::FromDevice),
+            AdminData::ToDevice(b) => {
+                let mut buf = BounceBuf::zeroed(b.len());
+                buf.bytes_mut().copy_from_slice(b);
+                (Some(buf), Dir::ToDevice)
             }
-            AdminData::ToDevice(b) => (
-                Some(libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }),
-                Dir::ToDevice,
-            ),
         };
         self.check_alive()?;
-        // SAFETY: `data` outlives every use the queue makes of it: this call waits for the
-        // completion, and on a timeout orphans the command (no more writes into it) and kills
-        // the queue if data to send is still listed.
-        let cid = unsafe { self.submit_dir(sqe, iov.as_slice(), dir, SYNC_TAG) }
+        let iov = bounce.as_mut().map_or(Iovecs::NONE, |b| b.iovecs(b.len()));
+        let cid = self
+            .submit_dir(sqe, iov, dir, SYNC_TAG)
             .map_err(|e| NvmeError::Gone(format!("no command slot free: {e}")))?;
+        self.slots[self.cids.slot(cid)].bounce = bounce;
         let deadline = Instant::now() + timeout;
         let mut got = None;
         loop {
@@ -532,6 +519,13 @@ impl TcpQueue {
             };
             self.receive(&mut f)?;
             if let Some(c) = got {
+                if let AdminData::FromDevice(b) = data {
+                    let s = &self.slots[self.cids.slot(cid)];
+                    if let Some(bounce) = &s.bounce {
+                        let n = (s.done as usize).min(b.len());
+                        b[..n].copy_from_slice(&bounce.bytes()[..n]);
+                    }
+                }
                 return Ok(c);
             }
             let now = Instant::now();
@@ -558,7 +552,7 @@ impl TcpQueue {
     fn orphan(&mut self, cid: u16) {
         let s = &mut self.slots[self.cids.slot(cid)];
         s.orphan = true;
-        s.iov.clear();
+        s.iov = Iovecs::NONE;
         if s.tx_pending > 0 {
             // Its data is still listed to send from a buffer about to go.
             self.die(NvmeError::Gone(format!("command {cid} timed out with its data unsent")));

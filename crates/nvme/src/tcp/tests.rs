@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_bdev::{Bdev, RamDevice, SubmitError};
+use fp_bdev::{Bdev, Iovecs, RamDevice, SubmitError};
 use fp_nvme_spec::{Status, SC_LBA_OUT_OF_RANGE};
-use fp_nvmf::{ListenAddress, NamespaceSpec, NvmfTarget, SubsystemSpec, TargetOptions, TransportOptions};
-use fp_reactor::{ReactorConfig, ReactorSet};
+use fp_nvmf::testing::LoopbackTarget;
+use fp_nvmf::{ListenAddress, TransportOptions};
 
 use super::*;
 use crate::cmd;
@@ -19,48 +19,13 @@ pub(super) const NQN: &str = "nqn.2016-06.io.flashpath:tcp-host";
 const BLOCKS: u64 = 8192;
 const T: Duration = Duration::from_secs(5);
 
-pub(super) struct Target {
-    pub t: NvmfTarget,
-    pub port: u16,
-    reactors: Option<ReactorSet>,
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        self.t.stop();
-        if let Some(r) = self.reactors.take() {
-            r.shutdown();
-        }
-    }
-}
-
-/// A target with one subsystem (any host) of one 4 MiB RAM namespace of 512-byte blocks.
-pub(super) fn target(opts: TransportOptions) -> Target {
-    let reactors = ReactorSet::start(&[0, 1], ReactorConfig::default()).unwrap();
-    let t = NvmfTarget::new(reactors.handles().to_vec(), TargetOptions::default());
-    t.create_transport(opts).unwrap();
-    t.create_subsystem(SubsystemSpec { nqn: NQN.into(), allow_any_host: true, ..Default::default() })
-        .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let addr = ListenAddress {
-        trtype: "TCP".into(),
-        adrfam: "IPv4".into(),
-        traddr: "127.0.0.1".into(),
-        trsvcid: port.to_string(),
-    };
-    t.add_listener(NQN, addr).unwrap();
+/// A target on two reactors with one subsystem (any host) of one 4 MiB RAM namespace of
+/// 512-byte blocks.
+pub(super) fn target(opts: TransportOptions) -> LoopbackTarget {
+    let t = LoopbackTarget::start(&[0, 1], opts).unwrap();
     let bdev: Bdev = Arc::new(RamDevice::new("ram0", 512, BLOCKS).unwrap());
-    let ns = NamespaceSpec {
-        nsid: 1,
-        bdev,
-        bdev_name: "ram0".into(),
-        uuid: None,
-        nguid: None,
-        eui64: None,
-        read_only: false,
-    };
-    t.add_namespace(NQN, ns).unwrap();
-    Target { t, port, reactors: Some(reactors) }
+    t.add_subsystem(NQN, bdev, "ram0").unwrap();
+    t
 }
 
 pub(super) fn transport(port: u16, digests: bool) -> TcpTransport {
@@ -107,7 +72,7 @@ fn reap(q: &mut TcpQueue, n: usize) -> Result<Vec<(u32, Status)>, NvmeError> {
 fn rw(q: &mut TcpQueue, write: bool, slba: u64, buf: &mut [u8]) -> Status {
     let sqe = cmd::read_write(write, 1, slba, (buf.len() / 512) as u32, false);
     // SAFETY: `buf` outlives the command: reaped below.
-    unsafe { q.submit(&sqe, &[iov_mut(buf)], 9) }.unwrap();
+    q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov_mut(buf)]) }, 9).unwrap();
     let c = reap(q, 1).unwrap();
     assert_eq!(c[0].0, 9);
     c[0].1
@@ -123,12 +88,12 @@ fn attach(port: u16, digests: bool) -> (TcpTransport, TcpAdmin, TcpQueue) {
 #[test]
 fn admin_queue_connects_enables_and_identifies() {
     let tg = target(TransportOptions::default());
-    let tr = transport(tg.port, false);
+    let tr = transport(tg.port(), false);
     assert_eq!((tr.trtype(), tr.traddr()), ("TCP", "127.0.0.1".to_string()));
     let mut admin = tr.connect_admin(32, T).unwrap();
     let trid = tr.trid();
     assert_eq!(trid.adrfam.as_deref(), Some("IPv4"));
-    assert_eq!(trid.trsvcid, Some(tg.port.to_string()));
+    assert_eq!(trid.trsvcid, Some(tg.port().to_string()));
     assert_eq!(trid.subnqn.as_deref(), Some(NQN));
     let host = tr.host();
     assert_eq!(host.addr, "127.0.0.1");
@@ -169,7 +134,7 @@ fn admin_queue_connects_enables_and_identifies() {
         .unwrap();
     assert!(!cqe.status.is_success());
     // A wrong subsystem: Connect refused.
-    let mut bad = transport(tg.port, false);
+    let mut bad = transport(tg.port(), false);
     bad = TcpTransport::new(TcpTarget {
         subnqn: "nqn.2016-06.io.flashpath:nope".into(),
         ..bad.target().clone()
@@ -185,7 +150,7 @@ fn admin_queue_connects_enables_and_identifies() {
 
 fn io_paths(digests: bool) {
     let tg = target(TransportOptions::default());
-    let (_tr, _admin, mut q) = attach(tg.port, digests);
+    let (_tr, _admin, mut q) = attach(tg.port(), digests);
     assert_eq!(q.qid(), 1);
     // In capsule (4 KiB), by R2T (64 KiB: more than the 4 KiB in-capsule size), and the
     // largest transfer (128 KiB) in three iovecs.
@@ -201,14 +166,14 @@ fn io_paths(digests: bool) {
     let (b, c) = rest.split_at_mut(65536);
     let sqe = cmd::read_write(true, 1, 4000, 256, false);
     // SAFETY: the buffers outlive the command (reaped below).
-    unsafe { q.submit(&sqe, &[iov(a), iov(b), iov(c)], 1) }.unwrap();
+    q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov(a), iov(b), iov(c)]) }, 1).unwrap();
     assert!(reap(&mut q, 1).unwrap()[0].1.is_success());
     let mut r = vec![0u8; 131072];
     let (a, rest) = r.split_at_mut(4096);
     let (b, c) = rest.split_at_mut(1000 * 4);
     let sqe = cmd::read_write(false, 1, 4000, 256, false);
     // SAFETY: as above.
-    unsafe { q.submit(&sqe, &[iov_mut(a), iov_mut(b), iov_mut(c)], 2) }.unwrap();
+    q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov_mut(a), iov_mut(b), iov_mut(c)]) }, 2).unwrap();
     assert!(reap(&mut q, 1).unwrap()[0].1.is_success());
     assert_eq!(r, w);
     let d = q.data_stats();
@@ -222,7 +187,7 @@ fn io_paths(digests: bool) {
     for (i, b) in bufs.iter().enumerate() {
         let sqe = cmd::read_write(true, 1, i as u64 * 32, (b.len() / 512) as u32, false);
         // SAFETY: `bufs` outlives the commands.
-        unsafe { q.submit(&sqe, &[iov(b)], i as u32) }.unwrap();
+        q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov(b)]) }, i as u32).unwrap();
     }
     assert_eq!(q.in_flight(), 40);
     let mut c = reap(&mut q, 40).unwrap();
@@ -232,7 +197,7 @@ fn io_paths(digests: bool) {
     for (i, b) in reads.iter_mut().enumerate() {
         let sqe = cmd::read_write(false, 1, i as u64 * 32, (b.len() / 512) as u32, false);
         // SAFETY: `reads` outlives the commands.
-        unsafe { q.submit(&sqe, &[iov_mut(b)], i as u32) }.unwrap();
+        q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov_mut(b)]) }, i as u32).unwrap();
     }
     reap(&mut q, 40).unwrap();
     assert_eq!(reads, bufs);
@@ -260,16 +225,25 @@ fn digests_on() {
 #[test]
 fn full_queue_is_busy_and_flush_batches() {
     let tg = target(TransportOptions::default());
-    let tr = transport(tg.port, false);
+    let tr = transport(tg.port(), false);
     let mut admin = tr.connect_admin(32, T).unwrap();
     let mut q = tr.connect_io(&mut admin, 1, 8).unwrap();
     let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 512]).collect();
     for (i, b) in bufs[..7].iter_mut().enumerate() {
         // SAFETY: `bufs` outlives the commands.
-        unsafe { q.submit(&cmd::read_write(false, 1, i as u64, 1, false), &[iov_mut(b)], i as u32) }.unwrap();
+        q.submit(
+            &cmd::read_write(false, 1, i as u64, 1, false),
+            unsafe { Iovecs::from_slice(&[iov_mut(b)]) },
+            i as u32,
+        )
+        .unwrap();
     }
     // SAFETY: refused, nothing kept.
-    let r = unsafe { q.submit(&cmd::read_write(false, 1, 0, 1, false), &[iov_mut(&mut bufs[7])], 99) };
+    let r = q.submit(
+        &cmd::read_write(false, 1, 0, 1, false),
+        unsafe { Iovecs::from_slice(&[iov_mut(&mut bufs[7])]) },
+        99,
+    );
     assert_eq!(r, Err(SubmitError::Busy));
     let d = q.stats().doorbells;
     q.flush();
@@ -287,14 +261,14 @@ fn full_queue_is_busy_and_flush_batches() {
 #[test]
 fn target_gone_fails_the_queues() {
     let tg = target(TransportOptions::default());
-    let (tr, mut admin, mut q) = attach(tg.port, false);
+    let (tr, mut admin, mut q) = attach(tg.port(), false);
     let mut r = vec![0u8; 4096];
     let sqe = cmd::read_write(false, 1, 0, 8, false);
-    let port = tg.port;
+    let port = tg.port();
     // The target closes every connection (its reactors still running to do so).
-    tg.t.stop();
+    tg.target().stop();
     // SAFETY: `r` outlives the command (drained below).
-    let _ = unsafe { q.submit(&sqe, &[iov_mut(&mut r)], 5) };
+    let _ = q.submit(&sqe, unsafe { Iovecs::from_slice(&[iov_mut(&mut r)]) }, 5);
     let end = Instant::now() + T;
     let err = loop {
         q.flush();
@@ -318,7 +292,7 @@ fn target_gone_fails_the_queues() {
 #[test]
 fn async_events_stay_outstanding_and_complete_when_a_namespace_changes() {
     let tg = target(TransportOptions::default());
-    let tr = transport(tg.port, false);
+    let tr = transport(tg.port(), false);
     let mut admin = tr.connect_admin(32, T).unwrap();
     let cqe = admin
         .execute(
@@ -337,7 +311,7 @@ fn async_events_stay_outstanding_and_complete_when_a_namespace_changes() {
     admin
         .execute(cmd::identify(fp_nvme_spec::identify::CNS_CONTROLLER, 0), AdminData::FromDevice(&mut id), T)
         .unwrap();
-    tg.t.namespace_resized(NQN, 1);
+    tg.target().namespace_resized(NQN, 1);
     let end = Instant::now() + T;
     while events.is_empty() {
         assert!(Instant::now() < end, "no AER completion");
@@ -387,7 +361,7 @@ fn addresses_checked_and_ipv6_connects() {
         traddr: "::1".into(),
         trsvcid: port.to_string(),
     };
-    tg.t.add_listener(NQN, addr).unwrap();
+    tg.target().add_listener(NQN, addr).unwrap();
     let t = TcpTarget {
         traddr: "::1".into(),
         adrfam: Adrfam::IPv6,

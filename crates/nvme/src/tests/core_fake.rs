@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use fp_bdev::clock::ticks;
-use fp_bdev::SubmitError;
+use fp_bdev::{Iovecs, SubmitError};
 use fp_nvme_spec::identify as id;
 use fp_nvme_spec::registers;
 use fp_nvme_spec::{self as spec, Cqe, Sqe, Status};
@@ -429,11 +429,11 @@ impl IoQueue for FakeIo {
         self.qid
     }
 
-    unsafe fn submit(&mut self, sqe: &Sqe, iov: &[libc::iovec], tag: u32) -> Result<(), SubmitError> {
+    fn submit(&mut self, sqe: &Sqe, iov: Iovecs, tag: u32) -> Result<(), SubmitError> {
         let cid = self.cids.alloc(tag, ticks::now()).ok_or(SubmitError::Busy)?;
         let mut sqe = *sqe;
         sqe.set_cid(cid);
-        self.queued.push((sqe, iov.to_vec()));
+        self.queued.push((sqe, iov.as_slice().to_vec()));
         self.stats.submitted += 1;
         Ok(())
     }

@@ -7,45 +7,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fp_bdev::conformance::{self, read_range, write_range};
-use fp_bdev::{Bdev, BlockDevice, RamDevice};
-use fp_nvmf::{ListenAddress, NamespaceSpec, NvmfTarget, SubsystemSpec, TargetOptions, TransportOptions};
-use fp_reactor::{ReactorConfig, ReactorSet};
+use fp_bdev::{BlockDevice, RamDevice};
+use fp_nvmf::testing::{self, LoopbackTarget};
+use fp_nvmf::{NamespaceSpec, TransportOptions};
 
 use super::core_fake::{test_options, wait_for, EventLog};
 use crate::ctrlr::{self, Controller, NamespaceEvent};
 use crate::tcp::{Adrfam, TcpTarget, TcpTransport};
 
 /// One target (one reactor) for the whole file, with a subsystem per test device.
-struct Target {
-    t: NvmfTarget,
-    port: u16,
-    _reactors: ReactorSet,
-}
-
-fn target() -> &'static Target {
-    static T: std::sync::OnceLock<Target> = std::sync::OnceLock::new();
-    T.get_or_init(|| {
-        let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
-        let t = NvmfTarget::new(reactors.handles().to_vec(), TargetOptions::default());
-        t.create_transport(TransportOptions::default()).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        Target { t, port, _reactors: reactors }
-    })
+fn target() -> &'static LoopbackTarget {
+    static T: std::sync::OnceLock<LoopbackTarget> = std::sync::OnceLock::new();
+    T.get_or_init(|| LoopbackTarget::start(&[0], TransportOptions::default()).unwrap())
 }
 
 fn ram_namespace(nsid: u32, name: &str, block_size: u32, blocks: u64) -> (NamespaceSpec, Arc<RamDevice>) {
     let dev = Arc::new(RamDevice::new(name, block_size, blocks).unwrap());
-    let bdev: Bdev = dev.clone();
-    let spec = NamespaceSpec {
-        nsid,
-        bdev,
-        bdev_name: name.into(),
-        uuid: None,
-        nguid: None,
-        eui64: None,
-        read_only: false,
-    };
-    (spec, dev)
+    (testing::namespace(nsid, dev.clone(), name), dev)
 }
 
 /// A new subsystem with one RAM namespace of `blocks` blocks, listening on the target's port;
@@ -54,25 +32,16 @@ fn subsystem(block_size: u32, blocks: u64) -> (String, Arc<RamDevice>) {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let nqn = format!("nqn.2016-06.io.flashpath:core-{n}");
-    let tg = target();
-    tg.t.create_subsystem(SubsystemSpec { nqn: nqn.clone(), allow_any_host: true, ..Default::default() })
-        .unwrap();
-    let addr = ListenAddress {
-        trtype: "TCP".into(),
-        adrfam: "IPv4".into(),
-        traddr: "127.0.0.1".into(),
-        trsvcid: tg.port.to_string(),
-    };
-    tg.t.add_listener(&nqn, addr).unwrap();
-    let (spec, dev) = ram_namespace(1, &format!("core-ram{n}"), block_size, blocks);
-    tg.t.add_namespace(&nqn, spec).unwrap();
+    let name = format!("core-ram{n}");
+    let dev = Arc::new(RamDevice::new(&name, block_size, blocks).unwrap());
+    target().add_subsystem(&nqn, dev.clone(), &name).unwrap();
     (nqn, dev)
 }
 
 fn attach_tcp(nqn: &str, name: &str) -> (Arc<dyn Controller>, EventLog) {
     let transport = TcpTransport::new(TcpTarget {
         traddr: "127.0.0.1".into(),
-        trsvcid: target().port,
+        trsvcid: target().port(),
         adrfam: Adrfam::IPv4,
         subnqn: nqn.into(),
         hostnqn: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000c0".into(),
@@ -111,20 +80,20 @@ fn the_targets_namespace_changes_reach_the_callback() {
     let (c, log) = attach_tcp(&nqn, "ev");
     let info = serde_json::to_value(c.info()).unwrap();
     assert_eq!(info["ctrlrs"][0]["trid"]["subnqn"], nqn.as_str());
-    assert_eq!(info["ctrlrs"][0]["trid"]["trsvcid"], target().port.to_string());
+    assert_eq!(info["ctrlrs"][0]["trid"]["trsvcid"], target().port().to_string());
     // Shrink namespace 1, add namespace 2, remove it again.
     ram.resize(32).unwrap();
-    target().t.namespace_resized(&nqn, 1);
+    target().target().namespace_resized(&nqn, 1);
     wait_for("the resize", || !log.lock().unwrap().is_empty());
     assert!(matches!(log.lock().unwrap()[0], NamespaceEvent::Resized { nsid: 1, num_blocks: 32 }));
     let (spec, _) = ram_namespace(2, &format!("{nqn}-2"), 4096, 16);
-    target().t.add_namespace(&nqn, spec).unwrap();
+    target().target().add_namespace(&nqn, spec).unwrap();
     wait_for("the addition", || log.lock().unwrap().len() == 2);
     match &log.lock().unwrap()[1] {
         NamespaceEvent::Added(ns) => assert_eq!((ns.name(), ns.info().block_size), ("evn2", 4096)),
         e => panic!("{e:?}"),
     }
-    target().t.remove_namespace(&nqn, 2).unwrap();
+    target().target().remove_namespace(&nqn, 2).unwrap();
     wait_for("the removal", || log.lock().unwrap().len() == 3);
     assert!(matches!(log.lock().unwrap()[2], NamespaceEvent::Removed { nsid: 2 }));
 }

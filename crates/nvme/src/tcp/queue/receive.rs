@@ -5,10 +5,12 @@
 use std::io::{self, IoSliceMut};
 use std::os::fd::AsFd;
 
+use fp_bdev::{iov, Iovecs};
+
 use fp_nvme_spec::tcp::{self as pdu, CommonHeader, DataHeader, Layout, CH_LEN, HEADER_ROOM};
 use fp_nvme_spec::{Cqe, Status, CQE_LEN};
 
-use super::{for_range, protocol, Dir, Rx, TcpQueue};
+use super::{protocol, Dir, Rx, TcpQueue};
 use crate::NvmeError;
 
 /// Caller buffer ranges one direct receive takes at most (the staging buffer is one more).
@@ -136,14 +138,8 @@ impl TcpQueue {
                 crc = pdu::crc32c_append(crc, src);
             }
             if !orphan {
-                let mut at = 0;
-                for_range(&slot.iov, offset as usize, staged, |ptr, n| {
-                    // SAFETY: `ptr..ptr + n` lies in the command's buffer (the range was checked
-                    // against its length), writable until the completion (submit's contract);
-                    // the staging buffer is the queue's own, so they do not overlap.
-                    unsafe { std::ptr::copy_nonoverlapping(src[at..].as_ptr(), ptr, n) };
-                    at += n;
-                });
+                // The range was checked against the command's length.
+                iov::copy_from_slice(&slot.iov, u64::from(offset), src);
             }
             self.rx.consume(staged);
             if !orphan {
@@ -158,15 +154,13 @@ impl TcpQueue {
             let r = {
                 let mut bufs: [IoSliceMut<'_>; RECV_BATCH + 1] =
                     std::array::from_fn(|_| IoSliceMut::new(&mut []));
-                let mut n = 0;
-                for_range(&slot.iov, offset as usize, left as usize, |ptr, len| {
-                    if n < RECV_BATCH {
-                        // SAFETY: as above: inside the command's writable buffer, for the
-                        // receive's duration only.
-                        bufs[n] = IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(ptr, len) });
-                        n += 1;
-                    }
-                });
+                // Views of the command's buffers for the receive's duration only.
+                let n = iov::io_slices_mut(
+                    &slot.iov,
+                    u64::from(offset),
+                    u64::from(left),
+                    &mut bufs[..RECV_BATCH],
+                );
                 bufs[n] = IoSliceMut::new(self.rx.spare_mut());
                 fp_sys::recv_vectored_nonblocking(self.fd.as_fd(), &mut bufs[..=n])
             };
@@ -175,9 +169,9 @@ impl TcpQueue {
                 Ok(got) => {
                     let into_buf = got.min(left as usize);
                     if digest {
-                        for_range(&slot.iov, offset as usize, into_buf, |ptr, n| {
-                            // SAFETY: bytes of the command's buffer the receive just wrote.
-                            crc = pdu::crc32c_append(crc, unsafe { std::slice::from_raw_parts(ptr, n) });
+                        // The bytes of the command's buffer the receive just wrote.
+                        iov::runs(&slot.iov, u64::from(offset), into_buf as u64, |run| {
+                            crc = pdu::crc32c_append(crc, run.bytes(&slot.iov));
                         });
                     }
                     self.rx.filled(got - into_buf);
@@ -255,7 +249,7 @@ impl TcpQueue {
     pub(super) fn release(&mut self, i: usize) {
         let s = &mut self.slots[i];
         s.orphan = false;
-        s.iov.clear();
+        s.iov = Iovecs::NONE;
     }
 
     /// An R2T: queue H2CData PDUs for the range it asks, from the caller's buffers.
