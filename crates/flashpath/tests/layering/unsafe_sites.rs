@@ -35,6 +35,7 @@ const EDGES: &[&str] = &[
     "crates/bdev/src/buf.rs",
     "crates/bdev/src/dma.rs",
     "crates/bdev/src/iov.rs",
+    "crates/bdev/src/iov_io.rs",
     "crates/bdev/src/mapping.rs",
 ];
 
@@ -52,10 +53,6 @@ const TO_MOVE: &[(&str, usize)] = &[
     ("crates/loadgen/src/engine/log_sync.rs", 3),
     ("crates/loadgen/src/engine/split.rs", 15),
     ("crates/loadgen/src/engine/virtio.rs", 24),
-    ("crates/nbd/src/client/device.rs", 1),
-    ("crates/nbd/src/client/memory.rs", 4),
-    ("crates/nbd/src/client/socket.rs", 4),
-    ("crates/nbd/src/client/wire.rs", 7),
     ("crates/nbd/src/conn/command.rs", 1),
     ("crates/nvme/src/bdev/channel.rs", 5),
     ("crates/nvme/src/emu/controller.rs", 1),
@@ -79,7 +76,7 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
 /// 405 → 408), the reason in the commit.
-const CEILING: usize = 408;
+const CEILING: usize = 394;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {

@@ -300,8 +300,7 @@ impl NbdClientChannel {
         // The server learns at once that nothing more comes (a request cut off by a full send
         // buffer would otherwise leave it waiting for the rest). Nothing reads or writes the
         // socket again, so the callers' buffers are no longer touched.
-        // SAFETY: shutdown on our own socket; no memory is involved.
-        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        let _ = fp_sys::shutdown(self.wire.transport().0.as_fd());
         self.set_timer(0);
     }
 
