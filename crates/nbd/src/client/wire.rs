@@ -21,8 +21,6 @@ use crate::proto::*;
 
 mod receive;
 
-pub use receive::{errno, parse_reply, Reply};
-
 /// Requests one connection carries at once (the brief asks for at least 64; the server side
 /// allows 128 per connection, and so does this).
 pub const MAX_IN_FLIGHT: usize = 128;
