@@ -69,10 +69,31 @@ pub fn with_slices_mut<R>(
     tail: &mut [u8],
     f: impl FnOnce(&mut [IoSliceMut<'_>]) -> R,
 ) -> R {
-    let mut bufs: [IoSliceMut<'_>; VIEW_MAX + 1] = std::array::from_fn(|_| IoSliceMut::new(&mut []));
+    // Most requests have a buffer or a few: their view is a small array, cheap to set up
+    // for every receive.
+    if iov.count() < FEW as u32 {
+        view::<FEW, R>(iov, offset, len, tail, f)
+    } else {
+        view::<{ VIEW_MAX + 1 }, R>(iov, offset, len, tail, f)
+    }
+}
+
+/// Entries of the small view: up to three of a request's buffers and the tail.
+const FEW: usize = 4;
+
+/// [`with_slices_mut`] with room for `N - 1` of the request's buffers and the tail.
+#[inline]
+fn view<const N: usize, R>(
+    iov: &Iovecs,
+    offset: usize,
+    len: usize,
+    tail: &mut [u8],
+    f: impl FnOnce(&mut [IoSliceMut<'_>]) -> R,
+) -> R {
+    let mut bufs: [IoSliceMut<'_>; N] = std::array::from_fn(|_| IoSliceMut::new(&mut []));
     let (mut skip, mut left, mut n) = (offset, len, 0);
     for v in iov.as_slice() {
-        if left == 0 || n == VIEW_MAX {
+        if left == 0 || n == N - 1 {
             break;
         }
         if skip >= v.iov_len {
