@@ -72,25 +72,27 @@ pub fn with_slices_mut<R>(
     // Most requests have a buffer or a few: their view is a small array, cheap to set up
     // for every receive.
     if iov.count() < FEW as u32 {
-        view::<FEW, R>(iov, offset, len, tail, f)
+        let (mut bufs, n) = view::<FEW>(iov, offset, len, tail);
+        f(&mut bufs[..n])
     } else {
-        view::<{ VIEW_MAX + 1 }, R>(iov, offset, len, tail, f)
+        let (mut bufs, n) = view::<{ VIEW_MAX + 1 }>(iov, offset, len, tail);
+        f(&mut bufs[..n])
     }
 }
 
 /// Entries of the small view: up to three of a request's buffers and the tail.
 const FEW: usize = 4;
 
-/// [`with_slices_mut`] with room for `N - 1` of the request's buffers and the tail.
+/// The entries of [`with_slices_mut`]'s view, with room for `N - 1` of the request's buffers
+/// and the tail, and how many are used. Private: the views must not outlive that call.
 #[inline]
-fn view<const N: usize, R>(
-    iov: &Iovecs,
+fn view<'a, const N: usize>(
+    iov: &'a Iovecs,
     offset: usize,
     len: usize,
-    tail: &mut [u8],
-    f: impl FnOnce(&mut [IoSliceMut<'_>]) -> R,
-) -> R {
-    let mut bufs: [IoSliceMut<'_>; N] = std::array::from_fn(|_| IoSliceMut::new(&mut []));
+    tail: &'a mut [u8],
+) -> ([IoSliceMut<'a>; N], usize) {
+    let mut bufs: [IoSliceMut<'a>; N] = std::array::from_fn(|_| IoSliceMut::new(&mut []));
     let (mut skip, mut left, mut n) = (offset, len, 0);
     for v in iov.as_slice() {
         if left == 0 || n == N - 1 {
@@ -103,7 +105,8 @@ fn view<const N: usize, R>(
         let take = (v.iov_len - skip).min(left);
         // SAFETY: `[skip, skip + take)` lies inside the iovec, writable and accessed by no one
         // but the channel holding the request (`Iovecs`' contract); distinct iovecs of one
-        // request do not overlap, and the view ends with this call.
+        // request do not overlap, and `with_slices_mut`, the only caller, ends the view
+        // with its call.
         bufs[n] = IoSliceMut::new(unsafe {
             std::slice::from_raw_parts_mut(v.iov_base.cast::<u8>().add(skip), take)
         });
@@ -115,7 +118,7 @@ fn view<const N: usize, R>(
         bufs[n] = IoSliceMut::new(tail);
         n += 1;
     }
-    f(&mut bufs[..n])
+    (bufs, n)
 }
 
 #[cfg(test)]
