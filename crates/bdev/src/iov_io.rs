@@ -4,8 +4,9 @@
 //! mutable slices for one receive.
 //!
 //! The promise that makes these views sound is the one [`Iovecs::from_raw`]'s caller made:
-//! while the request is in flight its buffers are the channel's alone (a `Read`'s) or written
-//! by nobody (a `Write`'s). A channel uses them only for requests it holds.
+//! while the request is in flight its buffers are the channel's alone (a `Read`'s, whose
+//! iovecs describe distinct bytes) or written by nobody (a `Write`'s). A channel uses them
+//! only for requests it holds.
 
 use std::io::IoSliceMut;
 
@@ -37,8 +38,8 @@ impl<'a> Iterator for Pieces<'a> {
             }
             let n = (v.iov_len - self.skip).min(self.left);
             // SAFETY: `[skip, skip + n)` lies inside the iovec, readable and written by no one
-            // while the request is in flight (`Iovecs`' contract), which outlasts the borrow of
-            // the `Iovecs` this view came from.
+            // while the request is in flight (`Iovecs`' contract); a channel looks at a
+            // request's buffers only while it holds the request (this module's rule).
             let piece = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>().add(self.skip), n) };
             self.skip = 0;
             self.left -= n;
@@ -104,9 +105,10 @@ fn view<'a, const N: usize>(
         }
         let take = (v.iov_len - skip).min(left);
         // SAFETY: `[skip, skip + take)` lies inside the iovec, writable and accessed by no one
-        // but the channel holding the request (`Iovecs`' contract); distinct iovecs of one
-        // request do not overlap, and `with_slices_mut`, the only caller, ends the view
-        // with its call.
+        // but the channel holding the request (`Iovecs`' contract), which takes it as a
+        // `Read`'s buffers, each byte filled once: the iovecs of a read describe distinct
+        // bytes (a describer must not hand out overlapping ones for a read). The view ends with
+        // the call of `with_slices_mut`, the only caller.
         bufs[n] = IoSliceMut::new(unsafe {
             std::slice::from_raw_parts_mut(v.iov_base.cast::<u8>().add(skip), take)
         });
