@@ -33,6 +33,7 @@ pub mod disk;
 pub mod dma;
 mod error;
 pub mod iov;
+pub mod iov_io;
 mod mapping;
 pub mod metrics;
 pub mod mirror;

@@ -30,7 +30,7 @@ impl Drop for Server {
 }
 
 /// Starts `program args...` with `{sock}` in the arguments replaced by a fresh socket path,
-/// and waits for the socket.
+/// and waits until it listens there.
 fn spawn(program: &str, args: &[&str]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s.sock");
@@ -41,14 +41,28 @@ fn spawn(program: &str, args: &[&str]) -> Server {
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {program} ({e}): install nbdkit and qemu-utils"));
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !sock.exists() {
-        assert!(Instant::now() < deadline, "{program} made no socket in 10 s");
+    while !listening(&sock) {
+        assert!(Instant::now() < deadline, "{program} did not listen on its socket in 10 s");
         if let Some(status) = child.try_wait().unwrap() {
             panic!("{program} {args:?} exited ({status}) before making its socket");
         }
         std::thread::sleep(Duration::from_millis(10));
     }
     Server { child, sock, _dir: dir }
+}
+
+/// Whether a process listens on the Unix socket at `path`, from /proc/net/unix (flag
+/// `__SO_ACCEPTCON`). Not the file's existence: it appears at `bind`, a moment before
+/// `listen`, and a connect in between is refused; nor a probe connection, after which qemu-nbd
+/// would exit.
+fn listening(path: &Path) -> bool {
+    const ACCEPTING: u32 = 0x0001_0000;
+    let table = std::fs::read_to_string("/proc/net/unix").expect("/proc/net/unix");
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.get(7).is_some_and(|p| Path::new(p) == path)
+            && u32::from_str_radix(fields[3], 16).is_ok_and(|flags| flags & ACCEPTING != 0)
+    })
 }
 
 fn nbdkit(args: &[&str]) -> Server {

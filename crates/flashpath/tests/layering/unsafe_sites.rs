@@ -35,6 +35,7 @@ const EDGES: &[&str] = &[
     "crates/bdev/src/buf.rs",
     "crates/bdev/src/dma.rs",
     "crates/bdev/src/iov.rs",
+    "crates/bdev/src/iov_io.rs",
     "crates/bdev/src/mapping.rs",
 ];
 
@@ -47,10 +48,6 @@ const TO_MOVE: &[(&str, usize)] = &[
     ("crates/crypto/src/device.rs", 16),
     ("crates/crypto/src/engine.rs", 3),
     ("crates/loadgen/src/engine/libblkio.rs", 2),
-    ("crates/nbd/src/client/device.rs", 1),
-    ("crates/nbd/src/client/memory.rs", 4),
-    ("crates/nbd/src/client/socket.rs", 4),
-    ("crates/nbd/src/client/wire.rs", 7),
     ("crates/nbd/src/conn/command.rs", 1),
     ("crates/nvme/src/emu/controller.rs", 1),
     ("crates/vhost-blk/src/queue.rs", 5),
@@ -64,7 +61,7 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
 /// 405 → 408), the reason in the commit.
-const CEILING: usize = 287;
+const CEILING: usize = 273;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {

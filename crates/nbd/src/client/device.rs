@@ -24,7 +24,8 @@ use fp_bdev::{
     validate_geometry, BdevError, BdevInfo, BlockDevice, Capacity, IoChannel, IoOp, IoRequest, IoStatus,
     IoTypes, SubmitError,
 };
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use fp_conn::Interest;
+use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::address::Address;
@@ -242,13 +243,13 @@ impl Drop for NbdClientDevice {
 /// One connection, driven from its reactor's polls.
 pub struct NbdClientChannel {
     wire: Wire<SocketIo>,
-    epoll: Epoll,
+    /// The socket in a private epoll set (the channel's completion fd), waiting for replies,
+    /// and for room to send while requests wait to be written.
+    interest: Interest,
     /// Fires at the wire's deadline, so a reactor asleep on the epoll set checks it.
     timer: TimerFd,
     /// The tick the timer is set for (0: disarmed).
     timer_at: u64,
-    /// The epoll set's interest in the socket; empty once the socket left the set.
-    interest: EventSet,
     info: BdevInfo,
     address: String,
     stats: Arc<ClientStats>,
@@ -257,10 +258,10 @@ pub struct NbdClientChannel {
 
 impl NbdClientChannel {
     fn new(dev: &NbdClientDevice, fd: OwnedFd, flags: u16) -> std::io::Result<NbdClientChannel> {
-        let epoll = Epoll::new()?;
-        epoll.ctl(ControlOperation::Add, fd.as_raw_fd(), EpollEvent::new(EventSet::IN, 0))?;
+        let interest = Interest::new(fd.as_fd())?;
         let timer = TimerFd::new().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
-        epoll.ctl(ControlOperation::Add, timer.as_raw_fd(), EpollEvent::new(EventSet::IN, TIMER_TOKEN))?;
+        let timer_in = EpollEvent::new(EventSet::IN, TIMER_TOKEN);
+        interest.epoll().ctl(ControlOperation::Add, timer.as_raw_fd(), timer_in)?;
         let mut wire = Wire::new(SocketIo(fd), flags, dev.export.max_payload());
         let rate = u128::from(ticks::tick_rate());
         let timeout = (dev.io_timeout.as_nanos() * rate / 1_000_000_000).min(u128::from(u64::MAX)) as u64;
@@ -269,10 +270,9 @@ impl NbdClientChannel {
         dev.stats.connections.fetch_add(1, Ordering::Relaxed);
         Ok(NbdClientChannel {
             wire,
-            epoll,
+            interest,
             timer,
             timer_at: 0,
-            interest: EventSet::IN,
             info: dev.info.clone(),
             address: dev.detail.address.clone(),
             stats: dev.stats.clone(),
@@ -295,13 +295,12 @@ impl NbdClientChannel {
         self.reported = true;
         self.stats.connections_lost.fetch_add(1, Ordering::Relaxed);
         let fd = self.wire.transport().fd();
-        let _ = self.epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
-        self.interest = EventSet::empty();
+        // A dead socket reports hang-up whatever the interest, so it leaves the set.
+        let _ = self.interest.epoll().ctl(ControlOperation::Delete, fd, EpollEvent::default());
         // The server learns at once that nothing more comes (a request cut off by a full send
         // buffer would otherwise leave it waiting for the rest). Nothing reads or writes the
         // socket again, so the callers' buffers are no longer touched.
-        // SAFETY: shutdown on our own socket; no memory is involved.
-        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        let _ = fp_sys::shutdown(self.wire.transport().0.as_fd());
         self.set_timer(0);
     }
 
@@ -347,7 +346,7 @@ impl IoChannel for NbdClientChannel {
     }
 
     fn completion_fd(&self) -> Option<RawFd> {
-        Some(self.epoll.as_raw_fd())
+        Some(self.interest.as_raw_fd())
     }
 
     fn arm_completion_fd(&mut self) -> bool {
@@ -367,14 +366,7 @@ impl IoChannel for NbdClientChannel {
         }
         if self.wire.dead().is_none() {
             let want = if self.wire.wants_write() { EventSet::IN | EventSet::OUT } else { EventSet::IN };
-            if want != self.interest {
-                let fd = self.wire.transport().fd();
-                if self.epoll.ctl(ControlOperation::Modify, fd, EpollEvent::new(want, 0)).is_err() {
-                    // Without the interest the sleep might miss the socket: keep polling.
-                    return false;
-                }
-                self.interest = want;
-            }
+            self.interest.set(want);
         }
         true
     }

@@ -3,7 +3,7 @@
 //! call either way, so replies and requests are cut at any byte.
 
 use std::collections::VecDeque;
-use std::io;
+use std::io::{self, IoSlice, IoSliceMut};
 
 use crate::client::wire::Transport;
 
@@ -28,42 +28,40 @@ impl MemoryTransport {
 }
 
 impl Transport for MemoryTransport {
-    unsafe fn readv(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
+    fn readv(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         if self.to_client.is_empty() {
             return if self.closed { Ok(0) } else { Err(io::ErrorKind::WouldBlock.into()) };
         }
+        let chunk = self.chunk.max(1);
         let mut n = 0;
-        for v in iov {
-            let take = v.iov_len.min(self.chunk.max(1) - n).min(self.to_client.len());
-            for i in 0..take {
-                let b = self.to_client.pop_front().expect("counted");
-                // SAFETY: the caller's iovecs are writable; `i < iov_len`.
-                unsafe { *v.iov_base.cast::<u8>().add(i) = b };
+        for buf in bufs.iter_mut() {
+            let take = buf.len().min(chunk - n).min(self.to_client.len());
+            for (dst, b) in buf[..take].iter_mut().zip(self.to_client.drain(..take)) {
+                *dst = b;
             }
             n += take;
-            if n == self.chunk.max(1) || self.to_client.is_empty() {
+            if n == chunk || self.to_client.is_empty() {
                 break;
             }
         }
         Ok(n)
     }
 
-    unsafe fn writev(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
+    fn writev(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         if self.closed {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
+        let chunk = self.chunk.max(1);
         let mut n = 0;
-        for v in iov {
-            let take = v.iov_len.min(self.chunk.max(1) - n);
-            // SAFETY: the caller's iovecs are readable; `take <= iov_len`.
-            let s = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), take) };
-            self.from_client.extend_from_slice(s);
+        for buf in bufs {
+            let take = buf.len().min(chunk - n);
+            self.from_client.extend_from_slice(&buf[..take]);
             n += take;
-            if n == self.chunk.max(1) {
+            if n == chunk {
                 break;
             }
         }
-        if n == 0 && !iov.is_empty() {
+        if n == 0 && !bufs.is_empty() {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         Ok(n)

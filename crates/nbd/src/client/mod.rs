@@ -8,6 +8,11 @@
 //! * [`socket`]: connecting, and the non-blocking socket the wire runs on;
 //! * [`device`]: the bdev and its channels (one connection each);
 //! * [`rpc`]: the module and its methods.
+//!
+//! No unsafe code: a request's buffers reach the socket through fp-bdev's views of its
+//! [`Iovecs`](fp_bdev::Iovecs) ([`fp_bdev::iov_io`]) and fp-sys's vectored calls.
+
+#![cfg_attr(not(test), forbid(unsafe_code))]
 
 pub mod device;
 pub mod handshake;

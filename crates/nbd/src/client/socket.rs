@@ -3,7 +3,7 @@
 //! non-blocking for the data path, where [`SocketIo`] moves bytes with fp-sys's vectored
 //! `recvmsg` and `sendmsg`.
 
-use std::io;
+use std::io::{self, IoSlice, IoSliceMut};
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -91,15 +91,14 @@ impl SocketIo {
 }
 
 impl Transport for SocketIo {
-    unsafe fn readv(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
-        // SAFETY: passed on from the caller; the count is at most IOV_MAX (the wire's batch).
-        unsafe { fp_sys::recv_iovecs_nonblocking(self.0.as_fd(), iov) }
+    fn readv(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        fp_sys::recv_vectored_nonblocking(self.0.as_fd(), bufs)
     }
 
-    unsafe fn writev(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
-        // SAFETY: passed on from the caller. MSG_NOSIGNAL inside: a server gone away is an
-        // error return, not a SIGPIPE for the daemon.
-        unsafe { fp_sys::send_iovecs_nonblocking(self.0.as_fd(), iov) }
+    fn writev(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        // MSG_NOSIGNAL inside: a server gone away is an error return, not a SIGPIPE for the
+        // daemon.
+        fp_sys::send_vectored_nonblocking(self.0.as_fd(), bufs)
     }
 }
 
@@ -113,5 +112,5 @@ pub fn still_open(fd: BorrowedFd<'_>) -> bool {
 /// logging a client that vanished.
 pub fn say_goodbye(fd: BorrowedFd<'_>) {
     let disc = Request { flags: 0, command: CMD_DISC, cookie: 0, offset: 0, length: 0 }.encode();
-    let _ = fp_sys::send_vectored_nonblocking(fd, &[io::IoSlice::new(&disc)]);
+    let _ = fp_sys::send_vectored_nonblocking(fd, &[IoSlice::new(&disc)]);
 }

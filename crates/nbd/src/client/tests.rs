@@ -291,3 +291,34 @@ fn the_table_bounds_requests_in_flight_and_slots_are_reused() {
         assert_eq!(w.in_flight(), 0);
     }
 }
+
+/// A read and a write spread over more iovecs than one gathered write (64 pieces) or one view
+/// of a read's buffers holds: the write goes out whole over several sends, the read's data
+/// over several receives, and the next reply's header is not taken for data.
+#[test]
+fn requests_over_many_iovecs_go_out_and_come_in_whole() {
+    const PIECES: usize = 150;
+    for chunk in [1, 13, 1 << 20] {
+        let mut w = wire(chunk, ALL);
+        let mut rbuf = vec![0u8; PIECES * 7];
+        let mut wdata: Vec<u8> = (0..PIECES * 7).map(|i| (i * 3) as u8).collect();
+        let riov: Vec<_> = rbuf.chunks_mut(7).map(iov_of).collect();
+        let wiov: Vec<_> = wdata.chunks_mut(7).map(iov_of).collect();
+        w.submit(&req(1, IoOp::Read, 0, &riov)).unwrap();
+        w.submit(&req(2, IoOp::Write, 4096, &wiov)).unwrap();
+        for _ in 0..10_000 {
+            w.poll(&mut |_, _| panic!("nothing answered yet"));
+        }
+        let reqs = sent_requests(&w.transport().from_client);
+        assert_eq!(reqs.len(), 2, "chunk {chunk}");
+        assert_eq!((reqs[1].0.command, reqs[1].0.length as usize), (CMD_WRITE, PIECES * 7));
+        assert!(reqs[1].1 == wdata, "chunk {chunk}: the write's data, in order");
+        let s = w.transport_mut();
+        s.to_client.extend(simple_reply(0, reqs[0].0.cookie));
+        s.to_client.extend((0..PIECES * 7).map(|i| i as u8 ^ 0x3c));
+        s.to_client.extend(simple_reply(0, reqs[1].0.cookie));
+        assert_eq!(poll_all(&mut w), [(1, IoStatus::Success), (2, IoStatus::Success)], "chunk {chunk}");
+        assert!(rbuf.iter().enumerate().all(|(i, &x)| x == i as u8 ^ 0x3c), "chunk {chunk}: the read's data");
+        assert!(w.dead().is_none(), "chunk {chunk}: {:?}", w.dead());
+    }
+}

@@ -1,26 +1,29 @@
 //! One connection's transmission phase as a client (NBD's doc/proto.md, "Transmission phase",
-//! simple replies only): a fixed table of request slots indexed by the cookie, a send queue
-//! written with vectored writes (a request's header and a write's data straight from the
-//! caller's iovecs), and a receive state machine that reads reply headers and puts a read's
-//! data straight into the caller's iovecs. Nothing here allocates after [`Wire::new`].
+//! simple replies only): a fixed table of request slots indexed by the cookie, fp-conn's
+//! [`SendQueue`] written with gathered writes (a request's header and a write's data straight
+//! from the caller's iovecs, a partial write counted against the request at the front), and
+//! the receive side (`wire/receive.rs`): reply headers into fp-conn's [`RecvBuf`], a read's data
+//! straight into the caller's iovecs. Nothing here allocates after [`Wire::new`], and nothing
+//! here is unsafe: the caller's buffers are seen through [`fp_bdev::iov_io`].
 //!
 //! The byte stream comes through a [`Transport`], so the fuzz target can play the server.
 //! Everything the server sends is checked: the magic, a cookie naming a request that was sent
 //! and not yet answered. Anything else, a closed stream or an I/O error kills the connection:
 //! every request in flight, and every later one, completes with `EIO`.
 
-use std::collections::VecDeque;
-use std::io;
+use std::io::{self, IoSlice, IoSliceMut};
 
+use fp_bdev::iov_io::pieces;
 use fp_bdev::{IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
+use fp_conn::{RecvBuf, SendQueue, Sent};
 
 use crate::proto::*;
+
+mod receive;
 
 /// Requests one connection carries at once (the brief asks for at least 64; the server side
 /// allows 128 per connection, and so does this).
 pub const MAX_IN_FLIGHT: usize = 128;
-/// iovecs one system call takes (Linux's `IOV_MAX`).
-const IOV_BATCH: usize = 1024;
 /// Reply headers one read may take when no read's data can be in the stream.
 const HDR_BATCH: usize = 64;
 /// Rounds of reading per poll, so one busy connection cannot hold its reactor.
@@ -28,17 +31,12 @@ const READS_PER_POLL: usize = 16;
 
 /// Moves bytes for a [`Wire`]: a non-blocking socket, or the fuzz target's script.
 pub trait Transport {
-    /// Reads into `iov`; `Ok(0)` is the end of the stream, `WouldBlock` nothing there yet.
-    ///
-    /// # Safety
-    /// Every iovec describes memory valid for writes for the call's duration.
-    unsafe fn readv(&mut self, iov: &[libc::iovec]) -> io::Result<usize>;
+    /// Reads into `bufs`, in order; `Ok(0)` is the end of the stream, `WouldBlock` nothing
+    /// there yet.
+    fn readv(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize>;
 
-    /// Writes from `iov`; `WouldBlock` when nothing fits now.
-    ///
-    /// # Safety
-    /// Every iovec describes memory valid for reads for the call's duration.
-    unsafe fn writev(&mut self, iov: &[libc::iovec]) -> io::Result<usize>;
+    /// Writes from `bufs`, in order; `WouldBlock` when nothing fits now.
+    fn writev(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,8 +95,11 @@ impl Slot {
         REQUEST_LEN + if self.command == CMD_WRITE { self.payload } else { 0 }
     }
 
-    fn iovecs(&self) -> &[libc::iovec] {
-        self.iov.as_slice()
+    /// What this request puts on the wire: its header, and a write's data straight from the
+    /// caller's buffers.
+    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        let data = if self.command == CMD_WRITE { self.payload } else { 0 };
+        std::iter::once(&self.hdr[..]).chain(pieces(&self.iov, self.start, data))
     }
 }
 
@@ -116,13 +117,11 @@ pub struct Wire<T> {
     io: T,
     slots: Box<[Slot]>,
     free: Vec<u16>,
-    tx: VecDeque<u16>,
-    /// Bytes of the request at the front of `tx` already written.
-    tx_done: usize,
+    /// Request parts (slot indexes) to send, and how much of the front one went out.
+    tx: SendQueue<u16>,
     rx: Rx,
-    hdr: [u8; SIMPLE_REPLY_LEN * HDR_BATCH],
-    /// Bytes in `hdr`, from its start.
-    hdr_len: usize,
+    /// Reply headers received and not yet handled (and a read's data that came with them).
+    hdr: RecvBuf,
     /// Requests taken (a split one once) and not yet completed.
     requests: usize,
     /// Parts sent whole and not yet answered.
@@ -131,7 +130,6 @@ pub struct Wire<T> {
     /// headers are read one at a time (the data then goes straight to its iovecs).
     reads_sent: usize,
     done: Vec<(u32, IoStatus)>,
-    scratch: Vec<libc::iovec>,
     dead: Option<String>,
     /// The largest read or write payload the server takes.
     max_payload: u32,
@@ -161,17 +159,14 @@ impl<T: Transport> Wire<T> {
             io,
             slots: vec![Slot::FREE; MAX_IN_FLIGHT].into_boxed_slice(),
             free: (0..MAX_IN_FLIGHT as u16).rev().collect(),
-            tx: VecDeque::with_capacity(MAX_IN_FLIGHT),
-            tx_done: 0,
+            tx: SendQueue::with_capacity(MAX_IN_FLIGHT),
             rx: Rx::Header,
-            hdr: [0; SIMPLE_REPLY_LEN * HDR_BATCH],
-            hdr_len: 0,
+            hdr: RecvBuf::new(SIMPLE_REPLY_LEN * HDR_BATCH),
             requests: 0,
             awaiting: 0,
             reads_sent: 0,
             // Every slot may complete and every refused request wait here too.
             done: Vec::with_capacity(2 * MAX_IN_FLIGHT),
-            scratch: Vec::with_capacity(IOV_BATCH),
             dead: None,
             max_payload: max_payload.min(MAX_PAYLOAD),
             write: !has(TFLAG_READ_ONLY),
@@ -262,11 +257,8 @@ impl<T: Transport> Wire<T> {
     /// last part is answered, failed if any part failed. Requests the connection cannot carry
     /// complete with an error at the next poll: `EROFS` for a write to a read-only export,
     /// `EINVAL` for iovecs that do not add up to the length or more parts than the table
-    /// holds, `EIO` once the connection is dead.
-    ///
-    /// # Safety
-    /// As [`fp_bdev::IoChannel::submit`]: a read's or write's iovecs and their buffers stay
-    /// valid until the request completes.
+    /// holds, `EIO` once the connection is dead. A read's or write's buffers are the ones its
+    /// [`Iovecs`] vouch for until it completes (then the wire lets go of them).
     pub fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         let (command, supported, writes) = match req.op {
             IoOp::Read => (CMD_READ, true, false),
@@ -346,7 +338,7 @@ impl<T: Transport> Wire<T> {
                 since,
                 hdr: r.encode(),
             };
-            self.tx.push_back(index as u16);
+            self.tx.push(index as u16);
         }
         self.requests += 1;
         Ok(())
@@ -385,211 +377,33 @@ impl<T: Transport> Wire<T> {
         }
         self.requests = 0;
         self.awaiting = 0;
-        self.tx.clear();
-        self.tx_done = 0;
+        while self.tx.drop_front().is_some() {}
         self.rx = Rx::Header;
-        self.hdr_len = 0;
+        self.hdr.clear();
         self.reads_sent = 0;
         self.dead = Some(why);
-    }
-
-    /// With nothing due, reads anyway: a readable socket then holds either the end of the
-    /// stream (the server went away) or bytes nobody asked for, and either kills the
-    /// connection now rather than at the next request. Called before the caller sleeps on
-    /// the socket, which would otherwise wake it again and again.
-    pub fn probe(&mut self) {
-        if self.dead.is_some() || self.awaiting > 0 || self.rx != Rx::Header {
-            return;
-        }
-        let iov = [libc::iovec {
-            iov_base: self.hdr[self.hdr_len..].as_mut_ptr().cast(),
-            iov_len: SIMPLE_REPLY_LEN - self.hdr_len.min(SIMPLE_REPLY_LEN),
-        }];
-        // SAFETY: the iovec describes the unused part of `self.hdr`.
-        let why = match unsafe { self.io.readv(&iov) } {
-            Ok(0) => "the server closed the connection".to_string(),
-            Ok(n) => {
-                self.hdr_len += n;
-                match self.parse_headers() {
-                    Ok(()) if self.hdr_len > 0 => {
-                        violation(format!("{} bytes nobody asked for", self.hdr_len))
-                    }
-                    Ok(()) => return,
-                    Err(e) => e,
-                }
-            }
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => return,
-            Err(e) => format!("read from the server failed: {e}"),
-        };
-        self.die(why);
     }
 
     /// Writes as much of the send queue as the socket takes.
     fn send(&mut self) -> Result<(), String> {
         while !self.tx.is_empty() {
-            self.scratch.clear();
-            let mut skip = self.tx_done;
-            for &index in &self.tx {
-                let slot = &self.slots[index as usize];
-                if skip < REQUEST_LEN {
-                    self.scratch.push(libc::iovec {
-                        iov_base: slot.hdr[skip..].as_ptr() as *mut libc::c_void,
-                        iov_len: REQUEST_LEN - skip,
-                    });
-                    skip = 0;
-                } else {
-                    skip -= REQUEST_LEN;
-                }
-                if slot.command == CMD_WRITE
-                    && !push_from(&mut self.scratch, slot.iovecs(), slot.start + skip, slot.payload - skip)
-                {
-                    break;
-                }
-                skip = 0;
-                if self.scratch.len() == IOV_BATCH {
-                    break;
-                }
-            }
-            // SAFETY: the iovecs describe the slots' headers (in `self.slots`, untouched during
-            // the call) and the callers' write buffers, valid until those requests complete.
-            let n = match unsafe { self.io.writev(&self.scratch) } {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(format!("write to the server failed: {e}")),
-            };
-            if n == 0 {
-                return Err("the server takes no more data".into());
-            }
-            self.advance_tx(n);
-        }
-        Ok(())
-    }
-
-    fn advance_tx(&mut self, mut n: usize) {
-        while n > 0 {
-            let index = *self.tx.front().expect("bytes written belong to a queued request") as usize;
-            let left = self.slots[index].wire_len() - self.tx_done;
-            if n < left {
-                self.tx_done += n;
-                return;
-            }
-            n -= left;
-            self.tx_done = 0;
-            self.tx.pop_front();
-            let slot = &mut self.slots[index];
-            slot.state = State::Sent;
-            self.awaiting += 1;
-            if slot.command == CMD_READ {
-                self.reads_sent += 1;
-            }
-        }
-    }
-
-    /// Reads replies until the socket is empty (or this poll's share is used).
-    fn receive(&mut self) -> Result<(), String> {
-        for _ in 0..READS_PER_POLL {
-            if self.rx == Rx::Header && self.hdr_len == 0 && self.awaiting == 0 {
-                // Nothing can arrive but a violation; it is found when something is due.
-                return Ok(());
-            }
-            self.scratch.clear();
-            match self.rx {
-                Rx::Header => {
-                    // With no read answered yet, the stream holds only headers: take many.
-                    let want = if self.reads_sent == 0 {
-                        (self.awaiting * SIMPLE_REPLY_LEN).clamp(SIMPLE_REPLY_LEN, self.hdr.len())
-                    } else {
-                        SIMPLE_REPLY_LEN
-                    };
-                    self.scratch.push(libc::iovec {
-                        iov_base: self.hdr[self.hdr_len..].as_mut_ptr().cast(),
-                        iov_len: want - self.hdr_len,
-                    });
-                }
-                Rx::Data { slot, done, len } => {
-                    let s = &self.slots[slot];
-                    push_from(&mut self.scratch, s.iovecs(), s.start + done, len - done);
-                    // The next reply's header in the same call, when there is room.
-                    if self.scratch.len() < IOV_BATCH {
-                        self.scratch.push(libc::iovec {
-                            iov_base: self.hdr.as_mut_ptr().cast(),
-                            iov_len: SIMPLE_REPLY_LEN,
-                        });
+            let (slots, io) = (&self.slots, &mut self.io);
+            match self.tx.write(|index| slots[usize::from(index)].pieces(), |bufs| io.writev(bufs)) {
+                Sent::Bytes(_) => {
+                    while let Some(index) = self.tx.pop_sent(|i| self.slots[usize::from(i)].wire_len()) {
+                        let slot = &mut self.slots[usize::from(index)];
+                        slot.state = State::Sent;
+                        self.awaiting += 1;
+                        if slot.command == CMD_READ {
+                            self.reads_sent += 1;
+                        }
                     }
                 }
-            }
-            // SAFETY: the iovecs describe `self.hdr` and the buffers of a read in flight,
-            // which its submitter keeps valid and writable until it completes.
-            let n = match unsafe { self.io.readv(&self.scratch) } {
-                Ok(0) => return Err("the server closed the connection".into()),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(format!("read from the server failed: {e}")),
-            };
-            match self.rx {
-                Rx::Header => {
-                    self.hdr_len += n;
-                    self.parse_headers()?;
-                }
-                Rx::Data { slot, done, len } => {
-                    let data = n.min(len - done);
-                    if done + data == len {
-                        self.hdr_len = n - data;
-                        self.rx = Rx::Header;
-                        self.complete(slot, IoStatus::Success);
-                        self.parse_headers()?;
-                    } else {
-                        self.rx = Rx::Data { slot, done: done + data, len };
-                    }
-                }
+                Sent::Blocked => return Ok(()),
+                Sent::Failed(e) => return Err(format!("write to the server failed: {e}")),
             }
         }
         Ok(())
-    }
-
-    /// Handles every whole header in the buffer; a read's data that follows its header in the
-    /// buffer is copied out, and the rest of that read's data is then read in place.
-    fn parse_headers(&mut self) -> Result<(), String> {
-        let mut at = 0;
-        while self.rx == Rx::Header && self.hdr_len - at >= SIMPLE_REPLY_LEN {
-            let h: [u8; SIMPLE_REPLY_LEN] = self.hdr[at..at + SIMPLE_REPLY_LEN].try_into().expect("16 bytes");
-            at += SIMPLE_REPLY_LEN;
-            let reply = parse_reply(&h).map_err(violation)?;
-            let index = self.lookup(reply.cookie)?;
-            let slot = self.slots[index];
-            if reply.error != 0 || slot.command != CMD_READ {
-                let status =
-                    if reply.error == 0 { IoStatus::Success } else { IoStatus::Error(errno(reply.error)) };
-                self.complete(index, status);
-                continue;
-            }
-            // A read's data follows: first what the buffer already holds.
-            let len = slot.payload;
-            let have = (self.hdr_len - at).min(len);
-            copy_into(slot.iovecs(), slot.start, &self.hdr[at..at + have]);
-            at += have;
-            if have == len {
-                self.complete(index, IoStatus::Success);
-            } else {
-                self.rx = Rx::Data { slot: index, done: have, len };
-            }
-        }
-        self.hdr.copy_within(at..self.hdr_len, 0);
-        self.hdr_len -= at;
-        Ok(())
-    }
-
-    /// The slot a reply's cookie names: one whose request went out whole and is unanswered.
-    fn lookup(&self, cookie: u64) -> Result<usize, String> {
-        let index = (cookie & 0xffff_ffff) as usize;
-        match self.slots.get(index) {
-            Some(s) if s.state == State::Sent && u64::from(s.generation) == cookie >> 32 => Ok(index),
-            _ => Err(violation(format!(
-                "a reply with cookie {cookie:#x}, which names no request awaiting one"
-            ))),
-        }
     }
 
     /// A part was answered: the request completes with its last part, failed if any part
@@ -620,80 +434,5 @@ impl<T: Transport> Wire<T> {
             self.free.push(lead as u16);
             self.requests -= 1;
         }
-    }
-}
-
-/// A reply header's fields.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reply {
-    pub error: u32,
-    pub cookie: u64,
-}
-
-/// Parses a simple reply header. A structured reply chunk is refused: this client never asks
-/// for them, so a server sending one breaks the protocol.
-pub fn parse_reply(b: &[u8; SIMPLE_REPLY_LEN]) -> Result<Reply, String> {
-    match u32::from_be_bytes(b[0..4].try_into().expect("4 bytes")) {
-        SIMPLE_REPLY_MAGIC => Ok(Reply {
-            error: u32::from_be_bytes(b[4..8].try_into().expect("4 bytes")),
-            cookie: u64::from_be_bytes(b[8..16].try_into().expect("8 bytes")),
-        }),
-        STRUCTURED_REPLY_MAGIC => Err("a structured reply, which was not negotiated".into()),
-        m => Err(format!("reply magic {m:#010x}")),
-    }
-}
-
-/// The errno for an NBD error value: the protocol's values are Linux's; anything else is `EIO`
-/// (proto.md: "a client SHOULD treat unknown error values as EINVAL"... but a write that failed
-/// for an unknown reason is an I/O error to whoever issued it).
-pub fn errno(nbd: u32) -> i32 {
-    match nbd {
-        EPERM | EIO | ENOMEM | EINVAL | ENOSPC | EOVERFLOW | ENOTSUP | ESHUTDOWN => nbd as i32,
-        _ => libc::EIO,
-    }
-}
-
-/// Appends iovecs covering `len` bytes of `iov` from byte `skip` on, as many as fit in the
-/// batch. Returns whether all of it fit.
-fn push_from(out: &mut Vec<libc::iovec>, iov: &[libc::iovec], mut skip: usize, mut len: usize) -> bool {
-    for v in iov {
-        if len == 0 {
-            break;
-        }
-        if skip >= v.iov_len {
-            skip -= v.iov_len;
-            continue;
-        }
-        if out.len() == IOV_BATCH {
-            return false;
-        }
-        let n = (v.iov_len - skip).min(len);
-        out.push(libc::iovec {
-            // SAFETY: `skip < iov_len`, so the pointer stays inside the buffer.
-            iov_base: unsafe { v.iov_base.cast::<u8>().add(skip) }.cast(),
-            iov_len: n,
-        });
-        len -= n;
-        skip = 0;
-    }
-    true
-}
-
-/// Copies `src` into the buffers of `iov` from byte `skip` on.
-fn copy_into(iov: &[libc::iovec], mut skip: usize, mut src: &[u8]) {
-    for v in iov {
-        if src.is_empty() {
-            return;
-        }
-        if skip >= v.iov_len {
-            skip -= v.iov_len;
-            continue;
-        }
-        let n = (v.iov_len - skip).min(src.len());
-        // SAFETY: the iovec is a read's destination, writable until the read completes;
-        // `skip + n <= iov_len`; `src` is our own buffer, which cannot overlap the caller's.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), v.iov_base.cast::<u8>().add(skip), n) };
-        src = &src[n..];
-        skip = 0;
     }
 }
