@@ -859,6 +859,16 @@ mod tests {
         Ok(methods)
     }
 
+    /// Each `(extra, want)`: `base` followed by `extra` is refused with one line starting
+    /// with `want`.
+    fn assert_each_refused_in_one_line(base: &str, cases: &[(&str, &str)]) {
+        for (extra, want) in cases {
+            let err = apply(&format!("{base}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
+            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
     #[test]
     fn mirror_tables_start_jobs_after_the_bdevs_and_before_the_exports() {
         let text = r#"
@@ -1041,11 +1051,7 @@ mod tests {
                 "vhost_blk[0].bogus: unknown parameter",
             ),
         ];
-        for (extra, want) in cases {
-            let err = apply(&format!("{ok}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
-            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
-            assert!(!err.contains('\n'), "{err}");
-        }
+        assert_each_refused_in_one_line(ok, &cases);
     }
 
     #[test]
@@ -1279,11 +1285,7 @@ mod tests {
                 "nbd_disk[0]: bdev 'zz' does not exist",
             ),
         ];
-        for (extra, want) in cases {
-            let err = apply(&format!("{ram}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
-            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
-            assert!(!err.contains('\n'), "{err}");
-        }
+        assert_each_refused_in_one_line(ram, &cases);
     }
 
     #[test]
@@ -1397,12 +1399,7 @@ mod tests {
             ),
             ("[[qos_group]]\nname = \"g\"\n[[qos_group]]\nname = \"g\"\n", "qos_group[1]: QoS group 'g' already exists"),
         ];
-        for (extra, want) in cases {
-            let err =
-                apply(&format!("{TWO_DISKS}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
-            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
-            assert!(!err.contains('\n'), "{err}");
-        }
+        assert_each_refused_in_one_line(TWO_DISKS, &cases);
     }
 
     #[test]
@@ -1696,11 +1693,7 @@ mod tests {
                 "bdev[1].block_size: ",
             ),
         ];
-        for (extra, want) in cases {
-            let err = apply(&format!("{ram}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
-            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
-            assert!(!err.contains('\n'), "{err}");
-        }
+        assert_each_refused_in_one_line(ram, &cases);
     }
 
     /// A monitor that does not answer stops the loader at the cluster's entry, after
