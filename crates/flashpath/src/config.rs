@@ -851,6 +851,9 @@ mod tests {
         ConfigFile::parse(text, Path::new("test.toml"))
     }
 
+    /// One null disk, `a`, before the tables under test.
+    const NULL_DISK: &str = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
+
     fn apply(text: &str) -> Result<std::sync::Arc<Registry>, String> {
         let dir = tempfile::tempdir().unwrap();
         let methods = Registry::new(vec![], dir.path());
@@ -996,7 +999,6 @@ mod tests {
 
     #[test]
     fn entry_errors_name_table_index_and_field() {
-        let ok = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
         let cases = [
             (
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 1000\n",
@@ -1051,7 +1053,7 @@ mod tests {
                 "vhost_blk[0].bogus: unknown parameter",
             ),
         ];
-        assert_each_refused_in_one_line(ok, &cases);
+        assert_each_refused_in_one_line(NULL_DISK, &cases);
     }
 
     #[test]
@@ -1290,7 +1292,6 @@ mod tests {
 
     #[test]
     fn qos_group_members_of_the_wrong_shape_are_refused_before_any_call() {
-        let bdev = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
         let cases = [
             ("members = \"a\"", "qos_group[0].members: expected an array of tables {bdev_name, weight}"),
             ("members = [\"a\"]", "qos_group[0].members[0]: expected a table {bdev_name, weight}"),
@@ -1304,7 +1305,7 @@ mod tests {
             ),
         ];
         for (members, want) in cases {
-            let text = format!("{bdev}[[qos_group]]\nname = \"g\"\n{members}\n");
+            let text = format!("{NULL_DISK}[[qos_group]]\nname = \"g\"\n{members}\n");
             let config = parse(&text).unwrap();
             assert_eq!(config.calls().unwrap_err().to_string(), want, "{members}");
             // Nothing was created: the shape is checked before the first call.
@@ -1664,7 +1665,6 @@ mod tests {
     #[test]
     fn rbd_entry_errors_name_table_index_and_field() {
         // None of these reaches a cluster: each is refused before connecting.
-        let ram = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
         let cases = [
             (
                 "[[rbd_cluster]]\nconfig_file = \"/x\"\n",
@@ -1693,7 +1693,7 @@ mod tests {
                 "bdev[1].block_size: ",
             ),
         ];
-        assert_each_refused_in_one_line(ram, &cases);
+        assert_each_refused_in_one_line(NULL_DISK, &cases);
     }
 
     /// A monitor that does not answer stops the loader at the cluster's entry, after
