@@ -1,5 +1,5 @@
-//! The registry itself: its state under one mutex, its options, and what it answers of the
-//! daemon as a whole (reactors, shutdown).
+//! The registry made (each export kind's state with it), and what it answers of the daemon as a
+//! whole (reactors, stop bounds, shutdown). Its state's types are in `state.rs`, below this file.
 
 use std::collections::BTreeMap;
 use std::path::Path;
