@@ -16,6 +16,24 @@ def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def note(section, text):
+    """Records in a section's results why a part of it did not run or stopped, and logs it."""
+    section["notes"].append(text)
+    log(text)
+
+
+def server_measured(problems, what, x, reps, metrics):
+    """Whether a server's figures `x` at one point hold their `reps` runs; if so, also that each
+    of `metrics` is a positive number in their median. What is wrong goes in `problems`, naming
+    `what`; a caller goes on with its own checks only when this is true."""
+    if not x or len(x["runs"]) != reps:
+        problems.append(f"{what}: {len(x['runs']) if x else 0} runs, want {reps}")
+        return False
+    problems += [f"{what}: {m} = {x['median'].get(m)!r}" for m in metrics
+                 if not isinstance(x["median"].get(m), (int, float)) or x["median"][m] <= 0]
+    return True
+
+
 def run(cmd, timeout, **kw):
     return subprocess.run(cmd, timeout=timeout, check=True, text=True, capture_output=True, **kw)
 

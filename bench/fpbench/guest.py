@@ -62,6 +62,13 @@ def boot_image():
     return os.path.join(d, "vmlinux"), os.path.join(d, "initramfs.cpio")
 
 
+def guest_boot_files(initramfs, work):
+    """(vmlinux, initramfs) of a section's guest: the image's kernel, and `initramfs(base, work)`
+    made from the image's own initramfs `base`."""
+    kernel, base = boot_image()
+    return kernel, initramfs(base, work)
+
+
 def bench_initramfs(base, work):
     """The benchmark's initramfs (see the module docs), from the image's initramfs `base`; its
     path."""

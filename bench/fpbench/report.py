@@ -389,24 +389,13 @@ def markdown(res):
             lines.append(f"| {e['backend']} {e['pattern']} {e['bs'] // 1024}K, QD{e['qd']} × "
                          f"{e['queues']} | {e['client']} | {e['server']} | {e['ir_per_io']:,.0f} | "
                          f"{len(e['runs'])} | {100 * e['spread']:.1f} % |")
-    if res.get("pathlen"):
-        lines += pathlen_markdown(res)
-    if res.get("lvol"):
-        lines += lvol_markdown(res)
-    if res.get("rbd"):
-        lines += rbd_markdown(res)
-    if res.get("nbd"):
-        lines += nbd_markdown(res)
-    if res.get("migration"):
-        lines += migration_markdown(res)
-    if res.get("guest_notify"):
-        lines += guest_notify_markdown(res)
-    if res.get("spdk"):
-        lines += spdk_markdown(res)
-    if res.get("nvmf"):
-        lines += nvmf_markdown(res)
-    if res.get("nvme_tcp"):
-        lines += nvme_tcp_markdown(res)
+    # The sections of a full run, in the order results.md shows those that ran.
+    for key, section in (("pathlen", pathlen_markdown), ("lvol", lvol_markdown), ("rbd", rbd_markdown),
+                         ("nbd", nbd_markdown), ("migration", migration_markdown),
+                         ("guest_notify", guest_notify_markdown), ("spdk", spdk_markdown),
+                         ("nvmf", nvmf_markdown), ("nvme_tcp", nvme_tcp_markdown)):
+        if res.get(key):
+            lines += section(res)
     return "\n".join(lines + targets_table(res))
 
 

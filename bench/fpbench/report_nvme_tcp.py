@@ -1,7 +1,7 @@
 """The NVMe/TCP initiator section (issue 25: flashpath's bdev_nvme vs SPDK's, both over TCP to
 one SPDK nvmf_tgt) in results.md, its target and the check of its outputs."""
 
-from fpbench.common import MIB
+from fpbench.common import MIB, server_measured
 from fpbench.load import point_key, point_label
 from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
 from fpbench.report_nvmf import _top_calls
@@ -111,14 +111,10 @@ def validate_nvme_tcp(res, c):
             continue
         for kind in INITIATORS:
             x = p["servers"].get(kind)
-            if not x or len(x["runs"]) != c["reps"]:
-                problems.append(f"nvme-tcp {point_label(pk)} {kind}: {len(x['runs']) if x else 0} runs")
+            if not server_measured(problems, f"nvme-tcp {point_label(pk)} {kind}", x, c["reps"],
+                                   ("iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io", "reactor_busy_ns_per_io",
+                                    "target_busy_ns_per_io")):
                 continue
-            for m in ("iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io", "reactor_busy_ns_per_io",
-                      "target_busy_ns_per_io"):
-                v = x["median"].get(m)
-                if not isinstance(v, (int, float)) or v <= 0:
-                    problems.append(f"nvme-tcp {point_label(pk)} {kind}: {m} = {v!r}")
             t = x.get("traced") or {}
             if e.get("syscall_method") and not (t.get("target_syscalls_per_io") and t.get("initiator_syscalls_per_io")):
                 problems.append(f"nvme-tcp {point_label(pk)} {kind}: no system call counts")

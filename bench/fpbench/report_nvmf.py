@@ -1,7 +1,7 @@
 """The NVMe/TCP section (issue 24: flashpath vs SPDK's nvmf_tgt) in results.md, its targets and
 the check of its outputs."""
 
-from fpbench.common import MIB
+from fpbench.common import MIB, server_measured
 from fpbench.load import point_key, point_label
 from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
 
@@ -109,12 +109,10 @@ def nvmf_targets(res, add):
 
 def _target_problems(what, x, reps, counted):
     """A target's figures at one point: its runs, positive medians, system call counts."""
-    if not x or len(x["runs"]) != reps:
-        return [f"{what}: {len(x['runs']) if x else 0} runs, want {reps}"]
-    bad = [f"{what}: {m} = {x['median'].get(m)!r}"
-           for m in ("iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io", "reactor_busy_ns_per_io")
-           if not isinstance(x["median"].get(m), (int, float)) or x["median"][m] <= 0]
-    if counted and not (x.get("traced") or {}).get("syscalls", {}).get("total"):
+    bad = []
+    if (server_measured(bad, what, x, reps,
+                        ("iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io", "reactor_busy_ns_per_io"))
+            and counted and not (x.get("traced") or {}).get("syscalls", {}).get("total")):
         bad.append(f"{what}: no system call counts")
     return bad
 

@@ -6,6 +6,7 @@ import json
 import math
 import os
 
+from fpbench.common import server_measured
 from fpbench.load import point_id, point_key, point_label
 from fpbench.machine import nbd_label
 from fpbench.modes import mode_config
@@ -38,13 +39,9 @@ def validate_rbd(res, rc):
             continue
         for kind in ("flashpath", "qsd"):
             x = p["servers"].get(kind)
-            if not x or len(x["runs"]) != rc["rounds"]:
-                problems.append(f"rbd {point_label(pk)} {kind}: {len(x['runs']) if x else 0} runs, want {rc['rounds']}")
+            if not server_measured(problems, f"rbd {point_label(pk)} {kind}", x, rc["rounds"],
+                                   ("iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io")):
                 continue
-            for m in ("iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io"):
-                v = x["median"].get(m)
-                if not isinstance(v, (int, float)) or v <= 0:
-                    problems.append(f"rbd {point_label(pk)} {kind}: {m} = {v!r}")
             cl = x["median"].get("cluster_cpu_ns_per_io", {})
             if not any(d.startswith("osd.") for d in cl) or not all(isinstance(v, (int, float)) and v >= 0
                                                                     for v in cl.values()):
@@ -75,13 +72,9 @@ def validate_nbd(res, nc):
             continue
         for kind in NBD_SERVERS:
             x = p["servers"].get(kind)
-            if not x or len(x["runs"]) != nc["reps"]:
-                problems.append(f"nbd {nbd_label(pt)} {kind}: {len(x['runs']) if x else 0} runs, want {nc['reps']}")
+            if not server_measured(problems, f"nbd {nbd_label(pt)} {kind}", x, nc["reps"],
+                                   ("iops", "mbps", "p50_ns", "p99_ns", "server_cpu_ns_per_io")):
                 continue
-            for m in ("iops", "mbps", "p50_ns", "p99_ns", "server_cpu_ns_per_io"):
-                v = x["median"].get(m)
-                if not isinstance(v, (int, float)) or v <= 0:
-                    problems.append(f"nbd {nbd_label(pt)} {kind}: {m} = {v!r}")
             if kind == "flashpath" and not isinstance(x["median"].get("reactor_busy_ns_per_io"), (int, float)):
                 problems.append(f"nbd {nbd_label(pt)}: no reactor busy time")
         for other in ("qsd", "nbdkit"):
@@ -141,19 +134,12 @@ def validate_spdk(res, sc):
                 problems.append(f"spdk: missing point {point_label(pk)}")
                 continue
             for kind in ("flashpath", "qsd", "spdk"):
-                x = p["servers"].get(kind)
-                if not x or len(x["runs"]) != sc["reps"]:
-                    problems.append(f"spdk {point_label(pk)} {kind}: {len(x['runs']) if x else 0} runs")
-                    continue
                 want = ["iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io"]
                 if kind != "qsd":
                     want.append("reactor_busy_ns_per_io")
                 if pk["client"] == "fd":
                     want.append("completions_per_wakeup")
-                for m in want:
-                    v = x["median"].get(m)
-                    if not isinstance(v, (int, float)) or v <= 0:
-                        problems.append(f"spdk {point_label(pk)} {kind}: {m} = {v!r}")
+                server_measured(problems, f"spdk {point_label(pk)} {kind}", p["servers"].get(kind), sc["reps"], want)
             if not isinstance(p.get("ratios", {}).get("iops"), (int, float)):
                 problems.append(f"spdk {point_label(pk)}: no IOPS ratio")
     return problems

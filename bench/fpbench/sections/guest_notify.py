@@ -14,8 +14,8 @@ import re
 import shutil
 import subprocess
 
-from fpbench.common import GIB, log, median, proc_cpu, ratio
-from fpbench.guest import ConsoleGuest, boot_image, notify_initramfs
+from fpbench.common import GIB, log, median, note, proc_cpu, ratio
+from fpbench.guest import ConsoleGuest, guest_boot_files, notify_initramfs
 from fpbench.servers import Flashpath, Qsd
 
 SERVERS = ("flashpath", "qsd")
@@ -80,15 +80,12 @@ class GuestNotifySection:
         self.results["guest_notify"] = e
         missing = guest_notify_missing()
         if missing:
-            e["notes"].append(f"not run: this machine lacks {', '.join(missing)}")
-            log(e["notes"][-1])
+            note(e, f"not run: this machine lacks {', '.join(missing)}")
             return
         try:
-            kernel, base = boot_image()
-            initrd = notify_initramfs(base, self.work)
+            kernel, initrd = guest_boot_files(notify_initramfs, self.work)
         except Exception as ex:  # noqa: BLE001 - the reason goes in the results
-            e["notes"].append(f"not run: no guest image: {str(ex)[-500:]}")
-            log(e["notes"][-1])
+            note(e, f"not run: no guest image: {str(ex)[-500:]}")
             return
         servers = {}
         guest = None
@@ -113,8 +110,7 @@ class GuestNotifySection:
                     for kind in (SERVERS if rep % 2 == 0 else SERVERS[::-1]):
                         e["runs"].append(self.gn_run(guest, servers[kind], kind, devs[kind], qd, rep, c))
         except Exception as ex:  # noqa: BLE001 - recorded; the runs so far stand
-            e["notes"].append(f"stopped: {str(ex)[-800:]}")
-            log(e["notes"][-1])
+            note(e, f"stopped: {str(ex)[-800:]}")
         finally:
             if guest is not None:
                 guest.stop()

@@ -13,8 +13,8 @@ import subprocess
 import tempfile
 import time
 
-from fpbench.common import MIB, log, median, ratio, run, wait_for
-from fpbench.guest import Guest, bench_initramfs, boot_image, guest_rate, log_migration, migrate
+from fpbench.common import MIB, log, median, note, ratio, run, wait_for
+from fpbench.guest import Guest, bench_initramfs, guest_boot_files, guest_rate, log_migration, migrate
 from fpbench.load import measure
 from fpbench.servers import Flashpath, Qsd, spawn, stop
 
@@ -161,11 +161,9 @@ class MigrationSection:
         guest at QD32 4 KiB randwrite; the servers interleaved."""
         size = c["size_mib"] * MIB
         try:
-            kernel, base = boot_image()
-            initrd = bench_initramfs(base, self.work)
+            kernel, initrd = guest_boot_files(bench_initramfs, self.work)
         except Exception as ex:  # noqa: BLE001 - the reason goes in the results
-            e["notes"].append(f"no guest image, no migrations: {err_text(ex)}")
-            log(e["notes"][-1])
+            note(e, f"no guest image, no migrations: {err_text(ex)}")
             return
         e["guest"] = {"kernel": kernel, "mem_mib": c["mem_mib"], "vcpus": 1, "accel": "tcg",
                       "params": c["params"]}
@@ -182,8 +180,7 @@ class MigrationSection:
                 wait_for(lambda: os.path.exists(dst), 10, "flashpath socket mig.dst", fp.proc)
                 fp.socks = (src, dst)
             except subprocess.CalledProcessError as ex:
-                e["notes"].append(f"flashpath: no second controller on one disk: {err_text(ex)}")
-                log(e["notes"][-1])
+                note(e, f"flashpath: no second controller on one disk: {err_text(ex)}")
                 fp.socks = None
             if not getattr(self, "shm_dir", None):
                 self.shm_dir = tempfile.mkdtemp(prefix="fp-bench.", dir="/dev/shm")
@@ -289,8 +286,7 @@ class MigrationSection:
             methods = set(src.rpc("rpc_get_methods") or [])
             missing = [x for x in MIRROR_METHODS if x not in methods]
             if missing:
-                m["notes"].append(f"this flashpath has no {', '.join(missing)}: no mirror figures")
-                log(m["notes"][-1])
+                note(m, f"this flashpath has no {', '.join(missing)}: no mirror figures")
             for rep in range(c["reps"]):
                 if not missing:
                     m["mirror"].append(self.mig_mirror_copy(src, dst, size, c, m["source_sha256"]))
@@ -300,8 +296,7 @@ class MigrationSection:
             m["targets_identical"] = [x.get("identical") for x in m["mirror"]]
             self.mig_mirror_iops(src, dst, sock, c, m, missing)
         except Exception as ex:  # noqa: BLE001 - recorded; the other parts' figures stand
-            m["notes"].append(f"mirror part stopped: {err_text(ex)}")
-            log(m["notes"][-1])
+            note(m, f"mirror part stopped: {err_text(ex)}")
         finally:
             for d in daemons:
                 d.stop()

@@ -2,10 +2,11 @@
 //! description ([`BdevInfo`], [`IoTypes`], the shared [`Capacity`]), and [`IoChannel`] (one per
 //! core, where every request goes).
 
+use std::any::Any;
 use std::os::unix::io::RawFd;
 use std::sync::Arc;
 
-use crate::{BdevError, Disk, IoRequest, IoStatus, SubmitError};
+use crate::{BdevError, IoRequest, IoStatus, SubmitError};
 
 /// Which operations a device supports, reported in `bdev_get_bdevs` (SPDK's
 /// `supported_io_types`).
@@ -202,9 +203,10 @@ pub trait BlockDevice: Send + Sync {
         false
     }
 
-    /// The [`Disk`] this device is, if it is one: a frontend then opens its channels by type
-    /// ([`Disk::open_typed`]) and saves a dynamic call per request.
-    fn as_disk(&self) -> Option<&Disk> {
+    /// The device as its own type, for a layer that recognises itself behind a [`Bdev`]: the
+    /// disk layer answers, and `as_disk` on a [`Bdev`] finds the [`Disk`](crate::Disk) this way
+    /// (the layer above names this trait, never the reverse). Others keep the default.
+    fn as_any(&self) -> Option<&dyn Any> {
         None
     }
 }

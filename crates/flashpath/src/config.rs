@@ -851,12 +851,25 @@ mod tests {
         ConfigFile::parse(text, Path::new("test.toml"))
     }
 
+    /// One null disk, `a`, before the tables under test.
+    const NULL_DISK: &str = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
+
     fn apply(text: &str) -> Result<std::sync::Arc<Registry>, String> {
         let dir = tempfile::tempdir().unwrap();
         let methods = Registry::new(vec![], dir.path());
         let config = parse(text).map_err(|e| e.to_string())?;
         config.apply(&methods).map_err(|e| e.to_string())?;
         Ok(methods)
+    }
+
+    /// Each `(extra, want)`: `base` followed by `extra` is refused with one line starting
+    /// with `want`.
+    fn assert_each_refused_in_one_line(base: &str, cases: &[(&str, &str)]) {
+        for (extra, want) in cases {
+            let err = apply(&format!("{base}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
+            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
+            assert!(!err.contains('\n'), "{err}");
+        }
     }
 
     #[test]
@@ -986,7 +999,6 @@ mod tests {
 
     #[test]
     fn entry_errors_name_table_index_and_field() {
-        let ok = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
         let cases = [
             (
                 "[[bdev]]\ntype = \"null\"\nname = \"b\"\nnum_blocks = 8\nblock_size = 1000\n",
@@ -1041,11 +1053,7 @@ mod tests {
                 "vhost_blk[0].bogus: unknown parameter",
             ),
         ];
-        for (extra, want) in cases {
-            let err = apply(&format!("{ok}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
-            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
-            assert!(!err.contains('\n'), "{err}");
-        }
+        assert_each_refused_in_one_line(NULL_DISK, &cases);
     }
 
     #[test]
@@ -1279,16 +1287,11 @@ mod tests {
                 "nbd_disk[0]: bdev 'zz' does not exist",
             ),
         ];
-        for (extra, want) in cases {
-            let err = apply(&format!("{ram}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
-            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
-            assert!(!err.contains('\n'), "{err}");
-        }
+        assert_each_refused_in_one_line(ram, &cases);
     }
 
     #[test]
     fn qos_group_members_of_the_wrong_shape_are_refused_before_any_call() {
-        let bdev = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
         let cases = [
             ("members = \"a\"", "qos_group[0].members: expected an array of tables {bdev_name, weight}"),
             ("members = [\"a\"]", "qos_group[0].members[0]: expected a table {bdev_name, weight}"),
@@ -1302,7 +1305,7 @@ mod tests {
             ),
         ];
         for (members, want) in cases {
-            let text = format!("{bdev}[[qos_group]]\nname = \"g\"\n{members}\n");
+            let text = format!("{NULL_DISK}[[qos_group]]\nname = \"g\"\n{members}\n");
             let config = parse(&text).unwrap();
             assert_eq!(config.calls().unwrap_err().to_string(), want, "{members}");
             // Nothing was created: the shape is checked before the first call.
@@ -1397,12 +1400,7 @@ mod tests {
             ),
             ("[[qos_group]]\nname = \"g\"\n[[qos_group]]\nname = \"g\"\n", "qos_group[1]: QoS group 'g' already exists"),
         ];
-        for (extra, want) in cases {
-            let err =
-                apply(&format!("{TWO_DISKS}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
-            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
-            assert!(!err.contains('\n'), "{err}");
-        }
+        assert_each_refused_in_one_line(TWO_DISKS, &cases);
     }
 
     #[test]
@@ -1667,7 +1665,6 @@ mod tests {
     #[test]
     fn rbd_entry_errors_name_table_index_and_field() {
         // None of these reaches a cluster: each is refused before connecting.
-        let ram = "[[bdev]]\ntype = \"null\"\nname = \"a\"\nnum_blocks = 8\nblock_size = 512\n";
         let cases = [
             (
                 "[[rbd_cluster]]\nconfig_file = \"/x\"\n",
@@ -1696,11 +1693,7 @@ mod tests {
                 "bdev[1].block_size: ",
             ),
         ];
-        for (extra, want) in cases {
-            let err = apply(&format!("{ram}{extra}")).err().unwrap_or_else(|| panic!("accepted: {extra}"));
-            assert!(err.starts_with(want), "{extra}\n got: {err}\nwant: {want}");
-            assert!(!err.contains('\n'), "{err}");
-        }
+        assert_each_refused_in_one_line(NULL_DISK, &cases);
     }
 
     /// A monitor that does not answer stops the loader at the cluster's entry, after

@@ -122,11 +122,18 @@ fn page_crc(p: &[u8], crc_at: usize) -> u32 {
     crc32c::crc32c_append(c, &p[crc_at + 4..])
 }
 
+/// Writes the checksum of page `p` at `crc_at`, last: what [`check_page`] verifies.
+fn seal_page(p: &mut [u8], crc_at: usize) {
+    let crc = page_crc(p, crc_at);
+    put_u32(p, crc_at, crc);
+}
+
 fn check_page<'a>(
     what: &'static str,
     page: &'a [u8],
     magic: &[u8; 8],
     crc_at: usize,
+    version_at: usize,
 ) -> Result<&'a [u8], FormatError> {
     if page.len() != PAGE_SIZE {
         return bad(what, format!("{} bytes, not {PAGE_SIZE}", page.len()));
@@ -136,6 +143,9 @@ fn check_page<'a>(
     }
     if get_u32(page, crc_at) != page_crc(page, crc_at) {
         return bad(what, "checksum mismatch (torn or corrupted)");
+    }
+    if get_u32(page, version_at) != VERSION {
+        return bad(what, format!("version {} (this build reads {VERSION})", get_u32(page, version_at)));
     }
     Ok(page)
 }
@@ -335,18 +345,14 @@ impl Superblock {
             put_u64(&mut p[..], at + 24, s.data_bytes);
             put_u64(&mut p[..], at + 32, s.rebuild_offset);
         }
-        let crc = page_crc(&p[..], 12);
-        put_u32(&mut p[..], 12, crc);
+        seal_page(&mut p[..], 12);
         p
     }
 
     /// Parses a superblock page, refusing anything malformed or inconsistent with a reason.
     pub fn decode(page: &[u8]) -> Result<Superblock, FormatError> {
         const W: &str = "superblock";
-        let p = check_page(W, page, SB_MAGIC, 12)?;
-        if get_u32(p, 8) != VERSION {
-            return bad(W, format!("version {} (this build reads {VERSION})", get_u32(p, 8)));
-        }
+        let p = check_page(W, page, SB_MAGIC, 12, 8)?;
         let name_len = p[40] as usize;
         if name_len > NAME_MAX {
             return bad(W, format!("name length {name_len} over {NAME_MAX}"));
@@ -527,18 +533,14 @@ impl BitmapPage {
         for (i, w) in self.words.iter().take(BITMAP_BITS_PER_PAGE as usize / 64).enumerate() {
             put_u64(&mut p[..], BITMAP_HEADER + i * 8, *w);
         }
-        let crc = page_crc(&p[..], 8);
-        put_u32(&mut p[..], 8, crc);
+        seal_page(&mut p[..], 8);
         p
     }
 
     /// Parses a bitmap page, refusing anything malformed with a reason.
     pub fn decode(page: &[u8]) -> Result<BitmapPage, FormatError> {
         const W: &str = "bitmap page";
-        let p = check_page(W, page, BM_MAGIC, 8)?;
-        if get_u32(p, 12) != VERSION {
-            return bad(W, format!("version {}", get_u32(p, 12)));
-        }
+        let p = check_page(W, page, BM_MAGIC, 8, 12)?;
         if p[48..BITMAP_HEADER].iter().any(|&b| b != 0) {
             return bad(W, "reserved bytes are not zero");
         }
@@ -675,6 +677,26 @@ pub(crate) mod tests {
         torn[256..].fill(0);
         assert_eq!(newest(dec(&a), Superblock::decode(&torn[..])).unwrap().seq, 7);
         assert!(newest(Superblock::decode(&torn[..]), Superblock::decode(&[0; PAGE_SIZE])).is_none());
+    }
+
+    /// A page another build wrote (another version, its checksum intact) is refused naming the
+    /// version, whichever kind of page it is.
+    #[test]
+    fn pages_of_another_version_are_refused_naming_it() {
+        let sb = sample();
+        let bp = BitmapPage { raid_uuid: sb.raid_uuid, seq: sb.seq, index: 0, words: vec![1] };
+        for (kind, mut page, version_at, crc_at) in
+            [("superblock", sb.encode(), 8, 12), ("bitmap", bp.encode(), 12, 8)]
+        {
+            put_u32(&mut page[..], version_at, VERSION + 1);
+            seal_page(&mut page[..], crc_at);
+            let err = match kind {
+                "superblock" => Superblock::decode(&page[..]).unwrap_err(),
+                _ => BitmapPage::decode(&page[..]).unwrap_err(),
+            };
+            let want = format!("version {} (this build reads {VERSION})", VERSION + 1);
+            assert!(err.reason.contains(&want), "{kind}: {err}");
+        }
     }
 
     #[test]

@@ -369,19 +369,12 @@ impl Owner {
         }
         loop {
             self.sb.seq += 1;
-            let mut failed = Vec::new();
             let mut written = 0;
-            for slot in 0..self.sb.slots.len() {
-                if !self.state(slot).takes_writes() {
-                    continue;
-                }
-                let sb = Superblock { slot: slot as u8, ..self.sb.clone() };
-                let Some(m) = self.members[slot].as_mut() else { continue };
-                match meta_io::write_superblock(m.io.as_mut(), &sb).and_then(|_| m.io.flush()) {
-                    Ok(()) => written += 1,
-                    Err(e) => failed.push((slot, e)),
-                }
-            }
+            let failed = self.each_writable_base(|m, sb| {
+                meta_io::write_superblock(m.io.as_mut(), sb).and_then(|_| m.io.flush())?;
+                written += 1;
+                Ok(())
+            });
             self.shared.counters.superblock_writes.fetch_add(written, Ordering::Relaxed);
             if failed.is_empty() {
                 return Ok(());
@@ -509,24 +502,16 @@ impl Owner {
             self.intent().expect("a batch comes from the map").mark_durable(&batch);
             return;
         }
-        let mut failed = Vec::new();
         let mut writes = 0;
-        for slot in 0..self.sb.slots.len() {
-            if !self.state(slot).takes_writes() {
-                continue;
-            }
-            let sb = Superblock { slot: slot as u8, ..self.sb.clone() };
-            let Some(m) = self.members[slot].as_mut() else { continue };
-            let r = batch
+        let failed = self.each_writable_base(|m, sb| {
+            batch
                 .pages
                 .iter()
-                .try_for_each(|(index, words)| meta_io::write_bitmap_page(m.io.as_mut(), &sb, *index, words))
-                .and_then(|_| m.io.flush());
-            match r {
-                Ok(()) => writes += batch.pages.len() as u64,
-                Err(e) => failed.push((slot, e)),
-            }
-        }
+                .try_for_each(|(index, words)| meta_io::write_bitmap_page(m.io.as_mut(), sb, *index, words))
+                .and_then(|_| m.io.flush())?;
+            writes += batch.pages.len() as u64;
+            Ok(())
+        });
         self.shared.counters.bitmap_writes.fetch_add(writes, Ordering::Relaxed);
         self.fail_slots("bitmap write", failed);
         let map = self.intent().expect("a batch comes from the map");
@@ -553,16 +538,28 @@ impl Owner {
 
     /// Flushes every base that takes writes; one that fails is taken out.
     fn flush_all(&mut self) {
+        let failed = self.each_writable_base(|m, _| m.io.flush());
+        self.fail_slots("flush", failed);
+    }
+
+    /// Runs `io` on every base that takes writes, with its copy of the superblock (its own slot
+    /// number in it); returns the slots whose I/O failed, with the errno.
+    fn each_writable_base(
+        &mut self,
+        mut io: impl FnMut(&mut Member, &Superblock) -> Result<(), i32>,
+    ) -> Vec<(usize, i32)> {
         let mut failed = Vec::new();
         for slot in 0..self.sb.slots.len() {
             if !self.state(slot).takes_writes() {
                 continue;
             }
-            if let Some(Err(e)) = self.members[slot].as_mut().map(|m| m.io.flush()) {
+            let sb = Superblock { slot: slot as u8, ..self.sb.clone() };
+            let Some(m) = self.members[slot].as_mut() else { continue };
+            if let Err(e) = io(m, &sb) {
                 failed.push((slot, e));
             }
         }
-        self.fail_slots("flush", failed);
+        failed
     }
 
     /// Takes out the bases whose metadata I/O failed: superblock, then layout.

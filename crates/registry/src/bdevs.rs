@@ -1,11 +1,9 @@
 //! The registry's bdevs: their entries (device, disk, claims, aliases), what
 //! `bdev_get_bdevs` reports of them, and their deletion.
 
-use std::any::Any;
-use std::sync::Arc;
+use fp_bdev::{BdevInfo, ClaimType};
 
-use fp_bdev::{Bdev, BdevInfo, ClaimType, Disk};
-
+use crate::state::{BdevEntry, Claim};
 use crate::{modules, Limits, Registry, RegistryError};
 
 /// Refuses a RAM bdev larger than [`Limits::max_malloc_bytes`]. The geometry is validated first
@@ -57,36 +55,9 @@ impl BdevSummary {
     }
 }
 
-/// A claim on a bdev.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claim {
-    /// The export or bdev holding it.
-    pub holder: String,
-    /// "bdev", or the export's kind ("vhost-blk"): a bdev and an export may share a name.
-    pub holder_kind: &'static str,
-    pub claim_type: ClaimType,
-}
-
 /// The holders of `claims`, comma-separated; `None` when there are none.
 pub(crate) fn holders(claims: &[Claim]) -> Option<String> {
     (!claims.is_empty()).then(|| claims.iter().map(|c| c.holder.as_str()).collect::<Vec<_>>().join(","))
-}
-
-pub(crate) struct BdevEntry {
-    pub(crate) bdev: Bdev,
-    /// The bdev with its statistics and events (`fp_bdev::disk`): what exports and stacked
-    /// bdevs open channels through. Kept while the bdev exists, so statistics survive an
-    /// export's delete and re-create.
-    pub(crate) disk: Disk,
-    /// The module that built it (its `driver`).
-    pub(crate) module: &'static str,
-    /// The same device, for its module's methods and `driver_specific`.
-    pub(crate) device: Arc<dyn Any + Send + Sync>,
-    pub(crate) claims: Vec<Claim>,
-    /// The bdevs it claims, released when it is deleted.
-    pub(crate) bases: Vec<String>,
-    /// Other names it answers to (SPDK's aliases: a logical volume's `lvs/lvol`).
-    pub(crate) aliases: Vec<String>,
 }
 
 impl BdevEntry {

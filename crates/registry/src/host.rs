@@ -10,7 +10,8 @@ use fp_bdev::{Bdev, BdevError, ClaimType};
 use fp_rpc::Params;
 use serde_json::Value;
 
-use crate::bdevs::{check_malloc_size, holders, BdevEntry};
+use crate::bdevs::{check_malloc_size, holders};
+use crate::state::BdevEntry;
 use crate::{export_dirs, modules, Claim, ExportDirs, Registry, RegistryError};
 
 impl Registry {

@@ -26,8 +26,9 @@ pub mod modules;
 mod qos;
 mod registry;
 mod shutdown;
+mod state;
 
-pub use bdevs::{BdevSummary, Claim};
+pub use bdevs::BdevSummary;
 pub use error::RegistryError;
 pub use export_dirs::{ExportDirError, ExportDirs};
 pub use exports::nbd::{NbdDiskInfo, NbdSpec};
@@ -39,7 +40,8 @@ pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_EXPORTS};
 pub use methods::MethodError;
 pub use mirror::{MirrorSpec, MIRROR_WAIT};
 pub use qos::{QosGroupSummary, QosMember};
-pub use registry::{ReactorSummary, Registry, RegistryOptions, DEFAULT_SOCKET_MODE, DEFAULT_STOP_BOUND};
+pub use registry::{ReactorSummary, DEFAULT_STOP_BOUND};
+pub use state::{Claim, Registry, RegistryOptions, DEFAULT_SOCKET_MODE};
 
 #[cfg(test)]
 mod tests;

@@ -12,8 +12,7 @@ use fp_bdev::mirror::{CopierPoll, MirrorCopier, MirrorError, MirrorJob, MirrorOp
 use fp_bdev::{Bdev, ClaimType};
 use fp_reactor::{PollStatus, Poller};
 
-use crate::bdevs::Claim;
-use crate::registry::State;
+use crate::state::{Claim, MirrorEntry, State};
 use crate::{Registry, RegistryError};
 
 /// The claim holder's kind for mirror jobs.
@@ -21,12 +20,6 @@ const HOLDER_KIND: &str = "mirror";
 
 /// How long `bdev_mirror_complete` and `bdev_mirror_cancel` wait for the job to end.
 pub const MIRROR_WAIT: Duration = Duration::from_secs(60);
-
-/// A job as the registry keeps it: the handle, and whether its target's claim was released.
-pub(crate) struct MirrorEntry {
-    job: MirrorJob,
-    released: bool,
-}
 
 /// What `bdev_mirror_start` asks for.
 #[derive(Debug, Clone)]

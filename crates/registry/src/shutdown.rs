@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::exports::ExportEntry;
+use crate::state::ExportEntry;
 
 /// How long past the bound the shutdown waits for a stop to report back. A stop ends at its
 /// bound by itself; only one whose thread is held elsewhere misses this. It is longer than the

@@ -6,90 +6,14 @@ use std::os::unix::io::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::channel_state::{account, take_sparse, Completion, DiskChannel, InFlight, DENSE_TAGS, EMPTY};
 use super::histogram::ChannelHistogram;
-use super::mirror::{self, ChannelMirror};
-use super::qos::{Admission, ChannelQosState};
+use super::mirror;
+use super::qos::Admission;
+use super::shared::ALL_EPOCH;
 use super::stats::{errno_slot, op_index, ChannelSlot};
-use super::{Disk, DiskShared, ALL_EPOCH};
 use crate::clock::ticks;
 use crate::{IoChannel, IoRequest, IoStatus, SubmitError};
-
-/// Slab entries made when a channel opens (tags below this need no growth).
-pub(super) const SLAB_START: usize = 256;
-
-/// Room for completions in a channel's batch when it opens (a poll that returns more grows it
-/// once; the device's own list may hand over a larger one).
-pub(super) const BATCH_START: usize = 256;
-
-/// Tags below this index the dense slab directly (vhost-blk's tags are its slot indices,
-/// bounded by the virtqueue size, at most 32768); larger tags, which the trait allows but no
-/// frontend uses, are kept in a short list searched by tag, out of line.
-pub(super) const DENSE_TAGS: u32 = 1 << 16;
-
-/// A request in flight through a [`DiskChannel`], indexed by the caller's tag.
-#[derive(Clone, Copy)]
-pub(super) struct InFlight {
-    pub(super) start: u64,
-    /// Where it goes: a mirror marks the chunks of writes when they complete.
-    pub(super) offset: u64,
-    pub(super) len: u64,
-    pub(super) op: u8,
-    /// The mirror attachment it was submitted under (0: none; `disk/mirror.rs`).
-    pub(super) gen: u8,
-    /// A mirrored request's progress (`disk/mirror.rs`).
-    pub(super) mflags: u8,
-}
-
-pub(super) const EMPTY: InFlight = InFlight { start: 0, offset: 0, len: 0, op: 0, gen: 0, mflags: 0 };
-
-/// What a frontend holding a [`DiskIo`](super::DiskIo) does with each completion. Any
-/// `FnMut(tag, status)` is one; a frontend may implement it on its own type with
-/// `#[inline(always)]` so that its handling is compiled into the layer's completion loop (a
-/// closure there is inlined only when the compiler's cost model agrees).
-pub trait Completion {
-    /// Called once per completed request with its tag and status.
-    fn complete(&mut self, tag: u32, status: IoStatus);
-}
-
-impl<F: FnMut(u32, IoStatus)> Completion for F {
-    #[inline(always)]
-    fn complete(&mut self, tag: u32, status: IoStatus) {
-        self(tag, status)
-    }
-}
-
-/// A channel of a [`Disk`]: the device's channel plus accounting. See the module docs.
-///
-/// Requests keep the caller's tag on their way down: the entry of tag `t` is `slab[t]`, written
-/// at each submit, so there is no free list and no tag to translate. A caller's tags must be
-/// unique among its requests in flight (as they must be for it to tell completions apart).
-/// A refused request leaves nothing in flight: its dense entry is stale until the tag's next
-/// submit, and no completion reads it.
-pub struct DiskChannel {
-    pub(super) inner: Box<dyn IoChannel>,
-    pub(super) slot: Arc<ChannelSlot>,
-    pub(super) disk: Arc<DiskShared>,
-    pub(super) slab: Vec<InFlight>,
-    /// Entries of tags of [`DENSE_TAGS`] and above.
-    pub(super) sparse: Vec<(u32, InFlight)>,
-    /// The reset epochs applied to `slot`.
-    pub(super) seen_epochs: u64,
-    /// Accepted by the device and not yet completed.
-    pub(super) in_flight: u64,
-    /// What `slot` last showed of `in_flight` plus the held requests.
-    pub(super) in_flight_reported: u64,
-    pub(super) qos: ChannelQosState,
-    /// What `slot` last showed of the held requests.
-    pub(super) qos_reported: u64,
-    /// The disk's mirror epoch this channel applied.
-    pub(super) mirror_epoch: u64,
-    /// The mirror job this channel feeds, if any (boxed: cold, and the channel stays small).
-    pub(super) mirror: Option<Box<ChannelMirror>>,
-    /// The last attachment number handed out (requests carry it in `InFlight::gen`).
-    pub(super) next_gen: u8,
-    /// The device's completions of one poll ([`IoChannel::poll_batch`]), empty between polls.
-    pub(super) batch: Vec<(u32, IoStatus)>,
-}
 
 impl DiskChannel {
     /// Applies resets the control plane asked for since the last look.
@@ -315,38 +239,6 @@ pub(super) fn reap(
     batch.len()
 }
 
-/// Counts one completion in `slot`, passing its latency to `record`. `now` is read once per
-/// poll round, at its first success (see [`reap`]).
-#[inline(always)]
-pub(super) fn account(
-    slot: &ChannelSlot,
-    e: &InFlight,
-    status: IoStatus,
-    now: &mut u64,
-    record: &impl Fn(u64),
-) {
-    let op = usize::from(e.op);
-    match status {
-        IoStatus::Success => {
-            if *now == 0 {
-                *now = ticks::now();
-            }
-            let ticks = now.saturating_sub(e.start);
-            slot.success(op, e.len, ticks);
-            record(ticks);
-        }
-        IoStatus::Error(errno) => slot.failure(op, errno_slot(errno)),
-        IoStatus::Unsupported => slot.failure(op, 0),
-    }
-}
-
-/// Removes and returns the entry of a tag beyond the dense slab.
-#[cold]
-pub(super) fn take_sparse(sparse: &mut Vec<(u32, InFlight)>, tag: u32) -> Option<InFlight> {
-    let i = sparse.iter().position(|s| s.0 == tag)?;
-    Some(sparse.swap_remove(i).1)
-}
-
 impl IoChannel for DiskChannel {
     fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         self.submit_request(req)
@@ -397,7 +289,7 @@ impl Drop for DiskChannel {
         if let Some(m) = self.mirror.take() {
             m.release();
         }
-        let disk = Disk(self.disk.clone());
+        let disk = self.disk.clone();
         let mut book = disk.book();
         // Under the lock no reset can slip between applying and folding.
         self.apply_resets();

@@ -3,7 +3,7 @@
 
 use std::os::unix::io::RawFd;
 
-use super::{Completion, DiskChannel};
+use super::channel_state::{Completion, DiskChannel};
 use crate::{IoChannel, IoRequest, SubmitError};
 
 /// A channel from [`Disk::open_typed`](super::Disk::open_typed): the layer's own when the disk counts, the device's

@@ -25,9 +25,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::channel::{account, take_sparse, DiskChannel, InFlight, DENSE_TAGS};
+use super::channel_state::{
+    account, take_sparse, ChannelMirror, Completion, DiskChannel, InFlight, DENSE_TAGS,
+};
 use super::histogram::ChannelHistogram;
-use super::{Completion, Disk};
+use super::shared::Disk;
 use crate::mirror::{MirrorError, MirrorShared};
 use crate::{BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
@@ -59,26 +61,6 @@ fn decode(status: i32) -> IoStatus {
         -1 => IoStatus::Unsupported,
         errno => IoStatus::Error(errno),
     }
-}
-
-/// A channel's attachment to a job.
-pub(super) struct ChannelMirror {
-    job: Arc<MirrorShared>,
-    /// This attachment's number, carried by the requests submitted under it.
-    gen: u8,
-    /// The target's channel, once the job wants blocking writes.
-    target: Option<Box<dyn IoChannel>>,
-    /// The job detached: mirror nothing new, finish what is mirrored, then let go.
-    draining: bool,
-    /// What this channel added to the job's `source_only` and has not taken back.
-    counted: i64,
-    /// Requests sent to both disks and not yet completed upward.
-    duals: u64,
-    /// Of those, the ones whose source half is done.
-    waiting: u64,
-    /// The source's status of each such request, by tag (out of the in-flight entry, which
-    /// every request writes: a mirror's fields there cost the layer when none is attached).
-    src_status: Vec<i32>,
 }
 
 impl ChannelMirror {
@@ -237,9 +219,8 @@ impl DiskChannel {
     #[cold]
     #[inline(never)]
     pub(super) fn refresh_mirror(&mut self) {
-        let disk = Disk(self.disk.clone());
         let (epoch, want) = {
-            let book = disk.book();
+            let book = self.disk.book();
             (self.disk.mirror_epoch.load(Ordering::SeqCst), book.mirror.clone())
         };
         if let Some(m) = self.mirror.as_mut() {

@@ -10,12 +10,15 @@
 //! tag. With accounting off (`Disk::new(bdev, false)`) channels are the device's own, untouched.
 
 mod channel;
+mod channel_state;
 mod histogram;
 mod io;
 mod mirror;
 mod qos;
+mod shared;
 mod stats;
 
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -25,34 +28,18 @@ pub use histogram::{base64_decode, base64_encode, bucket_end, bucket_of, Histogr
 pub use histogram::{GRANULARITY as HISTOGRAM_GRANULARITY, MAX_RANGE as HISTOGRAM_MAX_RANGE};
 pub use stats::{op_index, IoStats, OpStats, QosStats, ERRNO_SLOTS, OPS};
 
-pub use channel::{Completion, DiskChannel};
-use channel::{BATCH_START, EMPTY, SLAB_START};
+pub use channel_state::{Completion, DiskChannel};
+use channel_state::{BATCH_START, EMPTY, SLAB_START};
 pub use io::DiskIo;
 pub use qos::DiskQosError;
 
 use qos::{ChannelQosState, DiskQosState};
+use shared::{Book, DiskShared, ALL_EPOCH};
+pub use shared::{Disk, DiskEvent, EventCallback};
 use stats::ChannelSlot;
 
 use crate::qos::{QosGroup, QosLimits};
 use crate::{Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, IoChannel};
-
-/// Something that happened to a disk, delivered to its subscribers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskEvent {
-    /// The device now has `num_blocks` blocks.
-    Resized {
-        /// The new size, in blocks.
-        num_blocks: u64,
-    },
-    /// The device is being deleted: stop using it.
-    Removed,
-}
-
-/// A subscriber's callback. Runs on the thread that calls [`Disk::notify`] (control plane).
-pub type EventCallback = Box<dyn Fn(&DiskEvent) + Send + Sync>;
-
-/// A subscription as the disk keeps it: shared, so `notify` can call it outside the lock.
-type SharedCallback = Arc<dyn Fn(&DiskEvent) + Send + Sync>;
 
 /// What `bdev_reset_iostat` clears (SPDK's `mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,45 +70,6 @@ pub struct ChannelStats {
     pub core: Option<usize>,
     /// Its counters.
     pub stats: IoStats,
-}
-
-/// The reset epochs, packed in one word so a channel checks both with one load: "all" resets in
-/// the high half, "maxmin" resets in the low half.
-const ALL_EPOCH: u64 = 1 << 32;
-
-/// Control-plane state: which slots are live, and what closed channels left.
-struct Book {
-    live: Vec<Arc<ChannelSlot>>,
-    retired: IoStats,
-    retired_hist: Histogram,
-    next_id: u64,
-    subscribers: Vec<(u64, SharedCallback)>,
-    next_subscriber: u64,
-    /// The mirror job attached to this disk (`disk/mirror.rs`).
-    mirror: Option<Arc<crate::mirror::MirrorShared>>,
-}
-
-struct DiskShared {
-    bdev: Bdev,
-    accounting: bool,
-    histogram_on: AtomicBool,
-    /// Bumped under `book`'s lock by each reset; read by channels once per poll.
-    epochs: AtomicU64,
-    qos: DiskQosState,
-    /// Bumped under `book`'s lock when a mirror job attaches, switches its channels to
-    /// blocking writes or detaches; read by channels once per poll.
-    mirror_epoch: AtomicU64,
-    book: Mutex<Book>,
-}
-
-/// A bdev with statistics and events. Cheap to clone; every clone is the same disk.
-#[derive(Clone)]
-pub struct Disk(Arc<DiskShared>);
-
-impl std::fmt::Debug for Disk {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Disk").field("name", &self.0.bdev.info().name).finish_non_exhaustive()
-    }
 }
 
 impl Disk {
@@ -160,8 +108,7 @@ impl Disk {
     }
 
     fn book(&self) -> MutexGuard<'_, Book> {
-        // The book holds plain numbers: a panic elsewhere leaves nothing half-updated to fear.
-        self.0.book.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.book()
     }
 
     /// Opens a channel for the calling thread (the reactor that will use it).
@@ -382,6 +329,15 @@ impl Disk {
     }
 }
 
+impl dyn BlockDevice {
+    /// The [`Disk`] this device is, if it is one: a frontend then opens its channels by type
+    /// ([`Disk::open_typed`]) and saves a dynamic call per request. Called when a channel
+    /// opens, never per request.
+    pub fn as_disk(&self) -> Option<&Disk> {
+        self.as_any()?.downcast_ref()
+    }
+}
+
 /// Adds what `slot` counted to `into`, leaving out what a reset the channel has not applied yet
 /// cleared.
 fn merge_slot(into: &mut IoStats, slot: &ChannelSlot, epochs: u64) {
@@ -405,7 +361,7 @@ impl BlockDevice for Disk {
         self.open()
     }
 
-    fn as_disk(&self) -> Option<&Disk> {
+    fn as_any(&self) -> Option<&dyn Any> {
         Some(self)
     }
 

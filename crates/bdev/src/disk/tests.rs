@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::channel::DENSE_TAGS;
+use super::channel_state::DENSE_TAGS;
 use super::*;
 use crate::{IoOp, IoRequest, IoStatus, Iovecs, NullDevice, SubmitError};
 

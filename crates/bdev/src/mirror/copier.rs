@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::shared::{MirrorShared, MirrorState, ATTACHING, COPYING, DETACHING, DONE, READY, SWITCHING};
 use crate::iov::BounceBuf;
-use crate::{IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
+use crate::{Disk, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
 /// Copy buffers per job.
 const BUFFERS: usize = 16;
@@ -40,20 +40,23 @@ pub enum CopierPoll {
 /// that will poll it.
 pub struct MirrorStart {
     job: Arc<MirrorShared>,
+    /// The disk copied from: the copier reads its device and moves the disk's channels through
+    /// the job's phases (the job's shared state, which the disk holds, does not hold it back).
+    source: Disk,
     epoch: u64,
 }
 
 impl MirrorStart {
-    pub(crate) fn new(job: Arc<MirrorShared>, epoch: u64) -> MirrorStart {
-        MirrorStart { job, epoch }
+    pub(crate) fn new(job: Arc<MirrorShared>, source: Disk, epoch: u64) -> MirrorStart {
+        MirrorStart { job, source, epoch }
     }
 
     /// Opens the copier's channels on the calling thread (its reactor). `waker` wakes the
     /// reactors serving the source, so that idle channels notice the job. A channel that
     /// cannot open fails the job, which then detaches at the first poll.
     pub fn open(self, waker: Option<Box<dyn Fn()>>) -> MirrorCopier {
-        let job = self.job;
-        let src = job.source.bdev().open_channel();
+        let MirrorStart { job, source, epoch } = self;
+        let src = source.bdev().open_channel();
         let tgt = job.target.open_channel();
         let (src, tgt) = match (src, tgt) {
             (Ok(s), Ok(t)) => (Some(s), Some(t)),
@@ -78,6 +81,7 @@ impl MirrorStart {
             .collect();
         MirrorCopier {
             job,
+            source,
             src,
             tgt,
             slots,
@@ -86,7 +90,7 @@ impl MirrorStart {
             done: Vec::with_capacity(BUFFERS),
             cursor: 0,
             in_flight: 0,
-            wait_epoch: Some(self.epoch),
+            wait_epoch: Some(epoch),
             last_wake: Instant::now(),
             waker,
             allowance: BUFFER_BYTES,
@@ -106,6 +110,8 @@ struct CopySlot {
 /// A job's copier, polled by its reactor until it reports [`CopierPoll::Finished`].
 pub struct MirrorCopier {
     pub(super) job: Arc<MirrorShared>,
+    /// The disk copied from, whose channels the copier moves through the job's phases.
+    source: Disk,
     // The channels come before the buffers: dropped first, they wait for what is in flight
     // (io_uring's does) while the buffers it reads and writes still exist.
     src: Option<Box<dyn IoChannel>>,
@@ -160,7 +166,7 @@ impl MirrorCopier {
                 if self.in_flight == 0 && job.map.dirty_chunks() == 0 {
                     // Converged once: channels start writing both disks.
                     job.phase.store(SWITCHING, Ordering::SeqCst);
-                    self.wait_epoch = Some(job.source.bump_mirror());
+                    self.wait_epoch = Some(self.source.bump_mirror());
                     busy = true;
                 }
             }
@@ -210,7 +216,7 @@ impl MirrorCopier {
         self.job.set_ending(ending);
         self.job.phase.store(DETACHING, Ordering::SeqCst);
         self.retry_release();
-        self.wait_epoch = Some(self.job.source.detach_mirror(&self.job));
+        self.wait_epoch = Some(self.source.detach_mirror(&self.job));
     }
 
     /// Gives back the slots read and never written (detaching: they will not be).
@@ -224,7 +230,7 @@ impl MirrorCopier {
     /// reactors now and then meanwhile.
     fn acked(&mut self) -> bool {
         let Some(epoch) = self.wait_epoch else { return true };
-        if self.job.source.mirror_acked(epoch) {
+        if self.source.mirror_acked(epoch) {
             self.wait_epoch = None;
             return true;
         }

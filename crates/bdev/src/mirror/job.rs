@@ -104,7 +104,6 @@ impl MirrorJob {
             job_id: options.job_id,
             source_name: si.name.clone(),
             target_name: ti.name.clone(),
-            source: source.clone(),
             target,
             len,
             map: DirtyMap::new(len, granularity),
@@ -127,7 +126,7 @@ impl MirrorJob {
             shared.source_name,
             shared.target_name
         );
-        Ok((MirrorJob(shared.clone()), MirrorStart::new(shared, epoch)))
+        Ok((MirrorJob(shared.clone()), MirrorStart::new(shared, source.clone(), epoch)))
     }
 
     /// The job's name.

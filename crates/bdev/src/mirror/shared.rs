@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use super::bitmap::DirtyMap;
-use crate::{Bdev, Disk};
+use crate::Bdev;
 
 /// A job's state as `bdev_mirror_get_jobs` reports it (QEMU's job states, folded: `running`
 /// until the target has caught up, then `ready` while writes go to both disks).
@@ -60,7 +60,6 @@ pub(crate) struct MirrorShared {
     pub(crate) job_id: String,
     pub(crate) source_name: String,
     pub(crate) target_name: String,
-    pub(crate) source: Disk,
     pub(crate) target: Bdev,
     pub(crate) len: u64,
     pub(crate) map: DirtyMap,

@@ -15,7 +15,8 @@ use serde_json::{json, Map, Value};
 
 use super::args::{u32_arg, u64_arg};
 use super::session::{
-    cell, fetch_list, one_call, out, print_json, table, u64_field, usage, whole_mib, CliError, Session, MIB,
+    cell, fetch_list, one_call, out, print_json, set_given, table, u64_field, usage, whole_mib, CliError,
+    Session, MIB,
 };
 
 #[derive(Debug, Subcommand)]
@@ -270,15 +271,9 @@ fn rbd_disk_create(rpc: &Path, json: bool, a: DiskCreateArgs) -> Result<(), CliE
     let image = a.image.ok_or_else(|| usage("--image", "required for --type rbd"))?;
     let mut params = json!({ "pool_name": pool, "rbd_name": image });
     // Without a name the daemon picks SPDK's Ceph<N>.
-    if let Some(name) = a.name {
-        params["name"] = json!(name);
-    }
-    if let Some(cluster) = a.cluster {
-        params["cluster_name"] = json!(cluster);
-    }
-    if let Some(bs) = a.block_size {
-        params["block_size"] = json!(bs);
-    }
+    set_given(&mut params, "name", a.name);
+    set_given(&mut params, "cluster_name", a.cluster);
+    set_given(&mut params, "block_size", a.block_size);
     if a.read_only {
         params["read_only"] = json!(true);
     }

@@ -7,7 +7,7 @@ use crate::size::{self, format_size};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use super::session::{cell, one_call, out, print_json, table, u64_field, CliError, Session};
+use super::session::{cell, one_call, out, print_json, set_given, table, u64_field, CliError, Session};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum MirrorCommand {
@@ -60,15 +60,9 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: MirrorCommand) -> Result<(), CliE
     match cmd {
         MirrorCommand::Start(a) => {
             let mut params = json!({ "source": a.source, "target": a.target });
-            if let Some(id) = a.job_id {
-                params["job_id"] = json!(id);
-            }
-            if let Some(g) = a.granularity {
-                params["granularity"] = json!(g);
-            }
-            if let Some(v) = a.speed {
-                params["speed"] = json!(v);
-            }
+            set_given(&mut params, "job_id", a.job_id);
+            set_given(&mut params, "granularity", a.granularity);
+            set_given(&mut params, "speed", a.speed);
             one_call(rpc, json, MIRROR_FLAGS, "bdev_mirror_start", params)
         }
         MirrorCommand::Status { job_id } => status(rpc, json, job_id),

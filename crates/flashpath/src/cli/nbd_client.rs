@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use super::args::u32_arg;
-use super::session::{cell, fetch_list, one_call, out, table, yes_no, CliError};
+use super::session::{cell, fetch_list, one_call, out, set_given, table, yes_no, CliError};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum NbdClientCommand {
@@ -58,12 +58,8 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: NbdClientCommand) -> Result<(), C
                 false => std::path::absolute(&a.address).map_or(a.address, |p| p.display().to_string()),
             };
             let mut params = json!({ "name": a.name, "address": address });
-            if let Some(e) = a.export {
-                params["export_name"] = json!(e);
-            }
-            if let Some(b) = a.block_size {
-                params["block_size"] = json!(b);
-            }
+            set_given(&mut params, "export_name", a.export);
+            set_given(&mut params, "block_size", a.block_size);
             if a.read_only {
                 params["read_only"] = json!(true);
             }

@@ -6,7 +6,7 @@ use std::path::Path;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use super::session::{cell, disks_with, out, print_json, table, CliError, Session};
+use super::session::{cell, disks_with, out, print_json, set_given, table, CliError, Session};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum NvmeCommand {
@@ -46,9 +46,7 @@ pub(crate) struct ReconnectArgs {
 
 impl ReconnectArgs {
     fn add_to(&self, params: &mut Value) {
-        if let Some(v) = self.ctrlr_loss_timeout_sec {
-            params["ctrlr_loss_timeout_sec"] = json!(v);
-        }
+        set_given(params, "ctrlr_loss_timeout_sec", self.ctrlr_loss_timeout_sec);
         for (field, v) in [
             ("reconnect_delay_sec", self.reconnect_delay_sec),
             ("fast_io_fail_timeout_sec", self.fast_io_fail_timeout_sec),
@@ -169,9 +167,7 @@ fn options_params(a: &OptionsArgs) -> Value {
             params[field] = json!(v);
         }
     }
-    if let Some(action) = &a.action_on_timeout {
-        params["action_on_timeout"] = json!(action);
-    }
+    set_given(&mut params, "action_on_timeout", a.action_on_timeout.as_ref());
     a.reconnect.add_to(&mut params);
     params
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use super::session::{cell, out, print_json, table, usage, CliError, Session};
+use super::session::{cell, out, print_json, set_given, table, usage, CliError, Session};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum NvmfCommand {
@@ -202,15 +202,9 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: NvmfCommand) -> Result<(), CliErr
         NvmfCommand::Transport(TransportCommand::List) => transport_list(rpc, json),
         NvmfCommand::Subsystem(SubsystemCommand::Create(a)) => {
             let mut params = json!({ "nqn": a.nqn, "allow_any_host": a.allow_any_host });
-            if let Some(s) = a.serial {
-                params["serial_number"] = json!(s);
-            }
-            if let Some(m) = a.model {
-                params["model_number"] = json!(m);
-            }
-            if let Some(n) = a.max_namespaces {
-                params["max_namespaces"] = json!(n);
-            }
+            set_given(&mut params, "serial_number", a.serial);
+            set_given(&mut params, "model_number", a.model);
+            set_given(&mut params, "max_namespaces", a.max_namespaces);
             call(rpc, json, "nvmf_create_subsystem", params)
         }
         NvmfCommand::Subsystem(SubsystemCommand::Delete { nqn }) => {

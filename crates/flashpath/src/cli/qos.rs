@@ -9,7 +9,9 @@ use fp_registry::THROTTLE_FIELDS;
 use serde_json::{json, Value};
 
 use super::args::{u16_arg, u64_arg};
-use super::session::{cell, one_call, out, print_json, table, u64_field, usage, CliError, Session};
+use super::session::{
+    cell, one_call, out, print_json, set_given, table, u64_field, usage, CliError, Session,
+};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum QosCommand {
@@ -195,9 +197,7 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: QosCommand) -> Result<(), CliErro
         }
         QosCommand::Group(QosGroupCommand::Add { name, disk, weight }) => {
             let mut params = json!({ "name": name, "bdev_name": disk });
-            if let Some(w) = weight {
-                params["weight"] = json!(w);
-            }
+            set_given(&mut params, "weight", weight);
             group_call(QOS_GROUP_FLAGS, "bdev_qos_group_add_bdev", params)
         }
         QosCommand::Group(QosGroupCommand::Remove { name, disk }) => group_call(

@@ -7,7 +7,9 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
 use super::args::{u32_arg, u64_arg};
-use super::session::{cell, one_call, out, print_json, table, u64_field, yes_no, CliError, Session};
+use super::session::{
+    cell, one_call, out, print_json, set_given, table, u64_field, yes_no, CliError, Session,
+};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum RaidCommand {
@@ -119,12 +121,8 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: RaidCommand) -> Result<(), CliErr
         }
         RaidCommand::Options(o) => {
             let mut params = json!({});
-            if let Some(w) = o.process_window_size_kb {
-                params["process_window_size_kb"] = json!(w);
-            }
-            if let Some(b) = o.process_max_bandwidth_mb_sec {
-                params["process_max_bandwidth_mb_sec"] = json!(b);
-            }
+            set_given(&mut params, "process_window_size_kb", o.process_window_size_kb);
+            set_given(&mut params, "process_max_bandwidth_mb_sec", o.process_max_bandwidth_mb_sec);
             one_call(rpc, json, FLAGS, "bdev_raid_set_options", params)
         }
     }
@@ -133,15 +131,11 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: RaidCommand) -> Result<(), CliErr
 /// `bdev_raid_create`'s parameters: only what was given, so the daemon's defaults apply.
 fn create_params(a: RaidCreateArgs) -> Value {
     let mut params = json!({ "name": a.name, "raid_level": a.level, "base_bdevs": a.bases });
-    if let Some(s) = a.strip_size_kb {
-        params["strip_size_kb"] = json!(s);
-    }
+    set_given(&mut params, "strip_size_kb", a.strip_size_kb);
     if a.superblock {
         params["superblock"] = json!(true);
     }
-    if let Some(u) = a.uuid {
-        params["uuid"] = json!(u);
-    }
+    set_given(&mut params, "uuid", a.uuid);
     params
 }
 

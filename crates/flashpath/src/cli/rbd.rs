@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use serde_json::{json, Map, Value};
 
-use super::session::{cell, disks_with, one_call, out, print_json, table, usage, CliError, Session};
+use super::session::{
+    cell, disks_with, one_call, out, print_json, set_given, table, usage, CliError, Session,
+};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum RbdCommand {
@@ -76,18 +78,10 @@ fn rbd_cluster_add(rpc: &Path, json: bool, a: RbdClusterAddArgs) -> Result<(), C
     let mut params = json!({ "name": a.name });
     // The daemon resolves relative paths against its own working directory, not ours.
     let absolute = |p: std::path::PathBuf| std::path::absolute(&p).unwrap_or(p);
-    if let Some(f) = a.config_file {
-        params["config_file"] = json!(absolute(f));
-    }
-    if let Some(f) = a.key_file {
-        params["key_file"] = json!(absolute(f));
-    }
-    if let Some(u) = a.user_id {
-        params["user_id"] = json!(u);
-    }
-    if let Some(cpus) = a.cpus {
-        params["core_mask"] = json!(cpus);
-    }
+    set_given(&mut params, "config_file", a.config_file.map(absolute));
+    set_given(&mut params, "key_file", a.key_file.map(absolute));
+    set_given(&mut params, "user_id", a.user_id);
+    set_given(&mut params, "core_mask", a.cpus);
     if !config_param.is_empty() {
         params["config_param"] = Value::Object(config_param);
     }

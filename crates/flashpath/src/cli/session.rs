@@ -201,6 +201,14 @@ pub(crate) fn whole_mib(size: u64) -> Result<u64, CliError> {
     Ok(size / MIB)
 }
 
+/// Sets `params[key]` to `value` when the user gave it: an option left out stays out of the
+/// request, and the daemon applies its own default.
+pub(crate) fn set_given(params: &mut Value, key: &str, value: Option<impl serde::Serialize>) {
+    if let Some(v) = value {
+        params[key] = json!(v);
+    }
+}
+
 /// Calls `method` and prints its result: with `--json` as it is, otherwise only a name it made
 /// (not `true`).
 pub(crate) fn one_call(

@@ -96,14 +96,26 @@ pub struct SubsystemRow {
     pub errors: u64,
 }
 
+/// `row(name, now, before, secs)` for each entry of `cur` (picked by `of`), `before` being its
+/// entry in `prev`, or zero for one new since; `secs` is the interval, never zero.
+fn rows_between<C: Default, R>(
+    prev: &Sample,
+    cur: &Sample,
+    of: impl Fn(&Sample) -> &BTreeMap<String, C>,
+    row: impl Fn(&String, &C, &C, f64) -> R,
+) -> Vec<R> {
+    let secs = cur.at.duration_since(prev.at).as_secs_f64().max(1e-6);
+    let zero = C::default();
+    of(cur).iter().map(|(name, c)| row(name, c, of(prev).get(name).unwrap_or(&zero), secs)).collect()
+}
+
 /// Per-second rates between two samples; a subsystem new in `cur` counts from zero.
 pub fn subsystem_rows(prev: &Sample, cur: &Sample) -> Vec<SubsystemRow> {
-    let secs = cur.at.duration_since(prev.at).as_secs_f64().max(1e-6);
-    let zero = SubsystemCounters::default();
-    cur.subsystems
-        .iter()
-        .map(|(nqn, c)| {
-            let p = prev.subsystems.get(nqn).unwrap_or(&zero);
+    rows_between(
+        prev,
+        cur,
+        |s| &s.subsystems,
+        |nqn, c, p, secs| {
             let d = |f: fn(&SubsystemCounters) -> u64| f(c).saturating_sub(f(p)) as f64;
             SubsystemRow {
                 nqn: nqn.clone(),
@@ -113,8 +125,8 @@ pub fn subsystem_rows(prev: &Sample, cur: &Sample) -> Vec<SubsystemRow> {
                 mbps: (d(|x| x.bytes_read) + d(|x| x.bytes_written)) / secs / 1e6,
                 errors: c.errors,
             }
-        })
-        .collect()
+        },
+    )
 }
 
 /// Subsystems from `nvmf_get_stats`.
@@ -153,12 +165,11 @@ pub struct ControllerRow {
 /// Per-second notification rates between two samples; a controller new in `cur` counts from
 /// zero.
 pub fn controller_rows(prev: &Sample, cur: &Sample) -> Vec<ControllerRow> {
-    let secs = cur.at.duration_since(prev.at).as_secs_f64().max(1e-6);
-    let zero = ControllerCounters::default();
-    cur.controllers
-        .iter()
-        .map(|(name, c)| {
-            let p = prev.controllers.get(name).unwrap_or(&zero);
+    rows_between(
+        prev,
+        cur,
+        |s| &s.controllers,
+        |name, c, p, secs| {
             let completed = c.completed.saturating_sub(p.completed) as f64;
             let notifications = c.notifications.saturating_sub(p.notifications) as f64;
             ControllerRow {
@@ -168,8 +179,8 @@ pub fn controller_rows(prev: &Sample, cur: &Sample) -> Vec<ControllerRow> {
                 kicks: c.kicks.saturating_sub(p.kicks) as f64 / secs,
                 requests_per_notification: (notifications > 0.0).then(|| completed / notifications),
             }
-        })
-        .collect()
+        },
+    )
 }
 
 /// Controllers from `vhost_get_controllers`.
@@ -210,12 +221,11 @@ pub struct DiskRow {
 
 /// Per-second rates between two samples; a disk new in `cur` counts from zero.
 pub fn disk_rows(prev: &Sample, cur: &Sample) -> Vec<DiskRow> {
-    let secs = cur.at.duration_since(prev.at).as_secs_f64().max(1e-6);
-    let zero = DiskCounters::default();
-    cur.disks
-        .iter()
-        .map(|(name, c)| {
-            let p = prev.disks.get(name).unwrap_or(&zero);
+    rows_between(
+        prev,
+        cur,
+        |s| &s.disks,
+        |name, c, p, secs| {
             let d = |f: fn(&DiskCounters) -> u64| f(c).saturating_sub(f(p)) as f64;
             let ops = d(|x| x.read_ops) + d(|x| x.write_ops);
             let avg_us = match (c.latency_s, p.latency_s) {
@@ -239,8 +249,8 @@ pub fn disk_rows(prev: &Sample, cur: &Sample) -> Vec<DiskRow> {
                 qos_queued: c.qos_queued,
                 qos_throttled_pct,
             }
-        })
-        .collect()
+        },
+    )
 }
 
 /// Each reactor's busy share of the interval, in percent.

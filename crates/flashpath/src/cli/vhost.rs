@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
 use super::args::u16_arg;
-use super::session::{cell, fetch_list, out, print_json, table, yes_no, CliError, Session};
+use super::session::{cell, fetch_list, out, print_json, set_given, table, yes_no, CliError, Session};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum VhostCommand {
@@ -58,15 +58,9 @@ pub(crate) fn run(rpc: &Path, json: bool, command: VhostCommand) -> Result<(), C
 
 fn vhost_create(rpc: &Path, json: bool, a: VhostCreateArgs) -> Result<(), CliError> {
     let mut params = json!({ "ctrlr": a.name, "dev_name": a.disk, "readonly": a.readonly });
-    if let Some(cpus) = &a.cpus {
-        params["cpumask"] = json!(cpus);
-    }
-    if let Some(q) = a.queues {
-        params["num_queues"] = json!(q);
-    }
-    if let Some(from) = &a.migrate_from {
-        params["migrate_from"] = json!(from);
-    }
+    set_given(&mut params, "cpumask", a.cpus.as_ref());
+    set_given(&mut params, "num_queues", a.queues);
+    set_given(&mut params, "migrate_from", a.migrate_from.as_ref());
     let mut s = Session::connect(
         rpc,
         &[

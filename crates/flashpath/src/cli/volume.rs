@@ -8,7 +8,7 @@ use clap::Subcommand;
 use serde_json::json;
 
 use super::session::{
-    cell, one_call, out, print_json, table, u64_field, usage, whole_mib, CliError, Session,
+    cell, one_call, out, print_json, set_given, table, u64_field, usage, whole_mib, CliError, Session,
 };
 
 #[derive(Debug, Subcommand)]
@@ -62,9 +62,7 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: VolumeCommand) -> Result<(), CliE
     match cmd {
         VolumeCommand::CreateStore { disk, name, cluster_size } => {
             let mut params = json!({ "bdev_name": disk, "lvs_name": name });
-            if let Some(c) = cluster_size {
-                params["cluster_sz"] = json!(c);
-            }
+            set_given(&mut params, "cluster_sz", cluster_size);
             let flags = &[("bdev_name", "--disk"), ("lvs_name", "--name"), ("cluster_sz", "--cluster-size")];
             one_call(rpc, json, flags, "bdev_lvol_create_lvstore", params)
         }

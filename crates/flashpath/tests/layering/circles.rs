@@ -16,42 +16,7 @@ use super::rust_source::{circles, ModuleTree};
 /// Import circles still to remove, each as its files (relative to the workspace, sorted). This
 /// list only shrinks: a circle found that is not here fails the test, and so does an entry that
 /// is no longer found (delete it).
-const KNOWN_RUST_CIRCLES: &[&[&str]] = &[
-    // A design circle: the device trait's `as_disk` names the `Disk`; the disk, its channel,
-    // the channel's typed dispatch and its mirror half share the disk's state and each other's
-    // methods; the mirror's shared state holds its source `Disk`, which holds it back.
-    &[
-        "crates/bdev/src/device.rs",
-        "crates/bdev/src/disk/channel.rs",
-        "crates/bdev/src/disk/io.rs",
-        "crates/bdev/src/disk/mirror.rs",
-        "crates/bdev/src/disk/mod.rs",
-        "crates/bdev/src/mirror/shared.rs",
-    ],
-    // `impl Registry` spread over files whose types the registry's state holds; the export kinds
-    // and methods reach back for `Registry`, `MethodFn` and `ConfigTable`.
-    &[
-        "crates/registry/src/bdevs.rs",
-        "crates/registry/src/exports/mod.rs",
-        "crates/registry/src/exports/nbd/mod.rs",
-        "crates/registry/src/exports/nbd/rpc.rs",
-        "crates/registry/src/exports/nvmf/mod.rs",
-        "crates/registry/src/exports/nvmf/rpc.rs",
-        "crates/registry/src/exports/vhost_blk/mod.rs",
-        "crates/registry/src/exports/vhost_blk/rpc.rs",
-        "crates/registry/src/methods/bdev.rs",
-        "crates/registry/src/methods/examine.rs",
-        "crates/registry/src/methods/framework.rs",
-        "crates/registry/src/methods/iostat.rs",
-        "crates/registry/src/methods/mirror.rs",
-        "crates/registry/src/methods/mod.rs",
-        "crates/registry/src/methods/qos.rs",
-        "crates/registry/src/mirror.rs",
-        "crates/registry/src/qos.rs",
-        "crates/registry/src/registry.rs",
-        "crates/registry/src/shutdown.rs",
-    ],
-];
+const KNOWN_RUST_CIRCLES: &[&[&str]] = &[];
 
 /// The bench's Python import circles still to remove, as module names (sorted); only shrinks.
 const KNOWN_PYTHON_CIRCLES: &[&[&str]] = &[];

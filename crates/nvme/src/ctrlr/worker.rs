@@ -88,21 +88,10 @@ impl<T: Transport> Worker<T> {
     /// controller's initial ones (no events for them).
     pub(crate) fn attach(&mut self) -> Result<(), NvmeError> {
         let found = self.connect()?;
-        let backend: Arc<dyn NamespaceBackend> = self.shared.clone();
         let snap = self.shared.snapshot().clone();
         let mut map = lock_ns(&self.namespaces);
         for (nsid, data) in found {
-            map.insert(
-                nsid,
-                Arc::new(NvmeNamespace::new(
-                    backend.clone(),
-                    nsid,
-                    data,
-                    &snap.cdata,
-                    snap.max_transfer,
-                    self.shared.global.enable_flush,
-                )),
-            );
+            map.insert(nsid, self.namespace(nsid, data, &snap));
         }
         drop(map);
         self.shared.bump(ST_ENABLED);
@@ -460,10 +449,23 @@ impl<T: Transport> Worker<T> {
         Ok(found)
     }
 
+    /// The namespace `nsid` a scan found, served through this controller with its limits in
+    /// `snap`.
+    fn namespace(&self, nsid: u32, data: NamespaceData, snap: &Snapshot) -> Arc<NvmeNamespace> {
+        let backend: Arc<dyn NamespaceBackend> = self.shared.clone();
+        Arc::new(NvmeNamespace::new(
+            backend,
+            nsid,
+            data,
+            &snap.cdata,
+            snap.max_transfer,
+            self.shared.global.enable_flush,
+        ))
+    }
+
     /// Compares a scan with the namespaces known: new ones are added, sizes updated, missing
     /// ones removed, each with its event.
     fn apply_namespaces(&mut self, found: Vec<(u32, NamespaceData)>) {
-        let backend: Arc<dyn NamespaceBackend> = self.shared.clone();
         let snap = self.shared.snapshot().clone();
         let mut events = Vec::new();
         {
@@ -485,14 +487,7 @@ impl<T: Transport> Worker<T> {
                 if map.remove(&nsid).is_some() {
                     events.push(NamespaceEvent::Removed { nsid });
                 }
-                let ns = Arc::new(NvmeNamespace::new(
-                    backend.clone(),
-                    nsid,
-                    data,
-                    &snap.cdata,
-                    snap.max_transfer,
-                    self.shared.global.enable_flush,
-                ));
+                let ns = self.namespace(nsid, data, &snap);
                 map.insert(nsid, ns.clone());
                 events.push(NamespaceEvent::Added(ns));
             }

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use fp_bdev::{Bdev, IoChannel, IoStatus};
+use fp_bdev::{Bdev, IoChannel, IoRequest, IoStatus, SubmitError};
 
 use crate::shared::{ChannelAck, Layout, RaidShared};
 use crate::SlotState;
@@ -170,6 +170,34 @@ impl Bases {
             self.open_slot(slot)?;
         }
         self.open[slot].as_mut().map(|o| &mut *o.ch)
+    }
+
+    /// Submits `req` to `slot`'s base; a slot without a channel refuses it as out of range
+    /// (the caller fails it like any base's error).
+    #[inline]
+    pub fn submit(&mut self, slot: usize, req: &IoRequest) -> Result<(), SubmitError> {
+        match self.channel(slot) {
+            Some(ch) => ch.submit(req),
+            None => Err(SubmitError::OutOfRange),
+        }
+    }
+
+    /// The end of every poll: hands the completions gathered in `completed` to `done`, then
+    /// marks the channel idle when `in_flight` (its parents) is zero. Returns how many it
+    /// handed up.
+    #[inline]
+    pub fn hand_up(
+        &mut self,
+        completed: &mut Vec<(u32, IoStatus)>,
+        done: &mut dyn FnMut(u32, IoStatus),
+        in_flight: usize,
+    ) -> usize {
+        let n = completed.len();
+        for (tag, status) in completed.drain(..) {
+            done(tag, status);
+        }
+        self.settle(in_flight);
+        n
     }
 
     #[cold]

@@ -155,10 +155,7 @@ impl Raid1Channel {
         };
         let req = if req.op == IoOp::Flush { IoRequest { offset: 0, ..req } } else { req };
         for slot in slots_of(parent.to_submit) {
-            let r = match self.bases.channel(slot) {
-                Some(ch) => ch.submit(&req),
-                None => Err(SubmitError::OutOfRange),
-            };
+            let r = self.bases.submit(slot, &req);
             let parent = self.parents.get_mut(p);
             match r {
                 Ok(()) => {
@@ -267,10 +264,7 @@ impl Raid1Channel {
                 len: parent.len,
                 iov: parent.iov,
             };
-            let r = match self.bases.channel(slot) {
-                Some(ch) => ch.submit(&req),
-                None => Err(SubmitError::OutOfRange),
-            };
+            let r = self.bases.submit(slot, &req);
             let parent = self.parents.get_mut(p);
             match r {
                 Ok(()) => {
@@ -441,12 +435,7 @@ impl IoChannel for Raid1Channel {
             }
             self.spare.clear();
         }
-        let n = self.done.len();
-        for (tag, status) in self.done.drain(..) {
-            done(tag, status);
-        }
-        self.bases.settle(self.parents.used());
-        n
+        self.bases.hand_up(&mut self.done, done, self.parents.used())
     }
 
     fn in_flight(&self) -> usize {

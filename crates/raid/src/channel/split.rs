@@ -270,12 +270,7 @@ impl<M: SplitMap> IoChannel for SplitChannel<M> {
         if !self.pending.is_empty() {
             self.retry_pending();
         }
-        let n = self.done.len();
-        for (tag, status) in self.done.drain(..) {
-            done(tag, status);
-        }
-        self.bases.settle(self.parents.used());
-        n
+        self.bases.hand_up(&mut self.done, done, self.parents.used())
     }
 
     fn in_flight(&self) -> usize {

@@ -432,8 +432,16 @@ fn a_rebuild_whose_source_fails_continues_from_another_in_sync_base() {
 #[test]
 fn dropping_the_owner_mid_rebuild_resumes_at_the_checkpoint_on_respawn() {
     let bytes = 24 * MIB;
-    // Slow enough to stop halfway: 64 KiB windows at 40 MB/s, a checkpoint every 1 MiB.
-    let opts = OwnerOptions { process_window_bytes: 64 << 10, process_max_bandwidth_mb_sec: 40, ..fast() };
+    // Slow enough to stop halfway: 64 KiB windows at 40 MB/s, a checkpoint every 1 MiB. No
+    // clearing pass before the crash, however slow the machine: the chunks written stay dirty,
+    // so the respawn's resync is all of them (a pass between the writes and the add cleared
+    // them on a loaded machine).
+    let opts = OwnerOptions {
+        process_window_bytes: 64 << 10,
+        process_max_bandwidth_mb_sec: 40,
+        clear_period: Duration::from_secs(3600),
+        ..fast()
+    };
     let RamRaid { b0, b1, sb, shared, handle: h } = ram_raid("d", bytes, opts);
     let mut w = Writer::new(shared.clone());
     let raid = sb.raid_bytes();

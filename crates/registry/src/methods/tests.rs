@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_rpc::codes;
+use fp_rpc::{codes, RpcError};
 use serde_json::json;
 
 use super::*;

@@ -6,7 +6,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use fp_bdev::ClaimType;
-use fp_nbd::{ExportHandle, ExportSpec, NbdServer, NbdStats, TlsFiles};
+use fp_nbd::{ExportHandle, ExportSpec, NbdServer, NbdStats};
 
 use super::{ConfigTable, Export, ExportKind, KindInit, KindOption, NewExport, OptionType};
 use crate::methods::MethodFn;
@@ -14,26 +14,17 @@ use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
 
 mod rpc;
+mod spec;
 #[cfg(test)]
 mod tests;
+
+pub use spec::NbdSpec;
 
 /// The kind ([`ExportKind::name`]) of an NBD export.
 pub const KIND: &str = "nbd";
 
 /// What errors call one.
 const LABEL: &str = "NBD export";
-
-/// What to build for `nbd_start_disk`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NbdSpec {
-    pub bdev_name: String,
-    /// A socket path or an NBD URI ([`fp_nbd::parse_device`]).
-    pub nbd_device: String,
-    /// Read-only: the bdev is claimed shared, so read-only vhost controllers and other
-    /// read-only exports may serve it too.
-    pub readonly: bool,
-    pub tls: Option<TlsFiles>,
-}
 
 /// What `nbd_get_disks` reports of one.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -17,31 +17,18 @@ use crate::metrics::{array, str_at, u64_at, Family, MetricsCall};
 use crate::{Registry, RegistryError};
 
 mod rpc;
+mod spec;
 #[cfg(test)]
 mod tests;
+
+pub use spec::NvmfNamespaceSpec;
+pub(crate) use spec::{parse_hex, parse_uuid};
 
 /// The kind ([`ExportKind::name`]) of an NVMe-oF namespace.
 pub const KIND: &str = "nvmf";
 
 /// What errors call one.
 const LABEL: &str = "NVMe-oF namespace";
-
-/// What to add for `nvmf_subsystem_add_ns`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NvmfNamespaceSpec {
-    /// The subsystem's NQN.
-    pub nqn: String,
-    /// The namespace ID; `None` takes the lowest free one.
-    pub nsid: Option<u32>,
-    pub bdev_name: String,
-    /// `None`: the bdev's UUID as `bdev_get_bdevs` reports it (as SPDK does).
-    pub uuid: Option<[u8; 16]>,
-    pub nguid: Option<[u8; 16]>,
-    pub eui64: Option<[u8; 8]>,
-    /// flashpath's: writes fail with "namespace is write protected" and the bdev is claimed
-    /// shared, so read-only exports of other kinds may serve it too.
-    pub read_only: bool,
-}
 
 /// The registry's name of namespace `nsid` of subsystem `nqn`.
 pub fn namespace_name(nqn: &str, nsid: u32) -> String {
@@ -189,27 +176,6 @@ fn bdev_uuid_bytes(name: &str) -> [u8; 16] {
     parse_uuid(name)
         .or_else(|| parse_uuid(&crate::methods::bdev_uuid(name)))
         .expect("bdev_uuid makes well-formed UUIDs")
-}
-
-/// RFC 4122 text (8-4-4-4-12 hexadecimal digits) as bytes.
-pub(crate) fn parse_uuid(text: &str) -> Option<[u8; 16]> {
-    let groups: Vec<&str> = text.split('-').collect();
-    if groups.iter().map(|g| g.len()).ne([8, 4, 4, 4, 12]) {
-        return None;
-    }
-    parse_hex::<16>(&groups.concat())
-}
-
-/// `2 * N` hexadecimal digits (either case) as `N` bytes.
-pub(crate) fn parse_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
-    if text.len() != 2 * N || !text.is_ascii() {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
 }
 
 /// The NVMe-oF export kind ([`super::EXPORT_KINDS`]).
