@@ -23,19 +23,19 @@ use std::time::{Duration, Instant};
 
 use fp_bdev::disk::DiskIo;
 use fp_bdev::iov::BounceBuf;
-use fp_bdev::{BdevError, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::{BdevError, IoStatus};
 use fp_conn::{Interest, Life, Recv, RecvBuf, SendQueue, Sent};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
 use fp_reactor::{PollStatus, Poller, PollerId};
 use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
 
-use crate::controller::{AdminResult, Controller, ControllerConfig};
+use crate::controller::{Controller, ControllerConfig};
+use crate::exec::{NsChan, Phase};
 use crate::model::SubsystemView;
 use crate::options::{ListenAddress, TransportOptions};
-use crate::subsystem::{lock, CtrlShared, Namespace, NsCounters, QpairRef, Subsystem};
+use crate::subsystem::{lock, CtrlShared, Namespace, QpairRef, Subsystem};
 
-mod command;
 mod receive;
 mod send;
 
@@ -48,7 +48,7 @@ pub(crate) const ADMIN_ICD: u32 = 8192;
 const READS_PER_ROUND: usize = 8;
 /// Slot buffers up to this size are kept for the next command; larger transfers take one of
 /// the queue's large buffers.
-const KEEP_BUF: usize = 1 << 20;
+pub(crate) const KEEP_BUF: usize = 1 << 20;
 /// The memory a queue may hold in large buffers (each `max_io_size` bytes, made on first use
 /// and kept): at least one, so any transfer up to MDTS goes through; a command finding them
 /// all in use waits for one, as a command the device refuses as busy.
@@ -92,61 +92,42 @@ pub(crate) struct QpairSetup {
     pub close_timeout: Duration,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Free,
-    /// An R2T is out (or queued); the host's H2CData fills the buffer.
-    AwaitData,
-    /// Its R2T waits for a large buffer to receive the data into.
-    AwaitBuffer,
-    /// Ready to start (its data, if any, is here).
-    Ready,
-    /// Requests in flight on a channel.
-    Submitted,
-    /// A FUA write completed; its flush is in flight.
-    Flushing,
-    /// An Asynchronous Event Request waiting for an event.
-    Parked,
-    /// Its PDUs are queued.
-    Sending,
-}
-
-struct Slot {
-    sqe: Sqe,
-    phase: Phase,
+pub(crate) struct Slot {
+    pub(crate) sqe: Sqe,
+    pub(crate) phase: Phase,
     /// The data buffer in use: the slot's own, or while a large command runs one of the
     /// queue's large buffers (the slot's own then waits in `own`).
-    buf: Option<BounceBuf>,
-    own: Option<BounceBuf>,
+    pub(crate) buf: Option<BounceBuf>,
+    pub(crate) own: Option<BounceBuf>,
     /// Bytes the command moves (to or from the host).
-    len: usize,
+    pub(crate) len: usize,
     /// H2C bytes received so far.
-    received: usize,
+    pub(crate) received: usize,
     /// Requests in flight (Dataset Management submits one per range).
-    pending: u32,
+    pub(crate) pending: u32,
     /// Dataset Management: the next range to submit.
-    next_range: u32,
+    pub(crate) next_range: u32,
     /// The first error of its requests.
-    status: Status,
-    flushed: bool,
+    pub(crate) status: Status,
+    pub(crate) flushed: bool,
     /// Its R2T went out whole: H2CData may answer it (not before, so a host guessing tags
     /// cannot complete a command whose R2T still sits in the send queue).
-    r2t_out: bool,
+    pub(crate) r2t_out: bool,
     /// Tx: a PDU header (R2T, C2HData) and the data after it, its digest, a response.
-    hdr: [u8; HEADER_ROOM],
-    hdr_len: usize,
-    data_len: usize,
-    ddgst: [u8; DIGEST_LEN],
-    ddgst_len: usize,
-    resp: [u8; HEADER_ROOM],
-    resp_len: usize,
+    pub(crate) hdr: [u8; HEADER_ROOM],
+    pub(crate) hdr_len: usize,
+    pub(crate) data_len: usize,
+    pub(crate) ddgst: [u8; DIGEST_LEN],
+    pub(crate) ddgst_len: usize,
+    pub(crate) resp: [u8; HEADER_ROOM],
+    pub(crate) resp_len: usize,
     /// Data buffers allocated for it (the tests' `QpairPoller::buffer_allocations`).
     #[cfg_attr(not(test), allow(dead_code))]
-    allocations: u32,
+    pub(crate) allocations: u32,
 }
 
 impl Slot {
-    fn new() -> Slot {
+    pub(crate) fn new() -> Slot {
         Slot {
             sqe: Sqe([0; SQE_LEN]),
             phase: Phase::Free,
@@ -171,7 +152,7 @@ impl Slot {
     }
 
     /// A data buffer of at least `len` bytes.
-    fn buffer(&mut self, len: usize) -> &mut BounceBuf {
+    pub(crate) fn buffer(&mut self, len: usize) -> &mut BounceBuf {
         if self.buf.as_ref().is_none_or(|b| b.len() < len) {
             self.buf = Some(BounceBuf::zeroed(len.max(512)));
             self.allocations += 1;
@@ -179,7 +160,7 @@ impl Slot {
         self.buf.as_mut().expect("just made")
     }
 
-    fn pieces(&self) -> [&[u8]; 4] {
+    pub(crate) fn pieces(&self) -> [&[u8]; 4] {
         let data = match &self.buf {
             Some(b) => &b.bytes()[..self.data_len],
             None => &[],
@@ -187,19 +168,9 @@ impl Slot {
         [&self.hdr[..self.hdr_len], data, &self.ddgst[..self.ddgst_len], &self.resp[..self.resp_len]]
     }
 
-    fn tx_len(&self) -> usize {
+    pub(crate) fn tx_len(&self) -> usize {
         self.hdr_len + self.data_len + self.ddgst_len + self.resp_len
     }
-}
-
-/// A namespace as this queue uses it: its channel and counters.
-struct NsChan {
-    ns: Arc<Namespace>,
-    chan: DiskIo,
-    counters: Arc<NsCounters>,
-    in_flight: u32,
-    /// Detached: new commands get Invalid Namespace; dropped once `in_flight` is 0.
-    removed: bool,
 }
 
 /// An H2CData PDU whose data is arriving.
@@ -217,59 +188,59 @@ fn epoll_err(e: io::Error) -> BdevError {
 
 /// A queue pair's poller.
 pub(crate) struct QpairPoller {
-    fd: OwnedFd,
+    pub(crate) fd: OwnedFd,
     /// The socket's epoll set, which the timer and the channels' completion fds join.
-    interest: Interest,
-    timer: fp_sys::Timer,
-    next_tick: Option<Instant>,
-    peer: String,
-    sub: Arc<Subsystem>,
-    ctrl: Arc<CtrlShared>,
-    qid: u16,
-    id: Option<PollerId>,
+    pub(crate) interest: Interest,
+    pub(crate) timer: fp_sys::Timer,
+    pub(crate) next_tick: Option<Instant>,
+    pub(crate) peer: String,
+    pub(crate) sub: Arc<Subsystem>,
+    pub(crate) ctrl: Arc<CtrlShared>,
+    pub(crate) qid: u16,
+    pub(crate) id: Option<PollerId>,
     /// The admin queue's controller and the view it answers from.
-    admin: Option<Box<Controller>>,
-    view: Arc<SubsystemView>,
-    view_generation: u64,
-    ns_generation: u64,
+    pub(crate) admin: Option<Box<Controller>>,
+    pub(crate) view: Arc<SubsystemView>,
+    pub(crate) view_generation: u64,
+    pub(crate) ns_generation: u64,
     /// Indexed by NSID.
-    ns: Vec<Option<NsChan>>,
-    digests: Digests,
-    hpda: u8,
-    c2h_success: bool,
-    icd: usize,
-    max_io: usize,
-    max_plen: u32,
-    sq_entries: u16,
-    sqhd: u16,
-    sq_flow_disabled: bool,
-    slots: Box<[Slot]>,
-    free: Vec<u16>,
-    ready: VecDeque<u16>,
+    pub(crate) ns: Vec<Option<NsChan>>,
+    pub(crate) digests: Digests,
+    pub(crate) hpda: u8,
+    pub(crate) c2h_success: bool,
+    pub(crate) icd: usize,
+    pub(crate) max_io: usize,
+    pub(crate) max_plen: u32,
+    pub(crate) sq_entries: u16,
+    pub(crate) sqhd: u16,
+    pub(crate) sq_flow_disabled: bool,
+    pub(crate) slots: Box<[Slot]>,
+    pub(crate) free: Vec<u16>,
+    pub(crate) ready: VecDeque<u16>,
     /// Writes whose R2T waits for a large buffer, in arrival order.
-    await_buf: VecDeque<u16>,
+    pub(crate) await_buf: VecDeque<u16>,
     /// Large buffers not in use; `large_made` of at most `large_max` were made.
-    large_free: Vec<BounceBuf>,
-    large_made: usize,
-    large_max: usize,
-    tx: SendQueue<u16>,
-    blocked_since: Option<Instant>,
-    rx: RecvBuf,
+    pub(crate) large_free: Vec<BounceBuf>,
+    pub(crate) large_made: usize,
+    pub(crate) large_max: usize,
+    pub(crate) tx: SendQueue<u16>,
+    pub(crate) blocked_since: Option<Instant>,
+    pub(crate) rx: RecvBuf,
     /// H2C data arriving straight into a slot's buffer.
     h2c: Option<H2c>,
     /// An H2CData's data is in; its digest is still to read.
     h2c_digest: Option<H2c>,
-    rx_stalled: bool,
-    rx_more: bool,
-    completions: Vec<(u32, u32, IoStatus)>,
+    pub(crate) rx_stalled: bool,
+    pub(crate) rx_more: bool,
+    pub(crate) completions: Vec<(u32, u32, IoStatus)>,
     /// A C2HTermReq to send before closing.
-    term: Option<([u8; DATA_HLEN + TERM_REQ_MAX_DATA], usize)>,
+    pub(crate) term: Option<([u8; DATA_HLEN + TERM_REQ_MAX_DATA], usize)>,
     /// Closing (retrying commands refused as busy until `close_timeout` after it began),
     /// broken (the socket failed), misbehaved (the host broke the protocol).
-    life: Life,
-    close_timeout: Duration,
+    pub(crate) life: Life,
+    pub(crate) close_timeout: Duration,
     /// The admin queue answered a Disconnect or a shutdown: close once sent.
-    teardown: bool,
+    pub(crate) teardown: bool,
 }
 
 impl QpairPoller {
@@ -363,32 +334,32 @@ impl QpairPoller {
     }
 
     /// The controller's keep-alive timeout (Connect's KATO or Set Features), if any.
-    fn kato(&self) -> Option<Duration> {
+    pub(crate) fn kato(&self) -> Option<Duration> {
         self.admin.as_ref().and_then(|c| c.keep_alive_timeout())
     }
 
     /// Ticks at a quarter of KATO on the admin queue (they wake a sleeping reactor).
-    fn arm_keep_alive(&mut self) {
+    pub(crate) fn arm_keep_alive(&mut self) {
         if self.next_tick.is_none() && self.kato().is_some() {
             self.set_tick(self.tick_interval());
         }
     }
 
     /// Arms the timer to fire every `every`.
-    fn set_tick(&mut self, every: Duration) {
+    pub(crate) fn set_tick(&mut self, every: Duration) {
         if self.timer.every(every).is_ok() {
             self.next_tick = Some(Instant::now() + every);
         }
     }
 
-    fn tick_interval(&self) -> Duration {
+    pub(crate) fn tick_interval(&self) -> Duration {
         match self.kato() {
             Some(kato) => (kato / 4).clamp(Duration::from_millis(20), Duration::from_secs(1)),
             None => Duration::from_secs(1),
         }
     }
 
-    fn what(&self) -> String {
+    pub(crate) fn what(&self) -> String {
         format!("{} controller {} queue {} ({})", self.sub.nqn, self.ctrl.cntlid, self.qid, self.peer)
     }
 
@@ -431,7 +402,7 @@ impl QpairPoller {
     /// At the close deadline, answers the commands still waiting to start, and gives up the
     /// ones the bdev stack took but keeps refused as busy (they complete Command Abort
     /// Requested at the next reap, as every command parked on Busy at a bound).
-    fn abort_waiting(&mut self, now: Instant) {
+    pub(crate) fn abort_waiting(&mut self, now: Instant) {
         if !self.life.past_deadline(now) {
             return;
         }
@@ -460,7 +431,7 @@ impl QpairPoller {
 
     /// Gives up the commands to `nsid` that its bdev stack holds parked on Busy: each is
     /// answered Command Abort Requested at the next reap.
-    fn give_up_parked(&mut self, nsid: u32, why: &str) -> usize {
+    pub(crate) fn give_up_parked(&mut self, nsid: u32, why: &str) -> usize {
         let what = self.what();
         let Some(n) = self.ns.get_mut(nsid as usize).and_then(|n| n.as_mut()) else { return 0 };
         let given_up = n.chan.abort_parked();
@@ -492,7 +463,7 @@ impl QpairPoller {
         }
     }
 
-    fn complete_parked(&mut self, cqe: Cqe) {
+    pub(crate) fn complete_parked(&mut self, cqe: Cqe) {
         let found = (0..self.slots.len())
             .find(|&i| self.slots[i].phase == Phase::Parked && self.slots[i].sqe.cid() == cqe.cid);
         match found {
@@ -511,7 +482,7 @@ impl QpairPoller {
     /// Gives slot `i` a data buffer of `len` bytes: its own (kept between commands)
     /// up to [`KEEP_BUF`], else one of the queue's large buffers. False when every large buffer
     /// is in use (the command waits for one).
-    fn take_buffer(&mut self, i: u16, len: usize) -> bool {
+    pub(crate) fn take_buffer(&mut self, i: u16, len: usize) -> bool {
         if len <= KEEP_BUF {
             self.slots[i as usize].buffer(len);
             return true;
@@ -533,7 +504,7 @@ impl QpairPoller {
     }
 
     /// Whether a write waiting for a large buffer can have one now.
-    fn large_buffer_available(&self) -> bool {
+    pub(crate) fn large_buffer_available(&self) -> bool {
         !self.large_free.is_empty() || self.large_made < self.large_max
     }
 
@@ -551,7 +522,7 @@ impl QpairPoller {
         (n.in_flight - parked, parked)
     }
 
-    fn refresh_view(&mut self) {
+    pub(crate) fn refresh_view(&mut self) {
         let g = self.sub.view_generation.load(Ordering::Acquire);
         if g != self.view_generation {
             self.view_generation = g;
@@ -561,7 +532,7 @@ impl QpairPoller {
 
     /// Brings the namespace table up to the subsystem's: opens channels of new namespaces,
     /// marks detached ones (dropped once their I/O is done).
-    fn reload_namespaces(&mut self) {
+    pub(crate) fn reload_namespaces(&mut self) {
         let g = self.sub.ns_generation.load(Ordering::Acquire);
         if g == self.ns_generation {
             return;
@@ -617,7 +588,7 @@ impl QpairPoller {
     }
 
     /// Tells the handshakes what the controller allows now.
-    fn publish_state(&self) {
+    pub(crate) fn publish_state(&self) {
         if let Some(c) = &self.admin {
             self.ctrl.ready.store(c.ready(), Ordering::Release);
             self.ctrl.io_queues_allowed.store(c.io_queues_allowed(), Ordering::Release);
@@ -626,7 +597,7 @@ impl QpairPoller {
 
     // ---- slots ----
 
-    fn release(&mut self, i: u16) {
+    pub(crate) fn release(&mut self, i: u16) {
         let s = &mut self.slots[i as usize];
         if s.phase == Phase::Free {
             return;
@@ -644,7 +615,7 @@ impl QpairPoller {
     }
 
     /// Queues the response capsule `cqe` (after whatever the slot already queued).
-    fn respond(&mut self, i: u16, mut cqe: Cqe) {
+    pub(crate) fn respond(&mut self, i: u16, mut cqe: Cqe) {
         let s = &mut self.slots[i as usize];
         cqe.cid = s.sqe.cid();
         cqe.sqid = self.qid;
@@ -653,11 +624,11 @@ impl QpairPoller {
         self.queue_tx(i);
     }
 
-    fn complete(&mut self, i: u16, status: Status) {
+    pub(crate) fn complete(&mut self, i: u16, status: Status) {
         self.respond(i, Cqe::new(0, status));
     }
 
-    fn queue_tx(&mut self, i: u16) {
+    pub(crate) fn queue_tx(&mut self, i: u16) {
         if self.life.is_broken() {
             return self.release(i);
         }
@@ -667,7 +638,7 @@ impl QpairPoller {
 
     /// Queues `len` bytes of the slot's buffer as one C2HData PDU; `last_success` when the
     /// command succeeded and no response follows (c2h_success).
-    fn queue_c2h(&mut self, i: u16, len: usize, success: bool) {
+    pub(crate) fn queue_c2h(&mut self, i: u16, len: usize, success: bool) {
         let s = &mut self.slots[i as usize];
         let mut flags = FLAG_LAST_PDU;
         if success {

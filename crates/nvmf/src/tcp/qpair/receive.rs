@@ -279,7 +279,7 @@ impl QpairPoller {
     }
 
     /// Asks the host for slot `i`'s data (its buffer is set).
-    pub(super) fn send_r2t(&mut self, i: u16) {
+    pub(crate) fn send_r2t(&mut self, i: u16) {
         let s = &mut self.slots[i as usize];
         s.phase = Phase::AwaitData;
         let r2t = DataHeader { cccid: s.sqe.cid(), ttag: i, offset: 0, length: s.len as u32 };

@@ -1,12 +1,12 @@
-//! A queue pair's commands: the admin queue's through the controller, the I/O queue's checked
-//! (namespace, range, size, access) and submitted to the namespace's channel; completions
-//! reaped, FUA writes followed by a flush, statuses mapped to NVMe's, counters kept.
+//! Namespace I/O: a command checked (namespace, range, size, access) and submitted to the
+//! namespace's channel; completions reaped, FUA writes followed by a flush, statuses mapped to
+//! NVMe's, counters kept.
 
 use super::*;
 
 impl QpairPoller {
     /// Starts the ready commands; true when it started or answered any.
-    pub(super) fn start_ready(&mut self) -> bool {
+    pub(crate) fn start_ready(&mut self) -> bool {
         let mut moved = false;
         while let Some(&i) = self.await_buf.front() {
             let len = self.slots[i as usize].len;
@@ -30,56 +30,13 @@ impl QpairPoller {
         moved
     }
 
-    pub(super) fn admin_command(&mut self, i: u16) -> Result<(), SubmitError> {
-        let sqe = self.slots[i as usize].sqe;
-        if sqe.opcode() == OPC_FABRICS && sqe.fctype() == FCTYPE_CONNECT {
-            self.complete(i, Status::generic(SC_COMMAND_SEQUENCE_ERROR));
-            return Ok(());
-        }
-        self.refresh_view();
-        let s = &self.slots[i as usize];
-        let data_in: &[u8] = match (&s.buf, s.len) {
-            (Some(b), n) if n > 0 && s.received == n => &b.bytes()[..n],
-            _ => &[],
-        };
-        let ctrl = self.admin.as_mut().expect("an admin queue");
-        let r = ctrl.admin(&sqe, data_in, &self.view, Instant::now());
-        self.publish_state();
-        self.arm_keep_alive();
-        match r {
-            AdminResult::Parked => {
-                self.slots[i as usize].phase = Phase::Parked;
-            }
-            AdminResult::Complete { cqe, data } => self.admin_reply(i, cqe, &data),
-            AdminResult::Complete2 { cqe, teardown } => {
-                self.respond(i, cqe);
-                if teardown {
-                    self.teardown = true;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends an admin command's data (at most what its SGL asks) and its completion.
-    pub(super) fn admin_reply(&mut self, i: u16, cqe: Cqe, data: &[u8]) {
-        let sgl = self.slots[i as usize].sqe.sgl();
-        let n = data.len().min(sgl.length() as usize);
-        if n > 0 && cqe.status.is_success() && sgl.type_byte() == SGL_TRANSPORT {
-            let s = &mut self.slots[i as usize];
-            s.buffer(n).bytes_mut()[..n].copy_from_slice(&data[..n]);
-            self.queue_c2h(i, n, false);
-        }
-        self.respond(i, cqe);
-    }
-
     /// The namespace a command names, if attached.
-    pub(super) fn namespace(&self, nsid: u32) -> Option<&NsChan> {
+    pub(crate) fn namespace(&self, nsid: u32) -> Option<&NsChan> {
         self.ns.get(nsid as usize).and_then(|n| n.as_ref()).filter(|n| !n.removed)
     }
 
     /// Checks an I/O command before its data is asked for: namespace, range, size, access.
-    pub(super) fn check_io(&mut self, i: u16) -> Result<(), Status> {
+    pub(crate) fn check_io(&mut self, i: u16) -> Result<(), Status> {
         let sqe = self.slots[i as usize].sqe;
         let op = sqe.opcode();
         if op == OPC_FABRICS {
@@ -122,7 +79,7 @@ impl QpairPoller {
         Ok(())
     }
 
-    pub(super) fn io_command(&mut self, i: u16) -> Result<(), SubmitError> {
+    pub(crate) fn io_command(&mut self, i: u16) -> Result<(), SubmitError> {
         // Checked again (a write's before its R2T too): the namespace may have gone since.
         if let Err(st) = self.check_io(i) {
             self.count_error(i);
@@ -167,7 +124,7 @@ impl QpairPoller {
 
     /// Dataset Management: with the Deallocate attribute, one unmap per range (Base 7.2,
     /// NVM Command Set 3.2.3); without, nothing to do.
-    pub(super) fn deallocate(&mut self, i: u16, nsid: u32) -> Result<(), SubmitError> {
+    pub(crate) fn deallocate(&mut self, i: u16, nsid: u32) -> Result<(), SubmitError> {
         let sqe = self.slots[i as usize].sqe;
         let ns = self.ns[nsid as usize].as_ref().expect("checked");
         let info = ns.ns.bdev.info();
@@ -213,7 +170,7 @@ impl QpairPoller {
         Ok(())
     }
 
-    pub(super) fn submit(
+    pub(crate) fn submit(
         &mut self,
         i: u16,
         nsid: u32,
@@ -261,7 +218,7 @@ impl QpairPoller {
         }
     }
 
-    pub(super) fn count_error(&mut self, i: u16) {
+    pub(crate) fn count_error(&mut self, i: u16) {
         let nsid = self.slots[i as usize].sqe.nsid();
         if let Some(Some(n)) = self.ns.get(nsid as usize) {
             NsCounters::bump(&n.counters.errors, 1);
@@ -269,7 +226,7 @@ impl QpairPoller {
     }
 
     /// Reaps every channel's completions.
-    pub(super) fn reap(&mut self) -> usize {
+    pub(crate) fn reap(&mut self) -> usize {
         let mut done = std::mem::take(&mut self.completions);
         let mut n = 0;
         for (nsid, slot) in self.ns.iter_mut().enumerate() {
@@ -292,7 +249,7 @@ impl QpairPoller {
         n
     }
 
-    pub(super) fn completed(&mut self, i: u16, st: IoStatus) {
+    pub(crate) fn completed(&mut self, i: u16, st: IoStatus) {
         let s = &mut self.slots[i as usize];
         s.pending -= 1;
         let op = s.sqe.opcode();
@@ -339,7 +296,7 @@ impl QpairPoller {
     }
 
     /// Counts a finished I/O command and queues what answers it.
-    pub(super) fn finish(&mut self, i: u16, st: Status) {
+    pub(crate) fn finish(&mut self, i: u16, st: Status) {
         let s = &self.slots[i as usize];
         let (op, len) = (s.sqe.opcode(), s.len as u64);
         if let Some(Some(n)) = self.ns.get(s.sqe.nsid() as usize) {
