@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::BdevError;
+use fp_conn::round::{connection_pending, read_round, PeerClosed, ReadRound, Reader};
 use fp_conn::{Interest, Life, Recv, RecvBuf, SendQueue, Sent};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
@@ -267,8 +268,8 @@ pub(crate) struct QpairPoller {
     h2c: Option<H2c>,
     /// An H2CData's data is in; its digest is still to read.
     h2c_digest: Option<H2c>,
-    rx_stalled: bool,
-    rx_more: bool,
+    /// What the last read round left.
+    read: ReadRound,
     /// A C2HTermReq to send before closing.
     term: Option<([u8; DATA_HLEN + TERM_REQ_MAX_DATA], usize)>,
     /// Closing (retrying commands refused as busy until `close_timeout` after it began),
@@ -333,8 +334,7 @@ impl QpairPoller {
             rx: RecvBuf::new((64 << 10).max(icd + 512)),
             h2c: None,
             h2c_digest: None,
-            rx_stalled: false,
-            rx_more: false,
+            read: ReadRound::default(),
             term: None,
             life: Life::new(),
             close_timeout: s.close_timeout,
@@ -533,9 +533,7 @@ impl Poller for QpairPoller {
         (self.exec.in_flight() && !self.exec.ns.iter().flatten().any(|n| n.chan.sleeps_in_flight()))
             || !self.exec.ready.is_empty()
             || (!self.exec.await_buf.is_empty() && self.exec.large_buffer_available())
-            || (!self.tx.is_empty() && !self.tx.is_blocked() && !self.life.is_broken())
-            || ((self.rx_stalled || self.rx_more) && self.can_accept())
-            || (self.life.is_closing() && self.drained())
+            || connection_pending(&self.tx, &self.life, self.read, || self.can_accept(), || self.drained())
             || (self.exec.teardown && !self.life.is_closing())
     }
 

@@ -20,73 +20,8 @@ impl QpairPoller {
     }
 
     pub(super) fn receive(&mut self) -> bool {
-        let mut moved = false;
-        self.rx_stalled = false;
-        self.rx_more = false;
-        for _ in 0..READS_PER_ROUND {
-            if self.life.is_closing() {
-                return moved;
-            }
-            if let Some(h) = self.h2c {
-                let s = &mut self.slots[h.slot as usize];
-                // The offset was checked to continue what arrived: `received` is where we are.
-                let (start, end) = (s.cmd.received, h.offset + h.len);
-                let dst = &mut s.cmd.buf.as_mut().expect("a write awaiting data has a buffer").bytes_mut()
-                    [start..end];
-                match Recv::from_socket(self.fd.as_fd(), dst) {
-                    Recv::Data(n) => {
-                        moved = true;
-                        self.slots[h.slot as usize].cmd.received += n;
-                        if start + n == end {
-                            self.h2c = None;
-                            self.h2c_done(h);
-                        }
-                        continue;
-                    }
-                    Recv::WouldBlock => return moved,
-                    Recv::Eof => {
-                        self.life.set_misbehaved(true);
-                        self.close_after("host disconnected in the middle of a data PDU");
-                        return true;
-                    }
-                    Recv::Failed(e) => {
-                        self.fail(&e);
-                        return true;
-                    }
-                }
-            }
-            if !self.parse() {
-                self.rx_stalled = true;
-                return moved;
-            }
-            if self.h2c.is_some() || self.life.is_closing() {
-                moved = true;
-                continue;
-            }
-            self.rx.compact();
-            let fd = self.fd.as_fd();
-            match self.rx.fill(|dst| Recv::from_socket(fd, dst)) {
-                Recv::Data(_) => moved = true,
-                Recv::WouldBlock => return moved,
-                Recv::Eof => {
-                    let partial = !self.rx.is_empty();
-                    self.life.set_misbehaved(partial);
-                    let why = if partial {
-                        "host disconnected in the middle of a PDU"
-                    } else {
-                        "host disconnected"
-                    };
-                    self.close_after(why);
-                    return true;
-                }
-                Recv::Failed(e) => {
-                    self.fail(&e);
-                    return true;
-                }
-            }
-        }
-        self.rx_more = true;
-        moved
+        self.read = read_round(self, READS_PER_ROUND);
+        self.read.moved
     }
 
     /// The socket failed: nothing more is sent; wait for the channels, then close.
@@ -101,7 +36,7 @@ impl QpairPoller {
 
     /// Takes the complete PDUs out of the receive buffer. False when it stopped for lack of a
     /// slot (the host sent more commands than its queue holds, or we are slow).
-    pub(super) fn parse(&mut self) -> bool {
+    pub(super) fn take_pdus(&mut self) -> bool {
         loop {
             if self.life.is_closing() {
                 return true;
@@ -281,5 +216,62 @@ impl QpairPoller {
         self.slots[i as usize].reset();
         let in_capsule = &self.rx.data()[data..data + data_len];
         self.exec.accept(&mut tcp!(self), i, sqe, in_capsule);
+    }
+}
+
+/// The receive round's view of the queue: H2CData payloads straight into the command's buffer,
+/// PDUs through the receive buffer.
+impl Reader for QpairPoller {
+    fn closing(&self) -> bool {
+        self.life.is_closing()
+    }
+
+    fn recv_payload(&mut self) -> Option<Recv> {
+        let h = self.h2c?;
+        let s = &mut self.slots[h.slot as usize];
+        // The offset was checked to continue what arrived: `received` is where we are.
+        let (start, end) = (s.cmd.received, h.offset + h.len);
+        let dst =
+            &mut s.cmd.buf.as_mut().expect("a write awaiting data has a buffer").bytes_mut()[start..end];
+        let r = Recv::from_socket(self.fd.as_fd(), dst);
+        if let Recv::Data(n) = r {
+            s.cmd.received += n;
+            if start + n == end {
+                self.h2c = None;
+                self.h2c_done(h);
+            }
+        }
+        Some(r)
+    }
+
+    fn parse(&mut self) -> bool {
+        self.take_pdus()
+    }
+
+    fn receiving(&self) -> bool {
+        self.h2c.is_some()
+    }
+
+    fn recv_more(&mut self) -> Recv {
+        self.rx.compact();
+        let fd = self.fd.as_fd();
+        self.rx.fill(|dst| Recv::from_socket(fd, dst))
+    }
+
+    fn buffered(&self) -> bool {
+        !self.rx.is_empty()
+    }
+
+    fn peer_closed(&mut self, at: PeerClosed) {
+        self.life.set_misbehaved(at.misbehaved());
+        self.close_after(match at {
+            PeerClosed::Clean => "host disconnected",
+            PeerClosed::MidHeader => "host disconnected in the middle of a PDU",
+            PeerClosed::MidPayload => "host disconnected in the middle of a data PDU",
+        });
+    }
+
+    fn failed(&mut self, why: String) {
+        self.fail(&why);
     }
 }
