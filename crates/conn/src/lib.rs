@@ -19,6 +19,7 @@
 mod life;
 pub mod listener;
 mod recv;
+pub mod round;
 mod send;
 
 pub use life::{Interest, Life};

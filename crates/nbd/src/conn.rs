@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use fp_bdev::disk::DiskIo;
 use fp_bdev::{AlignedBuf, BdevError, BlockExtent, IoStatus};
+use fp_conn::round::{connection_pending, read_round, PeerClosed, ReadRound, Reader};
 use fp_conn::{Interest, Life, Recv, RecvBuf, SendQueue, Sent};
 use fp_reactor::{PollStatus, Poller};
 use rustls::ServerConnection;
@@ -160,11 +161,10 @@ pub(crate) struct ConnPoller {
     rx: RecvBuf,
     /// The write whose payload is arriving, and how much of it has.
     receiving: Option<(u16, usize)>,
-    /// Reading stopped for lack of slots or memory: resume when they free up.
-    rx_stalled: bool,
-    /// Reading stopped at the round's limit with more perhaps waiting (in rustls's buffer,
-    /// which the socket's readiness does not show).
-    rx_more: bool,
+    /// What the last read round left: stopped for lack of slots or memory (resume when they
+    /// free up), or at the round's limit with more perhaps waiting (in rustls's buffer, which
+    /// the socket's readiness does not show).
+    read: ReadRound,
     mem: usize,
     completions: Vec<(u32, IoStatus)>,
     extents: Vec<BlockExtent>,
@@ -204,8 +204,7 @@ impl ConnPoller {
             tx: SendQueue::with_capacity(MAX_IN_FLIGHT),
             rx: RecvBuf::new(RX_SIZE),
             receiving: None,
-            rx_stalled: false,
-            rx_more: false,
+            read: ReadRound::default(),
             mem: 0,
             completions: Vec::with_capacity(MAX_IN_FLIGHT),
             extents: Vec::with_capacity(MAX_EXTENTS),
@@ -292,80 +291,13 @@ impl ConnPoller {
 
     /// Reads requests; true when it moved anything.
     fn receive(&mut self) -> bool {
-        let mut moved = false;
-        self.rx_stalled = false;
-        self.rx_more = false;
-        for _ in 0..READS_PER_ROUND {
-            if self.life.is_closing() {
-                return moved;
-            }
-            if let Some((i, filled)) = self.receiving {
-                let len = self.slots[i as usize].req.length as usize;
-                let buf = self.slots[i as usize].buf.as_mut().expect("a receiving write has a buffer");
-                match self.sock.recv(&mut buf.as_mut_slice()[filled..len]) {
-                    Recv::Data(n) => {
-                        moved = true;
-                        if filled + n == len {
-                            self.receiving = None;
-                            self.slots[i as usize].phase = Phase::Ready;
-                            self.ready.push_back(i);
-                        } else {
-                            self.receiving = Some((i, filled + n));
-                        }
-                        continue;
-                    }
-                    Recv::WouldBlock => return moved,
-                    Recv::Eof => {
-                        let why =
-                            format!("client disconnected in the middle of a write ({filled} of {len} bytes)");
-                        self.close_after(why);
-                        self.life.set_misbehaved(true);
-                        return true;
-                    }
-                    Recv::Failed(e) => {
-                        self.fail(e);
-                        return true;
-                    }
-                }
-            }
-            if !self.parse() {
-                self.rx_stalled = true;
-                return moved;
-            }
-            if self.receiving.is_some() || self.life.is_closing() {
-                moved = true;
-                continue;
-            }
-            // Room for more: move the partial header to the front and read.
-            self.rx.compact();
-            let sock = &mut self.sock;
-            match self.rx.fill(|dst| sock.recv(dst)) {
-                Recv::Data(_) => moved = true,
-                Recv::WouldBlock => return moved,
-                Recv::Eof => {
-                    let partial = !self.rx.is_empty();
-                    self.life.set_misbehaved(partial);
-                    let why = if partial {
-                        "client disconnected in the middle of a request header"
-                    } else {
-                        "client closed the connection"
-                    };
-                    self.close_after(why.into());
-                    return true;
-                }
-                Recv::Failed(e) => {
-                    self.fail(e);
-                    return true;
-                }
-            }
-        }
-        self.rx_more = true;
-        moved
+        self.read = read_round(self, READS_PER_ROUND);
+        self.read.moved
     }
 
     /// Takes the complete headers (and the payload bytes that came with them) out of the
     /// receive buffer. False when it stopped for lack of a slot or memory.
-    fn parse(&mut self) -> bool {
+    fn take_requests(&mut self) -> bool {
         while self.rx.len() >= REQUEST_LEN {
             if !self.can_accept() {
                 return self.life.is_closing();
@@ -485,6 +417,67 @@ impl Drop for ConnPoller {
     }
 }
 
+/// The read round's view of the connection: a write's payload straight into its buffer,
+/// request headers through the receive buffer.
+impl Reader for ConnPoller {
+    fn closing(&self) -> bool {
+        self.life.is_closing()
+    }
+
+    fn recv_payload(&mut self) -> Option<Recv> {
+        let (i, filled) = self.receiving?;
+        let len = self.slots[i as usize].req.length as usize;
+        let buf = self.slots[i as usize].buf.as_mut().expect("a receiving write has a buffer");
+        let r = self.sock.recv(&mut buf.as_mut_slice()[filled..len]);
+        if let Recv::Data(n) = r {
+            if filled + n == len {
+                self.receiving = None;
+                self.slots[i as usize].phase = Phase::Ready;
+                self.ready.push_back(i);
+            } else {
+                self.receiving = Some((i, filled + n));
+            }
+        }
+        Some(r)
+    }
+
+    fn parse(&mut self) -> bool {
+        self.take_requests()
+    }
+
+    fn receiving(&self) -> bool {
+        self.receiving.is_some()
+    }
+
+    fn recv_more(&mut self) -> Recv {
+        // Room for more: move the partial header to the front and read.
+        self.rx.compact();
+        let sock = &mut self.sock;
+        self.rx.fill(|dst| sock.recv(dst))
+    }
+
+    fn buffered(&self) -> bool {
+        !self.rx.is_empty()
+    }
+
+    fn peer_closed(&mut self, at: PeerClosed) {
+        let why = match (at, self.receiving) {
+            (PeerClosed::MidPayload, Some((i, filled))) => {
+                let len = self.slots[i as usize].req.length;
+                format!("client disconnected in the middle of a write ({filled} of {len} bytes)")
+            }
+            (PeerClosed::Clean, _) => "client closed the connection".into(),
+            _ => "client disconnected in the middle of a request header".into(),
+        };
+        self.close_after(why);
+        self.life.set_misbehaved(at.misbehaved());
+    }
+
+    fn failed(&mut self, why: String) {
+        self.fail(why);
+    }
+}
+
 impl Poller for ConnPoller {
     fn poll(&mut self) -> PollStatus {
         let mut busy = self.receive();
@@ -514,9 +507,7 @@ impl Poller for ConnPoller {
     fn has_pending(&self) -> bool {
         (self.channel.in_flight() > 0 && !self.channel.sleeps_in_flight())
             || !self.ready.is_empty()
-            || (!self.tx.is_empty() && !self.tx.is_blocked() && !self.life.is_broken())
-            || ((self.rx_stalled || self.rx_more) && self.can_accept())
-            || (self.life.is_closing() && self.drained())
+            || connection_pending(&self.tx, &self.life, self.read, || self.can_accept(), || self.drained())
     }
 
     fn idle_window(&self) -> Option<Duration> {

@@ -21,6 +21,7 @@
 pub mod aer;
 pub mod controller;
 mod error;
+mod exec;
 pub mod features;
 pub mod identify;
 mod info;

@@ -1,6 +1,6 @@
-//! One queue pair, served by a poller on a reactor: the admin queue of a controller (its
-//! commands go to the [`Controller`]) or an I/O queue (Read, Write, Flush, Write Zeroes,
-//! Dataset Management on the subsystem's namespaces).
+//! One NVMe/TCP queue pair, served by a poller on a reactor: the admin queue of a controller
+//! or an I/O queue, its commands run by the transport-neutral [`Executor`] to which this
+//! module is the [`Transport`] (R2Ts, C2HData, response capsules).
 //!
 //! Each round it reads what the socket holds (many capsules per read; H2CData payloads
 //! straight into the command's buffer), starts the commands, reaps the bdev channels, and sends
@@ -11,31 +11,29 @@
 //! Messages from the control plane close the queue, report namespace changes (AER), and wait
 //! for a namespace's I/O before it is detached.
 //!
-//! Here: the queue's state, its setup, namespaces and timers, the control plane's messages and
-//! the poller; `receive`, `command` and `send` are the three stages of a round.
+//! Here: the queue's state, its setup and timers, the NVMe/TCP side of a command ([`Slot`],
+//! [`Tcp`]), the control plane's messages and the poller; `receive` and `send` are the
+//! transport's stages of a round, the executor's `start_ready` and `reap` the others.
 
-use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_bdev::disk::DiskIo;
-use fp_bdev::iov::BounceBuf;
-use fp_bdev::{BdevError, IoOp, IoRequest, IoStatus, SubmitError};
+use fp_bdev::BdevError;
+use fp_conn::round::{connection_pending, read_round, PeerClosed, ReadRound, Reader};
 use fp_conn::{Interest, Life, Recv, RecvBuf, SendQueue, Sent};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
 use fp_reactor::{PollStatus, Poller, PollerId};
 use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
 
-use crate::controller::{AdminResult, Controller, ControllerConfig};
-use crate::model::SubsystemView;
+use crate::controller::{Controller, ControllerConfig};
+use crate::exec::{Command, Executor, Phase, Transport};
 use crate::options::{ListenAddress, TransportOptions};
-use crate::subsystem::{lock, CtrlShared, Namespace, NsCounters, QpairRef, Subsystem};
+use crate::subsystem::{lock, CtrlShared, QpairRef, Subsystem};
 
-mod command;
 mod receive;
 mod send;
 
@@ -46,13 +44,6 @@ pub(crate) const ADMIN_ICD: u32 = 8192;
 
 /// Socket reads per round, so one busy host cannot hold its reactor.
 const READS_PER_ROUND: usize = 8;
-/// Slot buffers up to this size are kept for the next command; larger transfers take one of
-/// the queue's large buffers.
-const KEEP_BUF: usize = 1 << 20;
-/// The memory a queue may hold in large buffers (each `max_io_size` bytes, made on first use
-/// and kept): at least one, so any transfer up to MDTS goes through; a command finding them
-/// all in use waits for one, as a command the device refuses as busy.
-const LARGE_BUDGET: usize = 32 << 20;
 /// How long a host may leave our PDUs unread before the connection is dropped (shorter under
 /// test, so the test of it runs in seconds).
 const SEND_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 3 } else { 30 });
@@ -92,43 +83,9 @@ pub(crate) struct QpairSetup {
     pub close_timeout: Duration,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Free,
-    /// An R2T is out (or queued); the host's H2CData fills the buffer.
-    AwaitData,
-    /// Its R2T waits for a large buffer to receive the data into.
-    AwaitBuffer,
-    /// Ready to start (its data, if any, is here).
-    Ready,
-    /// Requests in flight on a channel.
-    Submitted,
-    /// A FUA write completed; its flush is in flight.
-    Flushing,
-    /// An Asynchronous Event Request waiting for an event.
-    Parked,
-    /// Its PDUs are queued.
-    Sending,
-}
-
-struct Slot {
-    sqe: Sqe,
-    phase: Phase,
-    /// The data buffer in use: the slot's own, or while a large command runs one of the
-    /// queue's large buffers (the slot's own then waits in `own`).
-    buf: Option<BounceBuf>,
-    own: Option<BounceBuf>,
-    /// Bytes the command moves (to or from the host).
-    len: usize,
-    /// H2C bytes received so far.
-    received: usize,
-    /// Requests in flight (Dataset Management submits one per range).
-    pending: u32,
-    /// Dataset Management: the next range to submit.
-    next_range: u32,
-    /// The first error of its requests.
-    status: Status,
-    flushed: bool,
+/// A command and what NVMe/TCP sends for it.
+pub(crate) struct Slot {
+    pub(crate) cmd: Command,
     /// Its R2T went out whole: H2CData may answer it (not before, so a host guessing tags
     /// cannot complete a command whose R2T still sits in the send queue).
     r2t_out: bool,
@@ -140,24 +97,12 @@ struct Slot {
     ddgst_len: usize,
     resp: [u8; HEADER_ROOM],
     resp_len: usize,
-    /// Data buffers allocated for it (the tests' `QpairPoller::buffer_allocations`).
-    #[cfg_attr(not(test), allow(dead_code))]
-    allocations: u32,
 }
 
 impl Slot {
     fn new() -> Slot {
         Slot {
-            sqe: Sqe([0; SQE_LEN]),
-            phase: Phase::Free,
-            buf: None,
-            own: None,
-            len: 0,
-            received: 0,
-            pending: 0,
-            next_range: 0,
-            status: Status::SUCCESS,
-            flushed: false,
+            cmd: Command::new(),
             r2t_out: false,
             hdr: [0; HEADER_ROOM],
             hdr_len: 0,
@@ -166,21 +111,20 @@ impl Slot {
             ddgst_len: 0,
             resp: [0; HEADER_ROOM],
             resp_len: 0,
-            allocations: 0,
         }
     }
 
-    /// A data buffer of at least `len` bytes.
-    fn buffer(&mut self, len: usize) -> &mut BounceBuf {
-        if self.buf.as_ref().is_none_or(|b| b.len() < len) {
-            self.buf = Some(BounceBuf::zeroed(len.max(512)));
-            self.allocations += 1;
-        }
-        self.buf.as_mut().expect("just made")
+    /// A new command: nothing of the last one's PDUs is left.
+    fn reset(&mut self) {
+        self.r2t_out = false;
+        self.hdr_len = 0;
+        self.data_len = 0;
+        self.ddgst_len = 0;
+        self.resp_len = 0;
     }
 
     fn pieces(&self) -> [&[u8]; 4] {
-        let data = match &self.buf {
+        let data = match &self.cmd.buf {
             Some(b) => &b.bytes()[..self.data_len],
             None => &[],
         };
@@ -192,14 +136,100 @@ impl Slot {
     }
 }
 
-/// A namespace as this queue uses it: its channel and counters.
-struct NsChan {
-    ns: Arc<Namespace>,
-    chan: DiskIo,
-    counters: Arc<NsCounters>,
-    in_flight: u32,
-    /// Detached: new commands get Invalid Namespace; dropped once `in_flight` is 0.
-    removed: bool,
+/// What the executor reaches of a queue pair's NVMe/TCP side, borrowed from the
+/// [`QpairPoller`]'s fields for one call (see [`tcp!`]).
+pub(crate) struct Tcp<'a> {
+    slots: &'a mut [Slot],
+    tx: &'a mut SendQueue<u16>,
+    life: &'a Life,
+    wire: Wire,
+    sqhd: u16,
+}
+
+/// How this queue's PDUs are framed and its completions filled in.
+#[derive(Clone, Copy)]
+struct Wire {
+    digests: Digests,
+    hpda: u8,
+    qid: u16,
+    /// Connect's CATTR bit 2: SQHD reads 0xFFFF.
+    sq_flow_disabled: bool,
+    /// A read's last C2HData may stand for its completion.
+    c2h_success: bool,
+}
+
+/// The NVMe/TCP side of a queue pair as the executor sees it: a macro, so the borrows are of
+/// fields (the executor and the receive buffer stay usable beside it).
+macro_rules! tcp {
+    ($q:expr) => {
+        Tcp { slots: &mut $q.slots, tx: &mut $q.tx, life: &$q.life, wire: $q.wire, sqhd: $q.sqhd }
+    };
+}
+pub(crate) use tcp;
+
+impl Transport for Tcp<'_> {
+    #[inline]
+    fn command(&mut self, i: u16) -> &mut Command {
+        &mut self.slots[i as usize].cmd
+    }
+
+    #[inline]
+    fn closing(&self) -> bool {
+        self.life.is_closing()
+    }
+
+    /// An R2T for the whole transfer (the host splits its data into H2CData PDUs of at most
+    /// MAXH2CDATA).
+    #[inline]
+    fn request_data(&mut self, i: u16) {
+        let s = &mut self.slots[i as usize];
+        s.cmd.phase = Phase::AwaitData;
+        let r2t = DataHeader { cccid: s.cmd.sqe.cid(), ttag: i, offset: 0, length: s.cmd.len as u32 };
+        s.hdr_len = write_r2t(&mut s.hdr, &r2t, self.wire.digests);
+        self.tx.push(i);
+    }
+
+    /// One C2HData PDU; with `completes` and c2h_success, flagged SUCCESS (no response
+    /// capsule follows).
+    #[inline]
+    fn send_data(&mut self, i: u16, len: usize, completes: bool) -> bool {
+        let success = completes && self.wire.c2h_success;
+        let s = &mut self.slots[i as usize];
+        let mut flags = FLAG_LAST_PDU;
+        if success {
+            flags |= FLAG_SUCCESS;
+        }
+        let h = DataHeader { cccid: s.cmd.sqe.cid(), ttag: 0, offset: 0, length: len as u32 };
+        s.hdr_len = write_c2h_data(&mut s.hdr, &h, flags, self.wire.digests, self.wire.hpda);
+        s.data_len = len;
+        s.ddgst_len = 0;
+        if self.wire.digests.data && len > 0 {
+            let b = s.cmd.buf.as_ref().expect("data to send has its buffer");
+            s.ddgst = crc32c(&b.bytes()[..len]).to_le_bytes();
+            s.ddgst_len = DIGEST_LEN;
+        }
+        success
+    }
+
+    /// A response capsule.
+    #[inline]
+    fn set_completion(&mut self, i: u16, mut cqe: Cqe) {
+        let s = &mut self.slots[i as usize];
+        cqe.cid = s.cmd.sqe.cid();
+        cqe.sqid = self.wire.qid;
+        cqe.sqhd = if self.wire.sq_flow_disabled { 0xFFFF } else { self.sqhd };
+        s.resp_len = write_capsule_resp(&mut s.resp, &cqe, self.wire.digests);
+    }
+
+    #[inline]
+    fn send(&mut self, i: u16) -> bool {
+        if self.life.is_broken() {
+            return false;
+        }
+        self.slots[i as usize].cmd.phase = Phase::Sending;
+        self.tx.push(i);
+        true
+    }
 }
 
 /// An H2CData PDU whose data is arriving.
@@ -222,36 +252,15 @@ pub(crate) struct QpairPoller {
     interest: Interest,
     timer: fp_sys::Timer,
     next_tick: Option<Instant>,
-    peer: String,
-    sub: Arc<Subsystem>,
-    ctrl: Arc<CtrlShared>,
-    qid: u16,
     id: Option<PollerId>,
-    /// The admin queue's controller and the view it answers from.
-    admin: Option<Box<Controller>>,
-    view: Arc<SubsystemView>,
-    view_generation: u64,
-    ns_generation: u64,
-    /// Indexed by NSID.
-    ns: Vec<Option<NsChan>>,
-    digests: Digests,
-    hpda: u8,
-    c2h_success: bool,
+    /// The queue's commands, namespaces and buffers (the transport-neutral part).
+    exec: Executor,
+    wire: Wire,
     icd: usize,
-    max_io: usize,
     max_plen: u32,
     sq_entries: u16,
     sqhd: u16,
-    sq_flow_disabled: bool,
     slots: Box<[Slot]>,
-    free: Vec<u16>,
-    ready: VecDeque<u16>,
-    /// Writes whose R2T waits for a large buffer, in arrival order.
-    await_buf: VecDeque<u16>,
-    /// Large buffers not in use; `large_made` of at most `large_max` were made.
-    large_free: Vec<BounceBuf>,
-    large_made: usize,
-    large_max: usize,
     tx: SendQueue<u16>,
     blocked_since: Option<Instant>,
     rx: RecvBuf,
@@ -259,17 +268,14 @@ pub(crate) struct QpairPoller {
     h2c: Option<H2c>,
     /// An H2CData's data is in; its digest is still to read.
     h2c_digest: Option<H2c>,
-    rx_stalled: bool,
-    rx_more: bool,
-    completions: Vec<(u32, u32, IoStatus)>,
+    /// What the last read round left.
+    read: ReadRound,
     /// A C2HTermReq to send before closing.
     term: Option<([u8; DATA_HLEN + TERM_REQ_MAX_DATA], usize)>,
     /// Closing (retrying commands refused as busy until `close_timeout` after it began),
     /// broken (the socket failed), misbehaved (the host broke the protocol).
     life: Life,
     close_timeout: Duration,
-    /// The admin queue answered a Disconnect or a shutdown: close once sent.
-    teardown: bool,
 }
 
 impl QpairPoller {
@@ -301,61 +307,45 @@ impl QpairPoller {
         let capsule_max = 255 + icd + DIGEST_LEN;
         let max_plen = capsule_max.max(255 + MAX_H2C_DATA as usize + DIGEST_LEN) as u32;
         let n = s.sq_entries.clamp(1, 4096) as usize;
-        let view = s.sub.view_for(&s.ctrl.hostnqn);
+        let exec = Executor::new(s.sub, s.ctrl, s.peer, s.qid, admin, max_io, n as u16);
         let mut p = QpairPoller {
             fd: s.fd,
             interest,
             timer,
             next_tick: None,
-            peer: s.peer,
-            sub: s.sub.clone(),
-            ctrl: s.ctrl,
-            qid: s.qid,
             id: None,
-            admin,
-            view_generation: s.sub.view_generation.load(Ordering::Acquire),
-            view,
-            ns_generation: u64::MAX,
-            ns: Vec::new(),
-            digests: s.digests,
-            hpda: s.hpda,
-            c2h_success: s.transport.c2h_success,
+            exec,
+            wire: Wire {
+                digests: s.digests,
+                hpda: s.hpda,
+                qid: s.qid,
+                sq_flow_disabled: s.sq_flow_disabled,
+                c2h_success: s.transport.c2h_success,
+            },
             icd,
-            max_io,
             max_plen,
             sq_entries: n as u16,
             // The Connect took the queue's first entry.
             sqhd: (1 % n) as u16,
-            sq_flow_disabled: s.sq_flow_disabled,
             slots: (0..n).map(|_| Slot::new()).collect(),
-            free: (0..n as u16).rev().collect(),
-            ready: VecDeque::with_capacity(n),
-            await_buf: VecDeque::with_capacity(n),
-            large_free: Vec::new(),
-            large_made: 0,
-            large_max: if max_io > KEEP_BUF { (LARGE_BUDGET / max_io).clamp(1, n) } else { 0 },
             tx: SendQueue::with_capacity(n + 1),
             blocked_since: None,
             // Room for the largest capsule with any PDO (a byte: at most 255) and its digest.
             rx: RecvBuf::new((64 << 10).max(icd + 512)),
             h2c: None,
             h2c_digest: None,
-            rx_stalled: false,
-            rx_more: false,
-            completions: Vec::with_capacity(n),
+            read: ReadRound::default(),
             term: None,
             life: Life::new(),
             close_timeout: s.close_timeout,
-            teardown: false,
         };
-        if p.admin.is_some() {
-            p.publish_state();
+        if p.exec.admin.is_some() {
+            p.exec.publish_state();
         } else {
             p.reload_namespaces();
         }
         Ok(p)
     }
-
     /// Its poller ID, once the reactor added it; the admin queue starts its keep-alive tick.
     pub(crate) fn registered(&mut self, id: PollerId) {
         self.id = Some(id);
@@ -363,25 +353,25 @@ impl QpairPoller {
     }
 
     /// The controller's keep-alive timeout (Connect's KATO or Set Features), if any.
-    fn kato(&self) -> Option<Duration> {
-        self.admin.as_ref().and_then(|c| c.keep_alive_timeout())
+    pub(crate) fn kato(&self) -> Option<Duration> {
+        self.exec.admin.as_ref().and_then(|c| c.keep_alive_timeout())
     }
 
     /// Ticks at a quarter of KATO on the admin queue (they wake a sleeping reactor).
-    fn arm_keep_alive(&mut self) {
+    pub(crate) fn arm_keep_alive(&mut self) {
         if self.next_tick.is_none() && self.kato().is_some() {
             self.set_tick(self.tick_interval());
         }
     }
 
     /// Arms the timer to fire every `every`.
-    fn set_tick(&mut self, every: Duration) {
+    pub(crate) fn set_tick(&mut self, every: Duration) {
         if self.timer.every(every).is_ok() {
             self.next_tick = Some(Instant::now() + every);
         }
     }
 
-    fn tick_interval(&self) -> Duration {
+    pub(crate) fn tick_interval(&self) -> Duration {
         match self.kato() {
             Some(kato) => (kato / 4).clamp(Duration::from_millis(20), Duration::from_secs(1)),
             None => Duration::from_secs(1),
@@ -389,7 +379,7 @@ impl QpairPoller {
     }
 
     fn what(&self) -> String {
-        format!("{} controller {} queue {} ({})", self.sub.nqn, self.ctrl.cntlid, self.qid, self.peer)
+        self.exec.what()
     }
 
     // ---- messages from the control plane ----
@@ -397,35 +387,22 @@ impl QpairPoller {
     /// The host is gone (or broke the protocol): closes the queue once its commands in
     /// flight are done. Commands not started are dropped (nobody is there to answer).
     pub(crate) fn close_after(&mut self, why: &str) {
-        while let Some(i) = self.await_buf.pop_front() {
-            self.release(i);
-        }
+        self.exec.drop_waiting(&mut tcp!(self));
         self.close_answering(why);
-        while let Some(i) = self.ready.pop_front() {
-            self.release(i);
-        }
+        self.exec.drop_ready(&mut tcp!(self));
     }
 
     /// Closes the queue once every command it took is answered: those in flight finish,
-    /// those waiting to start (a device that answered busy) are retried until
-    /// the target's close bound ([`CLOSE_TIMEOUT`] by default), then answered Command Aborted due to SQ Deletion. No new command is
-    /// read.
+    /// those waiting to start (a device that answered busy) are retried until the target's
+    /// close bound ([`CLOSE_TIMEOUT`] by default), then answered Command Aborted due to SQ
+    /// Deletion. No new command is read.
     pub(crate) fn close_answering(&mut self, why: &str) {
         self.life.close(why, self.close_timeout);
         self.h2c = None;
         self.h2c_digest = None;
-        // A parked AER has nothing to wait for any more. (A command waiting for H2CData stays
-        // as it is: its R2T may still be in the send queue, half sent.)
-        for i in 0..self.slots.len() as u16 {
-            if self.slots[i as usize].phase == Phase::Parked {
-                self.release(i);
-            }
-        }
-        // A write still waiting for a buffer to take its data in never gets it now (no data
-        // is read any more).
-        while let Some(i) = self.await_buf.pop_front() {
-            self.complete(i, Status::generic(SC_ABORTED_SQ_DELETION));
-        }
+        // (A command waiting for H2CData stays as it is: its R2T may still be in the send
+        // queue, half sent.)
+        self.exec.close(&mut tcp!(self));
     }
 
     /// At the close deadline, answers the commands still waiting to start, and gives up the
@@ -435,18 +412,15 @@ impl QpairPoller {
         if !self.life.past_deadline(now) {
             return;
         }
-        if !self.ready.is_empty() {
+        let aborted = self.exec.abort_ready(&mut tcp!(self));
+        if aborted > 0 {
             log::warn!(
-                "nvmf: {}: {} commands the device kept refusing as busy answered aborted at close",
+                "nvmf: {}: {aborted} commands the device kept refusing as busy answered aborted at close",
                 self.what(),
-                self.ready.len()
             );
-            while let Some(i) = self.ready.pop_front() {
-                self.count_error(i);
-                self.complete(i, Status::generic(SC_ABORTED_SQ_DELETION));
-            }
         }
         let nsids: Vec<u32> = self
+            .exec
             .ns
             .iter()
             .flatten()
@@ -454,50 +428,25 @@ impl QpairPoller {
             .map(|n| n.ns.nsid)
             .collect();
         for nsid in nsids {
-            self.give_up_parked(nsid, "its queue closed");
+            self.exec.give_up_parked(nsid, "its queue closed");
         }
-    }
-
-    /// Gives up the commands to `nsid` that its bdev stack holds parked on Busy: each is
-    /// answered Command Abort Requested at the next reap.
-    fn give_up_parked(&mut self, nsid: u32, why: &str) -> usize {
-        let what = self.what();
-        let Some(n) = self.ns.get_mut(nsid as usize).and_then(|n| n.as_mut()) else { return 0 };
-        let given_up = n.chan.abort_parked();
-        if given_up > 0 {
-            log::warn!(
-                "nvmf: {what}: namespace {nsid} (bdev '{}'): {given_up} request(s) the device kept refusing \
-                 as busy answered aborted as {why}",
-                n.ns.bdev_name
-            );
-        }
-        given_up
     }
 
     /// A namespace was attached, detached or resized: the parked AER (if any) completes.
     pub(crate) fn namespace_changed(&mut self, nsid: u32) {
-        self.refresh_view();
-        let cqe = self.admin.as_mut().and_then(|c| c.namespace_changed(nsid));
+        self.exec.refresh_view();
+        let cqe = self.exec.admin.as_mut().and_then(|c| c.namespace_changed(nsid));
         if let Some(cqe) = cqe {
-            self.complete_parked(cqe);
+            self.exec.complete_parked(&mut tcp!(self), cqe);
         }
     }
 
     /// The discovery log changed.
     pub(crate) fn discovery_changed(&mut self) {
-        self.refresh_view();
-        let cqe = self.admin.as_mut().and_then(|c| c.discovery_changed());
+        self.exec.refresh_view();
+        let cqe = self.exec.admin.as_mut().and_then(|c| c.discovery_changed());
         if let Some(cqe) = cqe {
-            self.complete_parked(cqe);
-        }
-    }
-
-    fn complete_parked(&mut self, cqe: Cqe) {
-        let found = (0..self.slots.len())
-            .find(|&i| self.slots[i].phase == Phase::Parked && self.slots[i].sqe.cid() == cqe.cid);
-        match found {
-            Some(i) => self.respond(i as u16, cqe),
-            None => log::debug!("{}: an event completion for no parked request", self.what()),
+            self.exec.complete_parked(&mut tcp!(self), cqe);
         }
     }
 
@@ -505,36 +454,7 @@ impl QpairPoller {
     /// per command.
     #[cfg(test)]
     pub(crate) fn buffer_allocations(&self) -> u64 {
-        self.slots.iter().map(|s| u64::from(s.allocations)).sum::<u64>() + self.large_made as u64
-    }
-
-    /// Gives slot `i` a data buffer of `len` bytes: its own (kept between commands)
-    /// up to [`KEEP_BUF`], else one of the queue's large buffers. False when every large buffer
-    /// is in use (the command waits for one).
-    fn take_buffer(&mut self, i: u16, len: usize) -> bool {
-        if len <= KEEP_BUF {
-            self.slots[i as usize].buffer(len);
-            return true;
-        }
-        let s = &mut self.slots[i as usize];
-        if s.buf.as_ref().is_none_or(|b| b.len() <= KEEP_BUF) {
-            let b = match self.large_free.pop() {
-                Some(b) => b,
-                None if self.large_made < self.large_max => {
-                    self.large_made += 1;
-                    // Zeroed once, when made; each command then overwrites what it uses.
-                    BounceBuf::zeroed(self.max_io)
-                }
-                None => return false,
-            };
-            s.own = s.buf.replace(b);
-        }
-        true
-    }
-
-    /// Whether a write waiting for a large buffer can have one now.
-    fn large_buffer_available(&self) -> bool {
-        !self.large_free.is_empty() || self.large_made < self.large_max
+        self.slots.iter().map(|s| u64::from(s.cmd.allocations)).sum::<u64>() + self.exec.large_made as u64
     }
 
     /// Reloads the namespaces now and says how many commands to `nsid` are in flight:
@@ -543,156 +463,44 @@ impl QpairPoller {
     /// is on the device.
     pub(crate) fn namespace_in_flight(&mut self, nsid: u32, give_up: bool) -> (u32, u32) {
         self.reload_namespaces();
-        if give_up && self.give_up_parked(nsid, "the namespace was removed") > 0 {
-            self.reap();
+        if give_up && self.exec.give_up_parked(nsid, "the namespace was removed") > 0 {
+            self.exec.reap(&mut tcp!(self));
         }
-        let Some(n) = self.ns.get(nsid as usize).and_then(|n| n.as_ref()) else { return (0, 0) };
+        let Some(n) = self.exec.ns.get(nsid as usize).and_then(|n| n.as_ref()) else { return (0, 0) };
         let parked = (n.chan.parked() as u32).min(n.in_flight);
         (n.in_flight - parked, parked)
     }
 
-    fn refresh_view(&mut self) {
-        let g = self.sub.view_generation.load(Ordering::Acquire);
-        if g != self.view_generation {
-            self.view_generation = g;
-            self.view = self.sub.view_for(&self.ctrl.hostnqn);
-        }
-    }
-
-    /// Brings the namespace table up to the subsystem's: opens channels of new namespaces,
-    /// marks detached ones (dropped once their I/O is done).
     fn reload_namespaces(&mut self) {
-        let g = self.sub.ns_generation.load(Ordering::Acquire);
-        if g == self.ns_generation {
-            return;
-        }
-        self.ns_generation = g;
-        let now: Vec<Arc<Namespace>> = lock(&self.sub.state).namespaces.values().cloned().collect();
-        for (nsid, slot) in self.ns.iter_mut().enumerate() {
-            if let Some(n) = slot {
-                if !now.iter().any(|x| Arc::ptr_eq(x, &n.ns)) {
-                    n.removed = true;
-                }
-            }
-            let gone = slot.as_ref().is_some_and(|n| n.removed && n.in_flight == 0);
-            if gone {
-                if let Some(fd) = slot.as_ref().and_then(|n| n.chan.completion_fd()) {
-                    let _ = self.interest.epoll().ctl(ControlOperation::Delete, fd, EpollEvent::default());
-                }
-                *slot = None;
-                log::debug!("nvmf: queue {} let namespace {nsid} go", self.qid);
-            }
-        }
-        for ns in now {
-            let i = ns.nsid as usize;
-            if self.ns.get(i).is_some_and(|n| n.as_ref().is_some_and(|n| Arc::ptr_eq(&n.ns, &ns))) {
-                continue;
-            }
-            if self.ns.get(i).is_some_and(|n| n.is_some()) {
-                // The same NSID reattached while the old one drains: keep the old until done.
-                self.ns_generation = u64::MAX;
-                continue;
-            }
-            let chan = match ns.bdev.as_disk() {
-                Some(d) => d.open_typed(),
-                None => ns.bdev.open_channel().map(DiskIo::Device),
-            };
-            let chan = match chan {
-                Ok(c) => c,
-                Err(e) => {
-                    log::warn!("{}: cannot open a channel to namespace {}: {e}", self.what(), ns.nsid);
-                    continue;
-                }
-            };
-            if let Some(fd) = chan.completion_fd() {
-                let ev = EpollEvent::new(EventSet::IN, (u64::from(ns.nsid) << 32) | 2);
-                let _ = self.interest.epoll().ctl(ControlOperation::Add, fd, ev);
-            }
-            if self.ns.len() <= i {
-                self.ns.resize_with(i + 1, || None);
-            }
-            let counters = ns.counters();
-            self.ns[i] = Some(NsChan { ns, chan, counters, in_flight: 0, removed: false });
-        }
+        self.exec.reload_namespaces(self.interest.epoll());
     }
 
-    /// Tells the handshakes what the controller allows now.
-    fn publish_state(&self) {
-        if let Some(c) = &self.admin {
-            self.ctrl.ready.store(c.ready(), Ordering::Release);
-            self.ctrl.io_queues_allowed.store(c.io_queues_allowed(), Ordering::Release);
+    /// Starts the ready commands; true when it started or answered any.
+    fn start_ready(&mut self) -> bool {
+        let moved = self.exec.start_ready(&mut tcp!(self));
+        if moved && self.exec.admin.is_some() {
+            // An admin command may have set the keep-alive timeout.
+            self.arm_keep_alive();
         }
+        moved
     }
 
-    // ---- slots ----
-
+    /// Command `i` is done.
     fn release(&mut self, i: u16) {
-        let s = &mut self.slots[i as usize];
-        if s.phase == Phase::Free {
-            return;
-        }
-        s.phase = Phase::Free;
-        s.hdr_len = 0;
-        s.data_len = 0;
-        s.ddgst_len = 0;
-        s.resp_len = 0;
-        if s.buf.as_ref().is_some_and(|b| b.len() > KEEP_BUF) {
-            let large = std::mem::replace(&mut s.buf, s.own.take());
-            self.large_free.extend(large);
-        }
-        self.free.push(i);
-    }
-
-    /// Queues the response capsule `cqe` (after whatever the slot already queued).
-    fn respond(&mut self, i: u16, mut cqe: Cqe) {
-        let s = &mut self.slots[i as usize];
-        cqe.cid = s.sqe.cid();
-        cqe.sqid = self.qid;
-        cqe.sqhd = if self.sq_flow_disabled { 0xFFFF } else { self.sqhd };
-        s.resp_len = write_capsule_resp(&mut s.resp, &cqe, self.digests);
-        self.queue_tx(i);
-    }
-
-    fn complete(&mut self, i: u16, status: Status) {
-        self.respond(i, Cqe::new(0, status));
-    }
-
-    fn queue_tx(&mut self, i: u16) {
-        if self.life.is_broken() {
-            return self.release(i);
-        }
-        self.slots[i as usize].phase = Phase::Sending;
-        self.tx.push(i);
-    }
-
-    /// Queues `len` bytes of the slot's buffer as one C2HData PDU; `last_success` when the
-    /// command succeeded and no response follows (c2h_success).
-    fn queue_c2h(&mut self, i: u16, len: usize, success: bool) {
-        let s = &mut self.slots[i as usize];
-        let mut flags = FLAG_LAST_PDU;
-        if success {
-            flags |= FLAG_SUCCESS;
-        }
-        let h = DataHeader { cccid: s.sqe.cid(), ttag: 0, offset: 0, length: len as u32 };
-        s.hdr_len = write_c2h_data(&mut s.hdr, &h, flags, self.digests, self.hpda);
-        s.data_len = len;
-        s.ddgst_len = 0;
-        if self.digests.data && len > 0 {
-            let b = s.buf.as_ref().expect("a read has its buffer");
-            s.ddgst = crc32c(&b.bytes()[..len]).to_le_bytes();
-            s.ddgst_len = DIGEST_LEN;
-        }
+        self.exec.release(&mut tcp!(self), i);
     }
 }
 
 impl Poller for QpairPoller {
     fn poll(&mut self) -> PollStatus {
-        if self.admin.is_none() && self.sub.ns_generation.load(Ordering::Relaxed) != self.ns_generation {
+        if self.exec.admin.is_none()
+            && self.exec.sub.ns_generation.load(Ordering::Relaxed) != self.exec.ns_generation
+        {
             self.reload_namespaces();
         }
         let mut busy = self.receive();
         busy |= self.start_ready();
-        busy |= self.reap() > 0;
+        busy |= self.exec.reap(&mut tcp!(self)) > 0;
         busy |= self.start_ready();
         busy |= self.send();
         if self.tx.is_blocked() && self.next_tick.is_none() {
@@ -703,7 +511,7 @@ impl Poller for QpairPoller {
         if self.next_tick.is_some() {
             self.tick(Instant::now());
         }
-        if self.teardown && self.tx.is_empty() && !self.life.is_closing() {
+        if self.exec.teardown && self.tx.is_empty() && !self.life.is_closing() {
             self.close_answering("the host disconnected the controller");
         }
         if self.life.is_closing() {
@@ -722,13 +530,11 @@ impl Poller for QpairPoller {
     }
 
     fn has_pending(&self) -> bool {
-        (self.in_flight() && !self.ns.iter().flatten().any(|n| n.chan.sleeps_in_flight()))
-            || !self.ready.is_empty()
-            || (!self.await_buf.is_empty() && self.large_buffer_available())
-            || (!self.tx.is_empty() && !self.tx.is_blocked() && !self.life.is_broken())
-            || ((self.rx_stalled || self.rx_more) && self.can_accept())
-            || (self.life.is_closing() && self.drained())
-            || (self.teardown && !self.life.is_closing())
+        (self.exec.in_flight() && !self.exec.ns.iter().flatten().any(|n| n.chan.sleeps_in_flight()))
+            || !self.exec.ready.is_empty()
+            || (!self.exec.await_buf.is_empty() && self.exec.large_buffer_available())
+            || connection_pending(&self.tx, &self.life, self.read, || self.can_accept(), || self.drained())
+            || (self.exec.teardown && !self.life.is_closing())
     }
 
     fn prepare_sleep(&mut self) -> bool {
@@ -741,14 +547,14 @@ impl Poller for QpairPoller {
         }
         self.interest.set(want);
         let mut ok = true;
-        for n in self.ns.iter_mut().flatten() {
+        for n in self.exec.ns.iter_mut().flatten() {
             ok &= n.chan.arm_completion_fd();
         }
         ok
     }
 
     fn after_wake(&mut self) {
-        for n in self.ns.iter_mut().flatten() {
+        for n in self.exec.ns.iter_mut().flatten() {
             n.chan.disarm_completion_fd();
         }
     }

@@ -6,7 +6,7 @@ use super::*;
 
 impl QpairPoller {
     pub(super) fn can_accept(&self) -> bool {
-        !self.life.is_closing() && !self.free.is_empty()
+        !self.life.is_closing() && !self.exec.free.is_empty()
     }
 
     /// A fatal transport error: a C2HTermReq echoing the offending header, then close.
@@ -20,73 +20,8 @@ impl QpairPoller {
     }
 
     pub(super) fn receive(&mut self) -> bool {
-        let mut moved = false;
-        self.rx_stalled = false;
-        self.rx_more = false;
-        for _ in 0..READS_PER_ROUND {
-            if self.life.is_closing() {
-                return moved;
-            }
-            if let Some(h) = self.h2c {
-                let s = &mut self.slots[h.slot as usize];
-                // The offset was checked to continue what arrived: `received` is where we are.
-                let (start, end) = (s.received, h.offset + h.len);
-                let dst =
-                    &mut s.buf.as_mut().expect("a write awaiting data has a buffer").bytes_mut()[start..end];
-                match Recv::from_socket(self.fd.as_fd(), dst) {
-                    Recv::Data(n) => {
-                        moved = true;
-                        self.slots[h.slot as usize].received += n;
-                        if start + n == end {
-                            self.h2c = None;
-                            self.h2c_done(h);
-                        }
-                        continue;
-                    }
-                    Recv::WouldBlock => return moved,
-                    Recv::Eof => {
-                        self.life.set_misbehaved(true);
-                        self.close_after("host disconnected in the middle of a data PDU");
-                        return true;
-                    }
-                    Recv::Failed(e) => {
-                        self.fail(&e);
-                        return true;
-                    }
-                }
-            }
-            if !self.parse() {
-                self.rx_stalled = true;
-                return moved;
-            }
-            if self.h2c.is_some() || self.life.is_closing() {
-                moved = true;
-                continue;
-            }
-            self.rx.compact();
-            let fd = self.fd.as_fd();
-            match self.rx.fill(|dst| Recv::from_socket(fd, dst)) {
-                Recv::Data(_) => moved = true,
-                Recv::WouldBlock => return moved,
-                Recv::Eof => {
-                    let partial = !self.rx.is_empty();
-                    self.life.set_misbehaved(partial);
-                    let why = if partial {
-                        "host disconnected in the middle of a PDU"
-                    } else {
-                        "host disconnected"
-                    };
-                    self.close_after(why);
-                    return true;
-                }
-                Recv::Failed(e) => {
-                    self.fail(&e);
-                    return true;
-                }
-            }
-        }
-        self.rx_more = true;
-        moved
+        self.read = read_round(self, READS_PER_ROUND);
+        self.read.moved
     }
 
     /// The socket failed: nothing more is sent; wait for the channels, then close.
@@ -101,7 +36,7 @@ impl QpairPoller {
 
     /// Takes the complete PDUs out of the receive buffer. False when it stopped for lack of a
     /// slot (the host sent more commands than its queue holds, or we are slow).
-    pub(super) fn parse(&mut self) -> bool {
+    pub(super) fn take_pdus(&mut self) -> bool {
         loop {
             if self.life.is_closing() {
                 return true;
@@ -112,7 +47,7 @@ impl QpairPoller {
                     return true;
                 }
                 let d = &self.rx.data()[..DIGEST_LEN];
-                let b = self.slots[h.slot as usize].buf.as_ref().expect("has a buffer");
+                let b = self.slots[h.slot as usize].cmd.buf.as_ref().expect("has a buffer");
                 let ok = crc32c(&b.bytes()[h.offset..h.offset + h.len]).to_le_bytes() == d;
                 self.rx.consume(DIGEST_LEN);
                 self.h2c_digest = None;
@@ -128,7 +63,7 @@ impl QpairPoller {
                 return true;
             }
             let ch = CommonHeader::parse(self.rx.data()[..CH_LEN].try_into().expect("eight"));
-            let l = match check_header(&ch, self.digests, 0, self.max_plen) {
+            let l = match check_header(&ch, self.wire.digests, 0, self.max_plen) {
                 Ok(l) => l,
                 Err(e) => {
                     self.terminate(e, usize::from(ch.hlen).clamp(CH_LEN, MAX_HLEN));
@@ -166,7 +101,7 @@ impl QpairPoller {
                         }
                     }
                     let sqe = capsule_sqe(&pdu[..CAPSULE_CMD_HLEN]).expect("a capsule header");
-                    let i = self.free.pop().expect("can_accept checked");
+                    let i = self.exec.free.pop().expect("can_accept checked");
                     self.capsule(i, sqe, l.data_offset, l.data_len);
                     self.rx.consume(l.plen());
                 }
@@ -182,9 +117,9 @@ impl QpairPoller {
                     self.rx.consume(l.data_offset);
                     let have = self.rx.len().min(h2c.len);
                     let s = &mut self.slots[h2c.slot as usize];
-                    let b = s.buf.as_mut().expect("a write awaiting data has a buffer");
+                    let b = s.cmd.buf.as_mut().expect("a write awaiting data has a buffer");
                     b.bytes_mut()[h2c.offset..h2c.offset + have].copy_from_slice(&self.rx.data()[..have]);
-                    s.received += have;
+                    s.cmd.received += have;
                     self.rx.consume(have);
                     if have == h2c.len {
                         self.h2c_done(h2c);
@@ -237,7 +172,7 @@ impl QpairPoller {
         let slot = self.slots.get(h.ttag as usize);
         let err = match slot {
             None => Some(bad(FES_INVALID_HEADER_FIELD, 10, "H2CData with an unknown transfer tag")),
-            Some(s) if s.phase != Phase::AwaitData || !s.r2t_out || s.sqe.cid() != h.cccid => {
+            Some(s) if s.cmd.phase != Phase::AwaitData || !s.r2t_out || s.cmd.sqe.cid() != h.cccid => {
                 Some(bad(FES_INVALID_HEADER_FIELD, 8, "H2CData for no R2T outstanding"))
             }
             Some(_) if h.length as usize != l.data_len || h.length == 0 => {
@@ -246,10 +181,10 @@ impl QpairPoller {
             Some(_) if h.length > MAX_H2C_DATA => {
                 Some(bad(FES_DATA_LIMIT_EXCEEDED, 16, "H2CData over MAXH2CDATA"))
             }
-            Some(s) if h.offset as usize != s.received => {
+            Some(s) if h.offset as usize != s.cmd.received => {
                 Some(bad(FES_DATA_OUT_OF_RANGE, 12, "H2CData offset out of order"))
             }
-            Some(s) if h.offset as usize + h.length as usize > s.len => {
+            Some(s) if h.offset as usize + h.length as usize > s.cmd.len => {
                 Some(bad(FES_DATA_OUT_OF_RANGE, 16, "H2CData past the R2T's length"))
             }
             Some(_) => None,
@@ -271,84 +206,72 @@ impl QpairPoller {
     }
 
     pub(super) fn h2c_finished(&mut self, h: H2c) {
-        let s = &mut self.slots[h.slot as usize];
-        if s.received == s.len {
-            s.phase = Phase::Ready;
-            self.ready.push_back(h.slot);
-        }
-    }
-
-    /// Asks the host for slot `i`'s data (its buffer is set).
-    pub(super) fn send_r2t(&mut self, i: u16) {
-        let s = &mut self.slots[i as usize];
-        s.phase = Phase::AwaitData;
-        let r2t = DataHeader { cccid: s.sqe.cid(), ttag: i, offset: 0, length: s.len as u32 };
-        s.hdr_len = write_r2t(&mut s.hdr, &r2t, self.digests);
-        self.tx.push(i);
+        self.exec.data_received(&mut tcp!(self), h.slot);
     }
 
     /// A command capsule arrived in slot `i`; its in-capsule data is `rx.data()[data..data +
     /// len]`.
     pub(super) fn capsule(&mut self, i: u16, sqe: Sqe, data: usize, data_len: usize) {
         self.sqhd = (self.sqhd + 1) % self.sq_entries;
-        let s = &mut self.slots[i as usize];
-        s.sqe = sqe;
-        s.phase = Phase::Ready;
-        s.len = 0;
-        s.received = 0;
-        s.pending = 0;
-        s.next_range = 0;
-        s.status = Status::SUCCESS;
-        s.flushed = false;
-        s.r2t_out = false;
-        s.hdr_len = 0;
-        s.data_len = 0;
-        s.ddgst_len = 0;
-        s.resp_len = 0;
-        // Fabrics commands use SGLs (PSDT 01b or 10b, Fabrics 2.1); PRPs mean nothing here.
-        if sqe.psdt() == 0 && sqe.opcode() != OPC_FABRICS {
-            return self.complete(i, Status::generic(SC_INVALID_FIELD));
-        }
-        // The transfer's direction: the opcode's (or fabrics command type's) low bits (Base
-        // 4.2: 01b host to controller, 10b controller to host).
-        let dir = if sqe.opcode() == OPC_FABRICS { sqe.fctype() & 3 } else { sqe.opcode() & 3 };
-        let sgl = sqe.sgl();
-        let len = sgl.length() as usize;
-        if dir == 1 && len > 0 {
-            match sgl.type_byte() {
-                SGL_IN_CAPSULE => {
-                    let off = sgl.address();
-                    if off.checked_add(len as u64).is_none_or(|end| end > data_len as u64) {
-                        return self.complete(i, Status::generic(SC_SGL_DATA_LENGTH_INVALID));
-                    }
-                    let off = off as usize;
-                    let b = s.buffer(len);
-                    b.bytes_mut()[..len].copy_from_slice(&self.rx.data()[data + off..data + off + len]);
-                    s.len = len;
-                    s.received = len;
-                }
-                SGL_TRANSPORT => {
-                    if len > self.max_io {
-                        return self.complete(i, Status::generic(SC_SGL_DATA_LENGTH_INVALID));
-                    }
-                    if self.admin.is_none() {
-                        if let Err(st) = self.check_io(i) {
-                            return self.complete(i, st);
-                        }
-                    }
-                    self.slots[i as usize].len = len;
-                    if self.await_buf.is_empty() && self.take_buffer(i, len) {
-                        self.send_r2t(i);
-                    } else {
-                        // Every large buffer is in use: the R2T goes once one is free.
-                        self.slots[i as usize].phase = Phase::AwaitBuffer;
-                        self.await_buf.push_back(i);
-                    }
-                    return;
-                }
-                _ => return self.complete(i, Status::generic(SC_SGL_DESCRIPTOR_TYPE_INVALID)),
+        self.slots[i as usize].reset();
+        let in_capsule = &self.rx.data()[data..data + data_len];
+        self.exec.accept(&mut tcp!(self), i, sqe, in_capsule);
+    }
+}
+
+/// The receive round's view of the queue: H2CData payloads straight into the command's buffer,
+/// PDUs through the receive buffer.
+impl Reader for QpairPoller {
+    fn closing(&self) -> bool {
+        self.life.is_closing()
+    }
+
+    fn recv_payload(&mut self) -> Option<Recv> {
+        let h = self.h2c?;
+        let s = &mut self.slots[h.slot as usize];
+        // The offset was checked to continue what arrived: `received` is where we are.
+        let (start, end) = (s.cmd.received, h.offset + h.len);
+        let dst =
+            &mut s.cmd.buf.as_mut().expect("a write awaiting data has a buffer").bytes_mut()[start..end];
+        let r = Recv::from_socket(self.fd.as_fd(), dst);
+        if let Recv::Data(n) = r {
+            s.cmd.received += n;
+            if start + n == end {
+                self.h2c = None;
+                self.h2c_done(h);
             }
         }
-        self.ready.push_back(i);
+        Some(r)
+    }
+
+    fn parse(&mut self) -> bool {
+        self.take_pdus()
+    }
+
+    fn receiving(&self) -> bool {
+        self.h2c.is_some()
+    }
+
+    fn recv_more(&mut self) -> Recv {
+        self.rx.compact();
+        let fd = self.fd.as_fd();
+        self.rx.fill(|dst| Recv::from_socket(fd, dst))
+    }
+
+    fn buffered(&self) -> bool {
+        !self.rx.is_empty()
+    }
+
+    fn peer_closed(&mut self, at: PeerClosed) {
+        self.life.set_misbehaved(at.misbehaved());
+        self.close_after(match at {
+            PeerClosed::Clean => "host disconnected",
+            PeerClosed::MidHeader => "host disconnected in the middle of a PDU",
+            PeerClosed::MidPayload => "host disconnected in the middle of a data PDU",
+        });
+    }
+
+    fn failed(&mut self, why: String) {
+        self.fail(&why);
     }
 }

@@ -49,7 +49,7 @@ impl QpairPoller {
     /// A slot's PDUs are out: an R2T's slot waits for its data, the others are done.
     pub(super) fn sent(&mut self, i: u16) {
         let s = &mut self.slots[i as usize];
-        if s.phase == Phase::AwaitData {
+        if s.cmd.phase == Phase::AwaitData {
             s.r2t_out = true;
             s.hdr_len = 0;
             return;
@@ -57,15 +57,11 @@ impl QpairPoller {
         self.release(i);
     }
 
-    pub(super) fn in_flight(&self) -> bool {
-        self.ns.iter().flatten().any(|n| n.in_flight > 0)
-    }
-
     /// Nothing in flight, nothing waiting to start (see `close_answering`), nothing to send.
     pub(super) fn drained(&self) -> bool {
-        !self.in_flight()
-            && self.ready.is_empty()
-            && self.await_buf.is_empty()
+        !self.exec.in_flight()
+            && self.exec.ready.is_empty()
+            && self.exec.await_buf.is_empty()
             && (self.life.is_broken() || self.tx.is_empty())
     }
 
@@ -79,10 +75,10 @@ impl QpairPoller {
         // On the timer's own schedule, so the next check finds it expired.
         let every = self.tick_interval();
         self.next_tick = Some(if due + every > now { due + every } else { now + every });
-        if let Some(c) = &self.admin {
+        if let Some(c) = &self.exec.admin {
             if !self.life.is_closing() && c.keep_alive_expired(now) {
                 log::warn!("{}: keep-alive timeout expired", self.what());
-                self.teardown = true;
+                self.exec.teardown = true;
                 self.close_answering("keep-alive timeout");
             }
         }
@@ -97,30 +93,30 @@ impl QpairPoller {
         self.life.end(&format!("nvmf: {}", self.what()));
         let _ = fp_sys::shutdown(self.fd.as_fd());
         let io = {
-            let mut st = lock(&self.sub.state);
-            let cntlid = self.ctrl.cntlid;
-            if self.admin.is_some() {
-                self.ctrl.gone.store(true, Ordering::Release);
+            let mut st = lock(&self.exec.sub.state);
+            let cntlid = self.exec.ctrl.cntlid;
+            if self.exec.admin.is_some() {
+                self.exec.ctrl.gone.store(true, Ordering::Release);
                 let io: Vec<(u16, QpairRef)> =
                     st.controllers.remove(&cntlid).map(|e| e.io.into_iter().collect()).unwrap_or_default();
                 st.orphans.extend(io.iter().map(|(qid, q)| (cntlid, *qid, q.clone())));
                 io.into_iter().map(|(_, q)| q).collect()
             } else {
                 if let Some(e) = st.controllers.get_mut(&cntlid) {
-                    if e.io.get(&self.qid).is_some_and(|q| Some(q.id) == self.id) {
-                        e.io.remove(&self.qid);
+                    if e.io.get(&self.wire.qid).is_some_and(|q| Some(q.id) == self.id) {
+                        e.io.remove(&self.wire.qid);
                     }
                 }
-                let me = (cntlid, self.qid, self.id);
+                let me = (cntlid, self.wire.qid, self.id);
                 st.orphans.retain(|(c, qid, q)| (*c, *qid, Some(q.id)) != me);
                 Vec::new()
             }
         };
-        if let Some(c) = &mut self.admin {
+        if let Some(c) = &mut self.exec.admin {
             let _ = c.take_parked();
         }
         close_qpairs(&io, "its controller went away");
-        for n in self.ns.iter().flatten() {
+        for n in self.exec.ns.iter().flatten() {
             if let Some(fd) = n.chan.completion_fd() {
                 let _ = self.interest.epoll().ctl(ControlOperation::Delete, fd, EpollEvent::default());
             }

@@ -1,86 +1,17 @@
-//! A queue pair's commands: the admin queue's through the controller, the I/O queue's checked
-//! (namespace, range, size, access) and submitted to the namespace's channel; completions
-//! reaped, FUA writes followed by a flush, statuses mapped to NVMe's, counters kept.
+//! Namespace I/O: a command checked (namespace, range, size, access) and submitted to the
+//! namespace's channel; completions reaped, FUA writes followed by a flush, statuses mapped to
+//! NVMe's, counters kept.
 
 use super::*;
 
-impl QpairPoller {
-    /// Starts the ready commands; true when it started or answered any.
-    pub(super) fn start_ready(&mut self) -> bool {
-        let mut moved = false;
-        while let Some(&i) = self.await_buf.front() {
-            let len = self.slots[i as usize].len;
-            if !self.take_buffer(i, len) {
-                break;
-            }
-            self.await_buf.pop_front();
-            self.send_r2t(i);
-            moved = true;
-        }
-        while let Some(&i) = self.ready.front() {
-            let r = if self.admin.is_some() { self.admin_command(i) } else { self.io_command(i) };
-            match r {
-                Err(SubmitError::Busy) => break,
-                _ => {
-                    self.ready.pop_front();
-                    moved = true;
-                }
-            }
-        }
-        moved
-    }
-
-    pub(super) fn admin_command(&mut self, i: u16) -> Result<(), SubmitError> {
-        let sqe = self.slots[i as usize].sqe;
-        if sqe.opcode() == OPC_FABRICS && sqe.fctype() == FCTYPE_CONNECT {
-            self.complete(i, Status::generic(SC_COMMAND_SEQUENCE_ERROR));
-            return Ok(());
-        }
-        self.refresh_view();
-        let s = &self.slots[i as usize];
-        let data_in: &[u8] = match (&s.buf, s.len) {
-            (Some(b), n) if n > 0 && s.received == n => &b.bytes()[..n],
-            _ => &[],
-        };
-        let ctrl = self.admin.as_mut().expect("an admin queue");
-        let r = ctrl.admin(&sqe, data_in, &self.view, Instant::now());
-        self.publish_state();
-        self.arm_keep_alive();
-        match r {
-            AdminResult::Parked => {
-                self.slots[i as usize].phase = Phase::Parked;
-            }
-            AdminResult::Complete { cqe, data } => self.admin_reply(i, cqe, &data),
-            AdminResult::Complete2 { cqe, teardown } => {
-                self.respond(i, cqe);
-                if teardown {
-                    self.teardown = true;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends an admin command's data (at most what its SGL asks) and its completion.
-    pub(super) fn admin_reply(&mut self, i: u16, cqe: Cqe, data: &[u8]) {
-        let sgl = self.slots[i as usize].sqe.sgl();
-        let n = data.len().min(sgl.length() as usize);
-        if n > 0 && cqe.status.is_success() && sgl.type_byte() == SGL_TRANSPORT {
-            let s = &mut self.slots[i as usize];
-            s.buffer(n).bytes_mut()[..n].copy_from_slice(&data[..n]);
-            self.queue_c2h(i, n, false);
-        }
-        self.respond(i, cqe);
-    }
-
+impl Executor {
     /// The namespace a command names, if attached.
-    pub(super) fn namespace(&self, nsid: u32) -> Option<&NsChan> {
+    pub(crate) fn namespace(&self, nsid: u32) -> Option<&NsChan> {
         self.ns.get(nsid as usize).and_then(|n| n.as_ref()).filter(|n| !n.removed)
     }
 
     /// Checks an I/O command before its data is asked for: namespace, range, size, access.
-    pub(super) fn check_io(&mut self, i: u16) -> Result<(), Status> {
-        let sqe = self.slots[i as usize].sqe;
+    pub(crate) fn check_io(&self, sqe: &Sqe) -> Result<(), Status> {
         let op = sqe.opcode();
         if op == OPC_FABRICS {
             return Err(Status::generic(if sqe.fctype() == FCTYPE_CONNECT {
@@ -122,14 +53,15 @@ impl QpairPoller {
         Ok(())
     }
 
-    pub(super) fn io_command(&mut self, i: u16) -> Result<(), SubmitError> {
-        // Checked again (a write's before its R2T too): the namespace may have gone since.
-        if let Err(st) = self.check_io(i) {
-            self.count_error(i);
-            self.complete(i, st);
+    pub(crate) fn io_command<T: Transport>(&mut self, t: &mut T, i: u16) -> Result<(), SubmitError> {
+        let sqe = t.command(i).sqe;
+        // Checked again (a write's before its data request too): the namespace may have gone
+        // since.
+        if let Err(st) = self.check_io(&sqe) {
+            self.count_error(sqe.nsid());
+            self.complete(t, i, st);
             return Ok(());
         }
-        let sqe = self.slots[i as usize].sqe;
         let nsid = sqe.nsid();
         let ns = self.ns[nsid as usize].as_ref().expect("checked");
         let info = ns.ns.bdev.info();
@@ -137,66 +69,73 @@ impl QpairPoller {
         let (offset, len) = (sqe.slba() * bs, u64::from(sqe.nlb()) * bs);
         match sqe.opcode() {
             NVM_READ => {
-                if !self.take_buffer(i, len as usize) {
+                if !self.take_buffer(t, i, len as usize) {
                     // Every large buffer is in use: tried again from the ready queue.
                     return Err(SubmitError::Busy);
                 }
-                self.slots[i as usize].len = len as usize;
-                self.submit(i, nsid, IoOp::Read, offset, len)
+                t.command(i).len = len as usize;
+                self.submit(t, i, nsid, IoOp::Read, offset, len)
             }
-            NVM_WRITE if self.slots[i as usize].flushed => {
+            NVM_WRITE if t.command(i).flushed => {
                 // A FUA write's flush the channel was too busy for.
-                self.slots[i as usize].phase = Phase::Flushing;
-                self.submit(i, nsid, IoOp::Flush, 0, 0)
+                t.command(i).phase = Phase::Flushing;
+                self.submit(t, i, nsid, IoOp::Flush, 0, 0)
             }
-            NVM_WRITE => self.submit(i, nsid, IoOp::Write, offset, len),
+            NVM_WRITE => self.submit(t, i, nsid, IoOp::Write, offset, len),
             NVM_FLUSH if !info.io_types.flush => {
-                self.finish(i, Status::SUCCESS);
+                self.finish(t, i, Status::SUCCESS);
                 Ok(())
             }
-            NVM_FLUSH => self.submit(i, nsid, IoOp::Flush, 0, 0),
+            NVM_FLUSH => self.submit(t, i, nsid, IoOp::Flush, 0, 0),
             NVM_WRITE_ZEROES if !info.io_types.write_zeroes => {
-                self.complete(i, Status::generic(SC_INVALID_OPCODE));
+                self.complete(t, i, Status::generic(SC_INVALID_OPCODE));
                 Ok(())
             }
-            NVM_WRITE_ZEROES => self.submit(i, nsid, IoOp::WriteZeroes, offset, len),
-            NVM_DATASET_MANAGEMENT => self.deallocate(i, nsid),
+            NVM_WRITE_ZEROES => self.submit(t, i, nsid, IoOp::WriteZeroes, offset, len),
+            NVM_DATASET_MANAGEMENT => self.deallocate(t, i, nsid),
             _ => unreachable!("check_io accepts only these"),
         }
     }
 
     /// Dataset Management: with the Deallocate attribute, one unmap per range (Base 7.2,
     /// NVM Command Set 3.2.3); without, nothing to do.
-    pub(super) fn deallocate(&mut self, i: u16, nsid: u32) -> Result<(), SubmitError> {
-        let sqe = self.slots[i as usize].sqe;
+    pub(crate) fn deallocate<T: Transport>(
+        &mut self,
+        t: &mut T,
+        i: u16,
+        nsid: u32,
+    ) -> Result<(), SubmitError> {
+        let sqe = t.command(i).sqe;
         let ns = self.ns[nsid as usize].as_ref().expect("checked");
         let info = ns.ns.bdev.info();
         let ranges = (sqe.cdw(10) & 0xFF) + 1;
         if sqe.cdw(11) & (1 << 2) == 0 || !info.io_types.unmap {
-            self.finish(i, Status::SUCCESS);
+            self.finish(t, i, Status::SUCCESS);
             return Ok(());
         }
         let bs = u64::from(info.block_size);
         let blocks = info.num_blocks();
-        while self.slots[i as usize].next_range < ranges {
-            let r = self.slots[i as usize].next_range as usize;
-            let b = &self.slots[i as usize].buf.as_ref().expect("DSM data").bytes()[r * 16..r * 16 + 16];
+        while t.command(i).next_range < ranges {
+            let c = t.command(i);
+            let r = c.next_range as usize;
+            let b = &c.buf.as_ref().expect("DSM data").bytes()[r * 16..r * 16 + 16];
             let nlb = u64::from(u32::from_le_bytes(b[4..8].try_into().expect("four")));
             let slba = u64::from_le_bytes(b[8..16].try_into().expect("eight"));
-            self.slots[i as usize].next_range += 1;
+            c.next_range += 1;
             if nlb == 0 {
                 continue;
             }
             if slba.checked_add(nlb).is_none_or(|e| e > blocks) {
-                self.slots[i as usize].status = Status::generic(SC_LBA_OUT_OF_RANGE);
+                t.command(i).status = Status::generic(SC_LBA_OUT_OF_RANGE);
                 break;
             }
-            match self.submit(i, nsid, IoOp::Discard, slba * bs, nlb * bs) {
+            match self.submit(t, i, nsid, IoOp::Discard, slba * bs, nlb * bs) {
                 Ok(()) => {}
                 Err(SubmitError::Busy) => {
                     // Tried again: from the ready queue now, or when the ranges in flight end.
-                    self.slots[i as usize].next_range -= 1;
-                    if self.slots[i as usize].pending == 0 {
+                    let c = t.command(i);
+                    c.next_range -= 1;
+                    if c.pending == 0 {
                         return Err(SubmitError::Busy);
                     }
                     return Ok(());
@@ -206,15 +145,18 @@ impl QpairPoller {
                 Err(_) => return Ok(()),
             }
         }
-        if self.slots[i as usize].pending == 0 {
-            let st = self.slots[i as usize].status;
-            self.finish(i, st);
+        let c = t.command(i);
+        if c.pending == 0 {
+            let st = c.status;
+            self.finish(t, i, st);
         }
         Ok(())
     }
 
-    pub(super) fn submit(
+    #[inline]
+    pub(crate) fn submit<T: Transport>(
         &mut self,
+        t: &mut T,
         i: u16,
         nsid: u32,
         op: IoOp,
@@ -222,7 +164,7 @@ impl QpairPoller {
         len: u64,
     ) -> Result<(), SubmitError> {
         let data = matches!(op, IoOp::Read | IoOp::Write);
-        let s = &mut self.slots[i as usize];
+        let s = t.command(i);
         let req = IoRequest {
             tag: u32::from(i),
             op,
@@ -251,8 +193,8 @@ impl QpairPoller {
                     _ => Status::generic(SC_INVALID_OPCODE),
                 };
                 if s.pending == 0 {
-                    self.count_error(i);
-                    self.complete(i, st);
+                    self.count_error(nsid);
+                    self.complete(t, i, st);
                 } else {
                     s.status = st;
                 }
@@ -261,15 +203,14 @@ impl QpairPoller {
         }
     }
 
-    pub(super) fn count_error(&mut self, i: u16) {
-        let nsid = self.slots[i as usize].sqe.nsid();
+    pub(crate) fn count_error(&self, nsid: u32) {
         if let Some(Some(n)) = self.ns.get(nsid as usize) {
             NsCounters::bump(&n.counters.errors, 1);
         }
     }
 
     /// Reaps every channel's completions.
-    pub(super) fn reap(&mut self) -> usize {
+    pub(crate) fn reap<T: Transport>(&mut self, t: &mut T) -> usize {
         let mut done = std::mem::take(&mut self.completions);
         let mut n = 0;
         for (nsid, slot) in self.ns.iter_mut().enumerate() {
@@ -282,7 +223,7 @@ impl QpairPoller {
             n += got;
         }
         for &(_, tag, st) in &done {
-            self.completed(tag as u16, st);
+            self.completed(t, tag as u16, st);
         }
         done.clear();
         self.completions = done;
@@ -292,17 +233,17 @@ impl QpairPoller {
         n
     }
 
-    pub(super) fn completed(&mut self, i: u16, st: IoStatus) {
-        let s = &mut self.slots[i as usize];
+    pub(crate) fn completed<T: Transport>(&mut self, t: &mut T, i: u16, st: IoStatus) {
+        // Read only on an error (it is not free: the transport's state).
+        let closing = st != IoStatus::Success && t.closing();
+        let s = t.command(i);
         s.pending -= 1;
         let op = s.sqe.opcode();
         if st != IoStatus::Success && s.status.is_success() {
             s.status = match st {
                 IoStatus::Unsupported => Status::generic(SC_INVALID_OPCODE),
                 // Given up at a closing queue's bound: as a command that never started there.
-                IoStatus::Error(libc::ECANCELED) if self.life.is_closing() => {
-                    Status::generic(SC_ABORTED_SQ_DELETION)
-                }
+                IoStatus::Error(libc::ECANCELED) if closing => Status::generic(SC_ABORTED_SQ_DELETION),
                 IoStatus::Error(e) => status_of_errno(e, op),
                 IoStatus::Success => Status::SUCCESS,
             };
@@ -324,9 +265,9 @@ impl QpairPoller {
         if op == NVM_WRITE && s.status.is_success() && s.sqe.fua() && flush && !s.flushed {
             s.flushed = true;
             s.phase = Phase::Flushing;
-            if self.submit(i, nsid, IoOp::Flush, 0, 0).is_err() {
+            if self.submit(t, i, nsid, IoOp::Flush, 0, 0).is_err() {
                 // Busy: the flush is tried again from the ready queue.
-                let s = &mut self.slots[i as usize];
+                let s = t.command(i);
                 if s.pending == 0 && s.phase == Phase::Flushing {
                     s.phase = Phase::Ready;
                     self.ready.push_back(i);
@@ -334,13 +275,13 @@ impl QpairPoller {
             }
             return;
         }
-        let st = self.slots[i as usize].status;
-        self.finish(i, st);
+        let st = t.command(i).status;
+        self.finish(t, i, st);
     }
 
     /// Counts a finished I/O command and queues what answers it.
-    pub(super) fn finish(&mut self, i: u16, st: Status) {
-        let s = &self.slots[i as usize];
+    pub(crate) fn finish<T: Transport>(&mut self, t: &mut T, i: u16, st: Status) {
+        let s = t.command(i);
         let (op, len) = (s.sqe.opcode(), s.len as u64);
         if let Some(Some(n)) = self.ns.get(s.sqe.nsid() as usize) {
             let c = &n.counters;
@@ -356,15 +297,10 @@ impl QpairPoller {
                 NsCounters::bump(&c.other_ops, 1);
             }
         }
-        if op == NVM_READ && st.is_success() {
-            let len = self.slots[i as usize].len;
-            self.queue_c2h(i, len, self.c2h_success);
-            if self.c2h_success {
-                self.queue_tx(i);
-                return;
-            }
+        if op == NVM_READ && st.is_success() && t.send_data(i, len as usize, true) {
+            return self.send(t, i);
         }
-        self.complete(i, st);
+        self.complete(t, i, st);
     }
 }
 

@@ -1,0 +1,283 @@
+//! A server connection's round on its reactor: the read round (at most so many socket reads,
+//! each either continuing a payload that goes straight into a request's buffer or filling the
+//! receive buffer, whose complete messages are taken out between reads), where the peer's end
+//! of the stream came (between messages or in the middle of one), and what the connection
+//! leaves pending for the poller's `has_pending`.
+
+use crate::{Life, Recv, SendQueue};
+
+/// Where the peer's end of the stream came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerClosed {
+    /// Between messages: an orderly close.
+    Clean,
+    /// In the middle of a message header (the receive buffer holds part of one).
+    MidHeader,
+    /// In the middle of a payload being received straight into a request's buffer.
+    MidPayload,
+}
+
+impl PeerClosed {
+    /// Whether the peer broke the protocol by closing there.
+    #[inline]
+    pub fn misbehaved(self) -> bool {
+        self != PeerClosed::Clean
+    }
+}
+
+/// What a connection gives its read round.
+pub trait Reader {
+    /// Whether the connection is closing (it reads nothing more).
+    fn closing(&self) -> bool;
+    /// Receives into the payload being received straight into a request's buffer, if one is,
+    /// and counts what arrived (ending the payload when it is all there).
+    fn recv_payload(&mut self) -> Option<Recv>;
+    /// Takes the complete messages out of the receive buffer (a message may start a payload).
+    /// False when it stopped for lack of room (a request slot) to take the next.
+    fn parse(&mut self) -> bool;
+    /// Whether a payload is being received.
+    fn receiving(&self) -> bool;
+    /// Compacts the receive buffer and receives more into it.
+    fn recv_more(&mut self) -> Recv;
+    /// Whether the receive buffer holds bytes not taken (part of a message).
+    fn buffered(&self) -> bool;
+    /// The peer closed its side (the connection closes).
+    fn peer_closed(&mut self, at: PeerClosed);
+    /// The socket failed; why (the connection closes, nothing more is sent).
+    fn failed(&mut self, why: String);
+}
+
+/// What a read round did and left.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReadRound {
+    /// It read or took anything.
+    pub moved: bool,
+    /// It stopped for lack of room for the next message.
+    pub stalled: bool,
+    /// It stopped at its read limit with the socket maybe still readable.
+    pub more: bool,
+}
+
+impl ReadRound {
+    /// Whether there is more to read now, given room (the poller is not idle then).
+    #[inline]
+    pub fn unfinished(&self) -> bool {
+        self.stalled || self.more
+    }
+}
+
+/// The connection's part of a stream poller's `has_pending` (work without a wake-up): replies
+/// the socket may take now, more to read with room for it (`can_accept`), or a closing
+/// connection with nothing left (`drained`: it ends at the next poll).
+#[inline]
+pub fn connection_pending<T: Copy>(
+    tx: &SendQueue<T>,
+    life: &Life,
+    read: ReadRound,
+    can_accept: impl FnOnce() -> bool,
+    drained: impl FnOnce() -> bool,
+) -> bool {
+    (!tx.is_empty() && !tx.is_blocked() && !life.is_broken())
+        || (read.unfinished() && can_accept())
+        || (life.is_closing() && drained())
+}
+
+/// Runs one read round of at most `reads` receives on `conn`.
+#[inline]
+pub fn read_round<R: Reader>(conn: &mut R, reads: usize) -> ReadRound {
+    let mut round = ReadRound::default();
+    for _ in 0..reads {
+        if conn.closing() {
+            return round;
+        }
+        match conn.recv_payload() {
+            None => {}
+            Some(Recv::Data(_)) => {
+                round.moved = true;
+                continue;
+            }
+            Some(Recv::WouldBlock) => return round,
+            Some(Recv::Eof) => {
+                conn.peer_closed(PeerClosed::MidPayload);
+                round.moved = true;
+                return round;
+            }
+            Some(Recv::Failed(e)) => {
+                conn.failed(e);
+                round.moved = true;
+                return round;
+            }
+        }
+        if !conn.parse() {
+            round.stalled = true;
+            return round;
+        }
+        if conn.receiving() || conn.closing() {
+            round.moved = true;
+            continue;
+        }
+        match conn.recv_more() {
+            Recv::Data(_) => round.moved = true,
+            Recv::WouldBlock => return round,
+            Recv::Eof => {
+                let at = if conn.buffered() { PeerClosed::MidHeader } else { PeerClosed::Clean };
+                conn.peer_closed(at);
+                round.moved = true;
+                return round;
+            }
+            Recv::Failed(e) => {
+                conn.failed(e);
+                round.moved = true;
+                return round;
+            }
+        }
+    }
+    round.more = true;
+    round
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::*;
+
+    /// A connection whose receives give what `script` says; messages are 4 bytes, a message
+    /// starting with `P` is followed by a 4-byte payload received on its own.
+    #[derive(Default)]
+    struct Fake {
+        script: VecDeque<Recv>,
+        buffered: usize,
+        payload_left: usize,
+        slots: usize,
+        taken: usize,
+        closed: Option<PeerClosed>,
+        failed: Option<String>,
+        next_is_payload: bool,
+    }
+
+    impl Reader for Fake {
+        fn closing(&self) -> bool {
+            self.closed.is_some() || self.failed.is_some()
+        }
+        fn recv_payload(&mut self) -> Option<Recv> {
+            if self.payload_left == 0 {
+                return None;
+            }
+            let r = self.script.pop_front().unwrap_or(Recv::WouldBlock);
+            if let Recv::Data(n) = r {
+                self.payload_left -= n.min(self.payload_left);
+            }
+            Some(r)
+        }
+        fn parse(&mut self) -> bool {
+            while self.buffered >= 4 && self.payload_left == 0 {
+                if self.taken == self.slots {
+                    return false;
+                }
+                self.buffered -= 4;
+                self.taken += 1;
+                if std::mem::take(&mut self.next_is_payload) {
+                    self.payload_left = 4;
+                }
+            }
+            true
+        }
+        fn receiving(&self) -> bool {
+            self.payload_left > 0
+        }
+        fn recv_more(&mut self) -> Recv {
+            let r = self.script.pop_front().unwrap_or(Recv::WouldBlock);
+            if let Recv::Data(n) = r {
+                self.buffered += n;
+            }
+            r
+        }
+        fn buffered(&self) -> bool {
+            self.buffered > 0
+        }
+        fn peer_closed(&mut self, at: PeerClosed) {
+            self.closed = Some(at);
+        }
+        fn failed(&mut self, why: String) {
+            self.failed = Some(why);
+        }
+    }
+
+    fn fake(script: Vec<Recv>, slots: usize) -> Fake {
+        Fake { script: script.into(), slots, ..Fake::default() }
+    }
+
+    #[test]
+    fn reads_until_the_socket_is_empty() {
+        let mut c = fake(vec![Recv::Data(8), Recv::Data(4)], 10);
+        let r = read_round(&mut c, 8);
+        assert_eq!(r, ReadRound { moved: true, stalled: false, more: false });
+        assert_eq!(c.taken, 3);
+        let idle = read_round(&mut c, 8);
+        assert_eq!(idle, ReadRound::default());
+        assert!(!idle.unfinished());
+    }
+
+    #[test]
+    fn stops_at_its_read_limit_or_for_room() {
+        let mut c = fake((0..5).map(|_| Recv::Data(4)).collect(), 10);
+        let r = read_round(&mut c, 3);
+        assert!(r.more && r.moved && r.unfinished());
+        assert_eq!(c.taken, 2, "the third read's message waits for the next round's parse");
+        let mut c = fake(vec![Recv::Data(12)], 2);
+        let r = read_round(&mut c, 8);
+        assert!(r.stalled && r.unfinished());
+        assert_eq!((c.taken, c.buffered), (2, 4));
+    }
+
+    #[test]
+    fn a_payload_is_received_on_its_own() {
+        let mut c = fake(vec![Recv::Data(4), Recv::Data(3), Recv::Data(1), Recv::Data(4)], 10);
+        c.next_is_payload = true;
+        let r = read_round(&mut c, 8);
+        assert!(r.moved && !r.unfinished());
+        assert_eq!((c.taken, c.payload_left, c.buffered), (2, 0, 0));
+    }
+
+    #[test]
+    fn what_a_connection_leaves_pending() {
+        let (tx, mut life) = (SendQueue::<u16>::with_capacity(4), Life::new());
+        let idle = ReadRound::default();
+        assert!(!connection_pending(&tx, &life, idle, || true, || true));
+        let more = ReadRound { more: true, ..idle };
+        assert!(connection_pending(&tx, &life, more, || true, || false));
+        assert!(!connection_pending(&tx, &life, more, || false, || false), "no room to read into");
+        let mut queued = SendQueue::<u16>::with_capacity(4);
+        queued.push(1);
+        assert!(connection_pending(&queued, &life, idle, || false, || false));
+        queued.set_blocked(true);
+        assert!(!connection_pending(&queued, &life, idle, || false, || false), "the socket is full");
+        life.close("test", std::time::Duration::ZERO);
+        assert!(connection_pending(&tx, &life, idle, || false, || true));
+        assert!(!connection_pending(&tx, &life, idle, || false, || false));
+    }
+
+    #[test]
+    fn where_the_peer_closed_and_failures() {
+        let mut c = fake(vec![Recv::Data(4), Recv::Eof], 10);
+        assert!(read_round(&mut c, 8).moved);
+        assert_eq!(c.closed, Some(PeerClosed::Clean));
+        assert!(!PeerClosed::Clean.misbehaved());
+
+        let mut c = fake(vec![Recv::Data(6), Recv::Eof], 10);
+        read_round(&mut c, 8);
+        assert_eq!(c.closed, Some(PeerClosed::MidHeader));
+        assert!(PeerClosed::MidHeader.misbehaved());
+
+        let mut c = fake(vec![Recv::Data(4), Recv::Data(2), Recv::Eof], 10);
+        c.next_is_payload = true;
+        read_round(&mut c, 8);
+        assert_eq!(c.closed, Some(PeerClosed::MidPayload));
+
+        let mut c = fake(vec![Recv::Failed("reset".into())], 10);
+        assert!(read_round(&mut c, 8).moved);
+        assert_eq!(c.failed.as_deref(), Some("reset"));
+        assert_eq!(read_round(&mut c, 8), ReadRound::default(), "a closing connection reads nothing");
+    }
+}
