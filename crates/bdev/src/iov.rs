@@ -479,11 +479,28 @@ impl IovSlices {
     pub fn slice(&mut self, at: usize, src: &Iovecs, cursor: &mut IovCursor, len: u64) -> Option<Iovecs> {
         let room = self.iov.get_mut(at..)?;
         let n = cursor.slice_into(src, len, room)?;
+        Some(self.describe(at, n))
+    }
+
+    /// The bytes of `src` from byte `offset` cut into consecutive pieces of `lens` bytes, in
+    /// entries `0..`, as one piece's buffers: one buffer described as several iovecs (a test's
+    /// scattered request). `None` when they need more entries than it holds.
+    pub fn cut(&mut self, src: &Iovecs, offset: u64, lens: impl IntoIterator<Item = u64>) -> Option<Iovecs> {
+        let mut cursor = IovCursor::at(src, offset);
+        let mut n = 0;
+        for len in lens {
+            n += cursor.slice_into(src, len, self.iov.get_mut(n..)?)?;
+        }
+        Some(self.describe(0, n))
+    }
+
+    /// Entries `at..at + n`, just written from a source's iovecs, as a piece's buffers.
+    fn describe(&self, at: usize, n: usize) -> Iovecs {
         // SAFETY: entries `at..at + n` are this value's heap memory, left unchanged by its owner
-        // until the piece completes (the type's contract); each describes part of one of `src`'s
-        // buffers, which `src` vouches for until the request they belong to completes, after
-        // its pieces.
-        Some(unsafe { Iovecs::from_slice(&self.iov[at..at + n]) })
+        // until the piece completes (the type's contract); each describes part of one of the
+        // source's buffers, which the source vouches for until the request they belong to
+        // completes, after its pieces.
+        unsafe { Iovecs::from_slice(&self.iov[at..at + n]) }
     }
 }
 
@@ -585,6 +602,13 @@ mod tests {
         let mut first = [0u8; 3];
         copy_to_slice(&a, 0, &mut first);
         assert_eq!(first, [0, 1, 2]);
+        // A cut describes consecutive pieces in one request, from entry 0: from byte 1, 2
+        // bytes, then 3 that span the first two buffers; more pieces than entries don't fit.
+        let cut = slices.cut(&iov, 1, [2, 3]).unwrap();
+        assert_eq!((cut.count(), cut.total_len()), (3, 5));
+        assert_eq!(bytes(cut.as_slice()), vec![1, 2, 3, 4, 5]);
+        assert_eq!(cut.as_slice().iter().map(|v| v.iov_len).collect::<Vec<_>>(), vec![2, 1, 2]);
+        assert!(slices.cut(&iov, 0, [1, 1, 1, 1]).is_none());
     }
 
     #[test]

@@ -42,8 +42,7 @@ const EDGES: &[&str] = &[
 /// safe API. Only shrinks: a file with more fails, and so does one with fewer until its count
 /// here is lowered (or its entry deleted).
 const TO_MOVE: &[(&str, usize)] = &[
-    ("crates/bdev/src/clock/ticks.rs", 2),
-    ("crates/bdev/src/conformance.rs", 13),
+    ("crates/bdev/src/conformance.rs", 2),
     ("crates/loadgen/src/engine.rs", 8),
     ("crates/loadgen/src/engine/frontend.rs", 5),
     ("crates/loadgen/src/engine/libblkio.rs", 1),
@@ -77,7 +76,7 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
 /// 405 → 408), the reason in the commit.
-const CEILING: usize = 391;
+const CEILING: usize = 379;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {
