@@ -122,7 +122,7 @@ pub fn parse_chain(
     head: u16,
     iov: &mut [libc::iovec],
 ) -> Result<BlkRequest, ParseError> {
-    if let Some(req) = parse_three(chain, head, iov) {
+    if let Some(req) = parse_three(mem, chain, head, iov) {
         return Ok(req);
     }
     parse_chain_general(mem, chain, head, iov)
@@ -139,7 +139,7 @@ pub fn parse_chain(
 /// its data is the readable bytes after the header: in both cases the data descriptor, whole,
 /// as one iovec.
 #[inline(always)]
-fn parse_three(chain: &Chain, head: u16, iov: &mut [libc::iovec]) -> Option<BlkRequest> {
+fn parse_three(mem: &MemTable, chain: &Chain, head: u16, iov: &mut [libc::iovec]) -> Option<BlkRequest> {
     let [h, d, s] = chain.descs() else { return None };
     if h.write || h.len != REQ_HEADER_SIZE as u32 || !s.write || s.len != 1 {
         return None;
@@ -147,9 +147,7 @@ fn parse_three(chain: &Chain, head: u16, iov: &mut [libc::iovec]) -> Option<BlkR
     if h.host.is_null() || d.host.is_null() || s.host.is_null() {
         return None;
     }
-    // SAFETY: `host` covers the header's 16 bytes inside one mapping.
-    let (w0, sector) =
-        unsafe { (fp_virtq::access::load_u64_le(h.host), fp_virtq::access::load_u64_le(h.host.add(8))) };
+    let [w0, sector] = mem.load_u64s(h.host)?;
     let kind = RequestType::from_raw(w0 as u32);
     let writable_len = match kind {
         // The walker bounds a chain to 2^32 bytes, so `d.len + 1` fits; saturate as the
@@ -166,7 +164,7 @@ fn parse_three(chain: &Chain, head: u16, iov: &mut [libc::iovec]) -> Option<BlkR
         iovcnt: 1,
         data_len: u64::from(d.len),
         segment: None,
-        status: StatusPtr(s.host),
+        status: StatusPtr::from_raw(s.host),
         writable_len,
     })
 }
@@ -196,10 +194,10 @@ pub fn parse_chain_general(
             .and_then(|a| mem.translate(a, 1))
             .ok_or(err(ParseErrorKind::DescriptorOutOfMemory, None))?
     } else {
-        // SAFETY: `host` covers the descriptor's `len >= 1` bytes inside one mapping.
-        unsafe { last.host.add(last.len as usize - 1) }
+        // `host` covers the descriptor's `len >= 1` bytes inside one mapping.
+        last.host.wrapping_add(last.len as usize - 1)
     };
-    let status_ptr = StatusPtr(status_ptr);
+    let status_ptr = StatusPtr::from_raw(status_ptr);
     let status = Some(status_ptr);
 
     // ---- 2. Ordering and memory bounds of every descriptor. ----
@@ -314,12 +312,14 @@ fn read_stream<const N: usize>(mem: &MemTable, descs: &[Desc], offset: u64) -> [
     if let Some(d) = descs.first() {
         if !d.host.is_null() && offset + N as u64 <= u64::from(d.len) && N % 8 == 0 {
             let mut out = [0u8; N];
-            for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
-                // SAFETY: `offset + N <= len` bytes from `host` are inside one mapping.
-                let w = unsafe { fp_virtq::access::load_u64_le(d.host.add(offset as usize + 8 * i)) };
-                chunk.copy_from_slice(&w.to_le_bytes());
+            // `offset + N <= len` bytes from `host` are inside one mapping, which the table
+            // checks again.
+            if out.chunks_exact_mut(8).enumerate().all(|(i, chunk)| {
+                let at = d.host.wrapping_add(offset as usize + 8 * i);
+                mem.load_u64s::<1>(at).map(|[w]| chunk.copy_from_slice(&w.to_le_bytes())).is_some()
+            }) {
+                return out;
             }
-            return out;
         }
     }
     read_stream_slow(mem, descs, offset)
@@ -342,19 +342,17 @@ fn read_stream_slow<const N: usize>(mem: &MemTable, descs: &[Desc], offset: u64)
         }
         let take = ((len - skip) as usize).min(N - done);
         let mut copy = |p: *mut u8, n: u64| {
-            for i in 0..n as usize {
-                // SAFETY: `p` covers `n` mapped bytes (a translated piece). Volatile: as above.
-                out[done + i] = unsafe { std::ptr::read_volatile(p.add(i)) };
-            }
+            // `p` covers `n` mapped bytes (a translated piece); one volatile load each.
+            let ok = mem.read_bytes(p, &mut out[done..done + n as usize]);
             done += n as usize;
-            true
+            ok
         };
         if d.host.is_null() {
             // Checked to be guest memory: every piece is mapped.
             mem.for_each_piece(d.addr + skip, take as u64, copy);
         } else {
-            // SAFETY: `skip + take <= len` bytes from `host` are inside one mapping.
-            copy(unsafe { d.host.add(skip as usize) }, take as u64);
+            // `skip + take <= len` bytes from `host` are inside one mapping.
+            copy(d.host.wrapping_add(skip as usize), take as u64);
         }
         skip = 0;
     }
@@ -405,8 +403,8 @@ fn emit_iovecs(
             }
         } else {
             let slot = iov.get_mut(cnt).ok_or(ParseErrorKind::TooManySegments)?;
-            // SAFETY: `offset < dlen`: inside the descriptor's mapped bytes.
-            let base = unsafe { d.host.add(offset as usize) };
+            // `offset < dlen`: inside the descriptor's mapped bytes.
+            let base = d.host.wrapping_add(offset as usize);
             *slot = libc::iovec { iov_base: base.cast(), iov_len: take as usize };
             cnt += 1;
         }

@@ -35,6 +35,13 @@ impl Region {
         }
     }
 
+    /// Whether `[host, host + len)` lies inside this region's mapping.
+    #[inline(always)]
+    fn holds(&self, host: *const u8, len: usize) -> bool {
+        let off = (host as usize).wrapping_sub(self.host as usize) as u64;
+        off < self.len && len as u64 <= self.len - off
+    }
+
     /// Guest address of host address `host` if it lies inside this region.
     #[inline(always)]
     fn guest_addr(&self, host: *const u8) -> Option<u64> {
@@ -121,6 +128,58 @@ impl MemTable {
             return Some(g);
         }
         self.regions.iter().find_map(|r| r.guest_addr(host))
+    }
+
+    /// Whether `[host, host + len)` lies inside one region's mapping: a pointer this table
+    /// handed out (a descriptor's host address, an iovec or status byte built from one) still
+    /// points into memory the table keeps mapped. The regions of the last translations are
+    /// tried first: the common case is two compares.
+    #[inline(always)]
+    pub fn holds(&self, host: *const u8, len: usize) -> bool {
+        let [last, prev] = self.recent.get();
+        self.regions[last].holds(host, len)
+            || self.regions[prev].holds(host, len)
+            || self.regions.iter().any(|r| r.holds(host, len))
+    }
+
+    /// Loads `N` little-endian u64 from the `8 * N` bytes at `host` (any alignment), each one
+    /// machine access (see [`crate::access`]): `None` when they are not inside one region.
+    #[inline(always)]
+    pub fn load_u64s<const N: usize>(&self, host: *const u8) -> Option<[u64; N]> {
+        if !self.holds(host, 8 * N) {
+            return None;
+        }
+        // SAFETY: the `8 * N` bytes lie inside one region's mapping, which this table keeps
+        // alive (it holds the snapshot).
+        Some(std::array::from_fn(|i| unsafe { crate::access::load_u64_le(host.wrapping_add(8 * i)) }))
+    }
+
+    /// Copies the bytes at `host` into `out`, one volatile load each (the guest may write them
+    /// meanwhile): `false`, copying nothing, when they are not inside one region.
+    pub fn read_bytes(&self, host: *const u8, out: &mut [u8]) -> bool {
+        if !self.holds(host, out.len()) {
+            return false;
+        }
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: inside one region's mapping, which this table keeps alive.
+            *b = unsafe { std::ptr::read_volatile(host.wrapping_add(i)) };
+        }
+        true
+    }
+
+    /// Stores `src` at `host`, one volatile store each (the guest may look at any time):
+    /// `false`, storing nothing, when the bytes are not inside one region.
+    #[inline(always)]
+    pub fn write_bytes(&self, host: *mut u8, src: &[u8]) -> bool {
+        if !self.holds(host, src.len()) {
+            return false;
+        }
+        for (i, &b) in src.iter().enumerate() {
+            // SAFETY: inside one region's mapping, which this table keeps alive and which is
+            // mapped writable (guest RAM); a `u8` store has no alignment requirement.
+            unsafe { std::ptr::write_volatile(host.wrapping_add(i), b) };
+        }
+        true
     }
 
     /// Index of the region containing `gpa`.
@@ -221,5 +280,29 @@ mod tests {
         let elsewhere = [0u8; 4];
         assert_eq!(t.guest_addr(elsewhere.as_ptr()), None, "not guest memory");
         assert_eq!(t.guest_addr(std::ptr::null()), None);
+    }
+
+    #[test]
+    fn guest_bytes_are_reached_only_inside_one_region() {
+        let t = table();
+        let p = t.translate(0x2ff0, 16).unwrap();
+        assert!(t.write_bytes(p, &[1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]));
+        assert_eq!(t.load_u64s::<2>(p), Some([1, 2]));
+        let mut b = [0u8; 9];
+        assert!(t.read_bytes(p.wrapping_add(7), &mut b));
+        assert_eq!(b, [0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        // Across the region's end (even if another region's mapping follows), or not guest
+        // memory.
+        assert_eq!(t.load_u64s::<3>(p), None);
+        assert!(!t.write_bytes(p.wrapping_add(15), &[1, 1]));
+        let mut outside = [7u8; 8];
+        assert!(!t.write_bytes(outside.as_mut_ptr(), &[1]));
+        assert_eq!(outside, [7; 8]);
+        assert!(!t.read_bytes(std::ptr::null(), &mut b));
+        // A region other than the last two hit is found too.
+        let low = t.translate(0x1000, 8).unwrap();
+        t.translate(0x8000, 1).unwrap();
+        t.translate(0x2000, 1).unwrap();
+        assert_eq!(t.load_u64s::<1>(low), Some([0]));
     }
 }

@@ -65,10 +65,6 @@ const TO_MOVE: &[(&str, usize)] = &[
     ("crates/nvme/src/tcp/queue.rs", 5),
     ("crates/nvme/src/tcp/queue/receive.rs", 3),
     ("crates/nvme/src/transport.rs", 1),
-    ("crates/vhost-blk/src/queue.rs", 5),
-    ("crates/virtio-blk/src/config.rs", 1),
-    ("crates/virtio-blk/src/parse.rs", 6),
-    ("crates/virtio-blk/src/request.rs", 5),
 ];
 
 /// The most non-test unsafe sites the workspace may hold. [`TO_MOVE`] already keeps every
@@ -76,7 +72,7 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
 /// 405 → 408), the reason in the commit.
-const CEILING: usize = 379;
+const CEILING: usize = 366;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {
