@@ -63,12 +63,13 @@ pub struct StatusPtr(usize);
 impl StatusPtr {
     /// Wrap a raw host pointer (for callers that build requests themselves, e.g. tests).
     pub fn from_raw(ptr: *mut u8) -> Self {
-        StatusPtr(ptr as usize)
+        // Exposed: the store goes through a pointer made back from the address.
+        StatusPtr(ptr.expose_provenance())
     }
 
     /// The host address of the status byte.
     pub fn as_ptr(self) -> *mut u8 {
-        self.0 as *mut u8
+        std::ptr::with_exposed_provenance_mut(self.0)
     }
 
     /// Store the status byte (volatile: the guest may observe it) through `mem`, the table the
