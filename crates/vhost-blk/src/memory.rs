@@ -19,16 +19,17 @@ use std::sync::Arc;
 
 use fp_bdev::dma::memory_map;
 use fp_bdev::Iovecs;
-use fp_virtio_blk::{GuestMemory, MemTable};
+use fp_virtio_blk::{parse_chain, BlkRequest, Chain, GuestMemory, MemTable, ParseError};
 use vhost::vhost_user::message::VhostUserMemoryRegion;
 use vm_memory::{FileOffset, GuestAddress, GuestRegionMmap, MmapRegion};
 
-/// A request slot's data iovecs: the parser fills them with host addresses of guest memory,
-/// and the request carries them to the bdev as [`Iovecs`].
+/// A request slot's data iovecs: the parser fills them with host addresses of guest memory
+/// ([`GuestIovecs::parse`], the only way in), and the request carries them to the bdev as
+/// [`Iovecs`].
 ///
-/// Its owner (a queue) keeps it, its entries unchanged, and the memory table they were
-/// translated with until every request that carries its [`Iovecs`] has completed: a queue
-/// drains before its table goes, and reuses a slot only after its request completed.
+/// Its owner (a queue) keeps it, its entries unchanged, and the memory table the chain was
+/// walked with until every request that carries its [`Iovecs`] has completed: a queue drains
+/// before its table goes, and reuses a slot only after its request completed.
 pub struct GuestIovecs {
     entries: Box<[libc::iovec]>,
 }
@@ -41,9 +42,11 @@ impl GuestIovecs {
         GuestIovecs { entries }
     }
 
-    /// The entries, for the parser to fill.
-    pub fn entries_mut(&mut self) -> &mut [libc::iovec] {
-        &mut self.entries
+    /// Parses `chain` (walked with `table`) into a request whose data iovecs are these
+    /// entries (see [`parse_chain`]).
+    #[inline(always)]
+    pub fn parse(&mut self, table: &MemTable, chain: &Chain, head: u16) -> Result<BlkRequest, ParseError> {
+        parse_chain(table, chain, head, &mut self.entries)
     }
 
     /// The entries.
@@ -51,18 +54,15 @@ impl GuestIovecs {
         &self.entries
     }
 
-    /// The first `count` entries as a request's buffers; `None` when one of them is not
-    /// inside `table`'s memory (or `count` is more than it holds).
+    /// The first `count` entries (at most all) as a request's buffers.
     #[inline(always)]
-    pub fn iovecs(&self, table: &MemTable, count: u32) -> Option<Iovecs> {
-        let used = self.entries.get(..count as usize)?;
-        if !used.iter().all(|v| table.holds(v.iov_base.cast(), v.iov_len)) {
-            return None;
-        }
-        // SAFETY: each entry lies inside one region of `table`'s memory, mapped and writable;
-        // the owner keeps the entries unchanged and the table alive until the requests
-        // carrying the result complete (the type's contract).
-        Some(unsafe { Iovecs::from_raw(used.as_ptr(), count) })
+    pub fn iovecs(&self, count: u32) -> Iovecs {
+        let count = count.min(self.entries.len() as u32);
+        // SAFETY: the parser wrote each entry from a descriptor's host buffer or a piece the
+        // table translated: inside one region of the chain's memory table, mapped and
+        // writable; the owner keeps the entries unchanged and that table alive until the
+        // requests carrying the result complete (the type's contract).
+        unsafe { Iovecs::from_raw(self.entries.as_ptr(), count) }
     }
 }
 
@@ -351,23 +351,5 @@ mod tests {
         drop(m);
         assert_eq!(in_dma_map(vc), None);
         drop((first, second, third));
-    }
-
-    #[test]
-    fn slot_iovecs_are_handed_down_only_inside_guest_memory() {
-        let mem = GuestMemory::from_ranges(&[(GuestAddress(0x1000), 0x2000)]).unwrap();
-        let table = MemTable::new(Arc::new(mem)).unwrap();
-        let host = table.translate(0x1800, 0x800).unwrap();
-        let mut slot = GuestIovecs::new(2);
-        slot.entries_mut()[0] = libc::iovec { iov_base: host.cast(), iov_len: 0x800 };
-        let iov = slot.iovecs(&table, 1).expect("inside guest memory");
-        assert_eq!((iov.count(), iov.total_len()), (1, 0x800));
-        // Running past the region's end, memory elsewhere, or more entries than it holds.
-        slot.entries_mut()[1] = libc::iovec { iov_base: host.cast(), iov_len: 0x1801 };
-        assert!(slot.iovecs(&table, 2).is_none());
-        let mut elsewhere = [0u8; 16];
-        slot.entries_mut()[1] = libc::iovec { iov_base: elsewhere.as_mut_ptr().cast(), iov_len: 16 };
-        assert!(slot.iovecs(&table, 2).is_none());
-        assert!(slot.iovecs(&table, 3).is_none());
     }
 }

@@ -41,7 +41,7 @@ use fp_bdev::disk::{Completion, DiskIo};
 use fp_bdev::{IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
-    parse_chain, validate, write_id, DiskParams, ParseError, RequestType, StatusPtr, MAX_IOVECS, SECTOR_SIZE,
+    validate, write_id, DiskParams, ParseError, RequestType, StatusPtr, MAX_IOVECS, SECTOR_SIZE,
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
 use fp_virtq::{Chain, MemTable};
@@ -225,7 +225,7 @@ impl Completion for Reaper<'_> {
         };
         if let Some(st) = slot.status {
             // Inside guest memory kept mapped by our table (the parser translated it there).
-            st.write(self.table, code);
+            st.write(code);
         }
         // After the status write: a page is marked once what is written to it is there (a
         // log sync between a mark and its write would clear the bit and copy the old page).
@@ -387,7 +387,7 @@ impl QueuePoller {
         // The parser built the iovecs and the status byte from device-writable descriptors
         // inside our memory table.
         let n = write_id(&self.table, iov, &self.serial);
-        status.write(&self.table, VIRTIO_BLK_S_OK);
+        status.write(VIRTIO_BLK_S_OK);
         if let Some(log) = &self.data_log {
             // Exactly the `n` bytes of the string, not the whole buffer.
             let pages = log.iovecs(&self.table, iov, u64::from(n));
@@ -403,8 +403,8 @@ impl QueuePoller {
     #[cold]
     #[inline(never)]
     fn complete_now(&mut self, head: Head, status: StatusPtr, code: u8) {
-        // The status pointer came from the parser over our memory table.
-        status.write(&self.table, code);
+        // The status byte came from the parser over our memory table.
+        status.write(code);
         if let Some(log) = &self.data_log {
             self.counters.logged_pages += log.status(&self.table, status);
         }
@@ -429,7 +429,7 @@ impl QueuePoller {
     #[inline]
     fn start(&mut self, head: Head, slot_idx: u16) -> Flow {
         let slot = &mut self.slots[usize::from(slot_idx)];
-        let req = match parse_chain(&self.table, &self.chain, head.id, slot.iov.entries_mut()) {
+        let req = match slot.iov.parse(&self.table, &self.chain, head.id) {
             Ok(r) => r,
             Err(e) => {
                 return match e.status {
@@ -470,11 +470,8 @@ impl QueuePoller {
         };
         // The parser built the iovecs from descriptors inside our memory table, which outlives
         // every request (the queue drains before the table goes); the slot is not reused
-        // before completion. Outside it is not a request we can carry out.
-        let Some(iov) = slot.iov.iovecs(&self.table, req.iovcnt) else {
-            self.complete_now(head, req.status, VIRTIO_BLK_S_IOERR);
-            return Flow::Next;
-        };
+        // before completion.
+        let iov = slot.iov.iovecs(req.iovcnt);
         slot.head = head;
         slot.status = Some(req.status);
         slot.used_len = if op == IoOp::Read { req.writable_len } else { 1 };

@@ -1,7 +1,7 @@
 //! A parsed request: its type, its discard/write-zeroes segment, the guest's status byte, and
 //! the GET_ID reply writer.
 
-use fp_virtq::MemTable;
+use fp_virtq::{GuestByte, MemTable};
 
 use crate::VIRTIO_BLK_ID_BYTES;
 use crate::{
@@ -55,28 +55,28 @@ pub struct Segment {
     pub unmap: bool,
 }
 
-/// Host address of the guest's status byte: an address only (so it may move between threads),
-/// stored through the memory table it was translated by ([`StatusPtr::write`]).
+/// The guest's status byte: made by the parser from the chain's last descriptor, valid while
+/// the memory table the chain was walked with lives (see [`GuestByte`]).
 #[derive(Clone, Copy, Debug)]
-pub struct StatusPtr(usize);
+pub struct StatusPtr(GuestByte);
 
 impl StatusPtr {
-    /// Wrap a raw host pointer (for callers that build requests themselves, e.g. tests).
-    pub fn from_raw(ptr: *mut u8) -> Self {
-        // Exposed: the store goes through a pointer made back from the address.
-        StatusPtr(ptr.expose_provenance())
+    /// No status byte: writes do nothing (for requests built without a ring, in tests).
+    pub const DETACHED: StatusPtr = StatusPtr(GuestByte::DETACHED);
+
+    pub(crate) fn new(byte: GuestByte) -> Self {
+        StatusPtr(byte)
     }
 
     /// The host address of the status byte.
     pub fn as_ptr(self) -> *mut u8 {
-        std::ptr::with_exposed_provenance_mut(self.0)
+        self.0.as_ptr()
     }
 
-    /// Store the status byte (volatile: the guest may observe it) through `mem`, the table the
-    /// parser translated it with: `false`, storing nothing, when the byte is not in its memory.
+    /// Store the status byte (volatile: the guest may observe it).
     #[inline(always)]
-    pub fn write(self, mem: &MemTable, status: u8) -> bool {
-        mem.write_bytes(self.as_ptr(), &[status])
+    pub fn write(self, status: u8) {
+        self.0.store(status)
     }
 }
 

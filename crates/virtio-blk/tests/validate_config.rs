@@ -24,7 +24,7 @@ fn req(kind: RequestType, sector: u64, data_len: u64) -> BlkRequest {
         iovcnt: 1,
         data_len,
         segment: None,
-        status: StatusPtr::from_raw(std::ptr::null_mut()),
+        status: StatusPtr::DETACHED,
         writable_len: 1,
     }
 }

@@ -135,23 +135,17 @@ impl MemTable {
     /// points into memory the table keeps mapped. The regions of the last translations are
     /// tried first: the common case is two compares.
     #[inline(always)]
-    pub fn holds(&self, host: *const u8, len: usize) -> bool {
+    fn holds(&self, host: *const u8, len: usize) -> bool {
         let [last, prev] = self.recent.get();
         self.regions[last].holds(host, len)
             || self.regions[prev].holds(host, len)
             || self.regions.iter().any(|r| r.holds(host, len))
     }
 
-    /// Loads `N` little-endian u64 from the `8 * N` bytes at `host` (any alignment), each one
-    /// machine access (see [`crate::access`]): `None` when they are not inside one region.
-    #[inline(always)]
-    pub fn load_u64s<const N: usize>(&self, host: *const u8) -> Option<[u64; N]> {
-        if !self.holds(host, 8 * N) {
-            return None;
-        }
-        // SAFETY: the `8 * N` bytes lie inside one region's mapping, which this table keeps
-        // alive (it holds the snapshot).
-        Some(std::array::from_fn(|i| unsafe { crate::access::load_u64_le(host.wrapping_add(8 * i)) }))
+    /// The byte at guest address `gpa`, to store into: `None` outside guest memory.
+    #[inline]
+    pub fn byte(&self, gpa: u64) -> Option<GuestByte> {
+        self.translate(gpa, 1).map(GuestByte::from_host)
     }
 
     /// Copies the bytes at `host` into `out`, one volatile load each (the guest may write them
@@ -214,6 +208,41 @@ impl MemTable {
     /// Whether `[gpa, gpa + len)` is entirely guest memory (possibly across regions).
     pub fn contains(&self, gpa: u64, len: u64) -> bool {
         self.translate(gpa, len).is_some() || self.for_each_piece(gpa, len, |_, _| true)
+    }
+}
+
+/// One byte of guest memory the device writes (a request's status byte): made only from a
+/// walked descriptor or a memory table's translation, so it stays valid while that table lives,
+/// which its owner (a queue) keeps until the byte is written. An address only, so it may move
+/// between threads; [`GuestByte::DETACHED`] stands for none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestByte(usize);
+
+impl GuestByte {
+    /// No byte: stores to it do nothing (for requests built without a ring, in tests).
+    pub const DETACHED: GuestByte = GuestByte(0);
+
+    /// A byte the table translated (crate-only: that is what makes it valid).
+    #[inline(always)]
+    pub(crate) fn from_host(host: *mut u8) -> GuestByte {
+        GuestByte(host.expose_provenance())
+    }
+
+    /// The host address (null when detached).
+    #[inline(always)]
+    pub fn as_ptr(self) -> *mut u8 {
+        std::ptr::with_exposed_provenance_mut(self.0)
+    }
+
+    /// Stores `value` (volatile: the guest may look at any time).
+    #[inline(always)]
+    pub fn store(self, value: u8) {
+        if self.0 != 0 {
+            // SAFETY: a byte inside one mapping of the memory table that made it, which its
+            // owner keeps alive (the type's contract); guest RAM is mapped writable; a `u8`
+            // store has no alignment requirement.
+            unsafe { std::ptr::write_volatile(self.as_ptr(), value) }
+        }
     }
 }
 
@@ -287,13 +316,13 @@ mod tests {
         let t = table();
         let p = t.translate(0x2ff0, 16).unwrap();
         assert!(t.write_bytes(p, &[1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]));
-        assert_eq!(t.load_u64s::<2>(p), Some([1, 2]));
         let mut b = [0u8; 9];
         assert!(t.read_bytes(p.wrapping_add(7), &mut b));
         assert_eq!(b, [0, 2, 0, 0, 0, 0, 0, 0, 0]);
         // Across the region's end (even if another region's mapping follows), or not guest
         // memory.
-        assert_eq!(t.load_u64s::<3>(p), None);
+        let mut c = [0u8; 24];
+        assert!(!t.read_bytes(p, &mut c));
         assert!(!t.write_bytes(p.wrapping_add(15), &[1, 1]));
         let mut outside = [7u8; 8];
         assert!(!t.write_bytes(outside.as_mut_ptr(), &[1]));
@@ -303,6 +332,13 @@ mod tests {
         let low = t.translate(0x1000, 8).unwrap();
         t.translate(0x8000, 1).unwrap();
         t.translate(0x2000, 1).unwrap();
-        assert_eq!(t.load_u64s::<1>(low), Some([0]));
+        assert!(t.read_bytes(low, &mut b));
+        // The status byte a memory table translates is stored through.
+        let status = t.byte(0x2ff0).unwrap();
+        status.store(9);
+        assert!(t.read_bytes(p, &mut b[..1]));
+        assert_eq!(b[0], 9);
+        assert_eq!(t.byte(0x3000), None);
+        GuestByte::DETACHED.store(1);
     }
 }

@@ -72,7 +72,7 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
 /// 405 → 408), the reason in the commit.
-const CEILING: usize = 366;
+const CEILING: usize = 367;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {
