@@ -273,5 +273,5 @@ enum Ring {
 
 /// What a walked chain holds, field by field, for comparing two walks.
 fn desc_fields(c: &Chain) -> Vec<(u64, u32, bool, usize)> {
-    c.descs().iter().map(|d| (d.addr, d.len, d.write, d.host as usize)).collect()
+    c.descs().iter().map(|d| (d.addr, d.len, d.write, d.host() as usize)).collect()
 }

@@ -6,7 +6,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::{BdevError, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
+use crate::iov::BounceBuf;
+use crate::{BdevError, BlockDevice, IoChannel, IoOp, IoRequest, IoStatus, IovSlices, Iovecs, SubmitError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -44,35 +45,42 @@ pub enum Layout {
     Mixed,
 }
 
-/// A data buffer placed at a chosen alignment inside an over-allocated `Vec`.
+/// Most iovecs a request over an [`IoBuf`] is cut into.
+pub const MAX_PARTS: usize = 16;
+
+/// A data buffer placed at a chosen alignment, and the requests that carry it.
+///
+/// Its requests ([`IoBuf::request`], [`IoBuf::request_cut`]) point into the buffer: keep it,
+/// and leave it alone, until they have completed (as for a [`BounceBuf`]).
 pub struct IoBuf {
-    storage: Vec<u8>,
+    /// One byte more than asked for, so an unaligned buffer starts at byte 1.
+    buf: BounceBuf,
     start: usize,
     len: usize,
+    /// The iovecs of the latest request.
+    cuts: IovSlices,
 }
 
 impl IoBuf {
     /// A zeroed buffer of `len` bytes, starting on a page boundary when `aligned`, one byte past one otherwise.
     pub fn new(len: usize, aligned: bool) -> IoBuf {
-        let mut storage = vec![0u8; len + 4097];
-        let to_page = storage.as_mut_ptr().align_offset(4096);
         // One byte past a page boundary is misaligned for any direct-I/O granularity.
-        let start = if aligned { to_page } else { to_page + 1 };
-        IoBuf { storage, start, len }
+        let start = usize::from(!aligned);
+        IoBuf { buf: BounceBuf::zeroed(len + 1), start, len, cuts: IovSlices::new(MAX_PARTS) }
     }
 
     /// The buffer's bytes.
     pub fn bytes(&self) -> &[u8] {
-        &self.storage[self.start..self.start + self.len]
+        &self.buf.bytes()[self.start..self.start + self.len]
     }
 
     /// The buffer's bytes, for writing.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + self.len]
+        &mut self.buf.bytes_mut()[self.start..self.start + self.len]
     }
 
-    /// The buffer cut into at most `max_parts` iovecs, at multiples of `grain` bytes.
-    pub fn iovecs(&mut self, rng: &mut SmallRng, max_parts: usize, grain: usize) -> Vec<libc::iovec> {
+    /// Random cuts of the buffer into at most `max_parts` pieces, at multiples of `grain` bytes.
+    fn cut_points(&self, rng: &mut SmallRng, max_parts: usize, grain: usize) -> Vec<usize> {
         let len = self.len;
         let mut cuts: Vec<usize> = (1..rng.gen_range(1..=max_parts))
             .map(|_| rng.gen_range(0..=len / grain) * grain)
@@ -82,15 +90,54 @@ impl IoBuf {
         cuts.push(len);
         cuts.sort_unstable();
         cuts.dedup();
+        cuts
+    }
+
+    /// The buffer cut into at most `max_parts` iovecs, at multiples of `grain` bytes (for
+    /// [`rw`]).
+    pub fn iovecs(&mut self, rng: &mut SmallRng, max_parts: usize, grain: usize) -> Vec<libc::iovec> {
+        let cuts = self.cut_points(rng, max_parts, grain);
         let base = self.bytes_mut().as_mut_ptr();
         cuts.windows(2)
             .map(|w| libc::iovec { iov_base: base.wrapping_add(w[0]).cast(), iov_len: w[1] - w[0] })
             .collect()
     }
 
-    /// The whole buffer as one iovec.
+    /// The whole buffer as one iovec (for [`rw`]).
     pub fn iovec(&mut self) -> libc::iovec {
         libc::iovec { iov_base: self.bytes_mut().as_mut_ptr().cast(), iov_len: self.len }
+    }
+
+    /// A read or write of the whole buffer, as one iovec, at `offset`.
+    pub fn request(&mut self, tag: u32, op: IoOp, offset: u64) -> IoRequest {
+        self.request_over([self.len as u64], tag, op, offset)
+    }
+
+    /// A read or write of the whole buffer at `offset`, cut into at most `max_parts` (up to
+    /// [`MAX_PARTS`]) iovecs at random multiples of `grain` bytes.
+    pub fn request_cut(
+        &mut self,
+        rng: &mut SmallRng,
+        max_parts: usize,
+        grain: usize,
+        tag: u32,
+        op: IoOp,
+        offset: u64,
+    ) -> IoRequest {
+        let cuts = self.cut_points(rng, max_parts.min(MAX_PARTS), grain);
+        self.request_over(cuts.windows(2).map(|w| (w[1] - w[0]) as u64), tag, op, offset)
+    }
+
+    fn request_over(
+        &mut self,
+        lens: impl IntoIterator<Item = u64>,
+        tag: u32,
+        op: IoOp,
+        offset: u64,
+    ) -> IoRequest {
+        let whole = self.buf.iovecs(self.start + self.len);
+        let iov = self.cuts.cut(&whole, self.start as u64, lens).expect("at most MAX_PARTS pieces");
+        IoRequest { tag, op, offset, len: iov.total_len(), iov }
     }
 }
 
@@ -158,9 +205,7 @@ pub fn run(ch: &mut dyn IoChannel, req: IoRequest) -> IoStatus {
 /// Reads `[offset, offset + len)` into a fresh buffer.
 pub fn read_range(ch: &mut dyn IoChannel, offset: u64, len: usize) -> Vec<u8> {
     let mut buf = IoBuf::new(len, true);
-    let iov = [buf.iovec()];
-    // SAFETY: `buf` and `iov` outlive the call.
-    let status = unsafe { run(ch, rw(0, IoOp::Read, offset, &iov)) };
+    let status = run(ch, buf.request(0, IoOp::Read, offset));
     assert_eq!(status, IoStatus::Success, "read of {len} bytes at {offset}");
     buf.bytes().to_vec()
 }
@@ -176,9 +221,7 @@ pub fn write_range(ch: &mut dyn IoChannel, offset: u64, data: &[u8]) {
 pub fn write_status(ch: &mut dyn IoChannel, offset: u64, data: &[u8]) -> IoStatus {
     let mut buf = IoBuf::new(data.len(), true);
     buf.bytes_mut().copy_from_slice(data);
-    let iov = [buf.iovec()];
-    // SAFETY: `buf` and `iov` outlive the call.
-    unsafe { run(ch, rw(0, IoOp::Write, offset, &iov)) }
+    run(ch, buf.request(0, IoOp::Write, offset))
 }
 
 /// Rounds of concurrent writes to random, non-overlapping ranges through multi-iovec buffers,
@@ -213,20 +256,22 @@ pub fn random_write_read_verify(dev: &dyn BlockDevice, seed: u64, rounds: usize,
             bufs.push(buf);
         }
         let grain = |aligned: bool| if aligned { 512 } else { 1 };
-        let mut iovs: Vec<Vec<libc::iovec>> = bufs
-            .iter_mut()
-            .zip(&ranges)
-            .map(|(b, &(_, _, aligned))| b.iovecs(&mut rng, 6, grain(aligned)))
-            .collect();
-        // SAFETY: `bufs` and `iovs` live until the end of the iteration.
-        unsafe { batch_ok(&mut *ch, IoOp::Write, &ranges, &iovs, round) };
-
-        for ((buf, iov), &(_, _, aligned)) in bufs.iter_mut().zip(iovs.iter_mut()).zip(&ranges) {
-            buf.bytes_mut().fill(0xee);
-            *iov = buf.iovecs(&mut rng, 6, grain(aligned));
+        for op in [IoOp::Write, IoOp::Read] {
+            if op == IoOp::Read {
+                bufs.iter_mut().for_each(|b| b.bytes_mut().fill(0xee));
+            }
+            // Cut afresh for each: reads see other iovecs than the writes had.
+            let reqs: Vec<IoRequest> = bufs
+                .iter_mut()
+                .zip(&ranges)
+                .enumerate()
+                .map(|(i, (b, &(offset, _, aligned)))| {
+                    b.request_cut(&mut rng, 6, grain(aligned), i as u32, op, offset)
+                })
+                .collect();
+            let status = run_batch(&mut *ch, &reqs);
+            assert!(status.iter().all(|s| *s == IoStatus::Success), "round {round} {op:?}: {status:?}");
         }
-        // SAFETY: as above.
-        unsafe { batch_ok(&mut *ch, IoOp::Read, &ranges, &iovs, round) };
         for (buf, &(offset, len, _)) in bufs.iter().zip(&ranges) {
             let want = &model[offset as usize..offset as usize + len];
             assert!(buf.bytes() == want, "round {round}: data read at {offset} (+{len}) differs");
@@ -240,35 +285,12 @@ pub fn random_write_read_verify(dev: &dyn BlockDevice, seed: u64, rounds: usize,
     }
 }
 
-/// Runs `op` on every `(offset, _, _)` of `ranges` with the matching iovecs; all must succeed.
-///
-/// # Safety
-/// The iovecs' buffers must stay valid until this returns.
-unsafe fn batch_ok(
-    ch: &mut dyn IoChannel,
-    op: IoOp,
-    ranges: &[(u64, usize, bool)],
-    iovs: &[Vec<libc::iovec>],
-    round: usize,
-) {
-    let reqs: Vec<IoRequest> = ranges
-        .iter()
-        .zip(iovs)
-        .enumerate()
-        // SAFETY: passed on from the caller.
-        .map(|(i, (&(offset, _, _), iov))| unsafe { rw(i as u32, op, offset, iov) })
-        .collect();
-    let status = run_batch(ch, &reqs);
-    assert!(status.iter().all(|s| *s == IoStatus::Success), "round {round} {op:?}: {status:?}");
-}
-
 /// Misaligned and out-of-bounds requests are refused at submit, leaving nothing in flight.
 pub fn check_range_rejected(dev: &dyn BlockDevice) {
     let info = dev.info();
     let (bs, size) = (u64::from(info.block_size), info.size_bytes());
     let mut ch = dev.open_channel().unwrap();
     let mut buf = IoBuf::new(2 * bs as usize, true);
-    let iov = [buf.iovec()];
     let bad = [
         (1, bs),                 // misaligned offset
         (bs, bs / 2),            // partial block
@@ -281,8 +303,7 @@ pub fn check_range_rejected(dev: &dyn BlockDevice) {
         for &(offset, len) in &bad {
             // The iovec describes all of `buf`, not `len`: the range is refused before any
             // iovec is looked at.
-            // SAFETY: nothing moves data: the request is refused.
-            let req = IoRequest { len, ..unsafe { rw(9, op, offset, &iov) } };
+            let req = IoRequest { len, ..buf.request(9, op, offset) };
             let r = ch.submit(&req);
             assert_eq!(r, Err(SubmitError::OutOfRange), "{op:?} {offset}+{len}");
         }
@@ -290,8 +311,7 @@ pub fn check_range_rejected(dev: &dyn BlockDevice) {
     assert_eq!(ch.in_flight(), 0);
     assert_eq!(ch.poll(&mut |tag, _| panic!("refused request {tag} completed")), 0);
     // The last blocks are fine.
-    // SAFETY: as above.
-    let status = unsafe { run(&mut *ch, rw(0, IoOp::Write, size - 2 * bs, &iov)) };
+    let status = run(&mut *ch, buf.request(0, IoOp::Write, size - 2 * bs));
     assert_eq!(status, IoStatus::Success);
 }
 
@@ -300,18 +320,17 @@ pub fn check_completion_via_poll(dev: &dyn BlockDevice) {
     let bs = dev.info().block_size as usize;
     let mut ch = dev.open_channel().unwrap();
     let mut bufs: Vec<IoBuf> = (0..4).map(|_| IoBuf::new(bs, true)).collect();
-    let iovs: Vec<[libc::iovec; 1]> = bufs.iter_mut().map(|b| [b.iovec()]).collect();
-    let mut reqs: Vec<IoRequest> = iovs
-        .iter()
+    // `bufs` outlive the requests, all completed below.
+    let mut reqs: Vec<IoRequest> = bufs
+        .iter_mut()
         .enumerate()
-        // SAFETY: `bufs` and `iovs` outlive the requests, all completed below.
-        .map(|(i, iov)| unsafe { rw(100 + i as u32, IoOp::Write, (i * bs) as u64, iov) })
+        .map(|(i, b)| b.request(100 + i as u32, IoOp::Write, (i * bs) as u64))
         .collect();
     reqs.push(cmd(200, IoOp::Flush, 0, 0));
     reqs.push(cmd(201, IoOp::WriteZeroes, 4 * bs as u64, bs as u64));
     reqs.push(cmd(202, IoOp::Discard, 5 * bs as u64, bs as u64));
-    // SAFETY: as above.
-    reqs.push(unsafe { rw(203, IoOp::Read, 0, &iovs[0]) });
+    // The first buffer again, read.
+    reqs.push(IoRequest { tag: 203, op: IoOp::Read, ..reqs[0] });
 
     assert_eq!(ch.in_flight(), 0);
     for (n, req) in reqs.iter().enumerate() {
@@ -374,11 +393,9 @@ pub fn check_iov_len_mismatch(dev: &dyn BlockDevice) {
     let bs = dev.info().block_size as usize;
     let mut ch = dev.open_channel().unwrap();
     write_range(&mut *ch, 0, &vec![0x11; bs]);
-    let mut buf = IoBuf::new(bs, true);
-    let iov = [libc::iovec { iov_len: bs / 2, ..buf.iovec() }];
+    let mut half = IoBuf::new(bs / 2, true);
     for op in [IoOp::Write, IoOp::Read] {
-        // SAFETY: the iovec describes half of `buf`, which outlives the call.
-        let req = IoRequest { len: bs as u64, ..unsafe { rw(0, op, 0, &iov) } };
+        let req = IoRequest { len: bs as u64, ..half.request(0, op, 0) };
         assert_eq!(run(&mut *ch, req), IoStatus::Error(libc::EINVAL), "{op:?}");
     }
     assert_eq!(read_range(&mut *ch, 0, bs), vec![0x11; bs]);

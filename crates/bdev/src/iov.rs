@@ -157,6 +157,169 @@ impl BounceBuf {
     }
 }
 
+/// A channel's pool of equal buffers carved from one allocation (a stacked channel's write
+/// buffers): like [`BounceBuf`]s, but one DMA registration for all of them. Each buffer has its
+/// own iovec on the heap, so the [`Iovecs`] it hands out stay put when the owner moves.
+///
+/// Its owner keeps a buffer, and that buffer's iovec, unchanged until every request that
+/// carries its [`Iovecs`] has completed (as for [`BounceBuf`]).
+pub struct BouncePool {
+    buf: AlignedBuf,
+    size: usize,
+    iov: Box<[libc::iovec]>,
+}
+
+impl BouncePool {
+    /// `count` zeroed buffers of `size` bytes each.
+    pub fn zeroed(count: usize, size: usize) -> BouncePool {
+        let mut buf = AlignedBuf::zeroed(count * size);
+        let base = buf.as_mut_ptr();
+        // `c * size` is inside the allocation of `count * size` bytes (no dereference here).
+        let iov = (0..count)
+            .map(|c| libc::iovec { iov_base: base.wrapping_add(c * size).cast(), iov_len: size })
+            .collect();
+        BouncePool { buf, size, iov }
+    }
+
+    /// How many buffers it holds.
+    pub fn count(&self) -> usize {
+        self.iov.len()
+    }
+
+    /// The size of each buffer in bytes.
+    pub fn buf_size(&self) -> usize {
+        self.size
+    }
+
+    /// Buffer `c`'s bytes, to fill (panics when `c` is out of range).
+    pub fn bytes_mut(&mut self, c: usize) -> &mut [u8] {
+        assert!(c < self.iov.len(), "buffer {c} of a pool of {}", self.iov.len());
+        &mut self.buf.as_mut_slice()[c * self.size..(c + 1) * self.size]
+    }
+
+    /// The first `len` bytes (at most the buffer's size) of buffer `c` as a request's buffers
+    /// (panics when `c` is out of range).
+    pub fn iovecs(&mut self, c: usize, len: usize) -> Iovecs {
+        let start = self.buf.as_mut_ptr().wrapping_add(c * self.size);
+        let v = &mut self.iov[c];
+        *v = libc::iovec { iov_base: start.cast(), iov_len: len.min(self.size) };
+        // SAFETY: the iovec and the bytes (inside the allocation: `c` is in range, checked by
+        // the index above) are heap memory this value owns, valid for reads and writes of
+        // `iov_len` bytes; its owner keeps them, and touches neither, until the request
+        // completes (the type's contract).
+        unsafe { Iovecs::from_raw(&*v, 1) }
+    }
+}
+
+/// Calls `each(k, start, in_place)` for the `k`-th whole `unit`-byte block of the `len` bytes of
+/// `iov` from byte `offset` (blocks the iovecs end inside of are left out): `start` is the
+/// block's first byte and `in_place` says it lies in one iovec; otherwise the block spans
+/// several and starts at byte `offset + k * unit` of the iovecs. Returns how many blocks.
+fn walk_units(
+    iov: &Iovecs,
+    offset: u64,
+    len: u64,
+    unit: usize,
+    mut each: impl FnMut(usize, *mut u8, bool),
+) -> usize {
+    assert!(unit > 0, "a block of 0 bytes");
+    let src = iov.as_slice();
+    let mut at = IovCursor::at(iov, offset);
+    let blocks = (len / unit as u64) as usize;
+    for k in 0..blocks {
+        while at.idx < src.len() && at.off == src[at.idx].iov_len as u64 {
+            at.idx += 1;
+            at.off = 0;
+        }
+        let Some(v) = src.get(at.idx) else { return k };
+        // `off < iov_len`: the pointer stays inside the buffer (no dereference here).
+        let start = v.iov_base.cast::<u8>().wrapping_add(at.off as usize);
+        if v.iov_len as u64 - at.off >= unit as u64 {
+            at.off += unit as u64;
+            each(k, start, true);
+        } else {
+            if held_from(src, at, unit as u64) < unit as u64 {
+                return k;
+            }
+            at.skip(src, unit as u64);
+            each(k, start, false);
+        }
+    }
+    blocks
+}
+
+/// How many of `want` bytes the iovecs hold from `at` on.
+fn held_from(src: &[libc::iovec], at: IovCursor, want: u64) -> u64 {
+    let mut held = 0;
+    let mut off = at.off;
+    for v in src.iter().skip(at.idx) {
+        held += v.iov_len as u64 - off;
+        off = 0;
+        if held >= want {
+            return want;
+        }
+    }
+    held
+}
+
+/// Calls `f(k, bytes)` for the `k`-th whole `unit`-byte block of the `len` bytes of `iov`
+/// from byte `offset`: the request's own memory when the block lies in one iovec (the usual
+/// case), a copy in `scratch` (at least `unit` bytes) when it spans several. Returns how many
+/// blocks (fewer when the iovecs end first). For a stacked channel that transforms a `Write`'s
+/// data block by block into its own buffer (encryption) without copying it first.
+///
+/// `f` must not write the request's bytes through another helper while it holds them.
+pub fn for_each_unit(
+    iov: &Iovecs,
+    offset: u64,
+    len: u64,
+    unit: usize,
+    scratch: &mut [u8],
+    mut f: impl FnMut(usize, &[u8]),
+) -> usize {
+    walk_units(iov, offset, len, unit, |k, start, in_place| {
+        if in_place {
+            // SAFETY: `[start, start + unit)` lies inside one iovec, readable by `Iovecs`'
+            // contract and written by no one while the request is with us; the borrow ends
+            // when `f` returns.
+            f(k, unsafe { std::slice::from_raw_parts(start, unit) });
+        } else {
+            let buf = &mut scratch[..unit];
+            copy_to_slice(iov, offset + (k * unit) as u64, buf);
+            f(k, buf);
+        }
+    })
+}
+
+/// As [`for_each_unit`], but `f` may change each block: in place when it lies in one iovec, in
+/// `scratch` and copied back when it spans several. For a stacked channel that transforms a
+/// `Read`'s data in the caller's buffers once the base completes it (decryption).
+///
+/// `f` must not reach the request's bytes through another helper while it holds them.
+pub fn for_each_unit_mut(
+    iov: &Iovecs,
+    offset: u64,
+    len: u64,
+    unit: usize,
+    scratch: &mut [u8],
+    mut f: impl FnMut(usize, &mut [u8]),
+) -> usize {
+    walk_units(iov, offset, len, unit, |k, start, in_place| {
+        if in_place {
+            // SAFETY: `[start, start + unit)` lies inside one iovec, writable and accessed by
+            // no one else while the request is with us (`Iovecs`' contract); the borrow ends
+            // when `f` returns.
+            f(k, unsafe { std::slice::from_raw_parts_mut(start, unit) });
+        } else {
+            let at = offset + (k * unit) as u64;
+            let buf = &mut scratch[..unit];
+            copy_to_slice(iov, at, buf);
+            f(k, buf);
+            copy_from_slice(iov, at, buf);
+        }
+    })
+}
+
 /// Calls `each(buffer start, bytes)` for the pieces of `iov` that hold `len` bytes from byte
 /// `offset` (fewer when the iovecs end first); returns how many bytes it covered.
 pub(crate) fn walk(iov: &Iovecs, offset: u64, len: u64, mut each: impl FnMut(*mut u8, usize)) -> u64 {
@@ -304,11 +467,28 @@ impl IovSlices {
     pub fn slice(&mut self, at: usize, src: &Iovecs, cursor: &mut IovCursor, len: u64) -> Option<Iovecs> {
         let room = self.iov.get_mut(at..)?;
         let n = cursor.slice_into(src, len, room)?;
+        Some(self.describe(at, n))
+    }
+
+    /// The bytes of `src` from byte `offset` cut into consecutive pieces of `lens` bytes, in
+    /// entries `0..`, as one piece's buffers: one buffer described as several iovecs (a test's
+    /// scattered request). `None` when they need more entries than it holds.
+    pub fn cut(&mut self, src: &Iovecs, offset: u64, lens: impl IntoIterator<Item = u64>) -> Option<Iovecs> {
+        let mut cursor = IovCursor::at(src, offset);
+        let mut n = 0;
+        for len in lens {
+            n += cursor.slice_into(src, len, self.iov.get_mut(n..)?)?;
+        }
+        Some(self.describe(0, n))
+    }
+
+    /// Entries `at..at + n`, just written from a source's iovecs, as a piece's buffers.
+    fn describe(&self, at: usize, n: usize) -> Iovecs {
         // SAFETY: entries `at..at + n` are this value's heap memory, left unchanged by its owner
-        // until the piece completes (the type's contract); each describes part of one of `src`'s
-        // buffers, which `src` vouches for until the request they belong to completes, after
-        // its pieces.
-        Some(unsafe { Iovecs::from_slice(&self.iov[at..at + n]) })
+        // until the piece completes (the type's contract); each describes part of one of the
+        // source's buffers, which the source vouches for until the request they belong to
+        // completes, after its pieces.
+        unsafe { Iovecs::from_slice(&self.iov[at..at + n]) }
     }
 
     /// The buffers of `parts`, one after another, as one request's: copied into entries
@@ -517,6 +697,57 @@ mod tests {
         let mut first = [0u8; 3];
         copy_to_slice(&a, 0, &mut first);
         assert_eq!(first, [0, 1, 2]);
+        // A cut describes consecutive pieces in one request, from entry 0: from byte 1, 2
+        // bytes, then 3 that span the first two buffers; more pieces than entries don't fit.
+        let cut = slices.cut(&iov, 1, [2, 3]).unwrap();
+        assert_eq!((cut.count(), cut.total_len()), (3, 5));
+        assert_eq!(bytes(cut.as_slice()), vec![1, 2, 3, 4, 5]);
+        assert_eq!(cut.as_slice().iter().map(|v| v.iov_len).collect::<Vec<_>>(), vec![2, 1, 2]);
+        assert!(slices.cut(&iov, 0, [1, 1, 1, 1]).is_none());
+    }
+
+    #[test]
+    fn units_are_given_and_changed_in_place_or_through_scratch() {
+        let mut data: [u8; 10] = std::array::from_fn(|i| i as u8);
+        let v = setup(&mut data);
+        // SAFETY: as above.
+        let iov = unsafe { Iovecs::from_slice(&v) };
+        let mut scratch = [0u8; 3];
+        let mut seen = Vec::new();
+        // Blocks of 3 from byte 1: [1,2,3] in the first iovec, [4,5,6] in the third (past the
+        // empty one), [7,8,9]; with 2-byte blocks from byte 3, [3,4] spans two.
+        assert_eq!(for_each_unit(&iov, 1, 9, 3, &mut scratch, |k, b| seen.push((k, b.to_vec()))), 3);
+        assert_eq!(seen, vec![(0, vec![1, 2, 3]), (1, vec![4, 5, 6]), (2, vec![7, 8, 9])]);
+        seen.clear();
+        assert_eq!(for_each_unit(&iov, 3, 4, 2, &mut scratch, |k, b| seen.push((k, b.to_vec()))), 2);
+        assert_eq!(seen, vec![(0, vec![3, 4]), (1, vec![5, 6])]);
+        // The iovecs end inside the second block: only the whole one.
+        assert_eq!(for_each_unit(&iov, 5, 6, 3, &mut scratch, |_, _| {}), 1);
+        assert_eq!(for_each_unit(&Iovecs::NONE, 0, 6, 3, &mut scratch, |_, _| {}), 0);
+        // Changed blocks land in the iovecs wherever they lie: blocks [2,3,4] (spanning) and
+        // [5,6,7] (in place) get 100 + k added.
+        let n = for_each_unit_mut(&iov, 2, 6, 3, &mut scratch, |k, b| {
+            b.iter_mut().for_each(|x| *x += 100 + k as u8)
+        });
+        assert_eq!(n, 2);
+        assert_eq!(data, [0, 1, 102, 103, 104, 106, 107, 108, 8, 9]);
+    }
+
+    #[test]
+    fn pool_buffers_are_separate_and_described_by_their_iovecs() {
+        let mut pool = BouncePool::zeroed(3, 8);
+        assert_eq!((pool.count(), pool.buf_size()), (3, 8));
+        pool.bytes_mut(1).copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let a = pool.iovecs(1, 5);
+        let b = pool.iovecs(2, 100);
+        assert_eq!((a.total_len(), b.total_len()), (5, 8));
+        let mut got = [0u8; 5];
+        copy_to_slice(&a, 0, &mut got);
+        assert_eq!(got, [1, 2, 3, 4, 5]);
+        copy_from_slice(&b, 0, &[9; 8]);
+        assert_eq!(pool.bytes_mut(2), &[9; 8]);
+        assert_eq!(pool.bytes_mut(1), &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert!(pool.bytes_mut(0).iter().all(|&x| x == 0));
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub(crate) use device::ALL_IO_TYPES;
 pub use device::{validate_geometry, Bdev, BdevInfo, BlockDevice, BlockExtent, Capacity, IoChannel, IoTypes};
 pub use disk::{Disk, DiskEvent};
 pub use error::BdevError;
-pub use iov::{IovCursor, IovSlices, Iovecs};
+pub use iov::{BouncePool, IovCursor, IovSlices, Iovecs};
 pub use module::{BdevModule, ClaimType, ConfigTable, ModuleError, ModuleHost, NewBdev};
 pub use modules::delay::{DelayDevice, DelayLatency, LatencyKind};
 pub use modules::error::{ErrorDevice, ErrorType, Injection};

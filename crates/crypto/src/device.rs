@@ -18,8 +18,9 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use fp_bdev::iov::{for_each_unit, for_each_unit_mut};
 use fp_bdev::{
-    AlignedBuf, Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, DoneList, IoChannel, IoOp, IoRequest,
+    Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, BouncePool, DoneList, IoChannel, IoOp, IoRequest,
     IoStatus, IoTypes, Iovecs, SubmitError,
 };
 
@@ -101,21 +102,11 @@ impl BlockDevice for CryptoDevice {
     }
 
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
-        let mut pool = AlignedBuf::zeroed(CHUNK * CHUNKS);
-        let base_ptr = pool.as_mut_ptr();
-        let chunk_iov = (0..CHUNKS)
-            .map(|c| libc::iovec {
-                // SAFETY: `c * CHUNK` is inside the pool of `CHUNK * CHUNKS` bytes.
-                iov_base: unsafe { base_ptr.add(c * CHUNK) }.cast(),
-                iov_len: CHUNK,
-            })
-            .collect();
         Ok(Box::new(CryptoChannel {
             base: self.base.open_channel()?,
             info: self.info.clone(),
             xts: XtsEngine::new(self.key.clone()),
-            _pool: pool,
-            chunk_iov,
+            chunks: BouncePool::zeroed(CHUNKS, CHUNK),
             chunk_job: vec![0; CHUNKS],
             free_chunks: (0..CHUNKS as u16).rev().collect(),
             ops: vec![Op::EMPTY; OPS],
@@ -181,9 +172,8 @@ struct CryptoChannel {
     base: Box<dyn IoChannel>,
     info: BdevInfo,
     xts: XtsEngine,
-    /// The write buffers, `CHUNKS` of `CHUNK` bytes; reached through `chunk_iov`.
-    _pool: AlignedBuf,
-    chunk_iov: Vec<libc::iovec>,
+    /// The write buffers, `CHUNKS` of `CHUNK` bytes.
+    chunks: BouncePool,
     chunk_job: Vec<u16>,
     free_chunks: Vec<u16>,
     ops: Vec<Op>,
@@ -200,144 +190,37 @@ struct CryptoChannel {
     scratch: Vec<u8>,
 }
 
-/// Copies between `len` bytes at byte `pos` of the iovecs and `buf` (`to_buf`: from the
-/// iovecs into `buf`).
-///
-/// # Safety
-/// The iovecs must describe at least `pos + buf.len()` valid bytes, writable unless `to_buf`.
-unsafe fn copy_iov(iov: &[libc::iovec], mut pos: usize, buf: &mut [u8], to_buf: bool) {
-    let mut done = 0;
-    for v in iov {
-        if done == buf.len() {
-            break;
-        }
-        if pos >= v.iov_len {
-            pos -= v.iov_len;
-            continue;
-        }
-        let n = (v.iov_len - pos).min(buf.len() - done);
-        // SAFETY: `pos + n <= v.iov_len`, inside the iovec, which the caller vouches for.
-        let p = unsafe { v.iov_base.cast::<u8>().add(pos) };
-        if to_buf {
-            // SAFETY: as above; `buf` is ours and does not overlap the caller's memory.
-            unsafe { std::ptr::copy_nonoverlapping(p, buf[done..].as_mut_ptr(), n) };
-        } else {
-            // SAFETY: as above.
-            unsafe { std::ptr::copy_nonoverlapping(buf[done..].as_ptr(), p, n) };
-        }
-        done += n;
-        pos = 0;
-    }
-}
-
-/// Encrypts `buf.len()` bytes from byte `pos` of the iovecs into `buf`, block by block, the
-/// first block being sector `first`: straight from the caller's memory when a block lies in
-/// one iovec (the usual case), through a copy into `buf` when it spans two.
-///
-/// # Safety
-/// The iovecs must describe at least `pos + buf.len()` valid bytes.
-unsafe fn encrypt_from_iov(
+/// Encrypts the `buf.len()` bytes at byte `pos` of `iov` into `buf`, block by block, the first
+/// block being sector `first`: straight from the caller's memory when a block lies in one iovec
+/// (the usual case), through `scratch` when it spans two. Returns how many bytes (the iovecs
+/// hold them all: checked at submit).
+fn encrypt_from_iov(
     xts: &mut XtsEngine,
-    iov: &[libc::iovec],
-    pos: usize,
+    iov: &Iovecs,
+    pos: u64,
     buf: &mut [u8],
     bs: usize,
     first: u64,
-) {
-    let mut cursor = IovCursor::at(iov, pos);
+    scratch: &mut [u8],
+) -> usize {
     let per_block = (bs / 512) as u64;
-    for (k, unit) in buf.chunks_exact_mut(bs).enumerate() {
-        let sector = first + k as u64 * per_block;
-        match cursor.next_block(iov, bs) {
-            Some(p) => {
-                // SAFETY: `next_block` found `bs` bytes inside one iovec, which the caller
-                // vouches for; the caller's memory is never our buffer.
-                let src = unsafe { std::slice::from_raw_parts(p, bs) };
-                xts.encrypt_to(src, unit, sector);
-            }
-            None => {
-                // SAFETY: the block lies inside the iovecs.
-                unsafe { copy_iov(iov, pos + k * bs, unit, true) };
-                xts.encrypt(unit, sector);
-            }
-        }
-    }
-}
-
-/// A place in a list of iovecs, moved a block at a time.
-struct IovCursor {
-    /// The iovec, and the offset inside it.
-    i: usize,
-    in_v: usize,
-}
-
-impl IovCursor {
-    /// At byte `pos` of the iovecs.
-    fn at(iov: &[libc::iovec], mut pos: usize) -> IovCursor {
-        let mut i = 0;
-        while i < iov.len() && pos >= iov[i].iov_len {
-            pos -= iov[i].iov_len;
-            i += 1;
-        }
-        IovCursor { i, in_v: pos }
-    }
-
-    /// Moves past the next `bs` bytes, which the iovecs must hold; gives their start when they
-    /// lie inside one iovec, `None` when they span several (the caller copies them).
-    fn next_block(&mut self, iov: &[libc::iovec], bs: usize) -> Option<*mut u8> {
-        while self.in_v == iov[self.i].iov_len {
-            self.i += 1;
-            self.in_v = 0;
-        }
-        if iov[self.i].iov_len - self.in_v >= bs {
-            // Inside the iovec: `in_v + bs <= iov_len`.
-            let p = iov[self.i].iov_base.cast::<u8>().wrapping_add(self.in_v);
-            self.in_v += bs;
-            return Some(p);
-        }
-        let mut left = bs;
-        while left > 0 {
-            let n = (iov[self.i].iov_len - self.in_v).min(left);
-            left -= n;
-            self.in_v += n;
-            if left > 0 {
-                self.i += 1;
-                self.in_v = 0;
-            }
-        }
-        None
-    }
+    let len = buf.len() as u64;
+    let mut units = buf.chunks_exact_mut(bs);
+    let blocks = for_each_unit(iov, pos, len, bs, scratch, |k, src| {
+        let unit = units.next().expect("one output block per input block");
+        xts.encrypt_to(src, unit, first + k as u64 * per_block);
+    });
+    blocks * bs
 }
 
 /// Decrypts a completed read in place, block by block; a block split across iovecs goes
 /// through `scratch`.
-///
-/// # Safety
-/// `op`'s iovecs are valid and writable, and add up to a whole number of blocks.
-unsafe fn decrypt_read(xts: &mut XtsEngine, bs: usize, op: &Op, scratch: &mut [u8]) {
-    let iov = op.iov.as_slice();
-    let mut sector = op.offset / 512;
+fn decrypt_read(xts: &mut XtsEngine, bs: usize, op: &Op, scratch: &mut [u8]) {
+    let first = op.offset / 512;
     let per_block = (bs / 512) as u64;
-    let mut cursor = IovCursor::at(iov, 0);
-    let total: usize = iov.iter().map(|v| v.iov_len).sum();
-    for pos in (0..total).step_by(bs) {
-        match cursor.next_block(iov, bs) {
-            Some(p) => {
-                // SAFETY: `next_block` found `bs` bytes inside one iovec, valid and writable.
-                let unit = unsafe { std::slice::from_raw_parts_mut(p, bs) };
-                xts.decrypt(unit, sector);
-            }
-            None => {
-                let unit = &mut scratch[..bs];
-                // SAFETY: the block lies inside the iovecs.
-                unsafe { copy_iov(iov, pos, unit, true) };
-                xts.decrypt(unit, sector);
-                // SAFETY: as above.
-                unsafe { copy_iov(iov, pos, unit, false) };
-            }
-        }
-        sector += per_block;
-    }
+    for_each_unit_mut(&op.iov, 0, op.iov.total_len(), bs, scratch, |k, unit| {
+        xts.decrypt(unit, first + k as u64 * per_block);
+    });
 }
 
 impl CryptoChannel {
@@ -349,10 +232,7 @@ impl CryptoChannel {
             let Some(c) = self.free_chunks.pop() else { return };
             let job = &mut self.jobs[j as usize];
             let n = (job.len - job.next).min(CHUNK as u64) as usize;
-            let iov = &mut self.chunk_iov[c as usize];
-            iov.iov_len = n;
-            // SAFETY: the chunk is ours, `n <= CHUNK` bytes, and not at the base (it was free).
-            let buf = unsafe { std::slice::from_raw_parts_mut(iov.iov_base.cast::<u8>(), n) };
+            let buf = &mut self.chunks.bytes_mut(usize::from(c))[..n];
             let first = (job.offset + job.next) / 512;
             if job.iov.is_empty() {
                 buf.fill(0);
@@ -360,19 +240,16 @@ impl CryptoChannel {
                     self.xts.encrypt(unit, first + (k * bs / 512) as u64);
                 }
             } else {
-                let src = job.iov.as_slice();
-                // SAFETY: the submitter vouched for the iovecs until completion, which has not
-                // been given; they add up to `len` (checked at submit).
-                unsafe { encrypt_from_iov(&mut self.xts, src, job.next as usize, buf, bs, first) };
+                let done =
+                    encrypt_from_iov(&mut self.xts, &job.iov, job.next, buf, bs, first, &mut self.scratch);
+                debug_assert_eq!(done, n, "the write's iovecs were checked to hold its length");
             }
             let req = IoRequest {
                 tag: (OPS + c as usize) as u32,
                 op: IoOp::Write,
                 offset: job.offset + job.next,
                 len: n as u64,
-                // SAFETY: the chunk's iovec and bytes are ours (in `chunk_iov` and `_pool`, which
-                // live as long as the channel) and left alone until this piece completes.
-                iov: unsafe { Iovecs::from_raw(iov, 1) },
+                iov: self.chunks.iovecs(usize::from(c), n),
             };
             match self.base.submit(&req) {
                 Ok(()) => {
@@ -492,9 +369,7 @@ impl IoChannel for CryptoChannel {
                 let op = ops[tag];
                 free_ops.push(tag as u16);
                 if op.read && status == IoStatus::Success {
-                    // SAFETY: the submitter's buffers are valid until this completion, checked
-                    // to add up to the request's whole blocks.
-                    unsafe { decrypt_read(xts, bs, &op, scratch) };
+                    decrypt_read(xts, bs, &op, scratch);
                 }
                 done(op.tag, status);
                 n += 1;

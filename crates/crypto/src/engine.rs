@@ -40,8 +40,7 @@ impl XtsEngine {
     #[inline]
     pub fn encrypt(&mut self, unit: &mut [u8], sector: u64) {
         match &mut self.evp {
-            // SAFETY: one buffer, valid and writable for its length.
-            Some((enc, _)) => unsafe { enc.run(unit.as_ptr(), unit.as_mut_ptr(), unit.len(), sector) },
+            Some((enc, _)) => enc.run_in_place(unit, sector),
             None => self.key.encrypt(unit, sector),
         }
     }
@@ -51,8 +50,7 @@ impl XtsEngine {
     pub fn encrypt_to(&mut self, src: &[u8], dst: &mut [u8], sector: u64) {
         assert_eq!(src.len(), dst.len(), "source and destination differ in length");
         match &mut self.evp {
-            // SAFETY: two distinct borrows (so no overlap), valid for the length.
-            Some((enc, _)) => unsafe { enc.run(src.as_ptr(), dst.as_mut_ptr(), dst.len(), sector) },
+            Some((enc, _)) => enc.run_to(src, dst, sector),
             None => self.key.encrypt_to(src, dst, sector),
         }
     }
@@ -61,8 +59,7 @@ impl XtsEngine {
     #[inline]
     pub fn decrypt(&mut self, unit: &mut [u8], sector: u64) {
         match &mut self.evp {
-            // SAFETY: one buffer, valid and writable for its length.
-            Some((_, dec)) => unsafe { dec.run(unit.as_ptr(), unit.as_mut_ptr(), unit.len(), sector) },
+            Some((_, dec)) => dec.run_in_place(unit, sector),
             None => self.key.decrypt(unit, sector),
         }
     }

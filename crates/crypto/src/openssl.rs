@@ -105,18 +105,30 @@ impl EvpXts {
         (ok == 1).then_some(x)
     }
 
-    /// Runs the unit `unit` (whole 16-byte blocks, at most 16 MiB) from `src` into `dst` (the
-    /// same length; they may be the same memory) with the tweak of 512-byte sector `sector`.
-    ///
-    /// # Safety
-    /// `src` and `dst` are valid for `len` bytes, `dst` writable, and they are either the same
-    /// pointer or do not overlap.
-    pub unsafe fn run(&mut self, src: *const u8, dst: *mut u8, len: usize, sector: u64) {
-        debug_assert!(len.is_multiple_of(16) && len <= 16 << 20);
+    /// Runs the unit in `dst` in place (whole 16-byte blocks, at most 16 MiB) with the tweak of
+    /// 512-byte sector `sector`.
+    pub fn run_in_place(&mut self, dst: &mut [u8], sector: u64) {
+        self.run(None, dst, sector)
+    }
+
+    /// Runs the unit `src` into `dst` (the same length) with the tweak of 512-byte sector
+    /// `sector`, leaving `src` alone.
+    pub fn run_to(&mut self, src: &[u8], dst: &mut [u8], sector: u64) {
+        assert_eq!(src.len(), dst.len(), "source and destination differ in length");
+        self.run(Some(src), dst, sector)
+    }
+
+    /// `src` (`None`: `dst` itself) into `dst`.
+    fn run(&mut self, src: Option<&[u8]>, dst: &mut [u8], sector: u64) {
+        let len = dst.len();
+        assert!(len.is_multiple_of(16) && len <= 16 << 20, "a {len}-byte XTS unit");
+        let src_ptr = src.map_or(dst.as_ptr(), <[u8]>::as_ptr);
         let iv = u128::from(sector).to_le_bytes();
         let mut out_len: c_int = 0;
         // SAFETY: our context, initialised with a key; a 16-byte IV; `-1` keeps the direction.
-        // The caller vouches for the buffers; OpenSSL allows `dst == src`.
+        // `dst` is writable for `len` bytes and the source readable for as many (checked by
+        // `run_to`); it is `dst` itself or a distinct borrow, so the two never partly overlap,
+        // and OpenSSL allows them to be the same.
         let ok = unsafe {
             (self.lib.cipher_init)(
                 self.ctx,
@@ -126,7 +138,8 @@ impl EvpXts {
                 iv.as_ptr(),
                 -1,
             ) == 1
-                && (self.lib.cipher_update)(self.ctx, dst, &mut out_len, src, len as c_int) == 1
+                && (self.lib.cipher_update)(self.ctx, dst.as_mut_ptr(), &mut out_len, src_ptr, len as c_int)
+                    == 1
         };
         // Cannot fail for a whole number of blocks with a key set; if it ever did, leaving the
         // data as it was would write plaintext to the base.

@@ -100,6 +100,35 @@ fn writes_leave_the_callers_buffer_and_split_blocks_decrypt() {
 }
 
 #[test]
+fn writes_through_iovecs_that_split_blocks_store_what_whole_ones_do() {
+    let base: Bdev = Arc::new(RamDevice::new("ram", 512, 64).unwrap());
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let dev = CryptoDevice::new("c", base.clone(), key.clone()).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    let mut below = base.open_channel().unwrap();
+    let len = 4 * 512;
+    let mut data = pattern(len, 9);
+    // What blocks 8..12 hold: each encrypted whole with its sector's tweak.
+    let mut expected = data.clone();
+    let mut xts = XtsEngine::rust(key);
+    for (k, unit) in expected.chunks_exact_mut(512).enumerate() {
+        xts.encrypt(unit, 8 + k as u64);
+    }
+    // The same bytes to blocks 8..12, cut at odd bytes (blocks in one iovec and across two).
+    let cuts = [0, 700, 701, 1536, 1800, len];
+    let p = data.as_mut_ptr();
+    let iov: Vec<libc::iovec> = cuts
+        .windows(2)
+        .map(|w| libc::iovec { iov_base: p.wrapping_add(w[0]).cast(), iov_len: w[1] - w[0] })
+        .collect();
+    // SAFETY: the test keeps the buffers and their iovecs until the request completes.
+    let req = unsafe { fp_bdev::conformance::rw(0, IoOp::Write, 8 * 512, &iov) };
+    assert_eq!(fp_bdev::conformance::run(&mut *ch, req), IoStatus::Success);
+    assert_eq!(read_range(&mut *below, 8 * 512, len), expected);
+    assert_eq!(read_range(&mut *ch, 8 * 512, len), data);
+}
+
+#[test]
 fn key_sizes_and_equal_halves_are_refused_naming_the_field() {
     let field = |r: Result<CryptoKey, BdevError>| match r {
         Err(BdevError::InvalidParam { field, reason }) => {

@@ -16,6 +16,7 @@ mod signal;
 mod socket;
 mod sysinfo;
 mod timer;
+mod tsc;
 pub mod vfio;
 
 pub use affinity::{allowed_cpus, current_cpu, first_allowed_cpu, pin_thread, CPU_SETSIZE};
@@ -30,3 +31,5 @@ pub use socket::{
 };
 pub use sysinfo::total_ram;
 pub use timer::Timer;
+#[cfg(target_arch = "x86_64")]
+pub use tsc::rdtsc;

@@ -33,7 +33,6 @@ use vhost::vhost_user::{
     Backend, Error as VuError, GpuBackend, Result as VuResult, VhostUserBackendReqHandlerMut,
 };
 use vhost::VhostUserMemoryRegionBase;
-use vm_memory::ByteValued;
 
 use crate::inflight::InflightArea;
 use crate::log::{log_bytes_for, map_log, QueueLog};
@@ -656,7 +655,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
 
     fn get_config(&mut self, offset: u32, size: u32, _flags: VhostUserConfigFlags) -> VuResult<Vec<u8>> {
         let cfg = config_space(&self.shared.disk_now(), self.shared.num_queues);
-        let bytes = cfg.as_slice();
+        let bytes = cfg.to_bytes();
         let start = offset as usize;
         let end = start.checked_add(size as usize).ok_or(VuError::InvalidParam)?;
         if end > bytes.len() {

@@ -18,9 +18,53 @@ use std::fs::File;
 use std::sync::Arc;
 
 use fp_bdev::dma::memory_map;
-use fp_virtio_blk::GuestMemory;
+use fp_bdev::Iovecs;
+use fp_virtio_blk::{parse_chain, BlkRequest, Chain, GuestMemory, MemTable, ParseError};
 use vhost::vhost_user::message::VhostUserMemoryRegion;
 use vm_memory::{FileOffset, GuestAddress, GuestRegionMmap, MmapRegion};
+
+/// A request slot's data iovecs: the parser fills them with host addresses of guest memory
+/// ([`GuestIovecs::parse`], the only way in), and the request carries them to the bdev as
+/// [`Iovecs`].
+///
+/// Its owner (a queue) keeps it, its entries unchanged, and the memory table the chain was
+/// walked with until every request that carries its [`Iovecs`] has completed: a queue drains
+/// before its table goes, and reuses a slot only after its request completed.
+pub struct GuestIovecs {
+    entries: Box<[libc::iovec]>,
+}
+
+impl GuestIovecs {
+    /// Room for `slots` iovecs, all empty.
+    pub fn new(slots: usize) -> GuestIovecs {
+        let entries =
+            (0..slots).map(|_| libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }).collect();
+        GuestIovecs { entries }
+    }
+
+    /// Parses `chain` (walked with `table`) into a request whose data iovecs are these
+    /// entries (see [`parse_chain`]).
+    #[inline(always)]
+    pub fn parse(&mut self, table: &MemTable, chain: &Chain, head: u16) -> Result<BlkRequest, ParseError> {
+        parse_chain(table, chain, head, &mut self.entries)
+    }
+
+    /// The entries.
+    pub fn entries(&self) -> &[libc::iovec] {
+        &self.entries
+    }
+
+    /// The first `count` entries (at most all) as a request's buffers.
+    #[inline(always)]
+    pub fn iovecs(&self, count: u32) -> Iovecs {
+        let count = count.min(self.entries.len() as u32);
+        // SAFETY: the parser wrote each entry from a descriptor's host buffer or a piece the
+        // table translated: inside one region of the chain's memory table, mapped and
+        // writable; the owner keeps the entries unchanged and that table alive until the
+        // requests carrying the result complete (the type's contract).
+        unsafe { Iovecs::from_raw(self.entries.as_ptr(), count) }
+    }
+}
 
 /// Upper bound on regions per connection (reported as `GET_MAX_MEM_SLOTS`). QEMU needs a handful
 /// for a normal guest; libblkio adds one per registered buffer region.

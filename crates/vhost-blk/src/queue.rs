@@ -41,7 +41,7 @@ use fp_bdev::disk::{Completion, DiskIo};
 use fp_bdev::{IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
-    parse_chain, validate, write_id, DiskParams, ParseError, RequestType, StatusPtr, MAX_IOVECS, SECTOR_SIZE,
+    validate, write_id, DiskParams, ParseError, RequestType, StatusPtr, MAX_IOVECS, SECTOR_SIZE,
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
 use fp_virtq::{Chain, MemTable};
@@ -50,6 +50,7 @@ use crate::coalesce::{Clock, Coalescer};
 use crate::handoff::HandOffHold;
 use crate::inflight::{Pending, Tracker};
 use crate::log::{DataLog, QueueLog};
+use crate::memory::GuestIovecs;
 pub use crate::queue_setup::{QueueSetup, StartError};
 pub use crate::queue_stop::{StopMode, StopReply, StopStuck, Stopped};
 use crate::ring::{open, Head, Ring};
@@ -105,7 +106,7 @@ struct Slot {
     op: IoOp,
     bytes: u64,
     req: IoRequest,
-    iov: Box<[libc::iovec]>,
+    iov: GuestIovecs,
 }
 
 /// The reactor-side queue. See the module docs.
@@ -152,10 +153,6 @@ pub struct QueuePoller {
     /// Released ([`QueuePoller::release_disk`]) when the queue's stop ends, and with the poller
     /// in any case.
     hold: Option<HandOffHold>,
-}
-
-fn empty_iov() -> libc::iovec {
-    libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }
 }
 
 /// What to do after starting one chain.
@@ -227,8 +224,8 @@ impl Completion for Reaper<'_> {
             }
         };
         if let Some(st) = slot.status {
-            // SAFETY: the status pointer is inside guest memory kept mapped by our table.
-            unsafe { st.write(code) };
+            // Inside guest memory kept mapped by our table (the parser translated it there).
+            st.write(code);
         }
         // After the status write: a page is marked once what is written to it is there (a
         // log sync between a mark and its write would clear the bit and copy the old page).
@@ -294,7 +291,7 @@ impl QueuePoller {
                 op: IoOp::Read,
                 bytes: 0,
                 req: IoRequest { tag: 0, op: IoOp::Read, offset: 0, len: 0, iov: Iovecs::NONE },
-                iov: vec![empty_iov(); MAX_IOVECS].into_boxed_slice(),
+                iov: GuestIovecs::new(MAX_IOVECS),
             })
             .collect();
         let free = (0..s.size).rev().collect();
@@ -386,12 +383,11 @@ impl QueuePoller {
     #[cold]
     #[inline(never)]
     fn complete_get_id(&mut self, head: Head, slot_idx: u16, iovcnt: usize, status: StatusPtr) {
-        let iov = &self.slots[usize::from(slot_idx)].iov[..iovcnt];
-        // SAFETY: the iovecs were built by the parser from device-writable descriptors inside
-        // our live memory table.
-        let n = unsafe { write_id(iov, &self.serial) };
-        // SAFETY: as above, for the status byte.
-        unsafe { status.write(VIRTIO_BLK_S_OK) };
+        let iov = &self.slots[usize::from(slot_idx)].iov.entries()[..iovcnt];
+        // The parser built the iovecs and the status byte from device-writable descriptors
+        // inside our memory table.
+        let n = write_id(&self.table, iov, &self.serial);
+        status.write(VIRTIO_BLK_S_OK);
         if let Some(log) = &self.data_log {
             // Exactly the `n` bytes of the string, not the whole buffer.
             let pages = log.iovecs(&self.table, iov, u64::from(n));
@@ -407,8 +403,8 @@ impl QueuePoller {
     #[cold]
     #[inline(never)]
     fn complete_now(&mut self, head: Head, status: StatusPtr, code: u8) {
-        // SAFETY: the status pointer came from the parser over our live memory table.
-        unsafe { status.write(code) };
+        // The status byte came from the parser over our memory table.
+        status.write(code);
         if let Some(log) = &self.data_log {
             self.counters.logged_pages += log.status(&self.table, status);
         }
@@ -433,7 +429,7 @@ impl QueuePoller {
     #[inline]
     fn start(&mut self, head: Head, slot_idx: u16) -> Flow {
         let slot = &mut self.slots[usize::from(slot_idx)];
-        let req = match parse_chain(&self.table, &self.chain, head.id, &mut slot.iov) {
+        let req = match slot.iov.parse(&self.table, &self.chain, head.id) {
             Ok(r) => r,
             Err(e) => {
                 return match e.status {
@@ -472,21 +468,16 @@ impl QueuePoller {
             None if op == IoOp::Flush => (0, 0),
             None => (req.sector * SECTOR_SIZE, req.data_len),
         };
+        // The parser built the iovecs from descriptors inside our memory table, which outlives
+        // every request (the queue drains before the table goes); the slot is not reused
+        // before completion.
+        let iov = slot.iov.iovecs(req.iovcnt);
         slot.head = head;
         slot.status = Some(req.status);
         slot.used_len = if op == IoOp::Read { req.writable_len } else { 1 };
         slot.op = op;
         slot.bytes = len;
-        slot.req = IoRequest {
-            tag: u32::from(slot_idx),
-            op,
-            offset,
-            len,
-            // SAFETY: the iovecs point into guest memory kept mapped by the poller's memory
-            // table, which outlives every request (the queue drains before the table goes);
-            // the iovec array lives in the slot, which is not reused before completion.
-            iov: unsafe { Iovecs::from_raw(slot.iov.as_ptr(), req.iovcnt) },
-        };
+        slot.req = IoRequest { tag: u32::from(slot_idx), op, offset, len, iov };
         self.free.pop();
         match self.channel.submit(&slot.req) {
             Ok(()) => Flow::Next,

@@ -2,7 +2,7 @@
 //!
 //! The configuration structure is little-endian on the wire (§5.2.4, "all
 //! fields are little-endian"); [`config_space`] stores every multi-byte field
-//! with `to_le()`, so [`VirtioBlkConfig::as_bytes`] is the exact byte image a
+//! with `to_le()`, so [`VirtioBlkConfig::to_bytes`] is the exact byte image a
 //! vhost-user `GET_CONFIG` returns, whatever the host endianness.
 //!
 //! We lay out the fields up to and including `unused1` (60 bytes). The later
@@ -10,8 +10,6 @@
 //! (`VIRTIO_BLK_F_SECURE_ERASE`, `VIRTIO_BLK_F_ZONED`); a driver cannot
 //! legitimately read them, and a front-end reading past the end should get
 //! zeroes.
-
-use vm_memory::ByteValued;
 
 use crate::{DiskParams, SECTOR_SIZE, SEG_MAX};
 
@@ -90,19 +88,42 @@ pub struct VirtioBlkConfig {
     pub unused1: [u8; 3],
 }
 
-// SAFETY: `VirtioBlkConfig` (and its nested structs) is `repr(C, packed)` and made
-// only of integers and integer arrays, so it has no padding bytes and every bit
-// pattern is a valid value.
-unsafe impl ByteValued for VirtioBlkConfig {}
-
 const _: () = assert!(std::mem::size_of::<VirtioBlkConfig>() == VIRTIO_BLK_CONFIG_SIZE);
 const _: () = assert!(std::mem::size_of::<VirtioBlkGeometry>() == 4);
 const _: () = assert!(std::mem::size_of::<VirtioBlkTopology>() == 8);
 
 impl VirtioBlkConfig {
-    /// The configuration space as bytes (little-endian wire format).
-    pub fn as_bytes(&self) -> &[u8] {
-        ByteValued::as_slice(self)
+    /// The configuration space as bytes (little-endian wire format): the fields in order, each
+    /// as stored (already little-endian).
+    pub fn to_bytes(&self) -> [u8; VIRTIO_BLK_CONFIG_SIZE] {
+        // Copies out of the packed struct: no reference to an unaligned field.
+        let (g, t) = (self.geometry, self.topology);
+        let mut out = [0u8; VIRTIO_BLK_CONFIG_SIZE];
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            out[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        put(&{ self.capacity }.to_ne_bytes());
+        put(&{ self.size_max }.to_ne_bytes());
+        put(&{ self.seg_max }.to_ne_bytes());
+        put(&{ g.cylinders }.to_ne_bytes());
+        put(&[g.heads, g.sectors]);
+        put(&{ self.blk_size }.to_ne_bytes());
+        put(&[t.physical_block_exp, t.alignment_offset]);
+        put(&{ t.min_io_size }.to_ne_bytes());
+        put(&{ t.opt_io_size }.to_ne_bytes());
+        put(&[self.writeback, self.unused0]);
+        put(&{ self.num_queues }.to_ne_bytes());
+        put(&{ self.max_discard_sectors }.to_ne_bytes());
+        put(&{ self.max_discard_seg }.to_ne_bytes());
+        put(&{ self.discard_sector_alignment }.to_ne_bytes());
+        put(&{ self.max_write_zeroes_sectors }.to_ne_bytes());
+        put(&{ self.max_write_zeroes_seg }.to_ne_bytes());
+        put(&[self.write_zeroes_may_unmap]);
+        put(&self.unused1);
+        debug_assert_eq!(at, VIRTIO_BLK_CONFIG_SIZE);
+        out
     }
 }
 

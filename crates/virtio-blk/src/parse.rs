@@ -144,12 +144,12 @@ fn parse_three(chain: &Chain, head: u16, iov: &mut [libc::iovec]) -> Option<BlkR
     if h.write || h.len != REQ_HEADER_SIZE as u32 || !s.write || s.len != 1 {
         return None;
     }
-    if h.host.is_null() || d.host.is_null() || s.host.is_null() {
+    if d.host().is_null() {
         return None;
     }
-    // SAFETY: `host` covers the header's 16 bytes inside one mapping.
-    let (w0, sector) =
-        unsafe { (fp_virtq::access::load_u64_le(h.host), fp_virtq::access::load_u64_le(h.host.add(8))) };
+    // `None` (to the general parser) when the header or status is not in one region.
+    let [w0, sector] = h.load_u64s(0)?;
+    let status = s.byte(0)?;
     let kind = RequestType::from_raw(w0 as u32);
     let writable_len = match kind {
         // The walker bounds a chain to 2^32 bytes, so `d.len + 1` fits; saturate as the
@@ -158,7 +158,7 @@ fn parse_three(chain: &Chain, head: u16, iov: &mut [libc::iovec]) -> Option<BlkR
         RequestType::Out if !d.write => 1,
         _ => return None,
     };
-    *iov.first_mut()? = libc::iovec { iov_base: d.host.cast(), iov_len: d.len as usize };
+    *iov.first_mut()? = libc::iovec { iov_base: d.host().cast(), iov_len: d.len as usize };
     Some(BlkRequest {
         head,
         kind,
@@ -166,7 +166,7 @@ fn parse_three(chain: &Chain, head: u16, iov: &mut [libc::iovec]) -> Option<BlkR
         iovcnt: 1,
         data_len: u64::from(d.len),
         segment: None,
-        status: StatusPtr(s.host),
+        status: StatusPtr::new(status),
         writable_len,
     })
 }
@@ -190,16 +190,12 @@ pub fn parse_chain_general(
     if !last.write {
         return Err(err(ParseErrorKind::StatusNotWritable, None));
     }
-    let status_ptr = if last.host.is_null() {
-        last.addr
-            .checked_add(u64::from(last.len) - 1)
-            .and_then(|a| mem.translate(a, 1))
-            .ok_or(err(ParseErrorKind::DescriptorOutOfMemory, None))?
-    } else {
-        // SAFETY: `host` covers the descriptor's `len >= 1` bytes inside one mapping.
-        unsafe { last.host.add(last.len as usize - 1) }
+    // The descriptor's last byte (`len >= 1`), in its host buffer, else translated alone.
+    let status_byte = match last.byte(last.len - 1) {
+        Some(b) => Some(b),
+        None => last.addr.checked_add(u64::from(last.len) - 1).and_then(|a| mem.byte(a)),
     };
-    let status_ptr = StatusPtr(status_ptr);
+    let status_ptr = StatusPtr::new(status_byte.ok_or(err(ParseErrorKind::DescriptorOutOfMemory, None))?);
     let status = Some(status_ptr);
 
     // ---- 2. Ordering and memory bounds of every descriptor. ----
@@ -209,14 +205,14 @@ pub fn parse_chain_general(
     }
     let mut r_len = 0u64;
     for d in readable {
-        if d.host.is_null() && !mem.contains(d.addr, u64::from(d.len)) {
+        if d.host().is_null() && !mem.contains(d.addr, u64::from(d.len)) {
             return Err(err(ParseErrorKind::DescriptorOutOfMemory, status));
         }
         r_len += u64::from(d.len);
     }
     let mut w_len = 0u64;
     for d in writable {
-        if d.host.is_null() && !mem.contains(d.addr, u64::from(d.len)) {
+        if d.host().is_null() && !mem.contains(d.addr, u64::from(d.len)) {
             return Err(err(ParseErrorKind::DescriptorOutOfMemory, status));
         }
         w_len += u64::from(d.len);
@@ -312,14 +308,15 @@ fn decode_segment(raw: &[u8; DISCARD_SEGMENT_SIZE as usize]) -> Segment {
 fn read_stream<const N: usize>(mem: &MemTable, descs: &[Desc], offset: u64) -> [u8; N] {
     // Common case: the bytes lie in the first descriptor, host-contiguous.
     if let Some(d) = descs.first() {
-        if !d.host.is_null() && offset + N as u64 <= u64::from(d.len) && N % 8 == 0 {
+        if !d.host().is_null() && offset + N as u64 <= u64::from(d.len) && N % 8 == 0 {
             let mut out = [0u8; N];
-            for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
-                // SAFETY: `offset + N <= len` bytes from `host` are inside one mapping.
-                let w = unsafe { fp_virtq::access::load_u64_le(d.host.add(offset as usize + 8 * i)) };
-                chunk.copy_from_slice(&w.to_le_bytes());
+            if out.chunks_exact_mut(8).enumerate().all(|(i, chunk)| {
+                d.load_u64s::<1>(offset as usize + 8 * i)
+                    .map(|[w]| chunk.copy_from_slice(&w.to_le_bytes()))
+                    .is_some()
+            }) {
+                return out;
             }
-            return out;
         }
     }
     read_stream_slow(mem, descs, offset)
@@ -342,19 +339,17 @@ fn read_stream_slow<const N: usize>(mem: &MemTable, descs: &[Desc], offset: u64)
         }
         let take = ((len - skip) as usize).min(N - done);
         let mut copy = |p: *mut u8, n: u64| {
-            for i in 0..n as usize {
-                // SAFETY: `p` covers `n` mapped bytes (a translated piece). Volatile: as above.
-                out[done + i] = unsafe { std::ptr::read_volatile(p.add(i)) };
-            }
+            // `p` covers `n` mapped bytes (a translated piece); one volatile load each.
+            let ok = mem.read_bytes(p, &mut out[done..done + n as usize]);
             done += n as usize;
-            true
+            ok
         };
-        if d.host.is_null() {
+        if d.host().is_null() {
             // Checked to be guest memory: every piece is mapped.
             mem.for_each_piece(d.addr + skip, take as u64, copy);
         } else {
-            // SAFETY: `skip + take <= len` bytes from `host` are inside one mapping.
-            copy(unsafe { d.host.add(skip as usize) }, take as u64);
+            // `skip + take <= len` bytes from `host` are inside one mapping.
+            copy(d.host().wrapping_add(skip as usize), take as u64);
         }
         skip = 0;
     }
@@ -384,7 +379,7 @@ fn emit_iovecs(
             continue;
         }
         let take = (dlen - offset).min(remaining);
-        if d.host.is_null() {
+        if d.host().is_null() {
             let mut full = false;
             let covered = mem.for_each_piece(d.addr + offset, take, |p, n| match iov.get_mut(cnt) {
                 Some(slot) => {
@@ -405,8 +400,8 @@ fn emit_iovecs(
             }
         } else {
             let slot = iov.get_mut(cnt).ok_or(ParseErrorKind::TooManySegments)?;
-            // SAFETY: `offset < dlen`: inside the descriptor's mapped bytes.
-            let base = unsafe { d.host.add(offset as usize) };
+            // `offset < dlen`: inside the descriptor's mapped bytes.
+            let base = d.host().wrapping_add(offset as usize);
             *slot = libc::iovec { iov_base: base.cast(), iov_len: take as usize };
             cnt += 1;
         }

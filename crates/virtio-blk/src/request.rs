@@ -1,6 +1,8 @@
 //! A parsed request: its type, its discard/write-zeroes segment, the guest's status byte, and
 //! the GET_ID reply writer.
 
+use fp_virtq::{GuestByte, MemTable};
+
 use crate::VIRTIO_BLK_ID_BYTES;
 use crate::{
     VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
@@ -53,37 +55,28 @@ pub struct Segment {
     pub unmap: bool,
 }
 
-/// Host pointer to the guest's status byte.
+/// The guest's status byte: made by the parser from the chain's last descriptor, valid while
+/// the memory table the chain was walked with lives (see [`GuestByte`]).
 #[derive(Clone, Copy, Debug)]
-pub struct StatusPtr(pub(crate) *mut u8);
-
-// SAFETY: a `StatusPtr` is only an address; moving it to another thread cannot
-// cause a data race by itself. The only dereference, `StatusPtr::write`, is
-// `unsafe` and its caller guarantees the mapping is alive; the byte belongs to
-// exactly one in-flight request, which is completed by exactly one thread.
-unsafe impl Send for StatusPtr {}
+pub struct StatusPtr(GuestByte);
 
 impl StatusPtr {
-    /// Wrap a raw host pointer (for callers that build requests themselves, e.g. tests).
-    pub fn from_raw(ptr: *mut u8) -> Self {
-        StatusPtr(ptr)
+    /// No status byte: writes do nothing (for requests built without a ring, in tests).
+    pub const DETACHED: StatusPtr = StatusPtr(GuestByte::DETACHED);
+
+    pub(crate) fn new(byte: GuestByte) -> Self {
+        StatusPtr(byte)
     }
 
     /// The host address of the status byte.
     pub fn as_ptr(self) -> *mut u8 {
-        self.0
+        self.0.as_ptr()
     }
 
     /// Store the status byte (volatile: the guest may observe it).
-    ///
-    /// # Safety
-    /// The guest memory mapping the pointer was taken from must still be alive.
-    pub unsafe fn write(self, status: u8) {
-        // SAFETY: the parser only builds a `StatusPtr` from a 1-byte slice of a
-        // device-writable guest memory region; the caller guarantees that the
-        // mapping is still alive. A volatile store of a `u8` has no alignment
-        // requirement.
-        unsafe { std::ptr::write_volatile(self.0, status) }
+    #[inline(always)]
+    pub fn write(self, status: u8) {
+        self.0.store(status)
     }
 }
 
@@ -116,26 +109,19 @@ pub struct BlkRequest {
     pub writable_len: u32,
 }
 
-/// Copy the ID string into the request's iovecs (GetId): at most
-/// [`VIRTIO_BLK_ID_BYTES`] bytes, fewer if the buffer is shorter (§5.2.6: the
-/// ID is not NUL-terminated when it is 20 bytes long). Returns the number of
-/// bytes written.
-///
-/// # Safety
-/// Every iovec must point to live memory writable for `iov_len` bytes.
-pub unsafe fn write_id(iov: &[libc::iovec], id: &[u8; VIRTIO_BLK_ID_BYTES]) -> u32 {
+/// Copy the ID string into the request's iovecs (GetId), through `mem`, the table the parser
+/// translated them with: at most [`VIRTIO_BLK_ID_BYTES`] bytes, fewer if the buffer is shorter
+/// (§5.2.6: the ID is not NUL-terminated when it is 20 bytes long). Returns the number of bytes
+/// written; it stops at an iovec outside `mem`'s memory.
+pub fn write_id(mem: &MemTable, iov: &[libc::iovec], id: &[u8; VIRTIO_BLK_ID_BYTES]) -> u32 {
     let mut done = 0usize;
     for v in iov {
         if done == id.len() {
             break;
         }
         let take = v.iov_len.min(id.len() - done);
-        let dst = v.iov_base.cast::<u8>();
-        for (i, b) in id[done..done + take].iter().enumerate() {
-            // SAFETY: `i < take <= iov_len`, and the caller guarantees the
-            // iovec is live writable memory. Guest memory is shared with the
-            // guest, hence a volatile store.
-            unsafe { std::ptr::write_volatile(dst.add(i), *b) };
+        if !mem.write_bytes(v.iov_base.cast(), &id[done..done + take]) {
+            break;
         }
         done += take;
     }

@@ -8,8 +8,7 @@ use fp_virtio_blk::*;
 
 fn status_roundtrip(mem: &GuestMemory, req: &BlkRequest, status_addr: u64) {
     assert_eq!(req.status.as_ptr(), host(mem, status_addr));
-    // SAFETY: `mem` is alive for the whole test.
-    unsafe { req.status.write(VIRTIO_BLK_S_UNSUPP) };
+    req.status.write(VIRTIO_BLK_S_UNSUPP);
     assert_eq!(byte(mem, status_addr), VIRTIO_BLK_S_UNSUPP);
 }
 
@@ -168,8 +167,7 @@ fn get_id_full_and_short_buffers() {
             assert_eq!(r.kind, RequestType::GetId);
             assert_eq!(r.data_len, u64::from(buf_len));
             assert_eq!(r.writable_len, expect + 1);
-            // SAFETY: the iovecs point into `m`, alive and writable.
-            let n = unsafe { write_id(&iov[..r.iovcnt as usize], &id) };
+            let n = write_id(&q.table, &iov[..r.iovcnt as usize], &id);
             assert_eq!(n, expect);
             let mut got = vec![0u8; buf_len as usize];
             vm_memory::Bytes::read_slice(&m, &mut got, vm_memory::GuestAddress(0x2000)).unwrap();
@@ -191,8 +189,7 @@ fn get_id_split_across_regions() {
         let r = parse(c, &mut iov).unwrap();
         assert_eq!((r.iovcnt, r.data_len), (2, 20));
         let id = *b"ABCDEFGHIJKLMNOPQRST";
-        // SAFETY: the iovecs point into `m`, alive and writable.
-        assert_eq!(unsafe { write_id(&iov[..2], &id) }, 20);
+        assert_eq!(write_id(&q.table, &iov[..2], &id), 20);
         let mut got = [0u8; 20];
         vm_memory::Bytes::read_slice(&m, &mut got, vm_memory::GuestAddress(start)).unwrap();
         assert_eq!(got, id);

@@ -24,7 +24,7 @@ fn req(kind: RequestType, sector: u64, data_len: u64) -> BlkRequest {
         iovcnt: 1,
         data_len,
         segment: None,
-        status: StatusPtr::from_raw(std::ptr::null_mut()),
+        status: StatusPtr::DETACHED,
         writable_len: 1,
     }
 }
@@ -125,7 +125,7 @@ fn config_layout() {
     assert_eq!(std::mem::size_of::<VirtioBlkConfig>(), 60);
     assert_eq!(VIRTIO_BLK_CONFIG_SIZE, 60);
     let c = config_space(&disk(), 4);
-    let b = c.as_bytes();
+    let b = c.to_bytes();
     assert_eq!(b.len(), 60);
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
     let u16_at = |o: usize| u16::from_le_bytes(b[o..o + 2].try_into().unwrap());
@@ -159,14 +159,14 @@ fn config_without_optional_features() {
         ..disk()
     };
     let c = config_space(&d, 1);
-    let b = c.as_bytes();
+    let b = c.to_bytes();
     assert_eq!(b[32], 0);
     assert_eq!(u32::from_le_bytes(b[20..24].try_into().unwrap()), 512);
     assert!(b[36..60].iter().all(|&x| x == 0));
     // Unlimited maxima are advertised as u32::MAX.
     let d2 = DiskParams { discard: true, write_zeroes: true, ..d };
     let c2 = config_space(&d2, 1);
-    let b2 = c2.as_bytes();
+    let b2 = c2.to_bytes();
     assert_eq!(&b2[36..40], &[0xff; 4]);
     assert_eq!(&b2[48..52], &[0xff; 4]);
 }
@@ -186,4 +186,34 @@ fn feature_bits() {
         [2, 5, 6, 9]
     );
     assert_eq!([VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_WRITE_ZEROES], [12, 13, 14]);
+}
+
+#[test]
+fn config_bytes_are_the_structs_memory_image() {
+    let c = VirtioBlkConfig {
+        capacity: 0x0102_0304_0506_0708,
+        size_max: 0x090a_0b0c,
+        seg_max: 0x0d0e_0f10,
+        geometry: VirtioBlkGeometry { cylinders: 0x1112, heads: 0x13, sectors: 0x14 },
+        blk_size: 0x1516_1718,
+        topology: VirtioBlkTopology {
+            physical_block_exp: 0x19,
+            alignment_offset: 0x1a,
+            min_io_size: 0x1b1c,
+            opt_io_size: 0x1d1e_1f20,
+        },
+        writeback: 0x21,
+        unused0: 0x22,
+        num_queues: 0x2324,
+        max_discard_sectors: 0x2526_2728,
+        max_discard_seg: 0x292a_2b2c,
+        discard_sector_alignment: 0x2d2e_2f30,
+        max_write_zeroes_sectors: 0x3132_3334,
+        max_write_zeroes_seg: 0x3536_3738,
+        write_zeroes_may_unmap: 0x39,
+        unused1: [0x3a, 0x3b, 0x3c],
+    };
+    // SAFETY: a packed struct of integers: 60 initialised bytes, no padding.
+    let image = unsafe { std::slice::from_raw_parts((&c as *const VirtioBlkConfig).cast::<u8>(), 60) };
+    assert_eq!(&c.to_bytes()[..], image);
 }

@@ -1,7 +1,7 @@
 //! One request's descriptors, as either ring format's walker collects them.
 
 use crate::access::load_u64_le;
-use crate::mem::MemTable;
+use crate::mem::{GuestByte, MemTable};
 
 /// Hard bound on the descriptors (zero-length ones included) one chain may contain, whatever
 /// the queue size and indirect table sizes: the work per chain is bounded. A conforming
@@ -18,8 +18,41 @@ pub struct Desc {
     /// Device-writable (`VIRTQ_DESC_F_WRITE`).
     pub write: bool,
     /// Host address of the whole buffer when it lies inside one memory region, else null (the
-    /// buffer spans regions or is not guest memory at all: the consumer decides).
-    pub host: *mut u8,
+    /// buffer spans regions or is not guest memory at all: the consumer decides). Set only by
+    /// the walkers, from the memory table's translation: see [`Desc::host`].
+    pub(crate) host: *mut u8,
+}
+
+impl Desc {
+    /// Host address of the whole buffer when it lies inside one memory region, else null. Like
+    /// every guest address this crate hands out, it stays valid while the [`MemTable`] the chain
+    /// was walked with lives: the chain's owner keeps that table.
+    #[inline(always)]
+    pub fn host(&self) -> *mut u8 {
+        self.host
+    }
+
+    /// Loads `N` little-endian u64 from bytes `offset..offset + 8 * N` of the buffer (any
+    /// alignment, each one machine access, see [`crate::access`]): `None` when the buffer is
+    /// not in one region or holds fewer bytes.
+    #[inline(always)]
+    pub fn load_u64s<const N: usize>(&self, offset: usize) -> Option<[u64; N]> {
+        if self.host.is_null() || offset.checked_add(8 * N)? > self.len as usize {
+            return None;
+        }
+        let p = self.host.wrapping_add(offset);
+        // SAFETY: inside the buffer, which the table translated to one mapping; the chain's
+        // owner keeps that table (and so the mapping) alive while it uses the chain.
+        Some(std::array::from_fn(|i| unsafe { load_u64_le(p.wrapping_add(8 * i)) }))
+    }
+
+    /// Byte `i` of the buffer, to store into (a request's status): `None` when the buffer is
+    /// not in one region or `i` is past its end.
+    #[inline(always)]
+    pub fn byte(&self, i: u32) -> Option<GuestByte> {
+        (!self.host.is_null() && i < self.len)
+            .then(|| GuestByte::from_host(self.host.wrapping_add(i as usize)))
+    }
 }
 
 /// Why a chain could not be walked. Neither case locates a status byte: the request cannot be

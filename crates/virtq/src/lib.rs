@@ -34,7 +34,7 @@ use virtio_bindings::virtio_ring as vr;
 
 pub use chain::{Chain, Desc, WalkError, MAX_CHAIN_DESCRIPTORS};
 pub use log::{DirtyLog, RingLog, LOG_PAGE};
-pub use mem::{GuestMemory, MemTable};
+pub use mem::{GuestByte, GuestMemory, MemTable};
 pub use packed::{PackedHead, PackedQueue, PackedState, RawDesc};
 pub use split::{RingError, SplitQueue};
 

@@ -35,6 +35,13 @@ impl Region {
         }
     }
 
+    /// Whether `[host, host + len)` lies inside this region's mapping.
+    #[inline(always)]
+    fn holds(&self, host: *const u8, len: usize) -> bool {
+        let off = (host as usize).wrapping_sub(self.host as usize) as u64;
+        off < self.len && len as u64 <= self.len - off
+    }
+
     /// Guest address of host address `host` if it lies inside this region.
     #[inline(always)]
     fn guest_addr(&self, host: *const u8) -> Option<u64> {
@@ -123,6 +130,52 @@ impl MemTable {
         self.regions.iter().find_map(|r| r.guest_addr(host))
     }
 
+    /// Whether `[host, host + len)` lies inside one region's mapping: a pointer this table
+    /// handed out (a descriptor's host address, an iovec or status byte built from one) still
+    /// points into memory the table keeps mapped. The regions of the last translations are
+    /// tried first: the common case is two compares.
+    #[inline(always)]
+    fn holds(&self, host: *const u8, len: usize) -> bool {
+        let [last, prev] = self.recent.get();
+        self.regions[last].holds(host, len)
+            || self.regions[prev].holds(host, len)
+            || self.regions.iter().any(|r| r.holds(host, len))
+    }
+
+    /// The byte at guest address `gpa`, to store into: `None` outside guest memory.
+    #[inline]
+    pub fn byte(&self, gpa: u64) -> Option<GuestByte> {
+        self.translate(gpa, 1).map(GuestByte::from_host)
+    }
+
+    /// Copies the bytes at `host` into `out`, one volatile load each (the guest may write them
+    /// meanwhile): `false`, copying nothing, when they are not inside one region.
+    pub fn read_bytes(&self, host: *const u8, out: &mut [u8]) -> bool {
+        if !self.holds(host, out.len()) {
+            return false;
+        }
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: inside one region's mapping, which this table keeps alive.
+            *b = unsafe { std::ptr::read_volatile(host.wrapping_add(i)) };
+        }
+        true
+    }
+
+    /// Stores `src` at `host`, one volatile store each (the guest may look at any time):
+    /// `false`, storing nothing, when the bytes are not inside one region.
+    #[inline(always)]
+    pub fn write_bytes(&self, host: *mut u8, src: &[u8]) -> bool {
+        if !self.holds(host, src.len()) {
+            return false;
+        }
+        for (i, &b) in src.iter().enumerate() {
+            // SAFETY: inside one region's mapping, which this table keeps alive and which is
+            // mapped writable (guest RAM); a `u8` store has no alignment requirement.
+            unsafe { std::ptr::write_volatile(host.wrapping_add(i), b) };
+        }
+        true
+    }
+
     /// Index of the region containing `gpa`.
     fn position(&self, gpa: u64) -> Option<usize> {
         let i = self.regions.partition_point(|r| r.gpa <= gpa).checked_sub(1)?;
@@ -155,6 +208,41 @@ impl MemTable {
     /// Whether `[gpa, gpa + len)` is entirely guest memory (possibly across regions).
     pub fn contains(&self, gpa: u64, len: u64) -> bool {
         self.translate(gpa, len).is_some() || self.for_each_piece(gpa, len, |_, _| true)
+    }
+}
+
+/// One byte of guest memory the device writes (a request's status byte): made only from a
+/// walked descriptor or a memory table's translation, so it stays valid while that table lives,
+/// which its owner (a queue) keeps until the byte is written. An address only, so it may move
+/// between threads; [`GuestByte::DETACHED`] stands for none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestByte(usize);
+
+impl GuestByte {
+    /// No byte: stores to it do nothing (for requests built without a ring, in tests).
+    pub const DETACHED: GuestByte = GuestByte(0);
+
+    /// A byte the table translated (crate-only: that is what makes it valid).
+    #[inline(always)]
+    pub(crate) fn from_host(host: *mut u8) -> GuestByte {
+        GuestByte(host.expose_provenance())
+    }
+
+    /// The host address (null when detached).
+    #[inline(always)]
+    pub fn as_ptr(self) -> *mut u8 {
+        std::ptr::with_exposed_provenance_mut(self.0)
+    }
+
+    /// Stores `value` (volatile: the guest may look at any time).
+    #[inline(always)]
+    pub fn store(self, value: u8) {
+        if self.0 != 0 {
+            // SAFETY: a byte inside one mapping of the memory table that made it, which its
+            // owner keeps alive (the type's contract); guest RAM is mapped writable; a `u8`
+            // store has no alignment requirement.
+            unsafe { std::ptr::write_volatile(self.as_ptr(), value) }
+        }
     }
 }
 
@@ -221,5 +309,36 @@ mod tests {
         let elsewhere = [0u8; 4];
         assert_eq!(t.guest_addr(elsewhere.as_ptr()), None, "not guest memory");
         assert_eq!(t.guest_addr(std::ptr::null()), None);
+    }
+
+    #[test]
+    fn guest_bytes_are_reached_only_inside_one_region() {
+        let t = table();
+        let p = t.translate(0x2ff0, 16).unwrap();
+        assert!(t.write_bytes(p, &[1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]));
+        let mut b = [0u8; 9];
+        assert!(t.read_bytes(p.wrapping_add(7), &mut b));
+        assert_eq!(b, [0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        // Across the region's end (even if another region's mapping follows), or not guest
+        // memory.
+        let mut c = [0u8; 24];
+        assert!(!t.read_bytes(p, &mut c));
+        assert!(!t.write_bytes(p.wrapping_add(15), &[1, 1]));
+        let mut outside = [7u8; 8];
+        assert!(!t.write_bytes(outside.as_mut_ptr(), &[1]));
+        assert_eq!(outside, [7; 8]);
+        assert!(!t.read_bytes(std::ptr::null(), &mut b));
+        // A region other than the last two hit is found too.
+        let low = t.translate(0x1000, 8).unwrap();
+        t.translate(0x8000, 1).unwrap();
+        t.translate(0x2000, 1).unwrap();
+        assert!(t.read_bytes(low, &mut b));
+        // The status byte a memory table translates is stored through.
+        let status = t.byte(0x2ff0).unwrap();
+        status.store(9);
+        assert!(t.read_bytes(p, &mut b[..1]));
+        assert_eq!(b[0], 9);
+        assert_eq!(t.byte(0x3000), None);
+        GuestByte::DETACHED.store(1);
     }
 }

@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+#[cfg(target_arch = "x86_64")]
+use fp_sys::rdtsc;
+
 /// Set once calibration has chosen the TSC; read by every [`now`].
 static USE_TSC: AtomicBool = AtomicBool::new(false);
 static RATE: OnceLock<u64> = OnceLock::new();
@@ -32,21 +35,10 @@ pub fn now() -> u64 {
     monotonic_ns()
 }
 
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn rdtsc() -> u64 {
-    // SAFETY: RDTSC has no preconditions on x86_64; it only reads the time-stamp counter.
-    #[allow(unused_unsafe)]
-    unsafe {
-        core::arch::x86_64::_rdtsc()
-    }
-}
-
+/// Nanoseconds of CLOCK_MONOTONIC (which `Instant` reads on Linux) since the first call.
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 /// True when /proc/cpuinfo lists both flags that make the TSC a clock: same rate whatever the

@@ -43,17 +43,10 @@ const EDGES: &[&str] = &[
 /// safe API. Only shrinks: a file with more fails, and so does one with fewer until its count
 /// here is lowered (or its entry deleted).
 const TO_MOVE: &[(&str, usize)] = &[
-    ("crates/bdev/src/clock/ticks.rs", 2),
-    ("crates/bdev/src/conformance.rs", 13),
-    ("crates/crypto/src/device.rs", 16),
-    ("crates/crypto/src/engine.rs", 3),
+    ("crates/bdev/src/conformance.rs", 2),
     ("crates/loadgen/src/engine/libblkio.rs", 2),
     ("crates/nbd/src/conn/command.rs", 1),
     ("crates/nvme/src/emu/controller.rs", 1),
-    ("crates/vhost-blk/src/queue.rs", 5),
-    ("crates/virtio-blk/src/config.rs", 1),
-    ("crates/virtio-blk/src/parse.rs", 6),
-    ("crates/virtio-blk/src/request.rs", 5),
 ];
 
 /// The most non-test unsafe sites the workspace may hold. [`TO_MOVE`] already keeps every
@@ -61,7 +54,7 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
 /// 405 → 408), the reason in the commit.
-const CEILING: usize = 273;
+const CEILING: usize = 232;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {

@@ -233,7 +233,7 @@ pub fn chain<'q>(q: &'q Queue<'_>, descs: &[(u64, u32, bool)]) -> Walked<'q> {
 
 /// A walked chain's descriptors, field by field (for comparing two walks).
 pub fn desc_fields(c: &Chain) -> Vec<(u64, u32, bool, usize)> {
-    c.descs().iter().map(|d| (d.addr, d.len, d.write, d.host as usize)).collect()
+    c.descs().iter().map(|d| (d.addr, d.len, d.write, d.host() as usize)).collect()
 }
 
 /// Parses a walked chain the way the data path does, and checks that the general parser gives
