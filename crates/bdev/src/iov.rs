@@ -470,6 +470,18 @@ impl IovSlices {
         Some(self.describe(at, n))
     }
 
+    /// A copy of all of `src`'s iovecs, entry for entry, in entries `0..`, as a piece's
+    /// buffers: for a queue that keeps its own copy of each command's iovecs. One copy of
+    /// the array, where [`IovSlices::slice`] walks it iovec by iovec checking each (on the
+    /// NVMe/TCP host's path that walk cost about 4 % of the instructions per I/O). `None`
+    /// when `src` has more iovecs than it holds.
+    #[inline]
+    pub fn copy(&mut self, src: &Iovecs) -> Option<Iovecs> {
+        let from = src.as_slice();
+        self.iov.get_mut(..from.len())?.copy_from_slice(from);
+        Some(self.describe(0, from.len()))
+    }
+
     /// The bytes of `src` from byte `offset` cut into consecutive pieces of `lens` bytes, in
     /// entries `0..`, as one piece's buffers: one buffer described as several iovecs (a test's
     /// scattered request). `None` when they need more entries than it holds.
@@ -671,6 +683,25 @@ mod tests {
         assert_eq!(c.slice_into(&iov, 3, &mut one), Some(1));
         assert_eq!(bytes(&one), vec![4, 5, 6]);
         assert_eq!(c, IovCursor::at(&iov, 7));
+    }
+
+    #[test]
+    fn a_copy_keeps_every_entry_and_refuses_too_many() {
+        let mut buf = BounceBuf::zeroed(10);
+        buf.bytes_mut().copy_from_slice(&std::array::from_fn::<u8, 10, _>(|i| i as u8));
+        let whole = buf.iovecs(10);
+        let mut cuts = IovSlices::new(3);
+        let src = cuts.cut(&whole, 0, [4, 3, 3]).unwrap();
+        let mut copies = IovSlices::new(4);
+        let copy = copies.copy(&src).unwrap();
+        assert_eq!(copy.as_slice().iter().map(|v| v.iov_len).collect::<Vec<_>>(), vec![4, 3, 3]);
+        assert_eq!(bytes(copy.as_slice()), (0..10).collect::<Vec<u8>>());
+        // The copy is its own: the source's entries may be cut again for the next command.
+        let again = cuts.cut(&whole, 5, [5]).unwrap();
+        assert_eq!(bytes(again.as_slice()), vec![5, 6, 7, 8, 9]);
+        assert_eq!(bytes(copy.as_slice()), (0..10).collect::<Vec<u8>>());
+        assert_eq!(copies.copy(&Iovecs::NONE).map(|c| c.count()), Some(0));
+        assert!(IovSlices::new(2).copy(&src).is_none());
     }
 
     #[test]

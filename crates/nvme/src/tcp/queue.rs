@@ -17,7 +17,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use fp_bdev::iov::{self, BounceBuf, IovRun};
-use fp_bdev::{IovCursor, IovSlices, Iovecs, SubmitError};
+use fp_bdev::{IovSlices, Iovecs, SubmitError};
 use fp_conn::{Recv, RecvBuf, SendQueue, Sent};
 use fp_nvme_spec::tcp::{self as pdu, Digests, CH_LEN, DIGEST_LEN, HEADER_ROOM};
 use fp_nvme_spec::{Cqe, Sqe, SGL_IN_CAPSULE, SGL_TRANSPORT};
@@ -323,8 +323,7 @@ impl TcpQueue {
             // More iovecs than any command before: room for them, once.
             s.entries = IovSlices::new(iov.count() as usize);
         }
-        let mut from_start = IovCursor::START;
-        s.iov = s.entries.slice(0, &iov, &mut from_start, u64::from(len32)).unwrap_or(Iovecs::NONE);
+        s.iov = s.entries.copy(&iov).unwrap_or(Iovecs::NONE);
         s.bounce = None;
         s.done = 0;
         s.orphan = false;
