@@ -194,7 +194,7 @@ const FORBID_UNSAFE: [&str; 8] = [
     "crates/raid/src/lib.rs",
     "crates/lvol/src/lib.rs",
     "crates/nvmf/src/lib.rs",
-    "crates/nbd/src/client/mod.rs",
+    "crates/nbd/src/lib.rs",
 ];
 
 #[test]

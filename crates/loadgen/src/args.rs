@@ -3,6 +3,10 @@
 use std::time::Duration;
 
 /// Parses a byte size such as `4096`, `4k`, `4K`, `1m`, `2G`, `4KiB` (binary multiples).
+///
+/// The daemon's command line has its own (`flashpath`'s `size` module): the two crates share
+/// only fp-sys and fp-virtq, neither a home for command-line parsing, and the daemon may not
+/// depend on this crate.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let lower = t.to_ascii_lowercase();

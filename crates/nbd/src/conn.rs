@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::disk::DiskIo;
-use fp_bdev::{AlignedBuf, BdevError, BlockExtent, IoStatus};
+use fp_bdev::iov::BounceBuf;
+use fp_bdev::{BdevError, BlockExtent, IoStatus};
 use fp_conn::round::{connection_pending, read_round, PeerClosed, ReadRound, Reader};
 use fp_conn::{Interest, Life, Recv, RecvBuf, SendQueue, Sent};
 use fp_reactor::{PollStatus, Poller};
@@ -81,8 +82,9 @@ struct Slot {
     phase: Phase,
     /// Set when a FUA request's data part completed and its flush is due.
     flush_due: bool,
-    buf: Option<AlignedBuf>,
-    iov: libc::iovec,
+    /// The request's data, and the iovec that shows it to the device: both stay put while the
+    /// request is in flight (the slot keeps the buffer until the reply is sent).
+    buf: Option<BounceBuf>,
     /// Reply header: a simple reply, or a chunk header plus a data chunk's offset.
     hdr: [u8; CHUNK_HEADER_LEN + 8],
     hdr_len: usize,
@@ -101,7 +103,6 @@ impl Slot {
             phase: Phase::Free,
             flush_due: false,
             buf: None,
-            iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
             hdr: [0; CHUNK_HEADER_LEN + 8],
             hdr_len: 0,
             extra: Vec::new(),
@@ -111,9 +112,9 @@ impl Slot {
     }
 
     /// A data buffer of at least `len` bytes.
-    fn buffer(&mut self, len: usize) -> &mut AlignedBuf {
+    fn buffer(&mut self, len: usize) -> &mut BounceBuf {
         if self.buf.as_ref().is_none_or(|b| b.len() < len) {
-            self.buf = Some(AlignedBuf::zeroed(len));
+            self.buf = Some(BounceBuf::zeroed(len));
         }
         self.buf.as_mut().expect("just made")
     }
@@ -121,7 +122,7 @@ impl Slot {
     /// The reply's pieces, in order.
     fn pieces(&self) -> [&[u8]; 3] {
         let data = match &self.buf {
-            Some(b) => &b.as_slice()[..self.data_len],
+            Some(b) => &b.bytes()[..self.data_len],
             None => &[],
         };
         [&self.hdr[..self.hdr_len], &self.extra, data]
@@ -336,7 +337,7 @@ impl ConnPoller {
             self.mem += payload;
             let have = self.rx.len().min(payload);
             let buf = slot.buffer(payload);
-            buf.as_mut_slice()[..have].copy_from_slice(&self.rx.data()[..have]);
+            buf.bytes_mut()[..have].copy_from_slice(&self.rx.data()[..have]);
             self.rx.consume(have);
             if have == payload {
                 slot.phase = Phase::Ready;
@@ -428,7 +429,7 @@ impl Reader for ConnPoller {
         let (i, filled) = self.receiving?;
         let len = self.slots[i as usize].req.length as usize;
         let buf = self.slots[i as usize].buf.as_mut().expect("a receiving write has a buffer");
-        let r = self.sock.recv(&mut buf.as_mut_slice()[filled..len]);
+        let r = self.sock.recv(&mut buf.bytes_mut()[filled..len]);
         if let Recv::Data(n) = r {
             if filled + n == len {
                 self.receiving = None;

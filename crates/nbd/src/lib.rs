@@ -10,6 +10,11 @@
 //! * [`client`]: the other way round, a remote export as a bdev (`nbd_client`);
 //! * `server`: listeners, handshake threads, starting and stopping exports; `export`: an
 //!   export's shared state; `conn`: a connection's poller.
+//!
+//! No unsafe code: a request's data reaches the device through fp-bdev's
+//! [`BounceBuf`](fp_bdev::iov::BounceBuf) and the socket through fp-sys (the tests use raw
+//! iovecs and poll(2) to drive the client).
+#![cfg_attr(not(test), forbid(unsafe_code))]
 
 pub mod address;
 pub mod client;

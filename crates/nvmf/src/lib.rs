@@ -33,7 +33,7 @@ mod state;
 mod subsystem;
 mod target;
 mod tcp;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use controller::{AdminResult, Controller, ControllerConfig};

@@ -1,10 +1,8 @@
 //! A loopback NVMe/TCP target for other crates' tests (cargo feature `testing`): reactors of
 //! its own, the TCP transport, and subsystems that any host may connect to on one port of
 //! 127.0.0.1, each with namespace 1 over a given bdev. Dropping it stops the target and its
-//! reactors.
-//!
-//! fp-nvmf's own tests (`src/tests/`) and examples still set their targets up by hand; they
-//! are to take this helper too.
+//! reactors. fp-nvmf's own tests start their targets with it too, except where a test checks
+//! the target's own setup.
 
 use fp_bdev::Bdev;
 use fp_reactor::{ReactorConfig, ReactorSet};

@@ -45,7 +45,6 @@ const EDGES: &[&str] = &[
 const TO_MOVE: &[(&str, usize)] = &[
     ("crates/bdev/src/conformance.rs", 2),
     ("crates/loadgen/src/engine/libblkio.rs", 2),
-    ("crates/nbd/src/conn/command.rs", 1),
     ("crates/nvme/src/emu/controller.rs", 1),
 ];
 
@@ -54,7 +53,7 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
 /// 405 → 408), the reason in the commit.
-const CEILING: usize = 232;
+const CEILING: usize = 231;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {

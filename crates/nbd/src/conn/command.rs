@@ -69,17 +69,10 @@ impl ConnPoller {
         match r.command {
             CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES if len == 0 => refuse(self, 0, ""),
             CMD_READ => {
-                let slot = &mut self.slots[i as usize];
-                let ptr = slot.buffer(len as usize).as_mut_ptr();
-                slot.iov = libc::iovec { iov_base: ptr.cast(), iov_len: len as usize };
+                self.slots[i as usize].buffer(len as usize);
                 self.submit(i, IoOp::Read, offset, len)
             }
-            CMD_WRITE => {
-                let slot = &mut self.slots[i as usize];
-                let ptr = slot.buf.as_mut().expect("a write has its payload").as_mut_ptr();
-                slot.iov = libc::iovec { iov_base: ptr.cast(), iov_len: len as usize };
-                self.submit(i, IoOp::Write, offset, len)
-            }
+            CMD_WRITE => self.submit(i, IoOp::Write, offset, len),
             CMD_FLUSH if !io.flush => refuse(self, 0, ""),
             CMD_FLUSH => self.submit(i, IoOp::Flush, 0, 0),
             CMD_TRIM if !io.unmap => refuse(self, EINVAL, "the device cannot trim"),
@@ -109,10 +102,10 @@ impl ConnPoller {
             op,
             offset,
             len,
+            // The slot keeps its buffer, untouched, until this request's completion comes back
+            // (BounceBuf's contract): a read's was made above, a write's holds its payload.
             iov: if data {
-                // SAFETY: the slot's iovec and the buffer it points at belong to the slot, which
-                // is neither moved nor reused until this request's completion comes back.
-                unsafe { fp_bdev::Iovecs::from_raw(&slot.iov, 1) }
+                slot.buf.as_mut().expect("a read or write has its buffer").iovecs(len as usize)
             } else {
                 fp_bdev::Iovecs::NONE
             },

@@ -21,17 +21,14 @@ pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A RAM disk `name` of `blocks` 512-byte blocks.
+pub(crate) fn ram(name: &str, blocks: u64) -> Bdev {
+    Arc::new(RamDevice::new(name, 512, blocks).unwrap())
+}
+
+/// Namespace `nsid` over a RAM disk `name` of `blocks` 512-byte blocks.
 pub(crate) fn ns(nsid: u32, name: &str, blocks: u64) -> NamespaceSpec {
-    let bdev: Bdev = Arc::new(RamDevice::new(name, 512, blocks).unwrap());
-    NamespaceSpec {
-        nsid,
-        bdev,
-        bdev_name: name.into(),
-        uuid: None,
-        nguid: None,
-        eui64: None,
-        read_only: false,
-    }
+    crate::testing::namespace(nsid, ram(name, blocks), name)
 }
 
 const NQN: &str = "nqn.2016-06.io.spdk:cnode1";

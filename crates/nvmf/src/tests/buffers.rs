@@ -5,25 +5,21 @@ use std::time::Duration;
 
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
-use fp_reactor::{ReactorConfig, ReactorSet};
 
-use super::api::{free_port, listen, ns};
+use super::api::ram;
 use super::host::*;
 use super::io::{pattern, NQN};
 use crate::subsystem::lock;
 use crate::tcp::qpair::QpairPoller;
+use crate::testing::LoopbackTarget;
 use crate::*;
 
 #[test]
 fn large_transfers_allocate_no_buffer_per_command() {
-    let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
-    let t = NvmfTarget::new(reactors.handles().to_vec(), TargetOptions::default());
-    t.create_transport(TransportOptions { max_io_size: 4 << 20, ..Default::default() }).unwrap();
-    t.create_subsystem(SubsystemSpec { nqn: NQN.into(), allow_any_host: true, ..Default::default() })
-        .unwrap();
-    let port = free_port();
-    t.add_listener(NQN, listen(port)).unwrap();
-    t.add_namespace(NQN, ns(1, "ram0", 16384)).unwrap();
+    let tg =
+        LoopbackTarget::start(&[0], TransportOptions { max_io_size: 4 << 20, ..Default::default() }).unwrap();
+    tg.add_subsystem(NQN, ram("ram0", 16384), "ram0").unwrap();
+    let (t, port) = (tg.target(), tg.port());
     let admin = Host::admin(port, NQN, 0);
     let mut q = Host::io(port, NQN, admin.cntlid, 1, Digests::default());
     q.s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -43,21 +39,15 @@ fn large_transfers_allocate_no_buffer_per_command() {
     let allocated = qp.reactor.call(move |r| r.poller_mut::<QpairPoller>(id).map(|p| p.buffer_allocations()));
     // Twelve 2 MiB commands one after the other: one buffer, taken again each time.
     assert_eq!(allocated.flatten(), Some(1), "data buffers allocated by the queue");
-    t.stop();
-    reactors.shutdown();
 }
 
 #[test]
 fn more_large_reads_than_large_buffers_wait_for_one_and_all_complete() {
-    let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
-    let t = NvmfTarget::new(reactors.handles().to_vec(), TargetOptions::default());
     // 8 MiB transfers: the queue holds 4 large buffers (32 MiB).
-    t.create_transport(TransportOptions { max_io_size: 8 << 20, ..Default::default() }).unwrap();
-    t.create_subsystem(SubsystemSpec { nqn: NQN.into(), allow_any_host: true, ..Default::default() })
-        .unwrap();
-    let port = free_port();
-    t.add_listener(NQN, listen(port)).unwrap();
-    t.add_namespace(NQN, ns(1, "ram0", 65536)).unwrap();
+    let tg =
+        LoopbackTarget::start(&[0], TransportOptions { max_io_size: 8 << 20, ..Default::default() }).unwrap();
+    tg.add_subsystem(NQN, ram("ram0", 65536), "ram0").unwrap();
+    let port = tg.port();
     let admin = Host::admin(port, NQN, 0);
     let mut q = Host::io(port, NQN, admin.cntlid, 1, Digests::default());
     q.s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -90,6 +80,4 @@ fn more_large_reads_than_large_buffers_wait_for_one_and_all_complete() {
     for k in 0..8 {
         assert!(got[k] == data[k * len..(k + 1) * len], "read {k} returned what was written");
     }
-    t.stop();
-    reactors.shutdown();
 }

@@ -4,15 +4,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fp_bdev::{Bdev, ErrorDevice, ErrorType, Injection, RamDevice};
+use fp_bdev::{Bdev, ErrorDevice, ErrorType, Injection};
 use fp_nvme_spec::tcp::Digests;
 use fp_nvme_spec::*;
-use fp_reactor::{ReactorConfig, ReactorSet};
 
-use super::api::{free_port, listen};
+use super::api::ram;
 use super::host::*;
 use super::io::{pattern, wait_for, NQN};
 use crate::tcp::qpair::CLOSE_TIMEOUT;
+use crate::testing::LoopbackTarget;
 use crate::*;
 
 /// An injection count no test uses up: a reactor retries a busy command millions of times a
@@ -23,16 +23,8 @@ struct BusyTarget {
     t: NvmfTarget,
     port: u16,
     ee: Arc<ErrorDevice>,
-    reactors: Option<ReactorSet>,
-}
-
-impl Drop for BusyTarget {
-    fn drop(&mut self) {
-        self.t.stop();
-        if let Some(r) = self.reactors.take() {
-            r.shutdown();
-        }
-    }
+    /// Stops the target and its reactor when the test drops it.
+    _loopback: LoopbackTarget,
 }
 
 /// A target whose namespace 1 is an error bdev refusing every write as busy.
@@ -44,31 +36,15 @@ fn busy_target() -> BusyTarget {
 /// stacked bdev that takes the write and retries its refused piece itself (parked on Busy
 /// inside the bdev stack, not in the queue).
 fn busy_target_over(crypto: bool) -> BusyTarget {
-    let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
-    let t = NvmfTarget::new(reactors.handles().to_vec(), TargetOptions::default());
-    t.create_transport(TransportOptions::default()).unwrap();
-    t.create_subsystem(SubsystemSpec { nqn: NQN.into(), allow_any_host: true, ..Default::default() })
-        .unwrap();
-    let port = free_port();
-    t.add_listener(NQN, listen(port)).unwrap();
-    let ram: Bdev = Arc::new(RamDevice::new("ram0", 512, 8192).unwrap());
-    let ee = Arc::new(ErrorDevice::new("ee0", ram).unwrap());
+    let ee = Arc::new(ErrorDevice::new("ee0", ram("ram0", 8192)).unwrap());
     let bdev: Bdev = if crypto {
         let key = fp_crypto::CryptoKey::new("k", &[1; 32], &[2; 32]).unwrap();
         Arc::new(fp_crypto::CryptoDevice::new("c0", ee.clone(), Arc::new(key)).unwrap())
     } else {
         ee.clone()
     };
-    let ns = NamespaceSpec {
-        nsid: 1,
-        bdev,
-        bdev_name: if crypto { "c0" } else { "ee0" }.into(),
-        uuid: None,
-        nguid: None,
-        eui64: None,
-        read_only: false,
-    };
-    t.add_namespace(NQN, ns).unwrap();
+    let loopback = LoopbackTarget::start(&[0], TransportOptions::default()).unwrap();
+    loopback.add_subsystem(NQN, bdev, if crypto { "c0" } else { "ee0" }).unwrap();
     let nomem = Injection {
         error_type: ErrorType::Nomem,
         num: NOMEM_FOREVER,
@@ -77,7 +53,7 @@ fn busy_target_over(crypto: bool) -> BusyTarget {
         corrupt_value: 0,
     };
     ee.inject(&[1], nomem).unwrap();
-    BusyTarget { t, port, ee, reactors: Some(reactors) }
+    BusyTarget { t: loopback.target().clone(), port: loopback.port(), ee, _loopback: loopback }
 }
 
 /// Sends a 4 KiB in-capsule write and waits until the device has refused it at least once.
@@ -99,7 +75,7 @@ fn a_command_refused_as_busy_is_retried_while_its_queue_closes() {
     // The target closes every queue; once the queue's reactor has taken that message (the
     // call below runs after it), the device takes requests again.
     tg.t.stop();
-    tg.reactors.as_ref().unwrap().handles()[0].call(|_| ()).expect("the reactor answers");
+    tg.t.inner.reactors[0].call(|_| ()).expect("the reactor answers");
     tg.ee.clear();
     let cqe = q.response();
     assert_eq!((cqe.cid, cqe.status), (cid, Status::SUCCESS));

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use fp_nvme_spec::fabrics::DISCOVERY_NQN;
 use fp_nvme_spec::tcp::Digests;
 use fp_nvme_spec::*;
-use fp_reactor::{ReactorConfig, ReactorSet};
 
-use super::api::{free_port, listen, ns};
+use super::api::{free_port, listen, ns, ram};
 use super::host::*;
+use crate::testing::LoopbackTarget;
 use crate::*;
 
 pub(crate) const NQN: &str = "nqn.2016-06.io.flashpath:test";
@@ -18,30 +18,17 @@ pub(crate) const NQN: &str = "nqn.2016-06.io.flashpath:test";
 pub(crate) struct Target {
     pub t: NvmfTarget,
     pub port: u16,
-    reactors: Option<ReactorSet>,
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        self.t.stop();
-        if let Some(r) = self.reactors.take() {
-            r.shutdown();
-        }
-    }
+    /// Stops the target and its reactors when the test drops it.
+    _loopback: LoopbackTarget,
 }
 
 /// A target on two reactors with one subsystem (any host) of one 4 MiB RAM namespace.
 pub(crate) fn target() -> Target {
-    let reactors = ReactorSet::start(&[0, 1], ReactorConfig::default()).unwrap();
-    let t = NvmfTarget::new(reactors.handles().to_vec(), TargetOptions::default());
     // A socket priority any user may set, so the option is exercised.
-    t.create_transport(TransportOptions { sock_priority: 2, ..Default::default() }).unwrap();
-    t.create_subsystem(SubsystemSpec { nqn: NQN.into(), allow_any_host: true, ..Default::default() })
-        .unwrap();
-    let port = free_port();
-    t.add_listener(NQN, listen(port)).unwrap();
-    t.add_namespace(NQN, ns(1, "ram0", 8192)).unwrap();
-    Target { t, port, reactors: Some(reactors) }
+    let loopback =
+        LoopbackTarget::start(&[0, 1], TransportOptions { sock_priority: 2, ..Default::default() }).unwrap();
+    loopback.add_subsystem(NQN, ram("ram0", 8192), "ram0").unwrap();
+    Target { t: loopback.target().clone(), port: loopback.port(), _loopback: loopback }
 }
 
 pub(crate) fn pattern(seed: u8, len: usize) -> Vec<u8> {
