@@ -345,9 +345,10 @@ static int parse(struct conn *c)
         }
         c->rx_off += plen;
     }
+    /* Room for the largest PDU (MAXH2CDATA of data and its header) after what is left. */
     if (c->rx_off == c->rx_len) {
         c->rx_off = c->rx_len = 0;
-    } else if (c->rx_off > RX_CAP / 2) {
+    } else if (c->rx_off && RX_CAP - c->rx_len < MAX_DATA + 256) {
         memmove(c->rx, c->rx + c->rx_off, c->rx_len - c->rx_off);
         c->rx_len -= c->rx_off;
         c->rx_off = 0;
@@ -391,7 +392,10 @@ static int flush(struct conn *c)
  * -1 when the connection ended. */
 static int receive(struct conn *c)
 {
-    ssize_t n = recv(c->fd, c->rx + c->rx_len, RX_CAP - c->rx_len, MSG_DONTWAIT);
+    ssize_t n;
+    if (c->rx_len == RX_CAP) /* whole PDUs a full send queue left behind: no room to receive */
+        return parse(c);
+    n = recv(c->fd, c->rx + c->rx_len, RX_CAP - c->rx_len, MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN))
         return -1;
     if (n < 0)

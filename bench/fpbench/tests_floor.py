@@ -1,9 +1,10 @@
 """The NVMe/TCP floor: the section's figures from it (distance from the floor, its rows and
 targets in results.md, --validate of them), without a daemon; and the responder
-(bench/tcp_floor.c) against flashpath's own NVMe/TCP initiator: it builds with the machine's C compiler, `bdev_nvme_attach_controller` attaches to it, and reads
-of its namespace through a vhost-user-blk export of that bdev (fp-load, one second at QD1 and
-QD32) all succeed, in both of its system call modes. Needs a built flashpath and fp-load:
-`FLASHPATH_BIN_DIR` (default target/debug, which ./run test has built):
+(bench/tcp_floor.c) against flashpath's own NVMe/TCP initiator: it builds with the machine's C
+compiler, `bdev_nvme_attach_controller` attaches to it, and reads of its namespace through a
+vhost-user-blk export of that bdev (fp-load, one second each at QD1 and QD32) and writes of
+4 KiB (in the capsule) and 64 KiB (after an R2T) all succeed, in both of its system call modes.
+Needs a built flashpath and fp-load in `FLASHPATH_BIN_DIR` (default target/debug):
 `cd bench && FLASHPATH_BIN_DIR=../target/debug python3 -m unittest fpbench.tests_floor` (seconds).
 """
 
@@ -111,10 +112,14 @@ class FloorTest(unittest.TestCase):
                 self.assertEqual((info["num_blocks"], info["block_size"]), (BLOCKS, 512))
                 sock = fp.export("vhost.floor", "Nvme0n1", queues=1)
                 loader = Loader(BIN_DIR, 1, self.work)
-                for qd in (1, 32):
-                    r = loader.run(sock, "randread", 4096, qd, 1, True, 1)
-                    self.assertEqual(r["errors"], 0, f"QD{qd}: {r.get('first_error')}")
-                    self.assertGreater(r["ios"], 0, f"QD{qd}: no read completed")
+                # Reads at both depths; writes with their data in the capsule (4 KiB, the
+                # floor's in-capsule size) and after an R2T (64 KiB: H2CData PDUs).
+                for pattern, bs, qd in (("randread", 4096, 1), ("randread", 4096, 32), ("randwrite", 4096, 8),
+                                        ("randwrite", 65536, 8)):
+                    r = loader.run(sock, pattern, bs, qd, 1, True, 1)
+                    what = f"{pattern} {bs} QD{qd}"
+                    self.assertEqual(r["errors"], 0, f"{what}: {r.get('first_error')}")
+                    self.assertGreater(r["ios"], 0, f"{what}: nothing completed")
                 fp.stop()
                 floor.stop()
 
