@@ -444,8 +444,10 @@ static void *acceptor(void *arg)
         int one = 1, fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         uint64_t w = 1;
         size_t got = 0;
-        if (fd < 0)
+        if (fd < 0) { /* out of descriptors, say: not a spin */
+            usleep(1000);
             continue;
+        }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         while (got < IC_LEN) {
