@@ -38,7 +38,7 @@ from fpbench.sections.lvol import LvolSection
 from fpbench.sections.migration import MigrationSection
 from fpbench.sections.nbd import NbdSection
 from fpbench.sections.nvme_tcp import NvmeTcpSection, nvme_tcp_missing
-from fpbench.sections.nvmf import NvmfSection, nvmf_missing
+from fpbench.sections.nvmf import TARGETS as NVMF_TARGETS, NvmfSection, nvmf_missing
 from fpbench.sections.null_ram_file import NullRamFileSection
 from fpbench.sections.pathlen import PathlenSection, pathlen_missing
 from fpbench.sections.qos import QosSection
@@ -263,9 +263,9 @@ def main():
     ap.add_argument("--guest-notify-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the guest-notify section, e.g. \"--idle-window-us 0\" "
                          "(development only; recorded in the results)")
-    ap.add_argument("--nvmf-targets", default="flashpath,spdk", metavar="LIST",
-                    help="the NVMe/TCP section's targets, a subset of flashpath,spdk (development only: "
-                         "spdk alone checks the section without a flashpath that serves NVMe/TCP)")
+    ap.add_argument("--nvmf-targets", default=",".join(NVMF_TARGETS), metavar="LIST",
+                    help=f"the NVMe/TCP section's targets, a subset of {','.join(NVMF_TARGETS)} (development "
+                         "only: spdk alone checks the section without a flashpath that serves NVMe/TCP)")
     ap.add_argument("--validate", metavar="DIR", help="only check the outputs in DIR and exit")
     ap.add_argument("--replot", metavar="DIR", help="only rewrite results.md and the plots from DIR/results.json")
     args = ap.parse_args()
@@ -362,7 +362,7 @@ def main():
         cmd = f"bench/bench.py --mode {args.mode} --only {args.only} --bin-dir target/release"
     if args.spdk:
         cmd += f" --spdk {args.spdk}"
-    if args.nvmf_targets != "flashpath,spdk":
+    if args.nvmf_targets != ",".join(NVMF_TARGETS):
         cmd += f" --nvmf-targets {args.nvmf_targets}"
 
     res = bench.results

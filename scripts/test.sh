@@ -166,6 +166,18 @@ cmd_test() {
         rc=1
         failed=$((failed + 1))
     fi
+    # The NVMe/TCP floor (bench/tcp_floor.c, the benchmark's minimal responder): built with cc,
+    # flashpath's initiator attached to it and reading through a vhost export, in both of its
+    # system call modes, and the section's figures from it: one test, seconds (the debug
+    # flashpath and fp-load the smoke run built; built here if it did not run).
+    say "bench: the NVMe/TCP floor responder against flashpath's initiator (fpbench.tests_floor)"
+    if cargo build -q -p flashpath -p fp-loadgen \
+        && (cd bench && FLASHPATH_BIN_DIR="$(target_dir)/debug" /usr/bin/python3 -m unittest -q fpbench.tests_floor); then
+        passed=$((passed + 1))
+    else
+        rc=1
+        failed=$((failed + 1))
+    fi
     printf '\ntotal: %d passed, %d failed, %d skipped\n' "$passed" "$failed" "$skipped"
     return "$rc"
 }

@@ -2,6 +2,7 @@
 the check of its outputs."""
 
 from fpbench.common import MIB, server_measured
+from fpbench.sections.nvmf import FLOOR_BACKENDS
 from fpbench.load import point_key, point_label
 from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
 
@@ -29,7 +30,17 @@ def nvmf_markdown(res):
     how = {"perf": "perf stat on the raw_syscalls:sys_enter tracepoint and the per-call ones (counts only)",
            "strace": "strace -c -f -p (counts only: ptrace slows the server down, so the rate is not its own)",
            None: f"not counted: {e.get('syscall_note')}"}[e.get("syscall_method")]
-    lines = ["", "## NVMe over TCP (flashpath vs SPDK's nvmf_tgt)", "",
+    fl = e.get("floor")
+    floor_text = "" if not fl else (
+        " The floor (`bench/tcp_floor.c`, beside the null disk only): one thread on the same CPU that answers "
+        "ICReq, Connect and the admin commands the host sends with fixed data (one namespace of the null disk's "
+        "size) and each read with one C2HData PDU flagged LAST_PDU and SUCCESS, no CapsuleResp (what both targets "
+        "send by default), from one static buffer: the targets' PDUs and system calls, no NVMe logic. floor: "
+        "flashpath's calls (a non-blocking recv on every connection per round, one gathered sendmsg per "
+        "connection with something to send, epoll_wait only after 200 µs idle); floor-epoll: SPDK's "
+        "(epoll_wait with timeout 0 per round, recv on the ready connections). Each target's distance is "
+        "from the floor of its own kind (" + ", ".join(f"{k}: {v}" for k, v in fl["of"].items()) + ").")
+    lines = ["", "## NVMe over TCP (flashpath vs SPDK's nvmf_tgt, and the floor)", "",
              f"{e.get('version') or 'SPDK'} `nvmf_tgt -m {hex(1 << cpu)}` and `flashpath serve --cpus {cpu}`, "
              f"each pinned to CPU {cpu}, configured with the same SPDK calls on their RPC sockets "
              "(`bdev_null_create` / `bdev_malloc_create`, `nvmf_create_transport -t TCP`, `nvmf_create_subsystem`, "
@@ -47,11 +58,12 @@ def nvmf_markdown(res):
              "measured the machine's other load); busy/IO: reactor busy time per I/O "
              "(flashpath's busy ns, SPDK's busy ticks / tick_rate from `framework_get_reactors`). syscalls/IO: "
              f"from one more run of {c['trace_secs']} s per point and target with the server's system calls "
-             f"counted, {how}; the calls seen most, per I/O, beside it. fp/SPDK: ratio of the medians.", "",
-             "| workload | target | IOPS | spread | p50 µs | p99 µs | CPU/IO ns | core | wait | busy/IO ns | syscalls/IO | "
-             "most frequent calls per I/O |", "|" + "---|" * 12]
+             f"counted, {how}; the calls seen most, per I/O, beside it. fp/SPDK: ratio of the medians; mean: "
+             f"perf's mean latency.{floor_text}", "",
+             "| workload | target | IOPS | spread | mean µs | p50 µs | p99 µs | CPU/IO ns | core | wait | busy/IO ns | "
+             "syscalls/IO | most frequent calls per I/O |", "|" + "---|" * 13]
     for p in e["points"]:
-        for kind in e["targets"]:
+        for kind in (k for k in e["targets"] if k in p["servers"]):
             x = p["servers"][kind]
             md, tr = x["median"], x.get("traced")
             share = md.get("server_core_share")
@@ -60,7 +72,8 @@ def nvmf_markdown(res):
             spread = "-" if spread is None else f"{100 * spread:.0f} %"
             wait = md.get("server_wait_share")
             wait = "-" if wait is None else f"{100 * wait:.0f} %"
-            lines.append(f"| {_label(p)} | {kind} | {_iops(md.get('iops'))} | {spread} | {_us(md.get('p50_ns'))} | "
+            lines.append(f"| {_label(p)} | {kind} | {_iops(md.get('iops'))} | {spread} | {_us(md.get('lat_mean_ns'))} | "
+                         f"{_us(md.get('p50_ns'))} | "
                          f"{_us(md.get('p99_ns'))} | {_ns(md.get('server_cpu_ns_per_io'))} | "
                          f"{share} | {wait} | {_ns(md.get('reactor_busy_ns_per_io'))} | {_calls(tr)} | "
                          f"{'-' if not tr else _top_calls(tr, tr['ios'])} |")
@@ -69,15 +82,33 @@ def nvmf_markdown(res):
         lines += ["", f"Load average (1 min) when the section started and ended: {la[0][0]:.2f}, {la[1][0]:.2f} "
                   f"(on {res['meta']['machine']['cpus']} CPUs; the section's own processes count in the second)."]
     if all(k in e["targets"] for k in ("flashpath", "spdk")):
-        lines += ["", "| workload | IOPS fp/SPDK | p50 fp/SPDK | p99 fp/SPDK | CPU/IO fp/SPDK | busy/IO fp/SPDK | "
-                  "syscalls/IO fp/SPDK |", "|" + "---|" * 7]
+        lines += ["", "| workload | IOPS fp/SPDK | mean fp/SPDK | p50 fp/SPDK | p99 fp/SPDK | CPU/IO fp/SPDK | "
+                  "busy/IO fp/SPDK | syscalls/IO fp/SPDK |", "|" + "---|" * 8]
         for p in e["points"]:
             r = p["ratios"]
-            lines.append(f"| {_label(p)} | **{_x(r['iops'])}** | {_x(r['p50'])} | {_x(r['p99'])} | "
+            lines.append(f"| {_label(p)} | **{_x(r['iops'])}** | {_x(r.get('lat_mean'))} | {_x(r['p50'])} | {_x(r['p99'])} | "
                          f"{_x(r['server_cpu_per_io'])} | {_x(r['reactor_busy_per_io'])} | {_x(r['syscalls_per_io'])} |")
     else:
         lines += ["", f"Targets run: {', '.join(e['targets'])} only (`--nvmf-targets`): no ratios."]
+    dist = [(p, k, d) for p in e["points"] for k, d in (p.get("floor_distance") or {}).items()]
+    if dist:
+        lines += ["", "Distance from the floor (medians): IOPS as a ratio to the floor's; mean latency, p50 and "
+                  "server CPU per I/O as what the target takes above the floor (negative: below it).", "",
+                  "| workload | target | floor | IOPS / floor | mean / floor | mean above floor µs | "
+                  "p50 above floor µs | CPU/IO above floor ns |", "|" + "---|" * 8]
+        for p, k, d in dist:
+            lines.append(f"| {_label(p)} | {k} | {d['floor']} | **{_x(d['iops_ratio'])}** | {_x(d['lat_mean_ratio'])} | "
+                         f"{_signed_us(d['lat_mean_ns_above'])} | {_signed_us(d['p50_ns_above'])} | "
+                         f"{_signed_ns(d['server_cpu_ns_per_io_above'])} |")
     return lines
+
+
+def _signed_us(ns):
+    return "-" if ns is None else f"{ns / 1000:+.2f}"
+
+
+def _signed_ns(ns):
+    return "-" if ns is None else f"{ns:+.0f}"
 
 
 def nvmf_targets(res, add):
@@ -98,6 +129,11 @@ def nvmf_targets(res, add):
         add("NVMe/TCP null QD1 4K randread: p50 <= SPDK nvmf_tgt's", "<= 1.00x",
             f"{_us(f.get('p50_ns'))} vs {_us(s.get('p50_ns'))} µs = {_x(r['p50'])}x",
             None if r["p50"] is None else r["p50"] <= 1.0)
+        lat = r.get("lat_mean")
+        add("NVMe/TCP null QD1 4K randread: mean latency <= 0.85x SPDK nvmf_tgt's", "<= 0.85x",
+            f"{_us(f.get('lat_mean_ns'))} vs {_us(s.get('lat_mean_ns'))} µs = {_x(lat)}x",
+            None if lat is None else lat <= 0.85)
+    floor_targets(pts, add)
     for p in e.get("points", []):
         f, s, r = p["servers"]["flashpath"], p["servers"]["spdk"], p["ratios"]
         ft, st = f.get("traced"), s.get("traced")
@@ -107,11 +143,24 @@ def nvmf_targets(res, add):
             None)
 
 
-def _target_problems(what, x, reps, counted):
-    """A target's figures at one point: its runs, positive medians, system call counts."""
+def floor_targets(pts, add):
+    """Issue 37's: flashpath within 10 % of the floor of its kind (QD32 IOPS, QD1 mean latency)."""
+    for qd, what, key, limit in ((32, "IOPS", "iops_ratio", 0.9), (1, "mean latency", "lat_mean_ratio", 1.1)):
+        d = ((pts.get(("null", qd)) or {}).get("floor_distance") or {}).get("flashpath")
+        if not d:
+            continue
+        v = d[key]
+        add(f"NVMe/TCP null QD{qd} 4K randread: {what} within 10 % of the floor's ({d['floor']})",
+            ">= 0.90x" if qd == 32 else "<= 1.10x", f"{_x(v)}x the floor's",
+            None if v is None else (v >= limit if qd == 32 else v <= limit))
+
+
+def _target_problems(what, x, reps, counted, floor=False):
+    """A target's figures at one point: its runs, positive medians, system call counts (a floor
+    has no reactor counters)."""
     bad = []
-    if (server_measured(bad, what, x, reps,
-                        ("iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io", "reactor_busy_ns_per_io"))
+    keys = ("iops", "p50_ns", "p99_ns", "server_cpu_ns_per_io") + (() if floor else ("reactor_busy_ns_per_io",))
+    if (server_measured(bad, what, x, reps, keys)
             and counted and not (x.get("traced") or {}).get("syscalls", {}).get("total")):
         bad.append(f"{what}: no system call counts")
     return bad
@@ -127,9 +176,15 @@ def validate_nvmf(res, c):
         if p is None:
             problems.append(f"nvmf: missing point {point_label(pk)}")
             continue
+        floors = (e.get("floor") or {}).get("modes", {})
         for kind in e["targets"]:
+            if kind in floors and pk["backend"] not in FLOOR_BACKENDS:
+                continue
             problems += _target_problems(f"nvmf {point_label(pk)} {kind}", p["servers"].get(kind), c["reps"],
-                                         e.get("syscall_method"))
-        if len(e["targets"]) == 2 and p["ratios"].get("iops") is None:
+                                         e.get("syscall_method"), floor=kind in floors)
+        if all(k in e["targets"] for k in ("flashpath", "spdk")) and p["ratios"].get("iops") is None:
             problems.append(f"nvmf {point_label(pk)}: no IOPS ratio")
+        for kind, floor in (e.get("floor") or {}).get("of", {}).items():
+            if pk["backend"] in FLOOR_BACKENDS and not (p.get("floor_distance") or {}).get(kind, {}).get("iops_ratio"):
+                problems.append(f"nvmf {point_label(pk)}: no distance of {kind} from {floor}")
     return problems

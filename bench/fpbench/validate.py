@@ -153,6 +153,7 @@ ALONE = {
                "## AES-XTS"),
     # The run's own config: --reps may override the mode's.
     "pathlen": (lambda res, mode: validate_pathlen(res, res["pathlen"]["config"]), PATHLEN_HEADING),
+    "nvmf": (lambda res, mode: validate_nvmf(res, res["nvmf"]["config"]), "## NVMe over TCP"),
 }
 
 

@@ -2,9 +2,14 @@
 NVMe/TCP target vs SPDK's nvmf_tgt, both on the server core, both configured with the same
 SPDK nvmf_* calls on their RPC sockets, both driven by SPDK's spdk_nvme_perf on the client
 core over 127.0.0.1, in interleaved rounds of one run (SPDK frozen outside its own runs: its
-reactor polls its core whether or not there is work). After the rounds, one more run per
-target and point with the target's system calls counted (syscalls.py). Never part of CI: it
-needs a built SPDK.
+reactor polls its core whether or not there is work). The floor (fpbench/floor.py,
+bench/tcp_floor.c) runs in the same rounds on the null disk's points: a responder with the
+targets' PDUs and system calls and no NVMe logic, once with flashpath's system calls ("floor":
+recv on every connection per round) and once with SPDK's ("floor-epoll": epoll_wait, then recv
+on the ready ones); each target's distance from the floor of its own kind is reported. After
+the rounds, one more run per target and point with the target's system calls counted
+(syscalls.py). Never part of CI: it needs a built SPDK (its perf is the only client here; the
+floor's own test, fpbench/tests_floor.py, drives it with flashpath's initiator).
 """
 
 import os
@@ -12,6 +17,7 @@ import socket
 import subprocess
 
 from fpbench.common import GIB, MIB, log, median, ratio
+from fpbench.floor import Floor, build_floor
 from fpbench.load import point_key, point_label
 from fpbench.nvme_perf import perf_path, perf_run
 from fpbench.sections.spdk import HugePages
@@ -19,7 +25,13 @@ from fpbench.servers import Flashpath, Spdk, spawn, wait_for
 from fpbench.syscalls import SyscallCounter
 from fpbench.syscalls import method as syscall_method
 
-TARGETS = ("flashpath", "spdk")
+TARGETS = ("flashpath", "spdk", "floor", "floor-epoll")
+# Each floor's system call mode (fpbench/floor.py) and the target whose calls it copies: the
+# target's distance is measured from that floor.
+FLOORS = {"floor": "poll", "floor-epoll": "epoll"}
+FLOOR_OF = {"flashpath": "floor", "spdk": "floor-epoll"}
+# The floor has no storage: it stands beside the null disk only.
+FLOOR_BACKENDS = ("null",)
 # What the section calls on both targets (SPDK v23.01's methods and parameters).
 NVMF_METHODS = ("nvmf_create_transport", "nvmf_create_subsystem", "nvmf_subsystem_add_ns",
                 "nvmf_subsystem_add_listener")
@@ -123,6 +135,21 @@ def summarize_nvmf(runs):
     return out
 
 
+def floor_distance(e):
+    """Each target's distance from the floor of its kind at one point: IOPS as a ratio to the
+    floor's, mean latency, p50 and server CPU per I/O as differences (ns) from the floor's."""
+    s, out = e["servers"], {}
+    for kind, floor in FLOOR_OF.items():
+        if kind not in s or floor not in s:
+            continue
+        t, f = s[kind]["median"], s[floor]["median"]
+        out[kind] = {"floor": floor, "iops_ratio": ratio(t.get("iops"), f.get("iops"))}
+        for k in ("lat_mean_ns", "p50_ns", "server_cpu_ns_per_io"):
+            out[kind][f"{k}_above"] = None if t.get(k) is None or f.get(k) is None else t[k] - f[k]
+        out[kind]["lat_mean_ratio"] = ratio(t.get("lat_mean_ns"), f.get("lat_mean_ns"))
+    return out
+
+
 def nvmf_ratios(e):
     """flashpath / SPDK of a point's medians (IOPS: higher is better; the rest lower)."""
     s = e["servers"]
@@ -130,7 +157,8 @@ def nvmf_ratios(e):
         return {}
     f, p = s["flashpath"]["median"], s["spdk"]["median"]
     out = {k: ratio(f.get(m), p.get(m)) for k, m in
-           (("iops", "iops"), ("p50", "p50_ns"), ("p99", "p99_ns"), ("server_cpu_per_io", "server_cpu_ns_per_io"),
+           (("iops", "iops"), ("lat_mean", "lat_mean_ns"), ("p50", "p50_ns"), ("p99", "p99_ns"),
+            ("server_cpu_per_io", "server_cpu_ns_per_io"),
             ("reactor_busy_per_io", "reactor_busy_ns_per_io"))}
     out["syscalls_per_io"] = ratio(s["flashpath"].get("traced", {}).get("syscalls_per_io"),
                                    s["spdk"].get("traced", {}).get("syscalls_per_io"))
@@ -154,8 +182,13 @@ class NvmfSection:
         # The machine's load around the section: other work on the two CPUs shows in every figure.
         out["loadavg_before"] = os.getloadavg()
         with HugePages():
+            if any(t in FLOORS for t in targets):
+                out["floor"] = {"binary": build_floor(self.work), "source": "bench/tcp_floor.c",
+                                "modes": {t: FLOORS[t] for t in targets if t in FLOORS},
+                                "of": {k: v for k, v in FLOOR_OF.items() if k in targets and v in targets}}
             for backend in out["backends"]:
-                self.nvmf_backend(backend, c, targets, how, out)
+                here = tuple(t for t in targets if t not in FLOORS or backend in FLOOR_BACKENDS)
+                self.nvmf_backend(backend, c, here, how, out)
         out["loadavg_after"] = os.getloadavg()
 
     def nvmf_backend(self, backend, c, targets, how, out):
@@ -163,6 +196,12 @@ class NvmfSection:
         servers, ports, nqns = {}, {}, {}
         try:
             for kind in targets:
+                if kind in FLOORS:
+                    servers[kind] = Floor(out["floor"]["binary"], self.work, self.server_cpu, size // 512,
+                                          mode=FLOORS[kind], name=f"{kind}-{backend}")
+                    ports[kind] = servers[kind].port
+                    nqns[kind] = NQN.format(backend=backend)
+                    continue
                 if kind == "spdk":
                     servers[kind] = NvmfTgt(self.args.spdk, self.work, self.server_cpu, name=f"spdk-nvmf-{backend}")
                     out["version"] = servers[kind].version()
@@ -192,6 +231,7 @@ class NvmfSection:
                         e["servers"][kind]["traced"] = self.nvmf_measure(servers[kind], ports[kind], nqns[kind],
                                                                          point, c["trace_secs"], how)
                 e["ratios"] = nvmf_ratios(e)
+                e["floor_distance"] = floor_distance(e)
                 out["points"].append(e)
                 log(f"{point_label(pk):<30} " + "  ".join(
                     f"{k} {e['servers'][k]['median']['iops']:>9.0f} IOPS p50 "
