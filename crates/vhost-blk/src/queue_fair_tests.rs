@@ -4,16 +4,20 @@
 //! request completes in the round after it was posted, behind at most one poll's budget of the
 //! flooding queue's requests, and the flooding queue still gets its whole budget every round.
 
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use fp_bdev::{
     Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoRequest, IoStatus, RamDevice, SubmitError,
 };
-use fp_reactor::{Reactor, ReactorConfig, PARK_AFTER_IDLE_POLLS};
+use fp_reactor::{Reactor, ReactorConfig, PARKED_CHECK_ROUNDS, PARK_AFTER_IDLE_POLLS};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::test_guest::*;
-use super::{QueuePoller, REQUESTS_PER_POLL};
+use super::{QueuePoller, StopMode, REQUESTS_PER_POLL};
 use crate::log::QueueLog;
 use crate::QueueStats;
 
@@ -203,4 +207,68 @@ fn parked_rounds(
 ) -> f64 {
     assert_eq!(reactor.parked_count(), idle);
     run_rounds(reactor, busy, rounds)
+}
+
+/// The used ring's flags: `VRING_USED_F_NO_NOTIFY` while the queue polls, 0 once it asks for
+/// kicks.
+fn used_flags(g: &Guest) -> u16 {
+    g.mem.read_obj(GuestAddress(USED)).unwrap()
+}
+
+/// A reactor with a busy queue (a request every round) and an idle one, run until the idle one
+/// is parked. Returns the reactor, the busy guest and the idle queue's guest and poller id.
+fn parked_beside_a_busy_queue(disk: &Bdev) -> (Reactor, Guest, Guest, fp_reactor::PollerId, Arc<QueueStats>) {
+    let mut reactor = Reactor::new(0, None, ReactorConfig::default()).unwrap();
+    let mut busy = Guest::new(false);
+    busy.header(HDR, T_IN, 0);
+    let stats = Arc::new(QueueStats::default());
+    reactor.add_poller(Box::new(QueuePoller::new(busy.setup(disk, &stats, QueueLog::default())).unwrap()));
+    let idle = Guest::new(false);
+    idle.header(HDR, T_IN, LIGHT_SECTOR);
+    let stats = Arc::new(QueueStats::default());
+    let id = reactor
+        .add_poller(Box::new(QueuePoller::new(idle.setup(disk, &stats, QueueLog::default())).unwrap()));
+    assert_eq!(used_flags(&idle), 1, "polled: the driver need not kick");
+    run_rounds(&mut reactor, &mut busy, 1..=PARK_AFTER_IDLE_POLLS);
+    assert_eq!(reactor.is_parked(id), Some(true), "idle for {PARK_AFTER_IDLE_POLLS} polls");
+    assert_eq!(used_flags(&idle), 0, "parked: the driver is asked to kick");
+    (reactor, busy, idle, id, stats)
+}
+
+#[test]
+fn a_parked_queue_is_not_polled_and_its_first_request_is_served_within_the_check_bound() {
+    let disk: Bdev = Arc::new(RamDevice::new("ram", 512, 2048).unwrap());
+    let (mut reactor, mut busy, mut idle, id, stats) = parked_beside_a_busy_queue(&disk);
+    let mut round = PARK_AFTER_IDLE_POLLS;
+    // A request without its kick is not seen: the queue is not polled (a driver that was asked
+    // to kick always does).
+    post_light(&mut idle);
+    run_rounds(&mut reactor, &mut busy, round + 1..=round + 4 * PARKED_CHECK_ROUNDS);
+    round += 4 * PARKED_CHECK_ROUNDS;
+    assert_eq!(idle.used_idx(), 0, "a parked queue is not polled");
+    (&idle.kick).write_all(&1u64.to_ne_bytes()).unwrap();
+    let mut waited = 0;
+    while idle.used_idx() == 0 {
+        assert!(waited < PARKED_CHECK_ROUNDS, "the parked queue's request waited {waited} rounds");
+        round += 1;
+        run_rounds(&mut reactor, &mut busy, round..=round);
+        waited += 1;
+    }
+    assert_eq!(reactor.is_parked(id), Some(false));
+    assert_eq!(used_flags(&idle), 1, "polled again: kicks off");
+    assert_eq!(idle.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(), 0);
+    assert_eq!(stats.read_ops.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_parked_queue_stops_when_asked() {
+    let disk: Bdev = Arc::new(RamDevice::new("ram", 512, 2048).unwrap());
+    let (mut reactor, mut busy, _idle, id, _stats) = parked_beside_a_busy_queue(&disk);
+    let (tx, rx) = sync_channel(1);
+    reactor.poller_mut::<QueuePoller>(id).unwrap().request_stop(StopMode::Drain, Duration::from_secs(5), tx);
+    let round = PARK_AFTER_IDLE_POLLS + 1;
+    run_rounds(&mut reactor, &mut busy, round..=round);
+    let stopped = rx.try_recv().expect("stopped in the next round").expect("nothing outstanding");
+    assert_eq!(stopped.base, 0);
+    assert_eq!(reactor.poller_count(), 1, "the stopped queue left the reactor");
 }
