@@ -371,12 +371,15 @@ impl Reactor {
                     busy = true;
                     slot.idle_polls = 0;
                 }
-                PollStatus::Idle => {
+                // Counted only where it leads somewhere: `park` starts the count again, so it
+                // never passes the threshold.
+                PollStatus::Idle if slot.parkable => {
                     slot.idle_polls += 1;
-                    if slot.parkable && slot.idle_polls >= PARK_AFTER_IDLE_POLLS {
+                    if slot.idle_polls >= PARK_AFTER_IDLE_POLLS {
                         settle |= self.park(i);
                     }
                 }
+                PollStatus::Idle => {}
                 PollStatus::Finished => {
                     busy = true;
                     settle = true;
