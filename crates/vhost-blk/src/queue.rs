@@ -6,11 +6,13 @@
 //! bdev channel and pre-allocates one request slot per ring entry. From then on everything
 //! about the queue is core-local: no locks, no allocation per request.
 //!
-//! One poll round: take available chains while slots are free (split or packed ring,
+//! One poll round: take available chains while slots are free, `REQUESTS_PER_POLL` at most
+//! (the queue's share of its reactor's round; split or packed ring,
 //! `fp_virtq`), parse and validate each (`fp-virtio-blk`), submit to the bdev channel (zero
 //! copy: the iovecs point into guest memory), poll the channel, write status bytes and used
 //! elements for everything that completed, publish the used ring once and notify the guest at
-//! most once.
+//! most once. A queue idle for a while is parked by its reactor (`Poller::parks_when_idle`):
+//! not polled, its notifications on, until the driver kicks.
 //!
 //! Stopping (GET_VRING_BASE, a memory-table change, disconnect) is a message that sets
 //! `stop`; the poller stops taking requests, keeps retrying a request the bdev refused as Busy
