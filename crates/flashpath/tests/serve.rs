@@ -212,7 +212,9 @@ fn serve_with_config_drive_cli_and_stop() {
     let reactors = d.json(&["reactor", "list"]);
     assert_eq!(reactors["tick_rate"], 1_000_000_000u64);
     assert_eq!(reactors["reactors"].as_array().unwrap().len(), 1);
-    assert!(d.ok(&["reactor", "list"]).starts_with("CORE"));
+    assert_eq!(reactors["reactors"][0]["pollers_parked"], 0, "nothing to park: {reactors}");
+    let table = d.ok(&["reactor", "list"]);
+    assert!(table.starts_with("CORE") && table.lines().next().unwrap().ends_with("PARKED"), "{table}");
     assert_eq!(d.ok(&["version"]).trim(), format!("flashpath v{}", env!("CARGO_PKG_VERSION")));
     let methods = d.json(&["rpc", "rpc_get_methods"]);
     let methods: Vec<&str> = methods.as_array().unwrap().iter().map(|m| m.as_str().unwrap()).collect();

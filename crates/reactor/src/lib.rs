@@ -12,7 +12,10 @@
 //!   eventfd wake-up; the message runs on the reactor with `&mut Reactor`;
 //! * a reactor busy-polls while any poller has work pending or did work within the idle window,
 //!   then asks every poller to re-arm its notifications and sleeps in `epoll_wait` on their fds
-//!   and its inbox. Both phases are counted in [`ReactorStats`].
+//!   and its inbox. Both phases are counted in [`ReactorStats`];
+//! * a round polls every poller once, starting one poller further each round, so no poller is
+//!   always served first; a poller that opts in ([`Poller::parks_when_idle`]) and stays idle
+//!   for a while is parked: not polled until its wake fds fire.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -27,6 +30,7 @@ pub use cpus::{parse_cpu_list, parse_cpumask, MAX_CPUMASK_LEN};
 pub use poller::{PollStatus, Poller, PollerId};
 pub use reactor::{
     Message, Reactor, ReactorConfig, ReactorHandle, DEFAULT_IDLE_WINDOW, DEFAULT_SHUTDOWN_BOUND,
+    PARKED_CHECK_INTERVAL, PARKED_CHECK_ROUNDS, PARK_AFTER_IDLE_POLLS,
 };
 pub use set::ReactorSet;
 pub use stats::{mono_ns, ReactorStats, ReactorStatsSnapshot};
@@ -37,3 +41,6 @@ pub use fp_sys as sys;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod park_tests;

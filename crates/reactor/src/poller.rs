@@ -53,6 +53,18 @@ pub trait Poller: Any {
         Vec::new()
     }
 
+    /// Whether the reactor may park this poller after [`crate::PARK_AFTER_IDLE_POLLS`] polls in a
+    /// row without work: it re-arms the poller's notifications ([`Poller::prepare_sleep`]) and
+    /// stops polling it until one of its [`Poller::wake_fds`] fires (checked every few rounds, see
+    /// docs/architecture.md, "Many queues on one reactor"), or until
+    /// [`crate::Reactor::poller_mut`] reaches it. That is the promise sleeping relies on, made per
+    /// poller: once `prepare_sleep` returned `true` and nothing is pending, every piece of new
+    /// work arrives through those fds or a message that reaches the poller through `poller_mut`.
+    /// A poller without wake fds is never parked.
+    fn parks_when_idle(&self) -> bool {
+        false
+    }
+
     /// How long this poller wants the reactor to keep polling after the last work before it
     /// sleeps; `None` for the reactor's configured window. A poller whose work comes back from
     /// far away (a Ceph cluster answers in milliseconds, through an fd) asks for less: spinning

@@ -20,6 +20,10 @@ pub struct ReactorStats {
     pub messages: AtomicU64,
     /// Pollers currently registered.
     pub pollers: AtomicU64,
+    /// Pollers parked now (idle, polled only once their fds fire).
+    pub parked: AtomicU64,
+    /// Times a poller was parked.
+    pub parks: AtomicU64,
     /// True while asleep.
     pub sleeping: AtomicBool,
     /// When the current sleep began ([`mono_ns`]), or 0 while awake; lets a snapshot count a
@@ -53,6 +57,8 @@ impl ReactorStats {
             sleeps: self.sleeps.load(Ordering::Relaxed),
             messages: self.messages.load(Ordering::Relaxed),
             pollers: self.pollers.load(Ordering::Relaxed),
+            parked: self.parked.load(Ordering::Relaxed),
+            parks: self.parks.load(Ordering::Relaxed),
             sleeping: self.sleeping.load(Ordering::Relaxed),
         }
     }
@@ -75,6 +81,10 @@ pub struct ReactorStatsSnapshot {
     pub messages: u64,
     /// See [`ReactorStats::pollers`].
     pub pollers: u64,
+    /// See [`ReactorStats::parked`].
+    pub parked: u64,
+    /// See [`ReactorStats::parks`].
+    pub parks: u64,
     /// See [`ReactorStats::sleeping`].
     pub sleeping: bool,
 }

@@ -6,11 +6,13 @@
 //! bdev channel and pre-allocates one request slot per ring entry. From then on everything
 //! about the queue is core-local: no locks, no allocation per request.
 //!
-//! One poll round: take available chains while slots are free (split or packed ring,
+//! One poll round: take available chains while slots are free, `REQUESTS_PER_POLL` at most
+//! (the queue's share of its reactor's round; split or packed ring,
 //! `fp_virtq`), parse and validate each (`fp-virtio-blk`), submit to the bdev channel (zero
 //! copy: the iovecs point into guest memory), poll the channel, write status bytes and used
 //! elements for everything that completed, publish the used ring once and notify the guest at
-//! most once.
+//! most once. A queue idle for a while is parked by its reactor (`Poller::parks_when_idle`):
+//! not polled, its notifications on, until the driver kicks.
 //!
 //! Stopping (GET_VRING_BASE, a memory-table change, disconnect) is a message that sets
 //! `stop`; the poller stops taking requests, keeps retrying a request the bdev refused as Busy
@@ -71,6 +73,15 @@ pub(crate) const FIRST_SIGNAL_BATCH: usize = 8;
 /// so that a driver consuming as we complete finds completions in a stream rather than a
 /// queue's worth at once. Both values measured (docs/bench/history.md, issue 23).
 pub(crate) const PUBLISH_EVERY: usize = 24;
+/// The most requests one poll takes, whatever the ring holds: the queue's share of its
+/// reactor's round. A queue whose driver keeps its ring full (QD 256) would otherwise take two
+/// parts of `PUBLISH_EVERY` per poll, 48 requests, and every other queue on the reactor would
+/// wait for all of them (about 9 µs at the null path's 186 ns per request) each round. One
+/// first part and one full part (8 + 24) is what the interrupt-driven measurement behind both
+/// sizes took per round at QD 32, so a queue at that depth or below is never cut; what a deeper
+/// queue leaves waits for the next round, which follows at once (docs/architecture.md, "Many
+/// queues on one reactor").
+pub(crate) const REQUESTS_PER_POLL: usize = FIRST_SIGNAL_BATCH + PUBLISH_EVERY;
 
 /// Requests the bdev stack parked on Busy and gave up ([`IoChannel::abort_parked`]) at a
 /// stop's bound: they complete with `ECANCELED`, counted here as they do.
@@ -831,8 +842,8 @@ impl Poller for QueuePoller {
         }
         let mut busy = false;
         if !self.failed && self.retry_busy() && (self.resubmits.is_empty() || self.resubmit_rest()) {
-            // A round takes at most two parts and publishes after each (docs/architecture.md,
-            // "Guest notifications"). The first is small when the driver waits for its next
+            // A round takes at most two parts, `REQUESTS_PER_POLL` in all, and publishes after
+            // each (docs/architecture.md, "Guest notifications"). The first is small when the driver waits for its next
             // completion (everything before was completed and announced, and it asked to hear),
             // so that its wake-up overlaps our work on the rest; what a second part leaves
             // waits for the next round, which follows at once. The driver's field is read only
@@ -853,7 +864,7 @@ impl Poller for QueuePoller {
                     self.publish_counters();
                     self.notify(false);
                 }
-                self.pop_and_submit(PUBLISH_EVERY);
+                self.pop_and_submit(PUBLISH_EVERY.min(REQUESTS_PER_POLL - took));
             }
         }
         let reaped = self.reap();
@@ -889,6 +900,13 @@ impl Poller for QueuePoller {
 
     fn idle_window(&self) -> Option<Duration> {
         self.channel.sleeps_in_flight().then_some(REMOTE_IDLE_WINDOW)
+    }
+
+    fn parks_when_idle(&self) -> bool {
+        // Once `prepare_sleep` re-armed it, new work arrives as a kick or a completion fd's
+        // signal, and stops, memory tables and call fds come through `poller_mut`: an idle
+        // controller's queue costs its reactor nothing while parked.
+        true
     }
 
     fn held_by_backend(&self) -> usize {
@@ -965,3 +983,7 @@ mod notify_tests;
 #[cfg(test)]
 #[path = "queue_stop_tests.rs"]
 mod stop_tests;
+
+#[cfg(test)]
+#[path = "queue_fair_tests.rs"]
+mod fair_tests;

@@ -9,7 +9,7 @@ use super::session::{cell, out, print_json, seconds, table, u64_field, CliError,
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ReactorCommand {
-    /// Per-reactor time split and sleep counts
+    /// Per-reactor time split, sleep counts, pollers and parked pollers
     List,
 }
 
@@ -44,9 +44,12 @@ fn reactor_list(rpc: &Path, json: bool) -> Result<(), CliError> {
                 seconds(u64_field(x, "sleep_ns")),
                 cell(x, "sleeps"),
                 cell(x, "rounds"),
+                cell(x, "pollers"),
+                cell(x, "pollers_parked"),
             ]
         })
         .collect();
-    out(&table(&["CORE", "STATE", "BUSY%", "BUSY", "IDLE", "ASLEEP", "SLEEPS", "ROUNDS"], &rows));
+    let head = ["CORE", "STATE", "BUSY%", "BUSY", "IDLE", "ASLEEP", "SLEEPS", "ROUNDS", "POLLERS", "PARKED"];
+    out(&table(&head, &rows));
     Ok(())
 }

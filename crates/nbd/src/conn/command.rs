@@ -7,10 +7,15 @@ use super::{ConnPoller, Phase, MAX_EXTENTS};
 use crate::proto::*;
 
 impl ConnPoller {
-    /// Starts the ready requests; true when it started or answered any.
-    pub(super) fn start_ready(&mut self) -> bool {
+    /// Starts the ready requests, at most `budget` of them (taken from it); true when it
+    /// started or answered any.
+    pub(super) fn start_ready(&mut self, budget: &mut usize) -> bool {
         let mut moved = false;
         while let Some(&i) = self.ready.front() {
+            if *budget == 0 {
+                break;
+            }
+            *budget -= 1;
             match self.start(i) {
                 Ok(()) => {
                     self.ready.pop_front();

@@ -32,6 +32,10 @@ pub(crate) fn framework_get_reactors(registry: &Registry, p: Params) -> Result<V
                 "rounds": s.rounds,
                 "messages": s.messages,
                 "pollers": s.pollers,
+                // Idle pollers not polled until their fds fire (docs/architecture.md, "Many
+                // queues on one reactor"), and how many times one was parked.
+                "pollers_parked": s.parked,
+                "parks": s.parks,
             })
         })
         .collect();
