@@ -14,6 +14,11 @@ def _per(v):
     return "-" if v is None else f"{v:.3f}"
 
 
+def _x(r):
+    """A ratio, with three decimals below 0.1 (p99 ratios here can be 0.003)."""
+    return fmt_ratio(r) if r is None or r >= 0.1 else f"{r:.3f}"
+
+
 def density_markdown(res):
     e, m = res["density"], res["meta"]
     c = e["config"]
@@ -59,9 +64,8 @@ def density_markdown(res):
         cells = []
         for k in peers:
             r = p["ratios"][k]
-            cells += [f"**{fmt_ratio(r['total_iops'])}**", fmt_ratio(r["mean_p99_ns"]), fmt_ratio(r["max_p99_ns"]),
-                      fmt_ratio(r["min_max_iops"]), fmt_ratio(r["server_cpu_stat_ns_per_io"]),
-                      fmt_ratio(r["notifications_per_io"])]
+            cells += [f"**{_x(r['total_iops'])}**", _x(r["mean_p99_ns"]), _x(r["max_p99_ns"]), _x(r["min_max_iops"]),
+                      _x(r["server_cpu_stat_ns_per_io"]), _x(r["notifications_per_io"])]
         lines.append(f"| {p['vms']} × {p['qd']} | " + " | ".join(cells) + " |")
     la, lb = e.get("loadavg_before"), e.get("loadavg_after")
     if la and lb:

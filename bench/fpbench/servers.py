@@ -197,7 +197,9 @@ class Spdk:
     (`hugepages`)."""
     kind = "spdk"
 
-    def __init__(self, spdk_dir, work, cpu, name="spdk"):
+    def __init__(self, spdk_dir, work, cpu, name="spdk", iobuf=None):
+        """`iobuf`: `iobuf_set_options` parameters (its buffer pools' sizes), set before the
+        subsystems start (`--wait-for-rpc`); None: SPDK's defaults."""
         self.name = name
         self.cpu = cpu
         self.dir = os.path.join(work, name)
@@ -206,10 +208,16 @@ class Spdk:
         self.rpc_sock = os.path.join(self.dir, "rpc.sock")
         self.cmd = ["taskset", "-c", str(cpu), os.path.join(spdk_dir, "build", "bin", "vhost"),
                     "-S", self.vhost_dir, "-m", hex(1 << cpu), "-r", self.rpc_sock, "--disable-cpumask-locks"]
+        if iobuf:
+            self.cmd.append("--wait-for-rpc")
         self.proc = spawn(self.cmd, os.path.join(self.dir, "vhost.log"))
         self.pid = self.proc.pid
         self.wrap = ()
         wait_for(self._answers, 60, "SPDK vhost", self.proc)
+        if iobuf:
+            self.rpc("iobuf_set_options", iobuf)
+            self.rpc("framework_start_init")
+            self.rpc("framework_wait_init")
         self.tick_rate = None
 
     def _answers(self):

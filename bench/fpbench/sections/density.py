@@ -42,6 +42,19 @@ RUN_FIGURES = ["total_iops", "mean_p99_ns", "max_p99_ns", "min_max_iops", "serve
                "notifications_per_io", "client_cores", "server_cores"]
 
 
+# SPDK 23.01 gives every vhost-blk session an iobuf channel that takes a cache of 128 small and
+# 16 large buffers from the global pools at its start (lib/bdev/bdev.c BUF_*_CACHE_SIZE); the
+# default pools (8192 and 1024) serve 63 sessions, and the 64th fails to start ("Failed to
+# populate iobuf small buffer cache"). Its pools are sized for the run's N (and a few threads
+# of its own) instead: SPDK's own remedy, memory only.
+SPDK_SMALL_CACHE, SPDK_LARGE_CACHE, SPDK_SPARE_THREADS = 128, 16, 8
+
+
+def spdk_iobuf(n):
+    return {"small_pool_count": max(8192, SPDK_SMALL_CACHE * (n + SPDK_SPARE_THREADS)),
+            "large_pool_count": max(1024, SPDK_LARGE_CACHE * (n + SPDK_SPARE_THREADS))}
+
+
 def density_config(mode):
     return DENSITY[mode]
 
@@ -113,7 +126,9 @@ class DensitySection:
             qsd = started["qsd"] = QsdMulti(self.work, self.server_cpu, n, f"qsd-density-{n}", "none", None)
             socks["qsd"] = qsd.socks
             if "spdk" in servers:
-                sp = started["spdk"] = Spdk(self.args.spdk, self.work, self.server_cpu, name=f"spdk-density-{n}")
+                sp = started["spdk"] = Spdk(self.args.spdk, self.work, self.server_cpu, name=f"spdk-density-{n}",
+                                            iobuf=spdk_iobuf(n))
+                out.setdefault("spdk_iobuf", {})[str(n)] = spdk_iobuf(n)
                 out["spdk_version"] = sp.version()
                 socks["spdk"] = sp.null_disks(n, c["size"])
                 # Its reactor polls the core even when idle: frozen outside its own runs.
