@@ -389,7 +389,7 @@ def markdown(res):
         for e in res["callgrind"]:
             lines.append(f"| {e['backend']} {e['pattern']} {e['bs'] // 1024}K, QD{e['qd']} × "
                          f"{e['queues']} | {e['client']} | {e['server']} | {e['ir_per_io']:,.0f} | "
-                         f"{len(e['runs'])} | {100 * e['spread']:.1f} % |")
+                         f"{len(e['runs'])} | {fmt_spread(e['spread'], 1)} |")
     # The sections of a full run, in the order results.md shows those that ran.
     for key, section in (("pathlen", pathlen_markdown), ("lvol", lvol_markdown), ("rbd", rbd_markdown),
                          ("nbd", nbd_markdown), ("migration", migration_markdown),
@@ -432,7 +432,7 @@ def rbd_markdown(res):
             x = p["servers"][kind]
             md = x["median"]
             cl = md.get("cluster_cpu_ns_per_io", {})
-            sp = "-" if x["spread"] is None else f"{100 * x['spread']:.0f} %"
+            sp = fmt_spread(x["spread"])
             lines.append(
                 f"| {p['pattern']} {p['bs'] // 1024}K | {p['qd']} | {kind} | {fmt_iops(md.get('iops'))} | {sp} | "
                 f"{fmt_us1(md.get('p50_ns'))} | {fmt_us1(md.get('p99_ns'))} | {fmt_us1(md.get('p999_ns'))} | "
@@ -491,7 +491,7 @@ def nbd_markdown(res):
         for kind in NBD_SERVERS:
             x = p["servers"][kind]
             md = x["median"]
-            sp = "-" if x["spread"] is None else f"{100 * x['spread']:.0f} %"
+            sp = fmt_spread(x["spread"])
             lines.append(
                 f"| {nbd_label((p['pattern'], p['bs'], p['qd']))} | {kind} | {fmt_iops(md.get('iops'))} | "
                 f"{md.get('mbps', 0):,.0f} | {sp} | {fmt_us1(md.get('lat_mean_ns'))} | {fmt_us1(md.get('p50_ns'))} | "
@@ -550,8 +550,8 @@ def lvol_markdown(res):
         r, v = p["median"]["raw"], p["median"]["lvol"]
         lines.append(f"| {p['pattern']} {p['bs'] // 1024}K | {p['qd']} | {p['client']} | {fmt_iops(r['iops'])} | "
                      f"{fmt_iops(v['iops'])} | **{fmt_ratio(p['ratio'])}** | {min(p['pair_ratios']):.2f}–"
-                     f"{max(p['pair_ratios']):.2f} | {100 * p['spread']['raw']:.0f} % | "
-                     f"{100 * p['spread']['lvol']:.0f} % | {fmt_us(r['p50_ns'])} | {fmt_us(v['p50_ns'])} | "
+                     f"{max(p['pair_ratios']):.2f} | {fmt_spread(p['spread']['raw'])} | "
+                     f"{fmt_spread(p['spread']['lvol'])} | {fmt_us(r['p50_ns'])} | {fmt_us(v['p50_ns'])} | "
                      f"{fmt_us(r['p99_ns'])} | {fmt_us(v['p99_ns'])} | {fmt_ns(r.get('reactor_busy_ns_per_io'))} | "
                      f"{fmt_ns(v.get('reactor_busy_ns_per_io'))} |")
     fw = lv.get("first_write", [])
@@ -736,7 +736,7 @@ def qos_markdown(res):
         for k in ("off", "limit", "group"):
             md = v[k]["median"]
             lines.append(f"| {k} | {fmt_iops(md['iops'])} | {fmt_ratio(o['ratios'].get(k, 1.0))} | "
-                         f"{100 * o['spread'][k]:.0f} % | {fmt_us(md['p50_ns'])} | "
+                         f"{fmt_spread(o['spread'][k])} | {fmt_us(md['p50_ns'])} | "
                          f"{fmt_ns(md.get('reactor_busy_ns_per_io'))} |")
         lines.append("")
     return lines

@@ -41,11 +41,11 @@ def spread_of(xs):
     return (xs[-1] - xs[0]) / med if med > 0 else None
 
 
-def fmt_spread(s):
-    """A spread in %, flagged above SPREAD_FLAG_LIMIT."""
+def fmt_spread(s, digits=0):
+    """A spread in % with `digits` decimals, flagged above SPREAD_FLAG_LIMIT."""
     if s is None:
         return "-"
-    return f"{100 * s:.0f} %" + (f" {SPREAD_FLAG}" if s > SPREAD_FLAG_LIMIT else "")
+    return f"{100 * s:.{digits}f} %" + (f" {SPREAD_FLAG}" if s > SPREAD_FLAG_LIMIT else "")
 
 
 def with_spread(text, s):
