@@ -32,6 +32,7 @@ from fpbench.modes import mode_config
 from fpbench.report import write_outputs
 from fpbench.sections.callgrind import CallgrindSection
 from fpbench.sections.crypto import CryptoSection, crypto_missing
+from fpbench.sections.density import DensitySection
 from fpbench.sections.guest_notify import GuestNotifySection, guest_notify_config, guest_notify_missing
 from fpbench.sections.iostat import IostatSection
 from fpbench.sections.lvol import LvolSection
@@ -51,7 +52,7 @@ from fpbench.validate import validate
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
             NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection, RaidSection,
-            CryptoSection, PathlenSection):
+            CryptoSection, PathlenSection, DensitySection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -183,6 +184,8 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             "pathlen": (f"the path length of every export: instructions per I/O under callgrind (measured server "
                         f"CPU {self.server_cpu}, clients and peers CPU {self.client_cpu}, scratch {self.work})",
                         self.run_pathlen),
+            "density": (f"density: many VMs on one server core, flashpath vs qsd{' vs SPDK' if self.args.spdk else ''} "
+                        f"(server CPU {self.server_cpu}, client CPU {self.client_cpu})", self.run_density),
         }
         if self.args.only:
             what, section = only[self.args.only]
@@ -205,6 +208,8 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
         else:
             log("=== NVMe/TCP vs SPDK's nvmf_tgt, NVMe/TCP initiator vs SPDK's: skipped (they need --spdk DIR, a "
                 "built SPDK)")
+        log("=== density: many VMs on one server core")
+        self.run_density()
         log("=== flashpath with two reactors (scaling)")
         self.run_scaling()
         if self.cfg["packed_points"]:
@@ -255,7 +260,7 @@ def main():
                     help="a built SPDK tree (build/bin/vhost): its vhost target runs beside flashpath and qsd "
                          "(sets up 1024 huge pages; root)")
     ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk",
-                                       "nvmf", "nvme-tcp", "raid", "crypto", "pathlen"],
+                                       "nvmf", "nvme-tcp", "raid", "crypto", "pathlen", "density"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "

@@ -73,17 +73,68 @@ class Loader:
         return p
 
 
+def server_sample(pid):
+    """What a process has used so far, for `interrupt_figures`: its CPU time (`proc_cpu`: utime +
+    stime of /proc/PID/stat, and schedstat) and its threads' context switches, summed over
+    /proc/PID/task/*/status (a process's own status file counts its main thread only):
+    voluntary ones are its sleeps, each ended by a wake-up."""
+    vol = invol = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        vol += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        invol += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    c = proc_cpu(pid)
+    return {"stat_ns": c["stat_ns"], "sched_ns": c["sched_ns"], "voluntary": vol, "involuntary": invol,
+            "t": time.monotonic()}
+
+
+def interrupt_figures(s0, s1, client):
+    """The server-side figures of an interrupt-driven client's run, the same for every server:
+    from two `server_sample`s of the server around the I/O and fp-load's JSON result (a single
+    disk's, or a multi-disk run's total) `client`.
+
+    server_cpu_stat_ns_per_io: the server's utime + stime per I/O (clock ticks, so meaningful
+    over runs of a second or more); server_wakeups_per_io: its voluntary context switches per
+    I/O; client_wakeups_per_io: the client's sleeps on its completion fds that ended with one
+    ready; client_calls_per_io: the completion notifications (call eventfd writes) it read;
+    client_kicks_per_io: the kicks it sent (fp-load's own frontend only); notifications_per_io:
+    calls + kicks, every notification that crossed between the two per I/O."""
+    ios = client["ios"]
+    per = lambda v: v / ios if ios and v is not None else None  # noqa: E731
+    r = {"server_cpu_stat_ns": s1["stat_ns"] - s0["stat_ns"],
+         "server_wakeups": s1["voluntary"] - s0["voluntary"],
+         "server_involuntary_switches": s1["involuntary"] - s0["involuntary"]}
+    r["server_cpu_stat_ns_per_io"] = per(r["server_cpu_stat_ns"])
+    r["server_wakeups_per_io"] = per(r["server_wakeups"])
+    w = client.get("wakeups") or {}
+    kicks = client.get("kicks")
+    calls = w.get("notifications")
+    r["client_wakeups_per_io"] = per(w.get("wakeups"))
+    r["client_calls_per_io"] = per(calls)
+    r["client_kicks_per_io"] = per(kicks)
+    r["notifications_per_io"] = per(calls + kicks) if calls is not None and kicks is not None else None
+    return r
+
+
 def measure(server, loader, sock, point, secs, want_hist, client_busy=False, packed=False, extra=()):
     """One fp-load run against `server`, with the server's CPU and reactor deltas; `extra`:
     more fp-load arguments. With --dirty-log, the log's report is kept as "dirty_log"."""
     pattern, bs, qd, queues, poll = point
     react0 = server.reactors() if hasattr(server, "reactors") else None
+    side0 = server_sample(server.pid)
     cpu0 = proc_cpu(server.pid)
     m0, o0 = machine_busy_ns(), own_cpu_ns()
     res = loader.run(sock, pattern, bs, qd, queues, poll, secs, hist=want_hist, client_busy=client_busy,
                      packed=packed, extra=extra)
     m1, o1 = machine_busy_ns(), own_cpu_ns()
     cpu1 = proc_cpu(server.pid)
+    side1 = server_sample(server.pid)
     react1 = server.reactors() if react0 is not None else None
     if res["errors"]:
         raise RuntimeError(f"{server.name} {point}: {res['errors']} requests failed "
@@ -133,6 +184,11 @@ def measure(server, loader, sock, point, secs, want_hist, client_busy=False, pac
         # fp-load's own frontend: the kicks it sent (the device did not ask for none).
         r["client_kicks"] = res["kicks"]
         r["client_kicks_per_io"] = res["kicks"] / ios if ios else None
+    if not poll:
+        # Interrupt-driven: the server's wake-ups and the notifications both ways, per I/O
+        # (the whole fp-load process: a connect and a drain around the run).
+        r.update((k, v) for k, v in interrupt_figures(side0, side1, res).items()
+                 if k not in ("server_cpu_stat_ns", "server_cpu_stat_ns_per_io"))
     w = res.get("wakeups")
     if w:
         # The client's sleeps on its completion fds and the notifications it read there.
@@ -233,7 +289,8 @@ def lvol_spdk_note():
 METRICS = ["iops", "mbps", "lat_mean_ns", "p50_ns", "p99_ns", "p999_ns", "server_cpu_ns_per_io",
            "server_cpu_stat_ns_per_io", "server_cores", "reactor_busy_ns_per_io",
            "client_busy_ns_per_io", "client_busy_frac", "completions_per_wakeup",
-           "completions_per_notification", "server_requests_per_notification", "server_kicks_per_io", "client_kicks_per_io"]
+           "completions_per_notification", "server_requests_per_notification", "server_kicks_per_io", "client_kicks_per_io",
+           "server_wakeups_per_io", "client_wakeups_per_io", "client_calls_per_io", "notifications_per_io"]
 
 
 def summarize(runs):

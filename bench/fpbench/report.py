@@ -11,8 +11,9 @@ from fpbench.common import MIB, median, ratio
 from fpbench.load import point_label
 from fpbench.machine import nbd_label
 from fpbench.report_crypto import crypto_markdown, crypto_targets
+from fpbench.report_density import density_markdown, density_targets
 from fpbench.report_guest_notify import guest_notify_markdown, guest_notify_targets
-from fpbench.report_format import fmt_iops, fmt_ns, fmt_ratio, fmt_us
+from fpbench.report_format import SPREAD_NOTE, fmt_iops, fmt_ns, fmt_ratio, fmt_spread, fmt_us, spread_of
 from fpbench.report_migration import migration_markdown, migration_targets
 from fpbench.report_nvme_tcp import nvme_tcp_markdown, nvme_tcp_targets
 from fpbench.report_raid import raid_markdown, raid_targets
@@ -165,6 +166,7 @@ def targets(res):
     migration_targets(res, add)
     guest_notify_targets(res, add)
     spdk_targets(res, add)
+    density_targets(res, add)
     nvmf_targets(res, add)
     nvme_tcp_targets(res, add)
     raid_targets(res, add)
@@ -177,9 +179,7 @@ def spread(res, r, server):
     for p in res["points"]:
         if p["server"] == server and all(p[k] == r[k] for k in ("backend", "pattern", "bs", "qd",
                                                                   "queues", "client")):
-            xs = [x["iops"] for x in p["runs"]]
-            med = statistics.median(xs)
-            return f"{100 * (max(xs) - min(xs)) / med:.0f} %" if med else "-"
+            return fmt_spread(spread_of([x["iops"] for x in p["runs"]]))
     return "-"
 
 
@@ -257,7 +257,8 @@ def markdown(res):
              "nvme-tcp": ("flashpath vs SPDK as NVMe/TCP initiators", nvme_tcp_markdown),
              "raid": ("flashpath: raid1, its cost and its rebuilds", raid_markdown),
              "crypto": ("flashpath vs openssl and qemu-storage-daemon: AES-XTS", crypto_markdown),
-             "pathlen": ("flashpath: the path length of every export", pathlen_markdown)}
+             "pathlen": ("flashpath: the path length of every export", pathlen_markdown),
+             "density": ("flashpath vs qemu-storage-daemon (and SPDK): many VMs on one core", density_markdown)}
     if m.get("only") in alone:
         title, section = alone[m["only"]]
         lines = [f"# {title} ({m['mode']} run, {m['date']})", "",
@@ -279,7 +280,7 @@ def markdown(res):
         f"(flashpath, qsd, flashpath, qsd, ...); figures are medians. QD is per queue. "
         f"CPU/IO: the server's CPU time (all threads, /proc/PID/task/*/schedstat) per I/O; "
         f"busy/IO: flashpath's reactor busy time (polls that did work) per I/O. "
-        f"spread: (max - min) / median of the IOPS over the repetitions. "
+        f"spread: (max - min) / median of the IOPS over the repetitions ({SPREAD_NOTE}) "
         f"Command: `{m['command']}`. Wall time {res['wall_s'] / 60:.1f} min. "
         f"{other_cpu_note(res)}",
         "",
@@ -388,12 +389,12 @@ def markdown(res):
         for e in res["callgrind"]:
             lines.append(f"| {e['backend']} {e['pattern']} {e['bs'] // 1024}K, QD{e['qd']} × "
                          f"{e['queues']} | {e['client']} | {e['server']} | {e['ir_per_io']:,.0f} | "
-                         f"{len(e['runs'])} | {100 * e['spread']:.1f} % |")
+                         f"{len(e['runs'])} | {fmt_spread(e['spread'], 1)} |")
     # The sections of a full run, in the order results.md shows those that ran.
     for key, section in (("pathlen", pathlen_markdown), ("lvol", lvol_markdown), ("rbd", rbd_markdown),
                          ("nbd", nbd_markdown), ("migration", migration_markdown),
                          ("guest_notify", guest_notify_markdown), ("spdk", spdk_markdown),
-                         ("nvmf", nvmf_markdown), ("nvme_tcp", nvme_tcp_markdown)):
+                         ("nvmf", nvmf_markdown), ("nvme_tcp", nvme_tcp_markdown), ("density", density_markdown)):
         if res.get(key):
             lines += section(res)
     return "\n".join(lines + targets_table(res))
@@ -431,7 +432,7 @@ def rbd_markdown(res):
             x = p["servers"][kind]
             md = x["median"]
             cl = md.get("cluster_cpu_ns_per_io", {})
-            sp = "-" if x["spread"] is None else f"{100 * x['spread']:.0f} %"
+            sp = fmt_spread(x["spread"])
             lines.append(
                 f"| {p['pattern']} {p['bs'] // 1024}K | {p['qd']} | {kind} | {fmt_iops(md.get('iops'))} | {sp} | "
                 f"{fmt_us1(md.get('p50_ns'))} | {fmt_us1(md.get('p99_ns'))} | {fmt_us1(md.get('p999_ns'))} | "
@@ -490,7 +491,7 @@ def nbd_markdown(res):
         for kind in NBD_SERVERS:
             x = p["servers"][kind]
             md = x["median"]
-            sp = "-" if x["spread"] is None else f"{100 * x['spread']:.0f} %"
+            sp = fmt_spread(x["spread"])
             lines.append(
                 f"| {nbd_label((p['pattern'], p['bs'], p['qd']))} | {kind} | {fmt_iops(md.get('iops'))} | "
                 f"{md.get('mbps', 0):,.0f} | {sp} | {fmt_us1(md.get('lat_mean_ns'))} | {fmt_us1(md.get('p50_ns'))} | "
@@ -549,8 +550,8 @@ def lvol_markdown(res):
         r, v = p["median"]["raw"], p["median"]["lvol"]
         lines.append(f"| {p['pattern']} {p['bs'] // 1024}K | {p['qd']} | {p['client']} | {fmt_iops(r['iops'])} | "
                      f"{fmt_iops(v['iops'])} | **{fmt_ratio(p['ratio'])}** | {min(p['pair_ratios']):.2f}–"
-                     f"{max(p['pair_ratios']):.2f} | {100 * p['spread']['raw']:.0f} % | "
-                     f"{100 * p['spread']['lvol']:.0f} % | {fmt_us(r['p50_ns'])} | {fmt_us(v['p50_ns'])} | "
+                     f"{max(p['pair_ratios']):.2f} | {fmt_spread(p['spread']['raw'])} | "
+                     f"{fmt_spread(p['spread']['lvol'])} | {fmt_us(r['p50_ns'])} | {fmt_us(v['p50_ns'])} | "
                      f"{fmt_us(r['p99_ns'])} | {fmt_us(v['p99_ns'])} | {fmt_ns(r.get('reactor_busy_ns_per_io'))} | "
                      f"{fmt_ns(v.get('reactor_busy_ns_per_io'))} |")
     fw = lv.get("first_write", [])
@@ -735,7 +736,7 @@ def qos_markdown(res):
         for k in ("off", "limit", "group"):
             md = v[k]["median"]
             lines.append(f"| {k} | {fmt_iops(md['iops'])} | {fmt_ratio(o['ratios'].get(k, 1.0))} | "
-                         f"{100 * o['spread'][k]:.0f} % | {fmt_us(md['p50_ns'])} | "
+                         f"{fmt_spread(o['spread'][k])} | {fmt_us(md['p50_ns'])} | "
                          f"{fmt_ns(md.get('reactor_busy_ns_per_io'))} |")
         lines.append("")
     return lines

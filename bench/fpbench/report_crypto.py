@@ -4,6 +4,7 @@ outputs."""
 from fpbench.common import MIB
 from fpbench.load import point_key, point_label
 from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
+from fpbench.report_format import fmt_spread
 from fpbench.sections.crypto import (CLEAN_CPU_SHARE, ENGINES, FP_VARIANTS, KEY_BITS, OPS, PATTERN_OP, SIZES, TARGET,
                                      VARIANTS)
 
@@ -86,7 +87,7 @@ def crypto_markdown(res):
             for v in VARIANTS:
                 md = p["median"][v]
                 lines.append(f"| {_label(p)} | {v} | {_iops(md.get('iops'))} | {_num(md.get('mbps'), '{:,.0f}')} | "
-                             f"{_num(md.get('iops_spread'), '{:.0%}')} | {_num(md.get('server_wait_share'), '{:.0%}')} | "
+                             f"{fmt_spread(md.get('iops_spread'))} | {_num(md.get('server_wait_share'), '{:.0%}')} | "
                              f"{_num(md.get('server_cores'), '{:.2f}')} | {_num(md.get('other_cpu_cores'), '{:.2f}')} | "
                              f"{_us(md.get('p50_ns'))} | {_us(md.get('p99_ns'))} | "
                              f"{_ns(md.get('reactor_busy_ns_per_io'))} | {_ns(md.get('server_cpu_ns_per_io'))} | "

@@ -4,6 +4,8 @@ never the reverse."""
 
 import math
 
+from fpbench.report_format import fmt_spread
+
 EXPORT_NAMES = {"vhost-user": "vhost-user-blk", "nbd": "NBD (Unix socket)", "nvmf-target": "NVMe/TCP target",
                 "nvmf-host": "NVMe/TCP host"}
 HEADING = "## Path length of every export"
@@ -32,7 +34,7 @@ def pathlen_markdown(res):
         lo, hi = p["range"]
         lines.append(f"| {EXPORT_NAMES.get(p['export'], p['export'])} | null randread 4K, QD{p['qd']} | "
                      f"{p['client']} | {e['measured'][p['export']]} | {p['ir_per_io']:,.0f} | "
-                     f"{lo:,.0f}–{hi:,.0f} | {len(p['runs'])} | {100 * p['spread']:.1f} % |")
+                     f"{lo:,.0f}–{hi:,.0f} | {len(p['runs'])} | {fmt_spread(p['spread'], 1)} |")
     la, lb = e.get("loadavg_before"), e.get("loadavg_after")
     if la and lb:
         lines += ["", f"Load average (1, 5, 15 min) before the section: {', '.join(f'{x:.2f}' for x in la)}; after: "

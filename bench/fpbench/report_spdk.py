@@ -1,6 +1,7 @@
 """The SPDK-as-a-peer section (`--spdk DIR`, issue 23) in results.md, and its targets."""
 
 from fpbench.common import MIB
+from fpbench.report_format import SPREAD_NOTE, spread_of, with_spread
 from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
 
 
@@ -32,16 +33,26 @@ def spdk_markdown(res):
              "busy ticks / tick_rate from `framework_get_reactors`); per wake-up: completions per client wake-up on "
              "its completion fd (fd clients; the same measure for all three servers); per notification: completions "
              "per call-eventfd write the client read; kicks/IO: the client's kicks per I/O (it kicks unless the "
-             "server's used ring says VRING_USED_F_NO_NOTIFY); fp/SPDK: ratio of the medians.", "",
+             "server's used ring says VRING_USED_F_NO_NOTIFY); fp/SPDK: ratio of the medians. Completion-fd "
+             "points also: CPU/IO stat: the server's utime + stime (/proc/PID/stat) per I/O; server wake-ups/IO: "
+             "its threads' voluntary context switches per I/O; notifications/IO: the call-eventfd writes the "
+             "client read plus the kicks it sent, per I/O (all over the client's whole run). The IOPS and p99 "
+             "cells carry their spread across rounds ((max − min) / median).", "", SPREAD_NOTE, "",
              "| workload | server | IOPS | p50 µs | p99 µs | CPU/IO ns | busy/IO ns | per wake-up | "
-             "per notification | kicks/IO |", "|" + "---|" * 10]
+             "per notification | kicks/IO | CPU/IO stat ns | server wake-ups/IO | notifications/IO |",
+             "|" + "---|" * 13]
     for p in e["points"]:
         for kind in servers:
             md = p["servers"][kind]["median"]
-            lines.append(f"| {_label(p)} | {kind} | {_iops(md.get('iops'))} | {_us(md.get('p50_ns'))} | "
-                         f"{_us(md.get('p99_ns'))} | {_ns(md.get('server_cpu_ns_per_io'))} | "
+            runs = p["servers"][kind]["runs"]
+            sp = {k: spread_of([r.get(k) for r in runs]) for k in ("iops", "p99_ns")}
+            lines.append(f"| {_label(p)} | {kind} | {with_spread(_iops(md.get('iops')), sp['iops'])} | "
+                         f"{_us(md.get('p50_ns'))} | {with_spread(_us(md.get('p99_ns')), sp['p99_ns'])} | "
+                         f"{_ns(md.get('server_cpu_ns_per_io'))} | "
                          f"{_ns(md.get('reactor_busy_ns_per_io'))} | {_per(md.get('completions_per_wakeup'))} | "
-                         f"{_per(md.get('completions_per_notification'))} | {_k(md.get('client_kicks_per_io'))} |")
+                         f"{_per(md.get('completions_per_notification'))} | {_k(md.get('client_kicks_per_io'))} | "
+                         f"{_ns(md.get('server_cpu_stat_ns_per_io')) if p['client'] == 'fd' else '-'} | "
+                         f"{_k(md.get('server_wakeups_per_io'))} | {_k(md.get('notifications_per_io'))} |")
     lines += ["", "| workload | IOPS fp/SPDK | IOPS qsd/SPDK | p50 fp/SPDK | p99 fp/SPDK | CPU/IO fp/SPDK | "
               "busy/IO fp/SPDK | per wake-up fp/SPDK |", "|" + "---|" * 8]
     for p in e["points"]:
@@ -68,6 +79,13 @@ def spdk_targets(res, add):
         add("SPDK peer, QD32 completion-fd client: IOPS >= 1.3x SPDK's", ">= 1.30x",
             f"{_iops(f.get('iops'))} vs {_iops(s.get('iops'))} = {_x(r['iops'])}x",
             None if r["iops"] is None else r["iops"] >= 1.3)
+        a, b = f.get("server_cpu_stat_ns_per_io"), s.get("server_cpu_stat_ns_per_io")
+        rc = a / b if a is not None and b else None
+        add("SPDK peer, QD32 completion-fd client: server CPU per I/O <= 0.8x SPDK's", "<= 0.80x",
+            f"{_ns(a)} vs {_ns(b)} ns = {_x(rc)}x", None if rc is None else rc <= 0.8)
+        a, b = f.get("notifications_per_io"), s.get("notifications_per_io")
+        add("SPDK peer, QD32 completion-fd client: notifications per I/O <= SPDK's", "<= 1.00x",
+            f"{_k(a)} vs {_k(b)}", None if a is None or b is None else a <= b)
         a, b = f.get("completions_per_wakeup"), s.get("completions_per_wakeup")
         add("SPDK peer, QD32 fd: completions per client wake-up >= SPDK's", ">= 1.00x",
             f"{_per(a)} vs {_per(b)}", None if a is None or b is None else a >= b)

@@ -141,6 +141,20 @@ class Flashpath:
         wait_for(lambda: os.path.exists(sock), 10, f"flashpath socket {sock}", self.proc)
         return sock
 
+    def null_disks(self, n, size):
+        """`n` null bdevs of `size` bytes, each exported as a one-queue vhost-user-blk controller
+        (`vhost.d0`, ...) on the server's reactors; their sockets. Over the RPC socket directly:
+        a CLI process per call would take minutes for a hundred disks."""
+        socks = []
+        for i in range(n):
+            jsonrpc(self.rpc_sock, "bdev_null_create", {"name": f"Null{i}", "num_blocks": size // 512,
+                                                        "block_size": 512})
+            jsonrpc(self.rpc_sock, "vhost_create_blk_controller", {"ctrlr": f"vhost.d{i}", "dev_name": f"Null{i}",
+                                                                   "num_queues": 1})
+            socks.append(os.path.join(self.vhost_dir, f"vhost.d{i}"))
+        wait_for(lambda: all(os.path.exists(s) for s in socks), 20, f"{n} flashpath sockets", self.proc)
+        return socks
+
     def rbd_disk(self, conf, queues=2):
         """The cluster of `conf` registered as rbd0 (librbd's cache off, as qsd's cache.direct=on
         sets it), the bdev Ceph0 on the bench image, exported; its socket."""
@@ -183,7 +197,9 @@ class Spdk:
     (`hugepages`)."""
     kind = "spdk"
 
-    def __init__(self, spdk_dir, work, cpu, name="spdk"):
+    def __init__(self, spdk_dir, work, cpu, name="spdk", iobuf=None):
+        """`iobuf`: `iobuf_set_options` parameters (its buffer pools' sizes), set before the
+        subsystems start (`--wait-for-rpc`); None: SPDK's defaults."""
         self.name = name
         self.cpu = cpu
         self.dir = os.path.join(work, name)
@@ -192,10 +208,16 @@ class Spdk:
         self.rpc_sock = os.path.join(self.dir, "rpc.sock")
         self.cmd = ["taskset", "-c", str(cpu), os.path.join(spdk_dir, "build", "bin", "vhost"),
                     "-S", self.vhost_dir, "-m", hex(1 << cpu), "-r", self.rpc_sock, "--disable-cpumask-locks"]
+        if iobuf:
+            self.cmd.append("--wait-for-rpc")
         self.proc = spawn(self.cmd, os.path.join(self.dir, "vhost.log"))
         self.pid = self.proc.pid
         self.wrap = ()
         wait_for(self._answers, 60, "SPDK vhost", self.proc)
+        if iobuf:
+            self.rpc("iobuf_set_options", iobuf)
+            self.rpc("framework_start_init")
+            self.rpc("framework_wait_init")
         self.tick_rate = None
 
     def _answers(self):
@@ -227,6 +249,18 @@ class Spdk:
         sock = os.path.join(self.vhost_dir, ctrlr)
         wait_for(lambda: os.path.exists(sock), 10, f"SPDK socket {sock}", self.proc)
         return sock
+
+    def null_disks(self, n, size):
+        """`n` null bdevs of `size` bytes, each exported as a vhost-user-blk controller
+        (`vhost.d0`, ...) on the server's core; their sockets."""
+        socks = []
+        for i in range(n):
+            bdev = self.rpc("bdev_null_create", {"name": f"Null{i}", "num_blocks": size // 512, "block_size": 512})
+            self.rpc("vhost_create_blk_controller", {"ctrlr": f"vhost.d{i}", "dev_name": bdev,
+                                                     "cpumask": hex(1 << self.cpu)})
+            socks.append(os.path.join(self.vhost_dir, f"vhost.d{i}"))
+        wait_for(lambda: all(os.path.exists(s) for s in socks), 20, f"{n} SPDK sockets", self.proc)
+        return socks
 
     def reactors(self):
         """Each reactor's busy and idle time in ns, from framework_get_reactors' ticks."""

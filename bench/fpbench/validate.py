@@ -11,12 +11,15 @@ from fpbench.load import point_id, point_key, point_label
 from fpbench.machine import nbd_label
 from fpbench.modes import mode_config
 from fpbench.report_crypto import validate_crypto
+from fpbench.report_density import HEADING as DENSITY_HEADING
+from fpbench.report_density import validate_density
 from fpbench.report_nvme_tcp import validate_nvme_tcp
 from fpbench.report_raid import validate_raid
 from fpbench.report_nvmf import validate_nvmf
 from fpbench.report_pathlen import HEADING as PATHLEN_HEADING
 from fpbench.report_pathlen import validate_pathlen
 from fpbench.sections.crypto import crypto_config
+from fpbench.sections.density import density_config
 from fpbench.sections.guest_notify import SERVERS as GN_SERVERS
 from fpbench.sections.guest_notify import guest_notify_config
 from fpbench.sections.raid import raid_config
@@ -154,6 +157,9 @@ ALONE = {
     # The run's own config: --reps may override the mode's.
     "pathlen": (lambda res, mode: validate_pathlen(res, res["pathlen"]["config"]), PATHLEN_HEADING),
     "nvmf": (lambda res, mode: validate_nvmf(res, res["nvmf"]["config"]), "## NVMe over TCP"),
+    # The run's own config (--time/--reps may override the mode's); its N and QD the mode's.
+    "density": (lambda res, mode: validate_density(res, dict(res["density"]["config"], ns=density_config(mode)["ns"],
+                                                             qds=density_config(mode)["qds"])), DENSITY_HEADING),
 }
 
 
@@ -216,6 +222,8 @@ def validate(out_dir, mode):
                 problems.append(f"callgrind {point_label(e)} {e['server']}: {len(e['runs'])} runs")
         if want_cg - got_cg:
             problems.append(f"missing callgrind figures: {sorted(want_cg - got_cg)}")
+    if not res.get("density"):
+        problems.append("results.json has no 'density'")  # checked below (ALONE)
     if cfg.get("pathlen") and not res.get("pathlen"):
         problems.append("results.json has no 'pathlen'")  # checked below when present (ALONE)
     with open(os.path.join(out_dir, "results.md")) as f:

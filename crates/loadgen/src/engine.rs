@@ -27,6 +27,11 @@ use backend::{round_up, Backend, CompletionFd, Done, IoQueue, Req, BUF_ALIGN};
 /// stuck.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The stderr line of [`LoadSpec::mark_phases`] when the measured interval starts.
+pub const PHASE_MEASURING: &str = "fp-load: measuring";
+/// ... and when it ends.
+pub const PHASE_MEASURED: &str = "fp-load: measured";
+
 /// Busy-poll rounds with nothing completed between two clock reads.
 const IDLE_SPINS_PER_CLOCK_READ: u32 = 256;
 
@@ -556,6 +561,10 @@ fn run<B: Backend>(
     for (i, d) in disks.iter_mut().enumerate() {
         d.fill(start).map_err(tag(i))?;
     }
+    if first.mark_phases {
+        eprintln!("{PHASE_MEASURING}");
+    }
+    let mut end_marked = false;
 
     // Disks still submitting and counting.
     let mut running = disks.len();
@@ -592,6 +601,10 @@ fn run<B: Backend>(
         if running == 0 {
             if wakeups.is_none() {
                 wakeups = waiter.as_ref().map(|w| w.counts);
+            }
+            if first.mark_phases && !end_marked {
+                end_marked = true;
+                eprintln!("{PHASE_MEASURED}");
             }
             if in_flight == 0 {
                 break;

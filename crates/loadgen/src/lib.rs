@@ -32,7 +32,9 @@
 //! loop (one pass over every disk's queues, one `poll` over all their completion fds), as
 //! one vCPU driving many virtual disks would; with [`MultiSpec::thread_per_disk`] each disk
 //! has its own pinned thread, and the threads start together once every disk is connected.
-//! The [`MultiResult`] has each disk's [`LoadResult`] and their total.
+//! The [`MultiResult`] has each disk's [`LoadResult`] and their total. Every disk runs through
+//! the same client (libblkio, or fp-load's own frontend, over huge pages or not): the disks
+//! must agree on [`LoadSpec::frontend`] and [`LoadSpec::hugetlb`].
 //!
 //! With [`LoadSpec::verify`] every write is stamped and every read of a block written earlier
 //! in the run is checked against that block's last completed write ([`VerifyReport`]).
@@ -61,6 +63,7 @@ mod verify;
 pub use args::{parse_duration, parse_size};
 pub use client::{hold, pin_current_thread, run};
 pub use dirty_log::DirtyLogReport;
+pub use engine::{PHASE_MEASURED, PHASE_MEASURING};
 pub use error::LoadError;
 pub use hist::Histogram;
 pub use multi::{parse_disk, run_multi, DiskArg, MultiResult, MultiSpec};

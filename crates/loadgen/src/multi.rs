@@ -7,9 +7,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Barrier;
 use std::time::Duration;
 
-use crate::engine::{self, disk_error, StartLine};
+use crate::engine::{self, disk_error, StartLine, ThreadCounts};
 use crate::{
     parse_duration, parse_size, pin_current_thread, Counts, Histogram, LoadError, LoadResult, LoadSpec,
+    Wakeups,
 };
 use crate::{Pattern, Region};
 
@@ -38,13 +39,14 @@ pub struct MultiSpec {
 #[derive(Debug, Clone)]
 pub struct MultiResult {
     /// Each disk's result, in the order of [`MultiSpec::disks`]. With one thread for all
-    /// disks their `client_busy_ns` is `None` (the thread's busy time is in `total`).
+    /// disks their `client_busy_ns` and `wakeups` are `None` (the thread's are in `total`).
     pub disks: Vec<LoadResult>,
     /// The sum: counts and bytes added up, latencies over every disk's requests (the
     /// histograms merged), `elapsed` the longest disk's, `iops` and `mbps` the summed counts
     /// over that, `first_error` the first disk's that had one, `capacity` the disks' summed,
-    /// `request_alignment` the largest, `client_busy_ns` every client thread's, added, and the
-    /// timeline the disks' added interval by interval.
+    /// `request_alignment` the largest, `client_busy_ns` and `wakeups` every client thread's,
+    /// added, `kicks` the disks' added (with fp-load's own frontend), and the timeline the
+    /// disks' added interval by interval.
     pub total: LoadResult,
 }
 
@@ -67,6 +69,17 @@ pub fn run_multi(spec: &MultiSpec) -> Result<MultiResult, LoadError> {
             ));
         }
         d.validate().map_err(|e| disk_error(i, d, e))?;
+    }
+    // One loop drives every disk through the first disk's back end: the others must use it too.
+    let client = |d: &LoadSpec| (d.frontend || d.hugetlb || d.dirty_log, d.hugetlb, d.dirty_log);
+    if let Some((i, d)) = disks.iter().enumerate().find(|(_, d)| client(d) != client(&disks[0])) {
+        return Err(disk_error(
+            i,
+            d,
+            LoadError::InvalidSpec(
+                "every disk of a run needs the same client (frontend, hugetlb, dirty log)".into(),
+            ),
+        ));
     }
 
     let results = if spec.thread_per_disk {
@@ -100,6 +113,7 @@ pub fn run_multi(spec: &MultiSpec) -> Result<MultiResult, LoadError> {
         let mut cancelled = None;
         let mut results = Vec::with_capacity(disks.len());
         let mut busy: Option<u64> = None;
+        let mut sleeps: Option<Wakeups> = None;
         for (i, o) in outcomes.into_iter().enumerate() {
             match o {
                 Ok((mut r, b)) => {
@@ -108,6 +122,7 @@ pub fn run_multi(spec: &MultiSpec) -> Result<MultiResult, LoadError> {
                     r.client_busy_ns = b.busy_ns;
                     r.wakeups = b.wakeups;
                     busy = b.busy_ns.map(|b| b + busy.unwrap_or(0));
+                    sleeps = b.wakeups.map(|w| w + sleeps.unwrap_or_default());
                     results.push(r);
                 }
                 Err(LoadError::Cancelled) => cancelled = Some(disk_error(i, &disks[i], LoadError::Cancelled)),
@@ -117,7 +132,7 @@ pub fn run_multi(spec: &MultiSpec) -> Result<MultiResult, LoadError> {
         if let Some(e) = cancelled {
             return Err(e);
         }
-        (results, busy)
+        (results, ThreadCounts { busy_ns: busy, wakeups: sleeps })
     } else {
         let cpu = spec.cpu;
         let disks = &disks;
@@ -136,15 +151,16 @@ pub fn run_multi(spec: &MultiSpec) -> Result<MultiResult, LoadError> {
         });
         let (results, counts) =
             out.map_err(|e| if disks.len() == 1 { disk_error(0, &disks[0], e) } else { e })?;
-        (results, counts.busy_ns)
+        (results, counts)
     };
-    let (disks, busy) = results;
-    let total = total_of(&disks, busy);
+    let (disks, counts) = results;
+    let total = total_of(&disks, counts);
     Ok(MultiResult { disks, total })
 }
 
-/// The total of `disks` (see [`MultiResult::total`]).
-fn total_of(disks: &[LoadResult], client_busy_ns: Option<u64>) -> LoadResult {
+/// The total of `disks` (see [`MultiResult::total`]) with the client threads' own figures,
+/// added up over the threads: their busy time and their sleeps on the completion fds.
+fn total_of(disks: &[LoadResult], threads: ThreadCounts) -> LoadResult {
     let mut hist = Histogram::new();
     let mut c = Counts::default();
     let (mut capacity, mut request_alignment) = (0u64, 0u32);
@@ -161,7 +177,9 @@ fn total_of(disks: &[LoadResult], client_busy_ns: Option<u64>) -> LoadResult {
         request_alignment = request_alignment.max(r.request_alignment);
     }
     let mut total = LoadResult::from_counts(c, hist, capacity, request_alignment);
-    total.client_busy_ns = client_busy_ns;
+    total.client_busy_ns = threads.busy_ns;
+    total.wakeups = threads.wakeups;
+    total.kicks = disks.iter().map(|r| r.kicks).sum();
     // fp-load gives every disk the same interval. Each disk counts from its own start: with a
     // thread per disk those differ by the time the threads take to leave the start line.
     for t in disks.iter().filter_map(|r| r.timeline.as_ref()) {
@@ -353,7 +371,9 @@ mod tests {
         let b = result(2, 4, 2000, &[10_000, 20_000], Some(-libc::EIO));
         let mut c = result(1, 1, 500, &[100_000], Some(-libc::EINVAL));
         c.request_alignment = 4096;
-        let t = total_of(&[a, b, c], Some(77));
+        let threads =
+            ThreadCounts { busy_ns: Some(77), wakeups: Some(Wakeups { wakeups: 5, notifications: 9 }) };
+        let t = total_of(&[a, b, c], threads);
         assert_eq!((t.ios, t.bytes, t.reads, t.writes, t.errors), (6, 6 * 4096, 2, 4, 5));
         assert_eq!(t.first_error, Some(-libc::EIO));
         assert_eq!(t.elapsed, Duration::from_secs(2));
@@ -364,21 +384,42 @@ mod tests {
         assert!((t.lat_mean_ns - mean).abs() < 1e-6);
         assert_eq!((t.capacity, t.request_alignment), (3 << 20, 4096));
         assert_eq!(t.client_busy_ns, Some(77));
+        assert_eq!(
+            t.wakeups,
+            Some(Wakeups { wakeups: 5, notifications: 9 }),
+            "one thread's sleeps, all disks'"
+        );
+        assert_eq!(t.kicks, None, "libblkio counts no kicks");
     }
 
     #[test]
-    fn a_disk_cpu_needs_a_thread_per_disk_and_bad_disks_are_named() {
-        let mut d = LoadSpec::new("/nonexistent/a.sock");
-        d.cpu = Some(0);
-        let mut m = MultiSpec {
-            disks: vec![LoadSpec::new("/nonexistent/b.sock"), d],
+    fn the_total_adds_the_disks_kicks() {
+        let mut a = result(3, 0, 1000, &[1_000], None);
+        let mut b = result(2, 0, 1000, &[2_000], None);
+        (a.kicks, b.kicks) = (Some(3), Some(4));
+        let t = total_of(&[a, b], ThreadCounts::default());
+        assert_eq!(t.kicks, Some(7));
+        assert_eq!(t.wakeups, None, "polled queues: no sleeps");
+    }
+
+    /// A 10 ms run of `disks` from one thread on completion fds.
+    fn ten_ms_of(disks: Vec<LoadSpec>) -> MultiSpec {
+        MultiSpec {
+            disks,
             duration: Duration::from_millis(10),
             poll_queues: false,
             packed: false,
             measure_busy: false,
             cpu: None,
             thread_per_disk: false,
-        };
+        }
+    }
+
+    #[test]
+    fn a_disk_cpu_needs_a_thread_per_disk_and_bad_disks_are_named() {
+        let mut d = LoadSpec::new("/nonexistent/a.sock");
+        d.cpu = Some(0);
+        let mut m = ten_ms_of(vec![LoadSpec::new("/nonexistent/b.sock"), d]);
         match run_multi(&m) {
             Err(LoadError::Disk { index: 1, source, .. }) => {
                 assert!(matches!(*source, LoadError::InvalidSpec(_)))
@@ -404,5 +445,28 @@ mod tests {
         }
         m.disks.clear();
         assert!(matches!(run_multi(&m), Err(LoadError::InvalidSpec(_))));
+    }
+
+    #[test]
+    fn every_disk_needs_the_same_client() {
+        let mut libblkio = LoadSpec::new("/nonexistent/a.sock");
+        let mut frontend = LoadSpec::new("/nonexistent/b.sock");
+        frontend.frontend = true;
+        let mut m = ten_ms_of(vec![libblkio.clone(), frontend.clone()]);
+        // Refused before connecting (no disk is there: a connect would fail on disk 0 instead).
+        match run_multi(&m) {
+            Err(LoadError::Disk { index: 1, source, .. }) => {
+                assert!(
+                    matches!(&*source, LoadError::InvalidSpec(m) if m.contains("same client")),
+                    "{source:?}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // Huge pages or not is part of the client too.
+        frontend.hugetlb = true;
+        libblkio.frontend = true;
+        m.disks = vec![libblkio, frontend];
+        assert!(matches!(run_multi(&m), Err(LoadError::Disk { index: 1, .. })));
     }
 }

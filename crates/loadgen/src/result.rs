@@ -63,8 +63,9 @@ pub struct LoadResult {
     ///
     /// [`LoadSpec::frontend`]: crate::LoadSpec::frontend
     pub kicks: Option<u64>,
-    /// With completion fds, in a run of one disk: how often the client slept and was woken,
-    /// counted up to the end of the measured interval.
+    /// With completion fds: how often the client slept and was woken, counted up to the end of
+    /// the measured interval; in a run of several disks, a disk's own only with a thread per
+    /// disk (one thread's sleeps serve all its disks: they are in the total).
     pub wakeups: Option<Wakeups>,
     /// With [`LoadSpec::verify`]: the reads compared and the mismatches found (each also
     /// counted in `errors`, as `-EILSEQ`).
@@ -83,6 +84,18 @@ pub struct Wakeups {
     /// notifications (each a write of 1), those that came while the client was not asleep
     /// included.
     pub notifications: u64,
+}
+
+/// Both counts added: the sleeps of several client threads.
+impl std::ops::Add for Wakeups {
+    type Output = Wakeups;
+
+    fn add(self, other: Wakeups) -> Wakeups {
+        Wakeups {
+            wakeups: self.wakeups + other.wakeups,
+            notifications: self.notifications + other.notifications,
+        }
+    }
 }
 
 impl Wakeups {

@@ -157,6 +157,11 @@ pub struct LoadSpec {
     ///
     /// [`LoadResult::verify`]: crate::LoadResult::verify
     pub verify: bool,
+    /// Print `fp-load: measuring` on stderr when the measured interval starts (every disk
+    /// connected and filled) and `fp-load: measured` when it ends (before the drain), so that
+    /// a caller can sample something else, a server's CPU time say, over that interval and not
+    /// over the connects and disconnects around it. Each client thread prints its own pair.
+    pub mark_phases: bool,
 }
 
 impl LoadSpec {
@@ -185,6 +190,7 @@ impl LoadSpec {
             hugetlb: false,
             timeline: None,
             verify: false,
+            mark_phases: false,
         }
     }
 

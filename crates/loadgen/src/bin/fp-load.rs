@@ -73,8 +73,8 @@ struct Args {
     #[arg(long)]
     packed: bool,
     /// Drive split rings through fp-load's own vhost-user frontend instead of libblkio (the
-    /// --dirty-log path with logging off: its baseline).
-    #[arg(long, conflicts_with_all = ["packed", "disk"])]
+    /// --dirty-log path with logging off: its baseline; it counts the kicks it sends).
+    #[arg(long, conflicts_with_all = ["packed"])]
     frontend: bool,
     /// Dirty logging on, as QEMU runs it while migrating (implies --frontend): VHOST_F_LOG_ALL,
     /// a memfd log sized for fp-load's memory (SET_LOG_BASE), used rings logged, a thread that
@@ -83,9 +83,14 @@ struct Args {
     dirty_log: bool,
     /// Put the memory shared with the server in 2 MiB huge pages (an MFD_HUGETLB memfd), as
     /// SPDK's vhost target needs (implies --frontend; chosen anyway when the server offers no
-    /// CONFIGURE_MEM_SLOTS). Needs free huge pages (vm.nr_hugepages).
-    #[arg(long, conflicts_with_all = ["packed", "disk"])]
+    /// CONFIGURE_MEM_SLOTS). Needs free huge pages (vm.nr_hugepages), at least one per disk.
+    #[arg(long, conflicts_with_all = ["packed"])]
     hugetlb: bool,
+    /// Print "fp-load: measuring" on stderr when the measured interval starts (every disk
+    /// connected and its queues filled) and "fp-load: measured" when it ends, so that a caller
+    /// can sample a server over the I/O alone, without the connects around it.
+    #[arg(long, conflicts_with = "idle")]
+    mark_phases: bool,
     /// Pin the client thread to this CPU.
     #[arg(long)]
     cpu: Option<usize>,
@@ -294,6 +299,7 @@ fn base_spec(args: &Args, socket: PathBuf) -> LoadSpec {
     spec.rate_iops = args.rate_iops;
     spec.timeline = args.timeline;
     spec.verify = args.verify;
+    spec.mark_phases = args.mark_phases;
     if let Some(s) = args.seed {
         spec.seed = s;
     }
