@@ -3,6 +3,7 @@ one SPDK nvmf_tgt) in results.md, its target and the check of its outputs."""
 
 from fpbench.common import MIB, server_measured
 from fpbench.load import point_key, point_label
+from fpbench.report_format import SPREAD_NOTE, fmt_spread
 from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
 from fpbench.report_nvmf import _top_calls
 
@@ -37,13 +38,13 @@ def nvme_tcp_markdown(res):
              "(flashpath's busy ns, SPDK's busy ticks / tick_rate from `framework_get_reactors`); tgt busy/IO: the "
              "target reactor's busy time per I/O (its CPU is the whole core: it polls); other: CPU time of "
              "everything but the initiator during the run, in cores (the target's polling included: it shares "
-             "the client CPU with the client, so it gets less than a core). fp/SPDK: ratio of the medians.", "",
+             "the client CPU with the client, so it gets less than a core). fp/SPDK: ratio of the medians.", "", SPREAD_NOTE, "",
              "| workload | initiator | IOPS | spread | p50 µs | p99 µs | CPU/IO ns | wait | busy/IO ns | tgt busy/IO ns |",
              "|" + "---|" * 10]
     for p in e["points"]:
         for kind in INITIATORS:
             md = p["servers"][kind]["median"]
-            lines.append(f"| {_label(p)} | {kind} | {_iops(md.get('iops'))} | {_pct(md.get('iops_spread'))} | "
+            lines.append(f"| {_label(p)} | {kind} | {_iops(md.get('iops'))} | {fmt_spread(md.get('iops_spread'))} | "
                          f"{_us(md.get('p50_ns'))} | {_us(md.get('p99_ns'))} | "
                          f"{_ns(md.get('server_cpu_ns_per_io'))} | {_pct(md.get('server_wait_share'))} | "
                          f"{_ns(md.get('reactor_busy_ns_per_io'))} | "

@@ -4,6 +4,7 @@ the check of its outputs."""
 from fpbench.common import MIB, server_measured
 from fpbench.sections.nvmf import FLOOR_BACKENDS
 from fpbench.load import point_key, point_label
+from fpbench.report_format import SPREAD_NOTE, fmt_spread
 from fpbench.report_format import fmt_iops as _iops, fmt_ns as _ns, fmt_ratio as _x, fmt_us as _us
 
 
@@ -59,7 +60,7 @@ def nvmf_markdown(res):
              "(flashpath's busy ns, SPDK's busy ticks / tick_rate from `framework_get_reactors`). syscalls/IO: "
              f"from one more run of {c['trace_secs']} s per point and target with the server's system calls "
              f"counted, {how}; the calls seen most, per I/O, beside it. fp/SPDK: ratio of the medians; mean: "
-             f"perf's mean latency.{floor_text}", "",
+             f"perf's mean latency.{floor_text}", "", SPREAD_NOTE, "",
              "| workload | target | IOPS | spread | mean µs | p50 µs | p99 µs | CPU/IO ns | core | wait | busy/IO ns | "
              "syscalls/IO | most frequent calls per I/O |", "|" + "---|" * 13]
     for p in e["points"]:
@@ -68,8 +69,7 @@ def nvmf_markdown(res):
             md, tr = x["median"], x.get("traced")
             share = md.get("server_core_share")
             share = "-" if share is None else f"{share:.2f}"
-            spread = md.get("iops_spread")
-            spread = "-" if spread is None else f"{100 * spread:.0f} %"
+            spread = fmt_spread(md.get("iops_spread"))
             wait = md.get("server_wait_share")
             wait = "-" if wait is None else f"{100 * wait:.0f} %"
             lines.append(f"| {_label(p)} | {kind} | {_iops(md.get('iops'))} | {spread} | {_us(md.get('lat_mean_ns'))} | "
