@@ -587,8 +587,19 @@ impl QueuePoller {
         self.in_flight() + self.resubmits.len()
     }
 
+    /// Retries the request the back-end refused as busy, if one waits; true once none does.
+    /// The check is inlined into every round, the retry out of line: as a call the whole of it
+    /// cost every round 19 instructions under callgrind when nothing waited.
+    #[inline(always)]
     fn retry_busy(&mut self) -> bool {
-        let Some(slot_idx) = self.retry else { return true };
+        match self.retry {
+            None => true,
+            Some(slot_idx) => self.retry_refused(slot_idx),
+        }
+    }
+
+    #[inline(never)]
+    fn retry_refused(&mut self, slot_idx: u16) -> bool {
         let slot = &self.slots[usize::from(slot_idx)];
         match self.channel.submit(&slot.req) {
             Ok(()) => {
