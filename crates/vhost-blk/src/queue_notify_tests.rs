@@ -431,3 +431,38 @@ fn no_completion_waits_past_the_coalescing_bound() {
     assert_eq!(stats.notifications.load(Ordering::Relaxed), signals);
     assert_eq!(stats.read_ops.load(Ordering::Relaxed), 20_000);
 }
+
+/// Every counter a round moves is stored with the round's completions, the ones a read or a
+/// write does not move (stored only in rounds that changed one) included, and a later round of
+/// reads keeps them.
+#[test]
+fn counters_other_than_reads_and_writes_are_published_with_their_round() {
+    const T_FLUSH: u32 = 4;
+    const T_UNKNOWN: u32 = 99;
+    let mut g = Guest::new(false);
+    let (mut q, stats) = start(&g, &ram());
+    // 2048 sectors: a read at the last one runs past the end.
+    let requests = [(T_FLUSH, 0), (T_GET_ID, 0), (T_UNKNOWN, 0), (T_IN, 2047)];
+    for (i, &(kind, sector)) in requests.iter().enumerate() {
+        let hdr = HDR + 16 * i as u64;
+        g.header(hdr, kind, sector);
+        let data = (0x40000 + 1024 * i as u64, 1024, true);
+        let status = (STATUS + i as u64, 1, true);
+        if kind == T_FLUSH {
+            g.post(&[(hdr, 16, false), status]);
+        } else {
+            g.post(&[(hdr, 16, false), data, status]);
+        }
+    }
+    q.poll();
+    assert_eq!(g.used_idx(), 4);
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let rare =
+        |s: &QueueStats| (load(&s.flush_ops), load(&s.get_id_ops), load(&s.unsupported), load(&s.io_errors));
+    assert_eq!(rare(&stats), (1, 1, 1, 1), "flush, GET_ID, unsupported, error");
+    assert_eq!(load(&stats.read_ops), 0);
+    post_reads(&mut g, 2);
+    q.poll();
+    assert_eq!(load(&stats.read_ops), 2);
+    assert_eq!(rare(&stats), (1, 1, 1, 1), "a round of reads leaves them");
+}
