@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 mod affinity;
+pub mod clock;
 mod eventfd;
 mod fs;
 mod poll;
