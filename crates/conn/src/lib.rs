@@ -34,7 +34,7 @@ pub mod uring;
 pub use life::{Interest, Life};
 pub use listener::{Bound, Listener, ListenerOptions, Stream};
 pub use recv::{Recv, RecvBuf};
-pub use send::{SendQueue, Sent};
+pub use send::{SendQueue, Sent, IOV_PER_WRITE};
 
 #[cfg(test)]
 mod tests;

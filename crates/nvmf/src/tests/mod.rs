@@ -1,5 +1,41 @@
 //! The target end to end inside the crate: a small NVMe/TCP host written here (`host`) against
-//! a target with RAM disks on real reactors.
+//! a target with RAM disks on real reactors. The suites that exercise the transport run once
+//! per socket implementation ([`on_each_sock_impl`]).
+
+use std::cell::Cell;
+
+use fp_conn::uring::SocketImpl;
+
+thread_local! {
+    static SOCK_IMPL: Cell<SocketImpl> = const { Cell::new(SocketImpl::Posix) };
+}
+
+/// The socket implementation the running test's targets use ([`on_each_sock_impl`] sets it).
+pub(crate) fn sock_impl() -> SocketImpl {
+    SOCK_IMPL.with(|s| s.get())
+}
+
+/// Runs `test` with its targets' queue pairs on `imp`.
+pub(crate) fn on(imp: SocketImpl, test: fn()) {
+    SOCK_IMPL.with(|s| s.set(imp));
+    test();
+}
+
+/// Makes test `name` (a `fn name()` beside it) two tests, `name::posix` and `name::uring`.
+macro_rules! on_each_sock_impl {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn posix() {
+                crate::tests::on(fp_conn::uring::SocketImpl::Posix, super::$name);
+            }
+            #[test]
+            fn uring() {
+                crate::tests::on(fp_conn::uring::SocketImpl::Uring, super::$name);
+            }
+        }
+    };
+}
 
 mod api;
 mod buffers;
