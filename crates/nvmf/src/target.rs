@@ -144,8 +144,19 @@ impl NvmfTarget {
 
     /// The socket implementation of the queue pairs that connect from now on through
     /// listeners that name none (SPDK's `sock_set_default_impl`; `posix` by default).
+    /// Choosing `uring` sets each reactor's engine up now rather than at its first queue pair,
+    /// so its ring (a file descriptor) is there from the start.
     pub fn set_sock_impl(&self, sock_impl: SocketImpl) {
         *lock(&self.inner.sock_impl) = sock_impl;
+        if sock_impl == SocketImpl::Uring {
+            for r in &self.inner.reactors {
+                r.send(|r| {
+                    if let Err(e) = fp_conn::uring::ensure_poller(r) {
+                        log::warn!("nvmf: reactor {}: the io_uring socket engine: {e}", r.id());
+                    }
+                });
+            }
+        }
     }
 
     /// The socket implementation of listeners that name none.
