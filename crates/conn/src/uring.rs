@@ -31,12 +31,12 @@
 use std::alloc::{self, Layout};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::rc::Rc;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fp_reactor::{PollStatus, Poller, Reactor};
@@ -72,6 +72,25 @@ impl std::fmt::Display for SocketImpl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// Makes test `name` (a `fn name()` beside the call) two tests, `name::posix` and
+/// `name::uring`, each running `run(implementation, name)` (which sets what the test's
+/// connections use).
+#[macro_export]
+macro_rules! on_each_sock_impl {
+    ($name:ident, $run:path) => {
+        mod $name {
+            #[test]
+            fn posix() {
+                $run($crate::uring::SocketImpl::Posix, super::$name);
+            }
+            #[test]
+            fn uring() {
+                $run($crate::uring::SocketImpl::Uring, super::$name);
+            }
+        }
+    };
 }
 
 /// A socket implementation name that is neither `posix` nor `uring`.
@@ -125,6 +144,24 @@ pub struct EngineStats {
     pub sends: u64,
 }
 
+/// The process's default for connections that are not told one (SPDK's
+/// `sock_set_default_impl`; the NVMe/TCP host's I/O queues take it).
+static DEFAULT_URING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sets the process's default socket implementation ([`default_impl`]).
+pub fn set_default_impl(imp: SocketImpl) {
+    DEFAULT_URING.store(imp == SocketImpl::Uring, Ordering::Relaxed);
+}
+
+/// The process's default socket implementation: [`SocketImpl::Posix`] unless set.
+pub fn default_impl() -> SocketImpl {
+    if DEFAULT_URING.load(Ordering::Relaxed) {
+        SocketImpl::Uring
+    } else {
+        SocketImpl::Posix
+    }
+}
+
 /// The buffer group of the provided buffers (one group per ring).
 const BUF_GROUP: u16 = 0;
 /// Submission queue entries; the completion queue has [`CQ_ENTRIES`] (multishot receives post
@@ -142,6 +179,9 @@ const OP_CANCEL: u64 = 3;
 fn user_data(conn: u32, op: u64) -> u64 {
     (u64::from(conn) << 8) | op
 }
+
+/// The next engine's id.
+static ENGINE_IDS: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     static CONFIG: Cell<EngineConfig> = Cell::new(EngineConfig::default());
@@ -226,6 +266,8 @@ impl Poller for UringPoller {
 }
 
 struct Engine {
+    /// Names it for its sockets ([`UringSocket`]).
+    id: u64,
     inner: RefCell<Inner>,
     poller_added: Cell<bool>,
 }
@@ -257,7 +299,11 @@ impl Engine {
             inner.bufs.give(bid);
         }
         inner.bufs.publish();
-        Ok(Engine { inner: RefCell::new(inner), poller_added: Cell::new(false) })
+        Ok(Engine {
+            id: ENGINE_IDS.fetch_add(1, Ordering::Relaxed),
+            inner: RefCell::new(inner),
+            poller_added: Cell::new(false),
+        })
     }
 }
 
@@ -609,23 +655,30 @@ impl Inner {
         idx
     }
 
-    fn recv(&mut self, idx: u32, dst: &mut [u8]) -> Recv {
+    fn recv(&mut self, idx: u32, bufs: &mut [IoSliceMut<'_>]) -> Recv {
         self.reap();
         let mut n = 0;
         let mut returned = false;
         let c = &mut self.conns[idx as usize];
-        while n < dst.len() {
-            let Some(&(bid, len)) = c.ready.front() else { break };
-            let take = (len as usize - c.taken).min(dst.len() - n);
-            dst[n..n + take].copy_from_slice(self.bufs.bytes(bid, c.taken, take));
-            n += take;
-            c.taken += take;
-            if c.taken == len as usize {
-                c.ready.pop_front();
-                c.taken = 0;
-                self.bufs.give(bid);
-                returned = true;
+        'bufs: for dst in bufs.iter_mut() {
+            let mut at = 0;
+            while at < dst.len() {
+                let Some(&(bid, len)) = c.ready.front() else {
+                    n += at;
+                    break 'bufs;
+                };
+                let take = (len as usize - c.taken).min(dst.len() - at);
+                dst[at..at + take].copy_from_slice(self.bufs.bytes(bid, c.taken, take));
+                at += take;
+                c.taken += take;
+                if c.taken == len as usize {
+                    c.ready.pop_front();
+                    c.taken = 0;
+                    self.bufs.give(bid);
+                    returned = true;
+                }
             }
+            n += at;
         }
         if returned {
             self.bufs.publish();
@@ -731,9 +784,12 @@ impl BufRing {
 }
 
 /// A connection's socket on its thread's engine: receives arrive into the engine's buffers,
-/// one send at a time is queued for the round's submission.
+/// one send at a time is queued for the round's submission. It names its engine rather than
+/// holding it, so a connection made on one thread and moved to its reactor can carry one
+/// (registered there); used on another thread it fails (receives and sends fail, nothing is
+/// queued).
 pub struct UringSocket {
-    engine: Rc<Engine>,
+    engine: u64,
     idx: u32,
     closed: bool,
 }
@@ -744,12 +800,29 @@ impl UringSocket {
     pub fn register(fd: BorrowedFd<'_>) -> io::Result<UringSocket> {
         let engine = engine()?;
         let idx = engine.inner.borrow_mut().register(fd.as_raw_fd());
-        Ok(UringSocket { engine, idx, closed: false })
+        Ok(UringSocket { engine: engine.id, idx, closed: false })
+    }
+
+    /// `f` on its engine's state, when called on the engine's thread.
+    #[inline]
+    fn on_engine<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> Option<R> {
+        ENGINE.with(|slot| {
+            let slot = slot.borrow();
+            let e = slot.as_ref().filter(|e| e.id == self.engine)?;
+            let mut inner = e.inner.borrow_mut();
+            Some(f(&mut inner))
+        })
     }
 
     /// Copies received bytes into `dst`: [`Recv::WouldBlock`] when none arrived yet.
     pub fn recv(&mut self, dst: &mut [u8]) -> Recv {
-        self.engine.inner.borrow_mut().recv(self.idx, dst)
+        self.recv_vectored(&mut [IoSliceMut::new(dst)])
+    }
+
+    /// Copies received bytes into `bufs`, in order.
+    pub fn recv_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Recv {
+        let idx = self.idx;
+        self.on_engine(|inner| inner.recv(idx, bufs)).unwrap_or_else(|| Recv::Failed(OFF_THREAD.into()))
     }
 
     /// Queues a send of `iov` (its first 64 pieces) for the next [`flush`];
@@ -757,38 +830,54 @@ impl UringSocket {
     /// The memory `iov` points at must stay as it is until its result is taken (or the socket
     /// is closed: closing waits for the kernel to be done with it).
     pub fn queue_send(&mut self, iov: &[IoSlice<'_>]) -> bool {
-        self.engine.inner.borrow_mut().queue_send(self.idx, iov)
+        let idx = self.idx;
+        self.on_engine(|inner| inner.queue_send(idx, iov)).unwrap_or(false)
     }
 
     /// Whether a send is in the kernel.
     pub fn send_in_flight(&self) -> bool {
-        self.engine.inner.borrow().conns[self.idx as usize].send_in_flight
+        let idx = self.idx as usize;
+        self.on_engine(|inner| inner.conns[idx].send_in_flight).unwrap_or(false)
     }
 
     /// The finished send's result (bytes sent, or why it failed), once.
     pub fn take_sent(&mut self) -> Option<io::Result<usize>> {
-        let mut inner = self.engine.inner.borrow_mut();
-        inner.reap();
-        let r = inner.conns[self.idx as usize].send_result.take()?;
-        Some(if r >= 0 { Ok(r as usize) } else { Err(io::Error::from_raw_os_error(-r)) })
+        let idx = self.idx as usize;
+        let r = self.on_engine(|inner| {
+            inner.reap();
+            inner.conns[idx].send_result.take()
+        });
+        match r {
+            None => Some(Err(io::Error::other(OFF_THREAD))),
+            Some(r) => Some(if r? >= 0 { Ok(r? as usize) } else { Err(io::Error::from_raw_os_error(-r?)) }),
+        }
     }
 
     /// Received bytes waiting in the engine's buffers, or the stream's end (work for the
     /// connection without a wake-up).
     pub fn readable(&self) -> bool {
-        let mut inner = self.engine.inner.borrow_mut();
-        inner.reap();
-        let c = &inner.conns[self.idx as usize];
-        !c.ready.is_empty() || c.end.is_some()
+        let idx = self.idx as usize;
+        self.on_engine(|inner| {
+            inner.reap();
+            let c = &inner.conns[idx];
+            !c.ready.is_empty() || c.end.is_some()
+        })
+        .unwrap_or(true)
     }
 
     /// Cancels the socket's operations and waits (bounded) until the kernel is done with them.
     pub fn close(&mut self) {
         if !std::mem::replace(&mut self.closed, true) {
-            self.engine.inner.borrow_mut().close(self.idx);
+            let idx = self.idx;
+            if self.on_engine(|inner| inner.close(idx)).is_none() {
+                log::warn!("uring sockets: a socket closed off its engine's thread; its operations stay");
+            }
         }
     }
 }
+
+/// Why a socket used off its engine's thread fails.
+const OFF_THREAD: &str = "an io_uring socket used off its engine's thread";
 
 impl Drop for UringSocket {
     fn drop(&mut self) {

@@ -2,7 +2,7 @@
 //! provided buffers, a connection that holds too many, closing with a send in the kernel.
 //! Each test runs on its own thread, so it has an engine of its own.
 
-use std::io::{IoSlice, Read, Write};
+use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
@@ -157,4 +157,38 @@ fn socket_impl_names() {
     let e = "epoll".parse::<SocketImpl>().unwrap_err().to_string();
     assert!(e.contains("\"epoll\"") && e.contains("posix or uring"), "{e}");
     assert_eq!(SocketImpl::default(), SocketImpl::Posix);
+}
+
+#[test]
+fn vectored_receives_and_a_socket_off_its_thread() {
+    let (ours, mut peer) = pair();
+    let mut s = UringSocket::register(ours.as_fd()).unwrap();
+    peer.write_all(b"0123456789").unwrap();
+    let (mut a, mut b, mut c) = ([0u8; 3], [0u8; 4], [0u8; 8]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !s.readable() {
+        assert!(Instant::now() < deadline, "nothing arrived");
+        uring::flush();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Everything arrived in one receive (ten bytes in one segment over loopback).
+    let r = s.recv_vectored(&mut [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b), IoSliceMut::new(&mut c)]);
+    assert!(matches!(r, Recv::Data(10)), "{r:?}");
+    assert_eq!((&a, &b, &c[..3]), (b"012", b"3456", &b"789"[..]));
+
+    // Moved to another thread (a connection handed over before it reaches its reactor), it
+    // fails rather than touching an engine that is not its own; back home, it works.
+    let mut s = std::thread::spawn(move || {
+        assert!(matches!(s.recv(&mut [0u8; 4]), Recv::Failed(_)));
+        assert!(!s.queue_send(&[IoSlice::new(b"x")]));
+        assert!(s.take_sent().is_some_and(|r| r.is_err()));
+        s
+    })
+    .join()
+    .unwrap();
+    assert!(s.queue_send(&[IoSlice::new(b"y")]));
+    uring::flush();
+    let mut one = [0u8; 1];
+    peer.read_exact(&mut one).unwrap();
+    assert_eq!(&one, b"y");
 }

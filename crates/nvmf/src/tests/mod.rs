@@ -21,19 +21,10 @@ pub(crate) fn on(imp: SocketImpl, test: fn()) {
     test();
 }
 
-/// Makes test `name` (a `fn name()` beside it) two tests, `name::posix` and `name::uring`.
+/// Test `name` once per socket implementation (`name::posix`, `name::uring`).
 macro_rules! on_each_sock_impl {
     ($name:ident) => {
-        mod $name {
-            #[test]
-            fn posix() {
-                crate::tests::on(fp_conn::uring::SocketImpl::Posix, super::$name);
-            }
-            #[test]
-            fn uring() {
-                crate::tests::on(fp_conn::uring::SocketImpl::Uring, super::$name);
-            }
-        }
+        fp_conn::on_each_sock_impl!($name, crate::tests::on);
     };
 }
 

@@ -224,8 +224,8 @@ const OPTIONS: &[KindOption] = &[
         key: "io_uring",
         flag: Some("nvmf-io-uring"),
         value: OptionType::Bool { default: false },
-        help: "NVMe/TCP queue pairs on the io_uring socket engine by default (sock_set_default_impl \
-               uring), else posix; a listener's sock_impl wins (docs/nvmf.md)",
+        help: "NVMe/TCP queue pairs, the target's and the host's I/O queues, on the io_uring socket \
+               engine (sock_set_default_impl uring), else posix; a listener's sock_impl wins (docs/nvmf.md)",
     },
     KindOption {
         table: "security",
@@ -253,6 +253,7 @@ impl ExportKind for NvmfKind {
         target.set_close_timeout(options.millis("close_timeout_ms"));
         if options.flag("io_uring") {
             target.set_sock_impl(fp_nvmf::SocketImpl::Uring);
+            fp_conn::uring::set_default_impl(fp_nvmf::SocketImpl::Uring);
         }
         Some(Arc::new(target))
     }

@@ -271,11 +271,13 @@ fn socket_impl(field: &'static str, name: &str) -> Result<SocketImpl, ParamError
 }
 
 /// SPDK's `sock_set_default_impl`: the socket implementation of NVMe/TCP queue pairs that
-/// connect from now on through listeners that name none.
+/// connect from now on, the target's through listeners that name none and the host's
+/// (`bdev_nvme_attach_controller`) I/O queues.
 fn sock_set_default_impl(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let imp = socket_impl("impl_name", &p.required_str("impl_name")?)?;
     p.finish()?;
     registry.nvmf().set_sock_impl(imp);
+    fp_conn::uring::set_default_impl(imp);
     Ok(json!(true))
 }
 

@@ -317,6 +317,11 @@ fn socket_implementations() {
     assert_eq!((field, why), ("impl_name", "unknown socket implementation \"vpp\" (posix or uring)"));
     let e = f.fails("sock_impl_set_options", json!({ "impl_name": "posix", "enable_ktls": true }));
     assert_eq!(e.bad_param().expect("a parameter error").0, "enable_ktls");
+    // The process's default follows (the NVMe/TCP host's I/O queues take it); back to posix
+    // for the other tests.
+    assert_eq!(fp_conn::uring::default_impl(), fp_conn::uring::SocketImpl::Uring);
+    f.call("sock_set_default_impl", json!({ "impl_name": "posix" }));
+    assert_eq!(fp_conn::uring::default_impl(), fp_conn::uring::SocketImpl::Posix);
 
     f.transport_and_subsystem();
     let at = listen_address(free_port());
@@ -330,6 +335,7 @@ fn socket_implementations() {
         ..RegistryOptions::default()
     });
     assert_eq!(default(&f), json!({ "impl_name": "uring" }));
+    fp_conn::uring::set_default_impl(fp_conn::uring::SocketImpl::Posix);
 }
 
 /// `nvmf_get_stats` per subsystem and namespace, and the metric families built from it.
