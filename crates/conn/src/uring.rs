@@ -803,9 +803,13 @@ impl UringSocket {
         Ok(UringSocket { engine: engine.id, idx, closed: false })
     }
 
-    /// `f` on its engine's state, when called on the engine's thread.
+    /// `f` on its engine's state, when called on the engine's thread and not closed (its slot
+    /// in the engine may be another socket's by then).
     #[inline]
     fn on_engine<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> Option<R> {
+        if self.closed {
+            return None;
+        }
         ENGINE.with(|slot| {
             let slot = slot.borrow();
             let e = slot.as_ref().filter(|e| e.id == self.engine)?;
@@ -862,22 +866,25 @@ impl UringSocket {
             let c = &inner.conns[idx];
             !c.ready.is_empty() || c.end.is_some()
         })
-        .unwrap_or(true)
+        .unwrap_or(false)
     }
 
-    /// Cancels the socket's operations and waits (bounded) until the kernel is done with them.
+    /// Cancels the socket's operations and waits (bounded) until the kernel is done with them;
+    /// the socket does nothing after.
     pub fn close(&mut self) {
-        if !std::mem::replace(&mut self.closed, true) {
-            let idx = self.idx;
-            if self.on_engine(|inner| inner.close(idx)).is_none() {
+        let idx = self.idx;
+        if !self.closed {
+            let closed = self.on_engine(|inner| inner.close(idx));
+            self.closed = true;
+            if closed.is_none() {
                 log::warn!("uring sockets: a socket closed off its engine's thread; its operations stay");
             }
         }
     }
 }
 
-/// Why a socket used off its engine's thread fails.
-const OFF_THREAD: &str = "an io_uring socket used off its engine's thread";
+/// Why a socket closed, or used off its engine's thread, fails.
+const OFF_THREAD: &str = "an io_uring socket closed or used off its engine's thread";
 
 impl Drop for UringSocket {
     fn drop(&mut self) {

@@ -141,10 +141,17 @@ fn closing_with_a_send_in_the_kernel_waits_for_it() {
     s.close();
     assert!(start.elapsed() < Duration::from_secs(1), "the cancel ended the send at once");
     assert!(!s.send_in_flight(), "the send's completion came before close returned");
-    // The slot is reused by the next socket.
+    // The slot is reused by the next socket; the closed one sees nothing of it.
     let (ours2, mut peer2) = pair();
     let mut s2 = UringSocket::register(ours2.as_fd()).unwrap();
     peer2.write_all(b"again").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !s2.readable() {
+        assert!(Instant::now() < deadline, "nothing arrived");
+        uring::flush();
+    }
+    assert!(!s.readable() && !s.send_in_flight(), "a closed socket answers for its slot's next owner");
+    assert!(matches!(s.recv(&mut [0u8; 8]), Recv::Failed(_)));
     assert_eq!(recv_all(&mut s2, 5), b"again");
     drop(data);
 }
