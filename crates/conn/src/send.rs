@@ -88,7 +88,7 @@ impl<T: Copy> SendQueue<T> {
         P: IntoIterator<Item = &'a [u8]>,
     {
         let mut iov = [IoSlice::new(&[]); IOV_PER_WRITE];
-        let n = fp_sys::gather(self.queue.iter().flat_map(|&t| pieces_of(t)), self.sent, &mut iov);
+        let n = self.gather(pieces_of, &mut iov);
         match send(&iov[..n]) {
             Ok(0) if n > 0 => {
                 self.blocked = true;
@@ -96,7 +96,7 @@ impl<T: Copy> SendQueue<T> {
             }
             Ok(sent) => {
                 self.blocked = false;
-                self.sent += sent;
+                self.took(sent);
                 Sent::Bytes(sent)
             }
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
@@ -112,6 +112,23 @@ impl<T: Copy> SendQueue<T> {
                 Sent::Failed(e)
             }
         }
+    }
+
+    /// Fills `iov` with the queued entries' bytes past those sent already, for a write made
+    /// elsewhere (a send submitted to io_uring, whose result [`SendQueue::took`] counts);
+    /// how many it filled.
+    #[inline]
+    pub fn gather<'a, P>(&self, pieces_of: impl Fn(T) -> P, iov: &mut [IoSlice<'a>]) -> usize
+    where
+        P: IntoIterator<Item = &'a [u8]>,
+    {
+        fp_sys::gather(self.queue.iter().flat_map(|&t| pieces_of(t)), self.sent, iov)
+    }
+
+    /// A write took `n` more bytes of the queue.
+    #[inline]
+    pub fn took(&mut self, n: usize) {
+        self.sent += n;
     }
 
     /// The front entry, when the writes took all of it (`len_of` gives an entry's length).

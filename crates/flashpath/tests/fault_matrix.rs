@@ -37,12 +37,37 @@ macro_rules! matrix {
             stringify!($name),
             Case { export: Export::$e, stack: Stack::$s, fault: Fault::$f, event: Event::$v },
         ),)*];
-        $(
-            #[test]
-            fn $name() {
-                run_case(Case { export: Export::$e, stack: Stack::$s, fault: Fault::$f, event: Event::$v });
+        $(case_test!($name: $e $s $f $v);)*
+    };
+}
+
+/// One row's test; an NVMe/TCP row is two, `name::posix` and `name::uring`, one per socket
+/// implementation of the target's queue pairs.
+macro_rules! case_test {
+    ($name:ident: Nvmf $s:ident $f:ident $v:ident) => {
+        mod $name {
+            use super::*;
+            fn case() -> Case {
+                Case { export: Export::Nvmf, stack: Stack::$s, fault: Fault::$f, event: Event::$v }
             }
-        )*
+            #[test]
+            fn posix() {
+                run_case(case(), "posix");
+            }
+            #[test]
+            fn uring() {
+                run_case(case(), "uring");
+            }
+        }
+    };
+    ($name:ident: $e:ident $s:ident $f:ident $v:ident) => {
+        #[test]
+        fn $name() {
+            run_case(
+                Case { export: Export::$e, stack: Stack::$s, fault: Fault::$f, event: Event::$v },
+                "posix",
+            );
+        }
     };
 }
 
@@ -242,10 +267,11 @@ fn clear(rig: &Rig, c: Case) {
 
 const FAULT_BLOCK: u64 = 20;
 
-fn run_case(c: Case) {
-    let what = format!("{:?} / {:?} / {:?} / {:?}", c.export, c.stack, c.fault, c.event);
+/// Runs case `c`, an NVMe/TCP export's queue pairs on socket implementation `sock_impl`.
+fn run_case(c: Case, sock_impl: &'static str) {
+    let what = format!("{:?} ({sock_impl}) / {:?} / {:?} / {:?}", c.export, c.stack, c.fault, c.event);
     let started = Instant::now();
-    let mut rig = Rig::new(c.export, c.stack);
+    let mut rig = Rig::new(c.export, c.stack, sock_impl);
     Bystander::prepare(&rig.local);
     let never = AtomicBool::new(false);
     let mut model = Model::default();
@@ -662,7 +688,13 @@ fn one_case() {
     if let Some(why) = excluded(Some(c.export), Some(c.stack), Some(c.fault), Some(c.event)) {
         panic!("{name} is not a case: {why}");
     }
-    run_case(c);
+    // An NVMe/TCP case's socket implementation: FP_SOCK_IMPL, posix by default.
+    let sock_impl = match std::env::var("FP_SOCK_IMPL").as_deref() {
+        Ok("uring") => "uring",
+        Ok("posix") | Err(_) => "posix",
+        Ok(other) => panic!("FP_SOCK_IMPL is posix or uring, not {other:?}"),
+    };
+    run_case(c, sock_impl);
 }
 
 /// The soak (`./run soak --minutes N [--seed S]`, docs/testing.md "Soak"): for the given time,
@@ -754,11 +786,12 @@ fn soak() {
                 break c;
             }
         };
-        let name = format!("{:?} / {:?} / {:?} / {:?}", c.export, c.stack, c.fault, c.event);
+        let sock_impl = rng.pick(&["posix", "uring"]);
+        let name = format!("{:?} ({sock_impl}) / {:?} / {:?} / {:?}", c.export, c.stack, c.fault, c.event);
         *fired.entry(format!("fault {:?}", c.fault)).or_default() += 1;
         *fired.entry(format!("event {:?}", c.event)).or_default() += 1;
         let t = Instant::now();
-        let r = std::panic::catch_unwind(|| run_case(c));
+        let r = std::panic::catch_unwind(|| run_case(c, sock_impl));
         worst_case = worst_case.max(t.elapsed());
         println!(
             "soak: {:>6.1}s  {name}: {}",

@@ -148,6 +148,9 @@ const CASES: &[(&str, &[&str])] = &[
             "nvmf_subsystem_get_qpairs",
             "nvmf_get_stats",
             "nvmf_delete_subsystem",
+            "sock_set_default_impl",
+            "sock_get_default_impl",
+            "sock_impl_set_options",
         ],
     ),
     (
@@ -536,7 +539,14 @@ fn nvmf_target() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port().to_string()
     };
-    rpc.ok(&["nvmf_subsystem_add_listener", NQN, "-t", "tcp", "-a", "127.0.0.1", "-s", &port, "-f", "ipv4"]);
+    // The socket implementation: SPDK's calls, and a listener's own (`-S`).
+    assert_eq!(rpc.json(&["sock_get_default_impl"])["impl_name"], "posix");
+    rpc.ok(&["sock_impl_set_options", "-i", "uring"]);
+    rpc.ok(&["sock_set_default_impl", "-i", "uring"]);
+    assert_eq!(rpc.json(&["sock_get_default_impl"])["impl_name"], "uring");
+    rpc.ok(&["sock_set_default_impl", "-i", "posix"]);
+    let listener = ["-t", "tcp", "-a", "127.0.0.1", "-s", &port, "-f", "ipv4", "-S", "uring"];
+    rpc.ok(&[&["nvmf_subsystem_add_listener", NQN][..], &listener].concat());
     std::net::TcpStream::connect(format!("127.0.0.1:{port}")).expect("the listener accepts connections");
     let l = rpc.json(&["nvmf_subsystem_get_listeners", NQN]);
     assert_eq!(l[0]["address"]["traddr"], "127.0.0.1", "{l}");

@@ -38,6 +38,7 @@ pub mod testing;
 
 pub use controller::{AdminResult, Controller, ControllerConfig};
 pub use error::NvmfError;
+pub use fp_conn::uring::{SocketImpl, UnknownSocketImpl};
 pub use info::{
     ControllerInfo, HostInfo, NamespaceEntry, NamespaceStats, QpairInfo, SubsystemInfo, SubsystemStats,
 };

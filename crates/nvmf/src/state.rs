@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use fp_conn::uring::SocketImpl;
 use fp_nvme_spec::fabrics::DISCOVERY_NQN;
 use fp_reactor::ReactorHandle;
 
@@ -27,6 +28,9 @@ pub(crate) struct TargetInner {
     /// Set by [`crate::NvmfTarget::stop`]: every drain after it ends by then, so a daemon going down
     /// with several namespaces whose I/O is stuck waits one drain bound, not one each.
     pub stop_deadline: Mutex<Option<Instant>>,
+    /// The socket implementation of listeners that name none
+    /// ([`crate::NvmfTarget::set_sock_impl`]).
+    pub sock_impl: Mutex<SocketImpl>,
 }
 
 impl TargetInner {

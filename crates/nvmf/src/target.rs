@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fp_conn::uring::SocketImpl;
 use fp_nvme_spec::fabrics::{DISCOVERY_NQN, NQN_MAX_LEN};
 use fp_nvme_spec::log_page::{ADRFAM_IPV4, ADRFAM_IPV6, SUBTYPE_NVME};
 use fp_reactor::ReactorHandle;
@@ -97,6 +98,7 @@ impl NvmfTarget {
                 drain_timeout_ms: AtomicU64::new(DRAIN_TIMEOUT.as_millis() as u64),
                 close_timeout_ms: AtomicU64::new(crate::CLOSE_TIMEOUT.as_millis() as u64),
                 stop_deadline: Mutex::new(None),
+                sock_impl: Mutex::new(SocketImpl::default()),
             }),
             listeners: Arc::new(Mutex::new(BTreeMap::new())),
         }
@@ -138,6 +140,28 @@ impl NvmfTarget {
     /// connecting from now on.
     pub fn set_close_timeout(&self, t: Duration) {
         self.inner.close_timeout_ms.store(t.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// The socket implementation of the queue pairs that connect from now on through
+    /// listeners that name none (SPDK's `sock_set_default_impl`; `posix` by default).
+    /// Choosing `uring` sets each reactor's engine up now rather than at its first queue pair,
+    /// so its ring (a file descriptor) is there from the start.
+    pub fn set_sock_impl(&self, sock_impl: SocketImpl) {
+        *lock(&self.inner.sock_impl) = sock_impl;
+        if sock_impl == SocketImpl::Uring {
+            for r in &self.inner.reactors {
+                r.send(|r| {
+                    if let Err(e) = fp_conn::uring::ensure_poller(r) {
+                        log::warn!("nvmf: reactor {}: the io_uring socket engine: {e}", r.id());
+                    }
+                });
+            }
+        }
+    }
+
+    /// The socket implementation of listeners that name none.
+    pub fn sock_impl(&self) -> SocketImpl {
+        *lock(&self.inner.sock_impl)
     }
 
     /// How long removing a namespace waits for its commands in flight; [`NvmfTarget::stop`]
@@ -254,6 +278,18 @@ impl NvmfTarget {
 
     /// Makes the subsystem reachable at `addr` (opening the listener if it is new).
     pub fn add_listener(&self, nqn: &str, addr: ListenAddress) -> Result<(), NvmfError> {
+        self.add_listener_with(nqn, addr, None)
+    }
+
+    /// [`NvmfTarget::add_listener`], its queue pairs on `sock_impl` (none: the target's
+    /// [`NvmfTarget::sock_impl`] when they connect). A listener already open for another
+    /// subsystem keeps the implementation it has.
+    pub fn add_listener_with(
+        &self,
+        nqn: &str,
+        addr: ListenAddress,
+        sock_impl: Option<SocketImpl>,
+    ) -> Result<(), NvmfError> {
         if lock(&self.inner.transport).is_none() {
             return Err(invalid("trtype", "no TCP transport: nvmf_create_transport first"));
         }
@@ -285,7 +321,7 @@ impl NvmfTarget {
                 }
                 None => {
                     let port = (0u16..).find(|p| ls.values().all(|l| l.2 != *p)).unwrap_or(0);
-                    let l = Listener::open(&self.inner, addr.clone(), sock)
+                    let l = Listener::open(&self.inner, addr.clone(), sock, sock_impl)
                         .map_err(|e| invalid("traddr", format!("cannot listen on {sock}: {e}")))?;
                     ls.insert(addr.clone(), (l, BTreeSet::from([nqn.to_string()]), port));
                 }

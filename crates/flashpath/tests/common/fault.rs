@@ -503,6 +503,8 @@ pub struct Rig {
     remote_port: u16,
     nvmf_port: u16,
     nvmf_transport: bool,
+    /// The socket implementation the NVMe/TCP export's queue pairs use.
+    nvmf_sock_impl: &'static str,
     /// The exported bdev.
     pub top: String,
     /// The vhost controller serving `top` now ("v", or "v2" after a hand-off).
@@ -514,7 +516,8 @@ fn free_port() -> u16 {
 }
 
 impl Rig {
-    pub fn new(export: Export, stack: Stack) -> Rig {
+    /// A rig whose NVMe/TCP export's queue pairs use `nvmf_sock_impl` (`posix`, `uring`).
+    pub fn new(export: Export, stack: Stack, nvmf_sock_impl: &'static str) -> Rig {
         let remote = stack.remote().then(|| Daemon::start("0"));
         let local = Daemon::start("0");
         let mut rig = Rig {
@@ -525,6 +528,7 @@ impl Rig {
             remote_port: free_port(),
             nvmf_port: free_port(),
             nvmf_transport: false,
+            nvmf_sock_impl,
             top: String::new(),
             ctrlr: "v".into(),
         };
@@ -724,6 +728,7 @@ impl Rig {
             Export::Nvmf => {
                 if !self.nvmf_transport {
                     d.call("nvmf_create_transport", json!({"trtype": "TCP"}));
+                    d.call("sock_set_default_impl", json!({"impl_name": self.nvmf_sock_impl}));
                     self.nvmf_transport = true;
                 }
                 d.call("nvmf_create_subsystem", json!({"nqn": NQN, "allow_any_host": false}));

@@ -23,6 +23,9 @@ const EDGES: &[&str] = &[
     "crates/vhost-blk/src/log.rs",
     // io_uring.
     "crates/bdev/src/modules/uring/",
+    // fp-conn's socket engine: provided receive buffers and the sends' msghdr, which the kernel
+    // uses after the submission returns.
+    "crates/conn/src/uring.rs",
     // VFIO and DMA.
     "crates/nvme/src/pcie/",
     // librbd's FFI: the loaded library, the cluster and image handles, the completion callbacks.
@@ -52,8 +55,9 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// file outside the edges from growing, so this guards the edges: a total below it fails until
 /// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
-/// 405 → 408), the reason in the commit.
-const CEILING: usize = 231;
+/// 405 → 408) or a new edge comes (fp-conn's io_uring socket engine: 231 → 239), the reason
+/// in the commit.
+const CEILING: usize = 239;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {

@@ -162,7 +162,7 @@ fn read_case(script: impl FnOnce(&mut Peer) + Send + 'static) -> String {
     protocol_error(e)
 }
 
-#[test]
+on_each_sock_impl!(c2h_for_a_command_not_in_flight);
 fn c2h_for_a_command_not_in_flight() {
     let e = read_case(|p| {
         let cid = p.command();
@@ -171,7 +171,7 @@ fn c2h_for_a_command_not_in_flight() {
     assert!(e.contains("not in flight"), "{e}");
 }
 
-#[test]
+on_each_sock_impl!(c2h_beyond_the_commands_length);
 fn c2h_beyond_the_commands_length() {
     let e = read_case(|p| {
         let cid = p.command();
@@ -186,7 +186,7 @@ fn c2h_beyond_the_commands_length() {
     assert!(e.contains("beyond"), "{e}");
 }
 
-#[test]
+on_each_sock_impl!(c2h_out_of_order_or_lying_about_its_length);
 fn c2h_out_of_order_or_lying_about_its_length() {
     let e = read_case(|p| {
         let cid = p.command();
@@ -207,7 +207,7 @@ fn c2h_out_of_order_or_lying_about_its_length() {
     assert!(e.contains("PDU data 1024"), "{e}");
 }
 
-#[test]
+on_each_sock_impl!(malformed_headers);
 fn malformed_headers() {
     for (what, at, value) in
         [("type", 0usize, 0x04u8), ("hlen", 2, 23), ("pdo", 3, 2), ("flags", 1, FLAG_HDGSTF)]
@@ -235,7 +235,7 @@ fn malformed_headers() {
     assert!(e.contains("ended the connection"), "{e}");
 }
 
-#[test]
+on_each_sock_impl!(completions_wrong);
 fn completions_wrong() {
     // A completion for a command ID never used, then a duplicate.
     let e = read_case(|p| {
@@ -266,7 +266,7 @@ fn completions_wrong() {
     assert!(e.contains("R2T"), "{e}");
 }
 
-#[test]
+on_each_sock_impl!(duplicate_completion);
 fn duplicate_completion() {
     let script = |p: &mut Peer| {
         let cid = p.command();
@@ -279,7 +279,7 @@ fn duplicate_completion() {
     assert!(protocol_error(e).contains("not in flight"));
 }
 
-#[test]
+on_each_sock_impl!(r2t_out_of_range_and_twice);
 fn r2t_out_of_range_and_twice() {
     for (offset, length) in [(0u32, 65536u32), (4096, 4096), (0, 0)] {
         let script = move |p: &mut Peer| {
@@ -295,7 +295,7 @@ fn r2t_out_of_range_and_twice() {
     }
 }
 
-#[test]
+on_each_sock_impl!(bad_digests);
 fn bad_digests() {
     let both = Digests { header: true, data: true };
     // A header digest that does not match.
@@ -326,7 +326,7 @@ fn bad_digests() {
     assert!(protocol_error(e).contains("data digest"));
 }
 
-#[test]
+on_each_sock_impl!(closed_mid_pdu_is_gone_and_a_stall_is_left_to_the_timeout);
 fn closed_mid_pdu_is_gone_and_a_stall_is_left_to_the_timeout() {
     let script = |p: &mut Peer| {
         let cid = p.command();
@@ -429,7 +429,7 @@ fn a_command_waited_for_too_long_is_orphaned() {
     h.join().unwrap();
 }
 
-#[test]
+on_each_sock_impl!(the_host_says_why_it_ends_the_connection);
 fn the_host_says_why_it_ends_the_connection() {
     // A C2HData past the read's end: the host answers with an H2CTermReq (Data Transfer Out of
     // Range, echoing the offending header) before it closes.

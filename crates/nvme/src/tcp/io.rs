@@ -14,15 +14,23 @@ impl IoQueue for TcpQueue {
     }
 
     fn submit(&mut self, sqe: &Sqe, iov: Iovecs, tag: u32) -> Result<(), SubmitError> {
+        self.attach();
         self.submit_dir(sqe, iov, direction(sqe.opcode()), tag).map(|_| ())
     }
 
     fn flush(&mut self) {
+        self.attach();
         // A send error kills the queue; the next poll reports it.
         let _ = self.send();
     }
 
     fn poll(&mut self, out: &mut Vec<(u32, Status)>) -> Result<usize, NvmeError> {
+        self.attach();
+        if self.uses_uring() {
+            // No reactor poller submits for the engine here: arms a receive that ran out of
+            // buffers again (an enter only when something is queued).
+            fp_conn::uring::flush();
+        }
         self.receive(&mut |tag: u32, cqe: &Cqe| out.push((tag, cqe.status)))
     }
 

@@ -18,6 +18,39 @@ pub use admin::TcpAdmin;
 pub use queue::{DataStats, TcpQueue};
 pub use transport::{Adrfam, TcpTarget, TcpTransport};
 
+// The socket implementation a test's I/O queues use (`on_each_sock_impl` sets it; none: the
+// process's default).
+#[cfg(test)]
+thread_local! {
+    static TEST_SOCK_IMPL: std::cell::Cell<Option<fp_conn::uring::SocketImpl>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `test` with its I/O queues on `imp`.
+#[cfg(test)]
+fn on_sock_impl(imp: fp_conn::uring::SocketImpl, test: fn()) {
+    TEST_SOCK_IMPL.with(|s| s.set(Some(imp)));
+    test();
+}
+
+/// Test `name` once per socket implementation (`name::posix`, `name::uring`).
+#[cfg(test)]
+macro_rules! on_each_sock_impl {
+    ($name:ident) => {
+        fp_conn::on_each_sock_impl!($name, crate::tcp::on_sock_impl);
+    };
+}
+
+/// The socket implementation of the I/O queues connected from now on (on this thread, under
+/// test): the process's default ([`fp_conn::uring::set_default_impl`], SPDK's
+/// `sock_set_default_impl`).
+fn io_sock_impl() -> fp_conn::uring::SocketImpl {
+    #[cfg(test)]
+    if let Some(imp) = TEST_SOCK_IMPL.with(|s| s.get()) {
+        return imp;
+    }
+    fp_conn::uring::default_impl()
+}
+
 #[cfg(test)]
 mod ctrlr_tests;
 #[cfg(test)]

@@ -12,12 +12,13 @@
 //! within its length and only when none is being answered. A violation kills the queue
 //! ([`NvmeError::Protocol`]); nothing is written outside the caller's buffers.
 
-use std::io::IoSlice;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use fp_bdev::iov::{self, BounceBuf, IovRun};
 use fp_bdev::{IovSlices, Iovecs, SubmitError};
+use fp_conn::uring::UringSocket;
 use fp_conn::{Recv, RecvBuf, SendQueue, Sent};
 use fp_nvme_spec::tcp::{self as pdu, Digests, CH_LEN, DIGEST_LEN, HEADER_ROOM};
 use fp_nvme_spec::{Cqe, Sqe, SGL_IN_CAPSULE, SGL_TRANSPORT};
@@ -28,6 +29,17 @@ use crate::NvmeError;
 
 mod receive;
 
+/// One receive into `dst`: out of the io_uring engine's buffers, or a `recv` system call.
+#[inline]
+fn recv(uring: &mut Option<UringSocket>, fd: BorrowedFd<'_>, dst: &mut [u8]) -> Recv {
+    match uring {
+        Some(u) => u.recv(dst),
+        None => Recv::from_socket(fd, dst),
+    }
+}
+
+/// How long a queue on io_uring waits for its send before its arena may grow.
+const SEND_WAIT: Duration = Duration::from_secs(5);
 /// Bytes of the staging buffer headers are received into (and small data with them).
 const STAGING: usize = 64 << 10;
 /// A tag no caller uses: the queue's own synchronous commands (Connect, admin commands).
@@ -118,6 +130,12 @@ enum Rx {
 /// One NVMe/TCP queue pair on a connected stream socket.
 pub struct TcpQueue {
     fd: OwnedFd,
+    /// The socket on its reactor's io_uring engine (an I/O queue when the process's default
+    /// socket implementation is `uring`), registered at the queue's first use there. Before the
+    /// arena and the slots: dropping it waits until the kernel is done with the send's memory.
+    uring: Option<UringSocket>,
+    /// To be registered with the engine of the thread that first uses the queue.
+    want_uring: bool,
     p: Params,
     cids: CidTable,
     slots: Box<[Slot]>,
@@ -182,6 +200,8 @@ impl TcpQueue {
             .collect();
         TcpQueue {
             fd,
+            uring: None,
+            want_uring: false,
             p,
             cids: CidTable::new(n),
             slots,
@@ -194,6 +214,31 @@ impl TcpQueue {
             data: DataStats::default(),
             last_ch: [0; CH_LEN],
         }
+    }
+
+    /// Reads and writes the socket through the io_uring engine of the thread that uses it
+    /// next (an I/O queue, which the controller's thread connects and hands to a reactor).
+    pub(crate) fn use_uring(&mut self) {
+        self.want_uring = true;
+    }
+
+    /// Registers with this thread's engine if the queue is to use one and has not yet (a
+    /// queue whose engine cannot be set up stays on plain system calls).
+    pub(crate) fn attach(&mut self) {
+        if self.want_uring && self.uring.is_none() {
+            self.want_uring = false;
+            match UringSocket::register(self.fd.as_fd()) {
+                Ok(u) => self.uring = Some(u),
+                Err(e) => {
+                    log::warn!("nvme tcp queue {}: io_uring socket engine: {e}; plain sockets", self.p.qid)
+                }
+            }
+        }
+    }
+
+    /// Whether the queue is on an io_uring engine.
+    pub fn uses_uring(&self) -> bool {
+        self.uring.is_some()
     }
 
     pub(crate) fn params(&self) -> &Params {
@@ -242,7 +287,8 @@ impl TcpQueue {
     /// (FES, FEI, the offending PDU's common header), best effort, then the queue dies.
     fn violation(&mut self, fes: u16, fei: u32, what: impl Into<String>) -> NvmeError {
         // Not in the middle of a PDU of ours: the request would not be read as one.
-        if self.dead.is_none() && !self.pieces.mid_entry() {
+        let in_flight = self.uring.as_ref().is_some_and(|u| u.send_in_flight());
+        if self.dead.is_none() && !self.pieces.mid_entry() && !in_flight {
             self.drop_send_list();
             let mut b = [0u8; pdu::DATA_HLEN + pdu::TERM_REQ_MAX_DATA];
             let n = pdu::write_h2c_term_req(&mut b, &pdu::PduError { fes, fei, what: "" }, &self.last_ch);
@@ -257,6 +303,10 @@ impl TcpQueue {
     }
 
     fn drop_send_list(&mut self) {
+        if let Some(u) = &mut self.uring {
+            // The kernel lets go of the send's memory (the arena, callers' buffers) first.
+            u.close();
+        }
         while let Some(p) = self.pieces.drop_front() {
             if let Piece::Data { slot, .. } = p {
                 self.slots[usize::from(slot)].tx_pending -= 1;
@@ -266,6 +316,10 @@ impl TcpQueue {
     }
 
     fn push_arena(&mut self, bytes: &[u8]) {
+        if self.arena.len() + bytes.len() > self.arena.capacity() {
+            // Growing moves the arena: not while a send in the kernel points into it.
+            self.wait_send();
+        }
         let at = self.arena.len();
         self.arena.extend_from_slice(bytes);
         self.pieces.push(Piece::Arena { at, len: bytes.len() });
@@ -349,6 +403,9 @@ impl TcpQueue {
     /// Sends what the send list holds, as far as the socket takes it.
     pub(crate) fn send(&mut self) -> Result<(), NvmeError> {
         self.check_alive()?;
+        if self.uring.is_some() {
+            return self.send_uring();
+        }
         while !self.pieces.is_empty() {
             let (arena, slots, fd) = (&self.arena, &self.slots, self.fd.as_fd());
             let bytes = |p: Piece| -> [&[u8]; 1] {
@@ -367,11 +424,7 @@ impl TcpQueue {
                 Sent::Blocked => break,
                 Sent::Failed(e) => return Err(self.die(NvmeError::Gone(format!("send: {e}")))),
             }
-            while let Some(p) = self.pieces.pop_sent(Piece::len) {
-                if let Piece::Data { slot, .. } = p {
-                    self.slots[usize::from(slot)].tx_pending -= 1;
-                }
-            }
+            self.pop_sent();
         }
         if self.pieces.is_empty() {
             self.arena.clear();
@@ -379,13 +432,78 @@ impl TcpQueue {
         Ok(())
     }
 
+    /// The pieces the writes took whole leave the send list (their commands may complete).
+    fn pop_sent(&mut self) {
+        while let Some(p) = self.pieces.pop_sent(Piece::len) {
+            if let Piece::Data { slot, .. } = p {
+                self.slots[usize::from(slot)].tx_pending -= 1;
+            }
+        }
+    }
+
+    /// The io_uring path of [`TcpQueue::send`]: takes the finished send's result, and queues
+    /// the send list's bytes as the next, submitted at once (a queue has no round of its
+    /// reactor's to wait for).
+    fn send_uring(&mut self) -> Result<(), NvmeError> {
+        self.reap_sent()?;
+        let Some(u) = self.uring.as_mut() else { return Ok(()) };
+        if !u.send_in_flight() && !self.pieces.is_empty() {
+            let (arena, slots) = (&self.arena, &self.slots);
+            let bytes = |p: Piece| -> [&[u8]; 1] {
+                [match p {
+                    Piece::Arena { at, len } => &arena[at..at + len],
+                    Piece::Data { run, slot } => run.bytes(&slots[usize::from(slot)].iov),
+                }]
+            };
+            let mut iov = [IoSlice::new(&[]); fp_conn::IOV_PER_WRITE];
+            let n = self.pieces.gather(bytes, &mut iov);
+            if u.queue_send(&iov[..n]) {
+                self.stats.doorbells += 1;
+                fp_conn::uring::flush();
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the result of the send the kernel finished, if any: the pieces it took whole
+    /// leave the send list.
+    fn reap_sent(&mut self) -> Result<(), NvmeError> {
+        let Some(r) = self.uring.as_mut().and_then(|u| u.take_sent()) else { return Ok(()) };
+        match r {
+            Ok(n) => self.pieces.took(n),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+            Err(e) => return Err(self.die(NvmeError::Gone(format!("send: {e}")))),
+        }
+        self.pop_sent();
+        if self.pieces.is_empty() {
+            self.arena.clear();
+        }
+        Ok(())
+    }
+
+    /// Waits (bounded) until the send in the kernel, if any, is done.
+    fn wait_send(&mut self) {
+        let deadline = Instant::now() + SEND_WAIT;
+        while self.uring.as_ref().is_some_and(|u| u.send_in_flight()) {
+            if Instant::now() >= deadline {
+                self.die(NvmeError::Gone(format!("a send took over {SEND_WAIT:?}")));
+                return;
+            }
+            fp_conn::uring::flush();
+            std::hint::spin_loop();
+        }
+        let _ = self.reap_sent();
+    }
+
     /// Makes sure `need` bytes are staged; `Ok(false)` when the socket has no more now.
     fn stage(&mut self, need: usize) -> Result<bool, NvmeError> {
         while self.rx.len() < need {
             self.rx.reserve(need);
-            let fd = self.fd.as_fd();
-            match self.rx.fill(|dst| Recv::from_socket(fd, dst)) {
-                Recv::Data(_) => {}
+            let (fd, uring) = (self.fd.as_fd(), &mut self.uring);
+            match self.rx.fill(|dst| recv(uring, fd, dst)) {
+                // What the controller sent after our send completes after that send's result:
+                // take it first, so a completion never finds its command's data unsent.
+                Recv::Data(_) => self.reap_sent()?,
                 Recv::WouldBlock => return Ok(false),
                 Recv::Eof => {
                     return Err(self.die(NvmeError::Gone("the controller closed the connection".into())))

@@ -210,19 +210,21 @@ fn io_paths(digests: bool) {
     let st = rw(&mut q, false, BLOCKS - 4, &mut r);
     assert_eq!((st.sc, st.is_success()), (SC_LBA_OUT_OF_RANGE, false));
     assert_eq!(q.in_flight(), 0);
+    // The queue ran on the socket implementation the test asked for.
+    assert_eq!(q.uses_uring(), super::io_sock_impl() == fp_conn::uring::SocketImpl::Uring);
 }
 
-#[test]
+on_each_sock_impl!(writes_in_capsule_and_by_r2t_read_back);
 fn writes_in_capsule_and_by_r2t_read_back() {
     io_paths(false);
 }
 
-#[test]
+on_each_sock_impl!(digests_on);
 fn digests_on() {
     io_paths(true);
 }
 
-#[test]
+on_each_sock_impl!(full_queue_is_busy_and_flush_batches);
 fn full_queue_is_busy_and_flush_batches() {
     let tg = target(TransportOptions::default());
     let tr = transport(tg.port(), false);
@@ -258,7 +260,7 @@ fn full_queue_is_busy_and_flush_batches() {
     assert_eq!(r, w);
 }
 
-#[test]
+on_each_sock_impl!(target_gone_fails_the_queues);
 fn target_gone_fails_the_queues() {
     let tg = target(TransportOptions::default());
     let (tr, mut admin, mut q) = attach(tg.port(), false);
@@ -335,7 +337,7 @@ fn async_events_stay_outstanding_and_complete_when_a_namespace_changes() {
     assert_eq!(u32::from_le_bytes(log[0..4].try_into().unwrap()), 1);
 }
 
-#[test]
+on_each_sock_impl!(addresses_checked_and_ipv6_connects);
 fn addresses_checked_and_ipv6_connects() {
     let bad = |traddr: &str, adrfam, trsvcid| {
         let t = TcpTarget { traddr: traddr.into(), adrfam, trsvcid, ..transport(1, false).target().clone() };

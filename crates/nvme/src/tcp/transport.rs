@@ -178,6 +178,10 @@ impl TcpTransport {
             return Err(NvmeError::Command { what: "Fabrics Connect", status: cqe.status });
         }
         q.set_icd(icd);
+        if qid != 0 && super::io_sock_impl() == fp_conn::uring::SocketImpl::Uring {
+            // An I/O queue: on the io_uring engine of the reactor that takes it.
+            q.use_uring();
+        }
         Ok((q, cqe.dw0 as u16))
     }
 }

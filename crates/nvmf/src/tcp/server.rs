@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use fp_conn::uring::SocketImpl;
 use fp_conn::{Bound, ListenerOptions, Stream};
 
 use fp_nvme_spec::fabrics::{Connect, ConnectRefusal, CNTLID_DYNAMIC, CONNECT_DATA_LEN};
@@ -37,7 +38,12 @@ pub(crate) struct Listener {
 }
 
 impl Listener {
-    pub(crate) fn open(t: &Arc<TargetInner>, addr: ListenAddress, sock: SocketAddr) -> io::Result<Listener> {
+    pub(crate) fn open(
+        t: &Arc<TargetInner>,
+        addr: ListenAddress,
+        sock: SocketAddr,
+        sock_impl: Option<SocketImpl>,
+    ) -> io::Result<Listener> {
         let what = format!("{}:{}", addr.traddr, addr.trsvcid);
         let bound = Bound::tcp(&[sock])?;
         let opts = ListenerOptions {
@@ -48,8 +54,9 @@ impl Listener {
             handshake_timeout: HANDSHAKE_TIMEOUT,
         };
         let (target, listen) = (Arc::downgrade(t), addr.clone());
-        let listener =
-            fp_conn::Listener::start(bound, opts, move |s, peer| handshake(&target, &listen, s, peer))?;
+        let listener = fp_conn::Listener::start(bound, opts, move |s, peer| {
+            handshake(&target, &listen, sock_impl, s, peer)
+        })?;
         log::info!("nvmf: listening on {what}");
         Ok(Listener { addr, listener })
     }
@@ -71,6 +78,7 @@ fn terminate(s: &mut Stream, err: &PduError, header: &[u8]) -> String {
 fn handshake(
     target: &Weak<TargetInner>,
     listen: &ListenAddress,
+    sock_impl: Option<SocketImpl>,
     mut s: Stream,
     peer: &str,
 ) -> Result<(), String> {
@@ -187,6 +195,7 @@ fn handshake(
         hpda: req.hpda,
         transport,
         close_timeout: Duration::from_millis(target.close_timeout_ms.load(Ordering::Relaxed)),
+        sock_impl: sock_impl.unwrap_or_else(|| *lock(&target.sock_impl)),
     };
     hand_over(reactor, setup);
     Ok(())
@@ -316,7 +325,14 @@ fn hand_over(reactor: fp_reactor::ReactorHandle, setup: QpairSetup) {
                 return log::warn!("nvmf: {peer}: cannot set the queue up: {e}; connection closed");
             }
         };
+        let uring = p.uses_uring();
         let id = r.add_poller(Box::new(p));
+        if uring {
+            // After the queue pair: the engine's round ends with its sends.
+            if let Err(e) = fp_conn::uring::ensure_poller(r) {
+                log::warn!("nvmf: {peer}: the io_uring socket engine's poller: {e}");
+            }
+        }
         let mut st = lock(&sub.state);
         if let Some(e) = st.controllers.get_mut(&ctrl.cntlid) {
             e.reserved.remove(&qid);

@@ -14,10 +14,11 @@ use crate::tcp::qpair::QpairPoller;
 use crate::testing::LoopbackTarget;
 use crate::*;
 
-#[test]
+on_each_sock_impl!(large_transfers_allocate_no_buffer_per_command);
 fn large_transfers_allocate_no_buffer_per_command() {
     let tg =
         LoopbackTarget::start(&[0], TransportOptions { max_io_size: 4 << 20, ..Default::default() }).unwrap();
+    tg.target().set_sock_impl(super::sock_impl());
     tg.add_subsystem(NQN, ram("ram0", 16384), "ram0").unwrap();
     let (t, port) = (tg.target(), tg.port());
     let admin = Host::admin(port, NQN, 0);
@@ -39,13 +40,24 @@ fn large_transfers_allocate_no_buffer_per_command() {
     let allocated = qp.reactor.call(move |r| r.poller_mut::<QpairPoller>(id).map(|p| p.buffer_allocations()));
     // Twelve 2 MiB commands one after the other: one buffer, taken again each time.
     assert_eq!(allocated.flatten(), Some(1), "data buffers allocated by the queue");
+    // The queue ran on the socket implementation asked for: the engine of its reactor
+    // carried its data (none exists on a reactor of posix queues).
+    let engine = qp.reactor.call(|_| fp_conn::uring::stats()).flatten();
+    match super::sock_impl() {
+        SocketImpl::Posix => assert_eq!(engine, None),
+        SocketImpl::Uring => {
+            let st = engine.expect("the reactor's engine");
+            assert!(st.recv_completions >= 12 * 16 && st.sends >= 12, "{st:?}");
+        }
+    }
 }
 
-#[test]
+on_each_sock_impl!(more_large_reads_than_large_buffers_wait_for_one_and_all_complete);
 fn more_large_reads_than_large_buffers_wait_for_one_and_all_complete() {
     // 8 MiB transfers: the queue holds 4 large buffers (32 MiB).
     let tg =
         LoopbackTarget::start(&[0], TransportOptions { max_io_size: 8 << 20, ..Default::default() }).unwrap();
+    tg.target().set_sock_impl(super::sock_impl());
     tg.add_subsystem(NQN, ram("ram0", 65536), "ram0").unwrap();
     let port = tg.port();
     let admin = Host::admin(port, NQN, 0);

@@ -44,6 +44,7 @@ fn busy_target_over(crypto: bool) -> BusyTarget {
         ee.clone()
     };
     let loopback = LoopbackTarget::start(&[0], TransportOptions::default()).unwrap();
+    loopback.target().set_sock_impl(super::sock_impl());
     loopback.add_subsystem(NQN, bdev, if crypto { "c0" } else { "ee0" }).unwrap();
     let nomem = Injection {
         error_type: ErrorType::Nomem,
@@ -66,7 +67,7 @@ fn send_refused_write(tg: &BusyTarget, q: &mut Host) -> u16 {
     s.cid()
 }
 
-#[test]
+on_each_sock_impl!(a_command_refused_as_busy_is_retried_while_its_queue_closes);
 fn a_command_refused_as_busy_is_retried_while_its_queue_closes() {
     let tg = busy_target();
     let admin = Host::admin(tg.port, NQN, 0);
@@ -83,7 +84,7 @@ fn a_command_refused_as_busy_is_retried_while_its_queue_closes() {
     assert!(q.closed().0, "the queue closes once the write is answered");
 }
 
-#[test]
+on_each_sock_impl!(a_command_still_refused_at_the_close_bound_is_answered_aborted);
 fn a_command_still_refused_at_the_close_bound_is_answered_aborted() {
     let tg = busy_target();
     let admin = Host::admin(tg.port, NQN, 0);
@@ -98,7 +99,9 @@ fn a_command_still_refused_at_the_close_bound_is_answered_aborted() {
     assert!(q.closed().0);
 }
 
-#[test]
+on_each_sock_impl!(
+    removing_a_namespace_retries_a_command_parked_below_until_the_bound_then_answers_it_aborted
+);
 fn removing_a_namespace_retries_a_command_parked_below_until_the_bound_then_answers_it_aborted() {
     let tg = busy_target_over(true);
     let bound = Duration::from_millis(400);
@@ -118,7 +121,7 @@ fn removing_a_namespace_retries_a_command_parked_below_until_the_bound_then_answ
     assert!(tg.ee.injections()[1].is_some_and(|i| i.num < NOMEM_FOREVER));
 }
 
-#[test]
+on_each_sock_impl!(a_command_parked_below_that_the_device_takes_before_the_bound_completes);
 fn a_command_parked_below_that_the_device_takes_before_the_bound_completes() {
     let tg = busy_target_over(true);
     tg.t.set_drain_timeout(Duration::from_secs(30));
@@ -138,7 +141,7 @@ fn a_command_parked_below_that_the_device_takes_before_the_bound_completes() {
     remove.join().unwrap().expect("drained");
 }
 
-#[test]
+on_each_sock_impl!(a_closing_queue_gives_up_a_command_parked_below_at_its_bound);
 fn a_closing_queue_gives_up_a_command_parked_below_at_its_bound() {
     let tg = busy_target_over(true);
     let admin = Host::admin(tg.port, NQN, 0);
@@ -153,7 +156,7 @@ fn a_closing_queue_gives_up_a_command_parked_below_at_its_bound() {
     assert!(q.closed().0, "the queue closes once the write is answered");
 }
 
-#[test]
+on_each_sock_impl!(a_closing_queue_retries_for_the_close_bound_the_target_was_given);
 fn a_closing_queue_retries_for_the_close_bound_the_target_was_given() {
     let tg = busy_target();
     let bound = CLOSE_TIMEOUT * 2;

@@ -39,7 +39,7 @@ fn as_host(s: TcpStream) -> Host {
     Host::wrap(s, Digests::default())
 }
 
-#[test]
+on_each_sock_impl!(handshake_abuse);
 fn handshake_abuse() {
     let tg = target();
     // A capsule before the ICReq.
@@ -81,7 +81,7 @@ fn handshake_abuse() {
     healthy(&tg);
 }
 
-#[test]
+on_each_sock_impl!(connect_refusals);
 fn connect_refusals() {
     let tg = target();
     // An unknown subsystem: Invalid Parameters pointing at SUBNQN in the data.
@@ -145,7 +145,7 @@ fn digest_queue(tg: &Target) -> (Host, Host) {
     (admin, q)
 }
 
-#[test]
+on_each_sock_impl!(bad_digests_and_malformed_pdus);
 fn bad_digests_and_malformed_pdus() {
     let tg = target();
     // A header digest that does not match.
@@ -207,7 +207,7 @@ fn bad_digests_and_malformed_pdus() {
 /// Makes a bad H2CData header out of the R2T it answers.
 type Forge = fn(&DataHeader) -> DataHeader;
 
-#[test]
+on_each_sock_impl!(r2t_abuse);
 fn r2t_abuse() {
     let tg = target();
     let cases: [(&str, Forge, u16); 4] = [
@@ -262,7 +262,7 @@ fn r2t_abuse() {
     healthy(&tg);
 }
 
-#[test]
+on_each_sock_impl!(idle_flood_and_a_host_that_stops_reading);
 fn idle_flood_and_a_host_that_stops_reading() {
     let tg = target();
     // More silent connections than handshakes may run: real hosts still get in.
@@ -299,7 +299,7 @@ fn idle_flood_and_a_host_that_stops_reading() {
     }
 }
 
-#[test]
+on_each_sock_impl!(a_host_that_stops_reading_is_dropped);
 fn a_host_that_stops_reading_is_dropped() {
     let tg = target();
     let admin = Host::admin(tg.port, NQN, 0);
@@ -360,9 +360,9 @@ fn healthy_quick(tg: &Target) {
     assert_eq!(q.read(1, 3000, 1).1, data);
 }
 
+on_each_sock_impl!(a_bad_data_digest_on_h2c_data);
 /// H2CData whose data digest does not match: the connection closes (as Linux's target does;
 /// the data never reaches the disk), and other hosts go on.
-#[test]
 fn a_bad_data_digest_on_h2c_data() {
     let tg = target();
     let (_a, mut q) = digest_queue(&tg);
@@ -390,10 +390,10 @@ fn a_bad_data_digest_on_h2c_data() {
     healthy(&tg);
 }
 
+on_each_sock_impl!(transfers_up_to_max_io_size);
 /// The transfer limit (MDTS from max_io_size, 128 KiB by default): a read of exactly that
 /// size runs, one block more is refused with Invalid Field in Command (what the base
 /// specification's MDTS says a command over the limit gets), and the queue goes on.
-#[test]
 fn transfers_up_to_max_io_size() {
     let tg = target();
     let admin = Host::admin(tg.port, NQN, 0);

@@ -27,6 +27,7 @@ pub(crate) fn target() -> Target {
     // A socket priority any user may set, so the option is exercised.
     let loopback =
         LoopbackTarget::start(&[0, 1], TransportOptions { sock_priority: 2, ..Default::default() }).unwrap();
+    loopback.target().set_sock_impl(super::sock_impl());
     loopback.add_subsystem(NQN, ram("ram0", 8192), "ram0").unwrap();
     Target { t: loopback.target().clone(), port: loopback.port(), _loopback: loopback }
 }
@@ -47,7 +48,7 @@ pub(crate) fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
     false
 }
 
-#[test]
+on_each_sock_impl!(io_on_several_queues_and_reactors);
 fn io_on_several_queues_and_reactors() {
     let tg = target();
     let mut admin = Host::admin(tg.port, NQN, 0);
@@ -129,7 +130,7 @@ fn io_on_several_queues_and_reactors() {
     assert_eq!(c[0].hostnqn, HOSTNQN);
 }
 
-#[test]
+on_each_sock_impl!(keep_alive_expiry_tears_the_controller_down);
 fn keep_alive_expiry_tears_the_controller_down() {
     let tg = target();
     let mut admin = Host::admin(tg.port, NQN, 300);
@@ -153,7 +154,7 @@ fn keep_alive_expiry_tears_the_controller_down() {
     assert_eq!(tg.t.controllers(NQN).unwrap().len(), 1);
 }
 
-#[test]
+on_each_sock_impl!(subsystem_deleted_under_a_connected_host);
 fn subsystem_deleted_under_a_connected_host() {
     let tg = target();
     let mut admin = Host::admin(tg.port, NQN, 0);
@@ -171,7 +172,7 @@ fn subsystem_deleted_under_a_connected_host() {
     assert!(std::net::TcpStream::connect(("127.0.0.1", tg.port)).is_err());
 }
 
-#[test]
+on_each_sock_impl!(resized_namespace_reaches_a_parked_aer);
 fn resized_namespace_reaches_a_parked_aer() {
     let tg = target();
     let mut admin = Host::admin(tg.port, NQN, 0);
@@ -199,7 +200,7 @@ fn resized_namespace_reaches_a_parked_aer() {
     assert_eq!((cqe.cid, cqe.dw0), (aer_cid, 0x0004_0002));
 }
 
-#[test]
+on_each_sock_impl!(remove_namespace_waits_for_its_io_in_flight);
 fn remove_namespace_waits_for_its_io_in_flight() {
     use fp_bdev::{Bdev, DelayDevice, DelayLatency, Disk, RamDevice};
     let tg = target();
@@ -246,7 +247,7 @@ fn remove_namespace_waits_for_its_io_in_flight() {
     assert!(q.write(1, 0, &pattern(1, 512), false).status.is_success());
 }
 
-#[test]
+on_each_sock_impl!(dataset_management_range_errors_answer_once);
 fn dataset_management_range_errors_answer_once() {
     let tg = target();
     let admin = Host::admin(tg.port, NQN, 0);
@@ -268,7 +269,7 @@ fn dataset_management_range_errors_answer_once() {
     }
 }
 
-#[test]
+on_each_sock_impl!(stop_closes_listeners_and_hosts);
 fn stop_closes_listeners_and_hosts() {
     let tg = target();
     let mut admin = Host::admin(tg.port, NQN, 0);
@@ -281,11 +282,11 @@ fn stop_closes_listeners_and_hosts() {
     assert!(wait_for(|| tg.t.controllers(NQN).unwrap().is_empty()));
 }
 
+on_each_sock_impl!(discovery_listens_alone);
 /// The discovery subsystem on a listener of its own (SPDK's `nvmf_subsystem_add_listener
 /// discovery ...`): a discovery controller connects there and reads the log, which names the
 /// NVM subsystem at its own port; an NVM Connect there is refused; removing the listener closes
 /// the port.
-#[test]
 fn discovery_listens_alone() {
     use fp_nvme_spec::log_page::*;
     let tg = target();

@@ -6,6 +6,7 @@ use std::io::{self, IoSliceMut};
 use std::os::fd::AsFd;
 
 use fp_bdev::{iov, Iovecs};
+use fp_conn::Recv;
 
 use fp_nvme_spec::tcp::{self as pdu, CommonHeader, DataHeader, Layout, CH_LEN, HEADER_ROOM};
 use fp_nvme_spec::{Cqe, Status, CQE_LEN};
@@ -162,7 +163,15 @@ impl TcpQueue {
                     &mut bufs[..RECV_BATCH],
                 );
                 bufs[n] = IoSliceMut::new(self.rx.spare_mut());
-                fp_sys::recv_vectored_nonblocking(self.fd.as_fd(), &mut bufs[..=n])
+                match &mut self.uring {
+                    None => fp_sys::recv_vectored_nonblocking(self.fd.as_fd(), &mut bufs[..=n]),
+                    Some(u) => match u.recv_vectored(&mut bufs[..=n]) {
+                        Recv::Data(got) => Ok(got),
+                        Recv::WouldBlock => Err(io::ErrorKind::WouldBlock.into()),
+                        Recv::Eof => Ok(0),
+                        Recv::Failed(why) => Err(io::Error::other(why)),
+                    },
+                }
             };
             match r {
                 Ok(0) => return Err(self.die(NvmeError::Gone("the controller closed the connection".into()))),
@@ -188,6 +197,9 @@ impl TcpQueue {
             // An orphan's data: through staging, then dropped.
             progressed = self.stage(1)?;
         }
+        // What followed our send comes after its result (see `stage`): this receive may have
+        // staged the next PDU.
+        self.reap_sent()?;
         if left == 0 {
             self.slots[usize::from(si)].done = offset;
             if digest {

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use fp_bdev::BdevError;
 use fp_conn::round::{connection_pending, read_round, PeerClosed, ReadRound, Reader};
+use fp_conn::uring::{SocketImpl, UringSocket};
 use fp_conn::{Interest, Life, Recv, RecvBuf, SendQueue, Sent};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
@@ -54,6 +55,8 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 3 } else { 30
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 5 });
 /// The socket send buffer asked for (the kernel caps it at net.core.wmem_max).
 const SEND_BUFFER: libc::c_int = 4 << 20;
+/// Polls a send may stay in the kernel before the queue counts as blocked (see `send_polls`).
+const SEND_STALL_POLLS: u32 = 64;
 /// The epoll token of the timer (the socket's is 0, channels' their nsid + 1 << 32).
 const TIMER_TOKEN: u64 = 1;
 
@@ -81,6 +84,8 @@ pub(crate) struct QpairSetup {
     pub transport: TransportOptions,
     /// The target's close bound ([`crate::NvmfTarget::set_close_timeout`]).
     pub close_timeout: Duration,
+    /// How the socket is read and written.
+    pub sock_impl: SocketImpl,
 }
 
 /// A command and what NVMe/TCP sends for it.
@@ -248,6 +253,12 @@ fn epoll_err(e: io::Error) -> BdevError {
 /// A queue pair's poller.
 pub(crate) struct QpairPoller {
     fd: OwnedFd,
+    /// The socket on the reactor's io_uring engine (`uring`), else plain system calls. Before
+    /// the slots: dropping it waits until the kernel is done with the memory its send names.
+    uring: Option<UringSocket>,
+    /// Polls since the send in the kernel was submitted: past [`SEND_STALL_POLLS`] the host is
+    /// taken to be slow to read (the send timeout's clock runs).
+    send_polls: u32,
     /// The socket's epoll set, which the timer and the channels' completion fds join.
     interest: Interest,
     timer: fp_sys::Timer,
@@ -307,9 +318,21 @@ impl QpairPoller {
         let capsule_max = 255 + icd + DIGEST_LEN;
         let max_plen = capsule_max.max(255 + MAX_H2C_DATA as usize + DIGEST_LEN) as u32;
         let n = s.sq_entries.clamp(1, 4096) as usize;
+        let uring = match s.sock_impl {
+            SocketImpl::Posix => None,
+            SocketImpl::Uring => match UringSocket::register(s.fd.as_fd()) {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    log::warn!("nvmf: {}: io_uring socket engine: {e}; this queue uses posix", s.peer);
+                    None
+                }
+            },
+        };
         let exec = Executor::new(s.sub, s.ctrl, s.peer, s.qid, admin, max_io, n as u16);
         let mut p = QpairPoller {
             fd: s.fd,
+            uring,
+            send_polls: 0,
             interest,
             timer,
             next_tick: None,
@@ -380,6 +403,11 @@ impl QpairPoller {
 
     fn what(&self) -> String {
         self.exec.what()
+    }
+
+    /// Whether the socket is on the reactor's io_uring engine.
+    pub(crate) fn uses_uring(&self) -> bool {
+        self.uring.is_some()
     }
 
     // ---- messages from the control plane ----
@@ -534,19 +562,29 @@ impl Poller for QpairPoller {
             || !self.exec.ready.is_empty()
             || (!self.exec.await_buf.is_empty() && self.exec.large_buffer_available())
             || connection_pending(&self.tx, &self.life, self.read, || self.can_accept(), || self.drained())
+            || (self.can_accept() && self.uring.as_ref().is_some_and(|u| u.readable()))
             || (self.exec.teardown && !self.life.is_closing())
     }
 
     fn prepare_sleep(&mut self) -> bool {
         let mut want = EventSet::empty();
-        if !self.life.is_closing() && self.can_accept() {
-            want |= EventSet::IN;
-        }
-        if self.tx.is_blocked() && !self.life.is_broken() {
-            want |= EventSet::OUT;
+        let mut ok = true;
+        if let Some((in_flight, readable)) = self.uring.as_ref().map(|u| (u.send_in_flight(), u.readable())) {
+            // The ring's fd wakes the reactor for data and for the send's end; a send still in
+            // the kernel keeps the send timeout's tick running.
+            if in_flight && self.next_tick.is_none() && !self.life.is_broken() {
+                self.set_tick(Duration::from_secs(1));
+            }
+            ok &= !(self.can_accept() && readable);
+        } else {
+            if !self.life.is_closing() && self.can_accept() {
+                want |= EventSet::IN;
+            }
+            if self.tx.is_blocked() && !self.life.is_broken() {
+                want |= EventSet::OUT;
+            }
         }
         self.interest.set(want);
-        let mut ok = true;
         for n in self.exec.ns.iter_mut().flatten() {
             ok &= n.chan.arm_completion_fd();
         }

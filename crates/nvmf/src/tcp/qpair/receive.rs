@@ -4,6 +4,15 @@
 
 use super::*;
 
+/// One receive into `dst`: out of the io_uring engine's buffers, or a `recv` system call.
+#[inline]
+fn recv(uring: &mut Option<UringSocket>, fd: BorrowedFd<'_>, dst: &mut [u8]) -> Recv {
+    match uring {
+        Some(u) => u.recv(dst),
+        None => Recv::from_socket(fd, dst),
+    }
+}
+
 impl QpairPoller {
     pub(super) fn can_accept(&self) -> bool {
         !self.life.is_closing() && !self.exec.free.is_empty()
@@ -26,6 +35,10 @@ impl QpairPoller {
 
     /// The socket failed: nothing more is sent; wait for the channels, then close.
     pub(super) fn fail(&mut self, why: &str) {
+        // The kernel lets go of the send's memory before its slots are released.
+        if let Some(u) = &mut self.uring {
+            u.close();
+        }
         self.close_after(why);
         self.life.set_broken();
         self.term = None;
@@ -233,10 +246,11 @@ impl Reader for QpairPoller {
         let (start, end) = (s.cmd.received, h.offset + h.len);
         let dst =
             &mut s.cmd.buf.as_mut().expect("a write awaiting data has a buffer").bytes_mut()[start..end];
-        let r = Recv::from_socket(self.fd.as_fd(), dst);
+        let r = recv(&mut self.uring, self.fd.as_fd(), dst);
         if let Recv::Data(n) = r {
             s.cmd.received += n;
             if start + n == end {
+                self.reap_sent();
                 self.h2c = None;
                 self.h2c_done(h);
             }
@@ -254,8 +268,10 @@ impl Reader for QpairPoller {
 
     fn recv_more(&mut self) -> Recv {
         self.rx.compact();
-        let fd = self.fd.as_fd();
-        self.rx.fill(|dst| Recv::from_socket(fd, dst))
+        let (fd, uring) = (self.fd.as_fd(), &mut self.uring);
+        let r = self.rx.fill(|dst| recv(uring, fd, dst));
+        self.reap_sent();
+        r
     }
 
     fn buffered(&self) -> bool {

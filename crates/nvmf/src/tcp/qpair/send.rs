@@ -15,6 +15,9 @@ fn send(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
 impl QpairPoller {
     /// Sends queued PDUs; true when it sent anything.
     pub(super) fn send(&mut self) -> bool {
+        if self.uring.is_some() {
+            return self.send_uring();
+        }
         let mut moved = false;
         self.tx.set_blocked(false);
         while !self.tx.is_empty() && !self.life.is_broken() {
@@ -31,11 +34,68 @@ impl QpairPoller {
                 self.sent(i);
             }
         }
+        self.send_term();
+        self.note_blocked(moved);
+        moved
+    }
+
+    /// Sends queued PDUs through the io_uring engine: takes the result of the send in the
+    /// kernel, and queues the next (every PDU queued, gathered) for the round's submission.
+    fn send_uring(&mut self) -> bool {
+        let mut moved = self.reap_sent();
+        let Some(u) = self.uring.as_mut() else { return moved };
+        if !u.send_in_flight() && !self.tx.is_empty() && !self.life.is_broken() {
+            let slots = &self.slots;
+            let mut iov = [IoSlice::new(&[]); fp_conn::IOV_PER_WRITE];
+            let n = self.tx.gather(|i| slots[i as usize].pieces(), &mut iov);
+            moved |= u.queue_send(&iov[..n]);
+        }
+        let in_flight = u.send_in_flight();
+        if in_flight {
+            self.send_polls = self.send_polls.saturating_add(1);
+        }
+        self.tx.set_blocked(in_flight && self.send_polls > SEND_STALL_POLLS);
+        if !in_flight {
+            self.send_term();
+        }
+        self.note_blocked(moved);
+        moved
+    }
+
+    /// Takes the result of the send the kernel finished, if any: the slots whose PDUs it took
+    /// whole are done (an R2T's slot may take its H2CData from now on). Called after every
+    /// receive too: a host's answer to a PDU (H2CData after an R2T, the next command after a
+    /// read's data) completes after the send that carried it, so it never finds that send
+    /// unaccounted. True when there was a result.
+    pub(super) fn reap_sent(&mut self) -> bool {
+        let Some(r) = self.uring.as_mut().and_then(|u| u.take_sent()) else { return false };
+        self.send_polls = 0;
+        match r {
+            Ok(n) => self.tx.took(n),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+            Err(e) => {
+                self.fail(&format!("sending: {e}"));
+                return true;
+            }
+        }
+        while let Some(i) = self.tx.pop_sent(|i| self.slots[i as usize].tx_len()) {
+            self.sent(i);
+        }
+        true
+    }
+
+    /// The term request goes last, once every PDU before it is out (best effort: the queue
+    /// closes after it).
+    fn send_term(&mut self) {
         if self.tx.is_empty() && !self.life.is_broken() {
             if let Some((b, n)) = self.term.take() {
                 let _ = send(self.fd.as_fd(), &[IoSlice::new(&b[..n])]);
             }
         }
+    }
+
+    /// Starts (or restarts, after progress) the clock of a host that stopped reading.
+    fn note_blocked(&mut self, moved: bool) {
         if self.tx.is_blocked() {
             if moved || self.blocked_since.is_none() {
                 self.blocked_since = Some(Instant::now());
@@ -43,7 +103,6 @@ impl QpairPoller {
         } else {
             self.blocked_since = None;
         }
-        moved
     }
 
     /// A slot's PDUs are out: an R2T's slot waits for its data, the others are done.
@@ -91,6 +150,9 @@ impl QpairPoller {
     /// queue, on whatever reactor).
     pub(super) fn finish_queue(&mut self) {
         self.life.end(&format!("nvmf: {}", self.what()));
+        if let Some(u) = &mut self.uring {
+            u.close();
+        }
         let _ = fp_sys::shutdown(self.fd.as_fd());
         let io = {
             let mut st = lock(&self.exec.sub.state);

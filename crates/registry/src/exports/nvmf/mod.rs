@@ -220,6 +220,14 @@ const OPTIONS: &[KindOption] = &[
                answering them aborted, 1 to 600000 (replaces nvmf.close_timeout_ms)",
     },
     KindOption {
+        table: "nvmf",
+        key: "io_uring",
+        flag: Some("nvmf-io-uring"),
+        value: OptionType::Bool { default: false },
+        help: "NVMe/TCP queue pairs, the target's and the host's I/O queues, on the io_uring socket \
+               engine (sock_set_default_impl uring), else posix; a listener's sock_impl wins (docs/nvmf.md)",
+    },
+    KindOption {
         table: "security",
         key: "nvmf_allow_remote",
         flag: None,
@@ -243,6 +251,10 @@ impl ExportKind for NvmfKind {
         );
         target.set_drain_timeout(options.millis("drain_timeout_ms"));
         target.set_close_timeout(options.millis("close_timeout_ms"));
+        if options.flag("io_uring") {
+            target.set_sock_impl(fp_nvmf::SocketImpl::Uring);
+            fp_conn::uring::set_default_impl(fp_nvmf::SocketImpl::Uring);
+        }
         Some(Arc::new(target))
     }
 

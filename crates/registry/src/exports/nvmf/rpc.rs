@@ -7,7 +7,7 @@
 //! docs/nvmf.md lists every difference.
 
 use fp_nvme_spec::fabrics::DISCOVERY_NQN;
-use fp_nvmf::{ListenAddress, SubsystemSpec, TransportOptions};
+use fp_nvmf::{ListenAddress, SocketImpl, SubsystemSpec, TransportOptions};
 use fp_rpc::{Neutral, ParamError, Params};
 use serde_json::{json, Value};
 
@@ -34,6 +34,9 @@ pub(super) const METHODS: &[(&str, MethodFn)] = &[
     ("nvmf_subsystem_get_controllers", nvmf_subsystem_get_controllers),
     ("nvmf_subsystem_get_qpairs", nvmf_subsystem_get_qpairs),
     ("nvmf_get_stats", nvmf_get_stats),
+    ("sock_set_default_impl", sock_set_default_impl),
+    ("sock_get_default_impl", sock_get_default_impl),
+    ("sock_impl_set_options", sock_impl_set_options),
 ];
 
 /// SPDK's default target, the only one flashpath has.
@@ -251,14 +254,65 @@ fn listen_address(p: &mut Params) -> Result<ListenAddress, ParamError> {
 fn nvmf_subsystem_add_listener(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let nqn = nqn_only(&mut p)?;
     let addr = nested(&mut p, "listen_address", listen_address)?;
+    let sock_impl = p.optional_str("sock_impl")?.map(|s| socket_impl("sock_impl", &s)).transpose()?;
     p.spdk_only(&[
         ("secure_channel", Neutral::Bool(false)),
         ("ana_state", Neutral::Str("optimized")),
-        ("sock_impl", Neutral::Absent),
         ("numa_id", Neutral::Int(-1)),
     ])?;
     p.finish()?;
-    registry.nvmf().add_listener(&nqn, addr).map_err(RegistryError::from)?;
+    registry.nvmf().add_listener_with(&nqn, addr, sock_impl).map_err(RegistryError::from)?;
+    Ok(json!(true))
+}
+
+/// A socket implementation's name (`posix`, `uring`) in parameter `field`.
+fn socket_impl(field: &'static str, name: &str) -> Result<SocketImpl, ParamError> {
+    name.parse().map_err(|e: fp_nvmf::UnknownSocketImpl| ParamError::new(field, e.to_string()))
+}
+
+/// SPDK's `sock_set_default_impl`: the socket implementation of NVMe/TCP queue pairs that
+/// connect from now on, the target's through listeners that name none and the host's
+/// (`bdev_nvme_attach_controller`) I/O queues.
+fn sock_set_default_impl(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let imp = socket_impl("impl_name", &p.required_str("impl_name")?)?;
+    p.finish()?;
+    registry.nvmf().set_sock_impl(imp);
+    fp_conn::uring::set_default_impl(imp);
+    Ok(json!(true))
+}
+
+/// SPDK's `sock_get_default_impl`: `{"impl_name": ...}`.
+fn sock_get_default_impl(registry: &Registry, p: Params) -> Result<Value, MethodError> {
+    p.finish()?;
+    Ok(json!({ "impl_name": registry.nvmf().sock_impl().name() }))
+}
+
+/// SPDK's `sock_impl_set_options` options (its socket layer's tuning), each refused when given.
+const SOCK_IMPL_OPTIONS: [&str; 13] = [
+    "recv_buf_size",
+    "send_buf_size",
+    "enable_recv_pipe",
+    "enable_quickack",
+    "enable_placement_id",
+    "enable_zerocopy_send",
+    "enable_zerocopy_send_server",
+    "enable_zerocopy_send_client",
+    "zerocopy_threshold",
+    "tls_version",
+    "enable_ktls",
+    "psk_key",
+    "psk_identity",
+];
+
+/// SPDK's `sock_impl_set_options`: the implementation must be one flashpath has; its options
+/// are SPDK's tuning of its own socket layer, accepted only at their neutral values (absent)
+/// since flashpath sizes its buffers itself (docs/nvmf.md, "Socket implementations").
+fn sock_impl_set_options(_registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    socket_impl("impl_name", &p.required_str("impl_name")?)?;
+    for option in SOCK_IMPL_OPTIONS {
+        p.unsupported(option, None)?;
+    }
+    p.finish()?;
     Ok(json!(true))
 }
 

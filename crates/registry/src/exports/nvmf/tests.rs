@@ -302,6 +302,42 @@ fn remote_listeners_need_the_setting() {
     assert_eq!(f.call("nvmf_subsystem_get_listeners", json!({ "nqn": NQN })), json!([]));
 }
 
+/// SPDK's socket implementation calls: the default (`posix`, or `uring` from the `[nvmf]
+/// io_uring` option), a listener's own, names refused by their parameter.
+#[test]
+fn socket_implementations() {
+    let f = fixture(RegistryOptions::default());
+    let default = |f: &Fixture| f.call("sock_get_default_impl", json!({}));
+    assert_eq!(default(&f), json!({ "impl_name": "posix" }));
+    f.call("sock_set_default_impl", json!({ "impl_name": "uring" }));
+    assert_eq!(default(&f), json!({ "impl_name": "uring" }));
+    f.call("sock_impl_set_options", json!({ "impl_name": "uring" }));
+    let e = f.fails("sock_set_default_impl", json!({ "impl_name": "vpp" }));
+    let (field, why) = e.bad_param().expect("a parameter error");
+    assert_eq!((field, why), ("impl_name", "unknown socket implementation \"vpp\" (posix or uring)"));
+    let e = f.fails("sock_impl_set_options", json!({ "impl_name": "posix", "enable_ktls": true }));
+    assert_eq!(e.bad_param().expect("a parameter error").0, "enable_ktls");
+    // The process's default follows (the NVMe/TCP host's I/O queues take it); back to posix
+    // for the other tests.
+    assert_eq!(fp_conn::uring::default_impl(), fp_conn::uring::SocketImpl::Uring);
+    f.call("sock_set_default_impl", json!({ "impl_name": "posix" }));
+    assert_eq!(fp_conn::uring::default_impl(), fp_conn::uring::SocketImpl::Posix);
+
+    f.transport_and_subsystem();
+    let at = listen_address(free_port());
+    let e =
+        f.fails("nvmf_subsystem_add_listener", json!({ "nqn": NQN, "listen_address": at, "sock_impl": "x" }));
+    assert_eq!(e.bad_param().expect("a parameter error").0, "sock_impl");
+    f.call("nvmf_subsystem_add_listener", json!({ "nqn": NQN, "listen_address": at, "sock_impl": "posix" }));
+
+    let f = fixture(RegistryOptions {
+        kind_options: KindOptions::default().with("nvmf", "io_uring", OptionValue::Bool(true)),
+        ..RegistryOptions::default()
+    });
+    assert_eq!(default(&f), json!({ "impl_name": "uring" }));
+    fp_conn::uring::set_default_impl(fp_conn::uring::SocketImpl::Posix);
+}
+
 /// `nvmf_get_stats` per subsystem and namespace, and the metric families built from it.
 #[test]
 fn stats_and_metrics() {
