@@ -49,9 +49,10 @@ def _result():
         points.append(e)
     config = {"secs": 1, "reps": 1, "trace_secs": 1, "backends": ["null"], "points": POINTS,
               "sizes": {"null": 1 << 30}}
-    nvmf = {"config": config, "targets": ["flashpath", "spdk", "floor", "floor-epoll"], "backends": ["null"],
+    targets = ["flashpath", "spdk", "floor", "floor-epoll"]
+    nvmf = {"config": config, "targets": targets, "backends": ["null"],
             "points": points, "syscall_method": None, "syscall_note": "not counted here",
-            "floor": {"modes": dict(FLOORS), "of": dict(FLOOR_OF)}}
+            "floor": {"modes": dict(FLOORS), "of": {k: v for k, v in FLOOR_OF.items() if k in targets}}}
     return {"nvmf": nvmf, "meta": {"server_cpu": 0, "client_cpu": 1, "machine": {"cpus": 2}}}
 
 

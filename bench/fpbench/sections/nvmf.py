@@ -25,11 +25,14 @@ from fpbench.servers import Flashpath, Spdk, spawn, wait_for
 from fpbench.syscalls import SyscallCounter
 from fpbench.syscalls import method as syscall_method
 
-TARGETS = ("flashpath", "spdk", "floor", "floor-epoll")
+# flashpath-uring: flashpath with `sock_set_default_impl uring` (its io_uring socket engine).
+TARGETS = ("flashpath", "flashpath-uring", "spdk", "floor", "floor-epoll")
+# The socket implementation each flashpath target is set to before its transport is made.
+SOCK_IMPL = {"flashpath": "posix", "flashpath-uring": "uring"}
 # Each floor's system call mode (fpbench/floor.py) and the target whose calls it copies: the
 # target's distance is measured from that floor.
 FLOORS = {"floor": "poll", "floor-epoll": "epoll"}
-FLOOR_OF = {"flashpath": "floor", "spdk": "floor-epoll"}
+FLOOR_OF = {"flashpath": "floor", "flashpath-uring": "floor", "spdk": "floor-epoll"}
 # The floor has no storage: it stands beside the null disk only.
 FLOOR_BACKENDS = ("null",)
 # What the section calls on both targets (SPDK v23.01's methods and parameters).
@@ -207,7 +210,8 @@ class NvmfSection:
                     out["version"] = servers[kind].version()
                 else:
                     servers[kind] = FlashpathNvmf(self.args.bin_dir, self.work, self.server_cpu,
-                                                  name=f"flashpath-nvmf-{backend}")
+                                                  name=f"{kind}-nvmf-{backend}")
+                    servers[kind].rpc("sock_set_default_impl", {"impl_name": SOCK_IMPL[kind]})
                 ports[kind] = free_port()
                 nqns[kind] = serve_disk(servers[kind], backend, size, ports[kind])
                 if backend == "ram":
