@@ -199,3 +199,44 @@ fn vectored_receives_and_a_socket_off_its_thread() {
     peer.read_exact(&mut one).unwrap();
     assert_eq!(&one, b"y");
 }
+
+/// A reactor asleep in epoll (its engine's ring fd among its wake fds) is woken by data that
+/// arrives for a receive in flight, and the data is there after its next rounds. With
+/// `COOP_TASKRUN` the kernel finishes the receive only when the thread enters it: the wake-up
+/// must still come (the bound is generous; the peer writes at once, from another thread).
+#[test]
+fn data_wakes_a_sleeping_reactor() {
+    use fp_reactor::{Reactor, ReactorConfig};
+    let mut reactor = Reactor::new(0, None, ReactorConfig::default()).unwrap();
+    let (ours, mut peer) = pair();
+    let mut s = UringSocket::register(ours.as_fd()).unwrap();
+    uring::ensure_poller(&mut reactor).unwrap();
+    reactor.poll_once();
+    assert!(matches!(s.recv(&mut [0u8; 8]), Recv::WouldBlock));
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        peer.write_all(b"wake").unwrap();
+        peer
+    });
+    let bound = Duration::from_secs(30);
+    let start = Instant::now();
+    assert!(reactor.sleep(Some(bound)), "nothing was pending: the reactor sleeps");
+    let slept = start.elapsed();
+    assert!(slept < bound, "the data did not wake the reactor");
+    // The peer writes only after 20 ms: a shorter sleep was woken by something else.
+    assert!(slept >= Duration::from_millis(20), "woken after {slept:?}, before the data came");
+    let _peer = writer.join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut buf = [0u8; 8];
+    loop {
+        reactor.poll_once();
+        match s.recv(&mut buf) {
+            Recv::Data(n) => {
+                assert_eq!(&buf[..n], b"wake");
+                break;
+            }
+            Recv::WouldBlock => assert!(Instant::now() < deadline, "woken, but the data never came"),
+            other => panic!("receive: {other:?}"),
+        }
+    }
+}
