@@ -204,3 +204,37 @@ fn a_sleeping_reactor_wakes_for_a_parked_poller_and_polls_it() {
     r.poll_once();
     assert_eq!(h.work.get(), 0);
 }
+
+/// A poller added while another is parked is polled from the next round on, and the parked
+/// one is not: parked pollers sit at the end of the list, and a new one must not land behind
+/// them (it was never polled, and the parked one was polled in its place and tried to park
+/// again, its fd already in the parked set: a second controller's first request got no answer).
+#[test]
+fn a_poller_added_beside_a_parked_one_is_polled_and_the_parked_one_is_not() {
+    let mut r = reactor();
+    let (q, parked) = queue(true, 0);
+    let parked_id = r.add_poller(q);
+    rounds(&mut r, PARK_AFTER_IDLE_POLLS);
+    assert_eq!(r.is_parked(parked_id), Some(true));
+    let (q, added) = queue(true, 0);
+    let added_id = r.add_poller(q);
+    added.work.set(3);
+    rounds(&mut r, 3);
+    assert_eq!(added.work.get(), 0, "the new poller was not polled");
+    assert_eq!(added.polls.get(), 3);
+    assert_eq!(parked.polls.get(), PARK_AFTER_IDLE_POLLS, "the parked poller was polled");
+    assert_eq!(r.is_parked(added_id), Some(false));
+    assert_eq!(r.parked_count(), 1);
+    // Both park and wake as before.
+    rounds(&mut r, PARK_AFTER_IDLE_POLLS);
+    assert_eq!(r.parked_count(), 2);
+    parked.work.set(1);
+    parked.kick.write(1).unwrap();
+    let mut waited = 0;
+    while parked.work.get() > 0 {
+        assert!(waited < PARKED_CHECK_ROUNDS, "the parked poller's work waited {waited} rounds");
+        r.poll_once();
+        waited += 1;
+    }
+    assert_eq!(r.is_parked(added_id), Some(true));
+}
