@@ -245,6 +245,11 @@ impl ChannelSlot {
         self.in_flight.store(n, Ordering::Relaxed);
     }
 
+    /// What the channel last showed in flight.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
     /// A request that waited `ticks` for QoS was admitted.
     #[inline]
     pub(crate) fn qos_admitted(&self, ticks: u64) {

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::shared::{MirrorShared, MirrorState, ATTACHING, COPYING, DETACHING, DONE, READY, SWITCHING};
+use crate::copy_share::CopyWindow;
+use crate::disk::GuestLoad;
 use crate::iov::BounceBuf;
 use crate::{Disk, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
@@ -80,6 +82,7 @@ impl MirrorStart {
             })
             .collect();
         MirrorCopier {
+            load: source.guest_load(),
             job,
             source,
             src,
@@ -128,6 +131,8 @@ pub struct MirrorCopier {
     wait_epoch: Option<u64>,
     last_wake: Instant,
     waker: Option<Box<dyn Fn()>>,
+    /// The guest I/O in flight on the source, which the copier yields to (the job's share).
+    load: GuestLoad,
     /// Bytes the speed limit lets the copier start, and when that was last topped up.
     allowance: u64,
     refilled: Instant,
@@ -271,8 +276,11 @@ impl MirrorCopier {
         let mut skips = 0;
         let map = &self.job.map;
         let gran = map.granularity();
+        // Beside guest I/O the copier keeps its share in flight, in runs of one chunk.
+        let full = CopyWindow { requests: BUFFERS, request_bytes: self.slots[0].buf.len() as u64 };
+        let window = self.job.share.window(full, gran, self.load.in_flight());
         while let Some(&slot) = self.free.last() {
-            if budget < gran {
+            if budget < gran || self.in_flight >= window.requests {
                 break;
             }
             let Some(c) = map.next_dirty(self.cursor) else { break };
@@ -287,7 +295,7 @@ impl MirrorCopier {
             }
             // Clear before reading: a write completing from here on marks it again.
             map.clear(c);
-            let cap = (self.slots[slot as usize].buf.len() as u64 / gran).min(budget / gran);
+            let cap = (window.request_bytes / gran).min(budget / gran).max(1);
             let mut n = 1;
             while n < cap && c + n < map.chunks() && map.is_dirty(c + n) && map.try_begin_copy(c + n) {
                 map.clear(c + n);

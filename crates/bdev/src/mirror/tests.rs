@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::copy_share::CopyShare;
 use crate::disk::{DiskChannel, DiskIo};
 use crate::Iovecs;
 use crate::{
@@ -84,7 +85,7 @@ fn source(blocks: u64) -> Disk {
 }
 
 fn opts(granularity: Option<u64>) -> MirrorOptions {
-    MirrorOptions { job_id: "job0".into(), granularity, speed: 0 }
+    MirrorOptions { job_id: "job0".into(), granularity, speed: 0, share: CopyShare::default() }
 }
 
 /// Runs one request to completion on `ch`, polling `also` meanwhile.
@@ -348,7 +349,7 @@ fn refuses_what_cannot_work() {
     let e = err(MirrorJob::start(
         &src,
         ram("t2", 2048),
-        MirrorOptions { job_id: "other".into(), granularity: None, speed: 0 },
+        MirrorOptions { job_id: "other".into(), granularity: None, speed: 0, share: CopyShare::default() },
     ));
     assert!(e.contains("already mirrored by job 'job0'"), "{e}");
 }
@@ -561,4 +562,79 @@ fn a_blocking_write_the_source_fails_is_copied_again_from_the_source() {
     assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state().is_final()));
     assert_eq!(job.state(), MirrorState::Completed);
     assert!(read_all(src.bdev().as_ref()) == read_all(tgt.as_ref()), "target differs from source");
+}
+
+/// With guest writes held in flight on the source (an error bdev's `pending`), the copier
+/// keeps only its share of requests in flight, each one chunk; once the guest's I/O is done
+/// it takes all its buffers again. Counted in polls, not time.
+#[test]
+fn the_copier_keeps_its_share_beside_guest_io_and_all_its_buffers_without() {
+    use crate::copy_share::{CopyWindow, DEFAULT_COPY_WEIGHT};
+    use crate::modules::error::{ErrorDevice, ErrorType, Injection};
+    const GUEST: usize = 32;
+    let blocks = (64u64 << 20) / u64::from(BS);
+    let ee = Arc::new(ErrorDevice::new("EE_src", ram("src", blocks)).unwrap());
+    let src = Disk::new(ee.clone(), true);
+    let tgt = ram("tgt", blocks);
+    let hold = Injection {
+        error_type: ErrorType::Pending,
+        num: GUEST as u64,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    ee.inject(&[1], hold).unwrap();
+    let DiskIo::Counted(mut guest) = src.open_typed().unwrap() else { panic!("accounting is on") };
+    let mut bufs: Vec<Vec<u8>> = (0..GUEST).map(|_| vec![0x5Au8; 4096]).collect();
+    let iovs: Vec<libc::iovec> =
+        bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: 4096 }).collect();
+    for (i, iov) in iovs.iter().enumerate() {
+        // SAFETY: the test keeps the buffers and their iovecs until the requests complete.
+        let iov = unsafe { Iovecs::from_raw(iov, 1) };
+        let req = IoRequest { tag: i as u32, op: IoOp::Write, offset: i as u64 * 4096, len: 4096, iov };
+        guest.submit_request(&req).unwrap();
+    }
+    let mut completed = 0;
+    guest.poll_with(&mut |_, _| completed += 1);
+    assert_eq!(completed, 0, "the error bdev holds the guest's writes");
+
+    // Chunks of 4 KiB: the copy beside the guest moves little, leaving most to copy after.
+    let (job, start) = MirrorJob::start(&src, tgt, opts(Some(4096))).unwrap();
+    assert_eq!(job.status().weight, DEFAULT_COPY_WEIGHT);
+    let mut copier = start.open(None);
+    let gran = job.status().granularity;
+    let full = CopyWindow { requests: 16, request_bytes: 1 << 20 };
+    let share = CopyShare::default().window(full, gran, GUEST as u64);
+    assert!(share.requests < full.requests);
+    let mut most = 0;
+    let mut copied_before = job.status().copied;
+    for _ in 0..50 {
+        copier.poll();
+        guest.poll_with(&mut |_, _| completed += 1);
+        most = most.max(copier.in_flight);
+        assert!(copier.in_flight <= share.requests, "{} copies in flight beside the guest", copier.in_flight);
+        let copied = job.status().copied;
+        assert!(copied - copied_before <= share.requests as u64 * gran, "a copy longer than a chunk");
+        copied_before = copied;
+    }
+    assert_eq!(completed, 0, "the guest's writes are still held");
+    assert_eq!(most, share.requests, "the copier used its share");
+    assert!(job.status().copied > 0, "the copy made progress beside the guest");
+    assert_eq!(job.state(), MirrorState::Running);
+
+    // The guest's writes complete: the next polls take every buffer.
+    ee.resume_pending();
+    while completed < GUEST {
+        guest.poll_with(&mut |_, _| completed += 1);
+    }
+    let mut most = 0;
+    for _ in 0..4 {
+        copier.poll();
+        guest.poll_with(&mut |_, _| completed += 1);
+        most = most.max(copier.in_flight);
+    }
+    assert_eq!(most, full.requests, "an idle guest leaves the copier all its buffers");
+    job.cancel().unwrap();
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut guest), &|| job.state().is_final()));
+    drop(bufs);
 }
