@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fp_bdev::copy_share::CopyShare;
 use fp_bdev::Uuid;
 use fp_bdev::{Bdev, BdevInfo};
 
@@ -38,6 +39,8 @@ pub struct OwnerOptions {
     pub process_window_bytes: u64,
     /// `process_max_bandwidth_mb_sec`; 0: no limit.
     pub process_max_bandwidth_mb_sec: u64,
+    /// `process_weight`: the copy's share beside the guest's requests.
+    pub process_share: CopyShare,
     /// The rebuild checkpoint is persisted after this many bytes or this long, whichever first.
     pub checkpoint_bytes: u64,
     pub checkpoint_interval: Duration,
@@ -51,6 +54,7 @@ impl Default for OwnerOptions {
             clear_period: Duration::from_secs(5),
             process_window_bytes: 1 << 20,
             process_max_bandwidth_mb_sec: 0,
+            process_share: CopyShare::default(),
             checkpoint_bytes: 64 << 20,
             checkpoint_interval: Duration::from_secs(1),
             idle_park: Duration::from_millis(100),
@@ -189,11 +193,12 @@ impl Owner {
     }
 
     /// Changes the process options (`bdev_raid_set_options`); a running process follows.
-    pub fn set_process_options(&mut self, window_bytes: u64, max_mb_sec: u64) {
+    pub fn set_process_options(&mut self, window_bytes: u64, max_mb_sec: u64, share: CopyShare) {
         self.options.process_window_bytes = window_bytes;
         self.options.process_max_bandwidth_mb_sec = max_mb_sec;
+        self.options.process_share = share;
         if let Some((c, _)) = self.process.as_mut() {
-            c.set_options(window_bytes, max_mb_sec);
+            c.set_options(window_bytes, max_mb_sec, share);
         }
         self.throttled_until = None;
     }
@@ -583,6 +588,7 @@ impl Owner {
             data_bytes: self.sb.raid_bytes(),
             window_bytes: self.options.process_window_bytes,
             max_mb_sec: self.options.process_max_bandwidth_mb_sec,
+            share: self.options.process_share,
         }
     }
 
@@ -646,7 +652,18 @@ impl Owner {
         let Some((mut copier, plan)) = self.process.take() else { return false };
         let shared = self.shared.clone();
         let Some(map) = shared.intent.as_ref() else { return false };
-        let (bytes, step) = copier.step(&mut self.members, map);
+        let guest = shared.guest_in_flight();
+        let (bytes, step) = copier.step(&mut self.members, map, guest);
+        if guest > 0 && bytes > 0 {
+            // The owner's thread shares the core with the reactors serving the guest: beside
+            // guest I/O it also keeps to its share of the time, resting after a step for as
+            // long as the step took times (100 - weight) / weight.
+            let w = u32::from(self.options.process_share.weight());
+            if w < 100 {
+                let took = Instant::now().saturating_duration_since(now);
+                self.throttled_until = Some(Instant::now() + took * (100 - w) / w);
+            }
+        }
         let c = &self.shared.counters;
         c.rebuild_bytes_copied.fetch_add(bytes * copier.targets.len() as u64, Ordering::Relaxed);
         self.shared

@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use fp_bdev::copy_share::{CopyShare, CopyWindow};
 use fp_bdev::AlignedBuf;
 
 use crate::intent::IntentMap;
@@ -79,6 +80,8 @@ pub struct CopyGeometry {
     pub window_bytes: u64,
     /// `process_max_bandwidth_mb_sec`; 0: no limit.
     pub max_mb_sec: u64,
+    /// The copy's share beside the guest's requests (`process_weight`).
+    pub share: CopyShare,
 }
 
 /// One running process.
@@ -97,6 +100,8 @@ pub struct Copier {
     full_from: u64,
     /// Chunks below the cursor skipped because a write was in flight.
     retry: Vec<u64>,
+    /// Bytes per request this step (the buffer, or one unit beside guest I/O).
+    piece: u64,
     buf: AlignedBuf,
     /// Bytes copied, and since when (the speed limit).
     copied: u64,
@@ -106,6 +111,9 @@ pub struct Copier {
 /// Chunks the first pass looks at per step at most, copied or not (a partial rebuild of a
 /// mostly clean bitmap skips quickly but still yields to the owner's other duties).
 const SCAN_PER_STEP: u64 = 1 << 16;
+
+/// The longest request of a copy beside guest I/O (the mirror's default chunk).
+pub const SHARE_UNIT: u64 = 64 << 10;
 
 impl Copier {
     /// A process from byte `start` of the data region (a checkpoint, or 0).
@@ -132,6 +140,7 @@ impl Copier {
                 _ => 0,
             },
             retry: Vec::new(),
+            piece: window,
             buf: AlignedBuf::zeroed(window as usize),
             copied: 0,
             started: Instant::now(),
@@ -145,14 +154,15 @@ impl Copier {
         self.cursor = 0;
     }
 
-    /// Changes the window and the speed limit (`bdev_raid_set_options`).
-    pub fn set_options(&mut self, window_bytes: u64, max_mb_sec: u64) {
+    /// Changes the window, the speed limit and the share (`bdev_raid_set_options`).
+    pub fn set_options(&mut self, window_bytes: u64, max_mb_sec: u64, share: CopyShare) {
         let window = window_bytes.clamp(4096, 16 << 20).next_multiple_of(4096);
         if window as usize != self.buf.len() {
             self.buf = AlignedBuf::zeroed(window as usize);
         }
         self.geo.window_bytes = window;
         self.geo.max_mb_sec = max_mb_sec;
+        self.geo.share = share;
         self.started = Instant::now();
         self.copied = 0;
     }
@@ -191,7 +201,7 @@ impl Copier {
         let end = (start + self.chunk_bytes).min(self.geo.data_bytes);
         let mut at = start;
         while at < end {
-            let n = (end - at).min(self.buf.len() as u64) as usize;
+            let n = (end - at).min(self.piece) as usize;
             let off = self.geo.data_offset + at;
             let src = bases.slot_io(self.source).ok_or((self.source, libc::ENODEV))?;
             src.read_at(off, &mut self.buf.as_mut_slice()[..n]).map_err(|e| (self.source, e))?;
@@ -220,9 +230,24 @@ impl Copier {
         r.map(Some)
     }
 
-    /// One window's worth of work. `bases` are the owner's, by slot. Returns how many bytes
-    /// were copied with the step's outcome.
-    pub fn step(&mut self, bases: &mut dyn SlotIo, intent: &IntentMap) -> (u64, Step) {
+    /// What one step may copy beside `guest_in_flight` guest requests: the whole window with
+    /// none, else the share's requests of one unit each (`fp_bdev::copy_share`, the mirror's
+    /// rule). The unit is the smaller of a chunk and [`SHARE_UNIT`].
+    pub fn window(&self, guest_in_flight: u64) -> CopyWindow {
+        let unit = self.chunk_bytes.min(SHARE_UNIT).min(self.buf.len() as u64);
+        let full = CopyWindow { requests: (self.buf.len() as u64 / unit) as usize, request_bytes: unit };
+        let w = self.geo.share.window(full, unit, guest_in_flight);
+        if w == full {
+            CopyWindow { requests: 1, request_bytes: self.buf.len() as u64 }
+        } else {
+            w
+        }
+    }
+
+    /// One window's worth of work beside `guest_in_flight` guest requests
+    /// ([`Copier::window`]). `bases` are the owner's, by slot. Returns how many bytes were
+    /// copied with the step's outcome.
+    pub fn step(&mut self, bases: &mut dyn SlotIo, intent: &IntentMap, guest_in_flight: u64) -> (u64, Step) {
         if self.geo.max_mb_sec > 0 {
             let allowed = self.geo.max_mb_sec * 1_000_000;
             let due = Duration::from_secs_f64(self.copied as f64 / allowed as f64);
@@ -231,7 +256,9 @@ impl Copier {
                 return (0, Step::Throttled(self.started + due));
             }
         }
-        let budget = self.buf.len() as u64;
+        let window = self.window(guest_in_flight);
+        self.piece = window.request_bytes;
+        let budget = window.request_bytes * window.requests as u64;
         let mut bytes = 0;
         let mut scanned = 0;
         let fail = |(slot, errno)| Step::Failed { slot, errno };
@@ -310,13 +337,19 @@ mod tests {
     }
 
     fn geo(bytes: u64) -> CopyGeometry {
-        CopyGeometry { data_offset: 0, data_bytes: bytes, window_bytes: 256 << 10, max_mb_sec: 0 }
+        CopyGeometry {
+            data_offset: 0,
+            data_bytes: bytes,
+            window_bytes: 256 << 10,
+            max_mb_sec: 0,
+            share: CopyShare::default(),
+        }
     }
 
     fn run(c: &mut Copier, b: &mut Vec<Option<Box<dyn BaseIo>>>, m: &IntentMap) -> u64 {
         let mut total = 0;
         loop {
-            let (n, s) = c.step(b, m);
+            let (n, s) = c.step(b, m, 0);
             total += n;
             match s {
                 Step::Done => return total,
@@ -353,16 +386,16 @@ mod tests {
         let t = m.begin_write(2 * K64, 512);
         let mut c = Copier::new(ProcessKind::Full, 0, vec![1, 2], 0, &m, geo(bytes));
         for _ in 0..4 {
-            assert_eq!(c.step(&mut b, &m).1, Step::Working, "chunk 2 is busy");
+            assert_eq!(c.step(&mut b, &m, 0).1, Step::Working, "chunk 2 is busy");
         }
         assert_eq!(c.progress_bytes(), bytes);
         assert_eq!(c.checkpoint(&m), 2 * K64, "the busy chunk holds the checkpoint back");
         m.end_write(&t);
-        assert_eq!(c.step(&mut b, &m), (K64, Step::Done));
+        assert_eq!(c.step(&mut b, &m, 0), (K64, Step::Done));
         assert_eq!(image(&mut b[0], bytes), image(&mut b[2], bytes));
         let mut c = Copier::new(ProcessKind::Full, 0, vec![1, 2], 0, &m, geo(bytes));
         b[2] = Some(Box::new(MemBase { fail: true, ..MemBase::new(bytes) }));
-        assert_eq!(c.step(&mut b, &m).1, Step::Failed { slot: 2, errno: libc::EIO });
+        assert_eq!(c.step(&mut b, &m, 0).1, Step::Failed { slot: 2, errno: libc::EIO });
         assert_eq!(m.writers(0), 0);
         assert!(m.try_start_copy(0), "a failed copy releases its chunk");
     }
@@ -373,7 +406,7 @@ mod tests {
         let mut b = bases(2, bytes);
         let m = IntentMap::new(bytes, K64, false);
         let mut c = Copier::new(ProcessKind::Full, 0, vec![1], 0, &m, geo(bytes));
-        assert_eq!(c.step(&mut b, &m), (4 * K64, Step::Working));
+        assert_eq!(c.step(&mut b, &m, 0), (4 * K64, Step::Working));
         // A write that overlapped the copy of chunk 1 (as if it had started mid-copy).
         assert!(m.try_start_copy(1));
         let t = m.begin_write(K64, 4096);
@@ -383,9 +416,27 @@ mod tests {
         assert_eq!(m.next_recopy(0), Some(1));
         assert_eq!(c.checkpoint(&m), K64, "the re-marked chunk holds the checkpoint");
         // The next step copies it again before going on, and the checkpoint follows the cursor.
-        assert_eq!(c.step(&mut b, &m), (4 * K64, Step::Working));
+        assert_eq!(c.step(&mut b, &m, 0), (4 * K64, Step::Working));
         assert_eq!(m.next_recopy(0), None);
         assert_eq!(c.checkpoint(&m), 7 * K64);
+    }
+
+    #[test]
+    fn beside_guest_requests_a_step_copies_its_share_in_units_and_the_whole_window_without() {
+        let bytes = 4 << 20;
+        let mut b = bases(2, bytes);
+        let m = IntentMap::new(bytes, 16 << 10, false);
+        let mut g = geo(bytes);
+        g.window_bytes = 1 << 20;
+        let mut c = Copier::new(ProcessKind::Full, 0, vec![1], 0, &m, g);
+        // A tenth of the requests in flight beside 32 guest ones: 3 chunks of 16 KiB.
+        assert_eq!(c.window(32), CopyWindow { requests: 3, request_bytes: 16 << 10 });
+        assert_eq!(c.step(&mut b, &m, 32), (3 * (16 << 10), Step::Working));
+        assert_eq!(c.window(0), CopyWindow { requests: 1, request_bytes: 1 << 20 });
+        assert_eq!(c.step(&mut b, &m, 0), (1 << 20, Step::Working));
+        c.set_options(1 << 20, 0, CopyShare::new(100).unwrap());
+        assert_eq!(c.step(&mut b, &m, 32), (1 << 20, Step::Working), "weight 100: no share");
+        assert_eq!(c.checkpoint(&m), 3 * (16 << 10) + (2 << 20));
     }
 
     #[test]
@@ -396,8 +447,8 @@ mod tests {
         let mut g = geo(bytes);
         g.max_mb_sec = 1;
         let mut c = Copier::new(ProcessKind::Full, 0, vec![1], 0, &m, g);
-        assert_eq!(c.step(&mut b, &m), (256 << 10, Step::Working));
-        match c.step(&mut b, &m) {
+        assert_eq!(c.step(&mut b, &m, 0), (256 << 10, Step::Working));
+        match c.step(&mut b, &m, 0) {
             (0, Step::Throttled(until)) => {
                 let wait = until - Instant::now();
                 assert!(wait > Duration::from_millis(150) && wait < Duration::from_millis(300), "{wait:?}");

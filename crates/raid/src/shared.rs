@@ -105,13 +105,20 @@ pub struct ChannelAck {
     word: AtomicU64,
     /// Requests in flight, by slot, on the channel's channels of bases that left the slot.
     retired: [AtomicU32; MAX_SLOTS],
+    /// The guest's requests the channel had in flight at the end of its last poll (read by
+    /// the rebuild, which yields to them).
+    in_flight: AtomicU32,
 }
 
 impl ChannelAck {
     fn new() -> ChannelAck {
         // Idle until its first submit: it has nothing in flight, and that submit loads the
         // epoch after clearing the mark.
-        ChannelAck { word: AtomicU64::new(IDLE), retired: std::array::from_fn(|_| AtomicU32::new(0)) }
+        ChannelAck {
+            word: AtomicU64::new(IDLE),
+            retired: std::array::from_fn(|_| AtomicU32::new(0)),
+            in_flight: AtomicU32::new(0),
+        }
     }
 
     /// The channel works with the layout of `epoch`; `idle`: it has nothing in flight.
@@ -124,6 +131,12 @@ impl ChannelAck {
         } else {
             self.word.store(epoch, Ordering::SeqCst);
         }
+    }
+
+    /// The guest's requests the channel has in flight (stored by its poll when it changed).
+    #[inline]
+    pub fn set_in_flight(&self, n: usize) {
+        self.in_flight.store(u32::try_from(n).unwrap_or(u32::MAX), Ordering::Relaxed);
     }
 
     /// Requests the channel has in flight to the base that left `slot` (cold path).
@@ -223,6 +236,13 @@ impl RaidShared {
         let ack = Arc::new(ChannelAck::new());
         self.channels.lock().unwrap_or_else(|p| p.into_inner()).push(ack.clone());
         ack
+    }
+
+    /// The guest's requests in flight on every channel, as each showed them at the end of its
+    /// last poll: what the rebuild yields to (the owner's thread; a control-plane lock).
+    pub fn guest_in_flight(&self) -> u64 {
+        let list = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        list.iter().map(|a| u64::from(a.in_flight.load(Ordering::Relaxed))).sum()
     }
 
     /// A channel closes: its acknowledgement no longer counts.
@@ -355,8 +375,10 @@ mod tests {
         assert_eq!(shared.drain_state(1, epoch), DrainState { unacknowledged: 0, in_flight: 1 });
         assert_eq!(shared.drain_state(0, epoch), DrainState::default(), "nothing left slot 0");
 
+        assert_eq!(shared.guest_in_flight(), 1, "the held write, shown at the channel's poll");
         holder.resume_pending();
         assert_eq!(poll_until(&mut *ch, 1), [(3, IoStatus::Success)]);
+        assert_eq!(shared.guest_in_flight(), 0);
         assert!(shared.drain_state(1, epoch).drained());
         // A later layout finds the channel idle: done with it before its reactor wakes.
         shared.publish((*shared.layout()).clone());

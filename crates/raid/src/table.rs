@@ -2,6 +2,7 @@
 //! (found by examine, waiting for bases), and the options every raid's process follows. Below
 //! both the RPC methods and examine, which look raids up and add them here.
 
+use fp_bdev::copy_share::{CopyShare, DEFAULT_COPY_WEIGHT};
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,8 @@ pub struct ProcessOptions {
     pub window_kb: AtomicU64,
     /// MiB/s; 0: no limit.
     pub max_bandwidth_mb_sec: AtomicU64,
+    /// `process_weight`: percent (`fp_bdev::copy_share`).
+    pub weight: AtomicU64,
 }
 
 /// One raid the module knows.
@@ -48,11 +51,17 @@ pub struct RaidState {
 }
 
 impl ProcessOptions {
+    /// The share `process_weight` gives (checked when set).
+    pub fn share(&self) -> CopyShare {
+        CopyShare::new(self.weight.load(Ordering::Relaxed)).unwrap_or_default()
+    }
+
     /// The owner's options now.
     pub fn owner_options(&self) -> OwnerOptions {
         OwnerOptions {
             process_window_bytes: self.window_kb.load(Ordering::Relaxed) << 10,
             process_max_bandwidth_mb_sec: self.max_bandwidth_mb_sec.load(Ordering::Relaxed),
+            process_share: self.share(),
             ..OwnerOptions::default()
         }
     }
@@ -65,6 +74,7 @@ impl RaidState {
             options: Arc::new(ProcessOptions {
                 window_kb: AtomicU64::new(DEFAULT_WINDOW_KB),
                 max_bandwidth_mb_sec: AtomicU64::new(0),
+                weight: AtomicU64::new(u64::from(DEFAULT_COPY_WEIGHT)),
             }),
         }
     }

@@ -241,10 +241,13 @@ fn every_refusal_names_its_field() {
         &err(&m, "bdev_raid_set_options", json!({"process_window_size_kb": 0})),
         "process_window_size_kb",
     );
+    for weight in [0, 101] {
+        assert_param(&err(&m, "bdev_raid_set_options", json!({"process_weight": weight})), "process_weight");
+    }
     ok(
         &m,
         "bdev_raid_set_options",
-        json!({"process_window_size_kb": 2048, "process_max_bandwidth_mb_sec": 100}),
+        json!({"process_window_size_kb": 2048, "process_max_bandwidth_mb_sec": 100, "process_weight": 50}),
     );
     // A removed base is free again; it rejoins, rebuilt in full (no superblock), and the
     // slot is taken.

@@ -72,6 +72,8 @@ pub struct Bases {
     ack: Arc<ChannelAck>,
     /// Whether `ack` has the idle mark.
     idle: bool,
+    /// The requests in flight `ack` shows.
+    shown_in_flight: usize,
 }
 
 fn dev_id(b: &Bdev) -> usize {
@@ -89,7 +91,7 @@ impl Bases {
         let open = (0..layout.slots.len()).map(|_| None).collect();
         let masks = Masks::of(&layout);
         ack.store(epoch, true);
-        Bases { shared, epoch, layout, masks, open, retired: Vec::new(), ack, idle: true }
+        Bases { shared, epoch, layout, masks, open, retired: Vec::new(), ack, idle: true, shown_in_flight: 0 }
     }
 
     /// Called first by every submit: a channel leaving idle clears its mark before it looks
@@ -111,6 +113,10 @@ impl Bases {
     /// channel marks itself idle.
     #[inline]
     pub fn settle(&mut self, in_flight: usize) {
+        if in_flight != self.shown_in_flight {
+            self.shown_in_flight = in_flight;
+            self.ack.set_in_flight(in_flight);
+        }
         if in_flight == 0 && !self.idle {
             self.idle = true;
             self.ack.store(self.epoch, true);

@@ -1,6 +1,7 @@
 //! The owner over bases in memory (synchronous, step by step) and over RAM bdevs (its thread,
 //! with writer threads doing raid1's write path as the channels do).
 
+use fp_bdev::copy_share::CopyShare;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -198,6 +199,37 @@ fn a_new_base_gets_everything_and_foreign_or_small_bases_are_refused() {
     assert!(data(&mut o, 0) == data(&mut o, 1));
 }
 
+/// Beside guest requests in flight on the raid's channels, a rebuild step copies only its
+/// share, in requests of one unit, then rests; with none it copies its whole window.
+#[test]
+fn a_rebuild_beside_guest_io_copies_its_share_and_rests_and_its_window_without() {
+    let bytes = 8 * MIB;
+    let mut o = mem_raid(2, bytes);
+    replace_with_new_base(&mut o, 1, 1, bytes);
+    let copied = |o: &Owner| o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed);
+    let guest = o.shared().register_channel();
+    guest.set_in_flight(32);
+    assert_eq!(o.shared().guest_in_flight(), 32);
+    let share = o.process.as_ref().unwrap().0.window(32);
+    let full = o.process.as_ref().unwrap().0.window(0);
+    assert!(share.requests as u64 * share.request_bytes < full.requests as u64 * full.request_bytes);
+    assert!(share.request_bytes <= crate::rebuild::SHARE_UNIT);
+    o.tick();
+    assert_eq!(copied(&o), share.requests as u64 * share.request_bytes, "its share beside the guest");
+    assert!(o.throttled_until.is_some(), "it rests after a step beside the guest");
+    assert!(!o.busy());
+    // The guest's requests end (and the rest is over): the next step takes the whole window.
+    guest.set_in_flight(0);
+    o.throttled_until = None;
+    let before = copied(&o);
+    o.tick();
+    assert_eq!(copied(&o) - before, full.requests as u64 * full.request_bytes, "the whole window");
+    assert!(o.throttled_until.is_none(), "no rest without guest I/O");
+    o.shared().unregister_channel(&guest);
+    run_process(&mut o);
+    assert!(data(&mut o, 0) == data(&mut o, 1));
+}
+
 /// Slot `slot`'s base fails and is removed; `mib` MiB are written degraded; a new base (a
 /// full rebuild) is added in its place.
 fn replace_with_new_base(o: &mut Owner, slot: usize, mib: u64, bytes: u64) {
@@ -388,7 +420,7 @@ fn writers_on_threads_during_a_full_rebuild_end_identical() {
             })
         })
         .collect();
-    h.set_process_options(128, 0).unwrap();
+    h.set_process_options(128, 0, CopyShare::default()).unwrap();
     assert_eq!(h.add_base("b1".into(), b1.clone(), OWNER_WAIT).unwrap().answered().unwrap().unwrap(), 1);
     let deadline = Instant::now() + Duration::from_secs(60);
     while shared.counters.rebuilds_completed.load(Ordering::Relaxed) == 0 {
