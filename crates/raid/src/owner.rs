@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::copy_share::CopyShare;
+use fp_bdev::module::BackgroundStart;
 use fp_bdev::Uuid;
 use fp_bdev::{Bdev, BdevInfo};
 
@@ -25,6 +26,7 @@ use crate::format::{SlotRecord, Superblock};
 use crate::intent::IntentMap;
 use crate::meta_io::{self, BaseIo};
 use crate::rebuild::{Copier, CopyGeometry, ProcessKind, SlotIo, Step};
+use crate::rebuild_io::{CopyLink, CopyRunner, RunnerSpec};
 use crate::shared::RaidShared;
 use crate::shared::{Layout, ProcessStats, RaidCounters, SlotView};
 use crate::{RaidError, RaidLevel, SlotState};
@@ -41,6 +43,9 @@ pub struct OwnerOptions {
     pub process_max_bandwidth_mb_sec: u64,
     /// `process_weight`: the copy's share beside the guest's requests.
     pub process_share: CopyShare,
+    /// Where the rebuild's copies run: a reactor of the daemon, or (`None`, tests and the
+    /// crash simulator) the owner's thread.
+    pub reactors: Option<Reactors>,
     /// The rebuild checkpoint is persisted after this many bytes or this long, whichever first.
     pub checkpoint_bytes: u64,
     pub checkpoint_interval: Duration,
@@ -55,12 +60,28 @@ impl Default for OwnerOptions {
             process_window_bytes: 1 << 20,
             process_max_bandwidth_mb_sec: 0,
             process_share: CopyShare::default(),
+            reactors: None,
             checkpoint_bytes: 64 << 20,
             checkpoint_interval: Duration::from_secs(1),
             idle_park: Duration::from_millis(100),
         }
     }
 }
+
+/// Starts a background job on one of the daemon's reactors (`ModuleHost::start_background`);
+/// `false` when there is none.
+#[derive(Clone)]
+pub struct Reactors(pub Arc<dyn Fn(BackgroundStart) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Reactors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reactors")
+    }
+}
+
+/// How long the owner waits for the runner's copies in flight to end before it changes the
+/// bases they go to (a removal, a failure, a stop).
+const RUNNER_DRAIN: Duration = Duration::from_secs(30);
 
 /// A base for a slot: its name as configured and the bdev.
 #[derive(Clone)]
@@ -144,6 +165,9 @@ pub struct Owner {
     last_checkpoint: Instant,
     since_checkpoint: u64,
     throttled_until: Option<Instant>,
+    /// The process's copies are on the runner and the owner waits for one to come back (the
+    /// runner wakes it).
+    waiting_runner: bool,
 }
 
 impl Owner {
@@ -169,6 +193,7 @@ impl Owner {
             last_checkpoint: Instant::now(),
             since_checkpoint: 0,
             throttled_until: None,
+            waiting_runner: false,
         }
     }
 
@@ -416,6 +441,7 @@ impl Owner {
     /// Takes a base out in memory (its superblock write follows): the slot Failed, the process
     /// adjusted (a lost target dropped, a lost source replaced from the checkpoint).
     fn take_out(&mut self, slot: usize) {
+        self.stop_runner();
         self.mark_failed(slot);
         self.resync_targets.retain(|&s| s != slot);
         if let Some((mut copier, plan)) = self.process.take() {
@@ -649,12 +675,16 @@ impl Owner {
             return false;
         }
         self.throttled_until = None;
+        self.waiting_runner = false;
         let Some((mut copier, plan)) = self.process.take() else { return false };
         let shared = self.shared.clone();
         let Some(map) = shared.intent.as_ref() else { return false };
+        if copier.link().is_none() {
+            self.attach_runner(&mut copier);
+        }
         let guest = shared.guest_in_flight();
         let (bytes, step) = copier.step(&mut self.members, map, guest);
-        if guest > 0 && bytes > 0 {
+        if guest > 0 && bytes > 0 && copier.link().is_none() {
             // The owner's thread shares the core with the reactors serving the guest: beside
             // guest I/O it also keeps to its share of the time, resting after a step for as
             // long as the step took times (100 - weight) / weight.
@@ -672,7 +702,8 @@ impl Owner {
             .store(copier.progress_bytes() / u64::from(self.sb.block_size), Ordering::Relaxed);
         self.since_checkpoint += bytes;
         match step {
-            Step::Working => {
+            Step::Working | Step::Waiting => {
+                self.waiting_runner = step == Step::Waiting;
                 if plan.kind != ProcessKind::Resync
                     && (self.since_checkpoint >= self.options.checkpoint_bytes
                         || now.duration_since(self.last_checkpoint) >= self.options.checkpoint_interval)
@@ -700,6 +731,7 @@ impl Owner {
                 false
             }
             Step::Done => {
+                // Nothing is in flight: the runner ends when the copier drops.
                 self.finish(copier, plan);
                 true
             }
@@ -713,6 +745,44 @@ impl Owner {
                 self.publish();
                 self.next_process();
                 true
+            }
+        }
+    }
+
+    /// Moves the running process's copies onto a reactor when the daemon has one and every
+    /// base it copies between is a bdev (not a base in memory).
+    fn attach_runner(&mut self, copier: &mut Copier) {
+        let Some(reactors) = self.options.reactors.clone() else { return };
+        let bdev = |slot: usize| self.members.get(slot)?.as_ref()?.bdev.clone();
+        let Some(source) = bdev(copier.source) else { return };
+        let mut targets = Vec::with_capacity(copier.targets.len());
+        for &t in &copier.targets {
+            let Some(b) = bdev(t) else { return };
+            targets.push((t, b));
+        }
+        let slots = copier.runner_slots_for_window();
+        let link = CopyLink::new(slots, self.shared.clone());
+        let spec =
+            RunnerSpec { source: (copier.source, source), targets, slots, piece: copier.runner_piece() };
+        let for_runner = link.clone();
+        if (reactors.0)(Box::new(move || Box::new(CopyRunner::open(for_runner, spec)))) {
+            copier.run_on(link, slots);
+        } else {
+            // No reactor (the daemon is stopping): the owner copies from now on.
+            self.options.reactors = None;
+        }
+    }
+
+    /// Stops the running process's runner and waits for its copies in flight, before the
+    /// bases they go to change; the next step starts another.
+    fn stop_runner(&mut self) {
+        let shared = self.shared.clone();
+        if let (Some((copier, _)), Some(map)) = (self.process.as_mut(), shared.intent.as_ref()) {
+            if !copier.stop_runner(map, RUNNER_DRAIN) {
+                log::error!(
+                    "raid {}: the rebuild's copies in flight did not end within {RUNNER_DRAIN:?}",
+                    self.sb.name
+                );
             }
         }
     }
@@ -739,7 +809,7 @@ impl Owner {
     pub fn busy(&self) -> bool {
         self.intent().is_some_and(IntentMap::needs_persist)
             || !self.shared.failures.is_empty()
-            || (self.process.is_some() && self.throttled_until.is_none())
+            || (self.process.is_some() && self.throttled_until.is_none() && !self.waiting_runner)
     }
 
     /// Everything due now, once: failures, bitmap persistence, clearing, a process window.
@@ -896,6 +966,7 @@ impl Owner {
     /// An orderly stop (the caller drained the raid's I/O): bitmap out, the running rebuild's
     /// checkpoint kept, and the superblock marked clean so the next assembly needs no resync.
     pub fn stop(&mut self) -> Result<(), RaidError> {
+        self.stop_runner();
         self.persist_bitmap();
         if let Some((copier, plan)) = self.process.take() {
             if plan.kind != ProcessKind::Resync {

@@ -11,6 +11,8 @@
 //! overlapped the copy. The checkpoint (the offset below which everything is copied) is what
 //! the owner persists, so a restarted daemon resumes instead of starting over.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::copy_share::{CopyShare, CopyWindow};
@@ -18,6 +20,7 @@ use fp_bdev::AlignedBuf;
 
 use crate::intent::IntentMap;
 use crate::meta_io::BaseIo;
+use crate::rebuild_io::{CopyLink, CopyOrder};
 
 /// What a process copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +59,10 @@ impl SlotIo for Vec<Option<Box<dyn BaseIo>>> {
     }
 }
 
+/// What acting on one chunk did: `Some(n)` counted `n` against the step's budget, `None` the
+/// chunk was busy; `Err((slot, errno))` a base failed.
+type ChunkOutcome = Result<Option<u64>, (usize, i32)>;
+
 /// What one step did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -67,6 +74,9 @@ pub enum Step {
     Done,
     /// A base failed (`slot`, errno): the owner takes it out and decides what follows.
     Failed { slot: usize, errno: i32 },
+    /// Orders are in flight on the runner and nothing else can start: the runner wakes the
+    /// owner when one comes back.
+    Waiting,
 }
 
 /// Where the copier's bytes go and how fast.
@@ -106,6 +116,14 @@ pub struct Copier {
     /// Bytes copied, and since when (the speed limit).
     copied: u64,
     started: Instant,
+    /// The runner the copies go to, when they run on a reactor ([`Copier::run_on`]).
+    link: Option<Arc<CopyLink>>,
+    /// Its buffers: orders in flight at most.
+    runner_slots: usize,
+    /// Chunks sent to the runner and not back yet (claimed: they hold the checkpoint).
+    pub(crate) ordered: BTreeSet<u64>,
+    /// A failure the runner sent back.
+    failed: Option<(usize, i32)>,
 }
 
 /// Chunks the first pass looks at per step at most, copied or not (a partial rebuild of a
@@ -144,6 +162,10 @@ impl Copier {
             buf: AlignedBuf::zeroed(window as usize),
             copied: 0,
             started: Instant::now(),
+            link: None,
+            runner_slots: 1,
+            ordered: BTreeSet::new(),
+            failed: None,
         }
     }
 
@@ -183,6 +205,9 @@ impl Copier {
         if let Some(&r) = self.retry.iter().min() {
             c = c.min(r);
         }
+        if let Some(&o) = self.ordered.first() {
+            c = c.min(o);
+        }
         if let Some(r) = intent.next_recopy(0) {
             c = c.min(r);
         }
@@ -215,12 +240,7 @@ impl Copier {
     }
 
     /// Claims and copies `chunk`; `Ok(None)` when a write holds it.
-    fn try_chunk(
-        &mut self,
-        bases: &mut dyn SlotIo,
-        intent: &IntentMap,
-        chunk: u64,
-    ) -> Result<Option<u64>, (usize, i32)> {
+    fn try_chunk(&mut self, bases: &mut dyn SlotIo, intent: &IntentMap, chunk: u64) -> ChunkOutcome {
         if !intent.try_start_copy(chunk) {
             return Ok(None);
         }
@@ -246,7 +266,8 @@ impl Copier {
 
     /// One window's worth of work beside `guest_in_flight` guest requests
     /// ([`Copier::window`]). `bases` are the owner's, by slot. Returns how many bytes were
-    /// copied with the step's outcome.
+    /// copied with the step's outcome. With a runner ([`Copier::run_on`]) the step sends
+    /// orders instead of copying, and counts the bytes of the orders that came back.
     pub fn step(&mut self, bases: &mut dyn SlotIo, intent: &IntentMap, guest_in_flight: u64) -> (u64, Step) {
         if self.geo.max_mb_sec > 0 {
             let allowed = self.geo.max_mb_sec * 1_000_000;
@@ -258,10 +279,64 @@ impl Copier {
         }
         let window = self.window(guest_in_flight);
         self.piece = window.request_bytes;
-        let budget = window.request_bytes * window.requests as u64;
+        let Some(link) = self.link.clone() else {
+            let budget = window.request_bytes * window.requests as u64;
+            let (bytes, failed) = self.walk(intent, budget, &mut |me, c| me.try_chunk(bases, intent, c));
+            self.copied += bytes;
+            return (bytes, failed.map_or_else(|| self.outcome(intent), fail));
+        };
+        // On the runner: what came back, then orders up to the share's requests in flight
+        // (the runner's buffers with no guest I/O).
+        let mut bytes = 0;
+        while let Some(d) = link.reap() {
+            self.ordered.remove(&d.chunk);
+            intent.end_copy(d.chunk);
+            match d.failed {
+                None => bytes += d.bytes,
+                Some(f) => self.failed = self.failed.or(Some(f)),
+            }
+        }
+        self.copied += bytes;
+        if let Some(f) = self.failed {
+            return (bytes, fail(f));
+        }
+        let limit = if window.requests == 1 && window.request_bytes == self.buf.len() as u64 {
+            self.runner_slots
+        } else {
+            window.requests.min(self.runner_slots)
+        };
+        let room = limit.saturating_sub(self.ordered.len()) as u64;
+        let (sent, _) = self.walk(intent, room, &mut |me, c| me.try_order(&link, intent, c));
+        let step = self.outcome(intent);
+        if step == Step::Working && sent == 0 && !self.ordered.is_empty() {
+            return (bytes, Step::Waiting);
+        }
+        (bytes, step)
+    }
+
+    /// Done, or more to do.
+    fn outcome(&self, intent: &IntentMap) -> Step {
+        if self.cursor >= self.chunks
+            && self.retry.is_empty()
+            && self.ordered.is_empty()
+            && intent.next_recopy(0).is_none()
+        {
+            Step::Done
+        } else {
+            Step::Working
+        }
+    }
+
+    /// Walks the chunks due, `act` on each (copy or order it; what it returns counts against
+    /// `budget`), until the budget is spent. Returns what was counted and the first failure.
+    fn walk(
+        &mut self,
+        intent: &IntentMap,
+        budget: u64,
+        act: &mut dyn FnMut(&mut Copier, u64) -> ChunkOutcome,
+    ) -> (u64, Option<(usize, i32)>) {
         let mut bytes = 0;
         let mut scanned = 0;
-        let fail = |(slot, errno)| Step::Failed { slot, errno };
         // First the chunks behind the cursor that were busy, and those a write overlapped:
         // they hold the checkpoint back, so they are not left until the end of the pass (a
         // guest writing one region throughout would pin the checkpoint there, and a restart
@@ -272,12 +347,12 @@ impl Copier {
                 still.push(c);
                 continue;
             }
-            match self.try_chunk(bases, intent, c) {
+            match act(self, c) {
                 Ok(Some(n)) => bytes += n,
                 Ok(None) => still.push(c),
                 Err(e) => {
                     self.retry = still;
-                    return (bytes, fail(e));
+                    return (bytes, Some(e));
                 }
             }
         }
@@ -286,10 +361,10 @@ impl Copier {
         while bytes < budget {
             let Some(c) = intent.next_recopy(from) else { break };
             from = c + 1;
-            match self.try_chunk(bases, intent, c) {
+            match act(self, c) {
                 Ok(Some(n)) => bytes += n,
                 Ok(None) => {}
-                Err(e) => return (bytes, fail(e)),
+                Err(e) => return (bytes, Some(e)),
             }
         }
         // Then the pass, from the cursor on.
@@ -300,23 +375,96 @@ impl Copier {
             if !self.wanted(intent, c) {
                 continue;
             }
-            match self.try_chunk(bases, intent, c) {
+            match act(self, c) {
                 Ok(Some(n)) => bytes += n,
                 Ok(None) => self.retry.push(c),
-                Err(e) => return (bytes, fail(e)),
+                Err(e) => return (bytes, Some(e)),
             }
         }
-        if self.cursor < self.chunks {
-            self.copied += bytes;
-            return (bytes, Step::Working);
+        (bytes, None)
+    }
+
+    /// Claims `chunk` and sends it to the runner; `Ok(None)` when a write (or an order of
+    /// ours still in flight) holds it. Counts one order.
+    fn try_order(&mut self, link: &CopyLink, intent: &IntentMap, chunk: u64) -> ChunkOutcome {
+        if self.ordered.contains(&chunk) || !intent.try_start_copy(chunk) {
+            return Ok(None);
         }
-        self.copied += bytes;
-        if self.retry.is_empty() && intent.next_recopy(0).is_none() {
-            (bytes, Step::Done)
-        } else {
-            (bytes, Step::Working)
+        let start = chunk * self.chunk_bytes;
+        let len = self.chunk_bytes.min(self.geo.data_bytes - start);
+        if link.send(CopyOrder { chunk, offset: self.geo.data_offset + start, len }).is_err() {
+            // More orders than the runner's buffers: never, as the walk's budget is its room.
+            intent.end_copy(chunk);
+            return Ok(None);
+        }
+        self.ordered.insert(chunk);
+        Ok(Some(1))
+    }
+
+    /// From now on the copies run on the runner at the other end of `link`, with `slots`
+    /// orders in flight at most (its buffers).
+    pub fn run_on(&mut self, link: Arc<CopyLink>, slots: usize) {
+        self.link = Some(link);
+        self.runner_slots = slots.max(1);
+    }
+
+    /// The runner's link, if the copies run on one.
+    pub fn link(&self) -> Option<&Arc<CopyLink>> {
+        self.link.as_ref()
+    }
+
+    /// Stops the runner (if any) and waits up to `bound` for the orders in flight to end,
+    /// releasing their chunks; from then on the copier copies on the owner's thread until it
+    /// is given a runner again. Returns whether the runner ended (false: it still holds I/O
+    /// after the bound; its chunks stay claimed).
+    pub fn stop_runner(&mut self, intent: &IntentMap, bound: Duration) -> bool {
+        let Some(link) = self.link.take() else { return true };
+        link.stop();
+        let until = Instant::now() + bound;
+        while !link.finished() && Instant::now() < until {
+            std::thread::park_timeout(Duration::from_millis(1));
+        }
+        while let Some(d) = link.reap() {
+            self.ordered.remove(&d.chunk);
+            intent.end_copy(d.chunk);
+            match d.failed {
+                None => self.copied += d.bytes,
+                Some(f) => self.failed = self.failed.or(Some(f)),
+            }
+        }
+        // A chunk copied or not, failed or not: the pass looks at it again (copying twice is
+        // harmless; a failure is the owner's to handle, which it does before calling this).
+        let unfinished = !link.finished();
+        if !unfinished {
+            self.retry.extend(std::mem::take(&mut self.ordered));
+        }
+        self.failed = None;
+        !unfinished
+    }
+
+    /// Bytes per request on the runner: the unit of the share.
+    pub fn runner_piece(&self) -> u64 {
+        self.chunk_bytes.min(SHARE_UNIT).min(self.buf.len() as u64)
+    }
+
+    /// The runner's buffers for the window: the whole window in units.
+    pub fn runner_slots_for_window(&self) -> usize {
+        (self.buf.len() as u64 / self.runner_piece()).max(1) as usize
+    }
+}
+
+impl Drop for Copier {
+    /// A copier dropped with its runner (the owner gone): the runner ends once its copies in
+    /// flight do.
+    fn drop(&mut self) {
+        if let Some(link) = &self.link {
+            link.stop();
         }
     }
+}
+
+fn fail((slot, errno): (usize, i32)) -> Step {
+    Step::Failed { slot, errno }
 }
 
 #[cfg(test)]

@@ -2,20 +2,20 @@
 //! (found by examine, waiting for bases), and the options every raid's process follows. Below
 //! both the RPC methods and examine, which look raids up and add them here.
 
-use fp_bdev::copy_share::{CopyShare, DEFAULT_COPY_WEIGHT};
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use fp_bdev::module::{ModuleError, ModuleHost};
+use fp_bdev::copy_share::{CopyShare, DEFAULT_COPY_WEIGHT};
+use fp_bdev::module::{BackgroundStart, ModuleError, ModuleHost};
 use fp_bdev::Bdev;
 use fp_rpc::ParamError;
 use serde_json::{json, Map, Value};
 
 use crate::device::RaidDevice;
 use crate::format::Superblock;
-use crate::owner::{OwnerHandle, OwnerOptions, StopWait};
+use crate::owner::{OwnerHandle, OwnerOptions, Reactors, StopWait};
 use crate::{RaidError, SlotState};
 
 /// The module's name: its bdevs' driver, its claims' holder kind.
@@ -31,6 +31,8 @@ pub struct ProcessOptions {
     pub max_bandwidth_mb_sec: AtomicU64,
     /// `process_weight`: percent (`fp_bdev::copy_share`).
     pub weight: AtomicU64,
+    /// Where rebuilds copy: the host's reactors (none from a host without them).
+    pub reactors: Option<Reactors>,
 }
 
 /// One raid the module knows.
@@ -62,19 +64,26 @@ impl ProcessOptions {
             process_window_bytes: self.window_kb.load(Ordering::Relaxed) << 10,
             process_max_bandwidth_mb_sec: self.max_bandwidth_mb_sec.load(Ordering::Relaxed),
             process_share: self.share(),
+            reactors: self.reactors.clone(),
             ..OwnerOptions::default()
         }
     }
 }
 
 impl RaidState {
-    fn new() -> RaidState {
+    fn new(host: Option<Weak<dyn ModuleHost + Send + Sync>>) -> RaidState {
+        let reactors = host.map(|weak| {
+            Reactors(Arc::new(move |start: BackgroundStart| {
+                weak.upgrade().is_some_and(|h| h.start_background(start))
+            }))
+        });
         RaidState {
             raids: Mutex::new(Vec::new()),
             options: Arc::new(ProcessOptions {
                 window_kb: AtomicU64::new(DEFAULT_WINDOW_KB),
                 max_bandwidth_mb_sec: AtomicU64::new(0),
                 weight: AtomicU64::new(u64::from(DEFAULT_COPY_WEIGHT)),
+                reactors,
             }),
         }
     }
@@ -86,7 +95,9 @@ pub struct RaidModule;
 impl RaidModule {
     /// The module's state in `host`, made on first use.
     pub fn state(host: &dyn ModuleHost) -> Arc<RaidState> {
-        let any = host.module_state(MODULE, &|| Arc::new(RaidState::new()) as Arc<dyn Any + Send + Sync>);
+        let any = host.module_state(MODULE, &|| {
+            Arc::new(RaidState::new(host.weak_handle())) as Arc<dyn Any + Send + Sync>
+        });
         any.downcast::<RaidState>().unwrap_or_else(|_| unreachable!("the raid module's state is a RaidState"))
     }
 }

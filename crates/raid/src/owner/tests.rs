@@ -643,3 +643,89 @@ fn a_removal_still_in_progress_at_its_bound_answers_later() {
     assert_eq!(shared.counters.base_failures.load(Ordering::Relaxed), 0, "asked for, not a failure");
     h.shutdown(OWNER_WAIT).unwrap().stopped().unwrap().unwrap();
 }
+
+/// Runners started by the owner, kept for the test's thread to poll (as a reactor would).
+fn test_reactors() -> (Reactors, Arc<std::sync::Mutex<Vec<fp_bdev::module::BackgroundStart>>>) {
+    let started = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = started.clone();
+    let reactors = Reactors(Arc::new(move |start| {
+        keep.lock().unwrap().push(start);
+        true
+    }));
+    (reactors, started)
+}
+
+fn ram_member(name: &str, b: &Bdev) -> Option<Member> {
+    Some(Member {
+        name: name.into(),
+        bdev: Some(b.clone()),
+        io: Box::new(ChannelIo::open(b.clone()).unwrap()),
+    })
+}
+
+/// A full rebuild whose copies run on a runner (polled here, as on a reactor) over RAM bdevs:
+/// the target ends identical, every byte counted once; beside guest requests in flight the
+/// runner never holds more than the share's orders, and with none it fills its buffers.
+#[test]
+fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() {
+    use fp_bdev::module::{BackgroundJob, BackgroundPoll};
+    let bytes = 8 * MIB;
+    let (b0, b1) = (ram("a0", bytes), ram("a1", bytes));
+    let sb = new_sb(2, bytes);
+    let shared = new_shared(info("r", &sb), &sb, true);
+    let (reactors, started) = test_reactors();
+    let options = OwnerOptions { reactors: Some(reactors), process_window_bytes: MIB, ..fast() };
+    let members = vec![ram_member("a0", &b0), ram_member("a1", &b1)];
+    let mut o = Owner::new(shared.clone(), members, sb, true, options);
+    o.start().unwrap();
+    write(&mut o, 0, &vec![0x6Du8; bytes as usize / 2]);
+    o.shared().failures.push(Failure { slot: 1, errno: libc::EIO }).unwrap();
+    o.tick();
+    o.remove_base("a1").unwrap();
+    let fresh = ram("a2", bytes);
+    o.add_base(ram_member("a2", &fresh).unwrap()).unwrap();
+
+    let guest = shared.register_channel();
+    guest.set_in_flight(32);
+    let (share, slots) = {
+        let c = &o.process.as_ref().unwrap().0;
+        (c.window(32).requests, c.runner_slots_for_window())
+    };
+    assert!(share < slots, "share {share}, buffers {slots}");
+    let mut runners: Vec<Box<dyn BackgroundJob>> = Vec::new();
+    let mut most = 0;
+    let mut share_rounds = 0;
+    let mut rounds = 0;
+    while o.process_running() {
+        rounds += 1;
+        assert!(rounds < 1_000_000, "the rebuild does not end");
+        if rounds == 20 {
+            guest.set_in_flight(0);
+            most = 0;
+        }
+        o.tick();
+        runners.extend(started.lock().unwrap().drain(..).map(|start| start()));
+        // The runner's view: what it holds after taking the orders of this round.
+        for r in runners.iter_mut() {
+            r.poll();
+        }
+        let held = o.process.as_ref().and_then(|(c, _)| c.link().map(|_| c.ordered.len())).unwrap_or(0);
+        most = most.max(held);
+        if rounds < 20 {
+            share_rounds += 1;
+            assert!(held <= share, "{held} orders in flight beside 32 guest requests (share: {share})");
+        }
+        runners.retain_mut(|r| r.poll() != BackgroundPoll::Finished);
+    }
+    assert!(share_rounds > 0);
+    assert_eq!(most, slots, "an idle guest leaves the runner all its buffers");
+    let raid = o.superblock().raid_bytes();
+    assert_eq!(shared.counters.rebuild_bytes_copied.load(Ordering::Relaxed), raid, "each byte once");
+    let off = o.superblock().data_offset;
+    assert!(read_all(&b0, off, raid) == read_all(&fresh, off, raid), "the target differs");
+    for _ in 0..10 {
+        runners.retain_mut(|r| r.poll() != BackgroundPoll::Finished);
+    }
+    assert!(runners.is_empty(), "the runner ends with the rebuild");
+    shared.unregister_channel(&guest);
+}
