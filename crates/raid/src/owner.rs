@@ -696,6 +696,9 @@ impl Owner {
         }
         let c = &self.shared.counters;
         c.rebuild_bytes_copied.fetch_add(bytes * copier.targets.len() as u64, Ordering::Relaxed);
+        if copier.link().is_some() {
+            c.rebuild_bytes_on_reactor.fetch_add(bytes * copier.targets.len() as u64, Ordering::Relaxed);
+        }
         self.shared
             .process
             .blocks_done
@@ -778,7 +781,11 @@ impl Owner {
     fn stop_runner(&mut self) {
         let shared = self.shared.clone();
         if let (Some((copier, _)), Some(map)) = (self.process.as_mut(), shared.intent.as_ref()) {
-            if !copier.stop_runner(map, RUNNER_DRAIN) {
+            let (ended, bytes) = copier.stop_runner(map, RUNNER_DRAIN);
+            let copied = bytes * copier.targets.len() as u64;
+            shared.counters.rebuild_bytes_copied.fetch_add(copied, Ordering::Relaxed);
+            shared.counters.rebuild_bytes_on_reactor.fetch_add(copied, Ordering::Relaxed);
+            if !ended {
                 log::error!(
                     "raid {}: the rebuild's copies in flight did not end within {RUNNER_DRAIN:?}",
                     self.sb.name

@@ -416,9 +416,10 @@ impl Copier {
     /// Stops the runner (if any) and waits up to `bound` for the orders in flight to end,
     /// releasing their chunks; from then on the copier copies on the owner's thread until it
     /// is given a runner again. Returns whether the runner ended (false: it still holds I/O
-    /// after the bound; its chunks stay claimed).
-    pub fn stop_runner(&mut self, intent: &IntentMap, bound: Duration) -> bool {
-        let Some(link) = self.link.take() else { return true };
+    /// after the bound; its chunks stay claimed) and the bytes of the orders that came back.
+    pub fn stop_runner(&mut self, intent: &IntentMap, bound: Duration) -> (bool, u64) {
+        let Some(link) = self.link.take() else { return (true, 0) };
+        let mut bytes = 0;
         link.stop();
         let until = Instant::now() + bound;
         while !link.finished() && Instant::now() < until {
@@ -428,18 +429,22 @@ impl Copier {
             self.ordered.remove(&d.chunk);
             intent.end_copy(d.chunk);
             match d.failed {
-                None => self.copied += d.bytes,
+                None => bytes += d.bytes,
                 Some(f) => self.failed = self.failed.or(Some(f)),
             }
         }
-        // A chunk copied or not, failed or not: the pass looks at it again (copying twice is
-        // harmless; a failure is the owner's to handle, which it does before calling this).
+        self.copied += bytes;
+        // Orders that never came back from a runner that ended (dropped with its reactor):
+        // released, and looked at again by the pass (copying twice is harmless).
         let unfinished = !link.finished();
         if !unfinished {
-            self.retry.extend(std::mem::take(&mut self.ordered));
+            for c in std::mem::take(&mut self.ordered) {
+                intent.end_copy(c);
+                self.retry.push(c);
+            }
         }
         self.failed = None;
-        !unfinished
+        (!unfinished, bytes)
     }
 
     /// Bytes per request on the runner: the unit of the share.

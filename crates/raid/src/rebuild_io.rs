@@ -258,6 +258,16 @@ impl CopyRunner {
     }
 }
 
+impl Drop for CopyRunner {
+    /// Dropped with its reactor (the daemon stopping): the channels close first (waiting for
+    /// what is in flight), then the owner learns that nothing more comes back.
+    fn drop(&mut self) {
+        if !self.link.finished() {
+            self.end_run();
+        }
+    }
+}
+
 fn submit_errno(e: SubmitError) -> i32 {
     match e {
         SubmitError::Busy => libc::EBUSY,

@@ -77,6 +77,8 @@ pub struct ProcessStats {
 pub struct RaidCounters {
     /// Bytes the rebuild or resync copied to a base.
     pub rebuild_bytes_copied: AtomicU64,
+    /// Of those, the bytes copied on a reactor (the rest on the owner's thread).
+    pub rebuild_bytes_on_reactor: AtomicU64,
     /// Bytes of guest writes acknowledged while the raid was degraded (a slot not Active).
     pub degraded_bytes_written: AtomicU64,
     /// Rebuilds completed.
