@@ -287,16 +287,7 @@ impl Copier {
         };
         // On the runner: what came back, then orders up to the share's requests in flight
         // (the runner's buffers with no guest I/O).
-        let mut bytes = 0;
-        while let Some(d) = link.reap() {
-            self.ordered.remove(&d.chunk);
-            intent.end_copy(d.chunk);
-            match d.failed {
-                None => bytes += d.bytes,
-                Some(f) => self.failed = self.failed.or(Some(f)),
-            }
-        }
-        self.copied += bytes;
+        let bytes = self.reap_runner(&link, intent);
         if let Some(f) = self.failed {
             return (bytes, fail(f));
         }
@@ -312,6 +303,22 @@ impl Copier {
             return (bytes, Step::Waiting);
         }
         (bytes, step)
+    }
+
+    /// Takes what came back from the runner: releases the chunks, keeps the first failure;
+    /// returns the bytes copied.
+    fn reap_runner(&mut self, link: &CopyLink, intent: &IntentMap) -> u64 {
+        let mut bytes = 0;
+        while let Some(d) = link.reap() {
+            self.ordered.remove(&d.chunk);
+            intent.end_copy(d.chunk);
+            match d.failed {
+                None => bytes += d.bytes,
+                Some(f) => self.failed = self.failed.or(Some(f)),
+            }
+        }
+        self.copied += bytes;
+        bytes
     }
 
     /// Done, or more to do.
@@ -419,21 +426,12 @@ impl Copier {
     /// after the bound; its chunks stay claimed) and the bytes of the orders that came back.
     pub fn stop_runner(&mut self, intent: &IntentMap, bound: Duration) -> (bool, u64) {
         let Some(link) = self.link.take() else { return (true, 0) };
-        let mut bytes = 0;
         link.stop();
         let until = Instant::now() + bound;
         while !link.finished() && Instant::now() < until {
             std::thread::park_timeout(Duration::from_millis(1));
         }
-        while let Some(d) = link.reap() {
-            self.ordered.remove(&d.chunk);
-            intent.end_copy(d.chunk);
-            match d.failed {
-                None => bytes += d.bytes,
-                Some(f) => self.failed = self.failed.or(Some(f)),
-            }
-        }
-        self.copied += bytes;
+        let bytes = self.reap_runner(&link, intent);
         // Orders that never came back from a runner that ended (dropped with its reactor):
         // released, and looked at again by the pass (copying twice is harmless).
         let unfinished = !link.finished();
