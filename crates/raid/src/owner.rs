@@ -26,7 +26,7 @@ use crate::format::{SlotRecord, Superblock};
 use crate::intent::IntentMap;
 use crate::meta_io::{self, BaseIo};
 use crate::rebuild::{Copier, ProcessKind, SlotIo};
-use crate::shared::RaidShared;
+use crate::shared::{GuestRequests, RaidShared};
 use crate::shared::{Layout, ProcessStats, RaidCounters, SlotView};
 use crate::{RaidError, RaidLevel, SlotState};
 
@@ -123,6 +123,7 @@ pub fn new_shared(info: BdevInfo, sb: &Superblock, persistent: bool) -> Arc<Raid
         process: ProcessStats::default(),
         counters: RaidCounters::default(),
         channels: std::sync::Mutex::new(Vec::new()),
+        channels_changed: std::sync::atomic::AtomicU64::new(0),
         leaving: std::sync::Mutex::new(Vec::new()),
         stopping: std::sync::Mutex::new(None),
     })
@@ -167,6 +168,8 @@ pub struct Owner {
     /// The process's copies are on the runner and the owner waits for one to come back (the
     /// runner wakes it).
     waiting_runner: bool,
+    /// The guest's requests, which a process on the owner's thread yields to.
+    guest: GuestRequests,
 }
 
 impl Owner {
@@ -179,6 +182,7 @@ impl Owner {
         persist: bool,
         options: OwnerOptions,
     ) -> Owner {
+        let guest = shared.guest_requests();
         Owner {
             shared,
             members,
@@ -193,6 +197,7 @@ impl Owner {
             since_checkpoint: 0,
             throttled_until: None,
             waiting_runner: false,
+            guest,
         }
     }
 

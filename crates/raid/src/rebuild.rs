@@ -176,8 +176,12 @@ impl Copier {
         self.cursor = 0;
     }
 
-    /// Changes the window, the speed limit and the share (`bdev_raid_set_options`).
+    /// Changes the window, the speed limit and the share (`bdev_raid_set_options`; a runner's
+    /// buffers stay as they are, its share follows).
     pub fn set_options(&mut self, window_bytes: u64, max_mb_sec: u64, share: CopyShare) {
+        if let Some(link) = &self.link {
+            link.set_share(share);
+        }
         let window = window_bytes.clamp(4096, 16 << 20).next_multiple_of(4096);
         if window as usize != self.buf.len() {
             self.buf = AlignedBuf::zeroed(window as usize);
@@ -291,12 +295,9 @@ impl Copier {
         if let Some(f) = self.failed {
             return (bytes, fail(f));
         }
-        let limit = if window.requests == 1 && window.request_bytes == self.buf.len() as u64 {
-            self.runner_slots
-        } else {
-            window.requests.min(self.runner_slots)
-        };
-        let room = limit.saturating_sub(self.ordered.len()) as u64;
+        // The runner keeps to the share itself, round by round: the owner keeps its buffers
+        // supplied.
+        let room = self.runner_slots.saturating_sub(self.ordered.len()) as u64;
         let (sent, _) = self.walk(intent, room, &mut |me, c| me.try_order(&link, intent, c));
         let step = self.outcome(intent);
         if step == Step::Working && sent == 0 && !self.ordered.is_empty() {

@@ -2,18 +2,20 @@
 //! [`CopyLink`]; a [`CopyRunner`], a background job on a reactor, copies each with ordinary
 //! channel I/O (read the source, write every target, piece by piece through its own buffers)
 //! and sends back what it did, waking the owner. The owner keeps the claims (the intent map's
-//! interlock), the checkpoint, the metadata and control; it never sends more orders than the
-//! share allows in flight, so the runner holds no policy of its own.
+//! interlock), the checkpoint, the metadata and control. The runner keeps to the share: each
+//! round it looks at the guest's requests on the raid's channels (in flight, or completed
+//! since its last round) and takes orders only while it holds fewer than the share allows.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
+use fp_bdev::copy_share::{CopyShare, CopyWindow};
 use fp_bdev::iov::BounceBuf;
 use fp_bdev::module::{BackgroundJob, BackgroundPoll};
 use fp_bdev::{Bdev, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
-use crate::shared::RaidShared;
+use crate::shared::{GuestRequests, RaidShared};
 
 /// One chunk to copy: `len` bytes at byte `offset` of every base (the data offset included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,17 +41,20 @@ pub struct CopyLink {
     stop: AtomicBool,
     /// Set by the runner as it ends (nothing in flight, channels closed).
     finished: AtomicBool,
+    /// The share's weight (`process_weight`), which the owner may change.
+    weight: AtomicU8,
     shared: Arc<RaidShared>,
 }
 
 impl CopyLink {
     /// A link for at most `slots` orders in flight.
-    pub fn new(slots: usize, shared: Arc<RaidShared>) -> Arc<CopyLink> {
+    pub fn new(slots: usize, share: CopyShare, shared: Arc<RaidShared>) -> Arc<CopyLink> {
         Arc::new(CopyLink {
             orders: ArrayQueue::new(slots.max(1)),
             done: ArrayQueue::new(slots.max(1)),
             stop: AtomicBool::new(false),
             finished: AtomicBool::new(false),
+            weight: AtomicU8::new(share.weight()),
             shared,
         })
     }
@@ -62,6 +67,17 @@ impl CopyLink {
     /// A completed order, if any.
     pub fn reap(&self) -> Option<CopyDone> {
         self.done.pop()
+    }
+
+    /// Orders sent and not taken by the runner yet, and orders it sent back and the owner
+    /// has not reaped yet.
+    pub fn queued(&self) -> (usize, usize) {
+        (self.orders.len(), self.done.len())
+    }
+
+    /// The share the runner keeps to from its next round.
+    pub fn set_share(&self, share: CopyShare) {
+        self.weight.store(share.weight(), Ordering::Relaxed);
     }
 
     /// Asks the runner to end once what it has in flight is done.
@@ -116,6 +132,8 @@ pub struct CopyRunner {
     /// Completions reaped this round (made once).
     reaped: Vec<(u32, IoStatus)>,
     in_flight: usize,
+    /// The guest's requests on the raid's channels, which the share is counted against.
+    guest: GuestRequests,
 }
 
 impl CopyRunner {
@@ -146,6 +164,7 @@ impl CopyRunner {
             busy: Vec::with_capacity(slots * 2),
             reaped: Vec::with_capacity(slots),
             in_flight: 0,
+            guest: link.shared.guest_requests(),
             link,
         }
     }
@@ -321,7 +340,15 @@ impl BackgroundJob for CopyRunner {
             self.submit(s, wants);
         }
         if !self.link.stop.load(Ordering::SeqCst) {
+            let share =
+                CopyShare::new(u64::from(self.link.weight.load(Ordering::Relaxed))).unwrap_or_default();
+            let piece = self.slots[0].buf.len() as u64;
+            let full = CopyWindow { requests: self.slots.len(), request_bytes: piece };
+            let allowed = share.window(full, piece, self.guest.requests(&self.link.shared)).requests;
             while let Some(&s) = self.free.last() {
+                if self.in_flight >= allowed {
+                    break;
+                }
                 let Some(order) = self.link.orders.pop() else { break };
                 self.free.pop();
                 self.in_flight += 1;

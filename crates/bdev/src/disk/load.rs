@@ -8,34 +8,63 @@ use super::shared::DiskShared;
 use super::stats::ChannelSlot;
 use super::Disk;
 
-/// The requests the disk's channels have in flight (and held by QoS), as each channel last
-/// showed them in its slot (at its last poll). Made once by the copy; [`GuestLoad::in_flight`]
-/// takes the disk's lock only when a channel opened or closed since its last call.
+/// The guest's requests on the disk's channels, as each channel last showed them (at its
+/// last poll): [`GuestLoad::requests`]. Made once by the copy; it takes the disk's lock only
+/// when a channel opened or closed since its last call.
 pub struct GuestLoad {
     disk: Arc<DiskShared>,
-    slots: Vec<Arc<ChannelSlot>>,
-    /// The disk's `live_changes` when `slots` was taken (`u64::MAX`: never).
+    /// The live channels' slots, with what each had completed at the last call.
+    slots: Vec<(Arc<ChannelSlot>, u64)>,
+    /// The disk's `live_changes` when `slots` was taken.
     seen: u64,
 }
 
 impl Disk {
-    /// A probe of the guest I/O in flight on this disk. Without accounting it always reads 0
-    /// (the disk layer counts nothing): a copy then runs at its full window.
+    /// A probe of the guest I/O on this disk. Without accounting it always reads 0 (the disk
+    /// layer counts nothing): a copy then runs at its full window.
     pub fn guest_load(&self) -> GuestLoad {
-        GuestLoad { disk: self.0.clone(), slots: Vec::new(), seen: u64::MAX }
+        let book = self.book();
+        let slots = book.live.iter().map(|s| (s.clone(), s.completed())).collect();
+        GuestLoad { disk: self.0.clone(), slots, seen: self.0.live_changes.load(Ordering::Acquire) }
     }
 }
 
 impl GuestLoad {
-    /// Requests in flight on the disk's channels.
-    pub fn in_flight(&mut self) -> u64 {
-        let changes = self.disk.live_changes.load(Ordering::Acquire);
-        if changes != self.seen {
-            let book = self.disk.book();
-            self.slots.clear();
-            self.slots.extend(book.live.iter().cloned());
-            self.seen = self.disk.live_changes.load(Ordering::Acquire);
+    /// The guest's requests now: those in flight on the disk's channels, or those completed
+    /// since the last call, whichever is more. A fast device completes a guest's requests
+    /// within the round that submits them, so a busy guest may show nothing in flight at a
+    /// poll's end; what it completed between two calls (a round apart, for a copier polled by
+    /// a reactor) shows it.
+    pub fn requests(&mut self) -> u64 {
+        self.refresh();
+        let mut in_flight = 0;
+        let mut since = 0;
+        for (slot, last) in self.slots.iter_mut() {
+            in_flight += slot.in_flight();
+            let now = slot.completed();
+            // A reset (bdev_reset_iostat) may lower the count: then the new count is all there is.
+            since += now.checked_sub(*last).unwrap_or(now);
+            *last = now;
         }
-        self.slots.iter().map(|s| s.in_flight()).sum()
+        in_flight.max(since)
+    }
+
+    /// Takes the live channels again when one opened or closed since the last look; a channel
+    /// new to the probe counts all it completed (it opened since).
+    fn refresh(&mut self) {
+        if self.disk.live_changes.load(Ordering::Acquire) == self.seen {
+            return;
+        }
+        let book = self.disk.book();
+        let known = std::mem::take(&mut self.slots);
+        self.slots = book
+            .live
+            .iter()
+            .map(|s| {
+                let last = known.iter().find(|(k, _)| Arc::ptr_eq(k, s)).map_or(0, |(_, l)| *l);
+                (s.clone(), last)
+            })
+            .collect();
+        self.seen = self.disk.live_changes.load(Ordering::Acquire);
     }
 }

@@ -250,6 +250,12 @@ impl ChannelSlot {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// Requests the channel has completed (succeeded or failed) since it opened or its last
+    /// reset.
+    pub(crate) fn completed(&self) -> u64 {
+        self.ops.iter().map(|c| c.ops.load(Ordering::Relaxed) + c.errors.load(Ordering::Relaxed)).sum()
+    }
+
     /// A request that waited `ticks` for QoS was admitted.
     #[inline]
     pub(crate) fn qos_admitted(&self, ticks: u64) {

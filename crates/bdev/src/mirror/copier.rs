@@ -83,6 +83,7 @@ impl MirrorStart {
             .collect();
         MirrorCopier {
             load: source.guest_load(),
+            guest: 0,
             job,
             source,
             src,
@@ -133,6 +134,8 @@ pub struct MirrorCopier {
     waker: Option<Box<dyn Fn()>>,
     /// The guest I/O in flight on the source, which the copier yields to (the job's share).
     load: GuestLoad,
+    /// The guest's requests this round (`load`).
+    guest: u64,
     /// Bytes the speed limit lets the copier start, and when that was last topped up.
     allowance: u64,
     refilled: Instant,
@@ -146,6 +149,8 @@ impl MirrorCopier {
 
     /// One round: reap copies, move the job on, start copies.
     pub fn poll(&mut self) -> CopierPoll {
+        // Every round, so that what the guest completed is counted per round.
+        self.guest = self.load.requests();
         let mut busy = self.reap();
         let job = self.job.clone();
         let phase = job.phase.load(Ordering::SeqCst);
@@ -278,7 +283,7 @@ impl MirrorCopier {
         let gran = map.granularity();
         // Beside guest I/O the copier keeps its share in flight, in runs of one chunk.
         let full = CopyWindow { requests: BUFFERS, request_bytes: self.slots[0].buf.len() as u64 };
-        let window = self.job.share.window(full, gran, self.load.in_flight());
+        let window = self.job.share.window(full, gran, self.guest);
         while let Some(&slot) = self.free.last() {
             if budget < gran || self.in_flight >= window.requests {
                 break;

@@ -638,3 +638,46 @@ fn the_copier_keeps_its_share_beside_guest_io_and_all_its_buffers_without() {
     assert!(drive(&mut copier, &mut || poll_quiet(&mut guest), &|| job.state().is_final()));
     drop(bufs);
 }
+
+/// A guest whose requests complete within the round that submits them (a RAM disk) shows
+/// nothing in flight at its poll's end; what it completed between two of the copier's polls
+/// still keeps the copier to its share.
+#[test]
+fn a_guest_completing_within_each_round_still_keeps_the_copier_to_its_share() {
+    use crate::copy_share::CopyWindow;
+    const GUEST: usize = 32;
+    let blocks = (64u64 << 20) / u64::from(BS);
+    let src = source(blocks);
+    let (job, start) = MirrorJob::start(&src, ram("tgt", blocks), opts(Some(4096))).unwrap();
+    let mut copier = start.open(None);
+    let DiskIo::Counted(mut guest) = src.open_typed().unwrap() else { panic!("accounting is on") };
+    let mut bufs: Vec<Vec<u8>> = (0..GUEST).map(|_| vec![0x33u8; 4096]).collect();
+    let iovs: Vec<libc::iovec> =
+        bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: 4096 }).collect();
+    let share =
+        CopyShare::default().window(CopyWindow { requests: 16, request_bytes: 1 << 20 }, 4096, GUEST as u64);
+    let mut most = 0;
+    for round in 0..50u64 {
+        for (i, iov) in iovs.iter().enumerate() {
+            // SAFETY: the test keeps the buffers and their iovecs until the requests complete.
+            let iov = unsafe { Iovecs::from_raw(iov, 1) };
+            let offset = (round * GUEST as u64 + i as u64) * 4096 % (32 << 20);
+            guest
+                .submit_request(&IoRequest { tag: i as u32, op: IoOp::Write, offset, len: 4096, iov })
+                .unwrap();
+        }
+        let mut completed = 0;
+        while completed < GUEST {
+            guest.poll_with(&mut |_, _| completed += 1);
+        }
+        copier.poll();
+        if round > 0 {
+            most = most.max(copier.in_flight);
+            assert!(copier.in_flight <= share.requests, "{} copies beside a busy guest", copier.in_flight);
+        }
+    }
+    assert_eq!(most, share.requests);
+    job.cancel().unwrap();
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut guest), &|| job.state().is_final()));
+    drop(bufs);
+}

@@ -202,6 +202,9 @@ impl Bases {
         for (tag, status) in completed.drain(..) {
             done(tag, status);
         }
+        if n > 0 {
+            self.ack.count_completed(n);
+        }
         self.settle(in_flight);
         n
     }

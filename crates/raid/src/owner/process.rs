@@ -84,7 +84,7 @@ impl Owner {
         if copier.link().is_none() {
             self.attach_runner(&mut copier);
         }
-        let guest = shared.guest_in_flight();
+        let guest = self.guest.requests(&shared);
         let (bytes, step) = copier.step(&mut self.members, map, guest);
         if guest > 0 && bytes > 0 && copier.link().is_none() {
             // The owner's thread shares the core with the reactors serving the guest: beside
@@ -166,7 +166,7 @@ impl Owner {
             targets.push((t, b));
         }
         let slots = copier.runner_slots_for_window();
-        let link = CopyLink::new(slots, self.shared.clone());
+        let link = CopyLink::new(slots, self.options.process_share, self.shared.clone());
         let spec =
             RunnerSpec { source: (copier.source, source), targets, slots, piece: copier.runner_piece() };
         let for_runner = link.clone();
