@@ -254,13 +254,14 @@ impl Copier {
         r.map(Some)
     }
 
-    /// What one step may copy beside `guest_in_flight` guest requests: the whole window with
-    /// none, else the share's requests of one unit each (`fp_bdev::copy_share`, the mirror's
-    /// rule). The unit is the smaller of a chunk and [`SHARE_UNIT`].
-    pub fn window(&self, guest_in_flight: u64) -> CopyWindow {
+    /// What one step on the owner's thread may copy beside `guest_bytes` of guest I/O: the
+    /// whole window with none, else the share's requests of one unit each, counting the
+    /// guest's bytes in units (`fp_bdev::copy_share`). The unit is the smaller of a chunk and
+    /// [`SHARE_UNIT`].
+    pub fn window(&self, guest_bytes: u64) -> CopyWindow {
         let unit = self.chunk_bytes.min(SHARE_UNIT).min(self.buf.len() as u64);
         let full = CopyWindow { requests: (self.buf.len() as u64 / unit) as usize, request_bytes: unit };
-        let w = self.geo.share.window(full, unit, guest_in_flight);
+        let w = self.geo.share.window(full, unit, guest_bytes.div_ceil(unit));
         if w == full {
             CopyWindow { requests: 1, request_bytes: self.buf.len() as u64 }
         } else {
@@ -446,6 +447,11 @@ impl Copier {
         (!unfinished, bytes)
     }
 
+    /// Bytes per bitmap chunk (the longest order).
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes
+    }
+
     /// Bytes per request on the runner: the unit of the share.
     pub fn runner_piece(&self) -> u64 {
         self.chunk_bytes.min(SHARE_UNIT).min(self.buf.len() as u64)
@@ -581,13 +587,13 @@ mod tests {
         let mut g = geo(bytes);
         g.window_bytes = 1 << 20;
         let mut c = Copier::new(ProcessKind::Full, 0, vec![1], 0, &m, g);
-        // A tenth of the requests in flight beside 32 guest ones: 3 chunks of 16 KiB.
-        assert_eq!(c.window(32), CopyWindow { requests: 3, request_bytes: 16 << 10 });
-        assert_eq!(c.step(&mut b, &m, 32), (3 * (16 << 10), Step::Working));
+        // A tenth of the requests beside 32 chunks of guest bytes: 3 chunks of 16 KiB.
+        assert_eq!(c.window(32 << 14), CopyWindow { requests: 3, request_bytes: 16 << 10 });
+        assert_eq!(c.step(&mut b, &m, 32 << 14), (3 * (16 << 10), Step::Working));
         assert_eq!(c.window(0), CopyWindow { requests: 1, request_bytes: 1 << 20 });
         assert_eq!(c.step(&mut b, &m, 0), (1 << 20, Step::Working));
         c.set_options(1 << 20, 0, CopyShare::new(100).unwrap());
-        assert_eq!(c.step(&mut b, &m, 32), (1 << 20, Step::Working), "weight 100: no share");
+        assert_eq!(c.step(&mut b, &m, 32 << 14), (1 << 20, Step::Working), "weight 100: no share");
         assert_eq!(c.checkpoint(&m), 3 * (16 << 10) + (2 << 20));
     }
 

@@ -3,14 +3,14 @@
 //! channel I/O (read the source, write every target, piece by piece through its own buffers)
 //! and sends back what it did, waking the owner. The owner keeps the claims (the intent map's
 //! interlock), the checkpoint, the metadata and control. The runner keeps to the share: each
-//! round it looks at the guest's requests on the raid's channels (in flight, or completed
-//! since its last round) and takes orders only while it holds fewer than the share allows.
+//! round the guest's bytes on the raid's channels (in flight, or taken since its last round)
+//! earn it credit (`fp_bdev::copy_share::CopyBudget`), and it takes orders only on credit.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
-use fp_bdev::copy_share::{CopyShare, CopyWindow};
+use fp_bdev::copy_share::{CopyBudget, CopyShare};
 use fp_bdev::iov::BounceBuf;
 use fp_bdev::module::{BackgroundJob, BackgroundPoll};
 use fp_bdev::{Bdev, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
@@ -98,6 +98,8 @@ pub struct RunnerSpec {
     /// Buffers (orders in flight at most) and the bytes of each (the longest request).
     pub slots: usize,
     pub piece: u64,
+    /// The longest order (a bitmap chunk).
+    pub order_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,8 +134,11 @@ pub struct CopyRunner {
     /// Completions reaped this round (made once).
     reaped: Vec<(u32, IoStatus)>,
     in_flight: usize,
-    /// The guest's requests on the raid's channels, which the share is counted against.
+    /// The guest's bytes on the raid's channels, and the copy's credit beside them.
     guest: GuestRequests,
+    budget: CopyBudget,
+    /// The longest order (a bitmap chunk).
+    order_bytes: u64,
 }
 
 impl CopyRunner {
@@ -165,6 +170,8 @@ impl CopyRunner {
             reaped: Vec::with_capacity(slots),
             in_flight: 0,
             guest: link.shared.guest_requests(),
+            budget: CopyBudget::default(),
+            order_bytes: spec.order_bytes,
             link,
         }
     }
@@ -342,16 +349,19 @@ impl BackgroundJob for CopyRunner {
         if !self.link.stop.load(Ordering::SeqCst) {
             let share =
                 CopyShare::new(u64::from(self.link.weight.load(Ordering::Relaxed))).unwrap_or_default();
-            let piece = self.slots[0].buf.len() as u64;
-            let full = CopyWindow { requests: self.slots.len(), request_bytes: piece };
-            let allowed = share.window(full, piece, self.guest.requests(&self.link.shared)).requests;
+            let guest = self.guest.bytes(&self.link.shared);
+            let mut credit = self.budget.round(share, guest, self.order_bytes);
             while let Some(&s) = self.free.last() {
-                if self.in_flight >= allowed {
+                if credit.is_some_and(|c| c < self.order_bytes) {
                     break;
                 }
                 let Some(order) = self.link.orders.pop() else { break };
                 self.free.pop();
                 self.in_flight += 1;
+                if let Some(c) = credit.as_mut() {
+                    *c = c.saturating_sub(order.len);
+                    self.budget.spend(order.len);
+                }
                 let slot = &mut self.slots[s as usize];
                 slot.order = order;
                 slot.at = 0;

@@ -111,6 +111,8 @@ pub struct ChannelAck {
     /// it has completed (read by the rebuild, which yields to them).
     in_flight: AtomicU32,
     completed: AtomicU64,
+    /// The bytes of the requests it has taken.
+    bytes: AtomicU64,
 }
 
 impl ChannelAck {
@@ -122,6 +124,7 @@ impl ChannelAck {
             retired: std::array::from_fn(|_| AtomicU32::new(0)),
             in_flight: AtomicU32::new(0),
             completed: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
         }
     }
 
@@ -150,6 +153,12 @@ impl ChannelAck {
         self.completed.store(c + n as u64, Ordering::Relaxed);
     }
 
+    /// The bytes of the requests the channel has taken (its poll; only it writes them).
+    #[inline]
+    pub fn set_bytes(&self, bytes: u64) {
+        self.bytes.store(bytes, Ordering::Relaxed);
+    }
+
     /// Requests the channel has in flight to the base that left `slot` (cold path).
     pub fn set_retired(&self, slot: usize, n: u32) {
         if let Some(c) = self.retired.get(slot) {
@@ -167,16 +176,17 @@ impl ChannelAck {
 /// The guest's requests on a raid's channels, for the rebuild that yields to them: made once,
 /// it takes the channels' lock only when a channel opened or closed since its last call.
 pub struct GuestRequests {
-    /// The channels, with what each had completed at the last call.
+    /// The channels, with the bytes each had taken at the last call.
     acks: Vec<(Arc<ChannelAck>, u64)>,
     seen: u64,
 }
 
 impl GuestRequests {
-    /// The guest's requests now: in flight on the channels at their last poll's end, or
-    /// completed since the last call, whichever is more (a fast base completes a guest's
-    /// requests within the round that submits them: see `fp_bdev::disk::GuestLoad`).
-    pub fn requests(&mut self, shared: &RaidShared) -> u64 {
+    /// The guest's bytes now: those of its requests in flight on the channels at their last
+    /// poll's end (each at the mean length of what its channel took), or those taken since
+    /// the last call, whichever is more (a fast base completes a guest's requests within the
+    /// round that submits them: see `fp_bdev::disk::GuestLoad`).
+    pub fn bytes(&mut self, shared: &RaidShared) -> u64 {
         if shared.channels_changed.load(Ordering::Acquire) != self.seen {
             let list = shared.channels.lock().unwrap_or_else(|p| p.into_inner());
             let known = std::mem::take(&mut self.acks);
@@ -192,10 +202,11 @@ impl GuestRequests {
         let mut in_flight = 0;
         let mut since = 0;
         for (ack, last) in self.acks.iter_mut() {
-            in_flight += u64::from(ack.in_flight.load(Ordering::Relaxed));
-            let now = ack.completed.load(Ordering::Relaxed);
-            since += now - *last;
-            *last = now;
+            let (n, bytes) = (ack.completed.load(Ordering::Relaxed), ack.bytes.load(Ordering::Relaxed));
+            let mean = bytes.checked_div(n).unwrap_or(fp_bdev::disk::UNSEEN_REQUEST_BYTES);
+            in_flight += u64::from(ack.in_flight.load(Ordering::Relaxed)) * mean;
+            since += bytes - *last;
+            *last = bytes;
         }
         in_flight.max(since)
     }
@@ -291,11 +302,11 @@ impl RaidShared {
         ack
     }
 
-    /// A probe of the guest's requests on the raid's channels ([`GuestRequests::requests`]).
+    /// A probe of the guest's I/O on the raid's channels ([`GuestRequests::bytes`]).
     pub fn guest_requests(&self) -> GuestRequests {
         let list = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         GuestRequests {
-            acks: list.iter().map(|a| (a.clone(), a.completed.load(Ordering::Relaxed))).collect(),
+            acks: list.iter().map(|a| (a.clone(), a.bytes.load(Ordering::Relaxed))).collect(),
             seen: self.channels_changed.load(Ordering::Acquire),
         }
     }
@@ -433,11 +444,10 @@ mod tests {
         assert_eq!(shared.drain_state(0, epoch), DrainState::default(), "nothing left slot 0");
 
         let mut guest = shared.guest_requests();
-        assert_eq!(guest.requests(&shared), 1, "the held write, shown at the channel's poll");
+        assert_eq!(guest.bytes(&shared), 4096, "the held write, shown at the channel's poll");
         holder.resume_pending();
         assert_eq!(poll_until(&mut *ch, 1), [(3, IoStatus::Success)]);
-        assert_eq!(guest.requests(&shared), 1, "completed since the last look");
-        assert_eq!(guest.requests(&shared), 0);
+        assert_eq!(guest.bytes(&shared), 0, "taken before the last look; nothing in flight");
         assert!(shared.drain_state(1, epoch).drained());
         // A later layout finds the channel idle: done with it before its reactor wakes.
         shared.publish((*shared.layout()).clone());

@@ -32,7 +32,7 @@ pub use stats::{op_index, IoStats, OpStats, QosStats, ERRNO_SLOTS, OPS};
 pub use channel_state::{Completion, DiskChannel};
 use channel_state::{BATCH_START, EMPTY, SLAB_START};
 pub use io::DiskIo;
-pub use load::GuestLoad;
+pub use load::{GuestLoad, UNSEEN_REQUEST_BYTES};
 pub use qos::DiskQosError;
 
 use qos::{ChannelQosState, DiskQosState};

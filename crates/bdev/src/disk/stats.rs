@@ -251,9 +251,14 @@ impl ChannelSlot {
     }
 
     /// Requests the channel has completed (succeeded or failed) since it opened or its last
-    /// reset.
-    pub(crate) fn completed(&self) -> u64 {
-        self.ops.iter().map(|c| c.ops.load(Ordering::Relaxed) + c.errors.load(Ordering::Relaxed)).sum()
+    /// reset, and the bytes of those that succeeded.
+    pub(crate) fn completed(&self) -> (u64, u64) {
+        self.ops.iter().fold((0, 0), |(n, b), c| {
+            (
+                n + c.ops.load(Ordering::Relaxed) + c.errors.load(Ordering::Relaxed),
+                b + c.bytes.load(Ordering::Relaxed),
+            )
+        })
     }
 
     /// A request that waited `ticks` for QoS was admitted.

@@ -84,7 +84,7 @@ impl Owner {
         if copier.link().is_none() {
             self.attach_runner(&mut copier);
         }
-        let guest = self.guest.requests(&shared);
+        let guest = self.guest.bytes(&shared);
         let (bytes, step) = copier.step(&mut self.members, map, guest);
         if guest > 0 && bytes > 0 && copier.link().is_none() {
             // The owner's thread shares the core with the reactors serving the guest: beside
@@ -122,7 +122,7 @@ impl Owner {
                     }
                     return true;
                 }
-                if bytes == 0 && copier.first_pass_done() {
+                if step == Step::Working && bytes == 0 && copier.first_pass_done() {
                     // Only chunks with writes in flight are left: wait for them a little
                     // instead of spinning a core.
                     self.throttled_until = Some(now + Duration::from_millis(1));
@@ -167,8 +167,13 @@ impl Owner {
         }
         let slots = copier.runner_slots_for_window();
         let link = CopyLink::new(slots, self.options.process_share, self.shared.clone());
-        let spec =
-            RunnerSpec { source: (copier.source, source), targets, slots, piece: copier.runner_piece() };
+        let spec = RunnerSpec {
+            source: (copier.source, source),
+            targets,
+            slots,
+            piece: copier.runner_piece(),
+            order_bytes: copier.chunk_bytes(),
+        };
         let for_runner = link.clone();
         if (reactors.0)(Box::new(move || Box::new(CopyRunner::open(for_runner, spec)))) {
             copier.run_on(link, slots);
