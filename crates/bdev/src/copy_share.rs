@@ -76,17 +76,37 @@ impl CopyShare {
 /// flight, or completed since the last round) earn the copy `weight / (100 - weight)` as many
 /// bytes of credit, saved up to one copy request's length so that the copy always progresses
 /// (one request every few rounds beside a busy guest); a copy request spends its length. With
-/// the guest idle there is no limit.
-#[derive(Debug, Default)]
+/// the guest idle there is no limit: idle means [`QUIET_ROUNDS`] rounds in a row without guest
+/// bytes, as a guest that sleeps on its completions (a VM's virtio driver waiting for an
+/// interrupt) leaves rounds without any between its batches.
+#[derive(Debug)]
 pub struct CopyBudget {
     credit: u64,
+    /// Rounds in a row without guest bytes.
+    quiet: u32,
 }
+
+impl Default for CopyBudget {
+    /// A copy that starts beside an idle guest runs at once.
+    fn default() -> CopyBudget {
+        CopyBudget { credit: 0, quiet: QUIET_ROUNDS }
+    }
+}
+
+/// Rounds in a row without guest bytes after which the guest counts as idle (on a reactor
+/// with nothing else to do, well under a millisecond).
+pub const QUIET_ROUNDS: u32 = 1024;
 
 impl CopyBudget {
     /// A new round beside `guest_bytes`: the bytes the copy may start now, `None` for no limit
     /// (no guest I/O, or a weight of 100). `cap`: the longest copy request.
     pub fn round(&mut self, share: CopyShare, guest_bytes: u64, cap: u64) -> Option<u64> {
-        if guest_bytes == 0 || share.weight >= MAX_COPY_WEIGHT {
+        if guest_bytes == 0 {
+            self.quiet = self.quiet.saturating_add(1);
+        } else {
+            self.quiet = 0;
+        }
+        if self.quiet >= QUIET_ROUNDS || share.weight >= MAX_COPY_WEIGHT {
             self.credit = cap;
             return None;
         }
@@ -136,6 +156,11 @@ mod tests {
     fn the_budget_earns_the_share_of_the_guest_bytes_per_round_up_to_one_request() {
         let mut b = CopyBudget::default();
         let s = CopyShare::default();
+        assert_eq!(b.round(s, 0, 65536), None, "starting beside an idle guest: no limit");
+        assert!(b.round(s, 4096, 65536).is_some(), "the guest wakes");
+        for _ in 1..QUIET_ROUNDS {
+            assert!(b.round(s, 0, 65536).is_some(), "a pause between the guest's batches");
+        }
         assert_eq!(b.round(s, 0, 65536), None, "an idle guest: no limit");
         b.spend(65536);
         // 128 KiB of guest I/O per round at 10 %: 14563 bytes of credit per round.

@@ -620,13 +620,13 @@ fn the_copier_keeps_its_share_beside_guest_io_and_all_its_buffers_without() {
     assert!(copied <= ROUNDS * per_round + gran, "more than its share: {copied}");
     assert_eq!(job.state(), MirrorState::Running);
 
-    // The guest's writes complete: the next polls take every buffer.
+    // The guest's writes complete: once the guest stays quiet, the copier takes every buffer.
     ee.resume_pending();
     while completed < GUEST {
         guest.poll_with(&mut |_, _| completed += 1);
     }
     let mut most = 0;
-    for _ in 0..4 {
+    for _ in 0..crate::copy_share::QUIET_ROUNDS + 4 {
         copier.poll();
         guest.poll_with(&mut |_, _| completed += 1);
         most = most.max(copier.in_flight);
