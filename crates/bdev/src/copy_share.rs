@@ -93,9 +93,11 @@ impl Default for CopyBudget {
     }
 }
 
-/// Rounds in a row without guest bytes after which the guest counts as idle (on a reactor
-/// with nothing else to do, well under a millisecond).
-pub const QUIET_ROUNDS: u32 = 1024;
+/// Rounds in a row without guest bytes after which the guest counts as idle: a few
+/// milliseconds of a reactor's rounds, longer than a guest sleeping on its completions (or a
+/// client starved of its CPU) takes between batches. 1024 let the copies flood those gaps:
+/// the bench's mirror left its source 0.22x of its IOPS with it, 0.45x with this.
+pub const QUIET_ROUNDS: u32 = 16384;
 
 impl CopyBudget {
     /// A new round beside `guest_bytes`: the bytes the copy may start now, `None` for no limit
