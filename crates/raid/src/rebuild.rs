@@ -292,7 +292,7 @@ impl Copier {
         };
         // On the runner: what came back, then orders up to the share's requests in flight
         // (the runner's buffers with no guest I/O).
-        let bytes = self.reap_runner(&link, intent);
+        let bytes = self.reap_runner(&link);
         if let Some(f) = self.failed {
             return (bytes, fail(f));
         }
@@ -309,11 +309,16 @@ impl Copier {
 
     /// Takes what came back from the runner: releases the chunks, keeps the first failure;
     /// returns the bytes copied.
-    fn reap_runner(&mut self, link: &CopyLink, intent: &IntentMap) -> u64 {
+    fn reap_runner(&mut self, link: &CopyLink) -> u64 {
         let mut bytes = 0;
         while let Some(d) = link.reap() {
             self.ordered.remove(&d.chunk);
-            intent.end_copy(d.chunk);
+            // The runner released its claim (or, `busy`, never got it): a write held the
+            // chunk, which waits for the pass's retries like one the owner found busy.
+            if d.busy {
+                self.retry.push(d.chunk);
+                continue;
+            }
             match d.failed {
                 None => bytes += d.bytes,
                 Some(f) => self.failed = self.failed.or(Some(f)),
@@ -396,14 +401,16 @@ impl Copier {
     /// Claims `chunk` and sends it to the runner; `Ok(None)` when a write (or an order of
     /// ours still in flight) holds it. Counts one order.
     fn try_order(&mut self, link: &CopyLink, intent: &IntentMap, chunk: u64) -> ChunkOutcome {
-        if self.ordered.contains(&chunk) || !intent.try_start_copy(chunk) {
+        // The runner claims the chunk when it starts the copy, not here: an order may wait
+        // for the share's credit, and a claim held meanwhile would make every guest write to
+        // the chunk mark it for a copy again.
+        if self.ordered.contains(&chunk) || intent.writers(chunk) > 0 {
             return Ok(None);
         }
         let start = chunk * self.chunk_bytes;
         let len = self.chunk_bytes.min(self.geo.data_bytes - start);
         if link.send(CopyOrder { chunk, offset: self.geo.data_offset + start, len }).is_err() {
             // More orders than the runner's buffers: never, as the walk's budget is its room.
-            intent.end_copy(chunk);
             return Ok(None);
         }
         self.ordered.insert(chunk);
@@ -426,22 +433,20 @@ impl Copier {
     /// releasing their chunks; from then on the copier copies on the owner's thread until it
     /// is given a runner again. Returns whether the runner ended (false: it still holds I/O
     /// after the bound; its chunks stay claimed) and the bytes of the orders that came back.
-    pub fn stop_runner(&mut self, intent: &IntentMap, bound: Duration) -> (bool, u64) {
+    pub fn stop_runner(&mut self, bound: Duration) -> (bool, u64) {
         let Some(link) = self.link.take() else { return (true, 0) };
         link.stop();
         let until = Instant::now() + bound;
         while !link.finished() && Instant::now() < until {
             std::thread::park_timeout(Duration::from_millis(1));
         }
-        let bytes = self.reap_runner(&link, intent);
+        let bytes = self.reap_runner(&link);
         // Orders that never came back from a runner that ended (dropped with its reactor):
         // released, and looked at again by the pass (copying twice is harmless).
         let unfinished = !link.finished();
         if !unfinished {
-            for c in std::mem::take(&mut self.ordered) {
-                intent.end_copy(c);
-                self.retry.push(c);
-            }
+            // Never claimed, or released by the runner as it ended.
+            self.retry.extend(std::mem::take(&mut self.ordered));
         }
         self.failed = None;
         (!unfinished, bytes)

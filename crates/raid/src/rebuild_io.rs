@@ -31,6 +31,8 @@ pub struct CopyDone {
     pub chunk: u64,
     pub bytes: u64,
     pub failed: Option<(usize, i32)>,
+    /// Not copied: a write held the chunk when the runner came to it.
+    pub busy: bool,
 }
 
 /// Between the owner and its runner.
@@ -258,7 +260,12 @@ impl CopyRunner {
             chunk: slot.order.chunk,
             bytes: if slot.failed.is_some() { 0 } else { slot.order.len },
             failed: slot.failed.take(),
+            busy: false,
         };
+        if let Some(intent) = self.link.shared.intent.as_ref() {
+            // A write that overlapped the copy marks the chunk for another.
+            intent.end_copy(done.chunk);
+        }
         // The queue has room for every slot: the owner sends no more orders than that.
         if self.link.done.push(done).is_err() {
             log::error!(
@@ -290,6 +297,15 @@ impl Drop for CopyRunner {
     fn drop(&mut self) {
         if !self.link.finished() {
             self.end_run();
+            // The channels are closed (their requests waited for): the chunks still claimed
+            // for copies in flight are released; the owner looks at them again.
+            if let Some(intent) = self.link.shared.intent.as_ref() {
+                for (i, slot) in self.slots.iter().enumerate() {
+                    if !self.free.contains(&(i as u32)) {
+                        intent.end_copy(slot.order.chunk);
+                    }
+                }
+            }
         }
     }
 }
@@ -356,6 +372,15 @@ impl BackgroundJob for CopyRunner {
                     break;
                 }
                 let Some(order) = self.link.orders.pop() else { break };
+                // The interlock: the copy starts only with no write in flight on the chunk.
+                if self.link.shared.intent.as_ref().is_some_and(|i| !i.try_start_copy(order.chunk)) {
+                    let busy = CopyDone { chunk: order.chunk, bytes: 0, failed: None, busy: true };
+                    if self.link.done.push(busy).is_err() {
+                        log::error!("raid rebuild: the completion queue is full (an owner bug)");
+                    }
+                    self.link.shared.wake_owner();
+                    continue;
+                }
                 self.free.pop();
                 self.in_flight += 1;
                 if let Some(c) = credit.as_mut() {

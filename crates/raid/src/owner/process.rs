@@ -187,8 +187,8 @@ impl Owner {
     /// bases they go to change; the next step starts another.
     pub(super) fn stop_runner(&mut self) {
         let shared = self.shared.clone();
-        if let (Some((copier, _)), Some(map)) = (self.process.as_mut(), shared.intent.as_ref()) {
-            let (ended, bytes) = copier.stop_runner(map, RUNNER_DRAIN);
+        if let Some((copier, _)) = self.process.as_mut() {
+            let (ended, bytes) = copier.stop_runner(RUNNER_DRAIN);
             let copied = bytes * copier.targets.len() as u64;
             shared.counters.rebuild_bytes_copied.fetch_add(copied, Ordering::Relaxed);
             shared.counters.rebuild_bytes_on_reactor.fetch_add(copied, Ordering::Relaxed);
