@@ -28,6 +28,7 @@ pub mod buf;
 pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod copy_share;
 mod device;
 pub mod disk;
 pub mod dma;

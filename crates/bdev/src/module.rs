@@ -151,6 +151,30 @@ impl NewBdev {
 /// [`crate::UringDevice::open_with`] takes).
 pub type FileOpener = Box<dyn Fn(bool) -> std::io::Result<File>>;
 
+/// What a module's job on a reactor did in one round ([`BackgroundJob::poll`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackgroundPoll {
+    /// It moved something.
+    Busy,
+    /// Nothing to do this round.
+    Idle,
+    /// It is over: the reactor drops it.
+    Finished,
+}
+
+/// Work a module runs on a reactor beside the exports' I/O (a raid's rebuild copies), as
+/// ordinary channel I/O: polled every round until it reports [`BackgroundPoll::Finished`].
+pub trait BackgroundJob {
+    /// One round.
+    fn poll(&mut self) -> BackgroundPoll;
+    /// Whether the reactor should keep polling without sleeping (I/O in flight, or work
+    /// queued by another thread that does not wake the reactor).
+    fn has_pending(&self) -> bool;
+}
+
+/// Makes a [`BackgroundJob`] on the reactor's thread, which opens its channels there.
+pub type BackgroundStart = Box<dyn FnOnce() -> Box<dyn BackgroundJob> + Send>;
+
 /// What the modules' methods call: the registry.
 pub trait ModuleHost {
     /// Refuses early when `name` is taken or the bdev limit is reached, which spares building a
@@ -243,6 +267,13 @@ pub trait ModuleHost {
     /// How to open `filename` for a file-backed bdev; refuses it when it is outside the
     /// configured export directories.
     fn file_opener(&self, filename: &Path) -> Result<FileOpener, ModuleError>;
+
+    /// Runs the job `start` makes on a reactor (the daemon's last, where mirror copiers run).
+    /// `false` from a host without reactors: the module then does the work on its own thread.
+    fn start_background(&self, start: BackgroundStart) -> bool {
+        drop(start);
+        false
+    }
 }
 
 /// A JSON-RPC method of a module.

@@ -120,6 +120,7 @@ impl RaidDevice {
             process: ProcessStats::default(),
             counters: RaidCounters::default(),
             channels: std::sync::Mutex::new(Vec::new()),
+            channels_changed: std::sync::atomic::AtomicU64::new(0),
             leaving: std::sync::Mutex::new(Vec::new()),
             stopping: std::sync::Mutex::new(None),
         };

@@ -17,14 +17,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fp_bdev::copy_share::CopyShare;
+use fp_bdev::module::BackgroundStart;
 use fp_bdev::Uuid;
 use fp_bdev::{Bdev, BdevInfo};
 
 use crate::format::{SlotRecord, Superblock};
 use crate::intent::IntentMap;
 use crate::meta_io::{self, BaseIo};
-use crate::rebuild::{Copier, CopyGeometry, ProcessKind, SlotIo, Step};
-use crate::shared::RaidShared;
+use crate::rebuild::{Copier, ProcessKind, SlotIo};
+use crate::shared::{GuestRequests, RaidShared};
 use crate::shared::{Layout, ProcessStats, RaidCounters, SlotView};
 use crate::{RaidError, RaidLevel, SlotState};
 
@@ -38,6 +40,11 @@ pub struct OwnerOptions {
     pub process_window_bytes: u64,
     /// `process_max_bandwidth_mb_sec`; 0: no limit.
     pub process_max_bandwidth_mb_sec: u64,
+    /// `process_weight`: the copy's share beside the guest's requests.
+    pub process_share: CopyShare,
+    /// Where the rebuild's copies run: a reactor of the daemon, or (`None`, tests and the
+    /// crash simulator) the owner's thread.
+    pub reactors: Option<Reactors>,
     /// The rebuild checkpoint is persisted after this many bytes or this long, whichever first.
     pub checkpoint_bytes: u64,
     pub checkpoint_interval: Duration,
@@ -51,12 +58,29 @@ impl Default for OwnerOptions {
             clear_period: Duration::from_secs(5),
             process_window_bytes: 1 << 20,
             process_max_bandwidth_mb_sec: 0,
+            process_share: CopyShare::default(),
+            reactors: None,
             checkpoint_bytes: 64 << 20,
             checkpoint_interval: Duration::from_secs(1),
             idle_park: Duration::from_millis(100),
         }
     }
 }
+
+/// Starts a background job on one of the daemon's reactors (`ModuleHost::start_background`);
+/// `false` when there is none.
+#[derive(Clone)]
+pub struct Reactors(pub Arc<dyn Fn(BackgroundStart) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Reactors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reactors")
+    }
+}
+
+/// How long the owner waits for the runner's copies in flight to end before it changes the
+/// bases they go to (a removal, a failure, a stop).
+const RUNNER_DRAIN: Duration = Duration::from_secs(30);
 
 /// A base for a slot: its name as configured and the bdev.
 #[derive(Clone)]
@@ -99,6 +123,7 @@ pub fn new_shared(info: BdevInfo, sb: &Superblock, persistent: bool) -> Arc<Raid
         process: ProcessStats::default(),
         counters: RaidCounters::default(),
         channels: std::sync::Mutex::new(Vec::new()),
+        channels_changed: std::sync::atomic::AtomicU64::new(0),
         leaving: std::sync::Mutex::new(Vec::new()),
         stopping: std::sync::Mutex::new(None),
     })
@@ -140,6 +165,11 @@ pub struct Owner {
     last_checkpoint: Instant,
     since_checkpoint: u64,
     throttled_until: Option<Instant>,
+    /// The process's copies are on the runner and the owner waits for one to come back (the
+    /// runner wakes it).
+    waiting_runner: bool,
+    /// The guest's requests, which a process on the owner's thread yields to.
+    guest: GuestRequests,
 }
 
 impl Owner {
@@ -152,6 +182,7 @@ impl Owner {
         persist: bool,
         options: OwnerOptions,
     ) -> Owner {
+        let guest = shared.guest_requests();
         Owner {
             shared,
             members,
@@ -165,6 +196,8 @@ impl Owner {
             last_checkpoint: Instant::now(),
             since_checkpoint: 0,
             throttled_until: None,
+            waiting_runner: false,
+            guest,
         }
     }
 
@@ -189,11 +222,12 @@ impl Owner {
     }
 
     /// Changes the process options (`bdev_raid_set_options`); a running process follows.
-    pub fn set_process_options(&mut self, window_bytes: u64, max_mb_sec: u64) {
+    pub fn set_process_options(&mut self, window_bytes: u64, max_mb_sec: u64, share: CopyShare) {
         self.options.process_window_bytes = window_bytes;
         self.options.process_max_bandwidth_mb_sec = max_mb_sec;
+        self.options.process_share = share;
         if let Some((c, _)) = self.process.as_mut() {
-            c.set_options(window_bytes, max_mb_sec);
+            c.set_options(window_bytes, max_mb_sec, share);
         }
         self.throttled_until = None;
     }
@@ -411,6 +445,7 @@ impl Owner {
     /// Takes a base out in memory (its superblock write follows): the slot Failed, the process
     /// adjusted (a lost target dropped, a lost source replaced from the checkpoint).
     fn take_out(&mut self, slot: usize) {
+        self.stop_runner();
         self.mark_failed(slot);
         self.resync_targets.retain(|&s| s != slot);
         if let Some((mut copier, plan)) = self.process.take() {
@@ -577,152 +612,11 @@ impl Owner {
         self.next_process();
     }
 
-    fn geometry(&self) -> CopyGeometry {
-        CopyGeometry {
-            data_offset: self.sb.data_offset,
-            data_bytes: self.sb.raid_bytes(),
-            window_bytes: self.options.process_window_bytes,
-            max_mb_sec: self.options.process_max_bandwidth_mb_sec,
-        }
-    }
-
-    /// Starts the next planned process, if none runs.
-    fn next_process(&mut self) {
-        if self.process.is_some() {
-            return;
-        }
-        let Some(map) = self.shared.intent.as_ref() else {
-            self.queue.clear();
-            return;
-        };
-        while let Some(p) = self.queue.pop_front() {
-            let (source, targets) = if p.kind == ProcessKind::Resync {
-                (p.target, self.resync_targets.clone())
-            } else {
-                let source = (0..self.sb.slots.len()).find(|&s| {
-                    self.present(s) && self.state(s) == SlotState::Active && !self.resync_targets.contains(&s)
-                });
-                match source {
-                    Some(s) if self.present(p.target) && self.state(p.target) == SlotState::Rebuilding => {
-                        (s, vec![p.target])
-                    }
-                    _ => continue,
-                }
-            };
-            if targets.is_empty() {
-                continue;
-            }
-            let stats = &self.shared.process;
-            stats.kind.store(p.kind.code(), Ordering::Relaxed);
-            stats.target_slot.store(targets[0] as u64 + 1, Ordering::Relaxed);
-            stats.blocks_total.store(self.sb.raid_blocks, Ordering::Relaxed);
-            stats.blocks_done.store(p.start / u64::from(self.sb.block_size), Ordering::Relaxed);
-            log::info!(
-                "raid {}: {:?} of slots {targets:?} from slot {source}, from byte {}",
-                self.sb.name,
-                p.kind,
-                p.start
-            );
-            let mut copier = Copier::new(p.kind, source, targets, p.start, map, self.geometry());
-            if p.catch_up {
-                copier.catch_up_below_start();
-            }
-            self.process = Some((copier, p));
-            self.last_checkpoint = Instant::now();
-            self.since_checkpoint = 0;
-            return;
-        }
-        let stats = &self.shared.process;
-        stats.kind.store(0, Ordering::Relaxed);
-        stats.target_slot.store(0, Ordering::Relaxed);
-    }
-
-    /// One window of the running process. Returns whether there is more to do right away.
-    pub fn step_process(&mut self, now: Instant) -> bool {
-        if self.throttled_until.is_some_and(|t| now < t) {
-            return false;
-        }
-        self.throttled_until = None;
-        let Some((mut copier, plan)) = self.process.take() else { return false };
-        let shared = self.shared.clone();
-        let Some(map) = shared.intent.as_ref() else { return false };
-        let (bytes, step) = copier.step(&mut self.members, map);
-        let c = &self.shared.counters;
-        c.rebuild_bytes_copied.fetch_add(bytes * copier.targets.len() as u64, Ordering::Relaxed);
-        self.shared
-            .process
-            .blocks_done
-            .store(copier.progress_bytes() / u64::from(self.sb.block_size), Ordering::Relaxed);
-        self.since_checkpoint += bytes;
-        match step {
-            Step::Working => {
-                if plan.kind != ProcessKind::Resync
-                    && (self.since_checkpoint >= self.options.checkpoint_bytes
-                        || now.duration_since(self.last_checkpoint) >= self.options.checkpoint_interval)
-                {
-                    self.sb.slots[plan.target].rebuild_offset = copier.checkpoint(map);
-                    self.since_checkpoint = 0;
-                    self.last_checkpoint = now;
-                    self.process = Some((copier, plan));
-                    if let Err(e) = self.write_superblocks() {
-                        log::error!("{e}");
-                    }
-                    return true;
-                }
-                if bytes == 0 && copier.first_pass_done() {
-                    // Only chunks with writes in flight are left: wait for them a little
-                    // instead of spinning a core.
-                    self.throttled_until = Some(now + Duration::from_millis(1));
-                }
-                self.process = Some((copier, plan));
-                true
-            }
-            Step::Throttled(until) => {
-                self.throttled_until = Some(until);
-                self.process = Some((copier, plan));
-                false
-            }
-            Step::Done => {
-                self.finish(copier, plan);
-                true
-            }
-            Step::Failed { slot, errno } => {
-                let what = format!("{:?} copy", plan.kind);
-                self.process = Some((copier, plan));
-                self.take_out_after(slot, &what, errno);
-                if let Err(e) = self.write_superblocks() {
-                    log::error!("{e}");
-                }
-                self.publish();
-                self.next_process();
-                true
-            }
-        }
-    }
-
-    fn finish(&mut self, copier: Copier, plan: Planned) {
-        log::info!("raid {}: {:?} of slots {:?} done", self.sb.name, plan.kind, copier.targets);
-        if plan.kind == ProcessKind::Resync {
-            self.resync_targets.clear();
-        } else {
-            let rec = &mut self.sb.slots[plan.target];
-            rec.state = SlotState::Active;
-            rec.rebuild_offset = 0;
-            rec.rebuild_partial = false;
-            self.shared.counters.rebuilds_completed.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = self.write_superblocks() {
-                log::error!("{e}");
-            }
-        }
-        self.publish();
-        self.next_process();
-    }
-
     /// Whether the owner has work it should do without parking.
     pub fn busy(&self) -> bool {
         self.intent().is_some_and(IntentMap::needs_persist)
             || !self.shared.failures.is_empty()
-            || (self.process.is_some() && self.throttled_until.is_none())
+            || (self.process.is_some() && self.throttled_until.is_none() && !self.waiting_runner)
     }
 
     /// Everything due now, once: failures, bitmap persistence, clearing, a process window.
@@ -879,6 +773,7 @@ impl Owner {
     /// An orderly stop (the caller drained the raid's I/O): bitmap out, the running rebuild's
     /// checkpoint kept, and the superblock marked clean so the next assembly needs no resync.
     pub fn stop(&mut self) -> Result<(), RaidError> {
+        self.stop_runner();
         self.persist_bitmap();
         if let Some((copier, plan)) = self.process.take() {
             if plan.kind != ProcessKind::Resync {
@@ -946,6 +841,7 @@ fn errno_text(errno: i32) -> String {
 }
 
 mod handle;
+mod process;
 
 pub use handle::{CallWait, OwnerHandle, RemoveWait, StopWait, OWNER_WAIT};
 

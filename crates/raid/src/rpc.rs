@@ -12,6 +12,7 @@ mod create;
 mod info;
 mod slots;
 
+use fp_bdev::copy_share::CopyShare;
 use std::any::Any;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -89,13 +90,18 @@ impl BdevModule for RaidModule {
 }
 
 /// `bdev_raid_set_options`: SPDK's `process_window_size_kb` (at least 4) and
-/// `process_max_bandwidth_mb_sec` (0: no limit), for every raid from its next window on.
+/// `process_max_bandwidth_mb_sec` (0: no limit), and flashpath's `process_weight` (1 to 100,
+/// the copy's share beside guest I/O), for every raid from its next window on.
 fn set_options(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let window = p.optional_uint("process_window_size_kb", u64::from(u32::MAX))?;
     let bw = p.optional_uint("process_max_bandwidth_mb_sec", u64::from(u32::MAX))?;
+    let weight = p.optional_uint("process_weight", u64::from(u32::MAX))?;
     p.finish()?;
     if window == Some(0) {
         return Err(ParamError::new("process_window_size_kb", "must be at least 1").into());
+    }
+    if let Some(w) = weight {
+        CopyShare::new(w).map_err(|e| ParamError::new("process_weight", e.to_string()))?;
     }
     let state = RaidModule::state(host);
     if let Some(w) = window {
@@ -104,6 +110,9 @@ fn set_options(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleErro
     if let Some(b) = bw {
         state.options.max_bandwidth_mb_sec.store(b, Ordering::Relaxed);
     }
+    if let Some(w) = weight {
+        state.options.weight.store(w, Ordering::Relaxed);
+    }
     // Running raids follow at their next window.
     let owners: Vec<Arc<OwnerHandle>> =
         with_raids(host, |l| l.iter().filter_map(|r| r.owner.clone()).collect());
@@ -111,8 +120,9 @@ fn set_options(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleErro
         state.options.window_kb.load(Ordering::Relaxed),
         state.options.max_bandwidth_mb_sec.load(Ordering::Relaxed),
     );
+    let share = state.options.share();
     for o in owners {
-        o.set_process_options(w, b).map_err(module_error)?;
+        o.set_process_options(w, b, share).map_err(module_error)?;
     }
     Ok(Value::Bool(true))
 }

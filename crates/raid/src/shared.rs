@@ -77,6 +77,8 @@ pub struct ProcessStats {
 pub struct RaidCounters {
     /// Bytes the rebuild or resync copied to a base.
     pub rebuild_bytes_copied: AtomicU64,
+    /// Of those, the bytes copied on a reactor (the rest on the owner's thread).
+    pub rebuild_bytes_on_reactor: AtomicU64,
     /// Bytes of guest writes acknowledged while the raid was degraded (a slot not Active).
     pub degraded_bytes_written: AtomicU64,
     /// Rebuilds completed.
@@ -105,13 +107,25 @@ pub struct ChannelAck {
     word: AtomicU64,
     /// Requests in flight, by slot, on the channel's channels of bases that left the slot.
     retired: [AtomicU32; MAX_SLOTS],
+    /// The guest's requests the channel had in flight at the end of its last poll, and those
+    /// it has completed (read by the rebuild, which yields to them).
+    in_flight: AtomicU32,
+    completed: AtomicU64,
+    /// The bytes of the requests it has taken.
+    bytes: AtomicU64,
 }
 
 impl ChannelAck {
     fn new() -> ChannelAck {
         // Idle until its first submit: it has nothing in flight, and that submit loads the
         // epoch after clearing the mark.
-        ChannelAck { word: AtomicU64::new(IDLE), retired: std::array::from_fn(|_| AtomicU32::new(0)) }
+        ChannelAck {
+            word: AtomicU64::new(IDLE),
+            retired: std::array::from_fn(|_| AtomicU32::new(0)),
+            in_flight: AtomicU32::new(0),
+            completed: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        }
     }
 
     /// The channel works with the layout of `epoch`; `idle`: it has nothing in flight.
@@ -126,6 +140,25 @@ impl ChannelAck {
         }
     }
 
+    /// The guest's requests the channel has in flight (stored by its poll when it changed).
+    #[inline]
+    pub fn set_in_flight(&self, n: usize) {
+        self.in_flight.store(u32::try_from(n).unwrap_or(u32::MAX), Ordering::Relaxed);
+    }
+
+    /// The channel handed `n` more completions up (its poll; only it writes the count).
+    #[inline]
+    pub fn count_completed(&self, n: usize) {
+        let c = self.completed.load(Ordering::Relaxed);
+        self.completed.store(c + n as u64, Ordering::Relaxed);
+    }
+
+    /// The bytes of the requests the channel has taken (its poll; only it writes them).
+    #[inline]
+    pub fn set_bytes(&self, bytes: u64) {
+        self.bytes.store(bytes, Ordering::Relaxed);
+    }
+
     /// Requests the channel has in flight to the base that left `slot` (cold path).
     pub fn set_retired(&self, slot: usize, n: u32) {
         if let Some(c) = self.retired.get(slot) {
@@ -137,6 +170,45 @@ impl ChannelAck {
     fn acknowledged(&self, epoch: u64) -> bool {
         let w = self.word.load(Ordering::SeqCst);
         w & IDLE != 0 || w >= epoch
+    }
+}
+
+/// The guest's requests on a raid's channels, for the rebuild that yields to them: made once,
+/// it takes the channels' lock only when a channel opened or closed since its last call.
+pub struct GuestRequests {
+    /// The channels, with the bytes each had taken at the last call.
+    acks: Vec<(Arc<ChannelAck>, u64)>,
+    seen: u64,
+}
+
+impl GuestRequests {
+    /// The guest's bytes now: those of its requests in flight on the channels at their last
+    /// poll's end (each at the mean length of what its channel took), or those taken since
+    /// the last call, whichever is more (a fast base completes a guest's requests within the
+    /// round that submits them: see `fp_bdev::disk::GuestLoad`).
+    pub fn bytes(&mut self, shared: &RaidShared) -> u64 {
+        if shared.channels_changed.load(Ordering::Acquire) != self.seen {
+            let list = shared.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let known = std::mem::take(&mut self.acks);
+            self.acks = list
+                .iter()
+                .map(|a| {
+                    let last = known.iter().find(|(k, _)| Arc::ptr_eq(k, a)).map_or(0, |(_, l)| *l);
+                    (a.clone(), last)
+                })
+                .collect();
+            self.seen = shared.channels_changed.load(Ordering::Acquire);
+        }
+        let mut in_flight = 0;
+        let mut since = 0;
+        for (ack, last) in self.acks.iter_mut() {
+            let (n, bytes) = (ack.completed.load(Ordering::Relaxed), ack.bytes.load(Ordering::Relaxed));
+            let mean = bytes.checked_div(n).unwrap_or(fp_bdev::disk::UNSEEN_REQUEST_BYTES);
+            in_flight += u64::from(ack.in_flight.load(Ordering::Relaxed)) * mean;
+            since += bytes - *last;
+            *last = bytes;
+        }
+        in_flight.max(since)
     }
 }
 
@@ -182,6 +254,9 @@ pub struct RaidShared {
     /// Every open channel's acknowledgement (a control-plane lock: taken when a channel opens
     /// or closes and by removals, never by I/O).
     pub channels: Mutex<Vec<Arc<ChannelAck>>>,
+    /// Bumped under `channels`' lock when a channel opens or closes ([`GuestRequests`] takes
+    /// the list again then).
+    pub channels_changed: AtomicU64,
     /// Bases (by name) that `bdev_raid_remove_base_bdev` is taking out: the owner's metadata
     /// I/O to them gives a Busy up instead of retrying it, so a base that stays busy cannot
     /// keep the owner from taking the removal up (a control-plane lock: taken by removals and
@@ -221,13 +296,26 @@ impl RaidShared {
     /// a removal that does not find it published its layout before the channel looked.
     pub fn register_channel(&self) -> Arc<ChannelAck> {
         let ack = Arc::new(ChannelAck::new());
-        self.channels.lock().unwrap_or_else(|p| p.into_inner()).push(ack.clone());
+        let mut list = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        list.push(ack.clone());
+        self.channels_changed.fetch_add(1, Ordering::Release);
         ack
+    }
+
+    /// A probe of the guest's I/O on the raid's channels ([`GuestRequests::bytes`]).
+    pub fn guest_requests(&self) -> GuestRequests {
+        let list = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        GuestRequests {
+            acks: list.iter().map(|a| (a.clone(), a.bytes.load(Ordering::Relaxed))).collect(),
+            seen: self.channels_changed.load(Ordering::Acquire),
+        }
     }
 
     /// A channel closes: its acknowledgement no longer counts.
     pub fn unregister_channel(&self, ack: &Arc<ChannelAck>) {
-        self.channels.lock().unwrap_or_else(|p| p.into_inner()).retain(|a| !Arc::ptr_eq(a, ack));
+        let mut list = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        list.retain(|a| !Arc::ptr_eq(a, ack));
+        self.channels_changed.fetch_add(1, Ordering::Release);
     }
 
     /// How far the channels are from being done with the base that left `slot` in the layout
@@ -355,8 +443,11 @@ mod tests {
         assert_eq!(shared.drain_state(1, epoch), DrainState { unacknowledged: 0, in_flight: 1 });
         assert_eq!(shared.drain_state(0, epoch), DrainState::default(), "nothing left slot 0");
 
+        let mut guest = shared.guest_requests();
+        assert_eq!(guest.bytes(&shared), 4096, "the held write, shown at the channel's poll");
         holder.resume_pending();
         assert_eq!(poll_until(&mut *ch, 1), [(3, IoStatus::Success)]);
+        assert_eq!(guest.bytes(&shared), 0, "taken before the last look; nothing in flight");
         assert!(shared.drain_state(1, epoch).drained());
         // A later layout finds the channel idle: done with it before its reactor wakes.
         shared.publish((*shared.layout()).clone());

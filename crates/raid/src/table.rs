@@ -4,17 +4,18 @@
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use fp_bdev::module::{ModuleError, ModuleHost};
+use fp_bdev::copy_share::{CopyShare, DEFAULT_COPY_WEIGHT};
+use fp_bdev::module::{BackgroundStart, ModuleError, ModuleHost};
 use fp_bdev::Bdev;
 use fp_rpc::ParamError;
 use serde_json::{json, Map, Value};
 
 use crate::device::RaidDevice;
 use crate::format::Superblock;
-use crate::owner::{OwnerHandle, OwnerOptions, StopWait};
+use crate::owner::{OwnerHandle, OwnerOptions, Reactors, StopWait};
 use crate::{RaidError, SlotState};
 
 /// The module's name: its bdevs' driver, its claims' holder kind.
@@ -28,6 +29,10 @@ pub struct ProcessOptions {
     pub window_kb: AtomicU64,
     /// MiB/s; 0: no limit.
     pub max_bandwidth_mb_sec: AtomicU64,
+    /// `process_weight`: percent (`fp_bdev::copy_share`).
+    pub weight: AtomicU64,
+    /// Where rebuilds copy: the host's reactors (none from a host without them).
+    pub reactors: Option<Reactors>,
 }
 
 /// One raid the module knows.
@@ -48,23 +53,37 @@ pub struct RaidState {
 }
 
 impl ProcessOptions {
+    /// The share `process_weight` gives (checked when set).
+    pub fn share(&self) -> CopyShare {
+        CopyShare::new(self.weight.load(Ordering::Relaxed)).unwrap_or_default()
+    }
+
     /// The owner's options now.
     pub fn owner_options(&self) -> OwnerOptions {
         OwnerOptions {
             process_window_bytes: self.window_kb.load(Ordering::Relaxed) << 10,
             process_max_bandwidth_mb_sec: self.max_bandwidth_mb_sec.load(Ordering::Relaxed),
+            process_share: self.share(),
+            reactors: self.reactors.clone(),
             ..OwnerOptions::default()
         }
     }
 }
 
 impl RaidState {
-    fn new() -> RaidState {
+    fn new(host: Option<Weak<dyn ModuleHost + Send + Sync>>) -> RaidState {
+        let reactors = host.map(|weak| {
+            Reactors(Arc::new(move |start: BackgroundStart| {
+                weak.upgrade().is_some_and(|h| h.start_background(start))
+            }))
+        });
         RaidState {
             raids: Mutex::new(Vec::new()),
             options: Arc::new(ProcessOptions {
                 window_kb: AtomicU64::new(DEFAULT_WINDOW_KB),
                 max_bandwidth_mb_sec: AtomicU64::new(0),
+                weight: AtomicU64::new(u64::from(DEFAULT_COPY_WEIGHT)),
+                reactors,
             }),
         }
     }
@@ -76,7 +95,9 @@ pub struct RaidModule;
 impl RaidModule {
     /// The module's state in `host`, made on first use.
     pub fn state(host: &dyn ModuleHost) -> Arc<RaidState> {
-        let any = host.module_state(MODULE, &|| Arc::new(RaidState::new()) as Arc<dyn Any + Send + Sync>);
+        let any = host.module_state(MODULE, &|| {
+            Arc::new(RaidState::new(host.weak_handle())) as Arc<dyn Any + Send + Sync>
+        });
         any.downcast::<RaidState>().unwrap_or_else(|_| unreachable!("the raid module's state is a RaidState"))
     }
 }

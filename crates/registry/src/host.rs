@@ -5,7 +5,9 @@ use std::any::Any;
 use std::path::Path;
 use std::sync::{Arc, Weak};
 
-use fp_bdev::module::{FileOpener, ModuleError, ModuleHost, NewBdev};
+use fp_bdev::module::{
+    BackgroundJob, BackgroundPoll, BackgroundStart, FileOpener, ModuleError, ModuleHost, NewBdev,
+};
 use fp_bdev::{Bdev, BdevError, ClaimType};
 use fp_rpc::Params;
 use serde_json::Value;
@@ -41,6 +43,23 @@ impl From<ModuleError> for RegistryError {
             },
             ModuleError::Module { errno, source } => RegistryError::Module { errno, source },
         }
+    }
+}
+
+/// A module's background job on its reactor.
+struct BackgroundPoller(Box<dyn BackgroundJob>);
+
+impl fp_reactor::Poller for BackgroundPoller {
+    fn poll(&mut self) -> fp_reactor::PollStatus {
+        match self.0.poll() {
+            BackgroundPoll::Busy => fp_reactor::PollStatus::Busy,
+            BackgroundPoll::Idle => fp_reactor::PollStatus::Idle,
+            BackgroundPoll::Finished => fp_reactor::PollStatus::Finished,
+        }
+    }
+
+    fn has_pending(&self) -> bool {
+        self.0.has_pending()
     }
 }
 
@@ -254,6 +273,14 @@ impl ModuleHost for Registry {
 
     fn check_memory_size(&self, name: &str, block_size: u32, num_blocks: u64) -> Result<(), ModuleError> {
         check_malloc_size(name, block_size, num_blocks, &self.options.limits).map_err(host)
+    }
+
+    fn start_background(&self, start: BackgroundStart) -> bool {
+        let Some(reactor) = self.reactors.last().cloned() else { return false };
+        reactor.send(move |r| {
+            r.add_poller(Box::new(BackgroundPoller(start())));
+        });
+        true
     }
 
     fn weak_handle(&self) -> Option<Weak<dyn ModuleHost + Send + Sync>> {

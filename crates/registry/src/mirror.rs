@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use fp_bdev::copy_share::CopyShare;
 use fp_bdev::mirror::{CopierPoll, MirrorCopier, MirrorError, MirrorJob, MirrorOptions, MirrorStatus};
 use fp_bdev::{Bdev, ClaimType};
 use fp_reactor::{PollStatus, Poller};
@@ -31,6 +32,9 @@ pub struct MirrorSpec {
     pub granularity: Option<u64>,
     /// The copy's speed limit in bytes per second; 0: none.
     pub speed: u64,
+    /// The copy's share (percent, 1 to 100) of the source's requests in flight while the
+    /// guest has some; `None`: the guest-first default.
+    pub weight: Option<u64>,
 }
 
 fn holder(job_id: &str) -> String {
@@ -110,8 +114,13 @@ impl Registry {
                 reason: "the daemon has no reactor to copy on".into(),
             });
         };
+        let share = match spec.weight {
+            None => CopyShare::default(),
+            Some(w) => CopyShare::new(w)
+                .map_err(|e| RegistryError::Invalid { field: "weight", reason: e.to_string() })?,
+        };
         let options =
-            MirrorOptions { job_id: job_id.clone(), granularity: spec.granularity, speed: spec.speed };
+            MirrorOptions { job_id: job_id.clone(), granularity: spec.granularity, speed: spec.speed, share };
         let (job, start) = MirrorJob::start(&source_disk, target_bdev, options).map_err(mirror_error)?;
         if let Some(t) = st.bdevs.get_mut(&target) {
             t.claims.push(Claim {

@@ -76,6 +76,7 @@ fn a_job_copies_completes_and_releases_the_target() {
     let j = f.wait_state("src", "ready");
     assert_eq!((j["len"].as_u64(), j["dirty_bytes"].as_u64()), (Some(8192 * 512), Some(0)));
     assert_eq!(j["granularity"], 65536);
+    assert_eq!(j["weight"], 10, "guest first by default");
     assert!(j["copied"].as_u64().unwrap() >= 8192 * 512);
     assert_eq!(f.call("bdev_mirror_complete", json!({ "job_id": "src" })).unwrap(), true);
     let j = f.job("src");
@@ -87,6 +88,16 @@ fn a_job_copies_completes_and_releases_the_target() {
     assert_eq!(f.call("bdev_mirror_get_jobs", json!({})).unwrap(), json!([]));
     f.registry.delete_bdev("src", None).unwrap();
     f.registry.delete_bdev("tgt", None).unwrap();
+}
+
+#[test]
+fn a_job_takes_the_weight_asked_for() {
+    let f = fixture(true);
+    f.malloc("src", 2048);
+    f.malloc("tgt", 2048);
+    f.call("bdev_mirror_start", json!({ "source": "src", "target": "tgt", "weight": 60 })).unwrap();
+    assert_eq!(f.job("src")["weight"], 60);
+    f.call("bdev_mirror_cancel", json!({ "job_id": "src" })).unwrap();
 }
 
 #[test]
@@ -126,6 +137,10 @@ fn refusals_name_what_is_wrong() {
     assert!(e.message.contains("buf_size: unknown parameter"), "{e:?}");
     let e = start(json!({ "target": "tgt" }));
     assert!(e.message.contains("source"), "{e:?}");
+    for weight in [0, 101] {
+        let e = start(json!({ "source": "src", "target": "tgt", "weight": weight }));
+        assert!(e.message.starts_with("weight: "), "{e:?}");
+    }
 
     f.call("bdev_mirror_start", json!({ "source": "src", "target": "tgt" })).unwrap();
     let e = start(json!({ "source": "src", "target": "other", "job_id": "j2" }));

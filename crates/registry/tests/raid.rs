@@ -241,10 +241,13 @@ fn every_refusal_names_its_field() {
         &err(&m, "bdev_raid_set_options", json!({"process_window_size_kb": 0})),
         "process_window_size_kb",
     );
+    for weight in [0, 101] {
+        assert_param(&err(&m, "bdev_raid_set_options", json!({"process_weight": weight})), "process_weight");
+    }
     ok(
         &m,
         "bdev_raid_set_options",
-        json!({"process_window_size_kb": 2048, "process_max_bandwidth_mb_sec": 100}),
+        json!({"process_window_size_kb": 2048, "process_max_bandwidth_mb_sec": 100, "process_weight": 50}),
     );
     // A removed base is free again; it rejoins, rebuilt in full (no superblock), and the
     // slot is taken.
@@ -1250,4 +1253,55 @@ fn shutdown_ends_while_the_owner_retries_a_busy_base() {
     assert!(raids(&m, "all").is_empty());
     assert_eq!(finish_the_held_write(&m, &mut *ch, done), fp_bdev::IoStatus::Success);
     drop(ch);
+}
+
+/// With a reactor in the daemon, a rebuild's copies run there (the owner's thread copies
+/// nothing): a base removed and a fresh one added ends identical, every byte counted as
+/// copied on the reactor; a target removed mid-rebuild (its copies drained first) can be
+/// deleted at once.
+#[test]
+fn with_a_reactor_the_rebuild_copies_there() {
+    use fp_reactor::{ReactorConfig, ReactorSet};
+    let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = Registry::new(reactors.handles().to_vec(), &dir.path().join("vhost"));
+    for (name, mib) in [("m0", 8), ("m1", 8), ("m2", 8)] {
+        malloc(&m, name, mib, 512);
+    }
+    create_sb(&m, "r", &["m0", "m1"]);
+    let data = pattern(9, 1 << 20);
+    let mut ch = m.disk("r").unwrap().open().unwrap();
+    write_range(&mut *ch, 3 << 20, &data);
+    drop(ch);
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "m1"}));
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "m2"}));
+    let r = wait_slots(&m, "r", json!(["active", "active"]));
+    let copied = r["flashpath"]["rebuild_bytes_copied"].as_u64().unwrap();
+    assert!(copied > 0);
+    assert_eq!(r["flashpath"]["rebuild_bytes_on_reactor"].as_u64(), Some(copied), "{r}");
+    let bytes = raid(&m, "r")["base_bdevs_list"][0]["data_size"].as_u64().unwrap() * 512;
+    let offset = raid(&m, "r")["base_bdevs_list"][0]["data_offset"].as_u64().unwrap() * 512;
+    let image = |name: &str| {
+        let mut ch = m.disk(name).unwrap().open().unwrap();
+        read_range(&mut *ch, offset, bytes as usize)
+    };
+    assert!(image("m0") == image("m2"), "the rebuilt base differs");
+
+    // A slow rebuild whose target is removed while its copies run: drained, then taken out.
+    malloc(&m, "m3", 8, 512);
+    ok(&m, "bdev_raid_set_options", json!({"process_max_bandwidth_mb_sec": 1}));
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "m2"}));
+    ok(&m, "bdev_raid_add_base_bdev", json!({"raid_bdev": "r", "base_bdev": "m3"}));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while raid(&m, "r")["process"]["progress"]["blocks"].as_u64().is_none_or(|b| b == 0) {
+        assert!(std::time::Instant::now() < deadline, "no progress");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    ok(&m, "bdev_raid_remove_base_bdev", json!({"name": "m3"}));
+    assert_eq!(raid(&m, "r")["flashpath"]["slots"], json!(["active", "failed"]));
+    ok(&m, "bdev_malloc_delete", json!({"name": "m3"}));
+    ok(&m, "bdev_raid_set_options", json!({"process_max_bandwidth_mb_sec": 0}));
+    ok(&m, "bdev_raid_delete", json!({"name": "r"}));
+    drop(m);
+    reactors.shutdown();
 }

@@ -303,5 +303,6 @@ impl Drop for DiskChannel {
             }
         }
         book.live.retain(|s| !Arc::ptr_eq(s, &self.slot));
+        self.disk.live_changes.fetch_add(1, Ordering::Release);
     }
 }

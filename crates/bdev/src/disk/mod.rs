@@ -13,6 +13,7 @@ mod channel;
 mod channel_state;
 mod histogram;
 mod io;
+mod load;
 mod mirror;
 mod qos;
 mod shared;
@@ -31,6 +32,7 @@ pub use stats::{op_index, IoStats, OpStats, QosStats, ERRNO_SLOTS, OPS};
 pub use channel_state::{Completion, DiskChannel};
 use channel_state::{BATCH_START, EMPTY, SLAB_START};
 pub use io::DiskIo;
+pub use load::{GuestLoad, UNSEEN_REQUEST_BYTES};
 pub use qos::DiskQosError;
 
 use qos::{ChannelQosState, DiskQosState};
@@ -85,6 +87,7 @@ impl Disk {
             epochs: AtomicU64::new(0),
             qos: DiskQosState::new(),
             mirror_epoch: AtomicU64::new(0),
+            live_changes: AtomicU64::new(0),
             book: Mutex::new(Book {
                 live: Vec::new(),
                 retired: IoStats::default(),
@@ -138,6 +141,7 @@ impl Disk {
             slot.mirror_ack.store(epoch, Ordering::Release);
             book.next_id += 1;
             book.live.push(slot.clone());
+            self.0.live_changes.fetch_add(1, Ordering::Release);
             (slot, if book.mirror.is_some() { epoch.wrapping_sub(1) } else { epoch })
         };
         // Limits set before the channel opened apply to its first request.

@@ -54,6 +54,9 @@ pub(super) struct DiskShared {
     /// Bumped under `book`'s lock when a mirror job attaches, switches its channels to
     /// blocking writes or detaches; read by channels once per poll.
     pub(super) mirror_epoch: AtomicU64,
+    /// Bumped under `book`'s lock whenever a channel opens or closes (a [`super::GuestLoad`]
+    /// takes the live slots again then).
+    pub(super) live_changes: AtomicU64,
     pub(super) book: Mutex<Book>,
 }
 

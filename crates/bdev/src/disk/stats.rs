@@ -245,6 +245,22 @@ impl ChannelSlot {
         self.in_flight.store(n, Ordering::Relaxed);
     }
 
+    /// What the channel last showed in flight.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Requests the channel has completed (succeeded or failed) since it opened or its last
+    /// reset, and the bytes of those that succeeded.
+    pub(crate) fn completed(&self) -> (u64, u64) {
+        self.ops.iter().fold((0, 0), |(n, b), c| {
+            (
+                n + c.ops.load(Ordering::Relaxed) + c.errors.load(Ordering::Relaxed),
+                b + c.bytes.load(Ordering::Relaxed),
+            )
+        })
+    }
+
     /// A request that waited `ticks` for QoS was admitted.
     #[inline]
     pub(crate) fn qos_admitted(&self, ticks: u64) {

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::shared::{MirrorShared, MirrorState, ATTACHING, COPYING, DETACHING, DONE, READY, SWITCHING};
+use crate::copy_share::CopyBudget;
+use crate::disk::GuestLoad;
 use crate::iov::BounceBuf;
 use crate::{Disk, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
@@ -80,6 +82,9 @@ impl MirrorStart {
             })
             .collect();
         MirrorCopier {
+            load: source.guest_load(),
+            guest: 0,
+            share: CopyBudget::default(),
             job,
             source,
             src,
@@ -128,6 +133,11 @@ pub struct MirrorCopier {
     wait_epoch: Option<u64>,
     last_wake: Instant,
     waker: Option<Box<dyn Fn()>>,
+    /// The guest I/O in flight on the source, which the copier yields to (the job's share).
+    load: GuestLoad,
+    /// The guest's bytes this round (`load`), and the copy's credit beside them.
+    guest: u64,
+    share: CopyBudget,
     /// Bytes the speed limit lets the copier start, and when that was last topped up.
     allowance: u64,
     refilled: Instant,
@@ -141,6 +151,8 @@ impl MirrorCopier {
 
     /// One round: reap copies, move the job on, start copies.
     pub fn poll(&mut self) -> CopierPoll {
+        // Every round, so that what the guest completed is counted per round.
+        self.guest = self.load.bytes();
         let mut busy = self.reap();
         let job = self.job.clone();
         let phase = job.phase.load(Ordering::SeqCst);
@@ -271,8 +283,12 @@ impl MirrorCopier {
         let mut skips = 0;
         let map = &self.job.map;
         let gran = map.granularity();
+        // Beside guest I/O the copier starts its share of the guest's bytes this round, in runs
+        // of one chunk.
+        let mut credit = self.share.round(self.job.share, self.guest, gran);
+        let run_bytes = if credit.is_some() { gran } else { self.slots[0].buf.len() as u64 };
         while let Some(&slot) = self.free.last() {
-            if budget < gran {
+            if budget < gran || credit.is_some_and(|c| c < gran) {
                 break;
             }
             let Some(c) = map.next_dirty(self.cursor) else { break };
@@ -287,7 +303,7 @@ impl MirrorCopier {
             }
             // Clear before reading: a write completing from here on marks it again.
             map.clear(c);
-            let cap = (self.slots[slot as usize].buf.len() as u64 / gran).min(budget / gran);
+            let cap = (run_bytes / gran).min(budget / gran).max(1);
             let mut n = 1;
             while n < cap && c + n < map.chunks() && map.is_dirty(c + n) && map.try_begin_copy(c + n) {
                 map.clear(c + n);
@@ -310,6 +326,10 @@ impl MirrorCopier {
                     self.job.copies_in_flight.fetch_add(1, Ordering::Relaxed);
                     self.cursor = c + n;
                     budget -= len;
+                    if let Some(c) = credit.as_mut() {
+                        *c -= len;
+                        self.share.spend(len);
+                    }
                     started = true;
                 }
                 Err(e) => {

@@ -9,6 +9,7 @@ use super::bitmap::{granularity_for, DirtyMap};
 use super::copier::MirrorStart;
 use super::shared::{MirrorShared, MirrorState, ATTACHING};
 use super::MirrorError;
+use crate::copy_share::CopyShare;
 use crate::{Bdev, BlockDevice, Disk};
 
 /// What `bdev_mirror_get_jobs` reports of a job.
@@ -34,6 +35,8 @@ pub struct MirrorStatus {
     pub granularity: u64,
     /// The copy's speed limit in bytes per second; 0: none.
     pub speed: u64,
+    /// The copy's share (percent) of the requests in flight while the guest has some.
+    pub weight: u8,
     /// Why it failed.
     pub error: Option<String>,
 }
@@ -49,6 +52,9 @@ pub struct MirrorOptions {
     /// The copy's speed limit in bytes per second (QEMU's `speed`); 0: none. Guest writes
     /// mirrored once the job is ready are never held back by it.
     pub speed: u64,
+    /// The copy's share of the source beside guest I/O (`copy_share`): guest first by default,
+    /// its whole window while the source has no guest request in flight.
+    pub share: CopyShare,
 }
 
 /// The control plane's handle on a mirror job. Cheap to clone.
@@ -118,6 +124,7 @@ impl MirrorJob {
             dual_in_flight: AtomicI64::new(0),
             source_only: AtomicI64::new(0),
             speed: AtomicU64::new(options.speed),
+            share: options.share,
         });
         let epoch = source.attach_mirror(&shared)?;
         log::info!(
@@ -166,6 +173,7 @@ impl MirrorJob {
             in_flight: s.copies_in_flight.load(Ordering::Relaxed) + duals,
             granularity: g,
             speed: s.speed.load(Ordering::Relaxed),
+            weight: s.share.weight(),
             error: s.error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }

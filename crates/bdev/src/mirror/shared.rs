@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use super::bitmap::DirtyMap;
+use crate::copy_share::CopyShare;
 use crate::Bdev;
 
 /// A job's state as `bdev_mirror_get_jobs` reports it (QEMU's job states, folded: `running`
@@ -79,6 +80,8 @@ pub(crate) struct MirrorShared {
     pub(crate) source_only: AtomicI64,
     /// The copier's limit in bytes per second (0: none), changeable while the job runs.
     pub(crate) speed: AtomicU64,
+    /// The copier's share of the source beside guest I/O.
+    pub(crate) share: CopyShare,
 }
 
 impl MirrorShared {

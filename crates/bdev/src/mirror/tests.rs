@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::copy_share::CopyShare;
 use crate::disk::{DiskChannel, DiskIo};
 use crate::Iovecs;
 use crate::{
@@ -84,7 +85,7 @@ fn source(blocks: u64) -> Disk {
 }
 
 fn opts(granularity: Option<u64>) -> MirrorOptions {
-    MirrorOptions { job_id: "job0".into(), granularity, speed: 0 }
+    MirrorOptions { job_id: "job0".into(), granularity, speed: 0, share: CopyShare::default() }
 }
 
 /// Runs one request to completion on `ch`, polling `also` meanwhile.
@@ -348,7 +349,7 @@ fn refuses_what_cannot_work() {
     let e = err(MirrorJob::start(
         &src,
         ram("t2", 2048),
-        MirrorOptions { job_id: "other".into(), granularity: None, speed: 0 },
+        MirrorOptions { job_id: "other".into(), granularity: None, speed: 0, share: CopyShare::default() },
     ));
     assert!(e.contains("already mirrored by job 'job0'"), "{e}");
 }
@@ -561,4 +562,117 @@ fn a_blocking_write_the_source_fails_is_copied_again_from_the_source() {
     assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state().is_final()));
     assert_eq!(job.state(), MirrorState::Completed);
     assert!(read_all(src.bdev().as_ref()) == read_all(tgt.as_ref()), "target differs from source");
+}
+
+/// With guest writes held in flight on the source (an error bdev's `pending`), the copier
+/// copies only its share of the guest's bytes per round, in runs of one chunk; once the
+/// guest's I/O is done it takes all its buffers again. Counted in polls, not time.
+#[test]
+fn the_copier_keeps_its_share_beside_guest_io_and_all_its_buffers_without() {
+    use crate::copy_share::DEFAULT_COPY_WEIGHT;
+    use crate::modules::error::{ErrorDevice, ErrorType, Injection};
+    const GUEST: usize = 32;
+    const ROUNDS: u64 = 50;
+    let blocks = (64u64 << 20) / u64::from(BS);
+    let ee = Arc::new(ErrorDevice::new("EE_src", ram("src", blocks)).unwrap());
+    let src = Disk::new(ee.clone(), true);
+    let tgt = ram("tgt", blocks);
+    let hold = Injection {
+        error_type: ErrorType::Pending,
+        num: GUEST as u64,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    ee.inject(&[1], hold).unwrap();
+    let DiskIo::Counted(mut guest) = src.open_typed().unwrap() else { panic!("accounting is on") };
+    let mut bufs: Vec<Vec<u8>> = (0..GUEST).map(|_| vec![0x5Au8; 4096]).collect();
+    let iovs: Vec<libc::iovec> =
+        bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: 4096 }).collect();
+    for (i, iov) in iovs.iter().enumerate() {
+        // SAFETY: the test keeps the buffers and their iovecs until the requests complete.
+        let iov = unsafe { Iovecs::from_raw(iov, 1) };
+        let req = IoRequest { tag: i as u32, op: IoOp::Write, offset: i as u64 * 4096, len: 4096, iov };
+        guest.submit_request(&req).unwrap();
+    }
+    let mut completed = 0;
+    guest.poll_with(&mut |_, _| completed += 1);
+    assert_eq!(completed, 0, "the error bdev holds the guest's writes");
+
+    // Chunks of 4 KiB: the copy beside the guest moves little, leaving most to copy after.
+    let (job, start) = MirrorJob::start(&src, tgt, opts(Some(4096))).unwrap();
+    assert_eq!(job.status().weight, DEFAULT_COPY_WEIGHT);
+    let mut copier = start.open(None);
+    let gran = job.status().granularity;
+    // 32 requests of 4 KiB held (taken for 4 KiB each, none completed yet) earn a ninth of
+    // 128 KiB of credit per round at the default weight of 10.
+    let per_round = (GUEST as u64 * 4096) * 10 / 90;
+    for _ in 0..ROUNDS {
+        copier.poll();
+        guest.poll_with(&mut |_, _| completed += 1);
+        // A copy is in flight two rounds (read, then write): two rounds' credit at most.
+        let held = copier.in_flight as u64 * gran;
+        assert!(held <= 2 * per_round + gran, "{} copies beside the guest", copier.in_flight);
+    }
+    assert_eq!(completed, 0, "the guest's writes are still held");
+    let copied = job.status().copied;
+    assert!(copied + 5 * per_round >= ROUNDS * per_round, "the copier used its share: {copied}");
+    assert!(copied <= ROUNDS * per_round + gran, "more than its share: {copied}");
+    assert_eq!(job.state(), MirrorState::Running);
+
+    // The guest's writes complete: once the guest stays quiet, the copier takes every buffer.
+    ee.resume_pending();
+    while completed < GUEST {
+        guest.poll_with(&mut |_, _| completed += 1);
+    }
+    let mut most = 0;
+    for _ in 0..crate::copy_share::QUIET_ROUNDS + 4 {
+        copier.poll();
+        guest.poll_with(&mut |_, _| completed += 1);
+        most = most.max(copier.in_flight);
+    }
+    assert_eq!(most, 16, "an idle guest leaves the copier all its buffers");
+    job.cancel().unwrap();
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut guest), &|| job.state().is_final()));
+    drop(bufs);
+}
+
+/// A guest whose requests complete within the round that submits them (a RAM disk) shows
+/// nothing in flight at its poll's end; the bytes it completed between two of the copier's
+/// polls still keep the copier to its share.
+#[test]
+fn a_guest_completing_within_each_round_still_keeps_the_copier_to_its_share() {
+    const GUEST: usize = 32;
+    const ROUNDS: u64 = 50;
+    let blocks = (64u64 << 20) / u64::from(BS);
+    let src = source(blocks);
+    let (job, start) = MirrorJob::start(&src, ram("tgt", blocks), opts(Some(4096))).unwrap();
+    let mut copier = start.open(None);
+    let DiskIo::Counted(mut guest) = src.open_typed().unwrap() else { panic!("accounting is on") };
+    let mut bufs: Vec<Vec<u8>> = (0..GUEST).map(|_| vec![0x33u8; 4096]).collect();
+    let iovs: Vec<libc::iovec> =
+        bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: 4096 }).collect();
+    let per_round = (GUEST as u64 * 4096) * 10 / 90;
+    for round in 0..ROUNDS {
+        for (i, iov) in iovs.iter().enumerate() {
+            // SAFETY: the test keeps the buffers and their iovecs until the requests complete.
+            let iov = unsafe { Iovecs::from_raw(iov, 1) };
+            let offset = (round * GUEST as u64 + i as u64) * 4096 % (32 << 20);
+            guest
+                .submit_request(&IoRequest { tag: i as u32, op: IoOp::Write, offset, len: 4096, iov })
+                .unwrap();
+        }
+        let mut completed = 0;
+        while completed < GUEST {
+            guest.poll_with(&mut |_, _| completed += 1);
+        }
+        assert_eq!(guest.in_flight(), 0, "nothing in flight at the poll's end");
+        copier.poll();
+    }
+    let copied = job.status().copied;
+    assert!(copied > 0, "the copy progressed");
+    assert!(copied <= ROUNDS * per_round + 4096, "more than its share beside a busy guest: {copied}");
+    job.cancel().unwrap();
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut guest), &|| job.state().is_final()));
+    drop(bufs);
 }

@@ -44,6 +44,10 @@ pub(crate) struct MirrorStartArgs {
     /// share of the daemon [default: no limit]
     #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
     speed: Option<u64>,
+    /// The copy's share, in percent (1 to 100), of the source's requests in flight while the
+    /// disk's own I/O has some; with none in flight it copies at full speed [default: 10]
+    #[arg(long, value_name = "PERCENT")]
+    weight: Option<u64>,
 }
 
 /// The mirror methods' parameters and the arguments that set them.
@@ -53,6 +57,7 @@ const MIRROR_FLAGS: &[(&str, &str)] = &[
     ("job_id", "JOB_ID"),
     ("granularity", "--granularity"),
     ("speed", "--speed"),
+    ("weight", "--weight"),
 ];
 
 /// `mirror start|status|complete|cancel`.
@@ -63,6 +68,7 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: MirrorCommand) -> Result<(), CliE
             set_given(&mut params, "job_id", a.job_id);
             set_given(&mut params, "granularity", a.granularity);
             set_given(&mut params, "speed", a.speed);
+            set_given(&mut params, "weight", a.weight);
             one_call(rpc, json, MIRROR_FLAGS, "bdev_mirror_start", params)
         }
         MirrorCommand::Status { job_id } => status(rpc, json, job_id),

@@ -78,6 +78,10 @@ pub(crate) struct RaidOptionsArgs {
     /// Most a rebuild copies per second, in MiB (0: no limit)
     #[arg(long, value_name = "MIB", value_parser = u64_arg)]
     process_max_bandwidth_mb_sec: Option<u64>,
+    /// A rebuild's share, in percent (1 to 100), of the requests in flight while the raid
+    /// has guest I/O in flight; with none it copies at full speed [default: 10]
+    #[arg(long, value_name = "PERCENT", value_parser = u64_arg)]
+    process_weight: Option<u64>,
 }
 
 /// The raid methods' parameters and the options that set them.
@@ -93,6 +97,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("category", "--category"),
     ("process_window_size_kb", "--process-window-size-kb"),
     ("process_max_bandwidth_mb_sec", "--process-max-bandwidth-mb-sec"),
+    ("process_weight", "--process-weight"),
 ];
 
 /// `raid ...`.
@@ -123,6 +128,7 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: RaidCommand) -> Result<(), CliErr
             let mut params = json!({});
             set_given(&mut params, "process_window_size_kb", o.process_window_size_kb);
             set_given(&mut params, "process_max_bandwidth_mb_sec", o.process_max_bandwidth_mb_sec);
+            set_given(&mut params, "process_weight", o.process_weight);
             one_call(rpc, json, FLAGS, "bdev_raid_set_options", params)
         }
     }

@@ -72,6 +72,11 @@ pub struct Bases {
     ack: Arc<ChannelAck>,
     /// Whether `ack` has the idle mark.
     idle: bool,
+    /// The requests in flight `ack` shows.
+    shown_in_flight: usize,
+    /// The bytes of the requests taken, and what `ack` shows of them.
+    bytes: u64,
+    shown_bytes: u64,
 }
 
 fn dev_id(b: &Bdev) -> usize {
@@ -89,7 +94,25 @@ impl Bases {
         let open = (0..layout.slots.len()).map(|_| None).collect();
         let masks = Masks::of(&layout);
         ack.store(epoch, true);
-        Bases { shared, epoch, layout, masks, open, retired: Vec::new(), ack, idle: true }
+        Bases {
+            shared,
+            epoch,
+            layout,
+            masks,
+            open,
+            retired: Vec::new(),
+            ack,
+            idle: true,
+            shown_in_flight: 0,
+            bytes: 0,
+            shown_bytes: 0,
+        }
+    }
+
+    /// Counts a request of `len` bytes taken (shown at the end of the poll).
+    #[inline]
+    pub fn count_bytes(&mut self, len: u64) {
+        self.bytes += len;
     }
 
     /// Called first by every submit: a channel leaving idle clears its mark before it looks
@@ -111,6 +134,10 @@ impl Bases {
     /// channel marks itself idle.
     #[inline]
     pub fn settle(&mut self, in_flight: usize) {
+        if in_flight != self.shown_in_flight {
+            self.shown_in_flight = in_flight;
+            self.ack.set_in_flight(in_flight);
+        }
         if in_flight == 0 && !self.idle {
             self.idle = true;
             self.ack.store(self.epoch, true);
@@ -195,6 +222,13 @@ impl Bases {
         let n = completed.len();
         for (tag, status) in completed.drain(..) {
             done(tag, status);
+        }
+        if n > 0 {
+            self.ack.count_completed(n);
+        }
+        if self.bytes != self.shown_bytes {
+            self.shown_bytes = self.bytes;
+            self.ack.set_bytes(self.bytes);
         }
         self.settle(in_flight);
         n

@@ -327,6 +327,7 @@ impl IoChannel for Raid1Channel {
         // Before anything looks at the layout; a request refused above leaves the channel
         // as it was (idle, when it had nothing in flight).
         self.bases.enter();
+        self.bases.count_bytes(req.len);
         if self.done.len() == self.done.capacity() {
             return Err(SubmitError::Busy);
         }

@@ -219,6 +219,7 @@ impl<M: SplitMap> IoChannel for SplitChannel<M> {
         // Before anything looks at the layout; a request refused above leaves the channel
         // as it was (idle, when it had nothing in flight).
         self.bases.enter();
+        self.bases.count_bytes(req.len);
         // One load: the layout of these levels changes only when the owner first publishes.
         self.bases.refresh();
         if self.done.len() == self.done.capacity() {

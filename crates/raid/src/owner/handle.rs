@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use fp_bdev::copy_share::CopyShare;
 use fp_bdev::Bdev;
 use fp_bdev::Uuid;
 
@@ -272,11 +273,17 @@ impl OwnerHandle {
         r
     }
 
-    /// `bdev_raid_set_options`: window and speed limit of rebuilds, now and later. Queued,
-    /// not waited for: the owner takes it up when it is next free, and nothing here can fail
-    /// but the owner being gone.
-    pub fn set_process_options(&self, window_kb: u64, max_bandwidth_mb_sec: u64) -> Result<(), RaidError> {
-        let call: Call = Box::new(move |o| o.set_process_options(window_kb << 10, max_bandwidth_mb_sec));
+    /// `bdev_raid_set_options`: window, speed limit and share of rebuilds, now and later.
+    /// Queued, not waited for: the owner takes it up when it is next free, and nothing here can
+    /// fail but the owner being gone.
+    pub fn set_process_options(
+        &self,
+        window_kb: u64,
+        max_bandwidth_mb_sec: u64,
+        share: CopyShare,
+    ) -> Result<(), RaidError> {
+        let call: Call =
+            Box::new(move |o| o.set_process_options(window_kb << 10, max_bandwidth_mb_sec, share));
         self.tx.send(Msg::Call(call)).map_err(|_| gone())?;
         self.shared.wake_owner();
         Ok(())

@@ -1,6 +1,7 @@
 //! The owner over bases in memory (synchronous, step by step) and over RAM bdevs (its thread,
 //! with writer threads doing raid1's write path as the channels do).
 
+use fp_bdev::copy_share::CopyShare;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -198,6 +199,38 @@ fn a_new_base_gets_everything_and_foreign_or_small_bases_are_refused() {
     assert!(data(&mut o, 0) == data(&mut o, 1));
 }
 
+/// Beside guest requests in flight on the raid's channels, a rebuild step copies only its
+/// share, in requests of one unit, then rests; with none it copies its whole window.
+#[test]
+fn a_rebuild_beside_guest_io_copies_its_share_and_rests_and_its_window_without() {
+    let bytes = 8 * MIB;
+    let mut o = mem_raid(2, bytes);
+    replace_with_new_base(&mut o, 1, 1, bytes);
+    let copied = |o: &Owner| o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed);
+    let guest = o.shared().register_channel();
+    guest.set_in_flight(32);
+    // 32 requests in flight on a channel that completed none: taken for 4 KiB each.
+    assert_eq!(o.shared().guest_requests().bytes(o.shared()), 32 * 4096);
+    let share = o.process.as_ref().unwrap().0.window(32 * 4096);
+    let full = o.process.as_ref().unwrap().0.window(0);
+    assert!(share.requests as u64 * share.request_bytes < full.requests as u64 * full.request_bytes);
+    assert!(share.request_bytes <= crate::rebuild::SHARE_UNIT);
+    o.tick();
+    assert_eq!(copied(&o), share.requests as u64 * share.request_bytes, "its share beside the guest");
+    assert!(o.throttled_until.is_some(), "it rests after a step beside the guest");
+    assert!(!o.busy());
+    // The guest's requests end (and the rest is over): the next step takes the whole window.
+    guest.set_in_flight(0);
+    o.throttled_until = None;
+    let before = copied(&o);
+    o.tick();
+    assert_eq!(copied(&o) - before, full.requests as u64 * full.request_bytes, "the whole window");
+    assert!(o.throttled_until.is_none(), "no rest without guest I/O");
+    o.shared().unregister_channel(&guest);
+    run_process(&mut o);
+    assert!(data(&mut o, 0) == data(&mut o, 1));
+}
+
 /// Slot `slot`'s base fails and is removed; `mib` MiB are written degraded; a new base (a
 /// full rebuild) is added in its place.
 fn replace_with_new_base(o: &mut Owner, slot: usize, mib: u64, bytes: u64) {
@@ -388,7 +421,7 @@ fn writers_on_threads_during_a_full_rebuild_end_identical() {
             })
         })
         .collect();
-    h.set_process_options(128, 0).unwrap();
+    h.set_process_options(128, 0, CopyShare::default()).unwrap();
     assert_eq!(h.add_base("b1".into(), b1.clone(), OWNER_WAIT).unwrap().answered().unwrap().unwrap(), 1);
     let deadline = Instant::now() + Duration::from_secs(60);
     while shared.counters.rebuilds_completed.load(Ordering::Relaxed) == 0 {
@@ -610,4 +643,96 @@ fn a_removal_still_in_progress_at_its_bound_answers_later() {
     assert_eq!((layout.slots[1].state, layout.slots[1].name.as_deref()), (SlotState::Failed, None));
     assert_eq!(shared.counters.base_failures.load(Ordering::Relaxed), 0, "asked for, not a failure");
     h.shutdown(OWNER_WAIT).unwrap().stopped().unwrap().unwrap();
+}
+
+/// Runners started by the owner, kept for the test's thread to poll (as a reactor would).
+fn test_reactors() -> (Reactors, Arc<std::sync::Mutex<Vec<fp_bdev::module::BackgroundStart>>>) {
+    let started = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = started.clone();
+    let reactors = Reactors(Arc::new(move |start| {
+        keep.lock().unwrap().push(start);
+        true
+    }));
+    (reactors, started)
+}
+
+fn ram_member(name: &str, b: &Bdev) -> Option<Member> {
+    Some(Member {
+        name: name.into(),
+        bdev: Some(b.clone()),
+        io: Box::new(ChannelIo::open(b.clone()).unwrap()),
+    })
+}
+
+/// A full rebuild whose copies run on a runner (polled here, as on a reactor) over RAM bdevs:
+/// the target ends identical, every byte counted once; beside guest requests in flight the
+/// runner never holds more than the share's orders, and with none it fills its buffers.
+#[test]
+fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() {
+    use fp_bdev::module::{BackgroundJob, BackgroundPoll};
+    let bytes = 8 * MIB;
+    let (b0, b1) = (ram("a0", bytes), ram("a1", bytes));
+    let sb = new_sb(2, bytes);
+    let shared = new_shared(info("r", &sb), &sb, true);
+    let (reactors, started) = test_reactors();
+    let options = OwnerOptions { reactors: Some(reactors), process_window_bytes: MIB, ..fast() };
+    let members = vec![ram_member("a0", &b0), ram_member("a1", &b1)];
+    let mut o = Owner::new(shared.clone(), members, sb, true, options);
+    o.start().unwrap();
+    write(&mut o, 0, &vec![0x6Du8; bytes as usize / 2]);
+    o.shared().failures.push(Failure { slot: 1, errno: libc::EIO }).unwrap();
+    o.tick();
+    o.remove_base("a1").unwrap();
+    let fresh = ram("a2", bytes);
+    o.add_base(ram_member("a2", &fresh).unwrap()).unwrap();
+
+    let guest = shared.register_channel();
+    guest.set_in_flight(32);
+    let (chunk, slots) = {
+        let c = &o.process.as_ref().unwrap().0;
+        (c.chunk_bytes(), c.runner_slots_for_window())
+    };
+    // The runner polls twice a round here: each poll earns a ninth of the guest's 128 KiB.
+    let per_round = 2 * (32 * 4096) * 10 / 90;
+    const SHARE_ROUNDS: u64 = 40;
+    let copied = |o: &Owner| o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed);
+    let mut runners: Vec<Box<dyn BackgroundJob>> = Vec::new();
+    let mut most = 0;
+    let mut rounds = 0;
+    while o.process_running() {
+        rounds += 1;
+        assert!(rounds < 1_000_000, "the rebuild does not end");
+        if rounds == SHARE_ROUNDS {
+            let beside = copied(&o);
+            assert!(beside > 0, "the rebuild progressed beside the guest");
+            assert!(beside <= SHARE_ROUNDS * per_round + chunk, "{beside} bytes beside the guest");
+            guest.set_in_flight(0);
+            most = 0;
+        }
+        o.tick();
+        runners.extend(started.lock().unwrap().drain(..).map(|start| start()));
+        // The runner's view: what it holds after taking the orders of this round.
+        for r in runners.iter_mut() {
+            r.poll();
+        }
+        // Orders the runner holds: sent, taken, not sent back.
+        let held = o
+            .process
+            .as_ref()
+            .and_then(|(c, _)| c.link().map(|l| c.ordered.len() - l.queued().0 - l.queued().1))
+            .unwrap_or(0);
+        most = most.max(held);
+        runners.retain_mut(|r| r.poll() != BackgroundPoll::Finished);
+    }
+    assert!(rounds > SHARE_ROUNDS);
+    assert_eq!(most, slots, "an idle guest leaves the runner all its buffers");
+    let raid = o.superblock().raid_bytes();
+    assert_eq!(shared.counters.rebuild_bytes_copied.load(Ordering::Relaxed), raid, "each byte once");
+    let off = o.superblock().data_offset;
+    assert!(read_all(&b0, off, raid) == read_all(&fresh, off, raid), "the target differs");
+    for _ in 0..10 {
+        runners.retain_mut(|r| r.poll() != BackgroundPoll::Finished);
+    }
+    assert!(runners.is_empty(), "the runner ends with the rebuild");
+    shared.unregister_channel(&guest);
 }

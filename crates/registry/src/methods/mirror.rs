@@ -6,6 +6,7 @@
 //! Complete and cancel wait until the job has let go of both disks, so a caller may use the
 //! target (or delete it) as soon as they return.
 
+use fp_bdev::copy_share::MAX_COPY_WEIGHT;
 use fp_bdev::mirror::{MirrorStatus, MAX_GRANULARITY};
 use fp_rpc::Params;
 use serde_json::{json, Value};
@@ -25,6 +26,7 @@ fn job_json(s: &MirrorStatus) -> Value {
         "in_flight": s.in_flight,
         "granularity": s.granularity,
         "speed": s.speed,
+        "weight": s.weight,
     });
     if let Some(e) = &s.error {
         v["error"] = json!(e);
@@ -32,15 +34,16 @@ fn job_json(s: &MirrorStatus) -> Value {
     v
 }
 
-/// `{source, target, job_id?, granularity?, speed?}` -> the job's id.
+/// `{source, target, job_id?, granularity?, speed?, weight?}` -> the job's id.
 pub(crate) fn bdev_mirror_start(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let source = p.required_str("source")?;
     let target = p.required_str("target")?;
     let job_id = p.optional_str("job_id")?;
     let granularity = p.optional_uint("granularity", MAX_GRANULARITY)?;
     let speed = p.optional_uint("speed", u64::MAX)?.unwrap_or(0);
+    let weight = p.optional_uint("weight", u64::from(MAX_COPY_WEIGHT))?;
     p.finish()?;
-    let id = registry.mirror_start(MirrorSpec { source, target, job_id, granularity, speed })?;
+    let id = registry.mirror_start(MirrorSpec { source, target, job_id, granularity, speed, weight })?;
     Ok(json!(id))
 }
 
