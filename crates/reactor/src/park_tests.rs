@@ -110,6 +110,19 @@ fn queue(parks: bool, races: u32) -> (Box<Queue>, Handles) {
     (Box::new(q), h)
 }
 
+/// Gives a parked queue a request and its kick, and runs rounds until it is served: within the
+/// parked check's bound, counted in rounds.
+fn kick_and_serve(r: &mut Reactor, h: &Handles) {
+    h.work.set(1);
+    h.kick.write(1).unwrap();
+    let mut waited = 0;
+    while h.work.get() > 0 {
+        assert!(waited < PARKED_CHECK_ROUNDS, "the parked poller's work waited {waited} rounds");
+        r.poll_once();
+        waited += 1;
+    }
+}
+
 fn rounds(r: &mut Reactor, n: u32) {
     for _ in 0..n {
         r.poll_once();
@@ -133,14 +146,7 @@ fn an_idle_poller_is_parked_and_polled_again_only_once_its_fd_fires() {
     let s = r.stats().snapshot();
     assert_eq!((s.parked, s.parks), (1, 1));
     // A request and its kick: served within the check's bound in rounds.
-    h.work.set(1);
-    h.kick.write(1).unwrap();
-    let mut waited = 0;
-    while h.work.get() > 0 {
-        assert!(waited < PARKED_CHECK_ROUNDS, "the parked poller's work waited {waited} rounds");
-        r.poll_once();
-        waited += 1;
-    }
+    kick_and_serve(&mut r, &h);
     assert_eq!(r.is_parked(id), Some(false));
     assert_eq!(r.stats().snapshot().parked, 0);
     // Idle again: parked again after as many idle polls.
@@ -228,13 +234,6 @@ fn a_poller_added_beside_a_parked_one_is_polled_and_the_parked_one_is_not() {
     // Both park and wake as before.
     rounds(&mut r, PARK_AFTER_IDLE_POLLS);
     assert_eq!(r.parked_count(), 2);
-    parked.work.set(1);
-    parked.kick.write(1).unwrap();
-    let mut waited = 0;
-    while parked.work.get() > 0 {
-        assert!(waited < PARKED_CHECK_ROUNDS, "the parked poller's work waited {waited} rounds");
-        r.poll_once();
-        waited += 1;
-    }
+    kick_and_serve(&mut r, &parked);
     assert_eq!(r.is_parked(added_id), Some(true));
 }
