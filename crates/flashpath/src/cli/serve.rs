@@ -125,7 +125,8 @@ impl FromArgMatches for KindFlags {
 mod tests {
     use super::*;
 
-    /// Every declared option with a flag is a flag of `serve`, read back as its kind's value.
+    /// Every declared option with a flag is a flag of `serve`, read back as its kind's value:
+    /// a number given after it, or a switch given alone.
     #[test]
     fn each_declared_flag_is_built_and_read() {
         let cmd = KindFlags::augment_args(Command::new("serve"));
@@ -134,8 +135,15 @@ mod tests {
         for (n, option) in all_options().enumerate() {
             let Some(flag) = option.flag else { continue };
             assert!(cmd.get_arguments().any(|a| a.get_long() == Some(flag)), "--{flag} missing");
-            argv.extend([format!("--{flag}"), (n + 10).to_string()]);
-            expected.insert(flag, OptionValue::Millis(n as u64 + 10));
+            argv.push(format!("--{flag}"));
+            let value = match option.value {
+                OptionType::Bool { .. } => OptionValue::Bool(true),
+                OptionType::Millis { .. } => {
+                    argv.push((n + 10).to_string());
+                    OptionValue::Millis(n as u64 + 10)
+                }
+            };
+            expected.insert(flag, value);
         }
         assert!(expected.len() >= 5, "the vhost, nbd and nvmf flags: {expected:?}");
         let matches = cmd.try_get_matches_from(argv).unwrap();
