@@ -119,6 +119,12 @@ impl CopyBudget {
         Some(self.credit)
     }
 
+    /// Credit earned outright, beside the share: a mirror earns the chunks the guest dirtied
+    /// since its last round, so that it never falls behind and still converges.
+    pub fn earn(&mut self, bytes: u64) {
+        self.credit = self.credit.saturating_add(bytes);
+    }
+
     /// The copy started `bytes`.
     pub fn spend(&mut self, bytes: u64) {
         self.credit = self.credit.saturating_sub(bytes);
