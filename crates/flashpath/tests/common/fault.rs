@@ -268,10 +268,26 @@ pub struct Model {
 
 /// Counts of a process's open fds and threads.
 pub fn fds_and_threads(pid: u32) -> (usize, usize) {
-    let count = |what: &str| {
-        std::fs::read_dir(format!("/proc/{pid}/{what}")).map(|d| d.count()).unwrap_or(usize::MAX)
-    };
-    (count("fd"), count("task"))
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(usize::MAX);
+    // An io_uring's kernel workers (`iou-wrk-*`, made when an operation must block) are the
+    // kernel's: the last one of a ring stays as long as the ring, which is the reactor's, so
+    // it is no thread a case leaked.
+    let threads = thread_names(pid).iter().filter(|n| !n.starts_with("iou-")).count();
+    (fds, threads)
+}
+
+/// The names of `pid`'s threads, sorted (to say which one a case left behind).
+pub fn thread_names(pid: u32) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+                .map(|n| n.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
 }
 
 /// `pid`'s open fds: number and what each one is.
@@ -361,7 +377,11 @@ pub fn assert_settles(pid: u32, baseline: (usize, usize), what: &str) {
         }
         if Instant::now() > deadline {
             let fds = fd_list(pid);
-            panic!("{what}: the daemon's (fds, threads) are {now:?}, were {baseline:?} before the case; fds now: {fds:?}");
+            let threads = thread_names(pid);
+            panic!(
+                "{what}: the daemon's (fds, threads) are {now:?}, were {baseline:?} before the case; fds now: {fds:?}; \
+                 threads now: {threads:?}"
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
