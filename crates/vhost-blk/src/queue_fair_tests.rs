@@ -30,7 +30,7 @@ const DATA: u64 = 0x40000;
 const LIGHT_SECTOR: u64 = 1024;
 /// Split ring: `VRING_AVAIL_F_NO_INTERRUPT`. The flooding driver polls its used ring, as a
 /// Linux guest does while it reaps a full queue: nobody waits, so each part of a poll is large.
-const AVAIL_F_NO_INTERRUPT: u16 = 1;
+const AVAIL_F_NO_INTERRUPT: u16 = virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT as u16;
 /// Rounds a QD-1 request may take, counted from the first round after it was posted: one. Every
 /// queue is polled once a round and a poll takes at most `REQUESTS_PER_POLL` requests, so the
 /// flooding queue cannot push a request of another queue into a later round.

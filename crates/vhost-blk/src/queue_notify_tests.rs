@@ -25,7 +25,7 @@ use crate::QueueStats;
 
 /// Split: `VRING_AVAIL_F_NO_INTERRUPT` in the available ring's flags, `used_event` after its
 /// ring.
-const AVAIL_F_NO_INTERRUPT: u16 = 1;
+const AVAIL_F_NO_INTERRUPT: u16 = virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT as u16;
 
 fn used_event(g: &Guest) -> u64 {
     AVAIL + 4 + 2 * u64::from(g.size)
