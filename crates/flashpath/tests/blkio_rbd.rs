@@ -415,6 +415,29 @@ fn signal(pid: u32, sig: i32) {
     assert_eq!(r, 0, "kill({pid}, {sig}): {}", std::io::Error::last_os_error());
 }
 
+/// Waits until every thread of `pid` is in the stopped state: kill(2) returns before each
+/// thread has taken the stop, and a thread still running could answer one request (a read
+/// once came back successful with the OSD "stopped").
+fn wait_all_threads_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let running: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("the OSD's threads")
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+            .filter(|stat| {
+                // The state follows the command's closing parenthesis.
+                let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+                !matches!(state, Some('T') | Some('t') | None)
+            })
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "OSD threads not stopped after SIGSTOP: {running:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Continues the OSD when dropped, so a failing assertion does not leave it stopped.
 struct Stopped(u32);
 
@@ -480,6 +503,7 @@ fn stopped_osd_fails_rbd_io_in_bounded_time_while_a_ram_disk_keeps_going() {
     let osd = ceph.osd_pid();
     signal(osd, libc::SIGSTOP);
     let stopped = Stopped(osd);
+    wait_all_threads_stopped(osd);
     let t_stop = Instant::now();
     // Requests on both queues, in two batches timed apart: reads of the data above and a
     // write into its object (one OSD operation each), then writes to new objects (two OSD
