@@ -137,6 +137,11 @@ def migration_markdown(res):
                 lines.append(f"| during a copy limited to {lim['speed'] / 1e6:,.0f} MB/s (`speed`; "
                              f"{_f(lim.get('copy_s_under_load'), '{:.2f}')} s to ready) | {_f(lim['during_copy'])} | "
                              f"{_r(lim.get('ratio_during_copy'))} |")
+            wb = io.get("write_blocking") or {}
+            if wb.get("during_copy") is not None:
+                lines.append(f"| during a write-blocking copy (`copy_mode`; "
+                             f"{_f(wb.get('copy_s_under_load'), '{:.2f}')} s to ready) | {_f(wb['during_copy'])} | "
+                             f"{_r(wb.get('ratio_during_copy'))} |")
         for n in mr.get("notes") or []:
             lines.append(f"Note: {n}")
         lines.append("")
@@ -201,3 +206,8 @@ def migration_targets(res, add):
         add("source IOPS during the mirror's copy vs alone (QD32 4K randwrite)", ">= 0.70x",
             f"{io['during_copy']:,.0f} vs {io['alone']:,.0f} = {io['ratio_during_copy']:.2f}x; job ready: "
             f"{_r(io.get('ratio_ready'))}x", io["ratio_during_copy"] >= 0.7)
+    wb = io.get("write_blocking") or {}
+    if wb.get("ratio_during_copy") is not None:
+        add("the same, the copy writing blocking (copy_mode write-blocking)", ">= 0.70x",
+            f"{wb['during_copy']:,.0f} vs {io['alone']:,.0f} = {wb['ratio_during_copy']:.2f}x, "
+            f"{_f(wb.get('copy_s_under_load'), '{:.2f}')} s to ready", wb["ratio_during_copy"] >= 0.7)

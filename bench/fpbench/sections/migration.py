@@ -309,13 +309,16 @@ class MigrationSection:
         log(f"nbdcopy: {size // MIB} MiB in {secs:.2f} s = {r['mbps']:.0f} MB/s")
         return r
 
-    def mig_start_mirror(self, src, dst, speed=0):
+    def mig_start_mirror(self, src, dst, speed=0, copy_mode=None):
         """Attaches the destination's export on the source and starts a job (copying at most
-        `speed` bytes per second, 0: no limit); the job id."""
+        `speed` bytes per second, 0: no limit; `copy_mode` as bdev_mirror_start's, None: the
+        default); the job id."""
         src.rpc("bdev_nbd_client_create", {"name": "remote0", "address": dst.nbd, "export_name": "Malloc0"})
         params = {"source": "Malloc0", "target": "remote0", "job_id": "mig0"}
         if speed:
             params["speed"] = speed
+        if copy_mode:
+            params["copy_mode"] = copy_mode
         jid = src.rpc("bdev_mirror_start", params)
         return jid if isinstance(jid, str) else "mig0"
 
@@ -396,10 +399,18 @@ class MigrationSection:
                                 "ratio_during_copy": ratio(median(during), m["iops"]["alone"])}
         log(f"source disk during a copy limited to {limit / 1e6:.0f} MB/s: {median(during) or 0:.0f} IOPS, "
             f"{median(copy_s) or 0:.2f} s to ready")
+        # Writes blocking from the start (QEMU's copy-mode=write-blocking): each write goes to
+        # the target as well, so the copy converges at its share's pace whatever the load.
+        during, _, copy_s = self.mig_iops_during(src, dst, sock, c, point, secs, 0, "write-blocking")
+        m["iops"]["write_blocking"] = {"during_copy": median(during), "copy_s_under_load": median(copy_s),
+                                       "ratio_during_copy": ratio(median(during), m["iops"]["alone"])}
+        log(f"source disk during a write-blocking copy: {median(during) or 0:.0f} IOPS, "
+            f"{median(copy_s) or 0:.2f} s to ready")
 
-    def mig_iops_during(self, src, dst, sock, c, point, secs, speed):
+    def mig_iops_during(self, src, dst, sock, c, point, secs, speed, copy_mode=None):
         """fp-load's IOPS on the source during the copy phase of a job limited to `speed`
-        (0: none), and with the job ready; (during, ready, seconds to ready) per repetition."""
+        (0: none) in `copy_mode`, and with the job ready; (during, ready, seconds to ready) per
+        repetition."""
         during, ready, copy_s = [], [], []
         for _ in range(c["reps"]):
             # The copy phase: the job starts 0.2 s into a timeline run; IOPS over the whole 100 ms
@@ -410,7 +421,7 @@ class MigrationSection:
                                  text=True)
             t_run = time.monotonic()
             time.sleep(0.2)
-            jid = self.mig_start_mirror(src, dst, speed)
+            jid = self.mig_start_mirror(src, dst, speed, copy_mode)
             t_start = time.monotonic() - t_run
             took, j = self.mig_wait_ready(src, jid, c["timeout"])
             out, err = p.communicate(timeout=secs + 120)

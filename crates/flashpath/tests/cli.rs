@@ -100,6 +100,10 @@ fn enum_and_number_errors_list_accepted_values() {
         "error: --queues: '70000' is not a whole number between 0 and 65535",
     );
     assert_usage(
+        &["mirror", "start", "a", "b", "--copy-mode", "blocking"],
+        "error: --copy-mode: 'blocking' is not one of background, write-blocking",
+    );
+    assert_usage(
         &["--log-level", "loud", "version"],
         "error: --log-level: 'loud' is not a log level (accepted: off, error, warn, info, debug, trace)",
     );

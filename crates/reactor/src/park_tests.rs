@@ -237,3 +237,21 @@ fn a_poller_added_beside_a_parked_one_is_polled_and_the_parked_one_is_not() {
     kick_and_serve(&mut r, &parked);
     assert_eq!(r.is_parked(added_id), Some(true));
 }
+
+/// `unpark_all` (sent by a mirror job waiting for its source's channels) has every parked
+/// poller polled from the next round on, without its fd firing; each parks again once idle.
+#[test]
+fn unpark_all_polls_parked_pollers_without_their_fds_firing() {
+    let mut r = reactor();
+    let (q1, h1) = queue(true, 0);
+    let (q2, h2) = queue(true, 0);
+    let (id1, id2) = (r.add_poller(q1), r.add_poller(q2));
+    rounds(&mut r, PARK_AFTER_IDLE_POLLS);
+    assert_eq!((r.is_parked(id1), r.is_parked(id2)), (Some(true), Some(true)));
+    r.unpark_all();
+    assert_eq!(r.parked_count(), 0);
+    rounds(&mut r, 1);
+    assert_eq!((h1.polls.get(), h2.polls.get()), (PARK_AFTER_IDLE_POLLS + 1, PARK_AFTER_IDLE_POLLS + 1));
+    rounds(&mut r, PARK_AFTER_IDLE_POLLS - 1);
+    assert_eq!(r.parked_count(), 2, "parked again once idle as long");
+}

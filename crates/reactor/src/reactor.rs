@@ -506,6 +506,18 @@ impl Reactor {
         first_parked
     }
 
+    /// Polls every parked poller again from the next round on; each parks again once idle
+    /// for as long as before. For work that reaches pollers other than through their fds: a
+    /// mirror job waits until every channel of its source has taken up a change, which an
+    /// idle channel does only when its queue's poller polls it. Not during a round (from a
+    /// message: the inbox is drained between rounds).
+    pub fn unpark_all(&mut self) {
+        while self.parked > 0 {
+            let first_parked = self.pollers.len() - self.parked;
+            self.unpark(first_parked);
+        }
+    }
+
     /// Unparks the pollers whose fds fired, without waiting.
     #[cold]
     #[inline(never)]

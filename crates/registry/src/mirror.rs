@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fp_bdev::copy_share::CopyShare;
-use fp_bdev::mirror::{CopierPoll, MirrorCopier, MirrorError, MirrorJob, MirrorOptions, MirrorStatus};
+use fp_bdev::mirror::{
+    CopierPoll, CopyMode, MirrorCopier, MirrorError, MirrorJob, MirrorOptions, MirrorStatus,
+};
 use fp_bdev::{Bdev, ClaimType};
 use fp_reactor::{PollStatus, Poller};
 
@@ -35,6 +37,8 @@ pub struct MirrorSpec {
     /// The copy's share (percent, 1 to 100) of the source's requests in flight while the
     /// guest has some; `None`: the guest-first default.
     pub weight: Option<u64>,
+    /// QEMU's `copy-mode`: "background" (the default) or "write-blocking".
+    pub copy_mode: Option<String>,
 }
 
 fn holder(job_id: &str) -> String {
@@ -119,8 +123,20 @@ impl Registry {
             Some(w) => CopyShare::new(w)
                 .map_err(|e| RegistryError::Invalid { field: "weight", reason: e.to_string() })?,
         };
-        let options =
-            MirrorOptions { job_id: job_id.clone(), granularity: spec.granularity, speed: spec.speed, share };
+        let copy_mode = match spec.copy_mode.as_deref() {
+            None => CopyMode::default(),
+            Some(name) => CopyMode::from_name(name).ok_or_else(|| RegistryError::Invalid {
+                field: "copy_mode",
+                reason: format!("'{name}' is not one of {}", CopyMode::NAMES.join(", ")),
+            })?,
+        };
+        let options = MirrorOptions {
+            job_id: job_id.clone(),
+            granularity: spec.granularity,
+            speed: spec.speed,
+            share,
+            copy_mode,
+        };
         let (job, start) = MirrorJob::start(&source_disk, target_bdev, options).map_err(mirror_error)?;
         if let Some(t) = st.bdevs.get_mut(&target) {
             t.claims.push(Claim {
@@ -133,10 +149,11 @@ impl Registry {
         drop(st);
         let wake: Vec<_> = self.reactors.clone();
         reactor.send(move |r| {
-            // Wakes the reactors of the source's channels, so idle ones take up each change.
+            // Wakes the reactors of the source's channels, and their parked pollers, so that
+            // idle channels take up each change.
             let waker = Box::new(move || {
                 for h in &wake {
-                    h.send(|_| {});
+                    h.send(|r| r.unpark_all());
                 }
             });
             r.add_poller(Box::new(CopierPoller(start.open(Some(waker)))));

@@ -77,6 +77,7 @@ fn a_job_copies_completes_and_releases_the_target() {
     assert_eq!((j["len"].as_u64(), j["dirty_bytes"].as_u64()), (Some(8192 * 512), Some(0)));
     assert_eq!(j["granularity"], 65536);
     assert_eq!(j["weight"], 10, "guest first by default");
+    assert_eq!(j["copy_mode"], "background", "QEMU's default");
     assert!(j["copied"].as_u64().unwrap() >= 8192 * 512);
     assert_eq!(f.call("bdev_mirror_complete", json!({ "job_id": "src" })).unwrap(), true);
     let j = f.job("src");
@@ -91,13 +92,18 @@ fn a_job_copies_completes_and_releases_the_target() {
 }
 
 #[test]
-fn a_job_takes_the_weight_asked_for() {
+fn a_job_takes_the_weight_and_copy_mode_asked_for() {
     let f = fixture(true);
     f.malloc("src", 2048);
     f.malloc("tgt", 2048);
-    f.call("bdev_mirror_start", json!({ "source": "src", "target": "tgt", "weight": 60 })).unwrap();
-    assert_eq!(f.job("src")["weight"], 60);
-    f.call("bdev_mirror_cancel", json!({ "job_id": "src" })).unwrap();
+    let p = json!({ "source": "src", "target": "tgt", "weight": 60, "copy_mode": "write-blocking" });
+    f.call("bdev_mirror_start", p).unwrap();
+    let j = f.job("src");
+    assert_eq!((&j["weight"], &j["copy_mode"]), (&json!(60), &json!("write-blocking")));
+    let j = f.wait_state("src", "ready");
+    assert_eq!(j["dirty_bytes"], 0);
+    assert_eq!(f.call("bdev_mirror_complete", json!({ "job_id": "src" })).unwrap(), true);
+    assert_eq!(f.job("src")["state"], "completed");
 }
 
 #[test]
@@ -141,6 +147,8 @@ fn refusals_name_what_is_wrong() {
         let e = start(json!({ "source": "src", "target": "tgt", "weight": weight }));
         assert!(e.message.starts_with("weight: "), "{e:?}");
     }
+    let e = start(json!({ "source": "src", "target": "tgt", "copy_mode": "blocking" }));
+    assert_eq!(e.message, "copy_mode: 'blocking' is not one of background, write-blocking");
 
     f.call("bdev_mirror_start", json!({ "source": "src", "target": "tgt" })).unwrap();
     let e = start(json!({ "source": "src", "target": "other", "job_id": "j2" }));

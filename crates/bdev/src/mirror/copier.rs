@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::shared::{MirrorShared, MirrorState, ATTACHING, COPYING, DETACHING, DONE, READY, SWITCHING};
+use super::shared::{
+    CopyMode, MirrorShared, MirrorState, ATTACHING, COPYING, DETACHING, DONE, READY, SWITCHING,
+};
 use crate::copy_share::CopyBudget;
 use crate::disk::GuestLoad;
 use crate::iov::BounceBuf;
@@ -172,7 +174,13 @@ impl MirrorCopier {
         match phase {
             ATTACHING => {
                 if self.acked() {
-                    job.phase.store(COPYING, Ordering::SeqCst);
+                    if job.copy_mode == CopyMode::WriteBlocking {
+                        // Every channel marks what it completes: now each writes both disks.
+                        job.phase.store(SWITCHING, Ordering::SeqCst);
+                        self.wait_epoch = Some(self.source.bump_mirror());
+                    } else {
+                        job.phase.store(COPYING, Ordering::SeqCst);
+                    }
                     busy = true;
                 }
             }
@@ -187,7 +195,14 @@ impl MirrorCopier {
             }
             SWITCHING => {
                 busy |= self.start_copies();
-                if self.acked() {
+                // Writing blocking from the start, ready once the copy has converged under the
+                // blocking writes: nothing dirty, no copy in flight, and no write left from
+                // before the switch (each marks when it completes).
+                let converged = job.copy_mode == CopyMode::Background
+                    || (self.in_flight == 0
+                        && job.map.dirty_chunks() == 0
+                        && job.source_only.load(Ordering::SeqCst) <= 0);
+                if self.acked() && converged {
                     job.phase.store(READY, Ordering::SeqCst);
                     log::info!("mirror job '{}': ready", job.job_id);
                     busy = true;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::bitmap::{granularity_for, DirtyMap};
 use super::copier::MirrorStart;
-use super::shared::{MirrorShared, MirrorState, ATTACHING};
+use super::shared::{CopyMode, MirrorShared, MirrorState, ATTACHING};
 use super::MirrorError;
 use crate::copy_share::CopyShare;
 use crate::{Bdev, BlockDevice, Disk};
@@ -37,6 +37,8 @@ pub struct MirrorStatus {
     pub speed: u64,
     /// The copy's share (percent) of the requests in flight while the guest has some.
     pub weight: u8,
+    /// When guest writes go to the target as well.
+    pub copy_mode: CopyMode,
     /// Why it failed.
     pub error: Option<String>,
 }
@@ -55,6 +57,8 @@ pub struct MirrorOptions {
     /// The copy's share of the source beside guest I/O (`copy_share`): guest first by default,
     /// its whole window while the source has no guest request in flight.
     pub share: CopyShare,
+    /// When guest writes start going to the target as well.
+    pub copy_mode: CopyMode,
 }
 
 /// The control plane's handle on a mirror job. Cheap to clone.
@@ -125,13 +129,15 @@ impl MirrorJob {
             source_only: AtomicI64::new(0),
             speed: AtomicU64::new(options.speed),
             share: options.share,
+            copy_mode: options.copy_mode,
         });
         let epoch = source.attach_mirror(&shared)?;
         log::info!(
-            "mirror job '{}': '{}' to '{}', {len} bytes in chunks of {granularity}",
+            "mirror job '{}': '{}' to '{}', {len} bytes in chunks of {granularity}, {}",
             shared.job_id,
             shared.source_name,
-            shared.target_name
+            shared.target_name,
+            shared.copy_mode.name()
         );
         Ok((MirrorJob(shared.clone()), MirrorStart::new(shared, source.clone(), epoch)))
     }
@@ -174,6 +180,7 @@ impl MirrorJob {
             granularity: g,
             speed: s.speed.load(Ordering::Relaxed),
             weight: s.share.weight(),
+            copy_mode: s.copy_mode,
             error: s.error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }

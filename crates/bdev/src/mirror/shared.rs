@@ -43,12 +43,42 @@ impl MirrorState {
     }
 }
 
+/// When guest writes start going to the target as well (QEMU's `copy-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CopyMode {
+    /// Writes go to the source alone, marking their chunks, until the copy has converged once;
+    /// then to both disks (`ready`). The guest's writes cost nothing extra while the job
+    /// copies, but the copier must outpace what they dirty.
+    #[default]
+    Background,
+    /// Writes go to both disks from the start: a write never dirties a chunk, so the dirty set
+    /// only shrinks and the job converges at any copy pace, for a second write per guest
+    /// write (QEMU's `write-blocking`).
+    WriteBlocking,
+}
+
+impl CopyMode {
+    /// The RPC's names, QEMU's.
+    pub const NAMES: [&'static str; 2] = ["background", "write-blocking"];
+
+    /// The name the RPC takes and reports.
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// The mode named `name`, if any.
+    pub fn from_name(name: &str) -> Option<CopyMode> {
+        [CopyMode::Background, CopyMode::WriteBlocking].into_iter().find(|m| m.name() == name)
+    }
+}
+
 // The phases, in order. A job moves forward only.
 /// Attached; waiting until every channel of the source marks what it completes.
 pub(crate) const ATTACHING: u8 = 0;
 /// Copying dirty chunks.
 pub(crate) const COPYING: u8 = 1;
-/// Converged once; channels are switching to writing both disks.
+/// Converged once (or, writing blocking, from the start); channels are switching to writing
+/// both disks, or (writing blocking) write both while the copier still copies.
 pub(crate) const SWITCHING: u8 = 2;
 /// Every channel writes both disks (`ready`).
 pub(crate) const READY: u8 = 3;
@@ -82,6 +112,7 @@ pub(crate) struct MirrorShared {
     pub(crate) speed: AtomicU64,
     /// The copier's share of the source beside guest I/O.
     pub(crate) share: CopyShare,
+    pub(crate) copy_mode: CopyMode,
 }
 
 impl MirrorShared {

@@ -85,7 +85,7 @@ fn source(blocks: u64) -> Disk {
 }
 
 fn opts(granularity: Option<u64>) -> MirrorOptions {
-    MirrorOptions { job_id: "job0".into(), granularity, speed: 0, share: CopyShare::default() }
+    MirrorOptions { job_id: "job0".into(), granularity, ..MirrorOptions::default() }
 }
 
 /// Runs one request to completion on `ch`, polling `also` meanwhile.
@@ -214,25 +214,39 @@ fn racing_writer(disk: Disk, stop: Arc<AtomicBool>, seed: u64) -> std::thread::J
 
 #[test]
 fn converges_under_a_racing_writer_and_completes_with_equal_disks() {
-    converge_under_a_racing_writer(ram("tgt", 16 << 11));
+    converge_under_a_racing_writer(ram("tgt", 16 << 11), whole_window());
 }
 
 #[test]
 fn converges_to_a_file_target_through_io_uring() {
     let f = tempfile::NamedTempFile::new().unwrap();
     f.as_file().set_len(16 << 20).unwrap();
-    converge_under_a_racing_writer(Arc::new(
-        crate::UringDevice::new("tgt", f.path(), Some(BS), false).unwrap(),
-    ));
+    converge_under_a_racing_writer(
+        Arc::new(crate::UringDevice::new("tgt", f.path(), Some(BS), false).unwrap()),
+        whole_window(),
+    );
+}
+
+/// Writing blocking from the start, the default share converges beside the same writer: its
+/// writes dirty nothing, so however fast it writes the dirty set only shrinks.
+#[test]
+fn converges_writing_blocking_at_the_default_share_under_a_racing_writer() {
+    let options = MirrorOptions { copy_mode: CopyMode::WriteBlocking, ..opts(Some(4096)) };
+    converge_under_a_racing_writer(ram("tgt", 16 << 11), options);
+}
+
+/// The copy's whole window (weight 100), in chunks of 4 KiB.
+fn whole_window() -> MirrorOptions {
+    MirrorOptions { share: CopyShare::new(100).unwrap(), ..opts(Some(4096)) }
 }
 
 /// A 16 MiB RAM disk, written at random by another thread from before the job starts until
-/// after it is ready, mirrored to `tgt` and completed: the disks are then equal. The copy
-/// takes its whole window (weight 100): what is tested is the bitmap under racing writes, and
-/// a writer thread on a RAM disk writes faster than any share of it could copy (1.5 million
-/// writes a second into 4096 chunks, measured in a debug build). Convergence at the default
-/// share is counted in rounds below.
-fn converge_under_a_racing_writer(tgt: Bdev) {
+/// after it is ready, mirrored to `tgt` with `options` and completed: the disks are then
+/// equal. In the background mode the copy takes its whole window (weight 100): what is tested
+/// is the bitmap under racing writes, and a writer thread on a RAM disk writes faster than any
+/// share of it could copy (1.5 million writes a second into 4096 chunks, measured in a debug
+/// build). Convergence at the default share is counted in rounds below.
+fn converge_under_a_racing_writer(tgt: Bdev, options: MirrorOptions) {
     let src = source(16 << 11); // 16 MiB
                                 // Something on the source before the job: the copier must carry it.
     let mut pre = vec![0xA5u8; 1 << 20];
@@ -242,8 +256,7 @@ fn converge_under_a_racing_writer(tgt: Bdev) {
 
     let stop = Arc::new(AtomicBool::new(false));
     let writer = racing_writer(src.clone(), stop.clone(), 0x9E37_79B9_7F4A_7C15);
-    let whole = MirrorOptions { share: CopyShare::new(100).unwrap(), ..opts(Some(4096)) };
-    let (job, start) = MirrorJob::start(&src, tgt.clone(), whole).unwrap();
+    let (job, start) = MirrorJob::start(&src, tgt.clone(), options).unwrap();
     let mut copier = start.open(None);
     assert!(drive(&mut copier, &mut || {}, &|| job.state() == MirrorState::Ready));
     // Ready: the writer's writes now go to both disks; the copier keeps running.
@@ -354,7 +367,7 @@ fn refuses_what_cannot_work() {
     let e = err(MirrorJob::start(
         &src,
         ram("t2", 2048),
-        MirrorOptions { job_id: "other".into(), granularity: None, speed: 0, share: CopyShare::default() },
+        MirrorOptions { job_id: "other".into(), ..MirrorOptions::default() },
     ));
     assert!(e.contains("already mirrored by job 'job0'"), "{e}");
 }
@@ -682,6 +695,58 @@ fn a_guest_completing_within_each_round_still_keeps_the_copier_to_its_share() {
     drop(bufs);
 }
 
+/// A guest on `ch` writing `BURST` random 4 KiB blocks of a disk of `chunks` 4 KiB chunks,
+/// waiting for them: its buffers and random stream.
+struct BurstGuest {
+    bufs: Vec<Vec<u8>>,
+    rng: Rng,
+    chunks: u64,
+    writes: u64,
+}
+
+impl BurstGuest {
+    const BURST: usize = 8;
+
+    fn new(disk_bytes: u64, seed: u64) -> BurstGuest {
+        let bufs = (0..Self::BURST).map(|_| vec![0u8; 4096]).collect();
+        BurstGuest { bufs, rng: Rng(seed), chunks: disk_bytes / 4096, writes: 0 }
+    }
+
+    fn burst(&mut self, ch: &mut DiskChannel) {
+        for (i, buf) in self.bufs.iter_mut().enumerate() {
+            buf.fill(self.rng.next() as u8);
+            let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 4096 };
+            // SAFETY: the request completes below, before the buffer is written again.
+            let iov = unsafe { Iovecs::from_raw(&iov, 1) };
+            let offset = self.rng.next() % self.chunks * 4096;
+            let req = IoRequest { tag: i as u32, op: IoOp::Write, offset, len: 4096, iov };
+            ch.submit_request(&req).unwrap();
+        }
+        let mut completed = 0;
+        while completed < Self::BURST {
+            ch.poll_with(&mut |_, status| {
+                assert_eq!(status, IoStatus::Success);
+                completed += 1;
+            });
+        }
+        self.writes += Self::BURST as u64;
+    }
+}
+
+/// Completes a ready job while polling `ch` and checks the target equals the source.
+fn complete_and_compare(
+    job: &MirrorJob,
+    copier: &mut MirrorCopier,
+    ch: &mut DiskChannel,
+    src: &Disk,
+    tgt: &Bdev,
+) {
+    job.complete().unwrap();
+    assert!(drive(copier, &mut || poll_quiet(ch), &|| job.state().is_final()));
+    assert_eq!(job.state(), MirrorState::Completed);
+    assert!(read_all(src.bdev().as_ref()) == read_all(tgt.as_ref()), "target differs from source");
+}
+
 /// At the default share, beside a guest that keeps writing 4 KiB at random in bursts (a
 /// burst every fourth round, as a guest waiting on its completions leaves rounds between
 /// them), the job becomes ready within a bounded number of rounds: the copier earns the chunks
@@ -690,51 +755,76 @@ fn a_guest_completing_within_each_round_still_keeps_the_copier_to_its_share() {
 /// idle guest (one would let it copy at full speed).
 #[test]
 fn converges_at_the_default_share_beside_a_guest_writing_in_bursts() {
-    const BURST: usize = 8;
     let blocks = (1u64 << 20) / u64::from(BS);
     let src = source(blocks);
     let tgt = ram("tgt", blocks);
     let (job, start) = MirrorJob::start(&src, tgt.clone(), opts(Some(4096))).unwrap();
     let mut copier = start.open(None);
-    let DiskIo::Counted(mut guest) = src.open_typed().unwrap() else { panic!("accounting is on") };
-    let mut bufs: Vec<Vec<u8>> = (0..BURST).map(|_| vec![0u8; 4096]).collect();
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-    let chunks = blocks * u64::from(BS) / 4096;
+    let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!("accounting is on") };
+    let mut guest = BurstGuest::new(1 << 20, 0x2545_F491_4F6C_DD1D);
     // 256 chunks; a burst of 32 KiB earns the share a ninth of it, 0.9 chunk, beside the
     // chunks it dirtied: about 1,200 rounds.
     let mut rounds = 0u64;
-    let mut writes = 0u64;
     while job.state() != MirrorState::Ready {
         assert!(rounds < 20_000, "not ready after {rounds} rounds: {:?}", job.status());
         if rounds % 4 == 1 {
-            for (i, buf) in bufs.iter_mut().enumerate() {
-                buf.fill(rng.next() as u8);
-                let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 4096 };
-                // SAFETY: the request completes below, before the buffer is written again.
-                let iov = unsafe { Iovecs::from_raw(&iov, 1) };
-                let offset = rng.next() % chunks * 4096;
-                let req = IoRequest { tag: i as u32, op: IoOp::Write, offset, len: 4096, iov };
-                guest.submit_request(&req).unwrap();
-            }
-            let mut completed = 0;
-            while completed < BURST {
-                guest.poll_with(&mut |_, status| {
-                    assert_eq!(status, IoStatus::Success);
-                    completed += 1;
-                });
-            }
-            writes += BURST as u64;
+            guest.burst(&mut ch);
         } else {
-            poll_quiet(&mut guest);
+            poll_quiet(&mut ch);
         }
         copier.poll();
         rounds += 1;
     }
     // Far more rounds than the whole window's 16 runs of 1 MiB would take: the share held.
     assert!(rounds > 400, "ready after {rounds} rounds: the copier ignored its share");
-    assert!(writes > 256, "the guest wrote all along ({writes} writes in {rounds} rounds)");
-    job.complete().unwrap();
-    assert!(drive(&mut copier, &mut || poll_quiet(&mut guest), &|| job.state().is_final()));
-    assert_eq!(job.state(), MirrorState::Completed);
-    assert!(read_all(src.bdev().as_ref()) == read_all(tgt.as_ref()), "target differs from source");
+    assert!(guest.writes > 256, "the guest wrote all along ({} writes in {rounds} rounds)", guest.writes);
+    complete_and_compare(&job, &mut copier, &mut ch, &src, &tgt);
+}
+
+/// A guest writing 4 KiB at random every round, without a pause: in the background mode a
+/// copy or a fresh dirty chunk is always outstanding at the round's end, so the job cannot
+/// become ready; writing blocking from the start, the guest's writes go to both disks and
+/// dirty nothing, and the job becomes ready at the share's pace. Counted in rounds.
+#[test]
+fn writing_blocking_from_the_start_converges_beside_a_guest_that_never_pauses() {
+    let blocks = (1u64 << 20) / u64::from(BS);
+    for mode in [CopyMode::Background, CopyMode::WriteBlocking] {
+        let src = source(blocks);
+        let tgt = ram("tgt", blocks);
+        let options = MirrorOptions { copy_mode: mode, ..opts(Some(4096)) };
+        let (job, start) = MirrorJob::start(&src, tgt.clone(), options).unwrap();
+        assert_eq!(job.status().copy_mode, mode);
+        let mut copier = start.open(None);
+        let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!("accounting is on") };
+        let mut guest = BurstGuest::new(1 << 20, 0x9E37_79B9_7F4A_7C15);
+        // 256 chunks at 0.9 chunk a round: about 300 rounds writing blocking.
+        let mut rounds = 0u64;
+        while job.state() != MirrorState::Ready && rounds < 5_000 {
+            guest.burst(&mut ch);
+            copier.poll();
+            rounds += 1;
+        }
+        match mode {
+            CopyMode::Background => {
+                assert_eq!(job.state(), MirrorState::Running, "background: ready with writes outstanding");
+                job.cancel().unwrap();
+                assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state().is_final()));
+            }
+            CopyMode::WriteBlocking => {
+                assert_eq!(
+                    job.state(),
+                    MirrorState::Ready,
+                    "not ready after {rounds} rounds: {:?}",
+                    job.status()
+                );
+                assert!(rounds > 100, "ready after {rounds} rounds: the copier ignored its share");
+                // The guest goes on writing while ready; each write lands on both disks.
+                for _ in 0..50 {
+                    guest.burst(&mut ch);
+                    copier.poll();
+                }
+                complete_and_compare(&job, &mut copier, &mut ch, &src, &tgt);
+            }
+        }
+    }
 }

@@ -48,6 +48,11 @@ pub(crate) struct MirrorStartArgs {
     /// disk's own I/O has some; with none in flight it copies at full speed [default: 10]
     #[arg(long, value_name = "PERCENT")]
     weight: Option<u64>,
+    /// When the disk's writes go to the target too: background (once the copy has caught up)
+    /// or write-blocking (from the start: the job converges however fast the disk is written)
+    /// [default: background]
+    #[arg(long, value_name = "MODE", value_parser = ["background", "write-blocking"])]
+    copy_mode: Option<String>,
 }
 
 /// The mirror methods' parameters and the arguments that set them.
@@ -58,6 +63,7 @@ const MIRROR_FLAGS: &[(&str, &str)] = &[
     ("granularity", "--granularity"),
     ("speed", "--speed"),
     ("weight", "--weight"),
+    ("copy_mode", "--copy-mode"),
 ];
 
 /// `mirror start|status|complete|cancel`.
@@ -69,6 +75,7 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: MirrorCommand) -> Result<(), CliE
             set_given(&mut params, "granularity", a.granularity);
             set_given(&mut params, "speed", a.speed);
             set_given(&mut params, "weight", a.weight);
+            set_given(&mut params, "copy_mode", a.copy_mode);
             one_call(rpc, json, MIRROR_FLAGS, "bdev_mirror_start", params)
         }
         MirrorCommand::Status { job_id } => status(rpc, json, job_id),

@@ -27,6 +27,7 @@ fn job_json(s: &MirrorStatus) -> Value {
         "granularity": s.granularity,
         "speed": s.speed,
         "weight": s.weight,
+        "copy_mode": s.copy_mode.name(),
     });
     if let Some(e) = &s.error {
         v["error"] = json!(e);
@@ -34,7 +35,7 @@ fn job_json(s: &MirrorStatus) -> Value {
     v
 }
 
-/// `{source, target, job_id?, granularity?, speed?, weight?}` -> the job's id.
+/// `{source, target, job_id?, granularity?, speed?, weight?, copy_mode?}` -> the job's id.
 pub(crate) fn bdev_mirror_start(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let source = p.required_str("source")?;
     let target = p.required_str("target")?;
@@ -42,8 +43,17 @@ pub(crate) fn bdev_mirror_start(registry: &Registry, mut p: Params) -> Result<Va
     let granularity = p.optional_uint("granularity", MAX_GRANULARITY)?;
     let speed = p.optional_uint("speed", u64::MAX)?.unwrap_or(0);
     let weight = p.optional_uint("weight", u64::from(MAX_COPY_WEIGHT))?;
+    let copy_mode = p.optional_str("copy_mode")?;
     p.finish()?;
-    let id = registry.mirror_start(MirrorSpec { source, target, job_id, granularity, speed, weight })?;
+    let id = registry.mirror_start(MirrorSpec {
+        source,
+        target,
+        job_id,
+        granularity,
+        speed,
+        weight,
+        copy_mode,
+    })?;
     Ok(json!(id))
 }
 
