@@ -43,7 +43,7 @@ use fp_bdev::disk::{Completion, DiskIo};
 use fp_bdev::{IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
-    validate, write_id, DiskParams, ParseError, RequestType, StatusPtr, MAX_IOVECS, SECTOR_SIZE,
+    validate_sized, write_id, DiskParams, ParseError, RequestType, StatusPtr, MAX_IOVECS, SECTOR_SIZE,
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
 use fp_virtq::{Chain, MemTable};
@@ -137,6 +137,8 @@ pub struct QueuePoller {
     /// is then inlined here, and the device's channel is the one dynamic call per request.
     channel: DiskIo,
     disk: DiskParams,
+    /// `disk`'s effective block size, which a running queue's disk keeps (computed once).
+    block_size: u32,
     /// Read into `disk` once per round: a resize reaches the queue at its next round.
     capacity_sectors: Arc<AtomicU64>,
     serial: [u8; VIRTIO_BLK_ID_BYTES],
@@ -318,6 +320,7 @@ impl QueuePoller {
             call: s.call,
             channel,
             disk: s.disk,
+            block_size: s.disk.effective_block_size(),
             capacity_sectors: s.capacity_sectors,
             serial: s.serial,
             slots,
@@ -456,7 +459,7 @@ impl QueuePoller {
                 };
             }
         };
-        if let Err(code) = validate(&req, &self.disk) {
+        if let Err(code) = validate_sized(&req, &self.disk, self.block_size) {
             self.complete_now(head, req.status, code);
             return Flow::Next;
         }
