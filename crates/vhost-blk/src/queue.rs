@@ -114,8 +114,7 @@ struct Slot {
     status: Option<StatusPtr>,
     /// Bytes reported in the used element on success.
     used_len: u32,
-    op: IoOp,
-    bytes: u64,
+    /// What went to the bdev (its `op` and `len` are what the completion counts).
     req: IoRequest,
     iov: GuestIovecs,
 }
@@ -197,14 +196,14 @@ impl Completion for Reaper<'_> {
         let slot = &mut self.slots[tag as usize];
         let code = match status {
             IoStatus::Success => {
-                match slot.op {
+                match slot.req.op {
                     IoOp::Read => {
                         self.counters.read_ops += 1;
-                        self.counters.bytes_read += slot.bytes;
+                        self.counters.bytes_read += slot.req.len;
                     }
                     IoOp::Write => {
                         self.counters.write_ops += 1;
-                        self.counters.bytes_written += slot.bytes;
+                        self.counters.bytes_written += slot.req.len;
                     }
                     IoOp::Flush => self.counters.rare().flush_ops += 1,
                     IoOp::Discard => self.counters.rare().discard_ops += 1,
@@ -227,7 +226,7 @@ impl Completion for Reaper<'_> {
                 VIRTIO_BLK_S_IOERR
             }
             IoStatus::Error(errno) => {
-                log::debug!("bdev error {errno} on {:?} at {}", slot.op, slot.req.offset);
+                log::debug!("bdev error {errno} on {:?} at {}", slot.req.op, slot.req.offset);
                 self.counters.rare().io_errors += 1;
                 VIRTIO_BLK_S_IOERR
             }
@@ -256,7 +255,7 @@ impl Completion for Reaper<'_> {
 /// (a failed read may have written part of them), and the status byte.
 #[inline]
 fn log_completion(log: &DataLog, table: &MemTable, slot: &Slot, counters: &mut Counters) {
-    if slot.op == IoOp::Read {
+    if slot.req.op == IoOp::Read {
         let pages = log.iovecs(table, slot.req.iov.as_slice(), u64::MAX);
         counters.rare().logged_data_pages += pages;
         counters.rare().logged_pages += pages;
@@ -301,8 +300,6 @@ impl QueuePoller {
                 head: Head::default(),
                 status: None,
                 used_len: 0,
-                op: IoOp::Read,
-                bytes: 0,
                 req: IoRequest { tag: 0, op: IoOp::Read, offset: 0, len: 0, iov: Iovecs::NONE },
                 iov: GuestIovecs::new(MAX_IOVECS),
             })
@@ -491,8 +488,6 @@ impl QueuePoller {
         slot.head = head;
         slot.status = Some(req.status);
         slot.used_len = if op == IoOp::Read { req.writable_len } else { 1 };
-        slot.op = op;
-        slot.bytes = len;
         slot.req = IoRequest { tag: u32::from(slot_idx), op, offset, len, iov };
         self.free.pop();
         match self.channel.submit(&slot.req) {
