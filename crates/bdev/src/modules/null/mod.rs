@@ -49,6 +49,7 @@ impl BlockDevice for NullDevice {
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
         Ok(Box::new(NullChannel {
             capacity: self.info.capacity.clone(),
+            block_mask: u64::from(self.info.block_size) - 1,
             block_shift: self.info.block_size.trailing_zeros(),
             done: DoneList::new(),
         }))
@@ -65,7 +66,9 @@ impl BlockDevice for NullDevice {
 struct NullChannel {
     /// The device's size in blocks, shared with it (a resize is seen at once).
     capacity: Capacity,
-    /// log2 of the block size, a power of two (`validate_geometry`).
+    /// The block size less one: the block size is a power of two (`validate_geometry`).
+    block_mask: u64,
+    /// log2 of the block size.
     block_shift: u32,
     /// Tags completed by `submit`, handed back by the next `poll`.
     done: DoneList,
@@ -78,9 +81,11 @@ impl NullChannel {
     /// once both parts are aligned, so comparing it in blocks is exact and cannot overflow.
     #[inline(always)]
     fn check_range(&self, offset: u64, len: u64) -> Result<(), SubmitError> {
-        let mask = (1u64 << self.block_shift) - 1;
         match offset.checked_add(len) {
-            Some(end) if (offset | len) & mask == 0 && end >> self.block_shift <= self.capacity.blocks() => {
+            Some(end)
+                if (offset | len) & self.block_mask == 0
+                    && end >> self.block_shift <= self.capacity.blocks() =>
+            {
                 Ok(())
             }
             _ => Err(SubmitError::OutOfRange),
