@@ -43,7 +43,7 @@ use fp_bdev::disk::{Completion, DiskIo};
 use fp_bdev::{IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
-    validate, write_id, DiskParams, ParseError, RequestType, StatusPtr, MAX_IOVECS, SECTOR_SIZE,
+    validate_sized, write_id, DiskParams, ParseError, RequestType, StatusPtr, MAX_IOVECS, SECTOR_SIZE,
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
 use fp_virtq::{Chain, MemTable};
@@ -114,8 +114,7 @@ struct Slot {
     status: Option<StatusPtr>,
     /// Bytes reported in the used element on success.
     used_len: u32,
-    op: IoOp,
-    bytes: u64,
+    /// What went to the bdev (its `op` and `len` are what the completion counts).
     req: IoRequest,
     iov: GuestIovecs,
 }
@@ -137,6 +136,8 @@ pub struct QueuePoller {
     /// is then inlined here, and the device's channel is the one dynamic call per request.
     channel: DiskIo,
     disk: DiskParams,
+    /// `disk`'s effective block size, which a running queue's disk keeps (computed once).
+    block_size: u32,
     /// Read into `disk` once per round: a resize reaches the queue at its next round.
     capacity_sectors: Arc<AtomicU64>,
     serial: [u8; VIRTIO_BLK_ID_BYTES],
@@ -195,14 +196,14 @@ impl Completion for Reaper<'_> {
         let slot = &mut self.slots[tag as usize];
         let code = match status {
             IoStatus::Success => {
-                match slot.op {
+                match slot.req.op {
                     IoOp::Read => {
                         self.counters.read_ops += 1;
-                        self.counters.bytes_read += slot.bytes;
+                        self.counters.bytes_read += slot.req.len;
                     }
                     IoOp::Write => {
                         self.counters.write_ops += 1;
-                        self.counters.bytes_written += slot.bytes;
+                        self.counters.bytes_written += slot.req.len;
                     }
                     IoOp::Flush => self.counters.rare().flush_ops += 1,
                     IoOp::Discard => self.counters.rare().discard_ops += 1,
@@ -225,7 +226,7 @@ impl Completion for Reaper<'_> {
                 VIRTIO_BLK_S_IOERR
             }
             IoStatus::Error(errno) => {
-                log::debug!("bdev error {errno} on {:?} at {}", slot.op, slot.req.offset);
+                log::debug!("bdev error {errno} on {:?} at {}", slot.req.op, slot.req.offset);
                 self.counters.rare().io_errors += 1;
                 VIRTIO_BLK_S_IOERR
             }
@@ -254,7 +255,7 @@ impl Completion for Reaper<'_> {
 /// (a failed read may have written part of them), and the status byte.
 #[inline]
 fn log_completion(log: &DataLog, table: &MemTable, slot: &Slot, counters: &mut Counters) {
-    if slot.op == IoOp::Read {
+    if slot.req.op == IoOp::Read {
         let pages = log.iovecs(table, slot.req.iov.as_slice(), u64::MAX);
         counters.rare().logged_data_pages += pages;
         counters.rare().logged_pages += pages;
@@ -299,8 +300,6 @@ impl QueuePoller {
                 head: Head::default(),
                 status: None,
                 used_len: 0,
-                op: IoOp::Read,
-                bytes: 0,
                 req: IoRequest { tag: 0, op: IoOp::Read, offset: 0, len: 0, iov: Iovecs::NONE },
                 iov: GuestIovecs::new(MAX_IOVECS),
             })
@@ -318,6 +317,7 @@ impl QueuePoller {
             call: s.call,
             channel,
             disk: s.disk,
+            block_size: s.disk.effective_block_size(),
             capacity_sectors: s.capacity_sectors,
             serial: s.serial,
             slots,
@@ -456,7 +456,7 @@ impl QueuePoller {
                 };
             }
         };
-        if let Err(code) = validate(&req, &self.disk) {
+        if let Err(code) = validate_sized(&req, &self.disk, self.block_size) {
             self.complete_now(head, req.status, code);
             return Flow::Next;
         }
@@ -488,8 +488,6 @@ impl QueuePoller {
         slot.head = head;
         slot.status = Some(req.status);
         slot.used_len = if op == IoOp::Read { req.writable_len } else { 1 };
-        slot.op = op;
-        slot.bytes = len;
         slot.req = IoRequest { tag: u32::from(slot_idx), op, offset, len, iov };
         self.free.pop();
         match self.channel.submit(&slot.req) {

@@ -92,7 +92,7 @@ use virtio_bindings::virtio_blk as vb;
 pub use fp_virtq::{Chain, Desc, GuestMemory, MemTable, WalkError, MAX_CHAIN_DESCRIPTORS};
 pub use parse::{parse_chain, parse_chain_general, ParseError, ParseErrorKind};
 pub use request::{write_id, BlkRequest, RequestType, Segment, StatusPtr};
-pub use validate::{validate, DiskParams};
+pub use validate::{validate, validate_sized, DiskParams};
 /// `flags` bit 0 of `struct virtio_blk_discard_write_zeroes` (§5.2.6).
 pub use vb::VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP;
 /// Request types (§5.2.6): read, write, flush, get ID, discard, write zeroes.

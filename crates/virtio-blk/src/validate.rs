@@ -65,12 +65,22 @@ fn check_range(sector: u64, num_sectors: u64, bs: u64, disk: &DiskParams) -> Res
 /// * `Unsupported(_)` → `UNSUPP`.
 #[inline]
 pub fn validate(req: &BlkRequest, disk: &DiskParams) -> Result<(), u8> {
+    validate_sized(req, disk, disk.effective_block_size())
+}
+
+/// [`validate`] with `block_size`, the disk's [`DiskParams::effective_block_size`], computed
+/// by the caller once for many requests: a queue's disk keeps its block size while the queue
+/// runs (a resize changes only the capacity), and computing it per request cost 8
+/// instructions under callgrind.
+#[inline]
+pub fn validate_sized(req: &BlkRequest, disk: &DiskParams, block_size: u32) -> Result<(), u8> {
+    debug_assert_eq!(block_size, disk.effective_block_size());
+    let bs = u64::from(block_size);
     match req.kind {
         RequestType::In | RequestType::Out => {
             if req.kind == RequestType::Out && disk.read_only {
                 return Err(VIRTIO_BLK_S_IOERR);
             }
-            let bs = u64::from(disk.effective_block_size());
             if req.data_len == 0 || req.data_len & (bs - 1) != 0 {
                 return Err(VIRTIO_BLK_S_IOERR);
             }
@@ -100,7 +110,7 @@ pub fn validate(req: &BlkRequest, disk: &DiskParams) -> Result<(), u8> {
             if max != 0 && seg.num_sectors > max {
                 return Err(VIRTIO_BLK_S_IOERR);
             }
-            check_range(seg.sector, u64::from(seg.num_sectors), u64::from(disk.effective_block_size()), disk)
+            check_range(seg.sector, u64::from(seg.num_sectors), bs, disk)
         }
         RequestType::Unsupported(_) => Err(VIRTIO_BLK_S_UNSUPP),
     }

@@ -11,10 +11,9 @@
 /// `p .. p + 8` must be mapped for reading.
 #[inline(always)]
 pub unsafe fn load_u64_le(p: *const u8) -> u64 {
-    if (p as usize) & 7 == 0 {
-        // SAFETY: 8-aligned and mapped (caller).
-        return u64::from_le(unsafe { std::ptr::read_volatile(p.cast::<u64>()) });
-    }
+    // On x86-64 one `mov` serves every alignment (an aligned one is the access `read_volatile`
+    // would make): no test of the address, which cost 2 instructions per load, 14 per request
+    // on the split ring's fast path under callgrind.
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         let v: u64;
@@ -28,6 +27,10 @@ pub unsafe fn load_u64_le(p: *const u8) -> u64 {
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     {
+        if (p as usize) & 7 == 0 {
+            // SAFETY: 8-aligned and mapped (caller).
+            return u64::from_le(unsafe { std::ptr::read_volatile(p.cast::<u64>()) });
+        }
         let mut b = [0u8; 8];
         for (i, byte) in b.iter_mut().enumerate() {
             // SAFETY: inside the 8 mapped bytes (caller).

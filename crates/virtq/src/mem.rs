@@ -56,11 +56,16 @@ impl Region {
 ///
 /// Two regions are remembered, not one: a request's header and status often live in one region
 /// and its data in another (libblkio's request area and the application's buffers; a guest's
-/// low and high memory), and with one entry every request would miss twice.
+/// low and high memory), and with one entry every request would miss twice. They are kept as
+/// copies of their entries, not as indices into `regions`: a translation then reads its three
+/// fields straight from the table, with no index to load and bound-check (4 instructions less
+/// per translation, three translations per request, under callgrind).
 pub struct MemTable {
     regions: Box<[Region]>,
-    /// The last region hit, then the one before it (indices into `regions`).
-    recent: Cell<[usize; 2]>,
+    /// The last region hit (a copy of one of `regions`).
+    last: Cell<Region>,
+    /// The region hit before it (a copy of one of `regions`).
+    prev: Cell<Region>,
     mem: Arc<GuestMemory>,
 }
 
@@ -79,7 +84,8 @@ impl MemTable {
             return None;
         }
         regions.sort_by_key(|r| r.gpa);
-        Some(MemTable { regions: regions.into_boxed_slice(), recent: Cell::new([0, 0]), mem })
+        let first = Cell::new(regions[0]);
+        Some(MemTable { regions: regions.into_boxed_slice(), last: first.clone(), prev: first, mem })
     }
 
     /// The snapshot this table translates.
@@ -93,14 +99,12 @@ impl MemTable {
     /// callgrind when LLVM left it out of line.
     #[inline(always)]
     pub fn translate(&self, gpa: u64, len: u64) -> Option<*mut u8> {
-        let [last, prev] = self.recent.get();
-        // Both indices are always valid (set only from `regions`' positions).
-        if let Some(p) = self.regions[last].host_range(gpa, len) {
+        if let Some(p) = self.last.get().host_range(gpa, len) {
             return Some(p);
         }
         // No reordering on a hit here: the common pattern alternates between two regions, and
         // keeping the order costs a store per access for nothing.
-        if let Some(p) = self.regions[prev].host_range(gpa, len) {
+        if let Some(p) = self.prev.get().host_range(gpa, len) {
             return Some(p);
         }
         self.translate_slow(gpa, len)
@@ -110,7 +114,8 @@ impl MemTable {
     fn translate_slow(&self, gpa: u64, len: u64) -> Option<*mut u8> {
         let i = self.position(gpa)?;
         let p = self.regions[i].host_range(gpa, len)?;
-        self.recent.set([i, self.recent.get()[0]]);
+        self.prev.set(self.last.get());
+        self.last.set(self.regions[i]);
         Some(p)
     }
 
@@ -120,11 +125,10 @@ impl MemTable {
     /// just before, so the common case is one compare.
     #[inline]
     pub fn guest_addr(&self, host: *const u8) -> Option<u64> {
-        let [last, prev] = self.recent.get();
-        if let Some(g) = self.regions[last].guest_addr(host) {
+        if let Some(g) = self.last.get().guest_addr(host) {
             return Some(g);
         }
-        if let Some(g) = self.regions[prev].guest_addr(host) {
+        if let Some(g) = self.prev.get().guest_addr(host) {
             return Some(g);
         }
         self.regions.iter().find_map(|r| r.guest_addr(host))
@@ -136,9 +140,8 @@ impl MemTable {
     /// tried first: the common case is two compares.
     #[inline(always)]
     fn holds(&self, host: *const u8, len: usize) -> bool {
-        let [last, prev] = self.recent.get();
-        self.regions[last].holds(host, len)
-            || self.regions[prev].holds(host, len)
+        self.last.get().holds(host, len)
+            || self.prev.get().holds(host, len)
             || self.regions.iter().any(|r| r.holds(host, len))
     }
 

@@ -69,9 +69,9 @@ impl DiskChannel {
     }
 
     /// Submits `req` to the device, timing it ([`IoChannel::submit`] without the dynamic call,
-    /// for a frontend that holds the channel by type).
-    ///
-    #[inline]
+    /// for a frontend that holds the channel by type). Always inlined into the frontend's
+    /// submission: as a call its frame cost 15 instructions per request under callgrind.
+    #[inline(always)]
     pub fn submit_request(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         // The entry is filled before the call, so nothing of `req` need survive it. Its start
         // is the arrival: a wait for QoS counts in the request's latency, as the guest sees it.

@@ -47,7 +47,12 @@ impl BlockDevice for NullDevice {
     }
 
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
-        Ok(Box::new(NullChannel { info: self.info.clone(), done: DoneList::new() }))
+        Ok(Box::new(NullChannel {
+            capacity: self.info.capacity.clone(),
+            block_mask: u64::from(self.info.block_size) - 1,
+            block_shift: self.info.block_size.trailing_zeros(),
+            done: DoneList::new(),
+        }))
     }
 
     /// Any size the geometry allows: there is no data to keep.
@@ -59,14 +64,38 @@ impl BlockDevice for NullDevice {
 }
 
 struct NullChannel {
-    info: BdevInfo,
+    /// The device's size in blocks, shared with it (a resize is seen at once).
+    capacity: Capacity,
+    /// The block size less one: the block size is a power of two (`validate_geometry`).
+    block_mask: u64,
+    /// log2 of the block size.
+    block_shift: u32,
     /// Tags completed by `submit`, handed back by the next `poll`.
     done: DoneList,
 }
 
+impl NullChannel {
+    /// [`BdevInfo::check_range`] with the block size's mask and shift taken once at open: the
+    /// general check tests the block size for a power of two and multiplies the capacity out
+    /// per request, 8 instructions more under callgrind. `end` is a multiple of the block size
+    /// once both parts are aligned, so comparing it in blocks is exact and cannot overflow.
+    #[inline(always)]
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), SubmitError> {
+        match offset.checked_add(len) {
+            Some(end)
+                if (offset | len) & self.block_mask == 0
+                    && end >> self.block_shift <= self.capacity.blocks() =>
+            {
+                Ok(())
+            }
+            _ => Err(SubmitError::OutOfRange),
+        }
+    }
+}
+
 impl IoChannel for NullChannel {
     fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
-        self.info.check_range(req.offset, req.len)?;
+        self.check_range(req.offset, req.len)?;
         self.done.push(req.tag, IoStatus::Success);
         Ok(())
     }
@@ -130,5 +159,40 @@ mod tests {
         assert_eq!(info.check_range(u64::MAX - 4095, 8192), Err(SubmitError::OutOfRange), "wraps around");
         dev.resize(5).unwrap();
         assert_eq!(info.check_range(4 * 4096, 4096), Ok(()), "the size now, not at open");
+    }
+
+    /// The channel's own range check (mask and shift taken at open) answers as the device's
+    /// description does, at every edge and after a resize.
+    #[test]
+    fn the_channel_refuses_what_the_device_refuses() {
+        let dev = NullDevice::new("n", 4096, 4).unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let cases = [
+            (0, 4 * 4096),
+            (3 * 4096, 4096),
+            (512, 4096),
+            (0, 4096 + 512),
+            (4 * 4096, 4096),
+            (3 * 4096, 2 * 4096),
+            (u64::MAX - 4095, 8192),
+            (!4095, 4096),
+            (0, 0),
+            (4 * 4096, 0),
+            (5 * 4096, 0),
+        ];
+        for resize in [None, Some(5), Some(1)] {
+            if let Some(blocks) = resize {
+                dev.resize(blocks).unwrap();
+            }
+            for (tag, &(offset, len)) in cases.iter().enumerate() {
+                let req = IoRequest { tag: tag as u32, op: IoOp::Read, offset, len, iov: Iovecs::NONE };
+                assert_eq!(
+                    ch.submit(&req),
+                    dev.info().check_range(offset, len),
+                    "offset {offset} len {len} at {resize:?}"
+                );
+            }
+            ch.poll_batch(&mut Vec::new());
+        }
     }
 }
