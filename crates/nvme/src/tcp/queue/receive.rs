@@ -149,10 +149,10 @@ impl TcpQueue {
             offset += staged as u32;
             left -= staged as u32;
             progressed = true;
-        } else if !orphan && left > 0 {
+        } else if !orphan && left > 0 && !self.rx_drained {
             // Nothing staged: receive the rest into the buffers, and what follows into staging.
             self.rx.clear();
-            let r = {
+            let (r, offered) = {
                 let mut bufs: [IoSliceMut<'_>; RECV_BATCH + 1] =
                     std::array::from_fn(|_| IoSliceMut::new(&mut []));
                 // Views of the command's buffers for the receive's duration only.
@@ -163,7 +163,8 @@ impl TcpQueue {
                     &mut bufs[..RECV_BATCH],
                 );
                 bufs[n] = IoSliceMut::new(self.rx.spare_mut());
-                match &mut self.uring {
+                let offered: usize = bufs[..=n].iter().map(|b| b.len()).sum();
+                let r = match &mut self.uring {
                     None => fp_sys::recv_vectored_nonblocking(self.fd.as_fd(), &mut bufs[..=n]),
                     Some(u) => match u.recv_vectored(&mut bufs[..=n]) {
                         Recv::Data(got) => Ok(got),
@@ -171,11 +172,13 @@ impl TcpQueue {
                         Recv::Eof => Ok(0),
                         Recv::Failed(why) => Err(io::Error::other(why)),
                     },
-                }
+                };
+                (r, offered)
             };
             match r {
                 Ok(0) => return Err(self.die(NvmeError::Gone("the controller closed the connection".into()))),
                 Ok(got) => {
+                    self.rx_drained = got < offered && self.uring.is_none();
                     let into_buf = got.min(left as usize);
                     if digest {
                         // The bytes of the command's buffer the receive just wrote.
