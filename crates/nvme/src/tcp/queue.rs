@@ -490,7 +490,17 @@ impl TcpQueue {
 
     /// Takes the result of the send the kernel finished, if any: the pieces it took whole
     /// leave the send list.
+    /// Called after every receive: on a plain socket (no send of the kernel's to reap) it is
+    /// a check.
+    #[inline]
     fn reap_sent(&mut self) -> Result<(), NvmeError> {
+        if self.uring.is_none() {
+            return Ok(());
+        }
+        self.reap_uring_sent()
+    }
+
+    fn reap_uring_sent(&mut self) -> Result<(), NvmeError> {
         let Some(r) = self.uring.as_mut().and_then(|u| u.take_sent()) else { return Ok(()) };
         match r {
             Ok(n) => self.pieces.took(n),
@@ -549,8 +559,9 @@ impl TcpQueue {
 
     /// Receives and handles what the controller sent, calling `done` with each completion
     /// (its tag and CQE); returns how many. Completions that came before the queue died are
-    /// returned first: the error comes at the next call.
-    pub(crate) fn receive(&mut self, done: &mut dyn FnMut(u32, &Cqe)) -> Result<usize, NvmeError> {
+    /// returned first: the error comes at the next call. Generic over `done`: the I/O queue's
+    /// callback is called per completion, inline.
+    pub(crate) fn receive(&mut self, done: &mut impl FnMut(u32, &Cqe)) -> Result<usize, NvmeError> {
         self.check_alive()?;
         self.rx_drained = false;
         let mut count = 0;
@@ -560,7 +571,7 @@ impl TcpQueue {
         }
     }
 
-    fn receive_some(&mut self, done: &mut dyn FnMut(u32, &Cqe), count: &mut usize) -> Result<(), NvmeError> {
+    fn receive_some(&mut self, done: &mut impl FnMut(u32, &Cqe), count: &mut usize) -> Result<(), NvmeError> {
         loop {
             let progressed = match self.rx_state {
                 Rx::Header => self.rx_header(done, count)?,

@@ -20,7 +20,7 @@ const RECV_BATCH: usize = 32;
 impl TcpQueue {
     pub(super) fn rx_header(
         &mut self,
-        done: &mut dyn FnMut(u32, &Cqe),
+        done: &mut impl FnMut(u32, &Cqe),
         count: &mut usize,
     ) -> Result<bool, NvmeError> {
         if !self.stage(CH_LEN)? {
@@ -76,6 +76,7 @@ impl TcpQueue {
         }
     }
 
+    #[inline]
     fn c2h_header(&mut self, l: &Layout, h: &[u8]) -> Result<(), NvmeError> {
         let d = DataHeader::parse(h).expect("a data header is 24 bytes");
         let i = self.busy_slot(d.cccid, "C2HData")?;
@@ -123,7 +124,7 @@ impl TcpQueue {
     /// receive straight into them.
     pub(super) fn rx_data(
         &mut self,
-        done: &mut dyn FnMut(u32, &Cqe),
+        done: &mut impl FnMut(u32, &Cqe),
         count: &mut usize,
     ) -> Result<bool, NvmeError> {
         let Rx::Data { cid, slot: si, mut offset, mut left, mut crc, digest, success } = self.rx_state else {
@@ -223,7 +224,7 @@ impl TcpQueue {
         &mut self,
         cid: u16,
         success: bool,
-        done: &mut dyn FnMut(u32, &Cqe),
+        done: &mut impl FnMut(u32, &Cqe),
         count: &mut usize,
     ) -> Result<(), NvmeError> {
         if success {
@@ -233,10 +234,11 @@ impl TcpQueue {
     }
 
     /// A completion (a response capsule, or a C2HData with SUCCESS).
+    #[inline]
     fn complete(
         &mut self,
         cqe: Cqe,
-        done: &mut dyn FnMut(u32, &Cqe),
+        done: &mut impl FnMut(u32, &Cqe),
         count: &mut usize,
     ) -> Result<(), NvmeError> {
         let i = self.busy_slot(cqe.cid, "a completion")?;
