@@ -17,6 +17,15 @@ use crate::NvmeError;
 /// Caller buffer ranges one direct receive takes at most (the staging buffer is one more).
 const RECV_BATCH: usize = 32;
 
+/// The fields of a PDU header the controller sent, read out of the staging buffer.
+enum Pdu {
+    Resp(Cqe),
+    C2hData(DataHeader),
+    R2t(DataHeader),
+    TermReq(Option<pdu::TermReq>),
+    Other(u8),
+}
+
 impl TcpQueue {
     pub(super) fn rx_header(
         &mut self,
@@ -45,21 +54,27 @@ impl TcpQueue {
         if l.header_len > hlen && !pdu::header_digest_ok(&hb[..l.header_len], hlen) {
             return Err(self.violation(pdu::FES_HEADER_DIGEST_ERROR, 0, "header digest mismatch"));
         }
-        let mut h = [0u8; HEADER_ROOM];
-        h[..hlen].copy_from_slice(&hb[..hlen]);
-        self.rx.consume(head);
-        match ch.pdu_type {
+        // The fields, read where they were staged (check_header matched the header's length
+        // to its type): no copy of the header of the queue's own.
+        let hb = &hb[..hlen];
+        let pdu = match ch.pdu_type {
             pdu::PDU_CAPSULE_RESP => {
-                let cqe = Cqe::from_bytes(h[CH_LEN..CH_LEN + CQE_LEN].try_into().expect("sixteen bytes"));
-                self.complete(cqe, done, count)?;
+                Pdu::Resp(Cqe::from_bytes(hb[CH_LEN..CH_LEN + CQE_LEN].try_into().expect("sixteen bytes")))
             }
-            pdu::PDU_C2H_DATA => self.c2h_header(&l, &h)?,
-            pdu::PDU_R2T => self.r2t(&h)?,
-            pdu::PDU_C2H_TERM_REQ => {
-                let t = pdu::TermReq::parse(&h);
+            pdu::PDU_C2H_DATA => Pdu::C2hData(DataHeader::parse(hb).expect("a data header is 24 bytes")),
+            pdu::PDU_R2T => Pdu::R2t(DataHeader::parse(hb).expect("an R2T header is 24 bytes")),
+            pdu::PDU_C2H_TERM_REQ => Pdu::TermReq(pdu::TermReq::parse(hb)),
+            t => Pdu::Other(t),
+        };
+        self.rx.consume(head);
+        match pdu {
+            Pdu::Resp(cqe) => self.complete(cqe, done, count)?,
+            Pdu::C2hData(d) => self.c2h_header(&l, d)?,
+            Pdu::R2t(d) => self.r2t(d)?,
+            Pdu::TermReq(t) => {
                 return Err(self.die(protocol(format!("the controller ended the connection: {t:?}"))));
             }
-            t => {
+            Pdu::Other(t) => {
                 let what = format!("unexpected PDU type {t:#x} from the controller");
                 return Err(self.violation(pdu::FES_INVALID_HEADER_FIELD, 0, what));
             }
@@ -77,8 +92,7 @@ impl TcpQueue {
     }
 
     #[inline]
-    fn c2h_header(&mut self, l: &Layout, h: &[u8]) -> Result<(), NvmeError> {
-        let d = DataHeader::parse(h).expect("a data header is 24 bytes");
+    fn c2h_header(&mut self, l: &Layout, d: DataHeader) -> Result<(), NvmeError> {
         let i = self.busy_slot(d.cccid, "C2HData")?;
         let s = &self.slots[i];
         if s.dir != Dir::FromDevice {
@@ -270,8 +284,7 @@ impl TcpQueue {
     }
 
     /// An R2T: queue H2CData PDUs for the range it asks, from the caller's buffers.
-    fn r2t(&mut self, h: &[u8]) -> Result<(), NvmeError> {
-        let d = DataHeader::parse(h).expect("an R2T header is 24 bytes");
+    fn r2t(&mut self, d: DataHeader) -> Result<(), NvmeError> {
         let i = self.busy_slot(d.cccid, "R2T")?;
         let s = &self.slots[i];
         if s.dir != Dir::ToDevice || s.len <= self.p.icd {
