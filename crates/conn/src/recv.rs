@@ -24,6 +24,9 @@ impl Recv {
         match r {
             Ok(0) => Recv::Eof,
             Ok(n) => Recv::Data(n),
+            // The common error of a polled socket, told by its number: `kind()` decodes
+            // every errno through a long match.
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Recv::WouldBlock,
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
                 Recv::WouldBlock
             }

@@ -256,7 +256,16 @@ impl<T: Transport> NvmeChannel<T> {
     }
 
     /// Resends what waits, then cuts waiting requests into commands while slots are free.
+    /// Called every poll round: with nothing waiting (the usual round) it is a check, inline.
+    #[inline(always)]
     fn pump(&mut self) {
+        if self.resend.is_empty() && self.split.is_empty() {
+            return;
+        }
+        self.pump_waiting();
+    }
+
+    fn pump_waiting(&mut self) {
         if self.queue.is_none() {
             return;
         }

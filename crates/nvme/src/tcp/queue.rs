@@ -143,6 +143,10 @@ pub struct TcpQueue {
     pieces: SendQueue<Piece>,
     rx: RecvBuf,
     rx_state: Rx,
+    /// This call's last receive on the plain socket filled less than it offered: the socket
+    /// had no more, and asking again now would be a system call for nothing (the next poll
+    /// round asks).
+    rx_drained: bool,
     dead: Option<NvmeError>,
     stats: QueueStats,
     data: DataStats,
@@ -209,6 +213,7 @@ impl TcpQueue {
             pieces: SendQueue::with_capacity(usize::from(n) * 4),
             rx: RecvBuf::new(STAGING),
             rx_state: Rx::Header,
+            rx_drained: false,
             dead: None,
             stats: QueueStats::default(),
             data: DataStats::default(),
@@ -223,16 +228,25 @@ impl TcpQueue {
     }
 
     /// Registers with this thread's engine if the queue is to use one and has not yet (a
-    /// queue whose engine cannot be set up stays on plain system calls).
+    /// queue whose engine cannot be set up stays on plain system calls). Called on every
+    /// submit and poll: the check is inline, the registration (once) is not.
+    #[inline(always)]
     pub(crate) fn attach(&mut self) {
-        if self.want_uring && self.uring.is_none() {
-            self.want_uring = false;
-            match UringSocket::register(self.fd.as_fd()) {
-                Ok(u) => self.uring = Some(u),
-                Err(e) => {
-                    log::warn!("nvme tcp queue {}: io_uring socket engine: {e}; plain sockets", self.p.qid)
-                }
-            }
+        if self.want_uring {
+            self.register_uring();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn register_uring(&mut self) {
+        self.want_uring = false;
+        if self.uring.is_some() {
+            return;
+        }
+        match UringSocket::register(self.fd.as_fd()) {
+            Ok(u) => self.uring = Some(u),
+            Err(e) => log::warn!("nvme tcp queue {}: io_uring socket engine: {e}; plain sockets", self.p.qid),
         }
     }
 
@@ -400,8 +414,17 @@ impl TcpQueue {
         Ok(cid)
     }
 
-    /// Sends what the send list holds, as far as the socket takes it.
+    /// Sends what the send list holds, as far as the socket takes it. Called every poll round:
+    /// a round with nothing to send (and no send of io_uring's to reap) costs a check.
+    #[inline]
     pub(crate) fn send(&mut self) -> Result<(), NvmeError> {
+        if self.pieces.is_empty() && self.dead.is_none() && self.uring.is_none() {
+            return Ok(());
+        }
+        self.send_list()
+    }
+
+    fn send_list(&mut self) -> Result<(), NvmeError> {
         self.check_alive()?;
         if self.uring.is_some() {
             return self.send_uring();
@@ -467,7 +490,17 @@ impl TcpQueue {
 
     /// Takes the result of the send the kernel finished, if any: the pieces it took whole
     /// leave the send list.
+    /// Called after every receive: on a plain socket (no send of the kernel's to reap) it is
+    /// a check.
+    #[inline]
     fn reap_sent(&mut self) -> Result<(), NvmeError> {
+        if self.uring.is_none() {
+            return Ok(());
+        }
+        self.reap_uring_sent()
+    }
+
+    fn reap_uring_sent(&mut self) -> Result<(), NvmeError> {
         let Some(r) = self.uring.as_mut().and_then(|u| u.take_sent()) else { return Ok(()) };
         match r {
             Ok(n) => self.pieces.took(n),
@@ -498,12 +531,22 @@ impl TcpQueue {
     /// Makes sure `need` bytes are staged; `Ok(false)` when the socket has no more now.
     fn stage(&mut self, need: usize) -> Result<bool, NvmeError> {
         while self.rx.len() < need {
+            if self.rx_drained {
+                return Ok(false);
+            }
             self.rx.reserve(need);
             let (fd, uring) = (self.fd.as_fd(), &mut self.uring);
+            let offered = self.rx.spare_mut().len();
             match self.rx.fill(|dst| recv(uring, fd, dst)) {
                 // What the controller sent after our send completes after that send's result:
                 // take it first, so a completion never finds its command's data unsent.
-                Recv::Data(_) => self.reap_sent()?,
+                Recv::Data(n) => {
+                    // Fewer bytes than offered: the plain socket is empty for now. (An
+                    // io_uring receive hands out one of the engine's buffers at a time: a short
+                    // one says nothing about the next.)
+                    self.rx_drained = n < offered && self.uring.is_none();
+                    self.reap_sent()?
+                }
                 Recv::WouldBlock => return Ok(false),
                 Recv::Eof => {
                     return Err(self.die(NvmeError::Gone("the controller closed the connection".into())))
@@ -516,9 +559,11 @@ impl TcpQueue {
 
     /// Receives and handles what the controller sent, calling `done` with each completion
     /// (its tag and CQE); returns how many. Completions that came before the queue died are
-    /// returned first: the error comes at the next call.
-    pub(crate) fn receive(&mut self, done: &mut dyn FnMut(u32, &Cqe)) -> Result<usize, NvmeError> {
+    /// returned first: the error comes at the next call. Generic over `done`: the I/O queue's
+    /// callback is called per completion, inline.
+    pub(crate) fn receive(&mut self, done: &mut impl FnMut(u32, &Cqe)) -> Result<usize, NvmeError> {
         self.check_alive()?;
+        self.rx_drained = false;
         let mut count = 0;
         match self.receive_some(done, &mut count) {
             Err(e) if count == 0 => Err(e),
@@ -526,7 +571,7 @@ impl TcpQueue {
         }
     }
 
-    fn receive_some(&mut self, done: &mut dyn FnMut(u32, &Cqe), count: &mut usize) -> Result<(), NvmeError> {
+    fn receive_some(&mut self, done: &mut impl FnMut(u32, &Cqe), count: &mut usize) -> Result<(), NvmeError> {
         loop {
             let progressed = match self.rx_state {
                 Rx::Header => self.rx_header(done, count)?,

@@ -17,10 +17,19 @@ use crate::NvmeError;
 /// Caller buffer ranges one direct receive takes at most (the staging buffer is one more).
 const RECV_BATCH: usize = 32;
 
+/// The fields of a PDU header the controller sent, read out of the staging buffer.
+enum Pdu {
+    Resp(Cqe),
+    C2hData(DataHeader),
+    R2t(DataHeader),
+    TermReq(Option<pdu::TermReq>),
+    Other(u8),
+}
+
 impl TcpQueue {
     pub(super) fn rx_header(
         &mut self,
-        done: &mut dyn FnMut(u32, &Cqe),
+        done: &mut impl FnMut(u32, &Cqe),
         count: &mut usize,
     ) -> Result<bool, NvmeError> {
         if !self.stage(CH_LEN)? {
@@ -45,21 +54,27 @@ impl TcpQueue {
         if l.header_len > hlen && !pdu::header_digest_ok(&hb[..l.header_len], hlen) {
             return Err(self.violation(pdu::FES_HEADER_DIGEST_ERROR, 0, "header digest mismatch"));
         }
-        let mut h = [0u8; HEADER_ROOM];
-        h[..hlen].copy_from_slice(&hb[..hlen]);
-        self.rx.consume(head);
-        match ch.pdu_type {
+        // The fields, read where they were staged (check_header matched the header's length
+        // to its type): no copy of the header of the queue's own.
+        let hb = &hb[..hlen];
+        let pdu = match ch.pdu_type {
             pdu::PDU_CAPSULE_RESP => {
-                let cqe = Cqe::from_bytes(h[CH_LEN..CH_LEN + CQE_LEN].try_into().expect("sixteen bytes"));
-                self.complete(cqe, done, count)?;
+                Pdu::Resp(Cqe::from_bytes(hb[CH_LEN..CH_LEN + CQE_LEN].try_into().expect("sixteen bytes")))
             }
-            pdu::PDU_C2H_DATA => self.c2h_header(&l, &h)?,
-            pdu::PDU_R2T => self.r2t(&h)?,
-            pdu::PDU_C2H_TERM_REQ => {
-                let t = pdu::TermReq::parse(&h);
+            pdu::PDU_C2H_DATA => Pdu::C2hData(DataHeader::parse(hb).expect("a data header is 24 bytes")),
+            pdu::PDU_R2T => Pdu::R2t(DataHeader::parse(hb).expect("an R2T header is 24 bytes")),
+            pdu::PDU_C2H_TERM_REQ => Pdu::TermReq(pdu::TermReq::parse(hb)),
+            t => Pdu::Other(t),
+        };
+        self.rx.consume(head);
+        match pdu {
+            Pdu::Resp(cqe) => self.complete(cqe, done, count)?,
+            Pdu::C2hData(d) => self.c2h_header(&l, d)?,
+            Pdu::R2t(d) => self.r2t(d)?,
+            Pdu::TermReq(t) => {
                 return Err(self.die(protocol(format!("the controller ended the connection: {t:?}"))));
             }
-            t => {
+            Pdu::Other(t) => {
                 let what = format!("unexpected PDU type {t:#x} from the controller");
                 return Err(self.violation(pdu::FES_INVALID_HEADER_FIELD, 0, what));
             }
@@ -76,8 +91,8 @@ impl TcpQueue {
         }
     }
 
-    fn c2h_header(&mut self, l: &Layout, h: &[u8]) -> Result<(), NvmeError> {
-        let d = DataHeader::parse(h).expect("a data header is 24 bytes");
+    #[inline]
+    fn c2h_header(&mut self, l: &Layout, d: DataHeader) -> Result<(), NvmeError> {
         let i = self.busy_slot(d.cccid, "C2HData")?;
         let s = &self.slots[i];
         if s.dir != Dir::FromDevice {
@@ -123,7 +138,7 @@ impl TcpQueue {
     /// receive straight into them.
     pub(super) fn rx_data(
         &mut self,
-        done: &mut dyn FnMut(u32, &Cqe),
+        done: &mut impl FnMut(u32, &Cqe),
         count: &mut usize,
     ) -> Result<bool, NvmeError> {
         let Rx::Data { cid, slot: si, mut offset, mut left, mut crc, digest, success } = self.rx_state else {
@@ -149,10 +164,10 @@ impl TcpQueue {
             offset += staged as u32;
             left -= staged as u32;
             progressed = true;
-        } else if !orphan && left > 0 {
+        } else if !orphan && left > 0 && !self.rx_drained {
             // Nothing staged: receive the rest into the buffers, and what follows into staging.
             self.rx.clear();
-            let r = {
+            let (r, offered) = {
                 let mut bufs: [IoSliceMut<'_>; RECV_BATCH + 1] =
                     std::array::from_fn(|_| IoSliceMut::new(&mut []));
                 // Views of the command's buffers for the receive's duration only.
@@ -163,7 +178,8 @@ impl TcpQueue {
                     &mut bufs[..RECV_BATCH],
                 );
                 bufs[n] = IoSliceMut::new(self.rx.spare_mut());
-                match &mut self.uring {
+                let offered: usize = bufs[..=n].iter().map(|b| b.len()).sum();
+                let r = match &mut self.uring {
                     None => fp_sys::recv_vectored_nonblocking(self.fd.as_fd(), &mut bufs[..=n]),
                     Some(u) => match u.recv_vectored(&mut bufs[..=n]) {
                         Recv::Data(got) => Ok(got),
@@ -171,11 +187,13 @@ impl TcpQueue {
                         Recv::Eof => Ok(0),
                         Recv::Failed(why) => Err(io::Error::other(why)),
                     },
-                }
+                };
+                (r, offered)
             };
             match r {
                 Ok(0) => return Err(self.die(NvmeError::Gone("the controller closed the connection".into()))),
                 Ok(got) => {
+                    self.rx_drained = got < offered && self.uring.is_none();
                     let into_buf = got.min(left as usize);
                     if digest {
                         // The bytes of the command's buffer the receive just wrote.
@@ -220,7 +238,7 @@ impl TcpQueue {
         &mut self,
         cid: u16,
         success: bool,
-        done: &mut dyn FnMut(u32, &Cqe),
+        done: &mut impl FnMut(u32, &Cqe),
         count: &mut usize,
     ) -> Result<(), NvmeError> {
         if success {
@@ -230,10 +248,11 @@ impl TcpQueue {
     }
 
     /// A completion (a response capsule, or a C2HData with SUCCESS).
+    #[inline]
     fn complete(
         &mut self,
         cqe: Cqe,
-        done: &mut dyn FnMut(u32, &Cqe),
+        done: &mut impl FnMut(u32, &Cqe),
         count: &mut usize,
     ) -> Result<(), NvmeError> {
         let i = self.busy_slot(cqe.cid, "a completion")?;
@@ -265,8 +284,7 @@ impl TcpQueue {
     }
 
     /// An R2T: queue H2CData PDUs for the range it asks, from the caller's buffers.
-    fn r2t(&mut self, h: &[u8]) -> Result<(), NvmeError> {
-        let d = DataHeader::parse(h).expect("an R2T header is 24 bytes");
+    fn r2t(&mut self, d: DataHeader) -> Result<(), NvmeError> {
         let i = self.busy_slot(d.cccid, "R2T")?;
         let s = &self.slots[i];
         if s.dir != Dir::ToDevice || s.len <= self.p.icd {
