@@ -71,14 +71,41 @@ impl CopyShare {
     }
 }
 
+/// What a copy sees of the guest's I/O at one of its rounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuestBytes {
+    /// Bytes of the guest's requests completed since the copy's last round: a rate, what
+    /// earns the copy its share.
+    pub completed: u64,
+    /// Bytes of the guest's requests in flight at its channels' last polls: a level. A guest
+    /// waiting on its device is busy, not idle, but its waiting requests earn nothing: counted
+    /// again every round they would earn the copy credit at the rate of the rounds, not of the
+    /// guest (a mirror beside a guest whose writes waited on an NBD target copied at full
+    /// speed and left it 0.12x of its IOPS).
+    pub in_flight: u64,
+}
+
+impl GuestBytes {
+    /// Whether the guest has I/O completing or in flight.
+    pub fn active(self) -> bool {
+        self.completed > 0 || self.in_flight > 0
+    }
+
+    /// The larger of the two, for a window of requests in flight ([`CopyShare::window`]).
+    pub fn window_bytes(self) -> u64 {
+        self.completed.max(self.in_flight)
+    }
+}
+
 /// A copy's bytes per round beside the guest, for a copy polled every round of a reactor (the
-/// mirror's copier, a raid's rebuild runner): each round the guest's bytes (its requests in
-/// flight, or completed since the last round) earn the copy `weight / (100 - weight)` as many
-/// bytes of credit, saved up to one copy request's length so that the copy always progresses
-/// (one request every few rounds beside a busy guest); a copy request spends its length. With
-/// the guest idle there is no limit: idle means [`QUIET_ROUNDS`] rounds in a row without guest
-/// bytes, as a guest that sleeps on its completions (a VM's virtio driver waiting for an
-/// interrupt) leaves rounds without any between its batches.
+/// mirror's copier, a raid's rebuild runner): each round the bytes the guest completed since
+/// the last one earn the copy `weight / (100 - weight)` as many bytes of credit, saved up to
+/// one copy request's length, and at least one request's length every [`FLOOR_ROUNDS`] rounds
+/// (a guest request stuck on its device would otherwise stop the copy for as long); a copy
+/// request spends its length. With the guest idle there is
+/// no limit: idle means [`QUIET_ROUNDS`] rounds in a row with nothing of the guest's in
+/// flight or completed, as a guest that sleeps on its completions (a VM's virtio driver
+/// waiting for an interrupt) leaves rounds without any between its batches.
 #[derive(Debug)]
 pub struct CopyBudget {
     credit: u64,
@@ -99,11 +126,15 @@ impl Default for CopyBudget {
 /// the bench's mirror left its source 0.22x of its IOPS with it, 0.45x with this.
 pub const QUIET_ROUNDS: u32 = 16384;
 
+/// Beside a busy guest the copy earns at least one request's length every so many rounds,
+/// whatever the guest completes: it always progresses, a little.
+pub const FLOOR_ROUNDS: u64 = 1024;
+
 impl CopyBudget {
     /// A new round beside `guest_bytes`: the bytes the copy may start now, `None` for no limit
     /// (no guest I/O, or a weight of 100). `cap`: the longest copy request.
-    pub fn round(&mut self, share: CopyShare, guest_bytes: u64, cap: u64) -> Option<u64> {
-        if guest_bytes == 0 {
+    pub fn round(&mut self, share: CopyShare, guest: GuestBytes, cap: u64) -> Option<u64> {
+        if !guest.active() {
             self.quiet = self.quiet.saturating_add(1);
         } else {
             self.quiet = 0;
@@ -113,16 +144,10 @@ impl CopyBudget {
             return None;
         }
         let w = u64::from(share.weight);
-        let earned = guest_bytes.saturating_mul(w) / (100 - w);
+        let earned = (guest.completed.saturating_mul(w) / (100 - w)).max(cap / FLOOR_ROUNDS);
         // What was saved is capped before this round's earnings, so none of them is lost.
         self.credit = self.credit.min(cap).saturating_add(earned);
         Some(self.credit)
-    }
-
-    /// Credit earned outright, beside the share: a mirror earns the chunks the guest dirtied
-    /// since its last round, so that it never falls behind and still converges.
-    pub fn earn(&mut self, bytes: u64) {
-        self.credit = self.credit.saturating_add(bytes);
     }
 
     /// The copy started `bytes`.
@@ -161,29 +186,42 @@ mod tests {
     }
 
     #[test]
-    fn the_budget_earns_the_share_of_the_guest_bytes_per_round_up_to_one_request() {
+    fn the_budget_earns_the_share_of_the_bytes_the_guest_completed_per_round_up_to_one_request() {
         let mut b = CopyBudget::default();
         let s = CopyShare::default();
-        assert_eq!(b.round(s, 0, 65536), None, "starting beside an idle guest: no limit");
-        assert!(b.round(s, 4096, 65536).is_some(), "the guest wakes");
+        let idle = GuestBytes::default();
+        let done = |completed| GuestBytes { completed, in_flight: 0 };
+        assert_eq!(b.round(s, idle, 65536), None, "starting beside an idle guest: no limit");
+        assert!(b.round(s, done(4096), 65536).is_some(), "the guest wakes");
         for _ in 1..QUIET_ROUNDS {
-            assert!(b.round(s, 0, 65536).is_some(), "a pause between the guest's batches");
+            assert!(b.round(s, idle, 65536).is_some(), "a pause between the guest's batches");
         }
-        assert_eq!(b.round(s, 0, 65536), None, "an idle guest: no limit");
+        assert_eq!(b.round(s, idle, 65536), None, "an idle guest: no limit");
         b.spend(65536);
-        // 128 KiB of guest I/O per round at 10 %: 14563 bytes of credit per round.
+        // Requests in flight and none completing: busy, and only the floor earned, one
+        // request every FLOOR_ROUNDS rounds, however many rounds they wait.
+        let waiting = GuestBytes { completed: 0, in_flight: 128 << 10 };
+        let mut started = 0;
+        for _ in 0..4 * FLOOR_ROUNDS {
+            if b.round(s, waiting, 65536).unwrap() >= 65536 {
+                b.spend(65536);
+                started += 1;
+            }
+        }
+        assert_eq!(started, 4, "waiting requests earn the floor alone");
+        // 128 KiB of guest I/O completed per round at 10 %: 14563 bytes of credit per round.
         let mut started = 0;
         for _ in 0..90 {
-            let credit = b.round(s, 128 << 10, 65536).unwrap();
+            let credit = b.round(s, done(128 << 10), 65536).unwrap();
             if credit >= 65536 {
                 b.spend(65536);
                 started += 1;
             }
         }
         // 90 rounds earn 1.31 MB: 19 requests of 64 KiB and most of a 20th (a tenth of the
-        // bytes beside the guest's 11.8 MB).
+        // bytes beside the guest's 11.8 MB; the floor is less than the share here).
         assert_eq!(started, 19);
-        assert_eq!(b.round(CopyShare::new(100).unwrap(), 128 << 10, 65536), None);
+        assert_eq!(b.round(CopyShare::new(100).unwrap(), done(128 << 10), 65536), None);
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! channel I/O (read the source, write every target, piece by piece through its own buffers)
 //! and sends back what it did, waking the owner. The owner keeps the claims (the intent map's
 //! interlock), the checkpoint, the metadata and control. The runner keeps to the share: each
-//! round the guest's bytes on the raid's channels (in flight, or taken since its last round)
-//! earn it credit (`fp_bdev::copy_share::CopyBudget`), and it takes orders only on credit.
+//! round the bytes the guest's requests took on the raid's channels since its last round earn
+//! it credit (`fp_bdev::copy_share::CopyBudget`), and it takes orders only on credit.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
+use fp_bdev::copy_share::GuestBytes;
 use fp_bdev::Uuid;
 use fp_bdev::{Bdev, BdevInfo};
 
@@ -182,11 +183,11 @@ pub struct GuestRequests {
 }
 
 impl GuestRequests {
-    /// The guest's bytes now: those of its requests in flight on the channels at their last
-    /// poll's end (each at the mean length of what its channel took), or those taken since
-    /// the last call, whichever is more (a fast base completes a guest's requests within the
-    /// round that submits them: see `fp_bdev::disk::GuestLoad`).
-    pub fn bytes(&mut self, shared: &RaidShared) -> u64 {
+    /// The guest's bytes now: those taken since the last call, and those of its requests in
+    /// flight on the channels at their last poll's end (each at the mean length of what its
+    /// channel took); a fast base completes a guest's requests within the round that submits
+    /// them (see `fp_bdev::disk::GuestLoad`).
+    pub fn bytes(&mut self, shared: &RaidShared) -> GuestBytes {
         if shared.channels_changed.load(Ordering::Acquire) != self.seen {
             let list = shared.channels.lock().unwrap_or_else(|p| p.into_inner());
             let known = std::mem::take(&mut self.acks);
@@ -208,7 +209,7 @@ impl GuestRequests {
             since += bytes - *last;
             *last = bytes;
         }
-        in_flight.max(since)
+        GuestBytes { completed: since, in_flight }
     }
 }
 
@@ -444,10 +445,10 @@ mod tests {
         assert_eq!(shared.drain_state(0, epoch), DrainState::default(), "nothing left slot 0");
 
         let mut guest = shared.guest_requests();
-        assert_eq!(guest.bytes(&shared), 4096, "the held write, shown at the channel's poll");
+        assert_eq!(guest.bytes(&shared).in_flight, 4096, "the held write, shown at the channel's poll");
         holder.resume_pending();
         assert_eq!(poll_until(&mut *ch, 1), [(3, IoStatus::Success)]);
-        assert_eq!(guest.bytes(&shared), 0, "taken before the last look; nothing in flight");
+        assert!(!guest.bytes(&shared).active(), "taken before the last look; nothing in flight");
         assert!(shared.drain_state(1, epoch).drained());
         // A later layout finds the channel idle: done with it before its reactor wakes.
         shared.publish((*shared.layout()).clone());

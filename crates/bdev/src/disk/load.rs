@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::shared::DiskShared;
 use super::stats::ChannelSlot;
 use super::Disk;
+use crate::copy_share::GuestBytes;
 
 /// The guest's I/O on the disk's channels, as each channel last showed it (at its last
 /// poll): [`GuestLoad::bytes`]. Made once by the copy; it takes the disk's lock only when a
@@ -34,12 +35,12 @@ impl Disk {
 }
 
 impl GuestLoad {
-    /// The guest's bytes now: those of its requests in flight on the disk's channels (each at
-    /// the mean length of what its channel completed), or those completed since the last
-    /// call, whichever is more. A fast device completes a guest's requests within the round
-    /// that submits them, so a busy guest may show nothing in flight at a poll's end; what it
-    /// completed between two calls (a round apart, for a copier polled by a reactor) shows it.
-    pub fn bytes(&mut self) -> u64 {
+    /// The guest's bytes now: those completed since the last call, and those of its requests
+    /// in flight on the disk's channels (each at the mean length of what its channel
+    /// completed). A fast device completes a guest's requests within the round that submits
+    /// them, so a busy guest may show nothing in flight at a poll's end; what it completed
+    /// between two calls (a round apart, for a copier polled by a reactor) shows it.
+    pub fn bytes(&mut self) -> GuestBytes {
         self.refresh();
         let mut in_flight = 0;
         let mut since = 0;
@@ -51,7 +52,7 @@ impl GuestLoad {
             since += b.checked_sub(last.1).unwrap_or(b);
             *last = (n, b);
         }
-        in_flight.max(since)
+        GuestBytes { completed: since, in_flight }
     }
 
     /// Takes the live channels again when one opened or closed since the last look; a channel

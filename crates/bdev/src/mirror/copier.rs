@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::shared::{
     CopyMode, MirrorShared, MirrorState, ATTACHING, COPYING, DETACHING, DONE, READY, SWITCHING,
 };
-use crate::copy_share::CopyBudget;
+use crate::copy_share::{CopyBudget, GuestBytes};
 use crate::disk::GuestLoad;
 use crate::iov::BounceBuf;
 use crate::{Disk, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
@@ -85,9 +85,8 @@ impl MirrorStart {
             .collect();
         MirrorCopier {
             load: source.guest_load(),
-            guest: 0,
+            guest: GuestBytes::default(),
             share: CopyBudget::default(),
-            dirty_seen: job.map.dirty_chunks(),
             job,
             source,
             src,
@@ -139,10 +138,8 @@ pub struct MirrorCopier {
     /// The guest I/O in flight on the source, which the copier yields to (the job's share).
     load: GuestLoad,
     /// The guest's bytes this round (`load`), and the copy's credit beside them.
-    guest: u64,
+    guest: GuestBytes,
     share: CopyBudget,
-    /// Dirty chunks when the copier last started copies: more now are the guest's new writes.
-    dirty_seen: u64,
     /// Bytes the speed limit lets the copier start, and when that was last topped up.
     allowance: u64,
     refilled: Instant,
@@ -304,15 +301,6 @@ impl MirrorCopier {
         // Beside guest I/O the copier starts its share of the guest's bytes this round, in runs
         // of one chunk.
         let mut credit = self.share.round(self.job.share, self.guest, gran);
-        if let Some(c) = credit.as_mut() {
-            // Guest first, but never behind: the chunks the guest dirtied since the last round
-            // are earned outright, beside the share, so the job converges at the share's pace
-            // however the guest writes (4 KiB writes each dirtying a 64 KiB chunk outran a
-            // share of the guest's bytes: the job never became ready).
-            let pace = map.dirty_chunks().saturating_sub(self.dirty_seen) * gran;
-            self.share.earn(pace);
-            *c += pace;
-        }
         let run_bytes = if credit.is_some() { gran } else { self.slots[0].buf.len() as u64 };
         while let Some(&slot) = self.free.last() {
             if budget < gran || credit.is_some_and(|c| c < gran) {
@@ -375,7 +363,6 @@ impl MirrorCopier {
         if limited {
             self.allowance = budget;
         }
-        self.dirty_seen = map.dirty_chunks();
         started
     }
 

@@ -582,9 +582,11 @@ fn a_blocking_write_the_source_fails_is_copied_again_from_the_source() {
     assert!(read_all(src.bdev().as_ref()) == read_all(tgt.as_ref()), "target differs from source");
 }
 
-/// With guest writes held in flight on the source (an error bdev's `pending`), the copier
-/// copies only its share of the guest's bytes per round, in runs of one chunk; once the
-/// guest's I/O is done it takes all its buffers again. Counted in polls, not time.
+/// With guest writes held in flight on the source (an error bdev's `pending`), the guest is
+/// busy but completes nothing, so the copier earns only the floor (one chunk every
+/// `FLOOR_ROUNDS` rounds: none in these 50) and copies nothing; requests waiting on their
+/// device are not bytes the guest moves. Once the guest's I/O is done and it stays quiet, the
+/// copier takes all its buffers again. Counted in polls, not time.
 #[test]
 fn the_copier_keeps_its_share_beside_guest_io_and_all_its_buffers_without() {
     use crate::copy_share::DEFAULT_COPY_WEIGHT;
@@ -621,21 +623,13 @@ fn the_copier_keeps_its_share_beside_guest_io_and_all_its_buffers_without() {
     let (job, start) = MirrorJob::start(&src, tgt, opts(Some(4096))).unwrap();
     assert_eq!(job.status().weight, DEFAULT_COPY_WEIGHT);
     let mut copier = start.open(None);
-    let gran = job.status().granularity;
-    // 32 requests of 4 KiB held (taken for 4 KiB each, none completed yet) earn a ninth of
-    // 128 KiB of credit per round at the default weight of 10.
-    let per_round = (GUEST as u64 * 4096) * 10 / 90;
     for _ in 0..ROUNDS {
         copier.poll();
         guest.poll_with(&mut |_, _| completed += 1);
-        // A copy is in flight two rounds (read, then write): two rounds' credit at most.
-        let held = copier.in_flight as u64 * gran;
-        assert!(held <= 2 * per_round + gran, "{} copies beside the guest", copier.in_flight);
+        assert_eq!(copier.in_flight, 0, "a copy beside a guest that completes nothing");
     }
     assert_eq!(completed, 0, "the guest's writes are still held");
-    let copied = job.status().copied;
-    assert!(copied + 5 * per_round >= ROUNDS * per_round, "the copier used its share: {copied}");
-    assert!(copied <= ROUNDS * per_round + gran, "more than its share: {copied}");
+    assert_eq!(job.status().copied, 0, "copied beside a guest that completes nothing");
     assert_eq!(job.state(), MirrorState::Running);
 
     // The guest's writes complete: once the guest stays quiet, the copier takes every buffer.
@@ -745,40 +739,6 @@ fn complete_and_compare(
     assert!(drive(copier, &mut || poll_quiet(ch), &|| job.state().is_final()));
     assert_eq!(job.state(), MirrorState::Completed);
     assert!(read_all(src.bdev().as_ref()) == read_all(tgt.as_ref()), "target differs from source");
-}
-
-/// At the default share, beside a guest that keeps writing 4 KiB at random in bursts (a
-/// burst every fourth round, as a guest waiting on its completions leaves rounds between
-/// them), the job becomes ready within a bounded number of rounds: the copier earns the chunks
-/// the guest dirtied besides its share, so it never falls behind. The disks are equal after.
-/// The first burst comes in the copier's first copying round, so the copier never sees an
-/// idle guest (one would let it copy at full speed).
-#[test]
-fn converges_at_the_default_share_beside_a_guest_writing_in_bursts() {
-    let blocks = (1u64 << 20) / u64::from(BS);
-    let src = source(blocks);
-    let tgt = ram("tgt", blocks);
-    let (job, start) = MirrorJob::start(&src, tgt.clone(), opts(Some(4096))).unwrap();
-    let mut copier = start.open(None);
-    let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!("accounting is on") };
-    let mut guest = BurstGuest::new(1 << 20, 0x2545_F491_4F6C_DD1D);
-    // 256 chunks; a burst of 32 KiB earns the share a ninth of it, 0.9 chunk, beside the
-    // chunks it dirtied: about 1,200 rounds.
-    let mut rounds = 0u64;
-    while job.state() != MirrorState::Ready {
-        assert!(rounds < 20_000, "not ready after {rounds} rounds: {:?}", job.status());
-        if rounds % 4 == 1 {
-            guest.burst(&mut ch);
-        } else {
-            poll_quiet(&mut ch);
-        }
-        copier.poll();
-        rounds += 1;
-    }
-    // Far more rounds than the whole window's 16 runs of 1 MiB would take: the share held.
-    assert!(rounds > 400, "ready after {rounds} rounds: the copier ignored its share");
-    assert!(guest.writes > 256, "the guest wrote all along ({} writes in {rounds} rounds)", guest.writes);
-    complete_and_compare(&job, &mut copier, &mut ch, &src, &tgt);
 }
 
 /// A guest writing 4 KiB at random every round, without a pause: in the background mode a

@@ -85,8 +85,8 @@ impl Owner {
             self.attach_runner(&mut copier);
         }
         let guest = self.guest.bytes(&shared);
-        let (bytes, step) = copier.step(&mut self.members, map, guest);
-        if guest > 0 && bytes > 0 && copier.link().is_none() {
+        let (bytes, step) = copier.step(&mut self.members, map, guest.window_bytes());
+        if guest.active() && bytes > 0 && copier.link().is_none() {
             // The owner's thread shares the core with the reactors serving the guest: beside
             // guest I/O it also keeps to its share of the time, resting after a step for as
             // long as the step took times (100 - weight) / weight.

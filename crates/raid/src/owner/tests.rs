@@ -210,7 +210,7 @@ fn a_rebuild_beside_guest_io_copies_its_share_and_rests_and_its_window_without()
     let guest = o.shared().register_channel();
     guest.set_in_flight(32);
     // 32 requests in flight on a channel that completed none: taken for 4 KiB each.
-    assert_eq!(o.shared().guest_requests().bytes(o.shared()), 32 * 4096);
+    assert_eq!(o.shared().guest_requests().bytes(o.shared()).window_bytes(), 32 * 4096);
     let share = o.process.as_ref().unwrap().0.window(32 * 4096);
     let full = o.process.as_ref().unwrap().0.window(0);
     assert!(share.requests as u64 * share.request_bytes < full.requests as u64 * full.request_bytes);
@@ -665,8 +665,8 @@ fn ram_member(name: &str, b: &Bdev) -> Option<Member> {
 }
 
 /// A full rebuild whose copies run on a runner (polled here, as on a reactor) over RAM bdevs:
-/// the target ends identical, every byte counted once; beside guest requests in flight the
-/// runner never holds more than the share's orders, and with none it fills its buffers.
+/// the target ends identical, every byte counted once; beside a guest moving 128 KiB a round
+/// the runner copies no more than its share, and with no guest it fills its buffers.
 #[test]
 fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() {
     use fp_bdev::module::{BackgroundJob, BackgroundPoll};
@@ -692,8 +692,11 @@ fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() 
         let c = &o.process.as_ref().unwrap().0;
         (c.chunk_bytes(), c.runner_slots_for_window())
     };
-    // The runner polls twice a round here: each poll earns a ninth of the guest's 128 KiB.
-    let per_round = 2 * (32 * 4096) * 10 / 90;
+    // The guest takes 128 KiB a round; the runner polls twice a round here: the first poll
+    // earns a ninth of them, each at least the floor.
+    let floor = chunk / fp_bdev::copy_share::FLOOR_ROUNDS;
+    let per_round = (32 * 4096) * 10 / 90 + 2 * floor;
+    let mut guest_bytes = 0;
     const SHARE_ROUNDS: u64 = 40;
     let copied = |o: &Owner| o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed);
     let mut runners: Vec<Box<dyn BackgroundJob>> = Vec::new();
@@ -708,6 +711,10 @@ fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() 
             assert!(beside <= SHARE_ROUNDS * per_round + chunk, "{beside} bytes beside the guest");
             guest.set_in_flight(0);
             most = 0;
+        }
+        if rounds < SHARE_ROUNDS {
+            guest_bytes += 32 * 4096;
+            guest.set_bytes(guest_bytes);
         }
         o.tick();
         runners.extend(started.lock().unwrap().drain(..).map(|start| start()));
