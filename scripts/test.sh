@@ -158,9 +158,9 @@ cmd_test() {
     fi
     # The benchmark's own unit tests (parsing of openssl and xts_speed output, the per-CPU
     # figures, targets and --validate of the raid, crypto and path-length sections, the long-minus-short
-    # method): one test, under a second.
+    # method, a server dying with a bench killed outright): one test, under a second.
     say "bench: the sections' unit tests (python3 -m unittest fpbench.tests_*)"
-    if (cd bench && /usr/bin/python3 -m unittest -q fpbench.tests_crypto fpbench.tests_raid fpbench.tests_pathlen); then
+    if (cd bench && /usr/bin/python3 -m unittest -q fpbench.tests_crypto fpbench.tests_raid fpbench.tests_pathlen fpbench.tests_servers); then
         passed=$((passed + 1))
     else
         rc=1

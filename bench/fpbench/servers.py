@@ -3,6 +3,7 @@ NBD), nbdkit, and the throwaway Ceph cluster of the RBD section. Every process s
 is recorded in CHILDREN and killed on exit.
 """
 
+import ctypes
 import json
 import os
 import signal
@@ -21,10 +22,21 @@ RBD_IMAGE = "bench"
 RBD_CONFIG_PARAM = {"rbd_cache": "false"}
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def die_with_the_bench():
+    """In a child before it execs: SIGKILL when the bench's process ends, however it ends. A
+    bench killed with SIGKILL (or a driver's timeout) runs no cleanup, and its servers, each in
+    its own session, spun on: four polling flashpaths once took a core from later runs. Only
+    the main thread starts servers (the signal follows the thread that forked)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def spawn(cmd, log_path):
     logf = open(log_path, "wb")
     p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=die_with_the_bench)
     p.log_path = log_path
     CHILDREN.append(p)
     return p
