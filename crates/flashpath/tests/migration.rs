@@ -285,7 +285,9 @@ mod guest_vm {
         d1.call("bdev_uring_delete", json!({"name": "disk"}));
 
         // (d) Two daemons without shared storage: d3 has a file of its own, exported over NBD and
-        // given to the controller VM4 will use; d2 mirrors its disk there while VM3 writes.
+        // given to the controller VM4 will use; d2 mirrors its disk there while VM3 writes. Writes
+        // blocking from the start, as the recipe in docs/migration.md says: VM3's writers never
+        // pause, and in the background mode the copy (guest first) would not catch up with them.
         let own = disk_file(d3.dir.path(), "own.img");
         d3.uring("disk", &own, None);
         let nbd = d3.dir.path().join("disk.nbd");
@@ -293,7 +295,10 @@ mod guest_vm {
         d3.call("nbd_start_disk", json!({"bdev_name": "disk", "nbd_device": nbd}));
         let sock_d = destination_controller(&d3, "vm-d", "disk", nbd);
         d2.call("bdev_nbd_client_create", json!({"name": "remote", "address": nbd}));
-        let job = d2.call("bdev_mirror_start", json!({"source": "disk", "target": "remote"}));
+        let job = d2.call(
+            "bdev_mirror_start",
+            json!({"source": "disk", "target": "remote", "copy_mode": "write-blocking"}),
+        );
         let job = job
             .as_str()
             .unwrap_or_else(|| panic!("bdev_mirror_start returned {job}, not a job id"))
