@@ -160,6 +160,10 @@ def measure(server, loader, sock, point, secs, want_hist, client_busy=False, pac
     other = (m1 - m0) - (o1 - o0) - r["server_cpu_ns"]
     r["other_cpu_cores"] = max(0.0, other / 1e9 / el) if el else None
     r["server_cpu_ns_per_io"] = r["server_cpu_ns"] / ios if ios else None
+    # The client's CPU time (fp-load, a waited-for child, plus this process's own slice, which
+    # is small beside it): with a peer sharing the client's CPU, it bounds what any server sees.
+    r["client_cpu_ns"] = o1 - o0
+    r["client_cpu_ns_per_io"] = (o1 - o0) / ios if ios else None
     r["server_cpu_stat_ns_per_io"] = r["server_cpu_stat_ns"] / ios if ios else None
     # Share of one core, over the fp-load process's life (a little longer than `elapsed`).
     r["server_cores"] = r["server_cpu_ns"] / 1e9 / el if el else None

@@ -38,9 +38,12 @@ def nvme_tcp_markdown(res):
              "(flashpath's busy ns, SPDK's busy ticks / tick_rate from `framework_get_reactors`); tgt busy/IO: the "
              "target reactor's busy time per I/O (its CPU is the whole core: it polls); other: CPU time of "
              "everything but the initiator during the run, in cores (the target's polling included: it shares "
-             "the client CPU with the client, so it gets less than a core). fp/SPDK: ratio of the medians.", "", SPREAD_NOTE, "",
-             "| workload | initiator | IOPS | spread | p50 µs | p99 µs | CPU/IO ns | wait | busy/IO ns | tgt busy/IO ns |",
-             "|" + "---|" * 10]
+             "the client CPU with the client, so it gets less than a core). client CPU/IO: fp-load's CPU time per "
+             "I/O; bound: one over tgt busy/IO plus client CPU/IO, the IOPS the shared client CPU allows any "
+             "initiator, even one that cost nothing. fp/SPDK: ratio of the medians.", "", SPREAD_NOTE, "",
+             "| workload | initiator | IOPS | spread | p50 µs | p99 µs | CPU/IO ns | wait | busy/IO ns | tgt busy/IO ns "
+             "| client CPU/IO ns | bound |",
+             "|" + "---|" * 12]
     for p in e["points"]:
         for kind in INITIATORS:
             md = p["servers"][kind]["median"]
@@ -48,7 +51,8 @@ def nvme_tcp_markdown(res):
                          f"{_us(md.get('p50_ns'))} | {_us(md.get('p99_ns'))} | "
                          f"{_ns(md.get('server_cpu_ns_per_io'))} | {_pct(md.get('server_wait_share'))} | "
                          f"{_ns(md.get('reactor_busy_ns_per_io'))} | "
-                         f"{_ns(md.get('target_busy_ns_per_io'))} |")
+                         f"{_ns(md.get('target_busy_ns_per_io'))} | {_ns(md.get('client_cpu_ns_per_io'))} | "
+                         f"{_iops(md.get('shared_cpu_bound_iops'))} |")
     lines += ["", "| workload | IOPS fp/SPDK | p50 fp/SPDK | p99 fp/SPDK | CPU/IO fp/SPDK | busy/IO fp/SPDK | "
               "tgt busy/IO fp/SPDK |", "|" + "---|" * 7]
     for p in e["points"]:
@@ -84,19 +88,26 @@ def nvme_tcp_markdown(res):
 
 
 def nvme_tcp_targets(res, add):
-    """Issue 25's target: >= 1.2x SPDK's IOPS at QD32, the same client for both. Judged on the
-    completion-fd client; the polled one is reported only: it and the polling target share one
-    CPU, so its runs measure the scheduler's time slices more than either initiator."""
+    """The initiator's target: >= 1.3x SPDK's IOPS at QD32, the same client for both. Judged on
+    the completion-fd client; the polled one is reported only: it and the polling target share
+    one CPU, so its runs measure the scheduler's time slices more than either initiator. The
+    shared client CPU's bound (a cost-free initiator's IOPS) is given beside it: a goal above
+    that bound is out of any initiator's reach on this machine."""
     for p in (res.get("nvme_tcp") or {}).get("points", []):
         if p["qd"] != 32:
             continue
         f, s, r = p["servers"]["flashpath"]["median"], p["servers"]["spdk"]["median"], p["ratios"]
         fd = p["client"] == "fd"
+        bound = f.get("shared_cpu_bound_iops")
+        reach = bound / s["iops"] if bound and s.get("iops") else None
+        note = ("" if reach is None else
+                f"the shared client CPU bounds any initiator at {_iops(bound)} = {_x(reach)}x SPDK's; "
+                f"flashpath at {_x(f['iops'] / bound)}x of that bound")
         add(f"NVMe/TCP initiator: vhost -> bdev_nvme(TCP) -> nvmf_tgt(null) vs SPDK's vhost -> bdev_nvme(TCP), "
-            f"{_label(p)} client: IOPS", ">= 1.20x" if fd else "reported",
+            f"{_label(p)} client: IOPS", ">= 1.30x" if fd else "reported",
             f"{_iops(f.get('iops'))} vs {_iops(s.get('iops'))} = {_x(r['iops'])}x",
-            (None if r["iops"] is None else r["iops"] >= 1.2) if fd else None,
-            "" if fd else "polled client and polling target share the client CPU: scheduler-bound")
+            (None if r["iops"] is None else r["iops"] >= 1.3) if fd else None,
+            note if fd else "polled client and polling target share the client CPU: scheduler-bound")
 
 
 def validate_nvme_tcp(res, c):

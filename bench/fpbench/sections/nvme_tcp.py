@@ -55,9 +55,19 @@ def attach_params(port, nqn):
             "trsvcid": str(port), "subnqn": nqn}
 
 
+def shared_cpu_bound(target_busy_ns_per_io, client_cpu_ns_per_io):
+    """The client CPU's bound, in IOPS: the target and the client share that CPU, so no
+    initiator, even one costing nothing, gets more I/Os through than one over their work per
+    I/O there (the target's busy time, not its idle polling, which yields to the client)."""
+    if not target_busy_ns_per_io or not client_cpu_ns_per_io:
+        return None
+    return 1e9 / (target_busy_ns_per_io + client_cpu_ns_per_io)
+
+
 def summarize_nvme_tcp(runs):
     out = summarize(runs)
-    for k in ("target_cpu_ns_per_io", "target_busy_ns_per_io", "server_wait_share"):
+    for k in ("target_cpu_ns_per_io", "target_busy_ns_per_io", "server_wait_share", "client_cpu_ns_per_io",
+              "shared_cpu_bound_iops"):
         out[k] = median([r.get(k) for r in runs])
     xs = [r["iops"] for r in runs]
     out["iops_spread"] = (max(xs) - min(xs)) / out["iops"] if out.get("iops") else None
@@ -165,6 +175,7 @@ class NvmeTcpSection:
         busy = sum(b1[k]["busy"] - b0[k]["busy"] for k in b1)
         r["target_cpu_ns_per_io"] = (c1["sched_ns"] - c0["sched_ns"]) / ios if ios else None
         r["target_busy_ns_per_io"] = busy / ios if ios else None
+        r["shared_cpu_bound_iops"] = shared_cpu_bound(r["target_busy_ns_per_io"], r.get("client_cpu_ns_per_io"))
         # The share of the run the initiator was runnable while something else had its CPU:
         # more than a few % means the run measured the machine's other load too.
         r["server_wait_share"] = (w1 - w0) / 1e9 / r["elapsed_s"] if r["elapsed_s"] else None
