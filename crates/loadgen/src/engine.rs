@@ -521,8 +521,8 @@ impl<B: Backend> Disk<B> {
 
 /// The order of one thread's passes over its disks: each pass starts one disk further than the
 /// last, as a reactor's rounds do. A fixed order was the measurement's, not the device's: the
-/// last disks of every pass got up to 13 % fewer I/Os than the first ones against one server
-/// core (16 disks at QD 8; reversing the disks' order moved the deficit with it), because
+/// last disks of every pass got up to 13 % fewer I/Os than the best placed ones against one
+/// server core (16 disks at QD 8; reversing the disks' order moved the deficit with it), because
 /// whatever the device has not finished when the pass comes round again is always theirs
 /// (docs/architecture.md, "Many queues on one reactor").
 #[derive(Debug, Default)]
