@@ -519,6 +519,28 @@ impl<B: Backend> Disk<B> {
     }
 }
 
+/// The order of one thread's passes over its disks: each pass starts one disk further than the
+/// last, as a reactor's rounds do. A fixed order was the measurement's, not the device's: the
+/// last disks of every pass got up to 13 % fewer I/Os than the best placed ones against one
+/// server core (16 disks at QD 8; reversing the disks' order moved the deficit with it), because
+/// whatever the device has not finished when the pass comes round again is always theirs
+/// (docs/architecture.md, "Many queues on one reactor").
+#[derive(Debug, Default)]
+struct PassOrder {
+    /// The disk the next pass starts with.
+    first: usize,
+}
+
+impl PassOrder {
+    /// The disks of the next pass over `n`, in the order it serves them.
+    #[inline]
+    fn next_pass(&mut self, n: usize) -> impl Iterator<Item = usize> {
+        let first = if self.first < n { self.first } else { 0 };
+        self.first = first + 1;
+        (first..n).chain(0..first)
+    }
+}
+
 /// `error` as the error of disk `index` (a run of several disks says whose an error is;
 /// the multi-disk runner tags its own errors with it too).
 pub(crate) fn disk_error(index: usize, spec: &LoadSpec, error: LoadError) -> LoadError {
@@ -573,11 +595,12 @@ fn run<B: Backend>(
     let mut idle_spins = 0u32;
     // With `measure_busy`: time spent in passes that completed something, while counting.
     let mut busy_ns = 0u64;
+    let mut order = PassOrder::default();
     loop {
         let pass_start = if first.measure_busy && running > 0 { Some(Instant::now()) } else { None };
         let mut reaped = 0usize;
-        for (i, d) in disks.iter_mut().enumerate() {
-            reaped += d.pass(&mut completions, deadline).map_err(tag(i))?;
+        for i in order.next_pass(disks.len()) {
+            reaped += disks[i].pass(&mut completions, deadline).map_err(tag(i))?;
         }
 
         if reaped > 0 {
@@ -718,6 +741,52 @@ mod tests {
         let writes = (0..100_000).filter(|_| g.next().0).count();
         // 30 % writes, within 1 percentage point.
         assert!((29_000..31_000).contains(&writes), "{writes} writes of 100000");
+    }
+
+    #[test]
+    fn each_pass_starts_one_disk_further() {
+        let mut order = PassOrder::default();
+        let passes: Vec<Vec<usize>> = (0..4).map(|_| order.next_pass(3).collect()).collect();
+        assert_eq!(passes, vec![vec![0, 1, 2], vec![1, 2, 0], vec![2, 0, 1], vec![0, 1, 2]]);
+        // Fewer disks than where the next pass would start: it starts again at the first.
+        let mut order = PassOrder { first: 2 };
+        assert_eq!(order.next_pass(2).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(order.next_pass(1).collect::<Vec<_>>(), vec![0]);
+    }
+
+    /// 16 disks at QD 8 against a model of a device that cannot keep up: per pass it completes
+    /// 120 requests of the 128 the client offers, taking them queue by queue in the order the
+    /// pass made them available (a server that follows the client). Whoever comes last in the
+    /// pass waits, and with a fixed order that was always the same disk (it got nothing). Each
+    /// pass starting one disk further, no disk gets more than one queue depth more than another
+    /// over the run, whatever its place.
+    #[test]
+    fn a_device_slower_than_the_client_serves_every_disk_alike() {
+        const DISKS: usize = 16;
+        const QD: u64 = 8;
+        const PER_PASS: u64 = 120;
+        const PASSES: usize = 1600;
+        let mut order = PassOrder::default();
+        // Per disk: available to the device, completed and not yet reaped, and reaped.
+        let (mut waiting, mut done, mut reaped) = ([QD; DISKS], [0u64; DISKS], [0u64; DISKS]);
+        for _ in 0..PASSES {
+            let pass: Vec<usize> = order.next_pass(DISKS).collect();
+            for &i in &pass {
+                // The client reaps what completed and resubmits as many.
+                reaped[i] += done[i];
+                waiting[i] += std::mem::take(&mut done[i]);
+            }
+            let mut left = PER_PASS;
+            for &i in &pass {
+                let served = waiting[i].min(left);
+                waiting[i] -= served;
+                done[i] += served;
+                left -= served;
+            }
+        }
+        let (min, max) = (*reaped.iter().min().unwrap(), *reaped.iter().max().unwrap());
+        assert!(min > 0 && max - min <= QD, "per-disk completions {reaped:?}");
+        assert!(reaped.iter().sum::<u64>() >= PER_PASS * (PASSES as u64 - 1), "the device was kept busy");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Several disks from one process (`fp-load --disk ...`): each disk has its own socket,
 //! pattern, block size, depth and queues, and all run for the same duration, either from one
-//! client thread (one loop over every disk's queues, as one busy vCPU would drive them) or from
-//! one thread per disk. Each disk is accounted for on its own; the total adds them up.
+//! client thread (one loop over every disk's queues, as one busy vCPU would drive them, each
+//! pass starting one disk further so that no disk is always last) or from one thread per disk. Each disk is accounted for on its own; the total adds them up.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Barrier;
