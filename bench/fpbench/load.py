@@ -294,7 +294,8 @@ METRICS = ["iops", "mbps", "lat_mean_ns", "p50_ns", "p99_ns", "p999_ns", "server
            "server_cpu_stat_ns_per_io", "server_cores", "reactor_busy_ns_per_io",
            "client_busy_ns_per_io", "client_busy_frac", "completions_per_wakeup",
            "completions_per_notification", "server_requests_per_notification", "server_kicks_per_io", "client_kicks_per_io",
-           "server_wakeups_per_io", "client_wakeups_per_io", "client_calls_per_io", "notifications_per_io"]
+           "server_wakeups_per_io", "client_wakeups_per_io", "client_calls_per_io", "notifications_per_io",
+           "server_syscalls_per_io", "server_writes_per_io"]
 
 
 def summarize(runs):

@@ -13,6 +13,11 @@ def _k(v):
     return "-" if v is None else f"{v:.3f}"
 
 
+def _syscalls(md):
+    n, w = md.get("server_syscalls_per_io"), md.get("server_writes_per_io")
+    return "-" if n is None else f"{n:.3f} ({_k(w)})"
+
+
 def _label(p):
     return f"{p['backend']} 4K {p['pattern']} QD{p['qd']} {p['client']}"
 
@@ -36,11 +41,14 @@ def spdk_markdown(res):
              "server's used ring says VRING_USED_F_NO_NOTIFY); fp/SPDK: ratio of the medians. Completion-fd "
              "points also: CPU/IO stat: the server's utime + stime (/proc/PID/stat) per I/O; server wake-ups/IO: "
              "its threads' voluntary context switches per I/O; notifications/IO: the call-eventfd writes the "
-             "client read plus the kicks it sent, per I/O (all over the client's whole run). The IOPS and p99 "
+             "client read plus the kicks it sent, per I/O (all over the client's whole run); server syscalls/IO "
+             "(writes): the server's system calls per I/O, all threads, and of them its writes (the call "
+             "eventfd's signals), counted by perf over the client's run. The IOPS and p99 "
              "cells carry their spread across rounds ((max − min) / median).", "", SPREAD_NOTE, "",
              "| workload | server | IOPS | p50 µs | p99 µs | CPU/IO ns | busy/IO ns | per wake-up | "
-             "per notification | kicks/IO | CPU/IO stat ns | server wake-ups/IO | notifications/IO |",
-             "|" + "---|" * 13]
+             "per notification | kicks/IO | CPU/IO stat ns | server wake-ups/IO | notifications/IO | "
+             "server syscalls/IO (writes) |",
+             "|" + "---|" * 14]
     for p in e["points"]:
         for kind in servers:
             md = p["servers"][kind]["median"]
@@ -52,7 +60,8 @@ def spdk_markdown(res):
                          f"{_ns(md.get('reactor_busy_ns_per_io'))} | {_per(md.get('completions_per_wakeup'))} | "
                          f"{_per(md.get('completions_per_notification'))} | {_k(md.get('client_kicks_per_io'))} | "
                          f"{_ns(md.get('server_cpu_stat_ns_per_io')) if p['client'] == 'fd' else '-'} | "
-                         f"{_k(md.get('server_wakeups_per_io'))} | {_k(md.get('notifications_per_io'))} |")
+                         f"{_k(md.get('server_wakeups_per_io'))} | {_k(md.get('notifications_per_io'))} | "
+                         f"{_syscalls(md)} |")
     lines += ["", "| workload | IOPS fp/SPDK | IOPS qsd/SPDK | p50 fp/SPDK | p99 fp/SPDK | CPU/IO fp/SPDK | "
               "busy/IO fp/SPDK | per wake-up fp/SPDK |", "|" + "---|" * 8]
     for p in e["points"]:

@@ -10,6 +10,8 @@ from fpbench.common import log, ratio
 from fpbench.load import measure, merge_hists, point_key, point_label, summarize
 from fpbench.report_format import fmt_ratio
 from fpbench.servers import Flashpath, Qsd, Spdk
+from fpbench.syscalls import SyscallCounter
+from fpbench.syscalls import method as syscall_method
 
 SPDK_SERVERS = ("flashpath", "qsd", "spdk")
 HUGEPAGES = 1024  # 2 MiB each: SPDK's memory (DPDK) and one page per fp-load run
@@ -67,6 +69,12 @@ class SpdkSection:
         sc = self.cfg["spdk"]
         secs, reps = sc["secs"], sc["reps"]
         out = {"dir": self.args.spdk, "config": sc, "client": "fp-load " + " ".join(CLIENT), "points": []}
+        # The servers' system calls at the completion-fd points, with perf's counters only:
+        # strace stops the server at every call and would change the point it measures.
+        how, why = syscall_method()
+        self.spdk_syscalls = how if how == "perf" else None
+        out["syscall_method"] = self.spdk_syscalls
+        out["syscall_note"] = why if how is None else (None if how == "perf" else f"{how} would slow the servers")
         self.results["spdk"] = out
         # --backends narrows this section too.
         out["backends"] = [b for b in sc["backends"] if not self.args.backends or b in self.cfg["backends"]]
@@ -126,7 +134,17 @@ class SpdkSection:
         """`measure` with this section's client; for flashpath also its controller's notification
         and kick counters over the run (the server's own count; SPDK keeps none)."""
         s0 = server.controller_stats(ctrlr) if server.kind == "flashpath" else None
+        counter = None
+        if self.spdk_syscalls and not point[4]:
+            counter = SyscallCounter(server.pid, self.spdk_syscalls, self.work)
+        if counter:
+            counter.start()
         r = measure(server, self.loader, sock, point, secs, want_hist, extra=CLIENT)
+        if counter:
+            calls = counter.stop()
+            # The window is the client's whole run (its connect and teardown too: a few calls).
+            r["server_syscalls_per_io"] = calls["total"] / r["ios"] if r["ios"] else None
+            r["server_writes_per_io"] = calls["calls"].get("write", 0) / r["ios"] if r["ios"] else None
         if s0 is not None:
             s1 = server.controller_stats(ctrlr)
             for k in ("notifications", "kicks"):

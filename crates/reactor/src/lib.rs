@@ -10,9 +10,10 @@
 //! * pollers report whether they did work ([`PollStatus`]);
 //! * other threads reach a reactor only through [`ReactorHandle::send`], a lock-free queue plus an
 //!   eventfd wake-up; the message runs on the reactor with `&mut Reactor`;
-//! * a reactor busy-polls while any poller has work pending or did work within the idle window,
-//!   then asks every poller to re-arm its notifications and sleeps in `epoll_wait` on their fds
-//!   and its inbox. Both phases are counted in [`ReactorStats`];
+//! * a reactor busy-polls while any poller has work pending or did work within the idle window
+//!   (but not once every poller is parked), then asks every poller to re-arm its notifications
+//!   and sleeps in `epoll_wait` on their fds and its inbox. Both phases are counted in
+//!   [`ReactorStats`];
 //! * a round polls every poller once, starting one poller further each round, so no poller is
 //!   always served first; a poller that opts in ([`Poller::parks_when_idle`]) and stays idle
 //!   for a while is parked: not polled until its wake fds fire.

@@ -255,3 +255,65 @@ fn unpark_all_polls_parked_pollers_without_their_fds_firing() {
     rounds(&mut r, PARK_AFTER_IDLE_POLLS - 1);
     assert_eq!(r.parked_count(), 2, "parked again once idle as long");
 }
+
+/// Once every poller is parked a round polls nothing, and the rest of the idle window would
+/// only ask the parked set again and again: the reactor may sleep at once (its window here is
+/// an hour). Not while any poller is still polled.
+#[test]
+fn a_reactor_whose_pollers_are_all_parked_sleeps_without_waiting_out_its_window() {
+    let mut r = reactor();
+    let (q, h) = queue(true, 0);
+    let id = r.add_poller(q);
+    // Polled every round, idle: the queue parks beside it.
+    let polled = r.add_poller(queue(false, 0).0);
+    rounds(&mut r, PARK_AFTER_IDLE_POLLS);
+    assert_eq!(r.is_parked(id), Some(true));
+    assert!(!r.may_sleep(), "a polled poller keeps the window");
+    assert!(r.remove_poller(polled).is_some());
+    assert!(r.may_sleep(), "every poller parked");
+    // The sleep ends on the kick; the queue is polled again and waits out the window.
+    h.work.set(1);
+    h.kick.write(1).unwrap();
+    assert!(r.sleep(Some(Duration::from_secs(5))));
+    assert_eq!(r.is_parked(id), Some(false));
+    r.poll_once();
+    assert_eq!(h.work.get(), 0);
+    assert!(!r.may_sleep(), "inside the window after work");
+}
+
+/// After a sleep the pollers whose fds fired are unparked from what the sleep's own wait
+/// returned, without asking the parked set again (a system call per wake-up); the others stay
+/// parked.
+#[test]
+fn a_wake_up_unparks_the_pollers_it_was_for_without_asking_the_parked_set() {
+    let mut r = Reactor::new(0, None, ReactorConfig { idle_window: Duration::ZERO }).unwrap();
+    let (q1, h1) = queue(true, 0);
+    let (q2, _h2) = queue(true, 0);
+    let (id1, id2) = (r.add_poller(q1), r.add_poller(q2));
+    rounds(&mut r, PARK_AFTER_IDLE_POLLS);
+    assert_eq!(r.parked_count(), 2);
+    let asked = r.parked_waits;
+    h1.kick.write(1).unwrap();
+    assert!(r.sleep(Some(Duration::from_secs(5))));
+    assert_eq!((r.is_parked(id1), r.is_parked(id2)), (Some(false), Some(true)));
+    assert_eq!(r.parked_waits, asked, "the parked set was asked again after the wake-up");
+}
+
+/// More pollers woken at once than one wait returns: the parked set is asked for the rest, and
+/// every one of them is polled again.
+#[test]
+fn a_wake_up_for_more_pollers_than_one_wait_returns_unparks_them_all() {
+    let mut r = Reactor::new(0, None, ReactorConfig { idle_window: Duration::ZERO }).unwrap();
+    let queues: Vec<_> = (0..crate::reactor::WAKE_EVENTS + 1).map(|_| queue(true, 0)).collect();
+    let mut handles = Vec::new();
+    for (q, h) in queues {
+        handles.push((r.add_poller(q), h));
+    }
+    rounds(&mut r, PARK_AFTER_IDLE_POLLS);
+    assert_eq!(r.parked_count(), crate::reactor::WAKE_EVENTS + 1);
+    for (_, h) in &handles {
+        h.kick.write(1).unwrap();
+    }
+    assert!(r.sleep(Some(Duration::from_secs(5))));
+    assert_eq!(r.parked_count(), 0);
+}
