@@ -508,7 +508,15 @@ impl QueuePoller {
     /// Takes and starts at most `limit` new requests. Returns how many it took. Takes nothing
     /// from a failed queue, or while a request the back-end refused as busy waits in `retry`
     /// (it goes first, and holds its slot there): a round may call this more than once.
+    #[inline(never)]
     fn pop_and_submit(&mut self, limit: usize) -> usize {
+        self.pop_and_submit_inline(limit)
+    }
+
+    /// [`QueuePoller::pop_and_submit`] inlined, for a round's first part (at low depth a
+    /// round's only one): the call's frame was a tenth of a QD1 round.
+    #[inline(always)]
+    fn pop_and_submit_inline(&mut self, limit: usize) -> usize {
         if self.failed || self.retry.is_some() {
             return 0;
         }
@@ -869,7 +877,7 @@ impl Poller for QueuePoller {
             } else {
                 PUBLISH_EVERY
             };
-            let mut took = self.pop_and_submit(limit);
+            let mut took = self.pop_and_submit_inline(limit);
             if took == FIRST_SIGNAL_BATCH && limit == FIRST_SIGNAL_BATCH && !self.ring.driver_waits() {
                 limit = PUBLISH_EVERY;
                 took += self.pop_and_submit(PUBLISH_EVERY - FIRST_SIGNAL_BATCH);
