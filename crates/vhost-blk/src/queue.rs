@@ -639,7 +639,14 @@ impl QueuePoller {
         }
     }
 
+    #[inline(never)]
     fn reap(&mut self) -> usize {
+        self.reap_inline()
+    }
+
+    /// [`QueuePoller::reap`] inlined, for the reap that ends every round.
+    #[inline(always)]
+    fn reap_inline(&mut self) -> usize {
         let Self { channel, table, given_up, data_log, slots, free, ring, tracker, counters, .. } = self;
         channel.poll(&mut Reaper {
             table,
@@ -891,7 +898,7 @@ impl Poller for QueuePoller {
                 self.pop_and_submit(PUBLISH_EVERY.min(REQUESTS_PER_POLL - took));
             }
         }
-        let reaped = self.reap();
+        let reaped = self.reap_inline();
         busy |= reaped > 0;
         if busy {
             // Counters first: whoever sees a completion also sees it counted.
