@@ -114,9 +114,18 @@ impl DoneList {
         if out.is_empty() {
             std::mem::swap(out, &mut self.0);
         } else {
-            out.append(&mut self.0);
+            self.append_to(out);
         }
         n
+    }
+
+    /// `deliver_batch` into a list that holds completions already (a caller that polls more
+    /// than one channel into one list). Out of line: the append's growth path made every
+    /// poll save and restore the registers it needs.
+    #[cold]
+    #[inline(never)]
+    fn append_to(&mut self, out: &mut Vec<(u32, IoStatus)>) {
+        out.append(&mut self.0);
     }
 
     /// How many completions are held.

@@ -15,7 +15,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::poller::{PollStatus, Poller, PollerId};
-use crate::stats::{mono_ns, ReactorStats};
+use crate::stats::{add_own, mono_ns, ReactorStats};
 
 /// A message: a closure run on the reactor.
 pub type Message = Box<dyn FnOnce(&mut Reactor) + Send>;
@@ -375,6 +375,13 @@ impl Reactor {
     /// Runs one round: messages, then every poller once (but the parked ones), starting one
     /// poller further than the last round did. Returns whether anything did work.
     pub fn poll_once(&mut self) -> bool {
+        self.round()
+    }
+
+    /// [`Reactor::poll_once`], inlined into [`Reactor::run`]'s loop: the call's frame was a
+    /// sixth of the reactor's own work in a round.
+    #[inline(always)]
+    fn round(&mut self) -> bool {
         let mut busy = self.drain_inbox() > 0;
         if self.parked > 0 {
             self.rounds_since_parked_check += 1;
@@ -425,12 +432,12 @@ impl Reactor {
         self.last_tick = now;
         self.ns_since_parked_check += elapsed;
         if busy {
-            self.stats.busy_ns.fetch_add(elapsed, Ordering::Relaxed);
+            add_own(&self.stats.busy_ns, elapsed);
             self.last_work = now;
         } else {
-            self.stats.idle_ns.fetch_add(elapsed, Ordering::Relaxed);
+            add_own(&self.stats.idle_ns, elapsed);
         }
-        self.stats.rounds.fetch_add(1, Ordering::Relaxed);
+        add_own(&self.stats.rounds, 1);
         self.last_round_busy = busy;
         busy
     }
@@ -557,11 +564,20 @@ impl Reactor {
 
     /// Whether the reactor may sleep now: nothing pending and idle for a whole window, or every
     /// poller parked (see [`Reactor::all_parked`]).
+    ///
+    /// Inlined, and only the first test: after a busy round (every round while the reactor
+    /// has work) the call's frame cost ten times the test.
+    #[inline(always)]
     pub(crate) fn may_sleep(&self) -> bool {
-        !self.last_round_busy
-            && (self.all_parked()
-                || self.scale.ns(self.last_tick.wrapping_sub(self.last_work))
-                    >= self.idle_window().as_nanos() as u64)
+        !self.last_round_busy && self.may_sleep_after_idle_round()
+    }
+
+    /// [`Reactor::may_sleep`] after a round that found nothing to do.
+    #[inline(never)]
+    fn may_sleep_after_idle_round(&self) -> bool {
+        (self.all_parked()
+            || self.scale.ns(self.last_tick.wrapping_sub(self.last_work))
+                >= self.idle_window().as_nanos() as u64)
             && !self.pollers[..self.pollers.len() - self.parked].iter().any(|s| s.poller.has_pending())
             && self.inbox.queue.is_empty()
     }
@@ -677,7 +693,7 @@ impl Reactor {
     /// Loops until [`Reactor::request_stop`]: busy rounds back to back, sleeping when idle.
     pub fn run(&mut self) {
         while !self.stop {
-            self.poll_once();
+            self.round();
             if self.may_sleep() {
                 self.sleep(None);
             }

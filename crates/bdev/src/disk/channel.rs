@@ -157,7 +157,7 @@ impl DiskChannel {
 
     /// Polls the device, counting each completion before `done` sees it
     /// ([`IoChannel::poll`] with `done` inlined, for a frontend that holds the channel by type).
-    #[inline]
+    #[inline(always)]
     pub fn poll_with(&mut self, done: &mut impl Completion) -> usize {
         self.apply_resets();
         // A mirror job attached, switched or detached: cold, once per change.
