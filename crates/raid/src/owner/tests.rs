@@ -693,9 +693,9 @@ fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() 
         (c.chunk_bytes(), c.runner_slots_for_window())
     };
     // The guest takes 128 KiB a round; the runner polls twice a round here: the first poll
-    // earns a ninth of them, each at least the floor.
-    let floor = chunk / fp_bdev::copy_share::FLOOR_ROUNDS;
-    let per_round = (32 * 4096) * 10 / 90 + 2 * floor;
+    // earns a ninth of them in cost, a copied byte costing `COPY_BYTE_COST` of the guest's
+    // (the floor gives nothing in these rounds: it waits `FLOOR_ROUNDS` short ones).
+    let per_round = (32 * 4096) * 10 / 90 / fp_bdev::copy_share::COPY_BYTE_COST;
     let mut guest_bytes = 0;
     const SHARE_ROUNDS: u64 = 40;
     let copied = |o: &Owner| o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed);
