@@ -594,7 +594,11 @@ class RaidSection:
         guest_frac = ratio(median([r.get("guest_during_iops") for r in loaded]),
                            median([r["iops"] for r in runs]))
         copy_frac = ratio(s[f"{kind}_loaded_mb_per_s"], rate)
-        f["measured"] = {"guest": guest_frac, "copy": copy_frac}
+        # The same against the guest's rate in the 2 s before each copy, in the same fp-load run:
+        # on a machine shared with other work the separate guest-alone runs drift.
+        f["measured"] = {"guest": guest_frac, "copy": copy_frac,
+                         "guest_vs_before": median([ratio(r.get("guest_during_iops"), r.get("guest_before_iops"))
+                                                    for r in loaded])}
         if guest_frac is not None and copy_frac is not None:
             # The core the measured pair takes at the costs measured alone: 1.0 is the floor.
             f["measured"]["core_at_alone_costs"] = guest_frac * g_busy + copy_frac * full
