@@ -215,7 +215,7 @@ class RaidSection:
 
     @staticmethod
     def counters(e):
-        keys = ("rebuild_bytes_copied", "degraded_bytes_written", "rebuilds_completed", "bitmap_writes",
+        keys = ("rebuild_bytes_copied", "rebuild_bytes_unshared", "degraded_bytes_written", "rebuilds_completed", "bitmap_writes",
                 "superblock_writes", "base_failures", "bitmap_chunk_bytes", "slots")
         return {k: find_key(e, k) for k in keys}
 
