@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import time
 
-from fpbench.common import MIB, log, median, note, ratio, run, wait_for
+from fpbench.common import MIB, log, median, note, proc_cpu, ratio, run, wait_for
 from fpbench.guest import Guest, bench_initramfs, guest_boot_files, guest_rate, log_migration, migrate
 from fpbench.load import measure
 from fpbench.servers import Flashpath, Qsd, spawn, stop
@@ -378,12 +378,13 @@ class MigrationSection:
         be elsewhere."""
         point = ("randwrite", 4096, 32, 1, False)
         secs = c["iops_secs"]
-        base = [measure(src, self.loader, sock, point, secs, False)["iops"] for _ in range(c["reps"])]
+        cpu = m.setdefault("cpu", {"alone": [], "during_copy": [], "ready": []})
+        base = [self.mig_measure_cpu(src, dst, sock, point, secs, cpu["alone"]) for _ in range(c["reps"])]
         m["iops"]["alone"] = median(base)
         log(f"source disk alone: {m['iops']['alone']:.0f} IOPS")
         if missing:
             return
-        during, ready, copy_s = self.mig_iops_during(src, dst, sock, c, point, secs, 0)
+        during, ready, copy_s = self.mig_iops_during(src, dst, sock, c, point, secs, 0, cpu=cpu)
         m["iops"]["during_copy"] = median(during)
         m["iops"]["ready"] = median(ready)
         m["iops"]["copy_s_under_load"] = median(copy_s)
@@ -407,10 +408,30 @@ class MigrationSection:
         log(f"source disk during a write-blocking copy: {median(during) or 0:.0f} IOPS, "
             f"{median(copy_s) or 0:.2f} s to ready")
 
-    def mig_iops_during(self, src, dst, sock, c, point, secs, speed, copy_mode=None):
+    def mig_measure_cpu(self, src, dst, sock, point, secs, into):
+        """One `measure` on the source's export, with the CPU the destination daemon took
+        meanwhile (it runs on the client's CPU: every mirrored write costs the client's core
+        there) appended to `into`; the IOPS."""
+        d0 = proc_cpu(dst.pid)
+        r = measure(src, self.loader, sock, point, secs, False)
+        d1 = proc_cpu(dst.pid)
+        into.append(self.mig_cpu_figures(r["ios"], r["elapsed_s"], d1["sched_ns"] - d0["sched_ns"],
+                                         r.get("reactor_busy_ns"), r.get("server_cpu_ns")))
+        return r["iops"]
+
+    @staticmethod
+    def mig_cpu_figures(ios, secs, dst_ns, src_busy_ns, src_cpu_ns=None):
+        per = (lambda x: x / ios if ios and x is not None else None)
+        return {"ios": ios, "seconds": secs, "dst_cpu_ns": dst_ns, "dst_cores": dst_ns / 1e9 / secs if secs else None,
+                "dst_cpu_ns_per_io": per(dst_ns), "src_busy_ns_per_io": per(src_busy_ns),
+                "src_busy_frac": src_busy_ns / 1e9 / secs if secs and src_busy_ns is not None else None,
+                "src_cpu_ns": src_cpu_ns}
+
+    def mig_iops_during(self, src, dst, sock, c, point, secs, speed, copy_mode=None, cpu=None):
         """fp-load's IOPS on the source during the copy phase of a job limited to `speed`
         (0: none) in `copy_mode`, and with the job ready; (during, ready, seconds to ready) per
-        repetition."""
+        repetition. With `cpu`, the destination daemon's CPU and the source's reactor busy
+        during the copy phase and the ready run are appended to its lists."""
         during, ready, copy_s = [], [], []
         for _ in range(c["reps"]):
             # The copy phase: the job starts 0.2 s into a timeline run; IOPS over the whole 100 ms
@@ -421,9 +442,11 @@ class MigrationSection:
                                  text=True)
             t_run = time.monotonic()
             time.sleep(0.2)
+            d0, b0 = proc_cpu(dst.pid), src.reactors()
             jid = self.mig_start_mirror(src, dst, speed, copy_mode)
             t_start = time.monotonic() - t_run
             took, j = self.mig_wait_ready(src, jid, c["timeout"])
+            d1, b1 = proc_cpu(dst.pid), src.reactors()
             out, err = p.communicate(timeout=secs + 120)
             if p.returncode != 0:
                 raise RuntimeError(f"fp-load during the mirror: {err.strip()}")
@@ -435,9 +458,18 @@ class MigrationSection:
                 a, b = int(t_start * 10) + 1, min(int((t_start + took) * 10), len(ios))
                 if b > a:
                     during.append(sum(ios[a:b]) / ((b - a) / 10))
+                    if cpu is not None:
+                        # Over the whole copy phase (ios: its windows, scaled to its length).
+                        busy = sum(b1[k]["busy"] - b0[k]["busy"] for k in b1)
+                        f = self.mig_cpu_figures(int(during[-1] * took), took, d1["sched_ns"] - d0["sched_ns"], busy)
+                        f["copied_bytes"] = (j or {}).get("copied_bytes") or (j or {}).get("len")
+                        cpu["during_copy"].append(f)
             # The job ready: every write goes to both disks.
             if (j or {}).get("state") == "ready":
-                ready.append(measure(src, self.loader, sock, point, secs, False)["iops"])
+                if cpu is not None:
+                    ready.append(self.mig_measure_cpu(src, dst, sock, point, secs, cpu["ready"]))
+                else:
+                    ready.append(measure(src, self.loader, sock, point, secs, False)["iops"])
             self.mig_stop_mirror(src, jid, complete=False)
         return during, ready, copy_s
 

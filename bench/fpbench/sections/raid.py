@@ -48,6 +48,13 @@ SEED = 26
 LISTS = {"copy": "copies", "rebuild": "rebuilds"}
 
 
+def reactor_sample(fp):
+    """The daemon's reactors summed: (busy ns, rounds), from `framework_get_reactors`; with the
+    wall time between two samples, the busy share of the server's core over a copy."""
+    r = jsonrpc(fp.rpc_sock, "framework_get_reactors", {})
+    return (sum(x["busy"] for x in r["reactors"]), sum(x.get("rounds", 0) for x in r["reactors"]))
+
+
 def raid_config(mode):
     return CONFIG[mode]
 
@@ -208,7 +215,7 @@ class RaidSection:
 
     @staticmethod
     def counters(e):
-        keys = ("rebuild_bytes_copied", "degraded_bytes_written", "rebuilds_completed", "bitmap_writes",
+        keys = ("rebuild_bytes_copied", "rebuild_bytes_unshared", "degraded_bytes_written", "rebuilds_completed", "bitmap_writes",
                 "superblock_writes", "base_failures", "bitmap_chunk_bytes", "slots")
         return {k: find_key(e, k) for k in keys}
 
@@ -428,6 +435,9 @@ class RaidSection:
             sock = fp.export("vhost.a", "MallocA")
             log(f"raid full: filling MallocA ({size // MIB} MiB)")
             self.fill_ram(sock, size)
+            # The guest alone on MallocA's own export: the plain copy's reference.
+            e["guest_runs"]["source"] = [measure(fp, self.loader, sock, GUEST, c["secs"], False)
+                                         for _ in range(c["reps"])]
             for loaded in (False, True):
                 for _ in range(c["copy_reps"]):
                     self.fresh_target(fp)
@@ -512,6 +522,7 @@ class RaidSection:
             time.sleep(c["lead_s"])
         t0 = time.monotonic()
         c0 = proc_cpu(fp.pid)
+        react0 = reactor_sample(fp)
         load0 = os.getloadavg()[0]
         start()
         seen = set()
@@ -528,12 +539,20 @@ class RaidSection:
             time.sleep(POLL_S)
         t1 = time.monotonic()
         c1 = proc_cpu(fp.pid)
+        react1 = reactor_sample(fp)
         if kind == "rebuild":
             bytes_ = self.bdev_geometry(fp)[1]  # raid1: every byte of the data region
         r = {"kind": kind, "loaded": bool(sock), "seconds": t1 - t0, "bytes": bytes_,
              "mb_per_s": bytes_ / (t1 - t0) / 1e6, "server_cpu_s": (c1["sched_ns"] - c0["sched_ns"]) / 1e9,
              "server_wait_share": (c1["wait_ns"] - c0["wait_ns"]) / 1e9 / (t1 - t0), "loadavg": load0,
              "process_types": sorted(seen)}
+        # The server core's busy share over the copy (the floor's figures: its busy ns per byte
+        # alone, guest and copy together under load).
+        busy = react1[0] - react0[0]
+        r["reactor_busy_ns"] = busy
+        r["reactor_busy_frac"] = busy / 1e9 / (t1 - t0)
+        r["reactor_rounds"] = react1[1] - react0[1]
+        r["reactor_busy_ns_per_byte"] = busy / bytes_ if bytes_ else None
         if load:
             res = self.loader.reap(load)
             run_start = load.ended - res["elapsed_s"]
@@ -548,6 +567,44 @@ class RaidSection:
             f"{r['mb_per_s']:.0f} MB/s" + (f"; guest {r['guest_before_iops'] or 0:.0f} IOPS before, "
                                             f"{r['guest_during_iops'] or 0:.0f} during" if load else ""))
         return r
+
+    @staticmethod
+    def copy_floor(e, kind, s):
+        """What one server core allows the guest and the copy of `kind` together: the guest
+        alone takes `guest_busy_frac` of the core for its IOPS, the copy alone `busy_ns_per_byte`
+        of it per byte; a guest at fraction g of its IOPS leaves (1 - g x guest_busy_frac) of the
+        core, which at the copy's cost per byte is the copy's best fraction of its idle speed.
+        Set against the measured pair (the guest's and the copy's fractions under load)."""
+        guest = "degraded" if kind == "rebuild" else "source"
+        runs = e["guest_runs"].get(guest) or []
+        g_busy = median([sum((r.get("reactor_busy_frac") or {}).values()) for r in runs])
+        g_ns = median([r.get("reactor_busy_ns_per_io") for r in runs])
+        alone = [r for r in e[LISTS[kind]] if not r["loaded"]]
+        loaded = [r for r in e[LISTS[kind]] if r["loaded"]]
+        c_ns = median([r.get("reactor_busy_ns_per_byte") for r in alone])
+        c_frac = median([r.get("reactor_busy_frac") for r in alone])
+        rate = s[f"{kind}_alone_mb_per_s"]
+        f = {"guest_alone_busy_frac": g_busy, "guest_alone_busy_ns_per_io": g_ns,
+             "copy_alone_busy_ns_per_byte": c_ns, "copy_alone_busy_frac": c_frac,
+             "loaded_busy_frac": median([r.get("reactor_busy_frac") for r in loaded])}
+        if None in (g_busy, c_ns, rate):
+            return f
+        # The core's share the copy needs at its idle speed (its busy share alone, by its cost).
+        full = c_ns * rate * 1e6 / 1e9
+        guest_frac = ratio(median([r.get("guest_during_iops") for r in loaded]),
+                           median([r["iops"] for r in runs]))
+        copy_frac = ratio(s[f"{kind}_loaded_mb_per_s"], rate)
+        # The same against the guest's rate in the 2 s before each copy, in the same fp-load run:
+        # on a machine shared with other work the separate guest-alone runs drift.
+        f["measured"] = {"guest": guest_frac, "copy": copy_frac,
+                         "guest_vs_before": median([ratio(r.get("guest_during_iops"), r.get("guest_before_iops"))
+                                                    for r in loaded])}
+        if guest_frac is not None and copy_frac is not None:
+            # The core the measured pair takes at the costs measured alone: 1.0 is the floor.
+            f["measured"]["core_at_alone_costs"] = guest_frac * g_busy + copy_frac * full
+        f["best_copy_at_guest"] = {str(g): max(0.0, 1 - g * g_busy) / full
+                                   for g in (0.7, guest_frac) if g is not None}
+        return f
 
     @staticmethod
     def raid_full_summary(e):
@@ -567,6 +624,7 @@ class RaidSection:
         s["guest_during_vs_degraded"] = ratio(s["guest_during_rebuild_iops"], s["guest_degraded_iops"])
         s["guest_during_vs_before"] = ratio(s["guest_during_rebuild_iops"], s["guest_before_rebuild_iops"])
         s["guest_during_copy_vs_degraded"] = ratio(s["guest_during_copy_iops"], s["guest_degraded_iops"])
+        s["floor"] = {k: RaidSection.copy_floor(e, k, s) for k in ("copy", "rebuild")}
         lim = e.get("rebuilds_limited") or []
         if lim:
             s["limited_mb_per_s"] = median([r["mb_per_s"] for r in lim])

@@ -383,9 +383,18 @@ impl BackgroundJob for CopyRunner {
                 }
                 self.free.pop();
                 self.in_flight += 1;
-                if let Some(c) = credit.as_mut() {
-                    *c = c.saturating_sub(order.len);
-                    self.budget.spend(order.len);
+                match credit.as_mut() {
+                    Some(c) => {
+                        *c = c.saturating_sub(order.len);
+                        self.budget.spend(order.len);
+                    }
+                    None => {
+                        self.link
+                            .shared
+                            .counters
+                            .rebuild_bytes_unshared
+                            .fetch_add(order.len, Ordering::Relaxed);
+                    }
                 }
                 let slot = &mut self.slots[s as usize];
                 slot.order = order;

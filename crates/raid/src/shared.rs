@@ -80,6 +80,11 @@ pub struct RaidCounters {
     pub rebuild_bytes_copied: AtomicU64,
     /// Of those, the bytes copied on a reactor (the rest on the owner's thread).
     pub rebuild_bytes_on_reactor: AtomicU64,
+    /// Of those, the bytes of the orders the reactor's runner started with no limit: the guest
+    /// idle (`fp_bdev::copy_share::QUIET_ROUNDS` rounds without its I/O) or a weight of 100.
+    /// Against the rest, started on the share's credit, it tells what a rebuild beside a guest
+    /// took in the guest's pauses.
+    pub rebuild_bytes_unshared: AtomicU64,
     /// Bytes of guest writes acknowledged while the raid was degraded (a slot not Active).
     pub degraded_bytes_written: AtomicU64,
     /// Rebuilds completed.

@@ -151,6 +151,13 @@ impl MirrorCopier {
         self.job.phase.load(Ordering::SeqCst) != DONE
     }
 
+    /// The longest copy in flight, in bytes.
+    #[cfg(test)]
+    pub(super) fn longest_in_flight(&self) -> u64 {
+        let free = |i: usize| self.free.contains(&(i as u32));
+        (0..self.slots.len()).filter(|&i| !free(i)).map(|i| self.slots[i].len).max().unwrap_or(0)
+    }
+
     /// One round: reap copies, move the job on, start copies.
     pub fn poll(&mut self) -> CopierPoll {
         // Every round, so that what the guest completed is counted per round.
@@ -301,7 +308,12 @@ impl MirrorCopier {
         // Beside guest I/O the copier starts its share of the guest's bytes this round, in runs
         // of one chunk.
         let mut credit = self.share.round(self.job.share, self.guest, gran);
-        let run_bytes = if credit.is_some() { gran } else { self.slots[0].buf.len() as u64 };
+        // Runs of a buffer only beside a guest idle for long (`LONG_QUIET_ROUNDS`).
+        let run_bytes = if credit.is_some() || !self.share.long_requests(self.job.share) {
+            gran
+        } else {
+            self.slots[0].buf.len() as u64
+        };
         while let Some(&slot) = self.free.last() {
             if budget < gran || credit.is_some_and(|c| c < gran) {
                 break;

@@ -693,12 +693,13 @@ fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() 
         (c.chunk_bytes(), c.runner_slots_for_window())
     };
     // The guest takes 128 KiB a round; the runner polls twice a round here: the first poll
-    // earns a ninth of them, each at least the floor.
-    let floor = chunk / fp_bdev::copy_share::FLOOR_ROUNDS;
-    let per_round = (32 * 4096) * 10 / 90 + 2 * floor;
+    // earns a ninth of them in cost, a copied byte costing `COPY_BYTE_COST` of the guest's
+    // (the floor gives nothing in these rounds: it waits `FLOOR_ROUNDS` short ones).
+    let per_round = (32 * 4096) * 10 / 90 / fp_bdev::copy_share::COPY_BYTE_COST;
     let mut guest_bytes = 0;
     const SHARE_ROUNDS: u64 = 40;
     let copied = |o: &Owner| o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed);
+    let unshared = |o: &Owner| o.shared().counters.rebuild_bytes_unshared.load(Ordering::Relaxed);
     let mut runners: Vec<Box<dyn BackgroundJob>> = Vec::new();
     let mut most = 0;
     let mut rounds = 0;
@@ -709,6 +710,7 @@ fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() 
             let beside = copied(&o);
             assert!(beside > 0, "the rebuild progressed beside the guest");
             assert!(beside <= SHARE_ROUNDS * per_round + chunk, "{beside} bytes beside the guest");
+            assert_eq!(unshared(&o), 0, "every order beside the guest on the share's credit");
             guest.set_in_flight(0);
             most = 0;
         }
@@ -735,6 +737,9 @@ fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() 
     assert_eq!(most, slots, "an idle guest leaves the runner all its buffers");
     let raid = o.superblock().raid_bytes();
     assert_eq!(shared.counters.rebuild_bytes_copied.load(Ordering::Relaxed), raid, "each byte once");
+    // Beside the guest only the share's credit (and the floor); the rest once it was quiet.
+    let beside = unshared(&o);
+    assert!(beside > 0 && beside < raid, "{beside} of {raid} bytes started with no limit");
     let off = o.superblock().data_offset;
     assert!(read_all(&b0, off, raid) == read_all(&fresh, off, raid), "the target differs");
     for _ in 0..10 {

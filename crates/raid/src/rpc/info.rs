@@ -110,6 +110,7 @@ pub fn raid_json(dev: &RaidDevice) -> Map<String, Value> {
             "rebuild_kind": match p.kind.load(Ordering::Relaxed) { 1 => "partial", 2 => "full", 3 => "resync", _ => "none" },
             "rebuild_bytes_copied": load(&c.rebuild_bytes_copied),
             "rebuild_bytes_on_reactor": load(&c.rebuild_bytes_on_reactor),
+            "rebuild_bytes_unshared": load(&c.rebuild_bytes_unshared),
             "degraded_bytes_written": load(&c.degraded_bytes_written),
             "rebuilds_completed": load(&c.rebuilds_completed),
             "base_failures": load(&c.base_failures),
