@@ -640,12 +640,17 @@ fn the_copier_keeps_its_share_beside_guest_io_and_all_its_buffers_without() {
         guest.poll_with(&mut |_, _| completed += 1);
     }
     let mut most = 0;
+    let mut longest = 0;
     for _ in 0..crate::copy_share::QUIET_ROUNDS + 4 {
         copier.poll();
         guest.poll_with(&mut |_, _| completed += 1);
         most = most.max(copier.in_flight);
+        longest = longest.max(copier.longest_in_flight());
     }
     assert_eq!(most, 16, "an idle guest leaves the copier all its buffers");
+    // Of one chunk each until the guest has been idle for LONG_QUIET_ROUNDS: a guest back from
+    // a pause waits behind 16 chunks, not 16 runs of 1 MiB.
+    assert_eq!(longest, 4096, "a guest idle for a short while: runs of one chunk");
     job.cancel().unwrap();
     assert!(drive(&mut copier, &mut || poll_quiet(&mut guest), &|| job.state().is_final()));
     drop(bufs);
