@@ -43,8 +43,8 @@ use fp_bdev::disk::{Completion, DiskIo};
 use fp_bdev::{IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
-    validate_sized, write_id, DiskParams, ParseError, RequestType, StatusPtr, MAX_IOVECS, SECTOR_SIZE,
-    VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
+    validate_sized, write_id, DiskParams, ParseError, ParseErrorKind, RequestType, StatusPtr, MAX_IOVECS,
+    SECTOR_SIZE, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
 use fp_virtq::{Chain, MemTable};
 
@@ -128,8 +128,10 @@ pub struct QueuePoller {
     ring: Ring,
     /// The chain being started (allocated once).
     chain: Chain,
-    /// Crash-safe in-flight record, when the front-end provided one.
-    tracker: Option<Tracker>,
+    /// Crash-safe in-flight record, when the front-end provided one. Boxed: `None` is then a
+    /// null pointer, one test, where the enum's niche took two compares and a branch on
+    /// overflow at each of the three checks a request passes (taken, completed, published).
+    tracker: Option<Box<Tracker>>,
     kick: File,
     call: File,
     /// Held by type when the bdev is a `Disk` (what the registry exports): the layer's accounting
@@ -172,8 +174,18 @@ enum Flow {
     Next,
     /// The backend is full: stop taking requests this round (the request waits in `retry`).
     Busy,
-    /// The chain cannot be completed at all: fail the queue.
-    Fail(String),
+    /// The chain cannot be completed at all: fail the queue ([`unusable_chain`] says why).
+    /// What, not the message: with a `String` the enum took 24 bytes, returned through memory
+    /// and decoded from its niche after every request's `start`; now it is a register.
+    Fail {
+        head: u16,
+        kind: ParseErrorKind,
+    },
+}
+
+/// Why a chain that cannot be completed at all fails the queue.
+fn unusable_chain(head: u16, kind: ParseErrorKind) -> String {
+    format!("request {head} cannot be completed: {kind}")
 }
 
 /// The queue's handling of a completion, borrowed from the poller for one `reap`. Inlined
@@ -186,7 +198,7 @@ struct Reaper<'a> {
     slots: &'a mut [Slot],
     free: &'a mut Vec<u16>,
     ring: &'a mut Ring,
-    tracker: &'a mut Option<Tracker>,
+    tracker: &'a mut Option<Box<Tracker>>,
     counters: &'a mut Counters,
 }
 
@@ -269,7 +281,7 @@ fn log_completion(log: &DataLog, table: &MemTable, slot: &Slot, counters: &mut C
 /// ring's log branch it grew past what LLVM inlines into the completion loop by itself, and the
 /// call cost 30 instructions per I/O under callgrind.
 #[inline(always)]
-fn push_used(ring: &mut Ring, tracker: &mut Option<Tracker>, head: Head, len: u32) {
+fn push_used(ring: &mut Ring, tracker: &mut Option<Box<Tracker>>, head: Head, len: u32) {
     if let Some(t) = tracker {
         t.completing(head.id, head.slots);
     }
@@ -452,7 +464,7 @@ impl QueuePoller {
                         self.complete_now(head, st, code);
                         Flow::Next
                     }
-                    None => Flow::Fail(format!("request {} cannot be completed: {}", head.id, e.kind)),
+                    None => Flow::Fail { head: head.id, kind: e.kind },
                 };
             }
         };
@@ -510,16 +522,18 @@ impl QueuePoller {
     /// (it goes first, and holds its slot there): a round may call this more than once.
     #[inline(never)]
     fn pop_and_submit(&mut self, limit: usize) -> usize {
+        if self.failed || self.retry.is_some() {
+            return 0;
+        }
         self.pop_and_submit_inline(limit)
     }
 
     /// [`QueuePoller::pop_and_submit`] inlined, for a round's first part (at low depth a
-    /// round's only one): the call's frame was a tenth of a QD1 round.
+    /// round's only one): the call's frame was a tenth of a QD1 round. Without its checks:
+    /// `poll` made them just before (repeated, they cost every round four instructions).
     #[inline(always)]
     fn pop_and_submit_inline(&mut self, limit: usize) -> usize {
-        if self.failed || self.retry.is_some() {
-            return 0;
-        }
+        debug_assert!(!self.failed && self.retry.is_none());
         self.disk.capacity_sectors = self.capacity_sectors.load(Ordering::Relaxed);
         let mut popped = 0;
         while let Some(&slot_idx) = self.free.last() {
@@ -541,8 +555,8 @@ impl QueuePoller {
             match self.start(head, slot_idx) {
                 Flow::Next => {}
                 Flow::Busy => break,
-                Flow::Fail(why) => {
-                    self.fail(&why);
+                Flow::Fail { head, kind } => {
+                    self.fail(&unusable_chain(head, kind));
                     break;
                 }
             }
@@ -580,14 +594,15 @@ impl QueuePoller {
             match self.start(head, slot_idx) {
                 Flow::Next => {}
                 Flow::Busy => return Ok(false),
-                Flow::Fail(why) => return Err(why),
+                Flow::Fail { head, kind } => return Err(unusable_chain(head, kind)),
             }
         }
         Ok(false)
     }
 
-    /// Goes on with resubmissions a busy bdev held up; true once none is left. Out of line:
-    /// only after a restart with requests in flight.
+    /// Goes on with resubmissions a busy bdev held up; true once none is left and the queue
+    /// may take new requests (false when a resubmission failed the queue). Out of line: only
+    /// after a restart with requests in flight.
     #[cold]
     #[inline(never)]
     fn resubmit_rest(&mut self) -> bool {
@@ -596,7 +611,7 @@ impl QueuePoller {
             Err(why) => {
                 self.fail(&format!("cannot resubmit in-flight requests: {why}"));
                 self.resubmits.clear();
-                true
+                false
             }
         }
     }
@@ -872,6 +887,7 @@ impl Poller for QueuePoller {
             return self.poll_stopping();
         }
         let mut busy = false;
+        // The checks `pop_and_submit_inline` relies on.
         if !self.failed && self.retry_busy() && (self.resubmits.is_empty() || self.resubmit_rest()) {
             // A round takes at most two parts, `REQUESTS_PER_POLL` in all, and publishes after
             // each (docs/architecture.md, "Guest notifications"). The first is small when the driver waits for its next

@@ -32,7 +32,7 @@ impl Ring {
         &mut self,
         table: &MemTable,
         chain: &mut Chain,
-        tracker: &mut Option<Tracker>,
+        tracker: &mut Option<Box<Tracker>>,
     ) -> Result<Option<Head>, String> {
         match self {
             Ring::Split(q) => {
@@ -43,7 +43,7 @@ impl Ring {
                 Ok(Some(Head { id: head, slots: 1 }))
             }
             Ring::Packed(q) => {
-                let popped = match tracker {
+                let popped = match tracker.as_deref_mut() {
                     Some(Tracker::Packed(t)) => {
                         t.begin();
                         q.pop_with(table, chain, |d| t.record(d))
@@ -140,15 +140,16 @@ impl Ring {
     }
 }
 
+/// What [`open`] gives the queue: its ring, its in-flight tracker when the front-end keeps
+/// one, and the requests a previous back-end left in flight, to resubmit.
+pub(crate) type Opened = (Ring, Option<Box<Tracker>>, Vec<Pending>);
+
 /// Builds queue `s`'s ring in the negotiated layout. With in-flight tracking the ring's position
 /// comes from the region, not the base: after a back-end crash the front-end resets the base
 /// (split: to the used index) and cannot know how far the crashed back-end got; everything it
 /// had taken beyond that is either completed (in the used ring) or recorded in flight, and is
 /// returned here to be resubmitted.
-pub(crate) fn open(
-    s: &QueueSetup,
-    table: &MemTable,
-) -> Result<(Ring, Option<Tracker>, Vec<Pending>), StartError> {
+pub(crate) fn open(s: &QueueSetup, table: &MemTable) -> Result<Opened, StartError> {
     let index = s.index;
     let ring_err = |source| StartError::Ring { index, source };
     let mut position = Position::from_vring_base(s.base, s.packed);
@@ -182,7 +183,7 @@ pub(crate) fn open(
             }
             resubmit = recovered.resubmit;
         }
-        tracker = Some(t);
+        tracker = Some(Box::new(t));
     }
     let ring = match position {
         Position::Packed(state) => Ring::Packed(
