@@ -139,6 +139,9 @@ def raid_markdown(res):
                       f"{_x(s.get('guest_during_vs_degraded'))}x (vs the same run before the rebuild "
                       f"{_x(s.get('guest_during_vs_before'))}x; during the plain copy "
                       f"{_x(s.get('guest_during_copy_vs_degraded'))}x)."]
+        if s.get("loaded_runs_uncovered"):
+            lines += ["", f"⚑ {s['loaded_runs_uncovered']} of {s['loaded_runs']} copies under load outlived the "
+                          "guest's load: they finished beside an idle guest, so their rates read high."]
         if s.get("limited_mb_per_s"):
             lines += ["", f"Limited (`bdev_raid_set_options` `process_max_bandwidth_mb_sec` {fu.get('limit_mb_s')}, "
                           f"0.85x the copy alone): {s['limited_mb_per_s']:.0f} MB/s = "

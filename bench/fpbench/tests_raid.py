@@ -109,7 +109,7 @@ def _result():
         r = {"kind": kind, "loaded": loaded, "seconds": 1.0, "bytes": 64 * MIB, "mb_per_s": 67.1, "server_cpu_s": 0.5,
              "server_wait_share": 0.01, "loadavg": 0.5}
         if loaded:
-            r.update(guest_before_iops=1000.0, guest_during_iops=800.0)
+            r.update(guest_before_iops=1000.0, guest_during_iops=800.0, covered=kind == "copy")
         return r
 
     full = {"base_size": 72 * MIB, "guest": {"pattern": "randread", "qd": 32, "client": "fd"},
@@ -145,6 +145,9 @@ class Report(unittest.TestCase):
         self.assertFalse(met["partial rebuild (ram bases) after 1 s of QD32 4K randwrite on a 64.0 MiB raid1"])
         self.assertEqual(full_summary(res)["guest_during_vs_degraded"], 0.8)
         self.assertEqual(full_summary(res)["rebuild_loaded_vs_copy_alone"], 1.0)
+        # The rebuild outlived its guest load: counted and flagged, the copy that did not is not.
+        self.assertEqual((full_summary(res)["loaded_runs"], full_summary(res)["loaded_runs_uncovered"]), (2, 1))
+        self.assertIn("⚑ 1 of 2 copies under load outlived the guest's load", md)
         self.assertEqual(validate_raid(res, dict(CONFIG["smoke"])), [])
         res["raid"]["partial"]["blocks_differing_after"] = 3
         res["raid"]["full"]["rebuilds"].pop()

@@ -53,7 +53,7 @@
 //! [raid_options]                       # bdev_raid_set_options: how rebuilds run (docs/raid.md)
 //! process_window_size_kb = 1024
 //! process_max_bandwidth_mb_sec = 200
-//! process_weight = 10                  # the rebuild's share beside guest I/O, percent
+//! process_weight = 20                  # the rebuild's share beside guest I/O, percent
 //!
 //! [[rbd_cluster]]                      # a shared Ceph connection (SPDK's names)
 //! name = "ceph"

@@ -591,6 +591,7 @@ mod tests {
         let m = IntentMap::new(bytes, 16 << 10, false);
         let mut g = geo(bytes);
         g.window_bytes = 1 << 20;
+        g.share = CopyShare::new(10).unwrap();
         let mut c = Copier::new(ProcessKind::Full, 0, vec![1], 0, &m, g);
         // A tenth of the requests beside 32 chunks of guest bytes: 3 chunks of 16 KiB.
         assert_eq!(c.window(32 << 14), CopyWindow { requests: 3, request_bytes: 16 << 10 });

@@ -76,7 +76,7 @@ fn a_job_copies_completes_and_releases_the_target() {
     let j = f.wait_state("src", "ready");
     assert_eq!((j["len"].as_u64(), j["dirty_bytes"].as_u64()), (Some(8192 * 512), Some(0)));
     assert_eq!(j["granularity"], 65536);
-    assert_eq!(j["weight"], 10, "guest first by default");
+    assert_eq!(j["weight"], fp_bdev::copy_share::DEFAULT_COPY_WEIGHT, "guest first by default");
     assert_eq!(j["copy_mode"], "background", "QEMU's default");
     assert!(j["copied"].as_u64().unwrap() >= 8192 * 512);
     assert_eq!(f.call("bdev_mirror_complete", json!({ "job_id": "src" })).unwrap(), true);

@@ -693,9 +693,11 @@ fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() 
         (c.chunk_bytes(), c.runner_slots_for_window())
     };
     // The guest takes 128 KiB a round; the runner polls twice a round here: the first poll
-    // earns a ninth of them in cost, a copied byte costing `COPY_BYTE_COST` of the guest's
-    // (the floor gives nothing in these rounds: it waits `FLOOR_ROUNDS` short ones).
-    let per_round = (32 * 4096) * 10 / 90 / fp_bdev::copy_share::COPY_BYTE_COST;
+    // earns weight / (100 - weight) of them in cost, a copied byte costing `COPY_BYTE_COST`
+    // of the guest's (the floor gives nothing in these rounds: it waits `FLOOR_ROUNDS` short
+    // ones).
+    let w = u64::from(fp_bdev::copy_share::DEFAULT_COPY_WEIGHT);
+    let per_round = (32 * 4096) * w / (100 - w) / fp_bdev::copy_share::COPY_BYTE_COST;
     let mut guest_bytes = 0;
     const SHARE_ROUNDS: u64 = 40;
     let copied = |o: &Owner| o.shared().counters.rebuild_bytes_copied.load(Ordering::Relaxed);
