@@ -123,6 +123,8 @@ def raid_markdown(res):
         groups = [(kind, loaded, [r for r in fu[LISTS[kind]] if r["loaded"] == loaded])
                   for kind in ("copy", "rebuild") for loaded in (False, True)]
         groups.append((f"rebuild limited to {fu.get('limit_mb_s')} MB/s", True, fu.get("rebuilds_limited") or []))
+        groups.append((f"rebuild held at {fu.get('at_target_limit_mib_s')} MiB/s, share off", True,
+                       fu.get("rebuilds_at_target") or []))
         for kind, loaded, rs in groups:
             if rs:
                 lines.append(f"| {kind} | {'yes' if loaded else 'no'} | "
@@ -148,6 +150,14 @@ def raid_markdown(res):
                           f"{_x(s.get('limited_vs_copy_alone'))}x the copy alone; the guest during it "
                           f"{_iops(s.get('guest_during_limited_iops'))} = {_x(s.get('guest_during_limited_vs_before'))}x "
                           f"the same run before, {_x(s.get('guest_during_limited_vs_degraded'))}x the degraded raid."]
+        if s.get("at_target_mb_per_s"):
+            lines += ["", f"Held at the share target's speed (`process_weight` 100, `process_max_bandwidth_mb_sec` "
+                          f"{fu.get('at_target_limit_mib_s')} MiB/s, half the rebuild alone): "
+                          f"{s['at_target_mb_per_s']:.0f} MB/s = {_x(s.get('at_target_vs_rebuild_alone'))}x the rebuild "
+                          f"alone; the guest during it {_iops(s.get('guest_during_at_target_iops'))} = "
+                          f"{_x(s.get('guest_during_at_target_vs_before'))}x the same run before, "
+                          f"{_x(s.get('guest_during_at_target_vs_degraded'))}x the degraded raid: what one core leaves "
+                          "the guest with the rebuild at that speed, whatever shares it."]
     return lines
 
 
@@ -206,6 +216,12 @@ def raid_targets(res, add):
                   if v is not None]
             add("the same with the rebuild limited to 0.85x the plain copy: rebuild speed; guest IOPS (stricter "
                 "baseline)", "reported", f"{_x(s.get('limited_vs_copy_alone'))}x the copy alone; guest "
+                f"{_x(min(xs) if xs else None)}x", None)
+        if s.get("at_target_mb_per_s"):
+            xs = [v for v in (s.get("guest_during_at_target_vs_degraded"), s.get("guest_during_at_target_vs_before"))
+                  if v is not None]
+            add("the rebuild held at 0.5x its speed alone (share off, speed limit): rebuild speed; guest IOPS "
+                "(stricter baseline)", "reported", f"{_x(s.get('at_target_vs_rebuild_alone'))}x the rebuild alone; guest "
                 f"{_x(min(xs) if xs else None)}x", None)
 
 

@@ -115,6 +115,7 @@ def _result():
     full = {"base_size": 72 * MIB, "guest": {"pattern": "randread", "qd": 32, "client": "fd"},
             "copies": [copy("copy", ld) for ld in (False, True)],
             "rebuilds": [copy("rebuild", ld) for ld in (False, True)],
+            "rebuilds_at_target": [dict(copy("rebuild", True), mb_per_s=33.55, guest_during_iops=600.0, covered=True)],
             "guest_runs": {"degraded": [{"iops": 1000.0}], "healthy": [{"iops": 1500.0}]}}
     RaidSection.raid_full_summary(full)
     partial = {"base_size": 72 * MIB, "dir": "tmpfs", "write_secs": 1.0, "data_bytes": 64 * MIB,
@@ -138,16 +139,20 @@ class Report(unittest.TestCase):
         self.assertIn("| randwrite 4K QD1 poll | raid1 | 1 | 1,000 | 600 |", md)
         got = []
         raid_targets(res, lambda *a, **k: got.append(a))
-        # Two writes and two reads, two partial rebuilds, the rebuild's speed and the guest's share.
-        self.assertEqual(len(got), 8)
+        # Two writes and two reads, two partial rebuilds, the rebuild's speed, the guest's share
+        # and the guest beside the rebuild held at the target's speed.
+        self.assertEqual(len(got), 9)
         met = {a[0].split(":")[0]: a[3] for a in got}
         self.assertTrue(met["partial rebuild (file bases) after 1 s of QD32 4K randwrite on a 64.0 MiB raid1"])
         self.assertFalse(met["partial rebuild (ram bases) after 1 s of QD32 4K randwrite on a 64.0 MiB raid1"])
         self.assertEqual(full_summary(res)["guest_during_vs_degraded"], 0.8)
         self.assertEqual(full_summary(res)["rebuild_loaded_vs_copy_alone"], 1.0)
         # The rebuild outlived its guest load: counted and flagged, the copy that did not is not.
-        self.assertEqual((full_summary(res)["loaded_runs"], full_summary(res)["loaded_runs_uncovered"]), (2, 1))
-        self.assertIn("⚑ 1 of 2 copies under load outlived the guest's load", md)
+        self.assertEqual((full_summary(res)["loaded_runs"], full_summary(res)["loaded_runs_uncovered"]), (3, 1))
+        self.assertEqual(full_summary(res)["at_target_vs_rebuild_alone"], 0.5)
+        self.assertEqual(full_summary(res)["guest_during_at_target_vs_before"], 0.6)
+        self.assertIn("Held at the share target's speed", md)
+        self.assertIn("⚑ 1 of 3 copies under load outlived the guest's load", md)
         self.assertEqual(validate_raid(res, dict(CONFIG["smoke"])), [])
         res["raid"]["partial"]["blocks_differing_after"] = 3
         res["raid"]["full"]["rebuilds"].pop()

@@ -45,6 +45,9 @@ BUCKET_S = 0.1
 # outlast it: at the default share a rebuild beside a QD32 guest ran 5x slower than alone, and
 # with 3 here the load ended first, so 40 % of its bytes went unshared and its rate read high.
 COPY_SLOWDOWN = 12
+# The copy-share target's rebuild speed, as a fraction of the rebuild's alone: the bench holds a
+# rebuild there with the speed limit (share off) to see what the guest keeps at it.
+AT_TARGET = 0.5
 BLOCK = 4096
 # fp-load's seed for the partial rebuild's writes (replayed to know which blocks they hit).
 SEED = 26
@@ -429,7 +432,7 @@ class RaidSection:
         removed again between rounds. The guest's IOPS without a copy: the degraded raid (reads
         come from MallocA alone, as during the rebuild) and the healthy one after."""
         size = c["full_size"] + META
-        e = {"base_size": size, "guest": point_key("ram", GUEST), "copies": [], "rebuilds": [], "rebuilds_limited": [],
+        e = {"base_size": size, "guest": point_key("ram", GUEST), "copies": [], "rebuilds": [], "rebuilds_limited": [], "rebuilds_at_target": [],
              "guest_runs": {}}
         out["full"] = e
         fp = self.raid_daemon("flashpath-raid-full")
@@ -461,13 +464,26 @@ class RaidSection:
                                            for _ in range(c["reps"])]
             # Alone, under the load, and under the load with the rebuild limited
             # (`process_max_bandwidth_mb_sec`) to a little over 0.8x the plain copy alone: what the
-            # guest keeps when the rebuild runs just fast enough for the speed target.
+            # guest keeps when the rebuild runs just fast enough for the speed target. Last, the
+            # share off (`process_weight` 100) and the rebuild held by the speed limit at
+            # AT_TARGET of its own speed alone: what one core leaves the guest when the rebuild
+            # runs at the copy-share target's speed, whatever rule shares the core.
             copy_alone = median([r["mb_per_s"] for r in e["copies"] if not r["loaded"]])
             limit = int(copy_alone * 0.85) + 1
             e["limit_mb_s"] = limit
-            rounds = [(False, 0)] * c["copy_reps"] + [(True, 0)] * c["copy_reps"] + [(True, limit)] * c["copy_reps"]
-            for i, (loaded, cap) in enumerate(rounds):
-                fp.rpc("bdev_raid_set_options", {"process_max_bandwidth_mb_sec": cap})
+            rounds = ([("rebuilds", False)] * c["copy_reps"] + [("rebuilds", True)] * c["copy_reps"]
+                      + [("rebuilds_limited", True)] * c["copy_reps"] + [("rebuilds_at_target", True)] * c["copy_reps"])
+            for i, (group, loaded) in enumerate(rounds):
+                # The share is turned off only for the last group: the daemon's default before it.
+                cap, opts = 0, {}
+                if group == "rebuilds_limited":
+                    cap = limit
+                elif group == "rebuilds_at_target":
+                    alone = median([r["mb_per_s"] for r in e["rebuilds"] if not r["loaded"]])
+                    # The limit is in MiB/s (SPDK's unit), the bench's rates in MB/s.
+                    cap, opts = max(1, round(alone * AT_TARGET * 1e6 / MIB)), {"process_weight": 100}
+                    e["at_target_limit_mib_s"] = cap
+                fp.rpc("bdev_raid_set_options", {"process_max_bandwidth_mb_sec": cap, **opts})
                 self.fresh_target(fp)
                 before = self.raid_info(fp)
                 r = self.timed_copy(fp, c, sock if loaded else None, "rebuild",
@@ -477,7 +493,8 @@ class RaidSection:
                 r["counters"] = self.counters(self.raid_info(fp))
                 r["counters_before"] = self.counters(before)
                 r["limit_mb_s"] = cap
-                e["rebuilds_limited" if cap else "rebuilds"].append(r)
+                r["share_off"] = bool(opts)
+                e.setdefault(group, []).append(r)
                 if i < len(rounds) - 1:
                     fp.rpc("bdev_raid_remove_base_bdev", {"name": "MallocC"})
                     self.raid_wait(fp, self.raid_degraded, "removing MallocC", 30)
@@ -522,7 +539,7 @@ class RaidSection:
             # (fp-load cannot be stopped early and still report); `covered` says whether the
             # load outlasted it. A copy that outlives the load finishes beside an idle guest,
             # unshared: its rate then overstates the shared one.
-            est = max([r["seconds"] for r in self.results["raid"]["full"][LISTS[kind]] if not r["loaded"]] + [1.0])
+            est = max([r["seconds"] for r in self.results["raid"]["full"][LISTS[kind]] if not r["loaded"]] + [0.25])
             secs = c["lead_s"] + min(COPY_SLOWDOWN * est, 120) + 2.0
             load = self.loader.popen(sock, GUEST, secs, ["--timeline", f"{int(BUCKET_S * 1000)}ms"])
             time.sleep(c["lead_s"])
@@ -631,7 +648,7 @@ class RaidSection:
         s["guest_during_vs_before"] = ratio(s["guest_during_rebuild_iops"], s["guest_before_rebuild_iops"])
         s["guest_during_copy_vs_degraded"] = ratio(s["guest_during_copy_iops"], s["guest_degraded_iops"])
         s["floor"] = {k: RaidSection.copy_floor(e, k, s) for k in ("copy", "rebuild")}
-        loaded = [r for k in (*LISTS.values(), "rebuilds_limited") for r in e.get(k) or [] if r.get("loaded")]
+        loaded = [r for k in (*LISTS.values(), "rebuilds_limited", "rebuilds_at_target") for r in e.get(k) or [] if r.get("loaded")]
         s["loaded_runs"] = len(loaded)
         s["loaded_runs_uncovered"] = sum(1 for r in loaded if r.get("covered") is False)
         lim = e.get("rebuilds_limited") or []
@@ -642,5 +659,13 @@ class RaidSection:
             s["guest_during_limited_vs_before"] = ratio(s["guest_during_limited_iops"],
                                                         median([r.get("guest_before_iops") for r in lim]))
             s["guest_during_limited_vs_degraded"] = ratio(s["guest_during_limited_iops"], s["guest_degraded_iops"])
+        tgt = e.get("rebuilds_at_target") or []
+        if tgt:
+            s["at_target_mb_per_s"] = median([r["mb_per_s"] for r in tgt])
+            s["at_target_vs_rebuild_alone"] = ratio(s["at_target_mb_per_s"], s["rebuild_alone_mb_per_s"])
+            s["guest_during_at_target_iops"] = median([r.get("guest_during_iops") for r in tgt])
+            s["guest_during_at_target_vs_before"] = median([ratio(r.get("guest_during_iops"), r.get("guest_before_iops"))
+                                                            for r in tgt])
+            s["guest_during_at_target_vs_degraded"] = ratio(s["guest_during_at_target_iops"], s["guest_degraded_iops"])
         e["summary"] = s
 
