@@ -211,18 +211,16 @@ def raid_targets(res, add):
             f"{_iops(s.get('guest_during_rebuild_iops'))} vs {_iops(s.get('guest_degraded_iops'))} (degraded raid) = "
             f"{_x(s.get('guest_during_vs_degraded'))}x, vs {_iops(s.get('guest_before_rebuild_iops'))} (the same run "
             f"before the rebuild) = {_x(s.get('guest_during_vs_before'))}x", None if x is None else x >= 0.7)
-        if s.get("limited_mb_per_s"):
-            xs = [v for v in (s.get("guest_during_limited_vs_degraded"), s.get("guest_during_limited_vs_before"))
-                  if v is not None]
-            add("the same with the rebuild limited to 0.85x the plain copy: rebuild speed; guest IOPS (stricter "
-                "baseline)", "reported", f"{_x(s.get('limited_vs_copy_alone'))}x the copy alone; guest "
-                f"{_x(min(xs) if xs else None)}x", None)
-        if s.get("at_target_mb_per_s"):
-            xs = [v for v in (s.get("guest_during_at_target_vs_degraded"), s.get("guest_during_at_target_vs_before"))
-                  if v is not None]
-            add("the rebuild held at 0.5x its speed alone (share off, speed limit): rebuild speed; guest IOPS "
-                "(stricter baseline)", "reported", f"{_x(s.get('at_target_vs_rebuild_alone'))}x the rebuild alone; guest "
-                f"{_x(min(xs) if xs else None)}x", None)
+        held = (("limited", "the same with the rebuild limited to 0.85x the plain copy", "limited_vs_copy_alone",
+                 "the copy alone"),
+                ("at_target", "the rebuild held at 0.5x its speed alone (share off, speed limit)",
+                 "at_target_vs_rebuild_alone", "the rebuild alone"))
+        for key, what, speed, against in held:
+            if s.get(f"{key}_mb_per_s"):
+                xs = [v for v in (s.get(f"guest_during_{key}_vs_degraded"), s.get(f"guest_during_{key}_vs_before"))
+                      if v is not None]
+                add(f"{what}: rebuild speed; guest IOPS (stricter baseline)", "reported",
+                    f"{_x(s.get(speed))}x {against}; guest {_x(min(xs) if xs else None)}x", None)
 
 
 def validate_raid(res, c):
