@@ -539,7 +539,7 @@ impl Reactor {
         self.parked_waits += 1;
         self.rounds_since_parked_check = 0;
         self.ns_since_parked_check = 0;
-        let mut events = [EpollEvent::default(); 16];
+        let mut events = [EpollEvent::default(); WAKE_EVENTS];
         loop {
             let n = match self.parked_epoll.wait(0, &mut events) {
                 Ok(n) => n,
@@ -550,12 +550,7 @@ impl Reactor {
                     return;
                 }
             };
-            for e in &events[..n] {
-                let first_parked = self.pollers.len() - self.parked;
-                if let Some(i) = self.pollers[first_parked..].iter().position(|s| s.id.0 == e.data()) {
-                    self.unpark(first_parked + i);
-                }
-            }
+            self.unpark_fired(&events[..n]);
             if n < events.len() {
                 return;
             }
@@ -679,15 +674,21 @@ impl Reactor {
             self.wake_parked();
             return;
         }
-        for e in &events[..ready] {
+        self.unpark_fired(&events[..ready]);
+        // As after a check of the parked set: the next one is a full interval away.
+        self.rounds_since_parked_check = 0;
+        self.ns_since_parked_check = 0;
+    }
+
+    /// Unparks the parked pollers that `fired` names (an event's data is its poller's id;
+    /// events of running pollers and of the inbox match none).
+    fn unpark_fired(&mut self, fired: &[EpollEvent]) {
+        for e in fired {
             let first_parked = self.pollers.len() - self.parked;
             if let Some(i) = self.pollers[first_parked..].iter().position(|s| s.id.0 == e.data()) {
                 self.unpark(first_parked + i);
             }
         }
-        // As after a check of the parked set: the next one is a full interval away.
-        self.rounds_since_parked_check = 0;
-        self.ns_since_parked_check = 0;
     }
 
     /// Loops until [`Reactor::request_stop`]: busy rounds back to back, sleeping when idle.
