@@ -373,6 +373,9 @@ fn namespace(p: &mut Params) -> Result<NvmfNamespaceSpec, ParamError> {
         ("ptpl_file", Neutral::Absent),
         ("anagrpid", Neutral::Absent),
         ("no_auto_visible", Neutral::Bool(false)),
+        // SPDK's newest rpc.py sends it (false) with every namespace; flashpath's namespaces
+        // carry no metadata to hide.
+        ("hide_metadata", Neutral::Bool(false)),
     ])?;
     Ok(NvmfNamespaceSpec { nqn: String::new(), nsid, bdev_name, uuid, nguid, eui64, read_only })
 }

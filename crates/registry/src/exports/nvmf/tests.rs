@@ -101,7 +101,9 @@ fn a_subsystem_from_transport_to_deletion() {
     f.malloc("m1");
     assert_eq!(f.call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": { "bdev_name": "m0" } })), 1);
     let nguid = "0123456789ABCDEF0123456789ABCDEF";
-    let ns = json!({ "bdev_name": "m1", "nsid": 5, "nguid": nguid, "uuid": "ceccf520-691e-4b46-9546-34af789907c5" });
+    // What SPDK's newest rpc.py sends with no options besides these: its flags' defaults too.
+    let ns = json!({ "bdev_name": "m1", "nsid": 5, "nguid": nguid, "uuid": "ceccf520-691e-4b46-9546-34af789907c5",
+                     "no_auto_visible": false, "hide_metadata": false });
     assert_eq!(f.call("nvmf_subsystem_add_ns", json!({ "nqn": NQN, "namespace": ns })), 5);
     let m0 = f.bdev("m0");
     assert_eq!((m0["claimed"].as_bool(), m0["claim_type"].as_str()), (Some(true), Some("exclusive_write")));
@@ -250,6 +252,8 @@ fn parameter_errors_name_the_field() {
     );
     let r = reason("nvmf_subsystem_add_ns", ns(json!({ "bdev_name": "m", "ptpl_file": "/tmp/p" })));
     assert_eq!(r, "namespace.ptpl_file: not supported by flashpath");
+    let r = reason("nvmf_subsystem_add_ns", ns(json!({ "bdev_name": "m", "hide_metadata": true })));
+    assert!(r.starts_with("namespace.hide_metadata: "), "{r}");
     let r = reason("nvmf_subsystem_add_ns", ns(json!({ "nsid": 1 })));
     assert!(r.starts_with("namespace.bdev_name: required parameter missing"), "{r}");
     let r = reason("nvmf_subsystem_add_ns", json!({ "nqn": NQN }));
