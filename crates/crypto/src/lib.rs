@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 mod device;
+pub mod dhchap;
 mod engine;
 pub mod keyring;
 mod keys;
