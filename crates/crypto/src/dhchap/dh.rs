@@ -6,8 +6,11 @@
 //! modulus chosen at run time (`BoxedMontyForm`); the primes are `rustls::ffdhe_groups`'
 //! (RFC 7919 Appendix A), not typed here. The private exponent is short: RFC 7919 §5.2 allows
 //! it, and Appendix A gives each group's minimum, 225 bits for ffdhe2048 up to 400 for
-//! ffdhe8192 (twice the group's strength; Linux's `dh_safe_prime_gen_privkey` makes the same
-//! choice). That makes an exponentiation cost a few hundred bits, not the prime's size.
+//! ffdhe8192. Each is at least twice the group's strength, the lower bound NIST SP 800-56A
+//! rev. 3 §5.6.1.1.1 sets; Linux's `dh_safe_prime_gen_privkey` starts from the same bound and
+//! rounds it up to a power of two (256 bits at ffdhe2048, 512 at ffdhe8192), a
+//! slightly longer choice. That makes an exponentiation cost a few hundred bits, not the
+//! prime's size.
 
 use std::sync::OnceLock;
 
