@@ -5,7 +5,8 @@
 //!   (§8.13.5.8);
 //! * [`host_response`] (R1, §8.13.5.4), [`controller_response`] (R2, §8.13.5.5) and
 //!   [`augmented_challenge`] (Ca, §8.13.5.1);
-//! * [`DhKeyPair`]: the FFDHE exchange (ffdhe2048 to ffdhe8192, RFC 7919) and the null group.
+//! * [`DhKeyPair`]: the FFDHE exchange (ffdhe2048 to ffdhe8192, RFC 7919) and the null group;
+//! * [`random_challenge`] and [`random_sequence_number`]: what each side draws per transaction.
 //!
 //! What each side computes, H being the hash the Challenge's HASHID names:
 //!
@@ -38,6 +39,7 @@ mod tests;
 
 use fp_nvme_spec::auth::HashId;
 use hmac::{Hmac, Mac};
+use rand::RngCore;
 use sha2::{Digest, Sha256, Sha384, Sha512};
 
 pub use dh::{private_exponent_bits, DhError, DhKeyPair};
@@ -132,6 +134,25 @@ pub fn host_response(t: &Transaction<'_>, key: &[u8], challenge: &[u8], seqnum: 
 /// the subsystem NQN, `challenge` C2 or its augmented form, `seqnum` S2.
 pub fn controller_response(t: &Transaction<'_>, key: &[u8], challenge: &[u8], seqnum: u32) -> Vec<u8> {
     response(t, key, challenge, seqnum, 0, b"Controller", [t.subnqn, t.hostnqn])
+}
+
+/// A fresh challenge (C1 or C2) for `hash`: its length in bytes from the operating system's
+/// random source.
+pub fn random_challenge(hash: HashId) -> Vec<u8> {
+    let mut c = vec![0u8; hash.digest_len()];
+    rand::rngs::OsRng.fill_bytes(&mut c);
+    c
+}
+
+/// A fresh sequence number (S1 or S2, §8.13.5.3): random and never 0, which in a Reply means
+/// "no controller authentication asked".
+pub fn random_sequence_number() -> u32 {
+    loop {
+        let s = rand::rngs::OsRng.next_u32();
+        if s != 0 {
+            return s;
+        }
+    }
 }
 
 /// Compares two responses in constant time (a response is checked against the expected one

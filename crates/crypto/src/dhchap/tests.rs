@@ -231,6 +231,18 @@ fn responses_match_python() {
 const R1_SHA256_FIXED: &str = "d2a8d1a0ecf2865bd307385e48011dd472482e89728121afdda9587e5e79ced0";
 
 #[test]
+fn challenges_and_sequence_numbers_are_fresh() {
+    for hash in HashId::ALL {
+        let (a, b) = (random_challenge(*hash), random_challenge(*hash));
+        assert_eq!((a.len(), b.len()), (hash.digest_len(), hash.digest_len()));
+        assert_ne!(a, b);
+    }
+    let s: Vec<u32> = (0..8).map(|_| random_sequence_number()).collect();
+    assert!(s.iter().all(|&n| n != 0));
+    assert!(s.windows(2).any(|w| w[0] != w[1]));
+}
+
+#[test]
 fn responses_compare_in_constant_time() {
     assert!(responses_match(&[1, 2, 3], &[1, 2, 3]));
     assert!(!responses_match(&[1, 2, 3], &[1, 2, 4]));
