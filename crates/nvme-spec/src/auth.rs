@@ -642,8 +642,8 @@ pub struct Success1 {
 impl Success1 {
     const NAME: &'static str = "DH-HMAC-CHAP_Success1";
 
-    /// Bytes of the encoded message: the response field is always there (zero without RVALID),
-    /// as Linux's controller sends it.
+    /// Bytes of the encoded message: the response field is always there (zero without
+    /// RVALID), so HL is the length of what follows the header either way.
     pub fn encoded_len(&self) -> usize {
         DHCHAP_HEADER_LEN + usize::from(self.hl)
     }
@@ -672,12 +672,11 @@ impl Success1 {
         need(b, DHCHAP_HEADER_LEN, Self::NAME, "the header")?;
         check_hl(b[6], Self::NAME)?;
         let hl = usize::from(b[6]);
+        // The response field is there whether or not RVALID says it holds R2.
+        need(b, DHCHAP_HEADER_LEN + hl, Self::NAME, "HL")?;
         let response = match b[8] {
             0 => None,
-            1 => {
-                need(b, DHCHAP_HEADER_LEN + hl, Self::NAME, "HL")?;
-                Some(b[DHCHAP_HEADER_LEN..DHCHAP_HEADER_LEN + hl].to_vec())
-            }
+            1 => Some(b[DHCHAP_HEADER_LEN..DHCHAP_HEADER_LEN + hl].to_vec()),
             v => return Err(field(Self::NAME, "RVALID", v, "is neither 0 nor 1")),
         };
         Ok(Success1 { t_id: u16_at(b, 4), hl: b[6], response })
@@ -844,12 +843,10 @@ mod tests {
     fn round_trip(m: AuthMessage) -> Vec<u8> {
         let b = encoded(&m);
         assert_eq!(AuthMessage::parse(&b).unwrap(), m);
-        // Every shorter prefix is refused by name (a Success1 without RVALID and the fixed
-        // messages end at their header), never a panic.
+        // Every shorter prefix is refused by name, never a panic.
         for n in 0..b.len() {
-            if let Ok(short) = AuthMessage::parse(&b[..n]) {
-                assert!(matches!(short, AuthMessage::Success1(_)), "{m:?} parsed from {n} bytes");
-            }
+            let err = AuthMessage::parse(&b[..n]).expect_err("a prefix is refused");
+            assert!(matches!(err, AuthError::Short { .. }), "{m:?} from {n} bytes: {err}");
         }
         // A buffer one byte short is refused.
         let mut small = vec![0; b.len() - 1];
@@ -1029,8 +1026,9 @@ mod tests {
         let m = Success1 { t_id: 7, hl: 64, response: None };
         let b = round_trip(AuthMessage::Success1(m.clone()));
         assert_eq!(b.len(), 80);
-        // Without RVALID the header alone is a whole Success1.
-        assert_eq!(Success1::parse(&b[..16]).unwrap(), m);
+        // Without RVALID the response field is still there: HL says how long it is (a decoder
+        // that took the header alone encoded back to more bytes than it had read).
+        assert_eq!(Success1::parse(&b[..79]).unwrap_err(), short("DH-HMAC-CHAP_Success1", "HL", 80, 79));
         let mut bad = b.clone();
         bad[8] = 3;
         assert!(matches!(Success1::parse(&bad), Err(AuthError::Field { field: "RVALID", .. })));
