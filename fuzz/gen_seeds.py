@@ -840,3 +840,39 @@ write("raid_superblock", {
     # Noise with every page re-sealed: field checks only.
     "seed-noise": bytes([7]) + bytes((i * 7919 + 13) % 256 for i in range(3 * 4096)),
 })
+
+# nvme_auth: one in-band authentication message each (see fuzz_targets/nvme_auth.rs), as
+# Linux's host and controller send them; the last also starts with an Authentication Send.
+def auth_hdr(auth_type, auth_id, t_id):
+    return bytes([auth_type, auth_id, 0, 0]) + struct.pack("<H", t_id)
+
+
+def auth_negotiate(t_id, hashes, groups):
+    d = bytes([1, 0, len(hashes), len(groups)]) + bytes(hashes).ljust(30, b"\0") + bytes(groups).ljust(30, b"\0")
+    return auth_hdr(0, 0x00, t_id) + bytes([0, 1]) + d
+
+
+def auth_challenge(t_id, hashid, hl, dhgid, dhv, seq):
+    return (auth_hdr(1, 0x01, t_id) + bytes([hl, 0, hashid, dhgid]) + struct.pack("<HI", len(dhv), seq)
+            + bytes(range(hl)) + dhv)
+
+
+def auth_reply(t_id, hl, c2, dhv, seq):
+    return (auth_hdr(1, 0x02, t_id) + bytes([hl, 0, 1 if c2 else 0, 0]) + struct.pack("<HI", len(dhv), seq)
+            + b"\x11" * hl + (b"\x22" * hl if c2 else bytes(hl)) + dhv)
+
+
+auth_send = bytes([0x7F, 0x40, 1, 0, 0x05]) + bytes(35) + bytes([0, 1, 1, 0xE9]) + struct.pack("<I", 72) + bytes(16)
+assert len(auth_send) == 64
+write("nvme_auth", {
+    "seed-negotiate": auth_negotiate(1, [1, 2, 3], [0, 1, 2, 3, 4, 5]),
+    "seed-challenge-null": auth_challenge(1, 1, 32, 0, b"", 0x12345678),
+    "seed-challenge-2048": auth_challenge(2, 3, 64, 1, b"\x5a" * 256, 7),
+    "seed-reply-bidirectional": auth_reply(2, 64, True, b"\x33" * 256, 9),
+    "seed-reply-null": auth_reply(1, 32, False, b"", 0),
+    "seed-success1": auth_hdr(1, 0x03, 2) + bytes([48, 0, 1]) + bytes(7) + b"\x44" * 48,
+    "seed-success2": auth_hdr(1, 0x04, 2) + bytes(10),
+    "seed-failure1": auth_hdr(0, 0xF1, 2) + bytes([1, 5]),
+    "seed-failure2": auth_hdr(0, 0xF0, 2) + bytes([1, 1]),
+    "seed-auth-send": auth_send + auth_negotiate(1, [1], [0]),
+})

@@ -1,6 +1,8 @@
 //! Encryption for flashpath: the crypto bdev module (SPDK's `bdev_crypto` and accel crypto
 //! keys: AES-XTS over another bdev, readable by dm-crypt) and the daemon's keyring (SPDK's
 //! `keyring_*`), which any bdev module or export asks for a key ([`keyring()`]).
+//! [`dhchap`] holds the computations of NVMe's in-band authentication (DH-HMAC-CHAP) for the
+//! NVMe/TCP target and host.
 //!
 //! The cipher runs on OpenSSL's libcrypto when the host has it (loaded at run time, so the
 //! daemon does not link it) and on the `aes` crate otherwise. Kept out of fp-bdev, which every
@@ -9,6 +11,7 @@
 #![deny(missing_docs)]
 
 mod device;
+pub mod dhchap;
 mod engine;
 pub mod keyring;
 mod keys;

@@ -143,7 +143,8 @@ fn the_nvme_spec_crate_stands_alone_without_unsafe_code() {
 }
 
 /// What only the crates that encrypt may depend on.
-const CRYPTO_DEPENDENCIES: [&str; 5] = ["aes", "xts-mode", "libloading", "zeroize", "fp-crypto"];
+const CRYPTO_DEPENDENCIES: [&str; 8] =
+    ["aes", "xts-mode", "libloading", "zeroize", "sha2", "hmac", "crypto-bigint", "fp-crypto"];
 
 #[test]
 fn the_bdev_layer_has_no_crypto_dependency() {

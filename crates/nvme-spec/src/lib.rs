@@ -13,11 +13,13 @@
 //! * [`registers`]: the controller registers (PCIe BAR0) and properties (fabrics);
 //! * [`identify`], [`features`], [`log_page`]: the admin data structures and their codes;
 //! * [`fabrics`]: Connect, Property Get and Property Set, NQNs;
+//! * [`auth`]: in-band authentication (DH-HMAC-CHAP): its commands and messages;
 //! * [`tcp`]: the NVMe/TCP PDUs and digests.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod cqe;
 pub mod fabrics;
 pub mod features;
