@@ -58,8 +58,11 @@ cmd_test() {
     # here with the guest tests' QEMU, before any test needs them: Debian 12's own qemu-utils
     # (7.2) has no qemu-storage-daemon.
     ensure_qemu
-    # The crypto bdev's ciphertext is checked against Python's AES-XTS (fp-crypto's tests).
+    # The crypto bdev's ciphertext is checked against Python's AES-XTS, and DH-HMAC-CHAP's
+    # responses and DH secrets against Python's hmac and cryptography (fp-crypto's tests).
     apt_install python3-cryptography
+    # DH-HMAC-CHAP secrets and their transform are checked against nvme-cli's gen-dhchap-key.
+    command -v nvme >/dev/null 2>&1 || apt_install nvme-cli
     # The SPDK compatibility test drives flashpath through SPDK's published client.
     ensure_spdk_rpc || die "could not install SPDK's RPC client (pip install spdk==26.9)"
     export FLASHPATH_SPDK_RPC
