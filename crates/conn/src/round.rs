@@ -1,6 +1,7 @@
 //! A server connection's round on its reactor: the read round (at most so many socket reads,
 //! each either continuing a payload that goes straight into a request's buffer or filling the
-//! receive buffer, whose complete messages are taken out between reads), where the peer's end
+//! receive buffer, whose complete messages are taken out between reads; it ends at a receive
+//! that would block, or after a short one where the connection says so), where the peer's end
 //! of the stream came (between messages or in the middle of one), and what the connection
 //! leaves pending for the poller's `has_pending`.
 
