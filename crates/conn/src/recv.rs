@@ -48,12 +48,14 @@ pub struct RecvBuf {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    /// The last [`RecvBuf::fill`] brought less than the room it had.
+    short: bool,
 }
 
 impl RecvBuf {
     /// A buffer of `size` bytes (made once, with the connection).
     pub fn new(size: usize) -> RecvBuf {
-        RecvBuf { buf: vec![0u8; size].into_boxed_slice(), start: 0, end: 0 }
+        RecvBuf { buf: vec![0u8; size].into_boxed_slice(), start: 0, end: 0, short: false }
     }
 
     /// Bytes received and not yet taken.
@@ -127,10 +129,21 @@ impl RecvBuf {
     /// [`RecvBuf::compact`], [`RecvBuf::reserve`]).
     #[inline]
     pub fn fill(&mut self, recv: impl FnOnce(&mut [u8]) -> Recv) -> Recv {
+        let room = self.buf.len() - self.end;
         let r = recv(self.spare_mut());
+        self.short = false;
         if let Recv::Data(n) = r {
             self.filled(n);
+            self.short = n < room;
         }
         r
+    }
+
+    /// Whether the last [`RecvBuf::fill`] brought data but less than the room it had: a
+    /// non-blocking stream receive returns short only when the socket holds nothing more
+    /// (what the read round's [`crate::round::Reader::drained`] asks).
+    #[inline]
+    pub fn last_fill_short(&self) -> bool {
+        self.short
     }
 }

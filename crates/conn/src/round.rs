@@ -1,6 +1,7 @@
 //! A server connection's round on its reactor: the read round (at most so many socket reads,
 //! each either continuing a payload that goes straight into a request's buffer or filling the
-//! receive buffer, whose complete messages are taken out between reads), where the peer's end
+//! receive buffer, whose complete messages are taken out between reads; it ends at a receive
+//! that would block, or after a short one where the connection says so), where the peer's end
 //! of the stream came (between messages or in the middle of one), and what the connection
 //! leaves pending for the poller's `has_pending`.
 
@@ -41,6 +42,15 @@ pub trait Reader {
     fn recv_more(&mut self) -> Recv;
     /// Whether the receive buffer holds bytes not taken (part of a message).
     fn buffered(&self) -> bool;
+    /// Whether the last [`Reader::recv_more`] took less than the room it had: the socket held
+    /// nothing more at that moment, so the round ends after taking what came instead of
+    /// spending one more system call to hear that the socket is empty (the next round's
+    /// receive gets whatever arrived since). On a request-response connection at queue depth 1
+    /// that call sits between the request and its reply. By default never: the round reads
+    /// until a receive would block.
+    fn drained(&self) -> bool {
+        false
+    }
     /// The peer closed its side (the connection closes).
     fn peer_closed(&mut self, at: PeerClosed);
     /// The socket failed; why (the connection closes, nothing more is sent).
@@ -54,7 +64,8 @@ pub struct ReadRound {
     pub moved: bool,
     /// It stopped for lack of room for the next message.
     pub stalled: bool,
-    /// It stopped at its read limit with the socket maybe still readable.
+    /// It stopped at its read limit with the socket maybe still readable, or with what its
+    /// last receive brought not yet taken.
     pub more: bool,
 }
 
@@ -86,6 +97,7 @@ pub fn connection_pending<T: Copy>(
 #[inline]
 pub fn read_round<R: Reader>(conn: &mut R, reads: usize) -> ReadRound {
     let mut round = ReadRound::default();
+    let mut drained = false;
     for _ in 0..reads {
         if conn.closing() {
             return round;
@@ -112,12 +124,19 @@ pub fn read_round<R: Reader>(conn: &mut R, reads: usize) -> ReadRound {
             round.stalled = true;
             return round;
         }
+        // What came is taken; a payload it started has not arrived yet either.
+        if drained {
+            return round;
+        }
         if conn.receiving() || conn.closing() {
             round.moved = true;
             continue;
         }
         match conn.recv_more() {
-            Recv::Data(_) => round.moved = true,
+            Recv::Data(_) => {
+                round.moved = true;
+                drained = conn.drained();
+            }
             Recv::WouldBlock => return round,
             Recv::Eof => {
                 let at = if conn.buffered() { PeerClosed::MidHeader } else { PeerClosed::Clean };
@@ -132,6 +151,7 @@ pub fn read_round<R: Reader>(conn: &mut R, reads: usize) -> ReadRound {
             }
         }
     }
+    // Even after a short receive: what it brought is not parsed yet.
     round.more = true;
     round
 }
@@ -154,6 +174,10 @@ mod tests {
         closed: Option<PeerClosed>,
         failed: Option<String>,
         next_is_payload: bool,
+        /// The room each receive into the buffer has (`None`: unbounded, never short).
+        room: Option<usize>,
+        last_recv: usize,
+        recvs: usize,
     }
 
     impl Reader for Fake {
@@ -187,11 +211,17 @@ mod tests {
             self.payload_left > 0
         }
         fn recv_more(&mut self) -> Recv {
+            self.recvs += 1;
             let r = self.script.pop_front().unwrap_or(Recv::WouldBlock);
+            self.last_recv = 0;
             if let Recv::Data(n) = r {
                 self.buffered += n;
+                self.last_recv = n;
             }
             r
+        }
+        fn drained(&self) -> bool {
+            self.room.is_some_and(|room| self.last_recv < room)
         }
         fn buffered(&self) -> bool {
             self.buffered > 0
@@ -217,6 +247,36 @@ mod tests {
         let idle = read_round(&mut c, 8);
         assert_eq!(idle, ReadRound::default());
         assert!(!idle.unfinished());
+    }
+
+    #[test]
+    fn a_short_receive_ends_the_round_without_asking_again() {
+        let mut c = fake(vec![Recv::Data(8), Recv::Data(4), Recv::Data(4)], 10);
+        c.room = Some(8);
+        let r = read_round(&mut c, 8);
+        assert_eq!(r, ReadRound { moved: true, stalled: false, more: false });
+        assert_eq!((c.taken, c.recvs), (3, 2), "a full receive, then a short one, and no third");
+        let next = read_round(&mut c, 8);
+        assert!(next.moved && !next.unfinished(), "the next round gets what came since");
+        assert_eq!((c.taken, c.recvs), (4, 3));
+        let idle = read_round(&mut c, 8);
+        assert_eq!(idle, ReadRound::default());
+        assert_eq!(c.recvs, 4, "an empty socket costs one receive");
+        let mut c = fake(vec![Recv::Data(4)], 10);
+        c.room = Some(8);
+        assert!(read_round(&mut c, 1).more, "at the read limit what came is not parsed yet");
+        assert_eq!(c.taken, 0);
+    }
+
+    #[test]
+    fn a_short_receive_leaves_a_started_payload_to_the_next_round() {
+        let mut c = fake(vec![Recv::Data(4), Recv::Data(4)], 10);
+        (c.room, c.next_is_payload) = (Some(8), true);
+        let r = read_round(&mut c, 8);
+        assert!(r.moved && !r.unfinished());
+        assert_eq!((c.taken, c.payload_left, c.script.len()), (1, 4, 1), "its payload not asked for yet");
+        read_round(&mut c, 8);
+        assert_eq!((c.payload_left, c.script.len()), (0, 0));
     }
 
     #[test]

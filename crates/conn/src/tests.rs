@@ -28,6 +28,25 @@ fn the_receive_buffer_moves_bytes_only_when_the_room_is_needed() {
 }
 
 #[test]
+fn the_receive_buffer_tells_a_short_fill_from_a_full_one() {
+    let (mut peer, ours) = UnixStream::pair().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let mut b = RecvBuf::new(8);
+    peer.write_all(b"abc").unwrap();
+    assert!(matches!(b.fill(|d| Recv::from_socket(ours.as_fd(), d)), Recv::Data(3)));
+    assert!(b.last_fill_short(), "three bytes for eight of room: the socket was empty");
+    peer.write_all(b"defghijk").unwrap();
+    assert!(matches!(b.fill(|d| Recv::from_socket(ours.as_fd(), d)), Recv::Data(5)));
+    assert!(!b.last_fill_short(), "the room filled: more may wait");
+    b.consume(8);
+    b.reserve(8);
+    assert!(matches!(b.fill(|d| Recv::from_socket(ours.as_fd(), d)), Recv::Data(3)));
+    assert!(b.last_fill_short());
+    assert!(matches!(b.fill(|d| Recv::from_socket(ours.as_fd(), d)), Recv::WouldBlock));
+    assert!(!b.last_fill_short(), "nothing came: not a short fill");
+}
+
+#[test]
 fn the_send_queue_counts_partial_writes_against_its_front() {
     let pieces: [&[u8]; 3] = [b"aaaa", b"bb", b"cccccc"];
     let mut q = SendQueue::with_capacity(4);

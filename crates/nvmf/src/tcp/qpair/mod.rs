@@ -28,6 +28,7 @@ use fp_conn::{Interest, Life, Recv, RecvBuf, SendQueue, Sent};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
 use fp_reactor::{PollStatus, Poller, PollerId};
+use fp_sys::clock::TickScale;
 use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
 
 use crate::controller::{Controller, ControllerConfig};
@@ -263,6 +264,11 @@ pub(crate) struct QpairPoller {
     interest: Interest,
     timer: fp_sys::Timer,
     next_tick: Option<Instant>,
+    /// `next_tick` on the data path's clock ([`fp_sys::clock::ticks`], a TSC read): a poll
+    /// looks at `Instant` (a vDSO clock read, several times dearer, once a round on an admin
+    /// queue with keep-alive) only once this is reached.
+    tick_due: u64,
+    scale: TickScale,
     id: Option<PollerId>,
     /// The queue's commands, namespaces and buffers (the transport-neutral part).
     exec: Executor,
@@ -336,6 +342,8 @@ impl QpairPoller {
             interest,
             timer,
             next_tick: None,
+            tick_due: 0,
+            scale: TickScale::of_clock(),
             id: None,
             exec,
             wire: Wire {
@@ -391,7 +399,13 @@ impl QpairPoller {
     pub(crate) fn set_tick(&mut self, every: Duration) {
         if self.timer.every(every).is_ok() {
             self.next_tick = Some(Instant::now() + every);
+            self.tick_due_in(every);
         }
+    }
+
+    /// The next tick is `d` from now on the data path's clock (a tick late rather than early).
+    pub(super) fn tick_due_in(&mut self, d: Duration) {
+        self.tick_due = fp_sys::clock::ticks() + self.scale.ticks(d) + 1;
     }
 
     pub(crate) fn tick_interval(&self) -> Duration {
@@ -536,7 +550,7 @@ impl Poller for QpairPoller {
             // other queues keep the reactor from sleeping.
             self.set_tick(Duration::from_secs(1));
         }
-        if self.next_tick.is_some() {
+        if self.next_tick.is_some() && fp_sys::clock::ticks() >= self.tick_due {
             self.tick(Instant::now());
         }
         if self.exec.teardown && self.tx.is_empty() && !self.life.is_closing() {

@@ -278,6 +278,10 @@ impl Reader for QpairPoller {
         !self.rx.is_empty()
     }
 
+    fn drained(&self) -> bool {
+        self.rx.last_fill_short()
+    }
+
     fn peer_closed(&mut self, at: PeerClosed) {
         self.life.set_misbehaved(at.misbehaved());
         self.close_after(match at {

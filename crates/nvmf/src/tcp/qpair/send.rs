@@ -128,12 +128,16 @@ impl QpairPoller {
     pub(super) fn tick(&mut self, now: Instant) {
         let Some(due) = self.next_tick else { return };
         if now < due {
+            // The two clocks disagree by a little: look again when `Instant` says it is due.
+            self.tick_due_in(due - now);
             return;
         }
         let _ = self.timer.drain();
         // On the timer's own schedule, so the next check finds it expired.
         let every = self.tick_interval();
-        self.next_tick = Some(if due + every > now { due + every } else { now + every });
+        let next = if due + every > now { due + every } else { now + every };
+        self.next_tick = Some(next);
+        self.tick_due_in(next - now);
         if let Some(c) = &self.exec.admin {
             if !self.life.is_closing() && c.keep_alive_expired(now) {
                 log::warn!("{}: keep-alive timeout expired", self.what());
