@@ -31,7 +31,7 @@ use crate::pcie::vfio::VfioFunction;
 use crate::pcie::{PcieOptions, PcieTransport};
 use crate::tcp::{Adrfam, DhchapHost, TcpTarget, TcpTransport};
 use crate::NvmeError;
-use fp_crypto::dhchap::DhchapSecret;
+use fp_crypto::dhchap::{DhchapSecret, SecretError};
 
 pub use params::{
     Address, AddressFamily, AttachParams, OnTimeout, Options, OptionsParams, Reconnect, Trtype,
@@ -404,8 +404,14 @@ fn dhchap_secret(
     let secret = key.with_material(|m| {
         let text = std::str::from_utf8(m)
             .map_err(|_| ParamError::new(field, format!("key '{name}' is not a DHHC-1 secret (not text)")))?;
-        DhchapSecret::parse(text.trim())
-            .map_err(|e| ParamError::new(field, format!("key '{name}' is not a DHHC-1 secret: {e}")))
+        DhchapSecret::parse(text.trim()).map_err(|e| {
+            // A base64 error quotes a byte of the text: say only that it is not base64.
+            let why = match e {
+                SecretError::Base64(_) => "its key is not base64".to_string(),
+                e => e.to_string(),
+            };
+            ParamError::new(field, format!("key '{name}' is not a DHHC-1 secret: {why}"))
+        })
     })?;
     Ok(Some(secret))
 }
