@@ -27,6 +27,10 @@ enum Play {
     WrongControllerResponse,
     /// A Challenge whose HL is no hash length.
     MalformedChallenge,
+    /// A Challenge of another transaction (a replayed one).
+    OtherTransaction,
+    /// A Challenge whose DH value is 1 (g^y = 1 would make the session key known).
+    TrivialDhValue,
 }
 
 struct Controller {
@@ -101,13 +105,18 @@ impl Controller {
         let pair = DhKeyPair::generate(self.group);
         let c1 = dhchap::random_challenge(self.hash);
         let s1 = dhchap::random_sequence_number();
+        let mut dh_value = pair.public_value().to_vec();
+        if self.play == Play::TrivialDhValue {
+            dh_value.fill(0);
+            *dh_value.last_mut().expect("a DH group") = 1;
+        }
         let mut challenge = bytes(AuthMessage::Challenge(Challenge {
-            t_id,
+            t_id: if self.play == Play::OtherTransaction { t_id.wrapping_add(1) } else { t_id },
             hash: self.hash,
             dh_group: self.group,
             seqnum: s1,
             challenge: c1.clone(),
-            dh_value: pair.public_value().to_vec(),
+            dh_value,
         }));
         if self.play == Play::MalformedChallenge {
             challenge[6] = 7;
@@ -250,4 +259,14 @@ fn a_hash_not_offered_is_refused_with_failure2() {
     let AuthMessage::Negotiate(n) = &seen[0] else { panic!("{seen:?}") };
     assert_eq!(n.protocols, vec![ProtocolDescriptor::dhchap(&[HashId::Sha256], &[DhGroupId::Null])]);
     assert_eq!(failure2(&seen), FailureReason::HashUnusable);
+}
+
+#[test]
+fn a_challenge_of_another_transaction_or_a_trivial_dh_value_is_refused_with_failure2() {
+    for (play, want) in [(Play::OtherTransaction, "T_ID"), (Play::TrivialDhValue, "ffdhe2048")] {
+        let ctrl = Controller::new(HashId::Sha256, DhGroupId::Ffdhe2048, &secret(1), play);
+        let (e, seen) = refused(ctrl, host(1, None));
+        assert!(e.contains("DH-HMAC-CHAP_Challenge") && e.contains(want), "{play:?}: {e}");
+        assert_eq!(failure2(&seen), FailureReason::IncorrectPayload, "{play:?}");
+    }
 }
