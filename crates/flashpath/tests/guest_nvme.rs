@@ -57,6 +57,60 @@ mod guest_vm {
     const DRIVER_REGION: (u64, u64, u64) = (8 * MIB, MIB, 63);
     /// The region flashpath's NVMe/TCP initiator writes on the guest's nvmet namespace.
     const TCP_REGION: (u64, u64, u64) = (12 * MIB, MIB, 64);
+    /// DH-HMAC-CHAP secrets (`DHHC-1`, as `nvme gen-dhchap-key` writes them): the host's
+    /// (transformed with SHA-256), the controller's (48 bytes, SHA-384) and one the subsystem
+    /// does not have.
+    const HOST_KEY: &str = "DHHC-1:01:AQgPFh0kKzI5QEdOVVxjanF4f4aNlJuiqbC3vsXM09pl1OOC:";
+    const CTRL_KEY: &str =
+        "DHHC-1:02:Aw4ZJC86RVBbZnF8h5KdqLO+ydTf6vUACxYhLDdCTVhjbnmEj5qlsLvG0dzn8v0I2Am4Nw==:";
+    const WRONG_KEY: &str = "DHHC-1:01:CQ4TGB0iJywxNjtARUpPVFleY2htcnd8gYaLkJWan6TDcoGq:";
+
+    /// The guest's nvmet then admits [`HOSTNQN`] only, with DH-HMAC-CHAP (SHA-384, ffdhe2048,
+    /// bidirectional): flashpath's initiator without a key and with a wrong one is refused by
+    /// name, with the keys it authenticates every queue and reads the region it wrote before.
+    fn dhchap_against_the_kernel(vm: &mut Vm, d: &Daemon, port: u16) {
+        vm.send_line(&format!("auth {HOSTNQN} {HOST_KEY} {CTRL_KEY} hmac(sha384) ffdhe2048"));
+        vm.wait_for("the guest's DH-HMAC-CHAP host", |l| l.contains("nvme nvmet auth ready"), GUEST_DEADLINE);
+        let keys = tempfile::tempdir().expect("tempdir");
+        for (name, text) in [("host0", HOST_KEY), ("ctrl0", CTRL_KEY), ("wrong0", WRONG_KEY)] {
+            let path = keys.path().join(name);
+            std::fs::write(&path, text).expect("writing a key file");
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+            d.call("keyring_file_add_key", json!({"name": name, "path": path.to_str().unwrap()}));
+        }
+        let attach = |keys: serde_json::Value| {
+            let mut p = json!({
+                "name": "Auth0", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+                "trsvcid": port.to_string(), "subnqn": NQN, "hostnqn": HOSTNQN
+            });
+            p.as_object_mut().unwrap().extend(keys.as_object().unwrap().clone());
+            d.try_call("bdev_nvme_attach_controller", p)
+        };
+        let e = attach(json!({})).unwrap_err();
+        assert!(e.message.contains("no dhchap_key was given"), "without a key: {e:?}");
+        let e = attach(json!({"dhchap_key": "wrong0"})).unwrap_err();
+        assert!(e.message.contains("refused the host's response"), "with a wrong key: {e:?}");
+        assert_eq!(d.call("bdev_nvme_get_controllers", json!({})), json!([]));
+        let names = attach(json!({"dhchap_key": "host0", "dhchap_ctrlr_key": "ctrl0"}))
+            .unwrap_or_else(|e| panic!("with the keys: {e:?}"));
+        assert_eq!(names, json!(["Auth0n1"]));
+        let sock = d.controller("vhost.auth", "Auth0n1", Some(1), false);
+        let (roff, rlen, rseed) = TCP_REGION;
+        bounded(Duration::from_secs(120), "reading through an authenticated controller", move || {
+            let mut c = BlkClient::open(&sock, 1);
+            let want = pattern(rseed, roff, rlen as usize);
+            assert_same(
+                "the region read over authenticated queues",
+                roff,
+                &c.read_all(roff, rlen as usize),
+                &want,
+            );
+        });
+        d.call("vhost_delete_controller", json!({"ctrlr": "vhost.auth"}));
+        assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Auth0"})), json!(true));
+        eprintln!("guest 'nvme': DH-HMAC-CHAP against the kernel's nvmet: refused without a key and with a wrong one, bidirectional with the keys");
+    }
+
     /// The guest's whole life and each wait in it: only a hang reaches it.
     const GUEST_DEADLINE: Duration = Duration::from_secs(600);
     /// The size of the file the guest's nvmet namespace is on.
@@ -287,6 +341,7 @@ mod guest_vm {
             |l| l.contains(&format!("nvme nvmet verified {off} ")),
             GUEST_DEADLINE,
         );
+        dhchap_against_the_kernel(&mut vm, &d, port);
         vm.send_line("done");
         let r = vm.wait_result();
         assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());

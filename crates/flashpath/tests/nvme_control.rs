@@ -15,6 +15,7 @@
 //! * [`the_daemon_stops_with_a_controller_attached`]: SIGTERM detaches it, promptly.
 //! * [`a_lost_tcp_controller_reconnects_by_its_timeouts`]: SPDK's reconnect policy over RPC.
 //! * [`the_host_nqn_is_the_one_the_target_checks`]: `hostnqn` against a host list.
+//! * [`dhchap_keys_are_keyring_names`]: `dhchap_key` / `dhchap_ctrlr_key` resolved in the keyring.
 //! * [`namespace_changes_reach_the_registry`]: a namespace resized, removed and added back on
 //!   the target reaches the attached side's bdevs through asynchronous events; removed while
 //!   exported, its bdev stays (its I/O fails) until detach deletes it.
@@ -445,4 +446,54 @@ fn the_host_nqn_is_the_one_the_target_checks() {
     let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
     assert_eq!(c[0]["ctrlrs"][0]["host"]["nqn"], HOST, "{c}");
     assert_eq!(d.call("nvmf_subsystem_get_controllers", json!({"nqn": NQN}))[0]["hostnqn"], HOST);
+}
+
+/// `dhchap_key` and `dhchap_ctrlr_key` name keyring keys: a name not in the keyring or a key
+/// that is no DHHC-1 secret is refused naming the parameter (nothing is left attached); good
+/// keys attach (this target does not ask for authentication, so they are not used: the
+/// transaction itself is `fp-nvme`'s `tcp::auth_tests`, and the kernel's in `guest_nvme`).
+#[test]
+fn dhchap_keys_are_keyring_names() {
+    let d = Daemon::start("0");
+    let port = serve_target(&d);
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in [
+        ("host0", "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n"),
+        ("garbage", "not a secret\n"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        d.call("keyring_file_add_key", json!({"name": name, "path": path.to_str().unwrap()}));
+    }
+    d.call("bdev_nvme_set_options", json!({"dhchap_digests": ["sha256"], "dhchap_dhgroups": ["null"]}));
+    let with = |keys: Value| {
+        let mut p = attach_params("Nvme0", port);
+        p.as_object_mut().unwrap().extend(keys.as_object().unwrap().clone());
+        p
+    };
+    for (keys, want) in [
+        (json!({"dhchap_key": "nope"}), "dhchap_key: "),
+        (json!({"dhchap_key": "garbage"}), "dhchap_key: key 'garbage' is not a DHHC-1 secret"),
+        (
+            json!({"dhchap_key": "host0", "dhchap_ctrlr_key": "garbage"}),
+            "dhchap_ctrlr_key: key 'garbage' is not a DHHC-1 secret",
+        ),
+        (json!({"dhchap_ctrlr_key": "host0"}), "dhchap_ctrlr_key: needs dhchap_key"),
+    ] {
+        let e = d.try_call("bdev_nvme_attach_controller", with(keys.clone())).unwrap_err();
+        assert_eq!(e.code, -32602, "{keys}: {e:?}");
+        assert!(e.message.starts_with(want), "{keys}: {:?} does not start with {want:?}", e.message);
+        assert!(!e.message.contains("AAECAw"), "{keys}: the key's text is in the error: {e:?}");
+    }
+    assert!(d
+        .try_call("bdev_nvme_attach_controller", with(json!({"dhchap_key": "nope"})))
+        .unwrap_err()
+        .message
+        .contains("no key named 'nope'"));
+    assert_eq!(d.call("bdev_nvme_get_controllers", json!({})), json!([]));
+    assert_eq!(
+        d.call("bdev_nvme_attach_controller", with(json!({"dhchap_key": "host0"}))),
+        json!(["Nvme0n1"])
+    );
 }

@@ -45,6 +45,9 @@ pub enum NvmeError {
     /// The controller lacks something the driver needs.
     #[error("{0}")]
     Unsupported(String),
+    /// DH-HMAC-CHAP authentication of a queue failed; the text names the queue and the step.
+    #[error("DH-HMAC-CHAP authentication failed: {0}")]
+    Auth(String),
 }
 
 impl NvmeError {
@@ -58,6 +61,7 @@ impl NvmeError {
             NvmeError::Protocol(_) => -libc::EPROTO,
             NvmeError::Gone(_) => -libc::ENODEV,
             NvmeError::Unsupported(_) => -libc::ENOTSUP,
+            NvmeError::Auth(_) => -libc::EACCES,
         }
     }
 

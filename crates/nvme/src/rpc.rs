@@ -29,8 +29,9 @@ use crate::bdev::NvmeNamespace;
 use crate::ctrlr::{attach, Controller, GlobalOptions, NamespaceEvent, TimeoutAction};
 use crate::pcie::vfio::VfioFunction;
 use crate::pcie::{PcieOptions, PcieTransport};
-use crate::tcp::{Adrfam, TcpTarget, TcpTransport};
+use crate::tcp::{Adrfam, DhchapHost, TcpTarget, TcpTransport};
 use crate::NvmeError;
+use fp_crypto::dhchap::{DhchapSecret, SecretError};
 
 pub use params::{
     Address, AddressFamily, AttachParams, OnTimeout, Options, OptionsParams, Reconnect, Trtype,
@@ -360,6 +361,11 @@ fn attach_reserved(
                 hdgst: *hdgst,
                 ddgst: *ddgst,
                 kato_ms: global.keep_alive_timeout_ms,
+                dhchap: DhchapHost {
+                    key: dhchap_secret(host, "dhchap_key", a.dhchap_key.as_deref())?,
+                    ctrlr_key: dhchap_secret(host, "dhchap_ctrlr_key", a.dhchap_ctrlr_key.as_deref())?,
+                    offer: options.dhchap,
+                },
             };
             (attach(TcpTransport::new(target), opts, global, events), Some(hostnqn))
         }
@@ -384,6 +390,30 @@ fn attach_reserved(
         }
     }
     Ok((Attached { ctrlr, address: a.address.clone(), hostnqn }, names))
+}
+
+/// The DH-HMAC-CHAP secret (`DHHC-1:...`) the daemon's keyring holds as `name`; errors name
+/// `field` and the key, never its content.
+fn dhchap_secret(
+    host: &dyn ModuleHost,
+    field: &'static str,
+    name: Option<&str>,
+) -> Result<Option<DhchapSecret>, ModuleError> {
+    let Some(name) = name else { return Ok(None) };
+    let key = fp_crypto::keyring(host).key(name).map_err(|e| ParamError::new(field, e.to_string()))?;
+    let secret = key.with_material(|m| {
+        let text = std::str::from_utf8(m)
+            .map_err(|_| ParamError::new(field, format!("key '{name}' is not a DHHC-1 secret (not text)")))?;
+        DhchapSecret::parse(text.trim()).map_err(|e| {
+            // A base64 error quotes a byte of the text: say only that it is not base64.
+            let why = match e {
+                SecretError::Base64(_) => "its key is not base64".to_string(),
+                e => e.to_string(),
+            };
+            ParamError::new(field, format!("key '{name}' is not a DHHC-1 secret: {why}"))
+        })
+    })?;
+    Ok(Some(secret))
 }
 
 /// The controller's namespace events, applied to the registry on a thread of their own (in

@@ -4,7 +4,10 @@
 
 use std::net::IpAddr;
 
+use fp_nvme_spec::auth::{DhGroupId, HashId};
 use fp_rpc::{Neutral, ParamError, Params};
+
+use crate::tcp::DhchapOffer;
 
 /// SPDK's `trtype`: how the controller is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +206,11 @@ pub struct AttachParams {
     pub address: Address,
     /// The reconnect fields given (over `bdev_nvme_set_options`' defaults).
     pub reconnect: ReconnectParams,
+    /// DH-HMAC-CHAP: the keyring name of the host's key (`dhchap_key`).
+    pub dhchap_key: Option<String>,
+    /// The keyring name of the controller's key (`dhchap_ctrlr_key`): authenticate the
+    /// controller too.
+    pub dhchap_ctrlr_key: Option<String>,
 }
 
 /// SPDK parameters of `bdev_nvme_attach_controller` flashpath does not implement: accepted
@@ -216,8 +224,6 @@ const ATTACH_SPDK_ONLY: &[(&str, Neutral)] = &[
     ("num_io_queues", Neutral::Absent),
     ("priority", Neutral::Absent),
     ("psk", Neutral::Absent),
-    ("dhchap_key", Neutral::Absent),
-    ("dhchap_ctrlr_key", Neutral::Absent),
     ("max_bdevs", Neutral::Absent),
     ("multipath_opts", Neutral::Absent),
 ];
@@ -235,6 +241,8 @@ impl AttachParams {
         let hdgst = p.optional_bool("hdgst")?.unwrap_or(false);
         let ddgst = p.optional_bool("ddgst")?.unwrap_or(false);
         let reconnect = ReconnectParams::take(&mut p)?;
+        let dhchap_key = p.optional_str("dhchap_key")?;
+        let dhchap_ctrlr_key = p.optional_str("dhchap_ctrlr_key")?;
         // Named refusals for what a second path or a chosen source address would need.
         for (field, reason) in [
             ("hostaddr", "not supported: the connection's source address is the kernel's choice"),
@@ -261,6 +269,8 @@ impl AttachParams {
                     ("hostnqn", hostnqn.is_some()),
                     ("hdgst", hdgst),
                     ("ddgst", ddgst),
+                    ("dhchap_key", dhchap_key.is_some()),
+                    ("dhchap_ctrlr_key", dhchap_ctrlr_key.is_some()),
                 ];
                 if let Some((field, _)) = tcp_only.iter().find(|(_, given)| *given) {
                     return Err(ParamError::new(*field, "only for trtype TCP"));
@@ -302,7 +312,13 @@ impl AttachParams {
                 Address::Tcp { traddr: ip, trsvcid, subnqn, hostnqn, hdgst, ddgst }
             }
         };
-        Ok(AttachParams { name, address, reconnect })
+        if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
+            return Err(ParamError::new(
+                "dhchap_ctrlr_key",
+                "needs dhchap_key (the controller is authenticated in the host's transaction)",
+            ));
+        }
+        Ok(AttachParams { name, address, reconnect, dhchap_key, dhchap_ctrlr_key })
     }
 }
 
@@ -429,6 +445,8 @@ pub struct Options {
     /// SPDK's `enable_flush`: a controller's volatile write cache is flushed (namespaces report
     /// flush and send Flush); off, flush is neither reported nor sent.
     pub enable_flush: bool,
+    /// The DH-HMAC-CHAP hashes and groups offered (`dhchap_digests`, `dhchap_dhgroups`).
+    pub dhchap: DhchapOffer,
 }
 
 /// SPDK's default admin queue poll period (10 ms).
@@ -457,6 +475,7 @@ impl Default for Options {
             io_queue_requests: 0,
             nvme_adminq_poll_period_us: DEFAULT_ADMINQ_POLL_PERIOD_US,
             enable_flush: true,
+            dhchap: DhchapOffer::default(),
         }
     }
 }
@@ -487,8 +506,6 @@ const OPTIONS_SPDK_ONLY: &[(&str, Neutral)] = &[
     ("bdev_retry_count", Neutral::Absent),
     ("rdma_cm_event_timeout_ms", Neutral::Absent),
     ("rdma_umr_per_io", Neutral::Absent),
-    ("dhchap_digests", Neutral::Absent),
-    ("dhchap_dhgroups", Neutral::Absent),
     ("multipath_opts", Neutral::Absent),
 ];
 
@@ -503,6 +520,8 @@ pub struct OptionsParams {
     io_queue_requests: Option<u32>,
     nvme_adminq_poll_period_us: Option<u64>,
     enable_flush: Option<bool>,
+    dhchap_digests: Option<Vec<HashId>>,
+    dhchap_dhgroups: Option<Vec<DhGroupId>>,
     /// The first field given, to name in a refusal that is about the call as a whole.
     pub first_field: Option<&'static str>,
 }
@@ -538,6 +557,8 @@ impl OptionsParams {
         let nvme_adminq_poll_period_us =
             p.optional_uint("nvme_adminq_poll_period_us", MAX_ADMINQ_POLL_PERIOD_US)?;
         let enable_flush = p.optional_bool("enable_flush")?;
+        let dhchap_digests = names_of(&mut p, "dhchap_digests", HashId::ALL, HashId::name)?;
+        let dhchap_dhgroups = names_of(&mut p, "dhchap_dhgroups", DhGroupId::ALL, DhGroupId::name)?;
         p.spdk_only(OPTIONS_SPDK_ONLY)?;
         p.finish()?;
         let given = [
@@ -551,6 +572,8 @@ impl OptionsParams {
             ("io_queue_requests", io_queue_requests.is_some()),
             ("nvme_adminq_poll_period_us", nvme_adminq_poll_period_us.is_some()),
             ("enable_flush", enable_flush.is_some()),
+            ("dhchap_digests", dhchap_digests.is_some()),
+            ("dhchap_dhgroups", dhchap_dhgroups.is_some()),
         ];
         let first_field = given.iter().find(|(_, g)| *g).map(|(f, _)| *f);
         Ok(OptionsParams {
@@ -562,6 +585,8 @@ impl OptionsParams {
             io_queue_requests,
             nvme_adminq_poll_period_us,
             enable_flush,
+            dhchap_digests,
+            dhchap_dhgroups,
             first_field,
         })
     }
@@ -579,6 +604,10 @@ impl OptionsParams {
                 .nvme_adminq_poll_period_us
                 .unwrap_or(current.nvme_adminq_poll_period_us),
             enable_flush: self.enable_flush.unwrap_or(current.enable_flush),
+            dhchap: DhchapOffer::new(
+                self.dhchap_digests.as_deref().unwrap_or(&current.dhchap.digests()),
+                self.dhchap_dhgroups.as_deref().unwrap_or(&current.dhchap.dhgroups()),
+            ),
         };
         if o.timeout_us == 0 && o.timeout_admin_us != 0 {
             return Err(ParamError::new(
@@ -594,6 +623,30 @@ impl OptionsParams {
         }
         Ok(o)
     }
+}
+
+/// A list of SPDK's names (`dhchap_digests`, `dhchap_dhgroups`): each one of `all`, at least
+/// one.
+fn names_of<T: Copy>(
+    p: &mut Params,
+    field: &'static str,
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> Result<Option<Vec<T>>, ParamError> {
+    let Some(list) = p.optional_str_list(field)? else { return Ok(None) };
+    if list.is_empty() {
+        return Err(ParamError::new(field, "offers nothing: name at least one"));
+    }
+    let known = || all.iter().map(|v| name(*v)).collect::<Vec<_>>().join(", ");
+    list.iter()
+        .map(|n| {
+            all.iter()
+                .copied()
+                .find(|v| name(*v) == n)
+                .ok_or_else(|| ParamError::new(field, format!("'{n}' is not one of {}", known())))
+        })
+        .collect::<Result<Vec<T>, ParamError>>()
+        .map(Some)
 }
 
 #[cfg(test)]
@@ -765,6 +818,7 @@ mod tests {
                 io_queue_requests: 2048,
                 nvme_adminq_poll_period_us: 2000,
                 enable_flush: false,
+                dhchap: DhchapOffer::default(),
             }
         );
         assert!(Options::default().enable_flush);
@@ -797,10 +851,64 @@ mod tests {
                 "reconnect_delay_sec: must be 0 when ctrlr_loss_timeout_sec is 0",
             ),
             (json!({"timeout": 3}), "timeout: unknown parameter; accepted: timeout_us"),
+            (
+                json!({"dhchap_digests": ["md5"]}),
+                "dhchap_digests: 'md5' is not one of sha256, sha384, sha512",
+            ),
+            (json!({"dhchap_dhgroups": []}), "dhchap_dhgroups: offers nothing"),
+            (json!({"dhchap_dhgroups": "null"}), "dhchap_dhgroups: expected a list of strings"),
+            (
+                json!({"dhchap_dhgroups": ["ffdhe1024"]}),
+                "dhchap_dhgroups: 'ffdhe1024' is not one of null, ffdhe2048",
+            ),
         ];
         for (v, want) in cases {
             let got = options(v).unwrap_err().to_string();
             assert!(got.starts_with(want), "{got:?} does not start with {want:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod dhchap_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn attach_takes_dhchap_key_names_for_tcp_only() {
+        let tcp = json!({"name": "N", "trtype": "TCP", "traddr": "127.0.0.1", "subnqn": "nqn.a",
+            "dhchap_key": "key0", "dhchap_ctrlr_key": "ckey0"});
+        let a = AttachParams::decode(Params::new(Some(tcp)).unwrap()).unwrap();
+        assert_eq!((a.dhchap_key.as_deref(), a.dhchap_ctrlr_key.as_deref()), (Some("key0"), Some("ckey0")));
+        let only_ctrlr = json!({"name": "N", "trtype": "TCP", "traddr": "127.0.0.1", "subnqn": "nqn.a",
+            "dhchap_ctrlr_key": "ckey0"});
+        let e = AttachParams::decode(Params::new(Some(only_ctrlr)).unwrap()).unwrap_err().to_string();
+        assert!(e.starts_with("dhchap_ctrlr_key: needs dhchap_key"), "{e}");
+        let pcie = json!({"name": "N", "trtype": "PCIe", "traddr": "0000:00:04.0", "dhchap_key": "key0"});
+        let e = AttachParams::decode(Params::new(Some(pcie)).unwrap()).unwrap_err().to_string();
+        assert!(e.starts_with("dhchap_key: only for trtype TCP"), "{e}");
+    }
+
+    #[test]
+    fn set_options_sets_the_dhchap_offer_in_spdks_order() {
+        let p = OptionsParams::decode(
+            Params::new(Some(
+                json!({"dhchap_digests": ["sha512", "sha256"], "dhchap_dhgroups": ["ffdhe4096", "null"]}),
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(p.first_field, Some("dhchap_digests"));
+        let o = p.over(Options::default()).unwrap();
+        assert_eq!(o.dhchap.digests(), vec![HashId::Sha256, HashId::Sha512]);
+        assert_eq!(o.dhchap.dhgroups(), vec![DhGroupId::Null, DhGroupId::Ffdhe4096]);
+        // Only the groups given: the digests stay as they were.
+        let p = OptionsParams::decode(Params::new(Some(json!({"dhchap_dhgroups": ["ffdhe2048"]}))).unwrap())
+            .unwrap();
+        let o2 = p.over(o).unwrap();
+        assert_eq!(o2.dhchap.digests(), vec![HashId::Sha256, HashId::Sha512]);
+        assert_eq!(o2.dhchap.dhgroups(), vec![DhGroupId::Ffdhe2048]);
+        assert_eq!(Options::default().dhchap.digests(), HashId::ALL.to_vec());
+        assert_eq!(Options::default().dhchap.dhgroups(), DhGroupId::ALL.to_vec());
     }
 }

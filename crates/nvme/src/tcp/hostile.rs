@@ -23,8 +23,8 @@ const T: Duration = Duration::from_secs(5);
 const NO: Digests = Digests { header: false, data: false };
 
 /// The hostile end of one connection, past the handshake and Connect.
-struct Peer {
-    s: TcpStream,
+pub(super) struct Peer {
+    pub(super) s: TcpStream,
     digests: Digests,
 }
 
@@ -38,19 +38,19 @@ impl Peer {
         u16::from_le_bytes([b[10], b[11]])
     }
 
-    fn send(&mut self, b: &[u8]) {
+    pub(super) fn send(&mut self, b: &[u8]) {
         // The host may have closed already (it found the input bad): not this side's concern.
         let _ = self.s.write_all(b);
     }
 
-    fn response(&mut self, cid: u16, status: Status) {
+    pub(super) fn response(&mut self, cid: u16, status: Status) {
         let mut b = [0u8; HEADER_ROOM];
         let n = write_capsule_resp(&mut b, &Cqe::new(cid, status), self.digests);
         self.send(&b[..n]);
     }
 
     /// A C2HData header for `len` bytes at `offset` with `flags`, then `data`.
-    fn c2h(&mut self, cid: u16, offset: u32, len: u32, flags: u8, data: &[u8]) {
+    pub(super) fn c2h(&mut self, cid: u16, offset: u32, len: u32, flags: u8, data: &[u8]) {
         let mut b = [0u8; HEADER_ROOM];
         let h = DataHeader { cccid: cid, ttag: 0, offset, length: len };
         let n = write_c2h_data(&mut b, &h, flags, self.digests, 0);
@@ -68,6 +68,16 @@ impl Peer {
 fn hostile(
     digests: Digests,
     ic: impl FnOnce(&mut [u8; IC_LEN]) + Send + 'static,
+    script: impl FnOnce(&mut Peer) + Send + 'static,
+) -> (u16, JoinHandle<()>) {
+    scripted(digests, ic, 1, script)
+}
+
+/// [`hostile`], the Connect answered with `connect_dw0` (CNTLID and AUTHREQ).
+pub(super) fn scripted(
+    digests: Digests,
+    ic: impl FnOnce(&mut [u8; IC_LEN]) + Send + 'static,
+    connect_dw0: u32,
     script: impl FnOnce(&mut Peer) + Send + 'static,
 ) -> (u16, JoinHandle<()>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -90,7 +100,7 @@ fn hostile(
         }
         let cid = u16::from_le_bytes([c[10], c[11]]);
         let mut r = [0u8; HEADER_ROOM];
-        let cqe = Cqe { dw0: 1, ..Cqe::new(cid, Status::SUCCESS) };
+        let cqe = Cqe { dw0: connect_dw0, ..Cqe::new(cid, Status::SUCCESS) };
         let n = write_capsule_resp(&mut r, &cqe, digests);
         p.send(&r[..n]);
         script(&mut p);

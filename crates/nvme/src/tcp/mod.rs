@@ -2,12 +2,14 @@
 //! an admin queue ([`TcpAdmin`]) and I/O queue pairs ([`TcpQueue`]), each its own connection.
 //!
 //! * `transport`: the target's address, connecting, ICReq/ICResp, Connect, enabling;
+//! * `auth`: DH-HMAC-CHAP on a queue whose Connect asks for it;
 //! * `queue`: one connection's queue pair: capsules and the send list, synchronous commands;
 //!   its `receive` side: R2T and H2CData, C2HData, digests, and the checks on
 //!   everything the controller sends;
 //! * `admin`, `io`: the queue as the controller's admin queue and as a reactor's I/O queue.
 
 mod admin;
+mod auth;
 #[doc(hidden)]
 pub mod fuzz;
 mod io;
@@ -15,6 +17,7 @@ mod queue;
 mod transport;
 
 pub use admin::TcpAdmin;
+pub use auth::{DhchapHost, DhchapOffer};
 pub use queue::{DataStats, TcpQueue};
 pub use transport::{Adrfam, TcpTarget, TcpTransport};
 
@@ -51,6 +54,8 @@ fn io_sock_impl() -> fp_conn::uring::SocketImpl {
     fp_conn::uring::default_impl()
 }
 
+#[cfg(test)]
+mod auth_tests;
 #[cfg(test)]
 mod ctrlr_tests;
 #[cfg(test)]

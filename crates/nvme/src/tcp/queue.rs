@@ -264,6 +264,12 @@ impl TcpQueue {
         self.p.icd = icd;
     }
 
+    /// Requires every later read to receive all its data (an I/O queue, once authentication,
+    /// whose messages are shorter than the buffer they are read into, is done).
+    pub(crate) fn set_strict_reads(&mut self, strict: bool) {
+        self.p.strict_reads = strict;
+    }
+
     pub(crate) fn stats(&self) -> QueueStats {
         self.stats
     }

@@ -39,6 +39,7 @@ pub(super) fn transport(port: u16, digests: bool) -> TcpTransport {
         hdgst: digests,
         ddgst: digests,
         kato_ms: 0,
+        dhchap: Default::default(),
     })
 }
 

@@ -3,14 +3,18 @@
 //! ICReq/ICResp (TCP 3.6.2.1-2), then a Fabrics Connect (NVMe-oF 1.1 3.3) of queue 0 for a new
 //! controller (dynamic controller ID) or of an I/O queue with the admin queue's controller ID.
 //! The admin queue then enables the controller through Property Set/Get (CC.EN, CSTS.RDY) and
-//! reads Identify Controller for what the I/O queues need (IOCCSZ, MDTS).
+//! reads Identify Controller for what the I/O queues need (IOCCSZ, MDTS). A queue whose Connect
+//! answer asks for authentication (AUTHREQ.ATR) runs DH-HMAC-CHAP (`auth`) before any other
+//! command.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use fp_nvme_spec::auth::{AUTHREQ_ASCR, AUTHREQ_ATR};
 use fp_nvme_spec::fabrics::CONNECT_DATA_LEN;
 use fp_nvme_spec::fabrics::{Connect, CNTLID_DYNAMIC};
 use fp_nvme_spec::identify::{IDC_IOCCSZ, IDC_MDTS};
@@ -19,6 +23,7 @@ use fp_nvme_spec::tcp::{self as pdu, CommonHeader, Digests, IcReq, IcResp, IC_LE
 use fp_nvme_spec::{Sqe, SQE_LEN};
 
 use super::admin::TcpAdmin;
+use super::auth::{self, DhchapHost, QueueAuth};
 use super::queue::{Params, TcpQueue};
 use crate::transport::{ready_timeout, AdminData, AdminQueue, HostId, Transport, TransportId};
 use crate::{cmd, NvmeError};
@@ -62,6 +67,8 @@ pub struct TcpTarget {
     pub ddgst: bool,
     /// Keep Alive Timeout sent in the admin queue's Connect, in milliseconds (0: none).
     pub kato_ms: u32,
+    /// DH-HMAC-CHAP: the keys and what is offered, for a controller that asks.
+    pub dhchap: DhchapHost,
 }
 
 /// The NVMe/TCP transport to one controller.
@@ -70,12 +77,14 @@ pub struct TcpTransport {
     target: TcpTarget,
     /// The local address of the last admin connection (`bdev_nvme_get_controllers`' host).
     local: Mutex<Option<SocketAddr>>,
+    /// The next authentication transaction's identifier: each queue's is its own.
+    next_t_id: AtomicU16,
 }
 
 impl TcpTransport {
     /// A transport to `target`; nothing is connected until the controller code asks.
     pub fn new(target: TcpTarget) -> TcpTransport {
-        TcpTransport { target, local: Mutex::new(None) }
+        TcpTransport { target, local: Mutex::new(None), next_t_id: AtomicU16::new(0) }
     }
 
     /// Where it connects.
@@ -155,7 +164,9 @@ impl TcpTransport {
             icd: icd.max(CONNECT_DATA_LEN as u32),
             // A queue of `depth` entries holds `depth - 1` commands (the SQ's full condition).
             slots: depth - 1,
-            strict_reads: qid != 0,
+            // Strict once authenticated: a controller sends less than an authentication
+            // message's buffer.
+            strict_reads: false,
         };
         let mut q = TcpQueue::new(fd, p);
         let t = &self.target;
@@ -178,6 +189,24 @@ impl TcpTransport {
             return Err(NvmeError::Command { what: "Fabrics Connect", status: cqe.status });
         }
         q.set_icd(icd);
+        let authreq = cqe.dw0 & (AUTHREQ_ATR | AUTHREQ_ASCR);
+        if authreq & AUTHREQ_ASCR != 0 {
+            return Err(NvmeError::Unsupported(format!(
+                "queue {qid}: the controller requires a secure channel (AUTHREQ.ASCR): TLS is not supported"
+            )));
+        }
+        if authreq & AUTHREQ_ATR != 0 {
+            let a = QueueAuth {
+                qid,
+                t_id: self.next_t_id.fetch_add(1, Ordering::Relaxed),
+                hostnqn: &t.hostnqn,
+                subnqn: &t.subnqn,
+                timeout,
+            };
+            auth::authenticate(&mut q, &t.dhchap, &a)?;
+            log::info!("nvme tcp {} queue {qid}: authenticated (DH-HMAC-CHAP) as {}", t.traddr, t.hostnqn);
+        }
+        q.set_strict_reads(qid != 0);
         if qid != 0 && super::io_sock_impl() == fp_conn::uring::SocketImpl::Uring {
             // An I/O queue: on the io_uring engine of the reactor that takes it.
             q.use_uring();

@@ -49,6 +49,7 @@ fn attach_tcp(nqn: &str, name: &str) -> (Arc<dyn Controller>, EventLog) {
         hdgst: false,
         ddgst: true,
         kato_ms: 10_000,
+        dhchap: Default::default(),
     });
     let (opts, mut global) = test_options(name);
     global.keep_alive_timeout_ms = 10_000;

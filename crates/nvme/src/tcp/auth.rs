@@ -1,0 +1,320 @@
+//! The host's side of DH-HMAC-CHAP (NVMe Base 2.0 §8.13, in-band authentication) on one queue,
+//! run right after the queue's Fabrics Connect when the controller's answer sets AUTHREQ.ATR:
+//!
+//! ```text
+//! host                                   controller
+//! AUTH_Send    AUTH_Negotiate      ->    (hashes and DH groups offered)
+//! AUTH_Receive DH-HMAC-CHAP_Challenge <- (hash, group, C1, S1, g^y)
+//! AUTH_Send    DH-HMAC-CHAP_Reply  ->    (R1, g^x, and C2 + S2 to authenticate the controller)
+//! AUTH_Receive DH-HMAC-CHAP_Success1 <-  (R2 when asked) or AUTH_Failure1
+//! AUTH_Send    DH-HMAC-CHAP_Success2 ->  (only when C2 was sent and R2 matched)
+//! ```
+//!
+//! A failure on the host's side (a malformed or unexpected message, a hash or group not offered,
+//! a wrong R2) sends AUTH_Failure2 before the error is returned; every command is bounded by
+//! the caller's timeout. The computations and message formats are `fp_crypto::dhchap`'s and
+//! `fp_nvme_spec::auth`'s.
+
+use std::time::Duration;
+
+use fp_crypto::dhchap::{self, DhKeyPair, DhchapSecret, Transaction};
+use fp_nvme_spec::auth::{
+    AuthCommand, AuthMessage, Challenge, DhGroupId, Failure, FailureReason, HashId, Negotiate,
+    ProtocolDescriptor, Reply, Success2, MAX_DHCHAP_MESSAGE_LEN,
+};
+
+use super::queue::TcpQueue;
+use crate::transport::AdminData;
+use crate::NvmeError;
+
+/// The hashes and DH groups a host offers (`bdev_nvme_set_options`' `dhchap_digests` and
+/// `dhchap_dhgroups`): sets, offered in identifier order as SPDK's host offers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DhchapOffer {
+    /// Bit `id` set: the hash of identifier `id` is offered.
+    digests: u8,
+    /// Bit `id` set: the DH group of identifier `id` is offered.
+    dhgroups: u8,
+}
+
+impl Default for DhchapOffer {
+    /// Everything: SHA-256/384/512, the null group and ffdhe2048 to ffdhe8192.
+    fn default() -> DhchapOffer {
+        DhchapOffer::new(HashId::ALL, DhGroupId::ALL)
+    }
+}
+
+impl DhchapOffer {
+    /// An offer of `digests` and `dhgroups` (their order does not matter).
+    pub fn new(digests: &[HashId], dhgroups: &[DhGroupId]) -> DhchapOffer {
+        DhchapOffer {
+            digests: digests.iter().fold(0, |m, h| m | 1 << *h as u8),
+            dhgroups: dhgroups.iter().fold(0, |m, g| m | 1 << *g as u8),
+        }
+    }
+
+    /// The hashes offered, in identifier order.
+    pub fn digests(&self) -> Vec<HashId> {
+        HashId::ALL.iter().copied().filter(|h| self.digests & (1 << *h as u8) != 0).collect()
+    }
+
+    /// The DH groups offered, in identifier order.
+    pub fn dhgroups(&self) -> Vec<DhGroupId> {
+        DhGroupId::ALL.iter().copied().filter(|g| self.dhgroups & (1 << *g as u8) != 0).collect()
+    }
+}
+
+/// What a host authenticates with: its key, the controller's key when the controller is to
+/// be authenticated too (bidirectional), and what it offers.
+#[derive(Debug, Clone, Default)]
+pub struct DhchapHost {
+    /// The host's secret (`dhchap_key`); `None`: a controller asking for authentication is
+    /// refused.
+    pub key: Option<DhchapSecret>,
+    /// The controller's secret (`dhchap_ctrlr_key`): the controller must prove it has it.
+    pub ctrlr_key: Option<DhchapSecret>,
+    /// The hashes and groups offered.
+    pub offer: DhchapOffer,
+}
+
+/// The transaction's identity on the wire and in the responses.
+pub(super) struct QueueAuth<'a> {
+    /// The queue (for the errors).
+    pub qid: u16,
+    /// The transaction identifier (T_ID), unique per queue of the controller.
+    pub t_id: u16,
+    /// The host's NQN.
+    pub hostnqn: &'a str,
+    /// The subsystem's NQN.
+    pub subnqn: &'a str,
+    /// Each command's bound.
+    pub timeout: Duration,
+}
+
+/// A failure of the transaction: the error to return, and whether the host tells the
+/// controller with AUTH_Failure2 (not after the controller's own AUTH_Failure1).
+struct Refusal {
+    error: NvmeError,
+    failure2: Option<FailureReason>,
+}
+
+fn auth_error(q: &QueueAuth<'_>, step: &str, why: impl std::fmt::Display) -> NvmeError {
+    NvmeError::Auth(format!("queue {}: {step}: {why}", q.qid))
+}
+
+/// A refusal the host reports to the controller with `reason`.
+fn refuse(q: &QueueAuth<'_>, step: &str, reason: FailureReason, why: impl std::fmt::Display) -> Refusal {
+    Refusal { error: auth_error(q, step, why), failure2: Some(reason) }
+}
+
+/// Authenticates the queue `tq` (just connected, its Connect answer asking for it) as `host`.
+pub(super) fn authenticate(tq: &mut TcpQueue, host: &DhchapHost, q: &QueueAuth<'_>) -> Result<(), NvmeError> {
+    let Some(key) = &host.key else {
+        return Err(auth_error(
+            q,
+            "Connect",
+            "the controller requires DH-HMAC-CHAP authentication and no dhchap_key was given",
+        ));
+    };
+    match transaction(tq, key, host, q) {
+        Ok(()) => Ok(()),
+        Err(r) => {
+            if let Some(reason) = r.failure2 {
+                let f = Failure { t_id: q.t_id, from_controller: false, reason };
+                let mut b = [0u8; fp_nvme_spec::auth::FAILURE_LEN];
+                if f.encode(&mut b).is_ok() {
+                    // The error reported is the transaction's; the controller may be gone.
+                    if let Err(e) = send(tq, q, "AUTH_Failure2", &b) {
+                        log::info!("nvme tcp queue {}: AUTH_Failure2 not delivered: {e}", q.qid);
+                    }
+                }
+            }
+            Err(r.error)
+        }
+    }
+}
+
+/// Sends `msg` with Authentication Send.
+fn send(tq: &mut TcpQueue, q: &QueueAuth<'_>, step: &str, msg: &[u8]) -> Result<(), NvmeError> {
+    let sqe = AuthCommand { send: true, length: msg.len() as u32 }.to_sqe(0);
+    let cqe = tq.run(&sqe, AdminData::ToDevice(msg), q.timeout, &mut |_, _| {})?;
+    if !cqe.status.is_success() {
+        return Err(auth_error(
+            q,
+            step,
+            format!("Authentication Send failed with sct {:#x} sc {:#x}", cqe.status.sct, cqe.status.sc),
+        ));
+    }
+    Ok(())
+}
+
+/// Receives one message with Authentication Receive.
+fn receive(tq: &mut TcpQueue, q: &QueueAuth<'_>, step: &str) -> Result<AuthMessage, Refusal> {
+    let mut b = vec![0u8; MAX_DHCHAP_MESSAGE_LEN];
+    let sqe = AuthCommand { send: false, length: b.len() as u32 }.to_sqe(0);
+    let cqe = tq
+        .run(&sqe, AdminData::FromDevice(&mut b), q.timeout, &mut |_, _| {})
+        .map_err(|error| Refusal { error, failure2: None })?;
+    if !cqe.status.is_success() {
+        return Err(Refusal {
+            error: auth_error(
+                q,
+                step,
+                format!(
+                    "Authentication Receive failed with sct {:#x} sc {:#x}",
+                    cqe.status.sct, cqe.status.sc
+                ),
+            ),
+            failure2: None,
+        });
+    }
+    let m = AuthMessage::parse(&b).map_err(|e| refuse(q, step, FailureReason::IncorrectPayload, e))?;
+    if m.t_id() != q.t_id {
+        return Err(refuse(
+            q,
+            step,
+            FailureReason::IncorrectPayload,
+            format!("T_ID {} is not this transaction's ({})", m.t_id(), q.t_id),
+        ));
+    }
+    Ok(m)
+}
+
+/// The controller's AUTH_Failure1 (or an out-of-order message) where `step` was expected.
+fn unexpected(q: &QueueAuth<'_>, step: &str, m: &AuthMessage) -> Refusal {
+    match m {
+        AuthMessage::Failure(f) if f.from_controller => Refusal {
+            error: auth_error(q, step, format!("the controller refused: AUTH_Failure1 {:?}", f.reason)),
+            failure2: None,
+        },
+        other => refuse(
+            q,
+            step,
+            FailureReason::IncorrectProtocolMessage,
+            format!("{} received instead", message_name(other)),
+        ),
+    }
+}
+
+fn message_name(m: &AuthMessage) -> &'static str {
+    match m {
+        AuthMessage::Negotiate(_) => "AUTH_Negotiate",
+        AuthMessage::Challenge(_) => "DH-HMAC-CHAP_Challenge",
+        AuthMessage::Reply(_) => "DH-HMAC-CHAP_Reply",
+        AuthMessage::Success1(_) => "DH-HMAC-CHAP_Success1",
+        AuthMessage::Success2(_) => "DH-HMAC-CHAP_Success2",
+        AuthMessage::Failure(_) => "AUTH_Failure2",
+    }
+}
+
+fn encoded(m: AuthMessage) -> Vec<u8> {
+    let mut b = vec![0u8; m.encoded_len()];
+    // The buffer is the message's length and the host builds only valid messages.
+    let n = m.encode(&mut b).expect("a host message fits its own length");
+    b.truncate(n);
+    b
+}
+
+fn transaction(
+    tq: &mut TcpQueue,
+    key: &DhchapSecret,
+    host: &DhchapHost,
+    q: &QueueAuth<'_>,
+) -> Result<(), Refusal> {
+    let no_failure2 = |error| Refusal { error, failure2: None };
+    let digests = host.offer.digests();
+    let dhgroups = host.offer.dhgroups();
+    let negotiate =
+        Negotiate { t_id: q.t_id, sc_c: 0, protocols: vec![ProtocolDescriptor::dhchap(&digests, &dhgroups)] };
+    send(tq, q, "AUTH_Negotiate", &encoded(AuthMessage::Negotiate(negotiate))).map_err(no_failure2)?;
+
+    const CHALLENGE: &str = "DH-HMAC-CHAP_Challenge";
+    let ch: Challenge = match receive(tq, q, CHALLENGE)? {
+        AuthMessage::Challenge(c) => c,
+        other => return Err(unexpected(q, CHALLENGE, &other)),
+    };
+    if !digests.contains(&ch.hash) {
+        return Err(refuse(
+            q,
+            CHALLENGE,
+            FailureReason::HashUnusable,
+            format!("hash {} was not offered", ch.hash.name()),
+        ));
+    }
+    if !dhgroups.contains(&ch.dh_group) {
+        return Err(refuse(
+            q,
+            CHALLENGE,
+            FailureReason::DhGroupUnusable,
+            format!("DH group {} was not offered", ch.dh_group.name()),
+        ));
+    }
+    let pair = DhKeyPair::generate(ch.dh_group);
+    let session_key = pair
+        .shared_secret(&ch.dh_value)
+        .map_err(|e| refuse(q, CHALLENGE, FailureReason::IncorrectPayload, e))?;
+    let session_key = session_key.as_deref().map(|k| k.as_slice());
+    let t = Transaction { hash: ch.hash, t_id: q.t_id, sc_c: 0, hostnqn: q.hostnqn, subnqn: q.subnqn };
+    let ca1 = dhchap::augmented_challenge(ch.hash, &ch.challenge, session_key);
+    let r1 = dhchap::host_response(&t, &key.transformed(q.hostnqn), &ca1, ch.seqnum);
+    // Bidirectional: the controller answers the host's own challenge with its key.
+    let asked = host
+        .ctrlr_key
+        .as_ref()
+        .map(|k| (k, dhchap::random_challenge(ch.hash), dhchap::random_sequence_number()));
+    let reply = Reply {
+        t_id: q.t_id,
+        seqnum: asked.as_ref().map_or(0, |(_, _, s2)| *s2),
+        response: r1,
+        challenge: asked.as_ref().map(|(_, c2, _)| c2.clone()),
+        dh_value: pair.public_value().to_vec(),
+    };
+    send(tq, q, "DH-HMAC-CHAP_Reply", &encoded(AuthMessage::Reply(reply))).map_err(no_failure2)?;
+
+    const SUCCESS1: &str = "DH-HMAC-CHAP_Success1";
+    let s1 = match receive(tq, q, SUCCESS1)? {
+        AuthMessage::Success1(s) => s,
+        AuthMessage::Failure(f) if f.from_controller => {
+            return Err(no_failure2(auth_error(
+                q,
+                SUCCESS1,
+                format!(
+                    "the controller refused the host's response (AUTH_Failure1 {:?}): is dhchap_key the one \
+                     the subsystem has for {}?",
+                    f.reason, q.hostnqn
+                ),
+            )))
+        }
+        other => return Err(unexpected(q, SUCCESS1, &other)),
+    };
+    let Some((ctrlr_key, c2, s2)) = asked else { return Ok(()) };
+    if usize::from(s1.hl) != ch.hash.digest_len() {
+        return Err(refuse(
+            q,
+            SUCCESS1,
+            FailureReason::IncorrectPayload,
+            format!("HL {} is not {}'s length", s1.hl, ch.hash.name()),
+        ));
+    }
+    let Some(r2) = s1.response else {
+        return Err(refuse(
+            q,
+            SUCCESS1,
+            FailureReason::IncorrectPayload,
+            "no controller response (RVALID 0) though the host asked for one",
+        ));
+    };
+    let ca2 = dhchap::augmented_challenge(ch.hash, &c2, session_key);
+    let expected = dhchap::controller_response(&t, &ctrlr_key.transformed(q.subnqn), &ca2, s2);
+    if !dhchap::responses_match(&r2, &expected) {
+        return Err(refuse(
+            q,
+            SUCCESS1,
+            FailureReason::Failed,
+            "the controller's response does not match dhchap_ctrlr_key: the controller is not the one \
+             the key names",
+        ));
+    }
+    send(tq, q, "DH-HMAC-CHAP_Success2", &encoded(AuthMessage::Success2(Success2 { t_id: q.t_id })))
+        .map_err(no_failure2)
+}

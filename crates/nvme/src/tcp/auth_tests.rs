@@ -1,0 +1,272 @@
+//! DH-HMAC-CHAP on a queue against a scripted controller: a listener thread that answers the
+//! Connect with AUTHREQ.ATR and then plays the controller's side of the transaction with
+//! `fp_crypto::dhchap`, honestly or not.
+
+use std::io::Read;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use fp_crypto::dhchap::{self, DhKeyPair, DhchapSecret, Transaction};
+use fp_nvme_spec::auth::*;
+use fp_nvme_spec::tcp::{Digests, CAPSULE_CMD_HLEN, FLAG_LAST_PDU, PDU_CAPSULE_CMD};
+use fp_nvme_spec::{Sqe, Status, SQE_LEN};
+
+use super::hostile::{scripted, Peer};
+use super::tests::{transport, NQN};
+use super::*;
+use crate::NvmeError;
+
+const T: Duration = Duration::from_secs(10);
+const NO: Digests = Digests { header: false, data: false };
+
+/// How the scripted controller plays its side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Play {
+    Honest,
+    /// R2 with one bit flipped.
+    WrongControllerResponse,
+    /// A Challenge whose HL is no hash length.
+    MalformedChallenge,
+    /// A Challenge of another transaction (a replayed one).
+    OtherTransaction,
+    /// A Challenge whose DH value is 1 (g^y = 1 would make the session key known).
+    TrivialDhValue,
+}
+
+struct Controller {
+    hash: HashId,
+    group: DhGroupId,
+    /// The host key the subsystem has for the host.
+    host_key: DhchapSecret,
+    /// The controller's key.
+    ctrlr_key: DhchapSecret,
+    hostnqn: String,
+    play: Play,
+}
+
+/// One command from the host: the SQE and its in-capsule data.
+fn command(p: &mut Peer) -> Option<(AuthCommand, u16, Vec<u8>)> {
+    let mut h = [0u8; CAPSULE_CMD_HLEN];
+    p.s.read_exact(&mut h).ok()?;
+    assert_eq!(h[0], PDU_CAPSULE_CMD);
+    let plen = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
+    let mut data = vec![0u8; plen - CAPSULE_CMD_HLEN];
+    p.s.read_exact(&mut data).ok()?;
+    let sqe = Sqe(h[CAPSULE_CMD_HLEN - SQE_LEN..].try_into().unwrap());
+    let cmd = AuthCommand::from_sqe(&sqe).expect("an authentication command");
+    if cmd.send {
+        assert_eq!(cmd.length as usize, data.len(), "{cmd:?}: TL is the data's length");
+    }
+    Some((cmd, u16::from_le_bytes([sqe.0[2], sqe.0[3]]), data))
+}
+
+/// The message of the host's next Authentication Send (completed successfully).
+fn received(p: &mut Peer) -> Option<AuthMessage> {
+    let (cmd, cid, data) = command(p)?;
+    assert!(cmd.send, "an Authentication Send");
+    p.response(cid, Status::SUCCESS);
+    Some(AuthMessage::parse(&data).expect("the host's message parses"))
+}
+
+/// `msg` as the data of the host's next Authentication Receive.
+fn answer(p: &mut Peer, msg: &[u8]) {
+    let Some((cmd, cid, _)) = command(p) else { return };
+    assert!(!cmd.send, "an Authentication Receive");
+    assert!(cmd.length as usize >= msg.len(), "AL {} is below the message's {}", cmd.length, msg.len());
+    p.c2h(cid, 0, msg.len() as u32, FLAG_LAST_PDU, msg);
+    p.response(cid, Status::SUCCESS);
+}
+
+fn bytes(m: AuthMessage) -> Vec<u8> {
+    let mut b = vec![0u8; m.encoded_len()];
+    m.encode(&mut b).unwrap();
+    b
+}
+
+impl Controller {
+    fn new(hash: HashId, group: DhGroupId, host_key: &DhchapSecret, play: Play) -> Controller {
+        Controller {
+            hash,
+            group,
+            host_key: host_key.clone(),
+            ctrlr_key: secret(9),
+            hostnqn: transport(1, false).target().hostnqn.clone(),
+            play,
+        }
+    }
+
+    /// Plays the transaction; returns the messages the host sent.
+    fn play(self, p: &mut Peer) -> Vec<AuthMessage> {
+        let mut seen = Vec::new();
+        let Some(m) = received(p) else { return seen };
+        seen.push(m.clone());
+        let AuthMessage::Negotiate(n) = m else { return seen };
+        let t_id = n.t_id;
+        let pair = DhKeyPair::generate(self.group);
+        let c1 = dhchap::random_challenge(self.hash);
+        let s1 = dhchap::random_sequence_number();
+        let mut dh_value = pair.public_value().to_vec();
+        if self.play == Play::TrivialDhValue {
+            dh_value.fill(0);
+            *dh_value.last_mut().expect("a DH group") = 1;
+        }
+        let mut challenge = bytes(AuthMessage::Challenge(Challenge {
+            t_id: if self.play == Play::OtherTransaction { t_id.wrapping_add(1) } else { t_id },
+            hash: self.hash,
+            dh_group: self.group,
+            seqnum: s1,
+            challenge: c1.clone(),
+            dh_value,
+        }));
+        if self.play == Play::MalformedChallenge {
+            challenge[6] = 7;
+        }
+        answer(p, &challenge);
+        let Some(m) = received(p) else { return seen };
+        seen.push(m.clone());
+        let AuthMessage::Reply(r) = m else { return seen };
+        let ks = pair.shared_secret(&r.dh_value).expect("the host's public value");
+        let ks = ks.as_deref().map(|k| k.as_slice());
+        let t = Transaction { hash: self.hash, t_id, sc_c: 0, hostnqn: &self.hostnqn, subnqn: NQN };
+        let ca1 = dhchap::augmented_challenge(self.hash, &c1, ks);
+        let r1 = dhchap::host_response(&t, &self.host_key.transformed(&self.hostnqn), &ca1, s1);
+        if !dhchap::responses_match(&r.response, &r1) {
+            let f = Failure { t_id, from_controller: true, reason: FailureReason::Failed };
+            answer(p, &bytes(AuthMessage::Failure(f)));
+            return seen;
+        }
+        let r2 = r.challenge.as_ref().map(|c2| {
+            let ca2 = dhchap::augmented_challenge(self.hash, c2, ks);
+            let mut r2 = dhchap::controller_response(&t, &self.ctrlr_key.transformed(NQN), &ca2, r.seqnum);
+            if self.play == Play::WrongControllerResponse {
+                r2[0] ^= 1;
+            }
+            r2
+        });
+        let hl = self.hash.digest_len() as u8;
+        answer(p, &bytes(AuthMessage::Success1(Success1 { t_id, hl, response: r2 })));
+        if r.seqnum != 0 {
+            if let Some(m) = received(p) {
+                seen.push(m);
+            }
+        }
+        seen
+    }
+}
+
+fn secret(fill: u8) -> DhchapSecret {
+    DhchapSecret::new(Some(HashId::Sha256), &[fill; 32]).unwrap()
+}
+
+/// Connects I/O queue 1 as `host` to `ctrl`; returns the outcome and what the host sent.
+fn connect(ctrl: Controller, host: DhchapHost) -> (Result<(), NvmeError>, Vec<AuthMessage>) {
+    let (tx, rx) = mpsc::channel();
+    let (port, h) = scripted(NO, |_| {}, 1 | AUTHREQ_ATR, move |p| tx.send(ctrl.play(p)).unwrap());
+    let tr = TcpTransport::new(TcpTarget { dhchap: host, ..transport(port, false).target().clone() });
+    let r = tr.connect_queue(1, 16, 1, 4096, T).map(drop);
+    h.join().unwrap();
+    (r, rx.recv().unwrap())
+}
+
+fn host(key: u8, ctrlr_key: Option<u8>) -> DhchapHost {
+    DhchapHost { key: Some(secret(key)), ctrlr_key: ctrlr_key.map(secret), offer: DhchapOffer::default() }
+}
+
+/// Connects as [`connect`] does, expecting an authentication error; returns its text and what
+/// the host sent.
+fn refused(ctrl: Controller, host: DhchapHost) -> (String, Vec<AuthMessage>) {
+    match connect(ctrl, host) {
+        (Err(e @ NvmeError::Auth(_)), seen) => (e.to_string(), seen),
+        (other, _) => panic!("expected an authentication error, got {other:?}"),
+    }
+}
+
+/// The reason of the AUTH_Failure2 the host ended with.
+fn failure2(seen: &[AuthMessage]) -> FailureReason {
+    match seen.last() {
+        Some(AuthMessage::Failure(f)) if !f.from_controller => f.reason,
+        other => panic!("expected AUTH_Failure2 last, got {other:?}"),
+    }
+}
+
+#[test]
+fn unidirectional_authentication_offers_everything_and_succeeds() {
+    let ctrl = Controller::new(HashId::Sha256, DhGroupId::Null, &secret(1), Play::Honest);
+    let (r, seen) = connect(ctrl, host(1, None));
+    r.unwrap();
+    let [AuthMessage::Negotiate(n), AuthMessage::Reply(reply)] = &seen[..] else { panic!("{seen:?}") };
+    // SPDK's default offer, in identifier order.
+    assert_eq!(n.protocols, vec![ProtocolDescriptor::dhchap(HashId::ALL, DhGroupId::ALL)]);
+    assert_eq!(n.sc_c, 0);
+    assert_eq!(reply.seqnum, 0, "no controller authentication asked");
+    assert_eq!(reply.challenge, None);
+    assert!(reply.dh_value.is_empty(), "the null group has no public value");
+}
+
+#[test]
+fn bidirectional_authentication_with_a_dh_group_succeeds() {
+    let ctrl = Controller::new(HashId::Sha384, DhGroupId::Ffdhe2048, &secret(1), Play::Honest);
+    let (r, seen) = connect(ctrl, host(1, Some(9)));
+    r.unwrap();
+    let [AuthMessage::Negotiate(n), AuthMessage::Reply(reply), AuthMessage::Success2(s2)] = &seen[..] else {
+        panic!("{seen:?}")
+    };
+    assert_ne!(reply.seqnum, 0);
+    assert_eq!(reply.dh_value.len(), DhGroupId::Ffdhe2048.value_len());
+    assert_eq!((s2.t_id, reply.t_id), (n.t_id, n.t_id));
+}
+
+#[test]
+fn a_wrong_host_key_gets_failure1_and_a_clear_error() {
+    let ctrl = Controller::new(HashId::Sha512, DhGroupId::Null, &secret(2), Play::Honest);
+    let (e, seen) = refused(ctrl, host(1, None));
+    assert!(e.contains("queue 1: DH-HMAC-CHAP_Success1") && e.contains("refused the host's response"), "{e}");
+    assert!(e.contains("dhchap_key"), "{e}");
+    assert_eq!(seen.len(), 2, "no Failure2 after the controller's Failure1: {seen:?}");
+}
+
+#[test]
+fn a_wrong_controller_response_is_refused_with_failure2() {
+    let ctrl =
+        Controller::new(HashId::Sha256, DhGroupId::Ffdhe2048, &secret(1), Play::WrongControllerResponse);
+    let (e, seen) = refused(ctrl, host(1, Some(9)));
+    assert!(e.contains("does not match dhchap_ctrlr_key"), "{e}");
+    assert_eq!(failure2(&seen), FailureReason::Failed);
+}
+
+#[test]
+fn a_controller_asking_for_authentication_without_a_key_is_refused_by_name() {
+    let ctrl = Controller::new(HashId::Sha256, DhGroupId::Null, &secret(1), Play::Honest);
+    let (e, seen) = refused(ctrl, DhchapHost::default());
+    assert!(e.contains("requires DH-HMAC-CHAP authentication and no dhchap_key was given"), "{e}");
+    assert!(seen.is_empty(), "{seen:?}");
+}
+
+#[test]
+fn a_malformed_challenge_is_refused_with_failure2() {
+    let ctrl = Controller::new(HashId::Sha256, DhGroupId::Null, &secret(1), Play::MalformedChallenge);
+    let (e, seen) = refused(ctrl, host(1, None));
+    assert!(e.contains("DH-HMAC-CHAP_Challenge") && e.contains("HL"), "{e}");
+    assert_eq!(failure2(&seen), FailureReason::IncorrectPayload);
+}
+
+#[test]
+fn a_hash_not_offered_is_refused_with_failure2() {
+    let ctrl = Controller::new(HashId::Sha512, DhGroupId::Null, &secret(1), Play::Honest);
+    let offer = DhchapOffer::new(&[HashId::Sha256], &[DhGroupId::Null]);
+    let (e, seen) = refused(ctrl, DhchapHost { offer, ..host(1, None) });
+    assert!(e.contains("hash sha512 was not offered"), "{e}");
+    let AuthMessage::Negotiate(n) = &seen[0] else { panic!("{seen:?}") };
+    assert_eq!(n.protocols, vec![ProtocolDescriptor::dhchap(&[HashId::Sha256], &[DhGroupId::Null])]);
+    assert_eq!(failure2(&seen), FailureReason::HashUnusable);
+}
+
+#[test]
+fn a_challenge_of_another_transaction_or_a_trivial_dh_value_is_refused_with_failure2() {
+    for (play, want) in [(Play::OtherTransaction, "T_ID"), (Play::TrivialDhValue, "ffdhe2048")] {
+        let ctrl = Controller::new(HashId::Sha256, DhGroupId::Ffdhe2048, &secret(1), play);
+        let (e, seen) = refused(ctrl, host(1, None));
+        assert!(e.contains("DH-HMAC-CHAP_Challenge") && e.contains(want), "{play:?}: {e}");
+        assert_eq!(failure2(&seen), FailureReason::IncorrectPayload, "{play:?}");
+    }
+}
