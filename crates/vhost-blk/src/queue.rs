@@ -111,7 +111,10 @@ struct Stop {
 
 struct Slot {
     head: Head,
-    status: Option<StatusPtr>,
+    /// [`StatusPtr::DETACHED`] while the guest is not to hear of the slot's request (none in
+    /// it, or left recorded in the in-flight area): one word, where an `Option` took two
+    /// stores to fill and a test before the status write, which tests for detached anyway.
+    status: StatusPtr,
     /// Bytes reported in the used element on success.
     used_len: u32,
     /// What went to the bdev (its `op` and `len` are what the completion counts).
@@ -158,10 +161,6 @@ pub struct QueuePoller {
     clock: Clock,
     failed: bool,
     counters: Counters,
-    /// The reads and writes `counters` held when the queue started, to which those the disk
-    /// layer counted in the channel since are added at publication. Unused when the channel
-    /// does not count (`counters` then counts them at each completion).
-    before_channel: [Successes; 2],
     stats: Arc<QueueStats>,
     /// Completions were published that the driver has not been told about yet.
     signal_pending: bool,
@@ -250,7 +249,7 @@ impl Reaper<'_> {
                 // there is one, else failed.
                 if self.tracker.is_some() {
                     self.given_up.left += 1;
-                    slot.status = None;
+                    slot.status = StatusPtr::DETACHED;
                     self.free.push(tag as u16);
                     return;
                 }
@@ -268,16 +267,14 @@ impl Reaper<'_> {
                 VIRTIO_BLK_S_UNSUPP
             }
         };
-        if let Some(st) = slot.status {
-            // Inside guest memory kept mapped by our table (the parser translated it there).
-            st.write(code);
-        }
+        // Inside guest memory kept mapped by our table (the parser translated it there).
+        slot.status.write(code);
         // After the status write: a page is marked once what is written to it is there (a
         // log sync between a mark and its write would clear the bit and copy the old page).
         if let Some(log) = self.log {
             log_completion(log, self.table, slot, self.counters);
         }
-        slot.status = None;
+        slot.status = StatusPtr::DETACHED;
         let len = if code == VIRTIO_BLK_S_OK { slot.used_len } else { 1 };
         push_used(self.ring, self.tracker, slot.head, len);
         self.free.push(tag as u16);
@@ -293,8 +290,8 @@ fn log_completion(log: &DataLog, table: &MemTable, slot: &Slot, counters: &mut C
         counters.rare().logged_data_pages += pages;
         counters.rare().logged_pages += pages;
     }
-    if let Some(st) = slot.status {
-        counters.rare().logged_pages += log.status(table, st);
+    if !slot.status.is_detached() {
+        counters.rare().logged_pages += log.status(table, slot.status);
     }
 }
 
@@ -323,26 +320,33 @@ impl QueuePoller {
         let index = s.index;
         let table = MemTable::new(s.mem.clone()).ok_or(StartError::NoMemory { index })?;
         let (ring, tracker, resubmit) = open(&s, &table)?;
-        let channel = match s.bdev.as_disk() {
+        let mut channel = match s.bdev.as_disk() {
             Some(disk) => disk.open_typed(),
             None => s.bdev.open_channel().map(DiskIo::Device),
         }
         .map_err(|source| StartError::Channel { index, source })?;
         let slots: Box<[Slot]> = (0..s.size)
-            .map(|_| Slot {
+            .map(|tag| Slot {
                 head: Head::default(),
-                status: None,
+                status: StatusPtr::DETACHED,
                 used_len: 0,
-                req: IoRequest { tag: 0, op: IoOp::Read, offset: 0, len: 0, iov: Iovecs::NONE },
+                // The tag is the slot's index for good: `start` fills the rest.
+                req: IoRequest { tag: u32::from(tag), op: IoOp::Read, offset: 0, len: 0, iov: Iovecs::NONE },
                 iov: GuestIovecs::new(MAX_IOVECS),
             })
             .collect();
         let free = (0..s.size).rev().collect();
         let counters = Counters::load(&s.stats);
-        let before_channel = [
+        // What the stats held when the queue started goes on from the channel's counts (a
+        // channel that does not count leaves the queue to count every completion).
+        channel.count_successes_from(
+            IoOp::Read,
             Successes { ops: counters.read_ops, bytes: counters.bytes_read },
+        );
+        channel.count_successes_from(
+            IoOp::Write,
             Successes { ops: counters.write_ops, bytes: counters.bytes_written },
-        ];
+        );
         let mut poller = QueuePoller {
             controller: s.controller,
             index,
@@ -366,7 +370,6 @@ impl QueuePoller {
             clock: s.clock.clone(),
             failed: false,
             counters,
-            before_channel,
             stats: s.stats,
             signal_pending: false,
             coalescer: Coalescer::new(s.coalescing, s.clock),
@@ -524,9 +527,11 @@ impl QueuePoller {
         // before completion.
         let iov = slot.iov.iovecs(req.iovcnt);
         slot.head = head;
-        slot.status = Some(req.status);
+        debug_assert!(!req.status.is_detached(), "the parser's status byte is guest memory");
+        debug_assert_eq!(slot.req.tag, u32::from(slot_idx));
+        slot.status = req.status;
         slot.used_len = if op == IoOp::Read { req.writable_len } else { 1 };
-        slot.req = IoRequest { tag: u32::from(slot_idx), op, offset, len, iov };
+        (slot.req.op, slot.req.offset, slot.req.len, slot.req.iov) = (op, offset, len, iov);
         self.free.pop();
         match self.channel.submit(&slot.req) {
             Ok(()) => Flow::Next,
@@ -671,9 +676,9 @@ impl QueuePoller {
                 let (head, status) = (slot.head, slot.status);
                 self.retry = None;
                 self.free.push(slot_idx);
-                if let Some(st) = status {
+                if !status.is_detached() {
                     let code = submit_error_status(e);
-                    self.complete_now(head, st, code);
+                    self.complete_now(head, status, code);
                 }
                 true
             }
@@ -709,7 +714,6 @@ impl QueuePoller {
         if let (Some(read), Some(write)) =
             (self.channel.successes(IoOp::Read), self.channel.successes(IoOp::Write))
         {
-            let [read, write] = [self.before_channel[0] + read, self.before_channel[1] + write];
             let c = &mut self.counters;
             (c.read_ops, c.bytes_read, c.write_ops, c.bytes_written) =
                 (read.ops, read.bytes, write.ops, write.bytes);
@@ -848,12 +852,12 @@ impl QueuePoller {
         let (mut failed, mut left) = (0u32, 0u32);
         if let Some(slot_idx) = self.retry.take() {
             let slot = &mut self.slots[usize::from(slot_idx)];
-            let (head, status) = (slot.head, slot.status.take());
+            let (head, status) = (slot.head, std::mem::replace(&mut slot.status, StatusPtr::DETACHED));
             self.free.push(slot_idx);
             if self.tracker.is_some() {
                 left += 1;
-            } else if let Some(st) = status {
-                self.complete_now(head, st, VIRTIO_BLK_S_IOERR);
+            } else if !status.is_detached() {
+                self.complete_now(head, status, VIRTIO_BLK_S_IOERR);
                 failed += 1;
             }
         }

@@ -194,12 +194,22 @@ impl DiskChannel {
     }
 
     /// The requests of `op`'s kind that succeeded through this channel since it opened, and
-    /// their bytes: what its slot counted, resets included. A frontend that counts per
-    /// channel reads them here rather than counting each completion again.
+    /// their bytes: what its slot counted, resets included, plus what
+    /// [`DiskChannel::count_successes_from`] added. A frontend that counts per channel reads
+    /// them here rather than counting each completion again.
     #[inline(always)]
     pub fn successes(&self, op: IoOp) -> Successes {
         let op = op_index(op);
         self.cleared[op] + self.slot.successes(op)
+    }
+
+    /// Adds `earlier` to what [`DiskChannel::successes`] reports for `op` from now on: what a
+    /// frontend counted before it opened this channel (a queue restarted on its counters), so
+    /// that reading its counts costs it no addition of its own. The disk's statistics
+    /// (`bdev_get_iostat`) do not see it.
+    pub fn count_successes_from(&mut self, op: IoOp, earlier: Successes) {
+        let op = op_index(op);
+        self.cleared[op] = self.cleared[op] + earlier;
     }
 
     /// Shows the requests in flight and held in the channel's slot, when they changed.

@@ -82,8 +82,9 @@ pub struct DiskChannel {
     pub(super) sparse: Vec<(u32, InFlight)>,
     /// The reset epochs applied to `slot`.
     pub(super) seen_epochs: u64,
-    /// What succeeded before the resets `slot` applied cleared it, by [`op_index`]: with
-    /// `slot`'s own, what succeeded since the channel opened ([`DiskChannel::successes`]).
+    /// What succeeded before the resets `slot` applied cleared it, by [`op_index`], plus what
+    /// the frontend counted before the channel opened ([`DiskChannel::count_successes_from`]):
+    /// with `slot`'s own, what [`DiskChannel::successes`] reports.
     ///
     /// [`op_index`]: super::op_index
     pub(super) cleared: [Successes; OPS.len()],

@@ -40,6 +40,13 @@ impl DiskIo {
         }
     }
 
+    /// See [`DiskChannel::count_successes_from`]; nothing when the layer does not count.
+    pub fn count_successes_from(&mut self, op: IoOp, earlier: Successes) {
+        if let DiskIo::Counted(ch) = self {
+            ch.count_successes_from(op, earlier);
+        }
+    }
+
     /// What succeeded of `op`'s kind through the channel since it opened
     /// ([`DiskChannel::successes`]); `None` when the layer does not count (accounting off).
     #[inline(always)]
