@@ -10,8 +10,10 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use fp_bdev::disk::ResetMode;
 use fp_bdev::{
-    Bdev, BdevError, BdevInfo, BlockDevice, IoChannel, IoRequest, IoStatus, RamDevice, SubmitError,
+    Bdev, BdevError, BdevInfo, BlockDevice, Disk, IoChannel, IoOp, IoRequest, IoStatus, RamDevice,
+    SubmitError,
 };
 use fp_reactor::Poller;
 use fp_virtio_blk::GuestMemory;
@@ -465,4 +467,40 @@ fn counters_other_than_reads_and_writes_are_published_with_their_round() {
     q.poll();
     assert_eq!(load(&stats.read_ops), 2);
     assert_eq!(rare(&stats), (1, 1, 1, 1), "a round of reads leaves them");
+}
+
+/// A queue over a disk that counts (what the registry exports) publishes the reads and writes
+/// the disk layer counted in its channel, on top of what its stats held when it started (a
+/// queue restarted on the same stats); a reset of the disk's statistics (bdev_reset_iostat)
+/// clears the disk's counters and leaves the queue's as they were.
+#[test]
+fn reads_and_writes_on_a_counting_disk_go_on_from_the_stats_through_its_resets() {
+    let counted: Bdev = Arc::new(Disk::new(ram(), true));
+    let disk = counted.as_disk().unwrap();
+    let mut g = Guest::new(false);
+    let stats = Arc::new(QueueStats::default());
+    // What a previous queue on these stats published.
+    stats.read_ops.store(100, Ordering::Relaxed);
+    stats.bytes_read.store(100 * 512, Ordering::Relaxed);
+    let mut q = QueuePoller::new(g.setup(&counted, &stats, QueueLog::default())).unwrap();
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let queue =
+        |s: &QueueStats| (load(&s.read_ops), load(&s.bytes_read), load(&s.write_ops), load(&s.bytes_written));
+    let on_disk = |op| (disk.stats().op(op).ops, disk.stats().op(op).bytes);
+    post_reads(&mut g, 2);
+    q.poll();
+    assert_eq!(g.used_idx(), 2);
+    assert_eq!(queue(&stats), (102, 102 * 512, 0, 0));
+    assert_eq!(on_disk(IoOp::Read), (2, 1024));
+    disk.reset(ResetMode::All);
+    g.header(HDR, T_OUT, 0);
+    g.post(&[(HDR, 16, false), (0x40000, 512, false), (STATUS, 1, true)]);
+    q.poll();
+    assert_eq!(g.used_idx(), 3);
+    assert_eq!(queue(&stats), (102, 102 * 512, 1, 512), "the reset leaves the queue's counters");
+    assert_eq!((on_disk(IoOp::Read), on_disk(IoOp::Write)), ((0, 0), (1, 512)), "and clears the disk's");
+    post_reads(&mut g, 3);
+    q.poll();
+    assert_eq!(queue(&stats), (105, 105 * 512, 1, 512));
+    assert_eq!(on_disk(IoOp::Read), (3, 3 * 512));
 }

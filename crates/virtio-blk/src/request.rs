@@ -68,6 +68,12 @@ impl StatusPtr {
         StatusPtr(byte)
     }
 
+    /// Whether this is [`StatusPtr::DETACHED`] (the parser never makes one).
+    #[inline(always)]
+    pub fn is_detached(self) -> bool {
+        self.0 == GuestByte::DETACHED
+    }
+
     /// The host address of the status byte.
     pub fn as_ptr(self) -> *mut u8 {
         self.0.as_ptr()

@@ -11,9 +11,9 @@ use super::histogram::ChannelHistogram;
 use super::mirror;
 use super::qos::Admission;
 use super::shared::ALL_EPOCH;
-use super::stats::{errno_slot, op_index, ChannelSlot};
+use super::stats::{errno_slot, op_index, ChannelSlot, Successes};
 use crate::clock::ticks;
-use crate::{IoChannel, IoRequest, IoStatus, SubmitError};
+use crate::{IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
 impl DiskChannel {
     /// Applies resets the control plane asked for since the last look.
@@ -28,6 +28,9 @@ impl DiskChannel {
     #[cold]
     pub(super) fn apply_resets_slow(&mut self, epochs: u64) {
         if epochs / ALL_EPOCH != self.seen_epochs / ALL_EPOCH {
+            for (op, cleared) in self.cleared.iter_mut().enumerate() {
+                *cleared = *cleared + self.slot.successes(op);
+            }
             self.slot.clear();
         } else {
             self.slot.clear_maxmin();
@@ -190,6 +193,25 @@ impl DiskChannel {
         n + failed
     }
 
+    /// The requests of `op`'s kind that succeeded through this channel since it opened, and
+    /// their bytes: what its slot counted, resets included, plus what
+    /// [`DiskChannel::count_successes_from`] added. A frontend that counts per channel reads
+    /// them here rather than counting each completion again.
+    #[inline(always)]
+    pub fn successes(&self, op: IoOp) -> Successes {
+        let op = op_index(op);
+        self.cleared[op] + self.slot.successes(op)
+    }
+
+    /// Adds `earlier` to what [`DiskChannel::successes`] reports for `op` from now on: what a
+    /// frontend counted before it opened this channel (a queue restarted on its counters), so
+    /// that reading its counts costs it no addition of its own. The disk's statistics
+    /// (`bdev_get_iostat`) do not see it.
+    pub fn count_successes_from(&mut self, op: IoOp, earlier: Successes) {
+        let op = op_index(op);
+        self.cleared[op] = self.cleared[op] + earlier;
+    }
+
     /// Shows the requests in flight and held in the channel's slot, when they changed.
     #[inline]
     pub(super) fn report_in_flight(&mut self) {
@@ -228,7 +250,7 @@ pub(super) fn reap(
                 Some(e) => e,
                 // Not a tag of ours: the device broke its contract; pass it on unchanged.
                 None => {
-                    done.complete(tag, status);
+                    done.complete_uncounted(tag, status);
                     continue;
                 }
             },

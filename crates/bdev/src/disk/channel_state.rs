@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::qos::ChannelQosState;
 use super::shared::DiskShared;
-use super::stats::{errno_slot, ChannelSlot};
+use super::stats::{errno_slot, ChannelSlot, Successes, OPS};
 use crate::clock::ticks;
 use crate::mirror::MirrorShared;
 use crate::{IoChannel, IoStatus};
@@ -43,8 +43,20 @@ pub(super) const EMPTY: InFlight = InFlight { start: 0, offset: 0, len: 0, op: 0
 /// `#[inline(always)]` so that its handling is compiled into the layer's completion loop (a
 /// closure there is inlined only when the compiler's cost model agrees).
 pub trait Completion {
-    /// Called once per completed request with its tag and status.
+    /// Called once per completed request with its tag and status, after the layer counted it
+    /// in the channel's slot (what [`DiskChannel::successes`] reads).
     fn complete(&mut self, tag: u32, status: IoStatus);
+
+    /// Called instead of [`Completion::complete`] for a completion the layer did not count:
+    /// every completion of a channel with accounting off ([`DiskIo::Device`]), and one whose
+    /// tag the device made up. A frontend that reads its counts from the channel counts these
+    /// itself; by default the same as `complete`.
+    ///
+    /// [`DiskIo::Device`]: super::DiskIo::Device
+    #[inline(always)]
+    fn complete_uncounted(&mut self, tag: u32, status: IoStatus) {
+        self.complete(tag, status)
+    }
 }
 
 impl<F: FnMut(u32, IoStatus)> Completion for F {
@@ -70,6 +82,12 @@ pub struct DiskChannel {
     pub(super) sparse: Vec<(u32, InFlight)>,
     /// The reset epochs applied to `slot`.
     pub(super) seen_epochs: u64,
+    /// What succeeded before the resets `slot` applied cleared it, by [`op_index`], plus what
+    /// the frontend counted before the channel opened ([`DiskChannel::count_successes_from`]):
+    /// with `slot`'s own, what [`DiskChannel::successes`] reports.
+    ///
+    /// [`op_index`]: super::op_index
+    pub(super) cleared: [Successes; OPS.len()],
     /// Accepted by the device and not yet completed.
     pub(super) in_flight: u64,
     /// What `slot` last showed of `in_flight` plus the held requests.

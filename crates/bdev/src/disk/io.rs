@@ -4,7 +4,8 @@
 use std::os::unix::io::RawFd;
 
 use super::channel_state::{Completion, DiskChannel};
-use crate::{IoChannel, IoRequest, SubmitError};
+use super::stats::Successes;
+use crate::{IoChannel, IoOp, IoRequest, SubmitError};
 
 /// A channel from [`Disk::open_typed`](super::Disk::open_typed): the layer's own when the disk counts, the device's
 /// otherwise. Its methods are [`IoChannel`]'s, dispatched by a match rather than a vtable.
@@ -35,7 +36,24 @@ impl DiskIo {
     pub fn poll(&mut self, done: &mut impl Completion) -> usize {
         match self {
             DiskIo::Counted(ch) => ch.poll_with(done),
-            DiskIo::Device(ch) => ch.poll(&mut |tag, status| done.complete(tag, status)),
+            DiskIo::Device(ch) => ch.poll(&mut |tag, status| done.complete_uncounted(tag, status)),
+        }
+    }
+
+    /// See [`DiskChannel::count_successes_from`]; nothing when the layer does not count.
+    pub fn count_successes_from(&mut self, op: IoOp, earlier: Successes) {
+        if let DiskIo::Counted(ch) = self {
+            ch.count_successes_from(op, earlier);
+        }
+    }
+
+    /// What succeeded of `op`'s kind through the channel since it opened
+    /// ([`DiskChannel::successes`]); `None` when the layer does not count (accounting off).
+    #[inline(always)]
+    pub fn successes(&self, op: IoOp) -> Option<Successes> {
+        match self {
+            DiskIo::Counted(ch) => Some(ch.successes(op)),
+            DiskIo::Device(_) => None,
         }
     }
 

@@ -295,7 +295,7 @@ impl DiskChannel {
                     }
                     None => {
                         upward += 1;
-                        return done.complete(tag, status);
+                        return done.complete_uncounted(tag, status);
                     }
                 },
             };

@@ -27,7 +27,7 @@ use crate::clock::ticks;
 
 pub use histogram::{base64_decode, base64_encode, bucket_end, bucket_of, Histogram, Percentiles};
 pub use histogram::{GRANULARITY as HISTOGRAM_GRANULARITY, MAX_RANGE as HISTOGRAM_MAX_RANGE};
-pub use stats::{op_index, IoStats, OpStats, QosStats, ERRNO_SLOTS, OPS};
+pub use stats::{op_index, IoStats, OpStats, QosStats, Successes, ERRNO_SLOTS, OPS};
 
 pub use channel_state::{Completion, DiskChannel};
 use channel_state::{BATCH_START, EMPTY, SLAB_START};
@@ -150,6 +150,7 @@ impl Disk {
         Ok(DiskIo::Counted(DiskChannel {
             inner,
             seen_epochs: slot.seen_epochs.load(Ordering::Relaxed),
+            cleared: [Successes::default(); OPS.len()],
             slot,
             disk: self.0.clone(),
             slab: vec![EMPTY; SLAB_START],

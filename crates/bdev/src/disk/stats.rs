@@ -144,6 +144,22 @@ impl IoStats {
     }
 }
 
+/// The requests of one operation kind that succeeded through a channel, and their bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Successes {
+    /// Requests that succeeded.
+    pub ops: u64,
+    /// Bytes they moved.
+    pub bytes: u64,
+}
+
+impl std::ops::Add for Successes {
+    type Output = Successes;
+    fn add(self, o: Successes) -> Successes {
+        Successes { ops: self.ops.wrapping_add(o.ops), bytes: self.bytes.wrapping_add(o.bytes) }
+    }
+}
+
 /// The errno slot of a failed request.
 #[inline]
 pub(crate) fn errno_slot(errno: i32) -> usize {
@@ -232,6 +248,13 @@ impl ChannelSlot {
         if !ticks > c.not_min.load(Ordering::Relaxed) {
             c.not_min.store(!ticks, Ordering::Relaxed);
         }
+    }
+
+    /// What succeeded of the kind at `op` since the channel opened or its last reset.
+    #[inline(always)]
+    pub(crate) fn successes(&self, op: usize) -> Successes {
+        let c = &self.ops[op & (OP_SLOTS - 1)];
+        Successes { ops: c.ops.load(Ordering::Relaxed), bytes: c.bytes.load(Ordering::Relaxed) }
     }
 
     #[inline]
