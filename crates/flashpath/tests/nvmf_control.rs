@@ -160,3 +160,79 @@ fn the_daemon_stops_within_one_drain_bound_with_writes_stuck_on_its_disks() {
         let _ = w.join().expect("the writer ended");
     }
 }
+
+/// DHHC-1 secrets `host0`, `host1` and `ctrl0` in the daemon's keyring
+/// (owner-only files in `dir`).
+fn add_keys(d: &Daemon, dir: &std::path::Path) {
+    for (name, text) in [
+        ("host0", "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n"),
+        ("host1", "DHHC-1:00:ISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0Dc1bqW:\n"),
+        ("ctrl0", "DHHC-1:00:YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXp7fH1+f4AupgK0:\n"),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        d.call("keyring_file_add_key", json!({"name": name, "path": path.to_str().unwrap()}));
+    }
+}
+
+fn attach_params(name: &str, addr: &str, keys: serde_json::Value) -> serde_json::Value {
+    let (traddr, port) = addr.split_once(':').unwrap();
+    let mut p = json!({"name": name, "trtype": "tcp", "traddr": traddr, "adrfam": "ipv4",
+                       "trsvcid": port, "subnqn": NQN, "hostnqn": HOSTNQN});
+    p.as_object_mut().unwrap().extend(keys.as_object().unwrap().clone());
+    p
+}
+
+/// flashpath's initiator against flashpath's target with DH-HMAC-CHAP: a host with a key
+/// must authenticate each queue; the right key attaches (unidirectional, and bidirectional
+/// with the controller's key), a wrong one is refused, a command before authentication gets
+/// Authentication Required, and `nvmf_subsystem_set_keys` applies to the next connection.
+#[test]
+fn dhchap_authenticates_each_host_with_its_keys() {
+    let (d, addr) = target(false);
+    let dir = tempfile::tempdir().unwrap();
+    add_keys(&d, dir.path());
+    let e = d
+        .try_call("nvmf_subsystem_add_host", json!({"nqn": NQN, "host": HOSTNQN, "dhchap_key": "nope"}))
+        .unwrap_err();
+    assert!(e.message.starts_with("dhchap_key: "), "{e:?}");
+    d.call(
+        "nvmf_subsystem_add_host",
+        json!({"nqn": NQN, "host": HOSTNQN, "dhchap_key": "host0", "dhchap_ctrlr_key": "ctrl0"}),
+    );
+
+    // A command other than authentication before the transaction: Authentication Required.
+    let mut q = common::nvme_tcp::Queue::open(&addr).unwrap();
+    q.connect(NQN, HOSTNQN, 0, 32, 0xffff).unwrap();
+    let c = q.property_set(0x14, 0x0046_0001).unwrap();
+    // SCT 1, SC 0x91 (the DNR bit aside).
+    assert_eq!(c.status & 0x7ff, 0x191, "Property Set before authentication: {c:?}");
+    drop(q);
+
+    let wrong = d.try_call(
+        "bdev_nvme_attach_controller",
+        attach_params("Nvme0", &addr, json!({"dhchap_key": "host1"})),
+    );
+    assert!(wrong.is_err(), "a wrong key attached: {wrong:?}");
+    let none = d.try_call("bdev_nvme_attach_controller", attach_params("Nvme0", &addr, json!({})));
+    assert!(none.is_err(), "no key attached: {none:?}");
+
+    let uni = attach_params("Nvme0", &addr, json!({"dhchap_key": "host0"}));
+    assert_eq!(d.call("bdev_nvme_attach_controller", uni), json!(["Nvme0n1"]));
+    d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"}));
+    let bi = attach_params("Nvme0", &addr, json!({"dhchap_key": "host0", "dhchap_ctrlr_key": "ctrl0"}));
+    assert_eq!(d.call("bdev_nvme_attach_controller", bi), json!(["Nvme0n1"]));
+    // A host expecting another controller key refuses the controller.
+    let bad_ctrl = attach_params("Nvme1", &addr, json!({"dhchap_key": "host0", "dhchap_ctrlr_key": "host1"}));
+    assert!(d.try_call("bdev_nvme_attach_controller", bad_ctrl).is_err());
+
+    d.call("nvmf_subsystem_set_keys", json!({"nqn": NQN, "host": HOSTNQN, "dhchap_key": "host1"}));
+    let old = attach_params("Nvme2", &addr, json!({"dhchap_key": "host0"}));
+    assert!(d.try_call("bdev_nvme_attach_controller", old).is_err(), "the replaced key still works");
+    let new = attach_params("Nvme2", &addr, json!({"dhchap_key": "host1"}));
+    assert_eq!(d.call("bdev_nvme_attach_controller", new), json!(["Nvme2n1"]));
+    // The connection authenticated before the change still serves its host.
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
+    assert_eq!(c[0]["ctrlrs"][0]["state"], "enabled", "{c}");
+}
