@@ -16,6 +16,7 @@ use serde_json::json;
 
 const NQN: &str = "nqn.2016-06.io.spdk:ctl1";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:2b2b2b2b-2b2b-2b2b-2b2b-2b2b2b2b2b2b";
+const OTHER_HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:3c3c3c3c-3c3c-3c3c-3c3c-3c3c3c3c3c3c";
 
 /// A daemon with a 4 MiB null disk `n0` as namespace 1 of [`NQN`], listening on a free
 /// loopback port; returns it with the listener's address.
@@ -186,13 +187,24 @@ fn attach_params(name: &str, addr: &str, keys: serde_json::Value) -> serde_json:
 
 /// flashpath's initiator against flashpath's target with DH-HMAC-CHAP: a host with a key
 /// must authenticate each queue; the right key attaches (unidirectional, and bidirectional
-/// with the controller's key), a wrong one is refused, a command before authentication gets
-/// Authentication Required, and `nvmf_subsystem_set_keys` applies to the next connection.
+/// with the controller's key) and serves verified I/O, a wrong one is refused while another
+/// host's connection carries on, a command before authentication gets Authentication
+/// Required, and `nvmf_subsystem_set_keys` applies to the next connection.
 #[test]
 fn dhchap_authenticates_each_host_with_its_keys() {
     let (d, addr) = target(false);
     let dir = tempfile::tempdir().unwrap();
     add_keys(&d, dir.path());
+    // The exchange runs in ffdhe2048; the host offers SHA-256 and SHA-384 only.
+    d.call("nvmf_set_config", json!({"dhchap_dhgroups": ["ffdhe2048"]}));
+    d.call("bdev_nvme_set_options", json!({"dhchap_digests": ["sha256", "sha384"]}));
+    for (params, want) in [
+        (json!({"dhchap_dhgroups": ["ffdhe1024"]}), "dhchap_dhgroups: 'ffdhe1024' is not one of"),
+        (json!({"conn_sched": "roundrobin"}), "conn_sched"),
+    ] {
+        let e = d.try_call("nvmf_set_config", params.clone()).unwrap_err();
+        assert!(e.message.starts_with(want), "{params}: {e:?}");
+    }
     let e = d
         .try_call("nvmf_subsystem_add_host", json!({"nqn": NQN, "host": HOSTNQN, "dhchap_key": "nope"}))
         .unwrap_err();
@@ -201,6 +213,13 @@ fn dhchap_authenticates_each_host_with_its_keys() {
         "nvmf_subsystem_add_host",
         json!({"nqn": NQN, "host": HOSTNQN, "dhchap_key": "host0", "dhchap_ctrlr_key": "ctrl0"}),
     );
+    // Namespace 2 keeps what is written, for the I/O check.
+    d.malloc("m0", 2048, 512);
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "m0"}}));
+    // Another host, without keys, connected all along.
+    d.call("nvmf_subsystem_add_host", json!({"nqn": NQN, "host": OTHER_HOSTNQN}));
+    let other = Host::connect(&addr, NQN, OTHER_HOSTNQN);
+    let mut other = other.expect("a host without keys connects without authenticating");
 
     // A command other than authentication before the transaction: Authentication Required.
     let mut q = common::nvme_tcp::Queue::open(&addr).unwrap();
@@ -218,11 +237,19 @@ fn dhchap_authenticates_each_host_with_its_keys() {
     let none = d.try_call("bdev_nvme_attach_controller", attach_params("Nvme0", &addr, json!({})));
     assert!(none.is_err(), "no key attached: {none:?}");
 
+    assert_eq!(nsze(&mut other), 8192, "the other host's connection after the refusals");
+
     let uni = attach_params("Nvme0", &addr, json!({"dhchap_key": "host0"}));
-    assert_eq!(d.call("bdev_nvme_attach_controller", uni), json!(["Nvme0n1"]));
+    assert_eq!(d.call("bdev_nvme_attach_controller", uni), json!(["Nvme0n1", "Nvme0n2"]));
     d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"}));
     let bi = attach_params("Nvme0", &addr, json!({"dhchap_key": "host0", "dhchap_ctrlr_key": "ctrl0"}));
-    assert_eq!(d.call("bdev_nvme_attach_controller", bi), json!(["Nvme0n1"]));
+    assert_eq!(d.call("bdev_nvme_attach_controller", bi), json!(["Nvme0n1", "Nvme0n2"]));
+    // I/O over the authenticated queues, read back through a vhost-user disk.
+    let sock = d.controller("vhost.0", "Nvme0n2", Some(1), false);
+    let mut client = common::BlkClient::open(&sock, 1);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    assert_eq!(client.write(0, 8192, &data), 0);
+    assert_eq!(client.read(0, 8192, 4096).expect("read back"), data);
     // A host expecting another controller key refuses the controller.
     let bad_ctrl = attach_params("Nvme1", &addr, json!({"dhchap_key": "host0", "dhchap_ctrlr_key": "host1"}));
     assert!(d.try_call("bdev_nvme_attach_controller", bad_ctrl).is_err());
@@ -231,7 +258,18 @@ fn dhchap_authenticates_each_host_with_its_keys() {
     let old = attach_params("Nvme2", &addr, json!({"dhchap_key": "host0"}));
     assert!(d.try_call("bdev_nvme_attach_controller", old).is_err(), "the replaced key still works");
     let new = attach_params("Nvme2", &addr, json!({"dhchap_key": "host1"}));
-    assert_eq!(d.call("bdev_nvme_attach_controller", new), json!(["Nvme2n1"]));
+    assert_eq!(d.call("bdev_nvme_attach_controller", new), json!(["Nvme2n1", "Nvme2n2"]));
+    // Only a hash the host does not offer: refused; one it offers: authenticated.
+    d.call("nvmf_set_config", json!({"dhchap_digests": ["sha512"]}));
+    assert!(d
+        .try_call(
+            "bdev_nvme_attach_controller",
+            attach_params("Nvme3", &addr, json!({"dhchap_key": "host1"}))
+        )
+        .is_err());
+    d.call("nvmf_set_config", json!({"dhchap_digests": ["sha384"]}));
+    let sha384 = attach_params("Nvme3", &addr, json!({"dhchap_key": "host1"}));
+    assert_eq!(d.call("bdev_nvme_attach_controller", sha384), json!(["Nvme3n1", "Nvme3n2"]));
     // The connection authenticated before the change still serves its host.
     let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
     assert_eq!(c[0]["ctrlrs"][0]["state"], "enabled", "{c}");

@@ -130,7 +130,10 @@ impl Authenticator {
             (Step::Reply { t_id, hash, pair, c1, s1 }, AuthMessage::Reply(r)) => {
                 self.reply(t_id, hash, pair.as_ref(), &c1, s1, r)
             }
-            (Step::Success2 { t_id }, AuthMessage::Success2(s)) if s.t_id == t_id => {
+            (Step::Success2 { t_id }, AuthMessage::Success2(s)) => {
+                if s.t_id != t_id {
+                    return Err(wrong_t_id(s.t_id, t_id));
+                }
                 self.step = Step::Done;
                 Ok(())
             }
@@ -189,10 +192,7 @@ impl Authenticator {
         r: fp_nvme_spec::auth::Reply,
     ) -> Result<(), Refused> {
         if r.t_id != t_id {
-            return Err(refused(
-                FailureReason::IncorrectPayload,
-                format!("T_ID {} is not this transaction's ({t_id})", r.t_id),
-            ));
+            return Err(wrong_t_id(r.t_id, t_id));
         }
         if r.response.len() != hash.digest_len() {
             return Err(refused(
@@ -234,6 +234,10 @@ impl Authenticator {
     }
 }
 
+fn wrong_t_id(got: u16, t_id: u16) -> Refused {
+    refused(FailureReason::IncorrectPayload, format!("T_ID {got} is not this transaction's ({t_id})"))
+}
+
 fn refused(reason: FailureReason, why: impl std::fmt::Display) -> Refused {
     Refused { reason, why: why.to_string() }
 }
@@ -245,5 +249,144 @@ fn message_name(m: &AuthMessage) -> &'static str {
         AuthMessage::Reply(_) => "DH-HMAC-CHAP_Reply",
         AuthMessage::Success2(_) => "DH-HMAC-CHAP_Success2",
         _ => "a controller's message",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fp_nvme_spec::auth::{Negotiate, ProtocolDescriptor, Reply, Success2, MAX_DHCHAP_MESSAGE_LEN};
+
+    use super::*;
+
+    const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
+    const SUBNQN: &str = "nqn.2016-06.io.spdk:auth";
+
+    fn secret(seed: u8) -> DhchapSecret {
+        DhchapSecret::new(Some(HashId::Sha256), &[seed; 32]).unwrap()
+    }
+
+    fn encoded(m: AuthMessage) -> Vec<u8> {
+        let mut b = vec![0u8; MAX_DHCHAP_MESSAGE_LEN];
+        let n = m.encode(&mut b).unwrap();
+        b.truncate(n);
+        b
+    }
+
+    fn negotiate(t_id: u16, hashes: &[HashId], groups: &[DhGroupId]) -> Vec<u8> {
+        let protocols = vec![ProtocolDescriptor::dhchap(hashes, groups)];
+        encoded(AuthMessage::Negotiate(Negotiate { t_id, sc_c: 0, protocols }))
+    }
+
+    fn controller(ctrlr_key: Option<DhchapSecret>, config: DhchapConfig) -> Authenticator {
+        Authenticator::new(DhchapKeys { key: secret(1), ctrlr_key }, config, HOSTNQN, SUBNQN)
+    }
+
+    fn failure(a: &mut Authenticator) -> FailureReason {
+        match a.on_receive() {
+            Some(AuthMessage::Failure(f)) if f.from_controller => f.reason,
+            other => panic!("expected AUTH_Failure1, got {other:?}"),
+        }
+    }
+
+    /// Plays the host with `key` (and C2 when `bidirectional`) up to the Reply; returns the
+    /// host's half of the exchange and what the controller answered.
+    fn host_reply(
+        a: &mut Authenticator,
+        key: &DhchapSecret,
+        group: DhGroupId,
+        c2: Option<Vec<u8>>,
+    ) -> (Challenge, Option<Vec<u8>>) {
+        a.on_send(&negotiate(7, &[HashId::Sha384, HashId::Sha256], &[group])).ok().unwrap();
+        let Some(AuthMessage::Challenge(ch)) = a.on_receive() else { panic!("no Challenge") };
+        assert_eq!((ch.t_id, ch.hash, ch.dh_group), (7, HashId::Sha384, group));
+        let pair = DhKeyPair::generate(group);
+        let session = pair.shared_secret(&ch.dh_value).unwrap();
+        let session = session.as_deref().map(|k| k.as_slice());
+        let t = Transaction { hash: ch.hash, t_id: 7, sc_c: 0, hostnqn: HOSTNQN, subnqn: SUBNQN };
+        let ca1 = dhchap::augmented_challenge(ch.hash, &ch.challenge, session);
+        let r1 = dhchap::host_response(&t, &key.transformed(HOSTNQN), &ca1, ch.seqnum);
+        let dh_value = if group == DhGroupId::Null { Vec::new() } else { pair.public_value().to_vec() };
+        let expected_r2 = c2.as_ref().map(|c2| {
+            let ca2 = dhchap::augmented_challenge(ch.hash, c2, session);
+            dhchap::controller_response(&t, &secret(2).transformed(SUBNQN), &ca2, 99)
+        });
+        let reply = Reply { t_id: 7, seqnum: 99, response: r1, challenge: c2, dh_value };
+        let _ = a.on_send(&encoded(AuthMessage::Reply(reply)));
+        (ch, expected_r2)
+    }
+
+    #[test]
+    fn a_right_key_authenticates_with_and_without_a_group() {
+        for group in [DhGroupId::Null, DhGroupId::Ffdhe2048] {
+            let mut a = controller(None, DhchapConfig::default());
+            host_reply(&mut a, &secret(1), group, None);
+            assert!(!a.authenticated());
+            let Some(AuthMessage::Success1(s)) = a.on_receive() else { panic!("no Success1") };
+            assert_eq!((s.hl, s.response), (48, None));
+            assert!(a.authenticated(), "{group:?}");
+        }
+    }
+
+    #[test]
+    fn bidirectional_answers_r2_and_waits_for_success2() {
+        for (success2_t_id, authenticated) in [(7, true), (8, false)] {
+            let mut a = controller(Some(secret(2)), DhchapConfig::default());
+            let c2 = dhchap::random_challenge(HashId::Sha384);
+            let (_, expected_r2) = host_reply(&mut a, &secret(1), DhGroupId::Ffdhe2048, Some(c2));
+            let Some(AuthMessage::Success1(s)) = a.on_receive() else { panic!("no Success1") };
+            assert_eq!(s.response, expected_r2);
+            assert!(!a.authenticated());
+            let r = a.on_send(&encoded(AuthMessage::Success2(Success2 { t_id: success2_t_id })));
+            assert_eq!(a.authenticated(), authenticated, "Success2 with T_ID {success2_t_id}");
+            if !authenticated {
+                assert_eq!(r.err().unwrap().reason, FailureReason::IncorrectPayload);
+            }
+        }
+    }
+
+    #[test]
+    fn a_wrong_key_or_a_missing_controller_key_is_refused() {
+        let mut a = controller(None, DhchapConfig::default());
+        host_reply(&mut a, &secret(3), DhGroupId::Null, None);
+        assert_eq!(failure(&mut a), FailureReason::Failed);
+        assert!(!a.authenticated());
+        // Asked for R2 without a controller key.
+        let mut a = controller(None, DhchapConfig::default());
+        host_reply(&mut a, &secret(1), DhGroupId::Null, Some(vec![5; 48]));
+        assert_eq!(failure(&mut a), FailureReason::Failed);
+        assert!(!a.authenticated());
+    }
+
+    #[test]
+    fn negotiation_takes_only_what_the_config_allows() {
+        let config = DhchapConfig { digests: vec![HashId::Sha512], dhgroups: vec![DhGroupId::Ffdhe3072] };
+        let mut a = controller(None, config.clone());
+        a.on_send(&negotiate(1, &[HashId::Sha256], &[DhGroupId::Ffdhe3072])).err().unwrap();
+        assert_eq!(failure(&mut a), FailureReason::HashUnusable);
+        a.on_send(&negotiate(1, &[HashId::Sha512], &[DhGroupId::Null])).err().unwrap();
+        assert_eq!(failure(&mut a), FailureReason::DhGroupUnusable);
+    }
+
+    #[test]
+    fn out_of_order_replayed_or_malformed_messages_are_refused() {
+        let mut a = controller(None, DhchapConfig::default());
+        // A Reply before any Negotiate; a Success2 out of turn; bytes that are no message.
+        let reply = Reply { t_id: 1, seqnum: 0, response: vec![0; 32], challenge: None, dh_value: vec![] };
+        let r = a.on_send(&encoded(AuthMessage::Reply(reply))).err().unwrap();
+        assert_eq!(r.reason, FailureReason::IncorrectProtocolMessage, "{}", r.why);
+        assert_eq!(failure(&mut a), FailureReason::IncorrectProtocolMessage);
+        let r = a.on_send(&[0x01, 0x02, 0, 0]).err().unwrap();
+        assert_eq!(r.reason, FailureReason::IncorrectPayload, "{}", r.why);
+        assert_eq!(failure(&mut a), FailureReason::IncorrectPayload);
+        // A Reply of another transaction (T_ID) after a Challenge.
+        a.on_send(&negotiate(4, &[HashId::Sha256], &[DhGroupId::Null])).ok().unwrap();
+        assert!(matches!(a.on_receive(), Some(AuthMessage::Challenge(_))));
+        let reply = Reply { t_id: 5, seqnum: 0, response: vec![0; 32], challenge: None, dh_value: vec![] };
+        let r = a.on_send(&encoded(AuthMessage::Reply(reply))).err().unwrap();
+        assert_eq!(r.reason, FailureReason::IncorrectPayload, "{}", r.why);
+        assert_eq!(failure(&mut a), FailureReason::IncorrectPayload);
+        // Nothing queued: a Receive gets nothing.
+        assert!(a.on_receive().is_none());
+        assert!(!a.authenticated());
     }
 }
