@@ -162,9 +162,8 @@ fn the_daemon_stops_within_one_drain_bound_with_writes_stuck_on_its_disks() {
     }
 }
 
-/// DHHC-1 secrets `host0`, `host1` and `ctrl0` in the daemon's keyring
-/// (owner-only files in `dir`).
-fn add_keys(d: &Daemon, dir: &std::path::Path) {
+/// DHHC-1 secrets `host0`, `host1` and `ctrl0` as owner-only files in `dir`.
+fn add_key_files(dir: &std::path::Path) {
     for (name, text) in [
         ("host0", "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n"),
         ("host1", "DHHC-1:00:ISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0Dc1bqW:\n"),
@@ -173,7 +172,14 @@ fn add_keys(d: &Daemon, dir: &std::path::Path) {
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-        d.call("keyring_file_add_key", json!({"name": name, "path": path.to_str().unwrap()}));
+    }
+}
+
+/// The secrets of [`add_key_files`] in the daemon's keyring, under their names.
+fn add_keys(d: &Daemon, dir: &std::path::Path) {
+    add_key_files(dir);
+    for name in ["host0", "host1", "ctrl0"] {
+        d.call("keyring_file_add_key", json!({"name": name, "path": dir.join(name).to_str().unwrap()}));
     }
 }
 
@@ -273,4 +279,56 @@ fn dhchap_authenticates_each_host_with_its_keys() {
     // The connection authenticated before the change still serves its host.
     let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
     assert_eq!(c[0]["ctrlrs"][0]["state"], "enabled", "{c}");
+}
+
+/// The configuration file: `[nvmf_config]` sets the groups, an `[[nvmf_host]]` names its key
+/// in the keyring, and that host must authenticate.
+#[test]
+fn a_config_file_host_with_a_key_must_authenticate() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let d = Daemon::start_with_config("0", |dir| {
+        add_key_files(dir);
+        let key = dir.join("host0");
+        format!(
+            r#"
+[[keyring_file_key]]
+name = "host0"
+path = "{}"
+
+[[bdev]]
+type = "null"
+name = "n0"
+num_blocks = 8192
+block_size = 512
+
+[nvmf_config]
+dhchap_dhgroups = ["ffdhe3072"]
+
+[[nvmf_transport]]
+trtype = "TCP"
+
+[[nvmf_subsystem]]
+nqn = "{NQN}"
+allow_any_host = false
+
+[[nvmf_listener]]
+nqn = "{NQN}"
+listen_address = {{ trtype = "TCP", adrfam = "IPv4", traddr = "127.0.0.1", trsvcid = "{port}" }}
+
+[[nvmf_host]]
+nqn = "{NQN}"
+host = "{HOSTNQN}"
+dhchap_key = "host0"
+
+[[nvmf_ns]]
+nqn = "{NQN}"
+namespace = {{ bdev_name = "n0" }}
+"#,
+            key.display()
+        )
+    });
+    let addr = format!("127.0.0.1:{port}");
+    assert!(d.try_call("bdev_nvme_attach_controller", attach_params("Nvme0", &addr, json!({}))).is_err());
+    let keyed = attach_params("Nvme0", &addr, json!({"dhchap_key": "host0"}));
+    assert_eq!(d.call("bdev_nvme_attach_controller", keyed), json!(["Nvme0n1"]));
 }
