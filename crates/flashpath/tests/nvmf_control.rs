@@ -244,6 +244,18 @@ fn dhchap_authenticates_each_host_with_its_keys() {
     assert!(none.is_err(), "no key attached: {none:?}");
 
     assert_eq!(nsze(&mut other), 8192, "the other host's connection after the refusals");
+    // The refused hosts' controllers are gone once their connections close: only the other
+    // host's is left.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = d.call("nvmf_subsystem_get_controllers", json!({"nqn": NQN}));
+        let hosts: Vec<&str> = c.as_array().unwrap().iter().map(|c| c["hostnqn"].as_str().unwrap()).collect();
+        if hosts == [OTHER_HOSTNQN] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "controllers left by refused hosts: {c}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     let uni = attach_params("Nvme0", &addr, json!({"dhchap_key": "host0"}));
     assert_eq!(d.call("bdev_nvme_attach_controller", uni), json!(["Nvme0n1", "Nvme0n2"]));
