@@ -111,9 +111,7 @@ fn handshake(
     let data = &pdu[layout.data_offset..layout.data_offset + layout.data_len];
     let sqe = capsule_sqe(&pdu).expect("a capsule header");
     let respond = |s: &mut Stream, cqe: Cqe| -> Result<(), String> {
-        let mut b = [0u8; HEADER_ROOM];
-        let n = write_capsule_resp(&mut b, &cqe, digests);
-        s.write_all(&b[..n]).map_err(|e| io("sending the Connect response", e))
+        send_cqe(s, &cqe, digests).map_err(|e| io("sending the Connect response", e))
     };
     let refuse = |s: &mut Stream, r: ConnectRefusal| -> String {
         let _ = respond(s, r.cqe(sqe.cid()));
@@ -375,6 +373,8 @@ fn authenticate(
         let sqhd = if q.flow_disabled { 0xFFFF } else { (*sq_taken % q.sq_entries.max(1)) as u16 };
         let answer = |status: Status| Cqe { sqid: q.qid, sqhd, ..Cqe::new(sqe.cid(), status) };
         if sqe.opcode() == OPC_FABRICS && sqe.fctype() == FCTYPE_DISCONNECT {
+            // Answered (best effort: the host may close first), then the connection ends.
+            let _ = send_cqe(s, &answer(Status::SUCCESS), q.digests);
             return Err(format!("{}: {queue} disconnected before authenticating", q.hostnqn));
         }
         let cqe = match AuthCommand::from_sqe(&sqe) {
@@ -420,9 +420,8 @@ fn authenticate(
                 }
             },
         };
-        let mut b = [0u8; HEADER_ROOM];
-        let n = write_capsule_resp(&mut b, &cqe, q.digests);
-        s.write_all(&b[..n]).map_err(|e| format!("answering a command before authentication: {e}"))?;
+        send_cqe(s, &cqe, q.digests)
+            .map_err(|e| format!("answering a command before authentication: {e}"))?;
         if auth.authenticated() {
             log::info!("nvmf: {}: host {} authenticated its {queue}", q.peer, q.hostnqn);
             return Ok(());
@@ -432,6 +431,13 @@ fn authenticate(
         "{}: {queue} sent {MAX_UNAUTHENTICATED_COMMANDS} commands without authenticating: closed",
         q.hostnqn
     ))
+}
+
+/// Sends a CapsuleResp carrying `cqe`.
+fn send_cqe(s: &mut Stream, cqe: &Cqe, digests: Digests) -> io::Result<()> {
+    let mut b = [0u8; HEADER_ROOM];
+    let n = write_capsule_resp(&mut b, cqe, digests);
+    s.write_all(&b[..n])
 }
 
 /// Sends `data` for command `cid` in one C2HData PDU.
