@@ -394,7 +394,7 @@ fn attach_reserved(
 
 /// The DH-HMAC-CHAP secret (`DHHC-1:...`) the daemon's keyring holds as `name`; errors name
 /// `field` and the key, never its content.
-fn dhchap_secret(
+pub fn dhchap_secret(
     host: &dyn ModuleHost,
     field: &'static str,
     name: Option<&str>,

@@ -31,6 +31,8 @@ pub(crate) struct TargetInner {
     /// The socket implementation of listeners that name none
     /// ([`crate::NvmfTarget::set_sock_impl`]).
     pub sock_impl: Mutex<SocketImpl>,
+    /// The hashes and DH groups DH-HMAC-CHAP may use ([`crate::NvmfTarget::set_dhchap_config`]).
+    pub dhchap: Mutex<crate::DhchapConfig>,
 }
 
 impl TargetInner {

@@ -168,6 +168,8 @@ pub(crate) struct SubState {
     pub model: String,
     pub allow_any_host: bool,
     pub hosts: BTreeSet<String>,
+    /// The DH-HMAC-CHAP keys of the listed hosts that must authenticate.
+    pub host_keys: BTreeMap<String, crate::DhchapKeys>,
     pub max_namespaces: u32,
     pub min_cntlid: u16,
     pub max_cntlid: u16,

@@ -18,6 +18,7 @@ use crate::model::{DiscoveryEntry, SubsystemKind};
 use crate::options::*;
 use crate::state::TargetInner;
 use crate::subsystem::{lock, Namespace, SubState, Subsystem};
+use crate::tcp::auth::{DhchapConfig, DhchapKeys};
 use crate::tcp::server::Listener;
 
 fn not_found(what: &'static str, name: &str) -> NvmfError {
@@ -77,6 +78,7 @@ impl NvmfTarget {
                 model: String::new(),
                 allow_any_host: true,
                 hosts: BTreeSet::new(),
+                host_keys: BTreeMap::new(),
                 max_namespaces: 0,
                 min_cntlid: 1,
                 max_cntlid: 0xFFEF,
@@ -99,6 +101,7 @@ impl NvmfTarget {
                 close_timeout_ms: AtomicU64::new(crate::CLOSE_TIMEOUT.as_millis() as u64),
                 stop_deadline: Mutex::new(None),
                 sock_impl: Mutex::new(SocketImpl::default()),
+                dhchap: Mutex::new(DhchapConfig::default()),
             }),
             listeners: Arc::new(Mutex::new(BTreeMap::new())),
         }
@@ -212,6 +215,7 @@ impl NvmfTarget {
             model,
             allow_any_host: spec.allow_any_host,
             hosts: BTreeSet::new(),
+            host_keys: BTreeMap::new(),
             max_namespaces,
             min_cntlid: min,
             max_cntlid: max,
@@ -349,6 +353,16 @@ impl NvmfTarget {
     }
 
     pub fn add_host(&self, nqn: &str, host_nqn: &str) -> Result<(), NvmfError> {
+        self.add_host_with_keys(nqn, host_nqn, None)
+    }
+
+    /// Lists a host; with `keys` each of its queues must authenticate (DH-HMAC-CHAP).
+    pub fn add_host_with_keys(
+        &self,
+        nqn: &str,
+        host_nqn: &str,
+        keys: Option<DhchapKeys>,
+    ) -> Result<(), NvmfError> {
         check_nqn(host_nqn).map_err(|_| invalid("host", format!("'{host_nqn}' is not an NQN")))?;
         let sub = self.nvm_subsystem(nqn)?;
         {
@@ -356,9 +370,49 @@ impl NvmfTarget {
             if !st.hosts.insert(host_nqn.to_string()) {
                 return Err(NvmfError::AlreadyExists { what: "host", name: host_nqn.to_string() });
             }
+            if let Some(keys) = keys {
+                st.host_keys.insert(host_nqn.to_string(), keys);
+            }
         }
         self.refresh_discovery();
         Ok(())
+    }
+
+    /// Replaces a listed host's DH-HMAC-CHAP keys (`None`: it no longer authenticates). The
+    /// queues connected keep running; each new connection uses the new keys.
+    pub fn set_host_keys(
+        &self,
+        nqn: &str,
+        host_nqn: &str,
+        keys: Option<DhchapKeys>,
+    ) -> Result<(), NvmfError> {
+        let sub = self.nvm_subsystem(nqn)?;
+        let mut st = lock(&sub.state);
+        if !st.hosts.contains(host_nqn) {
+            return Err(not_found("host", host_nqn));
+        }
+        match keys {
+            Some(k) => st.host_keys.insert(host_nqn.to_string(), k),
+            None => st.host_keys.remove(host_nqn),
+        };
+        Ok(())
+    }
+
+    /// The host's DH-HMAC-CHAP keys, if it must authenticate.
+    pub fn host_keys(&self, nqn: &str, host_nqn: &str) -> Result<Option<DhchapKeys>, NvmfError> {
+        let sub = self.nvm_subsystem(nqn)?;
+        let st = lock(&sub.state);
+        Ok(st.host_keys.get(host_nqn).cloned())
+    }
+
+    /// The hashes and DH groups DH-HMAC-CHAP may use from now on.
+    pub fn set_dhchap_config(&self, config: DhchapConfig) {
+        *lock(&self.inner.dhchap) = config;
+    }
+
+    /// The hashes and DH groups DH-HMAC-CHAP may use.
+    pub fn dhchap_config(&self) -> DhchapConfig {
+        lock(&self.inner.dhchap).clone()
     }
 
     /// Takes a host off the allowed list; its controllers are disconnected (as SPDK does, even
@@ -370,6 +424,7 @@ impl NvmfTarget {
             if !st.hosts.remove(host_nqn) {
                 return Err(not_found("host", host_nqn));
             }
+            st.host_keys.remove(host_nqn);
             host_qpairs(&st, |h| h == host_nqn)
         };
         crate::tcp::qpair::close_qpairs(&qpairs, "the host was removed from the subsystem");

@@ -152,7 +152,7 @@ impl Queue {
 
     /// Connect (NVMe-oF 1.1, 3.3): queue `qid` with `entries` entries, to controller `cntlid`
     /// (0xFFFF: a new one); returns the controller ID.
-    fn connect(
+    pub fn connect(
         &mut self,
         subnqn: &str,
         hostnqn: &str,
@@ -176,7 +176,7 @@ impl Queue {
         Ok(c.dw0 as u16)
     }
 
-    fn property_set(&mut self, offset: u32, value: u32) -> std::io::Result<Completion> {
+    pub fn property_set(&mut self, offset: u32, value: u32) -> std::io::Result<Completion> {
         let mut sqe = Queue::fabrics(FCTYPE_PROPERTY_SET);
         sqe[44..48].copy_from_slice(&offset.to_le_bytes());
         sqe[48..52].copy_from_slice(&value.to_le_bytes());

@@ -627,7 +627,7 @@ impl OptionsParams {
 
 /// A list of SPDK's names (`dhchap_digests`, `dhchap_dhgroups`): each one of `all`, at least
 /// one.
-fn names_of<T: Copy>(
+pub fn names_of<T: Copy>(
     p: &mut Params,
     field: &'static str,
     all: &[T],

@@ -5,5 +5,6 @@
 //! Everything above this folder (the control API, subsystems, controllers) is transport
 //! neutral; another transport (RDMA) would be a folder beside this one.
 
+pub(crate) mod auth;
 pub(crate) mod qpair;
 pub(crate) mod server;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use fp_conn::uring::SocketImpl;
 use fp_conn::{Bound, ListenerOptions, Stream};
 
+use fp_nvme_spec::auth::{AuthCommand, AUTHREQ_ATR, SC_AUTH_REQUIRED};
 use fp_nvme_spec::fabrics::{Connect, ConnectRefusal, CNTLID_DYNAMIC, CONNECT_DATA_LEN};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
@@ -24,6 +25,7 @@ use crate::model::SubsystemKind;
 use crate::options::{ListenAddress, TransportOptions};
 use crate::state::TargetInner;
 use crate::subsystem::{lock, CtrlEntry, CtrlShared, QpairRef, Subsystem};
+use crate::tcp::auth::{Authenticator, DhchapKeys};
 use crate::tcp::qpair::{QpairPoller, QpairSetup, Role, ADMIN_ICD, MAX_H2C_DATA};
 
 /// Handshakes one listener runs at once; one more closes the oldest (logged), so a flood of
@@ -104,38 +106,12 @@ fn handshake(
     let digests = req.digests;
 
     // The first capsule: a Connect with its 1024 bytes in the capsule.
-    let mut head = [0u8; HEADER_ROOM];
-    s.read_exact(&mut head[..CH_LEN]).map_err(|e| io("reading the Connect", e))?;
-    let ch = CommonHeader::parse(head[..CH_LEN].try_into().expect("eight bytes"));
     let max = (CAPSULE_CMD_HLEN + DIGEST_LEN + CONNECT_DATA_LEN + ADMIN_ICD as usize + DIGEST_LEN) as u32;
-    let layout = match check_header(&ch, digests, 0, max) {
-        Ok(l) if ch.pdu_type == PDU_CAPSULE_CMD => l,
-        Ok(_) => {
-            let err =
-                PduError { fes: FES_PDU_SEQUENCE_ERROR, fei: 0, what: "a PDU other than a Connect capsule" };
-            return Err(terminate(&mut s, &err, &head[..CH_LEN]));
-        }
-        Err(err) => return Err(terminate(&mut s, &err, &head[..CH_LEN])),
-    };
-    let mut pdu = vec![0u8; layout.plen()];
-    pdu[..CH_LEN].copy_from_slice(&head[..CH_LEN]);
-    s.read_exact(&mut pdu[CH_LEN..]).map_err(|e| io("reading the Connect", e))?;
-    if layout.header_len > CAPSULE_CMD_HLEN && !header_digest_ok(&pdu, CAPSULE_CMD_HLEN) {
-        let err = PduError { fes: FES_HEADER_DIGEST_ERROR, fei: 0, what: "header digest mismatch" };
-        return Err(terminate(&mut s, &err, &pdu[..layout.header_len]));
-    }
+    let (pdu, layout) = read_capsule(&mut s, digests, max, "a Connect")?;
     let data = &pdu[layout.data_offset..layout.data_offset + layout.data_len];
-    if layout.data_digest {
-        let d = &pdu[layout.data_offset + layout.data_len..];
-        if crc32c(data).to_le_bytes() != d {
-            return Err("data digest mismatch on the Connect".into());
-        }
-    }
     let sqe = capsule_sqe(&pdu).expect("a capsule header");
     let respond = |s: &mut Stream, cqe: Cqe| -> Result<(), String> {
-        let mut b = [0u8; HEADER_ROOM];
-        let n = write_capsule_resp(&mut b, &cqe, digests);
-        s.write_all(&b[..n]).map_err(|e| io("sending the Connect response", e))
+        send_cqe(s, &cqe, digests).map_err(|e| io("sending the Connect response", e))
     };
     let refuse = |s: &mut Stream, r: ConnectRefusal| -> String {
         let _ = respond(s, r.cqe(sqe.cid()));
@@ -158,11 +134,32 @@ fn handshake(
         return Err(refuse(&mut s, r));
     }
     let accepted = accept(&target, listen, &transport, &connect).map_err(|r| refuse(&mut s, r))?;
+    let flow_disabled = connect.cattr & 0x4 != 0;
     // SQHD: the Connect took the first entry (0xFFFF when the host disabled SQ flow control).
-    let sqhd = if connect.cattr & 0x4 != 0 { 0xFFFF } else { 1 };
+    let sqhd = if flow_disabled { 0xFFFF } else { 1 };
     let success = Cqe::new(connect.cid, Status::SUCCESS);
-    let cqe = Cqe { dw0: u32::from(accepted.cntlid), sqid: connect.qid, sqhd, ..success };
-    if let Err(e) = respond(&mut s, cqe) {
+    let atr = if accepted.auth.is_some() { AUTHREQ_ATR } else { 0 };
+    let cqe = Cqe { dw0: u32::from(accepted.cntlid) | atr, sqid: connect.qid, sqhd, ..success };
+    let mut sq_taken = 1;
+    let answered = respond(&mut s, cqe).and_then(|()| match accepted.auth.clone() {
+        None => Ok(()),
+        Some(keys) => {
+            let config = lock(&target.dhchap).clone();
+            let mut auth = Authenticator::new(keys, config, &connect.hostnqn, &connect.subnqn);
+            let q = UnauthenticatedQueue {
+                digests,
+                hpda: req.hpda,
+                icd: if connect.qid == 0 { ADMIN_ICD } else { transport.in_capsule_data_size },
+                sq_entries: connect.sq_entries,
+                flow_disabled,
+                qid: connect.qid,
+                hostnqn: &connect.hostnqn,
+                peer,
+            };
+            authenticate(&mut s, &q, &mut auth, &mut sq_taken)
+        }
+    });
+    if let Err(e) = answered {
         unreserve(&accepted.sub, accepted.cntlid, connect.qid);
         return Err(e);
     }
@@ -190,7 +187,8 @@ fn handshake(
         role: accepted.role,
         qid: connect.qid,
         sq_entries: connect.sq_entries,
-        sq_flow_disabled: connect.cattr & 0x4 != 0,
+        sq_flow_disabled: flow_disabled,
+        sq_taken,
         digests,
         hpda: req.hpda,
         transport,
@@ -202,6 +200,9 @@ fn handshake(
 }
 
 struct Accepted {
+    /// The host's keys when it must authenticate (taken at Connect: a key change applies to
+    /// the connections after it).
+    auth: Option<DhchapKeys>,
     cntlid: u16,
     sub: Arc<Subsystem>,
     ctrl: Arc<CtrlShared>,
@@ -273,8 +274,9 @@ fn accept(
             max_transfer_bytes: transport.max_io_size,
             kato_ms: c.kato_ms,
         };
+        let auth = st.host_keys.get(&c.hostnqn).cloned();
         drop(st);
-        return Ok(Accepted { cntlid, sub, ctrl, role: Role::Admin(Box::new(cfg)) });
+        return Ok(Accepted { auth, cntlid, sub, ctrl, role: Role::Admin(Box::new(cfg)) });
     }
     let bad_ctrl = ConnectRefusal::invalid_parameter(true, DATA_CNTLID, "no such controller of this host");
     let entry = st.controllers.get(&c.cntlid).ok_or(bad_ctrl)?;
@@ -300,8 +302,155 @@ fn accept(
         ));
     }
     st.controllers.get_mut(&c.cntlid).expect("found above").reserved.insert(c.qid);
+    let auth = st.host_keys.get(&c.hostnqn).cloned();
     drop(st);
-    Ok(Accepted { cntlid: c.cntlid, sub, ctrl, role: Role::Io })
+    Ok(Accepted { auth, cntlid: c.cntlid, sub, ctrl, role: Role::Io })
+}
+
+/// Reads one command capsule (`what`, for the errors) of at most `max` bytes, its digests
+/// checked; returns the PDU and where its data is.
+fn read_capsule(s: &mut Stream, digests: Digests, max: u32, what: &str) -> Result<(Vec<u8>, Layout), String> {
+    let mut head = [0u8; CH_LEN];
+    s.read_exact(&mut head).map_err(|e| format!("reading {what}: {e}"))?;
+    let ch = CommonHeader::parse(&head);
+    let layout = match check_header(&ch, digests, 0, max) {
+        Ok(l) if ch.pdu_type == PDU_CAPSULE_CMD => l,
+        Ok(_) => {
+            let err =
+                PduError { fes: FES_PDU_SEQUENCE_ERROR, fei: 0, what: "a PDU other than a command capsule" };
+            return Err(terminate(s, &err, &head));
+        }
+        Err(err) => return Err(terminate(s, &err, &head)),
+    };
+    let mut pdu = vec![0u8; layout.plen()];
+    pdu[..CH_LEN].copy_from_slice(&head);
+    s.read_exact(&mut pdu[CH_LEN..]).map_err(|e| format!("reading {what}: {e}"))?;
+    if layout.header_len > CAPSULE_CMD_HLEN && !header_digest_ok(&pdu, CAPSULE_CMD_HLEN) {
+        let err = PduError { fes: FES_HEADER_DIGEST_ERROR, fei: 0, what: "header digest mismatch" };
+        return Err(terminate(s, &err, &pdu[..layout.header_len]));
+    }
+    if layout.data_digest {
+        let data = &pdu[layout.data_offset..layout.data_offset + layout.data_len];
+        if crc32c(data).to_le_bytes() != pdu[layout.data_offset + layout.data_len..] {
+            return Err(format!("data digest mismatch on {what}"));
+        }
+    }
+    Ok((pdu, layout))
+}
+
+/// Commands a queue may send before it is authenticated: a transaction and a few retries.
+/// Past it the connection closes, so a host cannot hold a handshake thread forever.
+const MAX_UNAUTHENTICATED_COMMANDS: u32 = 32;
+
+/// A connected queue that must authenticate, served on the handshake thread (so the
+/// reactor's data path never sees an unauthenticated queue).
+struct UnauthenticatedQueue<'a> {
+    digests: Digests,
+    hpda: u8,
+    icd: u32,
+    sq_entries: u32,
+    flow_disabled: bool,
+    qid: u16,
+    hostnqn: &'a str,
+    peer: &'a str,
+}
+
+/// Serves the queue's commands until its DH-HMAC-CHAP transaction succeeds: Authentication
+/// Send and Receive drive `auth`, any other command fails with Authentication Required,
+/// a Disconnect or a closed connection ends it. `sq_taken` counts the entries used.
+fn authenticate(
+    s: &mut Stream,
+    q: &UnauthenticatedQueue<'_>,
+    auth: &mut Authenticator,
+    sq_taken: &mut u32,
+) -> Result<(), String> {
+    let queue = if q.qid == 0 { "admin queue".to_string() } else { format!("I/O queue {}", q.qid) };
+    let max = (CAPSULE_CMD_HLEN + DIGEST_LEN + q.icd as usize + DIGEST_LEN) as u32;
+    for _ in 0..MAX_UNAUTHENTICATED_COMMANDS {
+        let (pdu, layout) = read_capsule(s, q.digests, max, "a command before authentication")?;
+        let sqe = capsule_sqe(&pdu).expect("a capsule header");
+        *sq_taken += 1;
+        let sqhd = if q.flow_disabled { 0xFFFF } else { (*sq_taken % q.sq_entries.max(1)) as u16 };
+        let answer = |status: Status| Cqe { sqid: q.qid, sqhd, ..Cqe::new(sqe.cid(), status) };
+        if sqe.opcode() == OPC_FABRICS && sqe.fctype() == FCTYPE_DISCONNECT {
+            // Answered (best effort: the host may close first), then the connection ends.
+            let _ = send_cqe(s, &answer(Status::SUCCESS), q.digests);
+            return Err(format!("{}: {queue} disconnected before authenticating", q.hostnqn));
+        }
+        let cqe = match AuthCommand::from_sqe(&sqe) {
+            Err(_)
+                if sqe.opcode() != OPC_FABRICS
+                    || !matches!(
+                        sqe.fctype(),
+                        FCTYPE_AUTHENTICATION_SEND | FCTYPE_AUTHENTICATION_RECEIVE
+                    ) =>
+            {
+                answer(Status::command_specific(SC_AUTH_REQUIRED))
+            }
+            Err(e) => {
+                log::info!("nvmf: {}: {}: {queue}: {e}", q.peer, q.hostnqn);
+                answer(Status::generic(SC_INVALID_FIELD))
+            }
+            Ok(cmd) if cmd.send => {
+                let data = &pdu[layout.data_offset..layout.data_offset + layout.data_len];
+                if sqe.sgl().type_byte() != SGL_IN_CAPSULE || data.len() < cmd.length as usize {
+                    // Messages are far smaller than the in-capsule data size every queue takes.
+                    answer(Status::generic(SC_SGL_DESCRIPTOR_TYPE_INVALID))
+                } else {
+                    if let Err(r) = auth.on_send(&data[..cmd.length as usize]) {
+                        log::warn!(
+                            "nvmf: {}: host {} failed DH-HMAC-CHAP on its {queue}: {} ({:?})",
+                            q.peer,
+                            q.hostnqn,
+                            r.why,
+                            r.reason
+                        );
+                    }
+                    answer(Status::SUCCESS)
+                }
+            }
+            Ok(cmd) => match auth.on_receive() {
+                None => answer(Status::generic(SC_COMMAND_SEQUENCE_ERROR)),
+                Some(m) => {
+                    let mut msg = vec![0u8; m.encoded_len()];
+                    let n = m.encode(&mut msg).expect("a message fits its own length");
+                    msg.truncate(n.min(cmd.length as usize));
+                    send_c2h(s, q, sqe.cid(), &msg)?;
+                    answer(Status::SUCCESS)
+                }
+            },
+        };
+        send_cqe(s, &cqe, q.digests)
+            .map_err(|e| format!("answering a command before authentication: {e}"))?;
+        if auth.authenticated() {
+            log::info!("nvmf: {}: host {} authenticated its {queue}", q.peer, q.hostnqn);
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "{}: {queue} sent {MAX_UNAUTHENTICATED_COMMANDS} commands without authenticating: closed",
+        q.hostnqn
+    ))
+}
+
+/// Sends a CapsuleResp carrying `cqe`.
+fn send_cqe(s: &mut Stream, cqe: &Cqe, digests: Digests) -> io::Result<()> {
+    let mut b = [0u8; HEADER_ROOM];
+    let n = write_capsule_resp(&mut b, cqe, digests);
+    s.write_all(&b[..n])
+}
+
+/// Sends `data` for command `cid` in one C2HData PDU.
+fn send_c2h(s: &mut Stream, q: &UnauthenticatedQueue<'_>, cid: u16, data: &[u8]) -> Result<(), String> {
+    let mut b = [0u8; HEADER_ROOM];
+    let h = DataHeader { cccid: cid, ttag: 0, offset: 0, length: data.len() as u32 };
+    let n = write_c2h_data(&mut b, &h, FLAG_LAST_PDU, q.digests, q.hpda);
+    let mut pdu = b[..n].to_vec();
+    pdu.extend_from_slice(data);
+    if q.digests.data {
+        pdu.extend_from_slice(&crc32c(data).to_le_bytes());
+    }
+    s.write_all(&pdu).map_err(|e| format!("sending an authentication message: {e}"))
 }
 
 /// Moves a connected queue to its reactor, where it is registered with its controller.

@@ -80,6 +80,8 @@ pub(crate) struct QpairSetup {
     pub sq_entries: u32,
     /// Connect's CATTR bit 2: the host disabled SQ flow control (SQHD reads 0xFFFF).
     pub sq_flow_disabled: bool,
+    /// Submission queue entries the handshake used (the Connect, and the authentication).
+    pub sq_taken: u32,
     pub digests: Digests,
     pub hpda: u8,
     pub transport: TransportOptions,
@@ -356,8 +358,8 @@ impl QpairPoller {
             icd,
             max_plen,
             sq_entries: n as u16,
-            // The Connect took the queue's first entry.
-            sqhd: (1 % n) as u16,
+            // The Connect (and the authentication) took the queue's first entries.
+            sqhd: (s.sq_taken as usize % n) as u16,
             slots: (0..n).map(|_| Slot::new()).collect(),
             tx: SendQueue::with_capacity(n + 1),
             blocked_since: None,

@@ -181,9 +181,11 @@ fn bdev_uuid_bytes(name: &str) -> [u8; 16] {
 /// The NVMe-oF export kind ([`super::EXPORT_KINDS`]).
 pub struct NvmfKind;
 
-/// Its configuration tables, applied in this order: the transport before the subsystems,
-/// a subsystem before its listeners, hosts and namespaces.
+/// Its configuration tables, applied in this order: the target's DH-HMAC-CHAP settings and
+/// the transport before the subsystems, a subsystem before its listeners, hosts and
+/// namespaces.
 const CONFIG_TABLES: &[ConfigTable] = &[
+    ConfigTable::single("nvmf_config", "nvmf_set_config"),
     ConfigTable::array("nvmf_transport", "nvmf_create_transport"),
     ConfigTable::array("nvmf_subsystem", "nvmf_create_subsystem"),
     ConfigTable::array("nvmf_listener", "nvmf_subsystem_add_listener"),

@@ -6,8 +6,11 @@
 //! flashpath has one target: `tgt_name` may only name SPDK's default, `nvmf_tgt`.
 //! docs/nvmf.md lists every difference.
 
+use fp_nvme_spec::auth::{DhGroupId, HashId};
 use fp_nvme_spec::fabrics::DISCOVERY_NQN;
-use fp_nvmf::{ListenAddress, SocketImpl, SubsystemSpec, TransportOptions};
+use fp_nvmf::{
+    DhchapConfig, DhchapKeys, ListenAddress, NvmfTarget, SocketImpl, SubsystemSpec, TransportOptions,
+};
 use fp_rpc::{Neutral, ParamError, Params};
 use serde_json::{json, Value};
 
@@ -29,6 +32,8 @@ pub(super) const METHODS: &[(&str, MethodFn)] = &[
     ("nvmf_subsystem_add_ns", nvmf_subsystem_add_ns),
     ("nvmf_subsystem_remove_ns", nvmf_subsystem_remove_ns),
     ("nvmf_subsystem_add_host", nvmf_subsystem_add_host),
+    ("nvmf_subsystem_set_keys", nvmf_subsystem_set_keys),
+    ("nvmf_set_config", nvmf_set_config),
     ("nvmf_subsystem_remove_host", nvmf_subsystem_remove_host),
     ("nvmf_subsystem_allow_any_host", nvmf_subsystem_allow_any_host),
     ("nvmf_subsystem_get_controllers", nvmf_subsystem_get_controllers),
@@ -396,22 +401,56 @@ fn nvmf_subsystem_remove_ns(registry: &Registry, mut p: Params) -> Result<Value,
     Ok(json!(true))
 }
 
-/// `nqn` and `host`, and SPDK's authentication keys, which flashpath does not implement.
+/// `nqn` and `host`.
 fn nqn_and_host(p: &mut Params) -> Result<(String, String), ParamError> {
     let nqn = nqn_only(p)?;
     let host = p.required_str("host")?;
-    p.spdk_only(&[
-        ("psk", Neutral::Absent),
-        ("dhchap_key", Neutral::Absent),
-        ("dhchap_ctrlr_key", Neutral::Absent),
-    ])?;
     Ok((nqn, host))
 }
 
-fn nvmf_subsystem_add_host(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+/// `dhchap_key` and `dhchap_ctrlr_key`: keyring names, resolved to the secrets (errors name
+/// the key, never its content). `None`: no `dhchap_key`.
+fn dhchap_keys(registry: &Registry, p: &mut Params) -> Result<Option<DhchapKeys>, MethodError> {
+    let key = p.optional_str("dhchap_key")?;
+    let ctrlr_key = p.optional_str("dhchap_ctrlr_key")?;
+    let resolve = |field, name: Option<&str>| {
+        fp_nvme::rpc::dhchap_secret(registry, field, name).map_err(RegistryError::from)
+    };
+    let key = resolve("dhchap_key", key.as_deref())?;
+    let ctrlr_key = resolve("dhchap_ctrlr_key", ctrlr_key.as_deref())?;
+    match key {
+        Some(key) => Ok(Some(DhchapKeys { key, ctrlr_key })),
+        None if ctrlr_key.is_some() => Err(ParamError::new(
+            "dhchap_ctrlr_key",
+            "needs dhchap_key (the controller is authenticated in the host's transaction)",
+        )
+        .into()),
+        None => Ok(None),
+    }
+}
+
+fn nvmf_subsystem_add_host(registry: &Registry, p: Params) -> Result<Value, MethodError> {
+    with_host_keys(registry, p, &[("psk", Neutral::Absent)], NvmfTarget::add_host_with_keys)
+}
+
+/// Replaces a host's keys: the connections after it use them. As SPDK, the keys not named
+/// are removed.
+fn nvmf_subsystem_set_keys(registry: &Registry, p: Params) -> Result<Value, MethodError> {
+    with_host_keys(registry, p, &[], NvmfTarget::set_host_keys)
+}
+
+/// `nqn`, `host`, SPDK's parameters `neutral` and the host's keys, given to `apply`.
+fn with_host_keys(
+    registry: &Registry,
+    mut p: Params,
+    neutral: &[(&'static str, Neutral)],
+    apply: fn(&NvmfTarget, &str, &str, Option<DhchapKeys>) -> Result<(), fp_nvmf::NvmfError>,
+) -> Result<Value, MethodError> {
     let (nqn, host) = nqn_and_host(&mut p)?;
+    p.spdk_only(neutral)?;
+    let keys = dhchap_keys(registry, &mut p)?;
     p.finish()?;
-    registry.nvmf().add_host(&nqn, &host).map_err(RegistryError::from)?;
+    apply(registry.nvmf(), &nqn, &host, keys).map_err(RegistryError::from)?;
     Ok(json!(true))
 }
 
@@ -422,6 +461,29 @@ fn nvmf_subsystem_remove_host(registry: &Registry, mut p: Params) -> Result<Valu
     p.spdk_only(&[("timeout_ms", Neutral::Absent)])?;
     p.finish()?;
     registry.nvmf().remove_host(&nqn, &host).map_err(RegistryError::from)?;
+    Ok(json!(true))
+}
+
+/// The target's DH-HMAC-CHAP hashes and groups; SPDK's other target settings have no
+/// counterpart and are refused by name unless at their neutral value.
+fn nvmf_set_config(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let current = registry.nvmf().dhchap_config();
+    let digests = fp_nvme::rpc::params::names_of(&mut p, "dhchap_digests", HashId::ALL, HashId::name)?;
+    let dhgroups =
+        fp_nvme::rpc::params::names_of(&mut p, "dhchap_dhgroups", DhGroupId::ALL, DhGroupId::name)?;
+    p.spdk_only(&[
+        ("acceptor_poll_rate", Neutral::Absent),
+        ("conn_sched", Neutral::Absent),
+        ("passthru_identify_ctrlr", Neutral::Absent),
+        ("poll_groups_mask", Neutral::Absent),
+        ("discovery_filter", Neutral::Absent),
+        ("admin_cmd_passthru", Neutral::Absent),
+    ])?;
+    p.finish()?;
+    registry.nvmf().set_dhchap_config(DhchapConfig {
+        digests: digests.unwrap_or(current.digests),
+        dhgroups: dhgroups.unwrap_or(current.dhgroups),
+    });
     Ok(json!(true))
 }
 
