@@ -153,6 +153,7 @@ const CASES: &[(&str, &[&str])] = &[
             "sock_impl_set_options",
         ],
     ),
+    ("nvmf_dhchap", &["nvmf_set_config", "nvmf_subsystem_set_keys"]),
     (
         "nvme_controllers",
         &[
@@ -725,6 +726,57 @@ fn nvme_controllers() {
     assert!(!rpc.bdev_names().contains(&"Nvme0n1".to_string()));
     assert_eq!(rpc.json(&["bdev_nvme_get_controllers"]), Value::Array(vec![]));
     rpc.assert_case_covered("nvme_controllers");
+}
+
+/// DH-HMAC-CHAP through SPDK's client on both sides of one daemon: keys in the keyring,
+/// `nvmf_set_config --dhchap-*`, `nvmf_subsystem_add_host --dhchap-key/--dhchap-ctrlr-key`,
+/// `bdev_nvme_attach_controller --dhchap-key/--dhchap-ctrlr-key` to the daemon's own
+/// listener, and `nvmf_subsystem_set_keys` for the next connection.
+#[test]
+fn nvmf_dhchap() {
+    use std::os::unix::fs::PermissionsExt;
+    const NQN: &str = "nqn.2016-06.io.spdk:cnode9";
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:2b7c3e6a-0000-4000-8000-000000000009";
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    // Secrets as nvme-cli's gen-dhchap-key writes them (a transform hash, the key, its CRC).
+    for (name, text) in [
+        ("host0", "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"),
+        ("host1", "DHHC-1:00:ISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0Dc1bqW:"),
+        ("ctrl0", "DHHC-1:00:YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXp7fH1+f4AupgK0:"),
+    ] {
+        let file = d.backing_file(name, 0);
+        std::fs::write(&file, text).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        rpc.ok(&["keyring_file_add_key", name, file.to_str().unwrap()]);
+    }
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "16", "512"]);
+    rpc.ok(&["nvmf_create_transport", "-t", "TCP"]);
+    rpc.ok(&["nvmf_create_subsystem", NQN]);
+    rpc.ok(&["nvmf_subsystem_add_ns", NQN, "Malloc0"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    rpc.ok(&["nvmf_subsystem_add_listener", NQN, "-t", "tcp", "-a", "127.0.0.1", "-s", &port, "-f", "ipv4"]);
+    rpc.ok(&["nvmf_set_config", "--dhchap-digests", "sha256,sha384", "--dhchap-dhgroups", "null,ffdhe2048"]);
+    let e = rpc.fails(&["nvmf_set_config", "--dhchap-dhgroups", "ffdhe1024"]);
+    assert!(e["message"].as_str().unwrap().starts_with("dhchap_dhgroups: "), "{e}");
+    rpc.ok(&["nvmf_subsystem_add_host", NQN, HOST, "--dhchap-key", "host0", "--dhchap-ctrlr-key", "ctrl0"]);
+
+    let target = ["-t", "tcp", "-a", "127.0.0.1", "-s", port.as_str(), "-f", "ipv4", "-n", NQN, "-q", HOST];
+    let attach = |name: &'static str, keys: &[&'static str]| -> Vec<&str> {
+        [&["bdev_nvme_attach_controller", "-b", name][..], &target, keys].concat()
+    };
+    let bidirectional = attach("Nvme0", &["--dhchap-key", "host0", "--dhchap-ctrlr-key", "ctrl0"]);
+    assert_eq!(rpc.ok(&bidirectional), "Nvme0n1");
+    rpc.ok(&["bdev_nvme_detach_controller", "Nvme0"]);
+    let e = rpc.fails(&attach("Nvme1", &["--dhchap-key", "host1"]));
+    assert!(e["message"].as_str().is_some(), "a wrong key is refused: {e}");
+
+    // New keys for the host: the next connection needs them.
+    rpc.ok(&["nvmf_subsystem_set_keys", NQN, HOST, "--dhchap-key", "host1"]);
+    rpc.fails(&attach("Nvme1", &["--dhchap-key", "host0"]));
+    assert_eq!(rpc.ok(&attach("Nvme1", &["--dhchap-key", "host1"])), "Nvme1n1");
+    rpc.ok(&["bdev_nvme_detach_controller", "Nvme1"]);
+    rpc.assert_case_covered("nvmf_dhchap");
 }
 
 /// Issue 26's lvol methods: a thin volume given a snapshot as its parent reads the snapshot's
