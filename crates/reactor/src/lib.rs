@@ -30,7 +30,7 @@ mod stats;
 pub use cpus::{parse_cpu_list, parse_cpumask, MAX_CPUMASK_LEN};
 pub use poller::{PollStatus, Poller, PollerId};
 pub use reactor::{
-    Message, Reactor, ReactorConfig, ReactorHandle, DEFAULT_IDLE_WINDOW, DEFAULT_SHUTDOWN_BOUND,
+    Message, Reactor, ReactorConfig, ReactorHandle, CALL_BOUND, DEFAULT_IDLE_WINDOW, DEFAULT_SHUTDOWN_BOUND,
     PARKED_CHECK_INTERVAL, PARKED_CHECK_ROUNDS, PARK_AFTER_IDLE_POLLS,
 };
 pub use set::ReactorSet;

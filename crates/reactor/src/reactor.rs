@@ -17,6 +17,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::poller::{PollStatus, Poller, PollerId};
 use crate::stats::{add_own, mono_ns, ReactorStats};
 
+/// How long a control-plane call waits for a reactor's answer: a reactor runs its inbox every
+/// round, so one that has not answered in this long is wedged, and the caller reports an error
+/// instead of hanging with it (even a reactor under callgrind answers within milliseconds).
+pub const CALL_BOUND: Duration = Duration::from_secs(60);
+
 /// A message: a closure run on the reactor.
 pub type Message = Box<dyn FnOnce(&mut Reactor) + Send>;
 
@@ -75,14 +80,32 @@ impl ReactorHandle {
         let _ = self.inbox.wake.write(1);
     }
 
-    /// Runs `f` on the reactor and waits for its result. Control plane only: it blocks.
-    /// Returns `None` if the reactor is gone.
+    /// Runs `f` on the reactor and waits for its result, at most [`CALL_BOUND`]. Control
+    /// plane only: it blocks. Returns `None` if the reactor is gone or did not answer in time.
     pub fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut Reactor) -> R + Send + 'static) -> Option<R> {
+        self.call_within(CALL_BOUND, f)
+    }
+
+    /// [`ReactorHandle::call`] with its own bound. A reactor that has not answered by then is
+    /// wedged (a round takes microseconds): the caller gets `None` and the reactor is named
+    /// in the log; `f` still runs if the reactor ever reaches it.
+    pub fn call_within<R: Send + 'static>(
+        &self,
+        bound: Duration,
+        f: impl FnOnce(&mut Reactor) -> R + Send + 'static,
+    ) -> Option<R> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.send(move |r| {
             let _ = tx.send(f(r));
         });
-        rx.recv().ok()
+        match rx.recv_timeout(bound) {
+            Ok(v) => Some(v),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => None,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                log::error!("reactor {}: no answer to a control-plane call within {bound:?}", self.id);
+                None
+            }
+        }
     }
 }
 

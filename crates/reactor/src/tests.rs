@@ -205,6 +205,31 @@ fn a_message_wakes_a_sleeping_reactor_thread() {
 }
 
 #[test]
+fn a_call_to_a_reactor_that_does_not_answer_ends_at_its_bound() {
+    // Nothing steps this reactor until the call has given up: the wait is held, not raced.
+    let mut r = reactor(0);
+    let h = r.handle();
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = ran.clone();
+    let got = h.call_within(Duration::from_millis(1), move |_| {
+        flag.store(true, std::sync::atomic::Ordering::SeqCst)
+    });
+    assert_eq!(got, None, "a call without an answer returns None at its bound");
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+    // The message is still delivered if the reactor ever runs again.
+    assert!(r.poll_once());
+    assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
+    // And a reactor that answers gives the result.
+    let h2 = h.clone();
+    let answer = std::thread::spawn(move || h2.call(|r| r.id() + 7));
+    while !answer.is_finished() {
+        r.poll_once();
+        std::thread::yield_now();
+    }
+    assert_eq!(answer.join().unwrap(), Some(7));
+}
+
+#[test]
 fn cpu_lists_parse() {
     assert_eq!(parse_cpu_list("0").unwrap(), vec![0]);
     assert_eq!(parse_cpu_list("0-2,5").unwrap(), vec![0, 1, 2, 5]);
