@@ -876,3 +876,19 @@ write("nvme_auth", {
     "seed-failure2": auth_hdr(0, 0xF0, 2) + bytes([1, 1]),
     "seed-auth-send": auth_send + auth_negotiate(1, [1], [0]),
 })
+
+# nvme_ana_log: one Asymmetric Namespace Access log page each (see fuzz_targets/nvme_ana_log.rs),
+# as flashpath's target and SPDK's send them: a header, then each group with its NSID list.
+def ana_page(chgcnt, groups):
+    b = struct.pack("<QH", chgcnt, len(groups)) + bytes(6)
+    for grpid, state, nsids in groups:
+        b += struct.pack("<IIQ", grpid, len(nsids), 0) + bytes([state]) + bytes(15)
+        b += b"".join(struct.pack("<I", n) for n in nsids)
+    return b
+
+
+write("nvme_ana_log", {
+    "seed-two-groups": ana_page(3, [(1, 1, [1]), (2, 3, [2, 5])]),
+    "seed-groups-only": ana_page(1, [(1, 2, []), (7, 0xF, [])]),
+    "seed-empty": ana_page(0, []),
+})
