@@ -327,6 +327,7 @@ mod guest_vm {
         assert!(seen[..down].contains(&both.as_str()), "both paths optimized before the change: {seen:?}");
         assert_eq!(seen.last(), Some(&both.as_str()), "both paths optimized again at the end: {seen:?}");
         let fio = r.fields("nvmf_ana fio");
+        eprintln!("guest 'nvmf_ana': the kernel's paths {seen:?}; fio {fio:?}");
         assert_eq!(fio.get("failed").map(String::as_str), Some("0"), "{fio:?}");
         let runs: u32 = fio.get("runs").and_then(|n| n.parse().ok()).unwrap_or(0);
         assert!(runs >= 4, "fio runs {runs}: two whole runs after each state change expected");
