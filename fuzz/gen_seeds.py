@@ -707,6 +707,12 @@ write("nvmf_admin", {
     + identify(16, 0, 0xFFFFFFFF) + identify(17, 2, 0xFFFFFFFE) + identify(18, 0x1F) + cmd(sqe(0x06, 19, flags=1))
     + cmd(sqe(0x7F, 21, fctype=0x01), bytes(200)) + cmd(sqe(0xC0, 22)) + cmd(sqe(0x08, 23, cdw={10: 5 << 16}))
     + NS_CHANGED(1) + NS_CHANGED(3) + PASS(40) + prop_set(24, 0x14, 0) + identify(25, 1),
+    # ANA reporting with group 1 inaccessible: the notices enabled, Identify, the ANA log page
+    # whole and groups only (LSP bit 0), two ANA changes with an AER parked for each.
+    "seed-ana": bytes([0x10 | (3 << 5)]) + prop_set(1, 0x14, CC_EN) + identify(2, 1)
+    + set_feat(3, 0x0B, (1 << 8) | (1 << 11)) + aer(70) + identify(4, 0, 1) + get_log(5, 0x0C, 64)
+    + DISC_CHANGED + cmd(sqe(0x02, 6, 0xFFFFFFFF, {10: 0x0C | (1 << 8) | (15 << 16)})) + aer(71)
+    + DISC_CHANGED + get_log(7, 0x0C, 4, offset=16, rae=True),
 })
 
 # nvme_tcp_host: see the table at the top of fuzz_targets/nvme_tcp_host.rs. Commands in flight:

@@ -326,6 +326,8 @@ fn ana_states_per_listener_and_group() {
     assert_eq!(states(&listeners[0]), vec![(1, "optimized".into()), (2, "inaccessible".into())]);
     assert_eq!(states(&listeners[1]), vec![(1, "non_optimized".into()), (2, "non_optimized".into())]);
     assert_eq!(listeners[1]["ana_state"], "non_optimized");
+    let subsystem = f.call("nvmf_get_subsystems", json!({ "nqn": NQN }));
+    assert_eq!(subsystem[0]["namespaces"][0]["anagrpid"], 2, "{subsystem}");
 
     let e = f.fails(
         "nvmf_subsystem_listener_set_ana_state",
