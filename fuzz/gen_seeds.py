@@ -707,6 +707,12 @@ write("nvmf_admin", {
     + identify(16, 0, 0xFFFFFFFF) + identify(17, 2, 0xFFFFFFFE) + identify(18, 0x1F) + cmd(sqe(0x06, 19, flags=1))
     + cmd(sqe(0x7F, 21, fctype=0x01), bytes(200)) + cmd(sqe(0xC0, 22)) + cmd(sqe(0x08, 23, cdw={10: 5 << 16}))
     + NS_CHANGED(1) + NS_CHANGED(3) + PASS(40) + prop_set(24, 0x14, 0) + identify(25, 1),
+    # ANA reporting with group 1 inaccessible: the notices enabled, Identify, the ANA log page
+    # whole and groups only (LSP bit 0), two ANA changes with an AER parked for each.
+    "seed-ana": bytes([0x10 | (3 << 5)]) + prop_set(1, 0x14, CC_EN) + identify(2, 1)
+    + set_feat(3, 0x0B, (1 << 8) | (1 << 11)) + aer(70) + identify(4, 0, 1) + get_log(5, 0x0C, 64)
+    + DISC_CHANGED + cmd(sqe(0x02, 6, 0xFFFFFFFF, {10: 0x0C | (1 << 8) | (15 << 16)})) + aer(71)
+    + DISC_CHANGED + get_log(7, 0x0C, 4, offset=16, rae=True),
 })
 
 # nvme_tcp_host: see the table at the top of fuzz_targets/nvme_tcp_host.rs. Commands in flight:
@@ -875,4 +881,20 @@ write("nvme_auth", {
     "seed-failure1": auth_hdr(0, 0xF1, 2) + bytes([1, 5]),
     "seed-failure2": auth_hdr(0, 0xF0, 2) + bytes([1, 1]),
     "seed-auth-send": auth_send + auth_negotiate(1, [1], [0]),
+})
+
+# nvme_ana_log: one Asymmetric Namespace Access log page each (see fuzz_targets/nvme_ana_log.rs),
+# as flashpath's target and SPDK's send them: a header, then each group with its NSID list.
+def ana_page(chgcnt, groups):
+    b = struct.pack("<QH", chgcnt, len(groups)) + bytes(6)
+    for grpid, state, nsids in groups:
+        b += struct.pack("<IIQ", grpid, len(nsids), 0) + bytes([state]) + bytes(15)
+        b += b"".join(struct.pack("<I", n) for n in nsids)
+    return b
+
+
+write("nvme_ana_log", {
+    "seed-two-groups": ana_page(3, [(1, 1, [1]), (2, 3, [2, 5])]),
+    "seed-groups-only": ana_page(1, [(1, 2, []), (7, 0xF, [])]),
+    "seed-empty": ana_page(0, []),
 })

@@ -1,20 +1,20 @@
 //! Fuzz the NVMe-oF controller model (`fp_nvmf::Controller`): a sequence of arbitrary admin
 //! commands (64-byte submission queue entries with in-capsule data) into one controller, an NVM
-//! controller over a fixed two-namespace subsystem or a discovery controller over a fixed
-//! three-entry discovery log, interleaved with namespace and discovery log changes and with time
-//! passing for the keep-alive timer.
+//! controller over a fixed two-namespace subsystem (with or without ANA reporting) or a discovery
+//! controller over a fixed three-entry discovery log, interleaved with namespace, ANA state and
+//! discovery log changes and with time passing for the keep-alive timer.
 //!
 //! Input encoding (missing bytes read as 0):
 //!
 //! | bytes | meaning |
 //! |---|---|
-//! | 1 | setup: `b & 1` a discovery controller; `b >> 1 & 7` × 1000 ms is Connect's KATO |
+//! | 1 | setup: `b & 1` a discovery controller; `b >> 1 & 7` × 1000 ms is Connect's KATO; `b >> 4 & 1` ANA reporting (NVM), `b >> 5` the ANA state code of group 1 |
 //!
 //! then records until the input ends:
 //!
 //! | bytes | meaning |
 //! |---|---|
-//! | 1 | control `c`: `c & 3` = 0: an admin command: 64 bytes of SQE, 1 byte data length L, L bytes of data; 1: the namespace `c >> 2 & 3` changed; 2: the discovery log changed; 3: `c >> 2` × 100 ms pass |
+//! | 1 | control `c`: `c & 3` = 0: an admin command: 64 bytes of SQE, 1 byte data length L, L bytes of data; 1: the namespace `c >> 2 & 3` changed; 2: the discovery log changed (discovery) or the ANA states (NVM); 3: `c >> 2` × 100 ms pass |
 //!
 //! Checked: no panic; a completion answers the command's CID; only an Asynchronous Event
 //! Request parks, at most AERL + 1 at once, and event completions and `take_parked` answer
@@ -33,7 +33,8 @@ use std::time::{Duration, Instant};
 use fp_nvmf::identify::AERL;
 use fp_nvme_spec::fabrics::DISCOVERY_NQN;
 use fp_nvme_spec::log_page::LogRequest;
-use fp_nvmf::model::{DiscoveryEntry, NamespaceInfo, SubsystemKind, SubsystemView};
+use fp_nvme_spec::log_page::AnaState;
+use fp_nvmf::model::{AnaStates, DiscoveryEntry, NamespaceInfo, SubsystemKind, SubsystemView};
 use fp_nvme_spec::*;
 use fp_nvmf::{AdminResult, Controller, ControllerConfig};
 use libfuzzer_sys::fuzz_target;
@@ -69,10 +70,16 @@ fn namespace(nsid: u32, block_size: u32, shift: u8) -> NamespaceInfo {
         volatile_cache: nsid != 1,
         deallocate: nsid == 1,
         write_zeroes: true,
+        anagrpid: nsid,
     }
 }
 
-fn nvm_view() -> SubsystemView {
+/// `ana_state`: group 1's state code (reporting ANA), `None`: no ANA reporting.
+fn nvm_view(ana_state: Option<u8>) -> SubsystemView {
+    let mut ana = AnaStates::new(32, AnaState::Optimized);
+    if let Some(state) = ana_state.and_then(AnaState::from_code) {
+        ana.states[0] = state;
+    }
     SubsystemView {
         kind: SubsystemKind::Nvme,
         nqn: "nqn.2024-01.io.flashpath:fuzz".into(),
@@ -82,6 +89,8 @@ fn nvm_view() -> SubsystemView {
         namespaces: vec![namespace(1, 512, 20), namespace(2, 4096, 10)],
         discovery_log: Vec::new(),
         generation: 0,
+        ana_reporting: ana_state.is_some(),
+        ana,
     }
 }
 
@@ -112,6 +121,8 @@ fn discovery_view() -> SubsystemView {
         namespaces: Vec::new(),
         discovery_log,
         generation: 3,
+        ana_reporting: false,
+        ana: AnaStates::default(),
     }
 }
 
@@ -154,7 +165,8 @@ fuzz_target!(|data: &[u8]| {
     let setup = input.byte();
     let kind = if setup & 1 != 0 { SubsystemKind::Discovery } else { SubsystemKind::Nvme };
     let kato_ms = u32::from((setup >> 1) & 7) * 1000;
-    let view = if kind == SubsystemKind::Discovery { discovery_view() } else { nvm_view() };
+    let ana_state = (setup & 0x10 != 0).then_some(setup >> 5);
+    let view = if kind == SubsystemKind::Discovery { discovery_view() } else { nvm_view(ana_state) };
     let mut now = Instant::now();
     let mut c = Controller::new(config(kind, kato_ms), now);
     assert_eq!(c.cntlid(), 1);
@@ -192,9 +204,9 @@ fuzz_target!(|data: &[u8]| {
                             assert!(data.is_empty(), "failed {sqe:?} returned {} bytes", data.len());
                         }
                         // An AER answered at once reports a pending event: its dword 0 is a
-                        // notice for the namespace list or the discovery log.
+                        // notice for the namespace list, the ANA states or the discovery log.
                         if sqe.opcode() == ADMIN_ASYNC_EVENT_REQUEST && cqe.status.is_success() {
-                            assert!(matches!(cqe.dw0, 0x0004_0002 | 0x0070_F002), "{:#x}", cqe.dw0);
+                            assert!(matches!(cqe.dw0, 0x0004_0002 | 0x000C_0302 | 0x0070_F002), "{:#x}", cqe.dw0);
                         }
                         assert!(data.len() <= data_limit(&sqe), "{sqe:?} returned {} bytes", data.len());
                         if sqe.opcode() == OPC_FABRICS
@@ -223,8 +235,10 @@ fuzz_target!(|data: &[u8]| {
             1 | 2 => {
                 let cqe = if ctl & 3 == 1 {
                     c.namespace_changed(u32::from((ctl >> 2) & 3))
-                } else {
+                } else if kind == SubsystemKind::Discovery {
                     c.discovery_changed()
+                } else {
+                    c.ana_changed()
                 };
                 if let Some(cqe) = cqe {
                     let at = parked.iter().position(|&p| p == cqe.cid).expect("completes a parked request");

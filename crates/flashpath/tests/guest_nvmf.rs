@@ -247,4 +247,89 @@ mod guest_vm {
         assert_same("/fp/direct.bin", 0, &debugfs_cat(&img, "/fp/direct.bin"), &pattern(52, 0, MIB as usize));
         assert_eq!(debugfs_cat(&img, "/fp/hello.txt"), b"written over NVMe/TCP\n");
     }
+    /// `nvmf_subsystem_get_listeners`: each listener's port and group 1's ANA state.
+    fn ana_states(d: &Daemon, nqn: &str) -> Vec<(String, String)> {
+        let v = d.call("nvmf_subsystem_get_listeners", json!({ "nqn": nqn }));
+        let listeners = v.as_array().unwrap_or_else(|| panic!("nvmf_subsystem_get_listeners returned {v}"));
+        listeners
+            .iter()
+            .map(|l| {
+                let group1 = &l["ana_states"][0];
+                assert_eq!(group1["ana_group"], json!(1), "{l}");
+                let port = l["address"]["trsvcid"].as_str().unwrap_or_default();
+                (port.to_string(), group1["ana_state"].as_str().unwrap_or_default().to_string())
+            })
+            .collect()
+    }
+
+    /// The kernel's native NVMe multipath over two listeners of one subsystem with ANA
+    /// reporting (the guest's `nvmf_ana` scenario): one block device with two paths; the first
+    /// listener made inaccessible, then optimized again, while fio writes and verifies in a
+    /// loop; the kernel's per-path `ana_state` follows and no I/O fails.
+    #[test]
+    fn linux_multipath_follows_ana_states_of_two_listeners_without_io_errors() {
+        if !available() {
+            return;
+        }
+        const ANA_NQN: &str = "nqn.2016-06.io.flashpath:ana";
+        let d = Daemon::start("0,1");
+        d.malloc("ram", 32 * MIB / 512, 512);
+        d.call("nvmf_create_transport", json!({ "trtype": "TCP" }));
+        d.call(
+            "nvmf_create_subsystem",
+            json!({ "nqn": ANA_NQN, "allow_any_host": true, "serial_number": SERIAL, "ana_reporting": true }),
+        );
+        d.call("nvmf_subsystem_add_ns", json!({ "nqn": ANA_NQN, "namespace": { "bdev_name": "ram" } }));
+        let ports = [free_port(), free_port()];
+        let address = |port: u16| json!({ "trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string() });
+        for port in ports {
+            d.call("nvmf_subsystem_add_listener", json!({ "nqn": ANA_NQN, "listen_address": address(port) }));
+        }
+        let set = |state: &str| {
+            let params = json!({ "nqn": ANA_NQN, "listen_address": address(ports[0]), "ana_state": state });
+            assert_eq!(d.call("nvmf_subsystem_listener_set_ana_state", params), json!(true));
+        };
+
+        let cfg = VmConfig {
+            netdev: Some(ports[0]),
+            netdev_more: vec![ports[1]],
+            kernel_args: vec![
+                format!("fp.nvmf.port={}", ports[0]),
+                format!("fp.nvmf.port2={}", ports[1]),
+                format!("fp.nvmf.nqn={ANA_NQN}"),
+            ],
+            ..VmConfig::new("nvmf_ana", Vec::new())
+        };
+        let mut vm = Vm::boot(&cfg, d.dir.path());
+        vm.wait_for("the first state change", |l| l.contains("nvmf_ana inaccessible waiting"), BOOT_TIMEOUT);
+        // Two controllers, one per listener.
+        let ctrls = d.call("nvmf_subsystem_get_controllers", json!({ "nqn": ANA_NQN }));
+        assert_eq!(ctrls.as_array().map(Vec::len), Some(2), "controllers of the two paths: {ctrls}");
+        set("inaccessible");
+        let (p0, p1) = (ports[0].to_string(), ports[1].to_string());
+        assert_eq!(
+            ana_states(&d, ANA_NQN),
+            [(p0.clone(), "inaccessible".to_string()), (p1.clone(), "optimized".to_string())]
+        );
+        vm.wait_for("the second state change", |l| l.contains("nvmf_ana optimized waiting"), BOOT_TIMEOUT);
+        set("optimized");
+
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        eprintln!("guest 'nvmf_ana': PASS after {:.1?}", r.time);
+        let r = vm.whole_result(&r);
+        let seen = r.info_after("nvmf_ana paths");
+        let both = format!("{p0}=optimized {p1}=optimized");
+        let first_down = format!("{p0}=inaccessible {p1}=optimized");
+        let down = seen.iter().position(|l| *l == first_down);
+        let down = down.unwrap_or_else(|| panic!("the kernel never saw {first_down}: {seen:?}"));
+        assert!(seen[..down].contains(&both.as_str()), "both paths optimized before the change: {seen:?}");
+        assert_eq!(seen.last(), Some(&both.as_str()), "both paths optimized again at the end: {seen:?}");
+        let fio = r.fields("nvmf_ana fio");
+        eprintln!("guest 'nvmf_ana': the kernel's paths {seen:?}; fio {fio:?}");
+        assert_eq!(fio.get("failed").map(String::as_str), Some("0"), "{fio:?}");
+        let runs: u32 = fio.get("runs").and_then(|n| n.parse().ok()).unwrap_or(0);
+        assert!(runs >= 4, "fio runs {runs}: two whole runs after each state change expected");
+    }
 }

@@ -154,6 +154,7 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     ("nvmf_dhchap", &["nvmf_set_config", "nvmf_subsystem_set_keys"]),
+    ("nvmf_ana", &["nvmf_subsystem_listener_set_ana_state"]),
     (
         "nvme_controllers",
         &[
@@ -777,6 +778,61 @@ fn nvmf_dhchap() {
     assert_eq!(rpc.ok(&attach("Nvme1", &["--dhchap-key", "host1"])), "Nvme1n1");
     rpc.ok(&["bdev_nvme_detach_controller", "Nvme1"]);
     rpc.assert_case_covered("nvmf_dhchap");
+}
+
+/// ANA with SPDK's syntax: a subsystem with ANA reporting (`-r`), a namespace in group 2
+/// (`-a`), a listener added inaccessible (`-n`), one group's state set (`-g`) and every
+/// group's; `nvmf_subsystem_get_listeners` shows each group's state per listener.
+#[test]
+fn nvmf_ana() {
+    const NQN: &str = "nqn.2016-06.io.spdk:cnode10";
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "16", "512"]);
+    rpc.ok(&["nvmf_create_transport", "-t", "TCP"]);
+    rpc.ok(&["nvmf_create_subsystem", NQN, "-r", "-m", "2"]);
+    rpc.ok(&["nvmf_subsystem_add_ns", NQN, "Malloc0", "-a", "2"]);
+    let ports: Vec<String> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string())
+        .collect();
+    let at = |port: &str| -> Vec<String> {
+        ["-t", "tcp", "-a", "127.0.0.1", "-s", port, "-f", "ipv4"].map(String::from).to_vec()
+    };
+    let with = |head: &[&str], port: &str, tail: &[&str]| -> Vec<String> {
+        head.iter().map(|s| s.to_string()).chain(at(port)).chain(tail.iter().map(|s| s.to_string())).collect()
+    };
+    let run = |args: Vec<String>| rpc.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    run(with(&["nvmf_subsystem_add_listener", NQN], &ports[0], &[]));
+    run(with(&["nvmf_subsystem_add_listener", NQN], &ports[1], &["-n", "inaccessible"]));
+    run(with(
+        &["nvmf_subsystem_listener_set_ana_state", NQN],
+        &ports[0],
+        &["-n", "non_optimized", "-g", "2"],
+    ));
+    run(with(&["nvmf_subsystem_listener_set_ana_state", NQN], &ports[1], &["-n", "optimized"]));
+    let listeners = rpc.json(&["nvmf_subsystem_get_listeners", NQN]);
+    let states: Vec<Vec<&str>> = listeners
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|l| {
+            l["ana_states"]
+                .as_array()
+                .expect("ana_states")
+                .iter()
+                .map(|s| s["ana_state"].as_str().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(states, [["optimized", "non_optimized"], ["optimized", "optimized"]], "{listeners}");
+    let subsystems = rpc.json(&["nvmf_get_subsystems"]);
+    let ours = subsystems.as_array().unwrap().iter().find(|s| s["nqn"] == NQN).expect("listed");
+    assert_eq!(
+        (&ours["namespaces"][0]["nsid"], &ours["namespaces"][0]["anagrpid"]),
+        (&json!(1), &json!(2)),
+        "{ours}"
+    );
+    rpc.assert_case_covered("nvmf_ana");
 }
 
 /// Issue 26's lvol methods: a thin volume given a snapshot as its parent reads the snapshot's

@@ -67,6 +67,14 @@ pub const IDC_ELPE: usize = 262;
 pub const IDC_NPSS: usize = 263;
 /// Keep Alive Support: the timer's granularity in 100 ms units, 2 bytes.
 pub const IDC_KAS: usize = 320;
+/// ANA Transition Time: the longest an ANA group stays in ANA Change, in seconds.
+pub const IDC_ANATT: usize = 342;
+/// Asymmetric Namespace Access Capabilities.
+pub const IDC_ANACAP: usize = 343;
+/// ANA Group Identifier Maximum, 4 bytes.
+pub const IDC_ANAGRPMAX: usize = 344;
+/// Number of ANA Group Identifiers, 4 bytes.
+pub const IDC_NANAGRPID: usize = 348;
 /// Submission Queue Entry Size: maximum (bits 7:4) and required (3:0), powers of two.
 pub const IDC_SQES: usize = 512;
 /// Completion Queue Entry Size, as SQES.
@@ -81,6 +89,8 @@ pub const IDC_ONCS: usize = 520;
 pub const IDC_FUSES: usize = 522;
 /// Volatile Write Cache.
 pub const IDC_VWC: usize = 525;
+/// Maximum Number of Allowed Namespaces, 4 bytes (Linux's multipath refuses ANA without it).
+pub const IDC_MNAN: usize = 540;
 /// SGL Support, 4 bytes.
 pub const IDC_SGLS: usize = 536;
 /// NVM Subsystem NVMe Qualified Name, [`SUBNQN_LEN`] bytes, NUL-terminated.
@@ -107,8 +117,24 @@ pub const SUBNQN_LEN: usize = 256;
 
 /// CMIC bit 1: the subsystem may have two or more controllers.
 pub const CMIC_MULTI_CONTROLLER: u8 = 1 << 1;
+/// CMIC bit 3: Asymmetric Namespace Access Reporting.
+pub const CMIC_ANA_REPORTING: u8 = 1 << 3;
+/// ANACAP bit 0: reports ANA Optimized.
+pub const ANACAP_OPTIMIZED: u8 = 1 << 0;
+/// ANACAP bit 1: reports ANA Non-Optimized.
+pub const ANACAP_NON_OPTIMIZED: u8 = 1 << 1;
+/// ANACAP bit 2: reports ANA Inaccessible.
+pub const ANACAP_INACCESSIBLE: u8 = 1 << 2;
+/// ANACAP bit 3: reports ANA Persistent Loss.
+pub const ANACAP_PERSISTENT_LOSS: u8 = 1 << 3;
+/// ANACAP bit 4: reports ANA Change.
+pub const ANACAP_CHANGE: u8 = 1 << 4;
+/// ANACAP bit 6: a namespace's ANAGRPID does not change while it is attached.
+pub const ANACAP_GRPID_FIXED: u8 = 1 << 6;
 /// OAES bit 8: Namespace Attribute Notices.
 pub const OAES_NS_ATTRIBUTE: u32 = 1 << 8;
+/// OAES bit 11: Asymmetric Namespace Access Change Notices.
+pub const OAES_ANA_CHANGE: u32 = 1 << 11;
 /// OAES bit 31: Discovery Log Page Change Notifications (Fabrics 5.1).
 pub const OAES_DISCOVERY_CHANGE: u32 = 1 << 31;
 /// CTRATT bit 0: 128-bit host identifiers, which fabrics require (Fabrics 3.3).
@@ -152,6 +178,8 @@ pub const IDN_FLBAS: usize = 26;
 pub const IDN_NMIC: usize = 30;
 /// Deallocate Logical Block Features.
 pub const IDN_DLFEAT: usize = 33;
+/// ANA Group Identifier, 4 bytes.
+pub const IDN_ANAGRPID: usize = 92;
 /// Namespace Attributes.
 pub const IDN_NSATTR: usize = 99;
 /// Namespace Globally Unique Identifier, 16 bytes.

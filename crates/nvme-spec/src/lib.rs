@@ -11,7 +11,8 @@
 //! * [`sqe`], [`cqe`], [`status`], [`opcode`]: commands, completions, status codes and opcodes,
 //!   re-exported at the crate's root;
 //! * [`registers`]: the controller registers (PCIe BAR0) and properties (fabrics);
-//! * [`identify`], [`features`], [`log_page`]: the admin data structures and their codes;
+//! * [`identify`], [`features`], [`log_page`]: the admin data structures and their codes (the
+//!   Asymmetric Namespace Access log page among them), [`aer`] the asynchronous events;
 //! * [`fabrics`]: Connect, Property Get and Property Set, NQNs;
 //! * [`auth`]: in-band authentication (DH-HMAC-CHAP): its commands and messages;
 //! * [`tcp`]: the NVMe/TCP PDUs and digests.
@@ -19,6 +20,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod aer;
 pub mod auth;
 pub mod cqe;
 pub mod fabrics;

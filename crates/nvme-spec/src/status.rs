@@ -144,3 +144,13 @@ pub const SC_WRITE_FAULT: u8 = 0x80;
 pub const SC_UNRECOVERED_READ_ERROR: u8 = 0x81;
 /// Access Denied.
 pub const SC_ACCESS_DENIED: u8 = 0x86;
+
+// Path related status (Base 4.6.1.2.4, Figure 101).
+/// Internal Path Error.
+pub const SC_INTERNAL_PATH_ERROR: u8 = 0x00;
+/// Asymmetric Access Persistent Loss: the namespace's ANA group is in Persistent Loss.
+pub const SC_ANA_PERSISTENT_LOSS: u8 = 0x01;
+/// Asymmetric Access Inaccessible: the namespace's ANA group is Inaccessible.
+pub const SC_ANA_INACCESSIBLE: u8 = 0x02;
+/// Asymmetric Access Transition: the namespace's ANA group is changing state.
+pub const SC_ANA_TRANSITION: u8 = 0x03;

@@ -55,6 +55,7 @@ fn main() {
         nguid: None,
         eui64: None,
         read_only: false,
+        anagrpid: None,
     };
     t.add_namespace(nqn, ns).unwrap();
     let _ = std::io::stdin().read_to_end(&mut Vec::new());

@@ -5,7 +5,8 @@
 
 use std::collections::VecDeque;
 
-use fp_nvme_spec::log_page::{LID_CHANGED_NS, LID_DISCOVERY};
+use fp_nvme_spec::aer::{AEC_ANA_CHANGE, INFO_ANA_CHANGE};
+use fp_nvme_spec::log_page::{LID_ANA, LID_CHANGED_NS, LID_DISCOVERY};
 use fp_nvme_spec::{Cqe, Status};
 
 use crate::identify::AERL;
@@ -27,15 +28,19 @@ pub enum AsyncEvent {
     NamespaceAttribute,
     /// The discovery log changed (Discovery log page, 70h).
     DiscoveryChange,
+    /// The ANA states the controller reports changed (Asymmetric Namespace Access, 0Ch).
+    AnaChange,
 }
 
 impl AsyncEvent {
-    const ALL: [AsyncEvent; 2] = [AsyncEvent::NamespaceAttribute, AsyncEvent::DiscoveryChange];
+    const ALL: [AsyncEvent; 3] =
+        [AsyncEvent::NamespaceAttribute, AsyncEvent::DiscoveryChange, AsyncEvent::AnaChange];
 
     fn flag(self) -> u8 {
         match self {
             AsyncEvent::NamespaceAttribute => 1 << 0,
             AsyncEvent::DiscoveryChange => 1 << 1,
+            AsyncEvent::AnaChange => 1 << 2,
         }
     }
 
@@ -44,6 +49,7 @@ impl AsyncEvent {
         match self {
             AsyncEvent::NamespaceAttribute => 1 << 8,
             AsyncEvent::DiscoveryChange => 1 << 31,
+            AsyncEvent::AnaChange => AEC_ANA_CHANGE,
         }
     }
 
@@ -52,6 +58,7 @@ impl AsyncEvent {
         match self {
             AsyncEvent::NamespaceAttribute => LID_CHANGED_NS,
             AsyncEvent::DiscoveryChange => LID_DISCOVERY,
+            AsyncEvent::AnaChange => LID_ANA,
         }
     }
 
@@ -60,6 +67,7 @@ impl AsyncEvent {
         let info = match self {
             AsyncEvent::NamespaceAttribute => INFO_NS_ATTRIBUTE_CHANGED,
             AsyncEvent::DiscoveryChange => INFO_DISCOVERY_CHANGE,
+            AsyncEvent::AnaChange => u32::from(INFO_ANA_CHANGE),
         };
         TYPE_NOTICE | (info << 8) | (u32::from(self.log_page()) << 16)
     }
@@ -178,6 +186,21 @@ mod tests {
         assert_eq!((cqe.cid, cqe.dw0), (3, 0x0070_F002));
         assert_eq!(a.request(4), Ok(None), "masked now: parks");
         assert_eq!(a.raise(AsyncEvent::DiscoveryChange, false), None);
+    }
+
+    #[test]
+    fn ana_change_is_its_own_event() {
+        let mut a = AsyncEvents::default();
+        assert_eq!(a.request(1), Ok(None));
+        assert_eq!(a.request(2), Ok(None));
+        let cqe = a.raise(AsyncEvent::NamespaceAttribute, true).unwrap();
+        assert_eq!(cqe.cid, 1);
+        let cqe = a.raise(AsyncEvent::AnaChange, true).unwrap();
+        assert_eq!((cqe.cid, cqe.dw0), (2, 0x000C_0302), "not masked by the namespace notice");
+        assert_eq!(a.request(3), Ok(None));
+        assert_eq!(a.raise(AsyncEvent::AnaChange, true), None, "masked until the ANA log is read");
+        a.log_read(LID_ANA);
+        assert_eq!(a.raise(AsyncEvent::AnaChange, true).unwrap().cid, 3);
     }
 
     #[test]

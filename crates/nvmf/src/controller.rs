@@ -11,10 +11,10 @@ use crate::aer::{AsyncEvent, AsyncEvents};
 use crate::features::{FeatureEffect, FeatureError, FeatureLimits, Features};
 use fp_nvme_spec::identify::{
     CNS_ACTIVE_NS_LIST, CNS_CONTROLLER, CNS_IO_COMMAND_SET_CONTROLLER, CNS_NAMESPACE, CNS_NS_DESCRIPTORS,
-    CSI_NVM, OAES_DISCOVERY_CHANGE, OAES_NS_ATTRIBUTE,
+    CSI_NVM,
 };
 use fp_nvme_spec::log_page::{
-    LogRequest, LID_CHANGED_NS, LID_DISCOVERY, LID_ERROR, LID_FIRMWARE_SLOT, LID_SMART,
+    LogRequest, ANA_LSP_RGO, LID_ANA, LID_CHANGED_NS, LID_DISCOVERY, LID_ERROR, LID_FIRMWARE_SLOT, LID_SMART,
 };
 
 use crate::identify;
@@ -206,11 +206,11 @@ impl Controller {
             // Discovery controllers answer Identify Controller only (Fabrics 5).
             _ if discovery => invalid_field(cid),
             CNS_NAMESPACE => match view.namespace(nsid) {
-                Some(ns) => complete_data(cid, identify::namespace(Some(ns))),
+                Some(ns) => complete_data(cid, identify::namespace(Some(ns), view)),
                 // An inactive NSID in range reads as zeroes; 0, FFFFFFFFh (no namespace
                 // management) and NSIDs past NN are invalid (Base 5.17.2.1).
                 None if nsid == 0 || nsid == NSID_BROADCAST || nsid > view.max_namespaces => invalid_ns(),
-                None => complete_data(cid, identify::namespace(None)),
+                None => complete_data(cid, identify::namespace(None, view)),
             },
             CNS_ACTIVE_NS_LIST if nsid >= NSID_RESERVED => invalid_ns(),
             CNS_ACTIVE_NS_LIST => complete_data(cid, identify::active_namespaces(view, nsid)),
@@ -239,6 +239,9 @@ impl Controller {
                 log_page::firmware_slot(&identify::firmware_revision())
             }
             (SubsystemKind::Nvme, LID_CHANGED_NS) => self.changed.page(),
+            (SubsystemKind::Nvme, LID_ANA) if view.ana_reporting => {
+                log_page::ana(view, req.lsp & ANA_LSP_RGO != 0)
+            }
             _ => return complete(cid, Status::command_specific(SC_INVALID_LOG_PAGE)),
         };
         let Some(data) = log_page::cut(&req, &page, self.cfg.max_transfer_bytes) else {
@@ -261,7 +264,7 @@ impl Controller {
             discovery,
             volatile_cache: view.namespaces.iter().any(|n| n.volatile_cache),
             max_io_queues: if discovery { 0 } else { self.cfg.max_io_queues },
-            events: if discovery { OAES_DISCOVERY_CHANGE } else { OAES_NS_ATTRIBUTE | AEC_SMART },
+            events: identify::oaes(self.cfg.kind, view) | if discovery { 0 } else { AEC_SMART },
         }
     }
 
@@ -304,6 +307,16 @@ impl Controller {
         self.changed.add(nsid);
         let enabled = self.features.async_event_config() & AsyncEvent::NamespaceAttribute.config_bit() != 0;
         self.events.raise(AsyncEvent::NamespaceAttribute, enabled)
+    }
+
+    /// The ANA states the controller reports changed (its view is already updated): the
+    /// parked AER's completion to send now if the host enabled ANA change notices.
+    pub fn ana_changed(&mut self) -> Option<Cqe> {
+        if self.cfg.kind != SubsystemKind::Nvme {
+            return None;
+        }
+        let enabled = self.features.async_event_config() & AsyncEvent::AnaChange.config_bit() != 0;
+        self.events.raise(AsyncEvent::AnaChange, enabled)
     }
 
     /// The discovery log changed (discovery controllers).
@@ -406,6 +419,7 @@ pub(crate) mod tests {
                     volatile_cache: false,
                     deallocate: true,
                     write_zeroes: false,
+                    anagrpid: 1,
                 },
                 NamespaceInfo {
                     nsid: 3,
@@ -418,10 +432,13 @@ pub(crate) mod tests {
                     volatile_cache: true,
                     deallocate: false,
                     write_zeroes: true,
+                    anagrpid: 3,
                 },
             ],
             discovery_log: Vec::new(),
             generation: 0,
+            ana_reporting: false,
+            ana: Default::default(),
         }
     }
 
@@ -443,6 +460,8 @@ pub(crate) mod tests {
             namespaces: Vec::new(),
             discovery_log: vec![entry(2, "nqn.2024-01.io.flashpath:disk1"), entry(3, DISCOVERY_NQN)],
             generation: 5,
+            ana_reporting: false,
+            ana: Default::default(),
         }
     }
 

@@ -8,7 +8,7 @@ use fp_nvme_spec::identify::*;
 use fp_nvme_spec::registers::{IOCQES, IOSQES};
 
 use crate::model::ControllerConfig;
-use crate::model::{NamespaceInfo, SubsystemKind, SubsystemView};
+use crate::model::{AnaState, NamespaceInfo, SubsystemKind, SubsystemView};
 use crate::properties::VERSION_1_3;
 
 /// Recommended arbitration burst: 2^6 commands.
@@ -31,6 +31,16 @@ pub const SGLS: u32 = SGLS_SUPPORTED | SGLS_OFFSET | SGLS_TRANSPORT_DATA_BLOCK;
 const IORCSZ: u32 = 1;
 /// MSDBD: one SGL descriptor per command.
 const MSDBD: u8 = 1;
+/// ANATT: the longest a group may stay in ANA Change, in seconds (SPDK's figure). Only set
+/// by hand (`nvmf_subsystem_listener_set_ana_state ... change`): the target never enters it.
+pub const ANATT_SECONDS: u8 = 10;
+/// ANACAP: every state can be reported; a namespace's group is fixed while attached.
+const ANACAP: u8 = ANACAP_OPTIMIZED
+    | ANACAP_NON_OPTIMIZED
+    | ANACAP_INACCESSIBLE
+    | ANACAP_PERSISTENT_LOSS
+    | ANACAP_CHANGE
+    | ANACAP_GRPID_FIXED;
 
 fn put_u16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_le_bytes());
@@ -84,10 +94,11 @@ pub fn controller(cfg: &ControllerConfig, view: &SubsystemView) -> Vec<u8> {
     // Every host that connects gets its own controller; with NMIC bit 0 this lets Linux treat
     // the namespaces as shared (multipath).
     b[IDC_CMIC] = if discovery { 0 } else { CMIC_MULTI_CONTROLLER };
+    let ana = view.ana_reporting && !discovery;
     b[IDC_MDTS] = mdts(cfg.max_transfer_bytes);
     put_u16(&mut b, IDC_CNTLID, cfg.cntlid);
     put_u32(&mut b, IDC_VER, VERSION_1_3);
-    put_u32(&mut b, IDC_OAES, if discovery { OAES_DISCOVERY_CHANGE } else { OAES_NS_ATTRIBUTE });
+    put_u32(&mut b, IDC_OAES, oaes(cfg.kind, view));
     put_u32(&mut b, IDC_CTRATT, CTRATT_HOST_ID_128);
     b[IDC_CNTRLTYPE] = if discovery { CNTRLTYPE_DISCOVERY } else { CNTRLTYPE_IO };
     put_u16(&mut b, IDC_OACS, 0);
@@ -106,6 +117,16 @@ pub fn controller(cfg: &ControllerConfig, view: &SubsystemView) -> Vec<u8> {
         put_u32(&mut b, IDC_NN, view.max_namespaces);
         put_u16(&mut b, IDC_ONCS, oncs(view));
         b[IDC_VWC] = if view.namespaces.iter().any(|n| n.volatile_cache) { VWC_PRESENT } else { 0 };
+        // MNAN: as many namespaces as NSIDs (Linux's multipath refuses ANA when it is 0).
+        put_u32(&mut b, IDC_MNAN, view.max_namespaces);
+        if ana {
+            b[IDC_CMIC] |= CMIC_ANA_REPORTING;
+            b[IDC_ANATT] = ANATT_SECONDS;
+            b[IDC_ANACAP] = ANACAP;
+            // One possible group per NSID, as SPDK: every namespace may have its own.
+            put_u32(&mut b, IDC_ANAGRPMAX, view.max_namespaces);
+            put_u32(&mut b, IDC_NANAGRPID, view.max_namespaces);
+        }
         // IOCCSZ counts 16-byte units of the 64-byte command plus its in-capsule data.
         put_u32(&mut b, IDC_IOCCSZ, (64 + cfg.in_capsule_data_size) / 16);
         put_u32(&mut b, IDC_IORCSZ, IORCSZ);
@@ -124,6 +145,15 @@ pub fn controller(cfg: &ControllerConfig, view: &SubsystemView) -> Vec<u8> {
     b
 }
 
+/// OAES: the notices a controller of this kind sends (ANA changes with ANA reporting).
+pub fn oaes(kind: SubsystemKind, view: &SubsystemView) -> u32 {
+    match kind {
+        SubsystemKind::Discovery => OAES_DISCOVERY_CHANGE,
+        SubsystemKind::Nvme if view.ana_reporting => OAES_NS_ATTRIBUTE | OAES_ANA_CHANGE,
+        SubsystemKind::Nvme => OAES_NS_ATTRIBUTE,
+    }
+}
+
 /// ONCS: what the namespaces can do, ORed (a command a namespace cannot do fails on it).
 fn oncs(view: &SubsystemView) -> u16 {
     view.namespaces.iter().fold(0, |acc, n| {
@@ -139,8 +169,9 @@ pub fn nvm_controller() -> Vec<u8> {
 }
 
 /// Identify Namespace (CNS 00h) of an active namespace; an inactive one's is all zero (Base
-/// 5.17.2.1: a zero-filled structure for an allocated but inactive NSID).
-pub fn namespace(ns: Option<&NamespaceInfo>) -> Vec<u8> {
+/// 5.17.2.1: a zero-filled structure for an allocated but inactive NSID). With ANA reporting,
+/// its ANA group, and NUSE 0 while the group is inaccessible here (as SPDK).
+pub fn namespace(ns: Option<&NamespaceInfo>, view: &SubsystemView) -> Vec<u8> {
     let mut b = vec![0u8; IDENTIFY_LEN];
     let Some(ns) = ns else { return b };
     // No thin provisioning: NSZE = NCAP = NUSE (NSFEAT bit 0 cleared). NSFEAT's other bits
@@ -160,6 +191,12 @@ pub fn namespace(ns: Option<&NamespaceInfo>) -> Vec<u8> {
     b[IDN_EUI64..IDN_EUI64 + 8].copy_from_slice(&ns.eui64);
     let lbads = ns.block_size.max(512).ilog2();
     put_u32(&mut b, IDN_LBAF0, lbads << LBAF_LBADS_SHIFT);
+    if view.ana_reporting {
+        put_u32(&mut b, IDN_ANAGRPID, ns.anagrpid);
+        if matches!(view.ana.get(ns.anagrpid), AnaState::Inaccessible | AnaState::PersistentLoss) {
+            put_u64(&mut b, IDN_NUSE, 0);
+        }
+    }
     b
 }
 
@@ -271,7 +308,7 @@ mod tests {
     fn namespace_fields_at_figure_97_offsets() {
         let view = nvm_view();
         let ns = &view.namespaces[1];
-        let b = namespace(Some(ns));
+        let b = namespace(Some(ns), &view);
         assert_eq!(u64_at(&b, IDN_NSZE), ns.num_blocks);
         assert_eq!(u64_at(&b, IDN_NCAP), ns.num_blocks);
         assert_eq!(u64_at(&b, IDN_NUSE), ns.num_blocks);
@@ -282,8 +319,36 @@ mod tests {
         assert_eq!(&b[IDN_NGUID..IDN_NGUID + 16], &ns.nguid);
         assert_eq!(&b[IDN_EUI64..IDN_EUI64 + 8], &ns.eui64);
         assert_eq!(u32_at(&b, IDN_LBAF0), 12 << 16, "4096-byte blocks, no metadata");
-        assert_eq!(u32_at(&namespace(Some(&view.namespaces[0])), IDN_LBAF0), 9 << 16);
-        assert!(namespace(None).iter().all(|&x| x == 0));
+        assert_eq!(u32_at(&namespace(Some(&view.namespaces[0]), &view), IDN_LBAF0), 9 << 16);
+        assert!(namespace(None, &view).iter().all(|&x| x == 0));
+        assert_eq!(u32_at(&b, IDN_ANAGRPID), 0, "no ANA group without ANA reporting");
+    }
+
+    #[test]
+    fn ana_reporting_fields() {
+        let cfg = config(SubsystemKind::Nvme);
+        let mut view = nvm_view();
+        let plain = controller(&cfg, &view);
+        assert_eq!((plain[IDC_ANACAP], u32_at(&plain, IDC_ANAGRPMAX)), (0, 0));
+        assert_eq!(u32_at(&plain, IDC_MNAN), 32);
+        view.ana_reporting = true;
+        view.ana = crate::model::AnaStates::new(32, AnaState::Optimized);
+        view.ana.states[2] = AnaState::Inaccessible;
+        let b = controller(&cfg, &view);
+        assert_eq!(b[IDC_CMIC], 0b1010, "multi-controller and ANA reporting");
+        assert_eq!(u32_at(&b, IDC_OAES), (1 << 8) | (1 << 11));
+        assert_eq!(b[IDC_ANATT], 10);
+        assert_eq!(b[IDC_ANACAP], 0b0101_1111);
+        assert_eq!(
+            (u32_at(&b, IDC_ANAGRPMAX), u32_at(&b, IDC_NANAGRPID), u32_at(&b, IDC_MNAN)),
+            (32, 32, 32)
+        );
+        // namespaces[1] is NSID 3 in group 3, inaccessible here.
+        let ns = namespace(Some(&view.namespaces[1]), &view);
+        assert_eq!(u32_at(&ns, IDN_ANAGRPID), 3);
+        assert_eq!(u64_at(&ns, IDN_NUSE), 0, "NUSE 0 while inaccessible");
+        let ns = namespace(Some(&view.namespaces[0]), &view);
+        assert_eq!((u32_at(&ns, IDN_ANAGRPID), u64_at(&ns, IDN_NUSE)), (1, 2048));
     }
 
     #[test]

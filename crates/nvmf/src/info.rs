@@ -22,6 +22,9 @@ pub struct NamespaceEntry {
     pub nguid: String,
     /// 8-4-4-4-12.
     pub uuid: String,
+    /// Its ANA group, listed (as SPDK) only when the subsystem reports ANA.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anagrpid: Option<u32>,
 }
 
 /// A subsystem as `nvmf_get_subsystems` lists it; the discovery subsystem has only the first

@@ -19,6 +19,7 @@
 #![cfg_attr(not(test), forbid(unsafe_code))]
 
 pub mod aer;
+mod ana;
 pub mod controller;
 mod error;
 mod exec;

@@ -104,6 +104,30 @@ impl ChangedNamespaces {
     }
 }
 
+/// The Asymmetric Namespace Access log page (Base 5.16.1.12) a controller on a listener with
+/// `view.ana` reports: one descriptor per ANA group that has namespaces, ascending, each with
+/// its NSIDs ascending (none with `groups_only`, LSP's RGO bit). The groups keep no change
+/// count of their own (0); the page's is the listener's.
+pub fn ana(view: &SubsystemView, groups_only: bool) -> Vec<u8> {
+    let mut groups: Vec<AnaGroupDescriptor> = Vec::new();
+    let mut by_group: Vec<(u32, u32)> = view.namespaces.iter().map(|n| (n.anagrpid, n.nsid)).collect();
+    by_group.sort_unstable();
+    for (grpid, nsid) in by_group {
+        if groups.last().is_none_or(|g| g.grpid != grpid) {
+            groups.push(AnaGroupDescriptor {
+                grpid,
+                change_count: 0,
+                state: view.ana.get(grpid),
+                nsids: Vec::new(),
+            });
+        }
+        if !groups_only {
+            groups.last_mut().expect("pushed").nsids.push(nsid);
+        }
+    }
+    AnaLogPage { change_count: view.ana.change_count, groups }.encode()
+}
+
 /// An ASCII field padded with spaces (TRSVCID, TRADDR: Fabrics 5.3 Figure 38).
 fn put_padded(b: &mut [u8], at: usize, len: usize, s: &str) {
     let field = &mut b[at..at + len];
@@ -159,6 +183,31 @@ mod tests {
         assert_eq!(cut(&request(1, 68), &page, 4096), None, "offset past the page");
         assert_eq!(cut(&request(1, 2), &page, 4096), None, "offset not dword aligned");
         assert_eq!(cut(&request(1 << 32, 0), &page, 4096).unwrap().len(), 4096, "NUMD capped");
+    }
+
+    #[test]
+    fn ana_page_lists_groups_with_their_namespaces() {
+        use crate::model::{AnaState, AnaStates};
+        let mut view = crate::controller::tests::nvm_view();
+        view.ana_reporting = true;
+        view.ana = AnaStates::new(32, AnaState::Optimized);
+        view.ana.states[0] = AnaState::NonOptimized;
+        view.ana.change_count = 4;
+        view.namespaces[1].anagrpid = 1;
+        let page = AnaLogPage::parse(&ana(&view, false)).unwrap();
+        assert_eq!(page.change_count, 4);
+        assert_eq!(page.groups.len(), 1, "both namespaces in group 1; empty groups are not listed");
+        assert_eq!((page.groups[0].grpid, page.groups[0].state), (1, AnaState::NonOptimized));
+        assert_eq!(page.groups[0].nsids, vec![1, 3]);
+        view.namespaces[1].anagrpid = 7;
+        view.ana.states[6] = AnaState::Inaccessible;
+        let page = AnaLogPage::parse(&ana(&view, true)).unwrap();
+        let got: Vec<_> = page.groups.iter().map(|g| (g.grpid, g.state, g.nsids.len())).collect();
+        assert_eq!(
+            got,
+            vec![(1, AnaState::NonOptimized, 0), (7, AnaState::Inaccessible, 0)],
+            "RGO: no NSIDs"
+        );
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! control plane builds a [`SubsystemView`] whenever a subsystem changes; a controller answers
 //! Identify and Get Log Page from the one it is given, and never reaches into the bdevs.
 
+pub use fp_nvme_spec::log_page::AnaState;
+
 /// One namespace as the host sees it (Identify Namespace, Base 5.17.2.1 and the NVM Command
 /// Set's Figure 97; the descriptors of Base 5.17.2.3).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +27,30 @@ pub struct NamespaceInfo {
     pub deallocate: bool,
     /// The bdev writes zeroes without a data buffer (ONCS bit 3).
     pub write_zeroes: bool,
+    /// Its ANA group (ANAGRPID in Identify Namespace, when the subsystem reports ANA).
+    pub anagrpid: u32,
+}
+
+/// The ANA states of one listener's controllers, one per ANA group (Base 8.1.3): the
+/// controllers whose queues came in on it report these.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AnaStates {
+    /// Bumped on every change (the ANA log page's Change Count).
+    pub change_count: u64,
+    /// Group `g`'s state at index `g - 1`, one per possible group (ANAGRPMAX).
+    pub states: Vec<AnaState>,
+}
+
+impl AnaStates {
+    /// `groups` groups, each in `state`.
+    pub fn new(groups: u32, state: AnaState) -> AnaStates {
+        AnaStates { change_count: 0, states: vec![state; groups as usize] }
+    }
+
+    /// Group `grpid`'s state; a group past ANAGRPMAX (there is none) reads optimized.
+    pub fn get(&self, grpid: u32) -> AnaState {
+        grpid.checked_sub(1).and_then(|i| self.states.get(i as usize)).copied().unwrap_or(AnaState::Optimized)
+    }
 }
 
 /// What a subsystem is (Base 4.5, Fabrics 5).
@@ -69,6 +95,11 @@ pub struct SubsystemView {
     pub discovery_log: Vec<DiscoveryEntry>,
     /// Bumped on every change to `discovery_log` (GENCTR).
     pub generation: u64,
+    /// The subsystem reports ANA (CMIC bit 3, the ANA log page, its notices).
+    pub ana_reporting: bool,
+    /// The ANA states of the listener the controller's queues came in on (empty in the
+    /// subsystem-wide view).
+    pub ana: AnaStates,
 }
 
 impl SubsystemView {

@@ -92,6 +92,9 @@ pub struct SubsystemSpec {
     pub max_namespaces: u32,
     pub min_cntlid: u16,
     pub max_cntlid: u16,
+    /// SPDK's `ana_reporting`: the controllers report ANA groups and their listener's states
+    /// (docs/nvmf.md, "Asymmetric Namespace Access").
+    pub ana_reporting: bool,
 }
 
 /// A listener's address, as SPDK's `listen_address` objects spell it.
@@ -147,4 +150,6 @@ pub struct NamespaceSpec {
     pub nguid: Option<[u8; 16]>,
     pub eui64: Option<[u8; 8]>,
     pub read_only: bool,
+    /// Its ANA group, 1 to the subsystem's max_namespaces; `None`: the NSID (as SPDK).
+    pub anagrpid: Option<u32>,
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use fp_bdev::Bdev;
 use fp_reactor::{PollerId, ReactorHandle};
 
-use crate::model::{NamespaceInfo, SubsystemKind, SubsystemView};
+use crate::model::{AnaStates, NamespaceInfo, SubsystemKind, SubsystemView};
 use crate::options::ListenAddress;
 
 /// Locks, ignoring poison: every critical section leaves the state consistent.
@@ -60,6 +60,8 @@ pub(crate) struct Namespace {
     pub nguid: [u8; 16],
     pub eui64: [u8; 8],
     pub read_only: bool,
+    /// Its ANA group, 1 to the subsystem's max_namespaces.
+    pub anagrpid: u32,
     /// Counters of live queue pairs, and the sums of those gone.
     counters: Mutex<(Vec<Arc<NsCounters>>, [u64; 6])>,
 }
@@ -69,10 +71,9 @@ impl Namespace {
         nsid: u32,
         bdev: Bdev,
         bdev_name: String,
-        uuid: [u8; 16],
-        nguid: [u8; 16],
-        eui64: [u8; 8],
+        (uuid, nguid, eui64): ([u8; 16], [u8; 16], [u8; 8]),
         read_only: bool,
+        anagrpid: u32,
     ) -> Namespace {
         Namespace {
             nsid,
@@ -82,6 +83,7 @@ impl Namespace {
             nguid,
             eui64,
             read_only,
+            anagrpid,
             counters: Mutex::new((Vec::new(), [0; 6])),
         }
     }
@@ -127,6 +129,7 @@ impl Namespace {
             volatile_cache: bi.io_types.flush,
             deallocate: bi.io_types.unmap,
             write_zeroes: bi.io_types.write_zeroes,
+            anagrpid: self.anagrpid,
         }
     }
 }
@@ -174,6 +177,10 @@ pub(crate) struct SubState {
     pub min_cntlid: u16,
     pub max_cntlid: u16,
     pub listeners: Vec<ListenAddress>,
+    /// The controllers report ANA (SPDK's `ana_reporting`).
+    pub ana_reporting: bool,
+    /// Each listener's ANA states (one entry per listener in `listeners`).
+    pub ana: BTreeMap<ListenAddress, AnaStates>,
     pub namespaces: BTreeMap<u32, Arc<Namespace>>,
     pub controllers: BTreeMap<u16, CtrlEntry>,
     pub next_cntlid: u16,
@@ -201,6 +208,15 @@ impl SubState {
             }
         }
         None
+    }
+
+    /// The ANA state queues that came in on `listen` give I/O to `ns`: `None` when I/O is
+    /// served (always, without ANA reporting), else the path status it fails with.
+    pub(crate) fn ana_status(&self, listen: &ListenAddress, ns: &Namespace) -> Option<fp_nvme_spec::Status> {
+        if !self.ana_reporting {
+            return None;
+        }
+        self.ana.get(listen).and_then(|a| a.get(ns.anagrpid).io_status())
     }
 
     /// Every queue pair of every controller.
@@ -241,6 +257,8 @@ impl Subsystem {
             namespaces: Vec::new(),
             discovery_log: Vec::new(),
             generation: 0,
+            ana_reporting: state.ana_reporting,
+            ana: AnaStates::default(),
         };
         Subsystem {
             nqn,
@@ -257,12 +275,18 @@ impl Subsystem {
         lock(&self.view).clone()
     }
 
-    /// The view `hostnqn` gets: for the discovery subsystem, the log without the subsystems
-    /// that do not admit it (as SPDK's discovery service filters it).
-    pub(crate) fn view_for(&self, hostnqn: &str) -> Arc<SubsystemView> {
+    /// The view `hostnqn` gets through `listen`: for the discovery subsystem, the log without
+    /// the subsystems that do not admit it (as SPDK's discovery service filters it); with ANA
+    /// reporting, the listener's ANA states.
+    pub(crate) fn view_for(&self, hostnqn: &str, listen: &ListenAddress) -> Arc<SubsystemView> {
         let view = self.view();
         if self.kind != SubsystemKind::Discovery {
-            return view;
+            if !view.ana_reporting {
+                return view;
+            }
+            let mut v = (*view).clone();
+            v.ana = lock(&self.state).ana.get(listen).cloned().unwrap_or_default();
+            return Arc::new(v);
         }
         let hosts = lock(&self.discovery_hosts);
         let admits = |i: usize| hosts.get(i).is_none_or(|h| h.as_ref().is_none_or(|h| h.contains(hostnqn)));
@@ -295,6 +319,8 @@ impl Subsystem {
             namespaces: st.namespaces.values().map(|n| n.info()).collect(),
             discovery_log: discovery_log.unwrap_or_else(|| v.discovery_log.clone()),
             generation,
+            ana_reporting: st.ana_reporting,
+            ana: AnaStates::default(),
         };
         *v = Arc::new(view);
         self.view_generation.fetch_add(1, Ordering::Release);

@@ -14,7 +14,7 @@ use fp_reactor::ReactorHandle;
 
 use crate::error::{invalid, NvmfError};
 use crate::info::*;
-use crate::model::{DiscoveryEntry, SubsystemKind};
+use crate::model::{AnaState, AnaStates, DiscoveryEntry, SubsystemKind};
 use crate::options::*;
 use crate::state::TargetInner;
 use crate::subsystem::{lock, Namespace, SubState, Subsystem};
@@ -83,6 +83,8 @@ impl NvmfTarget {
                 min_cntlid: 1,
                 max_cntlid: 0xFFEF,
                 listeners: Vec::new(),
+                ana_reporting: false,
+                ana: BTreeMap::new(),
                 namespaces: BTreeMap::new(),
                 controllers: BTreeMap::new(),
                 next_cntlid: 1,
@@ -220,6 +222,8 @@ impl NvmfTarget {
             min_cntlid: min,
             max_cntlid: max,
             listeners: Vec::new(),
+            ana_reporting: spec.ana_reporting,
+            ana: BTreeMap::new(),
             namespaces: BTreeMap::new(),
             controllers: BTreeMap::new(),
             next_cntlid: min,
@@ -294,6 +298,18 @@ impl NvmfTarget {
         addr: ListenAddress,
         sock_impl: Option<SocketImpl>,
     ) -> Result<(), NvmfError> {
+        self.add_listener_ana(nqn, addr, sock_impl, AnaState::Optimized)
+    }
+
+    /// [`NvmfTarget::add_listener_with`], every ANA group at `ana_state` on it from the start
+    /// (SPDK's `nvmf_subsystem_add_listener` `ana_state`; reported only with ANA reporting).
+    pub fn add_listener_ana(
+        &self,
+        nqn: &str,
+        addr: ListenAddress,
+        sock_impl: Option<SocketImpl>,
+        ana_state: AnaState,
+    ) -> Result<(), NvmfError> {
         if lock(&self.inner.transport).is_none() {
             return Err(invalid("trtype", "no TCP transport: nvmf_create_transport first"));
         }
@@ -331,7 +347,12 @@ impl NvmfTarget {
                 }
             }
         }
-        lock(&sub.state).listeners.push(addr);
+        {
+            let mut st = lock(&sub.state);
+            let groups = st.max_namespaces;
+            st.ana.insert(addr.clone(), AnaStates::new(groups, ana_state));
+            st.listeners.push(addr);
+        }
         self.refresh_discovery();
         Ok(())
     }
@@ -346,6 +367,7 @@ impl NvmfTarget {
             if st.listeners.len() == before {
                 return Err(not_found("listener", &format!("{}:{}", addr.traddr, addr.trsvcid)));
             }
+            st.ana.remove(&addr);
         }
         self.release_listener(nqn, &addr);
         self.refresh_discovery();
@@ -471,6 +493,13 @@ impl NvmfTarget {
             if st.namespaces.contains_key(&ns.nsid) {
                 return Err(NvmfError::AlreadyExists { what: "namespace", name: ns.nsid.to_string() });
             }
+            let anagrpid = ns.anagrpid.unwrap_or(ns.nsid);
+            if anagrpid == 0 || anagrpid > st.max_namespaces {
+                return Err(invalid(
+                    "anagrpid",
+                    format!("must be 1 to {} (max_namespaces)", st.max_namespaces),
+                ));
+            }
             let uuid = ns.uuid.unwrap_or_else(|| {
                 let mut u: [u8; 16] = derived_id("uuid", &[nqn, &ns.bdev_name]);
                 // RFC 9562 version 8 (custom), variant 10.
@@ -483,10 +512,9 @@ impl NvmfTarget {
                 ns.nsid,
                 ns.bdev,
                 ns.bdev_name,
-                uuid,
-                nguid,
-                ns.eui64.unwrap_or([0; 8]),
+                (uuid, nguid, ns.eui64.unwrap_or([0; 8])),
                 ns.read_only,
+                anagrpid,
             );
             st.namespaces.insert(ns.nsid, Arc::new(n));
             admin_qpairs(&st)
@@ -708,6 +736,7 @@ fn subsystem_info(s: &Subsystem, discovery_listeners: &[ListenAddress]) -> Subsy
                     name: n.bdev_name.clone(),
                     nguid: n.nguid.iter().map(|b| format!("{b:02X}")).collect(),
                     uuid: uuid_string(&n.uuid),
+                    anagrpid: st.ana_reporting.then_some(n.anagrpid),
                 })
                 .collect()
         }),

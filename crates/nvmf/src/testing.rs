@@ -90,6 +90,7 @@ pub fn namespace(nsid: u32, bdev: Bdev, bdev_name: &str) -> NamespaceSpec {
         nguid: None,
         eui64: None,
         read_only: false,
+        anagrpid: None,
     }
 }
 

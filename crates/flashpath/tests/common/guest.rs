@@ -126,9 +126,9 @@ pub const NVME_TCP_GUEST_PORT: u16 = 4420;
 /// a route out (`restrict=on`); a `guestfwd` that runs `socat` for each connection the guest
 /// opens to [`NVMF_GUEST_ADDR`]`:port`, joining it to `127.0.0.1:port` on the host; a
 /// `hostfwd` from `127.0.0.1:port` on the host to the guest's [`NVME_TCP_GUEST_PORT`].
-fn forward_netdev(guestfwd: Option<u16>, hostfwd: Option<u16>) -> String {
+fn forward_netdev(guestfwd: impl IntoIterator<Item = u16>, hostfwd: Option<u16>) -> String {
     let mut s = "user,id=n0,restrict=on".to_string();
-    if let Some(port) = guestfwd {
+    for port in guestfwd {
         s.push_str(&format!(",guestfwd=tcp:{NVMF_GUEST_ADDR}:{port}-cmd:socat STDIO TCP:127.0.0.1:{port}"));
     }
     if let Some(port) = hostfwd {
@@ -206,6 +206,9 @@ pub struct VmConfig {
     /// socat per TCP connection (the nvmf scenario's target). Loopback only: nothing else is
     /// reachable, and nothing here can name another host address.
     pub netdev: Option<u16>,
+    /// More ports forwarded as [`VmConfig::netdev`]'s, each to the same port on the host's
+    /// loopback (two listeners of one subsystem, say); used only with `netdev`.
+    pub netdev_more: Vec<u16>,
     /// `hostfwd` of `127.0.0.1:PORT` on the host to the guest's [`NVME_TCP_GUEST_PORT`] on the
     /// same `restrict=on` user network (a NIC is added if [`VmConfig::netdev`] is `None`).
     pub hostfwd: Option<u16>,
@@ -235,6 +238,7 @@ impl VmConfig {
             incoming: false,
             console_input: false,
             netdev: None,
+            netdev_more: Vec::new(),
             hostfwd: None,
             nvme: None,
             extra_files: Vec::new(),
@@ -345,7 +349,7 @@ impl Vm {
         }
         if cfg.netdev.is_some() || cfg.hostfwd.is_some() {
             cmd.arg("-netdev")
-                .arg(forward_netdev(cfg.netdev, cfg.hostfwd))
+                .arg(forward_netdev(cfg.netdev.iter().chain(&cfg.netdev_more).copied(), cfg.hostfwd))
                 .args(["-device", "virtio-net-pci,netdev=n0"]);
         }
         let mut append = format!("{KERNEL_ARGS} fp.scenario={}", cfg.scenario);

@@ -24,6 +24,9 @@ impl Executor {
             return Err(Status::generic(SC_INVALID_OPCODE));
         }
         let ns = self.namespace(sqe.nsid()).ok_or(Status::generic(SC_INVALID_NAMESPACE))?;
+        if let Some(refusal) = ns.ana_refusal {
+            return Err(refusal);
+        }
         let info = ns.ns.bdev.info();
         let writes = matches!(op, NVM_WRITE | NVM_WRITE_ZEROES | NVM_DATASET_MANAGEMENT);
         if writes && (ns.ns.read_only || ns.ns.bdev.read_only() || !info.io_types.write) {

@@ -25,6 +25,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use crate::controller::{AdminResult, Controller};
 use crate::model::SubsystemView;
+use crate::options::ListenAddress;
 use crate::subsystem::{lock, CtrlShared, Namespace, NsCounters, Subsystem};
 
 mod admin;
@@ -139,6 +140,8 @@ pub(crate) struct Executor {
     pub(crate) ctrl: Arc<CtrlShared>,
     pub(crate) peer: String,
     pub(crate) qid: u16,
+    /// The listener the queue came in on: its ANA states are the ones this queue honours.
+    pub(crate) listen: ListenAddress,
     /// The admin queue's controller and the view it answers from.
     pub(crate) admin: Option<Box<Controller>>,
     view: Arc<SubsystemView>,
@@ -171,6 +174,9 @@ pub(crate) struct NsChan {
     pub(crate) in_flight: u32,
     /// Detached: new commands get Invalid Namespace; dropped once `in_flight` is 0.
     pub(crate) removed: bool,
+    /// The path status new commands fail with while the namespace's ANA group is not
+    /// accessible through this queue's listener (never without ANA reporting).
+    pub(crate) ana_refusal: Option<Status>,
 }
 
 impl Executor {
@@ -179,7 +185,7 @@ impl Executor {
         sub: Arc<Subsystem>,
         ctrl: Arc<CtrlShared>,
         peer: String,
-        qid: u16,
+        (qid, listen): (u16, ListenAddress),
         admin: Option<Box<Controller>>,
         max_io: usize,
         commands: u16,
@@ -187,11 +193,12 @@ impl Executor {
         let n = usize::from(commands);
         Executor {
             view_generation: sub.view_generation.load(Ordering::Acquire),
-            view: sub.view_for(&ctrl.hostnqn),
+            view: sub.view_for(&ctrl.hostnqn, &listen),
             sub,
             ctrl,
             peer,
             qid,
+            listen,
             admin,
             ns_generation: u64::MAX,
             ns: Vec::new(),
@@ -428,7 +435,7 @@ impl Executor {
         let g = self.sub.view_generation.load(Ordering::Acquire);
         if g != self.view_generation {
             self.view_generation = g;
-            self.view = self.sub.view_for(&self.ctrl.hostnqn);
+            self.view = self.sub.view_for(&self.ctrl.hostnqn, &self.listen);
         }
     }
 
@@ -449,11 +456,15 @@ impl Executor {
             return;
         }
         self.ns_generation = g;
-        let now: Vec<Arc<Namespace>> = lock(&self.sub.state).namespaces.values().cloned().collect();
+        let now: Vec<(Arc<Namespace>, Option<Status>)> = {
+            let st = lock(&self.sub.state);
+            st.namespaces.values().map(|n| (n.clone(), st.ana_status(&self.listen, n))).collect()
+        };
         for (nsid, slot) in self.ns.iter_mut().enumerate() {
             if let Some(n) = slot {
-                if !now.iter().any(|x| Arc::ptr_eq(x, &n.ns)) {
-                    n.removed = true;
+                match now.iter().find(|(x, _)| Arc::ptr_eq(x, &n.ns)) {
+                    Some((_, ana)) => n.ana_refusal = *ana,
+                    None => n.removed = true,
                 }
             }
             let gone = slot.as_ref().is_some_and(|n| n.removed && n.in_flight == 0);
@@ -465,7 +476,7 @@ impl Executor {
                 log::debug!("nvmf: queue {} let namespace {nsid} go", self.qid);
             }
         }
-        for ns in now {
+        for (ns, ana_refusal) in now {
             let i = ns.nsid as usize;
             if self.ns.get(i).is_some_and(|n| n.as_ref().is_some_and(|n| Arc::ptr_eq(&n.ns, &ns))) {
                 continue;
@@ -494,7 +505,7 @@ impl Executor {
                 self.ns.resize_with(i + 1, || None);
             }
             let counters = ns.counters();
-            self.ns[i] = Some(NsChan { ns, chan, counters, in_flight: 0, removed: false });
+            self.ns[i] = Some(NsChan { ns, chan, counters, in_flight: 0, removed: false, ana_refusal });
         }
     }
 

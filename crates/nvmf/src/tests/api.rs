@@ -87,10 +87,18 @@ fn bookkeeping_and_spdk_shapes() {
     assert_eq!(dv.discovery_log[0].subnqn, NQN);
     // ... to the hosts it admits only.
     let h1 = "nqn.2014-08.org.nvmexpress:uuid:h1";
-    assert_eq!(t.inner.discovery.view_for(h1).discovery_log.len(), 1);
-    assert!(t.inner.discovery.view_for("nqn.2014-08.org.nvmexpress:uuid:h2").discovery_log.is_empty());
+    assert_eq!(t.inner.discovery.view_for(h1, &listen(1)).discovery_log.len(), 1);
+    assert!(t
+        .inner
+        .discovery
+        .view_for("nqn.2014-08.org.nvmexpress:uuid:h2", &listen(1))
+        .discovery_log
+        .is_empty());
     t.set_allow_any_host(NQN, true).unwrap();
-    assert_eq!(t.inner.discovery.view_for("nqn.2014-08.org.nvmexpress:uuid:h2").discovery_log.len(), 1);
+    assert_eq!(
+        t.inner.discovery.view_for("nqn.2014-08.org.nvmexpress:uuid:h2", &listen(1)).discovery_log.len(),
+        1
+    );
     t.set_allow_any_host(NQN, false).unwrap();
 
     // Namespaces first, then the subsystem.

@@ -218,6 +218,7 @@ fn remove_namespace_waits_for_its_io_in_flight() {
         nguid: None,
         eui64: None,
         read_only: false,
+        anagrpid: None,
     };
     tg.t.add_namespace(NQN, spec).unwrap();
     let admin = Host::admin(tg.port, NQN, 0);

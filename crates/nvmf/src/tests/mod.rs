@@ -28,6 +28,7 @@ macro_rules! on_each_sock_impl {
     };
 }
 
+mod ana;
 mod api;
 mod buffers;
 mod busy;

@@ -336,7 +336,7 @@ impl QpairPoller {
                 }
             },
         };
-        let exec = Executor::new(s.sub, s.ctrl, s.peer, s.qid, admin, max_io, n as u16);
+        let exec = Executor::new(s.sub, s.ctrl, s.peer, (s.qid, s.listen), admin, max_io, n as u16);
         let mut p = QpairPoller {
             fd: s.fd,
             uring,
@@ -480,6 +480,16 @@ impl QpairPoller {
     pub(crate) fn namespace_changed(&mut self, nsid: u32) {
         self.exec.refresh_view();
         let cqe = self.exec.admin.as_mut().and_then(|c| c.namespace_changed(nsid));
+        if let Some(cqe) = cqe {
+            self.exec.complete_parked(&mut tcp!(self), cqe);
+        }
+    }
+
+    /// The ANA states of the queue's listener changed: the controller's parked AER (if any)
+    /// completes with the ANA change notice.
+    pub(crate) fn ana_changed(&mut self) {
+        self.exec.refresh_view();
+        let cqe = self.exec.admin.as_mut().and_then(|c| c.ana_changed());
         if let Some(cqe) = cqe {
             self.exec.complete_parked(&mut tcp!(self), cqe);
         }
@@ -642,6 +652,27 @@ pub(crate) fn notify_namespace(admins: &[QpairRef], nsid: u32) {
             }
         });
     }
+}
+
+/// Runs `f` on each queue pair on its reactor and returns once each has (or has gone).
+fn call_each(qpairs: &[QpairRef], f: fn(&mut QpairPoller)) {
+    for q in qpairs {
+        let id = q.id;
+        let _ = q.reactor.call(move |r| r.poller_mut::<QpairPoller>(id).map(f));
+    }
+}
+
+/// Has I/O queues take their listener's new ANA states now (they reload their namespace
+/// table).
+pub(crate) fn reload_ana(ios: &[QpairRef]) {
+    call_each(ios, QpairPoller::reload_namespaces);
+}
+
+/// Tells admin queues their listener's ANA states changed (their controllers send the ANA
+/// change notice); once it returns, the notice goes out ahead of any answer to a command the
+/// host sends after the change.
+pub(crate) fn notify_ana(admins: &[QpairRef]) {
+    call_each(admins, QpairPoller::ana_changed);
 }
 
 /// Tells the discovery subsystem's admin queues that the log changed.

@@ -124,6 +124,7 @@ impl Registry {
                 nguid: spec.nguid,
                 eui64: spec.eui64,
                 read_only: spec.read_only,
+                anagrpid: spec.anagrpid,
             };
             let nsid = self.nvmf().add_namespace(&spec.nqn, ns)?;
             Ok(Box::new(NvmfNamespace {

@@ -8,6 +8,7 @@
 
 use fp_nvme_spec::auth::{DhGroupId, HashId};
 use fp_nvme_spec::fabrics::DISCOVERY_NQN;
+use fp_nvmf::model::AnaState;
 use fp_nvmf::{
     DhchapConfig, DhchapKeys, ListenAddress, NvmfTarget, SocketImpl, SubsystemSpec, TransportOptions,
 };
@@ -29,6 +30,7 @@ pub(super) const METHODS: &[(&str, MethodFn)] = &[
     ("nvmf_subsystem_add_listener", nvmf_subsystem_add_listener),
     ("nvmf_subsystem_remove_listener", nvmf_subsystem_remove_listener),
     ("nvmf_subsystem_get_listeners", nvmf_subsystem_get_listeners),
+    ("nvmf_subsystem_listener_set_ana_state", nvmf_subsystem_listener_set_ana_state),
     ("nvmf_subsystem_add_ns", nvmf_subsystem_add_ns),
     ("nvmf_subsystem_remove_ns", nvmf_subsystem_remove_ns),
     ("nvmf_subsystem_add_host", nvmf_subsystem_add_host),
@@ -154,8 +156,8 @@ fn nvmf_create_subsystem(registry: &Registry, mut p: Params) -> Result<Value, Me
     let max_namespaces = to_u32(p.optional_uint("max_namespaces", u64::from(u32::MAX))?, 0);
     let min_cntlid = p.optional_uint("min_cntlid", MAX_CNTLID)?.unwrap_or(MIN_CNTLID);
     let max_cntlid = p.optional_uint("max_cntlid", MAX_CNTLID)?.unwrap_or(MAX_CNTLID);
+    let ana_reporting = p.optional_bool("ana_reporting")?.unwrap_or(false);
     p.spdk_only(&[
-        ("ana_reporting", Neutral::Bool(false)),
         ("passthrough", Neutral::Bool(false)),
         ("enable_nssr", Neutral::Bool(false)),
         ("dmrsl", Neutral::Absent),
@@ -179,6 +181,7 @@ fn nvmf_create_subsystem(registry: &Registry, mut p: Params) -> Result<Value, Me
         max_namespaces,
         min_cntlid: min_cntlid as u16,
         max_cntlid: max_cntlid as u16,
+        ana_reporting,
     };
     registry.nvmf().create_subsystem(spec).map_err(RegistryError::from)?;
     Ok(json!(true))
@@ -260,13 +263,33 @@ fn nvmf_subsystem_add_listener(registry: &Registry, mut p: Params) -> Result<Val
     let nqn = nqn_only(&mut p)?;
     let addr = nested(&mut p, "listen_address", listen_address)?;
     let sock_impl = p.optional_str("sock_impl")?.map(|s| socket_impl("sock_impl", &s)).transpose()?;
-    p.spdk_only(&[
-        ("secure_channel", Neutral::Bool(false)),
-        ("ana_state", Neutral::Str("optimized")),
-        ("numa_id", Neutral::Int(-1)),
-    ])?;
+    let state =
+        p.optional_str("ana_state")?.map(|s| ana_state(&s)).transpose()?.unwrap_or(AnaState::Optimized);
+    p.spdk_only(&[("secure_channel", Neutral::Bool(false)), ("numa_id", Neutral::Int(-1))])?;
     p.finish()?;
-    registry.nvmf().add_listener_with(&nqn, addr, sock_impl).map_err(RegistryError::from)?;
+    registry.nvmf().add_listener_ana(&nqn, addr, sock_impl, state).map_err(RegistryError::from)?;
+    Ok(json!(true))
+}
+
+/// An ANA state by SPDK's name (its three, and flashpath's `persistent_loss` and `change`).
+fn ana_state(name: &str) -> Result<AnaState, ParamError> {
+    AnaState::from_name(name).ok_or_else(|| {
+        ParamError::new(
+            "ana_state",
+            format!("'{name}' is not an ANA state: optimized, non_optimized, inaccessible, persistent_loss or change"),
+        )
+    })
+}
+
+/// SPDK's `nvmf_subsystem_listener_set_ana_state`: one ANA group's state (`anagrpid`), or
+/// every group's, on one listener of a subsystem created with `ana_reporting`.
+fn nvmf_subsystem_listener_set_ana_state(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = nqn_only(&mut p)?;
+    let addr = nested(&mut p, "listen_address", listen_address)?;
+    let state = ana_state(&p.required_str("ana_state")?)?;
+    let anagrpid = p.optional_uint("anagrpid", u64::from(u32::MAX))?.map(|g| g as u32);
+    p.finish()?;
+    registry.nvmf().set_ana_state(&nqn, &addr, state, anagrpid).map_err(RegistryError::from)?;
     Ok(json!(true))
 }
 
@@ -329,11 +352,24 @@ fn nvmf_subsystem_remove_listener(registry: &Registry, mut p: Params) -> Result<
     Ok(json!(true))
 }
 
-/// SPDK's `nvmf_subsystem_get_listeners` objects: the address and its ANA state, always
-/// "optimized" (flashpath does not do ANA).
+/// SPDK's `nvmf_subsystem_get_listeners` objects: the address and its ANA state (group 1's,
+/// as SPDK v23.01 shows it), and with ANA reporting every group's (`ana_states`, as SPDK's
+/// newer releases).
 fn nvmf_subsystem_get_listeners(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let nqn = nqn_only(&mut p)?;
     p.finish()?;
+    if let Some(listeners) = registry.nvmf().listener_ana_states(&nqn).map_err(RegistryError::from)? {
+        let shown: Vec<Value> = listeners
+            .iter()
+            .map(|(address, ana)| {
+                let groups: Vec<Value> = (1..=ana.states.len() as u32)
+                    .map(|g| json!({ "ana_group": g, "ana_state": ana.get(g).name() }))
+                    .collect();
+                json!({ "address": address, "ana_state": ana.get(1).name(), "ana_states": groups })
+            })
+            .collect();
+        return Ok(Value::Array(shown));
+    }
     let all = serde_json::to_value(registry.nvmf().subsystems()).expect("plain data serialises");
     let Some(sub) = array(&all).iter().find(|s| s["nqn"] == nqn.as_str()) else {
         return Err(RegistryError::NotFound { kind: "subsystem", name: nqn }.into());
@@ -374,15 +410,16 @@ fn namespace(p: &mut Params) -> Result<NvmfNamespaceSpec, ParamError> {
         })?),
     };
     let read_only = p.optional_bool("read_only")?.unwrap_or(false);
+    // 0 is SPDK's "the NSID" too.
+    let anagrpid = p.optional_uint("anagrpid", u64::from(u32::MAX))?.filter(|&g| g != 0).map(|g| g as u32);
     p.spdk_only(&[
         ("ptpl_file", Neutral::Absent),
-        ("anagrpid", Neutral::Absent),
         ("no_auto_visible", Neutral::Bool(false)),
         // SPDK's newest rpc.py sends it (false) with every namespace; flashpath's namespaces
         // carry no metadata to hide.
         ("hide_metadata", Neutral::Bool(false)),
     ])?;
-    Ok(NvmfNamespaceSpec { nqn: String::new(), nsid, bdev_name, uuid, nguid, eui64, read_only })
+    Ok(NvmfNamespaceSpec { nqn: String::new(), nsid, bdev_name, uuid, nguid, eui64, read_only, anagrpid })
 }
 
 fn nvmf_subsystem_add_ns(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {

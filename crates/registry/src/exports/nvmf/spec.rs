@@ -16,6 +16,8 @@ pub struct NvmfNamespaceSpec {
     /// flashpath's: writes fail with "namespace is write protected" and the bdev is claimed
     /// shared, so read-only exports of other kinds may serve it too.
     pub read_only: bool,
+    /// Its ANA group; `None`: the NSID (as SPDK).
+    pub anagrpid: Option<u32>,
 }
 
 /// RFC 4122 text (8-4-4-4-12 hexadecimal digits) as bytes.

@@ -231,8 +231,11 @@ fn parameter_errors_name_the_field() {
     );
     f.call("nvmf_create_subsystem", json!({ "nqn": NQN }));
 
-    let r = reason("nvmf_create_subsystem", json!({ "nqn": "nqn.2016-06.io.spdk:x", "ana_reporting": true }));
-    assert_eq!(r, "ana_reporting: not supported by flashpath (only false)");
+    let r = reason(
+        "nvmf_subsystem_add_listener",
+        json!({ "nqn": NQN, "listen_address": listen_address(free_port()), "ana_state": "gone" }),
+    );
+    assert!(r.starts_with("ana_state: 'gone' is not an ANA state: optimized, non_optimized"), "{r}");
     let r = reason(
         "nvmf_create_subsystem",
         json!({ "nqn": "nqn.2016-06.io.spdk:x", "min_cntlid": 9, "max_cntlid": 3 }),
@@ -283,6 +286,67 @@ fn parameter_errors_name_the_field() {
 }
 
 /// Listeners stay on loopback unless `nvmf_allow_remote` is set.
+/// ANA with SPDK's parameters: `ana_reporting`, a listener's initial `ana_state`, a
+/// namespace's `anagrpid`, `nvmf_subsystem_listener_set_ana_state`, and the states
+/// `nvmf_subsystem_get_listeners` shows per group.
+#[test]
+fn ana_states_per_listener_and_group() {
+    let f = fixture(RegistryOptions::default());
+    f.call("nvmf_create_transport", json!({ "trtype": "TCP" }));
+    f.call(
+        "nvmf_create_subsystem",
+        json!({ "nqn": NQN, "allow_any_host": true, "ana_reporting": true, "max_namespaces": 2 }),
+    );
+    let (p1, p2) = (free_port(), free_port());
+    f.call("nvmf_subsystem_add_listener", json!({ "nqn": NQN, "listen_address": listen_address(p1) }));
+    f.call(
+        "nvmf_subsystem_add_listener",
+        json!({ "nqn": NQN, "listen_address": listen_address(p2), "ana_state": "non_optimized" }),
+    );
+    f.malloc("m0");
+    let nsid = f.call(
+        "nvmf_subsystem_add_ns",
+        json!({ "nqn": NQN, "namespace": { "bdev_name": "m0", "anagrpid": 2 } }),
+    );
+    assert_eq!(nsid, 1);
+    f.call(
+        "nvmf_subsystem_listener_set_ana_state",
+        json!({ "nqn": NQN, "listen_address": listen_address(p1), "ana_state": "inaccessible", "anagrpid": 2 }),
+    );
+    let states = |l: &Value| -> Vec<(u64, String)> {
+        l["ana_states"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["ana_group"].as_u64().unwrap(), s["ana_state"].as_str().unwrap().to_string()))
+            .collect()
+    };
+    let listeners = f.call("nvmf_subsystem_get_listeners", json!({ "nqn": NQN }));
+    assert_eq!(listeners[0]["address"]["trsvcid"], p1.to_string(), "{listeners}");
+    assert_eq!(states(&listeners[0]), vec![(1, "optimized".into()), (2, "inaccessible".into())]);
+    assert_eq!(states(&listeners[1]), vec![(1, "non_optimized".into()), (2, "non_optimized".into())]);
+    assert_eq!(listeners[1]["ana_state"], "non_optimized");
+    let subsystem = f.call("nvmf_get_subsystems", json!({ "nqn": NQN }));
+    assert_eq!(subsystem[0]["namespaces"][0]["anagrpid"], 2, "{subsystem}");
+
+    let e = f.fails(
+        "nvmf_subsystem_listener_set_ana_state",
+        json!({ "nqn": NQN, "listen_address": listen_address(p1), "ana_state": "optimized", "anagrpid": 3 }),
+    );
+    assert!(e.to_string().contains("anagrpid") && e.to_string().contains("1 to 2"), "{e}");
+    let e = f.fails(
+        "nvmf_subsystem_listener_set_ana_state",
+        json!({ "nqn": NQN, "listen_address": listen_address(free_port()), "ana_state": "optimized" }),
+    );
+    assert!(e.to_string().contains("listener"), "{e}");
+    f.malloc("m1");
+    let e = f.fails(
+        "nvmf_subsystem_add_ns",
+        json!({ "nqn": NQN, "namespace": { "bdev_name": "m1", "anagrpid": 3 } }),
+    );
+    assert!(e.to_string().contains("anagrpid"), "{e}");
+}
+
 #[test]
 fn remote_listeners_need_the_setting() {
     let f = fixture(RegistryOptions::default());
