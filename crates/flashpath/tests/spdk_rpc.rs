@@ -705,9 +705,9 @@ fn nvme_controllers() {
     // Options are the process's, refused once a controller is attached (as SPDK does).
     let e = rpc.fails(&["bdev_nvme_set_options", "-t", "1000"]);
     assert!(e["message"].as_str().unwrap().contains("refused once a controller is attached"), "{e}");
-    // A second path under the same name (SPDK's multipath) is refused naming the parameter.
+    // A second path under the same name through the same address is refused, as SPDK does.
     let e = rpc.fails(&[&attach[..], &["-x", "multipath"]].concat());
-    assert!(e["message"].as_str().unwrap().starts_with("multipath: "), "{e}");
+    assert!(e["message"].as_str().unwrap().starts_with("traddr: "), "{e}");
     let e = rpc.fails(&[
         "bdev_nvme_attach_controller",
         "-b",

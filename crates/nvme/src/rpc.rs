@@ -25,6 +25,7 @@ use fp_bdev::{BdevInfo, ClaimType};
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Map, Value};
 
+use crate::bdev::multipath::{Policy, Selector, MAX_PATHS};
 use crate::bdev::NvmeNamespace;
 use crate::ctrlr::{attach, Controller, GlobalOptions, NamespaceEvent, TimeoutAction};
 use crate::pcie::vfio::VfioFunction;
@@ -34,7 +35,7 @@ use crate::NvmeError;
 use fp_crypto::dhchap::{DhchapSecret, SecretError};
 
 pub use params::{
-    Address, AddressFamily, AttachParams, OnTimeout, Options, OptionsParams, Reconnect, Trtype,
+    Address, AddressFamily, AttachParams, MultipathMode, OnTimeout, Options, OptionsParams, Reconnect, Trtype,
 };
 
 /// The module's name: its bdevs' `driver`.
@@ -52,12 +53,25 @@ enum Slot {
     Attached(Attached),
 }
 
-/// An attached controller and how it was reached.
+/// The controllers attached under one name: one path, or several with `multipath` (the
+/// first is preferred).
 struct Attached {
+    paths: Vec<Path>,
+}
+
+/// One controller and how it was reached.
+struct Path {
     ctrlr: Arc<dyn Controller>,
     address: Address,
     /// The host NQN it was connected with (TCP).
     hostnqn: Option<String>,
+}
+
+impl Attached {
+    /// Every path's namespaces.
+    fn namespaces(&self) -> Vec<Arc<NvmeNamespace>> {
+        self.paths.iter().flat_map(|p| p.ctrlr.namespaces()).collect()
+    }
 }
 
 /// The module's state in one registry.
@@ -71,6 +85,9 @@ struct State {
     /// now, and those of namespaces gone while their bdev was in use, which stay until the
     /// controller is detached.
     bdevs: Mutex<BTreeMap<String, BTreeSet<String>>>,
+    /// The namespace registered as each bdev, by bdev name: the one whose paths a multipath
+    /// attach extends.
+    heads: Mutex<BTreeMap<String, Arc<NvmeNamespace>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -84,6 +101,7 @@ fn state(host: &dyn ModuleHost) -> Arc<State> {
             controllers: Mutex::new(BTreeMap::new()),
             hostid: random_uuid(),
             bdevs: Mutex::new(BTreeMap::new()),
+            heads: Mutex::new(BTreeMap::new()),
         })
     });
     any.downcast::<State>().unwrap_or_else(|_| panic!("the {MODULE} module's state"))
@@ -137,6 +155,9 @@ fn nvme_error(e: NvmeError) -> ModuleError {
 impl State {
     /// Notes (or, with `present` false, forgets) bdev `bdev` of controller `ctrlr`.
     fn note_bdev(&self, ctrlr: &str, bdev: &str, present: bool) {
+        if !present {
+            lock(&self.heads).remove(bdev);
+        }
         let mut map = lock(&self.bdevs);
         let set = map.entry(ctrlr.to_string()).or_default();
         if present {
@@ -216,6 +237,8 @@ impl BdevModule for NvmeModule {
             ("bdev_nvme_detach_controller", detach_controller),
             ("bdev_nvme_get_controllers", get_controllers),
             ("bdev_nvme_reset_controller", reset_controller),
+            ("bdev_nvme_set_multipath_policy", set_multipath_policy),
+            ("bdev_nvme_get_io_paths", get_io_paths),
         ]
     }
 
@@ -254,13 +277,16 @@ impl BdevModule for NvmeModule {
         let all = std::mem::take(&mut *lock(&st.controllers));
         for (name, slot) in all {
             let Slot::Attached(a) = slot else { continue };
-            for bdev in st.bdevs_of(host, &name, &a.ctrlr.namespaces()) {
+            for bdev in st.bdevs_of(host, &name, &a.namespaces()) {
                 if let Err(e) = host.delete_bdev(&bdev, MODULE) {
                     log::warn!("nvme {name}: bdev {bdev} not deleted at shutdown: {e}");
                 }
+                lock(&st.heads).remove(&bdev);
             }
             lock(&st.bdevs).remove(&name);
-            detach_by(&name, a.ctrlr, host.shutdown_deadline());
+            for path in a.paths {
+                detach_by(&name, path.ctrlr, host.shutdown_deadline());
+            }
         }
     }
 }
@@ -294,16 +320,23 @@ fn attach_controller(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleEr
     let reconnect = a.reconnect.over(options.reconnect)?;
     {
         let mut map = lock(&st.controllers);
-        if map.contains_key(&a.name) {
-            return Err(ParamError::new(
-                "name",
-                format!(
-                    "NVMe controller '{}' already exists (flashpath keeps one path per controller: \
-                     no multipath)",
-                    a.name
-                ),
-            )
-            .into());
+        match map.get(&a.name) {
+            Some(Slot::Attached(existing)) => {
+                check_new_path(existing, &a)?;
+                let Some(Slot::Attached(existing)) = map.insert(a.name.clone(), Slot::Busy) else {
+                    unreachable!("checked above")
+                };
+                drop(map);
+                return add_path(host, &st, existing, &a, &options, reconnect);
+            }
+            Some(Slot::Busy) => {
+                return Err(ParamError::new(
+                    "name",
+                    format!("NVMe controller '{}' is being attached or detached; try again", a.name),
+                )
+                .into())
+            }
+            None => {}
         }
         map.insert(a.name.clone(), Slot::Busy);
     }
@@ -314,7 +347,7 @@ fn attach_controller(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleEr
             for n in &names {
                 st.note_bdev(&a.name, n, true);
             }
-            map.insert(a.name.clone(), Slot::Attached(attached));
+            map.insert(a.name.clone(), Slot::Attached(Attached { paths: vec![attached] }));
             Ok(json!(names))
         }
         Err(e) => {
@@ -331,13 +364,214 @@ fn attach_reserved(
     a: &AttachParams,
     options: &Options,
     reconnect: Reconnect,
-) -> Result<(Attached, Vec<String>), ModuleError> {
+) -> Result<(Path, Vec<String>), ModuleError> {
+    let path = connect_path(host, st, a, options, reconnect)?;
+    let ctrlr = path.ctrlr.clone();
+    let multipath = matches!(a.multipath, Some(MultipathMode::Multipath | MultipathMode::Failover));
+    let mut names = Vec::new();
+    for ns in ctrlr.namespaces() {
+        if multipath {
+            ns.paths().set_multipath();
+        }
+        // An asynchronous event may have added it already.
+        if host.bdev(ns.name()).is_some_and(|(_, driver)| driver == MODULE) {
+            names.push(ns.name().to_string());
+            continue;
+        }
+        match host.add_bdev(MODULE, NewBdev::new(ns.clone())) {
+            Ok(name) => {
+                lock(&st.heads).insert(name.clone(), ns);
+                names.push(name)
+            }
+            Err(e) => {
+                for n in &names {
+                    let _ = host.delete_bdev(n, MODULE);
+                    lock(&st.heads).remove(n);
+                }
+                ctrlr.detach();
+                return Err(e);
+            }
+        }
+    }
+    Ok((path, names))
+}
+
+/// SPDK's checks of a second path before connecting it: `multipath` asks for one, over TCP,
+/// to the same subsystem as the same host, through another address.
+fn check_new_path(existing: &Attached, a: &AttachParams) -> Result<(), ModuleError> {
+    let name = &a.name;
+    if !matches!(a.multipath, Some(MultipathMode::Multipath | MultipathMode::Failover)) {
+        return Err(ParamError::new(
+            "name",
+            format!(
+                "NVMe controller '{name}' already exists and multipath is disabled (multipath \
+                 \"multipath\" or \"failover\" adds a path to it)"
+            ),
+        )
+        .into());
+    }
+    let Address::Tcp { traddr, trsvcid, subnqn, hostnqn, .. } = &a.address else {
+        return Err(ParamError::new("trtype", "multipath: a second path is for trtype TCP only").into());
+    };
+    if existing.paths.len() >= MAX_PATHS {
+        return Err(ParamError::new(
+            "name",
+            format!("NVMe controller '{name}' has {MAX_PATHS} paths already"),
+        )
+        .into());
+    }
+    for path in &existing.paths {
+        let Address::Tcp { traddr: t, trsvcid: s, subnqn: n, .. } = &path.address else {
+            return Err(
+                ParamError::new("trtype", format!("NVMe controller '{name}' is a PCIe controller")).into()
+            );
+        };
+        if n != subnqn {
+            return Err(ParamError::new(
+                "subnqn",
+                format!("NVMe controller '{name}' already exists, but uses a different subnqn ({n})"),
+            )
+            .into());
+        }
+        if let (Some(given), Some(ours)) = (hostnqn, &path.hostnqn) {
+            if given != ours {
+                return Err(ParamError::new(
+                    "hostnqn",
+                    format!("NVMe controller '{name}' already exists, but uses a different hostnqn ({ours})"),
+                )
+                .into());
+            }
+        }
+        if t == traddr && s == trsvcid {
+            return Err(ParamError::new(
+                "traddr",
+                format!("NVMe controller '{name}' already has the path {traddr}:{trsvcid}"),
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Connects another path of `existing` (whose name is reserved), checks that it reaches the
+/// same subsystem and namespaces (SPDK's rules: the subsystem NQN Identify Controller reports,
+/// another controller ID, and each namespace both have the same NGUID, EUI-64, block size and
+/// size), and adds it to the namespaces' paths; a namespace only this path has becomes a
+/// bdev of its own. Puts `existing` back in any case.
+fn add_path(
+    host: &dyn ModuleHost,
+    st: &State,
+    mut existing: Attached,
+    a: &AttachParams,
+    options: &Options,
+    reconnect: Reconnect,
+) -> Result<Value, ModuleError> {
+    let r = connect_path(host, st, a, options, reconnect).and_then(|path| {
+        if let Err(e) = check_same_subsystem(st, &existing, &path) {
+            path.ctrlr.detach();
+            return Err(e);
+        }
+        Ok(path)
+    });
+    let path = match r {
+        Ok(path) => path,
+        Err(e) => {
+            lock(&st.controllers).insert(a.name.clone(), Slot::Attached(existing));
+            return Err(e);
+        }
+    };
+    let mut names = Vec::new();
+    for ns in path.ctrlr.namespaces() {
+        let head = lock(&st.heads).get(ns.name()).cloned();
+        match (head, ns.own_path()) {
+            (Some(head), Some(own)) => {
+                // Channels opened from now on follow every path (set on the first attach
+                // too when it asked for multipath, so channels opened before follow as well).
+                head.paths().set_multipath();
+                if let Err(why) = head.paths().add(own) {
+                    log::warn!("nvme {}: {}: path not added: {why}", a.name, ns.name());
+                    continue;
+                }
+                if a.multipath == Some(MultipathMode::Failover) {
+                    head.paths().set_policy(Policy::ActivePassive);
+                }
+                names.push(ns.name().to_string());
+            }
+            _ => {
+                ns.paths().set_multipath();
+                match host.add_bdev(MODULE, NewBdev::new(ns.clone())) {
+                    Ok(name) => {
+                        st.note_bdev(&a.name, &name, true);
+                        lock(&st.heads).insert(name.clone(), ns);
+                        names.push(name);
+                    }
+                    Err(e) => log::warn!("nvme {}: namespace bdev {} not added: {e}", a.name, ns.name()),
+                }
+            }
+        }
+    }
+    log::info!("nvme {}: path {} added ({} paths)", a.name, a.address.traddr(), existing.paths.len() + 1);
+    existing.paths.push(path);
+    lock(&st.controllers).insert(a.name.clone(), Slot::Attached(existing));
+    Ok(json!(names))
+}
+
+/// The checks of [`add_path`] once the new path is connected.
+fn check_same_subsystem(st: &State, existing: &Attached, path: &Path) -> Result<(), ModuleError> {
+    let new = path.ctrlr.controller_data();
+    for old in existing.paths.iter().map(|p| p.ctrlr.controller_data()) {
+        if old.subnqn != new.subnqn {
+            return Err(ParamError::new(
+                "subnqn",
+                format!(
+                    "the controller reports subsystem {} where the existing path reports {}",
+                    new.subnqn, old.subnqn
+                ),
+            )
+            .into());
+        }
+        if old.cntlid == new.cntlid {
+            return Err(ParamError::new(
+                "traddr",
+                format!("controller ID {} is already a path of this name (the same controller)", new.cntlid),
+            )
+            .into());
+        }
+    }
+    for ns in path.ctrlr.namespaces() {
+        let Some(head) = lock(&st.heads).get(ns.name()).cloned() else { continue };
+        let (a, b) = (head.data(), ns.data());
+        let same =
+            a.nguid == b.nguid && a.eui64 == b.eui64 && a.block_size == b.block_size && a.nsze == b.nsze;
+        if !same {
+            return Err(ParamError::new(
+                "traddr",
+                format!(
+                    "namespace {} differs between the paths (NGUID, EUI-64, block size or size): not the same namespace",
+                    ns.nsid()
+                ),
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Connects the controller `a` names (its namespaces not registered yet).
+fn connect_path(
+    host: &dyn ModuleHost,
+    st: &State,
+    a: &AttachParams,
+    options: &Options,
+    reconnect: Reconnect,
+) -> Result<Path, ModuleError> {
     let global = options.global();
     let mut opts = global.controller_options(&a.name);
     opts.ctrlr_loss_timeout_sec = reconnect.ctrlr_loss_timeout_sec;
     opts.reconnect_delay_sec = reconnect.reconnect_delay_sec;
     opts.fast_io_fail_timeout_sec = reconnect.fast_io_fail_timeout_sec;
-    let events = event_sink(host.weak_handle(), a.name.clone());
+    let path_id = Arc::new(std::sync::OnceLock::new());
+    let events = event_sink(host.weak_handle(), a.name.clone(), path_id.clone());
     let (ctrlr, hostnqn) = match &a.address {
         Address::Pcie { traddr } => {
             let function = VfioFunction::open(traddr).map_err(nvme_error)?;
@@ -371,25 +605,8 @@ fn attach_reserved(
         }
     };
     let ctrlr = ctrlr.map_err(nvme_error)?;
-    let mut names = Vec::new();
-    for ns in ctrlr.namespaces() {
-        // An asynchronous event may have added it already.
-        if host.bdev(ns.name()).is_some_and(|(_, driver)| driver == MODULE) {
-            names.push(ns.name().to_string());
-            continue;
-        }
-        match host.add_bdev(MODULE, NewBdev::new(ns)) {
-            Ok(name) => names.push(name),
-            Err(e) => {
-                for n in &names {
-                    let _ = host.delete_bdev(n, MODULE);
-                }
-                ctrlr.detach();
-                return Err(e);
-            }
-        }
-    }
-    Ok((Attached { ctrlr, address: a.address.clone(), hostnqn }, names))
+    let _ = path_id.set(ctrlr.path_id());
+    Ok(Path { ctrlr, address: a.address.clone(), hostnqn })
 }
 
 /// The DH-HMAC-CHAP secret (`DHHC-1:...`) the daemon's keyring holds as `name`; errors name
@@ -421,6 +638,7 @@ pub fn dhchap_secret(
 fn event_sink(
     host: Option<Weak<dyn ModuleHost + Send + Sync>>,
     ctrlr: String,
+    path_id: Arc<std::sync::OnceLock<u64>>,
 ) -> Box<dyn Fn(NamespaceEvent) + Send + Sync> {
     let (tx, rx) = mpsc::channel::<NamespaceEvent>();
     let thread_name = format!("nvme-{ctrlr}-ns");
@@ -430,7 +648,8 @@ fn event_sink(
                 log::warn!("nvme {ctrlr}: namespace event {event:?} with no registry to apply it to");
                 continue;
             };
-            apply_event(host.as_ref(), &state(host.as_ref()), &ctrlr, event);
+            let path = path_id.get().copied().unwrap_or(0);
+            apply_event(host.as_ref(), &state(host.as_ref()), &ctrlr, path, event);
         }
     });
     if let Err(e) = spawned {
@@ -446,15 +665,43 @@ fn event_sink(
 /// One namespace change, as registry calls: a bdev added, resized (its users are told) or
 /// deleted. A namespace that went away while its bdev is in use keeps the bdev, whose I/O
 /// fails, until its users let it go and the controller is detached.
-fn apply_event(host: &(dyn ModuleHost + Send + Sync), st: &State, ctrlr: &str, event: NamespaceEvent) {
+///
+/// Multipath: a namespace another path of the same name already serves gains (or, gone,
+/// loses) this path; its bdev goes only with its last path.
+fn apply_event(
+    host: &(dyn ModuleHost + Send + Sync),
+    st: &State,
+    ctrlr: &str,
+    path: u64,
+    event: NamespaceEvent,
+) {
     match event {
         NamespaceEvent::Added(ns) => {
             let name = ns.name().to_string();
             if host.bdev_exists(&name) {
+                let head = lock(&st.heads).get(&name).cloned();
+                if let (Some(head), Some(own)) = (head, ns.own_path()) {
+                    if head.paths().is_multipath() && !head.paths().ids().contains(&own.id) {
+                        match head.paths().add(own) {
+                            Ok(()) => log::info!("nvme {ctrlr}: namespace {name} has path {path} again"),
+                            Err(why) => log::warn!("nvme {ctrlr}: {name}: path {path} not added: {why}"),
+                        }
+                    }
+                }
                 return;
             }
-            match host.add_bdev(MODULE, NewBdev::new(ns)) {
+            let multipath = lock(&st.controllers).get(ctrlr).is_some_and(|slot| match slot {
+                Slot::Attached(a) => {
+                    a.paths.len() > 1 || a.namespaces().iter().any(|n| n.paths().is_multipath())
+                }
+                Slot::Busy => false,
+            });
+            if multipath {
+                ns.paths().set_multipath();
+            }
+            match host.add_bdev(MODULE, NewBdev::new(ns.clone())) {
                 Ok(_) => {
+                    lock(&st.heads).insert(name.clone(), ns);
                     st.note_bdev(ctrlr, &name, true);
                     log::info!("nvme {ctrlr}: namespace bdev {name} added");
                 }
@@ -472,6 +719,14 @@ fn apply_event(host: &(dyn ModuleHost + Send + Sync), st: &State, ctrlr: &str, e
             if !host.bdev_exists(&name) {
                 return;
             }
+            if let Some(head) = lock(&st.heads).get(&name).cloned() {
+                let ids = head.paths().ids();
+                if ids.contains(&path) && ids.len() > 1 {
+                    let left = head.paths().remove(path);
+                    log::warn!("nvme {ctrlr}: namespace {nsid} gone from path {path}; bdev {name} keeps {left} paths");
+                    return;
+                }
+            }
             match host.delete_bdev(&name, MODULE) {
                 Ok(()) => {
                     st.note_bdev(ctrlr, &name, false);
@@ -485,10 +740,10 @@ fn apply_event(host: &(dyn ModuleHost + Send + Sync), st: &State, ctrlr: &str, e
     }
 }
 
-/// The attached controller `name`.
-fn attached(st: &State, name: &str) -> Result<Arc<dyn Controller>, ModuleError> {
+/// The controllers (paths) attached as `name`.
+fn attached(st: &State, name: &str) -> Result<Vec<Arc<dyn Controller>>, ModuleError> {
     match lock(&st.controllers).get(name) {
-        Some(Slot::Attached(a)) => Ok(a.ctrlr.clone()),
+        Some(Slot::Attached(a)) => Ok(a.paths.iter().map(|p| p.ctrlr.clone()).collect()),
         Some(Slot::Busy) => Err(ParamError::new(
             "name",
             format!("NVMe controller '{name}' is being attached or detached; try again"),
@@ -510,7 +765,9 @@ fn trid_fields(address: &Address) -> Vec<(&'static str, String)> {
 }
 
 /// `bdev_nvme_detach_controller`: deletes the bdevs, then detaches. Refused while a bdev is
-/// claimed. SPDK's path selectors must name the controller's one path when given.
+/// claimed. SPDK's path selectors (`trtype`, `traddr`, ...) pick the paths to detach: the
+/// namespaces lose those paths and keep their bdevs while another path serves them; without
+/// selectors, or when every path is picked, the whole controller goes.
 fn detach_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
     let mut selectors = Vec::new();
@@ -521,27 +778,20 @@ fn detach_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
     }
     p.finish()?;
     let st = state(host);
-    let taken = {
+    let (mut taken, picked) = {
         let mut map = lock(&st.controllers);
         match map.get(&name) {
             Some(Slot::Attached(a)) => {
-                let trid = trid_fields(&a.address);
-                for (field, given) in &selectors {
-                    let ours = trid.iter().find(|(f, _)| f == field).map(|(_, v)| v.as_str());
-                    if !ours.is_some_and(|v| v.eq_ignore_ascii_case(given)) {
-                        return Err(ParamError::new(
-                            *field,
-                            format!("'{given}' is not a path of NVMe controller '{name}' (it has one path)"),
-                        )
-                        .into());
-                    }
-                }
+                let picked = pick_paths(a, &name, &selectors)?;
+                let whole = picked.len() == a.paths.len();
                 // Check before taking: a claimed bdev leaves everything as it was.
-                for bdev in st.bdevs_of(host, &name, &a.ctrlr.namespaces()) {
-                    host.claimable(&bdev, ClaimType::ExclusiveWrite)?;
+                let doomed =
+                    if whole { st.bdevs_of(host, &name, &a.namespaces()) } else { orphans(&st, a, &picked) };
+                for bdev in &doomed {
+                    host.claimable(bdev, ClaimType::ExclusiveWrite)?;
                 }
                 match map.insert(name.clone(), Slot::Busy) {
-                    Some(Slot::Attached(a)) => a,
+                    Some(Slot::Attached(a)) => (a, picked),
                     _ => unreachable!("checked above"),
                 }
             }
@@ -555,34 +805,121 @@ fn detach_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
             None => return Err(no_controller(&name)),
         }
     };
-    for bdev in st.bdevs_of(host, &name, &taken.ctrlr.namespaces()) {
+    if picked.len() < taken.paths.len() {
+        return detach_paths(host, &st, &name, taken, &picked);
+    }
+    for bdev in st.bdevs_of(host, &name, &taken.namespaces()) {
         if let Err(e) = host.delete_bdev(&bdev, MODULE) {
             // Claimed since the check: put the controller back as it was (less the bdevs
             // already deleted, which a reset or a detach does not bring back).
             lock(&st.controllers).insert(name, Slot::Attached(taken));
             return Err(e);
         }
+        lock(&st.heads).remove(&bdev);
     }
-    taken.ctrlr.detach();
+    for path in taken.paths.drain(..) {
+        path.ctrlr.detach();
+    }
     lock(&st.bdevs).remove(&name);
     lock(&st.controllers).remove(&name);
     log::info!("nvme {name}: detached");
     Ok(Value::Bool(true))
 }
 
-/// One controller's entry: the driver's (state, controller ID, counters) with the transport
-/// ID and host as the attach gave them.
+/// The indexes of `a`'s paths every selector matches (all without selectors); refused,
+/// naming the first selector, when none does.
+fn pick_paths(
+    a: &Attached,
+    name: &str,
+    selectors: &[(&'static str, String)],
+) -> Result<Vec<usize>, ModuleError> {
+    let picked: Vec<usize> = (0..a.paths.len())
+        .filter(|&i| {
+            let trid = trid_fields(&a.paths[i].address);
+            selectors.iter().all(|(field, given)| {
+                trid.iter().find(|(f, _)| f == field).is_some_and(|(_, v)| v.eq_ignore_ascii_case(given))
+            })
+        })
+        .collect();
+    if picked.is_empty() {
+        let (field, given) = &selectors[0];
+        return Err(ParamError::new(
+            *field,
+            format!("'{given}' is not a path of NVMe controller '{name}' ({} paths)", a.paths.len()),
+        )
+        .into());
+    }
+    Ok(picked)
+}
+
+/// The bdevs only the paths `picked` serve: detaching those paths deletes them.
+fn orphans(st: &State, a: &Attached, picked: &[usize]) -> Vec<String> {
+    let going: Vec<u64> = picked.iter().map(|&i| a.paths[i].ctrlr.path_id()).collect();
+    lock(&st.heads)
+        .iter()
+        .filter(|(_, head)| {
+            let ids = head.paths().ids();
+            ids.iter().any(|id| going.contains(id)) && ids.iter().all(|id| going.contains(id))
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Detaches the paths `picked` of `taken` (not all of them): each namespace loses them, a
+/// bdev no other path serves is deleted, the controllers are detached.
+fn detach_paths(
+    host: &dyn ModuleHost,
+    st: &State,
+    name: &str,
+    mut taken: Attached,
+    picked: &[usize],
+) -> Result<Value, ModuleError> {
+    for bdev in orphans(st, &taken, picked) {
+        if let Err(e) = host.delete_bdev(&bdev, MODULE) {
+            lock(&st.controllers).insert(name.to_string(), Slot::Attached(taken));
+            return Err(e);
+        }
+        st.note_bdev(name, &bdev, false);
+    }
+    let mut gone = Vec::new();
+    for &i in picked.iter().rev() {
+        gone.push(taken.paths.remove(i));
+    }
+    let heads: Vec<Arc<NvmeNamespace>> = lock(&st.heads).values().cloned().collect();
+    for path in gone {
+        // First out of every namespace's path list (new I/O avoids it), then detached: its
+        // held requests move to another path under the quiesce rule.
+        for head in &heads {
+            head.paths().remove(path.ctrlr.path_id());
+        }
+        path.ctrlr.detach();
+        log::info!("nvme {name}: path {} detached", path.address.traddr());
+    }
+    lock(&st.controllers).insert(name.to_string(), Slot::Attached(taken));
+    Ok(Value::Bool(true))
+}
+
+/// One controller's entry: the driver's (state, controller ID, counters) for each path, with
+/// the transport ID and host as the attach gave them.
 fn controller_info(a: &Attached) -> Value {
-    let mut v = serde_json::to_value(a.ctrlr.info()).unwrap_or_else(|_| json!({}));
-    let trid: Map<String, Value> =
-        trid_fields(&a.address).into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
-    if let Some(path) = v.get_mut("ctrlrs").and_then(|c| c.get_mut(0)) {
-        path["trid"] = Value::Object(trid);
-        if let Some(nqn) = &a.hostnqn {
-            path["host"]["nqn"] = json!(nqn);
+    let mut ctrlrs = Vec::new();
+    let mut name = Value::Null;
+    for p in &a.paths {
+        let mut v = serde_json::to_value(p.ctrlr.info()).unwrap_or_else(|_| json!({}));
+        name = v["name"].clone();
+        let trid: Map<String, Value> =
+            trid_fields(&p.address).into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+        if let Some(Value::Array(paths)) = v.get_mut("ctrlrs").map(Value::take) {
+            for mut path in paths {
+                path["trid"] = Value::Object(trid.clone());
+                if let Some(nqn) = &p.hostnqn {
+                    path["host"]["nqn"] = json!(nqn);
+                }
+                ctrlrs.push(path);
+            }
         }
     }
-    v
+    json!({"name": name, "ctrlrs": ctrlrs})
 }
 
 /// `bdev_nvme_get_controllers`: all, or the one named.
@@ -610,19 +947,125 @@ fn reset_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modul
     let name = p.required_str("name")?;
     let cntlid = p.optional_uint("cntlid", u64::from(u16::MAX))?;
     p.finish()?;
-    let ctrlr = attached(&state(host), &name)?;
+    let mut paths = attached(&state(host), &name)?;
     if let Some(c) = cntlid {
-        let ours = ctrlr.info().ctrlrs.first().map(|p| u64::from(p.cntlid));
-        if ours != Some(c) {
+        paths.retain(|ctrlr| ctrlr.info().ctrlrs.first().map(|p| u64::from(p.cntlid)) == Some(c));
+        if paths.is_empty() {
             return Err(ParamError::new(
                 "cntlid",
-                format!("{c} is not NVMe controller '{name}''s controller ID"),
+                format!("{c} is not a controller ID of NVMe controller '{name}'"),
             )
             .into());
         }
     }
-    ctrlr.reset().map_err(nvme_error)?;
+    for ctrlr in paths {
+        ctrlr.reset().map_err(nvme_error)?;
+    }
     Ok(Value::Bool(true))
+}
+
+/// `bdev_nvme_set_multipath_policy`: SPDK's `name` (the bdev), `policy` (`active_passive`,
+/// `active_active`), `selector` (`round_robin`, `queue_depth`; active_active only) and
+/// `rr_min_io` (round_robin only). Channels follow at their next request.
+fn set_multipath_policy(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    let policy = p.required_str("policy")?;
+    let selector = p.optional_str("selector")?;
+    let rr_min_io = p.optional_uint("rr_min_io", u64::from(u32::MAX))?;
+    p.finish()?;
+    let policy = match policy.as_str() {
+        "active_passive" => {
+            if let Some(s) = selector {
+                return Err(ParamError::new(
+                    "selector",
+                    format!("'{s}': a selector is for active_active only"),
+                )
+                .into());
+            }
+            if rr_min_io.is_some() {
+                return Err(ParamError::new("rr_min_io", "for active_active round_robin only").into());
+            }
+            Policy::ActivePassive
+        }
+        "active_active" => {
+            let selector = match selector.as_deref() {
+                None | Some("round_robin") => Selector::RoundRobin,
+                Some("queue_depth") => Selector::QueueDepth,
+                Some(other) => {
+                    return Err(ParamError::new(
+                        "selector",
+                        format!("'{other}' is not one of round_robin, queue_depth"),
+                    )
+                    .into())
+                }
+            };
+            if rr_min_io.is_some() && selector != Selector::RoundRobin {
+                return Err(ParamError::new("rr_min_io", "for active_active round_robin only").into());
+            }
+            let rr_min_io = match rr_min_io {
+                Some(0) => return Err(ParamError::new("rr_min_io", "must be at least 1").into()),
+                Some(n) => n as u32,
+                None => 1,
+            };
+            Policy::ActiveActive { selector, rr_min_io }
+        }
+        other => {
+            return Err(ParamError::new(
+                "policy",
+                format!("'{other}' is not one of active_passive, active_active"),
+            )
+            .into())
+        }
+    };
+    let st = state(host);
+    let head = lock(&st.heads).get(&name).cloned().ok_or_else(|| no_nvme_bdev(&name))?;
+    head.paths().set_policy(policy);
+    log::info!("nvme {name}: multipath policy {:?}", policy);
+    Ok(Value::Bool(true))
+}
+
+fn no_nvme_bdev(name: &str) -> ModuleError {
+    ParamError::new("name", format!("no NVMe bdev '{name}'")).into()
+}
+
+/// `bdev_nvme_get_io_paths`: SPDK's shape, one `poll_groups` entry per channel (its reactor
+/// thread) with an `io_paths` entry per path of each multipath bdev it has open; `name`
+/// picks one bdev.
+fn get_io_paths(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.optional_str("name")?;
+    p.finish()?;
+    let st = state(host);
+    let heads: Vec<(String, Arc<NvmeNamespace>)> = match &name {
+        Some(n) => vec![(n.clone(), lock(&st.heads).get(n).cloned().ok_or_else(|| no_nvme_bdev(n))?)],
+        None => lock(&st.heads).iter().map(|(n, h)| (n.clone(), h.clone())).collect(),
+    };
+    let mut groups: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for (bdev, head) in heads {
+        let paths = head.paths().list();
+        for view in head.paths().channel_views() {
+            let thread = lock(&view.thread).clone();
+            let current = view.current.load(std::sync::atomic::Ordering::Relaxed);
+            let connected: Vec<u64> =
+                view.connected.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).collect();
+            let entry = groups.entry(thread).or_default();
+            for path in &paths {
+                let info = head.path_info(path);
+                entry.push(json!({
+                    "bdev_name": bdev,
+                    "cntlid": info.cntlid,
+                    "current": current == path.id,
+                    "connected": connected.contains(&path.id),
+                    "accessible": info.enabled,
+                    "transport": info.trid,
+                }));
+            }
+        }
+    }
+    let poll_groups: Vec<Value> = groups
+        .into_iter()
+        .map(|(thread, io_paths)| json!({"thread": thread, "io_paths": io_paths}))
+        .collect();
+    Ok(json!({"poll_groups": poll_groups}))
 }
 
 /// Detaches `ctrlr` at the daemon's shutdown, waiting for it until `deadline` at most (at least

@@ -143,6 +143,8 @@ pub(crate) struct Snapshot {
 /// The shared half of one controller.
 pub(crate) struct Shared<T: Transport> {
     pub(crate) transport: T,
+    /// This controller's identity as a path of its namespaces (unique in the process).
+    pub(crate) path_id: u64,
     pub(crate) opts: ControllerOptions,
     pub(crate) global: GlobalOptions,
     state: AtomicU64,
@@ -160,8 +162,10 @@ impl<T: Transport> Shared<T> {
         global: GlobalOptions,
         tx: Sender<Msg<T>>,
     ) -> Self {
+        static NEXT_PATH: AtomicU64 = AtomicU64::new(1);
         Shared {
             transport,
+            path_id: NEXT_PATH.fetch_add(1, Ordering::Relaxed),
             opts,
             global,
             state: AtomicU64::new((1 << GEN_SHIFT) | ST_RESETTING),

@@ -211,6 +211,32 @@ pub struct AttachParams {
     /// The keyring name of the controller's key (`dhchap_ctrlr_key`): authenticate the
     /// controller too.
     pub dhchap_ctrlr_key: Option<String>,
+    /// What a taken `name` means (`multipath`); none when not given.
+    pub multipath: Option<MultipathMode>,
+}
+
+/// SPDK's `multipath` of `bdev_nvme_attach_controller`: what attaching under a name already
+/// taken does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MultipathMode {
+    /// Refused: one path per name.
+    Disable,
+    /// Another path, used only while the paths before it are down (the namespaces' policy
+    /// becomes active_passive).
+    Failover,
+    /// Another path, used as the namespaces' policy says.
+    Multipath,
+}
+
+impl MultipathMode {
+    /// SPDK's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MultipathMode::Disable => "disable",
+            MultipathMode::Failover => "failover",
+            MultipathMode::Multipath => "multipath",
+        }
+    }
 }
 
 /// SPDK parameters of `bdev_nvme_attach_controller` flashpath does not implement: accepted
@@ -250,12 +276,19 @@ impl AttachParams {
         ] {
             p.unsupported(field, None).map_err(|_| ParamError::new(field, reason))?;
         }
-        if let Some(m) = p.optional_str("multipath")? {
-            return Err(ParamError::new(
-                "multipath",
-                format!("'{m}': not supported (flashpath keeps one path per controller)"),
-            ));
-        }
+        let multipath = match p.optional_str("multipath")?.as_deref().map(str::to_ascii_lowercase).as_deref()
+        {
+            None => None,
+            Some("disable") => Some(MultipathMode::Disable),
+            Some("failover") => Some(MultipathMode::Failover),
+            Some("multipath") => Some(MultipathMode::Multipath),
+            Some(other) => {
+                return Err(ParamError::new(
+                    "multipath",
+                    format!("'{other}' is not one of disable, failover, multipath"),
+                ))
+            }
+        };
         p.spdk_only(ATTACH_SPDK_ONLY)?;
         p.finish()?;
 
@@ -318,7 +351,7 @@ impl AttachParams {
                 "needs dhchap_key (the controller is authenticated in the host's transaction)",
             ));
         }
-        Ok(AttachParams { name, address, reconnect, dhchap_key, dhchap_ctrlr_key })
+        Ok(AttachParams { name, address, reconnect, dhchap_key, dhchap_ctrlr_key, multipath })
     }
 }
 
@@ -731,7 +764,10 @@ mod tests {
             (tcp(json!({"hdgst": "yes"})), "hdgst: expected true or false"),
             (tcp(json!({"hostaddr": "127.0.0.2"})), "hostaddr: not supported"),
             (tcp(json!({"hostsvcid": "9"})), "hostsvcid: not supported"),
-            (tcp(json!({"multipath": "failover"})), "multipath: 'failover': not supported"),
+            (
+                tcp(json!({"multipath": "both"})),
+                "multipath: 'both' is not one of disable, failover, multipath",
+            ),
             (tcp(json!({"psk": "key0"})), "psk: not supported by flashpath"),
             (tcp(json!({"prchk_guard": true})), "prchk_guard: not supported by flashpath (only false)"),
             (
