@@ -12,72 +12,16 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use common::{random_write_verify, BlkClient, Daemon};
+use fp_nvme::testing::Relay;
 use serde_json::{json, Value};
 
 const NQN: &str = "nqn.2016-06.io.spdk:mpath";
 /// The RAM disk behind the subsystem: 16 MiB of 512-byte blocks.
 const BLOCKS: u64 = 32768;
-
-/// A TCP relay to the target's port: one path.
-struct Relay {
-    port: u16,
-    open: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
-}
-
-impl Relay {
-    fn start(to: u16) -> Relay {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let open = Arc::new(AtomicBool::new(true));
-        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let (o, c) = (open.clone(), conns.clone());
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                if !o.load(Ordering::SeqCst) {
-                    drop(client);
-                    continue;
-                }
-                let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else { continue };
-                let _ = (client.set_nodelay(true), server.set_nodelay(true));
-                c.lock().unwrap().extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
-                for (mut from, mut to) in
-                    [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
-                {
-                    std::thread::spawn(move || {
-                        let mut buf = vec![0u8; 64 * 1024];
-                        while let Ok(n @ 1..) = from.read(&mut buf) {
-                            if to.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                        let _ = (from.shutdown(Shutdown::Both), to.shutdown(Shutdown::Both));
-                    });
-                }
-            }
-        });
-        Relay { port, open, conns }
-    }
-
-    fn cut(&self) {
-        self.open.store(false, Ordering::SeqCst);
-        for s in self.conns.lock().unwrap().drain(..) {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-    }
-
-    fn restore(&self) {
-        self.open.store(true, Ordering::SeqCst);
-    }
-}
 
 /// Serves error bdev `EE_m0` over RAM as namespace 1 of [`NQN`]; returns the port.
 fn serve_target(d: &Daemon) -> u16 {
@@ -127,9 +71,9 @@ fn two_paths_are_one_bdev_and_io_survives_the_loss_of_one() {
     // A lost path's requests move after KATO + 1 s (the target reports no CQT).
     d.call("bdev_nvme_set_options", json!({"keep_alive_timeout_ms": 1000}));
     let port = serve_target(&d);
-    let relays = [Relay::start(port), Relay::start(port)];
+    let relays = [Relay::start(port).unwrap(), Relay::start(port).unwrap()];
     assert_eq!(
-        d.call("bdev_nvme_attach_controller", attach_params(relays[0].port, "multipath")),
+        d.call("bdev_nvme_attach_controller", attach_params(relays[0].port(), "multipath")),
         json!(["Nvme0n1"])
     );
 
@@ -140,7 +84,7 @@ fn two_paths_are_one_bdev_and_io_survives_the_loss_of_one() {
             "name: NVMe controller 'Nvme0' already exists and multipath is disabled",
         ),
         (
-            json!({"trsvcid": relays[0].port.to_string()}),
+            json!({"trsvcid": relays[0].port().to_string()}),
             "traddr: NVMe controller 'Nvme0' already has the path",
         ),
         (
@@ -149,13 +93,13 @@ fn two_paths_are_one_bdev_and_io_survives_the_loss_of_one() {
         ),
     ];
     for (extra, want) in refusals {
-        let mut p = attach_params(relays[1].port, "multipath");
+        let mut p = attach_params(relays[1].port(), "multipath");
         p.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         let e = d.try_call("bdev_nvme_attach_controller", p).unwrap_err();
         assert!(e.message.starts_with(want), "{e:?} (wanted {want})");
     }
     assert_eq!(
-        d.call("bdev_nvme_attach_controller", attach_params(relays[1].port, "multipath")),
+        d.call("bdev_nvme_attach_controller", attach_params(relays[1].port(), "multipath")),
         json!(["Nvme0n1"])
     );
 
@@ -163,7 +107,7 @@ fn two_paths_are_one_bdev_and_io_survives_the_loss_of_one() {
     let ctrlrs = c[0]["ctrlrs"].as_array().unwrap();
     assert_eq!(ctrlrs.len(), 2, "{c}");
     let ports: Vec<&str> = ctrlrs.iter().map(|p| p["trid"]["trsvcid"].as_str().unwrap()).collect();
-    assert_eq!(ports, [relays[0].port.to_string(), relays[1].port.to_string()], "{c}");
+    assert_eq!(ports, [relays[0].port().to_string(), relays[1].port().to_string()], "{c}");
     assert_ne!(ctrlrs[0]["cntlid"], ctrlrs[1]["cntlid"], "{c}");
     assert!(ctrlrs.iter().all(|p| p["state"] == "enabled"), "{c}");
     let b = &d.call("bdev_get_bdevs", json!({"name": "Nvme0n1"}))[0];
@@ -244,11 +188,11 @@ fn two_paths_are_one_bdev_and_io_survives_the_loss_of_one() {
     });
 
     // One path detached by its address: the bdev stays, served by the other.
-    let detach = json!({"name": "Nvme0", "trtype": "TCP", "traddr": "127.0.0.1", "trsvcid": relays[0].port.to_string()});
+    let detach = json!({"name": "Nvme0", "trtype": "TCP", "traddr": "127.0.0.1", "trsvcid": relays[0].port().to_string()});
     assert_eq!(d.call("bdev_nvme_detach_controller", detach), json!(true));
     let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
     assert_eq!(c[0]["ctrlrs"].as_array().map(Vec::len), Some(1), "{c}");
-    assert_eq!(c[0]["ctrlrs"][0]["trid"]["trsvcid"], relays[1].port.to_string(), "{c}");
+    assert_eq!(c[0]["ctrlrs"][0]["trid"]["trsvcid"], relays[1].port().to_string(), "{c}");
     random_write_verify(&mut client, 4, 4, 12 << 20, 4 << 20, Some(0));
     drop(client);
     d.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));

@@ -1,12 +1,10 @@
 //! Multipath over the TCP transport: two controllers of one flashpath target subsystem, each
-//! reached through a TCP relay of the test's own (a path is cut by closing its relay's
+//! reached through a [`Relay`] (a path is cut by closing its relay's
 //! connections and refusing new ones, restored by accepting again). The namespace sits on
 //! an error bdev, so a write can be held at the target while its path is cut.
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use fp_bdev::conformance::{read_range, write_range, IoBuf};
@@ -18,6 +16,7 @@ use super::core_fake::{test_options, wait_for};
 use crate::bdev::multipath::{Policy, Selector, UNREPORTED_CQT_MS};
 use crate::ctrlr::{self, Controller};
 use crate::tcp::{Adrfam, TcpTarget, TcpTransport};
+use crate::testing::Relay;
 
 /// The keep-alive timeout the controllers ask for: with CQT unreported, a lost path's
 /// requests move after this plus [`UNREPORTED_CQT_MS`].
@@ -26,74 +25,6 @@ const KATO_MS: u32 = 1000;
 fn target() -> &'static LoopbackTarget {
     static T: OnceLock<LoopbackTarget> = OnceLock::new();
     T.get_or_init(|| LoopbackTarget::start(&[0], TransportOptions::default()).unwrap())
-}
-
-/// A TCP relay to the target's port: one path.
-struct Relay {
-    port: u16,
-    open: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
-}
-
-impl Relay {
-    fn start(to: u16) -> Relay {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let open = Arc::new(AtomicBool::new(true));
-        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let (o, c) = (open.clone(), conns.clone());
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                if !o.load(Ordering::SeqCst) {
-                    // A cut path: the connection is accepted and closed at once.
-                    drop(client);
-                    continue;
-                }
-                let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else { continue };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                {
-                    let mut list = c.lock().unwrap();
-                    list.push(client.try_clone().unwrap());
-                    list.push(server.try_clone().unwrap());
-                }
-                for (mut from, mut to) in
-                    [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
-                {
-                    std::thread::spawn(move || {
-                        let mut buf = vec![0u8; 64 * 1024];
-                        loop {
-                            match from.read(&mut buf) {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => {
-                                    if to.write_all(&buf[..n]).is_err() {
-                                        break;
-                                    }
-                                }
-                            }
-                        }
-                        let _ = from.shutdown(Shutdown::Both);
-                        let _ = to.shutdown(Shutdown::Both);
-                    });
-                }
-            }
-        });
-        Relay { port, open, conns }
-    }
-
-    /// Cuts the path: every connection through it closes, new ones are refused.
-    fn cut(&self) {
-        self.open.store(false, Ordering::SeqCst);
-        for s in self.conns.lock().unwrap().drain(..) {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-    }
-
-    /// Lets connections through again.
-    fn restore(&self) {
-        self.open.store(true, Ordering::SeqCst);
-    }
 }
 
 /// A subsystem whose namespace 1 is an error bdev over RAM.
@@ -115,7 +46,7 @@ fn subsystem(blocks: u64) -> (String, Arc<ErrorDevice>) {
 fn attach(nqn: &str, relay: &Relay, name: &str) -> Arc<dyn Controller> {
     let transport = TcpTransport::new(TcpTarget {
         traddr: "127.0.0.1".into(),
-        trsvcid: relay.port,
+        trsvcid: relay.port(),
         adrfam: Adrfam::IPv4,
         subnqn: nqn.into(),
         hostnqn: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000d0".into(),
@@ -143,7 +74,7 @@ struct TwoPaths {
 
 fn two_paths(name: &str) -> TwoPaths {
     let (nqn, err) = subsystem(256);
-    let relays = [Relay::start(target().port()), Relay::start(target().port())];
+    let relays = [Relay::start(target().port()).unwrap(), Relay::start(target().port()).unwrap()];
     let ctrlrs =
         [attach(&nqn, &relays[0], &format!("{name}a")), attach(&nqn, &relays[1], &format!("{name}b"))];
     let ns = ctrlrs[0].namespaces()[0].clone();
