@@ -25,7 +25,7 @@ use fp_bdev::{BdevInfo, ClaimType};
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Map, Value};
 
-use crate::bdev::multipath::{Policy, Selector, MAX_PATHS};
+use crate::bdev::multipath::{Policy, MAX_PATHS};
 use crate::bdev::NvmeNamespace;
 use crate::ctrlr::{attach, Controller, GlobalOptions, NamespaceEvent, TimeoutAction};
 use crate::pcie::vfio::VfioFunction;
@@ -373,6 +373,9 @@ fn attach_reserved(
         if multipath {
             ns.paths().set_multipath();
         }
+        if let Some(policy) = a.policy {
+            ns.paths().set_policy(policy);
+        }
         // An asynchronous event may have added it already.
         if host.bdev(ns.name()).is_some_and(|(_, driver)| driver == MODULE) {
             names.push(ns.name().to_string());
@@ -494,6 +497,9 @@ fn add_path(
                 }
                 if a.multipath == Some(MultipathMode::Failover) {
                     head.paths().set_policy(Policy::ActivePassive);
+                }
+                if let Some(policy) = a.policy {
+                    head.paths().set_policy(policy);
                 }
                 names.push(ns.name().to_string());
             }
@@ -973,50 +979,8 @@ fn set_multipath_policy(host: &dyn ModuleHost, mut p: Params) -> Result<Value, M
     let selector = p.optional_str("selector")?;
     let rr_min_io = p.optional_uint("rr_min_io", u64::from(u32::MAX))?;
     p.finish()?;
-    let policy = match policy.as_str() {
-        "active_passive" => {
-            if let Some(s) = selector {
-                return Err(ParamError::new(
-                    "selector",
-                    format!("'{s}': a selector is for active_active only"),
-                )
-                .into());
-            }
-            if rr_min_io.is_some() {
-                return Err(ParamError::new("rr_min_io", "for active_active round_robin only").into());
-            }
-            Policy::ActivePassive
-        }
-        "active_active" => {
-            let selector = match selector.as_deref() {
-                None | Some("round_robin") => Selector::RoundRobin,
-                Some("queue_depth") => Selector::QueueDepth,
-                Some(other) => {
-                    return Err(ParamError::new(
-                        "selector",
-                        format!("'{other}' is not one of round_robin, queue_depth"),
-                    )
-                    .into())
-                }
-            };
-            if rr_min_io.is_some() && selector != Selector::RoundRobin {
-                return Err(ParamError::new("rr_min_io", "for active_active round_robin only").into());
-            }
-            let rr_min_io = match rr_min_io {
-                Some(0) => return Err(ParamError::new("rr_min_io", "must be at least 1").into()),
-                Some(n) => n as u32,
-                None => 1,
-            };
-            Policy::ActiveActive { selector, rr_min_io }
-        }
-        other => {
-            return Err(ParamError::new(
-                "policy",
-                format!("'{other}' is not one of active_passive, active_active"),
-            )
-            .into())
-        }
-    };
+    let policy =
+        params::parse_policy(&policy, selector.as_deref(), rr_min_io, ["policy", "selector", "rr_min_io"])?;
     let st = state(host);
     let head = lock(&st.heads).get(&name).cloned().ok_or_else(|| no_nvme_bdev(&name))?;
     head.paths().set_policy(policy);
