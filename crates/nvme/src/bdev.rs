@@ -10,7 +10,8 @@
 mod channel;
 pub mod multipath;
 mod namespace;
+pub mod paths;
 mod status;
 
-pub(crate) use namespace::NamespaceBackend;
 pub use namespace::{NvmeNamespace, PathInfo};
+pub(crate) use paths::NamespaceBackend;

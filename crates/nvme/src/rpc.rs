@@ -1,6 +1,7 @@
 //! The bdev_nvme module: SPDK's `bdev_nvme_attach_controller`, `bdev_nvme_detach_controller`,
-//! `bdev_nvme_get_controllers`, `bdev_nvme_reset_controller` and `bdev_nvme_set_options`, with
-//! SPDK's parameters (docs/nvme.md).
+//! `bdev_nvme_get_controllers`, `bdev_nvme_reset_controller`, `bdev_nvme_set_options`,
+//! `bdev_nvme_set_multipath_policy` and `bdev_nvme_get_io_paths`, with SPDK's parameters
+//! (docs/nvme.md).
 //!
 //! Attaching, resetting and detaching block the control plane's RPC thread until the
 //! controller answers (its admin timeouts bound that), never a reactor. The module keeps its
@@ -10,14 +11,18 @@
 //! the registry through [`ModuleHost::weak_handle`]: adding a bdev runs every module's examine,
 //! which reads the new namespace, and that read needs the controller thread free.
 //!
-//! * [`params`]: the methods' parameters, decoded and checked before anything is connected.
+//! * [`params`]: the methods' parameters, decoded and checked before anything is connected;
+//! * `state`: the controllers by name (one path each, or several with multipath) and their
+//!   bdevs;
+//! * `multipath`: a second path under a taken name, detaching some paths, and
+//!   `bdev_nvme_set_multipath_policy` and `bdev_nvme_get_io_paths`.
 
+mod multipath;
 pub mod params;
+mod state;
 
 use std::any::Any;
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read;
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
+use std::sync::{mpsc, Arc, Weak};
 
 use fp_bdev::metrics::{Family, MetricsCall};
 use fp_bdev::module::{BdevModule, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn, NewBdev};
@@ -25,7 +30,6 @@ use fp_bdev::{BdevInfo, ClaimType};
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Map, Value};
 
-use crate::bdev::multipath::{Policy, MAX_PATHS};
 use crate::bdev::NvmeNamespace;
 use crate::ctrlr::{attach, Controller, GlobalOptions, NamespaceEvent, TimeoutAction};
 use crate::pcie::vfio::VfioFunction;
@@ -34,94 +38,18 @@ use crate::tcp::{Adrfam, DhchapHost, TcpTarget, TcpTransport};
 use crate::NvmeError;
 use fp_crypto::dhchap::{DhchapSecret, SecretError};
 
+use multipath::{
+    add_path, check_new_path, detach_paths, get_io_paths, orphans, pick_paths, set_multipath_policy,
+};
+pub use state::MODULE;
+use state::{lock, state, trid_fields, Attached, Path, Slot, State};
+
 pub use params::{
     Address, AddressFamily, AttachParams, MultipathMode, OnTimeout, Options, OptionsParams, Reconnect, Trtype,
 };
 
-/// The module's name: its bdevs' `driver`.
-pub const MODULE: &str = "nvme";
-
 /// The bdev_nvme module.
 pub struct NvmeModule;
-
-/// One controller in the module's list.
-enum Slot {
-    /// Being attached or detached by an RPC thread now: the name is taken, nothing else may
-    /// act on it.
-    Busy,
-    /// Attached.
-    Attached(Attached),
-}
-
-/// The controllers attached under one name: one path, or several with `multipath` (the
-/// first is preferred).
-struct Attached {
-    paths: Vec<Path>,
-}
-
-/// One controller and how it was reached.
-struct Path {
-    ctrlr: Arc<dyn Controller>,
-    address: Address,
-    /// The host NQN it was connected with (TCP).
-    hostnqn: Option<String>,
-}
-
-impl Attached {
-    /// Every path's namespaces.
-    fn namespaces(&self) -> Vec<Arc<NvmeNamespace>> {
-        self.paths.iter().flat_map(|p| p.ctrlr.namespaces()).collect()
-    }
-}
-
-/// The module's state in one registry.
-struct State {
-    options: Mutex<Options>,
-    controllers: Mutex<BTreeMap<String, Slot>>,
-    /// This daemon's host identifier (NVMe-oF Connect's HOSTID), and the default host NQN's
-    /// UUID: made once, as SPDK makes one per process.
-    hostid: [u8; 16],
-    /// Each controller's bdevs in the registry, by controller name: those of its namespaces
-    /// now, and those of namespaces gone while their bdev was in use, which stay until the
-    /// controller is detached.
-    bdevs: Mutex<BTreeMap<String, BTreeSet<String>>>,
-    /// The namespace registered as each bdev, by bdev name: the one whose paths a multipath
-    /// attach extends.
-    heads: Mutex<BTreeMap<String, Arc<NvmeNamespace>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn state(host: &dyn ModuleHost) -> Arc<State> {
-    let any = host.module_state(MODULE, &|| {
-        Arc::new(State {
-            options: Mutex::new(Options::default()),
-            controllers: Mutex::new(BTreeMap::new()),
-            hostid: random_uuid(),
-            bdevs: Mutex::new(BTreeMap::new()),
-            heads: Mutex::new(BTreeMap::new()),
-        })
-    });
-    any.downcast::<State>().unwrap_or_else(|_| panic!("the {MODULE} module's state"))
-}
-
-/// A random (version 4) UUID from the kernel's generator; without /dev/urandom, one from the
-/// clock and the process ID, which still differs between daemons.
-fn random_uuid() -> [u8; 16] {
-    let mut id = [0u8; 16];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut id));
-    if read.is_err() {
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        id[..12].copy_from_slice(&nanos.to_le_bytes()[..12]);
-        id[12..].copy_from_slice(&std::process::id().to_le_bytes());
-    }
-    id[6] = (id[6] & 0x0f) | 0x40;
-    id[8] = (id[8] & 0x3f) | 0x80;
-    id
-}
 
 fn uuid_text(id: &[u8; 16]) -> String {
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
@@ -149,29 +77,6 @@ fn nvme_error(e: NvmeError) -> ModuleError {
     match e {
         NvmeError::InvalidParam { field, reason } => ParamError::new(field, reason).into(),
         other => ModuleError::module(other.errno(), other),
-    }
-}
-
-impl State {
-    /// Notes (or, with `present` false, forgets) bdev `bdev` of controller `ctrlr`.
-    fn note_bdev(&self, ctrlr: &str, bdev: &str, present: bool) {
-        if !present {
-            lock(&self.heads).remove(bdev);
-        }
-        let mut map = lock(&self.bdevs);
-        let set = map.entry(ctrlr.to_string()).or_default();
-        if present {
-            set.insert(bdev.to_string());
-        } else {
-            set.remove(bdev);
-        }
-    }
-
-    /// Controller `ctrlr`'s bdevs that exist now: those noted and those of its namespaces.
-    fn bdevs_of(&self, host: &dyn ModuleHost, ctrlr: &str, namespaces: &[Arc<NvmeNamespace>]) -> Vec<String> {
-        let mut names = lock(&self.bdevs).get(ctrlr).cloned().unwrap_or_default();
-        names.extend(namespaces.iter().map(|ns| ns.name().to_string()));
-        names.into_iter().filter(|n| host.bdev(n).is_some_and(|(_, driver)| driver == MODULE)).collect()
     }
 }
 
@@ -327,7 +232,9 @@ fn attach_controller(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleEr
                     unreachable!("checked above")
                 };
                 drop(map);
-                return add_path(host, &st, existing, &a, &options, reconnect);
+                return add_path(host, &st, existing, &a, || {
+                    connect_path(host, &st, &a, &options, reconnect)
+                });
             }
             Some(Slot::Busy) => {
                 return Err(ParamError::new(
@@ -397,170 +304,6 @@ fn attach_reserved(
         }
     }
     Ok((path, names))
-}
-
-/// SPDK's checks of a second path before connecting it: `multipath` asks for one, over TCP,
-/// to the same subsystem as the same host, through another address.
-fn check_new_path(existing: &Attached, a: &AttachParams) -> Result<(), ModuleError> {
-    let name = &a.name;
-    if !matches!(a.multipath, Some(MultipathMode::Multipath | MultipathMode::Failover)) {
-        return Err(ParamError::new(
-            "name",
-            format!(
-                "NVMe controller '{name}' already exists and multipath is disabled (multipath \
-                 \"multipath\" or \"failover\" adds a path to it)"
-            ),
-        )
-        .into());
-    }
-    let Address::Tcp { traddr, trsvcid, subnqn, hostnqn, .. } = &a.address else {
-        return Err(ParamError::new("trtype", "multipath: a second path is for trtype TCP only").into());
-    };
-    if existing.paths.len() >= MAX_PATHS {
-        return Err(ParamError::new(
-            "name",
-            format!("NVMe controller '{name}' has {MAX_PATHS} paths already"),
-        )
-        .into());
-    }
-    for path in &existing.paths {
-        let Address::Tcp { traddr: t, trsvcid: s, subnqn: n, .. } = &path.address else {
-            return Err(
-                ParamError::new("trtype", format!("NVMe controller '{name}' is a PCIe controller")).into()
-            );
-        };
-        if n != subnqn {
-            return Err(ParamError::new(
-                "subnqn",
-                format!("NVMe controller '{name}' already exists, but uses a different subnqn ({n})"),
-            )
-            .into());
-        }
-        if let (Some(given), Some(ours)) = (hostnqn, &path.hostnqn) {
-            if given != ours {
-                return Err(ParamError::new(
-                    "hostnqn",
-                    format!("NVMe controller '{name}' already exists, but uses a different hostnqn ({ours})"),
-                )
-                .into());
-            }
-        }
-        if t == traddr && s == trsvcid {
-            return Err(ParamError::new(
-                "traddr",
-                format!("NVMe controller '{name}' already has the path {traddr}:{trsvcid}"),
-            )
-            .into());
-        }
-    }
-    Ok(())
-}
-
-/// Connects another path of `existing` (whose name is reserved), checks that it reaches the
-/// same subsystem and namespaces (SPDK's rules: the subsystem NQN Identify Controller reports,
-/// another controller ID, and each namespace both have the same NGUID, EUI-64, block size and
-/// size), and adds it to the namespaces' paths; a namespace only this path has becomes a
-/// bdev of its own. Puts `existing` back in any case.
-fn add_path(
-    host: &dyn ModuleHost,
-    st: &State,
-    mut existing: Attached,
-    a: &AttachParams,
-    options: &Options,
-    reconnect: Reconnect,
-) -> Result<Value, ModuleError> {
-    let r = connect_path(host, st, a, options, reconnect).and_then(|path| {
-        if let Err(e) = check_same_subsystem(st, &existing, &path) {
-            path.ctrlr.detach();
-            return Err(e);
-        }
-        Ok(path)
-    });
-    let path = match r {
-        Ok(path) => path,
-        Err(e) => {
-            lock(&st.controllers).insert(a.name.clone(), Slot::Attached(existing));
-            return Err(e);
-        }
-    };
-    let mut names = Vec::new();
-    for ns in path.ctrlr.namespaces() {
-        let head = lock(&st.heads).get(ns.name()).cloned();
-        match (head, ns.own_path()) {
-            (Some(head), Some(own)) => {
-                // Channels opened from now on follow every path (set on the first attach
-                // too when it asked for multipath, so channels opened before follow as well).
-                head.paths().set_multipath();
-                if let Err(why) = head.paths().add(own) {
-                    log::warn!("nvme {}: {}: path not added: {why}", a.name, ns.name());
-                    continue;
-                }
-                if a.multipath == Some(MultipathMode::Failover) {
-                    head.paths().set_policy(Policy::ActivePassive);
-                }
-                if let Some(policy) = a.policy {
-                    head.paths().set_policy(policy);
-                }
-                names.push(ns.name().to_string());
-            }
-            _ => {
-                ns.paths().set_multipath();
-                match host.add_bdev(MODULE, NewBdev::new(ns.clone())) {
-                    Ok(name) => {
-                        st.note_bdev(&a.name, &name, true);
-                        lock(&st.heads).insert(name.clone(), ns);
-                        names.push(name);
-                    }
-                    Err(e) => log::warn!("nvme {}: namespace bdev {} not added: {e}", a.name, ns.name()),
-                }
-            }
-        }
-    }
-    log::info!("nvme {}: path {} added ({} paths)", a.name, a.address.traddr(), existing.paths.len() + 1);
-    existing.paths.push(path);
-    lock(&st.controllers).insert(a.name.clone(), Slot::Attached(existing));
-    Ok(json!(names))
-}
-
-/// The checks of [`add_path`] once the new path is connected.
-fn check_same_subsystem(st: &State, existing: &Attached, path: &Path) -> Result<(), ModuleError> {
-    let new = path.ctrlr.controller_data();
-    for old in existing.paths.iter().map(|p| p.ctrlr.controller_data()) {
-        if old.subnqn != new.subnqn {
-            return Err(ParamError::new(
-                "subnqn",
-                format!(
-                    "the controller reports subsystem {} where the existing path reports {}",
-                    new.subnqn, old.subnqn
-                ),
-            )
-            .into());
-        }
-        if old.cntlid == new.cntlid {
-            return Err(ParamError::new(
-                "traddr",
-                format!("controller ID {} is already a path of this name (the same controller)", new.cntlid),
-            )
-            .into());
-        }
-    }
-    for ns in path.ctrlr.namespaces() {
-        let Some(head) = lock(&st.heads).get(ns.name()).cloned() else { continue };
-        let (a, b) = (head.data(), ns.data());
-        let same =
-            a.nguid == b.nguid && a.eui64 == b.eui64 && a.block_size == b.block_size && a.nsze == b.nsze;
-        if !same {
-            return Err(ParamError::new(
-                "traddr",
-                format!(
-                    "namespace {} differs between the paths (NGUID, EUI-64, block size or size): not the same namespace",
-                    ns.nsid()
-                ),
-            )
-            .into());
-        }
-    }
-    Ok(())
 }
 
 /// Connects the controller `a` names (its namespaces not registered yet).
@@ -759,17 +502,6 @@ fn attached(st: &State, name: &str) -> Result<Vec<Arc<dyn Controller>>, ModuleEr
     }
 }
 
-/// SPDK's transport ID fields of an address.
-fn trid_fields(address: &Address) -> Vec<(&'static str, String)> {
-    let mut f = vec![("trtype", address.trtype().as_str().to_string()), ("traddr", address.traddr())];
-    if let Address::Tcp { traddr, trsvcid, subnqn, .. } = address {
-        f.push(("adrfam", params::family_of(traddr).as_str().to_string()));
-        f.push(("trsvcid", trsvcid.to_string()));
-        f.push(("subnqn", subnqn.clone()));
-    }
-    f
-}
-
 /// `bdev_nvme_detach_controller`: deletes the bdevs, then detaches. Refused while a bdev is
 /// claimed. SPDK's path selectors (`trtype`, `traddr`, ...) pick the paths to detach: the
 /// namespaces lose those paths and keep their bdevs while another path serves them; without
@@ -829,79 +561,6 @@ fn detach_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
     lock(&st.bdevs).remove(&name);
     lock(&st.controllers).remove(&name);
     log::info!("nvme {name}: detached");
-    Ok(Value::Bool(true))
-}
-
-/// The indexes of `a`'s paths every selector matches (all without selectors); refused,
-/// naming the first selector, when none does.
-fn pick_paths(
-    a: &Attached,
-    name: &str,
-    selectors: &[(&'static str, String)],
-) -> Result<Vec<usize>, ModuleError> {
-    let picked: Vec<usize> = (0..a.paths.len())
-        .filter(|&i| {
-            let trid = trid_fields(&a.paths[i].address);
-            selectors.iter().all(|(field, given)| {
-                trid.iter().find(|(f, _)| f == field).is_some_and(|(_, v)| v.eq_ignore_ascii_case(given))
-            })
-        })
-        .collect();
-    if picked.is_empty() {
-        let (field, given) = &selectors[0];
-        return Err(ParamError::new(
-            *field,
-            format!("'{given}' is not a path of NVMe controller '{name}' ({} paths)", a.paths.len()),
-        )
-        .into());
-    }
-    Ok(picked)
-}
-
-/// The bdevs only the paths `picked` serve: detaching those paths deletes them.
-fn orphans(st: &State, a: &Attached, picked: &[usize]) -> Vec<String> {
-    let going: Vec<u64> = picked.iter().map(|&i| a.paths[i].ctrlr.path_id()).collect();
-    lock(&st.heads)
-        .iter()
-        .filter(|(_, head)| {
-            let ids = head.paths().ids();
-            ids.iter().any(|id| going.contains(id)) && ids.iter().all(|id| going.contains(id))
-        })
-        .map(|(name, _)| name.clone())
-        .collect()
-}
-
-/// Detaches the paths `picked` of `taken` (not all of them): each namespace loses them, a
-/// bdev no other path serves is deleted, the controllers are detached.
-fn detach_paths(
-    host: &dyn ModuleHost,
-    st: &State,
-    name: &str,
-    mut taken: Attached,
-    picked: &[usize],
-) -> Result<Value, ModuleError> {
-    for bdev in orphans(st, &taken, picked) {
-        if let Err(e) = host.delete_bdev(&bdev, MODULE) {
-            lock(&st.controllers).insert(name.to_string(), Slot::Attached(taken));
-            return Err(e);
-        }
-        st.note_bdev(name, &bdev, false);
-    }
-    let mut gone = Vec::new();
-    for &i in picked.iter().rev() {
-        gone.push(taken.paths.remove(i));
-    }
-    let heads: Vec<Arc<NvmeNamespace>> = lock(&st.heads).values().cloned().collect();
-    for path in gone {
-        // First out of every namespace's path list (new I/O avoids it), then detached: its
-        // held requests move to another path under the quiesce rule.
-        for head in &heads {
-            head.paths().remove(path.ctrlr.path_id());
-        }
-        path.ctrlr.detach();
-        log::info!("nvme {name}: path {} detached", path.address.traddr());
-    }
-    lock(&st.controllers).insert(name.to_string(), Slot::Attached(taken));
     Ok(Value::Bool(true))
 }
 
@@ -970,68 +629,6 @@ fn reset_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modul
     Ok(Value::Bool(true))
 }
 
-/// `bdev_nvme_set_multipath_policy`: SPDK's `name` (the bdev), `policy` (`active_passive`,
-/// `active_active`), `selector` (`round_robin`, `queue_depth`; active_active only) and
-/// `rr_min_io` (round_robin only). Channels follow at their next request.
-fn set_multipath_policy(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
-    let name = p.required_str("name")?;
-    let policy = p.required_str("policy")?;
-    let selector = p.optional_str("selector")?;
-    let rr_min_io = p.optional_uint("rr_min_io", u64::from(u32::MAX))?;
-    p.finish()?;
-    let policy =
-        params::parse_policy(&policy, selector.as_deref(), rr_min_io, ["policy", "selector", "rr_min_io"])?;
-    let st = state(host);
-    let head = lock(&st.heads).get(&name).cloned().ok_or_else(|| no_nvme_bdev(&name))?;
-    head.paths().set_policy(policy);
-    log::info!("nvme {name}: multipath policy {:?}", policy);
-    Ok(Value::Bool(true))
-}
-
-fn no_nvme_bdev(name: &str) -> ModuleError {
-    ParamError::new("name", format!("no NVMe bdev '{name}'")).into()
-}
-
-/// `bdev_nvme_get_io_paths`: SPDK's shape, one `poll_groups` entry per channel (its reactor
-/// thread) with an `io_paths` entry per path of each multipath bdev it has open; `name`
-/// picks one bdev.
-fn get_io_paths(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
-    let name = p.optional_str("name")?;
-    p.finish()?;
-    let st = state(host);
-    let heads: Vec<(String, Arc<NvmeNamespace>)> = match &name {
-        Some(n) => vec![(n.clone(), lock(&st.heads).get(n).cloned().ok_or_else(|| no_nvme_bdev(n))?)],
-        None => lock(&st.heads).iter().map(|(n, h)| (n.clone(), h.clone())).collect(),
-    };
-    let mut groups: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for (bdev, head) in heads {
-        let paths = head.paths().list();
-        for view in head.paths().channel_views() {
-            let thread = lock(&view.thread).clone();
-            let current = view.current.load(std::sync::atomic::Ordering::Relaxed);
-            let connected: Vec<u64> =
-                view.connected.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).collect();
-            let entry = groups.entry(thread).or_default();
-            for path in &paths {
-                let info = head.path_info(path);
-                entry.push(json!({
-                    "bdev_name": bdev,
-                    "cntlid": info.cntlid,
-                    "current": current == path.id,
-                    "connected": connected.contains(&path.id),
-                    "accessible": info.enabled,
-                    "transport": info.trid,
-                }));
-            }
-        }
-    }
-    let poll_groups: Vec<Value> = groups
-        .into_iter()
-        .map(|(thread, io_paths)| json!({"thread": thread, "io_paths": io_paths}))
-        .collect();
-    Ok(json!({"poll_groups": poll_groups}))
-}
-
 /// Detaches `ctrlr` at the daemon's shutdown, waiting for it until `deadline` at most (at least
 /// [`SHUTDOWN_DETACH_FLOOR`]); without a deadline, until it ends.
 fn detach_by(name: &str, ctrlr: Arc<dyn Controller>, deadline: Option<std::time::Instant>) {
@@ -1064,6 +661,7 @@ const SHUTDOWN_DETACH_FLOOR: std::time::Duration = std::time::Duration::from_mil
 
 #[cfg(test)]
 mod tests {
+    use super::state::random_uuid;
     use super::*;
 
     #[test]

@@ -28,7 +28,7 @@ use crate::ctrlr::{ControllerData, TimeoutAction};
 use crate::transport::{IoQueue, QueueStats, Transport, TransportId};
 use crate::NvmeError;
 
-use super::namespace::{NamespaceBackend, NsParams};
+use super::paths::{NamespaceBackend, NsParams, PathSet};
 use super::status::{io_status, retryable, MAX_RETRIES, TIMED_OUT};
 
 /// Iovecs [`NvmeChannel::scratch`] has room for at first.
@@ -668,7 +668,7 @@ impl<T: Transport> NamespaceBackend for Shared<T> {
 
     fn open_multipath(
         self: Arc<Self>,
-        set: Arc<super::multipath::PathSet>,
+        set: Arc<PathSet>,
         ns: &NsParams,
     ) -> Result<Box<dyn IoChannel>, BdevError> {
         self.open_multipath_channel(set, ns)

@@ -3,9 +3,8 @@
 //! namespace reaches them through the controller's [`NamespaceBackend`], the one dynamic call
 //! (at `open_channel`, not per I/O). A namespace reached through several controllers of one
 //! subsystem (multipath) keeps every path in its [`PathSet`]; its channels are then
-//! [`super::multipath::MultipathChannel`]s, one queue pair per path.
+//! multipath channels (`bdev/multipath.rs`), one queue pair per path.
 
-use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,54 +14,7 @@ use serde_json::{json, Map, Value};
 use crate::ctrlr::{ControllerData, NamespaceData};
 use crate::transport::{QueueStats, TransportId};
 
-use super::multipath::{NsPath, PathSet};
-
-/// What a channel needs to know of its namespace, fixed when the namespace is made.
-#[derive(Debug, Clone)]
-pub(crate) struct NsParams {
-    pub(crate) nsid: u32,
-    pub(crate) block_size: u32,
-    /// Shared with the namespace's [`BdevInfo`].
-    pub(crate) capacity: Capacity,
-    /// The most bytes of data one command moves (MDTS, the transport's bound).
-    pub(crate) max_transfer: u32,
-    /// A volatile write cache is present and `enable_flush` is on: Flush goes to the
-    /// controller (otherwise it completes at once: without a cache written data is already
-    /// durable; with one, the operator chose to leave it to the controller).
-    pub(crate) volatile_cache: bool,
-    /// Dataset Management (deallocate) is supported.
-    pub(crate) dsm: bool,
-    /// Write Zeroes is supported.
-    pub(crate) write_zeroes: bool,
-}
-
-/// What a namespace asks of its controller (implemented by the controller's shared half for
-/// its transport).
-pub(crate) trait NamespaceBackend: Send + Sync {
-    /// Opens a channel: an I/O queue pair of the controller, for `ns`.
-    fn open_channel(self: Arc<Self>, ns: &NsParams) -> Result<Box<dyn IoChannel>, BdevError>;
-    /// The controller's name.
-    fn controller_name(&self) -> &str;
-    /// The transport ID.
-    fn trid(&self) -> TransportId;
-    /// Identify Controller as last read, and the version register.
-    fn controller_data(&self) -> (ControllerData, u32);
-    /// The channels' counters summed.
-    fn stats(&self) -> QueueStats;
-    /// This path's identity, unique in the process (one per attached controller).
-    fn path_id(&self) -> u64;
-    /// The controller's state word (`ctrlr::shared`): enabled, resetting, failed.
-    fn state_word(&self) -> u64;
-    /// Opens a channel over every path of `set` (each of this backend's transport; a path
-    /// of another transport is refused).
-    fn open_multipath(
-        self: Arc<Self>,
-        set: Arc<PathSet>,
-        ns: &NsParams,
-    ) -> Result<Box<dyn IoChannel>, BdevError>;
-    /// The backend as [`Any`], for a multipath channel to find its paths' concrete type.
-    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
-}
+use super::paths::{NamespaceBackend, NsParams, NsPath, PathSet};
 
 /// One path of a namespace as `bdev_nvme_get_io_paths` shows it.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use fp_nvme_spec::auth::{DhGroupId, HashId};
 use fp_rpc::{Neutral, ParamError, Params};
 
-use crate::bdev::multipath::{Policy, Selector};
+use crate::bdev::paths::{Policy, Selector};
 use crate::tcp::DhchapOffer;
 
 /// SPDK's `trtype`: how the controller is reached.

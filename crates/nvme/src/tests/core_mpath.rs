@@ -13,7 +13,8 @@ use fp_nvmf::testing::{self, LoopbackTarget};
 use fp_nvmf::{SubsystemSpec, TransportOptions};
 
 use super::core_fake::{test_options, wait_for};
-use crate::bdev::multipath::{Policy, Selector, UNREPORTED_CQT_MS};
+use crate::bdev::multipath::UNREPORTED_CQT_MS;
+use crate::bdev::paths::{Policy, Selector};
 use crate::ctrlr::{self, Controller};
 use crate::tcp::{Adrfam, TcpTarget, TcpTransport};
 use crate::testing::Relay;
