@@ -112,6 +112,9 @@ fn two_paths_are_one_bdev_and_io_survives_the_loss_of_one() {
     assert!(ctrlrs.iter().all(|p| p["state"] == "enabled"), "{c}");
     let b = &d.call("bdev_get_bdevs", json!({"name": "Nvme0n1"}))[0];
     assert_eq!(b["driver_specific"]["nvme"]["ns_data"]["can_share"], true, "{b}");
+    let entries = b["driver_specific"]["nvme"]["paths"].as_array().expect("every path's entry");
+    let ports: Vec<&str> = entries.iter().map(|e| e["trid"]["trsvcid"].as_str().unwrap()).collect();
+    assert_eq!(ports, [relays[0].port().to_string(), relays[1].port().to_string()], "{b}");
 
     for (p, want) in [
         (

@@ -159,13 +159,18 @@ impl BdevModule for NvmeModule {
         let Some(ns) = device.downcast_ref::<NvmeNamespace>() else {
             return Map::new();
         };
-        let mut m = match ns.driver_specific().remove("nvme") {
-            Some(Value::Array(mut paths)) if !paths.is_empty() => match paths.swap_remove(0) {
-                Value::Object(m) => m,
-                _ => Map::new(),
+        let (mut m, all) = match ns.driver_specific().remove("nvme") {
+            Some(Value::Array(paths)) if !paths.is_empty() => match &paths[0] {
+                Value::Object(m) => (m.clone(), paths),
+                _ => (Map::new(), paths),
             },
-            _ => Map::new(),
+            _ => (Map::new(), Vec::new()),
         };
+        // A multipath namespace: every path's entry too, SPDK's array (the first path's is
+        // the object itself).
+        if all.len() > 1 {
+            m.insert("paths".into(), Value::Array(all));
+        }
         let suffix = format!("n{}", ns.nsid());
         if let Some(ctrlr) = info.name.strip_suffix(&suffix) {
             m.insert("controller".into(), json!(ctrlr));

@@ -171,6 +171,9 @@ impl<T: Transport> MultipathChannel<T> {
                 log::warn!("nvme {}: path {} is of another transport; left out", self.set_name(), n.id);
                 continue;
             };
+            // Only an enabled controller is waited for: a path that is down must not hold up a
+            // channel the other paths could serve.
+            let wait = wait && shared.state() & ST_ENABLED != 0;
             match shared.path_channel(&self.ns, wait) {
                 Ok(ch) => self.paths.push(PathChan {
                     id: n.id,
