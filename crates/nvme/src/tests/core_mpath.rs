@@ -261,3 +261,46 @@ fn with_every_path_down_the_paths_own_rules_decide() {
         c.detach();
     }
 }
+
+#[test]
+fn an_open_channel_follows_paths_added_and_removed() {
+    let t = two_paths("mpadd");
+    // Start with the first path only; the second joins while the channel is open.
+    let second = t.ns.paths().ids()[1];
+    t.ns.paths().remove(second);
+    let mut ch = t.ns.open_channel().unwrap();
+    t.ns.paths().set_policy(Policy::ActiveActive { selector: Selector::RoundRobin, rr_min_io: 1 });
+    spin(&mut *ch, 130);
+    let before = [submitted(&t.ctrlrs[0]), submitted(&t.ctrlrs[1])];
+    for i in 0..8u64 {
+        write_range(&mut *ch, i * 4096, &[1; 4096]);
+    }
+    spin(&mut *ch, 130);
+    assert_eq!(submitted(&t.ctrlrs[1]), before[1], "a path not in the set took I/O");
+    t.ns.paths().add(t.ctrlrs[1].namespaces()[0].own_path().unwrap()).unwrap();
+    // Two sweeps: the new path's queue pair is asked for, then taken.
+    spin(&mut *ch, 200);
+    let mid = [submitted(&t.ctrlrs[0]), submitted(&t.ctrlrs[1])];
+    for i in 0..8u64 {
+        write_range(&mut *ch, i * 4096, &[2; 4096]);
+    }
+    spin(&mut *ch, 130);
+    assert_eq!(
+        [submitted(&t.ctrlrs[0]) - mid[0], submitted(&t.ctrlrs[1]) - mid[1]],
+        [4, 4],
+        "round robin over the path added"
+    );
+    // The first path leaves the set: everything goes through the second.
+    t.ns.paths().remove(t.ns.paths().ids()[0]);
+    spin(&mut *ch, 130);
+    let last = [submitted(&t.ctrlrs[0]), submitted(&t.ctrlrs[1])];
+    for i in 0..8u64 {
+        assert!(read_range(&mut *ch, i * 4096, 4096) == [2; 4096]);
+    }
+    spin(&mut *ch, 130);
+    assert_eq!([submitted(&t.ctrlrs[0]) - last[0], submitted(&t.ctrlrs[1]) - last[1]], [0, 8]);
+    drop(ch);
+    for c in &t.ctrlrs {
+        c.detach();
+    }
+}
