@@ -278,8 +278,13 @@ fn an_open_channel_follows_paths_added_and_removed() {
     spin(&mut *ch, 130);
     assert_eq!(submitted(&t.ctrlrs[1]), before[1], "a path not in the set took I/O");
     t.ns.paths().add(t.ctrlrs[1].namespaces()[0].own_path().unwrap()).unwrap();
-    // Two sweeps: the new path's queue pair is asked for, then taken.
-    spin(&mut *ch, 200);
+    // The channel asks for the new path's queue pair at a sweep and takes it at a later one.
+    let view = t.ns.paths().channel_views().pop().unwrap();
+    wait_for("the added path to be connected on the channel", || {
+        spin(&mut *ch, 70);
+        view.connected.iter().any(|c| c.load(Ordering::Relaxed) == second)
+    });
+    spin(&mut *ch, 130);
     let mid = [submitted(&t.ctrlrs[0]), submitted(&t.ctrlrs[1])];
     for i in 0..8u64 {
         write_range(&mut *ch, i * 4096, &[2; 4096]);
