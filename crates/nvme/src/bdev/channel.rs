@@ -369,7 +369,7 @@ impl<T: Transport> NvmeChannel<T> {
     fn slow(&mut self, st: u64) {
         if generation(st) != generation(self.state) {
             if let Some(q) = self.take_queue() {
-                self.shared.send(Msg::Retire { queue: q });
+                self.shared.hand_back(Msg::Retire { queue: q });
             }
             self.pending = None;
         }
@@ -403,7 +403,7 @@ impl<T: Transport> NvmeChannel<T> {
                     self.queue = Some(grant.queue);
                     self.state = grant.state;
                 } else {
-                    self.shared.send(Msg::Retire { queue: grant.queue });
+                    self.shared.hand_back(Msg::Retire { queue: grant.queue });
                 }
             }
             Ok(Err(e)) => {
@@ -583,7 +583,7 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
                 log::warn!("nvme {}n{}: I/O queue failed: {error}", self.shared.opts.name, self.nsid);
                 let state = self.state;
                 if let Some(queue) = self.take_queue() {
-                    self.shared.send(Msg::QueueFailed { state, queue, error });
+                    self.shared.hand_back(Msg::QueueFailed { state, queue, error });
                 }
             }
         }

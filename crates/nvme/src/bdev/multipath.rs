@@ -14,8 +14,9 @@
 //! keep-alive timer, KATO) and quiesces its commands (CQT). Sending the same write through
 //! another controller before then can be overtaken by the old one (the corruption of
 //! spdk#3593). So a request held by a path that went down is retried on another path only
-//! once (a) the path's queue was drained (its connection is closed: the path's channel hands
-//! the queue to its controller thread, which drops it) and (b) KATO + CQT have passed since
+//! once (a) the path's queue was drained and closed (the path's channel hands the queue to its
+//! controller thread, which drops it; the controller counts the queues handed back and not
+//! dropped yet, and the retry waits for none) and (b) KATO + CQT have passed since
 //! the channel saw the path down (when CQT is 0, [`UNREPORTED_CQT_MS`] stands in for it). A
 //! request that never reached the old path (still waiting for a command slot) waits the same;
 //! the rule is kept simple rather than tight. Until then it waits; meanwhile new I/O goes to
@@ -35,7 +36,7 @@ use std::sync::Arc;
 use fp_bdev::clock::ticks;
 use fp_bdev::{BdevError, IoChannel, IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 
-use crate::ctrlr::shared::{Shared, ST_ENABLED, ST_FAILED};
+use crate::ctrlr::shared::{Shared, ST_DELETING, ST_ENABLED, ST_FAILED};
 use crate::transport::Transport;
 
 use super::channel::{poll_kept, NvmeChannel};
@@ -60,6 +61,8 @@ struct Slot {
     ready_at: u64,
     /// What it fails with if no path is left.
     status: IoStatus,
+    /// The path it was taken off when parked.
+    from: u64,
 }
 
 /// One path of a channel.
@@ -79,6 +82,13 @@ impl<T: Transport> PathChan<T> {
     #[inline]
     fn up(&self) -> bool {
         !self.removed && self.ch.shared.state() & ST_ENABLED != 0 && self.ch.has_queue()
+    }
+
+    /// The queues handed back to the controller thread (after a failure or a reset) are
+    /// closed: it dropped them all, or it ended (a detached controller's thread closes them
+    /// as it ends). Every channel of the controller counts, which errs on the safe side.
+    fn old_queues_closed(&self) -> bool {
+        self.ch.shared.retiring() == 0 || self.ch.shared.state() & ST_DELETING != 0
     }
 
     /// May still carry I/O: not given up (a path reconnecting holds requests).
@@ -128,6 +138,7 @@ impl<T: Transport> MultipathChannel<T> {
                     req: IoRequest { tag: 0, op: IoOp::Read, offset: 0, len: 0, iov: Iovecs::NONE },
                     ready_at: 0,
                     status: IoStatus::Success,
+                    from: 0,
                 };
                 requests
             ]
@@ -153,6 +164,8 @@ impl<T: Transport> MultipathChannel<T> {
     /// no new I/O and go once empty.
     #[cold]
     fn sync_paths(&mut self, wait: bool) -> Result<(), BdevError> {
+        // A removed path's channel (and its queue pair) goes once nothing is left on it.
+        self.paths.retain(|p| !(p.removed && p.ch.in_flight() == 0));
         let version = self.set.version.load(Ordering::Acquire);
         if version == self.version {
             return Ok(());
@@ -244,6 +257,7 @@ impl<T: Transport> MultipathChannel<T> {
                 let slot = &mut self.slots[s as usize];
                 slot.ready_at = path.down_since.map_or(now, |d| d + path.quiesce_ticks);
                 slot.status = if errno == RELEASED { IoStatus::Error(libc::EIO) } else { status };
+                slot.from = path.id;
                 self.parked.push_back(s);
                 self.view.failovers.fetch_add(1, Ordering::Relaxed);
                 return;
@@ -290,7 +304,11 @@ impl<T: Transport> MultipathChannel<T> {
         for i in 0..self.paths.len() {
             let p = &self.paths[i];
             let Some(since) = p.down_since else { continue };
-            if p.ch.in_flight() == 0 || now < since + p.quiesce_ticks || p.ch.has_queue() {
+            if p.ch.in_flight() == 0
+                || now < since + p.quiesce_ticks
+                || p.ch.has_queue()
+                || !p.old_queues_closed()
+            {
                 continue;
             }
             if self.another_up(i) {
@@ -304,7 +322,9 @@ impl<T: Transport> MultipathChannel<T> {
     fn unpark(&mut self, now: u64, out: &mut Vec<(u32, IoStatus)>) {
         for _ in 0..self.parked.len() {
             let Some(s) = self.parked.pop_front() else { break };
-            if now < self.slots[s as usize].ready_at {
+            let slot = &self.slots[s as usize];
+            let closed = self.paths.iter().find(|p| p.id == slot.from).is_none_or(|p| p.old_queues_closed());
+            if now < slot.ready_at || !closed {
                 self.parked.push_back(s);
                 continue;
             }
@@ -357,7 +377,7 @@ fn quiesce_ticks<T: Transport>(shared: &Shared<T>) -> u64 {
 impl<T: Transport> IoChannel for MultipathChannel<T> {
     fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         let s = self.free.pop().ok_or(SubmitError::Busy)?;
-        self.slots[s as usize] = Slot { req: *req, ready_at: 0, status: IoStatus::Error(libc::EIO) };
+        self.slots[s as usize] = Slot { req: *req, ready_at: 0, status: IoStatus::Error(libc::EIO), from: 0 };
         match self.send(s) {
             Ok(()) => {
                 self.in_flight += 1;
