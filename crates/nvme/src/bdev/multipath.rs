@@ -110,15 +110,20 @@ pub(crate) struct MultipathChannel<T: Transport> {
     version: u64,
     /// The requests, by the tag the paths' channels see.
     slots: Box<[Slot]>,
+    /// Slots not in use.
     free: Vec<u32>,
     /// Requests off a path that went down, waiting for their `ready_at`.
     parked: VecDeque<u32>,
+    /// One path's completions in a round, kept between rounds (no allocation per poll).
     inner: Vec<(u32, IoStatus)>,
     /// `poll`'s completions, kept between calls.
     batch: Vec<(u32, IoStatus)>,
+    /// Round robin: the path last chosen, and how many requests it took in a row.
     rr: usize,
     rr_sent: u32,
+    /// Requests accepted and not yet returned (parked ones included).
     in_flight: usize,
+    /// Poll rounds, for the sweeps.
     polls: u32,
 }
 

@@ -73,6 +73,16 @@ struct TwoPaths {
     err: Arc<ErrorDevice>,
 }
 
+/// The controllers are detached at the end of the test (after its channel, declared later,
+/// is dropped).
+impl Drop for TwoPaths {
+    fn drop(&mut self) {
+        for c in &self.ctrlrs {
+            c.detach();
+        }
+    }
+}
+
 fn two_paths(name: &str) -> TwoPaths {
     let (nqn, err) = subsystem(256);
     let relays = [Relay::start(target().port()).unwrap(), Relay::start(target().port()).unwrap()];
@@ -142,10 +152,6 @@ fn active_active_round_robin_spreads_io_and_active_passive_keeps_to_the_first_pa
         t.ns.paths().ids().iter().all(|id| connected.contains(id)),
         "both paths connected: {connected:?}"
     );
-    drop(ch);
-    for c in &t.ctrlrs {
-        c.detach();
-    }
 }
 
 #[test]
@@ -229,10 +235,6 @@ fn a_path_cut_under_held_writes_fails_over_after_the_quiesce_bound_and_fails_bac
     }
     spin(&mut *ch, 130);
     assert_eq!(submitted(&t.ctrlrs[0]), first_before + 4, "failback to the first path");
-    drop(ch);
-    for c in &t.ctrlrs {
-        c.detach();
-    }
 }
 
 #[test]
@@ -256,10 +258,6 @@ fn with_every_path_down_the_paths_own_rules_decide() {
     t.relays[1].restore();
     drain(&mut *ch, &mut done);
     assert_eq!(done.iter().map(|d| (d.0, d.1)).collect::<Vec<_>>(), vec![(7, IoStatus::Success)]);
-    drop(ch);
-    for c in &t.ctrlrs {
-        c.detach();
-    }
 }
 
 #[test]
@@ -304,8 +302,4 @@ fn an_open_channel_follows_paths_added_and_removed() {
     }
     spin(&mut *ch, 130);
     assert_eq!([submitted(&t.ctrlrs[0]) - last[0], submitted(&t.ctrlrs[1]) - last[1]], [0, 8]);
-    drop(ch);
-    for c in &t.ctrlrs {
-        c.detach();
-    }
 }
