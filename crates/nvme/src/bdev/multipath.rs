@@ -125,6 +125,8 @@ pub(crate) struct MultipathChannel<T: Transport> {
     in_flight: usize,
     /// Poll rounds, for the sweeps.
     polls: u32,
+    /// The view has the polling thread's name.
+    named: bool,
 }
 
 impl<T: Transport> MultipathChannel<T> {
@@ -156,6 +158,7 @@ impl<T: Transport> MultipathChannel<T> {
             rr_sent: 0,
             in_flight: 0,
             polls: 0,
+            named: false,
         };
         ch.sync_paths(true)?;
         if ch.paths.is_empty() {
@@ -350,11 +353,10 @@ impl<T: Transport> MultipathChannel<T> {
     /// Publishes what `bdev_nvme_get_io_paths` shows.
     #[cold]
     fn publish_view(&mut self) {
-        {
-            let mut thread = lock(&self.view.thread);
-            if thread.is_empty() {
-                *thread = std::thread::current().name().unwrap_or("unnamed").to_string();
-            }
+        // The thread's name once (a lock and a copy), at the first sweep.
+        if !self.named {
+            self.named = true;
+            *lock(&self.view.thread) = std::thread::current().name().unwrap_or("unnamed").to_string();
         }
         let current = match self.set.policy() {
             Policy::ActivePassive => self.paths.iter().find(|p| p.up()).map_or(0, |p| p.id),
