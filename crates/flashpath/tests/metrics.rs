@@ -633,7 +633,7 @@ fn an_nvme_controller_counts_its_commands_and_resets() {
 
     let (status, text) = get_tcp(&addr, "/metrics");
     assert_eq!(status, 200, "{text}");
-    let labels = "{controller=\"Nvme0\",trtype=\"TCP\",traddr=\"127.0.0.1\"}";
+    let labels = format!("{{controller=\"Nvme0\",trtype=\"TCP\",traddr=\"127.0.0.1\",trsvcid=\"{port}\"}}");
     let at = |family: &str| {
         sample(&text, &format!("{family}{labels}")).unwrap_or_else(|| panic!("{family} missing:\n{text}"))
     };

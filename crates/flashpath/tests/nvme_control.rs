@@ -149,7 +149,7 @@ fn every_refusal_names_its_field() {
         (tcp(json!({"trsvcid": "70000"})), "trsvcid: '70000' is not a port number"),
         (tcp(json!({"subnqn": "cnode1"})), "subnqn: 'cnode1' is not an NQN"),
         (tcp(json!({"hostaddr": "127.0.0.2"})), "hostaddr: not supported"),
-        (tcp(json!({"multipath": "multipath"})), "multipath: 'multipath': not supported"),
+        (tcp(json!({"multipath": "both"})), "multipath: 'both' is not one of disable, failover, multipath"),
         (tcp(json!({"psk": "k"})), "psk: not supported by flashpath"),
         (tcp(json!({"ctrlr_loss_timeout_sec": 5})), "reconnect_delay_sec: must not be 0"),
         (
@@ -162,7 +162,14 @@ fn every_refusal_names_its_field() {
             ),
             "fast_io_fail_timeout_sec: 1 is less than reconnect_delay_sec 2",
         ),
-        (tcp(json!({"name": "Nvme0"})), "name: NVMe controller 'Nvme0' already exists"),
+        (
+            tcp(json!({"name": "Nvme0"})),
+            "name: NVMe controller 'Nvme0' already exists and multipath is disabled",
+        ),
+        (
+            tcp(json!({"name": "Nvme0", "multipath": "multipath"})),
+            "traddr: NVMe controller 'Nvme0' already has the path",
+        ),
         (tcp(json!({"bogus": 1})), "bogus: unknown parameter; accepted: name, trtype"),
         (
             (

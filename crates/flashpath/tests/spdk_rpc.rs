@@ -163,6 +163,7 @@ const CASES: &[(&str, &[&str])] = &[
             "bdev_nvme_get_controllers",
             "bdev_nvme_reset_controller",
             "bdev_nvme_detach_controller",
+            "bdev_nvme_get_io_paths",
         ],
     ),
     (
@@ -706,9 +707,28 @@ fn nvme_controllers() {
     // Options are the process's, refused once a controller is attached (as SPDK does).
     let e = rpc.fails(&["bdev_nvme_set_options", "-t", "1000"]);
     assert!(e["message"].as_str().unwrap().contains("refused once a controller is attached"), "{e}");
-    // A second path under the same name (SPDK's multipath) is refused naming the parameter.
+    // A second path under the same name through the same address is refused, as SPDK does.
     let e = rpc.fails(&[&attach[..], &["-x", "multipath"]].concat());
-    assert!(e["message"].as_str().unwrap().starts_with("multipath: "), "{e}");
+    assert!(e["message"].as_str().unwrap().starts_with("traddr: "), "{e}");
+    // Through a second listener it is a second path of the same bdev, with the policy of
+    // SPDK's newest client (`multipath_opts`).
+    let port2 = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    rpc.ok(&["nvmf_subsystem_add_listener", NQN, "-t", "tcp", "-a", "127.0.0.1", "-s", &port2, "-f", "ipv4"]);
+    let mut second = attach.to_vec();
+    second[8] = &port2;
+    let second =
+        [&second[..], &["-x", "multipath", "--policy", "active_active", "--selector", "queue_depth"]]
+            .concat();
+    assert_eq!(rpc.ok(&second), "Nvme0n1");
+    let c = rpc.json(&["bdev_nvme_get_controllers", "-n", "Nvme0"]);
+    assert_eq!(c[0]["ctrlrs"].as_array().map(Vec::len), Some(2), "{c}");
+    assert_eq!(c[0]["ctrlrs"][1]["trid"]["trsvcid"], port2.as_str(), "{c}");
+    let paths = rpc.json(&["bdev_nvme_get_io_paths", "-n", "Nvme0n1"]);
+    assert!(paths["poll_groups"].is_array(), "{paths}");
+    rpc.ok(&["bdev_nvme_detach_controller", "Nvme0", "-t", "tcp", "-a", "127.0.0.1", "-s", &port2]);
+    let c = rpc.json(&["bdev_nvme_get_controllers", "-n", "Nvme0"]);
+    assert_eq!(c[0]["ctrlrs"].as_array().map(Vec::len), Some(1), "{c}");
+    assert!(rpc.bdev_names().contains(&"Nvme0n1".to_string()));
     let e = rpc.fails(&[
         "bdev_nvme_attach_controller",
         "-b",

@@ -26,6 +26,8 @@ mod metrics;
 pub mod pcie;
 pub mod rpc;
 pub mod tcp;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod transport;
 
 #[cfg(test)]

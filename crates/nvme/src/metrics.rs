@@ -51,6 +51,8 @@ pub(crate) fn nvme_controllers(c: &Value) -> [Family; 8] {
                 ("controller", name.clone()),
                 ("trtype", str_at(&path["trid"], "trtype")),
                 ("traddr", str_at(&path["trid"], "traddr")),
+                // Two paths of one multipath controller may share an address.
+                ("trsvcid", str_at(&path["trid"], "trsvcid")),
             ];
             up.push(labels.clone(), u64::from(path["state"] == "enabled"));
             for (family, key) in &mut counters {
@@ -82,8 +84,12 @@ mod tests {
             "stats": {"submitted": 100, "completed": 99, "doorbells": 20, "bounced": 5},
         }]}]);
         let families = nvme_controllers(&c);
-        let labels: Labels =
-            vec![("controller", "Nvme0".into()), ("trtype", "TCP".into()), ("traddr", "127.0.0.1".into())];
+        let labels: Labels = vec![
+            ("controller", "Nvme0".into()),
+            ("trtype", "TCP".into()),
+            ("traddr", "127.0.0.1".into()),
+            ("trsvcid", String::new()),
+        ];
         let got: Vec<(&str, f64)> = families.iter().map(|f| (f.name, f.samples[0].1)).collect();
         assert_eq!(
             got,
@@ -100,5 +106,16 @@ mod tests {
         );
         assert!(families.iter().all(|f| f.samples.len() == 1 && f.samples[0].0 == labels));
         assert!(nvme_controllers(&json!([])).iter().all(|f| f.samples.is_empty()));
+    }
+
+    /// Two paths of a multipath controller on one address are two series (by port).
+    #[test]
+    fn paths_on_one_address_are_told_apart_by_port() {
+        let path = |port: &str| json!({"state": "enabled", "trid": {"trtype": "TCP", "traddr": "10.0.0.1", "trsvcid": port}});
+        let families = nvme_controllers(&json!([{"name": "Nvme0", "ctrlrs": [path("4420"), path("4421")]}]));
+        let up = &families[0];
+        assert_eq!(up.samples.len(), 2);
+        assert_ne!(up.samples[0].0, up.samples[1].0);
+        assert_eq!(up.samples[1].0[3], ("trsvcid", "4421".to_string()));
     }
 }

@@ -1,6 +1,7 @@
 //! The bdev_nvme module: SPDK's `bdev_nvme_attach_controller`, `bdev_nvme_detach_controller`,
-//! `bdev_nvme_get_controllers`, `bdev_nvme_reset_controller` and `bdev_nvme_set_options`, with
-//! SPDK's parameters (docs/nvme.md).
+//! `bdev_nvme_get_controllers`, `bdev_nvme_reset_controller`, `bdev_nvme_set_options`,
+//! `bdev_nvme_set_multipath_policy` and `bdev_nvme_get_io_paths`, with SPDK's parameters
+//! (docs/nvme.md).
 //!
 //! Attaching, resetting and detaching block the control plane's RPC thread until the
 //! controller answers (its admin timeouts bound that), never a reactor. The module keeps its
@@ -10,14 +11,18 @@
 //! the registry through [`ModuleHost::weak_handle`]: adding a bdev runs every module's examine,
 //! which reads the new namespace, and that read needs the controller thread free.
 //!
-//! * [`params`]: the methods' parameters, decoded and checked before anything is connected.
+//! * [`params`]: the methods' parameters, decoded and checked before anything is connected;
+//! * `state`: the controllers by name (one path each, or several with multipath) and their
+//!   bdevs;
+//! * `multipath`: a second path under a taken name, detaching some paths, and
+//!   `bdev_nvme_set_multipath_policy` and `bdev_nvme_get_io_paths`.
 
+mod multipath;
 pub mod params;
+mod state;
 
 use std::any::Any;
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read;
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
+use std::sync::{mpsc, Arc, Weak};
 
 use fp_bdev::metrics::{Family, MetricsCall};
 use fp_bdev::module::{BdevModule, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn, NewBdev};
@@ -33,77 +38,18 @@ use crate::tcp::{Adrfam, DhchapHost, TcpTarget, TcpTransport};
 use crate::NvmeError;
 use fp_crypto::dhchap::{DhchapSecret, SecretError};
 
-pub use params::{
-    Address, AddressFamily, AttachParams, OnTimeout, Options, OptionsParams, Reconnect, Trtype,
+use multipath::{
+    add_path, check_new_path, detach_paths, get_io_paths, orphans, pick_paths, set_multipath_policy,
 };
+pub use state::MODULE;
+use state::{lock, state, trid_fields, Attached, Path, Slot, State};
 
-/// The module's name: its bdevs' `driver`.
-pub const MODULE: &str = "nvme";
+pub use params::{
+    Address, AddressFamily, AttachParams, MultipathMode, OnTimeout, Options, OptionsParams, Reconnect, Trtype,
+};
 
 /// The bdev_nvme module.
 pub struct NvmeModule;
-
-/// One controller in the module's list.
-enum Slot {
-    /// Being attached or detached by an RPC thread now: the name is taken, nothing else may
-    /// act on it.
-    Busy,
-    /// Attached.
-    Attached(Attached),
-}
-
-/// An attached controller and how it was reached.
-struct Attached {
-    ctrlr: Arc<dyn Controller>,
-    address: Address,
-    /// The host NQN it was connected with (TCP).
-    hostnqn: Option<String>,
-}
-
-/// The module's state in one registry.
-struct State {
-    options: Mutex<Options>,
-    controllers: Mutex<BTreeMap<String, Slot>>,
-    /// This daemon's host identifier (NVMe-oF Connect's HOSTID), and the default host NQN's
-    /// UUID: made once, as SPDK makes one per process.
-    hostid: [u8; 16],
-    /// Each controller's bdevs in the registry, by controller name: those of its namespaces
-    /// now, and those of namespaces gone while their bdev was in use, which stay until the
-    /// controller is detached.
-    bdevs: Mutex<BTreeMap<String, BTreeSet<String>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn state(host: &dyn ModuleHost) -> Arc<State> {
-    let any = host.module_state(MODULE, &|| {
-        Arc::new(State {
-            options: Mutex::new(Options::default()),
-            controllers: Mutex::new(BTreeMap::new()),
-            hostid: random_uuid(),
-            bdevs: Mutex::new(BTreeMap::new()),
-        })
-    });
-    any.downcast::<State>().unwrap_or_else(|_| panic!("the {MODULE} module's state"))
-}
-
-/// A random (version 4) UUID from the kernel's generator; without /dev/urandom, one from the
-/// clock and the process ID, which still differs between daemons.
-fn random_uuid() -> [u8; 16] {
-    let mut id = [0u8; 16];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut id));
-    if read.is_err() {
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        id[..12].copy_from_slice(&nanos.to_le_bytes()[..12]);
-        id[12..].copy_from_slice(&std::process::id().to_le_bytes());
-    }
-    id[6] = (id[6] & 0x0f) | 0x40;
-    id[8] = (id[8] & 0x3f) | 0x80;
-    id
-}
 
 fn uuid_text(id: &[u8; 16]) -> String {
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
@@ -131,26 +77,6 @@ fn nvme_error(e: NvmeError) -> ModuleError {
     match e {
         NvmeError::InvalidParam { field, reason } => ParamError::new(field, reason).into(),
         other => ModuleError::module(other.errno(), other),
-    }
-}
-
-impl State {
-    /// Notes (or, with `present` false, forgets) bdev `bdev` of controller `ctrlr`.
-    fn note_bdev(&self, ctrlr: &str, bdev: &str, present: bool) {
-        let mut map = lock(&self.bdevs);
-        let set = map.entry(ctrlr.to_string()).or_default();
-        if present {
-            set.insert(bdev.to_string());
-        } else {
-            set.remove(bdev);
-        }
-    }
-
-    /// Controller `ctrlr`'s bdevs that exist now: those noted and those of its namespaces.
-    fn bdevs_of(&self, host: &dyn ModuleHost, ctrlr: &str, namespaces: &[Arc<NvmeNamespace>]) -> Vec<String> {
-        let mut names = lock(&self.bdevs).get(ctrlr).cloned().unwrap_or_default();
-        names.extend(namespaces.iter().map(|ns| ns.name().to_string()));
-        names.into_iter().filter(|n| host.bdev(n).is_some_and(|(_, driver)| driver == MODULE)).collect()
     }
 }
 
@@ -216,6 +142,8 @@ impl BdevModule for NvmeModule {
             ("bdev_nvme_detach_controller", detach_controller),
             ("bdev_nvme_get_controllers", get_controllers),
             ("bdev_nvme_reset_controller", reset_controller),
+            ("bdev_nvme_set_multipath_policy", set_multipath_policy),
+            ("bdev_nvme_get_io_paths", get_io_paths),
         ]
     }
 
@@ -231,13 +159,18 @@ impl BdevModule for NvmeModule {
         let Some(ns) = device.downcast_ref::<NvmeNamespace>() else {
             return Map::new();
         };
-        let mut m = match ns.driver_specific().remove("nvme") {
-            Some(Value::Array(mut paths)) if !paths.is_empty() => match paths.swap_remove(0) {
-                Value::Object(m) => m,
-                _ => Map::new(),
+        let (mut m, all) = match ns.driver_specific().remove("nvme") {
+            Some(Value::Array(paths)) if !paths.is_empty() => match &paths[0] {
+                Value::Object(m) => (m.clone(), paths),
+                _ => (Map::new(), paths),
             },
-            _ => Map::new(),
+            _ => (Map::new(), Vec::new()),
         };
+        // A multipath namespace: every path's entry too, SPDK's array (the first path's is
+        // the object itself).
+        if all.len() > 1 {
+            m.insert("paths".into(), Value::Array(all));
+        }
         let suffix = format!("n{}", ns.nsid());
         if let Some(ctrlr) = info.name.strip_suffix(&suffix) {
             m.insert("controller".into(), json!(ctrlr));
@@ -254,13 +187,16 @@ impl BdevModule for NvmeModule {
         let all = std::mem::take(&mut *lock(&st.controllers));
         for (name, slot) in all {
             let Slot::Attached(a) = slot else { continue };
-            for bdev in st.bdevs_of(host, &name, &a.ctrlr.namespaces()) {
+            for bdev in st.bdevs_of(host, &name, &a.namespaces()) {
                 if let Err(e) = host.delete_bdev(&bdev, MODULE) {
                     log::warn!("nvme {name}: bdev {bdev} not deleted at shutdown: {e}");
                 }
+                lock(&st.heads).remove(&bdev);
             }
             lock(&st.bdevs).remove(&name);
-            detach_by(&name, a.ctrlr, host.shutdown_deadline());
+            for path in a.paths {
+                detach_by(&name, path.ctrlr, host.shutdown_deadline());
+            }
         }
     }
 }
@@ -294,16 +230,25 @@ fn attach_controller(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleEr
     let reconnect = a.reconnect.over(options.reconnect)?;
     {
         let mut map = lock(&st.controllers);
-        if map.contains_key(&a.name) {
-            return Err(ParamError::new(
-                "name",
-                format!(
-                    "NVMe controller '{}' already exists (flashpath keeps one path per controller: \
-                     no multipath)",
-                    a.name
-                ),
-            )
-            .into());
+        match map.get(&a.name) {
+            Some(Slot::Attached(existing)) => {
+                check_new_path(existing, &a)?;
+                let Some(Slot::Attached(existing)) = map.insert(a.name.clone(), Slot::Busy) else {
+                    unreachable!("checked above")
+                };
+                drop(map);
+                return add_path(host, &st, existing, &a, || {
+                    connect_path(host, &st, &a, &options, reconnect)
+                });
+            }
+            Some(Slot::Busy) => {
+                return Err(ParamError::new(
+                    "name",
+                    format!("NVMe controller '{}' is being attached or detached; try again", a.name),
+                )
+                .into())
+            }
+            None => {}
         }
         map.insert(a.name.clone(), Slot::Busy);
     }
@@ -314,7 +259,7 @@ fn attach_controller(host: &dyn ModuleHost, p: Params) -> Result<Value, ModuleEr
             for n in &names {
                 st.note_bdev(&a.name, n, true);
             }
-            map.insert(a.name.clone(), Slot::Attached(attached));
+            map.insert(a.name.clone(), Slot::Attached(Attached { paths: vec![attached] }));
             Ok(json!(names))
         }
         Err(e) => {
@@ -331,13 +276,56 @@ fn attach_reserved(
     a: &AttachParams,
     options: &Options,
     reconnect: Reconnect,
-) -> Result<(Attached, Vec<String>), ModuleError> {
+) -> Result<(Path, Vec<String>), ModuleError> {
+    let path = connect_path(host, st, a, options, reconnect)?;
+    let ctrlr = path.ctrlr.clone();
+    let multipath = matches!(a.multipath, Some(MultipathMode::Multipath | MultipathMode::Failover));
+    let mut names = Vec::new();
+    for ns in ctrlr.namespaces() {
+        if multipath {
+            ns.paths().set_multipath();
+        }
+        if let Some(policy) = a.policy {
+            ns.paths().set_policy(policy);
+        }
+        // An asynchronous event may have added it already.
+        if host.bdev(ns.name()).is_some_and(|(_, driver)| driver == MODULE) {
+            names.push(ns.name().to_string());
+            continue;
+        }
+        match host.add_bdev(MODULE, NewBdev::new(ns.clone())) {
+            Ok(name) => {
+                lock(&st.heads).insert(name.clone(), ns);
+                names.push(name)
+            }
+            Err(e) => {
+                for n in &names {
+                    let _ = host.delete_bdev(n, MODULE);
+                    lock(&st.heads).remove(n);
+                }
+                ctrlr.detach();
+                return Err(e);
+            }
+        }
+    }
+    Ok((path, names))
+}
+
+/// Connects the controller `a` names (its namespaces not registered yet).
+fn connect_path(
+    host: &dyn ModuleHost,
+    st: &State,
+    a: &AttachParams,
+    options: &Options,
+    reconnect: Reconnect,
+) -> Result<Path, ModuleError> {
     let global = options.global();
     let mut opts = global.controller_options(&a.name);
     opts.ctrlr_loss_timeout_sec = reconnect.ctrlr_loss_timeout_sec;
     opts.reconnect_delay_sec = reconnect.reconnect_delay_sec;
     opts.fast_io_fail_timeout_sec = reconnect.fast_io_fail_timeout_sec;
-    let events = event_sink(host.weak_handle(), a.name.clone());
+    let path_id = Arc::new(std::sync::OnceLock::new());
+    let events = event_sink(host.weak_handle(), a.name.clone(), path_id.clone());
     let (ctrlr, hostnqn) = match &a.address {
         Address::Pcie { traddr } => {
             let function = VfioFunction::open(traddr).map_err(nvme_error)?;
@@ -371,25 +359,8 @@ fn attach_reserved(
         }
     };
     let ctrlr = ctrlr.map_err(nvme_error)?;
-    let mut names = Vec::new();
-    for ns in ctrlr.namespaces() {
-        // An asynchronous event may have added it already.
-        if host.bdev(ns.name()).is_some_and(|(_, driver)| driver == MODULE) {
-            names.push(ns.name().to_string());
-            continue;
-        }
-        match host.add_bdev(MODULE, NewBdev::new(ns)) {
-            Ok(name) => names.push(name),
-            Err(e) => {
-                for n in &names {
-                    let _ = host.delete_bdev(n, MODULE);
-                }
-                ctrlr.detach();
-                return Err(e);
-            }
-        }
-    }
-    Ok((Attached { ctrlr, address: a.address.clone(), hostnqn }, names))
+    let _ = path_id.set(ctrlr.path_id());
+    Ok(Path { ctrlr, address: a.address.clone(), hostnqn })
 }
 
 /// The DH-HMAC-CHAP secret (`DHHC-1:...`) the daemon's keyring holds as `name`; errors name
@@ -421,6 +392,7 @@ pub fn dhchap_secret(
 fn event_sink(
     host: Option<Weak<dyn ModuleHost + Send + Sync>>,
     ctrlr: String,
+    path_id: Arc<std::sync::OnceLock<u64>>,
 ) -> Box<dyn Fn(NamespaceEvent) + Send + Sync> {
     let (tx, rx) = mpsc::channel::<NamespaceEvent>();
     let thread_name = format!("nvme-{ctrlr}-ns");
@@ -430,7 +402,8 @@ fn event_sink(
                 log::warn!("nvme {ctrlr}: namespace event {event:?} with no registry to apply it to");
                 continue;
             };
-            apply_event(host.as_ref(), &state(host.as_ref()), &ctrlr, event);
+            let path = path_id.get().copied().unwrap_or(0);
+            apply_event(host.as_ref(), &state(host.as_ref()), &ctrlr, path, event);
         }
     });
     if let Err(e) = spawned {
@@ -446,15 +419,43 @@ fn event_sink(
 /// One namespace change, as registry calls: a bdev added, resized (its users are told) or
 /// deleted. A namespace that went away while its bdev is in use keeps the bdev, whose I/O
 /// fails, until its users let it go and the controller is detached.
-fn apply_event(host: &(dyn ModuleHost + Send + Sync), st: &State, ctrlr: &str, event: NamespaceEvent) {
+///
+/// Multipath: a namespace another path of the same name already serves gains (or, gone,
+/// loses) this path; its bdev goes only with its last path.
+fn apply_event(
+    host: &(dyn ModuleHost + Send + Sync),
+    st: &State,
+    ctrlr: &str,
+    path: u64,
+    event: NamespaceEvent,
+) {
     match event {
         NamespaceEvent::Added(ns) => {
             let name = ns.name().to_string();
             if host.bdev_exists(&name) {
+                let head = lock(&st.heads).get(&name).cloned();
+                if let (Some(head), Some(own)) = (head, ns.own_path()) {
+                    if head.paths().is_multipath() && !head.paths().ids().contains(&own.id) {
+                        match head.paths().add(own) {
+                            Ok(()) => log::info!("nvme {ctrlr}: namespace {name} has path {path} again"),
+                            Err(why) => log::warn!("nvme {ctrlr}: {name}: path {path} not added: {why}"),
+                        }
+                    }
+                }
                 return;
             }
-            match host.add_bdev(MODULE, NewBdev::new(ns)) {
+            let multipath = lock(&st.controllers).get(ctrlr).is_some_and(|slot| match slot {
+                Slot::Attached(a) => {
+                    a.paths.len() > 1 || a.namespaces().iter().any(|n| n.paths().is_multipath())
+                }
+                Slot::Busy => false,
+            });
+            if multipath {
+                ns.paths().set_multipath();
+            }
+            match host.add_bdev(MODULE, NewBdev::new(ns.clone())) {
                 Ok(_) => {
+                    lock(&st.heads).insert(name.clone(), ns);
                     st.note_bdev(ctrlr, &name, true);
                     log::info!("nvme {ctrlr}: namespace bdev {name} added");
                 }
@@ -472,6 +473,14 @@ fn apply_event(host: &(dyn ModuleHost + Send + Sync), st: &State, ctrlr: &str, e
             if !host.bdev_exists(&name) {
                 return;
             }
+            if let Some(head) = lock(&st.heads).get(&name).cloned() {
+                let ids = head.paths().ids();
+                if ids.contains(&path) && ids.len() > 1 {
+                    let left = head.paths().remove(path);
+                    log::warn!("nvme {ctrlr}: namespace {nsid} gone from path {path}; bdev {name} keeps {left} paths");
+                    return;
+                }
+            }
             match host.delete_bdev(&name, MODULE) {
                 Ok(()) => {
                     st.note_bdev(ctrlr, &name, false);
@@ -485,10 +494,10 @@ fn apply_event(host: &(dyn ModuleHost + Send + Sync), st: &State, ctrlr: &str, e
     }
 }
 
-/// The attached controller `name`.
-fn attached(st: &State, name: &str) -> Result<Arc<dyn Controller>, ModuleError> {
+/// The controllers (paths) attached as `name`.
+fn attached(st: &State, name: &str) -> Result<Vec<Arc<dyn Controller>>, ModuleError> {
     match lock(&st.controllers).get(name) {
-        Some(Slot::Attached(a)) => Ok(a.ctrlr.clone()),
+        Some(Slot::Attached(a)) => Ok(a.paths.iter().map(|p| p.ctrlr.clone()).collect()),
         Some(Slot::Busy) => Err(ParamError::new(
             "name",
             format!("NVMe controller '{name}' is being attached or detached; try again"),
@@ -498,19 +507,10 @@ fn attached(st: &State, name: &str) -> Result<Arc<dyn Controller>, ModuleError> 
     }
 }
 
-/// SPDK's transport ID fields of an address.
-fn trid_fields(address: &Address) -> Vec<(&'static str, String)> {
-    let mut f = vec![("trtype", address.trtype().as_str().to_string()), ("traddr", address.traddr())];
-    if let Address::Tcp { traddr, trsvcid, subnqn, .. } = address {
-        f.push(("adrfam", params::family_of(traddr).as_str().to_string()));
-        f.push(("trsvcid", trsvcid.to_string()));
-        f.push(("subnqn", subnqn.clone()));
-    }
-    f
-}
-
 /// `bdev_nvme_detach_controller`: deletes the bdevs, then detaches. Refused while a bdev is
-/// claimed. SPDK's path selectors must name the controller's one path when given.
+/// claimed. SPDK's path selectors (`trtype`, `traddr`, ...) pick the paths to detach: the
+/// namespaces lose those paths and keep their bdevs while another path serves them; without
+/// selectors, or when every path is picked, the whole controller goes.
 fn detach_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
     let mut selectors = Vec::new();
@@ -521,27 +521,20 @@ fn detach_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
     }
     p.finish()?;
     let st = state(host);
-    let taken = {
+    let (mut taken, picked) = {
         let mut map = lock(&st.controllers);
         match map.get(&name) {
             Some(Slot::Attached(a)) => {
-                let trid = trid_fields(&a.address);
-                for (field, given) in &selectors {
-                    let ours = trid.iter().find(|(f, _)| f == field).map(|(_, v)| v.as_str());
-                    if !ours.is_some_and(|v| v.eq_ignore_ascii_case(given)) {
-                        return Err(ParamError::new(
-                            *field,
-                            format!("'{given}' is not a path of NVMe controller '{name}' (it has one path)"),
-                        )
-                        .into());
-                    }
-                }
+                let picked = pick_paths(a, &name, &selectors)?;
+                let whole = picked.len() == a.paths.len();
                 // Check before taking: a claimed bdev leaves everything as it was.
-                for bdev in st.bdevs_of(host, &name, &a.ctrlr.namespaces()) {
-                    host.claimable(&bdev, ClaimType::ExclusiveWrite)?;
+                let doomed =
+                    if whole { st.bdevs_of(host, &name, &a.namespaces()) } else { orphans(&st, a, &picked) };
+                for bdev in &doomed {
+                    host.claimable(bdev, ClaimType::ExclusiveWrite)?;
                 }
                 match map.insert(name.clone(), Slot::Busy) {
-                    Some(Slot::Attached(a)) => a,
+                    Some(Slot::Attached(a)) => (a, picked),
                     _ => unreachable!("checked above"),
                 }
             }
@@ -555,34 +548,48 @@ fn detach_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
             None => return Err(no_controller(&name)),
         }
     };
-    for bdev in st.bdevs_of(host, &name, &taken.ctrlr.namespaces()) {
+    if picked.len() < taken.paths.len() {
+        return detach_paths(host, &st, &name, taken, &picked);
+    }
+    for bdev in st.bdevs_of(host, &name, &taken.namespaces()) {
         if let Err(e) = host.delete_bdev(&bdev, MODULE) {
             // Claimed since the check: put the controller back as it was (less the bdevs
             // already deleted, which a reset or a detach does not bring back).
             lock(&st.controllers).insert(name, Slot::Attached(taken));
             return Err(e);
         }
+        lock(&st.heads).remove(&bdev);
     }
-    taken.ctrlr.detach();
+    for path in taken.paths.drain(..) {
+        path.ctrlr.detach();
+    }
     lock(&st.bdevs).remove(&name);
     lock(&st.controllers).remove(&name);
     log::info!("nvme {name}: detached");
     Ok(Value::Bool(true))
 }
 
-/// One controller's entry: the driver's (state, controller ID, counters) with the transport
-/// ID and host as the attach gave them.
+/// One controller's entry: the driver's (state, controller ID, counters) for each path, with
+/// the transport ID and host as the attach gave them.
 fn controller_info(a: &Attached) -> Value {
-    let mut v = serde_json::to_value(a.ctrlr.info()).unwrap_or_else(|_| json!({}));
-    let trid: Map<String, Value> =
-        trid_fields(&a.address).into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
-    if let Some(path) = v.get_mut("ctrlrs").and_then(|c| c.get_mut(0)) {
-        path["trid"] = Value::Object(trid);
-        if let Some(nqn) = &a.hostnqn {
-            path["host"]["nqn"] = json!(nqn);
+    let mut ctrlrs = Vec::new();
+    let mut name = Value::Null;
+    for p in &a.paths {
+        let mut v = serde_json::to_value(p.ctrlr.info()).unwrap_or_else(|_| json!({}));
+        name = v["name"].clone();
+        let trid: Map<String, Value> =
+            trid_fields(&p.address).into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+        if let Some(Value::Array(paths)) = v.get_mut("ctrlrs").map(Value::take) {
+            for mut path in paths {
+                path["trid"] = Value::Object(trid.clone());
+                if let Some(nqn) = &p.hostnqn {
+                    path["host"]["nqn"] = json!(nqn);
+                }
+                ctrlrs.push(path);
+            }
         }
     }
-    v
+    json!({"name": name, "ctrlrs": ctrlrs})
 }
 
 /// `bdev_nvme_get_controllers`: all, or the one named.
@@ -610,18 +617,20 @@ fn reset_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modul
     let name = p.required_str("name")?;
     let cntlid = p.optional_uint("cntlid", u64::from(u16::MAX))?;
     p.finish()?;
-    let ctrlr = attached(&state(host), &name)?;
+    let mut paths = attached(&state(host), &name)?;
     if let Some(c) = cntlid {
-        let ours = ctrlr.info().ctrlrs.first().map(|p| u64::from(p.cntlid));
-        if ours != Some(c) {
+        paths.retain(|ctrlr| ctrlr.info().ctrlrs.first().map(|p| u64::from(p.cntlid)) == Some(c));
+        if paths.is_empty() {
             return Err(ParamError::new(
                 "cntlid",
-                format!("{c} is not NVMe controller '{name}''s controller ID"),
+                format!("{c} is not a controller ID of NVMe controller '{name}'"),
             )
             .into());
         }
     }
-    ctrlr.reset().map_err(nvme_error)?;
+    for ctrlr in paths {
+        ctrlr.reset().map_err(nvme_error)?;
+    }
     Ok(Value::Bool(true))
 }
 
@@ -657,6 +666,7 @@ const SHUTDOWN_DETACH_FLOOR: std::time::Duration = std::time::Duration::from_mil
 
 #[cfg(test)]
 mod tests {
+    use super::state::random_uuid;
     use super::*;
 
     #[test]

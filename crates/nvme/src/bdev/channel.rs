@@ -28,7 +28,7 @@ use crate::ctrlr::{ControllerData, TimeoutAction};
 use crate::transport::{IoQueue, QueueStats, Transport, TransportId};
 use crate::NvmeError;
 
-use super::namespace::{NamespaceBackend, NsParams};
+use super::paths::{NamespaceBackend, NsParams, PathSet};
 use super::status::{io_status, retryable, MAX_RETRIES, TIMED_OUT};
 
 /// Iovecs [`NvmeChannel::scratch`] has room for at first.
@@ -77,7 +77,7 @@ struct Cmd {
 
 /// A namespace's channel over transport `T`.
 pub(crate) struct NvmeChannel<T: Transport> {
-    shared: Arc<Shared<T>>,
+    pub(super) shared: Arc<Shared<T>>,
     me: Arc<ChannelShared>,
     nsid: u32,
     block_shift: u32,
@@ -337,6 +337,18 @@ impl<T: Transport> NvmeChannel<T> {
         self.done = out;
     }
 
+    /// Whether the channel holds a queue now.
+    #[inline]
+    pub(super) fn has_queue(&self) -> bool {
+        self.queue.is_some()
+    }
+
+    /// Gives back, failed with `errno`, every request held for resubmission (multipath: to
+    /// send them through another path). Requests whose commands are on a queue stay.
+    pub(super) fn release_held(&mut self, errno: i32) {
+        self.fail_held(errno);
+    }
+
     /// Takes the queue out of use: its commands go back to be resent; the queue itself to the
     /// controller thread (`retire`) or the caller.
     fn take_queue(&mut self) -> Option<T::Io> {
@@ -357,7 +369,7 @@ impl<T: Transport> NvmeChannel<T> {
     fn slow(&mut self, st: u64) {
         if generation(st) != generation(self.state) {
             if let Some(q) = self.take_queue() {
-                self.shared.send(Msg::Retire { queue: q });
+                self.shared.hand_back(Msg::Retire { queue: q });
             }
             self.pending = None;
         }
@@ -391,7 +403,7 @@ impl<T: Transport> NvmeChannel<T> {
                     self.queue = Some(grant.queue);
                     self.state = grant.state;
                 } else {
-                    self.shared.send(Msg::Retire { queue: grant.queue });
+                    self.shared.hand_back(Msg::Retire { queue: grant.queue });
                 }
             }
             Ok(Err(e)) => {
@@ -445,10 +457,27 @@ impl<T: Transport> NvmeChannel<T> {
         }
     }
 
-    fn publish_stats(&self) {
+    pub(super) fn publish_stats(&self) {
         let s = self.queue.as_ref().map_or(QueueStats::default(), |q| q.stats());
         self.me.publish(add_stats(self.stats_base, s));
     }
+}
+
+/// [`IoChannel::poll`] through the channel's `poll_batch`, into the list `batch` finds in it
+/// (kept between calls: no allocation per poll).
+pub(super) fn poll_kept<C: IoChannel>(
+    ch: &mut C,
+    batch: fn(&mut C) -> &mut Vec<(u32, IoStatus)>,
+    done: &mut dyn FnMut(u32, IoStatus),
+) -> usize {
+    let mut out = std::mem::take(batch(ch));
+    out.clear();
+    let n = ch.poll_batch(&mut out);
+    for &(tag, status) in &out {
+        done(tag, status);
+    }
+    *batch(ch) = out;
+    n
 }
 
 /// `ns` nanoseconds in ticks of `rate` per second.
@@ -516,15 +545,7 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
-        // A list kept between calls: no allocation per poll.
-        let mut out = std::mem::take(&mut self.batch);
-        out.clear();
-        let n = self.poll_batch(&mut out);
-        for &(tag, status) in &out {
-            done(tag, status);
-        }
-        self.batch = out;
-        n
+        poll_kept(self, |c| &mut c.batch, done)
     }
 
     fn poll_batch(&mut self, out: &mut Vec<(u32, IoStatus)>) -> usize {
@@ -562,7 +583,7 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
                 log::warn!("nvme {}n{}: I/O queue failed: {error}", self.shared.opts.name, self.nsid);
                 let state = self.state;
                 if let Some(queue) = self.take_queue() {
-                    self.shared.send(Msg::QueueFailed { state, queue, error });
+                    self.shared.hand_back(Msg::QueueFailed { state, queue, error });
                 }
             }
         }
@@ -605,14 +626,25 @@ impl<T: Transport> Drop for NvmeChannel<T> {
     }
 }
 
-impl<T: Transport> NamespaceBackend for Shared<T> {
-    fn open_channel(self: Arc<Self>, ns: &NsParams) -> Result<Box<dyn IoChannel>, BdevError> {
+impl<T: Transport> Shared<T> {
+    /// A channel on namespace `ns` with a queue pair of its own: waited for when `wait` (at
+    /// most the admin timeout; a controller resetting hands it over later), otherwise asked
+    /// for and taken at a later poll round.
+    pub(crate) fn path_channel(
+        self: &Arc<Self>,
+        ns: &NsParams,
+        wait: bool,
+    ) -> Result<NvmeChannel<T>, BdevError> {
         let (depth, requests) = (self.snapshot().io_queue_depth, self.global.io_queue_requests);
         let commands = usize::from(depth.max(2) - 1);
         let mut ch = NvmeChannel::new(self.clone(), ns, commands, (requests as usize).max(commands))?;
         let (tx, rx) = mpsc::sync_channel(1);
         if !self.send(Msg::ConnectIo { reply: tx }) {
             return Err(BdevError::Unsupported(format!("controller {} is detached", self.opts.name)));
+        }
+        if !wait {
+            ch.pending = Some(rx);
+            return Ok(ch);
         }
         match rx.recv_timeout(self.global.admin_timeout()) {
             Ok(Ok(grant)) => {
@@ -625,7 +657,33 @@ impl<T: Transport> NamespaceBackend for Shared<T> {
             // The controller is resetting: the channel takes the queue when it comes.
             Err(_) => ch.pending = Some(rx),
         }
-        Ok(Box::new(ch))
+        Ok(ch)
+    }
+}
+
+impl<T: Transport> NamespaceBackend for Shared<T> {
+    fn open_channel(self: Arc<Self>, ns: &NsParams) -> Result<Box<dyn IoChannel>, BdevError> {
+        Ok(Box::new(self.path_channel(ns, true)?))
+    }
+
+    fn open_multipath(
+        self: Arc<Self>,
+        set: Arc<PathSet>,
+        ns: &NsParams,
+    ) -> Result<Box<dyn IoChannel>, BdevError> {
+        self.open_multipath_channel(set, ns)
+    }
+
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self.any()
+    }
+
+    fn path_id(&self) -> u64 {
+        self.path_id
+    }
+
+    fn state_word(&self) -> u64 {
+        self.state()
     }
 
     fn controller_name(&self) -> &str {

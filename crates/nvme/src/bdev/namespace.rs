@@ -1,7 +1,9 @@
 //! A namespace as a block device: bdev `<controller>n<nsid>`, driver "nvme". Its channels are
 //! [`super::channel::NvmeChannel`]s, one I/O queue pair each, generic over the transport; the
 //! namespace reaches them through the controller's [`NamespaceBackend`], the one dynamic call
-//! (at `open_channel`, not per I/O).
+//! (at `open_channel`, not per I/O). A namespace reached through several controllers of one
+//! subsystem (multipath) keeps every path in its [`PathSet`]; its channels are then
+//! multipath channels (`bdev/multipath.rs`), one queue pair per path.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,38 +14,17 @@ use serde_json::{json, Map, Value};
 use crate::ctrlr::{ControllerData, NamespaceData};
 use crate::transport::{QueueStats, TransportId};
 
-/// What a channel needs to know of its namespace, fixed when the namespace is made.
-#[derive(Debug, Clone)]
-pub(crate) struct NsParams {
-    pub(crate) nsid: u32,
-    pub(crate) block_size: u32,
-    /// Shared with the namespace's [`BdevInfo`].
-    pub(crate) capacity: Capacity,
-    /// The most bytes of data one command moves (MDTS, the transport's bound).
-    pub(crate) max_transfer: u32,
-    /// A volatile write cache is present and `enable_flush` is on: Flush goes to the
-    /// controller (otherwise it completes at once: without a cache written data is already
-    /// durable; with one, the operator chose to leave it to the controller).
-    pub(crate) volatile_cache: bool,
-    /// Dataset Management (deallocate) is supported.
-    pub(crate) dsm: bool,
-    /// Write Zeroes is supported.
-    pub(crate) write_zeroes: bool,
-}
+use super::paths::{NamespaceBackend, NsParams, NsPath, PathSet};
 
-/// What a namespace asks of its controller (implemented by the controller's shared half for
-/// its transport).
-pub(crate) trait NamespaceBackend: Send + Sync {
-    /// Opens a channel: an I/O queue pair of the controller, for `ns`.
-    fn open_channel(self: Arc<Self>, ns: &NsParams) -> Result<Box<dyn IoChannel>, BdevError>;
-    /// The controller's name.
-    fn controller_name(&self) -> &str;
+/// One path of a namespace as `bdev_nvme_get_io_paths` shows it.
+#[derive(Debug, Clone)]
+pub struct PathInfo {
+    /// The controller ID.
+    pub cntlid: u16,
+    /// The controller is enabled (no ANA state is read yet: an enabled path is accessible).
+    pub enabled: bool,
     /// The transport ID.
-    fn trid(&self) -> TransportId;
-    /// Identify Controller as last read, and the version register.
-    fn controller_data(&self) -> (ControllerData, u32);
-    /// The channels' counters summed.
-    fn stats(&self) -> QueueStats;
+    pub trid: TransportId,
 }
 
 /// One namespace of an attached controller, as a block device.
@@ -54,7 +35,8 @@ pub struct NvmeNamespace {
     /// follows through [`BlockDevice::resize`], which the registry calls when told.
     reported_blocks: AtomicU64,
     data: Mutex<NamespaceData>,
-    backend: Arc<dyn NamespaceBackend>,
+    /// Its paths: the controller that made it first; more when it is multipath.
+    paths: Arc<PathSet>,
 }
 
 impl NvmeNamespace {
@@ -103,7 +85,7 @@ impl NvmeNamespace {
             params,
             reported_blocks: AtomicU64::new(data.nsze),
             data: Mutex::new(data),
-            backend,
+            paths: Arc::new(PathSet::new(NsPath { id: backend.path_id(), backend })),
         }
     }
 
@@ -133,9 +115,33 @@ impl NvmeNamespace {
         self.params.max_transfer
     }
 
-    /// The counters of the controller's channels summed (bounced requests, doorbells).
+    /// The counters of the controller's channels summed (bounced requests, doorbells), over
+    /// every path.
     pub fn stats(&self) -> QueueStats {
-        self.backend.stats()
+        self.paths
+            .list()
+            .iter()
+            .fold(QueueStats::default(), |a, p| crate::ctrlr::shared::add_stats(a, p.backend.stats()))
+    }
+
+    /// Its paths.
+    pub fn paths(&self) -> &Arc<PathSet> {
+        &self.paths
+    }
+
+    /// What `bdev_nvme_get_io_paths` shows of `path`.
+    pub fn path_info(&self, path: &NsPath) -> PathInfo {
+        let (c, _) = path.backend.controller_data();
+        PathInfo {
+            cntlid: c.cntlid,
+            enabled: path.backend.state_word() & crate::ctrlr::shared::ST_ENABLED != 0,
+            trid: path.backend.trid(),
+        }
+    }
+
+    /// The path (controller) this namespace object came from: the first of its own set.
+    pub(crate) fn own_path(&self) -> Option<NsPath> {
+        self.paths.list().into_iter().next()
     }
 
     /// A new Identify Namespace; returns whether the size changed.
@@ -148,10 +154,19 @@ impl NvmeNamespace {
     /// path, with the transport ID, the controller's data and the namespace's ID), plus the
     /// controller's queue counters.
     pub fn driver_specific(&self) -> Map<String, Value> {
-        let (c, vs) = self.backend.controller_data();
-        let s = self.stats();
-        let entry = json!({
-            "trid": self.backend.trid(),
+        let entries = self.paths.list().iter().map(|p| self.path_entry(p)).collect();
+        let mut m = Map::new();
+        m.insert("nvme".into(), Value::Array(entries));
+        m
+    }
+
+    /// One path's entry of [`NvmeNamespace::driver_specific`].
+    fn path_entry(&self, path: &NsPath) -> Value {
+        let backend = &path.backend;
+        let (c, vs) = backend.controller_data();
+        let s = backend.stats();
+        json!({
+            "trid": backend.trid(),
             "ctrlr_data": {
                 "cntlid": c.cntlid,
                 "vendor_id": format!("{:#06x}", c.vid),
@@ -167,12 +182,9 @@ impl NvmeNamespace {
                 },
             },
             "vs": { "nvme_version": format!("{}.{}", vs >> 16, (vs >> 8) & 0xff) },
-            "ns_data": { "id": self.params.nsid, "can_share": false },
+            "ns_data": { "id": self.params.nsid, "can_share": self.paths.is_multipath() },
             "stats": s,
-        });
-        let mut m = Map::new();
-        m.insert("nvme".into(), Value::Array(vec![entry]));
-        m
+        })
     }
 }
 
@@ -182,7 +194,14 @@ impl BlockDevice for NvmeNamespace {
     }
 
     fn open_channel(&self) -> Result<Box<dyn IoChannel>, BdevError> {
-        self.backend.clone().open_channel(&self.params)
+        let first = self.paths.list().into_iter().next().ok_or_else(|| {
+            BdevError::Unsupported(format!("{}: every path of the namespace was detached", self.info.name))
+        })?;
+        if self.paths.is_multipath() {
+            first.backend.open_multipath(self.paths.clone(), &self.params)
+        } else {
+            first.backend.open_channel(&self.params)
+        }
     }
 
     /// The size is the controller's: the registry calls this when the controller reported a

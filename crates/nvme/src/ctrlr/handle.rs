@@ -25,6 +25,9 @@ pub trait Controller: Send + Sync {
     /// Its namespaces with bdevs now.
     fn namespaces(&self) -> Vec<Arc<NvmeNamespace>>;
 
+    /// Its identity as a path of its namespaces (unique in the process; multipath).
+    fn path_id(&self) -> u64;
+
     /// `bdev_nvme_get_controllers`' entry.
     fn info(&self) -> ControllerInfo;
 
@@ -94,6 +97,10 @@ impl<T: Transport> Controller for Handle<T> {
 
     fn namespaces(&self) -> Vec<Arc<NvmeNamespace>> {
         lock_ns(&self.namespaces).values().cloned().collect()
+    }
+
+    fn path_id(&self) -> u64 {
+        self.shared.path_id
     }
 
     fn info(&self) -> ControllerInfo {

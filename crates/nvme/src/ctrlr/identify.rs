@@ -62,7 +62,15 @@ pub struct ControllerData {
     pub sgls: u32,
     /// NVM Subsystem NQN.
     pub subnqn: String,
+    /// Command Quiesce Time (CQT), in milliseconds: the controller's worst case for quiescing
+    /// its commands after a keep-alive timeout or another loss of communication; 0 when not
+    /// reported. Multipath waits for it before retrying a lost path's commands elsewhere.
+    pub cqt: u16,
 }
+
+/// Identify Controller's CQT (NVMe Base 2.1, Identify Controller data structure, bytes
+/// 387:386), kept here until the shared layout names it.
+const IDC_CQT: usize = 386;
 
 impl ControllerData {
     /// Parses the 4096-byte structure.
@@ -86,6 +94,7 @@ impl ControllerData {
             vwc: b[id::IDC_VWC],
             sgls: le32(b, id::IDC_SGLS),
             subnqn: text(b, id::IDC_SUBNQN, 256),
+            cqt: le16(b, IDC_CQT),
         }
     }
 
@@ -205,8 +214,10 @@ mod tests {
         c[id::IDC_ONCS] = 0b1100;
         c[id::IDC_VWC] = 1;
         c[id::IDC_OACS + 1] = 1;
+        c[386..388].copy_from_slice(&1500u16.to_le_bytes());
         let d = ControllerData::parse(&c);
         assert_eq!(d.sn, "SN01");
+        assert_eq!(d.cqt, 1500);
         assert_eq!(d.max_transfer(4096), Some(128 * 1024));
         assert!(d.dsm() && d.write_zeroes() && d.volatile_write_cache() && d.doorbell_buffer_config());
         assert!(!d.sgl());

@@ -14,7 +14,7 @@
 //! consistent on both sides). So no doorbell of an old queue is ever written to a re-enabled
 //! controller.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Sender, SyncSender};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -143,6 +143,12 @@ pub(crate) struct Snapshot {
 /// The shared half of one controller.
 pub(crate) struct Shared<T: Transport> {
     pub(crate) transport: T,
+    /// This controller's identity as a path of its namespaces (unique in the process).
+    pub(crate) path_id: u64,
+    /// Queues channels handed back after a failure or a reset ([`Shared::hand_back`]) that
+    /// the controller thread has not dropped (closed) yet: multipath moves a lost path's
+    /// requests elsewhere only once this is 0.
+    retiring: AtomicUsize,
     pub(crate) opts: ControllerOptions,
     pub(crate) global: GlobalOptions,
     state: AtomicU64,
@@ -160,8 +166,11 @@ impl<T: Transport> Shared<T> {
         global: GlobalOptions,
         tx: Sender<Msg<T>>,
     ) -> Self {
+        static NEXT_PATH: AtomicU64 = AtomicU64::new(1);
         Shared {
             transport,
+            path_id: NEXT_PATH.fetch_add(1, Ordering::Relaxed),
+            retiring: AtomicUsize::new(0),
             opts,
             global,
             state: AtomicU64::new((1 << GEN_SHIFT) | ST_RESETTING),
@@ -203,6 +212,26 @@ impl<T: Transport> Shared<T> {
             }
         }
         word
+    }
+
+    /// Hands a queue back to the controller thread (`Retire`, `QueueFailed`), counted in
+    /// [`Shared::retiring`] until the thread drops it.
+    pub(crate) fn hand_back(&self, msg: Msg<T>) {
+        self.retiring.fetch_add(1, Ordering::SeqCst);
+        if !self.send(msg) {
+            // The thread is gone: the message, and the queue in it, was dropped with it.
+            self.retiring.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The controller thread dropped a queue handed back.
+    pub(crate) fn retired(&self) {
+        self.retiring.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Queues handed back and not closed yet.
+    pub(crate) fn retiring(&self) -> usize {
+        self.retiring.load(Ordering::SeqCst)
     }
 
     /// Sends `msg` to the controller thread; false when it has stopped (the controller is

@@ -105,6 +105,7 @@ impl<T: Transport> Worker<T> {
             match self.rx.recv_timeout(wait) {
                 Ok(Msg::Detach { reply }) => {
                     self.detach();
+                    self.drop_handed_back();
                     let _ = reply.send(());
                     return;
                 }
@@ -112,10 +113,22 @@ impl<T: Transport> Worker<T> {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     self.detach();
+                    self.drop_handed_back();
                     return;
                 }
             }
             self.tick();
+        }
+    }
+
+    /// At the thread's end: the queues channels handed back and not yet taken are dropped
+    /// (closed), and counted so.
+    fn drop_handed_back(&mut self) {
+        while let Ok(msg) = self.rx.try_recv() {
+            if matches!(msg, Msg::Retire { .. } | Msg::QueueFailed { .. }) {
+                drop(msg);
+                self.shared.retired();
+            }
         }
     }
 
@@ -164,13 +177,17 @@ impl<T: Transport> Worker<T> {
                 // Only now: the controller no longer uses the queue's memory.
                 drop(queue);
             }
-            Msg::Retire { queue } => drop(queue),
+            Msg::Retire { queue } => {
+                drop(queue);
+                self.shared.retired();
+            }
             Msg::QueueFailed { state, queue, error } => {
                 if generation(state) == generation(self.shared.state()) {
                     log::warn!("nvme {}: I/O queue {} failed: {error}", self.shared.opts.name, queue.qid());
                     self.reset();
                 }
                 drop(queue);
+                self.shared.retired();
             }
             Msg::Abort { state, sqid, cid } => {
                 if generation(state) != generation(self.shared.state()) || !self.enabled() {

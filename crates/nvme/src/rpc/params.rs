@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use fp_nvme_spec::auth::{DhGroupId, HashId};
 use fp_rpc::{Neutral, ParamError, Params};
 
+use crate::bdev::paths::{Policy, Selector};
 use crate::tcp::DhchapOffer;
 
 /// SPDK's `trtype`: how the controller is reached.
@@ -211,6 +212,105 @@ pub struct AttachParams {
     /// The keyring name of the controller's key (`dhchap_ctrlr_key`): authenticate the
     /// controller too.
     pub dhchap_ctrlr_key: Option<String>,
+    /// What a taken `name` means (`multipath`); none when not given.
+    pub multipath: Option<MultipathMode>,
+    /// The namespaces' multipath policy (`multipath_opts`, SPDK's newest client), when given.
+    pub policy: Option<Policy>,
+}
+
+/// A multipath policy from SPDK's fields: `policy`, `selector` (active_active only) and the
+/// round-robin count (`rr_min_io`, or `min_io` in `multipath_opts`; round_robin only). `names`
+/// are the three fields as the method calls them, for the refusals.
+pub fn parse_policy(
+    policy: &str,
+    selector: Option<&str>,
+    min_io: Option<u64>,
+    names: [&'static str; 3],
+) -> Result<Policy, ParamError> {
+    let [policy_field, selector_field, min_io_field] = names;
+    match policy {
+        "active_passive" => {
+            if let Some(s) = selector {
+                return Err(ParamError::new(
+                    selector_field,
+                    format!("'{s}': a selector is for active_active only"),
+                ));
+            }
+            if min_io.is_some() {
+                return Err(ParamError::new(min_io_field, "for active_active round_robin only"));
+            }
+            Ok(Policy::ActivePassive)
+        }
+        "active_active" => {
+            let selector = match selector {
+                None | Some("round_robin") => Selector::RoundRobin,
+                Some("queue_depth") => Selector::QueueDepth,
+                Some(other) => {
+                    return Err(ParamError::new(
+                        selector_field,
+                        format!("'{other}' is not one of round_robin, queue_depth"),
+                    ))
+                }
+            };
+            if min_io.is_some() && selector != Selector::RoundRobin {
+                return Err(ParamError::new(min_io_field, "for active_active round_robin only"));
+            }
+            let rr_min_io = match min_io {
+                Some(0) => return Err(ParamError::new(min_io_field, "must be at least 1")),
+                Some(n) => n as u32,
+                None => 1,
+            };
+            Ok(Policy::ActiveActive { selector, rr_min_io })
+        }
+        other => Err(ParamError::new(
+            policy_field,
+            format!("'{other}' is not one of active_passive, active_active"),
+        )),
+    }
+}
+
+/// `multipath_opts` of `bdev_nvme_attach_controller`: `{policy, selector?, min_io?}`.
+fn multipath_opts(opts: serde_json::Map<String, serde_json::Value>) -> Result<Policy, ParamError> {
+    let mut p = Params::new(Some(serde_json::Value::Object(opts)))
+        .map_err(|e| ParamError::new("multipath_opts", e.to_string()))?;
+    let policy =
+        p.required_str("policy").map_err(|e| ParamError::new("multipath_opts.policy", e.to_string()))?;
+    let selector =
+        p.optional_str("selector").map_err(|e| ParamError::new("multipath_opts.selector", e.to_string()))?;
+    let min_io = p
+        .optional_uint("min_io", u64::from(u32::MAX))
+        .map_err(|e| ParamError::new("multipath_opts.min_io", e.to_string()))?;
+    p.finish().map_err(|e| ParamError::new("multipath_opts", e.to_string()))?;
+    parse_policy(
+        &policy,
+        selector.as_deref(),
+        min_io,
+        ["multipath_opts.policy", "multipath_opts.selector", "multipath_opts.min_io"],
+    )
+}
+
+/// SPDK's `multipath` of `bdev_nvme_attach_controller`: what attaching under a name already
+/// taken does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MultipathMode {
+    /// Refused: one path per name.
+    Disable,
+    /// Another path, used only while the paths before it are down (the namespaces' policy
+    /// becomes active_passive).
+    Failover,
+    /// Another path, used as the namespaces' policy says.
+    Multipath,
+}
+
+impl MultipathMode {
+    /// SPDK's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MultipathMode::Disable => "disable",
+            MultipathMode::Failover => "failover",
+            MultipathMode::Multipath => "multipath",
+        }
+    }
 }
 
 /// SPDK parameters of `bdev_nvme_attach_controller` flashpath does not implement: accepted
@@ -225,7 +325,6 @@ const ATTACH_SPDK_ONLY: &[(&str, Neutral)] = &[
     ("priority", Neutral::Absent),
     ("psk", Neutral::Absent),
     ("max_bdevs", Neutral::Absent),
-    ("multipath_opts", Neutral::Absent),
 ];
 
 impl AttachParams {
@@ -250,12 +349,20 @@ impl AttachParams {
         ] {
             p.unsupported(field, None).map_err(|_| ParamError::new(field, reason))?;
         }
-        if let Some(m) = p.optional_str("multipath")? {
-            return Err(ParamError::new(
-                "multipath",
-                format!("'{m}': not supported (flashpath keeps one path per controller)"),
-            ));
-        }
+        let multipath = match p.optional_str("multipath")?.as_deref().map(str::to_ascii_lowercase).as_deref()
+        {
+            None => None,
+            Some("disable") => Some(MultipathMode::Disable),
+            Some("failover") => Some(MultipathMode::Failover),
+            Some("multipath") => Some(MultipathMode::Multipath),
+            Some(other) => {
+                return Err(ParamError::new(
+                    "multipath",
+                    format!("'{other}' is not one of disable, failover, multipath"),
+                ))
+            }
+        };
+        let policy = p.optional_object("multipath_opts")?.map(multipath_opts).transpose()?;
         p.spdk_only(ATTACH_SPDK_ONLY)?;
         p.finish()?;
 
@@ -318,7 +425,7 @@ impl AttachParams {
                 "needs dhchap_key (the controller is authenticated in the host's transaction)",
             ));
         }
-        Ok(AttachParams { name, address, reconnect, dhchap_key, dhchap_ctrlr_key })
+        Ok(AttachParams { name, address, reconnect, dhchap_key, dhchap_ctrlr_key, multipath, policy })
     }
 }
 
@@ -663,6 +770,50 @@ mod tests {
     }
 
     #[test]
+    fn multipath_mode_and_policy_are_decoded_and_checked() {
+        let base = json!({"name": "N", "trtype": "tcp", "traddr": "127.0.0.1", "subnqn": "nqn.x"});
+        let with = |extra: Value| {
+            let mut v = base.clone();
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            v
+        };
+        assert_eq!(attach(base.clone()).unwrap().multipath, None);
+        let a = attach(with(json!({"multipath": "Multipath",
+            "multipath_opts": {"policy": "active_active", "selector": "round_robin", "min_io": 4}})))
+        .unwrap();
+        assert_eq!(a.multipath, Some(MultipathMode::Multipath));
+        assert_eq!(a.policy, Some(Policy::ActiveActive { selector: Selector::RoundRobin, rr_min_io: 4 }));
+        let a =
+            attach(with(json!({"multipath": "failover", "multipath_opts": {"policy": "active_passive"}})))
+                .unwrap();
+        assert_eq!((a.multipath, a.policy), (Some(MultipathMode::Failover), Some(Policy::ActivePassive)));
+        for (extra, want) in [
+            (json!({"multipath_opts": {"policy": "all"}}), "multipath_opts.policy: 'all' is not one of"),
+            (
+                json!({"multipath_opts": {"policy": "active_passive", "selector": "queue_depth"}}),
+                "multipath_opts.selector: 'queue_depth': a selector is for active_active only",
+            ),
+            (
+                json!({"multipath_opts": {"policy": "active_active", "selector": "queue_depth", "min_io": 2}}),
+                "multipath_opts.min_io: for active_active round_robin only",
+            ),
+            (
+                json!({"multipath_opts": {"policy": "active_active", "min_io": 0}}),
+                "multipath_opts.min_io: must be at least 1",
+            ),
+            (json!({"multipath_opts": {"selector": "round_robin"}}), "multipath_opts.policy: "),
+            (json!({"multipath_opts": {"policy": "active_active", "weight": 1}}), "multipath_opts: "),
+        ] {
+            let got = refusal(with(extra));
+            assert!(got.starts_with(want), "{got} (wanted {want})");
+        }
+        assert_eq!(
+            parse_policy("active_active", Some("queue_depth"), None, ["policy", "selector", "rr_min_io"]),
+            Ok(Policy::ActiveActive { selector: Selector::QueueDepth, rr_min_io: 1 })
+        );
+    }
+
+    #[test]
     fn a_tcp_attach_is_decoded_with_spdk_defaults() {
         let a = attach(json!({
             "name": "Nvme0", "trtype": "tcp", "traddr": "127.0.0.1", "adrfam": "ipv4",
@@ -731,7 +882,10 @@ mod tests {
             (tcp(json!({"hdgst": "yes"})), "hdgst: expected true or false"),
             (tcp(json!({"hostaddr": "127.0.0.2"})), "hostaddr: not supported"),
             (tcp(json!({"hostsvcid": "9"})), "hostsvcid: not supported"),
-            (tcp(json!({"multipath": "failover"})), "multipath: 'failover': not supported"),
+            (
+                tcp(json!({"multipath": "both"})),
+                "multipath: 'both' is not one of disable, failover, multipath",
+            ),
             (tcp(json!({"psk": "key0"})), "psk: not supported by flashpath"),
             (tcp(json!({"prchk_guard": true})), "prchk_guard: not supported by flashpath (only false)"),
             (

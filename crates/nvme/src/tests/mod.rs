@@ -4,5 +4,6 @@
 mod core_bdev;
 mod core_ctrlr;
 mod core_fake;
+mod core_mpath;
 mod core_pcie;
 mod core_tcp;

@@ -1,0 +1,204 @@
+//! NVMe multipath end to end (docs/nvme.md, "Multipath"): a daemon serves an error bdev over
+//! its own NVMe/TCP target and attaches it back twice under one name, each path through a TCP
+//! relay of the test's own (cutting a relay closes that path's connections and refuses new
+//! ones: the target's `nvmf_subsystem_remove_listener` closes only the listening socket).
+//!
+//! * [`two_paths_are_one_bdev_and_io_survives_the_loss_of_one`]: `-x multipath` adds a path
+//!   (one bdev, two `ctrlrs` in `bdev_nvme_get_controllers`), the refusals (another
+//!   subsystem, the same address, multipath disabled), `bdev_nvme_set_multipath_policy`,
+//!   `bdev_nvme_get_io_paths`; verified random I/O over vhost-user while writes are held at
+//!   the target and the first path is cut: no request fails, the data reads back; the path
+//!   comes back (failback), then is detached by its address while the bdev stays.
+
+mod common;
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use common::{random_write_verify, BlkClient, Daemon};
+use fp_nvme::testing::Relay;
+use serde_json::{json, Value};
+
+const NQN: &str = "nqn.2016-06.io.spdk:mpath";
+/// The RAM disk behind the subsystem: 16 MiB of 512-byte blocks.
+const BLOCKS: u64 = 32768;
+
+/// Serves error bdev `EE_m0` over RAM as namespace 1 of [`NQN`]; returns the port.
+fn serve_target(d: &Daemon) -> u16 {
+    d.malloc("m0", BLOCKS, 512);
+    d.call("bdev_error_create", json!({"base_name": "m0"}));
+    d.call("nvmf_create_transport", json!({"trtype": "TCP"}));
+    for nqn in [NQN, "nqn.2016-06.io.spdk:other"] {
+        d.call("nvmf_create_subsystem", json!({"nqn": nqn, "allow_any_host": true}));
+    }
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "EE_m0"}}));
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen =
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()});
+    for nqn in [NQN, "nqn.2016-06.io.spdk:other"] {
+        d.call("nvmf_subsystem_add_listener", json!({"nqn": nqn, "listen_address": listen}));
+    }
+    port
+}
+
+fn attach_params(port: u16, multipath: &str) -> Value {
+    json!({"name": "Nvme0", "trtype": "tcp", "traddr": "127.0.0.1", "trsvcid": port.to_string(),
+           "subnqn": NQN, "multipath": multipath, "ctrlr_loss_timeout_sec": -1, "reconnect_delay_sec": 1})
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `Nvme0n1`'s paths in `bdev_nvme_get_io_paths`, over every poll group.
+fn io_paths(d: &Daemon) -> Vec<Value> {
+    let r = d.call("bdev_nvme_get_io_paths", json!({"name": "Nvme0n1"}));
+    r["poll_groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["io_paths"].as_array().unwrap().clone())
+        .collect()
+}
+
+#[test]
+fn two_paths_are_one_bdev_and_io_survives_the_loss_of_one() {
+    let d = Daemon::start("0");
+    // A lost path's requests move after KATO + 1 s (the target reports no CQT).
+    d.call("bdev_nvme_set_options", json!({"keep_alive_timeout_ms": 1000}));
+    let port = serve_target(&d);
+    let relays = [Relay::start(port).unwrap(), Relay::start(port).unwrap()];
+    assert_eq!(
+        d.call("bdev_nvme_attach_controller", attach_params(relays[0].port(), "multipath")),
+        json!(["Nvme0n1"])
+    );
+
+    // Refusals, each naming its field, nothing changed.
+    let refusals = [
+        (
+            json!({"multipath": "disable"}),
+            "name: NVMe controller 'Nvme0' already exists and multipath is disabled",
+        ),
+        (
+            json!({"trsvcid": relays[0].port().to_string()}),
+            "traddr: NVMe controller 'Nvme0' already has the path",
+        ),
+        (
+            json!({"subnqn": "nqn.2016-06.io.spdk:other"}),
+            "subnqn: NVMe controller 'Nvme0' already exists, but uses a different subnqn",
+        ),
+    ];
+    for (extra, want) in refusals {
+        let mut p = attach_params(relays[1].port(), "multipath");
+        p.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let e = d.try_call("bdev_nvme_attach_controller", p).unwrap_err();
+        assert!(e.message.starts_with(want), "{e:?} (wanted {want})");
+    }
+    assert_eq!(
+        d.call("bdev_nvme_attach_controller", attach_params(relays[1].port(), "multipath")),
+        json!(["Nvme0n1"])
+    );
+
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
+    let ctrlrs = c[0]["ctrlrs"].as_array().unwrap();
+    assert_eq!(ctrlrs.len(), 2, "{c}");
+    let ports: Vec<&str> = ctrlrs.iter().map(|p| p["trid"]["trsvcid"].as_str().unwrap()).collect();
+    assert_eq!(ports, [relays[0].port().to_string(), relays[1].port().to_string()], "{c}");
+    assert_ne!(ctrlrs[0]["cntlid"], ctrlrs[1]["cntlid"], "{c}");
+    assert!(ctrlrs.iter().all(|p| p["state"] == "enabled"), "{c}");
+    let b = &d.call("bdev_get_bdevs", json!({"name": "Nvme0n1"}))[0];
+    assert_eq!(b["driver_specific"]["nvme"]["ns_data"]["can_share"], true, "{b}");
+    let entries = b["driver_specific"]["nvme"]["paths"].as_array().expect("every path's entry");
+    let ports: Vec<&str> = entries.iter().map(|e| e["trid"]["trsvcid"].as_str().unwrap()).collect();
+    assert_eq!(ports, [relays[0].port().to_string(), relays[1].port().to_string()], "{b}");
+
+    for (p, want) in [
+        (
+            json!({"name": "Nvme0n1", "policy": "both"}),
+            "policy: 'both' is not one of active_passive, active_active",
+        ),
+        (
+            json!({"name": "Nvme0n1", "policy": "active_passive", "selector": "queue_depth"}),
+            "selector: 'queue_depth': a selector is for active_active only",
+        ),
+        (json!({"name": "nope", "policy": "active_active"}), "name: no NVMe bdev 'nope'"),
+    ] {
+        let e = d.try_call("bdev_nvme_set_multipath_policy", p).unwrap_err();
+        assert!(e.message.starts_with(want), "{e:?} (wanted {want})");
+    }
+    let set = json!({"name": "Nvme0n1", "policy": "active_active", "selector": "round_robin"});
+    assert_eq!(d.call("bdev_nvme_set_multipath_policy", set), json!(true));
+
+    let sock = d.controller("vhost.0", "Nvme0n1", Some(2), false);
+    let mut client = BlkClient::open(&sock, 2);
+    assert_eq!(client.capacity, BLOCKS * 512);
+    random_write_verify(&mut client, 1, 4, 0, 4 << 20, Some(0));
+    let paths = io_paths(&d);
+    assert!(!paths.is_empty(), "no channel reported");
+    for p in &paths {
+        assert_eq!(p["bdev_name"], "Nvme0n1");
+        assert_eq!(p["accessible"], true, "{p}");
+        assert_eq!(p["transport"]["subnqn"], NQN, "{p}");
+    }
+    let ports: std::collections::BTreeSet<&str> =
+        paths.iter().map(|p| p["transport"]["trsvcid"].as_str().unwrap()).collect();
+    assert_eq!(ports.len(), 2, "{paths:?}");
+
+    // Writes held at the target (active_passive: all sent through the first path), then the
+    // first path is cut: the workload sees no error.
+    d.call("bdev_nvme_set_multipath_policy", json!({"name": "Nvme0n1", "policy": "active_passive"}));
+    d.call(
+        "bdev_error_inject_error",
+        json!({"name": "EE_m0", "io_type": "write", "error_type": "pending", "num": 4}),
+    );
+    let worker = std::thread::spawn(move || {
+        let compared = random_write_verify(&mut client, 2, 12, 4 << 20, 4 << 20, Some(0));
+        (client, compared)
+    });
+    wait_until("the target to hold four writes", || {
+        let b = &d.call("bdev_get_bdevs", json!({"name": "EE_m0"}))[0];
+        let injections = &b["driver_specific"]["error"]["injections"];
+        assert!(injections.is_object(), "{b}");
+        injections["write"]["num"].as_u64().is_none_or(|n| n == 0)
+    });
+    let cut_at = Instant::now();
+    relays[0].cut();
+    d.call("bdev_error_resume_pending", json!({"name": "EE_m0"}));
+    let (mut client, compared) = worker.join().expect("the workload saw no error");
+    assert!(compared > 0);
+    // The held writes were sent again only after the quiesce bound (KATO 1 s + 1 s).
+    assert!(
+        cut_at.elapsed() >= Duration::from_secs(2),
+        "the workload ended {:?} after the cut",
+        cut_at.elapsed()
+    );
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
+    assert_ne!(c[0]["ctrlrs"][0]["state"], "enabled", "the cut path is down: {c}");
+
+    // Failback: the path returns and carries I/O again.
+    relays[0].restore();
+    wait_until("the first path to reconnect", || {
+        d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}))[0]["ctrlrs"][0]["state"] == "enabled"
+    });
+    wait_until("both paths connected on a channel", || {
+        random_write_verify(&mut client, 3, 1, 8 << 20, 4 << 20, None);
+        let paths = io_paths(&d);
+        paths.iter().filter(|p| p["connected"] == true).count() >= 2
+    });
+
+    // One path detached by its address: the bdev stays, served by the other.
+    let detach = json!({"name": "Nvme0", "trtype": "TCP", "traddr": "127.0.0.1", "trsvcid": relays[0].port().to_string()});
+    assert_eq!(d.call("bdev_nvme_detach_controller", detach), json!(true));
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
+    assert_eq!(c[0]["ctrlrs"].as_array().map(Vec::len), Some(1), "{c}");
+    assert_eq!(c[0]["ctrlrs"][0]["trid"]["trsvcid"], relays[1].port().to_string(), "{c}");
+    random_write_verify(&mut client, 4, 4, 12 << 20, 4 << 20, Some(0));
+    drop(client);
+    d.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));
+    assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
+    assert!(d.try_call("bdev_get_bdevs", json!({"name": "Nvme0n1"})).is_err());
+}
