@@ -67,6 +67,18 @@ pub struct QpairInfo {
     /// The reactor serving it, named as SPDK names its poll groups.
     pub thread: String,
     pub listen_address: ListenAddress,
+    /// Its DH-HMAC-CHAP transaction, for a queue that authenticated (SPDK's object).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth: Option<QpairAuth>,
+}
+
+/// A queue pair's last DH-HMAC-CHAP transaction as SPDK shows it: `state` ("completed"),
+/// `digest` ("sha384") and `dhgroup` ("ffdhe2048", "null").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QpairAuth {
+    pub state: String,
+    pub digest: String,
+    pub dhgroup: String,
 }
 
 /// One namespace's I/O since it was attached.

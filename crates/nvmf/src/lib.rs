@@ -40,7 +40,8 @@ pub use controller::{AdminResult, Controller, ControllerConfig};
 pub use error::NvmfError;
 pub use fp_conn::uring::{SocketImpl, UnknownSocketImpl};
 pub use info::{
-    ControllerInfo, HostInfo, NamespaceEntry, NamespaceStats, QpairInfo, SubsystemInfo, SubsystemStats,
+    ControllerInfo, HostInfo, NamespaceEntry, NamespaceStats, QpairAuth, QpairInfo, SubsystemInfo,
+    SubsystemStats,
 };
 pub use options::{ListenAddress, NamespaceSpec, SubsystemSpec, TargetOptions, TransportOptions};
 pub use target::{NvmfTarget, DRAIN_TIMEOUT};

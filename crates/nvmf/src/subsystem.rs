@@ -137,6 +137,8 @@ pub(crate) struct QpairRef {
     pub reactor: ReactorHandle,
     pub id: PollerId,
     pub listen: ListenAddress,
+    /// The hash and DH group of the queue's last DH-HMAC-CHAP transaction, if it has one.
+    pub auth: Option<(fp_nvme_spec::auth::HashId, fp_nvme_spec::auth::DhGroupId)>,
 }
 
 /// What a controller's queue pairs and the handshake threads share about it.

@@ -101,7 +101,7 @@ impl NvmfTarget {
                 close_timeout_ms: AtomicU64::new(crate::CLOSE_TIMEOUT.as_millis() as u64),
                 stop_deadline: Mutex::new(None),
                 sock_impl: Mutex::new(SocketImpl::default()),
-                dhchap: Mutex::new(DhchapConfig::default()),
+                dhchap: Arc::new(Mutex::new(DhchapConfig::default())),
             }),
             listeners: Arc::new(Mutex::new(BTreeMap::new())),
         }
@@ -379,7 +379,8 @@ impl NvmfTarget {
     }
 
     /// Replaces a listed host's DH-HMAC-CHAP keys (`None`: it no longer authenticates). The
-    /// queues connected keep running; each new connection uses the new keys.
+    /// queues connected keep running; each new connection, and each transaction a connected
+    /// queue starts to authenticate again, uses the new keys.
     pub fn set_host_keys(
         &self,
         nqn: &str,
@@ -610,6 +611,11 @@ impl NvmfTarget {
                     state: "active".into(),
                     thread: format!("nvmf_tgt_poll_group_{}", q.reactor.id()),
                     listen_address: q.listen.clone(),
+                    auth: q.auth.map(|(hash, group)| QpairAuth {
+                        state: "completed".into(),
+                        digest: hash.name().into(),
+                        dhgroup: group.name().into(),
+                    }),
                 });
             }
         }

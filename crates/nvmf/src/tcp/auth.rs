@@ -64,13 +64,16 @@ enum Step {
 
 /// One queue's transaction, for the host `hostnqn` of subsystem `subnqn`.
 pub(crate) struct Authenticator {
-    keys: DhchapKeys,
+    /// `None` when the host has no key (any more): every transaction is refused.
+    keys: Option<DhchapKeys>,
     config: DhchapConfig,
     hostnqn: String,
     subnqn: String,
     step: Step,
     /// The message the host's next Authentication Receive gets.
     outgoing: Option<AuthMessage>,
+    /// The hash and DH group of the last Challenge.
+    negotiated: Option<(HashId, DhGroupId)>,
 }
 
 /// Why a host's message was refused (logged; the host gets AUTH_Failure1 with `reason`).
@@ -80,7 +83,12 @@ pub(crate) struct Refused {
 }
 
 impl Authenticator {
-    pub(crate) fn new(keys: DhchapKeys, config: DhchapConfig, hostnqn: &str, subnqn: &str) -> Authenticator {
+    pub(crate) fn new(
+        keys: Option<DhchapKeys>,
+        config: DhchapConfig,
+        hostnqn: &str,
+        subnqn: &str,
+    ) -> Authenticator {
         Authenticator {
             keys,
             config,
@@ -88,7 +96,19 @@ impl Authenticator {
             subnqn: subnqn.to_string(),
             step: Step::Negotiate,
             outgoing: None,
+            negotiated: None,
         }
+    }
+
+    /// The hash and DH group the transaction runs with, once negotiated.
+    pub(crate) fn negotiated(&self) -> Option<(HashId, DhGroupId)> {
+        self.negotiated
+    }
+
+    /// A message (a Challenge, Success1 or AUTH_Failure1) waits for the host's Authentication
+    /// Receive.
+    pub(crate) fn has_outgoing(&self) -> bool {
+        self.outgoing.is_some()
     }
 
     /// The transaction succeeded: the queue may run other commands.
@@ -152,6 +172,9 @@ impl Authenticator {
     }
 
     fn negotiate(&mut self, n: fp_nvme_spec::auth::Negotiate) -> Result<(), Refused> {
+        if self.keys.is_none() {
+            return Err(refused(FailureReason::Failed, "the host has no dhchap_key on this subsystem"));
+        }
         if n.sc_c != 0 {
             return Err(refused(FailureReason::ConcatenationMismatch, "secure channel concatenation asked"));
         }
@@ -170,6 +193,7 @@ impl Authenticator {
         let pair = (group != DhGroupId::Null).then(|| DhKeyPair::generate(group));
         let c1 = dhchap::random_challenge(hash);
         let s1 = dhchap::random_sequence_number();
+        self.negotiated = Some((hash, group));
         self.outgoing = Some(AuthMessage::Challenge(Challenge {
             t_id: n.t_id,
             hash,
@@ -208,9 +232,12 @@ impl Authenticator {
             None => return Err(refused(FailureReason::IncorrectPayload, "a DH value with the null group")),
         };
         let session_key = session_key.as_deref().map(|k| k.as_slice());
+        let Some(keys) = &self.keys else {
+            return Err(refused(FailureReason::Failed, "the host has no dhchap_key on this subsystem"));
+        };
         let t = Transaction { hash, t_id, sc_c: 0, hostnqn: &self.hostnqn, subnqn: &self.subnqn };
         let ca1 = dhchap::augmented_challenge(hash, c1, session_key);
-        let expected = dhchap::host_response(&t, &self.keys.key.transformed(&self.hostnqn), &ca1, s1);
+        let expected = dhchap::host_response(&t, &keys.key.transformed(&self.hostnqn), &ca1, s1);
         if !dhchap::responses_match(&r.response, &expected) {
             return Err(refused(FailureReason::Failed, "the host's response does not match its dhchap_key"));
         }
@@ -220,7 +247,7 @@ impl Authenticator {
             self.step = Step::Success1Queued;
             return Ok(());
         };
-        let Some(ctrlr_key) = &self.keys.ctrlr_key else {
+        let Some(ctrlr_key) = &keys.ctrlr_key else {
             return Err(refused(
                 FailureReason::Failed,
                 "the host asks the controller to authenticate and no dhchap_ctrlr_key is set for it",
@@ -278,7 +305,7 @@ mod tests {
     }
 
     fn controller(ctrlr_key: Option<DhchapSecret>, config: DhchapConfig) -> Authenticator {
-        Authenticator::new(DhchapKeys { key: secret(1), ctrlr_key }, config, HOSTNQN, SUBNQN)
+        Authenticator::new(Some(DhchapKeys { key: secret(1), ctrlr_key }), config, HOSTNQN, SUBNQN)
     }
 
     fn failure(a: &mut Authenticator) -> FailureReason {

@@ -29,6 +29,7 @@ macro_rules! on_each_sock_impl {
 }
 
 mod api;
+mod auth;
 mod buffers;
 mod busy;
 mod host;
