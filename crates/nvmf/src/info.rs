@@ -10,6 +10,11 @@ use crate::options::ListenAddress;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HostInfo {
     pub nqn: String,
+    /// The keyring names of its DH-HMAC-CHAP keys, as SPDK shows them (never the secrets).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dhchap_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrlr_key: Option<String>,
 }
 
 /// A namespace as `nvmf_get_subsystems` lists it.
@@ -34,6 +39,9 @@ pub struct SubsystemInfo {
     pub listen_addresses: Vec<ListenAddress>,
     pub allow_any_host: bool,
     pub hosts: Vec<HostInfo>,
+    /// flashpath's own `require_dhchap`, shown only when on.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub require_dhchap: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_number: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -29,6 +29,12 @@ fn not_found(what: &'static str, name: &str) -> NvmfError {
 /// [`NvmfError::Draining`] (changed with [`NvmfTarget::set_drain_timeout`]).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why `require_dhchap` and `allow_any_host` do not go together.
+const REQUIRE_DHCHAP_ANY_HOST: &str =
+    "require_dhchap and allow_any_host together: a host that is not listed has no dhchap_key";
+/// Why a host of a `require_dhchap` subsystem needs a key.
+const REQUIRE_DHCHAP_KEY: &str = "required: the subsystem has require_dhchap (every host must authenticate)";
+
 /// A listener, the subsystems on it and its port ID (in the discovery log).
 pub(crate) type OpenListener = (Listener, BTreeSet<String>, u16);
 
@@ -79,6 +85,7 @@ impl NvmfTarget {
                 allow_any_host: true,
                 hosts: BTreeSet::new(),
                 host_keys: BTreeMap::new(),
+                require_dhchap: false,
                 max_namespaces: 0,
                 min_cntlid: 1,
                 max_cntlid: 0xFFEF,
@@ -210,12 +217,16 @@ impl NvmfTarget {
             return Err(invalid("min_cntlid", "need 1 <= min_cntlid <= max_cntlid <= 65519"));
         }
         let max_namespaces = if spec.max_namespaces == 0 { 32 } else { spec.max_namespaces };
+        if spec.require_dhchap && spec.allow_any_host {
+            return Err(invalid("require_dhchap", REQUIRE_DHCHAP_ANY_HOST));
+        }
         let state = SubState {
             serial,
             model,
             allow_any_host: spec.allow_any_host,
             hosts: BTreeSet::new(),
             host_keys: BTreeMap::new(),
+            require_dhchap: spec.require_dhchap,
             max_namespaces,
             min_cntlid: min,
             max_cntlid: max,
@@ -367,6 +378,9 @@ impl NvmfTarget {
         let sub = self.nvm_subsystem(nqn)?;
         {
             let mut st = lock(&sub.state);
+            if st.require_dhchap && keys.is_none() {
+                return Err(invalid("dhchap_key", REQUIRE_DHCHAP_KEY));
+            }
             if !st.hosts.insert(host_nqn.to_string()) {
                 return Err(NvmfError::AlreadyExists { what: "host", name: host_nqn.to_string() });
             }
@@ -391,6 +405,9 @@ impl NvmfTarget {
         let mut st = lock(&sub.state);
         if !st.hosts.contains(host_nqn) {
             return Err(not_found("host", host_nqn));
+        }
+        if st.require_dhchap && keys.is_none() {
+            return Err(invalid("dhchap_key", REQUIRE_DHCHAP_KEY));
         }
         match keys {
             Some(k) => st.host_keys.insert(host_nqn.to_string(), k),
@@ -439,6 +456,9 @@ impl NvmfTarget {
         let sub = self.nvm_subsystem(nqn)?;
         let qpairs = {
             let mut st = lock(&sub.state);
+            if allow && st.require_dhchap {
+                return Err(invalid("allow_any_host", REQUIRE_DHCHAP_ANY_HOST));
+            }
             st.allow_any_host = allow;
             if allow {
                 Vec::new()
@@ -699,7 +719,19 @@ fn subsystem_info(s: &Subsystem, discovery_listeners: &[ListenAddress]) -> Subsy
         subtype: if discovery { "Discovery" } else { "NVMe" }.into(),
         listen_addresses: if discovery { discovery_listeners.to_vec() } else { st.listeners.clone() },
         allow_any_host: st.allow_any_host,
-        hosts: st.hosts.iter().map(|h| HostInfo { nqn: h.clone() }).collect(),
+        hosts: st
+            .hosts
+            .iter()
+            .map(|h| {
+                let keys = st.host_keys.get(h);
+                HostInfo {
+                    nqn: h.clone(),
+                    dhchap_key: keys.map(|k| k.key_name.clone()),
+                    dhchap_ctrlr_key: keys.and_then(|k| k.ctrlr_key_name.clone()),
+                }
+            })
+            .collect(),
+        require_dhchap: st.require_dhchap,
         serial_number: (!discovery).then(|| st.serial.clone()),
         model_number: (!discovery).then(|| st.model.clone()),
         max_namespaces: (!discovery).then_some(st.max_namespaces),

@@ -30,6 +30,10 @@ pub struct DhchapKeys {
     /// The controller's secret: with it the controller answers a host's challenge
     /// (bidirectional authentication); without it a host asking for that is refused.
     pub ctrlr_key: Option<DhchapSecret>,
+    /// The keyring names of `key` and `ctrlr_key`, which `nvmf_get_subsystems` shows (the
+    /// secrets are never shown).
+    pub key_name: String,
+    pub ctrlr_key_name: Option<String>,
 }
 
 /// The hashes and DH groups the target allows (`nvmf_set_config`'s `dhchap_digests` and
@@ -305,7 +309,8 @@ mod tests {
     }
 
     fn controller(ctrlr_key: Option<DhchapSecret>, config: DhchapConfig) -> Authenticator {
-        Authenticator::new(Some(DhchapKeys { key: secret(1), ctrlr_key }), config, HOSTNQN, SUBNQN)
+        let keys = DhchapKeys { key: secret(1), ctrlr_key, key_name: "k".into(), ctrlr_key_name: None };
+        Authenticator::new(Some(keys), config, HOSTNQN, SUBNQN)
     }
 
     fn failure(a: &mut Authenticator) -> FailureReason {

@@ -233,7 +233,11 @@ fn accept(
         return Err(ConnectRefusal {
             status: Status::command_specific(SC_CONNECT_INVALID_HOST),
             dw0: DATA_HOSTNQN as u32 | (1 << 16),
-            why: "host not allowed",
+            why: if st.require_dhchap {
+                "host without a dhchap_key on a subsystem with require_dhchap"
+            } else {
+                "host not allowed"
+            },
         });
     }
     if c.qid == 0 {

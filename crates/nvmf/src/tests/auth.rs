@@ -22,7 +22,12 @@ fn secret(seed: u8) -> DhchapSecret {
 }
 
 fn keys(key: u8, ctrlr_key: u8) -> DhchapKeys {
-    DhchapKeys { key: secret(key), ctrlr_key: Some(secret(ctrlr_key)) }
+    DhchapKeys {
+        key: secret(key),
+        ctrlr_key: Some(secret(ctrlr_key)),
+        key_name: format!("key{key}"),
+        ctrlr_key_name: Some(format!("key{ctrlr_key}")),
+    }
 }
 
 /// AUTH_Send of `m` on `h`; the command's status.
