@@ -45,7 +45,7 @@ pub use info::{
 };
 pub use options::{ListenAddress, NamespaceSpec, SubsystemSpec, TargetOptions, TransportOptions};
 pub use target::{NvmfTarget, DRAIN_TIMEOUT};
-pub use tcp::auth::{DhchapConfig, DhchapKeys};
+pub use tcp::auth::{Authenticator, DhchapConfig, DhchapKeys, Refused};
 pub use tcp::qpair::CLOSE_TIMEOUT;
 
 #[cfg(test)]

@@ -66,8 +66,9 @@ enum Step {
     Done,
 }
 
-/// One queue's transaction, for the host `hostnqn` of subsystem `subnqn`.
-pub(crate) struct Authenticator {
+/// One queue's transaction, for the host `hostnqn` of subsystem `subnqn`. Pure logic (public
+/// for the `nvmf_auth` fuzz target): no I/O, and no panic on any message sequence.
+pub struct Authenticator {
     /// `None` when the host has no key (any more): every transaction is refused.
     keys: Option<DhchapKeys>,
     config: DhchapConfig,
@@ -81,18 +82,17 @@ pub(crate) struct Authenticator {
 }
 
 /// Why a host's message was refused (logged; the host gets AUTH_Failure1 with `reason`).
-pub(crate) struct Refused {
+#[derive(Debug)]
+pub struct Refused {
+    /// The reason code AUTH_Failure1 carries.
     pub reason: FailureReason,
+    /// What was wrong, for the log.
     pub why: String,
 }
 
 impl Authenticator {
-    pub(crate) fn new(
-        keys: Option<DhchapKeys>,
-        config: DhchapConfig,
-        hostnqn: &str,
-        subnqn: &str,
-    ) -> Authenticator {
+    /// A transaction for a host with `keys` (`None`: a host without keys, always refused).
+    pub fn new(keys: Option<DhchapKeys>, config: DhchapConfig, hostnqn: &str, subnqn: &str) -> Authenticator {
         Authenticator {
             keys,
             config,
@@ -105,37 +105,40 @@ impl Authenticator {
     }
 
     /// The hash and DH group the transaction runs with, once negotiated.
-    pub(crate) fn negotiated(&self) -> Option<(HashId, DhGroupId)> {
+    pub fn negotiated(&self) -> Option<(HashId, DhGroupId)> {
         self.negotiated
     }
 
     /// A message (a Challenge, Success1 or AUTH_Failure1) waits for the host's Authentication
     /// Receive.
-    pub(crate) fn has_outgoing(&self) -> bool {
+    pub fn has_outgoing(&self) -> bool {
         self.outgoing.is_some()
     }
 
     /// The transaction succeeded: the queue may run other commands.
-    pub(crate) fn authenticated(&self) -> bool {
+    pub fn authenticated(&self) -> bool {
         matches!(self.step, Step::Done)
     }
 
     /// Takes the host's Authentication Send data. A refusal queues AUTH_Failure1 and returns
-    /// why; the command itself still succeeds (the failure is the next Receive's message).
-    pub(crate) fn on_send(&mut self, data: &[u8]) -> Result<(), Refused> {
+    /// why; the command itself still succeeds (the failure is the next Receive's message). The
+    /// host's own AUTH_Failure2 ends the transaction with nothing queued.
+    pub fn on_send(&mut self, data: &[u8]) -> Result<(), Refused> {
         let result = match AuthMessage::parse(data) {
             Ok(m) => self.step_with(m),
             Err(e) => Err(refused(FailureReason::IncorrectPayload, e)),
         };
-        if let Err(r) = &result {
-            let t_id = AuthMessage::parse(data).map_or(0, |m| m.t_id());
-            self.fail(t_id, r.reason);
+        match (&result, AuthMessage::parse(data)) {
+            // The host ended the transaction itself (AUTH_Failure2): nothing to answer.
+            (Err(_), Ok(AuthMessage::Failure(_))) => {}
+            (Err(r), m) => self.fail(m.map_or(0, |m| m.t_id()), r.reason),
+            (Ok(()), _) => {}
         }
         result
     }
 
     /// The message for the host's Authentication Receive, if one is due.
-    pub(crate) fn on_receive(&mut self) -> Option<AuthMessage> {
+    pub fn on_receive(&mut self) -> Option<AuthMessage> {
         let m = self.outgoing.take()?;
         if matches!(self.step, Step::Success1Queued) {
             self.step = Step::Done;
@@ -387,6 +390,20 @@ mod tests {
         host_reply(&mut a, &secret(1), DhGroupId::Null, Some(vec![5; 48]));
         assert_eq!(failure(&mut a), FailureReason::Failed);
         assert!(!a.authenticated());
+    }
+
+    #[test]
+    fn the_hosts_failure2_ends_the_transaction_with_nothing_queued() {
+        let mut a = controller(None, DhchapConfig::default());
+        a.on_send(&negotiate(3, &[HashId::Sha256], &[DhGroupId::Null])).ok().unwrap();
+        assert!(matches!(a.on_receive(), Some(AuthMessage::Challenge(_))));
+        let f = Failure { t_id: 3, from_controller: false, reason: FailureReason::Failed };
+        let r = a.on_send(&encoded(AuthMessage::Failure(f))).err().unwrap();
+        assert_eq!(r.reason, FailureReason::Failed, "{}", r.why);
+        assert!(!a.has_outgoing() && a.on_receive().is_none(), "an answer to the host's AUTH_Failure2");
+        // A new transaction may start.
+        a.on_send(&negotiate(4, &[HashId::Sha256], &[DhGroupId::Null])).ok().unwrap();
+        assert!(matches!(a.on_receive(), Some(AuthMessage::Challenge(c)) if c.t_id == 4));
     }
 
     #[test]
