@@ -12,13 +12,6 @@ use fp_nvme_spec::auth::{AuthCommand, AuthMessage};
 
 use super::*;
 
-/// An Authentication Send or Receive.
-#[inline]
-pub(crate) fn is_auth(sqe: &Sqe) -> bool {
-    sqe.opcode() == OPC_FABRICS
-        && matches!(sqe.fctype(), FCTYPE_AUTHENTICATION_SEND | FCTYPE_AUTHENTICATION_RECEIVE)
-}
-
 impl Executor {
     /// Command `i`, an Authentication Send or Receive on the live queue.
     pub(crate) fn auth_command<T: Transport>(&mut self, t: &mut T, i: u16) {

@@ -33,7 +33,12 @@ mod admin;
 mod auth;
 mod io;
 
-pub(crate) use auth::is_auth;
+/// An Authentication Send or Receive (served by `auth`).
+#[inline]
+pub(crate) fn is_auth(sqe: &Sqe) -> bool {
+    sqe.opcode() == OPC_FABRICS
+        && matches!(sqe.fctype(), FCTYPE_AUTHENTICATION_SEND | FCTYPE_AUTHENTICATION_RECEIVE)
+}
 
 /// Command buffers up to this size are kept for the next command; larger transfers take one of
 /// the queue's large buffers.
