@@ -898,3 +898,32 @@ write("nvme_ana_log", {
     "seed-groups-only": ana_page(1, [(1, 2, []), (7, 0xF, [])]),
     "seed-empty": ana_page(0, []),
 })
+
+
+# nvmf_auth: a setup byte, then host records (see fuzz_targets/nvmf_auth.rs): 2 negotiate
+# (T_ID, hashes, groups, SC_C), 1 receive, 3 reply (flags, S2), 4 success2 (T_ID), 0 raw bytes.
+def na_negotiate(t_id, hashes, groups):
+    return bytes([2]) + struct.pack("<H", t_id) + bytes([hashes, groups, 0])
+
+
+def na_reply(flags, s2=0):
+    return bytes([3, flags, s2])
+
+
+NA_RECEIVE = bytes([1])
+write("nvmf_auth", {
+    # Keys, SHA-256, null group: right key, unidirectional.
+    "seed-unidirectional": bytes([0x05]) + na_negotiate(1, 1, 1) + NA_RECEIVE + na_reply(1) + NA_RECEIVE,
+    # Both keys, ffdhe2048, bidirectional, Success2; then again (re-authentication).
+    "seed-bidirectional-2048": bytes([0x27]) + (na_negotiate(7, 2, 2) + NA_RECEIVE + na_reply(3, 9) + NA_RECEIVE
+                                                + bytes([4]) + struct.pack("<H", 7)) * 2,
+    # A wrong key, then the right one; another T_ID; a flipped byte.
+    "seed-refusals": bytes([0x07]) + na_negotiate(2, 7, 1) + NA_RECEIVE + na_reply(0) + NA_RECEIVE
+                     + na_negotiate(3, 7, 1) + NA_RECEIVE + na_reply(5) + NA_RECEIVE
+                     + na_negotiate(4, 7, 1) + NA_RECEIVE + na_reply(9) + NA_RECEIVE,
+    # No keys; C2 without a controller key; raw bytes (a Negotiate message) and a Failure2.
+    "seed-no-keys": bytes([0x00]) + na_negotiate(1, 1, 1) + NA_RECEIVE
+                    + bytes([0, len(auth_negotiate(1, [1], [0]))]) + auth_negotiate(1, [1], [0]) + NA_RECEIVE,
+    "seed-c2-no-ctrl-key": bytes([0x01]) + na_negotiate(1, 1, 1) + NA_RECEIVE + na_reply(3) + NA_RECEIVE
+                           + bytes([0, 6]) + auth_hdr(0, 0xF0, 1) + bytes([1, 1]) + NA_RECEIVE,
+})

@@ -827,6 +827,31 @@ fn nvmf_commands_on_a_daemon() {
     assert_eq!(e, "error: --nguid: 'xyz' is not 32 hexadecimal digits");
     let e = refused(&["nvmf", "host", "add", NQN, "not-an-nqn"]);
     assert!(e.starts_with("error: HOST_NQN: "), "{e}");
+    // A host with DH-HMAC-CHAP keys, named in the keyring; the list shows their names.
+    const KEYED: &str = "nqn.2014-08.org.nvmexpress:uuid:1f0e0d0c-0b0a-0908-0706-050403020100";
+    let key_file = d.dir.path().join("host0");
+    std::fs::write(&key_file, "DHHC-1:00:ISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0Dc1bqW:\n").unwrap();
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    d.call("keyring_file_add_key", serde_json::json!({"name": "host0", "path": key_file.to_str().unwrap()}));
+    let e =
+        refused(&["nvmf", "host", "add", NQN, KEYED, "--dhchap-key", "host0", "--dhchap-ctrlr-key", "nope"]);
+    assert!(e.starts_with("error: --dhchap-ctrlr-key: "), "{e}");
+    ok(&["nvmf", "host", "add", NQN, KEYED, "--dhchap-key", "host0", "--dhchap-ctrlr-key", "host0"]);
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["nvmf", "subsystem", "list", NQN, "--json"])).unwrap();
+    let keyed = serde_json::json!({"nqn": KEYED, "dhchap_key": "host0", "dhchap_ctrlr_key": "host0"});
+    assert!(json[0]["hosts"].as_array().unwrap().contains(&keyed), "{json}");
+    ok(&["nvmf", "host", "remove", NQN, KEYED]);
+    // Every host must authenticate: no host without a key, and not with --allow-any-host.
+    const STRICT: &str = "nqn.2016-06.io.spdk:strict";
+    ok(&["nvmf", "subsystem", "create", STRICT, "--require-dhchap"]);
+    let e = refused(&["nvmf", "host", "add", STRICT, HOST]);
+    assert!(e.starts_with("error: --dhchap-key: required"), "{e}");
+    ok(&["nvmf", "host", "add", STRICT, HOST, "--dhchap-key", "host0"]);
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["nvmf", "subsystem", "list", STRICT, "--json"])).unwrap();
+    assert_eq!(json[0]["require_dhchap"], true, "{json}");
+    ok(&["nvmf", "subsystem", "delete", STRICT]);
     let e = refused(&["nvmf", "ns", "remove", NQN, "9"]);
     assert!(e.contains("does not exist"), "{e}");
     let e = refused(&["nvmf", "subsystem", "delete", "nqn.2016-06.io.spdk:none"]);

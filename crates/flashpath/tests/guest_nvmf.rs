@@ -11,6 +11,15 @@
 //! disk's contents afterwards: the file system with e2fsck and debugfs, the writes past the old
 //! end byte for byte.
 //!
+//! Before the resize, with the first subsystem connected, the guest's `nvmf_auth` runs the
+//! kernel's DH-HMAC-CHAP against a second subsystem that admits the guest's host NQN with keys
+//! only (bidirectional; SHA-512 and ffdhe3072 at the connect): a wrong secret refused, fio
+//! verifying over the authenticated queues, then with a verifying fio running the host's and
+//! then the controller's key changed on the target (`nvmf_subsystem_set_keys`) and in sysfs,
+//! each followed by a re-authentication of every queue of the same controller (the host
+//! watches `nvmf_subsystem_get_qpairs`' `auth` objects change hash), and the replaced secret
+//! refused at the next connect.
+//!
 //! One boot in this binary. It runs with the other guest tests (`./run test`, one at a time);
 //! the module is `guest_vm` so that the step running everything else skips it. Without QEMU or
 //! socat it fails under `CI=true` and is skipped elsewhere.
@@ -36,6 +45,132 @@ mod guest_vm {
     const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:f1a5c0de-0000-4000-8000-000000000024";
     /// The guest's `op` lines for the namespace name it `nvmf`.
     const OPS: &str = "nvmf";
+    /// The subsystem the guest must authenticate to (DH-HMAC-CHAP), over its own RAM disk.
+    const AUTH_NQN: &str = "nqn.2016-06.io.flashpath:guest-auth";
+    /// DH-HMAC-CHAP secrets as `nvme gen-dhchap-key` writes them: the host's first (SHA-256
+    /// transform) and the controller's (48 bytes, SHA-384), their replacements (64 bytes,
+    /// SHA-512; 48 bytes, no transform), and one the subsystem never has.
+    const HOST_KEY: &str = "DHHC-1:01:sInzpt8zAslrstFcOdfRI+sctNzuJ2aElzqPylPK1q2fVAkx:";
+    const CTRL_KEY: &str =
+        "DHHC-1:02:+yR/dy1TA2eI+GY4gARWC9YHcke2eLK8TXEsRCmVikLHwAgQwHmbKQ34xGEAeqIg944pQg==:";
+    const NEW_HOST_KEY: &str = "DHHC-1:03:HKqiG+usQFvhQJ//yyxt/rZPKTkKi8hCkk8DVEWrlLKUvhqqxQaEMLip0AdBBs595LYTn1cRHJOHydeBdJNEFZcXki0=:";
+    const NEW_CTRL_KEY: &str =
+        "DHHC-1:00:h228Tirf9r9QlmWusnvqPAISAbBeeFaoHq3P0R1EvHNuBo0dpoMj3dP4L3zsll0j9e/7RQ==:";
+    const WRONG_KEY: &str = "DHHC-1:01:M84Yg39eZVGcgz/fM3CVZjMpavVeBz1NcItGYFHjdtkWXpzg:";
+
+    /// [`AUTH_NQN`] over a 16 MiB RAM disk on the listener at `port`, admitting [`HOSTNQN`]
+    /// only, with keys from the keyring (files in `dir`); DH-HMAC-CHAP may use SHA-512 and
+    /// ffdhe3072 only, so the guest's connect runs in them.
+    fn auth_subsystem(d: &Daemon, port: u16, dir: &std::path::Path) {
+        for (name, text) in
+            [("host0", HOST_KEY), ("ctrl0", CTRL_KEY), ("host1", NEW_HOST_KEY), ("ctrl1", NEW_CTRL_KEY)]
+        {
+            let path = dir.join(name);
+            std::fs::write(&path, text).expect("writing a key file");
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+            d.call("keyring_file_add_key", json!({"name": name, "path": path.to_str().unwrap()}));
+        }
+        d.malloc("ram_auth", 16 * MIB / 512, 512);
+        d.call("nvmf_create_subsystem", json!({ "nqn": AUTH_NQN, "allow_any_host": false }));
+        d.call("nvmf_subsystem_add_ns", json!({ "nqn": AUTH_NQN, "namespace": { "bdev_name": "ram_auth" } }));
+        let listen =
+            json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()});
+        d.call("nvmf_subsystem_add_listener", json!({ "nqn": AUTH_NQN, "listen_address": listen }));
+        d.call(
+            "nvmf_subsystem_add_host",
+            json!({ "nqn": AUTH_NQN, "host": HOSTNQN, "dhchap_key": "host0", "dhchap_ctrlr_key": "ctrl0" }),
+        );
+        d.call("nvmf_set_config", json!({ "dhchap_digests": ["sha512"], "dhchap_dhgroups": ["ffdhe3072"] }));
+    }
+
+    /// A queue pair's `auth` object of `nvmf_subsystem_get_qpairs`: (qid, digest, dhgroup,
+    /// state), `null`s when it has none.
+    type QueueAuth = (u64, Value, Value, Value);
+
+    /// [`AUTH_NQN`]'s controllers (cntlid) and its queues' [`QueueAuth`], by qid.
+    fn auth_state(d: &Daemon) -> (Vec<Value>, Vec<QueueAuth>) {
+        let ctrls = d.call("nvmf_subsystem_get_controllers", json!({ "nqn": AUTH_NQN }));
+        let qpairs = d.call("nvmf_subsystem_get_qpairs", json!({ "nqn": AUTH_NQN }));
+        let mut q: Vec<_> = qpairs
+            .as_array()
+            .unwrap_or_else(|| panic!("nvmf_subsystem_get_qpairs returned {qpairs}"))
+            .iter()
+            .map(|q| {
+                let a = &q["auth"];
+                (
+                    q["qid"].as_u64().expect("qid"),
+                    a["digest"].clone(),
+                    a["dhgroup"].clone(),
+                    a["state"].clone(),
+                )
+            })
+            .collect();
+        q.sort_by_key(|q| q.0);
+        (ctrls.as_array().expect("controllers").iter().map(|c| c["cntlid"].clone()).collect(), q)
+    }
+
+    /// Waits (120 s at most) until [`AUTH_NQN`] has one controller whose three queues all
+    /// show a completed transaction in `digest` and `dhgroup`; returns its cntlid.
+    fn await_authenticated(d: &Daemon, digest: &str, dhgroup: &str, what: &str) -> Value {
+        let start = Instant::now();
+        loop {
+            let (ctrls, qpairs) = auth_state(d);
+            let want: Vec<_> =
+                (0..3).map(|qid| (qid, json!(digest), json!(dhgroup), json!("completed"))).collect();
+            if ctrls.len() == 1 && qpairs == want {
+                return ctrls[0].clone();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "{what}: after 120 s, controllers {ctrls:?}, queues (qid, digest, dhgroup, state) {qpairs:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The guest's `nvmf_auth` (tests/guest/init): a wrong secret refused, the right ones
+    /// connect in SHA-512 / ffdhe3072; then, with a verifying fio running, two key changes,
+    /// the host's then the controller's: each time the target gets the new keys
+    /// (`nvmf_subsystem_set_keys`) and allows another hash, the guest writes the new secret to
+    /// sysfs, and every queue of the same controller must show a transaction in that hash.
+    fn dhchap_with_the_kernel(vm: &mut Vm, d: &Daemon) {
+        vm.wait_for("the authentication marker", |l| l.contains("nvmf auth waiting"), BOOT_TIMEOUT);
+        vm.send_line(&format!("auth {AUTH_NQN} {HOST_KEY} {CTRL_KEY} {WRONG_KEY}"));
+        vm.wait_for("the first key change", |l| l.contains("nvmf auth rekey waiting 1"), BOOT_TIMEOUT);
+        let cntlid = await_authenticated(d, "sha512", "ffdhe3072", "the guest's connect");
+        for (round, which, keys, secret, digest) in [
+            (1, "host", ["host1", "ctrl0"], NEW_HOST_KEY, "sha384"),
+            (2, "ctrl", ["host1", "ctrl1"], NEW_CTRL_KEY, "sha256"),
+        ] {
+            if round > 1 {
+                vm.wait_for(
+                    "the next key change",
+                    |l| l.contains(&format!("nvmf auth rekey waiting {round}")),
+                    BOOT_TIMEOUT,
+                );
+            }
+            d.call(
+                "nvmf_set_config",
+                json!({ "dhchap_digests": [digest], "dhchap_dhgroups": ["ffdhe2048"] }),
+            );
+            d.call(
+                "nvmf_subsystem_set_keys",
+                json!({ "nqn": AUTH_NQN, "host": HOSTNQN, "dhchap_key": keys[0], "dhchap_ctrlr_key": keys[1] }),
+            );
+            vm.send_line(&format!("rekey {which} {secret}"));
+            let what = format!("re-authentication after the {which} key's change");
+            assert_eq!(
+                await_authenticated(d, digest, "ffdhe2048", &what),
+                cntlid,
+                "{what}: another controller"
+            );
+            vm.send_line("rekeyed");
+        }
+        vm.wait_for("the end of the authentication steps", |l| l.contains("nvmf auth done"), BOOT_TIMEOUT);
+        let (ctrls, _) = auth_state(d);
+        assert!(ctrls.is_empty(), "controllers of {AUTH_NQN} after the guest's disconnect: {ctrls:?}");
+        eprintln!("guest 'nvmf': DH-HMAC-CHAP: the kernel's host connected, re-authenticated every queue twice under fio");
+    }
 
     /// Whether QEMU and socat (QEMU runs it for each forwarded connection) are here; under
     /// `CI=true` a missing one fails the test.
@@ -94,13 +229,17 @@ mod guest_vm {
             }),
         );
 
+        auth_subsystem(&d, port, d.dir.path());
+
         let cfg = VmConfig {
             netdev: Some(port),
             qmp: true,
+            console_input: true,
             kernel_args: vec![format!("fp.nvmf.port={port}"), format!("fp.nvmf.nqn={NQN}")],
             ..VmConfig::new("nvmf", Vec::new())
         };
         let mut vm = Vm::boot(&cfg, d.dir.path());
+        dhchap_with_the_kernel(&mut vm, &d);
         vm.wait_for(
             "the resize marker",
             |l| l.contains(&format!("nvmf resize waiting at {size}")),
@@ -205,6 +344,29 @@ mod guest_vm {
             assert_eq!(fio.get(k).map(String::as_str), Some(v), "fio {k}: {fio:?}");
         }
         assert_eq!(r.info_after("nvmf ext4 ok").len(), 1, "{:?}", r.info);
+        // DH-HMAC-CHAP: the wrong and the replaced secrets refused by the kernel's connect,
+        // fio over the authenticated queues, and the verifying fio through the key changes
+        // (stopped by SIGTERM: status 128, no error, data verified).
+        for what in ["wrong secret", "old secret"] {
+            let refused = r.info_after(&format!("nvmf auth {what} refused"));
+            assert_eq!(refused.len(), 1, "{what}: {:?}", r.info);
+            eprintln!("guest 'nvmf': a connect with the {what}: {}", refused[0]);
+        }
+        let fio = r.fields("nvmf auth fio");
+        for (k, v) in [("status", "0"), ("errors", "0"), ("write_kib", "4096"), ("read_kib", "4096")] {
+            assert_eq!(
+                fio.get(k).map(String::as_str),
+                Some(v),
+                "fio over the authenticated queues, {k}: {fio:?}"
+            );
+        }
+        let fio = r.fields("nvmf auth rekey fio");
+        assert_eq!(fio.get("status").map(String::as_str), Some("128"), "{fio:?}");
+        assert_eq!(fio.get("errors").map(String::as_str), Some("0"), "{fio:?}");
+        let verified: u64 = fio.get("read_kib").and_then(|v| v.parse().ok()).unwrap_or(0);
+        assert!(verified > 0, "the fio through the key changes verified nothing: {fio:?}");
+        eprintln!("guest 'nvmf': fio through the key changes: {fio:?}");
+        assert_eq!(r.info_after("nvmf auth same controller").len(), 1, "{:?}", r.info);
         assert_eq!(r.info_after("nvmf resized to"), [grown.to_string()], "{:?}", r.info);
         assert_eq!(r.info_after("nvmf disconnected").len(), 1, "{:?}", r.info);
         // The deletion closed the connections, and the kernel gave the controller up.

@@ -219,6 +219,11 @@ fn dhchap_authenticates_each_host_with_its_keys() {
         "nvmf_subsystem_add_host",
         json!({"nqn": NQN, "host": HOSTNQN, "dhchap_key": "host0", "dhchap_ctrlr_key": "ctrl0"}),
     );
+    // The hosts with their keys' names, as SPDK shows them; never a secret.
+    let s = d.call("nvmf_get_subsystems", json!({"nqn": NQN}));
+    let want = json!([{"nqn": HOSTNQN, "dhchap_key": "host0", "dhchap_ctrlr_key": "ctrl0"}]);
+    assert_eq!(s[0]["hosts"], want, "{s}");
+    assert!(!s.to_string().contains("DHHC-1"), "a secret in nvmf_get_subsystems: {s}");
     // Namespace 2 keeps what is written, for the I/O check.
     d.malloc("m0", 2048, 512);
     d.call("nvmf_subsystem_add_ns", json!({"nqn": NQN, "namespace": {"bdev_name": "m0"}}));
@@ -273,6 +278,8 @@ fn dhchap_authenticates_each_host_with_its_keys() {
     assert!(d.try_call("bdev_nvme_attach_controller", bad_ctrl).is_err());
 
     d.call("nvmf_subsystem_set_keys", json!({"nqn": NQN, "host": HOSTNQN, "dhchap_key": "host1"}));
+    let hosts = &d.call("nvmf_get_subsystems", json!({"nqn": NQN}))[0]["hosts"];
+    assert!(hosts.as_array().unwrap().contains(&json!({"nqn": HOSTNQN, "dhchap_key": "host1"})), "{hosts}");
     let old = attach_params("Nvme2", &addr, json!({"dhchap_key": "host0"}));
     assert!(d.try_call("bdev_nvme_attach_controller", old).is_err(), "the replaced key still works");
     let new = attach_params("Nvme2", &addr, json!({"dhchap_key": "host1"}));
@@ -294,7 +301,9 @@ fn dhchap_authenticates_each_host_with_its_keys() {
 }
 
 /// The configuration file: `[nvmf_config]` sets the groups, an `[[nvmf_host]]` names its key
-/// in the keyring, and that host must authenticate.
+/// in the keyring, and that host must authenticate; the subsystem has `require_dhchap`, so no
+/// host can be listed without a key nor any host allowed, and `nvmf_get_subsystems` shows it
+/// and the host's key name.
 #[test]
 fn a_config_file_host_with_a_key_must_authenticate() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -322,6 +331,7 @@ trtype = "TCP"
 [[nvmf_subsystem]]
 nqn = "{NQN}"
 allow_any_host = false
+require_dhchap = true
 
 [[nvmf_listener]]
 nqn = "{NQN}"
@@ -343,4 +353,36 @@ namespace = {{ bdev_name = "n0" }}
     assert!(d.try_call("bdev_nvme_attach_controller", attach_params("Nvme0", &addr, json!({}))).is_err());
     let keyed = attach_params("Nvme0", &addr, json!({"dhchap_key": "host0"}));
     assert_eq!(d.call("bdev_nvme_attach_controller", keyed), json!(["Nvme0n1"]));
+
+    let s = &d.call("nvmf_get_subsystems", json!({"nqn": NQN}))[0];
+    assert_eq!(s["require_dhchap"], json!(true), "{s}");
+    assert_eq!(s["hosts"], json!([{"nqn": HOSTNQN, "dhchap_key": "host0"}]), "{s}");
+    for (method, params, want) in [
+        (
+            "nvmf_subsystem_add_host",
+            json!({"nqn": NQN, "host": OTHER_HOSTNQN}),
+            "dhchap_key: required: the subsystem has require_dhchap",
+        ),
+        (
+            "nvmf_subsystem_set_keys",
+            json!({"nqn": NQN, "host": HOSTNQN}),
+            "dhchap_key: required: the subsystem has require_dhchap",
+        ),
+        (
+            "nvmf_subsystem_allow_any_host",
+            json!({"nqn": NQN, "allow_any_host": true}),
+            "allow_any_host: require_dhchap and allow_any_host together",
+        ),
+        (
+            "nvmf_create_subsystem",
+            json!({"nqn": "nqn.2016-06.io.spdk:ctl2", "allow_any_host": true, "require_dhchap": true}),
+            "require_dhchap: require_dhchap and allow_any_host together",
+        ),
+    ] {
+        let e = d.try_call(method, params.clone()).unwrap_err();
+        assert!(e.message.starts_with(want), "{method} {params}: {e:?}");
+    }
+    // The host kept its key: it still authenticates.
+    let again = attach_params("Nvme1", &addr, json!({"dhchap_key": "host0"}));
+    assert_eq!(d.call("bdev_nvme_attach_controller", again), json!(["Nvme1n1"]));
 }

@@ -10,6 +10,11 @@ use crate::options::ListenAddress;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HostInfo {
     pub nqn: String,
+    /// The keyring names of its DH-HMAC-CHAP keys, as SPDK shows them (never the secrets).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dhchap_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrlr_key: Option<String>,
 }
 
 /// A namespace as `nvmf_get_subsystems` lists it.
@@ -37,6 +42,9 @@ pub struct SubsystemInfo {
     pub listen_addresses: Vec<ListenAddress>,
     pub allow_any_host: bool,
     pub hosts: Vec<HostInfo>,
+    /// flashpath's own `require_dhchap`, shown only when on.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub require_dhchap: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_number: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -70,6 +78,18 @@ pub struct QpairInfo {
     /// The reactor serving it, named as SPDK names its poll groups.
     pub thread: String,
     pub listen_address: ListenAddress,
+    /// Its DH-HMAC-CHAP transaction, for a queue that authenticated (SPDK's object).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth: Option<QpairAuth>,
+}
+
+/// A queue pair's last DH-HMAC-CHAP transaction as SPDK shows it: `state` ("completed"),
+/// `digest` ("sha384") and `dhgroup` ("ffdhe2048", "null").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QpairAuth {
+    pub state: String,
+    pub digest: String,
+    pub dhgroup: String,
 }
 
 /// One namespace's I/O since it was attached.

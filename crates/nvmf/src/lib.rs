@@ -41,11 +41,12 @@ pub use controller::{AdminResult, Controller, ControllerConfig};
 pub use error::NvmfError;
 pub use fp_conn::uring::{SocketImpl, UnknownSocketImpl};
 pub use info::{
-    ControllerInfo, HostInfo, NamespaceEntry, NamespaceStats, QpairInfo, SubsystemInfo, SubsystemStats,
+    ControllerInfo, HostInfo, NamespaceEntry, NamespaceStats, QpairAuth, QpairInfo, SubsystemInfo,
+    SubsystemStats,
 };
 pub use options::{ListenAddress, NamespaceSpec, SubsystemSpec, TargetOptions, TransportOptions};
 pub use target::{NvmfTarget, DRAIN_TIMEOUT};
-pub use tcp::auth::{DhchapConfig, DhchapKeys};
+pub use tcp::auth::{Authenticator, DhchapConfig, DhchapKeys, Refused};
 pub use tcp::qpair::CLOSE_TIMEOUT;
 
 #[cfg(test)]

@@ -88,6 +88,9 @@ pub struct SubsystemSpec {
     pub serial_number: Option<String>,
     pub model_number: Option<String>,
     pub allow_any_host: bool,
+    /// flashpath's own: every host must authenticate (DH-HMAC-CHAP), so only hosts listed
+    /// with a `dhchap_key` may connect; `allow_any_host` cannot be on with it.
+    pub require_dhchap: bool,
     /// 0: the default, 32.
     pub max_namespaces: u32,
     pub min_cntlid: u16,

@@ -32,7 +32,7 @@ pub(crate) struct TargetInner {
     /// ([`crate::NvmfTarget::set_sock_impl`]).
     pub sock_impl: Mutex<SocketImpl>,
     /// The hashes and DH groups DH-HMAC-CHAP may use ([`crate::NvmfTarget::set_dhchap_config`]).
-    pub dhchap: Mutex<crate::DhchapConfig>,
+    pub dhchap: Arc<Mutex<crate::DhchapConfig>>,
 }
 
 impl TargetInner {

@@ -140,6 +140,8 @@ pub(crate) struct QpairRef {
     pub reactor: ReactorHandle,
     pub id: PollerId,
     pub listen: ListenAddress,
+    /// The hash and DH group of the queue's last DH-HMAC-CHAP transaction, if it has one.
+    pub auth: Option<(fp_nvme_spec::auth::HashId, fp_nvme_spec::auth::DhGroupId)>,
 }
 
 /// What a controller's queue pairs and the handshake threads share about it.
@@ -173,6 +175,8 @@ pub(crate) struct SubState {
     pub hosts: BTreeSet<String>,
     /// The DH-HMAC-CHAP keys of the listed hosts that must authenticate.
     pub host_keys: BTreeMap<String, crate::DhchapKeys>,
+    /// Every host must authenticate: a host without keys is not allowed.
+    pub require_dhchap: bool,
     pub max_namespaces: u32,
     pub min_cntlid: u16,
     pub max_cntlid: u16,
@@ -194,6 +198,10 @@ pub(crate) struct SubState {
 
 impl SubState {
     pub(crate) fn host_allowed(&self, hostnqn: &str) -> bool {
+        if self.require_dhchap {
+            // The settings keep such a host off the list; this holds whatever they let through.
+            return self.host_keys.contains_key(hostnqn);
+        }
         self.allow_any_host || self.hosts.contains(hostnqn)
     }
 

@@ -29,6 +29,12 @@ fn not_found(what: &'static str, name: &str) -> NvmfError {
 /// [`NvmfError::Draining`] (changed with [`NvmfTarget::set_drain_timeout`]).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why `require_dhchap` and `allow_any_host` do not go together.
+const REQUIRE_DHCHAP_ANY_HOST: &str =
+    "require_dhchap and allow_any_host together: a host that is not listed has no dhchap_key";
+/// Why a host of a `require_dhchap` subsystem needs a key.
+const REQUIRE_DHCHAP_KEY: &str = "required: the subsystem has require_dhchap (every host must authenticate)";
+
 /// A listener, the subsystems on it and its port ID (in the discovery log).
 pub(crate) type OpenListener = (Listener, BTreeSet<String>, u16);
 
@@ -79,6 +85,7 @@ impl NvmfTarget {
                 allow_any_host: true,
                 hosts: BTreeSet::new(),
                 host_keys: BTreeMap::new(),
+                require_dhchap: false,
                 max_namespaces: 0,
                 min_cntlid: 1,
                 max_cntlid: 0xFFEF,
@@ -103,7 +110,7 @@ impl NvmfTarget {
                 close_timeout_ms: AtomicU64::new(crate::CLOSE_TIMEOUT.as_millis() as u64),
                 stop_deadline: Mutex::new(None),
                 sock_impl: Mutex::new(SocketImpl::default()),
-                dhchap: Mutex::new(DhchapConfig::default()),
+                dhchap: Arc::new(Mutex::new(DhchapConfig::default())),
             }),
             listeners: Arc::new(Mutex::new(BTreeMap::new())),
         }
@@ -212,12 +219,16 @@ impl NvmfTarget {
             return Err(invalid("min_cntlid", "need 1 <= min_cntlid <= max_cntlid <= 65519"));
         }
         let max_namespaces = if spec.max_namespaces == 0 { 32 } else { spec.max_namespaces };
+        if spec.require_dhchap && spec.allow_any_host {
+            return Err(invalid("require_dhchap", REQUIRE_DHCHAP_ANY_HOST));
+        }
         let state = SubState {
             serial,
             model,
             allow_any_host: spec.allow_any_host,
             hosts: BTreeSet::new(),
             host_keys: BTreeMap::new(),
+            require_dhchap: spec.require_dhchap,
             max_namespaces,
             min_cntlid: min,
             max_cntlid: max,
@@ -389,6 +400,9 @@ impl NvmfTarget {
         let sub = self.nvm_subsystem(nqn)?;
         {
             let mut st = lock(&sub.state);
+            if st.require_dhchap && keys.is_none() {
+                return Err(invalid("dhchap_key", REQUIRE_DHCHAP_KEY));
+            }
             if !st.hosts.insert(host_nqn.to_string()) {
                 return Err(NvmfError::AlreadyExists { what: "host", name: host_nqn.to_string() });
             }
@@ -401,7 +415,8 @@ impl NvmfTarget {
     }
 
     /// Replaces a listed host's DH-HMAC-CHAP keys (`None`: it no longer authenticates). The
-    /// queues connected keep running; each new connection uses the new keys.
+    /// queues connected keep running; each new connection, and each transaction a connected
+    /// queue starts to authenticate again, uses the new keys.
     pub fn set_host_keys(
         &self,
         nqn: &str,
@@ -412,6 +427,9 @@ impl NvmfTarget {
         let mut st = lock(&sub.state);
         if !st.hosts.contains(host_nqn) {
             return Err(not_found("host", host_nqn));
+        }
+        if st.require_dhchap && keys.is_none() {
+            return Err(invalid("dhchap_key", REQUIRE_DHCHAP_KEY));
         }
         match keys {
             Some(k) => st.host_keys.insert(host_nqn.to_string(), k),
@@ -460,6 +478,9 @@ impl NvmfTarget {
         let sub = self.nvm_subsystem(nqn)?;
         let qpairs = {
             let mut st = lock(&sub.state);
+            if allow && st.require_dhchap {
+                return Err(invalid("allow_any_host", REQUIRE_DHCHAP_ANY_HOST));
+            }
             st.allow_any_host = allow;
             if allow {
                 Vec::new()
@@ -638,6 +659,11 @@ impl NvmfTarget {
                     state: "active".into(),
                     thread: format!("nvmf_tgt_poll_group_{}", q.reactor.id()),
                     listen_address: q.listen.clone(),
+                    auth: q.auth.map(|(hash, group)| QpairAuth {
+                        state: "completed".into(),
+                        digest: hash.name().into(),
+                        dhgroup: group.name().into(),
+                    }),
                 });
             }
         }
@@ -721,7 +747,19 @@ fn subsystem_info(s: &Subsystem, discovery_listeners: &[ListenAddress]) -> Subsy
         subtype: if discovery { "Discovery" } else { "NVMe" }.into(),
         listen_addresses: if discovery { discovery_listeners.to_vec() } else { st.listeners.clone() },
         allow_any_host: st.allow_any_host,
-        hosts: st.hosts.iter().map(|h| HostInfo { nqn: h.clone() }).collect(),
+        hosts: st
+            .hosts
+            .iter()
+            .map(|h| {
+                let keys = st.host_keys.get(h);
+                HostInfo {
+                    nqn: h.clone(),
+                    dhchap_key: keys.map(|k| k.key_name.clone()),
+                    dhchap_ctrlr_key: keys.and_then(|k| k.ctrlr_key_name.clone()),
+                }
+            })
+            .collect(),
+        require_dhchap: st.require_dhchap,
         serial_number: (!discovery).then(|| st.serial.clone()),
         model_number: (!discovery).then(|| st.model.clone()),
         max_namespaces: (!discovery).then_some(st.max_namespaces),

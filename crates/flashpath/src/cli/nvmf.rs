@@ -90,6 +90,9 @@ pub(crate) struct SubsystemArgs {
     /// Let any host connect (otherwise only those added with `nvmf host add`)
     #[arg(long)]
     allow_any_host: bool,
+    /// Every host must authenticate (DH-HMAC-CHAP): only hosts added with --dhchap-key connect
+    #[arg(long, conflicts_with = "allow_any_host")]
+    require_dhchap: bool,
     /// Most namespaces it may hold [default: 32]
     #[arg(long, value_name = "N")]
     max_namespaces: Option<u32>,
@@ -147,9 +150,23 @@ pub(crate) struct NsAddArgs {
 #[derive(Debug, Subcommand)]
 pub(crate) enum HostCommand {
     /// Allow HOST_NQN to connect to a subsystem
-    Add { nqn: String, host_nqn: String },
+    Add(HostAddArgs),
     /// Disallow HOST_NQN (its controllers are disconnected)
     Remove { nqn: String, host_nqn: String },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct HostAddArgs {
+    /// The subsystem's NQN
+    nqn: String,
+    /// The host's NQN
+    host_nqn: String,
+    /// The keyring key (its name) the host must prove it holds (DH-HMAC-CHAP)
+    #[arg(long, value_name = "KEY")]
+    dhchap_key: Option<String>,
+    /// The keyring key the controller proves it holds when the host asks (bidirectional)
+    #[arg(long, value_name = "KEY", requires = "dhchap_key")]
+    dhchap_ctrlr_key: Option<String>,
 }
 
 /// The nvmf methods' parameters and the options or arguments that set them.
@@ -168,6 +185,10 @@ const NVMF_FLAGS: &[(&str, &str)] = &[
     ("serial_number", "--serial"),
     ("model_number", "--model"),
     ("max_namespaces", "--max-namespaces"),
+    ("require_dhchap", "--require-dhchap"),
+    ("allow_any_host", "--allow-any-host"),
+    ("dhchap_key", "--dhchap-key"),
+    ("dhchap_ctrlr_key", "--dhchap-ctrlr-key"),
     ("max_queue_depth", "--max-queue-depth"),
     ("max_aq_depth", "--max-aq-depth"),
     ("max_io_qpairs_per_ctrlr", "--max-io-qpairs"),
@@ -202,6 +223,9 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: NvmfCommand) -> Result<(), CliErr
         NvmfCommand::Transport(TransportCommand::List) => transport_list(rpc, json),
         NvmfCommand::Subsystem(SubsystemCommand::Create(a)) => {
             let mut params = json!({ "nqn": a.nqn, "allow_any_host": a.allow_any_host });
+            if a.require_dhchap {
+                params["require_dhchap"] = json!(true);
+            }
             set_given(&mut params, "serial_number", a.serial);
             set_given(&mut params, "model_number", a.model);
             set_given(&mut params, "max_namespaces", a.max_namespaces);
@@ -223,8 +247,11 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: NvmfCommand) -> Result<(), CliErr
         NvmfCommand::Ns(NsCommand::Remove { nqn, nsid }) => {
             call(rpc, json, "nvmf_subsystem_remove_ns", json!({ "nqn": nqn, "nsid": nsid }))
         }
-        NvmfCommand::Host(HostCommand::Add { nqn, host_nqn }) => {
-            call(rpc, json, "nvmf_subsystem_add_host", json!({ "nqn": nqn, "host": host_nqn }))
+        NvmfCommand::Host(HostCommand::Add(a)) => {
+            let mut params = json!({ "nqn": a.nqn, "host": a.host_nqn });
+            set_given(&mut params, "dhchap_key", a.dhchap_key);
+            set_given(&mut params, "dhchap_ctrlr_key", a.dhchap_ctrlr_key);
+            call(rpc, json, "nvmf_subsystem_add_host", params)
         }
         NvmfCommand::Host(HostCommand::Remove { nqn, host_nqn }) => {
             call(rpc, json, "nvmf_subsystem_remove_host", json!({ "nqn": nqn, "host": host_nqn }))

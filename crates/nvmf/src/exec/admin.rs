@@ -9,6 +9,10 @@ impl Executor {
             self.complete(t, i, Status::generic(SC_COMMAND_SEQUENCE_ERROR));
             return Ok(());
         }
+        if is_auth(&sqe) {
+            self.auth_command(t, i);
+            return Ok(());
+        }
         self.refresh_view();
         let c = t.command(i);
         let data_in: &[u8] = match (&c.buf, c.len) {

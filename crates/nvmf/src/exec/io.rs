@@ -61,6 +61,11 @@ impl Executor {
         // Checked again (a write's before its data request too): the namespace may have gone
         // since.
         if let Err(st) = self.check_io(&sqe) {
+            // Off the data path: only commands check_io refuses get here.
+            if is_auth(&sqe) {
+                self.auth_command(t, i);
+                return Ok(());
+            }
             self.count_error(sqe.nsid());
             self.complete(t, i, st);
             return Ok(());

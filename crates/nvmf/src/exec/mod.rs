@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fp_bdev::disk::DiskIo;
@@ -27,9 +27,19 @@ use crate::controller::{AdminResult, Controller};
 use crate::model::SubsystemView;
 use crate::options::ListenAddress;
 use crate::subsystem::{lock, CtrlShared, Namespace, NsCounters, Subsystem};
+use crate::tcp::auth::Authenticator;
+use crate::DhchapConfig;
 
 mod admin;
+mod auth;
 mod io;
+
+/// An Authentication Send or Receive (served by `auth`).
+#[inline]
+pub(crate) fn is_auth(sqe: &Sqe) -> bool {
+    sqe.opcode() == OPC_FABRICS
+        && matches!(sqe.fctype(), FCTYPE_AUTHENTICATION_SEND | FCTYPE_AUTHENTICATION_RECEIVE)
+}
 
 /// Command buffers up to this size are kept for the next command; larger transfers take one of
 /// the queue's large buffers.
@@ -162,8 +172,16 @@ pub(crate) struct Executor {
     pub(crate) large_made: usize,
     large_max: usize,
     completions: Vec<(u32, u32, IoStatus)>,
-    /// The admin queue answered a Disconnect or a shutdown: close once sent.
+    /// The admin queue answered a Disconnect or a shutdown, or a re-authentication failed:
+    /// close once sent, saying `teardown_why`.
     pub(crate) teardown: bool,
+    pub(crate) teardown_why: &'static str,
+    /// The hashes and DH groups a re-authentication may use (the target's, shared).
+    pub(crate) dhchap: Arc<Mutex<DhchapConfig>>,
+    /// A DH-HMAC-CHAP transaction on the live queue (the host authenticates again).
+    reauth: Option<Box<Authenticator>>,
+    /// The transaction failed: the queue closes once the host has its AUTH_Failure1.
+    reauth_failed: bool,
 }
 
 /// A namespace as this queue uses it: its channel and counters.
@@ -212,6 +230,10 @@ impl Executor {
             large_max: if max_io > KEEP_BUF { (LARGE_BUDGET / max_io).clamp(1, n) } else { 0 },
             completions: Vec::with_capacity(n),
             teardown: false,
+            teardown_why: "the host disconnected the controller",
+            dhchap: Arc::default(),
+            reauth: None,
+            reauth_failed: false,
         }
     }
 
@@ -259,7 +281,9 @@ impl Executor {
                     }
                     if self.admin.is_none() {
                         if let Err(st) = self.check_io(&sqe) {
-                            return self.complete(t, i, st);
+                            if !is_auth(&sqe) {
+                                return self.complete(t, i, st);
+                            }
                         }
                     }
                     t.command(i).len = len;

@@ -30,6 +30,10 @@ pub struct DhchapKeys {
     /// The controller's secret: with it the controller answers a host's challenge
     /// (bidirectional authentication); without it a host asking for that is refused.
     pub ctrlr_key: Option<DhchapSecret>,
+    /// The keyring names of `key` and `ctrlr_key`, which `nvmf_get_subsystems` shows (the
+    /// secrets are never shown).
+    pub key_name: String,
+    pub ctrlr_key_name: Option<String>,
 }
 
 /// The hashes and DH groups the target allows (`nvmf_set_config`'s `dhchap_digests` and
@@ -62,25 +66,33 @@ enum Step {
     Done,
 }
 
-/// One queue's transaction, for the host `hostnqn` of subsystem `subnqn`.
-pub(crate) struct Authenticator {
-    keys: DhchapKeys,
+/// One queue's transaction, for the host `hostnqn` of subsystem `subnqn`. Pure logic (public
+/// for the `nvmf_auth` fuzz target): no I/O, and no panic on any message sequence.
+pub struct Authenticator {
+    /// `None` when the host has no key (any more): every transaction is refused.
+    keys: Option<DhchapKeys>,
     config: DhchapConfig,
     hostnqn: String,
     subnqn: String,
     step: Step,
     /// The message the host's next Authentication Receive gets.
     outgoing: Option<AuthMessage>,
+    /// The hash and DH group of the last Challenge.
+    negotiated: Option<(HashId, DhGroupId)>,
 }
 
 /// Why a host's message was refused (logged; the host gets AUTH_Failure1 with `reason`).
-pub(crate) struct Refused {
+#[derive(Debug)]
+pub struct Refused {
+    /// The reason code AUTH_Failure1 carries.
     pub reason: FailureReason,
+    /// What was wrong, for the log.
     pub why: String,
 }
 
 impl Authenticator {
-    pub(crate) fn new(keys: DhchapKeys, config: DhchapConfig, hostnqn: &str, subnqn: &str) -> Authenticator {
+    /// A transaction for a host with `keys` (`None`: a host without keys, always refused).
+    pub fn new(keys: Option<DhchapKeys>, config: DhchapConfig, hostnqn: &str, subnqn: &str) -> Authenticator {
         Authenticator {
             keys,
             config,
@@ -88,30 +100,45 @@ impl Authenticator {
             subnqn: subnqn.to_string(),
             step: Step::Negotiate,
             outgoing: None,
+            negotiated: None,
         }
     }
 
+    /// The hash and DH group the transaction runs with, once negotiated.
+    pub fn negotiated(&self) -> Option<(HashId, DhGroupId)> {
+        self.negotiated
+    }
+
+    /// A message (a Challenge, Success1 or AUTH_Failure1) waits for the host's Authentication
+    /// Receive.
+    pub fn has_outgoing(&self) -> bool {
+        self.outgoing.is_some()
+    }
+
     /// The transaction succeeded: the queue may run other commands.
-    pub(crate) fn authenticated(&self) -> bool {
+    pub fn authenticated(&self) -> bool {
         matches!(self.step, Step::Done)
     }
 
     /// Takes the host's Authentication Send data. A refusal queues AUTH_Failure1 and returns
-    /// why; the command itself still succeeds (the failure is the next Receive's message).
-    pub(crate) fn on_send(&mut self, data: &[u8]) -> Result<(), Refused> {
+    /// why; the command itself still succeeds (the failure is the next Receive's message). The
+    /// host's own AUTH_Failure2 ends the transaction with nothing queued.
+    pub fn on_send(&mut self, data: &[u8]) -> Result<(), Refused> {
         let result = match AuthMessage::parse(data) {
             Ok(m) => self.step_with(m),
             Err(e) => Err(refused(FailureReason::IncorrectPayload, e)),
         };
-        if let Err(r) = &result {
-            let t_id = AuthMessage::parse(data).map_or(0, |m| m.t_id());
-            self.fail(t_id, r.reason);
+        match (&result, AuthMessage::parse(data)) {
+            // The host ended the transaction itself (AUTH_Failure2): nothing to answer.
+            (Err(_), Ok(AuthMessage::Failure(_))) => {}
+            (Err(r), m) => self.fail(m.map_or(0, |m| m.t_id()), r.reason),
+            (Ok(()), _) => {}
         }
         result
     }
 
     /// The message for the host's Authentication Receive, if one is due.
-    pub(crate) fn on_receive(&mut self) -> Option<AuthMessage> {
+    pub fn on_receive(&mut self) -> Option<AuthMessage> {
         let m = self.outgoing.take()?;
         if matches!(self.step, Step::Success1Queued) {
             self.step = Step::Done;
@@ -152,6 +179,9 @@ impl Authenticator {
     }
 
     fn negotiate(&mut self, n: fp_nvme_spec::auth::Negotiate) -> Result<(), Refused> {
+        if self.keys.is_none() {
+            return Err(refused(FailureReason::Failed, "the host has no dhchap_key on this subsystem"));
+        }
         if n.sc_c != 0 {
             return Err(refused(FailureReason::ConcatenationMismatch, "secure channel concatenation asked"));
         }
@@ -170,6 +200,7 @@ impl Authenticator {
         let pair = (group != DhGroupId::Null).then(|| DhKeyPair::generate(group));
         let c1 = dhchap::random_challenge(hash);
         let s1 = dhchap::random_sequence_number();
+        self.negotiated = Some((hash, group));
         self.outgoing = Some(AuthMessage::Challenge(Challenge {
             t_id: n.t_id,
             hash,
@@ -208,9 +239,12 @@ impl Authenticator {
             None => return Err(refused(FailureReason::IncorrectPayload, "a DH value with the null group")),
         };
         let session_key = session_key.as_deref().map(|k| k.as_slice());
+        let Some(keys) = &self.keys else {
+            return Err(refused(FailureReason::Failed, "the host has no dhchap_key on this subsystem"));
+        };
         let t = Transaction { hash, t_id, sc_c: 0, hostnqn: &self.hostnqn, subnqn: &self.subnqn };
         let ca1 = dhchap::augmented_challenge(hash, c1, session_key);
-        let expected = dhchap::host_response(&t, &self.keys.key.transformed(&self.hostnqn), &ca1, s1);
+        let expected = dhchap::host_response(&t, &keys.key.transformed(&self.hostnqn), &ca1, s1);
         if !dhchap::responses_match(&r.response, &expected) {
             return Err(refused(FailureReason::Failed, "the host's response does not match its dhchap_key"));
         }
@@ -220,7 +254,7 @@ impl Authenticator {
             self.step = Step::Success1Queued;
             return Ok(());
         };
-        let Some(ctrlr_key) = &self.keys.ctrlr_key else {
+        let Some(ctrlr_key) = &keys.ctrlr_key else {
             return Err(refused(
                 FailureReason::Failed,
                 "the host asks the controller to authenticate and no dhchap_ctrlr_key is set for it",
@@ -278,7 +312,8 @@ mod tests {
     }
 
     fn controller(ctrlr_key: Option<DhchapSecret>, config: DhchapConfig) -> Authenticator {
-        Authenticator::new(DhchapKeys { key: secret(1), ctrlr_key }, config, HOSTNQN, SUBNQN)
+        let keys = DhchapKeys { key: secret(1), ctrlr_key, key_name: "k".into(), ctrlr_key_name: None };
+        Authenticator::new(Some(keys), config, HOSTNQN, SUBNQN)
     }
 
     fn failure(a: &mut Authenticator) -> FailureReason {
@@ -355,6 +390,20 @@ mod tests {
         host_reply(&mut a, &secret(1), DhGroupId::Null, Some(vec![5; 48]));
         assert_eq!(failure(&mut a), FailureReason::Failed);
         assert!(!a.authenticated());
+    }
+
+    #[test]
+    fn the_hosts_failure2_ends_the_transaction_with_nothing_queued() {
+        let mut a = controller(None, DhchapConfig::default());
+        a.on_send(&negotiate(3, &[HashId::Sha256], &[DhGroupId::Null])).ok().unwrap();
+        assert!(matches!(a.on_receive(), Some(AuthMessage::Challenge(_))));
+        let f = Failure { t_id: 3, from_controller: false, reason: FailureReason::Failed };
+        let r = a.on_send(&encoded(AuthMessage::Failure(f))).err().unwrap();
+        assert_eq!(r.reason, FailureReason::Failed, "{}", r.why);
+        assert!(!a.has_outgoing() && a.on_receive().is_none(), "an answer to the host's AUTH_Failure2");
+        // A new transaction may start.
+        a.on_send(&negotiate(4, &[HashId::Sha256], &[DhGroupId::Null])).ok().unwrap();
+        assert!(matches!(a.on_receive(), Some(AuthMessage::Challenge(c)) if c.t_id == 4));
     }
 
     #[test]

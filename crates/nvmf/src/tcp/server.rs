@@ -141,11 +141,12 @@ fn handshake(
     let atr = if accepted.auth.is_some() { AUTHREQ_ATR } else { 0 };
     let cqe = Cqe { dw0: u32::from(accepted.cntlid) | atr, sqid: connect.qid, sqhd, ..success };
     let mut sq_taken = 1;
+    let mut negotiated = None;
     let answered = respond(&mut s, cqe).and_then(|()| match accepted.auth.clone() {
         None => Ok(()),
         Some(keys) => {
             let config = lock(&target.dhchap).clone();
-            let mut auth = Authenticator::new(keys, config, &connect.hostnqn, &connect.subnqn);
+            let mut auth = Authenticator::new(Some(keys), config, &connect.hostnqn, &connect.subnqn);
             let q = UnauthenticatedQueue {
                 digests,
                 hpda: req.hpda,
@@ -156,7 +157,9 @@ fn handshake(
                 hostnqn: &connect.hostnqn,
                 peer,
             };
-            authenticate(&mut s, &q, &mut auth, &mut sq_taken)
+            authenticate(&mut s, &q, &mut auth, &mut sq_taken)?;
+            negotiated = auth.negotiated();
+            Ok(())
         }
     });
     if let Err(e) = answered {
@@ -194,6 +197,8 @@ fn handshake(
         transport,
         close_timeout: Duration::from_millis(target.close_timeout_ms.load(Ordering::Relaxed)),
         sock_impl: sock_impl.unwrap_or_else(|| *lock(&target.sock_impl)),
+        auth: negotiated,
+        dhchap: target.dhchap.clone(),
     };
     hand_over(reactor, setup);
     Ok(())
@@ -228,7 +233,11 @@ fn accept(
         return Err(ConnectRefusal {
             status: Status::command_specific(SC_CONNECT_INVALID_HOST),
             dw0: DATA_HOSTNQN as u32 | (1 << 16),
-            why: "host not allowed",
+            why: if st.require_dhchap {
+                "host without a dhchap_key on a subsystem with require_dhchap"
+            } else {
+                "host not allowed"
+            },
         });
     }
     if c.qid == 0 {
@@ -459,7 +468,7 @@ fn hand_over(reactor: fp_reactor::ReactorHandle, setup: QpairSetup) {
     reactor.send(move |r| {
         let sub = setup.sub.clone();
         let ctrl = setup.ctrl.clone();
-        let (qid, listen, peer) = (setup.qid, setup.listen.clone(), setup.peer.clone());
+        let (qid, listen, peer, auth) = (setup.qid, setup.listen.clone(), setup.peer.clone(), setup.auth);
         let alive = |st: &crate::subsystem::SubState| {
             !st.deleted && !ctrl.gone.load(Ordering::Acquire) && st.controllers.contains_key(&ctrl.cntlid)
         };
@@ -494,7 +503,7 @@ fn hand_over(reactor: fp_reactor::ReactorHandle, setup: QpairSetup) {
             }
         }
         if still {
-            let q = QpairRef { reactor: handle, id, listen };
+            let q = QpairRef { reactor: handle, id, listen, auth };
             let entry = st.controllers.get_mut(&ctrl.cntlid).expect("checked above");
             if qid == 0 {
                 entry.admin = Some(q);

@@ -30,6 +30,7 @@ macro_rules! on_each_sock_impl {
 
 mod ana;
 mod api;
+mod auth;
 mod buffers;
 mod busy;
 mod host;

@@ -18,13 +18,14 @@
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fp_bdev::BdevError;
 use fp_conn::round::{connection_pending, read_round, PeerClosed, ReadRound, Reader};
 use fp_conn::uring::{SocketImpl, UringSocket};
 use fp_conn::{Interest, Life, Recv, RecvBuf, SendQueue, Sent};
+use fp_nvme_spec::auth::{DhGroupId, HashId};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
 use fp_reactor::{PollStatus, Poller, PollerId};
@@ -35,6 +36,7 @@ use crate::controller::{Controller, ControllerConfig};
 use crate::exec::{Command, Executor, Phase, Transport};
 use crate::options::{ListenAddress, TransportOptions};
 use crate::subsystem::{lock, CtrlShared, QpairRef, Subsystem};
+use crate::DhchapConfig;
 
 mod receive;
 mod send;
@@ -89,6 +91,10 @@ pub(crate) struct QpairSetup {
     pub close_timeout: Duration,
     /// How the socket is read and written.
     pub sock_impl: SocketImpl,
+    /// The hash and DH group the queue authenticated with, if it did.
+    pub auth: Option<(HashId, DhGroupId)>,
+    /// The hashes and DH groups allowed when the host authenticates again.
+    pub dhchap: Arc<Mutex<DhchapConfig>>,
 }
 
 /// A command and what NVMe/TCP sends for it.
@@ -336,7 +342,8 @@ impl QpairPoller {
                 }
             },
         };
-        let exec = Executor::new(s.sub, s.ctrl, s.peer, (s.qid, s.listen), admin, max_io, n as u16);
+        let mut exec = Executor::new(s.sub, s.ctrl, s.peer, (s.qid, s.listen), admin, max_io, n as u16);
+        exec.dhchap = s.dhchap;
         let mut p = QpairPoller {
             fd: s.fd,
             uring,
@@ -566,7 +573,7 @@ impl Poller for QpairPoller {
             self.tick(Instant::now());
         }
         if self.exec.teardown && self.tx.is_empty() && !self.life.is_closing() {
-            self.close_answering("the host disconnected the controller");
+            self.close_answering(self.exec.teardown_why);
         }
         if self.life.is_closing() {
             self.abort_waiting(Instant::now());

@@ -153,6 +153,7 @@ fn nvmf_create_subsystem(registry: &Registry, mut p: Params) -> Result<Value, Me
     let serial_number = p.optional_str("serial_number")?;
     let model_number = p.optional_str("model_number")?;
     let allow_any_host = p.optional_bool("allow_any_host")?.unwrap_or(false);
+    let require_dhchap = p.optional_bool("require_dhchap")?.unwrap_or(false);
     let max_namespaces = to_u32(p.optional_uint("max_namespaces", u64::from(u32::MAX))?, 0);
     let min_cntlid = p.optional_uint("min_cntlid", MAX_CNTLID)?.unwrap_or(MIN_CNTLID);
     let max_cntlid = p.optional_uint("max_cntlid", MAX_CNTLID)?.unwrap_or(MAX_CNTLID);
@@ -178,6 +179,7 @@ fn nvmf_create_subsystem(registry: &Registry, mut p: Params) -> Result<Value, Me
         serial_number,
         model_number,
         allow_any_host,
+        require_dhchap,
         max_namespaces,
         min_cntlid: min_cntlid as u16,
         max_cntlid: max_cntlid as u16,
@@ -453,16 +455,17 @@ fn dhchap_keys(registry: &Registry, p: &mut Params) -> Result<Option<DhchapKeys>
     let resolve = |field, name: Option<&str>| {
         fp_nvme::rpc::dhchap_secret(registry, field, name).map_err(RegistryError::from)
     };
-    let key = resolve("dhchap_key", key.as_deref())?;
-    let ctrlr_key = resolve("dhchap_ctrlr_key", ctrlr_key.as_deref())?;
-    match key {
-        Some(key) => Ok(Some(DhchapKeys { key, ctrlr_key })),
-        None if ctrlr_key.is_some() => Err(ParamError::new(
+    let (key_name, ctrlr_key_name) = (key, ctrlr_key);
+    let key = resolve("dhchap_key", key_name.as_deref())?;
+    let ctrlr_key = resolve("dhchap_ctrlr_key", ctrlr_key_name.as_deref())?;
+    match (key, key_name) {
+        (Some(key), Some(key_name)) => Ok(Some(DhchapKeys { key, ctrlr_key, key_name, ctrlr_key_name })),
+        _ if ctrlr_key.is_some() => Err(ParamError::new(
             "dhchap_ctrlr_key",
             "needs dhchap_key (the controller is authenticated in the host's transaction)",
         )
         .into()),
-        None => Ok(None),
+        _ => Ok(None),
     }
 }
 
