@@ -39,7 +39,7 @@ use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fp_bdev::disk::{Completion, DiskIo, Successes};
+use fp_bdev::disk::{arrival_clock, Completion, DiskIo, Successes};
 use fp_bdev::{IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
@@ -490,12 +490,12 @@ impl QueuePoller {
 
     /// Takes the next available request and starts it. A split ring's common request, three
     /// descriptors that make a plain read or write, goes from the descriptor table to the bdev
-    /// in this one function: the walker's three descriptors are parsed as they were read, in
-    /// registers, where storing them in `self.chain` for `start` to load again (and `start`'s
-    /// own frame) cost about 40 instructions per request under callgrind. Anything else is
-    /// walked into `self.chain` and goes through [`QueuePoller::start`].
-    #[inline(never)]
-    fn take(&mut self, slot_idx: u16) -> Taken {
+    /// in this one inlined piece of code: the walker's three descriptors are parsed as they
+    /// were read, in registers, where storing them in `self.chain` for `start` to load again
+    /// (and `start`'s own frame) cost about 40 instructions per request under callgrind.
+    /// Anything else is walked into `self.chain` and goes through [`QueuePoller::start`].
+    #[inline(always)]
+    fn take(&mut self, slot_idx: u16, arrival: u64) -> Taken {
         let head = match &mut self.ring {
             Ring::Split(q) => {
                 let id = match q.pop() {
@@ -514,7 +514,7 @@ impl QueuePoller {
                         }
                         let slot = &mut self.slots[usize::from(slot_idx)];
                         if let Some(req) = slot.iov.parse_three(&descs, id) {
-                            return Taken::Started(self.start_parsed(head, slot_idx, req));
+                            return Taken::Started(self.start_parsed(head, slot_idx, req, arrival));
                         }
                         self.chain.set_three(descs, total);
                     }
@@ -545,14 +545,15 @@ impl QueuePoller {
                 head
             }
         };
-        Taken::Started(self.start(head, slot_idx))
+        Taken::Started(self.start(head, slot_idx, arrival))
     }
 
     /// Parses, validates and submits the chain in `self.chain`, or completes it at once.
-    /// `slot_idx` is a free slot. Out of line: [`QueuePoller::take`] starts the common request
-    /// itself; this is for every other chain and for resubmissions.
+    /// `slot_idx` is a free slot; `arrival` the time its batch was taken
+    /// ([`fp_bdev::disk::arrival_clock`]). Out of line: [`QueuePoller::take`] starts the common
+    /// request itself; this is for every other chain and for resubmissions.
     #[inline(never)]
-    fn start(&mut self, head: Head, slot_idx: u16) -> Flow {
+    fn start(&mut self, head: Head, slot_idx: u16, arrival: u64) -> Flow {
         let slot = &mut self.slots[usize::from(slot_idx)];
         let req = match slot.iov.parse(&self.table, &self.chain, head.id) {
             Ok(r) => r,
@@ -568,13 +569,13 @@ impl QueuePoller {
                 };
             }
         };
-        self.start_parsed(head, slot_idx, req)
+        self.start_parsed(head, slot_idx, req, arrival)
     }
 
     /// Validates and submits a parsed request (its data iovecs in slot `slot_idx`), or
     /// completes it at once.
     #[inline(always)]
-    fn start_parsed(&mut self, head: Head, slot_idx: u16, req: BlkRequest) -> Flow {
+    fn start_parsed(&mut self, head: Head, slot_idx: u16, req: BlkRequest, arrival: u64) -> Flow {
         let slot = &mut self.slots[usize::from(slot_idx)];
         if let Err(code) = validate_sized(&req, &self.disk, self.block_size) {
             self.complete_now(head, req.status, code);
@@ -612,7 +613,7 @@ impl QueuePoller {
         slot.used_len = if op == IoOp::Read { req.writable_len } else { 1 };
         (slot.req.op, slot.req.offset, slot.req.len, slot.req.iov) = (op, offset, len, iov);
         self.free.pop();
-        match self.channel.submit(&slot.req) {
+        match self.channel.submit_arrived(&slot.req, arrival) {
             Ok(()) => Flow::Next,
             Err(SubmitError::Busy) => {
                 self.retry = Some(slot_idx);
@@ -629,28 +630,34 @@ impl QueuePoller {
 
     /// Takes and starts at most `limit` new requests. Returns how many it took. Takes nothing
     /// from a failed queue, or while a request the back-end refused as busy waits in `retry`
-    /// (it goes first, and holds its slot there): a round may call this more than once.
+    /// (it goes first, and holds its slot there): a round may call this more than once. Out
+    /// of line, with [`QueuePoller::take`] inlined into its loop: one call frame for a batch
+    /// of requests, not one for each. A round's first part calls it only when the ring shows
+    /// a request ([`QueuePoller::pop_and_submit_first`]).
     #[inline(never)]
     fn pop_and_submit(&mut self, limit: usize) -> usize {
         if self.failed || self.retry.is_some() {
             return 0;
         }
-        self.pop_and_submit_inline(limit)
-    }
-
-    /// [`QueuePoller::pop_and_submit`] inlined, for a round's first part (at low depth a
-    /// round's only one): the call's frame was a tenth of a QD1 round. Without its checks:
-    /// `poll` made them just before (repeated, they cost every round four instructions).
-    #[inline(always)]
-    fn pop_and_submit_inline(&mut self, limit: usize) -> usize {
-        debug_assert!(!self.failed && self.retry.is_none());
         self.disk.capacity_sectors = self.capacity_sectors.load(Ordering::Relaxed);
+        // One clock read for the batch: the disk layer's latency of each request starts here
+        // (docs/architecture.md, "The disk layer"), 7 instructions per request less under
+        // callgrind at QD32.
+        let arrival = arrival_clock();
         let mut popped = 0;
         while let Some(&slot_idx) = self.free.last() {
             if popped == limit {
                 break;
             }
-            let flow = match self.take(slot_idx) {
+            match self.ring.may_have_available() {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(why) => {
+                    self.fail(&why);
+                    return popped + 1;
+                }
+            }
+            let flow = match self.take(slot_idx, arrival) {
                 Taken::Started(flow) => flow,
                 Taken::Empty => break,
                 Taken::Broken => return popped + 1,
@@ -666,6 +673,18 @@ impl QueuePoller {
             }
         }
         popped
+    }
+
+    /// [`QueuePoller::pop_and_submit`] for a round's first part: its call only when the ring
+    /// shows a request (or an error, which the call reports), so that an idle round makes no
+    /// call. Without its checks: `poll` made them just before.
+    #[inline(always)]
+    fn pop_and_submit_first(&mut self, limit: usize) -> usize {
+        debug_assert!(!self.failed && self.retry.is_none());
+        if self.ring.shows_none() {
+            return 0;
+        }
+        self.pop_and_submit(limit)
     }
 
     /// Resubmits requests a previous back-end left in flight (see [`crate::inflight`]), oldest
@@ -695,7 +714,7 @@ impl QueuePoller {
                     Head { id: r.id, slots: r.slots }
                 }
             };
-            match self.start(head, slot_idx) {
+            match self.start(head, slot_idx, arrival_clock()) {
                 Flow::Next => {}
                 Flow::Busy => return Ok(false),
                 Flow::Fail { head, kind } => return Err(unusable_chain(head, kind)),
@@ -1001,7 +1020,7 @@ impl Poller for QueuePoller {
             return self.poll_stopping();
         }
         let mut busy = false;
-        // The checks `pop_and_submit_inline` relies on.
+        // The checks `pop_and_submit_first` relies on.
         if !self.failed && self.retry_busy() && (self.resubmits.is_empty() || self.resubmit_rest()) {
             // A round takes at most two parts, `REQUESTS_PER_POLL` in all, and publishes after
             // each (docs/architecture.md, "Guest notifications"). The first is small when the driver waits for its next
@@ -1014,7 +1033,7 @@ impl Poller for QueuePoller {
             } else {
                 PUBLISH_EVERY
             };
-            let mut took = self.pop_and_submit_inline(limit);
+            let mut took = self.pop_and_submit_first(limit);
             if took == FIRST_SIGNAL_BATCH && limit == FIRST_SIGNAL_BATCH && !self.ring.driver_waits() {
                 limit = PUBLISH_EVERY;
                 took += self.pop_and_submit(PUBLISH_EVERY - FIRST_SIGNAL_BATCH);

@@ -59,6 +59,27 @@ impl Ring {
         }
     }
 
+    /// Whether the ring may hold a request to take: a split ring's test of its available
+    /// index (an error fails the queue); a packed ring's `pop` finds out itself (true).
+    #[inline(always)]
+    pub(crate) fn may_have_available(&mut self) -> Result<bool, String> {
+        match self {
+            Ring::Split(q) => q.has_available().map_err(|e| format!("bad available ring: {e}")),
+            Ring::Packed(_) => Ok(true),
+        }
+    }
+
+    /// Whether the ring certainly holds no request to take now: a split ring's available
+    /// index shows none (an index in error does not count as none: taking reports it); a
+    /// packed ring is not asked (its `pop` finds out).
+    #[inline(always)]
+    pub(crate) fn shows_none(&mut self) -> bool {
+        match self {
+            Ring::Split(q) => matches!(q.has_available(), Ok(false)),
+            Ring::Packed(_) => false,
+        }
+    }
+
     #[inline(always)]
     pub(crate) fn push_used(&mut self, head: Head, len: u32) {
         match self {

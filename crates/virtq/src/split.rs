@@ -228,10 +228,12 @@ impl SplitQueue {
         u16::from_le(unsafe { AtomicU16::from_ptr(self.used.add(2) as *mut u16) }.load(Ordering::Acquire))
     }
 
-    /// Takes the next available head, if any. An available index more than a ring ahead is a
-    /// driver error: the queue must fail.
-    #[inline]
-    pub fn pop(&mut self) -> Result<Option<u16>, RingError> {
+    /// Whether a head is available ([`SplitQueue::pop`] then takes it), reading the driver's
+    /// index only once the heads it showed last are taken: a caller that takes each head in a
+    /// call of its own tests this first, inlined, and makes no call for an empty ring. An
+    /// available index more than a ring ahead is a driver error: the queue must fail.
+    #[inline(always)]
+    pub fn has_available(&mut self) -> Result<bool, RingError> {
         if self.next_avail == self.avail_idx {
             // Acquire: the ring entries and descriptors the driver wrote before the index.
             let idx = Wrapping(u16::from_le(self.avail_idx_field().load(Ordering::Acquire)));
@@ -239,9 +241,19 @@ impl SplitQueue {
                 return Err(RingError::AvailIndex { idx: idx.0, next_avail: self.next_avail.0 });
             }
             if idx == self.next_avail {
-                return Ok(None);
+                return Ok(false);
             }
             self.avail_idx = idx;
+        }
+        Ok(true)
+    }
+
+    /// Takes the next available head, if any. An available index more than a ring ahead is a
+    /// driver error: the queue must fail.
+    #[inline]
+    pub fn pop(&mut self) -> Result<Option<u16>, RingError> {
+        if !self.has_available()? {
+            return Ok(None);
         }
         let slot = usize::from(self.next_avail.0 & (self.size - 1));
         // SAFETY: `slot < size`; ring[slot] is inside the mapped avail ring (checked in `new`).
