@@ -118,7 +118,7 @@ impl Chain {
             return Err(WalkError::TooLong);
         }
         if len != 0 {
-            let host = mem.translate(addr, u64::from(len)).unwrap_or(std::ptr::null_mut());
+            let host = mem.host_or_null(addr, u64::from(len));
             // `len < seen <= MAX_CHAIN_DESCRIPTORS`: always a slot.
             let slot = self.descs.get_mut(self.len).ok_or(WalkError::TooLong)?;
             *slot = Desc { addr, len, write, host };

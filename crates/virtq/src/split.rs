@@ -351,7 +351,7 @@ impl SplitQueue {
             addr,
             len,
             write: flags & DESC_F_WRITE != 0,
-            host: mem.translate(addr, u64::from(len)).unwrap_or(std::ptr::null_mut()),
+            host: mem.host_or_null(addr, u64::from(len)),
         };
         let f1 = (w1 >> 32) as u16;
         Some(([desc(a0, l0, DESC_F_NEXT), desc(a1, l1, f1), desc(a2, l2, f2)], total as u32))
