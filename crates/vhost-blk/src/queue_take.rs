@@ -28,19 +28,33 @@ enum Flow {
     },
 }
 
-/// What [`QueuePoller::take`] did.
+/// What [`QueuePoller::take`] did. Three cases without data: its caller's test of them is a
+/// compare, where an enum holding `Flow` and its failure cost 9 instructions per request under
+/// callgrind.
 enum Taken {
-    /// A request was taken; what to do next.
-    Started(Flow),
+    /// A request was taken and started (or completed at once); take the next.
+    Next,
+    /// A request was taken and the batch ends: the back-end is busy (the request waits in
+    /// `retry`), or the queue failed.
+    Last,
     /// The ring holds no request.
     Empty,
-    /// The ring or the request's chain is broken: the queue failed.
-    Broken,
 }
 
 /// Why a chain that cannot be completed at all fails the queue.
 fn unusable_chain(head: u16, kind: ParseErrorKind) -> String {
     format!("request {head} cannot be completed: {kind}")
+}
+
+impl From<Flow> for Taken {
+    /// A started request's flow, as `take` reports it (a failure is handled before).
+    #[inline(always)]
+    fn from(flow: Flow) -> Taken {
+        match flow {
+            Flow::Next => Taken::Next,
+            Flow::Busy | Flow::Fail { .. } => Taken::Last,
+        }
+    }
 }
 
 impl QueuePoller {
@@ -59,7 +73,7 @@ impl QueuePoller {
                     Ok(None) => return Taken::Empty,
                     Err(e) => {
                         self.fail(&format!("bad available ring: {e}"));
-                        return Taken::Broken;
+                        return Taken::Last;
                     }
                 };
                 let head = Head { id, slots: 1 };
@@ -70,14 +84,14 @@ impl QueuePoller {
                         }
                         let slot = &mut self.slots[usize::from(slot_idx)];
                         if let Some(req) = slot.iov.parse_three(&descs, id) {
-                            return Taken::Started(self.start_parsed(head, slot_idx, req, arrival));
+                            return self.start_parsed(head, slot_idx, req, arrival).into();
                         }
                         self.chain.set_three(descs, total);
                     }
                     None => {
                         if let Err(e) = q.walk_general(&self.table, id, &mut self.chain) {
                             self.fail(&format!("request {id} cannot be completed: {e}"));
-                            return Taken::Broken;
+                            return Taken::Last;
                         }
                         if let Some(t) = &mut self.tracker {
                             t.taken(id);
@@ -92,7 +106,7 @@ impl QueuePoller {
                     Ok(None) => return Taken::Empty,
                     Err(why) => {
                         self.fail(&why);
-                        return Taken::Broken;
+                        return Taken::Last;
                     }
                 };
                 if let Some(t) = &mut self.tracker {
@@ -101,7 +115,13 @@ impl QueuePoller {
                 head
             }
         };
-        Taken::Started(self.start(head, slot_idx, arrival))
+        match self.start(head, slot_idx, arrival) {
+            Flow::Fail { head, kind } => {
+                self.fail(&unusable_chain(head, kind));
+                Taken::Last
+            }
+            flow => flow.into(),
+        }
     }
 
     /// Parses, validates and submits the chain in `self.chain`, or completes it at once.
@@ -205,27 +225,10 @@ impl QueuePoller {
             if popped == limit {
                 break;
             }
-            match self.ring.may_have_available() {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(why) => {
-                    self.fail(&why);
-                    return popped + 1;
-                }
-            }
-            let flow = match self.take(slot_idx, arrival) {
-                Taken::Started(flow) => flow,
+            match self.take(slot_idx, arrival) {
+                Taken::Next => popped += 1,
+                Taken::Last => return popped + 1,
                 Taken::Empty => break,
-                Taken::Broken => return popped + 1,
-            };
-            popped += 1;
-            match flow {
-                Flow::Next => {}
-                Flow::Busy => break,
-                Flow::Fail { head, kind } => {
-                    self.fail(&unusable_chain(head, kind));
-                    break;
-                }
             }
         }
         popped

@@ -59,16 +59,6 @@ impl Ring {
         }
     }
 
-    /// Whether the ring may hold a request to take: a split ring's test of its available
-    /// index (an error fails the queue); a packed ring's `pop` finds out itself (true).
-    #[inline(always)]
-    pub(crate) fn may_have_available(&mut self) -> Result<bool, String> {
-        match self {
-            Ring::Split(q) => q.has_available().map_err(|e| format!("bad available ring: {e}")),
-            Ring::Packed(_) => Ok(true),
-        }
-    }
-
     /// Whether the ring certainly holds no request to take now: a split ring's available
     /// index shows none (an index in error does not count as none: taking reports it); a
     /// packed ring is not asked (its `pop` finds out).
