@@ -19,12 +19,12 @@ use std::sync::Arc;
 
 use fp_bdev::dma::memory_map;
 use fp_bdev::Iovecs;
-use fp_virtio_blk::{parse_chain, BlkRequest, Chain, GuestMemory, MemTable, ParseError};
+use fp_virtio_blk::{parse_chain, parse_three, BlkRequest, Chain, Desc, GuestMemory, MemTable, ParseError};
 use vhost::vhost_user::message::VhostUserMemoryRegion;
 use vm_memory::{FileOffset, GuestAddress, GuestRegionMmap, MmapRegion};
 
 /// A request slot's data iovecs: the parser fills them with host addresses of guest memory
-/// ([`GuestIovecs::parse`], the only way in), and the request carries them to the bdev as
+/// ([`GuestIovecs::parse`] and [`GuestIovecs::parse_three`], the only ways in), and the request carries them to the bdev as
 /// [`Iovecs`].
 ///
 /// Its owner (a queue) keeps it, its entries unchanged, and the memory table the chain was
@@ -47,6 +47,14 @@ impl GuestIovecs {
     #[inline(always)]
     pub fn parse(&mut self, table: &MemTable, chain: &Chain, head: u16) -> Result<BlkRequest, ParseError> {
         parse_chain(table, chain, head, &mut self.entries)
+    }
+
+    /// Parses a three-descriptor chain a ring's walker read without storing it (see
+    /// [`parse_three`]): `Some` for a plain read or write, `None` (nothing decided: walk the
+    /// chain and [`GuestIovecs::parse`] it) otherwise.
+    #[inline(always)]
+    pub fn parse_three(&mut self, descs: &[Desc; 3], head: u16) -> Option<BlkRequest> {
+        parse_three(descs, head, &mut self.entries)
     }
 
     /// The entries.

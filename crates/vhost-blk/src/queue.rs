@@ -43,8 +43,8 @@ use fp_bdev::disk::{Completion, DiskIo, Successes};
 use fp_bdev::{IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 use fp_reactor::{PollStatus, Poller};
 use fp_virtio_blk::{
-    validate_sized, write_id, DiskParams, ParseError, ParseErrorKind, RequestType, StatusPtr, MAX_IOVECS,
-    SECTOR_SIZE, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
+    write_id, DiskParams, StatusPtr, MAX_IOVECS, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
+    VIRTIO_BLK_S_UNSUPP,
 };
 use fp_virtq::{Chain, MemTable};
 
@@ -170,25 +170,6 @@ pub struct QueuePoller {
     /// Released ([`QueuePoller::release_disk`]) when the queue's stop ends, and with the poller
     /// in any case.
     hold: Option<HandOffHold>,
-}
-
-/// What to do after starting one chain.
-enum Flow {
-    Next,
-    /// The backend is full: stop taking requests this round (the request waits in `retry`).
-    Busy,
-    /// The chain cannot be completed at all: fail the queue ([`unusable_chain`] says why).
-    /// What, not the message: with a `String` the enum took 24 bytes, returned through memory
-    /// and decoded from its niche after every request's `start`; now it is a register.
-    Fail {
-        head: u16,
-        kind: ParseErrorKind,
-    },
-}
-
-/// Why a chain that cannot be completed at all fails the queue.
-fn unusable_chain(head: u16, kind: ParseErrorKind) -> String {
-    format!("request {head} cannot be completed: {kind}")
 }
 
 /// The queue's handling of a completion, borrowed from the poller for one `reap`. Inlined
@@ -478,175 +459,6 @@ impl QueuePoller {
         }
     }
 
-    /// Parses, validates and submits the chain in `self.chain`, or completes it at once.
-    /// `slot_idx` is a free slot.
-    #[inline]
-    fn start(&mut self, head: Head, slot_idx: u16) -> Flow {
-        let slot = &mut self.slots[usize::from(slot_idx)];
-        let req = match slot.iov.parse(&self.table, &self.chain, head.id) {
-            Ok(r) => r,
-            Err(e) => {
-                return match e.status {
-                    Some(st) => {
-                        log::debug!("queue request {}: {}", head.id, e.kind);
-                        let code = e.status_code();
-                        self.complete_now(head, st, code);
-                        Flow::Next
-                    }
-                    None => Flow::Fail { head: head.id, kind: e.kind },
-                };
-            }
-        };
-        if let Err(code) = validate_sized(&req, &self.disk, self.block_size) {
-            self.complete_now(head, req.status, code);
-            return Flow::Next;
-        }
-        let op = match req.kind {
-            RequestType::In => IoOp::Read,
-            RequestType::Out => IoOp::Write,
-            RequestType::Flush => IoOp::Flush,
-            RequestType::Discard => IoOp::Discard,
-            RequestType::WriteZeroes => IoOp::WriteZeroes,
-            RequestType::GetId => {
-                self.complete_get_id(head, slot_idx, req.iovcnt as usize, req.status);
-                return Flow::Next;
-            }
-            RequestType::Unsupported(_) => {
-                let st = req.status;
-                self.complete_now(head, st, VIRTIO_BLK_S_UNSUPP);
-                return Flow::Next;
-            }
-        };
-        let (offset, len) = match req.segment {
-            Some(seg) => (seg.sector * SECTOR_SIZE, u64::from(seg.num_sectors) * SECTOR_SIZE),
-            None if op == IoOp::Flush => (0, 0),
-            None => (req.sector * SECTOR_SIZE, req.data_len),
-        };
-        // The parser built the iovecs from descriptors inside our memory table, which outlives
-        // every request (the queue drains before the table goes); the slot is not reused
-        // before completion.
-        let iov = slot.iov.iovecs(req.iovcnt);
-        slot.head = head;
-        debug_assert!(!req.status.is_detached(), "the parser's status byte is guest memory");
-        debug_assert_eq!(slot.req.tag, u32::from(slot_idx));
-        slot.status = req.status;
-        slot.used_len = if op == IoOp::Read { req.writable_len } else { 1 };
-        (slot.req.op, slot.req.offset, slot.req.len, slot.req.iov) = (op, offset, len, iov);
-        self.free.pop();
-        match self.channel.submit(&slot.req) {
-            Ok(()) => Flow::Next,
-            Err(SubmitError::Busy) => {
-                self.retry = Some(slot_idx);
-                Flow::Busy
-            }
-            Err(e) => {
-                self.free.push(slot_idx);
-                let st = req.status;
-                self.complete_now(head, st, submit_error_status(e));
-                Flow::Next
-            }
-        }
-    }
-
-    /// Takes and starts at most `limit` new requests. Returns how many it took. Takes nothing
-    /// from a failed queue, or while a request the back-end refused as busy waits in `retry`
-    /// (it goes first, and holds its slot there): a round may call this more than once.
-    #[inline(never)]
-    fn pop_and_submit(&mut self, limit: usize) -> usize {
-        if self.failed || self.retry.is_some() {
-            return 0;
-        }
-        self.pop_and_submit_inline(limit)
-    }
-
-    /// [`QueuePoller::pop_and_submit`] inlined, for a round's first part (at low depth a
-    /// round's only one): the call's frame was a tenth of a QD1 round. Without its checks:
-    /// `poll` made them just before (repeated, they cost every round four instructions).
-    #[inline(always)]
-    fn pop_and_submit_inline(&mut self, limit: usize) -> usize {
-        debug_assert!(!self.failed && self.retry.is_none());
-        self.disk.capacity_sectors = self.capacity_sectors.load(Ordering::Relaxed);
-        let mut popped = 0;
-        while let Some(&slot_idx) = self.free.last() {
-            if popped == limit {
-                break;
-            }
-            let head = match self.ring.pop(&self.table, &mut self.chain, &mut self.tracker) {
-                Ok(Some(h)) => h,
-                Ok(None) => break,
-                Err(why) => {
-                    self.fail(&why);
-                    return popped + 1;
-                }
-            };
-            popped += 1;
-            if let Some(t) = &mut self.tracker {
-                t.taken(head.id);
-            }
-            match self.start(head, slot_idx) {
-                Flow::Next => {}
-                Flow::Busy => break,
-                Flow::Fail { head, kind } => {
-                    self.fail(&unusable_chain(head, kind));
-                    break;
-                }
-            }
-        }
-        popped
-    }
-
-    /// Resubmits requests a previous back-end left in flight (see [`crate::inflight`]), oldest
-    /// first, before anything new is taken from the ring: split heads are walked through the
-    /// same ring code as a fresh request; packed lists from their recorded descriptors, since
-    /// the driver may have reused their ring slots. A request the bdev refuses as busy waits in
-    /// `retry` and the rest in `resubmits`, retried every round (`poll`): a busy bdev delays
-    /// them, it does not fail the queue start. Returns whether all were submitted.
-    fn resubmit(&mut self) -> Result<bool, String> {
-        while self.retry.is_none() {
-            let Some(p) = self.resubmits.pop_front() else { return Ok(true) };
-            let Some(&slot_idx) = self.free.last() else {
-                return Err("more requests in flight than ring entries".into());
-            };
-            let head = match p {
-                Pending::Head(head) => {
-                    let Ring::Split(q) = &self.ring else {
-                        return Err("split heads recorded for a packed ring".into());
-                    };
-                    q.walk(&self.table, head, &mut self.chain)
-                        .map_err(|e| ParseError::from_walk(head, e).to_string())?;
-                    Head { id: head, slots: 1 }
-                }
-                Pending::List(r) => {
-                    self.chain = Chain::from_packed(&self.table, &r.descs)
-                        .map_err(|e| ParseError::from_walk(r.id, e).to_string())?;
-                    Head { id: r.id, slots: r.slots }
-                }
-            };
-            match self.start(head, slot_idx) {
-                Flow::Next => {}
-                Flow::Busy => return Ok(false),
-                Flow::Fail { head, kind } => return Err(unusable_chain(head, kind)),
-            }
-        }
-        Ok(false)
-    }
-
-    /// Goes on with resubmissions a busy bdev held up; true once none is left and the queue
-    /// may take new requests (false when a resubmission failed the queue). Out of line: only
-    /// after a restart with requests in flight.
-    #[cold]
-    #[inline(never)]
-    fn resubmit_rest(&mut self) -> bool {
-        match self.resubmit() {
-            Ok(done) => done,
-            Err(why) => {
-                self.fail(&format!("cannot resubmit in-flight requests: {why}"));
-                self.resubmits.clear();
-                false
-            }
-        }
-    }
-
     /// Requests the queue answers for: taken and not completed, or still to be resubmitted.
     fn outstanding(&self) -> usize {
         self.in_flight() + self.resubmits.len()
@@ -928,7 +740,7 @@ impl Poller for QueuePoller {
             return self.poll_stopping();
         }
         let mut busy = false;
-        // The checks `pop_and_submit_inline` relies on.
+        // The checks `pop_and_submit_first` relies on.
         if !self.failed && self.retry_busy() && (self.resubmits.is_empty() || self.resubmit_rest()) {
             // A round takes at most two parts, `REQUESTS_PER_POLL` in all, and publishes after
             // each (docs/architecture.md, "Guest notifications"). The first is small when the driver waits for its next
@@ -941,7 +753,7 @@ impl Poller for QueuePoller {
             } else {
                 PUBLISH_EVERY
             };
-            let mut took = self.pop_and_submit_inline(limit);
+            let mut took = self.pop_and_submit_first(limit);
             if took == FIRST_SIGNAL_BATCH && limit == FIRST_SIGNAL_BATCH && !self.ring.driver_waits() {
                 limit = PUBLISH_EVERY;
                 took += self.pop_and_submit(PUBLISH_EVERY - FIRST_SIGNAL_BATCH);
@@ -1055,6 +867,9 @@ impl Drop for QueuePoller {
         }
     }
 }
+
+#[path = "queue_take.rs"]
+mod take;
 
 #[cfg(test)]
 #[path = "queue_log_tests.rs"]

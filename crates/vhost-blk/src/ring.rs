@@ -59,6 +59,17 @@ impl Ring {
         }
     }
 
+    /// Whether the ring certainly holds no request to take now: a split ring's available
+    /// index shows none (an index in error does not count as none: taking reports it); a
+    /// packed ring is not asked (its `pop` finds out).
+    #[inline(always)]
+    pub(crate) fn shows_none(&mut self) -> bool {
+        match self {
+            Ring::Split(q) => matches!(q.has_available(), Ok(false)),
+            Ring::Packed(_) => false,
+        }
+    }
+
     #[inline(always)]
     pub(crate) fn push_used(&mut self, head: Head, len: u32) {
         match self {

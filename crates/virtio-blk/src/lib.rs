@@ -90,7 +90,7 @@ mod validate;
 use virtio_bindings::virtio_blk as vb;
 
 pub use fp_virtq::{Chain, Desc, GuestMemory, MemTable, WalkError, MAX_CHAIN_DESCRIPTORS};
-pub use parse::{parse_chain, parse_chain_general, ParseError, ParseErrorKind};
+pub use parse::{parse_chain, parse_chain_general, parse_three, ParseError, ParseErrorKind};
 pub use request::{write_id, BlkRequest, RequestType, Segment, StatusPtr};
 pub use validate::{validate, validate_sized, DiskParams};
 /// `flags` bit 0 of `struct virtio_blk_discard_write_zeroes` (§5.2.6).

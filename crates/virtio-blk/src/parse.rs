@@ -122,7 +122,7 @@ pub fn parse_chain(
     head: u16,
     iov: &mut [libc::iovec],
 ) -> Result<BlkRequest, ParseError> {
-    if let Some(req) = parse_three(chain, head, iov) {
+    if let Some(req) = chain.descs().try_into().ok().and_then(|three| parse_three(three, head, iov)) {
         return Ok(req);
     }
     parse_chain_general(mem, chain, head, iov)
@@ -130,7 +130,12 @@ pub fn parse_chain(
 
 /// The fast path of [`parse_chain`]: `Some` for an `IN` or `OUT` request whose chain is a
 /// readable 16-byte header, one data descriptor of the request's direction and a writable
-/// 1-byte status, all three host-contiguous; `None` (nothing decided) otherwise.
+/// 1-byte status, all three host-contiguous; `None` (nothing decided: the caller parses the
+/// walked chain with [`parse_chain`]) otherwise.
+///
+/// Public for a ring's walker that reads a three-descriptor chain without storing it
+/// (`fp_virtq::SplitQueue::read_three`): inlined into the same function, the three stay in
+/// registers from the descriptor table to the request.
 ///
 /// What the general parser would do with such a chain, rule by rule: the status is the last
 /// descriptor's only byte; readable precede writable; every descriptor is guest memory (it was
@@ -139,8 +144,8 @@ pub fn parse_chain(
 /// its data is the readable bytes after the header: in both cases the data descriptor, whole,
 /// as one iovec.
 #[inline(always)]
-fn parse_three(chain: &Chain, head: u16, iov: &mut [libc::iovec]) -> Option<BlkRequest> {
-    let [h, d, s] = chain.descs() else { return None };
+pub fn parse_three(descs: &[Desc; 3], head: u16, iov: &mut [libc::iovec]) -> Option<BlkRequest> {
+    let [h, d, s] = descs;
     if h.write || h.len != REQ_HEADER_SIZE as u32 || !s.write || s.len != 1 {
         return None;
     }

@@ -118,7 +118,7 @@ impl Chain {
             return Err(WalkError::TooLong);
         }
         if len != 0 {
-            let host = mem.translate(addr, u64::from(len)).unwrap_or(std::ptr::null_mut());
+            let host = mem.host_or_null(addr, u64::from(len));
             // `len < seen <= MAX_CHAIN_DESCRIPTORS`: always a slot.
             let slot = self.descs.get_mut(self.len).ok_or(WalkError::TooLong)?;
             *slot = Desc { addr, len, write, host };
@@ -127,12 +127,13 @@ impl Chain {
         Ok(())
     }
 
-    /// Stores a walked chain of exactly three non-empty descriptors (the walkers' fast path):
-    /// the same contents [`Chain::add`] would leave after the three, without its per-descriptor
-    /// bookkeeping. The caller checked what `add` checks: `total` is the three lengths' sum
-    /// without overflow and no length is 0.
+    /// Stores a chain of exactly three non-empty descriptors as a walker's fast path read it
+    /// ([`SplitQueue::read_three`](crate::SplitQueue::read_three), the packed walker's): the
+    /// same contents the general walkers would leave after the three, without their
+    /// per-descriptor bookkeeping. The fast paths checked what the general walkers check:
+    /// `total` is the three lengths' sum without overflow and no length is 0.
     #[inline(always)]
-    pub(crate) fn set_three(&mut self, descs: [Desc; 3], total: u32) {
+    pub fn set_three(&mut self, descs: [Desc; 3], total: u32) {
         self.descs[..3].copy_from_slice(&descs);
         self.len = 3;
         self.seen = 3;

@@ -99,15 +99,24 @@ impl MemTable {
     /// callgrind when LLVM left it out of line.
     #[inline(always)]
     pub fn translate(&self, gpa: u64, len: u64) -> Option<*mut u8> {
+        let p = self.host_or_null(gpa, len);
+        (!p.is_null()).then_some(p)
+    }
+
+    /// [`MemTable::translate`] as a pointer, null for `None` (no mapping lies at address 0):
+    /// what a walked descriptor keeps. A walker that stored `translate`'s result so paid for the
+    /// `Option` (a select per descriptor, 7 instructions per request under callgrind).
+    #[inline(always)]
+    pub(crate) fn host_or_null(&self, gpa: u64, len: u64) -> *mut u8 {
         if let Some(p) = self.last.get().host_range(gpa, len) {
-            return Some(p);
+            return p;
         }
         // No reordering on a hit here: the common pattern alternates between two regions, and
         // keeping the order costs a store per access for nothing.
         if let Some(p) = self.prev.get().host_range(gpa, len) {
-            return Some(p);
+            return p;
         }
-        self.translate_slow(gpa, len)
+        self.translate_slow(gpa, len).unwrap_or(std::ptr::null_mut())
     }
 
     #[cold]

@@ -323,7 +323,7 @@ impl PackedQueue {
             addr: d.addr,
             len: d.len,
             write: d.flags & DESC_F_WRITE != 0,
-            host: mem.translate(d.addr, u64::from(d.len)).unwrap_or(std::ptr::null_mut()),
+            host: mem.host_or_null(d.addr, u64::from(d.len)),
         };
         record(d0);
         record(d1);

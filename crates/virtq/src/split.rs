@@ -228,10 +228,12 @@ impl SplitQueue {
         u16::from_le(unsafe { AtomicU16::from_ptr(self.used.add(2) as *mut u16) }.load(Ordering::Acquire))
     }
 
-    /// Takes the next available head, if any. An available index more than a ring ahead is a
-    /// driver error: the queue must fail.
-    #[inline]
-    pub fn pop(&mut self) -> Result<Option<u16>, RingError> {
+    /// Whether a head is available ([`SplitQueue::pop`] then takes it), reading the driver's
+    /// index only once the heads it showed last are taken: a caller that takes each head in a
+    /// call of its own tests this first, inlined, and makes no call for an empty ring. An
+    /// available index more than a ring ahead is a driver error: the queue must fail.
+    #[inline(always)]
+    pub fn has_available(&mut self) -> Result<bool, RingError> {
         if self.next_avail == self.avail_idx {
             // Acquire: the ring entries and descriptors the driver wrote before the index.
             let idx = Wrapping(u16::from_le(self.avail_idx_field().load(Ordering::Acquire)));
@@ -239,9 +241,19 @@ impl SplitQueue {
                 return Err(RingError::AvailIndex { idx: idx.0, next_avail: self.next_avail.0 });
             }
             if idx == self.next_avail {
-                return Ok(None);
+                return Ok(false);
             }
             self.avail_idx = idx;
+        }
+        Ok(true)
+    }
+
+    /// Takes the next available head, if any. An available index more than a ring ahead is a
+    /// driver error: the queue must fail.
+    #[inline]
+    pub fn pop(&mut self) -> Result<Option<u16>, RingError> {
+        if !self.has_available()? {
+            return Ok(None);
         }
         let slot = usize::from(self.next_avail.0 & (self.size - 1));
         // SAFETY: `slot < size`; ring[slot] is inside the mapped avail ring (checked in `new`).
@@ -278,18 +290,35 @@ impl SplitQueue {
     /// direct, non-empty descriptors, now stored in `chain` as the general walker would store
     /// them. False leaves `chain` as it was (the general walker starts over, reading the
     /// descriptors again; a guest that changed them meanwhile gets what that walk sees).
+    #[inline(always)]
+    fn walk_three(&self, mem: &MemTable, head: u16, chain: &mut Chain) -> bool {
+        match self.read_three(mem, head) {
+            Some((descs, total)) => {
+                chain.set_three(descs, total);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The chain at `head` when it is exactly three direct, non-empty descriptors (the common
+    /// virtio-blk request), as the general walker would store them, with their byte total:
+    /// returned by value, not stored, so that a caller that inlines this and consumes the
+    /// three at once (the request's parse) keeps them in registers. `None` decides nothing:
+    /// the caller walks the chain with [`SplitQueue::walk`], which reads the descriptors again
+    /// (a guest that changed them meanwhile gets what that walk sees).
     ///
     /// Why the general walker's remaining checks cannot fail here: with a table of at least
     /// three entries its loop bound (`size` descriptors) is not reached by three; the indices
     /// are checked below; the byte total is checked without overflow; three is far below
     /// [`crate::MAX_CHAIN_DESCRIPTORS`].
     #[inline(always)]
-    fn walk_three(&self, mem: &MemTable, head: u16, chain: &mut Chain) -> bool {
+    pub fn read_three(&self, mem: &MemTable, head: u16) -> Option<([Desc; 3], u32)> {
         const KIND: u16 = DESC_F_NEXT | DESC_F_WRITE | DESC_F_INDIRECT;
         let size = u32::from(self.size);
         let i0 = u32::from(head);
         if size < 3 || i0 >= size {
-            return false;
+            return None;
         }
         // SAFETY: `i0 < size` and the table's `16 * size` bytes lie inside one region
         // (checked in `new`).
@@ -297,36 +326,35 @@ impl SplitQueue {
         let i1 = u32::from((w0 >> 48) as u16);
         // First: readable, continues. Nothing else can head a three-descriptor request.
         if (w0 >> 32) as u16 & KIND != DESC_F_NEXT || i1 >= size {
-            return false;
+            return None;
         }
         // SAFETY: as above, `i1 < size`.
         let (a1, w1) = unsafe { read_desc(self.desc, i1) };
         let i2 = u32::from((w1 >> 48) as u16);
         // Second: either direction, continues.
         if (w1 >> 32) as u16 & (DESC_F_NEXT | DESC_F_INDIRECT) != DESC_F_NEXT || i2 >= size {
-            return false;
+            return None;
         }
         // SAFETY: as above, `i2 < size`.
         let (a2, w2) = unsafe { read_desc(self.desc, i2) };
         // Third: ends the chain, not indirect.
         let f2 = (w2 >> 32) as u16;
         if f2 & (DESC_F_NEXT | DESC_F_INDIRECT) != 0 {
-            return false;
+            return None;
         }
         let (l0, l1, l2) = (w0 as u32, w1 as u32, w2 as u32);
         let total = u64::from(l0) + u64::from(l1) + u64::from(l2);
         if l0 == 0 || l1 == 0 || l2 == 0 || total > u64::from(u32::MAX) {
-            return false;
+            return None;
         }
         let desc = |addr: u64, len: u32, flags: u16| Desc {
             addr,
             len,
             write: flags & DESC_F_WRITE != 0,
-            host: mem.translate(addr, u64::from(len)).unwrap_or(std::ptr::null_mut()),
+            host: mem.host_or_null(addr, u64::from(len)),
         };
         let f1 = (w1 >> 32) as u16;
-        chain.set_three([desc(a0, l0, DESC_F_NEXT), desc(a1, l1, f1), desc(a2, l2, f2)], total as u32);
-        true
+        Some(([desc(a0, l0, DESC_F_NEXT), desc(a1, l1, f1), desc(a2, l2, f2)], total as u32))
     }
 
     /// Writes one used element (not yet visible to the driver).

@@ -43,6 +43,13 @@ use stats::ChannelSlot;
 use crate::qos::{QosGroup, QosLimits};
 use crate::{Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, IoChannel};
 
+/// The clock a request's arrival is read from for [`DiskIo::submit_arrived`]: read once for a
+/// batch of requests, it stamps them all.
+#[inline(always)]
+pub fn arrival_clock() -> u64 {
+    ticks::now()
+}
+
 /// What `bdev_reset_iostat` clears (SPDK's `mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResetMode {
