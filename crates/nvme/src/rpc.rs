@@ -216,6 +216,7 @@ impl BdevModule for NvmeModule {
             ("bdev_nvme_detach_controller", detach_controller),
             ("bdev_nvme_get_controllers", get_controllers),
             ("bdev_nvme_reset_controller", reset_controller),
+            ("bdev_nvme_set_keys", set_keys),
         ]
     }
 
@@ -622,6 +623,24 @@ fn reset_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modul
         }
     }
     ctrlr.reset().map_err(nvme_error)?;
+    Ok(Value::Bool(true))
+}
+
+/// `bdev_nvme_set_keys`: the controller's DH-HMAC-CHAP keys become the keyring's `dhchap_key`
+/// and `dhchap_ctrlr_key` (one left out is cleared, as SPDK's), and with a host key its queues
+/// authenticate again; answers once the admin queue has (the I/O queues follow, reconnecting).
+fn set_keys(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    let key = p.optional_str("dhchap_key")?;
+    let ctrlr_key = p.optional_str("dhchap_ctrlr_key")?;
+    p.finish()?;
+    let key = dhchap_secret(host, "dhchap_key", key.as_deref())?;
+    let ctrlr_key = dhchap_secret(host, "dhchap_ctrlr_key", ctrlr_key.as_deref())?;
+    let ctrlr = attached(&state(host), &name)?;
+    ctrlr.set_keys(key, ctrlr_key).map_err(|e| match e {
+        NvmeError::Auth(why) => nvme_error(NvmeError::Auth(format!("NVMe controller '{name}': {why}"))),
+        e => nvme_error(e),
+    })?;
     Ok(Value::Bool(true))
 }
 

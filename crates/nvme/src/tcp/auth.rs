@@ -22,6 +22,7 @@ use fp_nvme_spec::auth::{
     AuthCommand, AuthMessage, Challenge, DhGroupId, Failure, FailureReason, HashId, Negotiate,
     ProtocolDescriptor, Reply, Success2, MAX_DHCHAP_MESSAGE_LEN,
 };
+use fp_nvme_spec::Cqe;
 
 use super::queue::TcpQueue;
 use crate::transport::AdminData;
@@ -107,8 +108,19 @@ fn refuse(q: &QueueAuth<'_>, step: &str, reason: FailureReason, why: impl std::f
     Refusal { error: auth_error(q, step, why), failure2: Some(reason) }
 }
 
-/// Authenticates the queue `tq` (just connected, its Connect answer asking for it) as `host`.
-pub(super) fn authenticate(tq: &mut TcpQueue, host: &DhchapHost, q: &QueueAuth<'_>) -> Result<(), NvmeError> {
+/// Completions of other commands that come during the transaction (an admin queue's
+/// Asynchronous Event Requests when it re-authenticates), handed on with their tags.
+pub(super) type Others<'a> = &'a mut dyn FnMut(u32, &Cqe);
+
+/// Authenticates the queue `tq` as `host`: just connected, its Connect answer asking for it,
+/// or live (a re-authentication: the admin queue after `bdev_nvme_set_keys`), other commands'
+/// completions going to `other`.
+pub(super) fn authenticate(
+    tq: &mut TcpQueue,
+    host: &DhchapHost,
+    q: &QueueAuth<'_>,
+    other: Others<'_>,
+) -> Result<(), NvmeError> {
     let Some(key) = &host.key else {
         return Err(auth_error(
             q,
@@ -116,7 +128,7 @@ pub(super) fn authenticate(tq: &mut TcpQueue, host: &DhchapHost, q: &QueueAuth<'
             "the controller requires DH-HMAC-CHAP authentication and no dhchap_key was given",
         ));
     };
-    match transaction(tq, key, host, q) {
+    match transaction(tq, key, host, q, other) {
         Ok(()) => Ok(()),
         Err(r) => {
             if let Some(reason) = r.failure2 {
@@ -124,7 +136,7 @@ pub(super) fn authenticate(tq: &mut TcpQueue, host: &DhchapHost, q: &QueueAuth<'
                 let mut b = [0u8; fp_nvme_spec::auth::FAILURE_LEN];
                 if f.encode(&mut b).is_ok() {
                     // The error reported is the transaction's; the controller may be gone.
-                    if let Err(e) = send(tq, q, "AUTH_Failure2", &b) {
+                    if let Err(e) = send(tq, q, "AUTH_Failure2", &b, other) {
                         log::info!("nvme tcp queue {}: AUTH_Failure2 not delivered: {e}", q.qid);
                     }
                 }
@@ -135,9 +147,15 @@ pub(super) fn authenticate(tq: &mut TcpQueue, host: &DhchapHost, q: &QueueAuth<'
 }
 
 /// Sends `msg` with Authentication Send.
-fn send(tq: &mut TcpQueue, q: &QueueAuth<'_>, step: &str, msg: &[u8]) -> Result<(), NvmeError> {
+fn send(
+    tq: &mut TcpQueue,
+    q: &QueueAuth<'_>,
+    step: &str,
+    msg: &[u8],
+    other: Others<'_>,
+) -> Result<(), NvmeError> {
     let sqe = AuthCommand { send: true, length: msg.len() as u32 }.to_sqe(0);
-    let cqe = tq.run(&sqe, AdminData::ToDevice(msg), q.timeout, &mut |_, _| {})?;
+    let cqe = tq.run(&sqe, AdminData::ToDevice(msg), q.timeout, other)?;
     if !cqe.status.is_success() {
         return Err(auth_error(
             q,
@@ -149,11 +167,16 @@ fn send(tq: &mut TcpQueue, q: &QueueAuth<'_>, step: &str, msg: &[u8]) -> Result<
 }
 
 /// Receives one message with Authentication Receive.
-fn receive(tq: &mut TcpQueue, q: &QueueAuth<'_>, step: &str) -> Result<AuthMessage, Refusal> {
+fn receive(
+    tq: &mut TcpQueue,
+    q: &QueueAuth<'_>,
+    step: &str,
+    other: Others<'_>,
+) -> Result<AuthMessage, Refusal> {
     let mut b = vec![0u8; MAX_DHCHAP_MESSAGE_LEN];
     let sqe = AuthCommand { send: false, length: b.len() as u32 }.to_sqe(0);
     let cqe = tq
-        .run(&sqe, AdminData::FromDevice(&mut b), q.timeout, &mut |_, _| {})
+        .run(&sqe, AdminData::FromDevice(&mut b), q.timeout, other)
         .map_err(|error| Refusal { error, failure2: None })?;
     if !cqe.status.is_success() {
         return Err(Refusal {
@@ -220,16 +243,17 @@ fn transaction(
     key: &DhchapSecret,
     host: &DhchapHost,
     q: &QueueAuth<'_>,
+    other: Others<'_>,
 ) -> Result<(), Refusal> {
     let no_failure2 = |error| Refusal { error, failure2: None };
     let digests = host.offer.digests();
     let dhgroups = host.offer.dhgroups();
     let negotiate =
         Negotiate { t_id: q.t_id, sc_c: 0, protocols: vec![ProtocolDescriptor::dhchap(&digests, &dhgroups)] };
-    send(tq, q, "AUTH_Negotiate", &encoded(AuthMessage::Negotiate(negotiate))).map_err(no_failure2)?;
+    send(tq, q, "AUTH_Negotiate", &encoded(AuthMessage::Negotiate(negotiate)), other).map_err(no_failure2)?;
 
     const CHALLENGE: &str = "DH-HMAC-CHAP_Challenge";
-    let ch: Challenge = match receive(tq, q, CHALLENGE)? {
+    let ch: Challenge = match receive(tq, q, CHALLENGE, other)? {
         AuthMessage::Challenge(c) => c,
         other => return Err(unexpected(q, CHALLENGE, &other)),
     };
@@ -269,10 +293,10 @@ fn transaction(
         challenge: asked.as_ref().map(|(_, c2, _)| c2.clone()),
         dh_value: pair.public_value().to_vec(),
     };
-    send(tq, q, "DH-HMAC-CHAP_Reply", &encoded(AuthMessage::Reply(reply))).map_err(no_failure2)?;
+    send(tq, q, "DH-HMAC-CHAP_Reply", &encoded(AuthMessage::Reply(reply)), other).map_err(no_failure2)?;
 
     const SUCCESS1: &str = "DH-HMAC-CHAP_Success1";
-    let s1 = match receive(tq, q, SUCCESS1)? {
+    let s1 = match receive(tq, q, SUCCESS1, other)? {
         AuthMessage::Success1(s) => s,
         AuthMessage::Failure(f) if f.from_controller => {
             return Err(no_failure2(auth_error(
@@ -315,6 +339,6 @@ fn transaction(
              the key names",
         ));
     }
-    send(tq, q, "DH-HMAC-CHAP_Success2", &encoded(AuthMessage::Success2(Success2 { t_id: q.t_id })))
+    send(tq, q, "DH-HMAC-CHAP_Success2", &encoded(AuthMessage::Success2(Success2 { t_id: q.t_id })), other)
         .map_err(no_failure2)
 }

@@ -270,3 +270,61 @@ fn a_challenge_of_another_transaction_or_a_trivial_dh_value_is_refused_with_fail
         assert_eq!(failure2(&seen), FailureReason::IncorrectPayload, "{play:?}");
     }
 }
+
+/// Reads the host's AER capsule and completes it with event `dw0`.
+fn complete_aer(p: &mut Peer, dw0: u32) {
+    let cid = p.command();
+    let mut b = [0u8; fp_nvme_spec::tcp::HEADER_ROOM];
+    let cqe = fp_nvme_spec::Cqe { dw0, ..fp_nvme_spec::Cqe::new(cid, Status::SUCCESS) };
+    let n = fp_nvme_spec::tcp::write_capsule_resp(&mut b, &cqe, NO);
+    p.send(&b[..n]);
+}
+
+#[test]
+fn the_admin_queue_authenticates_again_in_band_with_new_keys_keeping_an_aer() {
+    use crate::transport::AdminQueue;
+    let (tx, rx) = mpsc::channel();
+    let (port, h) = scripted(
+        NO,
+        |_| {},
+        1 | AUTHREQ_ATR,
+        move |p| {
+            let first = Controller::new(HashId::Sha256, DhGroupId::Null, &secret(1), Play::Honest).play(p);
+            // An event completes the AER while the host starts its second transaction.
+            complete_aer(p, 0x0002_0104);
+            let second =
+                Controller::new(HashId::Sha384, DhGroupId::Ffdhe2048, &secret(2), Play::Honest).play(p);
+            let third = Controller::new(HashId::Sha256, DhGroupId::Null, &secret(2), Play::Honest).play(p);
+            tx.send([first, second, third]).unwrap();
+        },
+    );
+    let tr =
+        TcpTransport::new(TcpTarget { dhchap: host(1, None), ..transport(port, false).target().clone() });
+    let (q, cntlid) = tr.connect_queue(0, 16, 0xffff, 8192, T).unwrap();
+    let mut admin = TcpAdmin::new(q, cntlid);
+    admin.submit_async_event_request().unwrap();
+    // A controller key alone is refused (SPDK's rule); the keys stay.
+    let e = tr.set_dhchap_keys(None, Some(secret(9))).unwrap_err();
+    assert!(matches!(e, NvmeError::InvalidParam { field: "dhchap_ctrlr_key", .. }), "{e}");
+    assert_eq!(tr.dhchap().key, Some(secret(1)));
+    tr.set_dhchap_keys(Some(secret(2)), Some(secret(9))).unwrap();
+    tr.reauthenticate_admin(&mut admin, T).unwrap();
+    let mut events = Vec::new();
+    admin.poll_async_events(&mut events).unwrap();
+    assert_eq!(events.iter().map(|c| c.dw0).collect::<Vec<_>>(), [0x0002_0104], "the AER is kept");
+    // A key the controller does not have: refused, saying why.
+    tr.set_dhchap_keys(Some(secret(3)), None).unwrap();
+    let e = tr.reauthenticate_admin(&mut admin, T).unwrap_err().to_string();
+    assert!(e.contains("queue 0: DH-HMAC-CHAP_Success1") && e.contains("refused the host's response"), "{e}");
+    drop(admin);
+    h.join().unwrap();
+    let [first, second, third] = rx.recv().unwrap();
+    assert_eq!(first.len(), 2);
+    let [AuthMessage::Negotiate(n1), AuthMessage::Reply(r2), AuthMessage::Success2(_)] = &second[..] else {
+        panic!("{second:?}")
+    };
+    assert!(r2.challenge.is_some(), "the new controller key is asked for");
+    let AuthMessage::Negotiate(n0) = &first[0] else { panic!("{first:?}") };
+    assert_ne!(n1.t_id, n0.t_id, "each transaction has its own T_ID");
+    assert_eq!(third.len(), 2, "no Failure2 after the controller's Failure1: {third:?}");
+}
