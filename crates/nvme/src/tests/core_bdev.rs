@@ -334,14 +334,20 @@ fn timeout_action_reset_resets_at_once() {
     assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Success)]);
 }
 
-/// Writes `n` 4 KiB blocks of patterns (`seed` on) through `ch` (tags 0..n) and leaves them
-/// held by the device; returns their buffers and iovecs, to be kept until they complete.
+/// Buffers and iovecs of requests in flight, kept until they complete.
+type Held = (Vec<IoBuf>, Vec<[libc::iovec; 1]>);
+
+/// A controller of `trtype` over a 512 KiB namespace, its channel, and `n` 4 KiB writes of
+/// patterns (`seed` on) through it (tags 0..n) that the device holds.
 fn held_writes(
-    dev: &FakeDevice,
-    ch: &mut dyn IoChannel,
+    trtype: &'static str,
     n: usize,
     seed: u8,
-) -> (Vec<IoBuf>, Vec<[libc::iovec; 1]>) {
+) -> (FakeDevice, Arc<dyn Controller>, Box<dyn IoChannel>, Held) {
+    let dev = FakeDevice::new(&[(1, 512, 1024)]);
+    let (opts, global) = test_options("c0");
+    let (c, _) = attach(&dev, trtype, opts, global);
+    let mut ch = c.namespaces()[0].open_channel().unwrap();
     let mut bufs: Vec<IoBuf> = (0..n)
         .map(|i| {
             let mut b = IoBuf::new(4096, i % 2 == 0);
@@ -355,8 +361,8 @@ fn held_writes(
         // SAFETY: the caller keeps `bufs` until the requests complete.
         unsafe { ch.submit(&rw(i as u32, IoOp::Write, 4096 * i as u64, iov)) }.unwrap();
     }
-    poll_nothing(ch, Duration::from_millis(2));
-    (bufs, iovs)
+    poll_nothing(&mut *ch, Duration::from_millis(2));
+    (dev, c, ch, (bufs, iovs))
 }
 
 /// Lets the device answer [`held_writes`]' `n` writes; checks each succeeded and landed.
@@ -376,11 +382,7 @@ fn release_held_writes(dev: &FakeDevice, ch: &mut dyn IoChannel, n: usize, seed:
 
 #[test]
 fn a_reset_under_io_loses_and_fails_nothing() {
-    let dev = FakeDevice::new(&[(1, 512, 1024)]);
-    let (opts, global) = test_options("c0");
-    let (c, _) = attach(&dev, "PCIe", opts, global);
-    let mut ch = c.namespaces()[0].open_channel().unwrap();
-    let _held = held_writes(&dev, &mut *ch, 32, 0);
+    let (dev, c, mut ch, _held) = held_writes("PCIe", 32, 0);
     let queues = dev.lock().queues_made;
     c.reset().unwrap();
     release_held_writes(&dev, &mut *ch, 32, 0);
@@ -394,11 +396,7 @@ fn dhchap_key(fill: u8) -> fp_crypto::dhchap::DhchapSecret {
 
 #[test]
 fn new_keys_authenticate_the_admin_queue_again_and_reconnect_the_io_queues_under_io() {
-    let dev = FakeDevice::new(&[(1, 512, 1024)]);
-    let (opts, global) = test_options("c0");
-    let (c, _) = attach(&dev, "TCP", opts, global);
-    let mut ch = c.namespaces()[0].open_channel().unwrap();
-    let _held = held_writes(&dev, &mut *ch, 8, 40);
+    let (dev, c, mut ch, _held) = held_writes("TCP", 8, 40);
     let queues = dev.lock().queues_made;
     // The subsystem changes the host's key; the host is given the same.
     dev.lock().auth_key = Some(dhchap_key(2));
