@@ -151,7 +151,7 @@ mod guest_vm {
 
     /// nvmet gets the host's next key and `bdev_nvme_set_keys` gives flashpath the same while
     /// a client writes and verifies [`REKEY_REGION`] over the controller's queues (which
-    /// authenticate again): no I/O fails. Returns the rounds verified.
+    /// authenticate again in band, without a reset): no I/O fails. Returns the rounds verified.
     fn rekey_under_io(vm: &mut Vm, d: &Daemon, sock: &std::path::Path) -> u64 {
         vm.send_line(&format!("rekey {HOSTNQN} {NEXT_KEY}"));
         vm.wait_for("the guest's new host key", |l| l.contains("nvme nvmet rekeyed"), GUEST_DEADLINE);
@@ -185,6 +185,9 @@ mod guest_vm {
             json!({"name": "Auth0", "dhchap_key": "host1", "dhchap_ctrlr_key": "ctrl0"}),
         );
         assert_eq!(r, json!(true), "bdev_nvme_set_keys");
+        // Every queue authenticated again in band: no reset, no new connection.
+        let c = d.call("bdev_nvme_get_controllers", json!({"name": "Auth0"}));
+        assert_eq!(c[0]["ctrlrs"][0]["resets"], 0, "{c}");
         stop.store(true, SeqCst);
         bounded(Duration::from_secs(300), "I/O while the keys change", move || {
             io.join().expect("the I/O thread")

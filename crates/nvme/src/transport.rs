@@ -101,6 +101,16 @@ pub trait Transport: Send + Sync + 'static {
             self.trtype()
         )))
     }
+
+    /// Makes every live I/O queue authenticate again with the keys now (in band, each on its
+    /// reactor) and waits up to `timeout` for the outcomes of `queues` of them; the first
+    /// failure is the error (its queue fails).
+    fn reauthenticate_io(&self, _queues: usize, _timeout: Duration) -> Result<(), NvmeError> {
+        Err(NvmeError::Unsupported(format!(
+            "{} controllers do not authenticate (DH-HMAC-CHAP)",
+            self.trtype()
+        )))
+    }
 }
 
 /// SPDK's transport ID, as `bdev_nvme_get_controllers` shows it (`trid`); empty fields are

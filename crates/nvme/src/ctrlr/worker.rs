@@ -58,9 +58,6 @@ pub(crate) struct Worker<T: Transport> {
     next_keep_alive: Option<Instant>,
     next_admin_poll: Instant,
     aer_buf: Vec<Cqe>,
-    /// I/O queue IDs whose queues (of this incarnation of the controller) were in use when
-    /// new keys made the channels connect new ones: freed as the old queues come back.
-    rekeyed_qids: Vec<u16>,
 }
 
 impl<T: Transport> Worker<T> {
@@ -84,7 +81,6 @@ impl<T: Transport> Worker<T> {
             next_keep_alive: None,
             next_admin_poll: Instant::now(),
             aer_buf: Vec::new(),
-            rekeyed_qids: Vec::new(),
         }
     }
 
@@ -164,22 +160,15 @@ impl<T: Transport> Worker<T> {
                 let qid = queue.qid();
                 if generation(state) == generation(self.shared.state()) && self.enabled() {
                     self.delete_queue(qid);
-                } else {
-                    self.release_rekeyed(qid);
                 }
                 // Only now: the controller no longer uses the queue's memory.
                 drop(queue);
             }
-            Msg::Retire { queue } => {
-                self.release_rekeyed(queue.qid());
-                drop(queue)
-            }
+            Msg::Retire { queue } => drop(queue),
             Msg::QueueFailed { state, queue, error } => {
                 if generation(state) == generation(self.shared.state()) {
                     log::warn!("nvme {}: I/O queue {} failed: {error}", self.shared.opts.name, queue.qid());
                     self.reset();
-                } else {
-                    self.release_rekeyed(queue.qid());
                 }
                 drop(queue);
             }
@@ -406,7 +395,6 @@ impl<T: Transport> Worker<T> {
             s.io_queues = 0;
         }
         self.free_qids = (1..=granted).collect();
-        self.rekeyed_qids.clear();
         let old = self.admin.replace(admin);
         // The old admin queue (of before a reset) goes only now: the controller was disabled
         // by `connect_admin`, so it no longer writes into its memory.
@@ -515,10 +503,10 @@ impl<T: Transport> Worker<T> {
 
     /// `bdev_nvme_set_keys`, as SPDK's: the keys are replaced (kept even if authenticating
     /// with them fails); without a host key nothing authenticates now. With one, the admin
-    /// queue authenticates again in band; then the generation moves on, so every channel
-    /// hands its queue back (its I/O kept for the next) and gets a new one, which
-    /// authenticates at its Connect with the new keys. A failed admin transaction fails the
-    /// queue as SPDK's does: the controller resets, and reconnects with the new keys.
+    /// queue authenticates again in band, then every I/O queue in band on its reactor (the
+    /// transport's), waited for here (bounded). A failed admin transaction fails the queue as
+    /// SPDK's does: the controller resets, and reconnects with the new keys; a failed I/O
+    /// queue dies, and its channel's report resets the controller the same way.
     fn set_keys(
         &mut self,
         key: Option<fp_crypto::dhchap::DhchapSecret>,
@@ -538,24 +526,11 @@ impl<T: Transport> Worker<T> {
             self.reset();
             return Err(e);
         }
-        let max = self.shared.snapshot().max_io_queues;
-        self.rekeyed_qids = (1..=max).filter(|q| !self.free_qids.contains(q)).collect();
-        let flags = self.shared.state() & 0xff;
-        self.shared.bump(flags);
-        log::info!(
-            "nvme {name}: admin queue authenticated with the new keys; {} I/O queues reconnect with them",
-            self.rekeyed_qids.len()
-        );
+        // Queues granted (or on their way to a channel): each authenticates at its next poll.
+        let queues = usize::from(self.shared.snapshot().io_queues);
+        self.shared.transport.reauthenticate_io(queues, timeout)?;
+        log::info!("nvme {name}: the admin queue and {queues} I/O queues authenticated with the new keys");
         Ok(())
-    }
-
-    /// A queue made before new keys came back: its ID is free again.
-    fn release_rekeyed(&mut self, qid: u16) {
-        if let Some(i) = self.rekeyed_qids.iter().position(|&q| q == qid) {
-            self.rekeyed_qids.swap_remove(i);
-            self.free_qids.push_back(qid);
-            self.shared.snapshot().io_queues -= 1;
-        }
     }
 
     /// Makes an I/O queue pair for a channel.

@@ -100,7 +100,7 @@ pub(super) struct Refusal {
 }
 
 fn auth_error(q: &QueueAuth<'_>, step: &str, why: impl std::fmt::Display) -> NvmeError {
-    NvmeError::Auth(format!("queue {}: {step}: {why}", q.qid))
+    step_error(q.qid, step, why)
 }
 
 /// A refusal the host reports to the controller with `reason`.
@@ -132,18 +132,24 @@ pub(super) fn authenticate(
         Ok(()) => Ok(()),
         Err(r) => {
             if let Some(reason) = r.failure2 {
-                let f = Failure { t_id: q.t_id, from_controller: false, reason };
-                let mut b = [0u8; fp_nvme_spec::auth::FAILURE_LEN];
-                if f.encode(&mut b).is_ok() {
-                    // The error reported is the transaction's; the controller may be gone.
-                    if let Err(e) = send(tq, q, "AUTH_Failure2", &b, other) {
-                        log::info!("nvme tcp queue {}: AUTH_Failure2 not delivered: {e}", q.qid);
-                    }
+                // The error reported is the transaction's; the controller may be gone.
+                if let Err(e) = send(tq, q, "AUTH_Failure2", &failure2(q.t_id, reason), other) {
+                    log::info!("nvme tcp queue {}: AUTH_Failure2 not delivered: {e}", q.qid);
                 }
             }
             Err(r.error)
         }
     }
+}
+
+/// The host's AUTH_Failure2 with `reason`.
+pub(super) fn failure2(t_id: u16, reason: FailureReason) -> Vec<u8> {
+    encoded(AuthMessage::Failure(Failure { t_id, from_controller: false, reason }))
+}
+
+/// The error of a queue whose re-authentication `step` failed.
+pub(super) fn step_error(qid: u16, step: &str, why: impl std::fmt::Display) -> NvmeError {
+    NvmeError::Auth(format!("queue {qid}: {step}: {why}"))
 }
 
 /// Sends `msg` with Authentication Send.
@@ -229,17 +235,17 @@ fn encoded(m: AuthMessage) -> Vec<u8> {
     b
 }
 
-const NEGOTIATE: &str = "AUTH_Negotiate";
-const CHALLENGE: &str = "DH-HMAC-CHAP_Challenge";
-const REPLY: &str = "DH-HMAC-CHAP_Reply";
-const SUCCESS1: &str = "DH-HMAC-CHAP_Success1";
-const SUCCESS2: &str = "DH-HMAC-CHAP_Success2";
+pub(super) const NEGOTIATE: &str = "AUTH_Negotiate";
+pub(super) const CHALLENGE: &str = "DH-HMAC-CHAP_Challenge";
+pub(super) const REPLY: &str = "DH-HMAC-CHAP_Reply";
+pub(super) const SUCCESS1: &str = "DH-HMAC-CHAP_Success1";
+pub(super) const SUCCESS2: &str = "DH-HMAC-CHAP_Success2";
 
 /// What the host keeps between the Challenge and Success1 when it asked the controller to
 /// authenticate itself: the controller's key, the host's challenge C2 as augmented with the
 /// session key (so the session key itself is not kept) and the sequence number S2.
-struct Asked<'k> {
-    ctrlr_key: &'k DhchapSecret,
+pub(super) struct Asked {
+    ctrlr_key: DhchapSecret,
     ca2: Vec<u8>,
     s2: u32,
 }
@@ -252,12 +258,31 @@ pub(super) struct HostTransaction<'a> {
     host: &'a DhchapHost,
     q: &'a QueueAuth<'a>,
     /// After the Challenge: its hash and what was asked.
-    after_challenge: Option<(HashId, Option<Asked<'a>>)>,
+    after_challenge: AuthState,
 }
+
+/// Where a [`HostTransaction`] is between the controller's messages (kept by a queue that runs
+/// the transaction a step per poll): after the Challenge, its hash and what the host asked.
+pub(super) type AuthState = Option<(HashId, Option<Asked>)>;
 
 impl<'a> HostTransaction<'a> {
     pub(super) fn new(key: &'a DhchapSecret, host: &'a DhchapHost, q: &'a QueueAuth<'a>) -> Self {
         HostTransaction { key, host, q, after_challenge: None }
+    }
+
+    /// The transaction again at `state` (from [`HostTransaction::into_state`]).
+    pub(super) fn resume(
+        key: &'a DhchapSecret,
+        host: &'a DhchapHost,
+        q: &'a QueueAuth<'a>,
+        state: AuthState,
+    ) -> Self {
+        HostTransaction { key, host, q, after_challenge: state }
+    }
+
+    /// Where the transaction is, to [`HostTransaction::resume`] it at the next message.
+    pub(super) fn into_state(self) -> AuthState {
+        self.after_challenge
     }
 
     /// The AUTH_Negotiate that starts the transaction.
@@ -319,7 +344,7 @@ impl<'a> HostTransaction<'a> {
         // Bidirectional: the controller answers the host's own challenge with its key.
         let c2 = self.host.ctrlr_key.as_ref().map(|_| dhchap::random_challenge(ch.hash));
         let asked = self.host.ctrlr_key.as_ref().zip(c2.as_ref()).map(|(ctrlr_key, c2)| Asked {
-            ctrlr_key,
+            ctrlr_key: ctrlr_key.clone(),
             ca2: dhchap::augmented_challenge(ch.hash, c2, session_key),
             s2: dhchap::random_sequence_number(),
         });

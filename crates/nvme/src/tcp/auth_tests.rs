@@ -47,6 +47,9 @@ struct Controller {
     play: Play,
     /// In-capsule data it takes: longer messages come by R2T.
     icd: usize,
+    /// A 512-byte read of the host's, held, completed once the host's Negotiate came (I/O
+    /// in flight when a re-authentication starts).
+    held_read: Option<u16>,
 }
 
 /// The in-capsule data the scripted controller takes (what [`connect`] tells the host).
@@ -116,6 +119,7 @@ impl Controller {
             hostnqn: transport(1, false).target().hostnqn.clone(),
             play,
             icd: ICD,
+            held_read: None,
         }
     }
 
@@ -126,6 +130,10 @@ impl Controller {
         seen.push(m.clone());
         let AuthMessage::Negotiate(n) = m else { return seen };
         let t_id = n.t_id;
+        if let Some(cid) = self.held_read {
+            p.c2h(cid, 0, 512, FLAG_LAST_PDU, &[0x5a; 512]);
+            p.response(cid, Status::SUCCESS);
+        }
         let pair = DhKeyPair::generate(self.group);
         let c1 = dhchap::random_challenge(self.hash);
         let s1 = dhchap::random_sequence_number();
@@ -321,9 +329,13 @@ fn complete_aer(p: &mut Peer, dw0: u32) {
     p.send(&b[..n]);
 }
 
-#[test]
-fn the_admin_queue_authenticates_again_in_band_with_new_keys_keeping_an_aer() {
-    use crate::transport::AdminQueue;
+/// A scripted controller (queue ID 1, controller 1) for a key change: it plays a transaction
+/// with host key 1, then `between` (what else comes before the next transaction) gives the
+/// controller of the second (host key 2), and a third with host key 2 follows. Returns the
+/// port, the thread and the host's messages of each transaction; the host starts with key 1.
+fn rekeyed_controller(
+    between: impl FnOnce(&mut Peer) -> Controller + Send + 'static,
+) -> (TcpTransport, std::thread::JoinHandle<()>, mpsc::Receiver<[Vec<AuthMessage>; 3]>) {
     let (tx, rx) = mpsc::channel();
     let (port, h) = scripted(
         NO,
@@ -331,16 +343,39 @@ fn the_admin_queue_authenticates_again_in_band_with_new_keys_keeping_an_aer() {
         1 | AUTHREQ_ATR,
         move |p| {
             let first = Controller::new(HashId::Sha256, DhGroupId::Null, &secret(1), Play::Honest).play(p);
-            // An event completes the AER while the host starts its second transaction.
-            complete_aer(p, 0x0002_0104);
-            let second =
-                Controller::new(HashId::Sha384, DhGroupId::Ffdhe2048, &secret(2), Play::Honest).play(p);
+            let second = between(p).play(p);
             let third = Controller::new(HashId::Sha256, DhGroupId::Null, &secret(2), Play::Honest).play(p);
             tx.send([first, second, third]).unwrap();
         },
     );
     let tr =
         TcpTransport::new(TcpTarget { dhchap: host(1, None), ..transport(port, false).target().clone() });
+    (tr, h, rx)
+}
+
+/// What [`rekeyed_controller`] saw when the host changed to key 2 with controller key 9, then
+/// to a key the controller lacks.
+fn check_rekeyed(h: std::thread::JoinHandle<()>, rx: mpsc::Receiver<[Vec<AuthMessage>; 3]>) {
+    h.join().unwrap();
+    let [first, second, third] = rx.recv().unwrap();
+    assert_eq!(first.len(), 2);
+    let [AuthMessage::Negotiate(n1), AuthMessage::Reply(r2), AuthMessage::Success2(_)] = &second[..] else {
+        panic!("{second:?}")
+    };
+    assert!(r2.challenge.is_some(), "the new controller key is asked for");
+    let AuthMessage::Negotiate(n0) = &first[0] else { panic!("{first:?}") };
+    assert_ne!(n1.t_id, n0.t_id, "each transaction has its own T_ID");
+    assert_eq!(third.len(), 2, "no Failure2 after the controller's Failure1: {third:?}");
+}
+
+#[test]
+fn the_admin_queue_authenticates_again_in_band_with_new_keys_keeping_an_aer() {
+    use crate::transport::AdminQueue;
+    let (tr, h, rx) = rekeyed_controller(|p| {
+        // An event completes the AER while the host starts its second transaction.
+        complete_aer(p, 0x0002_0104);
+        Controller::new(HashId::Sha384, DhGroupId::Ffdhe2048, &secret(2), Play::Honest)
+    });
     let (q, cntlid) = tr.connect_queue(0, 16, 0xffff, 8192, T).unwrap();
     let mut admin = TcpAdmin::new(q, cntlid);
     admin.submit_async_event_request().unwrap();
@@ -358,14 +393,57 @@ fn the_admin_queue_authenticates_again_in_band_with_new_keys_keeping_an_aer() {
     let e = tr.reauthenticate_admin(&mut admin, T).unwrap_err().to_string();
     assert!(e.contains("queue 0: DH-HMAC-CHAP_Success1") && e.contains("refused the host's response"), "{e}");
     drop(admin);
-    h.join().unwrap();
-    let [first, second, third] = rx.recv().unwrap();
-    assert_eq!(first.len(), 2);
-    let [AuthMessage::Negotiate(n1), AuthMessage::Reply(r2), AuthMessage::Success2(_)] = &second[..] else {
-        panic!("{second:?}")
+    check_rekeyed(h, rx);
+}
+
+#[test]
+fn an_io_queue_authenticates_again_in_band_between_its_io() {
+    use crate::transport::{IoQueue, Transport};
+    use fp_bdev::{iov::BounceBuf, Iovecs, SubmitError};
+    let (tr, h, rx) = rekeyed_controller(|p| {
+        let read = p.command();
+        Controller {
+            held_read: Some(read),
+            ..Controller::new(HashId::Sha384, DhGroupId::Ffdhe2048, &secret(2), Play::Honest)
+        }
+    });
+    let (mut q, _) = tr.connect_queue(1, 16, 1, ICD as u32, T).unwrap();
+    let mut buf = BounceBuf::zeroed(512);
+    q.submit(&crate::cmd::read_write(false, 1, 0, 1, false), buf.iovecs(512), 1).unwrap();
+    q.flush();
+    let mut out = Vec::new();
+    // Polls the queue (as its reactor does) until the re-authentication's outcome is in.
+    let rekey = |q: &mut TcpQueue, out: &mut Vec<(u32, Status)>| {
+        let mut held = false;
+        let mut died = None;
+        let r = std::thread::scope(|s| {
+            let waiter = s.spawn(|| tr.reauthenticate_io(1, T));
+            while !waiter.is_finished() {
+                if let Err(e) = q.poll(out) {
+                    died.get_or_insert(e);
+                }
+                if q.holding() {
+                    held |= q.submit(&crate::cmd::flush(1), Iovecs::NONE, 2) == Err(SubmitError::Busy);
+                }
+                q.flush();
+            }
+            waiter.join().unwrap()
+        });
+        (r, held, died)
     };
-    assert!(r2.challenge.is_some(), "the new controller key is asked for");
-    let AuthMessage::Negotiate(n0) = &first[0] else { panic!("{first:?}") };
-    assert_ne!(n1.t_id, n0.t_id, "each transaction has its own T_ID");
-    assert_eq!(third.len(), 2, "no Failure2 after the controller's Failure1: {third:?}");
+    tr.set_dhchap_keys(Some(secret(2)), Some(secret(9))).unwrap();
+    let (r, held, died) = rekey(&mut q, &mut out);
+    r.unwrap();
+    assert!(held, "new I/O waits (Busy) while the queue authenticates again");
+    assert!(died.is_none() && !q.holding(), "{died:?}");
+    assert_eq!(out, [(1, Status::SUCCESS)], "the read in flight completed meanwhile");
+    assert!(buf.bytes().iter().all(|&b| b == 0x5a));
+    // A key the controller does not have: the queue fails (as SPDK's), saying why.
+    tr.set_dhchap_keys(Some(secret(3)), None).unwrap();
+    let (r, _, died) = rekey(&mut q, &mut out);
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("queue 1: DH-HMAC-CHAP_Success1") && e.contains("refused the host's response"), "{e}");
+    assert!(died.is_some_and(|d| d.to_string().contains("refused")));
+    drop(q);
+    check_rekeyed(h, rx);
 }

@@ -10,8 +10,7 @@
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fp_nvme_spec::auth::{AUTHREQ_ASCR, AUTHREQ_ATR};
@@ -27,6 +26,7 @@ use fp_crypto::dhchap::DhchapSecret;
 
 use super::auth::{self, DhchapHost, QueueAuth};
 use super::queue::{Params, TcpQueue};
+use super::reauth::{AuthShared, QueueReauth};
 use crate::transport::{ready_timeout, AdminData, AdminQueue, HostId, Transport, TransportId};
 use crate::{cmd, NvmeError};
 
@@ -79,18 +79,16 @@ pub struct TcpTransport {
     target: TcpTarget,
     /// The local address of the last admin connection (`bdev_nvme_get_controllers`' host).
     local: Mutex<Option<SocketAddr>>,
-    /// The next authentication transaction's identifier: each queue's is its own.
-    next_t_id: AtomicU16,
-    /// The DH-HMAC-CHAP keys queues authenticate with now: the target's at first, then those
-    /// `bdev_nvme_set_keys` gave (the control plane's; no I/O reads them).
-    dhchap: Mutex<DhchapHost>,
+    /// The DH-HMAC-CHAP keys queues authenticate with now (the target's at first, then those
+    /// `bdev_nvme_set_keys` gave), the transaction IDs, and the I/O queues' re-authentication.
+    auth: Arc<AuthShared>,
 }
 
 impl TcpTransport {
     /// A transport to `target`; nothing is connected until the controller code asks.
     pub fn new(target: TcpTarget) -> TcpTransport {
-        let dhchap = Mutex::new(target.dhchap.clone());
-        TcpTransport { target, local: Mutex::new(None), next_t_id: AtomicU16::new(0), dhchap }
+        let auth = Arc::new(AuthShared::new(target.dhchap.clone(), &target.hostnqn, &target.subnqn));
+        TcpTransport { target, local: Mutex::new(None), auth }
     }
 
     /// Where it connects (its `dhchap` as attached; [`TcpTransport::dhchap`] has the keys now).
@@ -100,7 +98,7 @@ impl TcpTransport {
 
     /// The DH-HMAC-CHAP keys and offer queues authenticate with now.
     pub fn dhchap(&self) -> DhchapHost {
-        self.dhchap.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.auth.host()
     }
 
     /// Replaces the DH-HMAC-CHAP keys (`bdev_nvme_set_keys`; the offer stays): every later
@@ -117,9 +115,7 @@ impl TcpTransport {
                 reason: "authenticating the controller needs a host key (dhchap_key) too".into(),
             });
         }
-        let mut d = self.dhchap.lock().unwrap_or_else(|e| e.into_inner());
-        d.key = key;
-        d.ctrlr_key = ctrlr_key;
+        self.auth.set_keys(key, ctrlr_key);
         Ok(())
     }
 
@@ -127,9 +123,9 @@ impl TcpTransport {
     fn queue_auth(&self, qid: u16, timeout: Duration) -> QueueAuth<'_> {
         QueueAuth {
             qid,
-            t_id: self.next_t_id.fetch_add(1, Ordering::Relaxed),
-            hostnqn: &self.target.hostnqn,
-            subnqn: &self.target.subnqn,
+            t_id: self.auth.t_id(),
+            hostnqn: self.auth.hostnqn(),
+            subnqn: self.auth.subnqn(),
             timeout,
         }
     }
@@ -251,12 +247,17 @@ impl TcpTransport {
                 "queue {qid}: the controller requires a secure channel (AUTHREQ.ASCR): TLS is not supported"
             )));
         }
+        // The keys' epoch before authenticating: a change meanwhile re-authenticates the queue.
+        let epoch = self.auth.epoch();
         if authreq & AUTHREQ_ATR != 0 {
             let a = self.queue_auth(qid, timeout);
             auth::authenticate(&mut q, &self.dhchap(), &a, &mut |_, _| {})?;
             log::info!("nvme tcp {} queue {qid}: authenticated (DH-HMAC-CHAP) as {}", t.traddr, t.hostnqn);
         }
         q.set_strict_reads(qid != 0);
+        if qid != 0 {
+            q.reauth = Some(Box::new(QueueReauth::new(self.auth.clone(), epoch)));
+        }
         if qid != 0 && super::io_sock_impl() == fp_conn::uring::SocketImpl::Uring {
             // An I/O queue: on the io_uring engine of the reactor that takes it.
             q.use_uring();
@@ -376,6 +377,10 @@ impl Transport for TcpTransport {
 
     fn reauthenticate_admin(&self, admin: &mut TcpAdmin, timeout: Duration) -> Result<(), NvmeError> {
         TcpTransport::reauthenticate_admin(self, admin, timeout)
+    }
+
+    fn reauthenticate_io(&self, queues: usize, timeout: Duration) -> Result<(), NvmeError> {
+        self.auth.reauthenticate(queues, timeout)
     }
 
     fn shutdown(&self, admin: &mut TcpAdmin, timeout: Duration) {

@@ -395,25 +395,29 @@ fn dhchap_key(fill: u8) -> fp_crypto::dhchap::DhchapSecret {
 }
 
 #[test]
-fn new_keys_authenticate_the_admin_queue_again_and_reconnect_the_io_queues_under_io() {
+fn new_keys_authenticate_the_admin_queue_and_then_the_io_queues_again_under_io() {
     let (dev, c, mut ch, _held) = held_writes("TCP", 8, 40);
     let queues = dev.lock().queues_made;
     // The subsystem changes the host's key; the host is given the same.
     dev.lock().auth_key = Some(dhchap_key(2));
     c.set_keys(Some(dhchap_key(2)), None).unwrap();
     assert_eq!(dev.lock().reauths, 1, "the admin queue authenticated again, in band");
+    assert_eq!(dev.lock().io_reauths, [1], "then the channel's I/O queue");
     release_held_writes(&dev, &mut *ch, 8, 40);
-    // The channel's queue was connected anew (authenticating with the new key); the old one's
-    // ID is free again; the controller was not reset.
-    assert_eq!(dev.lock().queues_made, queues + 1);
+    // The same queue (none connected anew), the controller not reset.
+    assert_eq!(dev.lock().queues_made, queues);
     let info = c.info().ctrlrs[0].clone();
     assert_eq!((info.io_queues, info.resets, info.state), (1, 0, "enabled"));
     // Later reconnects use the new key.
     c.reset().unwrap();
     assert_eq!(c.info().ctrlrs[0].state, "enabled");
-    // A controller key needs a host key.
+    // A controller key needs a host key; no key clears them and authenticates nothing.
     let e = c.set_keys(None, Some(dhchap_key(9))).unwrap_err();
     assert!(matches!(e, NvmeError::InvalidParam { field: "dhchap_ctrlr_key", .. }), "{e}");
+    c.set_keys(None, None).unwrap();
+    let d = dev.lock();
+    assert_eq!((d.reauths, d.io_reauths.len()), (1, 1), "nothing authenticated");
+    drop(d);
     // A key the subsystem does not have: the error says why, and the admin queue fails as
     // SPDK's does (a reset, with the new key; ctrlr_loss_timeout_sec 0 here: given up).
     let e = c.set_keys(Some(dhchap_key(3)), None).unwrap_err();

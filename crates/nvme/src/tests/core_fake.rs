@@ -84,6 +84,8 @@ pub(crate) struct Dev {
     pub(crate) auth_key: Option<DhchapSecret>,
     /// In-band re-authentications of the admin queue.
     pub(crate) reauths: u32,
+    /// The I/O queue counts in-band re-authentications were asked for.
+    pub(crate) io_reauths: Vec<usize>,
 }
 
 /// The fake device, shared by the transport, its queues and the test.
@@ -123,6 +125,7 @@ impl FakeDevice {
             max_seen_transfer: 0,
             auth_key: None,
             reauths: 0,
+            io_reauths: Vec::new(),
         })))
     }
 
@@ -243,6 +246,12 @@ impl Transport for FakeTransport {
         admin.live(&d)?;
         d.reauths += 1;
         self.authenticate(&d, "admin queue")
+    }
+
+    fn reauthenticate_io(&self, queues: usize, _timeout: Duration) -> Result<(), NvmeError> {
+        let mut d = self.dev.lock();
+        d.io_reauths.push(queues);
+        self.authenticate(&d, "I/O queue")
     }
 }
 
