@@ -927,3 +927,22 @@ write("nvmf_auth", {
     "seed-c2-no-ctrl-key": bytes([0x01]) + na_negotiate(1, 1, 1) + NA_RECEIVE + na_reply(3) + NA_RECEIVE
                            + bytes([0, 6]) + auth_hdr(0, 0xF0, 1) + bytes([1, 1]) + NA_RECEIVE,
 })
+
+
+# nvme_auth_host: the host's transaction (see fuzz_targets/nvme_auth_host.rs): a setup byte
+# (bit 0: a controller key), the Challenge's length, the Challenge (T_ID 7), then Success1 or
+# the controller's AUTH_Failure1.
+def auth_host(setup, challenge, answer):
+    return bytes([setup]) + struct.pack("<H", len(challenge)) + challenge + answer
+
+
+auth_success1 = auth_hdr(1, 0x03, 7) + bytes([32, 0, 1]) + bytes(7) + b"\x44" * 32
+write("nvme_auth_host", {
+    "seed-null-unidirectional": auth_host(0, auth_challenge(7, 1, 32, 0, b"", 0x12345678),
+                                          auth_hdr(1, 0x03, 7) + bytes([32, 0, 0]) + bytes(7 + 32)),
+    "seed-null-bidirectional": auth_host(1, auth_challenge(7, 1, 32, 0, b"", 5), auth_success1),
+    "seed-2048-bidirectional": auth_host(1, auth_challenge(7, 3, 64, 1, b"\x5a" * 256, 9),
+                                         auth_hdr(1, 0x03, 7) + bytes([64, 0, 1]) + bytes(7) + b"\x44" * 64),
+    "seed-failure1": auth_host(0, auth_challenge(7, 2, 48, 0, b"", 3), auth_hdr(0, 0xF1, 7) + bytes([1, 1])),
+    "seed-other-transaction": auth_host(0, auth_challenge(8, 1, 32, 0, b"", 1), b""),
+})

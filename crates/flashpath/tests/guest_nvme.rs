@@ -64,6 +64,10 @@ mod guest_vm {
     const CTRL_KEY: &str =
         "DHHC-1:02:Aw4ZJC86RVBbZnF8h5KdqLO+ydTf6vUACxYhLDdCTVhjbnmEj5qlsLvG0dzn8v0I2Am4Nw==:";
     const WRONG_KEY: &str = "DHHC-1:01:CQ4TGB0iJywxNjtARUpPVFleY2htcnd8gYaLkJWan6TDcoGq:";
+    /// The host's next key (`bdev_nvme_set_keys`).
+    const NEXT_KEY: &str = "DHHC-1:01:AwoRGB8mLTQ7QklQV15lbHN6gYiPlp2kq7K5wMfO1dyVhg6h:";
+    /// The region written and verified while the keys change: (offset, length).
+    const REKEY_REGION: (u64, usize) = (14 * MIB, 256 << 10);
 
     /// The guest's nvmet then admits [`HOSTNQN`] only, with DH-HMAC-CHAP (SHA-384, ffdhe2048,
     /// bidirectional): flashpath's initiator without a key and with a wrong one is refused by
@@ -72,7 +76,9 @@ mod guest_vm {
         vm.send_line(&format!("auth {HOSTNQN} {HOST_KEY} {CTRL_KEY} hmac(sha384) ffdhe2048"));
         vm.wait_for("the guest's DH-HMAC-CHAP host", |l| l.contains("nvme nvmet auth ready"), GUEST_DEADLINE);
         let keys = tempfile::tempdir().expect("tempdir");
-        for (name, text) in [("host0", HOST_KEY), ("ctrl0", CTRL_KEY), ("wrong0", WRONG_KEY)] {
+        for (name, text) in
+            [("host0", HOST_KEY), ("ctrl0", CTRL_KEY), ("wrong0", WRONG_KEY), ("host1", NEXT_KEY)]
+        {
             let path = keys.path().join(name);
             std::fs::write(&path, text).expect("writing a key file");
             std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
@@ -96,8 +102,9 @@ mod guest_vm {
         assert_eq!(names, json!(["Auth0n1"]));
         let sock = d.controller("vhost.auth", "Auth0n1", Some(1), false);
         let (roff, rlen, rseed) = TCP_REGION;
+        let path = sock.clone();
         bounded(Duration::from_secs(120), "reading through an authenticated controller", move || {
-            let mut c = BlkClient::open(&sock, 1);
+            let mut c = BlkClient::open(&path, 1);
             let want = pattern(rseed, roff, rlen as usize);
             assert_same(
                 "the region read over authenticated queues",
@@ -106,9 +113,85 @@ mod guest_vm {
                 &want,
             );
         });
+        let rounds = rekey_under_io(vm, d, &sock);
+        d.call("vhost_delete_controller", json!({"ctrlr": "vhost.auth"}));
+        // A key the subsystem does not have: refused, saying why; the controller then fails
+        // to reconnect with it and is detached. The data is unharmed: attached again with the
+        // right keys, the region reads back as last written.
+        let e = d
+            .try_call(
+                "bdev_nvme_set_keys",
+                json!({"name": "Auth0", "dhchap_key": "wrong0", "dhchap_ctrlr_key": "ctrl0"}),
+            )
+            .unwrap_err();
+        assert!(e.message.contains("Auth0") && e.message.contains("refused the host's response"), "{e:?}");
+        assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Auth0"})), json!(true));
+        attach(json!({"dhchap_key": "host1", "dhchap_ctrlr_key": "ctrl0"}))
+            .unwrap_or_else(|e| panic!("with the new keys: {e:?}"));
+        let sock = d.controller("vhost.auth", "Auth0n1", Some(1), false);
+        bounded(Duration::from_secs(120), "reading after a refused key", move || {
+            let (off, len) = REKEY_REGION;
+            let mut c = BlkClient::open(&sock, 1);
+            assert_same(
+                "the region after a refused key",
+                off,
+                &c.read_all(off, len),
+                &rekey_pattern(rounds - 1),
+            );
+        });
         d.call("vhost_delete_controller", json!({"ctrlr": "vhost.auth"}));
         assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Auth0"})), json!(true));
-        eprintln!("guest 'nvme': DH-HMAC-CHAP against the kernel's nvmet: refused without a key and with a wrong one, bidirectional with the keys");
+        eprintln!("guest 'nvme': DH-HMAC-CHAP against the kernel's nvmet: refused without a key and with a wrong one, bidirectional with the keys, keys changed under I/O ({rounds} rounds verified), a wrong new key refused and the data unharmed");
+    }
+
+    /// What round `r` of [`rekey_under_io`] writes.
+    fn rekey_pattern(r: u64) -> Vec<u8> {
+        pattern(100 + r, REKEY_REGION.0, REKEY_REGION.1)
+    }
+
+    /// nvmet gets the host's next key and `bdev_nvme_set_keys` gives flashpath the same while
+    /// a client writes and verifies [`REKEY_REGION`] over the controller's queues (which
+    /// authenticate again in band, without a reset): no I/O fails. Returns the rounds verified.
+    fn rekey_under_io(vm: &mut Vm, d: &Daemon, sock: &std::path::Path) -> u64 {
+        vm.send_line(&format!("rekey {HOSTNQN} {NEXT_KEY}"));
+        vm.wait_for("the guest's new host key", |l| l.contains("nvme nvmet rekeyed"), GUEST_DEADLINE);
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+        let (stop, rounds) =
+            (std::sync::Arc::new(AtomicBool::new(false)), std::sync::Arc::new(AtomicU64::new(0)));
+        let (stop2, rounds2, sock) = (stop.clone(), rounds.clone(), sock.to_path_buf());
+        let io = std::thread::spawn(move || {
+            let (off, len) = REKEY_REGION;
+            let mut c = BlkClient::open(&sock, 1);
+            let mut r = 0;
+            // Two more rounds once the keys have changed.
+            let mut after = 0;
+            while after < 2 {
+                if stop2.load(SeqCst) {
+                    after += 1;
+                }
+                let want = rekey_pattern(r);
+                c.write_all(off, &want);
+                assert_same("the region written while the keys change", off, &c.read_all(off, len), &want);
+                r += 1;
+                rounds2.store(r, SeqCst);
+            }
+            r
+        });
+        while rounds.load(SeqCst) == 0 && !io.is_finished() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let r = d.call(
+            "bdev_nvme_set_keys",
+            json!({"name": "Auth0", "dhchap_key": "host1", "dhchap_ctrlr_key": "ctrl0"}),
+        );
+        assert_eq!(r, json!(true), "bdev_nvme_set_keys");
+        // Every queue authenticated again in band: no reset, no new connection.
+        let c = d.call("bdev_nvme_get_controllers", json!({"name": "Auth0"}));
+        assert_eq!(c[0]["ctrlrs"][0]["resets"], 0, "{c}");
+        stop.store(true, SeqCst);
+        bounded(Duration::from_secs(300), "I/O while the keys change", move || {
+            io.join().expect("the I/O thread")
+        })
     }
 
     /// The guest's whole life and each wait in it: only a hang reaches it.

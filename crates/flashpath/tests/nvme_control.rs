@@ -15,7 +15,8 @@
 //! * [`the_daemon_stops_with_a_controller_attached`]: SIGTERM detaches it, promptly.
 //! * [`a_lost_tcp_controller_reconnects_by_its_timeouts`]: SPDK's reconnect policy over RPC.
 //! * [`the_host_nqn_is_the_one_the_target_checks`]: `hostnqn` against a host list.
-//! * [`dhchap_keys_are_keyring_names`]: `dhchap_key` / `dhchap_ctrlr_key` resolved in the keyring.
+//! * [`dhchap_keys_are_keyring_names`]: `dhchap_key` / `dhchap_ctrlr_key` resolved in the keyring,
+//!   by `bdev_nvme_attach_controller`, `bdev_nvme_set_keys` and `flashpath nvme set-keys`.
 //! * [`namespace_changes_reach_the_registry`]: a namespace resized, removed and added back on
 //!   the target reaches the attached side's bdevs through asynchronous events; removed while
 //!   exported, its bdev stays (its I/O fails) until detach deletes it.
@@ -503,4 +504,32 @@ fn dhchap_keys_are_keyring_names() {
         d.call("bdev_nvme_attach_controller", with(json!({"dhchap_key": "host0"}))),
         json!(["Nvme0n1"])
     );
+
+    // bdev_nvme_set_keys names what it refuses the same way, and the controller stays.
+    for (keys, want) in [
+        (json!({"name": "Nvme9"}), "name: no NVMe controller 'Nvme9'"),
+        (json!({"name": "Nvme0", "dhchap_key": "nope"}), "dhchap_key: "),
+        (
+            json!({"name": "Nvme0", "dhchap_key": "garbage"}),
+            "dhchap_key: key 'garbage' is not a DHHC-1 secret",
+        ),
+        (
+            json!({"name": "Nvme0", "dhchap_ctrlr_key": "host0"}),
+            "dhchap_ctrlr_key: authenticating the controller needs a host key",
+        ),
+        (json!({"name": "Nvme0", "dhchap_key": "host0", "surprise": 1}), "surprise"),
+    ] {
+        let e = d.try_call("bdev_nvme_set_keys", keys.clone()).unwrap_err();
+        assert!(e.message.contains(want), "{keys}: {:?} does not say {want:?}", e.message);
+        assert!(!e.message.contains("AAECAw"), "{keys}: the key's text is in the error: {e:?}");
+    }
+    // No key: the keys are cleared, nothing authenticates now (SPDK's rule); the CLI does the
+    // same with `nvme set-keys`.
+    assert_eq!(d.call("bdev_nvme_set_keys", json!({"name": "Nvme0"})), json!(true));
+    let (ok, out, err) = cli(&d.rpc, &["nvme", "set-keys", "Nvme0"]);
+    assert!(ok && out.is_empty(), "{err}");
+    let (ok, _, err) = cli(&d.rpc, &["nvme", "set-keys", "Nvme0", "--dhchap-key", "nope"]);
+    assert!(!ok && err.starts_with("error: --dhchap-key: ") && err.lines().count() == 1, "{err}");
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
+    assert_eq!(c[0]["ctrlrs"][0]["state"], "enabled", "{c}");
 }

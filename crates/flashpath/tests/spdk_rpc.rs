@@ -153,7 +153,7 @@ const CASES: &[(&str, &[&str])] = &[
             "sock_impl_set_options",
         ],
     ),
-    ("nvmf_dhchap", &["nvmf_set_config", "nvmf_subsystem_set_keys"]),
+    ("nvmf_dhchap", &["nvmf_set_config", "nvmf_subsystem_set_keys", "bdev_nvme_set_keys"]),
     ("nvmf_ana", &["nvmf_subsystem_listener_set_ana_state"]),
     (
         "nvme_controllers",
@@ -752,7 +752,8 @@ fn nvme_controllers() {
 /// DH-HMAC-CHAP through SPDK's client on both sides of one daemon: keys in the keyring,
 /// `nvmf_set_config --dhchap-*`, `nvmf_subsystem_add_host --dhchap-key/--dhchap-ctrlr-key`,
 /// `bdev_nvme_attach_controller --dhchap-key/--dhchap-ctrlr-key` to the daemon's own
-/// listener, and `nvmf_subsystem_set_keys` for the next connection.
+/// listener, `nvmf_subsystem_set_keys` for the next connection, and `bdev_nvme_set_keys` (keys
+/// cleared: the next connection is refused).
 #[test]
 fn nvmf_dhchap() {
     use std::os::unix::fs::PermissionsExt;
@@ -796,6 +797,17 @@ fn nvmf_dhchap() {
     rpc.ok(&["nvmf_subsystem_set_keys", NQN, HOST, "--dhchap-key", "host1"]);
     rpc.fails(&attach("Nvme1", &["--dhchap-key", "host0"]));
     assert_eq!(rpc.ok(&attach("Nvme1", &["--dhchap-key", "host1"])), "Nvme1n1");
+
+    // The host's keys change with bdev_nvme_set_keys: a controller key alone or a key not in
+    // the keyring is refused naming it; no key clears them (SPDK's rule), and the next
+    // connection, which this subsystem makes authenticate, is refused for want of one.
+    let e = rpc.fails(&["bdev_nvme_set_keys", "Nvme1", "--dhchap-ctrlr-key", "ctrl0"]);
+    assert!(e["message"].as_str().unwrap().starts_with("dhchap_ctrlr_key: "), "{e}");
+    let e = rpc.fails(&["bdev_nvme_set_keys", "Nvme1", "--dhchap-key", "nope"]);
+    assert!(e["message"].as_str().unwrap().starts_with("dhchap_key: "), "{e}");
+    rpc.ok(&["bdev_nvme_set_keys", "Nvme1"]);
+    let e = rpc.fails(&["bdev_nvme_reset_controller", "Nvme1"]);
+    assert!(e["message"].as_str().unwrap().contains("no dhchap_key was given"), "{e}");
     rpc.ok(&["bdev_nvme_detach_controller", "Nvme1"]);
     rpc.assert_case_covered("nvmf_dhchap");
 }

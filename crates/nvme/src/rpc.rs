@@ -144,6 +144,7 @@ impl BdevModule for NvmeModule {
             ("bdev_nvme_reset_controller", reset_controller),
             ("bdev_nvme_set_multipath_policy", set_multipath_policy),
             ("bdev_nvme_get_io_paths", get_io_paths),
+            ("bdev_nvme_set_keys", set_keys),
         ]
     }
 
@@ -630,6 +631,26 @@ fn reset_controller(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modul
     }
     for ctrlr in paths {
         ctrlr.reset().map_err(nvme_error)?;
+    }
+    Ok(Value::Bool(true))
+}
+
+/// `bdev_nvme_set_keys`: the controller's DH-HMAC-CHAP keys become the keyring's `dhchap_key`
+/// and `dhchap_ctrlr_key` (one left out is cleared, as SPDK's) on every path, and with a host key
+/// their queues authenticate again in band; answers once every queue has.
+fn set_keys(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    let key = p.optional_str("dhchap_key")?;
+    let ctrlr_key = p.optional_str("dhchap_ctrlr_key")?;
+    p.finish()?;
+    let key = dhchap_secret(host, "dhchap_key", key.as_deref())?;
+    let ctrlr_key = dhchap_secret(host, "dhchap_ctrlr_key", ctrlr_key.as_deref())?;
+    // Every path of a multipath controller takes the keys, one after the other.
+    for ctrlr in attached(&state(host), &name)? {
+        ctrlr.set_keys(key.clone(), ctrlr_key.clone()).map_err(|e| match e {
+            NvmeError::Auth(why) => nvme_error(NvmeError::Auth(format!("NVMe controller '{name}': {why}"))),
+            e => nvme_error(e),
+        })?;
     }
     Ok(Value::Bool(true))
 }

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use fp_bdev::{Iovecs, SubmitError};
+use fp_crypto::dhchap::DhchapSecret;
 use fp_nvme_spec::{Cqe, Sqe, Status};
 
 use crate::NvmeError;
@@ -79,6 +80,37 @@ pub trait Transport: Send + Sync + 'static {
     /// Shuts the controller down cleanly (CC.SHN normal, wait for CSTS.SHST complete) before
     /// a detach. Best effort: a controller already gone is not an error worth reporting.
     fn shutdown(&self, admin: &mut Self::Admin, timeout: Duration);
+
+    /// Replaces the in-band authentication keys (`bdev_nvme_set_keys`): later connects use
+    /// them. None of a key clears it. Only NVMe over Fabrics authenticates.
+    fn set_dhchap_keys(
+        &self,
+        _key: Option<DhchapSecret>,
+        _ctrlr_key: Option<DhchapSecret>,
+    ) -> Result<(), NvmeError> {
+        Err(NvmeError::Unsupported(format!(
+            "{} controllers do not authenticate (DH-HMAC-CHAP)",
+            self.trtype()
+        )))
+    }
+
+    /// Authenticates the live admin queue again with the keys now (in band).
+    fn reauthenticate_admin(&self, _admin: &mut Self::Admin, _timeout: Duration) -> Result<(), NvmeError> {
+        Err(NvmeError::Unsupported(format!(
+            "{} controllers do not authenticate (DH-HMAC-CHAP)",
+            self.trtype()
+        )))
+    }
+
+    /// Makes every live I/O queue authenticate again with the keys now (in band, each on its
+    /// reactor) and waits up to `timeout` for the outcomes of `queues` of them; the first
+    /// failure is the error (its queue fails).
+    fn reauthenticate_io(&self, _queues: usize, _timeout: Duration) -> Result<(), NvmeError> {
+        Err(NvmeError::Unsupported(format!(
+            "{} controllers do not authenticate (DH-HMAC-CHAP)",
+            self.trtype()
+        )))
+    }
 }
 
 /// SPDK's transport ID, as `bdev_nvme_get_controllers` shows it (`trid`); empty fields are

@@ -1,4 +1,4 @@
-//! `nvme attach|detach|list|reset|options`: NVMe controllers driven by the daemon itself (PCIe
+//! `nvme attach|detach|list|reset|set-keys|options`: NVMe controllers driven by the daemon itself (PCIe
 //! through VFIO, NVMe/TCP), through SPDK's `bdev_nvme_*` methods (docs/nvme.md).
 
 use std::path::Path;
@@ -24,6 +24,9 @@ pub(crate) enum NvmeCommand {
         /// The controller's name
         name: String,
     },
+    /// Change a controller's DH-HMAC-CHAP keys: its queues authenticate again with them (SPDK's
+    /// bdev_nvme_set_keys; a key left out is cleared)
+    SetKeys(SetKeysArgs),
     /// Set the driver's options for controllers attached afterwards (SPDK's
     /// bdev_nvme_set_options; refused once a controller is attached)
     Options(OptionsArgs),
@@ -87,7 +90,36 @@ pub(crate) struct AttachArgs {
     #[arg(long)]
     ddgst: bool,
     #[command(flatten)]
+    keys: DhchapArgs,
+    #[command(flatten)]
     reconnect: ReconnectArgs,
+}
+
+/// DH-HMAC-CHAP keys by their keyring names, shared by `attach` and `set-keys`.
+#[derive(Debug, Args)]
+pub(crate) struct DhchapArgs {
+    /// TCP: the keyring's key (keyring_file_add_key) this host authenticates with
+    #[arg(long, value_name = "KEY")]
+    dhchap_key: Option<String>,
+    /// TCP: the keyring's key the controller must prove it has (bidirectional; needs
+    /// --dhchap-key)
+    #[arg(long, value_name = "KEY")]
+    dhchap_ctrlr_key: Option<String>,
+}
+
+impl DhchapArgs {
+    fn add_to(&self, params: &mut Value) {
+        set_given(params, "dhchap_key", self.dhchap_key.as_ref());
+        set_given(params, "dhchap_ctrlr_key", self.dhchap_ctrlr_key.as_ref());
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SetKeysArgs {
+    /// The controller's name
+    name: String,
+    #[command(flatten)]
+    keys: DhchapArgs,
 }
 
 #[derive(Debug, Args)]
@@ -121,6 +153,8 @@ const NVME_DASHED: &[&str] = &[
     "hostnqn",
     "hdgst",
     "ddgst",
+    "dhchap_key",
+    "dhchap_ctrlr_key",
     "ctrlr_loss_timeout_sec",
     "reconnect_delay_sec",
     "fast_io_fail_timeout_sec",
@@ -151,7 +185,15 @@ fn attach_params(a: &AttachArgs) -> Value {
     if a.ddgst {
         params["ddgst"] = json!(true);
     }
+    a.keys.add_to(&mut params);
     a.reconnect.add_to(&mut params);
+    params
+}
+
+/// The `bdev_nvme_set_keys` parameters of `a`.
+fn set_keys_params(a: &SetKeysArgs) -> Value {
+    let mut params = json!({ "name": a.name });
+    a.keys.add_to(&mut params);
     params
 }
 
@@ -193,6 +235,7 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: NvmeCommand) -> Result<(), CliErr
             call(rpc, json, "bdev_nvme_detach_controller", json!({ "name": name }))
         }
         NvmeCommand::Reset { name } => call(rpc, json, "bdev_nvme_reset_controller", json!({ "name": name })),
+        NvmeCommand::SetKeys(a) => call(rpc, json, "bdev_nvme_set_keys", set_keys_params(&a)),
         NvmeCommand::Options(a) => call(rpc, json, "bdev_nvme_set_options", options_params(&a)),
         NvmeCommand::List { name } => list(rpc, json, name),
     }
@@ -272,6 +315,10 @@ mod tests {
             "--subnqn",
             "nqn.2016-06.io.spdk:cnode1",
             "--ddgst",
+            "--dhchap-key",
+            "host0",
+            "--dhchap-ctrlr-key",
+            "ctrl0",
             "--ctrlr-loss-timeout-sec",
             "-1",
             "--reconnect-delay-sec",
@@ -284,6 +331,7 @@ mod tests {
             json!({
                 "name": "Nvme0", "trtype": "tcp", "traddr": "127.0.0.1", "trsvcid": "4421",
                 "subnqn": "nqn.2016-06.io.spdk:cnode1", "ddgst": true,
+                "dhchap_key": "host0", "dhchap_ctrlr_key": "ctrl0",
                 "ctrlr_loss_timeout_sec": -1, "reconnect_delay_sec": 2,
             })
         );
@@ -292,6 +340,22 @@ mod tests {
             panic!("not attach")
         };
         assert_eq!(attach_params(&a), json!({"name": "N", "trtype": "pcie", "traddr": "0000:00:04.0"}));
+    }
+
+    #[test]
+    fn set_keys_options_become_spdks_parameters() {
+        let NvmeCommand::SetKeys(a) =
+            parse(&["set-keys", "Nvme0", "--dhchap-key", "host1", "--dhchap-ctrlr-key", "ctrl1"])
+        else {
+            panic!("not set-keys")
+        };
+        assert_eq!(
+            set_keys_params(&a),
+            json!({"name": "Nvme0", "dhchap_key": "host1", "dhchap_ctrlr_key": "ctrl1"})
+        );
+        // No key: both are cleared, as SPDK's.
+        let NvmeCommand::SetKeys(a) = parse(&["set-keys", "Nvme0"]) else { panic!("not set-keys") };
+        assert_eq!(set_keys_params(&a), json!({"name": "Nvme0"}));
     }
 
     #[test]

@@ -41,6 +41,16 @@ pub trait Controller: Send + Sync {
     /// flight is resubmitted after it, not failed.
     fn reset(&self) -> Result<(), NvmeError>;
 
+    /// Replaces the DH-HMAC-CHAP keys (`bdev_nvme_set_keys`; none clears a key) and, with a
+    /// host key, authenticates the controller again: the admin queue in band, then every I/O
+    /// queue by connecting it anew (its I/O resubmitted, not failed). Waits for the admin
+    /// queue's outcome; a failure resets the controller, whose reconnects use the new keys.
+    fn set_keys(
+        &self,
+        key: Option<fp_crypto::dhchap::DhchapSecret>,
+        ctrlr_key: Option<fp_crypto::dhchap::DhchapSecret>,
+    ) -> Result<(), NvmeError>;
+
     /// Shuts the controller down and stops its thread. Channels still open fail their I/O;
     /// the caller deletes the namespaces' bdevs first. Idempotent.
     fn detach(&self);
@@ -154,6 +164,19 @@ impl<T: Transport> Controller for Handle<T> {
         rx.recv().unwrap_or_else(|_| {
             Err(NvmeError::Gone(format!("controller {} is detached", self.shared.opts.name)))
         })
+    }
+
+    fn set_keys(
+        &self,
+        key: Option<fp_crypto::dhchap::DhchapSecret>,
+        ctrlr_key: Option<fp_crypto::dhchap::DhchapSecret>,
+    ) -> Result<(), NvmeError> {
+        let detached = || NvmeError::Gone(format!("controller {} is detached", self.shared.opts.name));
+        let (reply, rx) = mpsc::sync_channel(1);
+        if !self.shared.send(Msg::SetKeys { key, ctrlr_key, reply }) {
+            return Err(detached());
+        }
+        rx.recv().unwrap_or_else(|_| Err(detached()))
     }
 
     fn detach(&self) {

@@ -73,6 +73,12 @@ pub(crate) enum Msg<T: Transport> {
     /// Reset the controller: a channel's timeout path (`state` = the word it saw; nothing
     /// happens when the generation moved since) or the RPC (`state` none, `reply` some).
     Reset { state: Option<u64>, reply: Option<SyncSender<Result<(), NvmeError>>> },
+    /// New DH-HMAC-CHAP keys (`bdev_nvme_set_keys`): the queues authenticate again with them.
+    SetKeys {
+        key: Option<fp_crypto::dhchap::DhchapSecret>,
+        ctrlr_key: Option<fp_crypto::dhchap::DhchapSecret>,
+        reply: SyncSender<Result<(), NvmeError>>,
+    },
     /// Shut down and stop the thread.
     Detach { reply: SyncSender<()> },
 }

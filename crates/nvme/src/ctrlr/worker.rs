@@ -189,6 +189,9 @@ impl<T: Transport> Worker<T> {
                 drop(queue);
                 self.shared.retired();
             }
+            Msg::SetKeys { key, ctrlr_key, reply } => {
+                let _ = reply.send(self.set_keys(key, ctrlr_key));
+            }
             Msg::Abort { state, sqid, cid } => {
                 if generation(state) != generation(self.shared.state()) || !self.enabled() {
                     return;
@@ -513,6 +516,38 @@ impl<T: Transport> Worker<T> {
             log::info!("nvme {}: {e:?}", self.shared.opts.name);
             (self.events)(e);
         }
+    }
+
+    /// `bdev_nvme_set_keys`, as SPDK's: the keys are replaced (kept even if authenticating
+    /// with them fails); without a host key nothing authenticates now. With one, the admin
+    /// queue authenticates again in band, then every I/O queue in band on its reactor (the
+    /// transport's), waited for here (bounded). A failed admin transaction fails the queue as
+    /// SPDK's does: the controller resets, and reconnects with the new keys; a failed I/O
+    /// queue dies, and its channel's report resets the controller the same way.
+    fn set_keys(
+        &mut self,
+        key: Option<fp_crypto::dhchap::DhchapSecret>,
+        ctrlr_key: Option<fp_crypto::dhchap::DhchapSecret>,
+    ) -> Result<(), NvmeError> {
+        let name = self.shared.opts.name.clone();
+        let authenticate = key.is_some();
+        self.shared.transport.set_dhchap_keys(key, ctrlr_key)?;
+        if !authenticate || !self.enabled() {
+            // A controller being reconnected authenticates with the new keys when it is back.
+            return Ok(());
+        }
+        let timeout = self.shared.global.admin_timeout();
+        let admin = self.admin.as_mut().expect("an enabled controller has its admin queue");
+        if let Err(e) = self.shared.transport.reauthenticate_admin(admin, timeout) {
+            log::warn!("nvme {name}: authenticating again with the new keys failed: {e}; resetting");
+            self.reset();
+            return Err(e);
+        }
+        // Queues granted (or on their way to a channel): each authenticates at its next poll.
+        let queues = usize::from(self.shared.snapshot().io_queues);
+        self.shared.transport.reauthenticate_io(queues, timeout)?;
+        log::info!("nvme {name}: the admin queue and {queues} I/O queues authenticated with the new keys");
+        Ok(())
     }
 
     /// Makes an I/O queue pair for a channel.

@@ -9,6 +9,7 @@ use fp_bdev::Iovecs;
 use fp_nvme_spec::fabrics::{property_get, property_set};
 use fp_nvme_spec::{Cqe, Sqe};
 
+use super::auth::{self, DhchapHost, QueueAuth};
 use super::queue::{Dir, TcpQueue, AER_TAG};
 use crate::cmd;
 use crate::transport::{AdminData, AdminQueue};
@@ -45,6 +46,17 @@ impl TcpAdmin {
     /// In-capsule data the controller accepts on I/O queues, in bytes.
     pub fn io_in_capsule_data(&self) -> u32 {
         self.io_icd
+    }
+
+    /// Runs a DH-HMAC-CHAP transaction on the live queue, keeping the AER completions that
+    /// come meanwhile.
+    pub(super) fn authenticate(&mut self, host: &DhchapHost, a: &QueueAuth<'_>) -> Result<(), NvmeError> {
+        let aers = &mut self.aers;
+        auth::authenticate(&mut self.q, host, a, &mut |tag: u32, cqe: &Cqe| {
+            if tag == AER_TAG {
+                aers.push(*cqe);
+            }
+        })
     }
 
     fn property(&mut self, sqe: Sqe, what: &'static str) -> Result<Cqe, NvmeError> {

@@ -22,6 +22,7 @@ use fp_nvme_spec::auth::{
     AuthCommand, AuthMessage, Challenge, DhGroupId, Failure, FailureReason, HashId, Negotiate,
     ProtocolDescriptor, Reply, Success2, MAX_DHCHAP_MESSAGE_LEN,
 };
+use fp_nvme_spec::Cqe;
 
 use super::queue::TcpQueue;
 use crate::transport::AdminData;
@@ -93,13 +94,13 @@ pub(super) struct QueueAuth<'a> {
 
 /// A failure of the transaction: the error to return, and whether the host tells the
 /// controller with AUTH_Failure2 (not after the controller's own AUTH_Failure1).
-struct Refusal {
-    error: NvmeError,
-    failure2: Option<FailureReason>,
+pub(super) struct Refusal {
+    pub(super) error: NvmeError,
+    pub(super) failure2: Option<FailureReason>,
 }
 
 fn auth_error(q: &QueueAuth<'_>, step: &str, why: impl std::fmt::Display) -> NvmeError {
-    NvmeError::Auth(format!("queue {}: {step}: {why}", q.qid))
+    step_error(q.qid, step, why)
 }
 
 /// A refusal the host reports to the controller with `reason`.
@@ -107,8 +108,19 @@ fn refuse(q: &QueueAuth<'_>, step: &str, reason: FailureReason, why: impl std::f
     Refusal { error: auth_error(q, step, why), failure2: Some(reason) }
 }
 
-/// Authenticates the queue `tq` (just connected, its Connect answer asking for it) as `host`.
-pub(super) fn authenticate(tq: &mut TcpQueue, host: &DhchapHost, q: &QueueAuth<'_>) -> Result<(), NvmeError> {
+/// Completions of other commands that come during the transaction (an admin queue's
+/// Asynchronous Event Requests when it re-authenticates), handed on with their tags.
+pub(super) type Others<'a> = &'a mut dyn FnMut(u32, &Cqe);
+
+/// Authenticates the queue `tq` as `host`: just connected, its Connect answer asking for it,
+/// or live (a re-authentication: the admin queue after `bdev_nvme_set_keys`), other commands'
+/// completions going to `other`.
+pub(super) fn authenticate(
+    tq: &mut TcpQueue,
+    host: &DhchapHost,
+    q: &QueueAuth<'_>,
+    other: Others<'_>,
+) -> Result<(), NvmeError> {
     let Some(key) = &host.key else {
         return Err(auth_error(
             q,
@@ -116,17 +128,13 @@ pub(super) fn authenticate(tq: &mut TcpQueue, host: &DhchapHost, q: &QueueAuth<'
             "the controller requires DH-HMAC-CHAP authentication and no dhchap_key was given",
         ));
     };
-    match transaction(tq, key, host, q) {
+    match transaction(tq, key, host, q, other) {
         Ok(()) => Ok(()),
         Err(r) => {
             if let Some(reason) = r.failure2 {
-                let f = Failure { t_id: q.t_id, from_controller: false, reason };
-                let mut b = [0u8; fp_nvme_spec::auth::FAILURE_LEN];
-                if f.encode(&mut b).is_ok() {
-                    // The error reported is the transaction's; the controller may be gone.
-                    if let Err(e) = send(tq, q, "AUTH_Failure2", &b) {
-                        log::info!("nvme tcp queue {}: AUTH_Failure2 not delivered: {e}", q.qid);
-                    }
+                // The error reported is the transaction's; the controller may be gone.
+                if let Err(e) = send(tq, q, "AUTH_Failure2", &failure2(q.t_id, reason), other) {
+                    log::info!("nvme tcp queue {}: AUTH_Failure2 not delivered: {e}", q.qid);
                 }
             }
             Err(r.error)
@@ -134,10 +142,26 @@ pub(super) fn authenticate(tq: &mut TcpQueue, host: &DhchapHost, q: &QueueAuth<'
     }
 }
 
+/// The host's AUTH_Failure2 with `reason`.
+pub(super) fn failure2(t_id: u16, reason: FailureReason) -> Vec<u8> {
+    encoded(AuthMessage::Failure(Failure { t_id, from_controller: false, reason }))
+}
+
+/// The error of a queue whose re-authentication `step` failed.
+pub(super) fn step_error(qid: u16, step: &str, why: impl std::fmt::Display) -> NvmeError {
+    NvmeError::Auth(format!("queue {qid}: {step}: {why}"))
+}
+
 /// Sends `msg` with Authentication Send.
-fn send(tq: &mut TcpQueue, q: &QueueAuth<'_>, step: &str, msg: &[u8]) -> Result<(), NvmeError> {
+fn send(
+    tq: &mut TcpQueue,
+    q: &QueueAuth<'_>,
+    step: &str,
+    msg: &[u8],
+    other: Others<'_>,
+) -> Result<(), NvmeError> {
     let sqe = AuthCommand { send: true, length: msg.len() as u32 }.to_sqe(0);
-    let cqe = tq.run(&sqe, AdminData::ToDevice(msg), q.timeout, &mut |_, _| {})?;
+    let cqe = tq.run(&sqe, AdminData::ToDevice(msg), q.timeout, other)?;
     if !cqe.status.is_success() {
         return Err(auth_error(
             q,
@@ -148,12 +172,17 @@ fn send(tq: &mut TcpQueue, q: &QueueAuth<'_>, step: &str, msg: &[u8]) -> Result<
     Ok(())
 }
 
-/// Receives one message with Authentication Receive.
-fn receive(tq: &mut TcpQueue, q: &QueueAuth<'_>, step: &str) -> Result<AuthMessage, Refusal> {
-    let mut b = vec![0u8; MAX_DHCHAP_MESSAGE_LEN];
+/// Receives one message's bytes with Authentication Receive into `b`.
+fn receive(
+    tq: &mut TcpQueue,
+    q: &QueueAuth<'_>,
+    step: &str,
+    b: &mut [u8],
+    other: Others<'_>,
+) -> Result<(), Refusal> {
     let sqe = AuthCommand { send: false, length: b.len() as u32 }.to_sqe(0);
     let cqe = tq
-        .run(&sqe, AdminData::FromDevice(&mut b), q.timeout, &mut |_, _| {})
+        .run(&sqe, AdminData::FromDevice(b), q.timeout, other)
         .map_err(|error| Refusal { error, failure2: None })?;
     if !cqe.status.is_success() {
         return Err(Refusal {
@@ -168,16 +197,7 @@ fn receive(tq: &mut TcpQueue, q: &QueueAuth<'_>, step: &str) -> Result<AuthMessa
             failure2: None,
         });
     }
-    let m = AuthMessage::parse(&b).map_err(|e| refuse(q, step, FailureReason::IncorrectPayload, e))?;
-    if m.t_id() != q.t_id {
-        return Err(refuse(
-            q,
-            step,
-            FailureReason::IncorrectPayload,
-            format!("T_ID {} is not this transaction's ({})", m.t_id(), q.t_id),
-        ));
-    }
-    Ok(m)
+    Ok(())
 }
 
 /// The controller's AUTH_Failure1 (or an out-of-order message) where `step` was expected.
@@ -215,106 +235,211 @@ fn encoded(m: AuthMessage) -> Vec<u8> {
     b
 }
 
+pub(super) const NEGOTIATE: &str = "AUTH_Negotiate";
+pub(super) const CHALLENGE: &str = "DH-HMAC-CHAP_Challenge";
+pub(super) const REPLY: &str = "DH-HMAC-CHAP_Reply";
+pub(super) const SUCCESS1: &str = "DH-HMAC-CHAP_Success1";
+pub(super) const SUCCESS2: &str = "DH-HMAC-CHAP_Success2";
+
+/// What the host keeps between the Challenge and Success1 when it asked the controller to
+/// authenticate itself: the controller's key, the host's challenge C2 as augmented with the
+/// session key (so the session key itself is not kept) and the sequence number S2.
+pub(super) struct Asked {
+    ctrlr_key: DhchapSecret,
+    ca2: Vec<u8>,
+    s2: u32,
+}
+
+/// The host's side of one transaction, without I/O: it makes the messages the host sends and
+/// judges those the controller answers, in order ([`HostTransaction::negotiate`],
+/// [`HostTransaction::challenge`], [`HostTransaction::success1`]). A refusal ends it.
+pub(super) struct HostTransaction<'a> {
+    key: &'a DhchapSecret,
+    host: &'a DhchapHost,
+    q: &'a QueueAuth<'a>,
+    /// After the Challenge: its hash and what was asked.
+    after_challenge: AuthState,
+}
+
+/// Where a [`HostTransaction`] is between the controller's messages (kept by a queue that runs
+/// the transaction a step per poll): after the Challenge, its hash and what the host asked.
+pub(super) type AuthState = Option<(HashId, Option<Asked>)>;
+
+impl<'a> HostTransaction<'a> {
+    pub(super) fn new(key: &'a DhchapSecret, host: &'a DhchapHost, q: &'a QueueAuth<'a>) -> Self {
+        HostTransaction { key, host, q, after_challenge: None }
+    }
+
+    /// The transaction again at `state` (from [`HostTransaction::into_state`]).
+    pub(super) fn resume(
+        key: &'a DhchapSecret,
+        host: &'a DhchapHost,
+        q: &'a QueueAuth<'a>,
+        state: AuthState,
+    ) -> Self {
+        HostTransaction { key, host, q, after_challenge: state }
+    }
+
+    /// Where the transaction is, to [`HostTransaction::resume`] it at the next message.
+    pub(super) fn into_state(self) -> AuthState {
+        self.after_challenge
+    }
+
+    /// The AUTH_Negotiate that starts the transaction.
+    pub(super) fn negotiate(&self) -> Vec<u8> {
+        let protocols =
+            vec![ProtocolDescriptor::dhchap(&self.host.offer.digests(), &self.host.offer.dhgroups())];
+        encoded(AuthMessage::Negotiate(Negotiate { t_id: self.q.t_id, sc_c: 0, protocols }))
+    }
+
+    /// The controller's message where `step` is expected, parsed and of this transaction.
+    fn parse(&self, step: &str, b: &[u8]) -> Result<AuthMessage, Refusal> {
+        let q = self.q;
+        let m = AuthMessage::parse(b).map_err(|e| refuse(q, step, FailureReason::IncorrectPayload, e))?;
+        if m.t_id() != q.t_id {
+            return Err(refuse(
+                q,
+                step,
+                FailureReason::IncorrectPayload,
+                format!("T_ID {} is not this transaction's ({})", m.t_id(), q.t_id),
+            ));
+        }
+        Ok(m)
+    }
+
+    /// The DH-HMAC-CHAP_Challenge received: the host's Reply to send.
+    pub(super) fn challenge(&mut self, b: &[u8]) -> Result<Vec<u8>, Refusal> {
+        let q = self.q;
+        if self.after_challenge.is_some() {
+            return Err(refuse(q, CHALLENGE, FailureReason::IncorrectProtocolMessage, "a second Challenge"));
+        }
+        let ch: Challenge = match self.parse(CHALLENGE, b)? {
+            AuthMessage::Challenge(c) => c,
+            other => return Err(unexpected(q, CHALLENGE, &other)),
+        };
+        if !self.host.offer.digests().contains(&ch.hash) {
+            return Err(refuse(
+                q,
+                CHALLENGE,
+                FailureReason::HashUnusable,
+                format!("hash {} was not offered", ch.hash.name()),
+            ));
+        }
+        if !self.host.offer.dhgroups().contains(&ch.dh_group) {
+            return Err(refuse(
+                q,
+                CHALLENGE,
+                FailureReason::DhGroupUnusable,
+                format!("DH group {} was not offered", ch.dh_group.name()),
+            ));
+        }
+        let pair = DhKeyPair::generate(ch.dh_group);
+        let session_key = pair
+            .shared_secret(&ch.dh_value)
+            .map_err(|e| refuse(q, CHALLENGE, FailureReason::IncorrectPayload, e))?;
+        let session_key = session_key.as_deref().map(|k| k.as_slice());
+        let t = self.transaction(ch.hash);
+        let ca1 = dhchap::augmented_challenge(ch.hash, &ch.challenge, session_key);
+        let r1 = dhchap::host_response(&t, &self.key.transformed(q.hostnqn), &ca1, ch.seqnum);
+        // Bidirectional: the controller answers the host's own challenge with its key.
+        let c2 = self.host.ctrlr_key.as_ref().map(|_| dhchap::random_challenge(ch.hash));
+        let asked = self.host.ctrlr_key.as_ref().zip(c2.as_ref()).map(|(ctrlr_key, c2)| Asked {
+            ctrlr_key: ctrlr_key.clone(),
+            ca2: dhchap::augmented_challenge(ch.hash, c2, session_key),
+            s2: dhchap::random_sequence_number(),
+        });
+        let reply = Reply {
+            t_id: q.t_id,
+            seqnum: asked.as_ref().map_or(0, |a| a.s2),
+            response: r1,
+            challenge: c2,
+            dh_value: pair.public_value().to_vec(),
+        };
+        self.after_challenge = Some((ch.hash, asked));
+        Ok(encoded(AuthMessage::Reply(reply)))
+    }
+
+    fn transaction(&self, hash: HashId) -> Transaction<'a> {
+        Transaction { hash, t_id: self.q.t_id, sc_c: 0, hostnqn: self.q.hostnqn, subnqn: self.q.subnqn }
+    }
+
+    /// The DH-HMAC-CHAP_Success1 received: done, or the Success2 to send when the host asked
+    /// the controller to authenticate itself and it did.
+    pub(super) fn success1(&mut self, b: &[u8]) -> Result<Option<Vec<u8>>, Refusal> {
+        let q = self.q;
+        let Some((hash, asked)) = self.after_challenge.take() else {
+            return Err(refuse(q, SUCCESS1, FailureReason::IncorrectProtocolMessage, "no Challenge before"));
+        };
+        let s1 = match self.parse(SUCCESS1, b)? {
+            AuthMessage::Success1(s) => s,
+            AuthMessage::Failure(f) if f.from_controller => {
+                return Err(Refusal {
+                    error: auth_error(
+                        q,
+                        SUCCESS1,
+                        format!(
+                            "the controller refused the host's response (AUTH_Failure1 {:?}): is dhchap_key \
+                             the one the subsystem has for {}?",
+                            f.reason, q.hostnqn
+                        ),
+                    ),
+                    failure2: None,
+                })
+            }
+            other => return Err(unexpected(q, SUCCESS1, &other)),
+        };
+        let Some(asked) = asked else { return Ok(None) };
+        if usize::from(s1.hl) != hash.digest_len() {
+            return Err(refuse(
+                q,
+                SUCCESS1,
+                FailureReason::IncorrectPayload,
+                format!("HL {} is not {}'s length", s1.hl, hash.name()),
+            ));
+        }
+        let Some(r2) = s1.response else {
+            return Err(refuse(
+                q,
+                SUCCESS1,
+                FailureReason::IncorrectPayload,
+                "no controller response (RVALID 0) though the host asked for one",
+            ));
+        };
+        let ctrlr_key = asked.ctrlr_key.transformed(q.subnqn);
+        let expected = dhchap::controller_response(&self.transaction(hash), &ctrlr_key, &asked.ca2, asked.s2);
+        if !dhchap::responses_match(&r2, &expected) {
+            return Err(refuse(
+                q,
+                SUCCESS1,
+                FailureReason::Failed,
+                "the controller's response does not match dhchap_ctrlr_key: the controller is not the one \
+                 the key names",
+            ));
+        }
+        Ok(Some(encoded(AuthMessage::Success2(Success2 { t_id: q.t_id }))))
+    }
+}
+
+/// Runs the transaction on `tq`: [`HostTransaction`]'s messages by Authentication Send, the
+/// controller's by Authentication Receive.
 fn transaction(
     tq: &mut TcpQueue,
     key: &DhchapSecret,
     host: &DhchapHost,
     q: &QueueAuth<'_>,
+    other: Others<'_>,
 ) -> Result<(), Refusal> {
     let no_failure2 = |error| Refusal { error, failure2: None };
-    let digests = host.offer.digests();
-    let dhgroups = host.offer.dhgroups();
-    let negotiate =
-        Negotiate { t_id: q.t_id, sc_c: 0, protocols: vec![ProtocolDescriptor::dhchap(&digests, &dhgroups)] };
-    send(tq, q, "AUTH_Negotiate", &encoded(AuthMessage::Negotiate(negotiate))).map_err(no_failure2)?;
-
-    const CHALLENGE: &str = "DH-HMAC-CHAP_Challenge";
-    let ch: Challenge = match receive(tq, q, CHALLENGE)? {
-        AuthMessage::Challenge(c) => c,
-        other => return Err(unexpected(q, CHALLENGE, &other)),
-    };
-    if !digests.contains(&ch.hash) {
-        return Err(refuse(
-            q,
-            CHALLENGE,
-            FailureReason::HashUnusable,
-            format!("hash {} was not offered", ch.hash.name()),
-        ));
+    let mut t = HostTransaction::new(key, host, q);
+    send(tq, q, NEGOTIATE, &t.negotiate(), other).map_err(no_failure2)?;
+    let mut b = vec![0u8; MAX_DHCHAP_MESSAGE_LEN];
+    receive(tq, q, CHALLENGE, &mut b, other)?;
+    let reply = t.challenge(&b)?;
+    send(tq, q, REPLY, &reply, other).map_err(no_failure2)?;
+    b.fill(0);
+    receive(tq, q, SUCCESS1, &mut b, other)?;
+    match t.success1(&b)? {
+        Some(success2) => send(tq, q, SUCCESS2, &success2, other).map_err(no_failure2),
+        None => Ok(()),
     }
-    if !dhgroups.contains(&ch.dh_group) {
-        return Err(refuse(
-            q,
-            CHALLENGE,
-            FailureReason::DhGroupUnusable,
-            format!("DH group {} was not offered", ch.dh_group.name()),
-        ));
-    }
-    let pair = DhKeyPair::generate(ch.dh_group);
-    let session_key = pair
-        .shared_secret(&ch.dh_value)
-        .map_err(|e| refuse(q, CHALLENGE, FailureReason::IncorrectPayload, e))?;
-    let session_key = session_key.as_deref().map(|k| k.as_slice());
-    let t = Transaction { hash: ch.hash, t_id: q.t_id, sc_c: 0, hostnqn: q.hostnqn, subnqn: q.subnqn };
-    let ca1 = dhchap::augmented_challenge(ch.hash, &ch.challenge, session_key);
-    let r1 = dhchap::host_response(&t, &key.transformed(q.hostnqn), &ca1, ch.seqnum);
-    // Bidirectional: the controller answers the host's own challenge with its key.
-    let asked = host
-        .ctrlr_key
-        .as_ref()
-        .map(|k| (k, dhchap::random_challenge(ch.hash), dhchap::random_sequence_number()));
-    let reply = Reply {
-        t_id: q.t_id,
-        seqnum: asked.as_ref().map_or(0, |(_, _, s2)| *s2),
-        response: r1,
-        challenge: asked.as_ref().map(|(_, c2, _)| c2.clone()),
-        dh_value: pair.public_value().to_vec(),
-    };
-    send(tq, q, "DH-HMAC-CHAP_Reply", &encoded(AuthMessage::Reply(reply))).map_err(no_failure2)?;
-
-    const SUCCESS1: &str = "DH-HMAC-CHAP_Success1";
-    let s1 = match receive(tq, q, SUCCESS1)? {
-        AuthMessage::Success1(s) => s,
-        AuthMessage::Failure(f) if f.from_controller => {
-            return Err(no_failure2(auth_error(
-                q,
-                SUCCESS1,
-                format!(
-                    "the controller refused the host's response (AUTH_Failure1 {:?}): is dhchap_key the one \
-                     the subsystem has for {}?",
-                    f.reason, q.hostnqn
-                ),
-            )))
-        }
-        other => return Err(unexpected(q, SUCCESS1, &other)),
-    };
-    let Some((ctrlr_key, c2, s2)) = asked else { return Ok(()) };
-    if usize::from(s1.hl) != ch.hash.digest_len() {
-        return Err(refuse(
-            q,
-            SUCCESS1,
-            FailureReason::IncorrectPayload,
-            format!("HL {} is not {}'s length", s1.hl, ch.hash.name()),
-        ));
-    }
-    let Some(r2) = s1.response else {
-        return Err(refuse(
-            q,
-            SUCCESS1,
-            FailureReason::IncorrectPayload,
-            "no controller response (RVALID 0) though the host asked for one",
-        ));
-    };
-    let ca2 = dhchap::augmented_challenge(ch.hash, &c2, session_key);
-    let expected = dhchap::controller_response(&t, &ctrlr_key.transformed(q.subnqn), &ca2, s2);
-    if !dhchap::responses_match(&r2, &expected) {
-        return Err(refuse(
-            q,
-            SUCCESS1,
-            FailureReason::Failed,
-            "the controller's response does not match dhchap_ctrlr_key: the controller is not the one \
-             the key names",
-        ));
-    }
-    send(tq, q, "DH-HMAC-CHAP_Success2", &encoded(AuthMessage::Success2(Success2 { t_id: q.t_id })))
-        .map_err(no_failure2)
 }

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use fp_crypto::dhchap::{self, DhKeyPair, DhchapSecret, Transaction};
 use fp_nvme_spec::auth::*;
-use fp_nvme_spec::tcp::{Digests, CAPSULE_CMD_HLEN, FLAG_LAST_PDU, PDU_CAPSULE_CMD};
+use fp_nvme_spec::tcp::{
+    write_r2t, DataHeader, Digests, CAPSULE_CMD_HLEN, DATA_HLEN, FLAG_LAST_PDU, HEADER_ROOM, PDU_CAPSULE_CMD,
+    PDU_H2C_DATA,
+};
 use fp_nvme_spec::{Sqe, Status, SQE_LEN};
 
 use super::hostile::{scripted, Peer};
@@ -42,27 +45,50 @@ struct Controller {
     ctrlr_key: DhchapSecret,
     hostnqn: String,
     play: Play,
+    /// In-capsule data it takes: longer messages come by R2T.
+    icd: usize,
+    /// A 512-byte read of the host's, held, completed once the host's Negotiate came (I/O
+    /// in flight when a re-authentication starts).
+    held_read: Option<u16>,
 }
 
-/// One command from the host: the SQE and its in-capsule data.
-fn command(p: &mut Peer) -> Option<(AuthCommand, u16, Vec<u8>)> {
+/// The in-capsule data the scripted controller takes (what [`connect`] tells the host).
+const ICD: usize = 4096;
+
+/// One command from the host: the SQE and its data, in the capsule (at most `icd` bytes) or,
+/// when not there, asked for by R2T and taken from the host's H2CData.
+fn command(p: &mut Peer, icd: usize) -> Option<(AuthCommand, u16, Vec<u8>)> {
     let mut h = [0u8; CAPSULE_CMD_HLEN];
     p.s.read_exact(&mut h).ok()?;
     assert_eq!(h[0], PDU_CAPSULE_CMD);
     let plen = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
     let mut data = vec![0u8; plen - CAPSULE_CMD_HLEN];
     p.s.read_exact(&mut data).ok()?;
+    assert!(data.len() <= icd, "{} bytes in the capsule where the controller takes {icd}", data.len());
     let sqe = Sqe(h[CAPSULE_CMD_HLEN - SQE_LEN..].try_into().unwrap());
     let cmd = AuthCommand::from_sqe(&sqe).expect("an authentication command");
+    let cid = u16::from_le_bytes([sqe.0[2], sqe.0[3]]);
+    if cmd.send && data.is_empty() && cmd.length > 0 {
+        let mut b = [0u8; HEADER_ROOM];
+        let n = write_r2t(&mut b, &DataHeader { cccid: cid, ttag: 5, offset: 0, length: cmd.length }, NO);
+        p.send(&b[..n]);
+        let mut dh = [0u8; DATA_HLEN];
+        p.s.read_exact(&mut dh).ok()?;
+        assert_eq!(dh[0], PDU_H2C_DATA, "H2CData answers the R2T");
+        let d = DataHeader::parse(&dh).expect("an H2CData header");
+        assert_eq!((d.cccid, d.ttag, d.offset, d.length), (cid, 5, 0, cmd.length));
+        data = vec![0u8; cmd.length as usize];
+        p.s.read_exact(&mut data).ok()?;
+    }
     if cmd.send {
         assert_eq!(cmd.length as usize, data.len(), "{cmd:?}: TL is the data's length");
     }
-    Some((cmd, u16::from_le_bytes([sqe.0[2], sqe.0[3]]), data))
+    Some((cmd, cid, data))
 }
 
 /// The message of the host's next Authentication Send (completed successfully).
-fn received(p: &mut Peer) -> Option<AuthMessage> {
-    let (cmd, cid, data) = command(p)?;
+fn received(p: &mut Peer, icd: usize) -> Option<AuthMessage> {
+    let (cmd, cid, data) = command(p, icd)?;
     assert!(cmd.send, "an Authentication Send");
     p.response(cid, Status::SUCCESS);
     Some(AuthMessage::parse(&data).expect("the host's message parses"))
@@ -70,7 +96,7 @@ fn received(p: &mut Peer) -> Option<AuthMessage> {
 
 /// `msg` as the data of the host's next Authentication Receive.
 fn answer(p: &mut Peer, msg: &[u8]) {
-    let Some((cmd, cid, _)) = command(p) else { return };
+    let Some((cmd, cid, _)) = command(p, ICD) else { return };
     assert!(!cmd.send, "an Authentication Receive");
     assert!(cmd.length as usize >= msg.len(), "AL {} is below the message's {}", cmd.length, msg.len());
     p.c2h(cid, 0, msg.len() as u32, FLAG_LAST_PDU, msg);
@@ -92,16 +118,22 @@ impl Controller {
             ctrlr_key: secret(9),
             hostnqn: transport(1, false).target().hostnqn.clone(),
             play,
+            icd: ICD,
+            held_read: None,
         }
     }
 
     /// Plays the transaction; returns the messages the host sent.
     fn play(self, p: &mut Peer) -> Vec<AuthMessage> {
         let mut seen = Vec::new();
-        let Some(m) = received(p) else { return seen };
+        let Some(m) = received(p, self.icd) else { return seen };
         seen.push(m.clone());
         let AuthMessage::Negotiate(n) = m else { return seen };
         let t_id = n.t_id;
+        if let Some(cid) = self.held_read {
+            p.c2h(cid, 0, 512, FLAG_LAST_PDU, &[0x5a; 512]);
+            p.response(cid, Status::SUCCESS);
+        }
         let pair = DhKeyPair::generate(self.group);
         let c1 = dhchap::random_challenge(self.hash);
         let s1 = dhchap::random_sequence_number();
@@ -122,7 +154,7 @@ impl Controller {
             challenge[6] = 7;
         }
         answer(p, &challenge);
-        let Some(m) = received(p) else { return seen };
+        let Some(m) = received(p, self.icd) else { return seen };
         seen.push(m.clone());
         let AuthMessage::Reply(r) = m else { return seen };
         let ks = pair.shared_secret(&r.dh_value).expect("the host's public value");
@@ -146,7 +178,7 @@ impl Controller {
         let hl = self.hash.digest_len() as u8;
         answer(p, &bytes(AuthMessage::Success1(Success1 { t_id, hl, response: r2 })));
         if r.seqnum != 0 {
-            if let Some(m) = received(p) {
+            if let Some(m) = received(p, self.icd) {
                 seen.push(m);
             }
         }
@@ -160,10 +192,11 @@ fn secret(fill: u8) -> DhchapSecret {
 
 /// Connects I/O queue 1 as `host` to `ctrl`; returns the outcome and what the host sent.
 fn connect(ctrl: Controller, host: DhchapHost) -> (Result<(), NvmeError>, Vec<AuthMessage>) {
+    let ctrl_icd = ctrl.icd as u32;
     let (tx, rx) = mpsc::channel();
     let (port, h) = scripted(NO, |_| {}, 1 | AUTHREQ_ATR, move |p| tx.send(ctrl.play(p)).unwrap());
     let tr = TcpTransport::new(TcpTarget { dhchap: host, ..transport(port, false).target().clone() });
-    let r = tr.connect_queue(1, 16, 1, 4096, T).map(drop);
+    let r = tr.connect_queue(1, 16, 1, ctrl_icd, T).map(drop);
     h.join().unwrap();
     (r, rx.recv().unwrap())
 }
@@ -214,6 +247,22 @@ fn bidirectional_authentication_with_a_dh_group_succeeds() {
     assert_ne!(reply.seqnum, 0);
     assert_eq!(reply.dh_value.len(), DhGroupId::Ffdhe2048.value_len());
     assert_eq!((s2.t_id, reply.t_id), (n.t_id, n.t_id));
+}
+
+#[test]
+fn a_message_longer_than_the_in_capsule_data_goes_by_r2t() {
+    // ffdhe4096 with SHA-512: the Reply is 16 + 2 x 64 + 512 bytes, over the 512 the
+    // controller takes in the capsule (the Negotiate, 72 bytes, fits).
+    let ctrl = Controller {
+        icd: 512,
+        ..Controller::new(HashId::Sha512, DhGroupId::Ffdhe4096, &secret(1), Play::Honest)
+    };
+    let (r, seen) = connect(ctrl, host(1, Some(9)));
+    r.unwrap();
+    let [AuthMessage::Negotiate(_), AuthMessage::Reply(reply), AuthMessage::Success2(_)] = &seen[..] else {
+        panic!("{seen:?}")
+    };
+    assert_eq!(AuthMessage::Reply(reply.clone()).encoded_len(), 16 + 128 + 512);
 }
 
 #[test]
@@ -269,4 +318,132 @@ fn a_challenge_of_another_transaction_or_a_trivial_dh_value_is_refused_with_fail
         assert!(e.contains("DH-HMAC-CHAP_Challenge") && e.contains(want), "{play:?}: {e}");
         assert_eq!(failure2(&seen), FailureReason::IncorrectPayload, "{play:?}");
     }
+}
+
+/// Reads the host's AER capsule and completes it with event `dw0`.
+fn complete_aer(p: &mut Peer, dw0: u32) {
+    let cid = p.command();
+    let mut b = [0u8; HEADER_ROOM];
+    let cqe = fp_nvme_spec::Cqe { dw0, ..fp_nvme_spec::Cqe::new(cid, Status::SUCCESS) };
+    let n = fp_nvme_spec::tcp::write_capsule_resp(&mut b, &cqe, NO);
+    p.send(&b[..n]);
+}
+
+/// A scripted controller (queue ID 1, controller 1) for a key change: it plays a transaction
+/// with host key 1, then `between` (what else comes before the next transaction) gives the
+/// controller of the second (host key 2), and a third with host key 2 follows. Returns the
+/// port, the thread and the host's messages of each transaction; the host starts with key 1.
+fn rekeyed_controller(
+    between: impl FnOnce(&mut Peer) -> Controller + Send + 'static,
+) -> (TcpTransport, std::thread::JoinHandle<()>, mpsc::Receiver<[Vec<AuthMessage>; 3]>) {
+    let (tx, rx) = mpsc::channel();
+    let (port, h) = scripted(
+        NO,
+        |_| {},
+        1 | AUTHREQ_ATR,
+        move |p| {
+            let first = Controller::new(HashId::Sha256, DhGroupId::Null, &secret(1), Play::Honest).play(p);
+            let second = between(p).play(p);
+            let third = Controller::new(HashId::Sha256, DhGroupId::Null, &secret(2), Play::Honest).play(p);
+            tx.send([first, second, third]).unwrap();
+        },
+    );
+    let tr =
+        TcpTransport::new(TcpTarget { dhchap: host(1, None), ..transport(port, false).target().clone() });
+    (tr, h, rx)
+}
+
+/// What [`rekeyed_controller`] saw when the host changed to key 2 with controller key 9, then
+/// to a key the controller lacks.
+fn check_rekeyed(h: std::thread::JoinHandle<()>, rx: mpsc::Receiver<[Vec<AuthMessage>; 3]>) {
+    h.join().unwrap();
+    let [first, second, third] = rx.recv().unwrap();
+    assert_eq!(first.len(), 2);
+    let [AuthMessage::Negotiate(n1), AuthMessage::Reply(r2), AuthMessage::Success2(_)] = &second[..] else {
+        panic!("{second:?}")
+    };
+    assert!(r2.challenge.is_some(), "the new controller key is asked for");
+    let AuthMessage::Negotiate(n0) = &first[0] else { panic!("{first:?}") };
+    assert_ne!(n1.t_id, n0.t_id, "each transaction has its own T_ID");
+    assert_eq!(third.len(), 2, "no Failure2 after the controller's Failure1: {third:?}");
+}
+
+#[test]
+fn the_admin_queue_authenticates_again_in_band_with_new_keys_keeping_an_aer() {
+    use crate::transport::AdminQueue;
+    let (tr, h, rx) = rekeyed_controller(|p| {
+        // An event completes the AER while the host starts its second transaction.
+        complete_aer(p, 0x0002_0104);
+        Controller::new(HashId::Sha384, DhGroupId::Ffdhe2048, &secret(2), Play::Honest)
+    });
+    let (q, cntlid) = tr.connect_queue(0, 16, 0xffff, 8192, T).unwrap();
+    let mut admin = TcpAdmin::new(q, cntlid);
+    admin.submit_async_event_request().unwrap();
+    // A controller key alone is refused (SPDK's rule); the keys stay.
+    let e = tr.set_dhchap_keys(None, Some(secret(9))).unwrap_err();
+    assert!(matches!(e, NvmeError::InvalidParam { field: "dhchap_ctrlr_key", .. }), "{e}");
+    assert_eq!(tr.dhchap().key, Some(secret(1)));
+    tr.set_dhchap_keys(Some(secret(2)), Some(secret(9))).unwrap();
+    tr.reauthenticate_admin(&mut admin, T).unwrap();
+    let mut events = Vec::new();
+    admin.poll_async_events(&mut events).unwrap();
+    assert_eq!(events.iter().map(|c| c.dw0).collect::<Vec<_>>(), [0x0002_0104], "the AER is kept");
+    // A key the controller does not have: refused, saying why.
+    tr.set_dhchap_keys(Some(secret(3)), None).unwrap();
+    let e = tr.reauthenticate_admin(&mut admin, T).unwrap_err().to_string();
+    assert!(e.contains("queue 0: DH-HMAC-CHAP_Success1") && e.contains("refused the host's response"), "{e}");
+    drop(admin);
+    check_rekeyed(h, rx);
+}
+
+#[test]
+fn an_io_queue_authenticates_again_in_band_between_its_io() {
+    use crate::transport::{IoQueue, Transport};
+    use fp_bdev::{iov::BounceBuf, Iovecs, SubmitError};
+    let (tr, h, rx) = rekeyed_controller(|p| {
+        let read = p.command();
+        Controller {
+            held_read: Some(read),
+            ..Controller::new(HashId::Sha384, DhGroupId::Ffdhe2048, &secret(2), Play::Honest)
+        }
+    });
+    let (mut q, _) = tr.connect_queue(1, 16, 1, ICD as u32, T).unwrap();
+    let mut buf = BounceBuf::zeroed(512);
+    q.submit(&crate::cmd::read_write(false, 1, 0, 1, false), buf.iovecs(512), 1).unwrap();
+    q.flush();
+    let mut out = Vec::new();
+    // Polls the queue (as its reactor does) until the re-authentication's outcome is in.
+    let rekey = |q: &mut TcpQueue, out: &mut Vec<(u32, Status)>| {
+        let mut held = false;
+        let mut died = None;
+        let r = std::thread::scope(|s| {
+            let waiter = s.spawn(|| tr.reauthenticate_io(1, T));
+            while !waiter.is_finished() {
+                if let Err(e) = q.poll(out) {
+                    died.get_or_insert(e);
+                }
+                if q.holding() {
+                    held |= q.submit(&crate::cmd::flush(1), Iovecs::NONE, 2) == Err(SubmitError::Busy);
+                }
+                q.flush();
+            }
+            waiter.join().unwrap()
+        });
+        (r, held, died)
+    };
+    tr.set_dhchap_keys(Some(secret(2)), Some(secret(9))).unwrap();
+    let (r, held, died) = rekey(&mut q, &mut out);
+    r.unwrap();
+    assert!(held, "new I/O waits (Busy) while the queue authenticates again");
+    assert!(died.is_none() && !q.holding(), "{died:?}");
+    assert_eq!(out, [(1, Status::SUCCESS)], "the read in flight completed meanwhile");
+    assert!(buf.bytes().iter().all(|&b| b == 0x5a));
+    // A key the controller does not have: the queue fails (as SPDK's), saying why.
+    tr.set_dhchap_keys(Some(secret(3)), None).unwrap();
+    let (r, _, died) = rekey(&mut q, &mut out);
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("queue 1: DH-HMAC-CHAP_Success1") && e.contains("refused the host's response"), "{e}");
+    assert!(died.is_some_and(|d| d.to_string().contains("refused")));
+    drop(q);
+    check_rekeyed(h, rx);
 }

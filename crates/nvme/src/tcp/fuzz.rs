@@ -1,5 +1,7 @@
 //! The receive path of a host I/O queue fed arbitrary bytes as the controller's stream: what
-//! the fuzz target `nvme_tcp_host` runs (public for the fuzz crate, not an API).
+//! the fuzz target `nvme_tcp_host` runs (public for the fuzz crate, not an API); and the
+//! host's DH-HMAC-CHAP transaction fed arbitrary controller messages ([`auth_host`], the
+//! target `nvme_auth_host`).
 //!
 //! Input: byte 0 sets header digests (bit 0), data digests (bit 1), in-capsule data off (bit
 //! 2; writes then go by R2T), and MAXH2CDATA 4 KiB or 8 KiB (bit 3); the rest is the stream,
@@ -114,6 +116,67 @@ pub fn receive_path(input: &[u8]) -> usize {
     done.len()
 }
 
+/// The host's side of a DH-HMAC-CHAP transaction (`auth::HostTransaction`) fed arbitrary
+/// controller messages. Input: byte 0 bit 0 asks the controller to authenticate itself
+/// (a controller key); bytes 1-2 (little-endian) the Challenge's length, cut to what follows;
+/// then the Challenge, then the rest as Success1. The host offers every hash and the null
+/// group and ffdhe2048 (the larger groups' key generation would only slow the fuzzer).
+/// Checked: no panic; what the host answers is a message of its own transaction that parses
+/// again and fits an Authentication Receive's buffer; a refusal has a reason for the
+/// controller unless the controller itself refused. Returns the messages the host sent and
+/// whether it ended authenticated.
+pub fn auth_host(input: &[u8]) -> (usize, bool) {
+    use fp_crypto::dhchap::DhchapSecret;
+    use fp_nvme_spec::auth::{AuthMessage, DhGroupId, HashId, MAX_DHCHAP_MESSAGE_LEN};
+
+    use super::auth::{DhchapHost, DhchapOffer, HostTransaction, QueueAuth};
+
+    let Some((&setup, rest)) = input.split_first() else { return (0, false) };
+    let Some((len, rest)) = rest.split_first_chunk::<2>() else { return (0, false) };
+    let (challenge, success1) = rest.split_at(usize::from(u16::from_le_bytes(*len)).min(rest.len()));
+    let secret = |fill: u8| DhchapSecret::new(Some(HashId::Sha256), &[fill; 32]).expect("a 32-byte key");
+    let host = DhchapHost {
+        key: Some(secret(1)),
+        ctrlr_key: (setup & 1 != 0).then(|| secret(2)),
+        offer: DhchapOffer::new(HashId::ALL, &[DhGroupId::Null, DhGroupId::Ffdhe2048]),
+    };
+    let q = QueueAuth {
+        qid: 1,
+        t_id: 7,
+        hostnqn: "nqn.2014-08.org.nvmexpress:uuid:f1a5c0de-0000-4000-8000-000000000001",
+        subnqn: "nqn.2016-06.io.flashpath:fuzz",
+        timeout: std::time::Duration::ZERO,
+    };
+    let key = host.key.as_ref().expect("a host key");
+    let mut t = HostTransaction::new(key, &host, &q);
+    let sent = |b: &[u8]| {
+        assert!(b.len() <= MAX_DHCHAP_MESSAGE_LEN, "a host message of {} bytes", b.len());
+        let m = AuthMessage::parse(b).expect("the host's message parses");
+        assert_eq!(m.t_id(), 7, "{m:?}");
+        m
+    };
+    sent(&t.negotiate());
+    let mut count = 1;
+    let judged = match t.challenge(challenge) {
+        Ok(reply) => {
+            assert!(matches!(sent(&reply), AuthMessage::Reply(_)));
+            count += 1;
+            t.success1(success1).map(|s2| {
+                if let Some(s2) = s2 {
+                    assert!(matches!(sent(&s2), AuthMessage::Success2(_)));
+                    count += 1;
+                }
+            })
+        }
+        Err(r) => Err(r),
+    };
+    if let Err(r) = &judged {
+        let controller_refused = r.error.to_string().contains("AUTH_Failure1");
+        assert!(r.failure2.is_some() || controller_refused, "{}", r.error);
+    }
+    (count, judged.is_ok())
+}
+
 #[cfg(test)]
 mod tests {
     use fp_nvme_spec::tcp::*;
@@ -191,6 +254,24 @@ mod tests {
         assert_eq!(receive_path(&seed("seed-hostile")), 0);
         for e in std::fs::read_dir(&dir).unwrap() {
             let _ = receive_path(&std::fs::read(e.unwrap().path()).unwrap());
+        }
+    }
+
+    #[test]
+    fn the_auth_host_seeds_do_what_they_say() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/regressions/nvme_auth_host");
+        let seed = |name: &str| auth_host(&std::fs::read(dir.join(name)).unwrap());
+        // Negotiate and Reply, and done: no controller response asked.
+        assert_eq!(seed("seed-null-unidirectional"), (2, true));
+        // The controller's response cannot match: refused after the Reply.
+        assert_eq!(seed("seed-null-bidirectional"), (2, false));
+        assert_eq!(seed("seed-2048-bidirectional"), (2, false));
+        assert_eq!(seed("seed-failure1"), (2, false));
+        // A Challenge of another transaction gets no Reply.
+        assert_eq!(seed("seed-other-transaction"), (1, false));
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let _ = auth_host(&std::fs::read(e.unwrap().path()).unwrap());
         }
     }
 }

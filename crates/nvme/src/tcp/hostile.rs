@@ -30,7 +30,7 @@ pub(super) struct Peer {
 
 impl Peer {
     /// Reads one command capsule (no data) and returns its command ID.
-    fn command(&mut self) -> u16 {
+    pub(super) fn command(&mut self) -> u16 {
         let hd = if self.digests.header { DIGEST_LEN } else { 0 };
         let mut b = vec![0u8; CAPSULE_CMD_HLEN + hd];
         self.s.read_exact(&mut b).unwrap();

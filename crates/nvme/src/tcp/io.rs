@@ -4,9 +4,21 @@
 use fp_bdev::{Iovecs, SubmitError};
 use fp_nvme_spec::{Cqe, Sqe, Status};
 
-use super::queue::{direction, TcpQueue};
+use super::queue::{direction, TcpQueue, AUTH_TAG};
 use crate::transport::{IoQueue, QueueStats};
 use crate::NvmeError;
+
+impl TcpQueue {
+    /// Advances the queue's re-authentication (see `reauth`), given its command's completion.
+    #[cold]
+    #[inline(never)]
+    fn reauth_step(&mut self, cqe: Option<Cqe>) -> Result<(), NvmeError> {
+        let Some(mut r) = self.reauth.take() else { return Ok(()) };
+        let result = r.step(self, cqe);
+        self.reauth = Some(r);
+        result
+    }
+}
 
 impl IoQueue for TcpQueue {
     fn qid(&self) -> u16 {
@@ -15,6 +27,10 @@ impl IoQueue for TcpQueue {
 
     fn submit(&mut self, sqe: &Sqe, iov: Iovecs, tag: u32) -> Result<(), SubmitError> {
         self.attach();
+        if self.holding() {
+            // Re-authenticating: the channel holds the command and sends it again.
+            return Err(SubmitError::Busy);
+        }
         self.submit_dir(sqe, iov, direction(sqe.opcode()), tag).map(|_| ())
     }
 
@@ -31,7 +47,23 @@ impl IoQueue for TcpQueue {
             // buffers again (an enter only when something is queued).
             fp_conn::uring::flush();
         }
-        self.receive(&mut |tag: u32, cqe: &Cqe| out.push((tag, cqe.status)))
+        let due = self.reauth.as_ref().is_some_and(|r| r.due());
+        if due {
+            self.reauth_step(None)?;
+        }
+        let mut auth = None;
+        let n = self.receive(&mut |tag: u32, cqe: &Cqe| {
+            if tag == AUTH_TAG {
+                auth = Some(*cqe);
+            } else {
+                out.push((tag, cqe.status));
+            }
+        })?;
+        if auth.is_some() {
+            self.reauth_step(auth)?;
+            return Ok(n - 1);
+        }
+        Ok(n)
     }
 
     fn in_flight(&self) -> usize {

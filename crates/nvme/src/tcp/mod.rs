@@ -2,7 +2,9 @@
 //! an admin queue ([`TcpAdmin`]) and I/O queue pairs ([`TcpQueue`]), each its own connection.
 //!
 //! * `transport`: the target's address, connecting, ICReq/ICResp, Connect, enabling;
-//! * `auth`: DH-HMAC-CHAP on a queue whose Connect asks for it;
+//! * `auth`: DH-HMAC-CHAP on a queue whose Connect asks for it, and on the admin queue again
+//!   when the keys change;
+//! * `reauth`: the I/O queues' in-band re-authentication when the keys change, a step per poll;
 //! * `queue`: one connection's queue pair: capsules and the send list, synchronous commands;
 //!   its `receive` side: R2T and H2CData, C2HData, digests, and the checks on
 //!   everything the controller sends;
@@ -14,6 +16,7 @@ mod auth;
 pub mod fuzz;
 mod io;
 mod queue;
+mod reauth;
 mod transport;
 
 pub use admin::TcpAdmin;

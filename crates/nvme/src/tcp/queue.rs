@@ -46,6 +46,8 @@ const STAGING: usize = 64 << 10;
 pub(crate) const SYNC_TAG: u32 = u32::MAX;
 /// The tag of Asynchronous Event Requests (they stay outstanding; see `admin`).
 pub(crate) const AER_TAG: u32 = u32::MAX - 1;
+/// The tag of an I/O queue's own re-authentication commands (`reauth`).
+pub(crate) const AUTH_TAG: u32 = u32::MAX - 2;
 
 /// What the connection was set up with: ICResp's answers and the controller's in-capsule
 /// data size for this queue.
@@ -95,6 +97,9 @@ struct Slot {
     /// Nobody waits any more (an admin command that timed out): its data goes nowhere, its
     /// completion is dropped.
     orphan: bool,
+    /// A read that may complete with less data than its buffer (an authentication message:
+    /// the buffer is the longest one's size).
+    short_ok: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -113,6 +118,14 @@ impl Piece {
             Piece::Data { run, .. } => run.len(),
         }
     }
+}
+
+/// What an I/O queue's poll drives when the keys change (see `reauth`).
+pub(super) trait Reauthenticate: Send {
+    /// Whether there is anything to do: the keys changed, or a run is under way.
+    fn due(&self) -> bool;
+    /// Advances the run given its command's completion, if one came; an error kills the queue.
+    fn step(&mut self, q: &mut TcpQueue, cqe: Option<Cqe>) -> Result<(), NvmeError>;
 }
 
 /// Where the receive side is within the stream.
@@ -152,6 +165,12 @@ pub struct TcpQueue {
     data: DataStats,
     /// The common header of the last PDU received, echoed by a termination request.
     last_ch: [u8; CH_LEN],
+    /// An I/O queue's in-band re-authentication when the keys change (`reauth`'s; behind a
+    /// trait so that this file does not depend on the authentication code, which depends on
+    /// it).
+    pub(super) reauth: Option<Box<dyn Reauthenticate>>,
+    /// A re-authentication runs: new I/O is refused with `Busy` until it is done.
+    holding: bool,
 }
 
 /// Where a queue's C2HData bytes went: straight into the caller's buffers, or copied out of the
@@ -200,6 +219,7 @@ impl TcpQueue {
                 done: 0,
                 tx_pending: 0,
                 orphan: false,
+                short_ok: false,
             })
             .collect();
         TcpQueue {
@@ -218,7 +238,24 @@ impl TcpQueue {
             stats: QueueStats::default(),
             data: DataStats::default(),
             last_ch: [0; CH_LEN],
+            reauth: None,
+            holding: false,
         }
+    }
+
+    /// Whether new I/O waits (a re-authentication runs).
+    #[inline]
+    pub(crate) fn holding(&self) -> bool {
+        self.holding
+    }
+
+    pub(super) fn set_holding(&mut self, holding: bool) {
+        self.holding = holding;
+    }
+
+    /// Kills the queue with `e` (a failed re-authentication); returns its copy.
+    pub(super) fn fail(&mut self, e: NvmeError) -> NvmeError {
+        self.die(e)
     }
 
     /// Reads and writes the socket through the io_uring engine of the thread that uses it
@@ -401,6 +438,7 @@ impl TcpQueue {
         s.bounce = None;
         s.done = 0;
         s.orphan = false;
+        s.short_ok = tag == AUTH_TAG;
         self.stats.submitted += 1;
 
         let mut cmd = *sqe;
@@ -616,7 +654,7 @@ impl TcpQueue {
         let mut i = first;
         while i < out.len() {
             let (cid, tag) = out[i];
-            if tag == AER_TAG || self.slots[self.cids.slot(cid)].orphan {
+            if tag == AER_TAG || tag == AUTH_TAG || self.slots[self.cids.slot(cid)].orphan {
                 out.swap_remove(i);
             } else {
                 i += 1;
@@ -635,10 +673,11 @@ impl TcpQueue {
         for i in 0..self.slots.len() {
             self.release(i);
         }
-        // The queue's own synchronous commands have no owner to give back to.
+        // The queue's own synchronous and re-authentication commands have no owner to give
+        // back to.
         let mut i = first;
         while i < out.len() {
-            if out[i] == SYNC_TAG {
+            if out[i] == SYNC_TAG || out[i] == AUTH_TAG {
                 out.remove(i);
             } else {
                 i += 1;

@@ -10,8 +10,7 @@
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fp_nvme_spec::auth::{AUTHREQ_ASCR, AUTHREQ_ATR};
@@ -23,8 +22,11 @@ use fp_nvme_spec::tcp::{self as pdu, CommonHeader, Digests, IcReq, IcResp, IC_LE
 use fp_nvme_spec::{Sqe, SQE_LEN};
 
 use super::admin::TcpAdmin;
+use fp_crypto::dhchap::DhchapSecret;
+
 use super::auth::{self, DhchapHost, QueueAuth};
 use super::queue::{Params, TcpQueue};
+use super::reauth::{AuthShared, QueueReauth};
 use crate::transport::{ready_timeout, AdminData, AdminQueue, HostId, Transport, TransportId};
 use crate::{cmd, NvmeError};
 
@@ -77,19 +79,69 @@ pub struct TcpTransport {
     target: TcpTarget,
     /// The local address of the last admin connection (`bdev_nvme_get_controllers`' host).
     local: Mutex<Option<SocketAddr>>,
-    /// The next authentication transaction's identifier: each queue's is its own.
-    next_t_id: AtomicU16,
+    /// The DH-HMAC-CHAP keys queues authenticate with now (the target's at first, then those
+    /// `bdev_nvme_set_keys` gave), the transaction IDs, and the I/O queues' re-authentication.
+    auth: Arc<AuthShared>,
 }
 
 impl TcpTransport {
     /// A transport to `target`; nothing is connected until the controller code asks.
     pub fn new(target: TcpTarget) -> TcpTransport {
-        TcpTransport { target, local: Mutex::new(None), next_t_id: AtomicU16::new(0) }
+        let auth = Arc::new(AuthShared::new(target.dhchap.clone(), &target.hostnqn, &target.subnqn));
+        TcpTransport { target, local: Mutex::new(None), auth }
     }
 
-    /// Where it connects.
+    /// Where it connects (its `dhchap` as attached; [`TcpTransport::dhchap`] has the keys now).
     pub fn target(&self) -> &TcpTarget {
         &self.target
+    }
+
+    /// The DH-HMAC-CHAP keys and offer queues authenticate with now.
+    pub fn dhchap(&self) -> DhchapHost {
+        self.auth.host()
+    }
+
+    /// Replaces the DH-HMAC-CHAP keys (`bdev_nvme_set_keys`; the offer stays): every later
+    /// authentication uses them. As SPDK's host: none clears a key, and a controller key needs
+    /// a host key.
+    pub fn set_dhchap_keys(
+        &self,
+        key: Option<DhchapSecret>,
+        ctrlr_key: Option<DhchapSecret>,
+    ) -> Result<(), NvmeError> {
+        if key.is_none() && ctrlr_key.is_some() {
+            return Err(NvmeError::InvalidParam {
+                field: "dhchap_ctrlr_key",
+                reason: "authenticating the controller needs a host key (dhchap_key) too".into(),
+            });
+        }
+        self.auth.set_keys(key, ctrlr_key);
+        Ok(())
+    }
+
+    /// The authentication identity of queue `qid`'s next transaction.
+    fn queue_auth(&self, qid: u16, timeout: Duration) -> QueueAuth<'_> {
+        QueueAuth {
+            qid,
+            t_id: self.auth.t_id(),
+            hostnqn: self.auth.hostnqn(),
+            subnqn: self.auth.subnqn(),
+            timeout,
+        }
+    }
+
+    /// Authenticates the live admin queue again with the keys now (in band: Authentication
+    /// Send and Receive between its other commands, whose completions it keeps).
+    pub fn reauthenticate_admin(&self, admin: &mut TcpAdmin, timeout: Duration) -> Result<(), NvmeError> {
+        let host = self.dhchap();
+        let a = self.queue_auth(0, timeout);
+        admin.authenticate(&host, &a)?;
+        log::info!(
+            "nvme tcp {} admin queue: authenticated again (DH-HMAC-CHAP) as {}",
+            self.target.traddr,
+            self.target.hostnqn
+        );
+        Ok(())
     }
 
     fn socket_addr(&self) -> Result<SocketAddr, NvmeError> {
@@ -195,18 +247,17 @@ impl TcpTransport {
                 "queue {qid}: the controller requires a secure channel (AUTHREQ.ASCR): TLS is not supported"
             )));
         }
+        // The keys' epoch before authenticating: a change meanwhile re-authenticates the queue.
+        let epoch = self.auth.epoch();
         if authreq & AUTHREQ_ATR != 0 {
-            let a = QueueAuth {
-                qid,
-                t_id: self.next_t_id.fetch_add(1, Ordering::Relaxed),
-                hostnqn: &t.hostnqn,
-                subnqn: &t.subnqn,
-                timeout,
-            };
-            auth::authenticate(&mut q, &t.dhchap, &a)?;
+            let a = self.queue_auth(qid, timeout);
+            auth::authenticate(&mut q, &self.dhchap(), &a, &mut |_, _| {})?;
             log::info!("nvme tcp {} queue {qid}: authenticated (DH-HMAC-CHAP) as {}", t.traddr, t.hostnqn);
         }
         q.set_strict_reads(qid != 0);
+        if qid != 0 {
+            q.reauth = Some(Box::new(QueueReauth::new(self.auth.clone(), epoch)));
+        }
         if qid != 0 && super::io_sock_impl() == fp_conn::uring::SocketImpl::Uring {
             // An I/O queue: on the io_uring engine of the reactor that takes it.
             q.use_uring();
@@ -314,6 +365,22 @@ impl Transport for TcpTransport {
     fn disconnect_io(&self, _admin: &mut TcpAdmin, _qid: u16) -> Result<(), NvmeError> {
         // Closing the queue's connection (dropping it) is all NVMe/TCP asks.
         Ok(())
+    }
+
+    fn set_dhchap_keys(
+        &self,
+        key: Option<DhchapSecret>,
+        ctrlr_key: Option<DhchapSecret>,
+    ) -> Result<(), NvmeError> {
+        TcpTransport::set_dhchap_keys(self, key, ctrlr_key)
+    }
+
+    fn reauthenticate_admin(&self, admin: &mut TcpAdmin, timeout: Duration) -> Result<(), NvmeError> {
+        TcpTransport::reauthenticate_admin(self, admin, timeout)
+    }
+
+    fn reauthenticate_io(&self, queues: usize, timeout: Duration) -> Result<(), NvmeError> {
+        self.auth.reauthenticate(queues, timeout)
     }
 
     fn shutdown(&self, admin: &mut TcpAdmin, timeout: Duration) {

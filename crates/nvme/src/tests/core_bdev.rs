@@ -11,6 +11,7 @@ use fp_nvme_spec::{self as spec, Status};
 
 use super::core_fake::*;
 use crate::ctrlr::{Controller, TimeoutAction};
+use crate::NvmeError;
 
 /// Controllers the conformance suite's devices belong to: kept attached until the test ends.
 static KEEP: Mutex<Vec<Arc<dyn Controller>>> = Mutex::new(Vec::new());
@@ -333,41 +334,95 @@ fn timeout_action_reset_resets_at_once() {
     assert_eq!(poll_n(&mut *ch, 1), [(1, IoStatus::Success)]);
 }
 
-#[test]
-fn a_reset_under_io_loses_and_fails_nothing() {
+/// Buffers and iovecs of requests in flight, kept until they complete.
+type Held = (Vec<IoBuf>, Vec<[libc::iovec; 1]>);
+
+/// A controller of `trtype` over a 512 KiB namespace, its channel, and `n` 4 KiB writes of
+/// patterns (`seed` on) through it (tags 0..n) that the device holds.
+fn held_writes(
+    trtype: &'static str,
+    n: usize,
+    seed: u8,
+) -> (FakeDevice, Arc<dyn Controller>, Box<dyn IoChannel>, Held) {
     let dev = FakeDevice::new(&[(1, 512, 1024)]);
     let (opts, global) = test_options("c0");
-    let (c, _) = attach(&dev, "PCIe", opts, global);
+    let (c, _) = attach(&dev, trtype, opts, global);
     let mut ch = c.namespaces()[0].open_channel().unwrap();
-    let mut bufs: Vec<IoBuf> = (0..32)
+    let mut bufs: Vec<IoBuf> = (0..n)
         .map(|i| {
             let mut b = IoBuf::new(4096, i % 2 == 0);
-            b.bytes_mut().copy_from_slice(&pattern(4096, i as u8));
+            b.bytes_mut().copy_from_slice(&pattern(4096, seed.wrapping_add(i as u8)));
             b
         })
         .collect();
     let iovs: Vec<[libc::iovec; 1]> = bufs.iter_mut().map(|b| [b.iovec()]).collect();
     dev.lock().stall = true;
     for (i, iov) in iovs.iter().enumerate() {
-        // SAFETY: `bufs` outlive the requests.
+        // SAFETY: the caller keeps `bufs` until the requests complete.
         unsafe { ch.submit(&rw(i as u32, IoOp::Write, 4096 * i as u64, iov)) }.unwrap();
     }
     poll_nothing(&mut *ch, Duration::from_millis(2));
-    let queues = dev.lock().queues_made;
-    c.reset().unwrap();
+    (dev, c, ch, (bufs, iovs))
+}
+
+/// Lets the device answer [`held_writes`]' `n` writes; checks each succeeded and landed.
+fn release_held_writes(dev: &FakeDevice, ch: &mut dyn IoChannel, n: usize, seed: u8) {
     dev.lock().stall = false;
-    let mut done = poll_n(&mut *ch, 32);
+    let mut done = poll_n(ch, n);
     done.sort_by_key(|d| d.0);
-    assert_eq!(done, (0..32).map(|t| (t, IoStatus::Success)).collect::<Vec<_>>());
-    // A new queue, and every write landed.
-    assert_eq!(dev.lock().queues_made, queues + 1);
-    for i in 0..32 {
+    assert_eq!(done, (0..n as u32).map(|t| (t, IoStatus::Success)).collect::<Vec<_>>(), "no I/O failed");
+    for i in 0..n {
         assert_eq!(
             &dev.lock().namespaces[&1].data[4096 * i..4096 * (i + 1)],
-            &pattern(4096, i as u8)[..],
+            &pattern(4096, seed.wrapping_add(i as u8))[..],
             "{i}"
         );
     }
+}
+
+#[test]
+fn a_reset_under_io_loses_and_fails_nothing() {
+    let (dev, c, mut ch, _held) = held_writes("PCIe", 32, 0);
+    let queues = dev.lock().queues_made;
+    c.reset().unwrap();
+    release_held_writes(&dev, &mut *ch, 32, 0);
+    // A new queue.
+    assert_eq!(dev.lock().queues_made, queues + 1);
+}
+
+fn dhchap_key(fill: u8) -> fp_crypto::dhchap::DhchapSecret {
+    fp_crypto::dhchap::DhchapSecret::new(None, &[fill; 32]).unwrap()
+}
+
+#[test]
+fn new_keys_authenticate_the_admin_queue_and_then_the_io_queues_again_under_io() {
+    let (dev, c, mut ch, _held) = held_writes("TCP", 8, 40);
+    let queues = dev.lock().queues_made;
+    // The subsystem changes the host's key; the host is given the same.
+    dev.lock().auth_key = Some(dhchap_key(2));
+    c.set_keys(Some(dhchap_key(2)), None).unwrap();
+    assert_eq!(dev.lock().reauths, 1, "the admin queue authenticated again, in band");
+    assert_eq!(dev.lock().io_reauths, [1], "then the channel's I/O queue");
+    release_held_writes(&dev, &mut *ch, 8, 40);
+    // The same queue (none connected anew), the controller not reset.
+    assert_eq!(dev.lock().queues_made, queues);
+    let info = c.info().ctrlrs[0].clone();
+    assert_eq!((info.io_queues, info.resets, info.state), (1, 0, "enabled"));
+    // Later reconnects use the new key.
+    c.reset().unwrap();
+    assert_eq!(c.info().ctrlrs[0].state, "enabled");
+    // A controller key needs a host key; no key clears them and authenticates nothing.
+    let e = c.set_keys(None, Some(dhchap_key(9))).unwrap_err();
+    assert!(matches!(e, NvmeError::InvalidParam { field: "dhchap_ctrlr_key", .. }), "{e}");
+    c.set_keys(None, None).unwrap();
+    let d = dev.lock();
+    assert_eq!((d.reauths, d.io_reauths.len()), (1, 1), "nothing authenticated");
+    drop(d);
+    // A key the subsystem does not have: the error says why, and the admin queue fails as
+    // SPDK's does (a reset, with the new key; ctrlr_loss_timeout_sec 0 here: given up).
+    let e = c.set_keys(Some(dhchap_key(3)), None).unwrap_err();
+    assert!(matches!(e, NvmeError::Auth(_)) && e.to_string().contains("refused the host's key"), "{e}");
+    assert_eq!(c.info().ctrlrs[0].state, "failed");
 }
 
 /// A controller of `trtype` with reconnect options (`loss` and `fast_fail` in test seconds,

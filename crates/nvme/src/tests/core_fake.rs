@@ -13,6 +13,8 @@ use fp_nvme_spec::identify as id;
 use fp_nvme_spec::registers;
 use fp_nvme_spec::{self as spec, Cqe, Sqe, Status};
 
+use fp_crypto::dhchap::DhchapSecret;
+
 use crate::cid::CidTable;
 use crate::transport::{AdminData, AdminQueue, IoQueue, QueueStats, Transport};
 use crate::NvmeError;
@@ -78,6 +80,12 @@ pub(crate) struct Dev {
     pub(crate) seen: Vec<Seen>,
     /// Largest data transfer of one command, in bytes.
     pub(crate) max_seen_transfer: u64,
+    /// The host key the device asks its queues to authenticate with (none: it does not ask).
+    pub(crate) auth_key: Option<DhchapSecret>,
+    /// In-band re-authentications of the admin queue.
+    pub(crate) reauths: u32,
+    /// The I/O queue counts in-band re-authentications were asked for.
+    pub(crate) io_reauths: Vec<usize>,
 }
 
 /// The fake device, shared by the transport, its queues and the test.
@@ -115,6 +123,9 @@ impl FakeDevice {
             shutdowns: 0,
             seen: Vec::new(),
             max_seen_transfer: 0,
+            auth_key: None,
+            reauths: 0,
+            io_reauths: Vec::new(),
         })))
     }
 
@@ -124,7 +135,7 @@ impl FakeDevice {
 
     /// A transport to it, of type `trtype` ("TCP" or "PCIe").
     pub(crate) fn transport(&self, trtype: &'static str) -> FakeTransport {
-        FakeTransport { dev: self.clone(), trtype }
+        FakeTransport { dev: self.clone(), trtype, key: Mutex::new(None) }
     }
 
     /// Loses every connection (admin and I/O queues die) and, with `down`, keeps the target
@@ -144,6 +155,20 @@ impl FakeDevice {
 pub(crate) struct FakeTransport {
     dev: FakeDevice,
     trtype: &'static str,
+    /// The host's DH-HMAC-CHAP key (`set_dhchap_keys`).
+    key: Mutex<Option<DhchapSecret>>,
+}
+
+impl FakeTransport {
+    /// A queue's authentication: the host's key must be the one the device asks for.
+    fn authenticate(&self, d: &Dev, queue: &str) -> Result<(), NvmeError> {
+        match &d.auth_key {
+            Some(want) if self.key.lock().unwrap().as_ref() != Some(want) => {
+                Err(NvmeError::Auth(format!("{queue}: the fake device refused the host's key")))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Transport for FakeTransport {
@@ -168,6 +193,7 @@ impl Transport for FakeTransport {
                 NvmeError::io("connecting", std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
             });
         }
+        self.authenticate(&d, "admin queue")?;
         d.session += 1;
         // A new session forgets what the old one had in flight.
         d.stalled.clear();
@@ -180,6 +206,7 @@ impl Transport for FakeTransport {
         if d.session != admin.session {
             return Err(NvmeError::Gone("connection lost".into()));
         }
+        self.authenticate(&d, &format!("I/O queue {qid}"))?;
         d.queues_made += 1;
         Ok(FakeIo {
             dev: self.dev.clone(),
@@ -200,6 +227,31 @@ impl Transport for FakeTransport {
 
     fn shutdown(&self, _admin: &mut FakeAdmin, _timeout: Duration) {
         self.dev.lock().shutdowns += 1;
+    }
+
+    fn set_dhchap_keys(
+        &self,
+        key: Option<DhchapSecret>,
+        ctrlr_key: Option<DhchapSecret>,
+    ) -> Result<(), NvmeError> {
+        if key.is_none() && ctrlr_key.is_some() {
+            return Err(NvmeError::InvalidParam { field: "dhchap_ctrlr_key", reason: "no host key".into() });
+        }
+        *self.key.lock().unwrap() = key;
+        Ok(())
+    }
+
+    fn reauthenticate_admin(&self, admin: &mut FakeAdmin, _timeout: Duration) -> Result<(), NvmeError> {
+        let mut d = self.dev.lock();
+        admin.live(&d)?;
+        d.reauths += 1;
+        self.authenticate(&d, "admin queue")
+    }
+
+    fn reauthenticate_io(&self, queues: usize, _timeout: Duration) -> Result<(), NvmeError> {
+        let mut d = self.dev.lock();
+        d.io_reauths.push(queues);
+        self.authenticate(&d, "I/O queue")
     }
 }
 
