@@ -200,6 +200,28 @@ fn receive(
     Ok(())
 }
 
+/// A connection lost while Success1 is awaited is a refused response: Linux's nvmet fails the
+/// controller once it has refused the host's response, and the connection may close before its
+/// AUTH_Failure1 is sent.
+pub(super) fn closed_after_reply(q: &QueueAuth<'_>, r: Refusal) -> Refusal {
+    match r.error {
+        NvmeError::Gone(why) => Refusal {
+            error: auth_error(
+                q,
+                SUCCESS1,
+                format!(
+                    "the controller closed the connection after the host's response ({why}), as a target \
+                     that refused it may do before sending AUTH_Failure1: is dhchap_key the one the \
+                     subsystem has for {}?",
+                    q.hostnqn
+                ),
+            ),
+            failure2: None,
+        },
+        _ => r,
+    }
+}
+
 /// The controller's AUTH_Failure1 (or an out-of-order message) where `step` was expected.
 fn unexpected(q: &QueueAuth<'_>, step: &str, m: &AuthMessage) -> Refusal {
     match m {
@@ -437,7 +459,7 @@ fn transaction(
     let reply = t.challenge(&b)?;
     send(tq, q, REPLY, &reply, other).map_err(no_failure2)?;
     b.fill(0);
-    receive(tq, q, SUCCESS1, &mut b, other)?;
+    receive(tq, q, SUCCESS1, &mut b, other).map_err(|r| closed_after_reply(q, r))?;
     match t.success1(&b)? {
         Some(success2) => send(tq, q, SUCCESS2, &success2, other).map_err(no_failure2),
         None => Ok(()),

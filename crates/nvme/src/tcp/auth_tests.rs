@@ -34,6 +34,9 @@ enum Play {
     OtherTransaction,
     /// A Challenge whose DH value is 1 (g^y = 1 would make the session key known).
     TrivialDhValue,
+    /// A wrong host response closes the connection without AUTH_Failure1 (Linux's nvmet fails
+    /// the controller at once, and may close before the message is sent).
+    CloseOnRefusal,
 }
 
 struct Controller {
@@ -163,6 +166,11 @@ impl Controller {
         let ca1 = dhchap::augmented_challenge(self.hash, &c1, ks);
         let r1 = dhchap::host_response(&t, &self.host_key.transformed(&self.hostnqn), &ca1, s1);
         if !dhchap::responses_match(&r.response, &r1) {
+            if self.play == Play::CloseOnRefusal {
+                // The Authentication Receive that would carry Failure1 is read, not answered.
+                let _ = command(p, self.icd);
+                return seen;
+            }
             let f = Failure { t_id, from_controller: true, reason: FailureReason::Failed };
             answer(p, &bytes(AuthMessage::Failure(f)));
             return seen;
@@ -272,6 +280,15 @@ fn a_wrong_host_key_gets_failure1_and_a_clear_error() {
     assert!(e.contains("queue 1: DH-HMAC-CHAP_Success1") && e.contains("refused the host's response"), "{e}");
     assert!(e.contains("dhchap_key"), "{e}");
     assert_eq!(seen.len(), 2, "no Failure2 after the controller's Failure1: {seen:?}");
+}
+
+#[test]
+fn a_connection_closed_instead_of_failure1_is_a_refused_response() {
+    let ctrl = Controller::new(HashId::Sha256, DhGroupId::Null, &secret(2), Play::CloseOnRefusal);
+    let (e, seen) = refused(ctrl, host(1, None));
+    assert!(e.contains("queue 1: DH-HMAC-CHAP_Success1"), "{e}");
+    assert!(e.contains("closed the connection after the host's response") && e.contains("dhchap_key"), "{e}");
+    assert_eq!(seen.len(), 2, "{seen:?}");
 }
 
 #[test]
@@ -446,4 +463,46 @@ fn an_io_queue_authenticates_again_in_band_between_its_io() {
     assert!(died.is_some_and(|d| d.to_string().contains("refused")));
     drop(q);
     check_rekeyed(h, rx);
+}
+
+#[test]
+fn an_io_queue_whose_connection_closes_after_its_new_response_reports_the_refusal() {
+    use crate::transport::{IoQueue, Transport};
+    let (tx, rx) = mpsc::channel();
+    let (port, h) = scripted(
+        NO,
+        |_| {},
+        1 | AUTHREQ_ATR,
+        move |p| {
+            let first = Controller::new(HashId::Sha256, DhGroupId::Null, &secret(1), Play::Honest).play(p);
+            let second =
+                Controller::new(HashId::Sha256, DhGroupId::Null, &secret(1), Play::CloseOnRefusal).play(p);
+            tx.send([first, second]).unwrap();
+        },
+    );
+    let tr =
+        TcpTransport::new(TcpTarget { dhchap: host(1, None), ..transport(port, false).target().clone() });
+    let (mut q, _) = tr.connect_queue(1, 16, 1, ICD as u32, T).unwrap();
+    tr.set_dhchap_keys(Some(secret(3)), None).unwrap();
+    let mut out = Vec::new();
+    let (r, died) = std::thread::scope(|s| {
+        let waiter = s.spawn(|| tr.reauthenticate_io(1, T));
+        let mut died = None;
+        while !waiter.is_finished() {
+            if let Err(e) = q.poll(&mut out) {
+                died.get_or_insert(e);
+            }
+            q.flush();
+        }
+        (waiter.join().unwrap(), died)
+    });
+    // The waiter has the refusal at once (not the bound's timeout), and the queue died of it.
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("queue 1: DH-HMAC-CHAP_Success1"), "{e}");
+    assert!(e.contains("closed the connection after the host's response"), "{e}");
+    assert!(died.is_some_and(|d| d.to_string().contains("closed the connection after")));
+    drop(q);
+    h.join().unwrap();
+    let [_, second] = rx.recv().unwrap();
+    assert!(matches!(&second[..], [AuthMessage::Negotiate(_), AuthMessage::Reply(_)]), "{second:?}");
 }

@@ -18,6 +18,17 @@ impl TcpQueue {
         self.reauth = Some(r);
         result
     }
+
+    /// The queue died with `e`: a re-authentication under way fails with it.
+    #[cold]
+    #[inline(never)]
+    fn reauth_lost(&mut self, e: NvmeError) -> NvmeError {
+        let qid = self.params().qid;
+        match self.reauth.as_mut() {
+            Some(r) => r.lost(qid, e),
+            None => e,
+        }
+    }
 }
 
 impl IoQueue for TcpQueue {
@@ -52,13 +63,15 @@ impl IoQueue for TcpQueue {
             self.reauth_step(None)?;
         }
         let mut auth = None;
-        let n = self.receive(&mut |tag: u32, cqe: &Cqe| {
-            if tag == AUTH_TAG {
-                auth = Some(*cqe);
-            } else {
-                out.push((tag, cqe.status));
-            }
-        })?;
+        let n = self
+            .receive(&mut |tag: u32, cqe: &Cqe| {
+                if tag == AUTH_TAG {
+                    auth = Some(*cqe);
+                } else {
+                    out.push((tag, cqe.status));
+                }
+            })
+            .map_err(|e| self.reauth_lost(e))?;
         if auth.is_some() {
             self.reauth_step(auth)?;
             return Ok(n - 1);

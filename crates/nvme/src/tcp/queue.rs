@@ -126,6 +126,9 @@ pub(super) trait Reauthenticate: Send {
     fn due(&self) -> bool;
     /// Advances the run given its command's completion, if one came; an error kills the queue.
     fn step(&mut self, q: &mut TcpQueue, cqe: Option<Cqe>) -> Result<(), NvmeError>;
+    /// Queue `qid` died with `e`: a run under way fails with it (reported to the waiter), as
+    /// the error it returns.
+    fn lost(&mut self, qid: u16, e: NvmeError) -> NvmeError;
 }
 
 /// Where the receive side is within the stream.

@@ -272,6 +272,20 @@ impl Reauthenticate for QueueReauth {
         }
         Ok(())
     }
+
+    fn lost(&mut self, qid: u16, e: NvmeError) -> NvmeError {
+        let Some(run) = self.run.take() else { return e };
+        let e = match run.awaiting {
+            Awaiting::Success1 => {
+                let a = queue_auth(&self.shared, qid, run.t_id);
+                auth::closed_after_reply(&a, Refusal { error: e, failure2: None }).error
+            }
+            _ => e,
+        };
+        self.shared.report(run.epoch, Err(&e));
+        self.epoch = run.epoch;
+        e
+    }
 }
 
 impl QueueReauth {
