@@ -809,7 +809,7 @@ fn subsystem_info(s: &Subsystem, discovery_listeners: &[ListenAddress]) -> Subsy
                     name: n.bdev_name.clone(),
                     nguid: n.nguid.iter().map(|b| format!("{b:02X}")).collect(),
                     uuid: uuid_string(&n.uuid),
-                    anagrpid: st.ana_reporting.then_some(n.anagrpid),
+                    anagrpid: st.ana_reporting.then_some(n.anagrpid()),
                 })
                 .collect()
         }),
