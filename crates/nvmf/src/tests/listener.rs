@@ -139,3 +139,23 @@ fn with_ana_reporting_io_queues_join_their_admin_queues_listener() {
     assert!(!cqe.status.is_success(), "an I/O queue on the other listener: {cqe:?}");
     let _io = Host::io(a, NQN, admin.cntlid, 1, Digests::default());
 }
+
+on_each_sock_impl!(a_queue_on_its_way_when_its_listener_goes_closes_on_arrival);
+fn a_queue_on_its_way_when_its_listener_goes_closes_on_arrival() {
+    let (_loopback, t, a, b) = two_listeners(&[0], false, "arrival0");
+    // Hold the one reactor, so a queue accepted now waits in its inbox to be set up.
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    t.inner.reactors[0].send(move |_| {
+        let _ = held.recv_timeout(std::time::Duration::from_secs(10));
+    });
+    let (mut late, cqe) = Host::connect_raw(b, Digests::default(), 0, NQN, HOSTNQN, CNTLID_DYNAMIC, 0);
+    assert!(cqe.status.is_success(), "{cqe:?}");
+    // Its controller is registered, its queue not yet: the removal finds nothing to close.
+    t.remove_listener(NQN, &listen(b)).unwrap();
+    release.send(()).unwrap();
+    assert!(late.closed().0, "the queue that arrived after its listener went is closed");
+    assert!(wait_for(|| t.controllers(NQN).unwrap().is_empty()), "{:?}", t.controllers(NQN).unwrap().len());
+    // The other listener serves.
+    let mut via_a = path(a, NQN);
+    assert!(via_a.io.read(1, 0, 1).0.status.is_success());
+}
