@@ -770,6 +770,110 @@ fn nvmf_usage_errors() {
     assert_usage(&["nvmf", "subsytem"], "error: unknown command 'subsytem' (did you mean 'subsystem'?)");
 }
 
+#[test]
+fn nvme_multipath_usage_errors() {
+    for (args, expected) in [
+        (
+            "nvme attach N --trtype tcp --traddr 127.0.0.1 -x both",
+            "error: --multipath: 'both' is not one of multipath, failover, disable",
+        ),
+        (
+            "nvme set-multipath-policy Nvme0n1 -p random",
+            "error: --policy: 'random' is not one of active_passive, active_active",
+        ),
+        (
+            "nvme set-multipath-policy Nvme0n1 -p active_active -s fastest",
+            "error: --selector: 'fastest' is not one of round_robin, queue_depth",
+        ),
+        (
+            "nvme set-multipath-policy Nvme0n1 -p active_active -r many",
+            "error: --rr-min-io: 'many' is not a whole number between 0 and 4294967295",
+        ),
+        ("nvme set-multipath-policy Nvme0n1", "error: missing required option --policy"),
+    ] {
+        assert_usage(&args.split(' ').collect::<Vec<_>>(), expected);
+    }
+}
+
+/// `nvme attach -x multipath`, `nvme io-paths` and `nvme set-multipath-policy` against a
+/// daemon that attaches its own subsystem through two of its listeners; removing one listener
+/// disconnects that path (its controller reconnects in vain), adding it back lets it
+/// reconnect.
+#[test]
+fn nvme_multipath_commands_on_a_daemon() {
+    const NQN: &str = "nqn.2016-06.io.spdk:cli-mpath";
+    let d = common::Daemon::start("0");
+    let ok = |args: &[&str]| succeeds(&d.rpc, args);
+    let refused = |args: &[&str]| refused_by(&d.rpc, args);
+    let cols = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    ok(&["disk", "create", "--type", "ram", "--name", "m0", "--size", "4MiB"]);
+    ok(&["nvmf", "transport", "create"]);
+    ok(&["nvmf", "subsystem", "create", NQN, "--allow-any-host"]);
+    ok(&["nvmf", "ns", "add", NQN, "m0"]);
+    let ports: Vec<String> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string())
+        .collect();
+    for p in &ports {
+        ok(&["nvmf", "listener", "add", NQN, &format!("127.0.0.1:{p}")]);
+    }
+    // A command line given as one string.
+    let run = |line: &str| ok(&line.split_whitespace().collect::<Vec<_>>());
+    let attach = |port: &str, mode: &str| {
+        format!(
+            "nvme attach Nvme0 --trtype tcp --traddr 127.0.0.1 --trsvcid {port} --subnqn {NQN} -x {mode} \
+             --ctrlr-loss-timeout-sec -1 --reconnect-delay-sec 1"
+        )
+    };
+    assert_eq!(run(&attach(&ports[0], "multipath")), "Nvme0n1\n");
+    let e = refused_by(&d.rpc, &attach(&ports[1], "disable").split_whitespace().collect::<Vec<_>>());
+    assert!(e.starts_with("error: "), "{e}");
+    assert_eq!(run(&attach(&ports[1], "multipath")), "Nvme0n1\n");
+
+    // The paths a channel holds, per reactor thread: none open yet, so only the header.
+    let out = ok(&["nvme", "io-paths", "Nvme0n1"]);
+    assert_eq!(
+        out.lines().map(cols).collect::<Vec<_>>(),
+        [["DISK", "THREAD", "CNTLID", "ADDRESS", "CURRENT", "CONNECTED", "ACCESSIBLE"]],
+        "{out}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&ok(&["nvme", "io-paths", "--json"])).unwrap();
+    assert!(json["poll_groups"].is_array(), "{json}");
+    let list = ok(&["nvme", "list", "Nvme0"]);
+    assert_eq!(cols(list.lines().nth(1).unwrap())[0], "Nvme0", "{list}");
+
+    // The policy: the daemon's refusals name the option.
+    let e = refused(
+        &"nvme set-multipath-policy Nvme0n1 -p active_active -s queue_depth -r 2"
+            .split(' ')
+            .collect::<Vec<_>>(),
+    );
+    assert!(e.starts_with("error: --rr-min-io: "), "{e}");
+    let e = refused(&["nvme", "set-multipath-policy", "Nvme9n1", "-p", "active_passive"]);
+    assert!(e.starts_with("error: NAME: "), "{e}");
+    assert_eq!(run("nvme set-multipath-policy Nvme0n1 -p active_active -s round_robin -r 4"), "");
+
+    // Removing the second listener disconnects that path only; the controller keeps trying.
+    ok(&["nvmf", "listener", "remove", NQN, &format!("127.0.0.1:{}", ports[1])]);
+    let state = |port: &str| -> String {
+        let v = d.call("bdev_nvme_get_controllers", serde_json::json!({"name": "Nvme0"}));
+        let path = v[0]["ctrlrs"].as_array().unwrap().iter().find(|c| c["trid"]["trsvcid"] == port).cloned();
+        path.map(|p| p["state"].as_str().unwrap_or_default().to_string()).unwrap_or_default()
+    };
+    let wait = |what: &str, cond: &dyn Fn() -> bool| {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !cond() {
+            assert!(std::time::Instant::now() < end, "timed out waiting for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    wait("the second path to lose its controller", &|| state(&ports[1]) != "enabled");
+    assert_eq!(state(&ports[0]), "enabled");
+    // Back: it reconnects on its own.
+    ok(&["nvmf", "listener", "add", NQN, &format!("127.0.0.1:{}", ports[1])]);
+    wait("the second path to reconnect", &|| state(&ports[1]) == "enabled");
+    ok(&["nvme", "detach", "Nvme0"]);
+}
+
 /// The nvmf commands against a daemon: transport, subsystem, listener (which accepts TCP
 /// connections), namespaces and hosts, their tables, refusals naming the argument, and a
 /// deletion that releases the disks.

@@ -426,8 +426,11 @@ mod guest_vm {
 
     /// The kernel's native NVMe multipath over two listeners of one subsystem with ANA
     /// reporting (the guest's `nvmf_ana` scenario): one block device with two paths; the first
-    /// listener made inaccessible, then optimized again, while fio writes and verifies in a
-    /// loop; the kernel's per-path `ana_state` follows and no I/O fails.
+    /// listener made inaccessible, then optimized again, then the second listener removed
+    /// (its controller's connections close; the kernel keeps reconnecting) and added back
+    /// non-optimized (the kernel reconnects on its own), while fio writes and verifies in a
+    /// loop; the kernel's paths (`nvme list-subsys`: controller state and ANA state) follow
+    /// and no I/O fails.
     #[test]
     fn linux_multipath_follows_ana_states_of_two_listeners_without_io_errors() {
         if !available() {
@@ -475,23 +478,73 @@ mod guest_vm {
         );
         vm.wait_for("the second state change", |l| l.contains("nvmf_ana optimized waiting"), BOOT_TIMEOUT);
         set("optimized");
+        vm.wait_for("the listener's removal", |l| l.contains("nvmf_ana remove waiting"), BOOT_TIMEOUT);
+        let removed = json!({ "nqn": ANA_NQN, "listen_address": address(ports[1]) });
+        assert_eq!(d.call("nvmf_subsystem_remove_listener", removed), json!(true));
+        assert_eq!(ana_states(&d, ANA_NQN), [(p0.clone(), "optimized".to_string())]);
+        // The second path's controller went with its listener (its queues close once their
+        // commands are answered); the kernel's reconnects find no listener.
+        let controllers = || d.call("nvmf_subsystem_get_controllers", json!({ "nqn": ANA_NQN }));
+        let end = Instant::now() + Duration::from_secs(30);
+        while controllers().as_array().map(Vec::len) != Some(1) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(controllers().as_array().map(Vec::len), Some(1), "after the removal: {}", controllers());
+        vm.wait_for("the listener's return", |l| l.contains("nvmf_ana add waiting"), BOOT_TIMEOUT);
+        let added =
+            json!({ "nqn": ANA_NQN, "listen_address": address(ports[1]), "ana_state": "non_optimized" });
+        assert_eq!(d.call("nvmf_subsystem_add_listener", added), json!(true));
+        assert_eq!(
+            ana_states(&d, ANA_NQN),
+            [(p0.clone(), "optimized".to_string()), (p1.clone(), "non_optimized".to_string())]
+        );
 
         let r = vm.wait_result();
         assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
         vm.wait_exit(EXIT_TIMEOUT);
         eprintln!("guest 'nvmf_ana': PASS after {:.1?}", r.time);
         let r = vm.whole_result(&r);
-        let seen = r.info_after("nvmf_ana paths");
-        let both = format!("{p0}=optimized {p1}=optimized");
-        let first_down = format!("{p0}=inaccessible {p1}=optimized");
+        // The guest lists paths ordered by port as text; compare them by port.
+        let by_port = |line: &str| -> HashMap<String, String> {
+            line.split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .map(|(p, v)| (p.into(), v.into()))
+                .collect()
+        };
+        let paths =
+            |a: &str, b: &str| HashMap::from([(p0.clone(), a.to_string()), (p1.clone(), b.to_string())]);
+        let seen: Vec<HashMap<String, String>> =
+            r.info_after("nvmf_ana paths").into_iter().map(by_port).collect();
+        let (both, first_down) = (paths("optimized", "optimized"), paths("inaccessible", "optimized"));
         let down = seen.iter().position(|l| *l == first_down);
-        let down = down.unwrap_or_else(|| panic!("the kernel never saw {first_down}: {seen:?}"));
-        assert!(seen[..down].contains(&both.as_str()), "both paths optimized before the change: {seen:?}");
-        assert_eq!(seen.last(), Some(&both.as_str()), "both paths optimized again at the end: {seen:?}");
+        let down = down.unwrap_or_else(|| panic!("the kernel never saw {first_down:?}: {seen:?}"));
+        assert!(seen[..down].contains(&both), "both paths optimized before the change: {seen:?}");
+        assert!(seen[down..].contains(&both), "both paths optimized again: {seen:?}");
+        let back = paths("optimized", "non-optimized");
+        assert_eq!(seen.last(), Some(&back), "the second path back, non-optimized: {seen:?}");
+        // `nvme list-subsys` after each step: controller state / ANA state per path.
+        let subsys: Vec<HashMap<String, String>> =
+            r.info_after("nvmf_ana subsys").into_iter().map(by_port).collect();
+        let steps = [
+            ("live/optimized", "live/optimized"),
+            ("live/inaccessible", "live/optimized"),
+            ("live/optimized", "live/optimized"),
+            ("live/optimized", "connecting/"),
+            ("live/optimized", "live/non-optimized"),
+        ];
+        assert_eq!(subsys.len(), steps.len(), "one list-subsys line per step: {subsys:?}");
+        for (shown, (a, b)) in subsys.iter().zip(steps) {
+            // A reconnecting path shows the ANA state it last read, if any: its prefix is
+            // what counts.
+            let ok = shown.len() == 2
+                && shown.get(&p0).is_some_and(|s| s == a)
+                && shown.get(&p1).is_some_and(|s| if b.ends_with('/') { s.starts_with(b) } else { s == b });
+            assert!(ok, "nvme list-subsys showed {shown:?}, expected {p0}={a} {p1}={b}");
+        }
         let fio = r.fields("nvmf_ana fio");
-        eprintln!("guest 'nvmf_ana': the kernel's paths {seen:?}; fio {fio:?}");
+        eprintln!("guest 'nvmf_ana': the kernel's paths {seen:?}; list-subsys {subsys:?}; fio {fio:?}");
         assert_eq!(fio.get("failed").map(String::as_str), Some("0"), "{fio:?}");
         let runs: u32 = fio.get("runs").and_then(|n| n.parse().ok()).unwrap_or(0);
-        assert!(runs >= 4, "fio runs {runs}: two whole runs after each state change expected");
+        assert!(runs >= 8, "fio runs {runs}: two whole runs after each of the four steps expected");
     }
 }

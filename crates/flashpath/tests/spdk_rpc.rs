@@ -154,7 +154,7 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     ("nvmf_dhchap", &["nvmf_set_config", "nvmf_subsystem_set_keys", "bdev_nvme_set_keys"]),
-    ("nvmf_ana", &["nvmf_subsystem_listener_set_ana_state"]),
+    ("nvmf_ana", &["nvmf_subsystem_listener_set_ana_state", "nvmf_subsystem_set_ns_ana_group"]),
     (
         "nvme_controllers",
         &[
@@ -814,7 +814,8 @@ fn nvmf_dhchap() {
 
 /// ANA with SPDK's syntax: a subsystem with ANA reporting (`-r`), a namespace in group 2
 /// (`-a`), a listener added inaccessible (`-n`), one group's state set (`-g`) and every
-/// group's; `nvmf_subsystem_get_listeners` shows each group's state per listener.
+/// group's; `nvmf_subsystem_get_listeners` shows each group's state per listener; the
+/// namespace moved to another group.
 #[test]
 fn nvmf_ana() {
     const NQN: &str = "nqn.2016-06.io.spdk:cnode10";
@@ -864,6 +865,10 @@ fn nvmf_ana() {
         (&json!(1), &json!(2)),
         "{ours}"
     );
+    // The namespace moves to group 1.
+    rpc.ok(&["nvmf_subsystem_set_ns_ana_group", NQN, "1", "1"]);
+    let subsystems = rpc.json(&["nvmf_get_subsystems", NQN]);
+    assert_eq!(subsystems[0]["namespaces"][0]["anagrpid"], json!(1), "{subsystems}");
     rpc.assert_case_covered("nvmf_ana");
 }
 

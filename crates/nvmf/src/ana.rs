@@ -3,7 +3,8 @@
 //! those states (Identify, the ANA log page) and fail I/O to a namespace whose group is not
 //! accessible there with the matching path status. A change reaches the queue pairs on their
 //! reactors: the I/O queues reload their namespace table (and each namespace's state with it)
-//! before the change returns, the admin queues send the ANA change notice.
+//! before the change returns, the admin queues send the ANA change notice. A namespace may
+//! move to another group.
 
 use std::sync::atomic::Ordering;
 
@@ -71,6 +72,50 @@ impl NvmfTarget {
         crate::tcp::qpair::notify_ana(&admins);
         let group = anagrpid.map_or("every ANA group".to_string(), |g| format!("ANA group {g}"));
         log::info!("nvmf: {nqn}: {group} {} on {}:{}", state.name(), addr.traddr, addr.trsvcid);
+        Ok(())
+    }
+
+    /// Moves namespace `nsid` of `nqn` to ANA group `anagrpid` (1 to max_namespaces), as
+    /// SPDK's `nvmf_subsystem_set_ns_ana_group`. When it returns, the I/O queues serve the
+    /// namespace with its new group's state on their listener, and every controller has the
+    /// Namespace Attribute Changed notice on its way (as SPDK sends) and, with ANA reporting,
+    /// the ANA change notice (the ANA log page lists the namespace under its new group; each
+    /// listener's change count moves).
+    pub fn set_ns_ana_group(&self, nqn: &str, nsid: u32, anagrpid: u32) -> Result<(), NvmfError> {
+        let sub = self
+            .inner
+            .subsystem(nqn)
+            .filter(|s| s.kind == SubsystemKind::Nvme)
+            .ok_or_else(|| NvmfError::NotFound { what: "subsystem", name: nqn.into() })?;
+        let (admins, ios, ana_reporting) = {
+            let mut st = lock(&sub.state);
+            let max = st.max_namespaces;
+            if anagrpid == 0 || anagrpid > max {
+                return Err(invalid("anagrpid", format!("must be 1 to {max} (max_namespaces)")));
+            }
+            let ns = st
+                .namespaces
+                .get(&nsid)
+                .ok_or_else(|| NvmfError::NotFound { what: "namespace", name: nsid.to_string() })?;
+            if ns.anagrpid() == anagrpid {
+                return Ok(());
+            }
+            ns.set_anagrpid(anagrpid);
+            for ana in st.ana.values_mut() {
+                ana.change_count += 1;
+            }
+            let admins: Vec<QpairRef> = st.controllers.values().filter_map(|c| c.admin.clone()).collect();
+            let ios: Vec<QpairRef> = st.controllers.values().flat_map(|c| c.io.values()).cloned().collect();
+            (admins, ios, st.ana_reporting)
+        };
+        sub.ns_generation.fetch_add(1, Ordering::Release);
+        sub.refresh_view(None);
+        crate::tcp::qpair::reload_ana(&ios);
+        crate::tcp::qpair::notify_namespace(&admins, nsid);
+        if ana_reporting {
+            crate::tcp::qpair::notify_ana(&admins);
+        }
+        log::info!("nvmf: {nqn}: namespace {nsid} in ANA group {anagrpid}");
         Ok(())
     }
 

@@ -34,7 +34,8 @@ const MSDBD: u8 = 1;
 /// ANATT: the longest a group may stay in ANA Change, in seconds (SPDK's figure). Only set
 /// by hand (`nvmf_subsystem_listener_set_ana_state ... change`): the target never enters it.
 pub const ANATT_SECONDS: u8 = 10;
-/// ANACAP: every state can be reported; a namespace's group is fixed while attached.
+/// ANACAP: every state can be reported; bit 6 (the group fixed while attached) as SPDK sets
+/// it, although the operator may move a namespace (`nvmf_subsystem_set_ns_ana_group`).
 const ANACAP: u8 = ANACAP_OPTIMIZED
     | ANACAP_NON_OPTIMIZED
     | ANACAP_INACCESSIBLE

@@ -5,7 +5,7 @@
 //! moved (a namespace came or went), so the I/O path never locks.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fp_bdev::Bdev;
@@ -60,8 +60,9 @@ pub(crate) struct Namespace {
     pub nguid: [u8; 16],
     pub eui64: [u8; 8],
     pub read_only: bool,
-    /// Its ANA group, 1 to the subsystem's max_namespaces.
-    pub anagrpid: u32,
+    /// Its ANA group, 1 to the subsystem's max_namespaces; changed under the subsystem's lock
+    /// (`nvmf_subsystem_set_ns_ana_group`), read by queue pairs when they reload.
+    anagrpid: AtomicU32,
     /// Counters of live queue pairs, and the sums of those gone.
     counters: Mutex<(Vec<Arc<NsCounters>>, [u64; 6])>,
 }
@@ -83,9 +84,20 @@ impl Namespace {
             nguid,
             eui64,
             read_only,
-            anagrpid,
+            anagrpid: AtomicU32::new(anagrpid),
             counters: Mutex::new((Vec::new(), [0; 6])),
         }
+    }
+
+    /// Its ANA group.
+    pub(crate) fn anagrpid(&self) -> u32 {
+        self.anagrpid.load(Ordering::Relaxed)
+    }
+
+    /// Moves it to ANA group `anagrpid` (the caller holds the subsystem's lock and tells the
+    /// queue pairs).
+    pub(crate) fn set_anagrpid(&self, anagrpid: u32) {
+        self.anagrpid.store(anagrpid, Ordering::Relaxed);
     }
 
     /// Counters for a queue pair that starts using the namespace. Those of queue pairs gone
@@ -129,7 +141,7 @@ impl Namespace {
             volatile_cache: bi.io_types.flush,
             deallocate: bi.io_types.unmap,
             write_zeroes: bi.io_types.write_zeroes,
-            anagrpid: self.anagrpid,
+            anagrpid: self.anagrpid(),
         }
     }
 }
@@ -224,7 +236,7 @@ impl SubState {
         if !self.ana_reporting {
             return None;
         }
-        self.ana.get(listen).and_then(|a| a.get(ns.anagrpid).io_status())
+        self.ana.get(listen).and_then(|a| a.get(ns.anagrpid()).io_status())
     }
 
     /// Every queue pair of every controller.

@@ -368,10 +368,18 @@ impl NvmfTarget {
         Ok(())
     }
 
+    /// Takes the subsystem off the listener at `addr` (the last one closes its socket) and
+    /// disconnects what came in through it for this subsystem, as SPDK's
+    /// `nvmf_subsystem_remove_listener`: each controller whose admin queue connected there
+    /// (with all its I/O queues), and any other I/O queue that did. Other subsystems'
+    /// connections on the same address and this subsystem's on other listeners stay. When
+    /// it returns, each of those queue pairs has stopped reading commands (it answers the
+    /// ones it took, then closes), unless its reactor did not answer within
+    /// [`fp_reactor::CALL_BOUND`] (logged).
     pub fn remove_listener(&self, nqn: &str, addr: &ListenAddress) -> Result<(), NvmfError> {
         let sub = self.any_subsystem(nqn)?;
         let addr = addr.normalized();
-        {
+        let qpairs = {
             let mut st = lock(&sub.state);
             let before = st.listeners.len();
             st.listeners.retain(|a| a != &addr);
@@ -379,9 +387,18 @@ impl NvmfTarget {
                 return Err(not_found("listener", &format!("{}:{}", addr.traddr, addr.trsvcid)));
             }
             st.ana.remove(&addr);
-        }
+            listener_qpairs(&st, &addr)
+        };
         self.release_listener(nqn, &addr);
+        let unanswered = crate::tcp::qpair::close_qpairs_now(&qpairs, "its listener was removed");
         self.refresh_discovery();
+        log::info!(
+            "nvmf: {nqn}: listener {}:{} removed ({} queue pairs disconnected{})",
+            addr.traddr,
+            addr.trsvcid,
+            qpairs.len(),
+            if unanswered > 0 { format!("; {unanswered} reactors did not answer") } else { String::new() }
+        );
         Ok(())
     }
 
@@ -739,6 +756,24 @@ fn host_qpairs(st: &SubState, pick: impl Fn(&str) -> bool) -> Vec<crate::subsyst
     v
 }
 
+/// The queue pairs that came in through `addr`: every queue of a controller whose admin queue
+/// did (marked gone, so no I/O queue joins it from now on), and the I/O queues that did
+/// themselves. Queues still on their way to a reactor see the listener gone when they arrive
+/// (`hand_over`); orphans are closing already.
+fn listener_qpairs(st: &SubState, addr: &ListenAddress) -> Vec<crate::subsystem::QpairRef> {
+    let mut v = Vec::new();
+    for c in st.controllers.values() {
+        if c.admin.as_ref().is_some_and(|q| &q.listen == addr) {
+            c.shared.gone.store(true, Ordering::Release);
+            v.extend(c.admin.iter().cloned());
+            v.extend(c.io.values().cloned());
+        } else {
+            v.extend(c.io.values().filter(|q| &q.listen == addr).cloned());
+        }
+    }
+    v
+}
+
 fn subsystem_info(s: &Subsystem, discovery_listeners: &[ListenAddress]) -> SubsystemInfo {
     let st = lock(&s.state);
     let discovery = s.kind == SubsystemKind::Discovery;
@@ -774,7 +809,7 @@ fn subsystem_info(s: &Subsystem, discovery_listeners: &[ListenAddress]) -> Subsy
                     name: n.bdev_name.clone(),
                     nguid: n.nguid.iter().map(|b| format!("{b:02X}")).collect(),
                     uuid: uuid_string(&n.uuid),
-                    anagrpid: st.ana_reporting.then_some(n.anagrpid),
+                    anagrpid: st.ana_reporting.then_some(n.anagrpid()),
                 })
                 .collect()
         }),

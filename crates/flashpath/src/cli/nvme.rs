@@ -1,11 +1,13 @@
-//! `nvme attach|detach|list|reset|set-keys|options`: NVMe controllers driven by the daemon itself (PCIe
-//! through VFIO, NVMe/TCP), through SPDK's `bdev_nvme_*` methods (docs/nvme.md).
+//! `nvme attach|detach|list|reset|set-keys|options|set-multipath-policy|io-paths`: NVMe
+//! controllers driven by the daemon itself (PCIe through VFIO, NVMe/TCP) and the paths of
+//! multipath ones, through SPDK's `bdev_nvme_*` methods (docs/nvme.md).
 
 use std::path::Path;
 
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
+use super::args::u32_arg;
 use super::session::{cell, disks_with, out, print_json, set_given, table, CliError, Session};
 
 #[derive(Debug, Subcommand)]
@@ -30,6 +32,15 @@ pub(crate) enum NvmeCommand {
     /// Set the driver's options for controllers attached afterwards (SPDK's
     /// bdev_nvme_set_options; refused once a controller is attached)
     Options(OptionsArgs),
+    /// Set how a multipath disk spreads its I/O over its paths (SPDK's
+    /// bdev_nvme_set_multipath_policy)
+    SetMultipathPolicy(PolicyArgs),
+    /// List the paths of multipath disks (or of one) per reactor: which one I/O goes to,
+    /// connected, accessible (SPDK's bdev_nvme_get_io_paths)
+    IoPaths {
+        /// The disk's name (e.g. Nvme0n1) [default: every multipath disk]
+        name: Option<String>,
+    },
 }
 
 /// The reconnect policy, shared by `attach` and `options`.
@@ -89,10 +100,31 @@ pub(crate) struct AttachArgs {
     /// TCP: data digests
     #[arg(long)]
     ddgst: bool,
+    /// TCP: what NAME already attached means: multipath adds this controller as another path
+    /// of its disks, failover does too and makes their policy active_passive, disable refuses
+    /// it [default: refused]
+    #[arg(short = 'x', long, value_name = "MODE", value_parser = ["multipath", "failover", "disable"])]
+    multipath: Option<String>,
     #[command(flatten)]
     keys: DhchapArgs,
     #[command(flatten)]
     reconnect: ReconnectArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PolicyArgs {
+    /// The multipath disk's name (e.g. Nvme0n1)
+    name: String,
+    /// active_passive: I/O on one path, the next when it fails; active_active: on every
+    /// usable path
+    #[arg(short = 'p', long, value_name = "POLICY", value_parser = ["active_passive", "active_active"])]
+    policy: String,
+    /// active_active: how a path is chosen [default: round_robin]
+    #[arg(short = 's', long, value_name = "SELECTOR", value_parser = ["round_robin", "queue_depth"])]
+    selector: Option<String>,
+    /// active_active round_robin: I/Os sent down a path before the next one [default: 1]
+    #[arg(short = 'r', long, value_name = "N", value_parser = u32_arg)]
+    rr_min_io: Option<u32>,
 }
 
 /// DH-HMAC-CHAP keys by their keyring names, shared by `attach` and `set-keys`.
@@ -162,6 +194,10 @@ const NVME_DASHED: &[&str] = &[
     "timeout_admin_us",
     "action_on_timeout",
     "keep_alive_timeout_ms",
+    "multipath",
+    "policy",
+    "selector",
+    "rr_min_io",
 ];
 
 fn session(rpc: &Path) -> Result<Session, CliError> {
@@ -185,8 +221,17 @@ fn attach_params(a: &AttachArgs) -> Value {
     if a.ddgst {
         params["ddgst"] = json!(true);
     }
+    set_given(&mut params, "multipath", a.multipath.as_ref());
     a.keys.add_to(&mut params);
     a.reconnect.add_to(&mut params);
+    params
+}
+
+/// The `bdev_nvme_set_multipath_policy` parameters of `a`.
+fn policy_params(a: &PolicyArgs) -> Value {
+    let mut params = json!({ "name": a.name, "policy": a.policy });
+    set_given(&mut params, "selector", a.selector.as_ref());
+    set_given(&mut params, "rr_min_io", a.rr_min_io);
     params
 }
 
@@ -238,6 +283,10 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: NvmeCommand) -> Result<(), CliErr
         NvmeCommand::SetKeys(a) => call(rpc, json, "bdev_nvme_set_keys", set_keys_params(&a)),
         NvmeCommand::Options(a) => call(rpc, json, "bdev_nvme_set_options", options_params(&a)),
         NvmeCommand::List { name } => list(rpc, json, name),
+        NvmeCommand::SetMultipathPolicy(a) => {
+            call(rpc, json, "bdev_nvme_set_multipath_policy", policy_params(&a))
+        }
+        NvmeCommand::IoPaths { name } => io_paths(rpc, json, name),
     }
 }
 
@@ -247,6 +296,44 @@ fn call(rpc: &Path, json: bool, method: &str, params: Value) -> Result<(), CliEr
     if json {
         print_json(&r);
     }
+    Ok(())
+}
+
+/// `ADDRESS:PORT` of a transport ID (`[ADDRESS]:PORT` for IPv6), or its address alone.
+fn address(trid: &Value) -> String {
+    match trid["trsvcid"].as_str() {
+        Some(port) if trid["adrfam"] == "IPv6" => format!("[{}]:{port}", cell(trid, "traddr")),
+        Some(port) => format!("{}:{port}", cell(trid, "traddr")),
+        None => cell(trid, "traddr"),
+    }
+}
+
+/// One row per path per reactor thread: the disk, the thread, the path's controller and
+/// address, and whether I/O goes there now, it is connected and its ANA state lets I/O in.
+fn io_paths(rpc: &Path, json: bool, name: Option<String>) -> Result<(), CliError> {
+    let r = session(rpc)?.call("bdev_nvme_get_io_paths", name.map(|n| json!({ "name": n })))?;
+    if json {
+        print_json(&r);
+        return Ok(());
+    }
+    let groups = r["poll_groups"]
+        .as_array()
+        .ok_or_else(|| CliError::Unexpected { method: "bdev_nvme_get_io_paths", result: r.clone() })?;
+    let mut rows = Vec::new();
+    for g in groups {
+        for p in g["io_paths"].as_array().into_iter().flatten() {
+            rows.push(vec![
+                cell(p, "bdev_name"),
+                cell(g, "thread"),
+                cell(p, "cntlid"),
+                address(&p["transport"]),
+                cell(p, "current"),
+                cell(p, "connected"),
+                cell(p, "accessible"),
+            ]);
+        }
+    }
+    out(&table(&["DISK", "THREAD", "CNTLID", "ADDRESS", "CURRENT", "CONNECTED", "ACCESSIBLE"], &rows));
     Ok(())
 }
 
@@ -266,16 +353,11 @@ fn list(rpc: &Path, json: bool, name: Option<String>) -> Result<(), CliError> {
         .map(|c| {
             let path = &c["ctrlrs"][0];
             let trid = &path["trid"];
-            let address = match trid["trsvcid"].as_str() {
-                Some(port) if trid["adrfam"] == "IPv6" => format!("[{}]:{port}", cell(trid, "traddr")),
-                Some(port) => format!("{}:{port}", cell(trid, "traddr")),
-                None => cell(trid, "traddr"),
-            };
             vec![
                 cell(c, "name"),
                 cell(path, "state"),
                 cell(trid, "trtype"),
-                address,
+                address(trid),
                 cell(trid, "subnqn"),
                 cell(path, "cntlid"),
                 disks_with(&bdevs, "nvme", "controller", &c["name"]),
@@ -340,6 +422,43 @@ mod tests {
             panic!("not attach")
         };
         assert_eq!(attach_params(&a), json!({"name": "N", "trtype": "pcie", "traddr": "0000:00:04.0"}));
+    }
+
+    #[test]
+    fn multipath_options_become_spdks_parameters() {
+        let NvmeCommand::Attach(a) =
+            parse(&["attach", "Nvme0", "--trtype", "tcp", "--traddr", "127.0.0.1", "-x", "multipath"])
+        else {
+            panic!("not attach")
+        };
+        assert_eq!(
+            attach_params(&a),
+            json!({"name": "Nvme0", "trtype": "tcp", "traddr": "127.0.0.1", "multipath": "multipath"})
+        );
+        let NvmeCommand::Attach(a) =
+            parse(&["attach", "Nvme0", "--trtype", "tcp", "--traddr", "::1", "--multipath", "failover"])
+        else {
+            panic!("not attach")
+        };
+        assert_eq!(attach_params(&a)["multipath"], "failover");
+        let words = "set-multipath-policy Nvme0n1 -p active_active -s round_robin -r 8";
+        let NvmeCommand::SetMultipathPolicy(a) = parse(&words.split(' ').collect::<Vec<_>>()) else {
+            panic!("not set-multipath-policy")
+        };
+        assert_eq!(
+            policy_params(&a),
+            json!({"name": "Nvme0n1", "policy": "active_active", "selector": "round_robin", "rr_min_io": 8})
+        );
+        let NvmeCommand::SetMultipathPolicy(a) =
+            parse(&["set-multipath-policy", "Nvme0n1", "--policy", "active_passive"])
+        else {
+            panic!("not set-multipath-policy")
+        };
+        assert_eq!(policy_params(&a), json!({"name": "Nvme0n1", "policy": "active_passive"}));
+        let NvmeCommand::IoPaths { name } = parse(&["io-paths", "Nvme0n1"]) else { panic!("not io-paths") };
+        assert_eq!(name.as_deref(), Some("Nvme0n1"));
+        let NvmeCommand::IoPaths { name } = parse(&["io-paths"]) else { panic!("not io-paths") };
+        assert_eq!(name, None);
     }
 
     #[test]

@@ -107,7 +107,8 @@ pub(crate) enum ListenerCommand {
         /// HOST:PORT, e.g. 127.0.0.1:4420 or [::1]:4420 (port 4420 when left out)
         address: String,
     },
-    /// Stop listening on ADDRESS for a subsystem
+    /// Stop listening on ADDRESS for a subsystem: the hosts connected to it through ADDRESS
+    /// are disconnected (nvmf_subsystem_remove_listener)
     Remove { nqn: String, address: String },
 }
 

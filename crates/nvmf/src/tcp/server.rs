@@ -299,6 +299,15 @@ fn accept(
             "I/O queue before the controller is enabled",
         ));
     }
+    // With ANA reporting a controller has its listener's states: its I/O queues come in
+    // where its admin queue did (as SPDK checks), and go with it when that listener goes.
+    if st.ana_reporting && entry.admin.as_ref().is_some_and(|a| &a.listen != listen) {
+        return Err(ConnectRefusal::invalid_parameter(
+            false,
+            CMD_QID,
+            "I/O queue on a listener other than its admin queue's",
+        ));
+    }
     let in_use = entry.io.contains_key(&c.qid) || entry.reserved.contains(&c.qid);
     if c.qid > ctrl.io_queues_allowed.load(Ordering::Acquire) || in_use {
         return Err(ConnectRefusal::invalid_parameter(false, CMD_QID, "queue ID not allowed or in use"));
@@ -469,8 +478,16 @@ fn hand_over(reactor: fp_reactor::ReactorHandle, setup: QpairSetup) {
         let sub = setup.sub.clone();
         let ctrl = setup.ctrl.clone();
         let (qid, listen, peer, auth) = (setup.qid, setup.listen.clone(), setup.peer.clone(), setup.auth);
+        // A listener removed meanwhile takes the queues that came in through it (the
+        // discovery subsystem is reachable on every listener).
+        let listening = |st: &crate::subsystem::SubState| {
+            sub.kind == SubsystemKind::Discovery || st.listeners.contains(&listen)
+        };
         let alive = |st: &crate::subsystem::SubState| {
-            !st.deleted && !ctrl.gone.load(Ordering::Acquire) && st.controllers.contains_key(&ctrl.cntlid)
+            !st.deleted
+                && !ctrl.gone.load(Ordering::Acquire)
+                && st.controllers.contains_key(&ctrl.cntlid)
+                && listening(st)
         };
         if !alive(&lock(&sub.state)) {
             unreserve(&sub, ctrl.cntlid, qid);

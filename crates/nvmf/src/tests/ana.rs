@@ -176,3 +176,45 @@ fn bad_ana_requests_name_what_is_wrong() {
     p.t.set_ana_state(NQN, &at, AnaState::NonOptimized, Some(5)).unwrap();
     assert_eq!(p.t.listener_ana_states(NQN).unwrap().unwrap()[0].1.change_count, 1);
 }
+
+on_each_sock_impl!(a_namespace_moved_to_another_group_takes_its_state);
+fn a_namespace_moved_to_another_group_takes_its_state() {
+    use fp_nvme_spec::aer::AEC_NS_ATTRIBUTE;
+    let p = two_paths(true);
+    let at = listen(p.ports[0]);
+    p.t.set_ana_state(NQN, &at, AnaState::Inaccessible, Some(5)).unwrap();
+    let mut a = Host::admin(p.ports[0], NQN, 0);
+    assert!(a.set_features(FID_ASYNC_EVENT_CONFIG, AEC_ANA_CHANGE | AEC_NS_ATTRIBUTE).status.is_success());
+    let mut io = Host::io(p.ports[0], NQN, a.cntlid, 1, Digests::default());
+    assert!(io.read(1, 0, 1).0.status.is_success(), "namespace 1 is in group 1, optimized here");
+    let aer = park_aer(&mut a);
+
+    // Namespace 1 joins group 5, inaccessible on this listener.
+    p.t.set_ns_ana_group(NQN, 1, 5).unwrap();
+    // I/O meets the new group's state at once.
+    let (cqe, _) = io.read(1, 0, 1);
+    assert_eq!(cqe.status, Status { sct: SCT_PATH, sc: SC_ANA_INACCESSIBLE, dnr: false });
+    // The namespace attribute notice (as SPDK sends), then the ANA change notice.
+    let cqe = a.response();
+    assert_eq!((cqe.cid, cqe.dw0), (aer, 0x0004_0002), "Namespace Attribute Changed, log page 04h");
+    let aer = park_aer(&mut a);
+    let cqe = a.response();
+    assert_eq!((cqe.cid, cqe.dw0), (aer, 0x000C_0302), "ANA change notice, log page 0Ch");
+    let (_, idns) = a.identify(0, 1);
+    assert_eq!(u32::from_le_bytes(idns[IDN_ANAGRPID..IDN_ANAGRPID + 4].try_into().unwrap()), 5);
+    let (_, page) = ana_log(&mut a);
+    assert_eq!(page.change_count, 2, "the state change and the move");
+    assert!(states(&page).contains(&(5, AnaState::Inaccessible, vec![1, 2])), "{:?}", states(&page));
+    // The other listener's change count moves too: its log lists the namespace elsewhere.
+    assert_eq!(p.t.listener_ana_states(NQN).unwrap().unwrap()[1].1.change_count, 1);
+
+    // Back in its own group; the same group again is no change.
+    p.t.set_ns_ana_group(NQN, 1, 1).unwrap();
+    assert!(io.read(1, 0, 1).0.status.is_success());
+    p.t.set_ns_ana_group(NQN, 1, 1).unwrap();
+    assert_eq!(p.t.listener_ana_states(NQN).unwrap().unwrap()[1].1.change_count, 2);
+    for (nsid, g, what) in [(1, 0, "anagrpid"), (1, 33, "anagrpid"), (9, 1, "namespace")] {
+        let e = p.t.set_ns_ana_group(NQN, nsid, g).unwrap_err();
+        assert!(e.to_string().contains(what), "{e}");
+    }
+}

@@ -36,3 +36,4 @@ mod busy;
 mod host;
 mod hostile;
 mod io;
+mod listener;

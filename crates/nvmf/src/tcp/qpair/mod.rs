@@ -649,6 +649,21 @@ pub(crate) fn close_qpairs(qpairs: &[QpairRef], why: &'static str) {
     }
 }
 
+/// Closes queue pairs as [`close_qpairs`] does and returns once each has begun to (it reads no
+/// new command) or has gone; says how many reactors did not answer within
+/// [`fp_reactor::CALL_BOUND`] (their queue pairs close when the messages run).
+pub(crate) fn close_qpairs_now(qpairs: &[QpairRef], why: &'static str) -> usize {
+    close_qpairs(qpairs, why);
+    // A reactor runs its messages in order: once it answers this one, it has run the closes.
+    let mut reactors: Vec<&fp_reactor::ReactorHandle> = Vec::new();
+    for q in qpairs {
+        if !reactors.iter().any(|r| r.id() == q.reactor.id()) {
+            reactors.push(&q.reactor);
+        }
+    }
+    reactors.iter().filter(|r| r.call(|_| ()).is_none()).count()
+}
+
 /// Tells admin queues a namespace changed (their controllers send the AER completion).
 pub(crate) fn notify_namespace(admins: &[QpairRef], nsid: u32) {
     for q in admins {

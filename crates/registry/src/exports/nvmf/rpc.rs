@@ -31,6 +31,7 @@ pub(super) const METHODS: &[(&str, MethodFn)] = &[
     ("nvmf_subsystem_remove_listener", nvmf_subsystem_remove_listener),
     ("nvmf_subsystem_get_listeners", nvmf_subsystem_get_listeners),
     ("nvmf_subsystem_listener_set_ana_state", nvmf_subsystem_listener_set_ana_state),
+    ("nvmf_subsystem_set_ns_ana_group", nvmf_subsystem_set_ns_ana_group),
     ("nvmf_subsystem_add_ns", nvmf_subsystem_add_ns),
     ("nvmf_subsystem_remove_ns", nvmf_subsystem_remove_ns),
     ("nvmf_subsystem_add_host", nvmf_subsystem_add_host),
@@ -292,6 +293,16 @@ fn nvmf_subsystem_listener_set_ana_state(registry: &Registry, mut p: Params) -> 
     let anagrpid = p.optional_uint("anagrpid", u64::from(u32::MAX))?.map(|g| g as u32);
     p.finish()?;
     registry.nvmf().set_ana_state(&nqn, &addr, state, anagrpid).map_err(RegistryError::from)?;
+    Ok(json!(true))
+}
+
+/// SPDK's `nvmf_subsystem_set_ns_ana_group`: namespace `nsid` moves to ANA group `anagrpid`.
+fn nvmf_subsystem_set_ns_ana_group(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let nqn = nqn_only(&mut p)?;
+    let nsid = p.required_uint("nsid", MAX_NSID)? as u32;
+    let anagrpid = p.required_uint("anagrpid", u64::from(u32::MAX))? as u32;
+    p.finish()?;
+    registry.nvmf().set_ns_ana_group(&nqn, nsid, anagrpid).map_err(RegistryError::from)?;
     Ok(json!(true))
 }
 

@@ -345,6 +345,23 @@ fn ana_states_per_listener_and_group() {
         json!({ "nqn": NQN, "namespace": { "bdev_name": "m1", "anagrpid": 3 } }),
     );
     assert!(e.to_string().contains("anagrpid"), "{e}");
+
+    // The namespace moves to group 1 (SPDK's nvmf_subsystem_set_ns_ana_group).
+    let moved = json!({ "nqn": NQN, "nsid": 1, "anagrpid": 1 });
+    assert_eq!(f.call("nvmf_subsystem_set_ns_ana_group", moved), json!(true));
+    let subsystem = f.call("nvmf_get_subsystems", json!({ "nqn": NQN }));
+    assert_eq!(subsystem[0]["namespaces"][0]["anagrpid"], 1, "{subsystem}");
+    for (params, field) in [
+        (json!({ "nqn": NQN, "nsid": 1, "anagrpid": 3 }), "anagrpid"),
+        (json!({ "nqn": NQN, "nsid": 1, "anagrpid": 0 }), "anagrpid"),
+        (json!({ "nqn": NQN, "nsid": 1 }), "anagrpid"),
+        (json!({ "nqn": NQN, "anagrpid": 1 }), "nsid"),
+    ] {
+        let e = f.fails("nvmf_subsystem_set_ns_ana_group", params);
+        assert!(e.to_string().contains(field), "{e}");
+    }
+    let e = f.fails("nvmf_subsystem_set_ns_ana_group", json!({ "nqn": NQN, "nsid": 2, "anagrpid": 1 }));
+    assert!(e.to_string().contains("namespace"), "{e}");
 }
 
 #[test]
