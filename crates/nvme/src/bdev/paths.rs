@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use fp_bdev::{BdevError, Capacity, IoChannel};
 
+use crate::ctrlr::ana::AnaWord;
 use crate::ctrlr::ControllerData;
 use crate::transport::{QueueStats, TransportId};
 
@@ -48,6 +49,9 @@ pub(crate) trait NamespaceBackend: Send + Sync {
     fn path_id(&self) -> u64;
     /// The controller's state word (`ctrlr::shared`): enabled, resetting, failed.
     fn state_word(&self) -> u64;
+    /// Namespace `nsid`'s ANA state through this controller; `None` when the controller does
+    /// not report ANA.
+    fn ana(&self, nsid: u32) -> Option<AnaWord>;
     /// Opens a channel over every path of `set` (each of this backend's transport; a path
     /// of another transport is refused).
     fn open_multipath(

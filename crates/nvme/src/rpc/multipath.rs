@@ -292,14 +292,28 @@ pub(super) fn get_io_paths(host: &dyn ModuleHost, mut p: Params) -> Result<Value
             let connected: Vec<u64> =
                 view.connected.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).collect();
             let entry = groups.entry(thread).or_default();
-            for path in &paths {
-                let info = head.path_info(path);
+            let infos: Vec<_> = paths.iter().map(|p| (p.id, head.path_info(p))).collect();
+            // Active-active (SPDK's rule): every connected accessible optimized path is current,
+            // or every connected accessible one when none is optimized.
+            let active_active = head.paths().policy() != Policy::ActivePassive;
+            let serving = |id: &u64, i: &crate::bdev::PathInfo| connected.contains(id) && i.accessible;
+            let any_optimized = infos
+                .iter()
+                .any(|(id, i)| serving(id, i) && i.ana_state == fp_nvme_spec::log_page::AnaState::Optimized);
+            for (id, info) in &infos {
+                let current = if active_active {
+                    serving(id, info)
+                        && (info.ana_state == fp_nvme_spec::log_page::AnaState::Optimized || !any_optimized)
+                } else {
+                    current == *id
+                };
                 entry.push(json!({
                     "bdev_name": bdev,
                     "cntlid": info.cntlid,
-                    "current": current == path.id,
-                    "connected": connected.contains(&path.id),
-                    "accessible": info.enabled,
+                    "current": current,
+                    "connected": connected.contains(id),
+                    "accessible": info.accessible,
+                    "ana_state": info.ana_state.name(),
                     "transport": info.trid,
                 }));
             }
