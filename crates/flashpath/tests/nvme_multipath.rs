@@ -9,6 +9,11 @@
 //!   `bdev_nvme_get_io_paths`; verified random I/O over vhost-user while writes are held at
 //!   the target and the first path is cut: no request fails, the data reads back; the path
 //!   comes back (failback), then is detached by its address while the bdev stays.
+//! * [`ana_states_of_the_listeners_steer_io_with_no_error`]: a subsystem with `ana_reporting`
+//!   on two listeners, one path through each: verified I/O over vhost-user while writes are held
+//!   at the target and the first listener turns inaccessible (no error, the I/O moves, and
+//!   `bdev_nvme_get_io_paths` shows `ana_state`), then optimized again (failback), then
+//!   non-optimized under active_active (everything to the optimized path).
 
 mod common;
 
@@ -201,4 +206,132 @@ fn two_paths_are_one_bdev_and_io_survives_the_loss_of_one() {
     d.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));
     assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
     assert!(d.try_call("bdev_get_bdevs", json!({"name": "Nvme0n1"})).is_err());
+}
+
+const ANA_NQN: &str = "nqn.2016-06.io.spdk:ana";
+
+/// Serves error bdev `EE_m1` over RAM as namespace 1 of [`ANA_NQN`] (ANA reporting) on two
+/// listeners; returns their ports.
+fn serve_ana_target(d: &Daemon) -> [u16; 2] {
+    d.malloc("m1", BLOCKS, 512);
+    d.call("bdev_error_create", json!({"base_name": "m1"}));
+    d.call("nvmf_create_transport", json!({"trtype": "TCP"}));
+    d.call("nvmf_create_subsystem", json!({"nqn": ANA_NQN, "allow_any_host": true, "ana_reporting": true}));
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": ANA_NQN, "namespace": {"bdev_name": "EE_m1"}}));
+    [(); 2].map(|_| {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        d.call("nvmf_subsystem_add_listener", json!({"nqn": ANA_NQN, "listen_address": listen(port)}));
+        port
+    })
+}
+
+fn listen(port: u16) -> Value {
+    json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()})
+}
+
+fn set_ana(d: &Daemon, port: u16, state: &str) {
+    let p = json!({"nqn": ANA_NQN, "listen_address": listen(port), "ana_state": state});
+    d.call("nvmf_subsystem_listener_set_ana_state", p);
+}
+
+/// `Nvme0n1`'s path through `port` in every poll group's `bdev_nvme_get_io_paths`.
+fn paths_via(d: &Daemon, port: u16) -> Vec<Value> {
+    io_paths(d).into_iter().filter(|p| p["transport"]["trsvcid"] == port.to_string()).collect()
+}
+
+/// Commands each path's queues submitted (`bdev_get_bdevs`' per-path counters), by port.
+fn submitted(d: &Daemon, ports: [u16; 2]) -> [u64; 2] {
+    let b = &d.call("bdev_get_bdevs", json!({"name": "Nvme0n1"}))[0];
+    let entries = b["driver_specific"]["nvme"]["paths"].as_array().expect("every path's entry").clone();
+    ports.map(|port| {
+        let e = entries.iter().find(|e| e["trid"]["trsvcid"] == port.to_string()).expect("the path's entry");
+        e["stats"]["submitted"].as_u64().unwrap()
+    })
+}
+
+#[test]
+fn ana_states_of_the_listeners_steer_io_with_no_error() {
+    let d = Daemon::start("0");
+    let ports = serve_ana_target(&d);
+    for port in ports {
+        let p = json!({"name": "Nvme0", "trtype": "tcp", "traddr": "127.0.0.1", "trsvcid": port.to_string(),
+                       "subnqn": ANA_NQN, "multipath": "multipath"});
+        assert_eq!(d.call("bdev_nvme_attach_controller", p), json!(["Nvme0n1"]));
+    }
+    let b = &d.call("bdev_get_bdevs", json!({"name": "Nvme0n1"}))[0];
+    assert_eq!(b["driver_specific"]["nvme"]["ctrlr_data"]["ana_reporting"], true, "{b}");
+    assert_eq!(b["driver_specific"]["nvme"]["ns_data"]["ana_state"], "optimized", "{b}");
+
+    let sock = d.controller("vhost.0", "Nvme0n1", Some(2), false);
+    let mut client = BlkClient::open(&sock, 2);
+    random_write_verify(&mut client, 1, 2, 0, 4 << 20, Some(0));
+    for port in ports {
+        let paths = paths_via(&d, port);
+        assert!(!paths.is_empty(), "no channel reports the path through {port}");
+        for p in &paths {
+            assert_eq!((&p["ana_state"], &p["accessible"]), (&json!("optimized"), &json!(true)), "{p}");
+        }
+    }
+
+    // Active-passive: writes held at the target on the first path; its listener turns
+    // inaccessible; the writes are let go and the workload goes on through the second path.
+    d.call("bdev_nvme_set_multipath_policy", json!({"name": "Nvme0n1", "policy": "active_passive"}));
+    d.call(
+        "bdev_error_inject_error",
+        json!({"name": "EE_m1", "io_type": "write", "error_type": "pending", "num": 4}),
+    );
+    let worker = std::thread::spawn(move || {
+        let compared = random_write_verify(&mut client, 2, 8, 4 << 20, 4 << 20, Some(0));
+        (client, compared)
+    });
+    wait_until("the target to hold four writes", || {
+        let b = &d.call("bdev_get_bdevs", json!({"name": "EE_m1"}))[0];
+        b["driver_specific"]["error"]["injections"]["write"]["num"].as_u64().is_none_or(|n| n == 0)
+    });
+    set_ana(&d, ports[0], "inaccessible");
+    wait_until("the first path shown inaccessible", || {
+        paths_via(&d, ports[0]).iter().all(|p| p["ana_state"] == "inaccessible" && p["accessible"] == false)
+    });
+    d.call("bdev_error_resume_pending", json!({"name": "EE_m1"}));
+    let (mut client, compared) = worker.join().expect("the workload saw no error");
+    assert!(compared > 0);
+    // A channel loads the states at its sweeps, which an idle reactor may not run: I/O drives
+    // them.
+    wait_until("the second path current", || {
+        random_write_verify(&mut client, 7, 1, 0, 1 << 20, None);
+        io_paths(&d).iter().all(|p| p["current"] == (p["transport"]["trsvcid"] == ports[1].to_string()))
+    });
+    let before = submitted(&d, ports);
+    random_write_verify(&mut client, 3, 4, 8 << 20, 4 << 20, Some(0));
+    wait_until("the second path's counters to show the workload", || submitted(&d, ports)[1] > before[1]);
+    assert_eq!(submitted(&d, ports)[0], before[0], "I/O went to the inaccessible path");
+
+    // Optimized again: failback.
+    set_ana(&d, ports[0], "optimized");
+    wait_until("the first path current again", || {
+        random_write_verify(&mut client, 8, 1, 0, 1 << 20, None);
+        io_paths(&d).iter().all(|p| p["current"] == (p["transport"]["trsvcid"] == ports[0].to_string()))
+    });
+    let before = submitted(&d, ports);
+    random_write_verify(&mut client, 4, 4, 12 << 20, 4 << 20, Some(0));
+    wait_until("the first path's counters to show the workload", || submitted(&d, ports)[0] > before[0]);
+    assert_eq!(submitted(&d, ports)[1], before[1], "active_passive after failback: the first path only");
+
+    // Active-active with the first path non-optimized: everything to the optimized second.
+    let set = json!({"name": "Nvme0n1", "policy": "active_active", "selector": "round_robin"});
+    assert_eq!(d.call("bdev_nvme_set_multipath_policy", set), json!(true));
+    set_ana(&d, ports[0], "non_optimized");
+    // `current` is what each channel does, with the states it loaded at its last sweep.
+    wait_until("the first path shown non-optimized and not current", || {
+        random_write_verify(&mut client, 9, 1, 0, 1 << 20, None);
+        paths_via(&d, ports[0]).iter().all(|p| p["ana_state"] == "non_optimized" && p["current"] == false)
+            && paths_via(&d, ports[1]).iter().all(|p| p["current"] == true)
+    });
+    let before = submitted(&d, ports);
+    random_write_verify(&mut client, 6, 4, 0, 4 << 20, None);
+    wait_until("the second path's counters to show the workload", || submitted(&d, ports)[1] > before[1]);
+    assert_eq!(submitted(&d, ports)[0], before[0], "I/O went to the non-optimized path");
+    drop(client);
+    d.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));
+    assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
 }

@@ -469,6 +469,10 @@ impl<T: Transport> MultipathChannel<T> {
             let id = self.paths.get(k).filter(|p| p.up()).map_or(0, |p| p.id);
             slot.store(id, Ordering::Relaxed);
         }
+        for (k, slot) in self.view.ana.iter().enumerate() {
+            let v = self.paths.get(k).map_or(0, |p| (p.id << 8) | u64::from(p.ana.0));
+            slot.store(v, Ordering::Relaxed);
+        }
     }
 }
 

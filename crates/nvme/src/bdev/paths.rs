@@ -140,8 +140,18 @@ pub struct ChannelView {
     pub current: AtomicU64,
     /// Path IDs with a connected queue on this channel, one slot per path (0: empty).
     pub connected: [AtomicU64; MAX_PATHS],
+    /// Each path's ANA state as this channel last loaded it: the path ID shifted left by 8 bits
+    /// over the state's byte (`ctrlr::ana`), one slot per path (0: empty).
+    pub ana: [AtomicU64; MAX_PATHS],
     /// Requests retried on another path after their path went down.
     pub failovers: AtomicU64,
+}
+
+impl ChannelView {
+    /// Path `id`'s ANA state as this channel last loaded it (none before its first sweep).
+    pub(crate) fn ana_of(&self, id: u64) -> Option<AnaWord> {
+        self.ana.iter().map(|a| a.load(Ordering::Relaxed)).find(|v| v >> 8 == id).map(|v| AnaWord(v as u8))
+    }
 }
 
 /// The paths of one namespace and how they are used; shared by the namespace and its
@@ -233,6 +243,7 @@ impl PathSet {
             thread: Mutex::new(String::new()),
             current: AtomicU64::new(0),
             connected: Default::default(),
+            ana: Default::default(),
             failovers: AtomicU64::new(0),
         });
         let mut list = lock(&self.channels);

@@ -293,17 +293,15 @@ pub(super) fn get_io_paths(host: &dyn ModuleHost, mut p: Params) -> Result<Value
                 view.connected.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).collect();
             let entry = groups.entry(thread).or_default();
             let infos: Vec<_> = paths.iter().map(|p| (p.id, head.path_info(p))).collect();
-            // Active-active (SPDK's rule): every connected accessible optimized path is current,
-            // or every connected accessible one when none is optimized.
+            // Active-active (SPDK's rule) as this channel sees the states: every connected
+            // accessible optimized path is current, or every connected accessible one when none
+            // is optimized.
             let active_active = head.paths().policy() != Policy::ActivePassive;
-            let serving = |id: &u64, i: &crate::bdev::PathInfo| connected.contains(id) && i.accessible;
-            let any_optimized = infos
-                .iter()
-                .any(|(id, i)| serving(id, i) && i.ana_state == fp_nvme_spec::log_page::AnaState::Optimized);
+            let seen = |id: &u64| view.ana_of(*id).filter(|_| connected.contains(id));
+            let any_optimized = infos.iter().any(|(id, _)| seen(id).is_some_and(|w| w.optimized()));
             for (id, info) in &infos {
                 let current = if active_active {
-                    serving(id, info)
-                        && (info.ana_state == fp_nvme_spec::log_page::AnaState::Optimized || !any_optimized)
+                    seen(id).is_some_and(|w| w.optimized() || (w.accessible() && !any_optimized))
                 } else {
                     current == *id
                 };
