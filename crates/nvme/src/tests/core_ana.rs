@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::conformance::{read_range, write_range, write_status, IoBuf};
-use fp_bdev::{BlockDevice, IoChannel, IoOp, IoStatus};
+use fp_bdev::{BlockDevice, IoOp, IoStatus};
 use fp_nvme_spec as spec;
 use fp_nvme_spec::aer::{AsyncEventInfo, INFO_ANA_CHANGE};
 use fp_nvme_spec::log_page::{AnaGroupDescriptor, AnaLogPage, AnaState, LID_ANA};
 
 use super::core_fake::{attach, test_options, wait_for, FakeDevice};
+use super::core_mpath::spin;
 use crate::bdev::paths::{NsPath, Policy, Selector};
 use crate::bdev::NvmeNamespace;
 use crate::ctrlr::Controller;
@@ -72,6 +73,14 @@ impl Paths {
         }
     }
 
+    /// Both devices report `state` (failing I/O with its status), with the notice; waits until
+    /// the host shows it for both paths.
+    fn set_both(&self, state: AnaState) {
+        self.set(0, state, true, true);
+        self.set(1, state, true, true);
+        wait_for("both paths shown in the new state", || self.shown(0) == state && self.shown(1) == state);
+    }
+
     /// Path `i`'s ANA state as `bdev_nvme_get_io_paths` shows it.
     fn shown(&self, i: usize) -> AnaState {
         let path = self.ns.paths().list()[i].clone();
@@ -81,14 +90,6 @@ impl Paths {
     /// Writes device `i` saw.
     fn writes(&self, i: usize) -> usize {
         self.devs[i].lock().seen.iter().filter(|s| s.opcode == spec::NVM_WRITE).count()
-    }
-}
-
-/// Polls `ch` for a while: enough rounds for sweeps (ANA states loaded, views published).
-fn spin(ch: &mut dyn IoChannel, rounds: usize) {
-    for _ in 0..rounds {
-        ch.poll(&mut |_, _| {});
-        std::thread::sleep(Duration::from_micros(50));
     }
 }
 
@@ -163,11 +164,7 @@ fn non_optimized_paths_take_io_only_when_no_optimized_path_is_up() {
 fn with_every_path_inaccessible_io_waits_then_goes_where_a_path_turns_optimized() {
     let t = paths("anawait", 60);
     let mut ch = t.ns.open_channel().unwrap();
-    t.set(0, AnaState::Inaccessible, true, true);
-    t.set(1, AnaState::Inaccessible, true, true);
-    wait_for("both paths shown inaccessible", || {
-        t.shown(0) == AnaState::Inaccessible && t.shown(1) == AnaState::Inaccessible
-    });
+    t.set_both(AnaState::Inaccessible);
     spin(&mut *ch, 130);
     let mut b = IoBuf::new(4096, true);
     b.bytes_mut().fill(8);
@@ -194,11 +191,7 @@ fn with_every_path_inaccessible_io_waits_then_goes_where_a_path_turns_optimized(
 fn persistent_loss_everywhere_fails_io_and_anatt_bounds_the_wait_for_inaccessible_paths() {
     let t = paths("analoss", 1);
     let mut ch = t.ns.open_channel().unwrap();
-    t.set(0, AnaState::PersistentLoss, true, true);
-    t.set(1, AnaState::PersistentLoss, true, true);
-    wait_for("both paths shown in persistent loss", || {
-        t.shown(0) == AnaState::PersistentLoss && t.shown(1) == AnaState::PersistentLoss
-    });
+    t.set_both(AnaState::PersistentLoss);
     spin(&mut *ch, 130);
     assert_eq!(write_status(&mut *ch, 0, &[1; 4096]), IoStatus::Error(libc::ENOLINK));
     assert_eq!((t.writes(0), t.writes(1)), (0, 0));
@@ -206,11 +199,7 @@ fn persistent_loss_everywhere_fails_io_and_anatt_bounds_the_wait_for_inaccessibl
     // Inaccessible on both: the write waits ANATT (1 s) from when the host read the state,
     // then fails.
     let set_at = Instant::now();
-    t.set(0, AnaState::Inaccessible, true, true);
-    t.set(1, AnaState::Inaccessible, true, true);
-    wait_for("both paths shown inaccessible", || {
-        t.shown(0) == AnaState::Inaccessible && t.shown(1) == AnaState::Inaccessible
-    });
+    t.set_both(AnaState::Inaccessible);
     spin(&mut *ch, 130);
     let status = write_status(&mut *ch, 0, &[2; 4096]);
     assert_eq!(status, IoStatus::Error(libc::EIO));

@@ -29,18 +29,26 @@ fn target() -> &'static LoopbackTarget {
     T.get_or_init(|| LoopbackTarget::start(&[0], TransportOptions::default()).unwrap())
 }
 
-/// A subsystem whose namespace 1 is an error bdev over RAM.
+/// A subsystem whose namespace 1 is an error bdev over RAM, on the target's port.
 fn subsystem(blocks: u64) -> (String, Arc<ErrorDevice>) {
+    let (nqn, err) = bare_subsystem(blocks, false);
+    target().target().add_listener(&nqn, target().listen_address()).unwrap();
+    (nqn, err)
+}
+
+/// A subsystem (with ANA reporting when `ana`) whose namespace 1 is an error bdev over RAM,
+/// on no listener yet.
+fn bare_subsystem(blocks: u64, ana: bool) -> (String, Arc<ErrorDevice>) {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let nqn = format!("nqn.2016-06.io.flashpath:mpath-{n}");
     let ram: Bdev = Arc::new(RamDevice::new(&format!("mp-ram{n}"), 4096, blocks).unwrap());
     let err = Arc::new(ErrorDevice::new(&format!("EE_mp-ram{n}"), ram).unwrap());
     let t = target().target();
-    t.create_subsystem(SubsystemSpec { nqn: nqn.clone(), allow_any_host: true, ..Default::default() })
-        .unwrap();
+    let spec =
+        SubsystemSpec { nqn: nqn.clone(), allow_any_host: true, ana_reporting: ana, ..Default::default() };
+    t.create_subsystem(spec).unwrap();
     t.add_namespace(&nqn, testing::namespace(1, err.clone(), &format!("EE_mp-ram{n}"))).unwrap();
-    t.add_listener(&nqn, target().listen_address()).unwrap();
     (nqn, err)
 }
 
@@ -93,26 +101,13 @@ fn two_paths(name: &str) -> TwoPaths {
 /// A subsystem with ANA reporting whose namespace 1 (ANA group 1) is an error bdev over RAM,
 /// on two listeners of its own (ANA states are per listener); returns them with it.
 fn ana_subsystem(blocks: u64) -> (String, Arc<ErrorDevice>, [ListenAddress; 2]) {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let nqn = format!("nqn.2016-06.io.flashpath:ana-{n}");
-    let ram: Bdev = Arc::new(RamDevice::new(&format!("ana-ram{n}"), 4096, blocks).unwrap());
-    let err = Arc::new(ErrorDevice::new(&format!("EE_ana-ram{n}"), ram).unwrap());
-    let t = target().target();
-    t.create_subsystem(SubsystemSpec {
-        nqn: nqn.clone(),
-        allow_any_host: true,
-        ana_reporting: true,
-        ..Default::default()
-    })
-    .unwrap();
-    t.add_namespace(&nqn, testing::namespace(1, err.clone(), &format!("EE_ana-ram{n}"))).unwrap();
+    let (nqn, err) = bare_subsystem(blocks, true);
     let listeners = [(); 2].map(|_| {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         ListenAddress { trsvcid: port.to_string(), ..target().listen_address() }
     });
     for l in &listeners {
-        t.add_listener(&nqn, l.clone()).unwrap();
+        target().target().add_listener(&nqn, l.clone()).unwrap();
     }
     (nqn, err, listeners)
 }
@@ -149,7 +144,7 @@ fn drain(ch: &mut dyn IoChannel, done: &mut Vec<(u32, IoStatus, Instant)>) {
 }
 
 /// Polls `ch` for a while (enough rounds for a sweep: idle paths seen, views published).
-fn spin(ch: &mut dyn IoChannel, rounds: usize) {
+pub(super) fn spin(ch: &mut dyn IoChannel, rounds: usize) {
     for _ in 0..rounds {
         ch.poll(&mut |_, _| {});
         std::thread::sleep(Duration::from_micros(50));
@@ -344,6 +339,19 @@ fn an_open_channel_follows_paths_added_and_removed() {
     assert_eq!([submitted(&t.ctrlrs[0]) - last[0], submitted(&t.ctrlrs[1]) - last[1]], [0, 8]);
 }
 
+/// Writes `n` blocks of `byte` (verified by reading back) and returns the commands each path
+/// submitted meanwhile (reads included).
+fn writes_per_path(t: &TwoPaths, ch: &mut dyn IoChannel, n: u64, byte: u8) -> [u64; 2] {
+    spin(ch, 130);
+    let before = [submitted(&t.ctrlrs[0]), submitted(&t.ctrlrs[1])];
+    for i in 0..n {
+        write_range(ch, i * 4096, &[byte; 4096]);
+        assert!(read_range(ch, i * 4096, 4096) == [byte; 4096], "block {i}");
+    }
+    spin(ch, 130);
+    [submitted(&t.ctrlrs[0]) - before[0], submitted(&t.ctrlrs[1]) - before[1]]
+}
+
 /// Path `i`'s ANA state as `bdev_nvme_get_io_paths` shows it.
 fn shown(t: &TwoPaths, i: usize) -> AnaState {
     t.ns.path_info(&t.ns.paths().list()[i]).ana_state
@@ -391,18 +399,7 @@ fn ana_states_of_flashpath_listeners_steer_io_and_fail_back() {
     assert!(done.iter().all(|d| d.1 == IoStatus::Success), "{done:?}");
     spin(&mut *ch, 130);
     assert_eq!(view.current.load(Ordering::Relaxed), ids[1], "the second path is current");
-    let before = [submitted(&t.ctrlrs[0]), submitted(&t.ctrlrs[1])];
-    for i in 0..8u32 {
-        let data = [0xc0 + i as u8; 4096];
-        write_range(&mut *ch, u64::from(i) * 4096, &data);
-        assert!(read_range(&mut *ch, u64::from(i) * 4096, 4096) == data, "block {i}");
-    }
-    spin(&mut *ch, 130);
-    assert_eq!(
-        [submitted(&t.ctrlrs[0]) - before[0], submitted(&t.ctrlrs[1]) - before[1]],
-        [0, 16],
-        "nothing to the inaccessible path"
-    );
+    assert_eq!(writes_per_path(&t, &mut *ch, 8, 0xc0), [0, 16], "nothing to the inaccessible path");
 
     // Optimized again: failback.
     target.set_ana_state(&nqn, &listeners[0], AnaState::Optimized, None).unwrap();
@@ -410,16 +407,7 @@ fn ana_states_of_flashpath_listeners_steer_io_and_fail_back() {
         spin(&mut *ch, 70);
         view.current.load(Ordering::Relaxed) == ids[0]
     });
-    let before = [submitted(&t.ctrlrs[0]), submitted(&t.ctrlrs[1])];
-    for i in 0..4u64 {
-        write_range(&mut *ch, i * 4096, &[0xd0; 4096]);
-    }
-    spin(&mut *ch, 130);
-    assert_eq!(
-        [submitted(&t.ctrlrs[0]) - before[0], submitted(&t.ctrlrs[1]) - before[1]],
-        [4, 0],
-        "failback"
-    );
+    assert_eq!(writes_per_path(&t, &mut *ch, 4, 0xd0), [8, 0], "failback");
 
     // Active-active with the first path non-optimized: everything to the second.
     t.ns.paths().set_policy(Policy::ActiveActive { selector: Selector::RoundRobin, rr_min_io: 1 });
@@ -428,11 +416,5 @@ fn ana_states_of_flashpath_listeners_steer_io_and_fail_back() {
         spin(&mut *ch, 1);
         shown(&t, 0) == AnaState::NonOptimized
     });
-    spin(&mut *ch, 130);
-    let before = [submitted(&t.ctrlrs[0]), submitted(&t.ctrlrs[1])];
-    for i in 0..8u64 {
-        write_range(&mut *ch, i * 4096, &[0xe0; 4096]);
-    }
-    spin(&mut *ch, 130);
-    assert_eq!([submitted(&t.ctrlrs[0]) - before[0], submitted(&t.ctrlrs[1]) - before[1]], [0, 8]);
+    assert_eq!(writes_per_path(&t, &mut *ch, 8, 0xe0), [0, 16], "the optimized path only");
 }
