@@ -137,6 +137,9 @@ pub(crate) struct NvmeChannel<T: Transport> {
     /// A path of a multipath channel: a command failing with an ANA status goes back to it
     /// at once (to be sent through another path) rather than being retried here.
     member: bool,
+    /// The controller reports ANA (Identify Controller when the channel opened): only then is
+    /// an ANA status news of a state to read. From one that does not, it is any path error.
+    ana_reporting: bool,
 }
 
 impl<T: Transport> NvmeChannel<T> {
@@ -147,6 +150,7 @@ impl<T: Transport> NvmeChannel<T> {
         requests: usize,
     ) -> Result<Self, BdevError> {
         let me = shared.add_channel();
+        let ana_reporting = shared.snapshot().cdata.ana_reporting();
         let bs = u64::from(ns.block_size);
         let max_data = (u64::from(ns.max_transfer) / bs).clamp(1, MAX_BLOCKS_NO_DATA) * bs;
         let mut dsm_ranges = BounceBuf::zeroed(commands * DSM_RANGE);
@@ -196,6 +200,7 @@ impl<T: Transport> NvmeChannel<T> {
             stats_base: QueueStats::default(),
             ana: shared.ana.word(ns.nsid),
             member: false,
+            ana_reporting,
             shared,
         })
     }
@@ -583,7 +588,7 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
             // flight, and a drain would not return them.
             let cq = std::mem::take(&mut self.cq);
             for &(c, status) in &cq {
-                if !status.is_success() && is_ana(status) {
+                if !status.is_success() && self.ana_reporting && is_ana(status) {
                     // The controller's ANA state moved: it reads the page again; a multipath
                     // channel sends the request through another path meanwhile.
                     self.shared.ana.ask(&self.ana, || self.shared.send(Msg::ReadAna));
