@@ -8,6 +8,14 @@
 //! `active_active` spreads I/O over the paths that are up, `round_robin` (switching after
 //! `rr_min_io` requests) or `queue_depth` (the fewest requests in flight).
 //!
+//! ANA (`ctrlr::ana`): each path's ANA state is a byte its controller thread publishes and the
+//! channel loads at its sweeps. Optimized paths come first, non-optimized ones only when no
+//! optimized path is up (SPDK's rule, both policies); inaccessible, persistent loss, change and
+//! a state being read again take no new I/O. A request refused with an ANA status was not
+//! carried out: it goes through another path at once (no quiesce bound), and the path waits for
+//! its controller to read the page again. With no accessible path but one up that may become so
+//! (within ANATT), requests wait in the channel; persistent loss everywhere fails them.
+//!
 //! Failover and the Command Quiesce Time rule (NVMe Base 2.1, section 9.6 "Communication Loss
 //! Handling", with Identify Controller's CQT): a command sent to a controller whose connection
 //! was lost may still be executed by that controller until it notices the loss (its
