@@ -44,11 +44,16 @@ impl Drop for Paths {
 }
 
 fn paths(name: &str, anatt: u8) -> Paths {
+    paths_reporting(name, Some(anatt))
+}
+
+/// [`paths`] with ANA reporting (ANATT in seconds) or without.
+fn paths_reporting(name: &str, anatt: Option<u8>) -> Paths {
     let devs = [FakeDevice::new(&[(1, 4096, 64)]), FakeDevice::new(&[(1, 4096, 64)])];
     for d in &devs {
         let mut d = d.lock();
-        d.ana = Some(page(AnaState::Optimized));
-        d.anatt = anatt;
+        d.ana = anatt.map(|_| page(AnaState::Optimized));
+        d.anatt = anatt.unwrap_or(0);
     }
     let c0 = attach(&devs[0], "TCP", test_options(&format!("{name}a")).0, test_options(name).1).0;
     let c1 = attach(&devs[1], "TCP", test_options(&format!("{name}b")).0, test_options(name).1).0;
@@ -205,4 +210,21 @@ fn persistent_loss_everywhere_fails_io_and_anatt_bounds_the_wait_for_inaccessibl
     assert_eq!(status, IoStatus::Error(libc::EIO));
     assert!(set_at.elapsed() >= Duration::from_secs(1), "failed {:?} after the change", set_at.elapsed());
     assert_eq!((t.writes(0), t.writes(1)), (0, 0));
+}
+
+#[test]
+fn an_ana_status_from_a_controller_without_ana_reporting_is_retried_on_its_path() {
+    let t = paths_reporting("anaoff", None);
+    assert!(!t.ns.path_info(&t.ns.paths().list()[0]).ana_reporting);
+    let mut ch = t.ns.open_channel().unwrap();
+    spin(&mut *ch, 130);
+    {
+        let mut d = t.devs[0].lock();
+        d.io_status = AnaState::Inaccessible.io_status();
+        d.io_status_times = 2;
+    }
+    write_range(&mut *ch, 0, &[1; 4096]);
+    assert_eq!((t.writes(0), t.writes(1)), (3, 0), "two refusals, then served on the same path");
+    assert_eq!(t.devs[0].lock().ana_reads, 0, "no ANA page read");
+    assert_eq!(t.shown(0), AnaState::Optimized);
 }
