@@ -9,6 +9,11 @@
 //!   `bdev_nvme_get_io_paths`; verified random I/O over vhost-user while writes are held at
 //!   the target and the first path is cut: no request fails, the data reads back; the path
 //!   comes back (failback), then is detached by its address while the bdev stays.
+//! * [`ana_states_of_the_listeners_steer_io_with_no_error`]: a subsystem with `ana_reporting`
+//!   on two listeners, one path through each: verified I/O over vhost-user while writes are held
+//!   at the target and the first listener turns inaccessible (no error, the I/O moves, and
+//!   `bdev_nvme_get_io_paths` shows `ana_state`), then optimized again (failback), then
+//!   non-optimized under active_active (everything to the optimized path).
 
 mod common;
 
@@ -63,6 +68,34 @@ fn io_paths(d: &Daemon) -> Vec<Value> {
         .iter()
         .flat_map(|g| g["io_paths"].as_array().unwrap().clone())
         .collect()
+}
+
+/// Under active_passive (everything through the first path), verified random I/O in `rounds`
+/// rounds over 4 MiB at 4 MiB, in a thread, with four of its writes held at error bdev
+/// `error_bdev` (waited for); returns the thread, which gives back the client and the bytes it
+/// compared.
+fn hold_writes_under_workload(
+    d: &Daemon,
+    error_bdev: &str,
+    mut client: BlkClient,
+    rounds: usize,
+) -> std::thread::JoinHandle<(BlkClient, u64)> {
+    d.call("bdev_nvme_set_multipath_policy", json!({"name": "Nvme0n1", "policy": "active_passive"}));
+    d.call(
+        "bdev_error_inject_error",
+        json!({"name": error_bdev, "io_type": "write", "error_type": "pending", "num": 4}),
+    );
+    let worker = std::thread::spawn(move || {
+        let compared = random_write_verify(&mut client, 2, rounds, 4 << 20, 4 << 20, Some(0));
+        (client, compared)
+    });
+    wait_until("the target to hold four writes", || {
+        let b = &d.call("bdev_get_bdevs", json!({"name": error_bdev}))[0];
+        let injections = &b["driver_specific"]["error"]["injections"];
+        assert!(injections.is_object(), "{b}");
+        injections["write"]["num"].as_u64().is_none_or(|n| n == 0)
+    });
+    worker
 }
 
 #[test]
@@ -150,21 +183,7 @@ fn two_paths_are_one_bdev_and_io_survives_the_loss_of_one() {
 
     // Writes held at the target (active_passive: all sent through the first path), then the
     // first path is cut: the workload sees no error.
-    d.call("bdev_nvme_set_multipath_policy", json!({"name": "Nvme0n1", "policy": "active_passive"}));
-    d.call(
-        "bdev_error_inject_error",
-        json!({"name": "EE_m0", "io_type": "write", "error_type": "pending", "num": 4}),
-    );
-    let worker = std::thread::spawn(move || {
-        let compared = random_write_verify(&mut client, 2, 12, 4 << 20, 4 << 20, Some(0));
-        (client, compared)
-    });
-    wait_until("the target to hold four writes", || {
-        let b = &d.call("bdev_get_bdevs", json!({"name": "EE_m0"}))[0];
-        let injections = &b["driver_specific"]["error"]["injections"];
-        assert!(injections.is_object(), "{b}");
-        injections["write"]["num"].as_u64().is_none_or(|n| n == 0)
-    });
+    let worker = hold_writes_under_workload(&d, "EE_m0", client, 12);
     let cut_at = Instant::now();
     relays[0].cut();
     d.call("bdev_error_resume_pending", json!({"name": "EE_m0"}));
@@ -201,4 +220,130 @@ fn two_paths_are_one_bdev_and_io_survives_the_loss_of_one() {
     d.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));
     assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
     assert!(d.try_call("bdev_get_bdevs", json!({"name": "Nvme0n1"})).is_err());
+}
+
+const ANA_NQN: &str = "nqn.2016-06.io.spdk:ana";
+
+/// Serves error bdev `EE_m1` over RAM as namespace 1 of [`ANA_NQN`] (ANA reporting) on two
+/// listeners; returns their ports.
+fn serve_ana_target(d: &Daemon) -> [u16; 2] {
+    d.malloc("m1", BLOCKS, 512);
+    d.call("bdev_error_create", json!({"base_name": "m1"}));
+    d.call("nvmf_create_transport", json!({"trtype": "TCP"}));
+    d.call("nvmf_create_subsystem", json!({"nqn": ANA_NQN, "allow_any_host": true, "ana_reporting": true}));
+    d.call("nvmf_subsystem_add_ns", json!({"nqn": ANA_NQN, "namespace": {"bdev_name": "EE_m1"}}));
+    [(); 2].map(|_| {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        d.call("nvmf_subsystem_add_listener", json!({"nqn": ANA_NQN, "listen_address": listen(port)}));
+        port
+    })
+}
+
+fn listen(port: u16) -> Value {
+    json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()})
+}
+
+fn set_ana(d: &Daemon, port: u16, state: &str) {
+    let p = json!({"nqn": ANA_NQN, "listen_address": listen(port), "ana_state": state});
+    d.call("nvmf_subsystem_listener_set_ana_state", p);
+}
+
+/// `Nvme0n1`'s path through `port` in every poll group's `bdev_nvme_get_io_paths`.
+fn paths_via(d: &Daemon, port: u16) -> Vec<Value> {
+    io_paths(d).into_iter().filter(|p| on_port(&p["transport"], port)).collect()
+}
+
+/// Whether transport ID `trid` is at `port` (its `trsvcid`, a string).
+fn on_port(trid: &Value, port: u16) -> bool {
+    trid["trsvcid"].as_str().and_then(|s| s.parse::<u16>().ok()) == Some(port)
+}
+
+/// Commands each path's queues submitted (`bdev_get_bdevs`' per-path counters), by port.
+fn submitted(d: &Daemon, ports: [u16; 2]) -> [u64; 2] {
+    let b = &d.call("bdev_get_bdevs", json!({"name": "Nvme0n1"}))[0];
+    let entries = b["driver_specific"]["nvme"]["paths"].as_array().expect("every path's entry").clone();
+    ports.map(|port| {
+        let e = entries.iter().find(|e| on_port(&e["trid"], port)).expect("the path's entry");
+        e["stats"]["submitted"].as_u64().unwrap()
+    })
+}
+
+/// Waits (driving I/O: a channel loads the ANA states at its sweeps, which an idle reactor may
+/// not run) until every channel's current path is the one through `ports[to]`; then a verified
+/// workload (seed `seed`, 4 MiB at `base`, whose blocks were never written) goes through it
+/// only.
+fn io_goes_only_through(
+    d: &Daemon,
+    client: &mut BlkClient,
+    ports: [u16; 2],
+    to: usize,
+    seed: u64,
+    base: u64,
+) {
+    wait_until("the current path to move", || {
+        random_write_verify(client, seed + 100, 1, 0, 1 << 20, None);
+        io_paths(d).iter().all(|p| p["current"] == on_port(&p["transport"], ports[to]))
+    });
+    let before = submitted(d, ports);
+    random_write_verify(client, seed, 4, base, 4 << 20, None);
+    wait_until("the path's counters to show the workload", || submitted(d, ports)[to] > before[to]);
+    assert_eq!(submitted(d, ports)[1 - to], before[1 - to], "I/O went through the other path");
+}
+
+#[test]
+fn ana_states_of_the_listeners_steer_io_with_no_error() {
+    let d = Daemon::start("0");
+    let ports = serve_ana_target(&d);
+    for port in ports {
+        let p = json!({"name": "Nvme0", "trtype": "tcp", "traddr": "127.0.0.1", "trsvcid": port.to_string(),
+                       "subnqn": ANA_NQN, "multipath": "multipath"});
+        assert_eq!(d.call("bdev_nvme_attach_controller", p), json!(["Nvme0n1"]));
+    }
+    let b = &d.call("bdev_get_bdevs", json!({"name": "Nvme0n1"}))[0];
+    assert_eq!(b["driver_specific"]["nvme"]["ctrlr_data"]["ana_reporting"], true, "{b}");
+    assert_eq!(b["driver_specific"]["nvme"]["ns_data"]["ana_state"], "optimized", "{b}");
+
+    let sock = d.controller("vhost.0", "Nvme0n1", Some(2), false);
+    let mut client = BlkClient::open(&sock, 2);
+    random_write_verify(&mut client, 1, 2, 0, 4 << 20, Some(0));
+    for port in ports {
+        let paths = paths_via(&d, port);
+        assert!(!paths.is_empty(), "no channel reports the path through {port}");
+        for p in &paths {
+            assert_eq!((&p["ana_state"], &p["accessible"]), (&json!("optimized"), &json!(true)), "{p}");
+        }
+    }
+
+    // Active-passive: writes held at the target on the first path; its listener turns
+    // inaccessible; the writes are let go and the workload goes on through the second path.
+    let worker = hold_writes_under_workload(&d, "EE_m1", client, 8);
+    set_ana(&d, ports[0], "inaccessible");
+    wait_until("the first path shown inaccessible", || {
+        paths_via(&d, ports[0]).iter().all(|p| p["ana_state"] == "inaccessible" && p["accessible"] == false)
+    });
+    d.call("bdev_error_resume_pending", json!({"name": "EE_m1"}));
+    let (mut client, compared) = worker.join().expect("the workload saw no error");
+    assert!(compared > 0);
+    io_goes_only_through(&d, &mut client, ports, 1, 3, 8 << 20);
+    let inaccessible = paths_via(&d, ports[0]);
+    assert!(
+        inaccessible.iter().all(|p| p["ana_state"] == "inaccessible" && p["current"] == false),
+        "{inaccessible:?}"
+    );
+
+    // Optimized again: failback.
+    set_ana(&d, ports[0], "optimized");
+    io_goes_only_through(&d, &mut client, ports, 0, 4, 12 << 20);
+
+    // Active-active with the first path non-optimized: everything to the optimized second.
+    let set = json!({"name": "Nvme0n1", "policy": "active_active", "selector": "round_robin"});
+    assert_eq!(d.call("bdev_nvme_set_multipath_policy", set), json!(true));
+    set_ana(&d, ports[0], "non_optimized");
+    wait_until("the first path shown non-optimized", || {
+        paths_via(&d, ports[0]).iter().all(|p| p["ana_state"] == "non_optimized" && p["accessible"] == true)
+    });
+    io_goes_only_through(&d, &mut client, ports, 1, 5, 0);
+    drop(client);
+    d.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));
+    assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
 }

@@ -4,12 +4,14 @@
 //! [`Controller::detach`]. docs/nvme.md, "Controllers".
 //!
 //! * [`options`]: `bdev_nvme_set_options` and one attach's parameters;
+//! * `ana`: the namespaces' ANA states, as the channels read them;
 //! * [`identify`]: the Identify fields the driver uses;
 //! * `shared`: the state word channels read per poll round, and the message line;
 //! * `worker`: the controller thread;
 //! * [`handle`]: [`attach`] and the [`Controller`] it returns;
 //! * [`info`]: `bdev_nvme_get_controllers`' shape.
 
+pub(crate) mod ana;
 pub mod handle;
 pub mod identify;
 pub mod info;

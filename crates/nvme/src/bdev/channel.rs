@@ -14,6 +14,7 @@
 //! controller reset, per `action_on_timeout`.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::Arc;
 
@@ -23,13 +24,14 @@ use fp_bdev::{BdevError, IoChannel, IoOp, IoRequest, IoStatus, IovCursor, IovSli
 use fp_nvme_spec::Status;
 
 use crate::cmd;
+use crate::ctrlr::ana::AnaWord;
 use crate::ctrlr::shared::*;
 use crate::ctrlr::{ControllerData, TimeoutAction};
 use crate::transport::{IoQueue, QueueStats, Transport, TransportId};
 use crate::NvmeError;
 
 use super::paths::{NamespaceBackend, NsParams, PathSet};
-use super::status::{io_status, retryable, MAX_RETRIES, TIMED_OUT};
+use super::status::{io_status, is_ana, retryable, ANA_RETRY, MAX_RETRIES, TIMED_OUT};
 
 /// Iovecs [`NvmeChannel::scratch`] has room for at first.
 const SCRATCH_IOVECS: usize = 64;
@@ -130,6 +132,14 @@ pub(crate) struct NvmeChannel<T: Transport> {
     polls: u32,
     /// Counters of the channel's earlier queues.
     stats_base: QueueStats,
+    /// The namespace's ANA state through this controller (`ctrlr::ana`).
+    ana: Arc<AtomicU8>,
+    /// A path of a multipath channel: a command failing with an ANA status goes back to it
+    /// at once (to be sent through another path) rather than being retried here.
+    member: bool,
+    /// The controller reports ANA (Identify Controller when the channel opened): only then is
+    /// an ANA status news of a state to read. From one that does not, it is any path error.
+    ana_reporting: bool,
 }
 
 impl<T: Transport> NvmeChannel<T> {
@@ -140,6 +150,7 @@ impl<T: Transport> NvmeChannel<T> {
         requests: usize,
     ) -> Result<Self, BdevError> {
         let me = shared.add_channel();
+        let ana_reporting = shared.snapshot().cdata.ana_reporting();
         let bs = u64::from(ns.block_size);
         let max_data = (u64::from(ns.max_transfer) / bs).clamp(1, MAX_BLOCKS_NO_DATA) * bs;
         let mut dsm_ranges = BounceBuf::zeroed(commands * DSM_RANGE);
@@ -149,7 +160,6 @@ impl<T: Transport> NvmeChannel<T> {
         let scan_every = (timeout_ticks / 4).clamp(1, ticks_of(MAX_SCAN_INTERVAL_NS, rate).max(1));
         Ok(NvmeChannel {
             action: shared.global.action_on_timeout,
-            shared,
             me,
             nsid: ns.nsid,
             block_shift: ns.block_size.trailing_zeros(),
@@ -188,6 +198,10 @@ impl<T: Transport> NvmeChannel<T> {
             reset_asked: 0,
             polls: 0,
             stats_base: QueueStats::default(),
+            ana: shared.ana.word(ns.nsid),
+            member: false,
+            ana_reporting,
+            shared,
         })
     }
 
@@ -341,6 +355,17 @@ impl<T: Transport> NvmeChannel<T> {
     #[inline]
     pub(super) fn has_queue(&self) -> bool {
         self.queue.is_some()
+    }
+
+    /// The namespace's ANA state through this path, as the controller thread last published it.
+    #[inline]
+    pub(super) fn ana(&self) -> AnaWord {
+        AnaWord(self.ana.load(Ordering::Relaxed))
+    }
+
+    /// Makes the channel a path of a multipath channel (ANA failures handed back at once).
+    pub(super) fn set_member(&mut self) {
+        self.member = true;
     }
 
     /// Gives back, failed with `errno`, every request held for resubmission (multipath: to
@@ -551,7 +576,7 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
     fn poll_batch(&mut self, out: &mut Vec<(u32, IoStatus)>) -> usize {
         let first = out.len();
         // Presence, then the state word: see `ctrlr::shared`.
-        self.me.active.swap(true, std::sync::atomic::Ordering::SeqCst);
+        self.me.active.swap(true, Ordering::SeqCst);
         let st = self.shared.state();
         if st != self.state || self.queue.is_none() {
             self.slow(st);
@@ -563,6 +588,15 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
             // flight, and a drain would not return them.
             let cq = std::mem::take(&mut self.cq);
             for &(c, status) in &cq {
+                if !status.is_success() && self.ana_reporting && is_ana(status) {
+                    // The controller's ANA state moved: it reads the page again; a multipath
+                    // channel sends the request through another path meanwhile.
+                    self.shared.ana.ask(&self.ana, || self.shared.send(Msg::ReadAna));
+                    if self.member {
+                        self.complete(c, IoStatus::Error(ANA_RETRY), out);
+                        continue;
+                    }
+                }
                 if !status.is_success() && retryable(status) {
                     let cmd = &mut self.cmds[c as usize];
                     if cmd.retries < MAX_RETRIES && cmd.aborted_at == 0 {
@@ -591,7 +625,7 @@ impl<T: Transport> IoChannel for NvmeChannel<T> {
         if let Some(q) = self.queue.as_mut() {
             q.flush();
         }
-        self.me.active.store(false, std::sync::atomic::Ordering::Release);
+        self.me.active.store(false, Ordering::Release);
         if self.timeout_ticks != 0 {
             let now = ticks::now();
             if now >= self.next_scan {
@@ -684,6 +718,10 @@ impl<T: Transport> NamespaceBackend for Shared<T> {
 
     fn state_word(&self) -> u64 {
         self.state()
+    }
+
+    fn ana(&self, nsid: u32) -> Option<AnaWord> {
+        self.snapshot().cdata.ana_reporting().then(|| self.ana.get(nsid))
     }
 
     fn controller_name(&self) -> &str {

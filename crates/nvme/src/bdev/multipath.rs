@@ -8,6 +8,14 @@
 //! `active_active` spreads I/O over the paths that are up, `round_robin` (switching after
 //! `rr_min_io` requests) or `queue_depth` (the fewest requests in flight).
 //!
+//! ANA (`ctrlr::ana`): each path's ANA state is a byte its controller thread publishes and the
+//! channel loads at its sweeps. Optimized paths come first, non-optimized ones only when no
+//! optimized path is up (SPDK's rule, both policies); inaccessible, persistent loss, change and
+//! a state being read again take no new I/O. A request refused with an ANA status was not
+//! carried out: it goes through another path at once (no quiesce bound), and the path waits for
+//! its controller to read the page again. With no accessible path but one up that may become so
+//! (within ANATT), requests wait in the channel; persistent loss everywhere fails them.
+//!
 //! Failover and the Command Quiesce Time rule (NVMe Base 2.1, section 9.6 "Communication Loss
 //! Handling", with Identify Controller's CQT): a command sent to a controller whose connection
 //! was lost may still be executed by that controller until it notices the loss (its
@@ -36,11 +44,13 @@ use std::sync::Arc;
 use fp_bdev::clock::ticks;
 use fp_bdev::{BdevError, IoChannel, IoOp, IoRequest, IoStatus, Iovecs, SubmitError};
 
+use crate::ctrlr::ana::{AnaWord, ANA_UPDATING};
 use crate::ctrlr::shared::{Shared, ST_DELETING, ST_ENABLED, ST_FAILED};
 use crate::transport::Transport;
 
 use super::channel::{poll_kept, NvmeChannel};
 use super::paths::{lock, ChannelView, NsParams, PathSet, Policy, Selector};
+use super::status::{ANA_LOST, ANA_RETRY};
 
 /// The quiesce time assumed for a controller that reports no CQT (Identify Controller's CQT
 /// is 0): one second more after the keep-alive timeout.
@@ -75,6 +85,9 @@ struct PathChan<T: Transport> {
     quiesce_ticks: u64,
     /// Gone from the namespace's path list: no new I/O.
     removed: bool,
+    /// The namespace's ANA state through this path, loaded at sweeps (and marked updating at
+    /// once when an I/O failed with an ANA status).
+    ana: AnaWord,
 }
 
 impl<T: Transport> PathChan<T> {
@@ -96,6 +109,29 @@ impl<T: Transport> PathChan<T> {
     fn usable(&self) -> bool {
         !self.removed && self.ch.shared.state() & ST_FAILED == 0
     }
+
+    /// Up, and of ANA class `optimized` (else non-optimized): takes new I/O.
+    #[inline]
+    fn serves(&self, optimized: bool) -> bool {
+        let class =
+            if optimized { self.ana.optimized() } else { self.ana.accessible() && !self.ana.optimized() };
+        class && self.up()
+    }
+
+    /// Up and inaccessible, in change or being read again, within ANATT: I/O waits for it.
+    fn may_serve(&self) -> bool {
+        self.up() && self.ana.may_become_accessible()
+    }
+}
+
+/// Where the next request goes.
+enum Choice {
+    /// To path `i` (which may hold it, or fail it, by its own rules).
+    Path(usize),
+    /// Nowhere yet: a path may become accessible (ANA); the request waits in the channel.
+    Wait,
+    /// Nowhere: it fails with this status.
+    Fail(IoStatus),
 }
 
 /// A multipath namespace's channel: one [`NvmeChannel`] per path.
@@ -118,6 +154,8 @@ pub(crate) struct MultipathChannel<T: Transport> {
     inner: Vec<(u32, IoStatus)>,
     /// `poll`'s completions, kept between calls.
     batch: Vec<(u32, IoStatus)>,
+    /// Requests failed without a path (no path left to serve them), returned at the next poll.
+    done: Vec<(u32, IoStatus)>,
     /// Round robin: the path last chosen, and how many requests it took in a row.
     rr: usize,
     rr_sent: u32,
@@ -154,6 +192,7 @@ impl<T: Transport> MultipathChannel<T> {
             parked: VecDeque::with_capacity(requests),
             inner: Vec::with_capacity(requests),
             batch: Vec::with_capacity(requests),
+            done: Vec::with_capacity(requests),
             rr: 0,
             rr_sent: 0,
             in_flight: 0,
@@ -196,13 +235,18 @@ impl<T: Transport> MultipathChannel<T> {
             // channel the other paths could serve.
             let wait = wait && shared.state() & ST_ENABLED != 0;
             match shared.path_channel(&self.ns, wait) {
-                Ok(ch) => self.paths.push(PathChan {
-                    id: n.id,
-                    ch,
-                    down_since: None,
-                    quiesce_ticks: 0,
-                    removed: false,
-                }),
+                Ok(mut ch) => {
+                    ch.set_member();
+                    let ana = ch.ana();
+                    self.paths.push(PathChan {
+                        id: n.id,
+                        ch,
+                        down_since: None,
+                        quiesce_ticks: 0,
+                        removed: false,
+                        ana,
+                    })
+                }
                 Err(e) if wait && self.paths.is_empty() => return Err(e),
                 Err(e) => log::warn!("nvme {}: no channel on path {}: {e}", self.set_name(), n.id),
             }
@@ -214,23 +258,18 @@ impl<T: Transport> MultipathChannel<T> {
         self.paths.first().map_or_else(String::new, |p| format!("{}n{}", p.ch.shared.opts.name, self.ns.nsid))
     }
 
-    /// The path the next request goes to: one that is up per the policy; else one that may
-    /// come back (it holds the request); else any (it fails the request).
+    /// The path of ANA class `optimized` (else non-optimized) the policy picks among those
+    /// up; round robin moves on when it picks.
     #[inline]
-    fn select(&mut self) -> Option<usize> {
+    fn pick(&mut self, optimized: bool) -> Option<usize> {
         let n = self.paths.len();
-        let chosen = match self.set.policy() {
-            Policy::ActivePassive => self.paths.iter().position(|p| p.up()),
+        match self.set.policy() {
+            Policy::ActivePassive => self.paths.iter().position(|p| p.serves(optimized)),
             Policy::ActiveActive { selector: Selector::RoundRobin, rr_min_io } => {
-                let start = if self.rr_sent >= rr_min_io {
-                    self.rr_sent = 0;
-                    self.rr + 1
-                } else {
-                    self.rr
-                };
-                let found = (0..n).map(|k| (start + k) % n).find(|&i| self.paths[i].up());
+                let start = if self.rr_sent >= rr_min_io { self.rr + 1 } else { self.rr };
+                let found = (0..n).map(|k| (start + k) % n).find(|&i| self.paths[i].serves(optimized));
                 if let Some(i) = found {
-                    if i != self.rr {
+                    if i != self.rr || self.rr_sent >= rr_min_io {
                         self.rr_sent = 0;
                     }
                     self.rr = i;
@@ -238,30 +277,89 @@ impl<T: Transport> MultipathChannel<T> {
                 }
                 found
             }
-            Policy::ActiveActive { selector: Selector::QueueDepth, .. } => {
-                (0..n).filter(|&i| self.paths[i].up()).min_by_key(|&i| self.paths[i].ch.in_flight())
-            }
-        };
-        chosen
-            .or_else(|| self.paths.iter().position(|p| p.usable()))
-            .or_else(|| self.paths.iter().position(|p| !p.removed))
+            Policy::ActiveActive { selector: Selector::QueueDepth, .. } => (0..n)
+                .filter(|&i| self.paths[i].serves(optimized))
+                .min_by_key(|&i| self.paths[i].ch.in_flight()),
+        }
     }
 
-    /// Sends slot `s` to a path; the path's own refusal comes back.
+    /// Where the next request goes: an optimized path that is up, per the policy; else a
+    /// non-optimized one (SPDK's rule, both policies); else it waits while a path that is up
+    /// may become accessible (ANA, within ANATT); else a path that may come back holds it;
+    /// else it fails (persistent loss on a path: [`ANA_LOST`]).
+    #[inline]
+    fn select(&mut self) -> Choice {
+        if let Some(i) = self.pick(true).or_else(|| self.pick(false)) {
+            return Choice::Path(i);
+        }
+        self.select_slow()
+    }
+
+    #[cold]
+    fn select_slow(&self) -> Choice {
+        if self.paths.iter().any(|p| p.may_serve()) {
+            return Choice::Wait;
+        }
+        if let Some(i) = self.paths.iter().position(|p| !p.up() && p.usable()) {
+            return Choice::Path(i);
+        }
+        if self.paths.iter().any(|p| p.up() && p.ana.lost()) {
+            return Choice::Fail(IoStatus::Error(ANA_LOST));
+        }
+        if self.paths.iter().any(|p| p.up()) {
+            // Up, but inaccessible or in change past ANATT.
+            return Choice::Fail(IoStatus::Error(libc::EIO));
+        }
+        match self.paths.iter().position(|p| !p.removed) {
+            Some(i) => Choice::Path(i),
+            None => Choice::Fail(IoStatus::Error(libc::ENODEV)),
+        }
+    }
+
+    /// Sends slot `s` to a path, parks it, or fails it (at the next poll); the path's own
+    /// refusal comes back.
     fn send(&mut self, s: u32) -> Result<(), SubmitError> {
-        let Some(i) = self.select() else { return Err(SubmitError::Unsupported) };
-        let req = IoRequest { tag: s, ..self.slots[s as usize].req };
-        self.paths[i].ch.submit(&req)
+        match self.select() {
+            Choice::Path(i) => {
+                let req = IoRequest { tag: s, ..self.slots[s as usize].req };
+                self.paths[i].ch.submit(&req)
+            }
+            Choice::Wait => {
+                let slot = &mut self.slots[s as usize];
+                slot.ready_at = 0;
+                slot.from = 0;
+                self.parked.push_back(s);
+                Ok(())
+            }
+            Choice::Fail(status) => {
+                self.done.push((self.slots[s as usize].req.tag, status));
+                self.free.push(s);
+                Ok(())
+            }
+        }
     }
 
     /// A path's completion of slot `s`.
     #[inline]
     fn completed(&mut self, i: usize, s: u32, status: IoStatus, now: u64, out: &mut Vec<(u32, IoStatus)>) {
+        if status == IoStatus::Error(ANA_RETRY) {
+            // The path's ANA state moved (its controller reads the page again): the command was
+            // not carried out there, so it goes through another path at once; this path takes
+            // no new I/O until the page is read.
+            self.paths[i].ana = AnaWord(self.paths[i].ana.0 | ANA_UPDATING);
+            let slot = &mut self.slots[s as usize];
+            slot.ready_at = now;
+            slot.status = IoStatus::Error(libc::EIO);
+            slot.from = 0;
+            self.parked.push_back(s);
+            self.view.failovers.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         if let IoStatus::Error(errno) = status {
             let path = &self.paths[i];
             let path_failure =
                 errno == RELEASED || (matches!(errno, libc::EIO | libc::ENODEV) && path.down_since.is_some());
-            if path_failure && (errno == RELEASED || self.another_up(i)) {
+            if path_failure && (errno == RELEASED || self.another_may_serve(i)) {
                 let slot = &mut self.slots[s as usize];
                 slot.ready_at = path.down_since.map_or(now, |d| d + path.quiesce_ticks);
                 slot.status = if errno == RELEASED { IoStatus::Error(libc::EIO) } else { status };
@@ -275,8 +373,13 @@ impl<T: Transport> MultipathChannel<T> {
         self.free.push(s);
     }
 
-    fn another_up(&self, i: usize) -> bool {
-        self.paths.iter().enumerate().any(|(j, p)| j != i && p.up())
+    /// Another path is up and accessible, or may become so (ANA): a request off path `i`
+    /// goes there, or waits for it.
+    fn another_may_serve(&self, i: usize) -> bool {
+        self.paths
+            .iter()
+            .enumerate()
+            .any(|(j, p)| j != i && (p.serves(true) || p.serves(false) || p.may_serve()))
     }
 
     /// Notes path `i` up or down after its poll.
@@ -319,7 +422,7 @@ impl<T: Transport> MultipathChannel<T> {
             {
                 continue;
             }
-            if self.another_up(i) {
+            if self.another_may_serve(i) {
                 self.paths[i].ch.release_held(RELEASED);
             }
         }
@@ -359,8 +462,11 @@ impl<T: Transport> MultipathChannel<T> {
             *lock(&self.view.thread) = std::thread::current().name().unwrap_or("unnamed").to_string();
         }
         let current = match self.set.policy() {
-            Policy::ActivePassive => self.paths.iter().find(|p| p.up()).map_or(0, |p| p.id),
-            _ => self.paths.get(self.rr).filter(|p| p.up()).map_or(0, |p| p.id),
+            Policy::ActivePassive => {
+                let first = |optimized| self.paths.iter().find(|p| p.serves(optimized));
+                first(true).or_else(|| first(false)).map_or(0, |p| p.id)
+            }
+            _ => self.paths.get(self.rr).filter(|p| p.serves(true) || p.serves(false)).map_or(0, |p| p.id),
         };
         self.view.current.store(current, Ordering::Relaxed);
         // An idle path's channel is polled only at sweeps: its counters go out here.
@@ -370,6 +476,10 @@ impl<T: Transport> MultipathChannel<T> {
         for (k, slot) in self.view.connected.iter().enumerate() {
             let id = self.paths.get(k).filter(|p| p.up()).map_or(0, |p| p.id);
             slot.store(id, Ordering::Relaxed);
+        }
+        for (k, slot) in self.view.ana.iter().enumerate() {
+            let v = self.paths.get(k).map_or(0, |p| (p.id << 8) | u64::from(p.ana.0));
+            slot.store(v, Ordering::Relaxed);
         }
     }
 }
@@ -407,6 +517,9 @@ impl<T: Transport> IoChannel for MultipathChannel<T> {
         let sweep = self.polls % SWEEP_EVERY == 0;
         if sweep {
             let _ = self.sync_paths(false);
+            for p in &mut self.paths {
+                p.ana = p.ch.ana();
+            }
         }
         let now = ticks::now();
         let mut inner = std::mem::take(&mut self.inner);
@@ -432,6 +545,9 @@ impl<T: Transport> IoChannel for MultipathChannel<T> {
         }
         if !self.parked.is_empty() {
             self.unpark(now, out);
+        }
+        if !self.done.is_empty() {
+            out.append(&mut self.done);
         }
         if sweep {
             self.publish_view();

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use fp_bdev::{BdevError, BdevInfo, BlockDevice, Capacity, IoChannel, IoTypes};
 use serde_json::{json, Map, Value};
 
+use crate::ctrlr::ana::{AnaState, AnaWord};
 use crate::ctrlr::{ControllerData, NamespaceData};
 use crate::transport::{QueueStats, TransportId};
 
@@ -21,8 +22,15 @@ use super::paths::{NamespaceBackend, NsParams, NsPath, PathSet};
 pub struct PathInfo {
     /// The controller ID.
     pub cntlid: u16,
-    /// The controller is enabled (no ANA state is read yet: an enabled path is accessible).
+    /// The controller is enabled.
     pub enabled: bool,
+    /// The namespace's ANA state through this controller (optimized for a controller that
+    /// does not report ANA, as SPDK takes it).
+    pub ana_state: AnaState,
+    /// The controller reports ANA.
+    pub ana_reporting: bool,
+    /// I/O may go this way: enabled, and optimized or non-optimized (not being read again).
+    pub accessible: bool,
     /// The transport ID.
     pub trid: TransportId,
 }
@@ -132,9 +140,15 @@ impl NvmeNamespace {
     /// What `bdev_nvme_get_io_paths` shows of `path`.
     pub fn path_info(&self, path: &NsPath) -> PathInfo {
         let (c, _) = path.backend.controller_data();
+        let enabled = path.backend.state_word() & crate::ctrlr::shared::ST_ENABLED != 0;
+        let ana = path.backend.ana(self.params.nsid);
+        let word = ana.unwrap_or(AnaWord::OPTIMIZED);
         PathInfo {
             cntlid: c.cntlid,
-            enabled: path.backend.state_word() & crate::ctrlr::shared::ST_ENABLED != 0,
+            enabled,
+            ana_state: word.state(),
+            ana_reporting: ana.is_some(),
+            accessible: enabled && word.accessible(),
             trid: path.backend.trid(),
         }
     }
@@ -165,6 +179,11 @@ impl NvmeNamespace {
         let backend = &path.backend;
         let (c, vs) = backend.controller_data();
         let s = backend.stats();
+        let mut ns_data = json!({ "id": self.params.nsid, "can_share": self.paths.is_multipath() });
+        // SPDK shows the state only for a controller that reports ANA.
+        if let Some(word) = backend.ana(self.params.nsid) {
+            ns_data["ana_state"] = json!(word.state().name());
+        }
         json!({
             "trid": backend.trid(),
             "ctrlr_data": {
@@ -180,9 +199,11 @@ impl NvmeNamespace {
                     "firmware": (c.oacs & 4) != 0,
                     "ns_manage": (c.oacs & 8) != 0,
                 },
+                "multi_ctrlr": c.cmic & fp_nvme_spec::identify::CMIC_MULTI_CONTROLLER != 0,
+                "ana_reporting": c.ana_reporting(),
             },
             "vs": { "nvme_version": format!("{}.{}", vs >> 16, (vs >> 8) & 0xff) },
-            "ns_data": { "id": self.params.nsid, "can_share": self.paths.is_multipath() },
+            "ns_data": ns_data,
             "stats": s,
         })
     }

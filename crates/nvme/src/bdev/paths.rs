@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use fp_bdev::{BdevError, Capacity, IoChannel};
 
+use crate::ctrlr::ana::AnaWord;
 use crate::ctrlr::ControllerData;
 use crate::transport::{QueueStats, TransportId};
 
@@ -48,6 +49,9 @@ pub(crate) trait NamespaceBackend: Send + Sync {
     fn path_id(&self) -> u64;
     /// The controller's state word (`ctrlr::shared`): enabled, resetting, failed.
     fn state_word(&self) -> u64;
+    /// Namespace `nsid`'s ANA state through this controller; `None` when the controller does
+    /// not report ANA.
+    fn ana(&self, nsid: u32) -> Option<AnaWord>;
     /// Opens a channel over every path of `set` (each of this backend's transport; a path
     /// of another transport is refused).
     fn open_multipath(
@@ -136,8 +140,18 @@ pub struct ChannelView {
     pub current: AtomicU64,
     /// Path IDs with a connected queue on this channel, one slot per path (0: empty).
     pub connected: [AtomicU64; MAX_PATHS],
+    /// Each path's ANA state as this channel last loaded it: the path ID shifted left by 8 bits
+    /// over the state's byte (`ctrlr::ana`), one slot per path (0: empty).
+    pub ana: [AtomicU64; MAX_PATHS],
     /// Requests retried on another path after their path went down.
     pub failovers: AtomicU64,
+}
+
+impl ChannelView {
+    /// Path `id`'s ANA state as this channel last loaded it (none before its first sweep).
+    pub(crate) fn ana_of(&self, id: u64) -> Option<AnaWord> {
+        self.ana.iter().map(|a| a.load(Ordering::Relaxed)).find(|v| v >> 8 == id).map(|v| AnaWord(v as u8))
+    }
 }
 
 /// The paths of one namespace and how they are used; shared by the namespace and its
@@ -229,6 +243,7 @@ impl PathSet {
             thread: Mutex::new(String::new()),
             current: AtomicU64::new(0),
             connected: Default::default(),
+            ana: Default::default(),
             failovers: AtomicU64::new(0),
         });
         let mut list = lock(&self.channels);

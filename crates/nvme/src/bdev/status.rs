@@ -25,9 +25,27 @@ pub(crate) fn io_status(s: Status) -> IoStatus {
         (spec::SCT_GENERIC, spec::SC_CAPACITY_EXCEEDED) => libc::ENOSPC,
         (spec::SCT_GENERIC, spec::SC_NAMESPACE_NOT_READY) => libc::EBUSY,
         (spec::SCT_MEDIA, spec::SC_ACCESS_DENIED) => libc::EACCES,
+        (spec::SCT_PATH, spec::SC_ANA_PERSISTENT_LOSS) => ANA_LOST,
         _ => libc::EIO,
     };
     IoStatus::Error(errno)
+}
+
+/// The errno a multipath path's channel gives a request back with when its command failed
+/// with an ANA path status: the multipath channel sends it through another path (never seen
+/// above it).
+pub(crate) const ANA_RETRY: i32 = libc::EREMCHG;
+
+/// What a request fails with when its namespace is in ANA Persistent Loss on every path.
+pub(crate) const ANA_LOST: i32 = libc::ENOLINK;
+
+/// Whether a failure is an Asymmetric Access status (SCT 3h, SC 01h persistent loss, 02h
+/// inaccessible, 03h transition; Base 4.6.1.2.4): the namespace's ANA state through this
+/// controller is not what the host last read.
+#[inline]
+pub(crate) fn is_ana(s: Status) -> bool {
+    s.sct == spec::SCT_PATH
+        && matches!(s.sc, spec::SC_ANA_PERSISTENT_LOSS | spec::SC_ANA_INACCESSIBLE | spec::SC_ANA_TRANSITION)
 }
 
 /// Times a command failing with a transient status is sent again before its failure stands
@@ -68,5 +86,10 @@ mod tests {
         assert!(retryable(Status::generic(spec::SC_NAMESPACE_NOT_READY).retryable()));
         assert!(!retryable(Status::generic(spec::SC_NAMESPACE_NOT_READY)), "DNR set");
         assert!(!retryable(Status::generic(spec::SC_CAPACITY_EXCEEDED).retryable()));
+        let ana = |sc| Status { sct: spec::SCT_PATH, sc, dnr: false };
+        assert!(is_ana(ana(spec::SC_ANA_INACCESSIBLE)) && is_ana(ana(spec::SC_ANA_TRANSITION)));
+        assert!(is_ana(ana(spec::SC_ANA_PERSISTENT_LOSS)) && !is_ana(ana(0x00)) && !is_ana(ana(0x60)));
+        assert_eq!(io_status(ana(spec::SC_ANA_PERSISTENT_LOSS)), IoStatus::Error(ANA_LOST));
+        assert_eq!(io_status(ana(spec::SC_ANA_INACCESSIBLE)), IoStatus::Error(libc::EIO));
     }
 }

@@ -4,8 +4,8 @@
 //! geometry. The offsets and bits are `fp_nvme_spec::identify`'s (the target writes the same structures).
 
 use fp_nvme_spec::identify::{
-    self as id, NSATTR_WRITE_PROTECTED, OACS_DOORBELL_BUFFER_CONFIG, OAES_NS_ATTRIBUTE, ONCS_DSM,
-    ONCS_WRITE_ZEROES,
+    self as id, CMIC_ANA_REPORTING, NSATTR_WRITE_PROTECTED, OACS_DOORBELL_BUFFER_CONFIG, OAES_ANA_CHANGE,
+    OAES_NS_ATTRIBUTE, ONCS_DSM, ONCS_WRITE_ZEROES,
 };
 
 fn le16(b: &[u8], at: usize) -> u16 {
@@ -66,6 +66,16 @@ pub struct ControllerData {
     /// its commands after a keep-alive timeout or another loss of communication; 0 when not
     /// reported. Multipath waits for it before retrying a lost path's commands elsewhere.
     pub cqt: u16,
+    /// Controller Multi-Path I/O and Namespace Sharing Capabilities (bit 3: ANA reporting).
+    pub cmic: u8,
+    /// ANA Transition Time: the longest a group stays in ANA Change, in seconds.
+    pub anatt: u8,
+    /// ANA Capabilities: the states the controller reports.
+    pub anacap: u8,
+    /// Number of ANA Group Identifiers: the most descriptors the ANA log page holds.
+    pub nanagrpid: u32,
+    /// Maximum Number of Allowed Namespaces (0: not reported).
+    pub mnan: u32,
 }
 
 /// Identify Controller's CQT (NVMe Base 2.1, Identify Controller data structure, bytes
@@ -95,6 +105,11 @@ impl ControllerData {
             sgls: le32(b, id::IDC_SGLS),
             subnqn: text(b, id::IDC_SUBNQN, 256),
             cqt: le16(b, IDC_CQT),
+            cmic: b[id::IDC_CMIC],
+            anatt: b[id::IDC_ANATT],
+            anacap: b[id::IDC_ANACAP],
+            nanagrpid: le32(b, id::IDC_NANAGRPID),
+            mnan: le32(b, id::IDC_MNAN),
         }
     }
 
@@ -128,6 +143,17 @@ impl ControllerData {
         self.oaes & OAES_NS_ATTRIBUTE != 0
     }
 
+    /// The controller reports Asymmetric Namespace Access (CMIC bit 3): its namespaces' ANA
+    /// states are read from the ANA log page.
+    pub fn ana_reporting(&self) -> bool {
+        self.cmic & CMIC_ANA_REPORTING != 0
+    }
+
+    /// ANA Change Notices are supported (OAES bit 11).
+    pub fn ana_notices(&self) -> bool {
+        self.oaes & OAES_ANA_CHANGE != 0
+    }
+
     /// The transfer limit in bytes for a controller whose smallest page is `page` bytes
     /// (CAP.MPSMIN); `None` when MDTS says no limit.
     pub fn max_transfer(&self, page: u32) -> Option<u32> {
@@ -153,6 +179,8 @@ pub struct NamespaceData {
     pub eui64: [u8; 8],
     /// Namespace Globally Unique Identifier.
     pub nguid: [u8; 16],
+    /// ANA Group Identifier (0: none reported).
+    pub anagrpid: u32,
 }
 
 impl NamespaceData {
@@ -173,6 +201,7 @@ impl NamespaceData {
             write_protected: b[id::IDN_NSATTR] & NSATTR_WRITE_PROTECTED != 0,
             eui64: b[id::IDN_EUI64..id::IDN_EUI64 + 8].try_into().expect("eight bytes"),
             nguid: b[id::IDN_NGUID..id::IDN_NGUID + 16].try_into().expect("sixteen bytes"),
+            anagrpid: le32(b, id::IDN_ANAGRPID),
         }
     }
 
@@ -221,13 +250,22 @@ mod tests {
         assert_eq!(d.max_transfer(4096), Some(128 * 1024));
         assert!(d.dsm() && d.write_zeroes() && d.volatile_write_cache() && d.doorbell_buffer_config());
         assert!(!d.sgl());
+        assert!(!d.ana_reporting());
+        c[id::IDC_CMIC] = id::CMIC_ANA_REPORTING;
+        c[id::IDC_ANATT] = 10;
+        c[id::IDC_NANAGRPID..id::IDC_NANAGRPID + 4].copy_from_slice(&32u32.to_le_bytes());
+        let d = ControllerData::parse(&c);
+        assert!(d.ana_reporting());
+        assert_eq!((d.anatt, d.nanagrpid), (10, 32));
 
         let mut n = vec![0u8; 4096];
         n[id::IDN_NSZE..id::IDN_NSZE + 8].copy_from_slice(&1000u64.to_le_bytes());
         n[id::IDN_FLBAS] = 1;
         n[id::IDN_LBAF0 + 4..id::IDN_LBAF0 + 8].copy_from_slice(&(12u32 << 16).to_le_bytes());
         let ns = NamespaceData::parse(&n);
-        assert_eq!((ns.nsze, ns.block_size), (1000, 4096));
+        assert_eq!((ns.nsze, ns.block_size, ns.anagrpid), (1000, 4096, 0));
+        n[id::IDN_ANAGRPID] = 3;
+        assert_eq!(NamespaceData::parse(&n).anagrpid, 3);
         assert!(ns.usable().is_ok());
         n[id::IDN_LBAF0 + 4] = 8;
         assert!(NamespaceData::parse(&n).usable().is_err());

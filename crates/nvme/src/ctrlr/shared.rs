@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use crate::transport::{QueueStats, Transport};
 use crate::NvmeError;
 
+use super::ana::AnaTable;
 use super::identify::ControllerData;
 use super::options::{ControllerOptions, GlobalOptions};
 
@@ -79,6 +80,8 @@ pub(crate) enum Msg<T: Transport> {
         ctrlr_key: Option<fp_crypto::dhchap::DhchapSecret>,
         reply: SyncSender<Result<(), NvmeError>>,
     },
+    /// Read the ANA log page again: a channel saw an I/O fail with an ANA path status.
+    ReadAna,
     /// Shut down and stop the thread.
     Detach { reply: SyncSender<()> },
 }
@@ -163,6 +166,8 @@ pub(crate) struct Shared<T: Transport> {
     /// Counters of channels closed since.
     closed_stats: Mutex<QueueStats>,
     pub(crate) snapshot: Mutex<Snapshot>,
+    /// Its namespaces' ANA states, as the controller thread last read them.
+    pub(crate) ana: AnaTable,
 }
 
 impl<T: Transport> Shared<T> {
@@ -184,6 +189,7 @@ impl<T: Transport> Shared<T> {
             channels: Mutex::new(Vec::new()),
             closed_stats: Mutex::new(QueueStats::default()),
             snapshot: Mutex::new(Snapshot::default()),
+            ana: AnaTable::default(),
         }
     }
 

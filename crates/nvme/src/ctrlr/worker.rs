@@ -15,14 +15,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::BlockDevice;
-use fp_nvme_spec::registers;
+use fp_nvme_spec::log_page::{AnaLogPage, LID_ANA};
 use fp_nvme_spec::Cqe;
+use fp_nvme_spec::{aer, registers};
 
 use crate::bdev::{NamespaceBackend, NvmeNamespace};
 use crate::cmd;
 use crate::transport::{AdminData, AdminQueue, IoQueue, Transport};
 use crate::NvmeError;
 
+use super::ana;
 use super::identify::{nsid_list, ControllerData, NamespaceData};
 use super::namespaces::{lock_ns, Events, NamespaceEvent, NsMap};
 use super::shared::*;
@@ -58,6 +60,8 @@ pub(crate) struct Worker<T: Transport> {
     next_keep_alive: Option<Instant>,
     next_admin_poll: Instant,
     aer_buf: Vec<Cqe>,
+    /// The next ANATT deadline of a namespace inaccessible or in change.
+    next_anatt: Option<Instant>,
 }
 
 impl<T: Transport> Worker<T> {
@@ -81,6 +85,7 @@ impl<T: Transport> Worker<T> {
             next_keep_alive: None,
             next_admin_poll: Instant::now(),
             aer_buf: Vec::new(),
+            next_anatt: None,
         }
     }
 
@@ -142,7 +147,10 @@ impl<T: Transport> Worker<T> {
 
     fn next_deadline(&self) -> Instant {
         let mut d = self.next_admin_poll;
-        for t in [self.next_keep_alive, self.next_attempt, self.fast_fail_at()].into_iter().flatten() {
+        for t in [self.next_keep_alive, self.next_attempt, self.fast_fail_at(), self.next_anatt]
+            .into_iter()
+            .flatten()
+        {
             d = d.min(t);
         }
         d
@@ -217,6 +225,18 @@ impl<T: Transport> Worker<T> {
                 }
                 self.reset();
             }
+            Msg::ReadAna => {
+                // A controller resetting reads the page as it comes back.
+                if self.enabled() {
+                    let nsids = self.known_nsids();
+                    if let Err(e) = self.read_ana(&nsids) {
+                        log::warn!("nvme {}: reading the ANA log page: {e}", self.shared.opts.name);
+                        if !matches!(e, NvmeError::Command { .. } | NvmeError::Protocol(_)) {
+                            self.reset();
+                        }
+                    }
+                }
+            }
             Msg::Detach { .. } => unreachable!("handled by run"),
         }
     }
@@ -236,6 +256,13 @@ impl<T: Transport> Worker<T> {
                 self.next_attempt = None;
                 self.reset();
             }
+        }
+        if self.next_anatt.is_some_and(|at| now >= at) {
+            self.next_anatt = self.shared.ana.expire(self.anatt(), now);
+            log::warn!(
+                "nvme {}: a namespace stayed inaccessible or in ANA change longer than ANATT",
+                self.shared.opts.name
+            );
         }
         if !self.enabled() {
             return;
@@ -301,9 +328,18 @@ impl<T: Transport> Worker<T> {
             if kind == AER_TYPE_NOTICE && info == AER_NOTICE_NS_CHANGED {
                 rescan = true;
             }
+            let ana_change = kind == u32::from(aer::TYPE_NOTICE)
+                && info == u32::from(aer::INFO_ANA_CHANGE)
+                && self.shared.snapshot().cdata.ana_reporting();
             // Reading the log page the event names clears it (RAE 0) and lets the controller
-            // report the next one; then the request is re-armed.
-            if log_page != 0 {
+            // report the next one; then the request is re-armed. The ANA page is read whole
+            // and its states published.
+            if ana_change {
+                let nsids = self.known_nsids();
+                if let Err(e) = self.read_ana(&nsids) {
+                    log::warn!("nvme {}: reading the ANA log page: {e}", self.shared.opts.name);
+                }
+            } else if log_page != 0 {
                 let mut page = vec![0u8; 4096];
                 let len =
                     if log_page == u32::from(fp_nvme_spec::log_page::LID_CHANGED_NS) { 4096 } else { 512 };
@@ -326,7 +362,14 @@ impl<T: Transport> Worker<T> {
         self.aer_buf = events;
         if rescan {
             match self.scan_namespaces() {
-                Ok(found) => self.apply_namespaces(found),
+                Ok(found) => {
+                    // New namespaces take their ANA states before they are bdevs.
+                    let nsids: Vec<(u32, u32)> = found.iter().map(|(n, d)| (*n, d.anagrpid)).collect();
+                    if let Err(e) = self.read_ana(&nsids) {
+                        log::warn!("nvme {}: reading the ANA log page: {e}", self.shared.opts.name);
+                    }
+                    self.apply_namespaces(found)
+                }
                 Err(e) => log::warn!("nvme {}: namespace rescan: {e}", self.shared.opts.name),
             }
         }
@@ -359,14 +402,21 @@ impl<T: Transport> Worker<T> {
             timeout,
         )?;
         let granted = (cqe.dw0 & 0xffff).min(cqe.dw0 >> 16).min(want) as u16 + 1;
-        // Namespace Attribute Notices when offered (OAES bit 8); the requests go out either
-        // way (errors and health events come through them too, and some controllers send
-        // notices they do not advertise).
+        // Namespace Attribute Notices (OAES bit 8) and ANA Change Notices (bit 11) when
+        // offered; the requests go out either way (errors and health events come through them
+        // too, and some controllers send notices they do not advertise).
+        let mut aec = 0;
         if cdata.namespace_notices() {
+            aec |= aer::AEC_NS_ATTRIBUTE;
+        }
+        if cdata.ana_reporting() && cdata.ana_notices() {
+            aec |= aer::AEC_ANA_CHANGE;
+        }
+        if aec != 0 {
             let r = run_admin(
                 &mut admin,
                 "Set Features (Asynchronous Event Configuration)",
-                cmd::set_features(fp_nvme_spec::features::FID_ASYNC_EVENT_CONFIG, 1 << 8),
+                cmd::set_features(fp_nvme_spec::features::FID_ASYNC_EVENT_CONFIG, aec),
                 AdminData::None,
                 timeout,
             );
@@ -417,7 +467,77 @@ impl<T: Transport> Worker<T> {
         // by `connect_admin`, so it no longer writes into its memory.
         drop(old);
         self.next_admin_poll = Instant::now();
-        self.scan_namespaces()
+        let found = self.scan_namespaces()?;
+        // The states before the controller is enabled: no channel sends I/O on what it
+        // reported before a reset. A controller that refuses the page serves as optimized
+        // (SPDK's choice); one that does not answer fails the bring-up.
+        let nsids: Vec<(u32, u32)> = found.iter().map(|(n, d)| (*n, d.anagrpid)).collect();
+        match self.read_ana(&nsids) {
+            Ok(()) => {}
+            Err(e @ (NvmeError::Command { .. } | NvmeError::Protocol(_))) => {
+                log::warn!("nvme {name}: reading the ANA log page: {e}; its paths count as optimized")
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(found)
+    }
+
+    /// The namespaces known now, with their Identify ANAGRPID.
+    fn known_nsids(&self) -> Vec<(u32, u32)> {
+        lock_ns(&self.namespaces).iter().map(|(n, ns)| (*n, ns.data().anagrpid)).collect()
+    }
+
+    /// The controller's ANA transition time.
+    fn anatt(&self) -> Duration {
+        ana::anatt(self.shared.snapshot().cdata.anatt)
+    }
+
+    /// Reads the whole ANA log page (sized from NANAGRPID and the namespaces, in pieces of at
+    /// most the transfer limit, each bounded by the admin timeout) and publishes the states of
+    /// `nsids`; nothing for a controller without ANA reporting. On failure the states stay as
+    /// they were.
+    fn read_ana(&mut self, nsids: &[(u32, u32)]) -> Result<(), NvmeError> {
+        let (reporting, nanagrpid, max_transfer) = {
+            let s = self.shared.snapshot();
+            (s.cdata.ana_reporting(), s.cdata.nanagrpid, s.max_transfer)
+        };
+        if !reporting {
+            return Ok(());
+        }
+        self.shared.ana.start_read();
+        let len = ana::page_len(nanagrpid, nsids.len());
+        let piece = (max_transfer as usize).clamp(4096, ana::ANA_PAGE_MAX) & !3;
+        let mut page = vec![0u8; len];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(piece);
+            let sqe = cmd::get_log_page(LID_ANA, 0xffff_ffff, n as u32, at as u64);
+            if let Err(e) =
+                self.admin_cmd("Get Log Page (ANA)", sqe, AdminData::FromDevice(&mut page[at..at + n]))
+            {
+                self.shared.ana.keep();
+                return Err(e);
+            }
+            at += n;
+        }
+        let parsed = match AnaLogPage::parse(&page) {
+            Ok(p) => p,
+            Err(e) => {
+                self.shared.ana.keep();
+                return Err(NvmeError::Protocol(format!("ANA log page: {e}")));
+            }
+        };
+        let anatt = self.anatt();
+        self.next_anatt = self.shared.ana.publish(&parsed, nsids, anatt, Instant::now());
+        let states: Vec<String> =
+            parsed.groups.iter().map(|g| format!("{}:{}", g.grpid, g.state.name())).collect();
+        log::info!(
+            "nvme {}: ANA log page {} (groups {})",
+            self.shared.opts.name,
+            parsed.change_count,
+            states.join(" ")
+        );
+        Ok(())
     }
 
     /// Identify of every active namespace the driver can use.

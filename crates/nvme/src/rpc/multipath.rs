@@ -292,14 +292,26 @@ pub(super) fn get_io_paths(host: &dyn ModuleHost, mut p: Params) -> Result<Value
             let connected: Vec<u64> =
                 view.connected.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).collect();
             let entry = groups.entry(thread).or_default();
-            for path in &paths {
-                let info = head.path_info(path);
+            let infos: Vec<_> = paths.iter().map(|p| (p.id, head.path_info(p))).collect();
+            // Active-active (SPDK's rule) as this channel sees the states: every connected
+            // accessible optimized path is current, or every connected accessible one when none
+            // is optimized.
+            let active_active = head.paths().policy() != Policy::ActivePassive;
+            let seen = |id: &u64| view.ana_of(*id).filter(|_| connected.contains(id));
+            let any_optimized = infos.iter().any(|(id, _)| seen(id).is_some_and(|w| w.optimized()));
+            for (id, info) in &infos {
+                let current = if active_active {
+                    seen(id).is_some_and(|w| w.optimized() || (w.accessible() && !any_optimized))
+                } else {
+                    current == *id
+                };
                 entry.push(json!({
                     "bdev_name": bdev,
                     "cntlid": info.cntlid,
-                    "current": current == path.id,
-                    "connected": connected.contains(&path.id),
-                    "accessible": info.enabled,
+                    "current": current,
+                    "connected": connected.contains(id),
+                    "accessible": info.accessible,
+                    "ana_state": info.ana_state.name(),
                     "transport": info.trid,
                 }));
             }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use fp_bdev::clock::ticks;
 use fp_bdev::{Iovecs, SubmitError};
 use fp_nvme_spec::identify as id;
+use fp_nvme_spec::log_page::{AnaLogPage, LID_ANA};
 use fp_nvme_spec::registers;
 use fp_nvme_spec::{self as spec, Cqe, Sqe, Status};
 
@@ -86,6 +87,12 @@ pub(crate) struct Dev {
     pub(crate) reauths: u32,
     /// The I/O queue counts in-band re-authentications were asked for.
     pub(crate) io_reauths: Vec<usize>,
+    /// ANA reporting: the page Get Log Page 0Ch returns (every namespace in ANA group 1 by
+    /// Identify), and ANATT in seconds.
+    pub(crate) ana: Option<AnaLogPage>,
+    pub(crate) anatt: u8,
+    /// ANA log pages read.
+    pub(crate) ana_reads: u32,
 }
 
 /// The fake device, shared by the transport, its queues and the test.
@@ -126,6 +133,9 @@ impl FakeDevice {
             auth_key: None,
             reauths: 0,
             io_reauths: Vec::new(),
+            ana: None,
+            anatt: 0,
+            ana_reads: 0,
         })))
     }
 
@@ -301,6 +311,17 @@ impl AdminQueue for FakeAdmin {
                         put(b, id::IDC_NN, &nn.to_le_bytes());
                         put(b, id::IDC_ONCS, &d.oncs.to_le_bytes());
                         b[id::IDC_VWC] = d.vwc;
+                        if let Some(page) = &d.ana {
+                            b[id::IDC_CMIC] = id::CMIC_ANA_REPORTING | id::CMIC_MULTI_CONTROLLER;
+                            b[id::IDC_ANATT] = d.anatt;
+                            let groups = page.groups.iter().map(|g| g.grpid).max().unwrap_or(1);
+                            put(b, id::IDC_NANAGRPID, &groups.to_le_bytes());
+                            put(
+                                b,
+                                id::IDC_OAES,
+                                &(id::OAES_NS_ATTRIBUTE | id::OAES_ANA_CHANGE).to_le_bytes(),
+                            );
+                        }
                     }
                     spec::identify::CNS_ACTIVE_NS_LIST => {
                         let after = sqe.nsid();
@@ -315,6 +336,9 @@ impl AdminQueue for FakeAdmin {
                             put(b, id::IDN_NCAP, &blocks.to_le_bytes());
                             let lbads = ns.block_size.trailing_zeros();
                             put(b, id::IDN_LBAF0, &(lbads << 16).to_le_bytes());
+                            if d.ana.is_some() {
+                                put(b, id::IDN_ANAGRPID, &1u32.to_le_bytes());
+                            }
                         }
                     }
                     _ => cqe.status = Status::generic(spec::SC_INVALID_FIELD),
@@ -330,6 +354,14 @@ impl AdminQueue for FakeAdmin {
                 d.log_pages += 1;
                 if let Some(b) = out {
                     b.fill(0);
+                    if sqe.cdw(10) as u8 == LID_ANA {
+                        let page = d.ana.as_ref().map(AnaLogPage::encode).unwrap_or_default();
+                        d.ana_reads += 1;
+                        let at = (u64::from(sqe.cdw(13)) << 32 | u64::from(sqe.cdw(12))) as usize;
+                        let from = page.get(at..).unwrap_or_default();
+                        let n = from.len().min(b.len());
+                        b[..n].copy_from_slice(&from[..n]);
+                    }
                 }
             }
             spec::ADMIN_ABORT => {

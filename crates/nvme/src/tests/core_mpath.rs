@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use fp_bdev::conformance::{read_range, write_range, IoBuf};
 use fp_bdev::{Bdev, BlockDevice, ErrorDevice, ErrorType, Injection, IoChannel, IoOp, IoStatus, RamDevice};
+use fp_nvme_spec::log_page::AnaState;
 use fp_nvmf::testing::{self, LoopbackTarget};
-use fp_nvmf::{SubsystemSpec, TransportOptions};
+use fp_nvmf::{ListenAddress, SubsystemSpec, TransportOptions};
 
 use super::core_fake::{test_options, wait_for};
 use crate::bdev::multipath::UNREPORTED_CQT_MS;
@@ -28,18 +29,26 @@ fn target() -> &'static LoopbackTarget {
     T.get_or_init(|| LoopbackTarget::start(&[0], TransportOptions::default()).unwrap())
 }
 
-/// A subsystem whose namespace 1 is an error bdev over RAM.
+/// A subsystem whose namespace 1 is an error bdev over RAM, on the target's port.
 fn subsystem(blocks: u64) -> (String, Arc<ErrorDevice>) {
+    let (nqn, err) = bare_subsystem(blocks, false);
+    target().target().add_listener(&nqn, target().listen_address()).unwrap();
+    (nqn, err)
+}
+
+/// A subsystem (with ANA reporting when `ana`) whose namespace 1 is an error bdev over RAM,
+/// on no listener yet.
+fn bare_subsystem(blocks: u64, ana: bool) -> (String, Arc<ErrorDevice>) {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let nqn = format!("nqn.2016-06.io.flashpath:mpath-{n}");
     let ram: Bdev = Arc::new(RamDevice::new(&format!("mp-ram{n}"), 4096, blocks).unwrap());
     let err = Arc::new(ErrorDevice::new(&format!("EE_mp-ram{n}"), ram).unwrap());
     let t = target().target();
-    t.create_subsystem(SubsystemSpec { nqn: nqn.clone(), allow_any_host: true, ..Default::default() })
-        .unwrap();
+    let spec =
+        SubsystemSpec { nqn: nqn.clone(), allow_any_host: true, ana_reporting: ana, ..Default::default() };
+    t.create_subsystem(spec).unwrap();
     t.add_namespace(&nqn, testing::namespace(1, err.clone(), &format!("EE_mp-ram{n}"))).unwrap();
-    t.add_listener(&nqn, target().listen_address()).unwrap();
     (nqn, err)
 }
 
@@ -86,6 +95,32 @@ impl Drop for TwoPaths {
 fn two_paths(name: &str) -> TwoPaths {
     let (nqn, err) = subsystem(256);
     let relays = [Relay::start(target().port()).unwrap(), Relay::start(target().port()).unwrap()];
+    join_paths(name, &nqn, relays, err)
+}
+
+/// A subsystem with ANA reporting whose namespace 1 (ANA group 1) is an error bdev over RAM,
+/// on two listeners of its own (ANA states are per listener); returns them with it.
+fn ana_subsystem(blocks: u64) -> (String, Arc<ErrorDevice>, [ListenAddress; 2]) {
+    let (nqn, err) = bare_subsystem(blocks, true);
+    let listeners = [(); 2].map(|_| {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        ListenAddress { trsvcid: port.to_string(), ..target().listen_address() }
+    });
+    for l in &listeners {
+        target().target().add_listener(&nqn, l.clone()).unwrap();
+    }
+    (nqn, err, listeners)
+}
+
+/// Two paths through the two listeners of an [`ana_subsystem`].
+fn ana_paths(name: &str) -> (TwoPaths, String, [ListenAddress; 2]) {
+    let (nqn, err, listeners) = ana_subsystem(256);
+    let relays = listeners.clone().map(|l| Relay::start(l.trsvcid.parse().unwrap()).unwrap());
+    (join_paths(name, &nqn, relays, err), nqn, listeners)
+}
+
+fn join_paths(name: &str, nqn: &str, relays: [Relay; 2], err: Arc<ErrorDevice>) -> TwoPaths {
+    let nqn = nqn.to_string();
     let ctrlrs =
         [attach(&nqn, &relays[0], &format!("{name}a")), attach(&nqn, &relays[1], &format!("{name}b"))];
     let ns = ctrlrs[0].namespaces()[0].clone();
@@ -109,7 +144,7 @@ fn drain(ch: &mut dyn IoChannel, done: &mut Vec<(u32, IoStatus, Instant)>) {
 }
 
 /// Polls `ch` for a while (enough rounds for a sweep: idle paths seen, views published).
-fn spin(ch: &mut dyn IoChannel, rounds: usize) {
+pub(super) fn spin(ch: &mut dyn IoChannel, rounds: usize) {
     for _ in 0..rounds {
         ch.poll(&mut |_, _| {});
         std::thread::sleep(Duration::from_micros(50));
@@ -302,4 +337,84 @@ fn an_open_channel_follows_paths_added_and_removed() {
     }
     spin(&mut *ch, 130);
     assert_eq!([submitted(&t.ctrlrs[0]) - last[0], submitted(&t.ctrlrs[1]) - last[1]], [0, 8]);
+}
+
+/// Writes `n` blocks of `byte` (verified by reading back) and returns the commands each path
+/// submitted meanwhile (reads included).
+fn writes_per_path(t: &TwoPaths, ch: &mut dyn IoChannel, n: u64, byte: u8) -> [u64; 2] {
+    spin(ch, 130);
+    let before = [submitted(&t.ctrlrs[0]), submitted(&t.ctrlrs[1])];
+    for i in 0..n {
+        write_range(ch, i * 4096, &[byte; 4096]);
+        assert!(read_range(ch, i * 4096, 4096) == [byte; 4096], "block {i}");
+    }
+    spin(ch, 130);
+    [submitted(&t.ctrlrs[0]) - before[0], submitted(&t.ctrlrs[1]) - before[1]]
+}
+
+/// Path `i`'s ANA state as `bdev_nvme_get_io_paths` shows it.
+fn shown(t: &TwoPaths, i: usize) -> AnaState {
+    t.ns.path_info(&t.ns.paths().list()[i]).ana_state
+}
+
+#[test]
+fn ana_states_of_flashpath_listeners_steer_io_and_fail_back() {
+    let (t, nqn, listeners) = ana_paths("mpana");
+    let target = target().target();
+    let mut ch = t.ns.open_channel().unwrap();
+    spin(&mut *ch, 130);
+    let ids = t.ns.paths().ids();
+    assert_eq!((shown(&t, 0), shown(&t, 1)), (AnaState::Optimized, AnaState::Optimized));
+    let view = t.ns.paths().channel_views().pop().unwrap();
+    assert_eq!(view.current.load(Ordering::Relaxed), ids[0]);
+
+    // Writes held at the target through the first path, then its listener turns
+    // inaccessible: the held writes were accepted before the change and complete there; the
+    // writes after it go through the second path, none failing.
+    let pending = Injection {
+        error_type: ErrorType::Pending,
+        num: 4,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    t.err.inject(&[1], pending).unwrap();
+    let mut bufs: Vec<IoBuf> = (0..4).map(|_| IoBuf::new(4096, true)).collect();
+    for (i, b) in bufs.iter_mut().enumerate() {
+        b.bytes_mut().fill(0xb0 + i as u8);
+        ch.submit(&b.request(i as u32, IoOp::Write, i as u64 * 4096)).unwrap();
+    }
+    let mut done = Vec::new();
+    wait_for("the target to hold every write", || {
+        ch.poll(&mut |tag, status| done.push((tag, status, Instant::now())));
+        t.err.injections()[1].is_none_or(|inj| inj.num == 0)
+    });
+    target.set_ana_state(&nqn, &listeners[0], AnaState::Inaccessible, None).unwrap();
+    wait_for("the first path shown inaccessible", || {
+        spin(&mut *ch, 1);
+        shown(&t, 0) == AnaState::Inaccessible
+    });
+    t.err.resume_pending();
+    drain(&mut *ch, &mut done);
+    assert!(done.iter().all(|d| d.1 == IoStatus::Success), "{done:?}");
+    spin(&mut *ch, 130);
+    assert_eq!(view.current.load(Ordering::Relaxed), ids[1], "the second path is current");
+    assert_eq!(writes_per_path(&t, &mut *ch, 8, 0xc0), [0, 16], "nothing to the inaccessible path");
+
+    // Optimized again: failback.
+    target.set_ana_state(&nqn, &listeners[0], AnaState::Optimized, None).unwrap();
+    wait_for("the first path current again", || {
+        spin(&mut *ch, 70);
+        view.current.load(Ordering::Relaxed) == ids[0]
+    });
+    assert_eq!(writes_per_path(&t, &mut *ch, 4, 0xd0), [8, 0], "failback");
+
+    // Active-active with the first path non-optimized: everything to the second.
+    t.ns.paths().set_policy(Policy::ActiveActive { selector: Selector::RoundRobin, rr_min_io: 1 });
+    target.set_ana_state(&nqn, &listeners[0], AnaState::NonOptimized, None).unwrap();
+    wait_for("the first path shown non-optimized", || {
+        spin(&mut *ch, 1);
+        shown(&t, 0) == AnaState::NonOptimized
+    });
+    assert_eq!(writes_per_path(&t, &mut *ch, 8, 0xe0), [0, 16], "the optimized path only");
 }

@@ -1,6 +1,7 @@
 //! The controller and channel tests (core): over a fake in-memory transport, and over the
 //! PCIe transport to the emulated controller.
 
+mod core_ana;
 mod core_bdev;
 mod core_ctrlr;
 mod core_fake;
