@@ -1,7 +1,7 @@
 //! NVMe multipath end to end (docs/nvme.md, "Multipath"): a daemon serves an error bdev over
 //! its own NVMe/TCP target and attaches it back twice under one name, each path through a TCP
 //! relay of the test's own (cutting a relay closes that path's connections and refuses new
-//! ones: the target's `nvmf_subsystem_remove_listener` closes only the listening socket).
+//! ones, and holds no listener of the target's: the same target serves both paths).
 //!
 //! * [`two_paths_are_one_bdev_and_io_survives_the_loss_of_one`]: `-x multipath` adds a path
 //!   (one bdev, two `ctrlrs` in `bdev_nvme_get_controllers`), the refusals (another
