@@ -327,6 +327,7 @@ class PathsSection:
         t0 = load.started
         before = controllers(host)
         time.sleep(max(0.0, t0 + secs / 3 - time.monotonic()))
+        at_cut = controllers(host)
         cut_at = time.monotonic()
         (relays[0].cut if kind == "cut" else relays[0].stall)()
         # When the initiator showed the first path down (its controller's state), and when the
@@ -337,6 +338,7 @@ class PathsSection:
             if detected is None and controllers(host)[0]["state"] != "enabled":
                 detected = time.monotonic() - cut_at
             time.sleep(min(POLL_S, max(0.0, restore_at - time.monotonic())))
+        at_restore = controllers(host)
         restored = time.monotonic()
         relays[0].restore()
         failback, current_back, last = None, None, None
@@ -354,13 +356,20 @@ class PathsSection:
                     current_back = time.monotonic() - restored
             time.sleep(POLL_S)
         res = load.result()
+        after = controllers(host)
         cut_s = cut_at - t0
         r = {"kind": kind, "policy": policy, "qd": qd, "cut_s": cut_s, "restore_s": restored - t0,
              "detected_s": detected, "failback_s": failback, "current_back_s": current_back,
              "waited_for_paths_s": waited, "exit_status": res["exit_status"], "first_error": res.get("first_error"),
              "first_mismatch": res.get("first_mismatch"), "elapsed_s": res.get("elapsed_s"),
              "timeline": res.get("timeline"), "lat_p99_ns": res.get("p99_ns"),
-             "paths_before": [{"state": p["state"], "completed": path_completed(p)} for p in before]}
+             # Each path's state and completed count (stats.completed: its I/O queues, every
+             # channel) at the run's start, at the break, at the restore and after the run: which
+             # path carried the I/O in each part.
+             "paths": {when: [{"state": p["state"], "completed": path_completed(p), "generation": p.get("generation"),
+                               "io_queues": p.get("io_queues")}
+                              for p in ps]
+                       for when, ps in (("start", before), ("break", at_cut), ("restore", at_restore), ("end", after))}}
         r.update(run_figures(res, cut_s, bound, 4096))
         # A gap that reached the restore may have been ended by the restore, not the failover.
         g = r["gap"]
