@@ -44,18 +44,21 @@ def paths_markdown(res):
              f"longest run of empty {int(TIMELINE_S * 1000)} ms timeline buckets after the cut (a lower bound; the "
              f"true stretch without a completion is less than 2 buckets longer); **longest request**: fp-load's "
              "lat_max; **ratio**: the larger of the two over the bound (goal <= "
-             f"{GOAL_RATIO:g}x). detected: when the initiator showed the path's controller not enabled, after the "
+             f"{GOAL_RATIO:g}x); **held**: the runs whose longest request lasted the bound (a request on the "
+             "wire when the path broke must wait it; a run below it found none there, or sent one sooner). detected: when the initiator showed the path's controller not enabled, after the "
              "break (polled every 50 ms); failback: after the restore, when the first path's controller, enabled, "
              "had completed more I/O than at the poll before. Medians and the worst over the repetitions; failed, "
              "mismatched and verified bytes summed.", "",
              "| break | policy | QD | runs | bound s | gap s (median / worst) | longest request s (median / worst) "
-             "| ratio (median / worst) | failed I/O | mismatches | verified MiB | detected s | failback s (median / worst) |",
-             "|" + "---|" * 13]
+             "| ratio (median / worst) | held | failed I/O | mismatches | verified MiB | detected s "
+             "| failback s (median / worst) |",
+             "|" + "---|" * 14]
     for s in e.get("failover", []):
         lines.append(f"| {s['kind']} | {s['policy']} | {s['qd']} | {s['runs']} | {_s(s['bound_s'])} | "
                      f"{_s(s['gap_s_median'])} / {_s(s['gap_s_worst'])} | "
                      f"{_s(s['lat_max_s_median'])} / {_s(s['lat_max_s_worst'])} | "
-                     f"{_x(s['ratio_median'])} / **{_x(s['ratio_worst'])}** | {s['errors']} | {s['mismatches']} | "
+                     f"{_x(s['ratio_median'])} / **{_x(s['ratio_worst'])}** | {s.get('held_runs', '-')}/{s['runs']} | "
+                     f"{s['errors']} | {s['mismatches']} | "
                      f"{s['verified_bytes'] / MIB:,.1f} | {_s(s['detected_s_median'])} | "
                      f"{_s(s['failback_s_median'])} / {_s(s['failback_s_worst'])} "
                      f"({s['failback_seen']}/{s['runs']} seen) |")
@@ -70,7 +73,8 @@ def paths_markdown(res):
                   f"Target: `flashpath serve --cpus {ccpu}` with two subsystems on one listener: one open to any "
                   "host, one requiring DH-HMAC-CHAP from a listed host (`nvmf_subsystem_add_host` with dhchap_key "
                   "and dhchap_ctrlr_key, keyring_file_add_key; random 32-byte DHHC-1:00 secrets) and "
-                  "`nvmf_set_config` limiting the digest to sha256 and the group to the row's. Initiator: "
+                  "`nvmf_set_config` limiting the digest to sha256 and the group to the row's (null: the transaction "
+                  "without Diffie-Hellman, its messages and HMACs only). Initiator: "
                   f"`flashpath serve --cpus {scpu}` timing `bdev_nvme_attach_controller`'s JSON-RPC round trip "
                   f"(bidirectional keys for the authenticated rows), then detaching; {k['n']} timed attaches per row "
                   "after one untimed, the rows interleaved. queues: the admin queue plus the I/O queues the controller "
@@ -113,12 +117,13 @@ def paths_targets(res, add):
             f"worst {_x(worst)}x; {failed} failed, {bad} mismatched, {verified / MIB:,.1f} MiB verified",
             None if worst is None else (worst <= GOAL_RATIO and failed == 0 and bad == 0))
     su = ((e.get("connect") or {}).get("summary")) or {}
-    for v in ("ffdhe2048", "ffdhe4096"):
+    for v in ("null", "ffdhe2048", "ffdhe4096"):
         x = su.get(v)
         if not x or x.get("added_ms") is None:
             continue
         judged = v == "ffdhe2048"
-        add(f"DH-HMAC-CHAP (sha256, {v}, bidirectional): added to a connect (attach round trip)",
+        group = "no Diffie-Hellman (null group)" if v == "null" else v
+        add(f"DH-HMAC-CHAP (sha256, {group}, bidirectional): added to a connect (attach round trip)",
             f"<= {GOAL_AUTH_MS:g} ms" if judged else "reported",
             f"{_ms(x['median_ms'])} vs {_ms(su['none']['median_ms'])} ms = +{_ms(x['added_ms'])} ms "
             f"(+{_ms(x['added_ms_per_queue'])} ms per queue, {x['queues']} queue(s))",

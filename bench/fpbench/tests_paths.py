@@ -93,8 +93,13 @@ class FailoverSummary(unittest.TestCase):
         self.assertAlmostEqual(cut["ratio_worst"], 1.5)
         self.assertEqual(cut["verified_bytes"], 3 * 4096)
         self.assertEqual(cut["failback_seen"], 2)
+        self.assertEqual(cut["held_runs"], 3)  # longest requests 2.2, 3.0 and 2.4 s against 2 s
         self.assertTrue(cut["met"])
         self.assertFalse(rows[("stall", 1)]["met"])
+
+    def test_a_run_below_the_bound_held_nothing(self):
+        s = failover_summary([_run("cut", "active_passive", 16, 0.05), _run("cut", "active_passive", 16, 1.0)])
+        self.assertEqual(s[0]["held_runs"], 1)
 
     def test_a_failed_io_misses_whatever_the_time(self):
         s = failover_summary([_run("cut", "active_active", 16, 1.0, errors=1)])
@@ -131,7 +136,7 @@ def _section(ratio_worst=1.2, errors=0, added=3.0):
     run = dict(_run("cut", "active_passive", 16, ratio_worst, errors=errors), rep=0, timeline=_tl([1, 0, 1]))
     return cfg, {"paths": {
         "config": cfg, "runs": [run], "failover": failover_summary([run]),
-        "connect": {"summary": connect_summary({"none": [1.0, 1.0], "ffdhe2048": [1.0 + added] * 2,
+        "connect": {"summary": connect_summary({"none": [1.0, 1.0], "null": [2.0, 2.0], "ffdhe2048": [1.0 + added] * 2,
                                                 "ffdhe4096": [9.0, 9.0]}, {})}}}
 
 
@@ -143,13 +148,13 @@ class Targets(unittest.TestCase):
 
     def test_met_within_twice_the_bound_and_no_failed_io(self):
         got = self.lines(_section()[1])
-        self.assertEqual([g[3] for g in got], [True, True, None])  # cut, ffdhe2048, ffdhe4096 reported
+        self.assertEqual([g[3] for g in got], [True, None, True, None])  # cut, null and ffdhe4096 reported
         self.assertIn("worst 1.20x", got[0][2])
 
     def test_missed_on_time_on_failed_io_and_on_the_auth_cost(self):
         self.assertFalse(self.lines(_section(ratio_worst=2.1)[1])[0][3])
         self.assertFalse(self.lines(_section(errors=1)[1])[0][3])
-        self.assertFalse(self.lines(_section(added=5.5)[1])[1][3])
+        self.assertFalse(self.lines(_section(added=5.5)[1])[2][3])
 
     def test_validate_accepts_a_whole_section_and_names_what_is_missing(self):
         cfg, res = _section()
