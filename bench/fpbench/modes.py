@@ -25,7 +25,7 @@ def pathlen_config(mode):
 # timeout_admin_us (action reset), what notices a stalled path; qds, policies, kinds: the runs
 # (4 KiB randrw, verified); reps: repetitions of every run; attaches: timed attach/detach pairs
 # per connect variant. Not in any whole run (a benchmark of targets, not CI); smoke takes it
-# only with `--only paths`, as a ~40 s check of the pipeline.
+# only with `--only paths`, as a ~30 s check of the pipeline.
 PATHS = {
     "full": {"secs": 12.0, "reps": 3, "kato_ms": 1000, "io_timeout_us": 1_000_000, "qds": [1, 16],
              "policies": ["active_passive", "active_active"], "kinds": ["cut", "stall"], "attaches": 20,

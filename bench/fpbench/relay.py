@@ -170,3 +170,95 @@ def _close(s):
         s.close()
     except OSError:
         pass
+
+
+# -- the relay in a process of its own -----------------------------------------------------------
+
+# The relays' niceness: they stand for the network, not for anything measured, and the bench's
+# machine is shared; a relay starved for a second made a keep-alive miss its timeout and reset
+# the surviving path (root only; without the right the relay runs at the default).
+NICE = -10
+
+
+class RelayProcess:
+    """A `Relay` in a child process (`python3 -m fpbench.relay PORT`), so that neither the
+    bench's own polling nor its interpreter lock delays the copying: the same `port`, `cut()`,
+    `stall()`, `restore()` and `stop()`, each a line on the child's stdin answered by a line.
+    The child dies with the bench (its stdin closes)."""
+
+    def __init__(self, to, timeout=10.0):
+        import os
+        import subprocess
+        import sys
+        from fpbench.servers import CHILDREN, die_with_the_bench
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.timeout = timeout
+        self.proc = subprocess.Popen([sys.executable, "-m", "fpbench.relay", str(to)], cwd=here,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                     preexec_fn=die_with_the_bench)
+        CHILDREN.append(self.proc)
+        self.port = int(self._line())
+
+    def _line(self):
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"relay process: no answer in {self.timeout} s (exit {self.proc.poll()})")
+        return line.strip()
+
+    def _do(self, what):
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        got = self._line()
+        if got != "ok":
+            raise RuntimeError(f"relay process: {what}: {got}")
+
+    def cut(self):
+        self._do("cut")
+
+    def stall(self):
+        self._do("stall")
+
+    def restore(self):
+        self._do("restore")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            try:
+                self._do("stop")
+            except (OSError, RuntimeError):
+                pass
+            try:
+                self.proc.wait(self.timeout)
+            except Exception:
+                self.proc.kill()
+
+
+def _serve(to):
+    """The child's side: a relay to `to`, its port on stdout, then one command a line."""
+    import os
+    import sys
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, NICE)
+    except OSError:
+        pass
+    r = Relay(to)
+    print(r.port, flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd in ("cut", "stall", "restore"):
+            getattr(r, cmd)()
+        elif cmd == "stop":
+            r.stop()
+            print("ok", flush=True)
+            return
+        else:
+            print(f"unknown command {cmd!r}", flush=True)
+            continue
+        print("ok", flush=True)
+    r.stop()  # the bench went away
+
+
+if __name__ == "__main__":
+    import sys
+    _serve(int(sys.argv[1]))

@@ -62,6 +62,12 @@ def paths_markdown(res):
                      f"{s['verified_bytes'] / MIB:,.1f} | {_s(s['detected_s_median'])} | "
                      f"{_s(s['failback_s_median'])} / {_s(s['failback_s_worst'])} "
                      f"({s['failback_seen']}/{s['runs']} seen) |")
+    dist = [r for r in e.get("runs", []) if r.get("disturbed")]
+    if dist:
+        lines += ["", f"{len(dist)} run(s) disturbed (the machine, not the failover; counted in the table and the "
+                      "targets all the same): " + "; ".join(
+                          f"{r['kind']} {r['policy']} QD{r['qd']} rep {r.get('rep')}: {', '.join(r['disturbed'])} "
+                          f"(ratio {_x(r.get('ratio'))})" for r in dist) + "."]
     reached = [r for r in e.get("runs", []) if r.get("gap_reached_restore")]
     if reached:
         lines += ["", f"{len(reached)} run(s) had their gap last until the restore: there the restore, not the "
@@ -106,6 +112,9 @@ def paths_targets(res, add):
         if not rows:
             continue
         worst = max((s["ratio_worst"] for s in rows if s["ratio_worst"] is not None), default=None)
+        clean = max((s["ratio_worst_undisturbed"] for s in rows if s.get("ratio_worst_undisturbed") is not None),
+                    default=None)
+        ndist = sum(s.get("disturbed_runs", 0) for s in rows)
         failed = sum(s["errors"] for s in rows)
         bad = sum(s["mismatches"] for s in rows)
         verified = sum(s["verified_bytes"] for s in rows)
@@ -115,7 +124,8 @@ def paths_targets(res, add):
             f"{', '.join(sorted({s['policy'] for s in rows}))}; QD {'/'.join(str(q) for q in sorted({s['qd'] for s in rows}))})",
             f"<= {GOAL_RATIO:g}x, 0 failed",
             f"worst {_x(worst)}x; {failed} failed, {bad} mismatched, {verified / MIB:,.1f} MiB verified",
-            None if worst is None else (worst <= GOAL_RATIO and failed == 0 and bad == 0))
+            None if worst is None else (worst <= GOAL_RATIO and failed == 0 and bad == 0),
+            f"{ndist} run(s) disturbed by the machine; worst of the others {_x(clean)}x" if ndist else "")
     su = ((e.get("connect") or {}).get("summary")) or {}
     for v in ("null", "ffdhe2048", "ffdhe4096"):
         x = su.get(v)

@@ -2,11 +2,14 @@
 against the bound, the summaries and the target lines (no servers)."""
 
 import base64
+import socket
+import threading
 import unittest
 import zlib
 
+from fpbench.relay import RelayProcess
 from fpbench.report_paths import paths_targets, validate_paths
-from fpbench.sections.paths import (connect_summary, dhchap_secret, failover_bound_s, failover_summary,
+from fpbench.sections.paths import (connect_summary, dhchap_secret, disturbed, failover_bound_s, failover_summary,
                                     longest_gap, nearest_rank, run_figures)
 
 
@@ -106,6 +109,27 @@ class FailoverSummary(unittest.TestCase):
         self.assertFalse(s[0]["met"])
 
 
+class Disturbed(unittest.TestCase):
+    def test_a_clean_run(self):
+        r = {"cut_s": 4.05, "restore_s": 8.1, "paths": {"start": [{"generation": 2}, {"generation": 2}],
+                                                       "end": [{"generation": 7}, {"generation": 2}]}}
+        self.assertEqual(disturbed(r, 12.0), [])  # the broken path's own resets do not count
+
+    def test_a_late_break_and_a_reset_survivor(self):
+        r = {"cut_s": 7.1, "restore_s": 8.0, "paths": {"start": [{"generation": 2}, {"generation": 2}],
+                                                      "end": [{"generation": 7}, {"generation": 3}]}}
+        why = disturbed(r, 12.0)
+        self.assertEqual(len(why), 2, why)
+        self.assertTrue(why[0].startswith("break 3.10 s late"), why)
+        self.assertIn("surviving path 1 reset", why[1])
+
+    def test_the_summary_keeps_the_worst_of_the_clean_runs(self):
+        rs = [dict(_run("cut", "active_passive", 1, 1.0)), dict(_run("cut", "active_passive", 1, 2.3), disturbed=["x"])]
+        s = failover_summary(rs)[0]
+        self.assertEqual((s["disturbed_runs"], s["ratio_worst"], s["ratio_worst_undisturbed"]), (1, 2.3, 1.0))
+        self.assertFalse(s["met"])  # judged on every run
+
+
 class ConnectSummary(unittest.TestCase):
     def test_added_cost_per_attach_and_per_queue(self):
         att = {"none": [1.0, 2.0, 3.0], "ffdhe2048": [4.0, 5.0, 6.0]}
@@ -165,6 +189,83 @@ class Targets(unittest.TestCase):
         self.assertTrue(any("QD1: missing" in p for p in probs), probs)
         self.assertTrue(any("ffdhe4096: missing" in p for p in probs), probs)
         self.assertTrue(any("nothing verified" in p for p in probs), probs)
+
+
+class Echo:
+    """A loopback echo server on a thread: the relay's far end."""
+
+    def __init__(self):
+        self.lst = socket.create_server(("127.0.0.1", 0))
+        self.lst.settimeout(5)
+        self.port = self.lst.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.lst.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._echo, args=(c,), daemon=True).start()
+
+    @staticmethod
+    def _echo(c):
+        c.settimeout(5)
+        try:
+            while True:
+                data = c.recv(4096)
+                if not data:
+                    return
+                c.sendall(data)
+        except OSError:
+            return
+        finally:
+            c.close()
+
+
+def _round_trip(port, data=b"ping", timeout=0.5):
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        return s.recv(4096)
+
+
+class RelayBehaviour(unittest.TestCase):
+    """The relay process against a real echo server (loopback, well under a second)."""
+
+    def setUp(self):
+        self.echo = Echo()
+        self.relay = RelayProcess(self.echo.port)
+
+    def tearDown(self):
+        self.relay.stop()
+        self.echo.lst.close()
+
+    def test_cut_closes_and_refuses_restore_forwards_again(self):
+        s = socket.create_connection(("127.0.0.1", self.relay.port), timeout=2)
+        s.sendall(b"a")
+        self.assertEqual(s.recv(16), b"a")
+        self.relay.cut()
+        self.assertEqual(s.recv(16), b"")  # the live connection is closed
+        s.close()
+        with self.assertRaises(ConnectionRefusedError):
+            _round_trip(self.relay.port)
+        self.relay.restore()
+        self.assertEqual(_round_trip(self.relay.port, b"back"), b"back")
+
+    def test_stall_keeps_the_connection_and_forwards_nothing_until_restored(self):
+        s = socket.create_connection(("127.0.0.1", self.relay.port), timeout=2)
+        self.relay.stall()
+        s.sendall(b"held")
+        s.settimeout(0.3)
+        with self.assertRaises(socket.timeout):
+            s.recv(16)
+        # A new connection is accepted, and held too.
+        with self.assertRaises(socket.timeout):
+            _round_trip(self.relay.port, timeout=0.3)
+        self.relay.restore()
+        s.settimeout(2)
+        self.assertEqual(s.recv(16), b"held")  # the stalled connection resumes where it stopped
+        s.close()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import zlib
 
 from fpbench.common import MIB, log, median, ratio
 from fpbench.modes import paths_config
-from fpbench.relay import Relay
+from fpbench.relay import RelayProcess
 from fpbench.sections.nvmf import free_port, serve_disk
 from fpbench.servers import CHILDREN, Flashpath, jsonrpc
 
@@ -54,6 +54,8 @@ KEYS = ("host0", "ctrl0")
 # the issue's group; a bigger one.
 CONNECT_VARIANTS = (("none", None, None), ("null", "sha256", "null"), ("ffdhe2048", "sha256", "ffdhe2048"),
                     ("ffdhe4096", "sha256", "ffdhe4096"))
+# A break or restore later than this (the bench's own polling held up) marks the run disturbed.
+LATE_S = 0.2
 # A run "held" a request for the bound when its longest request reached this share of it (the
 # bound is measured from when the channel saw the path down, a little after the break).
 HELD_SHARE = 0.99
@@ -112,6 +114,23 @@ def run_figures(res, cut_s, bound_s, bs):
             "iops": res.get("iops")}
 
 
+def disturbed(r, secs):
+    """Why a run measured the machine rather than the failover, if it did: the bench broke or
+    restored the path late (its own polling held up), or the surviving path reset during the
+    run (its generation moved: a keep-alive or a request missed its timeout), which leaves no
+    path to fail over to. [] for a clean run."""
+    why = []
+    for what, at, want in (("break", r.get("cut_s"), secs / 3), ("restore", r.get("restore_s"), 2 * secs / 3)):
+        if at is not None and at - want > LATE_S:
+            why.append(f"{what} {at - want:.2f} s late")
+    ps = r.get("paths") or {}
+    start, end = ps.get("start") or [], ps.get("end") or []
+    for i in range(1, min(len(start), len(end))):
+        if start[i].get("generation") != end[i].get("generation"):
+            why.append(f"surviving path {i} reset (generation {start[i].get('generation')} -> {end[i].get('generation')})")
+    return why
+
+
 def nearest_rank(xs, q):
     """The `q` quantile of `xs` by nearest rank (p90 of ten values: the ninth smallest)."""
     xs = sorted(x for x in xs if x is not None)
@@ -144,6 +163,9 @@ def failover_summary(runs):
         for k in ("gap_s", "lat_max_s", "ratio", "detected_s"):
             e[f"{k}_median"] = median(col(k))
             e[f"{k}_worst"] = max(col(k), default=None)
+        clean = [x["ratio"] for x in rs if not x.get("disturbed") and x.get("ratio") is not None]
+        e["disturbed_runs"] = sum(1 for x in rs if x.get("disturbed"))
+        e["ratio_worst_undisturbed"] = max(clean, default=None)
         e["met"] = (e["ratio_worst"] is not None and e["ratio_worst"] <= GOAL_RATIO and e["errors"] == 0
                     and e["mismatches"] == 0)
         out.append(e)
@@ -272,7 +294,7 @@ class PathsSection:
             tgt = Flashpath(self.args.bin_dir, self.work, str(self.client_cpu), name="flashpath-paths-target")
             port = free_port()
             nqn = serve_disk(tgt, "ram", c["size_mib"] * MIB, port)
-            relays = [Relay(port), Relay(port)]
+            relays = [RelayProcess(port), RelayProcess(port)]
             host = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name="flashpath-paths-host")
             opts = {"keep_alive_timeout_ms": kato, "timeout_us": c["io_timeout_us"],
                     "timeout_admin_us": c["io_timeout_us"], "action_on_timeout": "reset"}
@@ -381,6 +403,7 @@ class PathsSection:
                               for p in ps]
                        for when, ps in (("start", before), ("break", at_cut), ("restore", at_restore), ("end", after))}}
         r.update(run_figures(res, cut_s, bound, 4096))
+        r["disturbed"] = disturbed(r, secs)
         # A gap that reached the restore may have been ended by the restore, not the failover.
         g = r["gap"]
         r["gap_reached_restore"] = g["end_s"] is not None and g["end_s"] >= r["restore_s"] - TIMELINE_S
