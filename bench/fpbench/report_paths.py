@@ -16,6 +16,11 @@ def _ms(v):
     return "-" if v is None else f"{v:.2f}"
 
 
+def _signed_ms(v):
+    """A difference in ms with its sign (a row below the unauthenticated one is noise)."""
+    return "-" if v is None else f"{v:+.2f}"
+
+
 def _what(kind):
     return {"cut": "cut (connections closed, reconnects refused)",
             "stall": "stall (connections kept, nothing forwarded)"}.get(kind, kind)
@@ -135,8 +140,8 @@ def paths_targets(res, add):
         group = "no Diffie-Hellman (null group)" if v == "null" else v
         add(f"DH-HMAC-CHAP (sha256, {group}, bidirectional): added to a connect (attach round trip)",
             f"<= {GOAL_AUTH_MS:g} ms" if judged else "reported",
-            f"{_ms(x['median_ms'])} vs {_ms(su['none']['median_ms'])} ms = +{_ms(x['added_ms'])} ms "
-            f"(+{_ms(x['added_ms_per_queue'])} ms per queue, {x['queues']} queue(s))",
+            f"{_ms(x['median_ms'])} vs {_ms(su['none']['median_ms'])} ms = {_signed_ms(x['added_ms'])} ms "
+            f"({_signed_ms(x['added_ms_per_queue'])} ms per queue, {x['queues']} queue(s))",
             (x["added_ms"] <= GOAL_AUTH_MS) if judged else None)
 
 

@@ -174,6 +174,8 @@ class Targets(unittest.TestCase):
         got = self.lines(_section()[1])
         self.assertEqual([g[3] for g in got], [True, None, True, None])  # cut, null and ffdhe4096 reported
         self.assertIn("worst 1.20x", got[0][2])
+        self.assertIn("= +3.00 ms", got[2][2])
+        self.assertIn("= +1.00 ms", got[1][2])  # the null group's row
 
     def test_missed_on_time_on_failed_io_and_on_the_auth_cost(self):
         self.assertFalse(self.lines(_section(ratio_worst=2.1)[1])[0][3])
