@@ -42,6 +42,7 @@ from fpbench.sections.nvme_tcp import NvmeTcpSection, nvme_tcp_missing
 from fpbench.sections.nvmf import TARGETS as NVMF_TARGETS, NvmfSection, nvmf_missing
 from fpbench.sections.null_ram_file import NullRamFileSection
 from fpbench.sections.pathlen import PathlenSection, pathlen_missing
+from fpbench.sections.paths import PathsSection
 from fpbench.sections.qos import QosSection
 from fpbench.sections.raid import RaidSection
 from fpbench.sections.rbd import RbdSection
@@ -52,7 +53,7 @@ from fpbench.validate import validate
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
             NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection, RaidSection,
-            CryptoSection, PathlenSection, DensitySection):
+            CryptoSection, PathlenSection, DensitySection, PathsSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -184,6 +185,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             "pathlen": (f"the path length of every export: instructions per I/O under callgrind (measured server "
                         f"CPU {self.server_cpu}, clients and peers CPU {self.client_cpu}, scratch {self.work})",
                         self.run_pathlen),
+            "paths": (f"paths: NVMe/TCP failover through two relayed paths and the DH-HMAC-CHAP connect cost "
+                      f"(initiator CPU {self.server_cpu}, target and client CPU {self.client_cpu}, scratch {self.work})",
+                      self.run_paths),
             "density": (f"density: many VMs on one server core, flashpath vs qsd{' vs SPDK' if self.args.spdk else ''} "
                         f"(server CPU {self.server_cpu}, client CPU {self.client_cpu})", self.run_density),
         }
@@ -260,7 +264,7 @@ def main():
                     help="a built SPDK tree (build/bin/vhost): its vhost target runs beside flashpath and qsd "
                          "(sets up 1024 huge pages; root)")
     ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk",
-                                       "nvmf", "nvme-tcp", "raid", "crypto", "pathlen", "density"],
+                                       "nvmf", "nvme-tcp", "raid", "crypto", "pathlen", "density", "paths"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -391,6 +395,7 @@ def main():
         "raid": bool(bench.results.get("raid")),
         "crypto": bool(bench.results.get("crypto")),
         "pathlen": bool(bench.results.get("pathlen")),
+        "paths": bool(bench.results.get("paths")),
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

@@ -18,6 +18,30 @@ def pathlen_config(mode):
     return PATHLEN[mode]
 
 
+# Paths (`--only paths`): NVMe/TCP failover through two relayed paths and the DH-HMAC-CHAP
+# connect cost. secs: each failover run (the path broken at secs / 3, back at 2 secs / 3: 12 s
+# leaves 4 s between, twice KATO + CQT, so a failover within the goal ends before the restore);
+# kato_ms: the initiator's keep_alive_timeout_ms; io_timeout_us: its timeout_us and
+# timeout_admin_us (action reset), what notices a stalled path; qds, policies, kinds: the runs
+# (4 KiB randrw, verified); reps: repetitions of every run; attaches: timed attach/detach pairs
+# per connect variant. Not in any whole run (a benchmark of targets, not CI); smoke takes it
+# only with `--only paths`, as a ~30 s check of the pipeline.
+PATHS = {
+    "full": {"secs": 12.0, "reps": 3, "kato_ms": 1000, "io_timeout_us": 1_000_000, "qds": [1, 16],
+             "policies": ["active_passive", "active_active"], "kinds": ["cut", "stall"], "attaches": 20,
+             "size_mib": 64},
+    "quick": {"secs": 12.0, "reps": 2, "kato_ms": 1000, "io_timeout_us": 1_000_000, "qds": [1, 16],
+              "policies": ["active_passive", "active_active"], "kinds": ["cut", "stall"], "attaches": 10,
+              "size_mib": 64},
+    "smoke": {"secs": 12.0, "reps": 1, "kato_ms": 1000, "io_timeout_us": 1_000_000, "qds": [16],
+              "policies": ["active_passive"], "kinds": ["cut", "stall"], "attaches": 3, "size_mib": 16},
+}
+
+
+def paths_config(mode):
+    return PATHS[mode]
+
+
 def mode_config(mode):
     """What a mode measures. `points` lists (pattern, bs, qd, queues, poll) per backend;
     `callgrind` gives the path-length runs (null backend): the short and long run's seconds,

@@ -18,6 +18,8 @@ from fpbench.report_raid import validate_raid
 from fpbench.report_nvmf import validate_nvmf
 from fpbench.report_pathlen import HEADING as PATHLEN_HEADING
 from fpbench.report_pathlen import validate_pathlen
+from fpbench.report_paths import HEADING as PATHS_HEADING
+from fpbench.report_paths import validate_paths
 from fpbench.sections.crypto import crypto_config
 from fpbench.sections.density import density_config
 from fpbench.sections.guest_notify import SERVERS as GN_SERVERS
@@ -157,6 +159,8 @@ ALONE = {
     # The run's own config: --reps may override the mode's.
     "pathlen": (lambda res, mode: validate_pathlen(res, res["pathlen"]["config"]), PATHLEN_HEADING),
     "nvmf": (lambda res, mode: validate_nvmf(res, res["nvmf"]["config"]), "## NVMe over TCP"),
+    # The run's own config: --time/--reps may override the mode's.
+    "paths": (lambda res, mode: validate_paths(res, res["paths"]["config"]), PATHS_HEADING),
     # The run's own config (--time/--reps may override the mode's); its N and QD the mode's.
     "density": (lambda res, mode: validate_density(res, dict(res["density"]["config"], ns=density_config(mode)["ns"],
                                                              qds=density_config(mode)["qds"])), DENSITY_HEADING),
