@@ -133,7 +133,7 @@ class Disturbed(unittest.TestCase):
 class ConnectSummary(unittest.TestCase):
     def test_added_cost_per_attach_and_per_queue(self):
         att = {"none": [1.0, 2.0, 3.0], "ffdhe2048": [4.0, 5.0, 6.0]}
-        s = connect_summary(att, {"none": 0, "ffdhe2048": 1})
+        s = connect_summary(att, {"none": 0, "ffdhe2048": 2})
         self.assertEqual(s["none"]["median_ms"], 2.0)
         self.assertAlmostEqual(s["ffdhe2048"]["added_ms"], 3.0)
         self.assertEqual(s["ffdhe2048"]["queues"], 2)
