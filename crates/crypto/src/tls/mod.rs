@@ -19,7 +19,9 @@ mod session;
 #[cfg(test)]
 mod tests;
 
-pub use psk::{ConfiguredPsk, IdentityError, IdentityVersion, PskError, PskHash, PskIdentity, RetainedPsk};
+pub use psk::{
+    ConfiguredPsk, Derivation, IdentityError, IdentityVersion, PskError, PskHash, PskIdentity, RetainedPsk,
+};
 pub use session::{
     tls_available, HandshakeState, PskLookup, TlsError, TlsErrorKind, TlsPsk, TlsSession, BUF,
 };

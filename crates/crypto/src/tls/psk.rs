@@ -18,8 +18,8 @@
 //! label prefixed "tls13 ", each of label and context preceded by its length byte). This is
 //! libnvme's derivation (`nvme check-tls-key --insert`, which puts the TLS PSK in the kernel's
 //! `.nvme` keyring under the identity for tlshd) and the kernel's lookup names
-//! (`nvme_tls_psk_default`); the "compat" derivation older libnvme versions wrote (no length
-//! bytes) is not offered. Generated PSKs (`NVMe0G`, from a DH-HMAC-CHAP secure channel
+//! (`nvme_tls_psk_default`); the form libnvme used before 1.16 (no length bytes, see
+//! [`Derivation`]) is offered on request. Generated PSKs (`NVMe0G`, from a DH-HMAC-CHAP secure channel
 //! concatenation) are refused by name.
 //!
 //! The hashes are RustCrypto's `hkdf`, `hmac` and `sha2`: nothing cryptographic is written
@@ -41,6 +41,22 @@ const DIGEST_SUFFIX: &[u8] = b"NVMe-over-Fabrics";
 const MAX_CONTEXT: usize = 255;
 /// The longest NQN (NVMe Base 2.0 §4.5, 223 bytes of UTF-8).
 pub const MAX_NQN: usize = 223;
+
+/// How the HKDF-Expand-Label steps lay out their input.
+///
+/// libnvme (nvme-cli's library) derived the retained and TLS PSKs without HkdfLabel's length
+/// bytes and with the length little-endian until 1.16 (nvme-cli 2.16), and keeps that form as
+/// its "compat" one; keys a host inserted with an older nvme-cli are of that form. A version 1
+/// identity tells them apart (its digest is keyed by the retained PSK); a version 0 identity
+/// does not, so a target is told per host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Derivation {
+    /// TLS 1.3's HKDF-Expand-Label (RFC 8446 §7.1), as the NVMe/TCP specification asks.
+    #[default]
+    Rfc8446,
+    /// libnvme's form before 1.16.
+    LibnvmeCompat,
+}
 
 /// The hash of a PSK's cipher suite (and of its retained-PSK transform).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,14 +102,33 @@ impl PskHash {
         }
     }
 
-    /// HKDF-Extract with no salt, then HKDF-Expand-Label (RFC 8446 §7.1) into `len` bytes.
-    fn extract_expand_label(self, ikm: &[u8], label: &str, context: &[u8], len: usize) -> Zeroizing<Vec<u8>> {
-        let mut info = Vec::with_capacity(4 + 6 + label.len() + context.len());
-        info.extend_from_slice(&(len as u16).to_be_bytes());
+    /// HKDF-Extract with no salt, then HKDF-Expand into `len` bytes with the label and context
+    /// laid out as `derivation` lays them.
+    fn extract_expand_label(
+        self,
+        derivation: Derivation,
+        ikm: &[u8],
+        label: &str,
+        context: &[u8],
+        len: usize,
+    ) -> Zeroizing<Vec<u8>> {
         let full_label = format!("tls13 {label}");
-        info.push(full_label.len() as u8);
-        info.extend_from_slice(full_label.as_bytes());
-        info.push(context.len() as u8);
+        let mut info = Vec::with_capacity(4 + full_label.len() + context.len());
+        match derivation {
+            // RFC 8446 §7.1's HkdfLabel: length (big-endian), then label and context, each
+            // after its length byte.
+            Derivation::Rfc8446 => {
+                info.extend_from_slice(&(len as u16).to_be_bytes());
+                info.push(full_label.len() as u8);
+                info.extend_from_slice(full_label.as_bytes());
+                info.push(context.len() as u8);
+            }
+            // libnvme before 1.16: the length little-endian, no length bytes.
+            Derivation::LibnvmeCompat => {
+                info.extend_from_slice(&(len as u16).to_le_bytes());
+                info.extend_from_slice(full_label.as_bytes());
+            }
+        }
         info.extend_from_slice(context);
         let mut out = Zeroizing::new(vec![0u8; len]);
         let ok = match self {
@@ -251,12 +286,19 @@ impl ConfiguredPsk {
     /// The retained PSK for the host `hostnqn`: `HKDF-Expand-Label(HKDF-Extract(0, key),
     /// "HostNQN", hostnqn, len)` with the transform's hash; the key itself for "00".
     pub fn retained(&self, hostnqn: &str) -> Result<RetainedPsk, PskError> {
+        self.retained_with(Derivation::Rfc8446, hostnqn)
+    }
+
+    /// [`ConfiguredPsk::retained`] by `derivation`; the TLS PSKs of the result follow it too.
+    pub fn retained_with(&self, derivation: Derivation, hostnqn: &str) -> Result<RetainedPsk, PskError> {
         check_nqn(hostnqn)?;
         let key = match self.transform {
             None => self.key.clone(),
-            Some(h) => h.extract_expand_label(&self.key, "HostNQN", hostnqn.as_bytes(), self.key.len()),
+            Some(h) => {
+                h.extract_expand_label(derivation, &self.key, "HostNQN", hostnqn.as_bytes(), self.key.len())
+            }
         };
-        Ok(RetainedPsk { hash: self.hash(), key })
+        Ok(RetainedPsk { hash: self.hash(), key, derivation })
     }
 }
 
@@ -266,11 +308,16 @@ impl ConfiguredPsk {
 pub struct RetainedPsk {
     hash: PskHash,
     key: Zeroizing<Vec<u8>>,
+    /// How its TLS PSKs are derived (as it was).
+    derivation: Derivation,
 }
 
 impl fmt::Debug for RetainedPsk {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetainedPsk").field("hash", &self.hash).finish_non_exhaustive()
+        f.debug_struct("RetainedPsk")
+            .field("hash", &self.hash)
+            .field("derivation", &self.derivation)
+            .finish_non_exhaustive()
     }
 }
 
@@ -278,6 +325,11 @@ impl RetainedPsk {
     /// The hash of the cipher suite it is used with.
     pub fn hash(&self) -> PskHash {
         self.hash
+    }
+
+    /// How it and its TLS PSKs are derived.
+    pub fn derivation(&self) -> Derivation {
+        self.derivation
     }
 
     /// The key's bytes (for a caller that stores them; never log them).
@@ -332,7 +384,13 @@ impl RetainedPsk {
         if context.len() > MAX_CONTEXT {
             return Err(PskError::IdentityLength(context.len()));
         }
-        Ok(hash.extract_expand_label(&self.key, "nvme-tls-psk", context.as_bytes(), self.key.len()))
+        Ok(hash.extract_expand_label(
+            self.derivation,
+            &self.key,
+            "nvme-tls-psk",
+            context.as_bytes(),
+            self.key.len(),
+        ))
     }
 }
 

@@ -176,6 +176,54 @@ fn version_1_identities_match_libnvme_vectors() {
     }
 }
 
+#[test]
+fn compat_derivation_matches_libnvme_vectors_and_openssl_kdf() {
+    // libnvme's vectors for its form before 1.16: the digest is keyed by the compat retained PSK.
+    for (hash, key, identity) in [
+        (
+            PskHash::Sha256,
+            CONFIGURED.to_vec(),
+            "NVMe1R01 nqn.psk-test-host nqn.psk-test-subsys 66GuqV08TsAGII39teWUfwQwizjv06Jy8jOcX3NAAzM=",
+        ),
+        (
+            PskHash::Sha384,
+            configured_48(),
+            "NVMe1R02 nqn.psk-test-host nqn.psk-test-subsys RsKmYJ3nAn1ApjjMloJFbAkLPivONDAX/xW327YBUsn2eGShXSjCZvBaOxscLqmz",
+        ),
+    ] {
+        let configured = ConfiguredPsk::new(Some(hash), &key).unwrap();
+        let compat = configured.retained_with(Derivation::LibnvmeCompat, HOST).unwrap();
+        let id = compat.identity(IdentityVersion::V1, HOST, SUBSYS).unwrap();
+        assert_eq!(id.to_string(), identity);
+        // The two forms differ, and a version 1 identity tells which one a host used.
+        let rfc = configured.retained(HOST).unwrap();
+        assert_ne!(rfc.key(), compat.key());
+        assert!(compat.matches(&id) && !rfc.matches(&id));
+        // The TLS PSK: HKDF-Expand over le16(L) || "tls13 nvme-tls-psk" || context.
+        let len = hash.digest_len();
+        let mut info = (len as u16).to_le_bytes().to_vec();
+        info.extend_from_slice(b"tls13 nvme-tls-psk");
+        info.extend_from_slice(format!("0{} {}", hash as u8, compat.digest(HOST, SUBSYS)).as_bytes());
+        let Some(want) = openssl_hkdf(hash, compat.key(), &info) else { return };
+        assert_eq!(hex(&compat.tls_psk(&id).unwrap()), hex(&want), "{hash:?}");
+    }
+}
+
+/// HKDF (extract and expand) by `openssl kdf` with raw `info`; `None` if openssl is missing.
+fn openssl_hkdf(hash: PskHash, ikm: &[u8], info: &[u8]) -> Option<Vec<u8>> {
+    let (digest, len) = match hash {
+        PskHash::Sha256 => ("digest:SHA256", "32"),
+        PskHash::Sha384 => ("digest:SHA384", "48"),
+    };
+    let (key, info) = (format!("hexkey:{}", hex(ikm)), format!("hexinfo:{}", hex(info)));
+    let (ok, out, err) = run(
+        "openssl",
+        &["kdf", "-keylen", len, "-kdfopt", digest, "-kdfopt", &key, "-kdfopt", &info, "HKDF"],
+    )?;
+    assert!(ok, "openssl kdf: {err}");
+    Some(unhex(&out))
+}
+
 /// HKDF-Extract then TLS 1.3's HKDF-Expand-Label by `openssl kdf`; `None` if openssl is missing.
 fn openssl_expand_label(hash: PskHash, ikm: &[u8], label: &str, context: &str) -> Option<Vec<u8>> {
     let (digest, len) = match hash {
