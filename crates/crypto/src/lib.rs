@@ -14,6 +14,7 @@
 mod device;
 pub mod dhchap;
 mod engine;
+mod key_field;
 pub mod keyring;
 mod keys;
 mod openssl;

@@ -29,9 +29,10 @@ use std::fmt;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use hmac::{Hmac, Mac};
 use sha2::{Sha256, Sha384};
 use zeroize::Zeroizing;
+
+use crate::key_field::{self, KeyFieldError};
 
 /// The interchange format's prefix and version.
 const PREFIX: &str = "NVMeTLSkey-1:";
@@ -139,20 +140,14 @@ impl PskHash {
         out
     }
 
-    /// HMAC with this hash keyed by `key` over the concatenation of `parts`.
+    /// HMAC with this hash keyed by `key` over the concatenation of `parts` (DH-HMAC-CHAP's,
+    /// whose hash identifiers 1 and 2 are the same hashes).
     fn hmac(self, key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-        fn run<M: Mac + hmac::digest::KeyInit>(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-            let mut m =
-                <M as hmac::digest::KeyInit>::new_from_slice(key).expect("HMAC takes a key of any length");
-            for p in parts {
-                m.update(p);
-            }
-            m.finalize().into_bytes().to_vec()
-        }
-        match self {
-            PskHash::Sha256 => run::<Hmac<Sha256>>(key, parts),
-            PskHash::Sha384 => run::<Hmac<Sha384>>(key, parts),
-        }
+        let hash = match self {
+            PskHash::Sha256 => fp_nvme_spec::auth::HashId::Sha256,
+            PskHash::Sha384 => fp_nvme_spec::auth::HashId::Sha384,
+        };
+        crate::dhchap::hmac(hash, key, parts)
     }
 }
 
@@ -200,6 +195,17 @@ pub enum PskError {
     IdentityLength(usize),
 }
 
+impl From<KeyFieldError> for PskError {
+    fn from(e: KeyFieldError) -> PskError {
+        match e {
+            KeyFieldError::Terminator => PskError::Terminator,
+            KeyFieldError::Base64(m) => PskError::Base64(m),
+            KeyFieldError::KeyLength(n) => PskError::KeyLength(n),
+            KeyFieldError::Crc { stored, computed } => PskError::Crc { stored, computed },
+        }
+    }
+}
+
 /// A configured PSK, as the interchange format carries it: the key and the hash of its
 /// transform into the retained PSK. Cleared on drop; `Debug` shows no key bytes.
 #[derive(Clone, PartialEq, Eq)]
@@ -242,28 +248,14 @@ impl ConfiguredPsk {
             Some("02:") => Some(PskHash::Sha384),
             _ => return Err(PskError::Hash(rest.chars().take(3).collect())),
         };
-        let encoded = rest[3..].trim_end().strip_suffix(':').ok_or(PskError::Terminator)?;
-        let decoded = Zeroizing::new(STANDARD.decode(encoded).map_err(|e| PskError::Base64(e.to_string()))?);
-        let key_len = decoded.len().saturating_sub(4);
-        if decoded.len() < 4 || PskHash::for_key_len(key_len).is_none() {
-            return Err(PskError::KeyLength(key_len));
-        }
-        let (key, crc) = decoded.split_at(key_len);
-        let stored = u32::from_le_bytes(crc.try_into().expect("four bytes"));
-        let computed = crc32fast::hash(key);
-        if stored != computed {
-            return Err(PskError::Crc { stored, computed });
-        }
-        ConfiguredPsk::new(transform, key)
+        let key = key_field::decode(&rest[3..], &[32, 48])?;
+        ConfiguredPsk::new(transform, &key)
     }
 
     /// The interchange format: `NVMeTLSkey-1:hh:<base64(key || CRC-32 little-endian)>:`.
     pub fn to_interchange(&self) -> Zeroizing<String> {
-        let mut raw = Zeroizing::new(Vec::with_capacity(self.key.len() + 4));
-        raw.extend_from_slice(&self.key);
-        raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
         let hh = self.transform.map_or(0, |h| h as u8);
-        Zeroizing::new(format!("{PREFIX}{hh:02}:{}:", STANDARD.encode(&raw[..])))
+        Zeroizing::new(format!("{PREFIX}{hh:02}:{}", *key_field::encode(&self.key)))
     }
 
     /// The transform's hash (`None`: "00").
