@@ -1,6 +1,7 @@
 //! Checked against implementations nobody here wrote: libnvme's published vectors (its
 //! `test/psk.c`: the interchange format and version 1 identities, whose digest covers the
-//! retained PSK), nvme-cli (`gen-tls-key`, `check-tls-key`), the `openssl kdf` command (HKDF and
+//! retained PSK), nvme-cli (`gen-tls-key`, `check-tls-key`; from 2.7 on the identities it prints
+//! and the TLS PSKs it inserts into a keyring), the `openssl kdf` command (HKDF and
 //! TLS 1.3's HKDF-Expand-Label, for the retained and TLS PSKs) and the `openssl s_server` /
 //! `s_client` commands (TLS 1.3 with an external PSK, both ways). A missing tool skips its
 //! comparison with a printed reason, and fails the test under CI=true.
@@ -119,24 +120,51 @@ fn interchange_interoperates_with_nvme_cli() {
         let psk = ConfiguredPsk::parse(&key).unwrap_or_else(|e| panic!("{key}: {e}"));
         assert_eq!((psk.transform().map(|h| h as u8), psk.key_len()), (Some(m.parse().unwrap()), len));
     }
-    // nvme-cli accepts the keys written here; `--key` (nvme-cli 2.3) or `--keydata` (2.4 on).
-    let new_cli = run("nvme", &["check-tls-key", "--help"])
-        .is_some_and(|(_, out, err)| (out + &err).contains("keydata"));
-    let opt = if new_cli { "--keydata" } else { "--key" };
+    // nvme-cli accepts the keys written here: `--key` (nvme-cli 2.3) or `--keydata` (2.4 on).
+    // From 2.7 on, given the NQNs and `--identity`, it prints the identity it derives (2.4 to
+    // 2.6 would insert the key into the keyring instead, so they are only asked to check it);
+    // libnvme before 1.16 (nvme-cli before 2.16, which added `--compat`) derives by the compat
+    // form, which a version 1 identity's digest shows.
+    let help = run("nvme", &["check-tls-key", "--help"]).map(|(_, out, err)| out + &err).unwrap_or_default();
+    let opt = if help.contains("keydata") { "--keydata" } else { "--key" };
+    let derives = help.contains("--identity");
+    let derivation = if help.contains("--compat") { Derivation::Rfc8446 } else { Derivation::LibnvmeCompat };
     for (hash, key) in [(PskHash::Sha256, CONFIGURED.to_vec()), (PskHash::Sha384, configured_48())] {
-        let text = ConfiguredPsk::new(Some(hash), &key).unwrap().to_interchange();
-        let mut args = vec!["check-tls-key", opt, &text];
-        if new_cli {
-            args.extend(["--hostnqn", HOST, "--subsysnqn", SUBSYS]);
+        let configured = ConfiguredPsk::new(Some(hash), &key).unwrap();
+        let text = configured.to_interchange();
+        if !derives {
+            let (ok, out, err) = run("nvme", &["check-tls-key", opt, &text]).unwrap();
+            assert!(
+                ok && out.starts_with("Key is valid"),
+                "nvme check-tls-key refused {hash:?}: {out} {err}"
+            );
+            continue;
         }
-        let (ok, out, err) = run("nvme", &args).unwrap();
-        assert!(ok, "nvme check-tls-key refused {hash:?}: {out} {err}");
-        if new_cli {
-            // 2.4 on prints the identity it derives.
-            let mine = ConfiguredPsk::parse(&text).unwrap().retained(HOST).unwrap();
-            assert_eq!(out, mine.identity(IdentityVersion::V0, HOST, SUBSYS).unwrap().to_string());
-        } else {
-            assert!(out.starts_with("Key is valid"), "{out}");
+        let retained = configured.retained_with(derivation, HOST).unwrap();
+        for (version, v) in [(IdentityVersion::V0, "0"), (IdentityVersion::V1, "1")] {
+            let args =
+                ["check-tls-key", opt, &text, "--hostnqn", HOST, "--subsysnqn", SUBSYS, "--identity", v];
+            let (ok, out, err) = run("nvme", &args).unwrap();
+            assert!(ok, "nvme check-tls-key refused {hash:?}: {out} {err}");
+            assert_eq!(out, retained.identity(version, HOST, SUBSYS).unwrap().to_string());
+        }
+        if help.contains("--compat") {
+            let compat = configured.retained_with(Derivation::LibnvmeCompat, HOST).unwrap();
+            let args = [
+                "check-tls-key",
+                opt,
+                &text,
+                "--hostnqn",
+                HOST,
+                "--subsysnqn",
+                SUBSYS,
+                "--identity",
+                "1",
+                "--compat",
+            ];
+            let (ok, out, err) = run("nvme", &args).unwrap();
+            assert!(ok, "nvme check-tls-key --compat refused {hash:?}: {out} {err}");
+            assert_eq!(out, compat.identity(IdentityVersion::V1, HOST, SUBSYS).unwrap().to_string());
         }
     }
     // A corrupted one nvme-cli refuses too, as this does.
@@ -148,6 +176,60 @@ fn interchange_interoperates_with_nvme_cli() {
 }
 
 // ---- Derivations.
+
+/// The TLS PSK nvme-cli (2.7 on) derives, read back from the keyring it inserts it into: a
+/// keyring of a fresh session keyring of its own (`keyctl session`), the key of type "user" so
+/// that no kernel module is needed; `None` (reason printed) if nvme-cli cannot or keyctl is
+/// missing.
+fn nvme_cli_tls_psk(interchange: &str, version: &str, compat: bool) -> Option<Vec<u8>> {
+    let script = format!(
+        "keyctl newring fptest @s >/dev/null && nvme check-tls-key --keydata '{interchange}' --hostnqn {HOST} \
+         --subsysnqn {SUBSYS} --identity {version} {} --insert --keyring fptest --keytype user >/dev/null && \
+         keyctl pipe \"$(keyctl search @s user \"$(keyctl rdescribe \"$(keyctl rlist %:fptest)\" | sed 's/.*;//')\")\" | od -An -tx1",
+        if compat { "--compat" } else { "" }
+    );
+    match Command::new("keyctl").args(["session", "-", "sh", "-c", &script]).output() {
+        Ok(o) if o.status.success() => Some(unhex(&String::from_utf8_lossy(&o.stdout))),
+        Ok(o) => panic!("nvme check-tls-key --insert: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => {
+            println!("skipped: keyctl not runnable ({e})");
+            None
+        }
+    }
+}
+
+#[test]
+fn tls_psks_match_what_nvme_cli_inserts() {
+    let Some((_, out, err)) = run("nvme", &["check-tls-key", "--help"]) else { return };
+    let help = out + &err;
+    if !help.contains("--insert") {
+        println!("skipped: this nvme-cli derives no TLS PSK (2.7 on does); openssl kdf still checks them");
+        return;
+    }
+    let compat_too = help.contains("--compat");
+    for (hash, key) in [(PskHash::Sha256, CONFIGURED.to_vec()), (PskHash::Sha384, configured_48())] {
+        let configured = ConfiguredPsk::new(Some(hash), &key).unwrap();
+        let text = configured.to_interchange();
+        let (default, other) = if compat_too {
+            (Derivation::Rfc8446, Some(Derivation::LibnvmeCompat))
+        } else {
+            (Derivation::LibnvmeCompat, None)
+        };
+        for derivation in std::iter::once(default).chain(other) {
+            let retained = configured.retained_with(derivation, HOST).unwrap();
+            for (version, v) in [(IdentityVersion::V0, "0"), (IdentityVersion::V1, "1")] {
+                let compat = derivation == Derivation::LibnvmeCompat && compat_too;
+                let Some(theirs) = nvme_cli_tls_psk(&text, v, compat) else { return };
+                let id = retained.identity(version, HOST, SUBSYS).unwrap();
+                assert_eq!(
+                    hex(&retained.tls_psk(&id).unwrap()),
+                    hex(&theirs),
+                    "{hash:?} {derivation:?} {version:?}"
+                );
+            }
+        }
+    }
+}
 
 #[test]
 fn version_1_identities_match_libnvme_vectors() {
