@@ -13,7 +13,8 @@
 //! TLS_AES_256_GCM_SHA384), the PSK with (EC)DHE (`psk_dhe_ke`, OpenSSL's default; plain
 //! `psk_ke` is not allowed), no certificates, no session tickets, no early data. The client
 //! offers one PSK and the suite of its hash; the server finds the PSK of the identity the
-//! client names with its caller's lookup, and refuses a handshake that did not use a PSK.
+//! client names with its caller's lookup (from the ClientHello, before the suite is chosen, so
+//! that the suite is the PSK's), and refuses a handshake that did not use a PSK.
 //!
 //! [`feed`]: TlsSession::feed
 //! [`take`]: TlsSession::take
@@ -44,6 +45,7 @@ type Md = *const c_void;
 
 type UseSessionCb = unsafe extern "C" fn(Ssl, Md, *mut *const c_uchar, *mut usize, *mut Session) -> c_int;
 type FindSessionCb = unsafe extern "C" fn(Ssl, *const c_uchar, usize, *mut Session) -> c_int;
+type ClientHelloCb = unsafe extern "C" fn(Ssl, *mut c_int, *mut c_void) -> c_int;
 
 // OpenSSL 3's constants (ssl.h, tls1.h, bio.h, err.h, sslerr.h).
 const TLS1_3_VERSION: c_long = 0x0304;
@@ -80,6 +82,10 @@ struct Lib {
     ctx_set_ciphersuites: unsafe extern "C" fn(Ctx, *const c_char) -> c_int,
     ctx_set_num_tickets: unsafe extern "C" fn(Ctx, usize) -> c_int,
     ctx_set_verify: unsafe extern "C" fn(Ctx, c_int, *const c_void),
+    ctx_set_client_hello_cb: unsafe extern "C" fn(Ctx, ClientHelloCb, *mut c_void),
+    client_hello_get0_ext:
+        unsafe extern "C" fn(Ssl, std::ffi::c_uint, *mut *const c_uchar, *mut usize) -> c_int,
+    set_ciphersuites: unsafe extern "C" fn(Ssl, *const c_char) -> c_int,
     ssl_new: unsafe extern "C" fn(Ctx) -> Ssl,
     ssl_free: unsafe extern "C" fn(Ssl),
     set_bio: unsafe extern "C" fn(Ssl, Bio, Bio),
@@ -137,6 +143,9 @@ fn load() -> Option<Lib> {
             ctx_set_ciphersuites: *lib.get(b"SSL_CTX_set_ciphersuites\0").ok()?,
             ctx_set_num_tickets: *lib.get(b"SSL_CTX_set_num_tickets\0").ok()?,
             ctx_set_verify: *lib.get(b"SSL_CTX_set_verify\0").ok()?,
+            ctx_set_client_hello_cb: *lib.get(b"SSL_CTX_set_client_hello_cb\0").ok()?,
+            client_hello_get0_ext: *lib.get(b"SSL_client_hello_get0_ext\0").ok()?,
+            set_ciphersuites: *lib.get(b"SSL_set_ciphersuites\0").ok()?,
             ssl_new: *lib.get(b"SSL_new\0").ok()?,
             ssl_free: *lib.get(b"SSL_free\0").ok()?,
             set_bio: *lib.get(b"SSL_set_bio\0").ok()?,
@@ -252,10 +261,27 @@ struct PskState {
     offer: Option<(Vec<u8>, TlsPsk)>,
     /// The server's lookup.
     lookup: Option<PskLookup>,
+    /// What the server's lookup found for an identity of the ClientHello, before the suite was
+    /// chosen (so that the suite is the PSK's); the PSK callback takes it from here.
+    found: Option<(Vec<u8>, TlsPsk)>,
     /// The identity the server accepted.
     accepted: Option<Vec<u8>>,
     /// Set when the server's lookup refused an identity (or panicked).
     refused: bool,
+}
+
+impl PskState {
+    /// The server's lookup for `identity`; a panicking lookup (it must not unwind into C)
+    /// and an unknown identity answer `None`, and mark the handshake's failure as an unknown
+    /// identity.
+    fn lookup(&mut self, identity: &[u8]) -> Option<TlsPsk> {
+        let lookup = self.lookup.as_mut()?;
+        let found = std::panic::catch_unwind(AssertUnwindSafe(|| lookup(identity))).ok().flatten();
+        if found.is_none() {
+            self.refused = true;
+        }
+        found
+    }
 }
 
 /// A TLS 1.3 session, client or server, over memory. Not shared between threads (one caller
@@ -291,10 +317,21 @@ impl TlsSession {
     /// A client that offers `psk` under `identity`.
     pub fn client(identity: &[u8], psk: TlsPsk) -> Result<TlsSession, TlsError> {
         let suites = psk.hash.cipher_suite();
+        TlsSession::client_offering(identity, psk, suites)
+    }
+
+    /// A client that offers `psk` under `identity` and the cipher suites `suites` (OpenSSL's
+    /// names, ':' between), in that order: the tests' stand-in for clients that offer both.
+    pub(super) fn client_offering(
+        identity: &[u8],
+        psk: TlsPsk,
+        suites: &str,
+    ) -> Result<TlsSession, TlsError> {
         let state = PskState {
             lib: lib().ok_or_else(unavailable)?,
             offer: Some((identity.to_vec(), psk)),
             lookup: None,
+            found: None,
             accepted: None,
             refused: false,
         };
@@ -307,6 +344,7 @@ impl TlsSession {
             lib: lib().ok_or_else(unavailable)?,
             offer: None,
             lookup: Some(lookup),
+            found: None,
             accepted: None,
             refused: false,
         };
@@ -361,6 +399,8 @@ impl TlsSession {
             // instead of taking the PSK fails verification.
             if client {
                 (lib.ctx_set_verify)(ctx, SSL_VERIFY_PEER, std::ptr::null());
+            } else {
+                (lib.ctx_set_client_hello_cb)(ctx, client_hello_cb, std::ptr::null_mut());
             }
             s.ssl = (lib.ssl_new)(ctx);
             if s.ssl.is_null() {
@@ -745,20 +785,66 @@ unsafe extern "C" fn find_session_cb(
         *sess = std::ptr::null_mut();
         let Some(state) = state(ssl) else { return 0 };
         let id = if len == 0 { &[][..] } else { std::slice::from_raw_parts(identity, len) };
-        let Some(lookup) = state.lookup.as_mut() else { return 0 };
-        // A panicking lookup must not unwind into C: it refuses the identity.
-        let found = std::panic::catch_unwind(AssertUnwindSafe(|| lookup(id))).ok().flatten();
-        match found {
-            Some(psk) => {
-                let made = psk_session(state.lib, ssl, &psk);
-                if made.is_null() {
-                    return 0;
-                }
-                state.accepted = Some(id.to_vec());
-                *sess = made;
+        let found = if state.found.as_ref().is_some_and(|(known, _)| known == id) {
+            state.found.take().map(|(_, psk)| psk)
+        } else {
+            state.lookup(id)
+        };
+        if let Some(psk) = found {
+            let made = psk_session(state.lib, ssl, &psk);
+            if made.is_null() {
+                return 0;
             }
-            None => state.refused = true,
+            state.accepted = Some(id.to_vec());
+            *sess = made;
         }
         1
+    }
+}
+
+/// The identities of a ClientHello's pre_shared_key extension (RFC 8446 §4.2.11:
+/// `identities<7..2^16-1>` of `identity<1..2^16-1>` and a 4-byte ticket age, then binders), in
+/// order; stops at the first malformed one (libssl refuses the ClientHello then anyway).
+fn offered_identities(ext: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let list = ext
+        .get(..2)
+        .map(|l| usize::from(u16::from_be_bytes([l[0], l[1]])))
+        .and_then(|len| ext.get(2..2 + len))
+        .unwrap_or(&[]);
+    let mut rest = list;
+    std::iter::from_fn(move || {
+        let len = usize::from(u16::from_be_bytes(rest.get(..2)?.try_into().ok()?));
+        let identity = rest.get(2..2 + len)?;
+        rest = rest.get(2 + len + 4..)?;
+        Some(identity)
+    })
+}
+
+/// The server's ClientHello callback: before libssl chooses the suite, finds the PSK of the
+/// first identity the lookup knows and keeps only its hash's suite. Without it libssl would
+/// pick by the client's order of suites and then drop a PSK of the other hash (a SHA-384 PSK
+/// from a client that lists TLS_AES_128_GCM_SHA256 first).
+unsafe extern "C" fn client_hello_cb(ssl: Ssl, _alert: *mut c_int, _arg: *mut c_void) -> c_int {
+    const PRE_SHARED_KEY: std::ffi::c_uint = 41;
+    const SSL_CLIENT_HELLO_SUCCESS: c_int = 1;
+    // SAFETY: libssl's callback contract: `ssl` is the session's, inside its handshake; the
+    // extension's bytes stay valid for the callback; the suite name is NUL-terminated.
+    unsafe {
+        let Some(state) = state(ssl) else { return SSL_CLIENT_HELLO_SUCCESS };
+        let (mut ext, mut len): (*const c_uchar, usize) = (std::ptr::null(), 0);
+        if (state.lib.client_hello_get0_ext)(ssl, PRE_SHARED_KEY, &mut ext, &mut len) != 1 || ext.is_null() {
+            return SSL_CLIENT_HELLO_SUCCESS;
+        }
+        let ext = std::slice::from_raw_parts(ext, len);
+        for identity in offered_identities(ext) {
+            if let Some(psk) = state.lookup(identity) {
+                let suite = CString::new(psk.hash.cipher_suite()).expect("no NUL in suite names");
+                (state.lib.set_ciphersuites)(ssl, suite.as_ptr());
+                state.refused = false;
+                state.found = Some((identity.to_vec(), psk));
+                break;
+            }
+        }
+        SSL_CLIENT_HELLO_SUCCESS
     }
 }

@@ -536,6 +536,26 @@ fn sessions_exchange_data_both_ways_in_pieces_of_every_size() {
 }
 
 #[test]
+fn the_server_takes_the_suite_of_the_psk_whatever_the_clients_order() {
+    if !tls_or_skip() {
+        return;
+    }
+    // A client that lists both suites, SHA-256's first, with a PSK of each hash in turn.
+    for (hash, key) in [(PskHash::Sha384, configured_48()), (PskHash::Sha256, CONFIGURED.to_vec())] {
+        let psk = TlsPsk { hash, key: Zeroizing::new(key) };
+        let both = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384";
+        let mut c = TlsSession::client_offering(b"flashpath test", psk.clone(), both).unwrap();
+        let mut s =
+            TlsSession::server(Box::new(move |id: &[u8]| (id == b"flashpath test").then(|| psk.clone())))
+                .unwrap();
+        let (rc, rs) = handshake(&mut c, &mut s, 4096);
+        rc.unwrap();
+        rs.unwrap();
+        assert_eq!(s.cipher_suite().as_deref(), Some(hash.cipher_suite()));
+    }
+}
+
+#[test]
 fn a_wrong_psk_fails_as_wrong_psk_on_both_sides() {
     if !tls_or_skip() {
         return;
