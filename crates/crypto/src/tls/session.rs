@@ -805,7 +805,7 @@ unsafe extern "C" fn find_session_cb(
 /// The identities of a ClientHello's pre_shared_key extension (RFC 8446 §4.2.11:
 /// `identities<7..2^16-1>` of `identity<1..2^16-1>` and a 4-byte ticket age, then binders), in
 /// order; stops at the first malformed one (libssl refuses the ClientHello then anyway).
-fn offered_identities(ext: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(super) fn offered_identities(ext: &[u8]) -> impl Iterator<Item = &[u8]> {
     let list = ext
         .get(..2)
         .map(|l| usize::from(u16::from_be_bytes([l[0], l[1]])))

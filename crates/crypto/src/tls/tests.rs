@@ -536,6 +536,22 @@ fn sessions_exchange_data_both_ways_in_pieces_of_every_size() {
 }
 
 #[test]
+fn offered_identities_are_read_in_order_and_stop_at_the_first_malformed_one() {
+    use super::session::offered_identities;
+    // identities: "ab" (age 1), "xyz" (age 2); then binders, which are not read.
+    let mut ext = vec![0, 2 + 2 + 4 + 2 + 3 + 4];
+    ext.extend_from_slice(&[0, 2, b'a', b'b', 0, 0, 0, 1, 0, 3, b'x', b'y', b'z', 0, 0, 0, 2]);
+    ext.extend_from_slice(&[0, 33, 32]);
+    let got: Vec<&[u8]> = offered_identities(&ext).collect();
+    assert_eq!(got, [&b"ab"[..], &b"xyz"[..]]);
+    // A list longer than the extension, an identity past the list, a missing ticket age.
+    assert_eq!(offered_identities(&[0, 9, 0, 1, b'a']).count(), 0);
+    assert_eq!(offered_identities(&[0, 4, 0, 9, b'a', b'b']).count(), 0);
+    assert_eq!(offered_identities(&[0, 5, 0, 1, b'a', 0, 0]).count(), 0);
+    assert_eq!(offered_identities(&[]).count(), 0);
+}
+
+#[test]
 fn the_server_takes_the_suite_of_the_psk_whatever_the_clients_order() {
     if !tls_or_skip() {
         return;
