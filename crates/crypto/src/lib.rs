@@ -2,7 +2,8 @@
 //! keys: AES-XTS over another bdev, readable by dm-crypt) and the daemon's keyring (SPDK's
 //! `keyring_*`), which any bdev module or export asks for a key ([`keyring()`]).
 //! [`dhchap`] holds the computations of NVMe's in-band authentication (DH-HMAC-CHAP) for the
-//! NVMe/TCP target and host.
+//! NVMe/TCP target and host, [`tls`] NVMe/TCP's TLS 1.3 with pre-shared keys (the PSK rules, and
+//! a session over memory on OpenSSL's libssl).
 //!
 //! The cipher runs on OpenSSL's libcrypto when the host has it (loaded at run time, so the
 //! daemon does not link it) and on the `aes` crate otherwise. Kept out of fp-bdev, which every
@@ -13,10 +14,12 @@
 mod device;
 pub mod dhchap;
 mod engine;
+mod key_field;
 pub mod keyring;
 mod keys;
 mod openssl;
 mod rpc;
+pub mod tls;
 mod xts;
 
 pub use device::{CryptoDevice, CHUNK, CHUNKS};

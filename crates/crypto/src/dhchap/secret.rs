@@ -3,12 +3,11 @@
 //! `nvme_auth_extract_key` and SPDK's `nvme_auth_get_key` read it, and the key transform
 //! applied before use.
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
 use fp_nvme_spec::auth::HashId;
 use zeroize::Zeroizing;
 
 use super::hmac;
+use crate::key_field::{self, KeyFieldError};
 
 /// The representation's prefix and version.
 const PREFIX: &str = "DHHC-1:";
@@ -43,6 +42,17 @@ pub enum SecretError {
         /// The key's.
         computed: u32,
     },
+}
+
+impl From<KeyFieldError> for SecretError {
+    fn from(e: KeyFieldError) -> SecretError {
+        match e {
+            KeyFieldError::Terminator => SecretError::Terminator,
+            KeyFieldError::Base64(m) => SecretError::Base64(m),
+            KeyFieldError::KeyLength(n) => SecretError::KeyLength(n),
+            KeyFieldError::Crc { stored, computed } => SecretError::Crc { stored, computed },
+        }
+    }
 }
 
 /// A DH-HMAC-CHAP secret: the key and the hash of its transform. The key is cleared on drop
@@ -83,29 +93,14 @@ impl DhchapSecret {
             Some("03:") => Some(HashId::Sha512),
             _ => return Err(SecretError::Transform(rest.chars().take(3).collect())),
         };
-        let encoded = rest[3..].trim_end().strip_suffix(':').ok_or(SecretError::Terminator)?;
-        let decoded =
-            Zeroizing::new(STANDARD.decode(encoded).map_err(|e| SecretError::Base64(e.to_string()))?);
-        let key_len = decoded.len().saturating_sub(4);
-        if decoded.len() < 4 || !KEY_LENS.contains(&key_len) {
-            return Err(SecretError::KeyLength(key_len));
-        }
-        let (key, crc) = decoded.split_at(key_len);
-        let stored = u32::from_le_bytes(crc.try_into().expect("four bytes"));
-        let computed = crc32fast::hash(key);
-        if stored != computed {
-            return Err(SecretError::Crc { stored, computed });
-        }
-        DhchapSecret::new(transform, key)
+        let key = key_field::decode(&rest[3..], &KEY_LENS)?;
+        DhchapSecret::new(transform, &key)
     }
 
     /// The representation: `DHHC-1:xx:<base64(key || CRC-32 little-endian)>:`.
     pub fn to_representation(&self) -> Zeroizing<String> {
-        let mut raw = Zeroizing::new(Vec::with_capacity(self.key.len() + 4));
-        raw.extend_from_slice(&self.key);
-        raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
         let xx = self.transform.map_or(0, |h| h as u8);
-        Zeroizing::new(format!("{PREFIX}{xx:02}:{}:", STANDARD.encode(&raw[..])))
+        Zeroizing::new(format!("{PREFIX}{xx:02}:{}", *key_field::encode(&self.key)))
     }
 
     /// The hash of the transform (`None`: "00", none).
