@@ -32,8 +32,9 @@ const EDGES: &[&str] = &[
     "crates/rbd/src/sys.rs",
     "crates/rbd/src/image.rs",
     "crates/rbd/src/channel.rs",
-    // libcrypto's FFI.
+    // libcrypto's FFI, and libssl's (NVMe/TCP's TLS sessions over memory).
     "crates/crypto/src/openssl.rs",
+    "crates/crypto/src/tls/session.rs",
     // mmap'd and DMA buffers and the iovecs that describe them.
     "crates/bdev/src/buf.rs",
     "crates/bdev/src/dma.rs",
@@ -55,9 +56,9 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// file outside the edges from growing, so this guards the edges: a total below it fails until
 /// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
-/// 405 → 408) or a new edge comes (fp-conn's io_uring socket engine: 231 → 239), the reason
-/// in the commit.
-const CEILING: usize = 239;
+/// 405 → 408) or a new edge comes (fp-conn's io_uring socket engine: 231 → 239; libssl's FFI,
+/// its 46 function pointer types each a site: 239 → 311), the reason in the commit.
+const CEILING: usize = 311;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {

@@ -668,7 +668,11 @@ impl TcpQueue {
     /// Forgets every command in flight (their tags into `out`); the queue is dead after.
     pub(crate) fn drain(&mut self, out: &mut Vec<u32>) {
         if self.dead.is_none() {
-            self.die(NvmeError::Gone("the queue was drained".into()));
+            // Its owner closes it (a channel going away, a reset): no failure, so not logged
+            // as one (a failure was logged when it happened).
+            log::debug!("nvme tcp queue {}: drained by its owner", self.p.qid);
+            self.drop_send_list();
+            self.dead = Some(NvmeError::Gone("the queue was drained".into()));
         }
         self.drop_send_list();
         let first = out.len();
