@@ -139,11 +139,14 @@ def paths_targets(res, add):
             continue
         judged = v == "ffdhe2048"
         group = "no Diffie-Hellman (null group)" if v == "null" else v
-        add(f"DH-HMAC-CHAP (sha256, {group}, bidirectional): added to a connect (attach round trip)",
-            f"<= {GOAL_AUTH_MS:g} ms" if judged else "reported",
-            f"{_ms(x['median_ms'])} vs {_ms(su['none']['median_ms'])} ms = {_signed_ms(x['added_ms'])} ms "
-            f"({_signed_ms(x['added_ms_per_queue'])} ms per queue, {x['queues']} queue(s))",
-            (x["added_ms"] <= GOAL_AUTH_MS) if judged else None)
+        # A connect is one queue's (its Fabrics Connect and transaction): the attach connects
+        # `queues` of them, so the goal is judged per queue.
+        add(f"DH-HMAC-CHAP (sha256, {group}, bidirectional): added to a queue's connect (attach round trip "
+            "over the queues it authenticated)",
+            f"<= {GOAL_AUTH_MS:g} ms per queue" if judged else "reported",
+            f"{_signed_ms(x['added_ms_per_queue'])} ms per queue ({_ms(x['median_ms'])} vs "
+            f"{_ms(su['none']['median_ms'])} ms = {_signed_ms(x['added_ms'])} ms per attach, {x['queues']} queue(s))",
+            (x["added_ms_per_queue"] <= GOAL_AUTH_MS) if judged else None)
 
 
 def validate_paths(res, c):
