@@ -63,6 +63,10 @@ cmd_test() {
     apt_install python3-cryptography
     # DH-HMAC-CHAP secrets and their transform are checked against nvme-cli's gen-dhchap-key.
     command -v nvme >/dev/null 2>&1 || apt_install nvme-cli
+    # NVMe/TCP's TLS session is checked against `openssl s_server`/`s_client` and `openssl kdf`;
+    # with an nvme-cli that inserts TLS PSKs (2.7 on), the keys are read back with keyctl.
+    command -v openssl >/dev/null 2>&1 || apt_install openssl
+    command -v keyctl >/dev/null 2>&1 || apt_install keyutils
     # The SPDK compatibility test drives flashpath through SPDK's published client.
     ensure_spdk_rpc || die "could not install SPDK's RPC client (pip install spdk==26.9)"
     export FLASHPATH_SPDK_RPC
