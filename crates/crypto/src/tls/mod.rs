@@ -6,6 +6,8 @@
 //!   keyring;
 //! * [`TlsSession`]: a non-blocking TLS 1.3 client or server over memory on OpenSSL's libssl,
 //!   loaded at run time (rustls has no external PSKs);
+//! * [`TlsStream`]: a session on a socket, received and sent through as the socket itself is
+//!   (non-blocking on a reactor, blocking on a handshake thread);
 //! * [`nvme_lookup`]: a server's PSK lookup from the host entries of a subsystem: the identity a
 //!   host offers is parsed and checked, and the TLS PSK derived from the retained PSK configured
 //!   for that host and subsystem.
@@ -15,7 +17,10 @@
 
 pub mod psk;
 mod session;
+mod stream;
 
+#[cfg(test)]
+mod stream_tests;
 #[cfg(test)]
 mod tests;
 
@@ -25,6 +30,7 @@ pub use psk::{
 pub use session::{
     tls_available, HandshakeState, PskLookup, TlsError, TlsErrorKind, TlsPsk, TlsSession, BUF,
 };
+pub use stream::{Blocking, HandshakeError, TlsStream};
 
 /// A server's PSK lookup for NVMe/TCP: `retained(hostnqn, subnqn)` answers the retained PSK
 /// configured for that host on that subsystem (`None`: none). An identity that does not parse,

@@ -396,7 +396,7 @@ fn identities_refused_by_name() {
 
 // ---- Sessions.
 
-fn tls_or_skip() -> bool {
+pub(super) fn tls_or_skip() -> bool {
     if tls_available() {
         return true;
     }
@@ -468,7 +468,7 @@ fn handshake(
     panic!("the handshake neither finished nor failed: {rc:?} {rs:?}");
 }
 
-fn pair(hash: PskHash, client_key: &[u8], server_key: &[u8]) -> (TlsSession, TlsSession) {
+pub(super) fn pair(hash: PskHash, client_key: &[u8], server_key: &[u8]) -> (TlsSession, TlsSession) {
     let key = Zeroizing::new(server_key.to_vec());
     let lookup: PskLookup =
         Box::new(move |id: &[u8]| (id == b"flashpath test").then(|| TlsPsk { hash, key: key.clone() }));
