@@ -43,6 +43,7 @@ from fpbench.sections.nvmf import TARGETS as NVMF_TARGETS, NvmfSection, nvmf_mis
 from fpbench.sections.null_ram_file import NullRamFileSection
 from fpbench.sections.pathlen import PathlenSection, pathlen_missing
 from fpbench.sections.paths import PathsSection
+from fpbench.sections.tls import TlsSection
 from fpbench.sections.qos import QosSection
 from fpbench.sections.raid import RaidSection
 from fpbench.sections.rbd import RbdSection
@@ -53,7 +54,7 @@ from fpbench.validate import validate
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
             NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection, RaidSection,
-            CryptoSection, PathlenSection, DensitySection, PathsSection):
+            CryptoSection, PathlenSection, DensitySection, PathsSection, TlsSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -188,6 +189,8 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             "paths": (f"paths: NVMe/TCP failover through two relayed paths and the DH-HMAC-CHAP connect cost "
                       f"(initiator CPU {self.server_cpu}, target and client CPU {self.client_cpu}, scratch {self.work})",
                       self.run_paths),
+            "tls": (f"TLS: NVMe/TCP with TLS 1.3 against plain NVMe/TCP (initiator CPU {self.server_cpu}, target "
+                    f"and client CPU {self.client_cpu}, scratch {self.work})", self.run_tls),
             "density": (f"density: many VMs on one server core, flashpath vs qsd{' vs SPDK' if self.args.spdk else ''} "
                         f"(server CPU {self.server_cpu}, client CPU {self.client_cpu})", self.run_density),
         }
@@ -264,7 +267,7 @@ def main():
                     help="a built SPDK tree (build/bin/vhost): its vhost target runs beside flashpath and qsd "
                          "(sets up 1024 huge pages; root)")
     ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk",
-                                       "nvmf", "nvme-tcp", "raid", "crypto", "pathlen", "density", "paths"],
+                                       "nvmf", "nvme-tcp", "raid", "crypto", "pathlen", "density", "paths", "tls"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -396,6 +399,7 @@ def main():
         "crypto": bool(bench.results.get("crypto")),
         "pathlen": bool(bench.results.get("pathlen")),
         "paths": bool(bench.results.get("paths")),
+        "tls": bool(bench.results.get("tls")),
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

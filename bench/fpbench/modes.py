@@ -42,6 +42,24 @@ def paths_config(mode):
     return PATHS[mode]
 
 
+# TLS (`--only tls`): NVMe/TCP with TLS 1.3 against plain NVMe/TCP through one target and one
+# initiator, interleaved run by run. points: (pattern, bs, qd), one queue, the client polling;
+# secs: each run; reps: repetitions of every point and variant; size_mib: each RAM disk;
+# fill_secs: the sequential write that touches every block first. Not in any whole run (a
+# benchmark of a target, not CI).
+TLS = {
+    "full": {"secs": 5.0, "reps": 5, "points": [["randread", 4096, 32], ["randread", 4096, 1]], "size_mib": 256,
+             "fill_secs": 4.0},
+    "quick": {"secs": 3.0, "reps": 3, "points": [["randread", 4096, 32], ["randread", 4096, 1]], "size_mib": 128,
+              "fill_secs": 3.0},
+    "smoke": {"secs": 1.0, "reps": 1, "points": [["randread", 4096, 32]], "size_mib": 32, "fill_secs": 1.0},
+}
+
+
+def tls_config(mode):
+    return TLS[mode]
+
+
 def mode_config(mode):
     """What a mode measures. `points` lists (pattern, bs, qd, queues, poll) per backend;
     `callgrind` gives the path-length runs (null backend): the short and long run's seconds,

@@ -20,6 +20,7 @@ from fpbench.report_raid import raid_markdown, raid_targets
 from fpbench.report_nvmf import nvmf_markdown, nvmf_targets
 from fpbench.report_pathlen import pathlen_markdown
 from fpbench.report_paths import paths_markdown, paths_targets
+from fpbench.report_tls import tls_markdown, tls_targets
 from fpbench.report_spdk import spdk_markdown, spdk_targets
 from fpbench.servers import NBD_SERVERS
 
@@ -173,6 +174,7 @@ def targets(res):
     raid_targets(res, add)
     crypto_targets(res, add)
     paths_targets(res, add)
+    tls_targets(res, add)
     return out
 
 
@@ -261,6 +263,7 @@ def markdown(res):
              "crypto": ("flashpath vs openssl and qemu-storage-daemon: AES-XTS", crypto_markdown),
              "pathlen": ("flashpath: the path length of every export", pathlen_markdown),
              "paths": ("flashpath: NVMe/TCP failover and DH-HMAC-CHAP connect cost", paths_markdown),
+             "tls": ("flashpath: NVMe/TCP with TLS 1.3 against plain NVMe/TCP", tls_markdown),
              "density": ("flashpath vs qemu-storage-daemon (and SPDK): many VMs on one core", density_markdown)}
     if m.get("only") in alone:
         title, section = alone[m["only"]]

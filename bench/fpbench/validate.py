@@ -20,6 +20,8 @@ from fpbench.report_pathlen import HEADING as PATHLEN_HEADING
 from fpbench.report_pathlen import validate_pathlen
 from fpbench.report_paths import HEADING as PATHS_HEADING
 from fpbench.report_paths import validate_paths
+from fpbench.report_tls import HEADING as TLS_HEADING
+from fpbench.report_tls import validate_tls
 from fpbench.sections.crypto import crypto_config
 from fpbench.sections.density import density_config
 from fpbench.sections.guest_notify import SERVERS as GN_SERVERS
@@ -161,6 +163,8 @@ ALONE = {
     "nvmf": (lambda res, mode: validate_nvmf(res, res["nvmf"]["config"]), "## NVMe over TCP"),
     # The run's own config: --time/--reps may override the mode's.
     "paths": (lambda res, mode: validate_paths(res, res["paths"]["config"]), PATHS_HEADING),
+    # The run's own config: --time/--reps may override the mode's.
+    "tls": (lambda res, mode: validate_tls(res, res["tls"]["config"]), TLS_HEADING),
     # The run's own config (--time/--reps may override the mode's); its N and QD the mode's.
     "density": (lambda res, mode: validate_density(res, dict(res["density"]["config"], ns=density_config(mode)["ns"],
                                                              qds=density_config(mode)["qds"])), DENSITY_HEADING),
