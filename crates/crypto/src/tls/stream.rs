@@ -300,7 +300,15 @@ impl<S: Read + Write> Blocking<'_, S> {
     /// Runs the handshake to its end. The socket's timeouts bound each wait for the peer.
     pub fn handshake(&mut self) -> Result<(), HandshakeError> {
         loop {
-            let state = self.tls.session.handshake().map_err(HandshakeError::Tls)?;
+            let state = match self.tls.session.handshake() {
+                Ok(s) => s,
+                Err(e) => {
+                    // The alert that says why (decrypt_error, unknown_psk_identity) goes to
+                    // the peer before the caller closes: best effort.
+                    let _ = self.write_out();
+                    return Err(HandshakeError::Tls(e));
+                }
+            };
             self.write_out().map_err(HandshakeError::Io)?;
             if state == HandshakeState::Established {
                 return Ok(());
@@ -310,7 +318,10 @@ impl<S: Read + Write> Blocking<'_, S> {
                 // A failure the session saw in what arrived is the better reason.
                 Err(e) => {
                     return Err(match self.tls.session.handshake() {
-                        Err(t) => HandshakeError::Tls(t),
+                        Err(t) => {
+                            let _ = self.write_out();
+                            HandshakeError::Tls(t)
+                        }
                         Ok(_) => HandshakeError::Io(e),
                     })
                 }

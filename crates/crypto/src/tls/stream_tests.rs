@@ -60,14 +60,32 @@ fn blocking_streams_handshake_and_carry_messages() {
 }
 
 #[test]
-fn a_wrong_psk_fails_the_blocking_handshake_with_its_kind() {
+fn a_wrong_psk_fails_both_blocking_handshakes_with_its_kind() {
     if !tls_or_skip() {
         return;
     }
-    let Err(e) = connected(PskHash::Sha256, &[8; 32]) else { panic!("a wrong PSK was accepted") };
-    match e {
-        HandshakeError::Tls(t) => assert_eq!(t.kind, TlsErrorKind::WrongPsk, "{t}"),
-        HandshakeError::Io(e) => panic!("not a TLS refusal: {e}"),
+    // Both sides' results: the server's alert reaches the client before the server closes,
+    // so the client too learns why, not only that the connection closed.
+    let (c, s) = pair(PskHash::Sha256, &[8; 32], &KEY[..32]);
+    let (mut cs, mut ss) = UnixStream::pair().unwrap();
+    for x in [&cs, &ss] {
+        x.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    }
+    let server = std::thread::spawn(move || {
+        let mut t = TlsStream::new(s);
+        let r = t.blocking(&mut ss).handshake();
+        drop(ss);
+        r
+    });
+    let mut client = TlsStream::new(c);
+    let rc = client.blocking(&mut cs).handshake();
+    let rs = server.join().unwrap();
+    for (side, r) in [("server", rs), ("client", rc)] {
+        match r {
+            Err(HandshakeError::Tls(t)) => assert_eq!(t.kind, TlsErrorKind::WrongPsk, "{side}: {t}"),
+            Err(HandshakeError::Io(e)) => panic!("{side}: not a TLS refusal: {e}"),
+            Ok(()) => panic!("{side}: a wrong PSK was accepted"),
+        }
     }
 }
 
