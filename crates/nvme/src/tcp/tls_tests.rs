@@ -66,9 +66,16 @@ struct Seen {
     refused: AtomicUsize,
 }
 
+/// The configured PSK a terminator holds for every host (`None`: none), changeable.
+type ServerKey = Arc<Mutex<Option<[u8; 32]>>>;
+
 /// A TLS terminator on a port of its own: each connection's TLS server finds the retained
 /// PSK `key` derives for the host (`None`: no PSK for any host) and relays to `backend`.
 fn terminator(backend: u16, key: Option<[u8; 32]>) -> (u16, Arc<Seen>) {
+    terminator_with(backend, Arc::new(Mutex::new(key)))
+}
+
+fn terminator_with(backend: u16, key: ServerKey) -> (u16, Arc<Seen>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Seen::default());
@@ -76,7 +83,7 @@ fn terminator(backend: u16, key: Option<[u8; 32]>) -> (u16, Arc<Seen>) {
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { return };
-            let s = s.clone();
+            let (s, key) = (s.clone(), *key.lock().unwrap());
             std::thread::spawn(move || relay(conn, backend, key, &s));
         }
     });
@@ -330,4 +337,54 @@ impl Drop for Reaped {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A controller attached through TLS: verified I/O through its namespace, a reset (new
+/// handshakes for the admin and I/O queues), then a reset the target refuses at the handshake
+/// (its PSK changed): retried every reconnect_delay_sec like a refused Connect, with the TLS
+/// refusal as the last error, until the PSK is right again.
+#[test]
+fn a_controller_over_tls_resets_and_retries_a_refused_handshake() {
+    use fp_bdev::conformance::{read_range, write_range};
+    use fp_bdev::BlockDevice;
+
+    use crate::ctrlr;
+    use crate::tests::core_fake::{test_options, wait_for};
+
+    if !tls_or_skip() {
+        return;
+    }
+    let tg = target(TransportOptions::default());
+    let key: ServerKey = Arc::new(Mutex::new(Some(KEY)));
+    let (port, seen) = terminator_with(tg.port(), key.clone());
+    let (mut opts, global) = test_options("tls0");
+    opts.ctrlr_loss_timeout_sec = -1;
+    opts.reconnect_delay_sec = 2; // 20 ms
+    let c = ctrlr::attach(tls_transport(port, &KEY), opts, global, Box::new(|_| {})).expect("attach");
+    let ns = c.namespaces()[0].clone();
+    let mut ch = ns.open_channel().unwrap();
+    let data: Vec<u8> = pattern(7, 96 << 10);
+    write_range(&mut *ch, 0, &data);
+    assert!(read_range(&mut *ch, 0, data.len()) == data);
+    let handshakes = || seen.identities.lock().unwrap().len();
+    let before = handshakes();
+    assert!(before >= 2, "the admin queue and the channel's I/O queue: {before}");
+    c.reset().unwrap();
+    assert!(read_range(&mut *ch, 0, data.len()) == data, "read back after a reset");
+    assert!(handshakes() >= before + 2, "the reset shook hands again on each queue");
+
+    *key.lock().unwrap() = Some(OTHER_KEY);
+    let e = c.reset().unwrap_err();
+    assert!(e.to_string().contains("wrong PSK"), "{e}");
+    let refused = seen.refused.load(Ordering::SeqCst);
+    wait_for("two more refused attempts", || seen.refused.load(Ordering::SeqCst) >= refused + 2);
+    // Between attempts (one may be under way when asked).
+    wait_for("a delayed reconnect", || c.info().ctrlrs[0].state == "reconnect_is_delayed");
+    let last = c.info().ctrlrs[0].last_error.clone().unwrap_or_default();
+    assert!(last.contains("wrong PSK") && last.contains(&format!("127.0.0.1:{port}")), "{last}");
+    *key.lock().unwrap() = Some(KEY);
+    wait_for("the controller back", || c.info().ctrlrs[0].state == "enabled");
+    assert!(read_range(&mut *ch, 0, data.len()) == data, "read back after the reconnect");
+    drop(ch);
+    c.detach();
 }

@@ -256,7 +256,11 @@ impl TcpTransport {
             TlsStream::new(TlsSession::client(t.identity.as_bytes(), t.psk.clone()).map_err(refused)?);
         match tls.blocking(s).handshake() {
             Ok(()) => Ok(tls),
-            Err(HandshakeError::Tls(e)) => Err(refused(e)),
+            Err(HandshakeError::Tls(e)) => {
+                let e = refused(e);
+                log::warn!("{e}");
+                Err(e)
+            }
             Err(HandshakeError::Io(e)) => Err(match e.kind() {
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
                     NvmeError::Timeout(format!("NVMe/TCP TLS handshake with {addr} (as {})", t.identity))
