@@ -96,7 +96,8 @@ fn rw(q: &mut TcpQueue, write: bool, slba: u64, buf: &mut [u8], tag: u32) {
     assert!(c[0].1.is_success(), "{:?}", c[0].1);
 }
 
-#[test]
+// Both socket implementations: with `uring` the default, a TLS queue stays on system calls.
+on_each_sock_impl!(attach_and_io_through_tls);
 fn attach_and_io_through_tls() {
     let Some((_tg, term)) = through_tls() else { return };
     let port = term.port();
