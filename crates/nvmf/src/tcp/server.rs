@@ -167,7 +167,7 @@ fn handshake(
 /// identity must name a host with a PSK on a subsystem reachable here. A failure is logged
 /// with the host NQN the identity named, if any, and its kind (wrong PSK, unknown identity,
 /// anything else: a protocol error, such as a host speaking NVMe/TCP in the clear).
-fn tls_handshake(
+pub(crate) fn tls_handshake(
     target: &Weak<TargetInner>,
     listen: &ListenAddress,
     s: &mut Stream,

@@ -370,6 +370,36 @@ fn wrong_psk_and_unknown_identities_are_refused_and_others_go_on() {
     assert!(sub.hosts.iter().all(|h| h.nqn != OTHER_HOST));
 }
 
+/// What the listener logs for a refused handshake: the host NQN the identity named, and the
+/// kind (the handshake run here on a socket of the test's, as a listener's thread runs it).
+#[test]
+fn refused_handshakes_say_who_and_why() {
+    if !tls_or_skip() {
+        return;
+    }
+    let tg = secure_target();
+    let refusal = |key: ConfiguredPsk, host: &'static str| {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = std::thread::spawn(move || tls_client(port, &key, host, NQN).2.is_err());
+        let (sock, _) = listener.accept().unwrap();
+        let mut s = fp_conn::Stream::Tcp(sock);
+        s.set_timeouts(Some(Duration::from_secs(10))).unwrap();
+        let target = std::sync::Arc::downgrade(&tg.t.inner);
+        let r = crate::tcp::server::tls_handshake(&target, &listen(tg.port).normalized(), &mut s);
+        drop(s);
+        assert!(client.join().unwrap(), "the client's handshake failed too");
+        r.expect_err("a refusal")
+    };
+    let why = refusal(psk(9), HOSTNQN);
+    assert!(why.starts_with(&format!("host {HOSTNQN}: ")) && why.contains("wrong PSK"), "{why}");
+    let why = refusal(psk(1), "nqn.2014-08.org.example:stranger");
+    assert!(
+        why.starts_with("host nqn.2014-08.org.example:stranger: ") && why.contains("unknown PSK identity"),
+        "{why}"
+    );
+}
+
 #[test]
 fn plain_host_on_a_secure_listener_is_refused() {
     if !tls_or_skip() {
