@@ -189,7 +189,7 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             "paths": (f"paths: NVMe/TCP failover through two relayed paths and the DH-HMAC-CHAP connect cost "
                       f"(initiator CPU {self.server_cpu}, target and client CPU {self.client_cpu}, scratch {self.work})",
                       self.run_paths),
-            "tls": (f"TLS: NVMe/TCP with TLS 1.3 against plain NVMe/TCP (initiator CPU {self.server_cpu}, target "
+            "tls": (f"TLS: NVMe/TCP with TLS 1.3 against plain NVMe/TCP (target CPU {self.server_cpu}, initiator "
                     f"and client CPU {self.client_cpu}, scratch {self.work})", self.run_tls),
             "density": (f"density: many VMs on one server core, flashpath vs qsd{' vs SPDK' if self.args.spdk else ''} "
                         f"(server CPU {self.server_cpu}, client CPU {self.client_cpu})", self.run_density),

@@ -6,12 +6,12 @@ import unittest
 import zlib
 
 from fpbench.report_tls import tls_targets, validate_tls
-from fpbench.sections.tls import summarize_tls, tls_psk_interchange
+from fpbench.sections.tls import cipher_floor, floor_bound, summarize_tls, tls_psk_interchange
 
 
 def run(variant, point, iops, busy, rep=0):
     return {"variant": variant, "point": list(point), "rep": rep, "iops": iops, "p50_ns": 1000, "p99_ns": 2000,
-            "reactor_busy_ns_per_io": busy, "target_cpu_ns_per_io": 2 * busy}
+            "target_busy_ns_per_io": busy, "target_cpu_ns_per_io": 2 * busy, "initiator_busy_ns_per_io": 3 * busy}
 
 
 class Interchange(unittest.TestCase):
@@ -44,7 +44,8 @@ class Summary(unittest.TestCase):
         self.assertEqual(s[0]["plain"]["iops"], 100_000)
         self.assertEqual(s[0]["tls"]["iops"], 85_000)
         self.assertAlmostEqual(s[0]["ratio"]["iops"], 0.85)
-        self.assertAlmostEqual(s[0]["ratio"]["reactor_busy_ns_per_io"], 1.2)
+        self.assertAlmostEqual(s[0]["ratio"]["target_busy_ns_per_io"], 1.2)
+        self.assertAlmostEqual(s[0]["ratio"]["initiator_busy_ns_per_io"], 1.2)
         self.assertEqual(s[0]["tls"]["runs"], 3)
         self.assertAlmostEqual(s[1]["ratio"]["iops"], 0.9)
 
@@ -59,6 +60,20 @@ class Summary(unittest.TestCase):
         got.clear()
         tls_targets({"tls": {"summary": summarize_tls(low, [self.P32])}}, lambda *a: got.append(a))
         self.assertIs(got[0][3], False)
+
+    def test_the_floor_is_plain_plus_the_cipher(self):
+        ns = cipher_floor([{"bytes_per_sec": 4096e9 / 5000}, {"bytes_per_sec": 4096e9 / 5000},
+                           {"bytes_per_sec": 1.0}])
+        self.assertAlmostEqual(ns, 5000)
+        self.assertAlmostEqual(floor_bound(5000, 5000), 0.5)
+        self.assertIsNone(floor_bound(None, 5000))
+        s = summarize_tls(self.runs(), [self.P32], ns)
+        f = s[0]["floor"]
+        self.assertEqual(f["target_busy_ns_per_io"], 10_000)
+        self.assertAlmostEqual(f["bound"], 0.5)
+        # TLS target busy 6000 ns over a floor of 10000: below it means the cipher ran faster in
+        # the runs than in openssl's (the floor is a bound, not a forecast).
+        self.assertAlmostEqual(f["over"], 0.6)
 
     def test_validate_names_what_is_missing(self):
         c = {"points": [list(self.P32), list(self.P1)], "reps": 3}

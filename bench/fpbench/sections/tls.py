@@ -1,14 +1,25 @@
 """TLS (`--only tls`): NVMe/TCP with TLS 1.3 against plain NVMe/TCP, the same target, initiator,
 disk and client, interleaved run by run.
 
-Target: flashpath (client CPU) serving two RAM disks over NVMe/TCP on 127.0.0.1, each in its own
-subsystem: one open to any host on a plain listener, one on a `secure_channel` listener whose
-host is added with a PSK (`nvmf_subsystem_add_host psk`, a keyring key in the interchange
-format). Initiator: flashpath (server CPU) attaches both (`bdev_nvme_attach_controller`, the
-second with `psk`) and exports each namespace over vhost-user to fp-load (client CPU, polling,
-one queue). Each point (4 KiB randread at QD 32 and QD 1) runs plain then TLS, repetition after
-repetition, so the two see the same machine. The figures: IOPS and the ratio TLS / plain, the
-initiator's reactor busy time per I/O and the target's CPU time per I/O (both sides encrypt).
+Target: flashpath alone on the server CPU (the side measured, as in the NVMe/TCP section)
+serving two RAM disks over NVMe/TCP on 127.0.0.1, each in its own subsystem: one open to any
+host on a plain listener, one on a `secure_channel` listener whose host is added with a PSK
+(`nvmf_subsystem_add_host psk`, a keyring key in the interchange format). Initiator: flashpath
+on the client CPU attaches both (`bdev_nvme_attach_controller`, the second with `psk`) and
+exports each namespace over vhost-user to fp-load beside it (one queue, sleeping on its
+completion fd: two pollers on one CPU would take turns by the scheduler's slices). Each point
+(4 KiB randread at QD 32 and QD 1) runs plain then TLS, repetition after repetition, so the two
+see the same machine. The figures: IOPS and the ratio TLS / plain, the target's reactor busy
+time per I/O (its work per I/O: both sides encrypt and decrypt every PDU), the target's CPU
+time per I/O (with the kernel's share of its system calls), and the initiator's reactor busy
+time per I/O.
+
+The floor: the cipher itself. Every 4 KiB read leaves the target as at least 4 KiB of AES-GCM
+(TLS_AES_128_GCM_SHA256, the suite of a SHA-256 PSK), so `openssl speed -evp aes-128-gcm
+-bytes 4096` on the target's CPU, once per repetition between the runs, gives what encrypting
+the data alone costs per I/O; the plain target's busy time plus that is the least a TLS target
+can cost, and plain / (plain + cipher) the best ratio any TLS target reaches beside this plain
+one.
 
 docs/benchmarks.md, "TLS", describes every step. Never in CI: a benchmark, not a test.
 """
@@ -17,10 +28,11 @@ import base64
 import os
 import zlib
 
-from fpbench.common import MIB, log, median, proc_cpu, ratio
+from fpbench.common import MIB, log, median, ratio
 from fpbench.load import measure
 from fpbench.modes import tls_config
 from fpbench.sections.nvmf import free_port
+from fpbench.sections.crypto import parse_openssl_mr, run_timed
 from fpbench.servers import Flashpath
 
 VARIANTS = ("plain", "tls")
@@ -30,6 +42,9 @@ KEY_NAME = "tls-psk0"
 # The issue's goal: 4 KiB randread QD32 over TLS at >= 0.8x the plain TCP figure.
 GOAL_RATIO = 0.8
 GOAL_POINT = ("randread", 4096, 32)
+# The cipher of a SHA-256 PSK's suite, and the bytes of one read's data.
+CIPHER = "aes-128-gcm"
+CIPHER_BYTES = 4096
 
 
 def tls_psk_interchange(key, hash_id=1):
@@ -48,10 +63,25 @@ def point_name(p):
     return f"{pattern} {bs // 1024} KiB QD{qd}"
 
 
-def summarize_tls(runs, points):
+def cipher_floor(rows):
+    """The cipher's cost of one read's data, in ns: the median of the `openssl speed` rows
+    (bytes per second each)."""
+    rate = median([r["bytes_per_sec"] for r in rows])
+    return CIPHER_BYTES / rate * 1e9 if rate else None
+
+
+def floor_bound(plain_busy_ns, cipher_ns):
+    """The best TLS / plain ratio of a target whose plain path costs `plain_busy_ns` per I/O
+    when TLS adds the cipher's `cipher_ns` and nothing else; None without both."""
+    if plain_busy_ns is None or cipher_ns is None or plain_busy_ns + cipher_ns <= 0:
+        return None
+    return plain_busy_ns / (plain_busy_ns + cipher_ns)
+
+
+def summarize_tls(runs, points, cipher_ns=None):
     """Per point and variant, the medians over the repetitions; per point the ratios TLS / plain
     (IOPS, initiator busy per I/O, target CPU per I/O), from the medians."""
-    keys = ("iops", "p50_ns", "p99_ns", "reactor_busy_ns_per_io", "target_cpu_ns_per_io")
+    keys = ("iops", "p50_ns", "p99_ns", "target_busy_ns_per_io", "target_cpu_ns_per_io", "initiator_busy_ns_per_io")
     out = []
     for p in points:
         row = {"point": list(p)}
@@ -60,7 +90,13 @@ def summarize_tls(runs, points):
             row[v] = {k: median([r.get(k) for r in rs]) for k in keys}
             row[v]["runs"] = len(rs)
         row["ratio"] = {k: ratio(row["tls"][k], row["plain"][k])
-                        for k in ("iops", "reactor_busy_ns_per_io", "target_cpu_ns_per_io")}
+                        for k in ("iops", "target_busy_ns_per_io", "target_cpu_ns_per_io", "initiator_busy_ns_per_io")}
+        plain_busy = row["plain"]["target_busy_ns_per_io"]
+        row["floor"] = {"cipher_ns_per_io": cipher_ns, "bound": floor_bound(plain_busy, cipher_ns),
+                        "target_busy_ns_per_io": None if plain_busy is None or cipher_ns is None
+                        else plain_busy + cipher_ns}
+        # The TLS target's busy time over the floor's (1.0: nothing above the cipher).
+        row["floor"]["over"] = ratio(row["tls"]["target_busy_ns_per_io"], row["floor"]["target_busy_ns_per_io"])
         out.append(row)
     return out
 
@@ -76,8 +112,8 @@ class TlsSection:
         self.results["tls"] = out
         tgt = host = None
         try:
-            tgt = Flashpath(self.args.bin_dir, self.work, str(self.client_cpu), name="flashpath-tls-target")
-            host = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name="flashpath-tls-host")
+            tgt = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name="flashpath-tls-target")
+            host = Flashpath(self.args.bin_dir, self.work, str(self.client_cpu), name="flashpath-tls-host")
             keydir = os.path.join(self.work, "tls-keys")
             os.makedirs(keydir, mode=0o700, exist_ok=True)
             path = os.path.join(keydir, KEY_NAME)
@@ -87,7 +123,7 @@ class TlsSection:
             for d in (tgt, host):
                 d.rpc("keyring_file_add_key", {"name": KEY_NAME, "path": path})
             tgt.rpc("nvmf_create_transport", {"trtype": "TCP"})
-            socks, setup = {}, {"target_cpu": self.client_cpu, "host_cpu": self.server_cpu,
+            socks, setup = {}, {"target_cpu": self.server_cpu, "host_cpu": self.client_cpu,
                                 "client_cpu": self.client_cpu, "disk_mib": c["size_mib"], "host_nqn": HOST_NQN}
             for i, v in enumerate(VARIANTS):
                 nqn = NQN.format(variant=v)
@@ -115,18 +151,26 @@ class TlsSection:
             # Every block written once, so that no read meets a page never written.
             for v in VARIANTS:
                 self.loader.run(socks[v], "write", 131072, 8, 1, True, c["fill_secs"])
+            out["cipher"] = []
             for rep in range(c["reps"]):
+                out["cipher"].append(self.tls_cipher(tgt))
                 for p in points:
                     for v in VARIANTS:
                         r = self.tls_measure(tgt, host, socks[v], p, c["secs"])
                         r.update(variant=v, point=list(p), rep=rep)
                         out["runs"].append(r)
-                        log(f"tls: {v:<5} {point_name(p):<22} {r['iops']:>9,.0f} IOPS, initiator busy "
-                            f"{(r.get('reactor_busy_ns_per_io') or 0) / 1000:.2f} µs/IO, target CPU "
-                            f"{(r.get('target_cpu_ns_per_io') or 0) / 1000:.2f} µs/IO")
-            out["summary"] = summarize_tls(out["runs"], points)
+                        log(f"tls: {v:<5} {point_name(p):<22} {r['iops']:>9,.0f} IOPS, target busy "
+                            f"{(r.get('target_busy_ns_per_io') or 0) / 1000:.2f} µs/IO, CPU "
+                            f"{(r.get('target_cpu_ns_per_io') or 0) / 1000:.2f} µs/IO; initiator busy "
+                            f"{(r.get('initiator_busy_ns_per_io') or 0) / 1000:.2f} µs/IO")
+            out["cipher"].append(self.tls_cipher(tgt))
+            cipher_ns = cipher_floor(out["cipher"])
+            out["summary"] = summarize_tls(out["runs"], points, cipher_ns)
             for row in out["summary"]:
-                log(f"tls: {point_name(tuple(row['point']))}: TLS / plain IOPS {row['ratio']['iops']:.2f}x")
+                f = row["floor"]
+                log(f"tls: {point_name(tuple(row['point']))}: TLS / plain IOPS {row['ratio']['iops']:.2f}x; the cipher "
+                    f"{cipher_ns / 1000:.2f} µs per 4 KiB, bound {f['bound'] or 0:.2f}x, TLS target busy "
+                    f"{f['over'] or 0:.2f}x the floor's")
         finally:
             out["loadavg_after"] = os.getloadavg()
             if host is not None:
@@ -134,13 +178,27 @@ class TlsSection:
             if tgt is not None:
                 tgt.stop()
 
+    def tls_cipher(self, tgt):
+        """`openssl speed` of the suite's cipher on 4 KiB buffers, on the target's CPU (the
+        target idle meanwhile), for one second."""
+        cmd = ["taskset", "-c", str(self.server_cpu), "openssl", "speed", "-mr", "-elapsed", "-seconds", "1",
+               "-bytes", str(CIPHER_BYTES), "-evp", CIPHER]
+        out, wall, cpu = run_timed(cmd, 60)
+        r = parse_openssl_mr(out, CIPHER_BYTES)
+        r.update(wall_s=wall, cpu_s=cpu)
+        log(f"tls: openssl speed {CIPHER} {CIPHER_BYTES} B: {r['bytes_per_sec'] / 1e9:.2f} GB/s")
+        return r
+
     def tls_measure(self, tgt, host, sock, p, secs):
-        """One fp-load run (polling, one queue) with the initiator's reactor deltas and the
-        target's CPU time."""
+        """One fp-load run (completion fd, one queue) with the target's reactor and CPU deltas
+        and the initiator's reactor deltas."""
         pattern, bs, qd = p
-        t0 = proc_cpu(tgt.pid)
-        r = measure(host, self.loader, sock, (pattern, bs, qd, 1, True), secs, False)
-        t1 = proc_cpu(tgt.pid)
-        r["target_cpu_ns"] = t1["sched_ns"] - t0["sched_ns"]
-        r["target_cpu_ns_per_io"] = r["target_cpu_ns"] / r["ios"] if r["ios"] else None
+        h0 = host.reactors()
+        r = measure(tgt, self.loader, sock, (pattern, bs, qd, 1, False), secs, False)
+        h1 = host.reactors()
+        ios = r["ios"]
+        r["target_busy_ns_per_io"] = r.get("reactor_busy_ns_per_io")
+        r["target_cpu_ns_per_io"] = r.get("server_cpu_ns_per_io")
+        busy = sum(h1[k]["busy"] - h0[k]["busy"] for k in h1)
+        r["initiator_busy_ns_per_io"] = busy / ios if ios else None
         return r

@@ -71,7 +71,7 @@ const SSL_R_TLSV1_ALERT_UNKNOWN_PSK_IDENTITY: c_ulong = 1115;
 /// TLS 1.3's record overhead with AES-GCM: header, inner content type, tag.
 const RECORD_OVERHEAD: usize = 5 + 1 + 16;
 /// The most plaintext one record carries.
-const MAX_FRAGMENT: usize = 16384;
+pub(super) const MAX_FRAGMENT: usize = 16384;
 
 struct Lib {
     tls_method: unsafe extern "C" fn() -> Method,

@@ -225,3 +225,47 @@ fn what_a_handshake_thread_read_past_the_handshake_moves_with_the_stream() {
     }
     assert_eq!(second, [2u8; 1000]);
 }
+
+#[test]
+fn the_small_pieces_of_a_send_share_one_record() {
+    if !tls_or_skip() {
+        return;
+    }
+    let (mut c, cs, mut s, ss) = connected(PskHash::Sha256, &KEY[..32]).unwrap();
+    for x in [&cs, &ss] {
+        x.set_nonblocking(true).unwrap();
+    }
+    // Fifty 24-byte pieces (response capsules) in one send: one record on the wire, not fifty.
+    let pieces: Vec<[u8; 24]> = (0..50u8).map(|i| [i; 24]).collect();
+    let iov: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
+    assert_eq!(c.send_vectored(cs.as_fd(), &iov).unwrap(), 50 * 24);
+    assert!(!c.has_unsent());
+    let mut wire = vec![0u8; 8192];
+    let n = fp_sys::peek_nonblocking(ss.as_fd(), &mut wire).unwrap();
+    // TLS 1.3 with AES-GCM: 5 bytes of header, 1 of content type and 16 of tag per record.
+    assert_eq!(n, 50 * 24 + 22, "the pieces went out as {n} bytes");
+    let mut got = vec![0u8; 50 * 24];
+    assert_eq!(s.recv(ss.as_fd(), &mut got).unwrap(), got.len());
+    assert_eq!(got, pieces.concat());
+    // A piece of a whole record or more goes without gathering; what follows it is gathered.
+    let big = vec![0x77u8; 40_000];
+    let tail = [0x66u8; 100];
+    assert_eq!(c.send_vectored(cs.as_fd(), &[IoSlice::new(&big), IoSlice::new(&tail)]).unwrap(), 40_100);
+    let mut back = vec![0u8; 40_100];
+    let mut at = 0;
+    for _ in 0..10_000 {
+        if c.has_unsent() {
+            c.flush(cs.as_fd()).unwrap();
+        }
+        match s.recv(ss.as_fd(), &mut back[at..]) {
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+        if at == back.len() {
+            break;
+        }
+    }
+    assert_eq!(at, back.len());
+    assert!(back[..40_000].iter().all(|&b| b == 0x77) && back[40_000..].iter().all(|&b| b == 0x66));
+}
