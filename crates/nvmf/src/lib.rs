@@ -24,6 +24,7 @@ pub mod controller;
 mod error;
 mod exec;
 pub mod features;
+mod host_psk;
 pub mod identify;
 mod info;
 pub mod log_page;
@@ -40,6 +41,7 @@ pub mod testing;
 pub use controller::{AdminResult, Controller, ControllerConfig};
 pub use error::NvmfError;
 pub use fp_conn::uring::{SocketImpl, UnknownSocketImpl};
+pub use host_psk::HostPsk;
 pub use info::{
     ControllerInfo, HostInfo, NamespaceEntry, NamespaceStats, QpairAuth, QpairInfo, SubsystemInfo,
     SubsystemStats,
@@ -48,7 +50,6 @@ pub use options::{ListenAddress, NamespaceSpec, SubsystemSpec, TargetOptions, Tr
 pub use target::{NvmfTarget, DRAIN_TIMEOUT};
 pub use tcp::auth::{Authenticator, DhchapConfig, DhchapKeys, Refused};
 pub use tcp::qpair::CLOSE_TIMEOUT;
-pub use tcp::tls::HostPsk;
 
 #[cfg(test)]
 mod tests;

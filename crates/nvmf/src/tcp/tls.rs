@@ -9,41 +9,12 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
-use fp_crypto::tls::{nvme_lookup, ConfiguredPsk, PskError, PskIdentity, RetainedPsk, TlsSession};
+use fp_crypto::tls::{nvme_lookup, PskIdentity, RetainedPsk, TlsSession};
 
 use crate::model::SubsystemKind;
 use crate::options::ListenAddress;
 use crate::state::TargetInner;
 use crate::subsystem::lock;
-
-/// A host's TLS PSK on one subsystem: the keyring key it came from (what the target
-/// reports) and the retained PSK derived from it for the host.
-#[derive(Clone)]
-pub struct HostPsk {
-    /// The keyring key name (shown as `psk`, never the key).
-    pub key_name: String,
-    retained: RetainedPsk,
-}
-
-impl std::fmt::Debug for HostPsk {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostPsk").field("key_name", &self.key_name).finish_non_exhaustive()
-    }
-}
-
-impl HostPsk {
-    /// The PSK of `hostnqn` from `interchange` (`NVMeTLSkey-1:hh:...:`, the keyring key
-    /// `key_name`'s text), its retained PSK derived as libnvme derives it.
-    pub fn from_interchange(key_name: &str, interchange: &str, hostnqn: &str) -> Result<HostPsk, PskError> {
-        let configured = ConfiguredPsk::parse(interchange.trim())?;
-        Ok(HostPsk { key_name: key_name.to_string(), retained: configured.retained(hostnqn)? })
-    }
-
-    /// A PSK already retained for the host.
-    pub fn retained(key_name: &str, retained: RetainedPsk) -> HostPsk {
-        HostPsk { key_name: key_name.to_string(), retained }
-    }
-}
 
 /// The retained PSK of `hostnqn` on `subnqn`, if that subsystem is reachable through `listen`
 /// and lists the host with a PSK.
@@ -61,7 +32,7 @@ fn retained_psk(
     if st.deleted || !st.listeners.contains(listen) || !st.hosts.contains(hostnqn) {
         return None;
     }
-    st.host_psks.get(hostnqn).map(|p| p.retained.clone())
+    st.host_psks.get(hostnqn).map(|p| p.retained_psk().clone())
 }
 
 /// The host NQN the last PSK identity a session looked up named (for the log of a refusal).
