@@ -20,9 +20,16 @@
 //! watches `nvmf_subsystem_get_qpairs`' `auth` objects change hash), and the replaced secret
 //! refused at the next connect.
 //!
-//! One boot in this binary. It runs with the other guest tests (`./run test`, one at a time);
-//! the module is `guest_vm` so that the step running everything else skips it. Without QEMU or
-//! socat it fails under `CI=true` and is skipped elsewhere.
+//! NVMe/TCP over TLS 1.3 with PSKs: the guest's `tls` scenario has the kernel's NVMe/TCP
+//! host connect to the kernel's own target (nvmet) inside the guest through tlshd, the agent of
+//! the kernel's handshake upcall, with the TLS PSK derived on the host by flashpath's code
+//! (fp-crypto) from a PSK in the interchange format: a connect without TLS refused, every
+//! queue of both sides under kTLS, fio verifying over it, one successful handshake per queue
+//! in tlshd's log, and the PSK never on the console.
+//!
+//! Three boots in this binary. They run with the other guest tests (`./run test`, one at a
+//! time); the module is `guest_vm` so that the step running everything else skips it. Without
+//! QEMU or socat it fails under `CI=true` and is skipped elsewhere.
 
 mod common;
 
@@ -546,5 +553,109 @@ mod guest_vm {
         assert_eq!(fio.get("failed").map(String::as_str), Some("0"), "{fio:?}");
         let runs: u32 = fio.get("runs").and_then(|n| n.parse().ok()).unwrap_or(0);
         assert!(runs >= 8, "fio runs {runs}: two whole runs after each of the four steps expected");
+    }
+
+    /// The PSK of the TLS steps in the interchange format, as `nvme gen-tls-key --hmac=1`
+    /// writes it (SHA-256: TLS_AES_128_GCM_SHA256, identities `NVMe0R01 ...`).
+    const TLS_PSK: &str = "NVMeTLSkey-1:01:RiRzRT3uqVaBbdYtZXMrn5RNK2iGEfbZ9xEiR9tw0vFYpNcO:";
+    /// The subsystem the guest's nvmet serves over TLS to the guest's own host.
+    const K2K_NQN: &str = "nqn.2016-06.io.flashpath:tls-k2k";
+
+    /// The TLS PSK that a host `hostnqn` with `configured` (interchange format) and a target
+    /// both derive for subsystem `subnqn` (identity version 0, as Linux 6.12 offers), by
+    /// flashpath's code; the guest puts it in the kernel's .nvme keyring under the identity.
+    fn derived_tls_psk(configured: &str, hostnqn: &str, subnqn: &str) -> Vec<u8> {
+        use fp_crypto::tls::{ConfiguredPsk, IdentityVersion};
+        let retained = ConfiguredPsk::parse(configured)
+            .and_then(|c| c.retained(hostnqn))
+            .unwrap_or_else(|e| panic!("the test's PSK: {e}"));
+        let identity = retained.identity(IdentityVersion::V0, hostnqn, subnqn).expect("the PSK identity");
+        assert_eq!(identity.to_string(), format!("NVMe0R01 {hostnqn} {subnqn}"));
+        retained.tls_psk(&identity).expect("the TLS PSK").to_vec()
+    }
+
+    /// Writes `bytes` to `dir/name`, readable by its owner only, and returns the path.
+    fn secret_file(dir: &std::path::Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).expect("writing a secret file");
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod 600 on a secret file");
+        path
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The kernel's NVMe/TCP host and target inside one guest over TLS 1.3 through tlshd (the
+    /// guest's `tls` scenario): proves the image's tlshd, kernel modules and keyring handling
+    /// before flashpath takes either side. The TLS PSK comes from flashpath's derivation and
+    /// reaches the guest in the initramfs, never on the console.
+    #[test]
+    fn linux_host_and_nvmet_connect_over_tls_through_tlshd() {
+        if !guest::available() {
+            return;
+        }
+        let dir = tempfile::Builder::new().prefix("fp-guest-tls-").tempdir().expect("a temporary directory");
+        let psk = derived_tls_psk(TLS_PSK, HOSTNQN, K2K_NQN);
+        assert_eq!(psk.len(), 32, "a SHA-256 TLS PSK");
+        let psk_file = secret_file(dir.path(), "k2k.psk", &psk);
+        let cfg = VmConfig {
+            kernel_args: vec![format!("fp.tls.nqn={K2K_NQN}")],
+            extra_files: vec![(psk_file, "/tls/k2k.psk".into())],
+            ..VmConfig::new("tls", Vec::new())
+        };
+        let mut vm = Vm::boot(&cfg, dir.path());
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        eprintln!("guest 'tls': PASS after {:.1?}", r.time);
+        let console = vm.console();
+        assert!(!console.to_lowercase().contains(&hex(&psk)), "the TLS PSK is on the console");
+
+        let tlshd = r.fields("tls tlshd");
+        eprintln!("guest 'tls': tlshd {tlshd:?}");
+        let key = r.fields("tls k2k psk");
+        eprintln!("guest 'tls': the PSK's key {key:?}");
+        let nvmet = r.fields("tls k2k nvmet ready");
+        assert_eq!(nvmet.get("tsas").map(String::as_str), Some("tls1.3"), "{nvmet:?}");
+        assert_eq!(nvmet.get("treq").map(String::as_str), Some("required"), "{nvmet:?}");
+        let plain = r.info_after("tls k2k plain refused");
+        assert_eq!(plain.len(), 1, "{:?}", r.info);
+        eprintln!("guest 'tls': a connect without TLS: {}", plain[0]);
+        let ctrl = r.fields("tls k2k ctrl");
+        eprintln!("guest 'tls': the TLS controller {ctrl:?}");
+        for (k, v) in [("transport", "tcp"), ("state", "live"), ("queue_count", "3")] {
+            assert_eq!(ctrl.get(k).map(String::as_str), Some(v), "controller {k}: {ctrl:?}");
+        }
+        // The controller's TLS key (sysfs tls_key, hex) is the one the guest inserted.
+        let inserted: u32 = key.get("key").and_then(|k| k.parse().ok()).unwrap_or_else(|| panic!("{key:?}"));
+        assert_eq!(ctrl.get("tls_key"), Some(&format!("{inserted:08x}")), "{ctrl:?} vs {key:?}");
+        // Three queues (admin and two I/O) on each side, each socket with kTLS in software
+        // both ways.
+        let stat = r.fields("tls k2k tls_stat");
+        eprintln!("guest 'tls': /proc/net/tls_stat while connected {stat:?}");
+        for k in ["TlsCurrTxSw", "TlsCurrRxSw"] {
+            assert_eq!(stat.get(k).map(String::as_str), Some("6"), "{k}: {stat:?}");
+        }
+        let fio = r.fields("tls k2k fio");
+        for (k, v) in [("status", "0"), ("errors", "0"), ("write_kib", "8192"), ("read_kib", "8192")] {
+            assert_eq!(fio.get(k).map(String::as_str), Some(v), "fio over TLS, {k}: {fio:?}");
+        }
+        // tlshd's handshakes: the connect without TLS failed in the target's (nvmet handed
+        // its plain ICReq to tlshd as a ClientHello), then one success per queue on each side
+        // and no failure.
+        let count = |when: &str| -> (u32, u32) {
+            let f = r.fields(&format!("tls k2k handshakes {when}"));
+            let n =
+                |k: &str| f.get(k).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{when}: {f:?}"));
+            (n("ok"), n("failed"))
+        };
+        let (before, after) = (count("before"), count("after"));
+        eprintln!(
+            "guest 'tls': tlshd's handshakes (ok, failed) before the TLS connect {before:?}, after {after:?}"
+        );
+        assert_eq!(before.0, 0, "successful handshakes before the TLS connect");
+        assert_eq!((after.0 - before.0, after.1 - before.1), (6, 0), "the TLS connect's handshakes");
     }
 }
