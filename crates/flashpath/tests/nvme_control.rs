@@ -151,7 +151,7 @@ fn every_refusal_names_its_field() {
         (tcp(json!({"subnqn": "cnode1"})), "subnqn: 'cnode1' is not an NQN"),
         (tcp(json!({"hostaddr": "127.0.0.2"})), "hostaddr: not supported"),
         (tcp(json!({"multipath": "both"})), "multipath: 'both' is not one of disable, failover, multipath"),
-        (tcp(json!({"psk": "k"})), "psk: not supported by flashpath"),
+        (tcp(json!({"psk": "k"})), "psk: invalid parameter key: no key named 'k' in the keyring"),
         (tcp(json!({"ctrlr_loss_timeout_sec": 5})), "reconnect_delay_sec: must not be 0"),
         (
             tcp(json!({"ctrlr_loss_timeout_sec": 5, "reconnect_delay_sec": 6})),

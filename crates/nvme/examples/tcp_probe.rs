@@ -43,6 +43,7 @@ fn main() {
         ddgst: digests,
         kato_ms: 0,
         dhchap: Default::default(),
+        tls: None,
     });
     let mut admin = tr.connect_admin(32, T).expect("admin queue");
     let cap = admin.get_property(fp_nvme_spec::registers::CAP, true).expect("CAP");

@@ -48,6 +48,15 @@ pub enum NvmeError {
     /// DH-HMAC-CHAP authentication of a queue failed; the text names the queue and the step.
     #[error("DH-HMAC-CHAP authentication failed: {0}")]
     Auth(String),
+    /// A queue's TLS handshake was refused; `kind` says why (wrong PSK, unknown identity, a
+    /// protocol error), the text names the target and the identity offered, never key bytes.
+    #[error("{what}")]
+    Tls {
+        /// Why.
+        kind: fp_crypto::tls::TlsErrorKind,
+        /// What happened, for the log and the RPC error.
+        what: String,
+    },
 }
 
 impl NvmeError {
@@ -62,6 +71,13 @@ impl NvmeError {
             NvmeError::Gone(_) => -libc::ENODEV,
             NvmeError::Unsupported(_) => -libc::ENOTSUP,
             NvmeError::Auth(_) => -libc::EACCES,
+            NvmeError::Tls { kind, .. } => match kind {
+                fp_crypto::tls::TlsErrorKind::WrongPsk | fp_crypto::tls::TlsErrorKind::UnknownIdentity => {
+                    -libc::EACCES
+                }
+                fp_crypto::tls::TlsErrorKind::Protocol => -libc::EPROTO,
+                fp_crypto::tls::TlsErrorKind::Unavailable => -libc::ENOTSUP,
+            },
         }
     }
 

@@ -34,9 +34,10 @@ use crate::bdev::NvmeNamespace;
 use crate::ctrlr::{attach, Controller, GlobalOptions, NamespaceEvent, TimeoutAction};
 use crate::pcie::vfio::VfioFunction;
 use crate::pcie::{PcieOptions, PcieTransport};
-use crate::tcp::{Adrfam, DhchapHost, TcpTarget, TcpTransport};
+use crate::tcp::{Adrfam, DhchapHost, TcpTarget, TcpTls, TcpTransport};
 use crate::NvmeError;
 use fp_crypto::dhchap::{DhchapSecret, SecretError};
+use fp_crypto::tls::{ConfiguredPsk, PskError};
 
 use multipath::{
     add_path, check_new_path, detach_paths, get_io_paths, orphans, pick_paths, set_multipath_policy,
@@ -355,13 +356,45 @@ fn connect_path(
                     ctrlr_key: dhchap_secret(host, "dhchap_ctrlr_key", a.dhchap_ctrlr_key.as_deref())?,
                     offer: options.dhchap,
                 },
+                tls: tls_psk(host, a.psk.as_deref(), &hostnqn, subnqn)?,
             };
             (attach(TcpTransport::new(target), opts, global, events), Some(hostnqn))
         }
     };
     let ctrlr = ctrlr.map_err(nvme_error)?;
     let _ = path_id.set(ctrlr.path_id());
-    Ok(Path { ctrlr, address: a.address.clone(), hostnqn })
+    Ok(Path { ctrlr, address: a.address.clone(), hostnqn, psk: a.psk.clone() })
+}
+
+/// The TLS identity and PSK of a path attached with `psk`, keyring key `name` (the
+/// interchange format, `NVMeTLSkey-1:hh:...:`), for `hostnqn` on `subnqn`; errors name `psk`
+/// and the key, never its content.
+fn tls_psk(
+    host: &dyn ModuleHost,
+    name: Option<&str>,
+    hostnqn: &str,
+    subnqn: &str,
+) -> Result<Option<TcpTls>, ModuleError> {
+    let Some(name) = name else { return Ok(None) };
+    let key = fp_crypto::keyring(host).key(name).map_err(|e| ParamError::new("psk", e.to_string()))?;
+    if !fp_crypto::tls::tls_available() {
+        return Err(ParamError::new("psk", "TLS needs libssl (OpenSSL 3), which could not be loaded").into());
+    }
+    let configured = key.with_material(|m| {
+        let text = std::str::from_utf8(m)
+            .map_err(|_| ParamError::new("psk", format!("key '{name}' is not a TLS PSK (not text)")))?;
+        ConfiguredPsk::parse(text.trim()).map_err(|e| {
+            // A base64 error quotes a byte of the text: say only that it is not base64.
+            let why = match e {
+                PskError::Base64(_) => "its key is not base64".to_string(),
+                e => e.to_string(),
+            };
+            ParamError::new("psk", format!("key '{name}' is not a TLS PSK in the interchange format: {why}"))
+        })
+    })?;
+    let tls = TcpTls::derive(name, &configured, hostnqn, subnqn).map_err(nvme_error)?;
+    log::info!("nvme: TLS with PSK '{name}' as '{}'", tls.identity);
+    Ok(Some(tls))
 }
 
 /// The DH-HMAC-CHAP secret (`DHHC-1:...`) the daemon's keyring holds as `name`; errors name
@@ -585,6 +618,10 @@ fn controller_info(a: &Attached) -> Value {
                 path["trid"] = Value::Object(trid.clone());
                 if let Some(nqn) = &p.hostnqn {
                     path["host"]["nqn"] = json!(nqn);
+                }
+                if let Some(psk) = &p.psk {
+                    // SPDK's field (its saved configuration's): the path runs TLS with this key.
+                    path["psk"] = json!(psk);
                 }
                 ctrlrs.push(path);
             }

@@ -15,6 +15,9 @@ pub struct HostInfo {
     pub dhchap_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dhchap_ctrlr_key: Option<String>,
+    /// The keyring name of its TLS PSK (SPDK's `psk`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psk: Option<String>,
 }
 
 /// A namespace as `nvmf_get_subsystems` lists it.
@@ -40,6 +43,10 @@ pub struct SubsystemInfo {
     /// "Discovery" or "NVMe".
     pub subtype: String,
     pub listen_addresses: Vec<ListenAddress>,
+    /// Those of `listen_addresses` that take TLS only (`secure_channel`); the registry marks
+    /// them in the listings.
+    #[serde(skip)]
+    pub secure_listeners: Vec<ListenAddress>,
     pub allow_any_host: bool,
     pub hosts: Vec<HostInfo>,
     /// flashpath's own `require_dhchap`, shown only when on.

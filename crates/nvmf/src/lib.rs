@@ -48,6 +48,7 @@ pub use options::{ListenAddress, NamespaceSpec, SubsystemSpec, TargetOptions, Tr
 pub use target::{NvmfTarget, DRAIN_TIMEOUT};
 pub use tcp::auth::{Authenticator, DhchapConfig, DhchapKeys, Refused};
 pub use tcp::qpair::CLOSE_TIMEOUT;
+pub use tcp::tls::HostPsk;
 
 #[cfg(test)]
 mod tests;

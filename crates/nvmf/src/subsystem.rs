@@ -189,10 +189,14 @@ pub(crate) struct SubState {
     pub host_keys: BTreeMap<String, crate::DhchapKeys>,
     /// Every host must authenticate: a host without keys is not allowed.
     pub require_dhchap: bool,
+    /// The TLS PSKs of the listed hosts that may connect through a secure listener.
+    pub host_psks: BTreeMap<String, crate::HostPsk>,
     pub max_namespaces: u32,
     pub min_cntlid: u16,
     pub max_cntlid: u16,
     pub listeners: Vec<ListenAddress>,
+    /// Those of `listeners` that accept TLS only (`secure_channel`).
+    pub secure_listeners: BTreeSet<ListenAddress>,
     /// The controllers report ANA (SPDK's `ana_reporting`).
     pub ana_reporting: bool,
     /// Each listener's ANA states (one entry per listener in `listeners`).

@@ -85,11 +85,13 @@ impl NvmfTarget {
                 allow_any_host: true,
                 hosts: BTreeSet::new(),
                 host_keys: BTreeMap::new(),
+                host_psks: BTreeMap::new(),
                 require_dhchap: false,
                 max_namespaces: 0,
                 min_cntlid: 1,
                 max_cntlid: 0xFFEF,
                 listeners: Vec::new(),
+                secure_listeners: BTreeSet::new(),
                 ana_reporting: false,
                 ana: BTreeMap::new(),
                 namespaces: BTreeMap::new(),
@@ -228,11 +230,13 @@ impl NvmfTarget {
             allow_any_host: spec.allow_any_host,
             hosts: BTreeSet::new(),
             host_keys: BTreeMap::new(),
+            host_psks: BTreeMap::new(),
             require_dhchap: spec.require_dhchap,
             max_namespaces,
             min_cntlid: min,
             max_cntlid: max,
             listeners: Vec::new(),
+            secure_listeners: BTreeSet::new(),
             ana_reporting: spec.ana_reporting,
             ana: BTreeMap::new(),
             namespaces: BTreeMap::new(),
@@ -321,6 +325,28 @@ impl NvmfTarget {
         sock_impl: Option<SocketImpl>,
         ana_state: AnaState,
     ) -> Result<(), NvmfError> {
+        self.add_listener_secure(nqn, addr, sock_impl, ana_state, false)
+    }
+
+    /// [`NvmfTarget::add_listener_ana`]; with `secure` (SPDK's `secure_channel`) the listener
+    /// takes TLS 1.3 only, and the hosts listed with a PSK are the ones that get through its
+    /// handshake. As SPDK, refused on a subsystem that allows any host. One address is secure
+    /// or not for every subsystem on it: adding a subsystem to an open listener with the other
+    /// setting is refused.
+    pub fn add_listener_secure(
+        &self,
+        nqn: &str,
+        addr: ListenAddress,
+        sock_impl: Option<SocketImpl>,
+        ana_state: AnaState,
+        secure: bool,
+    ) -> Result<(), NvmfError> {
+        if secure && !fp_crypto::tls::tls_available() {
+            return Err(invalid(
+                "secure_channel",
+                "TLS needs OpenSSL's libssl (3.x), which cannot be loaded here",
+            ));
+        }
         if lock(&self.inner.transport).is_none() {
             return Err(invalid("trtype", "no TCP transport: nvmf_create_transport first"));
         }
@@ -337,6 +363,12 @@ impl NvmfTarget {
         let sub = self.any_subsystem(nqn)?;
         {
             let st = lock(&sub.state);
+            if secure && (sub.kind == SubsystemKind::Discovery || st.allow_any_host) {
+                return Err(invalid(
+                    "secure_channel",
+                    "a secure channel needs listed hosts with PSKs, and this subsystem allows any host",
+                ));
+            }
             if st.listeners.contains(&addr) {
                 return Err(NvmfError::AlreadyExists {
                     what: "listener",
@@ -348,11 +380,22 @@ impl NvmfTarget {
             let mut ls = lock(&self.listeners);
             match ls.get_mut(&addr) {
                 Some(l) => {
+                    if l.0.secure() != secure {
+                        return Err(invalid(
+                            "secure_channel",
+                            format!(
+                                "the listener at {}:{} is open with secure_channel {} for another subsystem",
+                                addr.traddr,
+                                addr.trsvcid,
+                                l.0.secure()
+                            ),
+                        ));
+                    }
                     l.1.insert(nqn.to_string());
                 }
                 None => {
                     let port = (0u16..).find(|p| ls.values().all(|l| l.2 != *p)).unwrap_or(0);
-                    let l = Listener::open(&self.inner, addr.clone(), sock, sock_impl)
+                    let l = Listener::open(&self.inner, addr.clone(), sock, sock_impl, secure)
                         .map_err(|e| invalid("traddr", format!("cannot listen on {sock}: {e}")))?;
                     ls.insert(addr.clone(), (l, BTreeSet::from([nqn.to_string()]), port));
                 }
@@ -362,6 +405,9 @@ impl NvmfTarget {
             let mut st = lock(&sub.state);
             let groups = st.max_namespaces;
             st.ana.insert(addr.clone(), AnaStates::new(groups, ana_state));
+            if secure {
+                st.secure_listeners.insert(addr.clone());
+            }
             st.listeners.push(addr);
         }
         self.refresh_discovery();
@@ -383,6 +429,7 @@ impl NvmfTarget {
             let mut st = lock(&sub.state);
             let before = st.listeners.len();
             st.listeners.retain(|a| a != &addr);
+            st.secure_listeners.remove(&addr);
             if st.listeners.len() == before {
                 return Err(not_found("listener", &format!("{}:{}", addr.traddr, addr.trsvcid)));
             }
@@ -413,6 +460,18 @@ impl NvmfTarget {
         host_nqn: &str,
         keys: Option<DhchapKeys>,
     ) -> Result<(), NvmfError> {
+        self.add_host_with(nqn, host_nqn, keys, None)
+    }
+
+    /// Lists a host: with `keys` each of its queues must authenticate (DH-HMAC-CHAP), with
+    /// `psk` it may connect through the subsystem's secure listeners (TLS).
+    pub fn add_host_with(
+        &self,
+        nqn: &str,
+        host_nqn: &str,
+        keys: Option<DhchapKeys>,
+        psk: Option<crate::HostPsk>,
+    ) -> Result<(), NvmfError> {
         check_nqn(host_nqn).map_err(|_| invalid("host", format!("'{host_nqn}' is not an NQN")))?;
         let sub = self.nvm_subsystem(nqn)?;
         {
@@ -425,6 +484,9 @@ impl NvmfTarget {
             }
             if let Some(keys) = keys {
                 st.host_keys.insert(host_nqn.to_string(), keys);
+            }
+            if let Some(psk) = psk {
+                st.host_psks.insert(host_nqn.to_string(), psk);
             }
         }
         self.refresh_discovery();
@@ -482,6 +544,7 @@ impl NvmfTarget {
                 return Err(not_found("host", host_nqn));
             }
             st.host_keys.remove(host_nqn);
+            st.host_psks.remove(host_nqn);
             host_qpairs(&st, |h| h == host_nqn)
         };
         crate::tcp::qpair::close_qpairs(&qpairs, "the host was removed from the subsystem");
@@ -781,6 +844,7 @@ fn subsystem_info(s: &Subsystem, discovery_listeners: &[ListenAddress]) -> Subsy
         nqn: s.nqn.clone(),
         subtype: if discovery { "Discovery" } else { "NVMe" }.into(),
         listen_addresses: if discovery { discovery_listeners.to_vec() } else { st.listeners.clone() },
+        secure_listeners: st.secure_listeners.iter().cloned().collect(),
         allow_any_host: st.allow_any_host,
         hosts: st
             .hosts
@@ -791,6 +855,7 @@ fn subsystem_info(s: &Subsystem, discovery_listeners: &[ListenAddress]) -> Subsy
                     nqn: h.clone(),
                     dhchap_key: keys.map(|k| k.key_name.clone()),
                     dhchap_ctrlr_key: keys.and_then(|k| k.ctrlr_key_name.clone()),
+                    psk: st.host_psks.get(h).map(|p| p.key_name.clone()),
                 }
             })
             .collect(),

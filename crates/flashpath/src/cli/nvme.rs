@@ -105,6 +105,10 @@ pub(crate) struct AttachArgs {
     /// it [default: refused]
     #[arg(short = 'x', long, value_name = "MODE", value_parser = ["multipath", "failover", "disable"])]
     multipath: Option<String>,
+    /// TCP: TLS 1.3 on every queue with the keyring's PSK (keyring_file_add_key; a file in
+    /// the interchange format, NVMeTLSkey-1:...)
+    #[arg(long, value_name = "KEY")]
+    psk: Option<String>,
     #[command(flatten)]
     keys: DhchapArgs,
     #[command(flatten)]
@@ -187,6 +191,7 @@ const NVME_DASHED: &[&str] = &[
     "ddgst",
     "dhchap_key",
     "dhchap_ctrlr_key",
+    "psk",
     "ctrlr_loss_timeout_sec",
     "reconnect_delay_sec",
     "fast_io_fail_timeout_sec",
@@ -222,6 +227,7 @@ fn attach_params(a: &AttachArgs) -> Value {
         params["ddgst"] = json!(true);
     }
     set_given(&mut params, "multipath", a.multipath.as_ref());
+    set_given(&mut params, "psk", a.psk.as_ref());
     a.keys.add_to(&mut params);
     a.reconnect.add_to(&mut params);
     params
@@ -401,6 +407,8 @@ mod tests {
             "host0",
             "--dhchap-ctrlr-key",
             "ctrl0",
+            "--psk",
+            "tls0",
             "--ctrlr-loss-timeout-sec",
             "-1",
             "--reconnect-delay-sec",
@@ -413,7 +421,7 @@ mod tests {
             json!({
                 "name": "Nvme0", "trtype": "tcp", "traddr": "127.0.0.1", "trsvcid": "4421",
                 "subnqn": "nqn.2016-06.io.spdk:cnode1", "ddgst": true,
-                "dhchap_key": "host0", "dhchap_ctrlr_key": "ctrl0",
+                "dhchap_key": "host0", "dhchap_ctrlr_key": "ctrl0", "psk": "tls0",
                 "ctrlr_loss_timeout_sec": -1, "reconnect_delay_sec": 2,
             })
         );

@@ -212,6 +212,8 @@ pub struct AttachParams {
     /// The keyring name of the controller's key (`dhchap_ctrlr_key`): authenticate the
     /// controller too.
     pub dhchap_ctrlr_key: Option<String>,
+    /// TLS: the keyring name of the PSK (`psk`, the interchange format `NVMeTLSkey-1:...`).
+    pub psk: Option<String>,
     /// What a taken `name` means (`multipath`); none when not given.
     pub multipath: Option<MultipathMode>,
     /// The namespaces' multipath policy (`multipath_opts`, SPDK's newest client), when given.
@@ -323,7 +325,6 @@ const ATTACH_SPDK_ONLY: &[(&str, Neutral)] = &[
     ("fabrics_connect_timeout_us", Neutral::Absent),
     ("num_io_queues", Neutral::Absent),
     ("priority", Neutral::Absent),
-    ("psk", Neutral::Absent),
     ("max_bdevs", Neutral::Absent),
 ];
 
@@ -342,6 +343,7 @@ impl AttachParams {
         let reconnect = ReconnectParams::take(&mut p)?;
         let dhchap_key = p.optional_str("dhchap_key")?;
         let dhchap_ctrlr_key = p.optional_str("dhchap_ctrlr_key")?;
+        let psk = p.optional_str("psk")?;
         // Named refusals for what a second path or a chosen source address would need.
         for (field, reason) in [
             ("hostaddr", "not supported: the connection's source address is the kernel's choice"),
@@ -378,6 +380,7 @@ impl AttachParams {
                     ("ddgst", ddgst),
                     ("dhchap_key", dhchap_key.is_some()),
                     ("dhchap_ctrlr_key", dhchap_ctrlr_key.is_some()),
+                    ("psk", psk.is_some()),
                 ];
                 if let Some((field, _)) = tcp_only.iter().find(|(_, given)| *given) {
                     return Err(ParamError::new(*field, "only for trtype TCP"));
@@ -425,7 +428,7 @@ impl AttachParams {
                 "needs dhchap_key (the controller is authenticated in the host's transaction)",
             ));
         }
-        Ok(AttachParams { name, address, reconnect, dhchap_key, dhchap_ctrlr_key, multipath, policy })
+        Ok(AttachParams { name, address, reconnect, dhchap_key, dhchap_ctrlr_key, psk, multipath, policy })
     }
 }
 
@@ -886,7 +889,6 @@ mod tests {
                 tcp(json!({"multipath": "both"})),
                 "multipath: 'both' is not one of disable, failover, multipath",
             ),
-            (tcp(json!({"psk": "key0"})), "psk: not supported by flashpath"),
             (tcp(json!({"prchk_guard": true})), "prchk_guard: not supported by flashpath (only false)"),
             (
                 tcp(json!({"ctrlr_loss_timeout_sec": -2})),
@@ -1041,6 +1043,21 @@ mod dhchap_tests {
         let pcie = json!({"name": "N", "trtype": "PCIe", "traddr": "0000:00:04.0", "dhchap_key": "key0"});
         let e = AttachParams::decode(Params::new(Some(pcie)).unwrap()).unwrap_err().to_string();
         assert!(e.starts_with("dhchap_key: only for trtype TCP"), "{e}");
+    }
+
+    #[test]
+    fn attach_takes_a_psk_key_name_for_tcp_only() {
+        let tcp =
+            json!({"name": "N", "trtype": "TCP", "traddr": "127.0.0.1", "subnqn": "nqn.a", "psk": "key0"});
+        let a = AttachParams::decode(Params::new(Some(tcp)).unwrap()).unwrap();
+        assert_eq!(a.psk.as_deref(), Some("key0"));
+        let pcie = json!({"name": "N", "trtype": "PCIe", "traddr": "0000:00:04.0", "psk": "key0"});
+        let e = AttachParams::decode(Params::new(Some(pcie)).unwrap()).unwrap_err().to_string();
+        assert!(e.starts_with("psk: only for trtype TCP"), "{e}");
+        let number =
+            json!({"name": "N", "trtype": "TCP", "traddr": "127.0.0.1", "subnqn": "nqn.a", "psk": 7});
+        let e = AttachParams::decode(Params::new(Some(number)).unwrap()).unwrap_err().to_string();
+        assert!(e.starts_with("psk"), "{e}");
     }
 
     #[test]

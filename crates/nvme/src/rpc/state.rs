@@ -35,6 +35,8 @@ pub(super) struct Path {
     pub(super) address: Address,
     /// The host NQN it was connected with (TCP).
     pub(super) hostnqn: Option<String>,
+    /// The keyring key of its TLS PSK (`psk`): every queue of the path runs TLS.
+    pub(super) psk: Option<String>,
 }
 
 impl Attached {

@@ -40,7 +40,7 @@ pub fn receive_path(input: &[u8]) -> usize {
         slots: 8,
         strict_reads: true,
     };
-    let mut q = TcpQueue::new(OwnedFd::from(host), p);
+    let mut q = TcpQueue::new(OwnedFd::from(host), p, None);
     // One arena: [guard][read 4096][guard][write 8192][guard][read 512][guard][read 512][guard].
     let sizes = [4096usize, 8192, 512, 512];
     let total = GUARD + sizes.iter().map(|s| s + GUARD).sum::<usize>();

@@ -9,6 +9,10 @@
 //!   its `receive` side: R2T and H2CData, C2HData, digests, and the checks on
 //!   everything the controller sends;
 //! * `admin`, `io`: the queue as the controller's admin queue and as a reactor's I/O queue.
+//!
+//! A path attached with a PSK runs TLS 1.3 on every queue's connection: the handshake right
+//! after the TCP connect (`transport`), then every byte of the queue through the TLS session
+//! (`queue`).
 
 mod admin;
 mod auth;
@@ -22,7 +26,7 @@ mod transport;
 pub use admin::TcpAdmin;
 pub use auth::{DhchapHost, DhchapOffer};
 pub use queue::{DataStats, TcpQueue};
-pub use transport::{Adrfam, TcpTarget, TcpTransport};
+pub use transport::{Adrfam, TcpTarget, TcpTls, TcpTransport};
 
 // The socket implementation a test's I/O queues use (`on_each_sock_impl` sets it; none: the
 // process's default).
@@ -65,3 +69,5 @@ mod ctrlr_tests;
 mod hostile;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;

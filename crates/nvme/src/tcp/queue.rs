@@ -20,6 +20,7 @@ use fp_bdev::iov::{self, BounceBuf, IovRun};
 use fp_bdev::{IovSlices, Iovecs, SubmitError};
 use fp_conn::uring::UringSocket;
 use fp_conn::{Recv, RecvBuf, SendQueue, Sent};
+use fp_crypto::tls::TlsStream;
 use fp_nvme_spec::tcp::{self as pdu, Digests, CH_LEN, DIGEST_LEN, HEADER_ROOM};
 use fp_nvme_spec::{Cqe, Sqe, SGL_IN_CAPSULE, SGL_TRANSPORT};
 
@@ -29,12 +30,29 @@ use crate::NvmeError;
 
 mod receive;
 
-/// One receive into `dst`: out of the io_uring engine's buffers, or a `recv` system call.
+/// One receive into `dst`: out of the io_uring engine's buffers, through the TLS session, or
+/// a `recv` system call.
 #[inline]
-fn recv(uring: &mut Option<UringSocket>, fd: BorrowedFd<'_>, dst: &mut [u8]) -> Recv {
-    match uring {
-        Some(u) => u.recv(dst),
-        None => Recv::from_socket(fd, dst),
+fn recv(
+    uring: &mut Option<UringSocket>,
+    tls: &mut Option<TlsStream>,
+    fd: BorrowedFd<'_>,
+    dst: &mut [u8],
+) -> Recv {
+    match (uring, tls) {
+        (Some(u), _) => u.recv(dst),
+        (None, None) => Recv::from_socket(fd, dst),
+        (None, Some(t)) => Recv::from_result(t.recv(fd, dst)),
+    }
+}
+
+/// One send of `iov`: a `sendmsg` system call, or through the TLS session (which takes the
+/// bytes; their ciphertext may wait for [`TlsStream::flush`]).
+#[inline]
+fn send_vectored(tls: &mut Option<TlsStream>, fd: BorrowedFd<'_>, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    match tls {
+        None => fp_sys::send_vectored_nonblocking(fd, iov),
+        Some(t) => t.send_vectored(fd, iov),
     }
 }
 
@@ -152,6 +170,9 @@ pub struct TcpQueue {
     uring: Option<UringSocket>,
     /// To be registered with the engine of the thread that first uses the queue.
     want_uring: bool,
+    /// The connection's TLS session (a path attached with a PSK): every byte is received and
+    /// sent through it. Never with `uring`.
+    tls: Option<TlsStream>,
     p: Params,
     cids: CidTable,
     slots: Box<[Slot]>,
@@ -209,8 +230,9 @@ pub(crate) fn direction(opcode: u8) -> Dir {
 }
 
 impl TcpQueue {
-    /// A queue on `fd`, a connected stream socket past ICReq/ICResp.
-    pub(crate) fn new(fd: OwnedFd, p: Params) -> TcpQueue {
+    /// A queue on `fd`, a connected stream socket past ICReq/ICResp (through `tls` when the
+    /// connection has a TLS session).
+    pub(crate) fn new(fd: OwnedFd, p: Params, tls: Option<TlsStream>) -> TcpQueue {
         let n = p.slots.max(1);
         let slots = (0..n)
             .map(|_| Slot {
@@ -229,6 +251,7 @@ impl TcpQueue {
             fd,
             uring: None,
             want_uring: false,
+            tls,
             p,
             cids: CidTable::new(n),
             slots,
@@ -264,7 +287,27 @@ impl TcpQueue {
     /// Reads and writes the socket through the io_uring engine of the thread that uses it
     /// next (an I/O queue, which the controller's thread connects and hands to a reactor).
     pub(crate) fn use_uring(&mut self) {
-        self.want_uring = true;
+        // The engine moves plain bytes only: a TLS queue stays on system calls.
+        self.want_uring = self.tls.is_none();
+    }
+
+    /// Whether a receive shorter than it offered says the socket is empty for now: on a plain
+    /// socket; not on io_uring (it hands out one of its buffers at a time), nor while the TLS
+    /// session has ciphertext it has not taken yet.
+    #[inline]
+    fn socket_drained(&self) -> bool {
+        self.uring.is_none() && self.tls.as_ref().is_none_or(|t| !t.has_received())
+    }
+
+    /// Whether the connection runs TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Whether the TLS session holds work for the socket: ciphertext not yet sent, or received
+    /// and not yet decrypted (a wait for the socket would not see it).
+    fn tls_pending(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.has_unsent() || t.has_received())
     }
 
     /// Registers with this thread's engine if the queue is to use one and has not yet (a
@@ -352,7 +395,7 @@ impl TcpQueue {
             self.drop_send_list();
             let mut b = [0u8; pdu::DATA_HLEN + pdu::TERM_REQ_MAX_DATA];
             let n = pdu::write_h2c_term_req(&mut b, &pdu::PduError { fes, fei, what: "" }, &self.last_ch);
-            let _ = fp_sys::send_vectored_nonblocking(self.fd.as_fd(), &[IoSlice::new(&b[..n])]);
+            let _ = send_vectored(&mut self.tls, self.fd.as_fd(), &[IoSlice::new(&b[..n])]);
         }
         self.die(protocol(what))
     }
@@ -462,10 +505,11 @@ impl TcpQueue {
     }
 
     /// Sends what the send list holds, as far as the socket takes it. Called every poll round:
-    /// a round with nothing to send (and no send of io_uring's to reap) costs a check.
+    /// a round with nothing to send (and no send of io_uring's to reap, no TLS session whose
+    /// ciphertext may wait for the socket) costs a check.
     #[inline]
     pub(crate) fn send(&mut self) -> Result<(), NvmeError> {
-        if self.pieces.is_empty() && self.dead.is_none() && self.uring.is_none() {
+        if self.pieces.is_empty() && self.dead.is_none() && self.uring.is_none() && self.tls.is_none() {
             return Ok(());
         }
         self.send_list()
@@ -477,7 +521,7 @@ impl TcpQueue {
             return self.send_uring();
         }
         while !self.pieces.is_empty() {
-            let (arena, slots, fd) = (&self.arena, &self.slots, self.fd.as_fd());
+            let (arena, slots, tls, fd) = (&self.arena, &self.slots, &mut self.tls, self.fd.as_fd());
             let bytes = |p: Piece| -> [&[u8]; 1] {
                 [match p {
                     Piece::Arena { at, len } => &arena[at..at + len],
@@ -486,8 +530,7 @@ impl TcpQueue {
                     Piece::Data { run, slot } => run.bytes(&slots[usize::from(slot)].iov),
                 }]
             };
-            let r =
-                self.pieces.write(bytes, |iov: &[IoSlice<'_>]| fp_sys::send_vectored_nonblocking(fd, iov));
+            let r = self.pieces.write(bytes, |iov: &[IoSlice<'_>]| send_vectored(tls, fd, iov));
             self.stats.doorbells += 1;
             match r {
                 Sent::Bytes(_) => {}
@@ -498,6 +541,12 @@ impl TcpQueue {
         }
         if self.pieces.is_empty() {
             self.arena.clear();
+        }
+        if let Some(t) = &mut self.tls {
+            // Ciphertext the socket did not take before goes now, even with nothing queued.
+            if let Err(e) = t.flush(self.fd.as_fd()) {
+                return Err(self.die(NvmeError::Gone(format!("send: {e}"))));
+            }
         }
         Ok(())
     }
@@ -582,16 +631,16 @@ impl TcpQueue {
                 return Ok(false);
             }
             self.rx.reserve(need);
-            let (fd, uring) = (self.fd.as_fd(), &mut self.uring);
+            let (fd, uring, tls) = (self.fd.as_fd(), &mut self.uring, &mut self.tls);
             let offered = self.rx.spare_mut().len();
-            match self.rx.fill(|dst| recv(uring, fd, dst)) {
+            match self.rx.fill(|dst| recv(uring, tls, fd, dst)) {
                 // What the controller sent after our send completes after that send's result:
                 // take it first, so a completion never finds its command's data unsent.
                 Recv::Data(n) => {
                     // Fewer bytes than offered: the plain socket is empty for now. (An
                     // io_uring receive hands out one of the engine's buffers at a time: a short
                     // one says nothing about the next.)
-                    self.rx_drained = n < offered && self.uring.is_none();
+                    self.rx_drained = n < offered && self.socket_drained();
                     self.reap_sent()?
                 }
                 Recv::WouldBlock => return Ok(false),
@@ -751,7 +800,7 @@ impl TcpQueue {
                     self.p.qid
                 )));
             }
-            let wait = if self.pieces.is_empty() {
+            let wait = if self.pieces.is_empty() && !self.tls_pending() {
                 deadline - now
             } else {
                 Duration::from_millis(1).min(deadline - now)

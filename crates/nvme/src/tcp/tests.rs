@@ -40,6 +40,7 @@ pub(super) fn transport(port: u16, digests: bool) -> TcpTransport {
         ddgst: digests,
         kato_ms: 0,
         dhchap: Default::default(),
+        tls: None,
     })
 }
 

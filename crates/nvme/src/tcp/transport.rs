@@ -23,6 +23,10 @@ use fp_nvme_spec::{Sqe, SQE_LEN};
 
 use super::admin::TcpAdmin;
 use fp_crypto::dhchap::DhchapSecret;
+use fp_crypto::tls::{
+    ConfiguredPsk, HandshakeError, IdentityVersion, PskError, TlsError, TlsErrorKind, TlsPsk, TlsSession,
+    TlsStream,
+};
 
 use super::auth::{self, DhchapHost, QueueAuth};
 use super::queue::{Params, TcpQueue};
@@ -71,6 +75,44 @@ pub struct TcpTarget {
     pub kato_ms: u32,
     /// DH-HMAC-CHAP: the keys and what is offered, for a controller that asks.
     pub dhchap: DhchapHost,
+    /// TLS 1.3 with a PSK on every queue's connection (`psk`); none: plain TCP.
+    pub tls: Option<TcpTls>,
+}
+
+/// What every queue's TLS handshake offers: the PSK identity and the TLS PSK derived for it,
+/// made once when the path is attached (SPDK's host derives them with the controller too),
+/// and used by the admin and I/O queues and every reconnect.
+#[derive(Debug, Clone)]
+pub struct TcpTls {
+    /// The keyring key the PSK came from (`psk`): messages name it, never its content.
+    pub key_name: String,
+    /// The PSK identity offered (version 0: `NVMe0R0<hh> <hostnqn> <subnqn>`).
+    pub identity: String,
+    /// The TLS PSK for that identity and its cipher suite's hash.
+    pub psk: TlsPsk,
+}
+
+impl TcpTls {
+    /// The identity and TLS PSK for `hostnqn` on `subnqn` from `configured` (the interchange
+    /// format's PSK of keyring key `key_name`): the retained PSK (libnvme's current
+    /// derivation), the version 0 identity, and the TLS PSK derived from both.
+    pub fn derive(
+        key_name: &str,
+        configured: &ConfiguredPsk,
+        hostnqn: &str,
+        subnqn: &str,
+    ) -> Result<TcpTls, NvmeError> {
+        let refused =
+            |e: PskError| NvmeError::InvalidParam { field: "psk", reason: format!("key '{key_name}': {e}") };
+        let retained = configured.retained(hostnqn).map_err(refused)?;
+        let identity = retained.identity(IdentityVersion::V0, hostnqn, subnqn).map_err(refused)?;
+        let key = retained.tls_psk(&identity).map_err(refused)?;
+        Ok(TcpTls {
+            key_name: key_name.to_owned(),
+            identity: identity.to_string(),
+            psk: TlsPsk { hash: identity.hash(), key },
+        })
+    }
 }
 
 /// The NVMe/TCP transport to one controller.
@@ -162,8 +204,9 @@ impl TcpTransport {
         Ok(SocketAddr::new(ip, t.trsvcid))
     }
 
-    /// A connection past ICReq/ICResp, in `timeout`.
-    fn open(&self, timeout: Duration) -> Result<(OwnedFd, IcResp, Option<SocketAddr>), NvmeError> {
+    /// A connection past ICReq/ICResp (and first the TLS handshake, with `tls`), in `timeout`:
+    /// the socket, ICResp, the local address, and the TLS stream the queue goes on with.
+    fn open(&self, timeout: Duration) -> Result<Opened, NvmeError> {
         let addr = self.socket_addr()?;
         let what = |step: &str| format!("NVMe/TCP {step} {addr}");
         let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| match e.kind() {
@@ -171,24 +214,60 @@ impl TcpTransport {
             _ => NvmeError::io(what("connect to"), e),
         })?;
         s.set_nodelay(true).map_err(|e| NvmeError::io(what("TCP_NODELAY on"), e))?;
+        // Every wait of the handshake and the ICReq exchange is bounded by these.
         s.set_read_timeout(Some(timeout)).map_err(|e| NvmeError::io(what("timeout on"), e))?;
+        s.set_write_timeout(Some(timeout)).map_err(|e| NvmeError::io(what("timeout on"), e))?;
         let local = s.local_addr().ok();
+        let mut tls = match &self.target.tls {
+            None => None,
+            Some(t) => Some(self.handshake(&mut s, t, addr)?),
+        };
         let asked = Digests { header: self.target.hdgst, data: self.target.ddgst };
         let mut b = [0u8; IC_LEN];
         // HPDA 0: C2HData at any 4-byte offset; MAXR2T 0: one R2T outstanding per command.
         IcReq { pfv: pdu::PFV, hpda: 0, digests: asked, maxr2t: 0 }.write(&mut b);
-        s.write_all(&b).map_err(|e| NvmeError::Gone(format!("{}: {e}", what("ICReq to"))))?;
-        s.read_exact(&mut b).map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+        let exchanged = match tls.as_mut() {
+            None => ic_exchange(&mut s, &mut b),
+            Some(t) => ic_exchange(&mut t.blocking(&mut s), &mut b),
+        };
+        exchanged.map_err(|(sent, e)| match (sent, e.kind()) {
+            (false, _) => NvmeError::Gone(format!("{}: {e}", what("ICReq to"))),
+            (true, std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 NvmeError::Timeout(what("ICResp from"))
             }
-            _ => NvmeError::Gone(format!("{}: {e}", what("ICResp from"))),
+            (true, _) => NvmeError::Gone(format!("{}: {e}", what("ICResp from"))),
         })?;
         let ch = CommonHeader::parse(b[..pdu::CH_LEN].try_into().expect("eight bytes"));
-        pdu::check_header(&ch, Digests::default(), 0, IC_LEN as u32)
+        let ic = pdu::check_header(&ch, Digests::default(), 0, IC_LEN as u32)
             .and_then(|_| IcResp::parse_checked(&b, asked))
-            .map(|r| (OwnedFd::from(s), r, local))
-            .map_err(|e| NvmeError::Protocol(format!("{}: {e}", what("ICResp from"))))
+            .map_err(|e| NvmeError::Protocol(format!("{}: {e}", what("ICResp from"))))?;
+        Ok(Opened { fd: OwnedFd::from(s), ic, local, tls })
+    }
+
+    /// The TLS handshake on `s` as `t`'s identity; its socket's timeouts bound every wait.
+    pub(super) fn handshake(
+        &self,
+        s: &mut TcpStream,
+        t: &TcpTls,
+        addr: SocketAddr,
+    ) -> Result<TlsStream, NvmeError> {
+        let refused = |e: TlsError| tls_refused(e, &t.identity, addr);
+        let mut tls =
+            TlsStream::new(TlsSession::client(t.identity.as_bytes(), t.psk.clone()).map_err(refused)?);
+        match tls.blocking(s).handshake() {
+            Ok(()) => Ok(tls),
+            Err(HandshakeError::Tls(e)) => {
+                let e = refused(e);
+                log::warn!("{e}");
+                Err(e)
+            }
+            Err(HandshakeError::Io(e)) => Err(match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    NvmeError::Timeout(format!("NVMe/TCP TLS handshake with {addr} (as {})", t.identity))
+                }
+                _ => NvmeError::Gone(format!("NVMe/TCP TLS handshake with {addr} (as {}): {e}", t.identity)),
+            }),
+        }
     }
 
     /// A connected queue: ICReq/ICResp, then Connect of `qid` (`cntlid` for an I/O queue).
@@ -203,10 +282,11 @@ impl TcpTransport {
         if depth < 2 {
             return Err(NvmeError::InvalidParam { field: "io_queue_depth", reason: "at least 2".into() });
         }
-        let (fd, ic, local) = self.open(timeout)?;
+        let Opened { fd, ic, local, tls } = self.open(timeout)?;
         if qid == 0 {
             *self.local.lock().unwrap_or_else(|e| e.into_inner()) = local;
         }
+        let on_tls = tls.is_some();
         let p = Params {
             qid,
             digests: ic.digests,
@@ -220,7 +300,7 @@ impl TcpTransport {
             // message's buffer.
             strict_reads: false,
         };
-        let mut q = TcpQueue::new(fd, p);
+        let mut q = TcpQueue::new(fd, p, tls);
         let t = &self.target;
         let c = Connect {
             cid: 0,
@@ -243,8 +323,11 @@ impl TcpTransport {
         q.set_icd(icd);
         let authreq = cqe.dw0 & (AUTHREQ_ATR | AUTHREQ_ASCR);
         if authreq & AUTHREQ_ASCR != 0 {
+            // A secure channel is asked for after authentication (NVMe-oF 1.1 6.3.2): TLS set up
+            // by the authentication transaction itself is not supported (a PSK given at attach
+            // gives the channel before Connect).
             return Err(NvmeError::Unsupported(format!(
-                "queue {qid}: the controller requires a secure channel (AUTHREQ.ASCR): TLS is not supported"
+                "queue {qid}: the controller requires a secure channel set up by authentication (AUTHREQ.ASCR): not supported; attach with psk"
             )));
         }
         // The keys' epoch before authenticating: a change meanwhile re-authenticates the queue.
@@ -258,11 +341,41 @@ impl TcpTransport {
         if qid != 0 {
             q.reauth = Some(Box::new(QueueReauth::new(self.auth.clone(), epoch)));
         }
-        if qid != 0 && super::io_sock_impl() == fp_conn::uring::SocketImpl::Uring {
-            // An I/O queue: on the io_uring engine of the reactor that takes it.
+        if qid != 0 && !on_tls && super::io_sock_impl() == fp_conn::uring::SocketImpl::Uring {
+            // An I/O queue: on the io_uring engine of the reactor that takes it (a TLS queue
+            // stays on plain system calls: the engine has no TLS).
             q.use_uring();
         }
         Ok((q, cqe.dw0 as u16))
+    }
+}
+
+/// What [`TcpTransport::open`] made.
+struct Opened {
+    fd: OwnedFd,
+    ic: IcResp,
+    local: Option<SocketAddr>,
+    tls: Option<TlsStream>,
+}
+
+/// Sends ICReq (`b`) and reads ICResp into `b`; an error says whether ICReq had gone.
+fn ic_exchange(s: &mut (impl Read + Write), b: &mut [u8; IC_LEN]) -> Result<(), (bool, std::io::Error)> {
+    s.write_all(b).and_then(|_| s.flush()).map_err(|e| (false, e))?;
+    s.read_exact(b).map_err(|e| (true, e))
+}
+
+/// A refused TLS handshake as the driver's error: its kind, the target and the identity
+/// offered (never key bytes: OpenSSL's words hold none).
+fn tls_refused(e: TlsError, identity: &str, addr: SocketAddr) -> NvmeError {
+    let why = match e.kind {
+        TlsErrorKind::WrongPsk => "wrong PSK (the target's PSK for this identity differs)",
+        TlsErrorKind::UnknownIdentity => "unknown PSK identity (the target has no PSK for this host)",
+        TlsErrorKind::Protocol => "TLS protocol error",
+        TlsErrorKind::Unavailable => "TLS unavailable (libssl, OpenSSL 3, could not be loaded)",
+    };
+    NvmeError::Tls {
+        kind: e.kind,
+        what: format!("NVMe/TCP TLS handshake with {addr} as '{identity}' refused: {why}: {}", e.detail),
     }
 }
 

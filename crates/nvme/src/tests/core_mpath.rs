@@ -65,6 +65,7 @@ fn attach(nqn: &str, relay: &Relay, name: &str) -> Arc<dyn Controller> {
         ddgst: false,
         kato_ms: KATO_MS,
         dhchap: Default::default(),
+        tls: None,
     });
     let (mut opts, mut global) = test_options(name);
     global.keep_alive_timeout_ms = KATO_MS;

@@ -50,6 +50,7 @@ fn attach_tcp(nqn: &str, name: &str) -> (Arc<dyn Controller>, EventLog) {
         ddgst: true,
         kato_ms: 10_000,
         dhchap: Default::default(),
+        tls: None,
     });
     let (opts, mut global) = test_options(name);
     global.keep_alive_timeout_ms = 10_000;

@@ -4,7 +4,7 @@
 mod core_ana;
 mod core_bdev;
 mod core_ctrlr;
-mod core_fake;
+pub(crate) mod core_fake;
 mod core_mpath;
 mod core_pcie;
 mod core_tcp;

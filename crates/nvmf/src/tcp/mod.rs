@@ -8,3 +8,4 @@
 pub(crate) mod auth;
 pub(crate) mod qpair;
 pub(crate) mod server;
+pub(crate) mod tls;

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use fp_conn::uring::SocketImpl;
 use fp_conn::{Bound, ListenerOptions, Stream};
 
-use fp_nvme_spec::auth::{AuthCommand, AUTHREQ_ATR, SC_AUTH_REQUIRED};
+use fp_crypto::tls::{HandshakeError, TlsErrorKind, TlsStream};
+use fp_nvme_spec::auth::{AuthCommand, DhGroupId, HashId, AUTHREQ_ATR, SC_AUTH_REQUIRED};
 use fp_nvme_spec::fabrics::{Connect, ConnectRefusal, CNTLID_DYNAMIC, CONNECT_DATA_LEN};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
@@ -27,6 +28,7 @@ use crate::state::TargetInner;
 use crate::subsystem::{lock, CtrlEntry, CtrlShared, QpairRef, Subsystem};
 use crate::tcp::auth::{Authenticator, DhchapKeys};
 use crate::tcp::qpair::{QpairPoller, QpairSetup, Role, ADMIN_ICD, MAX_H2C_DATA};
+use crate::tcp::tls;
 
 /// Handshakes one listener runs at once; one more closes the oldest (logged), so a flood of
 /// silent connections pins this many threads at most and cannot lock out a real host.
@@ -37,6 +39,8 @@ pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct Listener {
     addr: ListenAddress,
     listener: fp_conn::Listener,
+    /// TLS only (`secure_channel`).
+    secure: bool,
 }
 
 impl Listener {
@@ -45,6 +49,7 @@ impl Listener {
         addr: ListenAddress,
         sock: SocketAddr,
         sock_impl: Option<SocketImpl>,
+        secure: bool,
     ) -> io::Result<Listener> {
         let what = format!("{}:{}", addr.traddr, addr.trsvcid);
         let bound = Bound::tcp(&[sock])?;
@@ -57,10 +62,15 @@ impl Listener {
         };
         let (target, listen) = (Arc::downgrade(t), addr.clone());
         let listener = fp_conn::Listener::start(bound, opts, move |s, peer| {
-            handshake(&target, &listen, sock_impl, s, peer)
+            handshake(&target, &listen, secure, sock_impl, s, peer)
         })?;
-        log::info!("nvmf: listening on {what}");
-        Ok(Listener { addr, listener })
+        log::info!("nvmf: listening on {what}{}", if secure { " (TLS only)" } else { "" });
+        Ok(Listener { addr, listener, secure })
+    }
+
+    /// Whether it takes TLS only.
+    pub(crate) fn secure(&self) -> bool {
+        self.secure
     }
 
     pub(crate) fn close(self) {
@@ -69,21 +79,145 @@ impl Listener {
     }
 }
 
+/// What a handshake reads and writes through: the socket itself, or the TLS session on it.
+pub(crate) trait HandshakeIo: Read + Write {}
+impl<T: Read + Write> HandshakeIo for T {}
+
 /// Sends a C2HTermReq for `err` echoing `header`, best effort, and says why.
-fn terminate(s: &mut Stream, err: &PduError, header: &[u8]) -> String {
+fn terminate(s: &mut dyn HandshakeIo, err: &PduError, header: &[u8]) -> String {
     let mut b = [0u8; DATA_HLEN + TERM_REQ_MAX_DATA];
     let n = write_c2h_term_req(&mut b, err, header);
     let _ = s.write_all(&b[..n]);
+    let _ = s.flush();
     format!("{err}: terminated")
 }
 
 fn handshake(
     target: &Weak<TargetInner>,
     listen: &ListenAddress,
+    secure: bool,
     sock_impl: Option<SocketImpl>,
     mut s: Stream,
     peer: &str,
 ) -> Result<(), String> {
+    let mut tls = None;
+    let queue = if secure {
+        let mut t = tls_handshake(target, listen, &mut s, peer)?;
+        let identity = tls::identity_pair(t.session());
+        let q = connect_queue(target, listen, &mut t.blocking(&mut s), identity.as_ref(), peer);
+        tls = Some(t);
+        q?
+    } else {
+        connect_queue(target, listen, &mut s, None, peer)?
+    };
+    let Connected { target, accepted, connect, transport, digests, hpda, sq_taken, negotiated } = queue;
+    let fd = match s.into_nonblocking_fd() {
+        Ok(fd) => fd,
+        Err(e) => {
+            unreserve(&accepted.sub, accepted.cntlid, connect.qid);
+            return Err(format!("socket setup: {e}"));
+        }
+    };
+    let n = target.reactors.len();
+    let reactor = if connect.qid == 0 {
+        target.reactors[usize::from(accepted.cntlid) % n].clone()
+    } else {
+        target.reactors[usize::from(connect.qid) % n].clone()
+    };
+    let suite = tls.as_ref().and_then(|t| t.session().cipher_suite());
+    log::info!(
+        "nvmf: {peer}: {} connected {} of controller {} (reactor {}{}{})",
+        connect.hostnqn,
+        if connect.qid == 0 { "the admin queue".to_string() } else { format!("I/O queue {}", connect.qid) },
+        accepted.cntlid,
+        reactor.id(),
+        if digests.header || digests.data { ", digests" } else { "" },
+        suite.map(|s| format!(", TLS {s}")).unwrap_or_default(),
+    );
+    let setup = QpairSetup {
+        fd,
+        peer: peer.to_string(),
+        listen: listen.clone(),
+        sub: accepted.sub,
+        ctrl: accepted.ctrl,
+        role: accepted.role,
+        qid: connect.qid,
+        sq_entries: connect.sq_entries,
+        sq_flow_disabled: connect.cattr & 0x4 != 0,
+        sq_taken,
+        digests,
+        hpda,
+        transport,
+        close_timeout: Duration::from_millis(target.close_timeout_ms.load(Ordering::Relaxed)),
+        // A TLS queue reads and writes through its session: the posix path.
+        sock_impl: if tls.is_some() {
+            SocketImpl::Posix
+        } else {
+            sock_impl.unwrap_or_else(|| *lock(&target.sock_impl))
+        },
+        auth: negotiated,
+        dhchap: target.dhchap.clone(),
+        tls,
+    };
+    hand_over(reactor, setup);
+    Ok(())
+}
+
+/// The TLS handshake of a connection on a secure listener, before its ICReq: the host's PSK
+/// identity must name a host with a PSK on a subsystem reachable here. A failure is logged
+/// with the host NQN the identity named, if any, and its kind (wrong PSK, unknown identity,
+/// anything else: a protocol error, such as a host speaking NVMe/TCP in the clear).
+fn tls_handshake(
+    target: &Weak<TargetInner>,
+    listen: &ListenAddress,
+    s: &mut Stream,
+    peer: &str,
+) -> Result<TlsStream, String> {
+    let (session, offered) = tls::server_session(target, listen).map_err(|e| format!("TLS session: {e}"))?;
+    let mut t = TlsStream::new(session);
+    let done = t.blocking(s).handshake();
+    match done {
+        Ok(()) => Ok(t),
+        Err(e) => {
+            // The alert the session wrote tells the host why (best effort).
+            let _ = t.blocking(s).flush();
+            let host = lock(&offered).take().map(|h| format!("host {h}: ")).unwrap_or_default();
+            let kind = match &e {
+                HandshakeError::Tls(t) => match t.kind {
+                    TlsErrorKind::WrongPsk => "wrong PSK",
+                    TlsErrorKind::UnknownIdentity => "unknown PSK identity",
+                    TlsErrorKind::Protocol => "TLS protocol error (a host not speaking TLS?)",
+                    TlsErrorKind::Unavailable => "TLS unavailable",
+                },
+                HandshakeError::Io(_) => "connection",
+            };
+            log::warn!("nvmf: {peer}: {host}TLS handshake refused on a secure listener: {kind}: {e}");
+            Err(format!("{host}TLS handshake refused: {kind}: {e}"))
+        }
+    }
+}
+
+/// A queue connected on the handshake thread, to be handed to a reactor.
+struct Connected {
+    target: Arc<TargetInner>,
+    accepted: Accepted,
+    connect: Connect,
+    transport: TransportOptions,
+    digests: Digests,
+    hpda: u8,
+    sq_taken: u32,
+    negotiated: Option<(HashId, DhGroupId)>,
+}
+
+/// The ICReq, the Connect and (when the host must) DH-HMAC-CHAP, through `s`. `identity`: the
+/// host and subsystem the TLS PSK identity named, which the Connect must name too.
+fn connect_queue(
+    target: &Weak<TargetInner>,
+    listen: &ListenAddress,
+    s: &mut dyn HandshakeIo,
+    identity: Option<&(String, String)>,
+    peer: &str,
+) -> Result<Connected, String> {
     let io = |what: &str, e: io::Error| format!("{what}: {e}");
     // ICReq (TCP 3.6.2.1).
     let mut ic = [0u8; IC_LEN];
@@ -91,29 +225,29 @@ fn handshake(
     let ch = CommonHeader::parse(ic[..CH_LEN].try_into().expect("eight bytes"));
     if ch.pdu_type != PDU_IC_REQ {
         let err = PduError { fes: FES_PDU_SEQUENCE_ERROR, fei: 0, what: "the first PDU is not an ICReq" };
-        return Err(terminate(&mut s, &err, &ic[..CH_LEN]));
+        return Err(terminate(s, &err, &ic[..CH_LEN]));
     }
     if let Err(err) = check_header(&ch, Digests::default(), 0, IC_LEN as u32) {
-        return Err(terminate(&mut s, &err, &ic[..CH_LEN]));
+        return Err(terminate(s, &err, &ic[..CH_LEN]));
     }
     s.read_exact(&mut ic[CH_LEN..]).map_err(|e| io("reading the ICReq", e))?;
-    let req = IcReq::parse(&ic).map_err(|err| terminate(&mut s, &err, &ic))?;
+    let req = IcReq::parse(&ic).map_err(|err| terminate(s, &err, &ic))?;
     let Some(target) = target.upgrade() else { return Err("the target is gone".into()) };
     let Some(transport) = lock(&target.transport).clone() else { return Err("no transport".into()) };
     let resp = IcResp { cpda: 0, digests: req.digests, maxh2cdata: MAX_H2C_DATA };
     resp.write(&mut ic);
-    s.write_all(&ic).map_err(|e| io("sending the ICResp", e))?;
+    s.write_all(&ic).and_then(|()| s.flush()).map_err(|e| io("sending the ICResp", e))?;
     let digests = req.digests;
 
     // The first capsule: a Connect with its 1024 bytes in the capsule.
     let max = (CAPSULE_CMD_HLEN + DIGEST_LEN + CONNECT_DATA_LEN + ADMIN_ICD as usize + DIGEST_LEN) as u32;
-    let (pdu, layout) = read_capsule(&mut s, digests, max, "a Connect")?;
+    let (pdu, layout) = read_capsule(s, digests, max, "a Connect")?;
     let data = &pdu[layout.data_offset..layout.data_offset + layout.data_len];
     let sqe = capsule_sqe(&pdu).expect("a capsule header");
-    let respond = |s: &mut Stream, cqe: Cqe| -> Result<(), String> {
+    let respond = |s: &mut dyn HandshakeIo, cqe: Cqe| -> Result<(), String> {
         send_cqe(s, &cqe, digests).map_err(|e| io("sending the Connect response", e))
     };
-    let refuse = |s: &mut Stream, r: ConnectRefusal| -> String {
+    let refuse = |s: &mut dyn HandshakeIo, r: ConnectRefusal| -> String {
         let _ = respond(s, r.cqe(sqe.cid()));
         format!("Connect refused: {}", r.why)
     };
@@ -123,7 +257,7 @@ fn handshake(
                 |at: usize| String::from_utf8_lossy(&data[at..at + 256]).trim_end_matches('\0').to_string();
             log::debug!("nvmf: {peer}: refused Connect: SUBNQN {:?}, HOSTNQN {:?}", nqn(256), nqn(512));
         }
-        refuse(&mut s, r)
+        refuse(s, r)
     })?;
     // The SGL must describe the data where it is: in the capsule, at offset 0.
     if sqe.sgl().type_byte() != SGL_IN_CAPSULE || sqe.sgl().address() != 0 {
@@ -131,9 +265,26 @@ fn handshake(
             Status::generic(SC_SGL_DESCRIPTOR_TYPE_INVALID),
             "Connect data not in the capsule",
         );
-        return Err(refuse(&mut s, r));
+        return Err(refuse(s, r));
     }
-    let accepted = accept(&target, listen, &transport, &connect).map_err(|r| refuse(&mut s, r))?;
+    // Over TLS the host is who its PSK says: a Connect for another host or subsystem is
+    // refused (as a host not allowed there).
+    if let Some((host, sub)) = identity {
+        if *host != connect.hostnqn || *sub != connect.subnqn {
+            log::warn!(
+                "nvmf: {peer}: host {host} (TLS PSK identity for {sub}) sent a Connect for host {} on {}: refused",
+                connect.hostnqn,
+                connect.subnqn
+            );
+            let r = ConnectRefusal {
+                status: Status::command_specific(SC_CONNECT_INVALID_HOST),
+                dw0: fp_nvme_spec::fabrics::DATA_HOSTNQN as u32 | (1 << 16),
+                why: "the Connect names another host or subsystem than the TLS PSK identity",
+            };
+            return Err(refuse(s, r));
+        }
+    }
+    let accepted = accept(&target, listen, &transport, &connect).map_err(|r| refuse(s, r))?;
     let flow_disabled = connect.cattr & 0x4 != 0;
     // SQHD: the Connect took the first entry (0xFFFF when the host disabled SQ flow control).
     let sqhd = if flow_disabled { 0xFFFF } else { 1 };
@@ -142,7 +293,7 @@ fn handshake(
     let cqe = Cqe { dw0: u32::from(accepted.cntlid) | atr, sqid: connect.qid, sqhd, ..success };
     let mut sq_taken = 1;
     let mut negotiated = None;
-    let answered = respond(&mut s, cqe).and_then(|()| match accepted.auth.clone() {
+    let answered = respond(s, cqe).and_then(|()| match accepted.auth.clone() {
         None => Ok(()),
         Some(keys) => {
             let config = lock(&target.dhchap).clone();
@@ -157,7 +308,7 @@ fn handshake(
                 hostnqn: &connect.hostnqn,
                 peer,
             };
-            authenticate(&mut s, &q, &mut auth, &mut sq_taken)?;
+            authenticate(s, &q, &mut auth, &mut sq_taken)?;
             negotiated = auth.negotiated();
             Ok(())
         }
@@ -166,42 +317,7 @@ fn handshake(
         unreserve(&accepted.sub, accepted.cntlid, connect.qid);
         return Err(e);
     }
-    let fd = s.into_nonblocking_fd().map_err(|e| format!("socket setup: {e}"))?;
-    let n = target.reactors.len();
-    let reactor = if connect.qid == 0 {
-        target.reactors[usize::from(accepted.cntlid) % n].clone()
-    } else {
-        target.reactors[usize::from(connect.qid) % n].clone()
-    };
-    log::info!(
-        "nvmf: {peer}: {} connected {} of controller {} (reactor {}{})",
-        connect.hostnqn,
-        if connect.qid == 0 { "the admin queue".to_string() } else { format!("I/O queue {}", connect.qid) },
-        accepted.cntlid,
-        reactor.id(),
-        if digests.header || digests.data { ", digests" } else { "" }
-    );
-    let setup = QpairSetup {
-        fd,
-        peer: peer.to_string(),
-        listen: listen.clone(),
-        sub: accepted.sub,
-        ctrl: accepted.ctrl,
-        role: accepted.role,
-        qid: connect.qid,
-        sq_entries: connect.sq_entries,
-        sq_flow_disabled: flow_disabled,
-        sq_taken,
-        digests,
-        hpda: req.hpda,
-        transport,
-        close_timeout: Duration::from_millis(target.close_timeout_ms.load(Ordering::Relaxed)),
-        sock_impl: sock_impl.unwrap_or_else(|| *lock(&target.sock_impl)),
-        auth: negotiated,
-        dhchap: target.dhchap.clone(),
-    };
-    hand_over(reactor, setup);
-    Ok(())
+    Ok(Connected { target, accepted, connect, transport, digests, hpda: req.hpda, sq_taken, negotiated })
 }
 
 struct Accepted {
@@ -327,7 +443,12 @@ fn accept(
 
 /// Reads one command capsule (`what`, for the errors) of at most `max` bytes, its digests
 /// checked; returns the PDU and where its data is.
-fn read_capsule(s: &mut Stream, digests: Digests, max: u32, what: &str) -> Result<(Vec<u8>, Layout), String> {
+fn read_capsule(
+    s: &mut dyn HandshakeIo,
+    digests: Digests,
+    max: u32,
+    what: &str,
+) -> Result<(Vec<u8>, Layout), String> {
     let mut head = [0u8; CH_LEN];
     s.read_exact(&mut head).map_err(|e| format!("reading {what}: {e}"))?;
     let ch = CommonHeader::parse(&head);
@@ -377,7 +498,7 @@ struct UnauthenticatedQueue<'a> {
 /// Send and Receive drive `auth`, any other command fails with Authentication Required,
 /// a Disconnect or a closed connection ends it. `sq_taken` counts the entries used.
 fn authenticate(
-    s: &mut Stream,
+    s: &mut dyn HandshakeIo,
     q: &UnauthenticatedQueue<'_>,
     auth: &mut Authenticator,
     sq_taken: &mut u32,
@@ -452,14 +573,20 @@ fn authenticate(
 }
 
 /// Sends a CapsuleResp carrying `cqe`.
-fn send_cqe(s: &mut Stream, cqe: &Cqe, digests: Digests) -> io::Result<()> {
+fn send_cqe(s: &mut dyn HandshakeIo, cqe: &Cqe, digests: Digests) -> io::Result<()> {
     let mut b = [0u8; HEADER_ROOM];
     let n = write_capsule_resp(&mut b, cqe, digests);
-    s.write_all(&b[..n])
+    s.write_all(&b[..n])?;
+    s.flush()
 }
 
 /// Sends `data` for command `cid` in one C2HData PDU.
-fn send_c2h(s: &mut Stream, q: &UnauthenticatedQueue<'_>, cid: u16, data: &[u8]) -> Result<(), String> {
+fn send_c2h(
+    s: &mut dyn HandshakeIo,
+    q: &UnauthenticatedQueue<'_>,
+    cid: u16,
+    data: &[u8],
+) -> Result<(), String> {
     let mut b = [0u8; HEADER_ROOM];
     let h = DataHeader { cccid: cid, ttag: 0, offset: 0, length: data.len() as u32 };
     let n = write_c2h_data(&mut b, &h, FLAG_LAST_PDU, q.digests, q.hpda);
@@ -468,7 +595,7 @@ fn send_c2h(s: &mut Stream, q: &UnauthenticatedQueue<'_>, cid: u16, data: &[u8])
     if q.digests.data {
         pdu.extend_from_slice(&crc32c(data).to_le_bytes());
     }
-    s.write_all(&pdu).map_err(|e| format!("sending an authentication message: {e}"))
+    s.write_all(&pdu).and_then(|()| s.flush()).map_err(|e| format!("sending an authentication message: {e}"))
 }
 
 /// Moves a connected queue to its reactor, where it is registered with its controller.

@@ -56,6 +56,31 @@ pub(crate) fn set_cdw(s: &mut Sqe, n: usize, v: u32) {
     s.0[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
 
+/// A Connect command (32 entries) and its data.
+pub(crate) fn connect_command(
+    qid: u16,
+    subnqn: &str,
+    hostnqn: &str,
+    cntlid: u16,
+    kato: u32,
+) -> (Sqe, [u8; CONNECT_DATA_LEN]) {
+    let c = Connect {
+        cid: 0,
+        qid,
+        sq_entries: 32,
+        cattr: 0,
+        kato_ms: kato,
+        hostid: HOSTID,
+        cntlid,
+        subnqn: subnqn.into(),
+        hostnqn: hostnqn.into(),
+    };
+    let mut s = Sqe([0; SQE_LEN]);
+    let mut d = [0u8; CONNECT_DATA_LEN];
+    c.write(&mut s, &mut d);
+    (s, d)
+}
+
 impl Host {
     /// A host on a connected socket, before anything is exchanged.
     pub(crate) fn wrap(s: TcpStream, digests: Digests) -> Host {
@@ -112,25 +137,18 @@ impl Host {
         kato: u32,
     ) -> (Host, Cqe) {
         let mut h = Host::open(port, digests);
-        let c = Connect {
-            cid: 0,
-            qid,
-            sq_entries: 32,
-            cattr: 0,
-            kato_ms: kato,
-            hostid: HOSTID,
-            cntlid,
-            subnqn: subnqn.into(),
-            hostnqn: hostnqn.into(),
-        };
-        let mut s = Sqe([0; SQE_LEN]);
-        let mut d = [0u8; CONNECT_DATA_LEN];
-        c.write(&mut s, &mut d);
-        h.send_capsule(&s, &d);
-        let cqe = h.response();
-        h.cntlid = cqe.dw0 as u16;
-        h.qid = qid;
+        let cqe = h.connect(qid, subnqn, hostnqn, cntlid, kato);
         (h, cqe)
+    }
+
+    /// A Connect on a host whose ICReq is done; returns its completion.
+    pub(crate) fn connect(&mut self, qid: u16, subnqn: &str, hostnqn: &str, cntlid: u16, kato: u32) -> Cqe {
+        let (s, d) = connect_command(qid, subnqn, hostnqn, cntlid, kato);
+        self.send_capsule(&s, &d);
+        let cqe = self.response();
+        self.cntlid = cqe.dw0 as u16;
+        self.qid = qid;
+        cqe
     }
 
     /// An admin queue of a new controller, enabled.

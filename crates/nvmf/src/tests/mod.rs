@@ -37,3 +37,4 @@ mod host;
 mod hostile;
 mod io;
 mod listener;
+mod tls;

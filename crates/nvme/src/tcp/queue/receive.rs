@@ -179,9 +179,10 @@ impl TcpQueue {
                 );
                 bufs[n] = IoSliceMut::new(self.rx.spare_mut());
                 let offered: usize = bufs[..=n].iter().map(|b| b.len()).sum();
-                let r = match &mut self.uring {
-                    None => fp_sys::recv_vectored_nonblocking(self.fd.as_fd(), &mut bufs[..=n]),
-                    Some(u) => match u.recv_vectored(&mut bufs[..=n]) {
+                let r = match (&mut self.uring, &mut self.tls) {
+                    (None, None) => fp_sys::recv_vectored_nonblocking(self.fd.as_fd(), &mut bufs[..=n]),
+                    (None, Some(t)) => t.recv_vectored(self.fd.as_fd(), &mut bufs[..=n]),
+                    (Some(u), _) => match u.recv_vectored(&mut bufs[..=n]) {
                         Recv::Data(got) => Ok(got),
                         Recv::WouldBlock => Err(io::ErrorKind::WouldBlock.into()),
                         Recv::Eof => Ok(0),
@@ -193,7 +194,7 @@ impl TcpQueue {
             match r {
                 Ok(0) => return Err(self.die(NvmeError::Gone("the controller closed the connection".into()))),
                 Ok(got) => {
-                    self.rx_drained = got < offered && self.uring.is_none();
+                    self.rx_drained = got < offered && self.socket_drained();
                     let into_buf = got.min(left as usize);
                     if digest {
                         // The bytes of the command's buffer the receive just wrote.

@@ -25,6 +25,7 @@ use fp_bdev::BdevError;
 use fp_conn::round::{connection_pending, read_round, PeerClosed, ReadRound, Reader};
 use fp_conn::uring::{SocketImpl, UringSocket};
 use fp_conn::{Interest, Life, Recv, RecvBuf, SendQueue, Sent};
+use fp_crypto::tls::TlsStream;
 use fp_nvme_spec::auth::{DhGroupId, HashId};
 use fp_nvme_spec::tcp::*;
 use fp_nvme_spec::*;
@@ -95,6 +96,9 @@ pub(crate) struct QpairSetup {
     pub auth: Option<(HashId, DhGroupId)>,
     /// The hashes and DH groups allowed when the host authenticates again.
     pub dhchap: Arc<Mutex<DhchapConfig>>,
+    /// The TLS session of a queue that came in through a secure listener (with whatever the
+    /// handshake thread received past the Connect).
+    pub tls: Option<TlsStream>,
 }
 
 /// A command and what NVMe/TCP sends for it.
@@ -265,6 +269,11 @@ pub(crate) struct QpairPoller {
     /// The socket on the reactor's io_uring engine (`uring`), else plain system calls. Before
     /// the slots: dropping it waits until the kernel is done with the memory its send names.
     uring: Option<UringSocket>,
+    /// The queue's TLS session: every receive and send goes through it (never with `uring`).
+    tls: Option<TlsStream>,
+    /// The socket took no more of the TLS ciphertext waiting for it: writability is awaited
+    /// rather than polled for.
+    tls_stalled: bool,
     /// Polls since the send in the kernel was submitted: past [`SEND_STALL_POLLS`] the host is
     /// taken to be slow to read (the send timeout's clock runs).
     send_polls: u32,
@@ -333,6 +342,7 @@ impl QpairPoller {
         let max_plen = capsule_max.max(255 + MAX_H2C_DATA as usize + DIGEST_LEN) as u32;
         let n = s.sq_entries.clamp(1, 4096) as usize;
         let uring = match s.sock_impl {
+            _ if s.tls.is_some() => None,
             SocketImpl::Posix => None,
             SocketImpl::Uring => match UringSocket::register(s.fd.as_fd()) {
                 Ok(u) => Some(u),
@@ -347,6 +357,8 @@ impl QpairPoller {
         let mut p = QpairPoller {
             fd: s.fd,
             uring,
+            tls: s.tls,
+            tls_stalled: false,
             send_polls: 0,
             interest,
             timer,
@@ -597,6 +609,9 @@ impl Poller for QpairPoller {
             || connection_pending(&self.tx, &self.life, self.read, || self.can_accept(), || self.drained())
             || (self.can_accept() && self.uring.as_ref().is_some_and(|u| u.readable()))
             || (self.exec.teardown && !self.life.is_closing())
+            || self.tls.as_ref().is_some_and(|t| {
+                !self.life.is_broken() && ((t.has_unsent() && !self.tls_stalled) || t.has_received())
+            })
     }
 
     fn prepare_sleep(&mut self) -> bool {
@@ -613,7 +628,8 @@ impl Poller for QpairPoller {
             if !self.life.is_closing() && self.can_accept() {
                 want |= EventSet::IN;
             }
-            if self.tx.is_blocked() && !self.life.is_broken() {
+            let tls_unsent = self.tls.as_ref().is_some_and(|t| t.has_unsent());
+            if (self.tx.is_blocked() || tls_unsent) && !self.life.is_broken() {
                 want |= EventSet::OUT;
             }
         }

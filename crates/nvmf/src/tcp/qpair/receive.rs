@@ -4,9 +4,18 @@
 
 use super::*;
 
-/// One receive into `dst`: out of the io_uring engine's buffers, or a `recv` system call.
+/// One receive into `dst`: through the queue's TLS session, out of the io_uring engine's
+/// buffers, or a `recv` system call.
 #[inline]
-fn recv(uring: &mut Option<UringSocket>, fd: BorrowedFd<'_>, dst: &mut [u8]) -> Recv {
+fn recv(
+    tls: &mut Option<TlsStream>,
+    uring: &mut Option<UringSocket>,
+    fd: BorrowedFd<'_>,
+    dst: &mut [u8],
+) -> Recv {
+    if let Some(t) = tls {
+        return Recv::from_result(t.recv(fd, dst));
+    }
     match uring {
         Some(u) => u.recv(dst),
         None => Recv::from_socket(fd, dst),
@@ -246,7 +255,7 @@ impl Reader for QpairPoller {
         let (start, end) = (s.cmd.received, h.offset + h.len);
         let dst =
             &mut s.cmd.buf.as_mut().expect("a write awaiting data has a buffer").bytes_mut()[start..end];
-        let r = recv(&mut self.uring, self.fd.as_fd(), dst);
+        let r = recv(&mut self.tls, &mut self.uring, self.fd.as_fd(), dst);
         if let Recv::Data(n) = r {
             s.cmd.received += n;
             if start + n == end {
@@ -268,8 +277,8 @@ impl Reader for QpairPoller {
 
     fn recv_more(&mut self) -> Recv {
         self.rx.compact();
-        let (fd, uring) = (self.fd.as_fd(), &mut self.uring);
-        let r = self.rx.fill(|dst| recv(uring, fd, dst));
+        let (fd, uring, tls) = (self.fd.as_fd(), &mut self.uring, &mut self.tls);
+        let r = self.rx.fill(|dst| recv(tls, uring, fd, dst));
         self.reap_sent();
         r
     }

@@ -4,9 +4,13 @@
 
 use super::*;
 
-/// Sends what the socket takes now; `Ok(0)` when it is full.
-fn send(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-    match fp_sys::send_vectored_nonblocking(fd, bufs) {
+/// Sends what the socket (or the queue's TLS session) takes now; `Ok(0)` when it is full.
+fn send(tls: &mut Option<TlsStream>, fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    let sent = match tls {
+        Some(t) => t.send_vectored(fd, bufs),
+        None => fp_sys::send_vectored_nonblocking(fd, bufs),
+    };
+    match sent {
         Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(0),
         r => r,
     }
@@ -19,10 +23,13 @@ impl QpairPoller {
             return self.send_uring();
         }
         let mut moved = false;
+        if self.tls.is_some() && self.flush_tls() {
+            return true;
+        }
         self.tx.set_blocked(false);
         while !self.tx.is_empty() && !self.life.is_broken() {
-            let (slots, fd) = (&self.slots, self.fd.as_fd());
-            match self.tx.write(|i| slots[i as usize].pieces(), |iov| send(fd, iov)) {
+            let (slots, fd, tls) = (&self.slots, self.fd.as_fd(), &mut self.tls);
+            match self.tx.write(|i| slots[i as usize].pieces(), |iov| send(tls, fd, iov)) {
                 Sent::Bytes(_) => moved = true,
                 Sent::Blocked => break,
                 Sent::Failed(e) => {
@@ -35,8 +42,40 @@ impl QpairPoller {
             }
         }
         self.send_term();
+        if let Some(t) = &self.tls {
+            self.tls_stalled = t.has_unsent();
+        }
         self.note_blocked(moved);
         moved
+    }
+
+    /// Sends the TLS ciphertext still waiting for the socket (the session took the PDUs'
+    /// plaintext already), even when no PDU is queued. True when the socket failed (the queue
+    /// is failing).
+    fn flush_tls(&mut self) -> bool {
+        let Some(t) = &mut self.tls else { return false };
+        if !t.has_unsent() || self.life.is_broken() {
+            return false;
+        }
+        match t.flush(self.fd.as_fd()) {
+            Ok(done) => {
+                self.tls_stalled = !done;
+                false
+            }
+            Err(e) => {
+                self.fail(&format!("sending: {e}"));
+                true
+            }
+        }
+    }
+
+    /// Sends the queue's TLS close_notify, best effort, on an orderly close.
+    pub(super) fn close_tls(&mut self) {
+        if let Some(t) = &mut self.tls {
+            if !self.life.is_broken() {
+                t.close(self.fd.as_fd());
+            }
+        }
     }
 
     /// Sends queued PDUs through the io_uring engine: takes the result of the send in the
@@ -89,7 +128,7 @@ impl QpairPoller {
     fn send_term(&mut self) {
         if self.tx.is_empty() && !self.life.is_broken() {
             if let Some((b, n)) = self.term.take() {
-                let _ = send(self.fd.as_fd(), &[IoSlice::new(&b[..n])]);
+                let _ = send(&mut self.tls, self.fd.as_fd(), &[IoSlice::new(&b[..n])]);
             }
         }
     }
@@ -157,6 +196,7 @@ impl QpairPoller {
         if let Some(u) = &mut self.uring {
             u.close();
         }
+        self.close_tls();
         let _ = fp_sys::shutdown(self.fd.as_fd());
         let io = {
             let mut st = lock(&self.exec.sub.state);

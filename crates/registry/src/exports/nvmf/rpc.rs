@@ -10,7 +10,7 @@ use fp_nvme_spec::auth::{DhGroupId, HashId};
 use fp_nvme_spec::fabrics::DISCOVERY_NQN;
 use fp_nvmf::model::AnaState;
 use fp_nvmf::{
-    DhchapConfig, DhchapKeys, ListenAddress, NvmfTarget, SocketImpl, SubsystemSpec, TransportOptions,
+    DhchapConfig, DhchapKeys, HostPsk, ListenAddress, NvmfTarget, SocketImpl, SubsystemSpec, TransportOptions,
 };
 use fp_rpc::{Neutral, ParamError, Params};
 use serde_json::{json, Value};
@@ -207,11 +207,30 @@ fn nvmf_delete_subsystem(registry: &Registry, mut p: Params) -> Result<Value, Me
     Ok(json!(true))
 }
 
+/// The subsystems as SPDK lists them, each secure listen address marked `"secure_channel":
+/// true` (flashpath's addition: SPDK shows it only in its saved configuration).
+fn subsystems_shown(registry: &Registry) -> Value {
+    let subs = registry.nvmf().subsystems();
+    let mut all = serde_json::to_value(&subs).expect("plain data serialises");
+    if let Value::Array(shown) = &mut all {
+        for (s, v) in subs.iter().zip(shown.iter_mut()) {
+            if let Some(Value::Array(addrs)) = v.get_mut("listen_addresses") {
+                for (a, shown) in s.listen_addresses.iter().zip(addrs.iter_mut()) {
+                    if let (true, Value::Object(o)) = (s.secure_listeners.contains(a), shown) {
+                        o.insert("secure_channel".into(), json!(true));
+                    }
+                }
+            }
+        }
+    }
+    all
+}
+
 fn nvmf_get_subsystems(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let nqn = p.optional_str("nqn")?;
     target_name(&mut p)?;
     p.finish()?;
-    let all = serde_json::to_value(registry.nvmf().subsystems()).expect("plain data serialises");
+    let all = subsystems_shown(registry);
     match nqn {
         None => Ok(all),
         Some(nqn) => {
@@ -268,9 +287,10 @@ fn nvmf_subsystem_add_listener(registry: &Registry, mut p: Params) -> Result<Val
     let sock_impl = p.optional_str("sock_impl")?.map(|s| socket_impl("sock_impl", &s)).transpose()?;
     let state =
         p.optional_str("ana_state")?.map(|s| ana_state(&s)).transpose()?.unwrap_or(AnaState::Optimized);
-    p.spdk_only(&[("secure_channel", Neutral::Bool(false)), ("numa_id", Neutral::Int(-1))])?;
+    let secure = p.optional_bool("secure_channel")?.unwrap_or(false);
+    p.spdk_only(&[("numa_id", Neutral::Int(-1))])?;
     p.finish()?;
-    registry.nvmf().add_listener_ana(&nqn, addr, sock_impl, state).map_err(RegistryError::from)?;
+    registry.nvmf().add_listener_secure(&nqn, addr, sock_impl, state, secure).map_err(RegistryError::from)?;
     Ok(json!(true))
 }
 
@@ -371,26 +391,39 @@ fn nvmf_subsystem_remove_listener(registry: &Registry, mut p: Params) -> Result<
 fn nvmf_subsystem_get_listeners(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
     let nqn = nqn_only(&mut p)?;
     p.finish()?;
+    let all = subsystems_shown(registry);
+    let Some(sub) = array(&all).iter().find(|s| s["nqn"] == nqn.as_str()) else {
+        return Err(RegistryError::NotFound { kind: "subsystem", name: nqn }.into());
+    };
+    // The address as SPDK shows it; a secure one says so beside it.
+    let shown = |a: &Value, mut listener: Value| {
+        let mut address = a.clone();
+        if address.as_object_mut().and_then(|o| o.remove("secure_channel")).is_some() {
+            listener["secure_channel"] = json!(true);
+        }
+        listener["address"] = address;
+        listener
+    };
+    let addresses = array(&sub["listen_addresses"]);
     if let Some(listeners) = registry.nvmf().listener_ana_states(&nqn).map_err(RegistryError::from)? {
-        let shown: Vec<Value> = listeners
+        let all: Vec<Value> = listeners
             .iter()
             .map(|(address, ana)| {
                 let groups: Vec<Value> = (1..=ana.states.len() as u32)
                     .map(|g| json!({ "ana_group": g, "ana_state": ana.get(g).name() }))
                     .collect();
-                json!({ "address": address, "ana_state": ana.get(1).name(), "ana_states": groups })
+                let listener = json!({ "ana_state": ana.get(1).name(), "ana_states": groups });
+                let address = serde_json::to_value(address).expect("plain data serialises");
+                let same = |a: &&Value| {
+                    ["trtype", "adrfam", "traddr", "trsvcid"].iter().all(|k| a[*k] == address[*k])
+                };
+                shown(addresses.iter().find(same).unwrap_or(&address), listener)
             })
             .collect();
-        return Ok(Value::Array(shown));
+        return Ok(Value::Array(all));
     }
-    let all = serde_json::to_value(registry.nvmf().subsystems()).expect("plain data serialises");
-    let Some(sub) = array(&all).iter().find(|s| s["nqn"] == nqn.as_str()) else {
-        return Err(RegistryError::NotFound { kind: "subsystem", name: nqn }.into());
-    };
-    let listeners: Vec<Value> = array(&sub["listen_addresses"])
-        .iter()
-        .map(|a| json!({ "address": a, "ana_state": "optimized" }))
-        .collect();
+    let listeners: Vec<Value> =
+        addresses.iter().map(|a| shown(a, json!({ "ana_state": "optimized" }))).collect();
     Ok(Value::Array(listeners))
 }
 
@@ -480,8 +513,39 @@ fn dhchap_keys(registry: &Registry, p: &mut Params) -> Result<Option<DhchapKeys>
     }
 }
 
-fn nvmf_subsystem_add_host(registry: &Registry, p: Params) -> Result<Value, MethodError> {
-    with_host_keys(registry, p, &[("psk", Neutral::Absent)], NvmfTarget::add_host_with_keys)
+/// `psk`: a keyring name, its key the host's configured PSK in the interchange format
+/// (`NVMeTLSkey-1:hh:...:`), retained for the host at once (errors name the key, never its
+/// content).
+fn host_psk(registry: &Registry, p: &mut Params, host: &str) -> Result<Option<HostPsk>, MethodError> {
+    let Some(name) = p.optional_str("psk")? else { return Ok(None) };
+    let key = fp_crypto::keyring(registry).key(&name).map_err(|e| ParamError::new("psk", e.to_string()))?;
+    let psk = key.with_material(|m| {
+        let not = |why: String| {
+            ParamError::new("psk", format!("key '{name}' is not a TLS PSK in the interchange format: {why}"))
+        };
+        let text = std::str::from_utf8(m).map_err(|_| not("not text".into()))?;
+        HostPsk::from_interchange(&name, text, host).map_err(|e| not(psk_error(&e)))
+    })?;
+    Ok(Some(psk))
+}
+
+/// What is wrong with a PSK, without quoting any of its bytes.
+fn psk_error(e: &fp_crypto::tls::PskError) -> String {
+    match e {
+        // Base64 errors quote a byte of the text, CRC errors a function of the key.
+        fp_crypto::tls::PskError::Base64(_) => "its key is not base64".to_string(),
+        fp_crypto::tls::PskError::Crc { .. } => "its CRC-32 does not match its key".to_string(),
+        e => e.to_string(),
+    }
+}
+
+fn nvmf_subsystem_add_host(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {
+    let (nqn, host) = nqn_and_host(&mut p)?;
+    let keys = dhchap_keys(registry, &mut p)?;
+    let psk = host_psk(registry, &mut p, &host)?;
+    p.finish()?;
+    registry.nvmf().add_host_with(&nqn, &host, keys, psk).map_err(RegistryError::from)?;
+    Ok(json!(true))
 }
 
 /// Replaces a host's keys: the connections after it use them. As SPDK, the keys not named

@@ -273,16 +273,81 @@ fn parameter_errors_name_the_field() {
     assert!(r.starts_with("listen_address.adrfam: 'ib' is not supported"), "{r}");
     let r = reason(
         "nvmf_subsystem_add_listener",
-        json!({ "nqn": NQN, "listen_address": listen_address(free_port()), "secure_channel": true }),
+        json!({ "nqn": NQN, "listen_address": listen_address(free_port()), "secure_channel": "yes" }),
     );
-    assert_eq!(r, "secure_channel: not supported by flashpath (only false)");
+    assert!(r.starts_with("secure_channel: "), "{r}");
     let r = reason("nvmf_delete_subsystem", json!({ "nqn": "nqn.2014-08.org.nvmexpress.discovery" }));
     assert_eq!(r, "nqn: the discovery subsystem cannot be deleted");
     let r = reason("nvmf_subsystem_allow_any_host", json!({ "nqn": NQN }));
     assert!(r.starts_with("allow_any_host: required parameter missing"), "{r}");
     let r =
         reason("nvmf_subsystem_add_host", json!({ "nqn": NQN, "host": "nqn.2014-08.x:h", "psk": "key0" }));
-    assert_eq!(r, "psk: not supported by flashpath");
+    assert!(r.starts_with("psk: ") && r.contains("key0"), "{r}");
+}
+
+/// TLS with SPDK's parameters: `nvmf_subsystem_add_host`'s `psk` names a keyring key in the
+/// interchange format (errors name the key, never its text), `secure_channel` makes a
+/// listener TLS only; the listings show both; removing the host takes its PSK.
+#[test]
+fn psk_hosts_and_secure_listeners() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixture(RegistryOptions::default());
+    f.transport_and_subsystem();
+    let sub = "nqn.2016-06.io.spdk:tls";
+    let host = "nqn.2014-08.org.nvmexpress:uuid:tls-host";
+    f.call("nvmf_create_subsystem", json!({ "nqn": sub, "allow_any_host": false }));
+    let key_file = |name: &str, text: &str| {
+        let path = f._dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        f.call("keyring_file_add_key", json!({ "name": name, "path": path.to_str().unwrap() }));
+    };
+    let psk = fp_crypto::tls::ConfiguredPsk::new(Some(fp_crypto::tls::PskHash::Sha256), &[7; 32]).unwrap();
+    let text = psk.to_interchange();
+    key_file("psk0", &format!("{}\n", *text));
+    let garbled = text.replace(&text[20..24], "AAAA");
+    key_file("bad", &garbled);
+    key_file("dhchap", "DHHC-1:00:not-a-tls-key:");
+    let reason = |params: Value| {
+        let e = f.fails("nvmf_subsystem_add_host", params);
+        let (field, why) = e.bad_param().unwrap_or_else(|| panic!("not a parameter error: {e}"));
+        format!("{field}: {why}")
+    };
+    for (key, why) in [("bad", "CRC-32"), ("dhchap", "NVMeTLSkey-1"), ("none", "none")] {
+        let r = reason(json!({ "nqn": sub, "host": host, "psk": key }));
+        assert!(r.starts_with("psk: ") && r.contains(key) && r.contains(why), "{r}");
+        assert!(!r.contains(&garbled[16..]) && !r.contains(&text[16..]), "the key's text in an error: {r}");
+    }
+    f.call("nvmf_subsystem_add_host", json!({ "nqn": sub, "host": host, "psk": "psk0" }));
+    let port = free_port();
+    f.call(
+        "nvmf_subsystem_add_listener",
+        json!({ "nqn": sub, "listen_address": listen_address(port), "secure_channel": true }),
+    );
+    let shown = &f.call("nvmf_get_subsystems", json!({ "nqn": sub }))[0];
+    assert_eq!(shown["hosts"], json!([{ "nqn": host, "psk": "psk0" }]));
+    assert_eq!(shown["listen_addresses"][0]["secure_channel"], json!(true));
+    assert_eq!(shown["listen_addresses"][0]["trsvcid"], json!(port.to_string()));
+    let listeners = f.call("nvmf_subsystem_get_listeners", json!({ "nqn": sub }));
+    assert_eq!(listeners[0]["secure_channel"], json!(true));
+    assert!(listeners[0]["address"].get("secure_channel").is_none(), "{listeners}");
+    // As SPDK: no secure channel where any host may connect; plain listeners show nothing.
+    let e = f.fails(
+        "nvmf_subsystem_add_listener",
+        json!({ "nqn": NQN, "listen_address": listen_address(free_port()), "secure_channel": true }),
+    );
+    let (field, why) = e.bad_param().unwrap();
+    assert_eq!(field, "secure_channel", "{why}");
+    assert!(why.contains("allows any host"), "{why}");
+    f.call(
+        "nvmf_subsystem_add_listener",
+        json!({ "nqn": NQN, "listen_address": listen_address(free_port()) }),
+    );
+    let plain = &f.call("nvmf_subsystem_get_listeners", json!({ "nqn": NQN }));
+    assert!(array(plain).iter().all(|l| l.get("secure_channel").is_none()), "{plain}");
+    f.call("nvmf_subsystem_remove_host", json!({ "nqn": sub, "host": host }));
+    let shown = &f.call("nvmf_get_subsystems", json!({ "nqn": sub }))[0];
+    assert_eq!(shown["hosts"], json!([]));
 }
 
 /// Listeners stay on loopback unless `nvmf_allow_remote` is set.
