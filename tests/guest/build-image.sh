@@ -114,8 +114,17 @@ KTLS_SHA256=a7095cdbf262ba4fcefbb924162ae34aa973a2963c1f4660ef75b553649b2998
 ktls=$CACHE/debs/$KTLS_DEB
 if ! echo "$KTLS_SHA256  $ktls" | sha256sum -c --status 2>/dev/null; then
     codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-    archive=$(apt-get indextargets --format '$(REPO_URI) $(CODENAME)' 2>/dev/null |
-        awk -v c="$codename" '$2 == c { print $1; exit }')
+    # apt lists its archives once it has their indexes (after an apt-get update).
+    archive_of() {
+        apt-get indextargets --format '$(REPO_URI) $(CODENAME)' 2>/dev/null |
+            awk -v c="$codename" '$2 == c { print $1; exit }'
+    }
+    archive=$(archive_of)
+    if [ -z "$archive" ]; then
+        log "apt knows no archive of '$codename' yet; running apt-get update"
+        apt-get update -qq >&2 || true
+        archive=$(archive_of)
+    fi
     [ -n "$archive" ] || die "apt has no Debian archive for '$codename' to fetch $KTLS_DEB from"
     log "downloading $KTLS_DEB from ${archive}pool/main/k/ktls-utils/"
     curl -fsS --retry 3 -o "$ktls.part" "${archive}pool/main/k/ktls-utils/$KTLS_DEB" >&2 ||
