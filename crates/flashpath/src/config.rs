@@ -1218,9 +1218,11 @@ mod tests {
             [[nvmf_host]]
             nqn = "nqn.2016-06.io.spdk:cnode1"
             host = "nqn.2014-08.org.nvmexpress:uuid:1"
+            psk = "psk0"
             [[nvmf_listener]]
             nqn = "nqn.2016-06.io.spdk:cnode1"
             listen_address = { trtype = "TCP", adrfam = "IPv4", traddr = "127.0.0.1", trsvcid = "4420" }
+            secure_channel = true
             [[nvmf_subsystem]]
             nqn = "nqn.2016-06.io.spdk:cnode1"
             serial_number = "FP0001"
@@ -1246,6 +1248,9 @@ mod tests {
             ("nvmf_subsystem_add_ns", "nvmf_ns"),
         ];
         assert_eq!(calls, want.map(|(m, t)| (m.to_string(), t)));
+        // TLS: a secure listener, a host's PSK by its keyring name.
+        assert_eq!(c.calls().unwrap()[3].params["secure_channel"], json!(true));
+        assert_eq!(c.calls().unwrap()[4].params["psk"], json!("psk0"));
         let ns = &c.calls().unwrap()[5];
         assert_eq!(
             ns.params,

@@ -956,6 +956,29 @@ fn nvmf_commands_on_a_daemon() {
         serde_json::from_str(&ok(&["nvmf", "subsystem", "list", STRICT, "--json"])).unwrap();
     assert_eq!(json[0]["require_dhchap"], true, "{json}");
     ok(&["nvmf", "subsystem", "delete", STRICT]);
+    // A host with a TLS PSK and a secure listener (a key that is not a PSK refused naming the
+    // option); the list marks the listener.
+    const TLS: &str = "nqn.2016-06.io.spdk:tls";
+    ok(&["nvmf", "subsystem", "create", TLS]);
+    let psk_file = d.dir.path().join("psk0");
+    std::fs::write(&psk_file, "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:\n").unwrap();
+    std::fs::set_permissions(&psk_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    d.call("keyring_file_add_key", serde_json::json!({"name": "psk0", "path": psk_file.to_str().unwrap()}));
+    let e = refused(&["nvmf", "host", "add", TLS, HOST, "--psk", "host0"]);
+    assert!(e.starts_with("error: --psk: key 'host0' is not a TLS PSK"), "{e}");
+    ok(&["nvmf", "host", "add", TLS, HOST, "--psk", "psk0"]);
+    let tls_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let tls_address = format!("127.0.0.1:{tls_port}");
+    ok(&["nvmf", "listener", "add", TLS, &tls_address, "--secure-channel"]);
+    let list = ok(&["nvmf", "subsystem", "list", TLS]);
+    assert_eq!(cols(list.lines().nth(1).unwrap())[2], format!("{tls_address}(tls)"), "{list}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["nvmf", "subsystem", "list", TLS, "--json"])).unwrap();
+    assert_eq!(json[0]["hosts"], serde_json::json!([{"nqn": HOST, "psk": "psk0"}]), "{json}");
+    let e = refused(&["nvmf", "listener", "add", NQN, &tls_address]);
+    assert!(e.starts_with("error: --secure-channel: "), "{e}");
+    ok(&["nvmf", "listener", "remove", TLS, &tls_address]);
+    ok(&["nvmf", "subsystem", "delete", TLS]);
     let e = refused(&["nvmf", "ns", "remove", NQN, "9"]);
     assert!(e.contains("does not exist"), "{e}");
     let e = refused(&["nvmf", "subsystem", "delete", "nqn.2016-06.io.spdk:none"]);

@@ -155,6 +155,7 @@ const CASES: &[(&str, &[&str])] = &[
     ),
     ("nvmf_dhchap", &["nvmf_set_config", "nvmf_subsystem_set_keys", "bdev_nvme_set_keys"]),
     ("nvmf_ana", &["nvmf_subsystem_listener_set_ana_state", "nvmf_subsystem_set_ns_ana_group"]),
+    ("nvmf_tls", &["nvmf_subsystem_add_host", "nvmf_subsystem_add_listener", "nvmf_subsystem_get_listeners"]),
     (
         "nvme_controllers",
         &[
@@ -810,6 +811,61 @@ fn nvmf_dhchap() {
     assert!(e["message"].as_str().unwrap().contains("no dhchap_key was given"), "{e}");
     rpc.ok(&["bdev_nvme_detach_controller", "Nvme1"]);
     rpc.assert_case_covered("nvmf_dhchap");
+}
+
+/// TLS through SPDK's client: a PSK in the interchange format in the keyring,
+/// `nvmf_subsystem_add_host --psk`, `nvmf_subsystem_add_listener --secure-channel` (refused on
+/// a subsystem any host may use, as SPDK), the listings showing both; a key that is not a PSK
+/// is refused naming `psk` and the key, never its text.
+#[test]
+fn nvmf_tls() {
+    use std::os::unix::fs::PermissionsExt;
+    const NQN: &str = "nqn.2016-06.io.spdk:cnode10";
+    const OPEN: &str = "nqn.2016-06.io.spdk:cnode11";
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:2b7c3e6a-0000-4000-8000-000000000010";
+    let d = daemon();
+    let rpc = SpdkRpc::new(&d);
+    // nvme-cli's gen-tls-key form: hash 01, 32 bytes and their CRC-32.
+    let psk = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+    for (name, text) in
+        [("psk0", psk), ("dh0", "DHHC-1:00:YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXp7fH1+f4AupgK0:")]
+    {
+        let file = d.backing_file(name, 0);
+        std::fs::write(&file, text).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        rpc.ok(&["keyring_file_add_key", name, file.to_str().unwrap()]);
+    }
+    rpc.ok(&["nvmf_create_transport", "-t", "TCP"]);
+    rpc.ok(&["nvmf_create_subsystem", NQN]);
+    rpc.ok(&["nvmf_create_subsystem", OPEN, "-a"]);
+    let e = rpc.fails(&["nvmf_subsystem_add_host", NQN, HOST, "--psk", "dh0"]);
+    let m = e["message"].as_str().unwrap();
+    assert!(m.starts_with("psk: key 'dh0' is not a TLS PSK"), "{e}");
+    assert!(!m.contains("YWJj"), "the key's text in an error: {e}");
+    rpc.ok(&["nvmf_subsystem_add_host", NQN, HOST, "--psk", "psk0"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let listener = ["-t", "tcp", "-a", "127.0.0.1", "-s", port.as_str(), "-f", "ipv4", "--secure-channel"];
+    let e = rpc.fails(&[&["nvmf_subsystem_add_listener", OPEN][..], &listener].concat());
+    assert!(e["message"].as_str().unwrap().starts_with("secure_channel: "), "{e}");
+    rpc.ok(&[&["nvmf_subsystem_add_listener", NQN][..], &listener].concat());
+    let sub = &rpc.json(&["nvmf_get_subsystems", NQN])[0];
+    assert_eq!(sub["hosts"], json!([{ "nqn": HOST, "psk": "psk0" }]), "{sub}");
+    assert_eq!(sub["listen_addresses"][0]["secure_channel"], json!(true), "{sub}");
+    let listeners = rpc.json(&["nvmf_subsystem_get_listeners", NQN]);
+    assert_eq!(listeners[0]["secure_channel"], json!(true), "{listeners}");
+    // A host speaking NVMe/TCP in the clear gets no ICResp there.
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap())).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut icreq = [0u8; 128];
+    icreq[..8].copy_from_slice(&[0, 0, 128, 0, 128, 0, 0, 0]);
+    s.write_all(&icreq).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    assert!(got.first() != Some(&1) && got.len() < 128, "an ICResp in the clear: {got:?}");
+    rpc.ok(&["nvmf_subsystem_remove_host", NQN, HOST]);
+    assert_eq!(rpc.json(&["nvmf_get_subsystems", NQN])[0]["hosts"], json!([]));
+    rpc.assert_case_covered("nvmf_tls");
 }
 
 /// ANA with SPDK's syntax: a subsystem with ANA reporting (`-r`), a namespace in group 2

@@ -106,6 +106,9 @@ pub(crate) enum ListenerCommand {
         nqn: String,
         /// HOST:PORT, e.g. 127.0.0.1:4420 or [::1]:4420 (port 4420 when left out)
         address: String,
+        /// TLS 1.3 only: the hosts added with --psk connect (SPDK's --secure-channel)
+        #[arg(long)]
+        secure_channel: bool,
     },
     /// Stop listening on ADDRESS for a subsystem: the hosts connected to it through ADDRESS
     /// are disconnected (nvmf_subsystem_remove_listener)
@@ -168,6 +171,10 @@ pub(crate) struct HostAddArgs {
     /// The keyring key the controller proves it holds when the host asks (bidirectional)
     #[arg(long, value_name = "KEY", requires = "dhchap_key")]
     dhchap_ctrlr_key: Option<String>,
+    /// The keyring key (its name) holding the host's TLS PSK in the interchange format: the
+    /// host may connect through the subsystem's secure listeners
+    #[arg(long, value_name = "KEY")]
+    psk: Option<String>,
 }
 
 /// The nvmf methods' parameters and the options or arguments that set them.
@@ -190,6 +197,8 @@ const NVMF_FLAGS: &[(&str, &str)] = &[
     ("allow_any_host", "--allow-any-host"),
     ("dhchap_key", "--dhchap-key"),
     ("dhchap_ctrlr_key", "--dhchap-ctrlr-key"),
+    ("psk", "--psk"),
+    ("secure_channel", "--secure-channel"),
     ("max_queue_depth", "--max-queue-depth"),
     ("max_aq_depth", "--max-aq-depth"),
     ("max_io_qpairs_per_ctrlr", "--max-io-qpairs"),
@@ -236,8 +245,12 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: NvmfCommand) -> Result<(), CliErr
             call(rpc, json, "nvmf_delete_subsystem", json!({ "nqn": nqn }))
         }
         NvmfCommand::Subsystem(SubsystemCommand::List { nqn }) => subsystem_list(rpc, json, nqn),
-        NvmfCommand::Listener(ListenerCommand::Add { nqn, address }) => {
-            let params = json!({ "nqn": subsystem_nqn(nqn), "listen_address": listen_address(&address)? });
+        NvmfCommand::Listener(ListenerCommand::Add { nqn, address, secure_channel }) => {
+            let mut params =
+                json!({ "nqn": subsystem_nqn(nqn), "listen_address": listen_address(&address)? });
+            if secure_channel {
+                params["secure_channel"] = json!(true);
+            }
             call(rpc, json, "nvmf_subsystem_add_listener", params)
         }
         NvmfCommand::Listener(ListenerCommand::Remove { nqn, address }) => {
@@ -252,6 +265,7 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: NvmfCommand) -> Result<(), CliErr
             let mut params = json!({ "nqn": a.nqn, "host": a.host_nqn });
             set_given(&mut params, "dhchap_key", a.dhchap_key);
             set_given(&mut params, "dhchap_ctrlr_key", a.dhchap_ctrlr_key);
+            set_given(&mut params, "psk", a.psk);
             call(rpc, json, "nvmf_subsystem_add_host", params)
         }
         NvmfCommand::Host(HostCommand::Remove { nqn, host_nqn }) => {
@@ -407,7 +421,10 @@ fn subsystem_list(rpc: &Path, json: bool, nqn: Option<String>) -> Result<(), Cli
             vec![
                 cell(s, "nqn"),
                 cell(s, "subtype"),
-                joined(arr(&s["listen_addresses"]).iter().map(address_text)),
+                joined(arr(&s["listen_addresses"]).iter().map(|a| {
+                    let tls = if a["secure_channel"] == json!(true) { "(tls)" } else { "" };
+                    format!("{}{tls}", address_text(a))
+                })),
                 hosts,
                 namespaces,
             ]

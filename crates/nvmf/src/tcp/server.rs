@@ -102,7 +102,7 @@ fn handshake(
 ) -> Result<(), String> {
     let mut tls = None;
     let queue = if secure {
-        let mut t = tls_handshake(target, listen, &mut s, peer)?;
+        let mut t = tls_handshake(target, listen, &mut s)?;
         let identity = tls::identity_pair(t.session());
         let q = connect_queue(target, listen, &mut t.blocking(&mut s), identity.as_ref(), peer);
         tls = Some(t);
@@ -167,11 +167,10 @@ fn handshake(
 /// identity must name a host with a PSK on a subsystem reachable here. A failure is logged
 /// with the host NQN the identity named, if any, and its kind (wrong PSK, unknown identity,
 /// anything else: a protocol error, such as a host speaking NVMe/TCP in the clear).
-fn tls_handshake(
+pub(crate) fn tls_handshake(
     target: &Weak<TargetInner>,
     listen: &ListenAddress,
     s: &mut Stream,
-    peer: &str,
 ) -> Result<TlsStream, String> {
     let (session, offered) = tls::server_session(target, listen).map_err(|e| format!("TLS session: {e}"))?;
     let mut t = TlsStream::new(session);
@@ -191,8 +190,8 @@ fn tls_handshake(
                 },
                 HandshakeError::Io(_) => "connection",
             };
-            log::warn!("nvmf: {peer}: {host}TLS handshake refused on a secure listener: {kind}: {e}");
-            Err(format!("{host}TLS handshake refused: {kind}: {e}"))
+            // The listener logs it (with the peer) as the connection's end.
+            Err(format!("{host}TLS handshake refused on a secure listener: {kind}: {e}"))
         }
     }
 }
@@ -271,17 +270,17 @@ fn connect_queue(
     // refused (as a host not allowed there).
     if let Some((host, sub)) = identity {
         if *host != connect.hostnqn || *sub != connect.subnqn {
-            log::warn!(
-                "nvmf: {peer}: host {host} (TLS PSK identity for {sub}) sent a Connect for host {} on {}: refused",
-                connect.hostnqn,
-                connect.subnqn
-            );
             let r = ConnectRefusal {
                 status: Status::command_specific(SC_CONNECT_INVALID_HOST),
                 dw0: fp_nvme_spec::fabrics::DATA_HOSTNQN as u32 | (1 << 16),
                 why: "the Connect names another host or subsystem than the TLS PSK identity",
             };
-            return Err(refuse(s, r));
+            let refused = refuse(s, r);
+            // The listener logs it (with the peer) as the connection's end.
+            return Err(format!(
+                "host {host} (TLS PSK identity for {sub}) sent a Connect for host {} on {}: {refused}",
+                connect.hostnqn, connect.subnqn
+            ));
         }
     }
     let accepted = accept(&target, listen, &transport, &connect).map_err(|r| refuse(s, r))?;

@@ -17,11 +17,11 @@ use super::host::*;
 use super::io::{pattern, target, wait_for, NQN};
 use crate::*;
 
-fn secret(seed: u8) -> DhchapSecret {
+pub(super) fn secret(seed: u8) -> DhchapSecret {
     DhchapSecret::new(Some(HashId::Sha256), &[seed; 32]).unwrap()
 }
 
-fn keys(key: u8, ctrlr_key: u8) -> DhchapKeys {
+pub(super) fn keys(key: u8, ctrlr_key: u8) -> DhchapKeys {
     DhchapKeys {
         key: secret(key),
         ctrlr_key: Some(secret(ctrlr_key)),
@@ -82,7 +82,12 @@ fn authenticate_with(
     answer
 }
 
-fn authenticate(h: &mut Host, t_id: u16, key: &DhchapSecret, ctrlr_key: &DhchapSecret) -> AuthMessage {
+pub(super) fn authenticate(
+    h: &mut Host,
+    t_id: u16,
+    key: &DhchapSecret,
+    ctrlr_key: &DhchapSecret,
+) -> AuthMessage {
     authenticate_with(h, t_id, key, ctrlr_key, |_| {})
 }
 

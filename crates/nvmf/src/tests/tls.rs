@@ -57,7 +57,12 @@ struct Secure {
 }
 
 fn secure_target() -> Secure {
-    let loopback = LoopbackTarget::start(&[0, 1], TransportOptions::default()).unwrap();
+    secure_target_with(None, TransportOptions::default())
+}
+
+/// [`secure_target`], HOSTNQN also with DH-HMAC-CHAP `keys`, the transport with `opts`.
+fn secure_target_with(keys: Option<DhchapKeys>, opts: TransportOptions) -> Secure {
+    let loopback = LoopbackTarget::start(&[0, 1], opts).unwrap();
     let t = loopback.target().clone();
     // A TLS queue takes the posix path whatever the target's setting.
     t.set_sock_impl(SocketImpl::Uring);
@@ -67,7 +72,7 @@ fn secure_target() -> Secure {
     let host_psk = |host: &str, seed: u8| {
         Some(HostPsk::retained(&format!("key{seed}"), psk(seed).retained(host).unwrap()))
     };
-    t.add_host_with(NQN, HOSTNQN, None, host_psk(HOSTNQN, 1)).unwrap();
+    t.add_host_with(NQN, HOSTNQN, keys, host_psk(HOSTNQN, 1)).unwrap();
     t.add_host_with(NQN, OTHER_HOST, None, host_psk(OTHER_HOST, 2)).unwrap();
     let port = free_port();
     t.add_listener_secure(NQN, listen(port), None, AnaState::Optimized, true).unwrap();
@@ -84,11 +89,26 @@ fn tls_client(
     hostnqn: &str,
     subnqn: &str,
 ) -> (TcpStream, TlsStream, Result<(), HandshakeError>) {
+    tls_client_with(port, key, hostnqn, subnqn, false)
+}
+
+/// [`tls_client`]; with `small_window` its socket has a tiny receive buffer.
+fn tls_client_with(
+    port: u16,
+    key: &ConfiguredPsk,
+    hostnqn: &str,
+    subnqn: &str,
+    small_window: bool,
+) -> (TcpStream, TlsStream, Result<(), HandshakeError>) {
     let retained = key.retained(hostnqn).unwrap();
     let id = retained.identity(IdentityVersion::V0, hostnqn, subnqn).unwrap();
     let tls_psk = TlsPsk { hash: id.hash(), key: retained.tls_psk(&id).unwrap() };
     let session = TlsSession::client(id.to_string().as_bytes(), tls_psk).unwrap();
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut s = if small_window {
+        Host::small_window(port)
+    } else {
+        TcpStream::connect(("127.0.0.1", port)).unwrap()
+    };
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut t = TlsStream::new(session);
@@ -188,7 +208,13 @@ fn tls_pump(outer: TcpStream, mut tls: TlsStream) -> TcpStream {
 
 /// A [`Host`] through TLS as `hostnqn` with PSK `key`, ICReq exchanged.
 fn tls_host(port: u16, key: &ConfiguredPsk, hostnqn: &str) -> Host {
-    let (outer, tls, r) = tls_client(port, key, hostnqn, NQN);
+    tls_host_with(port, key, hostnqn, false)
+}
+
+/// [`tls_host`]; with `small_window` its socket to the target has a tiny receive buffer, so
+/// that when the host stops reading, the target's ciphertext soon waits for its socket.
+fn tls_host_with(port: u16, key: &ConfiguredPsk, hostnqn: &str, small_window: bool) -> Host {
+    let (outer, tls, r) = tls_client_with(port, key, hostnqn, NQN, small_window);
     r.unwrap();
     let mut h = Host::wrap(tls_pump(outer, tls), Digests::default());
     let mut b = [0u8; IC_LEN];
@@ -244,6 +270,79 @@ fn queue_pairs_run_io_over_tls() {
     );
 }
 
+/// A host that does not read while 31 reads of 1 MiB are answered (more than the target's
+/// socket buffers hold): the target's ciphertext waits for the socket (flushed when it is
+/// writable again, with no PDU left to queue), and every byte arrives in order once the host
+/// reads.
+#[test]
+fn ciphertext_waits_for_a_slow_host() {
+    if !tls_or_skip() {
+        return;
+    }
+    let tg = secure_target_with(None, TransportOptions { max_io_size: 1 << 20, ..Default::default() });
+    let mut admin = tls_admin(tg.port);
+    assert!(admin.set_features(0x07, 0x0001_0001).status.is_success());
+    let mut q = tls_host_with(tg.port, &psk(1), HOSTNQN, true);
+    assert!(q.connect(1, NQN, HOSTNQN, admin.cntlid, 0).status.is_success());
+    let data = pattern(5, 1 << 20);
+    assert!(q.write(1, 0, &data, false).status.is_success());
+    let mut cids = Vec::new();
+    for _ in 0..31 {
+        let mut sqe = q.rw_sqe(NVM_READ, 1, 0, 2048);
+        set_sgl(&mut sqe, SGL_TRANSPORT, 1 << 20);
+        cids.push(sqe.cid());
+        q.send_capsule(&sqe, &[]);
+    }
+    // (Whether the target is blocked by now or not, the answers must all arrive whole.)
+    std::thread::sleep(Duration::from_millis(200));
+    let mut got: std::collections::BTreeMap<u16, Vec<u8>> = Default::default();
+    let mut done = 0;
+    while done < cids.len() {
+        let p = q.read_pdu().unwrap();
+        match p.ch.pdu_type {
+            PDU_C2H_DATA => {
+                let h = DataHeader::parse(&p.header).unwrap();
+                let d = got.entry(h.cccid).or_default();
+                assert_eq!(h.offset as usize, d.len());
+                d.extend_from_slice(&p.data);
+                done += usize::from(p.ch.flags & FLAG_SUCCESS != 0);
+            }
+            PDU_CAPSULE_RESP => {
+                let cqe = Cqe::from_bytes(p.header[8..24].try_into().unwrap());
+                assert!(cqe.status.is_success(), "{cqe:?}");
+                done += 1;
+            }
+            t => panic!("unexpected PDU type {t:#x}"),
+        }
+    }
+    for cid in cids {
+        assert!(got[&cid] == data, "read {cid} came back whole");
+    }
+    // The other queue went on meanwhile, and this one still serves.
+    assert!(admin.identify(1, 0).0.status.is_success());
+    assert!(q.write(1, 512, &data[..4096], false).status.is_success());
+}
+
+/// A host with a PSK and DH-HMAC-CHAP keys: it authenticates through the TLS session on
+/// the handshake thread at Connect, and again on its live queue on the reactor.
+#[test]
+fn dhchap_runs_inside_tls() {
+    use super::auth::{authenticate, keys, secret};
+    use fp_nvme_spec::auth::{AuthMessage, AUTHREQ_ATR};
+    if !tls_or_skip() {
+        return;
+    }
+    let tg = secure_target_with(Some(keys(1, 2)), TransportOptions::default());
+    let mut admin = tls_host(tg.port, &psk(1), HOSTNQN);
+    let cqe = admin.connect(0, NQN, HOSTNQN, CNTLID_DYNAMIC, 0);
+    assert_eq!(cqe.dw0 & AUTHREQ_ATR, AUTHREQ_ATR, "{cqe:?}");
+    assert!(matches!(authenticate(&mut admin, 1, &secret(1), &secret(2)), AuthMessage::Success1(_)));
+    admin.enable();
+    assert!(matches!(authenticate(&mut admin, 2, &secret(1), &secret(2)), AuthMessage::Success1(_)));
+    let (cqe, _) = admin.identify(1, 0);
+    assert!(cqe.status.is_success(), "{cqe:?}");
+}
+
 #[test]
 fn wrong_psk_and_unknown_identities_are_refused_and_others_go_on() {
     if !tls_or_skip() {
@@ -269,6 +368,36 @@ fn wrong_psk_and_unknown_identities_are_refused_and_others_go_on() {
     assert!(matches!(&r, Err(HandshakeError::Tls(e)) if e.kind == TlsErrorKind::UnknownIdentity), "{r:?}");
     let sub = tg.t.subsystems().into_iter().find(|s| s.nqn == NQN).unwrap();
     assert!(sub.hosts.iter().all(|h| h.nqn != OTHER_HOST));
+}
+
+/// What the listener logs for a refused handshake: the host NQN the identity named, and the
+/// kind (the handshake run here on a socket of the test's, as a listener's thread runs it).
+#[test]
+fn refused_handshakes_say_who_and_why() {
+    if !tls_or_skip() {
+        return;
+    }
+    let tg = secure_target();
+    let refusal = |key: ConfiguredPsk, host: &'static str| {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = std::thread::spawn(move || tls_client(port, &key, host, NQN).2.is_err());
+        let (sock, _) = listener.accept().unwrap();
+        let mut s = fp_conn::Stream::Tcp(sock);
+        s.set_timeouts(Some(Duration::from_secs(10))).unwrap();
+        let target = std::sync::Arc::downgrade(&tg.t.inner);
+        let r = crate::tcp::server::tls_handshake(&target, &listen(tg.port).normalized(), &mut s);
+        drop(s);
+        assert!(client.join().unwrap(), "the client's handshake failed too");
+        r.expect_err("a refusal")
+    };
+    let why = refusal(psk(9), HOSTNQN);
+    assert!(why.starts_with(&format!("host {HOSTNQN}: ")) && why.contains("wrong PSK"), "{why}");
+    let why = refusal(psk(1), "nqn.2014-08.org.example:stranger");
+    assert!(
+        why.starts_with("host nqn.2014-08.org.example:stranger: ") && why.contains("unknown PSK identity"),
+        "{why}"
+    );
 }
 
 #[test]

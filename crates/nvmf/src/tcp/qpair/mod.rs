@@ -609,8 +609,11 @@ impl Poller for QpairPoller {
             || connection_pending(&self.tx, &self.life, self.read, || self.can_accept(), || self.drained())
             || (self.can_accept() && self.uring.as_ref().is_some_and(|u| u.readable()))
             || (self.exec.teardown && !self.life.is_closing())
+            // TLS: ciphertext for a socket that still takes it, or received ciphertext the
+            // session has not taken (its buffer was full) while commands can be read.
             || self.tls.as_ref().is_some_and(|t| {
-                !self.life.is_broken() && ((t.has_unsent() && !self.tls_stalled) || t.has_received())
+                !self.life.is_broken()
+                    && ((t.has_unsent() && !self.tls_stalled) || (t.has_received() && self.can_accept()))
             })
     }
 
