@@ -17,6 +17,9 @@
 //! * [`the_host_nqn_is_the_one_the_target_checks`]: `hostnqn` against a host list.
 //! * [`dhchap_keys_are_keyring_names`]: `dhchap_key` / `dhchap_ctrlr_key` resolved in the keyring,
 //!   by `bdev_nvme_attach_controller`, `bdev_nvme_set_keys` and `flashpath nvme set-keys`.
+//! * [`psk_is_a_keyring_name_and_every_queue_runs_tls`]: `psk` resolved in the keyring and
+//!   refused by name; through a TLS terminator in front of the target, a wrong PSK refused by
+//!   kind and the right one attached, `psk` in `bdev_nvme_get_controllers`.
 //! * [`namespace_changes_reach_the_registry`]: a namespace resized, removed and added back on
 //!   the target reaches the attached side's bdevs through asynchronous events; removed while
 //!   exported, its bdev stays (its I/O fails) until detach deletes it.
@@ -532,4 +535,69 @@ fn dhchap_keys_are_keyring_names() {
     assert!(!ok && err.starts_with("error: --dhchap-key: ") && err.lines().count() == 1, "{err}");
     let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
     assert_eq!(c[0]["ctrlrs"][0]["state"], "enabled", "{c}");
+}
+
+/// `psk` names a keyring key in the interchange format: a missing or malformed key is refused
+/// naming the parameter (never quoting the key); a target that does not speak TLS fails the
+/// attach; through a TLS terminator (fp-nvme's test one, in this process, in front of the
+/// daemon's own plain target) holding another PSK the refusal names its kind, holding the
+/// same one the controller attaches with one handshake per queue under the host's version 0
+/// identity, and `bdev_nvme_get_controllers` shows the path's `psk`.
+#[test]
+fn psk_is_a_keyring_name_and_every_queue_runs_tls() {
+    use fp_crypto::tls::{tls_available, ConfiguredPsk, PskHash};
+    use fp_nvme::testing::TlsTerminator;
+
+    if !tls_available() {
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI=true and libssl.so.3 does not load");
+        println!("skipped: libssl.so.3 not loadable");
+        return;
+    }
+    let d = Daemon::start("0");
+    let port = serve_target(&d);
+    let dir = tempfile::tempdir().unwrap();
+    let key = ConfiguredPsk::new(Some(PskHash::Sha256), &[0x3c; 32]).unwrap();
+    let other = ConfiguredPsk::new(Some(PskHash::Sha256), &[0xc3; 32]).unwrap();
+    let text = key.to_interchange();
+    for (name, text) in
+        [("tls0", format!("{}\n", text.as_str())), ("garbage", "NVMeTLSkey-1:01:@@@@:\n".into())]
+    {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        d.call("keyring_file_add_key", json!({"name": name, "path": path.to_str().unwrap()}));
+    }
+    let hostnqn = "nqn.2014-08.org.nvmexpress:uuid:3c3c3c3c-0000-4000-8000-000000000001";
+    let with = |port: u16, psk: &str| {
+        let mut p = attach_params("Nvme0", port);
+        p["psk"] = json!(psk);
+        p["hostnqn"] = json!(hostnqn);
+        p
+    };
+    let secret = &text.as_str()["NVMeTLSkey-1:01:".len()..text.len() - 1];
+    for (psk, want) in [
+        ("nope", "psk: invalid parameter key: no key named 'nope' in the keyring"),
+        ("garbage", "psk: key 'garbage' is not a TLS PSK in the interchange format"),
+    ] {
+        let e = d.try_call("bdev_nvme_attach_controller", with(port, psk)).unwrap_err();
+        assert_eq!(e.code, -32602, "{psk}: {e:?}");
+        assert!(e.message.starts_with(want), "{psk}: {:?} does not start with {want:?}", e.message);
+    }
+    // The plain target takes the ClientHello for a PDU and drops the connection.
+    let e = d.try_call("bdev_nvme_attach_controller", with(port, "tls0")).unwrap_err();
+    assert!(e.message.contains("TLS handshake"), "{e:?}");
+    let wrong = TlsTerminator::start(port, Some(other)).unwrap();
+    let e = d.try_call("bdev_nvme_attach_controller", with(wrong.port(), "tls0")).unwrap_err();
+    assert!(e.message.contains("wrong PSK") && e.message.contains(hostnqn), "{e:?}");
+    assert!(!e.message.contains(secret), "the key's text is in the error: {e:?}");
+    assert_eq!(d.call("bdev_nvme_get_controllers", json!({})), json!([]), "nothing left behind");
+
+    let tls = TlsTerminator::start(port, Some(key)).unwrap();
+    assert_eq!(d.call("bdev_nvme_attach_controller", with(tls.port(), "tls0")), json!(["Nvme0n1"]));
+    let c = d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}));
+    assert_eq!(c[0]["ctrlrs"][0]["psk"], "tls0", "{c}");
+    assert_eq!(c[0]["ctrlrs"][0]["state"], "enabled", "{c}");
+    let ids = tls.identities();
+    assert!(!ids.is_empty() && ids.iter().all(|i| *i == format!("NVMe0R01 {hostnqn} {NQN}")), "{ids:?}");
+    assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
 }

@@ -689,6 +689,12 @@ fn nvme_controllers() {
         "-n",
         NQN,
     ];
+    // SPDK's `--psk` names a keyring key (TLS): one the keyring lacks is refused naming it.
+    let e = rpc.fails(&[&attach[..], &["--psk", "nope"]].concat());
+    assert!(
+        e["message"].as_str().unwrap().starts_with("psk: invalid parameter key: no key named 'nope'"),
+        "{e}"
+    );
     assert_eq!(rpc.ok(&attach), "Nvme0n1");
     let b = rpc.bdev("Nvme0n1");
     assert_eq!(

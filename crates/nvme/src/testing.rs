@@ -1,10 +1,15 @@
-//! For tests of multipath (this crate's and the daemon's, feature `testing`): [`Relay`], a
-//! TCP relay standing for one network path to a target, which a test cuts and restores.
+//! For tests of multipath and TLS (this crate's and the daemon's, feature `testing`):
+//! [`Relay`], a TCP relay standing for one network path to a target, which a test cuts and
+//! restores; [`TlsTerminator`], a TLS server in front of a plain NVMe/TCP target.
 
-use std::io::{Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fp_crypto::tls::{nvme_lookup, ConfiguredPsk, TlsSession, TlsStream};
 
 /// A TCP relay on a loopback port of its own to a target's port: one path. Cutting it closes
 /// every connection through it and closes new ones as soon as they are accepted (a host's
@@ -78,4 +83,125 @@ fn relay(client: TcpStream, to: u16, conns: &Mutex<Vec<TcpStream>>) -> std::io::
         });
     }
     Ok(())
+}
+
+/// A TLS terminator on a loopback port of its own in front of a plain NVMe/TCP target's port:
+/// each connection accepted runs a TLS 1.3 server whose PSK lookup takes the identity a host
+/// offers and derives its PSK from the configured PSK the terminator holds (for every host and
+/// subsystem), then relays the plaintext to the target over a connection of its own.
+pub struct TlsTerminator {
+    port: u16,
+    key: Arc<Mutex<Option<ConfiguredPsk>>>,
+    seen: Arc<Seen>,
+}
+
+/// What the terminator's connections saw.
+#[derive(Default)]
+struct Seen {
+    /// The identities of the handshakes done, in order.
+    identities: Mutex<Vec<String>>,
+    /// Handshakes refused.
+    refused: AtomicUsize,
+}
+
+impl TlsTerminator {
+    /// A terminator to `127.0.0.1:to` holding `key` (`None`: no PSK for any host), its accept
+    /// loop on a thread of its own (for the process's life).
+    pub fn start(to: u16, key: Option<ConfiguredPsk>) -> io::Result<TlsTerminator> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let key = Arc::new(Mutex::new(key));
+        let seen = Arc::new(Seen::default());
+        let (k, s) = (key.clone(), seen.clone());
+        std::thread::Builder::new().name(format!("tls-{port}")).spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let (key, s) = (k.lock().unwrap_or_else(|e| e.into_inner()).clone(), s.clone());
+                std::thread::spawn(move || {
+                    if let Err(e) = terminate(conn, to, key, &s) {
+                        log::info!("TLS terminator {port}: {e}");
+                    }
+                });
+            }
+        })?;
+        Ok(TlsTerminator { port, key, seen })
+    }
+
+    /// The terminator's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The configured PSK of the connections accepted from now on.
+    pub fn set_key(&self, key: Option<ConfiguredPsk>) {
+        *self.key.lock().unwrap_or_else(|e| e.into_inner()) = key;
+    }
+
+    /// The identities hosts shook hands with, in order.
+    pub fn identities(&self) -> Vec<String> {
+        self.seen.identities.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// How many handshakes it refused.
+    pub fn refused(&self) -> usize {
+        self.seen.refused.load(Ordering::SeqCst)
+    }
+}
+
+/// One connection: the handshake (its socket's timeouts bound it), then plaintext relayed both
+/// ways on this thread until either side closes.
+fn terminate(mut conn: TcpStream, to: u16, key: Option<ConfiguredPsk>, seen: &Seen) -> io::Result<()> {
+    let lookup = nvme_lookup(move |host, _subnqn| key.as_ref().and_then(|k| k.retained(host).ok()));
+    let mut tls = TlsStream::new(TlsSession::server(lookup).map_err(io::Error::other)?);
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    conn.set_nodelay(true)?;
+    if let Err(e) = tls.blocking(&mut conn).handshake() {
+        // The blocking handshake returns before the session's alert went out: it goes now, so
+        // that the host learns why.
+        let _ = tls.flush(conn.as_fd());
+        seen.refused.fetch_add(1, Ordering::SeqCst);
+        return Err(io::Error::other(e));
+    }
+    let id = tls.session().accepted_identity().map(|i| String::from_utf8_lossy(i).into_owned());
+    seen.identities.lock().unwrap_or_else(|e| e.into_inner()).push(id.unwrap_or_default());
+    let plain = TcpStream::connect(("127.0.0.1", to))?;
+    plain.set_nodelay(true)?;
+    let mut plain_out = plain.try_clone()?;
+    let (a, b) = (conn.as_fd(), plain.as_fd());
+    let mut buf = vec![0u8; 256 << 10];
+    let retry = |e: &io::Error| e.kind() == io::ErrorKind::WouldBlock;
+    loop {
+        let mut moved = false;
+        // Host to target: decrypted, written whole to the plain socket.
+        match tls.recv(a, &mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                plain_out.write_all(&buf[..n])?;
+                moved = true;
+            }
+            Err(e) if retry(&e) => {}
+            Err(e) => return Err(e),
+        }
+        // Target to host: every byte taken by the session, its ciphertext flushed below.
+        match fp_sys::recv_nonblocking(b, &mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                let mut at = 0;
+                while at < n {
+                    match tls.send_vectored(a, &[IoSlice::new(&buf[at..n])]) {
+                        Ok(k) => at += k,
+                        Err(e) if retry(&e) => std::thread::yield_now(),
+                        Err(e) => return Err(e),
+                    }
+                }
+                moved = true;
+            }
+            Err(e) if retry(&e) => {}
+            Err(e) => return Err(e),
+        }
+        tls.flush(a)?;
+        if !moved && !tls.has_received() {
+            fp_sys::wait_readable(&[a.as_raw_fd(), b.as_raw_fd()], Some(Duration::from_millis(5)))?;
+        }
+    }
 }

@@ -197,6 +197,16 @@ pub struct TcpQueue {
     holding: bool,
 }
 
+impl Drop for TcpQueue {
+    fn drop(&mut self) {
+        if let Some(t) = &mut self.tls {
+            // TLS's close_notify, as far as the socket takes it now (never waited for): the
+            // target sees the session end rather than a truncation.
+            t.close(self.fd.as_fd());
+        }
+    }
+}
+
 /// Where a queue's C2HData bytes went: straight into the caller's buffers, or copied out of the
 /// staging buffer (they came in the same receive as a header).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -1,28 +1,25 @@
-//! The TCP transport over TLS: a terminator thread in front of the in-process target (plain
-//! NVMe/TCP) accepts the host's connections, runs a TLS server with a PSK lookup on each, and
-//! relays the plaintext to the target over a second socket; a server that stalls in the
-//! handshake; and a handshake with `openssl s_server` (skipped without openssl, failed under
-//! CI=true).
+//! The TCP transport over TLS: a terminator ([`TlsTerminator`]) in front of the in-process
+//! target (plain NVMe/TCP) accepts the host's connections, runs a TLS server with a PSK lookup
+//! on each, and relays the plaintext to the target over a second socket; a server that stalls
+//! in the handshake; and a handshake with `openssl s_server` (skipped without openssl, failed
+//! under CI=true).
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsFd;
-use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use fp_bdev::Iovecs;
-use fp_crypto::tls::{
-    nvme_lookup, tls_available, ConfiguredPsk, PskHash, RetainedPsk, TlsErrorKind, TlsSession, TlsStream,
-};
+use fp_crypto::tls::{tls_available, ConfiguredPsk, PskHash, TlsErrorKind};
 use fp_nvme_spec::Status;
+use fp_nvmf::testing::LoopbackTarget;
 use fp_nvmf::TransportOptions;
 
 use super::tests::{target, transport, NQN};
 use super::*;
 use crate::cmd;
+use crate::testing::TlsTerminator;
 use crate::transport::{AdminQueue, IoQueue, Transport};
 use crate::NvmeError;
 
@@ -57,97 +54,20 @@ fn tls_transport(port: u16, key: &[u8; 32]) -> TcpTransport {
     TcpTransport::new(TcpTarget { tls: Some(tls), ..t.clone() })
 }
 
-/// What a terminator saw.
-#[derive(Default)]
-struct Seen {
-    /// Handshakes done, with the identity each host offered.
-    identities: Mutex<Vec<String>>,
-    /// Handshakes refused.
-    refused: AtomicUsize,
+/// A terminator in front of `backend` holding the configured PSK of `key`, if any.
+fn terminator(backend: u16, key: Option<[u8; 32]>) -> TlsTerminator {
+    TlsTerminator::start(backend, key.map(|k| configured(&k))).unwrap()
 }
 
-/// The configured PSK a terminator holds for every host (`None`: none), changeable.
-type ServerKey = Arc<Mutex<Option<[u8; 32]>>>;
-
-/// A TLS terminator on a port of its own: each connection's TLS server finds the retained
-/// PSK `key` derives for the host (`None`: no PSK for any host) and relays to `backend`.
-fn terminator(backend: u16, key: Option<[u8; 32]>) -> (u16, Arc<Seen>) {
-    terminator_with(backend, Arc::new(Mutex::new(key)))
-}
-
-fn terminator_with(backend: u16, key: ServerKey) -> (u16, Arc<Seen>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let seen = Arc::new(Seen::default());
-    let s = seen.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { return };
-            let (s, key) = (s.clone(), *key.lock().unwrap());
-            std::thread::spawn(move || relay(conn, backend, key, &s));
-        }
-    });
-    (port, seen)
-}
-
-fn relay(mut conn: TcpStream, backend: u16, key: Option<[u8; 32]>, seen: &Seen) {
-    let lookup = nvme_lookup(move |host, _subnqn| -> Option<RetainedPsk> {
-        key.map(|k| configured(&k).retained(host).unwrap())
-    });
-    let mut tls = TlsStream::new(TlsSession::server(lookup).unwrap());
-    conn.set_read_timeout(Some(T)).unwrap();
-    if tls.blocking(&mut conn).handshake().is_err() {
-        // The blocking handshake returns before the session's alert went out: it goes now,
-        // so that the host learns why.
-        let _ = tls.flush(conn.as_fd());
-        seen.refused.fetch_add(1, Ordering::SeqCst);
-        return;
+/// The in-process target behind a terminator holding [`KEY`]; `None` (skip reported) without
+/// libssl.
+fn through_tls() -> Option<(LoopbackTarget, TlsTerminator)> {
+    if !tls_or_skip() {
+        return None;
     }
-    let id = tls.session().accepted_identity().map(|i| String::from_utf8_lossy(i).into_owned());
-    seen.identities.lock().unwrap().push(id.unwrap_or_default());
-    let plain = TcpStream::connect(("127.0.0.1", backend)).unwrap();
-    plain.set_nodelay(true).unwrap();
-    let mut plain_out = plain.try_clone().unwrap();
-    let (a, b) = (conn.as_fd(), plain.as_fd());
-    let mut buf = vec![0u8; 256 << 10];
-    loop {
-        let mut moved = false;
-        // Host to target: decrypted, then written whole to the plain socket.
-        match tls.recv(a, &mut buf) {
-            Ok(0) => return,
-            Ok(n) => {
-                if plain_out.write_all(&buf[..n]).is_err() {
-                    return;
-                }
-                moved = true;
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => return,
-        }
-        // Target to host: encrypted, every byte taken, the ciphertext flushed.
-        match fp_sys::recv_nonblocking(b, &mut buf) {
-            Ok(0) => return,
-            Ok(n) => {
-                let mut at = 0;
-                while at < n {
-                    match tls.send_vectored(a, &[IoSlice::new(&buf[at..n])]) {
-                        Ok(k) => at += k,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-                        Err(_) => return,
-                    }
-                }
-                moved = true;
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => return,
-        }
-        if tls.flush(a).is_err() {
-            return;
-        }
-        if !moved && !tls.has_received() {
-            let _ = fp_sys::wait_readable(&[a.as_raw_fd(), b.as_raw_fd()], Some(Duration::from_millis(5)));
-        }
-    }
+    let tg = target(TransportOptions::default());
+    let term = terminator(tg.port(), Some(KEY));
+    Some((tg, term))
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -176,13 +96,11 @@ fn rw(q: &mut TcpQueue, write: bool, slba: u64, buf: &mut [u8], tag: u32) {
     assert!(c[0].1.is_success(), "{:?}", c[0].1);
 }
 
-#[test]
+// Both socket implementations: with `uring` the default, a TLS queue stays on system calls.
+on_each_sock_impl!(attach_and_io_through_tls);
 fn attach_and_io_through_tls() {
-    if !tls_or_skip() {
-        return;
-    }
-    let tg = target(TransportOptions::default());
-    let (port, seen) = terminator(tg.port(), Some(KEY));
+    let Some((_tg, term)) = through_tls() else { return };
+    let port = term.port();
     let tr = tls_transport(port, &KEY);
     let mut admin = tr.connect_admin(32, T).unwrap();
     // Enabled and identified over TLS (connect_admin read Identify Controller).
@@ -220,7 +138,7 @@ fn attach_and_io_through_tls() {
     reap(&mut q, 32);
     assert!(reads == bufs, "32 reads in flight read back what was written");
     // Both queues shook hands, as this host for this subsystem (identity version 0).
-    let ids = seen.identities.lock().unwrap().clone();
+    let ids = term.identities();
     let want = format!("NVMe0R01 {} {NQN}", tr.target().hostnqn);
     assert_eq!(ids, vec![want.clone(), want], "admin and I/O queue each did a handshake");
     assert_eq!(tr.target().tls.as_ref().unwrap().identity, ids[0]);
@@ -234,7 +152,8 @@ fn a_wrong_psk_or_an_unknown_identity_is_refused_by_kind() {
     }
     let tg = target(TransportOptions::default());
     for (key, kind) in [(Some(OTHER_KEY), TlsErrorKind::WrongPsk), (None, TlsErrorKind::UnknownIdentity)] {
-        let (port, seen) = terminator(tg.port(), key);
+        let term = terminator(tg.port(), key);
+        let port = term.port();
         let tr = tls_transport(port, &KEY);
         match tr.connect_admin(32, T) {
             Err(NvmeError::Tls { kind: k, what }) => {
@@ -245,11 +164,11 @@ fn a_wrong_psk_or_an_unknown_identity_is_refused_by_kind() {
             other => panic!("{kind:?}: {:?}", other.map(|_| ())),
         }
         let end = Instant::now() + T;
-        while seen.refused.load(Ordering::SeqCst) == 0 && Instant::now() < end {
+        while term.refused() == 0 && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(seen.refused.load(Ordering::SeqCst), 1, "{kind:?}: the server refused too");
-        assert!(seen.identities.lock().unwrap().is_empty());
+        assert_eq!(term.refused(), 1, "{kind:?}: the server refused too");
+        assert!(term.identities().is_empty());
     }
 }
 
@@ -351,12 +270,8 @@ fn a_controller_over_tls_resets_and_retries_a_refused_handshake() {
     use crate::ctrlr;
     use crate::tests::core_fake::{test_options, wait_for};
 
-    if !tls_or_skip() {
-        return;
-    }
-    let tg = target(TransportOptions::default());
-    let key: ServerKey = Arc::new(Mutex::new(Some(KEY)));
-    let (port, seen) = terminator_with(tg.port(), key.clone());
+    let Some((_tg, term)) = through_tls() else { return };
+    let port = term.port();
     let (mut opts, global) = test_options("tls0");
     opts.ctrlr_loss_timeout_sec = -1;
     opts.reconnect_delay_sec = 2; // 20 ms
@@ -366,23 +281,23 @@ fn a_controller_over_tls_resets_and_retries_a_refused_handshake() {
     let data: Vec<u8> = pattern(7, 96 << 10);
     write_range(&mut *ch, 0, &data);
     assert!(read_range(&mut *ch, 0, data.len()) == data);
-    let handshakes = || seen.identities.lock().unwrap().len();
+    let handshakes = || term.identities().len();
     let before = handshakes();
     assert!(before >= 2, "the admin queue and the channel's I/O queue: {before}");
     c.reset().unwrap();
     assert!(read_range(&mut *ch, 0, data.len()) == data, "read back after a reset");
     assert!(handshakes() >= before + 2, "the reset shook hands again on each queue");
 
-    *key.lock().unwrap() = Some(OTHER_KEY);
+    term.set_key(Some(configured(&OTHER_KEY)));
     let e = c.reset().unwrap_err();
     assert!(e.to_string().contains("wrong PSK"), "{e}");
-    let refused = seen.refused.load(Ordering::SeqCst);
-    wait_for("two more refused attempts", || seen.refused.load(Ordering::SeqCst) >= refused + 2);
+    let refused = term.refused();
+    wait_for("two more refused attempts", || term.refused() >= refused + 2);
     // Between attempts (one may be under way when asked).
     wait_for("a delayed reconnect", || c.info().ctrlrs[0].state == "reconnect_is_delayed");
     let last = c.info().ctrlrs[0].last_error.clone().unwrap_or_default();
     assert!(last.contains("wrong PSK") && last.contains(&format!("127.0.0.1:{port}")), "{last}");
-    *key.lock().unwrap() = Some(KEY);
+    term.set_key(Some(configured(&KEY)));
     wait_for("the controller back", || c.info().ctrlrs[0].state == "enabled");
     assert!(read_range(&mut *ch, 0, data.len()) == data, "read back after the reconnect");
     drop(ch);
