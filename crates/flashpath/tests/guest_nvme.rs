@@ -193,6 +193,7 @@ mod guest_vm {
         assert_eq!(names, json!(["Tls0n1"]));
         let c = d.call("bdev_nvme_get_controllers", json!({"name": "Tls0"}));
         assert_eq!(c[0]["ctrlrs"][0]["state"], "enabled", "{c}");
+        assert_eq!(c[0]["ctrlrs"][0]["psk"], "tls0", "{c}");
         // While attached: every queue's socket in the guest under kTLS.
         vm.send_line("tlsstat");
         let attached =
