@@ -626,6 +626,11 @@ mod guest_vm {
         eprintln!("guest 'tls': PASS after {:.1?}", r.time);
         let console = vm.console();
         assert!(!console.to_lowercase().contains(&hex(&psk)), "the TLS PSK is on the console");
+        // tlshd's own log reaches the console (its lines are what tells a failed handshake).
+        assert!(
+            console.lines().any(|l| l.starts_with("tlshd[") && l.ends_with("was successful")),
+            "no tlshd log line on the console"
+        );
 
         let tlshd = r.fields("tls tlshd");
         eprintln!("guest 'tls': tlshd {tlshd:?}");
