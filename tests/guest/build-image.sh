@@ -211,9 +211,10 @@ add_module xts ""
 # cipher for the NVMe/TCP suites (TLS_AES_128_GCM_SHA256, TLS_AES_256_GCM_SHA384) is the
 # gcm(aes) template: gcm.ko with ghash (AES and CTR are built in); the guest cannot load any of
 # them on demand (without them tlshd's handshake succeeds and then the kernel refuses the
-# session: "The kernel does not support the requested algorithm"). The handshake upcall (net/handshake), the .nvme keyring and the NVMe/TCP TLS
-# code of nvme-tcp and nvmet-tcp (CONFIG_NVME_TCP_TLS, CONFIG_NVME_TARGET_TCP_TLS) are built
-# into this kernel; the check below makes a kernel without them fail here.
+# session: "The kernel does not support the requested algorithm"). The handshake upcall
+# (net/handshake), the .nvme keyring and the NVMe/TCP TLS code of nvme-tcp and nvmet-tcp
+# (CONFIG_NVME_TCP_TLS, CONFIG_NVME_TARGET_TCP_TLS) are built into this kernel; the check below
+# makes a kernel without them fail here.
 add_module crypto_null ""
 add_module gcm crypto_null
 add_module gf128mul ""
