@@ -28,9 +28,9 @@
 //! in tlshd's log, and the PSK never on the console. A second boot has the kernel's host
 //! connect to flashpath's target over TLS: a secure listener (`secure_channel`), the guest's
 //! host listed with `psk` (a keyring key in the interchange format), three queues under kTLS,
-//! fio verifying over them; a second host NQN offering a PSK the target does not have is
-//! refused (the daemon logs the host NQN and "wrong PSK") while the first host's controller
-//! stays live with its data.
+//! fio verifying over them; a second host NQN offering a PSK the target does not have, a third
+//! the target does not list and a connect without TLS are refused (the daemon logs the host NQN
+//! and the kind) while the first host's controller stays live with its data.
 //!
 //! Four boots in this binary. They run with the other guest tests (`./run test`, one at a
 //! time); the module is `guest_vm` so that the step running everything else skips it. Without
@@ -662,21 +662,25 @@ mod guest_vm {
     const TLS_HOSTNQN2: &str = "nqn.2014-08.org.nvmexpress:uuid:f1a5c0de-0000-4000-8000-000000000026";
     const TLS_PSK2: &str = "NVMeTLSkey-1:01:FRuydB66guRujhyGEJiA76Ke5KpDjeSzXiSpA6rQYCPAT4IS:";
     const WRONG_TLS_PSK: &str = "NVMeTLSkey-1:01:pVYTjbxf3fmUNnN1MMj/ooQGITJlrrl+BjLQSDAvpJ/6dCEX:";
+    /// A host NQN [`FP_TLS_NQN`] does not list (the guest's init: `TLS_HOSTNQN3`); the guest
+    /// has a TLS PSK for it and tries a connect with TLS and one without.
+    const TLS_HOSTNQN3: &str = "nqn.2014-08.org.nvmexpress:uuid:f1a5c0de-0000-4000-8000-000000000027";
 
     /// The kernel's NVMe/TCP host against flashpath's target over TLS 1.3 (the guest's `tls`
     /// scenario, `tls_fp`): a secure listener (`secure_channel`), the guest's host listed with
     /// a PSK (`psk`, a keyring key in the interchange format) and a second host with another;
     /// the guest's tlshd does the host's handshakes with the TLS PSKs derived from them by
     /// flashpath's code. The TLS connect gets three queues under kTLS and fio verifies over
-    /// them; the second host NQN offering a PSK the target does not have is refused, the
-    /// daemon logs it with that host NQN and the kind, and the first host's controller stays
-    /// live with its data.
+    /// them; the second host NQN offering a PSK the target does not have, a third host NQN the
+    /// target does not list and a connect without TLS are refused, the daemon logs each with
+    /// the host NQN (when the identity named one) and the kind, and the first host's controller
+    /// stays live with its data.
     #[test]
-    fn linux_host_connects_to_flashpath_over_tls_and_a_wrong_psk_is_refused() {
+    fn linux_host_connects_to_flashpath_over_tls_and_bad_hosts_are_refused() {
         if !available() {
             return;
         }
-        let d = Daemon::start("0,1");
+        let mut d = Daemon::start("0,1");
         d.malloc("ram_tls", 32 * MIB / 512, 512);
         d.call("nvmf_create_transport", json!({ "trtype": "TCP" }));
         d.call(
@@ -706,7 +710,8 @@ mod guest_vm {
 
         let psk = nvme_tls_psk(TLS_PSK, HOSTNQN, FP_TLS_NQN);
         let wrong = nvme_tls_psk(WRONG_TLS_PSK, TLS_HOSTNQN2, FP_TLS_NQN);
-        let files = [("fp.psk", &psk), ("fp-wrong.psk", &wrong)]
+        let unknown = nvme_tls_psk(TLS_PSK, TLS_HOSTNQN3, FP_TLS_NQN);
+        let files = [("fp.psk", &psk), ("fp-wrong.psk", &wrong), ("fp-unknown.psk", &unknown)]
             .map(|(name, bytes)| (secret_file(d.dir.path(), name, bytes), format!("/tls/{name}")));
         let cfg = VmConfig {
             netdev: Some(port),
@@ -721,7 +726,9 @@ mod guest_vm {
         vm.wait_exit(EXIT_TIMEOUT);
         eprintln!("guest 'tls' (flashpath's target): PASS after {:.1?}", r.time);
         let console = vm.console().to_lowercase();
-        for (what, bytes) in [("the TLS PSK", &psk), ("the wrong TLS PSK", &wrong)] {
+        for (what, bytes) in
+            [("the TLS PSK", &psk), ("the wrong TLS PSK", &wrong), ("the unknown host's", &unknown)]
+        {
             assert!(!console.contains(&hex(bytes)), "{what} is on the console");
         }
 
@@ -731,26 +738,39 @@ mod guest_vm {
         let (before, connected, after) = (count("before"), count("connected"), count("after"));
         eprintln!("guest 'tls': tlshd's handshakes (ok, failed): before {before:?}, connected {connected:?}, after {after:?}");
         assert_eq!((connected.0 - before.0, connected.1 - before.1), (3, 0), "the TLS connect's handshakes");
-        assert_eq!(after.0, connected.0, "a handshake succeeded with the wrong PSK");
-        assert!(after.1 > connected.1, "tlshd logged no failed handshake for the wrong PSK: {after:?}");
-        let refused = r.info_after("tls fp wrong psk refused");
-        assert_eq!(refused.len(), 1, "{:?}", r.info);
-        eprintln!("guest 'tls': the connect with the wrong PSK: {}", refused[0]);
+        assert_eq!(after.0, connected.0, "a handshake succeeded after the first connect");
+        // The wrong PSK's and the unknown host's handshakes failed; the plain connect had none.
+        assert_eq!(after.1, connected.1 + 2, "tlshd's failed handshakes: {after:?}");
+        for what in ["wrong-psk", "unknown-host", "plain"] {
+            let refused = r.info_after(&format!("tls fp refused {what}"));
+            assert_eq!(refused.len(), 1, "{what}: {:?}", r.info);
+            eprintln!("guest 'tls': the connect {what}: {}", refused[0]);
+        }
         assert_eq!(r.info_after("tls fp first host unaffected").len(), 1, "{:?}", r.info);
 
-        // The daemon refused the second host's handshake by name and kind, and goes on.
+        // The daemon refused each by the host NQN the identity named (when there was one) and
+        // the kind, never the first host, and goes on.
         let log = d.stderr();
-        let line = log
-            .lines()
-            .find(|l| l.contains("TLS handshake refused"))
-            .unwrap_or_else(|| panic!("no refused TLS handshake in the daemon's log:\n{log}"));
-        eprintln!("guest 'tls': the daemon logged: {line}");
-        assert!(line.contains(TLS_HOSTNQN2) && line.contains("wrong PSK"), "{line}");
+        for (host, kind) in [
+            (Some(TLS_HOSTNQN2), "wrong PSK"),
+            (Some(TLS_HOSTNQN3), "unknown PSK identity"),
+            (None, "TLS protocol error"),
+        ] {
+            let line = log
+                .lines()
+                .find(|l| l.contains("TLS handshake refused") && l.contains(kind))
+                .unwrap_or_else(|| panic!("no refused TLS handshake '{kind}' in the daemon's log:\n{log}"));
+            eprintln!("guest 'tls': the daemon logged: {line}");
+            if let Some(host) = host {
+                assert!(line.contains(&format!("host {host}:")), "{line}");
+            }
+        }
         assert!(
             !log.lines()
                 .any(|l| l.contains("TLS handshake refused") && l.contains(&format!("host {HOSTNQN}:"))),
             "the first host was refused:\n{log}"
         );
+        d.assert_alive();
         let ctrls = d.call("nvmf_subsystem_get_controllers", json!({ "nqn": FP_TLS_NQN }));
         assert_eq!(ctrls, json!([]), "controllers after the guest's disconnect");
     }
