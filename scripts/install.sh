@@ -69,10 +69,13 @@ ensure_qemu() {
 
 # The guest tests' tools (docs/guest-tests.md): QEMU 9.1 or newer (for reconnect-ms), what
 # tests/guest/build-image.sh puts in the image, and socat, which QEMU runs for each connection
-# the nvmf guest forwards to the host's loopback.
+# the nvmf guest forwards to the host's loopback. For the TLS scenarios the image gets keyctl
+# and Debian 13's tlshd (which build-image.sh downloads with curl) with these Debian 12
+# libraries of tlshd's.
 ensure_guest_packages() {
     ensure_qemu
-    apt_install busybox-static cpio fio e2fsprogs xz-utils zstd libc6-dev nvme-cli socat cryptsetup-bin
+    apt_install busybox-static cpio fio e2fsprogs xz-utils zstd libc6-dev nvme-cli socat cryptsetup-bin \
+        keyutils curl libgnutls30 libglib2.0-0 libnl-3-200 libnl-genl-3-200 libkeyutils1
 }
 
 # The benchmark's tools: qemu-storage-daemon 10.x (ensure_qemu), fio, valgrind (callgrind, for

@@ -2,16 +2,18 @@
 # Builds (or reuses) the boot image of the guest tests: an uncompressed kernel (vmlinux, booted
 # directly through PVH) and an initramfs holding static busybox, virtio_blk.ko, the modules of a
 # virtio-net NIC and of the kernel's NVMe/TCP host, of VFIO, of the kernel's NVMe/TCP target
-# (nvmet) and NBD, of dm-crypt, the fpio data tool, mke2fs, e2fsck, fio, nvme-cli and cryptsetup
-# (with their shared libraries),
+# (nvmet) and NBD, of dm-crypt and of kernel TLS, the fpio data tool, mke2fs, e2fsck, fio,
+# nvme-cli, cryptsetup, keyctl and tlshd (with their shared libraries),
 # libgcc_s for flashpath's binaries (which a test adds in a second cpio) and the scenario script
 # `init`.
 #
 #   tests/guest/build-image.sh        prints "image: DIR" as its last line; DIR holds
 #                                     vmlinux, initramfs.cpio and manifest.txt
 #
-# Nothing is fetched at guest run time. The only download is the kernel package, once, with
-# `apt-get download` from Debian (bookworm-backports) into the cache. The image is cached in
+# Nothing is fetched at guest run time. The downloads are two packages, once each, into the
+# cache: the kernel package with `apt-get download` from Debian (bookworm-backports), and
+# Debian 13's ktls-utils package for tlshd from the pool of the Debian archive apt already
+# uses, pinned by its sha256 (see KTLS_DEB below). The image is cached in
 # $FLASHPATH_GUEST_CACHE (default /var/tmp/flashpath-guest) under a key made of the kernel
 # version and a hash of this script, init, fpio.c and the versions of the host packages copied
 # into the image, so a second run only checks the key. Builds of the same key are serialised
@@ -36,7 +38,7 @@ die() { printf 'build-image: error: %s\n' "$*" >&2; exit 1; }
 need=(
     busybox:busybox-static cpio:cpio zstd:zstd xz:xz-utils fio:fio mke2fs:e2fsprogs
     dpkg-deb:dpkg apt-get:apt cc:build-essential flock:util-linux ldd:libc-bin od:coreutils
-    nvme:nvme-cli cryptsetup:cryptsetup-bin
+    nvme:nvme-cli cryptsetup:cryptsetup-bin keyctl:keyutils curl:curl
 )
 missing=()
 for pair in "${need[@]}"; do
@@ -54,7 +56,8 @@ if ldd "$BUSYBOX" >/dev/null 2>&1; then
 fi
 
 # The host packages whose files are copied into the image: their versions are part of the key.
-COPIED_PKGS="busybox-static fio e2fsprogs libc6 nvme-cli libnvme1 libgcc-s1 cryptsetup-bin libcryptsetup12 libdevmapper1.02.1"
+COPIED_PKGS="busybox-static fio e2fsprogs libc6 nvme-cli libnvme1 libgcc-s1 cryptsetup-bin libcryptsetup12 libdevmapper1.02.1
+    keyutils libkeyutils1 libgnutls30 libglib2.0-0 libnl-3-200 libnl-genl-3-200"
 pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
 key_input() {
     cat "$0" "$HERE/init" "$HERE/fpio.c"
@@ -94,10 +97,48 @@ if [ -z "$deb" ]; then
     deb=$(ls "$CACHE"/debs/"${PKG}"_*.deb | head -n1)
 fi
 
+# ---- tlshd --------------------------------------------------------------------------------
+# tlshd (ktls-utils) is the user-space agent of the kernel's TLS handshake upcall
+# (net/handshake): the kernel's NVMe/TCP host and target hand it each TLS queue's socket, it
+# runs the TLS 1.3 PSK handshake with GnuTLS and gives the socket back with kTLS set up. No
+# Debian 12 package has it. Debian 13 (trixie) builds it as ktls-utils 1.0.0-1; its source
+# package is listed in trixie's Sources index, but the mirror does not serve the source files
+# (404), so the image takes Debian's own build: that binary needs no newer symbol than Debian
+# 12's libraries have (GLIBC_2.34, GNUTLS_3_7_3, KEYUTILS_1.5), so add_dynamic copies it
+# with Debian 12's libgnutls30, libglib2.0-0, libnl-3-200, libnl-genl-3-200 and libkeyutils1,
+# and the chroot check below runs it. The package comes from the pool of the Debian archive
+# that apt already uses here (every suite shares the pool), checked against this sha256 (from
+# trixie's Packages index) and cached beside the kernel package.
+KTLS_DEB=ktls-utils_1.0.0-1_amd64.deb
+KTLS_SHA256=a7095cdbf262ba4fcefbb924162ae34aa973a2963c1f4660ef75b553649b2998
+ktls=$CACHE/debs/$KTLS_DEB
+if ! echo "$KTLS_SHA256  $ktls" | sha256sum -c --status 2>/dev/null; then
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    # apt lists its archives once it has their indexes (after an apt-get update).
+    archive_of() {
+        apt-get indextargets --format '$(REPO_URI) $(CODENAME)' 2>/dev/null |
+            awk -v c="$codename" '$2 == c { print $1; exit }'
+    }
+    archive=$(archive_of)
+    if [ -z "$archive" ]; then
+        log "apt knows no archive of '$codename' yet; running apt-get update"
+        apt-get update -qq >&2 || true
+        archive=$(archive_of)
+    fi
+    [ -n "$archive" ] || die "apt has no Debian archive for '$codename' to fetch $KTLS_DEB from"
+    log "downloading $KTLS_DEB from ${archive}pool/main/k/ktls-utils/"
+    curl -fsS --retry 3 -o "$ktls.part" "${archive}pool/main/k/ktls-utils/$KTLS_DEB" >&2 ||
+        die "cannot download $KTLS_DEB from $archive"
+    echo "$KTLS_SHA256  $ktls.part" | sha256sum -c --status ||
+        die "$KTLS_DEB from $archive does not have the pinned sha256 $KTLS_SHA256"
+    mv "$ktls.part" "$ktls"
+fi
+
 WORK=$(mktemp -d "$CACHE/build.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 log "unpacking $(basename "$deb")"
 dpkg-deb -x "$deb" "$WORK/pkg"
+dpkg-deb -x "$ktls" "$WORK/ktls"
 vmlinuz=$WORK/pkg/boot/vmlinuz-$KERNEL
 [ -f "$vmlinuz" ] || die "$deb has no boot/vmlinuz-$KERNEL"
 
@@ -166,6 +207,22 @@ add_module nbd ""
 add_module dm-mod ""
 add_module dm-crypt dm-mod
 add_module xts ""
+# Kernel TLS: tls.ko is what tlshd's setsockopt(TCP_ULP, "tls") needs, and kTLS's record
+# cipher for the NVMe/TCP suites (TLS_AES_128_GCM_SHA256, TLS_AES_256_GCM_SHA384) is the
+# gcm(aes) template: gcm.ko with ghash (AES and CTR are built in); the guest cannot load any of
+# them on demand (without them tlshd's handshake succeeds and then the kernel refuses the
+# session: "The kernel does not support the requested algorithm"). The handshake upcall
+# (net/handshake), the .nvme keyring and the NVMe/TCP TLS code of nvme-tcp and nvmet-tcp
+# (CONFIG_NVME_TCP_TLS, CONFIG_NVME_TARGET_TCP_TLS) are built into this kernel; the check below
+# makes a kernel without them fail here.
+add_module crypto_null ""
+add_module gcm crypto_null
+add_module gf128mul ""
+add_module ghash-generic gf128mul
+add_module tls ""
+for opt in CONFIG_NET_HANDSHAKE=y CONFIG_NVME_KEYRING=y CONFIG_NVME_TCP_TLS=y CONFIG_NVME_TARGET_TCP_TLS=y; do
+    grep -qx "$opt" "$WORK/pkg/boot/config-$KERNEL" || die "$deb is not built with $opt (TLS scenarios)"
+done
 
 cp "$BUSYBOX" "$R/bin/busybox"
 cp "$HERE/init" "$R/init"
@@ -174,12 +231,13 @@ log "compiling fpio (static)"
 cc -O2 -Wall -Wextra -Werror -static -o "$R/bin/fpio" "$HERE/fpio.c" ||
     die "cannot build fpio statically (needs libc6-dev for libc.a)"
 
-# A dynamic binary goes in at its host path, with every library ldd resolves, at the same paths
-# (the loader's default search and the libraries' RUNPATHs then find them without ld.so.cache).
+# A dynamic binary goes in at its host path (or at DEST), with every library ldd resolves, at
+# the same paths (the loader's default search and the libraries' RUNPATHs then find them
+# without ld.so.cache).
 add_dynamic() {
-    local bin=$1 lib
-    mkdir -p "$R$(dirname "$bin")"
-    cp -L "$bin" "$R$bin"
+    local bin=$1 dest=${2:-$1} lib
+    mkdir -p "$R$(dirname "$dest")"
+    cp -L "$bin" "$R$dest"
     for lib in $(ldd "$bin" | awk '/=> \// { print $3 } /^[ \t]*\/[^ ]*ld-linux/ { print $1 }'); do
         [ -f "$R$lib" ] && continue
         mkdir -p "$R$(dirname "$lib")"
@@ -195,6 +253,10 @@ add_dynamic "$(command -v nvme)"
 # checks the file system it finds there.
 add_dynamic "$(command -v e2fsck)"
 add_dynamic "$(command -v cryptsetup)"
+# The TLS scenarios: keyctl puts the TLS PSKs in the kernel's .nvme keyring, tlshd does the
+# handshakes (see "tlshd" above); init writes /etc/tlshd.conf.
+add_dynamic "$(command -v keyctl)"
+add_dynamic "$WORK/ktls/usr/sbin/tlshd" /usr/sbin/tlshd
 [ -f /etc/mke2fs.conf ] && cp /etc/mke2fs.conf "$R/etc/"
 # flashpath's binaries need libgcc_s (unwinding) besides libc. They change with every build, so
 # they are not in this cached image: the nvme test packs them into a second cpio that QEMU loads
@@ -205,7 +267,7 @@ mkdir -p "$R$(dirname "$libgcc")"
 cp -L "$libgcc" "$R$libgcc"
 # The copied programs must start inside the image (checked with chroot, which needs root).
 if [ "$(id -u)" -eq 0 ]; then
-    for prog in "/usr/bin/fio --version" "/usr/sbin/mke2fs -V" "/usr/sbin/nvme version" "$(command -v e2fsck) -V" "$(command -v cryptsetup) --version" "/bin/busybox true" "/bin/fpio -b verify /init 0 8 0"; do
+    for prog in "/usr/bin/fio --version" "/usr/sbin/mke2fs -V" "/usr/sbin/nvme version" "$(command -v e2fsck) -V" "$(command -v cryptsetup) --version" "$(command -v keyctl) --version" "/usr/sbin/tlshd -v" "/bin/busybox true" "/bin/fpio -b verify /init 0 8 0"; do
         # (fpio compares the first 8 bytes of /init with the pattern: status 1, "differs", means it ran.)
         rc=0
         chroot "$R" $prog >/dev/null 2>&1 || rc=$?
@@ -218,6 +280,7 @@ fi
     echo "kernel: $PKG ($(basename "$deb"))"
     echo "key: $HASH"
     for p in $COPIED_PKGS; do echo "$p: $(pkg_version "$p")"; done
+    echo "tlshd: $KTLS_DEB (sha256 $KTLS_SHA256)"
     echo "initramfs: $(du -sm "$R" | cut -f1) MiB uncompressed"
 } >"$WORK/manifest.txt"
 

@@ -26,7 +26,11 @@
 //! one the guest then finds there; then flashpath's own initiator (a daemon on the host,
 //! `bdev_nvme_attach_controller` over TCP) serves the namespace over vhost-user to a libblkio
 //! client: verified random I/O, a pattern region read again after
-//! `bdev_nvme_reset_controller`, a detach, and the guest finds the region in the file. After
+//! `bdev_nvme_reset_controller`, a detach, and the guest finds the region in the file; then
+//! DH-HMAC-CHAP against nvmet, and TLS: the guest's nvmet port takes TLS 1.3 only (tlshd, the
+//! TLS PSK derived by flashpath's code in the `.nvme` keyring), flashpath's initiator is refused
+//! without `psk` and with it attaches, runs verified I/O and writes a region the guest then
+//! finds in the file. After
 //! QEMU exited: flashpath's driver's pattern region in the raw image, and QEMU's doorbell trace
 //! events against the driver's own doorbell count.
 //!
@@ -41,10 +45,14 @@ mod guest_vm {
     use std::net::TcpStream;
     use std::time::Duration;
 
-    use super::common::guest::{self, count_doorbells, DiskOp, NvmeDevice, Vm, VmConfig, EXIT_TIMEOUT};
+    use super::common::guest::{
+        self, count_doorbells, nvme_tls_psk, secret_file, DiskOp, NvmeDevice, Vm, VmConfig, EXIT_TIMEOUT,
+    };
     use super::common::nbd::free_port;
     use super::common::nvme_tcp::Host;
-    use super::common::{assert_same, bounded, pattern, random_write_verify, rpc_call, BlkClient, Daemon};
+    use super::common::{
+        assert_same, bounded, pattern, random_write_verify, rpc_call, BlkClient, Daemon, RpcError,
+    };
     use serde_json::json;
 
     const MIB: u64 = 1 << 20;
@@ -69,6 +77,22 @@ mod guest_vm {
     /// The region written and verified while the keys change: (offset, length).
     const REKEY_REGION: (u64, usize) = (14 * MIB, 256 << 10);
 
+    /// `bdev_nvme_attach_controller` `name` of the guest's subsystem on `port` (forwarded to
+    /// its nvmet) as [`HOSTNQN`], with the `extra` parameters (keys, a PSK).
+    fn attach_guest(
+        d: &Daemon,
+        port: u16,
+        name: &str,
+        extra: serde_json::Value,
+    ) -> Result<serde_json::Value, RpcError> {
+        let mut p = json!({
+            "name": name, "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+            "trsvcid": port.to_string(), "subnqn": NQN, "hostnqn": HOSTNQN
+        });
+        p.as_object_mut().expect("an object").extend(extra.as_object().expect("an object").clone());
+        d.try_call("bdev_nvme_attach_controller", p)
+    }
+
     /// The guest's nvmet then admits [`HOSTNQN`] only, with DH-HMAC-CHAP (SHA-384, ffdhe2048,
     /// bidirectional): flashpath's initiator without a key and with a wrong one is refused by
     /// name, with the keys it authenticates every queue and reads the region it wrote before.
@@ -84,14 +108,7 @@ mod guest_vm {
             std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
             d.call("keyring_file_add_key", json!({"name": name, "path": path.to_str().unwrap()}));
         }
-        let attach = |keys: serde_json::Value| {
-            let mut p = json!({
-                "name": "Auth0", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
-                "trsvcid": port.to_string(), "subnqn": NQN, "hostnqn": HOSTNQN
-            });
-            p.as_object_mut().unwrap().extend(keys.as_object().unwrap().clone());
-            d.try_call("bdev_nvme_attach_controller", p)
-        };
+        let attach = |keys: serde_json::Value| attach_guest(d, port, "Auth0", keys);
         let e = attach(json!({})).unwrap_err();
         assert!(e.message.contains("no dhchap_key was given"), "without a key: {e:?}");
         let e = attach(json!({"dhchap_key": "wrong0"})).unwrap_err();
@@ -142,6 +159,91 @@ mod guest_vm {
         d.call("vhost_delete_controller", json!({"ctrlr": "vhost.auth"}));
         assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Auth0"})), json!(true));
         eprintln!("guest 'nvme': DH-HMAC-CHAP against the kernel's nvmet: refused without a key and with a wrong one, bidirectional with the keys, keys changed under I/O ({rounds} rounds verified), a wrong new key refused and the data unharmed");
+    }
+
+    /// The host's PSK for the TLS step, in the interchange format (`nvme gen-tls-key
+    /// --hmac=1`).
+    const TLS_PSK: &str = "NVMeTLSkey-1:01:CJych5tv/ATxBQO2Ts2SHSNg7On5BmzOaZcpd3P2gKyjYJnj:";
+    /// The region flashpath's initiator writes over TLS on the guest's nvmet namespace.
+    const TLS_REGION: (u64, u64, u64) = (13 * MIB, 512 << 10, 66);
+
+    /// The guest's nvmet then takes TLS 1.3 only on its port (tlshd with the TLS PSK of
+    /// [`HOSTNQN`] for the subsystem, derived by flashpath's code, in the `.nvme` keyring):
+    /// flashpath's initiator without a PSK is refused; with `psk` (a keyring key holding
+    /// [`TLS_PSK`]) it attaches, verified random I/O runs and a pattern region is written over
+    /// TLS, which the guest then finds in the namespace's file; the guest's tlshd logged a
+    /// successful handshake per queue.
+    fn tls_against_the_kernel(vm: &mut Vm, d: &Daemon, port: u16) {
+        vm.send_line(&format!("tls {HOSTNQN}"));
+        let ready =
+            vm.wait_for("the guest's TLS port", |l| l.contains("nvme nvmet tls ready"), GUEST_DEADLINE);
+        assert!(ready.contains("tsas=tls1.3") && ready.contains("treq=required"), "{ready}");
+        let keys = tempfile::tempdir().expect("tempdir");
+        let path = secret_file(keys.path(), "tls0", TLS_PSK.as_bytes());
+        d.call("keyring_file_add_key", json!({"name": "tls0", "path": path.to_str().unwrap()}));
+        let attach = |extra: serde_json::Value| attach_guest(d, port, "Tls0", extra);
+        let e = attach(json!({})).expect_err("an attach without TLS to a port that requires it");
+        eprintln!("guest 'nvme': without a PSK: {}", e.message);
+        assert_eq!(d.call("bdev_nvme_get_controllers", json!({})), json!([]));
+        vm.send_line("tlsstat");
+        let plain =
+            vm.wait_for("tlshd's counts", |l| l.contains("nvme nvmet tls handshakes"), GUEST_DEADLINE);
+        assert_eq!(handshakes(&plain).0, 0, "a handshake succeeded without a PSK: {plain}");
+        let names = attach(json!({"psk": "tls0"})).unwrap_or_else(|e| panic!("with the PSK: {e:?}"));
+        assert_eq!(names, json!(["Tls0n1"]));
+        let c = d.call("bdev_nvme_get_controllers", json!({"name": "Tls0"}));
+        assert_eq!(c[0]["ctrlrs"][0]["state"], "enabled", "{c}");
+        assert_eq!(c[0]["ctrlrs"][0]["psk"], "tls0", "{c}");
+        // While attached: every queue's socket in the guest under kTLS.
+        vm.send_line("tlsstat");
+        let attached =
+            vm.wait_for("tlshd's counts", |l| l.contains("nvme nvmet tls handshakes"), GUEST_DEADLINE);
+        let sock = d.controller("vhost.tls", "Tls0n1", Some(1), false);
+        let (roff, rlen, rseed) = TLS_REGION;
+        let compared = bounded(Duration::from_secs(120), "I/O over TLS", move || {
+            let mut c = BlkClient::open(&sock, 1);
+            assert_eq!(c.capacity, NVMET_SIZE, "the namespace's size over TLS");
+            let compared = random_write_verify(&mut c, 81, 4, 4 * MIB, 4 * MIB, None);
+            let want = pattern(rseed, roff, rlen as usize);
+            c.write_all(roff, &want);
+            assert_same("the region read back over TLS", roff, &c.read_all(roff, rlen as usize), &want);
+            compared
+        });
+        d.call("vhost_delete_controller", json!({"ctrlr": "vhost.tls"}));
+        assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Tls0"})), json!(true));
+        guest_verify(vm, roff, rlen, rseed);
+        let (ok, failed, stat) = handshakes(&attached);
+        let (_, failed0, _) = handshakes(&plain);
+        eprintln!("guest 'nvme': TLS against the kernel's nvmet: {compared} bytes compared; the guest's tlshd: {ok} handshakes ok, {failed} failed; {stat:?}");
+        assert!(failed0 >= 1, "the attach without a PSK failed no handshake in the guest: {plain}");
+        // The attach connected the admin queue and at least one I/O queue, each through a
+        // handshake (the port takes nothing else); the initiator closes I/O queues it no
+        // longer needs, so fewer sockets may be open than handshakes were made.
+        assert!(ok >= 2 && failed == failed0, "the attach's handshakes (admin and I/O queues): {attached}");
+        let sockets = stat.get("TlsCurrTxSw").and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+        assert!(sockets >= 1 && sockets <= ok, "kTLS sockets while attached: {attached}");
+    }
+
+    /// The guest's nvmet namespace file must hold pattern `seed` over `[off, off + len)`.
+    fn guest_verify(vm: &mut Vm, off: u64, len: u64, seed: u64) {
+        vm.send_line(&format!("verify {off} {len} {seed}"));
+        vm.wait_for(
+            "the guest's verify",
+            |l| l.contains(&format!("nvme nvmet verified {off} ")),
+            GUEST_DEADLINE,
+        );
+    }
+
+    /// A `tlsstat` line: (successful handshakes, failed ones, the other `key=value` words).
+    fn handshakes(line: &str) -> (u32, u32, std::collections::HashMap<String, String>) {
+        let words: std::collections::HashMap<String, String> = line
+            .split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        let n =
+            |k: &str| words.get(k).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{k} in {line}"));
+        (n("ok"), n("failed"), words)
     }
 
     /// Whether an error says the controller refused the host's DH-HMAC-CHAP response: by
@@ -301,6 +403,10 @@ mod guest_vm {
                     (built(&format!("examples/{e}"), &how), format!("/usr/bin/{e}"))
                 })
                 .chain([
+                    (
+                        secret_file(dir.path(), "nvme.psk", &nvme_tls_psk(TLS_PSK, HOSTNQN, NQN)),
+                        "/tls/nvme.psk".into(),
+                    ),
                     (env!("CARGO_BIN_EXE_flashpath").into(), "/usr/bin/flashpath".into()),
                     (built("fp-load", "cargo build -p fp-loadgen --bin fp-load"), "/usr/bin/fp-load".into()),
                 ])
@@ -418,21 +524,11 @@ mod guest_vm {
         eprintln!("guest 'nvme': flashpath's NVMe/TCP initiator: {compared} bytes compared, a reset, the region read back");
         d.call("vhost_delete_controller", json!({"ctrlr": "vhost.nvmet"}));
         assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Guest0"})), json!(true));
-        vm.send_line(&format!("verify {roff} {rlen} {rseed}"));
-        vm.wait_for(
-            "the guest's verify",
-            |l| l.contains(&format!("nvme nvmet verified {roff} ")),
-            GUEST_DEADLINE,
-        );
-        vm.send_line(&format!("verify 0 {MIB} 61"));
-        vm.wait_for("the guest's verify", |l| l.contains("nvme nvmet verified 0 "), GUEST_DEADLINE);
-        vm.send_line(&format!("verify {off} {len} 62"));
-        vm.wait_for(
-            "the guest's verify",
-            |l| l.contains(&format!("nvme nvmet verified {off} ")),
-            GUEST_DEADLINE,
-        );
+        guest_verify(&mut vm, roff, rlen, rseed);
+        guest_verify(&mut vm, 0, MIB, 61);
+        guest_verify(&mut vm, off, len, 62);
         dhchap_against_the_kernel(&mut vm, &d, port);
+        tls_against_the_kernel(&mut vm, &d, port);
         vm.send_line("done");
         let r = vm.wait_result();
         assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());

@@ -20,9 +20,21 @@
 //! watches `nvmf_subsystem_get_qpairs`' `auth` objects change hash), and the replaced secret
 //! refused at the next connect.
 //!
-//! One boot in this binary. It runs with the other guest tests (`./run test`, one at a time);
-//! the module is `guest_vm` so that the step running everything else skips it. Without QEMU or
-//! socat it fails under `CI=true` and is skipped elsewhere.
+//! NVMe/TCP over TLS 1.3 with PSKs: the guest's `tls` scenario has the kernel's NVMe/TCP
+//! host connect to the kernel's own target (nvmet) inside the guest through tlshd, the agent of
+//! the kernel's handshake upcall, with the TLS PSK derived on the host by flashpath's code
+//! (fp-crypto) from a PSK in the interchange format: a connect without TLS refused, every
+//! queue of both sides under kTLS, fio verifying over it, one successful handshake per queue
+//! in tlshd's log, and the PSK never on the console. A second boot has the kernel's host
+//! connect to flashpath's target over TLS: a secure listener (`secure_channel`), the guest's
+//! host listed with `psk` (a keyring key in the interchange format), three queues under kTLS,
+//! fio verifying over them; a second host NQN offering a PSK the target does not have, a third
+//! the target does not list and a connect without TLS are refused (the daemon logs the host NQN
+//! and the kind) while the first host's controller stays live with its data.
+//!
+//! Four boots in this binary. They run with the other guest tests (`./run test`, one at a
+//! time); the module is `guest_vm` so that the step running everything else skips it. Without
+//! QEMU or socat it fails under `CI=true` and is skipped elsewhere.
 
 mod common;
 
@@ -35,7 +47,9 @@ mod guest_vm {
     use serde_json::{json, Value};
 
     use super::common::guest::ext4::{assert_e2fsck_clean, debugfs_cat};
-    use super::common::guest::{self, DiskOp, Vm, VmConfig, BOOT_TIMEOUT, EXIT_TIMEOUT};
+    use super::common::guest::{
+        self, hex, nvme_tls_psk, secret_file, DiskOp, GuestResult, Vm, VmConfig, BOOT_TIMEOUT, EXIT_TIMEOUT,
+    };
     use super::common::{assert_same, bounded, pattern, BlkClient, ClientOpts, Daemon};
 
     const MIB: u64 = 1 << 20;
@@ -546,5 +560,218 @@ mod guest_vm {
         assert_eq!(fio.get("failed").map(String::as_str), Some("0"), "{fio:?}");
         let runs: u32 = fio.get("runs").and_then(|n| n.parse().ok()).unwrap_or(0);
         assert!(runs >= 8, "fio runs {runs}: two whole runs after each of the four steps expected");
+    }
+
+    /// The PSK of the TLS steps in the interchange format, as `nvme gen-tls-key --hmac=1`
+    /// writes it (SHA-256: TLS_AES_128_GCM_SHA256, identities `NVMe0R01 ...`).
+    const TLS_PSK: &str = "NVMeTLSkey-1:01:RiRzRT3uqVaBbdYtZXMrn5RNK2iGEfbZ9xEiR9tw0vFYpNcO:";
+    /// The subsystem the guest's nvmet serves over TLS to the guest's own host.
+    const K2K_NQN: &str = "nqn.2016-06.io.flashpath:tls-k2k";
+
+    /// The guest's lines of a TLS connect (`tls PART ...`): a live controller over TCP with
+    /// three queues whose TLS key (sysfs `tls_key`, hex) is the one the guest inserted,
+    /// `sockets` sockets with kTLS in software both ways while connected, and fio status 0 with
+    /// no error after 8 MiB written and verified.
+    fn check_tls_connect(r: &GuestResult, part: &str, sockets: u32) {
+        let key = r.fields(&format!("tls {part} psk"));
+        let ctrl = r.fields(&format!("tls {part} ctrl"));
+        eprintln!("guest 'tls' {part}: the controller {ctrl:?}");
+        for (k, v) in [("transport", "tcp"), ("state", "live"), ("queue_count", "3")] {
+            assert_eq!(ctrl.get(k).map(String::as_str), Some(v), "{part}: controller {k}: {ctrl:?}");
+        }
+        let inserted: u32 = key.get("key").and_then(|k| k.parse().ok()).unwrap_or_else(|| panic!("{key:?}"));
+        assert_eq!(ctrl.get("tls_key"), Some(&format!("{inserted:08x}")), "{part}: {ctrl:?} vs {key:?}");
+        let stat = r.fields(&format!("tls {part} tls_stat"));
+        eprintln!("guest 'tls' {part}: /proc/net/tls_stat while connected {stat:?}");
+        for k in ["TlsCurrTxSw", "TlsCurrRxSw"] {
+            assert_eq!(stat.get(k), Some(&sockets.to_string()), "{part}: {k}: {stat:?}");
+        }
+        let fio = r.fields(&format!("tls {part} fio"));
+        for (k, v) in [("status", "0"), ("errors", "0"), ("write_kib", "8192"), ("read_kib", "8192")] {
+            assert_eq!(fio.get(k).map(String::as_str), Some(v), "{part}: fio over TLS, {k}: {fio:?}");
+        }
+    }
+
+    /// tlshd's handshake counts the guest reported as `tls PART handshakes WHEN ok=N
+    /// failed=M`: (N, M).
+    fn handshake_counts(r: &GuestResult, part: &str, when: &str) -> (u32, u32) {
+        let f = r.fields(&format!("tls {part} handshakes {when}"));
+        let n =
+            |k: &str| f.get(k).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{part} {when}: {f:?}"));
+        (n("ok"), n("failed"))
+    }
+
+    /// The kernel's NVMe/TCP host and target inside one guest over TLS 1.3 through tlshd (the
+    /// guest's `tls` scenario): proves the image's tlshd, kernel modules and keyring handling
+    /// before flashpath takes either side. The TLS PSK comes from flashpath's derivation and
+    /// reaches the guest in the initramfs, never on the console.
+    #[test]
+    fn linux_host_and_nvmet_connect_over_tls_through_tlshd() {
+        if !guest::available() {
+            return;
+        }
+        let dir = tempfile::Builder::new().prefix("fp-guest-tls-").tempdir().expect("a temporary directory");
+        let psk = nvme_tls_psk(TLS_PSK, HOSTNQN, K2K_NQN);
+        assert_eq!(psk.len(), 32, "a SHA-256 TLS PSK");
+        let psk_file = secret_file(dir.path(), "k2k.psk", &psk);
+        let cfg = VmConfig {
+            kernel_args: vec![format!("fp.tls.nqn={K2K_NQN}")],
+            extra_files: vec![(psk_file, "/tls/k2k.psk".into())],
+            ..VmConfig::new("tls", Vec::new())
+        };
+        let mut vm = Vm::boot(&cfg, dir.path());
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        eprintln!("guest 'tls': PASS after {:.1?}", r.time);
+        let console = vm.console();
+        assert!(!console.to_lowercase().contains(&hex(&psk)), "the TLS PSK is on the console");
+        // tlshd's own log reaches the console (its lines are what tells a failed handshake).
+        assert!(
+            console.lines().any(|l| l.starts_with("tlshd[") && l.ends_with("was successful")),
+            "no tlshd log line on the console"
+        );
+
+        let tlshd = r.fields("tls tlshd");
+        eprintln!("guest 'tls': tlshd {tlshd:?}");
+        let nvmet = r.fields("tls k2k nvmet ready");
+        assert_eq!(nvmet.get("tsas").map(String::as_str), Some("tls1.3"), "{nvmet:?}");
+        assert_eq!(nvmet.get("treq").map(String::as_str), Some("required"), "{nvmet:?}");
+        let plain = r.info_after("tls k2k plain refused");
+        assert_eq!(plain.len(), 1, "{:?}", r.info);
+        eprintln!("guest 'tls': a connect without TLS: {}", plain[0]);
+        // Three queues (admin and two I/O) on each side, each socket with kTLS in software
+        // both ways.
+        check_tls_connect(&r, "k2k", 6);
+        // tlshd's handshakes: the connect without TLS failed in the target's (nvmet handed
+        // its plain ICReq to tlshd as a ClientHello), then one success per queue on each side
+        // and no failure.
+        let count = |when: &str| handshake_counts(&r, "k2k", when);
+        let (before, after) = (count("before"), count("after"));
+        eprintln!(
+            "guest 'tls': tlshd's handshakes (ok, failed) before the TLS connect {before:?}, after {after:?}"
+        );
+        assert_eq!(before.0, 0, "successful handshakes before the TLS connect");
+        assert_eq!((after.0 - before.0, after.1 - before.1), (6, 0), "the TLS connect's handshakes");
+    }
+
+    /// The flashpath subsystem the guest's kernel host reaches over TLS.
+    const FP_TLS_NQN: &str = "nqn.2016-06.io.flashpath:tls";
+    /// A second host of [`FP_TLS_NQN`] (the guest's init: `TLS_HOSTNQN2`), listed with
+    /// [`TLS_PSK2`]; the guest offers a TLS PSK derived from [`WRONG_TLS_PSK`] for it.
+    const TLS_HOSTNQN2: &str = "nqn.2014-08.org.nvmexpress:uuid:f1a5c0de-0000-4000-8000-000000000026";
+    const TLS_PSK2: &str = "NVMeTLSkey-1:01:FRuydB66guRujhyGEJiA76Ke5KpDjeSzXiSpA6rQYCPAT4IS:";
+    const WRONG_TLS_PSK: &str = "NVMeTLSkey-1:01:pVYTjbxf3fmUNnN1MMj/ooQGITJlrrl+BjLQSDAvpJ/6dCEX:";
+    /// A host NQN [`FP_TLS_NQN`] does not list (the guest's init: `TLS_HOSTNQN3`); the guest
+    /// has a TLS PSK for it and tries a connect with TLS and one without.
+    const TLS_HOSTNQN3: &str = "nqn.2014-08.org.nvmexpress:uuid:f1a5c0de-0000-4000-8000-000000000027";
+
+    /// The kernel's NVMe/TCP host against flashpath's target over TLS 1.3 (the guest's `tls`
+    /// scenario, `tls_fp`): a secure listener (`secure_channel`), the guest's host listed with
+    /// a PSK (`psk`, a keyring key in the interchange format) and a second host with another;
+    /// the guest's tlshd does the host's handshakes with the TLS PSKs derived from them by
+    /// flashpath's code. The TLS connect gets three queues under kTLS and fio verifies over
+    /// them; the second host NQN offering a PSK the target does not have, a third host NQN the
+    /// target does not list and a connect without TLS are refused, the daemon logs each with
+    /// the host NQN (when the identity named one) and the kind, and the first host's controller
+    /// stays live with its data.
+    #[test]
+    fn linux_host_connects_to_flashpath_over_tls_and_bad_hosts_are_refused() {
+        if !available() {
+            return;
+        }
+        let mut d = Daemon::start("0,1");
+        d.malloc("ram_tls", 32 * MIB / 512, 512);
+        d.call("nvmf_create_transport", json!({ "trtype": "TCP" }));
+        d.call(
+            "nvmf_create_subsystem",
+            json!({ "nqn": FP_TLS_NQN, "allow_any_host": false, "serial_number": SERIAL }),
+        );
+        d.call(
+            "nvmf_subsystem_add_ns",
+            json!({ "nqn": FP_TLS_NQN, "namespace": { "bdev_name": "ram_tls" } }),
+        );
+        for (name, text) in [("tls-host", TLS_PSK), ("tls-host2", TLS_PSK2)] {
+            let path = secret_file(d.dir.path(), name, text.as_bytes());
+            d.call("keyring_file_add_key", json!({"name": name, "path": path.to_str().unwrap()}));
+        }
+        for (host, key) in [(HOSTNQN, "tls-host"), (TLS_HOSTNQN2, "tls-host2")] {
+            d.call("nvmf_subsystem_add_host", json!({ "nqn": FP_TLS_NQN, "host": host, "psk": key }));
+        }
+        let port = free_port();
+        let listen =
+            json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()});
+        d.call(
+            "nvmf_subsystem_add_listener",
+            json!({ "nqn": FP_TLS_NQN, "listen_address": listen, "secure_channel": true }),
+        );
+        let listeners = d.call("nvmf_subsystem_get_listeners", json!({ "nqn": FP_TLS_NQN }));
+        assert_eq!(listeners[0]["secure_channel"], json!(true), "{listeners}");
+
+        let psk = nvme_tls_psk(TLS_PSK, HOSTNQN, FP_TLS_NQN);
+        let wrong = nvme_tls_psk(WRONG_TLS_PSK, TLS_HOSTNQN2, FP_TLS_NQN);
+        let unknown = nvme_tls_psk(TLS_PSK, TLS_HOSTNQN3, FP_TLS_NQN);
+        let files = [("fp.psk", &psk), ("fp-wrong.psk", &wrong), ("fp-unknown.psk", &unknown)]
+            .map(|(name, bytes)| (secret_file(d.dir.path(), name, bytes), format!("/tls/{name}")));
+        let cfg = VmConfig {
+            netdev: Some(port),
+            kernel_args: vec![format!("fp.tls.fpnqn={FP_TLS_NQN}"), format!("fp.nvmf.port={port}")],
+            extra_files: files.to_vec(),
+            name: Some("tls-fp".into()),
+            ..VmConfig::new("tls", Vec::new())
+        };
+        let mut vm = Vm::boot(&cfg, d.dir.path());
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        eprintln!("guest 'tls' (flashpath's target): PASS after {:.1?}", r.time);
+        let console = vm.console().to_lowercase();
+        for (what, bytes) in
+            [("the TLS PSK", &psk), ("the wrong TLS PSK", &wrong), ("the unknown host's", &unknown)]
+        {
+            assert!(!console.contains(&hex(bytes)), "{what} is on the console");
+        }
+
+        // The guest's three sockets (the target is on the host) under kTLS both ways.
+        check_tls_connect(&r, "fp", 3);
+        let count = |when: &str| handshake_counts(&r, "fp", when);
+        let (before, connected, after) = (count("before"), count("connected"), count("after"));
+        eprintln!("guest 'tls': tlshd's handshakes (ok, failed): before {before:?}, connected {connected:?}, after {after:?}");
+        assert_eq!((connected.0 - before.0, connected.1 - before.1), (3, 0), "the TLS connect's handshakes");
+        assert_eq!(after.0, connected.0, "a handshake succeeded after the first connect");
+        // The wrong PSK's and the unknown host's handshakes failed; the plain connect had none.
+        assert_eq!(after.1, connected.1 + 2, "tlshd's failed handshakes: {after:?}");
+        for what in ["wrong-psk", "unknown-host", "plain"] {
+            let refused = r.info_after(&format!("tls fp refused {what}"));
+            assert_eq!(refused.len(), 1, "{what}: {:?}", r.info);
+            eprintln!("guest 'tls': the connect {what}: {}", refused[0]);
+        }
+        assert_eq!(r.info_after("tls fp first host unaffected").len(), 1, "{:?}", r.info);
+
+        // The daemon refused each by the host NQN the identity named (when there was one) and
+        // the kind, never the first host, and goes on.
+        let log = d.stderr();
+        for (host, kind) in [
+            (Some(TLS_HOSTNQN2), "wrong PSK"),
+            (Some(TLS_HOSTNQN3), "unknown PSK identity"),
+            (None, "TLS protocol error"),
+        ] {
+            let line = log
+                .lines()
+                .find(|l| l.contains("TLS handshake refused") && l.contains(kind))
+                .unwrap_or_else(|| panic!("no refused TLS handshake '{kind}' in the daemon's log:\n{log}"));
+            eprintln!("guest 'tls': the daemon logged: {line}");
+            if let Some(host) = host {
+                assert!(line.contains(&format!("host {host}:")), "{line}");
+            }
+        }
+        assert!(
+            !log.lines()
+                .any(|l| l.contains("TLS handshake refused") && l.contains(&format!("host {HOSTNQN}:"))),
+            "the first host was refused:\n{log}"
+        );
+        d.assert_alive();
+        let ctrls = d.call("nvmf_subsystem_get_controllers", json!({ "nqn": FP_TLS_NQN }));
+        assert_eq!(ctrls, json!([]), "controllers after the guest's disconnect");
     }
 }

@@ -29,6 +29,9 @@
 //!   ([`VmConfig::nvme`]: q35, `intel-iommu`, guest `intel_iommu=on`), with QEMU's doorbell
 //!   trace events in a file, and files of the test's own (freshly built binaries) in a second
 //!   cpio after the cached initramfs ([`VmConfig::extra_files`]).
+//! * NVMe/TCP TLS: [`nvme_tls_psk`] derives, with flashpath's code, the TLS PSK a guest puts in
+//!   its kernel's `.nvme` keyring for tlshd; [`secret_file`] writes it (owner-only) for
+//!   [`VmConfig::extra_files`], so it never crosses the console ([`hex`] to check that).
 
 pub mod ext4;
 pub mod migrate;
@@ -721,4 +724,33 @@ pub fn run_scenario(cfg: &VmConfig, dir: &Path) -> GuestResult {
         vm.elapsed()
     );
     result
+}
+
+/// The TLS PSK that a host `hostnqn` with `configured` (a PSK in the interchange format) and a
+/// target both derive for subsystem `subnqn` (identity version 0, `NVMe0R0h <hostnqn>
+/// <subnqn>`, as Linux 6.12 offers it), by flashpath's code (fp-crypto): the payload of the
+/// `psk` key a guest puts in its kernel's `.nvme` keyring under that identity for tlshd.
+pub fn nvme_tls_psk(configured: &str, hostnqn: &str, subnqn: &str) -> Vec<u8> {
+    use fp_crypto::tls::{ConfiguredPsk, IdentityVersion};
+    let retained = ConfiguredPsk::parse(configured)
+        .and_then(|c| c.retained(hostnqn))
+        .unwrap_or_else(|e| panic!("the test's PSK: {e}"));
+    let identity = retained.identity(IdentityVersion::V0, hostnqn, subnqn).expect("the PSK identity");
+    let hh = retained.hash() as u8;
+    assert_eq!(identity.to_string(), format!("NVMe0R{hh:02} {hostnqn} {subnqn}"));
+    retained.tls_psk(&identity).expect("the TLS PSK").to_vec()
+}
+
+/// Writes `bytes` to `dir/name`, readable by its owner only, and returns the path.
+pub fn secret_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .unwrap_or_else(|e| panic!("chmod 600 {}: {e}", path.display()));
+    path
+}
+
+/// `bytes` in lowercase hex (to look for a secret in a console log).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
