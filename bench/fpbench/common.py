@@ -147,3 +147,16 @@ def write_random_file(path, size):
             left -= n
         f.flush()
         os.fsync(f.fileno())
+
+
+def keyring_files(keydir, keys, daemons):
+    """Writes each of `keys` ({name: text}) to its own file in `keydir` (0700; the files
+    0600, as the keyring requires) and adds it to every daemon's keyring under its name."""
+    os.makedirs(keydir, mode=0o700, exist_ok=True)
+    for name, text in keys.items():
+        path = os.path.join(keydir, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        for d in daemons:
+            d.rpc("keyring_file_add_key", {"name": name, "path": path})

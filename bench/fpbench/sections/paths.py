@@ -26,7 +26,7 @@ import threading
 import time
 import zlib
 
-from fpbench.common import MIB, log, median, ratio
+from fpbench.common import MIB, keyring_files, log, median, ratio
 from fpbench.modes import paths_config
 from fpbench.relay import RelayProcess
 from fpbench.sections.nvmf import free_port, serve_disk
@@ -421,15 +421,8 @@ class PathsSection:
         try:
             tgt = Flashpath(self.args.bin_dir, self.work, str(self.client_cpu), name="flashpath-paths-auth-target")
             host = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name="flashpath-paths-auth-host")
-            keydir = os.path.join(self.work, "paths-keys")
-            os.makedirs(keydir, mode=0o700, exist_ok=True)
-            for name in KEYS:
-                path = os.path.join(keydir, name)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(dhchap_secret(os.urandom(32)))
-                for d in (tgt, host):
-                    d.rpc("keyring_file_add_key", {"name": name, "path": path})
+            keyring_files(os.path.join(self.work, "paths-keys"),
+                          {name: dhchap_secret(os.urandom(32)) for name in KEYS}, (tgt, host))
             tgt.rpc("nvmf_create_transport", {"trtype": "TCP"})
             port = free_port()
             listen = {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": str(port)}

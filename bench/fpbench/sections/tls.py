@@ -28,7 +28,7 @@ import base64
 import os
 import zlib
 
-from fpbench.common import MIB, log, median, ratio
+from fpbench.common import MIB, keyring_files, log, median, ratio
 from fpbench.load import measure
 from fpbench.modes import tls_config
 from fpbench.sections.nvmf import free_port
@@ -114,14 +114,8 @@ class TlsSection:
         try:
             tgt = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name="flashpath-tls-target")
             host = Flashpath(self.args.bin_dir, self.work, str(self.client_cpu), name="flashpath-tls-host")
-            keydir = os.path.join(self.work, "tls-keys")
-            os.makedirs(keydir, mode=0o700, exist_ok=True)
-            path = os.path.join(keydir, KEY_NAME)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(tls_psk_interchange(os.urandom(32)))
-            for d in (tgt, host):
-                d.rpc("keyring_file_add_key", {"name": KEY_NAME, "path": path})
+            keyring_files(os.path.join(self.work, "tls-keys"), {KEY_NAME: tls_psk_interchange(os.urandom(32))},
+                          (tgt, host))
             tgt.rpc("nvmf_create_transport", {"trtype": "TCP"})
             socks, setup = {}, {"target_cpu": self.server_cpu, "host_cpu": self.client_cpu,
                                 "client_cpu": self.client_cpu, "disk_mib": c["size_mib"], "host_nqn": HOST_NQN}

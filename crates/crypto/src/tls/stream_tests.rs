@@ -35,6 +35,15 @@ fn connected(
     Ok((client, cs, server, ss))
 }
 
+/// [`connected`] with a SHA-256 PSK, both sockets non-blocking from then on (as on a reactor).
+fn connected_non_blocking() -> (TlsStream, UnixStream, TlsStream, UnixStream) {
+    let (c, cs, s, ss) = connected(PskHash::Sha256, &KEY[..32]).unwrap();
+    for x in [&cs, &ss] {
+        x.set_nonblocking(true).unwrap();
+    }
+    (c, cs, s, ss)
+}
+
 #[test]
 fn blocking_streams_handshake_and_carry_messages() {
     if !tls_or_skip() {
@@ -104,7 +113,6 @@ fn pump(
     let (mut sent, mut wi, mut ri) = (0usize, 0usize, 0usize);
     let mut blocked = 0u32;
     for _ in 0..1_000_000 {
-        let mut moved = false;
         // Sends until the socket is full (or 16 times), then one receive: the socket fills.
         for _ in 0..16 {
             if sent >= data.len() {
@@ -126,7 +134,6 @@ fn pump(
                 Ok(n) => {
                     assert!(n > 0);
                     sent += n;
-                    moved = true;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     blocked += 1;
@@ -136,7 +143,7 @@ fn pump(
             }
         }
         if sent >= data.len() && a.has_unsent() {
-            moved |= a.flush(asock.as_fd()).unwrap();
+            a.flush(asock.as_fd()).unwrap();
         }
         let l1 = rpieces[ri % rpieces.len()];
         let l2 = rpieces[(ri + 1) % rpieces.len()];
@@ -149,7 +156,6 @@ fn pump(
                 if n > l1 {
                     got.extend_from_slice(&y[..n - l1]);
                 }
-                moved = true;
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => panic!("recv: {e}"),
@@ -158,7 +164,6 @@ fn pump(
             assert!(blocked > 0 || data.len() < 100_000, "the socket never filled: the test proves less");
             return got;
         }
-        let _ = moved;
     }
     panic!("stalled: sent {sent} of {}, received {}", data.len(), got.len());
 }
@@ -168,10 +173,7 @@ fn non_blocking_streams_carry_data_in_pieces_of_every_size_through_a_full_socket
     if !tls_or_skip() {
         return;
     }
-    let (mut c, cs, mut s, ss) = connected(PskHash::Sha256, &KEY[..32]).unwrap();
-    for x in [&cs, &ss] {
-        x.set_nonblocking(true).unwrap();
-    }
+    let (mut c, cs, mut s, ss) = connected_non_blocking();
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     let got = pump(
         &mut c,
@@ -231,10 +233,7 @@ fn the_small_pieces_of_a_send_share_one_record() {
     if !tls_or_skip() {
         return;
     }
-    let (mut c, cs, mut s, ss) = connected(PskHash::Sha256, &KEY[..32]).unwrap();
-    for x in [&cs, &ss] {
-        x.set_nonblocking(true).unwrap();
-    }
+    let (mut c, cs, mut s, ss) = connected_non_blocking();
     // Fifty 24-byte pieces (response capsules) in one send: one record on the wire, not fifty.
     let pieces: Vec<[u8; 24]> = (0..50u8).map(|i| [i; 24]).collect();
     let iov: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
