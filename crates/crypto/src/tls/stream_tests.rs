@@ -12,11 +12,11 @@ use super::{HandshakeError, PskHash, TlsErrorKind, TlsStream};
 
 const KEY: [u8; 48] = [7; 48];
 
-/// Two connected streams past their blocking handshakes, and their sockets.
-fn connected(
-    hash: PskHash,
-    client_key: &[u8],
-) -> Result<(TlsStream, UnixStream, TlsStream, UnixStream), HandshakeError> {
+type Side = Result<(TlsStream, UnixStream), HandshakeError>;
+
+/// Both blocking handshakes over a socket pair, the server's on a thread of its own (it drops
+/// its socket when it fails); the client's and the server's results.
+fn handshakes(hash: PskHash, client_key: &[u8]) -> (Side, Side) {
     let (c, s) = pair(hash, client_key, &KEY[..hash.digest_len()]);
     let (mut cs, mut ss) = UnixStream::pair().unwrap();
     for x in [&cs, &ss] {
@@ -28,10 +28,18 @@ fn connected(
         r.map(|()| (t, ss))
     });
     let mut client = TlsStream::new(c);
-    let rc = client.blocking(&mut cs).handshake();
-    let rs = server.join().unwrap();
+    let rc = client.blocking(&mut cs).handshake().map(|()| (client, cs));
+    (rc, server.join().unwrap())
+}
+
+/// Two connected streams past their blocking handshakes, and their sockets.
+fn connected(
+    hash: PskHash,
+    client_key: &[u8],
+) -> Result<(TlsStream, UnixStream, TlsStream, UnixStream), HandshakeError> {
+    let (rc, rs) = handshakes(hash, client_key);
     let (server, ss) = rs?;
-    rc?;
+    let (client, cs) = rc?;
     Ok((client, cs, server, ss))
 }
 
@@ -75,25 +83,12 @@ fn a_wrong_psk_fails_both_blocking_handshakes_with_its_kind() {
     }
     // Both sides' results: the server's alert reaches the client before the server closes,
     // so the client too learns why, not only that the connection closed.
-    let (c, s) = pair(PskHash::Sha256, &[8; 32], &KEY[..32]);
-    let (mut cs, mut ss) = UnixStream::pair().unwrap();
-    for x in [&cs, &ss] {
-        x.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    }
-    let server = std::thread::spawn(move || {
-        let mut t = TlsStream::new(s);
-        let r = t.blocking(&mut ss).handshake();
-        drop(ss);
-        r
-    });
-    let mut client = TlsStream::new(c);
-    let rc = client.blocking(&mut cs).handshake();
-    let rs = server.join().unwrap();
+    let (rc, rs) = handshakes(PskHash::Sha256, &[8; 32]);
     for (side, r) in [("server", rs), ("client", rc)] {
         match r {
             Err(HandshakeError::Tls(t)) => assert_eq!(t.kind, TlsErrorKind::WrongPsk, "{side}: {t}"),
             Err(HandshakeError::Io(e)) => panic!("{side}: not a TLS refusal: {e}"),
-            Ok(()) => panic!("{side}: a wrong PSK was accepted"),
+            Ok(_) => panic!("{side}: a wrong PSK was accepted"),
         }
     }
 }
