@@ -14,6 +14,9 @@
 //!   at the target and the first listener turns inaccessible (no error, the I/O moves, and
 //!   `bdev_nvme_get_io_paths` shows `ana_state`), then optimized again (failback), then
 //!   non-optimized under active_active (everything to the optimized path).
+//! * [`a_path_flapping_every_quarter_second_fails_no_io`]: one of two paths cut and restored
+//!   every 250 ms, twelve times, under verified random I/O on both paths (active_active): no
+//!   request fails, the data reads back, and the flapping path is back and carrying I/O after.
 
 mod common;
 
@@ -343,6 +346,66 @@ fn ana_states_of_the_listeners_steer_io_with_no_error() {
         paths_via(&d, ports[0]).iter().all(|p| p["ana_state"] == "non_optimized" && p["accessible"] == true)
     });
     io_goes_only_through(&d, &mut client, ports, 1, 5, 0);
+    drop(client);
+    d.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));
+    assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
+}
+
+/// The hostile path: a link flapping every few hundred milliseconds. The flapping
+/// path's connections close and its reconnects are refused while it is cut; requests on it
+/// wait the quiesce bound and move to the other path; nothing fails upward, and once it
+/// stays up it carries I/O again. The workload runs rounds until the flapping is over (and
+/// at least two), so the checks hold at any speed.
+#[test]
+fn a_path_flapping_every_quarter_second_fails_no_io() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let d = Daemon::start("0");
+    d.call("bdev_nvme_set_options", json!({"keep_alive_timeout_ms": 1000}));
+    let port = serve_target(&d);
+    let relays = [Relay::start(port).unwrap(), Relay::start(port).unwrap()];
+    for r in &relays {
+        assert_eq!(
+            d.call("bdev_nvme_attach_controller", attach_params(r.port(), "multipath")),
+            json!(["Nvme0n1"])
+        );
+    }
+    let set = json!({"name": "Nvme0n1", "policy": "active_active", "selector": "round_robin"});
+    assert_eq!(d.call("bdev_nvme_set_multipath_policy", set), json!(true));
+    let sock = d.controller("vhost.0", "Nvme0n1", Some(2), false);
+    let mut client = BlkClient::open(&sock, 2);
+    random_write_verify(&mut client, 7, 1, 0, 4 << 20, Some(0));
+
+    let flapping = Arc::new(AtomicBool::new(true));
+    let still = flapping.clone();
+    let worker = std::thread::spawn(move || {
+        let (mut rounds, mut compared) = (0u64, 0u64);
+        while still.load(Ordering::Relaxed) || rounds < 2 {
+            compared += random_write_verify(&mut client, 100 + rounds, 1, 0, 4 << 20, None);
+            rounds += 1;
+        }
+        (client, rounds, compared)
+    });
+    for _ in 0..12 {
+        relays[0].cut();
+        std::thread::sleep(Duration::from_millis(250));
+        relays[0].restore();
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    flapping.store(false, Ordering::Relaxed);
+    let (mut client, rounds, compared) = worker.join().expect("no request failed while the path flapped");
+    assert!(rounds >= 2 && compared > 0, "{rounds} rounds, {compared} bytes compared");
+
+    // The flapping path comes back for good and takes I/O again.
+    wait_until("the flapping path to reconnect", || {
+        d.call("bdev_nvme_get_controllers", json!({"name": "Nvme0"}))[0]["ctrlrs"][0]["state"] == "enabled"
+    });
+    wait_until("both paths connected on a channel", || {
+        random_write_verify(&mut client, 900, 1, 8 << 20, 4 << 20, None);
+        io_paths(&d).iter().filter(|p| p["connected"] == true).count() >= 2
+    });
+    random_write_verify(&mut client, 901, 2, 0, 8 << 20, None);
     drop(client);
     d.call("vhost_delete_controller", json!({"ctrlr": "vhost.0"}));
     assert_eq!(d.call("bdev_nvme_detach_controller", json!({"name": "Nvme0"})), json!(true));
