@@ -6,6 +6,7 @@ use std::os::unix::io::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::bitmaps::{mark_all, DirtyBitmap};
 use super::channel_state::{account, take_sparse, Completion, DiskChannel, InFlight, DENSE_TAGS, EMPTY};
 use super::histogram::ChannelHistogram;
 use super::mirror;
@@ -174,6 +175,10 @@ impl DiskChannel {
         if self.disk.mirror_epoch.load(Ordering::Relaxed) != self.mirror_epoch {
             self.refresh_mirror();
         }
+        // A bitmap added or removed: cold, once per change.
+        if self.disk.bitmap_epoch.load(Ordering::Relaxed) != self.bitmap_epoch {
+            self.refresh_bitmaps();
+        }
         self.qos.refresh(&self.disk.qos);
         let failed = if self.qos.held() > 0 { self.release_held(done) } else { 0 };
         // Whether to record latencies in a histogram is decided once per poll, not per request.
@@ -184,9 +189,13 @@ impl DiskChannel {
             self.report_in_flight();
             return upward + failed;
         }
-        let Self { inner, slot, slab, sparse, batch, .. } = &mut *self;
+        let Self { inner, slot, slab, sparse, batch, bitmaps, .. } = &mut *self;
         let slot: &ChannelSlot = slot;
         inner.poll_batch(batch);
+        if let Some(set) = bitmaps {
+            // Before any completion goes up: whoever learns of a write finds it marked.
+            mark_batch(set, batch, slab, sparse);
+        }
         let n = if histogram_on {
             // Allocated once per channel, the first time histograms are on.
             let h = slot.hist.get_or_init(ChannelHistogram::new);
@@ -198,6 +207,15 @@ impl DiskChannel {
         self.in_flight = self.in_flight.saturating_sub(n as u64);
         self.report_in_flight();
         n + failed
+    }
+
+    /// Takes the disk's current set of bitmaps.
+    #[cold]
+    #[inline(never)]
+    fn refresh_bitmaps(&mut self) {
+        let book = self.disk.book();
+        self.bitmap_epoch = self.disk.bitmap_epoch.load(Ordering::SeqCst);
+        self.bitmaps = book.bitmap_set.clone();
     }
 
     /// The requests of `op`'s kind that succeeded through this channel since it opened, and
@@ -231,6 +249,28 @@ impl DiskChannel {
             self.qos_reported = held;
             self.slot.set_qos_queued(held);
         }
+    }
+}
+
+/// Marks the bitmaps of `set` for each successful write of `batch` (out of line: only with a
+/// bitmap defined).
+#[cold]
+#[inline(never)]
+fn mark_batch(
+    set: &[Arc<DirtyBitmap>],
+    batch: &[(u32, IoStatus)],
+    slab: &[InFlight],
+    sparse: &[(u32, InFlight)],
+) {
+    for &(tag, status) in batch {
+        let e = match slab.get(tag as usize) {
+            Some(e) => e,
+            None => match sparse.iter().find(|s| s.0 == tag) {
+                Some(s) => &s.1,
+                None => continue,
+            },
+        };
+        mark_all(set, e.op, e.offset, e.len, status == IoStatus::Success);
     }
 }
 

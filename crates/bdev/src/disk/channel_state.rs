@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::qos::ChannelQosState;
-use super::shared::DiskShared;
+use super::shared::{BitmapSet, DiskShared};
 use super::stats::{errno_slot, ChannelSlot, Successes, OPS};
 use crate::clock::ticks;
 use crate::mirror::MirrorShared;
@@ -99,6 +99,9 @@ pub struct DiskChannel {
     pub(super) mirror_epoch: u64,
     /// The mirror job this channel feeds, if any (boxed: cold, and the channel stays small).
     pub(super) mirror: Option<Box<ChannelMirror>>,
+    /// The disk's bitmap epoch this channel applied, and the bitmaps it marks then.
+    pub(super) bitmap_epoch: u64,
+    pub(super) bitmaps: Option<BitmapSet>,
     /// The last attachment number handed out (requests carry it in `InFlight::gen`).
     pub(super) next_gen: u8,
     /// The device's completions of one poll ([`IoChannel::poll_batch`]), empty between polls.

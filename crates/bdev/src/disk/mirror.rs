@@ -25,6 +25,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::bitmaps::mark_all;
 use super::channel_state::{
     account, take_sparse, ChannelMirror, Completion, DiskChannel, InFlight, DENSE_TAGS,
 };
@@ -273,8 +274,15 @@ impl DiskChannel {
     #[cold]
     #[inline(never)]
     pub(super) fn reap_mirrored(&mut self, done: &mut impl Completion, histogram_on: bool) -> (usize, usize) {
-        let Self { inner, slot, slab, sparse, mirror, .. } = self;
+        let Self { inner, slot, slab, sparse, mirror, bitmaps, .. } = self;
         let slot = &**slot;
+        let bitmaps = bitmaps.as_deref();
+        // Before the completion goes up, as on the plain path (`channel.rs`).
+        let mark = |e: &InFlight, status: IoStatus| {
+            if let Some(set) = bitmaps {
+                mark_all(set, e.op, e.offset, e.len, status == IoStatus::Success);
+            }
+        };
         let m = mirror.as_mut().expect("called with a mirror attached");
         let h = histogram_on.then(|| slot.hist.get_or_init(ChannelHistogram::new));
         let record = |ticks| {
@@ -317,6 +325,7 @@ impl DiskChannel {
                     m.count(-1);
                 }
             }
+            mark(e, status);
             account(slot, e, status, &mut now, &record);
             upward += 1;
             done.complete(tag, status);
@@ -343,6 +352,7 @@ impl DiskChannel {
                     duals -= 1;
                     let status = decode(src_status[tag as usize]);
                     finish_dual_chunks(job, e, status);
+                    mark(e, status);
                     account(slot, e, status, &mut now, &record);
                     upward += 1;
                     done.complete(tag, status);

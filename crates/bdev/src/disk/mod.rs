@@ -9,6 +9,7 @@
 //! no lock, writes no shared cache line and allocates nothing once the slab covers the largest
 //! tag. With accounting off (`Disk::new(bdev, false)`) channels are the device's own, untouched.
 
+mod bitmaps;
 mod channel;
 mod channel_state;
 mod histogram;
@@ -29,6 +30,8 @@ pub use histogram::{base64_decode, base64_encode, bucket_end, bucket_of, Histogr
 pub use histogram::{GRANULARITY as HISTOGRAM_GRANULARITY, MAX_RANGE as HISTOGRAM_MAX_RANGE};
 pub use stats::{op_index, IoStats, OpStats, QosStats, Successes, ERRNO_SLOTS, OPS};
 
+pub use bitmaps::{check_granularity, BitmapError, BitmapInfo, DirtyBitmap, FrozenBitmap};
+pub use bitmaps::{DEFAULT_BITMAP_GRANULARITY, MAX_BITMAP_GRANULARITY, MAX_EXTENTS, MIN_BITMAP_GRANULARITY};
 pub use channel_state::{Completion, DiskChannel};
 use channel_state::{BATCH_START, EMPTY, SLAB_START};
 pub use io::DiskIo;
@@ -95,6 +98,7 @@ impl Disk {
             qos: DiskQosState::new(),
             mirror_epoch: AtomicU64::new(0),
             live_changes: AtomicU64::new(0),
+            bitmap_epoch: AtomicU64::new(0),
             book: Mutex::new(Book {
                 live: Vec::new(),
                 retired: IoStats::default(),
@@ -103,6 +107,8 @@ impl Disk {
                 subscribers: Vec::new(),
                 next_subscriber: 0,
                 mirror: None,
+                bitmaps: Vec::new(),
+                bitmap_set: None,
             }),
         }))
     }
@@ -138,7 +144,7 @@ impl Disk {
             return Ok(DiskIo::Device(inner));
         }
         let cpu = fp_sys::current_cpu();
-        let (slot, mirror_epoch) = {
+        let (slot, mirror_epoch, bitmap_epoch, bitmaps) = {
             let mut book = self.book();
             let slot = Arc::new(ChannelSlot::new(book.next_id, cpu, self.0.epochs.load(Ordering::Relaxed)));
             // A new channel has nothing in flight and looks for a mirror before it reaps
@@ -149,7 +155,9 @@ impl Disk {
             book.next_id += 1;
             book.live.push(slot.clone());
             self.0.live_changes.fetch_add(1, Ordering::Release);
-            (slot, if book.mirror.is_some() { epoch.wrapping_sub(1) } else { epoch })
+            let bitmap_epoch = self.0.bitmap_epoch.load(Ordering::SeqCst);
+            let mirror_epoch = if book.mirror.is_some() { epoch.wrapping_sub(1) } else { epoch };
+            (slot, mirror_epoch, bitmap_epoch, book.bitmap_set.clone())
         };
         // Limits set before the channel opened apply to its first request.
         let mut qos = ChannelQosState::new();
@@ -168,6 +176,8 @@ impl Disk {
             qos_reported: 0,
             mirror_epoch,
             mirror: None,
+            bitmap_epoch,
+            bitmaps,
             next_gen: 0,
             batch: Vec::with_capacity(BATCH_START),
         }))

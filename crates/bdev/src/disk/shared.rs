@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::bitmaps::DirtyBitmap;
 use super::histogram::Histogram;
 use super::qos::DiskQosState;
 use super::stats::{ChannelSlot, IoStats};
@@ -42,7 +43,13 @@ pub(super) struct Book {
     pub(super) next_subscriber: u64,
     /// The mirror job attached to this disk (`disk/mirror.rs`).
     pub(super) mirror: Option<Arc<MirrorShared>>,
+    /// The disk's dirty bitmaps (`disk/bitmaps.rs`), and the set channels mark (none: empty).
+    pub(super) bitmaps: Vec<Arc<DirtyBitmap>>,
+    pub(super) bitmap_set: Option<BitmapSet>,
 }
+
+/// The bitmaps a channel marks, shared by all of them.
+pub(super) type BitmapSet = Arc<[Arc<DirtyBitmap>]>;
 
 pub(super) struct DiskShared {
     pub(super) bdev: Bdev,
@@ -57,6 +64,9 @@ pub(super) struct DiskShared {
     /// Bumped under `book`'s lock whenever a channel opens or closes (a [`super::GuestLoad`]
     /// takes the live slots again then).
     pub(super) live_changes: AtomicU64,
+    /// Bumped under `book`'s lock when a bitmap is added or removed; read by channels once per
+    /// poll.
+    pub(super) bitmap_epoch: AtomicU64,
     pub(super) book: Mutex<Book>,
 }
 

@@ -542,3 +542,6 @@ fn disks_and_delay_bdevs_report_the_status_of_the_device_below() {
     let Some(d) = disk.as_disk() else { panic!("a disk") };
     assert_eq!(d.stats().op(IoOp::Read).ops, 0);
 }
+
+#[path = "bitmaps_tests.rs"]
+mod bitmaps;

@@ -833,3 +833,22 @@ fn a_cancel_waits_for_a_blocking_write_in_flight_then_the_channel_lets_go_unprom
     assert_eq!(job.state(), MirrorState::Cancelled);
     assert_eq!(src.mirror_job(), None);
 }
+
+#[test]
+fn a_disks_dirty_bitmaps_are_marked_through_a_mirror_copying_and_ready() {
+    let src = source(2048);
+    let len = src.info().size_bytes();
+    let bitmap = src.add_dirty_bitmap(crate::disk::DirtyBitmap::new("b0", len, 4096, false, true)).unwrap();
+    let (job, start) = MirrorJob::start(&src, ram("tgt", 2048), opts(None)).unwrap();
+    let mut copier = start.open(None);
+    let DiskIo::Counted(mut ch) = src.open_typed().unwrap() else { panic!("accounting is on") };
+    // Copying: the write goes to the source alone and marks the job's map and the bitmap.
+    let mut data = vec![1u8; 4096];
+    assert_eq!(run_io(&mut ch, IoOp::Write, 0, &mut data, &mut || {}), IoStatus::Success);
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state() == MirrorState::Ready));
+    // Ready: the write goes to both disks and marks the bitmap when both are done.
+    assert_eq!(run_io(&mut ch, IoOp::Write, 65536, &mut data, &mut || {}), IoStatus::Success);
+    assert_eq!(bitmap.snapshot().extents(0, len, 16), [(0, 4096), (65536, 4096)]);
+    job.cancel().unwrap();
+    assert!(drive(&mut copier, &mut || poll_quiet(&mut ch), &|| job.state().is_final()));
+}

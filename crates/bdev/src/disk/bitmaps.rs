@@ -1,0 +1,396 @@
+//! A disk's named dirty bitmaps (QEMU's block dirty bitmaps): one bit per chunk of
+//! `granularity` bytes, set when a write, write-zeroes or discard that touches the chunk
+//! completes successfully, on any channel, before its completion goes up.
+//!
+//! * The set of bitmaps lives in the disk's book; adding or removing one bumps the disk's
+//!   bitmap epoch, and each channel picks the new set up (cold, under the lock) at its next
+//!   poll, before it reaps anything. Writes that complete in a poll that began before the add
+//!   returned may be missed, as in QEMU, where a bitmap records from its creation on.
+//! * Marking is one `fetch_or` on a shared word per chunk touched (no lock, no allocation);
+//!   a disabled bitmap costs one relaxed load per completed write.
+//! * With no bitmap defined the layer pays one relaxed load and one branch per poll, none per
+//!   request.
+//! * A reader takes a bitmap's bits with [`DirtyBitmap::take`]: each word is swapped with zero,
+//!   so every bit set before the swap is in the copy and every bit set after it stays in the
+//!   bitmap: "take and clear atomically" for a backup, never a write lost between the two.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::shared::Disk;
+use crate::BlockDevice;
+
+/// QEMU's default granularity.
+pub const DEFAULT_BITMAP_GRANULARITY: u64 = 64 << 10;
+/// The smallest granularity accepted (one sector).
+pub const MIN_BITMAP_GRANULARITY: u64 = 512;
+/// The largest granularity accepted.
+pub const MAX_BITMAP_GRANULARITY: u64 = 64 << 20;
+/// The most extents one `get_extents` call returns; the caller continues from the last one's end.
+pub const MAX_EXTENTS: usize = 4096;
+
+/// Why a bitmap operation was refused. Each names what it refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BitmapError {
+    /// No bitmap of that name on the bdev.
+    #[error("bdev '{bdev}' has no dirty bitmap '{name}'")]
+    NotFound {
+        /// The bdev asked.
+        bdev: String,
+        /// The bitmap asked for.
+        name: String,
+    },
+    /// A bitmap of that name exists already.
+    #[error("bdev '{bdev}' already has a dirty bitmap '{name}'")]
+    Exists {
+        /// The bdev asked.
+        bdev: String,
+        /// The name taken.
+        name: String,
+    },
+    /// A parameter is wrong.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The parameter.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The bitmap may have missed writes (a crash): only removal is allowed.
+    #[error("dirty bitmap '{0}' is inconsistent (it may have missed writes in a crash): only removing it is allowed")]
+    Inconsistent(String),
+    /// The daemon counts no I/O, so its channels bypass the layer that marks.
+    #[error("I/O statistics are switched off in this daemon (serve --no-iostat): channels bypass the layer that marks bitmaps")]
+    AccountingOff,
+}
+
+impl BitmapError {
+    /// The parameter at fault, when the caller's parameters were wrong.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            BitmapError::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+}
+
+/// One named bitmap.
+pub struct DirtyBitmap {
+    name: String,
+    shift: u32,
+    /// The disk's size when the bitmap was made: writes beyond it are not tracked.
+    len: u64,
+    words: Box<[AtomicU64]>,
+    /// Chunks whose bit is set.
+    dirty: AtomicU64,
+    recording: AtomicBool,
+    persistent: bool,
+    inconsistent: AtomicBool,
+}
+
+/// What `bdev_dirty_bitmap_list` shows of a bitmap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BitmapInfo {
+    /// Its name, unique on its disk.
+    pub name: String,
+    /// Bytes per bit.
+    pub granularity: u64,
+    /// Whether completed writes mark it (QEMU's `recording`).
+    pub recording: bool,
+    /// Whether it is kept across a clean restart.
+    pub persistent: bool,
+    /// Whether it may have missed writes: refused for any use but removal.
+    pub inconsistent: bool,
+    /// Dirty bytes (the last chunk counted to the end of the disk only).
+    pub count: u64,
+    /// Held by a job (none yet uses bitmaps: always false).
+    pub busy: bool,
+}
+
+/// The bits of a bitmap at one point, apart from it (see [`DirtyBitmap::take`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrozenBitmap {
+    shift: u32,
+    len: u64,
+    words: Vec<u64>,
+}
+
+/// Checks a requested granularity (`field` names it in the refusal).
+pub fn check_granularity(field: &'static str, g: u64) -> Result<u64, BitmapError> {
+    if !g.is_power_of_two() || !(MIN_BITMAP_GRANULARITY..=MAX_BITMAP_GRANULARITY).contains(&g) {
+        return Err(BitmapError::Invalid {
+            field,
+            reason: format!("{g} is not a power of two from 512 to 64 MiB"),
+        });
+    }
+    Ok(g)
+}
+
+impl std::fmt::Debug for DirtyBitmap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirtyBitmap").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl DirtyBitmap {
+    /// An empty bitmap of `len` bytes in chunks of `granularity` (checked by the caller).
+    pub fn new(name: &str, len: u64, granularity: u64, persistent: bool, recording: bool) -> DirtyBitmap {
+        let chunks = len.div_ceil(granularity);
+        DirtyBitmap {
+            name: name.to_string(),
+            shift: granularity.trailing_zeros(),
+            len,
+            words: (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            dirty: AtomicU64::new(0),
+            recording: AtomicBool::new(recording),
+            persistent,
+            inconsistent: AtomicBool::new(false),
+        }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes per bit.
+    pub fn granularity(&self) -> u64 {
+        1 << self.shift
+    }
+
+    /// The size it covers, in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether no bit is set.
+    pub fn is_empty(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed) == 0
+    }
+
+    /// Whether completed writes mark it.
+    pub fn recording(&self) -> bool {
+        self.recording.load(Ordering::Relaxed)
+    }
+
+    /// Whether it may have missed writes.
+    pub fn inconsistent(&self) -> bool {
+        self.inconsistent.load(Ordering::Relaxed)
+    }
+
+    /// Marks it as one that may have missed writes (a crash): it refuses every use but removal.
+    pub fn set_inconsistent(&self) {
+        self.inconsistent.store(true, Ordering::SeqCst);
+    }
+
+    /// Dirty bytes now.
+    pub fn count(&self) -> u64 {
+        let chunks = self.dirty.load(Ordering::SeqCst);
+        let mut bytes = chunks << self.shift;
+        let last = self.len.div_ceil(self.granularity());
+        if last > 0 && self.bit(last - 1) {
+            // The last chunk stops at the end of the disk.
+            bytes -= (last << self.shift) - self.len;
+        }
+        bytes
+    }
+
+    fn bit(&self, c: u64) -> bool {
+        self.words[(c / 64) as usize].load(Ordering::SeqCst) & (1 << (c % 64)) != 0
+    }
+
+    /// Marks the chunks `[offset, offset + len)` touches (cut at the end of the bitmap) if it
+    /// is recording. Called for every completed write, from any channel.
+    #[inline]
+    pub fn mark(&self, offset: u64, len: u64) {
+        if !self.recording.load(Ordering::Relaxed) || len == 0 || offset >= self.len {
+            return;
+        }
+        self.set_range(offset, len);
+    }
+
+    fn set_range(&self, offset: u64, len: u64) {
+        let end = offset.saturating_add(len).min(self.len);
+        for c in (offset >> self.shift)..=((end - 1) >> self.shift) {
+            let bit = 1u64 << (c % 64);
+            if self.words[(c / 64) as usize].fetch_or(bit, Ordering::SeqCst) & bit == 0 {
+                self.dirty.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Takes the bits and clears them, word by word with a swap: a bit set at any time is in
+    /// the copy or still in the bitmap, never in neither.
+    pub fn take(&self) -> FrozenBitmap {
+        let words = self
+            .words
+            .iter()
+            .map(|w| {
+                let bits = w.swap(0, Ordering::SeqCst);
+                self.dirty.fetch_sub(u64::from(bits.count_ones()), Ordering::SeqCst);
+                bits
+            })
+            .collect();
+        FrozenBitmap { shift: self.shift, len: self.len, words }
+    }
+
+    /// A copy of the bits now, leaving them set (each word read once).
+    pub fn snapshot(&self) -> FrozenBitmap {
+        let words = self.words.iter().map(|w| w.load(Ordering::SeqCst)).collect();
+        FrozenBitmap { shift: self.shift, len: self.len, words }
+    }
+
+    /// Sets every bit `other` has (a merge, or a frozen copy given back after a failed backup).
+    pub fn merge_from(&self, other: &FrozenBitmap) {
+        for (i, &bits) in other.words.iter().enumerate() {
+            if bits != 0 {
+                let old = self.words[i].fetch_or(bits, Ordering::SeqCst);
+                self.dirty.fetch_add(u64::from((bits & !old).count_ones()), Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// What `bdev_dirty_bitmap_list` shows of it.
+    pub fn info(&self) -> BitmapInfo {
+        BitmapInfo {
+            name: self.name.clone(),
+            granularity: self.granularity(),
+            recording: self.recording(),
+            persistent: self.persistent,
+            inconsistent: self.inconsistent(),
+            count: self.count(),
+            busy: false,
+        }
+    }
+}
+
+impl FrozenBitmap {
+    /// The dirty runs within `[offset, offset + len)`, as `(offset, len)` in bytes, cut to the
+    /// range, at most `max` of them; merged when adjacent.
+    pub fn extents(&self, offset: u64, len: u64, max: usize) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let end = offset.saturating_add(len).min(self.len);
+        if offset >= end {
+            return out;
+        }
+        let g = 1u64 << self.shift;
+        for c in (offset >> self.shift)..=((end - 1) >> self.shift) {
+            if self.words[(c / 64) as usize] & (1 << (c % 64)) == 0 {
+                continue;
+            }
+            let start = (c << self.shift).max(offset);
+            let stop = ((c << self.shift) + g).min(end);
+            let full = out.len() == max;
+            match out.last_mut() {
+                Some(last) if last.0 + last.1 == start => last.1 = stop - last.0,
+                _ if full => break,
+                _ => out.push((start, stop - start)),
+            }
+        }
+        out
+    }
+}
+
+impl Disk {
+    fn find_bitmap(
+        book: &super::shared::Book,
+        bdev: &str,
+        name: &str,
+    ) -> Result<Arc<DirtyBitmap>, BitmapError> {
+        book.bitmaps
+            .iter()
+            .find(|b| b.name == name)
+            .cloned()
+            .ok_or_else(|| BitmapError::NotFound { bdev: bdev.to_string(), name: name.to_string() })
+    }
+
+    /// The bitmap `name`, refused when inconsistent (every use but listing and removal).
+    pub fn dirty_bitmap(&self, name: &str) -> Result<Arc<DirtyBitmap>, BitmapError> {
+        let b = Self::find_bitmap(&self.book(), &self.info().name, name)?;
+        if b.inconsistent() {
+            return Err(BitmapError::Inconsistent(name.to_string()));
+        }
+        Ok(b)
+    }
+
+    /// Adds `bitmap` (made by the caller at this disk's size); channels mark it from their
+    /// next poll on.
+    pub fn add_dirty_bitmap(&self, bitmap: DirtyBitmap) -> Result<Arc<DirtyBitmap>, BitmapError> {
+        if !self.0.accounting {
+            return Err(BitmapError::AccountingOff);
+        }
+        let mut book = self.book();
+        if book.bitmaps.iter().any(|b| b.name == bitmap.name) {
+            return Err(BitmapError::Exists { bdev: self.info().name.clone(), name: bitmap.name });
+        }
+        let bitmap = Arc::new(bitmap);
+        book.bitmaps.push(bitmap.clone());
+        self.publish_bitmaps(&mut book);
+        Ok(bitmap)
+    }
+
+    /// Removes `name` (inconsistent or not); returns it.
+    pub fn remove_dirty_bitmap(&self, name: &str) -> Result<Arc<DirtyBitmap>, BitmapError> {
+        let mut book = self.book();
+        let b = Self::find_bitmap(&book, &self.info().name, name)?;
+        book.bitmaps.retain(|x| !Arc::ptr_eq(x, &b));
+        self.publish_bitmaps(&mut book);
+        Ok(b)
+    }
+
+    /// Every bitmap of the disk, in the order they were added.
+    pub fn dirty_bitmaps(&self) -> Vec<Arc<DirtyBitmap>> {
+        self.book().bitmaps.clone()
+    }
+
+    /// `enable` / `disable`: whether completed writes mark it.
+    pub fn set_dirty_bitmap_recording(&self, name: &str, on: bool) -> Result<(), BitmapError> {
+        self.dirty_bitmap(name)?.recording.store(on, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// `merge`: sets in `target` every bit of each of `sources`, which must have its
+    /// granularity and size. Nothing changes when one is refused.
+    pub fn merge_dirty_bitmaps(&self, target: &str, sources: &[String]) -> Result<(), BitmapError> {
+        let t = self.dirty_bitmap(target)?;
+        let mut frozen = Vec::with_capacity(sources.len());
+        for s in sources {
+            let b = self.dirty_bitmap(s)?;
+            if b.granularity() != t.granularity() || b.len != t.len {
+                return Err(BitmapError::Invalid {
+                    field: "bitmaps",
+                    reason: format!(
+                        "'{s}' ({} bytes in chunks of {}) differs from target '{target}' ({} in chunks of {})",
+                        b.len,
+                        b.granularity(),
+                        t.len,
+                        t.granularity()
+                    ),
+                });
+            }
+            frozen.push(b.snapshot());
+        }
+        for f in &frozen {
+            t.merge_from(f);
+        }
+        Ok(())
+    }
+
+    /// Hands channels the current set (under the book's lock).
+    fn publish_bitmaps(&self, book: &mut super::shared::Book) {
+        book.bitmap_set = (!book.bitmaps.is_empty()).then(|| Arc::from(book.bitmaps.clone()));
+        self.0.bitmap_epoch.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Marks every bitmap of `set` for a request of operation `op` (an `op_index`) over
+/// `[offset, offset + len)` that completed with `success`.
+#[inline]
+pub(super) fn mark_all(set: &[Arc<DirtyBitmap>], op: u8, offset: u64, len: u64, success: bool) {
+    // Write, discard, write-zeroes (the mirror's `changes_data`).
+    if success && matches!(op, 1 | 3 | 4) {
+        for b in set {
+            b.mark(offset, len);
+        }
+    }
+}
