@@ -99,6 +99,9 @@ impl Registry {
                 st.aliases.remove(alias);
             }
             removed.disk.notify(&fp_bdev::DiskEvent::Removed);
+            // The bitmaps go with the bdev; the persistent ones wait, closed cleanly, for a bdev
+            // of this name and size to come back.
+            self.save_dirty_bitmaps(name, &removed.disk);
             for base in &removed.bases {
                 st.release(base, "bdev", name);
             }

@@ -108,6 +108,8 @@ impl ModuleHost for Registry {
         let bases =
             new.claims.into_iter().filter_map(|(base, _)| st.canonical(&base).map(String::from)).collect();
         let disk = fp_bdev::Disk::new(new.bdev.clone(), self.options.iostat);
+        // Before anything can open it: its persistent bitmaps mark from its first write on.
+        self.load_dirty_bitmaps(&name, &disk);
         for alias in &new.aliases {
             st.aliases.insert(alias.clone(), name.clone());
         }

@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod bdevs;
+mod bitmaps;
 mod disks;
 mod error;
 mod examine;
@@ -43,5 +44,9 @@ pub use qos::{QosGroupSummary, QosMember};
 pub use registry::{ReactorSummary, DEFAULT_STOP_BOUND};
 pub use state::{Claim, Registry, RegistryOptions, DEFAULT_SOCKET_MODE};
 
+#[cfg(test)]
+mod bitmap_tests;
+#[cfg(test)]
+mod test_util;
 #[cfg(test)]
 mod tests;

@@ -33,12 +33,11 @@ fn fixture(iostat: bool) -> Fixture {
 
 impl Fixture {
     fn call(&self, method: &str, params: Value) -> Result<Value, fp_rpc::RpcError> {
-        self.registry.call(method, Some(params)).map_err(|e| e.to_rpc())
+        self.registry.call_json(method, params)
     }
 
     fn malloc(&self, name: &str, num_blocks: u64) {
-        let p = json!({ "name": name, "num_blocks": num_blocks, "block_size": 512 });
-        self.registry.call_module("bdev_malloc_create", Some(p)).unwrap().unwrap();
+        self.registry.malloc_for_test(name, num_blocks)
     }
 
     fn job(&self, id: &str) -> Value {

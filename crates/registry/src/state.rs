@@ -151,6 +151,8 @@ pub struct RegistryOptions {
     /// The export kinds' own options ([`crate::ExportKind::options`]): their bounds, whether
     /// NVMe-oF listeners may leave loopback. Those not given keep the kind's default.
     pub kind_options: crate::exports::KindOptions,
+    /// Where persistent dirty bitmaps are kept (`serve --state-dir`); none: none can be made.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Default for [`RegistryOptions::socket_mode`]: only the daemon's user may connect.
@@ -168,6 +170,7 @@ impl Default for RegistryOptions {
             export_dirs: None,
             iostat: true,
             kind_options: crate::exports::KindOptions::default(),
+            state_dir: None,
         }
     }
 }

@@ -168,6 +168,11 @@ impl DirtyBitmap {
         self.dirty.load(Ordering::Relaxed) == 0
     }
 
+    /// Whether it is kept across a clean restart.
+    pub fn persistent(&self) -> bool {
+        self.persistent
+    }
+
     /// Whether completed writes mark it.
     pub fn recording(&self) -> bool {
         self.recording.load(Ordering::Relaxed)
@@ -242,7 +247,8 @@ impl DirtyBitmap {
 
     /// Sets every bit `other` has (a merge, or a frozen copy given back after a failed backup).
     pub fn merge_from(&self, other: &FrozenBitmap) {
-        for (i, &bits) in other.words.iter().enumerate() {
+        debug_assert_eq!((other.shift, other.len), (self.shift, self.len), "checked by the callers");
+        for (i, &bits) in other.words.iter().enumerate().take(self.words.len()) {
             if bits != 0 {
                 let old = self.words[i].fetch_or(bits, Ordering::SeqCst);
                 self.dirty.fetch_add(u64::from((bits & !old).count_ones()), Ordering::SeqCst);
@@ -265,6 +271,16 @@ impl DirtyBitmap {
 }
 
 impl FrozenBitmap {
+    /// Bits read back from a file (`words` has the count [`super::bitmap_file::words_for`] gives).
+    pub fn from_words(granularity: u64, len: u64, words: Vec<u64>) -> FrozenBitmap {
+        FrozenBitmap { shift: granularity.trailing_zeros(), len, words }
+    }
+
+    /// The bits, 64 chunks a word.
+    pub fn words(&self) -> &[u64] {
+        &self.words
+    }
+
     /// The dirty runs within `[offset, offset + len)`, as `(offset, len)` in bytes, cut to the
     /// range, at most `max` of them; merged when adjacent.
     pub fn extents(&self, offset: u64, len: u64, max: usize) -> Vec<(u64, u64)> {

@@ -9,6 +9,7 @@
 //! no lock, writes no shared cache line and allocates nothing once the slab covers the largest
 //! tag. With accounting off (`Disk::new(bdev, false)`) channels are the device's own, untouched.
 
+pub mod bitmap_file;
 mod bitmaps;
 mod channel;
 mod channel_state;

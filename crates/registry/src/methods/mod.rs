@@ -17,6 +17,7 @@ use crate::exports::EXPORT_KINDS;
 use crate::Registry;
 
 mod bdev;
+mod bitmap;
 mod examine;
 mod framework;
 mod iostat;
@@ -51,6 +52,15 @@ pub const METHODS: &[(&str, MethodFn)] = &[
     ("bdev_qos_group_remove_bdev", qos::bdev_qos_group_remove_bdev),
     ("bdev_qos_group_set_weight", qos::bdev_qos_group_set_weight),
     ("bdev_qos_get_groups", qos::bdev_qos_get_groups),
+    // Dirty bitmaps (bitmap.rs).
+    ("bdev_dirty_bitmap_add", bitmap::bdev_dirty_bitmap_add),
+    ("bdev_dirty_bitmap_remove", bitmap::bdev_dirty_bitmap_remove),
+    ("bdev_dirty_bitmap_clear", bitmap::bdev_dirty_bitmap_clear),
+    ("bdev_dirty_bitmap_enable", bitmap::bdev_dirty_bitmap_enable),
+    ("bdev_dirty_bitmap_disable", bitmap::bdev_dirty_bitmap_disable),
+    ("bdev_dirty_bitmap_merge", bitmap::bdev_dirty_bitmap_merge),
+    ("bdev_dirty_bitmap_list", bitmap::bdev_dirty_bitmap_list),
+    ("bdev_dirty_bitmap_get_extents", bitmap::bdev_dirty_bitmap_get_extents),
     // Mirror jobs (mirror.rs).
     ("bdev_mirror_start", mirror::bdev_mirror_start),
     ("bdev_mirror_get_jobs", mirror::bdev_mirror_get_jobs),
