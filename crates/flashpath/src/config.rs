@@ -4,6 +4,7 @@
 //! rpc = "/var/tmp/flashpath.sock"      # optional; --rpc wins
 //! vhost_dir = "/var/tmp/flashpath"     # optional; --vhost-dir wins
 //! metrics = "127.0.0.1:9111"           # optional Prometheus endpoint; --metrics wins
+//! state_dir = "/var/lib/flashpath"     # persistent dirty bitmaps (docs/backup.md); --state-dir wins
 //!
 //! [reactor]                            # optional
 //! cpus = "0-1"                         # --cpus wins
@@ -99,6 +100,11 @@
 //! iops_total = 10000
 //! members = [ { bdev_name = "ram0", weight = 3 }, { bdev_name = "ram1" } ]
 //!
+//! [[dirty_bitmap]]                     # changed-block tracking (docs/backup.md)
+//! bdev = "ram0"
+//! name = "daily"
+//! persistent = true                    # needs state_dir; brought back at each start
+//!
 //! [[mirror]]                           # copy a disk to another, live (docs/mirror.md)
 //! source = "ram0"
 //! target = "ram2"
@@ -153,7 +159,9 @@
 //! table (less `type`) those of `bdev_<type>_create`, each
 //! `[[qos_limit]]` those of `bdev_set_qos_limit`, each `[[qos_group]]` (less `members`) those of
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
-//! `bdev_qos_group_add_bdev`, each `[[mirror]]` those of `bdev_mirror_start`, each
+//! `bdev_qos_group_add_bdev`, each `[[dirty_bitmap]]` those of `bdev_dirty_bitmap_add` (a
+//! persistent one the state directory already brought back is left as it is), each `[[mirror]]`
+//! those of `bdev_mirror_start`, each
 //! `[[vhost_blk]]` table those of
 //! `vhost_create_blk_controller`, each `[[nbd_disk]]` table those of `nbd_start_disk`
 //! (`tls_cert`, `tls_key`, `tls_ca` included), and the NVMe-oF tables those of
@@ -269,6 +277,8 @@ pub struct ConfigFile {
     pub vhost_dir: Option<PathBuf>,
     /// Where `serve` offers Prometheus metrics (`host:port` on loopback or `unix:PATH`).
     pub metrics: Option<String>,
+    /// Where persistent dirty bitmaps are kept (`--state-dir` wins).
+    pub state_dir: Option<PathBuf>,
     #[serde(default)]
     pub reactor: ReactorSection,
     #[serde(default)]
@@ -294,6 +304,9 @@ pub struct ConfigFile {
     /// Mirror jobs, started once the bdevs exist.
     #[serde(default)]
     pub mirror: Vec<toml::Table>,
+    /// Dirty bitmaps, added once the bdevs exist and before the mirror jobs and exports.
+    #[serde(default)]
+    pub dirty_bitmap: Vec<toml::Table>,
     /// The bdev modules' and export kinds' tables, by name (`raid_options`, `nbd_disk`): an
     /// array of tables as written, a single table as an array of one.
     #[serde(skip)]
@@ -308,10 +321,11 @@ pub struct ConfigFile {
 
 /// The top-level keys [`ConfigFile`] declares, for the unknown-field message; the modules' and
 /// export kinds' tables follow them there.
-const FILE_KEYS: [&str; 12] = [
+const FILE_KEYS: [&str; 14] = [
     "rpc",
     "vhost_dir",
     "metrics",
+    "state_dir",
     "reactor",
     "limits",
     "security",
@@ -321,6 +335,7 @@ const FILE_KEYS: [&str; 12] = [
     "qos_limit",
     "qos_group",
     "mirror",
+    "dirty_bitmap",
 ];
 
 /// One RPC call that the file stands for, and the entry it comes from (for its errors).
@@ -631,6 +646,9 @@ impl ConfigFile {
         }
         for (index, table) in self.qos_group.iter().enumerate() {
             calls.extend(qos_group_calls(index, table)?);
+        }
+        for (index, table) in self.dirty_bitmap.iter().enumerate() {
+            calls.push(ConfigCall::new("bdev_dirty_bitmap_add", table_to_json(table), "dirty_bitmap", index));
         }
         for (index, table) in self.mirror.iter().enumerate() {
             calls.push(ConfigCall::new("bdev_mirror_start", table_to_json(table), "mirror", index));

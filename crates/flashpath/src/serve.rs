@@ -37,6 +37,8 @@ pub struct ServeOptions {
     pub metrics: Option<String>,
     /// `--no-iostat`.
     pub no_iostat: bool,
+    /// `--state-dir`: where persistent dirty bitmaps are kept.
+    pub state_dir: Option<PathBuf>,
     /// The export kinds' option flags given (`--nbd-stop-timeout-ms`), by flag without its
     /// dashes ([`fp_registry::exports::KindOption::flag`]); not yet checked against the range.
     pub kind_flags: BTreeMap<&'static str, OptionValue>,
@@ -69,6 +71,8 @@ pub enum ServeError {
         #[source]
         source: ExportDirError,
     },
+    #[error("state directory {}: {reason}", path.display())]
+    StateDir { path: PathBuf, reason: String },
     #[error(transparent)]
     Metrics(#[from] MetricsError),
     #[error("cannot start the RPC server: {0}")]
@@ -97,6 +101,8 @@ pub struct Settings {
     pub export_dirs: Option<(Vec<PathBuf>, &'static str)>,
     /// Per-disk I/O statistics are counted (`fp_registry::RegistryOptions::iostat`).
     pub iostat: bool,
+    /// Where persistent dirty bitmaps are kept, if anywhere.
+    pub state_dir: Option<PathBuf>,
     /// The export kinds' options given, each from its flag, else its table
     /// (`fp_registry::RegistryOptions::kind_options`); the others keep their defaults.
     pub kind_options: KindOptions,
@@ -145,6 +151,7 @@ pub fn resolve(opts: &ServeOptions, config: &ConfigFile) -> Result<Settings, Ser
             (None, None) => None,
         },
         iostat: !opts.no_iostat && config.stats.iostat.unwrap_or(true),
+        state_dir: opts.state_dir.clone().or_else(|| config.state_dir.clone()),
         kind_options,
     })
 }
@@ -197,6 +204,15 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         (None, Some(cfg)) => Some((metrics::parse_addr(cfg, "metrics")?, "metrics")),
         (None, None) => None,
     };
+    if let Some(dir) = &settings.state_dir {
+        // Refused before anything starts: a persistent bitmap could not be kept.
+        if !dir.is_dir() {
+            return Err(ServeError::StateDir {
+                path: dir.clone(),
+                reason: "not an existing directory".into(),
+            });
+        }
+    }
     let signals = block_stop_signals().map_err(ServeError::Signals)?;
     create_vhost_dir(&settings.vhost_dir, settings.socket_mode)?;
 
@@ -208,6 +224,7 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
         export_dirs,
         iostat: settings.iostat,
         kind_options: settings.kind_options.clone(),
+        state_dir: settings.state_dir.clone(),
     };
     let registry = Registry::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
     let started = config.apply(&registry).map_err(ServeError::from).and_then(|_| {
@@ -361,6 +378,7 @@ mod tests {
                 socket_mode: 0o600,
                 export_dirs: None,
                 iostat: true,
+                state_dir: None,
                 kind_options: KindOptions::default(),
             }
         );

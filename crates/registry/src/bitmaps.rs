@@ -108,6 +108,12 @@ impl Registry {
             let reason = "needs the daemon's state directory (serve --state-dir / state_dir)".to_string();
             return Err(RegistryError::Invalid { field: "persistent", reason }.into());
         };
+        let existing = disk.dirty_bitmaps().into_iter().find(|b| b.name() == bitmap.name());
+        if let Some(b) = existing.filter(|b| b.persistent() && b.granularity() == bitmap.granularity()) {
+            // The state directory brought it back at the bdev's creation: a configuration file
+            // that declares it adds it at every start.
+            return Ok(b);
+        }
         if disk.dirty_bitmaps().iter().any(|b| b.name() == bitmap.name()) {
             return Err(refused(
                 "name",

@@ -7,6 +7,7 @@
 //! and output) and `args` (value parsers); `stats` on `top`; this file on all of them.
 
 mod args;
+mod bitmap;
 mod crypto;
 mod disk;
 mod error;
@@ -90,6 +91,9 @@ pub(crate) enum Command {
     /// Mirror jobs: copy a live disk to another (docs/mirror.md)
     #[command(subcommand)]
     Mirror(mirror::MirrorCommand),
+    /// Dirty bitmaps: which blocks of a disk changed since a point (docs/backup.md)
+    #[command(subcommand)]
+    Bitmap(bitmap::BitmapCommand),
     /// Raid bdevs: raid0, concat, and raid1 replicas with partial rebuild (docs/raid.md)
     #[command(subcommand)]
     Raid(raid::RaidCommand),
@@ -175,6 +179,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Volume(c) => volume::run(rpc, json, c),
         Command::Qos(c) => qos::run(rpc, json, c),
         Command::Mirror(c) => mirror::run(rpc, json, c),
+        Command::Bitmap(c) => bitmap::run(rpc, json, c),
         Command::Raid(c) => raid::run(rpc, json, c),
         Command::Error(c) => error::run(rpc, json, c),
         Command::Crypto(c) => crypto::run(rpc, json, c),

@@ -39,6 +39,10 @@ pub(crate) struct ServeArgs {
     /// backends' channels directly (replaces the config file's stats.iostat)
     #[arg(long)]
     no_iostat: bool,
+    /// Keep persistent dirty bitmaps in DIR, which must exist (replaces the config file's
+    /// state_dir) [default: none; persistent bitmaps are refused]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// The export kinds' options (`--nbd-stop-timeout-ms`, ...), built from their declarations.
     #[command(flatten)]
     kind_flags: KindFlags,
@@ -55,6 +59,7 @@ pub(crate) fn run(args: ServeArgs, rpc: Option<PathBuf>) -> ExitCode {
         export_dirs: (!args.export_dirs.is_empty()).then_some(args.export_dirs),
         metrics: args.metrics,
         no_iostat: args.no_iostat,
+        state_dir: args.state_dir,
         kind_flags: args.kind_flags.0,
     };
     match serve::run(&opts) {
