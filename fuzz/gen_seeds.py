@@ -946,3 +946,20 @@ write("nvme_auth_host", {
     "seed-failure1": auth_host(0, auth_challenge(7, 2, 48, 0, b"", 3), auth_hdr(0, 0xF1, 7) + bytes([1, 1])),
     "seed-other-transaction": auth_host(0, auth_challenge(8, 1, 32, 0, b"", 1), b""),
 })
+
+
+# dirty_bitmap_file: a persistent dirty bitmap file as the daemon writes it (layout at the top
+# of crates/bdev/src/disk/bitmap_file.rs).
+def bitmap_file(flags, granularity, size, words, bdev=b"m0", name=b"daily"):
+    head = b"FPDBMAP\0" + struct.pack("<IIQQ", 1, flags, granularity, size) + bytes(range(16))
+    head += struct.pack("<HHI", len(bdev), len(name), 0) + bdev + name
+    return head + b"".join(struct.pack("<Q", w) for w in words)
+
+
+write("dirty_bitmap_file", {
+    "seed-clean": bitmap_file(2, 4096, 130 * 4096, [0xFFFF, 5, 0b10]),
+    "seed-in-use-after-crash": bitmap_file(3, 65536, 8 << 20, [1 << 7, 0]),
+    "seed-inconsistent": bitmap_file(4, 512, 64 * 512, [0]),
+    "seed-odd-size": bitmap_file(2, 65536, 3 * 512, [1]),
+    "seed-truncated": bitmap_file(2, 4096, 130 * 4096, [0xFFFF, 5, 0b10])[:70],
+})
