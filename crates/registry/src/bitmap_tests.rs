@@ -103,6 +103,19 @@ fn writes_show_up_exactly_and_clear_enable_disable_merge_act() {
 }
 
 #[test]
+fn writes_through_a_stacked_bdev_mark_the_bases_bitmaps() {
+    let f = fixture(None);
+    f.registry.malloc_for_test("m0", 2048);
+    f.registry.call_json("bdev_error_create", json!({ "base_name": "m0" })).unwrap();
+    f.registry.call_json("bdev_dirty_bitmap_add", json!({ "bdev": "m0", "name": "base" })).unwrap();
+    f.registry.call_json("bdev_dirty_bitmap_add", json!({ "bdev": "EE_m0", "name": "top" })).unwrap();
+    f.write("EE_m0", IoOp::Write, 131072, 4096);
+    let want = json!([{ "offset": 131072, "length": 65536 }]);
+    assert_eq!(f.extents("m0", "base"), want);
+    assert_eq!(f.extents("EE_m0", "top"), want);
+}
+
+#[test]
 fn refusals_name_the_field_and_change_nothing() {
     let f = fixture(None);
     f.registry.malloc_for_test("m0", 2048);
