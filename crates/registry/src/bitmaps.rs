@@ -57,7 +57,7 @@ fn write_atomically(path: &Path, file: &BitmapFile) -> Result<(), RegistryError>
     })
 }
 
-fn file_for(bdev: &str, disk: &Disk, b: &DirtyBitmap, flags: u32) -> BitmapFile {
+fn file_for(bdev: &str, b: &DirtyBitmap, flags: u32) -> BitmapFile {
     let mut flags = flags;
     if b.recording() {
         flags |= FLAG_RECORDING;
@@ -68,7 +68,8 @@ fn file_for(bdev: &str, disk: &Disk, b: &DirtyBitmap, flags: u32) -> BitmapFile 
     BitmapFile {
         bdev: bdev.to_string(),
         name: b.name().to_string(),
-        size: disk.info().size_bytes(),
+        // The bitmap's own size: a bdev resized since it was made refuses the file at load.
+        size: b.len(),
         uuid: uuid_of(bdev),
         granularity: b.granularity(),
         flags,
@@ -121,7 +122,7 @@ impl Registry {
             ));
         }
         let path = file_of(dir, bdev, bitmap.name());
-        write_atomically(&path, &file_for(bdev, disk, &bitmap, FLAG_IN_USE))?;
+        write_atomically(&path, &file_for(bdev, &bitmap, FLAG_IN_USE))?;
         disk.add_dirty_bitmap(bitmap).map_err(|e| {
             let _ = fs::remove_file(&path);
             refused("name", e)
@@ -144,16 +145,44 @@ impl Registry {
         let Some(dir) = self.state_dir() else { return };
         for b in disk.dirty_bitmaps().iter().filter(|b| b.persistent()) {
             let path = file_of(dir, bdev, b.name());
-            match write_atomically(&path, &file_for(bdev, disk, b, 0)) {
+            match write_atomically(&path, &file_for(bdev, b, 0)) {
                 Ok(()) => log::info!("bdev '{bdev}': dirty bitmap '{}' saved", b.name()),
                 Err(e) => log::error!("bdev '{bdev}': dirty bitmap '{}' not saved: {e}", b.name()),
             }
         }
     }
 
-    /// Every disk's persistent bitmaps saved (the daemon's clean shutdown).
-    pub(crate) fn save_all_dirty_bitmaps(&self) {
+    /// Every disk's persistent bitmaps saved at the daemon's clean shutdown, once `exports_stopped`
+    /// (else none: an export still stopping may complete writes after the save). A disk a
+    /// mirror job still copies from or to keeps IN_USE too: the job may write after the save.
+    /// A file left IN_USE comes back inconsistent: a full backup, never a silent miss.
+    pub(crate) fn save_all_dirty_bitmaps(&self, exports_stopped: bool) {
+        let mirrored: Vec<String> = {
+            let st = self.lock();
+            st.bdevs
+                .iter()
+                .filter(|(_, e)| {
+                    e.disk.mirror_job().is_some()
+                        || e.claims.iter().any(|c| c.holder_kind == crate::mirror::HOLDER_KIND)
+                })
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
         for (bdev, disk) in self.disks() {
+            if !exports_stopped || mirrored.contains(&bdev) {
+                for b in disk.dirty_bitmaps().iter().filter(|b| b.persistent()) {
+                    log::warn!(
+                        "bdev '{bdev}': dirty bitmap '{}' left in use ({}): it will come back inconsistent",
+                        b.name(),
+                        if exports_stopped {
+                            "a mirror job still runs on the bdev"
+                        } else {
+                            "an export did not stop"
+                        }
+                    );
+                }
+                continue;
+            }
             self.save_dirty_bitmaps(&bdev, &disk);
         }
     }
@@ -208,7 +237,7 @@ impl Registry {
             b.merge_from(&file.bits());
         }
         // IN_USE again before the disk marks it: a crash from here on is seen at the next load.
-        write_atomically(path, &file_for(bdev, disk, &b, FLAG_IN_USE)).map_err(|e| e.to_string())?;
+        write_atomically(path, &file_for(bdev, &b, FLAG_IN_USE)).map_err(|e| e.to_string())?;
         let name = file.name.clone();
         disk.add_dirty_bitmap(b).map_err(|e| e.to_string())?;
         if crashed {

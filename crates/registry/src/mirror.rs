@@ -19,7 +19,7 @@ use crate::state::{Claim, MirrorEntry, State};
 use crate::{Registry, RegistryError};
 
 /// The claim holder's kind for mirror jobs.
-const HOLDER_KIND: &str = "mirror";
+pub(crate) const HOLDER_KIND: &str = "mirror";
 
 /// How long `bdev_mirror_complete` and `bdev_mirror_cancel` wait for the job to end.
 pub const MIRROR_WAIT: Duration = Duration::from_secs(60);

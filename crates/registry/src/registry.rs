@@ -170,11 +170,11 @@ impl Registry {
             all.into_values().collect()
         };
         let left = crate::shutdown::stop_all(exports, self.daemon_stop_bound(), self.export_stop_bound());
-        // The exports are stopped: nothing marks any more.
-        self.save_all_dirty_bitmaps();
         for m in modules::MODULES {
             m.shutdown(self);
         }
+        // The exports are stopped and the modules let go of their bases: nothing marks any more.
+        self.save_all_dirty_bitmaps(left.is_empty());
         left
     }
 }
