@@ -400,11 +400,13 @@ impl Disk {
 }
 
 /// Marks every bitmap of `set` for a request of operation `op` (an `op_index`) over
-/// `[offset, offset + len)` that completed with `success`.
+/// `[offset, offset + len)` that completed, whatever its status: a write that failed on the
+/// device may still have changed part of its range (a torn write), and a backup that reads a
+/// chunk too many costs less than one that misses a change (QEMU marks failed writes too).
 #[inline]
-pub(super) fn mark_all(set: &[Arc<DirtyBitmap>], op: u8, offset: u64, len: u64, success: bool) {
+pub(super) fn mark_all(set: &[Arc<DirtyBitmap>], op: u8, offset: u64, len: u64) {
     // Write, discard, write-zeroes (the mirror's `changes_data`).
-    if success && matches!(op, 1 | 3 | 4) {
+    if matches!(op, 1 | 3 | 4) {
         for b in set {
             b.mark(offset, len);
         }

@@ -252,8 +252,8 @@ impl DiskChannel {
     }
 }
 
-/// Marks the bitmaps of `set` for each successful write of `batch` (out of line: only with a
-/// bitmap defined).
+/// Marks the bitmaps of `set` for each write of `batch`, whatever its status (out of line:
+/// only with a bitmap defined).
 #[cold]
 #[inline(never)]
 fn mark_batch(
@@ -262,7 +262,7 @@ fn mark_batch(
     slab: &[InFlight],
     sparse: &[(u32, InFlight)],
 ) {
-    for &(tag, status) in batch {
+    for &(tag, _) in batch {
         let e = match slab.get(tag as usize) {
             Some(e) => e,
             None => match sparse.iter().find(|s| s.0 == tag) {
@@ -270,7 +270,7 @@ fn mark_batch(
                 None => continue,
             },
         };
-        mark_all(set, e.op, e.offset, e.len, status == IoStatus::Success);
+        mark_all(set, e.op, e.offset, e.len);
     }
 }
 

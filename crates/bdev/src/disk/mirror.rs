@@ -278,9 +278,9 @@ impl DiskChannel {
         let slot = &**slot;
         let bitmaps = bitmaps.as_deref();
         // Before the completion goes up, as on the plain path (`channel.rs`).
-        let mark = |e: &InFlight, status: IoStatus| {
+        let mark = |e: &InFlight| {
             if let Some(set) = bitmaps {
-                mark_all(set, e.op, e.offset, e.len, status == IoStatus::Success);
+                mark_all(set, e.op, e.offset, e.len);
             }
         };
         let m = mirror.as_mut().expect("called with a mirror attached");
@@ -325,7 +325,7 @@ impl DiskChannel {
                     m.count(-1);
                 }
             }
-            mark(e, status);
+            mark(e);
             account(slot, e, status, &mut now, &record);
             upward += 1;
             done.complete(tag, status);
@@ -352,7 +352,7 @@ impl DiskChannel {
                     duals -= 1;
                     let status = decode(src_status[tag as usize]);
                     finish_dual_chunks(job, e, status);
-                    mark(e, status);
+                    mark(e);
                     account(slot, e, status, &mut now, &record);
                     upward += 1;
                     done.complete(tag, status);
