@@ -1,8 +1,8 @@
 //! A disk's named dirty bitmaps (QEMU's block dirty bitmaps): one bit per chunk of
 //! `granularity` bytes, set when a write, write-zeroes or discard that touches the chunk
-//! completes successfully, on any channel, before its completion goes up.
+//! completes (whatever its status), on any channel, before its completion goes up.
 //!
-//! * The set of bitmaps lives in the disk's book; adding or removing one bumps the disk's
+//! * The set of bitmaps lives in the disk's book (`disk_bitmaps.rs`, the disk's methods); adding or removing one bumps the disk's
 //!   bitmap epoch, and each channel picks the new set up (cold, under the lock) at its next
 //!   poll, before it reaps anything. Writes that complete in a poll that began before the add
 //!   returned may be missed, as in QEMU, where a bitmap records from its creation on.
@@ -16,9 +16,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-
-use super::shared::Disk;
-use crate::BlockDevice;
 
 /// QEMU's default granularity.
 pub const DEFAULT_BITMAP_GRANULARITY: u64 = 64 << 10;
@@ -76,14 +73,14 @@ impl BitmapError {
 
 /// One named bitmap.
 pub struct DirtyBitmap {
-    name: String,
+    pub(super) name: String,
     shift: u32,
     /// The disk's size when the bitmap was made: writes beyond it are not tracked.
-    len: u64,
+    pub(super) len: u64,
     words: Box<[AtomicU64]>,
     /// Chunks whose bit is set.
     dirty: AtomicU64,
-    recording: AtomicBool,
+    pub(super) recording: AtomicBool,
     persistent: bool,
     inconsistent: AtomicBool,
 }
@@ -304,98 +301,6 @@ impl FrozenBitmap {
             }
         }
         out
-    }
-}
-
-impl Disk {
-    fn find_bitmap(
-        book: &super::shared::Book,
-        bdev: &str,
-        name: &str,
-    ) -> Result<Arc<DirtyBitmap>, BitmapError> {
-        book.bitmaps
-            .iter()
-            .find(|b| b.name == name)
-            .cloned()
-            .ok_or_else(|| BitmapError::NotFound { bdev: bdev.to_string(), name: name.to_string() })
-    }
-
-    /// The bitmap `name`, refused when inconsistent (every use but listing and removal).
-    pub fn dirty_bitmap(&self, name: &str) -> Result<Arc<DirtyBitmap>, BitmapError> {
-        let b = Self::find_bitmap(&self.book(), &self.info().name, name)?;
-        if b.inconsistent() {
-            return Err(BitmapError::Inconsistent(name.to_string()));
-        }
-        Ok(b)
-    }
-
-    /// Adds `bitmap` (made by the caller at this disk's size); channels mark it from their
-    /// next poll on.
-    pub fn add_dirty_bitmap(&self, bitmap: DirtyBitmap) -> Result<Arc<DirtyBitmap>, BitmapError> {
-        if !self.0.accounting {
-            return Err(BitmapError::AccountingOff);
-        }
-        let mut book = self.book();
-        if book.bitmaps.iter().any(|b| b.name == bitmap.name) {
-            return Err(BitmapError::Exists { bdev: self.info().name.clone(), name: bitmap.name });
-        }
-        let bitmap = Arc::new(bitmap);
-        book.bitmaps.push(bitmap.clone());
-        self.publish_bitmaps(&mut book);
-        Ok(bitmap)
-    }
-
-    /// Removes `name` (inconsistent or not); returns it.
-    pub fn remove_dirty_bitmap(&self, name: &str) -> Result<Arc<DirtyBitmap>, BitmapError> {
-        let mut book = self.book();
-        let b = Self::find_bitmap(&book, &self.info().name, name)?;
-        book.bitmaps.retain(|x| !Arc::ptr_eq(x, &b));
-        self.publish_bitmaps(&mut book);
-        Ok(b)
-    }
-
-    /// Every bitmap of the disk, in the order they were added.
-    pub fn dirty_bitmaps(&self) -> Vec<Arc<DirtyBitmap>> {
-        self.book().bitmaps.clone()
-    }
-
-    /// `enable` / `disable`: whether completed writes mark it.
-    pub fn set_dirty_bitmap_recording(&self, name: &str, on: bool) -> Result<(), BitmapError> {
-        self.dirty_bitmap(name)?.recording.store(on, Ordering::SeqCst);
-        Ok(())
-    }
-
-    /// `merge`: sets in `target` every bit of each of `sources`, which must have its
-    /// granularity and size. Nothing changes when one is refused.
-    pub fn merge_dirty_bitmaps(&self, target: &str, sources: &[String]) -> Result<(), BitmapError> {
-        let t = self.dirty_bitmap(target)?;
-        let mut frozen = Vec::with_capacity(sources.len());
-        for s in sources {
-            let b = self.dirty_bitmap(s)?;
-            if b.granularity() != t.granularity() || b.len != t.len {
-                return Err(BitmapError::Invalid {
-                    field: "bitmaps",
-                    reason: format!(
-                        "'{s}' ({} bytes in chunks of {}) differs from target '{target}' ({} in chunks of {})",
-                        b.len,
-                        b.granularity(),
-                        t.len,
-                        t.granularity()
-                    ),
-                });
-            }
-            frozen.push(b.snapshot());
-        }
-        for f in &frozen {
-            t.merge_from(f);
-        }
-        Ok(())
-    }
-
-    /// Hands channels the current set (under the book's lock).
-    fn publish_bitmaps(&self, book: &mut super::shared::Book) {
-        book.bitmap_set = (!book.bitmaps.is_empty()).then(|| Arc::from(book.bitmaps.clone()));
-        self.0.bitmap_epoch.fetch_add(1, Ordering::SeqCst);
     }
 }
 

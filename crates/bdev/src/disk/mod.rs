@@ -13,6 +13,7 @@ pub mod bitmap_file;
 mod bitmaps;
 mod channel;
 mod channel_state;
+mod disk_bitmaps;
 mod histogram;
 mod io;
 mod load;
