@@ -80,13 +80,14 @@ ensure_guest_packages() {
 
 # The benchmark's tools: qemu-storage-daemon 10.x (ensure_qemu), fio, valgrind (callgrind, for
 # instructions per I/O), matplotlib for /usr/bin/python3, for the RBD section a single-node Ceph cluster (tests/ceph/cluster.sh)
-# and qsd's rbd driver, and for the NBD section nbdkit and libnbd-bin.
+# and qsd's rbd driver, for the backup peer its RADOS Gateway and rclone, and for the NBD section nbdkit and libnbd-bin.
 ensure_bench_tools() {
     command -v taskset >/dev/null 2>&1 || apt_install util-linux
     ensure_qemu
     # qsd loads its rbd driver from qemu-block-extra, whose modules must be the same build as
     # qsd itself: the same version as the installed qemu-utils (from backports on Debian 12).
-    apt_install ceph-mon ceph-osd ceph-common uuid-runtime
+    # The backup section's peer is `rclone copy` into a bucket of the cluster's RADOS Gateway.
+    apt_install ceph-mon ceph-osd ceph-common uuid-runtime radosgw rclone curl
     local qver
     qver=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
     if [ -n "$qver" ] && [ "$(dpkg-query -W -f='${Version}' qemu-block-extra 2>/dev/null || true)" != "$qver" ]; then

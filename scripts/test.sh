@@ -45,8 +45,10 @@ cmd_test() {
     command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || apt_install prometheus
     command -v tmux >/dev/null 2>&1 || apt_install tmux
     # The RBD tests start a real one-monitor, one-OSD Ceph cluster (tests/ceph/cluster.sh);
-    # librbd1 and librados2, which the daemon loads at run time, come with ceph-common.
-    apt_install ceph-mon ceph-osd ceph-common uuid-runtime
+    # librbd1 and librados2, which the daemon loads at run time, come with ceph-common. The S3
+    # tests add its RADOS Gateway (radosgw; radosgw-admin is in ceph-common) and sign their
+    # requests with curl's --aws-sigv4.
+    apt_install ceph-mon ceph-osd ceph-common uuid-runtime radosgw curl
     # The NBD export's tests drive it with the real tools: nbdinfo and nbdcopy (libnbd-bin),
     # nbdsh (python3-libnbd, for the system's python3), nbdkit, qemu-img (qemu-utils; any
     # version: the guest step below upgrades it where it must) and certtool (gnutls-bin) for

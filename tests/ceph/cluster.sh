@@ -4,7 +4,11 @@
 # in one directory, nothing in /etc/ceph. Recipe: ../shared/ceph-single-node.md.
 #
 #   tests/ceph/cluster.sh start DIR [PORT]   prints the ceph.conf path when the pool is usable
-#   tests/ceph/cluster.sh stop DIR           kills the daemons by their own pids
+#   tests/ceph/cluster.sh rgw DIR RGW_PORT   adds a RADOS Gateway (S3) on 127.0.0.1:RGW_PORT to
+#                                            the cluster started in DIR, with a user whose keys
+#                                            are fixed; prints its URL, access key and secret
+#                                            key, one a line, once it answers HTTP
+#   tests/ceph/cluster.sh stop DIR           kills the daemons (rgw's too) by their own pids
 #
 # PORT (default: from the shell's pid) is the monitor's v2 port; PORT+1 is its v1 port.
 set -euo pipefail
@@ -27,8 +31,54 @@ stop() {
     rm -f "$dir"/*.pid
 }
 
+# The gateway's S3 user. Fixed test keys: the endpoint listens on 127.0.0.1 only and lives as
+# long as the throwaway cluster.
+rgw_uid=flashpath-test
+rgw_access_key=FLASHPATHTESTACCESS1
+rgw_secret_key=flashpath-test-secret-key-for-the-rgw-0001
+
+# rgw DIR PORT: radosgw (beast frontend) on 127.0.0.1:PORT. Its first start creates its pools
+# (.rgw.root, default.rgw.{log,control,meta}; the bucket index and data pools follow with the
+# first bucket) with `osd pool default pg num` (8, set in ceph.conf): Ceph's default, 32 each,
+# would pass the OSD's limit of 250 placement groups with the rgw pools and rbd.
+rgw() {
+    local port=${1:?usage: cluster.sh rgw DIR RGW_PORT}
+    local conf=$dir/ceph.conf url=http://127.0.0.1:$port
+    [ -f "$conf" ] || { echo "cluster.sh: no cluster in $dir (cluster.sh start first)" >&2; exit 1; }
+    mkdir -p "$dir/rgw.a"
+    # radosgw forks once it has connected to the cluster and created its pools (its pid file is
+    # then written); HTTP answers a moment later. The mount timeout bounds a monitor that does
+    # not answer (300 s by default).
+    radosgw -c "$conf" -n client.rgw.a --client-mount-timeout 20 --rgw-init-timeout 60 \
+        --rgw-frontends "beast endpoint=127.0.0.1:$port" 2>>"$dir/client.rgw.a.stderr" ||
+        { echo "cluster.sh: radosgw did not start: $(tail -n 5 "$dir/client.rgw.a.stderr")" >&2; exit 1; }
+    local code=000 pid
+    for _ in $(seq 300); do
+        code=$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$url/" || true)
+        [ "$code" = 200 ] && break
+        pid=$(cat "$dir/client.rgw.a.pid" 2>/dev/null || true)
+        if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+            break
+        fi
+        sleep 0.05
+    done
+    if [ "$code" != 200 ]; then
+        # Beast logs a port it cannot bind ("Address already in use") and the daemon exits.
+        echo "cluster.sh: radosgw does not answer on $url (HTTP $code): $(grep -h -m 3 -iE 'error|failed|in use' \
+            "$dir/client.rgw.a.log" "$dir/client.rgw.a.stderr" 2>/dev/null)" >&2
+        exit 1
+    fi
+    radosgw-admin -c "$conf" user create --uid "$rgw_uid" --display-name "flashpath tests" \
+        --access-key "$rgw_access_key" --secret-key "$rgw_secret_key" >/dev/null
+    printf '%s\n' "$url" "$rgw_access_key" "$rgw_secret_key"
+}
+
 if [ "$cmd" = stop ]; then
     stop
+    exit 0
+fi
+if [ "$cmd" = rgw ]; then
+    rgw "${3:-}"
     exit 0
 fi
 [ "$cmd" = start ] || { echo "cluster.sh: unknown command '$cmd'" >&2; exit 2; }
@@ -60,6 +110,10 @@ mon data avail warn = 1
 mon data avail crit = 0
 osd crush chooseleaf type = 0
 osd pool default pg autoscale mode = off
+# Pools created without a count (the RADOS Gateway's, seven or eight of them) get 8 placement
+# groups: a quick peering on one OSD, and far below its limit of 250.
+osd pool default pg num = 8
+osd pool default pgp num = 8
 paxos propose interval = 0.1
 [mon]
 # Daemons only: clients (flashpath, the rbd tool, qsd) would race for one socket name.
@@ -74,6 +128,17 @@ osd data = $dir/osd.\$id
 osd objectstore = memstore
 memstore device bytes = 4294967296
 osd memory target = 1073741824
+[client.rgw.a]
+# Used only when "cluster.sh rgw" starts the gateway. A daemon asks the monitor for a secure
+# connection by default, which authentication none cannot give (it would retry until its
+# mount timeout): crc is what the other clients use.
+ms mon client mode = crc secure
+admin socket = $dir/\$name.asok
+rgw data = $dir/rgw.\$id
+# No usage or ops logging, one frontend thread pool of modest size: a test gateway.
+rgw enable usage log = false
+rgw enable ops log = false
+rgw thread pool size = 32
 CONF
 
 ceph-authtool --create-keyring "$dir/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null

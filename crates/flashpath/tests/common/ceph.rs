@@ -3,40 +3,151 @@
 //! when dropped. The packages (ceph-mon, ceph-osd, ceph-common, uuid-runtime) come from Debian;
 //! `./run test` installs them. A test binary that needs a cluster fails when they are missing,
 //! unless FLASHPATH_SKIP_CEPH=1 (outside CI), where it prints why and returns `None`.
+//!
+//! [`CephCluster::start_with_rgw`] adds a RADOS Gateway (`radosgw`, Debian package radosgw, and
+//! curl): a real S3 endpoint on 127.0.0.1, about 1.2 s more. [`CephCluster::rgw`] hands out an
+//! [`S3Endpoint`] with a bucket of its own, and [`S3Endpoint::request`] sends a signed request
+//! with curl's `--aws-sigv4`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
+use std::time::Instant;
 
 /// The monitor ports handed out in this process (each cluster takes two: v2 and v1).
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+/// The buckets created in this process, for their names.
+static NEXT_BUCKET: AtomicU32 = AtomicU32::new(0);
 
 /// A running cluster. The pool `rbd` exists and is initialised.
 pub struct CephCluster {
     dir: tempfile::TempDir,
     conf: PathBuf,
+    rgw: Option<Gateway>,
+}
+
+/// The cluster's RADOS Gateway as `cluster.sh rgw` printed it.
+struct Gateway {
+    url: String,
+    access_key: String,
+    secret_key: String,
+}
+
+/// An S3 endpoint with a bucket of its own (created empty by [`CephCluster::rgw`]).
+#[derive(Clone, Debug)]
+pub struct S3Endpoint {
+    /// `http://127.0.0.1:PORT`, no trailing slash.
+    pub url: String,
+    pub access_key: String,
+    pub secret_key: String,
+    /// The region to sign with: the gateway's default zonegroup takes any, S3 clients want one.
+    pub region: String,
+    pub bucket: String,
+}
+
+/// An S3 response: HTTP status and body.
+#[derive(Debug)]
+pub struct S3Response {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+impl S3Response {
+    /// The body as text (S3's errors and listings are XML).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+impl S3Endpoint {
+    /// Sends `method` to `path` (`/bucket`, `/bucket/key`, with a query if any) with `body`,
+    /// signed with AWS signature v4 by curl. The payload's SHA-256 goes in
+    /// `x-amz-content-sha256` (computed with sha256sum): the gateway wants that header, and
+    /// curl 7.88 signs it when given but does not add it.
+    pub fn request(&self, method: &str, path: &str, body: Option<&[u8]>) -> S3Response {
+        self.request_with_secret(method, path, body, &self.secret_key)
+    }
+
+    /// [`S3Endpoint::request`] signed with another secret key (a wrong one, for the refusals).
+    pub fn request_with_secret(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        secret: &str,
+    ) -> S3Response {
+        let dir = tempfile::Builder::new().prefix("fp-s3-").tempdir_in(super::scratch_base()).unwrap();
+        let out_file = dir.path().join("response");
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "-m", "60", "-X", method, "--aws-sigv4"])
+            .arg(format!("aws:amz:{}:s3", self.region))
+            .arg("--user")
+            .arg(format!("{}:{secret}", self.access_key))
+            .arg("-o")
+            .arg(&out_file)
+            .args(["-w", "%{http_code}"]);
+        let payload_sha256 = match body {
+            Some(bytes) => {
+                let in_file = dir.path().join("payload");
+                std::fs::write(&in_file, bytes).unwrap();
+                cmd.arg("--data-binary").arg(format!("@{}", in_file.display()));
+                // curl would send a form's content type; S3 stores whatever it is given.
+                cmd.args(["-H", "Content-Type: application/octet-stream"]);
+                sha256_hex(&in_file)
+            }
+            None => EMPTY_SHA256.to_string(),
+        };
+        cmd.arg("-H").arg(format!("x-amz-content-sha256: {payload_sha256}"));
+        cmd.arg(format!("{}{path}", self.url));
+        let out = cmd.output().expect("running curl");
+        assert!(out.status.success(), "curl {method} {path}: {}", String::from_utf8_lossy(&out.stderr));
+        let code = String::from_utf8_lossy(&out.stdout);
+        let status =
+            code.trim().parse().unwrap_or_else(|_| panic!("curl printed {code:?}, not an HTTP status"));
+        let body = std::fs::read(&out_file).unwrap_or_default();
+        S3Response { status, body }
+    }
+}
+
+/// SHA-256 of nothing, the payload hash of a request without a body.
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+fn sha256_hex(file: &Path) -> String {
+    let out = Command::new("sha256sum").arg(file).output().expect("running sha256sum");
+    assert!(out.status.success(), "sha256sum: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace().next().expect("sha256sum prints a hash").to_string()
+}
+
+/// Whether every tool is on PATH; when not, fails the test unless FLASHPATH_SKIP_CEPH=1 outside
+/// CI (then false: the caller skips).
+fn tools_installed(tools: &[&str], packages: &str) -> bool {
+    let installed = tools.iter().all(|tool| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {tool}"))
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if !installed {
+        let skip = std::env::var("FLASHPATH_SKIP_CEPH").is_ok_and(|v| v == "1")
+            && std::env::var("CI").map_or(true, |v| v != "true");
+        assert!(
+            skip,
+            "{} not installed (Debian packages {packages}; ./run test installs them; \
+             FLASHPATH_SKIP_CEPH=1 skips these tests outside CI)",
+            tools.join(", ")
+        );
+        eprintln!("skipping: {} not installed and FLASHPATH_SKIP_CEPH=1", tools.join(", "));
+    }
+    installed
 }
 
 impl CephCluster {
     /// Starts a cluster, or `None` when Ceph is not installed and FLASHPATH_SKIP_CEPH=1 (not in
     /// CI). Panics when it cannot start.
     pub fn start() -> Option<CephCluster> {
-        let installed = ["ceph-mon", "ceph-osd", "rbd"].iter().all(|tool| {
-            Command::new("sh")
-                .arg("-c")
-                .arg(format!("command -v {tool}"))
-                .output()
-                .is_ok_and(|o| o.status.success())
-        });
-        if !installed {
-            let skip = std::env::var("FLASHPATH_SKIP_CEPH").is_ok_and(|v| v == "1")
-                && std::env::var("CI").map_or(true, |v| v != "true");
-            assert!(
-                skip,
-                "Ceph is not installed (Debian packages ceph-mon ceph-osd ceph-common uuid-runtime; \
-                 ./run test installs them; FLASHPATH_SKIP_CEPH=1 skips these tests outside CI)"
-            );
-            eprintln!("skipping: Ceph is not installed and FLASHPATH_SKIP_CEPH=1");
+        if !tools_installed(&["ceph-mon", "ceph-osd", "rbd"], "ceph-mon ceph-osd ceph-common uuid-runtime") {
             return None;
         }
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ceph/cluster.sh");
@@ -69,7 +180,69 @@ impl CephCluster {
         };
         let conf = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         assert!(conf.is_file(), "cluster.sh printed {conf:?}, not a file");
-        Some(CephCluster { dir, conf })
+        Some(CephCluster { dir, conf, rgw: None })
+    }
+
+    /// [`CephCluster::start`] with a RADOS Gateway (S3) on 127.0.0.1; `None` as there, or when
+    /// radosgw or curl is missing under the same rule. [`CephCluster::rgw`] gives its buckets.
+    pub fn start_with_rgw() -> Option<CephCluster> {
+        if !tools_installed(
+            &["radosgw", "radosgw-admin", "curl", "sha256sum"],
+            "radosgw ceph-common curl coreutils",
+        ) {
+            return None;
+        }
+        let mut cluster = CephCluster::start()?;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ceph/cluster.sh");
+        let started = Instant::now();
+        let mut attempt = 0;
+        let out = loop {
+            attempt += 1;
+            // From this process's block of ports, like the monitor's (the pair's second unused).
+            let port = monitor_port();
+            let out = Command::new("bash")
+                .arg(&script)
+                .arg("rgw")
+                .arg(cluster.dir.path())
+                .arg(port.to_string())
+                .output()
+                .unwrap();
+            if out.status.success() {
+                break out;
+            }
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if !stderr.contains("in use") || attempt == 5 {
+                panic!("cannot start the test cluster's RADOS Gateway (port {port}): {stderr}");
+            }
+            eprintln!("the RADOS Gateway's port {port} is taken; trying another");
+        };
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let mut lines = stdout.lines();
+        let mut next = |what: &str| {
+            lines.next().unwrap_or_else(|| panic!("cluster.sh rgw printed no {what}")).to_string()
+        };
+        let (url, access_key, secret_key) = (next("URL"), next("access key"), next("secret key"));
+        eprintln!("RADOS Gateway on {url} in {:.1} s", started.elapsed().as_secs_f64());
+        cluster.rgw = Some(Gateway { url, access_key, secret_key });
+        Some(cluster)
+    }
+
+    /// The gateway's endpoint with a new, empty bucket (created with an S3 PUT), a different
+    /// one on each call, so tests sharing a cluster do not see each other's objects. Panics
+    /// unless the cluster was started with [`CephCluster::start_with_rgw`].
+    pub fn rgw(&self) -> S3Endpoint {
+        let gw = self.rgw.as_ref().expect("the cluster was started without a RADOS Gateway (start_with_rgw)");
+        let bucket = format!("fp-{}-{}", std::process::id(), NEXT_BUCKET.fetch_add(1, Ordering::Relaxed));
+        let endpoint = S3Endpoint {
+            url: gw.url.clone(),
+            access_key: gw.access_key.clone(),
+            secret_key: gw.secret_key.clone(),
+            region: "us-east-1".into(),
+            bucket,
+        };
+        let created = endpoint.request("PUT", &format!("/{}", endpoint.bucket), None);
+        assert_eq!(created.status, 200, "creating bucket {}: {}", endpoint.bucket, created.text());
+        endpoint
     }
 
     /// The cluster's ceph.conf (monitor address, keyring, no authentication).
