@@ -16,18 +16,35 @@ set -euo pipefail
 cmd=${1:?usage: cluster.sh start|stop DIR [PORT]}
 dir=$(realpath -m "${2:?DIR}")
 
-stop() {
-    # The daemons remove their pid files as they exit: read them all first.
-    local pids=()
-    for p in "$dir"/*.pid; do
-        [ -f "$p" ] && pids+=("$(cat "$p")")
-    done
+# terminate PID...: SIGTERM, then SIGKILL to whichever has not exited 5 s later.
+terminate() {
+    local pid
     # A daemon stopped by a fault test (SIGSTOP) acts on SIGTERM only once continued.
-    for pid in "${pids[@]}"; do kill -CONT "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do
+    for pid in "$@"; do kill -CONT "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true; done
+    for pid in "$@"; do
         for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -9 "$pid" 2>/dev/null || true
     done
+}
+
+stop() {
+    # The daemons remove their pid files as they exit: read them all first. One kind after
+    # the other, the gateway (client.rgw.a), the OSD, the monitor: each waits for the next at
+    # its shutdown (the gateway unregisters from its control objects, the OSD tells the
+    # monitor it goes down), and waits out a 5 s timeout when it is gone. In that order the
+    # stop takes about 3.3 s (5.6 with the gateway), all at once about 7.
+    local clients=() osds=() mons=() p
+    for p in "$dir"/*.pid; do
+        [ -f "$p" ] || continue
+        case ${p##*/} in
+            mon.*) mons+=("$(cat "$p")") ;;
+            osd.*) osds+=("$(cat "$p")") ;;
+            *) clients+=("$(cat "$p")") ;;
+        esac
+    done
+    [ ${#clients[@]} -eq 0 ] || terminate "${clients[@]}"
+    [ ${#osds[@]} -eq 0 ] || terminate "${osds[@]}"
+    [ ${#mons[@]} -eq 0 ] || terminate "${mons[@]}"
     rm -f "$dir"/*.pid
 }
 
