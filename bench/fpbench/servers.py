@@ -11,6 +11,7 @@ import socket
 import subprocess
 
 from fpbench.common import GIB, MIB, proc_cpu, run, wait_for
+from fpbench.s3 import parse_rgw_start
 
 
 CHILDREN = []  # every Popen we start, killed on exit
@@ -436,6 +437,19 @@ class QsdMulti:
         stop(self.proc, 20)
 
 
+def free_port(lo, hi):
+    """A TCP port in [lo, hi) that nothing listens on now on 127.0.0.1 (below Linux's ephemeral
+    range, where a connection's local port could take it at any time)."""
+    for port in range(lo, hi):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError(f"no free port in [{lo}, {hi}) on 127.0.0.1")
+
+
 class CephCluster:
     """A throwaway single-node Ceph cluster (tests/ceph/cluster.sh: one monitor, one memstore OSD,
     the pool `rbd`) in `dir`, its daemons pinned to `cpu` (all threads, taskset -a)."""
@@ -446,6 +460,7 @@ class CephCluster:
 
     def __init__(self, dir, cpu):
         self.dir = dir
+        self.cpu_list = cpu
         self.conf = None
         try:
             self.conf = run([self.SCRIPT, "start", dir], 120).stdout.strip().splitlines()[-1]
@@ -466,6 +481,22 @@ class CephCluster:
 
     def stop(self):
         subprocess.run([self.SCRIPT, "stop", self.dir], timeout=60, capture_output=True)
+
+    def start_rgw(self, port=None):
+        """Adds the cluster's RADOS Gateway (tests/ceph/cluster.sh rgw: radosgw on
+        127.0.0.1:`port`, a user with fixed test keys; about 1.2 s), pinned with the other
+        daemons; returns its s3.S3Endpoint. The backup section writes to it, through rclone
+        (s3.write_rclone_config) for the peer. Stopped with the cluster."""
+        port = port or free_port(32000, 32400)
+        try:
+            out = run([self.SCRIPT, "rgw", self.dir, str(port)], 120).stdout
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError(f"tests/ceph/cluster.sh rgw {self.dir} {port} failed: {e.stderr.strip()[-2000:]}")
+        endpoint = parse_rgw_start(out)
+        with open(os.path.join(self.dir, "client.rgw.a.pid")) as fh:
+            self.pids["client.rgw.a"] = int(fh.read().strip())
+        run(["taskset", "-a", "-p", "-c", str(self.cpu_list), str(self.pids["client.rgw.a"])], 20)
+        return endpoint
 
     def rbd(self, *args, timeout=120):
         """The rbd CLI on this cluster; its stdout."""
