@@ -19,7 +19,7 @@
 //!   [`Daemon::kill9`] and [`Daemon::restart`] kill it with SIGKILL and start it again with the
 //!   same command line, configuration and directory (crash-restart tests).
 //! * [`guest`]: a QEMU guest booted against the daemon's sockets (tests/guest.rs).
-//! * [`ceph`]: a real single-node Ceph cluster for the RBD tests.
+//! * [`ceph`]: a real single-node Ceph cluster for the RBD tests, and its RADOS Gateway (S3).
 //! * [`nvme_tcp`]: a minimal NVMe/TCP host (admin and one I/O queue, in-capsule writes, reads).
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
