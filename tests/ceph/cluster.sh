@@ -63,26 +63,35 @@ rgw() {
     local conf=$dir/ceph.conf url=http://127.0.0.1:$port
     [ -f "$conf" ] || { echo "cluster.sh: no cluster in $dir (cluster.sh start first)" >&2; exit 1; }
     mkdir -p "$dir/rgw.a"
+    # What the log holds already is an earlier attempt's (a port found taken).
+    local log=$dir/client.rgw.a.log log_start=1
+    [ -f "$log" ] && log_start=$(($(stat -c %s "$log") + 1))
     # radosgw forks once it has connected to the cluster and created its pools (its pid file is
     # then written); HTTP answers a moment later. The mount timeout bounds a monitor that does
     # not answer (300 s by default).
     radosgw -c "$conf" -n client.rgw.a --client-mount-timeout 20 --rgw-init-timeout 60 \
         --rgw-frontends "beast endpoint=127.0.0.1:$port" 2>>"$dir/client.rgw.a.stderr" ||
         { echo "cluster.sh: radosgw did not start: $(tail -n 5 "$dir/client.rgw.a.stderr")" >&2; exit 1; }
+    # The pid is read at once: the daemon removes its pid file as it exits.
     local code=000 pid
+    pid=$(cat "$dir/client.rgw.a.pid" 2>/dev/null || true)
     for _ in $(seq 300); do
         code=$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$url/" || true)
         [ "$code" = 200 ] && break
-        pid=$(cat "$dir/client.rgw.a.pid" 2>/dev/null || true)
-        if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+        # A frontend that could not bind ends the daemon, not always at once.
+        if { [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; } ||
+            tail -c +"$log_start" "$log" 2>/dev/null | grep -q 'failed initializing frontend'; then
             break
         fi
         sleep 0.05
     done
     if [ "$code" != 200 ]; then
         # Beast logs a port it cannot bind ("Address already in use") and the daemon exits.
-        echo "cluster.sh: radosgw does not answer on $url (HTTP $code): $(grep -h -m 3 -iE 'error|failed|in use' \
-            "$dir/client.rgw.a.log" "$dir/client.rgw.a.stderr" 2>/dev/null)" >&2
+        echo "cluster.sh: radosgw does not answer on $url (HTTP $code): $(tail -c +"$log_start" "$log" 2>/dev/null |
+            grep -m 3 -iE 'error|failed|in use')" >&2
+        # Not left behind for a retry on another port.
+        [ -z "$pid" ] || kill -9 "$pid" 2>/dev/null || true
+        rm -f "$dir/client.rgw.a.pid"
         exit 1
     fi
     radosgw-admin -c "$conf" user create --uid "$rgw_uid" --display-name "flashpath tests" \
