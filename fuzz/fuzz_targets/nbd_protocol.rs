@@ -61,6 +61,8 @@ impl ExportLookup for Exports {
             flags: TFLAG_HAS_FLAGS | if *i == 2 { TFLAG_READ_ONLY } else { TFLAG_SEND_FLUSH },
             min_block: 512 << *i,
             description: format!("export {i}"),
+            // Some exports offer qemu:dirty-bitmap: contexts, so queries reach their parsing.
+            bitmaps: (0..*i).map(|b| format!("b{b}")).collect(),
         }
     }
 }
@@ -220,6 +222,10 @@ fuzz_target!(|data: &[u8]| {
                 assert!(!before_tls, "a TLS listener went to transmission without TLS");
                 assert!(NAMES[..exports.0].contains(&t.name.as_str()), "went to export {:?}", t.name);
                 assert!(!t.allocation || t.structured, "base:allocation without structured replies");
+                assert!(t.bitmaps.is_empty() || t.structured, "a dirty bitmap without structured replies");
+                let offered = exports.info(&t.export).bitmaps.len() as u32;
+                assert!(t.bitmaps.iter().all(|&b| b < offered), "a bitmap the export does not offer");
+                assert!(t.bitmaps.windows(2).all(|w| w[0] < w[1]), "bitmaps selected twice or out of order");
                 if header.option == OPT_EXPORT_NAME {
                     assert!(out.len() == 10 || out.len() == 134, "NBD_OPT_EXPORT_NAME's reply of {} bytes", out.len());
                 } else {
