@@ -21,22 +21,11 @@ impl CephCluster {
     /// Starts a cluster, or `None` when Ceph is not installed and FLASHPATH_SKIP_CEPH=1 (not in
     /// CI). Panics when it cannot start.
     pub fn start() -> Option<CephCluster> {
-        let installed = ["ceph-mon", "ceph-osd", "rbd"].iter().all(|tool| {
-            Command::new("sh")
-                .arg("-c")
-                .arg(format!("command -v {tool}"))
-                .output()
-                .is_ok_and(|o| o.status.success())
-        });
-        if !installed {
-            let skip = std::env::var("FLASHPATH_SKIP_CEPH").is_ok_and(|v| v == "1")
-                && std::env::var("CI").map_or(true, |v| v != "true");
-            assert!(
-                skip,
-                "Ceph is not installed (Debian packages ceph-mon ceph-osd ceph-common uuid-runtime; \
-                 ./run test installs them; FLASHPATH_SKIP_CEPH=1 skips these tests outside CI)"
-            );
-            eprintln!("skipping: Ceph is not installed and FLASHPATH_SKIP_CEPH=1");
+        if !super::tools_or_skip(
+            &["ceph-mon", "ceph-osd", "rbd"],
+            "Ceph is not installed (Debian packages ceph-mon ceph-osd ceph-common uuid-runtime)",
+            "FLASHPATH_SKIP_CEPH",
+        ) {
             return None;
         }
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ceph/cluster.sh");
