@@ -26,7 +26,8 @@
 //! Checked: no panic; the replies are well-formed option replies to the option asked (or
 //! NBD_OPT_EXPORT_NAME's bare reply when it goes); a TLS listener serves nothing before TLS
 //! (every other option gets NBD_REP_ERR_TLS_REQD or closes); `Go` names an export of the
-//! listener and selects `base:allocation` only with structured replies; no more than
+//! listener and selects `base:allocation` and dirty bitmaps only with structured replies (only
+//! bitmaps the export offers, each once, in order; export `i` offers `i` bitmaps); no more than
 //! `MAX_OPTIONS` options and no option longer than `MAX_OPTION_LEN` are handled; a request header
 //! parses exactly when its magic is right and its payload fits, and encodes back to itself.
 #![no_main]
