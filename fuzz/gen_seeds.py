@@ -539,6 +539,10 @@ def nbd_req(command, offset, length, flags=0, payload=b""):
     return bytes([1]) + struct.pack(">HHQQI", flags, command, 7, offset, length) + payload
 
 
+def nbd_meta(name, queries):
+    return struct.pack(">I", len(name)) + name + struct.pack(">I", len(queries)) + b"".join(struct.pack(">I", len(q)) + q for q in queries)
+
+
 meta = struct.pack(">I", 5) + b"disk0" + struct.pack(">I", 1) + struct.pack(">I", 15) + b"base:allocation"
 write("nbd_protocol", {
     # What qemu-img sends: structured replies, base:allocation, GO with information requests,
@@ -556,6 +560,13 @@ write("nbd_protocol", {
     # Lengths that lie, an unknown option, then a bad magic.
     "seed-bad-lengths": bytes([2]) + struct.pack(">I", 1) + nbd_opt(7, struct.pack(">I", 100) + b"disk0")
     + nbd_opt(0x4242, b"x") + nbd_opt(6, nbd_name(b"x", (0,))[:-1]) + bytes([0]) + b"NOTMAGIC" + bytes(8),
+    # qemu:dirty-bitmap: contexts (three exports; "x" offers bitmaps b0 and b1): LIST by the
+    # qemu: and qemu:dirty-bitmap: namespaces, SET of base:allocation, a bitmap and an unknown
+    # one, GO, then block status with REQ_ONE.
+    "seed-dirty-bitmap": bytes([4]) + struct.pack(">I", 1) + nbd_opt(8)
+    + nbd_opt(10, nbd_meta(b"x", [b"qemu:"])) + nbd_opt(10, nbd_meta(b"x", [b"qemu:dirty-bitmap:"]))
+    + nbd_opt(11, nbd_meta(b"x", [b"base:allocation", b"qemu:dirty-bitmap:b1", b"qemu:dirty-bitmap:zz"]))
+    + nbd_opt(7, nbd_name(b"x", ())) + nbd_req(7, 0, 1 << 20, flags=8),
     # nbd_device strings.
     "seed-device-unix": bytes([8]) + b"nbd+unix:///disk0?socket=/var/tmp/x.sock",
     "seed-device-tcp": bytes([8]) + b"nbd://[::1]:10809/a%20b",

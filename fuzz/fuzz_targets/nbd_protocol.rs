@@ -26,7 +26,8 @@
 //! Checked: no panic; the replies are well-formed option replies to the option asked (or
 //! NBD_OPT_EXPORT_NAME's bare reply when it goes); a TLS listener serves nothing before TLS
 //! (every other option gets NBD_REP_ERR_TLS_REQD or closes); `Go` names an export of the
-//! listener and selects `base:allocation` only with structured replies; no more than
+//! listener and selects `base:allocation` and dirty bitmaps only with structured replies (only
+//! bitmaps the export offers, each once, in order; export `i` offers `i` bitmaps); no more than
 //! `MAX_OPTIONS` options and no option longer than `MAX_OPTION_LEN` are handled; a request header
 //! parses exactly when its magic is right and its payload fits, and encodes back to itself.
 #![no_main]
@@ -61,6 +62,8 @@ impl ExportLookup for Exports {
             flags: TFLAG_HAS_FLAGS | if *i == 2 { TFLAG_READ_ONLY } else { TFLAG_SEND_FLUSH },
             min_block: 512 << *i,
             description: format!("export {i}"),
+            // Some exports offer qemu:dirty-bitmap: contexts, so queries reach their parsing.
+            bitmaps: (0..*i).map(|b| format!("b{b}")).collect(),
         }
     }
 }
@@ -220,6 +223,10 @@ fuzz_target!(|data: &[u8]| {
                 assert!(!before_tls, "a TLS listener went to transmission without TLS");
                 assert!(NAMES[..exports.0].contains(&t.name.as_str()), "went to export {:?}", t.name);
                 assert!(!t.allocation || t.structured, "base:allocation without structured replies");
+                assert!(t.bitmaps.is_empty() || t.structured, "a dirty bitmap without structured replies");
+                let offered = exports.info(&t.export).bitmaps.len() as u32;
+                assert!(t.bitmaps.iter().all(|&b| b < offered), "a bitmap the export does not offer");
+                assert!(t.bitmaps.windows(2).all(|w| w[0] < w[1]), "bitmaps selected twice or out of order");
                 if header.option == OPT_EXPORT_NAME {
                     assert!(out.len() == 10 || out.len() == 134, "NBD_OPT_EXPORT_NAME's reply of {} bytes", out.len());
                 } else {

@@ -164,7 +164,7 @@
 //! those of `bdev_mirror_start`, each
 //! `[[vhost_blk]]` table those of
 //! `vhost_create_blk_controller`, each `[[nbd_disk]]` table those of `nbd_start_disk`
-//! (`tls_cert`, `tls_key`, `tls_ca` included), and the NVMe-oF tables those of
+//! (`tls_cert`, `tls_key`, `tls_ca`, `bitmaps` included), and the NVMe-oF tables those of
 //! `nvmf_create_transport`, `nvmf_create_subsystem`, `nvmf_subsystem_add_listener`,
 //! `nvmf_subsystem_add_host` and `nvmf_subsystem_add_ns`, applied in that order wherever they
 //! are written: each export kind names its tables and methods
@@ -1175,6 +1175,7 @@ mod tests {
             bdev_name = "ram0"
             nbd_device = "/run/fp/ram0.nbd"
             readonly = true
+            bitmaps = ["daily", { bdev = "ram2", name = "weekly" }]
             [[nbd_disk]]
             bdev_name = "ram1"
             nbd_device = "nbd://0.0.0.0/ram1"
@@ -1206,7 +1207,10 @@ mod tests {
                 "nbd_start_disk".to_string(),
                 "nbd_disk",
                 0,
-                json!({"bdev_name": "ram0", "nbd_device": "/run/fp/ram0.nbd", "readonly": true})
+                json!({
+                    "bdev_name": "ram0", "nbd_device": "/run/fp/ram0.nbd", "readonly": true,
+                    "bitmaps": ["daily", { "bdev": "ram2", "name": "weekly" }],
+                })
             )
         );
         assert_eq!(

@@ -13,7 +13,7 @@
 //! flashpath rbd cluster remove NAME | rbd cluster list [NAME]
 //! flashpath vhost create --name CTRL --disk NAME [--cpus LIST] [--readonly] [--queues N]
 //! flashpath vhost list [NAME] | vhost delete NAME
-//! flashpath nbd start DISK NBD_DEVICE [--readonly] [--tls-cert F --tls-key F [--tls-ca F]]
+//! flashpath nbd start DISK NBD_DEVICE [--readonly] [--tls-cert F --tls-key F [--tls-ca F]] [--bitmap [BDEV/]NAME]...
 //! flashpath nbd stop NBD_DEVICE | nbd list [NBD_DEVICE]
 //! flashpath nvmf transport create [--max-queue-depth N] [--max-io-size BYTES] ... | transport list
 //! flashpath nvmf subsystem create NQN [--serial SN] [--model MN] [--allow-any-host]

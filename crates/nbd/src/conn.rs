@@ -68,6 +68,8 @@ pub(crate) struct ConnSetup {
     pub(crate) export: Arc<ExportShared>,
     pub(crate) structured: bool,
     pub(crate) allocation: bool,
+    /// The export's bitmaps selected ([`crate::handshake::Transmission::bitmaps`]).
+    pub(crate) bitmaps: Vec<u32>,
     pub(crate) peer: String,
 }
 
@@ -156,6 +158,7 @@ pub(crate) struct ConnPoller {
     channel: DiskIo,
     structured: bool,
     allocation: bool,
+    bitmaps: Vec<u32>,
     peer: String,
     /// Its counts, published to `stats` once per busy round (`counted` says there is news).
     counters: NbdStats,
@@ -203,6 +206,7 @@ impl ConnPoller {
             channel,
             structured: s.structured,
             allocation: s.allocation,
+            bitmaps: s.bitmaps,
             peer: s.peer,
             counters: NbdStats::default(),
             counted: false,

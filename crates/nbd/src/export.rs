@@ -6,17 +6,31 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use fp_bdev::disk::BitmapUse;
 use fp_bdev::Bdev;
 use fp_reactor::{PollerId, ReactorHandle};
 
 use crate::proto::*;
 use crate::stats::{ConnStats, NbdStats};
 
+/// A dirty bitmap an export offers as the `qemu:dirty-bitmap:NAME` metadata context. The hold
+/// keeps the bitmap (it reads the live bits at each query) and makes it refuse removal while
+/// the export lives.
+#[derive(Debug)]
+pub struct ExportBitmap {
+    /// The context's leaf name: the bitmap's name.
+    pub name: String,
+    pub bitmap: BitmapUse,
+}
+
 /// An export as its listener, its connections and the registry share it.
 pub(crate) struct ExportShared {
     pub(crate) name: String,
     pub(crate) bdev: Bdev,
     pub(crate) readonly: bool,
+    /// Its `qemu:dirty-bitmap:` contexts, with the window each is read by: the least common
+    /// multiple of its granularity and the disk's block size, so every extent is whole blocks.
+    pub(crate) bitmaps: Vec<(ExportBitmap, u64)>,
     reactors: Vec<ReactorHandle>,
     next_reactor: AtomicUsize,
     /// Its connections' pollers; touched when a connection starts or ends and on stop.
@@ -55,6 +69,14 @@ impl Conns {
     }
 }
 
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// Locks `m`; a panic while it was held leaves plain data behind, so keep going.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -66,13 +88,24 @@ impl ExportShared {
         name: String,
         bdev: Bdev,
         readonly: bool,
+        bitmaps: Vec<ExportBitmap>,
         reactors: Vec<ReactorHandle>,
         close_timeout: std::time::Duration,
     ) -> ExportShared {
+        let block = u64::from(bdev.info().block_size).max(1);
+        let bitmaps = bitmaps
+            .into_iter()
+            .map(|b| {
+                let g = b.bitmap.granularity();
+                let unit = g / gcd(g, block) * block;
+                (b, unit)
+            })
+            .collect();
         ExportShared {
             name,
             bdev,
             readonly,
+            bitmaps,
             reactors,
             next_reactor: AtomicUsize::new(0),
             conns: Mutex::new(Conns::default()),

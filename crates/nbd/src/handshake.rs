@@ -26,6 +26,8 @@ pub struct ExportInfo {
     /// The minimum block size: the device's block size.
     pub min_block: u32,
     pub description: String,
+    /// The dirty bitmaps it offers as `qemu:dirty-bitmap:NAME` contexts, in id order.
+    pub bitmaps: Vec<String>,
 }
 
 /// The server's exports, as the negotiation sees them.
@@ -62,6 +64,17 @@ pub struct Transmission<E> {
     pub structured: bool,
     /// `base:allocation` was selected (its id is [`BASE_ALLOCATION_ID`]).
     pub allocation: bool,
+    /// The export's bitmaps selected, by their index in [`ExportInfo::bitmaps`] (context id
+    /// [`FIRST_BITMAP_ID`] + index), in order.
+    pub bitmaps: Vec<u32>,
+}
+
+/// The metadata contexts SET_META_CONTEXT selected, and the export they hold for.
+#[derive(Debug)]
+struct Selected {
+    export: String,
+    allocation: bool,
+    bitmaps: Vec<u32>,
 }
 
 /// One connection's negotiation state.
@@ -71,8 +84,8 @@ pub struct Negotiation {
     tls_active: bool,
     no_zeroes: bool,
     structured: bool,
-    /// The export name `base:allocation` was selected for.
-    allocation_for: Option<String>,
+    /// The contexts the last SET_META_CONTEXT selected.
+    selected: Option<Selected>,
     options: u32,
 }
 
@@ -118,7 +131,7 @@ impl Negotiation {
             tls_active: false,
             no_zeroes: false,
             structured: false,
-            allocation_for: None,
+            selected: None,
             options: 0,
         }
     }
@@ -258,8 +271,12 @@ impl Negotiation {
     }
 
     fn go<E>(&mut self, name: String, export: E) -> Step<E> {
-        let allocation = self.structured && self.allocation_for.as_deref() == Some(name.as_str());
-        Step::Go(Transmission { name, export, structured: self.structured, allocation })
+        // A selection holds only for the export it named (and with structured replies).
+        let (allocation, bitmaps) = match &self.selected {
+            Some(s) if self.structured && s.export == name => (s.allocation, s.bitmaps.clone()),
+            _ => (false, Vec::new()),
+        };
+        Step::Go(Transmission { name, export, structured: self.structured, allocation, bitmaps })
     }
 
     fn info_or_go<L: ExportLookup>(
@@ -332,27 +349,47 @@ impl Negotiation {
         if opt == OPT_SET_META_CONTEXT && !self.structured {
             return Err(Invalid("NBD_OPT_SET_META_CONTEXT needs structured replies first"));
         }
-        let name = match exports.find(name) {
-            Ok((name, _)) => name,
+        let (name, export) = match exports.find(name) {
+            Ok(found) => found,
             Err(why) => {
                 error(out, opt, REP_ERR_UNKNOWN, &why);
                 return Ok(());
             }
         };
-        // LIST with no query lists everything; "base:" asks for every context of the namespace.
-        let selected = if opt == OPT_LIST_META_CONTEXT && queries.is_empty() {
-            true
-        } else {
-            queries.iter().any(|q| *q == BASE_ALLOCATION || (opt == OPT_LIST_META_CONTEXT && *q == "base:"))
-        };
-        if selected {
-            let id = if opt == OPT_SET_META_CONTEXT { BASE_ALLOCATION_ID } else { 0 };
-            let mut p = id.to_be_bytes().to_vec();
-            p.extend_from_slice(BASE_ALLOCATION.as_bytes());
-            option_reply(out, opt, REP_META_CONTEXT, &p);
+        let offered = exports.info(&export).bitmaps;
+        let list = opt == OPT_LIST_META_CONTEXT;
+        // LIST with no query lists everything; a namespace alone ("base:", "qemu:",
+        // "qemu:dirty-bitmap:") lists every context under it, and selects nothing in a SET (as
+        // QEMU's server). Names the export does not serve are ignored.
+        let everything = list && queries.is_empty();
+        let mut allocation = everything;
+        let mut chosen = vec![everything; offered.len()];
+        for q in &queries {
+            if *q == BASE_ALLOCATION || (list && *q == "base:") {
+                allocation = true;
+            } else if list && (*q == "qemu:" || *q == DIRTY_BITMAP_PREFIX) {
+                chosen.iter_mut().for_each(|c| *c = true);
+            } else if let Some(i) =
+                q.strip_prefix(DIRTY_BITMAP_PREFIX).and_then(|n| offered.iter().position(|b| b == n))
+            {
+                chosen[i] = true;
+            }
         }
-        if opt == OPT_SET_META_CONTEXT {
-            self.allocation_for = selected.then_some(name);
+        let reply = |out: &mut Vec<u8>, id: u32, context: &str| {
+            let id = if list { 0 } else { id };
+            let mut p = id.to_be_bytes().to_vec();
+            p.extend_from_slice(context.as_bytes());
+            option_reply(out, opt, REP_META_CONTEXT, &p);
+        };
+        if allocation {
+            reply(out, BASE_ALLOCATION_ID, BASE_ALLOCATION);
+        }
+        let bitmaps: Vec<u32> = (0..offered.len() as u32).filter(|&i| chosen[i as usize]).collect();
+        for &i in &bitmaps {
+            reply(out, FIRST_BITMAP_ID + i, &format!("{DIRTY_BITMAP_PREFIX}{}", offered[i as usize]));
+        }
+        if !list {
+            self.selected = Some(Selected { export: name, allocation, bitmaps });
         }
         option_reply(out, opt, REP_ACK, &[]);
         Ok(())
@@ -384,7 +421,14 @@ mod tests {
             vec!["a".into(), "b".into()]
         }
         fn info(&self, size: &u64) -> ExportInfo {
-            ExportInfo { size: *size, flags: TFLAG_HAS_FLAGS, min_block: 512, description: "disk".into() }
+            let bitmaps = if *size == 1 << 20 { vec!["b0".into(), "b1".into()] } else { Vec::new() };
+            ExportInfo {
+                size: *size,
+                flags: TFLAG_HAS_FLAGS,
+                min_block: 512,
+                description: "disk".into(),
+                bitmaps,
+            }
         }
     }
 
@@ -427,7 +471,8 @@ mod tests {
                 name: "b".into(),
                 export: 2 << 20,
                 structured: false,
-                allocation: false
+                allocation: false,
+                bitmaps: Vec::new()
             })
         );
         assert_eq!(reply_types(&out), vec![REP_INFO, REP_INFO, REP_INFO, REP_ACK]);
@@ -470,6 +515,46 @@ mod tests {
         let data = go_data("a", &[]);
         let Step::Go(t) = n.option(&Two, hdr(OPT_GO, &data), &data, &mut out) else { panic!("no go") };
         assert!(t.structured && t.allocation);
+    }
+
+    fn meta_data(export: &str, queries: &[&str]) -> Vec<u8> {
+        let mut q = (export.len() as u32).to_be_bytes().to_vec();
+        q.extend_from_slice(export.as_bytes());
+        q.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for x in queries {
+            q.extend_from_slice(&(x.len() as u32).to_be_bytes());
+            q.extend_from_slice(x.as_bytes());
+        }
+        q
+    }
+
+    #[test]
+    fn dirty_bitmap_contexts_are_listed_by_namespace_and_selected_per_export() {
+        let mut n = Negotiation::new(false);
+        let mut out = Vec::new();
+        n.option(&Two, hdr(OPT_STRUCTURED_REPLY, &[]), &[], &mut out);
+        out.clear();
+        // "b" offers no bitmap: a qemu: query lists nothing there.
+        let q = meta_data("b", &["qemu:"]);
+        n.option(&Two, hdr(OPT_LIST_META_CONTEXT, &q), &q, &mut out);
+        assert_eq!(reply_types(&out), vec![REP_ACK]);
+        out.clear();
+        let q = meta_data("a", &["qemu:dirty-bitmap:"]);
+        n.option(&Two, hdr(OPT_LIST_META_CONTEXT, &q), &q, &mut out);
+        assert_eq!(reply_types(&out), vec![REP_META_CONTEXT, REP_META_CONTEXT, REP_ACK]);
+        let q = meta_data("a", &["qemu:dirty-bitmap:b1", "qemu:dirty-bitmap:b9", "qemu:dirty-bitmap:"]);
+        n.option(&Two, hdr(OPT_SET_META_CONTEXT, &q), &q, &mut out);
+        let data = go_data("b", &[]);
+        let Step::Go(t) = n.option(&Two, hdr(OPT_GO, &data), &data, &mut out) else { panic!("no go") };
+        assert!(!t.allocation && t.bitmaps.is_empty());
+        let data = go_data("a", &[]);
+        let Step::Go(t) = n.option(&Two, hdr(OPT_GO, &data), &data, &mut out) else { panic!("no go") };
+        assert_eq!((t.allocation, t.bitmaps), (false, vec![1]));
+        // A later SET replaces the selection.
+        let q = meta_data("a", &[BASE_ALLOCATION]);
+        n.option(&Two, hdr(OPT_SET_META_CONTEXT, &q), &q, &mut out);
+        let Step::Go(t) = n.option(&Two, hdr(OPT_GO, &data), &data, &mut out) else { panic!("no go") };
+        assert_eq!((t.allocation, t.bitmaps), (true, vec![]));
     }
 
     #[test]

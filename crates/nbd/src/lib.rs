@@ -31,6 +31,7 @@ mod tests;
 
 pub use address::{parse_device, Address, Device};
 pub use conn::CLOSE_TIMEOUT;
+pub use export::ExportBitmap;
 pub use server::{ExportHandle, ExportSpec, NbdError, NbdServer, STOP_TIMEOUT};
 pub use stats::NbdStats;
 pub use tls::TlsFiles;

@@ -102,9 +102,14 @@ pub const ESHUTDOWN: u32 = 108;
 pub const STATE_HOLE: u32 = 1 << 0;
 pub const STATE_ZERO: u32 = 1 << 1;
 
-/// The one metadata context served, and the id it gets.
+/// The metadata contexts served, and the ids they get: `base:allocation` 1, the export's
+/// bitmaps (`qemu:dirty-bitmap:NAME`, QEMU's) 2, 3, ... in the order the export lists them.
 pub const BASE_ALLOCATION: &str = "base:allocation";
 pub const BASE_ALLOCATION_ID: u32 = 1;
+pub const DIRTY_BITMAP_PREFIX: &str = "qemu:dirty-bitmap:";
+pub const FIRST_BITMAP_ID: u32 = 2;
+/// A `qemu:dirty-bitmap:` state: the extent changed since the bitmap was cleared.
+pub const STATE_DIRTY: u32 = 1 << 0;
 
 /// The largest READ or WRITE payload accepted (and advertised as the maximum block size): 32
 /// MiB, as QEMU's server. A bigger one closes the connection, since its payload cannot be

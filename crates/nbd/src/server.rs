@@ -18,7 +18,7 @@ use rustls::ServerConfig;
 
 use crate::address::Address;
 use crate::conn::{ConnPoller, ConnSetup};
-use crate::export::{lock, ExportShared};
+use crate::export::{lock, ExportBitmap, ExportShared};
 use crate::handshake::{ExportInfo, ExportLookup, Negotiation, Step, Transmission};
 use crate::proto::*;
 use crate::stats::{ConnStats, NbdStats};
@@ -62,6 +62,9 @@ pub struct ExportSpec {
     pub tls: Option<TlsFiles>,
     /// The mode a Unix socket gets once bound.
     pub socket_mode: u32,
+    /// The dirty bitmaps offered as `qemu:dirty-bitmap:NAME` contexts: each of the export's
+    /// size, names unique.
+    pub bitmaps: Vec<ExportBitmap>,
 }
 
 /// A listener's state shared with its threads.
@@ -100,6 +103,7 @@ impl ExportLookup for ListenerShared {
             flags: e.flags(),
             min_block: info.block_size,
             description: format!("flashpath bdev {}", info.name),
+            bitmaps: e.bitmaps.iter().map(|(b, _)| b.name.clone()).collect(),
         }
     }
 }
@@ -285,11 +289,24 @@ impl NbdServer {
                 format!("{} is reachable from other hosts: it needs tls_cert and tls_key", spec.address),
             ));
         }
+        let size = spec.bdev.info().size_bytes();
+        for (i, b) in spec.bitmaps.iter().enumerate() {
+            if b.bitmap.len() != size {
+                return Err(invalid(
+                    "bitmaps",
+                    format!("bitmap '{}' covers {} bytes, the export has {size}", b.name, b.bitmap.len()),
+                ));
+            }
+            if b.name.is_empty() || spec.bitmaps[..i].iter().any(|o| o.name == b.name) {
+                return Err(invalid("bitmaps", format!("bitmap name '{}' is empty or given twice", b.name)));
+            }
+        }
         let close_timeout = Duration::from_millis(self.bounds.close_ms.load(Ordering::Relaxed));
         let export = Arc::new(ExportShared::new(
             spec.name.clone(),
             spec.bdev,
             spec.readonly,
+            spec.bitmaps,
             spec.reactors,
             close_timeout,
         ));
@@ -435,14 +452,16 @@ fn hand_over(link: Link, t: Transmission<Arc<ExportShared>>, peer: &str) -> Resu
         export: export.clone(),
         structured: t.structured,
         allocation: t.allocation,
+        bitmaps: t.bitmaps.clone(),
         peer: peer.to_string(),
     };
     log::info!(
-        "nbd export '{}': {peer} connected (reactor {}, {} replies{})",
+        "nbd export '{}': {peer} connected (reactor {}, {} replies{}{})",
         export.name,
         reactor.id(),
         if t.structured { "structured" } else { "simple" },
-        if t.allocation { ", base:allocation" } else { "" }
+        if t.allocation { ", base:allocation" } else { "" },
+        if t.bitmaps.is_empty() { String::new() } else { format!(", {} dirty bitmap(s)", t.bitmaps.len()) }
     );
     let handle = reactor.clone();
     reactor.send(move |r| {

@@ -34,6 +34,15 @@ fn export_with(
     bdev: Bdev,
     configure: impl FnOnce(&NbdServer),
 ) -> (Setup, crate::ExportHandle) {
+    export_full(readonly, bdev, Vec::new(), configure)
+}
+
+fn export_full(
+    readonly: bool,
+    bdev: Bdev,
+    bitmaps: Vec<crate::ExportBitmap>,
+    configure: impl FnOnce(&NbdServer),
+) -> (Setup, crate::ExportHandle) {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("d.sock");
     let reactors = ReactorSet::start(&[0], ReactorConfig::default()).unwrap();
@@ -47,6 +56,7 @@ fn export_with(
         address: parse_device(sock.to_str().unwrap()).unwrap().address,
         tls: None,
         socket_mode: 0o600,
+        bitmaps,
     };
     let handle = server.start(spec).unwrap();
     (Setup { _dir: dir, sock, server, reactors: Some(reactors) }, handle)
@@ -445,3 +455,6 @@ fn a_closing_connection_retries_for_the_close_bound_the_server_was_given() {
     assert!(start.elapsed() >= bound, "answered at the default bound: {:?}", start.elapsed());
     assert_eq!(handle.close(std::time::Duration::from_secs(5)), Ok(()));
 }
+
+#[path = "bitmap_tests.rs"]
+mod bitmap_tests;

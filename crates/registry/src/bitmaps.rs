@@ -83,6 +83,7 @@ pub(crate) fn refused(field: &'static str, e: BitmapError) -> MethodError {
     match e {
         BitmapError::AccountingOff => MethodError::Failed { code: -libc::EOPNOTSUPP, message: e.to_string() },
         BitmapError::Exists { .. } => MethodError::Failed { code: -libc::EEXIST, message: e.to_string() },
+        BitmapError::Busy { .. } => MethodError::Failed { code: -libc::EBUSY, message: e.to_string() },
         BitmapError::Invalid { field, reason } => RegistryError::Invalid { field, reason }.into(),
         other => RegistryError::Invalid { field, reason: other.to_string() }.into(),
     }

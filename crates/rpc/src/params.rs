@@ -146,6 +146,15 @@ impl Params {
             .map(Some)
     }
 
+    /// A list whose items the method decodes itself (items of more than one shape).
+    pub fn optional_list(&mut self, field: &'static str) -> Result<Option<Vec<Value>>, ParamError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::Array(items)) => Ok(Some(items)),
+            Some(v) => Err(ParamError::new(field, format!("expected a list, got {}", describe(&v)))),
+        }
+    }
+
     /// An object, left for the method to decode (SPDK's nested `listen_address`, `namespace`).
     /// A list of names given either as a list of strings or as one string of names separated
     /// by whitespace (SPDK's `base_bdevs` is sent both ways by its clients over the years).

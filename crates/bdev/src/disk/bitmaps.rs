@@ -14,7 +14,7 @@
 //!   so every bit set before the swap is in the copy and every bit set after it stays in the
 //!   bitmap: "take and clear atomically" for a backup, never a write lost between the two.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// QEMU's default granularity.
@@ -56,6 +56,14 @@ pub enum BitmapError {
     /// The bitmap may have missed writes (a crash): only removal is allowed.
     #[error("dirty bitmap '{0}' is inconsistent (it may have missed writes in a crash): only removing it is allowed")]
     Inconsistent(String),
+    /// An export reads it ([`BitmapUse`]): it cannot be removed until the export stops.
+    #[error("dirty bitmap '{name}' of bdev '{bdev}' is busy: an export uses it (stop the export first)")]
+    Busy {
+        /// The bdev asked.
+        bdev: String,
+        /// The bitmap in use.
+        name: String,
+    },
     /// The daemon counts no I/O, so its channels bypass the layer that marks.
     #[error("I/O statistics are switched off in this daemon (serve --no-iostat): channels bypass the layer that marks bitmaps")]
     AccountingOff,
@@ -83,6 +91,8 @@ pub struct DirtyBitmap {
     pub(super) recording: AtomicBool,
     persistent: bool,
     inconsistent: AtomicBool,
+    /// Holders of a [`BitmapUse`] (exports reading it): removal is refused while any remain.
+    users: AtomicUsize,
 }
 
 /// What `bdev_dirty_bitmap_list` shows of a bitmap.
@@ -100,7 +110,7 @@ pub struct BitmapInfo {
     pub inconsistent: bool,
     /// Dirty bytes (the last chunk counted to the end of the disk only).
     pub count: u64,
-    /// Held by a job (none yet uses bitmaps: always false).
+    /// Held by an export that reads it ([`BitmapUse`]): it cannot be removed.
     pub busy: bool,
 }
 
@@ -142,7 +152,13 @@ impl DirtyBitmap {
             recording: AtomicBool::new(recording),
             persistent,
             inconsistent: AtomicBool::new(false),
+            users: AtomicUsize::new(0),
         }
+    }
+
+    /// Whether a [`BitmapUse`] holds it.
+    pub fn busy(&self) -> bool {
+        self.users.load(Ordering::SeqCst) > 0
     }
 
     /// Its name.
@@ -262,8 +278,97 @@ impl DirtyBitmap {
             persistent: self.persistent,
             inconsistent: self.inconsistent(),
             count: self.count(),
-            busy: false,
+            busy: self.busy(),
         }
+    }
+}
+
+impl DirtyBitmap {
+    /// The first chunk in `[from, to)` whose bit is `set`, or `to`: a word at a time.
+    fn next_chunk(&self, from: u64, to: u64, set: bool) -> u64 {
+        let mut c = from;
+        while c < to {
+            let w = self.words[(c / 64) as usize].load(Ordering::Relaxed);
+            let w = if set { w } else { !w } >> (c % 64);
+            if w != 0 {
+                return (c + u64::from(w.trailing_zeros())).min(to);
+            }
+            c = (c / 64 + 1) * 64;
+        }
+        to
+    }
+
+    /// Whether any chunk touching `[offset, end)` (`offset < end <= len`) is dirty.
+    fn any_dirty(&self, offset: u64, end: u64) -> bool {
+        let (first, stop) = (offset >> self.shift, ((end - 1) >> self.shift) + 1);
+        self.next_chunk(first, stop, true) < stop
+    }
+
+    /// The run of one state that starts at `offset`, read from the live bits (no copy): whether
+    /// it is dirty, and where it ends (at most `end`). The state is decided per window of `unit`
+    /// bytes (a multiple of the granularity, counted from 0): a window is dirty when any of its
+    /// chunks is. Runs end on window boundaries or at `end`. Bytes past the bitmap's own size (a
+    /// disk grown since it was made) are dirty: nothing recorded their writes.
+    pub fn run_at(&self, offset: u64, end: u64, unit: u64) -> (bool, u64) {
+        debug_assert!(unit.is_multiple_of(self.granularity()) && offset < end);
+        if offset >= self.len {
+            return (true, end);
+        }
+        let window_end = |at: u64| (at / unit + 1).saturating_mul(unit).min(end);
+        let limit = end.min(self.len);
+        let dirty = self.any_dirty(offset, window_end(offset).min(self.len));
+        if !dirty {
+            // Clean up to the window holding the next dirty chunk.
+            let stop = ((limit - 1) >> self.shift) + 1;
+            let next = self.next_chunk(offset >> self.shift, stop, true);
+            if next == stop {
+                return (false, limit);
+            }
+            return (false, ((next << self.shift) / unit * unit).max(offset));
+        }
+        let mut at = window_end(offset);
+        if unit == self.granularity() {
+            let stop = ((limit - 1) >> self.shift) + 1;
+            at = at.min(limit);
+            if at < limit {
+                at = (self.next_chunk(at >> self.shift, stop, false) << self.shift).min(limit);
+            }
+        } else {
+            while at < limit && self.any_dirty(at, window_end(at).min(self.len)) {
+                at = window_end(at);
+            }
+        }
+        // The last chunk may stop at the end of the bitmap, and the bytes after it are dirty.
+        if at >= self.len && end > self.len {
+            at = end;
+        }
+        (true, at.min(end))
+    }
+}
+
+/// A hold on a bitmap by an export that reads it: the bitmap shows `busy` and refuses removal
+/// until every hold is dropped.
+#[derive(Debug)]
+pub struct BitmapUse(Arc<DirtyBitmap>);
+
+impl BitmapUse {
+    /// Holds `bitmap`.
+    pub fn new(bitmap: Arc<DirtyBitmap>) -> BitmapUse {
+        bitmap.users.fetch_add(1, Ordering::SeqCst);
+        BitmapUse(bitmap)
+    }
+}
+
+impl std::ops::Deref for BitmapUse {
+    type Target = DirtyBitmap;
+    fn deref(&self) -> &DirtyBitmap {
+        &self.0
+    }
+}
+
+impl Drop for BitmapUse {
+    fn drop(&mut self) {
+        self.0.users.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -290,3 +290,58 @@ fn marking_allocates_nothing_per_request() {
     assert_eq!(ALLOCATIONS.with(Cell::get), 0);
     assert_eq!(b.info().count, 800 * 512);
 }
+
+/// Every run of `[offset, end)` by `unit` windows, as (dirty, start, len).
+fn runs(b: &DirtyBitmap, offset: u64, end: u64, unit: u64) -> Vec<(bool, u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = offset;
+    while at < end {
+        let (dirty, stop) = b.run_at(at, end, unit);
+        assert!(stop > at, "a run moves forward");
+        out.push((dirty, at, stop - at));
+        at = stop;
+    }
+    out
+}
+
+#[test]
+fn runs_are_read_from_the_live_bits_by_window_and_past_the_end_are_dirty() {
+    let b = DirtyBitmap::new("b", 1 << 20, 4096, false, true);
+    b.mark(8192, 100); // chunk 2
+    b.mark(64 * 4096, 4096 * 3); // chunks 64..67, across a word
+    assert_eq!(
+        runs(&b, 0, 1 << 20, 4096),
+        vec![
+            (false, 0, 8192),
+            (true, 8192, 4096),
+            (false, 12288, 61 * 4096),
+            (true, 64 * 4096, 3 * 4096),
+            (false, 67 * 4096, (1 << 20) - 67 * 4096)
+        ]
+    );
+    // Cut to the range, starting mid-run.
+    assert_eq!(runs(&b, 65 * 4096, 66 * 4096, 4096), vec![(true, 65 * 4096, 4096)]);
+    // Windows larger than the granularity: a window is dirty when any chunk is.
+    assert_eq!(runs(&b, 0, 128 * 1024, 32 * 1024), vec![(true, 0, 32 * 1024), (false, 32 * 1024, 96 * 1024)]);
+    assert_eq!(runs(&b, 4096, 3 * 32 * 1024, 32 * 1024)[0], (true, 4096, 32 * 1024 - 4096));
+    // A bit set after a query shows in the next one: no copy is kept.
+    b.mark(0, 1);
+    assert_eq!(b.run_at(0, 1 << 20, 4096), (true, 4096));
+    // A disk grown past the bitmap: the bytes it never tracked are dirty.
+    assert_eq!(b.run_at((1 << 20) - 4096, (1 << 20) + 8192, 4096), (false, 1 << 20));
+    assert_eq!(b.run_at(1 << 20, (1 << 20) + 8192, 4096), (true, (1 << 20) + 8192));
+    b.mark((1 << 20) - 4096, 4096);
+    assert_eq!(b.run_at((1 << 20) - 4096, (1 << 20) + 8192, 4096), (true, (1 << 20) + 8192));
+}
+
+#[test]
+fn a_held_bitmap_is_busy_and_refuses_removal_until_released() {
+    let (disk, _script) = scripted();
+    let b = add(&disk, "b", 65536);
+    let hold = BitmapUse::new(b.clone());
+    assert!(b.busy() && b.info().busy);
+    assert!(matches!(disk.remove_dirty_bitmap("b"), Err(BitmapError::Busy { .. })));
+    drop(hold);
+    assert!(!b.info().busy);
+    disk.remove_dirty_bitmap("b").unwrap();
+}

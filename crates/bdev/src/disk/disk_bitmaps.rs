@@ -47,10 +47,13 @@ impl Disk {
         Ok(bitmap)
     }
 
-    /// Removes `name` (inconsistent or not); returns it.
+    /// Removes `name` (inconsistent or not); returns it. Refused while an export reads it.
     pub fn remove_dirty_bitmap(&self, name: &str) -> Result<Arc<DirtyBitmap>, BitmapError> {
         let mut book = self.book();
         let b = Self::find_bitmap(&book, &self.info().name, name)?;
+        if b.busy() {
+            return Err(BitmapError::Busy { bdev: self.info().name.clone(), name: name.to_string() });
+        }
         book.bitmaps.retain(|x| !Arc::ptr_eq(x, &b));
         self.publish_bitmaps(&mut book);
         Ok(b)

@@ -32,7 +32,7 @@ pub use histogram::{base64_decode, base64_encode, bucket_end, bucket_of, Histogr
 pub use histogram::{GRANULARITY as HISTOGRAM_GRANULARITY, MAX_RANGE as HISTOGRAM_MAX_RANGE};
 pub use stats::{op_index, IoStats, OpStats, QosStats, Successes, ERRNO_SLOTS, OPS};
 
-pub use bitmaps::{check_granularity, BitmapError, BitmapInfo, DirtyBitmap, FrozenBitmap};
+pub use bitmaps::{check_granularity, BitmapError, BitmapInfo, BitmapUse, DirtyBitmap, FrozenBitmap};
 pub use bitmaps::{DEFAULT_BITMAP_GRANULARITY, MAX_BITMAP_GRANULARITY, MAX_EXTENTS, MIN_BITMAP_GRANULARITY};
 pub use channel_state::{Completion, DiskChannel};
 use channel_state::{BATCH_START, EMPTY, SLAB_START};

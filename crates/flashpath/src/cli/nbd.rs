@@ -40,6 +40,11 @@ pub(crate) struct NbdStartArgs {
     /// Require client certificates signed by this CA (PEM)
     #[arg(long, value_name = "FILE")]
     tls_ca: Option<PathBuf>,
+    /// Serve a dirty bitmap as the qemu:dirty-bitmap:NAME metadata context: NAME is a bitmap of
+    /// DISK, BDEV/NAME one of another bdev of DISK's size (split at the last '/': a bitmap
+    /// name has none). Repeat for several
+    #[arg(long = "bitmap", value_name = "[BDEV/]NAME")]
+    bitmaps: Vec<String>,
 }
 
 /// `nbd start|stop|list`.
@@ -65,6 +70,7 @@ const NBD_FLAGS: &[(&str, &str)] = &[
     ("tls_cert", "--tls-cert"),
     ("tls_key", "--tls-key"),
     ("tls_ca", "--tls-ca"),
+    ("bitmaps", "--bitmap"),
 ];
 
 /// NBD_DEVICE as the daemon wants it: a URI as written, a socket path made absolute (the daemon
@@ -98,7 +104,19 @@ fn nbd_start(rpc: &Path, json: bool, a: NbdStartArgs) -> Result<(), CliError> {
             params[field] = json!(absolute(f));
         }
     }
+    if !a.bitmaps.is_empty() {
+        params["bitmaps"] = a.bitmaps.iter().map(|b| bitmap_param(b)).collect();
+    }
     one_call(rpc, json, NBD_FLAGS, "nbd_start_disk", params)
+}
+
+/// `--bitmap [BDEV/]NAME` as an entry of `bitmaps`: a name, or `{bdev, name}` split at the
+/// last '/' (bdev names may hold one, an lvol's `lvs/vol`; bitmap names never do).
+fn bitmap_param(arg: &str) -> serde_json::Value {
+    match arg.rsplit_once('/') {
+        Some((bdev, name)) => json!({ "bdev": bdev, "name": name }),
+        None => json!(arg),
+    }
 }
 
 fn nbd_list(rpc: &Path, json: bool, nbd_device: Option<String>) -> Result<(), CliError> {
@@ -126,4 +144,16 @@ fn nbd_list(rpc: &Path, json: bool, nbd_device: Option<String>) -> Result<(), Cl
         .collect();
     out(&table(&["DEVICE", "DISK", "EXPORT", "READONLY", "TLS", "CONNECTIONS"], &rows));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bitmap_argument_names_the_disks_bitmap_or_another_bdevs_split_at_the_last_slash() {
+        assert_eq!(bitmap_param("daily"), json!("daily"));
+        assert_eq!(bitmap_param("vm1-disk/daily"), json!({ "bdev": "vm1-disk", "name": "daily" }));
+        assert_eq!(bitmap_param("lvs0/vol1/daily"), json!({ "bdev": "lvs0/vol1", "name": "daily" }));
+    }
 }

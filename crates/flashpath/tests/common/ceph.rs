@@ -122,25 +122,11 @@ fn sha256_hex(file: &Path) -> String {
 /// Whether every tool is on PATH; when not, fails the test unless FLASHPATH_SKIP_CEPH=1 outside
 /// CI (then false: the caller skips).
 fn tools_installed(tools: &[&str], packages: &str) -> bool {
-    let installed = tools.iter().all(|tool| {
-        Command::new("sh")
-            .arg("-c")
-            .arg(format!("command -v {tool}"))
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if !installed {
-        let skip = std::env::var("FLASHPATH_SKIP_CEPH").is_ok_and(|v| v == "1")
-            && std::env::var("CI").map_or(true, |v| v != "true");
-        assert!(
-            skip,
-            "{} not installed (Debian packages {packages}; ./run test installs them; \
-             FLASHPATH_SKIP_CEPH=1 skips these tests outside CI)",
-            tools.join(", ")
-        );
-        eprintln!("skipping: {} not installed and FLASHPATH_SKIP_CEPH=1", tools.join(", "));
-    }
-    installed
+    super::tools_or_skip(
+        tools,
+        &format!("{} not installed (Debian packages {packages})", tools.join(", ")),
+        "FLASHPATH_SKIP_CEPH",
+    )
 }
 
 impl CephCluster {

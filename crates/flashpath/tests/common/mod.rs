@@ -31,6 +31,26 @@ pub mod load;
 pub mod nbd;
 pub mod nvme_tcp;
 
+/// Whether every one of `tools` is on the PATH. When one is missing the test must fail, unless
+/// `skip_var`=1 outside CI: then this says why (`what`, the packages to install) and returns
+/// false, and the test returns at once.
+pub fn tools_or_skip(tools: &[&str], what: &str, skip_var: &str) -> bool {
+    let installed = tools.iter().all(|tool| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {tool}"))
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if !installed {
+        let skip = std::env::var(skip_var).is_ok_and(|v| v == "1")
+            && std::env::var("CI").map_or(true, |v| v != "true");
+        assert!(skip, "{what} (./run test installs them; {skip_var}=1 skips these tests outside CI)");
+        eprintln!("skipping: {what} and {skip_var}=1");
+    }
+    installed
+}
+
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -21,13 +21,21 @@ fn a_poll_starts_at_most_its_budget_of_a_full_pipeline() {
     let bdev: Bdev = Arc::new(RamDevice::new("ram", 512, 8192).unwrap());
     let (mut client, server) = UnixStream::pair().unwrap();
     server.set_nonblocking(true).unwrap();
-    let export = Arc::new(ExportShared::new("ram".into(), bdev, false, Vec::new(), Duration::from_secs(1)));
+    let export = Arc::new(ExportShared::new(
+        "ram".into(),
+        bdev,
+        false,
+        Vec::new(),
+        Vec::new(),
+        Duration::from_secs(1),
+    ));
     let setup = ConnSetup {
         fd: OwnedFd::from(server),
         tls: None,
         export,
         structured: false,
         allocation: false,
+        bitmaps: Vec::new(),
         peer: "test".into(),
     };
     let stats = Arc::new(ConnStats::new());

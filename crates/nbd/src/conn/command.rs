@@ -120,41 +120,68 @@ impl ConnPoller {
         Ok(())
     }
 
-    /// Answers a BLOCK_STATUS from the device's allocation map.
+    /// Answers a BLOCK_STATUS: one chunk per context the connection selected, in id order,
+    /// the last one DONE. `base:allocation` comes from the device's allocation map, each
+    /// `qemu:dirty-bitmap:` from its bitmap's live bits, read over the request's range only.
     fn block_status(&mut self, i: u16) {
         let r = self.slots[i as usize].req;
-        if !self.allocation {
-            return self.reply(i, EINVAL, "base:allocation was not negotiated");
+        if !self.allocation && self.bitmaps.is_empty() {
+            return self.reply(i, EINVAL, "no metadata context was negotiated");
         }
-        let info = self.export.bdev.info();
-        self.extents.clear();
-        if let Err(e) = self.export.bdev.block_status(r.offset, u64::from(r.length), &mut self.extents) {
-            return self.reply(i, EIO, &format!("block status: {e}"));
-        }
-        let bs = u64::from(info.block_size);
-        let slot = &mut self.slots[i as usize];
-        slot.extra.clear();
-        slot.extra.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
-        let mut covered = 0u64;
+        let (offset, end) = (r.offset, r.offset + u64::from(r.length));
         let want = if r.flags & CMD_FLAG_REQ_ONE != 0 { 1 } else { MAX_EXTENTS };
-        for e in self.extents.iter().take(want) {
-            // An extent's length is 32 bits on the wire; a longer one is cut at a block.
-            let len = e.len.min(u64::from(u32::MAX) / bs * bs).min(u64::from(r.length) - covered);
-            if len == 0 {
-                break;
+        let chunks = usize::from(self.allocation) + self.bitmaps.len();
+        self.slots[i as usize].extra.clear();
+        let mut written = 0;
+        if self.allocation {
+            self.extents.clear();
+            if let Err(e) = self.export.bdev.block_status(offset, u64::from(r.length), &mut self.extents) {
+                return self.reply(i, EIO, &format!("block status: {e}"));
             }
-            let flags = if e.hole { STATE_HOLE } else { 0 } | if e.zero { STATE_ZERO } else { 0 };
-            slot.extra.extend_from_slice(&(len as u32).to_be_bytes());
-            slot.extra.extend_from_slice(&flags.to_be_bytes());
-            covered += len;
-            if len < e.len {
-                break;
+            let bs = u64::from(self.export.bdev.info().block_size);
+            let extra = &mut self.slots[i as usize].extra;
+            let at = begin_chunk(extra, BASE_ALLOCATION_ID);
+            let mut covered = 0u64;
+            for e in self.extents.iter().take(want) {
+                // An extent's length is 32 bits on the wire; a longer one is cut at a block.
+                let len = e.len.min(u64::from(u32::MAX) / bs * bs).min(u64::from(r.length) - covered);
+                if len == 0 {
+                    break;
+                }
+                let flags = if e.hole { STATE_HOLE } else { 0 } | if e.zero { STATE_ZERO } else { 0 };
+                push_extent(extra, len, flags);
+                covered += len;
+                if len < e.len {
+                    break;
+                }
             }
+            if covered == 0 {
+                return self.reply(i, EIO, "the device described no extent");
+            }
+            written += 1;
+            end_chunk(extra, at, written == chunks, r.cookie);
         }
-        if covered == 0 {
-            return self.reply(i, EIO, "the device described no extent");
+        for &b in &self.bitmaps {
+            let (bitmap, unit) = &self.export.bitmaps[b as usize];
+            let extra = &mut self.slots[i as usize].extra;
+            let at = begin_chunk(extra, FIRST_BITMAP_ID + b);
+            // Runs alternate dirty and clean, each whole windows (so whole blocks) cut to the
+            // request; the request's length is 32 bits, so every run fits an extent.
+            let (mut pos, mut n) = (offset, 0);
+            while pos < end && n < want {
+                let (dirty, stop) = bitmap.bitmap.run_at(pos, end, *unit);
+                push_extent(extra, stop - pos, if dirty { STATE_DIRTY } else { 0 });
+                pos = stop;
+                n += 1;
+            }
+            written += 1;
+            end_chunk(extra, at, written == chunks, r.cookie);
         }
-        slot.set_chunk(REPLY_TYPE_BLOCK_STATUS, slot.extra.len() as u32);
+        self.counters.count(r.command, r.length, 0);
+        self.counted = true;
+        // The chunks, headers included, are all in `extra`.
+        let slot = &mut self.slots[i as usize];
+        slot.hdr_len = 0;
         slot.data_len = 0;
         self.queue_reply(i);
     }
@@ -244,4 +271,30 @@ fn nbd_errno(e: i32) -> u32 {
         libc::ESHUTDOWN => ESHUTDOWN,
         _ => EIO,
     }
+}
+
+/// Starts a block status chunk for context `id` in `out`: a header filled in by [`end_chunk`],
+/// then the id. Returns where the header is.
+fn begin_chunk(out: &mut Vec<u8>, id: u32) -> usize {
+    let at = out.len();
+    out.extend_from_slice(&[0; CHUNK_HEADER_LEN]);
+    out.extend_from_slice(&id.to_be_bytes());
+    at
+}
+
+fn push_extent(out: &mut Vec<u8>, len: u64, flags: u32) {
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    out.extend_from_slice(&flags.to_be_bytes());
+}
+
+/// Writes the header of the chunk begun at `at`, now that its length is known.
+fn end_chunk(out: &mut [u8], at: usize, last: bool, cookie: u64) {
+    let len = (out.len() - at - CHUNK_HEADER_LEN) as u32;
+    let flags = if last { REPLY_FLAG_DONE } else { 0 };
+    out[at..at + CHUNK_HEADER_LEN].copy_from_slice(&chunk_header(
+        flags,
+        REPLY_TYPE_BLOCK_STATUS,
+        cookie,
+        len,
+    ));
 }

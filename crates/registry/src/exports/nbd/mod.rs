@@ -5,8 +5,10 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use fp_bdev::disk::BitmapUse;
+use fp_bdev::BlockDevice;
 use fp_bdev::ClaimType;
-use fp_nbd::{ExportHandle, ExportSpec, NbdServer, NbdStats};
+use fp_nbd::{ExportBitmap, ExportHandle, ExportSpec, NbdServer, NbdStats};
 
 use super::{ConfigTable, Export, ExportKind, KindInit, KindOption, NewExport, OptionType};
 use crate::methods::MethodFn;
@@ -18,7 +20,7 @@ mod spec;
 #[cfg(test)]
 mod tests;
 
-pub use spec::NbdSpec;
+pub use spec::{BitmapRef, NbdSpec};
 
 /// The kind ([`ExportKind::name`]) of an NBD export.
 pub const KIND: &str = "nbd";
@@ -34,6 +36,8 @@ pub struct NbdDiskInfo {
     pub export_name: String,
     pub readonly: bool,
     pub tls: bool,
+    /// flashpath's: the dirty bitmaps served as `qemu:dirty-bitmap:NAME`, by name.
+    pub bitmaps: Vec<String>,
     pub connections: usize,
     /// flashpath's: what its connections counted (requests by command, bytes, errors).
     #[serde(serialize_with = "stats_map")]
@@ -51,6 +55,7 @@ struct NbdExport {
     bdev_name: String,
     readonly: bool,
     tls: bool,
+    bitmaps: Vec<String>,
 }
 
 impl NbdExport {
@@ -61,6 +66,7 @@ impl NbdExport {
             export_name: self.handle.name().to_string(),
             readonly: self.readonly,
             tls: self.tls,
+            bitmaps: self.bitmaps.clone(),
             connections: self.handle.connections(),
             stats: self.handle.stats(),
         }
@@ -109,6 +115,8 @@ impl Registry {
     pub fn start_nbd(&self, spec: NbdSpec) -> Result<(), RegistryError> {
         let device = fp_nbd::parse_device(&spec.nbd_device)
             .map_err(|reason| RegistryError::Invalid { field: "nbd_device", reason })?;
+        let bitmaps = self.export_bitmaps(&spec)?;
+        let names = spec.bitmaps.iter().map(|b| b.name.clone()).collect();
         let claim_type = if spec.readonly { ClaimType::ReadManyWriteNone } else { ClaimType::ExclusiveWrite };
         let new = NewExport {
             name: &spec.nbd_device,
@@ -127,6 +135,7 @@ impl Registry {
                 address: device.address.clone(),
                 tls: spec.tls.clone(),
                 socket_mode: self.options.socket_mode,
+                bitmaps,
             };
             let handle = self
                 .nbd_server()
@@ -138,8 +147,39 @@ impl Registry {
                 bdev_name: spec.bdev_name.clone(),
                 readonly: spec.readonly,
                 tls: spec.tls.is_some(),
+                bitmaps: names,
             }))
         })
+    }
+
+    /// Holds the bitmaps `spec` offers, each checked: it exists, is consistent, covers the
+    /// exported bdev's size, and its name is not given twice (the context is named after it).
+    /// The holds make them refuse removal while the export lives.
+    fn export_bitmaps(&self, spec: &NbdSpec) -> Result<Vec<ExportBitmap>, RegistryError> {
+        let invalid = |reason: String| RegistryError::Invalid { field: "bitmaps", reason };
+        if spec.bitmaps.is_empty() {
+            return Ok(Vec::new());
+        }
+        let size = self.disk(&spec.bdev_name)?.info().size_bytes();
+        let mut held: Vec<ExportBitmap> = Vec::with_capacity(spec.bitmaps.len());
+        for r in &spec.bitmaps {
+            let owner = r.bdev.as_deref().unwrap_or(&spec.bdev_name);
+            let disk = self.disk(owner).map_err(|_| invalid(format!("no bdev '{owner}'")))?;
+            let b = disk.dirty_bitmap(&r.name).map_err(|e| invalid(e.to_string()))?;
+            if b.len() != size {
+                return Err(invalid(format!(
+                    "dirty bitmap '{}' of bdev '{owner}' covers {} bytes, bdev '{}' has {size}",
+                    r.name,
+                    b.len(),
+                    spec.bdev_name
+                )));
+            }
+            if held.iter().any(|h| h.name == r.name) {
+                return Err(invalid(format!("'{}' is given twice (its context is named after it)", r.name)));
+            }
+            held.push(ExportBitmap { name: r.name.clone(), bitmap: BitmapUse::new(b) });
+        }
+        Ok(held)
     }
 
     /// The `nbd_device` for an `nbd_start_disk` that names none. SPDK picks the first free

@@ -2,8 +2,9 @@
 //! `nbd_stop_disk {nbd_device}`, `nbd_get_disks {nbd_device?}`. SPDK's `nbd_device` is the
 //! kernel device it drives (`/dev/nbd0`); flashpath serves the protocol itself, so it is the
 //! listener: a Unix socket path or an NBD URI (docs/nbd.md), by default the first free
-//! `<vhost_dir>/nbdN` socket. flashpath adds `readonly` and the
-//! TLS files `tls_cert`, `tls_key` and `tls_ca`.
+//! `<vhost_dir>/nbdN` socket. flashpath adds `readonly`, the
+//! TLS files `tls_cert`, `tls_key` and `tls_ca`, and `bitmaps` (QEMU's `block-export-add`
+//! `bitmaps`: dirty bitmaps served as `qemu:dirty-bitmap:NAME` metadata contexts).
 
 use std::path::PathBuf;
 
@@ -11,7 +12,7 @@ use fp_nbd::TlsFiles;
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Value};
 
-use super::NbdSpec;
+use super::{BitmapRef, NbdSpec};
 use crate::methods::{MethodError, MethodFn};
 use crate::Registry;
 
@@ -26,7 +27,9 @@ fn nbd_start_disk(registry: &Registry, mut p: Params) -> Result<Value, MethodErr
     let cert = p.optional_str("tls_cert")?.map(PathBuf::from);
     let key = p.optional_str("tls_key")?.map(PathBuf::from);
     let ca = p.optional_str("tls_ca")?.map(PathBuf::from);
+    let bitmaps = p.optional_list("bitmaps")?.unwrap_or_default();
     p.finish()?;
+    let bitmaps = bitmaps.into_iter().enumerate().map(bitmap_ref).collect::<Result<Vec<_>, _>>()?;
     let tls = match (cert, key, ca) {
         (None, None, None) => None,
         (Some(cert), Some(key), ca) => Some(TlsFiles { cert, key, ca }),
@@ -39,8 +42,31 @@ fn nbd_start_disk(registry: &Registry, mut p: Params) -> Result<Value, MethodErr
         Some(d) => d,
         None => registry.free_nbd_device()?,
     };
-    registry.start_nbd(NbdSpec { bdev_name, nbd_device: nbd_device.clone(), readonly, tls })?;
+    registry.start_nbd(NbdSpec { bdev_name, nbd_device: nbd_device.clone(), readonly, tls, bitmaps })?;
     Ok(json!(nbd_device))
+}
+
+/// `bitmaps[i]`: a bitmap name of the exported bdev, or `{bdev, name}`.
+fn bitmap_ref((i, v): (usize, Value)) -> Result<BitmapRef, ParamError> {
+    let field = || format!("bitmaps[{i}]");
+    match v {
+        Value::String(name) => Ok(BitmapRef { bdev: None, name }),
+        Value::Object(mut m) => {
+            let mut text = |key: &str| match m.remove(key) {
+                Some(Value::String(s)) => Ok(s),
+                _ => Err(ParamError::new(format!("{}.{key}", field()), "required: a string")),
+            };
+            let (bdev, name) = (text("bdev")?, text("name")?);
+            if let Some(extra) = m.keys().next() {
+                return Err(ParamError::new(
+                    format!("{}.{extra}", field()),
+                    "unknown field (bdev and name only)",
+                ));
+            }
+            Ok(BitmapRef { bdev: Some(bdev), name })
+        }
+        _ => Err(ParamError::new(field(), "expected a bitmap name or {\"bdev\": ..., \"name\": ...}")),
+    }
 }
 
 fn nbd_stop_disk(registry: &Registry, mut p: Params) -> Result<Value, MethodError> {

@@ -12,4 +12,14 @@ pub struct NbdSpec {
     /// read-only exports may serve it too.
     pub readonly: bool,
     pub tls: Option<TlsFiles>,
+    /// The dirty bitmaps offered as `qemu:dirty-bitmap:NAME` contexts (flashpath's `bitmaps`).
+    pub bitmaps: Vec<BitmapRef>,
+}
+
+/// One entry of `bitmaps`: a bitmap of the exported bdev (`bdev` None), or of another bdev of
+/// the same size (a point-in-time bdev of disk X exports X's bitmaps).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BitmapRef {
+    pub bdev: Option<String>,
+    pub name: String,
 }

@@ -175,3 +175,67 @@ fn stopping_an_export_gives_up_a_write_parked_on_busy_at_the_configured_bound() 
     drop(registry);
     reactors.shutdown();
 }
+
+/// `bitmaps`: checked at start (naming the field, changing nothing), held busy while exported,
+/// another bdev's accepted when it has the export's size, shown by `nbd_get_disks`.
+#[test]
+fn an_exports_bitmaps_are_checked_at_start_and_refuse_removal_while_exported() {
+    let (dir, reactors, registry) = fixture();
+    let call = |m: &str, p: Value| called(&registry, m, p);
+    let sock = dir.path().join("b.nbd");
+    let sock = sock.to_str().unwrap();
+    for (name, blocks) in [("m0", 256), ("m1", 256), ("m2", 512)] {
+        call("bdev_malloc_create", json!({ "name": name, "num_blocks": blocks, "block_size": 512 }));
+        call("bdev_dirty_bitmap_add", json!({ "bdev": name, "name": "b" }));
+    }
+    let refused = |bitmaps: Value, says: &str| {
+        let p = json!({ "bdev_name": "m0", "nbd_device": sock, "bitmaps": bitmaps });
+        let e = registry.call("nbd_start_disk", Some(p)).unwrap_err();
+        let rpc = e.to_rpc();
+        assert_eq!(rpc.code, -32602, "{e}");
+        assert!(rpc.message.contains("bitmaps") && rpc.message.contains(says), "{}", rpc.message);
+    };
+    refused(json!(["nope"]), "nope");
+    refused(json!([{ "bdev": "m2", "name": "b" }]), "262144");
+    refused(json!([{ "bdev": "zz", "name": "b" }]), "zz");
+    refused(json!(["b", { "bdev": "m1", "name": "b" }]), "twice");
+    refused(json!([{ "bdev": "m1" }]), "name");
+    refused(json!([7]), "bitmaps[0]");
+    assert_eq!(call("nbd_get_disks", json!({})), json!([]));
+    assert_eq!(call("bdev_dirty_bitmap_list", json!({ "bdev": "m0" }))[0]["busy"], false);
+
+    call("nbd_start_disk", json!({ "bdev_name": "m0", "nbd_device": sock, "bitmaps": ["b"] }));
+    assert_eq!(call("nbd_get_disks", json!({}))[0]["bitmaps"], json!(["b"]));
+    assert_eq!(call("bdev_dirty_bitmap_list", json!({ "bdev": "m0" }))[0]["busy"], true);
+    let e =
+        registry.call("bdev_dirty_bitmap_remove", Some(json!({ "bdev": "m0", "name": "b" }))).unwrap_err();
+    assert_eq!(e.to_rpc().code, -libc::EBUSY, "{e}");
+    assert!(e.to_string().contains("busy"), "{e}");
+    call("nbd_stop_disk", json!({ "nbd_device": sock }));
+    assert_eq!(call("bdev_dirty_bitmap_list", json!({ "bdev": "m0" }))[0]["busy"], false);
+    call("bdev_dirty_bitmap_remove", json!({ "bdev": "m0", "name": "b" }));
+
+    // Another bdev's bitmap of the same size.
+    call(
+        "nbd_start_disk",
+        json!({ "bdev_name": "m0", "nbd_device": sock, "bitmaps": [{ "bdev": "m1", "name": "b" }] }),
+    );
+    assert_eq!(call("bdev_dirty_bitmap_list", json!({ "bdev": "m1" }))[0]["busy"], true);
+    call("nbd_stop_disk", json!({ "nbd_device": sock }));
+    drop(registry);
+    reactors.shutdown();
+}
+
+/// A registry on one reactor, its vhost directory a temporary one.
+fn fixture() -> (tempfile::TempDir, fp_reactor::ReactorSet, std::sync::Arc<Registry>) {
+    let dir = tempfile::tempdir().unwrap();
+    let reactors = fp_reactor::ReactorSet::start(&[0], fp_reactor::ReactorConfig::default()).unwrap();
+    let registry =
+        Registry::with_options(reactors.handles().to_vec(), dir.path(), RegistryOptions::default());
+    (dir, reactors, registry)
+}
+
+/// A call that must succeed.
+fn called(registry: &Registry, method: &str, params: Value) -> Value {
+    registry.call(method, Some(params.clone())).unwrap_or_else(|e| panic!("{method} {params}: {e}"))
+}
