@@ -14,6 +14,7 @@ mod bitmaps;
 mod channel;
 mod channel_state;
 mod disk_bitmaps;
+mod fleece;
 mod histogram;
 mod io;
 mod load;
@@ -36,6 +37,7 @@ pub use bitmaps::{check_granularity, BitmapError, BitmapInfo, DirtyBitmap, Froze
 pub use bitmaps::{DEFAULT_BITMAP_GRANULARITY, MAX_BITMAP_GRANULARITY, MAX_EXTENTS, MIN_BITMAP_GRANULARITY};
 pub use channel_state::{Completion, DiskChannel};
 use channel_state::{BATCH_START, EMPTY, SLAB_START};
+pub use fleece::FleeceAttachError;
 pub use io::DiskIo;
 pub use load::{GuestLoad, UNSEEN_REQUEST_BYTES};
 pub use qos::DiskQosError;
@@ -109,6 +111,7 @@ impl Disk {
                 subscribers: Vec::new(),
                 next_subscriber: 0,
                 mirror: None,
+                fleece: None,
                 bitmaps: Vec::new(),
                 bitmap_set: None,
             }),
@@ -158,7 +161,8 @@ impl Disk {
             book.live.push(slot.clone());
             self.0.live_changes.fetch_add(1, Ordering::Release);
             let bitmap_epoch = self.0.bitmap_epoch.load(Ordering::SeqCst);
-            let mirror_epoch = if book.mirror.is_some() { epoch.wrapping_sub(1) } else { epoch };
+            let hooked = book.mirror.is_some() || book.fleece.is_some();
+            let mirror_epoch = if hooked { epoch.wrapping_sub(1) } else { epoch };
             (slot, mirror_epoch, bitmap_epoch, book.bitmap_set.clone())
         };
         // Limits set before the channel opened apply to its first request.
@@ -178,6 +182,8 @@ impl Disk {
             qos_reported: 0,
             mirror_epoch,
             mirror: None,
+            fleece: None,
+            hooked: false,
             bitmap_epoch,
             bitmaps,
             next_gen: 0,
@@ -405,3 +411,6 @@ impl BlockDevice for Disk {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fleece_tests;
