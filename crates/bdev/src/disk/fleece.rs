@@ -91,6 +91,13 @@ impl Disk {
         self.0.mirror_epoch.fetch_add(1, Ordering::SeqCst) + 1
     }
 
+    /// Whether every live channel took up the fleece change of `epoch` (attach: it copies
+    /// before it writes and what it had in flight from before is done; detach: its copies are
+    /// done and it no longer holds writes).
+    pub fn fleece_acked(&self, epoch: u64) -> bool {
+        self.mirror_acked(epoch)
+    }
+
     /// The name of the fleece of this disk, if any.
     pub fn fleece_name(&self) -> Option<String> {
         self.book().fleece.as_ref().map(|f| f.name.clone())
@@ -122,6 +129,18 @@ impl ChannelFleece {
             draining: false,
             unwatched,
         })
+    }
+
+    /// [`ChannelFleece::new`], boxed; a channel that cannot be opened breaks the snapshot (the
+    /// guest's channel goes on without it).
+    pub(super) fn open(fleece: Arc<FleeceShared>, unwatched: u64) -> Option<Box<ChannelFleece>> {
+        match ChannelFleece::new(fleece.clone(), unwatched) {
+            Ok(f) => Some(Box::new(f)),
+            Err(why) => {
+                fleece.break_snapshot(why);
+                None
+            }
+        }
     }
 
     /// Nothing held, nothing copying.
@@ -195,13 +214,8 @@ impl ChannelFleece {
             if status == IoStatus::Success {
                 c.phase = Phase::WriteQueued;
             } else {
-                fleece.break_snapshot(format!(
-                    "reading chunk {} of '{}': {status:?}",
-                    c.chunk, fleece.base_name
-                ));
-                fleece.map.finish_copy(c.chunk);
-                c.phase = Phase::Free;
-                *active -= 1;
+                let why = format!("reading chunk {} of '{}': {status:?}", c.chunk, fleece.base_name);
+                end_copy(fleece, c, active, Some(why));
             }
         });
         target.poll(&mut |tag, status| {
@@ -209,17 +223,9 @@ impl ChannelFleece {
             if c.phase != Phase::Writing {
                 return;
             }
-            if status == IoStatus::Success {
-                fleece.copied.fetch_add(1, Ordering::Relaxed);
-            } else {
-                fleece.break_snapshot(format!(
-                    "writing chunk {} to target '{}': {status:?}",
-                    c.chunk, fleece.target_name
-                ));
-            }
-            fleece.map.finish_copy(c.chunk);
-            c.phase = Phase::Free;
-            *active -= 1;
+            let failed = (status != IoStatus::Success)
+                .then(|| format!("writing chunk {} to target '{}': {status:?}", c.chunk, fleece.target_name));
+            end_copy(fleece, c, active, failed);
         });
         for (i, c) in copies.iter_mut().enumerate() {
             let (dev, next, op) = match c.phase {
@@ -234,14 +240,26 @@ impl ChannelFleece {
                 Ok(()) => c.phase = next,
                 Err(SubmitError::Busy) => {}
                 Err(e) => {
-                    fleece.break_snapshot(format!("copying chunk {}: {e}", c.chunk));
-                    fleece.map.finish_copy(c.chunk);
-                    c.phase = Phase::Free;
-                    *active -= 1;
+                    let why = format!("copying chunk {}: {e}", c.chunk);
+                    end_copy(fleece, c, active, Some(why));
                 }
             }
         }
     }
+}
+
+/// Ends copy `c`: done, or failed (`failed` says why: the snapshot breaks). Its chunk is marked
+/// copied either way, so that no write waits for it any more.
+fn end_copy(fleece: &FleeceShared, c: &mut FleeceCopy, active: &mut usize, failed: Option<String>) {
+    match failed {
+        None => {
+            fleece.copied.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(why) => fleece.break_snapshot(why),
+    }
+    fleece.map.finish_copy(c.chunk);
+    c.phase = Phase::Free;
+    *active -= 1;
 }
 
 impl DiskChannel {
@@ -353,18 +371,9 @@ impl DiskChannel {
             }
         }
         let Some(want) = want else { return true };
-        match ChannelFleece::new(want.clone(), self.in_flight) {
-            Ok(f) => {
-                let settled = f.unwatched == 0;
-                self.fleece = Some(Box::new(f));
-                settled
-            }
-            Err(why) => {
-                // The snapshot cannot be kept by this channel: broken, the guest unharmed.
-                want.break_snapshot(why);
-                true
-            }
-        }
+        // A channel that cannot keep the snapshot breaks it: the guest goes on unharmed.
+        self.fleece = ChannelFleece::open(want, self.in_flight);
+        self.fleece.as_ref().is_none_or(|f| f.unwatched == 0)
     }
 }
 

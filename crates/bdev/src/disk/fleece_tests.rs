@@ -55,7 +55,7 @@ fn setup(base_dev: Bdev, target: Bdev) -> Setup {
     let epoch = base.attach_fleece(&shared).unwrap();
     // The channel acknowledges at its next poll (nothing in flight).
     guest.poll(&mut |_, _| {});
-    assert!(base.mirror_acked(epoch));
+    assert!(base.fleece_acked(epoch));
     let view = FleeceDevice::new(shared.clone());
     Setup { base, view, shared, guest }
 }
@@ -90,7 +90,7 @@ fn the_view_keeps_the_old_data_while_the_base_changes() {
     // Detached: writes cost nothing more, the target is no longer written.
     let epoch = s.base.detach_fleece(&s.shared);
     s.guest.poll(&mut |_, _| {});
-    assert!(s.base.mirror_acked(epoch));
+    assert!(s.base.fleece_acked(epoch));
     let mut c = pattern(0xcc, 4096);
     assert_eq!(run(&mut *s.guest, IoOp::Write, 120 << 10, &mut c), IoStatus::Success);
     assert_eq!(s.shared.copied_chunks(), 8);

@@ -35,8 +35,8 @@ pub use stats::{op_index, IoStats, OpStats, QosStats, Successes, ERRNO_SLOTS, OP
 
 pub use bitmaps::{check_granularity, BitmapError, BitmapInfo, DirtyBitmap, FrozenBitmap};
 pub use bitmaps::{DEFAULT_BITMAP_GRANULARITY, MAX_BITMAP_GRANULARITY, MAX_EXTENTS, MIN_BITMAP_GRANULARITY};
+use channel_state::{ChannelFleece, BATCH_START, EMPTY, SLAB_START};
 pub use channel_state::{Completion, DiskChannel};
-use channel_state::{BATCH_START, EMPTY, SLAB_START};
 pub use fleece::FleeceAttachError;
 pub use io::DiskIo;
 pub use load::{GuestLoad, UNSEEN_REQUEST_BYTES};
@@ -149,7 +149,7 @@ impl Disk {
             return Ok(DiskIo::Device(inner));
         }
         let cpu = fp_sys::current_cpu();
-        let (slot, mirror_epoch, bitmap_epoch, bitmaps) = {
+        let (slot, mirror_epoch, bitmap_epoch, bitmaps, fleece) = {
             let mut book = self.book();
             let slot = Arc::new(ChannelSlot::new(book.next_id, cpu, self.0.epochs.load(Ordering::Relaxed)));
             // A new channel has nothing in flight and looks for a mirror before it reaps
@@ -161,10 +161,12 @@ impl Disk {
             book.live.push(slot.clone());
             self.0.live_changes.fetch_add(1, Ordering::Release);
             let bitmap_epoch = self.0.bitmap_epoch.load(Ordering::SeqCst);
-            let hooked = book.mirror.is_some() || book.fleece.is_some();
-            let mirror_epoch = if hooked { epoch.wrapping_sub(1) } else { epoch };
-            (slot, mirror_epoch, bitmap_epoch, book.bitmap_set.clone())
+            // A mirror is picked up at the first poll; a fleece now (below), before the first
+            // write: a channel opened after the point in time must copy before it writes.
+            let mirror_epoch = if book.mirror.is_some() { epoch.wrapping_sub(1) } else { epoch };
+            (slot, mirror_epoch, bitmap_epoch, book.bitmap_set.clone(), book.fleece.clone())
         };
+        let fleece = fleece.and_then(|f| ChannelFleece::open(f, 0));
         // Limits set before the channel opened apply to its first request.
         let mut qos = ChannelQosState::new();
         qos.refresh(&self.0.qos);
@@ -182,8 +184,8 @@ impl Disk {
             qos_reported: 0,
             mirror_epoch,
             mirror: None,
-            fleece: None,
-            hooked: false,
+            hooked: fleece.is_some(),
+            fleece,
             bitmap_epoch,
             bitmaps,
             next_gen: 0,

@@ -6,7 +6,7 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::FleeceShared;
+use super::shared::FleeceShared;
 use crate::{
     BdevError, BdevInfo, BlockDevice, Capacity, DoneList, IoChannel, IoOp, IoRequest, IoStatus, IoTypes,
     IovCursor, IovSlices, SubmitError,
