@@ -85,6 +85,11 @@ impl crate::BdevModule for FleeceModule {
         &[]
     }
 
+    /// No `[[bdev]] type = "fleece"`: a fleece is made for one backup, at its start.
+    fn configurable(&self) -> bool {
+        false
+    }
+
     /// The base, the target, the chunks copied and whether the snapshot broke (and why).
     fn driver_specific(
         &self,
