@@ -9,7 +9,7 @@
 //!   reads take a second; a fleece read of a chunk is sent, then a guest write of it: the read
 //!   returns the old data.
 //! * [`a_failing_target_breaks_the_snapshot_not_the_guest`].
-//! * [`refusals_name_the_field`].
+//! * [`refusals_name_the_field`], and the CLI (`flashpath fleece create|status|delete`).
 
 mod common;
 
@@ -241,4 +241,22 @@ fn refusals_name_the_field() {
     d.call("bdev_malloc_delete", json!({ "name": "tgt" }));
     let e = d.try_call("bdev_fleece_delete", json!({ "name": "f" })).unwrap_err();
     assert_eq!(e.code, -19, "{e:?}");
+
+    // The CLI.
+    assert_eq!(cli(&d, &["fleece", "create", "v", "base", "tgt2", "--granularity", "16KiB"]).trim(), "v");
+    let status = cli(&d, &["fleece", "status"]);
+    assert!(status.contains("NAME") && status.contains("tgt2") && status.contains("16 KiB"), "{status}");
+    cli(&d, &["fleece", "delete", "v"]);
+    assert!(!cli(&d, &["fleece", "status"]).contains("tgt2"));
+}
+
+fn cli(d: &Daemon, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashpath"))
+        .arg("--rpc")
+        .arg(&d.rpc)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "flashpath {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
 }
