@@ -14,6 +14,7 @@ use fp_bdev::fleece::{check_granularity, FleeceDevice, FleeceShared, DEFAULT_FLE
 use fp_bdev::{ClaimType, Disk, ModuleHost, NewBdev};
 
 use crate::bdevs::holders;
+use crate::state::Claim;
 use crate::{Registry, RegistryError};
 
 /// The module name fleece bdevs are registered under (`driver`).
@@ -42,7 +43,7 @@ impl Registry {
     /// the new bdev shows the base as it was then.
     pub fn fleece_create(&self, spec: FleeceSpec) -> Result<String, RegistryError> {
         let (shared, base_disk) = {
-            let st = self.lock();
+            let mut st = self.lock();
             if spec.name.is_empty() {
                 return Err(invalid("name", "must not be empty".into()));
             }
@@ -102,7 +103,20 @@ impl Registry {
                 Arc::new(target.disk.clone()),
                 granularity,
             ));
-            (shared, base.disk.clone())
+            let base_disk = base.disk.clone();
+            // Claimed now, under the same lock as the checks: copies may write the target as
+            // soon as the channels attach, before the fleece bdev exists.
+            if let Some(t) = st.bdevs.get_mut(&target_name) {
+                t.claims.push(Claim {
+                    holder: spec.name.clone(),
+                    holder_kind: "bdev",
+                    claim_type: ClaimType::ExclusiveWrite,
+                });
+            }
+            (shared, base_disk)
+        };
+        let release_target = |shared: &FleeceShared| {
+            self.lock().release(&shared.target_name, "bdev", &shared.name);
         };
         let epoch = base_disk.attach_fleece(&shared).map_err(|e| match e {
             FleeceAttachError::AccountingOff(_) => {
@@ -112,16 +126,16 @@ impl Registry {
         })?;
         if let Err(e) = self.wait_channels(&base_disk, epoch) {
             let epoch = base_disk.detach_fleece(&shared);
-            let _ = self.wait_channels(&base_disk, epoch);
+            // Released only once the channels let go (their copies write the target).
+            if self.wait_channels(&base_disk, epoch).is_ok() {
+                release_target(&shared);
+            }
             shared.end();
             return Err(e);
         }
         let dev = Arc::new(FleeceDevice::new(shared.clone()));
-        let added = ModuleHost::add_bdev(
-            self,
-            FLEECE_MODULE,
-            NewBdev::new(dev).claiming(&shared.target_name, ClaimType::ExclusiveWrite),
-        );
+        // The target's claim is the one taken above: `fleece_delete` releases it.
+        let added = ModuleHost::add_bdev(self, FLEECE_MODULE, NewBdev::new(dev));
         match added {
             Ok(name) => {
                 log::info!(
@@ -133,11 +147,13 @@ impl Registry {
                 Ok(name)
             }
             Err(e) => {
-                // Taken meanwhile (the name, the target): let go of the base again.
+                // The name was taken meanwhile: let go of the base again.
                 let epoch = base_disk.detach_fleece(&shared);
-                let _ = self.wait_channels(&base_disk, epoch);
+                if self.wait_channels(&base_disk, epoch).is_ok() {
+                    release_target(&shared);
+                }
                 shared.end();
-                Err(invalid("target_bdev", e.to_string()))
+                Err(invalid("name", e.to_string()))
             }
         }
     }
@@ -169,6 +185,7 @@ impl Registry {
             self.wait_channels(disk, epoch)?;
         }
         self.delete_bdev(name, Some(FLEECE_MODULE))?;
+        self.lock().release(&shared.target_name, "bdev", &shared.name);
         log::info!(
             "fleece '{name}' of '{}' deleted ({} chunks copied)",
             shared.base_name,
