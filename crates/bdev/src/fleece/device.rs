@@ -58,6 +58,7 @@ impl BlockDevice for FleeceDevice {
             free_pieces: Vec::new(),
             queued: VecDeque::new(),
             in_flight: 0,
+            finished: Vec::new(),
         }))
     }
 
@@ -99,6 +100,8 @@ struct FleeceChannel {
     /// Pieces a device answered Busy: sent again at the next poll.
     queued: VecDeque<u32>,
     in_flight: usize,
+    /// The pieces one poll completed (kept: a poll allocates nothing once it has grown).
+    finished: Vec<(u32, IoStatus)>,
 }
 
 /// The worse of two statuses (the first error wins).
@@ -224,7 +227,9 @@ impl IoChannel for FleeceChannel {
     fn submit(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         match req.op {
             IoOp::Read => {
-                if req.offset.checked_add(req.len).is_none_or(|e| e > self.shared.len) {
+                let bs = u64::from(self.shared.base.info().block_size);
+                let misaligned = !req.offset.is_multiple_of(bs) || !req.len.is_multiple_of(bs);
+                if misaligned || req.offset.checked_add(req.len).is_none_or(|e| e > self.shared.len) {
                     return Err(SubmitError::OutOfRange);
                 }
                 if self.shared.broken() || self.shared.ended() {
@@ -240,12 +245,14 @@ impl IoChannel for FleeceChannel {
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
-        let mut finished = Vec::new();
+        let mut finished = std::mem::take(&mut self.finished);
         self.base.poll(&mut |tag, status| finished.push((tag, status)));
         self.target.poll(&mut |tag, status| finished.push((tag, status)));
-        for (tag, status) in finished {
+        for &(tag, status) in &finished {
             self.piece_done(tag, status);
         }
+        finished.clear();
+        self.finished = finished;
         for _ in 0..self.queued.len() {
             if let Some(idx) = self.queued.pop_front() {
                 self.send(idx);
