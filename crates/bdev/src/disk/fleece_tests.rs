@@ -60,6 +60,10 @@ fn setup(base_dev: Bdev, target: Bdev) -> Setup {
     Setup { base, view, shared, guest }
 }
 
+fn injection(error_type: ErrorType, num: u64) -> Injection {
+    Injection { error_type, num, queue_depth: 0, corrupt_offset: 0, corrupt_value: 0 }
+}
+
 fn ram(name: &str) -> Bdev {
     Arc::new(RamDevice::new(name, BS, BLOCKS).unwrap())
 }
@@ -99,13 +103,7 @@ fn the_view_keeps_the_old_data_while_the_base_changes() {
 #[test]
 fn a_failed_copy_breaks_the_snapshot_not_the_write() {
     let target = Arc::new(ErrorDevice::new("tgt", ram("ram")).unwrap());
-    let inj = Injection {
-        error_type: ErrorType::Failure,
-        num: 100,
-        queue_depth: 0,
-        corrupt_offset: 0,
-        corrupt_value: 0,
-    };
+    let inj = injection(ErrorType::Failure, 100);
     target.inject(&[1], inj).unwrap();
     let mut s = setup(ram("base"), target);
     let mut b = pattern(0xbb, 4096);
@@ -122,13 +120,7 @@ fn a_write_waits_for_a_point_in_time_read_of_its_chunk() {
     let base_err = Arc::new(ErrorDevice::new("base", ram("ram")).unwrap());
     let mut s = setup(base_err.clone(), ram("tgt"));
     // Reads of the base are held from now on (the view's, and the copy's).
-    let pending = Injection {
-        error_type: ErrorType::Pending,
-        num: 100,
-        queue_depth: 0,
-        corrupt_offset: 0,
-        corrupt_value: 0,
-    };
+    let pending = injection(ErrorType::Pending, 100);
     base_err.inject(&[0], pending).unwrap();
     let mut view = s.view.open_channel().unwrap();
     let mut got = pattern(0, 4096);
@@ -187,13 +179,7 @@ fn the_attach_is_acknowledged_once_earlier_writes_are_done() {
     let base_err = Arc::new(ErrorDevice::new("base", ram("ram")).unwrap());
     let base = Disk::new(base_err.clone(), true);
     let mut guest = base.open().unwrap();
-    let pending = Injection {
-        error_type: ErrorType::Pending,
-        num: 1,
-        queue_depth: 0,
-        corrupt_offset: 0,
-        corrupt_value: 0,
-    };
+    let pending = injection(ErrorType::Pending, 1);
     base_err.inject(&[1], pending).unwrap();
     let mut b = pattern(0xbb, 4096);
     let iov = libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() };
