@@ -18,8 +18,9 @@
 //!   done (nothing writes the target after the delete returns), then acknowledges.
 //!
 //! With no fleece this file costs the layer nothing beyond the mirror's hook: the shared
-//! epoch's load per poll, one branch on the channel's own `hooked` per submit, and one on its
-//! `fleece` per poll.
+//! epoch's load per poll, one branch on the channel's own `hooked` per submit (the branch that
+//! tested for a mirror before), and two on its `fleece` per poll (6 instructions a poll under
+//! callgrind, none a submit; docs/backup.md).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
