@@ -232,6 +232,10 @@ fn refusals_name_the_field() {
     // The target is the fleece's now; the base has its fleece.
     refuse(json!({ "name": "g", "base_bdev": "tgt2", "target_bdev": "tgt" }), "target_bdev");
     refuse(json!({ "name": "g", "base_bdev": "base", "target_bdev": "tgt2" }), "base_bdev");
+    // The base cannot shrink under it (the view keeps its size); it may grow.
+    let e =
+        d.try_call("bdev_malloc_resize", json!({ "name": "base", "new_size_bytes": SIZE / 2 })).unwrap_err();
+    assert!(e.message.contains("fleece f"), "{e:?}");
     // Neither the base nor the target can be deleted under it.
     assert!(d.try_call("bdev_malloc_delete", json!({ "name": "base" })).is_err());
     assert!(d.try_call("bdev_malloc_delete", json!({ "name": "tgt" })).is_err());
