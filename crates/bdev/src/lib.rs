@@ -33,6 +33,7 @@ mod device;
 pub mod disk;
 pub mod dma;
 mod error;
+pub mod fleece;
 pub mod iov;
 pub mod iov_io;
 mod mapping;

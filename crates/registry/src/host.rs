@@ -241,7 +241,10 @@ impl ModuleHost for Registry {
         };
         let from = entry.bdev.info().num_blocks();
         if num_blocks < from {
-            if let Some(by) = holders(&entry.claims) {
+            // A fleece's base is not claimed (its export writes it), but its view keeps the old
+            // size: shrinking would cut the point in time.
+            let fleece = || entry.disk.fleece_name().map(|f| format!("fleece {f}"));
+            if let Some(by) = holders(&entry.claims).or_else(fleece) {
                 return Err(host(RegistryError::ShrinkInUse { name: name.into(), by, from, to: num_blocks }));
             }
         }

@@ -18,6 +18,7 @@ mod error;
 mod examine;
 mod export_dirs;
 pub mod exports;
+mod fleece;
 mod host;
 mod limits;
 pub mod methods;
@@ -35,6 +36,7 @@ pub use export_dirs::{ExportDirError, ExportDirs};
 pub use exports::nbd::{NbdDiskInfo, NbdSpec};
 pub use exports::vhost_blk::VhostBlkSpec;
 pub use exports::{Export, ExportKind, EXPORT_KINDS};
+pub use fleece::{FleeceSpec, FLEECE_ATTACH_WAIT};
 /// The QoS group limits' parameter names, for clients that print them (the CLI).
 pub use fp_bdev::qos::THROTTLE_FIELDS;
 pub use limits::{total_ram, Limits, DEFAULT_MAX_BDEVS, DEFAULT_MAX_EXPORTS};

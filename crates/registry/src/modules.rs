@@ -2,6 +2,7 @@
 //! is added here too, and its crate to this one's dependencies; see docs/architecture.md,
 //! "Adding a bdev module".
 
+use fp_bdev::fleece::FleeceModule;
 use fp_bdev::modules::{
     delay::DelayModule, error::ErrorModule, malloc::MallocModule, null::NullModule, uring::UringModule,
 };
@@ -32,6 +33,9 @@ pub static MODULES: &[&dyn BdevModule] = &[
     &NvmeModule,
     &RbdModule,
     &NbdClientModule,
+    // Its methods are the registry's (they wait for the base's channels); the module reports
+    // each fleece's `driver_specific`.
+    &FleeceModule,
 ];
 
 /// The module named `name` ("null", "malloc", ...).

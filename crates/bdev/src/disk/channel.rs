@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::bitmaps::{mark_all, DirtyBitmap};
 use super::channel_state::{account, take_sparse, Completion, DiskChannel, InFlight, DENSE_TAGS, EMPTY};
+use super::fleece;
 use super::histogram::ChannelHistogram;
 use super::mirror;
 use super::qos::Admission;
@@ -106,8 +107,7 @@ impl DiskChannel {
                 return Ok(());
             }
         }
-        let submitted =
-            if self.mirror.is_none() { self.inner.submit(req) } else { self.submit_mirrored(req) };
+        let submitted = if !self.hooked { self.inner.submit(req) } else { self.submit_hooked(req) };
         match submitted {
             Ok(()) => {
                 self.in_flight += 1;
@@ -129,12 +129,13 @@ impl DiskChannel {
     #[inline(never)]
     pub(super) fn release_held(&mut self, done: &mut impl Completion) -> usize {
         let now = ticks::now();
-        let Self { inner, qos, disk, slot, in_flight, sparse, slab, mirror, .. } = self;
+        let Self { inner, qos, disk, slot, in_flight, sparse, slab, mirror, fleece, .. } = self;
         let mut failed = 0;
         qos.release(&disk.qos, now, slot, |req| {
-            let submitted = match mirror {
-                None => inner.submit(req),
-                Some(m) => mirror::submit_down(&mut **inner, m, slab, sparse, req),
+            let submitted = match (&mut *mirror, &mut *fleece) {
+                (_, Some(f)) => DiskChannel::fleece_submit(&mut **inner, f, req),
+                (None, None) => inner.submit(req),
+                (Some(m), None) => mirror::submit_down(&mut **inner, m, slab, sparse, req),
             };
             match submitted {
                 Ok(()) => {
@@ -180,7 +181,10 @@ impl DiskChannel {
             self.refresh_bitmaps();
         }
         self.qos.refresh(&self.disk.qos);
-        let failed = if self.qos.held() > 0 { self.release_held(done) } else { 0 };
+        let mut failed = if self.qos.held() > 0 { self.release_held(done) } else { 0 };
+        if self.fleece.is_some() {
+            failed += self.poll_fleece(done);
+        }
         // Whether to record latencies in a histogram is decided once per poll, not per request.
         let histogram_on = self.disk.histogram_on.load(Ordering::Relaxed);
         if self.mirror.is_some() {
@@ -189,9 +193,12 @@ impl DiskChannel {
             self.report_in_flight();
             return upward + failed;
         }
-        let Self { inner, slot, slab, sparse, batch, bitmaps, .. } = &mut *self;
+        let Self { inner, slot, slab, sparse, batch, bitmaps, fleece, mirror_epoch, .. } = &mut *self;
         let slot: &ChannelSlot = slot;
         inner.poll_batch(batch);
+        if let Some(f) = fleece.as_mut().filter(|f| f.unwatched > 0) {
+            fleece::count_unwatched(f, batch, slab, sparse, slot, *mirror_epoch);
+        }
         if let Some(set) = bitmaps {
             // Before any completion goes up: whoever learns of a write finds it marked.
             mark_batch(set, batch, slab, sparse);
@@ -320,7 +327,8 @@ impl IoChannel for DiskChannel {
     fn in_flight(&self) -> usize {
         // A mirrored write whose target half is out is still in flight for the caller.
         let mirrored = self.mirror.as_ref().map_or(0, |m| m.waiting());
-        self.inner.in_flight() + self.qos.held() + mirrored
+        let held = self.fleece.as_ref().map_or(0, |f| f.held());
+        self.inner.in_flight() + self.qos.held() + mirrored + held
     }
 
     /// What the device channel parked (requests QoS holds are not refused, only paced).
@@ -347,7 +355,11 @@ impl IoChannel for DiskChannel {
     /// Requests held by QoS are released only by `poll`, so not while any is held.
     fn sleeps_in_flight(&self) -> bool {
         // The mirror's target may not signal the completion fd: keep polling while attached.
-        self.qos.held() == 0 && self.mirror.is_none() && self.inner.sleeps_in_flight()
+        // A fleece's copies complete on channels of their own: keep polling while it works.
+        self.qos.held() == 0
+            && self.mirror.is_none()
+            && self.fleece.as_ref().is_none_or(|f| f.idle())
+            && self.inner.sleeps_in_flight()
     }
 }
 
@@ -357,6 +369,13 @@ impl Drop for DiskChannel {
     fn drop(&mut self) {
         if let Some(m) = self.mirror.take() {
             m.release();
+        }
+        if let Some(f) = self.fleece.take() {
+            if f.active > 0 {
+                // Its claimed chunks would never be marked copied: writes elsewhere must not
+                // wait for them, and the snapshot cannot be trusted.
+                f.fleece.break_snapshot("a channel of the base closed with copies in flight".into());
+            }
         }
         let disk = self.disk.clone();
         let mut book = disk.book();

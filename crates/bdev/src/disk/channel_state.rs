@@ -1,14 +1,18 @@
 //! A [`DiskChannel`]'s state and the entries of its requests in flight: below the layer's hot
 //! path (`channel.rs`) and its mirror half (`mirror.rs`), which both work on them.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::qos::ChannelQosState;
 use super::shared::{BitmapSet, DiskShared};
 use super::stats::{errno_slot, ChannelSlot, Successes, OPS};
 use crate::clock::ticks;
+use crate::fleece::FleeceShared;
+use crate::iov::BounceBuf;
 use crate::mirror::MirrorShared;
-use crate::{IoChannel, IoStatus};
+use crate::{IoChannel, IoRequest, IoStatus};
 
 /// Slab entries made when a channel opens (tags below this need no growth).
 pub(super) const SLAB_START: usize = 256;
@@ -102,6 +106,11 @@ pub struct DiskChannel {
     /// The disk's bitmap epoch this channel applied, and the bitmaps it marks then.
     pub(super) bitmap_epoch: u64,
     pub(super) bitmaps: Option<BitmapSet>,
+    /// The fleece this channel copies before writes for, if any (`disk/fleece.rs`; boxed: cold).
+    pub(super) fleece: Option<Box<ChannelFleece>>,
+    /// A mirror job or a fleece is attached: submits take the cold path (one branch per submit
+    /// for both).
+    pub(super) hooked: bool,
     /// The last attachment number handed out (requests carry it in `InFlight::gen`).
     pub(super) next_gen: u8,
     /// The device's completions of one poll ([`IoChannel::poll_batch`]), empty between polls.
@@ -126,6 +135,49 @@ pub(super) struct ChannelMirror {
     /// The source's status of each such request, by tag (out of the in-flight entry, which
     /// every request writes: a mirror's fields there cost the layer when none is attached).
     pub(super) src_status: Vec<i32>,
+}
+
+/// A channel's attachment to a fleece (`disk/fleece.rs`).
+pub(super) struct ChannelFleece {
+    pub(super) fleece: Arc<FleeceShared>,
+    /// The base's device channel (below the disk) the copies read from.
+    pub(super) base: Box<dyn IoChannel>,
+    /// The target's channel the copies write to.
+    pub(super) target: Box<dyn IoChannel>,
+    /// Writes waiting for their chunks' copies, in submission order.
+    pub(super) held: VecDeque<Held>,
+    /// The copy slots (their index is the copy's tag on `base` and `target`).
+    pub(super) copies: Vec<FleeceCopy>,
+    /// Slots not free.
+    pub(super) active: usize,
+    /// Detached: held writes go down, copies finish, then the channel lets go.
+    pub(super) draining: bool,
+    /// Requests in flight from before the attachment: the channel acknowledges once they are done.
+    pub(super) unwatched: u64,
+}
+
+/// A held write.
+#[derive(Clone, Copy)]
+pub(super) struct Held {
+    pub(super) req: IoRequest,
+    pub(super) since: Instant,
+}
+
+/// One copy of a chunk: base to buffer to target.
+pub(super) struct FleeceCopy {
+    pub(super) chunk: u64,
+    pub(super) phase: Phase,
+    pub(super) buf: Option<BounceBuf>,
+}
+
+/// A copy slot's progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Free,
+    ReadQueued,
+    Reading,
+    WriteQueued,
+    Writing,
 }
 
 /// Counts one completion in `slot`, passing its latency to `record`. `now` is read once per

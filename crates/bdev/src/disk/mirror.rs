@@ -90,6 +90,12 @@ impl Disk {
         if !self.0.accounting {
             return Err(MirrorError::AccountingOff(self.info().name.clone()));
         }
+        if let Some(f) = &book.fleece {
+            return Err(MirrorError::Invalid {
+                field: "source",
+                reason: format!("'{}' has a fleece, '{}': delete it first", self.info().name, f.name),
+            });
+        }
         if let Some(other) = &book.mirror {
             return Err(MirrorError::SourceBusy {
                 bdev: self.info().name.clone(),
@@ -127,7 +133,7 @@ impl Disk {
 }
 
 /// The entry of `tag`, dense or sparse.
-fn entry_mut<'a>(
+pub(super) fn entry_mut<'a>(
     slab: &'a mut [InFlight],
     sparse: &'a mut [(u32, InFlight)],
     tag: u32,
@@ -220,10 +226,11 @@ impl DiskChannel {
     #[cold]
     #[inline(never)]
     pub(super) fn refresh_mirror(&mut self) {
-        let (epoch, want) = {
+        let (epoch, want, fleece) = {
             let book = self.disk.book();
-            (self.disk.mirror_epoch.load(Ordering::SeqCst), book.mirror.clone())
+            (self.disk.mirror_epoch.load(Ordering::SeqCst), book.mirror.clone(), book.fleece.clone())
         };
+        let fleece_settled = self.refresh_fleece(fleece);
         if let Some(m) = self.mirror.as_mut() {
             if !want.as_ref().is_some_and(|w| Arc::ptr_eq(w, &m.job)) {
                 m.draining = true;
@@ -264,8 +271,11 @@ impl DiskChannel {
                 }
             }
         }
+        self.hooked = self.mirror.is_some() || self.fleece.is_some();
         self.mirror_epoch = epoch;
-        self.slot.mirror_ack.store(epoch, Ordering::Release);
+        if fleece_settled {
+            self.slot.mirror_ack.store(epoch, Ordering::Release);
+        }
     }
 
     /// [`reap`](super::reap) with a job attached: marks what completes on the source alone,

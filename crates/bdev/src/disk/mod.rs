@@ -14,6 +14,7 @@ mod bitmaps;
 mod channel;
 mod channel_state;
 mod disk_bitmaps;
+mod fleece;
 mod histogram;
 mod io;
 mod load;
@@ -34,8 +35,9 @@ pub use stats::{op_index, IoStats, OpStats, QosStats, Successes, ERRNO_SLOTS, OP
 
 pub use bitmaps::{check_granularity, BitmapError, BitmapInfo, BitmapUse, DirtyBitmap, FrozenBitmap};
 pub use bitmaps::{DEFAULT_BITMAP_GRANULARITY, MAX_BITMAP_GRANULARITY, MAX_EXTENTS, MIN_BITMAP_GRANULARITY};
+use channel_state::{ChannelFleece, BATCH_START, EMPTY, SLAB_START};
 pub use channel_state::{Completion, DiskChannel};
-use channel_state::{BATCH_START, EMPTY, SLAB_START};
+pub use fleece::FleeceAttachError;
 pub use io::DiskIo;
 pub use load::{GuestLoad, UNSEEN_REQUEST_BYTES};
 pub use qos::DiskQosError;
@@ -109,6 +111,7 @@ impl Disk {
                 subscribers: Vec::new(),
                 next_subscriber: 0,
                 mirror: None,
+                fleece: None,
                 bitmaps: Vec::new(),
                 bitmap_set: None,
             }),
@@ -146,7 +149,7 @@ impl Disk {
             return Ok(DiskIo::Device(inner));
         }
         let cpu = fp_sys::current_cpu();
-        let (slot, mirror_epoch, bitmap_epoch, bitmaps) = {
+        let (slot, mirror_epoch, bitmap_epoch, bitmaps, fleece) = {
             let mut book = self.book();
             let slot = Arc::new(ChannelSlot::new(book.next_id, cpu, self.0.epochs.load(Ordering::Relaxed)));
             // A new channel has nothing in flight and looks for a mirror before it reaps
@@ -158,9 +161,12 @@ impl Disk {
             book.live.push(slot.clone());
             self.0.live_changes.fetch_add(1, Ordering::Release);
             let bitmap_epoch = self.0.bitmap_epoch.load(Ordering::SeqCst);
+            // A mirror is picked up at the first poll; a fleece now (below), before the first
+            // write: a channel opened after the point in time must copy before it writes.
             let mirror_epoch = if book.mirror.is_some() { epoch.wrapping_sub(1) } else { epoch };
-            (slot, mirror_epoch, bitmap_epoch, book.bitmap_set.clone())
+            (slot, mirror_epoch, bitmap_epoch, book.bitmap_set.clone(), book.fleece.clone())
         };
+        let fleece = fleece.and_then(|f| ChannelFleece::open(f, 0));
         // Limits set before the channel opened apply to its first request.
         let mut qos = ChannelQosState::new();
         qos.refresh(&self.0.qos);
@@ -178,6 +184,8 @@ impl Disk {
             qos_reported: 0,
             mirror_epoch,
             mirror: None,
+            hooked: fleece.is_some(),
+            fleece,
             bitmap_epoch,
             bitmaps,
             next_gen: 0,
@@ -405,3 +413,6 @@ impl BlockDevice for Disk {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fleece_tests;

@@ -8,6 +8,7 @@ use super::bitmaps::DirtyBitmap;
 use super::histogram::Histogram;
 use super::qos::DiskQosState;
 use super::stats::{ChannelSlot, IoStats};
+use crate::fleece::FleeceShared;
 use crate::mirror::MirrorShared;
 use crate::Bdev;
 
@@ -43,6 +44,8 @@ pub(super) struct Book {
     pub(super) next_subscriber: u64,
     /// The mirror job attached to this disk (`disk/mirror.rs`).
     pub(super) mirror: Option<Arc<MirrorShared>>,
+    /// The fleece whose copy-before-write this disk's channels do (`disk/fleece.rs`).
+    pub(super) fleece: Option<Arc<FleeceShared>>,
     /// The disk's dirty bitmaps (`disk/bitmaps.rs`), and the set channels mark (none: empty).
     pub(super) bitmaps: Vec<Arc<DirtyBitmap>>,
     pub(super) bitmap_set: Option<BitmapSet>,
@@ -59,7 +62,8 @@ pub(super) struct DiskShared {
     pub(super) epochs: AtomicU64,
     pub(super) qos: DiskQosState,
     /// Bumped under `book`'s lock when a mirror job attaches, switches its channels to
-    /// blocking writes or detaches; read by channels once per poll.
+    /// blocking writes or detaches, and when a fleece attaches or detaches; read by channels
+    /// once per poll.
     pub(super) mirror_epoch: AtomicU64,
     /// Bumped under `book`'s lock whenever a channel opens or closes (a [`super::GuestLoad`]
     /// takes the live slots again then).

@@ -11,6 +11,7 @@ mod bitmap;
 mod crypto;
 mod disk;
 mod error;
+mod fleece;
 mod mirror;
 mod nbd;
 mod nbd_client;
@@ -94,6 +95,9 @@ pub(crate) enum Command {
     /// Dirty bitmaps: which blocks of a disk changed since a point (docs/backup.md)
     #[command(subcommand)]
     Bitmap(bitmap::BitmapCommand),
+    /// Point-in-time views of a live disk, for backups (docs/backup.md)
+    #[command(subcommand)]
+    Fleece(fleece::FleeceCommand),
     /// Raid bdevs: raid0, concat, and raid1 replicas with partial rebuild (docs/raid.md)
     #[command(subcommand)]
     Raid(raid::RaidCommand),
@@ -180,6 +184,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Qos(c) => qos::run(rpc, json, c),
         Command::Mirror(c) => mirror::run(rpc, json, c),
         Command::Bitmap(c) => bitmap::run(rpc, json, c),
+        Command::Fleece(c) => fleece::run(rpc, json, c),
         Command::Raid(c) => raid::run(rpc, json, c),
         Command::Error(c) => error::run(rpc, json, c),
         Command::Crypto(c) => crypto::run(rpc, json, c),

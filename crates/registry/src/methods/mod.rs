@@ -19,6 +19,7 @@ use crate::Registry;
 mod bdev;
 mod bitmap;
 mod examine;
+mod fleece;
 mod framework;
 mod iostat;
 mod method;
@@ -67,6 +68,9 @@ pub const METHODS: &[(&str, MethodFn)] = &[
     ("bdev_mirror_set_speed", mirror::bdev_mirror_set_speed),
     ("bdev_mirror_complete", mirror::bdev_mirror_complete),
     ("bdev_mirror_cancel", mirror::bdev_mirror_cancel),
+    // Point-in-time views (fleece.rs).
+    ("bdev_fleece_create", fleece::bdev_fleece_create),
+    ("bdev_fleece_delete", fleece::bdev_fleece_delete),
 ];
 
 /// The daemon-wide methods and every export kind's: all but the bdev modules'.
