@@ -529,3 +529,58 @@ fn extents_map_to_chunks() {
     assert_eq!(chunks_of_extents([(0, 16 * CS)], CS, 10 * CS), (0..10).collect::<Vec<_>>());
     assert_eq!(chunks_of_extents([(20 * CS, CS)], CS, 10 * CS), Vec::<u64>::new());
 }
+
+/// Writes the fuzz targets' seeds (`fuzz/regressions/backup_chunk/`, `.../backup_manifest/`):
+/// real objects need zstd and AES-GCM, which `fuzz/gen_seeds.py` has no module for. Run it by
+/// hand after a format change: `cargo test -p fp-backup --lib -- --ignored write_fuzz_seeds`.
+#[test]
+#[ignore]
+fn write_fuzz_seeds() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/regressions");
+    let write = |target: &str, name: &str, selector: u8, bytes: &[u8]| {
+        let dir = root.join(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), [&[selector][..], bytes].concat()).unwrap();
+    };
+    let key = BackupKey::new("fuzz", &[0x42; 32]).unwrap();
+    let compressible = vec![0x5au8; 4096];
+    // xorshift64: bytes zstd cannot shrink, so the chunk is stored raw.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let random: Vec<u8> = (0..1000)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    write("backup_chunk", "seed-compressed", 0, &encode_chunk(&compressible, None));
+    write("backup_chunk", "seed-raw", 0, &encode_chunk(&random, None));
+    write("backup_chunk", "seed-sealed-compressed", 0x42, &encode_chunk(&compressible, Some(&key)));
+    write("backup_chunk", "seed-sealed-raw", 0x42, &encode_chunk(&random, Some(&key)));
+    write("backup_chunk", "seed-truncated", 0, &encode_chunk(&random, None)[..100]);
+    let manifest = Manifest {
+        id: "20261130T093512Z-0badcafe".into(),
+        disk: "vol0".into(),
+        disk_size: 3 * CS + 100,
+        chunk_size: CS,
+        created: "2026-11-30T09:35:12Z".into(),
+        kind: BackupKind::Full,
+        parent: None,
+        key_id: None,
+        chunks: vec![Some(ChunkId::of(&random, None)), None, Some(ChunkId::of(&compressible, None)), None],
+    };
+    write("backup_manifest", "seed-full", 0, &manifest.encode(None).unwrap());
+    let incremental = Manifest {
+        kind: BackupKind::Incremental,
+        parent: Some("20261129T093512Z-00000001".into()),
+        key_id: Some("fuzz".into()),
+        ..manifest.clone()
+    };
+    let sealed = incremental.encode(Some(&key)).unwrap();
+    write("backup_manifest", "seed-incremental-authenticated", 0x42, &sealed);
+    write("backup_manifest", "seed-authenticated-read-without-key", 0, &sealed);
+    let mut newer = manifest.encode(None).unwrap();
+    newer[8] = 2;
+    write("backup_manifest", "seed-newer-version", 0, &newer);
+}
