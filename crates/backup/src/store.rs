@@ -74,10 +74,21 @@ impl Drop for ActivityGuard {
 
 struct Inner {
     objects: Arc<dyn ObjectStore>,
-    runtime: tokio::runtime::Runtime,
+    /// Always `Some` until the drop.
+    runtime: Option<tokio::runtime::Runtime>,
     /// The store for messages, and the key of the in-process activity rule.
     location: String,
     retry: RetryPolicy,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last handle may go inside one of the runtime's own tasks (a `read_async` that
+        // held the last clone): a plain drop of a runtime there panics, this does not.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// An open backup store. Cheap to clone (an `Arc`); usable from any control-plane thread.
@@ -124,7 +135,9 @@ impl Store {
                 reason: e.to_string(),
             })?;
         let retry = RetryPolicy { attempts: retry.attempts.max(1), ..retry };
-        Ok(Store { inner: Arc::new(Inner { objects, runtime, location: location.to_string(), retry }) })
+        Ok(Store {
+            inner: Arc::new(Inner { objects, runtime: Some(runtime), location: location.to_string(), retry }),
+        })
     }
 
     /// The store's location (URL, endpoint; no credentials).
@@ -142,11 +155,11 @@ impl Store {
 
     /// Runs `future` on the store's runtime and waits for it (a control thread's call).
     pub(crate) fn block_on<F: Future>(&self, future: F) -> F::Output {
-        self.inner.runtime.block_on(future)
+        self.runtime().block_on(future)
     }
 
     pub(crate) fn runtime(&self) -> &tokio::runtime::Runtime {
-        &self.inner.runtime
+        self.inner.runtime.as_ref().expect("the runtime lives until the drop")
     }
 
     /// Registers a backup on this store; refused while a GC runs here.
