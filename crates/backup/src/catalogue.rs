@@ -91,13 +91,9 @@ impl Store {
         let objects = self.block_on(store::list(self.objects(), self.retry(), &prefix))?;
         let mut found = BTreeMap::new();
         for meta in objects {
-            let parts: Vec<_> = meta.location.parts().collect();
-            let [_, disk, id] = parts.as_slice() else { continue };
-            let (disk, id) = (disk.as_ref().to_string(), id.as_ref().to_string());
-            if check_name("disk", &disk).is_err() || check_backup_id(&id).is_err() {
-                continue;
+            if let Some(key) = parse_manifest_key(&meta.location) {
+                found.insert(key, meta.size);
             }
-            found.insert((disk, id), meta.size);
         }
         let mut out = Vec::with_capacity(found.len());
         for ((disk, id), size) in found {
@@ -201,6 +197,11 @@ impl Store {
         let manifests = self.block_on(store::list(self.objects(), self.retry(), "backups/"))?;
         let mut referenced: HashSet<ChunkId> = HashSet::new();
         for meta in &manifests {
+            // Only `backups/<disk>/<id>` can be a manifest of ours; anything else there is not
+            // ours to read (nor a reason to stop).
+            if parse_manifest_key(&meta.location).is_none() {
+                continue;
+            }
             let object = meta.location.to_string();
             let bytes = self.block_on(store::get(self.objects(), self.retry(), &object))?;
             let manifest = Manifest::decode(&object, &bytes, None).map_err(|e| {
@@ -280,4 +281,14 @@ impl Store {
         );
         Ok(report)
     }
+}
+
+/// The disk and id of a manifest's object key `backups/<disk>/<id>`, if it is one.
+fn parse_manifest_key(location: &object_store::path::Path) -> Option<(String, String)> {
+    let parts: Vec<_> = location.parts().collect();
+    let [first, disk, id] = parts.as_slice() else { return None };
+    let (disk, id) = (disk.as_ref().to_string(), id.as_ref().to_string());
+    let ours =
+        first.as_ref() == "backups" && check_name("disk", &disk).is_ok() && check_backup_id(&id).is_ok();
+    ours.then_some((disk, id))
 }

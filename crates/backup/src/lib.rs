@@ -38,8 +38,8 @@ pub use config::{StoreConfig, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 pub use error::{BackupError, ErrorKind, Result};
 pub use key::{BackupKey, MIN_KEY_BYTES};
 pub use manifest::{
-    check_backup_id, check_name, manifest_key, new_backup_id, BackupKind, Manifest, ManifestBody,
-    MANIFEST_MAGIC, MANIFEST_VERSION, MAX_MANIFEST_JSON,
+    check_backup_id, check_name, manifest_key, new_backup_id, BackupKind, Manifest, MANIFEST_MAGIC,
+    MANIFEST_VERSION, MAX_MANIFEST_JSON,
 };
 pub use reader::ChunkReader;
 pub use store::{RetryPolicy, Store};

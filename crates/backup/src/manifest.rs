@@ -10,7 +10,7 @@
 //! | 0 | 8 | magic `FPBKMANI` |
 //! | 8 | 4 | format version: 1 |
 //! | 12 | 4 | flags: 1 authenticated (an HMAC follows the checksum; others refused) |
-//! | 16 | | zstd-compressed JSON ([`ManifestBody`]) |
+//! | 16 | | zstd-compressed JSON (the fields of [`Manifest`], chunk ids in hex, `null` for zero) |
 //! | end − 32 (− 32) | 32 | SHA-256 of the bytes before it |
 //! | end − 32 | 32 | HMAC-SHA-256 of the same bytes (authenticated manifests only) |
 
@@ -73,7 +73,7 @@ pub struct Manifest {
 /// The JSON inside a manifest object (the wire form of [`Manifest`]).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ManifestBody {
+struct ManifestBody {
     id: String,
     disk: String,
     disk_size: u64,

@@ -393,6 +393,11 @@ fn delete_and_gc_keep_chunks_other_backups_use() {
     let ma = backup(&store, &mut MemDisk::new(a), Plan::Full, &options("vol0", size), &Job::new()).unwrap();
     let mb = backup(&store, &mut MemDisk::new(b.clone()), Plan::Full, &options("vol1", size), &Job::new())
         .unwrap();
+    // Objects that are not ours, under either prefix, are left alone and stop nothing.
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    for stray in ["backups/vol0/notes.txt", "chunks/ab/readme", "chunks/zz"] {
+        rt.block_on(faulty.inner.put(&Path::from(stray), b"x".to_vec().into())).unwrap();
+    }
     // Young chunks are kept whatever refers to them.
     store.delete("vol0", &ma.id).unwrap();
     assert_eq!(store.delete("vol0", &ma.id).unwrap_err().kind(), ErrorKind::NotFound);
@@ -400,11 +405,11 @@ fn delete_and_gc_keep_chunks_other_backups_use() {
     assert_eq!((gc.chunks_deleted, gc.chunks_young, gc.chunks_referenced), (0, 1, 3));
     // Past the grace period, only vol0's own chunk 0 goes.
     let gc = store.gc(Duration::ZERO).unwrap();
-    assert_eq!((gc.manifests, gc.chunks_seen, gc.chunks_deleted), (1, 4, 1));
+    assert_eq!((gc.manifests, gc.chunks_seen, gc.chunks_deleted, gc.foreign_objects), (1, 6, 1, 2));
+    assert_eq!(store.list(None).unwrap().len(), 1);
     assert!(store.verify(&mb, None, false).unwrap().is_ok());
     assert_eq!(restore(&store, &mb, None), b);
     // A damaged manifest stops the GC rather than orphaning its chunks.
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     rt.block_on(faulty.inner.put(&Path::from(mb.object_key()), b"FPBKMANI junk".to_vec().into())).unwrap();
     let err = store.gc(Duration::ZERO).unwrap_err();
     assert!(err.to_string().contains("garbage collection refused"), "{err}");
