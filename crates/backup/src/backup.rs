@@ -93,14 +93,20 @@ pub struct Progress {
 
 /// A copy of [`Progress`]'s counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[allow(missing_docs)]
 pub struct ProgressSnapshot {
+    /// [`Progress::chunks_total`].
     pub chunks_total: u64,
+    /// [`Progress::chunks_read`].
     pub chunks_read: u64,
+    /// [`Progress::chunks_zero`].
     pub chunks_zero: u64,
+    /// [`Progress::chunks_skipped`].
     pub chunks_skipped: u64,
+    /// [`Progress::chunks_uploaded`].
     pub chunks_uploaded: u64,
+    /// [`Progress::bytes_read`].
     pub bytes_read: u64,
+    /// [`Progress::bytes_uploaded`].
     pub bytes_uploaded: u64,
 }
 

@@ -13,6 +13,7 @@
 //! from inside an async runtime.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod backup;
 mod catalogue;
