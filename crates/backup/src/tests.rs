@@ -457,6 +457,41 @@ fn the_speed_limit_holds_reads_back() {
 }
 
 #[test]
+fn the_speed_limit_changes_while_the_job_runs_and_a_throttled_job_cancels() {
+    let (_, store) = faulty_store();
+    let data = pattern(15, 4, 0);
+    let size = data.len() as u64;
+    // One byte a second would take days: lifting the limit lets the job finish.
+    let job = Job::new();
+    job.set_speed_limit(1);
+    let lifter = {
+        let job = job.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            job.set_speed_limit(0);
+        })
+    };
+    let start = Instant::now();
+    backup(&store, &mut MemDisk::new(data.clone()), Plan::Full, &options("vol0", size), &job).unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    lifter.join().unwrap();
+    // A job held by its limit sees a cancel.
+    let job = Job::new();
+    job.set_speed_limit(1);
+    let canceller = {
+        let job = job.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            job.cancel();
+        })
+    };
+    let err = backup(&store, &mut MemDisk::new(data), Plan::Full, &options("vol1", size), &job).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Cancelled);
+    assert_eq!(job.progress().snapshot().chunks_read, 0);
+    canceller.join().unwrap();
+}
+
+#[test]
 fn a_local_directory_store_round_trips() {
     let dir = tempfile::tempdir().unwrap();
     let config = StoreConfig { url: format!("file://{}", dir.path().display()), ..Default::default() };
