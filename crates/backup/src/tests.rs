@@ -456,6 +456,15 @@ fn the_speed_limit_holds_reads_back() {
     assert!(start.elapsed() >= Duration::from_millis(450), "{:?}", start.elapsed());
 }
 
+/// Does `act` to `job` from another thread, 200 ms from now.
+fn in_200_ms(job: &Arc<Job>, act: fn(&Job)) -> std::thread::JoinHandle<()> {
+    let job = job.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        act(&job);
+    })
+}
+
 #[test]
 fn the_speed_limit_changes_while_the_job_runs_and_a_throttled_job_cancels() {
     let (_, store) = faulty_store();
@@ -464,13 +473,7 @@ fn the_speed_limit_changes_while_the_job_runs_and_a_throttled_job_cancels() {
     // One byte a second would take days: lifting the limit lets the job finish.
     let job = Job::new();
     job.set_speed_limit(1);
-    let lifter = {
-        let job = job.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            job.set_speed_limit(0);
-        })
-    };
+    let lifter = in_200_ms(&job, |job| job.set_speed_limit(0));
     let start = Instant::now();
     backup(&store, &mut MemDisk::new(data.clone()), Plan::Full, &options("vol0", size), &job).unwrap();
     assert!(start.elapsed() >= Duration::from_millis(150));
@@ -478,13 +481,7 @@ fn the_speed_limit_changes_while_the_job_runs_and_a_throttled_job_cancels() {
     // A job held by its limit sees a cancel.
     let job = Job::new();
     job.set_speed_limit(1);
-    let canceller = {
-        let job = job.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            job.cancel();
-        })
-    };
+    let canceller = in_200_ms(&job, Job::cancel);
     let err = backup(&store, &mut MemDisk::new(data), Plan::Full, &options("vol1", size), &job).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Cancelled);
     assert_eq!(job.progress().snapshot().chunks_read, 0);
