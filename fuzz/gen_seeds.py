@@ -974,3 +974,7 @@ write("dirty_bitmap_file", {
     "seed-odd-size": bitmap_file(2, 65536, 3 * 512, [1]),
     "seed-truncated": bitmap_file(2, 4096, 130 * 4096, [0xFFFF, 5, 0b10])[:70],
 })
+
+
+# backup_manifest and backup_chunk: their seeds are real objects (zstd, AES-GCM, HMAC), written
+# by `cargo test -p fp-backup --lib -- --ignored write_fuzz_seeds` (crates/backup/src/tests.rs).

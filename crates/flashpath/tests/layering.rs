@@ -13,6 +13,8 @@
 //! * the plain system calls go through fp-sys's wrappers (`layering/syscalls.rs`);
 //! * unsafe code stays at the edges (`layering/unsafe_sites.rs`).
 //! * sibling bdev modules (raid, lvol) do not build on each other.
+//! * the backup store (fp-backup) runs on control threads: it builds on no workspace crate (no
+//!   reactor, no bdev), forbids unsafe code, and the jobs above it hand it a disk to read.
 
 use std::path::Path;
 
@@ -121,18 +123,18 @@ fn sibling_bdev_modules_do_not_build_on_each_other() {
     }
 }
 
-#[test]
-fn the_nvme_spec_crate_stands_alone_without_unsafe_code() {
+/// Checks that `package` depends on no workspace crate (`why` says why it must not) and that
+/// its lib.rs forbids unsafe code.
+fn assert_stands_alone_without_unsafe(package: &str, why: &str) {
     let root_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let crates = workspace_crate_dirs(&root_dir);
     let ours: Vec<String> = crates.iter().map(|(name, _)| name.clone()).collect();
-    let (_, dir) =
-        crates.iter().find(|(name, _)| name == "fp-nvme-spec").expect("fp-nvme-spec is a workspace crate");
+    let (_, dir) = crates
+        .iter()
+        .find(|(name, _)| name == package)
+        .unwrap_or_else(|| panic!("{package} is not a workspace crate"));
     let deps = non_dev_workspace_deps(&manifest(&dir.join("Cargo.toml")), &ours);
-    assert!(
-        deps.is_empty(),
-        "fp-nvme-spec depends on workspace crates {deps:?}: it sits below both NVMe crates"
-    );
+    assert!(deps.is_empty(), "{package} depends on workspace crates {deps:?}: {why}");
     let lib = dir.join("src/lib.rs");
     let text = std::fs::read_to_string(&lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
     assert!(
@@ -140,6 +142,11 @@ fn the_nvme_spec_crate_stands_alone_without_unsafe_code() {
         "{} lacks #![forbid(unsafe_code)]",
         lib.display()
     );
+}
+
+#[test]
+fn the_nvme_spec_crate_stands_alone_without_unsafe_code() {
+    assert_stands_alone_without_unsafe("fp-nvme-spec", "it sits below both NVMe crates");
 }
 
 /// What only the crates that encrypt may depend on.
@@ -169,6 +176,15 @@ fn the_bdev_layer_has_no_crypto_dependency() {
     assert!(
         crypto["dependencies"].as_table().is_some_and(|d| d.contains_key("aes")),
         "fp-crypto has the cipher"
+    );
+}
+
+#[test]
+fn the_backup_store_stands_alone_without_unsafe_code() {
+    assert_stands_alone_without_unsafe(
+        "fp-backup",
+        "it runs on control threads and reads a disk through its ChunkSource trait, which the \
+         backup job (above it) implements",
     );
 }
 
