@@ -12,7 +12,8 @@
 # is printed. Prints one summary line per target and exits non-zero if any replay or smoke run
 # failed.
 #
-# Environment: FUZZ_SMOKE_SECONDS (smoke run length per target, default 30).
+# Environment: FUZZ_SMOKE_SECONDS (smoke run length per target, default 30), FUZZ_JOBS (targets
+# run at a time, default one per CPU).
 set -euo pipefail
 
 cd "$(dirname "$0")"
@@ -67,14 +68,14 @@ trap 'rm -rf "$work"' EXIT
 # $work too, so the trap removes them.
 mkdir "$work/tmp"
 export TMPDIR=$work/tmp
-summary=()
-failed=0
-for t in "${targets[@]}"; do
-    dir=regressions/$t
+# One target: its replay, then its smoke run. Writes its summary line to $work/$t.summary and
+# its logs' tails (on a failure) to $work/$t.failure; returns non-zero when it failed.
+run_target() {
+    local t=$1 dir=regressions/$1 n t0 t1 t2 asan execs cov
+    local -a opts
     if [ ! -d "$dir" ] || [ -z "$(ls -A "$dir")" ]; then
-        summary+=("$t: FAILED (no regression corpus in fuzz/$dir)")
-        failed=$((failed + 1))
-        continue
+        echo "$t: FAILED (no regression corpus in fuzz/$dir)" >"$work/$t.summary"
+        return 1
     fi
     read -r -a opts <<<"$(options "$t")"
     n=$(find "$dir" -type f | wc -l)
@@ -82,25 +83,44 @@ for t in "${targets[@]}"; do
     # -runs=0: execute every input of the corpus once, mutate nothing.
     asan=$(asan_options "$t")
     if ! ASAN_OPTIONS=$asan cargo +nightly fuzz run "$t" "$dir" -- -runs=0 "${opts[@]}" >"$work/$t.replay.log" 2>&1; then
-        tail -n 60 "$work/$t.replay.log"
-        summary+=("$t: FAILED replaying $n inputs of fuzz/$dir (log above)")
-        failed=$((failed + 1))
-        continue
+        tail -n 60 "$work/$t.replay.log" >"$work/$t.failure"
+        echo "$t: FAILED replaying $n inputs of fuzz/$dir (log above)" >"$work/$t.summary"
+        return 1
     fi
     t1=$(date +%s)
-    mkdir -p "$work/corpus"
     cp -r "$dir" "$work/corpus/$t"
     if ! ASAN_OPTIONS=$asan cargo +nightly fuzz run "$t" "$work/corpus/$t" -- -max_total_time="$SMOKE" -print_final_stats=1 \
         "${opts[@]}" >"$work/$t.smoke.log" 2>&1; then
-        tail -n 80 "$work/$t.smoke.log"
-        summary+=("$t: replay of $n inputs ok; FAILED in the ${SMOKE} s smoke run (log above, reproducer in fuzz/artifacts/$t/)")
-        failed=$((failed + 1))
-        continue
+        tail -n 80 "$work/$t.smoke.log" >"$work/$t.failure"
+        echo "$t: replay of $n inputs ok; FAILED in the ${SMOKE} s smoke run (log above, reproducer in fuzz/artifacts/$t/)" >"$work/$t.summary"
+        return 1
     fi
     t2=$(date +%s)
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$t.smoke.log")
     cov=$(grep -o 'cov: [0-9]*' "$work/$t.smoke.log" | tail -n 1 | cut -d' ' -f2)
-    summary+=("$t: replay of $n inputs ok ($((t1 - t0)) s); smoke ok: ${execs:-?} execs in $((t2 - t1)) s, ${cov:-?} edges")
+    echo "$t: replay of $n inputs ok ($((t1 - t0)) s); smoke ok: ${execs:-?} execs in $((t2 - t1)) s, ${cov:-?} edges" >"$work/$t.summary"
+}
+
+# The targets run FUZZ_JOBS at a time (default: one per CPU): each libFuzzer run is one
+# process on one core, so the step's fuzzing time is the same on fewer wall-clock seconds.
+mkdir -p "$work/corpus"
+jobs_max=${FUZZ_JOBS:-$(nproc)}
+for t in "${targets[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+        wait -n || true
+    done
+    run_target "$t" &
+done
+wait || true
+summary=()
+failed=0
+for t in "${targets[@]}"; do
+    if [ -f "$work/$t.failure" ]; then
+        echo "--- $t"
+        cat "$work/$t.failure"
+    fi
+    summary+=("$(cat "$work/$t.summary" 2>/dev/null || echo "$t: FAILED (no result)")")
+    case "${summary[-1]}" in *FAILED*) failed=$((failed + 1)) ;; esac
 done
 
 echo
