@@ -19,6 +19,8 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// The crate documentation above names the store's items, which exist only with `store`.
+#![cfg_attr(not(feature = "store"), allow(rustdoc::broken_intra_doc_links))]
 
 #[cfg(feature = "store")]
 mod backup;
