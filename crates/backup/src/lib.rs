@@ -11,30 +11,45 @@
 //!
 //! Everything here runs on control-plane threads and blocks; never call it from a reactor or
 //! from inside an async runtime.
+//!
+//! The store (all of the above but the format) is the default feature `store`; without it the
+//! crate is the on-store format only: [`encode_chunk`] / [`decode_chunk`], [`Manifest`],
+//! [`ChunkId`] and [`BackupKey`], without object_store's async runtime and HTTPS stack (what
+//! the fuzz targets build).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// The crate documentation above names the store's items, which exist only with `store`.
+#![cfg_attr(not(feature = "store"), allow(rustdoc::broken_intra_doc_links))]
 
+#[cfg(feature = "store")]
 mod backup;
+#[cfg(feature = "store")]
 mod catalogue;
 mod chunk;
 mod chunk_id;
+#[cfg(feature = "store")]
 mod config;
 mod error;
 mod key;
 mod manifest;
+#[cfg(feature = "store")]
 mod reader;
+#[cfg(feature = "store")]
 mod store;
 
-#[cfg(test)]
+#[cfg(all(test, feature = "store"))]
 mod tests;
 
+#[cfg(feature = "store")]
 pub use backup::{backup, BackupOptions, ChunkSource, Job, Plan, Progress, ProgressSnapshot};
+#[cfg(feature = "store")]
 pub use catalogue::{BackupInfo, GcReport, VerifyReport, GC_GRACE};
 pub use chunk::{
     decode_chunk, decode_chunk_unchecked, encode_chunk, CHUNK_HEADER_LEN, CHUNK_MAGIC, CHUNK_VERSION,
 };
 pub use chunk_id::ChunkId;
+#[cfg(feature = "store")]
 pub use config::{StoreConfig, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 pub use error::{BackupError, ErrorKind, Result};
 pub use key::{BackupKey, MIN_KEY_BYTES};
@@ -42,7 +57,9 @@ pub use manifest::{
     check_backup_id, check_name, manifest_key, new_backup_id, BackupKind, Manifest, MANIFEST_MAGIC,
     MANIFEST_VERSION, MAX_MANIFEST_JSON,
 };
+#[cfg(feature = "store")]
 pub use reader::ChunkReader;
+#[cfg(feature = "store")]
 pub use store::{RetryPolicy, Store};
 
 /// The smallest chunk size: 64 KiB.
