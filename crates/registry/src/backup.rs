@@ -301,13 +301,12 @@ impl Registry {
 
     /// The store named `name` (`backup_store_add`).
     fn backup_store(&self, name: &str) -> Result<Arc<Store>, RegistryError> {
-        // Until the store table lands (fp-backup-bdev).
-        Err(invalid("store", format!("no backup store '{name}'")))
+        Ok(fp_backup_bdev::stores(self).get(name)?)
     }
 
     /// The keyring key named `name`, as a backup key.
     fn backup_key(&self, name: &str) -> Result<Arc<BackupKey>, RegistryError> {
-        Err(invalid("key", format!("no key '{name}'")))
+        Ok(fp_backup_bdev::backup_key(self, name)?)
     }
 
     /// `bdev_backup_start`: checks, takes the bitmap, makes the point in time, and starts the
