@@ -194,7 +194,8 @@ pub(crate) fn hex(s: &str) -> String {
 pub fn store_disk_name(bdev: &str) -> Result<String, RegistryError> {
     let mut out = String::with_capacity(bdev.len());
     for (i, b) in bdev.bytes().enumerate() {
-        let plain = b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b':' | b'+') || (b == b'.' && i > 0);
+        let plain =
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b':' | b'+') || (b == b'.' && i > 0);
         if plain {
             out.push(b as char);
         } else {
@@ -276,9 +277,15 @@ impl ChunkSource for FleeceSource {
         let step = self.bounce.len();
         for (i, piece) in buf.chunks_mut(step).enumerate() {
             let iov = self.bounce.iovecs(piece.len());
-            let req =
-                IoRequest { tag: 0, op: IoOp::Read, offset: offset + (i * step) as u64, len: piece.len() as u64, iov };
-            sync_io::run(self.chan.as_mut(), &req, &mut || false).map_err(std::io::Error::from_raw_os_error)?;
+            let req = IoRequest {
+                tag: 0,
+                op: IoOp::Read,
+                offset: offset + (i * step) as u64,
+                len: piece.len() as u64,
+                iov,
+            };
+            sync_io::run(self.chan.as_mut(), &req, &mut || false)
+                .map_err(std::io::Error::from_raw_os_error)?;
             piece.copy_from_slice(&self.bounce.bytes()[..piece.len()]);
         }
         Ok(())
@@ -312,6 +319,7 @@ impl Registry {
     /// `bdev_backup_start`: checks, takes the bitmap, makes the point in time, and starts the
     /// job's thread; returns the job's id.
     pub fn backup_start(&self, spec: BackupSpec) -> Result<String, RegistryError> {
+        self.jobs_dir()?;
         let store = self.backup_store(&spec.store)?;
         let key = spec.key.as_deref().map(|k| self.backup_key(k)).transpose()?;
         self.backup_start_with(spec, store, key, false)
@@ -379,7 +387,9 @@ impl Registry {
                 incremental = false;
             }
             if incremental {
-                let b = found.ok_or_else(|| invalid("bitmap", format!("bdev '{bdev}' has no dirty bitmap '{name}'")))?;
+                let b = found.ok_or_else(|| {
+                    invalid("bitmap", format!("bdev '{bdev}' has no dirty bitmap '{name}'"))
+                })?;
                 if b.inconsistent() {
                     return Err(invalid(
                         "bitmap",
@@ -419,11 +429,16 @@ impl Registry {
                     }
                     (Some(r), _) => r.backup_id.clone(),
                 };
-                let m = store.manifest(&disk_name, &id, key.as_deref()).map_err(|e| invalid("parent", e.to_string()))?;
+                let m = store
+                    .manifest(&disk_name, &id, key.as_deref())
+                    .map_err(|e| invalid("parent", e.to_string()))?;
                 if m.disk_size != disk_size {
                     return Err(invalid(
                         "parent",
-                        format!("{id} is of {} bytes, the disk has {disk_size}: take a full backup", m.disk_size),
+                        format!(
+                            "{id} is of {} bytes, the disk has {disk_size}: take a full backup",
+                            m.disk_size
+                        ),
                     ));
                 }
                 if m.key_id.as_deref() != key.as_deref().map(BackupKey::name) {
@@ -435,7 +450,10 @@ impl Registry {
                 if spec.chunk_size.is_some_and(|c| c != m.chunk_size) {
                     return Err(invalid(
                         "chunk_size",
-                        format!("parent {id} has chunks of {} bytes: an incremental takes its parent's", m.chunk_size),
+                        format!(
+                            "parent {id} has chunks of {} bytes: an incremental takes its parent's",
+                            m.chunk_size
+                        ),
                     ));
                 }
                 parent = Some(m);
@@ -447,7 +465,9 @@ impl Registry {
                 let b = match found {
                     Some(b) if b.inconsistent() => {
                         self.remove_dirty_bitmap(&bdev, &disk, name).map_err(method_error)?;
-                        log::info!("backup job '{job_id}': inconsistent bitmap '{name}' of '{bdev}' re-created");
+                        log::info!(
+                            "backup job '{job_id}': inconsistent bitmap '{name}' of '{bdev}' re-created"
+                        );
                         None
                     }
                     other => other,
@@ -519,7 +539,8 @@ impl Registry {
 
         let job = fp_backup::Job::new();
         job.set_speed_limit(spec.speed);
-        let outcome = Arc::new(Mutex::new(Outcome { state: BackupState::Running, backup_id: None, error: None }));
+        let outcome =
+            Arc::new(Mutex::new(Outcome { state: BackupState::Running, backup_id: None, error: None }));
         let stopping = Arc::new(AtomicBool::new(false));
         let prepared = Prepared {
             bdev: bdev.clone(),
@@ -539,7 +560,8 @@ impl Registry {
         let Some(me) = self.me.upgrade() else {
             return Err(RegistryError::NotNow("the registry is going away".into()));
         };
-        let (t_job, t_outcome, t_stopping, t_id) = (job.clone(), outcome.clone(), stopping.clone(), job_id.clone());
+        let (t_job, t_outcome, t_stopping, t_id) =
+            (job.clone(), outcome.clone(), stopping.clone(), job_id.clone());
         let parallel = spec.parallel.unwrap_or(4) as usize;
         let mut st = self.lock();
         let thread = std::thread::Builder::new()
@@ -548,7 +570,15 @@ impl Registry {
             .map_err(|e| RegistryError::NotNow(format!("no thread for the backup job: {e}")))?;
         st.backups.insert(
             job_id.clone(),
-            BackupEntry { spec, sync: sync.clone(), job, outcome, stopping, thread: Some(thread), started: Instant::now() },
+            BackupEntry {
+                spec,
+                sync: sync.clone(),
+                job,
+                outcome,
+                stopping,
+                thread: Some(thread),
+                started: Instant::now(),
+            },
         );
         drop(st);
         log::info!("backup job '{job_id}' started: {sync} backup of '{bdev}'");
@@ -618,7 +648,10 @@ impl Registry {
                     let rec = ParentRecord { store: p.store_name.clone(), backup_id: m.id.clone() };
                     let bytes = serde_json::to_vec(&rec).unwrap_or_default();
                     if let Err(e) = write_atomically(&path, &bytes) {
-                        log::error!("backup job '{job_id}': parent record {} not written: {e}", path.display());
+                        log::error!(
+                            "backup job '{job_id}': parent record {} not written: {e}",
+                            path.display()
+                        );
                     }
                 }
                 o.state = BackupState::Completed;
@@ -631,7 +664,10 @@ impl Registry {
                 }
                 if job.is_cancelled() {
                     o.state = BackupState::Cancelled;
-                    log::info!("backup job '{job_id}' cancelled{}", if daemon_stop { " by the daemon's stop" } else { "" });
+                    log::info!(
+                        "backup job '{job_id}' cancelled{}",
+                        if daemon_stop { " by the daemon's stop" } else { "" }
+                    );
                 } else {
                     log::error!("backup job '{job_id}' failed: {e}");
                     o.state = BackupState::Failed;
@@ -644,7 +680,12 @@ impl Registry {
         }
     }
 
-    fn backup_read(&self, p: &Prepared, parallel: usize, job: &Arc<fp_backup::Job>) -> Result<Manifest, String> {
+    fn backup_read(
+        &self,
+        p: &Prepared,
+        parallel: usize,
+        job: &Arc<fp_backup::Job>,
+    ) -> Result<Manifest, String> {
         let disk = self.disk(&p.fleece).map_err(|e| e.to_string())?;
         let chan = disk.open().map_err(|e| format!("bdev: cannot read the point in time: {e}"))?;
         let mut source = FleeceSource { chan, bounce: BounceBuf::zeroed(p.chunk_size as usize) };
@@ -683,9 +724,15 @@ impl Registry {
     /// `bdev_backup_set_speed`: a running job's new speed limit in bytes per second (0: none).
     pub fn backup_set_speed(&self, job_id: &str, speed: u64) -> Result<(), RegistryError> {
         let st = self.lock();
-        let e = st.backups.get(job_id).ok_or_else(|| RegistryError::NotFound { kind: "backup job", name: job_id.into() })?;
+        let e = st
+            .backups
+            .get(job_id)
+            .ok_or_else(|| RegistryError::NotFound { kind: "backup job", name: job_id.into() })?;
         if e.state() != BackupState::Running {
-            return Err(RegistryError::NotNow(format!("backup job '{job_id}' is {}: it is over", e.state().name())));
+            return Err(RegistryError::NotNow(format!(
+                "backup job '{job_id}' is {}: it is over",
+                e.state().name()
+            )));
         }
         e.job.set_speed_limit(speed);
         log::info!("backup job '{job_id}': speed limit {speed} bytes/s (0: none)");
@@ -718,7 +765,12 @@ impl Registry {
     }
 
     /// Waits (bounded) for a job's thread; a thread that does not end is left running.
-    fn join_backup(&self, job_id: &str, thread: Option<JoinHandle<()>>, wait: Duration) -> Result<(), RegistryError> {
+    fn join_backup(
+        &self,
+        job_id: &str,
+        thread: Option<JoinHandle<()>>,
+        wait: Duration,
+    ) -> Result<(), RegistryError> {
         let Some(thread) = thread else { return Ok(()) };
         let deadline = Instant::now() + wait;
         while !thread.is_finished() {
@@ -821,7 +873,10 @@ impl Registry {
 
     /// The running backup job of bdev `name`, if any.
     pub(crate) fn backup_on(st: &crate::state::State, name: &str) -> Option<String> {
-        st.backups.iter().find(|(_, e)| e.state() == BackupState::Running && e.spec.bdev == name).map(|(id, _)| id.clone())
+        st.backups
+            .iter()
+            .find(|(_, e)| e.state() == BackupState::Running && e.spec.bdev == name)
+            .map(|(id, _)| id.clone())
     }
 }
 
@@ -834,7 +889,9 @@ fn method_error(e: crate::MethodError) -> RegistryError {
     match e {
         crate::MethodError::Registry(RegistryError::Invalid { reason, .. }) => invalid("bitmap", reason),
         crate::MethodError::Registry(r) => r,
-        crate::MethodError::Failed { code, message } => RegistryError::Module { errno: code, source: message.into() },
+        crate::MethodError::Failed { code, message } => {
+            RegistryError::Module { errno: code, source: message.into() }
+        }
         other => invalid("bitmap", other.to_string()),
     }
 }
@@ -842,9 +899,9 @@ fn method_error(e: crate::MethodError) -> RegistryError {
 fn read_parent_record(dir: &Path, bdev: &str, bitmap: &str) -> Result<Option<ParentRecord>, RegistryError> {
     let path = parent_record_path(dir, bdev, bitmap);
     match fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| invalid("parent", format!("{}: {e} (remove the file to start over)", path.display()))),
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            invalid("parent", format!("{}: {e} (remove the file to start over)", path.display()))
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io_error(&path, e)),
     }
@@ -863,7 +920,9 @@ impl Registry {
 fn forget_parent(dir: &Path, bdev: &str, name: &str) {
     let path = parent_record_path(dir, bdev, name);
     match fs::remove_file(&path) {
-        Ok(()) => log::info!("bdev '{bdev}': bitmap '{name}' no longer tracks its last backup; record removed"),
+        Ok(()) => {
+            log::info!("bdev '{bdev}': bitmap '{name}' no longer tracks its last backup; record removed")
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => log::error!("{}: not removed: {e}", path.display()),
     }
