@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod catalogue;
 mod error;
 mod rpc;
 mod stores;

@@ -8,6 +8,7 @@ use fp_bdev::BdevInfo;
 use fp_rpc::Params;
 use serde_json::{json, Map, Value};
 
+use crate::catalogue;
 use crate::stores::stores;
 
 /// The module's name: its bdevs' `driver`.
@@ -34,6 +35,11 @@ impl BdevModule for BackupModule {
             ("backup_store_add", store_add),
             ("backup_store_remove", store_remove),
             ("backup_store_list", store_list),
+            ("backup_list", catalogue::list),
+            ("backup_get", catalogue::get),
+            ("backup_verify", catalogue::verify),
+            ("backup_delete", catalogue::delete),
+            ("backup_gc", catalogue::gc),
         ]
     }
 
