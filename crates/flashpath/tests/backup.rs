@@ -6,8 +6,8 @@
 //!   equals the image at the start; (b) an incremental from the bitmap reads only the changed
 //!   chunks and equals the disk at its start; (c) a cancelled incremental leaves the bits in
 //!   the bitmap, and a rerun works.
-//! * [`a_killed_daemon_resumes_the_job_as_a_full_backup`]: (d).
-//! * [`refusals_name_the_field`]: (e).
+//! * [`a_killed_daemon_resumes_the_job_as_a_full_backup`] is (d).
+//! * [`refusals_name_the_field`] and [`an_inconsistent_bitmap_refuses_an_incremental`] are (e).
 
 mod common;
 
