@@ -61,6 +61,7 @@ use fp_bdev::iov::BounceBuf;
 use fp_bdev::{sync_io, BlockDevice, IoChannel, IoOp, IoRequest, ModuleHost, NewBdev, UringDevice};
 use serde::{Deserialize, Serialize};
 
+use crate::bitmaps::hex;
 use crate::{FleeceSpec, Registry, RegistryError};
 
 /// How long `bdev_backup_cancel` and the daemon's shutdown wait for a job to end. A job sees a
@@ -184,10 +185,6 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> RegistryError {
     RegistryError::Invalid { field, reason: reason.into() }
 }
 
-pub(crate) fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The name a bdev's backups have in a store. fp-backup allows 1 to 255 of `A-Z a-z 0-9 . - _
 /// : + @`, not starting with a dot; every other byte (an lvol's `lvs/vol` `/`), a leading dot
 /// and `@` itself are written `@` and two hex digits, so two bdevs never share a name.
@@ -218,7 +215,7 @@ pub(crate) fn parent_record_path(dir: &Path, bdev: &str, bitmap: &str) -> PathBu
 }
 
 /// Writes `bytes` at `path` whole: a temporary file, synced, renamed over, the directory synced.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {
         let mut f = fs::File::create(&tmp)?;

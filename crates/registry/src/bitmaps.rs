@@ -9,7 +9,6 @@
 //! another size, UUID or an unreadable one is never applied: it is logged and left alone.
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -22,7 +21,7 @@ use crate::{Registry, RegistryError};
 
 const SUFFIX: &str = ".bitmap";
 
-fn hex(s: &str) -> String {
+pub(crate) fn hex(s: &str) -> String {
     s.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -38,23 +37,9 @@ fn io_error(path: &Path, e: std::io::Error) -> RegistryError {
     RegistryError::Bdev(fp_bdev::BdevError::Io(format!("{}: {e}", path.display())))
 }
 
-/// Writes `file` at `path` whole: a temporary file, synced, renamed over, the directory synced.
+/// Writes `file` at `path` whole (a reader finds the old file or the new one).
 fn write_atomically(path: &Path, file: &BitmapFile) -> Result<(), RegistryError> {
-    let tmp = path.with_extension("tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&file.encode())?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent() {
-            fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    };
-    write().map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        io_error(path, e)
-    })
+    crate::backup::write_atomically(path, &file.encode()).map_err(|e| io_error(path, e))
 }
 
 fn file_for(bdev: &str, b: &DirtyBitmap, flags: u32) -> BitmapFile {
