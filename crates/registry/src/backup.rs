@@ -46,22 +46,22 @@
 //! The job's reads run on a thread of its own (never a reactor): a channel of the fleece bdev
 //! read synchronously ([`fp_bdev::sync_io`]), chunk by chunk, through a DMA-able bounce buffer.
 
-use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fp_backup::{BackupKey, ChunkSource, Manifest, Plan, ProgressSnapshot, Store};
+use fp_backup::{BackupKey, ChunkSource, Manifest, Plan, Store};
 use fp_bdev::disk::{BitmapUse, DirtyBitmap, FrozenBitmap, DEFAULT_BITMAP_GRANULARITY};
 use fp_bdev::iov::BounceBuf;
 use fp_bdev::{sync_io, BlockDevice, IoChannel, IoOp, IoRequest, ModuleHost, NewBdev, UringDevice};
 use serde::{Deserialize, Serialize};
 
-use crate::bitmaps::hex;
+use crate::backup_state::{lock, BackupEntry, Outcome};
+pub use crate::backup_state::{BackupSpec, BackupState, BackupStatus};
+use crate::state_files::{hex, write_atomically};
 use crate::{FleeceSpec, Registry, RegistryError};
 
 /// How long `bdev_backup_cancel` and the daemon's shutdown wait for a job to end. A job sees a
@@ -71,115 +71,6 @@ pub const BACKUP_WAIT: Duration = Duration::from_secs(60);
 
 /// The state directory's folder of job records and scratch files.
 const JOBS_DIR: &str = "backup-jobs";
-
-/// What `bdev_backup_start` asks for; also the job record kept in the state directory.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BackupSpec {
-    pub bdev: String,
-    pub store: String,
-    /// Defaults to the bdev's name.
-    pub job_id: Option<String>,
-    /// "full" or "incremental".
-    pub sync: String,
-    pub bitmap: Option<String>,
-    /// The bitmap's granularity when a full backup adds it.
-    pub granularity: Option<u64>,
-    pub parent: Option<String>,
-    pub chunk_size: Option<u64>,
-    pub key: Option<String>,
-    pub parallel: Option<u64>,
-    /// Bytes per second read from the disk; 0: no limit.
-    pub speed: u64,
-}
-
-/// A job's state, with QEMU's names where they mean the same.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackupState {
-    Running,
-    Completed,
-    Failed,
-    Cancelled,
-}
-
-impl BackupState {
-    pub fn name(self) -> &'static str {
-        match self {
-            BackupState::Running => "running",
-            BackupState::Completed => "completed",
-            BackupState::Failed => "failed",
-            BackupState::Cancelled => "cancelled",
-        }
-    }
-}
-
-/// What `bdev_backup_get_jobs` reports of a job.
-#[derive(Debug, Clone)]
-pub struct BackupStatus {
-    pub job_id: String,
-    pub bdev: String,
-    pub store: String,
-    pub sync: String,
-    pub bitmap: Option<String>,
-    pub state: BackupState,
-    pub backup_id: Option<String>,
-    pub error: Option<String>,
-    pub progress: ProgressSnapshot,
-    /// The speed limit in bytes per second (0: none).
-    pub speed: u64,
-    /// Bytes read per second since the job started.
-    pub read_rate: u64,
-}
-
-/// Where a job stands, shared between its thread and the registry.
-#[derive(Debug)]
-struct Outcome {
-    state: BackupState,
-    backup_id: Option<String>,
-    error: Option<String>,
-}
-
-/// A job as the registry keeps it.
-pub(crate) struct BackupEntry {
-    spec: BackupSpec,
-    /// The sync actually run (a resumed incremental with an inconsistent bitmap runs full).
-    sync: String,
-    job: Arc<fp_backup::Job>,
-    outcome: Arc<Mutex<Outcome>>,
-    /// Set when the daemon's shutdown cancels the job: its record stays, so it resumes.
-    stopping: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-    started: Instant,
-}
-
-impl BackupEntry {
-    fn state(&self) -> BackupState {
-        lock(&self.outcome).state
-    }
-
-    fn status(&self, job_id: &str) -> BackupStatus {
-        let o = lock(&self.outcome);
-        let progress = self.job.progress().snapshot();
-        let secs = self.started.elapsed().as_secs_f64().max(1e-3);
-        BackupStatus {
-            job_id: job_id.to_string(),
-            bdev: self.spec.bdev.clone(),
-            store: self.spec.store.clone(),
-            sync: self.sync.clone(),
-            bitmap: self.spec.bitmap.clone(),
-            state: o.state,
-            backup_id: o.backup_id.clone(),
-            error: o.error.clone(),
-            progress,
-            speed: self.job.speed_limit(),
-            read_rate: (progress.bytes_read as f64 / secs) as u64,
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> RegistryError {
     RegistryError::Invalid { field, reason: reason.into() }
@@ -212,24 +103,6 @@ pub(crate) struct ParentRecord {
 
 pub(crate) fn parent_record_path(dir: &Path, bdev: &str, bitmap: &str) -> PathBuf {
     dir.join(format!("{}.{}.backup", hex(bdev), hex(bitmap)))
-}
-
-/// Writes `bytes` at `path` whole: a temporary file, synced, renamed over, the directory synced.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent() {
-            fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    };
-    write().inspect_err(|_| {
-        let _ = fs::remove_file(&tmp);
-    })
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> RegistryError {
@@ -924,8 +797,6 @@ fn forget_parent(dir: &Path, bdev: &str, name: &str) {
         Err(e) => log::error!("{}: not removed: {e}", path.display()),
     }
 }
-
-pub(crate) type Backups = BTreeMap<String, BackupEntry>;
 
 #[cfg(test)]
 #[path = "backup_tests.rs"]

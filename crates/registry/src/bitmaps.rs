@@ -17,13 +17,10 @@ use fp_bdev::disk::{BitmapError, DirtyBitmap};
 use fp_bdev::{BlockDevice, Disk, Uuid};
 
 use crate::methods::{bdev_uuid, MethodError};
+use crate::state_files::hex;
 use crate::{Registry, RegistryError};
 
 const SUFFIX: &str = ".bitmap";
-
-pub(crate) fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02x}")).collect()
-}
 
 fn file_of(dir: &Path, bdev: &str, name: &str) -> PathBuf {
     dir.join(format!("{}.{}{SUFFIX}", hex(bdev), hex(name)))
@@ -39,7 +36,7 @@ fn io_error(path: &Path, e: std::io::Error) -> RegistryError {
 
 /// Writes `file` at `path` whole (a reader finds the old file or the new one).
 fn write_atomically(path: &Path, file: &BitmapFile) -> Result<(), RegistryError> {
-    crate::backup::write_atomically(path, &file.encode()).map_err(|e| io_error(path, e))
+    crate::state_files::write_atomically(path, &file.encode()).map_err(|e| io_error(path, e))
 }
 
 fn file_for(bdev: &str, b: &DirtyBitmap, flags: u32) -> BitmapFile {

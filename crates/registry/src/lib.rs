@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod backup;
+mod backup_state;
 mod bdevs;
 mod bitmaps;
 mod disks;
@@ -30,6 +31,7 @@ mod qos;
 mod registry;
 mod shutdown;
 mod state;
+mod state_files;
 
 pub use backup::{store_disk_name, BackupSpec, BackupState, BackupStatus, BACKUP_WAIT};
 pub use bdevs::BdevSummary;

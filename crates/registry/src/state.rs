@@ -48,7 +48,7 @@ pub(crate) struct State {
     /// Mirror jobs by id (`mirror.rs`).
     pub(crate) mirrors: BTreeMap<String, MirrorEntry>,
     /// Backup jobs by id (`backup.rs`), those that ended too until dismissed.
-    pub(crate) backups: crate::backup::Backups,
+    pub(crate) backups: crate::backup_state::Backups,
 }
 
 impl State {
