@@ -440,7 +440,7 @@ fn serve_config_with_nbd_disk_tables() {
     assert_eq!(
         disks,
         serde_json::json!([{"nbd_device": sock, "bdev_name": "ram0", "export_name": "ram0",
-                            "readonly": true, "tls": false, "connections": 0,
+                            "readonly": true, "tls": false, "connections": 0, "bitmaps": [],
                             "stats": {"read_ops": 0, "write_ops": 0, "flush_ops": 0, "trim_ops": 0,
                                       "write_zeroes_ops": 0, "cache_ops": 0, "block_status_ops": 0,
                                       "bytes_read": 0, "bytes_written": 0, "errors": 0}}])

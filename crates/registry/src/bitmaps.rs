@@ -9,7 +9,6 @@
 //! another size, UUID or an unreadable one is never applied: it is logged and left alone.
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,13 +17,10 @@ use fp_bdev::disk::{BitmapError, DirtyBitmap};
 use fp_bdev::{BlockDevice, Disk, Uuid};
 
 use crate::methods::{bdev_uuid, MethodError};
+use crate::state_files::hex;
 use crate::{Registry, RegistryError};
 
 const SUFFIX: &str = ".bitmap";
-
-fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02x}")).collect()
-}
 
 fn file_of(dir: &Path, bdev: &str, name: &str) -> PathBuf {
     dir.join(format!("{}.{}{SUFFIX}", hex(bdev), hex(name)))
@@ -38,23 +34,9 @@ fn io_error(path: &Path, e: std::io::Error) -> RegistryError {
     RegistryError::Bdev(fp_bdev::BdevError::Io(format!("{}: {e}", path.display())))
 }
 
-/// Writes `file` at `path` whole: a temporary file, synced, renamed over, the directory synced.
+/// Writes `file` at `path` whole (a reader finds the old file or the new one).
 fn write_atomically(path: &Path, file: &BitmapFile) -> Result<(), RegistryError> {
-    let tmp = path.with_extension("tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&file.encode())?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent() {
-            fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    };
-    write().map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        io_error(path, e)
-    })
+    crate::state_files::write_atomically(path, &file.encode()).map_err(|e| io_error(path, e))
 }
 
 fn file_for(bdev: &str, b: &DirtyBitmap, flags: u32) -> BitmapFile {
@@ -104,7 +86,11 @@ impl Registry {
         bitmap: DirtyBitmap,
     ) -> Result<Arc<DirtyBitmap>, MethodError> {
         if !bitmap.persistent() {
-            return disk.add_dirty_bitmap(bitmap).map_err(|e| refused("name", e));
+            let name = bitmap.name().to_string();
+            let added = disk.add_dirty_bitmap(bitmap).map_err(|e| refused("name", e))?;
+            // A new bitmap holds no changes since any backup.
+            self.forget_backup_parent(bdev, &name);
+            return Ok(added);
         }
         let Some(dir) = self.state_dir() else {
             let reason = "needs the daemon's state directory (serve --state-dir / state_dir)".to_string();
@@ -123,6 +109,7 @@ impl Registry {
             ));
         }
         let path = file_of(dir, bdev, bitmap.name());
+        self.forget_backup_parent(bdev, bitmap.name());
         write_atomically(&path, &file_for(bdev, &bitmap, FLAG_IN_USE))?;
         disk.add_dirty_bitmap(bitmap).map_err(|e| {
             let _ = fs::remove_file(&path);
@@ -133,6 +120,7 @@ impl Registry {
     /// Removes bitmap `name` of `disk`, and its file if it is persistent.
     pub fn remove_dirty_bitmap(&self, bdev: &str, disk: &Disk, name: &str) -> Result<(), MethodError> {
         let b = disk.remove_dirty_bitmap(name).map_err(|e| refused("name", e))?;
+        self.forget_backup_parent(bdev, name);
         if let (true, Some(dir)) = (b.persistent(), self.state_dir()) {
             let path = file_of(dir, bdev, name);
             fs::remove_file(&path).map_err(|e| io_error(&path, e))?;
@@ -157,7 +145,9 @@ impl Registry {
     /// (else none: an export still stopping may complete writes after the save). A disk a
     /// mirror job still copies from or to keeps IN_USE too: the job may write after the save.
     /// A file left IN_USE comes back inconsistent: a full backup, never a silent miss.
-    pub(crate) fn save_all_dirty_bitmaps(&self, exports_stopped: bool) {
+    /// `backups_left`: bdevs whose backup job did not end; their bitmaps lack the job's frozen
+    /// bits and stay IN_USE too.
+    pub(crate) fn save_all_dirty_bitmaps(&self, exports_stopped: bool, backups_left: &[String]) {
         let mirrored: Vec<String> = {
             let st = self.lock();
             st.bdevs
@@ -170,12 +160,14 @@ impl Registry {
                 .collect()
         };
         for (bdev, disk) in self.disks() {
-            if !exports_stopped || mirrored.contains(&bdev) {
+            if !exports_stopped || mirrored.contains(&bdev) || backups_left.contains(&bdev) {
                 for b in disk.dirty_bitmaps().iter().filter(|b| b.persistent()) {
                     log::warn!(
                         "bdev '{bdev}': dirty bitmap '{}' left in use ({}): it will come back inconsistent",
                         b.name(),
-                        if exports_stopped {
+                        if backups_left.contains(&bdev) {
+                            "a backup job did not end"
+                        } else if exports_stopped {
                             "a mirror job still runs on the bdev"
                         } else {
                             "an export did not stop"

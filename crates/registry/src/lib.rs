@@ -11,6 +11,8 @@
 
 #![forbid(unsafe_code)]
 
+mod backup;
+mod backup_state;
 mod bdevs;
 mod bitmaps;
 mod disks;
@@ -29,7 +31,9 @@ mod qos;
 mod registry;
 mod shutdown;
 mod state;
+mod state_files;
 
+pub use backup::{store_disk_name, BackupSpec, BackupState, BackupStatus, BACKUP_WAIT};
 pub use bdevs::BdevSummary;
 pub use error::RegistryError;
 pub use export_dirs::{ExportDirError, ExportDirs};
