@@ -53,7 +53,7 @@ pub(crate) fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
     let m = reader.manifest();
     let base = host.claimable(&base_name, ClaimType::ExclusiveWrite)?;
     let b = base.info();
-    if m.disk_size % u64::from(b.block_size) != 0 {
+    if !m.disk_size.is_multiple_of(u64::from(b.block_size)) {
         return Err(ParamError::new(
             "base_bdev",
             format!("its block size {} does not divide the backup's size {}", b.block_size, m.disk_size),

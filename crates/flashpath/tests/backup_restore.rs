@@ -285,6 +285,14 @@ fn live_restore_serves_at_once_keeps_the_guests_writes_and_completes() {
     let base = d.call("bdev_get_bdevs", json!({"name": "base"}));
     assert_eq!(base[0]["claim_type"], "exclusive_write", "{base}");
 
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashpath"))
+        .arg("--rpc")
+        .arg(&d.rpc)
+        .args(["restore", "status"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("copying") && text.contains("base"), "{text}");
     let mut c = nbd(&d, "r");
     // Reads fetch what they touch at once.
     assert_eq!(c.read(3 * CHUNK + 512, 4096).unwrap().unwrap(), image[(3 * CHUNK + 512) as usize..][..4096]);

@@ -33,6 +33,7 @@ pub struct StateFile {
 }
 
 /// What a loaded file says: the durable chunks (a bitmap) and whether it was complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Loaded {
     /// Bit `i % 8` of byte `i / 8`: chunk `i` is on the base.
     pub bitmap: Vec<u8>,
@@ -68,50 +69,29 @@ impl StateFile {
     /// The file's content when it is this restore's (same identity, `chunks` chunks); `None`
     /// when there is no file or it is another restore's (which the first save replaces).
     pub fn load(&self, chunks: u64) -> std::io::Result<Option<Loaded>> {
-        let text = match std::fs::read_to_string(&self.path) {
+        let text = match std::fs::read(&self.path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let bad = |why: &str| {
+        let loaded = parse(&text, &self.identity, chunks).map_err(|why| {
             std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {why}", self.path.display()))
-        };
-        let v: Value = serde_json::from_str(&text).map_err(|e| bad(&e.to_string()))?;
-        if v["version"].as_u64() != Some(VERSION) {
-            return Err(bad("unknown version"));
-        }
-        let id = &self.identity;
-        let same = v["name"] == id.name.as_str()
-            && v["store"] == id.store.as_str()
-            && v["bdev"] == id.disk.as_str()
-            && v["backup_id"] == id.backup_id.as_str()
-            && v["size"].as_u64() == Some(id.size)
-            && v["chunks"].as_u64() == Some(chunks);
-        if !same {
+        })?;
+        if loaded.is_none() {
             log::warn!(
                 "{}: another restore's state; this one starts from the beginning",
                 self.path.display()
             );
-            return Ok(None);
         }
-        let bitmap = v["restored"].as_str().and_then(unhex).ok_or_else(|| bad("restored is not hex"))?;
-        if bitmap.len() as u64 != chunks.div_ceil(8) {
-            return Err(bad("restored has the wrong length"));
-        }
-        Ok(Some(Loaded { bitmap, complete: v["complete"].as_bool().unwrap_or(false) }))
+        Ok(loaded)
     }
 
     /// Replaces the file: `bitmap` (durable chunks), `complete`.
     pub fn save(&self, chunks: u64, bitmap: &[u8], complete: bool) -> std::io::Result<()> {
-        let id = &self.identity;
-        let body = json!({
-            "version": VERSION,
-            "name": id.name, "store": id.store, "bdev": id.disk, "backup_id": id.backup_id,
-            "size": id.size, "chunks": chunks, "complete": complete, "restored": hex(bitmap),
-        });
+        let body = encode(&self.identity, chunks, bitmap, complete);
         let tmp = self.path.with_extension("json.tmp");
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(body.to_string().as_bytes())?;
+        f.write_all(&body)?;
         f.sync_all()?;
         drop(f);
         std::fs::rename(&tmp, &self.path)?;
@@ -120,11 +100,48 @@ impl StateFile {
         }
         Ok(())
     }
+}
 
-    /// Removes the file (a deleted restore's).
-    pub fn remove(&self) {
-        let _ = std::fs::remove_file(&self.path);
+/// A state file's bytes: `bitmap` (bit `i % 8` of byte `i / 8`: chunk `i` is durable).
+pub fn encode(id: &Identity, chunks: u64, bitmap: &[u8], complete: bool) -> Vec<u8> {
+    let body = json!({
+        "version": VERSION,
+        "name": id.name, "store": id.store, "bdev": id.disk, "backup_id": id.backup_id,
+        "size": id.size, "chunks": chunks, "complete": complete, "restored": hex(bitmap),
+    });
+    body.to_string().into_bytes()
+}
+
+/// Parses a state file's bytes (whatever a crash or another hand left): `Ok(None)` when it is
+/// another restore's (another identity or chunk count), an error when it is not a state file
+/// of this version; the bitmap returned holds exactly `chunks` bits' bytes.
+pub fn parse(bytes: &[u8], identity: &Identity, chunks: u64) -> Result<Option<Loaded>, String> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if v["version"].as_u64() != Some(VERSION) {
+        return Err("not a version 1 restore state file".into());
     }
+    let id = identity;
+    let same = v["name"] == id.name.as_str()
+        && v["store"] == id.store.as_str()
+        && v["bdev"] == id.disk.as_str()
+        && v["backup_id"] == id.backup_id.as_str()
+        && v["size"].as_u64() == Some(id.size)
+        && v["chunks"].as_u64() == Some(chunks);
+    if !same {
+        return Ok(None);
+    }
+    let bitmap = v["restored"].as_str().and_then(unhex).ok_or("restored is not hex")?;
+    if bitmap.len() as u64 != chunks.div_ceil(8) {
+        return Err("restored has the wrong length".into());
+    }
+    if !chunks.is_multiple_of(8) && bitmap.last().is_some_and(|b| b >> (chunks % 8) != 0) {
+        return Err("restored marks chunks past the end".into());
+    }
+    let complete = match &v["complete"] {
+        Value::Bool(b) => *b,
+        _ => return Err("complete is not true or false".into()),
+    };
+    Ok(Some(Loaded { bitmap, complete }))
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ mod qos;
 mod raid;
 mod rbd;
 mod reactor;
+mod restore;
 mod rpc;
 mod serve;
 mod session;
@@ -98,6 +99,10 @@ pub(crate) enum Command {
     /// Point-in-time views of a live disk, for backups (docs/backup.md)
     #[command(subcommand)]
     Fleece(fleece::FleeceCommand),
+    /// Live restores: a disk that serves a backup at once while it is copied onto a local
+    /// disk (docs/backup.md)
+    #[command(subcommand)]
+    Restore(restore::RestoreCommand),
     /// Raid bdevs: raid0, concat, and raid1 replicas with partial rebuild (docs/raid.md)
     #[command(subcommand)]
     Raid(raid::RaidCommand),
@@ -184,6 +189,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Qos(c) => qos::run(rpc, json, c),
         Command::Mirror(c) => mirror::run(rpc, json, c),
         Command::Bitmap(c) => bitmap::run(rpc, json, c),
+        Command::Restore(c) => restore::run(rpc, json, c),
         Command::Fleece(c) => fleece::run(rpc, json, c),
         Command::Raid(c) => raid::run(rpc, json, c),
         Command::Error(c) => error::run(rpc, json, c),
