@@ -9,7 +9,7 @@ use std::time::Instant;
 use fp_bdev::{BdevInfo, IoChannel, IoOp, IoRequest, IoStatus, SubmitError};
 
 use super::chunks::{Need, Verdict};
-use super::Shared;
+use super::shared::{Shared, PARK_BOUND};
 
 /// A parked request and when it was parked.
 struct Parked {
@@ -95,7 +95,7 @@ impl RestoreChannel {
                     Err(SubmitError::OutOfRange) => Some(IoStatus::Error(libc::EINVAL)),
                 },
                 Verdict::Fail => Some(IoStatus::Error(libc::EIO)),
-                Verdict::Wait if now.duration_since(self.parked[i].since) > super::PARK_BOUND => {
+                Verdict::Wait if now.duration_since(self.parked[i].since) > PARK_BOUND => {
                     Some(IoStatus::Error(libc::ETIMEDOUT))
                 }
                 Verdict::Wait => {

@@ -3,18 +3,19 @@
 //!
 //! * [`chunks`]: each chunk's state, the rules of when a request may go to the base.
 //! * [`channel`]: the reactor side: pass-through or park.
+//! * `shared`: what both sides share (the chunk states, the queue of chunks asked for).
 //! * [`worker`]: the thread that fetches chunks (on fp-backup's runtime, never blocking a
 //!   reactor), writes them to the base, flushes, and keeps the state file ([`state_file`]).
 
 mod channel;
 pub mod chunks;
+mod shared;
 pub mod state_file;
 mod worker;
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::{JoinHandle, Thread};
-use std::time::Duration;
+use std::thread::JoinHandle;
 
 use crossbeam_queue::SegQueue;
 use fp_backup::ChunkReader;
@@ -23,83 +24,8 @@ use fp_bdev::{Bdev, BdevError, BdevInfo, BlockDevice, Capacity, IoChannel};
 use chunks::ChunkStates;
 use state_file::StateFile;
 
-pub use worker::Options;
-
-/// The longest a request waits for its chunks (a fetch is bounded by fp-backup's request
-/// timeouts and retries; this bounds the wait whatever happens): then it fails with ETIMEDOUT.
-pub const PARK_BOUND: Duration = Duration::from_secs(180);
-
-/// The restore's phase, as `driver_specific.backup_restore.state` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Phase {
-    /// The copier runs.
-    Copying = 0,
-    /// Every chunk is on the base: the bdev is a pass-through.
-    Complete = 1,
-    /// The copier gave up (chunks failed after its retries); the restored chunks still serve.
-    Failed = 2,
-}
-
-impl Phase {
-    /// Its name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Copying => "copying",
-            Phase::Complete => "complete",
-            Phase::Failed => "failed",
-        }
-    }
-}
-
-/// What the channels and the worker share.
-pub(crate) struct Shared {
-    pub(crate) chunks: ChunkStates,
-    /// Chunks the channels want, moved to FETCHING by them.
-    demand: SegQueue<u64>,
-    worker: OnceLock<Thread>,
-    complete: AtomicBool,
-    phase: AtomicU8,
-    stop: AtomicBool,
-    /// The last error (control plane reads it; the worker writes it).
-    error: Mutex<Option<String>>,
-    read_ahead: u64,
-}
-
-impl Shared {
-    fn is_complete(&self) -> bool {
-        self.complete.load(Ordering::Acquire)
-    }
-
-    /// Asks the worker for chunk `i` (already FETCHING), and the `read_ahead` after it that are
-    /// absent.
-    fn ask(&self, i: u64) {
-        self.demand.push(i);
-        for next in (i + 1)..(i + 1 + self.read_ahead).min(self.chunks.count()) {
-            if self.chunks.claim_fetch(next) {
-                self.demand.push(next);
-            }
-        }
-    }
-
-    fn wake_worker(&self) {
-        if let Some(t) = self.worker.get() {
-            t.unpark();
-        }
-    }
-
-    fn set_error(&self, e: String) {
-        *self.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-    }
-
-    fn phase(&self) -> Phase {
-        match self.phase.load(Ordering::Acquire) {
-            1 => Phase::Complete,
-            2 => Phase::Failed,
-            _ => Phase::Copying,
-        }
-    }
-}
+use shared::Shared;
+pub use shared::{Options, Phase, PARK_BOUND};
 
 /// What `driver_specific.backup_restore` shows.
 pub struct Status {

@@ -15,8 +15,8 @@ use fp_bdev::iov::BounceBuf;
 use fp_bdev::{sync_io, Bdev, IoChannel, IoOp, IoRequest, Iovecs};
 
 use super::chunks::{ABSENT, DURABLE, FAILED, RESTORED};
+use super::shared::{Options, Phase, Shared};
 use super::state_file::StateFile;
-use super::{Phase, Shared};
 
 /// Chunks restored and not yet durable are made durable (base flush, state file) at most this
 /// long after the first of them: well under the 100 ms a waiting write may be held.
@@ -25,17 +25,6 @@ pub const FLUSH_AFTER: Duration = Duration::from_millis(20);
 pub const RETRY_PASSES: u32 = 3;
 /// How long it waits before going back over them.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
-
-/// The copier's limits.
-#[derive(Debug, Clone, Copy)]
-pub struct Options {
-    /// Bytes per second, 0 for none.
-    pub speed: u64,
-    /// Copier fetches in flight at most.
-    pub parallel: usize,
-    /// Chunks asked for after one a request needs.
-    pub read_ahead: u64,
-}
 
 type Fetched = (u64, bool, fp_backup::Result<Vec<u8>>);
 
