@@ -67,6 +67,8 @@ pub(crate) fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
         )
         .into());
     }
+    // The name is also the state file's: no '/' (checked with the geometry, as every device's).
+    fp_bdev::validate_geometry(&name, b.block_size, m.disk_size / u64::from(b.block_size))?;
     let identity = Identity {
         name: name.clone(),
         store: store_name.clone(),

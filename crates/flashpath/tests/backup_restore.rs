@@ -419,6 +419,8 @@ fn restore_create_refusals_name_the_field() {
     assert!(e.contains("not found"), "{e}");
     assert!(create(json!({"base_bdev": "small"})).starts_with("base_bdev:"));
     assert!(create(json!({"parallel": 0})).starts_with("parallel:"));
+    let e = create(json!({"name": "../escape"}));
+    assert!(e.contains("name") && e.contains("/"), "{e}");
     let e = create(json!({"base_bdev": "nope"}));
     assert!(e.contains("nope"), "{e}");
     // An encrypted backup: no key, an unknown key, the wrong key.

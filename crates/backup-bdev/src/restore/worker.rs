@@ -208,9 +208,10 @@ impl Worker {
                 }
             }
             if durable == count {
+                // The file first: whoever sees `complete` finds the file saying so.
+                save(&shared, &self.state_file, &[], true);
                 shared.complete.store(true, Ordering::Release);
                 shared.phase.store(Phase::Complete as u8, Ordering::Release);
-                save(&shared, &self.state_file, &[], true);
                 shared.chunks.bump();
                 log::info!("restore over '{}' complete: {count} chunks", self.base.info().name);
                 return;
