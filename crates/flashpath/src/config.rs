@@ -110,6 +110,20 @@
 //! target = "ram2"
 //! job_id = "move-ram0"                 # optional; the source's name by default
 //!
+//! [[backup_store]]                     # backup_store_add (docs/backup.md); holds a secret:
+//! name = "s3"                          # the file must then be owner-only
+//! url = "s3://backups/site1"
+//! endpoint = "https://s3.example.net"
+//! access_key_id = "AKIA..."
+//! secret_access_key = "..."
+//!
+//! [[backup_restore]]                   # a live restore, after the bdevs (its base is one);
+//! name = "vm1-live"                    # resumes from the state directory at each start
+//! base_bdev = "ram2"
+//! store = "s3"
+//! bdev = "vm1"
+//! backup_id = "20261130T101500Z-1a2b3c4d"
+//!
 //! [[vhost_blk]]
 //! ctrlr = "vhost.0"
 //! dev_name = "ram0"
@@ -155,13 +169,15 @@
 //! `[nvme_options]` those of `bdev_nvme_set_options` (before any controller), each
 //! `[[nvme_controller]]` those of `bdev_nvme_attach_controller` (before the `[[bdev]]` tables,
 //! which may stack on its namespaces' bdevs), each `[[rbd_cluster]]` those of
-//! `bdev_rbd_register_cluster`. Each `[[bdev]]`
+//! `bdev_rbd_register_cluster`, each `[[backup_store]]` those of `backup_store_add` (a secret).
+//! Each `[[bdev]]`
 //! table (less `type`) those of `bdev_<type>_create`, each
 //! `[[qos_limit]]` those of `bdev_set_qos_limit`, each `[[qos_group]]` (less `members`) those of
 //! `bdev_qos_group_create` and each of its `members` (less the group's `name`) those of
 //! `bdev_qos_group_add_bdev`, each `[[dirty_bitmap]]` those of `bdev_dirty_bitmap_add` (a
 //! persistent one the state directory already brought back is left as it is), each `[[mirror]]`
-//! those of `bdev_mirror_start`, each
+//! those of `bdev_mirror_start`, then the module tables marked to come after the bdevs (each
+//! `[[backup_restore]]` those of `bdev_backup_restore_create`, whose base is a bdev above), each
 //! `[[vhost_blk]]` table those of
 //! `vhost_create_blk_controller`, each `[[nbd_disk]]` table those of `nbd_start_disk`
 //! (`tls_cert`, `tls_key`, `tls_ca`, `bitmaps` included), and the NVMe-oF tables those of
@@ -609,7 +625,7 @@ impl ConfigFile {
         }
         // The modules' own tables (their options, keys, clusters, controllers) come before the
         // bdevs, which may name what they declare.
-        calls.extend(self.table_calls(fp_registry::modules::config_tables()));
+        calls.extend(self.table_calls(fp_registry::modules::config_tables().filter(|t| !t.after_bdevs)));
         for (index, table) in self.bdev.iter().enumerate() {
             let entry = |field: &str, reason: String| ConfigError::Entry {
                 table: "bdev",
@@ -653,6 +669,8 @@ impl ConfigFile {
         for (index, table) in self.mirror.iter().enumerate() {
             calls.push(ConfigCall::new("bdev_mirror_start", table_to_json(table), "mirror", index));
         }
+        // Module objects built on the bdevs above (a live restore over its base).
+        calls.extend(self.table_calls(fp_registry::modules::config_tables().filter(|t| t.after_bdevs)));
         calls.extend(self.table_calls(fp_registry::exports::config_tables()));
         Ok(calls)
     }
