@@ -9,16 +9,8 @@
 //! again gives the same.
 #![no_main]
 
+use fp_backup_bdev::restore::state_file::{encode, parse, Identity};
 use libfuzzer_sys::fuzz_target;
-
-// The parser's own file, compiled here rather than through fp-backup-bdev: that crate needs
-// fp-backup's object store (HTTPS and all), which the fuzz build leaves out. The file uses only
-// std and serde_json.
-#[path = "../../crates/backup-bdev/src/restore/state_file.rs"]
-#[allow(dead_code)]
-mod state_file;
-
-use state_file::{encode, parse, Identity};
 
 const CHUNKS: u64 = 20;
 
