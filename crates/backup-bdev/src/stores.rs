@@ -64,7 +64,7 @@ impl Stores {
     }
 
     /// Opens the store `config` names, asks it one question ([`Store::check`], at most
-    /// [`CHECK_BOUND`]) and keeps it as `name`. Errors name the parameter at fault (`url`,
+    /// `CHECK_BOUND`) and keeps it as `name`. Errors name the parameter at fault (`url`,
     /// `endpoint`, `access_key_id`, `secret_access_key`) and never quote the secret.
     pub fn add(&self, name: &str, config: &StoreConfig) -> Result<(), ModuleError> {
         if name.is_empty() || name.len() > 255 || name.contains(|c: char| c.is_control()) {

@@ -2,9 +2,9 @@
 //! a worker thread copies it onto a local base bdev (docs/backup.md, "Live restore").
 //!
 //! * [`chunks`]: each chunk's state, the rules of when a request may go to the base.
-//! * [`channel`]: the reactor side: pass-through or park.
+//! * `channel`: the reactor side: pass-through or park.
 //! * `shared`: what both sides share (the chunk states, the queue of chunks asked for).
-//! * [`worker`]: the thread that fetches chunks (on fp-backup's runtime, never blocking a
+//! * `worker`: the thread that fetches chunks (on fp-backup's runtime, never blocking a
 //!   reactor), writes them to the base, flushes, and keeps the state file ([`state_file`]).
 
 mod channel;

@@ -66,7 +66,7 @@ pub enum FleeceAttachError {
 }
 
 impl Disk {
-    /// Attaches `fleece`; returns the epoch channels must acknowledge ([`Disk::mirror_acked`]).
+    /// Attaches `fleece`; returns the epoch channels must acknowledge (`Disk::mirror_acked`).
     pub fn attach_fleece(&self, fleece: &Arc<FleeceShared>) -> Result<u64, FleeceAttachError> {
         let mut book = self.book();
         let bdev = self.info().name.clone();

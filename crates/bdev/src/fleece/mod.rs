@@ -10,7 +10,7 @@
 //!
 //! ## One word per chunk, shared by every channel
 //!
-//! Each chunk has an atomic word ([`ChunkMap`]): `COPIED`, `COPYING` and, in its low bits, the
+//! Each chunk has an atomic word (`ChunkMap`): `COPIED`, `COPYING` and, in its low bits, the
 //! number of point-in-time reads of that chunk in flight *on the base*.
 //!
 //! * A guest write that touches a chunk goes down only when the chunk is `COPIED` and no
