@@ -5,14 +5,19 @@
 //!   by name; [`backup_key`] turns a keyring key into a backup key.
 //! * The catalogue methods: `backup_list`, `backup_get`, `backup_verify`, `backup_delete`,
 //!   `backup_gc`.
+//! * The live-restore bdev ([`restore`]): `bdev_backup_restore_create/delete`,
+//!   `[[backup_restore]]`; a bdev that serves a backup at once while it is copied onto a local
+//!   base, and survives a restart.
 //!
-//! See docs/backup.md, "Stores and the catalogue".
+//! See docs/backup.md, "Stores and the catalogue" and "Live restore".
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 mod catalogue;
 mod error;
+pub mod restore;
+mod restore_rpc;
 mod rpc;
 mod stores;
 

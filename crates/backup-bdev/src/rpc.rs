@@ -3,29 +3,32 @@
 use std::any::Any;
 
 use fp_backup::StoreConfig;
-use fp_bdev::module::{BdevModule, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn};
+use fp_bdev::module::{delete_method, BdevModule, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn};
 use fp_bdev::BdevInfo;
 use fp_rpc::Params;
 use serde_json::{json, Map, Value};
 
 use crate::catalogue;
+use crate::restore_rpc::{self, MODULE};
 use crate::stores::stores;
-
-/// The module's name: its bdevs' `driver`.
-pub(crate) const MODULE: &str = "backup";
 
 /// The backup module: named backup stores, the catalogue, live restores.
 pub struct BackupModule;
 
 /// `[[backup_store]]` holds S3 credentials: the file must be owner-only.
-const CONFIG_TABLES: &[ConfigTable] = &[ConfigTable::array("backup_store", "backup_store_add").secret()];
+/// `[[backup_restore]]` builds on a base bdev the file declares: after the bdevs.
+const CONFIG_TABLES: &[ConfigTable] = &[
+    ConfigTable::array("backup_store", "backup_store_add").secret(),
+    ConfigTable::array("backup_restore", "bdev_backup_restore_create").after_bdevs(),
+];
 
 impl BdevModule for BackupModule {
     fn name(&self) -> &'static str {
         MODULE
     }
 
-    /// Each `[[backup_store]]` (`backup_store_add`).
+    /// Each `[[backup_store]]` (`backup_store_add`), before the bdevs; each
+    /// `[[backup_restore]]` (`bdev_backup_restore_create`) after them.
     fn config_tables(&self) -> &'static [ConfigTable] {
         CONFIG_TABLES
     }
@@ -40,6 +43,8 @@ impl BdevModule for BackupModule {
             ("backup_verify", catalogue::verify),
             ("backup_delete", catalogue::delete),
             ("backup_gc", catalogue::gc),
+            ("bdev_backup_restore_create", restore_rpc::create),
+            ("bdev_backup_restore_delete", |h, p| delete_method(h, p, MODULE)),
         ]
     }
 
@@ -48,9 +53,10 @@ impl BdevModule for BackupModule {
         false
     }
 
+    /// A live restore's store, backup, progress and state.
     fn driver_specific(&self, info: &BdevInfo, device: &(dyn Any + Send + Sync)) -> Map<String, Value> {
-        let _ = device;
-        info.driver_specific.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect()
+        let _ = info;
+        restore_rpc::driver_specific(device)
     }
 }
 

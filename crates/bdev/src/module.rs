@@ -95,22 +95,30 @@ pub struct ConfigTable {
     /// It holds key material: a file with such a table is refused unless only its owner may
     /// read it.
     pub secret: bool,
+    /// Its calls come after the `[[bdev]]` tables (and the mirrors), before the exports: its
+    /// objects build on bdevs the file declares (a live restore's base).
+    pub after_bdevs: bool,
 }
 
 impl ConfigTable {
     /// An array of tables, `[[table]]`: one call of `method` each.
     pub const fn array(table: &'static str, method: &'static str) -> ConfigTable {
-        ConfigTable { table, method, single: false, secret: false }
+        ConfigTable { table, method, single: false, secret: false, after_bdevs: false }
     }
 
     /// A single table, `[table]`: one call of `method`.
     pub const fn single(table: &'static str, method: &'static str) -> ConfigTable {
-        ConfigTable { table, method, single: true, secret: false }
+        ConfigTable { table, method, single: true, secret: false, after_bdevs: false }
     }
 
     /// The same, holding key material ([`ConfigTable::secret`]).
     pub const fn secret(self) -> ConfigTable {
         ConfigTable { secret: true, ..self }
+    }
+
+    /// The same, applied after the bdevs ([`ConfigTable::after_bdevs`]).
+    pub const fn after_bdevs(self) -> ConfigTable {
+        ConfigTable { after_bdevs: true, ..self }
     }
 }
 
@@ -267,6 +275,12 @@ pub trait ModuleHost {
     /// How to open `filename` for a file-backed bdev; refuses it when it is outside the
     /// configured export directories.
     fn file_opener(&self, filename: &Path) -> Result<FileOpener, ModuleError>;
+
+    /// The daemon's state directory (`serve --state-dir`, `state_dir`), where a module keeps
+    /// what must survive a restart; `None` when none was chosen.
+    fn state_dir(&self) -> Option<std::path::PathBuf> {
+        None
+    }
 
     /// Runs the job `start` makes on a reactor (the daemon's last, where mirror copiers run).
     /// `false` from a host without reactors: the module then does the work on its own thread.

@@ -609,7 +609,7 @@ impl ConfigFile {
         }
         // The modules' own tables (their options, keys, clusters, controllers) come before the
         // bdevs, which may name what they declare.
-        calls.extend(self.table_calls(fp_registry::modules::config_tables()));
+        calls.extend(self.table_calls(fp_registry::modules::config_tables().filter(|t| !t.after_bdevs)));
         for (index, table) in self.bdev.iter().enumerate() {
             let entry = |field: &str, reason: String| ConfigError::Entry {
                 table: "bdev",
@@ -653,6 +653,8 @@ impl ConfigFile {
         for (index, table) in self.mirror.iter().enumerate() {
             calls.push(ConfigCall::new("bdev_mirror_start", table_to_json(table), "mirror", index));
         }
+        // Module objects built on the bdevs above (a live restore over its base).
+        calls.extend(self.table_calls(fp_registry::modules::config_tables().filter(|t| t.after_bdevs)));
         calls.extend(self.table_calls(fp_registry::exports::config_tables()));
         Ok(calls)
     }

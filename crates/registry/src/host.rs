@@ -68,6 +68,10 @@ fn host(e: RegistryError) -> ModuleError {
 }
 
 impl ModuleHost for Registry {
+    fn state_dir(&self) -> Option<std::path::PathBuf> {
+        self.options.state_dir.clone()
+    }
+
     fn shutdown_deadline(&self) -> Option<std::time::Instant> {
         *self.shutdown_deadline.lock().unwrap_or_else(|e| e.into_inner())
     }

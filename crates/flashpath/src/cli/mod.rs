@@ -22,6 +22,7 @@ mod qos;
 mod raid;
 mod rbd;
 mod reactor;
+mod restore;
 mod rpc;
 mod serve;
 mod session;
@@ -103,6 +104,10 @@ pub(crate) enum Command {
     /// (docs/backup.md)
     #[command(subcommand)]
     Backup(backup::BackupCommand),
+    /// Live restores: a disk that serves a backup at once while it is copied onto a local
+    /// disk (docs/backup.md)
+    #[command(subcommand)]
+    Restore(restore::RestoreCommand),
     /// Raid bdevs: raid0, concat, and raid1 replicas with partial rebuild (docs/raid.md)
     #[command(subcommand)]
     Raid(raid::RaidCommand),
@@ -189,6 +194,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Qos(c) => qos::run(rpc, json, c),
         Command::Mirror(c) => mirror::run(rpc, json, c),
         Command::Bitmap(c) => bitmap::run(rpc, json, c),
+        Command::Restore(c) => restore::run(rpc, json, c),
         Command::Fleece(c) => fleece::run(rpc, json, c),
         Command::Backup(c) => backup::run(rpc, json, c),
         Command::Raid(c) => raid::run(rpc, json, c),
