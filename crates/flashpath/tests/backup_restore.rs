@@ -19,25 +19,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::backup::VecSource;
 use common::nbd::{start_export, Endpoint, NbdConn};
 use common::Daemon;
-use fp_backup::{BackupKey, BackupOptions, ChunkSource, Job, Plan, Store, StoreConfig};
+use fp_backup::{BackupKey, BackupOptions, Job, Plan, Store, StoreConfig};
 use serde_json::{json, Value};
 
 const CHUNK: u64 = 64 << 10;
 const CHUNKS: u64 = 8;
 
 /// A disk in memory: a pattern per chunk, with chunks 2 and 5 all zero.
-struct VecSource(Vec<u8>);
-
-impl ChunkSource for VecSource {
-    fn read(&mut self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        let at = offset as usize;
-        buf.copy_from_slice(&self.0[at..at + buf.len()]);
-        Ok(())
-    }
-}
-
 fn disk_image(seed: u64) -> Vec<u8> {
     let mut data = common::pattern(seed, 0, (CHUNK * CHUNKS) as usize);
     for zero in [2u64, 5] {

@@ -107,10 +107,13 @@ impl DiskChannel {
                 return Ok(());
             }
         }
-        let submitted = if !self.hooked { self.inner.submit(req) } else { self.submit_hooked(req) };
+        // `in_flight` counts what went down to the device; a write the fleece holds is counted
+        // when it goes down at a poll (and as held meanwhile).
+        let submitted =
+            if !self.hooked { self.inner.submit(req).map(|()| true) } else { self.submit_hooked(req) };
         match submitted {
-            Ok(()) => {
-                self.in_flight += 1;
+            Ok(down) => {
+                self.in_flight += u64::from(down);
                 Ok(())
             }
             Err(SubmitError::Busy) if self.qos.on => {
@@ -134,12 +137,12 @@ impl DiskChannel {
         qos.release(&disk.qos, now, slot, |req| {
             let submitted = match (&mut *mirror, &mut *fleece) {
                 (_, Some(f)) => DiskChannel::fleece_submit(&mut **inner, f, req),
-                (None, None) => inner.submit(req),
-                (Some(m), None) => mirror::submit_down(&mut **inner, m, slab, sparse, req),
+                (None, None) => inner.submit(req).map(|()| true),
+                (Some(m), None) => mirror::submit_down(&mut **inner, m, slab, sparse, req).map(|()| true),
             };
             match submitted {
-                Ok(()) => {
-                    *in_flight += 1;
+                Ok(down) => {
+                    *in_flight += u64::from(down);
                     true
                 }
                 Err(SubmitError::Busy) => false,

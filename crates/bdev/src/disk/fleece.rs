@@ -264,10 +264,11 @@ fn end_copy(fleece: &FleeceShared, c: &mut FleeceCopy, active: &mut usize, faile
 }
 
 impl DiskChannel {
-    /// Submits with a fleece or a mirror attached.
+    /// Submits with a fleece or a mirror attached. `Ok(false)`: the fleece holds the write
+    /// (it goes down, and counts as in flight, at a poll).
     #[cold]
     #[inline(never)]
-    pub(super) fn submit_hooked(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+    pub(super) fn submit_hooked(&mut self, req: &IoRequest) -> Result<bool, SubmitError> {
         if let Some(f) = self.fleece.as_mut() {
             if let Some(e) = entry_mut(&mut self.slab, &mut self.sparse, req.tag) {
                 e.gen = WATCHED;
@@ -278,24 +279,25 @@ impl DiskChannel {
                 let req = *req;
                 f.ready(&req);
                 f.step_copies();
-                return Ok(());
+                return Ok(false);
             }
-            return self.inner.submit(req);
+            return self.inner.submit(req).map(|()| true);
         }
-        self.submit_mirrored(req)
+        self.submit_mirrored(req).map(|()| true)
     }
 
-    /// A request QoS released, with a fleece attached: held or sent down as at submit.
+    /// A request QoS released, with a fleece attached: held (`Ok(false)`) or sent down as at
+    /// submit.
     pub(super) fn fleece_submit(
         inner: &mut dyn IoChannel,
         f: &mut ChannelFleece,
         req: &IoRequest,
-    ) -> Result<(), SubmitError> {
+    ) -> Result<bool, SubmitError> {
         if f.passes(req) {
-            return inner.submit(req);
+            return inner.submit(req).map(|()| true);
         }
         f.held.push_back(Held { req: *req, since: Instant::now() });
-        Ok(())
+        Ok(false)
     }
 
     /// The fleece's part of a poll: copies, then the held writes whose chunks allow them.

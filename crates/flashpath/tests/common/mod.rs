@@ -24,6 +24,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod backup;
 pub mod ceph;
 pub mod fault;
 pub mod guest;
