@@ -63,7 +63,8 @@ def tls_config(mode):
 # Backups (`--only backup`). bitmap: part (A), the bitmap's cost: backends (null, ram), points
 # (pattern, bs, qd; one queue, the client polling), secs per run, reps (without / with a bitmap,
 # alternating), granularity of the bitmap, size_mib of the disk, fill_secs (the RAM disk written
-# once). Parts (B)-(D): disk_mib (the 4 GiB in full mode, smaller elsewhere: the ratios
+# once), callgrind (instructions per write without / with, the path-length section's short and
+# long lives; none in smoke runs). Parts (B)-(D): disk_mib (the 4 GiB in full mode, smaller elsewhere: the ratios
 # are what is judged), chunk_size of the backups, changed_frac ("1 % changed"), stores,
 # seed of the change offsets, speed (bytes/s) of the backup beside the guest's load,
 # guest_point/secs/reps, throughput_chunk, rclone_flags, gets (GETs timed), restore_hold_speed
@@ -77,12 +78,12 @@ BACKUP = {
     "full": dict(_BACKUP_JOBS, bitmap={"backends": ["null", "ram"], "points": [["randwrite", 4096, 32],
                                                                             ["randread", 4096, 32]],
                                        "secs": 5.0, "reps": 5, "granularity": 65536, "size_mib": 1024,
-                                       "fill_secs": 4.0},
+                                       "fill_secs": 4.0, "callgrind": {"short_s": 2.0, "long_s": 8.0, "reps": 3}},
                  disk_mib=4096, stores=["file", "rgw"], guest_secs=5.0, guest_reps=3),
     "quick": dict(_BACKUP_JOBS, bitmap={"backends": ["null"], "points": [["randwrite", 4096, 32],
                                                                          ["randread", 4096, 32]],
                                         "secs": 3.0, "reps": 4, "granularity": 65536, "size_mib": 1024,
-                                        "fill_secs": 3.0},
+                                        "fill_secs": 3.0, "callgrind": {"short_s": 1.0, "long_s": 4.0, "reps": 2}},
                   disk_mib=1024, stores=["file", "rgw"], guest_secs=3.0, guest_reps=2),
     "smoke": dict(_BACKUP_JOBS, bitmap={"backends": ["null"], "points": [["randwrite", 4096, 32]],
                                         "secs": 1.0, "reps": 2, "granularity": 65536, "size_mib": 256,

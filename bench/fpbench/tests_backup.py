@@ -58,10 +58,21 @@ class Bitmap(unittest.TestCase):
         w = s[0]
         self.assertEqual(w["off"]["iops"], 1_050_000)
         self.assertEqual(w["on"]["iops"], 1_020_000)
-        self.assertAlmostEqual(w["cost"], 1 - 1_020_000 / 1_050_000)
+        self.assertEqual(w["paired_ratios"], [0.98, 1_060_000 / 1_100_000])
+        self.assertAlmostEqual(w["cost"], 1 - (0.98 + 1_060_000 / 1_100_000) / 2)
+        self.assertAlmostEqual(w["ratio_of_medians"], 1_020_000 / 1_050_000)
         self.assertEqual(w["on"]["runs"], 2)
         self.assertEqual(w["bitmap_counts"], [64 * MIB, 64 * MIB])
         self.assertEqual(w["off"]["iops_all"], [1_000_000, 1_100_000])
+
+    def test_the_cost_is_judged_on_pairs_not_on_drifting_medians(self):
+        # The machine's load changes between repetitions; each pair still shows 1 %.
+        rs = []
+        for rep, (off, on) in enumerate([(1.0e6, 0.99e6), (3.0e6, 2.97e6), (2.0e6, 2.5e6)]):
+            rs += [run("off", W32, off, rep), run("on", W32, on, rep)]
+        w = summarize_bitmap(rs, ["null"], [W32])[0]
+        self.assertAlmostEqual(w["ratio"], 0.99)
+        self.assertAlmostEqual(w["ratio_of_medians"], 1.25)
 
     def test_the_verdict_is_on_randwrite_qd32_only(self):
         got = []
