@@ -19,8 +19,10 @@ use crate::manifest::{check_name, new_backup_id, BackupKind, Manifest};
 use crate::store::{self, Store};
 use crate::{check_chunk_size, chunk_count, DEFAULT_CHUNK_SIZE};
 
-/// The disk a backup reads, chunk by chunk, from a control thread (blocking).
-pub trait ChunkSource: Send {
+/// The disk a backup reads, chunk by chunk, from a control thread (blocking). [`backup`] reads
+/// it on the calling thread only, so it need not be `Send` (a bdev channel is not: it belongs
+/// to the thread that opened it).
+pub trait ChunkSource {
     /// Fills `buf` with the disk's bytes from `offset` on; `buf` never reaches past the end.
     fn read(&mut self, offset: u64, buf: &mut [u8]) -> std::io::Result<()>;
 }

@@ -162,6 +162,28 @@ impl Store {
         self.inner.runtime.as_ref().expect("the runtime lives until the drop")
     }
 
+    /// Asks the store one question, once, within `bound`: the first page of the listing under
+    /// `backups/` (a missing prefix is an empty answer, not an error). Wrong or missing
+    /// credentials, a missing bucket or an endpoint that does not answer show here, when a
+    /// store is added, rather than at its first backup. Not retried: the caller is waiting.
+    pub fn check(&self, bound: Duration) -> Result<()> {
+        let object = format!("{} (backups/)", self.location());
+        let path = Path::from("backups/");
+        let objects = self.objects().clone();
+        let first = async move { objects.list(Some(&path)).try_next().await };
+        match self.block_on(async { tokio::time::timeout(bound, first).await }) {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(store_error(&object, "list", 1, e)),
+            Err(_) => Err(BackupError::Store {
+                kind: ErrorKind::Unavailable,
+                object,
+                what: "list",
+                attempts: 1,
+                reason: format!("no answer within {} s", bound.as_secs_f64()),
+            }),
+        }
+    }
+
     /// Registers a backup on this store; refused while a GC runs here.
     pub(crate) fn begin_backup(&self) -> Result<ActivityGuard> {
         let mut map = activity().lock().unwrap_or_else(|p| p.into_inner());

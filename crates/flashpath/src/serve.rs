@@ -228,6 +228,8 @@ pub fn run(opts: &ServeOptions) -> Result<(), ServeError> {
     };
     let registry = Registry::with_options(reactors.handles().to_vec(), &settings.vhost_dir, options);
     let started = config.apply(&registry).map_err(ServeError::from).and_then(|_| {
+        // The jobs a stopped daemon left, once their bdevs, bitmaps and stores are back.
+        registry.resume_backup_jobs();
         let m = registry.clone();
         let handler: Handler = Arc::new(move |method, params| m.call(method, params).map_err(|e| e.to_rpc()));
         let server = RpcServer::start(&settings.rpc, handler).map_err(ServeError::Rpc)?;

@@ -15,6 +15,9 @@
 //! * sibling bdev modules (raid, lvol) do not build on each other.
 //! * the backup store (fp-backup) runs on control threads: it builds on no workspace crate (no
 //!   reactor, no bdev), forbids unsafe code, and the jobs above it hand it a disk to read.
+//! * the backup bdev module (fp-backup-bdev: the store table, the catalogue, the live-restore
+//!   bdev) sits above fp-bdev, fp-crypto and fp-backup and below fp-registry, the only crate
+//!   that builds on it, and forbids unsafe code.
 
 use std::path::Path;
 
@@ -188,6 +191,34 @@ fn the_backup_store_stands_alone_without_unsafe_code() {
     );
 }
 
+/// What fp-backup-bdev may build on among the workspace's crates.
+const BACKUP_BDEV_BELOW: [&str; 5] = ["fp-bdev", "fp-rpc", "fp-sys", "fp-crypto", "fp-backup"];
+
+#[test]
+fn the_backup_bdev_module_sits_between_the_store_library_and_the_registry() {
+    let root_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let crates = workspace_crate_dirs(&root_dir);
+    let ours: Vec<String> = crates.iter().map(|(name, _)| name.clone()).collect();
+    let mut users = Vec::new();
+    for (name, dir) in &crates {
+        let deps = non_dev_workspace_deps(&manifest(&dir.join("Cargo.toml")), &ours);
+        if name == "fp-backup-bdev" {
+            for dep in &deps {
+                assert!(
+                    BACKUP_BDEV_BELOW.contains(&dep.as_str()),
+                    "fp-backup-bdev depends on {dep}; it builds on {BACKUP_BDEV_BELOW:?} only"
+                );
+            }
+            for needed in ["fp-bdev", "fp-crypto", "fp-backup"] {
+                assert!(deps.iter().any(|d| d == needed), "fp-backup-bdev no longer builds on {needed}?");
+            }
+        } else if deps.iter().any(|d| d == "fp-backup-bdev") {
+            users.push(name.clone());
+        }
+    }
+    assert_eq!(users, ["fp-registry"], "only fp-registry may build on fp-backup-bdev (one line in MODULES)");
+}
+
 #[path = "layering/circles.rs"]
 mod circles;
 #[path = "layering/python_source.rs"]
@@ -203,7 +234,8 @@ mod unsafe_sites;
 /// vouched for where they were described (`fp_bdev::Iovecs::from_raw`), so they need none.
 /// Each carries `#![forbid(unsafe_code)]` (or, where its tests describe buffers of their own,
 /// `#![cfg_attr(not(test), forbid(unsafe_code))]`).
-const FORBID_UNSAFE: [&str; 8] = [
+const FORBID_UNSAFE: [&str; 9] = [
+    "crates/backup-bdev/src/lib.rs",
     "crates/bdev/src/modules/error/mod.rs",
     "crates/bdev/src/modules/malloc/mod.rs",
     "crates/bdev/src/modules/delay/mod.rs",

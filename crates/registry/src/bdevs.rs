@@ -94,6 +94,9 @@ impl Registry {
         if let Some(job) = Registry::mirror_on(&st, name) {
             return Err(RegistryError::InUse { name: name.into(), by: format!("mirror {job}") });
         }
+        if let Some(job) = Registry::backup_on(&st, name) {
+            return Err(RegistryError::InUse { name: name.into(), by: format!("backup {job}") });
+        }
         if let Some(fleece) = Registry::fleece_on(&st, name) {
             return Err(RegistryError::InUse { name: name.into(), by: format!("fleece {fleece}") });
         }

@@ -104,7 +104,11 @@ impl Registry {
         bitmap: DirtyBitmap,
     ) -> Result<Arc<DirtyBitmap>, MethodError> {
         if !bitmap.persistent() {
-            return disk.add_dirty_bitmap(bitmap).map_err(|e| refused("name", e));
+            let name = bitmap.name().to_string();
+            let added = disk.add_dirty_bitmap(bitmap).map_err(|e| refused("name", e))?;
+            // A new bitmap holds no changes since any backup.
+            self.forget_backup_parent(bdev, &name);
+            return Ok(added);
         }
         let Some(dir) = self.state_dir() else {
             let reason = "needs the daemon's state directory (serve --state-dir / state_dir)".to_string();
@@ -123,6 +127,7 @@ impl Registry {
             ));
         }
         let path = file_of(dir, bdev, bitmap.name());
+        self.forget_backup_parent(bdev, bitmap.name());
         write_atomically(&path, &file_for(bdev, &bitmap, FLAG_IN_USE))?;
         disk.add_dirty_bitmap(bitmap).map_err(|e| {
             let _ = fs::remove_file(&path);
@@ -133,6 +138,7 @@ impl Registry {
     /// Removes bitmap `name` of `disk`, and its file if it is persistent.
     pub fn remove_dirty_bitmap(&self, bdev: &str, disk: &Disk, name: &str) -> Result<(), MethodError> {
         let b = disk.remove_dirty_bitmap(name).map_err(|e| refused("name", e))?;
+        self.forget_backup_parent(bdev, name);
         if let (true, Some(dir)) = (b.persistent(), self.state_dir()) {
             let path = file_of(dir, bdev, name);
             fs::remove_file(&path).map_err(|e| io_error(&path, e))?;
@@ -157,7 +163,9 @@ impl Registry {
     /// (else none: an export still stopping may complete writes after the save). A disk a
     /// mirror job still copies from or to keeps IN_USE too: the job may write after the save.
     /// A file left IN_USE comes back inconsistent: a full backup, never a silent miss.
-    pub(crate) fn save_all_dirty_bitmaps(&self, exports_stopped: bool) {
+    /// `backups_left`: bdevs whose backup job did not end; their bitmaps lack the job's frozen
+    /// bits and stay IN_USE too.
+    pub(crate) fn save_all_dirty_bitmaps(&self, exports_stopped: bool, backups_left: &[String]) {
         let mirrored: Vec<String> = {
             let st = self.lock();
             st.bdevs
@@ -170,12 +178,14 @@ impl Registry {
                 .collect()
         };
         for (bdev, disk) in self.disks() {
-            if !exports_stopped || mirrored.contains(&bdev) {
+            if !exports_stopped || mirrored.contains(&bdev) || backups_left.contains(&bdev) {
                 for b in disk.dirty_bitmaps().iter().filter(|b| b.persistent()) {
                     log::warn!(
                         "bdev '{bdev}': dirty bitmap '{}' left in use ({}): it will come back inconsistent",
                         b.name(),
-                        if exports_stopped {
+                        if backups_left.contains(&bdev) {
+                            "a backup job did not end"
+                        } else if exports_stopped {
                             "a mirror job still runs on the bdev"
                         } else {
                             "an export did not stop"

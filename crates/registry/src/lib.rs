@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+mod backup;
 mod bdevs;
 mod bitmaps;
 mod disks;
@@ -30,6 +31,7 @@ mod registry;
 mod shutdown;
 mod state;
 
+pub use backup::{store_disk_name, BackupSpec, BackupState, BackupStatus, BACKUP_WAIT};
 pub use bdevs::BdevSummary;
 pub use error::RegistryError;
 pub use export_dirs::{ExportDirError, ExportDirs};

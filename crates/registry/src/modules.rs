@@ -2,6 +2,7 @@
 //! is added here too, and its crate to this one's dependencies; see docs/architecture.md,
 //! "Adding a bdev module".
 
+use fp_backup_bdev::BackupModule;
 use fp_bdev::fleece::FleeceModule;
 use fp_bdev::modules::{
     delay::DelayModule, error::ErrorModule, malloc::MallocModule, null::NullModule, uring::UringModule,
@@ -24,6 +25,7 @@ pub static MODULES: &[&dyn BdevModule] = &[
     &DelayModule,
     &ErrorModule,
     &CryptoModule,
+    &BackupModule,
     &LvolModule,
     // Before the remote bases' modules: at shutdown a raid writes its clean superblocks
     // while its bases (NVMe/TCP, Ceph, NBD) are still connected; and the configuration file

@@ -57,6 +57,7 @@ impl Registry {
                 exports: BTreeMap::new(),
                 qos_groups: BTreeMap::new(),
                 mirrors: BTreeMap::new(),
+                backups: BTreeMap::new(),
             }),
             module_states: Mutex::new(BTreeMap::new()),
             kind_states,
@@ -156,6 +157,10 @@ impl Registry {
     pub fn shutdown(&self) -> Vec<String> {
         *self.shutdown_deadline.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(Instant::now() + self.shutdown_bound());
+        // Backup jobs first, while the reactors run (their fleeces detach from the bases'
+        // channels): each merges its frozen bits back into its bitmap before the bitmaps are
+        // saved below, and keeps its record so that the next start resumes it.
+        let backups_left = self.stop_backups(crate::backup::BACKUP_WAIT.min(self.shutdown_bound()));
         // The kinds first: listeners close and the NVMe-oF target's hosts are disconnected,
         // so no new connection races the exports' stops below.
         for kind in EXPORT_KINDS {
@@ -174,7 +179,7 @@ impl Registry {
             m.shutdown(self);
         }
         // The exports are stopped and the modules let go of their bases: nothing marks any more.
-        self.save_all_dirty_bitmaps(left.is_empty());
+        self.save_all_dirty_bitmaps(left.is_empty(), &backups_left);
         left
     }
 }

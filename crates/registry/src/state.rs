@@ -47,6 +47,8 @@ pub(crate) struct State {
     pub(crate) qos_groups: BTreeMap<String, Arc<fp_bdev::qos::QosGroup>>,
     /// Mirror jobs by id (`mirror.rs`).
     pub(crate) mirrors: BTreeMap<String, MirrorEntry>,
+    /// Backup jobs by id (`backup.rs`), those that ended too until dismissed.
+    pub(crate) backups: crate::backup::Backups,
 }
 
 impl State {

@@ -7,6 +7,7 @@
 //! and output) and `args` (value parsers); `stats` on `top`; this file on all of them.
 
 mod args;
+mod backup;
 mod bitmap;
 mod crypto;
 mod disk;
@@ -98,6 +99,10 @@ pub(crate) enum Command {
     /// Point-in-time views of a live disk, for backups (docs/backup.md)
     #[command(subcommand)]
     Fleece(fleece::FleeceCommand),
+    /// Backups of live disks to object stores: jobs, stores, the backups they hold
+    /// (docs/backup.md)
+    #[command(subcommand)]
+    Backup(backup::BackupCommand),
     /// Raid bdevs: raid0, concat, and raid1 replicas with partial rebuild (docs/raid.md)
     #[command(subcommand)]
     Raid(raid::RaidCommand),
@@ -185,6 +190,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Mirror(c) => mirror::run(rpc, json, c),
         Command::Bitmap(c) => bitmap::run(rpc, json, c),
         Command::Fleece(c) => fleece::run(rpc, json, c),
+        Command::Backup(c) => backup::run(rpc, json, c),
         Command::Raid(c) => raid::run(rpc, json, c),
         Command::Error(c) => error::run(rpc, json, c),
         Command::Crypto(c) => crypto::run(rpc, json, c),

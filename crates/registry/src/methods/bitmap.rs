@@ -68,8 +68,10 @@ pub(crate) fn bdev_dirty_bitmap_remove(registry: &Registry, p: Params) -> Result
 
 /// `{bdev, name}` -> true: every bit cleared.
 pub(crate) fn bdev_dirty_bitmap_clear(registry: &Registry, p: Params) -> Result<Value, MethodError> {
-    let (_, disk, name) = bdev_and_name(registry, p)?;
+    let (bdev, disk, name) = bdev_and_name(registry, p)?;
     disk.dirty_bitmap(&name).map_err(|e| refused("name", e))?.take();
+    // The bits since the last backup are gone: an incremental from it would miss them.
+    registry.forget_backup_parent(&bdev, &name);
     Ok(json!(true))
 }
 
@@ -84,8 +86,12 @@ pub(crate) fn bdev_dirty_bitmap_disable(registry: &Registry, p: Params) -> Resul
 }
 
 fn set_recording(registry: &Registry, p: Params, on: bool) -> Result<Value, MethodError> {
-    let (_, disk, name) = bdev_and_name(registry, p)?;
+    let (bdev, disk, name) = bdev_and_name(registry, p)?;
     disk.set_dirty_bitmap_recording(&name, on).map_err(|e| refused("name", e))?;
+    if !on {
+        // Writes from now on are missed: an incremental from it would miss them.
+        registry.forget_backup_parent(&bdev, &name);
+    }
     Ok(json!(true))
 }
 

@@ -16,6 +16,7 @@ use serde_json::Value;
 use crate::exports::EXPORT_KINDS;
 use crate::Registry;
 
+mod backup;
 mod bdev;
 mod bitmap;
 mod examine;
@@ -71,6 +72,11 @@ pub const METHODS: &[(&str, MethodFn)] = &[
     // Point-in-time views (fleece.rs).
     ("bdev_fleece_create", fleece::bdev_fleece_create),
     ("bdev_fleece_delete", fleece::bdev_fleece_delete),
+    // Backup jobs (backup.rs).
+    ("bdev_backup_start", backup::bdev_backup_start),
+    ("bdev_backup_get_jobs", backup::bdev_backup_get_jobs),
+    ("bdev_backup_cancel", backup::bdev_backup_cancel),
+    ("bdev_backup_set_speed", backup::bdev_backup_set_speed),
 ];
 
 /// The daemon-wide methods and every export kind's: all but the bdev modules'.
