@@ -182,6 +182,16 @@ class Report(unittest.TestCase):
         self.assertEqual(len(probs), 1, probs)
         self.assertIn("did not mark", probs[0])
 
+    def test_validate_without_the_restore_wants_b_and_c_only(self):
+        res = result(bitmap_runs(), rpcs_missing=["bdev_backup_restore_create"])
+        probs = validate_backup(res, config())
+        self.assertIn("backup throughput: no ratio", probs)
+        self.assertFalse(any("restore" in p for p in probs), probs)
+        got = []
+        backup_targets(res, lambda *a: got.append(a))
+        self.assertIn("(D)", got[-1][0])
+        self.assertIn("not measured", got[-1][2])
+
     def test_validate_without_the_rpcs_checks_a_alone(self):
         self.assertEqual(validate_backup(result(bitmap_runs(), rpcs_missing=["bdev_backup_start"]), config()), [])
 
