@@ -500,6 +500,14 @@ class BackupSection:
                 raise TimeoutError(f"backup job {job_id} not done after {timeout} s")
             time.sleep(0.05)
 
+    def backup_wait_ended(self, srv, job_id, timeout):
+        """Polls until the job ended in any state (a cancelled one included), bounded."""
+        t0 = time.monotonic()
+        while not job_finished(job_progress(srv.rpc("bdev_backup_get_jobs", {"job_id": job_id}), job_id))[0]:
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"backup job {job_id} still running {timeout} s after its cancel")
+            time.sleep(0.05)
+
     def backup_one(self, srv, params, timeout):
         t0 = time.monotonic()
         job_id = job_id_of(srv.rpc("bdev_backup_start", params))
@@ -582,9 +590,10 @@ class BackupSection:
                 finally:
                     if job_id is not None:
                         job = job_progress(srv.rpc("bdev_backup_get_jobs", {"job_id": job_id}), job_id)
+                        m["backup_bytes_read"] = progress_bytes(job, "bytes_read")
                         if not job_finished(job)[0]:
                             srv.rpc("bdev_backup_cancel", {"job_id": job_id})
-                        m["backup_bytes_read"] = progress_bytes(job, "bytes_read")
+                        self.backup_wait_ended(srv, job_id, c["timeout_s"])
                 m.update(variant=v, rep=rep)
                 res["guest"].append(m)
         iops = {v: median([m["iops"] for m in res["guest"] if m["variant"] == v]) for v in VARIANTS}
