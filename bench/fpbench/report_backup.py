@@ -121,19 +121,23 @@ def _jobs_markdown(e, c):
             lines.append(f"| {inc['store']} | second full, unchanged | - | 0 | - | {_mib(rf.get('bytes_uploaded'))} | "
                          f"{_pct(rf.get('ratio'))[1:]} of the disk | - |")
     lines += ["", "### (C) Full backup throughput and the guest beside it", ""]
-    t = e.get("throughput")
-    if not t:
+    t = e.get("throughput") or {}
+    if "ratio" not in t:
         lines.append("Not measured in this run (see the notes).")
     else:
         lines += [f"A full backup of the {c['disk_mib']} MiB disk to the local RADOS Gateway against `rclone copy "
                   f"{' '.join(c['rclone_flags'])}` of the same raw image to the same gateway: "
-                  f"{t['backup_mbps']:.0f} MB/s vs {t['rclone_mbps']:.0f} MB/s = {_x(t['ratio'])}x. The guest "
-                  f"({point_name(tuple(c['guest_point']))}, fp-load on the disk's vhost-user export, completion fd) "
-                  f"with a backup limited to {c['speed'] // MIB} MiB/s running: {_iops(t['guest_iops']['on'])} vs "
-                  f"{_iops(t['guest_iops']['off'])} IOPS without = {_x(t['guest_ratio'])}x."]
+                  f"{t['backup_mbps']:.0f} MB/s vs {t['rclone_mbps']:.0f} MB/s = {_x(t['ratio'])}x."]
+        if "guest_ratio" in t:
+            lines += ["", f"The guest ({point_name(tuple(c['guest_point']))}, fp-load on the disk's vhost-user export, "
+                      f"completion fd) with a backup limited to {c['speed'] // MIB} MiB/s running: "
+                      f"{_iops(t['guest_iops']['on'])} vs {_iops(t['guest_iops']['off'])} IOPS without = "
+                      f"{_x(t['guest_ratio'])}x."]
+        else:
+            lines += ["", "The guest beside a limited backup: not measured in this run (see the notes)."]
     lines += ["", "### (D) Live restore", ""]
-    r = e.get("restore")
-    if not r:
+    r = e.get("restore") or {}
+    if "first_read_ratio" not in r or "restore_mbps" not in r:
         lines.append("Not measured in this run (see the notes).")
     else:
         fr = r["first_read"]
@@ -189,16 +193,17 @@ def backup_targets(res, add):
         add(f"Backups (B): second full backup of an unchanged disk, {inc['store']} store, uploaded / disk",
             f"< {100 * GOAL_REPEAT_FULL:g} %", f"{_mib(rf.get('bytes_uploaded'))} MiB = {_pct(rf.get('ratio'))[1:]}",
             rf.get("ok"))
-    t = e.get("throughput")
-    if t:
+    t = e.get("throughput") or {}
+    if "ratio" in t:
         add("Backups (C): full backup throughput to the local RGW vs rclone copy of the raw image",
             f">= {GOAL_THROUGHPUT:g}x", f"{t['backup_mbps']:.0f} vs {t['rclone_mbps']:.0f} MB/s = {_x(t['ratio'])}x",
             None if t["ratio"] is None else t["ratio"] >= GOAL_THROUGHPUT)
+    if "guest_ratio" in t:
         add("Backups (C): guest IOPS while a speed-limited backup runs vs without", f">= {GOAL_GUEST_IOPS:g}x",
             f"{_iops(t['guest_iops']['on'])} vs {_iops(t['guest_iops']['off'])} = {_x(t['guest_ratio'])}x",
             None if t["guest_ratio"] is None else t["guest_ratio"] >= GOAL_GUEST_IOPS)
-    r = e.get("restore")
-    if r:
+    r = e.get("restore") or {}
+    if "first_read_ratio" in r and "restore_mbps" in r:
         add("Backups (D): live restore, first 4 KiB read of an absent chunk vs one GET of a chunk",
             f"<= {GOAL_FIRST_READ:g}x", f"{r['first_read']['p50_ns'] / 1000:.0f} vs {r['get_s'] * 1e6:.0f} µs = "
             f"{_x(r['first_read_ratio'])}x",

@@ -557,6 +557,7 @@ class BackupSection:
 
     def backup_throughput(self, srv, image, disk, rconf, c):
         res = {"disk": disk}
+        self.results["backup"]["throughput"] = res  # what was measured stays if a later step fails
         # The peer: rclone copy of the raw image into another bucket of the same gateway.
         cmd = rclone_copy_cmd(rconf, image, "rclone-peer", extra=c["rclone_flags"])
         t0 = time.monotonic()
@@ -591,8 +592,10 @@ class BackupSection:
                     if job_id is not None:
                         job = job_progress(srv.rpc("bdev_backup_get_jobs", {"job_id": job_id}), job_id)
                         m["backup_bytes_read"] = progress_bytes(job, "bytes_read")
+                        # Lifted and let finish rather than cancelled: a first run saw
+                        # bdev_backup_cancel of a limited job not answer within 30 s.
                         if not job_finished(job)[0]:
-                            srv.rpc("bdev_backup_cancel", {"job_id": job_id})
+                            srv.rpc("bdev_backup_set_speed", {"job_id": job_id, "speed": 0})
                         self.backup_wait_ended(srv, job_id, c["timeout_s"])
                 m.update(variant=v, rep=rep)
                 res["guest"].append(m)
@@ -605,6 +608,7 @@ class BackupSection:
 
     def backup_restore(self, srv, store, endpoint, rconf, disk, c):
         res = {}
+        self.results["backup"]["restore"] = res
         listing = run(["rclone", "--config", rconf, "lsf", "-R", "--files-only", "--format", "ps", "rgw:fp-throughput"],
                       120, env=rclone_env(os.environ)).stdout.splitlines()
         # Chunk objects are `chunks/<2 hex>/<64 hex>` (fp_backup); manifests lie elsewhere.
