@@ -472,6 +472,10 @@ class BackupSection:
                 srv.rpc("bdev_uring_create", {"name": bdev, "filename": image, "block_size": 512, "direct": True})
                 out["incremental"].append(self.backup_incrementals(srv, bdev, s["name"], kind, disk, c))
                 srv.rpc("bdev_uring_delete", {"name": bdev})
+                if kind == "rgw":
+                    # The cluster's OSD is a 4 GiB memstore: (B)'s ~2 GiB would leave (C) a full
+                    # cluster, whose PUTs hang (seen: a minute per PUT, then retries).
+                    run(["rclone", "--config", rconf, "purge", "rgw:fp-backup"], 300, env=rclone_env(os.environ))
             if "rgw" in stores:
                 out["throughput"] = self.backup_throughput(srv, image, disk, rconf, c)
                 if with_restore:
