@@ -30,6 +30,7 @@ from fpbench.machine import (machine_info, migration_missing, nbd_missing, rbd_m
                               wants_rbd, wants_section)
 from fpbench.modes import mode_config
 from fpbench.report import write_outputs
+from fpbench.sections.backup import BackupSection
 from fpbench.sections.callgrind import CallgrindSection
 from fpbench.sections.crypto import CryptoSection, crypto_missing
 from fpbench.sections.density import DensitySection
@@ -54,7 +55,7 @@ from fpbench.validate import validate
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
             NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection, RaidSection,
-            CryptoSection, PathlenSection, DensitySection, PathsSection, TlsSection):
+            CryptoSection, PathlenSection, DensitySection, PathsSection, TlsSection, BackupSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -191,6 +192,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
                       self.run_paths),
             "tls": (f"TLS: NVMe/TCP with TLS 1.3 against plain NVMe/TCP (target CPU {self.server_cpu}, initiator "
                     f"and client CPU {self.client_cpu}, scratch {self.work})", self.run_tls),
+            "backup": (f"backups: the dirty bitmap's cost, incrementals, throughput vs rclone, live restore (server "
+                       f"CPU {self.server_cpu}, client and cluster CPU {self.client_cpu}, scratch {self.work})",
+                       self.run_backup),
             "density": (f"density: many VMs on one server core, flashpath vs qsd{' vs SPDK' if self.args.spdk else ''} "
                         f"(server CPU {self.server_cpu}, client CPU {self.client_cpu})", self.run_density),
         }
@@ -267,7 +271,8 @@ def main():
                     help="a built SPDK tree (build/bin/vhost): its vhost target runs beside flashpath and qsd "
                          "(sets up 1024 huge pages; root)")
     ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk",
-                                       "nvmf", "nvme-tcp", "raid", "crypto", "pathlen", "density", "paths", "tls"],
+                                       "nvmf", "nvme-tcp", "raid", "crypto", "pathlen", "density", "paths", "tls",
+                                       "backup"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -400,6 +405,7 @@ def main():
         "pathlen": bool(bench.results.get("pathlen")),
         "paths": bool(bench.results.get("paths")),
         "tls": bool(bench.results.get("tls")),
+        "backup": bool(bench.results.get("backup")),
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

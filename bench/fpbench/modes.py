@@ -60,6 +60,42 @@ def tls_config(mode):
     return TLS[mode]
 
 
+# Backups (`--only backup`). bitmap: part (A), the bitmap's cost: backends (null, ram), points
+# (pattern, bs, qd; one queue, the client polling), secs per run, reps (without / with a bitmap,
+# alternating), granularity of the bitmap, size_mib of the disk, fill_secs (the RAM disk written
+# once), callgrind (instructions per write without / with, the path-length section's short and
+# long lives; none in smoke runs). Parts (B)-(D): disk_mib (the issue's 4 GiB in full mode, smaller elsewhere: the ratios
+# are what is judged), chunk_size of the backups, changed_frac ("1 % changed"), stores,
+# seed of the change offsets, speed (bytes/s) of the backup beside the guest's load,
+# guest_point/secs/reps, throughput_chunk, rclone_flags, gets (GETs timed), restore_hold_speed
+# (the restore's background copy while its first reads are timed), first_read_secs, timeout_s
+# (every job's bound). Not in any whole run (a benchmark of targets, not CI).
+_BACKUP_JOBS = {"chunk_size": MIB, "changed_frac": 0.01, "seed": 20261130, "granularity": 65536,
+                "speed": 50 * MIB, "guest_point": ["randread", 4096, 32], "throughput_chunk": MIB,
+                "rclone_flags": ["--s3-upload-concurrency", "4", "--s3-chunk-size", "8M"], "gets": 9,
+                "restore_hold_speed": MIB, "first_read_secs": 1.0, "timeout_s": 900}
+BACKUP = {
+    "full": dict(_BACKUP_JOBS, bitmap={"backends": ["null", "ram"], "points": [["randwrite", 4096, 32],
+                                                                            ["randread", 4096, 32]],
+                                       "secs": 5.0, "reps": 5, "granularity": 65536, "size_mib": 1024,
+                                       "fill_secs": 4.0, "callgrind": {"short_s": 2.0, "long_s": 8.0, "reps": 3}},
+                 disk_mib=4096, stores=["file", "rgw"], guest_secs=5.0, guest_reps=3),
+    "quick": dict(_BACKUP_JOBS, bitmap={"backends": ["null"], "points": [["randwrite", 4096, 32],
+                                                                         ["randread", 4096, 32]],
+                                        "secs": 3.0, "reps": 4, "granularity": 65536, "size_mib": 1024,
+                                        "fill_secs": 3.0, "callgrind": {"short_s": 1.0, "long_s": 4.0, "reps": 2}},
+                  disk_mib=1024, stores=["file", "rgw"], guest_secs=3.0, guest_reps=2),
+    "smoke": dict(_BACKUP_JOBS, bitmap={"backends": ["null"], "points": [["randwrite", 4096, 32]],
+                                        "secs": 1.0, "reps": 2, "granularity": 65536, "size_mib": 256,
+                                        "fill_secs": 1.0},
+                  disk_mib=256, stores=["file"], guest_secs=1.0, guest_reps=1),
+}
+
+
+def backup_config(mode):
+    return BACKUP[mode]
+
+
 def mode_config(mode):
     """What a mode measures. `points` lists (pattern, bs, qd, queues, poll) per backend;
     `callgrind` gives the path-length runs (null backend): the short and long run's seconds,

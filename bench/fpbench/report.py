@@ -10,6 +10,7 @@ import statistics
 from fpbench.common import MIB, median, ratio
 from fpbench.load import point_label
 from fpbench.machine import nbd_label
+from fpbench.report_backup import backup_markdown, backup_targets
 from fpbench.report_crypto import crypto_markdown, crypto_targets
 from fpbench.report_density import density_markdown, density_targets
 from fpbench.report_guest_notify import guest_notify_markdown, guest_notify_targets
@@ -175,6 +176,7 @@ def targets(res):
     crypto_targets(res, add)
     paths_targets(res, add)
     tls_targets(res, add)
+    backup_targets(res, add)
     return out
 
 
@@ -264,6 +266,7 @@ def markdown(res):
              "pathlen": ("flashpath: the path length of every export", pathlen_markdown),
              "paths": ("flashpath: NVMe/TCP failover and DH-HMAC-CHAP connect cost", paths_markdown),
              "tls": ("flashpath: NVMe/TCP with TLS 1.3 against plain NVMe/TCP", tls_markdown),
+             "backup": ("flashpath: backups (dirty bitmaps, incrementals, throughput, live restore)", backup_markdown),
              "density": ("flashpath vs qemu-storage-daemon (and SPDK): many VMs on one core", density_markdown)}
     if m.get("only") in alone:
         title, section = alone[m["only"]]

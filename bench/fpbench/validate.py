@@ -10,6 +10,8 @@ from fpbench.common import server_measured
 from fpbench.load import point_id, point_key, point_label
 from fpbench.machine import nbd_label
 from fpbench.modes import mode_config
+from fpbench.report_backup import HEADING as BACKUP_HEADING
+from fpbench.report_backup import validate_backup
 from fpbench.report_crypto import validate_crypto
 from fpbench.report_density import HEADING as DENSITY_HEADING
 from fpbench.report_density import validate_density
@@ -165,6 +167,8 @@ ALONE = {
     "paths": (lambda res, mode: validate_paths(res, res["paths"]["config"]), PATHS_HEADING),
     # The run's own config: --time/--reps may override the mode's.
     "tls": (lambda res, mode: validate_tls(res, res["tls"]["config"]), TLS_HEADING),
+    # The run's own config: --time/--reps may override the mode's.
+    "backup": (lambda res, mode: validate_backup(res, res["backup"]["config"]), BACKUP_HEADING),
     # The run's own config (--time/--reps may override the mode's); its N and QD the mode's.
     "density": (lambda res, mode: validate_density(res, dict(res["density"]["config"], ns=density_config(mode)["ns"],
                                                              qds=density_config(mode)["qds"])), DENSITY_HEADING),
