@@ -231,7 +231,17 @@ impl DirtyBitmap {
         let end = offset.saturating_add(len).min(self.len);
         for c in (offset >> self.shift)..=((end - 1) >> self.shift) {
             let bit = 1u64 << (c % 64);
-            if self.words[(c / 64) as usize].fetch_or(bit, Ordering::SeqCst) & bit == 0 {
+            let word = &self.words[(c / 64) as usize];
+            // A bit already set needs no locked instruction (the common case: a hot chunk
+            // written again). Skipping is safe against a concurrent `take`: a load that still
+            // sees the bit came before the take's swap in this word's order, so the write
+            // being marked completed before the swap and is in the copy the take returns (and,
+            // for a backup, in its point-in-time image: the fleece is attached after the take,
+            // and a channel acknowledges it only in a later poll, whose loads see the swap).
+            if word.load(Ordering::Relaxed) & bit != 0 {
+                continue;
+            }
+            if word.fetch_or(bit, Ordering::SeqCst) & bit == 0 {
                 self.dirty.fetch_add(1, Ordering::SeqCst);
             }
         }
