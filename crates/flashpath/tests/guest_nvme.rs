@@ -411,6 +411,9 @@ mod guest_vm {
                     (built("fp-load", "cargo build -p fp-loadgen --bin fp-load"), "/usr/bin/fp-load".into()),
                 ])
                 .collect(),
+            // The root file system is in RAM and holds the daemon (about 60 MiB stripped, with
+            // the backup store's HTTP stack), the driver's programs and the 16 MiB nvmet file.
+            mem_mib: 768,
             ..VmConfig::new("nvme", Vec::new())
         };
         let mut vm = Vm::boot(&cfg, dir.path());
