@@ -23,6 +23,11 @@ missing_tool() {
 cmd_test() {
     ensure_toolchain
     ci_refuses_skips
+    # A CI run builds once from nothing: incremental state would only cost time and disk.
+    [ "${CI:-}" = true ] && export CARGO_INCREMENTAL=0
+    # The whole run writes about 8 GB (builds, fuzz and Miri targets, guest images): a full
+    # disk fails every later step, so the log says how much there was.
+    echo "run: $(df -h --output=avail . | tail -1 | tr -d ' ') free on the file system of $PWD"
     if [ "${FLASHPATH_SKIP_LINT:-0}" != 1 ]; then
         if cargo fmt --version >/dev/null 2>&1; then
             say "cargo fmt --check"
