@@ -221,29 +221,47 @@ impl DirtyBitmap {
     /// is recording. Called for every completed write, from any channel.
     #[inline]
     pub fn mark(&self, offset: u64, len: u64) {
-        if !self.recording.load(Ordering::Relaxed) || len == 0 || offset >= self.len {
-            return;
+        if self.recording.load(Ordering::Relaxed) {
+            self.mark_recording(offset, len);
         }
-        self.set_range(offset, len);
     }
 
-    fn set_range(&self, offset: u64, len: u64) {
-        let end = offset.saturating_add(len).min(self.len);
-        for c in (offset >> self.shift)..=((end - 1) >> self.shift) {
-            let bit = 1u64 << (c % 64);
-            let word = &self.words[(c / 64) as usize];
-            // A bit already set needs no locked instruction (the common case: a hot chunk
-            // written again). Skipping is safe against a concurrent `take`: a load that still
-            // sees the bit came before the take's swap in this word's order, so the write
-            // being marked completed before the swap and is in the copy the take returns (and,
-            // for a backup, in its point-in-time image: the fleece is attached after the take,
-            // and a channel acknowledges it only in a later poll, whose loads see the swap).
-            if word.load(Ordering::Relaxed) & bit != 0 {
-                continue;
-            }
-            if word.fetch_or(bit, Ordering::SeqCst) & bit == 0 {
-                self.dirty.fetch_add(1, Ordering::SeqCst);
-            }
+    /// [`DirtyBitmap::mark`] once recording is known to be on. A write inside one chunk (the
+    /// common case: 4 KiB under a 64 KiB granularity) tests one bit and sets it only if clear.
+    #[inline(always)]
+    fn mark_recording(&self, offset: u64, len: u64) {
+        if len == 0 || offset >= self.len {
+            return;
+        }
+        let first = offset >> self.shift;
+        let last = (offset.saturating_add(len).min(self.len) - 1) >> self.shift;
+        if first == last {
+            self.set_chunk(first);
+        } else {
+            self.set_chunks(first, last);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn set_chunks(&self, first: u64, last: u64) {
+        for c in first..last + 1 {
+            self.set_chunk(c);
+        }
+    }
+
+    #[inline(always)]
+    fn set_chunk(&self, c: u64) {
+        let bit = 1u64 << (c % 64);
+        let word = &self.words[(c / 64) as usize];
+        // A bit already set needs no locked instruction (the common case: a hot chunk written
+        // again). Skipping is safe against a concurrent `take`: a load that still sees the bit
+        // came before the take's swap in this word's order, so the write being marked completed
+        // before the swap and is in the copy the take returns (and, for a backup, in its
+        // point-in-time image: the fleece is attached after the take, and a channel
+        // acknowledges it only in a later poll, whose loads see the swap).
+        if word.load(Ordering::Relaxed) & bit == 0 && word.fetch_or(bit, Ordering::SeqCst) & bit == 0 {
+            self.dirty.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -425,10 +443,31 @@ impl FrozenBitmap {
 /// chunk too many costs less than one that misses a change (QEMU marks failed writes too).
 #[inline]
 pub(super) fn mark_all(set: &[Arc<DirtyBitmap>], op: u8, offset: u64, len: u64) {
-    // Write, discard, write-zeroes (the mirror's `changes_data`).
-    if matches!(op, 1 | 3 | 4) {
+    if changes_data(op) {
         for b in set {
             b.mark(offset, len);
+        }
+    }
+}
+
+/// Write, discard, write-zeroes (the mirror's `changes_data`): the operations a bitmap marks.
+#[inline(always)]
+fn changes_data(op: u8) -> bool {
+    matches!(op, 1 | 3 | 4)
+}
+
+/// [`mark_all`] for a batch of requests, given as `(op, offset, len)`: bitmap by bitmap, so that
+/// each one's recording flag, size and words are read once per batch, not once per request.
+#[inline(always)]
+pub(super) fn mark_each(set: &[Arc<DirtyBitmap>], requests: impl Iterator<Item = (u8, u64, u64)> + Clone) {
+    for b in set {
+        if !b.recording.load(Ordering::Relaxed) {
+            continue;
+        }
+        for (op, offset, len) in requests.clone() {
+            if changes_data(op) {
+                b.mark_recording(offset, len);
+            }
         }
     }
 }

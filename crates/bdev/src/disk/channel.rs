@@ -6,7 +6,7 @@ use std::os::unix::io::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::bitmaps::{mark_all, DirtyBitmap};
+use super::bitmaps::{mark_each, DirtyBitmap};
 use super::channel_state::{account, take_sparse, Completion, DiskChannel, InFlight, DENSE_TAGS, EMPTY};
 use super::fleece;
 use super::histogram::ChannelHistogram;
@@ -272,16 +272,14 @@ fn mark_batch(
     slab: &[InFlight],
     sparse: &[(u32, InFlight)],
 ) {
-    for &(tag, _) in batch {
+    let requests = batch.iter().filter_map(|&(tag, _)| {
         let e = match slab.get(tag as usize) {
             Some(e) => e,
-            None => match sparse.iter().find(|s| s.0 == tag) {
-                Some(s) => &s.1,
-                None => continue,
-            },
+            None => &sparse.iter().find(|s| s.0 == tag)?.1,
         };
-        mark_all(set, e.op, e.offset, e.len);
-    }
+        Some((e.op, e.offset, e.len))
+    });
+    mark_each(set, requests);
 }
 
 /// The completion loop of [`DiskChannel::poll_with`] over one poll's batch: counts each
