@@ -58,7 +58,7 @@ pub use manifest::{
     MANIFEST_VERSION, MAX_MANIFEST_JSON,
 };
 #[cfg(feature = "store")]
-pub use reader::ChunkReader;
+pub use reader::{ChunkReader, RawChunk};
 #[cfg(feature = "store")]
 pub use store::{RetryPolicy, Store};
 

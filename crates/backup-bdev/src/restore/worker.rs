@@ -1,7 +1,9 @@
 //! A live restore's worker thread: fetches the chunks the channels ask for (first) and the
 //! copier's (in order, `parallel` at a time, at most `speed` bytes/s), each on fp-backup's
-//! runtime with [`ChunkReader::read_async`], whose result comes back through a lock-free queue
-//! and an unpark; writes each whole to the base (a zero chunk as write-zeroes), then, in
+//! runtime with [`ChunkReader::read_raw_async`], whose result comes back through a lock-free
+//! queue and an unpark; checks and decodes each itself (one thread hop from the runtime to
+//! here, none through a blocking pool: a guest's first read of a chunk waits for all of them);
+//! writes each whole to the base (a zero chunk as write-zeroes), then, in
 //! batches at most [`FLUSH_AFTER`] apart, flushes the base and renames a new state file before
 //! the chunks count as durable (and writes to them may go).
 
@@ -10,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::SegQueue;
-use fp_backup::ChunkReader;
+use fp_backup::{ChunkReader, RawChunk};
 use fp_bdev::iov::BounceBuf;
 use fp_bdev::{sync_io, Bdev, IoChannel, IoOp, IoRequest, Iovecs};
 
@@ -26,7 +28,7 @@ pub const RETRY_PASSES: u32 = 3;
 /// How long it waits before going back over them.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 
-type Fetched = (u64, bool, fp_backup::Result<Vec<u8>>);
+type Fetched = (u64, bool, fp_backup::Result<RawChunk>);
 
 pub(super) struct Worker {
     shared: Arc<Shared>,
@@ -62,15 +64,12 @@ impl Worker {
         Worker { shared, base, reader, state_file, options, results: Arc::new(SegQueue::new()) }
     }
 
-    /// Starts fetching chunk `i` (already FETCHING); a zero chunk needs no request.
+    /// Starts fetching chunk `i` (already FETCHING); a zero chunk needs no request (its result
+    /// is never decoded: [`Worker::write`] writes zeroes).
     fn fetch(&self, i: u64, copier: bool) {
-        if self.reader.manifest().chunks[i as usize].is_none() {
-            self.results.push((i, copier, Ok(Vec::new())));
-            return;
-        }
         let results = self.results.clone();
         let me = std::thread::current();
-        self.reader.read_async(i, move |r| {
+        self.reader.read_raw_async(i, move |r| {
             results.push((i, copier, r));
             me.unpark();
         });
@@ -177,7 +176,10 @@ impl Worker {
                 if copier {
                     copier_in_flight -= 1;
                 }
-                let written = result.map_err(|e| format!("chunk {i}: {e}")).and_then(|data| {
+                let zero = m.chunks[i as usize].is_none();
+                let decoded =
+                    result.and_then(|raw| if zero { Ok(Vec::new()) } else { self.reader.decode(raw) });
+                let written = decoded.map_err(|e| format!("chunk {i}: {e}")).and_then(|data| {
                     self.write(chan.as_mut(), &mut bounce, i, &data)
                         .map_err(|e| format!("chunk {i}: writing the base failed: errno {e}"))
                 });
