@@ -21,7 +21,7 @@
 //! A full backup takes (clears) the bitmap too, adding it when absent (persistent, the given
 //! granularity or 64 KiB) and removing and re-adding it when inconsistent, so that afterwards
 //! it tracks the changes since this backup. When a job fails or is cancelled, its frozen copy
-//! is merged back ([`fp_bdev::disk::DirtyBitmap::merge_from`]): nothing is lost.
+//! is merged back through the job's hold ([`fp_bdev::disk::BitmapUse::merge_back`]): nothing is lost.
 //!
 //! # The fleece's target
 //!
@@ -327,10 +327,7 @@ impl Registry {
                     ));
                 }
                 parent = Some(m);
-                if b.busy() {
-                    return Err(busy_bitmap(&bdev, name));
-                }
-                bitmap_use = Some(BitmapUse::new(b));
+                bitmap_use = Some(hold_bitmap(b, &bdev, &job_id)?);
             } else {
                 let b = match found {
                     Some(b) if b.inconsistent() => {
@@ -354,10 +351,7 @@ impl Registry {
                         self.add_dirty_bitmap(&bdev, &disk, fresh).map_err(method_error)?
                     }
                 };
-                if b.busy() {
-                    return Err(busy_bitmap(&bdev, name));
-                }
-                bitmap_use = Some(BitmapUse::new(b));
+                bitmap_use = Some(hold_bitmap(b, &bdev, &job_id)?);
             }
         }
         let sync = if incremental { "incremental" } else { "full" }.to_string();
@@ -379,7 +373,7 @@ impl Registry {
         });
         let merge_back = |bitmap: &Option<(BitmapUse, FrozenBitmap)>| {
             if let Some((u, frozen)) = bitmap {
-                u.merge_from(frozen);
+                u.merge_back(frozen);
             }
         };
         let scratch = scratch_name(&job_id);
@@ -529,8 +523,9 @@ impl Registry {
                 log::info!("backup job '{job_id}' completed: backup {} of '{}'", m.id, p.bdev);
             }
             Err(e) => {
+                // Through the job's own hold: the bitmap methods refuse everyone else meanwhile.
                 if let Some((u, frozen)) = &p.bitmap {
-                    u.merge_from(frozen);
+                    u.merge_back(frozen);
                 }
                 if job.is_cancelled() {
                     o.state = BackupState::Cancelled;
@@ -750,8 +745,17 @@ impl Registry {
     }
 }
 
-fn busy_bitmap(bdev: &str, name: &str) -> RegistryError {
-    RegistryError::InUse { name: bdev.into(), by: format!("a user of its dirty bitmap '{name}'") }
+/// Holds bitmap `b` of `bdev` for job `job_id`, alone: refused (naming the holder) while an
+/// export or another job holds it.
+fn hold_bitmap(b: Arc<DirtyBitmap>, bdev: &str, job_id: &str) -> Result<BitmapUse, RegistryError> {
+    let name = b.name().to_string();
+    BitmapUse::exclusive(b, bdev, &format!("backup job '{job_id}'")).map_err(|e| match e {
+        fp_bdev::disk::BitmapError::Busy { holder, .. } => RegistryError::InUse {
+            name: bdev.into(),
+            by: format!("{holder}, through its dirty bitmap '{name}'"),
+        },
+        other => invalid("bitmap", other.to_string()),
+    })
 }
 
 /// A bitmap method's refusal, as this job's: a field of the bitmap methods is `bitmap` here.
