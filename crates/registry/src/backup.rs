@@ -65,8 +65,8 @@ use crate::state_files::{hex, write_atomically};
 use crate::{FleeceSpec, Registry, RegistryError};
 
 /// How long `bdev_backup_cancel` and the daemon's shutdown wait for a job to end. A job sees a
-/// cancel between chunks, then waits for its uploads in flight (each bounded by the store's
-/// retry policy).
+/// cancel between chunks and drops its uploads in flight ([`fp_backup::Job::cancel`]), so it
+/// normally ends within a chunk's read; the bound covers a read of the disk that hangs.
 pub const BACKUP_WAIT: Duration = Duration::from_secs(60);
 
 /// The state directory's folder of job records and scratch files.
