@@ -340,6 +340,18 @@ fn backup_on_a_thread(
     (t, rx)
 }
 
+/// Cancels `job` and expects its backup (thread `t`) to end `Cancelled` within 15 s.
+fn cancel_within_15_s(
+    job: &Job,
+    t: std::thread::JoinHandle<()>,
+    done: &std::sync::mpsc::Receiver<Result<Manifest>>,
+) {
+    job.cancel();
+    let r = done.recv_timeout(Duration::from_secs(15)).expect("the cancel ends the job within 15 s");
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::Cancelled);
+    t.join().unwrap();
+}
+
 #[test]
 fn a_cancel_drops_uploads_a_hung_store_never_answers() {
     // Every upload slot held by a PUT that never answers: the reader waits for a slot.
@@ -349,10 +361,7 @@ fn a_cancel_drops_uploads_a_hung_store_never_answers() {
     let (t, done) = backup_on_a_thread(store, pattern(16, 10, 0), &job);
     // 4 uploads in flight (the default), the fifth chunk read and waiting for a slot.
     within_15_s("the uploads to hang", || job.progress().snapshot().chunks_read == 5);
-    job.cancel();
-    let r = done.recv_timeout(Duration::from_secs(15)).expect("the cancel ends the job within 15 s");
-    assert_eq!(r.unwrap_err().kind(), ErrorKind::Cancelled);
-    t.join().unwrap();
+    cancel_within_15_s(&job, t, &done);
     let p = job.progress().snapshot();
     assert_eq!((p.chunks_read, p.chunks_uploaded), (5, 0), "{p:?}");
     assert!(faulty.puts.lock().unwrap().is_empty());
@@ -363,10 +372,7 @@ fn a_cancel_drops_uploads_a_hung_store_never_answers() {
     let job = Job::new();
     let (t, done) = backup_on_a_thread(store, pattern(17, 3, 0), &job);
     within_15_s("every chunk to be read", || job.progress().snapshot().chunks_read == 3);
-    job.cancel();
-    let r = done.recv_timeout(Duration::from_secs(15)).expect("the cancel ends the job within 15 s");
-    assert_eq!(r.unwrap_err().kind(), ErrorKind::Cancelled);
-    t.join().unwrap();
+    cancel_within_15_s(&job, t, &done);
     assert!(faulty.puts.lock().unwrap().is_empty(), "no manifest either");
 }
 
