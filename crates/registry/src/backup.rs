@@ -487,10 +487,16 @@ impl Registry {
         stopping: &AtomicBool,
     ) {
         let result = self.backup_read(&p, parallel, job);
-        // The resize check: the image is of the size the job started with.
+        // The resize check: the image is of the size the job started with. The manifest is
+        // already in the store; it goes again, so that a failed job leaves no backup behind
+        // (nothing records it as a parent, and a listing would show a backup of a job that
+        // failed). Its chunks are left to the GC.
         let result = result.and_then(|m| {
             let now = self.disk(&p.bdev).map(|d| d.info().size_bytes()).unwrap_or(0);
             if now != m.disk_size {
+                if let Err(e) = p.store.delete(&p.disk_name, &m.id) {
+                    log::error!("backup job '{job_id}': backup {} of a resized disk not deleted: {e}", m.id);
+                }
                 Err(format!(
                     "bdev: '{}' was resized from {} to {now} bytes while the backup ran: take a full backup",
                     p.bdev, m.disk_size
