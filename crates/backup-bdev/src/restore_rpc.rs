@@ -88,6 +88,39 @@ pub(crate) fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
     Ok(Value::from(name))
 }
 
+/// `bdev_backup_restore_delete {name}` -> true: deletes the restore bdev (refused while it is
+/// open or exported, as any stacked bdev's delete) and abandons an incomplete restore: its
+/// state file goes ([`RestoreDevice::abandon`]).
+pub(crate) fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    p.finish()?;
+    let device = host.module_device(&name, MODULE, "backup restore bdev")?;
+    host.delete_bdev(&name, MODULE)?;
+    let Ok(dev) = device.downcast::<RestoreDevice>() else { return Ok(Value::Bool(true)) };
+    match dev.abandon() {
+        Ok(true) => log::info!(
+            "restore '{name}' deleted before it was complete: its state file {} removed (a new create \
+             starts over)",
+            dev.state_path().display()
+        ),
+        Ok(false) => log::info!("restore '{name}' deleted; it was complete"),
+        Err(e) => {
+            let path = dev.state_path().display().to_string();
+            return Err(ModuleError::module(
+                -e.raw_os_error().unwrap_or(libc::EIO),
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "bdev '{name}' deleted, but its state file {path} could not be removed: {e}; remove \
+                         it before creating the restore again"
+                    ),
+                ),
+            ));
+        }
+    }
+    Ok(Value::Bool(true))
+}
+
 /// `driver_specific.backup_restore`.
 pub(crate) fn driver_specific(device: &(dyn Any + Send + Sync)) -> Map<String, Value> {
     let Some(dev) = device.downcast_ref::<RestoreDevice>() else { return Map::new() };

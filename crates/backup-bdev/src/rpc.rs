@@ -3,7 +3,7 @@
 use std::any::Any;
 
 use fp_backup::StoreConfig;
-use fp_bdev::module::{delete_method, BdevModule, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn};
+use fp_bdev::module::{BdevModule, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn};
 use fp_bdev::BdevInfo;
 use fp_rpc::Params;
 use serde_json::{json, Map, Value};
@@ -44,7 +44,7 @@ impl BdevModule for BackupModule {
             ("backup_delete", catalogue::delete),
             ("backup_gc", catalogue::gc),
             ("bdev_backup_restore_create", restore_rpc::create),
-            ("bdev_backup_restore_delete", |h, p| delete_method(h, p, MODULE)),
+            ("bdev_backup_restore_delete", restore_rpc::delete),
         ]
     }
 

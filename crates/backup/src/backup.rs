@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::catalogue::GC_GRACE;
@@ -133,6 +133,9 @@ impl Progress {
 pub struct Job {
     progress: Progress,
     cancelled: AtomicBool,
+    /// Wakes the backup's waits on the store (a free upload slot, the uploads in flight) at a
+    /// cancel: a store that does not answer must not hold the cancel up.
+    cancel_signal: Notify,
     speed_limit: AtomicU64,
 }
 
@@ -147,10 +150,27 @@ impl Job {
         &self.progress
     }
 
-    /// Asks the backup to stop: it checks between chunks, waits for the uploads in flight, and
-    /// returns [`BackupError::Cancelled`] without writing a manifest.
+    /// Asks the backup to stop: it reads no further chunk, drops the uploads in flight (a PUT
+    /// that does not answer does not hold it up; an object is written whole or not at all, and
+    /// a rerun asks the store again for each), and returns [`BackupError::Cancelled`] without
+    /// writing a manifest.
     pub fn cancel(&self) {
         self.cancelled.store(true, Relaxed);
+        self.cancel_signal.notify_waiters();
+    }
+
+    /// Resolves once the job is cancelled (at once if it is already).
+    async fn cancelled(&self) {
+        loop {
+            let signal = self.cancel_signal.notified();
+            tokio::pin!(signal);
+            // Registered before the flag is read: a cancel between the two still wakes it.
+            signal.as_mut().enable();
+            if self.is_cancelled() {
+                return;
+            }
+            signal.await;
+        }
     }
 
     /// Whether [`Job::cancel`] was called.
@@ -301,7 +321,14 @@ pub fn backup(
             continue;
         }
         let object = Bytes::from(encode_chunk(plain, key));
-        let permit = store.block_on(permits.clone().acquire_owned()).expect("the semaphore is never closed");
+        // A free upload slot, or a cancel: every slot may be held by a PUT that never answers.
+        let permit = store.block_on(async {
+            tokio::select! {
+                permit = permits.clone().acquire_owned() => Some(permit.expect("the semaphore is never closed")),
+                () = job.cancelled() => None,
+            }
+        });
+        let Some(permit) = permit else { break };
         let (objects, retry, failure, job) =
             (store.objects().clone(), store.retry(), failure.clone(), job.clone());
         uploads.spawn_on(
@@ -326,8 +353,18 @@ pub fn backup(
         );
         while uploads.try_join_next().is_some() {}
     }
-    // Every upload in flight ends (each is bounded by the retry policy) before the job does.
-    store.block_on(async { while uploads.join_next().await.is_some() {} });
+    // Every upload in flight ends (each is bounded by the retry policy) before the job does,
+    // unless the job is cancelled: then those still in flight are dropped at once.
+    store.block_on(async {
+        let drained = tokio::select! {
+            () = async { while uploads.join_next().await.is_some() {} } => true,
+            () = job.cancelled() => false,
+        };
+        if !drained {
+            uploads.abort_all();
+            while uploads.join_next().await.is_some() {}
+        }
+    });
     outcome?;
     if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);

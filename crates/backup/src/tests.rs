@@ -27,6 +27,8 @@ struct Faulty {
     refuse_all: AtomicBool,
     /// HEAD answers report objects two hours old.
     old_heads: AtomicBool,
+    /// Puts never answer (a store that accepted the connection and hangs).
+    hang_puts: AtomicBool,
     /// The chunk puts seen (object keys).
     puts: Mutex<Vec<String>>,
 }
@@ -53,6 +55,9 @@ impl ObjectStore for Faulty {
     ) -> object_store::Result<PutResult> {
         if self.refuse_all.load(Relaxed) {
             return Err(Faulty::refused());
+        }
+        if self.hang_puts.load(Relaxed) {
+            std::future::pending::<()>().await;
         }
         if self.failing_puts.load(Relaxed) > 0 {
             self.failing_puts.fetch_sub(1, Relaxed);
@@ -292,17 +297,83 @@ fn a_cancelled_backup_writes_no_manifest_and_a_rerun_uploads_only_the_rest() {
     let err = backup(&store, &mut disk, Plan::Full, &options("vol0", size), &job).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
     let first = job.progress().snapshot();
-    // Chunk 4 was read (the cancel came during its read) and uploaded; nothing after it.
-    assert_eq!((first.chunks_read, first.chunks_uploaded), (5, 5));
+    // Chunk 4 was read (the cancel came during its read); nothing after it. The uploads still
+    // in flight at the cancel were dropped: some of the 5 may not be stored.
+    assert_eq!(first.chunks_read, 5);
+    assert!(first.chunks_uploaded <= 5, "{first:?}");
     assert!(store.list(None).unwrap().is_empty());
     assert!(faulty.puts.lock().unwrap().iter().all(|k| k.starts_with("chunks/")));
+    let stored = faulty.puts.lock().unwrap().len() as u64;
+    assert!(stored >= first.chunks_uploaded && stored <= 5, "{first:?}: {stored} stored");
 
     let job = Job::new();
     let m =
         backup(&store, &mut MemDisk::new(data.clone()), Plan::Full, &options("vol0", size), &job).unwrap();
     let second = job.progress().snapshot();
-    assert_eq!((second.chunks_skipped, second.chunks_uploaded), (5, 5));
+    // What the first run stored is found (HEAD) and skipped; the rest is uploaded.
+    assert_eq!((second.chunks_skipped, second.chunks_uploaded), (stored, 10 - stored));
     assert_eq!(restore(&store, &m, None), data);
+}
+
+/// Waits (at most 15 s) until `cond` holds.
+fn within_15_s(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Runs a backup of `data` on its own thread; its result comes back through the receiver.
+fn backup_on_a_thread(
+    store: Store,
+    data: Vec<u8>,
+    job: &Arc<Job>,
+) -> (std::thread::JoinHandle<()>, std::sync::mpsc::Receiver<Result<Manifest>>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let job = job.clone();
+    let size = data.len() as u64;
+    let t = std::thread::spawn(move || {
+        let r = backup(&store, &mut MemDisk::new(data), Plan::Full, &options("vol0", size), &job);
+        let _ = tx.send(r);
+    });
+    (t, rx)
+}
+
+/// Cancels `job` and expects its backup (thread `t`) to end `Cancelled` within 15 s.
+fn cancel_within_15_s(
+    job: &Job,
+    t: std::thread::JoinHandle<()>,
+    done: &std::sync::mpsc::Receiver<Result<Manifest>>,
+) {
+    job.cancel();
+    let r = done.recv_timeout(Duration::from_secs(15)).expect("the cancel ends the job within 15 s");
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::Cancelled);
+    t.join().unwrap();
+}
+
+#[test]
+fn a_cancel_drops_uploads_a_hung_store_never_answers() {
+    // Every upload slot held by a PUT that never answers: the reader waits for a slot.
+    let (faulty, store) = faulty_store();
+    faulty.hang_puts.store(true, Relaxed);
+    let job = Job::new();
+    let (t, done) = backup_on_a_thread(store, pattern(16, 10, 0), &job);
+    // 4 uploads in flight (the default), the fifth chunk read and waiting for a slot.
+    within_15_s("the uploads to hang", || job.progress().snapshot().chunks_read == 5);
+    cancel_within_15_s(&job, t, &done);
+    let p = job.progress().snapshot();
+    assert_eq!((p.chunks_read, p.chunks_uploaded), (5, 0), "{p:?}");
+    assert!(faulty.puts.lock().unwrap().is_empty());
+
+    // Every chunk read, the job waiting for its last uploads, which hang.
+    let (faulty, store) = faulty_store();
+    faulty.hang_puts.store(true, Relaxed);
+    let job = Job::new();
+    let (t, done) = backup_on_a_thread(store, pattern(17, 3, 0), &job);
+    within_15_s("every chunk to be read", || job.progress().snapshot().chunks_read == 3);
+    cancel_within_15_s(&job, t, &done);
+    assert!(faulty.puts.lock().unwrap().is_empty(), "no manifest either");
 }
 
 #[test]

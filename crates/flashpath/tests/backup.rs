@@ -7,6 +7,8 @@
 //!   chunks and equals the disk at its start; (c) a cancelled incremental leaves the bits in
 //!   the bitmap, and a rerun works.
 //! * [`a_killed_daemon_resumes_the_job_as_a_full_backup`] is (d).
+//! * [`a_disk_resized_while_its_backup_runs_fails_the_job_naming_the_size_change`]: a file disk
+//!   grown (`bdev_uring_rescan`) under a job held by its speed limit.
 //! * [`refusals_name_the_field`] and [`an_inconsistent_bitmap_refuses_an_incremental`] are (e).
 
 mod common;
@@ -194,6 +196,10 @@ fn full_incremental_cancel() {
         json!({ "bdev": "vm0", "store": "st", "sync": "incremental", "bitmap": "b", "speed": SLOW }),
     );
     assert_eq!(extents(&d), json!([]), "the job took the bits");
+    // The job holds the bitmap: the methods that change it refuse it, naming the job.
+    let e = d.try_call("bdev_dirty_bitmap_clear", json!({ "bdev": "vm0", "name": "b" })).unwrap_err();
+    assert_eq!(e.code, i64::from(-libc::EBUSY), "{}", e.message);
+    assert!(e.message.contains(&format!("backup job '{id}'")), "{}", e.message);
     d.call("bdev_backup_cancel", json!({ "job_id": id }));
     let j = job(&d, &id);
     assert_eq!(j["state"], "cancelled", "{j}");
@@ -245,6 +251,45 @@ fn a_killed_daemon_resumes_the_job_as_a_full_backup() {
     assert_eq!(list[0]["inconsistent"], false, "{list}");
     let left: Vec<_> = std::fs::read_dir(d.files.path().join("state/backup-jobs")).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_disk_resized_while_its_backup_runs_fails_the_job_naming_the_size_change() {
+    let d = daemon();
+    let id = start(
+        &d,
+        json!({ "bdev": "vm0", "store": "st", "sync": "full", "bitmap": "b", "chunk_size": CHUNK, "speed": SLOW }),
+    );
+    // The speed limit holds the job (one chunk a second from an empty bucket) while the disk grows.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.files.path().join("vm0.img"))
+        .unwrap()
+        .set_len(2 * SIZE)
+        .unwrap();
+    d.call("bdev_uring_rescan", json!({ "name": "vm0" }));
+    assert_eq!(d.call("bdev_get_bdevs", json!({ "name": "vm0" }))[0]["num_blocks"], 2 * SIZE / 512);
+    assert_eq!(job(&d, &id)["state"], "running", "the speed limit keeps the job running");
+    d.call("bdev_backup_set_speed", json!({ "job_id": id, "speed": 0 }));
+    let j = wait_end(&d, &id);
+    assert_eq!(j["state"], "failed", "{j}");
+    let error = j["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("bdev:")
+            && error.contains("'vm0'")
+            && error.contains("resized")
+            && error.contains(&SIZE.to_string())
+            && error.contains(&(2 * SIZE).to_string()),
+        "the error names the disk and its size change: {error}"
+    );
+    // No backup was written; the job's fleece and scratch bdev are gone.
+    assert_eq!(d.call("backup_list", json!({ "store": "st" })), json!([]));
+    let names: Vec<Value> =
+        d.call("bdev_get_bdevs", json!({})).as_array().unwrap().iter().map(|b| b["name"].clone()).collect();
+    assert_eq!(names, [json!("vm0")]);
+    // The bits the job took went back (a full backup's fresh bitmap had none), and the bitmap
+    // is free again.
+    assert_eq!(d.call("bdev_dirty_bitmap_list", json!({ "bdev": "vm0" }))[0]["busy"], false);
 }
 
 /// The field a -32602 refusal names.

@@ -11,6 +11,9 @@
 //! * [`live_restore_resumes_after_sigkill`]: the same over a file base with a configuration
 //!   file and a state directory; SIGKILL mid-restore, restart: it resumes, the writes made
 //!   before the kill survive, the result is exact.
+//! * [`deleting_an_incomplete_restore_abandons_it_and_a_new_create_fetches_every_chunk_again`]:
+//!   the delete removes the state file of a restore the guest wrote through; a new create of
+//!   the same restore takes none of it up and ends with the base equal to the backup.
 //! * [`a_corrupt_chunk_fails_its_reads_only`], [`restore_create_refusals_name_the_field`].
 
 mod common;
@@ -298,8 +301,59 @@ fn live_restore_serves_at_once_keeps_the_guests_writes_and_completes() {
     let file = std::fs::read_to_string(state.path().join("backup_restore/r.json")).unwrap();
     assert!(file.contains("\"complete\":true"), "{file}");
     assert_eq!(d.call("bdev_backup_restore_delete", json!({"name": "r"})), json!(true));
+    let kept = std::fs::read_to_string(state.path().join("backup_restore/r.json")).unwrap();
+    assert!(kept.contains("\"complete\":true"), "a complete restore's file stays: {kept}");
     let mut c = nbd(&d, "base");
     assert!(read_all(&mut c) == want, "the base is the backup plus the writes, byte for byte");
+}
+
+#[test]
+fn deleting_an_incomplete_restore_abandons_it_and_a_new_create_fetches_every_chunk_again() {
+    let store_dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let image = disk_image(51);
+    let id = make_backup(store_dir.path(), "vm", &image, None);
+    let args = state_dir_args(state.path());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut d = Daemon::start_with_args("0", &args);
+    add_store(&d, "s", store_dir.path());
+    d.malloc("base", SIZE / 512, 512);
+    // One byte a second: the copier starts chunk 0 and no other; only reads and writes fetch.
+    let create = json!({"name": "r", "base_bdev": "base", "store": "s", "bdev": "vm", "backup_id": id,
+                        "speed": 1, "parallel": 1, "read_ahead": 0});
+    let file = state.path().join("backup_restore/r.json");
+    // The writes make chunks 0, 1, 5 and 7 durable (each fetched before its write lands).
+    d.call("bdev_backup_restore_create", create.clone());
+    let mut c = nbd(&d, "r");
+    let mut want = image.clone();
+    guest_writes(&mut c, &mut want);
+    drop(c);
+    d.call("nbd_stop_disk", json!({"nbd_device": d.dir.path().join("r.nbd").to_str().unwrap()}));
+    let before = restore_status(&d, "r");
+    assert_eq!(before["state"], "copying", "{before}");
+    let durable = before["restored"].as_u64().unwrap();
+    assert!((4..CHUNKS).contains(&durable), "the written chunks are durable, not all: {before}");
+    assert!(file.exists(), "the state file names the durable chunks");
+
+    // The delete abandons it: the state file goes.
+    assert_eq!(d.call("bdev_backup_restore_delete", json!({"name": "r"})), json!(true));
+    assert!(!file.exists(), "deleting an incomplete restore removes its state file");
+
+    // A new create of the same restore starts over: none of the old durable set is taken up
+    // (the copier alone would have chunk 0 at most), and everything it serves is the backup's,
+    // the writes made through the deleted restore being overwritten chunk by chunk.
+    d.call("bdev_backup_restore_create", create);
+    let after = restore_status(&d, "r");
+    assert!(after["restored"].as_u64().unwrap() <= 1, "fetched again from the start: {after}");
+    let mut c = nbd(&d, "r");
+    assert!(read_all(&mut c) == image, "the new restore serves the backup, not the old writes");
+    drop(c);
+    wait_complete(&d, "r");
+    d.call("nbd_stop_disk", json!({"nbd_device": d.dir.path().join("r.nbd").to_str().unwrap()}));
+    assert_eq!(d.call("bdev_backup_restore_delete", json!({"name": "r"})), json!(true));
+    let mut c = nbd(&d, "base");
+    assert!(read_all(&mut c) == image, "the base ends equal to the backup");
+    d.assert_alive();
 }
 
 #[test]

@@ -9,6 +9,9 @@
 //!   shows each of them and nothing else.
 //! * [`a_persistent_bitmap_survives_sigterm_and_is_inconsistent_after_sigkill`].
 //! * [`refusals_name_the_field`].
+//! * [`a_busy_bitmap_refuses_every_change_naming_its_holder`]: a bitmap an NBD export holds
+//!   refuses remove, clear, enable, disable and merge (into and from) with EBUSY, naming the
+//!   export, and changes nothing; once the export stops they all work.
 
 mod common;
 
@@ -187,5 +190,60 @@ fn refusals_name_the_field() {
     assert_eq!(refused("bdev_dirty_bitmap_merge", p), "bitmaps");
     assert_eq!(refused("bdev_dirty_bitmap_clear", json!({ "bdev": "m0", "name": "nope" })), "name");
     assert_eq!(d.call("bdev_dirty_bitmap_list", json!({})).as_array().unwrap().len(), 2);
+    d.assert_alive();
+}
+
+#[test]
+fn a_busy_bitmap_refuses_every_change_naming_its_holder() {
+    let mut d = Daemon::start("0");
+    d.malloc("m0", BLOCKS, 512);
+    for name in ["held", "free"] {
+        d.call("bdev_dirty_bitmap_add", json!({ "bdev": "m0", "name": name, "granularity": 4096 }));
+    }
+    let sock = d.dir.path().join("m0.nbd");
+    let device = sock.to_str().unwrap();
+    d.call("nbd_start_disk", json!({ "bdev_name": "m0", "nbd_device": device, "bitmaps": ["held"] }));
+    let mut conn = NbdConn::connect(&Endpoint::Unix(sock.clone()), "m0").expect("connect");
+    assert_eq!(conn.write(8192, &pattern(3, 8192, 4096), 0).unwrap(), 0);
+    conn.disconnect();
+    assert_eq!(extents(&d, "m0", "held"), [(8192, 4096)]);
+    let listed = d.call("bdev_dirty_bitmap_list", json!({ "bdev": "m0" }));
+    assert_eq!(listed[0]["busy"], true, "{listed}");
+
+    let bm = |name: &str| json!({ "bdev": "m0", "name": name });
+    let refusals = [
+        ("bdev_dirty_bitmap_remove", bm("held")),
+        ("bdev_dirty_bitmap_clear", bm("held")),
+        ("bdev_dirty_bitmap_enable", bm("held")),
+        ("bdev_dirty_bitmap_disable", bm("held")),
+        ("bdev_dirty_bitmap_merge", json!({ "bdev": "m0", "target": "held", "bitmaps": ["free"] })),
+        ("bdev_dirty_bitmap_merge", json!({ "bdev": "m0", "target": "free", "bitmaps": ["held"] })),
+    ];
+    for (method, params) in &refusals {
+        let e = d.try_call(method, params.clone()).unwrap_err();
+        assert_eq!(e.code, i64::from(-libc::EBUSY), "{method} {params}: {e:?}");
+        assert!(
+            e.message.contains("'held'") && e.message.contains(&format!("NBD export {device}")),
+            "{method}: the message names the bitmap and its holder: {}",
+            e.message
+        );
+    }
+    // Nothing changed: the bits, recording, the merge target.
+    assert_eq!(extents(&d, "m0", "held"), [(8192, 4096)]);
+    assert_eq!(extents(&d, "m0", "free"), [(8192, 4096)]);
+    let listed = d.call("bdev_dirty_bitmap_list", json!({ "bdev": "m0" }));
+    assert_eq!((listed[0]["recording"].clone(), listed.as_array().unwrap().len()), (json!(true), 2));
+    // The other bitmap of the disk is not held.
+    d.call("bdev_dirty_bitmap_clear", bm("free"));
+    assert!(extents(&d, "m0", "free").is_empty());
+
+    assert_eq!(d.call("nbd_stop_disk", json!({ "nbd_device": device })), true);
+    d.call("bdev_dirty_bitmap_merge", json!({ "bdev": "m0", "target": "free", "bitmaps": ["held"] }));
+    assert_eq!(extents(&d, "m0", "free"), [(8192, 4096)]);
+    for method in ["bdev_dirty_bitmap_disable", "bdev_dirty_bitmap_enable", "bdev_dirty_bitmap_clear"] {
+        assert_eq!(d.call(method, bm("held")), true, "{method}");
+    }
+    assert!(extents(&d, "m0", "held").is_empty());
+    d.call("bdev_dirty_bitmap_remove", bm("held"));
     d.assert_alive();
 }

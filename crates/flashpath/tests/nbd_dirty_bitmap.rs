@@ -2,8 +2,8 @@
 //! "Over NBD"), read by the standard clients: `nbdinfo --map=qemu:dirty-bitmap:NAME --json`
 //! (libnbd-bin) and `qemu-img map --output=json` with `x-dirty-bitmap` (qemu-utils) must report
 //! exactly the chunks written as dirty and the rest clean. Also the refusals at
-//! `nbd_start_disk` (an unknown bitmap, one of another size) and a removal while exported
-//! (EBUSY), and the CLI's `--bitmap`.
+//! `nbd_start_disk` (an unknown bitmap, one of another size), a removal or clear while
+//! exported (EBUSY), and the CLI's `--bitmap`.
 //!
 //! The tools are installed by `./run test`; outside CI, FLASHPATH_SKIP_NBD_TOOLS=1 skips these
 //! tests when they are missing.
@@ -157,10 +157,30 @@ fn nbdinfo_and_qemu_img_map_report_exactly_the_written_chunks_dirty() {
         .collect();
     assert_eq!(expected(&rpc), want, "bdev_dirty_bitmap_get_extents");
 
-    // Clearing the bitmap shows at the next query: the export reads the live bits.
-    daemon.call("bdev_dirty_bitmap_clear", json!({ "bdev": "m", "name": "inc" }));
-    assert_eq!(nbdinfo_dirty(&uri, "inc"), expected(&[]), "after bdev_dirty_bitmap_clear");
+    // An exported bitmap is busy, as QEMU's: clearing it is refused, naming the export, and
+    // changes nothing.
+    let (code, message) =
+        rpc_error(&daemon, "bdev_dirty_bitmap_clear", json!({ "bdev": "m", "name": "inc" }));
+    assert_eq!(code, -16, "{message}");
+    assert!(message.contains("'inc'") && message.contains(&format!("NBD export {device}")), "{message}");
+    assert_eq!(nbdinfo_dirty(&uri, "inc"), want, "after a refused bdev_dirty_bitmap_clear");
+    // A write shows at the next query: the export reads the live bits.
+    let mut conn = NbdConn::connect(&Endpoint::Unix(sock.clone()), "m").expect("connect");
+    assert_eq!(conn.write(12 * MIB, &[7; 512], 0).unwrap(), 0);
+    conn.disconnect();
+    let want = expected(&[
+        (MIB, GRANULARITY),
+        (5 * MIB, 2 * GRANULARITY),
+        (9 * MIB, 2 * GRANULARITY),
+        (12 * MIB, GRANULARITY),
+        (SIZE - GRANULARITY, GRANULARITY),
+    ]);
+    assert_eq!(nbdinfo_dirty(&uri, "inc"), want, "a write after the export started");
     assert_eq!(daemon.call("nbd_stop_disk", json!({ "nbd_device": device })), true);
+    // Stopped: the clear works.
+    daemon.call("bdev_dirty_bitmap_clear", json!({ "bdev": "m", "name": "inc" }));
+    let rpc = daemon.call("bdev_dirty_bitmap_get_extents", json!({ "bdev": "m", "name": "inc" }));
+    assert_eq!(rpc["extents"], json!([]));
 }
 
 #[test]

@@ -26,7 +26,10 @@ fn exported(
         bitmaps.iter().map(|(n, g)| Arc::new(DirtyBitmap::new(n, size, *g, false, true))).collect();
     let spec = made
         .iter()
-        .map(|b| ExportBitmap { name: b.name().to_string(), bitmap: BitmapUse::new(b.clone()) })
+        .map(|b| ExportBitmap {
+            name: b.name().to_string(),
+            bitmap: BitmapUse::new(b.clone(), "the test export"),
+        })
         .collect();
     let (setup, handle) = super::export_full(false, bdev, spec, |_| ());
     (setup, handle, made)

@@ -21,7 +21,7 @@
 //! A full backup takes (clears) the bitmap too, adding it when absent (persistent, the given
 //! granularity or 64 KiB) and removing and re-adding it when inconsistent, so that afterwards
 //! it tracks the changes since this backup. When a job fails or is cancelled, its frozen copy
-//! is merged back ([`fp_bdev::disk::DirtyBitmap::merge_from`]): nothing is lost.
+//! is merged back through the job's hold ([`fp_bdev::disk::BitmapUse::merge_back`]): nothing is lost.
 //!
 //! # The fleece's target
 //!
@@ -65,8 +65,8 @@ use crate::state_files::{hex, write_atomically};
 use crate::{FleeceSpec, Registry, RegistryError};
 
 /// How long `bdev_backup_cancel` and the daemon's shutdown wait for a job to end. A job sees a
-/// cancel between chunks, then waits for its uploads in flight (each bounded by the store's
-/// retry policy).
+/// cancel between chunks and drops its uploads in flight ([`fp_backup::Job::cancel`]), so it
+/// normally ends within a chunk's read; the bound covers a read of the disk that hangs.
 pub const BACKUP_WAIT: Duration = Duration::from_secs(60);
 
 /// The state directory's folder of job records and scratch files.
@@ -327,10 +327,7 @@ impl Registry {
                     ));
                 }
                 parent = Some(m);
-                if b.busy() {
-                    return Err(busy_bitmap(&bdev, name));
-                }
-                bitmap_use = Some(BitmapUse::new(b));
+                bitmap_use = Some(hold_bitmap(b, &bdev, &job_id)?);
             } else {
                 let b = match found {
                     Some(b) if b.inconsistent() => {
@@ -354,10 +351,7 @@ impl Registry {
                         self.add_dirty_bitmap(&bdev, &disk, fresh).map_err(method_error)?
                     }
                 };
-                if b.busy() {
-                    return Err(busy_bitmap(&bdev, name));
-                }
-                bitmap_use = Some(BitmapUse::new(b));
+                bitmap_use = Some(hold_bitmap(b, &bdev, &job_id)?);
             }
         }
         let sync = if incremental { "incremental" } else { "full" }.to_string();
@@ -379,7 +373,7 @@ impl Registry {
         });
         let merge_back = |bitmap: &Option<(BitmapUse, FrozenBitmap)>| {
             if let Some((u, frozen)) = bitmap {
-                u.merge_from(frozen);
+                u.merge_back(frozen);
             }
         };
         let scratch = scratch_name(&job_id);
@@ -493,10 +487,16 @@ impl Registry {
         stopping: &AtomicBool,
     ) {
         let result = self.backup_read(&p, parallel, job);
-        // The resize check: the image is of the size the job started with.
+        // The resize check: the image is of the size the job started with. The manifest is
+        // already in the store; it goes again, so that a failed job leaves no backup behind
+        // (nothing records it as a parent, and a listing would show a backup of a job that
+        // failed). Its chunks are left to the GC.
         let result = result.and_then(|m| {
             let now = self.disk(&p.bdev).map(|d| d.info().size_bytes()).unwrap_or(0);
             if now != m.disk_size {
+                if let Err(e) = p.store.delete(&p.disk_name, &m.id) {
+                    log::error!("backup job '{job_id}': backup {} of a resized disk not deleted: {e}", m.id);
+                }
                 Err(format!(
                     "bdev: '{}' was resized from {} to {now} bytes while the backup ran: take a full backup",
                     p.bdev, m.disk_size
@@ -529,8 +529,9 @@ impl Registry {
                 log::info!("backup job '{job_id}' completed: backup {} of '{}'", m.id, p.bdev);
             }
             Err(e) => {
+                // Through the job's own hold: the bitmap methods refuse everyone else meanwhile.
                 if let Some((u, frozen)) = &p.bitmap {
-                    u.merge_from(frozen);
+                    u.merge_back(frozen);
                 }
                 if job.is_cancelled() {
                     o.state = BackupState::Cancelled;
@@ -750,8 +751,17 @@ impl Registry {
     }
 }
 
-fn busy_bitmap(bdev: &str, name: &str) -> RegistryError {
-    RegistryError::InUse { name: bdev.into(), by: format!("a user of its dirty bitmap '{name}'") }
+/// Holds bitmap `b` of `bdev` for job `job_id`, alone: refused (naming the holder) while an
+/// export or another job holds it.
+fn hold_bitmap(b: Arc<DirtyBitmap>, bdev: &str, job_id: &str) -> Result<BitmapUse, RegistryError> {
+    let name = b.name().to_string();
+    BitmapUse::exclusive(b, bdev, &format!("backup job '{job_id}'")).map_err(|e| match e {
+        fp_bdev::disk::BitmapError::Busy { holder, .. } => RegistryError::InUse {
+            name: bdev.into(),
+            by: format!("{holder}, through its dirty bitmap '{name}'"),
+        },
+        other => invalid("bitmap", other.to_string()),
+    })
 }
 
 /// A bitmap method's refusal, as this job's: a field of the bitmap methods is `bitmap` here.

@@ -161,9 +161,26 @@ impl RestoreDevice {
         }
     }
 
-    /// The restore's state file (kept after a delete: a complete restore's says so).
+    /// The restore's state file (a complete restore's is kept after a delete).
     pub fn state_path(&self) -> &std::path::Path {
         self.state_file.path()
+    }
+
+    /// An explicit delete, once the bdev is gone: stops the worker, then, unless the restore
+    /// is complete, removes its state file, so that a later create of the same name fetches
+    /// every chunk again rather than resuming from a set of chunks the base may no longer
+    /// hold (the operator may have written to the base, or restore another backup onto it).
+    /// Returns whether the file was removed. A complete restore's file stays: a create of the
+    /// same restore (its table left in the configuration file) is then a pass-through and
+    /// never writes the backup over what the guest wrote since. A daemon stop does not come
+    /// here: it keeps the file, and the next start resumes.
+    pub fn abandon(&self) -> std::io::Result<bool> {
+        self.stop();
+        if self.shared.is_complete() {
+            return Ok(false);
+        }
+        self.state_file.remove()?;
+        Ok(true)
     }
 }
 

@@ -86,6 +86,22 @@ impl StateFile {
         Ok(loaded)
     }
 
+    /// Removes the file (and a temporary one a crash left), durably: the folder is synced, so a
+    /// crash after it does not bring the file back. A missing file is no error.
+    pub fn remove(&self) -> std::io::Result<()> {
+        for path in [self.path.with_extension("json.tmp"), self.path.clone()] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
     /// Replaces the file: `bitmap` (durable chunks), `complete`.
     pub fn save(&self, chunks: u64, bitmap: &[u8], complete: bool) -> std::io::Result<()> {
         let body = encode(&self.identity, chunks, bitmap, complete);
@@ -171,5 +187,8 @@ mod tests {
         assert!(f.load(11).unwrap().is_none());
         f.save(10, &[0xff, 0x03], true).unwrap();
         assert!(f.load(10).unwrap().unwrap().complete);
+        f.remove().unwrap();
+        assert!(f.load(10).unwrap().is_none() && !f.path().exists());
+        f.remove().unwrap();
     }
 }

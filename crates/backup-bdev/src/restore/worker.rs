@@ -28,7 +28,52 @@ pub const RETRY_PASSES: u32 = 3;
 /// How long it waits before going back over them.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 
+/// The first wait before persisting again after a failed flush or state file write.
+pub const PERSIST_RETRY_FIRST: Duration = Duration::from_millis(2);
+/// The longest wait between two attempts: a state directory that stays full or read-only
+/// costs one attempt a second, not one per loop.
+pub const PERSIST_RETRY_MAX: Duration = Duration::from_secs(1);
+
 type Fetched = (u64, bool, fp_backup::Result<RawChunk>);
+
+/// When the worker may try to persist again: after a failure it waits [`PERSIST_RETRY_FIRST`],
+/// doubling at each further failure up to [`PERSIST_RETRY_MAX`]; a success starts over.
+#[derive(Debug)]
+pub(super) struct Backoff {
+    /// The wait after the next failure.
+    next: Duration,
+    /// No attempt before this.
+    not_before: Option<Instant>,
+}
+
+impl Backoff {
+    pub(super) fn new() -> Backoff {
+        Backoff { next: PERSIST_RETRY_FIRST, not_before: None }
+    }
+
+    /// Whether an attempt may be made at `now`.
+    pub(super) fn ready(&self, now: Instant) -> bool {
+        self.not_before.is_none_or(|t| now >= t)
+    }
+
+    /// How long from `now` until an attempt may be made (zero when it may).
+    pub(super) fn wait(&self, now: Instant) -> Duration {
+        self.not_before.map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
+    }
+
+    /// An attempt at `now` failed: the next waits longer (bounded); returns that wait.
+    pub(super) fn failed(&mut self, now: Instant) -> Duration {
+        let wait = self.next;
+        self.not_before = Some(now + wait);
+        self.next = (self.next * 2).min(PERSIST_RETRY_MAX);
+        wait
+    }
+
+    /// An attempt succeeded: the next failure waits the first wait again.
+    pub(super) fn succeeded(&mut self) {
+        *self = Backoff::new();
+    }
+}
 
 pub(super) struct Worker {
     shared: Arc<Shared>,
@@ -143,6 +188,7 @@ impl Worker {
         let mut pending_since = Instant::now();
         let (mut failed, mut failed_at, mut passes) = (Vec::new(), Instant::now(), 0u32);
         let mut next_start = Instant::now();
+        let mut persist_backoff = Backoff::new();
         let parallel = self.options.parallel.max(1);
         while !shared.stop.load(Ordering::Acquire) {
             let mut busy = false;
@@ -203,10 +249,18 @@ impl Worker {
             }
             if !pending.is_empty()
                 && (pending_since.elapsed() >= FLUSH_AFTER || in_flight == 0 || pending.len() >= 256)
+                && persist_backoff.ready(Instant::now())
             {
                 let n = pending.len() as u64;
                 if self.persist(chan.as_mut(), &mut pending, false) {
                     durable += n;
+                    persist_backoff.succeeded();
+                } else {
+                    let wait = persist_backoff.failed(Instant::now());
+                    log::warn!(
+                        "restore over '{}': persisting failed; trying again in {wait:?}",
+                        self.base.info().name
+                    );
                 }
             }
             if durable == count {
@@ -245,13 +299,44 @@ impl Worker {
                 }
             }
             if !busy {
-                let nap = if in_flight > 0 || !pending.is_empty() { 2 } else { 20 };
-                std::thread::park_timeout(Duration::from_millis(nap));
+                let nap = if in_flight > 0 {
+                    Duration::from_millis(2)
+                } else if !pending.is_empty() {
+                    // Chunks to persist: soon, or when the backoff lets it (an unpark wakes
+                    // the worker earlier for new demand).
+                    persist_backoff.wait(Instant::now()).clamp(Duration::from_millis(2), PERSIST_RETRY_MAX)
+                } else {
+                    Duration::from_millis(20)
+                };
+                std::thread::park_timeout(nap);
             }
         }
         // Stopping: what is on the base is kept for the next start.
         if !pending.is_empty() {
             self.persist(chan.as_mut(), &mut pending, false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn persist_retries_back_off_from_2_ms_doubling_to_1_s_and_a_success_starts_over() {
+        let t0 = Instant::now();
+        let mut b = Backoff::new();
+        assert!(b.ready(t0), "the first attempt waits for nothing");
+        let waits: Vec<u64> = (0..12).map(|_| b.failed(t0).as_millis() as u64).collect();
+        assert_eq!(waits, [2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 1000, 1000]);
+        // After the last failure (1 s): not before it, then again.
+        assert!(!b.ready(t0 + Duration::from_millis(999)));
+        assert_eq!(b.wait(t0 + Duration::from_millis(400)), Duration::from_millis(600));
+        assert!(b.ready(t0 + PERSIST_RETRY_MAX));
+        assert_eq!(b.wait(t0 + Duration::from_secs(2)), Duration::ZERO);
+        b.succeeded();
+        assert!(b.ready(t0));
+        assert_eq!(b.failed(t0), PERSIST_RETRY_FIRST);
+        assert!(!b.ready(t0 + Duration::from_millis(1)) && b.ready(t0 + Duration::from_millis(2)));
     }
 }

@@ -14,8 +14,8 @@
 //!   so every bit set before the swap is in the copy and every bit set after it stays in the
 //!   bitmap: "take and clear atomically" for a backup, never a write lost between the two.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// QEMU's default granularity.
 pub const DEFAULT_BITMAP_GRANULARITY: u64 = 64 << 10;
@@ -56,13 +56,17 @@ pub enum BitmapError {
     /// The bitmap may have missed writes (a crash): only removal is allowed.
     #[error("dirty bitmap '{0}' is inconsistent (it may have missed writes in a crash): only removing it is allowed")]
     Inconsistent(String),
-    /// An export reads it ([`BitmapUse`]): it cannot be removed until the export stops.
-    #[error("dirty bitmap '{name}' of bdev '{bdev}' is busy: an export uses it (stop the export first)")]
+    /// An export or a backup job holds it ([`BitmapUse`]): it cannot be removed, cleared,
+    /// enabled, disabled, merged into or merged from until the holder lets go (QEMU's rule for
+    /// a busy bitmap).
+    #[error("dirty bitmap '{name}' of bdev '{bdev}' is busy: {holder} holds it")]
     Busy {
         /// The bdev asked.
         bdev: String,
         /// The bitmap in use.
         name: String,
+        /// Who holds it ("NBD export /run/x.sock", "backup job 'vm1'").
+        holder: String,
     },
     /// The daemon counts no I/O, so its channels bypass the layer that marks.
     #[error("I/O statistics are switched off in this daemon (serve --no-iostat): channels bypass the layer that marks bitmaps")]
@@ -91,8 +95,10 @@ pub struct DirtyBitmap {
     pub(super) recording: AtomicBool,
     persistent: bool,
     inconsistent: AtomicBool,
-    /// Holders of a [`BitmapUse`] (exports reading it): removal is refused while any remain.
-    users: AtomicUsize,
+    /// Who holds a [`BitmapUse`] (exports reading it, a backup job): the disk's methods refuse
+    /// to change it while any remain. A lock, not a count: a method checks and changes under
+    /// it, so no holder can come between the two (control plane only; marking never takes it).
+    holders: Mutex<Vec<Arc<str>>>,
 }
 
 /// What `bdev_dirty_bitmap_list` shows of a bitmap.
@@ -110,7 +116,8 @@ pub struct BitmapInfo {
     pub inconsistent: bool,
     /// Dirty bytes (the last chunk counted to the end of the disk only).
     pub count: u64,
-    /// Held by an export that reads it ([`BitmapUse`]): it cannot be removed.
+    /// Held by an export that reads it or a backup job ([`BitmapUse`]): the methods that
+    /// change it refuse it.
     pub busy: bool,
 }
 
@@ -152,13 +159,44 @@ impl DirtyBitmap {
             recording: AtomicBool::new(recording),
             persistent,
             inconsistent: AtomicBool::new(false),
-            users: AtomicUsize::new(0),
+            holders: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn holders(&self) -> MutexGuard<'_, Vec<Arc<str>>> {
+        self.holders.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`BitmapError::Busy`] naming the first of `holders` (its own, locked), if any.
+    fn refuse_held(&self, bdev: &str, holders: &[Arc<str>]) -> Result<(), BitmapError> {
+        match holders.first() {
+            Some(holder) => Err(BitmapError::Busy {
+                bdev: bdev.to_string(),
+                name: self.name.clone(),
+                holder: holder.to_string(),
+            }),
+            None => Ok(()),
         }
     }
 
     /// Whether a [`BitmapUse`] holds it.
     pub fn busy(&self) -> bool {
-        self.users.load(Ordering::SeqCst) > 0
+        !self.holders().is_empty()
+    }
+
+    /// Runs `change` unless a [`BitmapUse`] holds the bitmap (then [`BitmapError::Busy`], naming
+    /// the first holder, and nothing runs). The check and the change are under the holders'
+    /// lock: no hold is taken between them. `bdev` names the bitmap's disk in the refusal.
+    pub fn change_unless_held<R>(
+        &self,
+        bdev: &str,
+        change: impl FnOnce(&Self) -> R,
+    ) -> Result<R, BitmapError> {
+        let holders = self.holders();
+        self.refuse_held(bdev, &holders)?;
+        let r = change(self);
+        drop(holders);
+        Ok(r)
     }
 
     /// Its name.
@@ -287,6 +325,8 @@ impl DirtyBitmap {
     }
 
     /// Sets every bit `other` has (a merge, or a frozen copy given back after a failed backup).
+    /// Checks no hold: the disk's `merge_dirty_bitmaps` refuses a busy target, and a holder
+    /// gives its bits back through [`BitmapUse::merge_back`].
     pub fn merge_from(&self, other: &FrozenBitmap) {
         debug_assert_eq!((other.shift, other.len), (self.shift, self.len), "checked by the callers");
         for (i, &bits) in other.words.iter().enumerate().take(self.words.len()) {
@@ -374,29 +414,56 @@ impl DirtyBitmap {
     }
 }
 
-/// A hold on a bitmap by an export that reads it: the bitmap shows `busy` and refuses removal
-/// until every hold is dropped.
+/// A hold on a bitmap by an export that reads it or a backup job that took it: the bitmap
+/// shows `busy`, and the disk's methods refuse to remove, clear, enable, disable or merge it
+/// (into or from) until every hold is dropped. The holder itself still changes it through the
+/// hold ([`BitmapUse::merge_back`]).
 #[derive(Debug)]
-pub struct BitmapUse(Arc<DirtyBitmap>);
+pub struct BitmapUse {
+    bitmap: Arc<DirtyBitmap>,
+    holder: Arc<str>,
+}
 
 impl BitmapUse {
-    /// Holds `bitmap`.
-    pub fn new(bitmap: Arc<DirtyBitmap>) -> BitmapUse {
-        bitmap.users.fetch_add(1, Ordering::SeqCst);
-        BitmapUse(bitmap)
+    /// Holds `bitmap` for `holder`, named in the refusals ("NBD export /run/x.sock").
+    pub fn new(bitmap: Arc<DirtyBitmap>, holder: &str) -> BitmapUse {
+        let holder: Arc<str> = Arc::from(holder);
+        bitmap.holders().push(holder.clone());
+        BitmapUse { bitmap, holder }
+    }
+
+    /// Holds `bitmap` for `holder` unless someone holds it already (a backup job, which
+    /// takes and clears it, wants it alone); the refusal names that one. `bdev` names its disk.
+    pub fn exclusive(bitmap: Arc<DirtyBitmap>, bdev: &str, holder: &str) -> Result<BitmapUse, BitmapError> {
+        let holder: Arc<str> = Arc::from(holder);
+        {
+            let mut holders = bitmap.holders();
+            bitmap.refuse_held(bdev, &holders)?;
+            holders.push(holder.clone());
+        }
+        Ok(BitmapUse { bitmap, holder })
+    }
+
+    /// The holder's own way to give bits back (a backup job that failed or was cancelled
+    /// merges its frozen copy back): the refusals are for everyone else.
+    pub fn merge_back(&self, frozen: &FrozenBitmap) {
+        self.bitmap.merge_from(frozen);
     }
 }
 
 impl std::ops::Deref for BitmapUse {
     type Target = DirtyBitmap;
     fn deref(&self) -> &DirtyBitmap {
-        &self.0
+        &self.bitmap
     }
 }
 
 impl Drop for BitmapUse {
     fn drop(&mut self) {
-        self.0.users.fetch_sub(1, Ordering::SeqCst);
+        let mut holders = self.bitmap.holders();
+        if let Some(i) = holders.iter().position(|h| Arc::ptr_eq(h, &self.holder)) {
+            holders.remove(i);
+        }
     }
 }
 

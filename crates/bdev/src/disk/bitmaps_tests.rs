@@ -338,10 +338,78 @@ fn runs_are_read_from_the_live_bits_by_window_and_past_the_end_are_dirty() {
 fn a_held_bitmap_is_busy_and_refuses_removal_until_released() {
     let (disk, _script) = scripted();
     let b = add(&disk, "b", 65536);
-    let hold = BitmapUse::new(b.clone());
+    let hold = BitmapUse::new(b.clone(), "NBD export /run/x.sock");
     assert!(b.busy() && b.info().busy);
     assert!(matches!(disk.remove_dirty_bitmap("b"), Err(BitmapError::Busy { .. })));
     drop(hold);
     assert!(!b.info().busy);
     disk.remove_dirty_bitmap("b").unwrap();
+}
+
+/// The refusal of a held bitmap, checked whole: EBUSY's variant, naming bitmap, disk and holder.
+fn assert_busy(r: Result<(), BitmapError>, name: &str, holder: &str) {
+    let e = r.unwrap_err();
+    assert!(
+        matches!(&e, BitmapError::Busy { bdev, name: n, holder: h } if bdev == "s0" && n == name && h == holder),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    assert!(text.contains(&format!("'{name}'")) && text.contains(holder) && text.contains("busy"), "{text}");
+}
+
+#[test]
+fn a_held_bitmap_refuses_clear_enable_disable_and_merge_either_way_and_changes_nothing() {
+    let (disk, _script) = scripted();
+    let held = add(&disk, "held", 65536);
+    let free = add(&disk, "free", 65536);
+    held.mark(0, 4096);
+    held.mark(3 * 65536, 4096);
+    free.mark(5 * 65536, 1);
+    let (held_bits, free_bits) = (held.snapshot(), free.snapshot());
+    let job = "backup job 'vm0'";
+    let hold = BitmapUse::exclusive(held.clone(), "s0", job).unwrap();
+
+    assert_busy(disk.clear_dirty_bitmap("held"), "held", job);
+    assert_busy(disk.set_dirty_bitmap_recording("held", false), "held", job);
+    assert_busy(disk.set_dirty_bitmap_recording("held", true), "held", job);
+    assert_busy(disk.merge_dirty_bitmaps("held", &["free".into()]), "held", job);
+    assert_busy(disk.merge_dirty_bitmaps("free", &["held".into()]), "held", job);
+    assert_busy(disk.remove_dirty_bitmap("held").map(drop), "held", job);
+    // A second holder wanting it alone is refused too, naming the first.
+    assert_busy(BitmapUse::exclusive(held.clone(), "s0", "backup job 'other'").map(drop), "held", job);
+    // Nothing changed: the bits, recording, the other bitmap.
+    assert_eq!((held.snapshot(), free.snapshot()), (held_bits.clone(), free_bits.clone()));
+    assert!(held.recording() && held.busy());
+
+    // The holder's own path still works: a failed backup gives its frozen bits back.
+    let frozen = hold.take();
+    assert!(held.is_empty());
+    hold.merge_back(&frozen);
+    assert_eq!(held.snapshot(), held_bits);
+
+    // The other bitmap is not held: its methods work while the first one is held.
+    disk.clear_dirty_bitmap("free").unwrap();
+    disk.set_dirty_bitmap_recording("free", false).unwrap();
+    assert!(free.is_empty() && !free.recording());
+
+    // Released: every method works again.
+    drop(hold);
+    disk.merge_dirty_bitmaps("free", &["held".into()]).unwrap();
+    assert_eq!(free.snapshot(), held_bits);
+    disk.set_dirty_bitmap_recording("held", false).unwrap();
+    disk.clear_dirty_bitmap("held").unwrap();
+    assert!(held.is_empty() && !held.recording());
+}
+
+#[test]
+fn shared_holds_are_counted_and_each_release_leaves_the_others() {
+    let (disk, _script) = scripted();
+    let b = add(&disk, "b", 65536);
+    let one = BitmapUse::new(b.clone(), "NBD export /run/one.sock");
+    let two = BitmapUse::new(b.clone(), "NBD export /run/two.sock");
+    assert_busy(disk.clear_dirty_bitmap("b"), "b", "NBD export /run/one.sock");
+    drop(one);
+    assert_busy(disk.clear_dirty_bitmap("b"), "b", "NBD export /run/two.sock");
+    drop(two);
+    disk.clear_dirty_bitmap("b").unwrap();
 }

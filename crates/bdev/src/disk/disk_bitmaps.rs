@@ -47,16 +47,23 @@ impl Disk {
         Ok(bitmap)
     }
 
-    /// Removes `name` (inconsistent or not); returns it. Refused while an export reads it.
+    /// Removes `name` (inconsistent or not); returns it. Refused while held (an export reads
+    /// it, a backup job took it).
     pub fn remove_dirty_bitmap(&self, name: &str) -> Result<Arc<DirtyBitmap>, BitmapError> {
         let mut book = self.book();
         let b = Self::find_bitmap(&book, &self.info().name, name)?;
-        if b.busy() {
-            return Err(BitmapError::Busy { bdev: self.info().name.clone(), name: name.to_string() });
-        }
+        b.change_unless_held(&self.info().name, |_| ())?;
         book.bitmaps.retain(|x| !Arc::ptr_eq(x, &b));
         self.publish_bitmaps(&mut book);
         Ok(b)
+    }
+
+    /// `clear`: every bit cleared. Refused while held: a backup job's next incremental would
+    /// miss the writes since its take, an export's client would see its bits vanish.
+    pub fn clear_dirty_bitmap(&self, name: &str) -> Result<(), BitmapError> {
+        self.dirty_bitmap(name)?.change_unless_held(&self.info().name, |b| {
+            b.take();
+        })
     }
 
     /// Every bitmap of the disk, in the order they were added.
@@ -64,16 +71,19 @@ impl Disk {
         self.book().bitmaps.clone()
     }
 
-    /// `enable` / `disable`: whether completed writes mark it.
+    /// `enable` / `disable`: whether completed writes mark it. Refused while held.
     pub fn set_dirty_bitmap_recording(&self, name: &str, on: bool) -> Result<(), BitmapError> {
-        self.dirty_bitmap(name)?.recording.store(on, Ordering::SeqCst);
-        Ok(())
+        self.dirty_bitmap(name)?
+            .change_unless_held(&self.info().name, |b| b.recording.store(on, Ordering::SeqCst))
     }
 
     /// `merge`: sets in `target` every bit of each of `sources`, which must have its
-    /// granularity and size. Nothing changes when one is refused.
+    /// granularity and size. Nothing changes when one is refused, held ones included (into a
+    /// held target or from a held source, as QEMU refuses a busy bitmap either way).
     pub fn merge_dirty_bitmaps(&self, target: &str, sources: &[String]) -> Result<(), BitmapError> {
+        let bdev = &self.info().name;
         let t = self.dirty_bitmap(target)?;
+        t.change_unless_held(bdev, |_| ())?;
         let mut frozen = Vec::with_capacity(sources.len());
         for s in sources {
             let b = self.dirty_bitmap(s)?;
@@ -89,12 +99,15 @@ impl Disk {
                     ),
                 });
             }
-            frozen.push(b.snapshot());
+            // Each source's bits are read under its holders' lock: one held is refused.
+            frozen.push(b.change_unless_held(bdev, DirtyBitmap::snapshot)?);
         }
-        for f in &frozen {
-            t.merge_from(f);
-        }
-        Ok(())
+        // The target checked again as it changes: a hold taken meanwhile wins.
+        t.change_unless_held(bdev, |t| {
+            for f in &frozen {
+                t.merge_from(f);
+            }
+        })
     }
 
     /// Hands channels the current set (under the book's lock).

@@ -69,7 +69,7 @@ pub(crate) fn bdev_dirty_bitmap_remove(registry: &Registry, p: Params) -> Result
 /// `{bdev, name}` -> true: every bit cleared.
 pub(crate) fn bdev_dirty_bitmap_clear(registry: &Registry, p: Params) -> Result<Value, MethodError> {
     let (bdev, disk, name) = bdev_and_name(registry, p)?;
-    disk.dirty_bitmap(&name).map_err(|e| refused("name", e))?.take();
+    disk.clear_dirty_bitmap(&name).map_err(|e| refused("name", e))?;
     // The bits since the last backup are gone: an incremental from it would miss them.
     registry.forget_backup_parent(&bdev, &name);
     Ok(json!(true))

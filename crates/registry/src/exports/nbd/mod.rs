@@ -162,6 +162,7 @@ impl Registry {
         }
         let size = self.disk(&spec.bdev_name)?.info().size_bytes();
         let mut held: Vec<ExportBitmap> = Vec::with_capacity(spec.bitmaps.len());
+        let holder = format!("NBD export {}", spec.nbd_device);
         for r in &spec.bitmaps {
             let owner = r.bdev.as_deref().unwrap_or(&spec.bdev_name);
             let disk = self.disk(owner).map_err(|_| invalid(format!("no bdev '{owner}'")))?;
@@ -177,7 +178,7 @@ impl Registry {
             if held.iter().any(|h| h.name == r.name) {
                 return Err(invalid(format!("'{}' is given twice (its context is named after it)", r.name)));
             }
-            held.push(ExportBitmap { name: r.name.clone(), bitmap: BitmapUse::new(b) });
+            held.push(ExportBitmap { name: r.name.clone(), bitmap: BitmapUse::new(b, &holder) });
         }
         Ok(held)
     }
