@@ -90,6 +90,85 @@ def bench_initramfs(base, work):
     return path
 
 
+# -- a guest that boots from its disk (bench/fpbench/sections/backup.py, (D)) -------------------
+#
+# The kernel comes from the host (direct kernel boot, as every guest here); a tiny initramfs
+# (static busybox, virtio_blk.ko, BOOT_INIT) mounts /dev/vda read-only and switch_roots into it.
+# The disk's root file system is the guest tests' own initramfs unpacked into ext4 (busybox, fio,
+# e2fsprogs, cryptsetup, nvme-cli and their libraries, the modules), with BOOT_STAGE2 as its
+# init: it runs the root's programs once (loading them and their libraries), reads every other
+# file once (a boot's working set: here the whole root), prints FPBENCH-BOOTED with the guest's
+# uptime and the KiB read, and powers off.
+
+BOOT_INIT = INIT_PROLOGUE + r"""insmod /lib/modules/virtio_blk.ko
+i=0
+while [ ! -b /dev/vda ]; do i=$((i + 1)); [ $i -gt 200 ] && echo "FPBENCH-FAIL no disk" && poweroff -f; sleep 0.05; done
+dmesg -n 1
+mkdir -p /newroot
+mount -t ext4 -o ro /dev/vda /newroot || { echo "FPBENCH-FAIL mounting /dev/vda"; poweroff -f; }
+echo "FPBENCH-ROOT $(cut -d' ' -f1 /proc/uptime)"
+exec switch_root /newroot /fpbench-boot
+"""
+
+BOOT_STAGE2 = r"""#!/bin/busybox sh
+B=/bin/busybox
+$B mount -t proc proc /proc
+$B mount -t devtmpfs dev /dev
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+for p in fio mke2fs e2fsck cryptsetup nvme keyctl; do
+    x=$($B which $p) && "$x" --version > /dev/null 2>&1
+done
+$B find / -xdev -type f -exec $B cat {} + > /dev/null
+r0=$($B awk '$3 == "vda" { print $6 }' /proc/diskstats)
+echo "FPBENCH-BOOTED $($B cut -d' ' -f1 /proc/uptime) $((r0 / 2))"
+$B poweroff -f
+"""
+
+
+def boot_initramfs(base, work):
+    """The stage-one initramfs of the disk-booting guest (BOOT_INIT) from the image's initramfs
+    `base`; its path."""
+    d = os.path.join(work, "initramfs-boot")
+    os.makedirs(d, exist_ok=True)
+    with open(base, "rb") as f:
+        subprocess.run(["cpio", "-idm", "--quiet", "bin/busybox", "lib/modules/virtio_blk.ko"], stdin=f,
+                       cwd=d, check=True, capture_output=True, timeout=120)
+    with open(os.path.join(d, "init"), "w") as f:
+        f.write(BOOT_INIT)
+    os.chmod(os.path.join(d, "init"), 0o755)
+    names = "init\nbin\nbin/busybox\nlib\nlib/modules\nlib/modules/virtio_blk.ko\n"
+    archive = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet", "-R", "0:0"], input=names.encode(), cwd=d,
+                             check=True, capture_output=True, timeout=60).stdout
+    path = os.path.join(work, "initramfs-boot.cpio")
+    with open(path, "wb") as f:
+        f.write(archive)
+    return path
+
+
+def boot_root_image(base, work, size):
+    """An ext4 image of `size` bytes holding the image's initramfs `base` unpacked, with
+    BOOT_STAGE2 as /fpbench-boot (mkfs.ext4 -d: no mount, no root); its path and the bytes of
+    its files."""
+    d = os.path.join(work, "bootroot")
+    os.makedirs(d, exist_ok=True)
+    with open(base, "rb") as f:
+        subprocess.run(["cpio", "-idm", "--quiet", "--no-absolute-filenames"], stdin=f, cwd=d, check=True,
+                       capture_output=True, timeout=300)
+    for sub in ("proc", "dev", "sys", "tmp"):
+        os.makedirs(os.path.join(d, sub), exist_ok=True)
+    stage2 = os.path.join(d, "fpbench-boot")
+    with open(stage2, "w") as f:
+        f.write(BOOT_STAGE2)
+    os.chmod(stage2, 0o755)
+    files = sum(os.path.getsize(os.path.join(r, n)) for r, _, ns in os.walk(d) for n in ns
+                if os.path.isfile(os.path.join(r, n)) and not os.path.islink(os.path.join(r, n)))
+    path = os.path.join(work, "bootroot.img")
+    with open(path, "wb") as f:
+        f.truncate(size)
+    run(["mkfs.ext4", "-q", "-F", "-L", "fpboot", "-E", "root_owner=0:0", "-d", d, path], 300)
+    return path, files
+
+
 class Qmp:
     """A minimal QMP client on a Unix socket: capabilities, then one command at a time."""
 

@@ -69,17 +69,20 @@ def tls_config(mode):
 # seed of the change offsets, speed (bytes/s) of the backup beside the guest's load,
 # guest_point/secs/reps, throughput_chunk, rclone_flags, gets (GETs timed), restore_hold_speed
 # (the restore's background copy while its first reads are timed), first_read_secs, timeout_s
-# (every job's bound). Not in any whole run (a benchmark of targets, not CI).
+# (every job's bound), boot ((D)'s boots: root_mib of the root image, reps of the three
+# variants, held_speed of the held restore's copy, mem_mib of the guest, timeout_s per boot). Not in any whole run (a benchmark of targets, not CI).
 _BACKUP_JOBS = {"chunk_size": MIB, "changed_frac": 0.01, "seed": 20261130, "granularity": 65536,
                 "speed": 50 * MIB, "guest_point": ["randread", 4096, 32], "throughput_chunk": MIB,
                 "rclone_flags": ["--s3-upload-concurrency", "4", "--s3-chunk-size", "8M"], "gets": 9,
-                "restore_hold_speed": MIB, "first_read_secs": 1.0, "timeout_s": 900}
+                "restore_hold_speed": MIB, "first_read_secs": 1.0, "timeout_s": 900,
+                "boot": {"root_mib": 256, "reps": 2, "held_speed": MIB, "mem_mib": 256, "timeout_s": 600}}
 BACKUP = {
     "full": dict(_BACKUP_JOBS, bitmap={"backends": ["null", "ram"], "points": [["randwrite", 4096, 32],
                                                                             ["randread", 4096, 32]],
                                        "secs": 5.0, "reps": 5, "granularity": 65536, "size_mib": 1024,
                                        "fill_secs": 4.0, "callgrind": {"short_s": 2.0, "long_s": 8.0, "reps": 3}},
-                 disk_mib=4096, stores=["file", "rgw"], guest_secs=5.0, guest_reps=3),
+                 disk_mib=4096, stores=["file", "rgw"], guest_secs=5.0, guest_reps=3,
+                 boot=dict(_BACKUP_JOBS["boot"], reps=3)),
     "quick": dict(_BACKUP_JOBS, bitmap={"backends": ["null"], "points": [["randwrite", 4096, 32],
                                                                          ["randread", 4096, 32]],
                                         "secs": 3.0, "reps": 4, "granularity": 65536, "size_mib": 1024,

@@ -100,7 +100,7 @@ def jsonrpc(path, method, params=None, who="flashpath"):
 class Flashpath:
     kind = "flashpath"
 
-    def __init__(self, bin_dir, work, cpus, name="flashpath", wrap=(), extra=()):
+    def __init__(self, bin_dir, work, cpus, name="flashpath", wrap=(), extra=(), control_cpus=None):
         self.bin = os.path.join(bin_dir, "flashpath")
         self.name = name
         self.dir = os.path.join(work, name)
@@ -109,9 +109,10 @@ class Flashpath:
         self.vhost_dir = os.path.join(self.dir, "vhost")
         self.cpus = cpus
         self.wrap = wrap
-        # taskset keeps the control-plane threads on the server cores too; the reactors pin
-        # themselves to the --cpus list. `wrap` (valgrind) goes between taskset and the server.
-        self.proc = spawn(["taskset", "-c", cpus, *wrap, self.bin, "serve", "--cpus", cpus,
+        # taskset keeps the control-plane threads on the server cores too (or on `control_cpus`);
+        # the reactors pin themselves to the --cpus list. `wrap` (valgrind) goes between taskset
+        # and the server.
+        self.proc = spawn(["taskset", "-c", control_cpus or cpus, *wrap, self.bin, "serve", "--cpus", cpus,
                            "--rpc", self.rpc_sock, "--vhost-dir", self.vhost_dir, *extra],
                           os.path.join(self.dir, "serve.log"))
         self.pid = self.proc.pid

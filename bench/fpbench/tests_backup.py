@@ -12,7 +12,8 @@ from fpbench.report_backup import backup_markdown, backup_targets, validate_back
 from fpbench.sections.backup import (NBD_CMD_WRITE, NBD_REPLY_MAGIC, NBD_REQUEST_MAGIC, chunk_rewrites,
                                      chunk_size_for, chunks_touched, expected_touched, job_finished, job_id_of,
                                      job_progress, nbd_parse_reply, nbd_request, parse_curl_time, progress_bytes,
-                                     restore_state, scattered_writes, summarize_bitmap, upload_verdict, variant_order)
+                                     restore_state, scattered_writes, summarize_bitmap, summarize_boots, upload_verdict,
+                                     variant_order)
 
 GIB = 1 << 30
 W32, R32 = ("randwrite", 4096, 32), ("randread", 4096, 32)
@@ -30,7 +31,20 @@ def config(reps=2):
     return {"bitmap": {"backends": ["null"], "points": [list(W32), list(R32)], "reps": reps, "secs": 1.0,
                        "granularity": 65536, "size_mib": 1024},
             "stores": ["file", "rgw"], "disk_mib": 1024, "chunk_size": MIB, "changed_frac": 0.01,
-            "rclone_flags": [], "guest_point": list(R32), "speed": 50 * MIB, "restore_hold_speed": MIB}
+            "rclone_flags": [], "guest_point": list(R32), "speed": 50 * MIB, "restore_hold_speed": MIB,
+            "boot": {"root_mib": 256, "reps": 2, "held_speed": MIB, "mem_mib": 256, "timeout_s": 600}}
+
+
+def boot_runs():
+    walls = {"local": (20.0, 22.0), "restore": (21.0, 23.0), "restore-held": (30.0, 34.0)}
+    rs = []
+    for v, ws in walls.items():
+        for rep, w in enumerate(ws):
+            r = {"variant": v, "rep": rep, "wall_s": w, "uptime_s": w - 1, "read_kib": 96 * 1024, "root_at_s": 9.0}
+            if v != "local":
+                r.update(chunks_restored_after=100, chunks=256)
+            rs.append(r)
+    return rs
 
 
 def bitmap_runs():
@@ -146,6 +160,14 @@ class Parsers(unittest.TestCase):
                          (8, 8))
         self.assertEqual(restore_state({}), (None, None))
 
+    def test_boots_are_judged_on_median_wall_times_against_the_local_disk(self):
+        s = summarize_boots(boot_runs())
+        self.assertEqual(s["median_wall_s"]["local"], 21.0)
+        self.assertAlmostEqual(s["ratio"]["restore"], 22.0 / 21.0)
+        self.assertAlmostEqual(s["ratio"]["restore-held"], 32.0 / 21.0)
+        self.assertEqual(s["median_uptime_s"]["restore-held"], 31.0)
+        self.assertIsNone(summarize_boots([r for r in boot_runs() if r["variant"] != "local"])["ratio"]["restore"])
+
     def test_curl(self):
         self.assertEqual(parse_curl_time("200 1048629 0.004211\n"), (200, 1048629, 0.004211))
 
@@ -191,6 +213,30 @@ class Report(unittest.TestCase):
         backup_targets(res, lambda *a: got.append(a))
         self.assertIn("(D)", got[-1][0])
         self.assertIn("not measured", got[-1][2])
+
+    def test_boot_rows_verdicts_and_check(self):
+        boot = dict(root_mib=256, files_bytes=94 * MIB, backup_uploaded=90 * MIB, runs=boot_runs(),
+                    **summarize_boots(boot_runs()))
+        first = {"p50_ns": 3_000_000, "p99_ns": 9_000_000, "ios": 100, "chunks": 1024}
+        res = result(bitmap_runs(), restore={"boot": boot, "get_s": 0.002, "get": [{}] * 9, "first_read": first,
+                                             "first_read_ratio": 1.5, "restore_secs": 5.0, "restore_mbps": 200.0,
+                                             "first_read_pinned": dict(first, p50_ns=6_000_000),
+                                             "first_read_pinned_ratio": 3.0})
+        text = "\n".join(backup_markdown(res))
+        self.assertIn("p50 3000 µs, p99 9000 µs over 100 reads = 1.50x one GET", text)
+        self.assertIn("every thread on the server CPU", text)
+        self.assertIn("| restore-held | 32.0 s | 31.0 s | 1.52x |", text)
+        got = []
+        backup_targets(res, lambda *a: got.append(a))
+        verdicts = {a[0]: a[3] for a in got if "boot" in a[0]}
+        self.assertEqual(sorted(verdicts.values()), [False, True], verdicts)
+        first = [a for a in got if "first 4 KiB read" in a[0]]
+        self.assertEqual(first[0][3], True)
+        self.assertTrue(any("every thread of the daemon" in a[0] and a[3] is None for a in got), got)
+        probs = validate_backup(res, config())
+        self.assertFalse(any("boot" in p for p in probs), probs)
+        res["backup"]["restore"]["boot"]["runs"] = boot_runs()[1:]
+        self.assertIn("backup boot local: 1 boots, want 2", validate_backup(res, config()))
 
     def test_validate_without_the_rpcs_checks_a_alone(self):
         self.assertEqual(validate_backup(result(bitmap_runs(), rpcs_missing=["bdev_backup_start"]), config()), [])
