@@ -193,7 +193,15 @@ impl ExportHandle {
         if let Some(l) = listener {
             l.close();
         }
-        stop_connections(&self.shared, timeout)
+        let closed = stop_connections(&self.shared, timeout);
+        if closed.is_ok() {
+            // No connection reads a bitmap again: their holds end with the stop, not when the
+            // last reference to the export drops on a reactor a moment later.
+            for (b, _) in &self.shared.bitmaps {
+                b.bitmap.release();
+            }
+        }
+        closed
     }
 
     /// [`ExportHandle::close`] with the server's stop bound, for a daemon going down:

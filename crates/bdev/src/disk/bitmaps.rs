@@ -422,6 +422,7 @@ impl DirtyBitmap {
 pub struct BitmapUse {
     bitmap: Arc<DirtyBitmap>,
     holder: Arc<str>,
+    released: AtomicBool,
 }
 
 impl BitmapUse {
@@ -429,7 +430,7 @@ impl BitmapUse {
     pub fn new(bitmap: Arc<DirtyBitmap>, holder: &str) -> BitmapUse {
         let holder: Arc<str> = Arc::from(holder);
         bitmap.holders().push(holder.clone());
-        BitmapUse { bitmap, holder }
+        BitmapUse { bitmap, holder, released: AtomicBool::new(false) }
     }
 
     /// Holds `bitmap` for `holder` unless someone holds it already (a backup job, which
@@ -441,7 +442,21 @@ impl BitmapUse {
             bitmap.refuse_held(bdev, &holders)?;
             holders.push(holder.clone());
         }
-        Ok(BitmapUse { bitmap, holder })
+        Ok(BitmapUse { bitmap, holder, released: AtomicBool::new(false) })
+    }
+
+    /// Ends the hold now (once; dropping it later does nothing more), the bitmap still
+    /// readable through it: for a holder whose last reference drops later than its end (an
+    /// NBD export's connections let go of it on their reactors after its stop answered), so
+    /// that the bitmap is free when the stop returns.
+    pub fn release(&self) {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let mut holders = self.bitmap.holders();
+        if let Some(i) = holders.iter().position(|h| Arc::ptr_eq(h, &self.holder)) {
+            holders.remove(i);
+        }
     }
 
     /// The holder's own way to give bits back (a backup job that failed or was cancelled
@@ -460,10 +475,7 @@ impl std::ops::Deref for BitmapUse {
 
 impl Drop for BitmapUse {
     fn drop(&mut self) {
-        let mut holders = self.bitmap.holders();
-        if let Some(i) = holders.iter().position(|h| Arc::ptr_eq(h, &self.holder)) {
-            holders.remove(i);
-        }
+        self.release();
     }
 }
 
