@@ -111,16 +111,17 @@ pub fn check_desc(
     dev_bytes: u64,
     buf_size: usize,
 ) -> Result<(IoOp, u64, u64), i32> {
-    let offset = d.start_sector.checked_mul(512).ok_or(libc::EINVAL)?;
-    let len = u64::from(d.nr_sectors) * 512;
     let op = match d.op() {
         op::READ => IoOp::Read,
         op::WRITE => IoOp::Write,
+        // A flush has no range: the block layer leaves its sector at all ones (`blk_rq_init`).
         op::FLUSH => return Ok((IoOp::Flush, 0, 0)),
         op::DISCARD => IoOp::Discard,
         op::WRITE_ZEROES => IoOp::WriteZeroes,
         _ => return Err(libc::EOPNOTSUPP),
     };
+    let offset = d.start_sector.checked_mul(512).ok_or(libc::EINVAL)?;
+    let len = u64::from(d.nr_sectors) * 512;
     let end = offset.checked_add(len).ok_or(libc::EINVAL)?;
     if len == 0 || end > dev_bytes || offset % u64::from(block_size) != 0 || len % u64::from(block_size) != 0
     {
@@ -195,12 +196,17 @@ impl QueuePoller {
         let (op, offset, len) = match check_desc(&d, self.block_size, dev_bytes, self.ring.buf_size()) {
             Ok(v) => v,
             Err(errno) => {
-                self.shared.invalid.fetch_add(1, Ordering::Relaxed);
-                log::debug!(
-                    "{}: tag {tag}: request refused (op_flags {:#x}, errno {errno})",
-                    self.name,
-                    d.op_flags
-                );
+                // The kernel's requests are trusted input; one refused here is a mismatch worth
+                // seeing (the first few of each queue).
+                if self.shared.invalid.fetch_add(1, Ordering::Relaxed) < 8 {
+                    log::warn!(
+                        "{}: tag {tag}: request refused with errno {errno}: op_flags {:#x}, sector {}, {} sectors",
+                        self.name,
+                        d.op_flags,
+                        d.start_sector,
+                        d.nr_sectors
+                    );
+                }
                 self.ring.commit(tag, -errno);
                 return;
             }
@@ -251,7 +257,16 @@ impl QueuePoller {
         let s = &self.slots[tag as usize];
         let sh = &self.shared;
         if result < 0 {
-            sh.errors.fetch_add(1, Ordering::Relaxed);
+            if sh.errors.fetch_add(1, Ordering::Relaxed) < 8 {
+                log::warn!(
+                    "{}: tag {tag}: {:?} of {} bytes at {} failed with errno {}",
+                    self.name,
+                    s.asked,
+                    s.req.len,
+                    s.req.offset,
+                    -result
+                );
+            }
         } else {
             let (ops, bytes) = match s.asked {
                 IoOp::Read => (&sh.reads, Some(&sh.bytes_read)),
@@ -417,6 +432,8 @@ mod tests {
             Ok((IoOp::Write, 0, 8192))
         );
         assert_eq!(check_desc(&desc(op::FLUSH, 0, 0, 0), 4096, mib, 65536), Ok((IoOp::Flush, 0, 0)));
+        // A flush's sector as the block layer leaves it: all ones.
+        assert_eq!(check_desc(&desc(op::FLUSH, 0, u64::MAX, 0), 4096, mib, 65536), Ok((IoOp::Flush, 0, 0)));
         assert_eq!(check_desc(&desc(op::DISCARD, 0, 0, 2048), 4096, mib, 4096), Ok((IoOp::Discard, 0, mib)));
         assert_eq!(
             check_desc(&desc(op::WRITE_ZEROES, op::F_NOUNMAP, 0, 8), 4096, mib, 4096),

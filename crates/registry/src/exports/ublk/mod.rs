@@ -217,6 +217,9 @@ impl Registry {
                     user_recovery: spec.user_recovery,
                 })
                 .map_err(registry_error)?;
+            // The registry's name for it (an lvol's alias, not its UUID).
+            let mut disk = disk;
+            disk.bdev_name = spec.bdev_name.clone();
             Ok(Box::new(UblkExport {
                 disk: Arc::new(disk),
                 target: target.clone(),
@@ -242,6 +245,8 @@ impl Registry {
         let stop_timeout = self.ublk_state().stop_timeout;
         self.add_export(new, |bdev| {
             let disk = target.recover_disk(ublk_id, bdev).map_err(registry_error)?;
+            let mut disk = disk;
+            disk.bdev_name = bdev_name.to_string();
             Ok(Box::new(UblkExport {
                 disk: Arc::new(disk),
                 target: target.clone(),
