@@ -109,7 +109,7 @@ mod guest_vm {
         }
         let refused = r.info_after("ublk refused").join(" ");
         assert!(
-            refused.starts_with("status=1") && refused.contains("in use"),
+            refused.starts_with("status=1") && refused.contains("/dev/ublkb1") && refused.contains("exists"),
             "the same id twice: {refused}"
         );
         let stop = r.info_after("ublk stop under load").join(" | ");
