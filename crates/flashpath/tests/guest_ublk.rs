@@ -3,7 +3,9 @@
 //! second cpio) and serves its disks as /dev/ublkbN there. The guest's `ublk` scenario
 //! (tests/guest/init): a RAM disk with ext4, files and `fio --verify` on two queues; the same
 //! device id refused; an lvol and a crypto disk under `fio --verify`; a stop under fio's load,
-//! the other disks unaffected; a file disk with user recovery, `kill -9` of the daemon under
+//! the other disks unaffected; a stop while an error bdev holds a write (bounded, the disk kept,
+//! deleted by a second stop once the write is released); an lvol's growth reaching the device
+//! only through a stop and start (6.12 has no UPDATE_SIZE); a file disk with user recovery, `kill -9` of the daemon under
 //! fio, a new daemon recovering it from its configuration file, fio finishing without a
 //! verify error. Then SPDK's own client drives the ublk methods from the host: a `hostfwd`
 //! port reaches the guest's port 4420, where socat relays it to the daemon's RPC socket.
@@ -114,6 +116,20 @@ mod guest_vm {
         );
         let stop = r.info_after("ublk stop under load").join(" | ");
         assert!(stop.contains("status=0"), "stop under load: {stop}");
+        // A held request: the stop fails at its bound, the device stays, a second stop after
+        // the request completed deletes it.
+        let held = r.info_after("ublk stop held").join(" | ");
+        assert!(
+            held.contains("status=1") && held.contains("requests in flight"),
+            "stop with a held write: {held}"
+        );
+        assert!(held.contains("disk listed=yes"), "{held}");
+        assert!(held.contains("second stop ok listed=no"), "{held}");
+        // 24 MiB, then 28 MiB only after a stop and start (no UPDATE_SIZE on 6.12).
+        let live = r.info_after("ublk resize live").join(" ");
+        assert!(live.contains("size=25165824") && live.contains("\"live_resize\":false"), "{live}");
+        let after = r.info_after("ublk resize after restart").join(" ");
+        assert_eq!(after, "size=29360128");
         let killed = r.info_after("ublk killed daemon;").join(" ");
         assert!(killed.contains("/dev/ublkb4 present=yes"), "after kill -9: {killed}");
         let recovered = r.info_after("ublk recovered").join(" ");

@@ -197,34 +197,7 @@ impl Target {
     /// Adds a device for `spec.bdev`, puts its queues on reactors and starts it.
     pub fn start_disk(&self, spec: StartSpec) -> Result<UblkDisk, TargetError> {
         check_geometry(spec.num_queues, spec.queue_depth)?;
-        let offered = self.features();
-        let offered_names = || offered.map_or("unknown".to_string(), |f| feature::names(f).join(", "));
-        let has = |f: u64| offered.is_some_and(|o| o & f != 0);
-        let mut flags = 0u64;
-        if self.encoding() == Encoding::Ioctl {
-            flags |= feature::CMD_IOCTL_ENCODE;
-        }
-        let recovery = match spec.user_recovery {
-            Some(true) if offered.is_some() && !has(feature::USER_RECOVERY) => {
-                return Err(TargetError::MissingFeature {
-                    missing: "user_recovery".into(),
-                    offered: offered_names(),
-                })
-            }
-            Some(want) => want,
-            None => has(feature::USER_RECOVERY),
-        };
-        if recovery {
-            flags |= feature::USER_RECOVERY;
-            // Requests in flight when the daemon dies are reissued to the next one, rather than
-            // failed: what the page cache or a file system wrote is not lost.
-            if has(feature::USER_RECOVERY_REISSUE) {
-                flags |= feature::USER_RECOVERY_REISSUE;
-            }
-        }
-        if has(feature::UPDATE_SIZE) {
-            flags |= feature::UPDATE_SIZE;
-        }
+        let flags = wanted_flags(self.features(), self.encoding(), spec.user_recovery)?;
         let bi = spec.bdev.info();
         let want = DevInfo {
             nr_hw_queues: spec.num_queues,
@@ -411,7 +384,21 @@ impl Target {
     /// leave their reactors, and deletes it.
     pub fn stop_disk(&self, disk: &UblkDisk, bound: Duration) -> Result<(), TargetError> {
         let id = disk.id;
-        self.ctrl(|c| c.stop_dev(id, bound))?;
+        // The kernel answers STOP_DEV once the requests in flight are done: a bdev holding one
+        // keeps it waiting past the bound. The device then goes when they complete (the
+        // command stays with the kernel); a second stop finds it stopped and deletes it.
+        match self.ctrl(|c| c.stop_dev(id, bound)) {
+            Ok(()) => {}
+            Err(CtrlError::TimedOut { .. }) => {
+                return Err(TargetError::Setup(format!(
+                    "ublk device {id}: the kernel still waits for requests in flight on bdev '{}' \
+                     after {bound:?}; /dev/ublkb{id} goes once they complete (stop it again then to \
+                     delete the device)",
+                    disk.bdev_name
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
         if !wait_finished(&disk.queues, bound / 2) {
             // Requests the bdev holds back as busy are given up, then the queues go anyway.
             self.quit_queues(&disk.queues);
@@ -437,6 +424,44 @@ impl Target {
         self.ctrl(|c| c.update_size(disk.id, size_bytes / 512, self.bound))?;
         Ok(true)
     }
+}
+
+/// The flags ADD_DEV asks for, from what GET_FEATURES `offered` (`None`: a kernel before 6.5,
+/// which is asked for nothing optional but recovery when `user_recovery` says so) and whether
+/// user recovery is required, refused or (`None`) used when offered. A required feature the
+/// kernel does not offer is a refusal naming it.
+pub fn wanted_flags(
+    offered: Option<u64>,
+    encoding: Encoding,
+    user_recovery: Option<bool>,
+) -> Result<u64, TargetError> {
+    let has = |f: u64| offered.is_some_and(|o| o & f != 0);
+    let mut flags = 0u64;
+    if encoding == Encoding::Ioctl {
+        flags |= feature::CMD_IOCTL_ENCODE;
+    }
+    let recovery = match user_recovery {
+        Some(true) if offered.is_some() && !has(feature::USER_RECOVERY) => {
+            return Err(TargetError::MissingFeature {
+                missing: "user_recovery".into(),
+                offered: offered.map_or("unknown".to_string(), |f| feature::names(f).join(", ")),
+            })
+        }
+        Some(want) => want,
+        None => has(feature::USER_RECOVERY),
+    };
+    if recovery {
+        flags |= feature::USER_RECOVERY;
+        // Requests in flight when the daemon dies are reissued to the next one, rather than
+        // failed: what the page cache or a file system wrote is not lost.
+        if has(feature::USER_RECOVERY_REISSUE) {
+            flags |= feature::USER_RECOVERY_REISSUE;
+        }
+    }
+    if has(feature::UPDATE_SIZE) {
+        flags |= feature::UPDATE_SIZE;
+    }
+    Ok(flags)
 }
 
 /// Queue count and depth within SPDK's and the kernel's bounds.
@@ -514,6 +539,34 @@ pub fn params_for(bdev: &Bdev, max_io_buf_bytes: u32) -> Params {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn features_are_asked_for_only_when_offered_and_a_required_one_missing_is_refused() {
+        use feature::*;
+        // Debian's 6.12, as the guest test found it.
+        let k612 = URING_CMD_COMP_IN_TASK
+            | NEED_GET_DATA
+            | USER_RECOVERY
+            | USER_RECOVERY_REISSUE
+            | UNPRIVILEGED_DEV
+            | CMD_IOCTL_ENCODE
+            | USER_COPY
+            | ZONED;
+        let f = wanted_flags(Some(k612), Encoding::Ioctl, None).unwrap();
+        assert_eq!(f, CMD_IOCTL_ENCODE | USER_RECOVERY | USER_RECOVERY_REISSUE);
+        assert_eq!(wanted_flags(Some(k612), Encoding::Ioctl, Some(false)).unwrap(), CMD_IOCTL_ENCODE);
+        // 6.16's resize is used where offered.
+        let f = wanted_flags(Some(k612 | UPDATE_SIZE), Encoding::Ioctl, None).unwrap();
+        assert_eq!(f & UPDATE_SIZE, UPDATE_SIZE);
+        // A kernel without recovery: not asked for by default, refused by name when required.
+        let bare = CMD_IOCTL_ENCODE;
+        assert_eq!(wanted_flags(Some(bare), Encoding::Ioctl, None).unwrap(), CMD_IOCTL_ENCODE);
+        let e = wanted_flags(Some(bare), Encoding::Ioctl, Some(true)).unwrap_err().to_string();
+        assert_eq!(e, "the kernel's ublk driver lacks user_recovery (it offers: cmd_ioctl_encode)");
+        // Before 6.5 (no GET_FEATURES): legacy numbers, recovery only when asked for.
+        assert_eq!(wanted_flags(None, Encoding::Legacy, None).unwrap(), 0);
+        assert_eq!(wanted_flags(None, Encoding::Legacy, Some(true)).unwrap(), USER_RECOVERY);
+    }
 
     #[test]
     fn queue_count_and_depth_are_bounded() {
