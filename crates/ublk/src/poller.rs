@@ -399,11 +399,11 @@ impl Poller for QueuePoller {
     }
 
     fn prepare_sleep(&mut self) -> bool {
-        !self.ring.has_completions()
+        self.ring.arm_wake()
     }
 
     fn after_wake(&mut self) {
-        self.ring.clear_wake();
+        self.ring.disarm_wake();
     }
 
     fn wake_fds(&self) -> Vec<RawFd> {

@@ -256,6 +256,7 @@ impl Target {
     /// Takes over device `id`, whose daemon died, for `bdev` (`ublk_recover_disk`): its
     /// held requests complete once the new queues fetched their tags.
     pub fn recover_disk(&self, id: u32, bdev: Bdev) -> Result<UblkDisk, TargetError> {
+        log::info!("ublk device {id}: recovering for bdev '{}'", bdev.info().name);
         let info = self.ctrl(|c| c.get_dev_info(id, self.bound))?;
         if info.flags & feature::USER_RECOVERY == 0 {
             return Err(TargetError::Invalid {
@@ -289,6 +290,7 @@ impl Target {
         }
         self.ctrl(|c| c.start_user_recovery(id, self.bound))?;
         let queues = self.start_queues(id, &info, &bdev)?;
+        log::info!("ublk device {id}: {} queue(s) fetched their tags; ending the recovery", queues.len());
         if let Err(e) = self.ctrl(|c| c.end_user_recovery(id, std::process::id(), self.bound)) {
             self.quit_queues(&queues);
             return Err(e.into());

@@ -163,9 +163,18 @@ impl QueueRing {
         self.eventfd.as_raw_fd()
     }
 
-    /// Clears the eventfd after a wake-up.
-    pub fn clear_wake(&self) {
+    /// Clears the eventfd after a wake-up and stops the kernel signalling it: while the reactor
+    /// polls, a signal per completion would be work for nothing.
+    pub fn disarm_wake(&mut self) {
+        self.ring.completion().disable_eventfd();
         let _ = fp_sys::eventfd_clear(self.eventfd.as_fd());
+    }
+
+    /// Has the kernel signal the eventfd again before the reactor sleeps; `false` when
+    /// completions wait already (checked after arming, so none slips between).
+    pub fn arm_wake(&mut self) -> bool {
+        self.ring.completion().enable_eventfd();
+        !self.has_completions()
     }
 
     /// Whether completions wait in the ring.
