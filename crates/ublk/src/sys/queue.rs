@@ -6,7 +6,6 @@
 //! Built, used and dropped on one reactor thread: the kernel binds a queue to the task that
 //! fetched its tags (6.12's `ubq_daemon`), so every command must come from that thread.
 
-use std::alloc::{self, Layout};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -18,16 +17,18 @@ use io_uring::{opcode, types, IoUring};
 
 use crate::uapi::{desc_len, desc_offset, io_cmd, Encoding, IoCmd, IoDesc};
 
-/// The tags' buffers: one allocation, page aligned, `depth` buffers of `buf_size` bytes.
+/// The tags' buffers: one anonymous mapping, `depth` buffers of `buf_size` bytes. A mapping
+/// rather than the allocator: its pages are zero and untouched until a request that large
+/// comes (an aligned allocation would be zeroed by writing it, 64 MiB per queue of 128 tags).
 struct Buffers {
     ptr: NonNull<u8>,
-    layout: Layout,
+    len: usize,
 }
 
 impl Drop for Buffers {
     fn drop(&mut self) {
-        // SAFETY: allocated in `QueueRing::new` with this layout and freed only here.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        // SAFETY: the mapping made in `QueueRing::new`, of this length, unmapped only here.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
@@ -114,12 +115,23 @@ impl QueueRing {
         let total = buf_size
             .checked_mul(depth as usize)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "buffers too large"))?;
-        let layout = Layout::from_size_align(total, page)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        // SAFETY: `layout` has a non-zero size (depth and buf_size are > 0).
-        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })
-            .ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
-        let bufs = Buffers { ptr, layout };
+        // SAFETY: a fresh private anonymous mapping of `total` (> 0) bytes; nothing else
+        // refers to it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave NULL"))?;
+        let bufs = Buffers { ptr, len: total };
         let iovs = (0..depth as usize)
             .map(|t| libc::iovec {
                 // SAFETY: tag `t` < depth, so its buffer lies inside the allocation.
