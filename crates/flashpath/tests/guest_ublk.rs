@@ -119,6 +119,9 @@ mod guest_vm {
             refused.starts_with("status=1") && refused.contains("/dev/ublkb1") && refused.contains("exists"),
             "the same id twice: {refused}"
         );
+        // The bdev under a disk cannot be deleted: the disk claims it.
+        let delete = r.info_after("ublk delete refused").join(" ");
+        assert!(delete.starts_with("status=1") && delete.contains("/dev/ublkb1"), "{delete}");
         let stop = r.info_after("ublk stop under load").join(" | ");
         assert!(stop.contains("status=0"), "stop under load: {stop}");
         // A held request: the stop fails at its bound, the device stays, a second stop after

@@ -43,7 +43,9 @@ pub enum TargetError {
     Control(#[from] CtrlError),
     #[error("{field}: {reason}")]
     Invalid { field: &'static str, reason: String },
-    #[error("ublk device id {0} is in use")]
+    #[error(
+        "ublk device id {0} is in use (a device whose daemon died is taken over with ublk_recover_disk)"
+    )]
     InUse(u32),
     #[error("the kernel's ublk driver lacks {missing} (it offers: {offered})")]
     MissingFeature { missing: String, offered: String },

@@ -104,9 +104,7 @@ fn registry_error(e: TargetError) -> RegistryError {
     let module = |errno: i32, e: TargetError| RegistryError::Module { errno: -errno, source: Box::new(e) };
     match e {
         TargetError::Invalid { field, reason } => RegistryError::Invalid { field, reason },
-        TargetError::InUse(id) => {
-            RegistryError::AlreadyExists { kind: "ublk device id", name: id.to_string() }
-        }
+        TargetError::InUse(_) => module(libc::EEXIST, e),
         TargetError::MissingFeature { .. } => module(libc::EOPNOTSUPP, e),
         TargetError::Control(ref c) => match c {
             fp_ublk::CtrlError::NoDevice { .. } => module(libc::ENODEV, e),
