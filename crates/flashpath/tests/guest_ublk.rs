@@ -2,13 +2,15 @@
 //! no ublk_drv, so the daemon runs inside the guest (this build's `flashpath`, added in a
 //! second cpio) and serves its disks as /dev/ublkbN there. The guest's `ublk` scenario
 //! (tests/guest/init): a RAM disk with ext4, files and `fio --verify` on two queues; the same
-//! device id refused; an lvol and a crypto disk under `fio --verify`; a stop under fio's load,
-//! the other disks unaffected; a stop while an error bdev holds a write (bounded, the disk kept,
-//! deleted by a second stop once the write is released); an lvol's growth reaching the device
-//! only through a stop and start (6.12 has no UPDATE_SIZE); a file disk with user recovery, `kill -9` of the daemon under
-//! fio, a new daemon recovering it from its configuration file, fio finishing without a
-//! verify error. Then SPDK's own client drives the ublk methods from the host: a `hostfwd`
-//! port reaches the guest's port 4420, where socat relays it to the daemon's RPC socket.
+//! device id refused; its bdev's deletion refused; an lvol and a crypto disk under `fio
+//! --verify`; a stop under fio's load, the other disks unaffected; a stop while an error bdev
+//! holds a write (bounded, the disk kept, deleted by a second stop once the write is released);
+//! an lvol's growth reaching the device only through a stop and start (6.12 has no
+//! UPDATE_SIZE); a file disk with user recovery, `kill -9` of the daemon under fio, a new daemon
+//! recovering it from its configuration file, fio finishing without a verify error; a second
+//! daemon refused that device's id by the kernel. Then SPDK's own client drives the ublk
+//! methods from the host: a `hostfwd` port reaches the guest's port 4420, where socat relays it
+//! to the daemon's RPC socket.
 //!
 //! One boot. It runs with the other guest tests (`./run test`, one at a time); the module is
 //! `guest_vm` so that the step running everything else skips it. Without QEMU it fails under
@@ -122,6 +124,9 @@ mod guest_vm {
         // The bdev under a disk cannot be deleted: the disk claims it.
         let delete = r.info_after("ublk delete refused").join(" ");
         assert!(delete.starts_with("status=1") && delete.contains("/dev/ublkb1"), "{delete}");
+        // The same id in the kernel, asked for by a second daemon: the kernel's EEXIST.
+        let kernel = r.info_after("ublk kernel refused").join(" ");
+        assert!(kernel.starts_with("status=1") && kernel.contains("in use"), "{kernel}");
         let stop = r.info_after("ublk stop under load").join(" | ");
         assert!(stop.contains("status=0"), "stop under load: {stop}");
         // A held request: the stop fails at its bound, the device stays, a second stop after
