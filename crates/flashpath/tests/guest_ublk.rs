@@ -143,6 +143,8 @@ mod guest_vm {
         assert!(live.contains("size=25165824") && live.contains("\"live_resize\":false"), "{live}");
         let after = r.info_after("ublk resize after restart").join(" ");
         assert_eq!(after, "size=29360128");
+        let shutdown = r.info_after("ublk shutdown").join(" ");
+        assert_eq!(shutdown, "status=0 device present=no char device present=no");
         let killed = r.info_after("ublk killed daemon;").join(" ");
         assert!(killed.contains("/dev/ublkb4 present=yes"), "after kill -9: {killed}");
         let recovered = r.info_after("ublk recovered").join(" ");
