@@ -70,6 +70,14 @@ fn command_name(nr: u8) -> &'static str {
     }
 }
 
+/// The kernel's `ENOTSUPP` (include/linux/errno.h), which is not in the user-space errno list.
+const ENOTSUPP: i32 = 524;
+
+/// Whether GET_FEATURES failing with `errno` means a kernel before 6.5 (no such command).
+fn predates_get_features(errno: i32) -> bool {
+    matches!(errno, libc::EINVAL | libc::EOPNOTSUPP | libc::ENODEV | ENOTSUPP)
+}
+
 /// The buffer a command points the kernel at: big enough for the largest (`Params`), 8-aligned.
 #[repr(C, align(8))]
 struct Scratch([u8; 128]);
@@ -101,7 +109,9 @@ impl Control {
                     c.encoding = Encoding::Legacy;
                 }
             }
-            Err(CtrlError::Kernel { errno, .. }) if errno == libc::EINVAL || errno == libc::EOPNOTSUPP => {
+            // Before 6.5 the command is unknown: the driver looks the device (id all ones) up
+            // first (ENODEV), or refuses the number (ENOTSUPP, the kernel's 524, or EINVAL).
+            Err(CtrlError::Kernel { errno, .. }) if predates_get_features(errno) => {
                 c.encoding = Encoding::Legacy;
             }
             Err(e) => return Err(e),
