@@ -86,7 +86,7 @@ cmd_test() {
     cargo test --workspace --no-fail-fast -- --test-threads="${TEST_THREADS:-2}" --skip guest_vm:: 2>&1 |
         tee "$log" || rc=$?
     # The guest tests (crates/flashpath/tests/guest.rs, guest_nvmf.rs, guest_nvme.rs, guest_backup.rs,
-    # migration.rs, migration_rbd.rs) boot QEMU guests whose two vCPUs and daemons fill the machine: they run
+    # guest_ublk.rs, migration.rs, migration_rbd.rs) boot QEMU guests whose two vCPUs and daemons fill the machine: they run
     # alone, after the others, one at a time.
     if [ "${FLASHPATH_SKIP_GUEST:-0}" = 1 ]; then
         echo "run: FLASHPATH_SKIP_GUEST=1: not running the guest tests"
@@ -97,7 +97,7 @@ cmd_test() {
         # here again (a no-op then) so that this step alone finds them.
         cargo build -p fp-loadgen --bin fp-load -p fp-nvme --example nvme_guest --example vfio_bdev 2>&1 |
             tee -a "$log" || rc=$?
-        cargo test --workspace --no-fail-fast --test guest --test guest_nvmf --test guest_nvme --test guest_backup \
+        cargo test --workspace --no-fail-fast --test guest --test guest_nvmf --test guest_nvme --test guest_backup --test guest_ublk \
             -- --test-threads=1 2>&1 |
             tee -a "$log" || rc=$?
         # --nocapture: the log keeps each migration's downtime and total time, and each chain's.

@@ -2,8 +2,8 @@
 # Builds (or reuses) the boot image of the guest tests: an uncompressed kernel (vmlinux, booted
 # directly through PVH) and an initramfs holding static busybox, virtio_blk.ko, the modules of a
 # virtio-net NIC and of the kernel's NVMe/TCP host, of VFIO, of the kernel's NVMe/TCP target
-# (nvmet) and NBD, of dm-crypt and of kernel TLS, the fpio data tool, mke2fs, e2fsck, fio,
-# nvme-cli, cryptsetup, keyctl and tlshd (with their shared libraries),
+# (nvmet) and NBD, of dm-crypt, of kernel TLS and ublk_drv, the fpio data tool, mke2fs, e2fsck, fio,
+# nvme-cli, cryptsetup, keyctl, tlshd and socat (with their shared libraries),
 # libgcc_s for flashpath's binaries (which a test adds in a second cpio) and the scenario script
 # `init`.
 #
@@ -38,7 +38,7 @@ die() { printf 'build-image: error: %s\n' "$*" >&2; exit 1; }
 need=(
     busybox:busybox-static cpio:cpio zstd:zstd xz:xz-utils fio:fio mke2fs:e2fsprogs
     dpkg-deb:dpkg apt-get:apt cc:build-essential flock:util-linux ldd:libc-bin od:coreutils
-    nvme:nvme-cli cryptsetup:cryptsetup-bin keyctl:keyutils curl:curl
+    nvme:nvme-cli cryptsetup:cryptsetup-bin keyctl:keyutils curl:curl socat:socat
 )
 missing=()
 for pair in "${need[@]}"; do
@@ -57,7 +57,7 @@ fi
 
 # The host packages whose files are copied into the image: their versions are part of the key.
 COPIED_PKGS="busybox-static fio e2fsprogs libc6 nvme-cli libnvme1 libgcc-s1 cryptsetup-bin libcryptsetup12 libdevmapper1.02.1
-    keyutils libkeyutils1 libgnutls30 libglib2.0-0 libnl-3-200 libnl-genl-3-200"
+    socat keyutils libkeyutils1 libgnutls30 libglib2.0-0 libnl-3-200 libnl-genl-3-200"
 pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
 key_input() {
     cat "$0" "$HERE/init" "$HERE/fpio.c"
@@ -220,6 +220,10 @@ add_module gcm crypto_null
 add_module gf128mul ""
 add_module ghash-generic gf128mul
 add_module tls ""
+# The ublk scenario: the kernel's user-space block device driver (/dev/ublk-control).
+add_module ublk_drv ""
+# Its benchmark's reference (fp.ublk.bench=1): the kernel's null_blk.
+add_module null_blk configfs
 for opt in CONFIG_NET_HANDSHAKE=y CONFIG_NVME_KEYRING=y CONFIG_NVME_TCP_TLS=y CONFIG_NVME_TARGET_TCP_TLS=y; do
     grep -qx "$opt" "$WORK/pkg/boot/config-$KERNEL" || die "$deb is not built with $opt (TLS scenarios)"
 done
@@ -256,6 +260,9 @@ add_dynamic "$(command -v cryptsetup)"
 # The TLS scenarios: keyctl puts the TLS PSKs in the kernel's .nvme keyring, tlshd does the
 # handshakes (see "tlshd" above); init writes /etc/tlshd.conf.
 add_dynamic "$(command -v keyctl)"
+# The ublk scenario relays a forwarded TCP port to the daemon's RPC socket, so that SPDK's client
+# on the host reaches the daemon in the guest.
+add_dynamic "$(command -v socat)"
 add_dynamic "$WORK/ktls/usr/sbin/tlshd" /usr/sbin/tlshd
 [ -f /etc/mke2fs.conf ] && cp /etc/mke2fs.conf "$R/etc/"
 # flashpath's binaries need libgcc_s (unwinding) besides libc. They change with every build, so

@@ -28,6 +28,7 @@ mod serve;
 mod session;
 mod stats;
 mod top;
+mod ublk;
 mod vhost;
 mod volume;
 
@@ -78,6 +79,9 @@ pub(crate) enum Command {
     /// Remote NBD exports attached as disks (any NBD server; docs/nbd.md)
     #[command(subcommand)]
     NbdClient(nbd_client::NbdClientCommand),
+    /// ublk: disks as kernel block devices, /dev/ublkbN, surviving a daemon restart (docs/ublk.md)
+    #[command(subcommand)]
+    Ublk(ublk::UblkCommand),
     /// NVMe over TCP: subsystems, listeners, namespaces, allowed hosts (docs/nvmf.md)
     #[command(subcommand)]
     Nvmf(nvmf::NvmfCommand),
@@ -188,6 +192,7 @@ fn client(command: Command, rpc: &Path, json: bool) -> Result<(), CliError> {
         Command::Vhost(c) => vhost::run(rpc, json, c),
         Command::Nbd(c) => nbd::run(rpc, json, c),
         Command::NbdClient(c) => nbd_client::run(rpc, json, c),
+        Command::Ublk(c) => ublk::run(rpc, json, c),
         Command::Nvmf(c) => nvmf::run(rpc, json, c),
         Command::Nvme(c) => nvme::run(rpc, json, c),
         Command::Volume(c) => volume::run(rpc, json, c),

@@ -23,6 +23,8 @@ const EDGES: &[&str] = &[
     "crates/vhost-blk/src/log.rs",
     // io_uring.
     "crates/bdev/src/modules/uring/",
+    // ublk: the control device's ring, a queue's ring, its mmap'd descriptors and buffers.
+    "crates/ublk/src/sys/",
     // fp-conn's socket engine: provided receive buffers and the sends' msghdr, which the kernel
     // uses after the submission returns.
     "crates/conn/src/uring.rs",
@@ -57,8 +59,9 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// it is lowered to match, and it is raised only when sites elsewhere become fewer sites' worth
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
 /// 405 → 408) or a new edge comes (fp-conn's io_uring socket engine: 231 → 239; libssl's FFI,
-/// its 46 function pointer types each a site: 239 → 311), the reason in the commit.
-const CEILING: usize = 311;
+/// its 46 function pointer types each a site: 239 → 311; fp-ublk's control and queue rings:
+/// 311 → 323), the reason in the commit.
+const CEILING: usize = 323;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {

@@ -17,6 +17,7 @@ pub mod nbd;
 pub mod nvmf;
 pub mod options;
 mod running;
+pub mod ublk;
 pub mod vhost_blk;
 
 pub use export::Export;
@@ -26,7 +27,8 @@ pub use running::NewExport;
 pub use options::{KindOption, KindOptions, OptionError, OptionType, OptionValue, OptionValues};
 
 /// Every export kind, in the order the configuration file applies their tables.
-pub static EXPORT_KINDS: &[&dyn ExportKind] = &[&vhost_blk::VhostBlkKind, &nbd::NbdKind, &nvmf::NvmfKind];
+pub static EXPORT_KINDS: &[&dyn ExportKind] =
+    &[&vhost_blk::VhostBlkKind, &nbd::NbdKind, &nvmf::NvmfKind, &ublk::UblkKind];
 
 /// Every kind's configuration tables, in the order the configuration file applies them.
 pub fn config_tables() -> impl Iterator<Item = ConfigTable> {
