@@ -29,10 +29,11 @@ def ublk_markdown(res):
     lines = ["", HEADING, "",
              f"One TCG guest, {g.get('vcpus', c['vcpus'])} vCPUs (QEMU on host CPUs {g.get('qemu_cpus', '-')}, "
              f"{c['mem_mib']} MiB, kernel {g.get('kernel', '-')}), the guest tests' image with this section's init, "
-             "flashpath (stripped) and nbd-client appended. In the guest: `flashpath serve --cpus 1` pinned to "
-             f"vCPU 1 ({g.get('pin', '-')}) serving a 1 GiB null bdev (4096-byte blocks) as /dev/ublkb7 (one queue "
-             "of 128 on the reactor of vCPU 1, user recovery) and over NBD on a Unix socket that nbd-client connects "
-             f"as /dev/nbd0; `null_blk` loaded with `{e.get('null_blk_params', '-')}`. fio "
+             "flashpath (stripped) and nbd-client appended. In the guest: `flashpath serve --cpus 1` under "
+             f"`taskset -c 1` (pinned: {g.get('pin', '-')}) serving a 1 GiB null bdev (4096-byte blocks) as "
+             "/dev/ublkb7 (one queue of 128 on the reactor of vCPU 1, user recovery) and a second one made alike (a "
+             "ublk disk claims its bdev) over NBD on a Unix socket that nbd-client connects as /dev/nbd0; `null_blk` "
+             f"loaded with `{e.get('null_blk_params', '-')}`. fio "
              f"({c['engine']}, direct, 4 KiB randread, QD{c['qd']}, {c['secs']} s, pinned to vCPU 0) on the "
              f"three devices in turn, {c['reps']} repetitions, the order rotated each one; medians. A TCG guest "
              "shows ratios within one guest, not what the devices reach on hardware.", "",

@@ -103,7 +103,7 @@ class Summary(unittest.TestCase):
 
 def results(runs, recs, c=None):
     return {"ublk": {"config": c or CONFIG["quick"], "null_blk_params": "irqmode=0", "runs": runs, "recoveries": recs,
-                     "notes": [], "guest": {"vcpus": 2, "qemu_cpus": "0,1", "kernel": "k", "pin": "taskset_-c_1"},
+                     "notes": [], "guest": {"vcpus": 2, "qemu_cpus": "0,1", "kernel": "k", "pin": "vcpu1"},
                      "summary": ublk_summary(runs), "recovery": recovery_summary(recs)}}
 
 

@@ -6,8 +6,8 @@ NBD client connected to flashpath's NBD export of the same disk; then the recove
 One guest (2 vCPUs) boots the guest tests' image with this section's files appended: an init
 (UBLK_INIT) that takes commands on the serial console, flashpath (stripped, from --bin-dir) and
 Debian's nbd-client with its libraries. In the guest, flashpath (`--cpus 1`, pinned to vCPU 1)
-serves a null bdev as /dev/ublkb7 (one queue on the reactor of vCPU 1) and over NBD on a Unix
-socket, which nbd-client connects as /dev/nbd0; null_blk is /dev/nullb0. fio (pinned to vCPU 0)
+serves a null bdev as /dev/ublkb7 (one queue on the reactor of vCPU 1) and another made alike
+(a ublk disk claims its bdev) over NBD on a Unix socket, which nbd-client connects as /dev/nbd0; null_blk is /dev/nullb0. fio (pinned to vCPU 0)
 runs 4 KiB randread at QD32 on the three devices in turn, each repetition. docs/benchmarks.md,
 "ublk", describes it.
 """
@@ -48,6 +48,7 @@ up() { cut -d' ' -f1 /proc/uptime; }
 fail() { echo "FPBENCH-FAIL $*"; poweroff -f; }
 PIN=""
 command -v taskset >/dev/null 2>&1 && PIN="taskset -c 1"
+PINNED=$([ -n "$PIN" ] && echo vcpu1 || echo no)
 NSTARTS=0
 # serve [CONFIG]: flashpath on vCPU 1 (reactor and control threads); FP_T0 when it was started,
 # FP_TRPC when its socket first answered (/proc/uptime, 10 ms steps).
@@ -96,8 +97,10 @@ rpc bdev_null_create '{"name": "null0", "num_blocks": 262144, "block_size": 4096
 rpc ublk_create_target '{"cpumask": "0x2"}'
 rpc ublk_start_disk '{"bdev_name": "null0", "ublk_id": 7, "num_queues": 1, "queue_depth": 128, "user_recovery": true}'
 waitdev /dev/ublkb7
-rpc nbd_start_disk '{"bdev_name": "null0", "nbd_device": "/tmp/null0.nbd"}'
-/usr/sbin/nbd-client -unix /tmp/null0.nbd /dev/nbd0 -name null0 -block-size 4096 >/tmp/nbdc.log 2>&1 ||
+# A ublk disk claims its bdev, so NBD serves a second null bdev made alike.
+rpc bdev_null_create '{"name": "null1", "num_blocks": 262144, "block_size": 4096}'
+rpc nbd_start_disk '{"bdev_name": "null1", "nbd_device": "/tmp/null1.nbd"}'
+/usr/sbin/nbd-client -unix /tmp/null1.nbd /dev/nbd0 -name null1 -block-size 4096 >/tmp/nbdc.log 2>&1 ||
     fail "nbd-client: $(tail -c 400 /tmp/nbdc.log)"
 waitdev /dev/nbd0
 for d in nullb0 ublkb7 nbd0; do
@@ -108,7 +111,7 @@ echo "FPBENCH-NULLBLK $(for p in queue_mode irqmode memory_backed submit_queues 
     printf '%s=%s ' $p "$(cat /sys/module/null_blk/parameters/$p 2>/dev/null)"; done)"
 echo "FPBENCH-UBLK $(flashpath --json ublk list 7 | tr -d ' \n')"
 stty -echo 2>/dev/null
-echo "FPBENCH-READY guest vcpus=$(nproc) kernel=$(uname -r) pin=${PIN:-none} nbd_client=$(/usr/sbin/nbd-client -V 2>&1 | head -n 1 | tr ' ' '_')"
+echo "FPBENCH-READY guest vcpus=$(nproc) kernel=$(uname -r) pin=$PINNED nbd_client=$(/usr/sbin/nbd-client -V 2>&1 | head -n 1 | tr ' ' '_')"
 while read -r cmd id dev qd secs engine; do
     case $cmd in
     run)
