@@ -51,7 +51,7 @@ def ublk_markdown(res):
               "daemon, a direct 4 KiB read started while no daemon serves (the kernel holds it), the daemon "
               "restarted with a configuration file holding `[[ublk_recover_disk]]`; the times run until that read "
               "completes (the guest's /proc/uptime, 10 ms steps). A negative time from the socket: the read "
-              "completed before the socket first answered (the configuration file's recovery ran first). The "
+              "completed before the socket first answered (polled every 10 ms). The "
               "daemon's own log clock: its start to the recovery done.", "",
               "| # | from the daemon's start s | from its socket answering s | from the kill s | daemon log s | "
               "read held | device kept | fio after (writes in 1 s, err) |",
