@@ -45,6 +45,7 @@ from fpbench.sections.null_ram_file import NullRamFileSection
 from fpbench.sections.pathlen import PathlenSection, pathlen_missing
 from fpbench.sections.paths import PathsSection
 from fpbench.sections.tls import TlsSection
+from fpbench.sections.ublk import UblkSection, ublk_missing
 from fpbench.sections.qos import QosSection
 from fpbench.sections.raid import RaidSection
 from fpbench.sections.rbd import RbdSection
@@ -55,7 +56,7 @@ from fpbench.validate import validate
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
             NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection, RaidSection,
-            CryptoSection, PathlenSection, DensitySection, PathsSection, TlsSection, BackupSection):
+            CryptoSection, PathlenSection, DensitySection, PathsSection, TlsSection, BackupSection, UblkSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -197,6 +198,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
                        self.run_backup),
             "density": (f"density: many VMs on one server core, flashpath vs qsd{' vs SPDK' if self.args.spdk else ''} "
                         f"(server CPU {self.server_cpu}, client CPU {self.client_cpu})", self.run_density),
+            "ublk": (f"ublk: a null disk in a TCG guest as /dev/ublkbN vs null_blk and the kernel's NBD client, "
+                     f"recovery after kill -9 (QEMU on CPUs {self.server_cpu},{self.client_cpu}, scratch {self.work})",
+                     self.run_ublk),
         }
         if self.args.only:
             what, section = only[self.args.only]
@@ -272,7 +276,7 @@ def main():
                          "(sets up 1024 huge pages; root)")
     ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk",
                                        "nvmf", "nvme-tcp", "raid", "crypto", "pathlen", "density", "paths", "tls",
-                                       "backup"],
+                                       "backup", "ublk"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -322,6 +326,10 @@ def main():
     missing = guest_notify_missing() if args.only == "guest-notify" else []
     if missing:
         print(f"bench: the guest-notify section needs {', '.join(missing)}", file=sys.stderr)
+        return 1
+    missing = ublk_missing(args.bin_dir) if args.only == "ublk" else []
+    if missing:
+        print(f"bench: the ublk section needs {', '.join(missing)} (./run bench installs them)", file=sys.stderr)
         return 1
     missing = crypto_missing(args.bin_dir) if args.only == "crypto" else []
     if missing:
@@ -406,6 +414,7 @@ def main():
         "paths": bool(bench.results.get("paths")),
         "tls": bool(bench.results.get("tls")),
         "backup": bool(bench.results.get("backup")),
+        "ublk": bool(bench.results.get("ublk")),
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

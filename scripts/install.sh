@@ -80,7 +80,7 @@ ensure_guest_packages() {
 
 # The benchmark's tools: qemu-storage-daemon 10.x (ensure_qemu), fio, valgrind (callgrind, for
 # instructions per I/O), matplotlib for /usr/bin/python3, for the RBD section a single-node Ceph cluster (tests/ceph/cluster.sh)
-# and qsd's rbd driver, for the backup peer its RADOS Gateway and rclone, and for the NBD section nbdkit and libnbd-bin.
+# and qsd's rbd driver, for the backup peer its RADOS Gateway and rclone, and for the NBD section nbdkit and libnbd-bin, for the ublk section nbd-client.
 ensure_bench_tools() {
     command -v taskset >/dev/null 2>&1 || apt_install util-linux
     ensure_qemu
@@ -100,6 +100,8 @@ ensure_bench_tools() {
     # The NBD section: nbdkit (its memory plugin) to compare with, libnbd's tools (nbdinfo,
     # nbdcopy; fio's nbd engine links libnbd too).
     apt_install nbdkit libnbd-bin
+    # The ublk section: the kernel's NBD client in its guest (nbd-client, with its libraries).
+    apt_install nbd-client
     command -v valgrind >/dev/null 2>&1 || apt_install valgrind
     /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || apt_install python3-matplotlib
     /usr/bin/python3 -c 'import matplotlib' || die "/usr/bin/python3 cannot import matplotlib"

@@ -18,6 +18,7 @@ its commands on the serial console.
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -401,20 +402,34 @@ poweroff -f
 def notify_initramfs(base, work):
     """The guest tests' initramfs `base` with /fpbench-notify (NOTIFY_INIT) appended; its path.
     Boot it with rdinit=/fpbench-notify."""
-    d = os.path.join(work, "initramfs-notify")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "fpbench-notify"), "w") as f:
-        f.write(NOTIFY_INIT)
-    os.chmod(os.path.join(d, "fpbench-notify"), 0o755)
-    extra = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet", "-R", "0:0"], input=b"fpbench-notify\n", cwd=d,
-                           check=True, capture_output=True, timeout=60).stdout
-    path = os.path.join(work, "initramfs-notify.cpio")
+    return appended_initramfs(base, work, "notify", {"fpbench-notify": NOTIFY_INIT})
+
+
+def appended_initramfs(base, work, tag, files):
+    """The initramfs `base` with `files` appended as one more cpio archive; its path
+    (`<work>/initramfs-<tag>.cpio`). `files` maps a path in the guest (relative, no leading /)
+    to the file's text (str, made executable) or to a host file to copy (a dict {"src": path});
+    the directories on the way are made. Linux unpacks concatenated archives in order, so the
+    appended files join the image unchanged (and replace files of the same path)."""
+    d = os.path.join(work, f"initramfs-{tag}")
+    names = []
+    for rel, what in files.items():
+        dst = os.path.join(d, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if isinstance(what, str):
+            with open(dst, "w") as f:
+                f.write(what)
+        else:
+            shutil.copyfile(what["src"], dst)
+        os.chmod(dst, 0o755)
+        parts = rel.split("/")
+        names += ["/".join(parts[:k]) for k in range(1, len(parts))] + [rel]
+    names = list(dict.fromkeys(names))  # parents first, each once
+    extra = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet", "-R", "0:0"], input="\n".join(names).encode() + b"\n",
+                           cwd=d, check=True, capture_output=True, timeout=120).stdout
+    path = os.path.join(work, f"initramfs-{tag}.cpio")
     with open(base, "rb") as src, open(path, "wb") as dst:
-        while True:
-            buf = src.read(1 << 20)
-            if not buf:
-                break
-            dst.write(buf)
+        shutil.copyfileobj(src, dst, 1 << 20)
         # The kernel skips NUL padding between archives but wants each header 4-byte aligned.
         dst.write(b"\0" * (-dst.tell() % 4))
         dst.write(extra)
@@ -422,12 +437,13 @@ def notify_initramfs(base, work):
 
 
 class ConsoleGuest(Guest):
-    """A guest like Guest (TCG, one vCPU, memfd RAM shared with the back ends) with one
+    """A guest like Guest (TCG, `vcpus` vCPUs, memfd RAM shared with the back ends) with one
     vhost-user-blk disk per socket in `socks` (one queue each, at PCI slots 4, 5, ... in that
-    order), booting NOTIFY_INIT, whose serial console also takes input: `send` writes a line to
-    it. The console's output still goes to `<dir>/console.log` (QEMU's logfile)."""
+    order), booting `rdinit` (NOTIFY_INIT by default), whose serial console also takes input:
+    `send` writes a line to it. The console's output still goes to `<dir>/console.log` (QEMU's
+    logfile). `cpu` is taskset's CPU list for QEMU."""
 
-    def __init__(self, name, work, cpu, socks, kernel, initrd, mem_mib):
+    def __init__(self, name, work, cpu, socks, kernel, initrd, mem_mib, vcpus=1, rdinit="/fpbench-notify"):
         self.name = name
         self.dir = os.path.join(work, name)
         os.makedirs(self.dir, exist_ok=True)
@@ -435,7 +451,7 @@ class ConsoleGuest(Guest):
         self.console = os.path.join(self.dir, "console.log")
         self.serial_path = os.path.join(self.dir, "serial.sock")
         cmd = ["taskset", "-c", str(cpu), "qemu-system-x86_64", "-accel", "tcg", "-cpu", "max",
-               "-smp", "1", "-m", f"{mem_mib}M",
+               "-smp", str(vcpus), "-m", f"{mem_mib}M",
                "-object", f"memory-backend-memfd,id=mem,size={mem_mib}M,share=on",
                "-machine", "memory-backend=mem"]
         for i, sock in enumerate(socks):
@@ -447,7 +463,7 @@ class ConsoleGuest(Guest):
                 "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
                 "-kernel", kernel, "-initrd", initrd,
                 "-append", f"console=ttyS0 panic=-1 cryptomgr.notests initcall_blacklist=jent_mod_init "
-                           f"rdinit=/fpbench-notify fpbench.disks={len(socks)}"]
+                           f"rdinit={rdinit} fpbench.disks={len(socks)}"]
         self.proc = spawn(cmd, os.path.join(self.dir, "qemu.log"))
         self.qmp = Qmp(self.qmp_path)
         self.serial = socket.socket(socket.AF_UNIX)

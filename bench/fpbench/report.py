@@ -22,6 +22,7 @@ from fpbench.report_nvmf import nvmf_markdown, nvmf_targets
 from fpbench.report_pathlen import pathlen_markdown
 from fpbench.report_paths import paths_markdown, paths_targets
 from fpbench.report_tls import tls_markdown, tls_targets
+from fpbench.report_ublk import ublk_markdown, ublk_targets
 from fpbench.report_spdk import spdk_markdown, spdk_targets
 from fpbench.servers import NBD_SERVERS
 
@@ -176,6 +177,7 @@ def targets(res):
     crypto_targets(res, add)
     paths_targets(res, add)
     tls_targets(res, add)
+    ublk_targets(res, add)
     backup_targets(res, add)
     return out
 
@@ -266,6 +268,8 @@ def markdown(res):
              "pathlen": ("flashpath: the path length of every export", pathlen_markdown),
              "paths": ("flashpath: NVMe/TCP failover and DH-HMAC-CHAP connect cost", paths_markdown),
              "tls": ("flashpath: NVMe/TCP with TLS 1.3 against plain NVMe/TCP", tls_markdown),
+             "ublk": ("flashpath: ublk, a null disk as a kernel block device vs null_blk and the kernel's NBD client",
+                      ublk_markdown),
              "backup": ("flashpath: backups (dirty bitmaps, incrementals, throughput, live restore)", backup_markdown),
              "density": ("flashpath vs qemu-storage-daemon (and SPDK): many VMs on one core", density_markdown)}
     if m.get("only") in alone:

@@ -24,6 +24,8 @@ from fpbench.report_paths import HEADING as PATHS_HEADING
 from fpbench.report_paths import validate_paths
 from fpbench.report_tls import HEADING as TLS_HEADING
 from fpbench.report_tls import validate_tls
+from fpbench.report_ublk import HEADING as UBLK_HEADING
+from fpbench.report_ublk import validate_ublk
 from fpbench.sections.crypto import crypto_config
 from fpbench.sections.density import density_config
 from fpbench.sections.guest_notify import SERVERS as GN_SERVERS
@@ -167,6 +169,8 @@ ALONE = {
     "paths": (lambda res, mode: validate_paths(res, res["paths"]["config"]), PATHS_HEADING),
     # The run's own config: --time/--reps may override the mode's.
     "tls": (lambda res, mode: validate_tls(res, res["tls"]["config"]), TLS_HEADING),
+    # The run's own config.
+    "ublk": (lambda res, mode: validate_ublk(res, res["ublk"]["config"]), UBLK_HEADING),
     # The run's own config: --time/--reps may override the mode's.
     "backup": (lambda res, mode: validate_backup(res, res["backup"]["config"]), BACKUP_HEADING),
     # The run's own config (--time/--reps may override the mode's); its N and QD the mode's.

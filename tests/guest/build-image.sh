@@ -222,7 +222,7 @@ add_module ghash-generic gf128mul
 add_module tls ""
 # The ublk scenario: the kernel's user-space block device driver (/dev/ublk-control).
 add_module ublk_drv ""
-# Its benchmark's reference (fp.ublk.bench=1): the kernel's null_blk.
+# The ublk benchmark's reference (bench/fpbench/sections/ublk.py): the kernel's null_blk.
 add_module null_blk configfs
 for opt in CONFIG_NET_HANDSHAKE=y CONFIG_NVME_KEYRING=y CONFIG_NVME_TCP_TLS=y CONFIG_NVME_TARGET_TCP_TLS=y; do
     grep -qx "$opt" "$WORK/pkg/boot/config-$KERNEL" || die "$deb is not built with $opt (TLS scenarios)"

@@ -74,11 +74,6 @@ mod guest_vm {
             mem_mib: 1024,
             ..VmConfig::new("ublk", Vec::new())
         };
-        // FLASHPATH_UBLK_BENCH=1: the scenario first measures 4 KiB random reads at QD32 on the
-        // kernel's null_blk and on a null disk through ublk (printed, not checked).
-        let bench = std::env::var("FLASHPATH_UBLK_BENCH").as_deref() == Ok("1");
-        let cfg =
-            VmConfig { kernel_args: if bench { vec!["fp.ublk.bench=1".into()] } else { Vec::new() }, ..cfg };
         let mut vm = Vm::boot(&cfg, dir.path());
         vm.wait_for("the SPDK client's turn", |l| l.contains("ublk spdk-rpc ready"), GUEST_DEADLINE);
 
