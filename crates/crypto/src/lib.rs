@@ -17,6 +17,7 @@ mod engine;
 mod key_field;
 pub mod keyring;
 mod keys;
+mod luks;
 mod openssl;
 mod rpc;
 pub mod tls;

@@ -10,6 +10,7 @@ mod args;
 mod backup;
 mod bitmap;
 mod crypto;
+mod luks;
 mod disk;
 mod error;
 mod fleece;

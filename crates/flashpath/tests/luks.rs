@@ -1,0 +1,357 @@
+//! LUKS volumes end to end on the host, against the tools users have: flashpath formats a
+//! volume that `cryptsetup` dumps and opens (`--test-passphrase`) and whose data decrypts with
+//! the volume key cryptsetup reads out of it; key slots added and removed over RPC open and stop
+//! opening in cryptsetup; a volume cryptsetup made opens in flashpath; a LUKS1 volume flashpath
+//! made reads and writes through QEMU's `luks` driver (`qemu-img`, `qemu-io`); and bad input
+//! (a wrong passphrase, a base too small, a damaged header, a format over a volume) is refused
+//! naming what is wrong, leaving the base as it was. (dm-crypt itself, which the host kernel
+//! lacks, is in the guest test.)
+
+mod common;
+
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{pattern, tools_or_skip, BlkClient, Daemon};
+use serde_json::{json, Value};
+
+const MIB: u64 = 1 << 20;
+
+/// The independent AES-XTS (Python's `cryptography`), shared with the other crypto tests.
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crypto/tests/xts_plain64.py");
+
+/// Cheap KDFs: these tests check formats, not key stretching.
+const FAST_KDF: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+fn tools() -> bool {
+    tools_or_skip(
+        &["cryptsetup", "qemu-img", "qemu-io", "python3"],
+        "cryptsetup (cryptsetup-bin), qemu-img and qemu-io (qemu-utils) and python3 are needed",
+        "FLASHPATH_SKIP_LUKS",
+    )
+}
+
+/// An owner-only file holding `bytes`, for the keyring.
+fn secret_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).unwrap();
+    std::io::Write::write_all(&mut f, bytes).unwrap();
+    path
+}
+
+/// Keyring key `name` holding passphrase `pass`; returns its file (cryptsetup's `--key-file`).
+fn passphrase(d: &Daemon, name: &str, pass: &str) -> PathBuf {
+    let path = secret_file(d.dir.path(), &format!("{name}.pass"), pass.as_bytes());
+    d.call("keyring_file_add_key", json!({"name": name, "path": path}));
+    path
+}
+
+/// Runs cryptsetup; its exit status.
+fn cryptsetup(args: &[&str]) -> (bool, String) {
+    let out = Command::new("cryptsetup").args(args).output().expect("running cryptsetup");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Whether cryptsetup opens `file` with the passphrase in `key_file` (in `slot` only).
+fn cryptsetup_opens(file: &Path, key_file: &Path, slot: Option<u32>) -> bool {
+    let (f, k) = (file.to_str().unwrap(), key_file.to_str().unwrap());
+    let slot = slot.map(|s| s.to_string());
+    let mut args = vec!["open", "--test-passphrase", "--batch-mode", "--key-file", k];
+    if let Some(s) = &slot {
+        args.extend(["--key-slot", s]);
+    }
+    args.push(f);
+    cryptsetup(&args).0
+}
+
+/// The volume key of `file`, as cryptsetup reads it out with the passphrase in `key_file`.
+fn cryptsetup_volume_key(file: &Path, key_file: &Path) -> String {
+    let (ok, text) = cryptsetup(&[
+        "luksDump",
+        "--dump-volume-key",
+        "--batch-mode",
+        "--key-file",
+        key_file.to_str().unwrap(),
+        file.to_str().unwrap(),
+    ]);
+    assert!(ok, "cryptsetup luksDump --dump-volume-key: {text}");
+    // "MK dump:\t12 34 ...\n\t\t56 78 ..." until the end.
+    let start = text.find("MK dump:").expect("an MK dump line") + "MK dump:".len();
+    text[start..].split_whitespace().collect()
+}
+
+/// dm-crypt's aes-xts-plain64 over `data` (Python's), in units of `unit` bytes from 512-byte
+/// sector `first`, with hex key `key`.
+fn python_xts(mode: &str, key: &str, unit: usize, first: u64, data: &[u8]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let (inp, out) = (dir.path().join("in"), dir.path().join("out"));
+    std::fs::write(&inp, data).unwrap();
+    let ok = Command::new("python3")
+        .arg(SCRIPT)
+        .args([mode, key, &unit.to_string(), &first.to_string()])
+        .arg(&inp)
+        .arg(&out)
+        .status()
+        .expect("python3 with the cryptography package")
+        .success();
+    assert!(ok, "python3 failed");
+    std::fs::read(out).unwrap()
+}
+
+fn read_file_at(file: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0; len];
+    std::fs::File::open(file).unwrap().read_exact_at(&mut buf, offset).unwrap();
+    buf
+}
+
+fn refused(r: Result<Value, common::RpcError>, what: &str) -> String {
+    match r {
+        Ok(v) => panic!("{what}: accepted ({v})"),
+        Err(e) => e.message,
+    }
+}
+
+/// LUKS2 made by flashpath: cryptsetup reads its header, opens its slot, and its data decrypts
+/// with the volume key cryptsetup reads out; slots added over RPC open in cryptsetup, removed
+/// ones no longer do; the last slot stays.
+#[test]
+fn flashpath_luks2_opens_in_cryptsetup_and_its_key_slots_follow() {
+    if !tools() {
+        return;
+    }
+    let d = Daemon::start("0");
+    let file = d.backing_file("luks2.img", 40 * MIB);
+    d.uring("f", &file, None);
+    let p0 = passphrase(&d, "k0", "correct horse battery staple");
+    let p1 = passphrase(&d, "k1", "second passphrase");
+    let p2 = passphrase(&d, "k2", "third, with argon2id");
+
+    let uuid = d.call(
+        "bdev_luks_format",
+        json!({"base_bdev_name": "f", "key_name": "k0", "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000, "label": "fp-test"}),
+    );
+    let uuid = uuid.as_str().expect("the volume's UUID").to_string();
+    let e = refused(d.try_call("bdev_luks_format", json!({"base_bdev_name": "f", "key_name": "k0"})), "a second format");
+    assert!(e.contains("base_bdev_name") && e.contains("force"), "{e}");
+
+    let (ok, dump) = cryptsetup(&["luksDump", file.to_str().unwrap()]);
+    assert!(ok, "cryptsetup luksDump: {dump}");
+    assert!(dump.contains("Version:       \t2") || dump.contains("Version:"), "{dump}");
+    assert!(dump.contains(&uuid) && dump.contains("fp-test"), "{dump}");
+    assert!(cryptsetup_opens(&file, &p0, None), "cryptsetup opens slot 0 with k0");
+    assert!(!cryptsetup_opens(&file, &p1, None), "cryptsetup refuses k1 before its slot exists");
+
+    assert_eq!(
+        d.call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "k0"})),
+        json!("c0")
+    );
+    let b = &d.call("bdev_get_bdevs", json!({"name": "c0"}))[0];
+    assert_eq!(b["block_size"], 4096, "LUKS2's default sector size: {b}");
+    assert_eq!(b["num_blocks"].as_u64().unwrap() * 4096, 40 * MIB - 16 * MIB, "the data segment: {b}");
+
+    // Key slots on the live disk.
+    let s1 = d.call(
+        "bdev_luks_add_keyslot",
+        json!({"name": "c0", "key_name": "k1", "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000}),
+    );
+    assert_eq!(s1, json!(1));
+    let s2 = d.call(
+        "bdev_luks_add_keyslot",
+        json!({"name": "c0", "key_name": "k2", "pbkdf": "argon2id", "pbkdf_force_iterations": 4, "pbkdf_memory": 32768, "pbkdf_parallel": 1}),
+    );
+    assert_eq!(s2, json!(2));
+    assert!(cryptsetup_opens(&file, &p1, Some(1)), "cryptsetup opens slot 1 with k1");
+    assert!(cryptsetup_opens(&file, &p2, Some(2)), "cryptsetup opens slot 2 (argon2id) with k2");
+    assert_eq!(d.call("bdev_luks_test_key", json!({"name": "c0", "key_name": "k2"})), json!(2));
+    let h = d.call("bdev_luks_get_header", json!({"name": "c0"}));
+    let slots: Vec<u64> = h["keyslots"].as_array().unwrap().iter().map(|s| s["key_slot"].as_u64().unwrap()).collect();
+    assert_eq!(slots, [0, 1, 2], "{h}");
+    assert_eq!(h["keyslots"][2]["kdf"]["type"], "argon2id", "{h}");
+    assert!(!h.to_string().contains("salt") && !h.to_string().contains("digest"), "no secrets in {h}");
+
+    d.call("bdev_luks_remove_keyslot", json!({"name": "c0", "key_slot": 1}));
+    assert!(!cryptsetup_opens(&file, &p1, None), "cryptsetup no longer opens with k1");
+    assert!(cryptsetup_opens(&file, &p0, Some(0)) && cryptsetup_opens(&file, &p2, Some(2)), "the other slots stay");
+    let e = refused(d.try_call("bdev_luks_test_key", json!({"name": "c0", "key_name": "k1"})), "a removed slot");
+    assert!(e.starts_with("key_name: "), "{e}");
+    d.call("bdev_luks_remove_keyslot", json!({"name": "c0", "key_slot": 0}));
+    let e = refused(d.try_call("bdev_luks_remove_keyslot", json!({"name": "c0", "key_slot": 2})), "the last slot");
+    assert!(e.starts_with("key_slot: "), "{e}");
+    assert!(cryptsetup_opens(&file, &p2, Some(2)), "the last slot still opens");
+
+    // Data: what a client writes is aes-xts-plain64 under cryptsetup's volume key at the data
+    // offset, the IV counting 512-byte sectors from there.
+    let sock = d.controller("luks", "c0", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    let data = pattern(41, 0, 256 << 10);
+    c.write_all(MIB, &data);
+    assert_eq!(c.flush(0), 0);
+    assert_eq!(c.read_all(MIB, data.len()), data);
+    let key = cryptsetup_volume_key(&file, &p2);
+    let stored = read_file_at(&file, 16 * MIB + MIB, data.len());
+    assert_eq!(python_xts("dec", &key, 4096, MIB / 512, &stored), data, "the ciphertext on the file");
+}
+
+/// A LUKS2 volume cryptsetup made opens in flashpath with either of its passphrases, reports
+/// its slots, and serves data under cryptsetup's key; a wrong passphrase is refused naming
+/// the key and writes nothing.
+#[test]
+fn cryptsetup_luks2_opens_in_flashpath() {
+    if !tools() {
+        return;
+    }
+    let d = Daemon::start("0");
+    let file = d.backing_file("cs.img", 32 * MIB);
+    let p0 = passphrase(&d, "k0", "made by cryptsetup");
+    let p1 = passphrase(&d, "k1", "added by cryptsetup");
+    let _bad = passphrase(&d, "bad", "not it");
+    let f = file.to_str().unwrap();
+    let (ok, t) = cryptsetup(
+        &[&["luksFormat", "--type", "luks2", "--batch-mode", "--sector-size", "512"], FAST_KDF, &["--key-file", p0.to_str().unwrap(), f]]
+            .concat(),
+    );
+    assert!(ok, "cryptsetup luksFormat: {t}");
+    let (ok, t) = cryptsetup(
+        &[&["luksAddKey", "--batch-mode", "--key-file", p0.to_str().unwrap()], FAST_KDF, &[f, p1.to_str().unwrap()]].concat(),
+    );
+    assert!(ok, "cryptsetup luksAddKey: {t}");
+    d.uring("f", &file, None);
+
+    let before = std::fs::read(&file).unwrap();
+    let e = refused(
+        d.try_call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "bad"})),
+        "a wrong passphrase",
+    );
+    assert!(e.starts_with("luks_key_name: "), "{e}");
+    assert!(!e.contains("not it"), "the passphrase is not quoted: {e}");
+    assert!(std::fs::read(&file).unwrap() == before, "a refused open wrote to the base");
+    assert!(d.try_call("bdev_get_bdevs", json!({"name": "c0"})).is_err(), "no bdev after a refused open");
+
+    assert_eq!(d.call("bdev_luks_test_key", json!({"base_bdev_name": "f", "key_name": "k1"})), json!(1));
+    d.call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "k1"}));
+    let h = d.call("bdev_luks_get_header", json!({"name": "c0"}));
+    assert_eq!(h["opened_by"], 1, "{h}");
+    assert_eq!(h["sector_size"], 512, "{h}");
+    let offset = h["data_offset"].as_u64().unwrap();
+    let b = &d.call("bdev_get_bdevs", json!({"name": "c0"}))[0];
+    assert_eq!(b["num_blocks"].as_u64().unwrap() * 512, 32 * MIB - offset, "{b}");
+
+    let sock = d.controller("luks", "c0", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    let data = pattern(42, 0, 128 << 10);
+    c.write_all(0, &data);
+    assert_eq!(c.flush(0), 0);
+    let key = cryptsetup_volume_key(&file, &p0);
+    let stored = read_file_at(&file, offset, data.len());
+    assert_eq!(python_xts("dec", &key, 512, 0, &stored), data, "the ciphertext on the file");
+}
+
+/// LUKS1 for QEMU: a volume flashpath formats reads in `qemu-img` (its `luks` driver) with what
+/// flashpath wrote, and what `qemu-io` writes through that driver reads back in flashpath.
+#[test]
+fn flashpath_luks1_reads_and_writes_through_qemus_luks_driver() {
+    if !tools() {
+        return;
+    }
+    let d = Daemon::start("0");
+    let file = d.backing_file("luks1.img", 16 * MIB);
+    d.uring("f", &file, None);
+    let p0 = passphrase(&d, "k0", "qemu secret");
+    d.call(
+        "bdev_luks_format",
+        json!({"base_bdev_name": "f", "key_name": "k0", "type": "luks1", "pbkdf_force_iterations": 1000}),
+    );
+    d.call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "k0"}));
+    let h = d.call("bdev_luks_get_header", json!({"name": "c0"}));
+    assert_eq!(h["type"], "luks1", "{h}");
+    let sock = d.controller("luks", "c0", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    let data = pattern(43, 0, MIB as usize);
+    c.write_all(2 * MIB, &data);
+    assert_eq!(c.flush(0), 0);
+    drop(c);
+    d.call("vhost_delete_controller", json!({"ctrlr": "luks"}));
+    d.call("bdev_crypto_delete", json!({"name": "c0"}));
+
+    let secret = format!("secret,id=s0,file={}", p0.display());
+    let opts = format!("driver=luks,key-secret=s0,file.driver=file,file.filename={}", file.display());
+    let out = d.dir.path().join("plain.raw");
+    let st = Command::new("qemu-img")
+        .args(["convert", "--object", &secret, "--image-opts", &opts, "-O", "raw"])
+        .arg(&out)
+        .status()
+        .expect("qemu-img");
+    assert!(st.success(), "qemu-img convert of flashpath's LUKS1 volume");
+    assert_eq!(read_file_at(&out, 2 * MIB, data.len()), data, "QEMU reads what flashpath wrote");
+
+    let st = Command::new("qemu-io")
+        .args(["--object", &secret, "--image-opts", &opts, "-c", "write -P 0x5a 4194304 65536"])
+        .status()
+        .expect("qemu-io");
+    assert!(st.success(), "qemu-io write through the luks driver");
+    d.call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "k0"}));
+    let sock = d.controller("luks2", "c0", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    assert_eq!(c.read_all(4 * MIB, 65536), vec![0x5a; 65536], "flashpath reads what QEMU wrote");
+    assert_eq!(c.read_all(2 * MIB, data.len()), data, "and its own data is still there");
+}
+
+/// Bad input: a base too small, a base that is not LUKS, a damaged header, unknown options,
+/// a key that is not in the keyring. Each refused naming the field, the base unchanged.
+#[test]
+fn bad_luks_requests_are_refused_naming_the_field() {
+    if !tools() {
+        return;
+    }
+    let d = Daemon::start("0");
+    passphrase(&d, "k0", "pass");
+    let small = d.backing_file("small.img", MIB);
+    d.uring("small", &small, None);
+    let e = refused(
+        d.try_call("bdev_luks_format", json!({"base_bdev_name": "small", "key_name": "k0", "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000})),
+        "a 1 MiB base for LUKS2",
+    );
+    assert!(e.starts_with("base_bdev_name: "), "{e}");
+    assert!(std::fs::read(&small).unwrap().iter().all(|&b| b == 0), "nothing written to a base too small");
+
+    let file = d.backing_file("f.img", 24 * MIB);
+    d.uring("f", &file, None);
+    let e = refused(
+        d.try_call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "k0"})),
+        "opening a base that holds no LUKS volume",
+    );
+    assert!(e.starts_with("base_bdev_name: "), "{e}");
+    for (params, field) in [
+        (json!({"type": "luks3"}), "type"),
+        (json!({"cipher": "aes-cbc-essiv:sha256"}), "cipher"),
+        (json!({"key_size": 384}), "key_size"),
+        (json!({"sector_size": 1000}), "sector_size"),
+        (json!({"pbkdf": "scrypt"}), "pbkdf"),
+        (json!({"type": "luks1", "pbkdf": "argon2id"}), "pbkdf"),
+        (json!({"key_name": "nokey"}), "key_name"),
+    ] {
+        let mut p = json!({"base_bdev_name": "f", "key_name": "k0", "pbkdf_force_iterations": 1000});
+        for (k, v) in params.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        let e = refused(d.try_call("bdev_luks_format", p.clone()), &p.to_string());
+        assert!(e.starts_with(&format!("{field}: ")), "{p}: {e}");
+    }
+    assert!(std::fs::read(&file).unwrap().iter().all(|&b| b == 0), "refused formats wrote nothing");
+
+    // Both header copies damaged: refused naming the base.
+    d.call("bdev_luks_format", json!({"base_bdev_name": "f", "key_name": "k0", "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000}));
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.write_all_at(&[0xff; 64], 200).unwrap();
+    f.write_all_at(&[0xff; 64], 16384 + 200).unwrap();
+    drop(f);
+    let e = refused(
+        d.try_call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "k0"})),
+        "a damaged header",
+    );
+    assert!(e.starts_with("base_bdev_name: "), "{e}");
+    let e = refused(d.try_call("bdev_luks_get_header", json!({"base_bdev_name": "f"})), "a damaged header");
+    assert!(e.starts_with("base_bdev_name: "), "{e}");
+}
