@@ -13,15 +13,22 @@
 //! buffer never changes. Reads go down into the caller's buffer and are decrypted there once
 //! the base completes them. Write-zeroes writes encrypted zeroes; a discard is completed
 //! without reaching the base (its blocks keep their data, which a discard allows), so the base
-//! never learns which blocks are free. The size follows the base's.
+//! never learns which blocks are free.
+//!
+//! Layout ([`CryptoLayout`]): the encrypted data may start at a byte offset on the base (a LUKS
+//! data segment: 16 MiB into a LUKS2 disk, 2 MiB into a LUKS1 one) and use a sector size larger
+//! than the base's blocks (a 4096-byte-sector LUKS2 volume on a 512-byte base). The tweak counts
+//! 512-byte sectors from the data offset (LUKS's `iv_tweak` 0, as dm-crypt and QEMU), so the
+//! format of the data area is the same whatever its offset. The size is what lies after the
+//! offset in whole sectors, and follows the base's.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use fp_bdev::iov::{for_each_unit, for_each_unit_mut};
 use fp_bdev::{
-    Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, BouncePool, DoneList, IoChannel, IoOp, IoRequest,
-    IoStatus, IoTypes, Iovecs, SubmitError,
+    Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, BouncePool, Capacity, DoneList, IoChannel, IoOp,
+    IoRequest, IoStatus, IoTypes, Iovecs, SubmitError,
 };
 
 use crate::{CryptoKey, XtsEngine};
@@ -37,19 +44,31 @@ const WRITES: usize = 256;
 /// Completions held for the next poll (discards, refused requests).
 const READY: usize = 1024;
 
+/// Where the encrypted data lies on the base and in what units: a LUKS data segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CryptoLayout {
+    /// Bytes on the base before the data: a multiple of the base's block size and of
+    /// `sector_size`. Block 0 of the crypto bdev is the base's byte `data_offset`.
+    pub data_offset: u64,
+    /// The crypto bdev's block size and XTS data unit: 512 to 4096 bytes, a power of two and a
+    /// multiple of the base's block size.
+    pub sector_size: u32,
+}
+
 /// A bdev that encrypts every block of its base with AES-XTS (SPDK's crypto bdev).
 pub struct CryptoDevice {
     info: BdevInfo,
     base: Bdev,
     key: Arc<CryptoKey>,
+    layout: CryptoLayout,
 }
 
 impl CryptoDevice {
-    /// A crypto bdev `name` over `base` with `key`. The base's block size must be 512 to 4096
-    /// bytes (dm-crypt's sector sizes), and it must take reads and writes.
+    /// A crypto bdev `name` over all of `base` with `key`, one block per base block. The
+    /// base's block size must be 512 to 4096 bytes (dm-crypt's sector sizes), and it must take
+    /// reads and writes.
     pub fn new(name: &str, base: Bdev, key: Arc<CryptoKey>) -> Result<Self, BdevError> {
         let b = base.info();
-        fp_bdev::validate_geometry(name, b.block_size, b.num_blocks())?;
         if b.block_size > 4096 {
             return Err(BdevError::InvalidParam {
                 field: "base_bdev_name",
@@ -59,19 +78,78 @@ impl CryptoDevice {
                 ),
             });
         }
+        let layout = CryptoLayout { data_offset: 0, sector_size: b.block_size };
+        Self::with_layout(name, base, key, layout)
+    }
+
+    /// A crypto bdev `name` over `base` with `key` whose data starts `layout.data_offset` bytes
+    /// into the base, in sectors of `layout.sector_size` bytes (a LUKS data segment). The tweak
+    /// of a sector is its 512-byte sector number counted from the data offset. Refused naming
+    /// `sector_size` or `data_offset` when the layout does not fit the base's blocks, and
+    /// `base_bdev_name` when the base holds less than the offset and one sector or does not
+    /// take reads and writes.
+    pub fn with_layout(
+        name: &str,
+        base: Bdev,
+        key: Arc<CryptoKey>,
+        layout: CryptoLayout,
+    ) -> Result<Self, BdevError> {
+        let b = base.info();
+        let CryptoLayout { data_offset, sector_size } = layout;
+        fp_bdev::validate_geometry(name, b.block_size, b.num_blocks())?;
+        let invalid = |field, reason| Err(BdevError::InvalidParam { field, reason });
+        if !(512..=4096).contains(&sector_size) || !sector_size.is_power_of_two() {
+            return invalid(
+                "sector_size",
+                format!("{sector_size} is not a power of two from 512 to 4096 (dm-crypt's sector sizes)"),
+            );
+        }
+        if !sector_size.is_multiple_of(b.block_size) {
+            return invalid(
+                "sector_size",
+                format!("{sector_size} is not a multiple of '{}''s {}-byte blocks", b.name, b.block_size),
+            );
+        }
+        // Both are powers of two, so a multiple of the larger is a multiple of both.
+        if !data_offset.is_multiple_of(u64::from(sector_size.max(b.block_size))) {
+            return invalid(
+                "data_offset",
+                format!(
+                    "{data_offset} is not a multiple of the {sector_size}-byte sector and of '{}''s {}-byte blocks",
+                    b.name, b.block_size
+                ),
+            );
+        }
+        let needed = data_offset.saturating_add(u64::from(sector_size));
+        if b.size_bytes() < needed {
+            return invalid(
+                "base_bdev_name",
+                format!(
+                    "'{}' holds {} bytes: the data offset {data_offset} and one {sector_size}-byte sector need {needed}",
+                    b.name,
+                    b.size_bytes()
+                ),
+            );
+        }
         if !b.io_types.read || !b.io_types.write {
             return Err(BdevError::InvalidParam {
                 field: "base_bdev_name",
                 reason: format!("'{}' does not take both reads and writes", b.name),
             });
         }
+        // A resized base resizes the crypto bdev with it (the tweak counts from the data
+        // offset, so sectors that exist keep their encryption). Over all of the base in its
+        // own blocks, the base's own capacity: one load per request, as every stacked bdev.
+        let capacity = if data_offset == 0 && sector_size == b.block_size {
+            b.capacity.clone()
+        } else {
+            Capacity::derived(&b.capacity, b.block_size, data_offset, sector_size)
+        };
         let info = BdevInfo {
             name: name.to_string(),
             product_name: "crypto".into(),
-            block_size: b.block_size,
-            // The base's own: a resized base resizes the crypto bdev with it (the tweak is the
-            // absolute sector number, so blocks that exist keep their encryption).
-            capacity: b.capacity.clone(),
+            block_size: sector_size,
+            capacity,
             io_types: IoTypes {
                 read: true,
                 write: true,
@@ -82,7 +160,12 @@ impl CryptoDevice {
             driver: "crypto",
             driver_specific: Some(("base_bdev_name".into(), b.name.clone())),
         };
-        Ok(CryptoDevice { info, base, key })
+        Ok(CryptoDevice { info, base, key, layout })
+    }
+
+    /// Where the data lies on the base.
+    pub fn layout(&self) -> CryptoLayout {
+        self.layout
     }
 
     /// The device below.
@@ -105,6 +188,7 @@ impl BlockDevice for CryptoDevice {
         Ok(Box::new(CryptoChannel {
             base: self.base.open_channel()?,
             info: self.info.clone(),
+            data_offset: self.layout.data_offset,
             xts: XtsEngine::new(self.key.clone()),
             chunks: BouncePool::zeroed(CHUNKS, CHUNK),
             chunk_job: vec![0; CHUNKS],
@@ -171,6 +255,8 @@ impl WriteJob {
 struct CryptoChannel {
     base: Box<dyn IoChannel>,
     info: BdevInfo,
+    /// Added to every offset sent to the base.
+    data_offset: u64,
     xts: XtsEngine,
     /// The write buffers, `CHUNKS` of `CHUNK` bytes.
     chunks: BouncePool,
@@ -247,7 +333,7 @@ impl CryptoChannel {
             let req = IoRequest {
                 tag: (OPS + c as usize) as u32,
                 op: IoOp::Write,
-                offset: job.offset + job.next,
+                offset: self.data_offset + job.offset + job.next,
                 len: n as u64,
                 iov: self.chunks.iovecs(usize::from(c), n),
             };
@@ -309,7 +395,7 @@ impl IoChannel for CryptoChannel {
         match req.op {
             IoOp::Read | IoOp::Flush => {
                 let Some(o) = self.free_ops.pop() else { return Err(SubmitError::Busy) };
-                let down = IoRequest { tag: u32::from(o), ..*req };
+                let down = IoRequest { tag: u32::from(o), offset: self.data_offset + req.offset, ..*req };
                 match self.base.submit(&down) {
                     Ok(()) => {
                         self.ops[o as usize] =

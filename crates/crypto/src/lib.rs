@@ -23,7 +23,7 @@ mod rpc;
 pub mod tls;
 mod xts;
 
-pub use device::{CryptoDevice, CHUNK, CHUNKS};
+pub use device::{CryptoDevice, CryptoLayout, CHUNK, CHUNKS};
 pub use engine::XtsEngine;
 pub use keyring::{keyring, FileKey, Keyring};
 pub use keys::{decode_hex, AccelKeys, CryptoKey, CIPHER, TWEAK_MODE};
