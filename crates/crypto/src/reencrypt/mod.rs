@@ -283,6 +283,16 @@ pub fn start_reencrypt(
             reason: format!("{} is not a multiple of {ss} bytes from {ss} to {MAX_HOTZONE}", opts.hotzone),
         });
     }
+    if device.info().size_bytes() > shared::MAX_BOUNDARY {
+        return Err(ReencryptError::InvalidParam {
+            field: "name",
+            reason: format!(
+                "'{}' is larger than the {} bytes a re-encryption covers",
+                device.info().name,
+                shared::MAX_BOUNDARY
+            ),
+        });
+    }
     let same = |a: &CryptoKey, b: &CryptoKey| a.with_material(|ma| b.with_material(|mb| ma == mb));
     if same(&new_key, device.key()) {
         return Err(ReencryptError::InvalidParam {

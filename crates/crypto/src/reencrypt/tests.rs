@@ -56,11 +56,16 @@ fn crash_at(step: Step, offset: u64) -> Option<Hook> {
 /// A hook that blocks the job at `Quiesced` of the hotzone at `offset` until the test sends
 /// on the returned channel, and tells the test it got there.
 fn hold_at(offset: u64) -> (Option<Hook>, mpsc::Receiver<()>, mpsc::Sender<()>) {
+    hold_at_step(Step::Quiesced, offset)
+}
+
+/// As [`hold_at`], at `step`.
+fn hold_at_step(step: Step, offset: u64) -> (Option<Hook>, mpsc::Receiver<()>, mpsc::Sender<()>) {
     let (reached_tx, reached_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let (reached_tx, go_rx) = (Mutex::new(reached_tx), Mutex::new(go_rx));
     let hook: Hook = Arc::new(move |s, at| {
-        if s == Step::Quiesced && at == offset {
+        if s == step && at == offset {
             reached_tx.lock().unwrap().send(()).unwrap();
             go_rx.lock().unwrap().recv_timeout(Duration::from_secs(30)).expect("the test lets the job go");
         }
@@ -392,4 +397,56 @@ fn starts_that_cannot_work_are_refused_naming_the_field() {
     let hz = Hotzone { offset: 252 << 10, len: 8192, old_sector_sha256: vec![[0; 32]; 2] };
     let e = recover_hotzone(&base, LAYOUT, &old_key(), &new_key(), &hz).err().unwrap().to_string();
     assert!(e.contains("hotzone") && e.contains("inside"), "{e}");
+}
+
+#[test]
+fn a_base_that_fails_inside_a_hotzone_fails_the_job_and_its_requests_until_recovered() {
+    use fp_bdev::{ErrorDevice, ErrorType, Injection};
+    const SIZE: usize = 256 << 10;
+    const HZ: u64 = 64 << 10;
+    let ram = base(SIZE as u64);
+    let errors = Arc::new(ErrorDevice::new("err", ram.clone()).unwrap());
+    let faulty: Bdev = errors.clone();
+    let data = pattern(SIZE, 8);
+    let checkpoint = MemoryCheckpoint::at(0);
+    let dev = CryptoDevice::with_layout("c", faulty, old_key(), LAYOUT).unwrap();
+    let mut ch = dev.open_channel().unwrap();
+    write_range(&mut *ch, 0, &data);
+    // Two Busy answers to the job's writes are retried; then, in the second hotzone, a write
+    // fails.
+    let busy = Injection {
+        error_type: ErrorType::Nomem,
+        num: 2,
+        queue_depth: 0,
+        corrupt_offset: 0,
+        corrupt_value: 0,
+    };
+    errors.inject(&[1], busy).unwrap();
+    let (hook, reached, go) = hold_at_step(Step::Begun, HZ);
+    let mut job = start_reencrypt(&dev, new_key(), Box::new(checkpoint.clone()), opts(HZ, hook)).unwrap();
+    reached.recv_timeout(Duration::from_secs(30)).unwrap();
+    let fail = Injection { error_type: ErrorType::Failure, num: 1, ..busy };
+    errors.inject(&[1], fail).unwrap();
+    go.send(()).unwrap();
+    let end = finish(&mut job);
+    assert_eq!((end.state, end.done), (ReencryptState::Failed, HZ), "{end:?}");
+    assert!(end.error.as_deref().is_some_and(|e| e.contains("write")), "{end:?}");
+    // The hotzone fails with EIO (never Busy: no job will come back for it); the rest serves.
+    let mut buf = IoBuf::new(8192, true);
+    assert_eq!(try_once(&mut *ch, &buf.request(1, IoOp::Read, HZ + 4096)), Ok(IoStatus::Error(libc::EIO)));
+    assert_eq!(try_once(&mut *ch, &buf.request(1, IoOp::Write, HZ - 4096)), Ok(IoStatus::Error(libc::EIO)));
+    assert_eq!(read_range(&mut *ch, 0, HZ as usize), data[..HZ as usize]);
+    assert_eq!(read_range(&mut *ch, 2 * HZ, HZ as usize), data[2 * HZ as usize..3 * HZ as usize]);
+    let e = start_reencrypt(&dev, new_key(), Box::new(checkpoint.clone()), opts(HZ, None)).err().unwrap();
+    assert!(e.to_string().contains("recover"), "{e}");
+    drop((ch, dev));
+    // Recovery on the next start: the write failed, so every sector is still old.
+    let hz = checkpoint.record().hotzone.expect("the hotzone was recorded");
+    let got = recover_hotzone(&ram, LAYOUT, &old_key(), &new_key(), &hz).unwrap();
+    assert_eq!(got, Recovered { rewritten: 16, already_new: 0 });
+    checkpoint.clone().advance(hz.offset + hz.len).unwrap();
+    let dev =
+        CryptoDevice::with_reencryption("c", ram.clone(), old_key(), new_key(), LAYOUT, hz.offset + hz.len)
+            .unwrap();
+    assert_eq!(read_range(&mut *dev.open_channel().unwrap(), 0, SIZE), data);
 }
