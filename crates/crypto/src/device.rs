@@ -195,6 +195,12 @@ impl CryptoDevice {
                 ),
             });
         }
+        if new_key.same_material(&dev.key) {
+            return Err(BdevError::InvalidParam {
+                field: "new_key",
+                reason: format!("'{}' is the key the disk is encrypted with", new_key.name()),
+            });
+        }
         let _ = dev.reenc.set(Arc::new(ReencShared::new(new_key, boundary)));
         Ok(dev)
     }

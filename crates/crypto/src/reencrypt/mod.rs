@@ -141,6 +141,8 @@ pub(crate) enum Step {
     HalfWritten,
     /// All of it is written and flushed; the checkpoint has not advanced.
     Written,
+    /// The boundary moved past it; nothing is held (the offset is the hotzone's).
+    Advanced,
 }
 
 /// A test's hook: called at each [`Step`] (it may block there); `true` stops the job on the
@@ -293,15 +295,14 @@ pub fn start_reencrypt(
             ),
         });
     }
-    let same = |a: &CryptoKey, b: &CryptoKey| a.with_material(|ma| b.with_material(|mb| ma == mb));
-    if same(&new_key, device.key()) {
+    if new_key.same_material(device.key()) {
         return Err(ReencryptError::InvalidParam {
             field: "new_key",
             reason: format!("'{}' is the key the disk is encrypted with", new_key.name()),
         });
     }
     let reenc = device.reenc.get_or_init(|| Arc::new(ReencShared::new(new_key.clone(), 0))).clone();
-    if !same(&reenc.new_key, &new_key) {
+    if !reenc.new_key.same_material(&new_key) {
         return Err(ReencryptError::InvalidParam {
             field: "new_key",
             reason: format!(
@@ -393,8 +394,31 @@ struct Pace {
 /// limit): short beside a hotzone's copy, long enough not to spin a shared core.
 const LOOK_EVERY: Duration = Duration::from_micros(200);
 
+/// Ends a job whose thread panicked (a checkpoint that panicked, say) as failed rather than
+/// leaving it `running` forever; a hotzone it held may be part rewritten, so it fails with EIO
+/// until recovered.
+struct PanicGuard {
+    job: Arc<JobShared>,
+    reenc: Arc<ReencShared>,
+}
+
+impl Drop for PanicGuard {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        if self.reenc.window().hot_len != 0 {
+            self.reenc.poison();
+        }
+        *self.job.error.lock().unwrap_or_else(|p| p.into_inner()) = Some("the job panicked".into());
+        self.reenc.job_running.store(false, Ordering::SeqCst);
+        self.job.set_state(ReencryptState::Failed);
+    }
+}
+
 impl Copier {
     fn run(mut self) {
+        let _guard = PanicGuard { job: self.job.clone(), reenc: self.reenc.clone() };
         let result = self.copy_all();
         let state = match result {
             Ok(End::Done) => ReencryptState::Done,
@@ -506,6 +530,10 @@ impl Copier {
             self.reenc.publish(b + len);
             self.job.done.store(b + len, Ordering::SeqCst);
             recorded?;
+            #[cfg(test)]
+            if self.hook(Step::Advanced, b) {
+                return Ok(End::Crashed);
+            }
             pace.copied += len;
             if self.keep_to_speed(&mut pace) {
                 return Ok(End::Cancelled);

@@ -3,7 +3,7 @@
 //! flight holding the job; straddling requests; cancel and resume on a new device; a crash at
 //! each step of a hotzone, recovered; the refusals.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::mpsc;
 
 use fp_bdev::conformance::{read_range, write_range, IoBuf};
@@ -91,59 +91,94 @@ fn try_once(ch: &mut dyn IoChannel, req: &fp_bdev::IoRequest) -> Result<IoStatus
 #[test]
 fn a_verified_writer_reads_what_it_wrote_before_during_and_after_and_the_end_is_all_new_key() {
     const SIZE: usize = 2 << 20;
-    let base = base(SIZE as u64);
-    let dev = Arc::new(CryptoDevice::with_layout("c", base.clone(), old_key(), LAYOUT).unwrap());
-    let model = Arc::new(Mutex::new(pattern(SIZE, 1)));
-    write_range(&mut *dev.open_channel().unwrap(), 0, &model.lock().unwrap());
-    let stop = Arc::new(AtomicBool::new(false));
-    // The writer: random 4 KiB-aligned runs of 1 to 24 sectors (many straddle a hotzone edge
-    // or the boundary), written then read back, and now and then a read of another run checked
-    // against the model. Busy is retried by the helpers.
-    let writer = {
-        let (dev, model, stop) = (dev.clone(), model.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut ch = dev.open_channel().unwrap();
-            let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-            let mut rounds = 0u64;
-            let mut after_stop = 0;
-            while after_stop < 50 {
-                if stop.load(Ordering::SeqCst) {
-                    after_stop += 1;
+    const HZ: u64 = 64 << 10;
+    for layout in [LAYOUT, CryptoLayout { data_offset: 0, sector_size: 512 }] {
+        let ss = layout.sector_size as usize;
+        let base: Bdev =
+            Arc::new(RamDevice::new("ram", 512, (layout.data_offset + SIZE as u64) / 512).unwrap());
+        let dev = Arc::new(CryptoDevice::with_layout("c", base.clone(), old_key(), layout).unwrap());
+        let model = Arc::new(Mutex::new(pattern(SIZE, 1)));
+        write_range(&mut *dev.open_channel().unwrap(), 0, &model.lock().unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(AtomicU64::new(0));
+        // The writer: random runs of 1 to 24 sectors (many straddle a hotzone edge or the
+        // boundary), written then read back, and a read of another run checked against the
+        // model. Busy is retried by the helpers.
+        let writer = {
+            let (dev, model, stop, rounds) = (dev.clone(), model.clone(), stop.clone(), rounds.clone());
+            std::thread::spawn(move || {
+                let mut ch = dev.open_channel().unwrap();
+                let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+                let mut after_stop = 0;
+                while after_stop < 20 {
+                    if stop.load(Ordering::SeqCst) {
+                        after_stop += 1;
+                    }
+                    let round = rounds.load(Ordering::SeqCst);
+                    let sectors = rng.gen_range(1..=24usize);
+                    let at = rng.gen_range(0..=SIZE / ss - sectors) * ss;
+                    let data = pattern(sectors * ss, 100 + round);
+                    write_range(&mut *ch, at as u64, &data);
+                    model.lock().unwrap()[at..at + data.len()].copy_from_slice(&data);
+                    assert_eq!(read_range(&mut *ch, at as u64, data.len()), data, "round {round} at {at}");
+                    let at = rng.gen_range(0..=SIZE / ss - 16) * ss;
+                    let want = model.lock().unwrap()[at..at + 16 * ss].to_vec();
+                    assert_eq!(
+                        read_range(&mut *ch, at as u64, want.len()),
+                        want,
+                        "round {round}: a read at {at}"
+                    );
+                    rounds.fetch_add(1, Ordering::SeqCst);
                 }
-                let sectors = rng.gen_range(1..=24usize);
-                let at = rng.gen_range(0..=SIZE / 4096 - sectors) * 4096;
-                let data = pattern(sectors * 4096, 100 + rounds);
-                write_range(&mut *ch, at as u64, &data);
-                model.lock().unwrap()[at..at + data.len()].copy_from_slice(&data);
-                assert_eq!(read_range(&mut *ch, at as u64, data.len()), data, "round {rounds} at {at}");
-                let at = rng.gen_range(0..=SIZE / 4096 - 16) * 4096;
-                let want = model.lock().unwrap()[at..at + 16 * 4096].to_vec();
-                assert_eq!(
-                    read_range(&mut *ch, at as u64, want.len()),
-                    want,
-                    "round {rounds}: a read at {at}"
-                );
-                rounds += 1;
+            })
+        };
+        // Before: the writer works on the disk under the old key alone.
+        let wait_rounds = |n: u64| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while rounds.load(Ordering::SeqCst) < n {
+                assert!(Instant::now() < deadline, "the writer is stuck");
+                std::thread::sleep(Duration::from_millis(1));
             }
-            rounds
-        })
-    };
-    let checkpoint = MemoryCheckpoint::at(0);
-    let mut job =
-        start_reencrypt(&dev, new_key(), Box::new(checkpoint.clone()), opts(64 << 10, None)).unwrap();
-    let end = finish(&mut job);
-    assert_eq!(end.state, ReencryptState::Done, "{end:?}");
-    assert_eq!((end.done, end.total), (SIZE as u64, SIZE as u64));
-    stop.store(true, Ordering::SeqCst);
-    let rounds = writer.join().expect("the writer saw what it wrote");
-    assert!(rounds >= 50);
-    let record = checkpoint.record();
-    assert!(record.finished && record.boundary == SIZE as u64 && record.hotzone.is_none(), "{record:?}");
-    assert_eq!(record.calls, 2 * (SIZE as u64 / (64 << 10)) + 1, "begin and advance per hotzone, one finish");
-    let model = model.lock().unwrap().clone();
-    assert_eq!(read_range(&mut *dev.open_channel().unwrap(), 0, SIZE), model);
-    assert_eq!(decrypt_all(&base, LAYOUT, &new_key(), SIZE), model, "the new key alone decrypts it all");
-    assert_eq!(dev.reencryption(), Some((SIZE as u64, "new")));
+        };
+        wait_rounds(20);
+        // During: the job waits between hotzones (nothing held) until the writer has done ten
+        // more rounds on the mixed disk, at a quarter, half and three quarters.
+        let hook: Hook = {
+            let rounds = rounds.clone();
+            Arc::new(move |step, at| {
+                if step == Step::Advanced && [8, 16, 24].contains(&(at / HZ)) {
+                    let want = rounds.load(Ordering::SeqCst) + 10;
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while rounds.load(Ordering::SeqCst) < want {
+                        assert!(Instant::now() < deadline, "the writer is stuck");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                false
+            })
+        };
+        let checkpoint = MemoryCheckpoint::at(0);
+        let mut job =
+            start_reencrypt(&dev, new_key(), Box::new(checkpoint.clone()), opts(HZ, Some(hook))).unwrap();
+        let end = finish(&mut job);
+        assert_eq!(end.state, ReencryptState::Done, "{ss}: {end:?}");
+        assert_eq!((end.done, end.total), (SIZE as u64, SIZE as u64));
+        // After: twenty more rounds with every sector under the new key.
+        stop.store(true, Ordering::SeqCst);
+        writer.join().expect("the writer saw what it wrote");
+        assert!(rounds.load(Ordering::SeqCst) >= 20 + 30 + 20);
+        let record = checkpoint.record();
+        assert!(record.finished && record.boundary == SIZE as u64 && record.hotzone.is_none(), "{record:?}");
+        assert_eq!(record.calls, 2 * (SIZE as u64 / HZ) + 1, "begin and advance per hotzone, one finish");
+        let model = model.lock().unwrap().clone();
+        assert_eq!(read_range(&mut *dev.open_channel().unwrap(), 0, SIZE), model, "{ss}");
+        assert_eq!(
+            decrypt_all(&base, layout, &new_key(), SIZE),
+            model,
+            "{ss}: the new key alone decrypts it all"
+        );
+        assert_eq!(dev.reencryption(), Some((SIZE as u64, "new")));
+    }
 }
 
 #[test]
@@ -390,6 +425,9 @@ fn starts_that_cannot_work_are_refused_naming_the_field() {
             .to_string();
         assert!(e.contains("boundary") && e.contains(&bad.to_string()), "{e}");
     }
+    let e =
+        CryptoDevice::with_reencryption("c", base.clone(), old_key(), old_key(), LAYOUT, 0).err().unwrap();
+    assert!(e.to_string().contains("new_key"), "{e}");
     // A hotzone record that does not fit the disk.
     let hz = Hotzone { offset: 4096, len: 8192, old_sector_sha256: vec![[0; 32]; 3] };
     let e = recover_hotzone(&base, LAYOUT, &old_key(), &new_key(), &hz).err().unwrap().to_string();
@@ -449,4 +487,27 @@ fn a_base_that_fails_inside_a_hotzone_fails_the_job_and_its_requests_until_recov
         CryptoDevice::with_reencryption("c", ram.clone(), old_key(), new_key(), LAYOUT, hz.offset + hz.len)
             .unwrap();
     assert_eq!(read_range(&mut *dev.open_channel().unwrap(), 0, SIZE), data);
+}
+
+/// A checkpoint that panics in `begin_hotzone`.
+struct Panicking;
+
+impl ReencryptCheckpoint for Panicking {
+    fn begin_hotzone(&mut self, _: u64, _: u64, _: &[[u8; 32]]) -> std::io::Result<()> {
+        panic!("a checkpoint that panics (expected in this test)");
+    }
+    fn advance(&mut self, _: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn finish(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_job_whose_checkpoint_panics_ends_failed() {
+    let dev = CryptoDevice::with_layout("c", base(256 << 10), old_key(), LAYOUT).unwrap();
+    let mut job = start_reencrypt(&dev, new_key(), Box::new(Panicking), opts(64 << 10, None)).unwrap();
+    let end = finish(&mut job);
+    assert_eq!((end.state, end.error.as_deref()), (ReencryptState::Failed, Some("the job panicked")));
 }
