@@ -101,38 +101,46 @@ fn a_verified_writer_reads_what_it_wrote_before_during_and_after_and_the_end_is_
         write_range(&mut *dev.open_channel().unwrap(), 0, &model.lock().unwrap());
         let stop = Arc::new(AtomicBool::new(false));
         let rounds = Arc::new(AtomicU64::new(0));
-        // The writer: random runs of 1 to 24 sectors (many straddle a hotzone edge or the
-        // boundary), written then read back, and a read of another run checked against the
-        // model. Busy is retried by the helpers.
-        let writer = {
-            let (dev, model, stop, rounds) = (dev.clone(), model.clone(), stop.clone(), rounds.clone());
-            std::thread::spawn(move || {
-                let mut ch = dev.open_channel().unwrap();
-                let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-                let mut after_stop = 0;
-                while after_stop < 20 {
-                    if stop.load(Ordering::SeqCst) {
-                        after_stop += 1;
+        // Two writers, each on a channel of its own and a half of the disk: random runs of 1 to
+        // 24 sectors (many straddle a hotzone edge or the boundary), written then read back,
+        // and a read of another run of its half checked against the model. Busy is retried by
+        // the helpers.
+        const HALF: usize = SIZE / 2;
+        let writers: Vec<_> = (0..2usize)
+            .map(|w| {
+                let (dev, model, stop, rounds) = (dev.clone(), model.clone(), stop.clone(), rounds.clone());
+                std::thread::spawn(move || {
+                    let mut ch = dev.open_channel().unwrap();
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(7 + w as u64);
+                    let mut after_stop = 0;
+                    while after_stop < 20 {
+                        if stop.load(Ordering::SeqCst) {
+                            after_stop += 1;
+                        }
+                        let round = rounds.load(Ordering::SeqCst);
+                        let sectors = rng.gen_range(1..=24usize);
+                        let at = w * HALF + rng.gen_range(0..=HALF / ss - sectors) * ss;
+                        let data = pattern(sectors * ss, 100 + 2 * round + w as u64);
+                        write_range(&mut *ch, at as u64, &data);
+                        model.lock().unwrap()[at..at + data.len()].copy_from_slice(&data);
+                        assert_eq!(
+                            read_range(&mut *ch, at as u64, data.len()),
+                            data,
+                            "round {round} at {at}"
+                        );
+                        let at = w * HALF + rng.gen_range(0..=HALF / ss - 16) * ss;
+                        let want = model.lock().unwrap()[at..at + 16 * ss].to_vec();
+                        assert_eq!(
+                            read_range(&mut *ch, at as u64, want.len()),
+                            want,
+                            "round {round}: a read at {at}"
+                        );
+                        rounds.fetch_add(1, Ordering::SeqCst);
                     }
-                    let round = rounds.load(Ordering::SeqCst);
-                    let sectors = rng.gen_range(1..=24usize);
-                    let at = rng.gen_range(0..=SIZE / ss - sectors) * ss;
-                    let data = pattern(sectors * ss, 100 + round);
-                    write_range(&mut *ch, at as u64, &data);
-                    model.lock().unwrap()[at..at + data.len()].copy_from_slice(&data);
-                    assert_eq!(read_range(&mut *ch, at as u64, data.len()), data, "round {round} at {at}");
-                    let at = rng.gen_range(0..=SIZE / ss - 16) * ss;
-                    let want = model.lock().unwrap()[at..at + 16 * ss].to_vec();
-                    assert_eq!(
-                        read_range(&mut *ch, at as u64, want.len()),
-                        want,
-                        "round {round}: a read at {at}"
-                    );
-                    rounds.fetch_add(1, Ordering::SeqCst);
-                }
+                })
             })
-        };
-        // Before: the writer works on the disk under the old key alone.
+            .collect();
+        // Before: the writers work on the disk under the old key alone.
         let wait_rounds = |n: u64| {
             let deadline = Instant::now() + Duration::from_secs(30);
             while rounds.load(Ordering::SeqCst) < n {
@@ -141,7 +149,7 @@ fn a_verified_writer_reads_what_it_wrote_before_during_and_after_and_the_end_is_
             }
         };
         wait_rounds(20);
-        // During: the job waits between hotzones (nothing held) until the writer has done ten
+        // During: the job waits between hotzones (nothing held) until the writers have done ten
         // more rounds on the mixed disk, at a quarter, half and three quarters.
         let hook: Hook = {
             let rounds = rounds.clone();
@@ -165,8 +173,10 @@ fn a_verified_writer_reads_what_it_wrote_before_during_and_after_and_the_end_is_
         assert_eq!((end.done, end.total), (SIZE as u64, SIZE as u64));
         // After: twenty more rounds with every sector under the new key.
         stop.store(true, Ordering::SeqCst);
-        writer.join().expect("the writer saw what it wrote");
-        assert!(rounds.load(Ordering::SeqCst) >= 20 + 30 + 20);
+        for w in writers {
+            w.join().expect("each writer saw what it wrote");
+        }
+        assert!(rounds.load(Ordering::SeqCst) >= 20 + 30 + 2 * 20);
         let record = checkpoint.record();
         assert!(record.finished && record.boundary == SIZE as u64 && record.hotzone.is_none(), "{record:?}");
         assert_eq!(record.calls, 2 * (SIZE as u64 / HZ) + 1, "begin and advance per hotzone, one finish");
