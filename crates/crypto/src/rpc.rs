@@ -8,9 +8,7 @@ use fp_rpc::{Neutral, ParamError, Params};
 use serde_json::{json, Map, Value};
 use zeroize::Zeroizing;
 
-use fp_bdev::module::{
-    BdevModule, ClaimType, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn, NewBdev,
-};
+use fp_bdev::module::{BdevModule, ClaimType, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn, NewBdev};
 use fp_bdev::BdevInfo;
 
 use crate::keyring::{keyring, FileKey};
@@ -131,7 +129,9 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
             log::info!("bdev '{name}' is a crypto bdev over '{base}' with key '{key_name}'");
         }
         (_, Some(luks_key)) => {
-            log::info!("bdev '{name}' is a LUKS crypto bdev over '{base}' opened with keyring key '{luks_key}'")
+            log::info!(
+                "bdev '{name}' is a LUKS crypto bdev over '{base}' opened with keyring key '{luks_key}'"
+            )
         }
         _ => {}
     }

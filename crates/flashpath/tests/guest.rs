@@ -483,8 +483,10 @@ mod guest_vm {
 
     /// The `luks` scenario's files (tests/guest/init).
     const LUKS_SIZE: u64 = 48 * MIB;
-    const LUKS_MARKERS: [&str; 2] =
-        ["FLASHPATH-PLAINTEXT-MARKER-ext4-via-luks-bdev", "FLASHPATH-PLAINTEXT-MARKER-ext4-via-cryptsetup-luks"];
+    const LUKS_MARKERS: [&str; 2] = [
+        "FLASHPATH-PLAINTEXT-MARKER-ext4-via-luks-bdev",
+        "FLASHPATH-PLAINTEXT-MARKER-ext4-via-cryptsetup-luks",
+    ];
 
     /// LUKS2 both ways with Linux's own tools, one boot (`luks` in tests/guest/init). The host
     /// formats file A as LUKS2 over RPC, opens it as a crypto bdev, adds key slot 1 and adds
@@ -512,7 +514,8 @@ mod guest_vm {
             .collect();
         let mut config = String::new();
         for (i, f) in pass_files.iter().enumerate() {
-            config.push_str(&format!("[[keyring_file_key]]\nname = \"k{i}\"\npath = \"{}\"\n\n", f.display()));
+            config
+                .push_str(&format!("[[keyring_file_key]]\nname = \"k{i}\"\npath = \"{}\"\n\n", f.display()));
         }
         config.push_str(&format!(
             "[[bdev]]\ntype = \"uring\"\nname = \"a-enc\"\nfilename = \"{a}\"\n\n\
@@ -549,7 +552,11 @@ mod guest_vm {
         assert_disk(&r, "fp-l2raw", LUKS_SIZE, 512, false);
         let dump = r.info_after("luks dump").join(" ");
         assert!(dump.contains("Version: 2"), "cryptsetup's luksDump of flashpath's volume: {dump}");
-        assert_eq!(r.info_after("luks removed slot refused").len(), 1, "the removed slot's passphrase opened nothing");
+        assert_eq!(
+            r.info_after("luks removed slot refused").len(),
+            1,
+            "the removed slot's passphrase opened nothing"
+        );
         let lbs = r.info_after("luks dm-crypt reads flashpath's LUKS2 volume").join(" ");
         assert_eq!(lbs, "lbs=4096", "dm-crypt's mapping of flashpath's LUKS2 volume");
 
@@ -579,7 +586,11 @@ mod guest_vm {
         for f in [&a, &b] {
             let img = std::fs::read(f).expect("reading a LUKS file");
             for m in LUKS_MARKERS {
-                assert!(!img.windows(m.len()).any(|w| w == m.as_bytes()), "{m} in plaintext in {}", f.display());
+                assert!(
+                    !img.windows(m.len()).any(|w| w == m.as_bytes()),
+                    "{m} in plaintext in {}",
+                    f.display()
+                );
             }
         }
     }

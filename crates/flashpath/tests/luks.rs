@@ -133,7 +133,10 @@ fn flashpath_luks2_opens_in_cryptsetup_and_its_key_slots_follow() {
         json!({"base_bdev_name": "f", "key_name": "k0", "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000, "label": "fp-test"}),
     );
     let uuid = uuid.as_str().expect("the volume's UUID").to_string();
-    let e = refused(d.try_call("bdev_luks_format", json!({"base_bdev_name": "f", "key_name": "k0"})), "a second format");
+    let e = refused(
+        d.try_call("bdev_luks_format", json!({"base_bdev_name": "f", "key_name": "k0"})),
+        "a second format",
+    );
     assert!(e.contains("base_bdev_name") && e.contains("force"), "{e}");
 
     let (ok, dump) = cryptsetup(&["luksDump", file.to_str().unwrap()]);
@@ -166,18 +169,26 @@ fn flashpath_luks2_opens_in_cryptsetup_and_its_key_slots_follow() {
     assert!(cryptsetup_opens(&file, &p2, Some(2)), "cryptsetup opens slot 2 (argon2id) with k2");
     assert_eq!(d.call("bdev_luks_test_key", json!({"name": "c0", "key_name": "k2"})), json!(2));
     let h = d.call("bdev_luks_get_header", json!({"name": "c0"}));
-    let slots: Vec<u64> = h["keyslots"].as_array().unwrap().iter().map(|s| s["key_slot"].as_u64().unwrap()).collect();
+    let slots: Vec<u64> =
+        h["keyslots"].as_array().unwrap().iter().map(|s| s["key_slot"].as_u64().unwrap()).collect();
     assert_eq!(slots, [0, 1, 2], "{h}");
     assert_eq!(h["keyslots"][2]["kdf"]["type"], "argon2id", "{h}");
     assert!(!h.to_string().contains("salt") && !h.to_string().contains("digest"), "no secrets in {h}");
 
     d.call("bdev_luks_remove_keyslot", json!({"name": "c0", "key_slot": 1}));
     assert!(!cryptsetup_opens(&file, &p1, None), "cryptsetup no longer opens with k1");
-    assert!(cryptsetup_opens(&file, &p0, Some(0)) && cryptsetup_opens(&file, &p2, Some(2)), "the other slots stay");
-    let e = refused(d.try_call("bdev_luks_test_key", json!({"name": "c0", "key_name": "k1"})), "a removed slot");
+    assert!(
+        cryptsetup_opens(&file, &p0, Some(0)) && cryptsetup_opens(&file, &p2, Some(2)),
+        "the other slots stay"
+    );
+    let e =
+        refused(d.try_call("bdev_luks_test_key", json!({"name": "c0", "key_name": "k1"})), "a removed slot");
     assert!(e.starts_with("key_name: "), "{e}");
     d.call("bdev_luks_remove_keyslot", json!({"name": "c0", "key_slot": 0}));
-    let e = refused(d.try_call("bdev_luks_remove_keyslot", json!({"name": "c0", "key_slot": 2})), "the last slot");
+    let e = refused(
+        d.try_call("bdev_luks_remove_keyslot", json!({"name": "c0", "key_slot": 2})),
+        "the last slot",
+    );
     assert!(e.starts_with("key_slot: "), "{e}");
     assert!(cryptsetup_opens(&file, &p2, Some(2)), "the last slot still opens");
 
@@ -209,19 +220,31 @@ fn cryptsetup_luks2_opens_in_flashpath() {
     let _bad = passphrase(&d, "bad", "not it");
     let f = file.to_str().unwrap();
     let (ok, t) = cryptsetup(
-        &[&["luksFormat", "--type", "luks2", "--batch-mode", "--sector-size", "512"], FAST_KDF, &["--key-file", p0.to_str().unwrap(), f]]
-            .concat(),
+        &[
+            &["luksFormat", "--type", "luks2", "--batch-mode", "--sector-size", "512"],
+            FAST_KDF,
+            &["--key-file", p0.to_str().unwrap(), f],
+        ]
+        .concat(),
     );
     assert!(ok, "cryptsetup luksFormat: {t}");
     let (ok, t) = cryptsetup(
-        &[&["luksAddKey", "--batch-mode", "--key-file", p0.to_str().unwrap()], FAST_KDF, &[f, p1.to_str().unwrap()]].concat(),
+        &[
+            &["luksAddKey", "--batch-mode", "--key-file", p0.to_str().unwrap()],
+            FAST_KDF,
+            &[f, p1.to_str().unwrap()],
+        ]
+        .concat(),
     );
     assert!(ok, "cryptsetup luksAddKey: {t}");
     d.uring("f", &file, None);
 
     let before = std::fs::read(&file).unwrap();
     let e = refused(
-        d.try_call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "bad"})),
+        d.try_call(
+            "bdev_crypto_create",
+            json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "bad"}),
+        ),
         "a wrong passphrase",
     );
     assert!(e.starts_with("luks_key_name: "), "{e}");
@@ -342,7 +365,10 @@ fn bad_luks_requests_are_refused_naming_the_field() {
     assert!(std::fs::read(&file).unwrap().iter().all(|&b| b == 0), "refused formats wrote nothing");
 
     // Both header copies damaged: refused naming the base.
-    d.call("bdev_luks_format", json!({"base_bdev_name": "f", "key_name": "k0", "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000}));
+    d.call(
+        "bdev_luks_format",
+        json!({"base_bdev_name": "f", "key_name": "k0", "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000}),
+    );
     let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
     f.write_all_at(&[0xff; 64], 200).unwrap();
     f.write_all_at(&[0xff; 64], 16384 + 200).unwrap();

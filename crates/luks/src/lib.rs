@@ -680,6 +680,13 @@ fn json_object<'a>(
     json.get_mut(key).and_then(Value::as_object_mut).ok_or_else(|| unsupported(key, "not an object"))
 }
 
+/// Runs `kdf` over `passphrase` and `salt` into `out`: what unlocking a slot with these
+/// parameters costs (callers time it to choose parameters, as cryptsetup's benchmark does).
+pub fn derive_into(kdf: &Kdf, passphrase: &[u8], salt: &[u8], out: &mut [u8]) -> Result<(), LuksError> {
+    out.copy_from_slice(&derive(kdf, passphrase, salt, out.len())?);
+    Ok(())
+}
+
 /// The key derived from `passphrase` for a key slot's area.
 fn derive(kdf: &Kdf, passphrase: &[u8], salt: &[u8], len: usize) -> Result<Zeroizing<Vec<u8>>, LuksError> {
     let mut out = secret(len);

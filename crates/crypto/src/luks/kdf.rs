@@ -93,7 +93,9 @@ impl KdfRequest {
                 };
                 Ok(Kdf::Argon2 { id, time, memory_kib, parallel })
             }
-            other => Err(invalid("pbkdf", format!("'{}': argon2id, argon2i or pbkdf2", other.escape_debug()))),
+            other => {
+                Err(invalid("pbkdf", format!("'{}': argon2id, argon2i or pbkdf2", other.escape_debug())))
+            }
         }
     }
 }
@@ -115,7 +117,7 @@ fn total_memory_kib() -> Option<u64> {
 fn time_kdf(kdf: &Kdf) -> Result<Duration, BdevError> {
     let mut out = [0u8; 32];
     let start = Instant::now();
-    fp_luks::derive(kdf, b"flashpath kdf benchmark", &[0x5a; 32], &mut out)
+    fp_luks::derive_into(kdf, b"flashpath kdf benchmark", &[0x5a; 32], &mut out)
         .map_err(|e| invalid("pbkdf", format!("cannot run the KDF: {e}")))?;
     Ok(start.elapsed())
 }

@@ -19,7 +19,6 @@ use crate::{CryptoDevice, CryptoKey, CryptoLayout};
 /// The claim holder kind while a method works on a base no crypto bdev holds.
 const HOLDER: &str = "luks";
 
-
 /// Runs `f` with the passphrase of keyring key `name` (the request's `field`).
 fn with_passphrase<R>(
     host: &dyn ModuleHost,
@@ -27,7 +26,8 @@ fn with_passphrase<R>(
     name: &str,
     f: impl FnOnce(&[u8]) -> R,
 ) -> Result<R, BdevError> {
-    let key = keyring(host).key(name).map_err(|_| invalid(field, format!("no keyring key named '{name}'")))?;
+    let key =
+        keyring(host).key(name).map_err(|_| invalid(field, format!("no keyring key named '{name}'")))?;
     Ok(key.with_material(f))
 }
 
@@ -71,17 +71,25 @@ pub(crate) fn format(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
     let kdf = KdfRequest::take(&mut p)?;
     p.finish()?;
     if cipher != "aes-xts-plain64" {
-        return Err(ParamError::new("cipher", format!("'{}': only aes-xts-plain64", cipher.escape_debug())).into());
+        return Err(
+            ParamError::new("cipher", format!("'{}': only aes-xts-plain64", cipher.escape_debug())).into()
+        );
     }
     if key_bits != 256 && key_bits != 512 {
-        return Err(ParamError::new("key_size", format!("{key_bits}: 256 or 512 bits (AES-128 or AES-256 XTS)")).into());
+        return Err(ParamError::new(
+            "key_size",
+            format!("{key_bits}: 256 or 512 bits (AES-128 or AES-256 XTS)"),
+        )
+        .into());
     }
     with_claimed_base(host, &base, |bdev| {
         let block = bdev.info().block_size;
         let sector_size = match (version, sector_size) {
             (Version::Luks1, None | Some(512)) => 512,
             (Version::Luks1, Some(s)) => {
-                return Err(ParamError::new("sector_size", format!("{s}: LUKS1 has 512-byte sectors only")).into())
+                return Err(
+                    ParamError::new("sector_size", format!("{s}: LUKS1 has 512-byte sectors only")).into()
+                )
             }
             (Version::Luks2, None) => block.max(4096),
             (Version::Luks2, Some(s)) => s,
@@ -93,20 +101,22 @@ pub(crate) fn format(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
             )
             .into());
         }
-        let kdf = kdf.resolve(version)?;
         let mut io = meta_io(bdev)?;
         if !force && Volume::load(&mut io).is_ok() {
             return Err(ParamError::new(
                 "base_bdev_name",
-                format!("'{base}' already holds a LUKS header: give force to overwrite it (its data is lost)"),
+                format!(
+                    "'{base}' already holds a LUKS header: give force to overwrite it (its data is lost)"
+                ),
             )
             .into());
         }
+        // Measured only once the request is known to go ahead.
+        let kdf = kdf.resolve(version)?;
         let opts = FormatOptions { version, cipher, key_bits, sector_size, kdf, label, uuid };
-        let (volume, _key) = with_passphrase(host, "key_name", &key_name, |pass| {
-            fp_luks::format(&mut io, &opts, pass)
-        })?
-        .map_err(|e| luks_error("base_bdev_name", e))?;
+        let (volume, _key) =
+            with_passphrase(host, "key_name", &key_name, |pass| fp_luks::format(&mut io, &opts, pass))?
+                .map_err(|e| luks_error("base_bdev_name", e))?;
         log::info!("'{base}' formatted as a {} volume {}", version_name(version), volume.uuid());
         Ok(Value::from(volume.uuid()))
     })
@@ -131,8 +141,9 @@ pub(crate) fn open_luks(
         )
         .into());
     }
-    let (key, opened_by) = with_passphrase(host, "luks_key_name", key_name, |pass| volume.unlock(&mut io, pass, slot))?
-        .map_err(|e| luks_error("luks_key_name", e))?;
+    let (key, opened_by) =
+        with_passphrase(host, "luks_key_name", key_name, |pass| volume.unlock(&mut io, pass, slot))?
+            .map_err(|e| luks_error("luks_key_name", e))?;
     let bytes = key.as_bytes();
     let (k1, k2) = bytes.split_at(bytes.len() / 2);
     let crypto_key = Arc::new(CryptoKey::new(&format!("luks:{name}"), k1, k2)?);
@@ -202,7 +213,9 @@ pub(crate) fn get_header(host: &dyn ModuleHost, mut p: Params) -> Result<Value, 
             Ok(out)
         }
         (None, Some(base)) => {
-            let (bdev, _) = host.bdev(&base).ok_or_else(|| ParamError::new("base_bdev_name", format!("no bdev '{base}'")))?;
+            let (bdev, _) = host
+                .bdev(&base)
+                .ok_or_else(|| ParamError::new("base_bdev_name", format!("no bdev '{base}'")))?;
             let mut io = meta_io(&bdev)?;
             let v = Volume::load(&mut io).map_err(|e| luks_error("base_bdev_name", e))?;
             Ok(header_json(&v, bdev.info().size_bytes()))
@@ -227,16 +240,23 @@ pub(crate) fn test_key(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Mo
             (disk.base.clone(), v)
         }
         (None, Some(base)) => {
-            let (bdev, _) = host.bdev(&base).ok_or_else(|| ParamError::new("base_bdev_name", format!("no bdev '{base}'")))?;
+            let (bdev, _) = host
+                .bdev(&base)
+                .ok_or_else(|| ParamError::new("base_bdev_name", format!("no bdev '{base}'")))?;
             let mut io = meta_io(&bdev)?;
             let v = Volume::load(&mut io).map_err(|e| luks_error("base_bdev_name", e))?;
             (bdev, v)
         }
-        _ => return Err(ParamError::new("name", "give name (an open LUKS disk) or base_bdev_name, not both").into()),
+        _ => {
+            return Err(
+                ParamError::new("name", "give name (an open LUKS disk) or base_bdev_name, not both").into()
+            )
+        }
     };
     let mut io = meta_io(&bdev)?;
-    let (_key, opened) = with_passphrase(host, "key_name", &key_name, |pass| volume.unlock(&mut io, pass, slot))?
-        .map_err(|e| luks_error("key_name", e))?;
+    let (_key, opened) =
+        with_passphrase(host, "key_name", &key_name, |pass| volume.unlock(&mut io, pass, slot))?
+            .map_err(|e| luks_error("key_name", e))?;
     Ok(Value::from(opened))
 }
 
@@ -254,8 +274,10 @@ pub(crate) fn add_keyslot(host: &dyn ModuleHost, mut p: Params) -> Result<Value,
     let kdf = kdf.resolve(volume.version())?;
     let mut io = meta_io(&disk.base)?;
     let key: &VolumeKey = &disk.key;
-    let added = with_passphrase(host, "key_name", &key_name, |pass| volume.add_keyslot(&mut io, key, pass, slot, &kdf))?
-        .map_err(|e| luks_error("key_slot", e))?;
+    let added = with_passphrase(host, "key_name", &key_name, |pass| {
+        volume.add_keyslot(&mut io, key, pass, slot, &kdf)
+    })?
+    .map_err(|e| luks_error("key_slot", e))?;
     log::info!("LUKS disk '{name}': key slot {added} added");
     Ok(Value::from(added))
 }

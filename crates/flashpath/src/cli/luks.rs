@@ -134,8 +134,17 @@ const FLAGS: &[(&str, &str)] = &[
 ];
 
 /// Fields whose option is their name with dashes.
-const DASHED: &[&str] =
-    &["sector_size", "key_size", "pbkdf", "iter_time", "pbkdf_force_iterations", "pbkdf_memory", "pbkdf_parallel", "hash", "label"];
+const DASHED: &[&str] = &[
+    "sector_size",
+    "key_size",
+    "pbkdf",
+    "iter_time",
+    "pbkdf_force_iterations",
+    "pbkdf_memory",
+    "pbkdf_parallel",
+    "hash",
+    "label",
+];
 
 /// `crypto luks ...`.
 pub(crate) fn run(rpc: &Path, json: bool, cmd: LuksCommand) -> Result<(), CliError> {
@@ -154,7 +163,8 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: LuksCommand) -> Result<(), CliErr
         }
         LuksCommand::Dump { name, base } => {
             let params = target(name, base)?;
-            let h = Session::connect(rpc, FLAGS)?.dashed(DASHED).call("bdev_luks_get_header", Some(params))?;
+            let h =
+                Session::connect(rpc, FLAGS)?.dashed(DASHED).call("bdev_luks_get_header", Some(params))?;
             if json {
                 super::session::print_json(&h);
             } else {
@@ -174,13 +184,9 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: LuksCommand) -> Result<(), CliErr
             kdf.set(&mut params);
             call_print(rpc, json, "bdev_luks_add_keyslot", params)
         }
-        LuksCommand::KillSlot { name, slot } => one_call(
-            rpc,
-            json,
-            FLAGS,
-            "bdev_luks_remove_keyslot",
-            json!({"name": name, "key_slot": slot}),
-        ),
+        LuksCommand::KillSlot { name, slot } => {
+            one_call(rpc, json, FLAGS, "bdev_luks_remove_keyslot", json!({"name": name, "key_slot": slot}))
+        }
     }
 }
 
@@ -195,7 +201,8 @@ pub(crate) fn run_keyring(rpc: &Path, json: bool, cmd: KeyringCommand) -> Result
         }
         KeyringCommand::List => {
             let Some(keys) = fetch_list(rpc, json, "keyring_get_keys", None)? else { return Ok(()) };
-            let rows: Vec<Vec<String>> = keys.iter().map(|k| vec![cell(k, "name"), cell(k, "path")]).collect();
+            let rows: Vec<Vec<String>> =
+                keys.iter().map(|k| vec![cell(k, "name"), cell(k, "path")]).collect();
             out(&table(&["KEY", "FILE"], &rows));
             Ok(())
         }
@@ -252,7 +259,12 @@ fn print_header(h: &Value) {
             let kdf = &s["kdf"];
             let cost = match kdf["type"].as_str() {
                 Some("pbkdf2") => format!("{} iterations, {}", cell(kdf, "iterations"), cell(kdf, "hash")),
-                _ => format!("time {}, {} KiB, {} lanes", cell(kdf, "time"), cell(kdf, "memory"), cell(kdf, "cpus")),
+                _ => format!(
+                    "time {}, {} KiB, {} lanes",
+                    cell(kdf, "time"),
+                    cell(kdf, "memory"),
+                    cell(kdf, "cpus")
+                ),
             };
             vec![cell(s, "key_slot"), cell(kdf, "type"), cost]
         })
