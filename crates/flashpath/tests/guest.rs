@@ -562,12 +562,13 @@ mod guest_vm {
 
         // cryptsetup's volume through flashpath: its plaintext, read over vhost-user, is a
         // clean ext4 holding the guest's files.
+        d.call("vhost_delete_controller", json!({"ctrlr": "fp-cs"}));
         d.call("bdev_crypto_create", json!({"base_bdev_name": "b-raw", "name": "cs", "luks_key_name": "k0"}))
             .as_str()
             .expect("a name");
         let h = d.call("bdev_luks_get_header", json!({"name": "cs"}));
         let size = h["data_size"].as_u64().expect("data_size");
-        let sock = d.controller("fp-cs-open", "cs", Some(1), true);
+        let sock = d.controller("fp-cs-open", "cs", Some(1), false);
         let mut c = BlkClient::open(&sock, 1);
         let plain = dir.join("cs-plain.img");
         let mut image = Vec::with_capacity(size as usize);
