@@ -54,6 +54,12 @@ impl BdevModule for CryptoModule {
             ("bdev_luks_test_key", luks::test_key),
             ("bdev_luks_add_keyslot", luks::add_keyslot),
             ("bdev_luks_remove_keyslot", luks::remove_keyslot),
+            ("bdev_luks_reencrypt_start", luks::reencrypt_start),
+            ("bdev_luks_reencrypt_get", luks::reencrypt_get),
+            ("bdev_luks_reencrypt_pause", luks::reencrypt_pause),
+            ("bdev_luks_reencrypt_resume", luks::reencrypt_resume),
+            ("bdev_luks_reencrypt_cancel", luks::reencrypt_cancel),
+            ("bdev_luks_reencrypt_set_speed", luks::reencrypt_set_speed),
         ]
     }
 
@@ -143,8 +149,10 @@ fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
     p.finish()?;
     let name = host.bdev_name(&name).unwrap_or(name);
-    host.delete_bdev(&name, MODULE)?;
+    host.claimable(&name, ClaimType::ExclusiveWrite)?;
+    // A re-encryption job holds the base: it stops (its hotzone finished and recorded) first.
     luks::disks(host).remove(&name);
+    host.delete_bdev(&name, MODULE)?;
     Ok(Value::Bool(true))
 }
 

@@ -381,3 +381,150 @@ fn bad_luks_requests_are_refused_naming_the_field() {
     let e = refused(d.try_call("bdev_luks_get_header", json!({"base_bdev_name": "f"})), "a damaged header");
     assert!(e.starts_with("base_bdev_name: "), "{e}");
 }
+
+/// The job of disk `name` as `bdev_luks_reencrypt_get` shows it.
+fn job(d: &Daemon, name: &str) -> Value {
+    let jobs = d.call("bdev_luks_reencrypt_get", json!({"name": name}));
+    jobs.as_array().and_then(|a| a.first()).cloned().unwrap_or(Value::Null)
+}
+
+/// Waits (bounded) until the job of `name` is in `state`; its last view.
+fn wait_job(d: &Daemon, name: &str, state: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let j = job(d, name);
+        if j["state"] == state {
+            return j;
+        }
+        assert!(j["state"] != "failed", "the job failed: {j}");
+        assert!(std::time::Instant::now() < deadline, "the job did not reach {state} in 120 s: {j}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A LUKS2 disk (40 MiB file: 24 MiB of data at 16 MiB) opened as `c0` with keyring key
+/// `k0`, its data filled with pattern 50 through a vhost client; returns the file, the
+/// passphrase file and the data.
+fn filled_luks2(d: &Daemon) -> (PathBuf, PathBuf, Vec<u8>) {
+    let file = d.backing_file("re.img", 40 * MIB);
+    d.uring("f", &file, None);
+    let p0 = passphrase(d, "k0", "re-encrypt me");
+    d.call(
+        "bdev_luks_format",
+        json!({"base_bdev_name": "f", "key_name": "k0", "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000}),
+    );
+    d.call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "k0"}));
+    let data = pattern(50, 0, (24 * MIB) as usize);
+    let sock = d.controller("re", "c0", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    c.write_all(0, &data);
+    assert_eq!(c.flush(0), 0);
+    drop(c);
+    d.call("vhost_delete_controller", json!({"ctrlr": "re"}));
+    (file, p0, data)
+}
+
+/// The data area of `file` decrypted with `key` (hex), 4096-byte sectors at 16 MiB.
+fn decrypted(file: &Path, key: &str, len: usize) -> Vec<u8> {
+    python_xts("dec", key, 4096, 0, &read_file_at(file, 16 * MIB, len))
+}
+
+/// Online re-encryption under a verified writer: the job runs while a client overwrites and
+/// reads back blocks all over the disk; at the end the header is a plain LUKS2 volume again,
+/// cryptsetup opens it with the passphrase, its volume key is a new one, and the whole data
+/// area decrypts under it to what the client last wrote.
+#[test]
+fn online_reencryption_under_a_verified_writer_ends_in_a_volume_cryptsetup_opens() {
+    if !tools() {
+        return;
+    }
+    let d = Daemon::start("0");
+    let (file, p0, mut data) = filled_luks2(&d);
+    let old_key = cryptsetup_volume_key(&file, &p0);
+    let sock = d.controller("re", "c0", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    d.call(
+        "bdev_luks_reencrypt_start",
+        json!({"name": "c0", "key_name": "k0", "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000, "speed_limit": 8}),
+    );
+    // Writes and reads land before, inside and after the moving boundary until the job ends.
+    let mut round = 0u64;
+    let mut during = 0;
+    loop {
+        let state = job(&d, "c0")["state"].clone();
+        let at = (round * 7919 % (24 * 16)) * 64 * 1024;
+        let piece = pattern(1000 + round, at, 64 << 10);
+        c.write_all(at, &piece);
+        data[at as usize..at as usize + piece.len()].copy_from_slice(&piece);
+        let back_at = (round * 104_729 % (24 * 16)) * 64 * 1024;
+        assert_eq!(c.read_all(back_at, 64 << 10), data[back_at as usize..back_at as usize + (64 << 10)], "round {round}");
+        round += 1;
+        if state == "running" {
+            during += 1;
+        } else {
+            assert_eq!(state, "done", "{}", job(&d, "c0"));
+            break;
+        }
+        assert!(round < 1_000_000, "the job never ended: {}", job(&d, "c0"));
+    }
+    assert!(during > 0, "no write ran while the job did");
+    assert_eq!(c.flush(0), 0);
+    assert_eq!(c.read_all(0, data.len()), data, "the disk after the job");
+    drop(c);
+    d.call("vhost_delete_controller", json!({"ctrlr": "re"}));
+    d.call("bdev_crypto_delete", json!({"name": "c0"}));
+
+    let (ok, dump) = cryptsetup(&["luksDump", file.to_str().unwrap()]);
+    assert!(ok && !dump.contains("reencrypt"), "a plain LUKS2 volume after the job: {dump}");
+    assert!(cryptsetup_opens(&file, &p0, None), "the passphrase opens the new key");
+    let new_key = cryptsetup_volume_key(&file, &p0);
+    assert_ne!(new_key, old_key, "the volume key changed");
+    assert_eq!(decrypted(&file, &new_key, data.len()), data, "the data area under the new key");
+}
+
+/// A job paused part way and the daemon killed: the restarted daemon opens the mixed disk,
+/// serves it right, resumes from the header's checkpoint and finishes; cryptsetup opens the
+/// result. A cancelled job left in the header is resumed the same way on open.
+#[test]
+fn reencryption_resumes_after_a_kill_and_finishes() {
+    if !tools() {
+        return;
+    }
+    let mut d = Daemon::start("0");
+    let (file, p0, data) = filled_luks2(&d);
+    d.call(
+        "bdev_luks_reencrypt_start",
+        json!({"name": "c0", "key_name": "k0", "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000, "speed_limit": 4}),
+    );
+    // Held between two hotzones, some way in.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while job(&d, "c0")["done_bytes"].as_u64().unwrap_or(0) < 3 * MIB {
+        assert!(std::time::Instant::now() < deadline, "no progress: {}", job(&d, "c0"));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    d.call("bdev_luks_reencrypt_pause", json!({"name": "c0"}));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let held = job(&d, "c0");
+    let done = held["done_bytes"].as_u64().unwrap();
+    assert!(done > 0 && done < 24 * MIB, "paused part way: {held}");
+    d.kill9();
+    let (ok, dump) = cryptsetup(&["luksDump", file.to_str().unwrap()]);
+    assert!(ok && dump.contains("reencrypt"), "the header records the job: {dump}");
+
+    d.restart();
+    d.uring("f", &file, None);
+    d.call("keyring_file_add_key", json!({"name": "k0", "path": p0}));
+    d.call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "k0"}));
+    let sock = d.controller("re", "c0", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    assert_eq!(c.read_all(0, data.len()), data, "the mixed disk after the restart");
+    let j = wait_job(&d, "c0", "done");
+    assert_eq!(j["done_bytes"], j["total_bytes"], "{j}");
+    assert_eq!(c.read_all(0, data.len()), data, "the disk after the resumed job");
+    drop(c);
+    d.call("vhost_delete_controller", json!({"ctrlr": "re"}));
+    d.call("bdev_crypto_delete", json!({"name": "c0"}));
+    assert!(cryptsetup_opens(&file, &p0, None), "cryptsetup opens the re-encrypted volume");
+    let key = cryptsetup_volume_key(&file, &p0);
+    assert_eq!(decrypted(&file, &key, data.len()), data, "the data area under the new key");
+}

@@ -14,13 +14,14 @@ use super::kdf::KdfRequest;
 use super::{disks, luks_error, BdevMetaIo, LuksDisk};
 use crate::keyring::keyring;
 use crate::keys::invalid;
-use crate::{CryptoDevice, CryptoKey, CryptoLayout};
+use super::reencrypt::crypto_key;
+use crate::{recover_hotzone, CryptoDevice, CryptoLayout, Hotzone};
 
 /// The claim holder kind while a method works on a base no crypto bdev holds.
 const HOLDER: &str = "luks";
 
 /// Runs `f` with the passphrase of keyring key `name` (the request's `field`).
-fn with_passphrase<R>(
+pub(super) fn with_passphrase<R>(
     host: &dyn ModuleHost,
     field: &'static str,
     name: &str,
@@ -125,6 +126,8 @@ pub(crate) fn format(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modu
 /// Opens the LUKS volume on `base` with keyring key `key_name` (trying `slot`, or every
 /// slot) for `bdev_crypto_create`: the crypto bdev `name` over its data segment, and the
 /// open disk kept for key-slot changes. Claims nothing itself: the caller's `add_bdev` does.
+/// A volume part way through a re-encryption opens with both its keys, its interrupted
+/// hotzone repaired first; [`resume_after_open`] then continues the job.
 pub(crate) fn open_luks(
     host: &dyn ModuleHost,
     name: &str,
@@ -133,7 +136,7 @@ pub(crate) fn open_luks(
     slot: Option<u32>,
 ) -> Result<CryptoDevice, ModuleError> {
     let mut io = meta_io(&base)?;
-    let volume = Volume::load(&mut io).map_err(|e| luks_error("base_bdev_name", e))?;
+    let mut volume = Volume::load(&mut io).map_err(|e| luks_error("base_bdev_name", e))?;
     if volume.cipher() != "aes-xts-plain64" {
         return Err(ParamError::new(
             "base_bdev_name",
@@ -141,17 +144,63 @@ pub(crate) fn open_luks(
         )
         .into());
     }
-    let (key, opened_by) =
-        with_passphrase(host, "luks_key_name", key_name, |pass| volume.unlock(&mut io, pass, slot))?
-            .map_err(|e| luks_error("luks_key_name", e))?;
-    let bytes = key.as_bytes();
-    let (k1, k2) = bytes.split_at(bytes.len() / 2);
-    let crypto_key = Arc::new(CryptoKey::new(&format!("luks:{name}"), k1, k2)?);
     let layout = CryptoLayout { data_offset: volume.data_offset(), sector_size: volume.sector_size() };
-    let dev = CryptoDevice::with_layout(name, base.clone(), crypto_key, layout)?;
+    let (dev, key, opened_by, resume) = if volume.reencryption().is_some() {
+        let (old, new) = with_passphrase(host, "luks_key_name", key_name, |pass| {
+            volume.unlock_reencryption(&mut io, pass)
+        })?
+        .map_err(|e| luks_error("luks_key_name", e))?;
+        let old_key = crypto_key(name, "old", &old)?;
+        let new_key = crypto_key(name, "new", &new)?;
+        if let Some((offset, len, sums)) =
+            volume.reencryption_recovery(&mut io).map_err(|e| luks_error("base_bdev_name", e))?
+        {
+            let hotzone = Hotzone { offset, len, old_sector_sha256: sums };
+            let found = recover_hotzone(&base, layout, &old_key, &new_key, &hotzone)
+                .map_err(|e| ModuleError::module(libc::EIO, e))?;
+            volume
+                .reencryption_advance(&mut io, (&old, &new), offset + len)
+                .map_err(|e| luks_error("base_bdev_name", e))?;
+            log::info!(
+                "LUKS disk '{name}': interrupted hotzone at {offset} repaired ({} sectors rewritten, {} already new)",
+                found.rewritten,
+                found.already_new
+            );
+        }
+        let boundary = volume.reencryption().map_or(0, |r| r.boundary);
+        let dev = CryptoDevice::with_reencryption(name, base.clone(), old_key, new_key, layout, boundary)?;
+        log::info!("LUKS volume {} on '{}' is being re-encrypted: {boundary} bytes done", volume.uuid(), base.info().name);
+        (dev, old.clone(), 0, Some((old, new)))
+    } else {
+        let (key, opened_by) = with_passphrase(host, "luks_key_name", key_name, |pass| volume.unlock(&mut io, pass, slot))?
+            .map_err(|e| luks_error("luks_key_name", e))?;
+        let dev = CryptoDevice::with_layout(name, base.clone(), crypto_key(name, "key", &key)?, layout)?;
+        (dev, key, opened_by, None)
+    };
     log::info!("LUKS volume {} on '{}' opened with key slot {opened_by}", volume.uuid(), base.info().name);
-    disks(host).insert(name, LuksDisk { base, volume: std::sync::Mutex::new(volume), key, opened_by });
+    disks(host).insert(
+        name,
+        LuksDisk {
+            base,
+            volume: std::sync::Mutex::new(volume),
+            key: std::sync::Mutex::new(key),
+            opened_by,
+            job: std::sync::Mutex::new(None),
+            resume: std::sync::Mutex::new(resume),
+        },
+    );
     Ok(dev)
+}
+
+/// Continues, on the registered crypto bdev `name`, the re-encryption its header recorded.
+pub(crate) fn resume_after_open(host: &dyn ModuleHost, name: &str) -> Result<(), ModuleError> {
+    let Some(disk) = disks(host).get(name) else { return Ok(()) };
+    let Some((old, new)) = disk.resume.lock().unwrap_or_else(|p| p.into_inner()).take() else { return Ok(()) };
+    let any = host.module_device(name, "crypto", "crypto bdev")?;
+    let dev = any.downcast_ref::<CryptoDevice>().ok_or_else(|| ParamError::new("name", "not a crypto bdev"))?;
+    super::reencrypt::run_job(&disk, dev, old, new, crate::ReencryptOptions::default())?;
+    log::info!("LUKS disk '{name}': re-encryption resumed");
+    Ok(())
 }
 
 fn version_name(v: Version) -> &'static str {
@@ -190,7 +239,7 @@ fn header_json(v: &Volume, size: u64) -> Value {
 }
 
 /// The open LUKS disk `name` (the request's `name`).
-fn open_disk(host: &dyn ModuleHost, name: &str) -> Result<Arc<LuksDisk>, ModuleError> {
+pub(super) fn open_disk(host: &dyn ModuleHost, name: &str) -> Result<Arc<LuksDisk>, ModuleError> {
     let name = host.bdev_name(name).unwrap_or_else(|| name.to_string());
     disks(host)
         .get(&name)
@@ -273,7 +322,8 @@ pub(crate) fn add_keyslot(host: &dyn ModuleHost, mut p: Params) -> Result<Value,
     let mut volume = disk.volume.lock().unwrap_or_else(|p| p.into_inner());
     let kdf = kdf.resolve(volume.version())?;
     let mut io = meta_io(&disk.base)?;
-    let key: &VolumeKey = &disk.key;
+    let key = disk.key.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let key: &VolumeKey = &key;
     let added = with_passphrase(host, "key_name", &key_name, |pass| {
         volume.add_keyslot(&mut io, key, pass, slot, &kdf)
     })?

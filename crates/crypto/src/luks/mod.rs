@@ -9,6 +9,7 @@
 mod io;
 mod kdf;
 mod methods;
+mod reencrypt;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -16,8 +17,14 @@ use std::sync::{Arc, Mutex};
 use fp_bdev::{Bdev, BdevError, ModuleHost};
 use fp_luks::{LuksError, Volume, VolumeKey};
 
+use crate::ReencryptJob;
+
 pub use io::BdevMetaIo;
-pub(crate) use methods::{add_keyslot, format, get_header, open_luks, remove_keyslot, test_key};
+pub(crate) use methods::{add_keyslot, format, get_header, open_luks, remove_keyslot, resume_after_open, test_key};
+pub(crate) use reencrypt::{
+    cancel as reencrypt_cancel, get as reencrypt_get, pause as reencrypt_pause, resume as reencrypt_resume,
+    set_speed as reencrypt_set_speed, start as reencrypt_start,
+};
 
 /// The module state's name: the open LUKS disks.
 const STATE: &str = "crypto-luks";
@@ -29,9 +36,15 @@ pub(crate) struct LuksDisk {
     pub base: Bdev,
     /// The header as last read or written; one key-slot change at a time.
     pub volume: Mutex<Volume>,
-    pub key: VolumeKey,
+    /// The volume key a new slot wraps (the new one once a re-encryption is done).
+    pub key: Mutex<VolumeKey>,
     /// The slot that opened it.
     pub opened_by: u32,
+    /// The online re-encryption job, running or ended.
+    pub job: Mutex<Option<ReencryptJob>>,
+    /// The old and new keys of a re-encryption found in the header at open, for the job
+    /// [`resume_after_open`] starts once the bdev is registered.
+    pub resume: Mutex<Option<(VolumeKey, VolumeKey)>>,
 }
 
 /// The open LUKS disks by crypto bdev name.
@@ -47,8 +60,19 @@ impl LuksDisks {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), Arc::new(disk));
     }
 
+    /// Forgets disk `name`; its job, if one runs, is cancelled and waited for (the hotzone
+    /// being rewritten is finished and recorded first).
     pub fn remove(&self, name: &str) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+        let disk = self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+        if let Some(d) = disk {
+            let job = d.job.lock().unwrap_or_else(|p| p.into_inner()).take();
+            drop(job);
+        }
+    }
+
+    /// The open disks' names.
+    pub fn names(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect()
     }
 }
 

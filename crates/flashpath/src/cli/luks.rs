@@ -78,6 +78,45 @@ pub(crate) enum LuksCommand {
         #[arg(value_parser = u32_arg)]
         slot: u32,
     },
+    /// Online re-encryption of a LUKS2 disk to a new volume key: start, status, pause,
+    /// resume, cancel, speed
+    #[command(subcommand)]
+    Reencrypt(ReencryptCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ReencryptCommand {
+    /// Re-encrypt the open LUKS2 disk NAME to a new random volume key while it serves I/O;
+    /// keyring key KEY gets a slot for the new key (the old slots go when the job ends)
+    Start {
+        name: String,
+        /// The keyring key whose passphrase opens the new key (it may be the current one)
+        #[arg(long, value_name = "KEY")]
+        passphrase_key: String,
+        /// Bytes rewritten per step [default: 1 MiB]
+        #[arg(long, value_name = "BYTES", value_parser = super::args::u64_arg)]
+        hotzone_size: Option<u64>,
+        /// MiB/s at most [default: no limit]
+        #[arg(long, value_name = "MIB_S", value_parser = super::args::u64_arg)]
+        speed_limit: Option<u64>,
+        #[command(flatten)]
+        kdf: KdfArgs,
+    },
+    /// The jobs: state and progress
+    Status { name: Option<String> },
+    /// Hold the job of NAME between two steps
+    Pause { name: String },
+    /// Go on after pause
+    Resume { name: String },
+    /// Stop the job of NAME; the disk keeps serving its two parts, the header records where
+    /// it stopped, and reopening the disk resumes it
+    Cancel { name: String },
+    /// Change the job's speed limit (MiB/s, 0: none)
+    Speed {
+        name: String,
+        #[arg(value_parser = super::args::u64_arg)]
+        speed_limit: u64,
+    },
 }
 
 /// cryptsetup's KDF options.
@@ -187,6 +226,43 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: LuksCommand) -> Result<(), CliErr
         LuksCommand::KillSlot { name, slot } => {
             one_call(rpc, json, FLAGS, "bdev_luks_remove_keyslot", json!({"name": name, "key_slot": slot}))
         }
+    }
+}
+
+/// `crypto luks reencrypt ...`.
+fn reencrypt(rpc: &Path, json: bool, cmd: ReencryptCommand) -> Result<(), CliError> {
+    let simple = |method: &str, name: String| one_call(rpc, json, FLAGS, method, json!({"name": name}));
+    match cmd {
+        ReencryptCommand::Start { name, passphrase_key, hotzone_size, speed_limit, kdf } => {
+            let mut params = json!({"name": name, "key_name": passphrase_key});
+            set_given(&mut params, "hotzone_size", hotzone_size);
+            set_given(&mut params, "speed_limit", speed_limit);
+            kdf.set(&mut params);
+            one_call(rpc, json, FLAGS, "bdev_luks_reencrypt_start", params)
+        }
+        ReencryptCommand::Status { name } => {
+            let Some(jobs) = fetch_list(rpc, json, "bdev_luks_reencrypt_get", name)? else { return Ok(()) };
+            let rows: Vec<Vec<String>> = jobs
+                .iter()
+                .map(|j| {
+                    let (done, total) = (j["done_bytes"].as_u64().unwrap_or(0), j["total_bytes"].as_u64().unwrap_or(0));
+                    let pct = if total == 0 { 100.0 } else { done as f64 * 100.0 / total as f64 };
+                    vec![cell(j, "name"), cell(j, "state"), format!("{pct:.1}%"), cell(j, "error")]
+                })
+                .collect();
+            out(&table(&["DISK", "STATE", "DONE", "ERROR"], &rows));
+            Ok(())
+        }
+        ReencryptCommand::Pause { name } => simple("bdev_luks_reencrypt_pause", name),
+        ReencryptCommand::Resume { name } => simple("bdev_luks_reencrypt_resume", name),
+        ReencryptCommand::Cancel { name } => simple("bdev_luks_reencrypt_cancel", name),
+        ReencryptCommand::Speed { name, speed_limit } => one_call(
+            rpc,
+            json,
+            FLAGS,
+            "bdev_luks_reencrypt_set_speed",
+            json!({"name": name, "speed_limit": speed_limit}),
+        ),
     }
 }
 
