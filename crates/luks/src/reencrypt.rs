@@ -332,12 +332,9 @@ impl Job {
         ((self.area_size / CHECKSUM_LEN) * u64::from(self.block)).min(MAX_HOTZONE)
     }
 
-    /// Are these the job's keys, and does the metadata digest hold with them? cryptsetup
-    /// checks the same before it resumes ("Reencryption metadata is invalid").
-    fn check_keys(&self, old: &[u8], new: &[u8]) -> Result<(), LuksError> {
-        if !self.old.matches(old) || !self.new.matches(new) {
-            return Err(unsupported("volume key", "does not match the re-encryption's old and new digests"));
-        }
+    /// Does the metadata digest hold with these keys? cryptsetup checks the same before it
+    /// resumes a job ("Reencryption metadata is invalid").
+    fn check_metadata(&self, old: &[u8], new: &[u8]) -> Result<(), LuksError> {
         let data = verification_data(
             self.area_offset,
             self.area_size,
@@ -567,7 +564,7 @@ impl Volume {
         let job = self.job_or_err()?;
         let old = self.open_digest(io, &job.old, passphrase)?;
         let new = self.open_digest(io, &job.new, passphrase)?;
-        job.check_keys(old.as_bytes(), new.as_bytes())?;
+        job.check_metadata(old.as_bytes(), new.as_bytes())?;
         Ok((old, new))
     }
 
@@ -720,16 +717,18 @@ impl Volume {
     /// rewritten, as cryptsetup's step does: the sha256 of each checksum block of its old
     /// ciphertext into the reencrypt keyslot's area (flushed), then the header with the
     /// hotzone as an "in-reencryption" segment. `offset` must be the boundary.
+    ///
+    /// No key is needed: the metadata digest covers only what [`Volume::begin_reencryption`]
+    /// fixed (the checksum area and the backup segments), never the moving segments, so it is
+    /// written once and checked by [`Volume::unlock_reencryption`].
     pub fn reencryption_hotzone(
         &mut self,
         io: &mut dyn MetaIo,
-        keys: (&VolumeKey, &VolumeKey),
         offset: u64,
         len: u64,
         sha256: &[[u8; 32]],
     ) -> Result<(), LuksError> {
         let job = self.job_or_err()?;
-        job.check_keys(keys.0.as_bytes(), keys.1.as_bytes())?;
         let boundary = match job.state {
             State::At(b) => b,
             State::Hot { .. } => {
@@ -777,14 +776,8 @@ impl Volume {
 
     /// The hotzone is rewritten and its data flushed: [0, boundary) is under the new key
     /// (the header's segments moved, as after cryptsetup's step).
-    pub fn reencryption_advance(
-        &mut self,
-        io: &mut dyn MetaIo,
-        keys: (&VolumeKey, &VolumeKey),
-        boundary: u64,
-    ) -> Result<(), LuksError> {
+    pub fn reencryption_advance(&mut self, io: &mut dyn MetaIo, boundary: u64) -> Result<(), LuksError> {
         let job = self.job_or_err()?;
-        job.check_keys(keys.0.as_bytes(), keys.1.as_bytes())?;
         match job.state {
             State::Hot { offset, len } if offset + len == boundary => {}
             State::Hot { offset, len } => {
@@ -961,22 +954,22 @@ mod tests {
 
         let zone = 1 << 20;
         let sums = vec![[7u8; 32]; (zone / 4096) as usize];
-        v.reencryption_hotzone(&mut io, (&old, &new), 0, zone, &sums).expect("hotzone");
+        v.reencryption_hotzone(&mut io, 0, zone, &sums).expect("hotzone");
         let loaded = Volume::load(&mut io).expect("load hot");
         assert_eq!(loaded.reencryption().and_then(|r| r.hotzone), Some((0, zone)));
         assert_eq!(loaded.reencryption_recovery(&mut io).expect("recovery"), Some((0, zone, sums.clone())));
-        v.reencryption_advance(&mut io, (&old, &new), zone).expect("advance");
+        v.reencryption_advance(&mut io, zone).expect("advance");
         assert_eq!(Volume::load(&mut io).expect("load").reencryption().map(|r| r.boundary), Some(zone));
 
         // The rest in one hotzone, ending at the data's end.
         let rest = end - zone;
         let sums = vec![[1u8; 32]; (rest / 4096) as usize];
-        v.reencryption_hotzone(&mut io, (&old, &new), zone, rest, &sums).expect("last hotzone");
+        v.reencryption_hotzone(&mut io, zone, rest, &sums).expect("last hotzone");
         assert_eq!(
             Volume::load(&mut io).expect("load").reencryption().and_then(|r| r.hotzone),
             Some((zone, rest))
         );
-        v.reencryption_advance(&mut io, (&old, &new), end).expect("advance to the end");
+        v.reencryption_advance(&mut io, end).expect("advance to the end");
         assert!(Volume::load(&mut io).expect("load").reencryption().is_some_and(|r| r.finished));
 
         v.finish_reencryption(&mut io, &new).expect("finish");
@@ -988,19 +981,18 @@ mod tests {
     }
 
     #[test]
-    fn wrong_hotzones_and_keys_are_refused() {
+    fn out_of_order_steps_are_refused() {
         let (mut io, mut v, old) = volume(512);
         let new = v.begin_reencryption(&mut io, &old, &[PASS], &kdf()).expect("begin");
         let sums = vec![[0u8; 32]; 8];
-        // Not at the boundary; checksums not matching the blocks; keys swapped.
-        assert!(v.reencryption_hotzone(&mut io, (&old, &new), 4096, 4096, &sums).is_err());
-        assert!(v.reencryption_hotzone(&mut io, (&old, &new), 0, 4096, &sums[..7]).is_err());
-        assert!(v.reencryption_hotzone(&mut io, (&new, &old), 0, 4096, &sums).is_err());
-        assert!(v.reencryption_advance(&mut io, (&old, &new), 4096).is_err());
+        // Not at the boundary; checksums not matching the blocks; no hotzone to advance past.
+        assert!(v.reencryption_hotzone(&mut io, 4096, 4096, &sums).is_err());
+        assert!(v.reencryption_hotzone(&mut io, 0, 4096, &sums[..7]).is_err());
+        assert!(v.reencryption_advance(&mut io, 4096).is_err());
         assert!(v.finish_reencryption(&mut io, &new).is_err());
-        v.reencryption_hotzone(&mut io, (&old, &new), 0, 4096, &sums).expect("hotzone");
-        assert!(v.reencryption_hotzone(&mut io, (&old, &new), 4096, 4096, &sums).is_err());
-        assert!(v.reencryption_advance(&mut io, (&old, &new), 8192).is_err());
+        v.reencryption_hotzone(&mut io, 0, 4096, &sums).expect("hotzone");
+        assert!(v.reencryption_hotzone(&mut io, 4096, 4096, &sums).is_err());
+        assert!(v.reencryption_advance(&mut io, 8192).is_err());
         assert!(v.add_keyslot(&mut io, &new, b"x", None, &kdf()).is_err());
     }
 

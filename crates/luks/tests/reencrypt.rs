@@ -144,7 +144,7 @@ fn hotzone(
     let unit = vol.sector_size() as usize;
     let mut data = vec![0u8; len as usize];
     io.read_at(vol.data_offset() + offset, &mut data).expect("read the hotzone");
-    vol.reencryption_hotzone(io, keys, offset, len, &checksums(&data, r.checksum_block))
+    vol.reencryption_hotzone(io, offset, len, &checksums(&data, r.checksum_block))
         .expect("record the hotzone");
     xts(keys.0.as_bytes(), &mut data, offset, unit, false);
     xts(keys.1.as_bytes(), &mut data, offset, unit, true);
@@ -155,7 +155,7 @@ fn hotzone(
     io.write_at(vol.data_offset() + offset, &data[..written]).expect("write the hotzone");
     io.flush().expect("flush the data");
     if crash_after.is_none() {
-        vol.reencryption_advance(io, keys, offset + len).expect("advance");
+        vol.reencryption_advance(io, offset + len).expect("advance");
     }
 }
 
@@ -179,7 +179,7 @@ fn recover(io: &mut File, vol: &mut Volume, keys: (&VolumeKey, &VolumeKey)) -> O
         }
     }
     io.flush().expect("flush");
-    vol.reencryption_advance(io, keys, offset + len).expect("advance past the recovered hotzone");
+    vol.reencryption_advance(io, offset + len).expect("advance past the recovered hotzone");
     Some(old)
 }
 
