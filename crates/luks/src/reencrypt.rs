@@ -289,10 +289,11 @@ impl Job {
             if !tiles {
                 return Err(bad(format!("segment {}: does not continue the data area", s.id)));
             }
-            at += s.size.unwrap_or(0);
+            at = at.checked_add(s.size.unwrap_or(0)).ok_or_else(|| bad("segment sizes overflow"))?;
         }
         if let (Some(total), Some(last)) = (previous.size, live.last()) {
-            if last.size.is_some_and(|_| at != data_offset + total) || at > data_offset + total {
+            let end = data_offset.saturating_add(total);
+            if last.size.is_some_and(|_| at != end) || at > end {
                 return Err(bad("live segments do not cover the data segment"));
             }
         }
@@ -825,7 +826,7 @@ impl Volume {
         let job = self.job_or_err()?;
         let State::Hot { offset, len } = job.state else { return Ok(None) };
         let count = len / u64::from(job.block);
-        if count * CHECKSUM_LEN > job.area_size {
+        if count.checked_mul(CHECKSUM_LEN).is_none_or(|n| n > job.area_size) {
             return Err(bad("in-reencryption segment: longer than the checksum area covers"));
         }
         let mut raw = vec![0u8; (count * CHECKSUM_LEN) as usize];

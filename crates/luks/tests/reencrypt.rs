@@ -244,8 +244,8 @@ fn begun_here(sector_size: u32) -> Begun {
 
 /// A job begun by `cryptsetup reencrypt --init-only` on a volume of `size` bytes whose data
 /// area is full of plaintext; returns the old key (cryptsetup's) and the plaintext.
-fn begun_by_cryptsetup(size: u64) -> (Image, Vec<u8>, Vec<u8>) {
-    let image = Image::formatted(size, 4096);
+fn begun_by_cryptsetup(size: u64, sector_size: u32) -> (Image, Vec<u8>, Vec<u8>) {
+    let image = Image::formatted(size, sector_size);
     let old_key = image.cryptsetup_key();
     let mut io = image.file();
     let vol = Volume::load(&mut io).expect("load");
@@ -325,7 +325,7 @@ fn cryptsetup_recovers_our_hotzone_of_512_byte_sectors() {
 
 #[test]
 fn begun_by_cryptsetup_finished_here() {
-    let (image, old_key, plain) = begun_by_cryptsetup(24 * MIB);
+    let (image, old_key, plain) = begun_by_cryptsetup(24 * MIB, 4096);
     let mut io = image.file();
     let mut vol = Volume::load(&mut io).expect("load cryptsetup's job");
     let (old, new) = vol.unlock_reencryption(&mut io, PASSPHRASE).expect("both keys");
@@ -347,8 +347,21 @@ fn begun_by_cryptsetup_finished_here() {
 }
 
 #[test]
+fn begun_by_cryptsetup_on_512_byte_sectors_finished_here() {
+    // cryptsetup checksums blocks of the file's block size (4096), not of the data's sectors.
+    let (image, _, plain) = begun_by_cryptsetup(24 * MIB, 512);
+    let mut io = image.file();
+    let mut vol = Volume::load(&mut io).expect("load cryptsetup's job");
+    assert_eq!((vol.sector_size(), vol.reencryption().expect("job").checksum_block), (512, 4096));
+    let (old, new) = vol.unlock_reencryption(&mut io, PASSPHRASE).expect("both keys");
+    finish(&mut io, &mut vol, (&old, &new), 3 * MIB);
+    drop(io);
+    ends_plain_under(&image, new.as_bytes(), &plain);
+}
+
+#[test]
 fn cryptsetup_interrupted_part_way_finished_here() {
-    let (image, old_key, plain) = begun_by_cryptsetup(24 * MIB);
+    let (image, old_key, plain) = begun_by_cryptsetup(24 * MIB, 4096);
     let mut io = image.file();
 
     // cryptsetup in 4 KiB hotzones (a header write each), stopped with SIGINT once its header
