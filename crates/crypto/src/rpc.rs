@@ -137,7 +137,12 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
         (_, Some(luks_key)) => {
             log::info!(
                 "bdev '{name}' is a LUKS crypto bdev over '{base}' opened with keyring key '{luks_key}'"
-            )
+            );
+            // The bdev stands whatever happens here: a job that cannot resume is reported, and
+            // the disk serves its mixed state (bdev_luks_reencrypt_get shows no job).
+            if let Err(e) = luks::methods::resume_after_open(host, &name) {
+                log::warn!("LUKS disk '{name}': the recorded re-encryption did not resume: {e}");
+            }
         }
         _ => {}
     }

@@ -457,7 +457,11 @@ fn online_reencryption_under_a_verified_writer_ends_in_a_volume_cryptsetup_opens
         c.write_all(at, &piece);
         data[at as usize..at as usize + piece.len()].copy_from_slice(&piece);
         let back_at = (round * 104_729 % (24 * 16)) * 64 * 1024;
-        assert_eq!(c.read_all(back_at, 64 << 10), data[back_at as usize..back_at as usize + (64 << 10)], "round {round}");
+        assert_eq!(
+            c.read_all(back_at, 64 << 10),
+            data[back_at as usize..back_at as usize + (64 << 10)],
+            "round {round}"
+        );
         round += 1;
         if state == "running" {
             during += 1;
@@ -527,4 +531,75 @@ fn reencryption_resumes_after_a_kill_and_finishes() {
     assert!(cryptsetup_opens(&file, &p0, None), "cryptsetup opens the re-encrypted volume");
     let key = cryptsetup_volume_key(&file, &p0);
     assert_eq!(decrypted(&file, &key, data.len()), data, "the data area under the new key");
+}
+
+/// Either tool finishes the other's job: flashpath's job cancelled part way is finished by
+/// `cryptsetup reencrypt --resume-only`, and a job `cryptsetup reencrypt --init-only` began is
+/// resumed and finished by flashpath when it opens the disk. Both end in volumes whose data
+/// decrypts under the new key cryptsetup reads out.
+#[test]
+fn cryptsetup_and_flashpath_finish_each_others_reencryption() {
+    if !tools() {
+        return;
+    }
+    let d = Daemon::start("0");
+    let (file, p0, data) = filled_luks2(&d);
+    let f = file.to_str().unwrap();
+    let k = p0.to_str().unwrap();
+
+    // flashpath's job, cancelled between two hotzones, then cryptsetup's resume.
+    d.call(
+        "bdev_luks_reencrypt_start",
+        json!({"name": "c0", "key_name": "k0", "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000, "speed_limit": 4}),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while job(&d, "c0")["done_bytes"].as_u64().unwrap_or(0) < 2 * MIB {
+        assert!(std::time::Instant::now() < deadline, "no progress: {}", job(&d, "c0"));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    d.call("bdev_luks_reencrypt_cancel", json!({"name": "c0"}));
+    let j = wait_job(&d, "c0", "cancelled");
+    assert!(j["done_bytes"].as_u64().unwrap() < 24 * MIB, "cancelled part way: {j}");
+    d.call("bdev_crypto_delete", json!({"name": "c0"}));
+    let (ok, t) = cryptsetup(&[
+        "reencrypt",
+        "--resume-only",
+        "--force-offline-reencrypt",
+        "--batch-mode",
+        "--key-file",
+        k,
+        f,
+    ]);
+    assert!(ok, "cryptsetup resumes flashpath's job: {t}");
+    let (ok, dump) = cryptsetup(&["luksDump", f]);
+    assert!(ok && !dump.contains("reencrypt"), "{dump}");
+    let key1 = cryptsetup_volume_key(&file, &p0);
+    assert_eq!(
+        decrypted(&file, &key1, data.len()),
+        data,
+        "the data after cryptsetup finished flashpath's job"
+    );
+
+    // cryptsetup's job, begun and left, then flashpath's resume at open.
+    let (ok, t) = cryptsetup(
+        &[
+            &["reencrypt", "--init-only", "--resilience", "checksum", "--batch-mode", "--key-file", k],
+            FAST_KDF,
+            &[f],
+        ]
+        .concat(),
+    );
+    assert!(ok, "cryptsetup reencrypt --init-only: {t}");
+    d.call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "k0"}));
+    let j = wait_job(&d, "c0", "done");
+    assert_eq!(j["done_bytes"], j["total_bytes"], "{j}");
+    let sock = d.controller("re2", "c0", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    assert_eq!(c.read_all(0, data.len()), data, "flashpath serves the data after finishing cryptsetup's job");
+    drop(c);
+    d.call("vhost_delete_controller", json!({"ctrlr": "re2"}));
+    d.call("bdev_crypto_delete", json!({"name": "c0"}));
+    let key2 = cryptsetup_volume_key(&file, &p0);
+    assert_ne!(key2, key1, "cryptsetup's job gave a new key");
+    assert_eq!(decrypted(&file, &key2, data.len()), data, "the data under the key of cryptsetup's job");
 }

@@ -25,6 +25,9 @@ pub enum ErrorKind {
     LastSlot,
     /// The device is too small for the volume's metadata.
     TooSmall,
+    /// The volume is being re-encrypted: it has two volume keys, and only the re-encryption
+    /// calls handle it.
+    Reencrypting,
     /// The device failed a read, write or flush.
     Io,
 }
@@ -41,6 +44,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::NoSuchSlot => "no such slot",
             ErrorKind::LastSlot => "last slot",
             ErrorKind::TooSmall => "too small",
+            ErrorKind::Reencrypting => "reencrypting",
             ErrorKind::Io => "io",
         };
         f.write_str(name)
@@ -93,6 +97,12 @@ pub enum LuksError {
         /// Bytes the device has.
         have: u64,
     },
+    /// The volume is in an online re-encryption: `unlock` cannot give its (two) keys.
+    #[error(
+        "the LUKS2 volume is being re-encrypted: unlock it with unlock_reencryption (both volume keys), \
+         or let the re-encryption finish"
+    )]
+    Reencrypting,
     /// The device failed.
     #[error("LUKS device I/O: {0}")]
     Io(#[from] std::io::Error),
@@ -111,6 +121,7 @@ impl LuksError {
             LuksError::NoSuchSlot(_) => ErrorKind::NoSuchSlot,
             LuksError::LastSlot => ErrorKind::LastSlot,
             LuksError::TooSmall { .. } => ErrorKind::TooSmall,
+            LuksError::Reencrypting => ErrorKind::Reencrypting,
             LuksError::Io(_) => ErrorKind::Io,
         }
     }

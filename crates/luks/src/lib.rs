@@ -28,11 +28,13 @@ mod error;
 mod io;
 mod luks1;
 mod luks2;
+mod reencrypt;
 #[cfg(test)]
 mod tests;
 
 pub use error::{ErrorKind, LuksError};
 pub use io::{MemIo, MetaIo};
+pub use reencrypt::{Hotzone, Reencryption};
 
 use crypto::{secret, Hash};
 use error::unsupported;
@@ -150,7 +152,7 @@ pub struct KeyslotInfo {
 
 #[derive(Clone, Debug)]
 enum Header {
-    V1(luks1::Header),
+    V1(Box<luks1::Header>),
     V2(Box<luks2::Copy>),
 }
 
@@ -186,7 +188,7 @@ impl Volume {
         if &first[..6] == luks1::MAGIC {
             let version = u16::from_be_bytes([first[6], first[7]]);
             match version {
-                1 => return Volume::from_header(Header::V1(luks1::Header::parse(&first)?)),
+                1 => return Volume::from_header(Header::V1(Box::new(luks1::Header::parse(&first)?))),
                 2 => {}
                 v if v > 2 => return Err(LuksError::NewerVersion(v)),
                 v => return Err(LuksError::Damaged { copy: "header", reason: format!("version {v}") }),
@@ -458,19 +460,33 @@ impl Volume {
             }
             None => self.unlock_order(),
         };
+        if self.reencrypting() {
+            return Err(LuksError::Reencrypting);
+        }
         for n in slots {
-            let Some(area) = self.slot_area(n) else { continue };
-            let derived = derive(&area.kdf, passphrase, &area.salt, area.area_key_len)?;
-            let len = af::split_bytes(area.key_len, STRIPES);
-            let mut material = secret(len as usize);
-            io.read_at(area.offset, &mut material)?;
-            crypto::area_crypt(&derived, &mut material, false)?;
-            let key = af::merge(&material, area.key_len, STRIPES, area.af_hash);
+            let Some(key) = self.slot_key(io, n, passphrase)? else { continue };
             if self.key_matches(&key) {
                 return Ok((VolumeKey(key), n));
             }
         }
         Err(LuksError::WrongPassphrase)
+    }
+
+    /// What slot `n` yields for `passphrase` (a key only if the passphrase is right, which
+    /// the caller checks against a digest); `None` when the slot is not active.
+    fn slot_key(
+        &self,
+        io: &mut dyn MetaIo,
+        n: u32,
+        passphrase: &[u8],
+    ) -> Result<Option<Zeroizing<Vec<u8>>>, LuksError> {
+        let Some(area) = self.slot_area(n) else { return Ok(None) };
+        let derived = derive(&area.kdf, passphrase, &area.salt, area.area_key_len)?;
+        let len = af::split_bytes(area.key_len, STRIPES);
+        let mut material = secret(len as usize);
+        io.read_at(area.offset, &mut material)?;
+        crypto::area_crypt(&derived, &mut material, false)?;
+        Ok(Some(af::merge(&material, area.key_len, STRIPES, area.af_hash)))
     }
 
     /// Writes key material into the slot's area first, flushes, then the header (LUKS2: both
@@ -485,6 +501,9 @@ impl Volume {
         kdf: &Kdf,
     ) -> Result<u32, LuksError> {
         check_new_kdf(self.version(), kdf)?;
+        if self.reencrypting() {
+            return Err(LuksError::Reencrypting);
+        }
         if !self.key_matches(key.as_bytes()) {
             return Err(unsupported("volume key", "does not match the volume's digest"));
         }
@@ -517,20 +536,7 @@ impl Volume {
             Header::V2(c) => {
                 let meta = &c.meta;
                 let n = pick_slot(slot, luks2::MAX_KEYSLOTS, |i| !meta.keyslots.contains_key(&i))?;
-                let area_size = af::split_bytes(key_len, STRIPES).div_ceil(4096) * 4096;
-                let start = 2 * c.bin.hdr_size;
-                let offset = free_area(meta, start, start + meta.keyslots_size, area_size)
-                    .ok_or(LuksError::NoFreeSlot)?;
-                let slot_json = serde_json::json!({
-                    "type": "luks2",
-                    "key_size": key_len,
-                    "af": { "type": "luks1", "stripes": STRIPES, "hash": af_hash.name() },
-                    "area": {
-                        "type": "raw", "offset": offset.to_string(), "size": area_size.to_string(),
-                        "encryption": "aes-xts-plain64", "key_size": key_len,
-                    },
-                    "kdf": luks2::kdf_json(kdf, &salt),
-                });
+                let (offset, slot_json) = luks2_slot(meta, c.bin.hdr_size, key_len, af_hash, kdf, &salt)?;
                 let digest_id = meta.digest.id.clone();
                 json_object(&mut c.json, "keyslots")?.insert(n.to_string(), slot_json);
                 let digest = json_object(&mut c.json, "digests")?
@@ -543,13 +549,7 @@ impl Volume {
                 (n, offset)
             }
         };
-        let derived = derive(kdf, passphrase, &salt, key_len)?;
-        let split = af::split(key.as_bytes(), STRIPES, af_hash);
-        let mut material = secret(af::split_bytes(key_len, STRIPES) as usize);
-        material[..split.len()].copy_from_slice(&split);
-        crypto::area_crypt(&derived, &mut material, true)?;
-        io.write_at(offset, &material)?;
-        io.flush()?;
+        write_slot_material(io, offset, key, passphrase, &salt, kdf, af_hash)?;
         next.write_header(io)?;
         *self = next;
         Ok(n)
@@ -557,6 +557,9 @@ impl Volume {
 
     /// Header first (the slot gone), then the area wiped. Refuses the last active slot (LastSlot).
     pub fn remove_keyslot(&mut self, io: &mut dyn MetaIo, slot: u32) -> Result<(), LuksError> {
+        if self.reencrypting() {
+            return Err(LuksError::Reencrypting);
+        }
         let area = self.keyslots().into_iter().find(|k| k.slot == slot).ok_or(LuksError::NoSuchSlot(slot))?;
         if self.keyslots().len() == 1 {
             return Err(LuksError::LastSlot);
@@ -687,6 +690,54 @@ pub fn derive_into(kdf: &Kdf, passphrase: &[u8], salt: &[u8], out: &mut [u8]) ->
     Ok(())
 }
 
+/// A new LUKS2 key slot's place (the lowest free area) and JSON.
+fn luks2_slot(
+    meta: &luks2::Meta,
+    hdr_size: u64,
+    key_len: usize,
+    af_hash: Hash,
+    kdf: &Kdf,
+    salt: &[u8],
+) -> Result<(u64, Value), LuksError> {
+    let area_size = af::split_bytes(key_len, STRIPES).div_ceil(4096) * 4096;
+    let start = 2 * hdr_size;
+    let offset =
+        free_area(meta, start, start + meta.keyslots_size, area_size).ok_or(LuksError::NoFreeSlot)?;
+    let slot_json = serde_json::json!({
+        "type": "luks2",
+        "key_size": key_len,
+        "af": { "type": "luks1", "stripes": STRIPES, "hash": af_hash.name() },
+        "area": {
+            "type": "raw", "offset": offset.to_string(), "size": area_size.to_string(),
+            "encryption": "aes-xts-plain64", "key_size": key_len,
+        },
+        "kdf": luks2::kdf_json(kdf, salt),
+    });
+    Ok((offset, slot_json))
+}
+
+/// Writes `key`'s key material for a slot at `offset`: split, encrypted with the key derived
+/// from `passphrase`, then flushed (before any header names the slot).
+fn write_slot_material(
+    io: &mut dyn MetaIo,
+    offset: u64,
+    key: &VolumeKey,
+    passphrase: &[u8],
+    salt: &[u8],
+    kdf: &Kdf,
+    af_hash: Hash,
+) -> Result<(), LuksError> {
+    let key_len = key.as_bytes().len();
+    let derived = derive(kdf, passphrase, salt, key_len)?;
+    let split = af::split(key.as_bytes(), STRIPES, af_hash);
+    let mut material = secret(af::split_bytes(key_len, STRIPES) as usize);
+    material[..split.len()].copy_from_slice(&split);
+    crypto::area_crypt(&derived, &mut material, true)?;
+    io.write_at(offset, &material)?;
+    io.flush()?;
+    Ok(())
+}
+
 /// The key derived from `passphrase` for a key slot's area.
 fn derive(kdf: &Kdf, passphrase: &[u8], salt: &[u8], len: usize) -> Result<Zeroizing<Vec<u8>>, LuksError> {
     let mut out = secret(len);
@@ -802,7 +853,7 @@ pub fn format(
                 uuid,
                 slots,
             };
-            (Header::V1(h), u64::from(payload) * 512)
+            (Header::V1(Box::new(h)), u64::from(payload) * 512)
         }
         Version::Luks2 => {
             let mut digest = vec![0u8; hash.len()];

@@ -26,7 +26,7 @@ pub(crate) const MAX_KEYSLOTS_SIZE: u64 = 128 << 20;
 /// cryptsetup's LUKS2_KEYSLOTS_MAX (and the limit on segments).
 pub(crate) const MAX_KEYSLOTS: u32 = 32;
 /// cryptsetup's LUKS2_DIGEST_MAX.
-const MAX_DIGESTS: usize = 8;
+pub(crate) const MAX_DIGESTS: usize = 8;
 /// Argon2's limits in cryptsetup (crypto_backend/pbkdf_check.c): memory 4 GiB, 4 threads.
 pub(crate) const ARGON2_MAX_MEMORY_KIB: u32 = 4 * 1024 * 1024;
 pub(crate) const ARGON2_MAX_PARALLEL: u32 = 4;
@@ -36,7 +36,7 @@ pub(crate) const SALT_LEN: usize = 32;
 /// What a copy failed on: damage (the other copy may do) or a valid field this build refuses.
 pub(crate) type Check<T> = Result<T, LuksError>;
 
-fn bad(reason: impl Into<String>) -> LuksError {
+pub(crate) fn bad(reason: impl Into<String>) -> LuksError {
     // The copy is named by the caller (`Damaged { copy }` is rewritten there).
     LuksError::Damaged { copy: "primary", reason: reason.into() }
 }
@@ -200,51 +200,53 @@ pub(crate) struct Meta {
     /// The digest bound to the data segment.
     pub digest: Digest,
     pub keyslots_size: u64,
+    /// The online re-encryption in progress (cryptsetup's "online-reencrypt-v2").
+    pub reencrypt: Option<crate::reencrypt::Job>,
 }
 
-fn object<'a>(v: &'a Value, what: &str) -> Check<&'a Map<String, Value>> {
+pub(crate) fn object<'a>(v: &'a Value, what: &str) -> Check<&'a Map<String, Value>> {
     v.as_object().ok_or_else(|| bad(format!("{what}: not an object")))
 }
-fn field<'a>(m: &'a Map<String, Value>, what: &str, key: &str) -> Check<&'a Value> {
+pub(crate) fn field<'a>(m: &'a Map<String, Value>, what: &str, key: &str) -> Check<&'a Value> {
     m.get(key).ok_or_else(|| bad(format!("{what}: no \"{key}\"")))
 }
-fn string<'a>(m: &'a Map<String, Value>, what: &str, key: &str) -> Check<&'a str> {
+pub(crate) fn string<'a>(m: &'a Map<String, Value>, what: &str, key: &str) -> Check<&'a str> {
     field(m, what, key)?.as_str().ok_or_else(|| bad(format!("{what}.{key}: not a string")))
 }
 /// A JSON integer (cryptsetup's json_type_int: a 64-bit signed integer), non-negative.
-fn int(m: &Map<String, Value>, what: &str, key: &str) -> Check<u64> {
+pub(crate) fn int(m: &Map<String, Value>, what: &str, key: &str) -> Check<u64> {
     let v = field(m, what, key)?;
     match v.as_u64() {
         Some(n) if n <= i64::MAX as u64 => Ok(n),
         _ => Err(bad(format!("{what}.{key}: not a non-negative integer"))),
     }
 }
-fn int_u32(m: &Map<String, Value>, what: &str, key: &str) -> Check<u32> {
+pub(crate) fn int_u32(m: &Map<String, Value>, what: &str, key: &str) -> Check<u32> {
     u32::try_from(int(m, what, key)?).map_err(|_| bad(format!("{what}.{key}: too large")))
 }
 /// A decimal string, as offsets and sizes are stored (JSON numbers cannot carry 64 bits).
-fn decimal(s: &str) -> Option<u64> {
+pub(crate) fn decimal(s: &str) -> Option<u64> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     s.parse().ok()
 }
-fn dec(m: &Map<String, Value>, what: &str, key: &str) -> Check<u64> {
+pub(crate) fn dec(m: &Map<String, Value>, what: &str, key: &str) -> Check<u64> {
     let s = string(m, what, key)?;
     decimal(s).ok_or_else(|| bad(format!("{what}.{key}: not a decimal string")))
 }
-fn b64(m: &Map<String, Value>, what: &str, key: &str) -> Check<Vec<u8>> {
+pub(crate) fn b64(m: &Map<String, Value>, what: &str, key: &str) -> Check<Vec<u8>> {
     let s = string(m, what, key)?;
     base64::engine::general_purpose::STANDARD.decode(s).map_err(|_| bad(format!("{what}.{key}: not base64")))
 }
 /// An object id: a decimal number without leading zeros, below `max`.
-fn id(s: &str, what: &str, max: u32) -> Check<u32> {
+pub(crate) fn id(s: &str, what: &str, max: u32) -> Check<u32> {
     match decimal(s) {
         Some(n) if n < u64::from(max) && n.to_string() == s => Ok(n as u32),
         _ => Err(bad(format!("{what} id \"{s}\""))),
     }
 }
-fn id_list(m: &Map<String, Value>, what: &str, key: &str, max: u32) -> Check<Vec<u32>> {
+pub(crate) fn id_list(m: &Map<String, Value>, what: &str, key: &str, max: u32) -> Check<Vec<u32>> {
     let arr = field(m, what, key)?.as_array().ok_or_else(|| bad(format!("{what}.{key}: not an array")))?;
     arr.iter()
         .map(|v| {
@@ -252,7 +254,7 @@ fn id_list(m: &Map<String, Value>, what: &str, key: &str, max: u32) -> Check<Vec
         })
         .collect()
 }
-fn strings(v: &Value, what: &str) -> Check<Vec<String>> {
+pub(crate) fn strings(v: &Value, what: &str) -> Check<Vec<String>> {
     let arr = v.as_array().ok_or_else(|| bad(format!("{what}: not an array")))?;
     arr.iter()
         .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| bad(format!("{what}: not strings"))))
@@ -335,13 +337,17 @@ impl Meta {
         if let Some(flags) = config.get("flags") {
             strings(flags, "config.flags")?;
         }
+        let mut reencrypting = false;
         if let Some(req) = config.get("requirements") {
             let req = object(req, "config.requirements")?;
             if let Some(mandatory) = req.get("mandatory") {
-                // Online re-encryption, LUKS2 with OPAL, ...: a volume only a tool that
-                // knows the requirement may open.
-                if let Some(first) = strings(mandatory, "config.requirements.mandatory")?.first() {
-                    return Err(unsupported("requirement", first));
+                // LUKS2 with OPAL, older or other re-encryption formats, ...: a volume only a
+                // tool that knows the requirement may open.
+                for name in strings(mandatory, "config.requirements.mandatory")? {
+                    if name != crate::reencrypt::REQUIREMENT {
+                        return Err(unsupported("requirement", name));
+                    }
+                    reencrypting = true;
                 }
             }
         }
@@ -353,13 +359,19 @@ impl Meta {
         }
         // segments (spec section 3.3)
         let segments = object(field(json, "JSON", "segments")?, "segments")?;
-        if segments.len() != 1 {
-            return Err(unsupported(
-                "segments",
-                format_args!("{} segments (one is implemented)", segments.len()),
-            ));
-        }
-        let (segment_id, seg) = segments.iter().next().ok_or_else(|| bad("segments: empty"))?;
+        // In a re-encryption the volume is described by its segment as before the job (the
+        // "backup-previous" one); reencrypt.rs checks the others.
+        let (segment_id, seg) = if reencrypting {
+            crate::reencrypt::previous_segment(segments)?
+        } else {
+            if segments.len() != 1 {
+                return Err(unsupported(
+                    "segments",
+                    format_args!("{} segments (one is implemented)", segments.len()),
+                ));
+            }
+            segments.iter().next().ok_or_else(|| bad("segments: empty"))?
+        };
         id(segment_id, "segment", MAX_KEYSLOTS)?;
         let what = "segment";
         let seg = object(seg, what)?;
@@ -403,12 +415,17 @@ impl Meta {
         // keyslots (spec section 3.2)
         let slots = object(field(json, "JSON", "keyslots")?, "keyslots")?;
         let mut keyslots = BTreeMap::new();
+        let mut reencrypt_slots = Vec::new();
         for (key, slot) in slots {
             let n = id(key, "keyslot", MAX_KEYSLOTS)?;
             let what = format!("keyslot {n}");
             let what = what.as_str();
             let slot = object(slot, what)?;
             let kind = string(slot, what, "type")?;
+            if reencrypting && kind == "reencrypt" {
+                reencrypt_slots.push(n);
+                continue;
+            }
             if kind != "luks2" {
                 return Err(unsupported("keyslot type", kind));
             }
@@ -477,6 +494,7 @@ impl Meta {
             return Err(bad(format!("{} digests", digests.len())));
         }
         let mut bound = None;
+        let mut all_digests = Vec::new();
         for (key, d) in digests {
             id(key, "digest", MAX_DIGESTS as u32)?;
             let what = format!("digest {key}");
@@ -488,7 +506,8 @@ impl Meta {
             }
             let slots = id_list(d, what, "keyslots", MAX_KEYSLOTS)?;
             let segs = id_list(d, what, "segments", MAX_KEYSLOTS)?;
-            if let Some(s) = slots.iter().find(|s| !keyslots.contains_key(s)) {
+            if let Some(s) = slots.iter().find(|s| !keyslots.contains_key(s) && !reencrypt_slots.contains(s))
+            {
                 return Err(bad(format!("{what}: keyslot {s} does not exist")));
             }
             let hash = Hash::parse("digest hash", string(d, what, "hash")?)?;
@@ -504,20 +523,27 @@ impl Meta {
             if digest.len() != 20 && digest.len() != hash.len() {
                 return Err(bad(format!("{what}.digest: {} bytes", digest.len())));
             }
+            let parsed = Digest { id: key.clone(), keyslots: slots, hash, iterations, salt, digest };
             if segs.iter().any(|s| s.to_string() == *segment_id) {
                 if bound.is_some() {
                     return Err(bad("two digests for the data segment"));
                 }
-                bound = Some(Digest { id: key.clone(), keyslots: slots, hash, iterations, salt, digest });
+                bound = Some(parsed.clone());
             }
+            all_digests.push((parsed, segs));
         }
         let digest = bound.ok_or_else(|| bad("no digest for the data segment"))?;
-        Ok(Meta {
+        let mut meta = Meta {
             keyslots,
             segment_id: segment_id.clone(),
             segment: Segment { offset, size, cipher: cipher.to_owned(), sector_size },
             digest,
             keyslots_size,
-        })
+            reencrypt: None,
+        };
+        if reencrypting {
+            meta.reencrypt = Some(crate::reencrypt::Job::parse(json, &meta, metadata_end, all_digests)?);
+        }
+        Ok(meta)
     }
 }

@@ -11,10 +11,10 @@ use fp_rpc::{ParamError, Params};
 use serde_json::{json, Value};
 
 use super::kdf::KdfRequest;
+use super::reencrypt::crypto_key;
 use super::{disks, luks_error, BdevMetaIo, LuksDisk};
 use crate::keyring::keyring;
 use crate::keys::invalid;
-use super::reencrypt::crypto_key;
 use crate::{recover_hotzone, CryptoDevice, CryptoLayout, Hotzone};
 
 /// The claim holder kind while a method works on a base no crypto bdev holds.
@@ -145,7 +145,20 @@ pub(crate) fn open_luks(
         .into());
     }
     let layout = CryptoLayout { data_offset: volume.data_offset(), sector_size: volume.sector_size() };
-    let (dev, key, opened_by, resume) = if volume.reencryption().is_some() {
+    let (dev, key, opened_by, resume) = if volume.reencryption().is_some_and(|r| r.finished) {
+        // Every sector is under the new key already: the job's last header write is all that
+        // is left (a crash between the two).
+        let (_, new) = with_passphrase(host, "luks_key_name", key_name, |pass| {
+            volume.unlock_reencryption(&mut io, pass)
+        })?
+        .map_err(|e| luks_error("luks_key_name", e))?;
+        volume.finish_reencryption(&mut io, &new).map_err(|e| luks_error("base_bdev_name", e))?;
+        let (key, opened_by) =
+            with_passphrase(host, "luks_key_name", key_name, |pass| volume.unlock(&mut io, pass, slot))?
+                .map_err(|e| luks_error("luks_key_name", e))?;
+        let dev = CryptoDevice::with_layout(name, base.clone(), crypto_key(name, "key", &key)?, layout)?;
+        (dev, key, opened_by, None)
+    } else if volume.reencryption().is_some() {
         let (old, new) = with_passphrase(host, "luks_key_name", key_name, |pass| {
             volume.unlock_reencryption(&mut io, pass)
         })?
@@ -159,7 +172,7 @@ pub(crate) fn open_luks(
             let found = recover_hotzone(&base, layout, &old_key, &new_key, &hotzone)
                 .map_err(|e| ModuleError::module(libc::EIO, e))?;
             volume
-                .reencryption_advance(&mut io, (&old, &new), offset + len)
+                .reencryption_advance(&mut io, offset + len)
                 .map_err(|e| luks_error("base_bdev_name", e))?;
             log::info!(
                 "LUKS disk '{name}': interrupted hotzone at {offset} repaired ({} sectors rewritten, {} already new)",
@@ -169,11 +182,16 @@ pub(crate) fn open_luks(
         }
         let boundary = volume.reencryption().map_or(0, |r| r.boundary);
         let dev = CryptoDevice::with_reencryption(name, base.clone(), old_key, new_key, layout, boundary)?;
-        log::info!("LUKS volume {} on '{}' is being re-encrypted: {boundary} bytes done", volume.uuid(), base.info().name);
+        log::info!(
+            "LUKS volume {} on '{}' is being re-encrypted: {boundary} bytes done",
+            volume.uuid(),
+            base.info().name
+        );
         (dev, old.clone(), 0, Some((old, new)))
     } else {
-        let (key, opened_by) = with_passphrase(host, "luks_key_name", key_name, |pass| volume.unlock(&mut io, pass, slot))?
-            .map_err(|e| luks_error("luks_key_name", e))?;
+        let (key, opened_by) =
+            with_passphrase(host, "luks_key_name", key_name, |pass| volume.unlock(&mut io, pass, slot))?
+                .map_err(|e| luks_error("luks_key_name", e))?;
         let dev = CryptoDevice::with_layout(name, base.clone(), crypto_key(name, "key", &key)?, layout)?;
         (dev, key, opened_by, None)
     };
@@ -195,9 +213,12 @@ pub(crate) fn open_luks(
 /// Continues, on the registered crypto bdev `name`, the re-encryption its header recorded.
 pub(crate) fn resume_after_open(host: &dyn ModuleHost, name: &str) -> Result<(), ModuleError> {
     let Some(disk) = disks(host).get(name) else { return Ok(()) };
-    let Some((old, new)) = disk.resume.lock().unwrap_or_else(|p| p.into_inner()).take() else { return Ok(()) };
+    let Some((old, new)) = disk.resume.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        return Ok(());
+    };
     let any = host.module_device(name, "crypto", "crypto bdev")?;
-    let dev = any.downcast_ref::<CryptoDevice>().ok_or_else(|| ParamError::new("name", "not a crypto bdev"))?;
+    let dev =
+        any.downcast_ref::<CryptoDevice>().ok_or_else(|| ParamError::new("name", "not a crypto bdev"))?;
     super::reencrypt::run_job(&disk, dev, old, new, crate::ReencryptOptions::default())?;
     log::info!("LUKS disk '{name}': re-encryption resumed");
     Ok(())

@@ -8,7 +8,7 @@
 
 mod io;
 mod kdf;
-mod methods;
+pub(crate) mod methods;
 mod reencrypt;
 
 use std::collections::BTreeMap;
@@ -20,7 +20,7 @@ use fp_luks::{LuksError, Volume, VolumeKey};
 use crate::ReencryptJob;
 
 pub use io::BdevMetaIo;
-pub(crate) use methods::{add_keyslot, format, get_header, open_luks, remove_keyslot, resume_after_open, test_key};
+pub(crate) use methods::{add_keyslot, format, get_header, open_luks, remove_keyslot, test_key};
 pub(crate) use reencrypt::{
     cancel as reencrypt_cancel, get as reencrypt_get, pause as reencrypt_pause, resume as reencrypt_resume,
     set_speed as reencrypt_set_speed, start as reencrypt_start,

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use fp_bdev::module::{ModuleError, ModuleHost};
+use fp_bdev::BlockDevice;
 use fp_luks::VolumeKey;
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Value};
@@ -19,30 +20,32 @@ use crate::{start_reencrypt, CryptoDevice, CryptoKey, ReencryptCheckpoint, Reenc
 const MODULE: &str = "crypto";
 
 /// The checkpoint of a LUKS2 disk's job: each step is a header write (fp-luks), on the job's
-/// thread, through a channel of the base opened there on first use.
+/// thread, through a channel of the base opened for the step (a channel stays on the thread
+/// that opened it; a step per hotzone makes its opening cheap beside the hotzone's I/O).
 pub(crate) struct LuksCheckpoint {
     disk: Arc<LuksDisk>,
     old: VolumeKey,
     new: VolumeKey,
-    io: Option<BdevMetaIo>,
 }
 
 impl LuksCheckpoint {
     pub fn new(disk: Arc<LuksDisk>, old: VolumeKey, new: VolumeKey) -> LuksCheckpoint {
-        LuksCheckpoint { disk, old, new, io: None }
+        LuksCheckpoint { disk, old, new }
     }
 
     /// Runs `f` on the header with the base's channel, the header's lock held.
     fn with_header(
         &mut self,
-        f: impl FnOnce(&mut fp_luks::Volume, &mut BdevMetaIo, &VolumeKey, &VolumeKey) -> Result<(), fp_luks::LuksError>,
+        f: impl FnOnce(
+            &mut fp_luks::Volume,
+            &mut BdevMetaIo,
+            &VolumeKey,
+            &VolumeKey,
+        ) -> Result<(), fp_luks::LuksError>,
     ) -> std::io::Result<()> {
-        if self.io.is_none() {
-            self.io = Some(BdevMetaIo::open(&self.disk.base).map_err(std::io::Error::other)?);
-        }
-        let io = self.io.as_mut().expect("opened above");
+        let mut io = BdevMetaIo::open(&self.disk.base).map_err(std::io::Error::other)?;
         let mut volume = self.disk.volume.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut volume, io, &self.old, &self.new).map_err(|e| match e {
+        f(&mut volume, &mut io, &self.old, &self.new).map_err(|e| match e {
             fp_luks::LuksError::Io(e) => e,
             e => std::io::Error::other(e.to_string()),
         })
@@ -50,12 +53,17 @@ impl LuksCheckpoint {
 }
 
 impl ReencryptCheckpoint for LuksCheckpoint {
-    fn begin_hotzone(&mut self, offset: u64, len: u64, old_sector_sha256: &[[u8; 32]]) -> std::io::Result<()> {
-        self.with_header(|v, io, old, new| v.reencryption_hotzone(io, (old, new), offset, len, old_sector_sha256))
+    fn begin_hotzone(
+        &mut self,
+        offset: u64,
+        len: u64,
+        old_sector_sha256: &[[u8; 32]],
+    ) -> std::io::Result<()> {
+        self.with_header(|v, io, _, _| v.reencryption_hotzone(io, offset, len, old_sector_sha256))
     }
 
     fn advance(&mut self, boundary: u64) -> std::io::Result<()> {
-        self.with_header(|v, io, old, new| v.reencryption_advance(io, (old, new), boundary))
+        self.with_header(|v, io, _, _| v.reencryption_advance(io, boundary))
     }
 
     fn finish(&mut self) -> std::io::Result<()> {
@@ -107,13 +115,20 @@ pub(crate) fn start(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modul
     let kdf = KdfRequest::take(&mut p)?;
     p.finish()?;
     let disk = open_disk(host, &name)?;
-    if disk.job.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|j| !j.progress().state.is_final()) {
+    if disk
+        .job
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_some_and(|j| !j.progress().state.is_final())
+    {
         return Err(ParamError::new("name", format!("a re-encryption of '{name}' is running")).into());
     }
     let any = device(host, &name)?;
-    let dev = any.downcast_ref::<CryptoDevice>().ok_or_else(|| ParamError::new("name", "not a crypto bdev"))?;
+    let dev =
+        any.downcast_ref::<CryptoDevice>().ok_or_else(|| ParamError::new("name", "not a crypto bdev"))?;
     let old = disk.key.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let new = {
+    let (new, hotzone) = {
         let mut volume = disk.volume.lock().unwrap_or_else(|p| p.into_inner());
         if volume.version() != fp_luks::Version::Luks2 {
             return Err(ParamError::new("name", "online re-encryption needs a LUKS2 volume").into());
@@ -123,8 +138,14 @@ pub(crate) fn start(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modul
         }
         let kdf = kdf.resolve(volume.version())?;
         let mut io = BdevMetaIo::open(&disk.base)?;
-        with_passphrase(host, "key_name", &key_name, |pass| volume.begin_reencryption(&mut io, &old, &[pass], &kdf, hotzone))?
-            .map_err(|e| luks_error("name", e))?
+        let new = with_passphrase(host, "key_name", &key_name, |pass| {
+            volume.begin_reencryption(&mut io, &old, &[pass], &kdf)
+        })?
+        .map_err(|e| luks_error("key_name", e))?;
+        // At most what the header's checksum area records, in whole sectors.
+        let most = volume.reencryption().map_or(hotzone, |r| r.hotzone_max);
+        let sector = u64::from(volume.sector_size());
+        (new, (hotzone.min(most) / sector * sector).max(sector))
     };
     let opts = ReencryptOptions { hotzone, speed_limit_mib_s: speed, ..ReencryptOptions::default() };
     run_job(&disk, dev, old, new, opts)?;
@@ -163,9 +184,14 @@ pub(crate) fn get(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleE
 /// `bdev_luks_reencrypt_pause`, `_resume`, `_cancel`, `_set_speed`: the job of the open disk
 /// `name`. A cancelled job leaves the disk in its mixed state, recorded in the header; `_start`
 /// is refused then, a reopen resumes it.
-pub(crate) fn control(host: &dyn ModuleHost, mut p: Params, what: &'static str) -> Result<Value, ModuleError> {
+pub(crate) fn control(
+    host: &dyn ModuleHost,
+    mut p: Params,
+    what: &'static str,
+) -> Result<Value, ModuleError> {
     let name = p.required_str("name")?;
-    let speed = if what == "speed" { Some(p.required_uint("speed_limit", u64::from(u32::MAX))?) } else { None };
+    let speed =
+        if what == "speed" { Some(p.required_uint("speed_limit", u64::from(u32::MAX))?) } else { None };
     p.finish()?;
     let disk = open_disk(host, &name)?;
     let job = disk.job.lock().unwrap_or_else(|p| p.into_inner());

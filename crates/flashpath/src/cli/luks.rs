@@ -223,6 +223,7 @@ pub(crate) fn run(rpc: &Path, json: bool, cmd: LuksCommand) -> Result<(), CliErr
             kdf.set(&mut params);
             call_print(rpc, json, "bdev_luks_add_keyslot", params)
         }
+        LuksCommand::Reencrypt(c) => reencrypt(rpc, json, c),
         LuksCommand::KillSlot { name, slot } => {
             one_call(rpc, json, FLAGS, "bdev_luks_remove_keyslot", json!({"name": name, "key_slot": slot}))
         }
@@ -245,7 +246,8 @@ fn reencrypt(rpc: &Path, json: bool, cmd: ReencryptCommand) -> Result<(), CliErr
             let rows: Vec<Vec<String>> = jobs
                 .iter()
                 .map(|j| {
-                    let (done, total) = (j["done_bytes"].as_u64().unwrap_or(0), j["total_bytes"].as_u64().unwrap_or(0));
+                    let (done, total) =
+                        (j["done_bytes"].as_u64().unwrap_or(0), j["total_bytes"].as_u64().unwrap_or(0));
                     let pct = if total == 0 { 100.0 } else { done as f64 * 100.0 / total as f64 };
                     vec![cell(j, "name"), cell(j, "state"), format!("{pct:.1}%"), cell(j, "error")]
                 })

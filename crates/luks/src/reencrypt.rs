@@ -1,0 +1,1015 @@
+//! LUKS2 online re-encryption metadata, as cryptsetup 2.6 writes, checks and resumes it
+//! (`cryptsetup reencrypt`), so that either tool can carry on the other's job. Only the case
+//! flashpath runs: mode "reencrypt" (a new volume key; cipher, sector size and data offset
+//! unchanged), direction "forward", resilience "checksum" with sha256.
+//!
+//! What the header holds during a job (docs/luks-format.md, "Online re-encryption metadata"):
+//!
+//! - `config.requirements.mandatory` has "online-reencrypt-v2", so tools that do not know the
+//!   format refuse the volume;
+//! - two backup segments, copies of the data segment as it was ("backup-previous", bound to
+//!   the old key's digest) and as it will be ("backup-final", bound to the new key's digest);
+//! - the live segments tiling the data area: the done part under the new digest, the rest
+//!   under the old, and while a hotzone is rewritten the hotzone itself as a segment flagged
+//!   "in-reencryption", bound to both digests;
+//! - a keyslot of type "reencrypt" (no key; priority ignore) whose area holds the sha256 of each
+//!   block (`sector_size`) of the hotzone's old ciphertext;
+//! - a digest over the re-encryption parameters and both volume keys, bound to that keyslot:
+//!   cryptsetup refuses to resume when it does not match.
+
+use crate::crypto::{same_bytes, secret, Hash};
+use crate::error::unsupported;
+use crate::luks2::{self, bad, dec, field, int, int_u32, object, string, strings, Check, Digest, Meta};
+use crate::{
+    luks2_slot, pick_slot, write_slot_material, Header, Kdf, LuksError, MetaIo, Version, Volume, VolumeKey,
+    DIGEST_ITERATIONS,
+};
+use base64::Engine;
+use rand::RngCore;
+use serde_json::{Map, Value};
+use zeroize::Zeroizing;
+
+/// The requirement cryptsetup 2.6 writes for a re-encryption and accepts to resume
+/// (LUKS2_REENCRYPT_REQ_VERSION 2; "-v3" is for decryption with a data shift, plain
+/// "online-reencrypt" is the 2.2 format without the metadata digest).
+pub(crate) const REQUIREMENT: &str = "online-reencrypt-v2";
+/// The requirement's version, the second byte of the metadata digest's input.
+const REQUIREMENT_VERSION: u8 = 2;
+/// cryptsetup's LUKS2_REENCRYPT_MAX_HOTZONE_LENGTH.
+const MAX_HOTZONE: u64 = 1 << 30;
+/// One checksum (sha256).
+const CHECKSUM_LEN: u64 = 32;
+const PREVIOUS: &str = "backup-previous";
+const FINAL: &str = "backup-final";
+const HOT: &str = "in-reencryption";
+
+/// A re-encryption in progress, as the header records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reencryption {
+    /// Bytes of the data area (from its start) under the new key. With a hotzone recorded it
+    /// is the hotzone's start; when finished, the data size (`u64::MAX` when it runs to the
+    /// device's end).
+    pub boundary: u64,
+    /// Every byte is under the new key: only [`Volume::finish_reencryption`] is left.
+    pub finished: bool,
+    /// The hotzone (offset, length in bytes from the data area's start) whose rewrite was
+    /// interrupted: recover it ([`Volume::reencryption_recovery`]) before going on.
+    pub hotzone: Option<(u64, u64)>,
+    /// The data area's length, `None` when it runs to the device's end.
+    pub data_size: Option<u64>,
+    /// The largest hotzone the checksum area has room for (and at most 1 GiB, cryptsetup's
+    /// limit).
+    pub hotzone_max: u64,
+    /// The unit of the hotzone's checksums in bytes (the area's `sector_size`).
+    pub checksum_block: u32,
+}
+
+/// A hotzone recorded for recovery: (offset, length in bytes from the data area's start, the
+/// sha256 of each checksum block of its old ciphertext).
+pub type Hotzone = (u64, u64, Vec<[u8; 32]>);
+
+/// A data segment as the re-encryption's metadata lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Seg {
+    id: u32,
+    offset: u64,
+    size: Option<u64>,
+    iv_tweak: u64,
+    cipher: String,
+    sector_size: u32,
+    flags: Vec<String>,
+}
+
+fn parse_seg(id: u32, value: &Value) -> Check<Seg> {
+    let what = format!("segment {id}");
+    let what = what.as_str();
+    let seg = object(value, what)?;
+    let kind = string(seg, what, "type")?;
+    if kind != "crypt" {
+        return Err(unsupported("segment type", format_args!("{kind} (encryption or decryption jobs)")));
+    }
+    let size = match string(seg, what, "size")? {
+        "dynamic" => None,
+        s => Some(luks2::decimal(s).ok_or_else(|| bad(format!("{what}.size: not a decimal string")))?),
+    };
+    let cipher = string(seg, what, "encryption")?;
+    if cipher != "aes-xts-plain64" {
+        return Err(unsupported("cipher", cipher));
+    }
+    let sector_size = int_u32(seg, what, "sector_size")?;
+    if !(512..=4096).contains(&sector_size) || !sector_size.is_power_of_two() {
+        return Err(bad(format!("{what}.sector_size {sector_size}")));
+    }
+    if seg.contains_key("integrity") {
+        return Err(unsupported("integrity", "dm-integrity segments"));
+    }
+    let offset = dec(seg, what, "offset")?;
+    let ss = u64::from(sector_size);
+    if offset % ss != 0 || size.is_some_and(|s| s == 0 || s % ss != 0) {
+        return Err(bad(format!("{what}: offset or size not a multiple of sector_size")));
+    }
+    let flags = seg.get("flags").map(|f| strings(f, "segment.flags")).transpose()?.unwrap_or_default();
+    Ok(Seg {
+        id,
+        offset,
+        size,
+        iv_tweak: dec(seg, what, "iv_tweak")?,
+        cipher: cipher.to_owned(),
+        sector_size,
+        flags,
+    })
+}
+
+/// The segment describing the volume as before the job ("backup-previous"): the data
+/// segment the rest of the header checks go by.
+pub(crate) fn previous_segment(segments: &Map<String, Value>) -> Check<(&String, &Value)> {
+    let mut found = segments.iter().filter(|(_, v)| {
+        v.get("flags")
+            .and_then(Value::as_array)
+            .is_some_and(|f| f.iter().any(|x| x.as_str() == Some(PREVIOUS)))
+    });
+    match (found.next(), found.next()) {
+        (Some(s), None) => Ok(s),
+        (None, _) => Err(bad("re-encryption without a \"backup-previous\" segment")),
+        (Some(_), Some(_)) => Err(bad("two \"backup-previous\" segments")),
+    }
+}
+
+/// Where the job stands, from the live segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// [0, boundary) under the new key, the rest under the old; no hotzone in flight.
+    At(u64),
+    /// A hotzone's checksums are recorded and its data may be half rewritten.
+    Hot { offset: u64, len: u64 },
+    /// All under the new key.
+    Done,
+}
+
+/// The re-encryption metadata of a header, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Job {
+    keyslot: u32,
+    area_offset: u64,
+    area_size: u64,
+    block: u32,
+    old: Digest,
+    new: Digest,
+    check: Digest,
+    previous: Seg,
+    fin: Seg,
+    state: State,
+}
+
+impl Job {
+    /// Checks what a header in re-encryption says beyond the plain volume's fields (those
+    /// `meta` has, the "backup-previous" segment standing for the data segment).
+    pub(crate) fn parse(
+        json: &Map<String, Value>,
+        meta: &Meta,
+        metadata_end: u64,
+        digests: Vec<(Digest, Vec<u32>)>,
+    ) -> Check<Job> {
+        // The reencrypt keyslot.
+        let slots = object(field(json, "JSON", "keyslots")?, "keyslots")?;
+        let mut found = None;
+        for (key, slot) in slots {
+            let slot = object(slot, "keyslot")?;
+            if string(slot, "keyslot", "type")? == "reencrypt" {
+                if found.is_some() {
+                    return Err(bad("two reencrypt keyslots"));
+                }
+                found = Some((luks2::id(key, "keyslot", luks2::MAX_KEYSLOTS)?, slot));
+            }
+        }
+        let (keyslot, ks) = found.ok_or_else(|| bad("re-encryption without a reencrypt keyslot"))?;
+        let what = "reencrypt keyslot";
+        if int(ks, what, "key_size")? != 1 {
+            return Err(bad("reencrypt keyslot: key_size not 1"));
+        }
+        let mode = string(ks, what, "mode")?;
+        if mode != "reencrypt" {
+            return Err(unsupported("reencryption mode", mode));
+        }
+        let direction = string(ks, what, "direction")?;
+        if direction != "forward" {
+            return Err(unsupported("reencryption direction", direction));
+        }
+        let area = object(field(ks, what, "area")?, "reencrypt keyslot area")?;
+        let resilience = string(area, what, "type")?;
+        if resilience != "checksum" {
+            return Err(unsupported("reencryption resilience", resilience));
+        }
+        let hash = string(area, what, "hash")?;
+        if hash != "sha256" {
+            return Err(unsupported("reencryption checksum hash", hash));
+        }
+        let block = int_u32(area, what, "sector_size")?;
+        if block < 512 || !block.is_power_of_two() {
+            return Err(bad(format!("reencrypt keyslot: sector_size {block}")));
+        }
+        let area_offset = dec(area, what, "offset")?;
+        let area_size = dec(area, what, "size")?;
+        let area_end =
+            area_offset.checked_add(area_size).ok_or_else(|| bad("reencrypt keyslot: area overflows"))?;
+        if area_offset < metadata_end
+            || area_end > metadata_end + meta.keyslots_size
+            || area_size < CHECKSUM_LEN
+        {
+            return Err(bad(format!(
+                "reencrypt keyslot: area {area_offset}+{area_size} outside the key slots area"
+            )));
+        }
+        if meta
+            .keyslots
+            .values()
+            .any(|k| k.area_offset < area_end && area_offset < k.area_offset + k.area_size)
+        {
+            return Err(bad("reencrypt keyslot: area overlaps a key slot's"));
+        }
+
+        // The segments: the two backups and the live ones.
+        let segments = object(field(json, "JSON", "segments")?, "segments")?;
+        let (mut live, mut previous, mut fin) = (Vec::new(), None, None);
+        for (key, value) in segments {
+            let seg = parse_seg(luks2::id(key, "segment", luks2::MAX_KEYSLOTS)?, value)?;
+            let slot = match seg.flags.iter().find(|f| f.starts_with("backup-")).map(String::as_str) {
+                Some(PREVIOUS) => &mut previous,
+                Some(FINAL) => &mut fin,
+                Some(other) => return Err(unsupported("segment flag", other)),
+                None => {
+                    if let Some(flag) = seg.flags.iter().find(|f| *f != HOT) {
+                        return Err(unsupported("segment flag", flag));
+                    }
+                    live.push(seg);
+                    continue;
+                }
+            };
+            if slot.replace(seg).is_some() {
+                return Err(bad("two backup segments of a kind"));
+            }
+        }
+        let previous = previous.ok_or_else(|| bad("no \"backup-previous\" segment"))?;
+        let fin = fin.ok_or_else(|| bad("no \"backup-final\" segment"))?;
+        if fin.offset != previous.offset
+            || fin.sector_size != previous.sector_size
+            || fin.cipher != previous.cipher
+            || previous.iv_tweak != 0
+            || fin.iv_tweak != 0
+        {
+            return Err(unsupported("reencryption", "a new cipher, sector size, IV offset or data offset"));
+        }
+
+        // The digests: old (the data segment's), new, and the metadata's.
+        let bound_to = |seg: u32| -> Vec<&Digest> {
+            digests.iter().filter(|(_, segs)| segs.contains(&seg)).map(|(d, _)| d).collect()
+        };
+        let old = meta.digest.clone();
+        let new = match bound_to(fin.id)[..] {
+            [d] if d.id != old.id => d.clone(),
+            _ => return Err(bad("\"backup-final\" segment: not bound to one new digest")),
+        };
+        let check = match digests.iter().filter(|(d, _)| d.keyslots.contains(&keyslot)).collect::<Vec<_>>()[..]
+        {
+            [(d, segs)] if segs.is_empty() && d.keyslots.len() == 1 => d.clone(),
+            _ => return Err(bad("reencrypt keyslot: not bound to one metadata digest")),
+        };
+
+        // The live segments tile the data area from its start, ids 0, 1, ...
+        live.sort_by_key(|s| s.id);
+        let data_offset = previous.offset;
+        let mut at = data_offset;
+        for (i, s) in live.iter().enumerate() {
+            let tiles = s.id == i as u32
+                && s.offset == at
+                && s.iv_tweak == (s.offset - data_offset) / 512
+                && s.cipher == previous.cipher
+                && s.sector_size == previous.sector_size
+                && (s.size.is_some() || i + 1 == live.len());
+            if !tiles {
+                return Err(bad(format!("segment {}: does not continue the data area", s.id)));
+            }
+            at = at.checked_add(s.size.unwrap_or(0)).ok_or_else(|| bad("segment sizes overflow"))?;
+        }
+        if let (Some(total), Some(last)) = (previous.size, live.last()) {
+            let end = data_offset.saturating_add(total);
+            if last.size.is_some_and(|_| at != end) || at > end {
+                return Err(bad("live segments do not cover the data segment"));
+            }
+        }
+        let digest_ids = |s: &Seg| -> Vec<&str> {
+            let mut ids: Vec<&str> = bound_to(s.id).iter().map(|d| d.id.as_str()).collect();
+            ids.sort_unstable();
+            ids
+        };
+        let (o, n) = (old.id.as_str(), new.id.as_str());
+        let mut both = [o, n];
+        both.sort_unstable();
+        let under = |s: &Seg, id: &str| digest_ids(s) == [id];
+        let state = match live.iter().position(|s| s.flags.iter().any(|f| f == HOT)) {
+            Some(h) => {
+                let hot = &live[h];
+                let ok = (h == 0 || (h == 1 && under(&live[0], n)))
+                    && digest_ids(hot) == both
+                    && live[h + 1..].len() <= 1
+                    && live[h + 1..].iter().all(|s| under(s, o));
+                match (ok, hot.size) {
+                    (true, Some(len)) => State::Hot { offset: hot.offset - data_offset, len },
+                    _ => return Err(bad("in-reencryption segment: not between the new and the old part")),
+                }
+            }
+            None => match &live[..] {
+                [only] if under(only, o) => State::At(0),
+                [only] if under(only, n) => State::Done,
+                [done, rest] if under(done, n) && under(rest, o) => State::At(done.size.unwrap_or(0)),
+                _ => return Err(bad("live segments: not the new part then the old")),
+            },
+        };
+        Ok(Job { keyslot, area_offset, area_size, block, old, new, check, previous, fin, state })
+    }
+
+    /// The largest hotzone the checksum area holds.
+    fn hotzone_max(&self) -> u64 {
+        ((self.area_size / CHECKSUM_LEN) * u64::from(self.block)).min(MAX_HOTZONE)
+    }
+
+    /// Does the metadata digest hold with these keys? cryptsetup checks the same before it
+    /// resumes a job ("Reencryption metadata is invalid").
+    fn check_metadata(&self, old: &[u8], new: &[u8]) -> Result<(), LuksError> {
+        let data = verification_data(
+            self.area_offset,
+            self.area_size,
+            self.block,
+            &self.previous,
+            &self.fin,
+            old,
+            new,
+        );
+        if !self.check.matches(&data) {
+            return Err(LuksError::Damaged {
+                copy: "header",
+                reason: "the re-encryption metadata digest does not match (cryptsetup: \"Reencryption metadata is invalid\")"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Digest {
+    /// Does `key` hash to this digest?
+    fn matches(&self, key: &[u8]) -> bool {
+        let mut out = secret(self.digest.len());
+        self.hash.pbkdf2(key, &self.salt, self.iterations, &mut out);
+        same_bytes(&out, &self.digest)
+    }
+}
+
+/// What the metadata digest covers, laid out as cryptsetup's
+/// reencrypt_assembly_verification_data: 'v', '0' + the requirement's version, the old then
+/// the new volume key, the reencrypt keyslot (mode, direction, area type, offset, size, hash,
+/// sector_size) and the backup segments, previous then final (type, offset, size or
+/// "dynamic", iv_tweak, encryption, sector_size); strings without terminator, numbers
+/// big-endian (64 bits, sector sizes 32).
+fn verification_data(
+    area_offset: u64,
+    area_size: u64,
+    block: u32,
+    previous: &Seg,
+    fin: &Seg,
+    old: &[u8],
+    new: &[u8],
+) -> Zeroizing<Vec<u8>> {
+    let mut d = Zeroizing::new(Vec::with_capacity(256));
+    d.extend_from_slice(&[b'v', b'0' + REQUIREMENT_VERSION]);
+    d.extend_from_slice(old);
+    d.extend_from_slice(new);
+    for s in ["reencrypt", "forward", "checksum"] {
+        d.extend_from_slice(s.as_bytes());
+    }
+    d.extend_from_slice(&area_offset.to_be_bytes());
+    d.extend_from_slice(&area_size.to_be_bytes());
+    d.extend_from_slice(b"sha256");
+    d.extend_from_slice(&block.to_be_bytes());
+    for seg in [previous, fin] {
+        d.extend_from_slice(b"crypt");
+        d.extend_from_slice(&seg.offset.to_be_bytes());
+        match seg.size {
+            None => d.extend_from_slice(b"dynamic"),
+            Some(size) => d.extend_from_slice(&size.to_be_bytes()),
+        }
+        d.extend_from_slice(&seg.iv_tweak.to_be_bytes());
+        d.extend_from_slice(seg.cipher.as_bytes());
+        d.extend_from_slice(&seg.sector_size.to_be_bytes());
+    }
+    d
+}
+
+/// A new pbkdf2 digest of `key` (as cryptsetup's, at its minimum iterations: it only
+/// identifies a random key), bound to nothing yet.
+fn digest_json(key: &[u8], keyslots: &[u32]) -> Value {
+    let mut salt = [0u8; luks2::SALT_LEN];
+    rand::rngs::OsRng.fill_bytes(&mut salt);
+    let mut digest = [0u8; 32];
+    Hash::Sha256.pbkdf2(key, &salt, DIGEST_ITERATIONS, &mut digest);
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let keyslots: Vec<String> = keyslots.iter().map(u32::to_string).collect();
+    serde_json::json!({
+        "type": "pbkdf2", "keyslots": keyslots, "segments": [], "hash": "sha256",
+        "iterations": DIGEST_ITERATIONS, "salt": b64(&salt), "digest": b64(&digest),
+    })
+}
+
+/// A crypt segment's JSON: `at` bytes into the data area, `size` bytes (`None`: to the end).
+fn segment_json(like: &Seg, at: u64, size: Option<u64>, flag: Option<&str>) -> Value {
+    let mut seg = serde_json::json!({
+        "type": "crypt",
+        "offset": (like.offset + at).to_string(),
+        "size": size.map_or_else(|| "dynamic".to_owned(), |s| s.to_string()),
+        "iv_tweak": (at / 512).to_string(),
+        "encryption": like.cipher,
+        "sector_size": like.sector_size,
+    });
+    if let (Some(flag), Some(map)) = (flag, seg.as_object_mut()) {
+        map.insert("flags".into(), serde_json::json!([flag]));
+    }
+    seg
+}
+
+fn json_map<'a>(
+    json: &'a mut Map<String, Value>,
+    key: &'static str,
+) -> Result<&'a mut Map<String, Value>, LuksError> {
+    json.get_mut(key).and_then(Value::as_object_mut).ok_or_else(|| unsupported(key, "not an object"))
+}
+
+/// The lowest id from 0 that `map` does not use.
+fn free_id(map: &Map<String, Value>, max: u32) -> Result<u32, LuksError> {
+    pick_slot(None, max, |n| !map.contains_key(&n.to_string()))
+}
+
+/// The largest 4096-aligned gap (offset, size) between the key slots' areas in [start, end).
+fn largest_gap(meta: &Meta, start: u64, end: u64) -> Option<(u64, u64)> {
+    let mut used: Vec<(u64, u64)> =
+        meta.keyslots.values().map(|k| (k.area_offset, k.area_offset + k.area_size)).collect();
+    used.push((end, end));
+    used.sort();
+    let mut best: Option<(u64, u64)> = None;
+    let mut at = start;
+    for (s, e) in used {
+        if s > at && best.is_none_or(|(_, size)| s - at > size) {
+            best = Some((at, s - at));
+        }
+        at = at.max(e.div_ceil(4096) * 4096);
+    }
+    best
+}
+
+/// Replaces the segments with `live` (in order, each with the digests bound to it) followed
+/// by the two backup segments, and rebinds every digest to exactly those, as cryptsetup's
+/// reencrypt_assign_segments does.
+fn set_segments(
+    json: &mut Map<String, Value>,
+    job: &Job,
+    live: Vec<(Value, Vec<&str>)>,
+) -> Result<(), LuksError> {
+    let previous = json_map(json, "segments")?
+        .get(&job.previous.id.to_string())
+        .cloned()
+        .ok_or_else(|| bad("no \"backup-previous\" segment"))?;
+    let fin = segment_json(&job.fin, 0, None, Some(FINAL));
+    let mut segments = Map::new();
+    let mut bindings: Vec<(String, Vec<String>)> = Vec::new();
+    let n = live.len();
+    let backups = [(previous, vec![job.old.id.as_str()]), (fin, vec![job.new.id.as_str()])];
+    for (i, (seg, digests)) in live.into_iter().chain(backups).enumerate() {
+        segments.insert(i.to_string(), seg);
+        for d in digests {
+            match bindings.iter_mut().find(|(id, _)| id == d) {
+                Some((_, segs)) => segs.push(i.to_string()),
+                None => bindings.push((d.to_owned(), vec![i.to_string()])),
+            }
+        }
+    }
+    debug_assert_eq!(segments.len(), n + 2);
+    json.insert("segments".into(), Value::Object(segments));
+    for (id, digest) in json_map(json, "digests")?.iter_mut() {
+        let segs = bindings.iter().find(|(d, _)| d == id).map(|(_, s)| s.clone()).unwrap_or_default();
+        if let Some(d) = digest.as_object_mut() {
+            d.insert("segments".into(), serde_json::json!(segs));
+        }
+    }
+    Ok(())
+}
+
+impl Volume {
+    fn job(&self) -> Option<&Job> {
+        match &self.header {
+            Header::V2(c) => c.meta.reencrypt.as_ref(),
+            Header::V1(_) => None,
+        }
+    }
+
+    /// Is an online re-encryption in progress?
+    pub(crate) fn reencrypting(&self) -> bool {
+        self.job().is_some()
+    }
+
+    fn job_or_err(&self) -> Result<Job, LuksError> {
+        self.job().cloned().ok_or_else(|| unsupported("reencryption", "none in progress"))
+    }
+
+    /// `Some` while the header says a re-encryption is in progress.
+    pub fn reencryption(&self) -> Option<Reencryption> {
+        let job = self.job()?;
+        let data_size = job.previous.size;
+        let (boundary, finished, hotzone) = match job.state {
+            State::At(b) => (b, false, None),
+            State::Hot { offset, len } => (offset, false, Some((offset, len))),
+            State::Done => (data_size.unwrap_or(u64::MAX), true, None),
+        };
+        Some(Reencryption {
+            boundary,
+            finished,
+            hotzone,
+            data_size,
+            hotzone_max: job.hotzone_max(),
+            checksum_block: job.block,
+        })
+    }
+
+    /// The key behind `digest` that `passphrase` opens (the digest's slots in order).
+    fn open_digest(
+        &self,
+        io: &mut dyn MetaIo,
+        digest: &Digest,
+        passphrase: &[u8],
+    ) -> Result<VolumeKey, LuksError> {
+        for &n in &digest.keyslots {
+            if let Some(key) = self.slot_key(io, n, passphrase)? {
+                if digest.matches(&key) {
+                    return Ok(VolumeKey(key));
+                }
+            }
+        }
+        Err(LuksError::WrongPassphrase)
+    }
+
+    /// The old and the new volume key of a volume in re-encryption, from one passphrase
+    /// (a slot bound to each digest), the metadata digest checked with them.
+    pub fn unlock_reencryption(
+        &self,
+        io: &mut dyn MetaIo,
+        passphrase: &[u8],
+    ) -> Result<(VolumeKey, VolumeKey), LuksError> {
+        let job = self.job_or_err()?;
+        let old = self.open_digest(io, &job.old, passphrase)?;
+        let new = self.open_digest(io, &job.new, passphrase)?;
+        job.check_metadata(old.as_bytes(), new.as_bytes())?;
+        Ok((old, new))
+    }
+
+    /// Starts a re-encryption to a random new volume key (of the old one's size), as
+    /// `cryptsetup reencrypt --resilience checksum` (sha256) starts one: for each passphrase
+    /// (each must open a slot of the volume) a new slot with `kdf` bound to the new key's
+    /// digest, the backup segments, the reencrypt keyslot over the largest free part of the
+    /// key slots area (checksum blocks of the data's sector size), the metadata digest and
+    /// the requirement, in one header write after the new slots' material is flushed.
+    /// Returns the new key.
+    pub fn begin_reencryption(
+        &mut self,
+        io: &mut dyn MetaIo,
+        old: &VolumeKey,
+        passphrases: &[&[u8]],
+        kdf: &Kdf,
+    ) -> Result<VolumeKey, LuksError> {
+        if self.version() != Version::Luks2 {
+            return Err(unsupported("reencryption", "LUKS1 (convert the volume to LUKS2 first)"));
+        }
+        if self.reencrypting() {
+            return Err(LuksError::Reencrypting);
+        }
+        if passphrases.is_empty() {
+            return Err(unsupported("reencryption", "no passphrase for the new key"));
+        }
+        crate::check_new_kdf(Version::Luks2, kdf)?;
+        if !self.key_matches(old.as_bytes()) {
+            return Err(unsupported("volume key", "does not match the volume's digest"));
+        }
+        for passphrase in passphrases {
+            self.unlock(io, passphrase, None)?;
+        }
+        let mut new = VolumeKey(secret(old.as_bytes().len()));
+        rand::rngs::OsRng.fill_bytes(&mut new.0);
+        let af_hash = match kdf {
+            Kdf::Pbkdf2 { hash, .. } => Hash::parse("kdf hash", hash)?,
+            Kdf::Argon2 { .. } => Hash::Sha256,
+        };
+        let mut next = self.clone();
+        let Header::V2(c) = &mut next.header else { unreachable!("checked LUKS2 above") };
+        let hdr_size = c.bin.hdr_size;
+
+        // The new key's digest and slots.
+        let new_digest = free_id(json_map(&mut c.json, "digests")?, luks2::MAX_DIGESTS as u32)?;
+        let mut new_slots = Vec::new();
+        for passphrase in passphrases {
+            let mut salt = vec![0u8; luks2::SALT_LEN];
+            rand::rngs::OsRng.fill_bytes(&mut salt);
+            let n = free_id(json_map(&mut c.json, "keyslots")?, luks2::MAX_KEYSLOTS)?;
+            let (offset, slot) = luks2_slot(&c.meta, hdr_size, new.as_bytes().len(), af_hash, kdf, &salt)?;
+            write_slot_material(io, offset, &new, passphrase, &salt, kdf, af_hash)?;
+            json_map(&mut c.json, "keyslots")?.insert(n.to_string(), slot);
+            new_slots.push(n);
+            json_map(&mut c.json, "digests")?
+                .insert(new_digest.to_string(), digest_json(new.as_bytes(), &new_slots));
+            // Parsed again so that the next slot's area avoids this one.
+            c.meta = Meta::parse(&c.json, hdr_size)?;
+        }
+
+        // The reencrypt keyslot over the largest free part of the key slots area.
+        let start = 2 * hdr_size;
+        let (area_offset, area_size) = largest_gap(&c.meta, start, start + c.meta.keyslots_size)
+            .filter(|&(_, size)| size >= 4096)
+            .ok_or(LuksError::NoFreeSlot)?;
+        let block = c.meta.segment.sector_size;
+        let keyslot = free_id(json_map(&mut c.json, "keyslots")?, luks2::MAX_KEYSLOTS)?;
+        json_map(&mut c.json, "keyslots")?.insert(
+            keyslot.to_string(),
+            serde_json::json!({
+                "type": "reencrypt", "key_size": 1, "mode": "reencrypt", "direction": "forward",
+                "priority": 0,
+                "area": {
+                    "type": "checksum", "offset": area_offset.to_string(), "size": area_size.to_string(),
+                    "hash": "sha256", "sector_size": block,
+                },
+            }),
+        );
+
+        // The backup segments: the data segment as it is (flagged) and as it will be.
+        let segment_id = c.meta.segment_id.clone();
+        let segments = json_map(&mut c.json, "segments")?;
+        let mut previous_json = segments.get(&segment_id).cloned().ok_or_else(|| bad("no data segment"))?;
+        let prev_id = free_id(segments, luks2::MAX_KEYSLOTS)?;
+        let fin_id = prev_id + 1;
+        let s = &c.meta.segment;
+        let previous = Seg {
+            id: prev_id,
+            offset: s.offset,
+            size: s.size,
+            iv_tweak: 0,
+            cipher: s.cipher.clone(),
+            sector_size: s.sector_size,
+            flags: vec![PREVIOUS.into()],
+        };
+        let fin = Seg { id: fin_id, size: None, flags: vec![FINAL.into()], ..previous.clone() };
+        if let Some(map) = previous_json.as_object_mut() {
+            let mut flags =
+                map.get("flags").map(|f| strings(f, "segment.flags")).transpose()?.unwrap_or_default();
+            flags.push(PREVIOUS.into());
+            map.insert("flags".into(), serde_json::json!(flags));
+        }
+        segments.insert(prev_id.to_string(), previous_json);
+        segments.insert(fin_id.to_string(), segment_json(&fin, 0, None, Some(FINAL)));
+        let old_digest = c.meta.digest.id.clone();
+        for (id, digest) in json_map(&mut c.json, "digests")?.iter_mut() {
+            let add = if *id == old_digest {
+                prev_id
+            } else if *id == new_digest.to_string() {
+                fin_id
+            } else {
+                continue;
+            };
+            if let Some(list) = digest.get_mut("segments").and_then(Value::as_array_mut) {
+                list.push(Value::String(add.to_string()));
+            }
+        }
+
+        // The metadata digest, bound to the reencrypt keyslot.
+        let data =
+            verification_data(area_offset, area_size, block, &previous, &fin, old.as_bytes(), new.as_bytes());
+        let check = free_id(json_map(&mut c.json, "digests")?, luks2::MAX_DIGESTS as u32)?;
+        json_map(&mut c.json, "digests")?.insert(check.to_string(), digest_json(&data, &[keyslot]));
+
+        // The requirement: from here on only tools that know the job open the volume.
+        let config = json_map(&mut c.json, "config")?;
+        let requirements = config
+            .entry("requirements")
+            .or_insert_with(|| serde_json::json!({}))
+            .as_object_mut()
+            .ok_or_else(|| unsupported("config.requirements", "not an object"))?;
+        let mandatory = requirements
+            .entry("mandatory")
+            .or_insert_with(|| serde_json::json!([]))
+            .as_array_mut()
+            .ok_or_else(|| unsupported("config.requirements.mandatory", "not an array"))?;
+        mandatory.push(Value::String(REQUIREMENT.into()));
+
+        next.write_header(io)?;
+        *self = next;
+        Ok(new)
+    }
+
+    /// The data area's length on this device.
+    fn reencryption_end(&self, io: &dyn MetaIo) -> u64 {
+        self.data_size(io.size())
+    }
+
+    /// Records the next hotzone, [offset, offset + len) of the data area, before its data is
+    /// rewritten, as cryptsetup's step does: the sha256 of each checksum block of its old
+    /// ciphertext into the reencrypt keyslot's area (flushed), then the header with the
+    /// hotzone as an "in-reencryption" segment. `offset` must be the boundary.
+    ///
+    /// No key is needed: the metadata digest covers only what [`Volume::begin_reencryption`]
+    /// fixed (the checksum area and the backup segments), never the moving segments, so it is
+    /// written once and checked by [`Volume::unlock_reencryption`].
+    pub fn reencryption_hotzone(
+        &mut self,
+        io: &mut dyn MetaIo,
+        offset: u64,
+        len: u64,
+        sha256: &[[u8; 32]],
+    ) -> Result<(), LuksError> {
+        let job = self.job_or_err()?;
+        let boundary = match job.state {
+            State::At(b) => b,
+            State::Hot { .. } => {
+                return Err(unsupported("hotzone", "one is recorded already: recover it and advance first"))
+            }
+            State::Done => return Err(unsupported("hotzone", "the re-encryption is complete")),
+        };
+        let end = self.reencryption_end(io);
+        let block = u64::from(job.block);
+        if offset != boundary
+            || len == 0
+            || !len.is_multiple_of(block)
+            || len > job.hotzone_max()
+            || offset + len > end
+        {
+            return Err(unsupported(
+                "hotzone",
+                format_args!(
+                    "{offset}+{len}: must start at the boundary {boundary}, be whole {block}-byte blocks, \
+                     at most {} bytes and end by {end}",
+                    job.hotzone_max()
+                ),
+            ));
+        }
+        if sha256.len() as u64 != len / block {
+            return Err(unsupported(
+                "hotzone",
+                format_args!("{} checksums for {} blocks", sha256.len(), len / block),
+            ));
+        }
+        io.write_at(job.area_offset, sha256.concat().as_slice())?;
+        io.flush()?;
+        let (o, n) = (job.old.id.as_str(), job.new.id.as_str());
+        let size = |at: u64| job.previous.size.map(|total| total - at);
+        let mut live = Vec::new();
+        if offset > 0 {
+            live.push((segment_json(&job.previous, 0, Some(offset), None), vec![n]));
+        }
+        live.push((segment_json(&job.previous, offset, Some(len), Some(HOT)), vec![n, o]));
+        if offset + len < end {
+            live.push((segment_json(&job.previous, offset + len, size(offset + len), None), vec![o]));
+        }
+        self.commit_segments(io, &job, live)
+    }
+
+    /// The hotzone is rewritten and its data flushed: [0, boundary) is under the new key
+    /// (the header's segments moved, as after cryptsetup's step).
+    pub fn reencryption_advance(&mut self, io: &mut dyn MetaIo, boundary: u64) -> Result<(), LuksError> {
+        let job = self.job_or_err()?;
+        match job.state {
+            State::Hot { offset, len } if offset + len == boundary => {}
+            State::Hot { offset, len } => {
+                return Err(unsupported(
+                    "boundary",
+                    format_args!("{boundary}: the recorded hotzone ends at {}", offset + len),
+                ))
+            }
+            _ => return Err(unsupported("boundary", "no hotzone recorded")),
+        }
+        let end = self.reencryption_end(io);
+        let (o, n) = (job.old.id.as_str(), job.new.id.as_str());
+        let live = if boundary < end {
+            vec![
+                (segment_json(&job.previous, 0, Some(boundary), None), vec![n]),
+                (
+                    segment_json(&job.previous, boundary, job.previous.size.map(|t| t - boundary), None),
+                    vec![o],
+                ),
+            ]
+        } else {
+            vec![(segment_json(&job.previous, 0, job.previous.size, None), vec![n])]
+        };
+        self.commit_segments(io, &job, live)
+    }
+
+    fn commit_segments(
+        &mut self,
+        io: &mut dyn MetaIo,
+        job: &Job,
+        live: Vec<(Value, Vec<&str>)>,
+    ) -> Result<(), LuksError> {
+        let mut next = self.clone();
+        let Header::V2(c) = &mut next.header else { unreachable!("a job is LUKS2") };
+        set_segments(&mut c.json, job, live)?;
+        next.write_header(io)?;
+        *self = next;
+        Ok(())
+    }
+
+    /// The hotzone recorded for recovery, if one is: (offset, length, the sha256 of each
+    /// checksum block of its old ciphertext). A block whose data still hashes to its
+    /// checksum holds old ciphertext; any other was rewritten under the new key.
+    pub fn reencryption_recovery(&self, io: &mut dyn MetaIo) -> Result<Option<Hotzone>, LuksError> {
+        let job = self.job_or_err()?;
+        let State::Hot { offset, len } = job.state else { return Ok(None) };
+        let count = len / u64::from(job.block);
+        if count.checked_mul(CHECKSUM_LEN).is_none_or(|n| n > job.area_size) {
+            return Err(bad("in-reencryption segment: longer than the checksum area covers"));
+        }
+        let mut raw = vec![0u8; (count * CHECKSUM_LEN) as usize];
+        io.read_at(job.area_offset, &mut raw)?;
+        let sums = raw
+            .chunks_exact(CHECKSUM_LEN as usize)
+            .map(|c| {
+                let mut sum = [0u8; 32];
+                sum.copy_from_slice(c);
+                sum
+            })
+            .collect();
+        Ok(Some((offset, len, sums)))
+    }
+
+    /// Ends a complete re-encryption as cryptsetup does: one data segment under the new key,
+    /// the old key's slots and digest, the reencrypt keyslot, its digest, the backup
+    /// segments and the requirement gone (one header write), then the removed slots' areas
+    /// wiped. A plain LUKS2 volume again.
+    pub fn finish_reencryption(&mut self, io: &mut dyn MetaIo, new: &VolumeKey) -> Result<(), LuksError> {
+        let job = self.job_or_err()?;
+        if !job.new.matches(new.as_bytes()) {
+            return Err(unsupported("volume key", "does not match the re-encryption's new digest"));
+        }
+        if job.state != State::Done {
+            return Err(unsupported("reencryption", "not complete"));
+        }
+        let mut next = self.clone();
+        let Header::V2(c) = &mut next.header else { unreachable!("a job is LUKS2") };
+        let mut wipe: Vec<(u64, u64)> = vec![(job.area_offset, job.area_size)];
+        let gone: Vec<u32> = job.old.keyslots.iter().copied().chain([job.keyslot]).collect();
+        for n in &gone {
+            if let Some(k) = c.meta.keyslots.get(n) {
+                wipe.push((k.area_offset, k.area_size));
+            }
+            json_map(&mut c.json, "keyslots")?.remove(&n.to_string());
+        }
+        let digests = json_map(&mut c.json, "digests")?;
+        digests.remove(&job.old.id);
+        digests.remove(&job.check.id);
+        if let Some(d) = digests.get_mut(&job.new.id).and_then(Value::as_object_mut) {
+            d.insert("segments".into(), serde_json::json!(["0"]));
+        }
+        let mut segment = segment_json(&job.previous, 0, job.previous.size, None);
+        if let Some(map) = segment.as_object_mut() {
+            // Flags of the data segment other than the job's own stay.
+            let kept: Vec<&String> = job.previous.flags.iter().filter(|f| *f != PREVIOUS).collect();
+            if !kept.is_empty() {
+                map.insert("flags".into(), serde_json::json!(kept));
+            }
+        }
+        c.json.insert("segments".into(), serde_json::json!({ "0": segment }));
+        // Tokens bound to removed slots lose them, as when cryptsetup destroys a slot.
+        for (_, token) in json_map(&mut c.json, "tokens")?.iter_mut() {
+            if let Some(slots) = token.get_mut("keyslots").and_then(Value::as_array_mut) {
+                slots.retain(|v| !gone.iter().any(|n| v.as_str() == Some(n.to_string().as_str())));
+            }
+        }
+        let config = json_map(&mut c.json, "config")?;
+        if let Some(req) = config.get_mut("requirements").and_then(Value::as_object_mut) {
+            if let Some(list) = req.get_mut("mandatory").and_then(Value::as_array_mut) {
+                list.retain(|v| v.as_str() != Some(REQUIREMENT));
+                if list.is_empty() {
+                    req.remove("mandatory");
+                }
+            }
+            if req.is_empty() {
+                config.remove("requirements");
+            }
+        }
+        next.write_header(io)?;
+        *self = next;
+        let zeroes = vec![0u8; 1 << 20];
+        for (offset, size) in wipe {
+            let mut at = 0;
+            while at < size {
+                let n = (size - at).min(zeroes.len() as u64);
+                io.write_at(offset + at, &zeroes[..n as usize])?;
+                at += n;
+            }
+        }
+        io.flush()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{format, FormatOptions, MemIo};
+
+    const PASS: &[u8] = b"hunter2";
+
+    fn volume(sector_size: u32) -> (MemIo, Volume, VolumeKey) {
+        let mut io = MemIo(vec![0u8; 20 << 20]);
+        let opts = FormatOptions {
+            version: Version::Luks2,
+            cipher: "aes-xts-plain64".into(),
+            key_bits: 512,
+            sector_size,
+            kdf: kdf(),
+            label: None,
+            uuid: None,
+        };
+        let (v, key) = format(&mut io, &opts, PASS).expect("format");
+        (io, v, key)
+    }
+
+    fn kdf() -> Kdf {
+        Kdf::Pbkdf2 { hash: "sha256".into(), iterations: 1000 }
+    }
+
+    #[test]
+    fn a_job_goes_through_its_states_and_reloads_at_each() {
+        let (mut io, mut v, old) = volume(4096);
+        let new = v.begin_reencryption(&mut io, &old, &[PASS], &kdf()).expect("begin");
+        let end = v.data_size(io.size());
+        let r = v.reencryption().expect("in re-encryption");
+        assert_eq!(
+            (r.boundary, r.finished, r.hotzone, r.data_size, r.checksum_block),
+            (0, false, None, None, 4096)
+        );
+        assert!(matches!(v.unlock(&mut io, PASS, None), Err(LuksError::Reencrypting)));
+        let (o, n) = v.unlock_reencryption(&mut io, PASS).expect("both keys");
+        assert_eq!((o.as_bytes(), n.as_bytes()), (old.as_bytes(), new.as_bytes()));
+
+        let zone = 1 << 20;
+        let sums = vec![[7u8; 32]; (zone / 4096) as usize];
+        v.reencryption_hotzone(&mut io, 0, zone, &sums).expect("hotzone");
+        let loaded = Volume::load(&mut io).expect("load hot");
+        assert_eq!(loaded.reencryption().and_then(|r| r.hotzone), Some((0, zone)));
+        assert_eq!(loaded.reencryption_recovery(&mut io).expect("recovery"), Some((0, zone, sums.clone())));
+        v.reencryption_advance(&mut io, zone).expect("advance");
+        assert_eq!(Volume::load(&mut io).expect("load").reencryption().map(|r| r.boundary), Some(zone));
+
+        // The rest in one hotzone, ending at the data's end.
+        let rest = end - zone;
+        let sums = vec![[1u8; 32]; (rest / 4096) as usize];
+        v.reencryption_hotzone(&mut io, zone, rest, &sums).expect("last hotzone");
+        assert_eq!(
+            Volume::load(&mut io).expect("load").reencryption().and_then(|r| r.hotzone),
+            Some((zone, rest))
+        );
+        v.reencryption_advance(&mut io, end).expect("advance to the end");
+        assert!(Volume::load(&mut io).expect("load").reencryption().is_some_and(|r| r.finished));
+
+        v.finish_reencryption(&mut io, &new).expect("finish");
+        let v = Volume::load(&mut io).expect("load plain");
+        assert!(v.reencryption().is_none());
+        let (key, slot) = v.unlock(&mut io, PASS, None).expect("unlock");
+        assert_eq!((key.as_bytes(), slot), (new.as_bytes(), 1));
+        assert_eq!(v.keyslots().len(), 1);
+    }
+
+    #[test]
+    fn out_of_order_steps_are_refused() {
+        let (mut io, mut v, old) = volume(512);
+        let new = v.begin_reencryption(&mut io, &old, &[PASS], &kdf()).expect("begin");
+        let sums = vec![[0u8; 32]; 8];
+        // Not at the boundary; checksums not matching the blocks; no hotzone to advance past.
+        assert!(v.reencryption_hotzone(&mut io, 4096, 4096, &sums).is_err());
+        assert!(v.reencryption_hotzone(&mut io, 0, 4096, &sums[..7]).is_err());
+        assert!(v.reencryption_advance(&mut io, 4096).is_err());
+        assert!(v.finish_reencryption(&mut io, &new).is_err());
+        v.reencryption_hotzone(&mut io, 0, 4096, &sums).expect("hotzone");
+        assert!(v.reencryption_hotzone(&mut io, 4096, 4096, &sums).is_err());
+        assert!(v.reencryption_advance(&mut io, 8192).is_err());
+        assert!(v.add_keyslot(&mut io, &new, b"x", None, &kdf()).is_err());
+    }
+
+    #[test]
+    fn a_changed_job_fails_the_metadata_digest() {
+        let (mut io, mut v, old) = volume(4096);
+        let new = v.begin_reencryption(&mut io, &old, &[PASS], &kdf()).expect("begin");
+        // Another tool's edit of the checksum block size (a parameter the digest covers).
+        let Header::V2(c) = &mut v.header else { unreachable!() };
+        let slot =
+            c.json["keyslots"].as_object_mut().and_then(|k| k.get_mut("2")).expect("reencrypt keyslot");
+        slot["area"]["sector_size"] = serde_json::json!(512);
+        v.write_header(&mut io).expect("write");
+        let v = Volume::load(&mut io).expect("load");
+        let err = v.unlock_reencryption(&mut io, PASS).expect_err("digest must not match");
+        assert!(err.to_string().contains("metadata digest"), "{err}");
+        let _ = new;
+    }
+}
