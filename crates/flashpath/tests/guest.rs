@@ -492,7 +492,10 @@ mod guest_vm {
     /// formats file A as LUKS2 over RPC, opens it as a crypto bdev, adds key slot 1 and adds
     /// then removes slot 2; the guest makes ext4 on that disk, and cryptsetup/dm-crypt in the
     /// guest open the raw volume with slot 0 and slot 1 (e2fsck -fn clean, files intact) and
-    /// refuse the removed slot's passphrase. The guest then formats file B with `cryptsetup
+    /// refuse the removed slot's passphrase. The host then re-encrypts the disk online to a new
+    /// key, held part way while the guest writes files and running while it writes more; the
+    /// guest finds every file, and dm-crypt opens the re-encrypted volume with the same
+    /// passphrase (the new key): ext4 clean, the files intact. The guest then formats file B with `cryptsetup
     /// luksFormat` and writes ext4 through dm-crypt; after the boot flashpath opens B and the
     /// host finds that file system clean with the guest's files in it. No plaintext in A or B.
     #[test]
@@ -544,10 +547,46 @@ mod guest_vm {
         }
 
         let vm_cfg = VmConfig {
+            console_input: true,
             extra_files: (0..3).map(|i| (pass_files[i].clone(), format!("/pass{i}").into())).collect(),
             ..VmConfig::new("luks", exports.iter().map(|(c, _)| d.dir.path().join(c)).collect())
         };
-        let r = run_scenario(&vm_cfg, d.dir.path());
+        let mut vm = Vm::boot(&vm_cfg, d.dir.path());
+        vm.wait_for("the guest's writer", |l| l.contains("luks reencrypt writer ready"), BOOT_TIMEOUT);
+        let job = |d: &Daemon| d.call("bdev_luks_reencrypt_get", json!({"name": "l2"}))[0].clone();
+        let mut start = json!({"name": "l2", "key_name": "k0", "speed_limit": 4});
+        start.as_object_mut().unwrap().extend(fast.as_object().unwrap().clone());
+        d.call("bdev_luks_reencrypt_start", start);
+        // Held part way: the guest's first writes land on a disk of two keys.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while job(&d)["done_bytes"].as_u64().unwrap_or(0) < 2 * MIB {
+            assert!(std::time::Instant::now() < deadline, "no progress: {}", job(&d));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        d.call("bdev_luks_reencrypt_pause", json!({"name": "l2"}));
+        vm.send_line("go");
+        vm.wait_for("the held writes", |l| l.contains("luks reencrypt held writes done"), BOOT_TIMEOUT);
+        let held = job(&d);
+        assert_eq!(held["state"], "paused", "{held}");
+        d.call("bdev_luks_reencrypt_resume", json!({"name": "l2"}));
+        vm.send_line("go");
+        vm.wait_for("the writes beside the job", |l| l.contains("luks reencrypt writes done"), BOOT_TIMEOUT);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+        while job(&d)["state"] != "done" {
+            assert!(job(&d)["state"] == "running", "{}", job(&d));
+            assert!(std::time::Instant::now() < deadline, "the job did not finish: {}", job(&d));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        vm.send_line("go");
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        let r = vm.whole_result(&r);
+        assert_eq!(
+            r.info_after("luks dm-crypt reads the re-encrypted volume").len(),
+            1,
+            "dm-crypt read the new key's volume"
+        );
         assert_disk(&r, "fp-l2", LUKS_SIZE - 16 * MIB, 4096, false);
         assert_disk(&r, "fp-l2raw", LUKS_SIZE, 512, false);
         let dump = r.info_after("luks dump").join(" ");
