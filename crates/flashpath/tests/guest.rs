@@ -548,7 +548,7 @@ mod guest_vm {
 
         let vm_cfg = VmConfig {
             console_input: true,
-            extra_files: (0..3).map(|i| (pass_files[i].clone(), format!("/pass{i}").into())).collect(),
+            extra_files: (0..3).map(|i| (pass_files[i].clone(), format!("/pass{i}"))).collect(),
             ..VmConfig::new("luks", exports.iter().map(|(c, _)| d.dir.path().join(c)).collect())
         };
         let mut vm = Vm::boot(&vm_cfg, d.dir.path());

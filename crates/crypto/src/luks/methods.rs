@@ -2,35 +2,19 @@
 //! (`keyring_file_add_key`): its file's bytes, exactly as cryptsetup's `--key-file` reads
 //! them. Answers name slots, KDFs and sizes, never a passphrase or a key.
 
-use std::sync::Arc;
-
 use fp_bdev::module::{ClaimType, ModuleError, ModuleHost};
 use fp_bdev::{Bdev, BdevError};
 use fp_luks::{FormatOptions, Kdf, KeyslotInfo, Version, Volume, VolumeKey};
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Value};
 
+use super::disk::{crypto_key, disks, luks_error, open_disk, with_passphrase, LuksDisk};
+use super::io::BdevMetaIo;
 use super::kdf::KdfRequest;
-use super::reencrypt::crypto_key;
-use super::{disks, luks_error, BdevMetaIo, LuksDisk};
-use crate::keyring::keyring;
-use crate::keys::invalid;
 use crate::{recover_hotzone, CryptoDevice, CryptoLayout, Hotzone};
 
 /// The claim holder kind while a method works on a base no crypto bdev holds.
 const HOLDER: &str = "luks";
-
-/// Runs `f` with the passphrase of keyring key `name` (the request's `field`).
-pub(super) fn with_passphrase<R>(
-    host: &dyn ModuleHost,
-    field: &'static str,
-    name: &str,
-    f: impl FnOnce(&[u8]) -> R,
-) -> Result<R, BdevError> {
-    let key =
-        keyring(host).key(name).map_err(|_| invalid(field, format!("no keyring key named '{name}'")))?;
-    Ok(key.with_material(f))
-}
 
 /// `base` claimed exclusively for the length of `f` (nobody writes it while its header
 /// changes), then given back.
@@ -257,14 +241,6 @@ fn header_json(v: &Volume, size: u64) -> Value {
         "data_size": v.data_size(size),
         "keyslots": v.keyslots().iter().map(slot_json).collect::<Vec<_>>(),
     })
-}
-
-/// The open LUKS disk `name` (the request's `name`).
-pub(super) fn open_disk(host: &dyn ModuleHost, name: &str) -> Result<Arc<LuksDisk>, ModuleError> {
-    let name = host.bdev_name(name).unwrap_or_else(|| name.to_string());
-    disks(host)
-        .get(&name)
-        .ok_or_else(|| ParamError::new("name", format!("'{name}' is not an open LUKS crypto bdev")).into())
 }
 
 /// `bdev_luks_get_header`: the header of the open LUKS disk `name`, or of `base_bdev_name`

@@ -11,10 +11,10 @@ use fp_luks::VolumeKey;
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Value};
 
+use super::disk::{crypto_key, disks, luks_error, open_disk, with_passphrase, LuksDisk};
+use super::io::BdevMetaIo;
 use super::kdf::KdfRequest;
-use super::methods::{open_disk, with_passphrase};
-use super::{luks_error, BdevMetaIo, LuksDisk};
-use crate::{start_reencrypt, CryptoDevice, CryptoKey, ReencryptCheckpoint, ReencryptOptions, MAX_HOTZONE};
+use crate::{start_reencrypt, CryptoDevice, ReencryptCheckpoint, ReencryptOptions, MAX_HOTZONE};
 
 /// The crypto module's name, as the registry files its devices.
 const MODULE: &str = "crypto";
@@ -72,13 +72,6 @@ impl ReencryptCheckpoint for LuksCheckpoint {
         *self.disk.key.lock().unwrap_or_else(|p| p.into_inner()) = self.new.clone();
         Ok(())
     }
-}
-
-/// A crypto key named after the disk from a volume key's halves.
-pub(crate) fn crypto_key(name: &str, what: &str, key: &VolumeKey) -> Result<Arc<CryptoKey>, ModuleError> {
-    let bytes = key.as_bytes();
-    let (k1, k2) = bytes.split_at(bytes.len() / 2);
-    Ok(Arc::new(CryptoKey::new(&format!("luks:{name}:{what}"), k1, k2)?))
 }
 
 /// The crypto bdev `name` as the registry holds it.
@@ -158,7 +151,7 @@ pub(crate) fn start(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modul
 pub(crate) fn get(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let only = p.optional_str("name")?;
     p.finish()?;
-    let disks = super::disks(host);
+    let disks = disks(host);
     let names = match &only {
         Some(n) => {
             open_disk(host, n)?;

@@ -9,8 +9,13 @@ use fp_bdev::iov::BounceBuf;
 use fp_bdev::{sync_io, Bdev, IoChannel, IoOp, IoRequest, Iovecs};
 use sha2::{Digest, Sha256};
 
-use super::ReencryptError;
+use super::error::ReencryptError;
 use crate::{CryptoKey, CryptoLayout, XtsEngine};
+
+/// The default hotzone: 1 MiB, as cryptsetup's default for an online re-encryption.
+pub const DEFAULT_HOTZONE: u64 = 1 << 20;
+/// The largest hotzone taken (the job holds two buffers of it).
+pub const MAX_HOTZONE: u64 = 64 << 20;
 
 /// Durable progress of a re-encryption (cryptsetup's "checksum" resilience). The job calls it
 /// on its own thread, never on a reactor, so an implementation may block on its I/O.
@@ -189,13 +194,12 @@ pub fn recover_hotzone(
 ) -> Result<Recovered, ReencryptError> {
     let ss = layout.sector_size as usize;
     let len = usize::try_from(hotzone.len).unwrap_or(usize::MAX);
-    if !len.is_multiple_of(ss) || len > super::MAX_HOTZONE as usize || hotzone.len == 0 {
+    if !len.is_multiple_of(ss) || len > MAX_HOTZONE as usize || hotzone.len == 0 {
         return Err(ReencryptError::InvalidParam {
             field: "hotzone",
             reason: format!(
                 "{} bytes is not a whole number of {ss}-byte sectors up to {}",
-                hotzone.len,
-                super::MAX_HOTZONE
+                hotzone.len, MAX_HOTZONE
             ),
         });
     }

@@ -11,6 +11,7 @@
 //! (engine)", has the design and its choices.
 
 mod checkpoint;
+mod error;
 pub(crate) mod shared;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -22,56 +23,13 @@ use fp_bdev::{Bdev, BdevInfo, BlockDevice};
 
 pub use checkpoint::{
     recover_hotzone, CheckpointRecord, Hotzone, MemoryCheckpoint, Recovered, ReencryptCheckpoint,
+    DEFAULT_HOTZONE, MAX_HOTZONE,
 };
+pub use error::ReencryptError;
 
 use crate::{CryptoDevice, CryptoKey, CryptoLayout, XtsEngine};
 use checkpoint::{sector_sums, BaseIo};
 use shared::{ReencShared, Slots};
-
-/// The default hotzone: 1 MiB, as cryptsetup's default for an online re-encryption.
-pub const DEFAULT_HOTZONE: u64 = 1 << 20;
-/// The largest hotzone taken (the job holds two buffers of it).
-pub const MAX_HOTZONE: u64 = 64 << 20;
-
-/// Why a re-encryption could not start, or stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum ReencryptError {
-    /// A parameter is out of its range; names it.
-    #[error("invalid parameter {field}: {reason}")]
-    InvalidParam {
-        /// The parameter.
-        field: &'static str,
-        /// Why.
-        reason: String,
-    },
-    /// A job already runs on the disk.
-    #[error("a re-encryption job already runs on '{0}'")]
-    Running(String),
-    /// The base could not be opened.
-    #[error("the base: {0}")]
-    Base(String),
-    /// A request to the base failed.
-    #[error("{op} at byte {offset} of the base failed (errno {errno})")]
-    Io {
-        /// read, write or flush.
-        op: String,
-        /// Its offset on the base.
-        offset: u64,
-        /// The positive errno.
-        errno: i32,
-    },
-    /// The checkpoint could not record progress.
-    #[error("checkpoint: {0}")]
-    Checkpoint(#[from] std::io::Error),
-    /// A guest request overlapping the hotzone stayed in flight past the bound.
-    #[error("a request overlapping the hotzone at byte {offset} was still in flight after {secs} s")]
-    QuiesceTimeout {
-        /// The hotzone's first byte.
-        offset: u64,
-        /// The bound.
-        secs: u64,
-    },
-}
 
 /// A job's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
