@@ -603,3 +603,35 @@ fn cryptsetup_and_flashpath_finish_each_others_reencryption() {
     assert_ne!(key2, key1, "cryptsetup's job gave a new key");
     assert_eq!(decrypted(&file, &key2, data.len()), data, "the data under the key of cryptsetup's job");
 }
+
+/// A configuration file opens a LUKS volume at start: `[[keyring_file_key]]`, the base, and a
+/// `[[bdev]]` of type crypto with `luks_key_name`.
+#[test]
+fn a_configuration_file_opens_a_luks_volume() {
+    if !tools() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cfg.img");
+    std::fs::File::create(&file).unwrap().set_len(24 * MIB).unwrap();
+    let pass = secret_file(dir.path(), "pass", b"from the config");
+    let (ok, t) = cryptsetup(
+        &[&["luksFormat", "--type", "luks2", "--batch-mode", "--key-file", pass.to_str().unwrap()], FAST_KDF, &[file.to_str().unwrap()]]
+            .concat(),
+    );
+    assert!(ok, "cryptsetup luksFormat: {t}");
+    let (f, p) = (file.clone(), pass.clone());
+    let d = Daemon::start_with_config("0", move |_| {
+        format!(
+            "[[keyring_file_key]]\nname = \"k0\"\npath = \"{}\"\n\n\
+             [[bdev]]\ntype = \"uring\"\nname = \"f\"\nfilename = \"{}\"\n\n\
+             [[bdev]]\ntype = \"crypto\"\nname = \"c0\"\nbase_bdev_name = \"f\"\nluks_key_name = \"k0\"\n",
+            p.display(),
+            f.display()
+        )
+    });
+    let h = d.call("bdev_luks_get_header", json!({"name": "c0"}));
+    assert_eq!((h["type"].as_str(), h["opened_by"].as_u64()), (Some("luks2"), Some(0)), "{h}");
+    let b = &d.call("bdev_get_bdevs", json!({"name": "c0"}))[0];
+    assert_eq!(b["num_blocks"].as_u64().unwrap() * b["block_size"].as_u64().unwrap(), 8 * MIB, "{b}");
+}

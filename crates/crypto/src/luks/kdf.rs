@@ -125,7 +125,7 @@ fn time_kdf(kdf: &Kdf) -> Result<Duration, BdevError> {
 /// The count that takes `target` when `count` took `took`.
 fn scale(count: u32, took: Duration, target: Duration) -> u32 {
     let per = took.as_secs_f64().max(1e-9) / f64::from(count);
-    (target.as_secs_f64() / per).min(f64::from(u32::MAX)) as u32
+    (target.as_secs_f64() / per).round().min(f64::from(u32::MAX)) as u32
 }
 
 #[cfg(test)]
@@ -136,6 +136,8 @@ mod tests {
     fn counts_scale_with_the_time_asked() {
         assert_eq!(scale(1000, Duration::from_millis(10), Duration::from_millis(100)), 10_000);
         assert_eq!(scale(4, Duration::from_secs(4), Duration::from_secs(2)), 2);
-        assert_eq!(scale(1, Duration::ZERO, Duration::from_secs(1)), u32::MAX);
+        // A run too short to time counts as a nanosecond: a large count, never a division by zero.
+        assert_eq!(scale(1, Duration::ZERO, Duration::from_secs(1)), 1_000_000_000);
+        assert_eq!(scale(10, Duration::ZERO, Duration::from_secs(10)), u32::MAX);
     }
 }
