@@ -616,8 +616,12 @@ fn a_configuration_file_opens_a_luks_volume() {
     std::fs::File::create(&file).unwrap().set_len(24 * MIB).unwrap();
     let pass = secret_file(dir.path(), "pass", b"from the config");
     let (ok, t) = cryptsetup(
-        &[&["luksFormat", "--type", "luks2", "--batch-mode", "--key-file", pass.to_str().unwrap()], FAST_KDF, &[file.to_str().unwrap()]]
-            .concat(),
+        &[
+            &["luksFormat", "--type", "luks2", "--batch-mode", "--key-file", pass.to_str().unwrap()],
+            FAST_KDF,
+            &[file.to_str().unwrap()],
+        ]
+        .concat(),
     );
     assert!(ok, "cryptsetup luksFormat: {t}");
     let (f, p) = (file.clone(), pass.clone());
