@@ -313,10 +313,16 @@ impl Job {
                     && digest_ids(hot) == both
                     && live[h + 1..].len() <= 1
                     && live[h + 1..].iter().all(|s| under(s, o));
-                match (ok, hot.size) {
-                    (true, Some(len)) => State::Hot { offset: hot.offset - data_offset, len },
-                    _ => return Err(bad("in-reencryption segment: not between the new and the old part")),
+                let Some(len) = hot.size.filter(|_| ok) else {
+                    return Err(bad("in-reencryption segment: not between the new and the old part"));
+                };
+                // Recovery needs a checksum for each of its blocks (cryptsetup refuses the
+                // same when it reads them).
+                let blocks = len / u64::from(block);
+                if !len.is_multiple_of(u64::from(block)) || blocks.saturating_mul(CHECKSUM_LEN) > area_size {
+                    return Err(bad("in-reencryption segment: not whole checksum blocks the area covers"));
                 }
+                State::Hot { offset: hot.offset - data_offset, len }
             }
             None => match &live[..] {
                 [only] if under(only, o) => State::At(0),
@@ -995,6 +1001,20 @@ mod tests {
         assert!(v.reencryption_hotzone(&mut io, 4096, 4096, &sums).is_err());
         assert!(v.reencryption_advance(&mut io, 8192).is_err());
         assert!(v.add_keyslot(&mut io, &new, b"x", None, &kdf()).is_err());
+    }
+
+    #[test]
+    fn a_hotzone_the_checksum_area_cannot_cover_is_damage() {
+        let (mut io, mut v, old) = volume(4096);
+        v.begin_reencryption(&mut io, &old, &[PASS], &kdf()).expect("begin");
+        v.reencryption_hotzone(&mut io, 0, 8192, &[[0u8; 32]; 2]).expect("hotzone");
+        // The area shrunk below the hotzone's two checksums.
+        let Header::V2(c) = &mut v.header else { unreachable!() };
+        let slot =
+            c.json["keyslots"].as_object_mut().and_then(|k| k.get_mut("2")).expect("reencrypt keyslot");
+        slot["area"]["size"] = serde_json::json!("32");
+        let err = v.write_header(&mut io).expect_err("refused before it is written");
+        assert!(err.to_string().contains("checksum blocks"), "{err}");
     }
 
     #[test]
