@@ -575,6 +575,52 @@ impl Volume {
         Ok((old, new))
     }
 
+    /// Changes the checksum block (the reencrypt keyslot area's `sector_size`) between steps,
+    /// and writes the metadata digest again, as cryptsetup does when it resumes a job with
+    /// another alignment (LUKS2_keyslot_reencrypt_update): e.g. to hash a job cryptsetup began
+    /// on a file (4096-byte blocks) in the data's 512-byte sectors. `block` is a power of two,
+    /// a multiple of the data's sector size, at most 1 MiB. `keys` are the job's (old, new).
+    pub fn reencryption_set_checksum_block(
+        &mut self,
+        io: &mut dyn MetaIo,
+        keys: (&VolumeKey, &VolumeKey),
+        block: u32,
+    ) -> Result<(), LuksError> {
+        let job = self.job_or_err()?;
+        job.check_metadata(keys.0.as_bytes(), keys.1.as_bytes())?;
+        if matches!(job.state, State::Hot { .. }) {
+            return Err(unsupported("checksum block", "a hotzone is recorded: recover it and advance first"));
+        }
+        let sector = job.previous.sector_size;
+        if !block.is_power_of_two() || block < sector || block > 1 << 20 {
+            return Err(unsupported(
+                "checksum block",
+                format_args!("{block} (a power of two from the sector size {sector} to 1 MiB)"),
+            ));
+        }
+        let data = verification_data(
+            job.area_offset,
+            job.area_size,
+            block,
+            &job.previous,
+            &job.fin,
+            keys.0.as_bytes(),
+            keys.1.as_bytes(),
+        );
+        let mut next = self.clone();
+        let Header::V2(c) = &mut next.header else { unreachable!("a job is LUKS2") };
+        let slot = json_map(&mut c.json, "keyslots")?
+            .get_mut(&job.keyslot.to_string())
+            .and_then(|k| k.get_mut("area"))
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| bad("reencrypt keyslot: no area"))?;
+        slot.insert("sector_size".into(), serde_json::json!(block));
+        json_map(&mut c.json, "digests")?.insert(job.check.id.clone(), digest_json(&data, &[job.keyslot]));
+        next.write_header(io)?;
+        *self = next;
+        Ok(())
+    }
+
     /// Starts a re-encryption to a random new volume key (of the old one's size), as
     /// `cryptsetup reencrypt --resilience checksum` (sha256) starts one: for each passphrase
     /// (each must open a slot of the volume) a new slot with `kdf` bound to the new key's

@@ -360,6 +360,27 @@ fn begun_by_cryptsetup_on_512_byte_sectors_finished_here() {
 }
 
 #[test]
+fn cryptsetup_job_hashed_in_512_byte_sectors_here_and_finished_there() {
+    // The checksum block set to the data's sector size (the metadata digest written again),
+    // two hotzones, a crash in the third; cryptsetup recovers and finishes.
+    let (image, _, plain) = begun_by_cryptsetup(24 * MIB, 512);
+    let mut io = image.file();
+    let mut vol = Volume::load(&mut io).expect("load cryptsetup's job");
+    let (old, new) = vol.unlock_reencryption(&mut io, PASSPHRASE).expect("both keys");
+    vol.reencryption_set_checksum_block(&mut io, (&old, &new), 512).expect("512-byte blocks");
+    let mut vol = Volume::load(&mut io).expect("reload");
+    assert_eq!(vol.reencryption().expect("job").checksum_block, 512);
+    vol.unlock_reencryption(&mut io, PASSPHRASE).expect("the new metadata digest holds");
+    hotzone(&mut io, &mut vol, (&old, &new), 0, MIB, None);
+    hotzone(&mut io, &mut vol, (&old, &new), MIB, 64 * 1024, None);
+    hotzone(&mut io, &mut vol, (&old, &new), MIB + 64 * 1024, 64 * 1024, Some(37));
+    drop(io);
+    image.run(&["repair"], &[]);
+    assert!(cryptsetup_resumes(&image).status.success());
+    ends_plain_under(&image, new.as_bytes(), &plain);
+}
+
+#[test]
 fn cryptsetup_interrupted_part_way_finished_here() {
     let (image, old_key, plain) = begun_by_cryptsetup(24 * MIB, 4096);
     let mut io = image.file();
