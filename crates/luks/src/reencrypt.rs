@@ -479,14 +479,13 @@ fn set_segments(
     job: &Job,
     live: Vec<(Value, Vec<&str>)>,
 ) -> Result<(), LuksError> {
-    let previous = json_map(json, "segments")?
-        .get(&job.previous.id.to_string())
-        .cloned()
-        .ok_or_else(|| bad("no \"backup-previous\" segment"))?;
-    let fin = segment_json(&job.fin, 0, None, Some(FINAL));
+    // The backups are kept as they are: the metadata digest covers them.
+    let current = json_map(json, "segments")?;
+    let backup =
+        |seg: &Seg| current.get(&seg.id.to_string()).cloned().ok_or_else(|| bad("a backup segment lost"));
+    let (previous, fin) = (backup(&job.previous)?, backup(&job.fin)?);
     let mut segments = Map::new();
     let mut bindings: Vec<(String, Vec<String>)> = Vec::new();
-    let n = live.len();
     let backups = [(previous, vec![job.old.id.as_str()]), (fin, vec![job.new.id.as_str()])];
     for (i, (seg, digests)) in live.into_iter().chain(backups).enumerate() {
         segments.insert(i.to_string(), seg);
@@ -497,7 +496,6 @@ fn set_segments(
             }
         }
     }
-    debug_assert_eq!(segments.len(), n + 2);
     json.insert("segments".into(), Value::Object(segments));
     for (id, digest) in json_map(json, "digests")?.iter_mut() {
         let segs = bindings.iter().find(|(d, _)| d == id).map(|(_, s)| s.clone()).unwrap_or_default();
