@@ -313,10 +313,16 @@ impl Job {
                     && digest_ids(hot) == both
                     && live[h + 1..].len() <= 1
                     && live[h + 1..].iter().all(|s| under(s, o));
-                match (ok, hot.size) {
-                    (true, Some(len)) => State::Hot { offset: hot.offset - data_offset, len },
-                    _ => return Err(bad("in-reencryption segment: not between the new and the old part")),
+                let Some(len) = hot.size.filter(|_| ok) else {
+                    return Err(bad("in-reencryption segment: not between the new and the old part"));
+                };
+                // Recovery needs a checksum for each of its blocks (cryptsetup refuses the
+                // same when it reads them).
+                let blocks = len / u64::from(block);
+                if !len.is_multiple_of(u64::from(block)) || blocks.saturating_mul(CHECKSUM_LEN) > area_size {
+                    return Err(bad("in-reencryption segment: not whole checksum blocks the area covers"));
                 }
+                State::Hot { offset: hot.offset - data_offset, len }
             }
             None => match &live[..] {
                 [only] if under(only, o) => State::At(0),
@@ -473,14 +479,13 @@ fn set_segments(
     job: &Job,
     live: Vec<(Value, Vec<&str>)>,
 ) -> Result<(), LuksError> {
-    let previous = json_map(json, "segments")?
-        .get(&job.previous.id.to_string())
-        .cloned()
-        .ok_or_else(|| bad("no \"backup-previous\" segment"))?;
-    let fin = segment_json(&job.fin, 0, None, Some(FINAL));
+    // The backups are kept as they are: the metadata digest covers them.
+    let current = json_map(json, "segments")?;
+    let backup =
+        |seg: &Seg| current.get(&seg.id.to_string()).cloned().ok_or_else(|| bad("a backup segment lost"));
+    let (previous, fin) = (backup(&job.previous)?, backup(&job.fin)?);
     let mut segments = Map::new();
     let mut bindings: Vec<(String, Vec<String>)> = Vec::new();
-    let n = live.len();
     let backups = [(previous, vec![job.old.id.as_str()]), (fin, vec![job.new.id.as_str()])];
     for (i, (seg, digests)) in live.into_iter().chain(backups).enumerate() {
         segments.insert(i.to_string(), seg);
@@ -491,7 +496,6 @@ fn set_segments(
             }
         }
     }
-    debug_assert_eq!(segments.len(), n + 2);
     json.insert("segments".into(), Value::Object(segments));
     for (id, digest) in json_map(json, "digests")?.iter_mut() {
         let segs = bindings.iter().find(|(d, _)| d == id).map(|(_, s)| s.clone()).unwrap_or_default();
@@ -567,6 +571,52 @@ impl Volume {
         let new = self.open_digest(io, &job.new, passphrase)?;
         job.check_metadata(old.as_bytes(), new.as_bytes())?;
         Ok((old, new))
+    }
+
+    /// Changes the checksum block (the reencrypt keyslot area's `sector_size`) between steps,
+    /// and writes the metadata digest again, as cryptsetup does when it resumes a job with
+    /// another alignment (LUKS2_keyslot_reencrypt_update): e.g. to hash a job cryptsetup began
+    /// on a file (4096-byte blocks) in the data's 512-byte sectors. `block` is a power of two,
+    /// a multiple of the data's sector size, at most 1 MiB. `keys` are the job's (old, new).
+    pub fn reencryption_set_checksum_block(
+        &mut self,
+        io: &mut dyn MetaIo,
+        keys: (&VolumeKey, &VolumeKey),
+        block: u32,
+    ) -> Result<(), LuksError> {
+        let job = self.job_or_err()?;
+        job.check_metadata(keys.0.as_bytes(), keys.1.as_bytes())?;
+        if matches!(job.state, State::Hot { .. }) {
+            return Err(unsupported("checksum block", "a hotzone is recorded: recover it and advance first"));
+        }
+        let sector = job.previous.sector_size;
+        if !block.is_power_of_two() || block < sector || block > 1 << 20 {
+            return Err(unsupported(
+                "checksum block",
+                format_args!("{block} (a power of two from the sector size {sector} to 1 MiB)"),
+            ));
+        }
+        let data = verification_data(
+            job.area_offset,
+            job.area_size,
+            block,
+            &job.previous,
+            &job.fin,
+            keys.0.as_bytes(),
+            keys.1.as_bytes(),
+        );
+        let mut next = self.clone();
+        let Header::V2(c) = &mut next.header else { unreachable!("a job is LUKS2") };
+        let slot = json_map(&mut c.json, "keyslots")?
+            .get_mut(&job.keyslot.to_string())
+            .and_then(|k| k.get_mut("area"))
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| bad("reencrypt keyslot: no area"))?;
+        slot.insert("sector_size".into(), serde_json::json!(block));
+        json_map(&mut c.json, "digests")?.insert(job.check.id.clone(), digest_json(&data, &[job.keyslot]));
+        next.write_header(io)?;
+        *self = next;
+        Ok(())
     }
 
     /// Starts a re-encryption to a random new volume key (of the old one's size), as
@@ -995,6 +1045,20 @@ mod tests {
         assert!(v.reencryption_hotzone(&mut io, 4096, 4096, &sums).is_err());
         assert!(v.reencryption_advance(&mut io, 8192).is_err());
         assert!(v.add_keyslot(&mut io, &new, b"x", None, &kdf()).is_err());
+    }
+
+    #[test]
+    fn a_hotzone_the_checksum_area_cannot_cover_is_damage() {
+        let (mut io, mut v, old) = volume(4096);
+        v.begin_reencryption(&mut io, &old, &[PASS], &kdf()).expect("begin");
+        v.reencryption_hotzone(&mut io, 0, 8192, &[[0u8; 32]; 2]).expect("hotzone");
+        // The area shrunk below the hotzone's two checksums.
+        let Header::V2(c) = &mut v.header else { unreachable!() };
+        let slot =
+            c.json["keyslots"].as_object_mut().and_then(|k| k.get_mut("2")).expect("reencrypt keyslot");
+        slot["area"]["size"] = serde_json::json!("32");
+        let err = v.write_header(&mut io).expect_err("refused before it is written");
+        assert!(err.to_string().contains("checksum blocks"), "{err}");
     }
 
     #[test]

@@ -257,6 +257,14 @@ fn begun_by_cryptsetup(size: u64, sector_size: u32) -> (Image, Vec<u8>, Vec<u8>)
     (image, old_key, plain)
 }
 
+/// The job on the image loaded here, with both keys.
+fn take_over(image: &Image) -> (File, Volume, VolumeKey, VolumeKey) {
+    let mut io = image.file();
+    let vol = Volume::load(&mut io).expect("load the job");
+    let (old, new) = vol.unlock_reencryption(&mut io, PASSPHRASE).expect("both keys");
+    (io, vol, old, new)
+}
+
 /// cryptsetup opens the volume, its key is `key` and the data area decrypts to `plain`.
 fn ends_plain_under(image: &Image, key: &[u8], plain: &[u8]) {
     assert!(image.cryptsetup_opens());
@@ -271,6 +279,15 @@ fn ends_plain_under(image: &Image, key: &[u8], plain: &[u8]) {
 /// must be told it is not in use).
 fn cryptsetup_resumes(image: &Image) -> Output {
     image.cryptsetup(&["reencrypt", "--resume-only", "--force-offline-reencrypt"], &[])
+}
+
+/// `cryptsetup repair` recovers the hotzone in flight, `--resume-only` finishes the job, and
+/// the volume ends under `key` with the data intact.
+fn repaired_and_finished_by_cryptsetup(image: &Image, key: &[u8], plain: &[u8]) {
+    image.run(&["repair"], &[]);
+    let out = cryptsetup_resumes(image);
+    assert!(out.status.success(), "{out:?}");
+    ends_plain_under(image, key, plain);
 }
 
 #[test]
@@ -306,9 +323,7 @@ fn crashed_mid_hotzone_here_cryptsetup_recovers_and_finishes() {
     // checksums: a block recovered wrongly would not decrypt to the plaintext below).
     let out = cryptsetup_resumes(&image);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("recovery"), "{out:?}");
-    image.run(&["repair"], &[]);
-    assert!(cryptsetup_resumes(&image).status.success());
-    ends_plain_under(&image, new.as_bytes(), &plain);
+    repaired_and_finished_by_cryptsetup(&image, new.as_bytes(), &plain);
 }
 
 #[test]
@@ -318,17 +333,13 @@ fn cryptsetup_recovers_our_hotzone_of_512_byte_sectors() {
     hotzone(&mut io, &mut vol, (&old, &new), 0, 4096, Some(3));
     let dump = image.run(&["luksDump"], &[]);
     assert!(dump.contains("in-reencryption"), "{dump}");
-    image.run(&["repair"], &[]);
-    assert!(cryptsetup_resumes(&image).status.success());
-    ends_plain_under(&image, new.as_bytes(), &plain);
+    repaired_and_finished_by_cryptsetup(&image, new.as_bytes(), &plain);
 }
 
 #[test]
 fn begun_by_cryptsetup_finished_here() {
     let (image, old_key, plain) = begun_by_cryptsetup(24 * MIB, 4096);
-    let mut io = image.file();
-    let mut vol = Volume::load(&mut io).expect("load cryptsetup's job");
-    let (old, new) = vol.unlock_reencryption(&mut io, PASSPHRASE).expect("both keys");
+    let (mut io, mut vol, old, new) = take_over(&image);
     assert_eq!(old.as_bytes(), &old_key[..]);
     assert_eq!(vol.reencryption().expect("job").boundary, 0);
     // A crash in our first hotzone (a quarter written), recovered after a reload: the blocks
@@ -350,13 +361,28 @@ fn begun_by_cryptsetup_finished_here() {
 fn begun_by_cryptsetup_on_512_byte_sectors_finished_here() {
     // cryptsetup checksums blocks of the file's block size (4096), not of the data's sectors.
     let (image, _, plain) = begun_by_cryptsetup(24 * MIB, 512);
-    let mut io = image.file();
-    let mut vol = Volume::load(&mut io).expect("load cryptsetup's job");
+    let (mut io, mut vol, old, new) = take_over(&image);
     assert_eq!((vol.sector_size(), vol.reencryption().expect("job").checksum_block), (512, 4096));
-    let (old, new) = vol.unlock_reencryption(&mut io, PASSPHRASE).expect("both keys");
     finish(&mut io, &mut vol, (&old, &new), 3 * MIB);
     drop(io);
     ends_plain_under(&image, new.as_bytes(), &plain);
+}
+
+#[test]
+fn cryptsetup_job_hashed_in_512_byte_sectors_here_and_finished_there() {
+    // The checksum block set to the data's sector size (the metadata digest written again),
+    // two hotzones, a crash in the third; cryptsetup recovers and finishes.
+    let (image, _, plain) = begun_by_cryptsetup(24 * MIB, 512);
+    let (mut io, mut vol, old, new) = take_over(&image);
+    vol.reencryption_set_checksum_block(&mut io, (&old, &new), 512).expect("512-byte blocks");
+    let mut vol = Volume::load(&mut io).expect("reload");
+    assert_eq!(vol.reencryption().expect("job").checksum_block, 512);
+    vol.unlock_reencryption(&mut io, PASSPHRASE).expect("the new metadata digest holds");
+    hotzone(&mut io, &mut vol, (&old, &new), 0, MIB, None);
+    hotzone(&mut io, &mut vol, (&old, &new), MIB, 64 * 1024, None);
+    hotzone(&mut io, &mut vol, (&old, &new), MIB + 64 * 1024, 64 * 1024, Some(37));
+    drop(io);
+    repaired_and_finished_by_cryptsetup(&image, new.as_bytes(), &plain);
 }
 
 #[test]
