@@ -639,3 +639,51 @@ fn a_configuration_file_opens_a_luks_volume() {
     let b = &d.call("bdev_get_bdevs", json!({"name": "c0"}))[0];
     assert_eq!(b["num_blocks"].as_u64().unwrap() * b["block_size"].as_u64().unwrap(), 8 * MIB, "{b}");
 }
+
+/// A job cryptsetup began on a volume of 512-byte sectors (its checksums in 4096-byte blocks)
+/// is switched to sectors at open and finished by flashpath; cryptsetup opens the result.
+#[test]
+fn flashpath_finishes_cryptsetups_job_on_512_byte_sectors() {
+    if !tools() {
+        return;
+    }
+    let d = Daemon::start("0");
+    let file = d.backing_file("cs512.img", 24 * MIB);
+    let p0 = passphrase(&d, "k0", "five twelve");
+    let (f, k) = (file.to_str().unwrap().to_string(), p0.to_str().unwrap().to_string());
+    let (ok, t) = cryptsetup(
+        &[
+            &["luksFormat", "--type", "luks2", "--batch-mode", "--sector-size", "512", "--key-file", &k],
+            FAST_KDF,
+            &[&f],
+        ]
+        .concat(),
+    );
+    assert!(ok, "{t}");
+    d.uring("f", &file, None);
+    d.call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "k0"}));
+    let sock = d.controller("w", "c0", Some(1), false);
+    let mut c = BlkClient::open(&sock, 1);
+    let data = pattern(51, 0, (8 * MIB) as usize);
+    c.write_all(0, &data);
+    assert_eq!(c.flush(0), 0);
+    drop(c);
+    d.call("vhost_delete_controller", json!({"ctrlr": "w"}));
+    d.call("bdev_crypto_delete", json!({"name": "c0"}));
+    let (ok, t) = cryptsetup(
+        &[
+            &["reencrypt", "--init-only", "--resilience", "checksum", "--batch-mode", "--key-file", &k],
+            FAST_KDF,
+            &[&f],
+        ]
+        .concat(),
+    );
+    assert!(ok, "cryptsetup reencrypt --init-only: {t}");
+    d.call("bdev_crypto_create", json!({"base_bdev_name": "f", "name": "c0", "luks_key_name": "k0"}));
+    wait_job(&d, "c0", "done");
+    d.call("bdev_crypto_delete", json!({"name": "c0"}));
+    assert!(cryptsetup_opens(&file, &p0, None));
+    let key = cryptsetup_volume_key(&file, &p0);
+    let stored = read_file_at(&file, 16 * MIB, data.len());
+    assert_eq!(python_xts("dec", &key, 512, 0, &stored), data, "the data under the new key");
+}

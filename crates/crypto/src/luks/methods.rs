@@ -149,6 +149,25 @@ pub(crate) fn open_luks(
         .map_err(|e| luks_error("luks_key_name", e))?;
         let old_key = crypto_key(name, "old", &old)?;
         let new_key = crypto_key(name, "new", &new)?;
+        // The engine takes a hotzone's checksums per sector; cryptsetup per block of its
+        // device (4096 bytes on most), whatever the sector size. A job it recorded in other
+        // units is switched to sectors, as cryptsetup itself switches a resumed job to its own;
+        // a hotzone it left half rewritten in those units is for `cryptsetup repair`.
+        if let Some(r) = volume.reencryption().filter(|r| r.checksum_block != layout.sector_size) {
+            if r.hotzone.is_some() {
+                return Err(ParamError::new(
+                    "base_bdev_name",
+                    format!(
+                        "an interrupted re-encryption step recorded in {}-byte blocks: run `cryptsetup repair` on the volume first",
+                        r.checksum_block
+                    ),
+                )
+                .into());
+            }
+            volume
+                .reencryption_set_checksum_block(&mut io, (&old, &new), layout.sector_size)
+                .map_err(|e| luks_error("base_bdev_name", e))?;
+        }
         if let Some((offset, len, sums)) =
             volume.reencryption_recovery(&mut io).map_err(|e| luks_error("base_bdev_name", e))?
         {
