@@ -151,7 +151,7 @@ pub struct KeyslotInfo {
 #[derive(Clone, Debug)]
 enum Header {
     V1(luks1::Header),
-    V2(Box<luks2::Copy>),
+    V2(luks2::Copy),
 }
 
 /// An opened (loaded and checked) LUKS volume header.
@@ -183,14 +183,11 @@ impl Volume {
         }
         let mut first = vec![0u8; luks2::BIN_LEN.min(size as usize)];
         io.read_at(0, &mut first)?;
-        if &first[..6] == luks1::MAGIC {
-            let version = u16::from_be_bytes([first[6], first[7]]);
-            match version {
-                1 => return Volume::from_header(Header::V1(luks1::Header::parse(&first)?)),
-                2 => {}
-                v if v > 2 => return Err(LuksError::NewerVersion(v)),
-                v => return Err(LuksError::Damaged { copy: "header", reason: format!("version {v}") }),
-            }
+        // Version 1 is LUKS1; any other version under the LUKS magic is read as a LUKS2
+        // primary, so that a damaged version field falls back to the secondary copy (a newer
+        // version with no readable LUKS2 secondary is NewerVersion).
+        if &first[..6] == luks1::MAGIC && u16::from_be_bytes([first[6], first[7]]) == 1 {
+            return Volume::from_header(Header::V1(luks1::Header::parse(&first)?));
         }
         Volume::load_luks2(io, &first)
     }
@@ -231,9 +228,7 @@ impl Volume {
         }
         // A copy that is intact (its checksum holds) but asks for what this build lacks is
         // authoritative: the other copy is not used in its place.
-        let refused = |r: &Result<luks2::Copy, LuksError>| {
-            matches!(r, Err(LuksError::Unsupported { .. }) | Err(LuksError::NewerVersion(_)))
-        };
+        let refused = |r: &Result<luks2::Copy, LuksError>| matches!(r, Err(LuksError::Unsupported { .. }));
         if refused(&primary) || refused(&secondary) {
             let e = if refused(&primary) { primary } else { secondary };
             return Err(e.err().unwrap_or(LuksError::NotLuks));
@@ -249,6 +244,7 @@ impl Volume {
             }
             (Ok(p), Err(_)) => p,
             (Err(_), Ok(s)) => s,
+            (Err(p @ LuksError::NewerVersion(_)), Err(_)) => return Err(p),
             (Err(p), Err(s)) => {
                 return Err(LuksError::Damaged {
                     copy: "both",
@@ -256,7 +252,7 @@ impl Volume {
                 })
             }
         };
-        Volume::from_header(Header::V2(Box::new(chosen)))
+        Volume::from_header(Header::V2(chosen))
     }
 
     fn from_header(header: Header) -> Result<Volume, LuksError> {
@@ -831,7 +827,7 @@ pub fn format(
                 subsystem: String::new(),
             };
             let meta = luks2::Meta::parse(&json, LUKS2_COPY_SIZE)?;
-            (Header::V2(Box::new(luks2::Copy { bin, json, meta })), LUKS2_DATA_OFFSET)
+            (Header::V2(luks2::Copy { bin, json, meta }), LUKS2_DATA_OFFSET)
         }
     };
     let need = data_offset + u64::from(opts.sector_size);
