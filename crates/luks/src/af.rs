@@ -7,6 +7,9 @@ use crate::crypto::{secret, Hash};
 use rand::RngCore;
 use zeroize::Zeroizing;
 
+/// The anti-forensic stripes of every key slot (cryptsetup writes and accepts only 4000).
+pub(crate) const STRIPES: u32 = 4000;
+
 /// The diffusion function H: the block is cut into hash-sized pieces, piece `i` replaced by
 /// hash(be32(i) || piece) (the last, shorter piece by the same hash's prefix).
 fn diffuse(hash: Hash, block: &mut [u8]) {

@@ -26,6 +26,7 @@ mod af;
 mod crypto;
 mod error;
 mod io;
+mod kdf;
 mod luks1;
 mod luks2;
 #[cfg(test)]
@@ -33,6 +34,9 @@ mod tests;
 
 pub use error::{ErrorKind, LuksError};
 pub use io::{MemIo, MetaIo};
+pub use kdf::Kdf;
+
+use af::STRIPES;
 
 use crypto::{secret, Hash};
 use error::unsupported;
@@ -40,8 +44,6 @@ use rand::RngCore;
 use serde_json::Value;
 use zeroize::Zeroizing;
 
-/// The anti-forensic stripes of every key slot (cryptsetup writes and accepts only 4000).
-pub(crate) const STRIPES: u32 = 4000;
 /// The iterations of the volume key's digest (cryptsetup's minimum, LUKS_MKD_ITERATIONS_MIN):
 /// the digest only checks a random key, so its cost guards nothing.
 const DIGEST_ITERATIONS: u32 = 1000;
@@ -61,29 +63,6 @@ pub enum Version {
     Luks1,
     /// LUKS2 (cryptsetup's default since 2.1).
     Luks2,
-}
-
-/// How a key slot derives its key from the passphrase.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Kdf {
-    /// PBKDF2-HMAC with `hash` ("sha1", "sha256", "sha512").
-    Pbkdf2 {
-        /// The HMAC's hash.
-        hash: String,
-        /// The iteration count.
-        iterations: u32,
-    },
-    /// Argon2 version 1.3 (LUKS2 only).
-    Argon2 {
-        /// Argon2id, else Argon2i.
-        id: bool,
-        /// Passes.
-        time: u32,
-        /// Memory in KiB.
-        memory_kib: u32,
-        /// Lanes (cryptsetup's `cpus`).
-        parallel: u32,
-    },
 }
 
 /// What [`format`] makes.

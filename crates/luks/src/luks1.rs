@@ -3,9 +3,9 @@
 //! bytes. Key material sits at 4096-byte (8-sector) aligned offsets after it, the data after
 //! the last slot's material.
 
+use crate::af::{self, STRIPES};
 use crate::crypto::Hash;
 use crate::error::{unsupported, LuksError};
-use crate::{af, STRIPES};
 
 pub(crate) const MAGIC: &[u8; 6] = b"LUKS\xba\xbe";
 /// The header's length on disk.

@@ -5,10 +5,11 @@
 //! cryptsetup's validation: the types of every field, offsets and sizes as decimal strings,
 //! salts and digests base64, key slot areas inside the key slots area.
 
+use crate::af::{self, STRIPES};
 use crate::crypto::Hash;
 use crate::error::{unsupported, LuksError};
+use crate::kdf::Kdf;
 use crate::luks1::{c_string, put_c_string};
-use crate::{af, Kdf, STRIPES};
 use base64::Engine;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
