@@ -361,6 +361,8 @@ fn write_fuzz_seeds() {
     let seed = |name: &str, disk: &Disk, len: usize| {
         let mut head = vec![0u8; len];
         disk.io().read_at(0, &mut head).expect("read the header");
+        // Each seed is a header that loads: the fuzzer starts past the checks.
+        Volume::load(&mut fp_luks::MemIo(head.clone())).unwrap_or_else(|e| panic!("{name}: {e}"));
         std::fs::write(dir.join(name), [&[0u8][..], &head].concat()).expect("write seed");
     };
     let mut luks2 = FAST_PBKDF2.to_vec();
@@ -373,34 +375,37 @@ fn write_fuzz_seeds() {
     add.extend([disk.p(), second.as_str()]);
     ok(cryptsetup(&add), "luksAddKey");
     seed("seed-cryptsetup-luks2-two-slots", &disk, 32 << 10);
-    let disk = Disk::new(20 * MIB);
-    cryptsetup_format(
-        &disk,
-        "luks2",
-        &["--pbkdf", "argon2id", "--pbkdf-memory", "32", "--pbkdf-force-iterations", "4"],
-    );
-    seed("seed-cryptsetup-luks2-argon2id", &disk, 32 << 10);
-    let disk = Disk::new(20 * MIB);
-    cryptsetup_format(
-        &disk,
-        "luks2",
-        &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--luks2-metadata-size", "32k"],
-    );
-    seed("seed-cryptsetup-luks2-32k-metadata", &disk, 96 << 10);
+    // (name, type, luksFormat options, bytes kept)
+    let plain: [(&str, &str, &[&str], usize); 4] = [
+        (
+            "seed-cryptsetup-luks2-argon2id",
+            "luks2",
+            &["--pbkdf", "argon2id", "--pbkdf-memory", "32", "--pbkdf-force-iterations", "4"],
+            32 << 10,
+        ),
+        (
+            "seed-cryptsetup-luks2-32k-metadata",
+            "luks2",
+            &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--luks2-metadata-size", "32k"],
+            96 << 10,
+        ),
+        ("seed-cryptsetup-luks1", "luks1", &FAST_PBKDF2, 4096),
+        (
+            "seed-cryptsetup-luks1-sha1",
+            "luks1",
+            &["--hash", "sha1", "--key-size", "256", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"],
+            4096,
+        ),
+    ];
+    for (name, kind, options, len) in plain {
+        let disk = Disk::new(20 * MIB);
+        cryptsetup_format(&disk, kind, options);
+        seed(name, &disk, len);
+    }
     let disk = Disk::new(20 * MIB);
     cryptsetup_format(&disk, "luks2", &FAST_PBKDF2);
     disk.io().write_at(0, &[0u8; 4096]).expect("zero the primary");
     seed("seed-cryptsetup-luks2-primary-zeroed", &disk, 32 << 10);
-    let disk = Disk::new(4 * MIB);
-    cryptsetup_format(&disk, "luks1", &FAST_PBKDF2);
-    seed("seed-cryptsetup-luks1", &disk, 4096);
-    let disk = Disk::new(4 * MIB);
-    cryptsetup_format(
-        &disk,
-        "luks1",
-        &["--hash", "sha1", "--key-size", "256", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"],
-    );
-    seed("seed-cryptsetup-luks1-sha1", &disk, 4096);
     let disk = Disk::new(20 * MIB);
     let mut o = opts(Version::Luks2, 512, Kdf::Argon2 { id: true, time: 4, memory_kib: 32, parallel: 1 });
     o.label = Some("flashpath".into());
