@@ -95,8 +95,8 @@ pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 
 /// Encrypts (or decrypts) `buf`, whole 512-byte sectors, with aes-xts-plain64 under `key`
 /// (32 or 64 bytes: AES-128 or AES-256 halves), the first sector's IV being 0: a key slot's
-/// area is encrypted as a little disk of its own (LUKS1 spec section 2.4 "AF-splitting" and
-/// the key material's encryption; LUKS2 keeps the LUKS1 scheme for `"area": {"type": "raw"}`).
+/// area is encrypted as a little disk of its own (the LUKS1 specification's key material
+/// encryption, the IV counted from the area's start; LUKS2 keeps the LUKS1 scheme for `"area": {"type": "raw"}`).
 pub(crate) fn area_crypt(key: &[u8], buf: &mut [u8], encrypt: bool) -> Result<(), LuksError> {
     fn run<C>(key: &[u8], buf: &mut [u8], encrypt: bool) -> Result<(), LuksError>
     where
