@@ -518,6 +518,12 @@ impl Volume {
                 (n, offset)
             }
         };
+        if let Header::V2(c) = &mut next.header {
+            // The slot must fit the JSON area (cryptsetup: "not enough space in header json
+            // area") before its material is written; the whole check follows in write_header.
+            c.meta = luks2::Meta::parse(&c.json, c.bin.hdr_size)?;
+            luks2::encode_copy(&c.bin, &c.json, 0).map_err(|_| LuksError::NoFreeSlot)?;
+        }
         let derived = derive(kdf, passphrase, &salt, key_len)?;
         let split = af::split(key.as_bytes(), STRIPES, af_hash);
         let mut material = secret(af::split_bytes(key_len, STRIPES) as usize);

@@ -420,6 +420,31 @@ fn slot_rules() {
     assert!(matches!(vol.add_keyslot(&mut io, &key, b"more", None, &pbkdf2()), Err(LuksError::NoFreeSlot)));
 }
 
+/// LUKS2 holds 32 slots (all fit the default 12 KiB JSON area); a slot that does not fit the
+/// JSON area (here a large token fills it) is NoFreeSlot, and nothing is written.
+#[test]
+fn luks2_slot_limits() {
+    let (mut io, mut vol, key) = volume(Version::Luks2);
+    for n in 1..luks2::MAX_KEYSLOTS {
+        assert_eq!(vol.add_keyslot(&mut io, &key, b"more", None, &pbkdf2()).expect("add"), n);
+    }
+    assert!(matches!(vol.add_keyslot(&mut io, &key, b"more", None, &pbkdf2()), Err(LuksError::NoFreeSlot)));
+    let loaded = Volume::load(&mut io).expect("load");
+    assert_eq!(loaded.keyslots().len(), 32);
+    assert_eq!(loaded.unlock(&mut io, b"more", Some(31)).expect("the last slot opens").1, 31);
+
+    let (mut io, _, key) = volume(Version::Luks2);
+    rewrite(&mut io, |c| {
+        c.json["tokens"]["0"] =
+            serde_json::json!({"type": "filler", "keyslots": [], "x": "y".repeat(11_300)});
+    });
+    let mut vol = Volume::load(&mut io).expect("load");
+    let before = io.clone();
+    assert!(matches!(vol.add_keyslot(&mut io, &key, b"more", None, &pbkdf2()), Err(LuksError::NoFreeSlot)));
+    assert!(io.0 == before.0, "nothing written");
+    assert_eq!(vol.keyslots().len(), 1);
+}
+
 #[test]
 fn luks2_priority_order() {
     let (mut io, mut vol, key) = volume(Version::Luks2);
