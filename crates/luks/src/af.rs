@@ -1,4 +1,4 @@
-//! The anti-forensic information splitter (LUKS1 spec section 2.4, "AF-Splitter"; LUKS2 keeps
+//! The anti-forensic information splitter (the LUKS1 specification's "AF-Splitter"; LUKS2 keeps
 //! it as `"af": {"type": "luks1"}`): the key is stored as `stripes` blocks, all but the last
 //! random, so wiping any part of the area destroys the key. Written here: it is format logic,
 //! a few lines over the hash.
@@ -6,6 +6,9 @@
 use crate::crypto::{secret, Hash};
 use rand::RngCore;
 use zeroize::Zeroizing;
+
+/// The anti-forensic stripes of every key slot (cryptsetup writes and accepts only 4000).
+pub(crate) const STRIPES: u32 = 4000;
 
 /// The diffusion function H: the block is cut into hash-sized pieces, piece `i` replaced by
 /// hash(be32(i) || piece) (the last, shorter piece by the same hash's prefix).

@@ -95,37 +95,28 @@ pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 
 /// Encrypts (or decrypts) `buf`, whole 512-byte sectors, with aes-xts-plain64 under `key`
 /// (32 or 64 bytes: AES-128 or AES-256 halves), the first sector's IV being 0: a key slot's
-/// area is encrypted as a little disk of its own (LUKS1 spec section 2.4 "AF-splitting" and
-/// the key material's encryption; LUKS2 keeps the LUKS1 scheme for `"area": {"type": "raw"}`).
+/// area is encrypted as a little disk of its own (the LUKS1 specification's key material
+/// encryption, the IV counted from the area's start; LUKS2 keeps the LUKS1 scheme for `"area": {"type": "raw"}`).
 pub(crate) fn area_crypt(key: &[u8], buf: &mut [u8], encrypt: bool) -> Result<(), LuksError> {
-    use xts_mode::{get_tweak_default, Xts128};
-    let half = key.len() / 2;
-    match key.len() {
-        32 => {
-            let xts = Xts128::new(
-                aes::Aes128::new_from_slice(&key[..half]).map_err(|_| unsupported("key_size", 32))?,
-                aes::Aes128::new_from_slice(&key[half..]).map_err(|_| unsupported("key_size", 32))?,
-            );
-            if encrypt {
-                xts.encrypt_area(buf, 512, 0, get_tweak_default);
-            } else {
-                xts.decrypt_area(buf, 512, 0, get_tweak_default);
-            }
+    fn run<C>(key: &[u8], buf: &mut [u8], encrypt: bool) -> Result<(), LuksError>
+    where
+        C: KeyInit + aes::cipher::BlockEncrypt + aes::cipher::BlockDecrypt + aes::cipher::BlockCipher,
+    {
+        let (data_key, tweak_key) = key.split_at(key.len() / 2);
+        let new = |k: &[u8]| C::new_from_slice(k).map_err(|_| unsupported("key_size", key.len()));
+        let xts = xts_mode::Xts128::new(new(data_key)?, new(tweak_key)?);
+        if encrypt {
+            xts.encrypt_area(buf, 512, 0, xts_mode::get_tweak_default);
+        } else {
+            xts.decrypt_area(buf, 512, 0, xts_mode::get_tweak_default);
         }
-        64 => {
-            let xts = Xts128::new(
-                aes::Aes256::new_from_slice(&key[..half]).map_err(|_| unsupported("key_size", 64))?,
-                aes::Aes256::new_from_slice(&key[half..]).map_err(|_| unsupported("key_size", 64))?,
-            );
-            if encrypt {
-                xts.encrypt_area(buf, 512, 0, get_tweak_default);
-            } else {
-                xts.decrypt_area(buf, 512, 0, get_tweak_default);
-            }
-        }
-        other => return Err(unsupported("key_size", other)),
+        Ok(())
     }
-    Ok(())
+    match key.len() {
+        32 => run::<aes::Aes128>(key, buf, encrypt),
+        64 => run::<aes::Aes256>(key, buf, encrypt),
+        other => Err(unsupported("key_size", other)),
+    }
 }
 
 /// A buffer that is wiped when dropped, for derived keys and split key material.

@@ -26,6 +26,7 @@ mod af;
 mod crypto;
 mod error;
 mod io;
+mod kdf;
 mod luks1;
 mod luks2;
 mod reencrypt;
@@ -35,6 +36,9 @@ mod tests;
 pub use error::{ErrorKind, LuksError};
 pub use io::{MemIo, MetaIo};
 pub use reencrypt::{Hotzone, Reencryption};
+pub use kdf::Kdf;
+
+use af::STRIPES;
 
 use crypto::{secret, Hash};
 use error::unsupported;
@@ -42,8 +46,6 @@ use rand::RngCore;
 use serde_json::Value;
 use zeroize::Zeroizing;
 
-/// The anti-forensic stripes of every key slot (cryptsetup writes and accepts only 4000).
-pub(crate) const STRIPES: u32 = 4000;
 /// The iterations of the volume key's digest (cryptsetup's minimum, LUKS_MKD_ITERATIONS_MIN):
 /// the digest only checks a random key, so its cost guards nothing.
 const DIGEST_ITERATIONS: u32 = 1000;
@@ -63,29 +65,6 @@ pub enum Version {
     Luks1,
     /// LUKS2 (cryptsetup's default since 2.1).
     Luks2,
-}
-
-/// How a key slot derives its key from the passphrase.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Kdf {
-    /// PBKDF2-HMAC with `hash` ("sha1", "sha256", "sha512").
-    Pbkdf2 {
-        /// The HMAC's hash.
-        hash: String,
-        /// The iteration count.
-        iterations: u32,
-    },
-    /// Argon2 version 1.3 (LUKS2 only).
-    Argon2 {
-        /// Argon2id, else Argon2i.
-        id: bool,
-        /// Passes.
-        time: u32,
-        /// Memory in KiB.
-        memory_kib: u32,
-        /// Lanes (cryptsetup's `cpus`).
-        parallel: u32,
-    },
 }
 
 /// What [`format`] makes.
@@ -185,14 +164,11 @@ impl Volume {
         }
         let mut first = vec![0u8; luks2::BIN_LEN.min(size as usize)];
         io.read_at(0, &mut first)?;
-        if &first[..6] == luks1::MAGIC {
-            let version = u16::from_be_bytes([first[6], first[7]]);
-            match version {
-                1 => return Volume::from_header(Header::V1(Box::new(luks1::Header::parse(&first)?))),
-                2 => {}
-                v if v > 2 => return Err(LuksError::NewerVersion(v)),
-                v => return Err(LuksError::Damaged { copy: "header", reason: format!("version {v}") }),
-            }
+        // Version 1 is LUKS1; any other version under the LUKS magic is read as a LUKS2
+        // primary, so that a damaged version field falls back to the secondary copy (a newer
+        // version with no readable LUKS2 secondary is NewerVersion).
+        if &first[..6] == luks1::MAGIC && u16::from_be_bytes([first[6], first[7]]) == 1 {
+            return Volume::from_header(Header::V1(Box::new(luks1::Header::parse(&first)?)));
         }
         Volume::load_luks2(io, &first)
     }
@@ -233,9 +209,7 @@ impl Volume {
         }
         // A copy that is intact (its checksum holds) but asks for what this build lacks is
         // authoritative: the other copy is not used in its place.
-        let refused = |r: &Result<luks2::Copy, LuksError>| {
-            matches!(r, Err(LuksError::Unsupported { .. }) | Err(LuksError::NewerVersion(_)))
-        };
+        let refused = |r: &Result<luks2::Copy, LuksError>| matches!(r, Err(LuksError::Unsupported { .. }));
         if refused(&primary) || refused(&secondary) {
             let e = if refused(&primary) { primary } else { secondary };
             return Err(e.err().unwrap_or(LuksError::NotLuks));
@@ -251,6 +225,7 @@ impl Volume {
             }
             (Ok(p), Err(_)) => p,
             (Err(_), Ok(s)) => s,
+            (Err(p @ LuksError::NewerVersion(_)), Err(_)) => return Err(p),
             (Err(p), Err(s)) => {
                 return Err(LuksError::Damaged {
                     copy: "both",
@@ -549,6 +524,12 @@ impl Volume {
                 (n, offset)
             }
         };
+        if let Header::V2(c) = &mut next.header {
+            // The slot must fit the JSON area (cryptsetup: "not enough space in header json
+            // area") before its material is written; the whole check follows in write_header.
+            c.meta = luks2::Meta::parse(&c.json, c.bin.hdr_size)?;
+            luks2::encode_copy(&c.bin, &c.json, 0).map_err(|_| LuksError::NoFreeSlot)?;
+        }
         write_slot_material(io, offset, key, passphrase, &salt, kdf, af_hash)?;
         next.write_header(io)?;
         *self = next;

@@ -1,11 +1,11 @@
-//! The LUKS1 header (LUKS1 spec section 2.4, "The partition header", and figure 1's table):
+//! The LUKS1 header (the LUKS1 specification's partition header table and its key slot table):
 //! 592 bytes at offset 0, big-endian integers, NUL-padded strings, eight key slots of 48
 //! bytes. Key material sits at 4096-byte (8-sector) aligned offsets after it, the data after
 //! the last slot's material.
 
+use crate::af::{self, STRIPES};
 use crate::crypto::Hash;
 use crate::error::{unsupported, LuksError};
-use crate::{af, STRIPES};
 
 pub(crate) const MAGIC: &[u8; 6] = b"LUKS\xba\xbe";
 /// The header's length on disk.

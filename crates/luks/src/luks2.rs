@@ -1,14 +1,15 @@
-//! The LUKS2 header (LUKS2 On-Disk Format Specification, sections 2 "Binary header" and 3
-//! "JSON area"): two copies, each a 4096-byte binary header and a JSON area, the second copy
+//! The LUKS2 header (the LUKS2 On-Disk Format Specification's binary header and JSON area):
+//! two copies, each a 4096-byte binary header and a JSON area, the second copy
 //! right after the first (at the copy's size). The JSON is kept as parsed (so fields this build
 //! does not know, tokens for example, survive a rewrite) and checked here as strictly as
 //! cryptsetup's validation: the types of every field, offsets and sizes as decimal strings,
 //! salts and digests base64, key slot areas inside the key slots area.
 
+use crate::af::{self, STRIPES};
 use crate::crypto::Hash;
 use crate::error::{unsupported, LuksError};
+use crate::kdf::Kdf;
 use crate::luks1::{c_string, put_c_string};
-use crate::{af, Kdf, STRIPES};
 use base64::Engine;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -17,7 +18,7 @@ pub(crate) const MAGIC_PRIMARY: &[u8; 6] = b"LUKS\xba\xbe";
 pub(crate) const MAGIC_SECONDARY: &[u8; 6] = b"SKUL\xba\xbe";
 pub(crate) const BIN_LEN: usize = 4096;
 /// The sizes a copy (binary header and JSON area) may have; also where a secondary copy is
-/// looked for when the primary is unreadable (spec section 2, table 1; cryptsetup's
+/// looked for when the primary is unreadable (the LUKS2 specification's list; cryptsetup's
 /// LUKS2_HDR2_OFFSETS).
 pub(crate) const COPY_SIZES: [u64; 9] =
     [0x4000, 0x8000, 0x1_0000, 0x2_0000, 0x4_0000, 0x8_0000, 0x10_0000, 0x20_0000, 0x40_0000];
@@ -41,7 +42,7 @@ pub(crate) fn bad(reason: impl Into<String>) -> LuksError {
     LuksError::Damaged { copy: "primary", reason: reason.into() }
 }
 
-/// The binary header's fields (spec section 2, table 2).
+/// The binary header's fields (the LUKS2 specification's binary header table).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Binary {
     pub hdr_size: u64,
@@ -156,7 +157,7 @@ pub(crate) fn encode_copy(bin: &Binary, json: &Map<String, Value>, offset: u64) 
     Ok(out)
 }
 
-/// A LUKS2 key slot (spec section 3.2, "keyslots"): type luks2, af luks1, area raw.
+/// A LUKS2 key slot (the LUKS2 specification's "keyslots" object): type luks2, af luks1, area raw.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Keyslot {
     pub key_size: u32,
@@ -170,7 +171,7 @@ pub(crate) struct Keyslot {
     pub priority: Option<u8>,
 }
 
-/// The data segment (spec section 3.3): type crypt.
+/// The data segment (the "segments" object): type crypt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Segment {
     pub offset: u64,
@@ -180,7 +181,7 @@ pub(crate) struct Segment {
     pub sector_size: u32,
 }
 
-/// The digest of the volume key (spec section 3.4): type pbkdf2.
+/// The digest of the volume key (the "digests" object): type pbkdf2.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Digest {
     pub id: String,
@@ -324,7 +325,7 @@ pub(crate) fn kdf_json(kdf: &Kdf, salt: &[u8]) -> Value {
 impl Meta {
     pub(crate) fn parse(json: &Map<String, Value>, hdr_size: u64) -> Check<Meta> {
         let metadata_end = 2 * hdr_size;
-        // config (spec section 3.5)
+        // config
         let config = object(field(json, "JSON", "config")?, "config")?;
         let json_size = dec(config, "config", "json_size")?;
         if json_size != hdr_size - BIN_LEN as u64 {
@@ -357,7 +358,7 @@ impl Meta {
             id(key, "token", MAX_KEYSLOTS)?;
             object(token, "token")?;
         }
-        // segments (spec section 3.3)
+        // segments
         let segments = object(field(json, "JSON", "segments")?, "segments")?;
         // In a re-encryption the volume is described by its segment as before the job (the
         // "backup-previous" one); reencrypt.rs checks the others.
@@ -412,7 +413,7 @@ impl Meta {
         if offset < metadata_end.saturating_add(keyslots_size) {
             return Err(bad(format!("segment.offset {offset} inside the metadata and key slots area")));
         }
-        // keyslots (spec section 3.2)
+        // keyslots
         let slots = object(field(json, "JSON", "keyslots")?, "keyslots")?;
         let mut keyslots = BTreeMap::new();
         let mut reencrypt_slots = Vec::new();
@@ -488,7 +489,7 @@ impl Meta {
                 return Err(bad(format!("keyslots {} and {}: areas overlap", pair[0].2, pair[1].2)));
             }
         }
-        // digests (spec section 3.4)
+        // digests
         let digests = object(field(json, "JSON", "digests")?, "digests")?;
         if digests.len() > MAX_DIGESTS {
             return Err(bad(format!("{} digests", digests.len())));

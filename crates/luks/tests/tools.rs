@@ -23,8 +23,7 @@ fn tool(name: &str, package: &str) -> PathBuf {
 }
 
 fn cryptsetup(args: &[&str]) -> std::process::Output {
-    let out = Command::new(tool("cryptsetup", "cryptsetup-bin")).args(args).output().expect("run cryptsetup");
-    out
+    Command::new(tool("cryptsetup", "cryptsetup-bin")).args(args).output().expect("run cryptsetup")
 }
 
 fn ok(out: std::process::Output, what: &str) -> String {
@@ -259,13 +258,11 @@ fn luks2_damaged_primary_falls_back_to_secondary() {
     extra.extend(["--sector-size", "512"]);
     cryptsetup_format(&disk, "luks2", &extra);
     let mut io = disk.io();
-    io.write_at(0, &[0u8; 4096]).expect("zero the primary's binary header");
+    io.write_at(0, &[0u8; 0x4000]).expect("zero the primary copy");
     let vol = Volume::load(&mut io).expect("the secondary copy loads");
     let (key, _) = vol.unlock(&mut io, PASS, None).expect("unlock");
-    assert_eq!(hex(key.as_bytes()), {
-        // cryptsetup too opens it from the secondary (it does not repair on luksDump).
-        disk.dumped_key()
-    });
+    // cryptsetup too opens it, from the secondary.
+    assert_eq!(hex(key.as_bytes()), disk.dumped_key());
     // A flipped byte in the primary's JSON: its checksum fails, the secondary is used.
     let disk = Disk::new(32 * MIB);
     cryptsetup_format(&disk, "luks2", &extra);
@@ -349,4 +346,72 @@ fn decrypt_plain64(key: &[u8], buf: &mut [u8], first_sector: u128) {
         aes::Aes256::new_from_slice(&key[half..]).expect("key"),
     );
     xts.decrypt_area(buf, 512, first_sector, xts_mode::get_tweak_default);
+}
+
+/// Writes the `luks_header` fuzz target's seeds (fuzz/regressions/luks_header/): real headers
+/// made by cryptsetup and QEMU, and ours: the first 32 KiB of small LUKS2 volumes (both
+/// copies), the first 4 KiB of LUKS1 ones, each after the target's flag byte 0 (no re-seal).
+/// Run by hand after a format change: `cargo test -p fp-luks --test tools -- --ignored
+/// write_fuzz_seeds`.
+#[test]
+#[ignore]
+fn write_fuzz_seeds() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/regressions/luks_header");
+    std::fs::create_dir_all(&dir).expect("seed dir");
+    let seed = |name: &str, disk: &Disk, len: usize| {
+        let mut head = vec![0u8; len];
+        disk.io().read_at(0, &mut head).expect("read the header");
+        // Each seed is a header that loads: the fuzzer starts past the checks.
+        Volume::load(&mut fp_luks::MemIo(head.clone())).unwrap_or_else(|e| panic!("{name}: {e}"));
+        std::fs::write(dir.join(name), [&[0u8][..], &head].concat()).expect("write seed");
+    };
+    let mut luks2 = FAST_PBKDF2.to_vec();
+    luks2.extend(["--sector-size", "4096", "--label", "seed"]);
+    let disk = Disk::new(20 * MIB);
+    cryptsetup_format(&disk, "luks2", &luks2);
+    let second = disk.key_file_with("second", b"second");
+    let mut add = vec!["luksAddKey", "--batch-mode", "--key-file", disk.k()];
+    add.extend_from_slice(&FAST_PBKDF2);
+    add.extend([disk.p(), second.as_str()]);
+    ok(cryptsetup(&add), "luksAddKey");
+    seed("seed-cryptsetup-luks2-two-slots", &disk, 32 << 10);
+    // (name, type, luksFormat options, bytes kept)
+    let plain: [(&str, &str, &[&str], usize); 4] = [
+        (
+            "seed-cryptsetup-luks2-argon2id",
+            "luks2",
+            &["--pbkdf", "argon2id", "--pbkdf-memory", "32", "--pbkdf-force-iterations", "4"],
+            32 << 10,
+        ),
+        (
+            "seed-cryptsetup-luks2-32k-metadata",
+            "luks2",
+            &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--luks2-metadata-size", "32k"],
+            96 << 10,
+        ),
+        ("seed-cryptsetup-luks1", "luks1", &FAST_PBKDF2, 4096),
+        (
+            "seed-cryptsetup-luks1-sha1",
+            "luks1",
+            &["--hash", "sha1", "--key-size", "256", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"],
+            4096,
+        ),
+    ];
+    for (name, kind, options, len) in plain {
+        let disk = Disk::new(20 * MIB);
+        cryptsetup_format(&disk, kind, options);
+        seed(name, &disk, len);
+    }
+    let disk = Disk::new(20 * MIB);
+    cryptsetup_format(&disk, "luks2", &FAST_PBKDF2);
+    disk.io().write_at(0, &[0u8; 4096]).expect("zero the primary");
+    seed("seed-cryptsetup-luks2-primary-zeroed", &disk, 32 << 10);
+    let disk = Disk::new(20 * MIB);
+    let mut o = opts(Version::Luks2, 512, Kdf::Argon2 { id: true, time: 4, memory_kib: 32, parallel: 1 });
+    o.label = Some("flashpath".into());
+    format(&mut disk.io(), &o, PASS).expect("format");
+    seed("seed-flashpath-luks2", &disk, 32 << 10);
+    let disk = Disk::new(4 * MIB);
+    format(&mut disk.io(), &opts(Version::Luks1, 512, pbkdf2()), PASS).expect("format");
+    seed("seed-flashpath-luks1", &disk, 4096);
 }
