@@ -174,7 +174,7 @@ fn hostile_json_is_refused_naming_the_field() {
         ),
         (
             "requirement",
-            |c| c.json["config"]["requirements"] = serde_json::json!({"mandatory": ["online-reencrypt-v2"]}),
+            |c| c.json["config"]["requirements"] = serde_json::json!({"mandatory": ["online-reencrypt-v3"]}),
             "requirement",
         ),
         ("cipher", |c| c.json["segments"]["0"]["encryption"] = "twofish-cbc-essiv:sha256".into(), "cipher"),
