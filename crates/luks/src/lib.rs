@@ -35,8 +35,8 @@ mod tests;
 
 pub use error::{ErrorKind, LuksError};
 pub use io::{MemIo, MetaIo};
-pub use reencrypt::{Hotzone, Reencryption};
 pub use kdf::Kdf;
+pub use reencrypt::{Hotzone, Reencryption};
 
 use af::STRIPES;
 
@@ -241,7 +241,9 @@ impl Volume {
             Header::V1(h) => format!("{}-{}", h.cipher_name, h.cipher_mode),
             Header::V2(c) => c.meta.segment.cipher.clone(),
         };
-        Ok(Volume { header, cipher })
+        let volume = Volume { header, cipher };
+        volume.check_reencryption()?;
+        Ok(volume)
     }
 
     /// LUKS1 or LUKS2.
@@ -601,6 +603,7 @@ impl Volume {
             // Re-check what was changed, as a load would.
             c.meta = luks2::Meta::parse(&c.json, c.bin.hdr_size)?;
         }
+        self.check_reencryption()?;
         for (offset, bytes) in self.encode_header()? {
             io.write_at(offset, &bytes)?;
             io.flush()?;

@@ -202,7 +202,7 @@ pub(crate) struct Meta {
     pub digest: Digest,
     pub keyslots_size: u64,
     /// The online re-encryption in progress (cryptsetup's "online-reencrypt-v2").
-    pub reencrypt: Option<crate::reencrypt::Job>,
+    pub reencrypt: Option<JobInput>,
 }
 
 pub(crate) fn object<'a>(v: &'a Value, what: &str) -> Check<&'a Map<String, Value>> {
@@ -345,7 +345,7 @@ impl Meta {
                 // LUKS2 with OPAL, older or other re-encryption formats, ...: a volume only a
                 // tool that knows the requirement may open.
                 for name in strings(mandatory, "config.requirements.mandatory")? {
-                    if name != crate::reencrypt::REQUIREMENT {
+                    if name != REQUIREMENT {
                         return Err(unsupported("requirement", name));
                     }
                     reencrypting = true;
@@ -363,7 +363,7 @@ impl Meta {
         // In a re-encryption the volume is described by its segment as before the job (the
         // "backup-previous" one); reencrypt.rs checks the others.
         let (segment_id, seg) = if reencrypting {
-            crate::reencrypt::previous_segment(segments)?
+            previous_segment(segments)?
         } else {
             if segments.len() != 1 {
                 return Err(unsupported(
@@ -543,8 +543,38 @@ impl Meta {
             reencrypt: None,
         };
         if reencrypting {
-            meta.reencrypt = Some(crate::reencrypt::Job::parse(json, &meta, metadata_end, all_digests)?);
+            meta.reencrypt = Some(JobInput { metadata_end, digests: all_digests });
         }
         Ok(meta)
+    }
+}
+
+/// The requirement cryptsetup 2.6 writes for a re-encryption and accepts to resume
+/// (LUKS2_REENCRYPT_REQ_VERSION 2; "-v3" is for decryption with a data shift, plain
+/// "online-reencrypt" is the 2.2 format without the metadata digest).
+pub(crate) const REQUIREMENT: &str = "online-reencrypt-v2";
+/// The flag of the segment describing the volume as before a re-encryption.
+pub(crate) const PREVIOUS: &str = "backup-previous";
+
+/// What the re-encryption metadata's check (`reencrypt/job.rs`) needs beyond the JSON and the
+/// plain volume's fields: where the metadata ends, and every digest with its segments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct JobInput {
+    pub metadata_end: u64,
+    pub digests: Vec<(Digest, Vec<u32>)>,
+}
+
+/// The segment describing the volume as before the job ("backup-previous"): the data
+/// segment the rest of the header checks go by.
+pub(crate) fn previous_segment(segments: &Map<String, Value>) -> Check<(&String, &Value)> {
+    let mut found = segments.iter().filter(|(_, v)| {
+        v.get("flags")
+            .and_then(Value::as_array)
+            .is_some_and(|f| f.iter().any(|x| x.as_str() == Some(PREVIOUS)))
+    });
+    match (found.next(), found.next()) {
+        (Some(s), None) => Ok(s),
+        (None, _) => Err(bad("re-encryption without a \"backup-previous\" segment")),
+        (Some(_), Some(_)) => Err(bad("two \"backup-previous\" segments")),
     }
 }
