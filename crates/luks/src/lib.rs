@@ -67,7 +67,7 @@ pub enum Version {
     Luks2,
 }
 
-/// What [`format`] makes.
+/// What [`format()`] makes.
 #[derive(Debug, Clone)]
 pub struct FormatOptions {
     /// LUKS1 or LUKS2.
