@@ -102,16 +102,20 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
         ("key2", Neutral::Absent),
     ])?;
     p.finish()?;
-    host.check_new_bdev(&name)?;
-    let base_bdev = host.claimable(&base, ClaimType::ExclusiveWrite)?;
-    let dev = match (&key_name, &luks_key) {
+    // The key is checked before the base, so a wrong key is named whatever the base's state.
+    let accel_key = match (&key_name, &luks_key) {
         (Some(key_name), None) => {
             if luks_slot.is_some() {
                 return Err(ParamError::new("luks_key_slot", "only with luks_key_name").into());
             }
-            let key = with_store(host, |s| s.accel_key(key_name))?;
-            CryptoDevice::new(&name, base_bdev, key)?
+            Some(with_store(host, |s| s.accel_key(key_name))?)
         }
+        _ => None,
+    };
+    host.check_new_bdev(&name)?;
+    let base_bdev = host.claimable(&base, ClaimType::ExclusiveWrite)?;
+    let dev = match (accel_key, &luks_key) {
+        (Some(key), None) => CryptoDevice::new(&name, base_bdev, key)?,
         (None, Some(luks_key)) => luks::open_luks(host, &name, base_bdev, luks_key, luks_slot)?,
         _ => {
             return Err(ParamError::new(
