@@ -13,13 +13,11 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::xts::python_xts;
 use common::{pattern, tools_or_skip, BlkClient, Daemon};
 use serde_json::{json, Value};
 
 const MIB: u64 = 1 << 20;
-
-/// The independent AES-XTS (Python's `cryptography`), shared with the other crypto tests.
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crypto/tests/xts_plain64.py");
 
 /// Cheap KDFs: these tests check formats, not key stretching.
 const FAST_KDF: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
@@ -80,24 +78,6 @@ fn cryptsetup_volume_key(file: &Path, key_file: &Path) -> String {
     // "MK dump:\t12 34 ...\n\t\t56 78 ..." until the end.
     let start = text.find("MK dump:").expect("an MK dump line") + "MK dump:".len();
     text[start..].split_whitespace().collect()
-}
-
-/// dm-crypt's aes-xts-plain64 over `data` (Python's), in units of `unit` bytes from 512-byte
-/// sector `first`, with hex key `key`.
-fn python_xts(mode: &str, key: &str, unit: usize, first: u64, data: &[u8]) -> Vec<u8> {
-    let dir = tempfile::tempdir().unwrap();
-    let (inp, out) = (dir.path().join("in"), dir.path().join("out"));
-    std::fs::write(&inp, data).unwrap();
-    let ok = Command::new("python3")
-        .arg(SCRIPT)
-        .args([mode, key, &unit.to_string(), &first.to_string()])
-        .arg(&inp)
-        .arg(&out)
-        .status()
-        .expect("python3 with the cryptography package")
-        .success();
-    assert!(ok, "python3 failed");
-    std::fs::read(out).unwrap()
 }
 
 fn read_file_at(file: &Path, offset: u64, len: usize) -> Vec<u8> {

@@ -262,20 +262,19 @@ fn header_json(v: &Volume, size: u64) -> Value {
     })
 }
 
-/// `bdev_luks_get_header`: the header of the open LUKS disk `name`, or of `base_bdev_name`
-/// (read now; the base may be in use by nothing or by anything: this only reads), as
-/// cryptsetup's `luksDump` shows it, without digests or salts.
-pub(crate) fn get_header(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
-    let name = p.optional_str("name")?;
-    let base = p.optional_str("base_bdev_name")?;
-    p.finish()?;
+/// The header a request names: of the open LUKS disk `name` (as last written, with the slot
+/// that opened it), or read now from `base_bdev_name` (which may be in use by anything: this
+/// only reads). Returns the base, the header and the opening slot.
+fn named_header(
+    host: &dyn ModuleHost,
+    name: Option<String>,
+    base: Option<String>,
+) -> Result<(Bdev, Volume, Option<u32>), ModuleError> {
     match (name, base) {
         (Some(name), None) => {
             let disk = open_disk(host, &name)?;
-            let v = disk.volume.lock().unwrap_or_else(|p| p.into_inner());
-            let mut out = header_json(&v, disk.base.info().size_bytes());
-            out["opened_by"] = Value::from(disk.opened_by);
-            Ok(out)
+            let v = disk.volume.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            Ok((disk.base.clone(), v, Some(disk.opened_by)))
         }
         (None, Some(base)) => {
             let (bdev, _) = host
@@ -283,10 +282,24 @@ pub(crate) fn get_header(host: &dyn ModuleHost, mut p: Params) -> Result<Value, 
                 .ok_or_else(|| ParamError::new("base_bdev_name", format!("no bdev '{base}'")))?;
             let mut io = meta_io(&bdev)?;
             let v = Volume::load(&mut io).map_err(|e| luks_error("base_bdev_name", e))?;
-            Ok(header_json(&v, bdev.info().size_bytes()))
+            Ok((bdev, v, None))
         }
         _ => Err(ParamError::new("name", "give name (an open LUKS disk) or base_bdev_name, not both").into()),
     }
+}
+
+/// `bdev_luks_get_header`: the header of the open LUKS disk `name`, or of `base_bdev_name`,
+/// as cryptsetup's `luksDump` shows it, without digests or salts.
+pub(crate) fn get_header(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.optional_str("name")?;
+    let base = p.optional_str("base_bdev_name")?;
+    p.finish()?;
+    let (bdev, v, opened_by) = named_header(host, name, base)?;
+    let mut out = header_json(&v, bdev.info().size_bytes());
+    if let Some(slot) = opened_by {
+        out["opened_by"] = Value::from(slot);
+    }
+    Ok(out)
 }
 
 /// `bdev_luks_test_key`: which key slot keyring key `key_name` opens (cryptsetup's
@@ -298,26 +311,7 @@ pub(crate) fn test_key(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Mo
     let key_name = p.required_str("key_name")?;
     let slot = p.optional_uint("key_slot", 31)?.map(|v| v as u32);
     p.finish()?;
-    let (bdev, volume) = match (name, base) {
-        (Some(name), None) => {
-            let disk = open_disk(host, &name)?;
-            let v = disk.volume.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            (disk.base.clone(), v)
-        }
-        (None, Some(base)) => {
-            let (bdev, _) = host
-                .bdev(&base)
-                .ok_or_else(|| ParamError::new("base_bdev_name", format!("no bdev '{base}'")))?;
-            let mut io = meta_io(&bdev)?;
-            let v = Volume::load(&mut io).map_err(|e| luks_error("base_bdev_name", e))?;
-            (bdev, v)
-        }
-        _ => {
-            return Err(
-                ParamError::new("name", "give name (an open LUKS disk) or base_bdev_name, not both").into()
-            )
-        }
-    };
+    let (bdev, volume, _) = named_header(host, name, base)?;
     let mut io = meta_io(&bdev)?;
     let (_key, opened) =
         with_passphrase(host, "key_name", &key_name, |pass| volume.unlock(&mut io, pass, slot))?
