@@ -31,23 +31,68 @@ pub(crate) const ALL_IO_TYPES: IoTypes =
 /// A device's size in blocks, shared by its description, every copy of it and every channel:
 /// a resize (`bdev_null_resize`, `bdev_uring_rescan`, ...) is one store that all of them see.
 /// On the hot path it is one relaxed load of a line that is written only on resize.
+///
+/// A [`Capacity::derived`] one is not stored but computed from another device's (a stacked
+/// device that starts at an offset on its base, or has larger blocks), so it follows the
+/// base's resizes without anyone propagating them.
 #[derive(Debug, Clone)]
-pub struct Capacity(Arc<std::sync::atomic::AtomicU64>);
+pub struct Capacity(CapacitySource);
+
+#[derive(Debug, Clone)]
+enum CapacitySource {
+    Own(Arc<std::sync::atomic::AtomicU64>),
+    Derived(Arc<DerivedCapacity>),
+}
+
+/// What lies after `offset` bytes of `base` (blocks of `base_block_size` bytes), in whole
+/// blocks of `block_size` bytes.
+#[derive(Debug)]
+struct DerivedCapacity {
+    base: Capacity,
+    base_block_size: u64,
+    offset: u64,
+    block_size: u64,
+}
 
 impl Capacity {
     /// A capacity of `num_blocks` blocks.
     pub fn new(num_blocks: u64) -> Capacity {
-        Capacity(Arc::new(std::sync::atomic::AtomicU64::new(num_blocks)))
+        Capacity(CapacitySource::Own(Arc::new(std::sync::atomic::AtomicU64::new(num_blocks))))
+    }
+
+    /// The capacity of what lies after byte `offset` of a device of capacity `base` and
+    /// `base_block_size`-byte blocks, in whole `block_size`-byte blocks (rounded down; 0 while
+    /// the base is no larger than `offset`). It follows every resize of `base`.
+    pub fn derived(base: &Capacity, base_block_size: u32, offset: u64, block_size: u32) -> Capacity {
+        assert!(block_size > 0, "a derived capacity needs a block size");
+        Capacity(CapacitySource::Derived(Arc::new(DerivedCapacity {
+            base: base.clone(),
+            base_block_size: u64::from(base_block_size),
+            offset,
+            block_size: u64::from(block_size),
+        })))
     }
 
     /// The size now, in blocks.
+    #[inline]
     pub fn blocks(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
+        match &self.0 {
+            CapacitySource::Own(n) => n.load(std::sync::atomic::Ordering::Relaxed),
+            CapacitySource::Derived(d) => {
+                let bytes = d.base.blocks().saturating_mul(d.base_block_size);
+                bytes.saturating_sub(d.offset) / d.block_size
+            }
+        }
     }
 
-    /// Sets the size. Callers serialise resizes of one device (the registry does).
+    /// Sets the size. Callers serialise resizes of one device (the registry does). A derived
+    /// capacity follows its base and is never set: that is a bug, ignored (and caught in debug
+    /// builds).
     pub fn set(&self, num_blocks: u64) {
-        self.0.store(num_blocks, std::sync::atomic::Ordering::Relaxed)
+        match &self.0 {
+            CapacitySource::Own(n) => n.store(num_blocks, std::sync::atomic::Ordering::Relaxed),
+            CapacitySource::Derived(_) => debug_assert!(false, "a derived capacity is set through its base"),
+        }
     }
 }
 
@@ -309,4 +354,25 @@ pub fn validate_geometry(name: &str, block_size: u32, num_blocks: u64) -> Result
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod capacity_tests {
+    use super::Capacity;
+
+    #[test]
+    fn a_derived_capacity_follows_its_base_in_whole_blocks_after_the_offset() {
+        let base = Capacity::new(100);
+        // 512-byte base blocks, 4 KiB skipped, 4 KiB blocks: (51200 - 4096) / 4096 = 11.
+        let derived = Capacity::derived(&base, 512, 4096, 4096);
+        assert_eq!(derived.blocks(), 11);
+        base.set(107);
+        assert_eq!(derived.blocks(), 12, "rounded down after a grow");
+        base.set(8);
+        assert_eq!(derived.blocks(), 0, "a base no larger than the offset leaves nothing");
+        // A copy shares the base, as a clone of an own capacity shares its size.
+        let copy = derived.clone();
+        base.set(24);
+        assert_eq!(copy.blocks(), 2);
+    }
 }

@@ -13,17 +13,26 @@
 //! buffer never changes. Reads go down into the caller's buffer and are decrypted there once
 //! the base completes them. Write-zeroes writes encrypted zeroes; a discard is completed
 //! without reaching the base (its blocks keep their data, which a discard allows), so the base
-//! never learns which blocks are free. The size follows the base's.
+//! never learns which blocks are free.
+//!
+//! Layout ([`CryptoLayout`]): the encrypted data may start at a byte offset on the base (a LUKS
+//! data segment: 16 MiB into a LUKS2 disk, 2 MiB into a LUKS1 one) and use a sector size larger
+//! than the base's blocks (a 4096-byte-sector LUKS2 volume on a 512-byte base). The tweak counts
+//! 512-byte sectors from the data offset (LUKS's `iv_tweak` 0, as dm-crypt and QEMU), so the
+//! format of the data area is the same whatever its offset. The size is what lies after the
+//! offset in whole sectors, and follows the base's.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 
 use fp_bdev::iov::{for_each_unit, for_each_unit_mut};
 use fp_bdev::{
-    Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, BouncePool, DoneList, IoChannel, IoOp, IoRequest,
-    IoStatus, IoTypes, Iovecs, SubmitError,
+    Bdev, BdevError, BdevInfo, BlockDevice, BlockExtent, BouncePool, Capacity, DoneList, IoChannel, IoOp,
+    IoRequest, IoStatus, IoTypes, Iovecs, SubmitError,
 };
 
+use crate::reencrypt::shared::{ChannelSlot, ReencShared, Slots, Window, MAX_BOUNDARY};
 use crate::{CryptoKey, XtsEngine};
 
 /// Bytes of one write buffer; a longer write goes down in pieces of this size.
@@ -37,19 +46,36 @@ const WRITES: usize = 256;
 /// Completions held for the next poll (discards, refused requests).
 const READY: usize = 1024;
 
+/// Where the encrypted data lies on the base and in what units: a LUKS data segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CryptoLayout {
+    /// Bytes on the base before the data: a multiple of the base's block size and of
+    /// `sector_size`. Block 0 of the crypto bdev is the base's byte `data_offset`.
+    pub data_offset: u64,
+    /// The crypto bdev's block size and XTS data unit: 512 to 4096 bytes, a power of two and a
+    /// multiple of the base's block size.
+    pub sector_size: u32,
+}
+
 /// A bdev that encrypts every block of its base with AES-XTS (SPDK's crypto bdev).
 pub struct CryptoDevice {
     info: BdevInfo,
     base: Bdev,
     key: Arc<CryptoKey>,
+    layout: CryptoLayout,
+    /// Every open channel's slot, for a re-encryption job's quiesce.
+    pub(crate) slots: Arc<Slots>,
+    /// The re-encryption state once attached (at creation, or by the first job); the channels
+    /// look it up when it appears.
+    pub(crate) reenc: Arc<OnceLock<Arc<ReencShared>>>,
 }
 
 impl CryptoDevice {
-    /// A crypto bdev `name` over `base` with `key`. The base's block size must be 512 to 4096
-    /// bytes (dm-crypt's sector sizes), and it must take reads and writes.
+    /// A crypto bdev `name` over all of `base` with `key`, one block per base block. The
+    /// base's block size must be 512 to 4096 bytes (dm-crypt's sector sizes), and it must take
+    /// reads and writes.
     pub fn new(name: &str, base: Bdev, key: Arc<CryptoKey>) -> Result<Self, BdevError> {
         let b = base.info();
-        fp_bdev::validate_geometry(name, b.block_size, b.num_blocks())?;
         if b.block_size > 4096 {
             return Err(BdevError::InvalidParam {
                 field: "base_bdev_name",
@@ -59,19 +85,78 @@ impl CryptoDevice {
                 ),
             });
         }
+        let layout = CryptoLayout { data_offset: 0, sector_size: b.block_size };
+        Self::with_layout(name, base, key, layout)
+    }
+
+    /// A crypto bdev `name` over `base` with `key` whose data starts `layout.data_offset` bytes
+    /// into the base, in sectors of `layout.sector_size` bytes (a LUKS data segment). The tweak
+    /// of a sector is its 512-byte sector number counted from the data offset. Refused naming
+    /// `sector_size` or `data_offset` when the layout does not fit the base's blocks, and
+    /// `base_bdev_name` when the base holds less than the offset and one sector or does not
+    /// take reads and writes.
+    pub fn with_layout(
+        name: &str,
+        base: Bdev,
+        key: Arc<CryptoKey>,
+        layout: CryptoLayout,
+    ) -> Result<Self, BdevError> {
+        let b = base.info();
+        let CryptoLayout { data_offset, sector_size } = layout;
+        fp_bdev::validate_geometry(name, b.block_size, b.num_blocks())?;
+        let invalid = |field, reason| Err(BdevError::InvalidParam { field, reason });
+        if !(512..=4096).contains(&sector_size) || !sector_size.is_power_of_two() {
+            return invalid(
+                "sector_size",
+                format!("{sector_size} is not a power of two from 512 to 4096 (dm-crypt's sector sizes)"),
+            );
+        }
+        if !sector_size.is_multiple_of(b.block_size) {
+            return invalid(
+                "sector_size",
+                format!("{sector_size} is not a multiple of '{}''s {}-byte blocks", b.name, b.block_size),
+            );
+        }
+        // Both are powers of two, so a multiple of the larger is a multiple of both.
+        if !data_offset.is_multiple_of(u64::from(sector_size.max(b.block_size))) {
+            return invalid(
+                "data_offset",
+                format!(
+                    "{data_offset} is not a multiple of the {sector_size}-byte sector and of '{}''s {}-byte blocks",
+                    b.name, b.block_size
+                ),
+            );
+        }
+        let needed = data_offset.saturating_add(u64::from(sector_size));
+        if b.size_bytes() < needed {
+            return invalid(
+                "base_bdev_name",
+                format!(
+                    "'{}' holds {} bytes: the data offset {data_offset} and one {sector_size}-byte sector need {needed}",
+                    b.name,
+                    b.size_bytes()
+                ),
+            );
+        }
         if !b.io_types.read || !b.io_types.write {
             return Err(BdevError::InvalidParam {
                 field: "base_bdev_name",
                 reason: format!("'{}' does not take both reads and writes", b.name),
             });
         }
+        // A resized base resizes the crypto bdev with it (the tweak counts from the data
+        // offset, so sectors that exist keep their encryption). Over all of the base in its
+        // own blocks, the base's own capacity: one load per request, as every stacked bdev.
+        let capacity = if data_offset == 0 && sector_size == b.block_size {
+            b.capacity.clone()
+        } else {
+            Capacity::derived(&b.capacity, b.block_size, data_offset, sector_size)
+        };
         let info = BdevInfo {
             name: name.to_string(),
             product_name: "crypto".into(),
-            block_size: b.block_size,
-            // The base's own: a resized base resizes the crypto bdev with it (the tweak is the
-            // absolute sector number, so blocks that exist keep their encryption).
-            capacity: b.capacity.clone(),
+            block_size: sector_size,
+            capacity,
             io_types: IoTypes {
                 read: true,
                 write: true,
@@ -82,7 +167,58 @@ impl CryptoDevice {
             driver: "crypto",
             driver_specific: Some(("base_bdev_name".into(), b.name.clone())),
         };
-        Ok(CryptoDevice { info, base, key })
+        Ok(CryptoDevice { info, base, key, layout, slots: Arc::default(), reenc: Arc::default() })
+    }
+
+    /// A crypto bdev over a disk part way through re-encryption (a resumed job): sectors below
+    /// byte `boundary` of the data are under `new_key`, the others under `old_key`. Serves the
+    /// mixed disk; [`crate::start_reencrypt`] with the same new key continues the job from
+    /// `boundary`. A hotzone left by a crash must be repaired first ([`crate::recover_hotzone`]).
+    /// `boundary` is refused naming `boundary` unless it is a whole number of sectors inside the
+    /// disk.
+    pub fn with_reencryption(
+        name: &str,
+        base: Bdev,
+        old_key: Arc<CryptoKey>,
+        new_key: Arc<CryptoKey>,
+        layout: CryptoLayout,
+        boundary: u64,
+    ) -> Result<Self, BdevError> {
+        let dev = Self::with_layout(name, base, old_key, layout)?;
+        let size = dev.info.size_bytes();
+        if !boundary.is_multiple_of(u64::from(layout.sector_size)) || boundary > size.min(MAX_BOUNDARY) {
+            return Err(BdevError::InvalidParam {
+                field: "boundary",
+                reason: format!(
+                    "{boundary} is not a multiple of {} bytes inside the {size}-byte disk",
+                    layout.sector_size
+                ),
+            });
+        }
+        if new_key.same_material(&dev.key) {
+            return Err(BdevError::InvalidParam {
+                field: "new_key",
+                reason: format!("'{}' is the key the disk is encrypted with", new_key.name()),
+            });
+        }
+        let _ = dev.reenc.set(Arc::new(ReencShared::new(new_key, boundary)));
+        Ok(dev)
+    }
+
+    /// The key of the sectors not yet re-encrypted (all of them without a re-encryption).
+    pub fn key(&self) -> &Arc<CryptoKey> {
+        &self.key
+    }
+
+    /// The re-encryption's boundary and its new key's name, once one is attached: bytes of the
+    /// data below the boundary are under the new key.
+    pub fn reencryption(&self) -> Option<(u64, &str)> {
+        self.reenc.get().map(|r| (r.window().boundary, r.new_key.name()))
+    }
+
+    /// Where the data lies on the base.
+    pub fn layout(&self) -> CryptoLayout {
+        self.layout
     }
 
     /// The device below.
@@ -105,7 +241,13 @@ impl BlockDevice for CryptoDevice {
         Ok(Box::new(CryptoChannel {
             base: self.base.open_channel()?,
             info: self.info.clone(),
-            xts: XtsEngine::new(self.key.clone()),
+            data_offset: self.layout.data_offset,
+            keys: Keys { old: XtsEngine::new(self.key.clone()), new: None },
+            slot: self.slots.register(),
+            active: false,
+            reenc_cell: self.reenc.clone(),
+            reenc: None,
+            acked: 0,
             chunks: BouncePool::zeroed(CHUNKS, CHUNK),
             chunk_job: vec![0; CHUNKS],
             free_chunks: (0..CHUNKS as u16).rev().collect(),
@@ -134,12 +276,18 @@ impl BlockDevice for CryptoDevice {
 struct Op {
     tag: u32,
     offset: u64,
+    len: u64,
     iov: Iovecs,
     read: bool,
+    /// The re-encryption boundary when it was submitted: units below are under the new key.
+    boundary: u64,
+    /// At the base (the slot is taken).
+    live: bool,
 }
 
 impl Op {
-    const EMPTY: Op = Op { tag: 0, offset: 0, iov: Iovecs::NONE, read: false };
+    const EMPTY: Op =
+        Op { tag: 0, offset: 0, len: 0, iov: Iovecs::NONE, read: false, boundary: 0, live: false };
 }
 
 /// A write (or write-zeroes, `iov` empty) going down in pieces.
@@ -154,6 +302,10 @@ struct WriteJob {
     /// Pieces at the base.
     outstanding: u32,
     status: IoStatus,
+    /// The re-encryption boundary when it was submitted: units below are under the new key.
+    boundary: u64,
+    /// Accepted and not yet completed (the slot is taken).
+    live: bool,
 }
 
 impl WriteJob {
@@ -165,13 +317,27 @@ impl WriteJob {
         next: 0,
         outstanding: 0,
         status: IoStatus::Success,
+        boundary: 0,
+        live: false,
     };
 }
 
 struct CryptoChannel {
     base: Box<dyn IoChannel>,
     info: BdevInfo,
-    xts: XtsEngine,
+    /// Added to every offset sent to the base.
+    data_offset: u64,
+    keys: Keys,
+    /// This channel's slot for a re-encryption job's quiesce.
+    slot: Arc<ChannelSlot>,
+    /// What `slot.active` says: set before a request is looked at, cleared once none is in
+    /// flight.
+    active: bool,
+    /// The device's re-encryption state, looked up until it appears.
+    reenc_cell: Arc<OnceLock<Arc<ReencShared>>>,
+    reenc: Option<Arc<ReencShared>>,
+    /// The last epoch acknowledged in `slot`.
+    acked: u64,
     /// The write buffers, `CHUNKS` of `CHUNK` bytes.
     chunks: BouncePool,
     chunk_job: Vec<u16>,
@@ -190,37 +356,64 @@ struct CryptoChannel {
     scratch: Vec<u8>,
 }
 
+/// A channel's ciphers: the key of its sectors, and during a re-encryption the new key of
+/// those below the boundary.
+struct Keys {
+    old: XtsEngine,
+    new: Option<XtsEngine>,
+}
+
+impl Keys {
+    /// The cipher of the unit at byte `offset` for a request submitted under `boundary`.
+    #[inline]
+    fn at(&mut self, offset: u64, boundary: u64) -> &mut XtsEngine {
+        match &mut self.new {
+            Some(new) if offset < boundary => new,
+            _ => &mut self.old,
+        }
+    }
+}
+
 /// Encrypts the `buf.len()` bytes at byte `pos` of `iov` into `buf`, block by block, the first
-/// block being sector `first`: straight from the caller's memory when a block lies in one iovec
-/// (the usual case), through `scratch` when it spans two. Returns how many bytes (the iovecs
-/// hold them all: checked at submit).
+/// block being at byte `offset` of the disk, each with the key `boundary` says: straight from
+/// the caller's memory when a block lies in one iovec (the usual case), through `scratch` when
+/// it spans two. Returns how many bytes (the iovecs hold them all: checked at submit).
+#[allow(clippy::too_many_arguments)]
 fn encrypt_from_iov(
-    xts: &mut XtsEngine,
+    keys: &mut Keys,
     iov: &Iovecs,
     pos: u64,
     buf: &mut [u8],
     bs: usize,
-    first: u64,
+    offset: u64,
+    boundary: u64,
     scratch: &mut [u8],
 ) -> usize {
-    let per_block = (bs / 512) as u64;
     let len = buf.len() as u64;
     let mut units = buf.chunks_exact_mut(bs);
     let blocks = for_each_unit(iov, pos, len, bs, scratch, |k, src| {
         let unit = units.next().expect("one output block per input block");
-        xts.encrypt_to(src, unit, first + k as u64 * per_block);
+        let at = offset + (k * bs) as u64;
+        keys.at(at, boundary).encrypt_to(src, unit, at / 512);
     });
     blocks * bs
 }
 
-/// Decrypts a completed read in place, block by block; a block split across iovecs goes
-/// through `scratch`.
-fn decrypt_read(xts: &mut XtsEngine, bs: usize, op: &Op, scratch: &mut [u8]) {
-    let first = op.offset / 512;
-    let per_block = (bs / 512) as u64;
+/// Decrypts a completed read in place, block by block, each with the key its position says;
+/// a block split across iovecs goes through `scratch`.
+fn decrypt_read(keys: &mut Keys, bs: usize, op: &Op, scratch: &mut [u8]) {
     for_each_unit_mut(&op.iov, 0, op.iov.total_len(), bs, scratch, |k, unit| {
-        xts.decrypt(unit, first + k as u64 * per_block);
+        let at = op.offset + (k * bs) as u64;
+        keys.at(at, op.boundary).decrypt(unit, at / 512);
     });
+}
+
+/// Why a request was not let through to the base during a re-encryption.
+enum Held {
+    /// It overlaps the hotzone the job is rewriting: the caller retries.
+    Busy,
+    /// It overlaps a hotzone the job left part rewritten: it fails (EIO).
+    Failed,
 }
 
 impl CryptoChannel {
@@ -233,21 +426,30 @@ impl CryptoChannel {
             let job = &mut self.jobs[j as usize];
             let n = (job.len - job.next).min(CHUNK as u64) as usize;
             let buf = &mut self.chunks.bytes_mut(usize::from(c))[..n];
-            let first = (job.offset + job.next) / 512;
+            let at = job.offset + job.next;
             if job.iov.is_empty() {
                 buf.fill(0);
                 for (k, unit) in buf.chunks_exact_mut(bs).enumerate() {
-                    self.xts.encrypt(unit, first + (k * bs / 512) as u64);
+                    let unit_at = at + (k * bs) as u64;
+                    self.keys.at(unit_at, job.boundary).encrypt(unit, unit_at / 512);
                 }
             } else {
-                let done =
-                    encrypt_from_iov(&mut self.xts, &job.iov, job.next, buf, bs, first, &mut self.scratch);
+                let done = encrypt_from_iov(
+                    &mut self.keys,
+                    &job.iov,
+                    job.next,
+                    buf,
+                    bs,
+                    at,
+                    job.boundary,
+                    &mut self.scratch,
+                );
                 debug_assert_eq!(done, n, "the write's iovecs were checked to hold its length");
             }
             let req = IoRequest {
                 tag: (OPS + c as usize) as u32,
                 op: IoOp::Write,
-                offset: job.offset + job.next,
+                offset: self.data_offset + at,
                 len: n as u64,
                 iov: self.chunks.iovecs(usize::from(c), n),
             };
@@ -272,6 +474,7 @@ impl CryptoChannel {
                     job.next = job.len;
                     if job.outstanding == 0 {
                         self.ready.push(job.tag, job.status);
+                        job.live = false;
                         self.free_jobs.push(j);
                     }
                 }
@@ -284,6 +487,109 @@ impl CryptoChannel {
 
     fn in_use(&self) -> usize {
         (OPS - self.free_ops.len()) + (WRITES - self.free_jobs.len())
+    }
+
+    /// The re-encryption state, looked up (cold, once) when the device has one.
+    #[inline]
+    fn attached(&mut self) -> Option<&ReencShared> {
+        if self.reenc.is_none() {
+            let r = self.reenc_cell.get()?.clone();
+            self.keys.new = Some(XtsEngine::new(r.new_key.clone()));
+            self.reenc = Some(r);
+        }
+        self.reenc.as_deref()
+    }
+
+    /// Lets a request through to the base, or holds it while a re-encryption rewrites its
+    /// sectors. Returns the boundary it goes under (0 without a re-encryption). Marks the
+    /// channel active first, so a job that holds a hotzone after this looked sees it busy.
+    #[inline]
+    fn gate(&mut self, req: &IoRequest) -> Result<u64, Held> {
+        if !self.active {
+            self.slot.active.store(true, Ordering::SeqCst);
+            // Orders the mark before the loads of the state below (the job's side stores the
+            // hotzone, then loads the mark).
+            std::sync::atomic::fence(Ordering::SeqCst);
+            self.active = true;
+        }
+        let Some(r) = self.attached() else { return Ok(0) };
+        let w = r.window();
+        if req.op != IoOp::Flush && w.hot(req.offset, req.len) {
+            return Err(if r.hot_failed() { Held::Failed } else { Held::Busy });
+        }
+        Ok(w.boundary)
+    }
+
+    /// Clears the channel's active mark once nothing of it is at (or bound for) the base.
+    #[inline]
+    fn settle(&mut self) {
+        if self.active && self.in_use() == 0 {
+            self.slot.active.store(false, Ordering::SeqCst);
+            self.active = false;
+        }
+    }
+
+    /// Acknowledges a new re-encryption epoch once no request in flight here overlaps its
+    /// hotzone (cold: one load per poll while the epoch does not move).
+    fn acknowledge(&mut self) {
+        let Some(r) = self.reenc.as_deref() else { return };
+        let epoch = r.epoch();
+        if epoch == self.acked {
+            return;
+        }
+        let w: Window = r.window();
+        let overlaps = self.ops.iter().any(|o| o.live && o.read && w.hot(o.offset, o.len))
+            || self.jobs.iter().any(|j| j.live && w.hot(j.offset, j.len));
+        if !overlaps {
+            self.slot.ack.store(epoch, Ordering::Release);
+            self.acked = epoch;
+        }
+    }
+
+    fn submit_inner(&mut self, req: &IoRequest, boundary: u64) -> Result<(), SubmitError> {
+        match req.op {
+            IoOp::Read | IoOp::Flush => {
+                let Some(o) = self.free_ops.pop() else { return Err(SubmitError::Busy) };
+                let down = IoRequest { tag: u32::from(o), offset: self.data_offset + req.offset, ..*req };
+                match self.base.submit(&down) {
+                    Ok(()) => {
+                        self.ops[o as usize] = Op {
+                            tag: req.tag,
+                            offset: req.offset,
+                            len: req.len,
+                            iov: req.iov,
+                            read: req.op == IoOp::Read,
+                            boundary,
+                            live: true,
+                        };
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.free_ops.push(o);
+                        Err(e)
+                    }
+                }
+            }
+            IoOp::Write | IoOp::WriteZeroes => {
+                let Some(j) = self.free_jobs.pop() else { return Err(SubmitError::Busy) };
+                let iov = if req.op == IoOp::Write { req.iov } else { Iovecs::NONE };
+                self.jobs[j as usize] = WriteJob {
+                    tag: req.tag,
+                    offset: req.offset,
+                    len: req.len,
+                    iov,
+                    next: 0,
+                    outstanding: 0,
+                    status: IoStatus::Success,
+                    boundary,
+                    live: true,
+                };
+                self.queue.push_back(j);
+                self.pump();
+                Ok(())
+            }
+            IoOp::Discard => unreachable!("completed before"),
+        }
     }
 }
 
@@ -306,44 +612,20 @@ impl IoChannel for CryptoChannel {
             }
             IoOp::Flush | IoOp::WriteZeroes => {}
         }
-        match req.op {
-            IoOp::Read | IoOp::Flush => {
-                let Some(o) = self.free_ops.pop() else { return Err(SubmitError::Busy) };
-                let down = IoRequest { tag: u32::from(o), ..*req };
-                match self.base.submit(&down) {
-                    Ok(()) => {
-                        self.ops[o as usize] =
-                            Op { tag: req.tag, offset: req.offset, iov: req.iov, read: req.op == IoOp::Read };
-                        Ok(())
-                    }
-                    Err(e) => {
-                        self.free_ops.push(o);
-                        Err(e)
-                    }
-                }
-            }
-            IoOp::Write | IoOp::WriteZeroes => {
-                if req.len == 0 {
-                    self.ready.push(req.tag, IoStatus::Success);
-                    return Ok(());
-                }
-                let Some(j) = self.free_jobs.pop() else { return Err(SubmitError::Busy) };
-                let iov = if req.op == IoOp::Write { req.iov } else { Iovecs::NONE };
-                self.jobs[j as usize] = WriteJob {
-                    tag: req.tag,
-                    offset: req.offset,
-                    len: req.len,
-                    iov,
-                    next: 0,
-                    outstanding: 0,
-                    status: IoStatus::Success,
-                };
-                self.queue.push_back(j);
-                self.pump();
+        if req.len == 0 && matches!(req.op, IoOp::Write | IoOp::WriteZeroes) {
+            self.ready.push(req.tag, IoStatus::Success);
+            return Ok(());
+        }
+        let result = match self.gate(req) {
+            Ok(boundary) => self.submit_inner(req, boundary),
+            Err(Held::Busy) => Err(SubmitError::Busy),
+            Err(Held::Failed) => {
+                self.ready.push(req.tag, IoStatus::Error(libc::EIO));
                 Ok(())
             }
-            IoOp::Discard => unreachable!("completed above"),
-        }
+        };
+        self.settle();
+        result
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u32, IoStatus)) -> usize {
@@ -352,7 +634,7 @@ impl IoChannel for CryptoChannel {
         let CryptoChannel {
             base,
             info,
-            xts,
+            keys,
             chunk_job,
             free_chunks,
             ops,
@@ -367,9 +649,10 @@ impl IoChannel for CryptoChannel {
             let tag = tag as usize;
             if tag < OPS {
                 let op = ops[tag];
+                ops[tag].live = false;
                 free_ops.push(tag as u16);
                 if op.read && status == IoStatus::Success {
-                    decrypt_read(xts, bs, &op, scratch);
+                    decrypt_read(keys, bs, &op, scratch);
                 }
                 done(op.tag, status);
                 n += 1;
@@ -384,13 +667,20 @@ impl IoChannel for CryptoChannel {
                 }
                 if job.outstanding == 0 && job.next == job.len {
                     done(job.tag, job.status);
+                    job.live = false;
                     free_jobs.push(j as u16);
                     n += 1;
                 }
             }
         });
         self.pump();
-        n + self.ready.deliver(done)
+        n += self.ready.deliver(done);
+        if self.reenc.is_some() || self.active {
+            self.attached();
+            self.acknowledge();
+        }
+        self.settle();
+        n
     }
 
     fn in_flight(&self) -> usize {
@@ -420,6 +710,7 @@ impl IoChannel for CryptoChannel {
             job.status = IoStatus::Error(libc::ECANCELED);
             if job.outstanding == 0 {
                 self.ready.push(job.tag, job.status);
+                job.live = false;
                 self.free_jobs.push(j);
             }
             n += 1;

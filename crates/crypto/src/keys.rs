@@ -119,6 +119,11 @@ impl CryptoKey {
         f(&self.material)
     }
 
+    /// Whether `other` is the same key material (whatever the names), compared in place.
+    pub(crate) fn same_material(&self, other: &CryptoKey) -> bool {
+        self.material == other.material
+    }
+
     /// Its name.
     pub fn name(&self) -> &str {
         &self.name

@@ -17,14 +17,21 @@ mod engine;
 mod key_field;
 pub mod keyring;
 mod keys;
+mod luks;
 mod openssl;
+mod reencrypt;
 mod rpc;
 pub mod tls;
 mod xts;
 
-pub use device::{CryptoDevice, CHUNK, CHUNKS};
+pub use device::{CryptoDevice, CryptoLayout, CHUNK, CHUNKS};
 pub use engine::XtsEngine;
 pub use keyring::{keyring, FileKey, Keyring};
 pub use keys::{decode_hex, AccelKeys, CryptoKey, CIPHER, TWEAK_MODE};
 pub use openssl::available as openssl_available;
+pub use reencrypt::{
+    recover_hotzone, start_reencrypt, CheckpointRecord, Hotzone, MemoryCheckpoint, Recovered,
+    ReencryptCheckpoint, ReencryptError, ReencryptJob, ReencryptOptions, ReencryptProgress, ReencryptState,
+    DEFAULT_HOTZONE, MAX_HOTZONE,
+};
 pub use rpc::CryptoModule;

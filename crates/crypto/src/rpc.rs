@@ -8,13 +8,11 @@ use fp_rpc::{Neutral, ParamError, Params};
 use serde_json::{json, Map, Value};
 use zeroize::Zeroizing;
 
-use fp_bdev::module::{
-    delete_method, BdevModule, ClaimType, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn, NewBdev,
-};
+use fp_bdev::module::{BdevModule, ClaimType, ConfigTable, ModuleError, ModuleHost, ModuleMethodFn, NewBdev};
 use fp_bdev::BdevInfo;
 
 use crate::keyring::{keyring, FileKey};
-use crate::{AccelKeys, CryptoDevice, CryptoKey, CIPHER, TWEAK_MODE};
+use crate::{luks, AccelKeys, CryptoDevice, CryptoKey, CIPHER, TWEAK_MODE};
 
 const MODULE: &str = "crypto";
 
@@ -44,13 +42,24 @@ impl BdevModule for CryptoModule {
     fn methods(&self) -> &'static [(&'static str, ModuleMethodFn)] {
         &[
             ("bdev_crypto_create", create),
-            ("bdev_crypto_delete", |h, p| delete_method(h, p, MODULE)),
+            ("bdev_crypto_delete", delete),
             ("accel_crypto_key_create", key_create),
             ("accel_crypto_key_destroy", key_destroy),
             ("accel_crypto_keys_get", keys_get),
             ("keyring_file_add_key", keyring_add),
             ("keyring_file_remove_key", keyring_remove),
             ("keyring_get_keys", keyring_get),
+            ("bdev_luks_format", luks::format),
+            ("bdev_luks_get_header", luks::get_header),
+            ("bdev_luks_test_key", luks::test_key),
+            ("bdev_luks_add_keyslot", luks::add_keyslot),
+            ("bdev_luks_remove_keyslot", luks::remove_keyslot),
+            ("bdev_luks_reencrypt_start", luks::reencrypt_start),
+            ("bdev_luks_reencrypt_get", luks::reencrypt_get),
+            ("bdev_luks_reencrypt_pause", luks::reencrypt_pause),
+            ("bdev_luks_reencrypt_resume", luks::reencrypt_resume),
+            ("bdev_luks_reencrypt_cancel", luks::reencrypt_cancel),
+            ("bdev_luks_reencrypt_set_speed", luks::reencrypt_set_speed),
         ]
     }
 
@@ -76,12 +85,16 @@ fn with_store<R>(host: &dyn ModuleHost, f: impl FnOnce(&AccelKeys) -> R) -> R {
     f(state.downcast_ref::<AccelKeys>().expect("the crypto module's state"))
 }
 
-/// Claims the base exclusively. SPDK's obsolete inline key parameters are refused: keys come
-/// from `accel_crypto_key_create`.
+/// Claims the base exclusively. The key is an accel key (`key_name`, SPDK's), or the base is a
+/// LUKS volume opened with keyring key `luks_key_name` (flashpath's; `luks_key_slot` tries one
+/// slot only). SPDK's obsolete inline key parameters are refused: keys come from
+/// `accel_crypto_key_create`.
 fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
     let base = p.required_str("base_bdev_name")?;
     let name = p.required_str("name")?;
-    let key_name = p.required_str("key_name")?;
+    let key_name = p.optional_str("key_name")?;
+    let luks_key = p.optional_str("luks_key_name")?;
+    let luks_slot = p.optional_uint("luks_key_slot", 31)?.map(|v| v as u32);
     p.spdk_only(&[
         ("crypto_pmd", Neutral::Absent),
         ("key", Neutral::Absent),
@@ -89,14 +102,67 @@ fn create(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
         ("key2", Neutral::Absent),
     ])?;
     p.finish()?;
-    let key = with_store(host, |s| s.accel_key(&key_name))?;
+    // The key is checked before the base, so a wrong key is named whatever the base's state.
+    let accel_key = match (&key_name, &luks_key) {
+        (Some(key_name), None) => {
+            if luks_slot.is_some() {
+                return Err(ParamError::new("luks_key_slot", "only with luks_key_name").into());
+            }
+            Some(with_store(host, |s| s.accel_key(key_name))?)
+        }
+        _ => None,
+    };
     host.check_new_bdev(&name)?;
     let base_bdev = host.claimable(&base, ClaimType::ExclusiveWrite)?;
-    let dev = Arc::new(CryptoDevice::new(&name, base_bdev, key)?);
-    let name = host.add_bdev(MODULE, NewBdev::new(dev).claiming(&base, ClaimType::ExclusiveWrite))?;
-    with_store(host, |s| s.note_user(&name, &key_name));
-    log::info!("bdev '{name}' is a crypto bdev over '{base}' with key '{key_name}'");
+    let dev = match (accel_key, &luks_key) {
+        (Some(key), None) => CryptoDevice::new(&name, base_bdev, key)?,
+        (None, Some(luks_key)) => luks::open_luks(host, &name, base_bdev, luks_key, luks_slot)?,
+        _ => {
+            return Err(ParamError::new(
+                "key_name",
+                "give key_name (an accel crypto key) or luks_key_name (a keyring key opening the base's LUKS header), one of the two",
+            )
+            .into())
+        }
+    };
+    let added = host.add_bdev(MODULE, NewBdev::new(Arc::new(dev)).claiming(&base, ClaimType::ExclusiveWrite));
+    let name = match added {
+        Ok(n) => n,
+        Err(e) => {
+            luks::disks(host).remove(&name);
+            return Err(e);
+        }
+    };
+    match (key_name, luks_key) {
+        (Some(key_name), _) => {
+            with_store(host, |s| s.note_user(&name, &key_name));
+            log::info!("bdev '{name}' is a crypto bdev over '{base}' with key '{key_name}'");
+        }
+        (_, Some(luks_key)) => {
+            log::info!(
+                "bdev '{name}' is a LUKS crypto bdev over '{base}' opened with keyring key '{luks_key}'"
+            );
+            // The bdev stands whatever happens here: a job that cannot resume is reported, and
+            // the disk serves its mixed state (bdev_luks_reencrypt_get shows no job).
+            if let Err(e) = luks::methods::resume_after_open(host, &name) {
+                log::warn!("LUKS disk '{name}': the recorded re-encryption did not resume: {e}");
+            }
+        }
+        _ => {}
+    }
     Ok(Value::from(name))
+}
+
+/// `bdev_crypto_delete`: the bdev goes; an open LUKS disk's key goes with it.
+fn delete(host: &dyn ModuleHost, mut p: Params) -> Result<Value, ModuleError> {
+    let name = p.required_str("name")?;
+    p.finish()?;
+    let name = host.bdev_name(&name).unwrap_or(name);
+    host.claimable(&name, ClaimType::ExclusiveWrite)?;
+    // A re-encryption job holds the base: it stops (its hotzone finished and recorded) first.
+    luks::disks(host).remove(&name);
+    host.delete_bdev(&name, MODULE)?;
+    Ok(Value::Bool(true))
 }
 
 /// `cipher` AES_XTS, `key` and `key2` in hex, `tweak_mode` SIMPLE_LBA if given, `name`.

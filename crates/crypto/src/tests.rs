@@ -510,3 +510,122 @@ fn a_write_the_base_refused_as_busy_keeps_its_caller_polling() {
     assert!(ch.sleeps_in_flight());
     assert_eq!(read_range(&mut *ch, 8192, 4096), vec![7u8; 4096]);
 }
+
+/// The reference AES-XTS (the `xts-mode` crate, no code shared with the engines): `plain`
+/// encrypted in units of `unit` bytes, the first unit's tweak being 512-byte sector `first`.
+fn reference_xts(k1: &str, k2: &str, unit: usize, first: u64, plain: &[u8]) -> Vec<u8> {
+    use aes::cipher::KeyInit;
+    let (k1, k2) = (decode_hex("key", k1).unwrap(), decode_hex("key2", k2).unwrap());
+    let x = xts_mode::Xts128::new(
+        aes::Aes256::new_from_slice(&k1).unwrap(),
+        aes::Aes256::new_from_slice(&k2).unwrap(),
+    );
+    let mut out = plain.to_vec();
+    for (k, u) in out.chunks_exact_mut(unit).enumerate() {
+        x.encrypt_sector(u, u128::from(first + (k * unit / 512) as u64).to_le_bytes());
+    }
+    out
+}
+
+/// A LUKS-style layout: data after an offset, sectors of 512 or 4096 bytes over 512-byte
+/// bases (and 4096 over 4096). What the base holds at the offset is the reference XTS with the
+/// tweak counted from the offset; the size is what follows the offset in whole sectors.
+#[test]
+fn a_data_offset_and_larger_sectors_store_the_reference_xts_after_the_offset() {
+    for (base_bs, sector, offset) in
+        [(512u32, 512u32, 16384u64), (512, 4096, 16384), (4096, 4096, 8192), (512, 4096, 0)]
+    {
+        // 256 KiB plus a tail shorter than a sector, which the crypto bdev must not count.
+        let base: Bdev =
+            Arc::new(RamDevice::new("ram", base_bs, (256 << 10) / u64::from(base_bs) + 1).unwrap());
+        let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+        let layout = CryptoLayout { data_offset: offset, sector_size: sector };
+        let dev = CryptoDevice::with_layout("c", base.clone(), key, layout).unwrap();
+        assert_eq!(dev.layout(), layout);
+        let what = format!("{base_bs}-byte base, {sector}-byte sectors at {offset}");
+        assert_eq!(dev.info().block_size, sector, "{what}");
+        let base_bytes = base.info().size_bytes();
+        assert_eq!(dev.info().num_blocks(), (base_bytes - offset) / u64::from(sector), "{what}");
+        let mut ch = dev.open_channel().unwrap();
+        let mut below = base.open_channel().unwrap();
+        // Sectors 2..6 of the crypto bdev.
+        let s = u64::from(sector);
+        let plain = pattern(4 * sector as usize, 5);
+        write_range(&mut *ch, 2 * s, &plain);
+        let stored = read_range(&mut *below, offset + 2 * s, plain.len());
+        assert_eq!(stored, reference_xts(K1, K2, sector as usize, 2 * s / 512, &plain), "{what}");
+        // The reference's ciphertext placed on the base reads back through the bdev, the last
+        // sector included.
+        let last = (dev.info().num_blocks() - 1) * s;
+        let plain2 = pattern(sector as usize, 9);
+        write_range(&mut *below, offset + last, &reference_xts(K1, K2, sector as usize, last / 512, &plain2));
+        assert_eq!(read_range(&mut *ch, last, plain2.len()), plain2, "{what}");
+        // Nothing before the offset was touched.
+        if offset > 0 {
+            assert!(read_range(&mut *below, 0, offset as usize).iter().all(|&b| b == 0), "{what}");
+        }
+        // Out of range: past the last whole sector, and requests not sector aligned.
+        let buf = vec![0u8; base_bs as usize];
+        let iov = [libc::iovec { iov_base: buf.as_ptr() as *mut _, iov_len: buf.len() }];
+        // SAFETY: the buffer outlives the request, which is refused at submit.
+        let req = unsafe { fp_bdev::conformance::rw(1, IoOp::Read, last + s, &iov) };
+        assert_eq!(ch.submit(&req).err(), Some(SubmitError::OutOfRange), "{what}");
+        if sector > base_bs {
+            // SAFETY: as above.
+            let req = unsafe { fp_bdev::conformance::rw(1, IoOp::Read, u64::from(base_bs), &iov) };
+            assert_eq!(ch.submit(&req).err(), Some(SubmitError::OutOfRange), "{what}: part of a sector");
+        }
+    }
+}
+
+#[test]
+fn a_layout_follows_a_resized_base_in_whole_sectors() {
+    let base: Bdev = Arc::new(RamDevice::with_reserve("ram", 512, 64, 1 << 20).unwrap());
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let layout = CryptoLayout { data_offset: 8192, sector_size: 4096 };
+    let dev = CryptoDevice::with_layout("c", base.clone(), key, layout).unwrap();
+    // 32 KiB - 8 KiB = 6 sectors.
+    assert_eq!(dev.info().num_blocks(), 6);
+    let mut ch = dev.open_channel().unwrap();
+    let data = pattern(4096, 1);
+    write_range(&mut *ch, 5 * 4096, &data);
+    // 64 + 15 base blocks: 7.5 sectors after the offset, rounded down to 7.
+    base.resize(64 + 15).unwrap();
+    assert_eq!(dev.info().num_blocks(), 7);
+    assert_eq!(read_range(&mut *ch, 5 * 4096, 4096), data, "old sectors keep their data");
+    write_range(&mut *ch, 6 * 4096, &data);
+    assert_eq!(read_range(&mut *ch, 6 * 4096, 4096), data, "the new sector takes data");
+}
+
+#[test]
+fn layouts_that_do_not_fit_the_base_are_refused_naming_the_field() {
+    let key = Arc::new(CryptoKey::from_hex("k", K1, K2).unwrap());
+    let ram512: Bdev = Arc::new(RamDevice::new("ram", 512, 64).unwrap());
+    let ram4k: Bdev = Arc::new(RamDevice::new("ram4k", 4096, 64).unwrap());
+    let refused = |base: &Bdev, data_offset: u64, sector_size: u32| {
+        let layout = CryptoLayout { data_offset, sector_size };
+        CryptoDevice::with_layout("c", base.clone(), key.clone(), layout).err().expect("refused").to_string()
+    };
+    for bad in [256, 1536, 8192] {
+        let e = refused(&ram512, 0, bad);
+        assert!(e.contains("sector_size") && e.contains(&bad.to_string()), "{e}");
+    }
+    let e = refused(&ram4k, 0, 512);
+    assert!(e.contains("sector_size") && e.contains("ram4k"), "a sector smaller than the base's blocks: {e}");
+    let e = refused(&ram512, 512, 4096);
+    assert!(e.contains("data_offset") && e.contains("512"), "an offset inside a sector: {e}");
+    let e = refused(&ram4k, 512 * 3, 4096);
+    assert!(e.contains("data_offset"), "an offset inside a base block: {e}");
+    // 32 KiB: an offset of 32 KiB leaves nothing, of 28 KiB one 4 KiB sector.
+    let e = refused(&ram512, 32768, 512);
+    assert!(e.contains("base_bdev_name") && e.contains("ram"), "nothing after the offset: {e}");
+    let ram_short: Bdev = Arc::new(RamDevice::new("short", 512, 63).unwrap());
+    let e = refused(&ram_short, 28672, 4096);
+    assert!(
+        e.contains("base_bdev_name") && e.contains("short"),
+        "less than one sector after the offset: {e}"
+    );
+    let layout = CryptoLayout { data_offset: 28672, sector_size: 4096 };
+    let dev = CryptoDevice::with_layout("c", ram512.clone(), key.clone(), layout).unwrap();
+    assert_eq!(dev.info().num_blocks(), 1);
+}

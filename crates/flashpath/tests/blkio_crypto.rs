@@ -5,7 +5,6 @@
 mod common;
 
 use std::os::unix::fs::FileExt;
-use std::process::Command;
 use std::time::Duration;
 
 use common::{bounded, pattern, BlkClient, Daemon};
@@ -15,25 +14,9 @@ const DISK: u64 = 4 << 20;
 const K1: &str = "603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4";
 const K2: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f000112233445566778899aabbccddeeff";
 
-/// The independent AES-XTS (Python's `cryptography`), shared with the other crypto tests.
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crypto/tests/xts_plain64.py");
-
-/// dm-crypt's aes-xts-plain64 over `data` in units of `unit` bytes from 512-byte sector
-/// `first`, in Python (`enc` or `dec`).
+/// dm-crypt's aes-xts-plain64 (Python's) with this file's key.
 fn python_xts(mode: &str, unit: usize, first: u64, data: &[u8]) -> Vec<u8> {
-    let dir = tempfile::tempdir().unwrap();
-    let (inp, out) = (dir.path().join("in"), dir.path().join("out"));
-    std::fs::write(&inp, data).unwrap();
-    let ok = Command::new("python3")
-        .arg(SCRIPT)
-        .args([mode, &format!("{K1}{K2}"), &unit.to_string(), &first.to_string()])
-        .arg(&inp)
-        .arg(&out)
-        .status()
-        .expect("python3 with the cryptography package")
-        .success();
-    assert!(ok, "python3 failed");
-    std::fs::read(out).unwrap()
+    common::xts::python_xts(mode, &format!("{K1}{K2}"), unit, first, data)
 }
 
 fn crypto_over_a_file(block_size: u32) {

@@ -1088,3 +1088,64 @@ fn crypto_commands_on_a_daemon() {
     ok(&["crypto", "key", "destroy", "k0"]);
     assert_eq!(ok(&["crypto", "key", "list"]).lines().count(), 1);
 }
+
+/// `crypto keyring`, `crypto luks format|dump|test|add-key|kill-slot|reencrypt` and `crypto
+/// create --luks-key` on a daemon; a refused passphrase names its option.
+#[test]
+fn luks_commands_on_a_daemon() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = common::Daemon::start("0");
+    let ok = |args: &[&str]| succeeds(&d.rpc, args);
+    let refused = |args: &[&str]| refused_by(&d.rpc, args);
+    let mut keys = Vec::new();
+    for (name, pass) in [("p0", "first"), ("p1", "second"), ("bad", "wrong")] {
+        let f = d.dir.path().join(name);
+        std::fs::write(&f, pass).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        ok(&["crypto", "keyring", "add", name, f.to_str().unwrap()]);
+        keys.push(f);
+    }
+    let list = ok(&["crypto", "keyring", "list"]);
+    assert_eq!(list.lines().count(), 4, "{list}");
+    assert!(!list.contains("first"), "{list}");
+    ok(&["disk", "create", "--type", "ram", "--name", "d0", "--size", "32MiB"]);
+    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    let uuid = ok(&[&["crypto", "luks", "format", "d0", "--passphrase-key", "p0"][..], &fast].concat());
+    assert_eq!(uuid.trim().len(), 36, "a UUID: {uuid}");
+    let e = refused(&[&["crypto", "luks", "format", "d0", "--passphrase-key", "p0"][..], &fast].concat());
+    assert!(e.contains("BASE") && e.contains("force"), "{e}");
+    assert_eq!(ok(&["crypto", "luks", "test", "--base", "d0", "--passphrase-key", "p0"]), "0\n");
+    let e = refused(&["crypto", "create", "c0", "d0", "--luks-key", "bad"]);
+    assert!(e.starts_with("error: --luks-key: "), "{e}");
+    assert_eq!(ok(&["crypto", "create", "c0", "d0", "--luks-key", "p0"]), "c0\n");
+    assert_eq!(
+        ok(&[&["crypto", "luks", "add-key", "c0", "--passphrase-key", "p1"][..], &fast].concat()),
+        "1\n"
+    );
+    let dump = ok(&["crypto", "luks", "dump", "c0"]);
+    assert!(dump.contains("Version: luks2") && dump.contains("Sector size: 4096"), "{dump}");
+    let slots: Vec<&str> = dump.lines().skip_while(|l| !l.starts_with("SLOT")).skip(1).collect();
+    assert_eq!(slots.len(), 2, "{dump}");
+    assert!(slots[1].starts_with("1 ") && slots[1].contains("pbkdf2"), "{dump}");
+    ok(&["crypto", "luks", "kill-slot", "c0", "0"]);
+    let e = refused(&["crypto", "luks", "kill-slot", "c0", "1"]);
+    assert!(e.starts_with("error: --key-slot: "), "{e}");
+    ok(&[&["crypto", "luks", "reencrypt", "start", "c0", "--passphrase-key", "p1"][..], &fast].concat());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let status = ok(&["crypto", "luks", "reencrypt", "status"]);
+        let row = status.lines().nth(1).unwrap_or_default().to_string();
+        if row.contains("done") {
+            assert!(row.starts_with("c0 ") && row.contains("100.0%"), "{status}");
+            break;
+        }
+        assert!(row.contains("running"), "{status}");
+        assert!(std::time::Instant::now() < deadline, "{status}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let slot = ok(&["crypto", "luks", "test", "c0", "--passphrase-key", "p1"]);
+    assert!(slot.trim().parse::<u32>().is_ok(), "the passphrase given to the job opens the new key: {slot}");
+    let e = refused(&["crypto", "luks", "test", "c0", "--passphrase-key", "p0"]);
+    assert!(e.starts_with("error: --passphrase-key: "), "{e}");
+    ok(&["crypto", "delete", "c0"]);
+}

@@ -481,6 +481,160 @@ mod guest_vm {
         errors.get("EIO").map_or(0, |n| n.as_u64().expect("a count"))
     }
 
+    /// The `luks` scenario's files (tests/guest/init).
+    const LUKS_SIZE: u64 = 48 * MIB;
+    const LUKS_MARKERS: [&str; 2] = [
+        "FLASHPATH-PLAINTEXT-MARKER-ext4-via-luks-bdev",
+        "FLASHPATH-PLAINTEXT-MARKER-ext4-via-cryptsetup-luks",
+    ];
+
+    /// LUKS2 both ways with Linux's own tools, one boot (`luks` in tests/guest/init). The host
+    /// formats file A as LUKS2 over RPC, opens it as a crypto bdev, adds key slot 1 and adds
+    /// then removes slot 2; the guest makes ext4 on that disk, and cryptsetup/dm-crypt in the
+    /// guest open the raw volume with slot 0 and slot 1 (e2fsck -fn clean, files intact) and
+    /// refuse the removed slot's passphrase. The host then re-encrypts the disk online to a new
+    /// key, held part way while the guest writes files and running while it writes more; the
+    /// guest finds every file, and dm-crypt opens the re-encrypted volume with the same
+    /// passphrase (the new key): ext4 clean, the files intact. The guest then formats file B with `cryptsetup
+    /// luksFormat` and writes ext4 through dm-crypt; after the boot flashpath opens B and the
+    /// host finds that file system clean with the guest's files in it. No plaintext in A or B.
+    #[test]
+    fn luks_volumes_open_both_ways_with_cryptsetup_and_dm_crypt() {
+        let Some(_one) = one_at_a_time() else { return };
+        let files = tempfile::Builder::new().prefix("fp-luks-").tempdir_in("/var/tmp").expect("a directory");
+        let dir = files.path();
+        let a = sparse_file(dir, "a.img", LUKS_SIZE);
+        let b = sparse_file(dir, "b.img", LUKS_SIZE);
+        let passes = ["pass zero", "pass one", "pass two"];
+        let pass_files: Vec<PathBuf> = passes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let f = dir.join(format!("pass{i}"));
+                write_owner_only(&f, p.as_bytes());
+                f
+            })
+            .collect();
+        let mut config = String::new();
+        for (i, f) in pass_files.iter().enumerate() {
+            config
+                .push_str(&format!("[[keyring_file_key]]\nname = \"k{i}\"\npath = \"{}\"\n\n", f.display()));
+        }
+        config.push_str(&format!(
+            "[[bdev]]\ntype = \"uring\"\nname = \"a-enc\"\nfilename = \"{a}\"\n\n\
+             [[bdev]]\ntype = \"uring\"\nname = \"a-raw\"\nfilename = \"{a}\"\n\n\
+             [[bdev]]\ntype = \"uring\"\nname = \"b-raw\"\nfilename = \"{b}\"\n\n",
+            a = a.display(),
+            b = b.display()
+        ));
+        let config_path = dir.join("flashpath.toml");
+        write_owner_only(&config_path, config.as_bytes());
+        let d = Daemon::start_with_args("0", &["--config", config_path.to_str().expect("a UTF-8 path")]);
+        let fast = json!({"pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000});
+        let mut fmt = json!({"base_bdev_name": "a-enc", "key_name": "k0"});
+        fmt.as_object_mut().unwrap().extend(fast.as_object().unwrap().clone());
+        d.call("bdev_luks_format", fmt);
+        d.call("bdev_crypto_create", json!({"base_bdev_name": "a-enc", "name": "l2", "luks_key_name": "k0"}));
+        for k in ["k1", "k2"] {
+            let mut p = json!({"name": "l2", "key_name": k});
+            p.as_object_mut().unwrap().extend(fast.as_object().unwrap().clone());
+            d.call("bdev_luks_add_keyslot", p);
+        }
+        d.call("bdev_luks_remove_keyslot", json!({"name": "l2", "key_slot": 2}));
+        let exports = [("fp-l2", "l2"), ("fp-l2raw", "a-raw"), ("fp-cs", "b-raw")];
+        for (ctrlr, bdev) in exports {
+            d.call("vhost_create_blk_controller", json!({"ctrlr": ctrlr, "dev_name": bdev}));
+        }
+
+        let vm_cfg = VmConfig {
+            console_input: true,
+            extra_files: (0..3).map(|i| (pass_files[i].clone(), format!("/pass{i}"))).collect(),
+            ..VmConfig::new("luks", exports.iter().map(|(c, _)| d.dir.path().join(c)).collect())
+        };
+        let mut vm = Vm::boot(&vm_cfg, d.dir.path());
+        vm.wait_for("the guest's writer", |l| l.contains("luks reencrypt writer ready"), BOOT_TIMEOUT);
+        let job = |d: &Daemon| d.call("bdev_luks_reencrypt_get", json!({"name": "l2"}))[0].clone();
+        let mut start = json!({"name": "l2", "key_name": "k0", "speed_limit": 4});
+        start.as_object_mut().unwrap().extend(fast.as_object().unwrap().clone());
+        d.call("bdev_luks_reencrypt_start", start);
+        // Held part way: the guest's first writes land on a disk of two keys.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while job(&d)["done_bytes"].as_u64().unwrap_or(0) < 2 * MIB {
+            assert!(std::time::Instant::now() < deadline, "no progress: {}", job(&d));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        d.call("bdev_luks_reencrypt_pause", json!({"name": "l2"}));
+        vm.send_line("go");
+        vm.wait_for("the held writes", |l| l.contains("luks reencrypt held writes done"), BOOT_TIMEOUT);
+        let held = job(&d);
+        assert_eq!(held["state"], "paused", "{held}");
+        d.call("bdev_luks_reencrypt_resume", json!({"name": "l2"}));
+        vm.send_line("go");
+        vm.wait_for("the writes beside the job", |l| l.contains("luks reencrypt writes done"), BOOT_TIMEOUT);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+        while job(&d)["state"] != "done" {
+            assert!(job(&d)["state"] == "running", "{}", job(&d));
+            assert!(std::time::Instant::now() < deadline, "the job did not finish: {}", job(&d));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        vm.send_line("go");
+        let r = vm.wait_result();
+        assert!(r.passed, "guest: {}\n{}", r.detail, vm.report());
+        vm.wait_exit(EXIT_TIMEOUT);
+        let r = vm.whole_result(&r);
+        assert_eq!(
+            r.info_after("luks dm-crypt reads the re-encrypted volume").len(),
+            1,
+            "dm-crypt read the new key's volume"
+        );
+        assert_disk(&r, "fp-l2", LUKS_SIZE - 16 * MIB, 4096, false);
+        assert_disk(&r, "fp-l2raw", LUKS_SIZE, 512, false);
+        let dump = r.info_after("luks dump").join(" ");
+        assert!(dump.contains("Version: 2"), "cryptsetup's luksDump of flashpath's volume: {dump}");
+        assert_eq!(
+            r.info_after("luks removed slot refused").len(),
+            1,
+            "the removed slot's passphrase opened nothing"
+        );
+        let lbs = r.info_after("luks dm-crypt reads flashpath's LUKS2 volume").join(" ");
+        assert_eq!(lbs, "lbs=4096", "dm-crypt's mapping of flashpath's LUKS2 volume");
+
+        // cryptsetup's volume through flashpath: its plaintext, read over vhost-user, is a
+        // clean ext4 holding the guest's files.
+        d.call("vhost_delete_controller", json!({"ctrlr": "fp-cs"}));
+        d.call("bdev_crypto_create", json!({"base_bdev_name": "b-raw", "name": "cs", "luks_key_name": "k0"}))
+            .as_str()
+            .expect("a name");
+        let h = d.call("bdev_luks_get_header", json!({"name": "cs"}));
+        let size = h["data_size"].as_u64().expect("data_size");
+        let sock = d.controller("fp-cs-open", "cs", Some(1), false);
+        let mut c = BlkClient::open(&sock, 1);
+        let plain = dir.join("cs-plain.img");
+        let mut image = Vec::with_capacity(size as usize);
+        let mut at = 0;
+        while at < size {
+            let n = (size - at).min(4 * MIB);
+            image.extend(c.read_all(at, n as usize));
+            at += n;
+        }
+        std::fs::write(&plain, &image).expect("writing the plaintext image");
+        assert_e2fsck_clean("cryptsetup's LUKS2 volume read through flashpath", &plain);
+        assert_eq!(debugfs_cat(&plain, "/fp/marker.txt"), format!("{}\n", LUKS_MARKERS[1]).into_bytes());
+        assert_eq!(debugfs_cat(&plain, "/fp/pattern.bin"), pattern(62, 0, MIB as usize));
+
+        // Neither file holds the guest's plaintext.
+        for f in [&a, &b] {
+            let img = std::fs::read(f).expect("reading a LUKS file");
+            for m in LUKS_MARKERS {
+                assert!(
+                    !img.windows(m.len()).any(|w| w == m.as_bytes()),
+                    "{m} in plaintext in {}",
+                    f.display()
+                );
+            }
+        }
+    }
+
     /// Issue 27's guest test of the crypto and error bdevs, one boot (`crypto` in
     /// tests/guest/init). One daemon, started from a configuration file holding the key
     /// (`[[accel_crypto_key]]`, owner-only), exports two crypto bdevs and, as is, the uring bdevs

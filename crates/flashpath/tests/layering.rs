@@ -13,6 +13,8 @@
 //! * the plain system calls go through fp-sys's wrappers (`layering/syscalls.rs`);
 //! * unsafe code stays at the edges (`layering/unsafe_sites.rs`).
 //! * sibling bdev modules (raid, lvol) do not build on each other.
+//! * the LUKS format library (fp-luks) builds on no workspace crate and forbids unsafe code;
+//!   fp-crypto builds on it, and fp-bdev carries neither;
 //! * the backup store (fp-backup) runs on control threads: it builds on no workspace crate (no
 //!   reactor, no bdev), forbids unsafe code, and the jobs above it hand it a disk to read.
 //! * the backup bdev module (fp-backup-bdev: the store table, the catalogue, the live-restore
@@ -153,8 +155,20 @@ fn the_nvme_spec_crate_stands_alone_without_unsafe_code() {
 }
 
 /// What only the crates that encrypt may depend on.
-const CRYPTO_DEPENDENCIES: [&str; 8] =
-    ["aes", "xts-mode", "libloading", "zeroize", "sha2", "hmac", "crypto-bigint", "fp-crypto"];
+const CRYPTO_DEPENDENCIES: [&str; 12] = [
+    "aes",
+    "xts-mode",
+    "libloading",
+    "zeroize",
+    "sha2",
+    "hmac",
+    "crypto-bigint",
+    "fp-crypto",
+    "fp-luks",
+    "pbkdf2",
+    "argon2",
+    "sha1",
+];
 
 #[test]
 fn the_bdev_layer_has_no_crypto_dependency() {
@@ -179,6 +193,15 @@ fn the_bdev_layer_has_no_crypto_dependency() {
     assert!(
         crypto["dependencies"].as_table().is_some_and(|d| d.contains_key("aes")),
         "fp-crypto has the cipher"
+    );
+}
+
+#[test]
+fn the_luks_format_stands_alone_without_unsafe_code() {
+    assert_stands_alone_without_unsafe(
+        "fp-luks",
+        "it is the LUKS on-disk format only; fp-crypto builds on it and hands it the device \
+         through its MetaIo trait",
     );
 }
 

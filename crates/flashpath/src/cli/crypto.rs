@@ -10,19 +10,28 @@ use clap::Subcommand;
 use serde_json::json;
 use zeroize::Zeroizing;
 
-use super::session::{cell, fetch_list, one_call, out, table, usage, CliError, Session};
+use super::luks::{KeyringCommand, LuksCommand};
+use super::session::{cell, fetch_list, one_call, out, set_given, table, usage, CliError, Session};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum CryptoCommand {
-    /// Make disk NAME, which stores every block of BASE encrypted with KEY; prints NAME
+    /// Make disk NAME, which stores every block of BASE encrypted with KEY, or opens the LUKS
+    /// volume on BASE with --luks-key; prints NAME
     Create {
         /// The crypto disk's name
         name: String,
         /// The disk below (claimed by the crypto disk)
         base: String,
         /// The key's name (`crypto key create`)
+        #[arg(long, value_name = "KEY", required_unless_present = "luks_key", conflicts_with = "luks_key")]
+        key: Option<String>,
+        /// BASE holds a LUKS volume: open it with this keyring key's passphrase
+        /// (`crypto keyring add`)
         #[arg(long, value_name = "KEY")]
-        key: String,
+        luks_key: Option<String>,
+        /// With --luks-key: try this key slot only
+        #[arg(long, value_name = "SLOT", requires = "luks_key", value_parser = super::args::u32_arg)]
+        key_slot: Option<u32>,
     },
     /// Delete a crypto disk (its base keeps the ciphertext)
     Delete { name: String },
@@ -31,6 +40,12 @@ pub(crate) enum CryptoCommand {
     /// Keys: create from a file, destroy, list (never showing key material)
     #[command(subcommand)]
     Key(KeyCommand),
+    /// LUKS volumes: format, dump, test, add-key, kill-slot
+    #[command(subcommand)]
+    Luks(LuksCommand),
+    /// The daemon's keyring (passphrases of LUKS volumes, PSKs): add, remove, list
+    #[command(subcommand)]
+    Keyring(KeyringCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -54,6 +69,8 @@ const FLAGS: &[(&str, &str)] = &[
     ("name", "NAME"),
     ("base_bdev_name", "BASE"),
     ("key_name", "--key"),
+    ("luks_key_name", "--luks-key"),
+    ("luks_key_slot", "--key-slot"),
     ("key", "--key-file"),
     ("key2", "--key-file"),
 ];
@@ -61,14 +78,19 @@ const FLAGS: &[(&str, &str)] = &[
 /// `crypto ...`.
 pub(crate) fn run(rpc: &Path, json: bool, cmd: CryptoCommand) -> Result<(), CliError> {
     match cmd {
-        CryptoCommand::Create { name, base, key } => {
-            let params = json!({"name": name, "base_bdev_name": base, "key_name": key});
+        CryptoCommand::Create { name, base, key, luks_key, key_slot } => {
+            let mut params = json!({"name": name, "base_bdev_name": base});
+            set_given(&mut params, "key_name", key);
+            set_given(&mut params, "luks_key_name", luks_key);
+            set_given(&mut params, "luks_key_slot", key_slot);
             one_call(rpc, json, FLAGS, "bdev_crypto_create", params)
         }
         CryptoCommand::Delete { name } => {
             one_call(rpc, json, FLAGS, "bdev_crypto_delete", json!({"name": name}))
         }
         CryptoCommand::List { name } => list(rpc, json, name),
+        CryptoCommand::Luks(c) => super::luks::run(rpc, json, c),
+        CryptoCommand::Keyring(c) => super::luks::run_keyring(rpc, json, c),
         CryptoCommand::Key(KeyCommand::Create { name, key_file }) => {
             let hex = read_key_file(&key_file)?;
             let (key, key2) = hex.split_at(hex.len() / 2);

@@ -13,6 +13,7 @@ mod crypto;
 mod disk;
 mod error;
 mod fleece;
+mod luks;
 mod mirror;
 mod nbd;
 mod nbd_client;

@@ -32,6 +32,7 @@ pub mod load;
 pub mod nbd;
 pub mod nvme_tcp;
 pub mod spdk;
+pub mod xts;
 
 /// Whether every one of `tools` is on the PATH. When one is missing the test must fail, unless
 /// `skip_var`=1 outside CI: then this says why (`what`, the packages to install) and returns
