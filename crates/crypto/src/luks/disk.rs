@@ -105,3 +105,48 @@ pub(crate) fn crypto_key(name: &str, what: &str, key: &VolumeKey) -> Result<Arc<
     let (k1, k2) = bytes.split_at(bytes.len() / 2);
     Ok(Arc::new(CryptoKey::new(&format!("luks:{name}:{what}"), k1, k2)?))
 }
+
+/// Opens `volume` with `passphrase` (slot `slot`, or every slot in cryptsetup's order), never
+/// running a slot's KDF beyond what this daemon bounds ([`super::kdf::too_costly`]): such a
+/// slot is skipped, and named in the error when nothing else opens.
+pub(crate) fn unlock_bounded(
+    volume: &Volume,
+    io: &mut dyn fp_luks::MetaIo,
+    passphrase: &[u8],
+    slot: Option<u32>,
+) -> Result<(VolumeKey, u32), LuksError> {
+    let slots = volume.keyslots();
+    let costly: Vec<(u32, String)> =
+        slots.iter().filter_map(|s| super::kdf::too_costly(&s.kdf).map(|why| (s.slot, why))).collect();
+    if costly.is_empty() {
+        return volume.unlock(io, passphrase, slot);
+    }
+    let refusal = |(n, why): &(u32, String)| LuksError::Unsupported {
+        what: "key slot",
+        value: format!("{n} asks for {why}"),
+    };
+    if let Some(n) = slot {
+        if let Some(c) = costly.iter().find(|(s, _)| *s == n) {
+            return Err(refusal(c));
+        }
+        return volume.unlock(io, passphrase, Some(n));
+    }
+    // cryptsetup's order: "prefer" slots, then "normal" ones; "ignore" ones only when named.
+    let rank = |p: &Option<String>| match p.as_deref() {
+        Some("prefer") => 0,
+        Some("ignore") => 2,
+        _ => 1,
+    };
+    let mut order: Vec<&fp_luks::KeyslotInfo> = slots.iter().filter(|s| rank(&s.priority) < 2).collect();
+    order.sort_by_key(|s| (rank(&s.priority), s.slot));
+    for s in order {
+        if costly.iter().any(|(n, _)| *n == s.slot) {
+            continue;
+        }
+        match volume.unlock(io, passphrase, Some(s.slot)) {
+            Err(LuksError::WrongPassphrase) => continue,
+            r => return r,
+        }
+    }
+    Err(refusal(&costly[0]))
+}

@@ -10,6 +10,13 @@ use fp_rpc::{ParamError, Params};
 
 use crate::keys::invalid;
 
+/// The most PBKDF2 iterations a slot may ask of this daemon (about a minute of one core):
+/// cryptsetup accepts up to 2^32 - 1, which a hostile header uses to hold the RPC thread for
+/// hours.
+const MAX_PBKDF2_ITERATIONS: u32 = 100_000_000;
+/// The most Argon2 passes a slot may ask (cryptsetup's benchmark gives tens at most).
+const MAX_ARGON2_TIME: u32 = 1000;
+
 /// cryptsetup's `--iter-time` default.
 pub const DEFAULT_ITER_TIME_MS: u64 = 2000;
 /// cryptsetup's Argon2 memory default and ceiling (KiB), held to half the host's memory.
@@ -106,6 +113,26 @@ fn default_memory_kib() -> u32 {
     half.min(ARGON2_MEMORY_KIB) as u32
 }
 
+/// Why this daemon will not run `kdf` to open a slot: more than [`MAX_PBKDF2_ITERATIONS`] or
+/// [`MAX_ARGON2_TIME`], or Argon2 memory beyond half the host's (an allocation that would
+/// push the daemon, and every disk it serves, out of memory). `None` when it may.
+pub(crate) fn too_costly(kdf: &Kdf) -> Option<String> {
+    match kdf {
+        Kdf::Pbkdf2 { iterations, .. } if *iterations > MAX_PBKDF2_ITERATIONS => {
+            Some(format!("{iterations} PBKDF2 iterations (at most {MAX_PBKDF2_ITERATIONS} are run here)"))
+        }
+        Kdf::Argon2 { time, .. } if *time > MAX_ARGON2_TIME => {
+            Some(format!("an Argon2 time cost of {time} (at most {MAX_ARGON2_TIME} is run here)"))
+        }
+        Kdf::Argon2 { memory_kib, .. } => {
+            let half = total_memory_kib().map_or(u64::MAX, |kib| kib / 2);
+            (u64::from(*memory_kib) > half)
+                .then(|| format!("{memory_kib} KiB of Argon2 memory, more than half this host's"))
+        }
+        Kdf::Pbkdf2 { .. } => None,
+    }
+}
+
 /// `MemTotal` of /proc/meminfo, in KiB.
 fn total_memory_kib() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -139,5 +166,16 @@ mod tests {
         // A run too short to time counts as a nanosecond: a large count, never a division by zero.
         assert_eq!(scale(1, Duration::ZERO, Duration::from_secs(1)), 1_000_000_000);
         assert_eq!(scale(10, Duration::ZERO, Duration::from_secs(10)), u32::MAX);
+    }
+
+    #[test]
+    fn slots_beyond_the_bounds_are_not_run() {
+        let pbkdf2 = |iterations| Kdf::Pbkdf2 { hash: "sha256".into(), iterations };
+        let argon2 = |time, memory_kib| Kdf::Argon2 { id: true, time, memory_kib, parallel: 4 };
+        assert_eq!(too_costly(&pbkdf2(2_000_000)), None);
+        assert!(too_costly(&pbkdf2(u32::MAX)).is_some_and(|e| e.contains("PBKDF2 iterations")));
+        assert_eq!(too_costly(&argon2(4, 1 << 20)), None, "cryptsetup's default on a host of 2 GiB or more");
+        assert!(too_costly(&argon2(5000, 1024)).is_some_and(|e| e.contains("time cost")));
+        assert!(too_costly(&argon2(4, u32::MAX)).is_some_and(|e| e.contains("memory")));
     }
 }

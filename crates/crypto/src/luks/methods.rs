@@ -8,7 +8,7 @@ use fp_luks::{FormatOptions, Kdf, KeyslotInfo, Version, Volume, VolumeKey};
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Value};
 
-use super::disk::{crypto_key, disks, luks_error, open_disk, with_passphrase, LuksDisk};
+use super::disk::{crypto_key, disks, luks_error, open_disk, unlock_bounded, with_passphrase, LuksDisk};
 use super::io::BdevMetaIo;
 use super::kdf::KdfRequest;
 use crate::{recover_hotzone, CryptoDevice, CryptoLayout, Hotzone};
@@ -137,9 +137,10 @@ pub(crate) fn open_luks(
         })?
         .map_err(|e| luks_error("luks_key_name", e))?;
         volume.finish_reencryption(&mut io, &new).map_err(|e| luks_error("base_bdev_name", e))?;
-        let (key, opened_by) =
-            with_passphrase(host, "luks_key_name", key_name, |pass| volume.unlock(&mut io, pass, slot))?
-                .map_err(|e| luks_error("luks_key_name", e))?;
+        let (key, opened_by) = with_passphrase(host, "luks_key_name", key_name, |pass| {
+            unlock_bounded(&volume, &mut io, pass, slot)
+        })?
+        .map_err(|e| luks_error("luks_key_name", e))?;
         let dev = CryptoDevice::with_layout(name, base.clone(), crypto_key(name, "key", &key)?, layout)?;
         (dev, key, opened_by, None)
     } else if volume.reencryption().is_some() {
@@ -192,9 +193,10 @@ pub(crate) fn open_luks(
         );
         (dev, old.clone(), 0, Some((old, new)))
     } else {
-        let (key, opened_by) =
-            with_passphrase(host, "luks_key_name", key_name, |pass| volume.unlock(&mut io, pass, slot))?
-                .map_err(|e| luks_error("luks_key_name", e))?;
+        let (key, opened_by) = with_passphrase(host, "luks_key_name", key_name, |pass| {
+            unlock_bounded(&volume, &mut io, pass, slot)
+        })?
+        .map_err(|e| luks_error("luks_key_name", e))?;
         let dev = CryptoDevice::with_layout(name, base.clone(), crypto_key(name, "key", &key)?, layout)?;
         (dev, key, opened_by, None)
     };
@@ -314,7 +316,7 @@ pub(crate) fn test_key(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Mo
     let (bdev, volume, _) = named_header(host, name, base)?;
     let mut io = meta_io(&bdev)?;
     let (_key, opened) =
-        with_passphrase(host, "key_name", &key_name, |pass| volume.unlock(&mut io, pass, slot))?
+        with_passphrase(host, "key_name", &key_name, |pass| unlock_bounded(&volume, &mut io, pass, slot))?
             .map_err(|e| luks_error("key_name", e))?;
     Ok(Value::from(opened))
 }
