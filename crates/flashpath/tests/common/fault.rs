@@ -29,6 +29,8 @@ use super::{stamped_block, BlkClient, ClientOpts, Daemon, Op, OpKind};
 pub const BS: usize = 4096;
 /// Blocks of the exported disk (8 MiB); the stacks' bases are larger where they need room.
 pub const DISK_BLOCKS: u64 = 2048;
+/// Blocks of a LUKS2 header (16 MiB: the crypto stack's data starts after it).
+pub const LUKS_HEADER_BLOCKS: u64 = (16 << 20) / BS as u64;
 /// Upper bound of one event (an RPC, a stop, a client leaving): generous, not a speed check.
 pub const EVENT_BOUND: Duration = Duration::from_secs(20);
 /// Upper bound for the next client to be served after an event.
@@ -39,8 +41,6 @@ pub const SETTLE_BOUND: Duration = Duration::from_secs(10);
 const NQN: &str = "nqn.2016-06.io.flashpath:matrix";
 const REMOTE_NQN: &str = "nqn.2016-06.io.flashpath:matrix-remote";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f8a5cfe-5a51-4b64-9f2c-6e3f0d1a2b3c";
-const K1: &str = "603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4";
-const K2: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f000112233445566778899aabbccddeeff";
 /// Magic of the matrix's stamped blocks.
 const MAGIC: u64 = 0x6d61_7472_6978_3035;
 
@@ -692,16 +692,33 @@ impl Rig {
                 "r".into()
             }
             Stack::Crypto => {
-                let f = self.file("u0.img", first, DISK_BLOCKS);
+                // A LUKS2 volume: its 16 MiB of header before the disk, opened with a keyring
+                // passphrase (again after a restart, from the header the first start wrote).
+                let f = self.file("u0.img", first, DISK_BLOCKS + LUKS_HEADER_BLOCKS);
                 d.uring("u0", &f, Some(BS as u32));
                 d.call("bdev_error_create", json!({"base_name": "u0"}));
-                d.call(
-                    "accel_crypto_key_create",
-                    json!({"cipher": "AES_XTS", "key": K1, "key2": K2, "name": "k"}),
-                );
+                let pass = d.dir.path().join("luks.pass");
+                if first {
+                    use std::os::unix::fs::OpenOptionsExt;
+                    let mut file = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&pass)
+                        .expect("the passphrase file");
+                    std::io::Write::write_all(&mut file, b"fault matrix").expect("writing the passphrase");
+                }
+                d.call("keyring_file_add_key", json!({"name": "pass", "path": pass}));
+                if first {
+                    d.call(
+                        "bdev_luks_format",
+                        json!({"base_bdev_name": "EE_u0", "key_name": "pass", "sector_size": BS,
+                               "pbkdf": "pbkdf2", "pbkdf_force_iterations": 1000}),
+                    );
+                }
                 d.call(
                     "bdev_crypto_create",
-                    json!({"base_bdev_name": "EE_u0", "name": "c", "key_name": "k"}),
+                    json!({"base_bdev_name": "EE_u0", "name": "c", "luks_key_name": "pass"}),
                 );
                 "c".into()
             }
