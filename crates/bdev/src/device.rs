@@ -32,32 +32,67 @@ pub(crate) const ALL_IO_TYPES: IoTypes =
 /// a resize (`bdev_null_resize`, `bdev_uring_rescan`, ...) is one store that all of them see.
 /// On the hot path it is one relaxed load of a line that is written only on resize.
 ///
-/// A [`Capacity::derived`] one is not stored but computed from another device's (a stacked
-/// device that starts at an offset on its base, or has larger blocks), so it follows the
-/// base's resizes without anyone propagating them.
+/// A [`Capacity::derived`] one (a stacked device that starts at an offset on its base, or has
+/// larger blocks) holds its own size too, which its base's [`Capacity::set`] recomputes: the
+/// hot path stays one load for every device, and the derived size follows each resize of the
+/// base without anyone else propagating it.
 #[derive(Debug, Clone)]
-pub struct Capacity(CapacitySource);
+pub struct Capacity(Arc<CapacityCell>);
 
-#[derive(Debug, Clone)]
-enum CapacitySource {
-    Own(Arc<std::sync::atomic::AtomicU64>),
-    Derived(Arc<DerivedCapacity>),
+#[derive(Debug)]
+struct CapacityCell {
+    /// The size in blocks: the only field the I/O path reads.
+    blocks: std::sync::atomic::AtomicU64,
+    /// Whether the size follows another capacity (then only that one's `set` changes it).
+    derived: bool,
+    /// The capacities derived from this one, recomputed when it is set (control plane only).
+    dependents: std::sync::Mutex<Vec<Dependent>>,
 }
 
-/// What lies after `offset` bytes of `base` (blocks of `base_block_size` bytes), in whole
-/// blocks of `block_size` bytes.
+/// A capacity derived from another: what lies after `offset` bytes of the base (blocks of
+/// `base_block_size` bytes), in whole blocks of `block_size` bytes.
 #[derive(Debug)]
-struct DerivedCapacity {
-    base: Capacity,
+struct Dependent {
+    cell: std::sync::Weak<CapacityCell>,
     base_block_size: u64,
     offset: u64,
     block_size: u64,
 }
 
+impl Dependent {
+    fn blocks_of(&self, base_blocks: u64) -> u64 {
+        base_blocks.saturating_mul(self.base_block_size).saturating_sub(self.offset) / self.block_size
+    }
+}
+
+impl CapacityCell {
+    fn new(num_blocks: u64, derived: bool) -> CapacityCell {
+        CapacityCell {
+            blocks: std::sync::atomic::AtomicU64::new(num_blocks),
+            derived,
+            dependents: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Stores the size, then recomputes the capacities derived from this one (and theirs),
+    /// forgetting those whose devices are gone.
+    fn store(&self, num_blocks: u64) {
+        self.blocks.store(num_blocks, std::sync::atomic::Ordering::Relaxed);
+        let mut dependents = self.dependents.lock().unwrap_or_else(|p| p.into_inner());
+        dependents.retain(|d| match d.cell.upgrade() {
+            Some(cell) => {
+                cell.store(d.blocks_of(num_blocks));
+                true
+            }
+            None => false,
+        });
+    }
+}
+
 impl Capacity {
     /// A capacity of `num_blocks` blocks.
     pub fn new(num_blocks: u64) -> Capacity {
-        Capacity(CapacitySource::Own(Arc::new(std::sync::atomic::AtomicU64::new(num_blocks))))
+        Capacity(Arc::new(CapacityCell::new(num_blocks, false)))
     }
 
     /// The capacity of what lies after byte `offset` of a device of capacity `base` and
@@ -65,34 +100,35 @@ impl Capacity {
     /// the base is no larger than `offset`). It follows every resize of `base`.
     pub fn derived(base: &Capacity, base_block_size: u32, offset: u64, block_size: u32) -> Capacity {
         assert!(block_size > 0, "a derived capacity needs a block size");
-        Capacity(CapacitySource::Derived(Arc::new(DerivedCapacity {
-            base: base.clone(),
+        let mut dependents = base.0.dependents.lock().unwrap_or_else(|p| p.into_inner());
+        let mut link = Dependent {
+            cell: std::sync::Weak::new(),
             base_block_size: u64::from(base_block_size),
             offset,
             block_size: u64::from(block_size),
-        })))
+        };
+        // Computed under the base's lock, so a resize of the base cannot slip in between.
+        let cell = Arc::new(CapacityCell::new(link.blocks_of(base.blocks()), true));
+        link.cell = Arc::downgrade(&cell);
+        dependents.push(link);
+        Capacity(cell)
     }
 
     /// The size now, in blocks.
     #[inline]
     pub fn blocks(&self) -> u64 {
-        match &self.0 {
-            CapacitySource::Own(n) => n.load(std::sync::atomic::Ordering::Relaxed),
-            CapacitySource::Derived(d) => {
-                let bytes = d.base.blocks().saturating_mul(d.base_block_size);
-                bytes.saturating_sub(d.offset) / d.block_size
-            }
-        }
+        self.0.blocks.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sets the size. Callers serialise resizes of one device (the registry does). A derived
     /// capacity follows its base and is never set: that is a bug, ignored (and caught in debug
     /// builds).
     pub fn set(&self, num_blocks: u64) {
-        match &self.0 {
-            CapacitySource::Own(n) => n.store(num_blocks, std::sync::atomic::Ordering::Relaxed),
-            CapacitySource::Derived(_) => debug_assert!(false, "a derived capacity is set through its base"),
+        if self.0.derived {
+            debug_assert!(false, "a derived capacity is set through its base");
+            return;
         }
+        self.0.store(num_blocks);
     }
 }
 
