@@ -91,6 +91,13 @@ class Targets(unittest.TestCase):
         v = dict(verdicts(result(reenc_fp=(4.0, 4.0))))
         self.assertEqual([met for name, met in v.items() if "re-encryption of" in name], [False])
 
+    def test_open_on_every_cpu_is_judged_when_measured(self):
+        res = result()
+        res["luks"]["open"]["argon2id-all-cpus"] = open_summary([1.7, 1.8], [1.1, 1.2])
+        v = dict(verdicts(res))
+        self.assertEqual([met for name, met in v.items() if "on every CPU" in name], [False])
+        self.assertIn("argon2id-all-cpus (reported: cryptsetup on every CPU)", "\n".join(luks_markdown(res)))
+
     def test_iops_under_the_bar_is_missed(self):
         v = dict(verdicts(result(beside=(60_000, 70_000))))
         self.assertEqual([met for name, met in v.items() if "beside" in name], [False] * len(POINTS))
