@@ -36,6 +36,7 @@ from fpbench.sections.crypto import CryptoSection, crypto_missing
 from fpbench.sections.density import DensitySection
 from fpbench.sections.guest_notify import GuestNotifySection, guest_notify_config, guest_notify_missing
 from fpbench.sections.iostat import IostatSection
+from fpbench.sections.luks import LuksSection, luks_missing
 from fpbench.sections.lvol import LvolSection
 from fpbench.sections.migration import MigrationSection
 from fpbench.sections.nbd import NbdSection
@@ -56,7 +57,7 @@ from fpbench.validate import validate
 
 class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, QosSection, RbdSection,
             NbdSection, MigrationSection, GuestNotifySection, SpdkSection, NvmfSection, NvmeTcpSection, RaidSection,
-            CryptoSection, PathlenSection, DensitySection, PathsSection, TlsSection, BackupSection, UblkSection):
+            CryptoSection, PathlenSection, DensitySection, PathsSection, TlsSection, BackupSection, UblkSection, LuksSection):
     """One benchmark run: the scratch directory, the load generator, the results; each section's
     methods come from its mixin in fpbench/sections/."""
 
@@ -201,6 +202,9 @@ class Bench(NullRamFileSection, IostatSection, CallgrindSection, LvolSection, Qo
             "ublk": (f"ublk: a null disk in a TCG guest as /dev/ublkbN vs null_blk and the kernel's NBD client, "
                      f"recovery after kill -9 (QEMU on CPUs {self.server_cpu},{self.client_cpu}, scratch {self.work})",
                      self.run_ublk),
+            "luks": (f"LUKS volumes: opening vs cryptsetup, re-encryption vs cryptsetup reencrypt, a guest's IOPS "
+                     f"beside a limited job (server CPU {self.server_cpu}, client CPU {self.client_cpu}, scratch "
+                     f"{self.work})", self.run_luks),
         }
         if self.args.only:
             what, section = only[self.args.only]
@@ -276,7 +280,7 @@ def main():
                          "(sets up 1024 huge pages; root)")
     ap.add_argument("--only", choices=["iostat", "lvol", "qos", "rbd", "nbd", "migration", "guest-notify", "spdk",
                                        "nvmf", "nvme-tcp", "raid", "crypto", "pathlen", "density", "paths", "tls",
-                                       "backup", "ublk"],
+                                       "backup", "ublk", "luks"],
                     help="run only this section (development only)")
     ap.add_argument("--rbd-serve-args", default="", metavar="ARGS",
                     help="extra `flashpath serve` arguments for the RBD section, e.g. \"--idle-window-us 20\" "
@@ -330,6 +334,10 @@ def main():
     missing = ublk_missing(args.bin_dir) if args.only == "ublk" else []
     if missing:
         print(f"bench: the ublk section needs {', '.join(missing)} (./run bench installs them)", file=sys.stderr)
+        return 1
+    missing = luks_missing(args.bin_dir) if args.only == "luks" else []
+    if missing:
+        print(f"bench: the LUKS section needs {', '.join(missing)}", file=sys.stderr)
         return 1
     missing = crypto_missing(args.bin_dir) if args.only == "crypto" else []
     if missing:
@@ -415,6 +423,7 @@ def main():
         "tls": bool(bench.results.get("tls")),
         "backup": bool(bench.results.get("backup")),
         "ublk": bool(bench.results.get("ublk")),
+        "luks": bool(bench.results.get("luks")),
         "build": os.path.basename(os.path.normpath(args.bin_dir)),
         "machine": machine,
         "qsd_command_example": "taskset -c 0 qemu-storage-daemon --object iothread,id=iot0 --blockdev "

@@ -23,6 +23,7 @@ from fpbench.report_pathlen import pathlen_markdown
 from fpbench.report_paths import paths_markdown, paths_targets
 from fpbench.report_tls import tls_markdown, tls_targets
 from fpbench.report_ublk import ublk_markdown, ublk_targets
+from fpbench.report_luks import luks_markdown, luks_targets
 from fpbench.report_spdk import spdk_markdown, spdk_targets
 from fpbench.servers import NBD_SERVERS
 
@@ -178,6 +179,7 @@ def targets(res):
     paths_targets(res, add)
     tls_targets(res, add)
     ublk_targets(res, add)
+    luks_targets(res, add)
     backup_targets(res, add)
     return out
 
@@ -270,6 +272,8 @@ def markdown(res):
              "tls": ("flashpath: NVMe/TCP with TLS 1.3 against plain NVMe/TCP", tls_markdown),
              "ublk": ("flashpath: ublk, a null disk as a kernel block device vs null_blk and the kernel's NBD client",
                       ublk_markdown),
+             "luks": ("flashpath vs cryptsetup: LUKS volumes (opening, re-encryption, IOPS beside a job)",
+                      luks_markdown),
              "backup": ("flashpath: backups (dirty bitmaps, incrementals, throughput, live restore)", backup_markdown),
              "density": ("flashpath vs qemu-storage-daemon (and SPDK): many VMs on one core", density_markdown)}
     if m.get("only") in alone:

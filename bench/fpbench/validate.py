@@ -26,6 +26,8 @@ from fpbench.report_tls import HEADING as TLS_HEADING
 from fpbench.report_tls import validate_tls
 from fpbench.report_ublk import HEADING as UBLK_HEADING
 from fpbench.report_ublk import validate_ublk
+from fpbench.report_luks import HEADING as LUKS_HEADING
+from fpbench.report_luks import validate_luks
 from fpbench.sections.crypto import crypto_config
 from fpbench.sections.density import density_config
 from fpbench.sections.guest_notify import SERVERS as GN_SERVERS
@@ -171,6 +173,8 @@ ALONE = {
     "tls": (lambda res, mode: validate_tls(res, res["tls"]["config"]), TLS_HEADING),
     # The run's own config.
     "ublk": (lambda res, mode: validate_ublk(res, res["ublk"]["config"]), UBLK_HEADING),
+    # The run's own config: --time/--reps may override the mode's.
+    "luks": (lambda res, mode: validate_luks(res, res["luks"]["config"]), LUKS_HEADING),
     # The run's own config: --time/--reps may override the mode's.
     "backup": (lambda res, mode: validate_backup(res, res["backup"]["config"]), BACKUP_HEADING),
     # The run's own config (--time/--reps may override the mode's); its N and QD the mode's.
