@@ -108,14 +108,19 @@ pub(crate) fn start(host: &dyn ModuleHost, mut p: Params) -> Result<Value, Modul
     let kdf = KdfRequest::take(&mut p)?;
     p.finish()?;
     let disk = open_disk(host, &name)?;
-    if disk
-        .job
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .is_some_and(|j| !j.progress().state.is_final())
+    if let Some(state) =
+        disk.job.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|j| j.progress().state)
     {
-        return Err(ParamError::new("name", format!("a re-encryption of '{name}' is running")).into());
+        let why = match state {
+            s if !s.is_final() => format!("a re-encryption of '{name}' is running"),
+            // The open device keeps the finished job's two keys (every sector under the new
+            // one); a new job starts from a device opened with the new key alone.
+            crate::ReencryptState::Done => format!(
+                "'{name}' was re-encrypted since it was opened: reopen it (bdev_crypto_delete, bdev_crypto_create) to start another"
+            ),
+            _ => format!("'{name}' has a stopped re-encryption recorded in its header: reopen the disk to resume it"),
+        };
+        return Err(ParamError::new("name", why).into());
     }
     let any = device(host, &name)?;
     let dev =

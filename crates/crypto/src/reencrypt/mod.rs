@@ -341,6 +341,16 @@ struct Copier {
     opts: ReencryptOptions,
 }
 
+/// What [`Copier::wait_while_paused`] found.
+enum Paused {
+    /// Not paused.
+    No,
+    /// Paused, then resumed.
+    Resumed,
+    /// Cancelled (while paused or not).
+    Cancelled,
+}
+
 /// Bytes copied since the speed limit in force was seen.
 struct Pace {
     since: Instant,
@@ -413,8 +423,18 @@ impl Copier {
         let mut pace =
             Pace { since: Instant::now(), copied: 0, speed: self.job.speed.load(Ordering::SeqCst) };
         loop {
-            if self.wait_while_paused() {
-                return Ok(End::Cancelled);
+            match self.wait_while_paused() {
+                Paused::Cancelled => return Ok(End::Cancelled),
+                // The pace counts from the resume: time spent paused is not credit to copy
+                // faster than the limit afterwards.
+                Paused::Resumed => {
+                    pace = Pace {
+                        since: Instant::now(),
+                        copied: 0,
+                        speed: self.job.speed.load(Ordering::SeqCst),
+                    }
+                }
+                Paused::No => {}
             }
             let end = self.info.size_bytes();
             self.job.total.store(end, Ordering::SeqCst);
@@ -499,16 +519,18 @@ impl Copier {
         }
     }
 
-    /// Waits while the job is paused; true when it is cancelled.
-    fn wait_while_paused(&self) -> bool {
+    /// Waits while the job is paused.
+    fn wait_while_paused(&self) -> Paused {
+        let mut waited = false;
         loop {
             if self.job.cancel.load(Ordering::SeqCst) {
-                return true;
+                return Paused::Cancelled;
             }
             if !self.job.pause.load(Ordering::SeqCst) {
                 self.job.set_state(ReencryptState::Running);
-                return false;
+                return if waited { Paused::Resumed } else { Paused::No };
             }
+            waited = true;
             self.job.set_state(ReencryptState::Paused);
             std::thread::sleep(Duration::from_millis(1));
         }

@@ -395,10 +395,15 @@ fn pause_speed_limit_and_progress() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(job.progress().done, 2 * (64 << 10), "paused after the hotzone it was in");
+    // A second paused is not credit: the limit holds from the resume on.
+    std::thread::sleep(Duration::from_secs(1));
     job.resume();
+    let resumed = Instant::now();
     assert_eq!(finish(&mut job).state, ReencryptState::Done);
-    // 1 MiB/s: the hotzones after the first take at least 7 × 64 KiB / 1 MiB/s.
+    // 1 MiB/s: the hotzones after the first take at least 7 × 64 KiB / 1 MiB/s, and the six
+    // after the resume at least the pauses between them (5 × 64 KiB / 1 MiB/s).
     assert!(started.elapsed() >= Duration::from_millis(7 * 1000 / 16), "{:?}", started.elapsed());
+    assert!(resumed.elapsed() >= Duration::from_millis(5 * 1000 / 16), "{:?}", resumed.elapsed());
 }
 
 #[test]
