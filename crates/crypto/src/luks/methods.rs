@@ -129,21 +129,16 @@ pub(crate) fn open_luks(
         .into());
     }
     let layout = CryptoLayout { data_offset: volume.data_offset(), sector_size: volume.sector_size() };
-    let (dev, key, opened_by, resume) = if volume.reencryption().is_some_and(|r| r.finished) {
+    if volume.reencryption().is_some_and(|r| r.finished) {
         // Every sector is under the new key already: the job's last header write is all that
-        // is left (a crash between the two).
+        // is left (a crash between the two); then the volume opens as any other.
         let (_, new) = with_passphrase(host, "luks_key_name", key_name, |pass| {
             volume.unlock_reencryption(&mut io, pass)
         })?
         .map_err(|e| luks_error("luks_key_name", e))?;
         volume.finish_reencryption(&mut io, &new).map_err(|e| luks_error("base_bdev_name", e))?;
-        let (key, opened_by) = with_passphrase(host, "luks_key_name", key_name, |pass| {
-            unlock_bounded(&volume, &mut io, pass, slot)
-        })?
-        .map_err(|e| luks_error("luks_key_name", e))?;
-        let dev = CryptoDevice::with_layout(name, base.clone(), crypto_key(name, "key", &key)?, layout)?;
-        (dev, key, opened_by, None)
-    } else if volume.reencryption().is_some() {
+    }
+    let (dev, key, opened_by, resume) = if volume.reencryption().is_some() {
         let (old, new) = with_passphrase(host, "luks_key_name", key_name, |pass| {
             volume.unlock_reencryption(&mut io, pass)
         })?
