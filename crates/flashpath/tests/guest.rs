@@ -564,6 +564,12 @@ mod guest_vm {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         d.call("bdev_luks_reencrypt_pause", json!({"name": "l2"}));
+        // The pause takes effect between two hotzones (after the one in hand, and any wait of
+        // the speed limit): the guest writes once the job says so.
+        while job(&d)["state"] != "paused" {
+            assert!(std::time::Instant::now() < deadline, "never paused: {}", job(&d));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         vm.send_line("go");
         vm.wait_for("the held writes", |l| l.contains("luks reencrypt held writes done"), BOOT_TIMEOUT);
         let held = job(&d);
