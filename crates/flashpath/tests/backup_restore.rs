@@ -339,12 +339,16 @@ fn deleting_an_incomplete_restore_abandons_it_and_a_new_create_fetches_every_chu
     assert_eq!(d.call("bdev_backup_restore_delete", json!({"name": "r"})), json!(true));
     assert!(!file.exists(), "deleting an incomplete restore removes its state file");
 
-    // A new create of the same restore starts over: none of the old durable set is taken up
-    // (the copier alone would have chunk 0 at most), and everything it serves is the backup's,
-    // the writes made through the deleted restore being overwritten chunk by chunk.
+    // A new create of the same restore starts over: the old durable set is not taken up (that
+    // would be `durable` chunks at once). What the new one has is what it fetched since: the
+    // copier's first chunk, and what reads of the new bdev fetched (a CI run saw 2; an early
+    // read such as the new bdev's examination, which runs beside this call, is the likely
+    // second), so the bound is the old set's size, not a count of fetches.
+    // Everything it serves is the backup's, the writes made through the deleted restore being
+    // overwritten chunk by chunk.
     d.call("bdev_backup_restore_create", create);
     let after = restore_status(&d, "r");
-    assert!(after["restored"].as_u64().unwrap() <= 1, "fetched again from the start: {after}");
+    assert!(after["restored"].as_u64().unwrap() < durable, "fetched again from the start: {after}");
     let mut c = nbd(&d, "r");
     assert!(read_all(&mut c) == image, "the new restore serves the backup, not the old writes");
     drop(c);
