@@ -3,7 +3,10 @@
 //! cryptsetup and QEMU are in tests/tools.rs.
 
 use super::*;
+use crate::af::{self, STRIPES};
 use crate::crypto::Hash;
+use crate::volume::*;
+use serde_json::Value;
 
 const PASS: &[u8] = b"unit pass";
 

@@ -7,7 +7,8 @@ use crate::error::unsupported;
 use crate::luks2::{
     self, bad, dec, field, int, int_u32, object, string, strings, Check, Digest, Meta, PREVIOUS,
 };
-use crate::{pick_slot, LuksError, DIGEST_ITERATIONS};
+use crate::volume::{pick_slot, DIGEST_ITERATIONS};
+use crate::LuksError;
 use base64::Engine;
 use rand::RngCore;
 use serde_json::{Map, Value};

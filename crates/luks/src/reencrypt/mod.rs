@@ -24,7 +24,8 @@ use job::*;
 use crate::crypto::{secret, Hash};
 use crate::error::unsupported;
 use crate::luks2::{self, bad, strings, Digest, Meta, PREVIOUS, REQUIREMENT};
-use crate::{luks2_slot, write_slot_material, Header, Kdf, LuksError, MetaIo, Version, Volume, VolumeKey};
+use crate::volume::{check_new_kdf, luks2_slot, write_slot_material, Header};
+use crate::{Kdf, LuksError, MetaIo, Version, Volume, VolumeKey};
 use rand::RngCore;
 use serde_json::Value;
 
@@ -206,7 +207,7 @@ impl Volume {
         if passphrases.is_empty() {
             return Err(unsupported("reencryption", "no passphrase for the new key"));
         }
-        crate::check_new_kdf(Version::Luks2, kdf)?;
+        check_new_kdf(Version::Luks2, kdf)?;
         if !self.key_matches(old.as_bytes()) {
             return Err(unsupported("volume key", "does not match the volume's digest"));
         }
