@@ -116,15 +116,10 @@ pub(crate) fn unlock_bounded(
     slot: Option<u32>,
 ) -> Result<(VolumeKey, u32), LuksError> {
     let slots = volume.keyslots();
-    let costly: Vec<(u32, String)> =
-        slots.iter().filter_map(|s| super::kdf::too_costly(&s.kdf).map(|why| (s.slot, why))).collect();
+    let costly = costly_slots(volume);
     if costly.is_empty() {
         return volume.unlock(io, passphrase, slot);
     }
-    let refusal = |(n, why): &(u32, String)| LuksError::Unsupported {
-        what: "key slot",
-        value: format!("{n} asks for {why}"),
-    };
     if let Some(n) = slot {
         if let Some(c) = costly.iter().find(|(s, _)| *s == n) {
             return Err(refusal(c));
@@ -149,4 +144,29 @@ pub(crate) fn unlock_bounded(
         }
     }
     Err(refusal(&costly[0]))
+}
+
+/// The old and the new key of a volume in re-encryption, never running a slot's KDF beyond
+/// what this daemon bounds, as [`unlock_bounded`]: such a slot is skipped, and named in the
+/// error when the passphrase opens nothing else.
+pub(crate) fn unlock_reencryption_bounded(
+    volume: &Volume,
+    io: &mut dyn fp_luks::MetaIo,
+    passphrase: &[u8],
+) -> Result<(VolumeKey, VolumeKey), LuksError> {
+    let costly = costly_slots(volume);
+    let usable = |n: u32| !costly.iter().any(|(s, _)| *s == n);
+    match volume.unlock_reencryption_with(io, passphrase, &usable) {
+        Err(LuksError::WrongPassphrase) if !costly.is_empty() => Err(refusal(&costly[0])),
+        r => r,
+    }
+}
+
+/// The volume's key slots whose KDF this daemon does not run, with the reason.
+fn costly_slots(volume: &Volume) -> Vec<(u32, String)> {
+    volume.keyslots().iter().filter_map(|s| super::kdf::too_costly(&s.kdf).map(|why| (s.slot, why))).collect()
+}
+
+fn refusal((n, why): &(u32, String)) -> LuksError {
+    LuksError::Unsupported { what: "key slot", value: format!("{n} asks for {why}") }
 }

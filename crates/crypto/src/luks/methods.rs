@@ -8,7 +8,10 @@ use fp_luks::{FormatOptions, Kdf, KeyslotInfo, Version, Volume, VolumeKey};
 use fp_rpc::{ParamError, Params};
 use serde_json::{json, Value};
 
-use super::disk::{crypto_key, disks, luks_error, open_disk, unlock_bounded, with_passphrase, LuksDisk};
+use super::disk::{
+    crypto_key, disks, luks_error, open_disk, unlock_bounded, unlock_reencryption_bounded, with_passphrase,
+    LuksDisk,
+};
 use super::io::BdevMetaIo;
 use super::kdf::KdfRequest;
 use crate::{recover_hotzone, CryptoDevice, CryptoLayout, Hotzone};
@@ -133,14 +136,14 @@ pub(crate) fn open_luks(
         // Every sector is under the new key already: the job's last header write is all that
         // is left (a crash between the two); then the volume opens as any other.
         let (_, new) = with_passphrase(host, "luks_key_name", key_name, |pass| {
-            volume.unlock_reencryption(&mut io, pass)
+            unlock_reencryption_bounded(&volume, &mut io, pass)
         })?
         .map_err(|e| luks_error("luks_key_name", e))?;
         volume.finish_reencryption(&mut io, &new).map_err(|e| luks_error("base_bdev_name", e))?;
     }
     let (dev, key, opened_by, resume) = if volume.reencryption().is_some() {
         let (old, new) = with_passphrase(host, "luks_key_name", key_name, |pass| {
-            volume.unlock_reencryption(&mut io, pass)
+            unlock_reencryption_bounded(&volume, &mut io, pass)
         })?
         .map_err(|e| luks_error("luks_key_name", e))?;
         let old_key = crypto_key(name, "old", &old)?;

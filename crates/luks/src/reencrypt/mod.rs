@@ -107,14 +107,16 @@ impl Volume {
         })
     }
 
-    /// The key behind `digest` that `passphrase` opens (the digest's slots in order).
+    /// The key behind `digest` that `passphrase` opens (the digest's slots in order, those
+    /// `usable` allows).
     fn open_digest(
         &self,
         io: &mut dyn MetaIo,
         digest: &Digest,
         passphrase: &[u8],
+        usable: &dyn Fn(u32) -> bool,
     ) -> Result<VolumeKey, LuksError> {
-        for &n in &digest.keyslots {
+        for &n in digest.keyslots.iter().filter(|&&n| usable(n)) {
             if let Some(key) = self.slot_key(io, n, passphrase)? {
                 if digest.matches(&key) {
                     return Ok(VolumeKey(key));
@@ -131,9 +133,21 @@ impl Volume {
         io: &mut dyn MetaIo,
         passphrase: &[u8],
     ) -> Result<(VolumeKey, VolumeKey), LuksError> {
+        self.unlock_reencryption_with(io, passphrase, &|_| true)
+    }
+
+    /// [`Volume::unlock_reencryption`] trying only the key slots `usable` allows (a caller
+    /// that refuses to run some slots' KDF, e.g. one asking for more memory than the host
+    /// has): a passphrase that opens only refused slots gives [`LuksError::WrongPassphrase`].
+    pub fn unlock_reencryption_with(
+        &self,
+        io: &mut dyn MetaIo,
+        passphrase: &[u8],
+        usable: &dyn Fn(u32) -> bool,
+    ) -> Result<(VolumeKey, VolumeKey), LuksError> {
         let job = self.job_or_err()?;
-        let old = self.open_digest(io, &job.old, passphrase)?;
-        let new = self.open_digest(io, &job.new, passphrase)?;
+        let old = self.open_digest(io, &job.old, passphrase, usable)?;
+        let new = self.open_digest(io, &job.new, passphrase, usable)?;
         job.check_metadata(old.as_bytes(), new.as_bytes())?;
         Ok((old, new))
     }
@@ -567,6 +581,13 @@ mod tests {
         assert!(matches!(v.unlock(&mut io, PASS, None), Err(LuksError::Reencrypting)));
         let (o, n) = v.unlock_reencryption(&mut io, PASS).expect("both keys");
         assert_eq!((o.as_bytes(), n.as_bytes()), (old.as_bytes(), new.as_bytes()));
+        // Slot 0 holds the old key, slot 1 the new one: refusing either leaves one digest unopened.
+        for refused in [0, 1] {
+            assert!(matches!(
+                v.unlock_reencryption_with(&mut io, PASS, &|n| n != refused),
+                Err(LuksError::WrongPassphrase)
+            ));
+        }
 
         let zone = 1 << 20;
         let sums = vec![[7u8; 32]; (zone / 4096) as usize];
