@@ -2,7 +2,9 @@
 SPDK section: it builds with the machine's C compiler, serves polled reads at QD1 and mixed
 reads and writes at QD32 and with completion notifications, counts exactly the requests the
 client sent (and busy time for them), takes a second client after the first one leaves, and
-drops a client that sends what it does not serve while it keeps serving the next one.
+drops a client that sends what it does not serve while it keeps serving the next one. Also the
+SPDK section's floor figures (its rows, the busy/IO multiples, the QD1 target's note, --validate
+of results with and without the floor), without a daemon.
 Needs a built fp-load in `FLASHPATH_BIN_DIR` (default target/debug) and a few 2 MiB huge pages
 (reserved here as root and given back afterwards):
 `cd bench && FLASHPATH_BIN_DIR=../target/debug python3 -m unittest fpbench.tests_vhost_floor` (seconds).
@@ -16,7 +18,11 @@ import tempfile
 import unittest
 
 from fpbench.common import wait_for
-from fpbench.load import Loader
+from fpbench.load import Loader, point_key
+from fpbench.modes import mode_config
+from fpbench.report_spdk import spdk_markdown, spdk_targets
+from fpbench.sections.spdk import floor_ratios, spdk_ratios
+from fpbench.validate import validate_spdk
 from fpbench.servers import kill_all_children
 from fpbench.vhost_floor import VhostFloor, build_vhost_floor
 
@@ -35,6 +41,68 @@ def _free_huge_pages():
             if line.startswith("HugePages_Free:"):
                 return int(line.split()[1])
     return 0
+
+
+def _server(iops, busy_ns, reactor=True):
+    md = {"iops": iops, "p50_ns": 1e9 / iops, "p99_ns": 2e9 / iops, "server_cpu_ns_per_io": 2 * busy_ns,
+          "completions_per_wakeup": 1.5}
+    if reactor:
+        md["reactor_busy_ns_per_io"] = busy_ns
+    return {"runs": [dict(md)], "median": md}
+
+
+def _spdk_result(floor=True):
+    """A smoke run's SPDK section on the null disk: flashpath busy 170 ns per I/O, SPDK 200 ns,
+    the floor (polled points only, when `floor`) 100 ns."""
+    sc = mode_config("smoke")["spdk"]
+    points = []
+    for pt in sc["points"]:
+        e = dict(point_key("null", pt), servers={
+            "flashpath": _server(300_000, 170), "qsd": _server(200_000, 250, False), "spdk": _server(250_000, 200)})
+        if floor and pt[4]:
+            e["servers"]["floor"] = _server(400_000, 100)
+        e["ratios"] = spdk_ratios(e)
+        if "floor" in e["servers"]:
+            e["floor_ratios"] = floor_ratios(e)
+        points.append(e)
+    spdk = {"dir": "/spdk", "config": sc, "client": "fp-load --hugetlb", "points": points, "backends": ["null"],
+            "version": "SPDK v23.01.1"}
+    if floor:
+        spdk["floor"] = {"source": "bench/vhost_floor.c", "backends": ["null"], "clients": ["poll"]}
+    return {"spdk": spdk, "meta": {"server_cpu": 0, "client_cpu": 1}}, sc
+
+
+class SpdkFloorReportTest(unittest.TestCase):
+    def test_floor_rows_multiples_and_the_qd1_target_note(self):
+        res, _ = _spdk_result()
+        p = res["spdk"]["points"][0]
+        self.assertAlmostEqual(p["floor_ratios"]["flashpath"], 1.7)
+        self.assertAlmostEqual(p["floor_ratios"]["spdk"], 2.0)
+        text = "\n".join(spdk_markdown(res))
+        self.assertIn("| null 4K randread QD1 poll | floor | 400.0 K (0 %) |", text)
+        self.assertIn("| null 4K randread QD1 poll | 400.0 K | 100 | 170 | 1.70 | 200 | 2.00 |", text)
+        self.assertNotIn("QD1 fd | floor", text)
+        got = {}
+        spdk_targets(res, lambda name, goal, measured, ok: got.__setitem__(name, (measured, ok)))
+        measured, ok = got["SPDK peer, QD1 polled: reactor busy time per I/O <= 0.8x SPDK's"]
+        self.assertIs(ok, False)
+        self.assertIn("floor 100 ns: flashpath at 1.70x the floor, SPDK at 2.00x", measured)
+
+    def test_validate_takes_results_with_and_without_the_floor(self):
+        res, sc = _spdk_result()
+        self.assertEqual(validate_spdk(res, sc), [])
+        old, _ = _spdk_result(floor=False)
+        self.assertEqual(validate_spdk(old, sc), [])
+        self.assertNotIn("floor", "\n".join(spdk_markdown(old)).split("| workload | IOPS fp/SPDK")[1])
+        got = {}
+        spdk_targets(old, lambda name, goal, measured, ok: got.__setitem__(name, measured))
+        self.assertNotIn("floor", got["SPDK peer, QD1 polled: reactor busy time per I/O <= 0.8x SPDK's"])
+        # A run that had the floor must have it at each polled null point, with its multiples.
+        del res["spdk"]["points"][0]["servers"]["floor"]
+        del res["spdk"]["points"][0]["floor_ratios"]
+        problems = validate_spdk(res, sc)
+        self.assertIn("spdk null randread 4K qd1 q1 poll floor: 0 runs, want 1", problems)
+        self.assertIn("spdk null randread 4K qd1 q1 poll: no busy/IO ratio of flashpath to the floor", problems)
 
 
 class VhostFloorTest(unittest.TestCase):
