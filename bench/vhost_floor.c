@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -242,6 +243,12 @@ static int handle(struct conn *c, struct msg_hdr *h, uint8_t *p, int *fds, int n
         uint64_t len = r[1] + r[3];
         if (r[1] == 0 || len < r[1]) {
             fprintf(stderr, "vhost_floor: SET_MEM_TABLE: bad region size\n");
+            return -1;
+        }
+        // A region past the file's end would fault (SIGBUS) at the first touch: refused here.
+        struct stat sb;
+        if (fstat(fds[0], &sb) || (uint64_t)sb.st_size < len) {
+            fprintf(stderr, "vhost_floor: SET_MEM_TABLE: the region ends past its file's end\n");
             return -1;
         }
         void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);

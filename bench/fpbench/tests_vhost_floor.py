@@ -191,6 +191,15 @@ class VhostFloorTest(unittest.TestCase):
         self.assertEqual(s.recv(1), b"")
         s.close()
         wait_for(lambda: self._dropped(2), 10, "the second drop", self.floor.proc)
+        # A memory table whose region runs past its file's end (it would fault when touched).
+        fd = os.memfd_create("vfloor-test")
+        os.ftruncate(fd, 4096)
+        s = self._raw_client()
+        socket.send_fds(s, [struct.pack("<3I2I4Q", 5, 1, 40, 1, 0, 0, 1 << 20, 0, 0)], [fd])
+        os.close(fd)
+        self.assertEqual(s.recv(1), b"")
+        s.close()
+        wait_for(lambda: self._dropped(3), 10, "the third drop", self.floor.proc)
         # A message header cut short, then the client gone.
         s = self._raw_client()
         s.sendall(b"\x01\x00")
