@@ -193,6 +193,18 @@ cmd_test() {
         rc=1
         failed=$((failed + 1))
     fi
+    # The vhost-user floor (bench/vhost_floor.c): built with cc, driven by fp-load's own
+    # frontend over huge pages (polled at QD1 and QD32, notified at QD1), its request count
+    # against the client's, a second client, a bad message dropping its client: seconds. It
+    # reserves a few 2 MiB huge pages as root (skips without them).
+    say "bench: the vhost-user floor against fp-load's frontend (fpbench.tests_vhost_floor)"
+    if cargo build -q -p fp-loadgen \
+        && (cd bench && FLASHPATH_BIN_DIR="$(target_dir)/debug" /usr/bin/python3 -m unittest -q fpbench.tests_vhost_floor); then
+        passed=$((passed + 1))
+    else
+        rc=1
+        failed=$((failed + 1))
+    fi
     printf '\ntotal: %d passed, %d failed, %d skipped\n' "$passed" "$failed" "$skipped"
     return "$rc"
 }

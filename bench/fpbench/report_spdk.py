@@ -1,4 +1,6 @@
-"""The SPDK-as-a-peer section (`--spdk DIR`, issue 23) in results.md, and its targets."""
+"""The SPDK-as-a-peer section (`--spdk DIR`, issue 23) in results.md, and its targets. Points
+with the vhost-user floor (runs before it had none) also get the floor's row and the servers'
+busy time per I/O as a multiple of the floor's."""
 
 from fpbench.common import MIB
 from fpbench.report_format import SPREAD_NOTE, spread_of, with_spread
@@ -50,7 +52,7 @@ def spdk_markdown(res):
              "server syscalls/IO (writes) |",
              "|" + "---|" * 14]
     for p in e["points"]:
-        for kind in servers:
+        for kind in servers + (("floor",) if "floor" in p["servers"] else ()):
             md = p["servers"][kind]["median"]
             runs = p["servers"][kind]["runs"]
             sp = {k: spread_of([r.get(k) for r in runs]) for k in ("iops", "p99_ns")}
@@ -70,6 +72,25 @@ def spdk_markdown(res):
         lines.append(f"| {_label(p)} | **{_x(r['iops'])}** | {_x(q / s if q and s else None)} | {_x(r['p50'])} | "
                      f"{_x(r['p99'])} | {_x(r['server_cpu_per_io'])} | {_x(r['reactor_busy_per_io'])} | "
                      f"{_x(r['completions_per_wakeup'])} |")
+    floored = [p for p in e["points"] if "floor" in p["servers"]]
+    if floored:
+        lines += ["", "The vhost-user floor (`bench/vhost_floor.c`, the row \"floor\" above): a vhost-user-blk "
+                  "back end that does the least a back end must do per request (read avail->idx, walk the chain "
+                  "through the one memory region, read the header, write the status byte and the used element, publish "
+                  "used->idx; a null disk, nothing copied, no bdev layer, no notifications asked for by the polled "
+                  "client), one busy-polling thread on the same CPU with a reactor's busy accounting, driven by the "
+                  "same client on the null disk's polled points. Its busy time per I/O is what the cache lines "
+                  "the ring shares with the client's core cost; a server's busy/IO as a multiple of it (x floor) "
+                  "is how far its own work adds to that.", "",
+                  "| workload | floor IOPS | floor busy/IO ns | flashpath busy/IO ns | x floor | SPDK busy/IO ns | "
+                  "x floor |", "|" + "---|" * 7]
+        for p in floored:
+            md = {k: p["servers"][k]["median"] for k in ("floor", "flashpath", "spdk")}
+            fr = p.get("floor_ratios") or {}
+            lines.append(f"| {_label(p)} | {_iops(md['floor'].get('iops'))} | "
+                         f"{_ns(md['floor'].get('reactor_busy_ns_per_io'))} | "
+                         f"{_ns(md['flashpath'].get('reactor_busy_ns_per_io'))} | {_x(fr.get('flashpath'))} | "
+                         f"{_ns(md['spdk'].get('reactor_busy_ns_per_io'))} | {_x(fr.get('spdk'))} |")
     return lines
 
 
@@ -82,6 +103,15 @@ def spdk_targets(res, add):
         if p is None:
             return None, None, None
         return p["servers"]["flashpath"]["median"], p["servers"]["spdk"]["median"], p["ratios"]
+
+    def floor_note(qd, client):
+        """"; floor X ns: flashpath at A x the floor, SPDK at B x" where the point had the floor."""
+        p = pts.get(("null", qd, client))
+        if p is None or "floor" not in p["servers"]:
+            return ""
+        fr = p.get("floor_ratios") or {}
+        return (f"; floor {_ns(p['servers']['floor']['median'].get('reactor_busy_ns_per_io'))} ns: flashpath at "
+                f"{_x(fr.get('flashpath'))}x the floor, SPDK at {_x(fr.get('spdk'))}x")
 
     f, s, r = both(32, "fd")
     if f:
@@ -113,5 +143,5 @@ def spdk_targets(res, add):
     if f:
         add("SPDK peer, QD1 polled: reactor busy time per I/O <= 0.8x SPDK's", "<= 0.80x",
             f"{_ns(f.get('reactor_busy_ns_per_io'))} vs {_ns(s.get('reactor_busy_ns_per_io'))} ns = "
-            f"{_x(r['reactor_busy_per_io'])}x",
+            f"{_x(r['reactor_busy_per_io'])}x{floor_note(1, 'poll')}",
             None if r["reactor_busy_per_io"] is None else r["reactor_busy_per_io"] <= 0.8)

@@ -131,7 +131,9 @@ def validate_guest_notify(res, c):
 def validate_spdk(res, sc):
     """The SPDK section (only in runs with --spdk): every point on the three servers with its
     rounds, positive IOPS, latency and server CPU per I/O, both reactors' busy time, the fd
-    clients' completions per wake-up, the IOPS ratio."""
+    clients' completions per wake-up, the IOPS ratio; where the run had the vhost-user floor (runs
+    before it had none), the floor on its backends' polled points with its busy time and the
+    servers' multiples of it."""
     problems = []
     got = {(p["backend"], p["pattern"], p["bs"], p["qd"], p["queues"], p["client"]): p
            for p in res["spdk"].get("points", [])}
@@ -155,6 +157,13 @@ def validate_spdk(res, sc):
                 server_measured(problems, f"spdk {point_label(pk)} {kind}", p["servers"].get(kind), sc["reps"], want)
             if not isinstance(p.get("ratios", {}).get("iops"), (int, float)):
                 problems.append(f"spdk {point_label(pk)}: no IOPS ratio")
+            fl = res["spdk"].get("floor") or {}
+            if (b in fl.get("backends", ()) and pk["client"] in fl.get("clients", ())) or "floor" in p["servers"]:
+                server_measured(problems, f"spdk {point_label(pk)} floor", p["servers"].get("floor"), sc["reps"],
+                                ["iops", "p50_ns", "p99_ns", "reactor_busy_ns_per_io"])
+                for kind in ("flashpath", "spdk"):
+                    if not isinstance((p.get("floor_ratios") or {}).get(kind), (int, float)):
+                        problems.append(f"spdk {point_label(pk)}: no busy/IO ratio of {kind} to the floor")
     return problems
 
 

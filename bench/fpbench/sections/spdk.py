@@ -1,6 +1,8 @@
 """SPDK as a peer (`--spdk DIR`, issue 23): SPDK's vhost target in the same rounds as flashpath
 and qsd, all three driven by one client (fp-load's own frontend over huge pages, the only one
-of fp-load's clients SPDK 23.01 accepts), interleaved point by point. Never part of CI.
+of fp-load's clients SPDK 23.01 accepts), interleaved point by point; on the null disk's polled
+points also the vhost-user floor (bench/vhost_floor.c), the least a back end does per request,
+so that the servers' reactor busy time per I/O reads against it. Never part of CI.
 """
 
 import os
@@ -12,8 +14,13 @@ from fpbench.report_format import fmt_ratio
 from fpbench.servers import Flashpath, Qsd, Spdk
 from fpbench.syscalls import SyscallCounter
 from fpbench.syscalls import method as syscall_method
+from fpbench.vhost_floor import VhostFloor, build_vhost_floor
 
 SPDK_SERVERS = ("flashpath", "qsd", "spdk")
+# The vhost-user floor: a fourth server on these backends' polled points (the floor is a null
+# disk; with a polled client the busy time per I/O is the figure it is a floor for).
+FLOOR = "floor"
+FLOOR_BACKENDS = ("null",)
 HUGEPAGES = 1024  # 2 MiB each: SPDK's memory (DPDK) and one page per fp-load run
 HUGE_MOUNT = "/dev/hugepages"
 # The client of every run in this section: --hugetlb implies fp-load's own frontend.
@@ -78,6 +85,10 @@ class SpdkSection:
         self.results["spdk"] = out
         # --backends narrows this section too.
         out["backends"] = [b for b in sc["backends"] if not self.args.backends or b in self.cfg["backends"]]
+        floor_bin = None
+        if any(b in FLOOR_BACKENDS for b in out["backends"]):
+            floor_bin = build_vhost_floor(self.work)
+            out["floor"] = {"source": "bench/vhost_floor.c", "backends": list(FLOOR_BACKENDS), "clients": ["poll"]}
         with HugePages():
             for backend in out["backends"]:
                 size = sc["sizes"][backend]
@@ -85,12 +96,18 @@ class SpdkSection:
                 fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=f"flashpath-spdk-{backend}")
                 qsd = Qsd(self.work, self.server_cpu, backend, size, path, name="qsd-spdk")
                 sp = Spdk(self.args.spdk, self.work, self.server_cpu, name=f"spdk-{backend}")
+                floor = None
                 try:
                     out["version"] = sp.version()
                     ctrlr = f"vhost.{backend}"
                     socks = {"flashpath": fp.add_disk(backend, size), "qsd": qsd.sock,
                              "spdk": sp.add_disk(backend, size)}
                     servers = {"flashpath": fp, "qsd": qsd, "spdk": sp}
+                    if floor_bin and backend in FLOOR_BACKENDS:
+                        floor = VhostFloor(floor_bin, self.work, self.server_cpu, size // 512, name=f"vfloor-{backend}")
+                        # Polls its core while a client is connected: frozen outside its own runs too.
+                        floor.pause()
+                        servers[FLOOR], socks[FLOOR] = floor, floor.sock
                     if backend == "ram":
                         # Every disk written once, so that no read meets a page never touched.
                         for kind in ("flashpath", "spdk"):
@@ -102,17 +119,19 @@ class SpdkSection:
                     for point in sc["points"]:
                         pk = point_key(backend, point)
                         want_hist = point[2] == 1
-                        runs = {k: [] for k in SPDK_SERVERS}
+                        kinds = SPDK_SERVERS + ((FLOOR,) if floor and point[4] else ())
+                        runs = {k: [] for k in kinds}
                         for _ in range(reps):
-                            for kind in SPDK_SERVERS:
-                                if kind == "spdk":
-                                    sp.resume()
+                            for kind in kinds:
+                                frozen = servers[kind] if kind in ("spdk", FLOOR) else None
+                                if frozen:
+                                    frozen.resume()
                                 runs[kind].append(self.spdk_measure(servers[kind], socks[kind], point, secs,
                                                                     want_hist, ctrlr))
-                                if kind == "spdk":
-                                    sp.pause()
+                                if frozen:
+                                    frozen.pause()
                         e = dict(pk, servers={})
-                        for kind in SPDK_SERVERS:
+                        for kind in kinds:
                             x = {"runs": runs[kind], "median": summarize(runs[kind])}
                             if want_hist:
                                 x["histogram"] = merge_hists(runs[kind])
@@ -120,15 +139,22 @@ class SpdkSection:
                                     r.pop("histogram", None)
                             e["servers"][kind] = x
                         e["ratios"] = spdk_ratios(e)
+                        if FLOOR in e["servers"]:
+                            e["floor_ratios"] = floor_ratios(e)
                         out["points"].append(e)
-                        md = {k: e["servers"][k]["median"] for k in SPDK_SERVERS}
+                        md = {k: e["servers"][k]["median"] for k in kinds}
                         log(f"{point_label(pk):<30} flashpath {md['flashpath']['iops']:>10.0f}  qsd "
                             f"{md['qsd']['iops']:>10.0f}  spdk {md['spdk']['iops']:>10.0f}  fp/spdk "
-                            f"{fmt_ratio(e['ratios']['iops'])}")
+                            f"{fmt_ratio(e['ratios']['iops'])}"
+                            + (f"  floor {md[FLOOR]['iops']:>10.0f}, busy/IO fp/floor "
+                               f"{fmt_ratio(e['floor_ratios']['flashpath'])} spdk/floor "
+                               f"{fmt_ratio(e['floor_ratios']['spdk'])}" if FLOOR in md else ""))
                 finally:
                     fp.stop()
                     qsd.stop()
                     sp.stop()
+                    if floor:
+                        floor.stop()
 
     def spdk_measure(self, server, sock, point, secs, want_hist, ctrlr):
         """`measure` with this section's client; for flashpath also its controller's notification
@@ -163,4 +189,11 @@ def spdk_ratios(e):
     keys = {"iops": "iops", "p50": "p50_ns", "p99": "p99_ns", "server_cpu_per_io": "server_cpu_ns_per_io",
             "reactor_busy_per_io": "reactor_busy_ns_per_io", "completions_per_wakeup": "completions_per_wakeup"}
     return {k: ratio(f.get(m), s.get(m)) for k, m in keys.items()}
+
+
+def floor_ratios(e):
+    """flashpath's and SPDK's reactor busy time per I/O as a multiple of the vhost-user floor's
+    at a point that has the floor."""
+    fl = e["servers"][FLOOR]["median"].get("reactor_busy_ns_per_io")
+    return {k: ratio(e["servers"][k]["median"].get("reactor_busy_ns_per_io"), fl) for k in ("flashpath", "spdk")}
 
