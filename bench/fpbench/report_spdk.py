@@ -91,6 +91,25 @@ def spdk_markdown(res):
                          f"{_ns(md['floor'].get('reactor_busy_ns_per_io'))} | "
                          f"{_ns(md['flashpath'].get('reactor_busy_ns_per_io'))} | {_x(fr.get('flashpath'))} | "
                          f"{_ns(md['spdk'].get('reactor_busy_ns_per_io'))} | {_x(fr.get('spdk'))} |")
+    paired = [p for p in e["points"] if p.get("paired")]
+    if paired:
+        lines += ["", "Round by round (polled points): the servers of one round ran one after the other within "
+                  "seconds, each run just after a sample of one cache line's round trip between the two CPUs "
+                  "(`bench/c2c.c`, ns; the host gives this VM's vCPUs two speeds of it, and a request's cost "
+                  "follows). busy/IO ratios within the round; the last line of a point is their median.", "",
+                  "| workload | round | c2c ns fp / SPDK / floor | busy/IO fp/SPDK | fp/floor | SPDK/floor |",
+                  "|" + "---|" * 6]
+        for p in paired:
+            pr = p["paired"]
+            fps = pr["busy_fp_spdk"]
+            fpf, spf = pr.get("busy_fp_floor") or {}, pr.get("busy_spdk_floor") or {}
+            for i, c in enumerate(pr["c2c_ns"]):
+                cs = " / ".join(_ns(c.get(k)) for k in ("flashpath", "spdk", "floor") if k in c)
+                lines.append(f"| {_label(p)} | {i + 1} | {cs} | {_x(fps['rounds'][i])} | "
+                             f"{_x((fpf.get('rounds') or [None] * (i + 1))[i])} | "
+                             f"{_x((spf.get('rounds') or [None] * (i + 1))[i])} |")
+            lines.append(f"| {_label(p)} | median | | **{_x(fps['median'])}** | {_x(fpf.get('median'))} | "
+                         f"{_x(spf.get('median'))} |")
     return lines
 
 
@@ -110,8 +129,14 @@ def spdk_targets(res, add):
         if p is None or "floor" not in p["servers"]:
             return ""
         fr = p.get("floor_ratios") or {}
-        return (f"; floor {_ns(p['servers']['floor']['median'].get('reactor_busy_ns_per_io'))} ns: flashpath at "
+        note = (f"; floor {_ns(p['servers']['floor']['median'].get('reactor_busy_ns_per_io'))} ns: flashpath at "
                 f"{_x(fr.get('flashpath'))}x the floor, SPDK at {_x(fr.get('spdk'))}x")
+        pr = p.get("paired")
+        if pr:
+            rounds = ", ".join(_x(x) for x in pr["busy_fp_spdk"]["rounds"])
+            note += (f"; round by round {_x(pr['busy_fp_spdk']['median'])}x ({rounds}), the floor "
+                     f"{_x((pr.get('busy_floor_spdk') or {}).get('median'))}x SPDK's")
+        return note
 
     f, s, r = both(32, "fd")
     if f:

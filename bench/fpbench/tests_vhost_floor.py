@@ -21,7 +21,7 @@ from fpbench.common import wait_for
 from fpbench.load import Loader, point_key
 from fpbench.modes import mode_config
 from fpbench.report_spdk import spdk_markdown, spdk_targets
-from fpbench.sections.spdk import floor_ratios, spdk_ratios
+from fpbench.sections.spdk import floor_ratios, paired_ratios, spdk_ratios
 from fpbench.validate import validate_spdk
 from fpbench.servers import kill_all_children
 from fpbench.vhost_floor import VhostFloor, build_vhost_floor
@@ -87,6 +87,38 @@ class SpdkFloorReportTest(unittest.TestCase):
         measured, ok = got["SPDK peer, QD1 polled: reactor busy time per I/O <= 0.8x SPDK's"]
         self.assertIs(ok, False)
         self.assertIn("floor 100 ns: flashpath at 1.70x the floor, SPDK at 2.00x", measured)
+
+    def test_rounds_are_compared_pairwise_where_medians_mix_the_hosts_speeds(self):
+        # Three rounds: the host fast (c2c 150 ns) in rounds 1 and 3, slow (400 ns) in round 2 for
+        # flashpath only. The medians pair flashpath's slow round with SPDK's fast one; the rounds
+        # do not.
+        def runs(busy, c2c):
+            return {"runs": [{"reactor_busy_ns_per_io": b, "c2c_ns": c} for b, c in zip(busy, c2c)]}
+        e = {"servers": {"flashpath": runs([150, 500, 160], [150, 400, 150]),
+                         "spdk": runs([200, 190, 205], [150, 150, 150]),
+                         "qsd": runs([None] * 3, [150, 150, 150]),
+                         "floor": runs([130, 140, 135], [150, 150, 150])}}
+        for v in e["servers"].values():
+            busy = [r["reactor_busy_ns_per_io"] for r in v["runs"] if r["reactor_busy_ns_per_io"] is not None]
+            v["median"] = {"iops": 1e6, "reactor_busy_ns_per_io": sorted(busy)[1] if busy else None}
+        self.assertAlmostEqual(spdk_ratios(e)["reactor_busy_per_io"], 160 / 200)
+        pr = paired_ratios(e)
+        self.assertEqual([round(x, 3) for x in pr["busy_fp_spdk"]["rounds"]], [0.75, round(500 / 190, 3), 0.78])
+        self.assertAlmostEqual(pr["busy_fp_spdk"]["median"], 160 / 205)
+        self.assertAlmostEqual(pr["busy_floor_spdk"]["median"], 135 / 205)
+        self.assertEqual(pr["c2c_ns"][1], {"flashpath": 400, "spdk": 150, "qsd": 150, "floor": 150})
+        res, _ = _spdk_result()
+        p = res["spdk"]["points"][0]
+        p["servers"] = e["servers"]
+        p["paired"] = pr
+        p["floor_ratios"] = floor_ratios(p)
+        text = "\n".join(spdk_markdown(res))
+        self.assertIn("| null 4K randread QD1 poll | 2 | 400 / 150 / 150 | 2.63 |", text)
+        self.assertIn("| null 4K randread QD1 poll | median | | **0.78** |", text)
+        got = {}
+        spdk_targets(res, lambda name, goal, measured, ok: got.__setitem__(name, measured))
+        self.assertIn("round by round 0.78x (0.75, 2.63, 0.78), the floor 0.66x SPDK's",
+                      got["SPDK peer, QD1 polled: reactor busy time per I/O <= 0.8x SPDK's"])
 
     def test_validate_takes_results_with_and_without_the_floor(self):
         res, sc = _spdk_result()

@@ -22,6 +22,23 @@ LISTENING = re.compile(r"vhost_floor: listening on ")
 STATS = struct.Struct("<4Q")
 
 
+C2C_SOURCE = os.path.join(os.path.dirname(SOURCE), "c2c.c")
+
+
+def build_c2c(work):
+    """bench/c2c.c compiled into `work`; the binary's path."""
+    out = os.path.join(work, "c2c")
+    run(["cc", "-O2", "-Wall", "-pthread", "-o", out, C2C_SOURCE], 120)
+    return out
+
+
+def c2c_ns(binary):
+    """One cache line's round trip between CPU 0 and CPU 1 now, in ns (c2c's 200,000 round
+    trips, tens of ms): which of its speeds the host gives the two vCPUs at the moment, since a
+    vhost-user request's cost follows it."""
+    return float(run([binary], 60).stdout.strip())
+
+
 def build_vhost_floor(work):
     """bench/vhost_floor.c compiled into `work`; the binary's path."""
     out = os.path.join(work, "vhost_floor")

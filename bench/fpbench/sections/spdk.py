@@ -8,13 +8,13 @@ so that the servers' reactor busy time per I/O reads against it. Never part of C
 import os
 import subprocess
 
-from fpbench.common import log, ratio
+from fpbench.common import log, median, ratio
 from fpbench.load import measure, merge_hists, point_key, point_label, summarize
 from fpbench.report_format import fmt_ratio
 from fpbench.servers import Flashpath, Qsd, Spdk
 from fpbench.syscalls import SyscallCounter
 from fpbench.syscalls import method as syscall_method
-from fpbench.vhost_floor import VhostFloor, build_vhost_floor
+from fpbench.vhost_floor import VhostFloor, build_c2c, build_vhost_floor, c2c_ns
 
 SPDK_SERVERS = ("flashpath", "qsd", "spdk")
 # The vhost-user floor: a fourth server on these backends' polled points (the floor is a null
@@ -86,6 +86,10 @@ class SpdkSection:
         # --backends narrows this section too.
         out["backends"] = [b for b in sc["backends"] if not self.args.backends or b in self.cfg["backends"]]
         floor_bin = None
+        # The host runs this VM's two vCPUs at two speeds of cross-core traffic (docs/benchmarks.md):
+        # every polled run records a cache line's round trip just before it, and the rounds of a
+        # point are also compared pairwise (`paired_ratios`).
+        c2c = build_c2c(self.work)
         if any(b in FLOOR_BACKENDS for b in out["backends"]):
             floor_bin = build_vhost_floor(self.work)
             out["floor"] = {"source": "bench/vhost_floor.c", "backends": list(FLOOR_BACKENDS), "clients": ["poll"]}
@@ -126,8 +130,10 @@ class SpdkSection:
                                 frozen = servers[kind] if kind in ("spdk", FLOOR) else None
                                 if frozen:
                                     frozen.resume()
+                                line = c2c_ns(c2c) if point[4] else None
                                 runs[kind].append(self.spdk_measure(servers[kind], socks[kind], point, secs,
                                                                     want_hist, ctrlr))
+                                runs[kind][-1]["c2c_ns"] = line
                                 if frozen:
                                     frozen.pause()
                         e = dict(pk, servers={})
@@ -141,6 +147,8 @@ class SpdkSection:
                         e["ratios"] = spdk_ratios(e)
                         if FLOOR in e["servers"]:
                             e["floor_ratios"] = floor_ratios(e)
+                        if point[4]:
+                            e["paired"] = paired_ratios(e)
                         out["points"].append(e)
                         md = {k: e["servers"][k]["median"] for k in kinds}
                         log(f"{point_label(pk):<30} flashpath {md['flashpath']['iops']:>10.0f}  qsd "
@@ -197,3 +205,25 @@ def floor_ratios(e):
     fl = e["servers"][FLOOR]["median"].get("reactor_busy_ns_per_io")
     return {k: ratio(e["servers"][k]["median"].get("reactor_busy_ns_per_io"), fl) for k in ("flashpath", "spdk")}
 
+
+
+def paired_ratios(e):
+    """The reactor busy time per I/O compared round by round: in round i flashpath, qsd, SPDK
+    (and the floor) ran one after the other within seconds, mostly at one speed of the host's,
+    where the medians of a point may each come from another speed. Each ratio's per-round values
+    and their median; each round's cache-line round trips (c2c ns, one per server's run)."""
+    runs = {k: v["runs"] for k, v in e["servers"].items()}
+    n = min(len(v) for v in runs.values())
+
+    def per_round(a, b):
+        xs = [ratio(runs[a][i].get("reactor_busy_ns_per_io"), runs[b][i].get("reactor_busy_ns_per_io"))
+              for i in range(n)]
+        return {"rounds": xs, "median": median([x for x in xs if x is not None])}
+
+    out = {"busy_fp_spdk": per_round("flashpath", "spdk"),
+           "c2c_ns": [{k: runs[k][i].get("c2c_ns") for k in runs} for i in range(n)]}
+    if FLOOR in runs:
+        out["busy_fp_floor"] = per_round("flashpath", FLOOR)
+        out["busy_spdk_floor"] = per_round("spdk", FLOOR)
+        out["busy_floor_spdk"] = per_round(FLOOR, "spdk")
+    return out
