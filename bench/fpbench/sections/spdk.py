@@ -128,9 +128,11 @@ class SpdkSection:
                         for _ in range(reps):
                             for kind in kinds:
                                 frozen = servers[kind] if kind in ("spdk", FLOOR) else None
+                                # Sampled before a frozen server resumes: SPDK's reactor would poll
+                                # the CPU the sample's thread is pinned to.
+                                line = c2c_ns(c2c) if point[4] else None
                                 if frozen:
                                     frozen.resume()
-                                line = c2c_ns(c2c) if point[4] else None
                                 runs[kind].append(self.spdk_measure(servers[kind], socks[kind], point, secs,
                                                                     want_hist, ctrlr))
                                 runs[kind][-1]["c2c_ns"] = line
