@@ -22,6 +22,11 @@ pub const SUPER_HEADER: usize = 160;
 /// Stream pages one super block can vouch for (one CRC each): 984 pages, 3.8 MiB of
 /// metadata, about 1,000,000 map entries (3.8 TiB of volumes at 4 MiB clusters).
 pub const MAX_STREAM_PAGES: usize = (PAGE_SIZE - SUPER_HEADER) / 4;
+
+/// The highest generation a super block may hold: 2^63, a store committing a million times a
+/// second for 290,000 years. Far below u64::MAX, so every store that loads has as many
+/// commits ahead of it (a commit past it is refused).
+pub const MAX_GENERATION: u64 = 1 << 63;
 /// Largest metadata area: its super block and the most stream pages it can vouch for.
 pub const MAX_AREA_PAGES: u32 = MAX_STREAM_PAGES as u32 + 1;
 
@@ -203,9 +208,10 @@ impl SuperBlock {
         let stream_len = r.u64()?;
         let name_len = r.u8()? as usize;
         let name_field: [u8; NAME_MAX] = r.array()?;
-        // Generation 1 is the first a store writes; u64::MAX would leave no next one (the
-        // fuzz target's first 10-minute run found a store that loaded and could not commit).
-        if generation == 0 || generation == u64::MAX {
+        // Generation 1 is the first a store writes. A generation near u64::MAX would leave no
+        // next one: the fuzz target found stores that loaded and could not commit (u64::MAX),
+        // and one that committed u64::MAX and then loaded its older copy (u64::MAX - 1).
+        if generation == 0 || generation > MAX_GENERATION {
             return Err(format!("generation {generation} out of range"));
         }
         if page_size != PAGE_SIZE as u32 {
@@ -510,10 +516,12 @@ mod tests {
             bad[i] ^= 1;
             assert!(SuperBlock::decode(&bad).is_err(), "byte {i} flipped");
         }
-        for generation in [0, u64::MAX] {
+        for generation in [0, MAX_GENERATION + 1, u64::MAX - 1, u64::MAX] {
             let p = SuperBlock { generation, ..sb.clone() }.encode();
             assert!(SuperBlock::decode(&p).unwrap_err().contains("out of range"), "{generation}");
         }
+        let last = SuperBlock { generation: MAX_GENERATION, ..sb.clone() };
+        assert_eq!(SuperBlock::decode(&last.encode()).unwrap(), last);
         // A stream length that does not fill its pages' count is refused even if sealed.
         let p = SuperBlock { stream_len: 9000, ..sb.clone() }.encode();
         assert!(SuperBlock::decode(&p).unwrap_err().contains("stream of 9000 bytes"));

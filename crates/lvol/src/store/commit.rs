@@ -32,6 +32,12 @@ impl Store {
         if self.committing {
             return Err(LvolError::CommitInFlight);
         }
+        if self.generation >= format::MAX_GENERATION {
+            return Err(LvolError::Corrupt(format!(
+                "generation {} is the last a store may reach: no commit after it",
+                self.generation
+            )));
+        }
         let area = 1 - self.area;
         let stream = format::encode_stream(&self.volumes);
         let mut pages = format::stream_pages(&stream);
