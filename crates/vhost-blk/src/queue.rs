@@ -164,6 +164,11 @@ pub struct QueuePoller {
     stats: Arc<QueueStats>,
     /// Completions were published that the driver has not been told about yet.
     signal_pending: bool,
+    /// The driver's field declined a notification for published completions when read without
+    /// a fence, which may have been before our used-ring stores reached it: every round looks
+    /// again (a load, no fence) until the field asks for one or a fenced decision settles it,
+    /// as a sleep or a stop makes first ([`QueuePoller::settle_notification`]).
+    unsettled: bool,
     coalescer: Coalescer,
     /// Live-migration logging of the data path's writes (`None` while not migrating).
     data_log: Option<DataLog>,
@@ -353,6 +358,7 @@ impl QueuePoller {
             counters,
             stats: s.stats,
             signal_pending: false,
+            unsettled: false,
             coalescer: Coalescer::new(s.coalescing, s.clock),
             data_log: None,
             hold: s.hold,
@@ -553,6 +559,24 @@ impl QueuePoller {
             return;
         }
         self.signal_pending = false;
+        // A polling driver declines: the fenced decision would wait for the used ring's line
+        // to reach the driver's CPU, a cache-line transfer per round that is nobody's work. Its
+        // race with a driver that is enabling notifications meanwhile (§2.7.10) is settled by
+        // the next rounds' looks (`unsettled`), each a load of the driver's field. A stopping
+        // queue decides at once.
+        if !force && self.stop.is_none() && self.ring.declines_for_now() {
+            self.unsettled = true;
+            return;
+        }
+        self.settle_notification();
+    }
+
+    /// Decides with the fence whether the driver wants a notification for what was published
+    /// since the last one, and sends it. Settles an `unsettled` look: after the fence our
+    /// used-ring stores are visible, so a driver that enables notifications later sees them.
+    #[inline]
+    fn settle_notification(&mut self) {
+        self.unsettled = false;
         if self.ring.needs_notification() {
             // An eventfd write only fails if the counter would overflow, which means the guest
             // already has a pending notification.
@@ -565,12 +589,23 @@ impl QueuePoller {
 }
 
 impl QueuePoller {
+    /// [`QueuePoller::settle_notification`] out of line, for the round's first look: a driver
+    /// that switches from polling to notifications, rarely.
+    #[cold]
+    #[inline(never)]
+    fn settle_unsettled(&mut self) {
+        self.settle_notification();
+    }
+
     /// A round of a stopping queue: nothing new is taken; within the bound a request refused
     /// as busy is retried and resubmissions go on (they count as in flight, so the stop waits
     /// for them); completions are reaped and published. See the module docs for the bound.
     #[cold]
     #[inline(never)]
     fn poll_stopping(&mut self) -> PollStatus {
+        if self.unsettled {
+            self.settle_notification();
+        }
         let before_bound = self.stop.as_ref().is_some_and(|s| s.reply.is_some());
         let mut busy = false;
         if before_bound {
@@ -739,6 +774,10 @@ impl Poller for QueuePoller {
         if self.stop.is_some() {
             return self.poll_stopping();
         }
+        // The driver enabled notifications since a look declined them: the decision is due.
+        if self.unsettled && !self.ring.declines_for_now() {
+            self.settle_unsettled();
+        }
         let mut busy = false;
         // The checks `pop_and_submit_first` relies on.
         if !self.failed && self.retry_busy() && (self.resubmits.is_empty() || self.resubmit_rest()) {
@@ -819,6 +858,10 @@ impl Poller for QueuePoller {
     fn prepare_sleep(&mut self) -> bool {
         if self.failed {
             return true;
+        }
+        // Nobody looks at the driver's field during the sleep: decide now.
+        if self.unsettled {
+            self.settle_notification();
         }
         let kicks = drain_eventfd(&self.kick);
         if kicks > 0 {

@@ -185,13 +185,58 @@ fn split_without_event_idx_follows_no_interrupt() {
     }
     assert_eq!((g.used_idx(), take(&g.call)), (6, 0), "a polling driver is never signalled");
     g.w(0u16, AVAIL);
+    // The queue read the flags without a fence while the driver polled, so it cannot tell
+    // whether the driver enabled notifications before or after it saw the six completions:
+    // the next round signals them, though it takes nothing.
+    q.poll();
+    assert_eq!(take(&g.call), 1, "the round after the driver enabled notifications");
     for round in 1..=3 {
         post_reads(&mut g, 4);
         q.poll();
         assert_eq!(take(&g.call), 1, "round {round}: one signal per round, whatever it completed");
     }
     q.poll();
-    assert_eq!(stats.notifications.load(Ordering::Relaxed), 3);
+    assert_eq!(stats.notifications.load(Ordering::Relaxed), 4);
+}
+
+#[test]
+fn a_driver_that_stops_polling_is_signalled_before_the_queue_sleeps() {
+    let mut g = Guest::new(false);
+    let (mut q, stats) = start(&g, &ram());
+    g.w(AVAIL_F_NO_INTERRUPT, AVAIL);
+    post_reads(&mut g, 2);
+    q.poll();
+    assert_eq!((g.used_idx(), take(&g.call)), (2, 0));
+    // Nothing was in flight or pending: the queue may sleep, and nobody would look at the
+    // flags during the sleep. The driver enables notifications now.
+    g.w(0u16, AVAIL);
+    assert!(!q.has_pending());
+    assert!(q.prepare_sleep(), "nothing new: the queue may sleep");
+    assert_eq!(take(&g.call), 1, "the decision the sleep could not wait for");
+    q.after_wake();
+    // Settled: a later round does not signal the same completions again.
+    q.poll();
+    assert_eq!(take(&g.call), 0);
+    assert_eq!(stats.notifications.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn with_event_idx_a_late_decision_still_follows_used_event() {
+    for (event, want) in [(3u16, 0), (1, 1)] {
+        let mut g = Guest::new(false);
+        g.event_idx = true;
+        let (mut q, _) = start(&g, &ram());
+        // The driver asks for nothing in the first lap's range the queue will use.
+        g.w(100u16, used_event(&g));
+        post_reads(&mut g, 3);
+        q.poll();
+        assert_eq!((g.used_idx(), take(&g.call)), (3, 0));
+        // It moves used_event: to 3 after consuming all three (no signal due), or to 1 (it
+        // consumed one before asking, so completions 1 and 2 are news to it).
+        g.w(event, used_event(&g));
+        q.poll();
+        assert_eq!(take(&g.call), want, "used_event {event}");
+    }
 }
 
 #[test]
@@ -204,6 +249,8 @@ fn packed_event_suppression_disable_enable_and_descriptor_event() {
     q.poll();
     assert_eq!(take(&g.call), 0, "disabled");
     g.w(EV_ENABLE, AVAIL + 2);
+    q.poll();
+    assert_eq!(take(&g.call), 1, "enabled: the two completed while disabled, decided late");
     post_reads(&mut g, 2);
     q.poll();
     assert_eq!(take(&g.call), 1, "enabled: a signal for the round");
@@ -222,7 +269,7 @@ fn packed_event_suppression_disable_enable_and_descriptor_event() {
     q.poll();
     assert_eq!(take(&g.call), 0, "past the event: nothing until the driver moves it");
     q.poll();
-    assert_eq!(stats.notifications.load(Ordering::Relaxed), 2);
+    assert_eq!(stats.notifications.load(Ordering::Relaxed), 3);
 }
 
 #[test]

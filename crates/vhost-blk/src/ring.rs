@@ -102,6 +102,16 @@ impl Ring {
         }
     }
 
+    /// Whether the driver's field, read without a fence, declines a notification for now (see
+    /// the rings' `declines_for_now`: provisional, to be asked again).
+    #[inline(always)]
+    pub(crate) fn declines_for_now(&self) -> bool {
+        match self {
+            Ring::Split(q) => q.declines_for_now(),
+            Ring::Packed(q) => q.declines_for_now(),
+        }
+    }
+
     /// Whether the driver waits to hear of the next completion (see the rings' `driver_waits`).
     #[inline]
     pub(crate) fn driver_waits(&self) -> bool {

@@ -460,6 +460,23 @@ impl PackedQueue {
         }
         // Our flags stores before the driver's suppression fields (§2.8.10).
         fence(Ordering::SeqCst);
+        self.wants(new, old)
+    }
+
+    /// Whether the driver's event suppression, read now and without a fence, declines a
+    /// notification for what was published since the last decision (true when there is nothing
+    /// to notify). Changes nothing. As the split ring's `declines_for_now`: a `true` is
+    /// provisional, the read may be older than our stores (§2.8.10), and the caller must ask
+    /// again until [`PackedQueue::needs_notification`] decides.
+    #[inline]
+    pub fn declines_for_now(&self) -> bool {
+        let (new, old) = ((self.state.next_used, self.state.used_wrap), self.signalled);
+        new == old || !self.wants(new, old)
+    }
+
+    /// The driver's event suppression, read relaxed, against the used positions `[old, new)`.
+    #[inline(always)]
+    fn wants(&self, new: (u16, bool), old: (u16, bool)) -> bool {
         let (off_wrap, flags) = self.driver_event();
         match flags & 3 {
             EVENT_FLAGS_DISABLE => false,
@@ -758,10 +775,14 @@ mod tests {
             q.publish();
         };
         assert!(!q.needs_notification(), "nothing used yet");
+        assert!(q.declines_for_now(), "nothing used yet");
         complete(&mut q, 0, true);
+        assert!(!q.declines_for_now(), "flags 0: enabled");
+        assert!(!q.declines_for_now(), "asking again changes nothing");
         assert!(q.needs_notification(), "flags 0: enabled");
         m.write_obj(EVENT_FLAGS_DISABLE, GuestAddress(DRIVER + 2)).unwrap();
         complete(&mut q, 1, true);
+        assert!(q.declines_for_now(), "disabled");
         assert!(!q.needs_notification(), "disabled");
         // EVENT_IDX: the driver wants to hear when slot 3 of lap 1 is used.
         m.write_obj(3u16 | 1 << 15, GuestAddress(DRIVER)).unwrap();

@@ -9,6 +9,7 @@
 //!   batch ([`SplitQueue::publish`]), one release store for many completions.
 //! * Notifications: EVENT_IDX (§2.7.10) or the NO_INTERRUPT / NO_NOTIFY flags (§2.7.7).
 
+use std::cell::Cell;
 use std::num::Wrapping;
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
@@ -146,6 +147,14 @@ pub struct SplitQueue {
     signalled: Wrapping<u16>,
     /// Elements written but not yet published.
     unpublished: u16,
+    /// The last chain taken, as the guess at the next one: its head, and the host address of
+    /// its first buffer (the request header; null when unknown). A driver at low depth takes the
+    /// same descriptors and header again for its next request, so when new requests show, both
+    /// lines are prefetched ([`SplitQueue::has_available`]): their misses then overlap the
+    /// available ring's instead of following it, one after the other, through the loads that
+    /// need their addresses. A wrong guess costs two prefetches.
+    last_head: u16,
+    last_first: Cell<*mut u8>,
     /// While migrating: where the used ring's writes are logged. `None` costs one predictable
     /// branch per element and per publish.
     log: Option<RingLog>,
@@ -186,6 +195,8 @@ impl SplitQueue {
             next_used: Wrapping(next_used),
             signalled: Wrapping(next_used),
             unpublished: 0,
+            last_head: 0,
+            last_first: Cell::new(std::ptr::null_mut()),
             log: None,
         })
     }
@@ -244,8 +255,28 @@ impl SplitQueue {
                 return Ok(false);
             }
             self.avail_idx = idx;
+            self.prefetch_guess();
         }
         Ok(true)
+    }
+
+    /// Prefetches the last chain's head descriptor and first buffer (see `last_head`).
+    #[inline(always)]
+    fn prefetch_guess(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            // SAFETY: a prefetch is a hint: it neither faults nor changes memory, whatever the
+            // address. The descriptor lies inside the mapped table (`last_head < size`); the
+            // buffer's address may be stale (a new memory table), which a prefetch tolerates.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(self.desc.add(16 * usize::from(self.last_head)).cast());
+                let first = self.last_first.get();
+                if !first.is_null() {
+                    _mm_prefetch::<_MM_HINT_T0>(first.cast_const().cast());
+                }
+            }
+        }
     }
 
     /// Takes the next available head, if any. An available index more than a ring ahead is a
@@ -260,6 +291,9 @@ impl SplitQueue {
         let head =
             u16::from_le(unsafe { std::ptr::read_volatile(self.avail.add(4 + 2 * slot).cast::<u16>()) });
         self.next_avail += Wrapping(1);
+        if head < self.size {
+            self.last_head = head;
+        }
         Ok(Some(head))
     }
 
@@ -354,7 +388,9 @@ impl SplitQueue {
             host: mem.host_or_null(addr, u64::from(len)),
         };
         let f1 = (w1 >> 32) as u16;
-        Some(([desc(a0, l0, DESC_F_NEXT), desc(a1, l1, f1), desc(a2, l2, f2)], total as u32))
+        let first = desc(a0, l0, DESC_F_NEXT);
+        self.last_first.set(first.host);
+        Some(([first, desc(a1, l1, f1), desc(a2, l2, f2)], total as u32))
     }
 
     /// Writes one used element (not yet visible to the driver).
@@ -424,7 +460,30 @@ impl SplitQueue {
         }
         // Order our used.idx store before reading the driver's suppression fields (§2.7.10).
         fence(Ordering::SeqCst);
-        let notify = if self.event_idx {
+        let notify = self.wants(new, old);
+        if notify {
+            self.signalled = new;
+        }
+        notify
+    }
+
+    /// Whether the driver's suppression field, read now and without a fence, declines a
+    /// notification for what was published since the last one (true when there is nothing to
+    /// notify). Changes nothing. Cheaper than [`SplitQueue::needs_notification`] by the fence,
+    /// which waits for the used ring's stores to reach the driver's CPU; but a `true` is only
+    /// provisional: the read may be older than those stores, and a driver that enabled
+    /// notifications in between expects one (§2.7.10). A caller that takes it must ask again,
+    /// until `needs_notification` decides, before it stops looking at the queue.
+    #[inline]
+    pub fn declines_for_now(&self) -> bool {
+        let (new, old) = (self.next_used, self.signalled);
+        new == old || !self.wants(new, old)
+    }
+
+    /// The driver's suppression field, read relaxed, against the used positions `[old, new)`.
+    #[inline(always)]
+    fn wants(&self, new: Wrapping<u16>, old: Wrapping<u16>) -> bool {
+        if self.event_idx {
             // SAFETY: used_event follows ring[size] in the mapped avail ring; 2-aligned.
             let used_event = unsafe {
                 AtomicU16::from_ptr(self.avail.add(4 + 2 * usize::from(self.size)) as *mut u16)
@@ -436,11 +495,7 @@ impl SplitQueue {
             // SAFETY: `avail` points to the mapped, 2-aligned avail ring's flags field.
             let flags = unsafe { AtomicU16::from_ptr(self.avail as *mut u16).load(Ordering::Relaxed) };
             u16::from_le(flags) & AVAIL_F_NO_INTERRUPT == 0
-        };
-        if notify {
-            self.signalled = new;
         }
-        notify
     }
 
     fn used_flags(&self) -> &AtomicU16 {
@@ -530,6 +585,31 @@ mod tests {
         ring.push_used(0, 1);
         ring.publish();
         assert!(ring.needs_notification(), "used idx 6 passes used_event 5");
+    }
+
+    #[test]
+    fn declining_for_now_answers_as_the_fenced_decision_and_changes_nothing() {
+        let (m, t) = setup();
+        for event_idx in [false, true] {
+            let mut ring = SplitQueue::new(&t, DESC, AVAIL, USED, 8, event_idx, 0, 0).unwrap();
+            assert!(ring.declines_for_now(), "nothing published: nothing to notify");
+            // Declined: NO_INTERRUPT, or used_event 4 outside [0, 2).
+            m.write_obj::<u16>(1, GuestAddress(AVAIL)).unwrap();
+            m.write_obj::<u16>(4, GuestAddress(AVAIL + 4 + 16)).unwrap();
+            ring.push_used(0, 1);
+            ring.push_used(1, 1);
+            ring.publish();
+            assert!(ring.declines_for_now(), "event_idx {event_idx}");
+            assert!(ring.declines_for_now(), "event_idx {event_idx}: asking again changes nothing");
+            // The driver asks: flags 0, or used_event 1 inside [0, 2) (it consumed one).
+            m.write_obj::<u16>(0, GuestAddress(AVAIL)).unwrap();
+            m.write_obj::<u16>(1, GuestAddress(AVAIL + 4 + 16)).unwrap();
+            assert!(!ring.declines_for_now(), "event_idx {event_idx}");
+            assert!(ring.needs_notification(), "event_idx {event_idx}: the range was kept");
+            assert!(ring.declines_for_now(), "event_idx {event_idx}: decided, nothing new");
+            m.write_obj::<u16>(0, GuestAddress(AVAIL + 2)).unwrap();
+            m.write_obj::<u16>(0, GuestAddress(USED + 2)).unwrap();
+        }
     }
 
     #[test]
@@ -634,6 +714,28 @@ mod tests {
         let b = ring.walk_general(t, head, &mut general).map(|_| fields(&general));
         assert_eq!(a, b, "fast path and general walk differ at head {head}");
         a
+    }
+
+    #[test]
+    fn the_guess_at_the_next_request_is_the_last_one_taken() {
+        let (m, t) = setup();
+        let mut ring = SplitQueue::new(&t, DESC, AVAIL, USED, 8, true, 0, 0).unwrap();
+        assert_eq!((ring.last_head, ring.last_first.get()), (0, std::ptr::null_mut()), "no guess yet");
+        let (n, w) = (DESC_F_NEXT, DESC_F_WRITE);
+        put_desc(&m, 5, 0x4000, 16, n, 2);
+        put_desc(&m, 2, 0x5000, 4096, n | w, 7);
+        put_desc(&m, 7, 0x4010, 1, w, 0);
+        m.write_obj::<u16>(5, GuestAddress(AVAIL + 4)).unwrap();
+        m.write_obj::<u16>(1, GuestAddress(AVAIL + 2)).unwrap();
+        let head = ring.pop().unwrap().unwrap();
+        ring.walk(&t, head, &mut Chain::new()).unwrap();
+        assert_eq!(ring.last_head, 5);
+        assert_eq!(ring.last_first.get() as usize, t.translate(0x4000, 16).unwrap() as usize, "the header");
+        // A head out of range is not a guess (the walk refuses it); the last good one stays.
+        m.write_obj::<u16>(9, GuestAddress(AVAIL + 6)).unwrap();
+        m.write_obj::<u16>(2, GuestAddress(AVAIL + 2)).unwrap();
+        assert_eq!(ring.pop(), Ok(Some(9)));
+        assert_eq!(ring.last_head, 5);
     }
 
     #[test]
